@@ -1,0 +1,7 @@
+"""python -m quantscope"""
+
+import sys
+
+from quantscope.cli import main
+
+sys.exit(main())

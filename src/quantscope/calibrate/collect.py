@@ -1,0 +1,75 @@
+"""Calibration: stream batches through ORT with taps on the tensors we quantize."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+
+import numpy as np
+import onnx
+
+from quantscope.calibrate.observe import Observer
+from quantscope.calibrate.ranges import METHODS
+from quantscope.emulate.session import make_session
+from quantscope.model.groups import find_mask_adds
+from quantscope.model.load import Model
+from quantscope.types import Groups, QuantscopeError, Stats
+
+
+def tap_names(model: Model, groups: Groups) -> list[str]:
+    """Tensors whose statistics encode() needs: model inputs, group outputs, mask scores."""
+    names = list(groups.model_inputs)
+    for g in groups.groups:
+        names.extend(g.outputs)
+    names.extend(m.scores for m in find_mask_adds(model))
+    return list(dict.fromkeys(names))
+
+
+def tapped_model(model: Model, taps: list[str]) -> onnx.ModelProto:
+    """A copy of the model whose graph outputs also expose ``taps``."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    existing = {o.name for o in proto.graph.output}
+    for name in taps:
+        if name not in existing:
+            proto.graph.output.append(onnx.ValueInfoProto(name=name))
+    return proto
+
+
+def calibrate(
+    model: Model,
+    groups: Groups,
+    batches: Iterable[dict[str, np.ndarray]],
+    *,
+    method: str = "minmax",
+    progress: bool = False,
+) -> Stats:
+    """Run every batch once; fold each tapped tensor into a constant-size observer."""
+    if method not in METHODS:
+        raise QuantscopeError(
+            f"unknown calibration method '{method}': use one of {', '.join(METHODS)}"
+        )
+    taps = tap_names(model, groups)
+    session = make_session(tapped_model(model, taps), optimize=True)
+    inputs = {i.name for i in session.get_inputs()}
+    observers = {t: Observer(t) for t in taps}
+    n_batches = n_samples = 0
+    for batch in batches:
+        values = session.run(taps, {k: v for k, v in batch.items() if k in inputs})
+        for name, value in zip(taps, values, strict=True):
+            observers[name].update(value)
+        n_batches += 1
+        n_samples += len(next(iter(batch.values())))
+        if progress:
+            print(f"\rcalibrating: {n_batches} batches, {n_samples} samples", end="",
+                  file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    if n_batches == 0:
+        raise QuantscopeError("calibration data is empty: give at least one batch")
+    return Stats(
+        tensors={t: o.freeze() for t, o in observers.items()},
+        method=method,
+        num_batches=n_batches,
+        num_samples=n_samples,
+    )

@@ -1,0 +1,100 @@
+"""Streaming observers: running min/max, a range-doubling histogram, per-channel |max|.
+
+Memory is constant in the number of batches: every batch is folded into fixed-size
+accumulators and dropped. Batches may differ in every dimension but the channel one
+(variable sequence lengths are fine).
+
+The histogram covers a symmetric range ``[-r, r]`` with ``HIST_BINS`` equal bins, ``r`` a
+power of two. When a batch exceeds ``r`` the range doubles and pairs of old bins merge
+into one new bin exactly (old ``[-r, r]`` is the middle half of new ``[-2r, 2r]``), so no
+counts are smeared and the result does not depend on batch order beyond that.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from quantscope.types import TensorStats
+
+HIST_BINS = 2048
+HIST_LIMIT = 2.0**64  # beyond this (e.g. an additive mask's dtype minimum) values saturate
+
+
+def channel_axis(ndim: int) -> int:
+    """Channel axis used for per-channel statistics: 1 for NCHW, else the last axis."""
+    return 1 if ndim == 4 else max(ndim - 1, 0)
+
+
+@dataclass
+class Observer:
+    """Mutable accumulator for one tensor; :meth:`freeze` returns the typed stats."""
+
+    name: str
+    lo: float = math.inf
+    hi: float = -math.inf
+    count: int = 0
+    nonfinite: int = 0
+    hist: np.ndarray | None = None
+    r: float = 0.0
+    chan: np.ndarray | None = None
+    axis: int = -1
+
+    def update(self, x: np.ndarray) -> None:
+        x = np.asarray(x)
+        if x.size == 0 or not np.issubdtype(x.dtype, np.floating):
+            return
+        x = x.astype(np.float32, copy=False)
+        finite = np.isfinite(x)
+        if not finite.all():
+            self.nonfinite += int(x.size - finite.sum())
+            x = np.where(finite, x, 0.0).astype(np.float32)
+        self.count += x.size
+        self.lo = min(self.lo, float(x.min()))
+        self.hi = max(self.hi, float(x.max()))
+        self._update_hist(x)
+        self._update_channels(x)
+
+    def _update_hist(self, x: np.ndarray) -> None:
+        amax = min(max(abs(self.lo), abs(self.hi)), HIST_LIMIT)
+        if self.hist is None:
+            self.r = 2.0 ** math.ceil(math.log2(amax)) if amax > 0 else 1.0
+            self.hist = np.zeros(HIST_BINS, dtype=np.int64)
+        while amax > self.r:
+            merged = self.hist.reshape(-1, 2).sum(axis=1)
+            self.hist = np.zeros(HIST_BINS, dtype=np.int64)
+            self.hist[HIST_BINS // 4 : HIST_BINS // 4 + merged.size] = merged
+            self.r *= 2.0
+        if amax >= HIST_LIMIT:
+            x = np.clip(x, -HIST_LIMIT, HIST_LIMIT)
+        counts, _ = np.histogram(x, bins=HIST_BINS, range=(-self.r, self.r))
+        self.hist += counts
+
+    def _update_channels(self, x: np.ndarray) -> None:
+        axis = channel_axis(x.ndim)
+        if x.ndim == 0:
+            per = np.abs(x).reshape(1)
+        else:
+            per = np.abs(np.moveaxis(x, axis, -1)).reshape(-1, x.shape[axis]).max(axis=0)
+        if self.chan is None or self.chan.shape != per.shape:
+            if self.chan is not None:  # channel count changed: keep only a global max
+                per = np.array([max(float(self.chan.max()), float(per.max()))])
+            self.chan = per.astype(np.float32)
+            self.axis = axis
+        else:
+            np.maximum(self.chan, per, out=self.chan)
+
+    def freeze(self) -> TensorStats:
+        empty = self.count == 0
+        return TensorStats(
+            name=self.name,
+            min=0.0 if empty else self.lo,
+            max=0.0 if empty else self.hi,
+            count=self.count,
+            hist=self.hist if self.hist is not None else np.zeros(HIST_BINS, np.int64),
+            hist_range=self.r or 1.0,
+            channel_absmax=self.chan if self.chan is not None else np.zeros(1, np.float32),
+            channel_axis=self.axis,
+        )

@@ -1,0 +1,88 @@
+"""Range setting from streamed statistics: ``minmax``, ``percentile``, ``mse``.
+
+The range is chosen at encode time, when the bit width is known: the MSE-optimal clip
+range for 8 bit is much tighter than for 16 bit.
+
+``percentile`` keeps the central ``PERCENTILE`` mass of the histogram (both tails).
+``mse`` minimises the expected squared error of the histogram under the target grid:
+clipping error for mass outside ``[lo, hi]`` plus the uniform rounding noise
+``scale**2 / 12`` inside, by coordinate descent over candidate ends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantscope.numerics import qrange
+from quantscope.types import QuantscopeError, TensorStats
+
+METHODS = ("minmax", "percentile", "mse")
+PERCENTILE = 99.99
+_CANDIDATES = 96
+# Above this width the grid step is far below the histogram's bin width, so the
+# histogram cannot tell clipping error from rounding noise; min/max is then optimal.
+MSE_MAX_BITS = 10
+
+
+def _centers(ts: TensorStats) -> np.ndarray:
+    edges = np.linspace(-ts.hist_range, ts.hist_range, ts.hist.size + 1)
+    return (edges[:-1] + edges[1:]) / 2
+
+
+def _percentile_range(ts: TensorStats, pct: float) -> tuple[float, float]:
+    cdf = np.cumsum(ts.hist) / max(int(ts.hist.sum()), 1)
+    centers = _centers(ts)
+    tail = (100.0 - pct) / 200.0
+    lo = centers[min(int(np.searchsorted(cdf, tail)), centers.size - 1)]
+    hi = centers[min(int(np.searchsorted(cdf, 1.0 - tail)), centers.size - 1)]
+    return max(float(lo), ts.min), min(float(hi), ts.max)
+
+
+def _expected_mse(
+    centers: np.ndarray, counts: np.ndarray, lo: np.ndarray, hi: np.ndarray, levels: int
+) -> np.ndarray:
+    """Expected squared error for candidate ranges ``[lo_i, hi_i]`` (vectorised)."""
+    lo_, hi_ = np.minimum(lo, 0.0)[:, None], np.maximum(hi, 0.0)[:, None]
+    scale = np.maximum((hi_ - lo_) / levels, 1e-12)
+    c = centers[None, :]
+    clipped = np.clip(c, lo_, hi_)
+    err = np.where(c == clipped, scale**2 / 12.0, (c - clipped) ** 2)
+    return (err * counts[None, :]).sum(axis=1)
+
+
+def _mse_range(ts: TensorStats, bits: int, *, symmetric: bool) -> tuple[float, float]:
+    centers, counts = _centers(ts), ts.hist.astype(np.float64)
+    keep = counts > 0
+    centers, counts = centers[keep], counts[keep]
+    qmin, qmax = qrange(bits, signed=False)
+    levels = qmax - qmin
+    fracs = np.linspace(1.0 / _CANDIDATES, 1.0, _CANDIDATES)
+    if symmetric:
+        amax = max(abs(ts.min), abs(ts.max))
+        cand = fracs * amax
+        best = int(np.argmin(_expected_mse(centers, counts, -cand, cand, levels)))
+        return -float(cand[best]), float(cand[best])
+    lo, hi = ts.min, ts.max
+    for _ in range(3):  # coordinate descent: each end in turn, the other fixed
+        his = fracs * ts.max if ts.max > 0 else np.full(_CANDIDATES, ts.max)
+        hi = float(his[np.argmin(_expected_mse(centers, counts, np.full_like(his, lo), his, levels))])
+        los = fracs * ts.min if ts.min < 0 else np.full(_CANDIDATES, ts.min)
+        lo = float(los[np.argmin(_expected_mse(centers, counts, los, np.full_like(los, hi), levels))])
+    return lo, hi
+
+
+def tensor_range(
+    ts: TensorStats, method: str, bits: int, *, symmetric: bool = False
+) -> tuple[float, float]:
+    """Real-valued ``(lo, hi)`` to quantize ``ts`` with ``bits`` under ``method``."""
+    if method == "minmax" or ts.count == 0:
+        return ts.min, ts.max
+    if method == "percentile":
+        return _percentile_range(ts, PERCENTILE)
+    if method == "mse":
+        if bits > MSE_MAX_BITS:  # rounding noise is negligible: never clip
+            return ts.min, ts.max
+        return _mse_range(ts, bits, symmetric=symmetric)
+    raise QuantscopeError(
+        f"unknown calibration method '{method}': use one of {', '.join(METHODS)}"
+    )

@@ -1,0 +1,111 @@
+"""encode(): statistics + plan -> per-tensor encodings (pure, no ORT).
+
+Which tensor gets which bit width
+=================================  ==================================================
+group output                       the group's activation bits (none if ``float``)
+model input                        the widest activation bits among the groups that
+                                   read it (an NPU converts the input once)
+weight of a weighted group         the group's weight bits, per channel if the scheme
+                                   says so
+masked attention scores            the range of the *unmasked* scores, extended down
+                                   by ``MASK_MARGIN``: the additive mask constant
+                                   (dtype min) then saturates to the grid minimum,
+                                   which still zeroes its softmax weight (exp(-12)
+                                   ~ 6e-6 per masked token) instead of wiping out the
+                                   range of every real score
+=================================  ==================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantscope.calibrate.ranges import tensor_range
+from quantscope.model.groups import find_mask_adds
+from quantscope.model.load import Model
+from quantscope.numerics import qparams, weight_encoding
+from quantscope.types import Encoding, Encodings, Groups, Plan, QuantScheme, QuantscopeError, Stats
+
+MASK_MARGIN = 12.0  # logits below the smallest real score that masked positions get
+
+
+def _act_encoding(lo: float, hi: float, bits: int, scheme: QuantScheme) -> Encoding:
+    return qparams(lo, hi, bits, signed=scheme.act_signed, symmetric=scheme.act_symmetric)
+
+
+def _input_bits(groups: Groups, plan: Plan) -> dict[str, int]:
+    bits: dict[str, int] = {}
+    for g in groups.groups:
+        b = plan.precision_of(g.name).act_bits
+        if b is None:
+            continue
+        for t in g.inputs:
+            bits[t] = max(bits.get(t, 0), b)
+    return {t: bits[t] for t in groups.model_inputs if t in bits}
+
+
+def _stat(stats: Stats, name: str) -> object:
+    try:
+        return stats.tensors[name]
+    except KeyError:
+        raise QuantscopeError(
+            f"the stats file has no statistics for tensor '{name}': it was calibrated on "
+            "another model; run 'quantscope calibrate' on this model again"
+        ) from None
+
+
+def encode(
+    model: Model,
+    groups: Groups,
+    stats: Stats,
+    plan: Plan,
+    *,
+    scheme: QuantScheme | None = None,
+    method: str | None = None,
+) -> Encodings:
+    """Encodings for every tensor the plan quantizes."""
+    scheme = scheme or QuantScheme()
+    method = method or stats.method
+    masks = {m.output: m for m in find_mask_adds(model)}
+    acts: dict[str, Encoding] = {}
+    notes: list[str] = []
+    for t, bits in _input_bits(groups, plan).items():
+        ts = _stat(stats, t)
+        acts[t] = _act_encoding(*tensor_range(ts, method, bits), bits, scheme)
+    for g in groups.groups:
+        bits = plan.precision_of(g.name).act_bits
+        if bits is None:
+            continue
+        for t in g.outputs:
+            if t in masks:
+                s = _stat(stats, masks[t].scores)
+                lo, hi = tensor_range(s, method, bits)
+                acts[t] = _act_encoding(lo - MASK_MARGIN, hi, bits, scheme)
+                continue
+            acts[t] = _act_encoding(*tensor_range(_stat(stats, t), method, bits), bits, scheme)
+    if masks and any(t in acts for t in masks):
+        notes.append(
+            f"attention mask: {len(masks)} additive-mask Add(s) found; their output range is "
+            f"the unmasked scores' range extended by {MASK_MARGIN:g} below, so the mask "
+            "constant saturates to the grid minimum instead of dominating the range"
+        )
+    weights = _weight_encodings(model, groups, plan, scheme)
+    return Encodings(activations=acts, weights=weights, scheme=scheme, notes=tuple(notes))
+
+
+def _weight_encodings(
+    model: Model, groups: Groups, plan: Plan, scheme: QuantScheme
+) -> dict[str, Encoding]:
+    out: dict[str, Encoding] = {}
+    for g in groups.groups:
+        bits = plan.precision_of(g.name).weight_bits
+        if bits is None or g.weight is None:
+            continue
+        w = model.initializer_array(g.weight).astype(np.float32)
+        axis = None
+        if scheme.weight_per_channel and g.weight_axis is not None and w.ndim > 1:
+            axis = g.weight_axis % w.ndim
+        out[g.weight] = weight_encoding(
+            w, bits, axis=axis, signed=scheme.weight_signed, symmetric=scheme.weight_symmetric
+        )
+    return out

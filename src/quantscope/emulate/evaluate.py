@@ -1,0 +1,100 @@
+"""Run the FP32 and the QDQ model on the same batches and measure fidelity.
+
+Fidelity per model output: cosine similarity between the FP32 and the emulated output
+of each sample (flattened), mean and min over samples, and the SQNR of the whole output.
+Task metrics (retrieval, verification) are computed by :mod:`quantscope.tasks` from the
+same outputs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from quantscope.emulate.session import make_session
+from quantscope.model.load import Model
+from quantscope.numerics import sqnr_db
+from quantscope.types import Metrics
+
+
+@dataclass(frozen=True, eq=False)
+class Outputs:
+    """Model outputs over a data set: one list of per-batch arrays per output name."""
+
+    names: tuple[str, ...]
+    batches: tuple[tuple[np.ndarray, ...], ...]
+
+    def concat(self, name: str) -> np.ndarray | None:
+        """All batches of one output along axis 0 (None if batch shapes differ)."""
+        i = self.names.index(name)
+        parts = [b[i] for b in self.batches]
+        if len({p.shape[1:] for p in parts}) != 1:
+            return None
+        return np.concatenate(parts, axis=0)
+
+
+def run_model(
+    proto: onnx.ModelProto,
+    batches: Iterable[dict[str, np.ndarray]],
+    *,
+    label: str = "",
+    optimize: bool = False,
+) -> Outputs:
+    """Run ``proto`` over every batch (progress on stderr when ``label`` is given)."""
+    session = make_session(proto, optimize=optimize)
+    names = tuple(o.name for o in session.get_outputs())
+    inputs = {i.name for i in session.get_inputs()}
+    out = []
+    for k, batch in enumerate(batches, 1):
+        out.append(tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})))
+        if label:
+            print(f"\r{label}: batch {k}", end="", file=sys.stderr, flush=True)
+    if label:
+        print(file=sys.stderr)
+    return Outputs(names=names, batches=tuple(out))
+
+
+def _row_cosines(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
+    r = ref.reshape(len(ref), -1).astype(np.float64)
+    t = test.reshape(len(test), -1).astype(np.float64)
+    num = (r * t).sum(axis=1)
+    den = np.linalg.norm(r, axis=1) * np.linalg.norm(t, axis=1)
+    same = np.all(r == t, axis=1)
+    return np.where(same, 1.0, np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0))
+
+
+def output_fidelity(ref: Outputs, test: Outputs) -> Metrics:
+    """Cosine (mean, min, p01) and SQNR per output; the first output also unprefixed."""
+    values: dict[str, float] = {}
+    tables: dict[str, dict[str, float]] = {}
+    for i, name in enumerate(ref.names):
+        cos = np.concatenate([_row_cosines(a[i], b[i]) for a, b in zip(ref.batches, test.batches, strict=True)])
+        noise = sum(float(np.sum((a[i].astype(np.float64) - b[i]) ** 2)) for a, b in zip(ref.batches, test.batches, strict=True))
+        power = sum(float(np.sum(a[i].astype(np.float64) ** 2)) for a in ref.batches)
+        sqnr = float("inf") if noise == 0 else (10 * np.log10(power / noise) if power > 0 else float("-inf"))
+        row = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
+               "cosine_p01": float(np.percentile(cos, 1)), "sqnr_db": float(sqnr)}
+        tables[name] = row
+        if i == 0:
+            values.update(row)
+    return Metrics(values=values, tables=tables)
+
+
+def evaluate_fidelity(
+    model: Model,
+    qdq: onnx.ModelProto,
+    batches: list[dict[str, np.ndarray]],
+    *,
+    progress: bool = False,
+) -> tuple[Metrics, Outputs, Outputs]:
+    """FP32 vs emulated outputs on ``batches``: (fidelity, fp32 outputs, emulated outputs)."""
+    ref = run_model(model.proto, batches, label="fp32" if progress else "")
+    test = run_model(qdq, batches, label="emulated" if progress else "")
+    return output_fidelity(ref, test), ref, test
+
+
+__all__ = ["Outputs", "evaluate_fidelity", "output_fidelity", "run_model", "sqnr_db"]

@@ -1,0 +1,125 @@
+"""build_qdq(): the one graph writer. Emulation runs what export ships.
+
+Graph form (ONNX QDQ, opset >= 21)
+==================================  ===============================================
+weight ``W`` of a quantized group   initializer ``W_quantized`` (int8/int16, or int4
+                                    for 4-bit weights) -> DequantizeLinear -> ``W``
+activation ``t`` (group output)     producer writes ``t_float`` -> QuantizeLinear ->
+                                    DequantizeLinear -> ``t``: every consumer and
+                                    graph output keeps the original name
+model input ``x``                   ``x`` -> QuantizeLinear -> DequantizeLinear ->
+                                    ``x_dq`` read by the consumers
+bias                                kept in float (the 32-bit bias grid of integer
+                                    NPUs is far finer than the activation grid)
+pass-through ops (Reshape …)         untouched: their output is already on the grid
+==================================  ===============================================
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantscope.model.load import Model
+from quantscope.numerics import quantize
+from quantscope.types import Encoding, Encodings, Groups, Plan
+
+_STORAGE = {
+    (4, True): (ml_dtypes.int4, TensorProto.INT4),
+    (4, False): (ml_dtypes.uint4, TensorProto.UINT4),
+    (8, True): (np.int8, TensorProto.INT8),
+    (8, False): (np.uint8, TensorProto.UINT8),
+    (16, True): (np.int16, TensorProto.INT16),
+    (16, False): (np.uint16, TensorProto.UINT16),
+}
+
+
+def storage_type(enc: Encoding) -> tuple[type, int]:
+    """(numpy dtype, ONNX TensorProto type) that holds this encoding's codes."""
+    return _STORAGE[(enc.bits, enc.signed)]
+
+
+def _param_tensors(name: str, enc: Encoding) -> list[TensorProto]:
+    np_type, _ = storage_type(enc)
+    scale = numpy_helper.from_array(enc.scale.astype(np.float32), f"{name}_scale")
+    zp = numpy_helper.from_array(enc.zero_point.astype(np_type), f"{name}_zero_point")
+    return [scale, zp]
+
+
+def _axis_attr(enc: Encoding) -> dict[str, int]:
+    return {"axis": enc.axis} if enc.axis is not None and enc.scale.ndim == 1 else {}
+
+
+def _qdq_nodes(src: str, dst: str, enc: Encoding) -> tuple[list[onnx.NodeProto], list[TensorProto]]:
+    q_out = f"{dst}_quantized"
+    nodes = [
+        helper.make_node("QuantizeLinear", [src, f"{dst}_scale", f"{dst}_zero_point"],
+                         [q_out], name=f"{dst}_QuantizeLinear", **_axis_attr(enc)),
+        helper.make_node("DequantizeLinear", [q_out, f"{dst}_scale", f"{dst}_zero_point"],
+                         [dst], name=f"{dst}_DequantizeLinear", **_axis_attr(enc)),
+    ]
+    return nodes, _param_tensors(dst, enc)
+
+
+def _weight_nodes(
+    model: Model, encodings: Encodings
+) -> tuple[list[onnx.NodeProto], list[TensorProto], set[str]]:
+    nodes: list[onnx.NodeProto] = []
+    inits: list[TensorProto] = []
+    for name, enc in encodings.weights.items():
+        w = model.initializer_array(name).astype(np.float32)
+        np_type, _ = storage_type(enc)
+        codes = quantize(w, enc).astype(np_type)
+        inits.append(numpy_helper.from_array(codes, f"{name}_quantized"))
+        inits.extend(_param_tensors(name, enc))
+        nodes.append(helper.make_node(
+            "DequantizeLinear", [f"{name}_quantized", f"{name}_scale", f"{name}_zero_point"],
+            [name], name=f"{name}_DequantizeLinear", **_axis_attr(enc)))
+    return nodes, inits, set(encodings.weights)
+
+
+def build_qdq(model: Model, groups: Groups, plan: Plan, encodings: Encodings) -> onnx.ModelProto:
+    """The QDQ model for ``plan``: runs in ONNX Runtime and is what export writes."""
+    del groups, plan  # the encodings already say which tensors the plan quantizes
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    graph = proto.graph
+    w_nodes, new_inits, replaced = _weight_nodes(model, encodings)
+    kept = [t for t in graph.initializer if t.name not in replaced]
+    still_inputs = [i for i in graph.input if i.name not in replaced]
+    if len(still_inputs) != len(graph.input):  # old exports list initializers as inputs
+        del graph.input[:]
+        graph.input.extend(still_inputs)
+    in_nodes: list[onnx.NodeProto] = []
+    renamed_inputs: dict[str, str] = {}
+    graph_inputs = {i.name for i in graph.input}
+    for name, enc in encodings.activations.items():
+        if name in graph_inputs:
+            nodes, params = _qdq_nodes(name, f"{name}_dq", enc)
+            in_nodes += nodes
+            new_inits += params
+            renamed_inputs[name] = f"{name}_dq"
+    body: list[onnx.NodeProto] = []
+    for node in graph.node:
+        new = onnx.NodeProto()
+        new.CopyFrom(node)
+        for i, t in enumerate(new.input):
+            if t in renamed_inputs:
+                new.input[i] = renamed_inputs[t]
+        tail: list[onnx.NodeProto] = []
+        for i, t in enumerate(new.output):
+            enc = encodings.activations.get(t)
+            if enc is None or t in graph_inputs:
+                continue
+            new.output[i] = f"{t}_float"
+            nodes, params = _qdq_nodes(f"{t}_float", t, enc)
+            tail += nodes
+            new_inits += params
+        body += [new, *tail]
+    del graph.node[:]
+    graph.node.extend(w_nodes + in_nodes + body)
+    del graph.initializer[:]
+    graph.initializer.extend(kept + new_inits)
+    return proto

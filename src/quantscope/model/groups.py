@@ -1,0 +1,255 @@
+"""Find decision groups: the units an integer NPU quantizes and a plan decides on.
+
+Rules (applied in topological order)
+====================================  ==============================================
+tensor kinds                          ``const`` (initializers, Constant, and what
+                                      only they feed), ``side`` (float tensors derived
+                                      only from non-float graph inputs, e.g. the
+                                      attention mask), ``act`` (everything else)
+a node with no float ``act`` output   stays float, belongs to no group (shape math)
+pass-through op (Reshape, Transpose…) no group; output shares its input's encoding
+fusible op (elementwise with const /  joins the group of its producer when every
+side operands, or both operands from  ``act`` input comes from that one group and
+that same group)                      every consumer of that input is fusible too
+any other op                          anchors a new group (weighted if Conv / Gemm /
+                                      MatMul has an initializer weight)
+group outputs                         tensors made in the group and read outside it
+                                      (or graph outputs): quantized at the group's
+                                      activation precision
+====================================  ==============================================
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+import onnx
+
+from quantscope.model.load import FLOAT_TYPES, Model
+from quantscope.types import Group, GroupKind, Groups, Plan, QuantscopeError
+
+PASS_THROUGH = frozenset(
+    {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout",
+     "Slice", "Gather", "Split", "Expand", "Tile", "SpaceToDepth", "DepthToSpace"}
+)
+FUSIBLE = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Relu", "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh",
+     "Erf", "Gelu", "HardSigmoid", "HardSwish", "Elu", "Selu", "Softplus", "Neg", "Abs",
+     "BatchNormalization", "Where"}
+)
+UNSUPPORTED = frozenset({"Loop", "If", "Scan", "SequenceConstruct", "QuantizeLinear",
+                         "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
+                         "ConvInteger", "DynamicQuantizeLinear"})
+WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+
+
+@dataclass(frozen=True)
+class MaskAdd:
+    """An Add that applies an additive attention mask (a ``side`` operand) to scores."""
+
+    node: str
+    scores: str  # the act operand (unmasked scores)
+    output: str
+
+
+def _is_embedding_lookup(node: onnx.NodeProto, kinds: dict[str, str], types: dict[str, int]) -> bool:
+    return (
+        node.op_type == "Gather"
+        and kinds.get(node.input[0]) == "const"
+        and types.get(node.input[0]) in FLOAT_TYPES
+        and kinds.get(node.input[1]) == "side"
+    )
+
+
+def tensor_kinds(model: Model) -> dict[str, str]:
+    """Classify every tensor as 'const', 'side' or 'act' (see module docstring)."""
+    types = model.value_types()
+    kinds: dict[str, str] = {t.name: "const" for t in model.graph.initializer}
+    for inp in model.graph.input:
+        if inp.name not in kinds:
+            kinds[inp.name] = "act" if types.get(inp.name) in FLOAT_TYPES else "side"
+    for node in model.graph.node:
+        ins = [kinds.get(t, "const") for t in node.input if t]
+        if node.op_type in ("Shape", "Size", "Constant", "ConstantOfShape"):
+            kind = "const"
+        elif _is_embedding_lookup(node, kinds, types):
+            kind = "act"  # a float table indexed by an input: the data path starts here
+        elif "act" in ins:
+            kind = "act"
+        elif "side" in ins:
+            kind = "side"
+        else:
+            kind = "const"
+        for out in node.output:
+            kinds[out] = kind
+    return kinds
+
+
+def _weight_info(node: onnx.NodeProto, inits: set[str]) -> tuple[str | None, str | None, int | None]:
+    """(weight, bias, output-channel axis) for a weighted op, else (None, None, None)."""
+    if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or node.input[1] not in inits:
+        return None, None, None
+    bias = node.input[2] if len(node.input) > 2 and node.input[2] in inits else None
+    if node.op_type == "Conv":
+        return node.input[1], bias, 0
+    if node.op_type == "ConvTranspose":
+        return node.input[1], bias, 1
+    if node.op_type == "Gemm":
+        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return node.input[1], bias, 0 if trans_b else 1
+    return node.input[1], None, -1  # MatMul: W is [..., in, out]
+
+
+class _Builder:
+    """Accumulates group membership during one topological pass."""
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.kinds = tensor_kinds(model)
+        self.types = model.value_types()
+        self.inits = {t.name for t in model.graph.initializer}
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.consumers: dict[str, list[onnx.NodeProto]] = {}
+        for node in model.graph.node:
+            for t in node.output:
+                self.producer[t] = node
+            for t in node.input:
+                self.consumers.setdefault(t, []).append(node)
+        self.group_of: dict[str, str] = {}  # node name -> group name
+        self.members: dict[str, list[onnx.NodeProto]] = {}
+        self.shared: dict[str, str] = {}  # pass-through output -> its input
+
+    def act_inputs(self, node: onnx.NodeProto) -> list[str]:
+        return [t for t in node.input if t and self.kinds.get(t) == "act"]
+
+    def producer_group(self, tensor: str) -> str | None:
+        prod = self.producer.get(tensor)
+        return None if prod is None else self.group_of.get(prod.name)
+
+    def can_fuse(self, node: onnx.NodeProto) -> str | None:
+        if node.op_type not in FUSIBLE:
+            return None
+        acts = self.act_inputs(node)
+        groups = {self.producer_group(t) for t in acts}
+        if len(groups) != 1 or None in groups:
+            return None
+        for t in acts:
+            if any(c.op_type not in FUSIBLE for c in self.consumers.get(t, [])):
+                return None
+            if t in {o.name for o in self.model.graph.output}:
+                return None
+        return groups.pop()
+
+    def visit(self, node: onnx.NodeProto) -> None:
+        if node.op_type in UNSUPPORTED:
+            raise QuantscopeError(
+                f"node '{node.name}' is a {node.op_type}, which quantscope cannot emulate "
+                "(control flow or an already-quantized model): export a float model "
+                "without it"
+            )
+        float_act = [
+            t for t in node.output
+            if self.kinds.get(t) == "act" and self.types.get(t, 1) in FLOAT_TYPES
+        ]
+        if not float_act:
+            return
+        acts = self.act_inputs(node)
+        if node.op_type in PASS_THROUGH and acts:
+            for out in node.output:
+                self.shared[out] = acts[0]
+            return
+        target = self.can_fuse(node)
+        name = target or node.name
+        self.group_of[node.name] = name
+        self.members.setdefault(name, []).append(node)
+
+
+def _resolve_shared(shared: dict[str, str]) -> tuple[tuple[str, ...], ...]:
+    """Chains of tensors sharing an encoding, root (quantized tensor) first."""
+    chains: dict[str, list[str]] = {}
+    for out in shared:
+        root = out
+        while root in shared:
+            root = shared[root]
+        chains.setdefault(root, [root]).append(out)
+    return tuple(tuple(c) for c in chains.values())
+
+
+def _make_group(b: _Builder, name: str, nodes: list[onnx.NodeProto]) -> Group:
+    made = {t for n in nodes for t in n.output}
+    graph_outs = {o.name for o in b.model.graph.output}
+    names = {n.name for n in nodes}
+    outputs = tuple(
+        t for n in nodes for t in n.output
+        if b.kinds.get(t) == "act"
+        and (t in graph_outs or any(c.name not in names for c in b.consumers.get(t, [])))
+    )
+    inputs = tuple(dict.fromkeys(
+        t for n in nodes for t in n.input if t and b.kinds.get(t) == "act" and t not in made
+    ))
+    anchor = nodes[0]
+    weight, bias, axis = _weight_info(anchor, b.inits)
+    if weight is not None and bias is None and anchor.op_type == "MatMul":
+        for n in nodes[1:]:
+            if n.op_type == "Add" and anchor.output[0] in n.input:
+                bias = next((t for t in n.input if t in b.inits), None)
+                break
+    shapes = b.model.value_shapes()
+    return Group(
+        name=name,
+        op_type=anchor.op_type,
+        kind=GroupKind.WEIGHTED if weight else GroupKind.ACTIVATION,
+        nodes=tuple(n.name for n in nodes),
+        inputs=inputs,
+        outputs=outputs,
+        weight=weight,
+        bias=bias,
+        weight_axis=axis,
+        output_shape=shapes.get(outputs[0]) if outputs else None,
+    )
+
+
+def find_groups(model: Model) -> Groups:
+    """Decision groups of ``model`` (see the module docstring for the rules)."""
+    b = _Builder(model)
+    for node in model.graph.node:
+        b.visit(node)
+    groups = tuple(_make_group(b, name, nodes) for name, nodes in b.members.items())
+    model_inputs = tuple(t for t in model.input_names() if b.kinds.get(t) == "act")
+    return Groups(groups=groups, shared=_resolve_shared(b.shared), model_inputs=model_inputs)
+
+
+def find_mask_adds(model: Model) -> tuple[MaskAdd, ...]:
+    """Adds that apply an additive attention mask derived from a non-float input.
+
+    Hugging Face encoders add ``(1 - mask) * dtype_min`` to the attention scores before
+    Softmax; calibrating that Add lets the mask constant dominate the range.
+    """
+    kinds = tensor_kinds(model)
+    consumers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for t in node.input:
+            consumers.setdefault(t, []).append(node.op_type)
+    found = []
+    for node in model.graph.node:
+        if node.op_type != "Add" or len(node.input) != 2:
+            continue
+        k = [kinds.get(t) for t in node.input]
+        if sorted(k) == ["act", "side"] and "Softmax" in consumers.get(node.output[0], []):
+            scores = node.input[k.index("act")]
+            found.append(MaskAdd(node=node.name, scores=scores, output=node.output[0]))
+    return tuple(found)
+
+
+def check_plan_names(plan: Plan, groups: Groups) -> None:
+    """Raise if the plan names a group the model does not have (with a close match)."""
+    known = set(groups.names())
+    for name, _ in plan.overrides:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise QuantscopeError(
+                f"plan names group '{name}', which this model does not have{hint}: "
+                "list the groups with 'quantscope groups MODEL'"
+            )

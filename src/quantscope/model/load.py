@@ -1,0 +1,165 @@
+"""Load an ONNX model: check it, infer shapes, name every node, raise the opset.
+
+The returned :class:`Model` is never mutated after load; stages that change the graph
+(the QDQ writer, repairs) build a new ``ModelProto``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper, shape_inference
+
+from quantscope.types import QuantscopeError
+
+MIN_QDQ16_OPSET = 21  # int16/uint16 QuantizeLinear/DequantizeLinear need opset >= 21
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """A loaded, shape-inferred ONNX model with unique node names and opset >= 21."""
+
+    proto: onnx.ModelProto
+    source: str  # path or built-in name it came from
+
+    @property
+    def graph(self) -> onnx.GraphProto:
+        return self.proto.graph
+
+    def initializers(self) -> dict[str, onnx.TensorProto]:
+        return {t.name: t for t in self.graph.initializer}
+
+    def initializer_array(self, name: str) -> np.ndarray:
+        for t in self.graph.initializer:
+            if t.name == name:
+                return numpy_helper.to_array(t)
+        raise KeyError(name)
+
+    def input_names(self) -> tuple[str, ...]:
+        inits = {t.name for t in self.graph.initializer}
+        return tuple(i.name for i in self.graph.input if i.name not in inits)
+
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.graph.output)
+
+    def value_shapes(self) -> dict[str, tuple[int | str | None, ...]]:
+        """Static/symbolic shapes of every tensor that shape inference could type."""
+        out: dict[str, tuple[int | str | None, ...]] = {}
+        for vi in [*self.graph.input, *self.graph.value_info, *self.graph.output]:
+            tt = vi.type.tensor_type
+            if not tt.HasField("shape"):
+                continue
+            dims: list[int | str | None] = []
+            for d in tt.shape.dim:
+                if d.HasField("dim_value"):
+                    dims.append(int(d.dim_value))
+                elif d.HasField("dim_param"):
+                    dims.append(d.dim_param)
+                else:
+                    dims.append(None)
+            out[vi.name] = tuple(dims)
+        return out
+
+    def value_types(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for vi in [*self.graph.input, *self.graph.value_info, *self.graph.output]:
+            out[vi.name] = vi.type.tensor_type.elem_type
+        for t in self.graph.initializer:
+            out[t.name] = t.data_type
+        return out
+
+    def opset(self) -> int:
+        return _default_opset(self.proto)
+
+
+def _default_opset(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return int(imp.version)
+    return 1
+
+
+def _read(path: Path) -> onnx.ModelProto:
+    if not path.exists():
+        raise QuantscopeError(f"model file '{path}' does not exist: check the path")
+    if path.is_dir():
+        raise QuantscopeError(f"model '{path}' is a folder: pass the .onnx file inside it")
+    try:
+        proto = onnx.load(str(path))
+    except Exception as exc:  # protobuf raises several unrelated types
+        raise QuantscopeError(
+            f"'{path}' is not a readable ONNX model ({type(exc).__name__}): "
+            "re-export it or pass a valid .onnx file"
+        ) from None
+    if len(proto.graph.node) == 0:
+        raise QuantscopeError(
+            f"'{path}' holds no ONNX graph (empty or truncated file): re-export the model"
+        )
+    return proto
+
+
+def name_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Give every node a unique, stable name (``<op_type>_<index>`` for nameless ones)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    seen: set[str] = set()
+    for i, node in enumerate(out.graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        base, k = name, 1
+        while name in seen:
+            name = f"{base}__{k}"
+            k += 1
+        node.name = name
+        seen.add(name)
+    return out
+
+
+def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx.ModelProto:
+    """Raise the default-domain opset to ``target`` (needed for 16-bit Q/DQ)."""
+    if _default_opset(proto) >= target:
+        return proto
+    try:
+        converted = onnx.version_converter.convert_version(proto, target)
+    except Exception as exc:
+        raise QuantscopeError(
+            f"cannot raise the model's opset from {_default_opset(proto)} to {target} "
+            f"for 16-bit Q/DQ ({type(exc).__name__}: {str(exc).splitlines()[0][:120]}): "
+            "re-export the model at opset >= 21"
+        ) from None
+    # the converter drops nothing we rely on, but keep node names as they were
+    for src, dst in zip(proto.graph.node, converted.graph.node, strict=False):
+        if src.op_type == dst.op_type and not dst.name:
+            dst.name = src.name
+    return converted
+
+
+def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
+    """Validate, name, upgrade and shape-infer an in-memory model."""
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0][:160]
+        raise QuantscopeError(
+            f"model '{source}' fails the ONNX checker ({first}): fix or re-export it"
+        ) from None
+    proto = name_nodes(proto)
+    proto = upgrade_opset(proto)
+    proto = name_nodes(proto)
+    try:
+        proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except Exception as exc:
+        raise QuantscopeError(
+            f"shape inference failed on '{source}' ({type(exc).__name__}): "
+            "check the model with onnx.checker and re-export it"
+        ) from None
+    return Model(proto=proto, source=source)
+
+
+def load(path: str | Path) -> Model:
+    """Load an ONNX model from a path (built-in names are resolved by the CLI/API)."""
+    path = Path(path)
+    return load_proto(_read(path), source=str(path))

@@ -1,0 +1,107 @@
+"""Quantization arithmetic in numpy (ONNX convention: q = clip(round(x/scale) + zp)).
+
+Rounding is round-half-to-even, as ONNX QuantizeLinear specifies. Scales are float32,
+zero-points int32 (cast to the storage type by the QDQ writer).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantscope.types import Encoding
+
+_TINY = np.float32(1e-12)  # smallest scale we emit; a zero range still gets a valid scale
+
+
+def qrange(bits: int, *, signed: bool) -> tuple[int, int]:
+    """Integer range of a ``bits``-wide storage type."""
+    if signed:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def qparams(
+    lo: np.ndarray | float,
+    hi: np.ndarray | float,
+    bits: int,
+    *,
+    signed: bool,
+    symmetric: bool,
+    axis: int | None = None,
+) -> Encoding:
+    """Scale and zero-point covering ``[lo, hi]`` (extended to include 0).
+
+    Symmetric: zero-point is 0 for signed storage, the mid-point ``2**(bits-1)`` for
+    unsigned storage; the scale covers ``max(|lo|, |hi|)``. Signed symmetric uses the
+    restricted range ``[-(2**(b-1)-1), 2**(b-1)-1]`` for the scale (as QNN/AIMET do).
+    Asymmetric: the zero-point is rounded to an integer so that 0.0 is exact.
+    """
+    lo = np.minimum(np.asarray(lo, dtype=np.float64), 0.0)
+    hi = np.maximum(np.asarray(hi, dtype=np.float64), 0.0)
+    qmin, qmax = qrange(bits, signed=signed)
+    if symmetric:
+        amax = np.maximum(np.abs(lo), np.abs(hi))
+        half = (qmax - qmin) // 2  # 127 for 8 bit
+        scale = np.maximum(amax / half, _TINY)
+        zp = np.zeros_like(scale) if signed else np.full_like(scale, (qmax + qmin + 1) // 2)
+    else:
+        scale = np.maximum((hi - lo) / (qmax - qmin), _TINY)
+        zp = np.clip(np.round(qmin - lo / scale), qmin, qmax)
+    return Encoding(
+        scale=np.asarray(scale, dtype=np.float32),
+        zero_point=np.asarray(zp, dtype=np.int32),
+        bits=bits,
+        signed=signed,
+        axis=axis,
+    )
+
+
+def _broadcast(enc: Encoding, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    scale = enc.scale.astype(np.float32)
+    zp = enc.zero_point.astype(np.float32)
+    if enc.axis is not None and scale.ndim == 1:
+        shape = [1] * x.ndim
+        shape[enc.axis] = -1
+        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    return scale, zp
+
+
+def quantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
+    """Float -> integer codes (int32 array holding values in the storage range)."""
+    scale, zp = _broadcast(enc, x)
+    q = np.round(x.astype(np.float32) / scale) + zp
+    return np.clip(q, enc.qmin, enc.qmax).astype(np.int32)
+
+
+def dequantize(q: np.ndarray, enc: Encoding) -> np.ndarray:
+    scale, zp = _broadcast(enc, q)
+    return ((q.astype(np.float32) - zp) * scale).astype(np.float32)
+
+
+def fake_quant(x: np.ndarray, enc: Encoding) -> np.ndarray:
+    """Quantize then dequantize: the value an integer NPU actually holds."""
+    return dequantize(quantize(x, enc), enc)
+
+
+def sqnr_db(ref: np.ndarray, test: np.ndarray) -> float:
+    """Signal-to-quantization-noise ratio in dB (inf when identical)."""
+    ref64 = np.asarray(ref, dtype=np.float64)
+    noise = float(np.sum((ref64 - np.asarray(test, dtype=np.float64)) ** 2))
+    signal = float(np.sum(ref64**2))
+    if noise == 0.0:
+        return float("inf")
+    if signal == 0.0:
+        return float("-inf")
+    return 10.0 * float(np.log10(signal / noise))
+
+
+def weight_encoding(
+    w: np.ndarray, bits: int, *, axis: int | None, signed: bool, symmetric: bool
+) -> Encoding:
+    """Min/max encoding of a weight tensor, per channel along ``axis`` or per tensor."""
+    if axis is None:
+        return qparams(float(w.min()), float(w.max()), bits, signed=signed, symmetric=symmetric)
+    moved = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    return qparams(
+        moved.min(axis=1), moved.max(axis=1), bits, signed=signed, symmetric=symmetric, axis=axis
+    )

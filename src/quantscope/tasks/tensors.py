@@ -1,0 +1,114 @@
+"""Tensor data: ``.npy`` / ``.npz`` files or a folder of them, checked against the model.
+
+=============  ============================================================
+``x.npy``      one array for a single-input model; first axis = samples
+``x.npz``      one array per model input, keyed by input name
+folder         every ``.npy``/``.npz`` inside (sorted); each file is one or
+               more batches (files may differ in non-batch dims, e.g. length)
+=============  ============================================================
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from quantscope.model.load import Model
+from quantscope.types import QuantscopeError
+
+_ONNX_TO_NP = {
+    onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
+    onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32, onnx.TensorProto.UINT8: np.uint8,
+    onnx.TensorProto.INT8: np.int8, onnx.TensorProto.BOOL: np.bool_,
+}
+
+
+def _files(path: Path) -> list[Path]:
+    if not path.exists():
+        raise QuantscopeError(f"data '{path}' does not exist: check the path")
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz"))
+        if not files:
+            raise QuantscopeError(f"data folder '{path}' has no .npy or .npz files: add some")
+        return files
+    if path.suffix not in (".npy", ".npz"):
+        raise QuantscopeError(
+            f"data '{path}' is not .npy/.npz: give tensors, a folder of them, or a task name"
+        )
+    return [path]
+
+
+def _read(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    try:
+        if path.suffix == ".npy":
+            if len(names) != 1:
+                raise QuantscopeError(
+                    f"'{path}' is a single array but the model has inputs {', '.join(names)}: "
+                    "use an .npz with one array per input name"
+                )
+            return {names[0]: np.load(path, allow_pickle=False)}
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise QuantscopeError(f"cannot read data file '{path}' ({exc}): re-save it with numpy") from None
+
+
+def _check(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
+    shapes, types = model.value_shapes(), model.value_types()
+    for name in model.input_names():
+        if name not in arrays:
+            raise QuantscopeError(
+                f"data '{where}' has no array for model input '{name}' "
+                f"(it has {', '.join(sorted(arrays)) or 'none'}): key the .npz by input name"
+            )
+        arr, want = arrays[name], shapes.get(name)
+        expect = _ONNX_TO_NP.get(types.get(name, 0))
+        if expect is not None and arr.dtype != expect:
+            if not (np.issubdtype(arr.dtype, np.floating) and np.issubdtype(expect, np.floating)):
+                raise QuantscopeError(
+                    f"data '{where}' input '{name}' is {arr.dtype}, the model wants "
+                    f"{np.dtype(expect)}: convert it (e.g. arr.astype('{np.dtype(expect)}'))"
+                )
+        if want is not None and (arr.ndim != len(want) or any(
+            isinstance(d, int) and d != s for d, s in zip(want[1:], arr.shape[1:], strict=False)
+        )):
+            raise QuantscopeError(
+                f"data '{where}' input '{name}' has shape {arr.shape}, the model wants "
+                f"{tuple(d if isinstance(d, int) else '?' for d in want)}: reshape the data"
+            )
+        if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+            raise QuantscopeError(
+                f"data '{where}' input '{name}' contains NaN or Inf: clean the data first"
+            )
+
+
+def tensor_batches(
+    path: str | Path, model: Model, *, batch_size: int = 32
+) -> Iterator[dict[str, np.ndarray]]:
+    """Yield checked feed dicts of at most ``batch_size`` samples, file by file."""
+    names = model.input_names()
+    types = model.value_types()
+    for file in _files(Path(path)):
+        arrays = _read(file, names)
+        _check(arrays, model, file)
+        n = len(arrays[names[0]])
+        if n == 0:
+            raise QuantscopeError(f"data file '{file}' holds zero samples: remove it")
+        for start in range(0, n, batch_size):
+            feed = {}
+            for k in names:
+                dt = _ONNX_TO_NP.get(types.get(k, 0), arrays[k].dtype)
+                feed[k] = arrays[k][start : start + batch_size].astype(dt, copy=False)
+            yield feed
+
+
+def load_tensor_batches(
+    path: str | Path, model: Model, *, batch_size: int = 32
+) -> list[dict[str, np.ndarray]]:
+    """All batches at once (validates everything before any work starts)."""
+    return list(tensor_batches(path, model, batch_size=batch_size))

@@ -1,0 +1,226 @@
+"""Frozen, typed values passed between stages.
+
+Every stage is a plain function from these values to these values; each value has a
+file form (see :mod:`quantscope.serde`). Nothing here is mutated after construction.
+
+Vocabulary
+----------
+=============  ===============================================================
+Precision      one of ``a8_w8``, ``a8_w4``, ``a16_w8``, ``a16_w16``, ``float``:
+               activation bits and weight bits of one decision group
+QuantScheme    how values are stored: signedness/symmetry of activations and
+               weights, per-channel weights (a target decides; Hailo-style default)
+Encoding       scale + zero-point (+ bits, signedness, axis) of one tensor, ONNX
+               convention ``q = clip(round(x / scale) + zero_point)``
+Group          a decision unit: one anchor node (a weighted op or an op an integer
+               NPU quantizes) plus the elementwise ops fused into it; its output
+               tensors are quantized at the group's activation precision
+Plan           group name -> precision, with a default
+=============  ===============================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+
+class QuantscopeError(Exception):
+    """An error the user can fix; printed as one line by the CLI (no traceback)."""
+
+
+class Precision(StrEnum):
+    A8_W8 = "a8_w8"
+    A8_W4 = "a8_w4"
+    A16_W8 = "a16_w8"
+    A16_W16 = "a16_w16"
+    FLOAT = "float"
+
+    @property
+    def act_bits(self) -> int | None:
+        return None if self is Precision.FLOAT else int(self.value.split("_")[0][1:])
+
+    @property
+    def weight_bits(self) -> int | None:
+        return None if self is Precision.FLOAT else int(self.value.split("_")[1][1:])
+
+    @classmethod
+    def parse(cls, text: str) -> Precision:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            names = ", ".join(p.value for p in cls)
+            raise QuantscopeError(f"unknown precision '{text}': use one of {names}") from None
+
+
+PRECISION_ORDER: tuple[Precision, ...] = (
+    Precision.A8_W4,
+    Precision.A8_W8,
+    Precision.A16_W8,
+    Precision.A16_W16,
+    Precision.FLOAT,
+)
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    """How a target stores quantized values.
+
+    Default: Hailo-style -- activations unsigned asymmetric with a zero-point, weights
+    symmetric signed per output channel.
+    """
+
+    act_signed: bool = False
+    act_symmetric: bool = False
+    weight_signed: bool = True
+    weight_symmetric: bool = True
+    weight_per_channel: bool = True
+
+
+@dataclass(frozen=True, eq=False)
+class Encoding:
+    """Quantization parameters of one tensor (ONNX convention).
+
+    ``scale`` and ``zero_point`` are 0-d for per-tensor, 1-d along ``axis`` for
+    per-channel encodings.
+    """
+
+    scale: np.ndarray
+    zero_point: np.ndarray
+    bits: int
+    signed: bool
+    axis: int | None = None
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.bits - 1)) if self.signed else 0
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.bits - 1)) - 1 if self.signed else (1 << self.bits) - 1
+
+    def range(self) -> tuple[np.ndarray, np.ndarray]:
+        """Real-valued (min, max) that this encoding represents."""
+        lo = (self.qmin - self.zero_point.astype(np.float64)) * self.scale
+        hi = (self.qmax - self.zero_point.astype(np.float64)) * self.scale
+        return lo, hi
+
+
+class GroupKind(StrEnum):
+    WEIGHTED = "weighted"  # Conv / Gemm / MatMul with an initializer weight
+    ACTIVATION = "activation"  # an op whose output an integer NPU requantizes
+
+
+@dataclass(frozen=True)
+class Group:
+    """A decision unit. ``name`` is the anchor node's (original or assigned) name."""
+
+    name: str
+    op_type: str
+    kind: GroupKind
+    nodes: tuple[str, ...]  # anchor first, then fused nodes, topological order
+    inputs: tuple[str, ...]  # activation tensors entering the group
+    outputs: tuple[str, ...]  # tensors leaving the group (quantized at act precision)
+    weight: str | None = None  # initializer name of the weight
+    bias: str | None = None  # initializer name of the bias, if any
+    weight_axis: int | None = None  # output-channel axis of the weight
+    output_shape: tuple[int | str | None, ...] | None = None  # of outputs[0], if known
+
+
+@dataclass(frozen=True)
+class Groups:
+    """All decision groups of a model, plus sets of tensors that share one encoding."""
+
+    groups: tuple[Group, ...]
+    shared: tuple[tuple[str, ...], ...] = ()  # pass-through chains: same grid in and out
+    model_inputs: tuple[str, ...] = ()  # float graph inputs that get quantized
+
+    def by_name(self) -> dict[str, Group]:
+        return {g.name: g for g in self.groups}
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(g.name for g in self.groups)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Per-group precision, with a default for groups not listed."""
+
+    default: Precision
+    overrides: tuple[tuple[str, Precision], ...] = ()
+    target: str | None = None
+    reasons: tuple[tuple[str, str], ...] = ()  # group -> why it got its precision
+    meta: tuple[tuple[str, str], ...] = ()  # free-form provenance (tool version, seed …)
+
+    def precision_of(self, group: str) -> Precision:
+        return dict(self.overrides).get(group, self.default)
+
+    @classmethod
+    def uniform(cls, precision: Precision) -> Plan:
+        return cls(default=precision)
+
+
+@dataclass(frozen=True, eq=False)
+class TensorStats:
+    """Streaming statistics of one tensor over the calibration set.
+
+    ``hist`` counts values in ``hist_range`` (symmetric, ``[-r, r]``) with equal bins;
+    ``channel_absmax`` is the max |x| per channel (axis 1 for 4-D tensors, else the
+    last axis), for outlier analysis.
+    """
+
+    name: str
+    min: float
+    max: float
+    count: int
+    hist: np.ndarray
+    hist_range: float
+    channel_absmax: np.ndarray
+    channel_axis: int
+
+
+@dataclass(frozen=True)
+class Stats:
+    tensors: dict[str, TensorStats]
+    method: str = "minmax"  # default range-setting method for encode()
+    num_batches: int = 0
+    num_samples: int = 0
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One legality problem found by a preflight check."""
+
+    group: str
+    rule: str
+    reason: str
+    provenance: str
+    fix: str
+    severity: str = "error"
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Named scalar metrics plus optional per-slice tables (e.g. TAR per distance)."""
+
+    values: dict[str, float]
+    tables: dict[str, dict[str, float]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Encodings:
+    """Everything the QDQ writer needs besides the plan: per-tensor encodings.
+
+    ``activations`` maps an activation tensor name (a group output or a model input)
+    to its encoding; ``weights`` maps a weight initializer name to its (usually
+    per-channel) encoding. ``notes`` records decisions a user should know about (for
+    example how an attention mask was handled).
+    """
+
+    activations: dict[str, Encoding]
+    weights: dict[str, Encoding]
+    scheme: QuantScheme = QuantScheme()
+    notes: tuple[str, ...] = ()
