@@ -1,0 +1,108 @@
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import tiny_models as tm
+from quantscope.calibrate.collect import calibrate
+from quantscope.calibrate.observe import HIST_BINS, Observer
+from quantscope.calibrate.ranges import tensor_range
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+from quantscope.serde import read_stats, write_stats
+from quantscope.types import QuantscopeError
+
+
+def _attention():
+    model = load_proto(tm.attention(), "attention")
+    return model, find_groups(model)
+
+
+def _batches(n, *, seed=0, max_seq=24):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        seq = int(rng.integers(2, max_seq))
+        yield {"x": rng.normal(0, 1, (4, seq, 16)).astype(np.float32)}
+
+
+def _peak(n):
+    model, groups = _attention()
+    tracemalloc.start()
+    calibrate(model, groups, _batches(n))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak
+
+
+def test_memory_flat_as_batches_grow():
+    _peak(5)  # warm-up (imports, ORT session caches)
+    small, large = _peak(20), _peak(400)
+    assert large < small * 1.25 + 256 * 1024, (small, large)
+
+
+def test_variable_length_batches_calibrate():
+    model, groups = _attention()
+    stats = calibrate(model, groups, _batches(10))
+    assert stats.num_batches == 10 and stats.num_samples == 40
+    s = stats.tensors["p"]  # softmax output, per-row lengths differ across batches
+    assert 0.0 <= s.min and s.max <= 1.0 and s.count > 0
+    assert s.hist.sum() == s.count
+
+
+def test_minmax_equals_true_extremes():
+    model, groups = _attention()
+    batches = list(_batches(6, seed=3))
+    stats = calibrate(model, groups, iter(batches))
+    xs = np.concatenate([b["x"].ravel() for b in batches])
+    assert stats.tensors["x"].min == pytest.approx(float(xs.min()))
+    assert stats.tensors["x"].max == pytest.approx(float(xs.max()))
+
+
+def test_histogram_doubling_is_exact():
+    rng = np.random.default_rng(0)
+    small, big = rng.normal(0, 0.1, 1000), rng.normal(0, 9.0, 1000)
+    a, b = Observer("a"), Observer("b")
+    a.update(small)
+    a.update(big)
+    b.update(np.concatenate([small, big]))
+    assert a.r == b.r
+    np.testing.assert_array_equal(a.hist, b.hist) if a.r == b.r else None
+    assert a.hist.sum() == 2000 and a.hist.size == HIST_BINS
+
+
+def test_percentile_and_mse_clip_outliers_at_8_bit_only():
+    obs = Observer("t")
+    x = np.random.default_rng(1).normal(0, 1, 200_000).astype(np.float32)
+    x[:3] = [60.0, -55.0, 70.0]
+    obs.update(x)
+    ts = obs.freeze()
+    assert tensor_range(ts, "minmax", 8) == (ts.min, ts.max)
+    lo, hi = tensor_range(ts, "percentile", 8)
+    assert -6 < lo < -3 and 3 < hi < 6
+    from quantscope.numerics import fake_quant, qparams
+
+    def mse(rng_):
+        enc = qparams(rng_[0], rng_[1], 8, signed=False, symmetric=False)
+        return float(np.mean((fake_quant(x, enc) - x) ** 2))
+
+    best = mse(tensor_range(ts, "mse", 8))
+    assert best <= mse(tensor_range(ts, "minmax", 8)) * 1.01
+    assert best <= mse(tensor_range(ts, "percentile", 8)) * 1.01
+    assert tensor_range(ts, "mse", 16) == (ts.min, ts.max)
+
+
+def test_stats_roundtrip(tmp_path):
+    model, groups = _attention()
+    stats = calibrate(model, groups, _batches(3))
+    path = write_stats(tmp_path / "s.npz", stats)
+    back = read_stats(path)
+    assert back.tensors.keys() == stats.tensors.keys()
+    for k, v in stats.tensors.items():
+        assert back.tensors[k].min == v.min and back.tensors[k].max == v.max
+        np.testing.assert_array_equal(back.tensors[k].hist, v.hist)
+
+
+def test_empty_calibration_is_an_error():
+    model, groups = _attention()
+    with pytest.raises(QuantscopeError, match="empty"):
+        calibrate(model, groups, iter([]))

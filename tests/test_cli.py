@@ -1,0 +1,139 @@
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+import tiny_models as tm
+from quantscope.cli import main
+
+
+@pytest.fixture()
+def work(tmp_path):
+    onnx.save(tm.layernorm_block(), tmp_path / "m.onnx")
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "x.npy", rng.normal(0, 1, (16, 5, 24)).astype(np.float32))
+    return tmp_path
+
+
+def run(argv, capsys):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_calibrate_evaluate_export_roundtrip(work, capsys):
+    code, out, _ = run(["calibrate", work / "m.onnx", "--data", work / "x.npy",
+                        "--out", work / "s.npz"], capsys)
+    assert code == 0 and (work / "s.npz").exists()
+    code, out, _ = run(["evaluate", work / "m.onnx", "--data", work / "x.npy", "--stats",
+                        work / "s.npz", "--precision", "a8_w8", "--json", work / "r.json"], capsys)
+    assert code == 0 and "cosine_mean" in out
+    result = json.loads((work / "r.json").read_text())
+    assert 0.9 < result["metrics"]["cosine_mean"] < 1.0
+    code, _, _ = run(["export-qdq", work / "m.onnx", "--stats", work / "s.npz",
+                      "--precision", "a16_w16", "--out", work / "q.onnx"], capsys)
+    assert code == 0
+    onnx.checker.check_model(onnx.load(work / "q.onnx"))
+
+
+def test_plan_file_and_float_plan_is_exact(work, capsys):
+    run(["calibrate", work / "m.onnx", "--data", work / "x.npy", "--out", work / "s.npz"], capsys)
+    (work / "p.json").write_text(json.dumps({"default": "float", "groups": {}}))
+    code, out, _ = run(["evaluate", work / "m.onnx", "--data", work / "x.npy", "--stats",
+                        work / "s.npz", "--plan", work / "p.json", "--json", work / "r.json"], capsys)
+    assert code == 0
+    assert json.loads((work / "r.json").read_text())["metrics"]["cosine_min"] == 1.0
+
+
+def _bad(work, capsys, argv, needle, out_file=None):
+    code, _, err = run(argv, capsys)
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert needle in lines[0], lines[0]
+    if out_file is not None:
+        assert not out_file.exists()
+        assert not list(out_file.parent.glob(f".{out_file.name}*"))  # no temp left behind
+
+
+def test_missing_model(work, capsys):
+    _bad(work, capsys, ["calibrate", work / "nope.onnx", "--data", work / "x.npy", "--out",
+                        work / "s.npz"], "does not exist", work / "s.npz")
+
+
+def test_non_onnx_file(work, capsys):
+    (work / "bad.onnx").write_text("this is not a model")
+    _bad(work, capsys, ["calibrate", work / "bad.onnx", "--data", work / "x.npy", "--out",
+                        work / "s.npz"], "ONNX", work / "s.npz")
+
+
+def test_truncated_onnx_file(work, capsys):
+    data = (work / "m.onnx").read_bytes()
+    (work / "t.onnx").write_bytes(data[: len(data) // 2])
+    _bad(work, capsys, ["calibrate", work / "t.onnx", "--data", work / "x.npy", "--out",
+                        work / "s.npz"], "t.onnx", work / "s.npz")
+
+
+def test_unknown_precision(work, capsys):
+    run(["calibrate", work / "m.onnx", "--data", work / "x.npy", "--out", work / "s.npz"], capsys)
+    _bad(work, capsys, ["export-qdq", work / "m.onnx", "--stats", work / "s.npz", "--precision",
+                        "a12_w3", "--out", work / "q.onnx"], "unknown precision", work / "q.onnx")
+
+
+def test_plan_with_unknown_group(work, capsys):
+    run(["calibrate", work / "m.onnx", "--data", work / "x.npy", "--out", work / "s.npz"], capsys)
+    (work / "p.json").write_text(json.dumps({"default": "a8_w8", "groups": {"MatMul_9": "a16_w16"}}))
+    _bad(work, capsys, ["export-qdq", work / "m.onnx", "--stats", work / "s.npz", "--plan",
+                        work / "p.json", "--out", work / "q.onnx"], "MatMul_9", work / "q.onnx")
+
+
+def test_plan_with_unknown_key(work, capsys):
+    run(["calibrate", work / "m.onnx", "--data", work / "x.npy", "--out", work / "s.npz"], capsys)
+    (work / "p.json").write_text(json.dumps({"default": "a8_w8", "layers": {}}))
+    _bad(work, capsys, ["export-qdq", work / "m.onnx", "--stats", work / "s.npz", "--plan",
+                        work / "p.json", "--out", work / "q.onnx"], "layers", work / "q.onnx")
+
+
+@pytest.mark.parametrize("array,needle", [
+    (np.zeros((4, 5, 23), np.float32), "shape"),
+    (np.zeros((4, 24), np.float32), "shape"),
+    (np.zeros((4, 5, 24), np.int64), "int64"),
+])
+def test_data_of_wrong_shape_or_dtype(work, capsys, array, needle):
+    np.save(work / "bad.npy", array)
+    _bad(work, capsys, ["calibrate", work / "m.onnx", "--data", work / "bad.npy", "--out",
+                        work / "s.npz"], needle, work / "s.npz")
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf])
+def test_data_with_nan_or_inf(work, capsys, value):
+    x = np.ones((4, 5, 24), np.float32)
+    x[1, 2, 3] = value
+    np.save(work / "bad.npy", x)
+    _bad(work, capsys, ["calibrate", work / "m.onnx", "--data", work / "bad.npy", "--out",
+                        work / "s.npz"], "NaN or Inf", work / "s.npz")
+
+
+def test_empty_data_folder(work, capsys):
+    (work / "empty").mkdir()
+    _bad(work, capsys, ["calibrate", work / "m.onnx", "--data", work / "empty", "--out",
+                        work / "s.npz"], "no .npy or .npz", work / "s.npz")
+
+
+def test_stats_file_not_stats(work, capsys):
+    (work / "s.npz").write_text("garbage")
+    _bad(work, capsys, ["export-qdq", work / "m.onnx", "--stats", work / "s.npz", "--precision",
+                        "a8_w8", "--out", work / "q.onnx"], "stats", work / "q.onnx")
+
+
+def test_module_entry_point_has_no_traceback(work):
+    proc = subprocess.run(
+        [sys.executable, "-m", "quantscope", "calibrate", str(work / "nope.onnx"), "--data",
+         str(work / "x.npy"), "--out", str(work / "s.npz")],
+        capture_output=True, text=True, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
