@@ -1,0 +1,32 @@
+# Two commands, each sets itself up on a fresh clone:
+#   make demo   - the main job on the built-in default model and data
+#   make test   - lint + the whole test suite (what CI runs)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.quantscope-installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# CPU torch first (used only to build the built-in model caches), then the package
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[test,models]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/quantscope demo
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench tools
+
+test: $(STAMP)
+	$(PY) -m ruff check src tests bench tools
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) bench/emulation.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
