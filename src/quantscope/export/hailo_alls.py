@@ -1,0 +1,179 @@
+"""Plan -> Hailo model script (``.alls``) text. Translation only: no legality decisions.
+
+Hailo layer names (``conv4``, ``normalization1``, ``ew_add3`` ...) are not ONNX names.
+The translation is explicit:
+
+==================  ==============================================================
+exact               the parsed model's HN JSON: each layer lists its ONNX
+                    ``original_names``; :func:`hn_layer_names` turns it into
+                    ONNX group name -> Hailo layer name
+guessed             :data:`HAILO_PREFIXES`: ``<prefix><i>`` = the i-th group (1-based,
+                    graph order) that the prefix's predicate selects; every guessed
+                    name is marked ``# guessed name`` in the script
+==================  ==============================================================
+
+Script lines written (syntax as in the Hailo field reports, seeds/001 and 002)::
+
+    quantization_param(*, precision_mode=a16_w8)          # non-a8_w8 plan default
+    quantization_param(conv18, precision_mode=a16_w16)    # one line per override
+    quantization_param(conv18, force_range_out=[-1.1, 1.1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from quantscope.types import Group, GroupKind, Groups, Plan, Precision, QuantscopeError
+
+
+def _weighted(g: Group) -> bool:
+    return g.kind is GroupKind.WEIGHTED
+
+
+def _act(op_type: str) -> Callable[[Group], bool]:
+    return lambda g: g.kind is GroupKind.ACTIVATION and g.op_type == op_type
+
+
+# prefix -> which groups it counts; the first prefix that selects a group names it on export
+HAILO_PREFIXES: dict[str, Callable[[Group], bool]] = {
+    "conv": _weighted,  # Conv, linear MatMul and Gemm all parse to conv layers
+    "fc": lambda g: _weighted(g) and g.op_type == "Gemm",
+    "deconv": lambda g: _weighted(g) and g.op_type == "ConvTranspose",
+    "normalization": _act("LayerNormalization"),
+    "layer_normalization": _act("LayerNormalization"),
+    "mul_and_add": _act("LayerNormalization"),
+    "batch_norm": _act("BatchNormalization"),
+    "softmax": _act("Softmax"),
+    "matmul": _act("MatMul"),
+    "ew_add": _act("Add"),
+    "ew_sub": _act("Sub"),
+    "ew_mult": _act("Mul"),
+    "ew_div": _act("Div"),
+    "maxpool": _act("MaxPool"),
+    "avgpool": lambda g: (
+        g.kind is GroupKind.ACTIVATION and g.op_type in ("AveragePool", "GlobalAveragePool")
+    ),
+    "concat": _act("Concat"),
+    "reduce_sum": _act("ReduceSum"),
+    "reduce_mean": _act("ReduceMean"),
+}
+
+
+def heuristic_names(groups: Groups) -> dict[str, str]:
+    """Guessed Hailo layer name -> group name, for every prefix in :data:`HAILO_PREFIXES`."""
+    out: dict[str, str] = {}
+    for prefix, selects in HAILO_PREFIXES.items():
+        chosen = [g.name for g in groups.groups if selects(g)]
+        for i, name in enumerate(chosen, start=1):
+            out[f"{prefix}{i}"] = name
+    return out
+
+
+def short_layer_name(name: str) -> str:
+    """``net_name/conv4`` -> ``conv4`` (scripts may use either form)."""
+    return name.rsplit("/", 1)[-1]
+
+
+def hn_layers(hn: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """Hailo layer (short name) -> its ONNX original names, from a parsed HN JSON dict."""
+    layers = hn.get("layers")
+    if not isinstance(layers, dict):
+        raise QuantscopeError(
+            "HN JSON has no 'layers' table: pass the .hn file of the parsed model"
+        )
+    out: dict[str, tuple[str, ...]] = {}
+    for name, layer in layers.items():
+        originals = layer.get("original_names", []) if isinstance(layer, dict) else []
+        out[short_layer_name(name)] = tuple(str(o) for o in originals)
+    return out
+
+
+def hn_groups(hn: dict[str, Any], groups: Groups) -> dict[str, str]:
+    """Hailo layer name -> group name, for layers whose original names hit a group's nodes."""
+    owner: dict[str, str] = {}
+    for g in groups.groups:
+        for key in (*g.nodes, *g.outputs):
+            owner.setdefault(key, g.name)
+    out: dict[str, str] = {}
+    for layer, originals in hn_layers(hn).items():
+        hit = next((owner[o] for o in originals if o in owner), None)
+        if hit is not None:
+            out[layer] = hit
+    return out
+
+
+def hn_layer_names(hn: dict[str, Any], groups: Groups) -> dict[str, str]:
+    """ONNX group name -> Hailo layer name (the first HN layer that holds the group's nodes).
+
+    A group that the HN splits into several layers maps to the one holding its anchor
+    node when there is one.
+    """
+    by_group: dict[str, str] = {}
+    layers = hn_layers(hn)
+    for layer, group in hn_groups(hn, groups).items():
+        if group in layers[layer] or group not in by_group:
+            by_group[group] = layer
+    return by_group
+
+
+def _names(groups: Groups, layer_names: dict[str, str] | None) -> dict[str, tuple[str, bool]]:
+    """Group -> (Hailo layer name, guessed?)."""
+    guessed = {g: n for n, g in reversed(heuristic_names(groups).items())}
+    exact = layer_names or {}
+    return {
+        g.name: (exact[g.name], False) if g.name in exact else (guessed[g.name], True)
+        for g in groups.groups
+        if g.name in exact or g.name in guessed
+    }
+
+
+def _layer(group: str, names: dict[str, tuple[str, bool]], lines: list[str]) -> str:
+    if group not in names:
+        raise QuantscopeError(f"no Hailo layer name for group '{group}': pass an HN mapping")
+    name, guessed = names[group]
+    if guessed:
+        lines.append(f"# guessed name: {name} for ONNX '{group}' (check against the parsed HN)")
+    return name
+
+
+def export_alls(
+    plan: Plan,
+    groups: Groups,
+    *,
+    layer_names: dict[str, str] | None = None,
+    force_ranges: dict[str, tuple[float, float]] | None = None,
+    target_label: str | None = None,
+) -> str:
+    """Hailo model script for ``plan``; ``layer_names`` maps group -> Hailo layer (exact)."""
+    names = _names(groups, layer_names)
+    label = target_label or plan.target or "hailo"
+    lines = [
+        f"# quantscope plan for {label}: default {plan.default}",
+        "# layer names: "
+        + (
+            "from the HN; any others guessed by op order"
+            if layer_names
+            else "guessed by op order (no HN given)"
+        ),
+    ]
+    if plan.default is Precision.FLOAT:
+        raise QuantscopeError("a Hailo script cannot express a float default: use a8_w8")
+    if plan.default is not Precision.A8_W8:
+        lines.append(f"quantization_param(*, precision_mode={plan.default})")
+    reasons = dict(plan.reasons)
+    for group, precision in plan.overrides:
+        if precision is Precision.FLOAT:
+            raise QuantscopeError(
+                f"group '{group}' is float, which Hailo cannot run: "
+                "choose an integer precision for it"
+            )
+        if group in reasons:
+            lines.append(f"# {group}: {reasons[group]}")
+        layer = _layer(group, names, lines)
+        lines.append(f"quantization_param({layer}, precision_mode={precision})")
+    for group, (lo, hi) in (force_ranges or {}).items():
+        lines.append(f"# {group}: pinned output range")
+        layer = _layer(group, names, lines)
+        lines.append(f"quantization_param({layer}, force_range_out=[{lo!r}, {hi!r}])")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,391 @@
+"""Legality preflight: does a plan compile on a target? Pure: no ONNX Runtime.
+
+Each target rule (see ``targets/*.toml``) names a check function in :data:`CHECKS`:
+
+=========================  ===========================================================
+``act16_on_kinds``         16-bit activations on a group whose op kind is listed
+``a16_low_sublayer``       a16 on a weighted group whose weight codes, placed in the
+                           16-bit split grid, have an empty low byte (Hailo a16 split)
+``act16_wide_non_conv``    16-bit activations on a non-conv group whose output holds
+                           at least ``max_values`` values per frame (batch dim excluded)
+``quant_bias_add_rank``    a quantized group with a constant (bias) Add on a tensor of
+                           rank ``rank`` (and at least ``min_values`` values)
+``float_boundary_cascade`` a float group with quantized neighbours (boundaries)
+=========================  ===========================================================
+
+Two checks always run: every override names a known group (``plan.unknown_group``) and
+every precision is allowed for the group's op kind (``precision.not_allowed``).
+
+Shapes: symbolic dims are resolved from ``shapes`` -- concrete shapes of model inputs
+(re-inferred through the graph) or of any tensor; a rule that needs a dim that is still
+symbolic reports that it could not be evaluated (severity ``warning``), never a pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import onnx
+from onnx import shape_inference
+
+from quantscope.model.load import Model
+from quantscope.numerics import quantize, weight_encoding
+from quantscope.targets.profile import Rule, Target, op_kind
+from quantscope.types import Group, GroupKind, Groups, Plan, Precision, Problem, QuantscopeError
+
+Shape = tuple[int | str | None, ...]
+
+
+def seq_len_shapes(model: Model, seq_len: int, *, batch: int = 1) -> dict[str, tuple[int, ...]]:
+    """Concrete shapes for rank-2 token inputs (``[batch, seq]``) with symbolic dims."""
+    out: dict[str, tuple[int, ...]] = {}
+    shapes = model.value_shapes()
+    for name in model.input_names():
+        if len(shapes.get(name, ())) == 2:
+            out[name] = (batch, seq_len)
+    if not out:
+        raise QuantscopeError("--seq-len given but the model has no rank-2 token input")
+    return out
+
+
+@lru_cache(maxsize=8)
+def _infer(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, Shape]:
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    del proto.graph.value_info[:]
+    given = dict(inputs)
+    for vi in proto.graph.input:
+        if vi.name not in given:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) != len(given[vi.name]):
+            raise QuantscopeError(
+                f"shape {list(given[vi.name])} for input '{vi.name}' has rank "
+                f"{len(given[vi.name])}, the model's input has rank {len(dims)}"
+            )
+        for d, v in zip(dims, given[vi.name], strict=True):
+            d.ClearField("dim_param")
+            d.dim_value = int(v)
+    proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    return Model(proto=proto, source=model.source).value_shapes()
+
+
+def resolve_shapes(
+    model: Model, shapes: dict[str, tuple[int, ...]] | None = None
+) -> dict[str, Shape]:
+    """Tensor name -> shape, with the given input shapes propagated through the graph."""
+    shapes = shapes or {}
+    known = model.value_shapes()
+    unknown = [k for k in shapes if k not in known]
+    if unknown:
+        raise QuantscopeError(f"shape given for '{unknown[0]}', which is no tensor of the model")
+    inputs = tuple(sorted((k, tuple(v)) for k, v in shapes.items() if k in model.input_names()))
+    resolved = dict(_infer(model, inputs)) if inputs else dict(known)
+    for k, v in shapes.items():
+        resolved[k] = tuple(v)
+    return resolved
+
+
+def frame_values(shape: Shape | None) -> int | None:
+    """Values per frame (batch dim excluded for rank >= 2); None if a dim is unknown."""
+    if shape is None:
+        return None
+    dims = shape[1:] if len(shape) >= 2 else shape
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    return math.prod(dims)  # type: ignore[arg-type]
+
+
+def group_edges(groups: Groups) -> tuple[tuple[str, str, str], ...]:
+    """(producer group, consumer group, tensor) for every tensor passed between groups."""
+    root = {t: chain[0] for chain in groups.shared for t in chain[1:]}
+    producer = {t: g.name for g in groups.groups for t in g.outputs}
+    edges = []
+    for g in groups.groups:
+        for t in g.inputs:
+            src = producer.get(root.get(t, t))
+            if src is not None and src != g.name:
+                edges.append((src, g.name, root.get(t, t)))
+    return tuple(dict.fromkeys(edges))
+
+
+@dataclass(frozen=True, eq=False)
+class Context:
+    """Everything a check function may read; built once per :func:`check` call."""
+
+    plan: Plan
+    groups: Groups
+    model: Model
+    target: Target
+    shapes: dict[str, Shape]
+    edges: tuple[tuple[str, str, str], ...]
+    nodes: dict[str, onnx.NodeProto]
+
+    def output_shape(self, group: Group) -> Shape | None:
+        return self.shapes.get(group.outputs[0]) if group.outputs else None
+
+
+def _problem(
+    rule: Rule, group: Group, detail: str, ctx: Context, *, severity: str | None = None
+) -> Problem:
+    return Problem(
+        group=group.name,
+        rule=rule.id,
+        reason=f"{rule.reason} [{detail}]",
+        provenance=f"{rule.provenance}; target {ctx.target.name} ({ctx.target.sdk})",
+        fix=rule.fix,
+        severity=severity or rule.severity,
+    )
+
+
+def _not_evaluated(rule: Rule, group: Group, shape: Shape | None, ctx: Context) -> Problem:
+    return Problem(
+        group=group.name,
+        rule=rule.id,
+        reason=f"could not evaluate: output shape {list(shape or ())} has symbolic dims "
+        f"({rule.reason})",
+        provenance=f"{rule.provenance}; target {ctx.target.name} ({ctx.target.sdk})",
+        fix="pass concrete input shapes (e.g. --seq-len 256 or shapes={'input_ids': (1, 256)})",
+        severity="warning",
+    )
+
+
+def _estimate_note(rule: Rule, name: str) -> str:
+    p = rule.param(name)
+    return f"; {name} = {p.value:,} is an estimate: {p.note}" if p.estimate else ""
+
+
+def check_act16_on_kinds(
+    rule: Rule, group: Group, precision: Precision, ctx: Context
+) -> Problem | None:
+    kinds = tuple(rule.param("kinds").value)
+    if precision.act_bits != 16 or op_kind(group) not in kinds:
+        return None
+    return _problem(rule, group, f"{group.op_type} ({op_kind(group)}) at {precision}", ctx)
+
+
+def low_byte_empty(
+    weight: np.ndarray,
+    precision: Precision,
+    target: Target,
+    *,
+    axis: int | None,
+    split_bits: int = 16,
+    low_bits: int = 8,
+) -> np.ndarray:
+    """Per output channel: True where every weight code has an empty low part.
+
+    The weight is quantized per channel at ``precision.weight_bits`` with the target's
+    scheme, its stored codes are placed in the ``split_bits`` grid (an 8-bit code ``q``
+    becomes ``q << 8``: the high byte) and the low ``low_bits`` of each code are tested:
+    ``q16 % 2**low_bits == 0`` for all codes means the low sub-layer is empty.
+    """
+    bits = precision.weight_bits or split_bits
+    s = target.scheme
+    ax = None if axis is None else axis % weight.ndim
+    enc = weight_encoding(
+        weight,
+        bits,
+        axis=ax if s.weight_per_channel else None,
+        signed=s.weight_signed,
+        symmetric=s.weight_symmetric,
+    )
+    codes = quantize(weight, enc).astype(np.int64) << max(split_bits - bits, 0)
+    low = np.mod(codes, 1 << low_bits) == 0
+    if ax is None:
+        return np.array([bool(low.all())])
+    return np.moveaxis(low, ax, 0).reshape(weight.shape[ax], -1).all(axis=1)
+
+
+def check_a16_low_sublayer(
+    rule: Rule, group: Group, precision: Precision, ctx: Context
+) -> Problem | None:
+    if group.kind is not GroupKind.WEIGHTED or precision.act_bits != 16 or group.weight is None:
+        return None
+    empty = low_byte_empty(
+        ctx.model.initializer_array(group.weight),
+        precision,
+        ctx.target,
+        axis=group.weight_axis,
+        split_bits=int(rule.param("split_bits").value),
+        low_bits=int(rule.param("low_bits").value),
+    )
+    if empty.all():
+        why = (
+            "8-bit weight codes sit in the high byte of the 16-bit split"
+            if precision.weight_bits == 8
+            else "every 16-bit weight code is a multiple of 256"
+        )
+        return _problem(
+            rule,
+            group,
+            f"{precision}: low byte empty in all {empty.size} output channels ({why})",
+            ctx,
+        )
+    if empty.any():
+        return _problem(
+            rule,
+            group,
+            f"{precision}: {int(empty.sum())} of {empty.size} output "
+            "channels have an empty low byte (all-zero or pruned channels); fails if "
+            "the DFC computes the low scale per channel (unconfirmed)",
+            ctx,
+            severity="warning",
+        )
+    return None
+
+
+def check_act16_wide_non_conv(
+    rule: Rule, group: Group, precision: Precision, ctx: Context
+) -> Problem | None:
+    if precision.act_bits != 16 or op_kind(group) in tuple(rule.param("exempt_kinds").value):
+        return None
+    shape = ctx.output_shape(group)
+    values = frame_values(shape)
+    if values is None:
+        return _not_evaluated(rule, group, shape, ctx)
+    limit = int(rule.param("max_values").value)
+    if values < limit:
+        return None
+    detail = (
+        f"{group.op_type} output {list(shape[1:])} = {values:,} values per frame "  # type: ignore[index]
+        f">= {limit:,}{_estimate_note(rule, 'max_values')}"
+    )
+    return _problem(rule, group, detail, ctx)
+
+
+def _bias_add_outputs(group: Group, ctx: Context) -> list[str]:
+    inits = {t.name for t in ctx.model.graph.initializer}
+    outs = []
+    for name in group.nodes:
+        node = ctx.nodes.get(name)
+        if node is not None and node.op_type == "Add" and any(t in inits for t in node.input):
+            outs.append(node.output[0])
+    return outs
+
+
+def check_quant_bias_add_rank(
+    rule: Rule, group: Group, precision: Precision, ctx: Context
+) -> Problem | None:
+    if precision is Precision.FLOAT:
+        return None
+    rank, min_values = int(rule.param("rank").value), int(rule.param("min_values").value)
+    for tensor in _bias_add_outputs(group, ctx):
+        shape = ctx.shapes.get(tensor)
+        if shape is None or len(shape) != rank:
+            continue
+        if min_values > 0:
+            if not all(isinstance(d, int) for d in shape):
+                return _not_evaluated(rule, group, shape, ctx)
+            if math.prod(shape) < min_values:  # type: ignore[arg-type]
+                continue
+        return _problem(
+            rule,
+            group,
+            f"bias Add '{tensor}' on a rank-{rank} tensor "
+            f"{list(shape)} at {precision}{_estimate_note(rule, 'min_values')}",
+            ctx,
+        )
+    return None
+
+
+def check_float_boundary_cascade(
+    rule: Rule, group: Group, precision: Precision, ctx: Context
+) -> Problem | None:
+    if precision is not Precision.FLOAT:
+        return None
+    prec = ctx.plan.precision_of
+    here = [
+        e
+        for e in ctx.edges
+        if group.name in e[:2] and prec(e[1] if e[0] == group.name else e[0]) is not Precision.FLOAT
+    ]
+    if len(here) < int(rule.param("min_boundaries").value):
+        return None
+    total = sum(
+        1 for a, b, _ in ctx.edges if (prec(a) is Precision.FLOAT) != (prec(b) is Precision.FLOAT)
+    )
+    return _problem(
+        rule,
+        group,
+        f"{len(here)} FP16<->quantized boundaries at this group, {total} in the whole plan",
+        ctx,
+    )
+
+
+CheckFn = Callable[[Rule, Group, Precision, Context], Problem | None]
+CHECKS: dict[str, CheckFn] = {
+    "act16_on_kinds": check_act16_on_kinds,
+    "a16_low_sublayer": check_a16_low_sublayer,
+    "act16_wide_non_conv": check_act16_wide_non_conv,
+    "quant_bias_add_rank": check_quant_bias_add_rank,
+    "float_boundary_cascade": check_float_boundary_cascade,
+}
+
+
+def _plan_problems(plan: Plan, groups: Groups, target: Target) -> list[Problem]:
+    known = set(groups.names())
+    where = f"target profile {target.source} ({target.sdk})"
+    out = [
+        Problem(
+            group=name,
+            rule="plan.unknown_group",
+            reason=f"the plan sets {p} on '{name}', which is no group of this model",
+            provenance="quantscope grouping of this model",
+            fix="remove the override or use a group name listed by `quantscope groups`",
+        )
+        for name, p in plan.overrides
+        if name not in known
+    ]
+    for g in groups.groups:
+        p, kind = plan.precision_of(g.name), op_kind(g)
+        if not target.is_allowed(kind, p):
+            allowed = ", ".join(target.allowed(kind)) or "none"
+            out.append(
+                Problem(
+                    group=g.name,
+                    rule="precision.not_allowed",
+                    reason=f"{p} is not allowed for {kind} groups on {target.name}",
+                    provenance=where,
+                    fix=f"use one of: {allowed}",
+                )
+            )
+    return out
+
+
+def check(
+    plan: Plan,
+    groups: Groups,
+    model: Model,
+    target: Target,
+    *,
+    shapes: dict[str, tuple[int, ...]] | None = None,
+) -> list[Problem]:
+    """Every problem the plan hits on ``target``: group, rule, reason, provenance, fix."""
+    for rule in target.rules:
+        if rule.check not in CHECKS:
+            raise QuantscopeError(
+                f"rule '{rule.id}' in '{target.source}' names unknown check "
+                f"'{rule.check}': use one of {', '.join(CHECKS)}"
+            )
+    ctx = Context(
+        plan=plan,
+        groups=groups,
+        model=model,
+        target=target,
+        shapes=resolve_shapes(model, shapes),
+        edges=group_edges(groups),
+        nodes={n.name: n for n in model.graph.node},
+    )
+    problems = _plan_problems(plan, groups, target)
+    for g in groups.groups:
+        precision = plan.precision_of(g.name)
+        for rule in target.rules:
+            found = CHECKS[rule.check](rule, g, precision, ctx)
+            if found is not None:
+                problems.append(found)
+    return problems

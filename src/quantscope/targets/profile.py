@@ -1,0 +1,317 @@
+"""Target profiles: typed values loaded from one TOML file per target.
+
+A profile states what a compiler accepts, as data (see ``docs/targets.md``):
+
+==============  =================================================================
+``scheme``      how values are stored (signedness, symmetry, per-channel weights)
+``precisions``  precisions allowed per op kind (see :data:`OP_KINDS`)
+``rules``       forbidden combinations: each has an id, a ``check`` (a function in
+                :mod:`quantscope.plan.check`), a reason a user can read, the
+                provenance (report, SDK version), a fix and parameters; a parameter
+                that is not known exactly is written ``{ value = .., estimate = true }``
+``cost``        relative cost per precision per op kind, and per precision boundary
+==============  =================================================================
+
+The loader rejects unknown keys with one line naming the key and the file.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from quantscope.types import Group, GroupKind, Precision, QuantScheme, QuantscopeError
+
+# op_type of an activation group -> op kind (weighted groups are always "weighted")
+OP_KINDS: dict[str, str] = {
+    "MatMul": "matmul",
+    "Gemm": "matmul",
+    "Softmax": "softmax",
+    "LogSoftmax": "softmax",
+    "LayerNormalization": "normalization",
+    "InstanceNormalization": "normalization",
+    "GroupNormalization": "normalization",
+    "RMSNormalization": "normalization",
+    "BatchNormalization": "normalization",
+    "MaxPool": "maxpool",
+    "GlobalMaxPool": "maxpool",
+    "AveragePool": "pool",
+    "GlobalAveragePool": "pool",
+    "Add": "elementwise",
+    "Sub": "elementwise",
+    "Mul": "elementwise",
+    "Div": "elementwise",
+    "Relu": "elementwise",
+    "Sigmoid": "elementwise",
+    "Tanh": "elementwise",
+    "Gelu": "elementwise",
+    "Clip": "elementwise",
+}
+KINDS: tuple[str, ...] = (
+    "weighted",
+    "matmul",
+    "softmax",
+    "normalization",
+    "maxpool",
+    "pool",
+    "elementwise",
+    "other",
+)
+
+
+def op_kind(group: Group) -> str:
+    """The op kind a profile's precisions and costs are keyed by."""
+    if group.kind is GroupKind.WEIGHTED:
+        return "weighted"
+    return OP_KINDS.get(group.op_type, "other")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A rule parameter; ``estimate`` marks a value that is not known exactly."""
+
+    value: Any
+    estimate: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    check: str  # name of the check function (registry in quantscope.plan.check)
+    severity: str  # "error" | "warning"
+    reason: str
+    provenance: str
+    fix: str
+    params: tuple[tuple[str, Param], ...] = ()
+
+    def param(self, name: str) -> Param:
+        found = dict(self.params).get(name)
+        if found is None:
+            raise QuantscopeError(
+                f"rule '{self.id}' has no parameter '{name}': add it to the profile"
+            )
+        return found
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Relative costs; a8_w8 on each kind is the unit of that kind's work."""
+
+    relative: tuple[tuple[str, tuple[tuple[Precision, float], ...]], ...]
+    value_macs: tuple[tuple[str, float], ...]  # MAC-equivalents per output value, by kind
+    boundary_macs: float  # MAC-equivalents per value crossing a precision boundary
+    basis: str
+    estimate: bool = True
+
+    def factor(self, kind: str, precision: Precision) -> float | None:
+        """Relative cost; for non-weighted kinds only the activation bits matter."""
+        table = dict(dict(self.relative).get(kind) or dict(self.relative).get("other", ()))
+        if precision in table or kind == "weighted":
+            return table.get(precision)
+        same = [v for p, v in table.items() if p.act_bits == precision.act_bits]
+        return same[0] if same else None
+
+    def macs_per_value(self, kind: str) -> float:
+        table = dict(self.value_macs)
+        return table.get(kind, table.get("other", 1.0))
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    vendor: str
+    device: str
+    sdk: str
+    description: str
+    default_precision: Precision
+    scheme: QuantScheme
+    scheme_notes: str
+    precisions: tuple[tuple[str, tuple[Precision, ...]], ...]
+    rules: tuple[Rule, ...]
+    cost: CostModel
+    source: str = "<memory>"
+
+    def allowed(self, kind: str) -> tuple[Precision, ...]:
+        table = dict(self.precisions)
+        return table.get(kind, table.get("other", ()))
+
+    def is_allowed(self, kind: str, precision: Precision) -> bool:
+        """Allowed on ``kind``; for non-weighted kinds only the activation bits matter."""
+        listed = self.allowed(kind)
+        if kind == "weighted" or precision in listed:
+            return precision in listed
+        return any(p.act_bits == precision.act_bits for p in listed)
+
+
+_TOP_KEYS = frozenset(
+    {
+        "name",
+        "vendor",
+        "device",
+        "sdk",
+        "description",
+        "default_precision",
+        "scheme",
+        "precisions",
+        "rules",
+        "cost",
+    }
+)
+_SCHEME_KEYS = frozenset(
+    {
+        "act_signed",
+        "act_symmetric",
+        "weight_signed",
+        "weight_symmetric",
+        "weight_per_channel",
+        "notes",
+    }
+)
+_RULE_KEYS = frozenset({"id", "check", "severity", "reason", "provenance", "fix", "params"})
+_PARAM_KEYS = frozenset({"value", "estimate", "note"})
+_COST_KEYS = frozenset({"basis", "estimate", "relative", "value_macs", "boundary_macs"})
+SEVERITIES = ("error", "warning", "info")
+
+
+def _reject_unknown(
+    table: dict[str, Any], allowed: frozenset[str] | tuple[str, ...], where: str, source: str
+) -> None:
+    for key in table:
+        if key not in allowed:
+            raise QuantscopeError(
+                f"unknown key '{key}' in {where} of target profile '{source}': "
+                f"allowed keys are {', '.join(sorted(allowed))}"
+            )
+
+
+def _require(table: dict[str, Any], key: str, where: str, source: str) -> Any:
+    if key not in table:
+        raise QuantscopeError(f"missing key '{key}' in {where} of target profile '{source}'")
+    return table[key]
+
+
+def _precision(text: str, source: str) -> Precision:
+    try:
+        return Precision(text)
+    except ValueError:
+        raise QuantscopeError(f"unknown precision '{text}' in target profile '{source}'") from None
+
+
+def _parse_param(name: str, raw: Any, rule_id: str, source: str) -> Param:
+    if not isinstance(raw, dict):
+        return Param(value=raw)
+    _reject_unknown(raw, _PARAM_KEYS, f"parameter '{name}' of rule '{rule_id}'", source)
+    value = _require(raw, "value", f"parameter '{name}' of rule '{rule_id}'", source)
+    return Param(value=value, estimate=bool(raw.get("estimate", False)), note=raw.get("note", ""))
+
+
+def _parse_rule(raw: dict[str, Any], source: str) -> Rule:
+    where = f"rule '{raw.get('id', '?')}'"
+    _reject_unknown(raw, _RULE_KEYS, where, source)
+    rule_id = _require(raw, "id", "a [[rules]] entry", source)
+    severity = raw.get("severity", "error")
+    if severity not in SEVERITIES:
+        raise QuantscopeError(
+            f"rule '{rule_id}' in target profile '{source}' has severity '{severity}': "
+            f"use one of {', '.join(SEVERITIES)}"
+        )
+    params = tuple(
+        (k, _parse_param(k, v, rule_id, source)) for k, v in raw.get("params", {}).items()
+    )
+    return Rule(
+        id=rule_id,
+        check=_require(raw, "check", where, source),
+        severity=severity,
+        reason=_require(raw, "reason", where, source),
+        provenance=_require(raw, "provenance", where, source),
+        fix=_require(raw, "fix", where, source),
+        params=params,
+    )
+
+
+def _parse_kind_table(raw: dict[str, Any], where: str, source: str) -> None:
+    _reject_unknown(raw, KINDS, where, source)
+
+
+def _parse_cost(raw: dict[str, Any], source: str) -> CostModel:
+    _reject_unknown(raw, _COST_KEYS, "[cost]", source)
+    relative_raw = _require(raw, "relative", "[cost]", source)
+    _parse_kind_table(relative_raw, "[cost.relative]", source)
+    relative = tuple(
+        (kind, tuple((_precision(p, source), float(v)) for p, v in table.items()))
+        for kind, table in relative_raw.items()
+    )
+    value_macs_raw = raw.get("value_macs", {})
+    _parse_kind_table(value_macs_raw, "[cost.value_macs]", source)
+    return CostModel(
+        relative=relative,
+        value_macs=tuple((k, float(v)) for k, v in value_macs_raw.items()),
+        boundary_macs=float(raw.get("boundary_macs", 0.0)),
+        basis=_require(raw, "basis", "[cost]", source),
+        estimate=bool(raw.get("estimate", True)),
+    )
+
+
+def _parse_scheme(raw: dict[str, Any], source: str) -> tuple[QuantScheme, str]:
+    _reject_unknown(raw, _SCHEME_KEYS, "[scheme]", source)
+    fields = {k: bool(v) for k, v in raw.items() if k != "notes"}
+    return QuantScheme(**fields), raw.get("notes", "")
+
+
+def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
+    """Build a :class:`Target` from a parsed TOML document (unknown keys rejected)."""
+    _reject_unknown(raw, _TOP_KEYS, "the top level", source)
+    precisions_raw = _require(raw, "precisions", "the top level", source)
+    _parse_kind_table(precisions_raw, "[precisions]", source)
+    scheme, notes = _parse_scheme(raw.get("scheme", {}), source)
+    return Target(
+        name=_require(raw, "name", "the top level", source),
+        vendor=_require(raw, "vendor", "the top level", source),
+        device=raw.get("device", ""),
+        sdk=_require(raw, "sdk", "the top level", source),
+        description=raw.get("description", ""),
+        default_precision=_precision(raw.get("default_precision", "a8_w8"), source),
+        scheme=scheme,
+        scheme_notes=notes,
+        precisions=tuple(
+            (k, tuple(_precision(p, source) for p in v)) for k, v in precisions_raw.items()
+        ),
+        rules=tuple(_parse_rule(r, source) for r in raw.get("rules", [])),
+        cost=_parse_cost(_require(raw, "cost", "the top level", source), source),
+        source=source,
+    )
+
+
+def load_target_file(path: str | Path) -> Target:
+    """Load a target profile from a TOML file."""
+    path = Path(path)
+    if not path.is_file():
+        raise QuantscopeError(f"target profile '{path}' does not exist: check the path")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:
+        raise QuantscopeError(f"target profile '{path}' is not valid TOML ({exc})") from None
+    return parse_target(raw, source=str(path))
+
+
+def with_params(target: Target, overrides: dict[str, Any]) -> Target:
+    """Override rule parameters: keys are ``"<rule id>.<param>"``, values plain values.
+
+    An overridden parameter is no longer an estimate (the user stated it).
+    """
+    rules = {r.id: r for r in target.rules}
+    for key, value in overrides.items():
+        rule_id, _, name = key.rpartition(".")
+        rule = rules.get(rule_id)
+        if rule is None or name not in dict(rule.params):
+            raise QuantscopeError(
+                f"no rule parameter '{key}' in target '{target.name}': "
+                "use '<rule id>.<param>' as listed by the profile"
+            )
+        params = dict(rule.params)
+        params[name] = Param(value=value, estimate=False, note="set by the user")
+        rules[rule_id] = replace(rule, params=tuple(params.items()))
+    return replace(target, rules=tuple(rules[r.id] for r in target.rules))

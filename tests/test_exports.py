@@ -1,0 +1,186 @@
+"""Exports: Hailo .alls and QNN/AIMET encodings, golden files plus parse-back tests.
+
+Regenerate the golden files with ``QUANTSCOPE_UPDATE_GOLDEN=1 pytest tests/test_exports.py``
+(then review the diff: a golden file is a reviewed artefact, not a snapshot).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny_models
+
+from quantscope.export.alls_lint import script_plan
+from quantscope.export.hailo_alls import export_alls, heuristic_names, hn_layer_names
+from quantscope.export.qnn_encodings import (
+    aimet_offset,
+    export_qnn_encodings,
+    parse_qnn_encodings,
+    to_json,
+)
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+from quantscope.numerics import qparams, weight_encoding
+from quantscope.targets import load_target
+from quantscope.types import Encoding, Encodings, Plan, Precision, QuantScheme, QuantscopeError
+
+GOLDEN = Path(__file__).parent / "golden"
+HAILO = load_target("hailo10h")
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("QUANTSCOPE_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} differs from the golden file"
+
+
+@pytest.fixture(scope="module")
+def block():
+    model = load_proto(tiny_models.layernorm_block())
+    return model, find_groups(model)
+
+
+PLAN = Plan(
+    default=Precision.A8_W8,
+    overrides=(("MatMul_8", Precision.A16_W16), ("LayerNormalization_10", Precision.A16_W8)),
+    target="hailo10h",
+    reasons=(("MatMul_8", "FFN output: largest SQNR gain per unit cost"),),
+)
+
+
+# ---- Hailo .alls -------------------------------------------------------------------
+
+
+def test_alls_golden_with_guessed_names(block):
+    _, groups = block
+    text = export_alls(PLAN, groups, force_ranges={"LayerNormalization_10": (-1.1, 1.1)})
+    _golden("layernorm_block_hailo10h.alls", text)
+    assert "quantization_param(conv2, precision_mode=a16_w16)" in text
+    assert text.count("# guessed name") == 3
+
+
+def test_alls_with_hn_names_is_exact(block):
+    _, groups = block
+    hn = {
+        "name": "lnblock",
+        "layers": {
+            "lnblock/input_layer1": {"type": "input_layer", "original_names": ["x"]},
+            "lnblock/conv7": {"type": "conv", "original_names": ["MatMul_8"]},
+            "lnblock/layer_normalization2": {
+                "type": "layer_normalization",
+                "original_names": ["LayerNormalization_10"],
+            },
+        },
+    }
+    names = hn_layer_names(hn, groups)
+    assert names == {"MatMul_8": "conv7", "LayerNormalization_10": "layer_normalization2"}
+    text = export_alls(PLAN, groups, layer_names=names)
+    assert "guessed name" not in text
+    assert "quantization_param(conv7, precision_mode=a16_w16)" in text
+    assert "quantization_param(layer_normalization2, precision_mode=a16_w8)" in text
+    with pytest.raises(QuantscopeError, match="layers"):
+        hn_layer_names({"nodes": []}, groups)
+
+
+def test_alls_parses_back_to_the_plan(block):
+    model, groups = block
+    for plan in (PLAN, Plan(default=Precision.A16_W16, overrides=(("Add_9", Precision.A8_W8),))):
+        back = script_plan(export_alls(plan, groups), groups, model, HAILO)
+        for g in groups.names():
+            assert back.precision_of(g) == plan.precision_of(g), g
+
+
+def test_alls_rejects_float(block):
+    _, groups = block
+    with pytest.raises(QuantscopeError, match="float"):
+        export_alls(Plan(default=Precision.A8_W8, overrides=(("Add_9", Precision.FLOAT),)), groups)
+
+
+def test_heuristic_names_count_by_kind(block):
+    _, groups = block
+    names = heuristic_names(groups)
+    assert names["conv1"] == "MatMul_1" and names["conv2"] == "MatMul_8"
+    assert names["normalization2"] == "LayerNormalization_10" == names["layer_normalization2"]
+    assert names["ew_add1"] == "Add_9"
+
+
+# ---- QNN / AIMET encodings ----------------------------------------------------------
+
+
+def _act(lo, hi, bits):
+    return qparams(lo, hi, bits, signed=False, symmetric=False)
+
+
+def _encodings(model) -> Encodings:
+    w = {n: model.initializer_array(n) for n in ("w1", "w2")}
+    return Encodings(
+        activations={
+            "x": _act(-3.0, 3.0, 8),
+            "n1": _act(-2.5, 2.0, 8),
+            "gelu": _act(-0.2, 4.0, 8),
+            "o": _act(-1.0, 1.0, 16),
+            "res": _act(-4.0, 4.5, 8),
+            "y": _act(-3.0, 3.0, 16),
+        },
+        weights={
+            "w1": weight_encoding(w["w1"][:, :4], 8, axis=1, signed=True, symmetric=True),
+            "w2": weight_encoding(w["w2"][:, :3], 16, axis=1, signed=True, symmetric=True),
+        },
+        scheme=QuantScheme(),
+    )
+
+
+QNN_PLAN = Plan(
+    default=Precision.A8_W8,
+    overrides=(("MatMul_8", Precision.A16_W16), ("Add_9", Precision.FLOAT)),
+)
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "0.6.1"])
+def test_qnn_encodings_golden(block, version):
+    model, groups = block
+    doc = export_qnn_encodings(QNN_PLAN, groups, _encodings(model), version=version)
+    _golden(f"layernorm_block_qnn_{version}.json", to_json(doc))
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "0.6.1"])
+def test_qnn_encodings_parse_back(block, version):
+    model, groups = block
+    enc = _encodings(model)
+    doc = json.loads(to_json(export_qnn_encodings(QNN_PLAN, groups, enc, version=version)))
+    back = parse_qnn_encodings(doc)
+    assert back["activations"]["res"] is None  # the float group's output
+    for name, orig in [*enc.activations.items(), *enc.weights.items()]:
+        if name == "res":
+            continue
+        got = back["activations"].get(name) or back["params"][name]
+        assert got.bits == orig.bits
+        np.testing.assert_allclose(got.scale, orig.scale, rtol=1e-6)
+        for a, b in zip(got.range(), orig.range(), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    plan_bits = {t: e.bits for t, e in back["activations"].items() if e is not None}
+    assert plan_bits["o"] == 16 and plan_bits["n1"] == 8
+
+
+def test_aimet_offset_convention():
+    sym8 = Encoding(scale=np.float32(0.1), zero_point=np.int32(0), bits=8, signed=True)
+    asym = Encoding(scale=np.float32(0.00976785), zero_point=np.int32(114), bits=8, signed=False)
+    u16 = Encoding(scale=np.float32(1e-4), zero_point=np.int32(35799), bits=16, signed=False)
+    assert aimet_offset(sym8).tolist() == [-128]
+    assert aimet_offset(asym).tolist() == [-114]
+    assert aimet_offset(u16).tolist() == [-35799]
+
+
+def test_qnn_missing_encoding_and_bad_version(block):
+    model, groups = block
+    enc = _encodings(model)
+    del enc.activations["gelu"]
+    with pytest.raises(QuantscopeError, match="no activation encoding for 'gelu'"):
+        export_qnn_encodings(QNN_PLAN, groups, enc)
+    with pytest.raises(QuantscopeError, match="format"):
+        export_qnn_encodings(QNN_PLAN, groups, _encodings(model), version="2.0.0")
