@@ -80,6 +80,74 @@ def cmd_groups(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    from quantscope.demo import format_table, run_demo
+
+    out = run_demo(args.model, args.data, method=args.method,
+                   max_pairs=None if args.pairs == 0 else args.pairs)
+    print(f"\nquantscope demo: {out['model']} on {out['data']} "
+          f"(calibration: {out['calibration_samples']} texts, {out['method']}; "
+          f"{out['seconds']} s)\n")
+    print(format_table(out["results"]))
+    for note in out["notes"]:
+        print(f"note: {note}")
+    if args.json:
+        stages.write_json(args.json, out)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _shapes(args: argparse.Namespace, model: stages.Model) -> dict | None:
+    from quantscope.plan.check import seq_len_shapes
+
+    return seq_len_shapes(model, args.seq_len) if args.seq_len else None
+
+
+def _print_problems(problems: list, what: str) -> int:
+    errors = [p for p in problems if p.severity == "error"]
+    for p in problems:
+        print(f"{p.severity}: [{p.rule}] {p.group}: {p.reason}")
+        print(f"    fix: {p.fix}    (source: {p.provenance})")
+    print(f"{what}: {len(errors)} error(s), {len(problems) - len(errors)} warning(s)")
+    return EXIT_PROBLEMS if errors else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from quantscope.model.groups import find_groups
+    from quantscope.plan.check import check
+    from quantscope.targets import load_target
+
+    model = stages.open_model(args.model)
+    target = load_target(args.target)
+    plan = stages.read_plan(args.plan)
+    problems = check(plan, find_groups(model), model, target, shapes=_shapes(args, model))
+    return _print_problems(problems, f"check {args.plan} on {target.name}")
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    from quantscope.export.alls_lint import lint
+    from quantscope.model.groups import find_groups
+    from quantscope.targets import load_target
+
+    model = stages.open_model(args.model)
+    target = load_target(args.target)
+    text = stages.read_text(args.script, "model script")
+    hn = stages.read_json_file(args.hn, "HN") if args.hn else None
+    problems = lint(text, model, find_groups(model), target, hn=hn, shapes=_shapes(args, model))
+    return _print_problems(problems, f"lint {args.script} on {target.name}")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    model = stages.open_model(args.model)
+    stats = stages.read_stats(args.stats)
+    plan = stages.read_plan(args.plan)
+    hn = stages.read_json_file(args.hn, "HN") if args.hn else None
+    written = stages.export_plan(model, stats, plan, fmt=args.format, out=args.out, hn=hn,
+                                 qnn_version=args.qnn_version)
+    print(f"wrote {written}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="quantscope",
@@ -119,6 +187,40 @@ def _parser() -> argparse.ArgumentParser:
     _add_model(g)
     g.add_argument("--json")
     g.set_defaults(func=cmd_groups)
+    d = sub.add_parser("demo", help="the main job: FP32 vs a8_w8/a16_w8/a16_w16 on the "
+                       "built-in sentence encoder and retrieval task")
+    d.add_argument("--model", default="minilm-l6")
+    d.add_argument("--data", default="stdlib-docs")
+    d.add_argument("--method", default="minmax", choices=["minmax", "percentile", "mse"])
+    d.add_argument("--pairs", type=int, default=1000, help="retrieval pairs (0 = all)")
+    d.add_argument("--json", help="also write the table and all metrics as JSON")
+    d.set_defaults(func=cmd_demo)
+
+    k = sub.add_parser("check", help="legality preflight of a plan on a target")
+    k.add_argument("plan")
+    k.add_argument("--model", required=True)
+    k.add_argument("--target", required=True, help="hailo8, hailo8l, hailo10h, qnn-htp-v73, "
+                   "ort-cpu or a TOML file")
+    k.add_argument("--seq-len", type=int, help="sequence length for symbolic token dims")
+    k.set_defaults(func=cmd_check)
+
+    li = sub.add_parser("lint", help="preflight of a Hailo model script (.alls)")
+    li.add_argument("script")
+    li.add_argument("--model", required=True)
+    li.add_argument("--target", required=True)
+    li.add_argument("--hn", help="parsed model HN JSON (exact layer-name mapping)")
+    li.add_argument("--seq-len", type=int)
+    li.set_defaults(func=cmd_lint)
+
+    ex = sub.add_parser("export", help="export a plan: Hailo .alls, QNN encodings, ONNX QDQ")
+    ex.add_argument("plan")
+    ex.add_argument("--model", required=True)
+    ex.add_argument("--stats", required=True)
+    ex.add_argument("--format", required=True, choices=["alls", "qnn", "qdq"])
+    ex.add_argument("--qnn-version", default="1.0.0", choices=["1.0.0", "0.6.1"])
+    ex.add_argument("--hn", help="parsed model HN JSON for exact Hailo layer names")
+    ex.add_argument("--out", required=True)
+    ex.set_defaults(func=cmd_export)
     return p
 
 

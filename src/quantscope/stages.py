@@ -16,20 +16,22 @@ import onnx
 
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.encode import encode
-from quantscope.emulate.evaluate import Outputs, evaluate_fidelity
+from quantscope.emulate.evaluate import Outputs, output_fidelity, run_model
 from quantscope.emulate.qdq import build_qdq
 from quantscope.model.groups import check_plan_names, find_groups
 from quantscope.model.load import Model, load
 from quantscope.serde import (
     plan_to_dict,
+    read_json,
     read_plan,
     read_stats,
     write_json,
     write_onnx,
     write_stats,
+    write_text,
 )
 from quantscope.tasks.tensors import load_tensor_batches
-from quantscope.types import Metrics, Plan, QuantScheme, Stats
+from quantscope.types import Metrics, Plan, QuantScheme, QuantscopeError, Stats
 
 __all__ = [
     "Dataset", "open_model", "open_data", "calibrate_model", "qdq_for_plan", "evaluate_plan",
@@ -64,10 +66,8 @@ class Dataset:
 
 def resolve_model_path(spec: str) -> Path:
     """A built-in model name or a path -> path of an ONNX file."""
-    try:
-        from quantscope.zoo import resolve_model
-    except ImportError:  # the zoo is optional at this layer
-        return Path(spec)
+    from quantscope.zoo import resolve_model
+
     return Path(resolve_model(spec))
 
 
@@ -75,16 +75,15 @@ def open_model(spec: str | Path) -> Model:
     return load(resolve_model_path(str(spec)))
 
 
-def open_data(spec: str | Path, model: Model, *, tokenizer: str | None = None) -> Dataset:
+def open_data(
+    spec: str | Path, model: Model, *, tokenizer: str | None = None, max_pairs: int | None = None
+) -> Dataset:
     """Tensor files/folders, or a built-in or user task (text pairs, face images)."""
-    try:
-        from quantscope.tasks.registry import open_task_data
-    except ImportError:
-        open_task_data = None
-    if open_task_data is not None:
-        ds = open_task_data(str(spec), model, tokenizer=tokenizer)
-        if ds is not None:
-            return ds
+    from quantscope.tasks.registry import open_task_data
+
+    ds = open_task_data(str(spec), model, tokenizer=tokenizer, max_pairs=max_pairs)
+    if ds is not None:
+        return ds
     batches = tuple(load_tensor_batches(spec, model))
     return Dataset(name=str(spec), calibration=batches, evaluation=batches)
 
@@ -122,25 +121,40 @@ def evaluate_plan(
     progress: bool = False,
 ) -> dict[str, Any]:
     """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32."""
-    qdq, notes = qdq_for_plan(model, stats, plan, method=method, scheme=scheme)
-    fid, ref, test = evaluate_fidelity(model, qdq, list(data.evaluation), progress=progress)
-    metrics = dict(fid.values)
-    tables = dict(fid.tables)
-    task_notes: tuple[str, ...] = ()
-    if data.task is not None:
-        tm = data.task.metrics(ref, test)
-        metrics.update(tm.values)
-        tables.update(tm.tables)
-        task_notes = tm.notes
-    return {
-        "model": model.source,
-        "data": data.name,
-        "plan": plan_to_dict(plan),
-        "method": method or stats.method,
-        "metrics": metrics,
-        "outputs": tables,
-        "notes": [*data.notes, *notes, *task_notes],
-    }
+    return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
+                          progress=progress)["emulated"]
+
+
+def evaluate_plans(
+    model: Model,
+    data: Dataset,
+    stats: Stats,
+    plans: dict[str, Plan],
+    *,
+    method: str | None = None,
+    scheme: QuantScheme | None = None,
+    progress: bool = False,
+) -> dict[str, dict[str, Any]]:
+    """Like :func:`evaluate_plan` for several plans, running the FP32 model only once."""
+    batches = list(data.evaluation)
+    ref = run_model(model.proto, batches, label="fp32" if progress else "")
+    results: dict[str, dict[str, Any]] = {}
+    for label, plan in plans.items():
+        qdq, notes = qdq_for_plan(model, stats, plan, method=method, scheme=scheme)
+        test = run_model(qdq, batches, label=label if progress else "")
+        fid = output_fidelity(ref, test)
+        metrics, tables, task_notes = dict(fid.values), dict(fid.tables), ()
+        if data.task is not None:
+            tm = data.task.metrics(ref, test)
+            metrics.update(tm.values)
+            tables.update(tm.tables)
+            task_notes = tm.notes
+        results[label] = {
+            "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
+            "method": method or stats.method, "metrics": metrics, "outputs": tables,
+            "notes": [*data.notes, *notes, *task_notes],
+        }
+    return results
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -163,3 +177,54 @@ def describe_groups(model: Model) -> list[dict[str, Any]]:
 
 def opset_of(proto: onnx.ModelProto) -> int:
     return next((i.version for i in proto.opset_import if i.domain in ("", "ai.onnx")), 0)
+
+
+def read_text(path: str | Path, what: str) -> str:
+    path = Path(path)
+    if not path.is_file():
+        raise QuantscopeError(f"{what} file '{path}' does not exist: check the path")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise QuantscopeError(f"{what} file '{path}' is not UTF-8 text") from None
+
+
+def read_json_file(path: str | Path, what: str) -> Any:
+    return read_json(path, what)
+
+
+def _scheme_for(plan: Plan) -> QuantScheme | None:
+    """The quantization scheme of the plan's target, if it names one."""
+    if not plan.target:
+        return None
+    from quantscope.targets import load_target
+
+    return load_target(plan.target).scheme
+
+
+def export_plan(
+    model: Model,
+    stats: Stats,
+    plan: Plan,
+    *,
+    fmt: str,
+    out: str | Path,
+    hn: dict[str, Any] | None = None,
+    qnn_version: str = "1.0.0",
+) -> Path:
+    """Translate one plan into a vendor format (or the QDQ model) and write it atomically."""
+    from quantscope.export.hailo_alls import export_alls, hn_layer_names
+    from quantscope.export.qnn_encodings import export_qnn_encodings, to_json
+
+    groups = find_groups(model)
+    check_plan_names(plan, groups)
+    scheme = _scheme_for(plan)
+    if fmt == "alls":
+        names = hn_layer_names(hn, groups) if hn else None
+        return write_text(out, export_alls(plan, groups, layer_names=names))
+    enc = encode(model, groups, stats, plan, scheme=scheme)
+    if fmt == "qnn":
+        return write_text(out, to_json(export_qnn_encodings(plan, groups, enc, version=qnn_version)))
+    if fmt == "qdq":
+        return write_onnx(out, build_qdq(model, groups, plan, enc))
+    raise QuantscopeError(f"unknown export format '{fmt}': use alls, qnn or qdq")

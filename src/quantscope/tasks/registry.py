@@ -1,0 +1,232 @@
+"""DATA names and paths -> a Dataset with the task that scores it.
+
+==========================  ============================================================
+``stdlib-docs``             built-in retrieval (1,500 pairs) + 512 calibration texts
+``*.jsonl``                 user retrieval pairs ``{"query", "document"}``; calibration on
+                            the documents (or ``--calib-text`` in the API)
+``*.txt``                   calibration sentences, one per line (no task metric)
+``faces``                   built-in face verification set (dlib-face style chips)
+folder of identity folders  user face images (one sub-folder per identity)
+``.npy`` / ``.npz`` / dir   raw tensors (fidelity only) — handled by ``tasks.tensors``
+==========================  ============================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from quantscope.emulate.evaluate import Outputs
+from quantscope.model.load import Model
+from quantscope.tasks import metrics as M
+from quantscope.tasks.text import (
+    STDLIB_DOCS,
+    TextBatches,
+    TextEncoder,
+    detect_encoder,
+    load_calibration_texts,
+    load_pairs,
+    load_tokenizer,
+    make_batches,
+    pool,
+)
+from quantscope.types import Metrics, QuantscopeError
+
+CALIB_TEXTS = 512
+
+
+def _pooled(out: Outputs, batches: TextBatches, enc: TextEncoder, *, normalize: bool) -> np.ndarray:
+    mask = enc.input_name("attention_mask")
+    parts = [pool(b[enc.output_index], feeds[mask], normalize=normalize)
+             for b, feeds in zip(out.batches, batches.batches, strict=True)]
+    stacked = np.concatenate(parts, axis=0)
+    result = np.empty_like(stacked)
+    result[batches.order] = stacked
+    return result
+
+
+@dataclass(frozen=True, eq=False)
+class RetrievalTask:
+    """Query i should retrieve document i; FP32 retrieval is the reference."""
+
+    name: str
+    n_pairs: int
+    batches: TextBatches  # queries then documents, in length order
+    encoder: TextEncoder
+
+    def embeddings(self, out: Outputs, *, normalize: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        emb = _pooled(out, self.batches, self.encoder, normalize=normalize)
+        return emb[: self.n_pairs], emb[self.n_pairs :]
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        qr, dr = self.embeddings(ref)
+        qt, dt = self.embeddings(test)
+        rec_ref, rec = M.recall_at_k(qr, dr), M.recall_at_k(qt, dt)
+        fid = M.cosine_fidelity(np.concatenate([qr, dr]), np.concatenate([qt, dt]))
+        raw_t = np.concatenate(self.embeddings(test, normalize=False))
+        raw_r = np.concatenate(self.embeddings(ref, normalize=False))
+        norms, norms_ref = M.norm_stats(raw_t), M.norm_stats(raw_r)
+        collapse = M.collapse_report(raw_t, reference=raw_r)
+        values = {
+            "recall@1": rec[1], "recall@5": rec[5], "recall@10": rec[10],
+            "recall@1_fp32": rec_ref[1], "mrr": M.mrr(qt, dt),
+            "top1_agreement": M.top1_agreement(qr, dr, qt, dt),
+            "embedding_cosine_mean": fid["mean"], "embedding_cosine_min": fid["min"],
+            "embedding_cosine_p01": fid["p01"],
+            "norm_cv": norms["cv"], "norm_cv_fp32": norms_ref["cv"],
+            "collapsed": float(collapse.collapsed),
+        }
+        notes = tuple(f"collapse: {r}" for r in collapse.reasons)
+        return Metrics(values=values, tables={"collapse": _collapse_table(collapse)}, notes=notes)
+
+
+def _collapse_table(c: M.CollapseReport) -> dict[str, float]:
+    return {k: float(v) for k, v in c.to_dict().items()
+            if isinstance(v, int | float | bool) and v is not None}
+
+
+def text_dataset(
+    spec: str, model: Model, *, tokenizer: str | None = None, batch_size: int = 32,
+    max_pairs: int | None = None,
+) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...], RetrievalTask | None, str]:
+    """(calibration batches, evaluation batches, task, encoder description)."""
+    enc = detect_encoder(model.proto)
+    tok = load_tokenizer(tokenizer)
+    if spec == STDLIB_DOCS or spec.endswith(".jsonl"):
+        pairs = load_pairs(spec)
+        n = min(len(pairs), max_pairs or len(pairs))
+        calib_texts = (load_calibration_texts(STDLIB_DOCS) if spec == STDLIB_DOCS
+                       else pairs.documents[:CALIB_TEXTS])
+        texts = list(pairs.queries[:n]) + list(pairs.documents[:n])
+        eval_b = make_batches(texts, tok, enc, batch_size=batch_size)
+        task = RetrievalTask(name=f"retrieval:{pairs.source}", n_pairs=n, batches=eval_b,
+                             encoder=enc)
+    else:
+        calib_texts = load_calibration_texts(spec)
+        eval_b = make_batches(calib_texts, tok, enc, batch_size=batch_size)
+        task = None
+    calib = make_batches(calib_texts[:CALIB_TEXTS], tok, enc, batch_size=batch_size)
+    return tuple(calib.batches), tuple(eval_b.batches), task, enc.describe()
+
+
+def is_text_spec(spec: str) -> bool:
+    return spec == STDLIB_DOCS or spec.endswith((".jsonl", ".txt"))
+
+
+def is_face_spec(spec: str) -> bool:
+    if spec == "faces":
+        return True
+    p = Path(spec)
+    return p.is_dir() and any(c.is_dir() for c in p.iterdir())
+
+
+def check_text_model(model: Model, spec: str) -> None:
+    names = set(model.input_names())
+    if "input_ids" not in names and not any("ids" in n for n in names):
+        raise QuantscopeError(
+            f"data '{spec}' is text but the model's inputs are {', '.join(sorted(names))}: "
+            "use a sentence-encoder model (inputs input_ids, attention_mask)"
+        )
+
+
+FACE_FAR = 0.01
+
+
+@dataclass(frozen=True, eq=False)
+class VerificationTask:
+    """Face verification: Euclidean distance of descriptors, dlib's 0.6 threshold."""
+
+    name: str
+    pairs: object  # tasks.faces.VerificationPairs
+    threshold: float
+
+    def _embeddings(self, out: Outputs) -> np.ndarray:
+        return np.concatenate([np.asarray(b[0], np.float32).reshape(len(b[0]), -1)
+                               for b in out.batches])
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        from quantscope.tasks.faces import SLICES, pair_distances, same_person
+
+        er, et = self._embeddings(ref), self._embeddings(test)
+        dr, dt = pair_distances(er, self.pairs), pair_distances(et, self.pairs)
+        labels = self.pairs.genuine.astype(np.int64)
+        values: dict[str, float] = {}
+        tables: dict[str, dict[str, float]] = {}
+        for name in SLICES:
+            sel = self.pairs.distance == name
+            if not sel.any():
+                continue
+            row = _slice_row(dr[sel], dt[sel], labels[sel], self.threshold)
+            tables[f"faces_{name}"] = row
+            values[f"tar@{self.threshold:g}_{name}"] = row["tar_at_threshold"]
+        agree = M.decision_agreement(same_person(dr, self.threshold), same_person(dt, self.threshold))
+        tf = M.tar_far_at_threshold(dt, labels, self.threshold)
+        collapse = M.collapse_report(et, reference=er)
+        values.update({
+            f"tar@{self.threshold:g}": tf.tar, f"far@{self.threshold:g}": tf.far,
+            f"tar@far{FACE_FAR:g}": M.tar_at_far(dt, labels, FACE_FAR).tar,
+            "decision_agreement": agree,
+            "embedding_cosine_mean": M.cosine_fidelity(er, et)["mean"],
+            "norm_mean": M.norm_stats(et)["mean"], "norm_cv": M.norm_stats(et)["cv"],
+            "norm_cv_fp32": M.norm_stats(er)["cv"], "collapsed": float(collapse.collapsed),
+        })
+        notes = tuple(f"collapse: {r}" for r in collapse.reasons)
+        return Metrics(values=values, tables=tables, notes=notes)
+
+
+def _slice_row(dr: np.ndarray, dt: np.ndarray, labels: np.ndarray, thr: float) -> dict[str, float]:
+    t = M.tar_far_at_threshold(dt, labels, thr)
+    t_ref = M.tar_far_at_threshold(dr, labels, thr)
+    at = M.tar_at_far(dt, labels, FACE_FAR)
+    gen = dt[labels == 1]
+    return {
+        "tar_at_threshold": t.tar, "far_at_threshold": t.far,
+        "tar_at_threshold_fp32": t_ref.tar, "far_at_threshold_fp32": t_ref.far,
+        f"tar_at_far{FACE_FAR:g}": at.tar,
+        "genuine_distance_mean": float(gen.mean()) if gen.size else float("nan"),
+        "genuine_distance_mean_fp32": float(dr[labels == 1].mean()) if gen.size else float("nan"),
+        "n_genuine": float((labels == 1).sum()), "n_impostor": float((labels == 0).sum()),
+    }
+
+
+def face_dataset(
+    spec: str, model: Model, *, batch_size: int = 32
+) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...], VerificationTask, str]:
+    from quantscope.tasks.faces import face_batches, load_faces, verification_pairs
+    from quantscope.zoo.face import MATCH_THRESHOLD
+
+    names = model.input_names()
+    shape = model.value_shapes().get(names[0], ())
+    if len(names) != 1 or len(shape) != 4 or shape[1] != 3:
+        raise QuantscopeError(
+            f"data '{spec}' is face images but the model's inputs are {', '.join(names)} "
+            f"{shape}: use a face model with one NCHW RGB input (e.g. dlib-face)"
+        )
+    faces = load_faces(spec)
+    batches = tuple({names[0]: b} for b in face_batches(faces, batch_size))
+    task = VerificationTask(name=f"verification:{spec}", pairs=verification_pairs(faces),
+                            threshold=MATCH_THRESHOLD)
+    note = (f"faces: {len(faces.chips)} aligned chips, {len(task.pairs)} pairs; "
+            "calibration uses the same chips (the built-in set is small)")
+    return batches, batches, task, note
+
+
+def open_task_data(
+    spec: str, model: Model, *, tokenizer: str | None = None, max_pairs: int | None = None
+) -> object | None:
+    """A ``stages.Dataset`` for a task spec, or None when ``spec`` is plain tensor data."""
+    from quantscope.stages import Dataset
+
+    if is_text_spec(spec):
+        check_text_model(model, spec)
+        calib, evaluation, task, note = text_dataset(spec, model, tokenizer=tokenizer,
+                                                     max_pairs=max_pairs)
+        return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
+                       notes=(note,))
+    if is_face_spec(spec):
+        calib, evaluation, task, note = face_dataset(spec, model)
+        return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
+                       notes=(note,))
+    return None

