@@ -1,0 +1,123 @@
+"""Repairs: transforms that make a model quantize better, each returning a :class:`Repair`.
+
+==================  ========================================  ====================
+transform           what it changes                           FP32 function
+==================  ========================================  ====================
+smooth_outliers   LayerNorm gamma/beta (or a producer's     preserved (checked)
+                    weight columns) / s, consumer rows * s
+equalize_pairs      Conv/linear pairs across a ReLU-like op   preserved (checked)
+correct_biases      biases of weighted ops (bias -= E[err])   changed on purpose
+choose_range_method per-tensor range method (no graph edit)   unchanged
+adaround            weights moved onto their integer grid     changed on purpose
+==================  ========================================  ====================
+
+Every transform is a plain function returning a frozen :class:`Repair`: the new FP32
+``ModelProto`` (tensor and node names kept; only initializer values change unless a
+record says otherwise) plus what changed, why, and the measured effect, so that a plan
+can record it and an exporter can ship the transformed FP32 model to a vendor compiler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from quantscope.model.load import Model, load_proto
+from quantscope.types import QuantscopeError
+
+
+class RepairError(QuantscopeError):
+    """A repair broke an invariant (e.g. changed the FP32 function): it is not applied."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """One edited tensor: which channels along ``axis`` were scaled or shifted, by what."""
+
+    tensor: str
+    kind: str  # "divide" | "multiply" | "shift" | "regrid" | "new" | "insert"
+    axis: int | None = None
+    channels: tuple[int, ...] = ()
+    factors: tuple[float, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Repair:
+    """Result of one transform: the new FP32 model and a record of what was done."""
+
+    name: str
+    reason: str
+    proto: onnx.ModelProto
+    changes: tuple[Change, ...] = ()
+    skipped: tuple[tuple[str, str], ...] = ()  # (node or tensor, why it was left alone)
+    effect: tuple[tuple[str, float], ...] = ()  # measured numbers, e.g. fp32_rel_diff
+    seconds: float = 0.0
+
+    def model(self) -> Model:
+        return load_proto(self.proto, f"<{self.name}>")
+
+    def effect_dict(self) -> dict[str, float]:
+        return dict(self.effect)
+
+
+def as_model(model: Model | onnx.ModelProto) -> Model:
+    return model if isinstance(model, Model) else load_proto(model)
+
+
+def consumers_of(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for t in node.input:
+            if t:
+                out.setdefault(t, []).append(node)
+    return out
+
+
+def use_counts(graph: onnx.GraphProto) -> dict[str, int]:
+    """How many node inputs read each tensor (an initializer read twice cannot be scaled)."""
+    counts: dict[str, int] = {}
+    for node in graph.node:
+        for t in node.input:
+            counts[t] = counts.get(t, 0) + 1
+    return counts
+
+
+def with_initializers(proto: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """A copy of ``proto`` with the named initializers replaced (or added), dtypes kept."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    done = set()
+    for i, t in enumerate(out.graph.initializer):
+        if t.name in arrays:
+            old = numpy_helper.to_array(t)
+            out.graph.initializer[i].CopyFrom(
+                numpy_helper.from_array(arrays[t.name].astype(old.dtype), t.name)
+            )
+            done.add(t.name)
+    for name, value in arrays.items():
+        if name not in done:
+            out.graph.initializer.append(numpy_helper.from_array(value, name))
+    return out
+
+
+def attr(node: onnx.NodeProto, name: str, default: object) -> object:
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+__all__ = [
+    "Change",
+    "Repair",
+    "RepairError",
+    "as_model",
+    "attr",
+    "consumers_of",
+    "use_counts",
+    "with_initializers",
+]

@@ -1,0 +1,100 @@
+"""Checks run after every repair.
+
+=====================  ===============================================================
+check_function         FP32 outputs of the repaired model equal the original's on sample
+                       inputs: ``max|after - before| / max|before| <= rtol`` (1e-5) for
+                       every output; raises :class:`RepairError` naming the output
+quantized_error        the emulated model's error against FP32 for a plan: relative MSE
+                       and SQNR of the outputs (calibrates the given model afresh, since
+                       a repair moves ranges)
+=====================  ===============================================================
+Both run ONNX Runtime with graph optimizations off, as the emulator does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+
+from quantscope.calibrate.collect import calibrate
+from quantscope.emulate.encode import encode
+from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.session import make_session, runner
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model
+from quantscope.repair import RepairError, as_model
+from quantscope.types import Plan, QuantScheme
+
+Batch = dict[str, np.ndarray]
+FP32_RTOL = 1e-5
+
+
+def run_all(proto: onnx.ModelProto, feeds: Sequence[Batch]) -> list[list[np.ndarray]]:
+    run = runner(make_session(proto))
+    return [run(f) for f in feeds]
+
+
+def max_relative_diff(ref: list[list[np.ndarray]], test: list[list[np.ndarray]]) -> float:
+    """Largest ``max|test - ref| / max|ref|`` over the outputs (batches pooled)."""
+    worst = 0.0
+    for k in range(len(ref[0])):
+        scale = max(float(np.abs(r[k]).max()) for r in ref) or 1.0
+        diff = max(
+            float(np.abs(t[k].astype(np.float64) - r[k]).max())
+            for r, t in zip(ref, test, strict=True)
+        )
+        worst = max(worst, diff / scale)
+    return worst
+
+
+def check_function(
+    before: onnx.ModelProto,
+    after: onnx.ModelProto,
+    feeds: Sequence[Batch],
+    *,
+    what: str = "repair",
+    rtol: float = FP32_RTOL,
+) -> float:
+    """Raise :class:`RepairError` unless FP32 outputs agree within ``rtol``; return the diff."""
+    if not feeds:
+        raise RepairError(f"{what}: no sample inputs to check the FP32 function on")
+    diff = max_relative_diff(run_all(before, feeds), run_all(after, feeds))
+    if not diff <= rtol:
+        raise RepairError(
+            f"{what} changed the FP32 outputs by {diff:.3g} (relative, limit {rtol:g}): "
+            "the transform is not function-preserving on this model; it was not applied"
+        )
+    return diff
+
+
+def quantize_model(
+    model: Model | onnx.ModelProto,
+    batches: Sequence[Batch],
+    plan: Plan,
+    *,
+    scheme: QuantScheme | None = None,
+    method: str = "minmax",
+) -> onnx.ModelProto:
+    """Calibrate ``model`` on ``batches`` and return its QDQ model for ``plan``."""
+    m = as_model(model)
+    groups = find_groups(m)
+    stats = calibrate(m, groups, batches, method=method)
+    return build_qdq(m, groups, plan, encode(m, groups, stats, plan, scheme=scheme))
+
+
+def quantized_error(
+    reference: onnx.ModelProto, qdq: onnx.ModelProto, feeds: Sequence[Batch]
+) -> dict[str, float]:
+    """Relative MSE and SQNR (dB) of ``qdq``'s outputs against ``reference``'s."""
+    ref, test = run_all(reference, feeds), run_all(qdq, feeds)
+    noise = sum(
+        float(np.sum((t[k].astype(np.float64) - r[k]) ** 2))
+        for r, t in zip(ref, test, strict=True)
+        for k in range(len(r))
+    )
+    power = sum(float(np.sum(r[k].astype(np.float64) ** 2)) for r in ref for k in range(len(r)))
+    rel = noise / power if power > 0 else float("inf")
+    sqnr = float("inf") if noise == 0 else 10.0 * float(np.log10(power / noise))
+    return {"rel_mse": rel, "sqnr_db": sqnr}
