@@ -2,8 +2,8 @@ import tracemalloc
 
 import numpy as np
 import pytest
-
 import tiny_models as tm
+
 from quantscope.calibrate.collect import calibrate
 from quantscope.calibrate.observe import HIST_BINS, Observer
 from quantscope.calibrate.ranges import tensor_range

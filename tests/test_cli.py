@@ -5,8 +5,8 @@ import sys
 import numpy as np
 import onnx
 import pytest
-
 import tiny_models as tm
+
 from quantscope.cli import main
 
 

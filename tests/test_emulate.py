@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
+import tiny_models as tm
 from onnx.reference import ReferenceEvaluator
 
-import tiny_models as tm
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import build_qdq

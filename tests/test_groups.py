@@ -1,4 +1,5 @@
 import tiny_models as tm
+
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.types import GroupKind

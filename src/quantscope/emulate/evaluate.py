@@ -43,9 +43,10 @@ def run_model(
     *,
     label: str = "",
     optimize: bool = False,
+    integer_kernels: bool = False,
 ) -> Outputs:
     """Run ``proto`` over every batch (progress on stderr when ``label`` is given)."""
-    session = make_session(proto, optimize=optimize)
+    session = make_session(proto, optimize=optimize, integer_kernels=integer_kernels)
     names = tuple(o.name for o in session.get_outputs())
     inputs = {i.name for i in session.get_inputs()}
     out = []

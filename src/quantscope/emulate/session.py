@@ -24,12 +24,16 @@ def providers() -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
-def make_session(proto: onnx.ModelProto, *, optimize: bool = False) -> ort.InferenceSession:
+def make_session(
+    proto: onnx.ModelProto, *, optimize: bool = False, integer_kernels: bool = False
+) -> ort.InferenceSession:
+    """A session; ``integer_kernels`` turns on every ORT optimization, which fuses QDQ
+    groups into ORT's integer kernels (used only to measure the emulator against them)."""
     opts = ort.SessionOptions()
+    level = ort.GraphOptimizationLevel
     opts.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        if optimize
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        level.ORT_ENABLE_ALL if integer_kernels
+        else level.ORT_ENABLE_BASIC if optimize else level.ORT_DISABLE_ALL
     )
     opts.log_severity_level = 3
     try:
