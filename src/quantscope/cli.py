@@ -11,6 +11,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from quantscope import stages
 from quantscope.types import Plan, Precision, QuantscopeError
@@ -94,6 +95,46 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if args.json:
         stages.write_json(args.json, out)
         print(f"wrote {args.json}")
+    if args.report:
+        from quantscope.report import report_html
+
+        stages.write_text(args.report, report_html(
+            f"quantscope demo: {out['model']} on {out['data']}", results=out["results"]))
+        print(f"wrote {args.report}")
+    return 0
+
+
+def cmd_io(args: argparse.Namespace) -> int:
+    from quantscope.export.device_io import format_device_io
+
+    model = stages.open_model(args.model)
+    stats = stages.read_stats(args.stats)
+    plan = _plan_from_args(args)
+    print(format_device_io(stages.device_io_rows(model, stats, plan)))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from quantscope.report import report_html
+
+    results: dict = {}
+    for path in args.results or []:
+        obj = stages.read_json_file(path, "results")
+        results.update(obj["results"] if "results" in obj else {Path(path).stem: obj})
+    plan = stages.read_json_file(args.plan, "plan") if args.plan else None
+    analysis = stages.read_json_file(args.analysis, "analysis") if args.analysis else None
+    io_rows = problems = None
+    if args.model and args.stats and args.plan:
+        model = stages.open_model(args.model)
+        parsed = stages.read_plan(args.plan)
+        io_rows = stages.device_io_rows(model, stages.read_stats(args.stats), parsed)
+        problems = stages.plan_problems(model, parsed, seq_len=args.seq_len)
+    if not (results or plan or analysis):
+        raise QuantscopeError("nothing to report: give --results, --plan and/or --analysis")
+    stages.write_text(args.out, report_html(args.title, results=results or None, plan=plan,
+                                            analysis=analysis, io_rows=io_rows,
+                                            problems=problems))
+    print(f"wrote {args.out}")
     return 0
 
 
@@ -194,7 +235,26 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--method", default="minmax", choices=["minmax", "percentile", "mse"])
     d.add_argument("--pairs", type=int, default=1000, help="retrieval pairs (0 = all)")
     d.add_argument("--json", help="also write the table and all metrics as JSON")
+    d.add_argument("--report", help="also write a self-contained HTML report")
     d.set_defaults(func=cmd_demo)
+
+    io_ = sub.add_parser("io", help="how to feed and read the deployed model (scale, zero "
+                         "point, stored type of every quantized input/output)")
+    _add_model(io_)
+    io_.add_argument("--stats", required=True)
+    _add_plan_choice(io_)
+    io_.set_defaults(func=cmd_io)
+
+    r = sub.add_parser("report", help="one self-contained HTML report from result files")
+    r.add_argument("--out", required=True)
+    r.add_argument("--results", nargs="*", help="demo/evaluate JSON files")
+    r.add_argument("--plan", help="plan JSON (Pareto front, decisions)")
+    r.add_argument("--analysis", help="analysis JSON")
+    r.add_argument("--model", help="with --stats and --plan: device I/O and legality")
+    r.add_argument("--stats")
+    r.add_argument("--seq-len", type=int)
+    r.add_argument("--title", default="quantscope report")
+    r.set_defaults(func=cmd_report)
 
     k = sub.add_parser("check", help="legality preflight of a plan on a target")
     k.add_argument("plan")

@@ -6,6 +6,7 @@ calibrate, encode, build_qdq, evaluate); nothing here holds state between calls.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,3 +229,25 @@ def export_plan(
     if fmt == "qdq":
         return write_onnx(out, build_qdq(model, groups, plan, enc))
     raise QuantscopeError(f"unknown export format '{fmt}': use alls, qnn or qdq")
+
+
+def device_io_rows(model: Model, stats: Stats, plan: Plan) -> list[dict[str, Any]]:
+    """Stored type, scale and zero-point of every quantized model input and output."""
+    from quantscope.export.device_io import device_io
+
+    groups = find_groups(model)
+    check_plan_names(plan, groups)
+    enc = encode(model, groups, stats, plan, scheme=_scheme_for(plan))
+    return device_io(model, groups, enc)
+
+
+def plan_problems(model: Model, plan: Plan, *, seq_len: int | None = None) -> list[dict[str, Any]]:
+    """Legality problems of a plan on its own target (empty when it names none)."""
+    if not plan.target:
+        return []
+    from quantscope.plan.check import check, seq_len_shapes
+    from quantscope.targets import load_target
+
+    shapes = seq_len_shapes(model, seq_len) if seq_len else None
+    problems = check(plan, find_groups(model), model, load_target(plan.target), shapes=shapes)
+    return [dataclasses.asdict(p) for p in problems]

@@ -1,0 +1,38 @@
+"""Self-contained HTML report: aggregation of the stages' files + rendering."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantscope.report.build import (
+    analysis_section,
+    demo_section,
+    io_section,
+    plan_section,
+    render,
+)
+
+
+def report_html(
+    title: str,
+    *,
+    results: dict[str, dict[str, Any]] | None = None,
+    plan: dict[str, Any] | None = None,
+    analysis: dict[str, Any] | None = None,
+    io_rows: list[dict[str, Any]] | None = None,
+    problems: list[dict[str, Any]] | None = None,
+) -> str:
+    """The report as one HTML string; each section appears when its input is given."""
+    sections = []
+    if results:
+        sections.append(demo_section(results))
+    if analysis:
+        sections.append(analysis_section(analysis))
+    if plan:
+        sections.append(plan_section(plan, problems))
+    if io_rows:
+        sections.append(io_section(io_rows))
+    return render(title, sections)
+
+
+__all__ = ["report_html"]

@@ -1,0 +1,158 @@
+"""One self-contained HTML report (plots embedded as PNG data URIs, no external assets).
+
+Sections, each present when its input is given:
+
+=============  ==============================================================
+demo/evaluate  per-config table of task metrics + bar chart of top-1 agreement
+               and embedding cosine
+plan           the Pareto front (cost vs quality, predicted and measured), the
+               chosen plan's decisions with reasons, legality problems
+analysis       the worst groups by sensitivity and the per-group SQNR profile
+device I/O     how to feed and read the deployed model: per input/output the
+               stored type, scale, zero-point and the two formulas (the unsigned
+               16-bit misreading of the field reports)
+=============  ==============================================================
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from typing import Any
+
+EMULATION_NOTE = (
+    "The emulator reproduces each target's quantization grid (scale, zero-point, bits, "
+    "per-channel weights) with ONNX Runtime Q/DQ nodes, not the vendor's integer "
+    "arithmetic bit for bit (accumulators, requantization rounding, lookup-table "
+    "activations). bench/fidelity.py measures the gap to ORT's own integer kernels."
+)
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def demo_section(results: dict[str, dict[str, Any]], title: str = "Precision configurations") -> str:
+    keys = ["recall@1", "top1_agreement", "embedding_cosine_mean", "embedding_cosine_min",
+            "norm_cv", "collapsed", "cosine_mean", "sqnr_db"]
+    present = [k for k in keys if any(k in r["metrics"] for r in results.values())]
+    rows = [[label, *[r["metrics"].get(k, "") for k in present]] for label, r in results.items()]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3))
+    labels = list(results)
+    metric = "top1_agreement" if "top1_agreement" in present else "cosine_mean"
+    vals = [results[x]["metrics"].get(metric, 0.0) for x in labels]
+    ax.barh(labels, vals, color="#4a7ab5")
+    ax.set_xlim(0, 1)
+    ax.set_xlabel(metric)
+    ax.invert_yaxis()
+    for i, v in enumerate(vals):
+        ax.text(min(v, 0.9), i, f" {v:.3f}", va="center")
+    notes = sorted({n for r in results.values() for n in r.get("notes", [])})
+    return (f"<h2>{html.escape(title)}</h2>" + _table(["config", *present], rows)
+            + f'<img alt="{metric}" src="{_png(fig)}">'
+            + "".join(f"<p class=note>{html.escape(n)}</p>" for n in notes))
+
+
+def plan_section(plan: dict[str, Any], problems: list[dict[str, Any]] | None = None) -> str:
+    out = [f"<h2>Plan for {html.escape(str(plan.get('target', '')))}</h2>",
+           f"<p>default <b>{html.escape(plan['default'])}</b>, "
+           f"{len(plan.get('groups', {}))} overrides</p>"]
+    front = plan.get("pareto", {}).get("front") if isinstance(plan.get("pareto"), dict) else None
+    if front:
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot([p["cost"] for p in front], [p["predicted"] for p in front], "o-",
+                label="predicted")
+        meas = [(p["cost"], p["measured"]) for p in front if p.get("measured") is not None]
+        if meas:
+            ax.plot(*zip(*meas, strict=True), "s", color="#c0392b", label="measured")
+        ax.set_xlabel("relative cost (uniform a8_w8 = 1)")
+        ax.set_ylabel(str(plan.get("pareto", {}).get("metric", "quality")))
+        ax.legend()
+        out.append(f'<img alt="Pareto front" src="{_png(fig)}">')
+    reasons = plan.get("reasons", {})
+    rows = [[g, p, reasons.get(g, "")] for g, p in plan.get("groups", {}).items()]
+    if rows:
+        out.append(_table(["group", "precision", "reason"], rows))
+    if problems:
+        out.append("<h3>Legality problems</h3>" + _table(
+            ["severity", "rule", "group", "reason", "fix"],
+            [[p["severity"], p["rule"], p["group"], p["reason"], p["fix"]] for p in problems]))
+    return "".join(out)
+
+
+def io_section(rows: list[dict[str, Any]]) -> str:
+    """Device I/O: ``rows`` of {tensor, role, bits, signed, scale, zero_point}."""
+    body = []
+    for r in rows:
+        kind = f"{'int' if r['signed'] else 'uint'}{r['bits']}"
+        body.append([r["role"], r["tensor"], kind, r["scale"], r["zero_point"],
+                     f"x_dev = round(x / {r['scale']:.6g}) + {r['zero_point']}",
+                     f"x = (x_dev - {r['zero_point']}) * {r['scale']:.6g}"])
+    return ("<h2>Feeding and reading the device</h2><p>Every quantized value is stored as the "
+            "integer type below; a 16-bit unsigned tensor shows 0…65535, not ±32767. Use "
+            "the zero-point and scale of <i>each</i> tensor (or let the runtime do it with "
+            "float32 streams).</p>"
+            + _table(["role", "tensor", "stored as", "scale", "zero point", "to device",
+                      "from device"], body))
+
+
+def analysis_section(analysis: dict[str, Any], top: int = 15) -> str:
+    groups = analysis.get("groups", [])
+    if not groups:
+        return ""
+    key = "disable_one_gain" if any("disable_one_gain" in g for g in groups) else None
+    out = ["<h2>Per-layer diagnosis</h2>"]
+    if key:
+        worst = sorted(groups, key=lambda g: -(g.get(key) or 0.0))[:top]
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(7, 0.3 * len(worst) + 1))
+        ax.barh([g["name"][-40:] for g in worst], [g.get(key) or 0.0 for g in worst])
+        ax.invert_yaxis()
+        ax.set_xlabel(key)
+        out.append(f'<img alt="sensitivity" src="{_png(fig)}">')
+    offenders = analysis.get("offenders", [])
+    if offenders:
+        out.append(_table(["group", "reason"], [[o.get("group", ""), o.get("reason", "")]
+                                                for o in offenders[:top]]))
+    return "".join(out)
+
+
+def render(title: str, sections: list[str]) -> str:
+    css = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+           "table{border-collapse:collapse;margin:1em 0;font-size:13px}"
+           "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
+           "th{background:#f0f3f7}.note{color:#555;font-size:13px}img{max-width:100%}")
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
+            f"<style>{css}</style></head><body><h1>{html.escape(title)}</h1>"
+            + "".join(sections) + f"<p class=note>{html.escape(EMULATION_NOTE)}</p></body></html>")
