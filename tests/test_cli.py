@@ -137,3 +137,27 @@ def test_module_entry_point_has_no_traceback(work):
     )
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+def test_outputs_are_ordinary_readable_files(work, capsys):
+    run(["calibrate", work / "m.onnx", "--data", work / "x.npy", "--out", work / "s.npz"], capsys)
+    assert (work / "s.npz").stat().st_mode & 0o044  # group/other readable under usual umask
+
+
+def test_io_command_prints_transforms(work, capsys):
+    run(["calibrate", work / "m.onnx", "--data", work / "x.npy", "--out", work / "s.npz"], capsys)
+    code, out, _ = run(["io", work / "m.onnx", "--stats", work / "s.npz", "--precision",
+                        "a16_w16"], capsys)
+    assert code == 0
+    assert "uint16" in out and "from device: x = (q - " in out
+
+
+def test_report_from_evaluate_result(work, capsys):
+    run(["calibrate", work / "m.onnx", "--data", work / "x.npy", "--out", work / "s.npz"], capsys)
+    run(["evaluate", work / "m.onnx", "--data", work / "x.npy", "--stats", work / "s.npz",
+         "--precision", "a8_w8", "--json", work / "r.json"], capsys)
+    code, _, err = run(["report", "--out", work / "rep.html", "--results", work / "r.json"], capsys)
+    assert code == 0, err
+    page = (work / "rep.html").read_text()
+    assert page.startswith("<!doctype html>") and "data:image/png;base64," in page
+    assert "cosine_mean" in page

@@ -42,6 +42,9 @@ def write_atomic(path: str | Path, write: Callable[[io.BufferedWriter], None]) -
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs are ordinary files
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
