@@ -42,9 +42,10 @@ def _feeds(model, n, seed=0):
         for name in model.input_names():
             dims = [d if isinstance(d, int) else (8 if i == 0 else 64)
                     for i, d in enumerate(shapes.get(name, ()))]
-            if types.get(name) == 7:  # int64 token ids / masks
-                feed[name] = (rng.integers(1000, 20000, dims) if "ids" in name
-                              else np.ones(dims, np.int64)).astype(np.int64)
+            if types.get(name) == 7:  # int64 token ids / masks / token types
+                feed[name] = (rng.integers(1000, 20000, dims) if name == "input_ids"
+                              else np.ones(dims, np.int64) if "mask" in name
+                              else np.zeros(dims, np.int64)).astype(np.int64)
             else:
                 feed[name] = rng.normal(0, 1, dims).astype(np.float32)
         out.append(feed)
