@@ -100,3 +100,14 @@ def test_mixed_plan_only_changes_named_group():
     for g in groups.groups:
         want = 16 if g.name == target else 8
         assert all(enc.activations[t].bits == want for t in g.outputs)
+
+
+def test_per_tensor_range_method_overrides_only_that_tensor():
+    model, groups, stats, _ = _prepared("layernorm_block")
+    base = Plan.uniform(Precision.A8_W8)
+    plan = Plan(default=Precision.A8_W8, ranges=(("gelu", "percentile"),))
+    a, b = encode(model, groups, stats, base), encode(model, groups, stats, plan)
+    assert float(b.activations["gelu"].scale) < float(a.activations["gelu"].scale)
+    for t in a.activations:
+        if t != "gelu":
+            assert float(a.activations[t].scale) == float(b.activations[t].scale)

@@ -92,6 +92,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     out["groups"] = {name: p.value for name, p in plan.overrides}
     if plan.reasons:
         out["reasons"] = dict(plan.reasons)
+    if plan.ranges:
+        out["ranges"] = dict(plan.ranges)
     if plan.meta:
         out["meta"] = dict(plan.meta)
     return out
@@ -100,7 +102,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 def plan_from_dict(obj: Any, where: str = "plan") -> Plan:
     if not isinstance(obj, dict):
         raise QuantscopeError(f"{where} must be a JSON object with 'default' and 'groups'")
-    extra = {"format", "default", "target", "groups", "reasons", "meta", "pareto", "repairs"}
+    extra = {"format", "default", "target", "groups", "reasons", "meta", "pareto", "repairs",
+             "ranges"}
     check_keys(obj, extra, where)
     groups = obj.get("groups", {})
     if not isinstance(groups, dict):
@@ -111,7 +114,17 @@ def plan_from_dict(obj: Any, where: str = "plan") -> Plan:
         target=obj.get("target"),
         reasons=tuple((str(k), str(v)) for k, v in obj.get("reasons", {}).items()),
         meta=tuple((str(k), str(v)) for k, v in obj.get("meta", {}).items()),
+        ranges=tuple((str(k), _range_method(v, where)) for k, v in obj.get("ranges", {}).items()),
     )
+
+
+def _range_method(value: Any, where: str) -> str:
+    methods = ("minmax", "percentile", "mse")
+    if value not in methods:
+        raise QuantscopeError(
+            f"unknown range method {value!r} in 'ranges' of {where}: use {', '.join(methods)}"
+        )
+    return str(value)
 
 
 def read_plan(path: str | Path) -> Plan:

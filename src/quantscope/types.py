@@ -153,6 +153,7 @@ class Plan:
     target: str | None = None
     reasons: tuple[tuple[str, str], ...] = ()  # group -> why it got its precision
     meta: tuple[tuple[str, str], ...] = ()  # free-form provenance (tool version, seed …)
+    ranges: tuple[tuple[str, str], ...] = ()  # tensor -> range method overriding the stats'
 
     def precision_of(self, group: str) -> Precision:
         return dict(self.overrides).get(group, self.default)

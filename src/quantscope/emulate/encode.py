@@ -66,12 +66,13 @@ def encode(
     """Encodings for every tensor the plan quantizes."""
     scheme = scheme or QuantScheme()
     method = method or stats.method
+    per_tensor = dict(plan.ranges)
     masks = {m.output: m for m in find_mask_adds(model)}
     acts: dict[str, Encoding] = {}
     notes: list[str] = []
     for t, bits in _input_bits(groups, plan).items():
         ts = _stat(stats, t)
-        acts[t] = _act_encoding(*tensor_range(ts, method, bits), bits, scheme)
+        acts[t] = _act_encoding(*tensor_range(ts, per_tensor.get(t, method), bits), bits, scheme)
     for g in groups.groups:
         bits = plan.precision_of(g.name).act_bits
         if bits is None:
@@ -79,10 +80,11 @@ def encode(
         for t in g.outputs:
             if t in masks:
                 s = _stat(stats, masks[t].scores)
-                lo, hi = tensor_range(s, method, bits)
+                lo, hi = tensor_range(s, per_tensor.get(t, method), bits)
                 acts[t] = _act_encoding(lo - MASK_MARGIN, hi, bits, scheme)
                 continue
-            acts[t] = _act_encoding(*tensor_range(_stat(stats, t), method, bits), bits, scheme)
+            m = per_tensor.get(t, method)
+            acts[t] = _act_encoding(*tensor_range(_stat(stats, t), m, bits), bits, scheme)
     if masks and any(t in acts for t in masks):
         notes.append(
             f"attention mask: {len(masks)} additive-mask Add(s) found; their output range is "

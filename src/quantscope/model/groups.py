@@ -253,3 +253,10 @@ def check_plan_names(plan: Plan, groups: Groups) -> None:
                 f"plan names group '{name}', which this model does not have{hint}: "
                 "list the groups with 'quantscope groups MODEL'"
             )
+    tensors = {t for g in groups.groups for t in g.outputs} | set(groups.model_inputs)
+    for tensor, _ in plan.ranges:
+        if tensor not in tensors:
+            raise QuantscopeError(
+                f"plan sets a range method for tensor '{tensor}', which is not a quantized "
+                "tensor of this model (a group output or model input): fix the name"
+            )
