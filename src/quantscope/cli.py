@@ -104,6 +104,34 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_repair(args: argparse.Namespace) -> int:
+    from quantscope.repair.apply import apply_repairs
+
+    model = stages.open_model(args.model)
+    data = stages.open_data(args.data, model, tokenizer=args.tokenizer)
+    stats = stages.read_stats(args.stats)
+    plan = _plan_from_args(args)
+    feeds = list(data.calibration)[: args.batches]
+    out = apply_repairs(model, stats, plan, feeds, repairs=args.repairs.split(","),
+                        proxy=args.proxy, scheme=stages.scheme_for(plan), progress=True)
+    for r in out.records:
+        print(f"{r['name']:<16} {r['seconds']:6.1f} s  changed {len(r['changed']):3d}  "
+              f"{r['reason']}")
+    repaired = stages.load_proto(out.proto, f"{model.source} (repaired)")
+    if not args.no_evaluate:
+        before = stages.evaluate_plan(model, data, stats, plan, progress=True)
+        after = stages.evaluate_plan(repaired, data, out.stats, out.plan, progress=True,
+                                     reference=model)
+        for key in sorted(set(before["metrics"]) & set(after["metrics"])):
+            print(f"  {key:<24} {before['metrics'][key]:>10.4g} -> {after['metrics'][key]:.4g}")
+    stages.write_onnx(args.out_model, out.proto)
+    stages.write_stats(args.out_stats, out.stats)
+    stages.write_plan(args.out_plan, out.plan, {"repairs": list(out.records)})
+    print(f"wrote {args.out_model} (repaired FP32 model for the vendor compiler), "
+          f"{args.out_stats}, {args.out_plan}")
+    return 0
+
+
 def cmd_io(args: argparse.Namespace) -> int:
     from quantscope.export.device_io import format_device_io
 
@@ -237,6 +265,24 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--json", help="also write the table and all metrics as JSON")
     d.add_argument("--report", help="also write a self-contained HTML report")
     d.set_defaults(func=cmd_demo)
+
+    rp = sub.add_parser("repair", help="repairs without 16 bit: equalisation, outlier "
+                        "smoothing, bias correction, per-tensor ranges")
+    _add_model(rp)
+    rp.add_argument("--data", required=True)
+    rp.add_argument("--stats", required=True)
+    _add_plan_choice(rp)
+    rp.add_argument("--repairs", default="equalize,smooth,bias,ranges",
+                    help="comma list of equalize, smooth, bias, adaround, ranges")
+    rp.add_argument("--proxy", default="local", choices=["local", "output"],
+                    help="range choice by local histogram error (fast) or output error")
+    rp.add_argument("--batches", type=int, default=8, help="calibration batches used")
+    rp.add_argument("--no-evaluate", action="store_true")
+    rp.add_argument("--tokenizer")
+    rp.add_argument("--out-model", required=True)
+    rp.add_argument("--out-stats", required=True)
+    rp.add_argument("--out-plan", required=True)
+    rp.set_defaults(func=cmd_repair)
 
     io_ = sub.add_parser("io", help="how to feed and read the deployed model (scale, zero "
                          "point, stored type of every quantized input/output)")

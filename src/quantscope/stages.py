@@ -20,7 +20,7 @@ from quantscope.emulate.encode import encode
 from quantscope.emulate.evaluate import Outputs, output_fidelity, run_model
 from quantscope.emulate.qdq import build_qdq
 from quantscope.model.groups import check_plan_names, find_groups
-from quantscope.model.load import Model, load
+from quantscope.model.load import Model, load, load_proto
 from quantscope.serde import (
     plan_to_dict,
     read_json,
@@ -28,16 +28,18 @@ from quantscope.serde import (
     read_stats,
     write_json,
     write_onnx,
+    write_plan,
     write_stats,
     write_text,
 )
 from quantscope.tasks.tensors import load_tensor_batches
-from quantscope.types import Metrics, Plan, QuantScheme, QuantscopeError, Stats
+from quantscope.types import Encodings, Groups, Metrics, Plan, QuantScheme, QuantscopeError, Stats
 
 __all__ = [
     "Dataset", "open_model", "open_data", "calibrate_model", "qdq_for_plan", "evaluate_plan",
     "format_result", "describe_groups", "read_plan", "read_stats", "write_json", "write_onnx",
-    "write_stats", "opset_of",
+    "write_stats", "opset_of", "load_proto", "write_plan", "write_text", "evaluate_plans",
+    "export_plan", "device_io_rows", "plan_problems", "read_text", "read_json_file",
 ]
 
 Batch = dict[str, np.ndarray]
@@ -120,10 +122,11 @@ def evaluate_plan(
     method: str | None = None,
     scheme: QuantScheme | None = None,
     progress: bool = False,
+    reference: Model | None = None,
 ) -> dict[str, Any]:
     """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32."""
     return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
-                          progress=progress)["emulated"]
+                          progress=progress, reference=reference)["emulated"]
 
 
 def evaluate_plans(
@@ -135,10 +138,16 @@ def evaluate_plans(
     method: str | None = None,
     scheme: QuantScheme | None = None,
     progress: bool = False,
+    reference: Model | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Like :func:`evaluate_plan` for several plans, running the FP32 model only once."""
+    """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
+
+    ``reference`` is the FP32 model the metrics compare against (default: ``model``); a
+    repaired model is compared with the original, since bias correction changes FP32.
+    """
     batches = list(data.evaluation)
-    ref = run_model(model.proto, batches, label="fp32" if progress else "")
+    ref_model = reference or model
+    ref = run_model(ref_model.proto, batches, label="fp32" if progress else "")
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
         qdq, notes = qdq_for_plan(model, stats, plan, method=method, scheme=scheme)
@@ -194,13 +203,30 @@ def read_json_file(path: str | Path, what: str) -> Any:
     return read_json(path, what)
 
 
-def _scheme_for(plan: Plan) -> QuantScheme | None:
+def scheme_for(plan: Plan) -> QuantScheme | None:
     """The quantization scheme of the plan's target, if it names one."""
     if not plan.target:
         return None
     from quantscope.targets import load_target
 
     return load_target(plan.target).scheme
+
+
+def forced_ranges(
+    groups: Groups, plan: Plan, enc: Encodings
+) -> dict[str, tuple[float, float]]:
+    """Group -> pinned output range, for tensors whose range method the plan overrides.
+
+    On Hailo this becomes ``quantization_param(<layer>, force_range_out=[lo, hi])``: the
+    compiler then uses the range quantscope measured instead of its own calibration.
+    """
+    owner = {t: g.name for g in groups.groups for t in g.outputs}
+    out: dict[str, tuple[float, float]] = {}
+    for tensor, _ in plan.ranges:
+        if tensor in owner and tensor in enc.activations:
+            lo, hi = enc.activations[tensor].range()
+            out[owner[tensor]] = (round(float(lo), 6), round(float(hi), 6))
+    return out
 
 
 def export_plan(
@@ -219,11 +245,12 @@ def export_plan(
 
     groups = find_groups(model)
     check_plan_names(plan, groups)
-    scheme = _scheme_for(plan)
+    scheme = scheme_for(plan)
+    enc = encode(model, groups, stats, plan, scheme=scheme)
     if fmt == "alls":
         names = hn_layer_names(hn, groups) if hn else None
-        return write_text(out, export_alls(plan, groups, layer_names=names))
-    enc = encode(model, groups, stats, plan, scheme=scheme)
+        return write_text(out, export_alls(plan, groups, layer_names=names,
+                                           force_ranges=forced_ranges(groups, plan, enc)))
     if fmt == "qnn":
         return write_text(out, to_json(export_qnn_encodings(plan, groups, enc, version=qnn_version)))
     if fmt == "qdq":
@@ -237,7 +264,7 @@ def device_io_rows(model: Model, stats: Stats, plan: Plan) -> list[dict[str, Any
 
     groups = find_groups(model)
     check_plan_names(plan, groups)
-    enc = encode(model, groups, stats, plan, scheme=_scheme_for(plan))
+    enc = encode(model, groups, stats, plan, scheme=scheme_for(plan))
     return device_io(model, groups, enc)
 
 

@@ -173,6 +173,10 @@ def export_alls(
         layer = _layer(group, names, lines)
         lines.append(f"quantization_param({layer}, precision_mode={precision})")
     for group, (lo, hi) in (force_ranges or {}).items():
+        if group not in names:  # e.g. an embedding Gather, which runs on the host
+            lines.append(f"# {group}: no Hailo layer maps to it; range [{lo!r}, {hi!r}] "
+                         "not pinned")
+            continue
         lines.append(f"# {group}: pinned output range")
         layer = _layer(group, names, lines)
         lines.append(f"quantization_param({layer}, force_range_out=[{lo!r}, {hi!r}])")
