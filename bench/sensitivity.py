@@ -1,0 +1,130 @@
+"""Benchmark: the two-way sensitivity sweep, fast (segments + proxy rows) vs naive.
+
+Prints, on a built-in text model and ``--texts`` stdlib-docs texts (half queries, half
+their documents):
+
+* T: one full FP32 forward pass over all texts (ORT default optimisations, best of 3)
+* the fast sweep time (both sweeps, every group) and its ratio to (groups x T)
+* the naive sweep time (one full QDQ model per candidate, every text) and its ratio
+* Spearman rank correlation of the fast ranking vs the naive one (output SQNR of the
+  pooled embeddings per candidate), per sweep and pooled
+
+    .venv/bin/python bench/sensitivity.py --model minilm-l6 --texts 256 --proxy 0.125
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from datetime import date
+
+import numpy as np
+import onnxruntime as ort
+from scipy.stats import spearmanr
+
+from quantscope.analyze import proxy_batches, sweep_naive, sweep_segments
+from quantscope.analyze.scoring import fidelity, text_retrieval_scorer
+from quantscope.calibrate.collect import calibrate
+from quantscope.model.groups import find_groups
+from quantscope.stages import open_model
+from quantscope.tasks.text import (
+    detect_encoder,
+    load_calibration_texts,
+    load_pairs,
+    load_tokenizer,
+    make_batches,
+)
+from quantscope.types import Precision
+
+
+def fp32_seconds(model, batches, repeats=3):
+    sess = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for b in batches:
+            sess.run(None, {k: v for k, v in b.items() if k in names})
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def sqnr_keys(res, sweep):
+    return np.array(
+        [
+            fidelity(res.ref_rows, r)["sqnr_db"]
+            for c, r in zip(res.candidates, res.rows, strict=True)
+            if c.sweep == sweep
+        ]
+    )
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="minilm-l6")
+    ap.add_argument("--texts", type=int, default=256)
+    ap.add_argument("--proxy", type=float, default=0.125)
+    ap.add_argument("--calib", type=int, default=128)
+    ap.add_argument("--no-naive", action="store_true")
+    ap.add_argument(
+        "--reference",
+        choices=("naive", "segments-exact"),
+        default="naive",
+        help="ranking to compare against: naive full-model sweep (default), or the exact "
+        "segment sweep on every row (equal to naive to 1e-6, see tests; much faster)",
+    )
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    model = open_model(args.model)
+    groups = find_groups(model)
+    enc, tok, pairs = detect_encoder(model.proto), load_tokenizer(), load_pairs("stdlib-docs")
+    half = args.texts // 2
+    tb = make_batches([*pairs.queries[:half], *pairs.documents[:half]], tok, enc)
+    cal = make_batches(load_calibration_texts("stdlib-docs")[: args.calib], tok, enc)
+    stats = calibrate(model, groups, cal)
+    scorer = text_retrieval_scorer(half, tb.order, enc.input_name("attention_mask"))
+    kw = {"scorer": scorer, "low": Precision.A8_W8, "high": Precision.A16_W16}
+    t_fp = fp32_seconds(model, list(tb))
+    n = len(groups.groups)
+    data = list(tb) if args.proxy >= 1 else proxy_batches(list(tb), args.proxy)
+    fast = sweep_segments(model, groups, stats, data, **kw, progress=True)
+    out = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
+        "date": str(date.today()),
+        "model": args.model,
+        "texts": 2 * half,
+        "groups": n,
+        "proxy_rows": int(len(fast.ref_rows)),
+        "fp32_forward_s": t_fp,
+        "fast_sweep_s": fast.seconds,
+        "fast_ratio": fast.seconds / (n * t_fp),
+    }
+    print(json.dumps(out), flush=True)
+    if not args.no_naive:
+        if args.reference == "naive":
+            naive = sweep_naive(model, groups, stats, list(tb), **kw, progress=True)
+        else:
+            naive = sweep_segments(model, groups, stats, list(tb), **kw, optimize_float=False)
+        out["reference"] = args.reference
+        out["naive_sweep_s"] = naive.seconds
+        out["naive_ratio"] = naive.seconds / (n * t_fp)
+        for sweep in ("enable_one", "disable_one"):
+            out[f"spearman_{sweep}"] = float(
+                spearmanr(sqnr_keys(fast, sweep), sqnr_keys(naive, sweep))[0]
+            )
+        both = [
+            np.concatenate([sqnr_keys(r, s) for s in ("enable_one", "disable_one")])
+            for r in (fast, naive)
+        ]
+        out["spearman_pooled"] = float(spearmanr(*both)[0])
+    print(json.dumps(out, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

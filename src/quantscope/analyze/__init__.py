@@ -1,0 +1,232 @@
+"""Per-layer diagnosis: noise, task-level sensitivity, outliers, degenerate weights, collapse.
+
+``analyze(model, groups, stats, batches, scorer=...) -> Analysis`` is the one entry; the
+CLI writes :func:`analysis_to_dict` as JSON and prints :func:`summary_text`.
+
+Flow: both sweeps run on a proxy subset of rows (``proxy_fraction``; 1.0 = every row,
+then the task metric is scored for every candidate) with the exact segment method; the
+uniform ``low``/``high`` baselines, the collapse check and the recovery plans (promote the
+top 1, 2, 4, 8 offenders to ``high``) are evaluated on every row with full QDQ models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from quantscope.analyze.noise import TensorNoise, tensor_noise
+from quantscope.analyze.outliers import Outlier, find_outliers
+from quantscope.analyze.report import (
+    Analysis,
+    GroupSensitivity,
+    Offender,
+    Recovery,
+    analysis_from_dict,
+    analysis_to_dict,
+    summary_text,
+)
+from quantscope.analyze.scoring import Scorer, fidelity, text_retrieval_scorer
+from quantscope.analyze.sensitivity import (
+    SweepResult,
+    proxy_batches,
+    run_plan_rows,
+    sweep_naive,
+    sweep_segments,
+)
+from quantscope.analyze.weights import WeightIssue, find_weight_issues
+from quantscope.emulate.encode import encode
+from quantscope.emulate.qdq import build_qdq
+from quantscope.model.load import Model
+from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats
+
+__all__ = [
+    "Analysis",
+    "GroupSensitivity",
+    "Offender",
+    "Outlier",
+    "Recovery",
+    "Scorer",
+    "TensorNoise",
+    "WeightIssue",
+    "analysis_from_dict",
+    "analysis_to_dict",
+    "analyze",
+    "find_outliers",
+    "find_weight_issues",
+    "proxy_batches",
+    "summary_text",
+    "sweep_naive",
+    "sweep_segments",
+    "text_retrieval_scorer",
+]
+RECOVER_TOP = (1, 2, 4, 8)
+
+
+def _sensitivity(
+    res: SweepResult, groups: Groups, scorer: Scorer | None
+) -> tuple[GroupSensitivity, ...]:
+    by = {(c.group, c.sweep): i for i, c in enumerate(res.candidates)}
+
+    def metrics(g: str, sweep: str) -> dict[str, float]:
+        rows = res.rows[by[(g, sweep)]]
+        return scorer(res.ref_rows, rows) if scorer else fidelity(res.ref_rows, rows)
+
+    return tuple(
+        GroupSensitivity(
+            g.name, g.op_type, metrics(g.name, "enable_one"), metrics(g.name, "disable_one")
+        )
+        for g in groups.groups
+    )
+
+
+def _plan_metrics(
+    model: Model,
+    groups: Groups,
+    stats: Stats,
+    batches: Sequence[dict],
+    plan: Plan,
+    scorer: Scorer,
+    ref: np.ndarray,
+    scheme: QuantScheme | None,
+) -> tuple[dict[str, float], np.ndarray]:
+    enc = encode(model, groups, stats, plan, scheme=scheme)
+    rows = run_plan_rows(model, groups, batches, build_qdq(model, groups, plan, enc), scorer)
+    return scorer(ref, rows), rows
+
+
+def _reasons(
+    g: str,
+    sens: GroupSensitivity,
+    low_sqnr: float,
+    noise: dict[str, TensorNoise],
+    outliers: dict[str, Outlier],
+    weights: dict[str, list[WeightIssue]],
+    outputs: tuple[str, ...],
+) -> tuple[str, ...]:
+    out = [
+        f"alone at low: output SQNR {sens.enable_one['sqnr_db']:.1f} dB; promoting it "
+        f"alone: {low_sqnr:.1f} -> {sens.disable_one['sqnr_db']:.1f} dB"
+    ]
+    for t in outputs:
+        n = noise.get(t)
+        if n and n.sqnr_isolated_db is not None:
+            out.append(
+                f"{t}: own rounding SQNR {n.sqnr_isolated_db:.1f} dB, "
+                f"in the quantized model {n.sqnr_cumulative_db:.1f} dB"
+            )
+        if t in outliers:
+            out.append(outliers[t].reason)
+    out += [f"weight: {w.reason}" for w in weights.get(g, [])]
+    return tuple(out)
+
+
+def _offenders(
+    sens: tuple[GroupSensitivity, ...],
+    low_sqnr: float,
+    groups: Groups,
+    noise: tuple[TensorNoise, ...],
+    outliers: tuple[Outlier, ...],
+    weights: tuple[WeightIssue, ...],
+) -> tuple[Offender, ...]:
+    by_t = {n.tensor: n for n in noise}
+    by_o = {o.tensor: o for o in outliers}
+    by_w: dict[str, list[WeightIssue]] = {}
+    for w in weights:
+        by_w.setdefault(w.group, []).append(w)
+    ranked = sorted(sens, key=lambda s: -s.disable_one["sqnr_db"])
+    outs = groups.by_name()
+    return tuple(
+        Offender(
+            s.group,
+            s.disable_one["sqnr_db"] - low_sqnr,
+            _reasons(s.group, s, low_sqnr, by_t, by_o, by_w, outs[s.group].outputs),
+        )
+        for s in ranked
+    )
+
+
+def analyze(
+    model: Model,
+    groups: Groups,
+    stats: Stats,
+    batches: Iterable[dict[str, np.ndarray]],
+    *,
+    scorer: Scorer,
+    low: Precision = Precision.A8_W8,
+    high: Precision = Precision.A16_W16,
+    target: object | None = None,
+    proxy_fraction: float = 0.125,
+    recover_top: tuple[int, ...] = RECOVER_TOP,
+    progress: bool = False,
+) -> Analysis:
+    """Diagnose which groups break ``low`` and why (see the module docstring)."""
+    from quantscope.tasks.metrics import collapse_report
+
+    scheme = getattr(target, "scheme", None)
+    batches = list(batches)
+    data = batches if proxy_fraction >= 1 else proxy_batches(batches, proxy_fraction)
+    res = sweep_segments(
+        model,
+        groups,
+        stats,
+        data,
+        scorer=scorer,
+        low=low,
+        high=high,
+        scheme=scheme,
+        progress=progress,
+    )
+    sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 else None)
+    ref = run_plan_rows(model, groups, batches, model.proto, scorer)
+    baselines, collapse = {}, {}
+    for p in (low, high):
+        baselines[p.value], rows = _plan_metrics(
+            model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
+        )
+        collapse[p.value] = collapse_report(rows, ref).to_dict()
+    tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
+    noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
+    outliers, weights = find_outliers(stats, groups), find_weight_issues(model, groups, scheme)
+    offenders = _offenders(
+        sens, fidelity(res.ref_rows, res.low_rows)["sqnr_db"], groups, noise, outliers, weights
+    )
+    recovery = []
+    for k in recover_top:
+        promoted = tuple(o.group for o in offenders[:k])
+        plan = Plan(low, tuple((g, high) for g in promoted))
+        m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
+        recovery.append(Recovery(promoted, high.value, m))
+    method = {
+        "sweep": res.method,
+        "proxy_fraction": proxy_fraction,
+        "proxy_rows": int(len(res.ref_rows)),
+        "rows": int(len(ref)),
+        "sweep_seconds": res.seconds,
+    }
+    notes = (
+        ()
+        if proxy_fraction >= 1
+        else (
+            f"sensitivity ranked on a proxy subset of {len(res.ref_rows)} of {len(ref)} rows with "
+            "task-independent metrics (output SQNR, cosine); baselines and recovery use every row",
+        )
+    )
+    return Analysis(
+        model.source,
+        low.value,
+        high.value,
+        getattr(target, "name", None),
+        scorer.primary,
+        scorer.higher_is_better,
+        method,
+        baselines,
+        noise,
+        sens,
+        offenders,
+        outliers,
+        weights,
+        collapse,
+        tuple(recovery),
+        notes,
+    )

@@ -1,0 +1,87 @@
+"""The scorer interface: how an analysis turns model outputs into task metrics.
+
+A sweep evaluates hundreds of plans and must not keep every raw output, so scoring has
+two steps:
+
+============  =========================================================================
+``reduce``    ``reduce(outputs, feeds) -> rows``: one batch's model outputs (graph
+              output order) and its feeds -> a ``[B, D]`` float array, e.g. mean-pooled
+              token embeddings. Rows of all batches are concatenated in batch order.
+``score``     ``score(ref_rows, test_rows) -> {metric: value}``: FP32 rows vs emulated
+              rows of the whole data set, e.g. top-1 retrieval agreement
+``primary``   the key of ``score``'s dict that names "the" task metric
+``higher``    True when a larger primary value is better (agreement, cosine)
+============  =========================================================================
+
+Every evaluation also gets two task-independent metrics of the reduced rows, computed by
+:func:`fidelity`: ``cosine_mean`` (mean per-row cosine to FP32) and ``sqnr_db``. Sweeps
+that run on a proxy subset of rows use only these (a retrieval metric needs every row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from quantscope.numerics import sqnr_db
+
+Reduce = Callable[[Sequence[np.ndarray], Mapping[str, np.ndarray]], np.ndarray]
+Score = Callable[[np.ndarray, np.ndarray], dict[str, float]]
+
+
+def first_output_rows(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+    """Default reduce: the first output, one flattened row per sample."""
+    del feeds
+    out = np.asarray(outputs[0], dtype=np.float32)
+    return out.reshape(len(out), -1)
+
+
+def fidelity(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+    """Task-independent metrics of reduced rows: mean row cosine and SQNR (dB)."""
+    r, t = ref.astype(np.float64), test.astype(np.float64)
+    num = (r * t).sum(axis=1)
+    den = np.linalg.norm(r, axis=1) * np.linalg.norm(t, axis=1)
+    cos = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
+    return {"cosine_mean": float(cos.mean()), "sqnr_db": sqnr_db(r, t)}
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """Task scoring for sweeps (see the module docstring)."""
+
+    score: Score = fidelity
+    primary: str = "cosine_mean"
+    reduce: Reduce = first_output_rows
+    higher_is_better: bool = True
+
+    def __call__(self, ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+        """Fidelity metrics plus the task metrics of reduced rows."""
+        return {**fidelity(ref, test), **self.score(ref, test)}
+
+
+def text_retrieval_scorer(n_queries: int, order: np.ndarray, attention_mask: str) -> Scorer:
+    """Top-1 retrieval agreement for a text set laid out as ``queries + documents``.
+
+    ``order`` is :attr:`quantscope.tasks.text.TextBatches.order` (rows in batch order ->
+    input text index); texts ``[0, n_queries)`` are queries, the rest their documents.
+    Reduce: mean pooling of the first output over ``attention_mask`` (not normalised, so
+    the collapse detector sees the norms).
+    """
+    from quantscope.tasks.metrics import recall_at_k, top1_agreement
+    from quantscope.tasks.text import pool
+
+    def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        return pool(outputs[0], feeds[attention_mask], normalize=False)
+
+    def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+        r, t = np.empty_like(ref), np.empty_like(test)
+        r[order], t[order] = ref, test
+        q, d = slice(0, n_queries), slice(n_queries, None)
+        return {
+            "top1_agreement": top1_agreement(r[q], r[d], t[q], t[d]),
+            "recall_at_1": recall_at_k(t[q], t[d], (1,))[1],
+        }
+
+    return Scorer(score=score, primary="top1_agreement", reduce=reduce)

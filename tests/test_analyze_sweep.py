@@ -1,0 +1,102 @@
+"""Segment sweeps equal naive full-model sweeps; analyze() end to end; the JSON round trip."""
+
+import json
+
+import numpy as np
+import pytest
+import tiny_models as tm
+
+from quantscope.analyze import (
+    Scorer,
+    analysis_from_dict,
+    analysis_to_dict,
+    analyze,
+    proxy_batches,
+    summary_text,
+    sweep_naive,
+    sweep_segments,
+)
+from quantscope.analyze.segments import find_segments
+from quantscope.analyze.sensitivity import candidates, encodings_table, mixed_encodings
+from quantscope.calibrate.collect import calibrate
+from quantscope.emulate.encode import encode
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+from quantscope.types import Precision, QuantscopeError
+
+LOW, HIGH = Precision.A8_W8, Precision.A16_W16
+
+
+def _prepared(name, n=3):
+    model = load_proto(tm.ALL[name](), name)
+    groups = find_groups(model)
+    feeds = [tm.sample_inputs(model.proto, seed=i) for i in range(n)]
+    return model, groups, calibrate(model, groups, feeds), feeds
+
+
+@pytest.mark.parametrize("name", list(tm.ALL))
+def test_segment_sweep_equals_naive_full_model(name):
+    model, groups, stats, feeds = _prepared(name)
+    kw = {"scorer": Scorer(), "low": LOW, "high": HIGH}
+    fast = sweep_segments(model, groups, stats, feeds, **kw, optimize_float=False)
+    naive = sweep_naive(model, groups, stats, feeds, **kw)
+    assert [c.group for c in fast.candidates] == [c.group for c in naive.candidates]
+    for a, b in zip(fast.rows, naive.rows, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(fast.low_rows, naive.low_rows, rtol=1e-6, atol=1e-6)
+
+
+def test_model_is_cut_into_several_segments():
+    model, groups, _, _ = _prepared("layernorm_block")
+    segs = find_segments(model, groups)
+    assert len(segs) > 1
+    assert sorted(g for s in segs for g in s.groups) == sorted(groups.names())
+
+
+@pytest.mark.parametrize("name", ["residual_add", "attention"])
+def test_mixed_encodings_equal_encode(name):
+    model, groups, stats, _ = _prepared(name)
+    table = encodings_table(model, groups, stats, (LOW, HIGH))
+    for c in candidates(groups, LOW, HIGH):
+        mine, ref = mixed_encodings(table, groups, c.plan), encode(model, groups, stats, c.plan)
+        assert set(mine.activations) == set(ref.activations)
+        assert set(mine.weights) == set(ref.weights)
+        for t, e in ref.activations.items():
+            np.testing.assert_array_equal(mine.activations[t].scale, e.scale)
+            assert mine.activations[t].bits == e.bits
+
+
+def test_proxy_batches_keep_every_kth_row_and_pad():
+    a = {"ids": np.ones((4, 3), np.int64)}
+    b = {"ids": np.ones((4, 5), np.int64)}
+    out = proxy_batches([a, b], 0.5, batch_size=8, max_pad=2.0)
+    assert len(out) == 1 and out[0]["ids"].shape == (4, 5)
+    assert out[0]["ids"][:2, 3:].sum() == 0
+
+
+def test_analyze_end_to_end_and_json_round_trip():
+    model, groups, stats, feeds = _prepared("layernorm_block", n=4)
+    a = analyze(
+        model, groups, stats, feeds, scorer=Scorer(), proxy_fraction=1.0, recover_top=(1, 2)
+    )
+    assert {s.group for s in a.sensitivity} == set(groups.names())
+    assert len(a.offenders) == len(groups.groups) and len(a.recovery) == 2
+    assert set(a.baselines) == {"a8_w8", "a16_w16"} and set(a.collapse) == {"a8_w8", "a16_w16"}
+    assert all(n.sqnr_cumulative_db is not None for n in a.noise)
+    text = json.dumps(analysis_to_dict(a))
+    back = analysis_from_dict(json.loads(text))
+    assert analysis_to_dict(back) == analysis_to_dict(a)
+    assert "top offenders" in summary_text(a)
+    # promoting the top offender improves the low plan's output SQNR
+    assert a.recovery[0].metrics["sqnr_db"] > a.baselines["a8_w8"]["sqnr_db"]
+
+
+def test_analysis_rejects_unknown_keys():
+    model, groups, stats, feeds = _prepared("residual_add")
+    d = analysis_to_dict(
+        analyze(model, groups, stats, feeds, scorer=Scorer(), proxy_fraction=1.0, recover_top=(1,))
+    )
+    with pytest.raises(QuantscopeError, match="unknown key 'bogus'"):
+        analysis_from_dict({**d, "bogus": 1})
+    with pytest.raises(QuantscopeError, match="format"):
+        analysis_from_dict({**d, "format": "x/2"})
