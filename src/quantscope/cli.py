@@ -132,6 +132,51 @@ def cmd_repair(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from quantscope.analyze import analysis_to_dict, analyze, summary_text
+    from quantscope.model.groups import find_groups
+
+    model = stages.open_model(args.model)
+    data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
+    stats = stages.read_stats(args.stats)
+    target = _target(args.target) if args.target else None
+    result = analyze(model, find_groups(model), stats, list(data.evaluation),
+                     scorer=stages.scorer_for(data), low=Precision.parse(args.low),
+                     high=Precision.parse(args.high), target=target,
+                     proxy_fraction=args.proxy, progress=True)
+    print(summary_text(result))
+    stages.write_json(args.out, analysis_to_dict(result))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _target(name: str) -> object:
+    from quantscope.targets import load_target
+
+    return load_target(name)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from quantscope.plan.search import evaluator, plan_from_analysis
+
+    model = stages.open_model(args.model)
+    target = _target(args.target)
+    analysis = stages.read_json_file(args.analysis, "analysis")
+    evaluate = None
+    if args.data and args.stats:
+        data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
+        evaluate = evaluator(model, data, stages.read_stats(args.stats), args.metric,
+                             target=target)
+    plan, extra = plan_from_analysis(model, analysis, target, min_quality=args.min_quality,
+                                     max_cost=args.max_cost, shapes=_shapes(args, model),
+                                     evaluate=evaluate, seed=args.seed)
+    stages.write_plan(args.out, plan, extra)
+    front = extra["pareto"]
+    print(stages.format_search(front))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_io(args: argparse.Namespace) -> int:
     from quantscope.export.device_io import format_device_io
 
@@ -283,6 +328,37 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--out-stats", required=True)
     rp.add_argument("--out-plan", required=True)
     rp.set_defaults(func=cmd_repair)
+
+    an = sub.add_parser("analyze", help="which layers break the low precision, and why")
+    _add_model(an)
+    an.add_argument("--data", required=True)
+    an.add_argument("--stats", required=True)
+    an.add_argument("--target", help="target profile (its quantization scheme is used)")
+    an.add_argument("--low", default="a8_w8")
+    an.add_argument("--high", default="a16_w16")
+    an.add_argument("--pairs", type=int, default=128, help="retrieval pairs analysed")
+    an.add_argument("--proxy", type=float, default=0.125,
+                    help="fraction of rows the sweeps run on (1.0 = exact, every row)")
+    an.add_argument("--tokenizer")
+    an.add_argument("--out", required=True)
+    an.set_defaults(func=cmd_analyze)
+
+    pl = sub.add_parser("plan", help="search a legal mixed-precision plan (Pareto front)")
+    _add_model(pl)
+    pl.add_argument("--analysis", required=True)
+    pl.add_argument("--target", required=True)
+    budget = pl.add_mutually_exclusive_group()
+    budget.add_argument("--min-quality", type=float)
+    budget.add_argument("--max-cost", type=float, help="relative to uniform a8_w8 = 1.0")
+    pl.add_argument("--seq-len", type=int, help="sequence length for symbolic token dims")
+    pl.add_argument("--data", help="with --stats: refine the front by real emulation")
+    pl.add_argument("--stats")
+    pl.add_argument("--metric", default="top1_agreement")
+    pl.add_argument("--pairs", type=int, default=300)
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--tokenizer")
+    pl.add_argument("--out", required=True)
+    pl.set_defaults(func=cmd_plan)
 
     io_ = sub.add_parser("io", help="how to feed and read the deployed model (scale, zero "
                          "point, stored type of every quantized input/output)")

@@ -278,3 +278,28 @@ def plan_problems(model: Model, plan: Plan, *, seq_len: int | None = None) -> li
     shapes = seq_len_shapes(model, seq_len) if seq_len else None
     problems = check(plan, find_groups(model), model, load_target(plan.target), shapes=shapes)
     return [dataclasses.asdict(p) for p in problems]
+
+
+def scorer_for(data: Dataset) -> Any:
+    """The analysis scorer matching the data's task (task-independent fidelity otherwise)."""
+    from quantscope.analyze.scoring import Scorer, text_retrieval_scorer
+    from quantscope.tasks.registry import RetrievalTask
+
+    task = data.task
+    if isinstance(task, RetrievalTask):
+        mask = task.encoder.input_name("attention_mask")
+        return text_retrieval_scorer(task.n_pairs, task.batches.order, mask)
+    return Scorer()
+
+
+def format_search(front: dict[str, Any]) -> str:
+    """Console form of a planner result (the plan JSON's ``pareto`` entry)."""
+    lines = [f"metric {front.get('metric')}; chosen plan: cost {front.get('cost')}, "
+             f"predicted {front.get('predicted')}, measured {front.get('measured')}, "
+             f"budget met: {front.get('met')}"]
+    for p in front.get("front", []):
+        lines.append(f"  front: cost {p['cost']:<8} predicted {p['predicted']:<10} measured "
+                     f"{p.get('measured')}  ({len(p.get('overrides', {}))} promoted)")
+    if front.get("binding"):
+        lines.append(f"binding: {front['binding']}")
+    return "\n".join(lines)

@@ -53,7 +53,7 @@ from quantscope.plan.greedy import (
 )
 from quantscope.plan.pareto import Budget, FrontPoint, pareto_front, point_to_dict, select
 from quantscope.plan.refine import Evaluate, Meter, emit, prune, refine, repair_meta
-from quantscope.plan.sensitivity import Sensitivity, sensitivity_from_dict
+from quantscope.plan.sensitivity import Sensitivity, load_sensitivity, sensitivity_from_dict
 from quantscope.targets.profile import Target
 from quantscope.types import PRECISION_ORDER, Groups, Plan, Precision, QuantscopeError
 
@@ -333,7 +333,7 @@ def plan_from_analysis(
     from quantscope.targets import load_target
 
     tgt = load_target(target) if isinstance(target, str) else target
-    sens = sensitivity_from_dict(analysis)
+    sens = load_sensitivity(analysis)
     groups = find_groups(model)
     if not set(dict(sens.gains)) & set(groups.names()):
         raise QuantscopeError(

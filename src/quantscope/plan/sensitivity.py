@@ -137,3 +137,34 @@ def sensitivity_from_dict(obj: Any, where: str = "analysis") -> Sensitivity:
         reference=None if ref is None else _number(obj, "reference", where),
         source=where,
     )
+
+
+ANALYSIS_FORMAT = "quantscope.analysis/1"
+
+
+def sensitivity_from_analysis(obj: dict[str, Any], where: str = "analysis") -> Sensitivity:
+    """Adapter: ``quantscope analyze`` JSON -> :class:`Sensitivity` in output SQNR (dB).
+
+    The per-group gain of promoting group g to the analysis' ``high`` precision is the
+    output SQNR that the disable-one sweep recovered (``offenders[].score_db``). SQNR gains
+    are summed as if independent: a prediction, which the planner's refinement checks
+    with real emulation of the task metric.
+    """
+    high = Precision.parse(str(obj.get("high", "a16_w16")))
+    gains: dict[str, dict[Precision, float]] = {}
+    for off in obj.get("offenders", []):
+        if not isinstance(off, dict) or "group" not in off:
+            raise QuantscopeError(f"{where}: every offender needs 'group' and 'score_db'")
+        gains[str(off["group"])] = {high: max(float(off.get("score_db", 0.0)), 0.0)}
+    low = Precision.parse(str(obj.get("low", "a8_w8")))
+    base = obj.get("baselines", {}).get(low.value, {}).get("sqnr_db", 0.0)
+    return Sensitivity.from_gains(
+        "output_sqnr_db", float(base), gains, higher_is_better=True, low=low, source=where
+    )
+
+
+def load_sensitivity(obj: Any, where: str = "analysis") -> Sensitivity:
+    """Either JSON form: ``quantscope.analysis/1`` or ``quantscope.sensitivity/1``."""
+    if isinstance(obj, dict) and obj.get("format") == ANALYSIS_FORMAT:
+        return sensitivity_from_analysis(obj, where)
+    return sensitivity_from_dict(obj, where)
