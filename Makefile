@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/quantscope demo
+	mkdir -p out
+	$(VENV)/bin/quantscope demo --json out/demo.json --report out/demo-report.html
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench tools

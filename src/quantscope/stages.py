@@ -292,14 +292,20 @@ def scorer_for(data: Dataset) -> Any:
     return Scorer()
 
 
-def format_search(front: dict[str, Any]) -> str:
+def format_search(result: dict[str, Any]) -> str:
     """Console form of a planner result (the plan JSON's ``pareto`` entry)."""
-    lines = [f"metric {front.get('metric')}; chosen plan: cost {front.get('cost')}, "
-             f"predicted {front.get('predicted')}, measured {front.get('measured')}, "
-             f"budget met: {front.get('met')}"]
-    for p in front.get("front", []):
-        lines.append(f"  front: cost {p['cost']:<8} predicted {p['predicted']:<10} measured "
-                     f"{p.get('measured')}  ({len(p.get('overrides', {}))} promoted)")
-    if front.get("binding"):
-        lines.append(f"binding: {front['binding']}")
+    c = result.get("chosen", {})
+    lines = [f"metric {result.get('metric')} (predicted); budget {result.get('budget')}; "
+             f"chosen: cost {c.get('cost')}, predicted {c.get('predicted')}, measured "
+             f"{c.get('measured')}; budget met: {result.get('met')}"]
+    for p in result.get("points", []):
+        lines.append(f"  front: cost {p['cost']:<9} predicted {p['predicted']:<10} measured "
+                     f"{p.get('measured')!s:<10} ({len(p.get('groups', {}))} promoted, "
+                     f"{p.get('origin')})")
+    for b in result.get("blockers", [])[:4]:
+        lines.append(f"  blocked by {b['rule']}: {len(b['groups'])} group(s), "
+                     f"{b['gain']:.3g} predicted gain forgone")
+    if result.get("binding"):
+        lines.append(f"binding: {result['binding']}")
+    lines += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)

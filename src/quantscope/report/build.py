@@ -87,7 +87,7 @@ def plan_section(plan: dict[str, Any], problems: list[dict[str, Any]] | None = N
     out = [f"<h2>Plan for {html.escape(str(plan.get('target', '')))}</h2>",
            f"<p>default <b>{html.escape(plan['default'])}</b>, "
            f"{len(plan.get('groups', {}))} overrides</p>"]
-    front = plan.get("pareto", {}).get("front") if isinstance(plan.get("pareto"), dict) else None
+    front = plan.get("pareto", {}).get("points") if isinstance(plan.get("pareto"), dict) else None
     if front:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -95,7 +95,9 @@ def plan_section(plan: dict[str, Any], problems: list[dict[str, Any]] | None = N
                 label="predicted")
         meas = [(p["cost"], p["measured"]) for p in front if p.get("measured") is not None]
         if meas:
-            ax.plot(*zip(*meas, strict=True), "s", color="#c0392b", label="measured")
+            ax2 = ax.twinx()
+            ax2.plot(*zip(*meas, strict=True), "s", color="#c0392b", label="measured")
+            ax2.set_ylabel("measured task metric", color="#c0392b")
         ax.set_xlabel("relative cost (uniform a8_w8 = 1)")
         ax.set_ylabel(str(plan.get("pareto", {}).get("metric", "quality")))
         ax.legend()
