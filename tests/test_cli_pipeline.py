@@ -1,0 +1,48 @@
+"""The analysis -> plan -> check -> export chain through the CLI, on a tiny model."""
+
+import json
+
+import numpy as np
+import onnx
+import tiny_models as tm
+
+from quantscope.cli import main
+
+
+def test_analyze_plan_check_export(tmp_path, capsys):
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npy"
+    onnx.save(tm.layernorm_block(), m)
+    np.save(x, np.random.default_rng(0).normal(0, 1, (32, 6, 24)).astype(np.float32))
+    s, a, p = tmp_path / "s.npz", tmp_path / "a.json", tmp_path / "p.json"
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    assert main(["analyze", str(m), "--data", str(x), "--stats", str(s), "--proxy", "1.0",
+                 "--out", str(a)]) == 0
+    analysis = json.loads(a.read_text())
+    assert analysis["format"] == "quantscope.analysis/1"
+    assert len(analysis["sensitivity"]) == 5
+    assert main(["plan", str(m), "--analysis", str(a), "--target", "hailo10h",
+                 "--max-cost", "3.0", "--out", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "chosen: cost" in out
+    plan = json.loads(p.read_text())
+    assert plan["target"] == "hailo10h" and plan["pareto"]["budget"]["max_cost"] == 3.0
+    assert plan["pareto"]["chosen"]["cost"] <= 3.0
+    # every plan the planner emits passes the legality check
+    assert main(["check", str(p), "--model", str(m), "--target", "hailo10h"]) == 0
+    assert main(["export", str(p), "--model", str(m), "--stats", str(s), "--format", "qnn",
+                 "--out", str(tmp_path / "enc.json")]) == 0
+    doc = json.loads((tmp_path / "enc.json").read_text())
+    assert doc["activation_encodings"]
+
+
+def test_plan_rejects_analysis_of_another_model(tmp_path, capsys):
+    m = tmp_path / "m.onnx"
+    onnx.save(tm.conv_net(), m)
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps({"format": "quantscope.analysis/1", "low": "a8_w8",
+                             "high": "a16_w16", "offenders": [{"group": "nope", "score_db": 1}],
+                             "baselines": {}}))
+    code = main(["plan", str(m), "--analysis", str(a), "--target", "hailo10h",
+                 "--out", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "another model" in err and not (tmp_path / "p.json").exists()
