@@ -163,6 +163,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     target = _target(args.target)
     analysis = stages.read_json_file(args.analysis, "analysis")
     evaluate = None
+    if args.min_quality is not None and args.data:
+        raise QuantscopeError(
+            "--min-quality is in the analysis' predicted metric (output SQNR, dB) while "
+            "--data measures the task metric: use --max-cost with --data, or --min-quality "
+            "without --data"
+        )
     if args.data and args.stats:
         data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
         evaluate = evaluator(model, data, stages.read_stats(args.stats), args.metric,
