@@ -108,7 +108,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from quantscope.repair.apply import apply_repairs
 
     model = stages.open_model(args.model)
-    data = stages.open_data(args.data, model, tokenizer=args.tokenizer)
+    data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
     stats = stages.read_stats(args.stats)
     plan = _plan_from_args(args)
     feeds = list(data.calibration)[: args.batches]
@@ -329,6 +329,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="range choice by local histogram error (fast) or output error")
     rp.add_argument("--batches", type=int, default=8, help="calibration batches used")
     rp.add_argument("--no-evaluate", action="store_true")
+    rp.add_argument("--pairs", type=int, default=1000, help="retrieval pairs evaluated")
     rp.add_argument("--tokenizer")
     rp.add_argument("--out-model", required=True)
     rp.add_argument("--out-stats", required=True)
