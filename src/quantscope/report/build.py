@@ -130,23 +130,32 @@ def io_section(rows: list[dict[str, Any]]) -> str:
 
 
 def analysis_section(analysis: dict[str, Any], top: int = 15) -> str:
-    groups = analysis.get("groups", [])
-    if not groups:
-        return ""
-    key = "disable_one_gain" if any("disable_one_gain" in g for g in groups) else None
-    out = ["<h2>Per-layer diagnosis</h2>"]
-    if key:
-        worst = sorted(groups, key=lambda g: -(g.get(key) or 0.0))[:top]
-        plt = _plt()
-        fig, ax = plt.subplots(figsize=(7, 0.3 * len(worst) + 1))
-        ax.barh([g["name"][-40:] for g in worst], [g.get(key) or 0.0 for g in worst])
-        ax.invert_yaxis()
-        ax.set_xlabel(key)
-        out.append(f'<img alt="sensitivity" src="{_png(fig)}">')
-    offenders = analysis.get("offenders", [])
+    """Offenders (``quantscope.analysis/1``): bar chart of recovered SQNR, reasons, recovery."""
+    offenders = analysis.get("offenders", [])[:top]
+    out = [f"<h2>Per-layer diagnosis ({html.escape(str(analysis.get('low')))} → "
+           f"{html.escape(str(analysis.get('high')))})</h2>"]
+    base = analysis.get("baselines", {})
+    if base:
+        keys = sorted({k for m in base.values() for k in m})
+        out.append(_table(["uniform", *keys], [[p, *[m.get(k, "") for k in keys]]
+                                                for p, m in base.items()]))
     if offenders:
-        out.append(_table(["group", "reason"], [[o.get("group", ""), o.get("reason", "")]
-                                                for o in offenders[:top]]))
+        plt = _plt()
+        fig, ax = plt.subplots(figsize=(7, 0.3 * len(offenders) + 1))
+        ax.barh([o["group"][-45:] for o in offenders], [o.get("score_db", 0.0) for o in offenders])
+        ax.invert_yaxis()
+        ax.set_xlabel("output SQNR recovered by promoting the group alone (dB)")
+        out.append(f'<img alt="offenders" src="{_png(fig)}">')
+        out.append(_table(["group", "recovered dB", "reasons"],
+                          [[o["group"], o.get("score_db", ""), " · ".join(o.get("reasons", []))]
+                           for o in offenders]))
+    rec = analysis.get("recovery", [])
+    if rec:
+        out.append("<h3>Recovery by promoting the worst groups</h3>" + _table(
+            ["promoted", "precision", "metrics"],
+            [[len(r["promoted"]), r["precision"],
+              ", ".join(f"{k} {v:.4g}" for k, v in r["metrics"].items()
+                        if isinstance(v, int | float))] for r in rec]))
     return "".join(out)
 
 
