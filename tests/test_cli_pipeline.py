@@ -33,6 +33,12 @@ def test_analyze_plan_check_export(tmp_path, capsys):
                  "--out", str(tmp_path / "enc.json")]) == 0
     doc = json.loads((tmp_path / "enc.json").read_text())
     assert doc["activation_encodings"]
+    rep = tmp_path / "r.html"
+    assert main(["report", "--out", str(rep), "--plan", str(p), "--analysis", str(a),
+                 "--model", str(m), "--stats", str(s)]) == 0
+    page = rep.read_text()
+    assert "Per-layer diagnosis" in page and "Plan for hailo10h" in page
+    assert "Feeding and reading the device" in page
 
 
 def test_plan_rejects_analysis_of_another_model(tmp_path, capsys):
