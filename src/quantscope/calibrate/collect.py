@@ -36,6 +36,13 @@ def tapped_model(model: Model, taps: list[str]) -> onnx.ModelProto:
     return proto
 
 
+def _row_chunks(feeds: dict[str, np.ndarray], max_rows: int) -> list[dict[str, np.ndarray]]:
+    n = len(next(iter(feeds.values())))
+    if n <= max_rows:
+        return [feeds]
+    return [{k: v[i : i + max_rows] for k, v in feeds.items()} for i in range(0, n, max_rows)]
+
+
 def calibrate(
     model: Model,
     groups: Groups,
@@ -43,21 +50,30 @@ def calibrate(
     *,
     method: str = "minmax",
     progress: bool = False,
+    max_rows: int = 8,
 ) -> Stats:
-    """Run every batch once; fold each tapped tensor into a constant-size observer."""
+    """Run every batch once; fold each tapped tensor into a constant-size observer.
+
+    Batches are run ``max_rows`` samples at a time: every tapped tensor of a run is alive
+    at once (attention maps of a [32, 12, 256, 256] batch are 100 MB each), so peak memory
+    scales with the rows per run, never with the number of batches.
+    """
     if method not in METHODS:
         raise QuantscopeError(
             f"unknown calibration method '{method}': use one of {', '.join(METHODS)}"
         )
     taps = tap_names(model, groups)
-    session = make_session(tapped_model(model, taps), optimize=True)
+    session = make_session(tapped_model(model, taps), optimize=True, arena=False)
     inputs = {i.name for i in session.get_inputs()}
     observers = {t: Observer(t) for t in taps}
     n_batches = n_samples = 0
     for batch in batches:
-        values = session.run(taps, {k: v for k, v in batch.items() if k in inputs})
-        for name, value in zip(taps, values, strict=True):
-            observers[name].update(value)
+        feeds = {k: v for k, v in batch.items() if k in inputs}
+        for part in _row_chunks(feeds, max_rows):
+            values = session.run(taps, part)
+            for name, value in zip(taps, values, strict=True):
+                observers[name].update(value)
+            del values
         n_batches += 1
         n_samples += len(next(iter(batch.values())))
         if progress:

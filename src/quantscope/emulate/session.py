@@ -25,7 +25,11 @@ def providers() -> list[str]:
 
 
 def make_session(
-    proto: onnx.ModelProto, *, optimize: bool = False, integer_kernels: bool = False
+    proto: onnx.ModelProto,
+    *,
+    optimize: bool = False,
+    integer_kernels: bool = False,
+    arena: bool = True,
 ) -> ort.InferenceSession:
     """A session; ``integer_kernels`` turns on every ORT optimization, which fuses QDQ
     groups into ORT's integer kernels (used only to measure the emulator against them)."""
@@ -36,6 +40,7 @@ def make_session(
         else level.ORT_ENABLE_BASIC if optimize else level.ORT_DISABLE_ALL
     )
     opts.log_severity_level = 3
+    opts.enable_cpu_mem_arena = arena  # off: memory goes back after each run (calibration)
     try:
         return ort.InferenceSession(
             proto.SerializeToString(), sess_options=opts, providers=providers()
