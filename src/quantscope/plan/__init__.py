@@ -1,4 +1,4 @@
-"""Plans: legality preflight (:mod:`.check`) and cost (:mod:`.cost`); search comes later."""
+"""Plans: legality preflight (:mod:`.check`), cost (:mod:`.cost`) and search (:mod:`.search`)."""
 
 from quantscope.plan.check import CHECKS, check, resolve_shapes, seq_len_shapes
 from quantscope.plan.cost import cost_breakdown, plan_cost
