@@ -1,0 +1,49 @@
+"""quantscope: will an ONNX model survive INT8/INT16 on an edge NPU, and how to plan it.
+
+The Python API mirrors the CLI's stages (see docs/architecture.md)::
+
+    import quantscope as qs
+    model = qs.open_model("minilm-l6")                  # path or built-in name
+    data = qs.open_data("stdlib-docs", model)
+    stats = qs.calibrate_model(model, data)
+    plan = qs.Plan.uniform(qs.Precision.A8_W8)
+    result = qs.evaluate_plan(model, data, stats, plan)  # result["metrics"]
+    qdq, notes = qs.qdq_for_plan(model, stats, plan)   # the exported QDQ model
+"""
+
+from quantscope.calibrate.collect import calibrate
+from quantscope.emulate.encode import encode
+from quantscope.emulate.qdq import build_qdq
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model, load, load_proto
+from quantscope.stages import (
+    Dataset,
+    calibrate_model,
+    evaluate_plan,
+    evaluate_plans,
+    export_plan,
+    open_data,
+    open_model,
+    qdq_for_plan,
+)
+from quantscope.types import (
+    Encoding,
+    Encodings,
+    Group,
+    Groups,
+    Plan,
+    Precision,
+    Problem,
+    QuantScheme,
+    QuantscopeError,
+    Stats,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Dataset", "Encoding", "Encodings", "Group", "Groups", "Model", "Plan", "Precision",
+    "Problem", "QuantScheme", "QuantscopeError", "Stats", "build_qdq", "calibrate",
+    "calibrate_model", "encode", "evaluate_plan", "evaluate_plans", "export_plan",
+    "find_groups", "load", "load_proto", "open_data", "open_model", "qdq_for_plan",
+]
