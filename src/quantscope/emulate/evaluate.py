@@ -9,7 +9,7 @@ same outputs.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sized
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,10 +50,11 @@ def run_model(
     names = tuple(o.name for o in session.get_outputs())
     inputs = {i.name for i in session.get_inputs()}
     out = []
+    total = f"/{len(batches)}" if isinstance(batches, Sized) else ""
     for k, batch in enumerate(batches, 1):
         out.append(tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})))
         if label:
-            print(f"\r{label}: batch {k}", end="", file=sys.stderr, flush=True)
+            print(f"\r{label}: batch {k}{total}", end="", file=sys.stderr, flush=True)
     if label:
         print(file=sys.stderr)
     return Outputs(names=names, batches=tuple(out))
