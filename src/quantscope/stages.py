@@ -75,7 +75,16 @@ def resolve_model_path(spec: str) -> Path:
 
 
 def open_model(spec: str | Path) -> Model:
-    return load(resolve_model_path(str(spec)))
+    """A built-in model name or an ONNX path -> the loaded :class:`Model`."""
+    from quantscope.zoo import BUILTIN_MODELS
+
+    path = resolve_model_path(str(spec))
+    if not path.exists() and path.suffix != ".onnx" and len(path.parts) == 1:
+        raise QuantscopeError(
+            f"unknown model '{spec}': give an .onnx path or a built-in name "
+            f"({', '.join(BUILTIN_MODELS)})"
+        )
+    return load(path)
 
 
 def open_data(
