@@ -52,3 +52,16 @@ def test_plan_rejects_analysis_of_another_model(tmp_path, capsys):
                  "--out", str(tmp_path / "p.json")])
     err = capsys.readouterr().err
     assert code == 2 and "another model" in err and not (tmp_path / "p.json").exists()
+
+
+def test_goal_verdict_names_the_binding_rule():
+    from quantscope.stages import goal_verdict
+
+    result = {"chosen": {"measured": 0.57},
+              "blockers": [{"rule": "hailo.super_defuse", "groups": ["a", "b"], "gain": 4.2},
+                           {"rule": "max_cost", "groups": ["c"], "gain": 2.0}]}
+    v = goal_verdict(result, "top1_agreement", 0.97)
+    assert not v["reached"] and v["binding"] == "hailo.super_defuse"
+    assert "NOT reached" in v["verdict"] and "hailo.super_defuse" in v["verdict"]
+    ok = goal_verdict({"chosen": {"measured": 0.98}, "blockers": []}, "top1_agreement", 0.97)
+    assert ok["reached"] and ok["binding"] is None

@@ -176,6 +176,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     plan, extra = plan_from_analysis(model, analysis, target, min_quality=args.min_quality,
                                      max_cost=args.max_cost, shapes=_shapes(args, model),
                                      evaluate=evaluate, seed=args.seed)
+    if args.goal is not None:
+        extra["pareto"]["goal"] = stages.goal_verdict(extra["pareto"], args.metric, args.goal)
     stages.write_plan(args.out, plan, extra)
     front = extra["pareto"]
     print(stages.format_search(front))
@@ -361,6 +363,8 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--data", help="with --stats: refine the front by real emulation")
     pl.add_argument("--stats")
     pl.add_argument("--metric", default="top1_agreement")
+    pl.add_argument("--goal", type=float, help="with --data: the measured metric to reach; "
+                    "the output says whether it was reached and which rule binds if not")
     pl.add_argument("--pairs", type=int, default=300)
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--tokenizer")

@@ -301,6 +301,24 @@ def scorer_for(data: Dataset) -> Any:
     return Scorer()
 
 
+def goal_verdict(result: dict[str, Any], metric: str, goal: float) -> dict[str, Any]:
+    """Did the chosen plan reach ``goal`` (measured); if not, which constraint binds."""
+    best = result.get("chosen", {}).get("measured")
+    reached = best is not None and best >= goal
+    blockers = result.get("blockers", [])
+    if reached:
+        verdict = f"goal {metric} >= {goal:g} reached: {best:.4g}"
+    elif best is None:
+        verdict = f"goal {metric} >= {goal:g} not checked: nothing was measured (give --data)"
+    else:
+        top = blockers[0] if blockers else None
+        why = (f"binding: {top['rule']} blocks {len(top['groups'])} promotion(s) worth "
+               f"{top['gain']:.3g} predicted" if top else "binding: no promotion left")
+        verdict = f"goal {metric} >= {goal:g} NOT reached: best legal plan {best:.4g}; {why}"
+    return {"metric": metric, "value": goal, "reached": reached, "verdict": verdict,
+            "binding": None if reached or not blockers else blockers[0]["rule"]}
+
+
 def format_search(result: dict[str, Any]) -> str:
     """Console form of a planner result (the plan JSON's ``pareto`` entry)."""
     c = result.get("chosen", {})
@@ -316,5 +334,7 @@ def format_search(result: dict[str, Any]) -> str:
                      f"{b['gain']:.3g} predicted gain forgone")
     if result.get("binding"):
         lines.append(f"binding: {result['binding']}")
+    if result.get("goal"):
+        lines.append(result["goal"]["verdict"])
     lines += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
