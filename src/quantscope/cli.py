@@ -119,9 +119,13 @@ def cmd_repair(args: argparse.Namespace) -> int:
               f"{r['reason']}")
     repaired = stages.load_proto(out.proto, f"{model.source} (repaired)")
     if not args.no_evaluate:
-        before = stages.evaluate_plan(model, data, stats, plan, progress=True)
+        from quantscope.emulate.evaluate import run_model
+
+        ref = run_model(model.proto, list(data.evaluation), label="fp32")
+        before = stages.evaluate_plan(model, data, stats, plan, progress=True,
+                                      reference_outputs=ref)
         after = stages.evaluate_plan(repaired, data, out.stats, out.plan, progress=True,
-                                     reference=model)
+                                     reference_outputs=ref)
         for key in sorted(set(before["metrics"]) & set(after["metrics"])):
             print(f"  {key:<24} {before['metrics'][key]:>10.4g} -> {after['metrics'][key]:.4g}")
     stages.write_onnx(args.out_model, out.proto)

@@ -132,10 +132,12 @@ def evaluate_plan(
     scheme: QuantScheme | None = None,
     progress: bool = False,
     reference: Model | None = None,
+    reference_outputs: Outputs | None = None,
 ) -> dict[str, Any]:
     """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32."""
     return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
-                          progress=progress, reference=reference)["emulated"]
+                          progress=progress, reference=reference,
+                          reference_outputs=reference_outputs)["emulated"]
 
 
 def evaluate_plans(
@@ -148,15 +150,18 @@ def evaluate_plans(
     scheme: QuantScheme | None = None,
     progress: bool = False,
     reference: Model | None = None,
+    reference_outputs: Outputs | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
     ``reference`` is the FP32 model the metrics compare against (default: ``model``); a
     repaired model is compared with the original, since bias correction changes FP32.
+    ``reference_outputs`` (its outputs on ``data.evaluation``) skips even that one run.
     """
     batches = list(data.evaluation)
-    ref_model = reference or model
-    ref = run_model(ref_model.proto, batches, label="fp32" if progress else "")
+    ref = reference_outputs or run_model(
+        (reference or model).proto, batches, label="fp32" if progress else ""
+    )
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
         qdq, notes = qdq_for_plan(model, stats, plan, method=method, scheme=scheme)
