@@ -370,19 +370,15 @@ def evaluator(
 
     The FP32 reference outputs are computed once and reused for every plan measured.
     """
-    from quantscope.emulate.evaluate import output_fidelity, run_model
-    from quantscope.stages import qdq_for_plan
+    from quantscope.emulate.evaluate import run_model
+    from quantscope.stages import evaluate_plan
 
-    batches = list(data.evaluation)
-    ref = run_model(model.proto, batches)
+    ref = run_model(model.proto, list(data.evaluation))
     scheme = None if target is None else target.scheme
 
     def run(plan: Plan) -> float:
-        qdq, _ = qdq_for_plan(model, stats, plan, method=method, scheme=scheme)
-        test = run_model(qdq, batches)
-        metrics = dict(output_fidelity(ref, test).values)
-        if data.task is not None:
-            metrics.update(data.task.metrics(ref, test).values)
+        metrics = evaluate_plan(model, data, stats, plan, method=method, scheme=scheme,
+                                reference_outputs=ref)["metrics"]
         if metric not in metrics:
             raise QuantscopeError(f"metric '{metric}' not among {', '.join(sorted(metrics))}")
         return float(metrics[metric])

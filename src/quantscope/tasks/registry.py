@@ -84,7 +84,7 @@ class RetrievalTask:
 
 def _collapse_table(c: M.CollapseReport) -> dict[str, float]:
     return {k: float(v) for k, v in c.to_dict().items()
-            if isinstance(v, int | float | bool) and v is not None}
+            if isinstance(v, int | float | bool)}
 
 
 def text_dataset(
@@ -164,12 +164,13 @@ class VerificationTask:
         agree = M.decision_agreement(same_person(dr, self.threshold), same_person(dt, self.threshold))
         tf = M.tar_far_at_threshold(dt, labels, self.threshold)
         collapse = M.collapse_report(et, reference=er)
+        norms = M.norm_stats(et)
         values.update({
             f"tar@{self.threshold:g}": tf.tar, f"far@{self.threshold:g}": tf.far,
             f"tar@far{FACE_FAR:g}": M.tar_at_far(dt, labels, FACE_FAR).tar,
             "decision_agreement": agree,
             "embedding_cosine_mean": M.cosine_fidelity(er, et)["mean"],
-            "norm_mean": M.norm_stats(et)["mean"], "norm_cv": M.norm_stats(et)["cv"],
+            "norm_mean": norms["mean"], "norm_cv": norms["cv"],
             "norm_cv_fp32": M.norm_stats(er)["cv"], "collapsed": float(collapse.collapsed),
         })
         notes = tuple(f"collapse: {r}" for r in collapse.reasons)
