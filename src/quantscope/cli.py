@@ -330,7 +330,7 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--stats", required=True)
     _add_plan_choice(rp)
     rp.add_argument("--repairs", default="equalize,smooth,bias,ranges",
-                    help="comma list of equalize, smooth, bias, adaround, ranges")
+                    help="comma list of equalize, smooth, split, bias, adaround, ranges (split is not a default: it widens layers)")
     rp.add_argument("--proxy", default="local", choices=["local", "output"],
                     help="range choice by local histogram error (fast) or output error")
     rp.add_argument("--batches", type=int, default=8, help="calibration batches used")

@@ -6,6 +6,9 @@ transform           what it changes                           FP32 function
 smooth_outliers   LayerNorm gamma/beta (or a producer's     preserved (checked)
                     weight columns) / s, consumer rows * s
 equalize_pairs      Conv/linear pairs across a ReLU-like op   preserved (checked)
+split_channels      outlier channels of an activation site    preserved (checked)
+                    (residual Adds too) duplicated as x/k:
+                    layers get wider, tensor shapes change
 correct_biases      biases of weighted ops (bias -= E[err])   changed on purpose
 choose_range_method per-tensor range method (no graph edit)   unchanged
 adaround            weights moved onto their integer grid     changed on purpose
@@ -13,8 +16,9 @@ adaround            weights moved onto their integer grid     changed on purpose
 
 Every transform is a plain function returning a frozen :class:`Repair`: the new FP32
 ``ModelProto`` (tensor and node names kept; only initializer values change unless a
-record says otherwise) plus what changed, why, and the measured effect, so that a plan
-can record it and an exporter can ship the transformed FP32 model to a vendor compiler.
+record says otherwise -- ``split_channels`` also widens tensors and initializers) plus
+what changed, why, and the measured effect, so that a plan can record it and an
+exporter can ship the transformed FP32 model to a vendor compiler.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class Change:
     """One edited tensor: which channels along ``axis`` were scaled or shifted, by what."""
 
     tensor: str
-    kind: str  # "divide" | "multiply" | "shift" | "regrid" | "new" | "insert"
+    kind: str  # "divide" | "multiply" | "shift" | "regrid" | "new" | "insert" | "split"
     axis: int | None = None
     channels: tuple[int, ...] = ()
     factors: tuple[float, ...] = ()

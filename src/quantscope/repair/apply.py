@@ -5,6 +5,8 @@ Order (each step sees the previous step's model):
 ===========  ================================================================
 equalize     cross-layer equalisation (conv nets); FP32 function unchanged
 smooth       LayerNorm -> linear outlier migration; FP32 function unchanged
+split        outlier channel splitting (widens layers: opt-in, not a default);
+             FP32 function unchanged
 bias         empirical bias correction for the plan's quantized weights
 adaround     weight rounding optimisation (MatMul/Gemm) for the plan
 ranges       per-tensor range method chosen by measured effect (no graph edit);
@@ -32,7 +34,7 @@ from quantscope.model.load import Model, load_proto
 from quantscope.repair import Repair
 from quantscope.types import Plan, QuantScheme, QuantscopeError, Stats
 
-REPAIRS = ("equalize", "smooth", "bias", "adaround", "ranges")
+REPAIRS = ("equalize", "smooth", "split", "bias", "adaround", "ranges")
 DEFAULT_REPAIRS = ("equalize", "smooth", "bias", "ranges")
 Batch = dict[str, np.ndarray]
 
@@ -60,11 +62,14 @@ def _graph_step(name: str, model: Model, stats: Stats, plan: Plan, feeds: Sequen
     from quantscope.repair.bias_correction import correct_biases
     from quantscope.repair.equalize import equalize_pairs
     from quantscope.repair.smooth import smooth_outliers
+    from quantscope.repair.split import split_channels
 
     if name == "equalize":
         return equalize_pairs(model, feeds)
     if name == "smooth":
         return smooth_outliers(model, stats, feeds)
+    if name == "split":
+        return split_channels(model, feeds, stats=stats)
     if name == "bias":
         return correct_biases(model, feeds, plan, stats=stats, scheme=scheme)
     return adaround(model, feeds, plan, stats=stats, scheme=scheme)
