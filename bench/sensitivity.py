@@ -1,4 +1,4 @@
-"""Benchmark: the two-way sensitivity sweep, fast (segments + proxy rows) vs naive.
+"""Benchmark: the two-way sensitivity sweep, fast (segments + row subsets) vs naive.
 
 Prints, on a built-in text model and ``--texts`` stdlib-docs texts (half queries, half
 their documents):
@@ -8,6 +8,8 @@ their documents):
 * the naive sweep time (one full QDQ model per candidate, every text) and its ratio
 * Spearman rank correlation of the fast ranking vs the naive one (output SQNR of the
   pooled embeddings per candidate), per sweep and pooled
+* how stable the reference ranking itself is: Spearman between the rankings of the
+  even and the odd rows of the reference sweep (two disjoint halves of the texts)
 
     .venv/bin/python bench/sensitivity.py --model minilm-l6 --texts 256 --proxy 0.125
 """
@@ -25,7 +27,7 @@ import numpy as np
 import onnxruntime as ort
 from scipy.stats import spearmanr
 
-from quantscope.analyze import proxy_batches, sweep_naive, sweep_segments
+from quantscope.analyze import sweep_fast, sweep_naive, sweep_segments
 from quantscope.analyze.scoring import fidelity, text_retrieval_scorer
 from quantscope.calibrate.collect import calibrate
 from quantscope.model.groups import find_groups
@@ -52,11 +54,11 @@ def fp32_seconds(model, batches, repeats=3):
     return best
 
 
-def sqnr_keys(res, sweep):
+def sqnr_keys(res, sweep, rows=slice(None)):
     return np.array(
         [
-            fidelity(res.ref_rows, r)["sqnr_db"]
-            for c, r in zip(res.candidates, res.rows, strict=True)
+            fidelity(res.ref_of(i)[rows], r[rows])["sqnr_db"]
+            for i, (c, r) in enumerate(zip(res.candidates, res.rows, strict=True))
             if c.sweep == sweep
         ]
     )
@@ -89,18 +91,23 @@ def main():
     kw = {"scorer": scorer, "low": Precision.A8_W8, "high": Precision.A16_W16}
     t_fp = fp32_seconds(model, list(tb))
     n = len(groups.groups)
-    data = list(tb) if args.proxy >= 1 else proxy_batches(list(tb), args.proxy)
-    fast = sweep_segments(model, groups, stats, data, **kw, progress=True)
+    if args.proxy >= 1:
+        fast = sweep_segments(model, groups, stats, list(tb), **kw, progress=True)
+    else:
+        fast = sweep_fast(model, groups, stats, list(tb), **kw, fraction=args.proxy, progress=True)
+    t_fp_after = fp32_seconds(model, list(tb))
     out = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs",
         "date": str(date.today()),
         "model": args.model,
         "texts": 2 * half,
         "groups": n,
-        "proxy_rows": int(len(fast.ref_rows)),
+        "rows_per_sweep": dict(fast.row_counts),
         "fp32_forward_s": t_fp,
+        "fp32_forward_s_after": t_fp_after,
         "fast_sweep_s": fast.seconds,
         "fast_ratio": fast.seconds / (n * t_fp),
+        "fast_ratio_after": fast.seconds / (n * t_fp_after),
     }
     print(json.dumps(out), flush=True)
     if not args.no_naive:
@@ -120,6 +127,12 @@ def main():
             for r in (fast, naive)
         ]
         out["spearman_pooled"] = float(spearmanr(*both)[0])
+        for sweep in ("enable_one", "disable_one"):
+            halves = [sqnr_keys(naive, sweep, slice(k, None, 2)) for k in (0, 1)]
+            out[f"reference_split_half_{sweep}"] = float(spearmanr(*halves)[0])
+            ref_keys, fast_keys = sqnr_keys(naive, sweep), sqnr_keys(fast, sweep)
+            top = set(np.argsort(-ref_keys)[:10])
+            out[f"top10_overlap_{sweep}"] = len(top & set(np.argsort(-fast_keys)[:10]))
     print(json.dumps(out, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -13,11 +13,17 @@ from quantscope.analyze import (
     analyze,
     proxy_batches,
     summary_text,
+    sweep_fast,
     sweep_naive,
     sweep_segments,
 )
 from quantscope.analyze.segments import find_segments
-from quantscope.analyze.sensitivity import candidates, encodings_table, mixed_encodings
+from quantscope.analyze.sensitivity import (
+    candidates,
+    density_batches,
+    encodings_table,
+    mixed_encodings,
+)
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.encode import encode
 from quantscope.model.groups import find_groups
@@ -100,3 +106,37 @@ def test_analysis_rejects_unknown_keys():
         analysis_from_dict({**d, "bogus": 1})
     with pytest.raises(QuantscopeError, match="format"):
         analysis_from_dict({**d, "format": "x/2"})
+
+
+def test_density_batches_take_dense_rows_within_budget_in_order():
+    short = {"ids": np.arange(8, dtype=np.int64).reshape(4, 2)}  # width 2
+    long = {"ids": np.arange(16, dtype=np.int64).reshape(4, 4) + 100}  # width 4
+    noise = [np.array([1.0, 9.0, 2.0, 8.0]), np.array([20.0, 1.0, 1.0, 30.0])]
+    # densities: short 0.5 4.5 1 4; long 5 .25 .25 7.5 -> long[3], long[0], short[1], short[3]
+    out, carried = density_batches([short, long], noise, budget=0.5, batch_size=8)
+    ids = np.concatenate([b["ids"][:, 0] for b in out])
+    # total cost 24, budget 12: long[3] (4), long[0] (4), short[1] (2), short[3] (2)
+    assert sorted(ids.tolist()) == [2, 6, 100, 112]
+    assert ids.tolist() == [2, 6, 100, 112]  # original (length-sorted) order kept
+    assert carried == pytest.approx((30 + 20 + 9 + 8) / 72)
+    assert out[0]["ids"].shape[1] == 4 and out[0]["ids"][0, 2:].sum() == 0  # zero-padded
+
+
+def test_sweep_fast_rows_equal_the_exact_sweep_on_the_same_rows():
+    model, groups, stats, feeds = _prepared("layernorm_block", n=4)
+    kw = {"scorer": Scorer(), "low": LOW, "high": HIGH}
+    fast = sweep_fast(model, groups, stats, feeds, fraction=0.5, **kw)
+    counts = dict(fast.row_counts)
+    total = sum(len(next(iter(f.values()))) for f in feeds)
+    assert 0 < counts["enable_one"] < total and 0 < counts["disable_one"] < total
+    exact = sweep_segments(model, groups, stats, feeds, **kw)
+    ref_all = exact.ref_rows
+    for i, c in enumerate(fast.candidates):
+        j = exact.candidates.index(c)
+        # every row the fast sweep scored is an FP32 row of the full data ...
+        ref = fast.ref_of(i)
+        hit = [np.flatnonzero(np.all(np.isclose(ref_all, r, atol=1e-6), axis=1)) for r in ref]
+        assert all(len(h) == 1 for h in hit)
+        # ... and the candidate's rows there equal the exact sweep's rows
+        idx = np.array([h[0] for h in hit])
+        np.testing.assert_allclose(fast.rows[i], exact.rows[j][idx], rtol=1e-5, atol=1e-5)

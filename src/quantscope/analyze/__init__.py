@@ -3,8 +3,10 @@
 ``analyze(model, groups, stats, batches, scorer=...) -> Analysis`` is the one entry; the
 CLI writes :func:`analysis_to_dict` as JSON and prints :func:`summary_text`.
 
-Flow: both sweeps run on a proxy subset of rows (``proxy_fraction``; 1.0 = every row,
-then the task metric is scored for every candidate) with the exact segment method; the
+Flow: both sweeps run with the exact segment method on every row (``proxy_fraction``
+1.0; the task metric is then scored for every candidate) or, by default, on a row subset
+per sweep (:func:`~quantscope.analyze.sensitivity.sweep_fast`: enable-one on stratified
+rows, disable-one on the rows that carry the quantization noise); the
 uniform ``low``/``high`` baselines, the collapse check and the recovery plans (promote the
 top 1, 2, 4, 8 offenders to ``high``) are evaluated on every row with full QDQ models.
 """
@@ -31,6 +33,7 @@ from quantscope.analyze.sensitivity import (
     SweepResult,
     proxy_batches,
     run_plan_rows,
+    sweep_fast,
     sweep_naive,
     sweep_segments,
 )
@@ -56,6 +59,7 @@ __all__ = [
     "find_weight_issues",
     "proxy_batches",
     "summary_text",
+    "sweep_fast",
     "sweep_naive",
     "sweep_segments",
     "text_retrieval_scorer",
@@ -69,8 +73,9 @@ def _sensitivity(
     by = {(c.group, c.sweep): i for i, c in enumerate(res.candidates)}
 
     def metrics(g: str, sweep: str) -> dict[str, float]:
-        rows = res.rows[by[(g, sweep)]]
-        return scorer(res.ref_rows, rows) if scorer else fidelity(res.ref_rows, rows)
+        i = by[(g, sweep)]
+        ref, rows = res.ref_of(i), res.rows[i]
+        return scorer(ref, rows) if scorer else fidelity(ref, rows)
 
     return tuple(
         GroupSensitivity(
@@ -165,18 +170,11 @@ def analyze(
 
     scheme = getattr(target, "scheme", None)
     batches = list(batches)
-    data = batches if proxy_fraction >= 1 else proxy_batches(batches, proxy_fraction)
-    res = sweep_segments(
-        model,
-        groups,
-        stats,
-        data,
-        scorer=scorer,
-        low=low,
-        high=high,
-        scheme=scheme,
-        progress=progress,
-    )
+    kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress}
+    if proxy_fraction >= 1:
+        res = sweep_segments(model, groups, stats, batches, **kw)
+    else:
+        res = sweep_fast(model, groups, stats, batches, fraction=proxy_fraction, **kw)
     sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 else None)
     ref = run_plan_rows(model, groups, batches, model.proto, scorer)
     baselines, collapse = {}, {}
@@ -201,6 +199,7 @@ def analyze(
         "sweep": res.method,
         "proxy_fraction": proxy_fraction,
         "proxy_rows": int(len(res.ref_rows)),
+        "rows_per_sweep": dict(res.row_counts),
         "rows": int(len(ref)),
         "sweep_seconds": res.seconds,
     }
@@ -208,7 +207,9 @@ def analyze(
         ()
         if proxy_fraction >= 1
         else (
-            f"sensitivity ranked on a proxy subset of {len(res.ref_rows)} of {len(ref)} rows with "
+            "sensitivity ranked on row subsets (enable-one "
+            f"{dict(res.row_counts).get('enable_one')}, disable-one "
+            f"{dict(res.row_counts).get('disable_one')} of {len(ref)} rows) with "
             "task-independent metrics (output SQNR, cosine); baselines and recovery use every row",
         )
     )
