@@ -105,14 +105,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    from quantscope.repair.apply import apply_repairs
+    from quantscope.repair.apply import DEFAULT_REPAIRS, apply_repairs
 
     model = stages.open_model(args.model)
     data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
     stats = stages.read_stats(args.stats)
     plan = _plan_from_args(args)
     feeds = list(data.calibration)[: args.batches]
-    out = apply_repairs(model, stats, plan, feeds, repairs=args.repairs.split(","),
+    names = args.repairs or dict(plan.meta).get("repairs") or ",".join(DEFAULT_REPAIRS)
+    out = apply_repairs(model, stats, plan, feeds, repairs=names.split(","),
                         proxy=args.proxy, scheme=stages.scheme_for(plan), progress=True)
     for r in out.records:
         print(f"{r['name']:<16} {r['seconds']:6.1f} s  changed {len(r['changed']):3d}  "
@@ -173,13 +174,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "--data measures the task metric: use --max-cost with --data, or --min-quality "
             "without --data"
         )
+    if args.repairs and not (args.data and args.stats):
+        raise QuantscopeError("--repairs needs --data and --stats: repairs are measured")
+    offer = None
     if args.data and args.stats:
         data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
-        evaluate = evaluator(model, data, stages.read_stats(args.stats), args.metric,
-                             target=target)
+        stats = stages.read_stats(args.stats)
+        if args.repairs:
+            from quantscope.emulate.evaluate import run_model
+            from quantscope.plan.joint import offer_repairs, repair_evaluator
+            from quantscope.plan.sensitivity import load_sensitivity
+
+            ref = run_model(model.proto, list(data.evaluation), label="fp32")
+            feeds = list(data.calibration)[: args.repair_batches]
+            offer = offer_repairs(model, data, stats, load_sensitivity(analysis), target,
+                                  args.repairs.split(","), feeds, task_metric=args.metric,
+                                  shapes=_shapes(args, model), reference_outputs=ref,
+                                  progress=True)
+            evaluate = repair_evaluator(model, data, stats, args.metric, feeds, target=target,
+                                        reference_outputs=ref, progress=True)
+        else:
+            evaluate = evaluator(model, data, stats, args.metric, target=target)
     plan, extra = plan_from_analysis(model, analysis, target, min_quality=args.min_quality,
                                      max_cost=args.max_cost, shapes=_shapes(args, model),
-                                     evaluate=evaluate, seed=args.seed)
+                                     evaluate=evaluate, seed=args.seed,
+                                     repairs=offer.options if offer else ())
+    if offer is not None:
+        extra["repair_offer"] = {"measured": list(offer.measured), "notes": list(offer.notes)}
+        for row in offer.measured:
+            print(f"  repair {row['name']:<9} " + ", ".join(
+                f"{k} {v}" for k, v in row.items() if k != "name"))
+        for note in offer.notes:
+            print(f"  {note}")
     if args.goal is not None:
         extra["pareto"]["goal"] = stages.goal_verdict(extra["pareto"], args.metric, args.goal)
     stages.write_plan(args.out, plan, extra)
@@ -329,8 +355,10 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--data", required=True)
     rp.add_argument("--stats", required=True)
     _add_plan_choice(rp)
-    rp.add_argument("--repairs", default="equalize,smooth,bias,ranges",
-                    help="comma list of equalize, smooth, split, bias, adaround, ranges (split is not a default: it widens layers)")
+    rp.add_argument("--repairs", default=None,
+                    help="comma list of equalize, smooth, split, bias, adaround, ranges; "
+                    "default: the repairs the plan lists (from `plan --repairs`), else "
+                    "equalize,smooth,bias,ranges (split is never a default: it widens layers)")
     rp.add_argument("--proxy", default="local", choices=["local", "output"],
                     help="range choice by local histogram error (fast) or output error")
     rp.add_argument("--batches", type=int, default=8, help="calibration batches used")
@@ -370,6 +398,10 @@ def _parser() -> argparse.ArgumentParser:
     pl.add_argument("--goal", type=float, help="with --data: the measured metric to reach; "
                     "the output says whether it was reached and which rule binds if not")
     pl.add_argument("--pairs", type=int, default=300)
+    pl.add_argument("--repairs", help="with --data/--stats: comma list of repairs to search "
+                    "together with the precisions (each measured; see docs/planner.md)")
+    pl.add_argument("--repair-batches", type=int, default=8,
+                    help="calibration batches the repairs use")
     pl.add_argument("--seed", type=int, default=0)
     pl.add_argument("--tokenizer")
     pl.add_argument("--out", required=True)

@@ -11,7 +11,9 @@ refine          with ``evaluate(plan) -> float``: for ``min_quality`` search the
                 measure the best-predicted points within ``max_cost``
 drop            from the best measured point, revert promotions with the least
                 predicted gain per unit of cost saved; keep a revert when the
-                measurement still meets Q (or, without Q, loses at most ``tol``)
+                measurement still meets Q (or, without Q, loses at most ``tol``);
+                then try removing each chosen repair, kept out when the measurement
+                is at least as good (repairs x precisions, measured jointly)
 ==============  ===================================================================
 
 At most ``steps`` evaluations in all (:class:`Meter`); each plan is measured once.
@@ -137,6 +139,17 @@ def _drop(run: Run, meter: Meter, current: FrontPoint, tol: float) -> None:
         )
         if keep:
             current, prec = done, trial
+    for r in current.repairs:
+        # a repair stays only if the measurement says it helps this plan
+        rest = tuple(x for x in current.repairs if x != r)
+        pt = run.point(prec, rest, "dropped")
+        done = meter.measure(replace(pt, step=current.step))
+        if done is None:
+            return
+        if sign * (done.quality - current.quality) >= 0 and (
+            budget.min_quality is None or budget.meets(done)
+        ):
+            current = done
 
 
 def repair_meta(point: FrontPoint) -> tuple[tuple[str, str], ...]:

@@ -327,6 +327,7 @@ def plan_from_analysis(
     shapes: Shapes = None,
     evaluate: Evaluate | None = None,
     seed: int = 0,
+    repairs: Sequence[RepairOption] = (),
 ) -> tuple[Plan, dict[str, Any]]:
     """For the CLI: the plan and the plan JSON's extra keys (``pareto``, ``repairs``)."""
     from quantscope.model.groups import find_groups
@@ -350,6 +351,7 @@ def plan_from_analysis(
         shapes=shapes,
         evaluate=evaluate,
         seed=seed,
+        repairs=repairs,
     )
     extra: dict[str, Any] = {"pareto": r.to_dict()}
     if r.repairs:

@@ -20,6 +20,7 @@ import numpy as np
 
 from quantscope.emulate.evaluate import Outputs
 from quantscope.model.load import Model
+from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
 from quantscope.tasks.text import (
     STDLIB_DOCS,
@@ -75,6 +76,7 @@ class RetrievalTask:
             "top1_agreement": M.top1_agreement(qr, dr, qt, dt),
             "embedding_cosine_mean": fid["mean"], "embedding_cosine_min": fid["min"],
             "embedding_cosine_p01": fid["p01"],
+            "embedding_sqnr_db": sqnr_db(raw_r, raw_t),
             "norm_cv": norms["cv"], "norm_cv_fp32": norms_ref["cv"],
             "collapsed": float(collapse.collapsed),
         }
@@ -170,6 +172,7 @@ class VerificationTask:
             f"tar@far{FACE_FAR:g}": M.tar_at_far(dt, labels, FACE_FAR).tar,
             "decision_agreement": agree,
             "embedding_cosine_mean": M.cosine_fidelity(er, et)["mean"],
+            "embedding_sqnr_db": sqnr_db(er, et),
             "norm_mean": norms["mean"], "norm_cv": norms["cv"],
             "norm_cv_fp32": M.norm_stats(er)["cv"], "collapsed": float(collapse.collapsed),
         })
