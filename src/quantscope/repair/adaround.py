@@ -22,8 +22,10 @@ inputs ``x``       FP32 inputs of the layer on ``feeds`` (run ``max_rows`` sampl
                    at most ``ceil(max_patches / samples)`` output positions per sample
                    (so about ``max_patches`` rows per layer), drawn without replacement
                    by a generator seeded with ``(seed, layer index)``: deterministic for
-                   the same feeds. A layer with fewer rows than inputs gets a singular
-                   ``H``: its gain is then in-sample only
+                   the same feeds. A layer with fewer rows than inputs has a singular
+                   ``H``; it is damped by ``DAMP`` (1 %) of its mean diagonal, as GPTQ
+                   does, so the rounding cannot exploit directions the calibration data
+                   never excited (the gain is still measured in-sample)
 grid               the plan's own weight encoding (per output channel or per tensor);
                    elements that set a channel's range keep nearest rounding, so the
                    rounded weight has the same encoding
@@ -60,6 +62,8 @@ from quantscope.numerics import quantize, weight_encoding
 from quantscope.repair import Change, Repair, as_model, attr, use_counts, with_initializers
 from quantscope.repair.verify import Batch
 from quantscope.types import Encoding, Plan, QuantScheme, Stats
+
+DAMP = 0.01  # relative damping of a singular H (fewer rows than inputs)
 
 ZETA, GAMMA = 1.1, -0.1
 AUTO_PADS = ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")
@@ -257,7 +261,13 @@ class _Gram:
 
     def mean(self) -> np.ndarray:
         assert self.sum is not None, "no calibration rows reached this layer"
-        return self.sum / self.rows
+        h = self.sum / self.rows
+        if self.rows < h.shape[-1]:  # singular: damp it (module docstring)
+            idx = np.arange(h.shape[-1])
+            diag = h[..., idx, idx]
+            h = h.copy()
+            h[..., idx, idx] += DAMP * diag.mean(axis=-1, keepdims=True)
+        return h
 
 
 def _grams(
