@@ -29,7 +29,10 @@ from scipy.stats import spearmanr
 
 from quantscope.analyze import sweep_fast, sweep_naive, sweep_segments
 from quantscope.analyze.scoring import fidelity, text_retrieval_scorer
+from quantscope.analyze.sensitivity import run_plan_rows
 from quantscope.calibrate.collect import calibrate
+from quantscope.emulate.encode import encode
+from quantscope.emulate.qdq import build_qdq
 from quantscope.model.groups import find_groups
 from quantscope.stages import open_model
 from quantscope.tasks.text import (
@@ -64,6 +67,24 @@ def sqnr_keys(res, sweep, rows=slice(None)):
     )
 
 
+def naive_check(model, groups, stats, batches, ref, args, kw):
+    """Full QDQ models for a sample of candidates vs the exact segment reference."""
+    picks = np.linspace(0, len(ref.candidates) - 1, args.naive_sample).round().astype(int)
+    worst_db, worst_rel = 0.0, 0.0
+    for i in picks:
+        c = ref.candidates[i]
+        enc = encode(model, groups, stats, c.plan)
+        qdq = build_qdq(model, groups, c.plan, enc)
+        rows = run_plan_rows(model, groups, batches, qdq, kw["scorer"])
+        a = fidelity(ref.ref_of(i), rows)["sqnr_db"]
+        b = fidelity(ref.ref_of(i), ref.rows[i])["sqnr_db"]
+        worst_db = max(worst_db, abs(a - b))
+        scale = np.abs(rows).max()
+        worst_rel = max(worst_rel, float(np.abs(rows - ref.rows[i]).max() / scale))
+    return {"candidates": int(len(picks)), "max_sqnr_diff_db": worst_db,
+            "max_rel_row_diff": worst_rel}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="minilm-l6")
@@ -77,6 +98,13 @@ def main():
         default="naive",
         help="ranking to compare against: naive full-model sweep (default), or the exact "
         "segment sweep on every row (equal to naive to 1e-6, see tests; much faster)",
+    )
+    ap.add_argument(
+        "--naive-sample",
+        type=int,
+        default=0,
+        help="with --reference segments-exact: also run K candidates (evenly spaced) as "
+        "full naive QDQ models on every row and report how far the reference is from them",
     )
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -133,6 +161,8 @@ def main():
             ref_keys, fast_keys = sqnr_keys(naive, sweep), sqnr_keys(fast, sweep)
             top = set(np.argsort(-ref_keys)[:10])
             out[f"top10_overlap_{sweep}"] = len(top & set(np.argsort(-fast_keys)[:10]))
+    if args.naive_sample and not args.no_naive and args.reference == "segments-exact":
+        out["naive_check"] = naive_check(model, groups, stats, list(tb), naive, args, kw)
     print(json.dumps(out, indent=2))
     if args.json:
         with open(args.json, "w") as f:
