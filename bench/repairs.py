@@ -26,8 +26,10 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.repair.adaround import adaround
 from quantscope.repair.bias_correction import correct_biases
+from quantscope.repair.equalize import equalize_pairs
 from quantscope.repair.ranges import choose_range_methods, encode_with_methods
 from quantscope.repair.smooth import smooth_outliers
+from quantscope.repair.split import split_channels
 from quantscope.stages import open_model
 from quantscope.tasks.metrics import recall_at_k, row_cosines, top1_agreement
 from quantscope.tasks.text import (
@@ -109,6 +111,9 @@ def main() -> None:
         rep = smooth_outliers(model, stats, proxy, alpha=alpha, rescale_others=True)
         return rep.model(), None, rep.seconds
 
+    variant("equalize (CLE)", lambda: (equalize_pairs(model, proxy).model(), None, 0.0))
+    variant("split (outlier channels)", lambda: (split_channels(model, proxy, stats=stats).model(),
+                                                 None, 0.0))
     variant("smooth (alpha 0.5, +Mul)", lambda: smooth(0.5))
     variant("smooth (alpha 0.8, +Mul)", lambda: smooth(0.8))
     variant(
