@@ -65,3 +65,38 @@ def test_goal_verdict_names_the_binding_rule():
     assert "NOT reached" in v["verdict"] and "hailo.super_defuse" in v["verdict"]
     ok = goal_verdict({"chosen": {"measured": 0.98}, "blockers": []}, "top1_agreement", 0.97)
     assert ok["reached"] and ok["binding"] is None
+
+
+def test_plan_with_repairs_then_repair_applies_the_plans_repairs(tmp_path, capsys):
+    from test_repair_split import residual_block
+
+    from quantscope.serde import read_plan
+
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npy"
+    onnx.save(residual_block().proto, m)
+    np.save(x, np.random.default_rng(0).normal(0, 1, (16, 3, 10, 10)).astype(np.float32))
+    s, a, p = tmp_path / "s.npz", tmp_path / "a.json", tmp_path / "p.json"
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    assert main(["analyze", str(m), "--data", str(x), "--stats", str(s), "--proxy", "1.0",
+                 "--target", "ort-cpu", "--out", str(a)]) == 0
+    capsys.readouterr()
+    assert main(["plan", str(m), "--analysis", str(a), "--target", "ort-cpu", "--max-cost",
+                 "1.3", "--data", str(x), "--stats", str(s), "--metric", "sqnr_db",
+                 "--repairs", "smooth,split", "--out", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "repair split" in out and "repair smooth: changed nothing" in out
+    doc = json.loads(p.read_text())
+    rows = {r["name"]: r for r in doc["repair_offer"]["measured"]}
+    assert rows["split"]["gain"] > 1.0  # dB of output SQNR, measured
+    assert 0 < rows["split"]["cost"] <= 0.3  # it widens 8-channel layers: the cost model sees it
+    assert dict(read_plan(p).meta)["repairs"] == "split"  # chosen, and the file reads back
+    assert [r["name"] for r in doc["repairs"]] == ["split"]
+    r = tmp_path / "r.onnx"
+    assert main(["repair", str(m), "--data", str(x), "--stats", str(s), "--plan", str(p),
+                 "--out-model", str(r), "--out-stats", str(tmp_path / "r.npz"),
+                 "--out-plan", str(tmp_path / "rp.json")]) == 0
+    out = capsys.readouterr().out
+    assert "split_channels" in out and "correct_biases" not in out  # the plan's repairs only
+    widened = onnx.load(r)
+    assert {i.name for i in widened.graph.initializer} == {
+        i.name for i in onnx.load(m).graph.initializer}

@@ -99,12 +99,15 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return out
 
 
+PLAN_KEYS = frozenset({"format", "default", "target", "groups", "reasons", "meta", "ranges"})
+# what the planner and the repair command record next to the plan (not part of Plan)
+PLAN_EXTRA_KEYS = frozenset({"pareto", "repairs", "repair_offer"})
+
+
 def plan_from_dict(obj: Any, where: str = "plan") -> Plan:
     if not isinstance(obj, dict):
         raise QuantscopeError(f"{where} must be a JSON object with 'default' and 'groups'")
-    extra = {"format", "default", "target", "groups", "reasons", "meta", "pareto", "repairs",
-             "ranges"}
-    check_keys(obj, extra, where)
+    check_keys(obj, PLAN_KEYS | PLAN_EXTRA_KEYS, where)
     groups = obj.get("groups", {})
     if not isinstance(groups, dict):
         raise QuantscopeError(f"'groups' in {where} must map group names to precisions")
@@ -132,6 +135,10 @@ def read_plan(path: str | Path) -> Plan:
 
 
 def write_plan(path: str | Path, plan: Plan, extra: dict[str, Any] | None = None) -> Path:
+    """The plan plus the planner's records (``PLAN_EXTRA_KEYS``), readable by read_plan."""
+    bad = sorted(set(extra or {}) - PLAN_EXTRA_KEYS)
+    if bad:
+        raise ValueError(f"plan file key {bad[0]!r} is not one read_plan accepts")
     return write_json(path, {**plan_to_dict(plan), **(extra or {})})
 
 

@@ -46,8 +46,9 @@ from quantscope.targets.profile import Target
 from quantscope.types import Plan, Precision, QuantscopeError, Stats
 
 Batch = dict[str, np.ndarray]
-# the analysis' predicted metric and the evaluation metric that measures the same thing
-SAME_METRIC = {"output_sqnr_db": "embedding_sqnr_db"}
+# the analysis' predicted metric and the evaluation metrics that measure the same thing:
+# with a task, the embeddings the analysis pooled; without one, the raw outputs
+SAME_METRIC = {"output_sqnr_db": ("embedding_sqnr_db", "sqnr_db")}
 
 
 @dataclass(frozen=True)
@@ -135,12 +136,12 @@ def offer_repairs(
     unknown = [n for n in names if n not in REPAIRS]
     if unknown:
         raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(REPAIRS)}")
-    key = SAME_METRIC.get(sens.metric, sens.metric)
     ref = reference_outputs or run_model(model.proto, list(data.evaluation))
     start = Plan(default=sens.low, target=target.name)
     base = evaluate_plan(model, data, stats, start, method=method, scheme=target.scheme,
                          reference_outputs=ref)["metrics"]
-    if key not in base:
+    key = next((k for k in SAME_METRIC.get(sens.metric, (sens.metric,)) if k in base), "")
+    if not key:
         raise QuantscopeError(
             f"the analysis predicts '{sens.metric}', which evaluation does not measure "
             f"(has {', '.join(sorted(base))}): plan without --repairs"
