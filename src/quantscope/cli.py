@@ -379,7 +379,9 @@ def _parser() -> argparse.ArgumentParser:
     an.add_argument("--high", default="a16_w16")
     an.add_argument("--pairs", type=int, default=128, help="retrieval pairs analysed")
     an.add_argument("--proxy", type=float, default=0.125,
-                    help="fraction of rows the sweeps run on (1.0 = exact, every row)")
+                    help="row-cost budget of the sweeps: enable-one on every "
+                    "round(2/PROXY)-th row, disable-one on the noisiest rows worth PROXY of "
+                    "the row cost (1.0 = exact, every row, task metric per candidate)")
     an.add_argument("--tokenizer")
     an.add_argument("--out", required=True)
     an.set_defaults(func=cmd_analyze)
