@@ -140,3 +140,14 @@ def test_sweep_fast_rows_equal_the_exact_sweep_on_the_same_rows():
         # ... and the candidate's rows there equal the exact sweep's rows
         idx = np.array([h[0] for h in hit])
         np.testing.assert_allclose(fast.rows[i], exact.rows[j][idx], rtol=1e-5, atol=1e-5)
+
+
+def test_analyze_default_fast_path_selects_rows_by_the_uniform_low_noise():
+    model, groups, stats, feeds = _prepared("layernorm_block", n=4)
+    a = analyze(model, groups, stats, feeds, scorer=Scorer(), proxy_fraction=0.5,
+                recover_top=(1,))
+    rows = a.method["rows_per_sweep"]
+    total = a.method["rows"]
+    assert 0 < rows["enable_one"] < total and 0 < rows["disable_one"] < total
+    assert a.method["sweep"] == "segments+density"
+    assert len(a.offenders) == len(groups.groups)

@@ -33,6 +33,7 @@ from quantscope.analyze.sensitivity import (
     SweepResult,
     proxy_batches,
     run_plan_rows,
+    squared_error_rows,
     sweep_fast,
     sweep_naive,
     sweep_segments,
@@ -170,19 +171,23 @@ def analyze(
 
     scheme = getattr(target, "scheme", None)
     batches = list(batches)
+    ref = run_plan_rows(model, groups, batches, model.proto, scorer)
+    baselines, collapse, uniform_rows = {}, {}, {}
+    for p in (low, high):
+        baselines[p.value], uniform_rows[p] = _plan_metrics(
+            model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
+        )
+        collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress}
     if proxy_fraction >= 1:
         res = sweep_segments(model, groups, stats, batches, **kw)
     else:
-        res = sweep_fast(model, groups, stats, batches, fraction=proxy_fraction, **kw)
+        # the uniform-low run above gives the per-row noise the fast sweep selects rows by
+        err = squared_error_rows(ref, uniform_rows[low])
+        cuts = np.cumsum([len(next(iter(b.values()))) for b in batches])[:-1]
+        res = sweep_fast(model, groups, stats, batches, fraction=proxy_fraction,
+                         noise=np.split(err, cuts), **kw)
     sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 else None)
-    ref = run_plan_rows(model, groups, batches, model.proto, scorer)
-    baselines, collapse = {}, {}
-    for p in (low, high):
-        baselines[p.value], rows = _plan_metrics(
-            model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
-        )
-        collapse[p.value] = collapse_report(rows, ref).to_dict()
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
     noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
     outliers, weights = find_outliers(stats, groups), find_weight_issues(model, groups, scheme)

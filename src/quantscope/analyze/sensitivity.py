@@ -498,8 +498,14 @@ def row_noise(
             names = {i.name for i in sess.get_inputs()}
             values = sess.run(outs, {k: v for k, v in feeds.items() if k in names})
             rows.append(scorer.reduce(values, feeds).astype(np.float64))
-        out.append(((rows[1] - rows[0]) ** 2).reshape(len(rows[0]), -1).sum(axis=1))
+        out.append(squared_error_rows(rows[0], rows[1]))
     return out
+
+
+def squared_error_rows(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """Per row: the summed squared difference of reduced rows (float64)."""
+    d = np.asarray(test, np.float64) - np.asarray(ref, np.float64)
+    return (d**2).reshape(len(d), -1).sum(axis=1)
 
 
 def sweep_fast(
@@ -513,9 +519,13 @@ def sweep_fast(
     high: Precision,
     fraction: float = 0.125,
     scheme: QuantScheme | None = None,
+    noise: Sequence[np.ndarray] | None = None,
     progress: bool = False,
 ) -> SweepResult:
     """Both sweeps by segments, each on its own row subset (module docstring, ``fast``).
+
+    ``noise``: per batch, per row output noise of uniform ``low`` (as :func:`row_noise`
+    returns), when the caller has already run FP32 and ``low`` on every row.
 
     Enable-one runs on every ``round(2 / fraction)``-th row; disable-one on the rows of
     highest all-``low`` noise density, ``fraction`` of the total row cost. Measured on
@@ -528,7 +538,8 @@ def sweep_fast(
     enable = sweep_segments(
         model, groups, stats, proxy_batches(batches, fraction / 2), sweeps=("enable_one",), **kw
     )
-    noise = row_noise(model, groups, stats, batches, scorer=scorer, low=low, scheme=scheme)
+    if noise is None:
+        noise = row_noise(model, groups, stats, batches, scorer=scorer, low=low, scheme=scheme)
     chosen, carried = density_batches(batches, noise, fraction)
     disable = sweep_segments(model, groups, stats, chosen, sweeps=("disable_one",), **kw)
     if progress:
