@@ -23,8 +23,10 @@ drop               the refinement also tries removing each chosen repair and kee
                    removal when the measurement does not get worse
 =================  ===================================================================
 
-So the chosen plan is the best measured (precisions, repairs) pair the search visited,
-legal on the target (repairs keep the op types; ``check`` runs on every emitted plan).
+So the chosen plan is the best measured (precisions, repairs) pair the search visited.
+``check`` runs on every emitted plan against the ORIGINAL graph: repairs keep op types and
+names, but ``split`` widens a few layers by some channels, which size-based rules
+(super-defuse) do not see there; run ``quantscope check`` on the repaired model too.
 """
 
 from __future__ import annotations
@@ -61,10 +63,11 @@ class Offer:
 
 
 def _repaired(model: Model, stats: Stats, plan: Plan, feeds: Sequence[Batch],
-              names: Sequence[str], target: Target) -> tuple[Model, Stats, Plan, tuple]:
+              names: Sequence[str], target: Target | None) -> tuple[Model, Stats, Plan, tuple]:
     from quantscope.repair.apply import apply_repairs
 
-    out = apply_repairs(model, stats, plan, feeds, repairs=names, scheme=target.scheme)
+    scheme = None if target is None else target.scheme
+    out = apply_repairs(model, stats, plan, feeds, repairs=names, scheme=scheme)
     repaired = load_proto(out.proto, f"{model.source} (repaired: {','.join(names)})")
     return repaired, out.stats, replace(out.plan, meta=plan.meta), out.records
 
@@ -79,9 +82,9 @@ def repair_evaluator(
     data: Any,
     stats: Stats,
     metric: str,
-    feeds: Sequence[Batch],
+    feeds: Sequence[Batch] = (),
     *,
-    target: Target,
+    target: Target | None = None,
     method: str | None = None,
     reference_outputs: Any = None,
     progress: bool = False,
@@ -89,7 +92,8 @@ def repair_evaluator(
     """``evaluate(plan) -> float``: real emulation, after the plan's repairs (meta ``repairs``).
 
     The FP32 reference is the original model (bias correction and AdaRound change the FP32
-    function on purpose); its outputs are computed once.
+    function on purpose); its outputs are computed once. ``feeds``: the calibration
+    batches the repairs use (needed only for plans that list repairs).
     """
     from quantscope.emulate.evaluate import run_model
     from quantscope.stages import evaluate_plan
@@ -99,12 +103,15 @@ def repair_evaluator(
     def run(plan: Plan) -> float:
         names = [n for n in dict(plan.meta).get("repairs", "").split(",") if n]
         m, s, p = model, stats, plan
+        if names and not feeds:
+            raise QuantscopeError("the plan lists repairs but no calibration feeds were given")
         if names:
             if progress:
                 print(f"plan: measuring with repairs {','.join(names)} …", file=sys.stderr,
                       flush=True)
             m, s, p, _ = _repaired(model, stats, plan, feeds, names, target)
-        metrics = evaluate_plan(m, data, s, p, method=method, scheme=target.scheme,
+        metrics = evaluate_plan(m, data, s, p, method=method,
+                                scheme=None if target is None else target.scheme,
                                 reference_outputs=ref)["metrics"]
         if metric not in metrics:
             raise QuantscopeError(f"metric '{metric}' not among {', '.join(sorted(metrics))}")

@@ -370,19 +370,9 @@ def evaluator(
 ) -> Evaluate:
     """``evaluate(plan) -> float``: real emulation of ``plan`` scored by ``metric``.
 
-    The FP32 reference outputs are computed once and reused for every plan measured.
+    The FP32 reference outputs are computed once and reused for every plan measured; the
+    same evaluation as :func:`quantscope.plan.joint.repair_evaluator`, without repairs.
     """
-    from quantscope.emulate.evaluate import run_model
-    from quantscope.stages import evaluate_plan
+    from quantscope.plan.joint import repair_evaluator
 
-    ref = run_model(model.proto, list(data.evaluation))
-    scheme = None if target is None else target.scheme
-
-    def run(plan: Plan) -> float:
-        metrics = evaluate_plan(model, data, stats, plan, method=method, scheme=scheme,
-                                reference_outputs=ref)["metrics"]
-        if metric not in metrics:
-            raise QuantscopeError(f"metric '{metric}' not among {', '.join(sorted(metrics))}")
-        return float(metrics[metric])
-
-    return run
+    return repair_evaluator(model, data, stats, metric, target=target, method=method)
