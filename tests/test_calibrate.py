@@ -6,7 +6,7 @@ import tiny_models as tm
 
 from quantscope.calibrate.collect import calibrate
 from quantscope.calibrate.observe import HIST_BINS, Observer
-from quantscope.calibrate.ranges import tensor_range
+from quantscope.emulate.ranges import tensor_range
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.serde import read_stats, write_stats

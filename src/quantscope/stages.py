@@ -7,19 +7,15 @@ calibrate, encode, build_qdq, evaluate); nothing here holds state between calls.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import onnx
 
 from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.encode import encode
-from quantscope.emulate.evaluate import Outputs, output_fidelity, run_model
-from quantscope.emulate.qdq import build_qdq
-from quantscope.model.groups import check_plan_names, find_groups
+from quantscope.emulate.evaluate import output_fidelity, run_model
+from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load, load_proto
 from quantscope.serde import (
     plan_to_dict,
@@ -33,7 +29,16 @@ from quantscope.serde import (
     write_text,
 )
 from quantscope.tasks.tensors import load_tensor_batches
-from quantscope.types import Encodings, Groups, Metrics, Plan, QuantScheme, QuantscopeError, Stats
+from quantscope.types import (
+    Dataset,
+    Encodings,
+    Groups,
+    Outputs,
+    Plan,
+    QuantScheme,
+    QuantscopeError,
+    Stats,
+)
 
 __all__ = [
     "Dataset", "open_model", "open_data", "calibrate_model", "qdq_for_plan", "evaluate_plan",
@@ -41,31 +46,6 @@ __all__ = [
     "write_stats", "opset_of", "load_proto", "write_plan", "write_text", "evaluate_plans",
     "export_plan", "device_io_rows", "plan_problems", "read_text", "read_json_file",
 ]
-
-Batch = dict[str, np.ndarray]
-
-
-class Task(Protocol):
-    """A task turns FP32 and emulated outputs of the eval batches into task metrics."""
-
-    name: str
-
-    def metrics(self, ref: Outputs, test: Outputs) -> Metrics: ...
-
-
-@dataclass(frozen=True, eq=False)
-class Dataset:
-    """Calibration and evaluation batches, plus the task that scores them (if any)."""
-
-    name: str
-    calibration: tuple[Batch, ...]
-    evaluation: tuple[Batch, ...]
-    task: Task | None = None
-    notes: tuple[str, ...] = ()
-
-    def calibration_batches(self) -> Iterator[Batch]:
-        yield from self.calibration
-
 
 def resolve_model_path(spec: str) -> Path:
     """A built-in model name or a path -> path of an ONNX file."""
@@ -115,11 +95,12 @@ def qdq_for_plan(
     method: str | None = None,
     scheme: QuantScheme | None = None,
 ) -> tuple[onnx.ModelProto, tuple[str, ...]]:
-    """The QDQ model for a plan, and the notes the encoder made."""
-    groups = find_groups(model)
-    check_plan_names(plan, groups)
-    enc = encode(model, groups, stats, plan, scheme=scheme, method=method)
-    return build_qdq(model, groups, plan, enc), enc.notes
+    """The QDQ model for a plan (in its target's scheme), and the notes the encoder made.
+
+    ``scheme`` applies only to a plan that names no target (see :func:`scheme_for`).
+    """
+    q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
+    return q.proto, q.notes
 
 
 def evaluate_plan(
@@ -134,7 +115,10 @@ def evaluate_plan(
     reference: Model | None = None,
     reference_outputs: Outputs | None = None,
 ) -> dict[str, Any]:
-    """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32."""
+    """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32.
+
+    The graph measured is :func:`qdq_for_plan`'s, the one ``export-qdq`` writes.
+    """
     return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
                           progress=progress, reference=reference,
                           reference_outputs=reference_outputs)["emulated"]
@@ -217,15 +201,6 @@ def read_json_file(path: str | Path, what: str) -> Any:
     return read_json(path, what)
 
 
-def scheme_for(plan: Plan) -> QuantScheme | None:
-    """The quantization scheme of the plan's target, if it names one."""
-    if not plan.target:
-        return None
-    from quantscope.targets import load_target
-
-    return load_target(plan.target).scheme
-
-
 def forced_ranges(
     groups: Groups, plan: Plan, enc: Encodings
 ) -> dict[str, tuple[float, float]]:
@@ -258,9 +233,8 @@ def export_plan(
     from quantscope.export.qnn_encodings import export_qnn_encodings, to_json
 
     groups = find_groups(model)
-    check_plan_names(plan, groups)
-    scheme = scheme_for(plan)
-    enc = encode(model, groups, stats, plan, scheme=scheme)
+    q = quantize_model(model, stats, plan, scheme=scheme_for(plan), groups=groups)
+    enc = q.encodings
     if fmt == "alls":
         names = hn_layer_names(hn, groups) if hn else None
         return write_text(out, export_alls(plan, groups, layer_names=names,
@@ -268,7 +242,7 @@ def export_plan(
     if fmt == "qnn":
         return write_text(out, to_json(export_qnn_encodings(plan, groups, enc, version=qnn_version)))
     if fmt == "qdq":
-        return write_onnx(out, build_qdq(model, groups, plan, enc))
+        return write_onnx(out, q.proto)
     raise QuantscopeError(f"unknown export format '{fmt}': use alls, qnn or qdq")
 
 
@@ -277,9 +251,8 @@ def device_io_rows(model: Model, stats: Stats, plan: Plan) -> list[dict[str, Any
     from quantscope.export.device_io import device_io
 
     groups = find_groups(model)
-    check_plan_names(plan, groups)
-    enc = encode(model, groups, stats, plan, scheme=scheme_for(plan))
-    return device_io(model, groups, enc)
+    q = quantize_model(model, stats, plan, scheme=scheme_for(plan), groups=groups)
+    return device_io(model, groups, q.encodings)
 
 
 def plan_problems(model: Model, plan: Plan, *, seq_len: int | None = None) -> list[dict[str, Any]]:

@@ -16,13 +16,19 @@ Group          a decision unit: one anchor node (a weighted op or an op an integ
                NPU quantizes) plus the elementwise ops fused into it; its output
                tensors are quantized at the group's activation precision
 Plan           group name -> precision, with a default
+Batch          one model feed: input name -> array
+Outputs        model outputs over a data set (per output, per batch)
+Task           turns FP32 and emulated Outputs into task Metrics
+Dataset        calibration + evaluation batches and the task scoring them
 =============  ===============================================================
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 import numpy as np
 
@@ -225,3 +231,44 @@ class Encodings:
     weights: dict[str, Encoding]
     scheme: QuantScheme = QuantScheme()
     notes: tuple[str, ...] = ()
+
+
+Batch = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class Outputs:
+    """Model outputs over a data set: one list of per-batch arrays per output name."""
+
+    names: tuple[str, ...]
+    batches: tuple[tuple[np.ndarray, ...], ...]
+
+    def concat(self, name: str) -> np.ndarray | None:
+        """All batches of one output along axis 0 (None if batch shapes differ)."""
+        i = self.names.index(name)
+        parts = [b[i] for b in self.batches]
+        if len({p.shape[1:] for p in parts}) != 1:
+            return None
+        return np.concatenate(parts, axis=0)
+
+
+class Task(Protocol):
+    """A task turns FP32 and emulated outputs of the eval batches into task metrics."""
+
+    name: str
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics: ...
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """Calibration and evaluation batches, plus the task that scores them (if any)."""
+
+    name: str
+    calibration: tuple[Batch, ...]
+    evaluation: tuple[Batch, ...]
+    task: Task | None = None
+    notes: tuple[str, ...] = ()
+
+    def calibration_batches(self) -> Iterator[Batch]:
+        yield from self.calibration

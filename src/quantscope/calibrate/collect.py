@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 
 from quantscope.calibrate.observe import Observer
-from quantscope.calibrate.ranges import METHODS
+from quantscope.emulate.ranges import METHODS
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantscope.calibrate.ranges import tensor_range
+from quantscope.emulate.ranges import tensor_range
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
 from quantscope.numerics import qparams, weight_encoding

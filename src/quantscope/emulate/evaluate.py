@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sized
-from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -18,23 +17,7 @@ import onnx
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
-from quantscope.types import Metrics
-
-
-@dataclass(frozen=True, eq=False)
-class Outputs:
-    """Model outputs over a data set: one list of per-batch arrays per output name."""
-
-    names: tuple[str, ...]
-    batches: tuple[tuple[np.ndarray, ...], ...]
-
-    def concat(self, name: str) -> np.ndarray | None:
-        """All batches of one output along axis 0 (None if batch shapes differ)."""
-        i = self.names.index(name)
-        parts = [b[i] for b in self.batches]
-        if len({p.shape[1:] for p in parts}) != 1:
-            return None
-        return np.concatenate(parts, axis=0)
+from quantscope.types import Metrics, Outputs
 
 
 def run_model(

@@ -13,18 +13,27 @@ bias                                kept in float (the 32-bit bias grid of integ
                                     NPUs is far finer than the activation grid)
 pass-through ops (Reshape …)         untouched: their output is already on the grid
 ==================================  ===============================================
+
+:func:`quantize_model` is the one composition every caller uses (evaluate, export-qdq,
+export, analyze, repairs, the planner's evaluator): plan + statistics + the target's
+scheme -> encodings -> QDQ graph. The scheme is a required input, so no caller can build
+the graph of another scheme than the one it measures or ships (:func:`scheme_for`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from quantscope.emulate.encode import encode
+from quantscope.model.groups import check_plan_names, find_groups
 from quantscope.model.load import Model
 from quantscope.numerics import quantize
-from quantscope.types import Encoding, Encodings, Groups, Plan
+from quantscope.types import Encoding, Encodings, Groups, Plan, QuantScheme, QuantscopeError, Stats
 
 _STORAGE = {
     (4, True): (ml_dtypes.int4, TensorProto.INT4),
@@ -123,3 +132,50 @@ def build_qdq(model: Model, groups: Groups, plan: Plan, encodings: Encodings) ->
     del graph.initializer[:]
     graph.initializer.extend(kept + new_inits)
     return proto
+
+
+@dataclass(frozen=True, eq=False)
+class QdqModel:
+    """The QDQ graph of one plan and the encodings it was written from."""
+
+    proto: onnx.ModelProto
+    encodings: Encodings
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return self.encodings.notes
+
+
+def scheme_for(plan: Plan, fallback: QuantScheme | None = None) -> QuantScheme:
+    """The scheme a plan is built with: its target's, else ``fallback``, else the default.
+
+    A ``fallback`` that contradicts the plan's own target is a caller error: the graph
+    measured would not be the graph shipped.
+    """
+    if not plan.target:
+        return fallback or QuantScheme()
+    from quantscope.targets import load_target
+
+    scheme = load_target(plan.target).scheme
+    if fallback is not None and fallback != scheme:
+        raise QuantscopeError(
+            f"plan names target '{plan.target}' but another quantization scheme was given: "
+            "drop the explicit scheme or the plan's target"
+        )
+    return scheme
+
+
+def quantize_model(
+    model: Model,
+    stats: Stats,
+    plan: Plan,
+    *,
+    scheme: QuantScheme,
+    groups: Groups | None = None,
+    method: str | None = None,
+) -> QdqModel:
+    """Plan + statistics + scheme -> the QDQ model (what is measured is what is exported)."""
+    groups = groups or find_groups(model)
+    check_plan_names(plan, groups)
+    enc = encode(model, groups, stats, plan, scheme=scheme, method=method)
+    return QdqModel(proto=build_qdq(model, groups, plan, enc), encodings=enc)

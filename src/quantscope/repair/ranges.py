@@ -1,7 +1,7 @@
 """Range method per tensor, chosen by measured effect instead of one global method.
 
 =============  ======================================================================
-candidates     ``minmax``, ``percentile``, ``mse`` (see :mod:`quantscope.calibrate.ranges`)
+candidates     ``minmax``, ``percentile``, ``mse`` (see :mod:`quantscope.emulate.ranges`)
 ``local``      per tensor, the expected squared error of its own histogram under each
                candidate's grid (no model runs; ``mse`` usually wins by construction)
 ``output``     greedy coordinate descent with the whole plan emulated, starting from the
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from quantscope.calibrate.ranges import METHODS
 from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.ranges import METHODS
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.numerics import fake_quant

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 
-from quantscope.emulate.evaluate import Outputs
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
@@ -33,7 +32,7 @@ from quantscope.tasks.text import (
     make_batches,
     pool,
 )
-from quantscope.types import Metrics, QuantscopeError
+from quantscope.types import Dataset, Metrics, Outputs, QuantscopeError
 
 CALIB_TEXTS = 512
 
@@ -219,10 +218,8 @@ def face_dataset(
 
 def open_task_data(
     spec: str, model: Model, *, tokenizer: str | None = None, max_pairs: int | None = None
-) -> object | None:
-    """A ``stages.Dataset`` for a task spec, or None when ``spec`` is plain tensor data."""
-    from quantscope.stages import Dataset
-
+) -> Dataset | None:
+    """A :class:`Dataset` for a task spec, or None when ``spec`` is plain tensor data."""
     if is_text_spec(spec):
         check_text_model(model, spec)
         calib, evaluation, task, note = text_dataset(spec, model, tokenizer=tokenizer,
