@@ -21,9 +21,11 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests bench tools
+	$(VENV)/bin/lint-imports
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests bench tools
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
