@@ -160,7 +160,7 @@ def evaluate_plans(
         results[label] = {
             "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
             "method": method or stats.method, "metrics": metrics, "outputs": tables,
-            "notes": [*data.notes, *notes, *task_notes],
+            "notes": [*model.notes, *data.notes, *notes, *task_notes],
         }
     return results
 

@@ -25,6 +25,7 @@ class Model:
 
     proto: onnx.ModelProto
     source: str  # path or built-in name it came from
+    notes: tuple[str, ...] = ()  # what the loader normalised (e.g. Constant weights)
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -118,6 +119,82 @@ def name_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+# Ops that only move or retype a constant: a weight behind them is still a weight.
+_LAYOUT_OPS = frozenset({"Transpose", "Reshape", "Identity", "Cast", "Squeeze", "Unsqueeze",
+                         "Flatten"})
+
+
+def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+    for a in node.attribute:
+        if a.name == "value":
+            return numpy_helper.to_array(a.t)
+        if a.name in ("value_float", "value_int"):
+            return np.array(a.f if a.name == "value_float" else a.i)
+        if a.name in ("value_floats", "value_ints"):
+            return np.array(list(a.floats) if a.name == "value_floats" else list(a.ints))
+    return None
+
+
+def _is_weight(value: np.ndarray) -> bool:
+    return value.dtype.kind == "f" and value.size > 1
+
+
+def _fold_layout(node: onnx.NodeProto, consts: dict[str, np.ndarray]) -> np.ndarray:
+    from onnx.reference import ReferenceEvaluator
+
+    ins = [n for n in node.input if n]
+    g = onnx.helper.make_graph(
+        [node], "fold", [], [onnx.helper.make_tensor_value_info(node.output[0], 0, None)],
+        [numpy_helper.from_array(np.asarray(consts[n]), n) for n in ins])
+    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", 21)])
+    return np.asarray(ReferenceEvaluator(m).run(None, {})[0])
+
+
+def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """Weights stored as ``Constant`` nodes (Paddle, TF exports) become initializers.
+
+    A float ``Constant`` with more than one element is a weight; so is the output of a
+    layout op (Transpose, Reshape …) whose inputs are all constant and one of them a
+    weight. Both become initializers under their original tensor names; Constant nodes
+    left without consumers are dropped. Scalars and integer constants (shapes, axes,
+    the attention scale) stay as they are. Returns the new model and what was done.
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    graph = out.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    weights = {t.name for t in graph.initializer if _is_weight(consts[t.name])}
+    promoted: dict[str, np.ndarray] = {}
+    kept: list[onnx.NodeProto] = []
+    for node in graph.node:
+        value = _constant_value(node) if node.op_type == "Constant" and not node.input else None
+        if value is not None:
+            consts[node.output[0]] = value
+            if _is_weight(value):
+                promoted[node.output[0]] = value
+                weights.add(node.output[0])
+                continue
+        elif (node.op_type in _LAYOUT_OPS and len(node.output) == 1
+              and all(not i or i in consts for i in node.input)
+              and any(i in weights for i in node.input)):
+            folded = _fold_layout(node, consts)
+            consts[node.output[0]] = folded
+            promoted[node.output[0]] = folded
+            weights.add(node.output[0])
+            continue
+        kept.append(node)
+    if not promoted:
+        return proto, ()
+    used = {i for n in kept for i in n.input} | {o.name for o in graph.output}
+    live = [n for n in kept if n.op_type != "Constant" or any(o in used for o in n.output)]
+    del graph.node[:]
+    graph.node.extend(live)
+    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in promoted.items())
+    note = (f"{len(promoted)} weight tensor(s) stored as Constant nodes (or layout ops on "
+            "them) were made initializers, so they are quantized as weights")
+    return out, (note,)
+
+
 def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx.ModelProto:
     """Raise the default-domain opset to ``target`` (needed for 16-bit Q/DQ)."""
     if _default_opset(proto) >= target:
@@ -147,6 +224,7 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
             f"model '{source}' fails the ONNX checker ({first}): fix or re-export it"
         ) from None
     proto = name_nodes(proto)
+    proto, notes = fold_constant_weights(proto)
     proto = upgrade_opset(proto)
     proto = name_nodes(proto)
     try:
@@ -156,7 +234,7 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
             f"shape inference failed on '{source}' ({type(exc).__name__}): "
             "check the model with onnx.checker and re-export it"
         ) from None
-    return Model(proto=proto, source=source)
+    return Model(proto=proto, source=source, notes=notes)
 
 
 def load(path: str | Path) -> Model:

@@ -1,0 +1,60 @@
+"""Weights stored as Constant nodes (Paddle/TF exports) are weights, not activations."""
+
+import numpy as np
+import onnx
+import tiny_models as tm
+from onnx import helper, numpy_helper
+
+from quantscope import stages
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+from quantscope.types import Dataset, Plan, Precision
+
+
+def _paddle_style(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """Every initializer as a Constant node; w3 stored transposed behind a Transpose."""
+    nodes = []
+    for t in proto.graph.initializer:
+        arr = numpy_helper.to_array(t)
+        if t.name == "w3":
+            nodes.append(helper.make_node("Constant", [], ["w3_t"],
+                                          value=numpy_helper.from_array(arr.T.copy(), "w3_t")))
+            nodes.append(helper.make_node("Transpose", ["w3_t"], ["w3"], perm=[1, 0]))
+        else:
+            nodes.append(helper.make_node("Constant", [], [t.name],
+                                          value=numpy_helper.from_array(arr, t.name)))
+    g = proto.graph
+    graph = helper.make_graph(nodes + list(g.node), g.name, list(g.input), list(g.output))
+    return helper.make_model(graph, opset_imports=list(proto.opset_import),
+                             ir_version=proto.ir_version)
+
+
+def test_constant_weights_give_the_same_groups_and_numbers():
+    ref = load_proto(tm.conv_net(), "init")
+    pad = load_proto(_paddle_style(tm.conv_net()), "paddle")
+    assert pad.notes and "Constant" in pad.notes[0]
+    assert ref.notes == ()
+    gr, gp = find_groups(ref), find_groups(pad)
+    assert [(g.op_type, g.kind, g.weight) for g in gr.groups] == \
+           [(g.op_type, g.kind, g.weight) for g in gp.groups]
+    assert {g.weight for g in gp.groups if g.weight} == {"w1", "w2", "w3"}
+    x = np.random.default_rng(0).normal(0, 1, (8, 3, 16, 16)).astype(np.float32)
+    batches = ({"image": x},)
+    results = []
+    for m in (ref, pad):
+        data = Dataset(name="x", calibration=batches, evaluation=batches)
+        stats = stages.calibrate_model(m, data)
+        results.append([
+            stages.evaluate_plan(m, data, stats, Plan.uniform(p))["metrics"]["sqnr_db"]
+            for p in (Precision.A8_W8, Precision.A16_W8, Precision.A16_W16)])
+    assert results[0] == results[1]
+    # weights are quantized: 16-bit weights beat 8-bit ones at 16-bit activations
+    assert results[1][2] > results[1][1] + 10
+
+
+def test_scalar_and_integer_constants_stay():
+    m = load_proto(tm.attention(), "att")
+    kinds = {n.op_type for n in m.graph.node}
+    before = sum(n.op_type == "Constant" for n in tm.attention().graph.node)
+    assert sum(n.op_type == "Constant" for n in m.graph.node) == before
+    assert m.notes == () and kinds
