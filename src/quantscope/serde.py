@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import tempfile
 import zipfile
@@ -56,8 +57,43 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
+NONFINITE_KEY = "nonfinite"  # JSON pointer -> "inf" | "-inf" | "nan", for values written as null
+
+
+def _strict(obj: Any, pointer: str, found: dict[str, str]) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        found[pointer or "/"] = "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+        return None
+    if isinstance(obj, dict):
+        return {k: _strict(v, f"{pointer}/{k}", found) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict(v, f"{pointer}/{i}", found) for i, v in enumerate(obj)]
+    return obj
+
+
+def _restore(obj: Any, pointer: str, found: dict[str, str]) -> Any:
+    if obj is None and pointer in found:
+        return float(found[pointer])
+    if isinstance(obj, dict):
+        return {k: _restore(v, f"{pointer}/{k}", found) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_restore(v, f"{pointer}/{i}", found) for i, v in enumerate(obj)]
+    return obj
+
+
+def to_strict_json(obj: Any) -> str:
+    """Strict JSON (jq, JavaScript): a non-finite number becomes null, and a top-level
+    ``nonfinite`` map says which value it was (JSON pointer -> ``inf``/``-inf``/``nan``,
+    e.g. an SQNR of a noiseless output). :func:`read_json` restores them."""
+    found: dict[str, str] = {}
+    clean = _strict(obj, "", found)
+    if found and isinstance(clean, dict):
+        clean[NONFINITE_KEY] = found
+    return json.dumps(clean, indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+
 def write_json(path: str | Path, obj: Any) -> Path:
-    return write_text(path, json.dumps(obj, indent=2, sort_keys=False, allow_nan=True) + "\n")
+    return write_text(path, to_strict_json(obj))
 
 
 def write_onnx(path: str | Path, proto: onnx.ModelProto) -> Path:
@@ -69,9 +105,13 @@ def read_json(path: str | Path, what: str) -> Any:
     if not path.is_file():
         raise QuantscopeError(f"{what} file '{path}' does not exist: check the path")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise QuantscopeError(f"{what} file '{path}' is not valid JSON ({exc}): fix it") from None
+    if isinstance(doc, dict) and isinstance(doc.get(NONFINITE_KEY), dict):
+        found = doc.pop(NONFINITE_KEY)
+        doc = _restore(doc, "", found)
+    return doc
 
 
 def check_keys(obj: dict[str, Any], allowed: set[str], where: str) -> None:
