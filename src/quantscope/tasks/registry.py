@@ -25,12 +25,15 @@ from quantscope.tasks.text import (
     STDLIB_DOCS,
     TextBatches,
     TextEncoder,
+    describe_lengths,
     detect_encoder,
+    length_profile,
     load_calibration_texts,
     load_pairs,
     load_tokenizer,
     make_batches,
     pool,
+    token_lengths,
 )
 from quantscope.types import Dataset, Metrics, Outputs, QuantscopeError
 
@@ -109,7 +112,10 @@ def text_dataset(
         eval_b = make_batches(calib_texts, tok, enc, batch_size=batch_size)
         task = None
     calib = make_batches(calib_texts[:CALIB_TEXTS], tok, enc, batch_size=batch_size)
-    return tuple(calib.batches), tuple(eval_b.batches), task, enc.describe()
+    eval_texts = texts if task is not None else calib_texts
+    profile = length_profile(token_lengths(eval_texts, tok))
+    return (tuple(calib.batches), tuple(eval_b.batches), task,
+            f"{enc.describe()}; {describe_lengths(profile)}")
 
 
 def is_text_spec(spec: str) -> bool:

@@ -142,6 +142,37 @@ def load_tokenizer(
     return tokenizer
 
 
+FIT_LENGTHS = (64, 128, 256)
+
+
+def token_lengths(texts: Sequence[str], tokenizer: tokenizers.Tokenizer) -> np.ndarray:
+    """Untruncated token count of every text (special tokens included)."""
+    full = tokenizers.Tokenizer.from_str(tokenizer.to_str())
+    full.no_truncation()
+    full.no_padding()
+    return np.array([len(e.ids) for e in full.encode_batch(list(texts))], dtype=np.int64)
+
+
+def length_profile(lengths: np.ndarray, fits: Sequence[int] = FIT_LENGTHS) -> dict[str, float]:
+    """Token-length distribution and the fraction of texts that fit each sequence length.
+
+    Sequence length is a deployment decision (legality on the NPU depends on it): this
+    says what a shorter one costs in truncated texts.
+    """
+    if lengths.size == 0:
+        return {}
+    out = {"texts": float(lengths.size), "median": float(np.median(lengths)),
+           "p95": float(np.percentile(lengths, 95)), "max": float(lengths.max())}
+    out.update({f"fit_{n}": float(np.mean(lengths <= n)) for n in fits})
+    return out
+
+
+def describe_lengths(profile: dict[str, float]) -> str:
+    fits = ", ".join(f"{k[4:]}: {v:.0%}" for k, v in profile.items() if k.startswith("fit_"))
+    return (f"token lengths over {int(profile['texts'])} texts: median {profile['median']:.0f}, "
+            f"p95 {profile['p95']:.0f}, max {profile['max']:.0f}; texts that fit {fits}")
+
+
 # --------------------------------------------------------------------------- encoder detection
 
 
