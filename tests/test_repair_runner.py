@@ -60,6 +60,7 @@ def test_default_repairs_skip_with_a_note_where_equalisation_finds_no_site(tmp_p
     assert list(records) == list(DEFAULT_REPAIRS)
     eq = records["equalize"]
     assert eq["changed"] == [] and "Sigmoid" in eq["skipped"] and eq["notes"]
+    assert eq["fp32_check"] is None  # nothing applied, nothing to check
     assert "skipped: nothing to change" in out
     assert records["bias"]["skipped"] is None and records["bias"]["changed"]  # the rest ran
     load_proto(onnx.load(tmp_path / "r.onnx"))
