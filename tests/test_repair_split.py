@@ -9,7 +9,7 @@ import tiny_models as tm
 from onnx import numpy_helper, parser
 
 from quantscope.model.load import load_proto
-from quantscope.repair.apply import apply_repairs
+from quantscope.repair.apply import run_repairs
 from quantscope.repair.split import channel_ranges, find_sites, plan_copies, split_channels
 from quantscope.repair.verify import check_function, quantize_model, quantized_error
 from quantscope.types import Plan, Precision, QuantScheme
@@ -210,16 +210,16 @@ def test_plan_copies_spreads_ties_and_drops_useless_copies():
     assert list(k) == [1] * 6 and "cannot lower the widest" in why
 
 
-def test_apply_repairs_runs_split():
+def test_run_repairs_runs_split():
     from quantscope.calibrate.collect import calibrate
     from quantscope.model.groups import find_groups
 
     m = conv_relu_conv()
     feeds = _feeds(m)
     stats = calibrate(m, find_groups(m), iter(feeds))
-    out = apply_repairs(m, stats, PLAN, feeds, repairs=("split",))
-    assert [r["name"] for r in out.records] == ["split_channels"]
-    assert "r1" in out.records[0]["changed"]
+    out = run_repairs(m, stats, PLAN, feeds, repairs=("split",))
+    assert [r.name for r in out.records] == ["split"]
+    assert "r1" in out.records[0].changed
     assert out.stats.tensors["r1"].channel_absmax.size == 10  # recalibrated, default budget
 
 
@@ -230,9 +230,10 @@ def test_equalize_leaves_the_residual_stream_to_split():
     m = residual_block()
     feeds = _feeds(m)
     stats = calibrate(m, find_groups(m), iter(feeds))
-    out = apply_repairs(m, stats, PLAN, feeds, repairs=("equalize", "split"))
+    out = run_repairs(m, stats, PLAN, feeds, repairs=("equalize", "split"))
     eq, sp = out.records
-    assert eq["changed"] and "w0" not in eq["changed"]  # CLE cannot touch a 2-reader stream
-    assert {"x", "s", "w0"} <= set(sp["changed"])
-    assert sp["effect"]["x:range_after"] < 0.6 * sp["effect"]["x:range_before"]
+    assert eq.changed and "w0" not in eq.changed  # CLE cannot touch a 2-reader stream
+    assert {"x", "s", "w0"} <= set(sp.changed)
+    effect = dict(sp.effect)
+    assert effect["x:range_after"] < 0.6 * effect["x:range_before"]
     assert check_function(m.proto, out.proto, feeds) <= 1e-5

@@ -105,7 +105,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    from quantscope.repair.apply import DEFAULT_REPAIRS, apply_repairs
+    from quantscope.repair.apply import run_repairs
+    from quantscope.repair.registry import DEFAULT_REPAIRS
 
     model = stages.open_model(args.model)
     data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
@@ -113,11 +114,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
     plan = _plan_from_args(args)
     feeds = list(data.calibration)[: args.batches]
     names = args.repairs or dict(plan.meta).get("repairs") or ",".join(DEFAULT_REPAIRS)
-    out = apply_repairs(model, stats, plan, feeds, repairs=names.split(","),
-                        proxy=args.proxy, scheme=stages.scheme_for(plan), progress=True)
+    out = run_repairs(model, stats, plan, feeds, repairs=names.split(","),
+                      proxy=args.proxy, scheme=stages.scheme_for(plan), progress=True)
     for r in out.records:
-        print(f"{r['name']:<16} {r['seconds']:6.1f} s  changed {len(r['changed']):3d}  "
-              f"{r['reason']}")
+        fp32 = "" if r.fp32_check is None else f"  fp32 max|diff| {r.fp32_check:.2g}"
+        print(f"{r.name:<9} {r.seconds:6.1f} s  changed {len(r.changed):3d}  "
+              + (f"skipped: {r.skipped}" if r.skipped else f"{r.reason}{fp32}"))
     repaired = stages.load_proto(out.proto, f"{model.source} (repaired)")
     if not args.no_evaluate:
         from quantscope.emulate.evaluate import run_model
@@ -131,7 +133,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
             print(f"  {key:<24} {before['metrics'][key]:>10.4g} -> {after['metrics'][key]:.4g}")
     stages.write_onnx(args.out_model, out.proto)
     stages.write_stats(args.out_stats, out.stats)
-    stages.write_plan(args.out_plan, out.plan, {"repairs": list(out.records)})
+    stages.write_plan(args.out_plan, out.plan, {"repairs": [r.to_json() for r in out.records]})
     print(f"wrote {args.out_model} (repaired FP32 model for the vendor compiler), "
           f"{args.out_stats}, {args.out_plan}")
     return 0

@@ -19,10 +19,16 @@ Every transform is a plain function returning a frozen :class:`Repair`: the new 
 record says otherwise -- ``split_channels`` also widens tensors and initializers) plus
 what changed, why, and the measured effect, so that a plan can record it and an
 exporter can ship the transformed FP32 model to a vendor compiler.
+
+The command and the planner do not call these functions directly: each module also has
+a ``*_step(RepairInput) -> RepairStep`` function (the one signature of every repair), and
+:mod:`quantscope.repair.registry` maps the CLI names to those steps. Adding a repair is
+one module with such a step plus one entry in ``REGISTRY`` there.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +36,7 @@ import onnx
 from onnx import numpy_helper
 
 from quantscope.model.load import Model, load_proto
-from quantscope.types import QuantscopeError
+from quantscope.types import Plan, QuantScheme, QuantscopeError, Stats
 
 
 class RepairError(QuantscopeError):
@@ -66,6 +72,41 @@ class Repair:
 
     def effect_dict(self) -> dict[str, float]:
         return dict(self.effect)
+
+
+@dataclass(frozen=True, eq=False)
+class RepairInput:
+    """What every registered repair gets: the model so far, its stats, the plan, the feeds."""
+
+    model: Model  # the model after the repairs run before this one
+    stats: Stats  # calibrated on ``model``
+    plan: Plan  # the plan after the repairs run before this one
+    feeds: Sequence[dict[str, np.ndarray]]  # calibration batches
+    scheme: QuantScheme | None = None  # the target's quantization scheme
+    proxy: str = "local"  # range choice: "local" (histogram) or "output" error
+
+
+@dataclass(frozen=True, eq=False)
+class RepairStep:
+    """What every registered repair returns; the runner records it and applies it."""
+
+    reason: str
+    changed: tuple[str, ...] = ()  # edited tensors (empty: the repair found no site)
+    proto: onnx.ModelProto | None = None  # the edited FP32 model; None: graph untouched
+    plan: Plan | None = None  # the edited plan; None: plan untouched
+    notes: tuple[str, ...] = ()  # "site: why it was left alone"
+    effect: tuple[tuple[str, float], ...] = ()  # measured numbers
+
+
+def step_of(r: Repair) -> RepairStep:
+    """The :class:`RepairStep` of a graph transform's :class:`Repair`."""
+    return RepairStep(
+        reason=r.reason,
+        changed=tuple(c.tensor for c in r.changes),
+        proto=r.proto if r.changes else None,
+        notes=tuple(f"{a}: {b}" for a, b in r.skipped),
+        effect=tuple((k, float(v)) for k, v in r.effect),
+    )
 
 
 def as_model(model: Model | onnx.ModelProto) -> Model:
@@ -119,9 +160,12 @@ __all__ = [
     "Change",
     "Repair",
     "RepairError",
+    "RepairInput",
+    "RepairStep",
     "as_model",
     "attr",
     "consumers_of",
+    "step_of",
     "use_counts",
     "with_initializers",
 ]

@@ -59,7 +59,17 @@ from quantscope.emulate.session import make_session, runner
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.numerics import quantize, weight_encoding
-from quantscope.repair import Change, Repair, as_model, attr, use_counts, with_initializers
+from quantscope.repair import (
+    Change,
+    Repair,
+    RepairInput,
+    RepairStep,
+    as_model,
+    attr,
+    step_of,
+    use_counts,
+    with_initializers,
+)
 from quantscope.repair.verify import Batch
 from quantscope.types import Encoding, Plan, QuantScheme, Stats
 
@@ -412,3 +422,8 @@ def _reproduces(w: np.ndarray, q: np.ndarray, enc: Encoding) -> bool:
     axis = None if enc.axis is None else (enc.axis % w.ndim)
     again = weight_encoding(w, enc.bits, axis=axis, signed=enc.signed, symmetric=True)
     return bool(np.array_equal(quantize(w, again), q.astype(np.int32)))
+
+
+def adaround_step(inp: RepairInput) -> RepairStep:
+    """The registry's ``adaround``: :func:`adaround` for the plan's quantized weights."""
+    return step_of(adaround(inp.model, inp.feeds, inp.plan, stats=inp.stats, scheme=inp.scheme))

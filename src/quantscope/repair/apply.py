@@ -1,28 +1,29 @@
-"""Apply a chain of repairs for a plan: the repaired FP32 model, fresh stats, updated plan.
+"""Run a list of repairs for a plan: the repaired FP32 model, fresh stats, updated plan.
 
-Order (each step sees the previous step's model):
+:func:`run_repairs` is the one runner. It applies the requested repairs in the order of
+:data:`~quantscope.repair.registry.REGISTRY` (each sees the previous one's model, stats
+and plan) and for each one
 
-===========  ================================================================
-equalize     cross-layer equalisation (conv nets); FP32 function unchanged
-smooth       LayerNorm -> linear outlier migration; FP32 function unchanged
-split        outlier channel splitting (widens layers: opt-in, not a default);
-             FP32 function unchanged
-bias         empirical bias correction for the plan's quantized weights
-adaround     weight rounding optimisation (MatMul/Gemm) for the plan
-ranges       per-tensor range method chosen by measured effect (no graph edit);
-             recorded in the plan's ``ranges``
-===========  ================================================================
+=============  ==========================================================================
+times          the repair's own seconds (``RepairRecord.seconds``)
+checks FP32    where the registry says the repair keeps the FP32 function: the outputs on
+               the calibration feeds against the model before it, max abs diff recorded
+               (``fp32_check``); over :data:`~quantscope.repair.verify.FP32_RTOL` of the
+               output's range (relative), the repair is not applied
+skips          a repair that finds no site, or whose own check fails (:class:`RepairError`),
+               is recorded with ``skipped`` (why); the command goes on
+recalibrates   after a graph edit, so the stats match the model that is shipped
+=============  ==========================================================================
 
-After the graph-editing steps the model is calibrated again, so the stats match the
-model that is shipped. The result records every step (what changed, what was skipped
-and why, seconds) for the plan's ``repairs`` entry.
+The records go into the plan file's ``repairs`` entry (:meth:`RepairRecord.to_json`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,51 +32,91 @@ import onnx
 from quantscope.calibrate.collect import calibrate
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
-from quantscope.repair import Repair
+from quantscope.repair import RepairError, RepairInput, RepairStep
+from quantscope.repair.registry import DEFAULT_REPAIRS, REGISTRY, RepairSpec
+from quantscope.repair.verify import FP32_RTOL, max_relative_diff, run_all
 from quantscope.types import Plan, QuantScheme, QuantscopeError, Stats
 
-REPAIRS = ("equalize", "smooth", "split", "bias", "adaround", "ranges")
-DEFAULT_REPAIRS = ("equalize", "smooth", "bias", "ranges")
+REPAIRS = tuple(REGISTRY)  # the CLI names, in the order they run
 Batch = dict[str, np.ndarray]
+Outputs = list[list[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class RepairRecord:
+    """What one repair did (every repair, range choice included, has one)."""
+
+    name: str  # the CLI / registry name
+    reason: str
+    changed: tuple[str, ...]  # edited tensors (or tensors whose range method changed)
+    seconds: float  # the repair itself (not the runner's check)
+    fp32_check: float | None  # max |after - before| of the FP32 outputs; None: not checked
+    # (the repair changes the FP32 function on purpose, or changed nothing)
+    skipped: str | None = None  # why nothing was applied; None: applied
+    notes: tuple[str, ...] = ()  # sites left alone and why
+    effect: tuple[tuple[str, float], ...] = ()  # the repair's measured numbers
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "reason": self.reason, "seconds": round(self.seconds, 2),
+            "changed": list(self.changed), "fp32_check": self.fp32_check,
+            "skipped": self.skipped, "notes": list(self.notes[:50]),
+            "effect": dict(self.effect),
+        }
 
 
 @dataclass(frozen=True, eq=False)
-class RepairOutcome:
+class RepairRun:
     proto: onnx.ModelProto  # the repaired FP32 model (what the vendor compiler gets)
     stats: Stats  # calibrated on the repaired model
-    plan: Plan  # the input plan plus per-tensor range methods
-    records: tuple[dict[str, Any], ...]
+    plan: Plan  # the input plan plus what the repairs changed (range methods)
+    records: tuple[RepairRecord, ...]
 
 
-def _record(r: Repair) -> dict[str, Any]:
-    return {
-        "name": r.name, "reason": r.reason, "seconds": round(r.seconds, 2),
-        "changed": [c.tensor for c in r.changes],
-        "skipped": [f"{a}: {b}" for a, b in r.skipped][:50],
-        "effect": {k: float(v) for k, v in r.effect},
-    }
+def _max_abs_diff(ref: Outputs, test: Outputs) -> float:
+    return max((float(np.abs(t.astype(np.float64) - r).max())
+                for rs, ts in zip(ref, test, strict=True) for r, t in zip(rs, ts, strict=True)),
+               default=0.0)
 
 
-def _graph_step(name: str, model: Model, stats: Stats, plan: Plan, feeds: Sequence[Batch],
-                scheme: QuantScheme | None) -> Repair:
-    from quantscope.repair.adaround import adaround
-    from quantscope.repair.bias_correction import correct_biases
-    from quantscope.repair.equalize import equalize_pairs
-    from quantscope.repair.smooth import smooth_outliers
-    from quantscope.repair.split import split_channels
-
-    if name == "equalize":
-        return equalize_pairs(model, feeds)
-    if name == "smooth":
-        return smooth_outliers(model, stats, feeds)
-    if name == "split":
-        return split_channels(model, feeds, stats=stats)
-    if name == "bias":
-        return correct_biases(model, feeds, plan, stats=stats, scheme=scheme)
-    return adaround(model, feeds, plan, stats=stats, scheme=scheme)
+def _fp32_verdict(step: RepairStep, inp: RepairInput, ref: Outputs | None
+                  ) -> tuple[float | None, str | None, Outputs | None]:
+    """(max abs diff, why it fails, FP32 outputs after) of a step that promises FP32."""
+    if step.proto is None:
+        return 0.0, None, ref  # graph untouched: the FP32 function is the same
+    if not inp.feeds:
+        return None, "no calibration feeds to check the FP32 function on: not applied", ref
+    before = run_all(inp.model.proto, inp.feeds) if ref is None else ref
+    after = run_all(step.proto, inp.feeds)
+    diff, rel = _max_abs_diff(before, after), max_relative_diff(before, after)
+    if not rel <= FP32_RTOL:
+        return diff, (f"changed the FP32 outputs by {rel:.3g} (relative, limit "
+                      f"{FP32_RTOL:g}): not function-preserving here, not applied"), before
+    return diff, None, after
 
 
-def apply_repairs(
+def _run_one(name: str, spec: RepairSpec, inp: RepairInput, ref: Outputs | None
+             ) -> tuple[RepairRecord, RepairStep | None, Outputs | None]:
+    """One repair's record, the step to apply (None: skipped) and the FP32 outputs after."""
+    start = time.perf_counter()
+    try:
+        step = spec.run(inp)
+    except RepairError as e:
+        seconds = time.perf_counter() - start
+        return RepairRecord(name, spec.help, (), seconds, None, str(e)), None, ref
+    seconds = time.perf_counter() - start
+    check, why, after = None, None, None
+    if not step.changed:
+        why = "nothing to change on this model" + (f" ({step.notes[0]})" if step.notes else "")
+        after = ref
+    elif spec.keeps_fp32:
+        check, why, after = _fp32_verdict(step, inp, ref)
+    record = RepairRecord(name, step.reason, () if why else step.changed, seconds, check, why,
+                          step.notes, step.effect)
+    return record, (None if why else step), after
+
+
+def run_repairs(
     model: Model,
     stats: Stats,
     plan: Plan,
@@ -85,30 +126,46 @@ def apply_repairs(
     scheme: QuantScheme | None = None,
     proxy: str = "local",
     progress: bool = False,
-) -> RepairOutcome:
-    """Run ``repairs`` in the documented order on ``model`` for ``plan``."""
-    unknown = [r for r in repairs if r not in REPAIRS]
+    registry: Mapping[str, RepairSpec] = REGISTRY,
+) -> RepairRun:
+    """Run ``repairs`` (registry names) in the registry's order on ``model`` for ``plan``."""
+    unknown = [r for r in repairs if r not in registry]
     if unknown:
-        raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(REPAIRS)}")
-    records: list[dict[str, Any]] = []
-    current = model
-    for name in [r for r in REPAIRS if r in repairs and r != "ranges"]:
+        raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(registry)}")
+    feeds = list(feeds)
+    records: list[RepairRecord] = []
+    current, ref = model, None
+    for name in [n for n in registry if n in repairs]:
         if progress:
             print(f"repair: {name} …", file=sys.stderr, flush=True)
-        result = _graph_step(name, current, stats, plan, feeds, scheme)
-        records.append(_record(result))
-        if result.changes:
-            current = load_proto(result.proto, model.source)
+        spec = registry[name]
+        inp = RepairInput(current, stats, plan, feeds, scheme=scheme, proxy=proxy)
+        record, step, ref = _run_one(name, spec, inp, ref)
+        records.append(record)
+        if step is not None and step.proto is not None:
+            current = load_proto(step.proto, model.source)
             stats = calibrate(current, find_groups(current), iter(feeds), method=stats.method)
-    if "ranges" in repairs:
-        if progress:
-            print("repair: ranges …", file=sys.stderr, flush=True)
-        from quantscope.repair.ranges import choose_range_methods
+            ref = ref if spec.keeps_fp32 else None
+        if step is not None and step.plan is not None:
+            plan = step.plan
+    return RepairRun(proto=current.proto, stats=stats, plan=plan, records=tuple(records))
 
-        choice = choose_range_methods(current, stats, plan, feeds, proxy=proxy, scheme=scheme)
-        changed = {t: m for t, m in choice.methods if m != stats.method}
-        plan = replace(plan, ranges=tuple(sorted({**dict(plan.ranges), **changed}.items())))
-        records.append({"name": "ranges", "reason": f"per-tensor range method by measured "
-                        f"{choice.proxy} error", "seconds": round(choice.seconds, 2),
-                        "changed": sorted(changed), "skipped": [], "effect": {}})
-    return RepairOutcome(proto=current.proto, stats=stats, plan=plan, records=tuple(records))
+
+# -- compatibility for plan/joint.py (remove once it calls run_repairs) ------------------
+
+
+@dataclass(frozen=True, eq=False)
+class RepairOutcome:
+    proto: onnx.ModelProto
+    stats: Stats
+    plan: Plan
+    records: tuple[dict[str, Any], ...]  # old shape: "skipped" is a list of notes
+
+
+def apply_repairs(model: Model, stats: Stats, plan: Plan, feeds: Sequence[Batch],
+                  **kwargs: Any) -> RepairOutcome:
+    """:func:`run_repairs` with the records in the shape plan/joint.py reads."""
+    run = run_repairs(model, stats, plan, feeds, **kwargs)
+    records = tuple({**r.to_json(), "skipped": ([r.skipped] if r.skipped else []) + list(r.notes)}
+                    for r in run.records)
+    return RepairOutcome(run.proto, run.stats, run.plan, records)

@@ -35,7 +35,16 @@ from quantscope.emulate.qdq import build_qdq
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.numerics import fake_quant
-from quantscope.repair import Change, Repair, as_model, attr, with_initializers
+from quantscope.repair import (
+    Change,
+    Repair,
+    RepairInput,
+    RepairStep,
+    as_model,
+    attr,
+    step_of,
+    with_initializers,
+)
 from quantscope.repair.verify import Batch, run_all
 from quantscope.types import Encodings, Plan, QuantScheme, QuantscopeError, Stats
 
@@ -223,3 +232,9 @@ def _output_mode(
         current = as_model(proto)
         changes += more
     return current.proto, changes
+
+
+def bias_step(inp: RepairInput) -> RepairStep:
+    """The registry's ``bias``: :func:`correct_biases` for the plan's quantized weights."""
+    return step_of(correct_biases(inp.model, inp.feeds, inp.plan, stats=inp.stats,
+                                  scheme=inp.scheme))

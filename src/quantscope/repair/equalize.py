@@ -40,9 +40,12 @@ from quantscope.model.load import Model
 from quantscope.repair import (
     Change,
     Repair,
+    RepairInput,
+    RepairStep,
     as_model,
     attr,
     consumers_of,
+    step_of,
     use_counts,
     with_initializers,
 )
@@ -193,3 +196,8 @@ def equalize_pairs(
         effect=(("fp32_rel_diff", diff), ("pairs", float(len(pairs)))),
         seconds=time.perf_counter() - start,
     )
+
+
+def equalize_step(inp: RepairInput) -> RepairStep:
+    """The registry's ``equalize``: :func:`equalize_pairs` on the model so far."""
+    return step_of(equalize_pairs(inp.model, inp.feeds))

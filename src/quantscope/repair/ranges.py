@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -31,7 +31,7 @@ from quantscope.emulate.ranges import METHODS
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.numerics import fake_quant
-from quantscope.repair import as_model
+from quantscope.repair import RepairInput, RepairStep, as_model
 from quantscope.repair.verify import Batch, run_all
 from quantscope.types import Encoding, Encodings, Groups, Plan, QuantScheme, QuantscopeError, Stats
 
@@ -164,3 +164,19 @@ def _greedy(
             if err < best:
                 best, chosen[t] = err, c
     return chosen, errors
+
+
+def ranges_step(inp: RepairInput) -> RepairStep:
+    """The registry's ``ranges``: the chosen methods that differ from the stats' go into
+    the plan's ``ranges`` (no graph edit)."""
+    choice = choose_range_methods(inp.model, inp.stats, inp.plan, inp.feeds, proxy=inp.proxy,
+                                  scheme=inp.scheme)
+    changed = {t: m for t, m in choice.methods if m != inp.stats.method}
+    ranges = tuple(sorted({**dict(inp.plan.ranges), **changed}.items()))
+    return RepairStep(
+        reason=f"per-tensor range method by measured {choice.proxy} error",
+        changed=tuple(sorted(changed)),
+        plan=replace(inp.plan, ranges=ranges),
+        notes=tuple(f"{t}: {inp.stats.method} measured best" for t, m in choice.methods
+                    if m == inp.stats.method),
+    )

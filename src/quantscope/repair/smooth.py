@@ -34,9 +34,12 @@ from quantscope.model.load import Model
 from quantscope.repair import (
     Change,
     Repair,
+    RepairInput,
+    RepairStep,
     as_model,
     attr,
     consumers_of,
+    step_of,
     use_counts,
     with_initializers,
 )
@@ -229,3 +232,8 @@ def smooth_outliers(
         effect=(("fp32_rel_diff", diff), ("sites", float(n_done))),
         seconds=time.perf_counter() - start,
     )
+
+
+def smooth_step(inp: RepairInput) -> RepairStep:
+    """The registry's ``smooth``: :func:`smooth_outliers` with the model's stats."""
+    return step_of(smooth_outliers(inp.model, inp.stats, inp.feeds))

@@ -56,9 +56,12 @@ from quantscope.model.load import Model
 from quantscope.repair import (
     Change,
     Repair,
+    RepairInput,
+    RepairStep,
     as_model,
     attr,
     consumers_of,
+    step_of,
     use_counts,
     with_initializers,
 )
@@ -492,3 +495,8 @@ def split_channels(
         effect=(("fp32_rel_diff", diff), ("sites", float(n_split)), *effect),
         seconds=time.perf_counter() - start,
     )
+
+
+def split_step(inp: RepairInput) -> RepairStep:
+    """The registry's ``split``: :func:`split_channels` with the model's stats."""
+    return step_of(split_channels(inp.model, inp.feeds, stats=inp.stats))

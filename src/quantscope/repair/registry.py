@@ -1,0 +1,63 @@
+"""Every repair by its CLI name: one dict literal, in the order the runner applies them.
+
+Each entry's ``run`` has the one signature of a repair,
+``run(RepairInput) -> RepairStep`` (:mod:`quantscope.repair`), and sees the model, stats
+and plan the entries before it left. ``keeps_fp32``: the repair promises an unchanged FP32
+function, and :func:`~quantscope.repair.apply.run_repairs` checks that on the calibration
+feeds. ``default``: part of ``quantscope repair`` without ``--repairs``. ``help``: one line
+for ``--help``.
+
+Adding a repair: a module in this package with a ``*_step(RepairInput) -> RepairStep``
+function, and one entry below (its position is its place in the order). Graph edits
+come first, ``ranges`` last (it chooses ranges for the final graph).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from quantscope.repair import RepairInput, RepairStep
+from quantscope.repair.adaround import adaround_step
+from quantscope.repair.bias_correction import bias_step
+from quantscope.repair.equalize import equalize_step
+from quantscope.repair.ranges import ranges_step
+from quantscope.repair.smooth import smooth_step
+from quantscope.repair.split import split_step
+
+
+@dataclass(frozen=True)
+class RepairSpec:
+    """How the runner calls one repair and what it promises."""
+
+    run: Callable[[RepairInput], RepairStep]
+    keeps_fp32: bool
+    default: bool
+    help: str
+
+
+REGISTRY: dict[str, RepairSpec] = {
+    "equalize": RepairSpec(equalize_step, keeps_fp32=True, default=True,
+                           help="cross-layer equalisation of Conv/linear pairs across "
+                           "ReLU-like ops"),
+    "smooth": RepairSpec(smooth_step, keeps_fp32=True, default=True,
+                         help="LayerNorm -> linear outlier migration (SmoothQuant)"),
+    "split": RepairSpec(split_step, keeps_fp32=True, default=False,
+                        help="outlier channel splitting (widens layers: never a default)"),
+    "bias": RepairSpec(bias_step, keeps_fp32=False, default=True,
+                       help="empirical bias correction for the plan's quantized weights"),
+    "adaround": RepairSpec(adaround_step, keeps_fp32=False, default=False,
+                           help="weight rounding optimisation (AdaRound) for the plan"),
+    "ranges": RepairSpec(ranges_step, keeps_fp32=True, default=True,
+                         help="per-tensor range method chosen by measured error "
+                         "(no graph edit)"),
+}
+
+DEFAULT_REPAIRS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.default)
+
+
+def repairs_help() -> str:
+    """One line per repair for ``--help``: name, description, whether it is a default."""
+    return "; ".join(
+        f"{n}: {s.help}" + (" [default]" if s.default else "") for n, s in REGISTRY.items()
+    )
