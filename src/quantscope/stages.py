@@ -100,7 +100,7 @@ def qdq_for_plan(
     ``scheme`` applies only to a plan that names no target (see :func:`scheme_for`).
     """
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
-    return q.proto, q.notes
+    return q.proto, (*q.notes, *q.coverage.lines())
 
 
 def evaluate_plan(
@@ -148,8 +148,8 @@ def evaluate_plans(
     )
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
-        qdq, notes = qdq_for_plan(model, stats, plan, method=method, scheme=scheme)
-        test = run_model(qdq, batches, label=label if progress else "")
+        q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
+        test = run_model(q.proto, batches, label=label if progress else "")
         fid = output_fidelity(ref, test)
         metrics, tables, task_notes = dict(fid.values), dict(fid.tables), ()
         if data.task is not None:
@@ -160,7 +160,8 @@ def evaluate_plans(
         results[label] = {
             "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
             "method": method or stats.method, "metrics": metrics, "outputs": tables,
-            "notes": [*model.notes, *data.notes, *notes, *task_notes],
+            "coverage": q.coverage.to_dict(),
+            "notes": [*model.notes, *data.notes, *q.notes, *task_notes],
         }
     return results
 
@@ -170,8 +171,22 @@ def format_result(result: dict[str, Any]) -> str:
     lines = [f"model {result['model']}  data {result['data']}  plan default "
              f"{result['plan']['default']} (+{len(result['plan'].get('groups', {}))} overrides)"]
     lines += [f"  {k:<24} {v:.6g}" for k, v in m.items()]
+    if "coverage" in result:
+        lines += ["  " + line for line in _coverage_lines(result["coverage"])]
     lines += [f"  note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
+
+
+def _coverage_lines(cov: dict[str, Any]) -> list[str]:
+    from quantscope.emulate.coverage import Coverage
+
+    return Coverage(
+        weights_quantized=cov["weights_quantized"],
+        activations_quantized=cov["activations_quantized"],
+        weights_float=tuple((r["tensor"], r["op_type"], r["why"]) for r in cov["weights_float"]),
+        lookup_tables=tuple(cov["lookup_tables"]),
+        ops_float=tuple((r["node"], r["op_type"], r["why"]) for r in cov["ops_float"]),
+    ).lines()
 
 
 def describe_groups(model: Model) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from quantscope.emulate.coverage import Coverage, coverage
 from quantscope.emulate.encode import encode
 from quantscope.model.groups import check_plan_names, find_groups
 from quantscope.model.load import Model
@@ -140,6 +141,7 @@ class QdqModel:
 
     proto: onnx.ModelProto
     encodings: Encodings
+    coverage: Coverage
 
     @property
     def notes(self) -> tuple[str, ...]:
@@ -178,4 +180,5 @@ def quantize_model(
     groups = groups or find_groups(model)
     check_plan_names(plan, groups)
     enc = encode(model, groups, stats, plan, scheme=scheme, method=method)
-    return QdqModel(proto=build_qdq(model, groups, plan, enc), encodings=enc)
+    return QdqModel(proto=build_qdq(model, groups, plan, enc), encodings=enc,
+                    coverage=coverage(model, groups, plan, enc))
