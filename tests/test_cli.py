@@ -167,10 +167,16 @@ def test_report_from_evaluate_result(work, capsys):
 
 
 def _subparsers():
-    from quantscope.cli import _parser
+    from quantscope.cli_args import parser
 
-    action = next(a for a in _parser()._actions if a.dest == "command")
+    action = next(a for a in parser()._actions if a.dest == "command")
     return action.choices
+
+
+def test_every_command_has_a_function():
+    from quantscope.cli import COMMANDS
+
+    assert list(COMMANDS) == list(_subparsers())
 
 
 def test_version(capsys):
