@@ -161,3 +161,91 @@ def test_report_from_evaluate_result(work, capsys):
     page = (work / "rep.html").read_text()
     assert page.startswith("<!doctype html>") and "data:image/png;base64," in page
     assert "cosine_mean" in page
+
+
+# ---- the CLI surface: --version, models, help on every flag, README ----------------
+
+
+def _subparsers():
+    from quantscope.cli_args import parser
+
+    action = next(a for a in parser()._actions if a.dest == "command")
+    return action.choices
+
+
+def test_every_command_has_a_function():
+    from quantscope.cli import COMMANDS
+
+    assert list(COMMANDS) == list(_subparsers())
+
+
+def test_version(capsys):
+    import quantscope
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"quantscope {quantscope.__version__}"
+
+
+def test_every_flag_of_every_command_has_help():
+    missing = [f"{name} {a.option_strings or a.dest}" for name, sub in _subparsers().items()
+               for a in sub._actions if a.dest != "help" and not a.help]
+    assert missing == []
+
+
+def test_data_commands_share_data_tokenizer_and_pairs_options():
+    subs = _subparsers()
+    for name in ("evaluate", "repair", "analyze", "plan"):
+        flags = {s for a in subs[name]._actions for s in a.option_strings}
+        assert {"--data", "--tokenizer", "--pairs", "--stats"} <= flags, name
+    defaults = {n: subs[n].get_default("pairs") for n in ("evaluate", "analyze", "plan",
+                                                         "repair")}
+    assert defaults == {"evaluate": None, "analyze": 128, "plan": 300, "repair": 1000}
+
+
+def test_models_lists_package_version_licence_and_cache(tmp_path, monkeypatch, capsys):
+    from quantscope.zoo import BUILTIN_MODELS, resolve_model
+
+    monkeypatch.setenv("QUANTSCOPE_CACHE", str(tmp_path / "cache"))
+    code, out, _ = run(["models", "--json", tmp_path / "m.json"], capsys)
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads((tmp_path / "m.json").read_text())}
+    assert set(rows) == set(BUILTIN_MODELS)
+    for name, spec in BUILTIN_MODELS.items():
+        assert rows[name]["cached"] is None
+        line = next(x for x in out.splitlines() if x.startswith(name))
+        assert f"{spec.package} {spec.version}" in line and spec.licence in line
+        assert " no" in line
+    assert rows["minilm-l3"]["licence"] == "Apache-2.0"
+    if rows["minilm-l3"]["missing"]:
+        pytest.skip("building minilm-l3 needs the models extra")
+    built = resolve_model("minilm-l3")
+    code, out, _ = run(["models"], capsys)
+    line = next(x for x in out.splitlines() if x.startswith("minilm-l3"))
+    assert f"yes: {built}" in line
+
+
+def test_builtin_model_registry_names_installed_versions():
+    import importlib.metadata
+
+    from quantscope.zoo import BUILTIN_MODELS
+
+    for name, spec in BUILTIN_MODELS.items():
+        assert spec.package in spec.requires, name
+        try:
+            installed = importlib.metadata.version(spec.package)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        assert installed == spec.version, name
+
+
+def test_readme_lists_every_command():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    assert "quantscope --version" in readme
+    missing = [name for name in _subparsers()
+               if not re.search(rf"quantscope +{re.escape(name)}(?![\w-])", readme)]
+    assert missing == []

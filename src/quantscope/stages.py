@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
@@ -331,3 +331,120 @@ def format_search(result: dict[str, Any]) -> str:
         lines.append(result["goal"]["verdict"])
     lines += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- planning (`quantscope plan`)
+
+if TYPE_CHECKING:  # the planner is imported when a plan is searched, not with the stages
+    from quantscope.plan.joint import Offer
+    from quantscope.targets.profile import Target
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the plan search is asked for, besides the model, its analysis and the target.
+
+    ``min_quality`` is in the analysis' predicted metric; ``goal`` is in the measured
+    ``metric`` (needs data); ``repairs`` are measured, so they need data and statistics.
+    """
+
+    min_quality: float | None = None
+    max_cost: float | None = None
+    seq_len: int | None = None
+    metric: str = "top1_agreement"
+    goal: float | None = None
+    repairs: tuple[str, ...] = ()
+    repair_batches: int = 8
+    seed: int = 0
+
+    def check_inputs(self, *, data: bool, stats: bool) -> None:
+        """One-line errors for options the given data contradicts (call before opening it)."""
+        if self.min_quality is not None and data:
+            raise QuantscopeError(
+                "--min-quality is in the analysis' predicted metric (output SQNR, dB) while "
+                "--data measures the task metric: use --max-cost with --data, or --min-quality "
+                "without --data"
+            )
+        if self.repairs and not (data and stats):
+            raise QuantscopeError("--repairs needs --data and --stats: repairs are measured")
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A searched plan and the records its plan file keeps next to it."""
+
+    plan: Plan
+    pareto: dict[str, Any]  # the plan file's ``pareto`` entry (front, budget, blockers, goal)
+    repairs: tuple[dict[str, Any], ...] = ()  # the repairs chosen, with their reasons
+    offer: Offer | None = None  # every requested repair as measured alone (with --repairs)
+
+    def file_extra(self) -> dict[str, Any]:
+        """The plan file's keys besides the plan itself (``write_plan``'s ``extra``)."""
+        extra: dict[str, Any] = {"pareto": self.pareto}
+        if self.repairs:
+            extra["repairs"] = list(self.repairs)
+        if self.offer is not None:
+            extra["repair_offer"] = {"measured": list(self.offer.measured),
+                                     "notes": list(self.offer.notes)}
+        return extra
+
+
+def plan_model(
+    model: Model,
+    analysis: dict[str, Any],
+    target: Target,
+    options: PlanOptions = PlanOptions(),
+    *,
+    data: Dataset | None = None,
+    stats: Stats | None = None,
+    progress: bool = False,
+) -> PlanResult:
+    """Search a legal plan from an analysis; with ``data`` and ``stats`` the front is
+    re-measured by real emulation and ``options.repairs`` are measured and searched too."""
+    from quantscope.plan.check import seq_len_shapes
+    from quantscope.plan.search import plan_from_analysis
+
+    options.check_inputs(data=data is not None, stats=stats is not None)
+    shapes = seq_len_shapes(model, options.seq_len) if options.seq_len else None
+    evaluate, offer = None, None
+    if data is not None and stats is not None:
+        evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,
+                                            shapes=shapes, progress=progress)
+    plan, extra = plan_from_analysis(model, analysis, target, min_quality=options.min_quality,
+                                     max_cost=options.max_cost, shapes=shapes,
+                                     evaluate=evaluate, seed=options.seed,
+                                     repairs=offer.options if offer else ())
+    pareto = extra["pareto"]
+    if options.goal is not None:
+        pareto["goal"] = goal_verdict(pareto, options.metric, options.goal)
+    return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
+                      offer=offer)
+
+
+def _plan_measurement(
+    model: Model,
+    analysis: dict[str, Any],
+    target: Target,
+    options: PlanOptions,
+    data: Dataset,
+    stats: Stats,
+    *,
+    shapes: dict[str, tuple[int, ...]] | None,
+    progress: bool,
+) -> tuple[Any, Offer | None]:
+    """The planner's real-emulation evaluator, and the measured repair offer if asked."""
+    if not options.repairs:
+        from quantscope.plan.search import evaluator
+
+        return evaluator(model, data, stats, options.metric, target=target), None
+    from quantscope.plan.joint import offer_repairs, repair_evaluator
+    from quantscope.plan.sensitivity import load_sensitivity
+
+    ref = run_model(model.proto, list(data.evaluation), label="fp32" if progress else "")
+    feeds = list(data.calibration)[: options.repair_batches]
+    offer = offer_repairs(model, data, stats, load_sensitivity(analysis), target,
+                          list(options.repairs), feeds, task_metric=options.metric,
+                          shapes=shapes, reference_outputs=ref, progress=progress)
+    evaluate = repair_evaluator(model, data, stats, options.metric, feeds, target=target,
+                                reference_outputs=ref, progress=progress)
+    return evaluate, offer

