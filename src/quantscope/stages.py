@@ -7,6 +7,7 @@ calibrate, encode, build_qdq, evaluate); nothing here holds state between calls.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
