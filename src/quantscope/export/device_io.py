@@ -8,10 +8,19 @@ hand-written 0/127/255 mapping is the classic mistake of the field reports.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from quantscope.model.load import Model
-from quantscope.types import Encodings, Groups
+from quantscope.types import Encodings, Groups, QuantscopeError
+
+PROVENANCE = ("scale and zero point are what this calibration implies; the device's real "
+              "qp_scale/qp_zp come from the compiled artefact (e.g. the HEF's vstream info) "
+              "and must be read from there")
 
 
 def device_io(model: Model, groups: Groups, encodings: Encodings) -> list[dict[str, Any]]:
@@ -23,12 +32,19 @@ def device_io(model: Model, groups: Groups, encodings: Encodings) -> list[dict[s
             enc = encodings.activations.get(root.get(name, name))
             if enc is None:
                 continue
+            q_min, q_max = _code_bounds(enc.bits, enc.signed)
             rows.append({
                 "role": role, "tensor": name, "bits": enc.bits, "signed": enc.signed,
+                "stored_type": f"{'int' if enc.signed else 'uint'}{enc.bits}",
+                "q_min": q_min, "q_max": q_max,
                 "scale": float(enc.scale), "zero_point": int(enc.zero_point),
                 "min": float(enc.range()[0]), "max": float(enc.range()[1]),
             })
     return rows
+
+
+def _code_bounds(bits: int, signed: bool) -> tuple[int, int]:
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
 
 
 def format_device_io(rows: list[dict[str, Any]]) -> str:
@@ -36,11 +52,133 @@ def format_device_io(rows: list[dict[str, Any]]) -> str:
         return "no quantized model inputs or outputs (they stay float under this plan)"
     lines = []
     for r in rows:
-        kind = f"{'int' if r['signed'] else 'uint'}{r['bits']}"
+        kind, lo, hi = r["stored_type"], r["q_min"], r["q_max"]
         lines.append(
-            f"{r['role']:<6} {r['tensor']}: stored as {kind}, scale {r['scale']:.8g}, "
-            f"zero point {r['zero_point']} (range {r['min']:.6g} .. {r['max']:.6g})\n"
-            f"       to device:   q = clip(round(x / {r['scale']:.8g}) + {r['zero_point']})\n"
+            f"{r['role']:<6} {r['tensor']}: stored as {kind} ({lo} … {hi}), scale "
+            f"{r['scale']:.8g}, zero point {r['zero_point']} (real range {r['min']:.6g} .. "
+            f"{r['max']:.6g})\n"
+            f"       to device:   q = clip(round(x / {r['scale']:.8g}) + {r['zero_point']}, "
+            f"{lo}, {hi})\n"
             f"       from device: x = (q - {r['zero_point']}) * {r['scale']:.8g}"
+            + ("   (read the buffer as unsigned: a uint16 read as int16 wraps above 32767)"
+               if kind == "uint16" else "")
         )
+    lines.append(f"note: {PROVENANCE}")
+    return "\n".join(lines)
+
+
+def to_device(x: np.ndarray, entry: dict[str, Any]) -> np.ndarray:
+    """Real values -> the integer codes the device expects for this input (one io row)."""
+    q = np.round(np.asarray(x, np.float64) / entry["scale"]) + entry["zero_point"]
+    q = np.clip(q, entry["q_min"], entry["q_max"])
+    return q.astype(np.dtype(entry["stored_type"]))
+
+
+def from_device(q: np.ndarray, entry: dict[str, Any]) -> np.ndarray:
+    """Integer codes read from the device for this output (one io row) -> real values."""
+    codes = np.asarray(q).astype(np.int64)
+    return ((codes - entry["zero_point"]) * entry["scale"]).astype(np.float32)
+
+
+def python_snippet(rows: list[dict[str, Any]]) -> str:
+    """Code the user pastes into the host program: one transform per quantized I/O."""
+    out = ["import numpy as np", "", "# scale/zero point implied by quantscope's calibration;",
+           "# replace with the compiled artefact's qp_scale/qp_zp where they differ", ""]
+    for r in rows:
+        var = "".join(c if c.isalnum() else "_" for c in r["tensor"]).strip("_") or "t"
+        if r["role"] == "input":
+            out.append(f"def to_device_{var}(x):  # {r['tensor']}: {r['stored_type']}")
+            out.append(f"    q = np.round(np.asarray(x, np.float64) / {r['scale']!r}) + "
+                       f"{r['zero_point']}")
+            out.append(f"    return np.clip(q, {r['q_min']}, {r['q_max']})"
+                       f".astype(np.{r['stored_type']})")
+        else:
+            out.append(f"def from_device_{var}(q):  # {r['tensor']}: {r['stored_type']}")
+            out.append(f"    q = np.asarray(q).view(np.{r['stored_type']}).astype(np.int64)")
+            out.append(f"    return ((q - {r['zero_point']}) * {r['scale']!r}).astype(np.float32)")
+        out.append("")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------- manual mappings
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """A hand-written code <-> value mapping: piecewise linear through (code, value) points."""
+
+    tensor: str  # a tensor name, or "*" for every quantized I/O
+    codes: tuple[float, ...]
+    values: tuple[float, ...]
+
+    def value_of(self, q: np.ndarray) -> np.ndarray:
+        return np.interp(q, self.codes, self.values)
+
+    def code_of(self, x: np.ndarray) -> np.ndarray:
+        order = np.argsort(self.values)
+        return np.interp(x, np.asarray(self.values)[order], np.asarray(self.codes)[order])
+
+
+def parse_mapping(spec: str) -> Mapping:
+    """``TENSOR=CODE:VALUE,CODE:VALUE[,…]``, e.g. ``out=0:-1,127:0,255:1`` (TENSOR may be *)."""
+    tensor, sep, points = spec.partition("=")
+    try:
+        pairs = [tuple(float(v) for v in p.split(":")) for p in points.split(",")]
+        if not sep or len(pairs) < 2 or any(len(p) != 2 for p in pairs):
+            raise ValueError
+        if not all(math.isfinite(v) for p in pairs for v in p):
+            raise ValueError
+    except ValueError:
+        raise QuantscopeError(
+            f"mapping '{spec}' is not TENSOR=CODE:VALUE,CODE:VALUE,… (e.g. out=0:-1,127:0,255:1)"
+        ) from None
+    pairs.sort()
+    if len({c for c, _ in pairs}) != len(pairs):
+        raise QuantscopeError(f"mapping '{spec}' names one code twice: give each code once")
+    return Mapping(tensor.strip(), tuple(c for c, _ in pairs), tuple(v for _, v in pairs))
+
+
+def check_mapping(rows: Sequence[dict[str, Any]], mappings: Sequence[Mapping],
+                  *, points: int = 4097) -> list[dict[str, Any]]:
+    """Error a manual mapping causes against the correct transform, per input and output.
+
+    Over the tensor's calibrated range: an input fed as ``code_of(x)`` is read by the
+    device as ``(q - zp) * scale``; an output code ``q = round(y / scale) + zp`` read as
+    ``value_of(q)``. The error is against the real value (max and mean absolute, and the
+    max as a fraction of the range).
+    """
+    by_name = {r["tensor"]: r for r in rows}
+    out = []
+    for m in mappings:
+        targets = list(rows) if m.tensor == "*" else [by_name.get(m.tensor)]
+        if targets == [None]:
+            raise QuantscopeError(f"mapping names '{m.tensor}', which is no quantized input or "
+                                  f"output (these are: {', '.join(by_name) or 'none'})")
+        for r in targets:
+            x = np.linspace(r["min"], r["max"], points)
+            if r["role"] == "input":
+                q = np.clip(np.round(m.code_of(x)), r["q_min"], r["q_max"])
+                read = (q - r["zero_point"]) * r["scale"]
+            else:
+                q = np.clip(np.round(x / r["scale"]) + r["zero_point"], r["q_min"], r["q_max"])
+                read = m.value_of(q)
+            err = np.abs(read - x)
+            span = max(r["max"] - r["min"], 1e-30)
+            out.append({"role": r["role"], "tensor": r["tensor"], "mapping": _spec(m),
+                        "max_abs_error": float(err.max()), "mean_abs_error": float(err.mean()),
+                        "max_error_of_range": float(err.max() / span),
+                        "worst_at": float(x[int(err.argmax())])})
+    return out
+
+
+def _spec(m: Mapping) -> str:
+    return ",".join(f"{c:g}:{v:g}" for c, v in zip(m.codes, m.values, strict=True))
+
+
+def format_mapping_check(rows: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in rows:
+        lines.append(f"{r['role']:<6} {r['tensor']}: mapping {r['mapping']} -> max error "
+                     f"{r['max_abs_error']:.4g} ({r['max_error_of_range']:.1%} of the range, "
+                     f"at {r['worst_at']:.4g}), mean {r['mean_abs_error']:.4g}")
     return "\n".join(lines)
