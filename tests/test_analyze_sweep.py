@@ -17,13 +17,9 @@ from quantscope.analyze import (
     sweep_naive,
     sweep_segments,
 )
+from quantscope.analyze.candidates import candidates, encodings_table, mixed_encodings
+from quantscope.analyze.rows import density_batches
 from quantscope.analyze.segments import find_segments
-from quantscope.analyze.sensitivity import (
-    candidates,
-    density_batches,
-    encodings_table,
-    mixed_encodings,
-)
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.encode import encode
 from quantscope.model.groups import find_groups

@@ -5,10 +5,15 @@ CLI writes :func:`analysis_to_dict` as JSON and prints :func:`summary_text`.
 
 Flow: both sweeps run with the exact segment method on every row (``proxy_fraction``
 1.0; the task metric is then scored for every candidate) or, by default, on a row subset
-per sweep (:func:`~quantscope.analyze.sensitivity.sweep_fast`: enable-one on stratified
+per sweep (:func:`~quantscope.analyze.sweeps.sweep_fast`: enable-one on stratified
 rows, disable-one on the rows that carry the quantization noise); the
 uniform ``low``/``high`` baselines, the collapse check and the recovery plans (promote the
 top 1, 2, 4, 8 offenders to ``high``) are evaluated on every row with full QDQ models.
+
+Modules: ``candidates`` (the plans a sweep evaluates and their encodings), ``segments``
+(graph cuts and the segment engine), ``rows`` (full-model rows, row subsets),
+``sweeps`` (segment, naive and fast sweeps), ``scoring``, ``noise``, ``outliers``,
+``weights``, ``report`` (the analysis value and its JSON).
 """
 
 from __future__ import annotations
@@ -28,16 +33,9 @@ from quantscope.analyze.report import (
     analysis_to_dict,
     summary_text,
 )
+from quantscope.analyze.rows import proxy_batches, run_plan_rows, squared_error_rows
 from quantscope.analyze.scoring import Scorer, fidelity, text_retrieval_scorer
-from quantscope.analyze.sensitivity import (
-    SweepResult,
-    proxy_batches,
-    run_plan_rows,
-    squared_error_rows,
-    sweep_fast,
-    sweep_naive,
-    sweep_segments,
-)
+from quantscope.analyze.sweeps import SweepResult, sweep_fast, sweep_naive, sweep_segments
 from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import build_qdq
