@@ -23,9 +23,7 @@ from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import build_qdq
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
-from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats
-
-Batch = dict[str, np.ndarray]
+from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
 
 
 def run_plan_rows(

@@ -38,13 +38,13 @@ import numpy as np
 
 from quantscope.analyze.candidates import SWEEPS, Candidate, candidates, encodings_table
 from quantscope.analyze.noise import NoiseAccumulator
-from quantscope.analyze.rows import Batch, density_batches, proxy_batches, row_noise, run_plan_rows
+from quantscope.analyze.rows import density_batches, proxy_batches, row_noise, run_plan_rows
 from quantscope.analyze.scoring import Scorer
 from quantscope.analyze.segments import build_chain, build_runners, find_segments, run_candidate
 from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import build_qdq
 from quantscope.model.load import Model
-from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats
+from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
 
 
 @dataclass(frozen=True)
