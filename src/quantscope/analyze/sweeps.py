@@ -32,7 +32,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,7 +40,14 @@ from quantscope.analyze.candidates import SWEEPS, Candidate, candidates, encodin
 from quantscope.analyze.noise import NoiseAccumulator
 from quantscope.analyze.rows import density_batches, proxy_batches, row_noise, run_plan_rows
 from quantscope.analyze.scoring import Scorer
-from quantscope.analyze.segments import build_chain, build_runners, find_segments, run_candidate
+from quantscope.analyze.segments import (
+    Chain,
+    Runner,
+    build_chain,
+    build_runners,
+    find_segments,
+    run_candidate,
+)
 from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import build_qdq
 from quantscope.model.load import Model
@@ -77,6 +84,39 @@ def _progress(k: int, n: int, label: str, *, show: bool) -> None:
         print(f"\r{label}: batch {k}/{n}", end="" if k < n else "\n", file=sys.stderr, flush=True)
 
 
+@dataclass(eq=False)
+class _Collected:
+    """What a segment sweep keeps, filled batch by batch (mutable, private)."""
+
+    rows: list[list[np.ndarray]]  # per candidate, per batch
+    ref: list[np.ndarray] = field(default_factory=list)
+    low: list[np.ndarray] = field(default_factory=list)
+    cum: NoiseAccumulator = field(default_factory=NoiseAccumulator)
+    iso: NoiseAccumulator = field(default_factory=NoiseAccumulator)
+
+
+def _sweep_batch(
+    feeds: Batch, fp: Chain, lo: Chain | None, runners: Sequence[Runner], groups: Groups,
+    outs: list[str], scorer: Scorer, got: _Collected,
+) -> None:
+    """One batch: FP32 (and all-``low`` when ``lo``) chains once, then every candidate."""
+    env_fp = fp.run(feeds)
+    env_lo = lo.run(feeds) if lo is not None else {}
+    got.ref.append(scorer.reduce([env_fp[o] for o in outs], feeds))
+    if lo is not None:
+        got.low.append(scorer.reduce([env_lo[o] for o in outs], feeds))
+    for t in (t for names in fp.outputs for t in names if t in env_lo):
+        got.cum.add(t, env_fp[t], env_lo[t])
+    by = groups.by_name()
+    for i, r in enumerate(runners):
+        enable = r.candidate.sweep == "enable_one"
+        env = run_candidate(r, env_fp if enable else env_lo, fp if enable else lo)
+        if enable:
+            for t in by[r.candidate.group].outputs:
+                got.iso.add(t, env_fp[t], env[t])
+        got.rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
+
+
 def sweep_segments(
     model: Model,
     groups: Groups,
@@ -102,37 +142,21 @@ def sweep_segments(
     lo = build_chain(model, groups, segments, table[low], optimize=False)
     cands = tuple(c for c in candidates(groups, low, high) if c.sweep in sweeps)
     runners = build_runners(model, groups, segments, table, cands, low)
-    rows: list[list[np.ndarray]] = [[] for _ in cands]
-    ref_rows, low_rows = [], []
-    cum, iso = NoiseAccumulator(), NoiseAccumulator()
-    by = groups.by_name()
-    outs = model.output_names()
+    got = _Collected(rows=[[] for _ in cands])
     need_low = "disable_one" in sweeps
     for b, feeds in enumerate(batches, 1):
-        env_fp = fp.run(feeds)
-        env_lo = lo.run(feeds) if need_low else {}
-        ref_rows.append(scorer.reduce([env_fp[o] for o in outs], feeds))
-        if need_low:
-            low_rows.append(scorer.reduce([env_lo[o] for o in outs], feeds))
-        for t in (t for names in fp.outputs for t in names if t in env_lo):
-            cum.add(t, env_fp[t], env_lo[t])
-        for i, r in enumerate(runners):
-            enable = r.candidate.sweep == "enable_one"
-            env = run_candidate(r, env_fp if enable else env_lo, fp if enable else lo)
-            if enable:
-                for t in by[r.candidate.group].outputs:
-                    iso.add(t, env_fp[t], env[t])
-            rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
+        _sweep_batch(feeds, fp, lo if need_low else None, runners, groups,
+                     model.output_names(), scorer, got)
         _progress(b, len(batches), "sweep " + "+".join(sweeps), show=progress)
-    ref = np.concatenate(ref_rows)
-    lows = np.concatenate(low_rows) if low_rows else np.empty((0, *ref.shape[1:]), ref.dtype)
+    ref = np.concatenate(got.ref)
+    lows = np.concatenate(got.low) if got.low else np.empty((0, *ref.shape[1:]), ref.dtype)
     return SweepResult(
         cands,
-        tuple(np.concatenate(r) for r in rows),
+        tuple(np.concatenate(r) for r in got.rows),
         ref,
         lows,
-        cum.sqnr(),
-        iso.sqnr(),
+        got.cum.sqnr(),
+        got.iso.sqnr(),
         time.perf_counter() - t0,
         "segments",
         refs=tuple(ref for _ in cands),
