@@ -28,8 +28,8 @@ import onnxruntime as ort
 from scipy.stats import spearmanr
 
 from quantscope.analyze import sweep_fast, sweep_naive, sweep_segments
+from quantscope.analyze.rows import run_plan_rows
 from quantscope.analyze.scoring import fidelity, text_retrieval_scorer
-from quantscope.analyze.sensitivity import run_plan_rows
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import build_qdq

@@ -17,13 +17,10 @@ from quantscope.analyze import (
     sweep_naive,
     sweep_segments,
 )
+from quantscope.analyze.candidates import candidates, encodings_table, mixed_encodings
+from quantscope.analyze.rows import density_batches
+from quantscope.analyze.scoring import fidelity
 from quantscope.analyze.segments import find_segments
-from quantscope.analyze.sensitivity import (
-    candidates,
-    density_batches,
-    encodings_table,
-    mixed_encodings,
-)
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.encode import encode
 from quantscope.model.groups import find_groups
@@ -50,6 +47,15 @@ def test_segment_sweep_equals_naive_full_model(name):
     for a, b in zip(fast.rows, naive.rows, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(fast.low_rows, naive.low_rows, rtol=1e-6, atol=1e-6)
+
+
+def test_sweep_fidelity_uses_the_one_zero_row_rule():
+    ref = np.array([[0.0, 0.0], [1.0, 0.0], [3.0, 4.0]])
+    test = np.array([[0.0, 0.0], [0.0, 0.0], [3.0, 4.0]])
+    # zero on both sides: identical (1); zero on one side only: 0 (it was 1 in the sweeps)
+    assert fidelity(ref, test)["cosine_mean"] == pytest.approx(2 / 3)
+    assert fidelity(ref, test)["sqnr_db"] == pytest.approx(10 * np.log10(26.0))
+    assert fidelity(ref, ref)["sqnr_db"] == float("inf")
 
 
 def test_model_is_cut_into_several_segments():

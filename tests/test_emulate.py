@@ -111,3 +111,14 @@ def test_per_tensor_range_method_overrides_only_that_tensor():
     for t in a.activations:
         if t != "gelu":
             assert float(a.activations[t].scale) == float(b.activations[t].scale)
+
+
+def test_shared_arena_sessions_compute_the_same_numbers():
+    model, groups, stats, feeds = _prepared("layernorm_block")
+    qdq, _ = _qdq(model, groups, stats, Precision.A8_W8)
+    plain = make_session(qdq).run(None, feeds[0])[0]
+    shared = [make_session(qdq, shared_arena=True) for _ in range(3)]  # one arena for all
+    for s in shared:
+        np.testing.assert_array_equal(s.run(None, feeds[0])[0], plain)
+    fp_opt = make_session(model.proto, optimize=True, shared_arena=True).run(None, feeds[0])[0]
+    np.testing.assert_allclose(fp_opt, make_session(model.proto).run(None, feeds[0])[0], atol=1e-5)

@@ -25,6 +25,7 @@ from quantscope.tasks.metrics import (
     norm_stats,
     recall_at_k,
     retrieval_ranks,
+    row_cosines,
     sqnr_db,
     tar_at_far,
     tar_far_at_threshold,
@@ -162,12 +163,14 @@ def test_cosine_p01_is_first_percentile():
 
 
 def test_cosine_zero_rows_no_nan_and_noted():
-    ref = np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0]])
-    test = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    ref = np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    test = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
     fid = cosine_fidelity(ref, test)
-    assert fid["mean"] == pytest.approx(1 / 3)
+    # one side zero: 0 (no direction to agree on); both zero: identical rows, 1
+    np.testing.assert_array_equal(row_cosines(ref, test), [1.0, 0.0, 0.0, 1.0])
+    assert fid["mean"] == pytest.approx(0.5)
     assert fid["min"] == 0.0
-    assert (fid["n_zero_ref"], fid["n_zero_test"]) == (1, 1)
+    assert (fid["n_zero_ref"], fid["n_zero_test"]) == (2, 2)
     assert "zero-norm" in fid["note"]
 
 

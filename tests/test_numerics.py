@@ -7,7 +7,16 @@ from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from quantscope.emulate.qdq import storage_type
-from quantscope.numerics import dequantize, fake_quant, qparams, quantize, sqnr_db, weight_encoding
+from quantscope.numerics import (
+    dequantize,
+    fake_quant,
+    qparams,
+    quantize,
+    row_cosines,
+    sqnr_db,
+    sqnr_db_from_powers,
+    weight_encoding,
+)
 
 BITS_SIGNED = [(4, True), (8, True), (8, False), (16, True), (16, False)]
 
@@ -90,3 +99,31 @@ def test_sqnr():
     x = np.ones(100, np.float32)
     assert sqnr_db(x, x) == float("inf")
     assert sqnr_db(x, x + 0.1) == pytest.approx(20.0, abs=1e-4)
+
+
+def test_sqnr_zero_cases_follow_the_table():
+    z, one = np.zeros(4), np.ones(4)
+    assert sqnr_db(z, z) == float("inf")  # identical
+    assert sqnr_db(z, one) == float("-inf")  # reference zero, test not
+    assert sqnr_db(one, z) == 0.0  # test zero: noise power = signal power
+    assert sqnr_db_from_powers(4.0, 0.0) == float("inf")
+    assert sqnr_db_from_powers(0.0, 1.0) == float("-inf")
+    assert sqnr_db_from_powers(100.0, 1.0) == pytest.approx(20.0)
+
+
+def test_row_cosines_zero_rows_and_hand_values():
+    ref = np.array([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [1.0, 0.0], [3.0, 4.0]])
+    test = np.array([[0.0, 0.0], [1.0, 0.0], [0.0, 0.0], [1.0, 1.0], [3.0, 4.0]])
+    cos = row_cosines(ref, test)
+    assert cos.dtype == np.float64
+    np.testing.assert_array_equal(cos[[0, 1, 2, 4]], [1.0, 0.0, 0.0, 1.0])
+    assert cos[3] == pytest.approx(1 / np.sqrt(2))
+
+
+def test_row_cosines_flatten_trailing_axes_and_check_shapes():
+    ref = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    cos = row_cosines(ref, -ref)
+    assert cos.shape == (2,)
+    assert cos[1] == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="shapes differ"):
+        row_cosines(ref, ref[:1])

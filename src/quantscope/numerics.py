@@ -2,6 +2,23 @@
 
 Rounding is round-half-to-even, as ONNX QuantizeLinear specifies. Scales are float32,
 zero-points int32 (cast to the storage type by the QDQ writer).
+
+Fidelity of a test array (emulated) against a reference (FP32): the one place these are
+computed; every report, sweep and metric calls :func:`sqnr_db` (or, for streams,
+:func:`sqnr_db_from_powers`) and :func:`row_cosines`.
+
+=============================  ================  ==================================
+case                           SQNR (dB)         row cosine
+=============================  ================  ==================================
+test == reference              ``+inf``          ``1.0`` (also for two zero rows:
+                                                 identical)
+reference zero, test not       ``-inf``          ``0.0`` (no direction to agree on)
+test zero, reference not       ``0.0`` (noise    ``0.0``
+                               = signal)
+otherwise                      ``10 log10(sum    ``<r, t> / (|r| |t|)`` in float64
+                               r^2 / sum (r -
+                               t)^2)``
+=============================  ================  ==================================
 """
 
 from __future__ import annotations
@@ -83,16 +100,41 @@ def fake_quant(x: np.ndarray, enc: Encoding) -> np.ndarray:
     return dequantize(quantize(x, enc), enc)
 
 
-def sqnr_db(ref: np.ndarray, test: np.ndarray) -> float:
-    """Signal-to-quantization-noise ratio in dB (inf when identical)."""
-    ref64 = np.asarray(ref, dtype=np.float64)
-    noise = float(np.sum((ref64 - np.asarray(test, dtype=np.float64)) ** 2))
-    signal = float(np.sum(ref64**2))
+def sqnr_db_from_powers(signal: float, noise: float) -> float:
+    """``10 log10(signal / noise)`` from summed powers (the rule of :func:`sqnr_db`).
+
+    For streams: sum ``ref**2`` and ``(ref - test)**2`` over batches, then call this.
+    """
     if noise == 0.0:
         return float("inf")
     if signal == 0.0:
         return float("-inf")
     return 10.0 * float(np.log10(signal / noise))
+
+
+def sqnr_db(ref: np.ndarray, test: np.ndarray) -> float:
+    """SQNR = ``10 log10(sum ref^2 / sum (ref - test)^2)`` over the whole array, in dB
+    (float64 sums; zero cases in the module's fidelity table)."""
+    ref64 = np.asarray(ref, dtype=np.float64)
+    noise = float(np.sum((ref64 - np.asarray(test, dtype=np.float64)) ** 2))
+    return sqnr_db_from_powers(float(np.sum(ref64**2)), noise)
+
+
+def row_cosines(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """Cosine between row ``i`` of ``ref`` and row ``i`` of ``test`` (float64).
+
+    Rows are the first axis, every other axis is flattened. Zero cases in the module's
+    fidelity table; identical rows give exactly 1.0.
+    """
+    r = np.asarray(ref, dtype=np.float64)
+    t = np.asarray(test, dtype=np.float64)
+    if r.shape != t.shape:
+        raise ValueError(f"row cosine: shapes differ, {r.shape} vs {t.shape}")
+    r, t = r.reshape(len(r), -1), t.reshape(len(t), -1)
+    num = (r * t).sum(axis=1)
+    den = np.linalg.norm(r, axis=1) * np.linalg.norm(t, axis=1)
+    same = np.all(r == t, axis=1)
+    return np.where(same, 1.0, np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0))
 
 
 def weight_encoding(

@@ -5,10 +5,15 @@ CLI writes :func:`analysis_to_dict` as JSON and prints :func:`summary_text`.
 
 Flow: both sweeps run with the exact segment method on every row (``proxy_fraction``
 1.0; the task metric is then scored for every candidate) or, by default, on a row subset
-per sweep (:func:`~quantscope.analyze.sensitivity.sweep_fast`: enable-one on stratified
+per sweep (:func:`~quantscope.analyze.sweeps.sweep_fast`: enable-one on stratified
 rows, disable-one on the rows that carry the quantization noise); the
 uniform ``low``/``high`` baselines, the collapse check and the recovery plans (promote the
 top 1, 2, 4, 8 offenders to ``high``) are evaluated on every row with full QDQ models.
+
+Modules: ``candidates`` (the plans a sweep evaluates and their encodings), ``segments``
+(graph cuts and the segment engine), ``rows`` (full-model rows, row subsets),
+``sweeps`` (segment, naive and fast sweeps), ``scoring``, ``noise``, ``outliers``,
+``weights``, ``report`` (the analysis value and its JSON).
 """
 
 from __future__ import annotations
@@ -28,16 +33,9 @@ from quantscope.analyze.report import (
     analysis_to_dict,
     summary_text,
 )
+from quantscope.analyze.rows import proxy_batches, run_plan_rows, squared_error_rows
 from quantscope.analyze.scoring import Scorer, fidelity, text_retrieval_scorer
-from quantscope.analyze.sensitivity import (
-    SweepResult,
-    proxy_batches,
-    run_plan_rows,
-    squared_error_rows,
-    sweep_fast,
-    sweep_naive,
-    sweep_segments,
-)
+from quantscope.analyze.sweeps import SweepResult, sweep_fast, sweep_naive, sweep_segments
 from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import build_qdq
@@ -152,6 +150,49 @@ def _offenders(
     )
 
 
+def _sweep(
+    model: Model,
+    groups: Groups,
+    stats: Stats,
+    batches: list[dict],
+    proxy_fraction: float,
+    ref: np.ndarray,
+    low_rows: np.ndarray,
+    kw: dict,
+) -> SweepResult:
+    """Exact sweep on every row (``proxy_fraction`` >= 1), else the fast one."""
+    if proxy_fraction >= 1:
+        return sweep_segments(model, groups, stats, batches, **kw)
+    # the uniform-low run the caller made gives the per-row noise the fast sweep selects by
+    err = squared_error_rows(ref, low_rows)
+    cuts = np.cumsum([len(next(iter(b.values()))) for b in batches])[:-1]
+    return sweep_fast(model, groups, stats, batches, fraction=proxy_fraction,
+                      noise=np.split(err, cuts), **kw)
+
+
+def _method(
+    res: SweepResult, proxy_fraction: float, rows: int
+) -> tuple[dict[str, object], tuple[str, ...]]:
+    """The analysis' ``method`` record and its notes."""
+    method = {
+        "sweep": res.method,
+        "proxy_fraction": proxy_fraction,
+        "proxy_rows": int(len(res.ref_rows)),
+        "rows_per_sweep": dict(res.row_counts),
+        "rows": int(rows),
+        "sweep_seconds": res.seconds,
+    }
+    if proxy_fraction >= 1:
+        return method, ()
+    counts = dict(res.row_counts)
+    return method, (
+        "sensitivity ranked on row subsets (enable-one "
+        f"{counts.get('enable_one')}, disable-one "
+        f"{counts.get('disable_one')} of {rows} rows) with "
+        "task-independent metrics (output SQNR, cosine); baselines and recovery use every row",
+    )
+
+
 def analyze(
     model: Model,
     groups: Groups,
@@ -179,14 +220,7 @@ def analyze(
         )
         collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress}
-    if proxy_fraction >= 1:
-        res = sweep_segments(model, groups, stats, batches, **kw)
-    else:
-        # the uniform-low run above gives the per-row noise the fast sweep selects rows by
-        err = squared_error_rows(ref, uniform_rows[low])
-        cuts = np.cumsum([len(next(iter(b.values()))) for b in batches])[:-1]
-        res = sweep_fast(model, groups, stats, batches, fraction=proxy_fraction,
-                         noise=np.split(err, cuts), **kw)
+    res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
     sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
     noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
@@ -200,24 +234,7 @@ def analyze(
         plan = Plan(low, tuple((g, high) for g in promoted))
         m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
         recovery.append(Recovery(promoted, high.value, m))
-    method = {
-        "sweep": res.method,
-        "proxy_fraction": proxy_fraction,
-        "proxy_rows": int(len(res.ref_rows)),
-        "rows_per_sweep": dict(res.row_counts),
-        "rows": int(len(ref)),
-        "sweep_seconds": res.seconds,
-    }
-    notes = (
-        ()
-        if proxy_fraction >= 1
-        else (
-            "sensitivity ranked on row subsets (enable-one "
-            f"{dict(res.row_counts).get('enable_one')}, disable-one "
-            f"{dict(res.row_counts).get('disable_one')} of {len(ref)} rows) with "
-            "task-independent metrics (output SQNR, cosine); baselines and recovery use every row",
-        )
-    )
+    method, notes = _method(res, proxy_fraction, len(ref))
     return Analysis(
         model.source,
         low.value,

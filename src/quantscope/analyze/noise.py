@@ -6,7 +6,7 @@ cumulative      every group at the low precision: the noise a tensor carries in 
 isolated        only the tensor's own group at the low precision, its inputs FP32:
                 the rounding and weight noise that group adds by itself
 SQNR            ``10 log10(sum ref^2 / sum (ref - test)^2)`` over all elements of all
-                batches (inf when identical)
+                batches (:func:`quantscope.numerics.sqnr_db_from_powers`)
 ==============  ==========================================================================
 
 Cumulative much lower than isolated means the tensor inherits noise; isolated low means
@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from quantscope.numerics import sqnr_db_from_powers
 
 
 @dataclass
@@ -34,15 +36,7 @@ class NoiseAccumulator:
         self.noise[name] = self.noise.get(name, 0.0) + float(np.sum(d * d))
 
     def sqnr(self) -> dict[str, float]:
-        return {t: power_ratio_db(self.signal[t], self.noise[t]) for t in self.signal}
-
-
-def power_ratio_db(signal: float, noise: float) -> float:
-    if noise == 0.0:
-        return float("inf")
-    if signal == 0.0:
-        return float("-inf")
-    return 10.0 * float(np.log10(signal / noise))
+        return {t: sqnr_db_from_powers(self.signal[t], self.noise[t]) for t in self.signal}
 
 
 @dataclass(frozen=True)

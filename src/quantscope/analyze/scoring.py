@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantscope.numerics import sqnr_db
+from quantscope.numerics import row_cosines, sqnr_db
 
 Reduce = Callable[[Sequence[np.ndarray], Mapping[str, np.ndarray]], np.ndarray]
 Score = Callable[[np.ndarray, np.ndarray], dict[str, float]]
@@ -40,11 +40,7 @@ def first_output_rows(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndar
 
 def fidelity(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
     """Task-independent metrics of reduced rows: mean row cosine and SQNR (dB)."""
-    r, t = ref.astype(np.float64), test.astype(np.float64)
-    num = (r * t).sum(axis=1)
-    den = np.linalg.norm(r, axis=1) * np.linalg.norm(t, axis=1)
-    cos = np.where(den > 0, num / np.where(den > 0, den, 1.0), 1.0)
-    return {"cosine_mean": float(cos.mean()), "sqnr_db": sqnr_db(r, t)}
+    return {"cosine_mean": float(row_cosines(ref, test).mean()), "sqnr_db": sqnr_db(ref, test)}
 
 
 @dataclass(frozen=True)

@@ -19,19 +19,40 @@ Q/DQ in a segment          :func:`quantscope.emulate.qdq.build_qdq` applied to t
                            segment makes (and of real graph inputs it reads): the same
                            writer, so a chain of segments equals the full QDQ model
 =========================  ==========================================================
+
+The engine that runs a sweep on segments:
+
+=========================  ==========================================================
+:class:`Chain`             one session per segment for a whole-model plan (FP32 or
+                           all-``low``); per batch it runs once and its env caches
+                           every tensor crossing a cut
+:class:`Runner`            a candidate's own sessions: the segment holding its group
+                           (plus every segment reading a model input whose encoding
+                           the candidate changes); the other segments are the chain's
+:func:`run_candidate`      the chain's env, then the candidate's segments from its
+                           first own one onwards (own session where it has one)
+=========================  ==========================================================
+
+Sessions use :func:`~quantscope.emulate.session.make_session` with ``shared_arena``
+(a sweep holds hundreds of them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import helper
 
+from quantscope.analyze.candidates import Candidate, mixed_encodings
 from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.session import make_session
 from quantscope.model.groups import tensor_kinds
 from quantscope.model.load import FLOAT_TYPES, Model
-from quantscope.types import Encodings, Groups, Plan
+from quantscope.types import Encodings, Groups, Plan, Precision
 
 
 @dataclass(frozen=True)
@@ -151,3 +172,107 @@ def segment_qdq(
 ) -> onnx.ModelProto:
     """The one writer applied to a segment: Q/DQ exactly where the full QDQ model has it."""
     return build_qdq(seg_model, groups, plan, restrict_encodings(model, seg_model, encodings))
+
+
+# --- the segment engine ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Chain:
+    """Segments of one model and one session per segment (float or all-low)."""
+
+    segments: tuple[Segment, ...]
+    sessions: tuple[ort.InferenceSession, ...]
+    outputs: tuple[tuple[str, ...], ...]  # per segment: names its session returns
+
+    def run(self, env: dict[str, np.ndarray], start: int = 0) -> dict[str, np.ndarray]:
+        """Run segments ``start..`` reading from and writing into a copy of ``env``."""
+        env = dict(env)
+        for k in range(start, len(self.segments)):
+            env.update(run_segment(self.sessions[k], self.outputs[k], env))
+        return env
+
+
+def run_segment(sess: ort.InferenceSession, names: Sequence[str], env: dict) -> dict:
+    feeds = {i.name: env[i.name] for i in sess.get_inputs()}
+    return dict(zip(names, sess.run(list(names), feeds), strict=True))
+
+
+def _taps(segment: Segment, groups: Groups) -> tuple[str, ...]:
+    by = groups.by_name()
+    return tuple(dict.fromkeys(t for g in segment.groups for t in by[g].outputs))
+
+
+def build_chain(
+    model: Model,
+    groups: Groups,
+    segments: tuple[Segment, ...],
+    encodings: Encodings | None,
+    *,
+    optimize: bool,
+) -> Chain:
+    """One session per segment: float (``encodings`` None) or the writer's Q/DQ."""
+    sessions, outputs = [], []
+    plan = Plan.uniform(Precision.FLOAT)
+    for seg in segments:
+        taps = _taps(seg, groups)
+        sm = segment_model(model, seg, extra_outputs=taps)
+        proto = sm.proto if encodings is None else segment_qdq(model, sm, groups, plan, encodings)
+        sessions.append(make_session(proto, optimize=optimize, shared_arena=True))
+        outputs.append(tuple(dict.fromkeys([*seg.outputs, *taps])))
+    return Chain(segments, tuple(sessions), tuple(outputs))
+
+
+@dataclass(frozen=True, eq=False)
+class Runner:
+    """A candidate's own sessions for the segments its plan changes; the rest is shared.
+
+    Usually that is the one segment holding its group; a candidate that changes how a
+    model input is quantized also owns every segment that reads that input.
+    """
+
+    candidate: Candidate
+    start: int
+    own: dict[int, ort.InferenceSession]
+    own_isolated: int  # the segment holding the group
+
+
+def _same(a: Encodings, b: Encodings) -> bool:
+    def ids(d: dict) -> dict:
+        return {k: id(v) for k, v in d.items()}
+
+    return ids(a.activations) == ids(b.activations) and ids(a.weights) == ids(b.weights)
+
+
+def build_runners(
+    model: Model,
+    groups: Groups,
+    segments: tuple[Segment, ...],
+    table: dict[Precision, Encodings],
+    cands: Sequence[Candidate],
+    low: Precision,
+) -> tuple[Runner, ...]:
+    seg_of = {g: seg.index for seg in segments for g in seg.groups}
+    seg_models = {
+        s.index: segment_model(model, s, extra_outputs=_taps(s, groups)) for s in segments
+    }
+    empty = Encodings(activations={}, weights={})
+    runners = []
+    for c in cands:
+        enc = mixed_encodings(table, groups, c.plan)
+        base = empty if c.sweep == "enable_one" else table[low]
+        own = {}
+        for k, sm in seg_models.items():
+            mine = restrict_encodings(model, sm, enc)
+            if k == seg_of[c.group] or not _same(mine, restrict_encodings(model, sm, base)):
+                own[k] = make_session(build_qdq(sm, groups, c.plan, mine), shared_arena=True)
+        runners.append(Runner(c, min(own), own, seg_of[c.group]))
+    return tuple(runners)
+
+
+def run_candidate(r: Runner, base: dict, chain: Chain) -> dict[str, np.ndarray]:
+    env = dict(base)
+    for k in range(r.start, len(chain.segments)):
+        sess = r.own.get(k, chain.sessions[k])
+        env.update(run_segment(sess, chain.outputs[k], env))
+    return env

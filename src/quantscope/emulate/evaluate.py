@@ -16,7 +16,7 @@ import onnx
 
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
-from quantscope.numerics import sqnr_db
+from quantscope.numerics import row_cosines, sqnr_db, sqnr_db_from_powers
 from quantscope.types import Metrics, Outputs
 
 
@@ -43,24 +43,15 @@ def run_model(
     return Outputs(names=names, batches=tuple(out))
 
 
-def _row_cosines(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
-    r = ref.reshape(len(ref), -1).astype(np.float64)
-    t = test.reshape(len(test), -1).astype(np.float64)
-    num = (r * t).sum(axis=1)
-    den = np.linalg.norm(r, axis=1) * np.linalg.norm(t, axis=1)
-    same = np.all(r == t, axis=1)
-    return np.where(same, 1.0, np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0))
-
-
 def output_fidelity(ref: Outputs, test: Outputs) -> Metrics:
     """Cosine (mean, min, p01) and SQNR per output; the first output also unprefixed."""
     values: dict[str, float] = {}
     tables: dict[str, dict[str, float]] = {}
     for i, name in enumerate(ref.names):
-        cos = np.concatenate([_row_cosines(a[i], b[i]) for a, b in zip(ref.batches, test.batches, strict=True)])
+        cos = np.concatenate([row_cosines(a[i], b[i]) for a, b in zip(ref.batches, test.batches, strict=True)])
         noise = sum(float(np.sum((a[i].astype(np.float64) - b[i]) ** 2)) for a, b in zip(ref.batches, test.batches, strict=True))
         power = sum(float(np.sum(a[i].astype(np.float64) ** 2)) for a in ref.batches)
-        sqnr = float("inf") if noise == 0 else (10 * np.log10(power / noise) if power > 0 else float("-inf"))
+        sqnr = sqnr_db_from_powers(power, noise)
         row = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
                "cosine_p01": float(np.percentile(cos, 1)), "sqnr_db": float(sqnr)}
         tables[name] = row

@@ -16,6 +16,7 @@ import onnxruntime as ort
 from quantscope.types import QuantscopeError
 
 Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
+_SHARED_ARENA: list[bool] = []
 
 
 def providers() -> list[str]:
@@ -30,9 +31,17 @@ def make_session(
     optimize: bool = False,
     integer_kernels: bool = False,
     arena: bool = True,
+    shared_arena: bool = False,
 ) -> ort.InferenceSession:
     """A session; ``integer_kernels`` turns on every ORT optimization, which fuses QDQ
-    groups into ORT's integer kernels (used only to measure the emulator against them)."""
+    groups into ORT's integer kernels (used only to measure the emulator against them).
+
+    ``shared_arena``: for holding hundreds of sessions at once (sensitivity sweeps), same
+    numerics. Every such session allocates from one process-wide CPU arena (a
+    per-session arena would keep its peak batch allocated for the session's life), and
+    thread pools do not spin after a run (idle sessions would steal the running one's
+    cores).
+    """
     opts = ort.SessionOptions()
     level = ort.GraphOptimizationLevel
     opts.graph_optimization_level = (
@@ -41,6 +50,10 @@ def make_session(
     )
     opts.log_severity_level = 3
     opts.enable_cpu_mem_arena = arena  # off: memory goes back after each run (calibration)
+    if shared_arena:
+        _register_shared_arena()
+        opts.add_session_config_entry("session.use_env_allocators", "1")
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(
             proto.SerializeToString(), sess_options=opts, providers=providers()
@@ -51,6 +64,16 @@ def make_session(
             f"ONNX Runtime cannot run this model ({msg}): check that every op is supported "
             "by onnxruntime on this machine"
         ) from None
+
+
+def _register_shared_arena() -> None:
+    """Register one process-wide CPU arena (once) for ``shared_arena`` sessions."""
+    if not _SHARED_ARENA:
+        info = ort.OrtMemoryInfo(
+            "Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT
+        )
+        ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, -1, -1, -1))
+        _SHARED_ARENA.append(True)
 
 
 def runner(session: ort.InferenceSession, outputs: list[str] | None = None) -> Runner:

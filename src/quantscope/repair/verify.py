@@ -24,6 +24,7 @@ from quantscope.emulate.qdq import build_qdq
 from quantscope.emulate.session import make_session, runner
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
+from quantscope.numerics import sqnr_db_from_powers
 from quantscope.repair import RepairError, as_model
 from quantscope.types import Plan, QuantScheme
 
@@ -96,5 +97,5 @@ def quantized_error(
     )
     power = sum(float(np.sum(r[k].astype(np.float64) ** 2)) for r in ref for k in range(len(r)))
     rel = noise / power if power > 0 else float("inf")
-    sqnr = float("inf") if noise == 0 else 10.0 * float(np.log10(power / noise))
+    sqnr = sqnr_db_from_powers(power, noise)
     return {"rel_mse": rel, "sqnr_db": sqnr}

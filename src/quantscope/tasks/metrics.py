@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from quantscope import numerics
 from quantscope.types import QuantscopeError
 
 __all__ = [
@@ -196,18 +197,20 @@ def top1_agreement(
 
 
 def row_cosines(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
-    """Per-row cosine between ``ref`` and ``test`` (float64); 0 where either row is zero."""
+    """Per-row cosine between checked ``ref`` and ``test`` rows (float64), by
+    :func:`quantscope.numerics.row_cosines`: 1 for identical rows (two zero rows too),
+    0 where only one row is zero."""
     r, t = _rows(ref, "ref"), _rows(test, "test")
     _same_rows(r, t, "cosine")
-    return np.einsum("ij,ij->i", _unit_rows(r), _unit_rows(t))
+    return numerics.row_cosines(r, t)
 
 
 def cosine_fidelity(ref: np.ndarray, test: np.ndarray) -> dict[str, float | int | str]:
     """Statistics of the per-row cosine between reference and test embeddings.
 
     Keys: ``mean``, ``min``, ``p01`` (1st percentile, linear interpolation), ``n``,
-    ``n_zero_ref``, ``n_zero_test`` (rows with zero norm, given cosine 0) and ``note``
-    (empty unless zero rows were seen).
+    ``n_zero_ref``, ``n_zero_test`` (rows with zero norm: cosine 0 against a non-zero
+    row, 1 against a zero row) and ``note`` (empty unless zero rows were seen).
     """
     r, t = _rows(ref, "ref"), _rows(test, "test")
     cos = row_cosines(r, t)
@@ -217,7 +220,7 @@ def cosine_fidelity(ref: np.ndarray, test: np.ndarray) -> dict[str, float | int 
     if n_zero_ref or n_zero_test:
         note = (
             f"zero-norm rows (reference {n_zero_ref}, test {n_zero_test}) have no "
-            "direction and were counted as cosine 0"
+            "direction: cosine 0 against a non-zero row, 1 where both rows are zero"
         )
     return {
         "mean": float(np.mean(cos)),
@@ -231,19 +234,13 @@ def cosine_fidelity(ref: np.ndarray, test: np.ndarray) -> dict[str, float | int 
 
 
 def sqnr_db(ref: np.ndarray, test: np.ndarray) -> float:
-    """SQNR = 10 log10(sum(ref^2) / sum((ref - test)^2)) over the whole array, in dB.
+    """:func:`quantscope.numerics.sqnr_db` of checked (finite, same-shape) arrays.
 
     ``+inf`` when test equals ref exactly; ``-inf`` when ref is all zero but test is not.
     """
     r, t = _rows(ref, "ref"), _rows(test, "test")
     _same_rows(r, t, "sqnr")
-    noise = float(np.sum((r - t) ** 2))
-    signal = float(np.sum(r**2))
-    if noise == 0.0:
-        return float("inf")
-    if signal == 0.0:
-        return float("-inf")
-    return float(10.0 * np.log10(signal / noise))
+    return numerics.sqnr_db(r, t)
 
 
 # --- verification --------------------------------------------------------------------

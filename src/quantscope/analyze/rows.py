@@ -1,0 +1,166 @@
+"""Rows: reduced rows of a full model, and the row subsets a fast sweep runs on.
+
+==================  ====================================================================
+full-model rows     :func:`run_plan_rows`: one QDQ (or FP32) model over every batch,
+                    reduced by the scorer (:mod:`quantscope.analyze.scoring`)
+stratified subset   :func:`proxy_batches`: every ``k``-th row of the length-sorted
+                    batches, regrouped with little padding (enable-one)
+noise-dense subset  :func:`density_batches`: rows by output noise of the all-``low``
+                    model per unit of row cost (:func:`row_noise`,
+                    :func:`squared_error_rows`) until a row-cost budget is spent
+                    (disable-one)
+==================  ====================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from quantscope.analyze.scoring import Scorer
+from quantscope.emulate.encode import encode
+from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.session import make_session
+from quantscope.model.load import Model
+from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
+
+
+def run_plan_rows(
+    model: Model,
+    groups: Groups,
+    batches: Sequence[Batch],
+    proto: object,
+    scorer: Scorer,
+) -> np.ndarray:
+    """Reduced rows of one full model (QDQ or FP32) over every batch."""
+    del groups
+    sess = make_session(proto)
+    outs = [o.name for o in sess.get_outputs()]
+    names = {i.name for i in sess.get_inputs()}
+    rows = []
+    for feeds in batches:
+        values = sess.run(outs, {k: v for k, v in feeds.items() if k in names})
+        rows.append(scorer.reduce(values, feeds))
+    return np.concatenate(rows)
+
+
+def _pad_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    pad = [(0, 0)] + [(0, s - d) for s, d in zip(shape[1:], x.shape[1:], strict=True)]
+    return np.pad(x, pad) if any(p[1] for p in pad) else x
+
+
+def _merge(parts: list[Batch]) -> Batch:
+    out = {}
+    for k in parts[0]:
+        shape = tuple(max(p[k].shape[i] for p in parts) for i in range(parts[0][k].ndim))
+        out[k] = np.concatenate([_pad_to(p[k], shape) for p in parts])
+    return out
+
+
+def proxy_batches(
+    batches: Sequence[Batch], fraction: float, *, batch_size: int = 32, max_pad: float = 1.25
+) -> list[Batch]:
+    """Every ``1/fraction``-th row of every batch, regrouped into batches of ``batch_size``.
+
+    Rows keep the data's length mix (batches are length-sorted). Consecutive subsets are
+    merged only while the widest input is at most ``max_pad`` x the narrowest (zero
+    padding, right for token ids and attention masks), so padding stays cheap.
+    """
+    step = max(1, round(1.0 / fraction))
+    picked = [{k: v[::step] for k, v in b.items()} for b in batches]
+    picked = [p for p in picked if len(next(iter(p.values())))]
+    out: list[Batch] = []
+    group: list[Batch] = []
+    for b in picked:
+        width = max((v.shape[1] for v in b.values() if v.ndim > 1), default=1)
+        first = group and max((v.shape[1] for v in group[0].values() if v.ndim > 1), default=1)
+        rows = sum(len(next(iter(g.values()))) for g in group)
+        if group and (rows + len(next(iter(b.values()))) > batch_size or width > max_pad * first):
+            out.append(_merge(group))
+            group = []
+        group.append(b)
+    if group:
+        out.append(_merge(group))
+    return out
+
+
+def _width(b: Batch) -> int:
+    """Row cost proxy of a batch: its widest second axis (sequence length), else 1."""
+    return max((v.shape[1] for v in b.values() if v.ndim > 1), default=1)
+
+
+def _take(b: Batch, idx: np.ndarray) -> Batch:
+    return {k: v[idx] for k, v in b.items()}
+
+
+def density_batches(
+    batches: Sequence[Batch],
+    noise: Sequence[np.ndarray],
+    budget: float,
+    *,
+    batch_size: int = 32,
+) -> tuple[list[Batch], float]:
+    """Rows by noise density until ``budget`` (a fraction of the total row cost) is spent.
+
+    ``noise[b][r]``: output noise of row ``r`` of batch ``b`` under the all-``low`` plan.
+    A row costs its batch's width (:func:`_width`); rows are taken by ``noise / cost``,
+    highest first, then regrouped in the original (length-sorted) order. Returns the
+    batches and the fraction of the total noise they carry.
+    """
+    rows = [(b, r) for b, n in enumerate(noise) for r in range(len(n))]
+    cost = np.array([_width(batches[b]) for b, _ in rows], dtype=np.float64)
+    value = np.array([noise[b][r] for b, r in rows], dtype=np.float64)
+    order = np.argsort(-(value / cost), kind="stable")
+    spent = np.cumsum(cost[order])
+    k = max(1, int(np.searchsorted(spent, budget * cost.sum(), side="right")))
+    keep = sorted(order[:k].tolist())
+    picked: dict[int, list[int]] = {}
+    for i in keep:
+        b, r = rows[i]
+        picked.setdefault(b, []).append(r)
+    parts = [_take(batches[b], np.array(r)) for b, r in sorted(picked.items())]
+    out: list[Batch] = []
+    group: list[Batch] = []
+    for p in parts:
+        n = len(next(iter(p.values())))
+        if group and sum(len(next(iter(g.values()))) for g in group) + n > batch_size:
+            out.append(_merge(group))
+            group = []
+        group.append(p)
+    if group:
+        out.append(_merge(group))
+    carried = float(value[order[:k]].sum() / value.sum()) if value.sum() > 0 else 1.0
+    return out, carried
+
+
+def row_noise(
+    model: Model,
+    groups: Groups,
+    stats: Stats,
+    batches: Sequence[Batch],
+    *,
+    scorer: Scorer,
+    low: Precision,
+    scheme: QuantScheme | None = None,
+) -> list[np.ndarray]:
+    """Per batch, per row: squared error of the reduced all-``low`` rows against FP32."""
+    enc = encode(model, groups, stats, Plan.uniform(low), scheme=scheme)
+    fp = make_session(model.proto, optimize=True, shared_arena=True)
+    lo = make_session(build_qdq(model, groups, Plan.uniform(low), enc), shared_arena=True)
+    outs = model.output_names()
+    out: list[np.ndarray] = []
+    for feeds in batches:
+        rows = []
+        for sess in (fp, lo):
+            names = {i.name for i in sess.get_inputs()}
+            values = sess.run(outs, {k: v for k, v in feeds.items() if k in names})
+            rows.append(scorer.reduce(values, feeds).astype(np.float64))
+        out.append(squared_error_rows(rows[0], rows[1]))
+    return out
+
+
+def squared_error_rows(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """Per row: the summed squared difference of reduced rows (float64)."""
+    d = np.asarray(test, np.float64) - np.asarray(ref, np.float64)
+    return (d**2).reshape(len(d), -1).sum(axis=1)
