@@ -9,16 +9,20 @@ The Python API mirrors the CLI's stages (see docs/architecture.md)::
     plan = qs.Plan.uniform(qs.Precision.A8_W8)
     result = qs.evaluate_plan(model, data, stats, plan)  # result["metrics"]
     qdq, notes = qs.qdq_for_plan(model, stats, plan)   # the exported QDQ model
+    rows = qs.device_io_rows(model, stats, plan)        # how to feed/read the device
+    q = qs.to_device(x, rows[0]); y = qs.from_device(q_out, rows[-1])
 """
 
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.qdq import QdqModel, build_qdq, quantize_model, scheme_for
+from quantscope.export.device_io import check_mapping, from_device, parse_mapping, to_device
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load, load_proto
 from quantscope.stages import (
     Dataset,
     calibrate_model,
+    device_io_rows,
     evaluate_plan,
     evaluate_plans,
     export_plan,
@@ -43,7 +47,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Dataset", "Encoding", "Encodings", "Group", "Groups", "Model", "Plan", "Precision",
-    "Problem", "QuantScheme", "QuantscopeError", "Stats", "build_qdq", "calibrate",
-    "calibrate_model", "encode", "evaluate_plan", "evaluate_plans", "export_plan",
-    "find_groups", "load", "load_proto", "open_data", "open_model", "qdq_for_plan",
+    "Problem", "QdqModel", "QuantScheme", "QuantscopeError", "Stats", "build_qdq",
+    "calibrate", "calibrate_model", "check_mapping", "device_io_rows", "encode",
+    "evaluate_plan", "evaluate_plans", "export_plan", "find_groups", "from_device", "load",
+    "load_proto", "open_data", "open_model", "parse_mapping", "qdq_for_plan",
+    "quantize_model", "scheme_for", "to_device",
 ]

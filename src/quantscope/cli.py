@@ -198,10 +198,23 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_io(args: argparse.Namespace) -> int:
-    from quantscope.export.device_io import format_device_io
+    from quantscope.export import device_io as dio
 
+    mappings = [dio.parse_mapping(m) for m in args.check_mapping or []]
     inp = _open(args, stats=True, plan=True)
-    print(format_device_io(stages.device_io_rows(inp.model, inp.stats, inp.plan)))
+    rows = stages.device_io_rows(inp.model, inp.stats, inp.plan)
+    print(dio.format_device_io(rows))
+    checks = dio.check_mapping(rows, mappings) if mappings else []
+    if checks:
+        print("manual mappings against the correct transform:")
+        print(dio.format_mapping_check(checks))
+    if args.snippet:
+        stages.write_text(args.snippet, dio.python_snippet(rows))
+        print(f"wrote {args.snippet} (host-side to_device/from_device functions)")
+    if args.json:
+        stages.write_json(args.json, {"io": rows, "mapping_checks": checks,
+                                      "note": dio.PROVENANCE})
+        print(f"wrote {args.json}")
     return 0
 
 

@@ -234,9 +234,15 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_output_commands(sub: argparse._SubParsersAction) -> None:
-    sub.add_parser("io", help="how to feed and read the deployed model (scale, zero point, "
-                   "stored type of every quantized input/output)",
-                   parents=[_model_parent(), _stats_parent(), _plan_parent()])
+    io = sub.add_parser("io", help="how to feed and read the deployed model (scale, zero "
+                        "point, stored type of every quantized input/output)",
+                        parents=[_model_parent(), _stats_parent(), _plan_parent()])
+    io.add_argument("--json", help="write the I/O table (and mapping checks) as JSON")
+    io.add_argument("--check-mapping", action="append", metavar="TENSOR=CODE:VALUE,…",
+                    help="a hand-written code<->value mapping to check against the correct "
+                    "transform, e.g. 'out=0:-1,127:0,255:1' (TENSOR may be *); repeatable")
+    io.add_argument("--snippet", metavar="FILE.py",
+                    help="write host-side to_device/from_device functions to paste")
 
     r = sub.add_parser("report", help="one self-contained HTML report from result files",
                        parents=[_stats_parent(required=False, help="with --model and "

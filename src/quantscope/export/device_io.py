@@ -94,7 +94,8 @@ def python_snippet(rows: list[dict[str, Any]]) -> str:
                        f".astype(np.{r['stored_type']})")
         else:
             out.append(f"def from_device_{var}(q):  # {r['tensor']}: {r['stored_type']}")
-            out.append(f"    q = np.asarray(q).view(np.{r['stored_type']}).astype(np.int64)")
+            wrap = "" if r["signed"] else f" % {r['q_max'] + 1}  # unsigned, even if read signed"
+            out.append(f"    q = np.asarray(q).astype(np.int64){wrap}")
             out.append(f"    return ((q - {r['zero_point']}) * {r['scale']!r}).astype(np.float32)")
         out.append("")
     return "\n".join(out)
