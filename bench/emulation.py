@@ -29,7 +29,7 @@ from quantscope.emulate.qdq import build_qdq  # noqa: E402
 from quantscope.emulate.session import make_session  # noqa: E402
 from quantscope.model.groups import find_groups  # noqa: E402
 from quantscope.stages import open_model  # noqa: E402
-from quantscope.types import Plan, Precision  # noqa: E402
+from quantscope.types import Plan, Precision, QuantScheme  # noqa: E402
 
 
 def _feeds(model, n, seed=0):
@@ -81,7 +81,7 @@ def main():
     print(f"fp32 (ORT basic opts)     {base_on * 1e3:8.1f} ms  {base_on / base_off:.2f}x")
     for p in (Precision.A8_W8, Precision.A16_W16):
         plan = Plan.uniform(p)
-        qdq = build_qdq(model, groups, plan, encode(model, groups, stats, plan))
+        qdq = build_qdq(model, encode(model, groups, stats, plan, scheme=QuantScheme()))
         t = _time(make_session(qdq), feeds, args.repeats)
         print(f"{p.value:<25} {t * 1e3:8.1f} ms  {t / base_off:.2f}x")
 

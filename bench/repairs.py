@@ -40,7 +40,7 @@ from quantscope.tasks.text import (
     load_tokenizer,
     make_batches,
 )
-from quantscope.types import Plan, Precision
+from quantscope.types import Plan, Precision, QuantScheme
 
 PLAN = Plan.uniform(Precision.A8_W8)
 
@@ -64,11 +64,11 @@ def _qdq(model: Model, calib, methods=None):
     groups = find_groups(model)
     stats = calibrate(model, groups, calib)
     enc = (
-        encode(model, groups, stats, PLAN)
+        encode(model, groups, stats, PLAN, scheme=QuantScheme())
         if methods is None
         else encode_with_methods(model, groups, stats, PLAN, methods)
     )
-    return build_qdq(model, groups, PLAN, enc), stats
+    return build_qdq(model, enc), stats
 
 
 def main() -> None:

@@ -42,7 +42,7 @@ from quantscope.tasks.text import (
     load_tokenizer,
     make_batches,
 )
-from quantscope.types import Precision
+from quantscope.types import Precision, QuantScheme
 
 
 def fp32_seconds(model, batches, repeats=3):
@@ -73,8 +73,8 @@ def naive_check(model, groups, stats, batches, ref, args, kw):
     worst_db, worst_rel = 0.0, 0.0
     for i in picks:
         c = ref.candidates[i]
-        enc = encode(model, groups, stats, c.plan)
-        qdq = build_qdq(model, groups, c.plan, enc)
+        enc = encode(model, groups, stats, c.plan, scheme=QuantScheme())
+        qdq = build_qdq(model, enc)
         rows = run_plan_rows(model, groups, batches, qdq, kw["scorer"])
         a = fidelity(ref.ref_of(i), rows)["sqnr_db"]
         b = fidelity(ref.ref_of(i), ref.rows[i])["sqnr_db"]

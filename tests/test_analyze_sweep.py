@@ -25,7 +25,7 @@ from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.encode import encode
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
-from quantscope.types import Precision, QuantscopeError
+from quantscope.types import Precision, QuantScheme, QuantscopeError
 
 LOW, HIGH = Precision.A8_W8, Precision.A16_W16
 
@@ -70,7 +70,7 @@ def test_mixed_encodings_equal_encode(name):
     model, groups, stats, _ = _prepared(name)
     table = encodings_table(model, groups, stats, (LOW, HIGH))
     for c in candidates(groups, LOW, HIGH):
-        mine, ref = mixed_encodings(table, groups, c.plan), encode(model, groups, stats, c.plan)
+        mine, ref = mixed_encodings(table, groups, c.plan), encode(model, groups, stats, c.plan, scheme=QuantScheme())
         assert set(mine.activations) == set(ref.activations)
         assert set(mine.weights) == set(ref.weights)
         for t, e in ref.activations.items():

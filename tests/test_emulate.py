@@ -9,7 +9,7 @@ from quantscope.emulate.qdq import build_qdq
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
-from quantscope.types import Plan, Precision
+from quantscope.types import Plan, Precision, QuantScheme
 
 
 def _prepared(name):
@@ -21,8 +21,8 @@ def _prepared(name):
 
 def _qdq(model, groups, stats, precision):
     plan = Plan.uniform(precision)
-    enc = encode(model, groups, stats, plan)
-    return build_qdq(model, groups, plan, enc), enc
+    enc = encode(model, groups, stats, plan, scheme=QuantScheme())
+    return build_qdq(model, enc), enc
 
 
 def _out_lsb(enc, model):
@@ -96,7 +96,7 @@ def test_mixed_plan_only_changes_named_group():
     model, groups, stats, feeds = _prepared("residual_add")
     target = groups.groups[1].name
     plan = Plan(default=Precision.A8_W8, overrides=((target, Precision.A16_W16),))
-    enc = encode(model, groups, stats, plan)
+    enc = encode(model, groups, stats, plan, scheme=QuantScheme())
     for g in groups.groups:
         want = 16 if g.name == target else 8
         assert all(enc.activations[t].bits == want for t in g.outputs)
@@ -106,7 +106,7 @@ def test_per_tensor_range_method_overrides_only_that_tensor():
     model, groups, stats, _ = _prepared("layernorm_block")
     base = Plan.uniform(Precision.A8_W8)
     plan = Plan(default=Precision.A8_W8, ranges=(("gelu", "percentile"),))
-    a, b = encode(model, groups, stats, base), encode(model, groups, stats, plan)
+    a, b = encode(model, groups, stats, base, scheme=QuantScheme()), encode(model, groups, stats, plan, scheme=QuantScheme())
     assert float(b.activations["gelu"].scale) < float(a.activations["gelu"].scale)
     for t in a.activations:
         if t != "gelu":

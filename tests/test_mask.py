@@ -10,7 +10,7 @@ from quantscope.emulate.qdq import build_qdq
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups, find_mask_adds
 from quantscope.model.load import load_proto
-from quantscope.types import Plan, Precision
+from quantscope.types import Plan, Precision, QuantScheme
 
 TEXT = """
 <ir_version: 9, opset_import: ["" : 17]>
@@ -58,7 +58,7 @@ def test_mask_add_is_detected_and_its_range_excludes_the_constant():
     groups = find_groups(model)
     stats = calibrate(model, groups, [_feeds(i) for i in range(4)])
     assert stats.tensors["sm"].min < -1e30  # what a naive calibration would use
-    enc = encode(model, groups, stats, Plan.uniform(Precision.A8_W8))
+    enc = encode(model, groups, stats, Plan.uniform(Precision.A8_W8), scheme=QuantScheme())
     lo, hi = enc.activations["sm"].range()
     assert stats.tensors["s"].min - MASK_MARGIN - 1 < lo < stats.tensors["s"].min
     assert any("attention mask" in n for n in enc.notes)
@@ -69,7 +69,7 @@ def test_masked_positions_still_get_zero_weight_at_8_bit():
     groups = find_groups(model)
     stats = calibrate(model, groups, [_feeds(i) for i in range(4)])
     plan = Plan.uniform(Precision.A8_W8)
-    qdq = build_qdq(model, groups, plan, encode(model, groups, stats, plan))
+    qdq = build_qdq(model, encode(model, groups, stats, plan, scheme=QuantScheme()))
     feeds = _feeds(9)
     ref = make_session(model.proto).run(None, feeds)[0]
     out = make_session(qdq).run(None, feeds)[0]

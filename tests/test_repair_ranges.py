@@ -12,7 +12,7 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.repair.ranges import choose_range_methods, encode_with_methods
 from quantscope.repair.verify import quantized_error
-from quantscope.types import Plan, Precision
+from quantscope.types import Plan, Precision, QuantScheme
 
 
 def _corrupted_calibration():
@@ -30,20 +30,20 @@ def test_output_proxy_beats_every_global_method():
     plan = Plan.uniform(Precision.A8_W8)
     held_out = [tm.sample_inputs(m.proto, n=64, seed=100 + i) for i in range(2)]
     choice = choose_range_methods(m, stats, plan, feeds[:2])
-    assert set(choice.mapping()) == set(encode(m, groups, stats, plan).activations)
+    assert set(choice.mapping()) == set(encode(m, groups, stats, plan, scheme=QuantScheme()).activations)
     chosen = quantized_error(
         m.proto,
-        build_qdq(m, groups, plan, encode_with_methods(m, groups, stats, plan, choice.mapping())),
+        build_qdq(m, encode_with_methods(m, groups, stats, plan, choice.mapping())),
         held_out,
     )
     minmax = quantized_error(
-        m.proto, build_qdq(m, groups, plan, encode(m, groups, stats, plan)), held_out
+        m.proto, build_qdq(m, encode(m, groups, stats, plan, scheme=QuantScheme())), held_out
     )
     assert chosen["rel_mse"] < 0.1 * minmax["rel_mse"], (chosen, minmax)
     for method in ("percentile", "mse"):
         other = quantized_error(
             m.proto,
-            build_qdq(m, groups, plan, encode(m, groups, stats, plan, method=method)),
+            build_qdq(m, encode(m, groups, stats, plan, scheme=QuantScheme(), method=method)),
             held_out,
         )
         assert chosen["rel_mse"] <= other["rel_mse"] * 1.01
@@ -55,6 +55,6 @@ def test_local_proxy_runs_no_model_and_encode_with_methods_matches_encode():
     choice = choose_range_methods(m, stats, plan, proxy="local")
     assert set(choice.mapping().values()) <= {"minmax", "percentile", "mse"}
     same = encode_with_methods(m, groups, stats, plan, {})
-    plain = encode(m, groups, stats, plan)
+    plain = encode(m, groups, stats, plan, scheme=QuantScheme())
     for t, e in plain.activations.items():
         assert float(same.activations[t].scale) == float(e.scale)

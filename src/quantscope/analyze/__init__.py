@@ -37,8 +37,7 @@ from quantscope.analyze.rows import proxy_batches, run_plan_rows, squared_error_
 from quantscope.analyze.scoring import Scorer, fidelity, text_retrieval_scorer
 from quantscope.analyze.sweeps import SweepResult, sweep_fast, sweep_naive, sweep_segments
 from quantscope.analyze.weights import WeightIssue, find_weight_issues
-from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
 from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats
 
@@ -94,8 +93,8 @@ def _plan_metrics(
     ref: np.ndarray,
     scheme: QuantScheme | None,
 ) -> tuple[dict[str, float], np.ndarray]:
-    enc = encode(model, groups, stats, plan, scheme=scheme)
-    rows = run_plan_rows(model, groups, batches, build_qdq(model, groups, plan, enc), scorer)
+    q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), groups=groups)
+    rows = run_plan_rows(model, groups, batches, q.proto, scorer)
     return scorer(ref, rows), rows
 
 

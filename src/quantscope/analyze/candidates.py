@@ -46,7 +46,7 @@ def encodings_table(
     scheme: QuantScheme | None = None,
 ) -> dict[Precision, Encodings]:
     return {
-        p: encode(model, groups, stats, Plan.uniform(p), scheme=scheme)
+        p: encode(model, groups, stats, Plan.uniform(p), scheme=scheme or QuantScheme())
         for p in precisions
         if p is not Precision.FLOAT
     }

@@ -19,8 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from quantscope.analyze.scoring import Scorer
-from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
@@ -145,9 +144,10 @@ def row_noise(
     scheme: QuantScheme | None = None,
 ) -> list[np.ndarray]:
     """Per batch, per row: squared error of the reduced all-``low`` rows against FP32."""
-    enc = encode(model, groups, stats, Plan.uniform(low), scheme=scheme)
+    plan = Plan.uniform(low)
+    q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), groups=groups)
     fp = make_session(model.proto, optimize=True, shared_arena=True)
-    lo = make_session(build_qdq(model, groups, Plan.uniform(low), enc), shared_arena=True)
+    lo = make_session(q.proto, shared_arena=True)
     outs = model.output_names()
     out: list[np.ndarray] = []
     for feeds in batches:

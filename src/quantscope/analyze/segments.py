@@ -171,7 +171,7 @@ def segment_qdq(
     model: Model, seg_model: Model, groups: Groups, plan: Plan, encodings: Encodings
 ) -> onnx.ModelProto:
     """The one writer applied to a segment: Q/DQ exactly where the full QDQ model has it."""
-    return build_qdq(seg_model, groups, plan, restrict_encodings(model, seg_model, encodings))
+    return build_qdq(seg_model, restrict_encodings(model, seg_model, encodings))
 
 
 # --- the segment engine ---------------------------------------------------------------
@@ -265,7 +265,7 @@ def build_runners(
         for k, sm in seg_models.items():
             mine = restrict_encodings(model, sm, enc)
             if k == seg_of[c.group] or not _same(mine, restrict_encodings(model, sm, base)):
-                own[k] = make_session(build_qdq(sm, groups, c.plan, mine), shared_arena=True)
+                own[k] = make_session(build_qdq(sm, mine), shared_arena=True)
         runners.append(Runner(c, min(own), own, seg_of[c.group]))
     return tuple(runners)
 

@@ -48,8 +48,7 @@ from quantscope.analyze.segments import (
     find_segments,
     run_candidate,
 )
-from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
 from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
 
@@ -181,15 +180,12 @@ def sweep_naive(
     ref = run_plan_rows(model, groups, batches, model.proto, scorer)
     rows = []
     for i, c in enumerate(cands, 1):
-        enc = encode(model, groups, stats, c.plan, scheme=scheme)
-        rows.append(
-            run_plan_rows(model, groups, batches, build_qdq(model, groups, c.plan, enc), scorer)
-        )
+        q = quantize_model(model, stats, c.plan, scheme=scheme_for(c.plan, scheme), groups=groups)
+        rows.append(run_plan_rows(model, groups, batches, q.proto, scorer))
         _progress(i, len(cands), "naive sweep (candidates)", show=progress)
-    enc = encode(model, groups, stats, Plan.uniform(low), scheme=scheme)
-    low_rows = run_plan_rows(
-        model, groups, batches, build_qdq(model, groups, Plan.uniform(low), enc), scorer
-    )
+    low_plan = Plan.uniform(low)
+    q = quantize_model(model, stats, low_plan, scheme=scheme_for(low_plan, scheme), groups=groups)
+    low_rows = run_plan_rows(model, groups, batches, q.proto, scorer)
     return SweepResult(cands, tuple(rows), ref, low_rows, {}, {}, time.perf_counter() - t0, "naive",
                        row_counts=(("enable_one", len(ref)), ("disable_one", len(ref))))
 

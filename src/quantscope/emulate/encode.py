@@ -60,11 +60,10 @@ def encode(
     stats: Stats,
     plan: Plan,
     *,
-    scheme: QuantScheme | None = None,
+    scheme: QuantScheme,
     method: str | None = None,
 ) -> Encodings:
-    """Encodings for every tensor the plan quantizes."""
-    scheme = scheme or QuantScheme()
+    """Encodings for every tensor the plan quantizes, in ``scheme`` (required: the target's)."""
     method = method or stats.method
     per_tensor = dict(plan.ranges)
     masks = {m.output: m for m in find_mask_adds(model)}

@@ -90,9 +90,12 @@ def _weight_nodes(
     return nodes, inits, set(encodings.weights)
 
 
-def build_qdq(model: Model, groups: Groups, plan: Plan, encodings: Encodings) -> onnx.ModelProto:
-    """The QDQ model for ``plan``: runs in ONNX Runtime and is what export writes."""
-    del groups, plan  # the encodings already say which tensors the plan quantizes
+def build_qdq(model: Model, encodings: Encodings) -> onnx.ModelProto:
+    """The QDQ graph for ``encodings`` (which say what the plan quantizes, and how).
+
+    Callers use :func:`quantize_model`; only the segment engine of the sweeps calls this
+    directly, with a plan's encodings restricted to a cut-out segment.
+    """
     proto = onnx.ModelProto()
     proto.CopyFrom(model.proto)
     graph = proto.graph
@@ -180,5 +183,5 @@ def quantize_model(
     groups = groups or find_groups(model)
     check_plan_names(plan, groups)
     enc = encode(model, groups, stats, plan, scheme=scheme, method=method)
-    return QdqModel(proto=build_qdq(model, groups, plan, enc), encodings=enc,
+    return QdqModel(proto=build_qdq(model, enc), encodings=enc,
                     coverage=coverage(model, groups, plan, enc))

@@ -55,6 +55,7 @@ import onnx
 
 from quantscope.calibrate.collect import calibrate, tapped_model
 from quantscope.emulate.encode import encode
+from quantscope.emulate.qdq import scheme_for
 from quantscope.emulate.session import make_session, runner
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
@@ -213,7 +214,7 @@ def _layers(
     m: Model, plan: Plan, stats: Stats, scheme: QuantScheme | None
 ) -> tuple[list[tuple[onnx.NodeProto, Encoding]], list[tuple[str, str]]]:
     groups = find_groups(m)
-    enc = encode(m, groups, stats, plan, scheme=scheme)
+    enc = encode(m, groups, stats, plan, scheme=scheme_for(plan, scheme))
     nodes = {n.name: n for n in m.graph.node}
     uses = use_counts(m.graph)
     todo, skipped = [], []

@@ -30,8 +30,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.numerics import fake_quant
@@ -131,9 +130,8 @@ def _targets(model: Model, enc: Encodings) -> list[tuple[onnx.NodeProto, str | N
 def _emulate(
     model: Model, stats: Stats, plan: Plan, scheme: QuantScheme | None
 ) -> tuple[onnx.ModelProto, Encodings]:
-    groups = find_groups(model)
-    enc = encode(model, groups, stats, plan, scheme=scheme)
-    return build_qdq(model, groups, plan, enc), enc
+    q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme))
+    return q.proto, q.encodings
 
 
 def _axis(node: onnx.NodeProto) -> int:

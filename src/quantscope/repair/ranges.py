@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 
 from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.ranges import METHODS
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
@@ -76,6 +76,7 @@ def encode_with_methods(
     wanted = {stats.method, *methods.values()}
     if not wanted <= set(METHODS):
         raise QuantscopeError(f"unknown range method in {sorted(wanted)}: use {', '.join(METHODS)}")
+    scheme = scheme_for(plan, scheme)
     by = {m: encode(model, groups, stats, plan, scheme=scheme, method=m) for m in wanted}
     base = by[stats.method]
     acts = {t: by[methods.get(t, stats.method)].activations[t] for t in base.activations}
@@ -115,6 +116,7 @@ def choose_range_methods(
     start = time.perf_counter()
     m = as_model(model)
     groups = find_groups(m)
+    scheme = scheme_for(plan, scheme)
     by = {c: encode(m, groups, stats, plan, scheme=scheme, method=c) for c in candidates}
     tensors = list(by[candidates[0]].activations)
     if proxy == "local":
@@ -123,7 +125,7 @@ def choose_range_methods(
         }
         chosen = {t: min(e, key=e.get) for t, e in errors.items()}
     else:
-        chosen, errors = _greedy(m, groups, plan, by, tensors, feeds, score)
+        chosen, errors = _greedy(m, groups, stats, plan, scheme, by, tensors, feeds, score)
     return RangeChoice(
         methods=tuple(chosen.items()),
         errors=tuple((t, tuple(e.items())) for t, e in errors.items()),
@@ -136,19 +138,21 @@ def choose_range_methods(
 def _greedy(
     m: Model,
     groups: Groups,
+    stats: Stats,
     plan: Plan,
+    scheme: QuantScheme,
     by: dict[str, Encodings],
     tensors: list[str],
     feeds: Sequence[Batch],
     score: Score,
 ) -> tuple[dict[str, str], dict[str, dict[str, float]]]:
     ref = run_all(m.proto, feeds)
-    first = next(iter(by))
 
     def run(choice: dict[str, str]) -> float:
-        acts = {t: by[choice[t]].activations[t] for t in tensors}
-        enc = Encodings(acts, by[first].weights, by[first].scheme, by[first].notes)
-        return score(ref, run_all(build_qdq(m, groups, plan, enc), feeds))
+        # the plan's own per-tensor methods win, as in ``by`` (encode honours plan.ranges)
+        ranges = tuple(sorted({**choice, **dict(plan.ranges)}.items()))
+        q = quantize_model(m, stats, replace(plan, ranges=ranges), scheme=scheme, groups=groups)
+        return score(ref, run_all(q.proto, feeds))
 
     uniform = {c: run(dict.fromkeys(tensors, c)) for c in by}  # start from the best global one
     start = min(uniform, key=uniform.get)

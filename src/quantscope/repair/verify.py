@@ -19,8 +19,8 @@ import numpy as np
 import onnx
 
 from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.qdq import quantize_model as build_for_plan
+from quantscope.emulate.qdq import scheme_for
 from quantscope.emulate.session import make_session, runner
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
@@ -82,7 +82,7 @@ def quantize_model(
     m = as_model(model)
     groups = find_groups(m)
     stats = calibrate(m, groups, batches, method=method)
-    return build_qdq(m, groups, plan, encode(m, groups, stats, plan, scheme=scheme))
+    return build_for_plan(m, stats, plan, scheme=scheme_for(plan, scheme), groups=groups).proto
 
 
 def quantized_error(
