@@ -1,4 +1,4 @@
-"""Planner (plan/search.py, greedy.py, refine.py, pareto.py, sensitivity.py) on tiny models."""
+"""Planner (plan/: start, greedy, prune, refine, result, pareto; serde input) on tiny models."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.plan.check import check
-from quantscope.plan.cost import plan_cost
-from quantscope.plan.greedy import build_cost_table
+from quantscope.plan.cost import cost_table, plan_cost
 from quantscope.plan.pareto import Budget, FrontPoint, pareto_front
 from quantscope.plan.search import (
     PlannerError,
@@ -21,10 +20,9 @@ from quantscope.plan.search import (
     plan_from_analysis,
     search,
 )
-from quantscope.plan.sensitivity import Sensitivity, sensitivity_from_dict
-from quantscope.serde import read_plan, write_plan
+from quantscope.serde import read_plan, sensitivity_from_dict, write_plan
 from quantscope.targets import load_target, parse_target
-from quantscope.types import Plan, Precision, QuantscopeError
+from quantscope.types import Plan, Precision, QuantscopeError, Sensitivity
 
 A8, A16W8, A16W16 = Precision.A8_W8, Precision.A16_W8, Precision.A16_W16
 HAILO = load_target("hailo10h")
@@ -220,7 +218,7 @@ def test_front_is_non_dominated_and_costs_match_plan_cost():
 def test_cost_table_equals_plan_cost(precs):
     model, groups = _setup(tiny_models.layernorm_block)
     shapes = {"x": (1, 8, 24)}
-    table = build_cost_table(groups, HAILO, model, [A8, A16W8, A16W16], shapes)
+    table = cost_table(groups, HAILO, model, [A8, A16W8, A16W16], shapes)
     prec = dict(zip(groups.names(), precs, strict=True))
     plan = Plan(A8, tuple((g, p) for g, p in prec.items() if p != A8))
     assert table.total(prec) == pytest.approx(plan_cost(plan, groups, HAILO, shapes, model=model))
@@ -253,7 +251,8 @@ def test_same_inputs_same_bytes(tmp_path):
     outs = []
     for i in range(2):
         plan, extra = plan_from_analysis(
-            model, analysis, "hailo10h", min_quality=0.75, shapes=ATT_SHAPES, seed=3
+            model, sensitivity_from_dict(analysis), "hailo10h", min_quality=0.75,
+            shapes=ATT_SHAPES, seed=3
         )
         outs.append(write_plan(tmp_path / f"plan{i}.json", plan, extra).read_bytes())
     assert outs[0] == outs[1]
@@ -341,7 +340,9 @@ def test_analysis_for_another_model_is_refused():
     model, _ = _chain()
     with pytest.raises(QuantscopeError, match="another model"):
         plan_from_analysis(
-            model, {"metric": "m", "base": 0.5, "gains": {"nope": {"a16_w16": 1}}}, HAILO
+            model,
+            sensitivity_from_dict({"metric": "m", "base": 0.5, "gains": {"nope": {"a16_w16": 1}}}),
+            HAILO,
         )
 
 

@@ -162,11 +162,12 @@ def _target(name: str) -> object:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from quantscope.plan.search import evaluator, plan_from_analysis
+    from quantscope.plan.search import plan_from_analysis
+    from quantscope.serde import read_sensitivity
 
     model = stages.open_model(args.model)
     target = _target(args.target)
-    analysis = stages.read_json_file(args.analysis, "analysis")
+    sens = read_sensitivity(args.analysis)
     evaluate = None
     if args.min_quality is not None and args.data:
         raise QuantscopeError(
@@ -182,20 +183,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         stats = stages.read_stats(args.stats)
         if args.repairs:
             from quantscope.emulate.evaluate import run_model
-            from quantscope.plan.joint import offer_repairs, repair_evaluator
-            from quantscope.plan.sensitivity import load_sensitivity
 
             ref = run_model(model.proto, list(data.evaluation), label="fp32")
             feeds = list(data.calibration)[: args.repair_batches]
-            offer = offer_repairs(model, data, stats, load_sensitivity(analysis), target,
-                                  args.repairs.split(","), feeds, task_metric=args.metric,
-                                  shapes=_shapes(args, model), reference_outputs=ref,
-                                  progress=True)
-            evaluate = repair_evaluator(model, data, stats, args.metric, feeds, target=target,
-                                        reference_outputs=ref, progress=True)
+            offer = stages.plan_repair_offer(model, data, stats, sens, target,
+                                             args.repairs.split(","), feeds,
+                                             task_metric=args.metric, shapes=_shapes(args, model),
+                                             reference_outputs=ref, progress=True)
+            evaluate = stages.plan_evaluator(model, data, stats, args.metric, feeds,
+                                             target=target, reference_outputs=ref, progress=True)
         else:
-            evaluate = evaluator(model, data, stats, args.metric, target=target)
-    plan, extra = plan_from_analysis(model, analysis, target, min_quality=args.min_quality,
+            evaluate = stages.plan_evaluator(model, data, stats, args.metric, target=target)
+    plan, extra = plan_from_analysis(model, sens, target, min_quality=args.min_quality,
                                      max_cost=args.max_cost, shapes=_shapes(args, model),
                                      evaluate=evaluate, seed=args.seed,
                                      repairs=offer.options if offer else ())
@@ -250,7 +249,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _shapes(args: argparse.Namespace, model: stages.Model) -> dict | None:
-    from quantscope.plan.check import seq_len_shapes
+    from quantscope.model.shapes import seq_len_shapes
 
     return seq_len_shapes(model, args.seq_len) if args.seq_len else None
 

@@ -7,10 +7,10 @@ calibrate, encode, build_qdq, evaluate); nothing here holds state between calls.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import onnx
@@ -34,6 +34,12 @@ from quantscope.serde import (
 )
 from quantscope.tasks.tensors import load_tensor_batches
 from quantscope.types import Encodings, Groups, Metrics, Plan, QuantScheme, QuantscopeError, Stats
+
+if TYPE_CHECKING:
+    from quantscope.plan.joint import Measure, Offer, Repair
+    from quantscope.plan.refine import Evaluate
+    from quantscope.targets.profile import Target
+    from quantscope.types import Sensitivity
 
 __all__ = [
     "Dataset", "open_model", "open_data", "calibrate_model", "qdq_for_plan", "evaluate_plan",
@@ -286,12 +292,78 @@ def plan_problems(model: Model, plan: Plan, *, seq_len: int | None = None) -> li
     """Legality problems of a plan on its own target (empty when it names none)."""
     if not plan.target:
         return []
-    from quantscope.plan.check import check, seq_len_shapes
+    from quantscope.model.shapes import seq_len_shapes
+    from quantscope.plan.check import check
     from quantscope.targets import load_target
 
     shapes = seq_len_shapes(model, seq_len) if seq_len else None
     problems = check(plan, find_groups(model), model, load_target(plan.target), shapes=shapes)
     return [dataclasses.asdict(p) for p in problems]
+
+
+# ---------------------------------------------------------------- planner measurements
+# plan/ measures and repairs only through callables passed in (plan.joint.Measure, Repair):
+# this is where they are bound to evaluate_plan and apply_repairs.
+
+
+def _plan_measure(model: Model, data: Dataset, target: Target | None, method: str | None,
+                  reference_outputs: Outputs | None) -> Measure:
+    ref = reference_outputs or run_model(model.proto, list(data.evaluation))
+    scheme = None if target is None else target.scheme
+
+    def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
+        return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
+                             reference_outputs=ref)["metrics"]
+
+    return measure
+
+
+def _plan_repair(feeds: Sequence[dict[str, np.ndarray]], target: Target | None) -> Repair:
+    from quantscope.plan.joint import Repaired
+    from quantscope.repair.apply import apply_repairs
+
+    scheme = None if target is None else target.scheme
+
+    def repair(m: Model, s: Stats, p: Plan, names: Sequence[str]) -> Repaired:
+        out = apply_repairs(m, s, p, feeds, repairs=names, scheme=scheme)
+        label = f"{m.source} (repaired: {','.join(names)})"
+        return Repaired(load_proto(out.proto, label), out.stats, out.plan, out.records)
+
+    return repair
+
+
+def plan_evaluator(model: Model, data: Dataset, stats: Stats, metric: str,
+                   feeds: Sequence[dict[str, np.ndarray]] = (), *, target: Target | None = None,
+                   method: str | None = None, reference_outputs: Outputs | None = None,
+                   progress: bool = False) -> Evaluate:
+    """``evaluate(plan) -> float`` for the planner: ``metric`` of the plan by real emulation,
+    after the plan's repairs (meta ``repairs``; they need the calibration ``feeds``),
+    against the FP32 outputs of the original ``model`` (computed once)."""
+    from quantscope.plan.joint import repair_evaluator
+
+    return repair_evaluator(model, stats, metric,
+                            measure=_plan_measure(model, data, target, method, reference_outputs),
+                            repair=_plan_repair(feeds, target) if feeds else None,
+                            progress=progress)
+
+
+def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivity,
+                      target: Target, names: Sequence[str],
+                      feeds: Sequence[dict[str, np.ndarray]], *, task_metric: str,
+                      shapes: dict[str, tuple[int, ...]] | None = None,
+                      method: str | None = None, reference_outputs: Outputs | None = None,
+                      progress: bool = False) -> Offer:
+    """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs."""
+    from quantscope.plan.joint import offer_repairs
+    from quantscope.repair.apply import REPAIRS
+
+    unknown = [n for n in names if n not in REPAIRS]
+    if unknown:
+        raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(REPAIRS)}")
+    return offer_repairs(model, stats, sens, target, names,
+                         measure=_plan_measure(model, data, target, method, reference_outputs),
+                         repair=_plan_repair(feeds, target), task_metric=task_metric,
+                         shapes=shapes, progress=progress)
 
 
 def scorer_for(data: Dataset) -> Any:
