@@ -374,3 +374,57 @@ def test_pareto_front_drops_dominated_points():
         FrontPoint(1.5, 0.7, None, (("b", A16W16),)),
     ]
     assert [p.cost for p in pareto_front(pts, b)] == [1.0, 1.5]
+
+
+# ---------------------------------------------------------------- one place per fact, layering
+
+
+def test_analysis_json_is_parsed_by_serde_into_a_typed_value(tmp_path):
+    from quantscope.serde import read_sensitivity
+
+    path = tmp_path / "a.json"
+    path.write_text(
+        '{"format": "quantscope.analysis/1", "low": "a8_w8", "high": "a16_w16", '
+        '"offenders": [{"group": "a", "score_db": 2.5}, {"group": "b", "score_db": -0.1}], '
+        '"baselines": {"a8_w8": {"sqnr_db": 12.0}}}'
+    )
+    sens = read_sensitivity(path)
+    assert isinstance(sens, Sensitivity) and sens.metric == "output_sqnr_db"
+    assert sens.base == 12.0 and sens.gain("a", A16W16) == 2.5 and sens.gain("b", A16W16) == 0.0
+    assert sens.quality(2.5) == 14.5
+    path.write_text('{"format": "quantscope.analysis/1", "offenders": [{"group": "a", '
+                    '"score_db": "high"}]}')
+    with pytest.raises(QuantscopeError, match="'score_db' in offender 'a'"):
+        read_sensitivity(path)
+    with pytest.raises(QuantscopeError, match="does not exist"):
+        read_sensitivity(tmp_path / "missing.json")
+
+
+def test_values_per_frame_for_rules_and_costs():
+    from quantscope.model.shapes import frame_values
+
+    assert frame_values((1, 8, 24)) == 192 == frame_values((1, 8, 24), unknown=1)
+    assert frame_values(("batch", "seq", 24)) is None  # a rule cannot decide
+    assert frame_values(("batch", "seq", 24), unknown=1) == 24  # cost per position
+    assert frame_values(None) is None and frame_values(None, unknown=1) == 1
+    assert frame_values((7,)) == 7  # rank 1: no batch dim
+
+
+def test_plan_imports_no_higher_layer():
+    """plan/ takes evaluation and repairs as callables (stages binds them)."""
+    import ast
+    from pathlib import Path
+
+    import quantscope.plan
+
+    higher = ("quantscope.stages", "quantscope.cli", "quantscope.repair", "quantscope.export",
+              "quantscope.report", "quantscope.tasks.registry")
+    found = []
+    for path in Path(quantscope.plan.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""] if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            )
+            found += [(path.name, n) for n in names if n.startswith(higher)]
+    assert found == []
