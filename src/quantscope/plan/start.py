@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes
@@ -64,7 +65,7 @@ def _sig(p: Problem) -> tuple[str, str, str]:
     return (p.group, p.rule, p.severity)
 
 
-def with_precisions(plan: Plan, changes: Precisions) -> Plan:
+def _with_precisions(plan: Plan, changes: Precisions) -> Plan:
     """``plan`` with the groups in ``changes`` set (an override only where not default)."""
     over = dict(plan.overrides)
     for g, p in changes.items():
@@ -105,11 +106,11 @@ class Legality:
         """Problems blocking ``group`` at ``precision`` on top of ``plan``."""
         key = (group, precision)
         if key not in self.memo:
-            self.memo[key] = self.blocking(with_precisions(self.start, {group: precision}))
+            self.memo[key] = self.blocking(_with_precisions(self.start, {group: precision}))
         found = self.memo[key]
         if found and all(p.rule in self.local for p in found):
             return found
-        return self.blocking(with_precisions(plan, {group: precision})) if found else ()
+        return self.blocking(_with_precisions(plan, {group: precision})) if found else ()
 
 
 def legality(
@@ -127,8 +128,9 @@ def legality(
             "another --low precision"
         )
     local = {r.id for r in target.rules if r.check in LOCAL_CHECKS} | BUILTIN_RULES
-    return Legality(start, groups, model, target, shapes, allow_warnings,
-                    frozenset(_sig(p) for p in problems), frozenset(local))
+    return Legality(start=start, groups=groups, model=model, target=target, shapes=shapes,
+                    allow_warnings=allow_warnings, baseline=frozenset(map(_sig, problems)),
+                    local=frozenset(local))
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,8 +191,9 @@ def start_search(
     names = groups.names()
     used = {low, *cands, *(start.precision_of(g) for g in names)}
     table = cost_table(groups, target, model, sorted(used, key=PRECISION_ORDER.index), shapes)
-    first = {g: start.precision_of(g) for g in names}
-    return Space(names, first, sens, table, legal, cands, budget, tuple(repairs))
+    first = MappingProxyType({g: start.precision_of(g) for g in names})
+    return Space(names=names, start=first, sens=sens, table=table, legal=legal,
+                 candidates=cands, budget=budget, repairs=tuple(repairs))
 
 
 def repair_meta(point: FrontPoint) -> tuple[tuple[str, str], ...]:
