@@ -16,7 +16,7 @@ import tiny_models
 from quantscope.export.alls_lint import layer_patterns, lint, parse_alls
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load, load_proto
-from quantscope.plan.check import seq_len_shapes
+from quantscope.model.shapes import seq_len_shapes
 from quantscope.targets import load_target
 from quantscope.types import GroupKind, QuantscopeError
 from quantscope.zoo.text import find_minilm_l3_onnx

@@ -15,7 +15,8 @@ from onnx import numpy_helper
 
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load, load_proto
-from quantscope.plan.check import check, low_byte_empty, resolve_shapes, seq_len_shapes
+from quantscope.model.shapes import resolve_shapes, seq_len_shapes
+from quantscope.plan.check import check, low_byte_empty
 from quantscope.plan.cost import cost_breakdown, plan_cost
 from quantscope.targets import load_target, with_params
 from quantscope.types import Plan, Precision, QuantscopeError

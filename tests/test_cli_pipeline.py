@@ -10,6 +10,7 @@ import tiny_models as tm
 
 from quantscope import stages
 from quantscope.cli import main
+from quantscope.serde import read_sensitivity
 from quantscope.targets import load_target
 from quantscope.types import QuantscopeError
 
@@ -119,7 +120,7 @@ def test_plan_stage_writes_what_the_cli_writes(tmp_path, capsys):
     assert main(["plan", str(m), "--analysis", str(a), "--target", "hailo10h", "--max-cost",
                  "2.0", "--data", str(x), "--stats", str(s), "--metric", "sqnr_db",
                  "--goal", "60", "--out", str(p)]) == 0
-    model, analysis = stages.open_model(m), json.loads(a.read_text())
+    model, analysis = stages.open_model(m), read_sensitivity(a)
     options = stages.PlanOptions(max_cost=2.0, metric="sqnr_db", goal=60.0)
     data = stages.open_data(x, model)
     out = stages.plan_model(model, analysis, load_target("hailo10h"), options, data=data,

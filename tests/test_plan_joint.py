@@ -8,12 +8,9 @@ from test_repair_split import residual_block
 from test_search import _chain, _sens, _toy_target
 
 from quantscope.model.groups import find_groups
-from quantscope.plan.greedy import RepairOption
-from quantscope.plan.joint import offer_repairs, repair_evaluator
-from quantscope.plan.search import search
-from quantscope.plan.sensitivity import Sensitivity
-from quantscope.stages import Dataset, evaluate_plan
-from quantscope.types import Plan, Precision, QuantscopeError
+from quantscope.plan.search import RepairOption, search
+from quantscope.stages import Dataset, evaluate_plan, plan_evaluator, plan_repair_offer
+from quantscope.types import Plan, Precision, QuantscopeError, Sensitivity
 
 
 def _measured(values):
@@ -69,8 +66,8 @@ def test_offers_are_measured_and_the_evaluator_applies_the_plans_repairs():
     sens = Sensitivity.from_gains("sqnr_db", base, {g: {"a16_w16": 1.0}
                                                      for g in find_groups(model).names()})
     feeds = list(data.calibration)
-    offer = offer_repairs(model, data, stats, sens, target, ("smooth", "split"), feeds,
-                          task_metric="sqnr_db")
+    offer = plan_repair_offer(model, data, stats, sens, target, ("smooth", "split"), feeds,
+                              task_metric="sqnr_db")
     rows = {r["name"]: r for r in offer.measured}
     assert rows["smooth"]["changed"] == 0 and any("smooth" in n for n in offer.notes)
     split = next(o for o in offer.options if o.name == "split")
@@ -78,11 +75,12 @@ def test_offers_are_measured_and_the_evaluator_applies_the_plans_repairs():
     assert split.gain == pytest.approx(rows["split"]["sqnr_db"][1] - rows["split"]["sqnr_db"][0],
                                        abs=1e-5)
     assert split.cost > 0  # it widens layers: the cost model sees the extra channels
-    score = repair_evaluator(model, data, stats, "sqnr_db", feeds, target=target)
+    score = plan_evaluator(model, data, stats, "sqnr_db", feeds, target=target)
     plain = score(low)
     repaired = score(Plan(default=Precision.A8_W8, target=target.name,
                           meta=(("repairs", "split"),)))
     assert plain == pytest.approx(base, abs=1e-6)
     assert repaired == pytest.approx(rows["split"]["sqnr_db"][1], abs=1e-4)
     with pytest.raises(QuantscopeError, match="unknown repair 'nope'"):
-        offer_repairs(model, data, stats, sens, target, ("nope",), feeds, task_metric="sqnr_db")
+        plan_repair_offer(model, data, stats, sens, target, ("nope",), feeds,
+                          task_metric="sqnr_db")

@@ -1,4 +1,4 @@
-"""Planner (plan/search.py, greedy.py, refine.py, pareto.py, sensitivity.py) on tiny models."""
+"""Planner (plan/: start, greedy, prune, refine, result, pareto; serde input) on tiny models."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from hypothesis import strategies as st
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.plan.check import check
-from quantscope.plan.cost import plan_cost
-from quantscope.plan.greedy import build_cost_table
+from quantscope.plan.cost import cost_table, plan_cost
 from quantscope.plan.pareto import Budget, FrontPoint, pareto_front
 from quantscope.plan.search import (
     PlannerError,
@@ -21,10 +20,9 @@ from quantscope.plan.search import (
     plan_from_analysis,
     search,
 )
-from quantscope.plan.sensitivity import Sensitivity, sensitivity_from_dict
-from quantscope.serde import read_plan, write_plan
+from quantscope.serde import read_plan, sensitivity_from_dict, write_plan
 from quantscope.targets import load_target, parse_target
-from quantscope.types import Plan, Precision, QuantscopeError
+from quantscope.types import Plan, Precision, QuantscopeError, Sensitivity
 
 A8, A16W8, A16W16 = Precision.A8_W8, Precision.A16_W8, Precision.A16_W16
 HAILO = load_target("hailo10h")
@@ -220,7 +218,7 @@ def test_front_is_non_dominated_and_costs_match_plan_cost():
 def test_cost_table_equals_plan_cost(precs):
     model, groups = _setup(tiny_models.layernorm_block)
     shapes = {"x": (1, 8, 24)}
-    table = build_cost_table(groups, HAILO, model, [A8, A16W8, A16W16], shapes)
+    table = cost_table(groups, HAILO, model, [A8, A16W8, A16W16], shapes)
     prec = dict(zip(groups.names(), precs, strict=True))
     plan = Plan(A8, tuple((g, p) for g, p in prec.items() if p != A8))
     assert table.total(prec) == pytest.approx(plan_cost(plan, groups, HAILO, shapes, model=model))
@@ -253,7 +251,8 @@ def test_same_inputs_same_bytes(tmp_path):
     outs = []
     for i in range(2):
         plan, extra = plan_from_analysis(
-            model, analysis, "hailo10h", min_quality=0.75, shapes=ATT_SHAPES, seed=3
+            model, sensitivity_from_dict(analysis), "hailo10h", min_quality=0.75,
+            shapes=ATT_SHAPES, seed=3
         )
         outs.append(write_plan(tmp_path / f"plan{i}.json", plan, extra).read_bytes())
     assert outs[0] == outs[1]
@@ -341,7 +340,9 @@ def test_analysis_for_another_model_is_refused():
     model, _ = _chain()
     with pytest.raises(QuantscopeError, match="another model"):
         plan_from_analysis(
-            model, {"metric": "m", "base": 0.5, "gains": {"nope": {"a16_w16": 1}}}, HAILO
+            model,
+            sensitivity_from_dict({"metric": "m", "base": 0.5, "gains": {"nope": {"a16_w16": 1}}}),
+            HAILO,
         )
 
 
@@ -373,3 +374,57 @@ def test_pareto_front_drops_dominated_points():
         FrontPoint(1.5, 0.7, None, (("b", A16W16),)),
     ]
     assert [p.cost for p in pareto_front(pts, b)] == [1.0, 1.5]
+
+
+# ---------------------------------------------------------------- one place per fact, layering
+
+
+def test_analysis_json_is_parsed_by_serde_into_a_typed_value(tmp_path):
+    from quantscope.serde import read_sensitivity
+
+    path = tmp_path / "a.json"
+    path.write_text(
+        '{"format": "quantscope.analysis/1", "low": "a8_w8", "high": "a16_w16", '
+        '"offenders": [{"group": "a", "score_db": 2.5}, {"group": "b", "score_db": -0.1}], '
+        '"baselines": {"a8_w8": {"sqnr_db": 12.0}}}'
+    )
+    sens = read_sensitivity(path)
+    assert isinstance(sens, Sensitivity) and sens.metric == "output_sqnr_db"
+    assert sens.base == 12.0 and sens.gain("a", A16W16) == 2.5 and sens.gain("b", A16W16) == 0.0
+    assert sens.quality(2.5) == 14.5
+    path.write_text('{"format": "quantscope.analysis/1", "offenders": [{"group": "a", '
+                    '"score_db": "high"}]}')
+    with pytest.raises(QuantscopeError, match="'score_db' in offender 'a'"):
+        read_sensitivity(path)
+    with pytest.raises(QuantscopeError, match="does not exist"):
+        read_sensitivity(tmp_path / "missing.json")
+
+
+def test_values_per_frame_for_rules_and_costs():
+    from quantscope.model.shapes import frame_values
+
+    assert frame_values((1, 8, 24)) == 192 == frame_values((1, 8, 24), unknown=1)
+    assert frame_values(("batch", "seq", 24)) is None  # a rule cannot decide
+    assert frame_values(("batch", "seq", 24), unknown=1) == 24  # cost per position
+    assert frame_values(None) is None and frame_values(None, unknown=1) == 1
+    assert frame_values((7,)) == 7  # rank 1: no batch dim
+
+
+def test_plan_imports_no_higher_layer():
+    """plan/ takes evaluation and repairs as callables (stages binds them)."""
+    import ast
+    from pathlib import Path
+
+    import quantscope.plan
+
+    higher = ("quantscope.stages", "quantscope.cli", "quantscope.repair", "quantscope.export",
+              "quantscope.report", "quantscope.tasks.registry")
+    found = []
+    for path in Path(quantscope.plan.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [node.module or ""] if isinstance(node, ast.ImportFrom)
+                else [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            )
+            found += [(path.name, n) for n in names if n.startswith(higher)]
+    assert found == []

@@ -180,7 +180,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         repairs=tuple(args.repairs.split(",")) if args.repairs else (),
         repair_batches=args.repair_batches)
     options.check_inputs(data=bool(args.data), stats=bool(args.stats))
-    analysis = stages.read_json_file(args.analysis, "analysis")
+    from quantscope.serde import read_sensitivity
+
+    analysis = read_sensitivity(args.analysis)
     measure = bool(args.data and args.stats)
     inp = _open(args, target=True, data=measure, stats=measure)
     out = stages.plan_model(inp.model, analysis, inp.target, options, data=inp.data,
@@ -243,7 +245,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _shapes(args: argparse.Namespace, model: stages.Model) -> dict | None:
-    from quantscope.plan.check import seq_len_shapes
+    from quantscope.model.shapes import seq_len_shapes
 
     return seq_len_shapes(model, args.seq_len) if args.seq_len else None
 

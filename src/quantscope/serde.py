@@ -26,12 +26,15 @@ from quantscope.types import (
     Plan,
     Precision,
     QuantscopeError,
+    Sensitivity,
     Stats,
     TensorStats,
 )
 
 STATS_FORMAT = "quantscope.stats/1"
 PLAN_FORMAT = "quantscope.plan/1"
+SENSITIVITY_FORMAT = "quantscope.sensitivity/1"
+ANALYSIS_FORMAT = "quantscope.analysis/1"
 
 
 def write_atomic(path: str | Path, write: Callable[[io.BufferedWriter], None]) -> Path:
@@ -254,3 +257,86 @@ def encodings_to_dict(enc: Encodings) -> dict[str, Any]:
         "weights": {k: encoding_to_dict(v) for k, v in enc.weights.items()},
         "notes": list(enc.notes),
     }
+
+
+# ---------------------------------------------------------------- sensitivity (planner input)
+
+
+def _number(obj: dict[str, Any], key: str, where: str) -> float:
+    value = obj.get(key)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise QuantscopeError(f"'{key}' in {where} must be a number (got {value!r})")
+    return float(value)
+
+
+def _gain_table(obj: Any, key: str, where: str) -> dict[str, dict[str, float]]:
+    if not isinstance(obj, dict) or not all(isinstance(v, dict) for v in obj.values()):
+        raise QuantscopeError(f"'{key}' in {where} must map group names to {{precision: value}}")
+    return {str(g): {str(p): _number(per, p, f"{key}.{g}") for p in per} for g, per in obj.items()}
+
+
+def _sensitivity_json(obj: dict[str, Any], where: str) -> Sensitivity:
+    obj = obj.get("sensitivity", obj) if isinstance(obj.get("sensitivity"), dict) else obj
+    fmt = obj.get("format", SENSITIVITY_FORMAT)
+    if fmt != SENSITIVITY_FORMAT:
+        raise QuantscopeError(f"{where} has format {fmt!r}, expected {SENSITIVITY_FORMAT!r}")
+    if not isinstance(obj.get("metric"), str):
+        raise QuantscopeError(f"{where} needs 'metric': the name of the task metric")
+    hib = obj.get("higher_is_better", True)
+    if not isinstance(hib, bool):
+        raise QuantscopeError(f"'higher_is_better' in {where} must be true or false")
+    base = _number(obj, "base", where)
+    if "gains" in obj:
+        gains = _gain_table(obj["gains"], "gains", where)
+    elif "enable_one" in obj:
+        sign = 1.0 if hib else -1.0
+        raw = _gain_table(obj["enable_one"], "enable_one", where)
+        gains = {g: {p: sign * (v - base) for p, v in per.items()} for g, per in raw.items()}
+    else:
+        raise QuantscopeError(f"{where} needs 'gains' or 'enable_one' per group and precision")
+    ref = obj.get("reference")
+    return Sensitivity.from_gains(
+        obj["metric"], base, gains, higher_is_better=hib,
+        low=Precision.parse(str(obj.get("low", "a8_w8"))),
+        reference=None if ref is None else _number(obj, "reference", where), source=where,
+    )
+
+
+def _analysis_json(obj: dict[str, Any], where: str) -> Sensitivity:
+    high = Precision.parse(str(obj.get("high", "a16_w16")))
+    gains: dict[str, dict[Precision, float]] = {}
+    for off in obj.get("offenders", []):
+        if not isinstance(off, dict) or "group" not in off:
+            raise QuantscopeError(f"{where}: every offender needs 'group' and 'score_db'")
+        where_off = f"offender '{off['group']}' of {where}"
+        score = _number(off, "score_db", where_off) if "score_db" in off else 0.0
+        gains[str(off["group"])] = {high: max(score, 0.0)}
+    low = Precision.parse(str(obj.get("low", "a8_w8")))
+    base = obj.get("baselines", {}).get(low.value, {}).get("sqnr_db", 0.0)
+    return Sensitivity.from_gains(
+        "output_sqnr_db", float(base), gains, higher_is_better=True, low=low, source=where
+    )
+
+
+def sensitivity_from_dict(obj: Any, where: str = "analysis") -> Sensitivity:
+    """The planner's input from either JSON form; the only parser of them.
+
+    ``quantscope.analysis/1`` (``quantscope analyze``): the gain of promoting group g to
+    the analysis' ``high`` precision is the output SQNR its disable-one sweep recovered
+    (``offenders[].score_db``, dB, at least 0); ``base`` the SQNR of uniform ``low``.
+
+    ``quantscope.sensitivity/1`` (also without ``format``, or under a top-level
+    ``sensitivity`` key): ``metric``, ``base``, optional ``higher_is_better``, ``low``,
+    ``reference``, and ``gains`` (deltas) or ``enable_one`` (the metric with that group
+    promoted; ``base`` is subtracted, sign-adjusted). Other keys are ignored.
+    """
+    if not isinstance(obj, dict):
+        raise QuantscopeError(f"{where} must be a JSON object with 'metric', 'base', 'gains'")
+    if obj.get("format") == ANALYSIS_FORMAT:
+        return _analysis_json(obj, where)
+    return _sensitivity_json(obj, where)
+
+
+def read_sensitivity(path: str | Path) -> Sensitivity:
+    """:func:`sensitivity_from_dict` of an analysis (or sensitivity) JSON file."""
+    return sensitivity_from_dict(read_json(path, "analysis"), where=f"analysis '{path}'")

@@ -7,6 +7,7 @@ calibrate, encode, build_qdq, evaluate); nothing here holds state between calls.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from quantscope.serde import (
 )
 from quantscope.tasks.tensors import load_tensor_batches
 from quantscope.types import (
+    Batch,
     Dataset,
     Encodings,
     Groups,
@@ -40,6 +42,12 @@ from quantscope.types import (
     QuantscopeError,
     Stats,
 )
+
+if TYPE_CHECKING:
+    from quantscope.plan.joint import Measure, Offer, Repair
+    from quantscope.plan.refine import Evaluate
+    from quantscope.targets.profile import Target
+    from quantscope.types import Sensitivity
 
 __all__ = [
     "Dataset", "open_model", "open_data", "calibrate_model", "qdq_for_plan", "evaluate_plan",
@@ -275,12 +283,78 @@ def plan_problems(model: Model, plan: Plan, *, seq_len: int | None = None) -> li
     """Legality problems of a plan on its own target (empty when it names none)."""
     if not plan.target:
         return []
-    from quantscope.plan.check import check, seq_len_shapes
+    from quantscope.model.shapes import seq_len_shapes
+    from quantscope.plan.check import check
     from quantscope.targets import load_target
 
     shapes = seq_len_shapes(model, seq_len) if seq_len else None
     problems = check(plan, find_groups(model), model, load_target(plan.target), shapes=shapes)
     return [dataclasses.asdict(p) for p in problems]
+
+
+# ---------------------------------------------------------------- planner measurements
+# plan/ measures and repairs only through callables passed in (plan.joint.Measure, Repair):
+# this is where they are bound to evaluate_plan and run_repairs.
+
+
+def _plan_measure(model: Model, data: Dataset, target: Target | None, method: str | None,
+                  reference_outputs: Outputs | None) -> Measure:
+    ref = reference_outputs or run_model(model.proto, list(data.evaluation))
+    scheme = None if target is None else target.scheme
+
+    def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
+        return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
+                             reference_outputs=ref)["metrics"]
+
+    return measure
+
+
+def _plan_repair(feeds: Sequence[Batch], target: Target | None) -> Repair:
+    from quantscope.plan.joint import Repaired
+    from quantscope.repair.apply import run_repairs
+
+    scheme = None if target is None else target.scheme
+
+    def repair(m: Model, s: Stats, p: Plan, names: Sequence[str]) -> Repaired:
+        out = run_repairs(m, s, p, feeds, repairs=names, scheme=scheme)
+        label = f"{m.source} (repaired: {','.join(names)})"
+        return Repaired(load_proto(out.proto, label), out.stats, out.plan, out.records)
+
+    return repair
+
+
+def plan_evaluator(model: Model, data: Dataset, stats: Stats, metric: str,
+                   feeds: Sequence[Batch] = (), *, target: Target | None = None,
+                   method: str | None = None, reference_outputs: Outputs | None = None,
+                   progress: bool = False) -> Evaluate:
+    """``evaluate(plan) -> float`` for the planner: ``metric`` of the plan by real emulation,
+    after the plan's repairs (meta ``repairs``; they need the calibration ``feeds``),
+    against the FP32 outputs of the original ``model`` (computed once)."""
+    from quantscope.plan.joint import repair_evaluator
+
+    return repair_evaluator(model, stats, metric,
+                            measure=_plan_measure(model, data, target, method, reference_outputs),
+                            repair=_plan_repair(feeds, target) if feeds else None,
+                            progress=progress)
+
+
+def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivity,
+                      target: Target, names: Sequence[str],
+                      feeds: Sequence[Batch], *, task_metric: str,
+                      shapes: dict[str, tuple[int, ...]] | None = None,
+                      method: str | None = None, reference_outputs: Outputs | None = None,
+                      progress: bool = False) -> Offer:
+    """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs."""
+    from quantscope.plan.joint import offer_repairs
+    from quantscope.repair.apply import REPAIRS
+
+    unknown = [n for n in names if n not in REPAIRS]
+    if unknown:
+        raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(REPAIRS)}")
+    return offer_repairs(model, stats, sens, target, names,
+                         measure=_plan_measure(model, data, target, method, reference_outputs),
+                         repair=_plan_repair(feeds, target), task_metric=task_metric,
+                         shapes=shapes, progress=progress)
 
 
 def scorer_for(data: Dataset) -> Any:
@@ -336,11 +410,6 @@ def format_search(result: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- planning (`quantscope plan`)
 
-if TYPE_CHECKING:  # the planner is imported when a plan is searched, not with the stages
-    from quantscope.plan.joint import Offer
-    from quantscope.targets.profile import Target
-
-
 @dataclass(frozen=True)
 class PlanOptions:
     """What the plan search is asked for, besides the model, its analysis and the target.
@@ -392,7 +461,7 @@ class PlanResult:
 
 def plan_model(
     model: Model,
-    analysis: dict[str, Any],
+    analysis: Sensitivity,
     target: Target,
     options: PlanOptions = PlanOptions(),
     *,
@@ -402,7 +471,7 @@ def plan_model(
 ) -> PlanResult:
     """Search a legal plan from an analysis; with ``data`` and ``stats`` the front is
     re-measured by real emulation and ``options.repairs`` are measured and searched too."""
-    from quantscope.plan.check import seq_len_shapes
+    from quantscope.model.shapes import seq_len_shapes
     from quantscope.plan.search import plan_from_analysis
 
     options.check_inputs(data=data is not None, stats=stats is not None)
@@ -424,7 +493,7 @@ def plan_model(
 
 def _plan_measurement(
     model: Model,
-    analysis: dict[str, Any],
+    analysis: Sensitivity,
     target: Target,
     options: PlanOptions,
     data: Dataset,
@@ -435,17 +504,12 @@ def _plan_measurement(
 ) -> tuple[Any, Offer | None]:
     """The planner's real-emulation evaluator, and the measured repair offer if asked."""
     if not options.repairs:
-        from quantscope.plan.search import evaluator
-
-        return evaluator(model, data, stats, options.metric, target=target), None
-    from quantscope.plan.joint import offer_repairs, repair_evaluator
-    from quantscope.plan.sensitivity import load_sensitivity
-
+        return plan_evaluator(model, data, stats, options.metric, target=target), None
     ref = run_model(model.proto, list(data.evaluation), label="fp32" if progress else "")
     feeds = list(data.calibration)[: options.repair_batches]
-    offer = offer_repairs(model, data, stats, load_sensitivity(analysis), target,
-                          list(options.repairs), feeds, task_metric=options.metric,
-                          shapes=shapes, reference_outputs=ref, progress=progress)
-    evaluate = repair_evaluator(model, data, stats, options.metric, feeds, target=target,
-                                reference_outputs=ref, progress=progress)
+    offer = plan_repair_offer(model, data, stats, analysis, target, list(options.repairs),
+                              feeds, task_metric=options.metric, shapes=shapes,
+                              reference_outputs=ref, progress=progress)
+    evaluate = plan_evaluator(model, data, stats, options.metric, feeds, target=target,
+                              reference_outputs=ref, progress=progress)
     return evaluate, offer

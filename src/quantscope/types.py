@@ -25,7 +25,7 @@ Dataset        calibration + evaluation batches and the task scoring them
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -167,6 +167,62 @@ class Plan:
     @classmethod
     def uniform(cls, precision: Precision) -> Plan:
         return cls(default=precision)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sensitivity:
+    """The planner's input from the analysis: predicted metric gain per group and precision.
+
+    ``gains``: group -> precision -> gain of promoting that one group from ``low`` to that
+    precision, in ``metric`` units, positive = better (for a lower-is-better metric a gain
+    is a reduction); ``base``: the metric of uniform ``low``; ``reference``: the metric at
+    full precision, to which a predicted quality is clipped. File forms: see
+    :func:`quantscope.serde.sensitivity_from_dict`.
+    """
+
+    metric: str
+    base: float
+    gains: tuple[tuple[str, tuple[tuple[Precision, float], ...]], ...]
+    higher_is_better: bool = True
+    low: Precision = Precision.A8_W8
+    reference: float | None = None
+    source: str = ""
+
+    @classmethod
+    def from_gains(
+        cls,
+        metric: str,
+        base: float,
+        gains: Mapping[str, Mapping[Precision | str, float]],
+        *,
+        higher_is_better: bool = True,
+        low: Precision = Precision.A8_W8,
+        reference: float | None = None,
+        source: str = "",
+    ) -> Sensitivity:
+        table = tuple(
+            (str(g), tuple((Precision.parse(str(p)), float(v)) for p, v in per.items()))
+            for g, per in gains.items()
+        )
+        return cls(metric=metric, base=float(base), gains=table, low=low, reference=reference,
+                   higher_is_better=higher_is_better, source=source)
+
+    def gain(self, group: str, precision: Precision) -> float | None:
+        """Gain of ``group`` at ``precision`` over ``low``; 0 at ``low``; None if unknown."""
+        if precision == self.low:
+            return 0.0
+        return dict(dict(self.gains).get(group, ())).get(precision)
+
+    def delta(self, group: str, old: Precision, new: Precision) -> float | None:
+        a, b = self.gain(group, old), self.gain(group, new)
+        return None if a is None or b is None else b - a
+
+    def quality(self, total_gain: float) -> float:
+        """Predicted metric for a summed gain, clipped to ``reference`` when given."""
+        q = self.base + total_gain if self.higher_is_better else self.base - total_gain
+        if self.reference is None:
+            return q
+        return min(q, self.reference) if self.higher_is_better else max(q, self.reference)
 
 
 @dataclass(frozen=True, eq=False)

@@ -16,6 +16,12 @@ Each target rule (see ``targets/*.toml``) names a check function in :data:`CHECK
 Two checks always run: every override names a known group (``plan.unknown_group``) and
 every precision is allowed for the group's op kind (``precision.not_allowed``).
 
+Adding a target rule: write ``check_<name>(rule, group, precision, ctx) -> Problem |
+None`` here, register it in :data:`CHECKS`, and add a ``[[rules]]`` entry with
+``check = "<name>"`` (params, reason, provenance, fix) to the target's TOML. If its
+verdict depends only on the group and its precision, list it in :data:`LOCAL_CHECKS`:
+the planner then screens moves against it once per (group, precision).
+
 Shapes: symbolic dims are resolved from ``shapes`` -- concrete shapes of model inputs
 (re-inferred through the graph) or of any tensor; a rule that needs a dim that is still
 symbolic reports that it could not be evaluated (severity ``warning``), never a pass.
@@ -26,91 +32,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import onnx
-from onnx import shape_inference
 
 from quantscope.model.load import Model
+from quantscope.model.shapes import Shape, Shapes, frame_values, group_edges, resolve_shapes
 from quantscope.numerics import quantize, weight_encoding
 from quantscope.targets.profile import Rule, Target, op_kind
 from quantscope.types import Group, GroupKind, Groups, Plan, Precision, Problem, QuantscopeError
-
-Shape = tuple[int | str | None, ...]
-
-
-def seq_len_shapes(model: Model, seq_len: int, *, batch: int = 1) -> dict[str, tuple[int, ...]]:
-    """Concrete shapes for rank-2 token inputs (``[batch, seq]``) with symbolic dims."""
-    out: dict[str, tuple[int, ...]] = {}
-    shapes = model.value_shapes()
-    for name in model.input_names():
-        if len(shapes.get(name, ())) == 2:
-            out[name] = (batch, seq_len)
-    if not out:
-        raise QuantscopeError("--seq-len given but the model has no rank-2 token input")
-    return out
-
-
-@lru_cache(maxsize=8)
-def _infer(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, Shape]:
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    del proto.graph.value_info[:]
-    given = dict(inputs)
-    for vi in proto.graph.input:
-        if vi.name not in given:
-            continue
-        dims = vi.type.tensor_type.shape.dim
-        if len(dims) != len(given[vi.name]):
-            raise QuantscopeError(
-                f"shape {list(given[vi.name])} for input '{vi.name}' has rank "
-                f"{len(given[vi.name])}, the model's input has rank {len(dims)}"
-            )
-        for d, v in zip(dims, given[vi.name], strict=True):
-            d.ClearField("dim_param")
-            d.dim_value = int(v)
-    proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    return Model(proto=proto, source=model.source).value_shapes()
-
-
-def resolve_shapes(
-    model: Model, shapes: dict[str, tuple[int, ...]] | None = None
-) -> dict[str, Shape]:
-    """Tensor name -> shape, with the given input shapes propagated through the graph."""
-    shapes = shapes or {}
-    known = model.value_shapes()
-    unknown = [k for k in shapes if k not in known]
-    if unknown:
-        raise QuantscopeError(f"shape given for '{unknown[0]}', which is no tensor of the model")
-    inputs = tuple(sorted((k, tuple(v)) for k, v in shapes.items() if k in model.input_names()))
-    resolved = dict(_infer(model, inputs)) if inputs else dict(known)
-    for k, v in shapes.items():
-        resolved[k] = tuple(v)
-    return resolved
-
-
-def frame_values(shape: Shape | None) -> int | None:
-    """Values per frame (batch dim excluded for rank >= 2); None if a dim is unknown."""
-    if shape is None:
-        return None
-    dims = shape[1:] if len(shape) >= 2 else shape
-    if not all(isinstance(d, int) for d in dims):
-        return None
-    return math.prod(dims)  # type: ignore[arg-type]
-
-
-def group_edges(groups: Groups) -> tuple[tuple[str, str, str], ...]:
-    """(producer group, consumer group, tensor) for every tensor passed between groups."""
-    root = {t: chain[0] for chain in groups.shared for t in chain[1:]}
-    producer = {t: g.name for g in groups.groups for t in g.outputs}
-    edges = []
-    for g in groups.groups:
-        for t in g.inputs:
-            src = producer.get(root.get(t, t))
-            if src is not None and src != g.name:
-                edges.append((src, g.name, root.get(t, t)))
-    return tuple(dict.fromkeys(edges))
 
 
 @dataclass(frozen=True, eq=False)
@@ -325,6 +255,12 @@ CHECKS: dict[str, CheckFn] = {
     "quant_bias_add_rank": check_quant_bias_add_rank,
     "float_boundary_cascade": check_float_boundary_cascade,
 }
+# checks whose verdict on a group depends only on that group and its precision
+LOCAL_CHECKS = frozenset(
+    {"act16_on_kinds", "a16_low_sublayer", "act16_wide_non_conv", "quant_bias_add_rank"}
+)
+# rule ids of the two checks that always run (:func:`_plan_problems`); both are local
+BUILTIN_RULES = frozenset({"precision.not_allowed", "plan.unknown_group"})
 
 
 def _plan_problems(plan: Plan, groups: Groups, target: Target) -> list[Problem]:
@@ -363,7 +299,7 @@ def check(
     model: Model,
     target: Target,
     *,
-    shapes: dict[str, tuple[int, ...]] | None = None,
+    shapes: Shapes | None = None,
 ) -> list[Problem]:
     """Every problem the plan hits on ``target``: group, rule, reason, provenance, fix."""
     for rule in target.rules:

@@ -12,6 +12,9 @@ group cost          work x ``cost.relative[kind][precision]`` (inf if not listed
 boundary cost       for each tensor passed between groups whose activation bits differ
                     (float counts as its own kind): values x ``cost.boundary_macs``
 plan cost           (sum of group and boundary costs) / (same for uniform a8_w8)
+cost table          the same numbers per group and precision and per edge, for the
+                    search: ``CostTable.total`` equals ``plan_cost`` (tested), ``delta``
+                    is one group's change, its boundaries included
 ==================  ===============================================================
 
 All numbers in the built-in profiles are estimates; ``Target.cost.basis`` says how
@@ -21,24 +24,23 @@ each was derived (see ``docs/targets.md``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from quantscope.model.load import Model
-from quantscope.plan.check import group_edges, resolve_shapes
+from quantscope.model.shapes import Shape, Shapes, frame_values, group_edges, resolve_shapes
 from quantscope.targets.profile import Target, op_kind
 from quantscope.types import Group, GroupKind, Groups, Plan, Precision
 
-Shape = tuple[int | str | None, ...]
+Edges = tuple[tuple[str, str, float], ...]  # (producer, consumer, boundary cost if split)
 
 
 def _values(shape: Shape | None) -> float:
-    """Values per frame; unknown dims count as 1, the batch dim (rank >= 2) is dropped."""
-    if not shape:
-        return 1.0
-    dims = shape[1:] if len(shape) >= 2 else shape
-    return float(math.prod(d if isinstance(d, int) and d > 0 else 1 for d in dims))
+    """Values per frame; unknown dims count as 1 (cost per position)."""
+    return float(frame_values(shape, unknown=1))  # type: ignore[arg-type]
 
 
-def _shapes(groups: Groups, model: Model | None, shapes: dict | None) -> dict[str, Shape]:
+def _shapes(groups: Groups, model: Model | None, shapes: Shapes | None) -> dict[str, Shape]:
     if model is not None:
         return resolve_shapes(model, shapes)
     out: dict[str, Shape] = {
@@ -70,40 +72,115 @@ def _is_boundary(a: Precision, b: Precision) -> bool:
     return a.act_bits != b.act_bits
 
 
+def _layout(
+    groups: Groups, target: Target, model: Model | None, shapes: Shapes | None
+) -> tuple[dict[str, float], Edges]:
+    """Work per group (a8_w8) and the boundary cost of every edge between groups."""
+    tensor_shapes = _shapes(groups, model, shapes)
+    work = {g.name: group_work(g, target, tensor_shapes, model) for g in groups.groups}
+    edges = tuple(
+        (a, b, _values(tensor_shapes.get(t)) * target.cost.boundary_macs)
+        for a, b, t in group_edges(groups)
+    )
+    return work, edges
+
+
+def _group_cost(target: Target, group: Group, precision: Precision, work: float) -> float:
+    factor = target.cost.factor(op_kind(group), precision)
+    return math.inf if factor is None else work * factor
+
+
+def _breakdown(
+    plan: Plan, groups: Groups, target: Target, work: dict[str, float], edges: Edges
+) -> dict[str, float]:
+    out = {
+        g.name: _group_cost(target, g, plan.precision_of(g.name), work[g.name])
+        for g in groups.groups
+    }
+    boundary = 0.0
+    for a, b, c in edges:
+        if _is_boundary(plan.precision_of(a), plan.precision_of(b)):
+            boundary += c
+    out["<boundaries>"] = boundary
+    return out
+
+
+def _unit(groups: Groups, target: Target, work: dict[str, float]) -> float:
+    """Cost of uniform a8_w8 (no boundaries): the unit of every relative cost."""
+    return sum(_group_cost(target, g, Precision.A8_W8, work[g.name]) for g in groups.groups)
+
+
 def cost_breakdown(
     plan: Plan,
     groups: Groups,
     target: Target,
-    shapes: dict[str, tuple[int, ...]] | None = None,
+    shapes: Shapes | None = None,
     *,
     model: Model | None = None,
 ) -> dict[str, float]:
     """Unnormalized cost per group name, plus ``"<boundaries>"`` for all boundaries."""
-    tensor_shapes = _shapes(groups, model, shapes)
-    out: dict[str, float] = {}
-    for g in groups.groups:
-        factor = target.cost.factor(op_kind(g), plan.precision_of(g.name))
-        work = group_work(g, target, tensor_shapes, model)
-        out[g.name] = math.inf if factor is None else work * factor
-    boundary = 0.0
-    for a, b, tensor in group_edges(groups):
-        if _is_boundary(plan.precision_of(a), plan.precision_of(b)):
-            boundary += _values(tensor_shapes.get(tensor)) * target.cost.boundary_macs
-    out["<boundaries>"] = boundary
-    return out
+    work, edges = _layout(groups, target, model, shapes)
+    return _breakdown(plan, groups, target, work, edges)
 
 
 def plan_cost(
     plan: Plan,
     groups: Groups,
     target: Target,
-    shapes: dict[str, tuple[int, ...]] | None = None,
+    shapes: Shapes | None = None,
     *,
     model: Model | None = None,
 ) -> float:
     """Cost of ``plan`` relative to uniform a8_w8 (= 1.0); inf if a precision has no cost."""
-    base = sum(
-        cost_breakdown(Plan.uniform(Precision.A8_W8), groups, target, shapes, model=model).values()
-    )
-    total = sum(cost_breakdown(plan, groups, target, shapes, model=model).values())
+    work, edges = _layout(groups, target, model, shapes)
+    base = _unit(groups, target, work)
+    total = sum(_breakdown(plan, groups, target, work, edges).values())
     return total / base if base > 0 else math.inf
+
+
+@dataclass(frozen=True, eq=False)
+class CostTable:
+    """Per-group cost at each precision and per-edge boundary cost, as ``plan_cost`` does.
+
+    ``total(prec)`` equals ``plan_cost`` of the plan (tested); ``delta`` is the change
+    of one group's precision, its boundaries included.
+    """
+
+    group: dict[str, dict[Precision, float]]
+    edges: dict[str, tuple[tuple[str, float], ...]]  # group -> (neighbour, boundary cost)
+    all_edges: Edges
+    base: float
+
+    def total(self, prec: Mapping[str, Precision]) -> float:
+        work = sum(self.group[g][p] for g, p in prec.items())
+        bnd = sum(c for a, b, c in self.all_edges if prec[a].act_bits != prec[b].act_bits)
+        return (work + bnd) / self.base
+
+    def delta(self, prec: Mapping[str, Precision], group: str, new: Precision) -> float:
+        old = prec[group]
+        d = self.group[group][new] - self.group[group][old]
+        for other, c in self.edges[group]:
+            was = old.act_bits != prec[other].act_bits
+            now = new.act_bits != prec[other].act_bits
+            d += c * (int(now) - int(was))
+        return d / self.base
+
+
+def cost_table(
+    groups: Groups,
+    target: Target,
+    model: Model,
+    precisions: Sequence[Precision],
+    shapes: Shapes | None = None,
+) -> CostTable:
+    """The cost model's numbers for the search, for ``precisions`` (and a8_w8)."""
+    work, all_edges = _layout(groups, target, model, shapes)
+    precs = tuple(dict.fromkeys([Precision.A8_W8, *precisions]))
+    table = {g.name: {p: _group_cost(target, g, p, work[g.name]) for p in precs}
+             for g in groups.groups}
+    edges: dict[str, list[tuple[str, float]]] = {g: [] for g in table}
+    for a, b, c in all_edges:
+        edges[a].append((b, c))
+        edges[b].append((a, c))
+    base = _unit(groups, target, work)
+    return CostTable(table, {g: tuple(v) for g, v in edges.items()}, all_edges, base or math.inf)

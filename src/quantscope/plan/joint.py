@@ -1,8 +1,11 @@
 """Repairs x precisions: repairs offered to the search as moves, measured, applied when scored.
 
-The search (:mod:`quantscope.plan.search`) takes :class:`~quantscope.plan.greedy.RepairOption`
+The search (:mod:`quantscope.plan.search`) takes :class:`~quantscope.plan.start.RepairOption`
 moves next to the promotions. This module makes those options from real measurements and
-scores plans that carry repairs:
+scores plans that carry repairs. It measures and repairs only through the two callables
+its caller passes in (:class:`Measure`, :class:`Repair`; :mod:`quantscope.stages` binds
+them to ``evaluate_plan`` and ``run_repairs``), so the planner imports neither
+evaluation nor the repairs:
 
 =================  ===================================================================
 offer              each requested repair is applied alone to the start plan (uniform
@@ -16,7 +19,7 @@ offer              each requested repair is applied alone to the start plan (uni
 greedy             repairs and promotions compete by predicted gain per unit of cost
                    (a zero-cost repair with a gain goes first)
 score              :func:`repair_evaluator`: a plan whose meta lists repairs is scored
-                   after :func:`~quantscope.repair.apply.apply_repairs` for THAT plan
+                   after ``repair`` for THAT plan
                    (bias correction, AdaRound and range choice depend on the
                    precisions), on the repaired model, against the original FP32
 drop               the refinement also tries removing each chosen repair and keeps the
@@ -32,25 +35,55 @@ names, but ``split`` widens a few layers by some channels, which size-based rule
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
-
-import numpy as np
+from typing import Any, Protocol
 
 from quantscope.model.groups import find_groups
-from quantscope.model.load import Model, load_proto
+from quantscope.model.load import Model
+from quantscope.model.shapes import Shapes
 from quantscope.plan.cost import cost_breakdown
-from quantscope.plan.greedy import RepairOption
 from quantscope.plan.refine import Evaluate
-from quantscope.plan.sensitivity import Sensitivity
+from quantscope.plan.start import RepairOption
 from quantscope.targets.profile import Target
-from quantscope.types import Plan, Precision, QuantscopeError, Stats
+from quantscope.types import Plan, Precision, QuantscopeError, Sensitivity, Stats
 
-Batch = dict[str, np.ndarray]
 # the analysis' predicted metric and the evaluation metrics that measure the same thing:
 # with a task, the embeddings the analysis pooled; without one, the raw outputs
 SAME_METRIC = {"output_sqnr_db": ("embedding_sqnr_db", "sqnr_db")}
+
+
+class Measure(Protocol):
+    """Metrics of ``plan`` on ``model`` (with ``stats``) by real emulation, against the
+    ORIGINAL model's FP32 outputs; the caller binds the data and that reference."""
+
+    def __call__(self, model: Model, stats: Stats, plan: Plan) -> Mapping[str, float]: ...
+
+
+@dataclass(frozen=True, eq=False)
+class Repaired:
+    """A repaired FP32 model with its statistics and plan, and what each repair did."""
+
+    model: Model
+    stats: Stats
+    plan: Plan
+    records: tuple[RepairRecordLike, ...]
+
+
+class RepairRecordLike(Protocol):
+    """What the offer reads of a repair's record (``repair.apply.RepairRecord``)."""
+
+    changed: tuple[str, ...]
+    skipped: str | None
+
+
+class Repair(Protocol):
+    """The repairs ``names`` applied to ``model`` for ``plan``; the caller binds the
+    calibration feeds and the quantization scheme."""
+
+    def __call__(
+        self, model: Model, stats: Stats, plan: Plan, names: Sequence[str]
+    ) -> Repaired: ...
 
 
 @dataclass(frozen=True)
@@ -62,57 +95,44 @@ class Offer:
     notes: tuple[str, ...]
 
 
-def _repaired(model: Model, stats: Stats, plan: Plan, feeds: Sequence[Batch],
-              names: Sequence[str], target: Target | None) -> tuple[Model, Stats, Plan, tuple]:
-    from quantscope.repair.apply import apply_repairs
-
-    scheme = None if target is None else target.scheme
-    out = apply_repairs(model, stats, plan, feeds, repairs=names, scheme=scheme)
-    repaired = load_proto(out.proto, f"{model.source} (repaired: {','.join(names)})")
-    return repaired, out.stats, replace(out.plan, meta=plan.meta), out.records
+def _repaired(repair: Repair, model: Model, stats: Stats, plan: Plan,
+              names: Sequence[str]) -> Repaired:
+    out = repair(model, stats, plan, names)
+    return replace(out, plan=replace(out.plan, meta=plan.meta))
 
 
-def _cost_units(model: Model, plan: Plan, target: Target, shapes: dict | None) -> float:
+def _cost_units(model: Model, plan: Plan, target: Target, shapes: Shapes | None) -> float:
     return float(sum(cost_breakdown(plan, find_groups(model), target, shapes,
                                     model=model).values()))
 
 
+def _say(progress: bool, text: str) -> None:
+    if progress:
+        print(f"plan: {text} …", file=sys.stderr, flush=True)
+
+
 def repair_evaluator(
     model: Model,
-    data: Any,
     stats: Stats,
     metric: str,
-    feeds: Sequence[Batch] = (),
     *,
-    target: Target | None = None,
-    method: str | None = None,
-    reference_outputs: Any = None,
+    measure: Measure,
+    repair: Repair | None = None,
     progress: bool = False,
 ) -> Evaluate:
-    """``evaluate(plan) -> float``: real emulation, after the plan's repairs (meta ``repairs``).
-
-    The FP32 reference is the original model (bias correction and AdaRound change the FP32
-    function on purpose); its outputs are computed once. ``feeds``: the calibration
-    batches the repairs use (needed only for plans that list repairs).
-    """
-    from quantscope.emulate.evaluate import run_model
-    from quantscope.stages import evaluate_plan
-
-    ref = reference_outputs or run_model(model.proto, list(data.evaluation))
+    """``evaluate(plan) -> float``: ``metric`` of ``plan``, after its repairs (meta
+    ``repairs``; ``repair`` is needed only for plans that list some)."""
 
     def run(plan: Plan) -> float:
         names = [n for n in dict(plan.meta).get("repairs", "").split(",") if n]
         m, s, p = model, stats, plan
-        if names and not feeds:
+        if names and repair is None:
             raise QuantscopeError("the plan lists repairs but no calibration feeds were given")
-        if names:
-            if progress:
-                print(f"plan: measuring with repairs {','.join(names)} …", file=sys.stderr,
-                      flush=True)
-            m, s, p, _ = _repaired(model, stats, plan, feeds, names, target)
-        metrics = evaluate_plan(m, data, s, p, method=method,
-                                scheme=None if target is None else target.scheme,
-                                reference_outputs=ref)["metrics"]
+        if names and repair is not None:
+            _say(progress, f"measuring with repairs {','.join(names)}")
+            out = _repaired(repair, model, stats, plan, names)
+            m, s, p = out.model, out.stats, out.plan
+        metrics = measure(m, s, p)
         if metric not in metrics:
             raise QuantscopeError(f"metric '{metric}' not among {', '.join(sorted(metrics))}")
         return float(metrics[metric])
@@ -120,70 +140,74 @@ def repair_evaluator(
     return run
 
 
+@dataclass(frozen=True)
+class _Baseline:
+    start: Plan
+    metrics: Mapping[str, float]
+    key: str  # the evaluation metric that measures the analysis' metric
+    cost: float  # cost units of the start plan on the original model
+    unit: float  # cost units of uniform a8_w8 on the original model
+
+
+def _offer_one(
+    name: str, base: _Baseline, model: Model, stats: Stats, sens: Sensitivity, target: Target,
+    *, measure: Measure, repair: Repair, task_metric: str, shapes: Shapes | None,
+) -> tuple[dict[str, Any], RepairOption | None, str | None]:
+    """What ``name`` alone does to uniform ``low``: the row, the option or why not."""
+    out = _repaired(repair, model, stats, base.start, (name,))
+    changed = [t for r in out.records for t in r.changed]
+    if not changed:
+        why = next((r.skipped for r in out.records if r.skipped), "no site")
+        note = f"repair {name}: changed nothing ({why})"
+        return {"name": name, "changed": 0, "note": why}, None, note
+    key, before, after = base.key, base.metrics, measure(out.model, out.stats, out.plan)
+    gain = (1.0 if sens.higher_is_better else -1.0) * (after[key] - before[key])
+    units = _cost_units(out.model, base.start, target, shapes)
+    cost = (units - base.cost) / base.unit if base.unit > 0 else 0.0
+    row = {"name": name, "changed": len(changed), "gain": round(gain, 6),
+           "cost": round(cost, 6), key: [round(before[key], 6), round(after[key], 6)]}
+    shown = [key]
+    if task_metric in after and task_metric != key:
+        row[task_metric] = [round(before[task_metric], 6), round(after[task_metric], 6)]
+        shown.append(task_metric)
+    reason = (f"measured on uniform {sens.low.value}: "
+              + ", ".join(f"{k} {before[k]:.4g} -> {after[k]:.4g}" for k in shown)
+              + f"; {len(changed)} tensor(s) changed")
+    if gain <= 0:
+        return row, None, f"repair {name}: not offered, no measured gain ({reason})"
+    return row, RepairOption(name, gain=gain, cost=max(cost, 0.0), reason=reason), None
+
+
 def offer_repairs(
     model: Model,
-    data: Any,
     stats: Stats,
     sens: Sensitivity,
     target: Target,
     names: Sequence[str],
-    feeds: Sequence[Batch],
     *,
+    measure: Measure,
+    repair: Repair,
     task_metric: str,
-    shapes: dict | None = None,
-    method: str | None = None,
-    reference_outputs: Any = None,
+    shapes: Shapes | None = None,
     progress: bool = False,
 ) -> Offer:
     """Measure every repair in ``names`` alone on uniform ``sens.low`` (module docstring)."""
-    from quantscope.emulate.evaluate import run_model
-    from quantscope.repair.apply import REPAIRS
-    from quantscope.stages import evaluate_plan
-
-    unknown = [n for n in names if n not in REPAIRS]
-    if unknown:
-        raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(REPAIRS)}")
-    ref = reference_outputs or run_model(model.proto, list(data.evaluation))
     start = Plan(default=sens.low, target=target.name)
-    base = evaluate_plan(model, data, stats, start, method=method, scheme=target.scheme,
-                         reference_outputs=ref)["metrics"]
-    key = next((k for k in SAME_METRIC.get(sens.metric, (sens.metric,)) if k in base), "")
+    metrics = measure(model, stats, start)
+    key = next((k for k in SAME_METRIC.get(sens.metric, (sens.metric,)) if k in metrics), "")
     if not key:
         raise QuantscopeError(
             f"the analysis predicts '{sens.metric}', which evaluation does not measure "
-            f"(has {', '.join(sorted(base))}): plan without --repairs"
+            f"(has {', '.join(sorted(metrics))}): plan without --repairs"
         )
-    base_cost = _cost_units(model, start, target, shapes)
-    a8 = _cost_units(model, Plan.uniform(Precision.A8_W8), target, shapes)
-    sign = 1.0 if sens.higher_is_better else -1.0
+    base = _Baseline(start, metrics, key, _cost_units(model, start, target, shapes),
+                     _cost_units(model, Plan.uniform(Precision.A8_W8), target, shapes))
     options, measured, notes = [], [], []
     for name in names:
-        if progress:
-            print(f"plan: measuring repair {name} on uniform {sens.low.value} …",
-                  file=sys.stderr, flush=True)
-        m, s, p, records = _repaired(model, stats, start, feeds, (name,), target)
-        changed = [t for r in records for t in r["changed"]]
-        if not changed:
-            why = next((x for r in records for x in r["skipped"]), "no site")
-            notes.append(f"repair {name}: changed nothing ({why})")
-            measured.append({"name": name, "changed": 0, "note": why})
-            continue
-        after = evaluate_plan(m, data, s, p, method=method, scheme=target.scheme,
-                              reference_outputs=ref)["metrics"]
-        gain = sign * (after[key] - base[key])
-        cost = (_cost_units(m, start, target, shapes) - base_cost) / a8 if a8 > 0 else 0.0
-        row = {"name": name, "changed": len(changed), "gain": round(gain, 6),
-               "cost": round(cost, 6), key: [round(base[key], 6), round(after[key], 6)]}
-        if task_metric in after and task_metric != key:
-            row[task_metric] = [round(base[task_metric], 6), round(after[task_metric], 6)]
+        _say(progress, f"measuring repair {name} on uniform {sens.low.value}")
+        row, option, note = _offer_one(name, base, model, stats, sens, target, measure=measure,
+                                       repair=repair, task_metric=task_metric, shapes=shapes)
         measured.append(row)
-        reason = (f"measured on uniform {sens.low.value}: {key} {base[key]:.4g} -> "
-                  f"{after[key]:.4g}" + (f", {task_metric} {base[task_metric]:.4g} -> "
-                                          f"{after[task_metric]:.4g}"
-                                          if task_metric in after and task_metric != key
-                                          else "") + f"; {len(changed)} tensor(s) changed")
-        if gain <= 0:
-            notes.append(f"repair {name}: not offered, no measured gain ({reason})")
-            continue
-        options.append(RepairOption(name, gain=gain, cost=max(cost, 0.0), reason=reason))
+        options += [option] if option else []
+        notes += [note] if note else []
     return Offer(tuple(options), tuple(measured), tuple(notes))

@@ -150,22 +150,3 @@ def run_repairs(
             plan = step.plan
     return RepairRun(proto=current.proto, stats=stats, plan=plan, records=tuple(records))
 
-
-# -- compatibility for plan/joint.py (remove once it calls run_repairs) ------------------
-
-
-@dataclass(frozen=True, eq=False)
-class RepairOutcome:
-    proto: onnx.ModelProto
-    stats: Stats
-    plan: Plan
-    records: tuple[dict[str, Any], ...]  # old shape: "skipped" is a list of notes
-
-
-def apply_repairs(model: Model, stats: Stats, plan: Plan, feeds: Sequence[Batch],
-                  **kwargs: Any) -> RepairOutcome:
-    """:func:`run_repairs` with the records in the shape plan/joint.py reads."""
-    run = run_repairs(model, stats, plan, feeds, **kwargs)
-    records = tuple({**r.to_json(), "skipped": ([r.skipped] if r.skipped else []) + list(r.notes)}
-                    for r in run.records)
-    return RepairOutcome(run.proto, run.stats, run.plan, records)

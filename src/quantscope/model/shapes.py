@@ -1,0 +1,105 @@
+"""Tensor shapes for legality rules and costs. Pure: ONNX shape inference, no ONNX Runtime.
+
+==================  ==============================================================
+``seq_len_shapes``  concrete ``[batch, seq]`` shapes for the rank-2 token inputs of a
+                    model with symbolic dims (``--seq-len N``)
+``resolve_shapes``  tensor name -> shape, with given input shapes propagated through
+                    the graph by ONNX shape inference (cached per model and inputs)
+``frame_values``    values per frame: the product of the dims after the batch dim
+                    (rank >= 2); an unknown dim makes it ``None``, or counts as
+                    ``unknown`` when that is given (the cost model counts per position)
+``group_edges``     (producer group, consumer group, tensor) for every tensor passed
+                    between groups: where precision boundaries can be
+==================  ==============================================================
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import onnx
+from onnx import shape_inference
+
+from quantscope.model.load import Model
+from quantscope.types import Groups, QuantscopeError
+
+Shape = tuple[int | str | None, ...]
+Shapes = dict[str, tuple[int, ...]]  # concrete shapes given by the user, by tensor name
+
+
+def seq_len_shapes(model: Model, seq_len: int, *, batch: int = 1) -> Shapes:
+    """Concrete shapes for rank-2 token inputs (``[batch, seq]``) with symbolic dims."""
+    out: Shapes = {}
+    shapes = model.value_shapes()
+    for name in model.input_names():
+        if len(shapes.get(name, ())) == 2:
+            out[name] = (batch, seq_len)
+    if not out:
+        raise QuantscopeError("--seq-len given but the model has no rank-2 token input")
+    return out
+
+
+@lru_cache(maxsize=8)
+def _infer(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, Shape]:
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    del proto.graph.value_info[:]
+    given = dict(inputs)
+    for vi in proto.graph.input:
+        if vi.name not in given:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) != len(given[vi.name]):
+            raise QuantscopeError(
+                f"shape {list(given[vi.name])} for input '{vi.name}' has rank "
+                f"{len(given[vi.name])}, the model's input has rank {len(dims)}"
+            )
+        for d, v in zip(dims, given[vi.name], strict=True):
+            d.ClearField("dim_param")
+            d.dim_value = int(v)
+    proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    return Model(proto=proto, source=model.source).value_shapes()
+
+
+def resolve_shapes(model: Model, shapes: Shapes | None = None) -> dict[str, Shape]:
+    """Tensor name -> shape, with the given input shapes propagated through the graph."""
+    shapes = shapes or {}
+    known = model.value_shapes()
+    unknown = [k for k in shapes if k not in known]
+    if unknown:
+        raise QuantscopeError(f"shape given for '{unknown[0]}', which is no tensor of the model")
+    inputs = tuple(sorted((k, tuple(v)) for k, v in shapes.items() if k in model.input_names()))
+    resolved = dict(_infer(model, inputs)) if inputs else dict(known)
+    for k, v in shapes.items():
+        resolved[k] = tuple(v)
+    return resolved
+
+
+def frame_values(shape: Shape | None, *, unknown: int | None = None) -> int | None:
+    """Values per frame (batch dim excluded for rank >= 2).
+
+    A dim that is not a positive int (symbolic, missing) is unknown: the result is
+    ``None``, or the dim counts as ``unknown`` when given (then a missing shape is
+    ``unknown`` values too).
+    """
+    if shape is None:
+        return unknown
+    dims = shape[1:] if len(shape) >= 2 else shape
+    known = [d if isinstance(d, int) and d > 0 else unknown for d in dims]
+    if any(d is None for d in known):
+        return None
+    return math.prod(known)  # type: ignore[arg-type]
+
+
+def group_edges(groups: Groups) -> tuple[tuple[str, str, str], ...]:
+    """(producer group, consumer group, tensor) for every tensor passed between groups."""
+    root = {t: chain[0] for chain in groups.shared for t in chain[1:]}
+    producer = {t: g.name for g in groups.groups for t in g.outputs}
+    edges = []
+    for g in groups.groups:
+        for t in g.inputs:
+            src = producer.get(root.get(t, t))
+            if src is not None and src != g.name:
+                edges.append((src, g.name, root.get(t, t)))
+    return tuple(dict.fromkeys(edges))

@@ -1,0 +1,214 @@
+"""Start of the search: everything the later stages share, checked and built once.
+
+==============  ===================================================================
+start plan      uniform ``low`` (or a given legal ``start`` plan); a
+                :class:`PlannerError` if it does not pass ``check``
+candidates      precisions above ``low`` the target allows on some op kind (or given)
+cost table      :func:`~quantscope.plan.cost.cost_table` for every precision in play
+legality        :class:`Legality`: ``check`` on the start plan with one group
+                changed, memoised for rules whose verdict depends only on that group
+                (:data:`~quantscope.plan.check.LOCAL_CHECKS`); every plan a stage
+                accepts is verified by ``check`` on the whole plan
+==============  ===================================================================
+
+:class:`Space` is frozen; the stages after it (greedy, prune, refine, result) are
+functions of it. :func:`emit` turns a point into a :class:`~quantscope.types.Plan` and
+re-runs ``check`` on it: every emitted plan passes, or the planner has a bug.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from quantscope.model.load import Model
+from quantscope.model.shapes import Shapes
+from quantscope.plan.check import BUILTIN_RULES, LOCAL_CHECKS, check
+from quantscope.plan.cost import CostTable, cost_table
+from quantscope.plan.pareto import Budget, FrontPoint
+from quantscope.targets.profile import Target
+from quantscope.types import (
+    PRECISION_ORDER,
+    Groups,
+    Plan,
+    Precision,
+    Problem,
+    QuantscopeError,
+    Sensitivity,
+)
+
+EPS = 1e-12
+Precisions = Mapping[str, Precision]  # group -> precision, every group of the model
+
+
+class PlannerError(QuantscopeError):
+    """The planner would emit a plan that fails ``check`` (a bug), or cannot start."""
+
+
+@dataclass(frozen=True)
+class RepairOption:
+    """A repair offered to the search as one more move (see :mod:`quantscope.plan.joint`).
+
+    Its legality and its ``gain``/``cost`` are established by whoever offers it; the
+    search only ranks it with the promotions. Chosen repairs are listed in the plan's
+    meta (``repairs``) so that an ``evaluate`` callable can apply them.
+    """
+
+    name: str
+    gain: float
+    cost: float = 0.0
+    reason: str = ""
+
+
+def _sig(p: Problem) -> tuple[str, str, str]:
+    return (p.group, p.rule, p.severity)
+
+
+def _with_precisions(plan: Plan, changes: Precisions) -> Plan:
+    """``plan`` with the groups in ``changes`` set (an override only where not default)."""
+    over = dict(plan.overrides)
+    for g, p in changes.items():
+        if p == plan.default:
+            over.pop(g, None)
+        else:
+            over[g] = p
+    return replace(plan, overrides=tuple(over.items()))
+
+
+@dataclass(frozen=True, eq=False)
+class Legality:
+    """Screens moves with ``check`` (memoised for local rules) and verifies whole plans."""
+
+    start: Plan
+    groups: Groups
+    model: Model
+    target: Target
+    shapes: Shapes | None
+    allow_warnings: bool
+    baseline: frozenset[tuple[str, str, str]]  # problems of the start plan (allowed)
+    local: frozenset[str]  # rule ids whose verdict depends only on the group
+    memo: dict[tuple[str, Precision], tuple[Problem, ...]] = field(default_factory=dict)
+
+    def problems(self, plan: Plan) -> list[Problem]:
+        return check(plan, self.groups, self.model, self.target, shapes=self.shapes)
+
+    def blocking(self, plan: Plan) -> tuple[Problem, ...]:
+        """Errors, and warnings not in the start plan unless warnings are allowed."""
+        return tuple(p for p in self.problems(plan) if self._blocks(p))
+
+    def _blocks(self, p: Problem) -> bool:
+        if p.severity == "error":
+            return True
+        return p.severity == "warning" and not self.allow_warnings and _sig(p) not in self.baseline
+
+    def screen(self, plan: Plan, group: str, precision: Precision) -> tuple[Problem, ...]:
+        """Problems blocking ``group`` at ``precision`` on top of ``plan``."""
+        key = (group, precision)
+        if key not in self.memo:
+            self.memo[key] = self.blocking(_with_precisions(self.start, {group: precision}))
+        found = self.memo[key]
+        if found and all(p.rule in self.local for p in found):
+            return found
+        return self.blocking(_with_precisions(plan, {group: precision})) if found else ()
+
+
+def legality(
+    start: Plan, groups: Groups, model: Model, target: Target, shapes: Shapes | None,
+    *, allow_warnings: bool,
+) -> Legality:
+    """The legality screen of a search from ``start``; raises if ``start`` is not legal."""
+    problems = check(start, groups, model, target, shapes=shapes)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors:
+        listed = "; ".join(f"{p.group}: {p.rule}" for p in errors[:5])
+        raise PlannerError(
+            f"the start plan (default {start.default}) is not legal on {target.name}: "
+            f"{listed}{' …' if len(errors) > 5 else ''}; pass a legal start plan or "
+            "another --low precision"
+        )
+    local = {r.id for r in target.rules if r.check in LOCAL_CHECKS} | BUILTIN_RULES
+    return Legality(start=start, groups=groups, model=model, target=target, shapes=shapes,
+                    allow_warnings=allow_warnings, baseline=frozenset(map(_sig, problems)),
+                    local=frozenset(local))
+
+
+@dataclass(frozen=True, eq=False)
+class Space:
+    """What every stage of one search reads: frozen, built by :func:`start_search`."""
+
+    names: tuple[str, ...]  # group order: every tie is broken by it
+    start: Precisions  # the start plan's precision of every group
+    sens: Sensitivity
+    table: CostTable
+    legal: Legality
+    candidates: tuple[Precision, ...]
+    budget: Budget
+    repairs: tuple[RepairOption, ...]
+
+    def plan(self, prec: Precisions) -> Plan:
+        """The plan with these precisions (overrides in group order, no reasons or meta)."""
+        base = self.legal.start
+        over = tuple((g, prec[g]) for g in self.names if prec[g] != base.default)
+        return replace(base, overrides=over, reasons=(), meta=())
+
+    def precisions(self, point: FrontPoint) -> dict[str, Precision]:
+        over = dict(point.overrides)
+        return {g: over.get(g, self.legal.start.default) for g in self.names}
+
+
+def default_candidates(target: Target, low: Precision) -> tuple[Precision, ...]:
+    """Precisions above ``low`` that the target allows on at least one op kind."""
+    allowed = {p for _, ps in target.precisions for p in ps}
+    rank = PRECISION_ORDER.index
+    return tuple(p for p in PRECISION_ORDER if rank(p) > rank(low) and p in allowed)
+
+
+def start_search(
+    groups: Groups,
+    sens: Sensitivity,
+    target: Target,
+    model: Model,
+    *,
+    low: Precision | None,
+    candidates: Sequence[Precision] | None,
+    budget: Budget,
+    shapes: Shapes | None,
+    start: Plan | None,
+    repairs: Sequence[RepairOption],
+    allow_warnings: bool,
+) -> Space:
+    """The :class:`Space` of a search (see the module table)."""
+    low = low or sens.low
+    if low != sens.low:
+        raise QuantscopeError(
+            f"the analysis measured gains over {sens.low}, "
+            f"the search starts from {low}: use the same precision"
+        )
+    start = start or Plan(default=low, target=target.name)
+    cands = tuple(candidates) if candidates is not None else default_candidates(target, low)
+    legal = legality(start, groups, model, target, shapes, allow_warnings=allow_warnings)
+    names = groups.names()
+    used = {low, *cands, *(start.precision_of(g) for g in names)}
+    table = cost_table(groups, target, model, sorted(used, key=PRECISION_ORDER.index), shapes)
+    first = MappingProxyType({g: start.precision_of(g) for g in names})
+    return Space(names=names, start=first, sens=sens, table=table, legal=legal,
+                 candidates=cands, budget=budget, repairs=tuple(repairs))
+
+
+def repair_meta(point: FrontPoint) -> tuple[tuple[str, str], ...]:
+    return (("repairs", ",".join(point.repairs)),) if point.repairs else ()
+
+
+def emit(space: Space, point: FrontPoint, *, reasons: tuple, meta: tuple) -> Plan:
+    """The plan of ``point``; raises :class:`PlannerError` if ``check`` reports an error."""
+    plan = space.plan(space.precisions(point))
+    plan = Plan(default=plan.default, overrides=plan.overrides, target=space.legal.target.name,
+                reasons=reasons, meta=meta)
+    errors = [p for p in space.legal.problems(plan) if p.severity == "error"]
+    if errors:
+        raise PlannerError(
+            f"internal error: the planner built a plan that fails check "
+            f"({errors[0].group}: {errors[0].rule}); please report it"
+        )
+    return plan
