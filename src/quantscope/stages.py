@@ -160,12 +160,12 @@ def evaluate_plans(
         q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
         test = run_model(q.proto, batches, label=label if progress else "")
         fid = output_fidelity(ref, test)
-        metrics, tables, task_notes = dict(fid.values), dict(fid.tables), ()
+        metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
         if data.task is not None:
             tm = data.task.metrics(ref, test)
             metrics.update(tm.values)
             tables.update(tm.tables)
-            task_notes = tm.notes
+            task_notes = (*task_notes, *tm.notes)
         results[label] = {
             "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
             "method": method or stats.method, "metrics": metrics, "outputs": tables,
@@ -180,6 +180,10 @@ def format_result(result: dict[str, Any]) -> str:
     lines = [f"model {result['model']}  data {result['data']}  plan default "
              f"{result['plan']['default']} (+{len(result['plan'].get('groups', {}))} overrides)"]
     lines += [f"  {k:<24} {v:.6g}" for k, v in m.items()]
+    outs = {k: v for k, v in result.get("outputs", {}).items() if "sqnr_db" in v}
+    if len(outs) > 1:
+        lines += [f"  output {k}: sqnr_db {v['sqnr_db']:.4g}, cosine_mean "
+                  f"{v['cosine_mean']:.6g}" for k, v in outs.items()]
     if "coverage" in result:
         lines += ["  " + line for line in _coverage_lines(result["coverage"])]
     lines += [f"  note: {n}" for n in result.get("notes", [])]
@@ -359,14 +363,14 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
 
 def scorer_for(data: Dataset) -> Any:
     """The analysis scorer matching the data's task (task-independent fidelity otherwise)."""
-    from quantscope.analyze.scoring import Scorer, text_retrieval_scorer
+    from quantscope.analyze.scoring import outputs_scorer, text_retrieval_scorer
     from quantscope.tasks.registry import RetrievalTask
 
     task = data.task
     if isinstance(task, RetrievalTask):
         mask = task.encoder.input_name("attention_mask")
         return text_retrieval_scorer(task.n_pairs, task.batches.order, mask)
-    return Scorer()
+    return outputs_scorer()
 
 
 def goal_verdict(result: dict[str, Any], metric: str, goal: float) -> dict[str, Any]:

@@ -220,13 +220,12 @@ def analyze(
         collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress}
     res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
-    sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 else None)
+    sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 or scorer.row_local else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
     noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
     outliers, weights = find_outliers(stats, groups), find_weight_issues(model, groups, scheme)
-    offenders = _offenders(
-        sens, fidelity(res.ref_rows, res.low_rows)["sqnr_db"], groups, noise, outliers, weights
-    )
+    low_fid = (scorer if scorer.row_local else fidelity)(res.ref_rows, res.low_rows)
+    offenders = _offenders(sens, low_fid["sqnr_db"], groups, noise, outliers, weights)
     recovery = []
     for k in recover_top:
         promoted = tuple(o.group for o in offenders[:k])

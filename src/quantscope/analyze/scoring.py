@@ -11,6 +11,8 @@ two steps:
               rows of the whole data set, e.g. top-1 retrieval agreement
 ``primary``   the key of ``score``'s dict that names "the" task metric
 ``higher``    True when a larger primary value is better (agreement, cosine)
+``row_local`` True when ``score`` is valid on any subset of rows (fidelity metrics):
+              the sweeps then rank with it even on their row subsets
 ============  =========================================================================
 
 Every evaluation also gets two task-independent metrics of the reduced rows, computed by
@@ -51,6 +53,7 @@ class Scorer:
     primary: str = "cosine_mean"
     reduce: Reduce = first_output_rows
     higher_is_better: bool = True
+    row_local: bool = True
 
     def __call__(self, ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
         """Fidelity metrics plus the task metrics of reduced rows."""
@@ -80,4 +83,35 @@ def text_retrieval_scorer(n_queries: int, order: np.ndarray, attention_mask: str
             "recall_at_1": recall_at_k(t[q], t[d], (1,))[1],
         }
 
-    return Scorer(score=score, primary="top1_agreement", reduce=reduce)
+    return Scorer(score=score, primary="top1_agreement", reduce=reduce, row_local=False)
+
+
+def outputs_scorer() -> Scorer:
+    """Every model output scored; the worst one is the metric (tensor models).
+
+    Reduce: each output flattened per sample (outputs whose first axis is not the batch
+    are left out), concatenated. Score: ``cosine_mean`` and ``sqnr_db`` of each output's
+    columns, the minimum over outputs as the unprefixed value (so a degraded second head
+    cannot hide behind a clean first one), and each output's own as ``sqnr_db:<k>``.
+    """
+    spans: list[tuple[int, int]] = []
+
+    def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        del feeds
+        n = len(outputs[0])
+        parts = [np.asarray(o, dtype=np.float32).reshape(n, -1) for o in outputs
+                 if np.ndim(o) >= 1 and len(o) == n]
+        if not spans:
+            edges = np.cumsum([0] + [p.shape[1] for p in parts])
+            spans.extend(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
+        return np.concatenate(parts, axis=1)
+
+    def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+        per = [fidelity(ref[:, a:b], test[:, a:b]) for a, b in spans or [(0, ref.shape[1])]]
+        out = {"cosine_mean": min(p["cosine_mean"] for p in per),
+               "sqnr_db": min(p["sqnr_db"] for p in per)}
+        if len(per) > 1:
+            out.update({f"sqnr_db:{k}": p["sqnr_db"] for k, p in enumerate(per)})
+        return out
+
+    return Scorer(score=score, primary="cosine_mean", reduce=reduce)

@@ -44,7 +44,9 @@ def run_model(
 
 
 def output_fidelity(ref: Outputs, test: Outputs) -> Metrics:
-    """Cosine (mean, min, p01) and SQNR per output; the first output also unprefixed."""
+    """Cosine (mean, min, p01) and SQNR per output (``tables``); unprefixed: the worst
+    output's value of each metric, so no output is left unscored (a note names which
+    output is worst when there are several)."""
     values: dict[str, float] = {}
     tables: dict[str, dict[str, float]] = {}
     for i, name in enumerate(ref.names):
@@ -55,9 +57,14 @@ def output_fidelity(ref: Outputs, test: Outputs) -> Metrics:
         row = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
                "cosine_p01": float(np.percentile(cos, 1)), "sqnr_db": float(sqnr)}
         tables[name] = row
-        if i == 0:
-            values.update(row)
-    return Metrics(values=values, tables=tables)
+    for key in ("cosine_mean", "cosine_min", "cosine_p01", "sqnr_db"):
+        values[key] = min(t[key] for t in tables.values())
+    notes: tuple[str, ...] = ()
+    if len(tables) > 1:
+        worst = min(tables, key=lambda n: tables[n]["sqnr_db"])
+        notes = (f"{len(tables)} outputs scored; the metrics without an output name are the "
+                 f"worst output's (lowest SQNR: '{worst}'); per output in 'outputs'",)
+    return Metrics(values=values, tables=tables, notes=notes)
 
 
 def evaluate_fidelity(
