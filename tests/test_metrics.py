@@ -459,3 +459,15 @@ def test_collapse_subset_is_seeded_and_bounded():
     assert a.effective_rank <= 64 and not a.collapsed
     with pytest.raises(MetricInputError):
         collapse_report(ref, ref[:10])
+
+
+def test_resemblance_note_fires_below_the_cosine_threshold_or_near_chance():
+    from quantscope.tasks.metrics import RESEMBLE_MIN_COSINE, resemblance_note
+
+    assert resemblance_note(0.999, agreement=0.97, candidates=1000) is None
+    low = resemblance_note(0.18)
+    assert low and low.startswith("NOT LIKE FP32") and "0.180" in low
+    assert resemblance_note(RESEMBLE_MIN_COSINE) is None
+    chance = resemblance_note(0.95, agreement=0.005, candidates=1000)
+    assert chance and "near chance" in chance
+    assert resemblance_note(0.95, agreement=0.5, candidates=1000) is None

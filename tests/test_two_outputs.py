@@ -62,3 +62,13 @@ def test_the_worse_output_drives_the_ranking():
     assert an.offenders[0].score_db > 10
     low = an.baselines["a8_w8"]
     assert low["sqnr_db"] == min(low["sqnr_db:0"], low["sqnr_db:1"])
+
+
+def test_a_degraded_output_is_called_not_like_fp32():
+    model, data, stats = _setup()
+    res = stages.evaluate_plan(model, data, stats, Plan.uniform(Precision.A8_W8))
+    worst = min(v["cosine_mean"] for v in res["outputs"].values())
+    said = any(n.startswith("NOT LIKE FP32") for n in res["notes"])
+    assert said == (worst < 0.9)
+    fine = stages.evaluate_plan(model, data, stats, Plan.uniform(Precision.A16_W16))
+    assert not any(n.startswith("NOT LIKE FP32") for n in fine["notes"])

@@ -30,6 +30,11 @@ from quantscope.types import Encoding
 _TINY = np.float32(1e-12)  # smallest scale we emit; a zero range still gets a valid scale
 
 
+# Mean cosine to FP32 below which quantized outputs "no longer resemble FP32's" (said in
+# one line by evaluate and the tasks, next to the collapse test).
+RESEMBLE_MIN_COSINE = 0.9
+
+
 def qrange(bits: int, *, signed: bool) -> tuple[int, int]:
     """Integer range of a ``bits``-wide storage type."""
     if signed:

@@ -13,6 +13,7 @@ from typing import Any
 from quantscope.analyze.noise import TensorNoise
 from quantscope.analyze.outliers import Outlier
 from quantscope.analyze.weights import WeightIssue
+from quantscope.tasks.metrics import resemblance_note
 from quantscope.types import QuantscopeError
 
 FORMAT = "quantscope.analysis/1"
@@ -144,5 +145,8 @@ def summary_text(a: Analysis, *, top: int = 8) -> str:
     for p, c in a.collapse.items():
         if c.get("collapsed"):
             lines.append(f"  COLLAPSE at {p}: {'; '.join(c.get('reasons', []))}")
+    for p, m in a.baselines.items():
+        verdict = resemblance_note(m.get("cosine_mean", 1.0))
+        lines += [f"  at {p}: {verdict}"] if verdict else []
     lines += [f"note: {n}" for n in a.notes]
     return "\n".join(lines)

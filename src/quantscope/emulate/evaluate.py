@@ -16,7 +16,7 @@ import onnx
 
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
-from quantscope.numerics import row_cosines, sqnr_db, sqnr_db_from_powers
+from quantscope.numerics import RESEMBLE_MIN_COSINE, row_cosines, sqnr_db, sqnr_db_from_powers
 from quantscope.types import Metrics, Outputs
 
 
@@ -60,9 +60,13 @@ def output_fidelity(ref: Outputs, test: Outputs) -> Metrics:
     for key in ("cosine_mean", "cosine_min", "cosine_p01", "sqnr_db"):
         values[key] = min(t[key] for t in tables.values())
     notes: tuple[str, ...] = ()
+    if values["cosine_mean"] < RESEMBLE_MIN_COSINE:
+        notes += (f"NOT LIKE FP32: output cosine to FP32 {values['cosine_mean']:.3f} < "
+                  f"{RESEMBLE_MIN_COSINE:g} (worst output): the quantized model computes "
+                  "something else",)
     if len(tables) > 1:
         worst = min(tables, key=lambda n: tables[n]["sqnr_db"])
-        notes = (f"{len(tables)} outputs scored; the metrics without an output name are the "
+        notes += (f"{len(tables)} outputs scored; the metrics without an output name are the "
                  f"worst output's (lowest SQNR: '{worst}'); per output in 'outputs'",)
     return Metrics(values=values, tables=tables, notes=notes)
 

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from quantscope import numerics
+from quantscope.numerics import RESEMBLE_MIN_COSINE
 from quantscope.types import QuantscopeError
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "TarAtFar",
     "TarFar",
     "collapse_report",
+    "resemblance_note",
     "cosine_fidelity",
     "decision_agreement",
     "eer",
@@ -47,6 +49,40 @@ __all__ = [
 
 # Query rows scored at once: 1,024 x 10,000 docs x 4 bytes = 40 MB of float32 scores.
 DEFAULT_CHUNK = 1024
+
+# --- "no longer like FP32" ----------------------------------------------------------
+# A quantized model whose embeddings have a mean cosine to FP32's below this computes
+# something else: collapse tests (norm spread, anisotropy) can still pass (a 12-layer
+# encoder at a8_w8 measured 0.18 with "collapsed 0"), so this is said separately.
+# (RESEMBLE_MIN_COSINE, 0.9, lives in numerics: evaluate's output fidelity uses it too)
+# Top-1 retrieval agreement with FP32 below this many times chance (1 / documents) is
+# called "near chance".
+AGREEMENT_CHANCE_FACTOR = 10.0
+
+
+def resemblance_note(cosine_mean: float, *, agreement: float | None = None,
+                     candidates: int | None = None) -> str | None:
+    """One plain line when quantized outputs no longer resemble FP32's, else None.
+
+    ==========================  ==================================================
+    mean cosine to FP32         below ``RESEMBLE_MIN_COSINE`` (0.9)
+    top-1 agreement with FP32   below ``AGREEMENT_CHANCE_FACTOR`` x chance, chance
+                                = 1 / ``candidates`` (retrieval only)
+    ==========================  ==================================================
+    """
+    why = []
+    if np.isfinite(cosine_mean) and cosine_mean < RESEMBLE_MIN_COSINE:
+        why.append(f"mean cosine to FP32 {cosine_mean:.3f} < {RESEMBLE_MIN_COSINE:g}")
+    if agreement is not None and candidates:
+        chance = 1.0 / candidates
+        if agreement < AGREEMENT_CHANCE_FACTOR * chance:
+            why.append(f"top-1 agreement with FP32 {agreement:.1%} is near chance "
+                       f"({chance:.2%})")
+    if not why:
+        return None
+    return ("NOT LIKE FP32: the quantized outputs no longer resemble FP32's ("
+            + "; ".join(why) + "), whatever the collapse test says")
+
 
 # --- collapse thresholds -------------------------------------------------------------
 # Mean pairwise cosine above which "everyone matches": random pairs are then closer than

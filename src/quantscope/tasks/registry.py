@@ -82,7 +82,10 @@ class RetrievalTask:
             "norm_cv": norms["cv"], "norm_cv_fp32": norms_ref["cv"],
             "collapsed": float(collapse.collapsed),
         }
-        notes = tuple(f"collapse: {r}" for r in collapse.reasons)
+        verdict = M.resemblance_note(fid["mean"], agreement=values["top1_agreement"],
+                                     candidates=len(dr))
+        values["resembles_fp32"] = float(verdict is None)
+        notes = (*(f"collapse: {r}" for r in collapse.reasons), *([verdict] if verdict else []))
         return Metrics(values=values, tables={"collapse": _collapse_table(collapse)}, notes=notes)
 
 
@@ -181,7 +184,9 @@ class VerificationTask:
             "norm_mean": norms["mean"], "norm_cv": norms["cv"],
             "norm_cv_fp32": M.norm_stats(er)["cv"], "collapsed": float(collapse.collapsed),
         })
-        notes = tuple(f"collapse: {r}" for r in collapse.reasons)
+        verdict = M.resemblance_note(values["embedding_cosine_mean"])
+        values["resembles_fp32"] = float(verdict is None)
+        notes = (*(f"collapse: {r}" for r in collapse.reasons), *([verdict] if verdict else []))
         return Metrics(values=values, tables=tables, notes=notes)
 
 
