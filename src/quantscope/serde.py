@@ -201,6 +201,7 @@ def _stats_arrays(stats: Stats) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         header["tensors"].append({
             "name": name, "min": ts.min, "max": ts.max, "count": ts.count,
             "hist_range": ts.hist_range, "channel_axis": ts.channel_axis,
+            "bulk_min": ts.bulk_min, "floor_count": ts.floor_count,
         })
         arrays[f"hist_{i}"] = ts.hist
         arrays[f"chan_{i}"] = ts.channel_absmax
@@ -234,6 +235,8 @@ def read_stats(path: str | Path) -> Stats:
             name=t["name"], min=float(t["min"]), max=float(t["max"]), count=int(t["count"]),
             hist=arrays[f"hist_{i}"], hist_range=float(t["hist_range"]),
             channel_absmax=arrays[f"chan_{i}"], channel_axis=int(t["channel_axis"]),
+            bulk_min=None if t.get("bulk_min") is None else float(t["bulk_min"]),
+            floor_count=int(t.get("floor_count", 0)),
         )
     return Stats(tensors=tensors, method=header["method"],
                  num_batches=int(header["num_batches"]), num_samples=int(header["num_samples"]))

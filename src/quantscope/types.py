@@ -242,6 +242,11 @@ class TensorStats:
     hist_range: float
     channel_absmax: np.ndarray
     channel_axis: int
+    # the floor cluster (values within a factor 2 of a negative ``min``, or exactly at a
+    # non-negative one), its size and the smallest value above it: a constant far below
+    # the rest (an attention-mask fill, -1e4, float32.min) shows here
+    bulk_min: float | None = None
+    floor_count: int = 0
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ class Observer:
     r: float = 0.0
     chan: np.ndarray | None = None
     axis: int = -1
+    bulk_lo: float = math.inf  # smallest value above ``lo``
+    floor_count: int = 0  # values exactly at ``lo``
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x)
@@ -52,10 +54,29 @@ class Observer:
             self.nonfinite += int(x.size - finite.sum())
             x = np.where(finite, x, 0.0).astype(np.float32)
         self.count += x.size
+        self._update_floor(x)
         self.lo = min(self.lo, float(x.min()))
         self.hi = max(self.hi, float(x.max()))
         self._update_hist(x)
         self._update_channels(x)
+
+    def _update_floor(self, x: np.ndarray) -> None:
+        """Floor cluster: values within a factor 2 of a negative minimum (a mask fill and
+        what was added to it), or exactly at a non-negative one; ``bulk_lo`` is the
+        smallest value above it. Batches are merged cluster by cluster."""
+        m = float(x.min())
+        at = x <= m / 2 if m < 0 else x == m
+        k = int(at.sum())
+        above = float(x[~at].min()) if k < x.size else math.inf
+        if m < self.lo:
+            same = self.lo <= (m / 2 if m < 0 else m)  # the old floor is in the new cluster
+            self.floor_count = k + (self.floor_count if same else 0)
+            self.bulk_lo = min(above, self.bulk_lo if same else self.lo)
+        elif m <= (self.lo / 2 if self.lo < 0 else self.lo):
+            self.floor_count += k
+            self.bulk_lo = min(self.bulk_lo, above)
+        else:
+            self.bulk_lo = min(self.bulk_lo, m)
 
     def _update_hist(self, x: np.ndarray) -> None:
         amax = min(max(abs(self.lo), abs(self.hi)), HIST_LIMIT)
@@ -97,4 +118,6 @@ class Observer:
             hist_range=self.r or 1.0,
             channel_absmax=self.chan if self.chan is not None else np.zeros(1, np.float32),
             channel_axis=self.axis,
+            bulk_min=None if empty or not math.isfinite(self.bulk_lo) else self.bulk_lo,
+            floor_count=self.floor_count,
         )

@@ -13,6 +13,16 @@ masked attention scores            the range of the *unmasked* scores, extended 
                                    which still zeroes its softmax weight (exp(-12)
                                    ~ 6e-6 per masked token) instead of wiping out the
                                    range of every real score
+a constant far below the rest      (any other form of mask: masked_fill ``Where``,
+                                   -1e4/-1e9 constants, causal masks, a position bias
+                                   Add before the mask; or the same symptom outside
+                                   attention) found in the statistics: at least
+                                   ``SENTINEL_MIN_FRACTION`` of the values sit in the
+                                   floor cluster (``TensorStats.floor_count``),
+                                   ``SENTINEL_GAP`` spans of the rest below it. The range is the rest's (``bulk_min`` ..
+                                   max), extended by ``MASK_MARGIN`` when the tensor
+                                   feeds a Softmax; the constant saturates to the grid
+                                   minimum. A note names each tensor.
 =================================  ==================================================
 """
 
@@ -24,9 +34,28 @@ from quantscope.emulate.ranges import tensor_range
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
 from quantscope.numerics import qparams, weight_encoding
-from quantscope.types import Encoding, Encodings, Groups, Plan, QuantScheme, QuantscopeError, Stats
+from quantscope.types import (
+    Encoding,
+    Encodings,
+    Groups,
+    Plan,
+    QuantScheme,
+    QuantscopeError,
+    Stats,
+    TensorStats,
+)
 
 MASK_MARGIN = 12.0  # logits below the smallest real score that masked positions get
+SENTINEL_GAP = 100.0  # a floor constant this many spans of the rest below it ...
+SENTINEL_MIN_FRACTION = 1e-3  # ... holding at least this fraction of the values
+
+
+def sentinel_floor(ts: TensorStats) -> bool:
+    """True when a constant far below the rest dominates the tensor's range (a mask fill)."""
+    if ts.bulk_min is None or ts.floor_count < SENTINEL_MIN_FRACTION * max(ts.count, 1):
+        return False
+    span = max(ts.max - ts.bulk_min, 1e-12)
+    return ts.min < ts.bulk_min - SENTINEL_GAP * span
 
 
 def _act_encoding(lo: float, hi: float, bits: int, scheme: QuantScheme) -> Encoding:
@@ -69,6 +98,8 @@ def encode(
     masks = {m.output: m for m in find_mask_adds(model)}
     acts: dict[str, Encoding] = {}
     notes: list[str] = []
+    floors: list[str] = []
+    softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type == "Softmax"}
     for t, bits in _input_bits(groups, plan).items():
         ts = _stat(stats, t)
         acts[t] = _act_encoding(*tensor_range(ts, per_tensor.get(t, method), bits), bits, scheme)
@@ -82,8 +113,23 @@ def encode(
                 lo, hi = tensor_range(s, per_tensor.get(t, method), bits)
                 acts[t] = _act_encoding(lo - MASK_MARGIN, hi, bits, scheme)
                 continue
+            ts = _stat(stats, t)
+            if sentinel_floor(ts):
+                margin = MASK_MARGIN if t in softmax_inputs else 0.0
+                acts[t] = _act_encoding(ts.bulk_min - margin, ts.max, bits, scheme)
+                floors.append(f"{t} (constant {ts.min:.3g} at "
+                              f"{ts.floor_count / max(ts.count, 1):.1%} of its values; "
+                              f"rest from {ts.bulk_min:.4g})")
+                continue
             m = per_tensor.get(t, method)
-            acts[t] = _act_encoding(*tensor_range(_stat(stats, t), m, bits), bits, scheme)
+            acts[t] = _act_encoding(*tensor_range(ts, m, bits), bits, scheme)
+    if floors:
+        notes.append(
+            f"constant far below the rest (a mask fill?) in {len(floors)} tensor(s): "
+            + "; ".join(floors[:6]) + ("; …" if len(floors) > 6 else "")
+            + ": their range is the rest's (extended by "
+            f"{MASK_MARGIN:g} before a Softmax), so the constant saturates to the grid minimum"
+        )
     if masks and any(t in acts for t in masks):
         notes.append(
             f"attention mask: {len(masks)} additive-mask Add(s) found; their output range is "
