@@ -123,12 +123,14 @@ def evaluate_plan(
     progress: bool = False,
     reference: Model | None = None,
     reference_outputs: Outputs | None = None,
+    saturation: bool = True,
 ) -> dict[str, Any]:
     """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32.
 
     The graph measured is :func:`qdq_for_plan`'s, the one ``export-qdq`` writes.
     """
     return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
+                          saturation=saturation,
                           progress=progress, reference=reference,
                           reference_outputs=reference_outputs)["emulated"]
 
@@ -144,14 +146,19 @@ def evaluate_plans(
     progress: bool = False,
     reference: Model | None = None,
     reference_outputs: Outputs | None = None,
+    saturation: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
+
+    ``saturation``: also calibrate (up to ``SATURATION_ROWS`` of) the evaluation rows and
+    report, per plan, the tensors whose values leave their calibrated range.
 
     ``reference`` is the FP32 model the metrics compare against (default: ``model``); a
     repaired model is compared with the original, since bias correction changes FP32.
     ``reference_outputs`` (its outputs on ``data.evaluation``) skips even that one run.
     """
     batches = list(data.evaluation)
+    data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
     ref = reference_outputs or run_model(
         (reference or model).proto, batches, label="fp32" if progress else ""
     )
@@ -170,9 +177,35 @@ def evaluate_plans(
             "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
             "method": method or stats.method, "metrics": metrics, "outputs": tables,
             "coverage": q.coverage.to_dict(),
+            **_saturation_entry(data_stats, q.encodings, n_rows),
             "notes": [*model.notes, *data.notes, *q.notes, *task_notes],
         }
     return results
+
+
+SATURATION_ROWS = 256  # evaluation rows whose ranges are checked against the calibration's
+
+
+def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
+    """Streaming statistics of (up to SATURATION_ROWS of) the evaluation rows."""
+    rows, part = 0, []
+    for b in batches:
+        if rows >= SATURATION_ROWS:
+            break
+        part.append(b)
+        rows += len(next(iter(b.values())))
+    return calibrate(model, find_groups(model), part), rows
+
+
+def _saturation_entry(data_stats: Stats | None, enc: Encodings, n_rows: int) -> dict[str, Any]:
+    from quantscope.calibrate.saturation import saturation, saturation_note
+
+    if data_stats is None:
+        return {}
+    rows = saturation(data_stats, enc)
+    note = saturation_note(rows, n_rows)
+    return {"saturation": {"rows": n_rows, "tensors": [c.to_dict() for c in rows]},
+            **({"saturation_note": note} if note else {})}
 
 
 def format_result(result: dict[str, Any]) -> str:
@@ -186,6 +219,8 @@ def format_result(result: dict[str, Any]) -> str:
                   f"{v['cosine_mean']:.6g}" for k, v in outs.items()]
     if "coverage" in result:
         lines += ["  " + line for line in _coverage_lines(result["coverage"])]
+    if result.get("saturation_note"):
+        lines.append(f"  {result['saturation_note']}")
     lines += [f"  note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
 
@@ -308,7 +343,7 @@ def _plan_measure(model: Model, data: Dataset, target: Target | None, method: st
 
     def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
         return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
-                             reference_outputs=ref)["metrics"]
+                             reference_outputs=ref, saturation=False)["metrics"]
 
     return measure
 

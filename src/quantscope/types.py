@@ -292,6 +292,8 @@ class Encodings:
     weights: dict[str, Encoding]
     scheme: QuantScheme = QuantScheme()
     notes: tuple[str, ...] = ()
+    # tensors whose range leaves out a constant on purpose (attention masks): they clip by design
+    clamped: tuple[str, ...] = ()
 
 
 Batch = dict[str, np.ndarray]

@@ -99,6 +99,7 @@ def encode(
     acts: dict[str, Encoding] = {}
     notes: list[str] = []
     floors: list[str] = []
+    floored: set[str] = set()
     softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type == "Softmax"}
     for t, bits in _input_bits(groups, plan).items():
         ts = _stat(stats, t)
@@ -117,6 +118,7 @@ def encode(
             if sentinel_floor(ts):
                 margin = MASK_MARGIN if t in softmax_inputs else 0.0
                 acts[t] = _act_encoding(ts.bulk_min - margin, ts.max, bits, scheme)
+                floored.add(t)
                 floors.append(f"{t} (constant {ts.min:.3g} at "
                               f"{ts.floor_count / max(ts.count, 1):.1%} of its values; "
                               f"rest from {ts.bulk_min:.4g})")
@@ -137,7 +139,9 @@ def encode(
             "constant saturates to the grid minimum instead of dominating the range"
         )
     weights = _weight_encodings(model, groups, plan, scheme)
-    return Encodings(activations=acts, weights=weights, scheme=scheme, notes=tuple(notes))
+    clamped = tuple(t for t in acts if t in masks or t in floored)
+    return Encodings(activations=acts, weights=weights, scheme=scheme, notes=tuple(notes),
+                     clamped=clamped)
 
 
 def _weight_encodings(
