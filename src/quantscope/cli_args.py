@@ -210,8 +210,10 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:
                         help="the least predicted quality (the analysis' metric, output SQNR "
                         "in dB); not with --data")
     budget.add_argument("--max-cost", type=float, help="relative to uniform a8_w8 = 1.0")
-    pl.add_argument("--metric", default="top1_agreement",
-                    help="with --data: the measured metric (default top1_agreement)")
+    pl.add_argument("--metric", default=None,
+                    help="with --data: the measured metric (default: top1_agreement for text "
+                    "retrieval, decision_agreement for faces, sqnr_db of the worst output for "
+                    "tensor data)")
     pl.add_argument("--goal", type=float, help="with --data: the measured metric to reach; "
                     "the output says whether it was reached and which rule binds if not")
     pl.add_argument("--repairs", help="with --data/--stats: comma list of repairs to search "

@@ -396,6 +396,18 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
                          shapes=shapes, progress=progress)
 
 
+def default_metric(data: Dataset | None) -> str:
+    """The measured metric a plan is judged by when the user names none."""
+    from quantscope.tasks.registry import RetrievalTask, VerificationTask
+
+    task = None if data is None else data.task
+    if isinstance(task, RetrievalTask):
+        return "top1_agreement"
+    if isinstance(task, VerificationTask):
+        return "decision_agreement"
+    return "sqnr_db"  # the worst output's (every output is scored)
+
+
 def scorer_for(data: Dataset) -> Any:
     """The analysis scorer matching the data's task (task-independent fidelity otherwise)."""
     from quantscope.analyze.scoring import outputs_scorer, text_retrieval_scorer
@@ -460,7 +472,7 @@ class PlanOptions:
     min_quality: float | None = None
     max_cost: float | None = None
     seq_len: int | None = None
-    metric: str = "top1_agreement"
+    metric: str | None = None  # None: the data's default (see default_metric)
     goal: float | None = None
     repairs: tuple[str, ...] = ()
     repair_batches: int = 8
@@ -514,6 +526,8 @@ def plan_model(
     from quantscope.plan.search import plan_from_analysis
 
     options.check_inputs(data=data is not None, stats=stats is not None)
+    if options.metric is None:
+        options = dataclasses.replace(options, metric=default_metric(data))
     shapes = seq_len_shapes(model, options.seq_len) if options.seq_len else None
     evaluate, offer = None, None
     if data is not None and stats is not None:
