@@ -128,8 +128,15 @@ def test_symbolic_shapes_block_wide_rule_moves_unless_warnings_allowed():
 
 def test_illegal_start_is_refused():
     model, groups = _setup(tiny_models.residual_add)
+    start = Plan(default=A16W8, target=HAILO.name)
     with pytest.raises(PlannerError, match="start plan"):
-        search(groups, _sens({}, low=A16W8), HAILO, model, low=A16W8)
+        search(groups, _sens({}, low=A16W8), HAILO, model, low=A16W8, start=start)
+
+
+def test_illegal_uniform_low_gets_a_legal_start_with_a_note():
+    model, groups = _setup(tiny_models.residual_add)
+    r = search(groups, _sens({}, low=A16W8), HAILO, model, low=A16W8)
+    assert any("is not legal on" in n for n in r.notes)
 
 
 def test_low_must_match_the_analysis():

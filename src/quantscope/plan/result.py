@@ -190,7 +190,7 @@ def _notes(space: Space) -> tuple[str, ...]:
     known = set(space.names)
     named = [g for g, _ in space.sens.gains]
     missing = [g for g in space.names if g not in dict(space.sens.gains)]
-    out = [ESTIMATE_NOTE]
+    out = [*space.notes, ESTIMATE_NOTE]
     if any(g not in known for g in named):
         out.append(
             f"{sum(g not in known for g in named)} group(s) of the analysis are not "

@@ -1,8 +1,10 @@
 """Start of the search: everything the later stages share, checked and built once.
 
 ==============  ===================================================================
-start plan      uniform ``low`` (or a given legal ``start`` plan); a
-                :class:`PlannerError` if it does not pass ``check``
+start plan      uniform ``low`` (or a given legal ``start`` plan); where uniform
+                ``low`` breaks a rule, :func:`legal_start` raises each offending
+                group to its cheapest precision that passes (``float`` last) and
+                the result says so; a :class:`PlannerError` if none does
 candidates      precisions above ``low`` the target allows on some op kind (or given)
 cost table      :func:`~quantscope.plan.cost.cost_table` for every precision in play
 legality        :class:`Legality`: ``check`` on the start plan with one group
@@ -145,6 +147,7 @@ class Space:
     candidates: tuple[Precision, ...]
     budget: Budget
     repairs: tuple[RepairOption, ...]
+    notes: tuple[str, ...] = ()  # what the start had to do (e.g. a raised legal start)
 
     def plan(self, prec: Precisions) -> Plan:
         """The plan with these precisions (overrides in group order, no reasons or meta)."""
@@ -155,6 +158,53 @@ class Space:
     def precisions(self, point: FrontPoint) -> dict[str, Precision]:
         over = dict(point.overrides)
         return {g: over.get(g, self.legal.start.default) for g in self.names}
+
+
+def legal_start(
+    groups: Groups, model: Model, target: Target, shapes: Shapes | None, low: Precision
+) -> tuple[Plan, tuple[str, ...]]:
+    """Uniform ``low``, with every group that breaks a rule raised to its cheapest
+    precision (in ``PRECISION_ORDER``, ``float`` last) that clears its errors."""
+    plan = Plan(default=low, target=target.name)
+    raised: dict[str, tuple[Precision, str]] = {}
+    for _ in range(len(groups.groups) + 1):
+        errors = [p for p in check(plan, groups, model, target, shapes=shapes)
+                  if p.severity == "error"]
+        if not errors:
+            break
+        plan = _raise_groups(plan, errors, groups, model, target, shapes, raised)
+    else:
+        raise PlannerError(f"no legal start plan on {target.name} was found")
+    if not raised:
+        return plan, ()
+    rules = sorted({r for _, r in raised.values()})
+    kept = sorted({p.value for p, _ in raised.values()})
+    note = (f"uniform {low} is not legal on {target.name} ({', '.join(rules)}): the start "
+            f"plan raises {len(raised)} group(s) to their cheapest legal precision "
+            f"({', '.join(kept)}); the predicted gains of those groups are not in the estimate")
+    return plan, (note,)
+
+
+def _raise_groups(plan: Plan, errors: list[Problem], groups: Groups, model: Model,
+                  target: Target, shapes: Shapes | None,
+                  raised: dict[str, tuple[Precision, str]]) -> Plan:
+    names = set(groups.names())
+    todo = list(dict.fromkeys(p.group for p in errors if p.group in names))
+    if not todo:
+        raise PlannerError(f"the start plan breaks {errors[0].rule} on {target.name}, which "
+                           "no precision of one group can clear")
+    rank = PRECISION_ORDER.index
+    for g in todo:
+        rule = next(p.rule for p in errors if p.group == g)
+        for prec in [p for p in PRECISION_ORDER if rank(p) > rank(plan.precision_of(g))]:
+            trial = _with_precisions(plan, {g: prec})
+            if not any(p.group == g and p.severity == "error"
+                       for p in check(trial, groups, model, target, shapes=shapes)):
+                plan, raised[g] = trial, (prec, rule)
+                break
+        else:
+            raise PlannerError(f"group {g} breaks {rule} on {target.name} at every precision")
+    return plan
 
 
 def default_candidates(target: Target, low: Precision) -> tuple[Precision, ...]:
@@ -185,7 +235,9 @@ def start_search(
             f"the analysis measured gains over {sens.low}, "
             f"the search starts from {low}: use the same precision"
         )
-    start = start or Plan(default=low, target=target.name)
+    notes: tuple[str, ...] = ()
+    if start is None:
+        start, notes = legal_start(groups, model, target, shapes, low)
     cands = tuple(candidates) if candidates is not None else default_candidates(target, low)
     legal = legality(start, groups, model, target, shapes, allow_warnings=allow_warnings)
     names = groups.names()
@@ -193,7 +245,7 @@ def start_search(
     table = cost_table(groups, target, model, sorted(used, key=PRECISION_ORDER.index), shapes)
     first = MappingProxyType({g: start.precision_of(g) for g in names})
     return Space(names=names, start=first, sens=sens, table=table, legal=legal,
-                 candidates=cands, budget=budget, repairs=tuple(repairs))
+                 candidates=cands, budget=budget, repairs=tuple(repairs), notes=notes)
 
 
 def repair_meta(point: FrontPoint) -> tuple[tuple[str, str], ...]:
