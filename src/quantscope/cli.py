@@ -176,6 +176,7 @@ def _target(name: str) -> Target:
 def cmd_plan(args: argparse.Namespace) -> int:
     options = stages.PlanOptions(
         min_quality=args.min_quality, max_cost=args.max_cost, seq_len=args.seq_len,
+        input_shapes=_input_shapes(args),
         metric=args.metric, goal=args.goal, seed=args.seed,
         repairs=tuple(args.repairs.split(",")) if args.repairs else (),
         repair_batches=args.repair_batches)
@@ -234,7 +235,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         model = stages.open_model(args.model)
         parsed = stages.read_plan(args.plan)
         io_rows = stages.device_io_rows(model, stages.read_stats(args.stats), parsed)
-        problems = stages.plan_problems(model, parsed, seq_len=args.seq_len)
+        problems = stages.plan_problems(model, parsed, seq_len=args.seq_len,
+                                        input_shapes=_input_shapes(args))
     if not (results or plan or analysis):
         raise QuantscopeError("nothing to report: give --results, --plan and/or --analysis")
     stages.write_text(args.out, report_html(args.title, results=results or None, plan=plan,
@@ -244,10 +246,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _shapes(args: argparse.Namespace, model: stages.Model) -> dict | None:
-    from quantscope.model.shapes import seq_len_shapes
+def _input_shapes(args: argparse.Namespace) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    from quantscope.model.shapes import parse_input_shape
 
-    return seq_len_shapes(model, args.seq_len) if args.seq_len else None
+    return tuple(parse_input_shape(s) for s in getattr(args, "input_shape", None) or ())
+
+
+def _shapes(args: argparse.Namespace, model: stages.Model) -> dict | None:
+    from quantscope.model.shapes import given_shapes
+
+    return given_shapes(model, args.seq_len, _input_shapes(args))
 
 
 def _print_problems(problems: list, what: str) -> int:

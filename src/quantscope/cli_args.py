@@ -87,6 +87,9 @@ def _seq_len_parent() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int,
                    help="sequence length for symbolic token dims (rules and costs that "
                    "depend on the tensor size)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx…",
+                   help="concrete shape of an input with symbolic dims other than the "
+                   "sequence, e.g. pixel_values=1x3x224x224 (repeatable)")
     return p
 
 

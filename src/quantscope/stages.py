@@ -318,15 +318,18 @@ def device_io_rows(model: Model, stats: Stats, plan: Plan) -> list[dict[str, Any
     return device_io(model, groups, q.encodings)
 
 
-def plan_problems(model: Model, plan: Plan, *, seq_len: int | None = None) -> list[dict[str, Any]]:
+def plan_problems(
+    model: Model, plan: Plan, *, seq_len: int | None = None,
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+) -> list[dict[str, Any]]:
     """Legality problems of a plan on its own target (empty when it names none)."""
     if not plan.target:
         return []
-    from quantscope.model.shapes import seq_len_shapes
+    from quantscope.model.shapes import given_shapes
     from quantscope.plan.check import check
     from quantscope.targets import load_target
 
-    shapes = seq_len_shapes(model, seq_len) if seq_len else None
+    shapes = given_shapes(model, seq_len, input_shapes)
     problems = check(plan, find_groups(model), model, load_target(plan.target), shapes=shapes)
     return [dataclasses.asdict(p) for p in problems]
 
@@ -472,6 +475,7 @@ class PlanOptions:
     min_quality: float | None = None
     max_cost: float | None = None
     seq_len: int | None = None
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # --input-shape overrides
     metric: str | None = None  # None: the data's default (see default_metric)
     goal: float | None = None
     repairs: tuple[str, ...] = ()
@@ -522,13 +526,13 @@ def plan_model(
 ) -> PlanResult:
     """Search a legal plan from an analysis; with ``data`` and ``stats`` the front is
     re-measured by real emulation and ``options.repairs`` are measured and searched too."""
-    from quantscope.model.shapes import seq_len_shapes
+    from quantscope.model.shapes import given_shapes
     from quantscope.plan.search import plan_from_analysis
 
     options.check_inputs(data=data is not None, stats=stats is not None)
     if options.metric is None:
         options = dataclasses.replace(options, metric=default_metric(data))
-    shapes = seq_len_shapes(model, options.seq_len) if options.seq_len else None
+    shapes = given_shapes(model, options.seq_len, options.input_shapes)
     evaluate, offer = None, None
     if data is not None and stats is not None:
         evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,

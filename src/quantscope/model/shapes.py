@@ -3,6 +3,8 @@
 ==================  ==============================================================
 ``seq_len_shapes``  concrete ``[batch, seq]`` shapes for the rank-2 token inputs of a
                     model with symbolic dims (``--seq-len N``)
+``given_shapes``    ``--seq-len`` and ``--input-shape NAME=1x3x224x224`` together (the
+                    latter override; image models with symbolic H/W need them)
 ``resolve_shapes``  tensor name -> shape, with given input shapes propagated through
                     the graph by ONNX shape inference (cached per model and inputs)
 ``frame_values``    values per frame: the product of the dims after the batch dim
@@ -38,6 +40,35 @@ def seq_len_shapes(model: Model, seq_len: int, *, batch: int = 1) -> Shapes:
     if not out:
         raise QuantscopeError("--seq-len given but the model has no rank-2 token input")
     return out
+
+
+def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=1x3x224x224`` -> (``NAME``, (1, 3, 224, 224))."""
+    name, sep, dims = spec.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x"))
+    except ValueError:
+        shape = ()
+    if not sep or not name or not shape or min(shape) < 1:
+        raise QuantscopeError(
+            f"input shape '{spec}' is not NAME=DxDx… with positive dims "
+            "(e.g. pixel_values=1x3x224x224)")
+    return name, shape
+
+
+def given_shapes(
+    model: Model, seq_len: int | None = None,
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+) -> Shapes | None:
+    """Concrete input shapes from ``--seq-len`` and ``--input-shape`` (None if neither)."""
+    out: Shapes = dict(seq_len_shapes(model, seq_len)) if seq_len else {}
+    inputs = set(model.input_names())
+    for name, shape in input_shapes:
+        if name not in inputs:
+            raise QuantscopeError(f"--input-shape names '{name}', which is no model input "
+                                  f"(inputs: {', '.join(sorted(inputs))})")
+        out[name] = shape
+    return out or None
 
 
 @lru_cache(maxsize=8)

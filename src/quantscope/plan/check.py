@@ -79,7 +79,8 @@ def _not_evaluated(rule: Rule, group: Group, shape: Shape | None, ctx: Context) 
         reason=f"could not evaluate: output shape {list(shape or ())} has symbolic dims "
         f"({rule.reason})",
         provenance=f"{rule.provenance}; target {ctx.target.name} ({ctx.target.sdk})",
-        fix="pass concrete input shapes (e.g. --seq-len 256 or shapes={'input_ids': (1, 256)})",
+        fix="pass concrete input shapes: --seq-len 256 for token inputs, --input-shape "
+        "NAME=1x3x224x224 for other symbolic dims",
         severity="warning",
     )
 
