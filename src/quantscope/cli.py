@@ -125,7 +125,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
     data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
     stats = stages.read_stats(args.stats)
     plan = _plan_from_args(args)
-    feeds = list(data.calibration)[: args.batches]
+    feeds, data, split_note = stages.held_out(data, args.batches)
+    if split_note:
+        print(f"note: {split_note}")
     names = args.repairs or dict(plan.meta).get("repairs") or ",".join(DEFAULT_REPAIRS)
     out = run_repairs(model, stats, plan, feeds, repairs=names.split(","),
                       proxy=args.proxy, scheme=stages.scheme_for(plan), progress=True)

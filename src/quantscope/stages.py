@@ -89,6 +89,38 @@ def open_data(
     return Dataset(name=str(spec), calibration=batches, evaluation=batches)
 
 
+def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, str | None]:
+    """Fit feeds (the first ``batches`` calibration batches) and data to score on that
+    never includes them. Tensor data whose evaluation rows are its calibration rows is
+    split: fitting on the first half of the batches (of the rows, for one batch),
+    scoring on the rest. A task bound to its rows (faces) cannot be split: the note
+    says it is scored on rows it was fitted on."""
+    feeds = list(data.calibration)[:batches]
+    fitted = {id(b) for b in feeds}
+    rest = tuple(b for b in data.evaluation if id(b) not in fitted)
+    if len(rest) == len(data.evaluation):
+        return feeds, data, None
+    if data.task is not None:
+        return feeds, data, (f"{data.name}: the evaluation rows include the "
+                             f"{len(feeds)} batch(es) the repairs were fitted on")
+    if rest:
+        return feeds, dataclasses.replace(data, evaluation=rest), (
+            f"scored on {len(rest)} held-out batch(es), fitted on {len(feeds)}")
+    rows = list(data.evaluation)
+    if len(rows) == 1:
+        n = len(next(iter(rows[0].values())))
+        if n < 2:
+            raise QuantscopeError(f"data '{data.name}' has one sample: give at least two, so "
+                                  "the repairs are scored on rows they were not fitted on")
+        fit = [{k: v[: n // 2] for k, v in rows[0].items()}]
+        score = ({k: v[n // 2:] for k, v in rows[0].items()},)
+    else:
+        fit, score = rows[: len(rows) // 2], tuple(rows[len(rows) // 2:])
+    return fit, dataclasses.replace(data, evaluation=score), (
+        f"data '{data.name}' has no separate evaluation set: the repairs are fitted on the "
+        f"first half and scored on the other half (held out)")
+
+
 def calibrate_model(
     model: Model, data: Dataset, *, method: str = "minmax", progress: bool = False
 ) -> Stats:
