@@ -433,11 +433,13 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
 
 def default_metric(data: Dataset | None) -> str:
     """The measured metric a plan is judged by when the user names none."""
-    from quantscope.tasks.registry import RetrievalTask, VerificationTask
+    from quantscope.tasks.registry import RetrievalTask, StsTask, VerificationTask
 
     task = None if data is None else data.task
     if isinstance(task, RetrievalTask):
         return "top1_agreement"
+    if isinstance(task, StsTask):
+        return "score_agreement"
     if isinstance(task, VerificationTask):
         return "decision_agreement"
     return "sqnr_db"  # the worst output's (every output is scored)
@@ -445,13 +447,16 @@ def default_metric(data: Dataset | None) -> str:
 
 def scorer_for(data: Dataset) -> Any:
     """The analysis scorer matching the data's task (task-independent fidelity otherwise)."""
-    from quantscope.analyze.scoring import outputs_scorer, text_retrieval_scorer
-    from quantscope.tasks.registry import RetrievalTask
+    from quantscope.analyze.scoring import outputs_scorer, sts_scorer, text_retrieval_scorer
+    from quantscope.tasks.registry import RetrievalTask, StsTask
 
     task = data.task
     if isinstance(task, RetrievalTask):
         mask = task.encoder.input_name("attention_mask")
         return text_retrieval_scorer(task.n_pairs, task.batches.order, mask)
+    if isinstance(task, StsTask):
+        mask = task.encoder.input_name("attention_mask")
+        return sts_scorer(len(task.pairs), task.batches.order, mask)
     return outputs_scorer()
 
 

@@ -86,6 +86,28 @@ def text_retrieval_scorer(n_queries: int, order: np.ndarray, attention_mask: str
     return Scorer(score=score, primary="top1_agreement", reduce=reduce, row_local=False)
 
 
+def sts_scorer(n_pairs: int, order: np.ndarray, attention_mask: str) -> Scorer:
+    """Sentence similarity laid out as ``first sentences + second sentences``: the
+    Spearman correlation of the quantized pair cosines with FP32's (``score_agreement``).
+    Reduce: mean pooling of the first output (not normalised)."""
+    from quantscope.tasks.metrics import spearman
+    from quantscope.tasks.text import pool
+
+    def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        return pool(outputs[0], feeds[attention_mask], normalize=False)
+
+    def cosines(rows: np.ndarray) -> np.ndarray:
+        r = np.empty_like(rows)
+        r[order] = rows
+        r /= np.maximum(np.linalg.norm(r, axis=1, keepdims=True), 1e-12)
+        return np.sum(r[:n_pairs] * r[n_pairs:], axis=1)
+
+    def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+        return {"score_agreement": spearman(cosines(test), cosines(ref))}
+
+    return Scorer(score=score, primary="score_agreement", reduce=reduce, row_local=False)
+
+
 def outputs_scorer() -> Scorer:
     """Every model output scored; the worst one is the metric (tensor models).
 

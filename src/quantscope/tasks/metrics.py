@@ -29,6 +29,7 @@ __all__ = [
     "TarFar",
     "collapse_report",
     "resemblance_note",
+    "spearman",
     "cosine_fidelity",
     "decision_agreement",
     "eer",
@@ -49,6 +50,30 @@ __all__ = [
 
 # Query rows scored at once: 1,024 x 10,000 docs x 4 bytes = 40 MB of float32 scores.
 DEFAULT_CHUNK = 1024
+
+# --- rank correlation ----------------------------------------------------------------
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties get their average rank."""
+    x = np.asarray(x, dtype=np.float64)
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.arange(1, len(x) + 1)
+    _, inv, counts = np.unique(x, return_inverse=True, return_counts=True)
+    sums = np.bincount(inv, weights=ranks)
+    return sums[inv] / counts[inv]
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation (Pearson of average ranks); NaN when one side is constant."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.ndim != 1 or len(a) < 3:
+        raise MetricInputError("spearman needs two 1-D arrays of the same length >= 3")
+    ra, rb = _ranks(a) - (len(a) + 1) / 2, _ranks(b) - (len(b) + 1) / 2
+    den = float(np.sqrt((ra**2).sum() * (rb**2).sum()))
+    return float((ra * rb).sum() / den) if den > 0 else float("nan")
+
 
 # --- "no longer like FP32" ----------------------------------------------------------
 # A quantized model whose embeddings have a mean cosine to FP32's below this computes

@@ -4,6 +4,9 @@
 ``stdlib-docs``             built-in retrieval (1,500 pairs) + 512 calibration texts
 ``*.jsonl``                 user retrieval pairs ``{"query", "document"}``; calibration on
                             the documents (or ``--calib-text`` in the API)
+``*.tsv`` / scored JSONL     sentence similarity (STS): ``sentence1, sentence2, score``;
+                            Spearman of cosine vs the human scores, and of the quantized
+                            cosines vs FP32's (``score_agreement``)
 ``*.txt``                   calibration sentences, one per line (no task metric)
 ``faces``                   built-in face verification set (dlib-face style chips)
 folder of identity folders  user face images (one sub-folder per identity)
@@ -23,13 +26,16 @@ from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
 from quantscope.tasks.text import (
     STDLIB_DOCS,
+    StsPairs,
     TextBatches,
     TextEncoder,
     describe_lengths,
     detect_encoder,
+    is_sts_file,
     length_profile,
     load_calibration_texts,
     load_pairs,
+    load_sts,
     load_tokenizer,
     make_batches,
     pool,
@@ -89,6 +95,37 @@ class RetrievalTask:
         return Metrics(values=values, tables={"collapse": _collapse_table(collapse)}, notes=notes)
 
 
+@dataclass(frozen=True, eq=False)
+class StsTask:
+    """Sentence similarity: pair i is (text i, text n + i), scored by a human."""
+
+    name: str
+    pairs: StsPairs
+    batches: TextBatches  # first sentences then second sentences, in length order
+    encoder: TextEncoder
+
+    def cosines(self, out: Outputs) -> np.ndarray:
+        emb = _pooled(out, self.batches, self.encoder, normalize=True)
+        n = len(self.pairs)
+        return np.sum(emb[:n] * emb[n:], axis=1)
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        human = np.asarray(self.pairs.scores)
+        cr, ct = self.cosines(ref), self.cosines(test)
+        er = _pooled(ref, self.batches, self.encoder, normalize=True)
+        et = _pooled(test, self.batches, self.encoder, normalize=True)
+        fid = M.cosine_fidelity(er, et)
+        values = {
+            "spearman": M.spearman(ct, human), "spearman_fp32": M.spearman(cr, human),
+            "score_agreement": M.spearman(ct, cr),
+            "similarity_mae": float(np.mean(np.abs(ct - cr))),
+            "embedding_cosine_mean": fid["mean"], "embedding_cosine_min": fid["min"],
+        }
+        verdict = M.resemblance_note(fid["mean"])
+        values["resembles_fp32"] = float(verdict is None)
+        return Metrics(values=values, notes=(verdict,) if verdict else ())
+
+
 def _collapse_table(c: M.CollapseReport) -> dict[str, float]:
     return {k: float(v) for k, v in c.to_dict().items()
             if isinstance(v, int | float | bool)}
@@ -97,11 +134,21 @@ def _collapse_table(c: M.CollapseReport) -> dict[str, float]:
 def text_dataset(
     spec: str, model: Model, *, tokenizer: str | None = None, batch_size: int = 32,
     max_pairs: int | None = None,
-) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...], RetrievalTask | None, str]:
+) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...],
+           RetrievalTask | StsTask | None, str]:
     """(calibration batches, evaluation batches, task, encoder description)."""
     enc = detect_encoder(model.proto)
     tok = load_tokenizer(tokenizer)
-    if spec == STDLIB_DOCS or spec.endswith(".jsonl"):
+    if is_sts_file(spec):
+        sts = load_sts(spec)
+        n = min(len(sts), max_pairs or len(sts))
+        sts = StsPairs(sts.first[:n], sts.second[:n], sts.scores[:n], sts.source)
+        texts = list(sts.first) + list(sts.second)
+        eval_b = make_batches(texts, tok, enc, batch_size=batch_size)
+        calib_texts = tuple(texts[:CALIB_TEXTS])
+        task: RetrievalTask | StsTask | None = StsTask(
+            name=f"sts:{sts.source}", pairs=sts, batches=eval_b, encoder=enc)
+    elif spec == STDLIB_DOCS or spec.endswith(".jsonl"):
         pairs = load_pairs(spec)
         n = min(len(pairs), max_pairs or len(pairs))
         calib_texts = (load_calibration_texts(STDLIB_DOCS) if spec == STDLIB_DOCS
@@ -117,12 +164,15 @@ def text_dataset(
     calib = make_batches(calib_texts[:CALIB_TEXTS], tok, enc, batch_size=batch_size)
     eval_texts = texts if task is not None else calib_texts
     profile = length_profile(token_lengths(eval_texts, tok))
-    return (tuple(calib.batches), tuple(eval_b.batches), task,
-            f"{enc.describe()}; {describe_lengths(profile)}")
+    note = f"{enc.describe()}; {describe_lengths(profile)}"
+    if isinstance(task, StsTask):
+        note += ("; calibrated on the pairs' own sentences (no separate calibration texts: "
+                 "run 'quantscope calibrate --data TEXTS.txt' for held-out calibration)")
+    return tuple(calib.batches), tuple(eval_b.batches), task, note
 
 
 def is_text_spec(spec: str) -> bool:
-    return spec == STDLIB_DOCS or spec.endswith((".jsonl", ".txt"))
+    return spec == STDLIB_DOCS or spec.endswith((".jsonl", ".txt", ".tsv"))
 
 
 def is_face_spec(spec: str) -> bool:

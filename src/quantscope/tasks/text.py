@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -92,6 +93,80 @@ def _parse_pairs(lines: list[str], source: str) -> RetrievalPairs:
     if not queries:
         raise QuantscopeError(f"{source}: no query/document pairs (empty file)")
     return RetrievalPairs(tuple(queries), tuple(documents), source)
+
+
+@dataclass(frozen=True)
+class StsPairs:
+    """Sentence-similarity pairs with a human score each (STS-style)."""
+
+    first: tuple[str, ...]
+    second: tuple[str, ...]
+    scores: tuple[float, ...]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+
+def is_sts_file(path: str | Path) -> bool:
+    """A ``.tsv``, or a ``.jsonl`` whose first object has a ``score``."""
+    p = Path(path)
+    if p.suffix == ".tsv":
+        return True
+    if p.suffix != ".jsonl" or not p.is_file():
+        return False
+    with p.open(encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        row = json.loads(first)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(row, dict) and "score" in row
+
+
+def load_sts(path: str | Path) -> StsPairs:
+    """``sentence1 <TAB> sentence2 <TAB> score`` lines (a header line is skipped), or JSONL
+    objects ``{"sentence1", "sentence2", "score"}``."""
+    p = _existing(path, "sentence-similarity pairs")
+    rows: list[tuple[str, str, float]] = []
+    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = _sts_row(line, p.suffix == ".tsv", number, str(p))
+        if row is not None:
+            rows.append(row)
+    if len(rows) < 3:
+        raise QuantscopeError(f"{p}: {len(rows)} scored sentence pair(s); give at least 3 "
+                              "(a rank correlation needs them)")
+    a, b, s = zip(*rows, strict=True)
+    return StsPairs(tuple(a), tuple(b), tuple(s), str(p))
+
+
+def _sts_row(line: str, tsv: bool, number: int, source: str) -> tuple[str, str, float] | None:
+    try:
+        if tsv:
+            parts = line.split("\t")
+            if len(parts) != 3:
+                raise ValueError("expected 3 tab-separated fields")
+            try:
+                score = float(parts[2])
+            except ValueError:
+                if number == 1:
+                    return None  # a header line
+                raise
+            a, b = parts[0], parts[1]
+        else:
+            row = json.loads(line)
+            a, b, score = row["sentence1"], row["sentence2"], float(row["score"])
+            if not isinstance(a, str) or not isinstance(b, str):
+                raise ValueError("sentences must be strings")
+    except (ValueError, KeyError, TypeError, json.JSONDecodeError) as err:
+        raise QuantscopeError(
+            f"{source} line {number}: expected sentence1, sentence2 and a numeric score "
+            f"({err})") from None
+    if not math.isfinite(score):
+        raise QuantscopeError(f"{source} line {number}: the score is not a finite number")
+    return a, b, score
 
 
 def load_calibration_texts(name_or_path: str | Path) -> tuple[str, ...]:
