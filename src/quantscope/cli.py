@@ -176,9 +176,10 @@ def _target(name: str) -> Target:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    lengths = args.seq_len or ()
     options = stages.PlanOptions(
-        min_quality=args.min_quality, max_cost=args.max_cost, seq_len=args.seq_len,
-        input_shapes=_input_shapes(args),
+        min_quality=args.min_quality, max_cost=args.max_cost,
+        seq_len=lengths[0] if len(lengths) == 1 else None, input_shapes=_input_shapes(args),
         metric=args.metric, goal=args.goal, seed=args.seed,
         repairs=tuple(args.repairs.split(",")) if args.repairs else (),
         repair_batches=args.repair_batches)
@@ -188,8 +189,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     analysis = read_sensitivity(args.analysis)
     measure = bool(args.data and args.stats)
     inp = _open(args, target=True, data=measure, stats=measure)
-    out = stages.plan_model(inp.model, analysis, inp.target, options, data=inp.data,
-                            stats=inp.stats, progress=True)
+    if len(lengths) > 1:
+        out = stages.plan_lengths(inp.model, analysis, inp.target, options, lengths,
+                                  data=inp.data, stats=inp.stats, progress=True)
+    else:
+        out = stages.plan_model(inp.model, analysis, inp.target, options, data=inp.data,
+                                stats=inp.stats, progress=True)
     if out.offer is not None:
         for row in out.offer.measured:
             print(f"  repair {row['name']:<9} " + ", ".join(

@@ -82,11 +82,29 @@ def _pairs_parent(default: int | None, what: str) -> argparse.ArgumentParser:
     return p
 
 
-def _seq_len_parent() -> argparse.ArgumentParser:
+def seq_lens(text: str) -> tuple[int, ...]:
+    """``256`` or ``128,256``: positive sequence lengths."""
+    try:
+        out = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive length or a comma list "
+                                         "of them (e.g. 256 or 128,256)")
+    return out
+
+
+def _seq_len_parent(*, several: bool = False) -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--seq-len", type=int,
-                   help="sequence length for symbolic token dims (rules and costs that "
-                   "depend on the tensor size)")
+    if several:
+        p.add_argument("--seq-len", type=seq_lens, metavar="N[,N…]",
+                       help="sequence length(s) for symbolic token dims: legality depends on "
+                       "it, so a comma list (128,256) plans each and keeps the best, "
+                       "showing every length's front and the fraction of texts that fit")
+    else:
+        p.add_argument("--seq-len", type=int,
+                       help="sequence length for symbolic token dims (rules and costs that "
+                       "depend on the tensor size)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx…",
                    help="concrete shape of an input with symbolic dims other than the "
                    "sequence, e.g. pixel_values=1x3x224x224 (repeatable)")
@@ -201,7 +219,7 @@ def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
 def _add_plan_command(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser("plan", help="search a legal mixed-precision plan (Pareto front)",
                         parents=[_model_parent(), _target_parent(help="target profile"),
-                                 _seq_len_parent(),
+                                 _seq_len_parent(several=True),
                                  _data_parent(required=False, help="with --stats: refine the "
                                               "front by real emulation (" + DATA_HELP + ")"),
                                  _stats_parent(required=False, help="with --data: the stats "

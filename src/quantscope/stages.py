@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 
 from quantscope.calibrate.collect import calibrate
@@ -493,6 +494,12 @@ def format_search(result: dict[str, Any]) -> str:
                      f"{b['gain']:.3g} predicted gain forgone")
     if result.get("binding"):
         lines.append(f"binding: {result['binding']}")
+    for r in result.get("seq_lens", []):
+        fit = f", {r['texts_fit']:.0%} of the texts fit" if "texts_fit" in r else ""
+        lines.append(f"  seq {r['seq_len']}: cost {r['cost']}, predicted {r['predicted']}, "
+                     f"measured {r['measured']}, {r['promoted']} promoted, binding "
+                     f"{r['binding'] or '-'}{fit}"
+                     + ("   <- chosen" if r["seq_len"] == result.get("seq_len") else ""))
     if result.get("goal"):
         lines.append(result["goal"]["verdict"])
     lines += [f"note: {n}" for n in result.get("notes", [])]
@@ -583,6 +590,46 @@ def plan_model(
         pareto["goal"] = goal_verdict(pareto, options.metric, options.goal)
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
                       offer=offer)
+
+
+def plan_lengths(
+    model: Model,
+    analysis: Sensitivity,
+    target: Target,
+    options: PlanOptions,
+    lengths: Sequence[int],
+    *,
+    data: Dataset | None = None,
+    stats: Stats | None = None,
+    progress: bool = False,
+) -> PlanResult:
+    """Sequence length as a decision: one search per allowed length (legality depends on
+    it: super-defuse binds at 256, not at 128); the result is the best length's plan, and
+    ``pareto["seq_lens"]`` has every length's chosen point, what binds there and, for
+    text data, the fraction of texts that fit. Best = highest measured quality (predicted
+    without data), ties to the longer length."""
+    rows, results = [], {}
+    for n in lengths:
+        r = plan_model(model, analysis, target, dataclasses.replace(options, seq_len=n),
+                       data=data, stats=stats, progress=progress)
+        c = r.pareto.get("chosen", {})
+        q = c.get("measured") if c.get("measured") is not None else c.get("predicted")
+        rows.append({"seq_len": n, "cost": c.get("cost"), "predicted": c.get("predicted"),
+                     "measured": c.get("measured"), "binding": r.pareto.get("binding"),
+                     "promoted": len(r.plan.overrides), **_fit(data, n)})
+        results[n] = (q, r)
+    best = max(lengths, key=lambda n: (results[n][0] if results[n][0] is not None
+                                       else float("-inf"), n))
+    chosen = results[best][1]
+    pareto = {**chosen.pareto, "seq_len": best, "seq_lens": rows}
+    return dataclasses.replace(chosen, pareto=pareto)
+
+
+def _fit(data: Dataset | None, n: int) -> dict[str, float]:
+    lengths = None if data is None else data.token_lengths
+    if lengths is None or len(lengths) == 0:
+        return {}
+    return {"texts_fit": float(np.mean(lengths <= n))}
 
 
 def _plan_measurement(

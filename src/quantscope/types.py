@@ -332,6 +332,7 @@ class Dataset:
     evaluation: tuple[Batch, ...]
     task: Task | None = None
     notes: tuple[str, ...] = ()
+    token_lengths: np.ndarray | None = None  # untruncated, per evaluation text (text data)
 
     def calibration_batches(self) -> Iterator[Batch]:
         yield from self.calibration

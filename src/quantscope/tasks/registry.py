@@ -135,8 +135,9 @@ def text_dataset(
     spec: str, model: Model, *, tokenizer: str | None = None, batch_size: int = 32,
     max_pairs: int | None = None,
 ) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...],
-           RetrievalTask | StsTask | None, str]:
-    """(calibration batches, evaluation batches, task, encoder description)."""
+           RetrievalTask | StsTask | None, str, np.ndarray]:
+    """(calibration batches, evaluation batches, task, encoder description, untruncated
+    token length of every evaluation text)."""
     enc = detect_encoder(model.proto)
     tok = load_tokenizer(tokenizer)
     if is_sts_file(spec):
@@ -163,12 +164,13 @@ def text_dataset(
         task = None
     calib = make_batches(calib_texts[:CALIB_TEXTS], tok, enc, batch_size=batch_size)
     eval_texts = texts if task is not None else calib_texts
-    profile = length_profile(token_lengths(eval_texts, tok))
+    lengths = token_lengths(eval_texts, tok)
+    profile = length_profile(lengths)
     note = f"{enc.describe()}; {describe_lengths(profile)}"
     if isinstance(task, StsTask):
         note += ("; calibrated on the pairs' own sentences (no separate calibration texts: "
                  "run 'quantscope calibrate --data TEXTS.txt' for held-out calibration)")
-    return tuple(calib.batches), tuple(eval_b.batches), task, note
+    return tuple(calib.batches), tuple(eval_b.batches), task, note, lengths
 
 
 def is_text_spec(spec: str) -> bool:
@@ -283,10 +285,10 @@ def open_task_data(
     """A :class:`Dataset` for a task spec, or None when ``spec`` is plain tensor data."""
     if is_text_spec(spec):
         check_text_model(model, spec)
-        calib, evaluation, task, note = text_dataset(spec, model, tokenizer=tokenizer,
-                                                     max_pairs=max_pairs)
+        calib, evaluation, task, note, lengths = text_dataset(
+            spec, model, tokenizer=tokenizer, max_pairs=max_pairs)
         return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
-                       notes=(note,))
+                       notes=(note,), token_lengths=lengths)
     if is_face_spec(spec):
         calib, evaluation, task, note = face_dataset(spec, model)
         return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
