@@ -1,0 +1,75 @@
+"""The README's quick start, as written, on an image model with static shapes.
+
+Every ``quantscope`` line of the quick-start block runs twice: with the optional
+``[…]`` parts left out, and with them in (the first alternative of ``a|b``). Built-in
+model/data lines (``demo``, ``models``) and ``pip`` are skipped; ``FILE`` becomes one
+output per export format.
+"""
+
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tiny_models as tm
+
+from quantscope.cli import main
+
+README = Path(__file__).parent.parent / "README.md"
+
+
+def _commands() -> list[str]:
+    text = README.read_text()
+    block = text[text.index("## Quick start with your own model"):]
+    block = block[block.index("```bash") + 7: block.index("```", block.index("```bash") + 7)]
+    joined = re.sub(r"\\\n\s*", " ", block)
+    lines = [re.sub(r"\s+#.*$", "", ln).strip() for ln in joined.splitlines()]
+    return [ln for ln in lines if ln.startswith("quantscope ")]
+
+
+def _variant(line: str, *, optional: bool) -> list[str]:
+    if optional:
+        line = re.sub(r"\[([^\]]*)\]", r"\1", line)
+        line = re.sub(r"(\S+)\|\S+", lambda m: m.group(1).split("|")[0], line)
+    else:
+        line = re.sub(r"\s*\[[^\]]*\]", "", line)
+    return shlex.split(line)[1:]
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    onnx.save(tm.conv_net(), "model.onnx")  # image input [N, 3, 16, 16]
+    rng = np.random.default_rng(0)
+    np.savez("calib.npz", image=rng.normal(0, 1, (64, 3, 16, 16)).astype(np.float32))
+    np.savez("eval.npz", image=rng.normal(0, 1, (48, 3, 16, 16)).astype(np.float32))
+    return tmp_path
+
+
+@pytest.mark.parametrize("optional", [False, True], ids=["required", "with-options"])
+def test_quick_start_runs_as_written_on_an_image_model(workdir, optional, capsys):
+    ran = []
+    for line in _commands():
+        argv = _variant(line, optional=optional)
+        if argv[0] in ("demo", "models") or argv[0].startswith("--"):
+            continue
+        if argv[0] == "lint" and "model.hn.json" in argv:
+            continue  # needs a Hailo parser's .hn file, which this test has none of
+        if argv[0] == "io" and "--check-mapping" in argv:
+            argv[argv.index("--check-mapping") + 1] = "embedding=0:-1,127:0,255:1"
+        if argv[0] == "export":
+            for fmt, out in (("alls", "model.alls"), ("qnn", "enc.json"), ("qdq", "q.onnx")):
+                args = [a if a != "FILE" else out for a in argv]
+                args[args.index("--format") + 1] = fmt
+                assert main(args) == 0, (args, capsys.readouterr().err)
+            ran.append("export")
+            continue
+        code = main(argv)
+        assert code == 0, (argv, capsys.readouterr().err)
+        ran.append(argv[0])
+    want = {"calibrate", "evaluate", "analyze", "plan", "repair", "check", "io", "report",
+            "export", "export-qdq", "groups"} | (set() if optional else {"lint"})
+    assert want <= set(ran)
+    assert Path("report.html").stat().st_size > 0 and Path("model.alls").exists()
