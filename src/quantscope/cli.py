@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quantscope import stages
+from quantscope import serde, stages
 from quantscope.cli_args import parser
-from quantscope.types import Plan, Precision, QuantscopeError, Stats
+from quantscope.cli_types import METRIC_RANGES, QuietPipe, check_paths
+from quantscope.types import PRECISION_ORDER, Plan, Precision, QuantscopeError, Stats
 
 if TYPE_CHECKING:
     from quantscope.targets import Target
@@ -94,9 +95,19 @@ def cmd_groups(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_demo_data(spec: str) -> None:
+    from quantscope.tasks.text import STDLIB_DOCS
+
+    if spec != STDLIB_DOCS and not spec.endswith(".jsonl"):
+        raise QuantscopeError(
+            f"demo measures text retrieval, and data '{spec}' is no retrieval pairs: give "
+            f"{STDLIB_DOCS} or a JSONL pairs file, or use 'quantscope evaluate' for other data")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from quantscope.demo import format_table, run_demo
 
+    _check_demo_data(args.data)
     out = run_demo(args.model, args.data, method=args.method,
                    max_pairs=None if args.pairs == 0 else args.pairs)
     print(f"\nquantscope demo: {out['model']} on {out['data']} "
@@ -144,9 +155,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
                                      reference_outputs=ref)
         for key in sorted(set(before["metrics"]) & set(after["metrics"])):
             print(f"  {key:<24} {before['metrics'][key]:>10.4g} -> {after['metrics'][key]:.4g}")
-    stages.write_onnx(args.out_model, out.proto)
-    stages.write_stats(args.out_stats, out.stats)
-    stages.write_plan(args.out_plan, out.plan, {"repairs": [r.to_json() for r in out.records]})
+    serde.write_atomic_set([
+        (args.out_model, serde.onnx_writer(out.proto)),
+        (args.out_stats, serde.stats_writer(out.stats)),
+        (args.out_plan, serde.plan_writer(out.plan,
+                                          {"repairs": [r.to_json() for r in out.records]})),
+    ])
     print(f"wrote {args.out_model} (repaired FP32 model for the vendor compiler), "
           f"{args.out_stats}, {args.out_plan}")
     return 0
@@ -156,10 +170,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from quantscope.analyze import analysis_to_dict, analyze, summary_text
     from quantscope.model.groups import find_groups
 
+    if PRECISION_ORDER.index(args.high) <= PRECISION_ORDER.index(args.low):
+        raise QuantscopeError(
+            f"--high {args.high} is not above --low {args.low}: --low is the precision "
+            "diagnosed, --high the one a promoted group gets (e.g. --low a8_w8 --high a16_w16)")
     inp = _open(args, data=True, stats=True, target=True)
     result = analyze(inp.model, find_groups(inp.model), inp.stats, list(inp.data.evaluation),
-                     scorer=stages.scorer_for(inp.data), low=Precision.parse(args.low),
-                     high=Precision.parse(args.high), target=inp.target,
+                     scorer=stages.scorer_for(inp.data), low=args.low,
+                     high=args.high, target=inp.target,
                      proxy_fraction=args.proxy, progress=True)
     print(summary_text(result))
     stages.write_json(args.out, analysis_to_dict(result))
@@ -180,6 +198,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         repairs=tuple(args.repairs.split(",")) if args.repairs else (),
         repair_batches=args.repair_batches)
     options.check_inputs(data=bool(args.data), stats=bool(args.stats))
+    lo, hi = METRIC_RANGES.get(args.metric, (-float("inf"), float("inf")))
+    if args.goal is not None and not lo <= args.goal <= hi:
+        raise QuantscopeError(f"--goal {args.goal:g} is outside the range of {args.metric} "
+                              f"({lo:g} to {hi:g}): give a goal in that range")
     analysis = stages.read_json_file(args.analysis, "analysis")
     measure = bool(args.data and args.stats)
     inp = _open(args, target=True, data=measure, stats=measure)
@@ -207,15 +229,19 @@ def cmd_io(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from quantscope.report import report_html
+    from quantscope.report.inputs import check_io_options, require_kind, results_of
+
+    check_io_options(model=bool(args.model), stats=bool(args.stats), plan=bool(args.plan))
+
+    def read(path: str | None, kind: str) -> dict | None:
+        return require_kind(stages.read_json_file(path, kind), kind, path) if path else None
 
     results: dict = {}
     for path in args.results or []:
-        obj = stages.read_json_file(path, "results")
-        results.update(obj["results"] if "results" in obj else {Path(path).stem: obj})
-    plan = stages.read_json_file(args.plan, "plan") if args.plan else None
-    analysis = stages.read_json_file(args.analysis, "analysis") if args.analysis else None
+        results.update(results_of(read(path, "results"), Path(path).stem))
+    plan, analysis = read(args.plan, "plan"), read(args.analysis, "analysis")
     io_rows = problems = None
-    if args.model and args.stats and args.plan:
+    if args.model:
         model = stages.open_model(args.model)
         parsed = stages.read_plan(args.plan)
         io_rows = stages.device_io_rows(model, stages.read_stats(args.stats), parsed)
@@ -259,6 +285,10 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from quantscope.model.groups import find_groups
 
     inp = _open(args, target=True)
+    if inp.target.vendor != "Hailo":
+        raise QuantscopeError(
+            f"lint checks Hailo model scripts (.alls), and target '{args.target}' is a "
+            f"{inp.target.vendor} target: use a Hailo target (hailo8, hailo8l, hailo10h)")
     text = stages.read_text(args.script, "model script")
     hn = stages.read_json_file(args.hn, "HN") if args.hn else None
     problems = lint(text, inp.model, find_groups(inp.model), inp.target, hn=hn,
@@ -324,6 +354,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
+        check_paths(args)
         return func(args)
     except QuantscopeError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)
@@ -344,8 +375,18 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    return _run(COMMANDS[args.command], args)
+    try:
+        args = parser().parse_args(argv)
+    except QuantscopeError as exc:
+        print(f"quantscope: error: {exc}", file=sys.stderr)
+        return EXIT_USER
+    stdout = sys.stdout
+    sys.stdout = QuietPipe(stdout)  # type: ignore[assignment]
+    try:
+        return _run(COMMANDS[args.command], args)
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":  # pragma: no cover
