@@ -41,7 +41,8 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.split())
-        raise QuantscopeError(f"{self.prog.removeprefix('quantscope ')}: {line} "
+        command = self.prog.removeprefix("quantscope").strip()
+        raise QuantscopeError(f"{command}{': ' if command else ''}{line} "
                               f"(see '{self.prog} --help')")
 
 

@@ -66,7 +66,7 @@ def _check_dims(arrays: dict[str, np.ndarray], model: Model, where: Path) -> Non
     shapes, seen = model.value_shapes(), {}
     for name in model.input_names():
         want, arr = shapes.get(name) or (), arrays[name]
-        dims = [("the sample count", 0)] + [(f"dimension '{d}'", i)
+        dims = [("sample count", 0)] + [(f"dimension '{d}'", i)
                                             for i, d in enumerate(want) if isinstance(d, str)]
         for label, axis in dict(dims).items():
             if arr.ndim <= axis:
