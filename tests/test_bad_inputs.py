@@ -82,6 +82,11 @@ def _make_ws(ws: Path) -> None:
     (ws / "empty.npz").write_bytes(b"")
     (ws / "empty.npy").write_bytes(b"")
     (ws / "dir").mkdir()
+    (ws / "pairs.jsonl").write_text("".join(
+        json.dumps({"query": f"how to sort list {i}", "document": f"sorted() sorts {i}"}) + "\n"
+        for i in range(4)))
+    (ws / "xs").mkdir()
+    np.save(ws / "xs" / "x.npy", np.load(ws / "x.npy"))
     (ws / "script.alls").write_text("quantization_param(x, precision_mode=a8_w8)\n")
     (ws / "bad_check.toml").write_text(BAD_TOML_CHECK)
     (ws / "bad_type.toml").write_text(BAD_TOML_CHECK.replace(
@@ -145,6 +150,8 @@ CASES: list[tuple[str, list[str], str]] = [
     # -- an output is an input, or two outputs share one path
     ("calibrate-out-is-data", [*CAL, "--out", X], "is the input data"),
     ("calibrate-out-is-model", [*CAL, "--out", M], "is the input model"),
+    ("calibrate-out-in-data-folder", ["calibrate", M, "--data", "{ws}/xs", "--out",
+                                      "{ws}/xs/s.npz"], "inside the input data folder"),
     ("export-qdq-out-is-model", [*QDQ, "--out", M], "is the input model"),
     ("export-qdq-out-is-stats", [*QDQ, "--out", S], "is the input stats"),
     ("export-qdq-out-other-spelling", [*QDQ, "--out", "{ws}/dir/../m.onnx"], "is the input"),
@@ -224,6 +231,8 @@ CASES: list[tuple[str, list[str], str]] = [
                                     "--out", "{out}/s.npz"], f"outside 0..{VOCAB - 1}"),
     ("calibrate-ids-negative", ["calibrate", T, "--data", "{ws}/ids_negative.npz",
                                 "--out", "{out}/s.npz"], f"outside 0..{VOCAB - 1}"),
+    ("calibrate-tokenizer-beyond-vocab", ["calibrate", T, "--data", "{ws}/pairs.jsonl",
+                                         "--out", "{out}/s.npz"], f"outside 0..{VOCAB - 1}"),
     ("calibrate-missing-text-file", ["calibrate", M, "--data", "{ws}/nope.txt", "--out",
                                      "{out}/s.npz"], "does not exist"),
     ("calibrate-model-is-folder", ["calibrate", "{ws}/dir", "--data", X, "--out",
@@ -377,3 +386,26 @@ def test_target_check_names_are_the_planner_checks():
     from quantscope.targets.profile import CHECK_NAMES
 
     assert set(CHECK_NAMES) == set(CHECKS)
+
+
+# options that name no file (free text or a choice); every other value is typed, so a path
+# argument added later cannot escape check_paths without a test failing here
+FREE_TEXT = {"repairs", "metric", "title"}
+
+
+def test_every_argument_is_typed():
+    from quantscope.cli_args import parser
+    from quantscope.cli_types import output_file
+
+    action = next(a for a in parser()._actions if a.dest == "command")
+    untyped, outputs = [], []
+    for name, sub in action.choices.items():
+        for a in sub._actions:
+            if a.dest == "help" or a.nargs == 0 or a.choices or a.dest in FREE_TEXT:
+                continue
+            if a.type is None:
+                untyped.append(f"{name} {a.dest}")
+            is_output = a.dest in ("out", "json", "report") or a.dest.startswith("out_")
+            if is_output != (a.type is output_file):
+                outputs.append(f"{name} {a.dest}")
+    assert untyped == [] and outputs == []

@@ -43,10 +43,20 @@ def _open(args: argparse.Namespace, *, data: bool = False, stats: bool = False,
     """Open what the command's parent parsers named, in this order (cheap checks first)."""
     model = stages.open_model(args.model)
     tgt = _target(args.target) if target and args.target else None
-    ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
-                          max_pairs=getattr(args, "pairs", None)) if data else None
+    ds = _data(args, model) if data else None
     st = stages.read_stats(args.stats) if stats else None
     return _Inputs(model, ds, st, tgt, _plan_from_args(args) if plan else None)
+
+
+def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
+    """The data, its token ids checked against the model's tables (tokenizer mismatch)."""
+    from quantscope.tasks.tensors import check_token_ids
+
+    ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
+                          max_pairs=getattr(args, "pairs", None))
+    for batch in (*ds.calibration, *ds.evaluation):
+        check_token_ids(batch, model, args.data)
+    return ds
 
 
 def _plan_from_args(args: argparse.Namespace) -> Plan:
@@ -133,7 +143,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from quantscope.repair.registry import DEFAULT_REPAIRS
 
     model = stages.open_model(args.model)
-    data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
+    data = _data(args, model)
     stats = stages.read_stats(args.stats)
     plan = _plan_from_args(args)
     feeds = list(data.calibration)[: args.batches]

@@ -196,6 +196,7 @@ def _paths(args: argparse.Namespace, kind: type) -> Iterator[tuple[str, str]]:
 def check_paths(args: argparse.Namespace) -> None:
     """Refuse an output that is an input, and one path for two outputs (before any work)."""
     inputs = {_identity(p): (flag, p) for flag, p in _paths(args, InputPath) if Path(p).exists()}
+    folders = [(flag, p) for flag, p in _paths(args, InputPath) if Path(p).is_dir()]
     seen: dict[tuple[object, ...], tuple[str, str]] = {}
     for flag, path in _paths(args, OutputPath):
         key = _identity(path)
@@ -204,6 +205,11 @@ def check_paths(args: argparse.Namespace) -> None:
             raise QuantscopeError(
                 f"output {flag} '{path}' is the input {in_flag.lstrip('-')} '{in_path}': "
                 "write the output to another path (inputs are never overwritten)")
+        for in_flag, folder in folders:
+            if Path(path).resolve().is_relative_to(Path(folder).resolve()):
+                raise QuantscopeError(
+                    f"output {flag} '{path}' is inside the input {in_flag.lstrip('-')} "
+                    f"folder '{folder}': write it elsewhere (it would be read as input)")
         if key in seen:
             raise QuantscopeError(
                 f"{seen[key][0]} and {flag} are both '{path}': give each output its own path")

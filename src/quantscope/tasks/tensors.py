@@ -79,7 +79,7 @@ def _check_dims(arrays: dict[str, np.ndarray], model: Model, where: Path) -> Non
                     f"in input '{name}': give every input the same {label}")
 
 
-def _check_ids(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
+def check_token_ids(arrays: dict[str, np.ndarray], model: Model, where: str | Path) -> None:
     """Integer inputs that index a table (token ids into an embedding) stay in range."""
     tables = {t.name: tuple(t.dims) for t in model.graph.initializer if t.dims}
     for node in model.graph.node:
@@ -125,7 +125,7 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
                 f"data '{where}' input '{name}' contains NaN or Inf: clean the data first"
             )
     _check_dims(arrays, model, where)
-    _check_ids(arrays, model, where)
+    check_token_ids(arrays, model, where)
 
 
 def tensor_batches(
