@@ -79,6 +79,13 @@ def _make_ws(ws: Path) -> None:
     (ws / "r.json").write_text(json.dumps({"metrics": {"cosine_mean": 0.99}}))
     (ws / "a.json").write_text(json.dumps({"format": "quantscope.analysis/1"}))
     (ws / "list.json").write_text("[1, 2]")
+    (ws / "p_reasons.json").write_text(json.dumps({"default": "a8_w8", "reasons": [1]}))
+    (ws / "p_meta.json").write_text(json.dumps({"default": "a8_w8", "meta": "x"}))
+    (ws / "empty.onnx").write_bytes(b"")
+    onnx.save(tm.conv_net(), ws / "conv.onnx")
+    np.save(ws / "conv.npy", np.zeros((2, 3, 16, 16), np.float32))
+    assert main(["calibrate", str(ws / "conv.onnx"), "--data", str(ws / "conv.npy"),
+                 "--out", str(ws / "cs.npz")]) == 0
     (ws / "empty.npz").write_bytes(b"")
     (ws / "empty.npy").write_bytes(b"")
     (ws / "dir").mkdir()
@@ -259,6 +266,23 @@ CASES: list[tuple[str, list[str], str]] = [
     ("export-hn-missing", ["export", "--model", M, "--stats", S, P, "--format", "alls",
                            "--hn", "{ws}/nope.json", "--out", "{out}/e.alls"],
      "does not exist"),
+    ("export-hn-not-an-object", ["export", "--model", M, "--stats", S, P, "--format", "alls",
+                                 "--hn", "{ws}/list.json", "--out", "{out}/e.alls"],
+     "no Hailo HN"),
+    ("export-plan-reasons-not-object", ["export-qdq", M, "--stats", S, "--plan",
+                                        "{ws}/p_reasons.json", "--out", "{out}/q.onnx"],
+     "'reasons'"),
+    ("evaluate-plan-meta-not-object", [*EVAL[:6], "--plan", "{ws}/p_meta.json"], "'meta'"),
+    ("check-plan-given-results", ["check", "--model", M, "--target", "hailo8",
+                                  "{ws}/r.json"], "unknown key 'metrics'"),
+    ("lint-empty-script", ["lint", "--model", M, "--target", "hailo8", "{ws}/empty.npy"],
+     "is empty"),
+    ("export-qdq-stats-of-another-model", ["export-qdq", M, "--stats", "{ws}/cs.npz",
+                                           "--precision", "a8_w8", "--out", "{out}/q.onnx"],
+     "another model"),
+    ("calibrate-model-zero-bytes", ["calibrate", "{ws}/empty.onnx", "--data", X, "--out",
+                                    "{out}/s.npz"], "ONNX"),
+    ("groups-model-is-data", ["groups", X], "ONNX"),
     ("report-results-given-a-plan", ["report", "--results", P, "--out", "{out}/r.html"],
      "is a plan file"),
     ("report-analysis-given-a-plan", ["report", "--analysis", P, "--out", "{out}/r.html"],

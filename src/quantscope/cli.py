@@ -300,15 +300,26 @@ def cmd_lint(args: argparse.Namespace) -> int:
             f"lint checks Hailo model scripts (.alls), and target '{args.target}' is a "
             f"{inp.target.vendor} target: use a Hailo target (hailo8, hailo8l, hailo10h)")
     text = stages.read_text(args.script, "model script")
-    hn = stages.read_json_file(args.hn, "HN") if args.hn else None
+    if not text.strip():
+        raise QuantscopeError(f"model script '{args.script}' is empty: give the .alls script "
+                              "the Hailo compiler gets")
+    hn = _hn(args)
     problems = lint(text, inp.model, find_groups(inp.model), inp.target, hn=hn,
                     shapes=_shapes(args, inp.model))
     return _print_problems(problems, f"lint {args.script} on {inp.target.name}")
 
 
+def _hn(args: argparse.Namespace) -> dict | None:
+    hn = stages.read_json_file(args.hn, "HN") if args.hn else None
+    if hn is not None and not isinstance(hn, dict):
+        raise QuantscopeError(f"HN file '{args.hn}' is no Hailo HN (a JSON object with "
+                              "'layers'): pass the .hn file of the parsed model")
+    return hn
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     inp = _open(args, stats=True, plan=True)
-    hn = stages.read_json_file(args.hn, "HN") if args.hn else None
+    hn = _hn(args)
     written = stages.export_plan(inp.model, inp.stats, inp.plan, fmt=args.format, out=args.out,
                                  hn=hn, qnn_version=args.qnn_version)
     print(f"wrote {written}")

@@ -196,7 +196,8 @@ def _paths(args: argparse.Namespace, kind: type) -> Iterator[tuple[str, str]]:
 def check_paths(args: argparse.Namespace) -> None:
     """Refuse an output that is an input, and one path for two outputs (before any work)."""
     inputs = {_identity(p): (flag, p) for flag, p in _paths(args, InputPath) if Path(p).exists()}
-    folders = [(flag, p) for flag, p in _paths(args, InputPath) if Path(p).is_dir()]
+    # a data folder is read whole: a file written into it would be read as data next time
+    folders = [(f, p) for f, p in _paths(args, InputPath) if f == "--data" and Path(p).is_dir()]
     seen: dict[tuple[object, ...], tuple[str, str]] = {}
     for flag, path in _paths(args, OutputPath):
         key = _identity(path)

@@ -221,6 +221,12 @@ def plan_from_dict(obj: Any, where: str = "plan") -> Plan:
     groups = obj.get("groups", {})
     if not isinstance(groups, dict):
         raise QuantscopeError(f"'groups' in {where} must map group names to precisions")
+    for key in ("reasons", "meta", "ranges"):
+        if not isinstance(obj.get(key, {}), dict):
+            raise QuantscopeError(f"'{key}' in {where} must be a JSON object (name -> value): "
+                                  "fix or remove it")
+    if obj.get("target") is not None and not isinstance(obj["target"], str):
+        raise QuantscopeError(f"'target' in {where} must be a target name: fix or remove it")
     return Plan(
         default=Precision.parse(str(obj.get("default", "a8_w8"))),
         overrides=tuple((str(k), Precision.parse(str(v))) for k, v in groups.items()),
