@@ -17,8 +17,14 @@ from typing import TYPE_CHECKING
 
 from quantscope import serde, stages
 from quantscope.cli_args import parser
-from quantscope.cli_types import METRIC_RANGES, QuietPipe, check_paths
-from quantscope.types import PRECISION_ORDER, Plan, Precision, QuantscopeError, Stats
+from quantscope.cli_types import (
+    QuietPipe,
+    check_demo_data,
+    check_goal,
+    check_low_high,
+    check_paths,
+)
+from quantscope.types import Plan, Precision, QuantscopeError, Stats
 
 if TYPE_CHECKING:
     from quantscope.targets import Target
@@ -105,19 +111,10 @@ def cmd_groups(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_demo_data(spec: str) -> None:
-    from quantscope.tasks.text import STDLIB_DOCS
-
-    if spec != STDLIB_DOCS and not spec.endswith(".jsonl"):
-        raise QuantscopeError(
-            f"demo measures text retrieval, and data '{spec}' is no retrieval pairs: give "
-            f"{STDLIB_DOCS} or a JSONL pairs file, or use 'quantscope evaluate' for other data")
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from quantscope.demo import format_table, run_demo
 
-    _check_demo_data(args.data)
+    check_demo_data(args.data)
     out = run_demo(args.model, args.data, method=args.method,
                    max_pairs=None if args.pairs == 0 else args.pairs)
     print(f"\nquantscope demo: {out['model']} on {out['data']} "
@@ -180,10 +177,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from quantscope.analyze import analysis_to_dict, analyze, summary_text
     from quantscope.model.groups import find_groups
 
-    if PRECISION_ORDER.index(args.high) <= PRECISION_ORDER.index(args.low):
-        raise QuantscopeError(
-            f"--high {args.high} is not above --low {args.low}: --low is the precision "
-            "diagnosed, --high the one a promoted group gets (e.g. --low a8_w8 --high a16_w16)")
+    check_low_high(args.low, args.high)
     inp = _open(args, data=True, stats=True, target=True)
     result = analyze(inp.model, find_groups(inp.model), inp.stats, list(inp.data.evaluation),
                      scorer=stages.scorer_for(inp.data), low=args.low,
@@ -208,10 +202,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         repairs=tuple(args.repairs.split(",")) if args.repairs else (),
         repair_batches=args.repair_batches)
     options.check_inputs(data=bool(args.data), stats=bool(args.stats))
-    lo, hi = METRIC_RANGES.get(args.metric, (-float("inf"), float("inf")))
-    if args.goal is not None and not lo <= args.goal <= hi:
-        raise QuantscopeError(f"--goal {args.goal:g} is outside the range of {args.metric} "
-                              f"({lo:g} to {hi:g}): give a goal in that range")
+    check_goal(args.metric, args.goal)
     analysis = stages.read_json_file(args.analysis, "analysis")
     measure = bool(args.data and args.stats)
     inp = _open(args, target=True, data=measure, stats=measure)

@@ -13,8 +13,10 @@ numbers            one ``type=`` per kind: positive int, count (0 = all), fracti
 :func:`check_paths` then refuses, for every command alike, an output that is one of the
 command's inputs (also through another path, a symlink or a hard link) and one path given
 for two outputs: the inputs and outputs are found by their types, so a new argument is
-covered by declaring it with ``type=`` here. :class:`QuietPipe` is the stdout of a
-command whose reader may go away early (``quantscope io ... | head``).
+covered by declaring it with ``type=`` here. The ``check_*`` functions check values
+that only make sense together (``--low``/``--high``, ``--goal`` and ``--metric``, the
+demo's data); :class:`QuietPipe` is the stdout of a command whose reader may go away
+early (``quantscope io ... | head``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from quantscope.types import Precision, QuantscopeError
+from quantscope.types import PRECISION_ORDER, Precision, QuantscopeError
 
 
 class InputPath(str):
@@ -215,6 +217,35 @@ def check_paths(args: argparse.Namespace) -> None:
             raise QuantscopeError(
                 f"{seen[key][0]} and {flag} are both '{path}': give each output its own path")
         seen[key] = (flag, path)
+
+
+# ---------------------------------------------------------------- checks across arguments
+
+
+def check_low_high(low: Precision, high: Precision) -> None:
+    """``analyze``: the promoted precision is above the diagnosed one."""
+    if PRECISION_ORDER.index(high) <= PRECISION_ORDER.index(low):
+        raise QuantscopeError(
+            f"--high {high} is not above --low {low}: --low is the precision diagnosed, "
+            "--high the one a promoted group gets (e.g. --low a8_w8 --high a16_w16)")
+
+
+def check_goal(metric: str, goal: float | None) -> None:
+    """``plan --goal``: within the range of a bounded metric (:data:`METRIC_RANGES`)."""
+    lo, hi = METRIC_RANGES.get(metric, (-math.inf, math.inf))
+    if goal is not None and not lo <= goal <= hi:
+        raise QuantscopeError(f"--goal {goal:g} is outside the range of {metric} "
+                              f"({lo:g} to {hi:g}): give a goal in that range")
+
+
+def check_demo_data(spec: str) -> None:
+    """``demo`` measures text retrieval: its data are retrieval pairs."""
+    from quantscope.tasks.text import STDLIB_DOCS
+
+    if spec != STDLIB_DOCS and not spec.endswith(".jsonl"):
+        raise QuantscopeError(
+            f"demo measures text retrieval, and data '{spec}' is no retrieval pairs: give "
+            f"{STDLIB_DOCS} or a JSONL pairs file, or use 'quantscope evaluate' for other data")
 
 
 # ---------------------------------------------------------------- metric values
