@@ -79,6 +79,9 @@ def _make_ws(ws: Path) -> None:
     (ws / "r.json").write_text(json.dumps({"metrics": {"cosine_mean": 0.99}}))
     (ws / "a.json").write_text(json.dumps({"format": "quantscope.analysis/1"}))
     (ws / "list.json").write_text("[1, 2]")
+    (ws / "a_bogus.json").write_text(json.dumps({"format": "quantscope.analysis/1",
+                                                 "bogus": 1}))
+    (ws / "latin1.jsonl").write_bytes(b'{"query": "caf\xe9", "document": "d"}\n')
     (ws / "p_reasons.json").write_text(json.dumps({"default": "a8_w8", "reasons": [1]}))
     (ws / "p_meta.json").write_text(json.dumps({"default": "a8_w8", "meta": "x"}))
     (ws / "empty.onnx").write_bytes(b"")
@@ -240,6 +243,8 @@ CASES: list[tuple[str, list[str], str]] = [
                                 "--out", "{out}/s.npz"], f"outside 0..{VOCAB - 1}"),
     ("calibrate-tokenizer-beyond-vocab", ["calibrate", T, "--data", "{ws}/pairs.jsonl",
                                          "--out", "{out}/s.npz"], f"outside 0..{VOCAB - 1}"),
+    ("calibrate-pairs-not-utf8", ["calibrate", T, "--data", "{ws}/latin1.jsonl", "--out",
+                                  "{out}/s.npz"], "not UTF-8"),
     ("calibrate-missing-text-file", ["calibrate", M, "--data", "{ws}/nope.txt", "--out",
                                      "{out}/s.npz"], "does not exist"),
     ("calibrate-model-is-folder", ["calibrate", "{ws}/dir", "--data", X, "--out",
@@ -295,6 +300,10 @@ CASES: list[tuple[str, list[str], str]] = [
                                     "{out}/r.html"], "add --stats"),
     ("report-stats-without-model", ["report", "--stats", S, "--results", "{ws}/r.json",
                                     "--out", "{out}/r.html"], "--model"),
+    ("report-analysis-incomplete", ["report", "--analysis", "{ws}/a.json", "--out",
+                                    "{out}/r.html"], "run 'quantscope analyze' again"),
+    ("report-analysis-unknown-key", ["report", "--analysis", "{ws}/a_bogus.json", "--out",
+                                     "{out}/r.html"], "unknown key 'bogus'"),
     ("report-nothing", ["report", "--out", "{out}/r.html"], "nothing to report"),
     # -- targets and scripts
     ("check-target-unknown-check", ["check", "--model", M, "--target",

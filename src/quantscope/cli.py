@@ -58,8 +58,11 @@ def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
     """The data, its token ids checked against the model's tables (tokenizer mismatch)."""
     from quantscope.tasks.tensors import check_token_ids
 
-    ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
-                          max_pairs=getattr(args, "pairs", None))
+    try:
+        ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
+                              max_pairs=getattr(args, "pairs", None))
+    except UnicodeDecodeError:
+        raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
     for batch in (*ds.calibration, *ds.evaluation):
         check_token_ids(batch, model, args.data)
     return ds

@@ -45,12 +45,27 @@ def require_kind(doc: Any, want: str, path: str) -> dict[str, Any]:
     """``doc`` when it is a ``want`` file, else one line saying what it is."""
     found = kind_of(doc)
     if found == want:
+        if want == "analysis":
+            _check_analysis(doc, path)
         return doc
     if found is None:
         raise QuantscopeError(f"'{path}' given to {OPTION[want]} is no quantscope {want} "
                               f"file: give the JSON that quantscope wrote")
     raise QuantscopeError(f"'{path}' given to {OPTION[want]} is a {found} file: give it "
                           f"with {OPTION[found]}")
+
+
+def _check_analysis(doc: dict[str, Any], path: str) -> None:
+    """The analysis parses as one (its reader is strict), so no section comes out empty."""
+    from quantscope.analyze import analysis_from_dict
+
+    try:
+        analysis_from_dict(doc)
+    except QuantscopeError as exc:
+        raise QuantscopeError(f"'{path}': {exc}: run 'quantscope analyze' again") from None
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise QuantscopeError(f"analysis '{path}' is incomplete or malformed "
+                              f"({type(exc).__name__}): run 'quantscope analyze' again") from None
 
 
 def results_of(doc: dict[str, Any], label: str) -> dict[str, dict[str, Any]]:
