@@ -442,3 +442,28 @@ def test_every_argument_is_typed():
             if is_output != (a.type is output_file):
                 outputs.append(f"{name} {a.dest}")
     assert untyped == [] and outputs == []
+
+
+def test_demo_writes_json_and_report_as_a_set(tmp_path, monkeypatch, capsys):
+    """demo on a tiny text encoder: both files, or (the report failing) neither."""
+    import quantscope.report as report
+
+    model = text_encoder()
+    emb = next(t for t in model.graph.initializer if t.name == "emb")
+    emb.CopyFrom(numpy_helper.from_array(  # room for the packaged BERT tokenizer's ids
+        np.random.default_rng(0).normal(0, 1, (30522, 8)).astype(np.float32), "emb"))
+    onnx.save(model, tmp_path / "enc.onnx")
+    (tmp_path / "pairs.jsonl").write_text("".join(
+        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
+        for i in range(6)))
+    argv = ["demo", "--model", str(tmp_path / "enc.onnx"), "--data",
+            str(tmp_path / "pairs.jsonl"), "--json", str(tmp_path / "d.json"), "--report",
+            str(tmp_path / "d.html")]
+    monkeypatch.setattr(report, "report_html", lambda *a, **k: 1 / 0)
+    assert main(argv) == 3
+    assert not (tmp_path / "d.json").exists() and not (tmp_path / "d.html").exists()
+    monkeypatch.undo()
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "d.json").read_text())["results"]
+    assert (tmp_path / "d.html").read_text().startswith("<!doctype html>")
+    assert _listing(tmp_path) == ["d.html", "d.json", "enc.onnx", "pairs.jsonl"]

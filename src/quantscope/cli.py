@@ -126,15 +126,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(format_table(out["results"]))
     for note in out["notes"]:
         print(f"note: {note}")
-    if args.json:
-        stages.write_json(args.json, out)
-        print(f"wrote {args.json}")
+    files = [(args.json, serde.json_writer(out))] if args.json else []
     if args.report:
         from quantscope.report import report_html
 
-        stages.write_text(args.report, report_html(
-            f"quantscope demo: {out['model']} on {out['data']}", results=out["results"]))
-        print(f"wrote {args.report}")
+        files.append((args.report, serde.text_writer(report_html(
+            f"quantscope demo: {out['model']} on {out['data']}", results=out["results"]))))
+    for path in serde.write_atomic_set(files):  # both or neither
+        print(f"wrote {path}")
     return 0
 
 
