@@ -7,6 +7,7 @@ so a failed command leaves no file behind.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import traceback
@@ -15,8 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quantscope import stages
+from quantscope import serde, stages
 from quantscope.cli_args import parser
+from quantscope.cli_types import (
+    QuietPipe,
+    check_demo_data,
+    check_goal,
+    check_low_high,
+    check_paths,
+)
 from quantscope.types import Plan, Precision, QuantscopeError, Stats
 
 if TYPE_CHECKING:
@@ -42,10 +50,23 @@ def _open(args: argparse.Namespace, *, data: bool = False, stats: bool = False,
     """Open what the command's parent parsers named, in this order (cheap checks first)."""
     model = stages.open_model(args.model)
     tgt = _target(args.target) if target and args.target else None
-    ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
-                          max_pairs=getattr(args, "pairs", None)) if data else None
+    ds = _data(args, model) if data else None
     st = stages.read_stats(args.stats) if stats else None
     return _Inputs(model, ds, st, tgt, _plan_from_args(args) if plan else None)
+
+
+def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
+    """The data, its token ids checked against the model's tables (tokenizer mismatch)."""
+    from quantscope.tasks.tensors import check_token_ids
+
+    try:
+        ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
+                              max_pairs=getattr(args, "pairs", None))
+    except UnicodeDecodeError:
+        raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
+    for batch in (*ds.calibration, *ds.evaluation):
+        check_token_ids(batch, model, args.data)
+    return ds
 
 
 def _plan_from_args(args: argparse.Namespace) -> Plan:
@@ -97,6 +118,7 @@ def cmd_groups(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from quantscope.demo import format_table, run_demo
 
+    check_demo_data(args.data)
     out = run_demo(args.model, args.data, method=args.method,
                    max_pairs=None if args.pairs == 0 else args.pairs)
     print(f"\nquantscope demo: {out['model']} on {out['data']} "
@@ -105,15 +127,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(format_table(out["results"]))
     for note in out["notes"]:
         print(f"note: {note}")
-    if args.json:
-        stages.write_json(args.json, out)
-        print(f"wrote {args.json}")
+    files = [(args.json, serde.json_writer(out))] if args.json else []
     if args.report:
         from quantscope.report import report_html
 
-        stages.write_text(args.report, report_html(
-            f"quantscope demo: {out['model']} on {out['data']}", results=out["results"]))
-        print(f"wrote {args.report}")
+        files.append((args.report, serde.text_writer(report_html(
+            f"quantscope demo: {out['model']} on {out['data']}", results=out["results"]))))
+    for path in serde.write_atomic_set(files):  # both or neither
+        print(f"wrote {path}")
     return 0
 
 
@@ -122,7 +143,7 @@ def cmd_repair(args: argparse.Namespace) -> int:
     from quantscope.repair.registry import DEFAULT_REPAIRS
 
     model = stages.open_model(args.model)
-    data = stages.open_data(args.data, model, tokenizer=args.tokenizer, max_pairs=args.pairs)
+    data = _data(args, model)
     stats = stages.read_stats(args.stats)
     plan = _plan_from_args(args)
     feeds, data, split_note = stages.held_out(data, args.batches)
@@ -146,9 +167,12 @@ def cmd_repair(args: argparse.Namespace) -> int:
                                      reference_outputs=ref)
         for key in sorted(set(before["metrics"]) & set(after["metrics"])):
             print(f"  {key:<24} {before['metrics'][key]:>10.4g} -> {after['metrics'][key]:.4g}")
-    stages.write_onnx(args.out_model, out.proto)
-    stages.write_stats(args.out_stats, out.stats)
-    stages.write_plan(args.out_plan, out.plan, {"repairs": [r.to_json() for r in out.records]})
+    serde.write_atomic_set([
+        (args.out_model, serde.onnx_writer(out.proto)),
+        (args.out_stats, serde.stats_writer(out.stats)),
+        (args.out_plan, serde.plan_writer(out.plan,
+                                          {"repairs": [r.to_json() for r in out.records]})),
+    ])
     print(f"wrote {args.out_model} (repaired FP32 model for the vendor compiler), "
           f"{args.out_stats}, {args.out_plan}")
     return 0
@@ -158,10 +182,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from quantscope.analyze import analysis_to_dict, analyze, summary_text
     from quantscope.model.groups import find_groups
 
+    check_low_high(args.low, args.high)
     inp = _open(args, data=True, stats=True, target=True)
     result = analyze(inp.model, find_groups(inp.model), inp.stats, list(inp.data.evaluation),
-                     scorer=stages.scorer_for(inp.data), low=Precision.parse(args.low),
-                     high=Precision.parse(args.high), target=inp.target,
+                     scorer=stages.scorer_for(inp.data), low=args.low,
+                     high=args.high, target=inp.target,
                      proxy_fraction=args.proxy, progress=True)
     print(summary_text(result))
     stages.write_json(args.out, analysis_to_dict(result))
@@ -184,11 +209,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         repairs=tuple(args.repairs.split(",")) if args.repairs else (),
         repair_batches=args.repair_batches)
     options.check_inputs(data=bool(args.data), stats=bool(args.stats))
+    if args.metric:
+        check_goal(args.metric, args.goal)
     from quantscope.serde import read_sensitivity
 
     analysis = read_sensitivity(args.analysis)
     measure = bool(args.data and args.stats)
     inp = _open(args, target=True, data=measure, stats=measure)
+    if not args.metric and measure:
+        options = dataclasses.replace(options, metric=stages.default_metric(inp.data))
+        check_goal(options.metric, args.goal)
     if len(lengths) > 1:
         out = stages.plan_lengths(inp.model, analysis, inp.target, options, lengths,
                                   data=inp.data, stats=inp.stats, progress=True)
@@ -210,7 +240,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_io(args: argparse.Namespace) -> int:
     from quantscope.export import device_io as dio
 
-    mappings = [dio.parse_mapping(m) for m in args.check_mapping or []]
+    mappings = list(args.check_mapping or [])
     inp = _open(args, stats=True, plan=True)
     rows = stages.device_io_rows(inp.model, inp.stats, inp.plan)
     print(dio.format_device_io(rows))
@@ -218,9 +248,9 @@ def cmd_io(args: argparse.Namespace) -> int:
     if checks:
         print("manual mappings against the correct transform:")
         print(dio.format_mapping_check(checks))
-    if args.snippet:
-        stages.write_text(args.snippet, dio.python_snippet(rows))
-        print(f"wrote {args.snippet} (host-side to_device/from_device functions)")
+    if args.out_snippet:
+        stages.write_text(args.out_snippet, dio.python_snippet(rows))
+        print(f"wrote {args.out_snippet} (host-side to_device/from_device functions)")
     if args.json:
         stages.write_json(args.json, {"io": rows, "mapping_checks": checks,
                                       "note": dio.PROVENANCE})
@@ -230,15 +260,19 @@ def cmd_io(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from quantscope.report import report_html
+    from quantscope.report.inputs import check_io_options, require_kind, results_of
+
+    check_io_options(model=bool(args.model), stats=bool(args.stats), plan=bool(args.plan))
+
+    def read(path: str | None, kind: str) -> dict | None:
+        return require_kind(stages.read_json_file(path, kind), kind, path) if path else None
 
     results: dict = {}
     for path in args.results or []:
-        obj = stages.read_json_file(path, "results")
-        results.update(obj["results"] if "results" in obj else {Path(path).stem: obj})
-    plan = stages.read_json_file(args.plan, "plan") if args.plan else None
-    analysis = stages.read_json_file(args.analysis, "analysis") if args.analysis else None
+        results.update(results_of(read(path, "results"), Path(path).stem))
+    plan, analysis = read(args.plan, "plan"), read(args.analysis, "analysis")
     io_rows = problems = None
-    if args.model and args.stats and args.plan:
+    if args.model:
         model = stages.open_model(args.model)
         parsed = stages.read_plan(args.plan)
         io_rows = stages.device_io_rows(model, stages.read_stats(args.stats), parsed)
@@ -254,9 +288,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def _input_shapes(args: argparse.Namespace) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    from quantscope.model.shapes import parse_input_shape
-
-    return tuple(parse_input_shape(s) for s in getattr(args, "input_shape", None) or ())
+    return tuple(getattr(args, "input_shape", None) or ())
 
 
 def _shapes(args: argparse.Namespace, model: stages.Model) -> dict | None:
@@ -289,16 +321,31 @@ def cmd_lint(args: argparse.Namespace) -> int:
     from quantscope.model.groups import find_groups
 
     inp = _open(args, target=True)
+    if inp.target.vendor != "Hailo":
+        raise QuantscopeError(
+            f"lint checks Hailo model scripts (.alls), and target '{args.target}' is a "
+            f"{inp.target.vendor} target: use a Hailo target (hailo8, hailo8l, hailo10h)")
     text = stages.read_text(args.script, "model script")
-    hn = stages.read_json_file(args.hn, "HN") if args.hn else None
+    if not text.strip():
+        raise QuantscopeError(f"model script '{args.script}' is empty: give the .alls script "
+                              "the Hailo compiler gets")
+    hn = _hn(args)
     problems = lint(text, inp.model, find_groups(inp.model), inp.target, hn=hn,
                     shapes=_shapes(args, inp.model))
     return _print_problems(problems, f"lint {args.script} on {inp.target.name}")
 
 
+def _hn(args: argparse.Namespace) -> dict | None:
+    hn = stages.read_json_file(args.hn, "HN") if args.hn else None
+    if hn is not None and not isinstance(hn, dict):
+        raise QuantscopeError(f"HN file '{args.hn}' is no Hailo HN (a JSON object with "
+                              "'layers'): pass the .hn file of the parsed model")
+    return hn
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     inp = _open(args, stats=True, plan=True)
-    hn = stages.read_json_file(args.hn, "HN") if args.hn else None
+    hn = _hn(args)
     written = stages.export_plan(inp.model, inp.stats, inp.plan, fmt=args.format, out=args.out,
                                  hn=hn, qnn_version=args.qnn_version)
     print(f"wrote {written}")
@@ -354,6 +401,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
+        check_paths(args)
         return func(args)
     except QuantscopeError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)
@@ -374,8 +422,18 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    return _run(COMMANDS[args.command], args)
+    try:
+        args = parser().parse_args(argv)
+    except QuantscopeError as exc:
+        print(f"quantscope: error: {exc}", file=sys.stderr)
+        return EXIT_USER
+    stdout = sys.stdout
+    sys.stdout = QuietPipe(stdout)  # type: ignore[assignment]
+    try:
+        return _run(COMMANDS[args.command], args)
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stdout
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,9 +7,23 @@ declared once here, with its help; the commands themselves live in :mod:`quantsc
 from __future__ import annotations
 
 import argparse
+from typing import NoReturn
 
 from quantscope import __version__
-from quantscope.types import Precision
+from quantscope.cli_types import (
+    count,
+    data_spec,
+    finite_float,
+    fraction,
+    input_file,
+    input_spec,
+    non_negative_float,
+    output_file,
+    positive_float,
+    positive_int,
+    precision,
+)
+from quantscope.types import Precision, QuantscopeError
 
 METHODS = ("minmax", "percentile", "mse")
 DATA_HELP = (".npy/.npz file or folder, JSONL query/document pairs, a text file, a face "
@@ -22,28 +36,43 @@ DATA_HELP = (".npy/.npz file or folder, JSONL query/document pairs, a text file,
 # per-command default (e.g. --pairs) needs its own parent.
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are a :class:`QuantscopeError` (one line, exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        line = " ".join(message.split())
+        command = self.prog.removeprefix("quantscope").strip()
+        raise QuantscopeError(f"{command}{': ' if command else ''}{line} "
+                              f"(see '{self.prog} --help')")
+
+
 def _parent() -> argparse.ArgumentParser:
     return argparse.ArgumentParser(add_help=False)
 
 
+STATS_FIX = "run 'quantscope calibrate' to make one"
+PLAN_FIX = "check the path (plans are written by 'quantscope plan')"
+
+
 def _model_parent(*, option: bool = False) -> argparse.ArgumentParser:
     p, what = _parent(), "ONNX file or built-in model name (see 'quantscope models')"
+    kind = input_spec("model", folder=False)
     if option:
-        p.add_argument("--model", required=True, help=what)
+        p.add_argument("--model", required=True, type=kind, help=what)
     else:
-        p.add_argument("model", help=what)
+        p.add_argument("model", type=kind, help=what)
     return p
 
 
 def _data_parent(*, required: bool = True, help: str = DATA_HELP) -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--data", required=required, help=help)
+    p.add_argument("--data", required=required, type=data_spec, help=help)
     return p
 
 
 def _stats_parent(*, required: bool = True, help: str | None = None) -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--stats", required=required,
+    p.add_argument("--stats", required=required, type=input_file("stats", STATS_FIX),
                    help=help or "stats file written by 'quantscope calibrate' (.npz)")
     return p
 
@@ -51,8 +80,8 @@ def _stats_parent(*, required: bool = True, help: str | None = None) -> argparse
 def _plan_parent() -> argparse.ArgumentParser:
     p = _parent()
     g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--precision", help="uniform precision: " + ", ".join(x.value for x in Precision))
-    g.add_argument("--plan", help="plan JSON (group name -> precision, with a default)")
+    g.add_argument("--precision", type=precision, help="uniform precision: " + ", ".join(x.value for x in Precision))
+    g.add_argument("--plan", type=input_file("plan", PLAN_FIX), help="plan JSON (group name -> precision, with a default)")
     return p
 
 
@@ -61,14 +90,14 @@ def _target_parent(*, required: bool = True, help: str = "") -> argparse.Argumen
 
     names = ", ".join(n.replace("_", "-") for n in BUILTIN_TARGETS)
     p = _parent()
-    p.add_argument("--target", required=required,
+    p.add_argument("--target", required=required, type=input_spec("target", folder=False),
                    help=f"{help}{': ' if help else ''}{names} or a target TOML file")
     return p
 
 
 def _tokenizer_parent() -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--tokenizer", help="tokenizer.json or Hugging Face model folder (text "
+    p.add_argument("--tokenizer", type=input_spec("tokenizer"), help="tokenizer.json or Hugging Face model folder (text "
                    "models; default: the packaged uncased BERT tokenizer of the built-in "
                    "MiniLMs)")
     return p
@@ -76,10 +105,24 @@ def _tokenizer_parent() -> argparse.ArgumentParser:
 
 def _pairs_parent(default: int | None, what: str) -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--pairs", type=int, default=default,
+    p.add_argument("--pairs", type=count, default=default,
                    help=f"retrieval pairs {what} (text retrieval data; "
                    f"default: {default or 'all'}; 0 = all)")
     return p
+
+
+def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=1x3x224x224`` (see :func:`quantscope.model.shapes.parse_input_shape`)."""
+    from quantscope.model.shapes import parse_input_shape
+
+    return parse_input_shape(text)
+
+
+def mapping(text: str) -> object:
+    """``TENSOR=CODE:VALUE,…`` (see :func:`quantscope.export.device_io.parse_mapping`)."""
+    from quantscope.export.device_io import parse_mapping
+
+    return parse_mapping(text)
 
 
 def seq_lens(text: str) -> tuple[int, ...]:
@@ -102,10 +145,11 @@ def _seq_len_parent(*, several: bool = False) -> argparse.ArgumentParser:
                        "it, so a comma list (128,256) plans each and keeps the best, "
                        "showing every length's front and the fraction of texts that fit")
     else:
-        p.add_argument("--seq-len", type=int,
+        p.add_argument("--seq-len", type=positive_int,
                        help="sequence length for symbolic token dims (rules and costs that "
                        "depend on the tensor size)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx…",
+                   type=input_shape,
                    help="concrete shape of an input with symbolic dims other than the "
                    "sequence, e.g. pixel_values=1x3x224x224 (repeatable)")
     return p
@@ -121,7 +165,7 @@ def _method_parent(default: str | None) -> argparse.ArgumentParser:
 
 def _hn_parent() -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--hn", help="parsed model HN JSON (exact Hailo layer names)")
+    p.add_argument("--hn", type=input_file("HN", "check the path"), help="parsed model HN JSON (exact Hailo layer names)")
     return p
 
 
@@ -130,7 +174,7 @@ def _hn_parent() -> argparse.ArgumentParser:
 
 def parser() -> argparse.ArgumentParser:
     """The `quantscope` argument parser: one subcommand per stage (`cli.COMMANDS`)."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="quantscope",
         description="Emulate INT8/INT16 quantization of an ONNX model for edge NPUs, "
         "measure task quality, diagnose layers, plan and export mixed precision.",
@@ -147,36 +191,40 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("calibrate", help="stream data through the model, write a stats file",
                        parents=[_model_parent(), _data_parent(), _method_parent("minmax"),
                                 _tokenizer_parent()])
-    c.add_argument("--out", required=True, help="stats file to write (.npz)")
+    c.add_argument("--out", type=output_file, required=True,
+                   help="stats file to write (.npz)")
 
     e = sub.add_parser("evaluate", help="emulate a precision/plan and measure fidelity to FP32",
                        parents=[_model_parent(), _data_parent(), _stats_parent(), _plan_parent(),
                                 _method_parent(None), _tokenizer_parent(),
                                 _pairs_parent(None, "evaluated")])
-    e.add_argument("--json", help="also write the result as JSON")
+    e.add_argument("--json", type=output_file, help="also write the result as JSON")
 
     x = sub.add_parser("export-qdq", help="write the ONNX QDQ model that emulation runs",
                        parents=[_model_parent(), _stats_parent(), _plan_parent(),
                                 _method_parent(None)])
-    x.add_argument("--out", required=True, help="QDQ model to write (.onnx)")
+    x.add_argument("--out", type=output_file, required=True,
+                   help="QDQ model to write (.onnx)")
 
     g = sub.add_parser("groups", help="list the decision groups of a model",
                        parents=[_model_parent()])
-    g.add_argument("--json", help="also write the groups as JSON")
+    g.add_argument("--json", type=output_file, help="also write the groups as JSON")
 
     m = sub.add_parser("models", help="list the built-in models: package, version, licence, "
                        "and whether each is built (cached) yet")
-    m.add_argument("--json", help="also write the list as JSON")
+    m.add_argument("--json", type=output_file, help="also write the list as JSON")
 
     d = sub.add_parser("demo", help="the main job: FP32 vs a8_w8/a16_w8/a16_w16 on the "
                        "built-in sentence encoder and retrieval task",
                        parents=[_method_parent("minmax"), _pairs_parent(1000, "evaluated")])
-    d.add_argument("--model", default="minilm-l6",
+    d.add_argument("--model", default="minilm-l6", type=input_spec("model", folder=False),
                    help="built-in model name or ONNX file (default: minilm-l6)")
-    d.add_argument("--data", default="stdlib-docs",
+    d.add_argument("--data", default="stdlib-docs", type=data_spec,
                    help="built-in retrieval data or a JSONL pairs file (default: stdlib-docs)")
-    d.add_argument("--json", help="also write the table and all metrics as JSON")
-    d.add_argument("--report", help="also write a self-contained HTML report")
+    d.add_argument("--json", type=output_file,
+                   help="also write the table and all metrics as JSON")
+    d.add_argument("--report", type=output_file,
+                   help="also write a self-contained HTML report")
 
 
 def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
@@ -191,13 +239,14 @@ def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
                     "equalize,smooth,bias,ranges (split is never a default: it widens layers)")
     rp.add_argument("--proxy", default="local", choices=["local", "output"],
                     help="range choice by local histogram error (fast) or output error")
-    rp.add_argument("--batches", type=int, default=8, help="calibration batches used")
+    rp.add_argument("--batches", type=positive_int, default=8, help="calibration batches used")
     rp.add_argument("--no-evaluate", action="store_true",
                     help="skip measuring the metrics before and after the repairs")
-    rp.add_argument("--out-model", required=True,
+    rp.add_argument("--out-model", type=output_file, required=True,
                     help="repaired FP32 model to write (.onnx, for the vendor compiler)")
-    rp.add_argument("--out-stats", required=True, help="stats of the repaired model to write")
-    rp.add_argument("--out-plan", required=True,
+    rp.add_argument("--out-stats", type=output_file, required=True,
+                    help="stats of the repaired model to write")
+    rp.add_argument("--out-plan", type=output_file, required=True,
                     help="plan to write, with the chosen ranges and the repairs applied")
 
     an = sub.add_parser("analyze", help="which layers break the low precision, and why",
@@ -205,14 +254,15 @@ def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
                                  _target_parent(required=False, help="target profile (its "
                                                 "quantization scheme is used)"),
                                  _tokenizer_parent(), _pairs_parent(128, "analysed")])
-    an.add_argument("--low", default="a8_w8", help="the precision to diagnose (default a8_w8)")
-    an.add_argument("--high", default="a16_w16",
+    an.add_argument("--low", default="a8_w8", type=precision, help="the precision to diagnose (default a8_w8)")
+    an.add_argument("--high", default="a16_w16", type=precision,
                     help="the precision a promoted group gets (default a16_w16)")
-    an.add_argument("--proxy", type=float, default=0.125,
+    an.add_argument("--proxy", type=fraction, default=0.125,
                     help="row-cost budget of the sweeps: enable-one on every "
                     "round(2/PROXY)-th row, disable-one on the noisiest rows worth PROXY of "
                     "the row cost (1.0 = exact, every row, task metric per candidate)")
-    an.add_argument("--out", required=True, help="analysis JSON to write")
+    an.add_argument("--out", type=output_file, required=True,
+                    help="analysis JSON to write")
     _add_plan_command(sub)
 
 
@@ -225,64 +275,69 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:
                                  _stats_parent(required=False, help="with --data: the stats "
                                                "file of the model"),
                                  _tokenizer_parent(), _pairs_parent(300, "measured")])
-    pl.add_argument("--analysis", required=True, help="analysis JSON of 'quantscope analyze'")
+    pl.add_argument("--analysis", required=True,
+                    type=input_file("analysis", "run 'quantscope analyze' to make one"), help="analysis JSON of 'quantscope analyze'")
     budget = pl.add_mutually_exclusive_group()
-    budget.add_argument("--min-quality", type=float,
+    budget.add_argument("--min-quality", type=non_negative_float,
                         help="the least predicted quality (the analysis' metric, output SQNR "
                         "in dB); not with --data")
-    budget.add_argument("--max-cost", type=float, help="relative to uniform a8_w8 = 1.0")
+    budget.add_argument("--max-cost", type=positive_float, help="relative to uniform a8_w8 = 1.0")
     pl.add_argument("--metric", default=None,
                     help="with --data: the measured metric (default: top1_agreement for text "
-                    "retrieval, decision_agreement for faces, sqnr_db of the worst output for "
-                    "tensor data)")
-    pl.add_argument("--goal", type=float, help="with --data: the measured metric to reach; "
+                    "retrieval, score_agreement for sentence similarity, decision_agreement "
+                    "for faces, sqnr_db of the worst output for tensor data)")
+    pl.add_argument("--goal", type=finite_float, help="with --data: the measured metric to reach; "
                     "the output says whether it was reached and which rule binds if not")
     pl.add_argument("--repairs", help="with --data/--stats: comma list of repairs to search "
                     "together with the precisions (each measured; see docs/planner.md)")
-    pl.add_argument("--repair-batches", type=int, default=8,
+    pl.add_argument("--repair-batches", type=positive_int, default=8,
                     help="calibration batches the repairs use")
     pl.add_argument("--seed", type=int, default=0,
                     help="recorded in the plan (the search draws no random numbers yet)")
-    pl.add_argument("--out", required=True, help="plan JSON to write (with the Pareto front)")
+    pl.add_argument("--out", type=output_file, required=True,
+                    help="plan JSON to write (with the Pareto front)")
 
     k = sub.add_parser("check", help="legality preflight of a plan on a target",
                        parents=[_model_parent(option=True), _target_parent(),
                                 _seq_len_parent()])
-    k.add_argument("plan", help="plan JSON to check")
+    k.add_argument("plan", type=input_file("plan", PLAN_FIX), help="plan JSON to check")
 
     li = sub.add_parser("lint", help="preflight of a Hailo model script (.alls)",
                         parents=[_model_parent(option=True), _target_parent(), _hn_parent(),
                                  _seq_len_parent()])
-    li.add_argument("script", help="Hailo model script (.alls) to lint")
+    li.add_argument("script", type=input_file("model script", "check the path"), help="Hailo model script (.alls) to lint")
 
 
 def _add_output_commands(sub: argparse._SubParsersAction) -> None:
     io = sub.add_parser("io", help="how to feed and read the deployed model (scale, zero "
                         "point, stored type of every quantized input/output)",
                         parents=[_model_parent(), _stats_parent(), _plan_parent()])
-    io.add_argument("--json", help="write the I/O table (and mapping checks) as JSON")
+    io.add_argument("--json", type=output_file,
+                    help="write the I/O table (and mapping checks) as JSON")
     io.add_argument("--check-mapping", action="append", metavar="TENSOR=CODE:VALUE,…",
-                    help="a hand-written code<->value mapping to check against the correct "
-                    "transform, e.g. 'out=0:-1,127:0,255:1' (TENSOR may be *); repeatable")
-    io.add_argument("--snippet", metavar="FILE.py",
+                    type=mapping, help="a hand-written code<->value mapping to check "
+                    "against the correct transform, e.g. 'out=0:-1,127:0,255:1' (TENSOR may "
+                    "be *); repeatable")
+    io.add_argument("--snippet", dest="out_snippet", metavar="FILE.py", type=output_file,
                     help="write host-side to_device/from_device functions to paste")
 
     r = sub.add_parser("report", help="one self-contained HTML report from result files",
                        parents=[_stats_parent(required=False, help="with --model and "
                                               "--plan: the stats file of the model"),
                                 _seq_len_parent()])
-    r.add_argument("--out", required=True, help="HTML file to write")
-    r.add_argument("--results", nargs="*", help="demo/evaluate JSON files")
-    r.add_argument("--plan", help="plan JSON (Pareto front, decisions)")
-    r.add_argument("--analysis", help="analysis JSON")
-    r.add_argument("--model", help="with --stats and --plan: device I/O and legality")
+    r.add_argument("--out", type=output_file, required=True, help="HTML file to write")
+    r.add_argument("--results", nargs="*", type=input_file("results", "check the path"),
+                   help="demo/evaluate JSON files")
+    r.add_argument("--plan", type=input_file("plan", PLAN_FIX), help="plan JSON (Pareto front, decisions)")
+    r.add_argument("--analysis", type=input_file("analysis", "check the path"), help="analysis JSON")
+    r.add_argument("--model", type=input_spec("model", folder=False), help="with --stats and --plan: device I/O and legality")
     r.add_argument("--title", default="quantscope report", help="title of the page")
 
     ex = sub.add_parser("export", help="export a plan: Hailo .alls, QNN encodings, ONNX QDQ",
                         parents=[_model_parent(option=True), _stats_parent(), _hn_parent()])
-    ex.add_argument("plan", help="plan JSON to export")
+    ex.add_argument("plan", type=input_file("plan", PLAN_FIX), help="plan JSON to export")
     ex.add_argument("--format", required=True, choices=["alls", "qnn", "qdq"],
                     help="alls: Hailo model script; qnn: QNN/AIMET encodings JSON; qdq: ONNX")
     ex.add_argument("--qnn-version", default="1.0.0", choices=["1.0.0", "0.6.1"],
                     help="QNN encodings file version (default 1.0.0)")
-    ex.add_argument("--out", required=True, help="file to write")
+    ex.add_argument("--out", type=output_file, required=True, help="file to write")

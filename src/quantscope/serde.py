@@ -37,11 +37,15 @@ SENSITIVITY_FORMAT = "quantscope.sensitivity/1"
 ANALYSIS_FORMAT = "quantscope.analysis/1"
 
 
-def write_atomic(path: str | Path, write: Callable[[io.BufferedWriter], None]) -> Path:
-    """Call ``write(f)`` on a temporary file next to ``path``, then rename it into place."""
-    path = Path(path)
+Writer = Callable[[io.BufferedWriter], object]
+
+
+def _write_temp(path: Path, write: Writer) -> Path:
+    """``write(f)`` into a new temporary file next to ``path`` (removed on failure)."""
     if path.parent and not path.parent.exists():
         raise QuantscopeError(f"output folder '{path.parent}' does not exist: create it first")
+    if path.is_dir():
+        raise QuantscopeError(f"output '{path}' is a folder: give a file path inside it")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -49,15 +53,66 @@ def write_atomic(path: str | Path, write: Callable[[io.BufferedWriter], None]) -
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600; outputs are ordinary files
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+    return Path(tmp)
+
+
+def write_atomic(path: str | Path, write: Writer) -> Path:
+    """Call ``write(f)`` on a temporary file next to ``path``, then rename it into place."""
+    return write_atomic_set([(path, write)])[0]
+
+
+def write_atomic_set(items: list[tuple[str | Path, Writer]]) -> list[Path]:
+    """Write several files as a set: all of them, or none (earlier contents kept).
+
+    Every file is first written to a temporary file; only when all are written are they
+    renamed into place, each existing file moved aside first, so that a failure while
+    renaming puts every earlier file back.
+    """
+    paths = [Path(p) for p, _ in items]
+    if len({p.resolve() for p in paths}) != len(paths):
+        raise QuantscopeError(f"one path for two outputs ({', '.join(map(str, paths))}): "
+                              "give each output its own path")
+    temps: list[Path] = []
+    try:
+        for path, (_, write) in zip(paths, items, strict=True):
+            temps.append(_write_temp(path, write))
+        _rename_set(paths, temps)
+    finally:
+        for tmp in temps:
+            tmp.unlink(missing_ok=True)
+    return paths
+
+
+def _rename_set(paths: list[Path], temps: list[Path]) -> None:
+    done: list[tuple[Path, Path | None]] = []  # (path, its earlier content moved aside)
+    try:
+        for path, tmp in zip(paths, temps, strict=True):
+            old = None
+            if path.exists():
+                old = path.with_name(f"{tmp.name}.old")
+                os.replace(path, old)
+            done.append((path, old))
+            os.replace(tmp, path)
+    except BaseException:
+        for path, old in reversed(done):
+            path.unlink(missing_ok=True)
+            if old is not None:
+                os.replace(old, path)
+        raise
+    for _, old in done:
+        if old is not None:
+            old.unlink(missing_ok=True)
+
+
+def text_writer(text: str) -> Writer:
+    return lambda f: f.write(text.encode("utf-8"))
 
 
 def write_text(path: str | Path, text: str) -> Path:
-    return write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+    return write_atomic(path, text_writer(text))
 
 
 NONFINITE_KEY = "nonfinite"  # JSON pointer -> "inf" | "-inf" | "nan", for values written as null
@@ -99,14 +154,29 @@ def write_json(path: str | Path, obj: Any) -> Path:
     return write_text(path, to_strict_json(obj))
 
 
+def json_writer(obj: Any) -> Writer:
+    return text_writer(to_strict_json(obj))
+
+
+def onnx_writer(proto: onnx.ModelProto) -> Writer:
+    return lambda f: f.write(proto.SerializeToString())
+
+
 def write_onnx(path: str | Path, proto: onnx.ModelProto) -> Path:
-    return write_atomic(path, lambda f: f.write(proto.SerializeToString()))
+    return write_atomic(path, onnx_writer(proto))
+
+
+def require_file(path: Path, what: str, fix: str = "check the path") -> None:
+    """One line for a path that is missing or a folder where a file is read."""
+    if path.is_dir():
+        raise QuantscopeError(f"{what} '{path}' is a folder, not a file: give the {what} file")
+    if not path.is_file():
+        raise QuantscopeError(f"{what} file '{path}' does not exist: {fix}")
 
 
 def read_json(path: str | Path, what: str) -> Any:
     path = Path(path)
-    if not path.is_file():
-        raise QuantscopeError(f"{what} file '{path}' does not exist: check the path")
+    require_file(path, what)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -154,6 +224,12 @@ def plan_from_dict(obj: Any, where: str = "plan") -> Plan:
     groups = obj.get("groups", {})
     if not isinstance(groups, dict):
         raise QuantscopeError(f"'groups' in {where} must map group names to precisions")
+    for key in ("reasons", "meta", "ranges"):
+        if not isinstance(obj.get(key, {}), dict):
+            raise QuantscopeError(f"'{key}' in {where} must be a JSON object (name -> value): "
+                                  "fix or remove it")
+    if obj.get("target") is not None and not isinstance(obj["target"], str):
+        raise QuantscopeError(f"'target' in {where} must be a target name: fix or remove it")
     return Plan(
         default=Precision.parse(str(obj.get("default", "a8_w8"))),
         overrides=tuple((str(k), Precision.parse(str(v))) for k, v in groups.items()),
@@ -177,12 +253,16 @@ def read_plan(path: str | Path) -> Plan:
     return plan_from_dict(read_json(path, "plan"), where=f"plan '{path}'")
 
 
-def write_plan(path: str | Path, plan: Plan, extra: dict[str, Any] | None = None) -> Path:
+def plan_writer(plan: Plan, extra: dict[str, Any] | None = None) -> Writer:
     """The plan plus the planner's records (``PLAN_EXTRA_KEYS``), readable by read_plan."""
     bad = sorted(set(extra or {}) - PLAN_EXTRA_KEYS)
     if bad:
         raise ValueError(f"plan file key {bad[0]!r} is not one read_plan accepts")
-    return write_json(path, {**plan_to_dict(plan), **(extra or {})})
+    return text_writer(to_strict_json({**plan_to_dict(plan), **(extra or {})}))
+
+
+def write_plan(path: str | Path, plan: Plan, extra: dict[str, Any] | None = None) -> Path:
+    return write_atomic(path, plan_writer(plan, extra))
 
 
 # ---------------------------------------------------------------- stats
@@ -208,27 +288,44 @@ def _stats_arrays(stats: Stats) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return header, arrays
 
 
-def write_stats(path: str | Path, stats: Stats) -> Path:
+def stats_writer(stats: Stats) -> Writer:
     header, arrays = _stats_arrays(stats)
     arrays["header"] = np.frombuffer(json.dumps(header).encode("utf-8"), dtype=np.uint8)
-    return write_atomic(path, lambda f: np.savez_compressed(f, **arrays))
+    return lambda f: np.savez_compressed(f, **arrays)
+
+
+def write_stats(path: str | Path, stats: Stats) -> Path:
+    return write_atomic(path, stats_writer(stats))
+
+
+_NOT_STATS = (OSError, ValueError, KeyError, TypeError, AttributeError, EOFError,
+              zipfile.BadZipFile, json.JSONDecodeError, UnicodeDecodeError)
 
 
 def read_stats(path: str | Path) -> Stats:
     path = Path(path)
-    if not path.is_file():
-        raise QuantscopeError(f"stats file '{path}' does not exist: run 'quantscope calibrate'")
+    require_file(path, "stats", "run 'quantscope calibrate' to make one")
     try:
         with np.load(path, allow_pickle=False) as z:
             header = json.loads(bytes(z["header"]).decode("utf-8"))
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError):
+    except _NOT_STATS:
         raise QuantscopeError(
             f"'{path}' is not a quantscope stats file: run 'quantscope calibrate' to make one"
         ) from None
-    if header.get("format") != STATS_FORMAT:
-        raise QuantscopeError(f"'{path}' has stats format {header.get('format')!r}, "
+    if not isinstance(header, dict) or header.get("format") != STATS_FORMAT:
+        found = header.get("format") if isinstance(header, dict) else None
+        raise QuantscopeError(f"'{path}' has stats format {found!r}, "
                               f"expected {STATS_FORMAT}: calibrate again")
+    try:
+        return _stats_from(header, arrays)
+    except _NOT_STATS as exc:
+        missing = f"array {exc}" if isinstance(exc, KeyError) else type(exc).__name__
+        raise QuantscopeError(f"stats file '{path}' is damaged ({missing} missing or "
+                              "malformed): run 'quantscope calibrate' again") from None
+
+
+def _stats_from(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Stats:
     tensors = {}
     for i, t in enumerate(header["tensors"]):
         tensors[t["name"]] = TensorStats(

@@ -174,6 +174,15 @@ _RULE_KEYS = frozenset({"id", "check", "severity", "reason", "provenance", "fix"
 _PARAM_KEYS = frozenset({"value", "estimate", "note"})
 _COST_KEYS = frozenset({"basis", "estimate", "relative", "value_macs", "boundary_macs"})
 SEVERITIES = ("error", "warning", "info")
+# The check functions a rule can name: the keys of ``quantscope.plan.check.CHECKS`` (a test
+# keeps the two equal; the profile layer cannot import the planner above it).
+CHECK_NAMES: tuple[str, ...] = (
+    "act16_on_kinds",
+    "a16_low_sublayer",
+    "act16_wide_non_conv",
+    "quant_bias_add_rank",
+    "float_boundary_cascade",
+)
 
 
 def _reject_unknown(
@@ -221,9 +230,15 @@ def _parse_rule(raw: dict[str, Any], source: str) -> Rule:
     params = tuple(
         (k, _parse_param(k, v, rule_id, source)) for k, v in raw.get("params", {}).items()
     )
+    check = _require(raw, "check", where, source)
+    if check not in CHECK_NAMES:
+        raise QuantscopeError(
+            f"rule '{rule_id}' in target profile '{source}' names unknown check '{check}': "
+            f"use one of {', '.join(CHECK_NAMES)}"
+        )
     return Rule(
         id=rule_id,
-        check=_require(raw, "check", where, source),
+        check=check,
         severity=severity,
         reason=_require(raw, "reason", where, source),
         provenance=_require(raw, "provenance", where, source),
@@ -288,13 +303,22 @@ def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
 def load_target_file(path: str | Path) -> Target:
     """Load a target profile from a TOML file."""
     path = Path(path)
+    if path.is_dir():
+        raise QuantscopeError(f"target profile '{path}' is a folder, not a file: give the "
+                              "profile's .toml file")
     if not path.is_file():
         raise QuantscopeError(f"target profile '{path}' does not exist: check the path")
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise QuantscopeError(f"target profile '{path}' is not valid TOML ({exc})") from None
-    return parse_target(raw, source=str(path))
+    try:
+        return parse_target(raw, source=str(path))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise QuantscopeError(
+            f"target profile '{path}' has a value of the wrong type ({exc}): compare it with "
+            "a built-in profile (docs/targets.md)"
+        ) from None
 
 
 def with_params(target: Target, overrides: dict[str, Any]) -> Target:

@@ -44,6 +44,9 @@ def _files(path: Path) -> list[Path]:
 
 
 def _read(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    if path.stat().st_size == 0:
+        raise QuantscopeError(f"data file '{path}' is empty (0 bytes): save the arrays again "
+                              "with numpy (np.save / np.savez)")
     try:
         if path.suffix == ".npy":
             if len(names) != 1:
@@ -54,8 +57,44 @@ def _read(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
             return {names[0]: np.load(path, allow_pickle=False)}
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise QuantscopeError(f"cannot read data file '{path}' ({exc}): re-save it with numpy") from None
+
+
+def _check_dims(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
+    """The inputs agree on the samples and on every named (symbolic) dimension."""
+    shapes, seen = model.value_shapes(), {}
+    for name in model.input_names():
+        want, arr = shapes.get(name) or (), arrays[name]
+        dims = [("sample count", 0)] + [(f"dimension '{d}'", i)
+                                            for i, d in enumerate(want) if isinstance(d, str)]
+        for label, axis in dict(dims).items():
+            if arr.ndim <= axis:
+                continue
+            size = arr.shape[axis]
+            first = seen.setdefault(label, (name, size))
+            if first[1] != size:
+                raise QuantscopeError(
+                    f"data '{where}': {label} is {first[1]} in input '{first[0]}' but {size} "
+                    f"in input '{name}': give every input the same {label}")
+
+
+def check_token_ids(arrays: dict[str, np.ndarray], model: Model, where: str | Path) -> None:
+    """Integer inputs that index a table (token ids into an embedding) stay in range."""
+    tables = {t.name: tuple(t.dims) for t in model.graph.initializer if t.dims}
+    for node in model.graph.node:
+        if node.op_type != "Gather" or len(node.input) < 2 or node.input[0] not in tables:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        arr, rows = arrays.get(node.input[1]), tables[node.input[0]][axis]
+        if arr is None or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+            continue
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= rows:
+            bad = hi if hi >= rows else lo
+            raise QuantscopeError(
+                f"data '{where}' input '{node.input[1]}' holds id {bad}, outside 0..{rows - 1} "
+                f"(the {rows} rows of '{node.input[0]}'): use the model's own tokenizer")
 
 
 def _check(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
@@ -85,6 +124,8 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
             raise QuantscopeError(
                 f"data '{where}' input '{name}' contains NaN or Inf: clean the data first"
             )
+    _check_dims(arrays, model, where)
+    check_token_ids(arrays, model, where)
 
 
 def tensor_batches(

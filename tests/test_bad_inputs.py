@@ -1,0 +1,470 @@
+"""A corpus of bad inputs across every subcommand (issue 12).
+
+Each case asserts: exit code 2, exactly one stderr line naming the problem (and the fix),
+no traceback and no "internal error", no file created or left behind in the output
+folder, and every input file unchanged (sha256 before and after, the input folder's
+listing too). The inputs are tiny models and files made once per module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tiny_models as tm
+from onnx import helper, numpy_helper
+
+from quantscope.cli import main
+
+VOCAB = 30
+
+
+def text_encoder() -> onnx.ModelProto:
+    """input_ids/attention_mask [N, S] -> embedding table Gather, masked: a tiny encoder."""
+    ids = helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["N", "S"])
+    mask = helper.make_tensor_value_info("attention_mask", onnx.TensorProto.INT64, ["N", "S"])
+    out = helper.make_tensor_value_info("hidden", onnx.TensorProto.FLOAT, ["N", "S", 8])
+    emb = numpy_helper.from_array(
+        np.random.default_rng(0).normal(0, 1, (VOCAB, 8)).astype(np.float32), "emb")
+    axes = numpy_helper.from_array(np.array([2], np.int64), "axes")
+    nodes = [
+        helper.make_node("Gather", ["emb", "input_ids"], ["e"]),
+        helper.make_node("Cast", ["attention_mask"], ["mf"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mf", "axes"], ["m3"]),
+        helper.make_node("Mul", ["e", "m3"], ["hidden"]),
+    ]
+    graph = helper.make_graph(nodes, "enc", [ids, mask], [out], [emb, axes])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _text_feeds(n_ids=(4, 6), n_mask=(4, 6), high=VOCAB, low=0) -> dict[str, np.ndarray]:
+    r = np.random.default_rng(1)
+    return {"input_ids": r.integers(low, high, n_ids).astype(np.int64),
+            "attention_mask": np.ones(n_mask, np.int64)}
+
+
+BAD_TOML_CHECK = """
+name = "mine"
+vendor = "Hailo"
+sdk = "x"
+precisions = { weighted = ["a8_w8", "a16_w16"], other = ["a8_w8", "a16_w16"] }
+[cost]
+basis = "guess"
+relative = { weighted = { a8_w8 = 1.0, a16_w16 = 2.0 } }
+[[rules]]
+id = "r1"
+check = "no_such_check"
+reason = "r"
+provenance = "p"
+fix = "f"
+"""
+
+
+def _make_ws(ws: Path) -> None:
+    """Every input file the cases read (none of them may change)."""
+    onnx.save(tm.layernorm_block(), ws / "m.onnx")
+    onnx.save(text_encoder(), ws / "text.onnx")
+    np.save(ws / "x.npy", np.random.default_rng(0).normal(0, 1, (8, 5, 24)).astype(np.float32))
+    assert main(["calibrate", str(ws / "m.onnx"), "--data", str(ws / "x.npy"),
+                 "--out", str(ws / "s.npz")]) == 0
+    (ws / "p.json").write_text(json.dumps({"default": "a8_w8", "groups": {}}))
+    (ws / "r.json").write_text(json.dumps({"metrics": {"cosine_mean": 0.99}}))
+    (ws / "a.json").write_text(json.dumps({"format": "quantscope.analysis/1"}))
+    (ws / "list.json").write_text("[1, 2]")
+    (ws / "a_bogus.json").write_text(json.dumps({"format": "quantscope.analysis/1",
+                                                 "bogus": 1}))
+    (ws / "latin1.jsonl").write_bytes(b'{"query": "caf\xe9", "document": "d"}\n')
+    (ws / "p_reasons.json").write_text(json.dumps({"default": "a8_w8", "reasons": [1]}))
+    (ws / "p_meta.json").write_text(json.dumps({"default": "a8_w8", "meta": "x"}))
+    (ws / "empty.onnx").write_bytes(b"")
+    onnx.save(tm.conv_net(), ws / "conv.onnx")
+    np.save(ws / "conv.npy", np.zeros((2, 3, 16, 16), np.float32))
+    assert main(["calibrate", str(ws / "conv.onnx"), "--data", str(ws / "conv.npy"),
+                 "--out", str(ws / "cs.npz")]) == 0
+    (ws / "empty.npz").write_bytes(b"")
+    (ws / "empty.npy").write_bytes(b"")
+    (ws / "dir").mkdir()
+    (ws / "pairs.jsonl").write_text("".join(
+        json.dumps({"query": f"how to sort list {i}", "document": f"sorted() sorts {i}"}) + "\n"
+        for i in range(4)))
+    (ws / "xs").mkdir()
+    np.save(ws / "xs" / "x.npy", np.load(ws / "x.npy"))
+    (ws / "script.alls").write_text("quantization_param(x, precision_mode=a8_w8)\n")
+    (ws / "bad_check.toml").write_text(BAD_TOML_CHECK)
+    (ws / "bad_type.toml").write_text(BAD_TOML_CHECK.replace(
+        'precisions = { weighted = ["a8_w8", "a16_w16"], other = ["a8_w8", "a16_w16"] }',
+        "precisions = 3"))
+    with np.load(ws / "s.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    np.savez(ws / "s_missing.npz", **{k: v for k, v in arrays.items() if k != "hist_0"})
+    np.savez(ws / "s_noheader.npz", **{k: v for k, v in arrays.items() if k != "header"})
+    np.savez(ws / "ids_len.npz", **_text_feeds(n_mask=(4, 7)))
+    np.savez(ws / "ids_batch.npz", **_text_feeds(n_mask=(3, 6)))
+    np.savez(ws / "ids_vocab.npz", **_text_feeds(low=VOCAB, high=VOCAB + 5))
+    np.savez(ws / "ids_negative.npz", **_text_feeds(low=-3, high=-1))
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("inputs")
+    _make_ws(path)
+    return path
+
+
+def _readonly_folder(out: Path) -> Path:
+    """A folder this process cannot write into (root ignores modes: /sys then)."""
+    ro = out / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    for folder in (ro, Path("/sys")):
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError:
+            return folder
+    pytest.skip("no unwritable folder on this machine")
+
+
+def _symlink(ws: Path, out: Path) -> Path:
+    (out / "link.onnx").symlink_to(ws / "m.onnx")
+    return out / "link.onnx"
+
+
+def _hardlink(ws: Path, out: Path) -> Path:
+    os.link(ws / "m.onnx", out / "hard.onnx")
+    return out / "hard.onnx"
+
+
+M, X, S, P = "{ws}/m.onnx", "{ws}/x.npy", "{ws}/s.npz", "{ws}/p.json"
+T = "{ws}/text.onnx"
+EVAL = ["evaluate", M, "--data", X, "--stats", S, "--precision", "a8_w8"]
+QDQ = ["export-qdq", M, "--stats", S, "--precision", "a8_w8"]
+REPAIR = ["repair", M, "--data", X, "--stats", S, "--precision", "a8_w8", "--no-evaluate"]
+REPAIR_OUT = ["--out-model", "{out}/r.onnx", "--out-stats", "{out}/r.npz",
+              "--out-plan", "{out}/r.json"]
+ANALYZE = ["analyze", M, "--data", X, "--stats", S]
+PLAN = ["plan", M, "--target", "hailo8", "--analysis", "{ws}/a.json"]
+CAL = ["calibrate", M, "--data", X]
+
+# (id, argv, needle in the one stderr line); {ws} = inputs, {out} = the output folder,
+# {special} = the path a setup function returns (see SETUP)
+CASES: list[tuple[str, list[str], str]] = [
+    # -- an output is an input, or two outputs share one path
+    ("calibrate-out-is-data", [*CAL, "--out", X], "is the input data"),
+    ("calibrate-out-is-model", [*CAL, "--out", M], "is the input model"),
+    ("calibrate-out-in-data-folder", ["calibrate", M, "--data", "{ws}/xs", "--out",
+                                      "{ws}/xs/s.npz"], "inside the input data folder"),
+    ("export-qdq-out-is-model", [*QDQ, "--out", M], "is the input model"),
+    ("export-qdq-out-is-stats", [*QDQ, "--out", S], "is the input stats"),
+    ("export-qdq-out-other-spelling", [*QDQ, "--out", "{ws}/dir/../m.onnx"], "is the input"),
+    ("export-qdq-out-symlink", [*QDQ, "--out", "{special}"], "is the input model"),
+    ("export-qdq-out-hardlink", [*QDQ, "--out", "{special}"], "is the input model"),
+    ("export-qdq-to-model", ["export", "--model", M, "--stats", S, P, "--format", "qdq",
+                             "--out", M], "is the input model"),
+    ("export-alls-out-is-plan", ["export", "--model", M, "--stats", S, P, "--format", "alls",
+                                 "--out", P], "is the input plan"),
+    ("repair-out-model-is-model", [*REPAIR, "--out-model", M, "--out-stats", "{out}/r.npz",
+                                   "--out-plan", "{out}/r.json"], "is the input model"),
+    ("repair-out-stats-is-stats", [*REPAIR, "--out-model", "{out}/r.onnx", "--out-stats", S,
+                                   "--out-plan", "{out}/r.json"], "is the input stats"),
+    ("repair-out-plan-is-data", [*REPAIR, "--out-model", "{out}/r.onnx", "--out-stats",
+                                 "{out}/r.npz", "--out-plan", X], "is the input data"),
+    ("repair-one-path-for-two", [*REPAIR, "--out-model", "{out}/r.bin", "--out-stats",
+                                 "{out}/r.bin", "--out-plan", "{out}/r.json"], "both"),
+    ("evaluate-json-is-stats", [*EVAL, "--json", S], "is the input stats"),
+    ("analyze-out-is-data", [*ANALYZE, "--out", X], "is the input data"),
+    ("plan-out-is-analysis", [*PLAN, "--out", "{ws}/a.json"], "is the input analysis"),
+    ("report-out-is-results", ["report", "--results", "{ws}/r.json", "--out", "{ws}/r.json"],
+     "is the input results"),
+    ("groups-json-is-model", ["groups", M, "--json", M], "is the input model"),
+    ("demo-json-and-report-one-path", ["demo", "--model", M, "--data", X, "--json",
+                                       "{out}/d.x", "--report", "{out}/d.x"], "both"),
+    # -- outputs that cannot be written: refused before any work
+    ("calibrate-out-is-folder", [*CAL, "--out", "{out}"], "is a folder"),
+    ("calibrate-out-missing-folder", [*CAL, "--out", "{out}/no/s.npz"], "does not exist"),
+    ("calibrate-out-under-a-file", [*CAL, "--out", "{ws}/x.npy/s.npz"], "is not a folder"),
+    ("demo-report-read-only", ["demo", "--model", M, "--data", X, "--report",
+                               "{special}/r.html"], "cannot write"),
+    ("models-json-is-folder", ["models", "--json", "{out}"], "is a folder"),
+    ("evaluate-json-missing-folder", [*EVAL, "--json", "{out}/no/r.json"], "does not exist"),
+    # -- numeric flags out of range
+    ("evaluate-pairs-negative", [*EVAL, "--pairs", "-5"], "--pairs"),
+    ("evaluate-pairs-text", [*EVAL, "--pairs", "many"], "not a number"),
+    ("analyze-proxy-zero", [*ANALYZE, "--proxy", "0", "--out", "{out}/a.json"], "(0, 1]"),
+    ("analyze-proxy-negative", [*ANALYZE, "--proxy", "-1", "--out", "{out}/a.json"], "(0, 1]"),
+    ("analyze-proxy-seven", [*ANALYZE, "--proxy", "7", "--out", "{out}/a.json"], "(0, 1]"),
+    ("analyze-proxy-nan", [*ANALYZE, "--proxy", "nan", "--out", "{out}/a.json"], "finite"),
+    ("plan-seq-len-zero", [*PLAN, "--seq-len", "0", "--out", "{out}/p.json"], "--seq-len"),
+    ("plan-seq-len-negative", [*PLAN, "--seq-len", "-5", "--out", "{out}/p.json"], "--seq-len"),
+    ("check-seq-len-text", ["check", "--model", M, "--target", "hailo8", "--seq-len", "x", P],
+     "not a number"),
+    ("lint-seq-len-negative", ["lint", "--model", M, "--target", "hailo8", "--seq-len", "-1",
+                               "{ws}/script.alls"], "--seq-len"),
+    ("repair-batches-negative", [*REPAIR, "--batches", "-1", *REPAIR_OUT], "--batches"),
+    ("repair-batches-zero", [*REPAIR, "--batches", "0", *REPAIR_OUT], "--batches"),
+    ("plan-max-cost-negative", [*PLAN, "--max-cost", "-1", "--out", "{out}/p.json"],
+     "--max-cost"),
+    ("plan-max-cost-nan", [*PLAN, "--max-cost", "nan", "--out", "{out}/p.json"], "finite"),
+    ("plan-max-cost-inf", [*PLAN, "--max-cost", "inf", "--out", "{out}/p.json"], "finite"),
+    ("plan-min-quality-negative", [*PLAN, "--min-quality", "-3", "--out", "{out}/p.json"],
+     "--min-quality"),
+    ("plan-goal-above-one", [*PLAN, "--metric", "top1_agreement", "--goal", "2", "--out",
+                             "{out}/p.json"], "outside"),
+    ("plan-goal-nan", [*PLAN, "--goal", "nan", "--out", "{out}/p.json"], "finite"),
+    ("plan-repair-batches-zero", [*PLAN, "--repair-batches", "0", "--out", "{out}/p.json"],
+     "--repair-batches"),
+    ("analyze-low-above-high", [*ANALYZE, "--low", "a16_w16", "--high", "a8_w8", "--out",
+                                "{out}/a.json"], "not above"),
+    ("analyze-low-equals-high", [*ANALYZE, "--low", "a16_w8", "--high", "a16_w8", "--out",
+                                 "{out}/a.json"], "not above"),
+    ("analyze-unknown-low", [*ANALYZE, "--low", "a7_w7", "--out", "{out}/a.json"],
+     "unknown precision"),
+    ("export-qdq-unknown-precision", ["export-qdq", M, "--stats", S, "--precision", "a12_w3",
+                                      "--out", "{out}/q.onnx"], "unknown precision"),
+    # -- bad data
+    ("calibrate-zero-byte-npz", ["calibrate", M, "--data", "{ws}/empty.npz", "--out",
+                                 "{out}/s.npz"], "empty (0 bytes)"),
+    ("calibrate-zero-byte-npy", ["calibrate", M, "--data", "{ws}/empty.npy", "--out",
+                                 "{out}/s.npz"], "empty (0 bytes)"),
+    ("calibrate-seq-lengths-disagree", ["calibrate", T, "--data", "{ws}/ids_len.npz",
+                                        "--out", "{out}/s.npz"], "dimension 'S'"),
+    ("calibrate-batch-sizes-disagree", ["calibrate", T, "--data", "{ws}/ids_batch.npz",
+                                        "--out", "{out}/s.npz"], "sample count"),
+    ("calibrate-ids-beyond-vocab", ["calibrate", T, "--data", "{ws}/ids_vocab.npz",
+                                    "--out", "{out}/s.npz"], f"outside 0..{VOCAB - 1}"),
+    ("calibrate-ids-negative", ["calibrate", T, "--data", "{ws}/ids_negative.npz",
+                                "--out", "{out}/s.npz"], f"outside 0..{VOCAB - 1}"),
+    ("calibrate-tokenizer-beyond-vocab", ["calibrate", T, "--data", "{ws}/pairs.jsonl",
+                                         "--out", "{out}/s.npz"], f"outside 0..{VOCAB - 1}"),
+    ("calibrate-pairs-not-utf8", ["calibrate", T, "--data", "{ws}/latin1.jsonl", "--out",
+                                  "{out}/s.npz"], "not UTF-8"),
+    ("calibrate-missing-text-file", ["calibrate", M, "--data", "{ws}/nope.txt", "--out",
+                                     "{out}/s.npz"], "does not exist"),
+    ("calibrate-model-is-folder", ["calibrate", "{ws}/dir", "--data", X, "--out",
+                                   "{out}/s.npz"], "is a folder"),
+    # -- bad stats
+    ("export-qdq-zero-byte-stats", ["export-qdq", M, "--stats", "{ws}/empty.npz",
+                                    "--precision", "a8_w8", "--out", "{out}/q.onnx"],
+     "not a quantscope stats file"),
+    ("export-qdq-stats-missing-array", ["export-qdq", M, "--stats", "{ws}/s_missing.npz",
+                                        "--precision", "a8_w8", "--out", "{out}/q.onnx"],
+     "damaged"),
+    ("io-stats-without-header", ["io", M, "--stats", "{ws}/s_noheader.npz", "--precision",
+                                 "a8_w8"], "not a quantscope stats file"),
+    ("io-stats-is-folder", ["io", M, "--stats", "{ws}/dir", "--precision", "a8_w8"],
+     "is a folder"),
+    ("io-stats-missing", ["io", M, "--stats", "{ws}/nope.npz", "--precision", "a8_w8"],
+     "calibrate"),
+    # -- plans and other JSON inputs
+    ("check-plan-is-folder", ["check", "--model", M, "--target", "hailo8", "{ws}/dir"],
+     "is a folder"),
+    ("evaluate-plan-is-folder", [*EVAL[:6], "--plan", "{ws}/dir"], "is a folder"),
+    ("export-plan-missing", ["export", "--model", M, "--stats", S, "{ws}/nope.json",
+                             "--format", "qnn", "--out", "{out}/e.json"], "does not exist"),
+    ("export-hn-missing", ["export", "--model", M, "--stats", S, P, "--format", "alls",
+                           "--hn", "{ws}/nope.json", "--out", "{out}/e.alls"],
+     "does not exist"),
+    ("export-hn-not-an-object", ["export", "--model", M, "--stats", S, P, "--format", "alls",
+                                 "--hn", "{ws}/list.json", "--out", "{out}/e.alls"],
+     "no Hailo HN"),
+    ("export-plan-reasons-not-object", ["export-qdq", M, "--stats", S, "--plan",
+                                        "{ws}/p_reasons.json", "--out", "{out}/q.onnx"],
+     "'reasons'"),
+    ("evaluate-plan-meta-not-object", [*EVAL[:6], "--plan", "{ws}/p_meta.json"], "'meta'"),
+    ("check-plan-given-results", ["check", "--model", M, "--target", "hailo8",
+                                  "{ws}/r.json"], "unknown key 'metrics'"),
+    ("lint-empty-script", ["lint", "--model", M, "--target", "hailo8", "{ws}/empty.npy"],
+     "is empty"),
+    ("export-qdq-stats-of-another-model", ["export-qdq", M, "--stats", "{ws}/cs.npz",
+                                           "--precision", "a8_w8", "--out", "{out}/q.onnx"],
+     "another model"),
+    ("calibrate-model-zero-bytes", ["calibrate", "{ws}/empty.onnx", "--data", X, "--out",
+                                    "{out}/s.npz"], "ONNX"),
+    ("groups-model-is-data", ["groups", X], "ONNX"),
+    ("report-results-given-a-plan", ["report", "--results", P, "--out", "{out}/r.html"],
+     "is a plan file"),
+    ("report-analysis-given-a-plan", ["report", "--analysis", P, "--out", "{out}/r.html"],
+     "is a plan file"),
+    ("report-plan-given-results", ["report", "--plan", "{ws}/r.json", "--out",
+                                   "{out}/r.html"], "is a results file"),
+    ("report-results-not-quantscope", ["report", "--results", "{ws}/list.json", "--out",
+                                       "{out}/r.html"], "no quantscope results file"),
+    ("report-model-without-stats", ["report", "--model", M, "--plan", P, "--out",
+                                    "{out}/r.html"], "add --stats"),
+    ("report-stats-without-model", ["report", "--stats", S, "--results", "{ws}/r.json",
+                                    "--out", "{out}/r.html"], "--model"),
+    ("report-analysis-incomplete", ["report", "--analysis", "{ws}/a.json", "--out",
+                                    "{out}/r.html"], "run 'quantscope analyze' again"),
+    ("report-analysis-unknown-key", ["report", "--analysis", "{ws}/a_bogus.json", "--out",
+                                     "{out}/r.html"], "unknown key 'bogus'"),
+    ("report-nothing", ["report", "--out", "{out}/r.html"], "nothing to report"),
+    # -- targets and scripts
+    ("check-target-unknown-check", ["check", "--model", M, "--target",
+                                    "{ws}/bad_check.toml", P], "unknown check"),
+    ("analyze-target-unknown-check", [*ANALYZE, "--target", "{ws}/bad_check.toml", "--out",
+                                      "{out}/a.json"], "unknown check"),
+    ("check-target-wrong-type", ["check", "--model", M, "--target", "{ws}/bad_type.toml", P],
+     "wrong type"),
+    ("check-target-is-folder", ["check", "--model", M, "--target", "{ws}/dir", P],
+     "is a folder"),
+    ("check-target-unknown-name", ["check", "--model", M, "--target", "hailo99", P],
+     "unknown target"),
+    ("lint-hailo-script-on-qnn", ["lint", "--model", M, "--target", "qnn-htp-v73",
+                                  "{ws}/script.alls"], "Hailo"),
+    ("lint-script-missing", ["lint", "--model", M, "--target", "hailo8", "{ws}/nope.alls"],
+     "does not exist"),
+    # -- demo on what it cannot measure
+    ("demo-on-tensor-data", ["demo", "--model", M, "--data", X], "retrieval"),
+    ("demo-on-non-text-model", ["demo", "--model", M], "sentence-encoder"),
+    # -- the command line itself
+    ("calibrate-unknown-method", [*CAL, "--method", "best", "--out", "{out}/s.npz"],
+     "invalid choice"),
+    ("calibrate-missing-out", CAL, "--out"),
+    ("unknown-command", ["calibrat", M], "invalid choice"),
+]
+
+SETUP = {
+    "export-qdq-out-symlink": _symlink,
+    "export-qdq-out-hardlink": _hardlink,
+    "demo-report-read-only": lambda ws, out: _readonly_folder(out),
+}
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            if p.is_file() else "dir" for p in sorted(folder.rglob("*"))}
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_corpus_is_large_and_covers_every_command():
+    from quantscope.cli import COMMANDS
+
+    assert len(CASES) >= 60
+    assert len({c[0] for c in CASES}) == len(CASES)
+    covered = {argv[0] for _, argv, _ in CASES}
+    assert set(COMMANDS) - covered == set()
+
+
+@pytest.mark.parametrize(("argv", "needle"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(ws, tmp_path, capsys, request, argv, needle):
+    out = tmp_path / "out"
+    out.mkdir()
+    case = request.node.callspec.id
+    special = SETUP[case](ws, out) if case in SETUP else ""
+    before, listed = _snapshot(ws), _listing(out)
+    code = main([a.format(ws=ws, out=out, special=special) for a in argv])
+    _, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
+    assert lines[0].startswith("quantscope: error: ") and needle in lines[0], lines[0]
+    assert _listing(out) == listed, "an output was created"
+    assert _snapshot(ws) == before, "an input was modified"
+
+
+def test_broken_pipe_exits_quietly(ws):
+    """`quantscope io ... | head`: the reader is gone before the first line is written.
+
+    No BrokenPipeError message, no traceback, the exit code of a finished command."""
+    read, write = os.pipe()
+    os.close(read)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "quantscope", "io", str(ws / "m.onnx"), "--stats",
+             str(ws / "s.npz"), "--precision", "a16_w16"],
+            stdout=write, stderr=subprocess.PIPE, text=True, env=env, check=False)
+    finally:
+        os.close(write)
+    assert proc.stderr == "" and proc.returncode == 0, proc.stderr
+
+
+def test_repair_writes_its_outputs_as_a_set(tmp_path, monkeypatch):
+    """A failure while renaming the third file puts the first two back as they were."""
+    from quantscope import serde
+
+    (tmp_path / "a").write_text("old a")
+    real = os.replace
+    calls = []
+
+    def failing(src, dst):
+        calls.append(dst)
+        if str(dst).endswith("c") and not str(src).endswith(".old"):
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(serde.os, "replace", failing)
+    with pytest.raises(OSError):
+        serde.write_atomic_set([(tmp_path / n, serde.text_writer(f"new {n}")) for n in "abc"])
+    assert _listing(tmp_path) == ["a"]
+    assert (tmp_path / "a").read_text() == "old a"
+    monkeypatch.setattr(serde.os, "replace", real)
+    serde.write_atomic_set([(tmp_path / n, serde.text_writer(f"new {n}")) for n in "abc"])
+    assert [(tmp_path / n).read_text() for n in "abc"] == ["new a", "new b", "new c"]
+    assert _listing(tmp_path) == ["a", "b", "c"]
+
+
+def test_target_check_names_are_the_planner_checks():
+    from quantscope.plan.check import CHECKS
+    from quantscope.targets.profile import CHECK_NAMES
+
+    assert set(CHECK_NAMES) == set(CHECKS)
+
+
+# options that name no file (free text or a choice); every other value is typed, so a path
+# argument added later cannot escape check_paths without a test failing here
+FREE_TEXT = {"repairs", "metric", "title"}
+
+
+def test_every_argument_is_typed():
+    from quantscope.cli_args import parser
+    from quantscope.cli_types import output_file
+
+    action = next(a for a in parser()._actions if a.dest == "command")
+    untyped, outputs = [], []
+    for name, sub in action.choices.items():
+        for a in sub._actions:
+            if a.dest == "help" or a.nargs == 0 or a.choices or a.dest in FREE_TEXT:
+                continue
+            if a.type is None:
+                untyped.append(f"{name} {a.dest}")
+            is_output = a.dest in ("out", "json", "report") or a.dest.startswith("out_")
+            if is_output != (a.type is output_file):
+                outputs.append(f"{name} {a.dest}")
+    assert untyped == [] and outputs == []
+
+
+def test_demo_writes_json_and_report_as_a_set(tmp_path, monkeypatch, capsys):
+    """demo on a tiny text encoder: both files, or (the report failing) neither."""
+    import quantscope.report as report
+
+    model = text_encoder()
+    emb = next(t for t in model.graph.initializer if t.name == "emb")
+    emb.CopyFrom(numpy_helper.from_array(  # room for the packaged BERT tokenizer's ids
+        np.random.default_rng(0).normal(0, 1, (30522, 8)).astype(np.float32), "emb"))
+    onnx.save(model, tmp_path / "enc.onnx")
+    (tmp_path / "pairs.jsonl").write_text("".join(
+        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
+        for i in range(6)))
+    argv = ["demo", "--model", str(tmp_path / "enc.onnx"), "--data",
+            str(tmp_path / "pairs.jsonl"), "--json", str(tmp_path / "d.json"), "--report",
+            str(tmp_path / "d.html")]
+    monkeypatch.setattr(report, "report_html", lambda *a, **k: 1 / 0)
+    assert main(argv) == 3
+    assert not (tmp_path / "d.json").exists() and not (tmp_path / "d.html").exists()
+    monkeypatch.undo()
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "d.json").read_text())["results"]
+    assert (tmp_path / "d.html").read_text().startswith("<!doctype html>")
+    assert _listing(tmp_path) == ["d.html", "d.json", "enc.onnx", "pairs.jsonl"]
