@@ -75,3 +75,24 @@ def test_scheme_contradicting_the_plans_target_is_refused(files):
     with pytest.raises(QuantscopeError, match="another quantization scheme"):
         stages.qdq_for_plan(model, stats, Plan(default=Precision.A8_W8, target="hailo8"),
                             scheme=qnn)
+
+
+def test_hailo_unsigned_symmetric_weights_compute_what_signed_ones_do(files):
+    """Why the figures measured before the fix stand: unsigned symmetric weights (zero point
+    2^(b-1)) sit on the same grid as signed ones, so only the stored type changed."""
+    import numpy as np
+
+    from quantscope.emulate.qdq import quantize_model
+    from quantscope.emulate.session import make_session
+
+    _, m, x, s = files
+    model, stats = stages.open_model(m), stages.read_stats(s)
+    feeds = {"image": np.load(x)[:8]}
+    outs = []
+    for target in ("hailo8", "qnn-htp-v73"):
+        for prec in (Precision.A8_W8, Precision.A8_W4, Precision.A16_W16):
+            q = quantize_model(model, stats, Plan(default=prec, target=target),
+                               scheme=load_target(target).scheme)
+            outs.append(make_session(q.proto).run(None, feeds)[0])
+    for a, b in zip(outs[:3], outs[3:], strict=True):
+        assert np.array_equal(a, b)
