@@ -402,7 +402,38 @@ def _sensitivity_json(obj: dict[str, Any], where: str) -> Sensitivity:
     )
 
 
+FIDELITY_METRICS = ("cosine_mean", "sqnr_db")  # task-independent: the SQNR ranking serves
+
+
+def _task_ranked(obj: dict[str, Any], where: str) -> Sensitivity | None:
+    """Gains in the analysis' task metric, when every candidate was scored with it
+    (``analyze --proxy 1.0``: the task metric per candidate on every row)."""
+    primary = str(obj.get("primary", ""))
+    low = Precision.parse(str(obj.get("low", "a8_w8")))
+    high = Precision.parse(str(obj.get("high", "a16_w16")))
+    base_row = obj.get("baselines", {}).get(low.value, {})
+    rows = obj.get("sensitivity", [])
+    if (not primary or primary in FIDELITY_METRICS or primary not in base_row or not rows
+            or not all(isinstance(r, dict) and primary in r.get("disable_one", {})
+                       for r in rows)):
+        return None
+    higher = bool(obj.get("higher_is_better", True))
+    sign = 1.0 if higher else -1.0
+    base = float(base_row[primary])
+    gains = {str(r["group"]): {high: max(sign * (float(r["disable_one"][primary]) - base), 0.0)}
+             for r in rows}
+    ref = obj.get("baselines", {}).get(high.value, {}).get(primary)
+    n = obj.get("method", {}).get("rows")
+    return Sensitivity.from_gains(
+        primary, base, gains, higher_is_better=higher, low=low,
+        reference=None if ref is None else float(ref),
+        source=f"{where} (ranked by {primary}, measured per candidate on {n} rows)")
+
+
 def _analysis_json(obj: dict[str, Any], where: str) -> Sensitivity:
+    task = _task_ranked(obj, where)
+    if task is not None:
+        return task
     high = Precision.parse(str(obj.get("high", "a16_w16")))
     gains: dict[str, dict[Precision, float]] = {}
     for off in obj.get("offenders", []):
@@ -421,9 +452,13 @@ def _analysis_json(obj: dict[str, Any], where: str) -> Sensitivity:
 def sensitivity_from_dict(obj: Any, where: str = "analysis") -> Sensitivity:
     """The planner's input from either JSON form; the only parser of them.
 
-    ``quantscope.analysis/1`` (``quantscope analyze``): the gain of promoting group g to
-    the analysis' ``high`` precision is the output SQNR its disable-one sweep recovered
-    (``offenders[].score_db``, dB, at least 0); ``base`` the SQNR of uniform ``low``.
+    ``quantscope.analysis/1`` (``quantscope analyze``): when every candidate was scored
+    with the analysis' task metric (``analyze --proxy 1.0``; retrieval agreement, STS score
+    agreement …), the gain of promoting group g to ``high`` is the task metric its
+    disable-one run recovered (at least 0), so promotions are ranked by the task and the
+    front is predicted in the unit it is measured in. Otherwise it is the output SQNR its
+    disable-one sweep recovered (``offenders[].score_db``, dB, at least 0); ``base`` the
+    SQNR of uniform ``low``.
 
     ``quantscope.sensitivity/1`` (also without ``format``, or under a top-level
     ``sensitivity`` key): ``metric``, ``base``, optional ``higher_is_better``, ``low``,
