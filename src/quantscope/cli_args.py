@@ -119,6 +119,7 @@ def parser() -> argparse.ArgumentParser:
     _add_stage_commands(sub)
     _add_planning_commands(sub)
     _add_output_commands(sub)
+    _add_run_command(sub)
     return p
 
 
@@ -263,3 +264,28 @@ def _add_output_commands(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--qnn-version", default="1.0.0", choices=["1.0.0", "0.6.1"],
                     help="QNN encodings file version (default 1.0.0)")
     ex.add_argument("--out", required=True, help="file to write")
+
+
+def _add_run_command(sub: argparse._SubParsersAction) -> None:
+    ru = sub.add_parser("run", help="model to device in one command: calibrate, analyze, "
+                        "plan, repair, check, evaluate, export, io, report (resumable)",
+                        parents=[_model_parent(), _data_parent(),
+                                 _target_parent(help="target profile"), _seq_len_parent(),
+                                 _method_parent("minmax"), _tokenizer_parent(),
+                                 _pairs_parent(300, "fitting the plan (and as many held out)")])
+    ru.add_argument("--eval-data", help="held-out evaluation data (default: split DATA, "
+                    "or the pairs after --pairs for retrieval data)")
+    ru.add_argument("--goal", type=float, help="the measured metric to reach on the "
+                    "held-out data (the verdict says if it is and what binds if not)")
+    ru.add_argument("--max-cost", type=float, help="relative to uniform a8_w8 = 1.0")
+    ru.add_argument("--metric", help="the measured metric (default: the task's: "
+                    "top1_agreement for retrieval, decision_agreement for faces, else "
+                    "cosine_mean)")
+    ru.add_argument("--repairs", help="repairs the plan search may choose, comma list, or "
+                    "'none' (default: the default repairs of 'quantscope repair')")
+    ru.add_argument("--proxy", type=float, default=0.125, help="analysis row budget (see "
+                    "'quantscope analyze --help')")
+    ru.add_argument("--force", metavar="STAGE", help="rerun from STAGE (calibrate, analyze, "
+                    "plan, repair, check, evaluate, export, io, report)")
+    ru.add_argument("--out", required=True, help="run folder (created; every stage's file, "
+                    "run.json, report.html)")

@@ -1,0 +1,100 @@
+"""``quantscope run``: model + data + target -> every stage's file in one folder, resumable.
+
+calibrate -> analyze -> plan (repairs searched with the precisions) -> repair -> check ->
+evaluate (held-out: FP32, uniform a8_w8, the plan) -> export (QDQ ONNX + the target's
+formats) -> io -> report (+ verdict). Each stage is a function of :mod:`.steps` reading
+its inputs from the folder; ``run.json`` (:mod:`.manifest`) records, per stage, a hash of
+its options and input digests, so a rerun skips what is done and a killed run resumes at
+the stage it was in. This layer sits between ``cli`` and ``stages``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantscope.pipeline import steps
+from quantscope.pipeline.context import Context, RunOptions
+from quantscope.pipeline.manifest import Manifest, stage_key
+from quantscope.types import QuantscopeError
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    run: steps.Step
+    reads: tuple[str, ...]  # files of earlier stages
+    options: tuple[str, ...]  # RunOptions fields its result depends on
+    data: bool  # reads the model's data
+
+
+_REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
+STAGES: dict[str, StageSpec] = {
+    "calibrate": StageSpec(steps.calibrate, (), ("method",), True),
+    "analyze": StageSpec(steps.analyze, (steps.STATS,), ("target", "proxy"), True),
+    "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
+                      ("target", "max_cost", "seq_len", "metric", "goal", "repairs",
+                       "repair_batches"), True),
+    "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
+                        True),
+    "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len"), False),
+    "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED), ("target", "metric"), True),
+    "export": StageSpec(steps.export, _REPAIRED, ("target",), False),
+    "io": StageSpec(steps.io, _REPAIRED, (), False),
+    "report": StageSpec(steps.report, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
+                                       steps.IO, *_REPAIRED),
+                        ("model", "data", "eval_data", "target", "goal", "max_cost", "metric"),
+                        False),
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    folder: Path
+    ran: tuple[str, ...]  # stages computed now
+    skipped: tuple[str, ...]  # stages already done with the same inputs
+    verdict: dict[str, Any]
+
+
+def run_pipeline(opts: RunOptions, *, force: str | None = None,
+                 progress: bool = True) -> RunResult:
+    """Run every stage not yet done on these inputs (``force``: rerun from that stage)."""
+    from quantscope.progress import say
+    from quantscope.serde import read_json
+
+    opts.check()
+    if force is not None and force not in STAGES:
+        raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
+    folder = Path(opts.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    ctx = Context(opts, folder, progress=progress)
+    manifest = Manifest(folder)
+    if force is not None:
+        manifest.forget(list(STAGES)[list(STAGES).index(force):])
+    ran, skipped = [], []
+    for name, spec in STAGES.items():
+        key = _key(ctx, manifest, name, spec)
+        if manifest.done(name, key):
+            skipped.append(name)
+            say(f"[{name}] done already (same inputs): skipped", show=progress)
+            continue
+        say(f"[{name}] …", show=progress)
+        start = time.perf_counter()
+        done = spec.run(ctx)
+        manifest.record(name, key, done.files, time.perf_counter() - start, done.timings)
+        ran.append(name)
+    verdict = read_json(folder / steps.VERDICT, "verdict")
+    return RunResult(folder, tuple(ran), tuple(skipped), verdict)
+
+
+def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
+    options = {k: getattr(ctx.opts, k) for k in spec.options}
+    inputs = {"model": ctx.model_digest(), **{f: manifest.digest(f) for f in spec.reads
+                                              if (ctx.folder / f).exists()}}
+    if spec.data:
+        inputs["data"] = str(ctx.data_identity())
+    return stage_key(name, options, inputs)
+
+
+__all__ = ["RunOptions", "RunResult", "STAGES", "run_pipeline"]
