@@ -1,0 +1,113 @@
+"""`quantscope run`: the whole chain in one folder, resumable, with a verdict."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tiny_models as tm
+
+from quantscope.cli import main
+from quantscope.pipeline import STAGES
+from quantscope.pipeline.manifest import MANIFEST, file_digest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+EXPECTED = {"stats.npz", "analysis.json", "plan.json", "repaired.onnx", "repaired.stats.npz",
+            "repaired.plan.json", "check.json", "evaluate.json", "quantized.qdq.onnx",
+            "model.alls", "io.json", "io_snippet.py", "verdict.json", "report.html"}
+
+
+def _inputs(tmp_path):
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npy"
+    onnx.save(tm.layernorm_block(), m)
+    np.save(x, np.random.default_rng(0).normal(0, 1, (32, 6, 24)).astype(np.float32))
+    return m, x
+
+
+def _args(m, x, out, *extra):
+    return ["run", str(m), "--data", str(x), "--target", "hailo10h", "--goal", "0.99",
+            "--out", str(out), *extra]
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: file_digest(p) for p in sorted(folder.iterdir())
+            if p.is_file() and p.name != MANIFEST}
+
+
+def test_run_end_to_end_then_skips_then_forces(tmp_path, capsys):
+    m, x = _inputs(tmp_path)
+    out = tmp_path / "W"
+    assert main(_args(m, x, out)) == 0
+    text = capsys.readouterr().out
+    assert EXPECTED <= {p.name for p in out.iterdir()}
+    verdict = json.loads((out / "verdict.json").read_text())
+    # the held-out split is stated, and evaluation ran on the 16 samples not used to fit
+    assert "the first 16 samples" in verdict["evaluation"] and "held out" in verdict["evaluation"]
+    assert set(verdict["quality"]) == {"fp32", "a8_w8", "plan"}
+    assert verdict["quality"]["fp32"]["cosine_mean"] == pytest.approx(1.0)
+    assert verdict["reached"] is (verdict["quality"]["plan"]["cosine_mean"] >= 0.99)
+    assert list(verdict["compiler_files"]) == ["repaired.onnx", "model.alls", "quantized.qdq.onnx"]
+    assert [r["role"] for r in verdict["io"]] == ["input", "output"]
+    assert "verdict: goal cosine_mean >= 0.99" in text and "repaired.onnx" in text
+    assert "uint8 (0..255)" in text
+    check = json.loads((out / "check.json").read_text())
+    assert check["rules"] and all("provenance" in r and "passed" in r for r in check["rules"])
+    evaluated = json.loads((out / "evaluate.json").read_text())
+    assert evaluated["data"]["held_out"]["evaluation_samples"] == 16
+    assert "coverage" in evaluated["results"]["plan"]
+    before = _digests(out)
+
+    assert main(_args(m, x, out)) == 0  # same inputs: nothing recomputed
+    assert f"skipped (done): {', '.join(STAGES)}" in capsys.readouterr().out
+    assert _digests(out) == before
+
+    assert main(_args(m, x, out, "--force", "repair")) == 0
+    assert "stages run: repair, check, evaluate, export, io, report;" in capsys.readouterr().out
+    assert _digests(out) == before  # deterministic: the same files again
+
+    assert main(_args(m, x, out, "--max-cost", "2")) == 0  # a plan option: from plan on
+    assert "stages run: plan, repair" in capsys.readouterr().out
+
+
+def test_run_rejects_unknown_force_stage(tmp_path, capsys):
+    m, x = _inputs(tmp_path)
+    assert main(_args(m, x, tmp_path / "W", "--force", "plot")) == 2
+    err = capsys.readouterr().err
+    assert "unknown stage 'plot'" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
+def test_killed_run_resumes_to_identical_files(tmp_path, sig):
+    m, x = _inputs(tmp_path)
+    out = tmp_path / "W"
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    cmd = [sys.executable, "-m", "quantscope", *_args(m, x, out)]
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    reference = _digests(out)
+    for p in out.iterdir():
+        p.unlink()
+    out.rmdir()
+
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (out / "analysis.json").exists():  # analyze done: kill in plan
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(sig)
+    proc.communicate()
+    assert proc.returncode != 0
+    assert not (out / "plan.json").exists() or sig == signal.SIGINT
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert "calibrate" in manifest["stages"] and "report" not in manifest["stages"]
+
+    done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    assert "skipped (done): calibrate" in done.stdout
+    assert "stages run: " in done.stdout and "report" in done.stdout.split("skipped")[0]
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert _digests(out) == reference
