@@ -60,3 +60,42 @@ def _lines(items: Iterable[T], label: str, total: int | None, unit: str) -> Iter
             last = now
     print(f"{label}: {k}{of} {unit} done in {time.perf_counter() - start:.1f} s",
           file=sys.stderr, flush=True)
+
+
+class Counter:
+    """Progress of work counted by the caller (``step()`` after each unit), for loops
+    that are not one iterable (e.g. candidates inside batches, plans measured on demand)."""
+
+    def __init__(self, label: str, *, total: int | None = None, unit: str = "it",
+                 show: bool = True) -> None:
+        self.label, self.total, self.unit, self.show = label, total, unit, show
+        self.k, self.start = 0, time.perf_counter()
+        self.last, self._bar = self.start, None
+        if show and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(desc=label, total=total, unit=unit, file=sys.stderr,
+                             dynamic_ncols=True, leave=False)
+        elif show:
+            of = f"/{total}" if total else ""
+            print(f"{label}: 0{of} {unit}", file=sys.stderr, flush=True)
+
+    def step(self, n: int = 1) -> None:
+        self.k += n
+        if self._bar is not None:
+            self._bar.update(n)
+            return
+        now = time.perf_counter()
+        if self.show and now - self.last >= LOG_EVERY_S:
+            of = f"/{self.total}" if self.total else ""
+            eta = (f", ETA {(now - self.start) / self.k * (self.total - self.k):.0f} s"
+                   if self.total and self.k < self.total else "")
+            print(f"{self.label}: {self.k}{of} {self.unit}{eta}", file=sys.stderr, flush=True)
+            self.last = now
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self.show:
+            print(f"{self.label}: {self.k} {self.unit} done in "
+                  f"{time.perf_counter() - self.start:.1f} s", file=sys.stderr, flush=True)
