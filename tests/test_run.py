@@ -111,3 +111,25 @@ def test_killed_run_resumes_to_identical_files(tmp_path, sig):
     assert "stages run: " in done.stdout and "report" in done.stdout.split("skipped")[0]
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
     assert _digests(out) == reference
+
+
+def test_run_bad_out_and_options_are_one_line(tmp_path, capsys):
+    m, x = _inputs(tmp_path)
+    (tmp_path / "f").write_text("x")
+    assert main(_args(m, x, tmp_path / "f")) == 2
+    assert "is a file" in capsys.readouterr().err
+    assert main(_args(m, x, tmp_path / "no" / "W")) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert main(_args(m, x, tmp_path / "W", "--max-cost", "0")) == 2
+    err = capsys.readouterr().err
+    assert "--max-cost must be > 0" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "W" / "stats.npz").exists()
+
+
+def test_stale_temporary_files_are_removed(tmp_path):
+    from quantscope.pipeline import _folder
+
+    w = tmp_path / "W"
+    w.mkdir()
+    (w / ".plan.json.abc.tmp").write_text("{")
+    assert _folder(str(w)) == w and not list(w.iterdir())

@@ -329,7 +329,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                       eval_data=args.eval_data, goal=args.goal, max_cost=args.max_cost,
                       seq_len=args.seq_len, pairs=None if args.pairs == 0 else args.pairs,
                       metric=args.metric, tokenizer=args.tokenizer,
-                      method=args.method, proxy=args.proxy, **repairs)
+                      method=args.method, proxy=args.proxy,
+                      repair_batches=args.repair_batches, **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "

@@ -283,6 +283,8 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
                     "cosine_mean)")
     ru.add_argument("--repairs", help="repairs the plan search may choose, comma list, or "
                     "'none' (default: the default repairs of 'quantscope repair')")
+    ru.add_argument("--repair-batches", type=int, default=8,
+                    help="calibration batches the repairs use (default 8)")
     ru.add_argument("--proxy", type=float, default=0.125, help="analysis row budget (see "
                     "'quantscope analyze --help')")
     ru.add_argument("--force", metavar="STAGE", help="rerun from STAGE (calibrate, analyze, "

@@ -66,8 +66,7 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     opts.check()
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
-    folder = Path(opts.out)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = _folder(opts.out)
     ctx = Context(opts, folder, progress=progress)
     manifest = Manifest(folder)
     if force is not None:
@@ -86,6 +85,19 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
         ran.append(name)
     verdict = read_json(folder / steps.VERDICT, "verdict")
     return RunResult(folder, tuple(ran), tuple(skipped), verdict)
+
+
+def _folder(out: str) -> Path:
+    """The run folder, created; temporary files a killed run left behind are removed."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise QuantscopeError(f"--out '{out}' is a file: give a folder for the run's files")
+    if not folder.parent.is_dir():
+        raise QuantscopeError(f"--out '{out}': the folder '{folder.parent}' does not exist")
+    folder.mkdir(exist_ok=True)
+    for stale in folder.glob(".*.tmp"):  # serde.write_atomic's temporary names
+        stale.unlink()
+    return folder
 
 
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
