@@ -280,7 +280,7 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
     ru.add_argument("--max-cost", type=float, help="relative to uniform a8_w8 = 1.0")
     ru.add_argument("--metric", help="the measured metric (default: the task's: "
                     "top1_agreement for retrieval, decision_agreement for faces, else "
-                    "cosine_mean)")
+                    "sqnr_db, the output SQNR in dB)")
     ru.add_argument("--repairs", help="repairs the plan search may choose, comma list, or "
                     "'none' (default: the default repairs of 'quantscope repair')")
     ru.add_argument("--repair-batches", type=int, default=8,

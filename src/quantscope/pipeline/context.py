@@ -102,12 +102,13 @@ class Context:
         return self._cache["target"]
 
     def metric(self) -> str:
-        """The measured metric: ``--metric``, else the task's headline, else output cosine."""
+        """The measured metric: ``--metric``, else the task's headline, else the output
+        SQNR in dB (the unit the analysis predicts in, so the Pareto front shares it)."""
         if self.opts.metric:
             return self.opts.metric
         name = type(self.data().fit.task).__name__
         return {"RetrievalTask": "top1_agreement",
-                "VerificationTask": "decision_agreement"}.get(name, "cosine_mean")
+                "VerificationTask": "decision_agreement"}.get(name, "sqnr_db")
 
     def options(self) -> dict[str, Any]:
         return asdict(self.opts)

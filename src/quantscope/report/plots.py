@@ -114,10 +114,12 @@ def pareto_plot(pareto: dict[str, Any], measured_metric: str) -> str:
                     label=f"predicted ({pred_metric}, from the analysis)")
     meas = [(p["cost"], p["measured"]) for p in points if p.get("measured") is not None]
     if meas:
-        same = pred_metric == measured_metric
+        same = pred_metric == measured_metric or (pred_metric, measured_metric) == (
+            "output_sqnr_db", "sqnr_db")
         ax2 = ax if same else ax.twinx()
         lines += ax2.plot(*zip(*meas, strict=True), "s--", color="#c0392b",
                           label=f"measured ({measured_metric}, real emulation)")
+        ax2.ticklabel_format(axis="y", useOffset=False)
         if not same:
             ax2.set_ylabel(f"measured {measured_metric}", color="#c0392b")
     chosen = pareto.get("chosen", {})

@@ -159,7 +159,8 @@ def pareto_section(pareto: dict[str, Any], measured: str) -> str:
     if not pareto.get("points"):
         return ""
     pred = str(pareto.get("metric"))
-    unit = ("both in " + measured if pred == measured else
+    same = pred == measured or (pred, measured) == ("output_sqnr_db", "sqnr_db")
+    unit = ("both in " + measured + " (output SQNR, dB)" if same else
             f"predicted in {pred} (the analysis' additive model), measured in {measured} "
             "(real emulation of each point, right axis)")
     c = pareto.get("chosen", {})
@@ -175,14 +176,18 @@ def pareto_section(pareto: dict[str, Any], measured: str) -> str:
 
 def plan_diff_section(final: dict[str, Any]) -> str:
     reasons = final.get("reasons", {})
-    changed = [[g, "a8_w8 → " + p, reasons.get(g, "")] for g, p in final.get("groups", {}).items()]
+    changed = [[g, f"{final['default']} → {p}", reasons.get(g, "")]
+               for g, p in final.get("groups", {}).items()]
     kept = [[g, "kept " + final["default"], why] for g, why in reasons.items()
             if g not in final.get("groups", {})]
     ranges = [[t, m] for t, m in final.get("ranges", {}).items()]
     repairs = [[r["name"], r.get("skipped") or r.get("reason", ""),
                 ", ".join(r.get("changed", [])[:8])] for r in final.get("repairs", [])]
     out = [_h2("The plan against uniform a8_w8", "plan"),
-           f"<p>Default {_e(final['default'])}; {len(changed)} group(s) changed.</p>"]
+           f"<p>Default {_e(final['default'])}"
+           + ("" if final["default"] == "a8_w8" else " (itself a change from a8_w8)")
+           + f"; {len(changed)} group(s) set otherwise, with the planner's reason; groups "
+           "kept at the default where a promotion was considered say why.</p>"]
     if changed or kept:
         out.append(_table(["group", "precision", "why"], changed + kept))
     if repairs:
