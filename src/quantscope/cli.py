@@ -328,7 +328,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     opts = RunOptions(model=args.model, data=args.data, target=args.target, out=args.out,
                       eval_data=args.eval_data, goal=args.goal, max_cost=args.max_cost,
                       seq_len=args.seq_len, pairs=None if args.pairs == 0 else args.pairs,
-                      metric=args.metric, tokenizer=args.tokenizer,
+                      metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
                       method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)

@@ -283,6 +283,7 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
                     "sqnr_db, the output SQNR in dB)")
     ru.add_argument("--repairs", help="repairs the plan search may choose, comma list, or "
                     "'none' (default: the default repairs of 'quantscope repair')")
+    ru.add_argument("--hn", help="parsed model HN JSON (exact Hailo layer names in the .alls)")
     ru.add_argument("--repair-batches", type=int, default=8,
                     help="calibration batches the repairs use (default 8)")
     ru.add_argument("--proxy", type=float, default=0.125, help="analysis row budget (see "

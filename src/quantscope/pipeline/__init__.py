@@ -40,10 +40,10 @@ STAGES: dict[str, StageSpec] = {
                         True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len"), False),
     "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED), ("target", "metric"), True),
-    "export": StageSpec(steps.export, _REPAIRED, ("target",), False),
+    "export": StageSpec(steps.export, _REPAIRED, ("target", "hn"), False),
     "io": StageSpec(steps.io, _REPAIRED, (), False),
     "report": StageSpec(steps.report, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
-                                       steps.IO, *_REPAIRED),
+                                       steps.IO, steps.ALLS, steps.QNN, *_REPAIRED),
                         ("model", "data", "eval_data", "target", "goal", "max_cost", "metric"),
                         False),
 }
@@ -106,6 +106,8 @@ def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
                                               if (ctx.folder / f).exists()}}
     if spec.data:
         inputs["data"] = str(ctx.data_identity())
+    if "hn" in spec.options:
+        inputs["hn"] = str(ctx.hn_identity())
     return stage_key(name, options, inputs)
 
 

@@ -34,6 +34,7 @@ class RunOptions:
     metric: str | None = None
     repairs: tuple[str, ...] = DEFAULT_REPAIRS
     tokenizer: str | None = None
+    hn: str | None = None  # parsed Hailo HN JSON: exact layer names in the .alls
     method: str = "minmax"
     proxy: float = 0.125
     repair_batches: int = 8
@@ -83,6 +84,9 @@ class Context:
         o = self.opts
         return {"data": _identity(o.data), "eval_data": _identity(o.eval_data),
                 "pairs": o.pairs, "tokenizer": _identity(o.tokenizer)}
+
+    def hn_identity(self) -> str | None:
+        return _identity(self.opts.hn)
 
     def data(self) -> RunData:
         if "data" not in self._cache:

@@ -171,8 +171,9 @@ def export(ctx: Context) -> Done:
     model, stats, final = repaired(ctx)
     written = [QDQ]
     stages.export_plan(model, stats, final, fmt="qdq", out=ctx.path(QDQ))
+    hn = stages.read_json_file(ctx.opts.hn, "HN") if ctx.opts.hn else None
     for fmt, name in formats(ctx.target().name):
-        stages.export_plan(model, stats, final, fmt=fmt, out=ctx.path(name))
+        stages.export_plan(model, stats, final, fmt=fmt, out=ctx.path(name), hn=hn)
         written.append(name)
     return Done(tuple(written))
 

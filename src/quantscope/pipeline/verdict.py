@@ -40,6 +40,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "legal": not errors, "rules_checked": len(chk["rules"]),
         "rules_failed": sorted({p["rule"] for p in errors}),
         "compiler_files": compiler_files(ctx.target().name),
+        "export_warnings": export_warnings(ctx),
         "io": io["io"], "io_note": io["note"],
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],
@@ -72,6 +73,19 @@ def compiler_files(target: str) -> dict[str, str]:
     return files
 
 
+def export_warnings(ctx: Context) -> list[str]:
+    """What the vendor files do not carry: decisions with no layer name, guessed names."""
+    alls = ctx.path(steps.ALLS)
+    if not alls.is_file():
+        return []
+    lines = alls.read_text(encoding="utf-8").splitlines()
+    out = [ln.lstrip("# ") for ln in lines if "NOT SET" in ln]
+    if any("guessed by op order" in ln for ln in lines[:3]):
+        out.append(f"{steps.ALLS}: Hailo layer names guessed by op order; check them "
+                   "against the parsed HN or rerun with --hn")
+    return out
+
+
 def format_verdict(v: dict[str, Any]) -> str:
     """The console form: a few lines a person reads at the end of the run."""
     m = v["metric"]
@@ -95,6 +109,7 @@ def format_verdict(v: dict[str, Any]) -> str:
     lines.append(f"  evaluation: {v['evaluation']}")
     lines.append("  hand to the compiler:")
     lines += [f"    {f}: {why}" for f, why in v["compiler_files"].items()]
+    lines += [f"    warning: {w}" for w in v["export_warnings"]]
     lines.append("  feed / read the device (io.json, io_snippet.py):")
     for r in v["io"]:
         arrow = (f"q = clip(round(x / {r['scale']:.6g}) + {r['zero_point']}, {r['q_min']}, "

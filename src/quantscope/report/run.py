@@ -50,6 +50,7 @@ def verdict_section(v: dict[str, Any], text: str) -> str:
         badge, color = ("goal reached", "#2e7d32") if v["reached"] else ("goal NOT reached",
                                                                          "#c62828")
     files = _table(["file", "what it is for"], [[f, why] for f, why in v["compiler_files"].items()])
+    files += "".join(f"<p class=note>warning: {_e(w)}</p>" for w in v.get("export_warnings", []))
     return (_h2("Verdict", "verdict")
             + f'<p><span style="background:{color};color:#fff;padding:2px 8px;border-radius:3px">'
             + f"{_e(badge)}</span></p><pre>{_e(text)}</pre>"
