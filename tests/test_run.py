@@ -134,3 +134,30 @@ def test_stale_temporary_files_are_removed(tmp_path):
     w.mkdir()
     (w / ".plan.json.abc.tmp").write_text("{")
     assert _folder(str(w)) == w and not list(w.iterdir())
+
+
+@pytest.mark.slow
+def test_minilm_l3_on_stdlib_docs_for_hailo10h(tmp_path, capsys):
+    """The acceptance run, small sizes (≈ 80 s of CPU): a real encoder, retrieval pairs
+    split into fit and held-out parts, a measured repair, every file; a rerun skips all."""
+    out = tmp_path / "W"
+    args = ["run", "minilm-l3", "--data", "stdlib-docs", "--target", "hailo10h", "--pairs",
+            "16", "--seq-len", "64", "--repairs", "bias", "--repair-batches", "1",
+            "--goal", "0.9", "--out", str(out)]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert EXPECTED <= {p.name for p in out.iterdir()} and (out / "heldout.jsonl").is_file()
+    v = read_json(out / "verdict.json", "verdict")
+    assert v["metric"] == "top1_agreement"
+    assert "pairs 17-32" in v["evaluation"] and "held out" in v["evaluation"]
+    q = {k: r["top1_agreement"] for k, r in v["quality"].items()}
+    assert q["fp32"] == 1.0 and 0.0 <= q["a8_w8"] <= 1.0 and 0.0 <= q["plan"] <= 1.0
+    assert v["reached"] is (q["plan"] >= 0.9)
+    assert [r["tensor"] for r in v["io"] if r["role"] == "output"] == ["last_hidden_state"]
+    assert "verdict: goal top1_agreement >= 0.9" in text and "model.alls" in text
+    page = (out / "report.html").read_text()
+    assert "token lengths" in page  # the text data's length distribution is plotted
+    before = _digests(out)
+    assert main(args) == 0
+    assert f"skipped (done): {', '.join(STAGES)}" in capsys.readouterr().out
+    assert _digests(out) == before
