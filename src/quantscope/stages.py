@@ -92,7 +92,7 @@ def open_data(
 def calibrate_model(
     model: Model, data: Dataset, *, method: str = "minmax", progress: bool = False
 ) -> Stats:
-    return calibrate(model, find_groups(model), data.calibration_batches(), method=method,
+    return calibrate(model, find_groups(model), data.calibration, method=method,
                      progress=progress)
 
 

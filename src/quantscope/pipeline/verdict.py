@@ -100,8 +100,12 @@ def format_verdict(v: dict[str, Any]) -> str:
                      f"{_f(q.get('plan', {}).get(m))}")
     if v["binding"]:
         lines.append(f"  binding: {v['binding']}")
-    lines.append("  quality (" + m + ", output SQNR dB): " + "; ".join(
-        f"{k} {_f(r.get(m))}, {_f(r.get('sqnr_db'))} dB" for k, r in q.items()))
+    if m == "sqnr_db":
+        lines.append("  quality (output SQNR dB): " + "; ".join(
+            f"{k} {_f(r.get(m))}" for k, r in q.items()))
+    else:
+        lines.append("  quality (" + m + ", output SQNR dB): " + "; ".join(
+            f"{k} {_f(r.get(m))}, {_f(r.get('sqnr_db'))} dB" for k, r in q.items()))
     lines.append(f"  cost {_f(v['cost'])} x uniform a8_w8; repairs: "
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
