@@ -161,3 +161,39 @@ def test_minilm_l3_on_stdlib_docs_for_hailo10h(tmp_path, capsys):
     assert main(args) == 0
     assert f"skipped (done): {', '.join(STAGES)}" in capsys.readouterr().out
     assert _digests(out) == before
+
+
+def test_held_out_split_of_tensor_batches():
+    from quantscope.pipeline.data import _split_tensors, provenance
+    from quantscope.types import Dataset
+
+    rng = np.random.default_rng(0)
+    batches = tuple({"x": rng.normal(size=(n, 4)).astype(np.float32)} for n in (32, 32, 5))
+    rd = _split_tensors(Dataset(name="d.npy", calibration=batches, evaluation=batches))
+    assert rd.fit.calibration == rd.fit.evaluation and len(rd.fit.calibration) == 2
+    assert len(rd.held_out.evaluation) == 1 and rd.held_out.evaluation[0] is batches[2]
+    assert "first 64 samples" in rd.split and "other 5" in rd.split
+    p = provenance(rd)
+    assert (p["fit"]["calibration_samples"], p["held_out"]["evaluation_samples"]) == (64, 5)
+    one = (batches[2],)
+    assert "NOT held out" in _split_tensors(
+        Dataset(name="d", calibration=({"x": batches[2]["x"][:1]},),
+                evaluation=({"x": batches[2]["x"][:1]},))).split
+    rd = _split_tensors(Dataset(name="d", calibration=one, evaluation=one))
+    assert [len(b["x"]) for b in rd.fit.calibration + rd.held_out.evaluation] == [3, 2]
+
+
+def test_eval_data_is_the_held_out_set(tmp_path):
+    from quantscope.pipeline import RunOptions, run_pipeline
+
+    m, x = _inputs(tmp_path)
+    x2 = tmp_path / "x2.npy"
+    np.save(x2, np.random.default_rng(1).normal(0, 1, (8, 6, 24)).astype(np.float32))
+    out = run_pipeline(RunOptions(model=str(m), data=str(x), target="hailo10h",
+                                  out=str(tmp_path / "W"), eval_data=str(x2), repairs=()),
+                       progress=False)
+    assert out.verdict["evaluation"].startswith(f"evaluation on --eval-data {x2}")
+    ev = read_json(tmp_path / "W" / "evaluate.json", "evaluate")
+    assert ev["data"]["fit"]["calibration_samples"] == 32  # all of DATA fits, nothing split
+    assert ev["data"]["held_out"]["evaluation_samples"] == 8
+    assert out.verdict["repairs"] == []
