@@ -38,7 +38,7 @@ def _args(m, x, out, *extra):
 
 def _digests(folder: Path) -> dict[str, str]:
     return {p.name: file_digest(p) for p in sorted(folder.iterdir())
-            if p.is_file() and p.name != MANIFEST}
+            if p.is_file() and p.name not in (MANIFEST, ".run.lock")}
 
 
 def test_run_end_to_end_then_skips_then_forces(tmp_path, capsys):
@@ -128,12 +128,27 @@ def test_run_bad_out_and_options_are_one_line(tmp_path, capsys):
 
 
 def test_stale_temporary_files_are_removed(tmp_path):
-    from quantscope.pipeline import _folder
+    from quantscope.pipeline import _remove_stale
 
     w = tmp_path / "W"
     w.mkdir()
     (w / ".plan.json.abc.tmp").write_text("{")
-    assert _folder(str(w)) == w and not list(w.iterdir())
+    (w / "plan.json").write_text("{}")
+    _remove_stale(w)
+    assert [p.name for p in w.iterdir()] == ["plan.json"]
+
+
+def test_one_run_per_folder(tmp_path, capsys):
+    import fcntl
+
+    m, x = _inputs(tmp_path)
+    w = tmp_path / "W"
+    w.mkdir()
+    with (w / ".run.lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # as a concurrent run holds it
+        assert main(_args(m, x, w)) == 2
+    assert "another quantscope run is using" in capsys.readouterr().err
+    assert not (w / "stats.npz").exists()
 
 
 @pytest.mark.slow

@@ -11,6 +11,8 @@ the stage it was in. This layer sits between ``cli`` and ``stages``.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,8 @@ from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context, RunOptions
 from quantscope.pipeline.manifest import Manifest, stage_key
 from quantscope.types import QuantscopeError
+
+LOCK = ".run.lock"
 
 
 @dataclass(frozen=True)
@@ -60,14 +64,20 @@ class RunResult:
 def run_pipeline(opts: RunOptions, *, force: str | None = None,
                  progress: bool = True) -> RunResult:
     """Run every stage not yet done on these inputs (``force``: rerun from that stage)."""
-    from quantscope.progress import say
-    from quantscope.serde import read_json
-
     opts.check()
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
     folder = _folder(opts.out)
-    ctx = Context(opts, folder, progress=progress)
+    with _lock(folder):
+        _remove_stale(folder)
+        return _run(Context(opts, folder, progress=progress), force)
+
+
+def _run(ctx: Context, force: str | None) -> RunResult:
+    from quantscope.progress import say
+    from quantscope.serde import read_json
+
+    folder, progress = ctx.folder, ctx.progress
     manifest = Manifest(folder)
     if force is not None:
         manifest.forget(list(STAGES)[list(STAGES).index(force):])
@@ -87,17 +97,35 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     return RunResult(folder, tuple(ran), tuple(skipped), verdict)
 
 
+@contextmanager
+def _lock(folder: Path) -> Iterator[None]:
+    """One run per folder at a time (the lock dies with its process, even on SIGKILL)."""
+    import fcntl
+
+    with (folder / LOCK).open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise QuantscopeError(f"another quantscope run is using '{folder}': wait for it "
+                                  "or use another --out") from None
+        yield
+
+
 def _folder(out: str) -> Path:
-    """The run folder, created; temporary files a killed run left behind are removed."""
+    """The run folder, created if its parent exists."""
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise QuantscopeError(f"--out '{out}' is a file: give a folder for the run's files")
     if not folder.parent.is_dir():
         raise QuantscopeError(f"--out '{out}': the folder '{folder.parent}' does not exist")
     folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _remove_stale(folder: Path) -> None:
+    """Temporary files a killed run left behind (call holding the folder's lock)."""
     for stale in folder.glob(".*.tmp"):  # serde.write_atomic's temporary names
         stale.unlink()
-    return folder
 
 
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
