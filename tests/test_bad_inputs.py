@@ -323,6 +323,17 @@ CASES: list[tuple[str, list[str], str]] = [
      "does not exist"),
     # -- demo on what it cannot measure
     ("demo-on-tensor-data", ["demo", "--model", M, "--data", X], "retrieval"),
+    # -- run
+    ("run-out-is-a-file", ["run", M, "--data", X, "--target", "hailo8", "--out", M],
+     "is a file"),
+    ("run-out-parent-missing", ["run", M, "--data", X, "--target", "hailo8", "--out",
+                                "{out}/no/w"], "does not exist"),
+    ("run-max-cost-negative", ["run", M, "--data", X, "--target", "hailo8", "--max-cost",
+                               "-1", "--out", "{out}/w"], "--max-cost"),
+    ("run-force-unknown-stage", ["run", M, "--data", X, "--target", "hailo8", "--force",
+                                 "nope", "--out", "{out}/w"], "--force"),
+    ("run-missing-data", ["run", M, "--data", "{ws}/nope.npz", "--target", "hailo8",
+                          "--out", "{out}/w"], "does not exist"),
     ("demo-on-non-text-model", ["demo", "--model", M], "sentence-encoder"),
     # -- the command line itself
     ("calibrate-unknown-method", [*CAL, "--method", "best", "--out", "{out}/s.npz"],

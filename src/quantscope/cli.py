@@ -381,6 +381,25 @@ def cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from quantscope.pipeline import RunOptions, run_pipeline
+    from quantscope.pipeline.verdict import format_verdict
+
+    repairs = {} if args.repairs is None else {
+        "repairs": () if args.repairs == "none" else tuple(args.repairs.split(","))}
+    opts = RunOptions(model=args.model, data=args.data, target=args.target, out=args.folder,
+                      eval_data=args.eval_data, goal=args.goal, max_cost=args.max_cost,
+                      seq_len=args.seq_len, pairs=None if args.pairs == 0 else args.pairs,
+                      metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
+                      method=args.method, proxy=args.proxy,
+                      repair_batches=args.repair_batches, **repairs)
+    out = run_pipeline(opts, force=args.force, progress=True)
+    print(format_verdict(out.verdict))
+    print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "
+          f"{', '.join(out.skipped) or 'none'}; files in {out.folder}/ (report.html)")
+    return 0
+
+
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "calibrate": cmd_calibrate,
     "evaluate": cmd_evaluate,
@@ -396,6 +415,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "io": cmd_io,
     "report": cmd_report,
     "export": cmd_export,
+    "run": cmd_run,
 }
 
 

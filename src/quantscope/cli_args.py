@@ -118,6 +118,23 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return parse_input_shape(text)
 
 
+RUN_STAGES = ("calibrate", "analyze", "plan", "repair", "check", "evaluate", "export", "io",
+              "report")
+
+
+def run_folder(text: str) -> str:
+    """The run folder: created if missing (its parent must exist), never a file."""
+    from pathlib import Path
+
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"run folder '{text}' is a file: give a folder path")
+    if not path.exists() and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder '{path.parent}' of run folder '{text}' "
+                                         "does not exist: create it first")
+    return text
+
+
 def mapping(text: str) -> object:
     """``TENSOR=CODE:VALUE,…`` (see :func:`quantscope.export.device_io.parse_mapping`)."""
     from quantscope.export.device_io import parse_mapping
@@ -184,6 +201,7 @@ def parser() -> argparse.ArgumentParser:
     _add_stage_commands(sub)
     _add_planning_commands(sub)
     _add_output_commands(sub)
+    _add_run_command(sub)
     return p
 
 
@@ -341,3 +359,31 @@ def _add_output_commands(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--qnn-version", default="1.0.0", choices=["1.0.0", "0.6.1"],
                     help="QNN encodings file version (default 1.0.0)")
     ex.add_argument("--out", type=output_file, required=True, help="file to write")
+
+
+def _add_run_command(sub: argparse._SubParsersAction) -> None:
+    ru = sub.add_parser("run", help="model to device in one command: calibrate, analyze, "
+                        "plan, repair, check, evaluate, export, io, report (resumable)",
+                        parents=[_model_parent(), _data_parent(),
+                                 _target_parent(help="target profile"), _seq_len_parent(),
+                                 _method_parent("minmax"), _tokenizer_parent(),
+                                 _pairs_parent(300, "fitting the plan (and as many held out)")])
+    ru.add_argument("--eval-data", type=data_spec, help="held-out evaluation data (default: split DATA, "
+                    "or the pairs after --pairs for retrieval data)")
+    ru.add_argument("--goal", type=finite_float, help="the measured metric to reach on the "
+                    "held-out data (the verdict says if it is and what binds if not)")
+    ru.add_argument("--max-cost", type=positive_float, help="relative to uniform a8_w8 = 1.0")
+    ru.add_argument("--metric", help="the measured metric (default: the task's: "
+                    "top1_agreement for retrieval, decision_agreement for faces, else "
+                    "sqnr_db, the output SQNR in dB)")
+    ru.add_argument("--repairs", help="repairs the plan search may choose, comma list, or "
+                    "'none' (default: the default repairs of 'quantscope repair')")
+    ru.add_argument("--hn", type=input_file("HN", "pass the parsed model's .hn JSON"), help="parsed model HN JSON (exact Hailo layer names in the .alls)")
+    ru.add_argument("--repair-batches", type=positive_int, default=8,
+                    help="calibration batches the repairs use (default 8)")
+    ru.add_argument("--proxy", type=fraction, default=0.125, help="analysis row budget (see "
+                    "'quantscope analyze --help')")
+    ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE (calibrate, analyze, "
+                    "plan, repair, check, evaluate, export, io, report)")
+    ru.add_argument("--out", dest="folder", type=run_folder, required=True, help="run folder (created; every stage's file, "
+                    "run.json, report.html)")

@@ -125,7 +125,7 @@ def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, 
 def calibrate_model(
     model: Model, data: Dataset, *, method: str = "minmax", progress: bool = False
 ) -> Stats:
-    return calibrate(model, find_groups(model), data.calibration_batches(), method=method,
+    return calibrate(model, find_groups(model), data.calibration, method=method,
                      progress=progress)
 
 

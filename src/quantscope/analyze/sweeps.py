@@ -29,7 +29,6 @@ only the reduced rows (see :mod:`quantscope.analyze.scoring`) are kept.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from quantscope.analyze.segments import (
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
+from quantscope.progress import Counter, say, track
 from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
 
 
@@ -78,11 +78,6 @@ class SweepResult:
         return self.refs[i] if self.refs else self.ref_rows
 
 
-def _progress(k: int, n: int, label: str, *, show: bool) -> None:
-    if show:
-        print(f"\r{label}: batch {k}/{n}", end="" if k < n else "\n", file=sys.stderr, flush=True)
-
-
 @dataclass(eq=False)
 class _Collected:
     """What a segment sweep keeps, filled batch by batch (mutable, private)."""
@@ -96,7 +91,7 @@ class _Collected:
 
 def _sweep_batch(
     feeds: Batch, fp: Chain, lo: Chain | None, runners: Sequence[Runner], groups: Groups,
-    outs: list[str], scorer: Scorer, got: _Collected,
+    outs: list[str], scorer: Scorer, got: _Collected, count: Counter,
 ) -> None:
     """One batch: FP32 (and all-``low`` when ``lo``) chains once, then every candidate."""
     env_fp = fp.run(feeds)
@@ -114,6 +109,7 @@ def _sweep_batch(
             for t in by[r.candidate.group].outputs:
                 got.iso.add(t, env_fp[t], env[t])
         got.rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
+        count.step()
 
 
 def sweep_segments(
@@ -143,10 +139,13 @@ def sweep_segments(
     runners = build_runners(model, groups, segments, table, cands, low)
     got = _Collected(rows=[[] for _ in cands])
     need_low = "disable_one" in sweeps
-    for b, feeds in enumerate(batches, 1):
+    count = Counter(f"analyze: {'+'.join(sweeps)} ({len(runners)} candidates x "
+                    f"{len(batches)} batches)", total=len(runners) * len(batches),
+                    unit="cand", show=progress)
+    for feeds in batches:
         _sweep_batch(feeds, fp, lo if need_low else None, runners, groups,
-                     model.output_names(), scorer, got)
-        _progress(b, len(batches), "sweep " + "+".join(sweeps), show=progress)
+                     model.output_names(), scorer, got, count)
+    count.close()
     ref = np.concatenate(got.ref)
     lows = np.concatenate(got.low) if got.low else np.empty((0, *ref.shape[1:]), ref.dtype)
     return SweepResult(
@@ -179,10 +178,9 @@ def sweep_naive(
     cands = candidates(groups, low, high)
     ref = run_plan_rows(model, groups, batches, model.proto, scorer)
     rows = []
-    for i, c in enumerate(cands, 1):
+    for c in track(cands, "analyze: naive sweep", unit="cand", show=progress):
         q = quantize_model(model, stats, c.plan, scheme=scheme_for(c.plan, scheme), groups=groups)
         rows.append(run_plan_rows(model, groups, batches, q.proto, scorer))
-        _progress(i, len(cands), "naive sweep (candidates)", show=progress)
     low_plan = Plan.uniform(low)
     q = quantize_model(model, stats, low_plan, scheme=scheme_for(low_plan, scheme), groups=groups)
     low_rows = run_plan_rows(model, groups, batches, q.proto, scorer)
@@ -224,12 +222,8 @@ def sweep_fast(
         noise = row_noise(model, groups, stats, batches, scorer=scorer, low=low, scheme=scheme)
     chosen, carried = density_batches(batches, noise, fraction)
     disable = sweep_segments(model, groups, stats, chosen, sweeps=("disable_one",), **kw)
-    if progress:
-        print(
-            f"sweep: disable-one on {len(disable.ref_rows)} rows carrying "
-            f"{100 * carried:.0f} % of the all-{low.value} output noise",
-            file=sys.stderr,
-        )
+    say(f"analyze: disable-one on {len(disable.ref_rows)} rows carrying "
+        f"{100 * carried:.0f} % of the all-{low.value} output noise", show=progress)
     iso = enable.noise_isolated
     return SweepResult(
         (*enable.candidates, *disable.candidates),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 
 import numpy as np
@@ -13,6 +12,7 @@ from quantscope.emulate.ranges import METHODS
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
+from quantscope.progress import track
 from quantscope.types import Groups, QuantscopeError, Stats
 
 
@@ -67,7 +67,7 @@ def calibrate(
     inputs = {i.name for i in session.get_inputs()}
     observers = {t: Observer(t) for t in taps}
     n_batches = n_samples = 0
-    for batch in batches:
+    for batch in track(batches, "calibrate", unit="batch", show=progress):
         feeds = {k: v for k, v in batch.items() if k in inputs}
         for part in _row_chunks(feeds, max_rows):
             values = session.run(taps, part)
@@ -76,11 +76,6 @@ def calibrate(
             del values
         n_batches += 1
         n_samples += len(next(iter(batch.values())))
-        if progress:
-            print(f"\rcalibrating: {n_batches} batches, {n_samples} samples", end="",
-                  file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
     if n_batches == 0:
         raise QuantscopeError("calibration data is empty: give at least one batch")
     return Stats(

@@ -8,8 +8,7 @@ same outputs.
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
@@ -17,6 +16,7 @@ import onnx
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import RESEMBLE_MIN_COSINE, row_cosines, sqnr_db, sqnr_db_from_powers
+from quantscope.progress import track
 from quantscope.types import Metrics, Outputs
 
 
@@ -33,13 +33,8 @@ def run_model(
     names = tuple(o.name for o in session.get_outputs())
     inputs = {i.name for i in session.get_inputs()}
     out = []
-    total = f"/{len(batches)}" if isinstance(batches, Sized) else ""
-    for k, batch in enumerate(batches, 1):
+    for batch in track(batches, label, unit="batch", show=bool(label)):
         out.append(tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})))
-        if label:
-            print(f"\r{label}: batch {k}{total}", end="", file=sys.stderr, flush=True)
-    if label:
-        print(file=sys.stderr)
     return Outputs(names=names, batches=tuple(out))
 
 

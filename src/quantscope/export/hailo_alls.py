@@ -168,6 +168,10 @@ def export_alls(
                 f"group '{group}' is float, which Hailo cannot run: "
                 "choose an integer precision for it"
             )
+        if group not in names:  # e.g. an embedding Gather, which runs on the host
+            lines.append(f"# {group}: {precision} NOT SET: no Hailo layer name known for it "
+                         "(pass the parsed HN); a layer that runs on the host stays float")
+            continue
         if group in reasons:
             lines.append(f"# {group}: {reasons[group]}")
         layer = _layer(group, names, lines)

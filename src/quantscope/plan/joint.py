@@ -34,7 +34,7 @@ names, but ``split`` widens a few layers by some channels, which size-based rule
 
 from __future__ import annotations
 
-import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -45,6 +45,7 @@ from quantscope.model.shapes import Shapes
 from quantscope.plan.cost import cost_breakdown
 from quantscope.plan.refine import Evaluate
 from quantscope.plan.start import RepairOption
+from quantscope.progress import say
 from quantscope.targets.profile import Target
 from quantscope.types import Plan, Precision, QuantscopeError, Sensitivity, Stats
 
@@ -107,8 +108,7 @@ def _cost_units(model: Model, plan: Plan, target: Target, shapes: Shapes | None)
 
 
 def _say(progress: bool, text: str) -> None:
-    if progress:
-        print(f"plan: {text} …", file=sys.stderr, flush=True)
+    say(f"plan: {text}", show=progress)
 
 
 def repair_evaluator(
@@ -123,7 +123,12 @@ def repair_evaluator(
     """``evaluate(plan) -> float``: ``metric`` of ``plan``, after its repairs (meta
     ``repairs``; ``repair`` is needed only for plans that list some)."""
 
+    start, done = time.perf_counter(), [0]
+
     def run(plan: Plan) -> float:
+        each = f", {(time.perf_counter() - start) / done[0]:.1f} s per plan" if done[0] else ""
+        done[0] += 1
+        _say(progress, f"measuring plan {done[0]}{each}")
         names = [n for n in dict(plan.meta).get("repairs", "").split(",") if n]
         m, s, p = model, stats, plan
         if names and repair is None:

@@ -20,7 +20,6 @@ The records go into the plan file's ``repairs`` entry (:meth:`RepairRecord.to_js
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import onnx
 from quantscope.calibrate.collect import calibrate
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
+from quantscope.progress import say, track
 from quantscope.repair import RepairError, RepairInput, RepairStep
 from quantscope.repair.registry import DEFAULT_REPAIRS, REGISTRY, RepairSpec
 from quantscope.repair.verify import FP32_RTOL, max_relative_diff, run_all
@@ -135,9 +135,9 @@ def run_repairs(
     feeds = list(feeds)
     records: list[RepairRecord] = []
     current, ref = model, None
-    for name in [n for n in registry if n in repairs]:
-        if progress:
-            print(f"repair: {name} …", file=sys.stderr, flush=True)
+    for name in track([n for n in registry if n in repairs], "repair", unit="repair",
+                      show=progress):
+        say(f"repair: {name}", show=progress)
         spec = registry[name]
         inp = RepairInput(current, stats, plan, feeds, scheme=scheme, proxy=proxy)
         record, step, ref = _run_one(name, spec, inp, ref)

@@ -11,6 +11,7 @@ from quantscope.report.build import (
     plan_section,
     render,
 )
+from quantscope.report.run import run_report_html
 
 
 def report_html(
@@ -35,4 +36,4 @@ def report_html(
     return render(title, sections)
 
 
-__all__ = ["report_html"]
+__all__ = ["report_html", "run_report_html"]

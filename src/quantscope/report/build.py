@@ -163,7 +163,8 @@ def render(title: str, sections: list[str]) -> str:
     css = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
            "table{border-collapse:collapse;margin:1em 0;font-size:13px}"
            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
-           "th{background:#f0f3f7}.note{color:#555;font-size:13px}img{max-width:100%}")
+           "th{background:#f0f3f7}.note{color:#555;font-size:13px}img{max-width:100%}"
+           "pre{white-space:pre-wrap;background:#f7f7f7;padding:.6em}")
     return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{css}</style></head><body><h1>{html.escape(title)}</h1>"
             + "".join(sections) + f"<p class=note>{html.escape(EMULATION_NOTE)}</p></body></html>")

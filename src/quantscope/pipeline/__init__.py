@@ -1,0 +1,142 @@
+"""``quantscope run``: model + data + target -> every stage's file in one folder, resumable.
+
+calibrate -> analyze -> plan (repairs searched with the precisions) -> repair -> check ->
+evaluate (held-out: FP32, uniform a8_w8, the plan) -> export (QDQ ONNX + the target's
+formats) -> io -> report (+ verdict). Each stage is a function of :mod:`.steps` reading
+its inputs from the folder; ``run.json`` (:mod:`.manifest`) records, per stage, a hash of
+its options and input digests, so a rerun skips what is done and a killed run resumes at
+the stage it was in. This layer sits between ``cli`` and ``stages``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantscope.pipeline import steps
+from quantscope.pipeline.context import Context, RunOptions
+from quantscope.pipeline.manifest import Manifest, stage_key
+from quantscope.types import QuantscopeError
+
+LOCK = ".run.lock"
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    run: steps.Step
+    reads: tuple[str, ...]  # files of earlier stages
+    options: tuple[str, ...]  # RunOptions fields its result depends on
+    data: bool  # reads the model's data
+
+
+_REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
+STAGES: dict[str, StageSpec] = {
+    "calibrate": StageSpec(steps.calibrate, (), ("method",), True),
+    "analyze": StageSpec(steps.analyze, (steps.STATS,), ("target", "proxy"), True),
+    "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
+                      ("target", "max_cost", "seq_len", "metric", "goal", "repairs",
+                       "repair_batches"), True),
+    "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
+                        True),
+    "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len"), False),
+    "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED), ("target", "metric"), True),
+    "export": StageSpec(steps.export, _REPAIRED, ("target", "hn"), False),
+    "io": StageSpec(steps.io, _REPAIRED, (), False),
+    "report": StageSpec(steps.report, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
+                                       steps.IO, steps.ALLS, steps.QNN, *_REPAIRED),
+                        ("model", "data", "eval_data", "target", "goal", "max_cost", "metric"),
+                        False),
+}
+
+
+@dataclass(frozen=True)
+class RunResult:
+    folder: Path
+    ran: tuple[str, ...]  # stages computed now
+    skipped: tuple[str, ...]  # stages already done with the same inputs
+    verdict: dict[str, Any]
+
+
+def run_pipeline(opts: RunOptions, *, force: str | None = None,
+                 progress: bool = True) -> RunResult:
+    """Run every stage not yet done on these inputs (``force``: rerun from that stage)."""
+    opts.check()
+    if force is not None and force not in STAGES:
+        raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
+    folder = _folder(opts.out)
+    with _lock(folder):
+        _remove_stale(folder)
+        return _run(Context(opts, folder, progress=progress), force)
+
+
+def _run(ctx: Context, force: str | None) -> RunResult:
+    from quantscope.progress import say
+    from quantscope.serde import read_json
+
+    folder, progress = ctx.folder, ctx.progress
+    manifest = Manifest(folder)
+    if force is not None:
+        manifest.forget(list(STAGES)[list(STAGES).index(force):])
+    ran, skipped = [], []
+    for name, spec in STAGES.items():
+        key = _key(ctx, manifest, name, spec)
+        if manifest.done(name, key):
+            skipped.append(name)
+            say(f"[{name}] done already (same inputs): skipped", show=progress)
+            continue
+        say(f"[{name}] …", show=progress)
+        start = time.perf_counter()
+        done = spec.run(ctx)
+        manifest.record(name, key, done.files, time.perf_counter() - start, done.timings)
+        ran.append(name)
+    verdict = read_json(folder / steps.VERDICT, "verdict")
+    return RunResult(folder, tuple(ran), tuple(skipped), verdict)
+
+
+@contextmanager
+def _lock(folder: Path) -> Iterator[None]:
+    """One run per folder at a time (the lock dies with its process, even on SIGKILL)."""
+    import fcntl
+
+    with (folder / LOCK).open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise QuantscopeError(f"another quantscope run is using '{folder}': wait for it "
+                                  "or use another --out") from None
+        yield
+
+
+def _folder(out: str) -> Path:
+    """The run folder, created if its parent exists."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise QuantscopeError(f"--out '{out}' is a file: give a folder for the run's files")
+    if not folder.parent.is_dir():
+        raise QuantscopeError(f"--out '{out}': the folder '{folder.parent}' does not exist")
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def _remove_stale(folder: Path) -> None:
+    """Temporary files a killed run left behind (call holding the folder's lock)."""
+    for stale in folder.glob(".*.tmp"):  # serde.write_atomic's temporary names
+        stale.unlink()
+
+
+def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
+    options = {k: getattr(ctx.opts, k) for k in spec.options}
+    inputs = {"model": ctx.model_digest(), **{f: manifest.digest(f) for f in spec.reads
+                                              if (ctx.folder / f).exists()}}
+    if spec.data:
+        inputs["data"] = str(ctx.data_identity())
+    if "hn" in spec.options:
+        inputs["hn"] = str(ctx.hn_identity())
+    return stage_key(name, options, inputs)
+
+
+__all__ = ["RunOptions", "RunResult", "STAGES", "run_pipeline"]

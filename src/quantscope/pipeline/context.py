@@ -1,0 +1,118 @@
+"""What a run is asked for (:class:`RunOptions`) and the inputs its stages open lazily."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from quantscope import __version__, stages
+from quantscope.pipeline.manifest import file_digest
+from quantscope.repair.registry import DEFAULT_REPAIRS
+from quantscope.types import QuantscopeError
+
+if TYPE_CHECKING:
+    from quantscope.model.load import Model
+    from quantscope.pipeline.data import RunData
+    from quantscope.targets.profile import Target
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """``quantscope run``'s arguments. ``repairs``: the repairs the plan search may choose
+    (measured); ``metric``: the measured metric (default: the data's task's)."""
+
+    model: str
+    data: str
+    target: str
+    out: str
+    eval_data: str | None = None
+    goal: float | None = None
+    max_cost: float | None = None
+    seq_len: int | None = None
+    pairs: int | None = 300
+    metric: str | None = None
+    repairs: tuple[str, ...] = DEFAULT_REPAIRS
+    tokenizer: str | None = None
+    hn: str | None = None  # parsed Hailo HN JSON: exact layer names in the .alls
+    method: str = "minmax"
+    proxy: float = 0.125
+    repair_batches: int = 8
+
+    def check(self) -> None:
+        for name in ("max_cost", "proxy"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise QuantscopeError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+        for name in ("seq_len", "pairs", "repair_batches"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise QuantscopeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+
+
+def _identity(spec: str | None) -> str | None:
+    """Content digest of a data/model path, or the built-in name with the tool version."""
+    if spec is None:
+        return None
+    p = Path(spec)
+    return file_digest(p) if p.exists() else f"{spec}@quantscope-{__version__}"
+
+
+@dataclass
+class Context:
+    """One run's folder, options and the inputs opened so far (each opened once)."""
+
+    opts: RunOptions
+    folder: Path
+    progress: bool = True
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    def path(self, name: str) -> Path:
+        return self.folder / name
+
+    def model(self) -> Model:
+        if "model" not in self._cache:
+            self._cache["model"] = stages.open_model(self.opts.model)
+        return self._cache["model"]
+
+    def model_digest(self) -> str:
+        if "model_digest" not in self._cache:
+            self._cache["model_digest"] = file_digest(stages.resolve_model_path(self.opts.model))
+        return self._cache["model_digest"]
+
+    def data_identity(self) -> dict[str, Any]:
+        o = self.opts
+        return {"data": _identity(o.data), "eval_data": _identity(o.eval_data),
+                "pairs": o.pairs, "tokenizer": _identity(o.tokenizer)}
+
+    def hn_identity(self) -> str | None:
+        return _identity(self.opts.hn)
+
+    def data(self) -> RunData:
+        if "data" not in self._cache:
+            from quantscope.pipeline.data import open_run_data
+
+            o = self.opts
+            self._cache["data"] = open_run_data(self.model(), o.data, eval_data=o.eval_data,
+                                                pairs=o.pairs, tokenizer=o.tokenizer,
+                                                folder=self.folder)
+        return self._cache["data"]
+
+    def target(self) -> Target:
+        if "target" not in self._cache:
+            from quantscope.targets import load_target
+
+            self._cache["target"] = load_target(self.opts.target)
+        return self._cache["target"]
+
+    def metric(self) -> str:
+        """The measured metric: ``--metric``, else the task's headline, else the output
+        SQNR in dB (the unit the analysis predicts in, so the Pareto front shares it)."""
+        if self.opts.metric:
+            return self.opts.metric
+        name = type(self.data().fit.task).__name__
+        return {"RetrievalTask": "top1_agreement",
+                "VerificationTask": "decision_agreement"}.get(name, "sqnr_db")
+
+    def options(self) -> dict[str, Any]:
+        return asdict(self.opts)

@@ -1,0 +1,129 @@
+"""The run's data: what calibrates and fits the plan, and what evaluates it (held out).
+
+======================================  ==============================================
+``--eval-data D2``                      fit on DATA, evaluate on D2
+text retrieval pairs (stdlib-docs,      fit (analysis, plan search) on the first
+``.jsonl``) without ``--eval-data``     ``--pairs`` pairs, evaluate on the next
+                                        ``--pairs`` (written to ``heldout.jsonl``);
+                                        calibration texts are separate already
+tensors (.npy/.npz) without             the batches (or, with one batch, its rows)
+``--eval-data``                         split in two: the first half calibrates and
+                                        fits, the second half evaluates
+anything else (faces, .txt)             not split: evaluation reuses the fit data,
+                                        and the run says so
+======================================  ==============================================
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantscope import stages
+from quantscope.model.load import Model
+from quantscope.types import Batch, Dataset
+
+HELDOUT_PAIRS = "heldout.jsonl"
+
+
+@dataclass(frozen=True)
+class RunData:
+    fit: Dataset  # calibration, analysis, plan search, repairs
+    held_out: Dataset  # the final evaluation
+    split: str  # how held_out was obtained, one sentence
+
+
+def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
+                  tokenizer: str | None, folder: Path) -> RunData:
+    """Open the fit and the evaluation data (see the module table)."""
+    fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs)
+    if eval_data:
+        held = stages.open_data(eval_data, model, tokenizer=tokenizer, max_pairs=pairs)
+        return RunData(fit, held, f"evaluation on --eval-data {eval_data}, held out from "
+                       f"calibration and fitting on {data}")
+    if _is_pairs(data):
+        return _split_pairs(model, data, fit, pairs=pairs, tokenizer=tokenizer, folder=folder)
+    if fit.task is None and fit.calibration == fit.evaluation:
+        return _split_tensors(fit)
+    return RunData(fit, fit, f"NOT held out: {data} is not split (its task needs every "
+                   "sample); give --eval-data for a held-out evaluation")
+
+
+def _is_pairs(spec: str) -> bool:
+    from quantscope.tasks.text import STDLIB_DOCS
+
+    return spec == STDLIB_DOCS or spec.endswith(".jsonl")
+
+
+def _split_pairs(model: Model, data: str, fit: Dataset, *, pairs: int | None,
+                 tokenizer: str | None, folder: Path) -> RunData:
+    from quantscope.tasks.text import load_pairs
+
+    every = load_pairs(data)
+    n = fit.task.n_pairs if fit.task is not None else len(every)  # type: ignore[attr-defined]
+    rest = list(zip(every.queries[n:], every.documents[n:], strict=True))[: pairs or None]
+    if len(rest) < 2:
+        return RunData(fit, fit, f"NOT held out: all {len(every)} pairs of {data} fit the plan; "
+                       "give fewer --pairs or --eval-data")
+    path = folder / HELDOUT_PAIRS
+    text = "".join(json.dumps({"query": q, "document": d}) + "\n" for q, d in rest)
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        stages.write_text(path, text)
+    held = stages.open_data(str(path), model, tokenizer=tokenizer)
+    held = replace(held, name=f"{data} pairs {n + 1}-{n + len(rest)}")
+    return RunData(fit, held, f"split: pairs 1-{n} of {data} fit the plan, pairs "
+                   f"{n + 1}-{n + len(rest)} (held out, {HELDOUT_PAIRS}) evaluate it; "
+                   "calibration uses the separate calibration texts")
+
+
+def _split_tensors(ds: Dataset) -> RunData:
+    batches = list(ds.calibration)
+    if len(batches) >= 2:
+        k = (len(batches) + 1) // 2
+        first, second = tuple(batches[:k]), tuple(batches[k:])
+    else:
+        rows = len(next(iter(batches[0].values())))
+        if rows < 2:
+            return RunData(ds, ds, f"NOT held out: {ds.name} has one sample")
+        k = (rows + 1) // 2
+        first = (_rows(batches[0], 0, k),)
+        second = (_rows(batches[0], k, rows),)
+    n1, n2 = _count(first), _count(second)
+    fit = replace(ds, calibration=first, evaluation=first)
+    held = replace(ds, name=f"{ds.name} (held-out part)", calibration=second, evaluation=second)
+    return RunData(fit, held, f"split: the first {n1} samples of {ds.name} calibrate and fit "
+                   f"the plan, the other {n2} (held out) evaluate it")
+
+
+def _rows(batch: Batch, a: int, b: int) -> Batch:
+    return {k: v[a:b] for k, v in batch.items()}
+
+
+def _count(batches: tuple[Batch, ...]) -> int:
+    return sum(len(next(iter(b.values()))) for b in batches)
+
+
+def provenance(rd: RunData) -> dict[str, Any]:
+    """Rows, source and notes of both parts (the report's data provenance)."""
+    def part(ds: Dataset) -> dict[str, Any]:
+        task = ds.task
+        return {"name": ds.name, "calibration_samples": _count(ds.calibration),
+                "evaluation_samples": _count(ds.evaluation),
+                "task": getattr(task, "name", None), "notes": list(ds.notes),
+                "token_lengths": _token_lengths(ds)}
+
+    return {"split": rd.split, "fit": part(rd.fit), "held_out": part(rd.held_out)}
+
+
+def _token_lengths(ds: Dataset) -> list[int] | None:
+    """Token count per evaluation text (attention-mask sums), for text data; else None."""
+    task = ds.task
+    enc = getattr(task, "encoder", None)
+    mask = enc.input_name("attention_mask") if enc is not None else None
+    if not mask:
+        return None
+    return [int(x) for b in ds.evaluation for x in np.asarray(b[mask]).sum(axis=1)]

@@ -1,0 +1,113 @@
+"""The run folder's manifest ``run.json``: which stages finished, on which inputs.
+
+A stage is *done* when the manifest holds an entry for it whose ``key`` (a hash of the
+stage's options and of the digests of every file it reads) equals the key computed now,
+and every file it wrote still has the digest recorded. The manifest is rewritten
+atomically after each stage, so a run killed in the middle of a stage (SIGINT, SIGKILL)
+has no entry for it and reruns exactly that stage; the stage's own files are written
+atomically too, so no half-written file is ever read back.
+
+Digests are of *contents*: an ``.npz`` is hashed array by array (the zip container stores
+write times), every other file byte by byte.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantscope.serde import write_json
+from quantscope.types import QuantscopeError
+
+FORMAT = "quantscope.run/1"
+MANIFEST = "run.json"
+
+
+def file_digest(path: str | Path) -> str:
+    """sha256 of a file's contents (array by array for ``.npz``; every file in a folder)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    if path.is_dir():
+        for p in sorted(q for q in path.rglob("*") if q.is_file()):
+            h.update(str(p.relative_to(path)).encode() + b"\0" + file_digest(p).encode())
+        return h.hexdigest()
+    if path.suffix == ".npz":
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                for name in sorted(z.files):
+                    arr = np.ascontiguousarray(z[name])
+                    h.update(f"{name}|{arr.dtype.str}|{arr.shape}".encode())
+                    h.update(arr.tobytes())
+            return h.hexdigest()
+        except (OSError, ValueError, zipfile.BadZipFile):
+            pass  # not a readable archive: hash the bytes (a digest never matches then)
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def stage_key(name: str, options: dict[str, Any], inputs: dict[str, str]) -> str:
+    """Hash of a stage's name, options and input digests (the manifest's ``key``)."""
+    blob = json.dumps({"stage": name, "options": options, "inputs": inputs}, sort_keys=True,
+                      default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+class Manifest:
+    """The ``run.json`` of one run folder (read on open, written after every stage)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.path = folder / MANIFEST
+        self.stages: dict[str, dict[str, Any]] = {}
+        if self.path.is_file():
+            self.stages = _read(self.path)
+
+    def done(self, name: str, key: str) -> bool:
+        """Finished with this key, and every file it wrote is there, unchanged."""
+        entry = self.stages.get(name)
+        if not entry or entry.get("key") != key:
+            return False
+        files = entry.get("files", {})
+        return all((self.folder / f).exists() and file_digest(self.folder / f) == d
+                   for f, d in files.items())
+
+    def digest(self, file: str) -> str:
+        """The recorded digest of a file a finished stage wrote (else computed now)."""
+        for entry in self.stages.values():
+            if file in entry.get("files", {}):
+                return entry["files"][file]
+        return file_digest(self.folder / file)
+
+    def record(self, name: str, key: str, files: Sequence[str], seconds: float,
+               timings: dict[str, Any] | None = None) -> None:
+        self.stages[name] = {"key": key, "files": {f: file_digest(self.folder / f) for f in files},
+                             "seconds": round(seconds, 2), "timings": timings or {}}
+        self.write()
+
+    def forget(self, names: Sequence[str]) -> None:
+        for n in names:
+            self.stages.pop(n, None)
+        self.write()
+
+    def write(self) -> None:
+        write_json(self.path, {"format": FORMAT, "stages": self.stages})
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise QuantscopeError(f"'{path}' is not a readable run manifest: delete it to start "
+                              "the run afresh") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+        raise QuantscopeError(f"'{path}' is not a {FORMAT} manifest: use another --out folder "
+                              "or delete it")
+    return dict(raw.get("stages", {}))

@@ -1,0 +1,206 @@
+"""The run's stages: each reads its inputs from the run folder (or the model and data),
+calls the stage functions of :mod:`quantscope.stages`, and writes files under stable names.
+
+Wall-clock timings never go into a stage's files (they would make two runs on the same
+inputs differ); the runner keeps them in ``run.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from quantscope import stages
+from quantscope.pipeline.context import Context
+from quantscope.types import Plan, Precision
+
+# stable file names in the run folder
+STATS, ANALYSIS, PLAN = "stats.npz", "analysis.json", "plan.json"
+REPAIRED, REPAIRED_STATS, REPAIRED_PLAN = "repaired.onnx", "repaired.stats.npz", "repaired.plan.json"
+CHECK, EVALUATE, QDQ = "check.json", "evaluate.json", "quantized.qdq.onnx"
+ALLS, QNN = "model.alls", "qnn.encodings.json"
+IO, SNIPPET, REPORT, VERDICT = "io.json", "io_snippet.py", "report.html", "verdict.json"
+
+
+@dataclass(frozen=True)
+class Done:
+    files: tuple[str, ...]
+    timings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _say(ctx: Context, text: str) -> None:
+    from quantscope.progress import say
+
+    say(text, show=ctx.progress)
+
+
+def calibrate(ctx: Context) -> Done:
+    stats = stages.calibrate_model(ctx.model(), ctx.data().fit, method=ctx.opts.method,
+                                   progress=ctx.progress)
+    stages.write_stats(ctx.path(STATS), stats)
+    return Done((STATS,))
+
+
+def analyze(ctx: Context) -> Done:
+    from quantscope.analyze import analysis_to_dict
+    from quantscope.analyze import analyze as run_analysis
+    from quantscope.model.groups import find_groups
+
+    model, fit = ctx.model(), ctx.data().fit
+    result = run_analysis(model, find_groups(model), stages.read_stats(ctx.path(STATS)),
+                          list(fit.evaluation), scorer=stages.scorer_for(fit),
+                          target=ctx.target(), proxy_fraction=ctx.opts.proxy,
+                          progress=ctx.progress)
+    doc = analysis_to_dict(result)
+    seconds = doc["method"].pop("sweep_seconds", None)
+    stages.write_json(ctx.path(ANALYSIS), doc)
+    return Done((ANALYSIS,), {"sweep_seconds": seconds})
+
+
+def plan(ctx: Context) -> Done:
+    from quantscope.serde import read_sensitivity
+
+    o = ctx.opts
+    options = stages.PlanOptions(max_cost=o.max_cost, seq_len=o.seq_len, metric=ctx.metric(),
+                                 goal=o.goal, repairs=o.repairs,
+                                 repair_batches=o.repair_batches)
+    out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
+                            options, data=ctx.data().fit,
+                            stats=stages.read_stats(ctx.path(STATS)), progress=ctx.progress)
+    extra, timings = _untimed(out.file_extra())
+    stages.write_plan(ctx.path(PLAN), out.plan, extra)
+    return Done((PLAN,), timings)
+
+
+def _untimed(obj: Any, where: str = "") -> tuple[Any, dict[str, Any]]:
+    """``obj`` without its ``seconds`` entries, and those entries by JSON path."""
+    timings: dict[str, Any] = {}
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            if k == "seconds":
+                timings[where or "/"] = v
+                continue
+            out[k], sub = _untimed(v, f"{where}/{k}")
+            timings.update(sub)
+        return out, timings
+    if isinstance(obj, list | tuple):
+        parts = [_untimed(v, f"{where}/{i}") for i, v in enumerate(obj)]
+        for _, sub in parts:
+            timings.update(sub)
+        return [p for p, _ in parts], timings
+    return obj, timings
+
+
+def repair(ctx: Context) -> Done:
+    from quantscope.repair.apply import run_repairs
+
+    model, plan_ = ctx.model(), stages.read_plan(ctx.path(PLAN))
+    chosen = [n for n in dict(plan_.meta).get("repairs", "").split(",") if n]
+    feeds = list(ctx.data().fit.calibration)[: ctx.opts.repair_batches]
+    _say(ctx, f"repairs chosen by the plan: {', '.join(chosen) or 'none'}")
+    out = run_repairs(model, stages.read_stats(ctx.path(STATS)), plan_, feeds, repairs=chosen,
+                      scheme=ctx.target().scheme, progress=ctx.progress)
+    stages.write_onnx(ctx.path(REPAIRED), out.proto)
+    stages.write_stats(ctx.path(REPAIRED_STATS), out.stats)
+    extra, timings = _untimed({"repairs": [r.to_json() for r in out.records]})
+    stages.write_plan(ctx.path(REPAIRED_PLAN), out.plan, extra)
+    return Done((REPAIRED, REPAIRED_STATS, REPAIRED_PLAN), timings)
+
+
+def repaired(ctx: Context) -> tuple[stages.Model, stages.Stats, Plan]:
+    """The repaired model (what the compiler gets), its stats and the final plan."""
+    if "repaired" not in ctx._cache:
+        proto = stages.load_proto(_read_onnx(ctx.path(REPAIRED)), REPAIRED)
+        ctx._cache["repaired"] = (proto, stages.read_stats(ctx.path(REPAIRED_STATS)),
+                                  stages.read_plan(ctx.path(REPAIRED_PLAN)))
+    return ctx._cache["repaired"]
+
+
+def _read_onnx(path: Any) -> Any:
+    import onnx
+
+    return onnx.load(str(path))
+
+
+def check(ctx: Context) -> Done:
+    from quantscope.plan.check import BUILTIN_RULES
+
+    model, _, final = repaired(ctx)
+    problems = stages.plan_problems(model, final, seq_len=ctx.opts.seq_len)
+    target = ctx.target()
+    rules = [{"rule": r, "severity": "error", "reason": "built-in plan check",
+              "provenance": "quantscope"} for r in sorted(BUILTIN_RULES)]
+    rules += [{"rule": r.id, "severity": r.severity, "reason": r.reason,
+               "provenance": r.provenance} for r in target.rules]
+    for r in rules:
+        hits = [p for p in problems if p["rule"] == r["rule"]]
+        r["passed"] = not hits
+        r["groups"] = [p["group"] for p in hits]
+    stages.write_json(ctx.path(CHECK), {"target": target.name, "sdk": target.sdk,
+                                        "seq_len": ctx.opts.seq_len, "rules": rules,
+                                        "problems": problems})
+    return Done((CHECK,))
+
+
+def evaluate(ctx: Context) -> Done:
+    """FP32, uniform a8_w8 and the final plan on the held-out data, against FP32."""
+    from quantscope.emulate.evaluate import run_model
+    from quantscope.pipeline.data import provenance
+
+    model, rd, scheme = ctx.model(), ctx.data(), ctx.target().scheme
+    held = rd.held_out
+    ref = run_model(model.proto, list(held.evaluation), label="fp32" if ctx.progress else "")
+    stats = stages.read_stats(ctx.path(STATS))
+    uniform = {"fp32": Plan.uniform(Precision.FLOAT), "a8_w8": Plan.uniform(Precision.A8_W8)}
+    results = stages.evaluate_plans(model, held, stats, uniform, scheme=scheme,
+                                    progress=ctx.progress, reference_outputs=ref)
+    rmodel, rstats, final = repaired(ctx)
+    results.update(stages.evaluate_plans(rmodel, held, rstats, {"plan": final},
+                                         progress=ctx.progress, reference_outputs=ref))
+    for r in results.values():
+        r["model"] = ctx.opts.model if r["model"] != REPAIRED else REPAIRED
+    stages.write_json(ctx.path(EVALUATE), {"metric": ctx.metric(), "results": results,
+                                           "data": provenance(rd)})
+    return Done((EVALUATE,))
+
+
+def export(ctx: Context) -> Done:
+    model, stats, final = repaired(ctx)
+    written = [QDQ]
+    stages.export_plan(model, stats, final, fmt="qdq", out=ctx.path(QDQ))
+    hn = stages.read_json_file(ctx.opts.hn, "HN") if ctx.opts.hn else None
+    for fmt, name in formats(ctx.target().name):
+        stages.export_plan(model, stats, final, fmt=fmt, out=ctx.path(name), hn=hn)
+        written.append(name)
+    return Done(tuple(written))
+
+
+def formats(target: str) -> list[tuple[str, str]]:
+    """The vendor formats of a target besides the QDQ ONNX (always written)."""
+    if target.startswith("hailo"):
+        return [("alls", ALLS)]
+    if target.startswith("qnn"):
+        return [("qnn", QNN)]
+    return []
+
+
+def io(ctx: Context) -> Done:
+    from quantscope.export import device_io as dio
+
+    rows = stages.device_io_rows(*repaired(ctx))
+    stages.write_json(ctx.path(IO), {"io": rows, "note": dio.PROVENANCE})
+    stages.write_text(ctx.path(SNIPPET), dio.python_snippet(rows))
+    return Done((IO, SNIPPET))
+
+
+def report(ctx: Context) -> Done:
+    from quantscope.pipeline.verdict import run_report
+
+    run_report(ctx)
+    return Done((VERDICT, REPORT))
+
+
+Step = Callable[[Context], Done]

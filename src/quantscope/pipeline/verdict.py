@@ -1,0 +1,146 @@
+"""The run's verdict (``verdict.json``, printed at the end) and its HTML report.
+
+The verdict answers: was the goal reached on the held-out data; what binds; the plan's
+quality against uniform a8_w8 and FP32; the exact files for the vendor compiler; how to
+feed the inputs and read the outputs (the io rows).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantscope import stages
+from quantscope.pipeline import steps
+from quantscope.pipeline.context import Context
+
+COMPARED = ("fp32", "a8_w8", "plan")
+
+
+def _read(ctx: Context, name: str) -> Any:
+    return stages.read_json_file(ctx.path(name), name)
+
+
+def verdict(ctx: Context) -> dict[str, Any]:
+    """The verdict from the run folder's files (no computation besides reading them)."""
+    ev, plan, chk, io = (_read(ctx, n) for n in (steps.EVALUATE, steps.PLAN, steps.CHECK,
+                                                 steps.IO))
+    metric, results = ev["metric"], ev["results"]
+    quality = {label: {k: results[label]["metrics"].get(k) for k in (metric, "sqnr_db")}
+               for label in COMPARED if label in results}
+    value = quality.get("plan", {}).get(metric)
+    goal = ctx.opts.goal
+    reached = None if goal is None or value is None else bool(value >= goal)
+    pareto = plan.get("pareto", {})
+    errors = [p for p in chk["problems"] if p["severity"] == "error"]
+    return {
+        "metric": metric, "goal": goal, "reached": reached,
+        "binding": _binding(pareto, reached),
+        "quality": quality, "cost": pareto.get("chosen", {}).get("cost"),
+        "evaluation": ev["data"]["split"],
+        "legal": not errors, "rules_checked": len(chk["rules"]),
+        "rules_failed": sorted({p["rule"] for p in errors}),
+        "compiler_files": compiler_files(ctx.target().name),
+        "export_warnings": export_warnings(ctx),
+        "io": io["io"], "io_note": io["note"],
+        "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
+                    if not r.get("skipped")],
+    }
+
+
+def _binding(pareto: dict[str, Any], reached: bool | None) -> str | None:
+    if reached:
+        return None
+    goal = pareto.get("goal") or {}
+    if goal.get("binding"):
+        return goal["binding"]
+    if pareto.get("binding"):
+        return str(pareto["binding"])
+    blockers = pareto.get("blockers") or []
+    return blockers[0]["rule"] if blockers else None
+
+
+def compiler_files(target: str) -> dict[str, str]:
+    """File -> what it is for, in the order a user hands them over."""
+    files = {steps.REPAIRED: "the FP32 model to compile (repairs applied; compile this, "
+                             "not the original)"}
+    for fmt, name in steps.formats(target):
+        files[name] = {"alls": "Hailo model script: the per-layer precisions and pinned "
+                               "ranges (pass it with the model to the Dataflow Compiler)",
+                       "qnn": "QNN/AIMET encodings (--quantization_overrides for the QNN "
+                              "converter)"}[fmt]
+    files[steps.QDQ] = "ONNX QDQ model: what quantscope emulated (for ONNX Runtime, or to check"\
+                       " the compiler's result against)"
+    return files
+
+
+def export_warnings(ctx: Context) -> list[str]:
+    """What the vendor files do not carry: decisions with no layer name, guessed names."""
+    alls = ctx.path(steps.ALLS)
+    if not alls.is_file():
+        return []
+    lines = alls.read_text(encoding="utf-8").splitlines()
+    out = [ln.lstrip("# ") for ln in lines if "NOT SET" in ln]
+    if any("guessed by op order" in ln for ln in lines[:3]):
+        out.append(f"{steps.ALLS}: Hailo layer names guessed by op order; check them "
+                   "against the parsed HN or rerun with --hn")
+    return out
+
+
+def format_verdict(v: dict[str, Any]) -> str:
+    """The console form: a few lines a person reads at the end of the run."""
+    m = v["metric"]
+    q = v["quality"]
+    lines = []
+    if v["goal"] is None:
+        lines.append(f"verdict: no --goal given; plan {m} {_f(q.get('plan', {}).get(m))} "
+                     "on the held-out data")
+    else:
+        word = "REACHED" if v["reached"] else "NOT reached"
+        lines.append(f"verdict: goal {m} >= {v['goal']:g} {word} on the held-out data: "
+                     f"{_f(q.get('plan', {}).get(m))}")
+    if v["binding"]:
+        lines.append(f"  binding: {v['binding']}")
+    if m == "sqnr_db":
+        lines.append("  quality (output SQNR dB): " + "; ".join(
+            f"{k} {_f(r.get(m))}" for k, r in q.items()))
+    else:
+        lines.append("  quality (" + m + ", output SQNR dB): " + "; ".join(
+            f"{k} {_f(r.get(m))}, {_f(r.get('sqnr_db'))} dB" for k, r in q.items()))
+    lines.append(f"  cost {_f(v['cost'])} x uniform a8_w8; repairs: "
+                 f"{', '.join(v['repairs']) or 'none'}; legality: "
+                 + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
+                    "FAILS " + ", ".join(v["rules_failed"])))
+    lines.append(f"  evaluation: {v['evaluation']}")
+    lines.append("  hand to the compiler:")
+    lines += [f"    {f}: {why}" for f, why in v["compiler_files"].items()]
+    lines += [f"    warning: {w}" for w in v["export_warnings"]]
+    lines.append("  feed / read the device (io.json, io_snippet.py):")
+    for r in v["io"]:
+        arrow = (f"q = clip(round(x / {r['scale']:.6g}) + {r['zero_point']}, {r['q_min']}, "
+                 f"{r['q_max']})" if r["role"] == "input" else
+                 f"x = (q - {r['zero_point']}) * {r['scale']:.6g}")
+        lines.append(f"    {r['role']} {r['tensor']}: {r['stored_type']} "
+                     f"({r['q_min']}..{r['q_max']}); {arrow}")
+    if not v["io"]:
+        lines.append("    no quantized input or output (they stay float)")
+    lines.append(f"  note: {v['io_note']}")
+    return "\n".join(lines)
+
+
+def _f(x: Any) -> str:
+    return f"{x:.4g}" if isinstance(x, int | float) else "n/a"
+
+
+def run_report(ctx: Context) -> None:
+    """Write ``verdict.json`` and the self-contained ``report.html``."""
+    from quantscope.report import run_report_html
+
+    v = verdict(ctx)
+    stages.write_json(ctx.path(steps.VERDICT), v)
+    docs = {n: _read(ctx, f) for n, f in (("evaluate", steps.EVALUATE), ("plan", steps.PLAN),
+                                          ("analysis", steps.ANALYSIS), ("check", steps.CHECK),
+                                          ("repaired_plan", steps.REPAIRED_PLAN))}
+    stats = stages.read_stats(ctx.path(steps.STATS))
+    title = f"quantscope run: {ctx.opts.model} on {ctx.opts.target}"
+    stages.write_text(ctx.path(steps.REPORT), run_report_html(
+        title, verdict_text=format_verdict(v), verdict=v, stats=stats, **docs))

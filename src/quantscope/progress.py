@@ -1,0 +1,101 @@
+"""Progress on stderr: one helper for every long loop (batches, candidates, plans, repairs).
+
+On a terminal, a ``tqdm`` bar with rate and ETA; when stderr is not a terminal (CI logs,
+a file), quiet line-based progress: a start line, a line at most every ``LOG_EVERY_S``
+seconds, and an end line with the elapsed time. ``show=False`` prints nothing, so library
+calls stay silent unless the CLI asks.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+T = TypeVar("T")
+LOG_EVERY_S = 10.0
+
+
+def say(text: str, *, show: bool = True) -> None:
+    """One status line on stderr (above a running bar on a terminal)."""
+    if not show:
+        return
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        tqdm.write(text, file=sys.stderr)
+    else:
+        print(text, file=sys.stderr, flush=True)
+
+
+def track(items: Iterable[T], label: str, *, total: int | None = None, unit: str = "it",
+          show: bool = True) -> Iterator[T]:
+    """Yield ``items`` while showing progress of ``label`` (a bar with ETA on a terminal)."""
+    if not show:
+        yield from items
+        return
+    if total is None and hasattr(items, "__len__"):
+        total = len(items)  # type: ignore[arg-type]
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        yield from tqdm(items, desc=label, total=total, unit=unit, file=sys.stderr,
+                        dynamic_ncols=True, leave=False)
+        return
+    yield from _lines(items, label, total, unit)
+
+
+def _lines(items: Iterable[T], label: str, total: int | None, unit: str) -> Iterator[T]:
+    start = last = time.perf_counter()
+    of = f"/{total}" if total else ""
+    print(f"{label}: 0{of} {unit}", file=sys.stderr, flush=True)
+    k = 0
+    for k, item in enumerate(items, start=1):
+        yield item
+        now = time.perf_counter()
+        if now - last >= LOG_EVERY_S and (total is None or k < total):
+            eta = f", ETA {(now - start) / k * (total - k):.0f} s" if total else ""
+            print(f"{label}: {k}{of} {unit}{eta}", file=sys.stderr, flush=True)
+            last = now
+    print(f"{label}: {k}{of} {unit} done in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr, flush=True)
+
+
+class Counter:
+    """Progress of work counted by the caller (``step()`` after each unit), for loops
+    that are not one iterable (e.g. candidates inside batches, plans measured on demand)."""
+
+    def __init__(self, label: str, *, total: int | None = None, unit: str = "it",
+                 show: bool = True) -> None:
+        self.label, self.total, self.unit, self.show = label, total, unit, show
+        self.k, self.start = 0, time.perf_counter()
+        self.last, self._bar = self.start, None
+        if show and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(desc=label, total=total, unit=unit, file=sys.stderr,
+                             dynamic_ncols=True, leave=False)
+        elif show:
+            of = f"/{total}" if total else ""
+            print(f"{label}: 0{of} {unit}", file=sys.stderr, flush=True)
+
+    def step(self, n: int = 1) -> None:
+        self.k += n
+        if self._bar is not None:
+            self._bar.update(n)
+            return
+        now = time.perf_counter()
+        if self.show and now - self.last >= LOG_EVERY_S:
+            of = f"/{self.total}" if self.total else ""
+            eta = (f", ETA {(now - self.start) / self.k * (self.total - self.k):.0f} s"
+                   if self.total and self.k < self.total else "")
+            print(f"{self.label}: {self.k}{of} {self.unit}{eta}", file=sys.stderr, flush=True)
+            self.last = now
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self.show:
+            print(f"{self.label}: {self.k} {self.unit} done in "
+                  f"{time.perf_counter() - self.start:.1f} s", file=sys.stderr, flush=True)

@@ -1,0 +1,159 @@
+"""The run report's figures (matplotlib, embedded as PNG data URIs by :func:`build._png`).
+
+Each function takes the stage files' dicts and returns an ``<img>`` tag, or "" when there
+is nothing to draw.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import numpy as np
+
+from quantscope.report.build import _plt, _png
+
+
+def num(v: Any) -> float | None:
+    """A JSON number (or the analysis' "inf"/"nan" strings) as a float; None if absent."""
+    if isinstance(v, bool) or v is None:
+        return None
+    if isinstance(v, int | float):
+        return float(v)
+    if isinstance(v, str) and v in ("inf", "-inf", "nan"):
+        return float(v)
+    return None
+
+
+def _img(fig: Any, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="{_png(fig)}">'
+
+
+def noise_plot(noise: list[dict[str, Any]]) -> str:
+    """Isolated vs accumulated SQNR per tensor, in graph order (a line each)."""
+    if not noise:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    x = np.arange(len(noise))
+    for key, label, style in (("sqnr_isolated_db", "isolated (this tensor alone quantized)", "o-"),
+                              ("sqnr_cumulative_db", "accumulated (everything up to here)", "s-")):
+        ys = [num(r.get(key)) for r in noise]
+        ys = [y if y is not None and math.isfinite(y) else np.nan for y in ys]
+        ax.plot(x, ys, style, markersize=3, label=label)
+    step = max(1, len(noise) // 25)
+    ax.set_xticks(x[::step])
+    ax.set_xticklabels([r["tensor"][-22:] for r in noise][::step], rotation=70, fontsize=7)
+    ax.set_ylabel("SQNR (dB)")
+    ax.set_xlabel("tensor, in graph order")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _img(fig, "per-layer noise: isolated vs accumulated SQNR")
+
+
+def sensitivity_plot(sens: list[dict[str, Any]], metric: str, top: int = 20) -> str:
+    """Enable-one and disable-one ``metric`` per group (the ``top`` most sensitive)."""
+    rows = [r for r in sens if num(r["disable_one"].get(metric)) is not None]
+    if not rows:
+        return ""
+    rows = sorted(rows, key=lambda r: -_finite(num(r["disable_one"].get(metric))))[:top]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.2))
+    y = np.arange(len(rows))
+    en = [_finite(num(r["enable_one"].get(metric))) for r in rows]
+    dis = [_finite(num(r["disable_one"].get(metric))) for r in rows]
+    ax.barh(y - 0.2, dis, height=0.4, label="disable-one (all low but this group)", color="#4a7ab5")
+    ax.barh(y + 0.2, en, height=0.4, label="enable-one (only this group low)", color="#e08a3c")
+    ax.set_yticks(y)
+    ax.set_yticklabels([r["group"][-40:] for r in rows], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(metric)
+    ax.legend(fontsize=8, loc="lower right")
+    return _img(fig, "sensitivity: enable-one and disable-one per group")
+
+
+def _finite(v: float | None, cap: float = 120.0) -> float:
+    """Plot value: +inf (no noise at all) drawn at ``cap``, nan/None at 0."""
+    if v is None or math.isnan(v):
+        return 0.0
+    return min(v, cap) if v > 0 else max(v, -cap)
+
+
+def outlier_plot(tensor: str, absmax: np.ndarray, channels: list[int]) -> str:
+    """Per-channel max|x| of one tensor, the outlier channels marked and named."""
+    a = np.asarray(absmax, dtype=np.float64).ravel()
+    if a.size == 0:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 2.6))
+    colors = np.where(np.isin(np.arange(a.size), channels), "#c0392b", "#8aa5c8")
+    ax.bar(np.arange(a.size), a, color=colors, width=1.0)
+    for c in channels[:6]:
+        if 0 <= c < a.size:
+            ax.annotate(f"ch {c}", (c, a[c]), textcoords="offset points", xytext=(0, 3),
+                        ha="center", fontsize=7, color="#c0392b")
+    ax.axhline(float(np.median(a)), color="#555", lw=0.8, ls="--", label="median channel")
+    ax.set_title(tensor[-70:], fontsize=9)
+    ax.set_xlabel("channel")
+    ax.set_ylabel("max |x|")
+    ax.legend(fontsize=7)
+    return _img(fig, f"per-channel max|x| of {tensor}")
+
+
+def pareto_plot(pareto: dict[str, Any], measured_metric: str) -> str:
+    """Cost vs predicted and measured quality; one axis when both are in one unit."""
+    points = pareto.get("points") or []
+    if not points:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    pred_metric = str(pareto.get("metric", "predicted"))
+    cost = [p["cost"] for p in points]
+    lines = ax.plot(cost, [p["predicted"] for p in points], "o-", color="#4a7ab5",
+                    label=f"predicted ({pred_metric}, from the analysis)")
+    meas = [(p["cost"], p["measured"]) for p in points if p.get("measured") is not None]
+    if meas:
+        same = pred_metric == measured_metric or (pred_metric, measured_metric) == (
+            "output_sqnr_db", "sqnr_db")
+        ax2 = ax if same else ax.twinx()
+        lines += ax2.plot(*zip(*meas, strict=True), "s--", color="#c0392b",
+                          label=f"measured ({measured_metric}, real emulation)")
+        ax2.ticklabel_format(axis="y", useOffset=False)
+        if not same:
+            ax2.set_ylabel(f"measured {measured_metric}", color="#c0392b")
+    chosen = pareto.get("chosen", {})
+    if chosen.get("cost") is not None:
+        ax.axvline(chosen["cost"], color="#555", lw=0.8, ls=":")
+    ax.set_xlabel("relative cost (uniform a8_w8 = 1)")
+    ax.set_ylabel(f"predicted {pred_metric}", color="#4a7ab5")
+    ax.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3)
+    return _img(fig, "Pareto front: predicted and measured")
+
+
+def config_plot(results: dict[str, dict[str, Any]], metric: str) -> str:
+    labels = [k for k in results if num(results[k]["metrics"].get(metric)) is not None]
+    if not labels:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1))
+    vals = [_finite(num(results[k]["metrics"][metric])) for k in labels]
+    ax.barh(labels, vals, color="#4a7ab5")
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{metric} (held-out data)")
+    for i, v in enumerate(vals):
+        ax.text(v, i, f" {v:.4g}", va="center", fontsize=8)
+    return _img(fig, f"{metric} per configuration")
+
+
+def length_plot(lengths: list[int], title: str) -> str:
+    if not lengths:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 2.4))
+    ax.hist(lengths, bins=min(40, max(5, len(set(lengths)))), color="#8aa5c8")
+    ax.set_xlabel("tokens per text (after truncation)")
+    ax.set_ylabel("texts")
+    ax.set_title(title, fontsize=9)
+    return _img(fig, f"token lengths: {title}")
