@@ -80,6 +80,23 @@ def test_faces112_set(faces112):
     assert np.array_equal(flips, faces112.chips[faces112.variant == "orig"][:, :, ::-1])
 
 
+def test_folder_of_arcface_chips(tmp_path, faces112, monkeypatch):
+    import sys
+
+    from PIL import Image
+
+    monkeypatch.setitem(sys.modules, "dlib", None)  # no dlib: images must be 112 chips
+    origs = faces112.chips[faces112.variant == "orig"]
+    for k, who in enumerate(["a", "a", "b"]):
+        (tmp_path / who).mkdir(exist_ok=True)
+        Image.fromarray(origs[18 + k]).save(tmp_path / who / f"{k}.png")  # 3 real chips
+    faces = ft.load_faces(tmp_path, "arcface")
+    assert faces.chips.shape == (15, 112, 112, 3)  # orig + 4 distance slices each
+    assert set(faces.variant.tolist()) == {"orig", "56px", "40px", "28px", "20px"}
+    with pytest.raises(QuantscopeError, match="150x150 dlib chips"):
+        ft.load_faces(tmp_path, "dlib")  # 112 chips are not dlib's 150
+
+
 def test_style_follows_the_model_input():
     assert ft.style_for_input(("N", 3, 112, 112)).name == "arcface"
     assert ft.style_for_input((1, 3, 150, 150)).name == "dlib"

@@ -103,6 +103,15 @@ def report(name: str, task, emb: dict[str, np.ndarray], faces: ft.FaceSet) -> No
               f" | {tar:.3f} | {np.mean(d[~p.genuine] < thr):.3f} | {col} |")
     print("\ncell: pre_norm mean (p10); match rate at threshold / strict; "
           "x = cross-photo genuine pairs only\n")
+    print("| config | embedding cosine to FP32 per slice (mean, min) | genuine distance per slice |")
+    print("|---|---|---|")
+    for k, e in emb.items():
+        cos = M.row_cosines(emb["fp32"], e)
+        per = [(s, np.unique(p.second[p.distance == s])) for s in slices]
+        c1 = ", ".join(f"{s} {cos[c].mean():.4f} ({cos[c].min():.3f})" for s, c in per)
+        c2 = ", ".join(f"{s} {dist[k][(p.distance == s) & p.genuine].mean():.3f}" for s in slices)
+        print(f"| {k} | {c1} | {c2} |")
+    print()
     gen = p.genuine
     edges = fq.prenorm_edges(norms["fp32"][p.second[gen]])
     print("| config | gate (thr) | gate (strict) | match rate by pre_norm bin, at thr / strict |")
