@@ -182,4 +182,5 @@ def test_mobilefacenet_collapse_fires_only_on_a_degenerate_16_bit_range(mfn_setu
     assert b["collapsed"] == 1 and b["far@1.1"] == 1.0  # everyone matches
     assert b["pre_norm_mean"] < 2 and b["norm_cv"] < 1e-3
     assert any("everyone matches" in n for n in bad["notes"])
+    assert "pre_norm gate: none needed (every pre_norm bin matches >= 90%)" in res["notes"]
     assert "pre_norm_20px" in res["outputs"] and "pre_norm_match_rate" in res["outputs"]

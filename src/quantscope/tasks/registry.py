@@ -192,6 +192,8 @@ class VerificationTask:
         values.update(quality_values)
         tables.update(quality_tables)
         notes = tuple(f"collapse: {r}" for r in collapse.reasons)
+        if "pre_norm_match_rate" in quality_tables:  # enough genuine pairs to bin
+            notes += (_gate_note(values["pre_norm_gate"]),)
         return Metrics(values=values, tables=tables, notes=notes)
 
     def _prenorm_quality(
@@ -215,6 +217,16 @@ class VerificationTask:
             tables["pre_norm_match_rate"] = Q.bins_table(bins)
             values["pre_norm_gate"] = Q.quality_gate(bins)
         return values, tables
+
+
+def _gate_note(gate: float) -> str:
+    from quantscope.tasks.face_quality import GATE_TARGET
+
+    if gate == -np.inf:
+        return f"pre_norm gate: none needed (every pre_norm bin matches >= {GATE_TARGET:.0%})"
+    if np.isnan(gate):
+        return f"pre_norm gate: no pre_norm range reaches a {GATE_TARGET:.0%} match rate"
+    return f"pre_norm gate: reject faces with pre_norm < {gate:.4g} (below it matches < {GATE_TARGET:.0%})"
 
 
 def _slice_row(dr: np.ndarray, dt: np.ndarray, labels: np.ndarray, thr: float) -> dict[str, float]:
