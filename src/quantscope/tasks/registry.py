@@ -5,8 +5,9 @@
 ``*.jsonl``                 user retrieval pairs ``{"query", "document"}``; calibration on
                             the documents (or ``--calib-text`` in the API)
 ``*.txt``                   calibration sentences, one per line (no task metric)
-``faces``                   built-in face verification set (dlib-face style chips)
-folder of identity folders  user face images (one sub-folder per identity)
+``faces``                   built-in face verification set, in the chip style of the model
+                            (150 px dlib chips or 112 px ArcFace chips, by input size)
+folder of identity folders  user face images (one sub-folder per identity), aligned alike
 ``.npy`` / ``.npz`` / dir   raw tensors (fidelity only) — handled by ``tasks.tensors``
 ==========================  ============================================================
 """
