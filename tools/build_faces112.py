@@ -19,7 +19,7 @@ Every face dlib's frontal detector finds with score >= 0.5 gets dlib's 68 landma
 ArcFace five points (``tasks.face_align``) and a 112x112 chip on the ArcFace template. The
 file keeps, per face, ``orig`` and ``align`` (the five points rotated 5 degrees about their
 centre and shifted 3 px, re-aligned) as PNG; the other variants are derived when loading
-(``tasks.faces.arcface_variants``).
+(``tasks.faces.derived_variants``).
 """
 
 from __future__ import annotations
