@@ -8,8 +8,9 @@
                             Spearman of cosine vs the human scores, and of the quantized
                             cosines vs FP32's (``score_agreement``)
 ``*.txt``                   calibration sentences, one per line (no task metric)
-``faces``                   built-in face verification set (dlib-face style chips)
-folder of identity folders  user face images (one sub-folder per identity)
+``faces``                   built-in face verification set, in the chip style of the model
+                            (150 px dlib chips or 112 px ArcFace chips, by input size)
+folder of identity folders  user face images (one sub-folder per identity), aligned alike
 ``.npy`` / ``.npz`` / dir   raw tensors (fidelity only) — handled by ``tasks.tensors``
 ==========================  ============================================================
 """
@@ -198,11 +199,17 @@ FACE_FAR = 0.01
 
 @dataclass(frozen=True, eq=False)
 class VerificationTask:
-    """Face verification: Euclidean distance of descriptors, dlib's 0.6 threshold."""
+    """Face verification at the style's threshold, plus pre_norm quality per slice.
+
+    dlib style: Euclidean distance of raw descriptors < 0.6; arcface style: distance of
+    L2-normalised embeddings < 1.1, with ``pre_norm`` (the norm before normalisation)
+    per distance slice and the genuine match rate binned by it (``tasks.face_quality``).
+    """
 
     name: str
     pairs: object  # tasks.faces.VerificationPairs
     threshold: float
+    normalize: bool = False
 
     def _embeddings(self, out: Outputs) -> np.ndarray:
         return np.concatenate([np.asarray(b[0], np.float32).reshape(len(b[0]), -1)
@@ -212,7 +219,8 @@ class VerificationTask:
         from quantscope.tasks.faces import SLICES, pair_distances, same_person
 
         er, et = self._embeddings(ref), self._embeddings(test)
-        dr, dt = pair_distances(er, self.pairs), pair_distances(et, self.pairs)
+        dr = pair_distances(er, self.pairs, normalize=self.normalize)
+        dt = pair_distances(et, self.pairs, normalize=self.normalize)
         labels = self.pairs.genuine.astype(np.int64)
         values: dict[str, float] = {}
         tables: dict[str, dict[str, float]] = {}
@@ -236,10 +244,47 @@ class VerificationTask:
             "norm_mean": norms["mean"], "norm_cv": norms["cv"],
             "norm_cv_fp32": M.norm_stats(er)["cv"], "collapsed": float(collapse.collapsed),
         })
+        quality_values, quality_tables = self._prenorm_quality(er, et, dt)
+        values.update(quality_values)
+        tables.update(quality_tables)
         verdict = M.resemblance_note(values["embedding_cosine_mean"])
         values["resembles_fp32"] = float(verdict is None)
         notes = (*(f"collapse: {r}" for r in collapse.reasons), *([verdict] if verdict else []))
+        if "pre_norm_match_rate" in quality_tables:  # enough genuine pairs to bin
+            notes += (_gate_note(values["pre_norm_gate"]),)
         return Metrics(values=values, tables=tables, notes=notes)
+
+    def _prenorm_quality(
+        self, er: np.ndarray, et: np.ndarray, dt: np.ndarray
+    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """pre_norm per slice (test and FP32), genuine match rate by bin, the gate."""
+        from quantscope.tasks import face_quality as Q
+        from quantscope.tasks.faces import SLICES, pre_norms
+
+        nr, nt = pre_norms(er), pre_norms(et)
+        p = self.pairs
+        tables: dict[str, dict[str, float]] = {}
+        by_ref = Q.prenorm_by_slice(nr, p.second, p.distance, SLICES)
+        for name, row in Q.prenorm_by_slice(nt, p.second, p.distance, SLICES).items():
+            tables[f"pre_norm_{name}"] = {**row, **{f"{k}_fp32": v for k, v in by_ref[name].items()}}
+        gen = p.genuine
+        values = {"pre_norm_mean": float(nt.mean()), "pre_norm_gate": float("nan")}
+        if gen.sum() >= Q.N_BINS:
+            edges = Q.prenorm_edges(nr[p.second[gen]])
+            bins = Q.match_rate_by_prenorm(nt[p.second[gen]], dt[gen] < self.threshold, edges)
+            tables["pre_norm_match_rate"] = Q.bins_table(bins)
+            values["pre_norm_gate"] = Q.quality_gate(bins)
+        return values, tables
+
+
+def _gate_note(gate: float) -> str:
+    from quantscope.tasks.face_quality import GATE_TARGET
+
+    if gate == -np.inf:
+        return f"pre_norm gate: none needed (every pre_norm bin matches >= {GATE_TARGET:.0%})"
+    if np.isnan(gate):
+        return f"pre_norm gate: no pre_norm range reaches a {GATE_TARGET:.0%} match rate"
+    return f"pre_norm gate: reject faces with pre_norm < {gate:.4g} (below it matches < {GATE_TARGET:.0%})"
 
 
 def _slice_row(dr: np.ndarray, dt: np.ndarray, labels: np.ndarray, thr: float) -> dict[str, float]:
@@ -260,21 +305,21 @@ def _slice_row(dr: np.ndarray, dt: np.ndarray, labels: np.ndarray, thr: float) -
 def face_dataset(
     spec: str, model: Model, *, batch_size: int = 32
 ) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...], VerificationTask, str]:
-    from quantscope.tasks.faces import face_batches, load_faces, verification_pairs
-    from quantscope.zoo.face import MATCH_THRESHOLD
+    from quantscope.tasks.faces import face_batches, load_faces, style_for_input, verification_pairs
 
     names = model.input_names()
     shape = model.value_shapes().get(names[0], ())
     if len(names) != 1 or len(shape) != 4 or shape[1] != 3:
         raise QuantscopeError(
             f"data '{spec}' is face images but the model's inputs are {', '.join(names)} "
-            f"{shape}: use a face model with one NCHW RGB input (e.g. dlib-face)"
+            f"{shape}: use a face model with one NCHW RGB input (e.g. dlib-face, mobilefacenet)"
         )
-    faces = load_faces(spec)
-    batches = tuple({names[0]: b} for b in face_batches(faces, batch_size))
+    style = style_for_input(tuple(shape))
+    faces = load_faces(spec, style.name)
+    batches = tuple({names[0]: b} for b in face_batches(faces, batch_size, style))
     task = VerificationTask(name=f"verification:{spec}", pairs=verification_pairs(faces),
-                            threshold=MATCH_THRESHOLD)
-    note = (f"faces: {len(faces.chips)} aligned chips, {len(task.pairs)} pairs; "
+                            threshold=style.threshold, normalize=style.normalize)
+    note = (f"faces: {len(faces.chips)} aligned {style.name} chips, {len(task.pairs)} pairs; "
             "calibration uses the same chips (the built-in set is small)")
     return batches, batches, task, note
 

