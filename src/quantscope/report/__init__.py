@@ -9,6 +9,7 @@ from quantscope.report.build import (
     demo_section,
     io_section,
     plan_section,
+    prenorm_section,
     render,
 )
 from quantscope.report.run import run_report_html
@@ -27,13 +28,14 @@ def report_html(
     sections = []
     if results:
         sections.append(demo_section(results))
+        sections.append(prenorm_section(results))
     if analysis:
         sections.append(analysis_section(analysis))
     if plan:
         sections.append(plan_section(plan, problems))
     if io_rows:
         sections.append(io_section(io_rows))
-    return render(title, sections)
+    return render(title, [s for s in sections if s])
 
 
 __all__ = ["report_html", "run_report_html"]

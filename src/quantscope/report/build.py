@@ -83,6 +83,19 @@ def demo_section(results: dict[str, dict[str, Any]], title: str = "Precision con
             + "".join(f"<p class=note>{html.escape(n)}</p>" for n in notes))
 
 
+def prenorm_section(results: dict[str, dict[str, Any]]) -> str:
+    """Face verification: match rate by pre_norm (the INT8 cliff), when the results have it."""
+    from quantscope.report.plots import prenorm_plot
+
+    img = prenorm_plot(results)
+    if not img:
+        return ""
+    return ("<h2>Match rate by embedding pre_norm</h2><p>Genuine pairs binned by the "
+            "pre-normalisation norm of their embeddings; below a configuration's gate its "
+            "matches are unreliable (field report 002: a cliff at pre_norm 10 on the "
+            "device).</p>" + img)
+
+
 def plan_section(plan: dict[str, Any], problems: list[dict[str, Any]] | None = None) -> str:
     out = [f"<h2>Plan for {html.escape(str(plan.get('target', '')))}</h2>",
            f"<p>default <b>{html.escape(plan['default'])}</b>, "

@@ -157,3 +157,32 @@ def length_plot(lengths: list[int], title: str) -> str:
     ax.set_ylabel("texts")
     ax.set_title(title, fontsize=9)
     return _img(fig, f"token lengths: {title}")
+
+
+def prenorm_plot(results: dict[str, dict[str, Any]]) -> str:
+    """Match rate of genuine pairs per pre_norm bin, one line per configuration: the INT8
+    "cliff" of field report 002 shows as a line that falls to 0 below some pre_norm."""
+    curves = {}
+    for label, r in results.items():
+        table = (r.get("outputs") or {}).get("pre_norm_match_rate") or {}
+        pts = []
+        for key, rate in table.items():
+            if key.endswith(" n") or ".." not in key or num(rate) is None:
+                continue
+            lo, hi = (float(v) for v in key.split(".."))
+            pts.append(((lo + hi) / 2, float(rate)))
+        if pts:
+            curves[label] = sorted(pts)
+    if not curves:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    for label, pts in curves.items():
+        gate = num((results[label].get("metrics") or {}).get("pre_norm_gate"))
+        suffix = f" (gate {gate:.3g})" if gate is not None and np.isfinite(gate) else ""
+        ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label + suffix)
+    ax.set_xlabel("pre_norm (embedding norm before L2 normalisation), bin centre")
+    ax.set_ylabel("match rate of genuine pairs")
+    ax.set_ylim(-0.05, 1.05)
+    ax.legend(fontsize=7)
+    return _img(fig, "match rate by pre_norm per configuration")

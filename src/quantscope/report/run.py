@@ -12,7 +12,7 @@ import html
 from typing import Any
 
 from quantscope.report import plots
-from quantscope.report.build import _table, io_section, render
+from quantscope.report.build import _table, io_section, prenorm_section, render
 from quantscope.types import Stats
 
 _e = html.escape
@@ -26,6 +26,7 @@ def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
     sections = [
         verdict_section(verdict, verdict_text),
         configs_section(evaluate["results"], metric),
+        prenorm_section(evaluate["results"]),
         noise_section(analysis),
         sensitivity_section(analysis),
         outliers_section(analysis, stats),
