@@ -72,3 +72,26 @@ def test_a_degraded_output_is_called_not_like_fp32():
     assert said == (worst < 0.9)
     fine = stages.evaluate_plan(model, data, stats, Plan.uniform(Precision.A16_W16))
     assert not any(n.startswith("NOT LIKE FP32") for n in fine["notes"])
+
+
+def test_output_flag_scores_one_output_alone(tmp_path, capsys):
+    import json
+
+    from quantscope.cli import main
+
+    m, x, s, r = (tmp_path / n for n in ("m.onnx", "x.npy", "s.npz", "r.json"))
+    onnx.save(_two_heads(), m)
+    np.save(x, np.random.default_rng(1).normal(0, 1, (64, 8)).astype(np.float32))
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s), "--precision",
+                 "a8_w8", "--output", "head_a", "--json", str(r)]) == 0
+    res = json.loads(r.read_text())
+    assert res["metrics"]["sqnr_db"] == res["outputs"]["head_a"]["sqnr_db"]
+    assert any("--output" in n for n in res["notes"])
+    a = tmp_path / "a.json"
+    assert main(["analyze", str(m), "--data", str(x), "--stats", str(s), "--output", "head_a",
+                 "--proxy", "1.0", "--out", str(a)]) == 0
+    assert json.loads(a.read_text())["offenders"][0]["group"] != "hidden_b"
+    assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s), "--precision",
+                 "a8_w8", "--output", "nope"]) == 2
+    assert "no output of the model" in capsys.readouterr().err

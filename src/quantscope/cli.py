@@ -61,7 +61,8 @@ def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
 
     try:
         ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
-                              max_pairs=getattr(args, "pairs", None))
+                              max_pairs=getattr(args, "pairs", None),
+                              output=getattr(args, "output", None))
     except UnicodeDecodeError:
         raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
     for batch in (*ds.calibration, *ds.evaluation):
@@ -185,7 +186,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     check_low_high(args.low, args.high)
     inp = _open(args, data=True, stats=True, target=True)
     result = analyze(inp.model, find_groups(inp.model), inp.stats, list(inp.data.evaluation),
-                     scorer=stages.scorer_for(inp.data), low=args.low,
+                     scorer=stages.scorer_for(inp.data, inp.model), low=args.low,
                      high=args.high, target=inp.target,
                      proxy_fraction=args.proxy, progress=True)
     print(summary_text(result))

@@ -70,6 +70,14 @@ def _data_parent(*, required: bool = True, help: str = DATA_HELP) -> argparse.Ar
     return p
 
 
+def _output_parent() -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--output", type=output_name, metavar="NAME",
+                   help="score this model output alone (default: every output; the "
+                   "metrics without an output name are the worst output's)")
+    return p
+
+
 def _stats_parent(*, required: bool = True, help: str | None = None) -> argparse.ArgumentParser:
     p = _parent()
     p.add_argument("--stats", required=required, type=input_file("stats", STATS_FIX),
@@ -132,6 +140,13 @@ def run_folder(text: str) -> str:
     if not path.exists() and not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"the folder '{path.parent}' of run folder '{text}' "
                                          "does not exist: create it first")
+    return text
+
+
+def output_name(text: str) -> str:
+    """A model output's name (checked against the model when the data is opened)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty output name: give one of the model's outputs")
     return text
 
 
@@ -213,7 +228,8 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                    help="stats file to write (.npz)")
 
     e = sub.add_parser("evaluate", help="emulate a precision/plan and measure fidelity to FP32",
-                       parents=[_model_parent(), _data_parent(), _stats_parent(), _plan_parent(),
+                       parents=[_model_parent(), _data_parent(), _output_parent(),
+                                _stats_parent(), _plan_parent(),
                                 _method_parent(None), _tokenizer_parent(),
                                 _pairs_parent(None, "evaluated")])
     e.add_argument("--json", type=output_file, help="also write the result as JSON")
@@ -248,8 +264,8 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
 def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
     rp = sub.add_parser("repair", help="repairs without 16 bit: equalisation, outlier "
                         "smoothing, bias correction, per-tensor ranges",
-                        parents=[_model_parent(), _data_parent(), _stats_parent(),
-                                 _plan_parent(), _tokenizer_parent(),
+                        parents=[_model_parent(), _data_parent(), _output_parent(),
+                                 _stats_parent(), _plan_parent(), _tokenizer_parent(),
                                  _pairs_parent(1000, "evaluated")])
     rp.add_argument("--repairs", default=None,
                     help="comma list of equalize, smooth, split, bias, adaround, ranges; "
@@ -268,7 +284,8 @@ def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
                     help="plan to write, with the chosen ranges and the repairs applied")
 
     an = sub.add_parser("analyze", help="which layers break the low precision, and why",
-                        parents=[_model_parent(), _data_parent(), _stats_parent(),
+                        parents=[_model_parent(), _data_parent(), _output_parent(),
+                                 _stats_parent(),
                                  _target_parent(required=False, help="target profile (its "
                                                 "quantization scheme is used)"),
                                  _tokenizer_parent(), _pairs_parent(128, "analysed")])
@@ -287,7 +304,7 @@ def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
 def _add_plan_command(sub: argparse._SubParsersAction) -> None:
     pl = sub.add_parser("plan", help="search a legal mixed-precision plan (Pareto front)",
                         parents=[_model_parent(), _target_parent(help="target profile"),
-                                 _seq_len_parent(several=True),
+                                 _seq_len_parent(several=True), _output_parent(),
                                  _data_parent(required=False, help="with --stats: refine the "
                                               "front by real emulation (" + DATA_HELP + ")"),
                                  _stats_parent(required=False, help="with --data: the stats "

@@ -78,16 +78,22 @@ def open_model(spec: str | Path) -> Model:
 
 
 def open_data(
-    spec: str | Path, model: Model, *, tokenizer: str | None = None, max_pairs: int | None = None
+    spec: str | Path, model: Model, *, tokenizer: str | None = None,
+    max_pairs: int | None = None, output: str | None = None,
 ) -> Dataset:
     """Tensor files/folders, or a built-in or user task (text pairs, face images)."""
     from quantscope.tasks.registry import open_task_data
 
     ds = open_task_data(str(spec), model, tokenizer=tokenizer, max_pairs=max_pairs)
-    if ds is not None:
-        return ds
-    batches = tuple(load_tensor_batches(spec, model))
-    return Dataset(name=str(spec), calibration=batches, evaluation=batches)
+    if ds is None:
+        batches = tuple(load_tensor_batches(spec, model))
+        ds = Dataset(name=str(spec), calibration=batches, evaluation=batches)
+    if output is not None:
+        if output not in model.output_names():
+            raise QuantscopeError(f"--output '{output}' is no output of the model (outputs: "
+                                  f"{', '.join(model.output_names())})")
+        ds = dataclasses.replace(ds, output=output)
+    return ds
 
 
 def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, str | None]:
@@ -199,7 +205,7 @@ def evaluate_plans(
     for label, plan in plans.items():
         q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
         test = run_model(q.proto, batches, label=label if progress else "")
-        fid = output_fidelity(ref, test)
+        fid = output_fidelity(ref, test, only=data.output)
         metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
         if data.task is not None:
             tm = data.task.metrics(ref, test)
@@ -446,7 +452,7 @@ def default_metric(data: Dataset | None) -> str:
     return "sqnr_db"  # the worst output's (every output is scored)
 
 
-def scorer_for(data: Dataset) -> Any:
+def scorer_for(data: Dataset, model: Model | None = None) -> Any:
     """The analysis scorer matching the data's task (task-independent fidelity otherwise)."""
     from quantscope.analyze.scoring import outputs_scorer, sts_scorer, text_retrieval_scorer
     from quantscope.tasks.registry import RetrievalTask, StsTask
@@ -458,7 +464,9 @@ def scorer_for(data: Dataset) -> Any:
     if isinstance(task, StsTask):
         mask = task.encoder.input_name("attention_mask")
         return sts_scorer(len(task.pairs), task.batches.order, mask)
-    return outputs_scorer()
+    if data.output is None or model is None:
+        return outputs_scorer()
+    return outputs_scorer(only=model.output_names().index(data.output))
 
 
 def goal_verdict(result: dict[str, Any], metric: str, goal: float) -> dict[str, Any]:

@@ -333,6 +333,7 @@ class Dataset:
     task: Task | None = None
     notes: tuple[str, ...] = ()
     token_lengths: np.ndarray | None = None  # untruncated, per evaluation text (text data)
+    output: str | None = None  # the one model output to score (--output); None: all, worst
 
     def calibration_batches(self) -> Iterator[Batch]:
         yield from self.calibration

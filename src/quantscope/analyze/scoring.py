@@ -108,13 +108,14 @@ def sts_scorer(n_pairs: int, order: np.ndarray, attention_mask: str) -> Scorer:
     return Scorer(score=score, primary="score_agreement", reduce=reduce, row_local=False)
 
 
-def outputs_scorer() -> Scorer:
+def outputs_scorer(*, only: int | None = None) -> Scorer:
     """Every model output scored; the worst one is the metric (tensor models).
 
     Reduce: each output flattened per sample (outputs whose first axis is not the batch
     are left out), concatenated. Score: ``cosine_mean`` and ``sqnr_db`` of each output's
     columns, the minimum over outputs as the unprefixed value (so a degraded second head
     cannot hide behind a clean first one), and each output's own as ``sqnr_db:<k>``.
+    ``only``: the index of the one output to score (``--output``).
     """
     spans: list[tuple[int, int]] = []
 
@@ -129,7 +130,10 @@ def outputs_scorer() -> Scorer:
         return np.concatenate(parts, axis=1)
 
     def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
-        per = [fidelity(ref[:, a:b], test[:, a:b]) for a, b in spans or [(0, ref.shape[1])]]
+        cols = spans or [(0, ref.shape[1])]
+        if only is not None and only < len(cols):
+            cols = [cols[only]]
+        per = [fidelity(ref[:, a:b], test[:, a:b]) for a, b in cols]
         out = {"cosine_mean": min(p["cosine_mean"] for p in per),
                "sqnr_db": min(p["sqnr_db"] for p in per)}
         if len(per) > 1:

@@ -38,7 +38,7 @@ def run_model(
     return Outputs(names=names, batches=tuple(out))
 
 
-def output_fidelity(ref: Outputs, test: Outputs) -> Metrics:
+def output_fidelity(ref: Outputs, test: Outputs, *, only: str | None = None) -> Metrics:
     """Cosine (mean, min, p01) and SQNR per output (``tables``); unprefixed: the worst
     output's value of each metric, so no output is left unscored (a note names which
     output is worst when there are several)."""
@@ -52,14 +52,17 @@ def output_fidelity(ref: Outputs, test: Outputs) -> Metrics:
         row = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
                "cosine_p01": float(np.percentile(cos, 1)), "sqnr_db": float(sqnr)}
         tables[name] = row
+    scored = {only: tables[only]} if only else tables
     for key in ("cosine_mean", "cosine_min", "cosine_p01", "sqnr_db"):
-        values[key] = min(t[key] for t in tables.values())
+        values[key] = min(t[key] for t in scored.values())
     notes: tuple[str, ...] = ()
     if values["cosine_mean"] < RESEMBLE_MIN_COSINE:
         notes += (f"NOT LIKE FP32: output cosine to FP32 {values['cosine_mean']:.3f} < "
                   f"{RESEMBLE_MIN_COSINE:g} (worst output): the quantized model computes "
                   "something else",)
-    if len(tables) > 1:
+    if only and len(tables) > 1:
+        notes += (f"scored on output '{only}' alone (--output); every output in 'outputs'",)
+    elif len(tables) > 1:
         worst = min(tables, key=lambda n: tables[n]["sqnr_db"])
         notes += (f"{len(tables)} outputs scored; the metrics without an output name are the "
                  f"worst output's (lowest SQNR: '{worst}'); per output in 'outputs'",)
