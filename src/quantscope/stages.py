@@ -205,7 +205,7 @@ def evaluate_plans(
     for label, plan in plans.items():
         q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
         test = run_model(q.proto, batches, label=label if progress else "")
-        fid = output_fidelity(ref, test, only=data.output)
+        fid = output_fidelity(ref, test, only=data.output, judge=data.task is None)
         metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
         if data.task is not None:
             tm = data.task.metrics(ref, test)
