@@ -167,3 +167,24 @@ def test_checkpoint_resumes(tmp_path):
     _, _, _, _, _, _, second = _distilled(steps=40, checkpoint=ck)
     assert [h["step"] for h in second.history] == [0, 20, 40]
     assert second.steps == 40 and second.samples == 40 * 16
+
+
+def test_finetune_repair_on_a_dataset_reports_holdout_and_pins_ranges():
+    from quantscope.finetune.apply import finetune_repair, split_holdout
+    from quantscope.stages import Dataset, evaluate_plans
+
+    model, groups, stats, _ = _prepared("conv_net", n=4)
+    batches = tuple(tm.sample_inputs(model.proto, n=8, seed=300 + i) for i in range(10))
+    train, hold = split_holdout(batches)
+    assert len(hold) == 1 and len(train) == 9
+    data = Dataset(name="tiny", calibration=batches, evaluation=batches[:3])
+    plan = Plan.uniform(Precision.A8_W4)
+    cfg = FinetuneConfig(steps=30, lr=3e-3, range_lr=1e-2, eval_every=10, warmup=3)
+    ft, ft_plan, res = finetune_repair(model, data, stats, plan, config=cfg)
+    assert res.holdout_rows == 8 and res.train_rows == 72 and res.metric == "output_sqnr_db"
+    assert set(dict(ft_plan.pinned)) == set(res.ranges) and res.ranges
+    after = evaluate_plans(ft, data, stats, {"p": ft_plan}, reference=model)["p"]["metrics"]
+    before = evaluate_plans(model, data, stats, {"p": plan})["p"]["metrics"]
+    assert "finetune" in dict(ft_plan.meta)
+    assert res.holdout_best > res.holdout_before
+    assert after["sqnr_db"] > before["sqnr_db"], (before["sqnr_db"], after["sqnr_db"])

@@ -81,3 +81,34 @@ def finetuned_plan(plan: Plan, result: FinetuneResult) -> Plan:
     pinned = dict(plan.pinned) | {t: (float(lo), float(hi)) for t, (lo, hi) in result.ranges.items()}
     meta = (*[(k, v) for k, v in plan.meta if k != "finetune"], ("finetune", result.summary()))
     return dataclasses.replace(plan, pinned=tuple(sorted(pinned.items())), meta=meta)
+
+
+def split_holdout(batches: Sequence[Batch], fraction: float = 0.1) -> tuple[list[Batch],
+                                                                           list[Batch]]:
+    """Every k-th batch held out (batches are often sorted by length: spread the lengths)."""
+    batches = list(batches)
+    if len(batches) < 2:
+        raise QuantscopeError("finetune: needs at least 2 calibration batches (one is held out)")
+    k = max(2, round(1 / max(fraction, 1e-6)))
+    held = set(range(k // 2, len(batches), k)) or {len(batches) - 1}
+    return ([b for i, b in enumerate(batches) if i not in held],
+            [b for i, b in enumerate(batches) if i in held])
+
+
+def finetune_repair(model: Model, data: object, stats: Stats, plan: Plan, *,
+                    config: FinetuneConfig | None = None, scheme: QuantScheme | None = None,
+                    checkpoint: str | Path | None = None, progress: bool = False,
+                    ) -> tuple[Model, Plan, FinetuneResult]:
+    """The repair form: fine-tune on ``data``'s calibration batches (10 % held out).
+
+    Returns the fine-tuned FP32 model, the plan with the learned ranges pinned, and the
+    record. ``data`` is a ``stages.Dataset``; its task picks the objective.
+    """
+    from quantscope.finetune.objectives import objective_for
+
+    objective, mask = objective_for(model, getattr(data, "task", None))
+    config = dataclasses.replace(config or FinetuneConfig(), mask_input=mask)
+    train, hold = split_holdout(list(data.calibration_batches()))  # type: ignore[attr-defined]
+    result = finetune(model, stats, plan, objective, train, hold, config, scheme=scheme,
+                      checkpoint=checkpoint, progress=progress)
+    return finetuned_model(model, result), finetuned_plan(plan, result), result
