@@ -3,6 +3,7 @@
     PYTHONPATH=src python bench/finetune.py [--model minilm-l6] [--pairs 1000] [--steps 200]
         [--plan plan.json] [--stats stats.npz] [--taps ln --tap-weight 1] [--extra-pairs]
         [--no-ranges] [--train-len 128] [--batch 16] [--lr 2e-5] [--range-lr 1e-3]
+        [--vector-lr LR]
         [--checkpoint ck.pt] [--json out.json]
 
 Plan: uniform a8_w8 for ``hailo10h`` (its scheme: activations unsigned asymmetric, weights
@@ -60,6 +61,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--train-texts", type=int, default=0, help="use only the first N (0: all)")
     p.add_argument("--lr", type=float, default=2e-5)
     p.add_argument("--range-lr", type=float, default=1e-3)
+    p.add_argument("--vector-lr", type=float, default=None)
     p.add_argument("--no-ranges", action="store_true")
     p.add_argument("--taps", choices=("none", "ln"), default="none")
     p.add_argument("--tap-weight", type=float, default=1.0)
@@ -67,6 +69,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--max-minutes", type=float, default=None)
     p.add_argument("--checkpoint")
     p.add_argument("--json")
     return p.parse_args()
@@ -116,11 +119,12 @@ def main() -> int:
     enc = detect_encoder(model.proto)
     mask = enc.input_name("attention_mask")
     cfg = FinetuneConfig(
-        steps=args.steps, lr=args.lr, range_lr=args.range_lr, learn_ranges=not args.no_ranges,
+        steps=args.steps, lr=args.lr, range_lr=args.range_lr, vector_lr=args.vector_lr, learn_ranges=not args.no_ranges,
         warmup=args.warmup, eval_every=args.eval_every,
         taps=layernorm_outputs(model) if args.taps == "ln" else (),
         tap_weight=args.tap_weight if args.taps != "none" else 0.0, mask_input=mask,
-        threads=args.threads)
+        threads=args.threads,
+        max_seconds=args.max_minutes * 60 if args.max_minutes else None)
     objective = EmbeddingLoss(enc.output_index, mask, mse_weight=args.mse_weight)
     res = finetune(model, stats, plan, objective, train, hold, cfg, scheme=scheme,
                    checkpoint=args.checkpoint, progress=True)

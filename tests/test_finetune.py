@@ -188,3 +188,13 @@ def test_finetune_repair_on_a_dataset_reports_holdout_and_pins_ranges():
     assert "finetune" in dict(ft_plan.meta)
     assert res.holdout_best > res.holdout_before
     assert after["sqnr_db"] > before["sqnr_db"], (before["sqnr_db"], after["sqnr_db"])
+
+
+def test_time_budget_stops_after_an_evaluation():
+    model, groups, stats, _ = _prepared("residual_add", n=2)
+    train = [tm.sample_inputs(model.proto, n=8, seed=i) for i in range(3)]
+    student = to_torch(_qdq(model, groups, stats, Plan.uniform(Precision.A8_W8)),
+                       float_weights=fp32_weights(model))
+    cfg = FinetuneConfig(steps=50, eval_every=20, max_seconds=0.0)
+    res = distill(student, to_torch(model.proto), OutputsLoss(), train, train[:1], cfg)
+    assert res.steps == 1 and [h["step"] for h in res.history] == [0, 1]

@@ -39,7 +39,8 @@ from quantscope.types import QuantscopeError
 @dataclass(frozen=True)
 class FinetuneConfig:
     steps: int = 200
-    lr: float = 2e-5  # weights and biases
+    lr: float = 2e-5  # weight matrices
+    vector_lr: float | None = None  # biases, LayerNorm scales and shifts (default: ``lr``)
     range_lr: float = 1e-3  # log-scale and zero-point shift of the activation grids
     learn_ranges: bool = True
     learn_weights: bool = True
@@ -50,6 +51,7 @@ class FinetuneConfig:
     mask_input: str | None = None  # padding mask for the tap loss
     seed: int = 0
     threads: int | None = None
+    max_seconds: float | None = None  # stop early (after an evaluation) past this wall time
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,12 +120,16 @@ class Distiller:
         self.student, self.teacher, self.obj, self.cfg = student, teacher, objective, config
         teacher.requires_grad_(False)
         weights = list(student.trained_weights().values()) if config.learn_weights else []
+        vectors = [p for p in weights if p.dim() <= 1]
+        matrices = [p for p in weights if p.dim() > 1]
         ranges = list(student.quant_parameters()) if config.learn_ranges else []
         for p in student.parameters():
             p.requires_grad_(False)
         for p in weights + ranges:
             p.requires_grad_(True)
-        groups = [g for g in ({"params": weights, "lr": config.lr},
+        vector_lr = config.lr if config.vector_lr is None else config.vector_lr
+        groups = [g for g in ({"params": matrices, "lr": config.lr},
+                              {"params": vectors, "lr": vector_lr},
                               {"params": ranges, "lr": config.range_lr}) if g["params"]]
         if not groups:
             raise QuantscopeError("finetune: nothing to learn (weights and ranges both off)")
@@ -216,7 +222,8 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
     while d.step < config.steps:
         key = _batch_index(d.step, len(train), config.seed)
         losses.append(d.train_step(key, train[key]))
-        done = d.step % config.eval_every == 0 or d.step == config.steps
+        late = config.max_seconds is not None and time.perf_counter() - start > config.max_seconds
+        done = d.step % config.eval_every == 0 or d.step == config.steps or late
         info = {"step": float(d.step), "loss": float(np.mean(losses[-config.eval_every:]))}
         if done:
             info["holdout"] = d.evaluate(holdout)
@@ -226,6 +233,8 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
             if ck is not None:
                 d.save(ck)
         bar.step(info, done)
+        if late:
+            break
     bar.close()
     assert d.best is not None
     student.load_state_dict(d.best[2])
