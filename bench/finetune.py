@@ -28,10 +28,19 @@ import numpy as np
 import torch
 
 from quantscope.emulate.evaluate import run_model
-from quantscope.finetune.apply import finetune, finetuned_model, finetuned_plan
-from quantscope.finetune.distill import FinetuneConfig
+from quantscope.emulate.session import make_session
+from quantscope.finetune.apply import finetuned_model, finetuned_plan, fp32_weights
+from quantscope.finetune.distill import FinetuneConfig, distill
+from quantscope.finetune.graph import to_torch
 from quantscope.finetune.objectives import EmbeddingLoss, layernorm_outputs
-from quantscope.stages import calibrate_model, evaluate_plans, open_data, open_model, read_stats
+from quantscope.stages import (
+    calibrate_model,
+    evaluate_plans,
+    open_data,
+    open_model,
+    qdq_for_plan,
+    read_stats,
+)
 from quantscope.tasks.text import (
     STDLIB_DOCS,
     detect_encoder,
@@ -96,6 +105,22 @@ def _pick(result: dict[str, Any]) -> dict[str, float]:
     return {k: round(float(result["metrics"][k]), 5) for k in KEYS if k in result["metrics"]}
 
 
+def _parity(student: Any, qdq: Any, objective: EmbeddingLoss, batches: list) -> dict[str, float]:
+    """Pooled embeddings of the trained torch student and of ORT on the rebuilt graph."""
+    session = make_session(qdq)
+    cos, diff = [], []
+    for feeds in batches:
+        with torch.no_grad():
+            a = objective.target(student(feeds)[0], feeds)[0].numpy()
+        outs = [torch.from_numpy(o) for o in session.run(None, feeds)]
+        b = objective.target(outs, feeds)[0].numpy()
+        cos.append((a * b).sum(axis=1))
+        diff.append(np.abs(a - b).max())
+    c = np.concatenate(cos)
+    return {"cosine_mean": round(float(c.mean()), 6), "cosine_min": round(float(c.min()), 6),
+            "max_abs_diff": round(float(max(diff)), 6)}
+
+
 def main() -> int:
     args = _args()
     torch.set_num_threads(args.threads)
@@ -126,15 +151,20 @@ def main() -> int:
         threads=args.threads,
         max_seconds=args.max_minutes * 60 if args.max_minutes else None)
     objective = EmbeddingLoss(enc.output_index, mask, mse_weight=args.mse_weight)
-    res = finetune(model, stats, plan, objective, train, hold, cfg, scheme=scheme,
-                   checkpoint=args.checkpoint, progress=True)
+    student = to_torch(qdq_for_plan(model, stats, plan, scheme=scheme)[0],
+                       float_weights=fp32_weights(model), scheme=scheme)
+    res = distill(student, to_torch(model.proto), objective, train, hold, cfg,
+                  checkpoint=args.checkpoint, progress=True)
     print(res.summary(), flush=True)
     ft_model, ft_plan = finetuned_model(model, res), finetuned_plan(plan, res)
+    parity = _parity(student, qdq_for_plan(ft_model, stats, ft_plan, scheme=scheme)[0],
+                     objective, hold[:2])
+    print(f"torch student vs ORT on the rebuilt QDQ graph (2 held-out batches): {parity}")
     after = evaluate_plans(ft_model, data, stats, {"after": ft_plan, "fp32": Plan.uniform(
         Precision.FLOAT)}, scheme=scheme, reference=model, reference_outputs=ref)
     out = {
         "settings": vars(args), "before": _pick(before), "after": _pick(after["after"]),
-        "finetuned_fp32_vs_original": _pick(after["fp32"]),
+        "finetuned_fp32_vs_original": _pick(after["fp32"]), "torch_vs_ort": parity,
         "finetune": {"seconds": round(res.seconds, 1), "steps": res.steps,
                      "samples": res.samples, "train_rows": res.train_rows,
                      "holdout_rows": res.holdout_rows, "metric": res.metric,
