@@ -94,9 +94,9 @@ class GraphModule(nn.Module):
         self.steps: list[Step] = []
         qdq_params: set[str] = set()
         values: dict[str, np.ndarray] = {}
-        skip: set[int] = set()
+        skip: set[str] = set()  # outputs of DequantizeLinear nodes already paired
         for node in graph.node:
-            if id(node) in skip:
+            if node.op_type == "DequantizeLinear" and node.output[0] in skip:
                 continue
             if node.op_type == "Constant":
                 values[node.output[0]] = _constant_value(node)
@@ -117,14 +117,14 @@ class GraphModule(nn.Module):
     # ------------------------------------------------------------------ conversion
 
     def _act_pair(self, q: onnx.NodeProto, consumers: dict[str, list[onnx.NodeProto]],
-                  inits: dict[str, np.ndarray], skip: set[int], qdq_params: set[str]) -> None:
+                  inits: dict[str, np.ndarray], skip: set[str], qdq_params: set[str]) -> None:
         users = consumers.get(q.output[0], [])
         if len(users) != 1 or users[0].op_type != "DequantizeLinear" or \
                 list(users[0].input[1:]) != list(q.input[1:3]):
             raise QuantscopeError(f"finetune: QuantizeLinear '{q.name}' is not followed by its "
                                   "DequantizeLinear (not a graph the QDQ writer made)")
         dq = users[0]
-        skip.add(id(dq))
+        skip.add(dq.output[0])
         src, dst = q.input[0], dq.output[0]
         key = dst if src == f"{dst}_float" else src
         zp_type = self._init_type(q.input[2], inits)
