@@ -80,6 +80,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--max-minutes", type=float, default=None)
     p.add_argument("--checkpoint")
+    p.add_argument("--no-before", action="store_true", help="skip measuring the plan as is")
     p.add_argument("--json")
     return p.parse_args()
 
@@ -137,8 +138,8 @@ def main() -> int:
 
     scheme = load_target(plan.target or args.target).scheme
     ref = run_model(model.proto, list(data.evaluation))
-    before = evaluate_plans(model, data, stats, {"before": plan}, scheme=scheme,
-                            reference_outputs=ref)["before"]
+    before = {"metrics": {}} if args.no_before else evaluate_plans(
+        model, data, stats, {"before": plan}, scheme=scheme, reference_outputs=ref)["before"]
     print(f"before: {_pick(before)}  ({time.perf_counter() - t0:.0f} s)", flush=True)
     train, hold = _train_batches(model, args)
     enc = detect_encoder(model.proto)
