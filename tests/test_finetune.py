@@ -198,3 +198,26 @@ def test_time_budget_stops_after_an_evaluation():
     cfg = FinetuneConfig(steps=50, eval_every=20, max_seconds=0.0)
     res = distill(student, to_torch(model.proto), OutputsLoss(), train, train[:1], cfg)
     assert res.steps == 1 and [h["step"] for h in res.history] == [0, 1]
+
+
+def test_intermediate_taps_are_distilled():
+    from quantscope.finetune.objectives import layernorm_outputs, tap_loss
+
+    model, groups, stats, _ = _prepared("layernorm_block", n=4)
+    taps = layernorm_outputs(model)
+    assert len(taps) == 2
+    train = [tm.sample_inputs(model.proto, n=16, seed=100 + i) for i in range(8)]
+    plan = Plan.uniform(Precision.A8_W4)
+    student = to_torch(_qdq(model, groups, stats, plan), float_weights=fp32_weights(model))
+    teacher = to_torch(model.proto)
+
+    def gap():
+        with torch.no_grad():
+            return float(tap_loss(student(train[0], taps)[1], teacher(train[0], taps)[1],
+                                  train[0], None))
+
+    first = gap()
+    cfg = FinetuneConfig(steps=40, lr=3e-3, range_lr=1e-2, eval_every=20, warmup=3,
+                         taps=taps, tap_weight=1.0)
+    distill(student, teacher, OutputsLoss(), train, train[:2], cfg)
+    assert gap() < first
