@@ -207,12 +207,15 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         out["reasons"] = dict(plan.reasons)
     if plan.ranges:
         out["ranges"] = dict(plan.ranges)
+    if plan.pinned:
+        out["pinned"] = {t: [lo, hi] for t, (lo, hi) in plan.pinned}
     if plan.meta:
         out["meta"] = dict(plan.meta)
     return out
 
 
-PLAN_KEYS = frozenset({"format", "default", "target", "groups", "reasons", "meta", "ranges"})
+PLAN_KEYS = frozenset({"format", "default", "target", "groups", "reasons", "meta", "ranges",
+                       "pinned"})
 # what the planner and the repair command record next to the plan (not part of Plan)
 PLAN_EXTRA_KEYS = frozenset({"pareto", "repairs", "repair_offer"})
 
@@ -237,7 +240,16 @@ def plan_from_dict(obj: Any, where: str = "plan") -> Plan:
         reasons=tuple((str(k), str(v)) for k, v in obj.get("reasons", {}).items()),
         meta=tuple((str(k), str(v)) for k, v in obj.get("meta", {}).items()),
         ranges=tuple((str(k), _range_method(v, where)) for k, v in obj.get("ranges", {}).items()),
+        pinned=tuple((str(k), _pinned(v, where)) for k, v in obj.get("pinned", {}).items()),
     )
+
+
+def _pinned(value: Any, where: str) -> tuple[float, float]:
+    ok = isinstance(value, list) and len(value) == 2 and all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    if not ok or not value[0] <= value[1]:
+        raise QuantscopeError(f"'pinned' ranges in {where} must be [lo, hi] number pairs, lo <= hi")
+    return float(value[0]), float(value[1])
 
 
 def _range_method(value: Any, where: str) -> str:

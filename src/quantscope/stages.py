@@ -313,7 +313,7 @@ def forced_ranges(
     """
     owner = {t: g.name for g in groups.groups for t in g.outputs}
     out: dict[str, tuple[float, float]] = {}
-    for tensor, _ in plan.ranges:
+    for tensor in dict(plan.ranges) | dict(plan.pinned):
         if tensor in owner and tensor in enc.activations:
             lo, hi = enc.activations[tensor].range()
             out[owner[tensor]] = (round(float(lo), 6), round(float(hi), 6))

@@ -160,6 +160,7 @@ class Plan:
     reasons: tuple[tuple[str, str], ...] = ()  # group -> why it got its precision
     meta: tuple[tuple[str, str], ...] = ()  # free-form provenance (tool version, seed …)
     ranges: tuple[tuple[str, str], ...] = ()  # tensor -> range method overriding the stats'
+    pinned: tuple[tuple[str, tuple[float, float]], ...] = ()  # tensor -> (lo, hi), e.g. learned
 
     def precision_of(self, group: str) -> Precision:
         return dict(self.overrides).get(group, self.default)

@@ -95,6 +95,7 @@ def encode(
     """Encodings for every tensor the plan quantizes, in ``scheme`` (required: the target's)."""
     method = method or stats.method
     per_tensor = dict(plan.ranges)
+    pinned = dict(plan.pinned)  # learned ranges (finetune): used as they are
     masks = {m.output: m for m in find_mask_adds(model)}
     acts: dict[str, Encoding] = {}
     notes: list[str] = []
@@ -102,6 +103,9 @@ def encode(
     floored: set[str] = set()
     softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type == "Softmax"}
     for t, bits in _input_bits(groups, plan).items():
+        if t in pinned:
+            acts[t] = _act_encoding(*pinned[t], bits, scheme)
+            continue
         ts = _stat(stats, t)
         acts[t] = _act_encoding(*tensor_range(ts, per_tensor.get(t, method), bits), bits, scheme)
     for g in groups.groups:
@@ -109,6 +113,9 @@ def encode(
         if bits is None:
             continue
         for t in g.outputs:
+            if t in pinned:
+                acts[t] = _act_encoding(*pinned[t], bits, scheme)
+                continue
             if t in masks:
                 s = _stat(stats, masks[t].scores)
                 lo, hi = tensor_range(s, per_tensor.get(t, method), bits)

@@ -1,0 +1,114 @@
+"""The fine-tune as a stage: plan -> student -> distil -> fine-tuned FP32 model + plan.
+
+==========================  ===========================================================
+``finetune``                builds the plan's QDQ graph with the one writer (``encode``
+                            -> ``build_qdq``), converts it to the student and the FP32
+                            graph to the teacher, distils; returns a FinetuneResult
+``finetuned_model``         a COPY of the FP32 ModelProto with every trained weight
+                            written back by initializer name (same graph, same dtypes
+                            and shapes); the input model is not touched
+``finetuned_plan``          the plan with the learned activation ranges as ``pinned``
+                            ranges (``encode`` uses them as they are; ``.alls`` exports
+                            them as ``force_range_out``) and a provenance note
+==========================  ===========================================================
+Measure the pair with ``stages.evaluate_plans(finetuned, data, stats, {..: plan},
+reference=original)``: the QDQ writer rebuilds the graph (weight scales from the new
+weights, activation grids from the pinned ranges) and ONNX Runtime runs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from quantscope.emulate.encode import encode
+from quantscope.emulate.qdq import build_qdq
+from quantscope.finetune.distill import FinetuneConfig, FinetuneResult, distill
+from quantscope.finetune.graph import to_torch
+from quantscope.finetune.objectives import Batch, Objective
+from quantscope.model.groups import check_plan_names, find_groups
+from quantscope.model.load import Model
+from quantscope.types import Plan, QuantScheme, QuantscopeError, Stats
+
+
+def fp32_weights(model: Model) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def finetune(model: Model, stats: Stats, plan: Plan, objective: Objective,
+             train: Sequence[Batch], holdout: Sequence[Batch], config: FinetuneConfig, *,
+             scheme: QuantScheme | None = None, checkpoint: str | Path | None = None,
+             progress: bool = False) -> FinetuneResult:
+    """Quantization-aware distillation of ``model`` under ``plan`` (see module docstring)."""
+    groups = find_groups(model)
+    check_plan_names(plan, groups)
+    enc = encode(model, groups, stats, plan, scheme=scheme)
+    qdq = build_qdq(model, groups, plan, enc)
+    student = to_torch(qdq, float_weights=fp32_weights(model), scheme=enc.scheme)
+    teacher = to_torch(model.proto)
+    return distill(student, teacher, objective, train, holdout, config,
+                   checkpoint=checkpoint, progress=progress)
+
+
+def finetuned_model(model: Model, result: FinetuneResult) -> Model:
+    """A copy of the FP32 model with the trained weights written back by name."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    todo = dict(result.weights)
+    for i, init in enumerate(proto.graph.initializer):
+        if init.name not in todo:
+            continue
+        old = numpy_helper.to_array(init)
+        new = np.asarray(todo.pop(init.name))
+        if new.shape != old.shape:
+            raise QuantscopeError(f"finetune: weight '{init.name}' has shape {new.shape}, the "
+                                  f"model's is {old.shape}")
+        proto.graph.initializer[i].CopyFrom(numpy_helper.from_array(new.astype(old.dtype),
+                                                                    init.name))
+    if todo:
+        raise QuantscopeError(f"finetune: {len(todo)} trained weight(s) not in the model "
+                              f"(e.g. '{next(iter(todo))}'): it was trained on another model")
+    return Model(proto=proto, source=f"{model.source} (finetuned)")
+
+
+def finetuned_plan(plan: Plan, result: FinetuneResult) -> Plan:
+    """``plan`` with the learned ranges pinned and a note of what the fine-tune did."""
+    pinned = dict(plan.pinned) | {t: (float(lo), float(hi)) for t, (lo, hi) in result.ranges.items()}
+    meta = (*[(k, v) for k, v in plan.meta if k != "finetune"], ("finetune", result.summary()))
+    return dataclasses.replace(plan, pinned=tuple(sorted(pinned.items())), meta=meta)
+
+
+def split_holdout(batches: Sequence[Batch], fraction: float = 0.1) -> tuple[list[Batch],
+                                                                           list[Batch]]:
+    """Every k-th batch held out (batches are often sorted by length: spread the lengths)."""
+    batches = list(batches)
+    if len(batches) < 2:
+        raise QuantscopeError("finetune: needs at least 2 calibration batches (one is held out)")
+    k = max(2, round(1 / max(fraction, 1e-6)))
+    held = set(range(k // 2, len(batches), k)) or {len(batches) - 1}
+    return ([b for i, b in enumerate(batches) if i not in held],
+            [b for i, b in enumerate(batches) if i in held])
+
+
+def finetune_repair(model: Model, data: object, stats: Stats, plan: Plan, *,
+                    config: FinetuneConfig | None = None, scheme: QuantScheme | None = None,
+                    checkpoint: str | Path | None = None, progress: bool = False,
+                    ) -> tuple[Model, Plan, FinetuneResult]:
+    """The repair form: fine-tune on ``data``'s calibration batches (10 % held out).
+
+    Returns the fine-tuned FP32 model, the plan with the learned ranges pinned, and the
+    record. ``data`` is a ``stages.Dataset``; its task picks the objective.
+    """
+    from quantscope.finetune.objectives import objective_for
+
+    objective, mask = objective_for(model, getattr(data, "task", None))
+    config = dataclasses.replace(config or FinetuneConfig(), mask_input=mask)
+    train, hold = split_holdout(list(data.calibration_batches()))  # type: ignore[attr-defined]
+    result = finetune(model, stats, plan, objective, train, hold, config, scheme=scheme,
+                      checkpoint=checkpoint, progress=progress)
+    return finetuned_model(model, result), finetuned_plan(plan, result), result

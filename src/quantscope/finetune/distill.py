@@ -1,0 +1,249 @@
+"""Quantization-aware distillation: train the QDQ student against the FP32 teacher.
+
+==================  ==================================================================
+student             :class:`~.graph.GraphModule` converted from the QDQ graph the one
+                    writer built (weights, biases and LayerNorm parameters learned;
+                    activation scales and zero-points learned when ``learn_ranges``)
+teacher             the FP32 graph converted the same way; its targets (e.g. pooled
+                    embeddings) are computed once per batch and cached; tapped
+                    intermediate tensors are recomputed per step (too big to cache)
+data                unlabeled batches: ``train`` for the updates, ``holdout`` for the
+                    held-out metric that picks the best step (early stopping)
+optimiser           Adam, two learning rates (weights, ranges), linear warm-up then
+                    cosine decay to zero over ``steps``
+checkpoint          ``torch.save`` of student, optimizer, scheduler, step, history and
+                    the best state, every ``eval_every`` steps; resumed when it exists
+==================  ==================================================================
+Nothing here is a reported number: the result's weights and ranges are written back and
+measured in ONNX Runtime through the QDQ writer (:mod:`.apply`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from quantscope.finetune.graph import GraphModule
+from quantscope.finetune.objectives import Batch, Objective, tap_loss
+from quantscope.types import QuantscopeError
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    steps: int = 200
+    lr: float = 2e-5  # weight matrices
+    vector_lr: float | None = None  # biases, LayerNorm scales and shifts (default: ``lr``)
+    range_lr: float = 1e-3  # log-scale and zero-point shift of the activation grids
+    learn_ranges: bool = True
+    learn_weights: bool = True
+    warmup: int = 10
+    eval_every: int = 25
+    taps: tuple[str, ...] = ()  # intermediate tensors distilled besides the objective
+    tap_weight: float = 0.0
+    mask_input: str | None = None  # padding mask for the tap loss
+    seed: int = 0
+    threads: int | None = None
+    max_seconds: float | None = None  # stop early (after an evaluation) past this wall time
+
+
+@dataclass(frozen=True, eq=False)
+class FinetuneResult:
+    """What a fine-tune learned (weights by FP32 initializer name, ranges by tensor)."""
+
+    weights: dict[str, np.ndarray]
+    ranges: dict[str, tuple[float, float]]
+    history: tuple[dict[str, float], ...]
+    seconds: float
+    steps: int
+    samples: int  # training rows seen (with repeats)
+    train_rows: int
+    holdout_rows: int
+    metric: str
+    holdout_before: float
+    holdout_best: float
+    best_step: int
+    config: FinetuneConfig = field(default_factory=FinetuneConfig)
+
+    def summary(self) -> str:
+        return (f"finetune: {self.steps} steps, {self.samples} samples ({self.train_rows} "
+                f"training rows, {self.holdout_rows} held out), {self.seconds:.0f} s; held-out "
+                f"{self.metric} {self.holdout_before:.5g} -> {self.holdout_best:.5g} "
+                f"(best step {self.best_step})")
+
+
+def _rows(batches: Sequence[Batch]) -> int:
+    return sum(len(next(iter(b.values()))) for b in batches)
+
+
+def _batch_index(step: int, n: int, seed: int) -> int:
+    """Batch of ``step``: a fresh permutation per epoch (independent of the total steps)."""
+    return int(np.random.default_rng((seed, step // n)).permutation(n)[step % n])
+
+
+class _Progress:
+    """tqdm on a terminal; one plain line per evaluation otherwise."""
+
+    def __init__(self, total: int, start: int, enabled: bool) -> None:
+        self.enabled, self.tty = enabled, sys.stderr.isatty()
+        self.bar = None
+        if enabled and self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=start, desc="finetune", file=sys.stderr)
+
+    def step(self, info: dict[str, float], evaluated: bool) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in info.items() if k != "step"})
+        elif self.enabled and evaluated:
+            text = "  ".join(f"{k} {v:.5g}" for k, v in info.items())
+            print(f"finetune: {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Distiller:
+    """One distillation run (state kept here so a checkpoint can resume it)."""
+
+    def __init__(self, student: GraphModule, teacher: GraphModule, objective: Objective,
+                 config: FinetuneConfig) -> None:
+        self.student, self.teacher, self.obj, self.cfg = student, teacher, objective, config
+        teacher.requires_grad_(False)
+        weights = list(student.trained_weights().values()) if config.learn_weights else []
+        vectors = [p for p in weights if p.dim() <= 1]
+        matrices = [p for p in weights if p.dim() > 1]
+        ranges = list(student.quant_parameters()) if config.learn_ranges else []
+        for p in student.parameters():
+            p.requires_grad_(False)
+        for p in weights + ranges:
+            p.requires_grad_(True)
+        vector_lr = config.lr if config.vector_lr is None else config.vector_lr
+        groups = [g for g in ({"params": matrices, "lr": config.lr},
+                              {"params": vectors, "lr": vector_lr},
+                              {"params": ranges, "lr": config.range_lr}) if g["params"]]
+        if not groups:
+            raise QuantscopeError("finetune: nothing to learn (weights and ranges both off)")
+        self.opt = torch.optim.Adam(groups)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._schedule)
+        self.step, self.history = 0, []
+        self.best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+        self._targets: dict[int, list[torch.Tensor]] = {}
+
+    def _schedule(self, step: int) -> float:
+        if step < self.cfg.warmup:
+            return (step + 1) / self.cfg.warmup
+        span = max(self.cfg.steps - self.cfg.warmup, 1)
+        return 0.5 * (1.0 + math.cos(math.pi * min(step - self.cfg.warmup, span) / span))
+
+    def _target(self, key: int, feeds: Batch) -> list[torch.Tensor]:
+        if key not in self._targets:
+            with torch.no_grad():
+                self._targets[key] = self.obj.target(self.teacher(feeds)[0], feeds)
+        return self._targets[key]
+
+    def train_step(self, key: int, feeds: Batch) -> float:
+        self.student.train()
+        out, taps = self.student(feeds, self.cfg.taps)
+        loss = self.obj.loss(self.obj.target(out, feeds), self._target(key, feeds))
+        if self.cfg.taps and self.cfg.tap_weight:
+            with torch.no_grad():
+                _, t_taps = self.teacher(feeds, self.cfg.taps)
+            loss = loss + self.cfg.tap_weight * tap_loss(taps, t_taps, feeds, self.cfg.mask_input)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.sched.step()
+        self.step += 1
+        return float(loss.detach())
+
+    def evaluate(self, holdout: Sequence[Batch]) -> float:
+        scores, rows = 0.0, 0
+        with torch.no_grad():
+            for i, feeds in enumerate(holdout):
+                n = len(next(iter(feeds.values())))
+                pred = self.obj.target(self.student(feeds)[0], feeds)
+                scores += n * self.obj.score(pred, self._target(-1 - i, feeds))
+                rows += n
+        return scores / max(rows, 1)
+
+    def remember_if_best(self, score: float) -> None:
+        if self.best is None or score > self.best[0]:
+            state = {k: v.detach().clone() for k, v in self.student.state_dict().items()}
+            self.best = (score, self.step, state)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        torch.save({"student": self.student.state_dict(), "optimizer": self.opt.state_dict(),
+                    "scheduler": self.sched.state_dict(), "step": self.step,
+                    "history": self.history, "best": self.best}, tmp)
+        os.replace(tmp, path)
+
+    def load(self, path: Path) -> None:
+        try:
+            ck = torch.load(path, weights_only=False)
+            self.student.load_state_dict(ck["student"])
+        except (OSError, RuntimeError, KeyError) as err:
+            raise QuantscopeError(f"finetune: cannot resume from checkpoint {path}: {err}") from None
+        self.opt.load_state_dict(ck["optimizer"])
+        self.sched.load_state_dict(ck["scheduler"])
+        self.step, self.history, self.best = ck["step"], ck["history"], ck["best"]
+
+
+def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
+            train: Sequence[Batch], holdout: Sequence[Batch], config: FinetuneConfig, *,
+            checkpoint: str | Path | None = None, progress: bool = False) -> FinetuneResult:
+    """Train ``student`` towards ``teacher`` on ``train``; keep the best held-out state."""
+    if not train or not holdout:
+        raise QuantscopeError("finetune: needs at least one training and one held-out batch")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    d = Distiller(student, teacher, objective, config)
+    ck = Path(checkpoint) if checkpoint else None
+    if ck is not None and ck.is_file():
+        d.load(ck)
+    start = time.perf_counter() - (d.history[-1]["seconds"] if d.history else 0.0)
+    if not d.history:
+        before = d.evaluate(holdout)
+        d.history.append({"step": 0, "loss": float("nan"), "holdout": before, "seconds": 0.0})
+        d.remember_if_best(before)
+    bar = _Progress(config.steps, d.step, progress)
+    losses: list[float] = []
+    while d.step < config.steps:
+        key = _batch_index(d.step, len(train), config.seed)
+        losses.append(d.train_step(key, train[key]))
+        late = config.max_seconds is not None and time.perf_counter() - start > config.max_seconds
+        done = d.step % config.eval_every == 0 or d.step == config.steps or late
+        info = {"step": float(d.step), "loss": float(np.mean(losses[-config.eval_every:]))}
+        if done:
+            info["holdout"] = d.evaluate(holdout)
+            info["seconds"] = time.perf_counter() - start
+            d.history.append(info)
+            d.remember_if_best(info["holdout"])
+            if ck is not None:
+                d.save(ck)
+        bar.step(info, done)
+        if late:
+            break
+    bar.close()
+    assert d.best is not None
+    student.load_state_dict(d.best[2])
+    return FinetuneResult(
+        weights={k: p.detach().numpy().copy() for k, p in student.trained_weights().items()},
+        ranges=student.ranges() if config.learn_ranges else {}, history=tuple(d.history),
+        seconds=time.perf_counter() - start, steps=d.step,
+        samples=sum(_rows([train[_batch_index(k, len(train), config.seed)]])
+                    for k in range(d.step)),
+        train_rows=_rows(train), holdout_rows=_rows(holdout), metric=objective.metric,
+        holdout_before=d.history[0]["holdout"], holdout_best=d.best[0], best_step=d.best[1],
+        config=config)

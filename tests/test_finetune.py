@@ -1,0 +1,223 @@
+"""finetune: ONNX -> torch conversion, fake-quant parity with ORT, distillation, write-back."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+import tiny_models as tm
+import torch
+
+from quantscope.calibrate.collect import calibrate
+from quantscope.emulate.encode import encode
+from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.session import make_session
+from quantscope.finetune.apply import finetuned_model, finetuned_plan, fp32_weights
+from quantscope.finetune.distill import FinetuneConfig, distill
+from quantscope.finetune.fakequant import ActQuant, weight_qparams
+from quantscope.finetune.graph import to_torch
+from quantscope.finetune.objectives import OutputsLoss
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+from quantscope.numerics import qparams, sqnr_db, weight_encoding
+from quantscope.serde import plan_from_dict, plan_to_dict
+from quantscope.stages import forced_ranges
+from quantscope.types import Plan, Precision, QuantScheme, QuantscopeError
+
+HAILO = QuantScheme(weight_signed=False)  # hailo10h: unsigned symmetric weights
+
+
+def _prepared(name, n=6, seed=0):
+    model = load_proto(tm.ALL[name](), name)
+    groups = find_groups(model)
+    feeds = [tm.sample_inputs(model.proto, seed=seed + i) for i in range(n)]
+    return model, groups, calibrate(model, groups, feeds), feeds
+
+
+def _qdq(model, groups, stats, plan, scheme=None):
+    return build_qdq(model, groups, plan, encode(model, groups, stats, plan, scheme=scheme))
+
+
+def _torch_out(module, feeds):
+    with torch.no_grad():
+        return module(feeds)[0][0].numpy()
+
+
+@pytest.mark.parametrize("name", list(tm.ALL))
+def test_fp32_conversion_matches_ort(name):
+    model, _, _, feeds = _prepared(name)
+    ours = _torch_out(to_torch(model.proto), feeds[0])
+    ref = make_session(model.proto).run(None, feeds[0])[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(tm.ALL))
+@pytest.mark.parametrize("precision", [Precision.A8_W8, Precision.A8_W4])
+@pytest.mark.parametrize("scheme", [None, HAILO])
+def test_qdq_student_matches_ort_on_the_same_graph(name, precision, scheme):
+    model, groups, stats, feeds = _prepared(name)
+    qdq = _qdq(model, groups, stats, Plan.uniform(precision), scheme)
+    student = to_torch(qdq, float_weights=fp32_weights(model), scheme=scheme)
+    assert student.act_quants and student.weight_quants
+    for f in feeds[:3]:
+        ref = make_session(qdq).run(None, f)[0]
+        np.testing.assert_allclose(_torch_out(student, f), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("signed,symmetric", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("axis", [None, 0, 1])
+def test_weight_scales_equal_numerics(signed, symmetric, axis):
+    w = np.random.default_rng(0).normal(0, 0.3, (6, 5)).astype(np.float32)
+    ref = weight_encoding(w, 8, axis=axis, signed=signed, symmetric=symmetric)
+    scale, zp = weight_qparams(torch.from_numpy(w), axis, 8, signed, symmetric)
+    np.testing.assert_array_equal(scale.numpy().reshape(-1), ref.scale.reshape(-1))
+    np.testing.assert_array_equal(zp.numpy().reshape(-1), ref.zero_point.reshape(-1))
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_learned_range_reencodes_to_the_same_grid(bits):
+    enc = qparams(-1.3, 4.1, bits, signed=False, symmetric=False)
+    q = ActQuant("t", enc.scale, enc.zero_point, bits, False)
+    with torch.no_grad():
+        q.log_scale.fill_(-0.37)
+        q.zp_shift.fill_(5.4)
+    scale, zp = (v.detach() for v in q.scale_zp())
+    again = qparams(*q.range(), bits, signed=False, symmetric=False)
+    assert float(again.scale) == float(scale) and int(again.zero_point) == int(zp)
+    assert int(zp) == int(enc.zero_point) + 5
+
+
+def test_pinned_ranges_round_trip_and_drive_encode_and_alls():
+    model, groups, stats, _ = _prepared("residual_add")
+    t = groups.groups[0].outputs[0]
+    plan = Plan(default=Precision.A8_W8, pinned=((t, (-0.5, 2.0)),))
+    again = plan_from_dict(plan_to_dict(plan))
+    assert again.pinned == plan.pinned
+    enc = encode(model, groups, stats, plan)
+    lo, hi = enc.activations[t].range()
+    assert abs(lo + 0.5) < 1e-2 and abs(hi - 2.0) < 1e-2
+    assert any(abs(v[0] - lo) < 1e-5 for v in forced_ranges(groups, plan, enc).values())
+    with pytest.raises(QuantscopeError, match="pinned"):
+        plan_from_dict({"default": "a8_w8", "pinned": {"hb": [2.0, 1.0]}})
+
+
+def test_unsupported_op_is_one_clear_error():
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])
+    g = onnx.helper.make_graph([onnx.helper.make_node("Selu", ["x"], ["y"])], "g", [x], [y])
+    with pytest.raises(QuantscopeError, match="Selu"):
+        to_torch(onnx.helper.make_model(g))
+
+
+def _distilled(name="layernorm_block", precision=Precision.A8_W4, steps=60, **kw):
+    model, groups, stats, _ = _prepared(name, n=4)
+    train = [tm.sample_inputs(model.proto, n=16, seed=100 + i) for i in range(12)]
+    hold = [tm.sample_inputs(model.proto, n=16, seed=200 + i) for i in range(3)]
+    plan = Plan.uniform(precision)
+    student = to_torch(_qdq(model, groups, stats, plan), float_weights=fp32_weights(model))
+    cfg = FinetuneConfig(steps=steps, lr=3e-3, range_lr=1e-2, eval_every=20, warmup=5)
+    res = distill(student, to_torch(model.proto), OutputsLoss(), train, hold, cfg, **kw)
+    return model, groups, stats, plan, hold, student, res
+
+
+def _ort_sqnr(model_proto, qdq, feeds):
+    return np.mean([sqnr_db(make_session(model_proto).run(None, f)[0],
+                            make_session(qdq).run(None, f)[0]) for f in feeds])
+
+
+def test_finetune_improves_ort_metric_and_ort_matches_torch():
+    model, groups, stats, plan, hold, student, res = _distilled()
+    ft, ft_plan = finetuned_model(model, res), finetuned_plan(plan, res)
+    qdq_after = _qdq(ft, groups, stats, ft_plan)
+    before = _ort_sqnr(model.proto, _qdq(model, groups, stats, plan), hold)
+    after = _ort_sqnr(model.proto, qdq_after, hold)
+    assert after > before + 1.0, (before, after)
+    assert res.holdout_best > res.holdout_before and res.steps == 60
+    for f in hold:  # what ORT measures is what torch computed
+        np.testing.assert_allclose(make_session(qdq_after).run(None, f)[0],
+                                   _torch_out(student, f), rtol=1e-4, atol=1e-4)
+
+
+def test_write_back_keeps_the_graph_and_writes_every_weight_by_name():
+    model, _, _, plan, _, _, res = _distilled(steps=20)
+    before = model.proto.SerializeToString()
+    ft = finetuned_model(model, res)
+    assert model.proto.SerializeToString() == before  # the input model is untouched
+    assert [(n.op_type, list(n.input), list(n.output)) for n in ft.graph.node] == \
+        [(n.op_type, list(n.input), list(n.output)) for n in model.graph.node]
+    old, new = fp32_weights(model), fp32_weights(ft)
+    assert {k: (v.shape, v.dtype) for k, v in old.items()} == \
+        {k: (v.shape, v.dtype) for k, v in new.items()}
+    assert set(res.weights) == {"w1", "w2", "b1", "g1", "be1", "g2", "be2"}
+    for name, w in res.weights.items():
+        np.testing.assert_array_equal(new[name], w)
+    assert not np.array_equal(new["w1"], old["w1"])
+    assert dict(finetuned_plan(plan, res).pinned) == res.ranges
+    bad = dataclasses.replace(res, weights={**res.weights, "nope": np.zeros(1, np.float32)})
+    with pytest.raises(QuantscopeError, match="not in the model"):
+        finetuned_model(model, bad)
+
+
+def test_checkpoint_resumes(tmp_path):
+    ck = tmp_path / "ck.pt"
+    _, _, _, _, _, _, first = _distilled(steps=20, checkpoint=ck)
+    assert ck.is_file() and first.steps == 20
+    _, _, _, _, _, _, second = _distilled(steps=40, checkpoint=ck)
+    assert [h["step"] for h in second.history] == [0, 20, 40]
+    assert second.steps == 40 and second.samples == 40 * 16
+
+
+def test_finetune_repair_on_a_dataset_reports_holdout_and_pins_ranges():
+    from quantscope.finetune.apply import finetune_repair, split_holdout
+    from quantscope.stages import Dataset, evaluate_plans
+
+    model, groups, stats, _ = _prepared("conv_net", n=4)
+    batches = tuple(tm.sample_inputs(model.proto, n=8, seed=300 + i) for i in range(10))
+    train, hold = split_holdout(batches)
+    assert len(hold) == 1 and len(train) == 9
+    data = Dataset(name="tiny", calibration=batches, evaluation=batches[:3])
+    plan = Plan.uniform(Precision.A8_W4)
+    cfg = FinetuneConfig(steps=30, lr=3e-3, range_lr=1e-2, eval_every=10, warmup=3)
+    ft, ft_plan, res = finetune_repair(model, data, stats, plan, config=cfg)
+    assert res.holdout_rows == 8 and res.train_rows == 72 and res.metric == "output_sqnr_db"
+    assert set(dict(ft_plan.pinned)) == set(res.ranges) and res.ranges
+    after = evaluate_plans(ft, data, stats, {"p": ft_plan}, reference=model)["p"]["metrics"]
+    before = evaluate_plans(model, data, stats, {"p": plan})["p"]["metrics"]
+    assert "finetune" in dict(ft_plan.meta)
+    assert res.holdout_best > res.holdout_before
+    assert after["sqnr_db"] > before["sqnr_db"], (before["sqnr_db"], after["sqnr_db"])
+
+
+def test_time_budget_stops_after_an_evaluation():
+    model, groups, stats, _ = _prepared("residual_add", n=2)
+    train = [tm.sample_inputs(model.proto, n=8, seed=i) for i in range(3)]
+    student = to_torch(_qdq(model, groups, stats, Plan.uniform(Precision.A8_W8)),
+                       float_weights=fp32_weights(model))
+    cfg = FinetuneConfig(steps=50, eval_every=20, max_seconds=0.0)
+    res = distill(student, to_torch(model.proto), OutputsLoss(), train, train[:1], cfg)
+    assert res.steps == 1 and [h["step"] for h in res.history] == [0, 1]
+
+
+def test_intermediate_taps_are_distilled():
+    from quantscope.finetune.objectives import layernorm_outputs, tap_loss
+
+    model, groups, stats, _ = _prepared("layernorm_block", n=4)
+    taps = layernorm_outputs(model)
+    assert len(taps) == 2
+    train = [tm.sample_inputs(model.proto, n=16, seed=100 + i) for i in range(8)]
+    plan = Plan.uniform(Precision.A8_W4)
+    student = to_torch(_qdq(model, groups, stats, plan), float_weights=fp32_weights(model))
+    teacher = to_torch(model.proto)
+
+    def gap():
+        with torch.no_grad():
+            return float(tap_loss(student(train[0], taps)[1], teacher(train[0], taps)[1],
+                                  train[0], None))
+
+    first = gap()
+    cfg = FinetuneConfig(steps=40, lr=3e-3, range_lr=1e-2, eval_every=20, warmup=3,
+                         taps=taps, tap_weight=1.0)
+    distill(student, teacher, OutputsLoss(), train, train[:2], cfg)
+    assert gap() < first
