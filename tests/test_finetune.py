@@ -37,7 +37,7 @@ def _prepared(name, n=6, seed=0):
 
 
 def _qdq(model, groups, stats, plan, scheme=None):
-    return build_qdq(model, groups, plan, encode(model, groups, stats, plan, scheme=scheme))
+    return build_qdq(model, encode(model, groups, stats, plan, scheme=scheme or QuantScheme()))
 
 
 def _torch_out(module, feeds):
@@ -95,7 +95,7 @@ def test_pinned_ranges_round_trip_and_drive_encode_and_alls():
     plan = Plan(default=Precision.A8_W8, pinned=((t, (-0.5, 2.0)),))
     again = plan_from_dict(plan_to_dict(plan))
     assert again.pinned == plan.pinned
-    enc = encode(model, groups, stats, plan)
+    enc = encode(model, groups, stats, plan, scheme=QuantScheme())
     lo, hi = enc.activations[t].range()
     assert abs(lo + 0.5) < 1e-2 and abs(hi - 2.0) < 1e-2
     assert any(abs(v[0] - lo) < 1e-5 for v in forced_ranges(groups, plan, enc).values())

@@ -43,7 +43,7 @@ def test_qdq_student_of_a_text_encoder_agrees_with_ort_on_pooled_embeddings():
     stats = calibrate(model, groups, [_small(b) for b in data.calibration[:2]])
     scheme = load_target("hailo10h").scheme
     plan = Plan.uniform(Precision.A8_W8)
-    qdq = build_qdq(model, groups, plan, encode(model, groups, stats, plan, scheme=scheme))
+    qdq = build_qdq(model, encode(model, groups, stats, plan, scheme=scheme))
     student = to_torch(qdq, float_weights=fp32_weights(model), scheme=scheme)
     obj = EmbeddingLoss(0, "attention_mask")
     with torch.no_grad():

@@ -1,8 +1,8 @@
 """The fine-tune as a stage: plan -> student -> distil -> fine-tuned FP32 model + plan.
 
 ==========================  ===========================================================
-``finetune``                builds the plan's QDQ graph with the one writer (``encode``
-                            -> ``build_qdq``), converts it to the student and the FP32
+``finetune``                builds the plan's QDQ graph with the one composition
+                            (``quantize_model``), converts it to the student and the FP32
                             graph to the teacher, distils; returns a FinetuneResult
 ``finetuned_model``         a COPY of the FP32 ModelProto with every trained weight
                             written back by initializer name (same graph, same dtypes
@@ -26,12 +26,10 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import build_qdq
+from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.finetune.distill import FinetuneConfig, FinetuneResult, distill
 from quantscope.finetune.graph import to_torch
 from quantscope.finetune.objectives import Batch, Objective
-from quantscope.model.groups import check_plan_names, find_groups
 from quantscope.model.load import Model
 from quantscope.types import Plan, QuantScheme, QuantscopeError, Stats
 
@@ -45,11 +43,8 @@ def finetune(model: Model, stats: Stats, plan: Plan, objective: Objective,
              scheme: QuantScheme | None = None, checkpoint: str | Path | None = None,
              progress: bool = False) -> FinetuneResult:
     """Quantization-aware distillation of ``model`` under ``plan`` (see module docstring)."""
-    groups = find_groups(model)
-    check_plan_names(plan, groups)
-    enc = encode(model, groups, stats, plan, scheme=scheme)
-    qdq = build_qdq(model, groups, plan, enc)
-    student = to_torch(qdq, float_weights=fp32_weights(model), scheme=enc.scheme)
+    q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme))
+    student = to_torch(q.proto, float_weights=fp32_weights(model), scheme=q.encodings.scheme)
     teacher = to_torch(model.proto)
     return distill(student, teacher, objective, train, holdout, config,
                    checkpoint=checkpoint, progress=progress)
