@@ -152,7 +152,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
         print(f"note: {split_note}")
     names = args.repairs or dict(plan.meta).get("repairs") or ",".join(DEFAULT_REPAIRS)
     out = run_repairs(model, stats, plan, feeds, repairs=names.split(","),
-                      proxy=args.proxy, scheme=stages.scheme_for(plan), progress=True)
+                      proxy=args.proxy, scheme=stages.scheme_for(plan), progress=True,
+                      task=data.task)
     for r in out.records:
         fp32 = "" if r.fp32_check is None else f"  fp32 max|diff| {r.fp32_check:.2g}"
         print(f"{r.name:<9} {r.seconds:6.1f} s  changed {len(r.changed):3d}  "

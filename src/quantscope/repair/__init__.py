@@ -84,6 +84,7 @@ class RepairInput:
     feeds: Sequence[dict[str, np.ndarray]]  # calibration batches
     scheme: QuantScheme | None = None  # the target's quantization scheme
     proxy: str = "local"  # range choice: "local" (histogram) or "output" error
+    task: object | None = None  # the data's task (finetune distils what it scores)
 
 
 @dataclass(frozen=True, eq=False)

@@ -127,6 +127,7 @@ def run_repairs(
     proxy: str = "local",
     progress: bool = False,
     registry: Mapping[str, RepairSpec] = REGISTRY,
+    task: object | None = None,
 ) -> RepairRun:
     """Run ``repairs`` (registry names) in the registry's order on ``model`` for ``plan``."""
     unknown = [r for r in repairs if r not in registry]
@@ -139,7 +140,7 @@ def run_repairs(
                       show=progress):
         say(f"repair: {name}", show=progress)
         spec = registry[name]
-        inp = RepairInput(current, stats, plan, feeds, scheme=scheme, proxy=proxy)
+        inp = RepairInput(current, stats, plan, feeds, scheme=scheme, proxy=proxy, task=task)
         record, step, ref = _run_one(name, spec, inp, ref)
         records.append(record)
         if step is not None and step.proto is not None:

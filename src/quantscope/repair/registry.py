@@ -9,7 +9,8 @@ for ``--help``.
 
 Adding a repair: a module in this package with a ``*_step(RepairInput) -> RepairStep``
 function, and one entry below (its position is its place in the order). Graph edits
-come first, ``ranges`` last (it chooses ranges for the final graph).
+come first, ``ranges`` chooses ranges for the final graph, and ``finetune`` trains last
+(it starts from those ranges and pins what it learns).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from quantscope.repair import RepairInput, RepairStep
 from quantscope.repair.adaround import adaround_step
 from quantscope.repair.bias_correction import bias_step
 from quantscope.repair.equalize import equalize_step
+from quantscope.repair.finetune import finetune_step
 from quantscope.repair.ranges import ranges_step
 from quantscope.repair.smooth import smooth_step
 from quantscope.repair.split import split_step
@@ -51,6 +53,10 @@ REGISTRY: dict[str, RepairSpec] = {
     "ranges": RepairSpec(ranges_step, keeps_fp32=True, default=True,
                          help="per-tensor range method chosen by measured error "
                          "(no graph edit)"),
+    "finetune": RepairSpec(finetune_step, keeps_fp32=False, default=False,
+                           help="quantization-aware distillation from the FP32 model "
+                           "(PyTorch, the finetune extra; learns weights and ranges; last, "
+                           "on the final graph; up to 15 min)"),
 }
 
 DEFAULT_REPAIRS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.default)
