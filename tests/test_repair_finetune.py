@@ -34,3 +34,28 @@ def test_finetune_repair_writes_weights_pins_ranges_and_improves_held_out(monkey
     after = stages.evaluate_plan(repaired, data, out.stats, out.plan, saturation=False,
                                  reference=model)
     assert after["metrics"]["sqnr_db"] > before["metrics"]["sqnr_db"]
+
+
+def test_plan_with_finetune_records_both_measurements(tmp_path, monkeypatch, capsys):
+    import json
+
+    import onnx
+
+    from quantscope.cli import main
+
+    monkeypatch.setattr(ft, "FINETUNE_STEPS", 20)
+    m, x, s, a, p = (tmp_path / n for n in ("m.onnx", "x.npy", "s.npz", "a.json", "p.json"))
+    onnx.save(tm.conv_net(), m)
+    np.save(x, np.random.default_rng(0).normal(0, 1, (96, 3, 16, 16)).astype(np.float32))
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    assert main(["analyze", str(m), "--data", str(x), "--stats", str(s), "--low", "a8_w4",
+                 "--out", str(a)]) == 0
+    assert main(["plan", str(m), "--analysis", str(a), "--target", "ort-cpu", "--max-cost",
+                 "1.2", "--data", str(x), "--stats", str(s), "--repairs", "bias,finetune",
+                 "--out", str(p)]) == 0
+    assert "finetune (" in capsys.readouterr().out
+    doc = json.loads(p.read_text())
+    ftr = doc["pareto"]["finetune"]
+    assert ftr["metric"] == "sqnr_db" and ftr["after"] is not None and ftr["before"] is not None
+    assert ftr["repairs"][-1] == "finetune" and "sqnr_db" in ftr["fp32_drift"]
+    assert doc["meta"]["repairs"].endswith("finetune") and doc.get("pinned")

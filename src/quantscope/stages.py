@@ -39,6 +39,7 @@ from quantscope.types import (
     Groups,
     Outputs,
     Plan,
+    Precision,
     QuantScheme,
     QuantscopeError,
     Stats,
@@ -472,6 +473,9 @@ def scorer_for(data: Dataset, model: Model | None = None) -> Any:
 def goal_verdict(result: dict[str, Any], metric: str, goal: float) -> dict[str, Any]:
     """Did the chosen plan reach ``goal`` (measured); if not, which constraint binds."""
     best = result.get("chosen", {}).get("measured")
+    tuned = (result.get("finetune") or {}).get("after")
+    if tuned is not None:  # the plan returned is the fine-tuned one
+        best = tuned if best is None else max(best, tuned)
     reached = best is not None and best >= goal
     blockers = result.get("blockers", [])
     if reached:
@@ -502,6 +506,13 @@ def format_search(result: dict[str, Any]) -> str:
                      f"{b['gain']:.3g} predicted gain forgone")
     if result.get("binding"):
         lines.append(f"binding: {result['binding']}")
+    ft = result.get("finetune")
+    if ft:
+        drift = ", ".join(f"{k} {v:.4g}" for k, v in ft.get("fp32_drift", {}).items())
+        lines.append(f"finetune ({'+'.join(ft['repairs'])}, {ft['seconds']} s): {ft['metric']} "
+                     f"{ft['before']} -> {ft['after']} (measured in ORT); fine-tuned FP32 vs "
+                     f"original FP32: {drift}" + (f"; skipped: {ft['skipped']}"
+                                                  if ft.get("skipped") else ""))
     for r in result.get("seq_lens", []):
         fit = f", {r['texts_fit']:.0%} of the texts fit" if "texts_fit" in r else ""
         lines.append(f"  seq {r['seq_len']}: cost {r['cost']}, predicted {r['predicted']}, "
@@ -577,13 +588,24 @@ def plan_model(
     progress: bool = False,
 ) -> PlanResult:
     """Search a legal plan from an analysis; with ``data`` and ``stats`` the front is
-    re-measured by real emulation and ``options.repairs`` are measured and searched too."""
+    re-measured by real emulation and ``options.repairs`` are measured and searched too.
+
+    ``finetune`` among the repairs is not a search move (one fine-tune costs minutes): the
+    chosen plan, with its repairs, is fine-tuned and measured again, and
+    ``pareto["finetune"]`` records both measurements, the fine-tuned FP32 model's own
+    drift from the original and the time; the plan returned is the fine-tuned one (its
+    learned ranges pinned, ``finetune`` in its repairs, so ``repair --plan`` rebuilds it).
+    """
     from quantscope.model.shapes import given_shapes
     from quantscope.plan.search import plan_from_analysis
 
     options.check_inputs(data=data is not None, stats=stats is not None)
     if options.metric is None:
         options = dataclasses.replace(options, metric=default_metric(data))
+    finetune = "finetune" in options.repairs
+    if finetune:
+        options = dataclasses.replace(
+            options, repairs=tuple(r for r in options.repairs if r != "finetune"))
     shapes = given_shapes(model, options.seq_len, options.input_shapes)
     evaluate, offer = None, None
     if data is not None and stats is not None:
@@ -594,10 +616,52 @@ def plan_model(
                                      evaluate=evaluate, seed=options.seed,
                                      repairs=offer.options if offer else ())
     pareto = extra["pareto"]
+    if finetune and data is not None and stats is not None:
+        plan, pareto["finetune"] = finetune_chosen(model, data, stats, plan, target, options,
+                                                   progress=progress)
     if options.goal is not None:
         pareto["goal"] = goal_verdict(pareto, options.metric, options.goal)
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
                       offer=offer)
+
+
+def finetune_chosen(
+    model: Model, data: Dataset, stats: Stats, plan: Plan, target: Target,
+    options: PlanOptions, *, progress: bool = False,
+) -> tuple[Plan, dict[str, Any]]:
+    """The chosen plan's repairs plus ``finetune``, measured against the original FP32."""
+    import time
+
+    from quantscope.repair.apply import run_repairs
+
+    chosen = [r for r in dict(plan.meta).get("repairs", "").split(",") if r]
+    names = [*chosen, "finetune"]
+    feeds = list(data.calibration)[: options.repair_batches]
+    t0 = time.perf_counter()
+    out = run_repairs(model, stats, plan, feeds, repairs=names, scheme=target.scheme,
+                      task=data.task, progress=progress)
+    tuned = load_proto(out.proto, f"{model.source} (repaired: {','.join(names)})")
+    ref = run_model(model.proto, list(data.evaluation))
+    runs = evaluate_plans(tuned, data, out.stats, {
+        "plan": out.plan, "fp32": Plan.uniform(Precision.FLOAT)}, reference_outputs=ref,
+        saturation=False, progress=progress)
+    before = evaluate_plan(model, data, stats, plan, reference_outputs=ref,
+                           saturation=False)["metrics"]
+    keys = (options.metric, "embedding_cosine_mean", "recall@1", "sqnr_db")
+    rec = next(r for r in out.records if r.name == "finetune")
+    result = {
+        "metric": options.metric, "repairs": names,
+        "before": before.get(options.metric), "after": runs["plan"]["metrics"].get(options.metric),
+        "before_metrics": {k: before[k] for k in keys if k in before},
+        "after_metrics": {k: runs["plan"]["metrics"][k] for k in keys
+                          if k in runs["plan"]["metrics"]},
+        "fp32_drift": {k: runs["fp32"]["metrics"][k] for k in keys
+                       if k in runs["fp32"]["metrics"]},
+        "seconds": round(time.perf_counter() - t0, 1), "record": rec.reason,
+        "skipped": rec.skipped,
+    }
+    meta = (*[(k, v) for k, v in out.plan.meta if k != "repairs"], ("repairs", ",".join(names)))
+    return dataclasses.replace(out.plan, meta=meta), result
 
 
 def plan_lengths(
