@@ -203,9 +203,16 @@ def _layer(g: _Graph, cfg: DecoderConfig, w: dict[str, np.ndarray], i: int, h: s
 # --------------------------------------------------------------------------- numpy reference
 
 
+class _Float64(dict):
+    """Weights cast to float64 on each use (the whole model at once would double memory)."""
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return super().__getitem__(key).astype(np.float64)
+
+
 def numpy_forward(cfg: DecoderConfig, weights: dict[str, np.ndarray], ids: np.ndarray) -> np.ndarray:
     """Logits [N, V] of a full causal run over ``ids`` [N] (float64 numpy, no cache)."""
-    w = {k: v.astype(np.float64) for k, v in weights.items()}
+    w = _Float64(weights)
     n, d, rep = len(ids), cfg.head_dim, cfg.heads // cfg.kv_heads
     inv = 1.0 / cfg.rope_theta ** (np.arange(0, d, 2) / d)
     ang = np.arange(n)[:, None] * inv[None, :]
