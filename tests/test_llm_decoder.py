@@ -84,3 +84,23 @@ def test_phase_inputs_checked(tmp_path) -> None:
     with pytest.raises(QuantscopeError, match="no decode graph"):
         (tmp_path / "m.prefill.onnx").write_bytes(b"")
         phase_path(tmp_path / "m.prefill.onnx", "decode")
+
+
+def test_cli_check_on_both_phases(graphs: dict[str, onnx.ModelProto], tmp_path, capsys) -> None:
+    from quantscope.cli import main
+    from quantscope.serde import write_plan
+
+    for p, g in graphs.items():
+        onnx.save(g, str(tmp_path / f"tiny.{p}.onnx"))
+    plan = tmp_path / "plan.json"
+    write_plan(plan, Plan(default=Precision.A8_W8, target="hailo10h",
+                          overrides=(("layers.0.attn_residual", Precision.A16_W16),)))
+    argv = ["check", str(plan), "--model", str(tmp_path / "tiny.decode.onnx"),
+            "--target", "hailo10h", "--phase", "prefill,decode"]
+    assert main([*argv, "--seq-len", "4096"]) == 1
+    out = capsys.readouterr().out
+    assert "prefill (seq-len 4096): cost" in out and "decode (seq-len 4096): cost" in out
+    assert "1 error(s)" in out and "[hailo.super_defuse] layers.0.attn_residual" in out
+    assert main([*argv, "--seq-len", "64"]) == 0
+    assert main([*argv[:-1], "prefill,tbt"]) == 2
+    assert "unknown phase" in capsys.readouterr().err

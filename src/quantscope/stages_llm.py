@@ -1,0 +1,95 @@
+"""Stage composition for decoder LLMs: both phase graphs, one plan, per-phase results.
+
+Kept apart from ``stages.py`` (same layer): open a prefill/decode pair, check a plan on
+both, and measure its next-token quality per phase on frozen text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantscope.model.load import Model, load
+from quantscope.model.phases import PHASES, phase_path
+from quantscope.plan.phases import PhaseCheck, check_phases
+from quantscope.targets import load_target
+from quantscope.tasks.lm import DEFAULT_SEQ_LEN, load_lm_tokenizer, token_windows
+from quantscope.tasks.lm_phases import LM_PHASES, calibrate_phases, evaluate_lm_plans
+from quantscope.types import Plan, QuantscopeError
+
+PROMPT = "The capital of France is"
+
+
+def phase_file(spec: str | Path, phase: str) -> Path:
+    """The ``phase`` graph file of a built-in decoder name or a prefill/decode file."""
+    from quantscope.zoo import resolve_model
+
+    return phase_path(resolve_model(str(spec)), phase)
+
+
+def open_phase_models(spec: str | Path, phases: tuple[str, ...] = PHASES) -> dict[str, Model]:
+    return {p: load(phase_file(spec, p)) for p in phases}
+
+
+def check_plan_phases(spec: str | Path, plan: Plan, phases: tuple[str, ...],
+                      seq_len: int | None) -> tuple[PhaseCheck, ...]:
+    if not plan.target:
+        raise QuantscopeError("the plan names no target: check --phase needs one "
+                              "(give --target or a plan made for a target)")
+    return check_phases(plan, open_phase_models(spec, phases), load_target(plan.target),
+                        seq_len or DEFAULT_SEQ_LEN)
+
+
+@dataclass(frozen=True)
+class LmSetup:
+    """How much text a phase evaluation uses (the defaults fit a 2-core laptop in minutes)."""
+
+    seq_len: int = DEFAULT_SEQ_LEN
+    calibration: int = 16
+    evaluation: int = 8
+    steps: int = 8
+    prompts: int = 4
+    new_tokens: int = 32
+
+
+def lm_quality(spec: str | Path, plans: dict[str, Plan], setup: LmSetup = LmSetup(),
+               models: dict[str, Model] | None = None) -> dict[str, Any]:
+    """Per plan and phase: top-1 agreement, KL, perplexity ratio, greedy agreement, time."""
+    models = models or open_phase_models(spec)
+    tok = load_lm_tokenizer(phase_file(spec, "prefill"))
+    windows = token_windows(tok, seq_len=setup.seq_len, calibration=setup.calibration,
+                            evaluation=setup.evaluation)
+    prompts = [np.array(tok.encode(PROMPT).ids, np.int64), *(w[:12] for w in windows.evaluation)]
+    prompts = prompts[:setup.prompts]
+    stats = calibrate_phases(models, windows, steps=setup.steps)
+    results = evaluate_lm_plans(models, stats, plans, windows, prompts=prompts,
+                                steps=setup.steps, new_tokens=setup.new_tokens)
+    return {"data": windows.source, "setup": setup.__dict__, "plans": results}
+
+
+def format_phase_checks(checks: tuple[PhaseCheck, ...]) -> list[str]:
+    lines = []
+    for c in checks:
+        lines.append(f"{c.phase} (seq-len {c.seq_len}): cost {c.cost:.2f}x a8_w8, "
+                     f"{c.errors} error(s), {len(c.problems) - c.errors} warning(s)")
+        lines += [f"  {p.severity}: [{p.rule}] {p.group}: {p.reason}" for p in c.problems]
+    return lines
+
+
+def format_lm_quality(result: dict[str, Any]) -> list[str]:
+    lines = [f"{'plan':<14} {'phase':<16} {'top-1':>7} {'KL':>9} {'ppl ratio':>10}"]
+    for label, res in result["plans"].items():
+        for phase in LM_PHASES:
+            v = res[phase]
+            lines.append(f"{label:<14} {phase:<16} {v['top1_agreement']:>7.3f} "
+                         f"{v['kl']:>9.4f} {v['ppl_ratio']:>10.4f}")
+        lines.append(f"{label:<14} {'greedy (32 tok)':<16} "
+                     f"{res['greedy']['greedy_agreement']:>7.3f}")
+    return lines
+
+
+__all__ = ["LmSetup", "check_plan_phases", "format_lm_quality", "format_phase_checks",
+           "lm_quality", "open_phase_models", "phase_file"]
