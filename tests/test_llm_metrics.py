@@ -48,11 +48,11 @@ def evaluated() -> dict[str, dict[str, dict[str, float]]]:
     rng = np.random.default_rng(0)
     windows = TokenWindows(tuple(rng.integers(0, TINY.vocab, 16) for _ in range(6)),
                            tuple(rng.integers(0, TINY.vocab, 16) for _ in range(3)), "random")
-    stats = calibrate_phases(models, windows, steps=4)
+    stats = calibrate_phases(models.__getitem__, windows, steps=4)
     plans = {p.value: Plan(default=p) for p in (Precision.FLOAT, Precision.A8_W8,
                                                 Precision.A16_W16)}
     prompts = [windows.evaluation[0][:5], windows.evaluation[1][:3]]
-    return evaluate_lm_plans(models, stats, plans, windows, prompts=prompts, steps=5,
+    return evaluate_lm_plans(models.__getitem__, stats, plans, windows, prompts=prompts, steps=5,
                              new_tokens=8)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantscope.model.load import Model, load
 from quantscope.model.phases import PHASES, phase_path
@@ -19,6 +20,7 @@ from quantscope.targets import load_target
 from quantscope.tasks.lm import DEFAULT_SEQ_LEN, load_lm_tokenizer, token_windows
 from quantscope.tasks.lm_phases import LM_PHASES, calibrate_phases, evaluate_lm_plans
 from quantscope.types import Plan, QuantscopeError
+from quantscope.zoo.decoder import PRODUCER as DECODER_PRODUCER
 
 PROMPT = "The capital of France is"
 
@@ -30,8 +32,17 @@ def phase_file(spec: str | Path, phase: str) -> Path:
     return phase_path(resolve_model(str(spec)), phase)
 
 
+def open_phase(spec: str | Path, phase: str) -> Model:
+    """One phase graph; a built-in decoder's cache file was checked when it was built."""
+    path = phase_file(spec, phase)
+    proto = onnx.load(str(path))
+    if proto.producer_name == DECODER_PRODUCER and len(proto.graph.value_info):
+        return Model(proto=proto, source=str(path))
+    return load(path)
+
+
 def open_phase_models(spec: str | Path, phases: tuple[str, ...] = PHASES) -> dict[str, Model]:
-    return {p: load(phase_file(spec, p)) for p in phases}
+    return {p: open_phase(spec, p) for p in phases}
 
 
 def check_plan_phases(spec: str | Path, plan: Plan, phases: tuple[str, ...],
@@ -55,17 +66,19 @@ class LmSetup:
     new_tokens: int = 32
 
 
-def lm_quality(spec: str | Path, plans: dict[str, Plan], setup: LmSetup = LmSetup(),
-               models: dict[str, Model] | None = None) -> dict[str, Any]:
+def lm_quality(spec: str | Path, plans: dict[str, Plan], setup: LmSetup = LmSetup()
+               ) -> dict[str, Any]:
     """Per plan and phase: top-1 agreement, KL, perplexity ratio, greedy agreement, time."""
-    models = models or open_phase_models(spec)
     tok = load_lm_tokenizer(phase_file(spec, "prefill"))
     windows = token_windows(tok, seq_len=setup.seq_len, calibration=setup.calibration,
                             evaluation=setup.evaluation)
     prompts = [np.array(tok.encode(PROMPT).ids, np.int64), *(w[:12] for w in windows.evaluation)]
     prompts = prompts[:setup.prompts]
-    stats = calibrate_phases(models, windows, steps=setup.steps)
-    results = evaluate_lm_plans(models, stats, plans, windows, prompts=prompts,
+    def phase_model(phase: str) -> Model:
+        return open_phase(spec, phase)
+
+    stats = calibrate_phases(phase_model, windows, steps=setup.steps)
+    results = evaluate_lm_plans(phase_model, stats, plans, windows, prompts=prompts,
                                 steps=setup.steps, new_tokens=setup.new_tokens)
     return {"data": windows.source, "setup": setup.__dict__, "plans": results}
 

@@ -17,15 +17,22 @@ reference            FP32 prefill logits at those positions (equal to FP32 decod
 greedy               ``new_tokens`` greedy tokens per prompt, FP32 and emulated, each
                      with its own prefill then decode loop
 time                 seconds in the emulated prefill and decode runs, per plan
+memory               a phase graph is opened (``open_phase``) only while it is needed:
+                     a session keeps its own copy of the weights, so at most the FP32
+                     prefill session and one plan's two emulated sessions are alive
 ===================  =================================================================
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
+import onnx
 
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.qdq import quantize_model, scheme_for
@@ -35,15 +42,22 @@ from quantscope.model.load import Model
 from quantscope.model.phases import PAST_PREFIX
 from quantscope.tasks.lm import Greedy, NextToken, TokenWindows
 from quantscope.types import Plan, Stats
+from quantscope.zoo.decoder import PRODUCER
 
 Run = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+OpenPhase = Callable[[str], Model]  # "prefill" | "decode" -> the loaded graph
 LM_PHASES = ("prefill", "decode_fp32_kv", "decode_emu_kv")
 
 
-def runner(model: Model | object) -> Run:
-    """An ORT session (the one factory) as ``feeds -> {output name: array}``."""
+def runner(model: Model | onnx.ModelProto) -> Run:
+    """An ORT session (the one factory) as ``feeds -> {output name: array}``.
+
+    A built-in decoder graph is opened from its file (it is the file's graph unchanged,
+    weights as external data), so the session holds its weights once."""
     proto = model.proto if isinstance(model, Model) else model
-    session = make_session(proto)  # type: ignore[arg-type]
+    source = Path(model.source) if isinstance(model, Model) else None
+    built_in = proto.producer_name == PRODUCER and source is not None and source.is_file()
+    session = make_session(source if built_in else proto)  # type: ignore[arg-type]
     names = [o.name for o in session.get_outputs()]
 
     def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -67,17 +81,41 @@ def decode_feeds(prefill: Run, windows: Sequence[np.ndarray], steps: int
             yield {"input_ids": ids[None, t:t + 1], **cache_of(out, t)}
 
 
-def calibrate_phases(models: dict[str, Model], windows: TokenWindows, *, steps: int = 4,
+def release_memory() -> None:
+    """Hand freed heap back to the OS: a 650 MB model freed inside glibc's arenas would
+    otherwise stay in the RSS and stack up with the next phase's copy."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def calibrate_phases(open_phase: OpenPhase, windows: TokenWindows, *, steps: int = 4,
                      method: str = "minmax") -> dict[str, Stats]:
-    """Statistics of each phase graph on its own feeds (see module docstring)."""
-    pre, dec = models["prefill"], models["decode"]
+    """Statistics of each phase graph on its own feeds (see module docstring); one graph
+    (and its calibration session) alive at a time."""
+    pre = open_phase("prefill")
+    feeds = list(decode_feeds(runner(pre), windows.calibration, steps))  # caches: small
+    release_memory()
     stats = {"prefill": calibrate(pre, find_groups(pre),
                                   ({"input_ids": w[None]} for w in windows.calibration),
                                   method=method)}
-    stats["decode"] = calibrate(dec, find_groups(dec),
-                                decode_feeds(runner(pre), windows.calibration, steps),
-                                method=method)
+    del pre
+    release_memory()
+    dec = open_phase("decode")
+    stats["decode"] = calibrate(dec, find_groups(dec), feeds, method=method)
+    del dec
+    release_memory()
     return stats
+
+
+def _emulated(open_phase: OpenPhase, phase: str, stats: Stats, plan: Plan,
+              method: str | None) -> Run:
+    run = runner(quantize_model(open_phase(phase), stats, plan, scheme=scheme_for(plan, None),
+                                method=method).proto)
+    release_memory()
+    return run
 
 
 def generate(prefill: Run, decode: Run, prompt: np.ndarray, new_tokens: int) -> list[int]:
@@ -112,27 +150,30 @@ def _score_window(ids: np.ndarray, steps: int, fp32: Run, emu: dict[str, Run],
         acc["decode_emu_kv"].add(ref["logits"][0, t:t + 1], fed_emu["logits"][0], target)
 
 
-def evaluate_lm_plans(models: dict[str, Model], stats: dict[str, Stats], plans: dict[str, Plan],
+def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dict[str, Plan],
                       windows: TokenWindows, *, prompts: Sequence[np.ndarray] = (),
                       steps: int = 8, new_tokens: int = 32,
                       method: str | None = None) -> dict[str, dict[str, dict[str, float]]]:
     """Per plan, per phase (:data:`LM_PHASES`, ``greedy``, ``time``): metric -> value."""
-    fp32 = {p: runner(m) for p, m in models.items()}
-    fp32_greedy = [generate(fp32["prefill"], fp32["decode"], p, new_tokens) for p in prompts]
+    fp32 = runner(open_phase("prefill"))
+    fp32_decode = runner(open_phase("decode"))
+    fp32_greedy = [generate(fp32, fp32_decode, p, new_tokens) for p in prompts]
+    del fp32_decode
+    release_memory()
     results: dict[str, dict[str, dict[str, float]]] = {}
     for label, plan in plans.items():
-        emu = {p: runner(quantize_model(m, stats[p], plan, scheme=scheme_for(plan, None),
-                                        method=method).proto) for p, m in models.items()}
+        emu = {p: _emulated(open_phase, p, stats[p], plan, method) for p in ("prefill", "decode")}
         acc = {p: NextToken() for p in LM_PHASES}
         clock = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0.0}
         for ids in windows.evaluation:
-            _score_window(ids, steps, fp32["prefill"], emu, acc, clock)
+            _score_window(ids, steps, fp32, emu, acc, clock)
         greedy = Greedy()
         for prompt, ref_tokens in zip(prompts, fp32_greedy, strict=True):
             greedy.add(ref_tokens, generate(emu["prefill"], emu["decode"], prompt, new_tokens))
         results[label] = {**{p: a.values() for p, a in acc.items()},
                           "greedy": greedy.values(), "time": clock}
         del emu
+        release_memory()
     return results
 
 

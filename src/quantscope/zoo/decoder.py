@@ -29,6 +29,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 PHASES = ("prefill", "decode")
 OPSET = 23  # RMSNormalization
+PRODUCER = "quantscope.zoo.decoder"
 MASK_MIN = float(np.finfo(np.float32).min)
 
 
@@ -101,7 +102,7 @@ def build_decoder(cfg: DecoderConfig, weights: dict[str, np.ndarray], phase: str
              for t in outputs]
     graph = helper.make_graph(g.nodes, f"decoder_{phase}", inputs, outs, g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                              producer_name="quantscope.zoo.decoder")
+                              producer_name=PRODUCER)
     model.ir_version = 10
     return model
 

