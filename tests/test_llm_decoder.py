@@ -104,3 +104,16 @@ def test_cli_check_on_both_phases(graphs: dict[str, onnx.ModelProto], tmp_path, 
     assert main([*argv, "--seq-len", "64"]) == 0
     assert main([*argv[:-1], "prefill,tbt"]) == 2
     assert "unknown phase" in capsys.readouterr().err
+
+
+def test_one_alls_for_both_phases(graphs: dict[str, onnx.ModelProto]) -> None:
+    """Same layer names: the plan's Hailo model script is the same for both subnetworks."""
+    from quantscope.export.hailo_alls import export_alls
+
+    plan = Plan(default=Precision.A8_W8, target="hailo10h",
+                overrides=(("layers.0.mlp_residual", Precision.A16_W16),
+                           ("layers.1.down_proj", Precision.A16_W16)))
+    scripts = {p: export_alls(plan, find_groups(load_proto(g, source=p)))
+               for p, g in graphs.items()}
+    assert scripts["prefill"] == scripts["decode"]
+    assert scripts["prefill"].count("precision_mode=a16_w16") == 2
