@@ -64,6 +64,39 @@ def _plan(target: str, names: list[str]) -> Plan:
                 reasons=tuple((n, "widest prefill activation range") for n in names))
 
 
+def _verdict(layout, target, plan: Plan) -> tuple[float, int]:
+    """(highest phase cost, errors over both phases) of ``plan``."""
+    costs, errors = [], 0
+    for groups, shapes, m in layout.values():
+        costs.append(plan_cost(plan, groups, target, shapes, model=m))
+        errors += sum(p.severity == "error" for p in check(plan, groups, m, target, shapes=shapes))
+    return max(costs), errors
+
+
+def _candidates(widest, allowed, layout, target, max_cost) -> dict[str, list[str]]:
+    """Named lists of groups to put at a16_w16 (see the module docstring)."""
+    ranked = list(dict.fromkeys(n for n, _, _ in widest if n in allowed))
+    weighted = {g.name for g in layout["prefill"][0].groups if op_kind(g) == "weighted"}
+    act = [n for n in ranked if n not in weighted]
+    candidates = {"top8": ranked[:8], "residual16": [n for n in act if n.endswith("_residual")],
+                  "act16": act}
+    # the rules here judge each group alone: drop the groups that error at 16 bit
+    bad = {p.group for _, (groups, shapes, m) in layout.items()
+           for p in check(_plan(target.name, ranked), groups, m, target, shapes=shapes)
+           if p.severity == "error"}
+    legal_act = [n for n in act if n not in bad]
+    candidates["act16_legal"] = legal_act
+    grown = list(legal_act)
+    for n in (n for n in ranked if n in weighted and n not in bad):  # widest first
+        cost = max(plan_cost(_plan(target.name, [*grown, n]), groups, target, shapes, model=m)
+                   for groups, shapes, m in layout.values())
+        if cost > max_cost:
+            break
+        grown.append(n)
+    candidates["act16_legal+w16"] = grown
+    return candidates
+
+
 def main() -> None:
     a = _args()
     target = load_target(a.target)
@@ -80,37 +113,11 @@ def main() -> None:
     allowed = {g.name for g in layout["prefill"][0].groups
                if op_kind(g) not in ("matmul", "softmax")}
 
-    def verdict(plan: Plan) -> tuple[float, int]:
-        costs, errors = [], 0
-        for _, (groups, shapes, m) in layout.items():
-            costs.append(plan_cost(plan, groups, target, shapes, model=m))
-            errors += sum(p.severity == "error"
-                          for p in check(plan, groups, m, target, shapes=shapes))
-        return max(costs), errors
-
-    ranked = list(dict.fromkeys(n for n, _, _ in widest if n in allowed))
-    weighted = {g.name for g in layout["prefill"][0].groups if op_kind(g) == "weighted"}
-    act = [n for n in ranked if n not in weighted]
-    candidates = {"top8": ranked[:8], "residual16": [n for n in act if n.endswith("_residual")],
-                  "act16": act}
-    # the rules here judge each group alone: drop the groups that error at 16 bit
-    bad = {p.group for _, (groups, shapes, m) in layout.items()
-           for p in check(_plan(target.name, ranked), groups, m, target, shapes=shapes)
-           if p.severity == "error"}
-    legal_act = [n for n in act if n not in bad]
-    candidates["act16_legal"] = legal_act
-    grown = list(legal_act)
-    for n in (n for n in ranked if n in weighted and n not in bad):  # widest first
-        cost = max(plan_cost(_plan(target.name, [*grown, n]), groups, target, shapes, model=m)
-                   for groups, shapes, m in layout.values())
-        if cost > a.max_cost:
-            break
-        grown.append(n)
-    candidates["act16_legal+w16"] = grown
+    candidates = _candidates(widest, allowed, layout, target, a.max_cost)
     a.out_dir.mkdir(parents=True, exist_ok=True)
     for label, names in candidates.items():
         plan = _plan(target.name, names)
-        cost, errors = verdict(plan)
+        cost, errors = _verdict(layout, target, plan)
         keep = errors == 0 and cost <= a.max_cost
         print(f"{label:<12} {len(names):>3} groups at a16_w16: max phase cost {cost:.2f}x, "
               f"{errors} error(s){'  -> ' + str(a.out_dir / (label + '.json')) if keep else ''}")

@@ -159,9 +159,24 @@ def _linear(g: _Graph, x: str, weights: dict[str, np.ndarray], name: str) -> str
 
 def _layer(g: _Graph, cfg: DecoderConfig, w: dict[str, np.ndarray], i: int, h: str,
            rope: tuple[str, str, str], phase: str) -> tuple[str, list[str]]:
-    p, d, rep = f"layers.{i}", cfg.head_dim, cfg.heads // cfg.kv_heads
+    p = f"layers.{i}"
     x = g.op("RMSNormalization", [h, g.const(f"{p}.attn_norm.weight", w[f"{p}.attn_norm.weight"])],
              f"{p}.attn_norm", axis=-1, epsilon=cfg.eps)
+    merged, present = _attention(g, cfg, w, i, x, rope, phase)
+    h = g.op("Add", [h, _linear(g, merged, w, f"{p}.o_proj")], f"{p}.attn_residual")
+    x = g.op("RMSNormalization", [h, g.const(f"{p}.mlp_norm.weight", w[f"{p}.mlp_norm.weight"])],
+             f"{p}.mlp_norm", axis=-1, epsilon=cfg.eps)
+    gate = _linear(g, x, w, f"{p}.gate_proj")
+    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.mlp.sigmoid")], f"{p}.mlp.silu")
+    act = g.op("Mul", [silu, _linear(g, x, w, f"{p}.up_proj")], f"{p}.mlp.gated")
+    h = g.op("Add", [h, _linear(g, act, w, f"{p}.down_proj")], f"{p}.mlp_residual")
+    return h, present
+
+
+def _attention(g: _Graph, cfg: DecoderConfig, w: dict[str, np.ndarray], i: int, x: str,
+               rope: tuple[str, str, str], phase: str) -> tuple[str, list[str]]:
+    """Grouped-query attention of layer ``i`` over the cache: (context [1,S,H], present)."""
+    p, d, rep = f"layers.{i}", cfg.head_dim, cfg.heads // cfg.kv_heads
     q = _rope(g, _heads(g, _linear(g, x, w, f"{p}.q_proj"), cfg.heads, d, f"{p}.attn.q"), rope,
               f"{p}.attn.q")
     k = _rope(g, _heads(g, _linear(g, x, w, f"{p}.k_proj"), cfg.kv_heads, d, f"{p}.attn.k"), rope,
@@ -191,14 +206,7 @@ def _layer(g: _Graph, cfg: DecoderConfig, w: dict[str, np.ndarray], i: int, h: s
     merged = g.op("Reshape", [g.op("Transpose", [ctx], f"{p}.attn.ctx_t", perm=[0, 2, 1, 3]),
                               g.const(f"{p}.attn.merge", np.array([1, -1, cfg.hidden]))],
                   f"{p}.attn.merged")
-    h = g.op("Add", [h, _linear(g, merged, w, f"{p}.o_proj")], f"{p}.attn_residual")
-    x = g.op("RMSNormalization", [h, g.const(f"{p}.mlp_norm.weight", w[f"{p}.mlp_norm.weight"])],
-             f"{p}.mlp_norm", axis=-1, epsilon=cfg.eps)
-    gate = _linear(g, x, w, f"{p}.gate_proj")
-    silu = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{p}.mlp.sigmoid")], f"{p}.mlp.silu")
-    act = g.op("Mul", [silu, _linear(g, x, w, f"{p}.up_proj")], f"{p}.mlp.gated")
-    h = g.op("Add", [h, _linear(g, act, w, f"{p}.down_proj")], f"{p}.mlp_residual")
-    return h, present
+    return merged, present
 
 
 # --------------------------------------------------------------------------- numpy reference
