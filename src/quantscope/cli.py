@@ -312,10 +312,32 @@ def cmd_check(args: argparse.Namespace) -> int:
     from quantscope.model.groups import find_groups
     from quantscope.plan.check import check
 
+    if getattr(args, "phase", None):
+        return _check_phases(args)
+    if getattr(args, "quality", False):
+        raise QuantscopeError("--quality measures each phase of a decoder: give --phase too")
     inp = _open(args, target=True, plan=True)
     problems = check(inp.plan, find_groups(inp.model), inp.model, inp.target,
                      shapes=_shapes(args, inp.model))
     return _print_problems(problems, f"check {args.plan} on {inp.target.name}")
+
+
+def _check_phases(args: argparse.Namespace) -> int:
+    """check --phase: the plan on each phase graph of a decoder (legality, cost, quality)."""
+    from quantscope import stages_llm
+
+    plan = stages.read_plan(args.plan)
+    target = args.target or plan.target
+    if target:
+        plan = dataclasses.replace(plan, target=_target(target).name)
+    checks = stages_llm.check_plan_phases(args.model, plan, args.phase, args.seq_len)
+    print("\n".join(stages_llm.format_phase_checks(checks)))
+    if args.quality:
+        result = stages_llm.lm_quality(args.model, {Path(args.plan).stem: plan})
+        print("\n".join(stages_llm.format_lm_quality(result)))
+    errors = sum(c.errors for c in checks)
+    print(f"check {args.plan} on {target}, phases {','.join(args.phase)}: {errors} error(s)")
+    return EXIT_PROBLEMS if errors else 0
 
 
 def cmd_lint(args: argparse.Namespace) -> int:

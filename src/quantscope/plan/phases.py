@@ -1,0 +1,49 @@
+"""One plan, every phase graph of a decoder: legality and cost per phase.
+
+A plan names groups by layer name; the prefill and decode graphs have the same names,
+so the same plan applies to both. Legality differs by phase: a 16-bit activation tensor
+is N x hidden values in prefill but 1 x hidden in decode (``hailo.super_defuse``), and
+the KV cache is N tokens long in both. The cost is each phase's own (relative to that
+phase's uniform a8_w8).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantscope.model.groups import check_plan_names, find_groups
+from quantscope.model.load import Model
+from quantscope.model.phases import phase_shapes
+from quantscope.plan.check import check
+from quantscope.plan.cost import plan_cost
+from quantscope.targets.profile import Target
+from quantscope.types import Plan, Problem
+
+
+@dataclass(frozen=True)
+class PhaseCheck:
+    phase: str
+    seq_len: int
+    problems: tuple[Problem, ...]
+    cost: float  # relative to this phase's uniform a8_w8
+
+    @property
+    def errors(self) -> int:
+        return sum(p.severity == "error" for p in self.problems)
+
+
+def check_phases(plan: Plan, models: dict[str, Model], target: Target,
+                 seq_len: int) -> tuple[PhaseCheck, ...]:
+    """Check ``plan`` on each phase graph at ``seq_len`` prompt / cache tokens."""
+    out = []
+    for phase, model in models.items():
+        groups = find_groups(model)
+        check_plan_names(plan, groups)
+        shapes = phase_shapes(model, phase, seq_len)
+        problems = check(plan, groups, model, target, shapes=shapes)
+        cost = plan_cost(plan, groups, target, shapes, model=model)
+        out.append(PhaseCheck(phase, seq_len, tuple(problems), cost))
+    return tuple(out)
+
+
+__all__ = ["PhaseCheck", "check_phases"]

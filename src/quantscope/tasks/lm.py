@@ -1,0 +1,135 @@
+"""Next-token prediction: token windows from frozen text, and streaming LM metrics.
+
+==================  ====================================================================
+text                ``stdlib-docs``: calibration windows are the 512 calibration texts
+                    joined by newlines and cut into ``seq_len``-token windows; evaluation
+                    windows are the retrieval *documents* (disjoint from the calibration
+                    texts) with at least ``seq_len`` tokens, cut to ``seq_len``
+tokenizer           a ``tokenizers`` JSON next to the prefill graph (``.prefill.`` ->
+                    ``.tokenizer.``, ``.onnx`` -> ``.json``), no BOS token added
+top-1 agreement     fraction of positions where the emulated argmax is FP32's
+KL                  mean over positions of KL(FP32 || emulated) of the next-token
+                    distribution, in nats
+perplexity ratio    exp(mean NLL of the true next token, emulated) /
+                    exp(mean NLL, FP32); 1.0 = no loss
+greedy agreement    per prompt, the fraction of the generated tokens before the first
+                    token where emulated greedy decoding leaves FP32's (mean over prompts)
+memory              :class:`NextToken` folds a [positions, vocab] block into five sums and
+                    keeps nothing else: full-vocabulary logits live for one run only
+==================  ====================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+
+from quantscope.tasks.text import STDLIB_DOCS, load_calibration_texts, load_pairs
+from quantscope.types import QuantscopeError
+
+DEFAULT_SEQ_LEN = 64
+
+
+def tokenizer_path(prefill: str | Path) -> Path:
+    """The tokenizer JSON that sits next to a ``*.prefill.*.onnx`` graph."""
+    prefill = Path(prefill)
+    path = prefill.with_name(prefill.name.replace(".prefill.", ".tokenizer.")).with_suffix(".json")
+    if ".prefill." not in prefill.name or not path.is_file():
+        raise QuantscopeError(f"no tokenizer next to '{prefill}': expected '{path}'")
+    return path
+
+
+def load_lm_tokenizer(prefill: str | Path) -> tokenizers.Tokenizer:
+    return tokenizers.Tokenizer.from_file(str(tokenizer_path(prefill)))
+
+
+@dataclass(frozen=True)
+class TokenWindows:
+    """Token id windows [seq_len] for calibration and evaluation, and where they came from."""
+
+    calibration: tuple[np.ndarray, ...]
+    evaluation: tuple[np.ndarray, ...]
+    source: str
+
+
+def token_windows(tok: tokenizers.Tokenizer, *, seq_len: int = DEFAULT_SEQ_LEN,
+                  calibration: int = 16, evaluation: int = 8, name: str = STDLIB_DOCS
+                  ) -> TokenWindows:
+    """``calibration`` / ``evaluation`` windows of ``seq_len`` tokens (see module docstring)."""
+    joined = tok.encode("\n".join(load_calibration_texts(name))).ids
+    cal = tuple(np.array(joined[i:i + seq_len], np.int64)
+                for i in range(0, len(joined) - seq_len + 1, seq_len))[:calibration]
+    ev = []
+    for doc in load_pairs(name).documents:
+        ids = tok.encode(doc).ids
+        if len(ids) >= seq_len:
+            ev.append(np.array(ids[:seq_len], np.int64))
+        if len(ev) == evaluation:
+            break
+    if len(cal) < calibration or len(ev) < evaluation:
+        raise QuantscopeError(f"'{name}' has {len(cal)} calibration and {len(ev)} evaluation "
+                              f"windows of {seq_len} tokens: ask for fewer or shorter ones")
+    return TokenWindows(cal, tuple(ev), f"{name} ({seq_len}-token windows)")
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+@dataclass
+class NextToken:
+    """Streaming next-token metrics of emulated logits against FP32 (five running sums)."""
+
+    positions: int = 0
+    agree: int = 0
+    kl: float = 0.0
+    nll_ref: float = 0.0
+    nll_test: float = 0.0
+
+    def add(self, ref: np.ndarray, test: np.ndarray, targets: np.ndarray | None) -> None:
+        """Fold logits [n, V] (FP32 and emulated) and the true next tokens [n] (or None)."""
+        lr, lt = log_softmax(ref), log_softmax(test)
+        self.positions += len(lr)
+        self.agree += int((lr.argmax(-1) == lt.argmax(-1)).sum())
+        self.kl += float((np.exp(lr) * (lr - lt)).sum())
+        if targets is not None:
+            rows = np.arange(len(targets))
+            self.nll_ref -= float(lr[rows, targets].sum())
+            self.nll_test -= float(lt[rows, targets].sum())
+
+    def values(self) -> dict[str, float]:
+        n = max(self.positions, 1)
+        return {"top1_agreement": self.agree / n, "kl": self.kl / n,
+                "ppl_fp32": float(np.exp(self.nll_ref / n)),
+                "ppl": float(np.exp(self.nll_test / n)),
+                "ppl_ratio": float(np.exp((self.nll_test - self.nll_ref) / n)),
+                "positions": float(self.positions)}
+
+
+@dataclass
+class Greedy:
+    """Greedy-generation agreement: matched prefix length over generated length."""
+
+    matched: list[float] = field(default_factory=list)
+
+    def add(self, ref: list[int], test: list[int]) -> None:
+        same = 0
+        for a, b in zip(ref, test, strict=True):
+            if a != b:
+                break
+            same += 1
+        self.matched.append(same / max(len(ref), 1))
+
+    def values(self) -> dict[str, float]:
+        m = np.array(self.matched or [0.0])
+        return {"greedy_agreement": float(m.mean()), "greedy_identical": float((m == 1).mean()),
+                "prompts": float(len(self.matched))}
+
+
+__all__ = ["DEFAULT_SEQ_LEN", "Greedy", "NextToken", "TokenWindows", "load_lm_tokenizer",
+           "log_softmax", "token_windows", "tokenizer_path"]

@@ -1,0 +1,107 @@
+"""LM metrics per phase on the tiny decoder: streaming sums, calibration, three decode views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from decoder_tiny import TINY, tiny_weights
+
+from quantscope.model.load import load_proto
+from quantscope.tasks.lm import Greedy, NextToken, TokenWindows, log_softmax
+from quantscope.tasks.lm_phases import LM_PHASES, calibrate_phases, evaluate_lm_plans
+from quantscope.types import Plan, Precision
+from quantscope.zoo.decoder import build_decoder
+
+
+def test_next_token_sums() -> None:
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((6, 11))
+    same = NextToken()
+    same.add(ref, ref.copy(), np.arange(6))
+    assert same.values()["top1_agreement"] == 1.0
+    assert same.values()["kl"] == pytest.approx(0.0, abs=1e-12)
+    assert same.values()["ppl_ratio"] == pytest.approx(1.0)
+    other = NextToken()
+    test = ref + rng.standard_normal((6, 11))
+    other.add(ref[:3], test[:3], np.arange(3))
+    other.add(ref[3:], test[3:], np.arange(3, 6))  # streamed in two blocks
+    lr, lt = log_softmax(ref), log_softmax(test)
+    kl = float((np.exp(lr) * (lr - lt)).sum(-1).mean())
+    assert other.values()["kl"] == pytest.approx(kl)
+    ratio = np.exp(-(lt[np.arange(6), np.arange(6)] - lr[np.arange(6), np.arange(6)]).mean())
+    assert other.values()["ppl_ratio"] == pytest.approx(ratio)
+    assert other.values()["positions"] == 6
+
+
+def test_greedy_prefix() -> None:
+    g = Greedy()
+    g.add([1, 2, 3, 4], [1, 2, 9, 4])  # the 4th token matching again does not count
+    g.add([1, 2], [1, 2])
+    assert g.values() == {"greedy_agreement": 0.75, "greedy_identical": 0.5, "prompts": 2.0}
+
+
+@pytest.fixture(scope="module")
+def evaluated() -> dict[str, dict[str, dict[str, float]]]:
+    w = tiny_weights()
+    models = {p: load_proto(build_decoder(TINY, w, p), source=f"tiny.{p}")
+              for p in ("prefill", "decode")}
+    rng = np.random.default_rng(0)
+    windows = TokenWindows(tuple(rng.integers(0, TINY.vocab, 16) for _ in range(6)),
+                           tuple(rng.integers(0, TINY.vocab, 16) for _ in range(3)), "random")
+    stats = calibrate_phases(models.__getitem__, windows, steps=4)
+    plans = {p.value: Plan(default=p) for p in (Precision.FLOAT, Precision.A8_W8,
+                                                Precision.A16_W16)}
+    prompts = [windows.evaluation[0][:5], windows.evaluation[1][:3]]
+    return evaluate_lm_plans(models.__getitem__, stats, plans, windows, prompts=prompts, steps=5,
+                             new_tokens=8)
+
+
+def test_float_plan_reproduces_fp32_in_every_phase(evaluated) -> None:
+    """Same numbers through prefill, decode fed either cache, and greedy generation."""
+    res = evaluated["float"]
+    for phase in LM_PHASES:
+        assert res[phase]["top1_agreement"] == 1.0
+        assert res[phase]["kl"] == pytest.approx(0.0, abs=1e-8)
+        assert res[phase]["ppl_ratio"] == pytest.approx(1.0, abs=1e-5)
+    assert res["prefill"]["positions"] == 3 * 15
+    assert res["decode_emu_kv"]["positions"] == 3 * 5
+    assert res["greedy"]["greedy_agreement"] == 1.0
+
+
+def test_precision_orders_the_phases(evaluated) -> None:
+    a8, a16 = evaluated["a8_w8"], evaluated["a16_w16"]
+    for phase in LM_PHASES:
+        assert 0 < a16[phase]["kl"] < a8[phase]["kl"]
+    assert a8["time"]["decode_steps"] == 2 * 3 * 5
+
+
+def test_cli_check_phases_with_quality(tmp_path, capsys) -> None:
+    """check --phase --quality on a tiny byte-level decoder: legality, cost and quality."""
+    import dataclasses
+
+    import onnx
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from quantscope.cli import main
+    from quantscope.serde import write_plan
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = tokenizers.Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    (tmp_path / "byte.tokenizer.json").write_text(tok.to_str())
+    cfg = dataclasses.replace(TINY, vocab=len(alphabet))
+    w = tiny_weights(cfg)
+    for p in ("prefill", "decode"):
+        onnx.save(build_decoder(cfg, w, p), str(tmp_path / f"byte.{p}.onnx"))
+    write_plan(tmp_path / "plan.json", Plan(default=Precision.A16_W16, target="hailo10h"))
+    code = main(["check", str(tmp_path / "plan.json"), "--model", str(tmp_path / "byte.prefill.onnx"),
+                 "--target", "hailo10h", "--phase", "prefill,decode", "--quality"])
+    out = capsys.readouterr().out
+    assert code == 1  # 16-bit attention is an error on hailo10h, in both phases
+    assert "[hailo.attention_16bit] layers.0.attn.scores" in out
+    for phase in ("prefill", "decode_fp32_kv", "decode_emu_kv", "greedy (32 tok)"):
+        assert f"plan           {phase}" in out
+    assert main(["check", str(tmp_path / "plan.json"), "--model", str(tmp_path / "byte.prefill.onnx"),
+                 "--target", "hailo10h", "--quality"]) == 2  # --quality needs --phase
