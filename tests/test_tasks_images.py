@@ -1,5 +1,7 @@
 """The ``photos`` view-retrieval task: frozen views of packaged photos, its metrics."""
 
+import importlib.metadata
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,19 @@ from quantscope.tasks.images import (
 from quantscope.types import Outputs
 
 
+def _has_photos() -> bool:
+    try:
+        importlib.metadata.version("scikit-image")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+needs_photos = pytest.mark.skipif(not _has_photos(),
+                                  reason="scikit-image (extra 'models') is not installed")
+
+
+@needs_photos
 def test_views_are_seeded_224_rgb_and_differ_per_view():
     a, b = make_views(views=2, photos=3), make_views(views=2, photos=3)
     assert a.views.shape == (6, 224, 224, 3) and a.views.dtype == np.uint8
@@ -25,6 +40,7 @@ def test_views_are_seeded_224_rgb_and_differ_per_view():
     assert "SHA-256 checked" in a.provenance
 
 
+@needs_photos
 def test_face_chips_are_photos_too():
     v = make_views(views=1)
     assert len(v.photo_names) == len(SKIMAGE_PHOTOS) + 18
@@ -55,3 +71,14 @@ def test_metrics_identical_then_scrambled():
     assert bad["recall@1"] < 1.0 and bad["top1_agreement"] < 1.0
     assert bad["recall@1_patch_mean"] == 1.0  # the patch-mean variant is untouched
     assert bad["embedding_sqnr_db"] < same["embedding_sqnr_db"]
+
+
+def test_photos_on_a_model_that_is_not_224_rgb_is_one_clear_error():
+    import tiny_models as tm
+
+    from quantscope.model.load import load_proto
+    from quantscope.tasks.registry import open_task_data
+    from quantscope.types import QuantscopeError
+
+    with pytest.raises(QuantscopeError, match=r"224x224 RGB images .* \[B, 3, 224, 224\]"):
+        open_task_data("photos", load_proto(tm.conv_net()))
