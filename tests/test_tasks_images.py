@@ -82,3 +82,9 @@ def test_photos_on_a_model_that_is_not_224_rgb_is_one_clear_error():
 
     with pytest.raises(QuantscopeError, match=r"224x224 RGB images .* \[B, 3, 224, 224\]"):
         open_task_data("photos", load_proto(tm.conv_net()))
+
+
+@needs_photos
+def test_photos_small_is_every_third_photo():
+    small, full = make_views(views=1, step=3), make_views(views=1)
+    assert small.photo_names == full.photo_names[::3] and len(small.photo_names) == 12

@@ -6,6 +6,7 @@ photos         18 sample photos bundled in the scikit-image 0.26.0 wheel
                nothing is downloaded; each file's SHA-256 is checked against
                :data:`SKIMAGE_PHOTOS`) + the 18 ``orig`` face chips of the built-in
                ``faces`` set (``quantscope/data/faces``, see its SOURCES.json)
+subset         ``photos-small``: every 3rd photo (12 photos, 36 views; for ``analyze``)
 views          per photo, :data:`VIEWS` evaluation views and one calibration view, each
                from a seeded generator (:data:`SEED`; calibration views use another
                seed): random resized crop (area 35-100 %, aspect 3/4-4/3), horizontal
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
     from PIL import Image
 
 SPEC = "photos"
+SMALL_SPEC = "photos-small"  # every 3rd photo (12 photos, 36 views): for analyze sweeps
+SMALL_STEP = 3
 SEED, CALIB_SEED = 2026, 7
 VIEWS = 3
 SIZE = 224
@@ -136,14 +139,15 @@ def augment(photo: Image.Image, rng: np.random.Generator) -> np.ndarray:
     return np.asarray(im, dtype=np.uint8)
 
 
-def make_views(views: int = VIEWS, seed: int = SEED, photos: int | None = None) -> PhotoViews:
-    """``views`` seeded views of each photo (the first ``photos`` photos; None: all)."""
+def make_views(views: int = VIEWS, seed: int = SEED, photos: int | None = None,
+               step: int = 1) -> PhotoViews:
+    """``views`` seeded views of each photo (every ``step``-th of the first ``photos``)."""
     sources, names = source_photos()
-    sources, names = sources[:photos], names[:photos]
+    sources, names = sources[:photos:step], names[:photos:step]
     rng = np.random.default_rng(seed)
     out = np.stack([augment(p, rng) for p in sources for _ in range(views)])
     photo = np.repeat(np.arange(len(sources), dtype=np.int32), views)
-    prov = (f"{SPEC}: {len(sources)} photos ({SKIMAGE[0]}=={SKIMAGE[1]} skimage/data samples, "
+    prov = (f"{len(sources)} photos ({SKIMAGE[0]}=={SKIMAGE[1]} skimage/data samples, "
             f"SHA-256 checked, + built-in face chips) x {views} views, seed {seed}; "
             f"views sha256 {views_digest(out)[:16]}")
     return PhotoViews(views=out, photo=photo, photo_names=names, provenance=prov)
@@ -205,8 +209,9 @@ class ViewRetrievalTask:
         return Metrics(values=values, notes=notes)
 
 
-def image_dataset(model: Model, *, batch_size: int = 12) -> Dataset:
-    """The built-in ``photos`` retrieval set for a model with one [B, 3, 224, 224] input."""
+def image_dataset(model: Model, *, batch_size: int = 12, spec: str = SPEC) -> Dataset:
+    """The built-in ``photos`` (or ``photos-small``) retrieval set for a model with one
+    [B, 3, 224, 224] input."""
     from quantscope.zoo.vit import preprocess_image
 
     names = model.input_names()
@@ -216,14 +221,17 @@ def image_dataset(model: Model, *, batch_size: int = 12) -> Dataset:
             f"data '{SPEC}' is 224x224 RGB images but the model's inputs are "
             f"{', '.join(names)} {list(shape)}: use an image model with one "
             "[B, 3, 224, 224] input (e.g. dinov2-s14)")
-    evaluation, calib = make_views(), make_views(views=1, seed=CALIB_SEED)
+    step = SMALL_STEP if spec == SMALL_SPEC else 1
+    evaluation = make_views(step=step)
+    calib = make_views(views=1, seed=CALIB_SEED, step=step)
 
     def batches(v: np.ndarray) -> tuple[dict[str, np.ndarray], ...]:
         return tuple({names[0]: preprocess_image(v[i:i + batch_size])}
                      for i in range(0, len(v), batch_size))
 
-    task = ViewRetrievalTask(name=f"view-retrieval:{SPEC}", photo=evaluation.photo)
-    notes = (f"{evaluation.provenance}; calibration: 1 other view per photo (seed "
-             f"{CALIB_SEED}); preprocessing: ImageNet mean/std",)
-    return Dataset(name=SPEC, calibration=batches(calib.views),
+    task = ViewRetrievalTask(name=f"view-retrieval:{spec}", photo=evaluation.photo)
+    subset = f" (every {step}th photo)" if step > 1 else ""
+    notes = (f"{spec}: {evaluation.provenance}{subset}; calibration: 1 other view per photo "
+             f"(seed {CALIB_SEED}); preprocessing: ImageNet mean/std",)
+    return Dataset(name=spec, calibration=batches(calib.views),
                    evaluation=batches(evaluation.views), task=task, notes=notes)
