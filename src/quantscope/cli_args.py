@@ -27,7 +27,7 @@ from quantscope.types import Precision, QuantscopeError
 
 METHODS = ("minmax", "percentile", "mse")
 DATA_HELP = (".npy/.npz file or folder, JSONL query/document pairs, a text file, a face "
-             "folder, or a built-in data name (stdlib-docs, faces)")
+             "folder, or a built-in data name (stdlib-docs, faces, photos, photos-small)")
 
 
 # ---------------------------------------------------------------- shared options

@@ -130,7 +130,7 @@ def data_spec(text: str) -> InputPath:
     """Data: an existing file or folder, or a built-in data name."""
     from quantscope.tasks.text import STDLIB_DOCS
 
-    builtin = (STDLIB_DOCS, "faces")
+    builtin = (STDLIB_DOCS, "faces", "photos", "photos-small")
     if text not in builtin and not Path(text).exists():
         raise argparse.ArgumentTypeError(
             f"data '{text}' does not exist: check the path, or use a built-in data name "

@@ -11,6 +11,11 @@ pass-through op (Reshape, Transpose…) no group; output shares its input's enco
 fusible op (elementwise with const /  joins the group of its producer when every
 side operands, or both operands from  ``act`` input comes from that one group and
 that same group)                      every consumer of that input is fusible too
+decomposed LayerNorm                  ReduceMean, Sub, Pow (or Mul by itself),
+                                      ReduceMean, Add eps, Sqrt, Div: one group
+                                      anchored at the first ReduceMean, op type
+                                      ``LayerNormalization`` (the NPU's layer); the
+                                      gamma Mul and beta Add fuse into it
 any other op                          anchors a new group (weighted if Conv / Gemm /
                                       MatMul has an initializer weight)
 group outputs                         tensors made in the group and read outside it
@@ -101,6 +106,43 @@ def _weight_info(node: onnx.NodeProto, inits: set[str]) -> tuple[str | None, str
     return node.input[1], None, -1  # MatMul: W is [..., in, out]
 
 
+def _only(consumers: list[onnx.NodeProto], op: str) -> onnx.NodeProto | None:
+    return consumers[0] if len(consumers) == 1 and consumers[0].op_type == op else None
+
+
+def _layernorm_nodes(b: _Builder, mean: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+    """The nodes of a decomposed LayerNorm starting at ``mean`` (None: not one)."""
+    x, cons = mean.input[0], b.consumers
+    sub = _only(cons.get(mean.output[0], []), "Sub")
+    if sub is None or list(sub.input) != [x, mean.output[0]]:
+        return None
+    d = sub.output[0]
+    after = cons.get(d, [])
+    div = next((n for n in after if n.op_type == "Div" and n.input[0] == d), None)
+    sq = next((n for n in after if n.op_type in ("Pow", "Mul") and n.name != div.name), None)
+    if div is None or sq is None or len(after) != 2:
+        return None
+    if sq.op_type == "Mul" and list(sq.input) != [d, d]:
+        return None
+    var = _only(cons.get(sq.output[0], []), "ReduceMean")
+    eps = var and _only(cons.get(var.output[0], []), "Add")
+    root = eps and _only(cons.get(eps.output[0], []), "Sqrt")
+    last = root and _only(cons.get(root.output[0], []), "Div")
+    if last is None or last.name != div.name or b.kinds.get(eps.input[1]) != "const":
+        return None
+    return [mean, sub, sq, var, eps, root, div]  # type: ignore[list-item]
+
+
+def _layernorm_members(b: _Builder) -> dict[str, str]:
+    """Node name -> anchor (first ReduceMean) name of every decomposed LayerNorm."""
+    out: dict[str, str] = {}
+    for node in b.model.graph.node:
+        if node.op_type == "ReduceMean" and node.name not in out:
+            found = _layernorm_nodes(b, node)
+            out.update({n.name: node.name for n in found or ()})
+    return out
+
+
 class _Builder:
     """Accumulates group membership during one topological pass."""
 
@@ -119,6 +161,7 @@ class _Builder:
         self.group_of: dict[str, str] = {}  # node name -> group name
         self.members: dict[str, list[onnx.NodeProto]] = {}
         self.shared: dict[str, str] = {}  # pass-through output -> its input
+        self.layernorm = _layernorm_members(self)  # node -> decomposed LayerNorm anchor
 
     def act_inputs(self, node: onnx.NodeProto) -> list[str]:
         return [t for t in node.input if t and self.kinds.get(t) == "act"]
@@ -159,7 +202,7 @@ class _Builder:
             for out in node.output:
                 self.shared[out] = acts[0]
             return
-        target = self.can_fuse(node)
+        target = self.layernorm.get(node.name) or self.can_fuse(node)
         name = target or node.name
         self.group_of[node.name] = name
         self.members.setdefault(name, []).append(node)
@@ -198,7 +241,7 @@ def _make_group(b: _Builder, name: str, nodes: list[onnx.NodeProto]) -> Group:
     shapes = b.model.value_shapes()
     return Group(
         name=name,
-        op_type=anchor.op_type,
+        op_type="LayerNormalization" if name in b.layernorm else anchor.op_type,
         kind=GroupKind.WEIGHTED if weight else GroupKind.ACTIVATION,
         nodes=tuple(n.name for n in nodes),
         inputs=inputs,

@@ -8,8 +8,8 @@ Each target rule (see ``targets/*.toml``) names a check function in :data:`CHECK
                            16-bit split grid, have an empty low byte (Hailo a16 split)
 ``act16_wide_non_conv``    16-bit activations on a non-conv group whose output holds
                            at least ``max_values`` values per frame (batch dim excluded)
-``quant_bias_add_rank``    a quantized group with a constant (bias) Add on a tensor of
-                           rank ``rank`` (and at least ``min_values`` values)
+``quant_bias_add_rank``    a quantized Linear (weighted group) with a constant (bias) Add
+                           on a tensor of rank ``rank`` (and at least ``min_values`` values)
 ``float_boundary_cascade`` a float group with quantized neighbours (boundaries)
 =========================  ===========================================================
 
@@ -202,7 +202,7 @@ def _bias_add_outputs(group: Group, ctx: Context) -> list[str]:
 def check_quant_bias_add_rank(
     rule: Rule, group: Group, precision: Precision, ctx: Context
 ) -> Problem | None:
-    if precision is Precision.FLOAT:
+    if precision is Precision.FLOAT or group.kind is not GroupKind.WEIGHTED:
         return None
     rank, min_values = int(rule.param("rank").value), int(rule.param("min_values").value)
     for tensor in _bias_add_outputs(group, ctx):

@@ -9,6 +9,10 @@ equalize_pairs      Conv/linear pairs across a ReLU-like op   preserved (checked
 split_channels      outlier channels of an activation site    preserved (checked)
                     (residual Adds too) duplicated as x/k:
                     layers get wider, tensor shapes change
+rank4_linears       Linear + bias groups on 3-D tensors run   preserved (checked)
+                    on 4-D ones (Unsqueeze/Squeeze; QNN
+                    HTP v73 q::linearclip; unverified on a
+                    device)
 correct_biases      biases of weighted ops (bias -= E[err])   changed on purpose
 choose_range_method per-tensor range method (no graph edit)   unchanged
 adaround            weights moved onto their integer grid     changed on purpose

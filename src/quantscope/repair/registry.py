@@ -24,6 +24,7 @@ from quantscope.repair.bias_correction import bias_step
 from quantscope.repair.equalize import equalize_step
 from quantscope.repair.finetune import finetune_step
 from quantscope.repair.ranges import ranges_step
+from quantscope.repair.rank4 import rank4_step
 from quantscope.repair.smooth import smooth_step
 from quantscope.repair.split import split_step
 
@@ -46,6 +47,9 @@ REGISTRY: dict[str, RepairSpec] = {
                          help="LayerNorm -> linear outlier migration (SmoothQuant)"),
     "split": RepairSpec(split_step, keeps_fp32=True, default=False,
                         help="outlier channel splitting (widens layers: never a default)"),
+    "rank4": RepairSpec(rank4_step, keeps_fp32=True, default=False,
+                        help="Linear + bias on 4-D tensors, legal for QNN HTP v73 "
+                        "q::linearclip (target-specific; unverified on a device)"),
     "bias": RepairSpec(bias_step, keeps_fp32=False, default=True,
                        help="empirical bias correction for the plan's quantized weights"),
     "adaround": RepairSpec(adaround_step, keeps_fp32=False, default=False,

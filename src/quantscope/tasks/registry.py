@@ -10,6 +10,8 @@
 ``*.txt``                   calibration sentences, one per line (no task metric)
 ``faces``                   built-in face verification set, in the chip style of the model
                             (150 px dlib chips or 112 px ArcFace chips, by input size)
+``photos`` (``photos-small``) built-in image retrieval: augmented views of packaged photos
+                            (:mod:`quantscope.tasks.images`)
 folder of identity folders  user face images (one sub-folder per identity), aligned alike
 ``.npy`` / ``.npz`` / dir   raw tensors (fidelity only) — handled by ``tasks.tensors``
 ==========================  ============================================================
@@ -25,6 +27,9 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
+from quantscope.tasks.images import SMALL_SPEC as IMAGES_SMALL
+from quantscope.tasks.images import SPEC as IMAGES_SPEC
+from quantscope.tasks.images import image_dataset
 from quantscope.tasks.text import (
     STDLIB_DOCS,
     StsPairs,
@@ -334,6 +339,8 @@ def open_task_data(
             spec, model, tokenizer=tokenizer, max_pairs=max_pairs)
         return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
                        notes=(note,), token_lengths=lengths)
+    if spec in (IMAGES_SPEC, IMAGES_SMALL):
+        return image_dataset(model, spec=spec)
     if is_face_spec(spec):
         calib, evaluation, task, note = face_dataset(spec, model)
         return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,

