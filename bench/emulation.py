@@ -1,25 +1,32 @@
 """Wall time of emulated a8_w8 and a16_w16 models as ratios to the FP32 model.
 
-Same process, same inputs, several repeats, median. The FP32 baseline runs with ORT's
-graph optimizations both off (like emulation) and on (like deployment on CPU), so the
-ratio shows what the Q/DQ nodes cost and what disabling fusion costs.
+Same process, same inputs; the sessions are timed interleaved (one pass over the batches
+each, in turn, per repeat) and each keeps its best repeat, so load that comes and goes
+hits every session alike. The FP32 baseline runs with ORT's graph optimizations off, as
+emulation does ("same ORT settings"); the FP32 model with ORT's basic optimizations is
+shown for reference. Each precision is timed twice: as emulation runs it
+(:func:`~quantscope.emulate.session.make_session`: the emulation form, weights
+dequantized once) and as the exported QDQ graph runs when handed to ORT as written
+(optimizations off: every weight dequantized on every run), after checking that both give
+bit-identical outputs.
 
-    python bench/emulation.py [MODEL] [--batches N] [--repeats R]
+    python bench/emulation.py [MODEL ...] [--batches N] [--repeats R]
 
-MODEL defaults to the built-in minilm-l3 (needs the `models` extra); any ONNX path works
+MODEL defaults to every built-in model (needs the `models` extra); any ONNX path works
 with random inputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
@@ -30,6 +37,7 @@ from quantscope.emulate.session import make_session  # noqa: E402
 from quantscope.model.groups import find_groups  # noqa: E402
 from quantscope.stages import open_model  # noqa: E402
 from quantscope.types import Plan, Precision, QuantScheme  # noqa: E402
+from quantscope.zoo import BUILTIN_MODELS  # noqa: E402
 
 
 def _feeds(model, n, seed=0):
@@ -52,38 +60,66 @@ def _feeds(model, n, seed=0):
     return out
 
 
-def _time(session, feeds, repeats):
-    session.run(None, feeds[0])  # warm-up
-    times = []
+def as_written(proto):
+    """The QDQ graph handed to ORT as it is, optimizations off (how emulation ran before)."""
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    return ort.InferenceSession(proto.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def _pass(session, feeds):
+    t = time.perf_counter()
+    for f in feeds:
+        session.run(None, f)
+    return time.perf_counter() - t
+
+
+def time_interleaved(sessions, feeds, repeats):
+    """Best-of-``repeats`` seconds per session, the sessions timed in turn each repeat."""
+    for s in sessions.values():
+        s.run(None, feeds[0])  # warm-up
+    best = dict.fromkeys(sessions, float("inf"))
     for _ in range(repeats):
-        t = time.perf_counter()
+        for name, s in sessions.items():
+            best[name] = min(best[name], _pass(s, feeds))
+    return best
+
+
+def _sessions(model, feeds):
+    groups = find_groups(model)
+    stats = calibrate(model, groups, iter(feeds))
+    out = {"fp32 (optimizations off)": make_session(model.proto),
+           "fp32 (ORT basic opts)": make_session(model.proto, optimize=True)}
+    for p in (Precision.A8_W8, Precision.A16_W16):
+        qdq = build_qdq(model, encode(model, groups, stats, Plan.uniform(p), scheme=QuantScheme()))
+        emu, raw = make_session(qdq), as_written(qdq)
         for f in feeds:
-            session.run(None, f)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+            for a, b in zip(emu.run(None, f), raw.run(None, f), strict=True):
+                assert np.array_equal(a, b), f"{p.value}: emulation form differs from the graph"
+        out[f"{p.value} emulated"] = emu
+        out[f"{p.value} as written"] = raw
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("model", nargs="?", default="minilm-l3")
+    ap.add_argument("models", nargs="*", default=list(BUILTIN_MODELS))
     ap.add_argument("--batches", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
-    model = open_model(args.model)
-    groups = find_groups(model)
-    feeds = _feeds(model, args.batches)
-    stats = calibrate(model, groups, iter(feeds))
-    base_off = _time(make_session(model.proto), feeds, args.repeats)
-    base_on = _time(make_session(model.proto, optimize=True), feeds, args.repeats)
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, model {args.model}, "
-          f"{args.batches} batches x {args.repeats} repeats (median)")
-    print(f"fp32 (optimizations off)  {base_off * 1e3:8.1f} ms  1.00x")
-    print(f"fp32 (ORT basic opts)     {base_on * 1e3:8.1f} ms  {base_on / base_off:.2f}x")
-    for p in (Precision.A8_W8, Precision.A16_W16):
-        plan = Plan.uniform(p)
-        qdq = build_qdq(model, encode(model, groups, stats, plan, scheme=QuantScheme()))
-        t = _time(make_session(qdq), feeds, args.repeats)
-        print(f"{p.value:<25} {t * 1e3:8.1f} ms  {t / base_off:.2f}x")
+    print(f"machine: {platform.machine()} {platform.processor() or ''}, onnxruntime "
+          f"{ort.__version__}; {args.batches} batches x {args.repeats} repeats, interleaved, "
+          "best of each; load average before: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    for name in args.models:
+        model = open_model(name)
+        feeds = _feeds(model, args.batches)
+        best = time_interleaved(_sessions(model, feeds), feeds, args.repeats)
+        base = best["fp32 (optimizations off)"]
+        print(f"\n{name} (load average after: {os.getloadavg()[0]:.2f})")
+        for label, t in best.items():
+            print(f"  {label:<26} {t * 1e3:8.1f} ms  {t / base:.2f}x")
 
 
 if __name__ == "__main__":

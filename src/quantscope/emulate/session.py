@@ -3,6 +3,13 @@
 Emulation sessions run with graph optimizations OFF so that ORT does not fold
 QuantizeLinear/DequantizeLinear pairs into its own integer kernels: every Q/DQ node runs
 as written, which reproduces the target's quantization grid in float arithmetic.
+
+An emulation session runs the *emulation form* of the graph it is handed
+(:func:`emulation_form`): every DequantizeLinear whose inputs are all constants (the
+weights) is replaced by the float initializer it computes, computed once by ONNX Runtime
+itself, so the values are the ones the node would produce on every run. Only what runs
+changes: the graph handed over (the one exported) keeps its Q/DQ weights, and its outputs
+equal the emulation form's bit for bit (tests/test_one_graph.py).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+from onnx import helper, numpy_helper
 
 from quantscope.types import QuantscopeError
 
@@ -34,8 +42,10 @@ def make_session(
     arena: bool = True,
     shared_arena: bool = False,
 ) -> ort.InferenceSession:
-    """A session; ``integer_kernels`` turns on every ORT optimization, which fuses QDQ
-    groups into ORT's integer kernels (used only to measure the emulator against them).
+    """A session. Emulation sessions (``optimize`` and ``integer_kernels`` off, the
+    default) run :func:`emulation_form` of ``proto``; ``integer_kernels`` turns on every
+    ORT optimization, which fuses QDQ groups into ORT's integer kernels (used only to
+    measure the emulator against them).
 
     ``shared_arena``: for holding hundreds of sessions at once (sensitivity sweeps), same
     numerics. Every such session allocates from one process-wide CPU arena (a
@@ -55,17 +65,101 @@ def make_session(
         _register_shared_arena()
         opts.add_session_config_entry("session.use_env_allocators", "1")
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    data: str | bytes
+    if isinstance(proto, Path):  # a file path: ORT reads it, weights held once
+        data = str(proto)
+    elif not (optimize or integer_kernels):
+        # the form is dropped once serialized: one copy of the weights less while ORT loads
+        data = emulation_form(proto).SerializeToString()
+        opts.add_session_config_entry("session.disable_prepacking", "1")
+    else:
+        data = proto.SerializeToString()
     try:
-        return ort.InferenceSession(  # a file path: ORT reads it, weights held once
-            str(proto) if isinstance(proto, Path) else proto.SerializeToString(),
-            sess_options=opts, providers=providers()
-        )
+        return ort.InferenceSession(data, sess_options=opts, providers=providers())
     except Exception as exc:  # ORT raises its own exception types
         msg = str(exc).strip().splitlines()[0][:200]
         raise QuantscopeError(
             f"ONNX Runtime cannot run this model ({msg}): check that every op is supported "
             "by onnxruntime on this machine"
         ) from None
+
+
+def _constant_dq(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """DequantizeLinear nodes that read constants only (weights) and write no graph output."""
+    inits = {t.name for t in graph.initializer} - {i.name for i in graph.input}
+    outputs = {o.name for o in graph.output}
+    return [n for n in graph.node if n.op_type == "DequantizeLinear"
+            and all(not i or i in inits for i in n.input) and n.output[0] not in outputs]
+
+
+def _subgraph_reads(graph: onnx.GraphProto) -> set[str]:
+    """Every name read by a node of a subgraph (If/Loop bodies) of ``graph``, recursively."""
+    names: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                names |= {i for n in sub.node for i in n.input} | _subgraph_reads(sub)
+    return names
+
+
+def _dequantized(proto: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> list[np.ndarray]:
+    """The outputs of ``nodes`` (constant DequantizeLinear) as ONNX Runtime computes them."""
+    needed = {i for n in nodes for i in n.input if i}
+    types = {t.name: t.data_type for t in proto.graph.initializer}
+    graph = helper.make_graph(
+        nodes, "dequantize_weights", [],
+        [helper.make_tensor_value_info(n.output[0], types[n.input[1]], None) for n in nodes],
+        [t for t in proto.graph.initializer if t.name in needed])
+    small = helper.make_model(graph, opset_imports=proto.opset_import,
+                              ir_version=proto.ir_version)
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(small.SerializeToString(), sess_options=opts,
+                                providers=providers())
+    return sess.run(None, {})
+
+
+def emulation_form(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` with its constant DequantizeLinear nodes (the weights) folded into the
+    float initializers ONNX Runtime computes for them: the same outputs, bit for bit,
+    without dequantizing every weight on every run. A graph without any is returned as is
+    (so is one whose weights ORT cannot dequantize alone: the graph then runs as written)."""
+    graph = proto.graph
+    nodes = _constant_dq(graph)
+    if not nodes:
+        return proto
+    try:
+        values = _dequantized(proto, nodes)
+    except Exception:  # ORT raises its own exception types
+        return proto
+    folded = {n.output[0] for n in nodes}
+    kept = [n for n in graph.node if not (n.op_type == "DequantizeLinear"
+                                          and n.output[0] in folded)]
+    used = {i for n in kept for i in n.input} | _subgraph_reads(graph)
+    used |= {o.name for o in graph.output} | {i.name for i in graph.input}
+    out = onnx.ModelProto()
+    _copy_fields(proto, out, skip=("graph",))
+    _copy_fields(graph, out.graph, skip=("node", "initializer"))
+    out.graph.node.extend(kept)
+    out.graph.initializer.extend(t for t in graph.initializer if t.name in used)
+    out.graph.initializer.extend(numpy_helper.from_array(v, n.output[0])
+                                 for n, v in zip(nodes, values, strict=True))
+    return out
+
+
+def _copy_fields(src: object, dst: object, *, skip: tuple[str, ...]) -> None:
+    """Copy every set field of protobuf message ``src`` into ``dst`` except ``skip``
+    (so the weights are copied once, not copied and then dropped)."""
+    for fd, value in src.ListFields():  # type: ignore[attr-defined]
+        if fd.name in skip:
+            continue
+        if hasattr(value, "extend"):  # a repeated field
+            getattr(dst, fd.name).extend(value)
+        elif hasattr(value, "ListFields"):  # a message
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
 
 
 def _register_shared_arena() -> None:
