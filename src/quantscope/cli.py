@@ -186,10 +186,20 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
     check_low_high(args.low, args.high)
     inp = _open(args, data=True, stats=True, target=True)
-    result = analyze(inp.model, find_groups(inp.model), inp.stats, list(inp.data.evaluation),
-                     scorer=stages.scorer_for(inp.data, inp.model), low=args.low,
-                     high=args.high, target=inp.target,
-                     proxy_fraction=args.proxy, progress=True)
+    executor = None
+    if args.ray:
+        from quantscope.parallel import ray_executor
+
+        executor = ray_executor(args.ray)
+    try:
+        result = analyze(inp.model, find_groups(inp.model), inp.stats,
+                         list(inp.data.evaluation),
+                         scorer=stages.scorer_for(inp.data, inp.model), low=args.low,
+                         high=args.high, target=inp.target,
+                         proxy_fraction=args.proxy, progress=True, executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
     print(summary_text(result))
     stages.write_json(args.out, analysis_to_dict(result))
     print(f"wrote {args.out}")

@@ -150,6 +150,25 @@ def output_name(text: str) -> str:
     return text
 
 
+def ray_address(text: str) -> str:
+    """A Ray cluster address (``local``, ``auto``, ``HOST:PORT``, ``ray://HOST:PORT``)."""
+    if not text.strip() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is no Ray address: give local, auto, HOST:PORT or ray://HOST:PORT")
+    return text
+
+
+def _ray_parent() -> argparse.ArgumentParser:
+    """--ray [ADDRESS]: run the independent evaluations on a Ray cluster (the ray extra)."""
+    p = _parent()
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   type=ray_address,
+                   help="run the sweep's candidates on Ray: a local cluster on this "
+                   "machine's CPUs, or the existing cluster at ADDRESS (e.g. ray://head:10001 "
+                   "or auto); the same results as without (needs: pip install ray)")
+    return p
+
+
 def mapping(text: str) -> object:
     """``TENSOR=CODE:VALUE,…`` (see :func:`quantscope.export.device_io.parse_mapping`)."""
     from quantscope.export.device_io import parse_mapping
@@ -288,7 +307,8 @@ def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
                                  _stats_parent(),
                                  _target_parent(required=False, help="target profile (its "
                                                 "quantization scheme is used)"),
-                                 _tokenizer_parent(), _pairs_parent(128, "analysed")])
+                                 _tokenizer_parent(), _pairs_parent(128, "analysed"),
+                                 _ray_parent()])
     an.add_argument("--low", default="a8_w8", type=precision, help="the precision to diagnose (default a8_w8)")
     an.add_argument("--high", default="a16_w16", type=precision,
                     help="the precision a promoted group gets (default a16_w16)")

@@ -39,6 +39,7 @@ from quantscope.analyze.sweeps import SweepResult, sweep_fast, sweep_naive, swee
 from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
+from quantscope.parallel import Executor
 from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats
 
 __all__ = [
@@ -205,8 +206,12 @@ def analyze(
     proxy_fraction: float = 0.125,
     recover_top: tuple[int, ...] = RECOVER_TOP,
     progress: bool = False,
+    executor: Executor | None = None,
 ) -> Analysis:
-    """Diagnose which groups break ``low`` and why (see the module docstring)."""
+    """Diagnose which groups break ``low`` and why (see the module docstring).
+
+    ``executor``: where the sweep's candidates run (:mod:`quantscope.parallel`; default
+    this process); the result does not depend on it."""
     from quantscope.tasks.metrics import collapse_report
 
     scheme = getattr(target, "scheme", None)
@@ -218,7 +223,8 @@ def analyze(
             model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
         )
         collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
-    kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress}
+    kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
+          "executor": executor}
     res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
     sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 or scorer.row_local else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]

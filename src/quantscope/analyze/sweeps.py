@@ -49,6 +49,7 @@ from quantscope.analyze.segments import (
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
+from quantscope.parallel import Executor, chunks
 from quantscope.progress import Counter, say, track
 from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
 
@@ -125,40 +126,89 @@ def sweep_segments(
     optimize_float: bool = True,
     sweeps: Sequence[str] = SWEEPS,
     progress: bool = False,
+    executor: Executor | None = None,
 ) -> SweepResult:
-    """The ``sweeps`` (default both) on every row, segment by segment (module docstring)."""
+    """The ``sweeps`` (default both) on every row, segment by segment (module docstring).
+
+    ``executor`` (e.g. a Ray cluster, :mod:`quantscope.parallel`): the candidates are
+    split into one contiguous chunk per worker; each task gets the model, statistics and
+    rows (shared through the executor) and its chunk, builds its own chains and returns its
+    candidates' rows, merged here in candidate order: the serial result, bit for bit.
+    """
     t0 = time.perf_counter()
     unknown = set(sweeps) - set(SWEEPS)
     if unknown or not sweeps:
         raise ValueError(f"sweeps must be a non-empty subset of {SWEEPS}, got {sweeps}")
-    segments = find_segments(model, groups)
-    table = encodings_table(model, groups, stats, (low, high), scheme)
-    fp = build_chain(model, groups, segments, None, optimize=optimize_float)
-    lo = build_chain(model, groups, segments, table[low], optimize=False)
     cands = tuple(c for c in candidates(groups, low, high) if c.sweep in sweeps)
-    runners = build_runners(model, groups, segments, table, cands, low)
-    got = _Collected(rows=[[] for _ in cands])
-    need_low = "disable_one" in sweeps
-    count = Counter(f"analyze: {'+'.join(sweeps)} ({len(runners)} candidates x "
-                    f"{len(batches)} batches)", total=len(runners) * len(batches),
-                    unit="cand", show=progress)
-    for feeds in batches:
-        _sweep_batch(feeds, fp, lo if need_low else None, runners, groups,
-                     model.output_names(), scorer, got, count)
-    count.close()
-    ref = np.concatenate(got.ref)
-    lows = np.concatenate(got.low) if got.low else np.empty((0, *ref.shape[1:]), ref.dtype)
+    job = _SegmentJob(model, groups, stats, tuple(batches), scorer, low, high, scheme,
+                      optimize_float, tuple(sweeps))
+    parts = chunks(len(cands), executor.workers if executor else 1)
+    if executor is None or len(parts) <= 1:
+        done = [_segment_part(job, range(len(cands)), progress=progress)]
+    else:
+        done = executor.map(_segment_part, job, parts)
+    ref, lows, cum = done[0].ref, done[0].low, done[0].cum
+    iso = {k: v for d in done for k, v in d.iso.items()}
     return SweepResult(
         cands,
-        tuple(np.concatenate(r) for r in got.rows),
+        tuple(r for d in done for r in d.rows),
         ref,
         lows,
-        got.cum.sqnr(),
-        got.iso.sqnr(),
+        cum,
+        iso,
         time.perf_counter() - t0,
         "segments",
         refs=tuple(ref for _ in cands),
     )
+
+
+@dataclass(frozen=True, eq=False)
+class _SegmentJob:
+    """Everything a chunk of a segment sweep needs (shared by every chunk)."""
+
+    model: Model
+    groups: Groups
+    stats: Stats
+    batches: tuple[Batch, ...]
+    scorer: Scorer
+    low: Precision
+    high: Precision
+    scheme: QuantScheme | None
+    optimize_float: bool
+    sweeps: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class _PartResult:
+    rows: tuple[np.ndarray, ...]  # per candidate of the chunk
+    ref: np.ndarray
+    low: np.ndarray
+    cum: dict[str, float]
+    iso: dict[str, float]
+
+
+def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _PartResult:
+    """The candidates ``part`` of ``job`` on every row (one task of a distributed sweep)."""
+    model, groups, low = job.model, job.groups, job.low
+    segments = find_segments(model, groups)
+    table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
+    fp = build_chain(model, groups, segments, None, optimize=job.optimize_float)
+    lo = build_chain(model, groups, segments, table[low], optimize=False)
+    cands = tuple(c for c in candidates(groups, low, job.high) if c.sweep in job.sweeps)
+    runners = build_runners(model, groups, segments, table, cands[part.start:part.stop], low)
+    got = _Collected(rows=[[] for _ in runners])
+    need_low = "disable_one" in job.sweeps
+    count = Counter(f"analyze: {'+'.join(job.sweeps)} ({len(runners)} candidates x "
+                    f"{len(job.batches)} batches)", total=len(runners) * len(job.batches),
+                    unit="cand", show=progress)
+    for feeds in job.batches:
+        _sweep_batch(feeds, fp, lo if need_low else None, runners, groups,
+                     model.output_names(), job.scorer, got, count)
+    count.close()
+    ref = np.concatenate(got.ref)
+    lows = np.concatenate(got.low) if got.low else np.empty((0, *ref.shape[1:]), ref.dtype)
+    return _PartResult(tuple(np.concatenate(r) for r in got.rows), ref, lows,
+                       got.cum.sqnr(), got.iso.sqnr())
 
 
 def sweep_naive(
@@ -201,6 +251,7 @@ def sweep_fast(
     scheme: QuantScheme | None = None,
     noise: Sequence[np.ndarray] | None = None,
     progress: bool = False,
+    executor: Executor | None = None,
 ) -> SweepResult:
     """Both sweeps by segments, each on its own row subset (module docstring, ``fast``).
 
@@ -214,7 +265,8 @@ def sweep_fast(
     """
     t0 = time.perf_counter()
     batches = list(batches)
-    kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress}
+    kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
+          "executor": executor}
     enable = sweep_segments(
         model, groups, stats, proxy_batches(batches, fraction / 2), sweeps=("enable_one",), **kw
     )
