@@ -60,7 +60,7 @@ REGISTRY: dict[str, RepairSpec] = {
     "finetune": RepairSpec(finetune_step, keeps_fp32=False, default=False,
                            help="quantization-aware distillation from the FP32 model "
                            "(PyTorch, the finetune extra; learns weights and ranges; last, "
-                           "on the final graph; up to 15 min)"),
+                           "on the final graph; 300 steps, at most 15 min)"),
 }
 
 DEFAULT_REPAIRS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.default)
