@@ -53,6 +53,27 @@ def test_fp32_conversion_matches_ort(name):
     np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4)  # float32 sum order differs
 
 
+def test_prelu_conversion_matches_ort():
+    """PRelu (MobileFaceNet's activation): per-channel slopes, negative inputs scaled."""
+    from onnx import helper, numpy_helper
+
+    r = np.random.default_rng(5)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+         helper.make_node("PRelu", ["c", "slope"], ["y"])],
+        "prelu", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 8, 8])],
+        [numpy_helper.from_array(r.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(np.array([0.1, 0.25, -0.5, 2.0], np.float32)
+                                 .reshape(4, 1, 1), "slope")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": r.normal(0, 1, (2, 3, 8, 8)).astype(np.float32)}
+    ours = _torch_out(to_torch(proto), feeds)
+    ref = make_session(proto).run(None, feeds)[0]
+    assert (ref < 0).any() and (ref > 0).any()
+    np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", list(tm.ALL))
 @pytest.mark.parametrize("precision", [Precision.A8_W8, Precision.A8_W4])
 @pytest.mark.parametrize("scheme", [None, HAILO])

@@ -233,6 +233,7 @@ OPS: dict[str, OpFn] = {
     "Relu": _unary(torch.relu), "Neg": _unary(torch.neg), "Abs": _unary(torch.abs),
     "Identity": _unary(lambda t: t),
     "Where": lambda x, a: torch.where(x[0], x[1], x[2]),
+    "PRelu": lambda x, a: torch.where(x[0] >= 0, x[0], x[0] * x[1]),
     "Shape": lambda x, a: torch.tensor(list(x[0].shape), dtype=torch.int64),
     "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Slice": _slice,
     "Concat": _concat, "Reshape": _reshape, "Expand": _expand, "Transpose": _transpose,
