@@ -28,8 +28,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from quantscope.finetune.apply import finetuned_model, finetuned_plan, split_holdout
 from quantscope.finetune.apply import finetune as run_finetune
+from quantscope.finetune.apply import finetuned_model, finetuned_plan, split_holdout
 from quantscope.finetune.distill import FinetuneConfig
 from quantscope.finetune.objectives import OutputsLoss
 from quantscope.stages import calibrate_model, evaluate_plans, open_data, open_model

@@ -58,4 +58,28 @@ def test_plan_with_finetune_records_both_measurements(tmp_path, monkeypatch, cap
     ftr = doc["pareto"]["finetune"]
     assert ftr["metric"] == "sqnr_db" and ftr["after"] is not None and ftr["before"] is not None
     assert ftr["repairs"][-1] == "finetune" and "sqnr_db" in ftr["fp32_drift"]
-    assert doc["meta"]["repairs"].endswith("finetune") and doc.get("pinned")
+    if ftr["kept"]:  # measured at least as well as the chosen plan without it
+        base = doc["pareto"]["chosen"]["measured"]
+        assert ftr["after"] >= (ftr["before"] if base is None else base)
+        assert doc["meta"]["repairs"].endswith("finetune") and doc.get("pinned")
+    else:
+        assert "finetune" not in doc["meta"].get("repairs", "") and "dropped" in ftr
+
+
+def test_a_finetune_that_measures_worse_is_dropped():
+    from quantscope.stages import _keep_finetune, goal_verdict
+
+    worse = {"chosen": {"measured": 0.9}, "higher_is_better": True,
+             "finetune": {"before": 0.8, "after": 0.85, "skipped": None}}
+    assert not _keep_finetune(worse)
+    assert "0.85 with finetune against 0.9 without" in worse["finetune"]["dropped"]
+    assert goal_verdict(worse, "top1_agreement", 0.95)["verdict"].endswith(
+        "best legal plan 0.9; binding: no promotion left")
+    better = {"chosen": {"measured": 0.9}, "finetune": {"before": 0.8, "after": 0.95}}
+    assert _keep_finetune(better) and "dropped" not in better["finetune"]
+    assert goal_verdict(better, "top1_agreement", 0.95)["reached"]
+    lower = {"chosen": {"measured": 2.0}, "higher_is_better": False,
+             "finetune": {"before": 3.0, "after": 1.5}}
+    assert _keep_finetune(lower)
+    skipped = {"chosen": {"measured": 0.9}, "finetune": {"after": None, "skipped": "no torch"}}
+    assert not _keep_finetune(skipped) and "dropped" not in skipped["finetune"]

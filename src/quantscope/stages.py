@@ -470,10 +470,29 @@ def scorer_for(data: Dataset, model: Model | None = None) -> Any:
     return outputs_scorer(only=model.output_names().index(data.output))
 
 
+def _keep_finetune(pareto: dict[str, Any]) -> bool:
+    """Keep the fine-tuned plan only if it measured at least as well as the plan without
+    it (the planner's measurement with its repairs, else the precisions alone); records
+    the decision in ``pareto["finetune"]``."""
+    ft = pareto["finetune"]
+    base = pareto.get("chosen", {}).get("measured")
+    base = ft.get("before") if base is None else base
+    after = ft.get("after")
+    higher = pareto.get("higher_is_better", True)
+    keep = ft.get("skipped") is None and (
+        base is None or after is None or (after >= base if higher else after <= base))
+    ft["kept"] = keep
+    if not keep and ft.get("skipped") is None:
+        ft["dropped"] = (f"measured {after:.4g} with finetune against {base:.4g} without: "
+                         "the plan returned is the one without it")
+    return keep
+
+
 def goal_verdict(result: dict[str, Any], metric: str, goal: float) -> dict[str, Any]:
     """Did the chosen plan reach ``goal`` (measured); if not, which constraint binds."""
     best = result.get("chosen", {}).get("measured")
-    tuned = (result.get("finetune") or {}).get("after")
+    ft = result.get("finetune") or {}
+    tuned = ft.get("after") if ft.get("kept", True) else None
     if tuned is not None:  # the plan returned is the fine-tuned one
         best = tuned if best is None else max(best, tuned)
     reached = best is not None and best >= goal
@@ -512,7 +531,8 @@ def format_search(result: dict[str, Any]) -> str:
         lines.append(f"finetune ({'+'.join(ft['repairs'])}, {ft['seconds']} s): {ft['metric']} "
                      f"{ft['before']} -> {ft['after']} (measured in ORT); fine-tuned FP32 vs "
                      f"original FP32: {drift}" + (f"; skipped: {ft['skipped']}"
-                                                  if ft.get("skipped") else ""))
+                                                  if ft.get("skipped") else "")
+                     + (f"; DROPPED: {ft['dropped']}" if ft.get("dropped") else ""))
     for r in result.get("seq_lens", []):
         fit = f", {r['texts_fit']:.0%} of the texts fit" if "texts_fit" in r else ""
         lines.append(f"  seq {r['seq_len']}: cost {r['cost']}, predicted {r['predicted']}, "
@@ -594,7 +614,9 @@ def plan_model(
     chosen plan, with its repairs, is fine-tuned and measured again, and
     ``pareto["finetune"]`` records both measurements, the fine-tuned FP32 model's own
     drift from the original and the time; the plan returned is the fine-tuned one (its
-    learned ranges pinned, ``finetune`` in its repairs, so ``repair --plan`` rebuilds it).
+    learned ranges pinned, ``finetune`` in its repairs, so ``repair --plan`` rebuilds it)
+    when it measured at least as well as the plan without it, else the plan without it
+    (``kept``/``dropped`` say which).
     """
     from quantscope.model.shapes import given_shapes
     from quantscope.plan.search import plan_from_analysis
@@ -617,8 +639,10 @@ def plan_model(
                                      repairs=offer.options if offer else ())
     pareto = extra["pareto"]
     if finetune and data is not None and stats is not None:
-        plan, pareto["finetune"] = finetune_chosen(model, data, stats, plan, target, options,
-                                                   progress=progress)
+        tuned, pareto["finetune"] = finetune_chosen(model, data, stats, plan, target, options,
+                                                    progress=progress)
+        if _keep_finetune(pareto):
+            plan = tuned
     if options.goal is not None:
         pareto["goal"] = goal_verdict(pareto, options.metric, options.goal)
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
