@@ -31,6 +31,7 @@ from quantscope.serde import (
     write_stats,
     write_text,
 )
+from quantscope.tasks.registry import at_length
 from quantscope.tasks.tensors import load_tensor_batches
 from quantscope.types import (
     Batch,
@@ -624,6 +625,8 @@ def plan_model(
     options.check_inputs(data=data is not None, stats=stats is not None)
     if options.metric is None:
         options = dataclasses.replace(options, metric=default_metric(data))
+    if data is not None and options.seq_len is not None:
+        data = at_length(data, options.seq_len)  # measured on what that length runs
     finetune = "finetune" in options.repairs
     if finetune:
         options = dataclasses.replace(

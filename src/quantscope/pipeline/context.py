@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,9 +93,12 @@ class Context:
             from quantscope.pipeline.data import open_run_data
 
             o = self.opts
-            self._cache["data"] = open_run_data(self.model(), o.data, eval_data=o.eval_data,
-                                                pairs=o.pairs, tokenizer=o.tokenizer,
-                                                folder=self.folder)
+            run = open_run_data(self.model(), o.data, eval_data=o.eval_data, pairs=o.pairs,
+                                tokenizer=o.tokenizer, folder=self.folder)
+            if o.seq_len is not None:  # every stage measures what that length runs
+                run = replace(run, fit=stages.at_length(run.fit, o.seq_len),
+                              held_out=stages.at_length(run.held_out, o.seq_len))
+            self._cache["data"] = run
         return self._cache["data"]
 
     def target(self) -> Target:

@@ -19,6 +19,7 @@ folder of identity folders  user face images (one sub-folder per identity), alig
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,8 @@ from quantscope.tasks.text import (
     make_batches,
     pool,
     token_lengths,
+    truncate_batches,
+    truncate_feeds,
 )
 from quantscope.types import Dataset, Metrics, Outputs, QuantscopeError
 
@@ -327,6 +330,28 @@ def face_dataset(
     note = (f"faces: {len(faces.chips)} aligned {style.name} chips, {len(task.pairs)} pairs; "
             "calibration uses the same chips (the built-in set is small)")
     return batches, batches, task, note
+
+
+def at_length(data: Dataset, max_length: int) -> Dataset:
+    """Text data as a deployment at ``max_length`` tokens runs it: every text longer than
+    that truncated (calibration and evaluation), so a plan for that length is measured on
+    what it will see, against FP32 at the same length; other data unchanged."""
+    task = data.task
+    if not isinstance(task, RetrievalTask | StsTask):
+        return data
+    ids = task.encoder.input_name("input_ids")
+    if ids is None or max(b[ids].shape[1] for b in task.batches) <= max_length:
+        return data
+    batches = truncate_batches(task.batches, max_length, task.encoder)
+    calib = tuple(truncate_feeds(b, max_length, task.encoder) for b in data.calibration)
+    longer = "" if data.token_lengths is None else (
+        f"{float(np.mean(np.asarray(data.token_lengths) > max_length)):.1%} of the "
+        "evaluation texts are longer; ")
+    note = (f"texts truncated at {max_length} tokens, as a deployment at sequence length "
+            f"{max_length} runs them ({longer}quality is against FP32 at the same length)")
+    return dataclasses.replace(data, calibration=calib, evaluation=batches.batches,
+                               task=dataclasses.replace(task, batches=batches),
+                               notes=(*data.notes, note))
 
 
 def open_task_data(

@@ -390,6 +390,33 @@ def make_batches(
     return TextBatches(batches, order)
 
 
+def truncate_feeds(feeds: dict[str, np.ndarray], max_length: int, encoder: TextEncoder
+                   ) -> dict[str, np.ndarray]:
+    """One padded batch as a tokenizer truncating at ``max_length`` makes it: a longer text
+    keeps its first ``max_length - 1`` tokens and its own last token (the end token: [SEP]
+    for BERT tokenizers, </s> for RoBERTa-style ones), exactly what ``tokenizers``'
+    truncation gives; shorter texts are unchanged."""
+    ids_name, mask_name = encoder.input_name("input_ids"), encoder.input_name("attention_mask")
+    if ids_name is None or mask_name is None:
+        raise QuantscopeError("truncating texts needs the encoder's input_ids and "
+                              "attention_mask inputs")
+    ids = feeds[ids_name]
+    if ids.shape[1] <= max_length:
+        return feeds
+    lengths = feeds[mask_name].astype(np.int64).sum(axis=1)
+    out = {k: np.ascontiguousarray(v[:, :max_length]) for k, v in feeds.items()}
+    long = lengths > max_length
+    out[ids_name][long, max_length - 1] = ids[long, lengths[long] - 1]
+    return out
+
+
+def truncate_batches(batches: TextBatches, max_length: int, encoder: TextEncoder
+                     ) -> TextBatches:
+    """Every batch truncated at ``max_length`` tokens; the length order stays valid."""
+    return TextBatches(tuple(truncate_feeds(b, max_length, encoder) for b in batches),
+                       batches.order)
+
+
 def _pad(encodings: list[tokenizers.Encoding], encoder: TextEncoder) -> dict[str, np.ndarray]:
     width = max(len(e.ids) for e in encodings)
     arrays = {role: np.zeros((len(encodings), width), np.int64) for role in INPUT_ROLES}

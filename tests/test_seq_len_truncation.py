@@ -1,0 +1,56 @@
+"""A plan for sequence length N is measured on what a deployment at N runs: texts
+truncated at N tokens exactly as the tokenizer truncates them."""
+
+from __future__ import annotations
+
+import numpy as np
+from test_tasks_text import tiny_encoder
+
+from quantscope import stages
+from quantscope.model.load import load_proto
+from quantscope.tasks import text
+from quantscope.tasks.registry import RetrievalTask, at_length
+
+N = 24
+
+
+def _texts() -> list[str]:
+    pairs = text.load_pairs("stdlib-docs")
+    return list(pairs.queries[:20]) + list(pairs.documents[:20])
+
+
+def test_truncated_batches_equal_the_tokenizers_own_truncation():
+    enc = text.detect_encoder(tiny_encoder(inputs=("input_ids", "attention_mask",
+                                                   "token_type_ids")))
+    full = text.make_batches(_texts(), text.load_tokenizer(), enc, batch_size=8)
+    cut = text.make_batches(_texts(), text.load_tokenizer(max_length=N), enc, batch_size=8)
+    assert max(b["input_ids"].shape[1] for b in full) > N  # some texts are longer
+    ours = text.truncate_batches(full, N, enc)
+    np.testing.assert_array_equal(ours.order, full.order)
+
+    def rows(tb):  # per text: the tokenizer's own truncation may re-sort equal lengths
+        out = {}
+        for k, b in enumerate(tb.batches):
+            for r in range(len(b["input_ids"])):
+                n = int(b["attention_mask"][r].sum())
+                out[int(tb.order[k * 8 + r])] = {name: tuple(v[r, :n]) for name, v in b.items()}
+        return out
+
+    assert rows(ours) == rows(cut)
+
+
+def test_at_length_truncates_retrieval_data_and_says_so():
+    model = load_proto(tiny_encoder(), "tiny-encoder")
+    data = stages.open_data("stdlib-docs", model, max_pairs=20)
+    short = at_length(data, N)
+    assert isinstance(short.task, RetrievalTask)
+    assert max(b["input_ids"].shape[1] for b in short.evaluation) == N
+    assert max(b["input_ids"].shape[1] for b in short.calibration) <= N
+    assert short.task.batches.batches == short.evaluation
+    assert any(f"texts truncated at {N} tokens" in n for n in short.notes)
+    assert at_length(data, 100_000) is data  # nothing longer: unchanged
+    assert at_length(short, N) is short
+    # the truncated set is scored like any other (FP32 against FP32 at the same length)
+    res = stages.evaluate_plans(model, short, stages.calibrate_model(model, short),
+                                {"float": stages.Plan.uniform(stages.Precision.FLOAT)})
+    assert res["float"]["metrics"]["top1_agreement"] == 1.0
