@@ -330,8 +330,12 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:
                                  _stats_parent(required=False, help="with --data: the stats "
                                                "file of the model"),
                                  _tokenizer_parent(), _pairs_parent(300, "measured")])
-    pl.add_argument("--analysis", required=True,
-                    type=input_file("analysis", "run 'quantscope analyze' to make one"), help="analysis JSON of 'quantscope analyze'")
+    pl.add_argument("--analysis",
+                    type=input_file("analysis", "run 'quantscope analyze' to make one"), help="analysis JSON of 'quantscope analyze' (required, except with --phase)")
+    pl.add_argument("--phase", type=_phases, metavar="prefill,decode",
+                    help="a decoder LLM (e.g. smollm2-135m): search candidates legal on "
+                    "every phase graph within --max-cost (default 1.5) at --seq-len, "
+                    "measure them per phase on stdlib-docs text and keep the best (minutes)")
     budget = pl.add_mutually_exclusive_group()
     budget.add_argument("--min-quality", type=non_negative_float,
                         help="the least predicted quality (the analysis' metric, output SQNR "

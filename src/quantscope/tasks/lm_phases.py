@@ -16,7 +16,9 @@ reference            FP32 prefill logits at those positions (equal to FP32 decod
                      tested), so FP32 decode runs only for greedy generation
 greedy               ``new_tokens`` greedy tokens per prompt, FP32 and emulated, each
                      with its own prefill then decode loop
-time                 seconds in the emulated prefill and decode runs, per plan
+time                 seconds in the emulated prefill and decode runs, per plan; FP32
+                     too: the reference prefill runs of that plan's scoring, and the
+                     FP32 decode steps of greedy generation (measured once, same process)
 memory               a phase graph is opened (``open_phase``) only while it is needed:
                      a session keeps its own copy of the weights, so at most the FP32
                      prefill session and one plan's two emulated sessions are alive
@@ -34,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from quantscope.calibrate.collect import calibrate
+from quantscope.calibrate.collect import calibrate, tapped_model
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
@@ -110,6 +112,22 @@ def calibrate_phases(open_phase: OpenPhase, windows: TokenWindows, *, steps: int
     return stats
 
 
+def position_absmax(model: Model, tensors: Sequence[str], windows: Sequence[np.ndarray]
+                    ) -> dict[str, np.ndarray]:
+    """FP32 prefill: per tensor [1, N, C], the max |x| over channels at each position (max
+    over the windows) -- where the largest activations sit."""
+    names = list(tensors)
+    session = make_session(tapped_model(model, names))
+    out: dict[str, np.ndarray] = {}
+    for ids in windows:
+        for name, v in zip(names, session.run(names, {"input_ids": ids[None]}), strict=True):
+            per_pos = np.abs(v.reshape(v.shape[1], -1)).max(-1)
+            out[name] = np.maximum(out.get(name, per_pos), per_pos)
+    del session
+    release_memory()
+    return out
+
+
 def _emulated(open_phase: OpenPhase, phase: str, stats: Stats, plan: Plan,
               method: str | None) -> Run:
     run = runner(quantize_model(open_phase(phase), stats, plan, scheme=scheme_for(plan, None),
@@ -118,19 +136,27 @@ def _emulated(open_phase: OpenPhase, phase: str, stats: Stats, plan: Plan,
     return run
 
 
-def generate(prefill: Run, decode: Run, prompt: np.ndarray, new_tokens: int) -> list[int]:
-    """Greedy tokens after ``prompt``: one prefill run, then the decode loop on its cache."""
+def generate(prefill: Run, decode: Run, prompt: np.ndarray, new_tokens: int,
+             clock: dict[str, float] | None = None) -> list[int]:
+    """Greedy tokens after ``prompt``: one prefill run, then the decode loop on its cache
+    (the decode seconds and steps added to ``clock['decode_s' / 'decode_steps']`` if given)."""
     out = prefill({"input_ids": prompt[None]})
     tokens = [int(out["logits"][0, -1].argmax())]
     while len(tokens) < new_tokens:
+        t0 = time.perf_counter()
         out = decode({"input_ids": np.array([[tokens[-1]]], np.int64), **cache_of(out)})
+        if clock is not None:
+            clock["decode_s"] += time.perf_counter() - t0
+            clock["decode_steps"] += 1
         tokens.append(int(out["logits"][0, -1].argmax()))
     return tokens
 
 
 def _score_window(ids: np.ndarray, steps: int, fp32: Run, emu: dict[str, Run],
                   acc: dict[str, NextToken], clock: dict[str, float]) -> None:
+    t0 = time.perf_counter()
     ref = fp32({"input_ids": ids[None]})
+    clock["fp32_prefill_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     test = emu["prefill"]({"input_ids": ids[None]})
     clock["prefill_s"] += time.perf_counter() - t0
@@ -157,14 +183,17 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dic
     """Per plan, per phase (:data:`LM_PHASES`, ``greedy``, ``time``): metric -> value."""
     fp32 = runner(open_phase("prefill"))
     fp32_decode = runner(open_phase("decode"))
-    fp32_greedy = [generate(fp32, fp32_decode, p, new_tokens) for p in prompts]
+    fp32_clock = {"decode_s": 0.0, "decode_steps": 0.0}
+    fp32_greedy = [generate(fp32, fp32_decode, p, new_tokens, fp32_clock) for p in prompts]
     del fp32_decode
     release_memory()
     results: dict[str, dict[str, dict[str, float]]] = {}
     for label, plan in plans.items():
         emu = {p: _emulated(open_phase, p, stats[p], plan, method) for p in ("prefill", "decode")}
         acc = {p: NextToken() for p in LM_PHASES}
-        clock = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0.0}
+        clock = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0.0,
+                 "fp32_prefill_s": 0.0, "fp32_decode_s": fp32_clock["decode_s"],
+                 "fp32_decode_steps": fp32_clock["decode_steps"]}
         for ids in windows.evaluation:
             _score_window(ids, steps, fp32, emu, acc, clock)
         greedy = Greedy()
@@ -178,4 +207,4 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dic
 
 
 __all__ = ["LM_PHASES", "cache_of", "calibrate_phases", "decode_feeds", "evaluate_lm_plans",
-           "generate", "runner"]
+           "generate", "position_absmax", "runner"]
