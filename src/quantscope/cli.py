@@ -184,6 +184,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from quantscope.analyze import analysis_to_dict, analyze, summary_text
     from quantscope.model.groups import find_groups
 
+    if args.phase:
+        return _analyze_phases(args)
+    missing = [f for f, v in (("--data", args.data), ("--stats", args.stats)) if not v]
+    if missing:
+        raise QuantscopeError(f"analyze: the following arguments are required: "
+                              f"{', '.join(missing)} (see 'quantscope analyze --help')")
     check_low_high(args.low, args.high)
     inp = _open(args, data=True, stats=True, target=True)
     executor = None
@@ -202,6 +208,21 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             executor.close()
     print(summary_text(result))
     stages.write_json(args.out, analysis_to_dict(result))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _analyze_phases(args: argparse.Namespace) -> int:
+    """analyze --phase: what each phase graph's calibration says (predictions, no sweep)."""
+    from quantscope import stages_llm
+    from quantscope.analyze.phases import diagnosis_to_dict, format_diagnosis
+
+    if args.data or args.stats:
+        raise QuantscopeError("analyze --phase calibrates each phase graph on stdlib-docs "
+                              "text itself: leave out --data and --stats")
+    out = stages_llm.diagnose_model(args.model, args.phase)
+    print("\n".join(format_diagnosis(out)))
+    stages.write_json(args.out, diagnosis_to_dict(out))
     print(f"wrote {args.out}")
     return 0
 

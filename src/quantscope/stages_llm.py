@@ -116,12 +116,12 @@ def lm_quality(spec: str | Path, plans: dict[str, Plan], setup: LmSetup = LmSetu
     return {"data": windows.source, "setup": setup.__dict__, "plans": results}
 
 
-def diagnose_phases(spec: str | Path, stats: dict[str, Stats], windows: TokenWindows
-                    ) -> tuple[PhaseDiagnosis, ...]:
+def diagnose_phases(spec: str | Path, stats: dict[str, Stats], windows: TokenWindows,
+                    phases: tuple[str, ...] = PHASES) -> tuple[PhaseDiagnosis, ...]:
     """Per phase, from its calibration statistics (and, in prefill, the residual stream's
     per-position max over the calibration windows); one graph open at a time."""
     out = []
-    for phase in PHASES:
+    for phase in phases:
         model = open_phase(spec, phase)
         groups = find_groups(model)
         positions = None
@@ -132,6 +132,14 @@ def diagnose_phases(spec: str | Path, stats: dict[str, Stats], windows: TokenWin
         del model
         release_memory()
     return tuple(out)
+
+
+def diagnose_model(spec: str | Path, phases: tuple[str, ...] = PHASES,
+                   setup: LmSetup = LmSetup()) -> tuple[PhaseDiagnosis, ...]:
+    """``analyze --phase``: calibrate both phase graphs on ``setup``'s text, diagnose each."""
+    windows, _ = lm_text(spec, setup)
+    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)
+    return diagnose_phases(spec, stats, windows, phases)
 
 
 @dataclass(frozen=True)
@@ -220,6 +228,7 @@ def format_lm_quality(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["LmSetup", "PhasePlan", "check_plan_phases", "diagnose_phases", "format_lm_quality",
+__all__ = ["LmSetup", "PhasePlan", "check_plan_phases", "diagnose_model",
+           "diagnose_phases", "format_lm_quality",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
            "open_phase_models", "phase_file", "plan_phases"]

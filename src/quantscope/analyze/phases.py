@@ -21,7 +21,7 @@ RMSNorm inputs        the input tensors of the normalisation groups
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -153,5 +153,21 @@ def format_diagnosis(diagnoses: tuple[PhaseDiagnosis, ...], *, listed: int = 8) 
     return lines
 
 
-__all__ = ["FirstToken", "PhaseDiagnosis", "RangeRow", "diagnose_phase", "first_token",
+def diagnosis_to_dict(diagnoses: tuple[PhaseDiagnosis, ...]) -> dict[str, object]:
+    """JSON form: per phase the rows, each with its prediction (``breaks8``)."""
+    def rows(rs: tuple[RangeRow, ...]) -> list[dict[str, object]]:
+        return [{**asdict(r), "breaks8": r.breaks8} for r in rs]
+
+    return {"format": "quantscope.phase-diagnosis/1", "note": "breaks8 and predicted_8bit "
+            "are predictions from calibrated ranges (8-bit step > typical |x|), not "
+            "measurements",
+            "phases": {d.phase: {"widest": rows(d.widest), "kv_cache": rows(d.kv_cache),
+                                 "norm_inputs": rows(d.norm_inputs),
+                                 "predicted_8bit": rows(d.predicted_8bit),
+                                 "first_token": [asdict(f) for f in d.first_token]}
+                       for d in diagnoses}}
+
+
+__all__ = ["FirstToken", "PhaseDiagnosis", "RangeRow", "diagnose_phase", "diagnosis_to_dict",
+           "first_token",
            "format_diagnosis", "range_row", "residual_groups", "typical_abs"]
