@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from quantscope.analyze.phases import PhaseDiagnosis, diagnose_phase, residual_groups
+from quantscope.calibrate.collect import tapped_model
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
 from quantscope.model.phases import PHASES, phase_path
@@ -123,13 +124,16 @@ def diagnose_phases(spec: str | Path, stats: dict[str, Stats], windows: TokenWin
     out = []
     for phase in phases:
         model = open_phase(spec, phase)
-        groups = find_groups(model)
+        groups, names = find_groups(model), model.output_names()
         positions = None
         if phase == "prefill":
             residual = [g.outputs[0] for g in residual_groups(groups)]
-            positions = position_absmax(model, residual, windows.calibration)
-        out.append(diagnose_phase(phase, groups, stats[phase], model.output_names(), positions))
-        del model
+            tapped = tapped_model(model, residual)
+            del model  # one copy of the weights less while the session loads
+            release_memory()
+            positions = position_absmax(tapped, residual, windows.calibration)
+            del tapped
+        out.append(diagnose_phase(phase, groups, stats[phase], names, positions))
         release_memory()
     return tuple(out)
 
@@ -223,7 +227,8 @@ def format_lm_quality(result: dict[str, Any]) -> list[str]:
             v = res[phase]
             lines.append(f"{label:<14} {phase:<16} {v['top1_agreement']:>7.3f} "
                          f"{v['kl']:>9.4f} {v['ppl_ratio']:>10.4f}")
-        lines.append(f"{label:<14} {'greedy (32 tok)':<16} "
+        greedy = f"greedy ({result['setup']['new_tokens']} tok)"
+        lines.append(f"{label:<14} {greedy:<16} "
                      f"{res['greedy']['greedy_agreement']:>7.3f}")
     return lines
 
