@@ -184,7 +184,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from quantscope.analyze import analysis_to_dict, analyze, summary_text
     from quantscope.model.groups import find_groups
 
-    if args.phase:
+    if getattr(args, "phase", None):
         return _analyze_phases(args)
     missing = [f for f, v in (("--data", args.data), ("--stats", args.stats)) if not v]
     if missing:
@@ -234,7 +234,7 @@ def _target(name: str) -> Target:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    if args.phase:
+    if getattr(args, "phase", None):
         return _plan_phases(args)
     if not args.analysis:
         raise QuantscopeError("plan: the following arguments are required: --analysis "
@@ -287,7 +287,7 @@ def _plan_phases(args: argparse.Namespace) -> int:
         raise QuantscopeError("plan --phase takes one --seq-len")
     setup = stages_llm.LmSetup.at(args.seq_len[0] if args.seq_len else None)
     out = stages_llm.plan_phases(args.model, _target(args.target).name,
-                                 max_cost=args.max_cost or 1.5, setup=setup)
+                                 max_cost=args.max_cost or 1.5, setup=setup, phases=args.phase)
     print("\n".join(format_diagnosis(out.diagnosis)))
     print("\n".join(stages_llm.format_phase_plan(out)))
     stages.write_plan(args.out, out.plan())

@@ -170,16 +170,16 @@ class PhasePlan:
 
 
 def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
-                setup: LmSetup = LmSetup()) -> PhasePlan:
-    """Candidates ranked by the calibrated ranges, screened on both phase graphs (legal,
-    within ``max_cost`` in each), the kept ones measured, the best chosen
-    (:mod:`quantscope.plan.phase_search`)."""
+                setup: LmSetup = LmSetup(), phases: tuple[str, ...] = PHASES) -> PhasePlan:
+    """Candidates ranked by the calibrated ranges, screened on the ``phases`` graphs (legal,
+    within ``max_cost`` in each), the kept ones measured (on both graphs: decode's metrics
+    need the prefill cache), the best chosen (:mod:`quantscope.plan.phase_search`)."""
     tgt = load_target(target)
     windows, prompts = lm_text(spec, setup)
     stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)
-    diagnosis = diagnose_phases(spec, stats, windows)
-    models = open_phase_models(spec)
-    ranked = rank_by_range(find_groups(models["prefill"]), list(stats.values()))
+    diagnosis = diagnose_phases(spec, stats, windows, phases)
+    models = open_phase_models(spec, phases)
+    ranked = rank_by_range(find_groups(next(iter(models.values()))), list(stats.values()))
     plans = candidate_plans(models, tgt, ranked, setup.seq_len, max_cost)
     candidates = screen(plans, models, tgt, setup.seq_len)
     del models
