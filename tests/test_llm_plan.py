@@ -92,3 +92,26 @@ def test_plan_phase_inputs_checked(planned, capsys) -> None:
     assert main([*base, "--phase", "prefill,decode", "--seq-len", "16,32"]) == 2
     assert "one --seq-len" in capsys.readouterr().err
     assert not out.with_name("x.json").exists()
+
+
+def test_choose_keeps_legal_within_cap_lowest_prefill_kl_then_decode() -> None:
+    from quantscope.plan.phase_search import PhaseCandidate, choose
+    from quantscope.plan.phases import PhaseCheck
+    from quantscope.types import Plan, Problem, QuantscopeError
+
+    def cand(label: str, cost: float, errors: int = 0) -> PhaseCandidate:
+        bad = tuple(Problem(rule="r", group="g", severity="error", reason="", fix="",
+                            provenance="") for _ in range(errors))
+        return PhaseCandidate(label, Plan(default=Precision.A8_W8), (
+            PhaseCheck("prefill", 64, (), 1.0), PhaseCheck("decode", 64, bad, cost)))
+
+    def q(pre: float, dec: float) -> dict:
+        return {"prefill": {"kl": pre}, "decode_emu_kv": {"kl": dec}}
+
+    cands = [cand("cheap", 1.0), cand("tie", 1.2), cand("over", 1.6), cand("illegal", 1.0, 1)]
+    quality = {"cheap": q(0.5, 0.3), "tie": q(0.5, 0.2), "over": q(0.1, 0.1),
+               "illegal": q(0.1, 0.1)}
+    assert choose(cands, quality, 1.5).label == "tie"
+    assert choose(cands, quality, 2.0).label == "over"
+    with pytest.raises(QuantscopeError, match="no candidate plan is legal"):
+        choose(cands[2:], quality, 1.5)
