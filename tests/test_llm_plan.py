@@ -91,6 +91,9 @@ def test_plan_phase_inputs_checked(planned, capsys) -> None:
     assert "not --min-quality" in capsys.readouterr().err
     assert main([*base, "--phase", "prefill,decode", "--seq-len", "16,32"]) == 2
     assert "one --seq-len" in capsys.readouterr().err
+    assert main([*base, "--phase", "prefill,decode", "--seq-len", "16", "--max-cost",
+                 "0.5"]) == 2  # even uniform a8_w8 (1.0x) is over the cap
+    assert "no candidate plan is legal on every phase within 0.5x" in capsys.readouterr().err
     assert not out.with_name("x.json").exists()
 
 

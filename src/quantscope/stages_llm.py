@@ -25,6 +25,7 @@ from quantscope.plan.phase_search import (
     PhaseCandidate,
     candidate_plans,
     choose,
+    kept_plans,
     rank_by_range,
     screen,
 )
@@ -184,7 +185,7 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
     candidates = screen(plans, models, tgt, setup.seq_len)
     del models
     release_memory()
-    kept = {c.label: c.plan for c in candidates if c.kept(max_cost)}
+    kept = kept_plans(candidates, max_cost)  # none: one line, before any evaluation
     results = evaluate_lm_plans(_opener(spec), stats, kept, windows, prompts=prompts,
                                 steps=setup.steps, new_tokens=setup.new_tokens)
     quality = {"data": windows.source, "setup": setup.__dict__, "plans": results}

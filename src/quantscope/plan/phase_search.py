@@ -149,13 +149,22 @@ def screen(plans: Mapping[str, Plan], models: Mapping[str, Model], target: Targe
                  for label, plan in plans.items())
 
 
-def choose(candidates: Sequence[PhaseCandidate], quality: Quality,
-           max_cost: float) -> PhaseCandidate:
-    """The kept, measured candidate with the lowest prefill KL (ties: decode, emulated KV)."""
-    kept = [c for c in candidates if c.kept(max_cost) and c.label in quality]
+def kept_plans(candidates: Sequence[PhaseCandidate], max_cost: float) -> dict[str, Plan]:
+    """The candidates to measure: no error in any phase, every phase within the cap."""
+    kept = {c.label: c.plan for c in candidates if c.kept(max_cost)}
     if not kept:
         raise QuantscopeError(f"no candidate plan is legal on every phase within {max_cost}x "
                               "a8_w8: raise --max-cost or shorten --seq-len")
+    return kept
+
+
+def choose(candidates: Sequence[PhaseCandidate], quality: Quality,
+           max_cost: float) -> PhaseCandidate:
+    """The kept, measured candidate with the lowest prefill KL (ties: decode, emulated KV)."""
+    kept = [c for c in candidates if c.label in kept_plans(candidates, max_cost)
+            and c.label in quality]
+    if not kept:
+        raise QuantscopeError("no kept candidate plan was measured")
 
     def key(c: PhaseCandidate) -> tuple[float, float]:
         q = quality[c.label]
@@ -168,5 +177,5 @@ def _finite(x: float) -> float:
     return x if math.isfinite(x) else math.inf
 
 
-__all__ = ["SELECTION", "PhaseCandidate", "candidate_plans", "choose", "rank_by_range",
-           "screen"]
+__all__ = ["SELECTION", "PhaseCandidate", "candidate_plans", "choose", "kept_plans",
+           "rank_by_range", "screen"]
