@@ -7,7 +7,9 @@
 MODEL defaults to the built-in smollm2-135m. Prints, per plan and phase (prefill,
 decode fed the FP32 KV cache, decode fed the emulated KV cache), top-1 agreement with
 FP32, KL and the perplexity ratio, greedy agreement over --new-tokens tokens, the cost
-and legality on hailo10h per phase, the emulated time per phase and the peak RSS.
+and legality on hailo10h per phase, the time per phase (emulated and FP32, in the same
+process: FP32 prefill = the reference runs of each plan's scoring, FP32 decode = the
+greedy-generation steps) and the peak RSS.
 """
 
 from __future__ import annotations
@@ -72,8 +74,10 @@ def main() -> None:
         t = res["time"]
         cost = ", ".join(f"{c['phase']} {c['cost']:.2f}x ({c['errors']} errors {c['rules']})"
                          for c in checks[label])
-        print(f"{label}: prefill {t['prefill_s'] / a.evaluation:.2f} s/window of {a.seq_len}, "
-              f"decode {t['decode_s'] / max(t['decode_steps'], 1) * 1000:.0f} ms/step; "
+        print(f"{label}: prefill {t['prefill_s'] / a.evaluation:.2f} s/window of {a.seq_len} "
+              f"(FP32 {t['fp32_prefill_s'] / a.evaluation:.2f}), decode "
+              f"{t['decode_s'] / max(t['decode_steps'], 1) * 1000:.0f} ms/step (FP32 "
+              f"{t['fp32_decode_s'] / max(t['fp32_decode_steps'], 1) * 1000:.0f}); "
               f"hailo10h cost {cost}")
     print(f"calibrate+evaluate {total_s:.0f} s (peak RSS {eval_rss_gb:.2f} GB), checks "
           f"{check_s:.0f} s (peak RSS then {rss_gb:.2f} GB)")

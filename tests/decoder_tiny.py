@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from quantscope.zoo.decoder import DecoderConfig, weight_names
@@ -26,3 +28,28 @@ def tiny_weights(cfg: DecoderConfig = TINY, seed: int = 0) -> dict[str, np.ndarr
             shape = shapes[part]
             out[name] = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
     return out
+
+
+def byte_decoder(folder: Path, cfg: DecoderConfig = TINY, *, seed: int = 0,
+                 weights: dict[str, np.ndarray] | None = None) -> Path:
+    """The tiny decoder over a byte-level BPE vocabulary (256 tokens), as the files a
+    built-in decoder has: ``byte.prefill.onnx``, ``byte.decode.onnx``,
+    ``byte.tokenizer.json``. Returns the prefill file."""
+    import dataclasses
+
+    import onnx
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from quantscope.zoo.decoder import build_decoder
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = tokenizers.Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    (folder / "byte.tokenizer.json").write_text(tok.to_str())
+    cfg = dataclasses.replace(cfg, vocab=len(alphabet))
+    w = weights or tiny_weights(cfg, seed)
+    for p in ("prefill", "decode"):
+        onnx.save(build_decoder(cfg, w, p), str(folder / f"byte.{p}.onnx"))
+    return folder / "byte.prefill.onnx"

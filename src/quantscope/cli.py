@@ -184,6 +184,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from quantscope.analyze import analysis_to_dict, analyze, summary_text
     from quantscope.model.groups import find_groups
 
+    if getattr(args, "phase", None):
+        return _analyze_phases(args)
+    missing = [f for f, v in (("--data", args.data), ("--stats", args.stats)) if not v]
+    if missing:
+        raise QuantscopeError(f"analyze: the following arguments are required: "
+                              f"{', '.join(missing)} (see 'quantscope analyze --help')")
     check_low_high(args.low, args.high)
     inp = _open(args, data=True, stats=True, target=True)
     executor = None
@@ -206,6 +212,21 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _analyze_phases(args: argparse.Namespace) -> int:
+    """analyze --phase: what each phase graph's calibration says (predictions, no sweep)."""
+    from quantscope import stages_llm
+    from quantscope.analyze.phases import diagnosis_to_dict, format_diagnosis
+
+    if args.data or args.stats:
+        raise QuantscopeError("analyze --phase calibrates each phase graph on stdlib-docs "
+                              "text itself: leave out --data and --stats")
+    out = stages_llm.diagnose_model(args.model, args.phase)
+    print("\n".join(format_diagnosis(out)))
+    stages.write_json(args.out, diagnosis_to_dict(out))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _target(name: str) -> Target:
     from quantscope.targets import load_target
 
@@ -213,6 +234,11 @@ def _target(name: str) -> Target:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if getattr(args, "phase", None):
+        return _plan_phases(args)
+    if not args.analysis:
+        raise QuantscopeError("plan: the following arguments are required: --analysis "
+                              "(see 'quantscope plan --help')")
     lengths = args.seq_len or ()
     options = stages.PlanOptions(
         min_quality=args.min_quality, max_cost=args.max_cost,
@@ -245,6 +271,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"  {note}")
     stages.write_plan(args.out, out.plan, out.file_extra())
     print(stages.format_search(out.pareto))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _plan_phases(args: argparse.Namespace) -> int:
+    """plan --phase: a plan legal on every phase graph of a decoder, measured per phase."""
+    from quantscope import stages_llm
+    from quantscope.analyze.phases import format_diagnosis
+
+    if args.min_quality is not None or args.data or args.stats or args.analysis:
+        raise QuantscopeError("plan --phase measures candidates itself: give --max-cost, "
+                              "not --min-quality, --data, --stats or --analysis")
+    if args.seq_len and len(args.seq_len) > 1:
+        raise QuantscopeError("plan --phase takes one --seq-len")
+    setup = stages_llm.LmSetup.at(args.seq_len[0] if args.seq_len else None)
+    out = stages_llm.plan_phases(args.model, _target(args.target).name,
+                                 max_cost=args.max_cost or 1.5, setup=setup, phases=args.phase)
+    print("\n".join(format_diagnosis(out.diagnosis)))
+    print("\n".join(stages_llm.format_phase_plan(out)))
+    stages.write_plan(args.out, out.plan())
     print(f"wrote {args.out}")
     return 0
 
@@ -343,7 +389,8 @@ def _check_phases(args: argparse.Namespace) -> int:
     checks = stages_llm.check_plan_phases(args.model, plan, args.phase, args.seq_len)
     print("\n".join(stages_llm.format_phase_checks(checks)))
     if args.quality:
-        result = stages_llm.lm_quality(args.model, {Path(args.plan).stem: plan})
+        result = stages_llm.lm_quality(args.model, {Path(args.plan).stem: plan},
+                                       stages_llm.LmSetup.at(args.seq_len))
         print("\n".join(stages_llm.format_lm_quality(result)))
     errors = sum(c.errors for c in checks)
     print(f"check {args.plan} on {target}, phases {','.join(args.phase)}: {errors} error(s)")

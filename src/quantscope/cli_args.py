@@ -303,8 +303,8 @@ def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
                     help="plan to write, with the chosen ranges and the repairs applied")
 
     an = sub.add_parser("analyze", help="which layers break the low precision, and why",
-                        parents=[_model_parent(), _data_parent(), _output_parent(),
-                                 _stats_parent(),
+                        parents=[_model_parent(), _data_parent(required=False),
+                                 _output_parent(), _stats_parent(required=False),
                                  _target_parent(required=False, help="target profile (its "
                                                 "quantization scheme is used)"),
                                  _tokenizer_parent(), _pairs_parent(128, "analysed"),
@@ -316,6 +316,11 @@ def _add_planning_commands(sub: argparse._SubParsersAction) -> None:
                     help="row-cost budget of the sweeps: enable-one on every "
                     "round(2/PROXY)-th row, disable-one on the noisiest rows worth PROXY of "
                     "the row cost (1.0 = exact, every row, task metric per candidate)")
+    an.add_argument("--phase", type=_phases, metavar="prefill,decode",
+                    help="a decoder LLM (e.g. smollm2-135m): per phase, from its own "
+                    "calibration on stdlib-docs text (no --data/--stats): the widest "
+                    "ranges and outlier channels, the first token, the KV cache, the "
+                    "RMSNorm inputs, and which groups are predicted to break 8 bit")
     an.add_argument("--out", type=output_file, required=True,
                     help="analysis JSON to write")
     _add_plan_command(sub)
@@ -330,8 +335,12 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:
                                  _stats_parent(required=False, help="with --data: the stats "
                                                "file of the model"),
                                  _tokenizer_parent(), _pairs_parent(300, "measured")])
-    pl.add_argument("--analysis", required=True,
-                    type=input_file("analysis", "run 'quantscope analyze' to make one"), help="analysis JSON of 'quantscope analyze'")
+    pl.add_argument("--analysis",
+                    type=input_file("analysis", "run 'quantscope analyze' to make one"), help="analysis JSON of 'quantscope analyze' (required, except with --phase)")
+    pl.add_argument("--phase", type=_phases, metavar="prefill,decode",
+                    help="a decoder LLM (e.g. smollm2-135m): search candidates legal on "
+                    "every phase graph within --max-cost (default 1.5) at --seq-len, "
+                    "measure them per phase on stdlib-docs text and keep the best (minutes)")
     budget = pl.add_mutually_exclusive_group()
     budget.add_argument("--min-quality", type=non_negative_float,
                         help="the least predicted quality (the analysis' metric, output SQNR "

@@ -6,6 +6,8 @@ both, and measure its next-token quality per phase on frozen text.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,13 +15,32 @@ from typing import Any
 import numpy as np
 import onnx
 
+from quantscope.analyze.phases import PhaseDiagnosis, diagnose_phase, residual_groups
+from quantscope.calibrate.collect import tapped_model
+from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
 from quantscope.model.phases import PHASES, phase_path
+from quantscope.plan.phase_search import (
+    SELECTION,
+    PhaseCandidate,
+    candidate_plans,
+    choose,
+    kept_plans,
+    rank_by_range,
+    screen,
+)
 from quantscope.plan.phases import PhaseCheck, check_phases
 from quantscope.targets import load_target
-from quantscope.tasks.lm import DEFAULT_SEQ_LEN, load_lm_tokenizer, token_windows
-from quantscope.tasks.lm_phases import LM_PHASES, calibrate_phases, evaluate_lm_plans
-from quantscope.types import Plan, QuantscopeError
+from quantscope.tasks.lm import DEFAULT_SEQ_LEN, TokenWindows, load_lm_tokenizer, token_windows
+from quantscope.tasks.lm_phases import (
+    LM_PHASES,
+    OpenPhase,
+    calibrate_phases,
+    evaluate_lm_plans,
+    position_absmax,
+    release_memory,
+)
+from quantscope.types import Plan, Precision, QuantscopeError, Stats
 from quantscope.zoo.decoder import PRODUCER as DECODER_PRODUCER
 
 PROMPT = "The capital of France is"
@@ -65,22 +86,130 @@ class LmSetup:
     prompts: int = 4
     new_tokens: int = 32
 
+    @classmethod
+    def at(cls, seq_len: int | None) -> LmSetup:
+        """The default amounts of text at ``seq_len`` tokens (None: the default length)."""
+        return cls(seq_len=seq_len or DEFAULT_SEQ_LEN)
 
-def lm_quality(spec: str | Path, plans: dict[str, Plan], setup: LmSetup = LmSetup()
-               ) -> dict[str, Any]:
-    """Per plan and phase: top-1 agreement, KL, perplexity ratio, greedy agreement, time."""
+
+def lm_text(spec: str | Path, setup: LmSetup) -> tuple[TokenWindows, list[np.ndarray]]:
+    """The token windows and greedy prompts of ``setup`` (tokenized with the model's own)."""
     tok = load_lm_tokenizer(phase_file(spec, "prefill"))
     windows = token_windows(tok, seq_len=setup.seq_len, calibration=setup.calibration,
                             evaluation=setup.evaluation)
     prompts = [np.array(tok.encode(PROMPT).ids, np.int64), *(w[:12] for w in windows.evaluation)]
-    prompts = prompts[:setup.prompts]
+    return windows, prompts[:setup.prompts]
+
+
+def _opener(spec: str | Path) -> OpenPhase:
     def phase_model(phase: str) -> Model:
         return open_phase(spec, phase)
 
-    stats = calibrate_phases(phase_model, windows, steps=setup.steps)
-    results = evaluate_lm_plans(phase_model, stats, plans, windows, prompts=prompts,
+    return phase_model
+
+
+def lm_quality(spec: str | Path, plans: dict[str, Plan], setup: LmSetup = LmSetup()
+               ) -> dict[str, Any]:
+    """Per plan and phase: top-1 agreement, KL, perplexity ratio, greedy agreement, time."""
+    windows, prompts = lm_text(spec, setup)
+    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)
+    results = evaluate_lm_plans(_opener(spec), stats, plans, windows, prompts=prompts,
                                 steps=setup.steps, new_tokens=setup.new_tokens)
     return {"data": windows.source, "setup": setup.__dict__, "plans": results}
+
+
+def diagnose_phases(spec: str | Path, stats: dict[str, Stats], windows: TokenWindows,
+                    phases: tuple[str, ...] = PHASES) -> tuple[PhaseDiagnosis, ...]:
+    """Per phase, from its calibration statistics (and, in prefill, the residual stream's
+    per-position max over the calibration windows); one graph open at a time."""
+    out = []
+    for phase in phases:
+        model = open_phase(spec, phase)
+        groups, names = find_groups(model), model.output_names()
+        positions = None
+        if phase == "prefill":
+            residual = [g.outputs[0] for g in residual_groups(groups)]
+            tapped = tapped_model(model, residual)
+            del model  # one copy of the weights less while the session loads
+            release_memory()
+            positions = position_absmax(tapped, residual, windows.calibration)
+            del tapped
+        out.append(diagnose_phase(phase, groups, stats[phase], names, positions))
+        release_memory()
+    return tuple(out)
+
+
+def diagnose_model(spec: str | Path, phases: tuple[str, ...] = PHASES,
+                   setup: LmSetup = LmSetup()) -> tuple[PhaseDiagnosis, ...]:
+    """``analyze --phase``: calibrate both phase graphs on ``setup``'s text, diagnose each."""
+    windows, _ = lm_text(spec, setup)
+    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)
+    return diagnose_phases(spec, stats, windows, phases)
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    """``plan --phase``: every candidate (checked per phase), the kept ones measured."""
+
+    chosen: PhaseCandidate
+    candidates: tuple[PhaseCandidate, ...]
+    quality: dict[str, Any]  # lm_quality's form, for the kept candidates
+    diagnosis: tuple[PhaseDiagnosis, ...]
+    max_cost: float
+
+    def plan(self) -> Plan:
+        """The chosen plan with its per-phase results in ``meta`` (JSON strings)."""
+        q = self.quality["plans"][self.chosen.label]
+        results = {"checks": {c.phase: {"seq_len": c.seq_len, "cost": c.cost,
+                                        "errors": c.errors} for c in self.chosen.checks},
+                   "quality": {k: v for k, v in q.items() if k != "time"}}
+        meta = {"planner": "quantscope plan --phase", "candidate": self.chosen.label,
+                "selection": SELECTION, "max_cost": repr(self.max_cost),
+                "lm_data": self.quality["data"], "lm_setup": json.dumps(self.quality["setup"]),
+                "phase_results": json.dumps(results)}
+        return dataclasses.replace(self.chosen.plan, meta=tuple(meta.items()))
+
+
+def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
+                setup: LmSetup = LmSetup(), phases: tuple[str, ...] = PHASES) -> PhasePlan:
+    """Candidates ranked by the calibrated ranges, screened on the ``phases`` graphs (legal,
+    within ``max_cost`` in each), the kept ones measured (on both graphs: decode's metrics
+    need the prefill cache), the best chosen (:mod:`quantscope.plan.phase_search`)."""
+    tgt = load_target(target)
+    windows, prompts = lm_text(spec, setup)
+    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)
+    diagnosis = diagnose_phases(spec, stats, windows, phases)
+    models = open_phase_models(spec, phases)
+    ranked = rank_by_range(find_groups(next(iter(models.values()))), list(stats.values()))
+    plans = candidate_plans(models, tgt, ranked, setup.seq_len, max_cost)
+    candidates = screen(plans, models, tgt, setup.seq_len)
+    del models
+    release_memory()
+    kept = kept_plans(candidates, max_cost)  # none: one line, before any evaluation
+    results = evaluate_lm_plans(_opener(spec), stats, kept, windows, prompts=prompts,
+                                steps=setup.steps, new_tokens=setup.new_tokens)
+    quality = {"data": windows.source, "setup": setup.__dict__, "plans": results}
+    return PhasePlan(choose(candidates, results, max_cost), candidates, quality, diagnosis,
+                     max_cost)
+
+
+def format_phase_plan(out: PhasePlan) -> list[str]:
+    """The candidates' cost and legality per phase, then the measured ones' quality."""
+    phases = [c.phase for c in out.candidates[0].checks]
+    head = "".join(f" {p + ' cost':>13} {'errors':>6}" for p in phases)
+    lines = [f"{'candidate':<12} {'16-bit':>6}{head}  kept (cap {out.max_cost}x, no error)"]
+    for c in out.candidates:
+        n16 = len(c.plan.overrides) if c.plan.default is Precision.A8_W8 else "all"
+        cells = "".join(f" {k.cost:>12.2f}x {k.errors:>6}" for k in c.checks)
+        rules = sorted({p.rule for k in c.checks for p in k.problems if p.severity == "error"})
+        why = "yes" if c.kept(out.max_cost) else "no" + (f" ({', '.join(rules)})" if rules
+                                                        else " (cost)")
+        lines.append(f"{c.label:<12} {n16!s:>6}{cells}  {why}")
+    lines.append("measured on " + out.quality["data"] + " (top-1 agreement with FP32, KL, "
+                 "perplexity ratio):")
+    lines += format_lm_quality(out.quality)
+    lines.append(f"chosen: {out.chosen.label} ({SELECTION})")
+    return lines
 
 
 def format_phase_checks(checks: tuple[PhaseCheck, ...]) -> list[str]:
@@ -99,10 +228,13 @@ def format_lm_quality(result: dict[str, Any]) -> list[str]:
             v = res[phase]
             lines.append(f"{label:<14} {phase:<16} {v['top1_agreement']:>7.3f} "
                          f"{v['kl']:>9.4f} {v['ppl_ratio']:>10.4f}")
-        lines.append(f"{label:<14} {'greedy (32 tok)':<16} "
+        greedy = f"greedy ({result['setup']['new_tokens']} tok)"
+        lines.append(f"{label:<14} {greedy:<16} "
                      f"{res['greedy']['greedy_agreement']:>7.3f}")
     return lines
 
 
-__all__ = ["LmSetup", "check_plan_phases", "format_lm_quality", "format_phase_checks",
-           "lm_quality", "open_phase_models", "phase_file"]
+__all__ = ["LmSetup", "PhasePlan", "check_plan_phases", "diagnose_model",
+           "diagnose_phases", "format_lm_quality",
+           "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
+           "open_phase_models", "phase_file", "plan_phases"]

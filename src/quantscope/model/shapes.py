@@ -18,7 +18,7 @@
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+import weakref
 
 import onnx
 from onnx import shape_inference
@@ -71,11 +71,44 @@ def given_shapes(
     return out or None
 
 
-@lru_cache(maxsize=8)
+KEEP_VALUES = 4096  # initializers up to this many values keep their data (shape constants)
+_CACHE: weakref.WeakKeyDictionary[Model, dict[tuple, dict[str, Shape]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _stripped(model: Model) -> onnx.ModelProto:
+    """The graph without its large initializers' data: each becomes a typed graph input of
+    its shape, so shape inference sees the same types and shapes without copying weights
+    (a 650 MB decoder would otherwise be copied whole)."""
+    src = model.proto
+    proto = onnx.ModelProto(ir_version=src.ir_version, producer_name=src.producer_name)
+    proto.opset_import.extend(src.opset_import)
+    proto.functions.extend(src.functions)
+    g, sg = proto.graph, src.graph
+    g.name = sg.name
+    g.node.extend(sg.node)
+    g.input.extend(sg.input)
+    g.output.extend(sg.output)
+    declared = {i.name for i in sg.input}
+    for t in sg.initializer:
+        if math.prod(t.dims) <= KEEP_VALUES and t.data_location != onnx.TensorProto.EXTERNAL:
+            g.initializer.append(t)
+        elif t.name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims))
+    return proto
+
+
 def _infer(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, Shape]:
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    del proto.graph.value_info[:]
+    """Shapes with the given input shapes, cached while ``model`` is alive (not longer)."""
+    cached = _CACHE.setdefault(model, {})
+    if inputs not in cached:
+        cached[inputs] = _infer_stripped(model, inputs)
+    return cached[inputs]
+
+
+def _infer_stripped(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...]
+                    ) -> dict[str, Shape]:
+    proto = _stripped(model)
     given = dict(inputs)
     for vi in proto.graph.input:
         if vi.name not in given:
@@ -90,7 +123,9 @@ def _infer(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...]) -> dic
             d.ClearField("dim_param")
             d.dim_value = int(v)
     proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
-    return Model(proto=proto, source=model.source).value_shapes()
+    weights = {t.name for t in model.graph.initializer}
+    return {k: v for k, v in Model(proto=proto, source=model.source).value_shapes().items()
+            if k not in weights or k in model.input_names()}
 
 
 def resolve_shapes(model: Model, shapes: Shapes | None = None) -> dict[str, Shape]:

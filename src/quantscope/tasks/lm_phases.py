@@ -16,10 +16,16 @@ reference            FP32 prefill logits at those positions (equal to FP32 decod
                      tested), so FP32 decode runs only for greedy generation
 greedy               ``new_tokens`` greedy tokens per prompt, FP32 and emulated, each
                      with its own prefill then decode loop
-time                 seconds in the emulated prefill and decode runs, per plan
+time                 seconds in the emulated prefill and decode runs, per plan; FP32
+                     too: the reference prefill runs of that plan's scoring, and the
+                     FP32 decode steps of greedy generation (measured once, same process)
 memory               a phase graph is opened (``open_phase``) only while it is needed:
                      a session keeps its own copy of the weights, so at most the FP32
-                     prefill session and one plan's two emulated sessions are alive
+                     prefill session and one emulated session are alive, and none
+                     while an emulated one is built (its transient copies are the
+                     peak): a plan's prefill runs first (keeping per window only the
+                     caches and the ``steps`` FP32 logit rows decode needs), then its
+                     decode runs
 ===================  =================================================================
 """
 
@@ -29,12 +35,13 @@ import ctypes
 import gc
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from quantscope.calibrate.collect import calibrate
+from quantscope.calibrate.collect import calibrate, tapped_model
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
@@ -110,6 +117,25 @@ def calibrate_phases(open_phase: OpenPhase, windows: TokenWindows, *, steps: int
     return stats
 
 
+def position_absmax(model: Model | onnx.ModelProto, tensors: Sequence[str],
+                    windows: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+    """FP32 prefill: per tensor [1, N, C], the max |x| over channels at each position (max
+    over the windows) -- where the largest activations sit. Pass the graph already tapped
+    (:func:`~quantscope.calibrate.collect.tapped_model`) to hold one copy less."""
+    names = list(tensors)
+    proto = tapped_model(model, names) if isinstance(model, Model) else model
+    session = make_session(proto, optimize=True, arena=False)
+    del proto
+    out: dict[str, np.ndarray] = {}
+    for ids in windows:
+        for name, v in zip(names, session.run(names, {"input_ids": ids[None]}), strict=True):
+            per_pos = np.abs(v.reshape(v.shape[1], -1)).max(-1)
+            out[name] = np.maximum(out.get(name, per_pos), per_pos)
+    del session
+    release_memory()
+    return out
+
+
 def _emulated(open_phase: OpenPhase, phase: str, stats: Stats, plan: Plan,
               method: str | None) -> Run:
     run = runner(quantize_model(open_phase(phase), stats, plan, scheme=scheme_for(plan, None),
@@ -118,36 +144,73 @@ def _emulated(open_phase: OpenPhase, phase: str, stats: Stats, plan: Plan,
     return run
 
 
-def generate(prefill: Run, decode: Run, prompt: np.ndarray, new_tokens: int) -> list[int]:
-    """Greedy tokens after ``prompt``: one prefill run, then the decode loop on its cache."""
-    out = prefill({"input_ids": prompt[None]})
+def greedy_from(out: dict[str, np.ndarray], decode: Run, new_tokens: int,
+                clock: dict[str, float] | None = None) -> list[int]:
+    """Greedy tokens after a prefill run's ``out``: the decode loop on its cache (the
+    decode seconds and steps added to ``clock['decode_s' / 'decode_steps']`` if given)."""
     tokens = [int(out["logits"][0, -1].argmax())]
     while len(tokens) < new_tokens:
+        t0 = time.perf_counter()
         out = decode({"input_ids": np.array([[tokens[-1]]], np.int64), **cache_of(out)})
+        if clock is not None:
+            clock["decode_s"] += time.perf_counter() - t0
+            clock["decode_steps"] += 1
         tokens.append(int(out["logits"][0, -1].argmax()))
     return tokens
 
 
-def _score_window(ids: np.ndarray, steps: int, fp32: Run, emu: dict[str, Run],
-                  acc: dict[str, NextToken], clock: dict[str, float]) -> None:
-    ref = fp32({"input_ids": ids[None]})
+def generate(prefill: Run, decode: Run, prompt: np.ndarray, new_tokens: int,
+             clock: dict[str, float] | None = None) -> list[int]:
+    """Greedy tokens after ``prompt``: one prefill run, then the decode loop on its cache."""
+    return greedy_from(prefill({"input_ids": prompt[None]}), decode, new_tokens, clock)
+
+
+def _last(out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A prefill run's outputs as decoding needs them: the last logits row and the cache."""
+    return {k: v[:, -1:] if k == "logits" else v for k, v in out.items()}
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What a window's decode steps need from its prefill runs (small: caches, ``steps``
+    logit rows), so the emulated prefill session is gone before the decode one is made."""
+
+    ids: np.ndarray
+    start: int
+    ref_logits: np.ndarray  # FP32 [steps, V] at positions start .. len - 2
+    ref_cache: dict[str, np.ndarray]  # FP32 present.* of the whole window
+    emu_cache: dict[str, np.ndarray]  # emulated past.* of the first ``start`` tokens
+
+
+def _prefill_window(ids: np.ndarray, steps: int, fp32: Run, emu: Run,
+                    acc: dict[str, NextToken], clock: dict[str, float]) -> _Pending:
     t0 = time.perf_counter()
-    test = emu["prefill"]({"input_ids": ids[None]})
+    ref = fp32({"input_ids": ids[None]})
+    clock["fp32_prefill_s"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    test = emu({"input_ids": ids[None]})
     clock["prefill_s"] += time.perf_counter() - t0
     acc["prefill"].add(ref["logits"][0, :-1], test["logits"][0, :-1], ids[1:])
     start = len(ids) - steps - 1
-    emu_cache = cache_of(test, start)
-    for t in range(start, len(ids) - 1):
-        token = {"input_ids": ids[None, t:t + 1]}
+    return _Pending(ids, start, ref["logits"][0, start:-1].copy(),
+                    {k: v for k, v in ref.items() if k.startswith("present.")},
+                    {k: v.copy() for k, v in cache_of(test, start).items()})
+
+
+def _decode_window(w: _Pending, emu: Run, acc: dict[str, NextToken],
+                   clock: dict[str, float]) -> None:
+    emu_cache = w.emu_cache
+    for i, t in enumerate(range(w.start, len(w.ids) - 1)):
+        token = {"input_ids": w.ids[None, t:t + 1]}
         t0 = time.perf_counter()
-        fed_fp32 = emu["decode"]({**token, **cache_of(ref, t)})
-        fed_emu = emu["decode"]({**token, **emu_cache})
+        fed_fp32 = emu({**token, **cache_of(w.ref_cache, t)})
+        fed_emu = emu({**token, **emu_cache})
         clock["decode_s"] += time.perf_counter() - t0
         clock["decode_steps"] += 2
         emu_cache = cache_of(fed_emu)
-        target = ids[t + 1:t + 2]
-        acc["decode_fp32_kv"].add(ref["logits"][0, t:t + 1], fed_fp32["logits"][0], target)
-        acc["decode_emu_kv"].add(ref["logits"][0, t:t + 1], fed_emu["logits"][0], target)
+        target, ref = w.ids[t + 1:t + 2], w.ref_logits[i:i + 1]
+        acc["decode_fp32_kv"].add(ref, fed_fp32["logits"][0], target)
+        acc["decode_emu_kv"].add(ref, fed_emu["logits"][0], target)
 
 
 def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dict[str, Plan],
@@ -157,25 +220,35 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dic
     """Per plan, per phase (:data:`LM_PHASES`, ``greedy``, ``time``): metric -> value."""
     fp32 = runner(open_phase("prefill"))
     fp32_decode = runner(open_phase("decode"))
-    fp32_greedy = [generate(fp32, fp32_decode, p, new_tokens) for p in prompts]
-    del fp32_decode
+    fp32_clock = {"decode_s": 0.0, "decode_steps": 0.0}
+    fp32_greedy = [generate(fp32, fp32_decode, p, new_tokens, fp32_clock) for p in prompts]
+    del fp32, fp32_decode
     release_memory()
     results: dict[str, dict[str, dict[str, float]]] = {}
     for label, plan in plans.items():
-        emu = {p: _emulated(open_phase, p, stats[p], plan, method) for p in ("prefill", "decode")}
         acc = {p: NextToken() for p in LM_PHASES}
-        clock = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0.0}
-        for ids in windows.evaluation:
-            _score_window(ids, steps, fp32, emu, acc, clock)
+        clock = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0.0,
+                 "fp32_prefill_s": 0.0, "fp32_decode_s": fp32_clock["decode_s"],
+                 "fp32_decode_steps": fp32_clock["decode_steps"]}
+        emu = _emulated(open_phase, "prefill", stats["prefill"], plan, method)
+        fp32 = runner(open_phase("prefill"))  # made after: not alive while emu is built
+        pending = [_prefill_window(ids, steps, fp32, emu, acc, clock)
+                   for ids in windows.evaluation]
+        starts = [_last(emu({"input_ids": p[None]})) for p in prompts]
+        del emu, fp32  # one emulated session at a time
+        release_memory()
+        emu = _emulated(open_phase, "decode", stats["decode"], plan, method)
+        for w in pending:
+            _decode_window(w, emu, acc, clock)
         greedy = Greedy()
-        for prompt, ref_tokens in zip(prompts, fp32_greedy, strict=True):
-            greedy.add(ref_tokens, generate(emu["prefill"], emu["decode"], prompt, new_tokens))
+        for out, ref_tokens in zip(starts, fp32_greedy, strict=True):
+            greedy.add(ref_tokens, greedy_from(out, emu, new_tokens))
         results[label] = {**{p: a.values() for p, a in acc.items()},
                           "greedy": greedy.values(), "time": clock}
-        del emu
+        del emu, pending, starts
         release_memory()
     return results
 
 
 __all__ = ["LM_PHASES", "cache_of", "calibrate_phases", "decode_feeds", "evaluate_lm_plans",
-           "generate", "runner"]
+           "generate", "greedy_from", "position_absmax", "runner"]
