@@ -4,7 +4,7 @@
         [--plan plan.json] [--stats stats.npz] [--taps ln --tap-weight 1] [--extra-pairs]
         [--no-ranges] [--train-len 128] [--batch 16] [--lr 2e-5] [--range-lr 1e-3]
         [--vector-lr LR]
-        [--checkpoint ck.pt] [--json out.json]
+        [--checkpoint ck.pt] [--seq-len N] [--json out.json]
 
 Plan: uniform a8_w8 for ``hailo10h`` (its scheme: activations unsigned asymmetric, weights
 symmetric per channel), or ``--plan``. Data: ``stdlib-docs``; evaluation on the first
@@ -34,6 +34,7 @@ from quantscope.finetune.distill import FinetuneConfig, distill
 from quantscope.finetune.graph import to_torch
 from quantscope.finetune.objectives import EmbeddingLoss, layernorm_outputs
 from quantscope.stages import (
+    at_length,
     calibrate_model,
     evaluate_plans,
     open_data,
@@ -81,6 +82,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=None)
     p.add_argument("--checkpoint")
     p.add_argument("--no-before", action="store_true", help="skip measuring the plan as is")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="measure on the texts truncated at this length (a plan for it)")
     p.add_argument("--json")
     return p.parse_args()
 
@@ -128,6 +131,8 @@ def main() -> int:
     t0 = time.perf_counter()
     model = open_model(args.model)
     data = open_data(STDLIB_DOCS, model, max_pairs=args.pairs)
+    if args.seq_len:
+        data = at_length(data, args.seq_len)
     stats = read_stats(args.stats) if args.stats else calibrate_model(model, data)
     plan = Plan(default=Precision.A8_W8, target=args.target)
     if args.plan:

@@ -54,3 +54,23 @@ def test_at_length_truncates_retrieval_data_and_says_so():
     res = stages.evaluate_plans(model, short, stages.calibrate_model(model, short),
                                 {"float": stages.Plan.uniform(stages.Precision.FLOAT)})
     assert res["float"]["metrics"]["top1_agreement"] == 1.0
+
+
+def test_plan_for_a_length_says_it_measured_truncated_texts():
+    from quantscope.model.groups import find_groups
+    from quantscope.targets import load_target
+    from quantscope.types import Precision, Sensitivity
+
+    model = load_proto(tiny_encoder(), "tiny-encoder")
+    data = stages.open_data("stdlib-docs", model, max_pairs=20)
+    stats = stages.calibrate_model(model, data)
+    sens = Sensitivity(metric="sqnr_db", base=10.0, gains=tuple(
+        (g.name, ((Precision.A16_W16, 1.0),)) for g in find_groups(model).groups))
+    out = stages.plan_model(model, sens, load_target("ort-cpu"),
+                            stages.PlanOptions(max_cost=1.0, seq_len=N), data=data,
+                            stats=stats)
+    assert f"texts truncated at {N} tokens" in out.pareto["measured_on"]
+    assert "measured on: texts truncated" in stages.format_search(out.pareto)
+    full = stages.plan_model(model, sens, load_target("ort-cpu"),
+                             stages.PlanOptions(max_cost=1.0), data=data, stats=stats)
+    assert "measured_on" not in full.pareto

@@ -517,6 +517,8 @@ def format_search(result: dict[str, Any]) -> str:
     lines = [f"metric {result.get('metric')} (predicted); budget {result.get('budget')}; "
              f"chosen: cost {c.get('cost')}, predicted {c.get('predicted')}, measured "
              f"{c.get('measured')}; budget met: {result.get('met')}"]
+    if result.get("measured_on"):
+        lines.append(f"measured on: {result['measured_on']}")
     for p in result.get("points", []):
         lines.append(f"  front: cost {p['cost']:<9} predicted {p['predicted']:<10} measured "
                      f"{p.get('measured')!s:<10} ({len(p.get('groups', {}))} promoted, "
@@ -625,8 +627,10 @@ def plan_model(
     options.check_inputs(data=data is not None, stats=stats is not None)
     if options.metric is None:
         options = dataclasses.replace(options, metric=default_metric(data))
+    truncated = None
     if data is not None and options.seq_len is not None:
-        data = at_length(data, options.seq_len)  # measured on what that length runs
+        cut = at_length(data, options.seq_len)  # measured on what that length runs
+        truncated, data = (cut.notes[-1] if cut is not data else None), cut
     finetune = "finetune" in options.repairs
     if finetune:
         options = dataclasses.replace(
@@ -641,6 +645,8 @@ def plan_model(
                                      evaluate=evaluate, seed=options.seed,
                                      repairs=offer.options if offer else ())
     pareto = extra["pareto"]
+    if truncated:
+        pareto["measured_on"] = truncated
     if finetune and data is not None and stats is not None:
         tuned, pareto["finetune"] = finetune_chosen(model, data, stats, plan, target, options,
                                                     progress=progress)
