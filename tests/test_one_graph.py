@@ -63,19 +63,20 @@ def assert_emulation_form_exact(proto, feeds_list):
 
 
 def _evaluated_graph(monkeypatch, argv):
-    """Run ``quantscope evaluate`` and return the bytes of the emulated graph it ran."""
+    """Run ``quantscope evaluate`` and return the bytes of the emulated graph it ran
+    (one plan: FP32 and the plan run in lock-step, ``compare_models``)."""
     seen = []
-    real = stages.run_model
+    real = stages.compare_models
 
-    def tap(proto, batches, **kw):
+    def tap(ref_proto, proto, batches, **kw):
         seen.append(proto.SerializeToString())
-        return real(proto, batches, **kw)
+        return real(ref_proto, proto, batches, **kw)
 
-    monkeypatch.setattr(stages, "run_model", tap)
+    monkeypatch.setattr(stages, "compare_models", tap)
     assert main(argv) == 0
-    monkeypatch.setattr(stages, "run_model", real)
-    assert len(seen) == 2  # FP32 reference, then the emulated plan
-    return seen[1]
+    monkeypatch.setattr(stages, "compare_models", real)
+    assert len(seen) == 1  # FP32 reference and the emulated plan, once
+    return seen[0]
 
 
 @pytest.mark.parametrize("target", TARGETS)

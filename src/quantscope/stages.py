@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.evaluate import output_fidelity, run_model
+from quantscope.emulate.evaluate import compare_model, compare_models, kept, run_model
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load, load_proto
@@ -199,17 +199,24 @@ def evaluate_plans(
     """
     batches = list(data.evaluation)
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
-    ref = reference_outputs or run_model(
-        (reference or model).proto, batches, label="fp32" if progress else ""
-    )
+    keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
+    lockstep = reference_outputs is None and len(plans) == 1  # no FP32 raw outputs held
+    ref = reference_outputs or (None if lockstep else run_model(
+        (reference or model).proto, batches, label="fp32" if progress else ""))
+    ref_kept = None if ref is None else kept(ref, batches, keep)
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
         q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
-        test = run_model(q.proto, batches, label=label if progress else "")
-        fid = output_fidelity(ref, test, only=data.output, judge=data.task is None)
+        score: dict[str, Any] = {"keep": keep, "label": label if progress else "",
+                                 "only": data.output, "judge": data.task is None}
+        if ref is None:
+            fid, ref_kept, test = compare_models((reference or model).proto, q.proto, batches,
+                                                 **score)
+        else:
+            fid, test = compare_model(q.proto, batches, ref, **score)
         metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
         if data.task is not None:
-            tm = data.task.metrics(ref, test)
+            tm = data.task.metrics(ref_kept, test)
             metrics.update(tm.values)
             tables.update(tm.tables)
             task_notes = (*task_notes, *tm.notes)

@@ -4,11 +4,18 @@ Fidelity per model output: cosine similarity between the FP32 and the emulated o
 of each sample (flattened), mean and min over samples, and the SQNR of the whole output.
 Task metrics (retrieval, verification) are computed by :mod:`quantscope.tasks` from the
 same outputs.
+
+Memory: every session here allocates from one process-wide arena (the FP32 run's memory
+serves the emulated runs), and :func:`compare_model` / :func:`compare_models` score each
+emulated batch against the reference as it comes, keeping only what the task needs of it
+(``keep``: e.g. the pooled rows of a text encoder), so evaluation holds at most one set of
+raw outputs (FP32's, when several plans share it), not one per model run. The numbers are
+the ones of running in full and scoring after (tests/test_evaluate_streaming.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import onnx
@@ -17,7 +24,10 @@ from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import RESEMBLE_MIN_COSINE, row_cosines, sqnr_db, sqnr_db_from_powers
 from quantscope.progress import track
-from quantscope.types import Metrics, Outputs
+from quantscope.types import Batch, Metrics, Outputs
+
+Keep = Callable[[tuple[np.ndarray, ...], Batch], tuple[np.ndarray, ...]]
+"""One batch's outputs (and its feeds) -> what a task reads of them (``Task.keep``)."""
 
 
 def run_model(
@@ -29,13 +39,108 @@ def run_model(
     integer_kernels: bool = False,
 ) -> Outputs:
     """Run ``proto`` over every batch (progress on stderr when ``label`` is given)."""
-    session = make_session(proto, optimize=optimize, integer_kernels=integer_kernels)
+    names, runs = _runs(proto, batches, label, optimize=optimize, integer_kernels=integer_kernels)
+    return Outputs(names=names, batches=tuple(out for out, _ in runs))
+
+
+def _runs(
+    proto: onnx.ModelProto, batches: Iterable[Batch], label: str, **kw: bool
+) -> tuple[tuple[str, ...], Iterator[tuple[tuple[np.ndarray, ...], Batch]]]:
+    """Output names, and a generator of (outputs, batch) per batch, run as it is consumed
+    (the session allocates from the process-wide arena)."""
+    session = make_session(proto, shared_arena=True, **kw)
     names = tuple(o.name for o in session.get_outputs())
     inputs = {i.name for i in session.get_inputs()}
+
+    def gen() -> Iterator[tuple[tuple[np.ndarray, ...], Batch]]:
+        for batch in track(batches, label, unit="batch", show=bool(label)):
+            yield tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})), batch
+
+    return names, gen()
+
+
+def kept(outputs: Outputs, batches: Iterable[Batch], keep: Keep | None) -> Outputs:
+    """``outputs`` reduced batch by batch to what ``keep`` keeps (all of it without one)."""
+    if keep is None:
+        return outputs
+    return Outputs(names=outputs.names, batches=tuple(
+        keep(out, b) for out, b in zip(outputs.batches, batches, strict=True)))
+
+
+def compare_model(
+    proto: onnx.ModelProto,
+    batches: Iterable[Batch],
+    ref: Outputs,
+    *,
+    keep: Keep | None = None,
+    label: str = "",
+    only: str | None = None,
+    judge: bool = True,
+) -> tuple[Metrics, Outputs]:
+    """Run ``proto`` over ``batches`` (those ``ref`` was computed on), scoring each batch
+    against ``ref``'s as it comes: (:func:`output_fidelity`, the outputs reduced by
+    ``keep``). The same numbers as running first and scoring after; one batch of raw
+    emulated outputs held at a time."""
+    names, runs = _runs(proto, batches, label)
+    acc = _Fidelity(ref.names)
     out = []
-    for batch in track(batches, label, unit="batch", show=bool(label)):
-        out.append(tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})))
-    return Outputs(names=names, batches=tuple(out))
+    for (test, batch), r in zip(runs, ref.batches, strict=True):
+        acc.add(r, test)
+        out.append(test if keep is None else keep(test, batch))
+    return acc.metrics(only=only, judge=judge), Outputs(names=names, batches=tuple(out))
+
+
+def compare_models(
+    ref_proto: onnx.ModelProto,
+    proto: onnx.ModelProto,
+    batches: Iterable[Batch],
+    *,
+    keep: Keep | None = None,
+    label: str = "",
+    only: str | None = None,
+    judge: bool = True,
+) -> tuple[Metrics, Outputs, Outputs]:
+    """The FP32 model ``ref_proto`` and ``proto`` in lock-step, batch by batch:
+    (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``). The same
+    numbers as :func:`run_model` then :func:`compare_model`, without holding FP32's raw
+    outputs."""
+    batches = list(batches)
+    ref_names, ref_runs = _runs(ref_proto, batches, "")
+    names, runs = _runs(proto, batches, label)
+    acc = _Fidelity(ref_names)
+    ref_out, out = [], []
+    for (r, batch), (test, _) in zip(ref_runs, runs, strict=True):
+        acc.add(r, test)
+        ref_out.append(r if keep is None else keep(r, batch))
+        out.append(test if keep is None else keep(test, batch))
+    return (acc.metrics(only=only, judge=judge), Outputs(names=ref_names, batches=tuple(ref_out)),
+            Outputs(names=names, batches=tuple(out)))
+
+
+class _Fidelity:
+    """Per output: row cosines, noise and signal power, summed batch by batch in order
+    (the order :func:`output_fidelity` always summed them in: the same floats)."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.cos: list[list[np.ndarray]] = [[] for _ in names]
+        self.noise = [0.0] * len(names)
+        self.power = [0.0] * len(names)
+
+    def add(self, ref: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...]) -> None:
+        for i, (a, b) in enumerate(zip(ref, test, strict=True)):
+            self.cos[i].append(row_cosines(a, b))
+            self.noise[i] += float(np.sum((a.astype(np.float64) - b) ** 2))
+            self.power[i] += float(np.sum(a.astype(np.float64) ** 2))
+
+    def metrics(self, *, only: str | None, judge: bool) -> Metrics:
+        tables: dict[str, dict[str, float]] = {}
+        for i, name in enumerate(self.names):
+            cos = np.concatenate(self.cos[i])
+            sqnr = sqnr_db_from_powers(self.power[i], self.noise[i])
+            tables[name] = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
+                            "cosine_p01": float(np.percentile(cos, 1)), "sqnr_db": float(sqnr)}
+        return _summary(tables, only=only, judge=judge)
 
 
 def output_fidelity(
@@ -46,16 +151,15 @@ def output_fidelity(
     output is worst when there are several). ``judge``: say "NOT LIKE FP32" from the raw
     outputs (off when a task judges its own embeddings: raw token outputs include
     padding positions)."""
+    acc = _Fidelity(ref.names)
+    for a, b in zip(ref.batches, test.batches, strict=True):
+        acc.add(a, b)
+    return acc.metrics(only=only, judge=judge)
+
+
+def _summary(tables: dict[str, dict[str, float]], *, only: str | None, judge: bool) -> Metrics:
+    """The unprefixed (worst output's, or ``only``'s) values and the notes."""
     values: dict[str, float] = {}
-    tables: dict[str, dict[str, float]] = {}
-    for i, name in enumerate(ref.names):
-        cos = np.concatenate([row_cosines(a[i], b[i]) for a, b in zip(ref.batches, test.batches, strict=True)])
-        noise = sum(float(np.sum((a[i].astype(np.float64) - b[i]) ** 2)) for a, b in zip(ref.batches, test.batches, strict=True))
-        power = sum(float(np.sum(a[i].astype(np.float64) ** 2)) for a in ref.batches)
-        sqnr = sqnr_db_from_powers(power, noise)
-        row = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
-               "cosine_p01": float(np.percentile(cos, 1)), "sqnr_db": float(sqnr)}
-        tables[name] = row
     scored = {only: tables[only]} if only else tables
     for key in ("cosine_mean", "cosine_min", "cosine_p01", "sqnr_db"):
         values[key] = min(t[key] for t in scored.values())
@@ -86,4 +190,5 @@ def evaluate_fidelity(
     return output_fidelity(ref, test), ref, test
 
 
-__all__ = ["Outputs", "evaluate_fidelity", "output_fidelity", "run_model", "sqnr_db"]
+__all__ = ["Keep", "Outputs", "compare_model", "compare_models", "evaluate_fidelity", "kept",
+           "output_fidelity", "run_model", "sqnr_db"]
