@@ -63,19 +63,19 @@ def assert_emulation_form_exact(proto, feeds_list):
 
 
 def _evaluated_graph(monkeypatch, argv):
-    """Run ``quantscope evaluate`` and return the bytes of the emulated graph it ran
-    (one plan: FP32 and the plan run in lock-step, ``compare_models``)."""
+    """Run ``quantscope evaluate`` and return the bytes of the emulated graph it ran (one
+    plan: its session is opened first, then FP32's, and both run in lock-step)."""
     seen = []
-    real = stages.compare_models
+    real = stages.open_runs
 
-    def tap(ref_proto, proto, batches, **kw):
+    def tap(proto, batches, *args, **kw):
         seen.append(proto.SerializeToString())
-        return real(ref_proto, proto, batches, **kw)
+        return real(proto, batches, *args, **kw)
 
-    monkeypatch.setattr(stages, "compare_models", tap)
+    monkeypatch.setattr(stages, "open_runs", tap)
     assert main(argv) == 0
-    monkeypatch.setattr(stages, "compare_models", real)
-    assert len(seen) == 1  # FP32 reference and the emulated plan, once
+    monkeypatch.setattr(stages, "open_runs", real)
+    assert len(seen) == 2  # the emulated plan, then the FP32 reference
     return seen[0]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.evaluate import compare_model, compare_models, kept, run_model
+from quantscope.emulate.evaluate import compare_model, compare_models, kept, open_runs, run_model
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load, load_proto
@@ -207,13 +207,16 @@ def evaluate_plans(
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
         q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
-        score: dict[str, Any] = {"keep": keep, "label": label if progress else "",
-                                 "only": data.output, "judge": data.task is None}
+        emulated = open_runs(q.proto, batches, label if progress else "")
+        coverage, saturated = q.coverage.to_dict(), _saturation_entry(data_stats, q.encodings, n_rows)
+        q_notes = q.notes
+        del q  # the session holds the graph: the QDQ proto's weights go before the runs
+        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": data.task is None}
         if ref is None:
-            fid, ref_kept, test = compare_models((reference or model).proto, q.proto, batches,
-                                                 **score)
+            fp32 = open_runs((reference or model).proto, batches)
+            fid, ref_kept, test = compare_models(fp32, emulated, **score)
         else:
-            fid, test = compare_model(q.proto, batches, ref, **score)
+            fid, test = compare_model(emulated, ref, **score)
         metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
         if data.task is not None:
             tm = data.task.metrics(ref_kept, test)
@@ -223,9 +226,8 @@ def evaluate_plans(
         results[label] = {
             "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
             "method": method or stats.method, "metrics": metrics, "outputs": tables,
-            "coverage": q.coverage.to_dict(),
-            **_saturation_entry(data_stats, q.encodings, n_rows),
-            "notes": [*model.notes, *data.notes, *q.notes, *task_notes],
+            "coverage": coverage, **saturated,
+            "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
         }
     return results
 

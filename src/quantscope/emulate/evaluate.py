@@ -16,6 +16,7 @@ the ones of running in full and scoring after (tests/test_evaluate_streaming.py)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -39,24 +40,32 @@ def run_model(
     integer_kernels: bool = False,
 ) -> Outputs:
     """Run ``proto`` over every batch (progress on stderr when ``label`` is given)."""
-    names, runs = _runs(proto, batches, label, optimize=optimize, integer_kernels=integer_kernels)
-    return Outputs(names=names, batches=tuple(out for out, _ in runs))
+    runs = open_runs(proto, batches, label, optimize=optimize, integer_kernels=integer_kernels)
+    return Outputs(names=runs.names, batches=tuple(out for out, _ in runs.batches))
 
 
-def _runs(
-    proto: onnx.ModelProto, batches: Iterable[Batch], label: str, **kw: bool
-) -> tuple[tuple[str, ...], Iterator[tuple[tuple[np.ndarray, ...], Batch]]]:
-    """Output names, and a generator of (outputs, batch) per batch, run as it is consumed
-    (the session allocates from the process-wide arena)."""
+@dataclass(frozen=True, eq=False)
+class Runs:
+    """An opened session's output names, and its outputs with the batch they came from,
+    run one batch at a time as they are consumed (the session holds its own copy of the
+    graph: the proto it was opened from may go before the runs)."""
+
+    names: tuple[str, ...]
+    batches: Iterator[tuple[tuple[np.ndarray, ...], Batch]]
+
+
+def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "",
+              **kw: bool) -> Runs:
+    """A session of ``proto`` (from the process-wide arena) over ``batches``, not run yet;
+    ``label``: progress on stderr; ``kw``: :func:`make_session`'s options."""
     session = make_session(proto, shared_arena=True, **kw)
-    names = tuple(o.name for o in session.get_outputs())
     inputs = {i.name for i in session.get_inputs()}
 
     def gen() -> Iterator[tuple[tuple[np.ndarray, ...], Batch]]:
         for batch in track(batches, label, unit="batch", show=bool(label)):
             yield tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})), batch
 
-    return names, gen()
+    return Runs(names=tuple(o.name for o in session.get_outputs()), batches=gen())
 
 
 def kept(outputs: Outputs, batches: Iterable[Batch], keep: Keep | None) -> Outputs:
@@ -68,58 +77,46 @@ def kept(outputs: Outputs, batches: Iterable[Batch], keep: Keep | None) -> Outpu
 
 
 def compare_model(
-    proto: onnx.ModelProto,
-    batches: Iterable[Batch],
-    ref: Outputs,
-    *,
-    keep: Keep | None = None,
-    label: str = "",
-    only: str | None = None,
+    test: Runs, ref: Outputs, *, keep: Keep | None = None, only: str | None = None,
     judge: bool = True,
 ) -> tuple[Metrics, Outputs]:
-    """Run ``proto`` over ``batches`` (those ``ref`` was computed on), scoring each batch
+    """Run ``test`` (opened on the batches ``ref`` was computed on), scoring each batch
     against ``ref``'s as it comes: (:func:`output_fidelity`, the outputs reduced by
     ``keep``). The same numbers as running first and scoring after; one batch of raw
     emulated outputs held at a time."""
-    names, runs = _runs(proto, batches, label)
     acc = _Fidelity(ref.names)
     out = []
-    for (test, batch), r in zip(runs, ref.batches, strict=True):
-        acc.add(r, test)
-        out.append(test if keep is None else keep(test, batch))
-    return acc.metrics(only=only, judge=judge), Outputs(names=names, batches=tuple(out))
+    for (t, batch), r in zip(test.batches, ref.batches, strict=True):
+        acc.add(r, t)
+        out.append(t if keep is None else keep(t, batch))
+    return acc.metrics(only=only, judge=judge), Outputs(names=test.names, batches=tuple(out))
 
 
 def compare_models(
-    ref_proto: onnx.ModelProto,
-    proto: onnx.ModelProto,
-    batches: Iterable[Batch],
-    *,
-    keep: Keep | None = None,
-    label: str = "",
-    only: str | None = None,
+    ref: Runs, test: Runs, *, keep: Keep | None = None, only: str | None = None,
     judge: bool = True,
 ) -> tuple[Metrics, Outputs, Outputs]:
-    """The FP32 model ``ref_proto`` and ``proto`` in lock-step, batch by batch:
-    (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``). The same
-    numbers as :func:`run_model` then :func:`compare_model`, without holding FP32's raw
-    outputs."""
-    batches = list(batches)
-    ref_names, ref_runs = _runs(ref_proto, batches, "")
-    names, runs = _runs(proto, batches, label)
-    acc = _Fidelity(ref_names)
+    """The FP32 model's runs ``ref`` and ``test`` (opened on the same batches) in
+    lock-step: (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``).
+    The same numbers as :func:`run_model` then :func:`compare_model`, without holding
+    FP32's raw outputs."""
+    acc = _Fidelity(ref.names)
     ref_out, out = [], []
-    for (r, batch), (test, _) in zip(ref_runs, runs, strict=True):
-        acc.add(r, test)
+    for (r, batch), (t, _) in zip(ref.batches, test.batches, strict=True):
+        acc.add(r, t)
         ref_out.append(r if keep is None else keep(r, batch))
-        out.append(test if keep is None else keep(test, batch))
-    return (acc.metrics(only=only, judge=judge), Outputs(names=ref_names, batches=tuple(ref_out)),
-            Outputs(names=names, batches=tuple(out)))
+        out.append(t if keep is None else keep(t, batch))
+    return (acc.metrics(only=only, judge=judge), Outputs(names=ref.names, batches=tuple(ref_out)),
+            Outputs(names=test.names, batches=tuple(out)))
+
+
+COSINE_ROWS = 4  # rows whose cosines are computed at once (each row's alone: same values)
 
 
 class _Fidelity:
     """Per output: row cosines, noise and signal power, summed batch by batch in order
-    (the order :func:`output_fidelity` always summed them in: the same floats)."""
+    (the order :func:`output_fidelity` always summed them in: the same floats), with one
+    float64 copy of a batch's output alive at a time."""
 
     def __init__(self, names: tuple[str, ...]) -> None:
         self.names = names
@@ -129,9 +126,12 @@ class _Fidelity:
 
     def add(self, ref: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...]) -> None:
         for i, (a, b) in enumerate(zip(ref, test, strict=True)):
-            self.cos[i].append(row_cosines(a, b))
-            self.noise[i] += float(np.sum((a.astype(np.float64) - b) ** 2))
-            self.power[i] += float(np.sum(a.astype(np.float64) ** 2))
+            self.cos[i].extend(row_cosines(a[k:k + COSINE_ROWS], b[k:k + COSINE_ROWS])
+                               for k in range(0, len(a), COSINE_ROWS))
+            a64 = a.astype(np.float64)
+            self.power[i] += float(np.sum(a64 ** 2))
+            a64 -= b  # in place: a.astype(float64) - b
+            self.noise[i] += float(np.sum(np.square(a64, out=a64)))
 
     def metrics(self, *, only: str | None, judge: bool) -> Metrics:
         tables: dict[str, dict[str, float]] = {}
@@ -190,5 +190,5 @@ def evaluate_fidelity(
     return output_fidelity(ref, test), ref, test
 
 
-__all__ = ["Keep", "Outputs", "compare_model", "compare_models", "evaluate_fidelity", "kept",
-           "output_fidelity", "run_model", "sqnr_db"]
+__all__ = ["Keep", "Outputs", "Runs", "compare_model", "compare_models", "evaluate_fidelity",
+           "kept", "open_runs", "output_fidelity", "run_model", "sqnr_db"]
