@@ -13,7 +13,9 @@ bit-identical outputs.
     python bench/emulation.py [MODEL ...] [--batches N] [--repeats R]
 
 MODEL defaults to every built-in model (needs the `models` extra); any ONNX path works
-with random inputs.
+with random inputs. A decoder (smollm2-135m) is timed per phase graph: ``prefill`` on one
+prompt of ``PREFILL`` tokens per batch, ``decode`` on one token with a cache of
+``PREFILL`` positions (random token ids and cache values: time does not depend on them).
 """
 
 from __future__ import annotations
@@ -39,16 +41,31 @@ from quantscope.stages import open_model  # noqa: E402
 from quantscope.types import Plan, Precision, QuantScheme  # noqa: E402
 from quantscope.zoo import BUILTIN_MODELS  # noqa: E402
 
+PREFILL = 128  # prompt tokens of a decoder's prefill, cache positions of its decode
 
-def _feeds(model, n, seed=0):
+
+def _models(name):
+    """(label, model, sizes of symbolic dims) to time: a decoder's phase graphs apart."""
+    spec = BUILTIN_MODELS.get(name)
+    if (spec is not None and spec.task == "lm") or ".prefill." in name:
+        from quantscope.stages_llm import open_phase
+
+        return [(f"{name} prefill", open_phase(name, "prefill"), {"sequence": PREFILL}),
+                (f"{name} decode", open_phase(name, "decode"),
+                 {"sequence": 1, "past_sequence": PREFILL})]
+    return [(name, open_model(name), {})]
+
+
+def _feeds(model, n, seed=0, sizes=None):
     rng = np.random.default_rng(seed)
     types = model.value_types()
     shapes = model.value_shapes()
+    sizes = sizes or {}
     out = []
     for _ in range(n):
         feed = {}
         for name in model.input_names():
-            dims = [d if isinstance(d, int) else (8 if i == 0 else 64)
+            dims = [d if isinstance(d, int) else sizes.get(d, 8 if i == 0 else 64)
                     for i, d in enumerate(shapes.get(name, ()))]
             if types.get(name) == 7:  # int64 token ids / masks / token types
                 feed[name] = (rng.integers(1000, 20000, dims) if name == "input_ids"
@@ -112,14 +129,13 @@ def main():
     print(f"machine: {platform.machine()} {platform.processor() or ''}, onnxruntime "
           f"{ort.__version__}; {args.batches} batches x {args.repeats} repeats, interleaved, "
           "best of each; load average before: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
-    for name in args.models:
-        model = open_model(name)
-        feeds = _feeds(model, args.batches)
+    for label, model, sizes in (m for name in args.models for m in _models(name)):
+        feeds = _feeds(model, args.batches, sizes=sizes)
         best = time_interleaved(_sessions(model, feeds), feeds, args.repeats)
         base = best["fp32 (optimizations off)"]
-        print(f"\n{name} (load average after: {os.getloadavg()[0]:.2f})")
-        for label, t in best.items():
-            print(f"  {label:<26} {t * 1e3:8.1f} ms  {t / base:.2f}x")
+        print(f"\n{label} (load average after: {os.getloadavg()[0]:.2f})")
+        for kind, t in best.items():
+            print(f"  {kind:<26} {t * 1e3:8.1f} ms  {t / base:.2f}x")
 
 
 if __name__ == "__main__":
