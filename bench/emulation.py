@@ -77,9 +77,12 @@ def _feeds(model, n, seed=0, sizes=None):
     return out
 
 
-def as_written(proto):
-    """The QDQ graph handed to ORT as it is, optimizations off (how emulation ran before)."""
+def as_written(proto, threads=0):
+    """The QDQ graph handed to ORT as it is, optimizations off (how emulation ran before),
+    threads as evaluate's sessions (no spinning after a run)."""
     opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
     return ort.InferenceSession(proto.SerializeToString(), opts,
@@ -104,14 +107,17 @@ def time_interleaved(sessions, feeds, repeats):
     return best
 
 
-def _sessions(model, feeds):
+def _sessions(model, feeds, threads=0):
+    """Every session as evaluate opens its FP32 and emulated ones (``shared_arena``: one
+    process-wide arena, threads do not spin after a run)."""
     groups = find_groups(model)
     stats = calibrate(model, groups, iter(feeds))
-    out = {"fp32 (optimizations off)": make_session(model.proto),
-           "fp32 (ORT basic opts)": make_session(model.proto, optimize=True)}
+    kw = {"threads": threads, "shared_arena": True}
+    out = {"fp32 (optimizations off)": make_session(model.proto, **kw),
+           "fp32 (ORT basic opts)": make_session(model.proto, optimize=True, **kw)}
     for p in (Precision.A8_W8, Precision.A16_W16):
         qdq = build_qdq(model, encode(model, groups, stats, Plan.uniform(p), scheme=QuantScheme()))
-        emu, raw = make_session(qdq), as_written(qdq)
+        emu, raw = make_session(qdq, **kw), as_written(qdq, threads)
         for f in feeds:
             for a, b in zip(emu.run(None, f), raw.run(None, f), strict=True):
                 assert np.array_equal(a, b), f"{p.value}: emulation form differs from the graph"
@@ -125,13 +131,16 @@ def main():
     ap.add_argument("models", nargs="*", default=list(BUILTIN_MODELS))
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="intra-op threads of every session (0: ORT's default, one per core)")
     args = ap.parse_args()
     print(f"machine: {platform.machine()} {platform.processor() or ''}, onnxruntime "
           f"{ort.__version__}; {args.batches} batches x {args.repeats} repeats, interleaved, "
+          f"intra-op threads {args.threads or 'default'}, "
           "best of each; load average before: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     for label, model, sizes in (m for name in args.models for m in _models(name)):
         feeds = _feeds(model, args.batches, sizes=sizes)
-        best = time_interleaved(_sessions(model, feeds), feeds, args.repeats)
+        best = time_interleaved(_sessions(model, feeds, args.threads), feeds, args.repeats)
         base = best["fp32 (optimizations off)"]
         print(f"\n{label} (load average after: {os.getloadavg()[0]:.2f})")
         for kind, t in best.items():
