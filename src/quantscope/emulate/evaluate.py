@@ -5,12 +5,13 @@ of each sample (flattened), mean and min over samples, and the SQNR of the whole
 Task metrics (retrieval, verification) are computed by :mod:`quantscope.tasks` from the
 same outputs.
 
-Memory: every session here allocates from one process-wide arena (the FP32 run's memory
-serves the emulated runs), and :func:`compare_model` / :func:`compare_models` score each
-emulated batch against the reference as it comes, keeping only what the task needs of it
-(``keep``: e.g. the pooled rows of a text encoder), so evaluation holds at most one set of
-raw outputs (FP32's, when several plans share it), not one per model run. The numbers are
-the ones of running in full and scoring after (tests/test_evaluate_streaming.py).
+Memory: the sessions an evaluation opens (:func:`open_runs`) allocate from one
+process-wide arena (the FP32 run's memory serves the emulated runs), and
+:func:`compare_model` / :func:`compare_models` score each emulated batch against the
+reference as it comes, keeping only what the task reads of it (``keep``: e.g. the pooled
+rows of a text encoder), so evaluation holds at most one set of raw outputs (FP32's, when
+several plans share it), not one per model run. The numbers are the ones of running in
+full and scoring after (tests/test_evaluate_streaming.py).
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def run_model(
     optimize: bool = False,
     integer_kernels: bool = False,
 ) -> Outputs:
-    """Run ``proto`` over every batch (progress on stderr when ``label`` is given)."""
-    runs = open_runs(proto, batches, label, optimize=optimize, integer_kernels=integer_kernels)
+    """Run ``proto`` over every batch (progress on stderr when ``label`` is given), in a
+    session with its own arena (freed with it: the outputs are what stays)."""
+    runs = open_runs(proto, batches, label, shared_arena=False, optimize=optimize,
+                     integer_kernels=integer_kernels)
     return Outputs(names=runs.names, batches=tuple(out for out, _ in runs.batches))
 
 
@@ -54,11 +57,12 @@ class Runs:
     batches: Iterator[tuple[tuple[np.ndarray, ...], Batch]]
 
 
-def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "",
-              **kw: bool) -> Runs:
-    """A session of ``proto`` (from the process-wide arena) over ``batches``, not run yet;
+def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "", *,
+              shared_arena: bool = True, **kw: bool) -> Runs:
+    """A session of ``proto`` over ``batches``, not run yet (by default from the
+    process-wide arena, which the FP32 and emulated runs of an evaluation share);
     ``label``: progress on stderr; ``kw``: :func:`make_session`'s options."""
-    session = make_session(proto, shared_arena=True, **kw)
+    session = make_session(proto, shared_arena=shared_arena, **kw)
     inputs = {i.name for i in session.get_inputs()}
 
     def gen() -> Iterator[tuple[tuple[np.ndarray, ...], Batch]]:
