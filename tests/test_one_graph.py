@@ -63,19 +63,20 @@ def assert_emulation_form_exact(proto, feeds_list):
 
 
 def _evaluated_graph(monkeypatch, argv):
-    """Run ``quantscope evaluate`` and return the bytes of the emulated graph it ran."""
+    """Run ``quantscope evaluate`` and return the bytes of the emulated graph it ran (one
+    plan: its session is opened first, then FP32's, and both run in lock-step)."""
     seen = []
-    real = stages.run_model
+    real = stages.open_runs
 
-    def tap(proto, batches, **kw):
+    def tap(proto, batches, *args, **kw):
         seen.append(proto.SerializeToString())
-        return real(proto, batches, **kw)
+        return real(proto, batches, *args, **kw)
 
-    monkeypatch.setattr(stages, "run_model", tap)
+    monkeypatch.setattr(stages, "open_runs", tap)
     assert main(argv) == 0
-    monkeypatch.setattr(stages, "run_model", real)
-    assert len(seen) == 2  # FP32 reference, then the emulated plan
-    return seen[1]
+    monkeypatch.setattr(stages, "open_runs", real)
+    assert len(seen) == 2  # the emulated plan, then the FP32 reference
+    return seen[0]
 
 
 @pytest.mark.parametrize("target", TARGETS)

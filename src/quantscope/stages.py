@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.evaluate import output_fidelity, run_model
+from quantscope.emulate.evaluate import compare_model, compare_models, kept, open_runs, run_model
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load, load_proto
@@ -200,26 +200,35 @@ def evaluate_plans(
     """
     batches = list(data.evaluation)
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
-    ref = reference_outputs or run_model(
-        (reference or model).proto, batches, label="fp32" if progress else ""
-    )
+    keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
+    lockstep = reference_outputs is None and len(plans) == 1  # no FP32 raw outputs held
+    ref = reference_outputs or (None if lockstep else run_model(
+        (reference or model).proto, batches, label="fp32" if progress else ""))
+    ref_kept = None if ref is None else kept(ref, batches, keep)
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
         q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
-        test = run_model(q.proto, batches, label=label if progress else "")
-        fid = output_fidelity(ref, test, only=data.output, judge=data.task is None)
+        emulated = open_runs(q.proto, batches, label if progress else "")
+        coverage, saturated = q.coverage.to_dict(), _saturation_entry(data_stats, q.encodings, n_rows)
+        q_notes = q.notes
+        del q  # the session holds the graph: the QDQ proto's weights go before the runs
+        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": data.task is None}
+        if ref is None:
+            fp32 = open_runs((reference or model).proto, batches)
+            fid, ref_kept, test = compare_models(fp32, emulated, **score)
+        else:
+            fid, test = compare_model(emulated, ref, **score)
         metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
         if data.task is not None:
-            tm = data.task.metrics(ref, test)
+            tm = data.task.metrics(ref_kept, test)
             metrics.update(tm.values)
             tables.update(tm.tables)
             task_notes = (*task_notes, *tm.notes)
         results[label] = {
             "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
             "method": method or stats.method, "metrics": metrics, "outputs": tables,
-            "coverage": q.coverage.to_dict(),
-            **_saturation_entry(data_stats, q.encodings, n_rows),
-            "notes": [*model.notes, *data.notes, *q.notes, *task_notes],
+            "coverage": coverage, **saturated,
+            "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
         }
     return results
 

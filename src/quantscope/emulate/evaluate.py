@@ -4,11 +4,20 @@ Fidelity per model output: cosine similarity between the FP32 and the emulated o
 of each sample (flattened), mean and min over samples, and the SQNR of the whole output.
 Task metrics (retrieval, verification) are computed by :mod:`quantscope.tasks` from the
 same outputs.
+
+Memory: the sessions an evaluation opens (:func:`open_runs`) allocate from one
+process-wide arena (the FP32 run's memory serves the emulated runs), and
+:func:`compare_model` / :func:`compare_models` score each emulated batch against the
+reference as it comes, keeping only what the task reads of it (``keep``: e.g. the pooled
+rows of a text encoder), so evaluation holds at most one set of raw outputs (FP32's, when
+several plans share it), not one per model run. The numbers are the ones of running in
+full and scoring after (tests/test_evaluate_streaming.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -17,7 +26,10 @@ from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import RESEMBLE_MIN_COSINE, row_cosines, sqnr_db, sqnr_db_from_powers
 from quantscope.progress import track
-from quantscope.types import Metrics, Outputs
+from quantscope.types import Batch, Metrics, Outputs
+
+Keep = Callable[[tuple[np.ndarray, ...], Batch], tuple[np.ndarray, ...]]
+"""One batch's outputs (and its feeds) -> what a task reads of them (``Task.keep``)."""
 
 
 def run_model(
@@ -28,14 +40,111 @@ def run_model(
     optimize: bool = False,
     integer_kernels: bool = False,
 ) -> Outputs:
-    """Run ``proto`` over every batch (progress on stderr when ``label`` is given)."""
-    session = make_session(proto, optimize=optimize, integer_kernels=integer_kernels)
-    names = tuple(o.name for o in session.get_outputs())
+    """Run ``proto`` over every batch (progress on stderr when ``label`` is given), in a
+    session with its own arena (freed with it: the outputs are what stays)."""
+    runs = open_runs(proto, batches, label, shared_arena=False, optimize=optimize,
+                     integer_kernels=integer_kernels)
+    return Outputs(names=runs.names, batches=tuple(out for out, _ in runs.batches))
+
+
+@dataclass(frozen=True, eq=False)
+class Runs:
+    """An opened session's output names, and its outputs with the batch they came from,
+    run one batch at a time as they are consumed (the session holds its own copy of the
+    graph: the proto it was opened from may go before the runs)."""
+
+    names: tuple[str, ...]
+    batches: Iterator[tuple[tuple[np.ndarray, ...], Batch]]
+
+
+def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "", *,
+              shared_arena: bool = True, **kw: bool) -> Runs:
+    """A session of ``proto`` over ``batches``, not run yet (by default from the
+    process-wide arena, which the FP32 and emulated runs of an evaluation share);
+    ``label``: progress on stderr; ``kw``: :func:`make_session`'s options."""
+    session = make_session(proto, shared_arena=shared_arena, **kw)
     inputs = {i.name for i in session.get_inputs()}
+
+    def gen() -> Iterator[tuple[tuple[np.ndarray, ...], Batch]]:
+        for batch in track(batches, label, unit="batch", show=bool(label)):
+            yield tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})), batch
+
+    return Runs(names=tuple(o.name for o in session.get_outputs()), batches=gen())
+
+
+def kept(outputs: Outputs, batches: Iterable[Batch], keep: Keep | None) -> Outputs:
+    """``outputs`` reduced batch by batch to what ``keep`` keeps (all of it without one)."""
+    if keep is None:
+        return outputs
+    return Outputs(names=outputs.names, batches=tuple(
+        keep(out, b) for out, b in zip(outputs.batches, batches, strict=True)))
+
+
+def compare_model(
+    test: Runs, ref: Outputs, *, keep: Keep | None = None, only: str | None = None,
+    judge: bool = True,
+) -> tuple[Metrics, Outputs]:
+    """Run ``test`` (opened on the batches ``ref`` was computed on), scoring each batch
+    against ``ref``'s as it comes: (:func:`output_fidelity`, the outputs reduced by
+    ``keep``). The same numbers as running first and scoring after; one batch of raw
+    emulated outputs held at a time."""
+    acc = _Fidelity(ref.names)
     out = []
-    for batch in track(batches, label, unit="batch", show=bool(label)):
-        out.append(tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})))
-    return Outputs(names=names, batches=tuple(out))
+    for (t, batch), r in zip(test.batches, ref.batches, strict=True):
+        acc.add(r, t)
+        out.append(t if keep is None else keep(t, batch))
+    return acc.metrics(only=only, judge=judge), Outputs(names=test.names, batches=tuple(out))
+
+
+def compare_models(
+    ref: Runs, test: Runs, *, keep: Keep | None = None, only: str | None = None,
+    judge: bool = True,
+) -> tuple[Metrics, Outputs, Outputs]:
+    """The FP32 model's runs ``ref`` and ``test`` (opened on the same batches) in
+    lock-step: (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``).
+    The same numbers as :func:`run_model` then :func:`compare_model`, without holding
+    FP32's raw outputs."""
+    acc = _Fidelity(ref.names)
+    ref_out, out = [], []
+    for (r, batch), (t, _) in zip(ref.batches, test.batches, strict=True):
+        acc.add(r, t)
+        ref_out.append(r if keep is None else keep(r, batch))
+        out.append(t if keep is None else keep(t, batch))
+    return (acc.metrics(only=only, judge=judge), Outputs(names=ref.names, batches=tuple(ref_out)),
+            Outputs(names=test.names, batches=tuple(out)))
+
+
+COSINE_ROWS = 4  # rows whose cosines are computed at once (each row's alone: same values)
+
+
+class _Fidelity:
+    """Per output: row cosines, noise and signal power, summed batch by batch in order
+    (the order :func:`output_fidelity` always summed them in: the same floats), with one
+    float64 copy of a batch's output alive at a time."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.cos: list[list[np.ndarray]] = [[] for _ in names]
+        self.noise = [0.0] * len(names)
+        self.power = [0.0] * len(names)
+
+    def add(self, ref: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...]) -> None:
+        for i, (a, b) in enumerate(zip(ref, test, strict=True)):
+            self.cos[i].extend(row_cosines(a[k:k + COSINE_ROWS], b[k:k + COSINE_ROWS])
+                               for k in range(0, len(a), COSINE_ROWS))
+            a64 = a.astype(np.float64)
+            self.power[i] += float(np.sum(a64 ** 2))
+            a64 -= b  # in place: a.astype(float64) - b
+            self.noise[i] += float(np.sum(np.square(a64, out=a64)))
+
+    def metrics(self, *, only: str | None, judge: bool) -> Metrics:
+        tables: dict[str, dict[str, float]] = {}
+        for i, name in enumerate(self.names):
+            cos = np.concatenate(self.cos[i])
+            sqnr = sqnr_db_from_powers(self.power[i], self.noise[i])
+            tables[name] = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
+                            "cosine_p01": float(np.percentile(cos, 1)), "sqnr_db": float(sqnr)}
+        return _summary(tables, only=only, judge=judge)
 
 
 def output_fidelity(
@@ -46,16 +155,15 @@ def output_fidelity(
     output is worst when there are several). ``judge``: say "NOT LIKE FP32" from the raw
     outputs (off when a task judges its own embeddings: raw token outputs include
     padding positions)."""
+    acc = _Fidelity(ref.names)
+    for a, b in zip(ref.batches, test.batches, strict=True):
+        acc.add(a, b)
+    return acc.metrics(only=only, judge=judge)
+
+
+def _summary(tables: dict[str, dict[str, float]], *, only: str | None, judge: bool) -> Metrics:
+    """The unprefixed (worst output's, or ``only``'s) values and the notes."""
     values: dict[str, float] = {}
-    tables: dict[str, dict[str, float]] = {}
-    for i, name in enumerate(ref.names):
-        cos = np.concatenate([row_cosines(a[i], b[i]) for a, b in zip(ref.batches, test.batches, strict=True)])
-        noise = sum(float(np.sum((a[i].astype(np.float64) - b[i]) ** 2)) for a, b in zip(ref.batches, test.batches, strict=True))
-        power = sum(float(np.sum(a[i].astype(np.float64) ** 2)) for a in ref.batches)
-        sqnr = sqnr_db_from_powers(power, noise)
-        row = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
-               "cosine_p01": float(np.percentile(cos, 1)), "sqnr_db": float(sqnr)}
-        tables[name] = row
     scored = {only: tables[only]} if only else tables
     for key in ("cosine_mean", "cosine_min", "cosine_p01", "sqnr_db"):
         values[key] = min(t[key] for t in scored.values())
@@ -86,4 +194,5 @@ def evaluate_fidelity(
     return output_fidelity(ref, test), ref, test
 
 
-__all__ = ["Outputs", "evaluate_fidelity", "output_fidelity", "run_model", "sqnr_db"]
+__all__ = ["Keep", "Outputs", "Runs", "compare_model", "compare_models", "evaluate_fidelity",
+           "kept", "open_runs", "output_fidelity", "run_model", "sqnr_db"]

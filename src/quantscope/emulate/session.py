@@ -41,6 +41,7 @@ def make_session(
     integer_kernels: bool = False,
     arena: bool = True,
     shared_arena: bool = False,
+    threads: int = 0,
 ) -> ort.InferenceSession:
     """A session. Emulation sessions (``optimize`` and ``integer_kernels`` off, the
     default) run :func:`emulation_form` of ``proto``; ``integer_kernels`` turns on every
@@ -52,8 +53,12 @@ def make_session(
     per-session arena would keep its peak batch allocated for the session's life), and
     thread pools do not spin after a run (idle sessions would steal the running one's
     cores).
+
+    ``threads``: intra-op threads (0: ONNX Runtime's default, one per core); the numbers
+    do not depend on it.
     """
     opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
     level = ort.GraphOptimizationLevel
     opts.graph_optimization_level = (
         level.ORT_ENABLE_ALL if integer_kernels

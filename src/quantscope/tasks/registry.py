@@ -50,7 +50,7 @@ from quantscope.tasks.text import (
     truncate_batches,
     truncate_feeds,
 )
-from quantscope.types import Dataset, Metrics, Outputs, QuantscopeError
+from quantscope.types import Batch, Dataset, Metrics, Outputs, QuantscopeError
 
 CALIB_TEXTS = 512
 
@@ -65,6 +65,16 @@ def _pooled(out: Outputs, batches: TextBatches, enc: TextEncoder, *, normalize: 
     return result
 
 
+def _keep_pooled(enc: TextEncoder, outputs: tuple[np.ndarray, ...], feeds: Batch
+                 ) -> tuple[np.ndarray, ...]:
+    """One batch's outputs with the encoder output mean-pooled (not normalised): all that
+    the text metrics read of it (pooling pooled rows again only normalises them, with the
+    same float32 operations: the same embeddings bit for bit)."""
+    i = enc.output_index
+    pooled = pool(outputs[i], feeds[enc.input_name("attention_mask")], normalize=False)
+    return (*outputs[:i], pooled, *outputs[i + 1:])
+
+
 @dataclass(frozen=True, eq=False)
 class RetrievalTask:
     """Query i should retrieve document i; FP32 retrieval is the reference."""
@@ -73,6 +83,10 @@ class RetrievalTask:
     n_pairs: int
     batches: TextBatches  # queries then documents, in length order
     encoder: TextEncoder
+
+    def keep(self, outputs: tuple[np.ndarray, ...], feeds: Batch) -> tuple[np.ndarray, ...]:
+        """What :meth:`metrics` reads of one batch's outputs (evaluation streams them)."""
+        return _keep_pooled(self.encoder, outputs, feeds)
 
     def embeddings(self, out: Outputs, *, normalize: bool = True) -> tuple[np.ndarray, np.ndarray]:
         emb = _pooled(out, self.batches, self.encoder, normalize=normalize)
@@ -112,6 +126,10 @@ class StsTask:
     pairs: StsPairs
     batches: TextBatches  # first sentences then second sentences, in length order
     encoder: TextEncoder
+
+    def keep(self, outputs: tuple[np.ndarray, ...], feeds: Batch) -> tuple[np.ndarray, ...]:
+        """What :meth:`metrics` reads of one batch's outputs (evaluation streams them)."""
+        return _keep_pooled(self.encoder, outputs, feeds)
 
     def cosines(self, out: Outputs) -> np.ndarray:
         emb = _pooled(out, self.batches, self.encoder, normalize=True)

@@ -1,0 +1,102 @@
+"""Peak RSS of ``evaluate`` against FP32 inference on the same data.
+
+Each figure is the peak resident set (``ru_maxrss``) of its own fresh process, which opens
+the model and the data the same way:
+
+* ``fp32``: FP32 inference: every evaluation batch run through the FP32 model once
+  (``make_session``, as evaluate runs it), keeping what the task reads of each batch (the
+  pooled rows of text data; the outputs otherwise);
+* ``evaluate``: :func:`quantscope.stages.evaluate_plan` of a uniform plan (FP32 reference,
+  the emulated plan, fidelity, task metrics, the saturation check) with statistics
+  calibrated beforehand in a third process, as ``quantscope evaluate --stats`` runs.
+
+    python bench/memory.py [MODEL ...] [--pairs 1000] [--precision a8_w8]
+
+MODEL defaults to minilm-l6, minilm-l3 (data: stdlib-docs, ``--pairs`` pairs) and
+dlib-face (data: faces); ``MODEL=DATA`` names other data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT = ("minilm-l6=stdlib-docs", "minilm-l3=stdlib-docs", "dlib-face=faces")
+
+
+def _child(args: argparse.Namespace) -> None:
+    from quantscope import stages
+    from quantscope.emulate.session import make_session
+    from quantscope.serde import read_stats, write_stats
+    from quantscope.types import Plan, Precision
+
+    model = stages.open_model(args.model)
+    data = stages.open_data(args.data, model, max_pairs=args.pairs)
+    t = time.perf_counter()
+    if args.child == "calibrate":
+        write_stats(args.stats, stages.calibrate_model(model, data))
+    elif args.child == "fp32":
+        sess = make_session(model.proto)
+        keep = getattr(data.task, "keep", None)
+        kept = []
+        for feeds in data.evaluation:
+            out = tuple(sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()}))
+            kept.append(keep(out, feeds) if keep else out)
+    else:
+        stats = read_stats(args.stats)
+        stages.evaluate_plan(model, data, stats, Plan.uniform(Precision(args.precision)))
+    seconds = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"peak_rss": rss, "seconds": seconds}))
+
+
+def _run(args: argparse.Namespace, child: str, model: str, data: str, stats: Path) -> dict:
+    cmd = [sys.executable, __file__, "--child", child, "--model", model, "--data", data,
+           "--pairs", str(args.pairs), "--stats", str(stats), "--precision", args.precision]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", default=list(DEFAULT))
+    ap.add_argument("--pairs", type=int, default=1000)
+    ap.add_argument("--precision", default="a8_w8")
+    ap.add_argument("--child", choices=["calibrate", "fp32", "evaluate"])
+    ap.add_argument("--model", default="")
+    ap.add_argument("--data", default="")
+    ap.add_argument("--stats", default="")
+    args = ap.parse_args()
+    if args.child:
+        return _child(args)
+    gb = 1024 ** 3
+    print(f"{args.precision}, {args.pairs} pairs for text data; peak RSS per fresh process")
+    for spec in args.models:
+        model, _, data = spec.partition("=")
+        data = data or ("faces" if "face" in model else "stdlib-docs")
+        with tempfile.TemporaryDirectory() as tmp:
+            stats = Path(tmp) / "stats.npz"
+            _run(args, "calibrate", model, data, stats)
+            load = _load()
+            fp32 = _run(args, "fp32", model, data, stats)
+            ev = _run(args, "evaluate", model, data, stats)
+        print(f"\n{model} on {data} (load average before: {load}, after: {_load()})")
+        print(f"  fp32 inference  peak RSS {fp32['peak_rss'] / gb:5.2f} GB  "
+              f"({fp32['seconds']:.1f} s)")
+        print(f"  evaluate        peak RSS {ev['peak_rss'] / gb:5.2f} GB  ({ev['seconds']:.1f} s)"
+              f"  {ev['peak_rss'] / fp32['peak_rss']:.2f}x fp32")
+
+
+if __name__ == "__main__":
+    main()
