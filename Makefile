@@ -34,6 +34,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/emulation.py
+	$(PY) bench/memory.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
