@@ -76,3 +76,27 @@ def test_analyze_on_a_local_ray_cluster_ranks_as_without(ws, tmp_path):
     serial, on_ray = _ranking(tmp_path / "serial.json"), _ranking(tmp_path / "ray.json")
     assert [o["group"] for o in on_ray["offenders"]] == [o["group"] for o in serial["offenders"]]
     assert on_ray == serial  # every figure, not only the order
+
+
+def test_plan_measures_on_a_local_ray_cluster_as_without(ws, tmp_path, capsys):
+    """plan --ray: the best-predicted plans are measured as parallel tasks; the front, the
+    measured values and the chosen plan are the serial run's."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quantscope[ray]')")
+    m, x, s, a = ws / "m.onnx", ws / "x.npy", ws / "s.npz", tmp_path / "a.json"
+    assert main(["analyze", str(m), "--data", str(x), "--stats", str(s), "--out", str(a)]) == 0
+    base = ["plan", str(m), "--analysis", str(a), "--target", "ort-cpu", "--max-cost", "1.3",
+            "--data", str(x), "--stats", str(s)]
+    assert main([*base, "--out", str(tmp_path / "serial.json")]) == 0
+    assert "parallel tasks" not in capsys.readouterr().err
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        assert main([*base, "--ray", "--out", str(tmp_path / "ray.json")]) == 0
+    finally:
+        ray.shutdown()
+    said = capsys.readouterr()
+    assert "as 2-way parallel tasks" in said.err + said.out
+    serial = json.loads((tmp_path / "serial.json").read_text())
+    on_ray = json.loads((tmp_path / "ray.json").read_text())
+    measured = [t["measured"] for t in serial["pareto"]["trials"]]
+    assert len(measured) >= 2 and all(v is not None for v in measured)
+    assert on_ray == serial

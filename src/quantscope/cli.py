@@ -28,6 +28,7 @@ from quantscope.cli_types import (
 from quantscope.types import Plan, Precision, QuantscopeError, Stats
 
 if TYPE_CHECKING:
+    from quantscope.parallel import RayExecutor
     from quantscope.targets import Target
 
 EXIT_USER, EXIT_INTERNAL, EXIT_PROBLEMS = 2, 3, 1
@@ -192,11 +193,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                               f"{', '.join(missing)} (see 'quantscope analyze --help')")
     check_low_high(args.low, args.high)
     inp = _open(args, data=True, stats=True, target=True)
-    executor = None
-    if args.ray:
-        from quantscope.parallel import ray_executor
-
-        executor = ray_executor(args.ray)
+    executor = _executor(args.ray)
     try:
         result = analyze(inp.model, find_groups(inp.model), inp.stats,
                          list(inp.data.evaluation),
@@ -210,6 +207,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     stages.write_json(args.out, analysis_to_dict(result))
     print(f"wrote {args.out}")
     return 0
+
+
+def _executor(address: str | None) -> RayExecutor | None:
+    """The Ray executor ``--ray [ADDRESS]`` asks for, else None (in process)."""
+    if not address:
+        return None
+    from quantscope.parallel import ray_executor
+
+    return ray_executor(address)
 
 
 def _analyze_phases(args: argparse.Namespace) -> int:
@@ -257,12 +263,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not args.metric and measure:
         options = dataclasses.replace(options, metric=stages.default_metric(inp.data))
         check_goal(options.metric, args.goal)
-    if len(lengths) > 1:
-        out = stages.plan_lengths(inp.model, analysis, inp.target, options, lengths,
-                                  data=inp.data, stats=inp.stats, progress=True)
-    else:
-        out = stages.plan_model(inp.model, analysis, inp.target, options, data=inp.data,
-                                stats=inp.stats, progress=True)
+    executor = _executor(args.ray) if measure else None
+    try:
+        if len(lengths) > 1:
+            out = stages.plan_lengths(inp.model, analysis, inp.target, options, lengths,
+                                      data=inp.data, stats=inp.stats, progress=True,
+                                      executor=executor)
+        else:
+            out = stages.plan_model(inp.model, analysis, inp.target, options, data=inp.data,
+                                    stats=inp.stats, progress=True, executor=executor)
+    finally:
+        if executor is not None:
+            executor.close()
     if out.offer is not None:
         for row in out.offer.measured:
             print(f"  repair {row['name']:<9} " + ", ".join(

@@ -158,12 +158,12 @@ def ray_address(text: str) -> str:
     return text
 
 
-def _ray_parent() -> argparse.ArgumentParser:
+def _ray_parent(what: str = "the sweep's candidates") -> argparse.ArgumentParser:
     """--ray [ADDRESS]: run the independent evaluations on a Ray cluster (the ray extra)."""
     p = _parent()
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    type=ray_address,
-                   help="run the sweep's candidates on Ray: a local cluster on this "
+                   help=f"run {what} on Ray: a local cluster on this "
                    "machine's CPUs, or the existing cluster at ADDRESS (e.g. ray://head:10001 "
                    "or auto); the same results as without (needs: pip install ray)")
     return p
@@ -334,7 +334,9 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:
                                               "front by real emulation (" + DATA_HELP + ")"),
                                  _stats_parent(required=False, help="with --data: the stats "
                                                "file of the model"),
-                                 _tokenizer_parent(), _pairs_parent(300, "measured")])
+                                 _tokenizer_parent(), _pairs_parent(300, "measured"),
+                                 _ray_parent("the measurements of the best-predicted plans "
+                                             "(with --data and --stats)")])
     pl.add_argument("--analysis",
                     type=input_file("analysis", "run 'quantscope analyze' to make one"), help="analysis JSON of 'quantscope analyze' (required, except with --phase)")
     pl.add_argument("--phase", type=_phases, metavar="prefill,decode",

@@ -7,7 +7,8 @@ calibrate, encode, build_qdq, evaluate); nothing here holds state between calls.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from quantscope.emulate.evaluate import compare_model, compare_models, kept, ope
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load, load_proto
+from quantscope.progress import say
 from quantscope.serde import (
     plan_to_dict,
     read_json,
@@ -47,6 +49,7 @@ from quantscope.types import (
 )
 
 if TYPE_CHECKING:
+    from quantscope.parallel import Executor
     from quantscope.plan.joint import Measure, Offer, Repair
     from quantscope.plan.refine import Evaluate
     from quantscope.targets.profile import Target
@@ -480,6 +483,18 @@ def scorer_for(data: Dataset, model: Model | None = None) -> Any:
     return outputs_scorer(only=model.output_names().index(data.output))
 
 
+def _call(fn: Callable[[Any], Any], item: Any) -> Any:
+    return fn(item)
+
+
+def _measure_all(executor: Executor, evaluate: Callable[[Plan], float], progress: bool,
+                 plans: Sequence[Plan]) -> list[float]:
+    """Each plan measured by ``evaluate`` as one task of ``executor`` (results in order)."""
+    say(f"plan: measuring {len(plans)} plan(s) as {executor.workers}-way parallel tasks",
+        show=progress)
+    return [float(v) for v in executor.map(_call, evaluate, list(plans))]
+
+
 def _keep_finetune(pareto: dict[str, Any]) -> bool:
     """Keep the fine-tuned plan only if it measured at least as well as the plan without
     it (the planner's measurement with its repairs, else the precisions alone); records
@@ -618,9 +633,11 @@ def plan_model(
     data: Dataset | None = None,
     stats: Stats | None = None,
     progress: bool = False,
+    executor: Executor | None = None,
 ) -> PlanResult:
     """Search a legal plan from an analysis; with ``data`` and ``stats`` the front is
-    re-measured by real emulation and ``options.repairs`` are measured and searched too.
+    re-measured by real emulation and ``options.repairs`` are measured and searched too;
+    ``executor`` (e.g. Ray) measures the batch of best-predicted points in parallel.
 
     ``finetune`` among the repairs is not a search move (one fine-tune costs minutes): the
     chosen plan, with its repairs, is fine-tuned and measured again, and
@@ -649,10 +666,13 @@ def plan_model(
     if data is not None and stats is not None:
         evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,
                                             shapes=shapes, progress=progress)
+    many = None
+    if evaluate is not None and executor is not None:
+        many = functools.partial(_measure_all, executor, evaluate, progress)
     plan, extra = plan_from_analysis(model, analysis, target, min_quality=options.min_quality,
                                      max_cost=options.max_cost, shapes=shapes,
-                                     evaluate=evaluate, seed=options.seed,
-                                     repairs=offer.options if offer else ())
+                                     evaluate=evaluate, evaluate_many=many,
+                                     seed=options.seed, repairs=offer.options if offer else ())
     pareto = extra["pareto"]
     if truncated:
         pareto["measured_on"] = truncated
@@ -716,6 +736,7 @@ def plan_lengths(
     data: Dataset | None = None,
     stats: Stats | None = None,
     progress: bool = False,
+    executor: Executor | None = None,
 ) -> PlanResult:
     """Sequence length as a decision: one search per allowed length (legality depends on
     it: super-defuse binds at 256, not at 128); the result is the best length's plan, and
@@ -725,7 +746,7 @@ def plan_lengths(
     rows, results = [], {}
     for n in lengths:
         r = plan_model(model, analysis, target, dataclasses.replace(options, seq_len=n),
-                       data=data, stats=stats, progress=progress)
+                       data=data, stats=stats, progress=progress, executor=executor)
         c = r.pareto.get("chosen", {})
         q = c.get("measured") if c.get("measured") is not None else c.get("predicted")
         rows.append({"seq_len": n, "cost": c.get("cost"), "predicted": c.get("predicted"),

@@ -15,12 +15,15 @@ drop            from the best measured point, revert promotions with the least
 ==============  ===================================================================
 
 At most ``steps`` evaluations in all; each plan is measured once. The result is every
-measured point, in measuring order.
+measured point, in measuring order. With ``evaluate_many`` (plans -> values, e.g. fanned
+out on Ray), the best-predicted points of the plain budget are measured as one batch; the
+probe and the drops depend on earlier measurements and stay one at a time. The values,
+and so the result, are the serial ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from quantscope.plan.greedy import Walk
@@ -30,6 +33,7 @@ from quantscope.plan.start import EPS, Space, emit, repair_meta
 from quantscope.types import Plan
 
 Evaluate = Callable[[Plan], float]
+EvaluateMany = Callable[[Sequence[Plan]], list[float]]
 
 
 class _Meter:
@@ -50,6 +54,22 @@ class _Meter:
         self.seen[point.key()] = done
         return done
 
+    def measure_all(self, points: Sequence[FrontPoint], many: EvaluateMany | None) -> None:
+        """``measure`` of each point in order; with ``many``, the new ones in one batch."""
+        if many is None:
+            for p in points:
+                self.measure(p)
+            return
+        todo: dict[tuple, FrontPoint] = {}
+        for p in points:
+            if p.key() not in self.seen and p.key() not in todo and len(todo) < self.left:
+                todo[p.key()] = p
+        plans = [emit(self.space, p, reasons=(), meta=repair_meta(p)) for p in todo.values()]
+        values = many(plans) if plans else []
+        self.left -= len(plans)
+        for (key, p), v in zip(todo.items(), values, strict=True):
+            self.seen[key] = replace(p, measured=float(v))
+
 
 def refine(
     space: Space,
@@ -59,6 +79,7 @@ def refine(
     *,
     steps: int,
     tol: float,
+    evaluate_many: EvaluateMany | None = None,
 ) -> tuple[FrontPoint, ...]:
     """Every point measured (module docstring); none without ``evaluate`` or ``steps``."""
     capped = [p for p in walk.points if space.budget.within_cost(p.cost)]
@@ -70,8 +91,7 @@ def refine(
         if pruned:
             meter.measure(pruned[-1])
     else:
-        for p in reversed(capped[-max(1, meter.left // 2) :]):
-            meter.measure(p)
+        meter.measure_all(list(reversed(capped[-max(1, meter.left // 2) :])), evaluate_many)
     if meter.seen:
         best = select(list(meter.seen.values()), space.budget)[0]
         _drop(space, meter, best, tol)

@@ -41,7 +41,7 @@ from quantscope.model.shapes import Shapes
 from quantscope.plan.greedy import greedy
 from quantscope.plan.pareto import Budget
 from quantscope.plan.prune import prune
-from quantscope.plan.refine import Evaluate, refine
+from quantscope.plan.refine import Evaluate, EvaluateMany, refine
 from quantscope.plan.result import Blocker, SearchResult, result
 from quantscope.plan.start import PlannerError, RepairOption, start_search
 from quantscope.targets import load_target
@@ -71,6 +71,7 @@ def search(
     max_cost: float | None = None,
     shapes: Shapes | None = None,
     evaluate: Evaluate | None = None,
+    evaluate_many: EvaluateMany | None = None,
     refine_steps: int = 12,
     seed: int = 0,
     start: Plan | None = None,
@@ -85,7 +86,8 @@ def search(
                          allow_warnings=allow_warnings)
     walk = greedy(space)
     pruned = prune(space, walk)
-    trials = refine(space, walk, pruned, evaluate, steps=refine_steps, tol=drop_tolerance)
+    trials = refine(space, walk, pruned, evaluate, steps=refine_steps, tol=drop_tolerance,
+                    evaluate_many=evaluate_many)
     return result(space, walk, pruned, trials, seed=seed)
 
 
@@ -98,6 +100,7 @@ def plan_from_analysis(
     max_cost: float | None = None,
     shapes: Shapes | None = None,
     evaluate: Evaluate | None = None,
+    evaluate_many: EvaluateMany | None = None,
     seed: int = 0,
     repairs: Sequence[RepairOption] = (),
 ) -> tuple[Plan, dict[str, Any]]:
@@ -113,7 +116,8 @@ def plan_from_analysis(
             "was the analysis made for another model?"
         )
     r = search(groups, sensitivity, tgt, model, min_quality=min_quality, max_cost=max_cost,
-               shapes=shapes, evaluate=evaluate, seed=seed, repairs=repairs)
+               shapes=shapes, evaluate=evaluate, evaluate_many=evaluate_many, seed=seed,
+               repairs=repairs)
     extra: dict[str, Any] = {"pareto": r.to_dict()}
     if r.repairs:
         extra["repairs"] = [{"name": x.name, "reason": x.reason} for x in r.repairs]
