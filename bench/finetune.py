@@ -18,14 +18,13 @@ ranges); the fine-tuned FP32 model is also measured against the original FP32 mo
 from __future__ import annotations
 
 import argparse
-import json
-import resource
 import sys
 import time
 from typing import Any
 
 import numpy as np
 import torch
+from finetune_report import finetune_record, finish
 
 from quantscope.emulate.evaluate import run_model
 from quantscope.emulate.session import make_session
@@ -171,21 +170,9 @@ def main() -> int:
     out = {
         "settings": vars(args), "before": _pick(before), "after": _pick(after["after"]),
         "finetuned_fp32_vs_original": _pick(after["fp32"]), "torch_vs_ort": parity,
-        "finetune": {"seconds": round(res.seconds, 1), "steps": res.steps,
-                     "samples": res.samples, "train_rows": res.train_rows,
-                     "holdout_rows": res.holdout_rows, "metric": res.metric,
-                     "holdout_before": res.holdout_before, "holdout_best": res.holdout_best,
-                     "best_step": res.best_step, "history": list(res.history)},
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+        "finetune": finetune_record(res),
     }
-    print(f"after:  {out['after']}\nfine-tuned FP32 vs original: "
-          f"{out['finetuned_fp32_vs_original']}\nwall {out['wall_s']} s, peak RSS "
-          f"{out['peak_rss_mb']} MB", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
-    return 0
+    return finish(out, t0, args.json)
 
 
 if __name__ == "__main__":

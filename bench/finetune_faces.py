@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import resource
 import sys
 import time
 from typing import Any
 
 import numpy as np
 import torch
+from finetune_report import finetune_record, finish
 from PIL import Image
 
 from quantscope.finetune.apply import finetune as run_finetune
@@ -111,19 +110,9 @@ def main() -> int:
         "holdout_rows": sum(len(next(iter(b.values()))) for b in hold),
         "before": _pick(before["metrics"]), "after": _pick(after["after"]["metrics"]),
         "finetuned_fp32_vs_original": _pick(after["fp32"]["metrics"]),
-        "finetune": {"seconds": round(res.seconds, 1), "steps": res.steps, "metric": res.metric,
-                     "holdout_before": res.holdout_before, "holdout_best": res.holdout_best,
-                     "best_step": res.best_step, "history": list(res.history)},
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+        "finetune": finetune_record(res),
     }
-    print(f"after:  {out['after']}\nfine-tuned FP32 vs original: "
-          f"{out['finetuned_fp32_vs_original']}\nwall {out['wall_s']} s, peak RSS "
-          f"{out['peak_rss_mb']} MB", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(out, f, indent=1)
-    return 0
+    return finish(out, t0, args.json)
 
 
 if __name__ == "__main__":

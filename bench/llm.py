@@ -22,20 +22,18 @@ import sys
 import time
 from pathlib import Path
 
+from llm_args import lm_parser, lm_setup
+
 from quantscope.plan.phases import check_phases
 from quantscope.serde import read_plan
-from quantscope.stages_llm import LmSetup, format_lm_quality, lm_quality, open_phase_models
+from quantscope.stages_llm import format_lm_quality, lm_quality, open_phase_models
 from quantscope.targets import load_target
 from quantscope.tasks.lm_phases import release_memory
 from quantscope.types import Plan, Precision
 
 
 def _args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", nargs="?", default="smollm2-135m")
-    for name, default in (("seq-len", 64), ("calibration", 16), ("evaluation", 8), ("steps", 8),
-                          ("prompts", 4), ("new-tokens", 32)):
-        ap.add_argument(f"--{name}", type=int, default=default)
+    ap = lm_parser(__doc__.splitlines()[0])
     ap.add_argument("--plans", default="a8_w8,a16_w8,a16_w16")
     ap.add_argument("--plan-file", action="append", default=[], help="a plan JSON (repeatable)")
     ap.add_argument("--target", default="hailo10h")
@@ -47,8 +45,7 @@ def main() -> None:
     a = _args()
     plans = {p: Plan(default=Precision.parse(p), target=a.target) for p in a.plans.split(",") if p}
     plans.update({Path(f).stem: read_plan(f) for f in a.plan_file})
-    setup = LmSetup(seq_len=a.seq_len, calibration=a.calibration, evaluation=a.evaluation,
-                    steps=a.steps, prompts=a.prompts, new_tokens=a.new_tokens)
+    setup = lm_setup(a)
     t0 = time.perf_counter()
     result = lm_quality(a.model, plans, setup)
     total_s = time.perf_counter() - t0

@@ -19,17 +19,15 @@ import resource
 import time
 from pathlib import Path
 
+from llm_args import lm_parser, lm_setup
+
 from quantscope.analyze.phases import format_diagnosis
 from quantscope.serde import write_plan
-from quantscope.stages_llm import LmSetup, format_phase_plan, plan_phases
+from quantscope.stages_llm import format_phase_plan, plan_phases
 
 
 def _args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model", nargs="?", default="smollm2-135m")
-    for name, default in (("seq-len", 64), ("calibration", 16), ("evaluation", 8), ("steps", 8),
-                          ("prompts", 4), ("new-tokens", 32)):
-        ap.add_argument(f"--{name}", type=int, default=default)
+    ap = lm_parser(__doc__.splitlines()[0])
     ap.add_argument("--max-cost", type=float, default=1.5)
     ap.add_argument("--target", default="hailo10h")
     ap.add_argument("--out", type=Path, default=Path("llm-plan.json"))
@@ -39,8 +37,7 @@ def _args() -> argparse.Namespace:
 
 def main() -> None:
     a = _args()
-    setup = LmSetup(seq_len=a.seq_len, calibration=a.calibration, evaluation=a.evaluation,
-                    steps=a.steps, prompts=a.prompts, new_tokens=a.new_tokens)
+    setup = lm_setup(a)
     t0, load0 = time.perf_counter(), os.getloadavg()[0]
     out = plan_phases(a.model, a.target, max_cost=a.max_cost, setup=setup)
     total_s = time.perf_counter() - t0

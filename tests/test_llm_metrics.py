@@ -77,24 +77,12 @@ def test_precision_orders_the_phases(evaluated) -> None:
 
 def test_cli_check_phases_with_quality(tmp_path, capsys) -> None:
     """check --phase --quality on a tiny byte-level decoder: legality, cost and quality."""
-    import dataclasses
-
-    import onnx
-    import tokenizers
-    from tokenizers import decoders, models, pre_tokenizers
+    from decoder_tiny import byte_decoder
 
     from quantscope.cli import main
     from quantscope.serde import write_plan
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok = tokenizers.Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    (tmp_path / "byte.tokenizer.json").write_text(tok.to_str())
-    cfg = dataclasses.replace(TINY, vocab=len(alphabet))
-    w = tiny_weights(cfg)
-    for p in ("prefill", "decode"):
-        onnx.save(build_decoder(cfg, w, p), str(tmp_path / f"byte.{p}.onnx"))
+    byte_decoder(tmp_path)
     write_plan(tmp_path / "plan.json", Plan(default=Precision.A16_W16, target="hailo10h"))
     code = main(["check", str(tmp_path / "plan.json"), "--model", str(tmp_path / "byte.prefill.onnx"),
                  "--target", "hailo10h", "--phase", "prefill,decode", "--quality"])
