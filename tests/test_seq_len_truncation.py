@@ -74,3 +74,24 @@ def test_plan_for_a_length_says_it_measured_truncated_texts():
     full = stages.plan_model(model, sens, load_target("ort-cpu"),
                              stages.PlanOptions(max_cost=1.0), data=data, stats=stats)
     assert "measured_on" not in full.pareto
+
+
+def test_evaluate_seq_len_measures_truncated_texts(tmp_path, capsys):
+    import json
+
+    import onnx
+
+    from quantscope.cli import main
+
+    m, st = tmp_path / "enc.onnx", tmp_path / "s.npz"
+    onnx.save(tiny_encoder(), m)
+    assert main(["calibrate", str(m), "--data", "stdlib-docs", "--out", str(st)]) == 0
+    base = ["evaluate", str(m), "--data", "stdlib-docs", "--stats", str(st), "--precision",
+            "a8_w8", "--pairs", "20"]
+    assert main([*base, "--json", str(tmp_path / "full.json")]) == 0
+    assert "truncated" not in capsys.readouterr().out
+    assert main([*base, "--seq-len", str(N), "--json", str(tmp_path / "cut.json")]) == 0
+    assert f"texts truncated at {N} tokens" in capsys.readouterr().out
+    full = json.loads((tmp_path / "full.json").read_text())["metrics"]
+    cut = json.loads((tmp_path / "cut.json").read_text())["metrics"]
+    assert full["embedding_cosine_mean"] != cut["embedding_cosine_mean"]

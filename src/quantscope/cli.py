@@ -88,7 +88,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     inp = _open(args, data=True, stats=True, plan=True)
-    result = stages.evaluate_plan(inp.model, inp.data, inp.stats, inp.plan, method=args.method,
+    data = inp.data
+    if args.seq_len:
+        data = stages.at_length(data, args.seq_len)
+        if data is not inp.data:
+            print(f"note: {data.notes[-1]}")
+    result = stages.evaluate_plan(inp.model, data, inp.stats, inp.plan, method=args.method,
                                   progress=True)
     print(stages.format_result(result))
     if args.json:

@@ -251,6 +251,10 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                                 _stats_parent(), _plan_parent(),
                                 _method_parent(None), _tokenizer_parent(),
                                 _pairs_parent(None, "evaluated")])
+    e.add_argument("--seq-len", type=positive_int, metavar="N",
+                   help="text data: measure on the texts truncated at N tokens, as a "
+                   "deployment at sequence length N runs them (against FP32 at the same "
+                   "length)")
     e.add_argument("--json", type=output_file, help="also write the result as JSON")
 
     x = sub.add_parser("export-qdq", help="write the ONNX QDQ model that emulation runs",
