@@ -64,18 +64,23 @@ MATCH_THRESHOLD = 0.6
 PREPROCESS_NOTE = "rgb uint8 150x150 chip (dlib.get_face_chip, padding 0.25) -> (x - [122.782, 117.001, 104.298]) / 256, NCHW float32"
 
 
-def preprocess_face(chips: np.ndarray) -> np.ndarray:
-    """RGB uint8 chip(s) [150,150,3] or [N,150,150,3] -> float32 [N,3,150,150] as dlib does."""
+def normalised_chips(chips: np.ndarray, size: int, mean: object, scale: float) -> np.ndarray:
+    """RGB uint8 chip(s) [size,size,3] or [N,size,size,3] -> float32 NCHW (x - mean) / scale;
+    anything else is one clear error."""
     x = np.asarray(chips)
     if x.ndim == 3:
         x = x[None]
-    if x.ndim != 4 or x.shape[1:] != (CHIP_SIZE, CHIP_SIZE, 3) or x.dtype != np.uint8:
+    if x.ndim != 4 or x.shape[1:] != (size, size, 3) or x.dtype != np.uint8:
         raise QuantscopeError(
-            f"face chips must be uint8 [N,{CHIP_SIZE},{CHIP_SIZE},3] RGB, got {x.dtype} {x.shape}"
+            f"face chips must be uint8 [N,{size},{size},3] RGB, got {x.dtype} {x.shape}"
         )
-    mean = np.asarray(MEAN_RGB, dtype=np.float32)
-    y = (x.astype(np.float32) - mean) / np.float32(INPUT_SCALE)
+    y = (x.astype(np.float32) - np.asarray(mean, dtype=np.float32)) / np.float32(scale)
     return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+
+
+def preprocess_face(chips: np.ndarray) -> np.ndarray:
+    """RGB uint8 chip(s) [150,150,3] or [N,150,150,3] -> float32 [N,3,150,150] as dlib does."""
+    return normalised_chips(chips, CHIP_SIZE, MEAN_RGB, INPUT_SCALE)
 
 
 # ---------------------------------------------------------------------- ONNX graph

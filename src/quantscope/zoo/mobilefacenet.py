@@ -36,6 +36,7 @@ from onnx import helper, numpy_helper
 
 from quantscope.types import QuantscopeError
 from quantscope.zoo.cache import write_atomic, write_bytes_atomic
+from quantscope.zoo.face import normalised_chips
 
 __all__ = [
     "build_mobilefacenet",
@@ -65,15 +66,7 @@ PREPROCESS_NOTE = (
 
 def preprocess_arcface(chips: np.ndarray) -> np.ndarray:
     """RGB uint8 chip(s) [112,112,3] or [N,112,112,3] -> float32 [N,3,112,112]."""
-    x = np.asarray(chips)
-    if x.ndim == 3:
-        x = x[None]
-    if x.ndim != 4 or x.shape[1:] != (CHIP_SIZE, CHIP_SIZE, 3) or x.dtype != np.uint8:
-        raise QuantscopeError(
-            f"face chips must be uint8 [N,{CHIP_SIZE},{CHIP_SIZE},3] RGB, got {x.dtype} {x.shape}"
-        )
-    y = (x.astype(np.float32) - np.float32(INPUT_MEAN)) / np.float32(INPUT_STD)
-    return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+    return normalised_chips(chips, CHIP_SIZE, INPUT_MEAN, INPUT_STD)
 
 
 # ---------------------------------------------------------------------- fetching
