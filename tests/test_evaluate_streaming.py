@@ -148,3 +148,33 @@ def test_minilm_l3_stdlib_docs_as_held():
     model = stages.open_model("minilm-l3")
     data = stages.open_data("stdlib-docs", model, max_pairs=48)
     _check(model, data, stages.calibrate_model(model, data))
+
+
+def _patch_tokens(seed=0):
+    """[B, 3, 224, 224] -> 56-px patches -> tokens [B, 16, 8] (token 0 plays CLS)."""
+    r = np.random.default_rng(seed)
+    nodes = [helper.make_node("Conv", ["pixel_values", "w", "b"], ["c"], strides=[56, 56]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Reshape", ["r", "shape"], ["f"]),
+             helper.make_node("Transpose", ["f"], ["tokens"], perm=[0, 2, 1])]
+    graph = helper.make_graph(
+        nodes, "patches",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["N", 3, 224, 224])],
+        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, ["N", 16, 8])],
+        [numpy_helper.from_array(r.normal(0, 0.02, (8, 3, 56, 56)).astype(np.float32), "w"),
+         numpy_helper.from_array(r.normal(0, 0.1, 8).astype(np.float32), "b"),
+         numpy_helper.from_array(np.array([0, 8, 16], np.int64), "shape")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_image_view_retrieval_keeps_cls_and_patch_mean(tmp_path):
+    onnx.save(_patch_tokens(), tmp_path / "vit.onnx")
+    model = stages.open_model(tmp_path / "vit.onnx")
+    data = stages.open_data("photos-small", model)
+    stats = stages.calibrate_model(model, data)
+    out = _check(model, data, stats)["a8_w8"]["metrics"]
+    assert "recall@1_patch_mean" in out and "top1_agreement" in out
+    batch = data.evaluation[0]
+    raw = run_model(model.proto, [batch]).batches[0]
+    small = data.task.keep(raw, batch)
+    assert small[0].shape == (len(raw[0]), 2, 8) and raw[0].shape[1] == 16

@@ -40,7 +40,7 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
-from quantscope.types import Dataset, Metrics, Outputs, QuantscopeError
+from quantscope.types import Batch, Dataset, Metrics, Outputs, QuantscopeError
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -182,6 +182,17 @@ class ViewRetrievalTask:
 
     name: str
     photo: np.ndarray  # int32 [M]: photo of each evaluation view
+
+    def keep(self, outputs: tuple[np.ndarray, ...], feeds: Batch) -> tuple[np.ndarray, ...]:
+        """What :meth:`metrics` reads of one batch (evaluation streams them): of a
+        [B, T, C] first output, the CLS token and the patch-token mean, in float64 as
+        :func:`_embeddings` computes them ([B, 2, C]: the mean of the one kept mean is
+        itself, so the embeddings are the same bit for bit)."""
+        del feeds
+        if np.ndim(outputs[0]) != 3:
+            return outputs
+        x = np.asarray(outputs[0], np.float64)
+        return (np.stack([x[:, 0], x[:, 1:].mean(axis=1)], axis=1), *outputs[1:])
 
     def _recall(self, emb: np.ndarray) -> tuple[float, np.ndarray]:
         nn = nearest_other(emb)
