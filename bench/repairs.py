@@ -39,6 +39,7 @@ from quantscope.tasks.text import (
     load_pairs,
     load_tokenizer,
     make_batches,
+    model_tokenizer,
 )
 from quantscope.types import Plan, Precision, QuantScheme
 
@@ -81,7 +82,7 @@ def main() -> None:
     args = ap.parse_args()
     model = open_model(args.model)
     enc = detect_encoder(model.proto)
-    tok = load_tokenizer(max_length=128)
+    tok = load_tokenizer(model_tokenizer(model.source, model.proto), max_length=128)
     pairs = load_pairs("stdlib-docs")
     n = min(args.pairs, len(pairs))
     evals = [make_batches(pairs.queries[:n], tok, enc), make_batches(pairs.documents[:n], tok, enc)]

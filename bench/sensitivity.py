@@ -41,6 +41,7 @@ from quantscope.tasks.text import (
     load_pairs,
     load_tokenizer,
     make_batches,
+    model_tokenizer,
 )
 from quantscope.types import Precision, QuantScheme
 
@@ -110,7 +111,8 @@ def main():
     args = ap.parse_args()
     model = open_model(args.model)
     groups = find_groups(model)
-    enc, tok, pairs = detect_encoder(model.proto), load_tokenizer(), load_pairs("stdlib-docs")
+    enc, pairs = detect_encoder(model.proto), load_pairs("stdlib-docs")
+    tok = load_tokenizer(model_tokenizer(model.source, model.proto))
     half = args.texts // 2
     tb = make_batches([*pairs.queries[:half], *pairs.documents[:half]], tok, enc)
     cal = make_batches(load_calibration_texts("stdlib-docs")[: args.calib], tok, enc)

@@ -74,6 +74,35 @@ def test_prelu_conversion_matches_ort():
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_position_ops_conversion_matches_ort(exclusive, reverse):
+    """MPNet's position ids and relative-position buckets: CumSum over the mask, then
+    Log and Min of distances (mpnet-base)."""
+    from onnx import helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("CumSum", ["ids", "axis"], ["pos"], exclusive=exclusive,
+                          reverse=reverse),
+         helper.make_node("Cast", ["pos"], ["posf"], to=onnx.TensorProto.FLOAT),
+         helper.make_node("Abs", ["x"], ["ax"]),
+         helper.make_node("Add", ["ax", "one"], ["ax1"]),
+         helper.make_node("Log", ["ax1"], ["lg"]),
+         helper.make_node("Min", ["lg", "cap", "posf"], ["y"])],
+        "positions",
+        [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["N", 6]),
+         helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 6])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 6])],
+        [numpy_helper.from_array(np.array(1, np.int64), "axis"),
+         numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+         numpy_helper.from_array(np.array(1.5, np.float32), "cap")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"ids": np.array([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1]], np.int64),
+             "x": np.random.default_rng(3).normal(0, 3, (2, 6)).astype(np.float32)}
+    ours = _torch_out(to_torch(proto), feeds)
+    ref = make_session(proto).run(None, feeds)[0]
+    np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", list(tm.ALL))
 @pytest.mark.parametrize("precision", [Precision.A8_W8, Precision.A8_W4])
 @pytest.mark.parametrize("scheme", [None, HAILO])

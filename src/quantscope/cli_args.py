@@ -106,8 +106,8 @@ def _target_parent(*, required: bool = True, help: str = "") -> argparse.Argumen
 def _tokenizer_parent() -> argparse.ArgumentParser:
     p = _parent()
     p.add_argument("--tokenizer", type=input_spec("tokenizer"), help="tokenizer.json or Hugging Face model folder (text "
-                   "models; default: the packaged uncased BERT tokenizer of the built-in "
-                   "MiniLMs)")
+                   "models; default: the one the model names or sits with (tokenizer.json "
+                   "beside it), else the packaged uncased BERT tokenizer of the MiniLMs)")
     return p
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 LOG_EVERY_S = 10.0
@@ -30,32 +30,70 @@ def say(text: str, *, show: bool = True) -> None:
 
 
 def track(items: Iterable[T], label: str, *, total: int | None = None, unit: str = "it",
-          show: bool = True) -> Iterator[T]:
-    """Yield ``items`` while showing progress of ``label`` (a bar with ETA on a terminal)."""
+          show: bool = True, cost: Callable[[T], float] | None = None) -> Iterator[T]:
+    """Yield ``items`` while showing progress of ``label`` (a bar with ETA on a terminal).
+
+    ``cost``: the relative work of one item (e.g. the values in a batch: text batches
+    come sorted by length, so the last batches take far longer than the first); the ETA
+    and the bar then follow the work done, not the count of items. Used only when
+    ``items`` is sized (its costs are summed up front); a stream is counted by items.
+    """
     if not show:
         yield from items
         return
+    costs = None
+    if cost is not None and hasattr(items, "__len__"):  # a stream stays a stream
+        costs = [max(float(cost(item)), 0.0) for item in items]
+        if sum(costs) <= 0:
+            costs = None
     if total is None and hasattr(items, "__len__"):
         total = len(items)  # type: ignore[arg-type]
     if sys.stderr.isatty():
         from tqdm import tqdm
 
-        yield from tqdm(items, desc=label, total=total, unit=unit, file=sys.stderr,
-                        dynamic_ncols=True, leave=False)
+        if costs is None:
+            yield from tqdm(items, desc=label, total=total, unit=unit, file=sys.stderr,
+                            dynamic_ncols=True, leave=False)
+            return
+        yield from _weighted_bar(items, costs, label, unit)
         return
-    yield from _lines(items, label, total, unit)
+    yield from _lines(items, label, total, unit, costs)
 
 
-def _lines(items: Iterable[T], label: str, total: int | None, unit: str) -> Iterator[T]:
+def _weighted_bar(items: Iterable[T], costs: list[float], label: str, unit: str
+                  ) -> Iterator[T]:
+    from tqdm import tqdm
+
+    scale = 100.0 / sum(costs)
+    with tqdm(desc=label, total=100.0, unit="%", file=sys.stderr, dynamic_ncols=True,
+              leave=False, bar_format="{l_bar}{bar}| {postfix} [{elapsed}<{remaining}]") as bar:
+        for k, (item, c) in enumerate(zip(items, costs, strict=True), start=1):
+            yield item
+            bar.set_postfix_str(f"{k}/{len(costs)} {unit}", refresh=False)
+            bar.update(c * scale)
+
+
+def feed_size(feeds: dict[str, Any]) -> float:
+    """The work of one batch of feeds, for ``track(cost=...)``: its largest input's size."""
+    return float(max((getattr(v, "size", 1) for v in feeds.values()), default=1))
+
+
+def _lines(items: Iterable[T], label: str, total: int | None, unit: str,
+           costs: list[float] | None = None) -> Iterator[T]:
     start = last = time.perf_counter()
     of = f"/{total}" if total else ""
     print(f"{label}: 0{of} {unit}", file=sys.stderr, flush=True)
-    k = 0
+    k, done = 0, 0.0
     for k, item in enumerate(items, start=1):
         yield item
         now = time.perf_counter()
+        if costs is not None:
+            done += costs[k - 1]
         if now - last >= LOG_EVERY_S and (total is None or k < total):
-            eta = f", ETA {(now - start) / k * (total - k):.0f} s" if total else ""
+            if costs is not None and done > 0:
+                eta = f", ETA {(now - start) / done * (sum(costs) - done):.0f} s"
+            else:
+                eta = f", ETA {(now - start) / k * (total - k):.0f} s" if total else ""
             print(f"{label}: {k}{of} {unit}{eta}", file=sys.stderr, flush=True)
             last = now
     print(f"{label}: {k}{of} {unit} done in {time.perf_counter() - start:.1f} s",

@@ -12,7 +12,7 @@ from quantscope.emulate.ranges import METHODS
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
-from quantscope.progress import track
+from quantscope.progress import feed_size, track
 from quantscope.types import Groups, QuantscopeError, Stats
 
 
@@ -67,7 +67,7 @@ def calibrate(
     inputs = {i.name for i in session.get_inputs()}
     observers = {t: Observer(t) for t in taps}
     n_batches = n_samples = 0
-    for batch in track(batches, "calibrate", unit="batch", show=progress):
+    for batch in track(batches, "calibrate", unit="batch", show=progress, cost=feed_size):
         feeds = {k: v for k, v in batch.items() if k in inputs}
         for part in _row_chunks(feeds, max_rows):
             values = session.run(taps, part)

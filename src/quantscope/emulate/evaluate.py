@@ -25,7 +25,7 @@ import onnx
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import RESEMBLE_MIN_COSINE, row_cosines, sqnr_db, sqnr_db_from_powers
-from quantscope.progress import track
+from quantscope.progress import feed_size, track
 from quantscope.types import Batch, Metrics, Outputs
 
 Keep = Callable[[tuple[np.ndarray, ...], Batch], tuple[np.ndarray, ...]]
@@ -66,7 +66,7 @@ def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "",
     inputs = {i.name for i in session.get_inputs()}
 
     def gen() -> Iterator[tuple[tuple[np.ndarray, ...], Batch]]:
-        for batch in track(batches, label, unit="batch", show=bool(label)):
+        for batch in track(batches, label, unit="batch", show=bool(label), cost=feed_size):
             yield tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})), batch
 
     return Runs(names=tuple(o.name for o in session.get_outputs()), batches=gen())

