@@ -230,3 +230,30 @@ def test_minilm_l3_end_to_end_on_stdlib_docs(minilm_l3):
     assert recall1 > 0.4  # 48 candidates: chance is 0.02
     one_by_one = text.embed(run, text.make_batches(pairs.queries[:5], tok, enc, batch_size=1), enc)
     np.testing.assert_allclose(one_by_one, q[:5], atol=1e-5)
+
+
+def test_a_tokenizer_beside_the_model_is_used_and_pads_with_its_pad_id(tmp_path):
+    """A Hugging Face export folder (model.onnx + tokenizer.json): its tokenizer, its
+    [PAD] id (3 here, not 0), and the note says which tokenizer ran."""
+    import tokenizers
+
+    from quantscope.model.load import load
+    from quantscope.tasks.registry import text_dataset
+
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2, "[PAD]": 3, "again": 4}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    onnx.save(tiny_encoder(), tmp_path / "model.onnx")
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("\n".join(json.dumps({"query": q, "document": d}) for q, d in [
+        ("hello", "hello world again"), ("world", "world"), ("again hello", "hello")]))
+    model = load(tmp_path / "model.onnx")
+    _, _, _, note, _ = text_dataset(str(pairs), model)
+    assert "tokenizer bert-uncased-tokenizer.json (packaged)" in note
+    tok.save(str(tmp_path / "tokenizer.json"))
+    _, evaluation, _, note, lengths = text_dataset(str(pairs), model)
+    assert "tokenizer tokenizer.json;" in note
+    assert sorted(lengths.tolist()) == [1, 1, 1, 1, 2, 3]
+    ids = np.concatenate([b["input_ids"].ravel() for b in evaluation])
+    mask = np.concatenate([b["attention_mask"].ravel() for b in evaluation])
+    assert set(ids[mask == 0].tolist()) == {3} and 3 not in ids[mask == 1]

@@ -47,6 +47,12 @@ def test_split_archive_reads_parts_as_one_seekable_stream(tmp_path):
         assert z.read("a/two.bin") == bytes(range(256)) * 40
 
 
+def test_registry_names_the_file_the_builder_writes():
+    spec = zoo.BUILTIN_MODELS["mpnet-base"]
+    assert spec.filename == mpnet.ONNX_NAME and spec.task == "text"
+    assert set(mpnet.PARTS) <= set(spec.requires)
+
+
 def test_missing_part_names_the_no_deps_install(tmp_path, monkeypatch):
     import importlib.metadata
 
