@@ -66,7 +66,7 @@ def _weighted_bar(items: Iterable[T], costs: list[float], label: str, unit: str
 
     scale = 100.0 / sum(costs)
     with tqdm(desc=label, total=100.0, unit="%", file=sys.stderr, dynamic_ncols=True,
-              leave=False, bar_format="{l_bar}{bar}| {postfix} [{elapsed}<{remaining}]") as bar:
+              leave=False, bar_format="{l_bar}{bar}|{postfix} [{elapsed}<{remaining}]") as bar:
         for k, (item, c) in enumerate(zip(items, costs, strict=True), start=1):
             yield item
             bar.set_postfix_str(f"{k}/{len(costs)} {unit}", refresh=False)
