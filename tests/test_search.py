@@ -435,3 +435,28 @@ def test_plan_imports_no_higher_layer():
             )
             found += [(path.name, n) for n in names if n.startswith(higher)]
     assert found == []
+
+
+def test_residual_stream_is_measured_when_predictions_rank_nothing():
+    """A collapsed model: every per-group prediction is zero, so the greedy path promotes
+    nothing; the residual-stream candidate (the residual Add + the LayerNorm reading it,
+    at the widest legal precision) is measured anyway and chosen because it measures
+    best. A rule forbidding 16-bit normalisation keeps the LayerNorm out of it."""
+    model, groups = _setup(tiny_models.layernorm_block)
+    gains = {g: {"a16_w8": 0.0, "a16_w16": 0.0} for g in groups.names()}
+    stream = {"Add_9", "LayerNormalization_10"}
+
+    def evaluate(plan):
+        return 0.5 + 0.2 * len(stream & set(dict(plan.overrides)))
+
+    r = search(groups, _sens(gains), _toy_target(), model, max_cost=3.0, evaluate=evaluate)
+    assert dict(r.plan.overrides) == {n: A16W16 for n in stream}
+    assert r.measured == pytest.approx(0.9)
+    assert [t.origin for t in r.trials].count("residual") == 1
+    no_norm = {**ATTN_RULE, "id": "toy.no_16bit_norm", "params": {"kinds": ["normalization"]}}
+    r = search(groups, _sens(gains), _toy_target([no_norm]), model, max_cost=3.0,
+               evaluate=evaluate)
+    assert dict(r.plan.overrides) == {"Add_9": A16W16}
+    _assert_all_legal(r, groups, model, _toy_target([no_norm]))
+    r = search(groups, _sens(gains), _toy_target(), model, max_cost=1.0, evaluate=evaluate)
+    assert r.plan.overrides == () and "residual" not in [t.origin for t in r.trials]

@@ -33,7 +33,7 @@ class FrontPoint:
     predicted: float
     measured: float | None
     overrides: tuple[tuple[str, Precision], ...]
-    origin: str = "greedy"  # "start" | "greedy" | "pruned" | "dropped"
+    origin: str = "greedy"  # "start" | "greedy" | "pruned" | "dropped" | "residual"
     step: int = 0  # greedy moves taken to reach it
     repairs: tuple[str, ...] = ()
 

@@ -12,6 +12,9 @@ drop            from the best measured point, revert promotions with the least
                 then try removing each chosen repair, kept out when the measurement
                 is at least as good (repairs x precisions, measured jointly; AIMET
                 AMP phase 3)
+residual        before the drops: the residual stream (residual Adds + the
+                normalisations reading them) promoted wherever legal within
+                ``max_cost``, measured as one more candidate (``residual_point``)
 ==============  ===================================================================
 
 At most ``steps`` evaluations in all; each plan is measured once. The result is every
@@ -26,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+from quantscope.analyze.phases import NORM_OPS, residual_groups
 from quantscope.plan.greedy import Walk
 from quantscope.plan.pareto import FrontPoint, select
 from quantscope.plan.predict import predict
@@ -92,10 +96,47 @@ def refine(
             meter.measure(pruned[-1])
     else:
         meter.measure_all(list(reversed(capped[-max(1, meter.left // 2) :])), evaluate_many)
+    stream = residual_point(space, capped[-1].repairs)
+    if stream is not None and meter.seen:
+        meter.measure(stream)
     if meter.seen:
         best = select(list(meter.seen.values()), space.budget)[0]
         _drop(space, meter, best, tol)
     return tuple(meter.seen.values())
+
+
+def residual_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:
+    """A structural candidate measured beside the greedy path (origin ``residual``): the
+    residual stream — every residual Add and every normalisation that reads one — at the
+    widest candidate precision each may legally take, in group order, while the plan stays
+    within the cost cap; None if no such group can be promoted.
+
+    The greedy path follows per-group predictions; where the low precision breaks the
+    model everywhere (a 12-layer encoder at a8_w8: cosine 0.17), every single promotion
+    measures as noise and the path never reaches the stream as a whole, which may still
+    be cheap (activation ops) and legal (short sequences)."""
+    groups = space.legal.groups
+    adds = residual_groups(groups)
+    outs = {g.outputs[0] for g in adds}
+    members = {g.name for g in adds} | {
+        g.name for g in groups.groups
+        if g.op_type in NORM_OPS and g.inputs and g.inputs[0] in outs}
+    prec = dict(space.start)
+    for name in (n for n in space.names if n in members):
+        for precision in sorted(space.candidates,
+                                key=lambda p: (-(p.act_bits or 0), -(p.weight_bits or 0))):
+            if precision == prec[name] or space.legal.screen(space.plan(prec), name, precision):
+                continue
+            trial = {**prec, name: precision}
+            if space.budget.within_cost(predict(space, trial, repairs, "residual", 0).cost):
+                prec = trial
+                break
+    for _ in range(2):  # rules that judge a group with its neighbours
+        wrong = {p.group for p in space.legal.blocking(space.plan(prec))}
+        prec = {n: (space.start[n] if n in wrong else p) for n, p in prec.items()}
+    if prec == dict(space.start) or space.legal.blocking(space.plan(prec)):
+        return None
+    return predict(space, prec, repairs, "residual", 0)
 
 
 def _first_meeting(space: Space, meter: _Meter, seq: list[FrontPoint]) -> None:
