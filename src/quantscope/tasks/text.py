@@ -444,9 +444,18 @@ def truncate_batches(batches: TextBatches, max_length: int, encoder: TextEncoder
                        batches.order)
 
 
+PAD_TOKENS = ("[PAD]", "<pad>")
+
+
 def pad_token_id(tokenizer: tokenizers.Tokenizer) -> int:
-    """The id padding takes: [PAD] (BERT, 0) or <pad> (RoBERTa/MPNet, 1); 0 if neither."""
-    for token in ("[PAD]", "<pad>"):
+    """The id padding takes: the special (added) token [PAD] (BERT: 0) or <pad>
+    (RoBERTa/MPNet: 1); else the first of them in the vocabulary; else 0. Special tokens
+    come first because a vocabulary may hold both (MPNet's has a plain "[PAD]" at 4)."""
+    special = sorted((i, t.content) for i, t in tokenizer.get_added_tokens_decoder().items()
+                     if t.special and t.content in PAD_TOKENS)
+    if special:
+        return int(special[0][0])
+    for token in PAD_TOKENS:
         found = tokenizer.token_to_id(token)
         if found is not None:
             return int(found)
