@@ -31,6 +31,7 @@ import onnx
 
 from quantscope.types import QuantscopeError
 from quantscope.zoo.cache import write_atomic, write_bytes_atomic
+from quantscope.zoo.text import token_embeddings_module
 
 ONNX_NAME = "mpnet-base.v1.onnx"
 TOKENIZER_NAME = "mpnet-base.v1.tokenizer.json"
@@ -96,7 +97,7 @@ def export_mpnet(archive: zipfile.ZipFile, dest: Path) -> None:
     axes = {name: {0: "batch", 1: "sequence"} for name in (*INPUTS, TOKEN_OUTPUT)}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(_token_embeddings(model), feeds, str(dest), dynamo=False,
+        torch.onnx.export(token_embeddings_module(model, INPUTS, "mpnet"), feeds, str(dest), dynamo=False,
                           opset_version=17, input_names=list(INPUTS),
                           output_names=[TOKEN_OUTPUT], dynamic_axes=axes)
     proto = onnx.load(str(dest))
@@ -108,21 +109,6 @@ def export_mpnet(archive: zipfile.ZipFile, dest: Path) -> None:
         "quantscope.tokenizer": TOKENIZER_NAME,
     })
     onnx.save(proto, str(dest))
-
-
-def _token_embeddings(model):  # noqa: ANN001, ANN202 - torch is imported lazily
-    import torch
-
-    class TokenEmbeddings(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.mpnet = model
-
-        def forward(self, input_ids, attention_mask):  # noqa: ANN001, ANN201
-            return self.mpnet(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    return TokenEmbeddings()
-
 
 
 class _SplitArchive(io.RawIOBase):

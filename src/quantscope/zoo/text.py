@@ -76,7 +76,7 @@ def export_minilm_l6(dest: Path) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            _token_embeddings_module(bert.eval()),
+            token_embeddings_module(bert.eval()),
             feeds,
             str(dest),
             dynamo=False,
@@ -90,20 +90,21 @@ def export_minilm_l6(dest: Path) -> None:
     onnx.save(model, str(dest))
 
 
-def _token_embeddings_module(bert):  # noqa: ANN001, ANN202 - torch is imported lazily
-    """Wrap a Hugging Face model so that it returns only ``last_hidden_state``."""
-    import torch
+def token_embeddings_module(model, inputs=ENCODER_INPUTS, attr="bert"):  # noqa: ANN001, ANN201
+    """Wrap a Hugging Face encoder so that it takes ``inputs`` (keyword names, in export
+    order) positionally and returns only ``last_hidden_state``. ``attr``: the attribute
+    holding the encoder, which prefixes every exported node name (``/bert/encoder/...``):
+    changing it renames every group, so plans and docs stop matching."""
+    import torch  # imported lazily: the core never imports torch
 
     class TokenEmbeddings(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.bert = bert
+            setattr(self, attr, model)
 
-        def forward(self, input_ids, attention_mask, token_type_ids):  # noqa: ANN001, ANN201
-            out = self.bert(
-                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-            )
-            return out.last_hidden_state
+        def forward(self, *feeds):  # noqa: ANN002, ANN201
+            named = dict(zip(inputs, feeds, strict=True))
+            return getattr(self, attr)(**named).last_hidden_state
 
     return TokenEmbeddings()
 
