@@ -112,7 +112,7 @@ def residual_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:
     within the cost cap; None if no such group can be promoted.
 
     The greedy path follows per-group predictions; where the low precision breaks the
-    model everywhere (a 12-layer encoder at a8_w8: cosine 0.17), every single promotion
+    model everywhere (a 12-layer encoder at a8_w8: cosine 0.16), every single promotion
     measures as noise and the path never reaches the stream as a whole, which may still
     be cheap (activation ops) and legal (short sequences)."""
     groups = space.legal.groups
