@@ -69,6 +69,10 @@ def test_goal_verdict_names_the_binding_rule():
     v = goal_verdict(result, "top1_agreement", 0.97)
     assert not v["reached"] and v["binding"] == "hailo.super_defuse"
     assert "NOT reached" in v["verdict"] and "hailo.super_defuse" in v["verdict"]
+    assert "quantscope tokensplit" in v["hint"]  # the way around that wall, unverified
+    cap = goal_verdict({"chosen": {"measured": 0.5}, "blockers": result["blockers"][1:]},
+                       "top1_agreement", 0.97)
+    assert cap["binding"] == "max_cost" and "hint" not in cap
     ok = goal_verdict({"chosen": {"measured": 0.98}, "blockers": []}, "top1_agreement", 0.97)
     assert ok["reached"] and ok["binding"] is None
 

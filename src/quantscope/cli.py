@@ -112,6 +112,23 @@ def cmd_export_qdq(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tokensplit(args: argparse.Namespace) -> int:
+    model = stages.open_model(args.model)
+    chunk = args.chunk or args.seq_len // 2
+    r, diff = stages.split_tokens(model, seq_len=args.seq_len, chunk=chunk)
+    for name, why in r.skipped:
+        print(f"left whole: {name}: {why}")
+    if not r.changes:
+        raise QuantscopeError(
+            f"model '{args.model}' has no token-wise normalization or elementwise layer on "
+            f"[B, {args.seq_len}, H] to split: nothing written")
+    stages.write_onnx(args.out, r.proto)
+    print(f"{r.reason}\nFP32 outputs unchanged on token feeds of {args.seq_len} and "
+          f"{max(1, chunk // 2)} tokens (max relative diff {diff:.2g})")
+    print(f"wrote {args.out} ({len(r.proto.graph.node)} nodes)")
+    return 0
+
+
 def cmd_groups(args: argparse.Namespace) -> int:
     rows = stages.describe_groups(_open(args).model)
     if args.json:
@@ -502,6 +519,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "calibrate": cmd_calibrate,
     "evaluate": cmd_evaluate,
     "export-qdq": cmd_export_qdq,
+    "tokensplit": cmd_tokensplit,
     "groups": cmd_groups,
     "models": cmd_models,
     "demo": cmd_demo,

@@ -263,6 +263,18 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
     x.add_argument("--out", type=output_file, required=True,
                    help="QDQ model to write (.onnx)")
 
+    t = sub.add_parser("tokensplit", help="split token-wise layers (residual Adds, "
+                       "LayerNorms) into chunks along the sequence so that 16 bit on them "
+                       "fits a per-layer size limit (hailo.super_defuse); FP32 unchanged",
+                       parents=[_model_parent()])
+    t.add_argument("--seq-len", type=positive_int, required=True, metavar="N",
+                   help="the deployment's sequence length (legality is computed for it)")
+    t.add_argument("--chunk", type=positive_int, metavar="N",
+                   help="tokens per chunk, below --seq-len (default: half of --seq-len)")
+    t.add_argument("--out", type=output_file, required=True,
+                   help="split FP32 model to write (.onnx); analyze, plan, repair and "
+                   "export it like any model (its chunk groups are '<group>/tok<i>')")
+
     g = sub.add_parser("groups", help="list the decision groups of a model",
                        parents=[_model_parent()])
     g.add_argument("--json", type=output_file, help="also write the groups as JSON")

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from quantscope.parallel import Executor
     from quantscope.plan.joint import Measure, Offer, Repair
     from quantscope.plan.refine import Evaluate
+    from quantscope.repair import Repair as GraphRepair
     from quantscope.targets.profile import Target
     from quantscope.types import Sensitivity
 
@@ -299,6 +300,23 @@ def describe_groups(model: Model) -> list[dict[str, Any]]:
     ]
 
 
+def split_tokens(model: Model, *, seq_len: int, chunk: int) -> tuple[GraphRepair, float]:
+    """:func:`quantscope.repair.tokens.split_tokens`, its FP32 function checked.
+
+    Returns the rewrite and the largest relative output difference to the original on
+    token feeds of ``seq_len`` tokens and of fewer than ``chunk`` (empty later chunks).
+    """
+    from quantscope.repair.tokens import sample_feeds
+    from quantscope.repair.tokens import split_tokens as split
+    from quantscope.repair.verify import check_function
+
+    r = split(model, seq_len=seq_len, chunk=chunk)
+    if not r.changes:
+        return r, 0.0
+    feeds = sample_feeds(model, (seq_len, max(1, chunk // 2)))
+    return r, check_function(model.proto, r.proto, feeds, what="tokensplit")
+
+
 def opset_of(proto: onnx.ModelProto) -> int:
     return next((i.version for i in proto.opset_import if i.domain in ("", "ai.onnx")), 0)
 
@@ -531,8 +549,17 @@ def goal_verdict(result: dict[str, Any], metric: str, goal: float) -> dict[str, 
         why = (f"binding: {top['rule']} blocks {len(top['groups'])} promotion(s) worth "
                f"{top['gain']:.3g} predicted" if top else "binding: no promotion left")
         verdict = f"goal {metric} >= {goal:g} NOT reached: best legal plan {best:.4g}; {why}"
-    return {"metric": metric, "value": goal, "reached": reached, "verdict": verdict,
-            "binding": None if reached or not blockers else blockers[0]["rule"]}
+    out = {"metric": metric, "value": goal, "reached": reached, "verdict": verdict,
+           "binding": None if reached or not blockers else blockers[0]["rule"]}
+    if out["binding"] and str(out["binding"]).endswith(".super_defuse"):
+        out["hint"] = TOKENSPLIT_HINT
+    return out
+
+
+TOKENSPLIT_HINT = (
+    "hint: LayerNorms and residual Adds work token by token: 'quantscope tokensplit MODEL "
+    "--seq-len N --out split.onnx' splits them into layers of fewer tokens, under the size "
+    "limit (unverified on a device); calibrate, analyze and plan the split model")
 
 
 def format_search(result: dict[str, Any]) -> str:
@@ -568,6 +595,8 @@ def format_search(result: dict[str, Any]) -> str:
                      + ("   <- chosen" if r["seq_len"] == result.get("seq_len") else ""))
     if result.get("goal"):
         lines.append(result["goal"]["verdict"])
+        if result["goal"].get("hint"):
+            lines.append(result["goal"]["hint"])
     lines += [f"note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
 

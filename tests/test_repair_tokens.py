@@ -1,0 +1,145 @@
+"""tokensplit: token-wise layers split along the sequence (hailo.super_defuse) on a tiny encoder."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper, parser
+
+from quantscope.calibrate.collect import calibrate
+from quantscope.cli import main
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+from quantscope.plan.check import check
+from quantscope.repair.tokens import METADATA_KEY, UNVERIFIED, sample_feeds, split_tokens
+from quantscope.repair.verify import quantize_model, quantized_error, run_all
+from quantscope.targets import load_target, with_params
+from quantscope.types import Plan, Precision, QuantscopeError
+
+H = 24
+SEQ = 8
+# a post-LN block: the residual stream (Adds, LayerNorms) is 16-bit-worthy and token-wise
+SMALL = with_params(load_target("hailo10h"), {"hailo.super_defuse.max_values": SEQ * H})
+
+
+def _encoder(extra: bool = False) -> onnx.ModelProto:
+    """``extra``: a second float input of unknown length added to the embeddings."""
+    pos = "    p = Add (e, x)\n" if extra else "    p = Identity (e)\n"
+    more = f", float[N, T, {H}] x" if extra else ""
+    text = f"""
+    <ir_version: 9, opset_import: ["" : 17]>
+    enc (int64[N, S] input_ids, int64[N, S] attention_mask{more}) => (float[N, S, {H}] y) {{
+        e = Gather (table, input_ids)
+    {pos}    n1 = LayerNormalization <axis = -1, epsilon = 0.00001> (p, g1, be1)
+        h = MatMul (n1, w1)
+        hb = Add (h, b1)
+        r = Relu (hb)
+        o = MatMul (r, w2)
+        res = Add (n1, o)
+        y = LayerNormalization <axis = -1, epsilon = 0.00001> (res, g2, be2)
+    }}
+    """
+    rng = np.random.default_rng(0)
+    model = parser.parse_model(text)
+    weights = {
+        "table": rng.normal(0, 1, (1000, H)),
+        "g1": 1 + rng.normal(0, 0.1, H), "be1": rng.normal(0, 0.1, H),
+        "w1": rng.normal(0, 0.2, (H, 2 * H)), "b1": rng.normal(0, 0.1, 2 * H),
+        "w2": rng.normal(0, 0.2, (2 * H, H)),
+        "g2": 1 + rng.normal(0, 0.1, H), "be2": rng.normal(0, 0.1, H),
+    }
+    weights["g1"][3] = 40.0  # an outlier channel in the residual stream
+    model.graph.initializer.extend(
+        numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items())
+    onnx.checker.check_model(model)
+    return model
+
+
+def _names(model):
+    return {g.name: g for g in find_groups(model).groups}
+
+
+def test_split_keeps_function_names_and_stream():
+    model = load_proto(_encoder())
+    r = split_tokens(model, seq_len=SEQ, chunk=4)
+    split = load_proto(r.proto)
+    groups = _names(split)
+    # every residual Add and LayerNorm became two chunk groups; Q/K/V-like readers get a Concat
+    for g in ("LayerNormalization_2", "Add_7", "LayerNormalization_8"):
+        assert f"{g}/tok0" in groups and f"{g}/tok1" in groups and g not in groups
+    assert groups["LayerNormalization_2/concat"].op_type == "Concat"
+    # the residual stream stays in chunks: Add/tok0 reads the LayerNorm's chunk 0 directly
+    nodes = {n.name: n for n in split.graph.node}
+    assert "n1/tok0" in nodes["Add_7/tok0"].input
+    assert [i.name for i in split.graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in split.graph.output] == ["y"]
+    assert METADATA_KEY in {p.key for p in split.proto.metadata_props}
+    assert UNVERIFIED in r.reason and dict(r.effect)["chunks"] == 2
+    # FP32 unchanged at the length, at a shorter one (chunk 1 empty) and a longer one
+    feeds = sample_feeds(model, (SEQ, 3, 11))
+    for a, b in zip(run_all(model.proto, feeds), run_all(r.proto, feeds), strict=True):
+        np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_split_makes_the_16_bit_residual_stream_legal():
+    model = load_proto(_encoder())
+    stream = ("LayerNormalization_2", "Add_7", "LayerNormalization_8")
+    shapes = {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
+    plan = Plan(default=Precision.A8_W8,
+                overrides=tuple((g, Precision.A16_W16) for g in stream))
+    before = check(plan, find_groups(model), model, SMALL, shapes=shapes)
+    assert sorted(p.group for p in before if p.rule == "hailo.super_defuse") == sorted(stream)
+    split = load_proto(split_tokens(model, seq_len=SEQ, chunk=4).proto)
+    chunked = Plan(default=Precision.A8_W8, overrides=tuple(
+        (f"{g}/tok{i}", Precision.A16_W16) for g in stream for i in range(2)))
+    assert check(chunked, find_groups(split), split, SMALL, shapes=shapes) == []
+    # the Concat that feeds the FFN is as wide as before: at 16 bit it is still refused
+    wide = Plan(default=Precision.A8_W8,
+                overrides=(("LayerNormalization_2/concat", Precision.A16_W16),))
+    assert [p.rule for p in check(wide, find_groups(split), split, SMALL, shapes=shapes)] == [
+        "hailo.super_defuse"]
+
+
+def test_chunked_plan_quantizes_and_beats_8_bit_on_the_residual_stream():
+    model = load_proto(_encoder())
+    split = load_proto(split_tokens(model, seq_len=SEQ, chunk=4).proto)
+    feeds = sample_feeds(model, (SEQ, SEQ, 3), seed=1)  # a batch shorter than a chunk too
+    calibrate(split, find_groups(split), iter(feeds))  # empty chunks calibrate
+    stream = [g for g in _names(split) if g.rsplit("/", 1)[-1] in ("tok0", "tok1")]
+    a8 = quantized_error(model.proto, quantize_model(split, feeds, Plan.uniform(
+        Precision.A8_W8)), feeds)
+    a16 = quantized_error(model.proto, quantize_model(split, feeds, Plan(
+        default=Precision.A8_W8, overrides=tuple((g, Precision.A16_W16) for g in stream))),
+        feeds)
+    assert np.isfinite(a8["sqnr_db"]) and a16["sqnr_db"] > a8["sqnr_db"] + 3
+
+
+def test_non_token_wise_layers_are_left_whole_with_the_reason():
+    model = load_proto(_encoder(extra=True))
+    r = split_tokens(model, seq_len=SEQ, chunk=4)
+    why = dict(r.skipped)
+    assert "neither [B, 8, H] nor a constant" in why["Add_1"]
+    assert "Add_1" in _names(load_proto(r.proto))  # left whole
+    assert "LayerNormalization_2/tok0" in _names(load_proto(r.proto))
+    with pytest.raises(QuantscopeError, match="not a \\[batch, sequence\\] token input"):
+        sample_feeds(model, (SEQ,))
+    with pytest.raises(QuantscopeError, match="below --seq-len"):
+        split_tokens(model, seq_len=SEQ, chunk=SEQ)
+
+
+def test_cli_tokensplit(tmp_path, capsys):
+    src = tmp_path / "enc.onnx"
+    onnx.save(_encoder(), src)
+    before = src.read_bytes()
+    out = tmp_path / "split.onnx"
+    assert main(["tokensplit", str(src), "--seq-len", str(SEQ), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "3 token-wise layer(s)" in text and "unverified on a device" in text
+    assert "max relative diff 0" in text
+    assert "LayerNormalization_2/tok1" in _names(load_proto(onnx.load(out)))
+    assert src.read_bytes() == before
+    bad = tmp_path / "bad.onnx"
+    assert main(["tokensplit", str(src), "--seq-len", "4", "--chunk", "4",
+                 "--out", str(bad)]) == 2
+    assert "below --seq-len" in capsys.readouterr().err and not bad.exists()
+    assert main(["tokensplit", str(src), "--seq-len", str(SEQ), "--out", str(src)]) == 2
+    assert "never overwritten" in capsys.readouterr().err and src.read_bytes() == before
