@@ -143,3 +143,19 @@ def test_cli_tokensplit(tmp_path, capsys):
     assert "below --seq-len" in capsys.readouterr().err and not bad.exists()
     assert main(["tokensplit", str(src), "--seq-len", str(SEQ), "--out", str(src)]) == 2
     assert "never overwritten" in capsys.readouterr().err and src.read_bytes() == before
+
+
+def test_cli_tokensplit_takes_the_tokenizer_along(tmp_path, capsys):
+    a, b, c = (tmp_path / n for n in "abc")
+    for d in (a, b, c):
+        d.mkdir()
+    onnx.save(_encoder(), a / "enc.onnx")
+    (a / "tokenizer.json").write_text('{"mine": 1}')
+    argv = ["tokensplit", str(a / "enc.onnx"), "--seq-len", str(SEQ), "--out"]
+    assert main([*argv, str(b / "split.onnx")]) == 0
+    assert "copied its tokenizer tokenizer.json" in capsys.readouterr().out
+    assert (b / "tokenizer.json").read_text() == '{"mine": 1}'
+    (c / "tokenizer.json").write_text('{"other": 2}')  # never overwritten
+    assert main([*argv, str(c / "split.onnx")]) == 2
+    assert "is not the tokenizer" in capsys.readouterr().err
+    assert not (c / "split.onnx").exists() and (c / "tokenizer.json").read_text() == '{"other": 2}'

@@ -122,7 +122,13 @@ def cmd_tokensplit(args: argparse.Namespace) -> int:
         raise QuantscopeError(
             f"model '{args.model}' has no token-wise normalization or elementwise layer on "
             f"[B, {args.seq_len}, H] to split: nothing written")
-    stages.write_onnx(args.out, r.proto)
+    files = [(args.out, serde.onnx_writer(r.proto))]
+    tokenizer = stages.tokenizer_beside(args.model, model.proto, args.out)
+    if tokenizer is not None:  # the split model names the same tokenizer: it goes along
+        files.append((tokenizer[1], serde.bytes_writer(tokenizer[0].read_bytes())))
+    serde.write_atomic_set(files)
+    if tokenizer is not None:
+        print(f"copied its tokenizer {tokenizer[0].name} beside it")
     print(f"{r.reason}\nFP32 outputs unchanged on token feeds of {args.seq_len} and "
           f"{max(1, chunk // 2)} tokens (max relative diff {diff:.2g})")
     print(f"wrote {args.out} ({len(r.proto.graph.node)} nodes)")

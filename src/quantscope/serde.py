@@ -111,6 +111,10 @@ def text_writer(text: str) -> Writer:
     return lambda f: f.write(text.encode("utf-8"))
 
 
+def bytes_writer(data: bytes) -> Writer:
+    return lambda f: f.write(data)
+
+
 def write_text(path: str | Path, text: str) -> Path:
     return write_atomic(path, text_writer(text))
 

@@ -317,6 +317,25 @@ def split_tokens(model: Model, *, seq_len: int, chunk: int) -> tuple[GraphRepair
     return r, check_function(model.proto, r.proto, feeds, what="tokensplit")
 
 
+def tokenizer_beside(spec: str, proto: onnx.ModelProto, out: str | Path) -> tuple[Path, Path] | None:
+    """(tokenizer, where it must go) when a model written to ``out`` would lose the
+    tokenizer ``spec``'s model names or sits with; None when there is none or it is there.
+    """
+    from quantscope.tasks.text import model_tokenizer
+
+    source = model_tokenizer(resolve_model_path(spec), proto)
+    if source is None:
+        return None
+    dest = Path(out).parent / source.name
+    if dest.exists():
+        if dest.resolve() == source.resolve() or dest.read_bytes() == source.read_bytes():
+            return None
+        raise QuantscopeError(
+            f"'{dest}' exists and is not the tokenizer of '{spec}' ({source}): write the "
+            "model into another folder (its tokenizer file goes beside it)")
+    return source, dest
+
+
 def opset_of(proto: onnx.ModelProto) -> int:
     return next((i.version for i in proto.opset_import if i.domain in ("", "ai.onnx")), 0)
 
