@@ -159,3 +159,24 @@ def test_cli_tokensplit_takes_the_tokenizer_along(tmp_path, capsys):
     assert main([*argv, str(c / "split.onnx")]) == 2
     assert "is not the tokenizer" in capsys.readouterr().err
     assert not (c / "split.onnx").exists() and (c / "tokenizer.json").read_text() == '{"other": 2}'
+
+
+def test_run_with_tokensplit_works_on_the_split_model(tmp_path, capsys):
+    from quantscope.serde import read_json
+
+    onnx.save(_encoder(), tmp_path / "enc.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (32, SEQ)).astype(np.int64),
+             attention_mask=np.ones((32, SEQ), np.int64))
+    argv = ["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"),
+            "--target", "hailo10h", "--out", str(tmp_path / "W")]
+    assert main([*argv, "--tokensplit", "4"]) == 2  # no --seq-len
+    assert "needs --seq-len" in capsys.readouterr().err and not (tmp_path / "W").exists()
+    assert main([*argv, "--seq-len", str(SEQ), "--tokensplit", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "tokensplit: LayerNorms and residual Adds split" in out and UNVERIFIED in out
+    verdict = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    assert verdict["tokensplit"]["chunk"] == 4 and verdict["legal"]
+    compiled = onnx.load(tmp_path / "W" / "repaired.onnx")  # what the compiler gets: split
+    assert any(n.name == "LayerNormalization_2/tok1" for n in compiled.graph.node)
+    assert METADATA_KEY in {p.key for p in compiled.metadata_props}

@@ -513,7 +513,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                       seq_len=args.seq_len, pairs=None if args.pairs == 0 else args.pairs,
                       metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
                       method=args.method, proxy=args.proxy,
-                      repair_batches=args.repair_batches, **repairs)
+                      repair_batches=args.repair_batches, token_chunk=args.token_chunk,
+                      **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "

@@ -460,6 +460,10 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
     ru.add_argument("--hn", type=input_file("HN", "pass the parsed model's .hn JSON"), help="parsed model HN JSON (exact Hailo layer names in the .alls)")
     ru.add_argument("--repair-batches", type=positive_int, default=8,
                     help="calibration batches the repairs use (default 8)")
+    ru.add_argument("--tokensplit", dest="token_chunk", type=positive_int, metavar="N",
+                    help="work on the model with its LayerNorms and residual Adds split into "
+                    "layers of N tokens (below --seq-len; 'quantscope tokensplit'): 16 bit on "
+                    "them then fits hailo.super_defuse (unverified on a device)")
     ru.add_argument("--proxy", type=fraction, default=0.125, help="analysis row budget (see "
                     "'quantscope analyze --help')")
     ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE (calibrate, analyze, "

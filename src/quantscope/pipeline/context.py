@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantscope import __version__, stages
 from quantscope.pipeline.manifest import file_digest
+from quantscope.progress import say
 from quantscope.repair.registry import DEFAULT_REPAIRS
 from quantscope.types import QuantscopeError
 
@@ -38,16 +39,23 @@ class RunOptions:
     method: str = "minmax"
     proxy: float = 0.125
     repair_batches: int = 8
+    token_chunk: int | None = None  # tokensplit: token-wise layers in chunks of N tokens
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise QuantscopeError(f"--{name.replace('_', '-')} must be > 0, got {value}")
-        for name in ("seq_len", "pairs", "repair_batches"):
+        for name in ("seq_len", "pairs", "repair_batches", "token_chunk"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise QuantscopeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.token_chunk is not None and (self.seq_len is None
+                                             or self.token_chunk >= self.seq_len):
+            raise QuantscopeError(
+                f"--tokensplit {self.token_chunk} needs --seq-len above it (the chunks are "
+                "layers of fewer tokens than the deployment's length), e.g. --seq-len 256 "
+                "--tokensplit 128")
 
 
 def _identity(spec: str | None) -> str | None:
@@ -71,13 +79,29 @@ class Context:
         return self.folder / name
 
     def model(self) -> Model:
+        """The model every stage works on: the given one, or with ``--tokensplit`` its
+        token-split form (FP32 checked; its source stays the given file, for the tokenizer)."""
         if "model" not in self._cache:
-            self._cache["model"] = stages.open_model(self.opts.model)
+            model = stages.open_model(self.opts.model)
+            o = self.opts
+            if o.token_chunk is not None and o.seq_len is not None:
+                r, _ = stages.split_tokens(model, seq_len=o.seq_len, chunk=o.token_chunk)
+                if not r.changes:
+                    raise QuantscopeError(
+                        f"--tokensplit: model '{o.model}' has no token-wise normalization or "
+                        f"elementwise layer on [B, {o.seq_len}, H] to split: run without it")
+                say(f"tokensplit: {r.reason}", show=self.progress)
+                model = stages.load_proto(r.proto, model.source)
+            self._cache["model"] = model
         return self._cache["model"]
 
     def model_digest(self) -> str:
+        """The model file's digest (and the split, which changes every stage's model)."""
         if "model_digest" not in self._cache:
-            self._cache["model_digest"] = file_digest(stages.resolve_model_path(self.opts.model))
+            digest = file_digest(stages.resolve_model_path(self.opts.model))
+            if self.opts.token_chunk is not None:
+                digest += f"/tokensplit:{self.opts.seq_len}:{self.opts.token_chunk}"
+            self._cache["model_digest"] = digest
         return self._cache["model_digest"]
 
     def data_identity(self) -> dict[str, Any]:

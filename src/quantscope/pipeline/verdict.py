@@ -44,7 +44,19 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "io": io["io"], "io_note": io["note"],
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],
+        "tokensplit": _tokensplit(ctx),
     }
+
+
+def _tokensplit(ctx: Context) -> dict[str, Any] | None:
+    """With ``--tokensplit``: what every stage (and the compiled model) worked on."""
+    if ctx.opts.token_chunk is None:
+        return None
+    from quantscope.repair.tokens import UNVERIFIED
+
+    return {"seq_len": ctx.opts.seq_len, "chunk": ctx.opts.token_chunk,
+            "note": f"LayerNorms and residual Adds split into layers of {ctx.opts.token_chunk} "
+                    f"tokens ({steps.REPAIRED} is the split model); {UNVERIFIED}"}
 
 
 def _binding(pareto: dict[str, Any], reached: bool | None) -> str | None:
@@ -110,6 +122,8 @@ def format_verdict(v: dict[str, Any]) -> str:
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
                     "FAILS " + ", ".join(v["rules_failed"])))
+    if v.get("tokensplit"):
+        lines.append(f"  tokensplit: {v['tokensplit']['note']}")
     lines.append(f"  evaluation: {v['evaluation']}")
     lines.append("  hand to the compiler:")
     lines += [f"    {f}: {why}" for f, why in v["compiler_files"].items()]
