@@ -3,6 +3,7 @@
 import numpy as np
 import onnx
 import pytest
+import tiny_models
 from onnx import numpy_helper, parser
 
 from quantscope.calibrate.collect import calibrate
@@ -21,15 +22,15 @@ SEQ = 8
 SMALL = with_params(load_target("hailo10h"), {"hailo.super_defuse.max_values": SEQ * H})
 
 
-def _encoder(extra: bool = False) -> onnx.ModelProto:
-    """``extra``: a second float input of unknown length added to the embeddings."""
-    pos = "    p = Add (e, x)\n" if extra else "    p = Identity (e)\n"
-    more = f", float[N, T, {H}] x" if extra else ""
+def _encoder(whole: bool = False) -> onnx.ModelProto:
+    """``whole``: the first LayerNorm normalises over tokens and channels (not token-wise)."""
+    axis = 1 if whole else -1
     text = f"""
     <ir_version: 9, opset_import: ["" : 17]>
-    enc (int64[N, S] input_ids, int64[N, S] attention_mask{more}) => (float[N, S, {H}] y) {{
+    enc (int64[N, S] input_ids, int64[N, S] attention_mask) => (float[N, S, {H}] y) {{
         e = Gather (table, input_ids)
-    {pos}    n1 = LayerNormalization <axis = -1, epsilon = 0.00001> (p, g1, be1)
+        p = Identity (e)
+        n1 = LayerNormalization <axis = {axis}, epsilon = 0.00001> (p, g1, be1)
         h = MatMul (n1, w1)
         hb = Add (h, b1)
         r = Relu (hb)
@@ -114,14 +115,16 @@ def test_chunked_plan_quantizes_and_beats_8_bit_on_the_residual_stream():
 
 
 def test_non_token_wise_layers_are_left_whole_with_the_reason():
-    model = load_proto(_encoder(extra=True))
+    model = load_proto(_encoder(whole=True))
     r = split_tokens(model, seq_len=SEQ, chunk=4)
     why = dict(r.skipped)
-    assert "neither [B, 8, H] nor a constant" in why["Add_1"]
-    assert "Add_1" in _names(load_proto(r.proto))  # left whole
-    assert "LayerNormalization_2/tok0" in _names(load_proto(r.proto))
-    with pytest.raises(QuantscopeError, match="not a \\[batch, sequence\\] token input"):
-        sample_feeds(model, (SEQ,))
+    assert "not over the last axis" in why["LayerNormalization_2"]
+    names = _names(load_proto(r.proto))
+    assert "LayerNormalization_2" in names and "Add_7/tok0" in names  # the rest is split
+    with pytest.raises(QuantscopeError, match="give --input-shape"):
+        sample_feeds(load_proto(tiny_models.layernorm_block()), (SEQ,))
+    with pytest.raises(QuantscopeError, match="give --seq-len"):
+        split_tokens(model, chunk=4)  # the token count is symbolic
     with pytest.raises(QuantscopeError, match="below --seq-len"):
         split_tokens(model, seq_len=SEQ, chunk=SEQ)
 
@@ -171,7 +174,7 @@ def test_run_with_tokensplit_works_on_the_split_model(tmp_path, capsys):
     argv = ["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"),
             "--target", "hailo10h", "--out", str(tmp_path / "W")]
     assert main([*argv, "--tokensplit", "4"]) == 2  # no --seq-len
-    assert "needs --seq-len" in capsys.readouterr().err and not (tmp_path / "W").exists()
+    assert "give --seq-len" in capsys.readouterr().err and not (tmp_path / "W").exists()
     assert main([*argv, "--seq-len", str(SEQ), "--tokensplit", "4"]) == 0
     out = capsys.readouterr().out
     assert "tokensplit: LayerNorms and residual Adds split" in out and UNVERIFIED in out
@@ -180,3 +183,22 @@ def test_run_with_tokensplit_works_on_the_split_model(tmp_path, capsys):
     compiled = onnx.load(tmp_path / "W" / "repaired.onnx")  # what the compiler gets: split
     assert any(n.name == "LayerNormalization_2/tok1" for n in compiled.graph.node)
     assert METADATA_KEY in {p.key for p in compiled.metadata_props}
+
+
+def test_a_vit_block_splits_by_its_static_token_count(tmp_path, capsys):
+    """A ViT's residual stream [B, 5 tokens, 16] (decomposed LayerNorms, layer-scale Adds)."""
+    import tiny_vit
+
+    src = tmp_path / "vit.onnx"
+    onnx.save(tiny_vit.vit_block(), src)
+    out = tmp_path / "split.onnx"
+    assert main(["tokensplit", str(src), "--out", str(out)]) == 0  # chunk: ceil(5 / 2) = 3
+    text = capsys.readouterr().out
+    assert "on [B, 5, H] split into 2 chunks of 3 tokens" in text and "random inputs" in text
+    model, split = load_proto(tiny_vit.vit_block()), load_proto(onnx.load(out))
+    feeds = [tiny_vit.tokens(4, seed=i) for i in range(2)]
+    for a, b in zip(run_all(model.proto, feeds), run_all(split.proto, feeds), strict=True):
+        np.testing.assert_allclose(a[0], b[0], rtol=0, atol=1e-6)
+    groups = _names(split)
+    assert {groups[g].op_type for g in groups if g.endswith("/tok1")} >= {
+        "Add", "LayerNormalization"}  # residual Adds and the decomposed LayerNorms

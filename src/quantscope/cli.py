@@ -114,14 +114,12 @@ def cmd_export_qdq(args: argparse.Namespace) -> int:
 
 def cmd_tokensplit(args: argparse.Namespace) -> int:
     model = stages.open_model(args.model)
-    chunk = args.chunk or args.seq_len // 2
-    r, diff = stages.split_tokens(model, seq_len=args.seq_len, chunk=chunk)
+    r, diff = stages.split_tokens(model, seq_len=args.seq_len, chunk=args.chunk,
+                                  input_shapes=_input_shapes(args))
     for name, why in r.skipped:
         print(f"left whole: {name}: {why}")
     if not r.changes:
-        raise QuantscopeError(
-            f"model '{args.model}' has no token-wise normalization or elementwise layer on "
-            f"[B, {args.seq_len}, H] to split: nothing written")
+        raise QuantscopeError(f"model '{args.model}': {r.reason} to split: nothing written")
     files = [(args.out, serde.onnx_writer(r.proto))]
     tokenizer = stages.tokenizer_beside(args.model, model.proto, args.out)
     if tokenizer is not None:  # the split model names the same tokenizer: it goes along
@@ -129,8 +127,10 @@ def cmd_tokensplit(args: argparse.Namespace) -> int:
     serde.write_atomic_set(files)
     if tokenizer is not None:
         print(f"copied its tokenizer {tokenizer[0].name} beside it")
-    print(f"{r.reason}\nFP32 outputs unchanged on token feeds of {args.seq_len} and "
-          f"{max(1, chunk // 2)} tokens (max relative diff {diff:.2g})")
+    effect = dict(r.effect)
+    on = (f"token feeds of {args.seq_len} and {max(1, int(effect['chunk']) // 2)} tokens"
+          if args.seq_len else "random inputs")
+    print(f"{r.reason}\nFP32 outputs unchanged on {on} (max relative diff {diff:.2g})")
     print(f"wrote {args.out} ({len(r.proto.graph.node)} nodes)")
     return 0
 

@@ -266,11 +266,12 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("tokensplit", help="split token-wise layers (residual Adds, "
                        "LayerNorms) into chunks along the sequence so that 16 bit on them "
                        "fits a per-layer size limit (hailo.super_defuse); FP32 unchanged",
-                       parents=[_model_parent()])
-    t.add_argument("--seq-len", type=positive_int, required=True, metavar="N",
-                   help="the deployment's sequence length (legality is computed for it)")
+                       parents=[_model_parent(), _seq_len_parent()],
+                       description="Text encoders need --seq-len (the deployment's length); "
+                       "image models (a ViT's [B, patches + 1, C]) use their static input "
+                       "shape or --input-shape.")
     t.add_argument("--chunk", type=positive_int, metavar="N",
-                   help="tokens per chunk, below --seq-len (default: half of --seq-len)")
+                   help="tokens per chunk (default: half the token count, rounded up)")
     t.add_argument("--out", type=output_file, required=True,
                    help="split FP32 model to write (.onnx); analyze, plan, repair and "
                    "export it like any model (its chunk groups are '<group>/tok<i>')")

@@ -300,20 +300,26 @@ def describe_groups(model: Model) -> list[dict[str, Any]]:
     ]
 
 
-def split_tokens(model: Model, *, seq_len: int, chunk: int) -> tuple[GraphRepair, float]:
+def split_tokens(model: Model, *, seq_len: int | None = None, chunk: int | None = None,
+                 input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+                 ) -> tuple[GraphRepair, float]:
     """:func:`quantscope.repair.tokens.split_tokens`, its FP32 function checked.
 
     Returns the rewrite and the largest relative output difference to the original on
-    token feeds of ``seq_len`` tokens and of fewer than ``chunk`` (empty later chunks).
+    sample inputs: token feeds of ``seq_len`` tokens and of half a chunk (empty later
+    chunks), or float inputs at their shapes.
     """
+    from quantscope.model.shapes import given_shapes
     from quantscope.repair.tokens import sample_feeds
     from quantscope.repair.tokens import split_tokens as split
     from quantscope.repair.verify import check_function
 
-    r = split(model, seq_len=seq_len, chunk=chunk)
+    given = dict(given_shapes(model, None, input_shapes) or {})
+    r = split(model, shapes=given, chunk=chunk, seq_len=seq_len)
     if not r.changes:
         return r, 0.0
-    feeds = sample_feeds(model, (seq_len, max(1, chunk // 2)))
+    used = int(dict(r.effect).get("chunk", 2))
+    feeds = sample_feeds(model, (seq_len, max(1, used // 2)) if seq_len else (), shapes=given)
     return r, check_function(model.proto, r.proto, feeds, what="tokensplit")
 
 

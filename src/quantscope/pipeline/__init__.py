@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantscope.pipeline import steps
-from quantscope.pipeline.context import Context, RunOptions
+from quantscope.pipeline.context import Context, RunOptions, open_run_model
 from quantscope.pipeline.manifest import Manifest, stage_key
 from quantscope.types import QuantscopeError
 
@@ -67,10 +67,12 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     opts.check()
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
+    # a split that cannot be made fails before the run folder exists
+    early = {"model": open_run_model(opts, progress=progress)} if opts.token_chunk else {}
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)
-        return _run(Context(opts, folder, progress=progress), force)
+        return _run(Context(opts, folder, progress=progress, _cache=early), force)
 
 
 def _run(ctx: Context, force: str | None) -> RunResult:

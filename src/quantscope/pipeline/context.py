@@ -50,12 +50,11 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise QuantscopeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if self.token_chunk is not None and (self.seq_len is None
-                                             or self.token_chunk >= self.seq_len):
+        if self.token_chunk is not None and self.seq_len is not None \
+                and self.token_chunk >= self.seq_len:
             raise QuantscopeError(
-                f"--tokensplit {self.token_chunk} needs --seq-len above it (the chunks are "
-                "layers of fewer tokens than the deployment's length), e.g. --seq-len 256 "
-                "--tokensplit 128")
+                f"--tokensplit {self.token_chunk} must be below --seq-len {self.seq_len} (the "
+                "chunks are layers of fewer tokens), e.g. --seq-len 256 --tokensplit 128")
 
 
 def _identity(spec: str | None) -> str | None:
@@ -79,20 +78,9 @@ class Context:
         return self.folder / name
 
     def model(self) -> Model:
-        """The model every stage works on: the given one, or with ``--tokensplit`` its
-        token-split form (FP32 checked; its source stays the given file, for the tokenizer)."""
+        """The model every stage works on (:func:`open_run_model`)."""
         if "model" not in self._cache:
-            model = stages.open_model(self.opts.model)
-            o = self.opts
-            if o.token_chunk is not None and o.seq_len is not None:
-                r, _ = stages.split_tokens(model, seq_len=o.seq_len, chunk=o.token_chunk)
-                if not r.changes:
-                    raise QuantscopeError(
-                        f"--tokensplit: model '{o.model}' has no token-wise normalization or "
-                        f"elementwise layer on [B, {o.seq_len}, H] to split: run without it")
-                say(f"tokensplit: {r.reason}", show=self.progress)
-                model = stages.load_proto(r.proto, model.source)
-            self._cache["model"] = model
+            self._cache["model"] = open_run_model(self.opts, progress=self.progress)
         return self._cache["model"]
 
     def model_digest(self) -> str:
@@ -143,3 +131,18 @@ class Context:
 
     def options(self) -> dict[str, Any]:
         return asdict(self.opts)
+
+
+def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
+    """The given model, or with ``--tokensplit`` its token-split form (FP32 checked; its
+    source stays the given file, for the tokenizer it names or sits with)."""
+    model = stages.open_model(opts.model)
+    if opts.token_chunk is None:
+        return model
+    r, _ = stages.split_tokens(model, seq_len=opts.seq_len, chunk=opts.token_chunk)
+    if not r.changes:
+        raise QuantscopeError(
+            f"--tokensplit: model '{opts.model}': {r.reason} to split: run without it")
+    say(f"tokensplit: {r.reason}", show=progress)
+    return stages.load_proto(r.proto, model.source)
+

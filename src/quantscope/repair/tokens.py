@@ -46,7 +46,7 @@ from onnx import helper, numpy_helper
 
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
-from quantscope.model.shapes import resolve_shapes, seq_len_shapes
+from quantscope.model.shapes import Shapes, resolve_shapes, seq_len_shapes
 from quantscope.repair import Change, Repair, attr
 from quantscope.targets.profile import op_kind
 from quantscope.types import Group, QuantscopeError
@@ -65,15 +65,22 @@ KINDS = ("normalization", "elementwise")  # op kinds of quantscope.targets.profi
 _INT64_MAX = np.iinfo(np.int64).max
 
 
-def _full(shape: tuple | None, seq_len: int) -> bool:
-    return shape is not None and len(shape) == 3 and shape[SEQ_AXIS] == seq_len
+def _tokens(shape: tuple | None) -> int | None:
+    """The token count of a [B, T, H] shape (None: not rank 3 or T unknown)."""
+    if shape is None or len(shape) != 3 or not isinstance(shape[SEQ_AXIS], int):
+        return None
+    return int(shape[SEQ_AXIS])
 
 
-def _node_why(node: onnx.NodeProto, shapes: dict, consts: set[str], seq_len: int) -> str | None:
-    """Why ``node`` is not token-wise on [B, S, H] (None: it is)."""
+def _full(shape: tuple | None, tokens: int) -> bool:
+    return _tokens(shape) == tokens
+
+
+def _node_why(node: onnx.NodeProto, shapes: dict, consts: dict, tokens: int) -> str | None:
+    """Why ``node`` is not token-wise on [B, tokens, H] (None: it is)."""
     out = shapes.get(node.output[0])
-    if not _full(out, seq_len):
-        return f"{node.op_type} output {list(out) if out else '?'} is not [B, {seq_len}, H]"
+    if not _full(out, tokens):
+        return f"{node.op_type} output {list(out) if out else '?'} is not [B, {tokens}, H]"
     if node.op_type == "LayerNormalization":
         if int(attr(node, "axis", -1)) not in (-1, 2):  # type: ignore[call-overload]
             return "LayerNormalization not over the last axis"
@@ -87,63 +94,97 @@ def _node_why(node: onnx.NodeProto, shapes: dict, consts: set[str], seq_len: int
         return None
     if node.op_type in BINARY or node.op_type == "Pow":
         for t in node.input:
-            s = shapes.get(t)
+            s = consts[t] if t in consts else shapes.get(t)
             if t in consts:
                 if s is None or (len(s) >= 2 and s[-2] not in (1,)) or len(s) > 3:
                     return f"constant operand '{t}' may have a sequence dim"
-            elif not _full(s, seq_len) and not (s is not None and len(s) == 3 and s[SEQ_AXIS] == 1):
-                return f"operand '{t}' {list(s) if s else '?'} is neither [B, {seq_len}, H] nor a constant"
+            elif not _full(s, tokens) and _tokens(s) != 1:
+                return (f"operand '{t}' {list(s) if s else '?'} is neither [B, {tokens}, H] "
+                        "nor a constant")
         return None
     return f"{node.op_type} is not a token-wise op this rewrite knows"
 
 
-def _group_why(group: Group, nodes: dict[str, onnx.NodeProto], shapes: dict, consts: set[str],
-               seq_len: int) -> str | None:
-    if op_kind(group) not in KINDS:
-        return f"{op_kind(group)} group"
+def _group_why(group: Group, nodes: dict[str, onnx.NodeProto], shapes: dict, consts: dict,
+               tokens: int | None) -> str | None:
+    if tokens is None:
+        return f"output {list(group.output_shape)} has no known token count [B, T, H]"
     for name in group.nodes:
-        why = _node_why(nodes[name], shapes, consts, seq_len)
+        why = _node_why(nodes[name], shapes, consts, tokens)
         if why:
             return why
     return None
 
 
-def _constants(model: Model) -> set[str]:
-    out = {t.name for t in model.graph.initializer}
-    out |= {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+def _constants(model: Model) -> dict[str, tuple[int, ...] | None]:
+    """Constant tensors (initializers, Constant outputs) and their shapes (None: unknown)."""
+    out: dict[str, tuple[int, ...] | None] = {
+        t.name: tuple(t.dims) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            value = next((a.t for a in n.attribute if a.name == "value"), None)
+            out[n.output[0]] = tuple(value.dims) if value is not None else None
     return out
 
 
-def split_tokens(model: Model, *, seq_len: int, chunk: int) -> Repair:
+def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | None = None,
+                 seq_len: int | None = None) -> Repair:
     """The model with its token-wise norm/elementwise layers split into ``chunk``-token layers.
 
-    ``seq_len``: the deployment's sequence length (what legality is computed for);
-    ``chunk``: tokens per chunk (``< seq_len``). FP32 function unchanged.
+    ``shapes``: concrete input shapes (``--input-shape``), ``seq_len``: the deployment's
+    sequence length for token inputs (``--seq-len``); legality is computed for them.
+    ``chunk``: tokens per chunk (default: half the token count, rounded up). Layers with
+    ``T <= chunk`` tokens are left whole. FP32 function unchanged.
     """
-    if chunk < 1 or seq_len <= chunk:
+    if seq_len is not None and chunk is not None and seq_len <= chunk:
         raise QuantscopeError(
-            f"--chunk {chunk} must be at least 1 and below --seq-len {seq_len} "
-            "(one chunk is the unsplit model)")
-    shapes = resolve_shapes(model, seq_len_shapes(model, seq_len))
+            f"--chunk {chunk} must be below --seq-len {seq_len} (one chunk is the unsplit "
+            "model)")
+    if chunk is not None and chunk < 1:
+        raise QuantscopeError(f"--chunk must be at least 1, got {chunk}")
+    given = dict(shapes or {})
+    if seq_len is not None:
+        given.update(seq_len_shapes(model, seq_len))
+    inferred = model.value_shapes()
+    symbolic = [n for n in model.input_names() if n not in given
+                and any(not isinstance(d, int) for d in (inferred.get(n) or ())[1:])]
+    if symbolic:
+        raise QuantscopeError(
+            f"input '{symbolic[0]}' {list(inferred.get(symbolic[0]) or ())} has symbolic dims: "
+            "give --seq-len N (token inputs) or --input-shape NAME=DxDx… so the token count "
+            "is known")
+    shapes_all = resolve_shapes(model, given or None)
     consts = _constants(model)
     nodes = {n.name: n for n in model.graph.node}
     groups = find_groups(model)
+    candidates = [(g, _tokens(shapes_all.get(g.outputs[0]) if g.outputs else None))
+                  for g in groups.groups if op_kind(g) in KINDS]
+    if chunk is None:
+        most = max((t for _, t in candidates if t), default=1)
+        chunk = max(1, math.ceil(most / 2))
+    counts = [t for g, t in candidates
+              if t is not None and t > chunk and _group_why(g, nodes, shapes_all, consts, t) is None]
+    tokens = max(set(counts), key=counts.count) if counts else None  # the residual stream's
     split: set[str] = set()
     skipped: list[tuple[str, str]] = []
     sites: list[str] = []
-    for g in groups.groups:
-        if op_kind(g) not in KINDS:
-            continue
-        why = _group_why(g, nodes, shapes, consts, seq_len)
+    for g, t in candidates:
+        why = _group_why(g, nodes, shapes_all, consts, t)
+        if why is None and t is not None and t <= chunk:
+            why = f"{t} tokens: not more than one chunk of {chunk}"
+        elif why is None and t != tokens:
+            why = f"{t} tokens: the split is for the {tokens}-token layers"
         if why is None:
             split.update(g.nodes)
             sites.append(g.name)
         else:
             skipped.append((g.name, why))
-    if not sites:
+    if tokens is None or not sites:
         return Repair(name="tokensplit", reason="no token-wise normalization or elementwise "
-                      f"layer on [B, {seq_len}, H]", proto=model.proto, skipped=tuple(skipped))
-    n_chunks = math.ceil(seq_len / chunk)
+                      f"layer with more than {chunk} tokens", proto=model.proto,
+                      skipped=tuple(skipped))
+    n_chunks = math.ceil(tokens / chunk)
+    shapes = shapes_all
     made = {o for n in model.graph.node if n.name in split for o in n.output}
     readers_outside: set[str] = set()
     for n in model.graph.node:
@@ -168,7 +209,7 @@ def split_tokens(model: Model, *, seq_len: int, chunk: int) -> Repair:
             continue
         for t in n.input:
             if t and t not in made and t not in consts and t not in sliced \
-                    and _full(shapes.get(t), seq_len):
+                    and _full(shapes.get(t), tokens):
                 sliced.add(t)
                 for i in range(n_chunks):
                     order.append(helper.make_node(
@@ -197,44 +238,54 @@ def split_tokens(model: Model, *, seq_len: int, chunk: int) -> Repair:
     proto.graph.initializer.extend(inits)
     del proto.graph.value_info[:]  # the loader infers them again
     props = {p.key: p.value for p in proto.metadata_props}
-    props[METADATA_KEY] = f"seq_len={seq_len} chunk={chunk} groups={len(sites)}; {UNVERIFIED}"
+    props[METADATA_KEY] = f"tokens={tokens} chunk={chunk} groups={len(sites)}; {UNVERIFIED}"
     onnx.helper.set_model_props(proto, props)
     return Repair(
         name="tokensplit",
-        reason=f"{len(sites)} token-wise layer(s) on [B, {seq_len}, H] split into {n_chunks} "
+        reason=f"{len(sites)} token-wise layer(s) on [B, {tokens}, H] split into {n_chunks} "
         f"chunks of {chunk} tokens (groups '<name>/tok<i>'); {UNVERIFIED}",
         proto=proto,
         changes=tuple(changes),
         skipped=tuple(skipped),
-        effect=(("sites", float(len(sites))), ("chunks", float(n_chunks))),
+        effect=(("sites", float(len(sites))), ("chunks", float(n_chunks)),
+                ("chunk", float(chunk)), ("tokens", float(tokens))),
     )
 
 
 
 
 
-def sample_feeds(model: Model, lengths: tuple[int, ...], *, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    """Token feeds at each length (ids 100-999, mask 1, type ids 0) to check the function."""
+def sample_feeds(model: Model, lengths: tuple[int, ...], *, shapes: Shapes | None = None,
+                 seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Inputs to check the function on: ``[batch, sequence]`` token inputs at each length
+    (ids 100-999, masks 1, type ids 0); other float inputs normal random at their given
+    (``shapes``) or static shape, a symbolic batch as 2 (one feed when no token input)."""
     rng = np.random.default_rng(seed)
-    shapes = model.value_shapes()
+    known, given = model.value_shapes(), dict(shapes or {})
     types = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    ints = {onnx.TensorProto.INT64: np.int64, onnx.TensorProto.INT32: np.int32}
+    tokens = [n for n in model.input_names()
+              if types.get(n) in ints and len(known.get(n) or ()) == 2]
     feeds = []
-    for n in lengths:
+    for length in (lengths if tokens else (0,)):
         feed: dict[str, np.ndarray] = {}
         for name in model.input_names():
-            shape = shapes.get(name) or ()
-            if len(shape) != 2 or types.get(name) not in (onnx.TensorProto.INT64,
-                                                          onnx.TensorProto.INT32):
+            if name in tokens:
+                dtype = ints[types[name]]
+                feed[name] = (np.ones((2, length), dtype) if "mask" in name else
+                              np.zeros((2, length), dtype) if "type" in name else
+                              rng.integers(100, 1000, (2, length)).astype(dtype))
+                continue
+            shape = given.get(name) or known.get(name) or ()
+            dims = [2 if i == 0 and not isinstance(d, int) else d for i, d in enumerate(shape)]
+            if types.get(name) != onnx.TensorProto.FLOAT or not all(
+                    isinstance(d, int) for d in dims):
                 raise QuantscopeError(
-                    f"input '{name}' {list(shape)} is not a [batch, sequence] token input: "
-                    "tokensplit checks text encoders with token inputs only")
-            dtype = np.int64 if types[name] == onnx.TensorProto.INT64 else np.int32
-            if "mask" in name:
-                feed[name] = np.ones((2, n), dtype)
-            elif "type" in name:
-                feed[name] = np.zeros((2, n), dtype)
-            else:
-                feed[name] = rng.integers(100, 1000, (2, n)).astype(dtype)
+                    f"input '{name}' {list(shape)}: tokensplit checks the function on token "
+                    "inputs and float inputs of known shape: give --input-shape NAME=DxDx…")
+            feed[name] = rng.normal(0, 1, dims).astype(np.float32)
         feeds.append(feed)
     return feeds
+
+
 __all__ = ["METADATA_KEY", "UNVERIFIED", "sample_feeds", "split_tokens"]
