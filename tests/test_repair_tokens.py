@@ -202,3 +202,21 @@ def test_a_vit_block_splits_by_its_static_token_count(tmp_path, capsys):
     groups = _names(split)
     assert {groups[g].op_type for g in groups if g.endswith("/tok1")} >= {
         "Add", "LayerNormalization"}  # residual Adds and the decomposed LayerNorms
+
+
+def test_a_split_model_is_still_cut_into_segments_and_sweeps_exactly():
+    """The analysis cuts at the residual stream; split, the stream is a tensor and its
+    chunks: still a cut (else one segment: every candidate a whole-model session)."""
+    from quantscope.analyze import Scorer, sweep_naive, sweep_segments
+    from quantscope.analyze.segments import find_segments
+
+    model = load_proto(split_tokens(load_proto(_encoder()), seq_len=SEQ, chunk=4).proto)
+    groups = find_groups(model)
+    assert len(find_segments(model, groups)) >= 3
+    feeds = sample_feeds(model, (SEQ, SEQ, SEQ), seed=2)
+    stats = calibrate(model, groups, iter(feeds))
+    kw = {"scorer": Scorer(), "low": Precision.A8_W8, "high": Precision.A16_W16}
+    fast = sweep_segments(model, groups, stats, feeds, **kw, optimize_float=False)
+    naive = sweep_naive(model, groups, stats, feeds, **kw)
+    for a, b in zip(fast.rows, naive.rows, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

@@ -7,7 +7,8 @@ that cross each cut, and run only the segments from the perturbed one onwards.
 
 =========================  ==========================================================
 cut                        a position in topological node order where exactly one
-                           ``act`` float tensor is live (made before, read after);
+                           ``act`` float tensor is live (made before, read after), or
+                           one and its token chunks (a ``tokensplit`` model's stream);
                            never inside a group; side/const tensors (attention mask,
                            shapes) may cross too: they are extra segment inputs
 segment inputs             every tensor its nodes read that earlier segments or the
@@ -39,6 +40,7 @@ Sessions use :func:`~quantscope.emulate.session.make_session` with ``shared_aren
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -64,6 +66,15 @@ class Segment:
     groups: tuple[str, ...]  # groups whose nodes lie in this segment
 
 
+def _one_stream(live: set[str]) -> bool:
+    """One activation, or one and its token chunks (``X``, ``X/tok0``, ``X/tok1`` … of
+    :mod:`quantscope.repair.tokens`: the residual stream of a token-split model)."""
+    return len({_CHUNK.sub("", t) for t in live}) == 1
+
+
+_CHUNK = re.compile(r"/tok\d+$")
+
+
 def _cut_positions(model: Model, groups: Groups, min_nodes: int) -> list[int]:
     nodes = list(model.graph.node)
     kinds, types = tensor_kinds(model), model.value_types()
@@ -87,7 +98,7 @@ def _cut_positions(model: Model, groups: Groups, min_nodes: int) -> list[int]:
             for t in node.output
             if last_use.get(t, -1) > i and kinds.get(t) == "act" and types.get(t) in FLOAT_TYPES
         }
-        if len(live) == 1 and grouped and i + 1 not in inside and i + 1 - last >= min_nodes:
+        if _one_stream(live) and grouped and i + 1 not in inside and i + 1 - last >= min_nodes:
             cuts.append(i + 1)
             last, grouped = i + 1, False
     return cuts
