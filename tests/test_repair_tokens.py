@@ -220,3 +220,24 @@ def test_a_split_model_is_still_cut_into_segments_and_sweeps_exactly():
     naive = sweep_naive(model, groups, stats, feeds, **kw)
     for a, b in zip(fast.rows, naive.rows, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_linears_read_the_chunks_directly():
+    model = load_proto(_encoder())
+    r = split_tokens(model, seq_len=SEQ, chunk=4, linears=True)
+    split = load_proto(r.proto)
+    groups = _names(split)
+    assert {"MatMul_3/tok0", "MatMul_6/tok1"} <= set(groups)  # the FFN in chunks
+    assert "LayerNormalization_2/concat" not in groups  # every reader of n1 is split
+    nodes = {n.name: n for n in split.graph.node}
+    assert "n1/tok0" in nodes["MatMul_3/tok0"].input
+    assert [g for g in groups if g.endswith("/concat")] == ["LayerNormalization_8/concat"]
+    feeds = sample_feeds(model, (SEQ, 3, 11))
+    for a, b in zip(run_all(model.proto, feeds), run_all(r.proto, feeds), strict=True):
+        np.testing.assert_array_equal(a[0], b[0])
+    # a 16-bit LayerNorm feeding 8-bit Linears is legal: no full-width 16-bit tensor left
+    plan = Plan(default=Precision.A8_W8, overrides=tuple(
+        (g, Precision.A16_W16) for g in groups if g.startswith(("LayerNorm", "Add_7"))
+        and not g.endswith("/concat")))
+    shapes = {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
+    assert check(plan, find_groups(split), split, SMALL, shapes=shapes) == []

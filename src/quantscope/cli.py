@@ -115,7 +115,7 @@ def cmd_export_qdq(args: argparse.Namespace) -> int:
 def cmd_tokensplit(args: argparse.Namespace) -> int:
     model = stages.open_model(args.model)
     r, diff = stages.split_tokens(model, seq_len=args.seq_len, chunk=args.chunk,
-                                  input_shapes=_input_shapes(args))
+                                  input_shapes=_input_shapes(args), linears=args.linears)
     for name, why in r.skipped:
         print(f"left whole: {name}: {why}")
     if not r.changes:

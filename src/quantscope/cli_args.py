@@ -272,6 +272,10 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                        "shape or --input-shape.")
     t.add_argument("--chunk", type=positive_int, metavar="N",
                    help="tokens per chunk (default: half the token count, rounded up)")
+    t.add_argument("--linears", action="store_true",
+                   help="split the token-wise Linears (MatMul + bias + activation) too, so "
+                   "they read the 16-bit chunks directly instead of a full-width Concat; "
+                   "only attention reads a Concat")
     t.add_argument("--out", type=output_file, required=True,
                    help="split FP32 model to write (.onnx); analyze, plan, repair and "
                    "export it like any model (its chunk groups are '<group>/tok<i>')")

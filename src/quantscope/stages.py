@@ -302,7 +302,7 @@ def describe_groups(model: Model) -> list[dict[str, Any]]:
 
 def split_tokens(model: Model, *, seq_len: int | None = None, chunk: int | None = None,
                  input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
-                 ) -> tuple[GraphRepair, float]:
+                 linears: bool = False) -> tuple[GraphRepair, float]:
     """:func:`quantscope.repair.tokens.split_tokens`, its FP32 function checked.
 
     Returns the rewrite and the largest relative output difference to the original on
@@ -315,7 +315,7 @@ def split_tokens(model: Model, *, seq_len: int | None = None, chunk: int | None 
     from quantscope.repair.verify import check_function
 
     given = dict(given_shapes(model, None, input_shapes) or {})
-    r = split(model, shapes=given, chunk=chunk, seq_len=seq_len)
+    r = split(model, shapes=given, chunk=chunk, seq_len=seq_len, linears=linears)
     if not r.changes:
         return r, 0.0
     used = int(dict(r.effect).get("chunk", 2))

@@ -17,10 +17,13 @@ after              ``Slice(a, tokens i*chunk .. (i+1)*chunk) -> Add/tok{i} -> s/
 =================  ==================================================================
 
 Which groups: every ``normalization`` and ``elementwise`` group whose output is 3-D
-``[B, S, H]`` at the given sequence length and whose ops are token-wise
-(``LayerNormalization`` over the last axis; ``Add``/``Sub``/``Mul``/``Div`` whose operands
-are full ``[B, S, H]`` tensors or constants without a sequence dim; a ``ReduceMean`` over
-the last axis; unary elementwise ops). Anything else is left whole, with the reason.
+``[B, T, H]`` with the stream's token count ``T`` (``--seq-len`` for token inputs, else the
+static or given input shape) and whose ops are token-wise (``LayerNormalization`` over the
+last axis; ``Add``/``Sub``/``Mul``/``Div``/``Pow`` whose operands are ``[B, T, H]``,
+``[B, T, 1]`` or ``[B, 1, H]`` tensors or constants without a token dim; a ``ReduceMean``
+over the last axis; unary elementwise ops); with ``linears`` also the weighted MatMul
+groups (2-D constant weight, bias, activation). Anything else is left whole, with the
+reason.
 
 Names: a split node is ``<node>/tok<i>`` and writes ``<tensor>/tok<i>``: a plan names the
 chunk groups (``<group>/tok<i>``); every tensor read outside keeps its name (the Concat
@@ -92,6 +95,11 @@ def _node_why(node: onnx.NodeProto, shapes: dict, consts: dict, tokens: int) -> 
         return None if axes is not None and list(axes) in ([-1], [2]) else "ReduceMean not over the last axis"  # type: ignore[arg-type]
     if node.op_type in UNARY:
         return None
+    if node.op_type == "MatMul":  # a Linear: [B, T, H] x [H, H'] works token by token
+        w = node.input[1]
+        if w not in consts or consts[w] is None or len(consts[w] or ()) != 2:
+            return "MatMul without a 2-D constant weight"
+        return None if _full(shapes.get(node.input[0]), tokens) else "MatMul input not [B, T, H]"
     if node.op_type in BINARY or node.op_type == "Pow":
         for t in node.input:
             s = consts[t] if t in consts else shapes.get(t)
@@ -128,13 +136,17 @@ def _constants(model: Model) -> dict[str, tuple[int, ...] | None]:
 
 
 def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | None = None,
-                 seq_len: int | None = None) -> Repair:
+                 seq_len: int | None = None, linears: bool = False) -> Repair:
     """The model with its token-wise norm/elementwise layers split into ``chunk``-token layers.
 
     ``shapes``: concrete input shapes (``--input-shape``), ``seq_len``: the deployment's
     sequence length for token inputs (``--seq-len``); legality is computed for them.
     ``chunk``: tokens per chunk (default: half the token count, rounded up). Layers with
-    ``T <= chunk`` tokens are left whole. FP32 function unchanged.
+    ``T <= chunk`` tokens are left whole. ``linears``: the token-wise Linears (MatMul with
+    a 2-D constant weight, its bias and activation) are split too, so they read the
+    chunks directly (no full-width Concat in between: at 16 bit that Concat is as wide as
+    the unsplit tensor); only what mixes tokens (attention) reads a Concat. FP32 function
+    unchanged.
     """
     if seq_len is not None and chunk is not None and seq_len <= chunk:
         raise QuantscopeError(
@@ -157,8 +169,9 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
     consts = _constants(model)
     nodes = {n.name: n for n in model.graph.node}
     groups = find_groups(model)
+    kinds = (*KINDS, "weighted") if linears else KINDS
     candidates = [(g, _tokens(shapes_all.get(g.outputs[0]) if g.outputs else None))
-                  for g in groups.groups if op_kind(g) in KINDS]
+                  for g in groups.groups if op_kind(g) in kinds]
     if chunk is None:
         most = max((t for _, t in candidates if t), default=1)
         chunk = max(1, math.ceil(most / 2))
