@@ -175,6 +175,8 @@ def test_run_with_tokensplit_works_on_the_split_model(tmp_path, capsys):
             "--target", "hailo10h", "--out", str(tmp_path / "W")]
     assert main([*argv, "--tokensplit", "4"]) == 2  # no --seq-len
     assert "give --seq-len" in capsys.readouterr().err and not (tmp_path / "W").exists()
+    assert main([*argv, "--tokensplit-linears"]) == 2
+    assert "needs --tokensplit" in capsys.readouterr().err and not (tmp_path / "W").exists()
     assert main([*argv, "--seq-len", str(SEQ), "--tokensplit", "4"]) == 0
     out = capsys.readouterr().out
     assert "tokensplit: LayerNorms and residual Adds split" in out and UNVERIFIED in out
@@ -183,6 +185,12 @@ def test_run_with_tokensplit_works_on_the_split_model(tmp_path, capsys):
     compiled = onnx.load(tmp_path / "W" / "repaired.onnx")  # what the compiler gets: split
     assert any(n.name == "LayerNormalization_2/tok1" for n in compiled.graph.node)
     assert METADATA_KEY in {p.key for p in compiled.metadata_props}
+    # with the Linears: a changed split reruns every stage (the model digest includes it)
+    assert main([*argv, "--seq-len", str(SEQ), "--tokensplit", "4", "--tokensplit-linears"]) == 0
+    out = capsys.readouterr().out
+    assert "stages run: calibrate," in out
+    compiled = onnx.load(tmp_path / "W" / "repaired.onnx")
+    assert any(n.name == "MatMul_3/tok1" for n in compiled.graph.node)
 
 
 def test_a_vit_block_splits_by_its_static_token_count(tmp_path, capsys):
@@ -241,3 +249,19 @@ def test_linears_read_the_chunks_directly():
         and not g.endswith("/concat")))
     shapes = {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
     assert check(plan, find_groups(split), split, SMALL, shapes=shapes) == []
+
+
+def test_bias_correction_gives_each_chunk_of_a_shared_linear_its_own_bias():
+    from quantscope.repair.bias_correction import correct_biases
+
+    split = load_proto(split_tokens(load_proto(_encoder()), seq_len=SEQ, chunk=4,
+                                    linears=True).proto)
+    feeds = sample_feeds(split, (SEQ, SEQ), seed=3)
+    r = correct_biases(split, feeds, Plan.uniform(Precision.A8_W8))
+    onnx.checker.check_model(r.proto)  # no initializer name twice
+    inits = {t.name for t in r.proto.graph.initializer}
+    # MatMul_3's chunks shared the bias b1 (chunk 0 gets a copy, chunk 1 keeps b1 alone);
+    # MatMul_6 had none: each chunk gets one
+    assert {"b1", "b1/MatMul_3/tok0", "MatMul_6/tok0/bias", "MatMul_6/tok1/bias"} <= inits
+    nodes = {n.name: n for n in r.proto.graph.node}
+    assert "b1/MatMul_3/tok0" in nodes["Add_4/tok0"].input and "b1" in nodes["Add_4/tok1"].input

@@ -514,7 +514,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
                       method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, token_chunk=args.token_chunk,
-                      **repairs)
+                      token_linears=args.token_linears, **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "

@@ -469,6 +469,9 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
                     help="work on the model with its LayerNorms and residual Adds split into "
                     "layers of N tokens (below --seq-len; 'quantscope tokensplit'): 16 bit on "
                     "them then fits hailo.super_defuse (unverified on a device)")
+    ru.add_argument("--tokensplit-linears", dest="token_linears", action="store_true",
+                    help="with --tokensplit: the token-wise Linears in chunks too "
+                    "('quantscope tokensplit --linears')")
     ru.add_argument("--proxy", type=fraction, default=0.125, help="analysis row budget (see "
                     "'quantscope analyze --help')")
     ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE (calibrate, analyze, "

@@ -40,6 +40,7 @@ class RunOptions:
     proxy: float = 0.125
     repair_batches: int = 8
     token_chunk: int | None = None  # tokensplit: token-wise layers in chunks of N tokens
+    token_linears: bool = False  # tokensplit --linears
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):
@@ -50,6 +51,8 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise QuantscopeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.token_linears and self.token_chunk is None:
+            raise QuantscopeError("--tokensplit-linears needs --tokensplit N")
         if self.token_chunk is not None and self.seq_len is not None \
                 and self.token_chunk >= self.seq_len:
             raise QuantscopeError(
@@ -88,7 +91,8 @@ class Context:
         if "model_digest" not in self._cache:
             digest = file_digest(stages.resolve_model_path(self.opts.model))
             if self.opts.token_chunk is not None:
-                digest += f"/tokensplit:{self.opts.seq_len}:{self.opts.token_chunk}"
+                digest += (f"/tokensplit:{self.opts.seq_len}:{self.opts.token_chunk}"
+                           + (":linears" if self.opts.token_linears else ""))
             self._cache["model_digest"] = digest
         return self._cache["model_digest"]
 
@@ -139,7 +143,8 @@ def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
     model = stages.open_model(opts.model)
     if opts.token_chunk is None:
         return model
-    r, _ = stages.split_tokens(model, seq_len=opts.seq_len, chunk=opts.token_chunk)
+    r, _ = stages.split_tokens(model, seq_len=opts.seq_len, chunk=opts.token_chunk,
+                               linears=opts.token_linears)
     if not r.changes:
         raise QuantscopeError(
             f"--tokensplit: model '{opts.model}': {r.reason} to split: run without it")

@@ -42,6 +42,7 @@ from quantscope.repair import (
     as_model,
     attr,
     step_of,
+    use_counts,
     with_initializers,
 )
 from quantscope.repair.verify import Batch, run_all
@@ -91,12 +92,26 @@ def _weight_shift(
 def _with_bias(
     proto: onnx.ModelProto, node_name: str, bias: str | None, new: np.ndarray
 ) -> tuple[onnx.ModelProto, str, str]:
-    """Set the bias of ``node_name`` to ``new`` (creating it); returns (proto, bias name, kind)."""
-    if bias is not None:
+    """Set the bias of ``node_name`` to ``new`` (creating it); returns (proto, bias name, kind).
+
+    A bias or weight shared with another node (a ``tokensplit`` model's chunk copies of one
+    Linear) gets a copy of its own, named after the node: each chunk's shift is its own.
+    """
+    uses = use_counts(proto.graph)
+    if bias is not None and uses.get(bias, 0) <= 1:
         return with_initializers(proto, {bias: new}), bias, "shift"
     out = with_initializers(proto, {})
     node = next(n for n in out.graph.node if n.name == node_name)
+    if bias is not None:  # shared: this node's bias Add reads a private copy
+        own = f"{bias}/{node_name}"
+        add = node if bias in node.input else next(
+            n for n in out.graph.node if bias in n.input and node.output[0] in n.input)
+        add.input[:] = [own if t == bias else t for t in add.input]
+        out.graph.initializer.append(numpy_helper.from_array(new.astype(np.float32), own))
+        return out, own, "new"
     name = f"{node.input[1]}_bias"
+    if uses.get(node.input[1], 0) > 1 or any(t.name == name for t in out.graph.initializer):
+        name = f"{node_name}/bias"
     out.graph.initializer.append(numpy_helper.from_array(new.astype(np.float32), name))
     if node.op_type in ("Conv", "Gemm"):
         if len(node.input) > 2:
