@@ -60,7 +60,7 @@ UNVERIFIED = (
     "rule applied per layer, not a measurement"
 )
 METADATA_KEY = "quantscope.tokensplit"
-SEQ_AXIS = 1  # [B, S, H]
+SEQ_AXIS = 1  # [B, T, H]
 BINARY = frozenset({"Add", "Sub", "Mul", "Div"})
 UNARY = frozenset({"Sqrt", "Erf", "Relu", "Tanh", "Sigmoid", "Neg", "Abs", "Identity",
                    "Reciprocal", "Exp", "Log"})
@@ -165,24 +165,24 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
             f"input '{symbolic[0]}' {list(inferred.get(symbolic[0]) or ())} has symbolic dims: "
             "give --seq-len N (token inputs) or --input-shape NAME=DxDx… so the token count "
             "is known")
-    shapes_all = resolve_shapes(model, given or None)
+    shapes = resolve_shapes(model, given or None)
     consts = _constants(model)
     nodes = {n.name: n for n in model.graph.node}
     groups = find_groups(model)
     kinds = (*KINDS, "weighted") if linears else KINDS
-    candidates = [(g, _tokens(shapes_all.get(g.outputs[0]) if g.outputs else None))
+    candidates = [(g, _tokens(shapes.get(g.outputs[0]) if g.outputs else None))
                   for g in groups.groups if op_kind(g) in kinds]
     if chunk is None:
         most = max((t for _, t in candidates if t), default=1)
         chunk = max(1, math.ceil(most / 2))
-    counts = [t for g, t in candidates
-              if t is not None and t > chunk and _group_why(g, nodes, shapes_all, consts, t) is None]
+    whys = {g.name: _group_why(g, nodes, shapes, consts, t) for g, t in candidates}
+    counts = [t for g, t in candidates if t is not None and t > chunk and whys[g.name] is None]
     tokens = max(set(counts), key=counts.count) if counts else None  # the residual stream's
     split: set[str] = set()
     skipped: list[tuple[str, str]] = []
     sites: list[str] = []
     for g, t in candidates:
-        why = _group_why(g, nodes, shapes_all, consts, t)
+        why = whys[g.name]
         if why is None and t is not None and t <= chunk:
             why = f"{t} tokens: not more than one chunk of {chunk}"
         elif why is None and t != tokens:
@@ -197,7 +197,6 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
                       f"layer with more than {chunk} tokens", proto=model.proto,
                       skipped=tuple(skipped))
     n_chunks = math.ceil(tokens / chunk)
-    shapes = shapes_all
     made = {o for n in model.graph.node if n.name in split for o in n.output}
     readers_outside: set[str] = set()
     for n in model.graph.node:
