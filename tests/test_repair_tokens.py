@@ -265,3 +265,18 @@ def test_bias_correction_gives_each_chunk_of_a_shared_linear_its_own_bias():
     assert {"b1", "b1/MatMul_3/tok0", "MatMul_6/tok0/bias", "MatMul_6/tok1/bias"} <= inits
     nodes = {n.name: n for n in r.proto.graph.node}
     assert "b1/MatMul_3/tok0" in nodes["Add_4/tok0"].input and "b1" in nodes["Add_4/tok1"].input
+
+
+def test_a_static_token_input_is_checked_at_its_own_length(tmp_path, capsys):
+    model = _encoder()
+    for inp in model.graph.input:  # [1, 8]: no --seq-len needed
+        for d, v in zip(inp.type.tensor_type.shape.dim, (1, SEQ), strict=True):
+            d.ClearField("dim_param")
+            d.dim_value = v
+    for out in model.graph.output:
+        out.type.tensor_type.shape.dim[0].dim_value = 1
+        out.type.tensor_type.shape.dim[1].dim_value = SEQ
+    src = tmp_path / "static.onnx"
+    onnx.save(model, src)
+    assert main(["tokensplit", str(src), "--out", str(tmp_path / "s.onnx")]) == 0
+    assert "on [B, 8, H] split into 2 chunks of 4 tokens" in capsys.readouterr().out

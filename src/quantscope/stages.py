@@ -318,8 +318,10 @@ def split_tokens(model: Model, *, seq_len: int | None = None, chunk: int | None 
     r = split(model, shapes=given, chunk=chunk, seq_len=seq_len, linears=linears)
     if not r.changes:
         return r, 0.0
-    used = int(dict(r.effect).get("chunk", 2))
-    feeds = sample_feeds(model, (seq_len, max(1, used // 2)) if seq_len else (), shapes=given)
+    effect = dict(r.effect)  # a static token input runs at its own length only
+    lengths = ((seq_len, max(1, int(effect["chunk"]) // 2)) if seq_len
+               else (int(effect["tokens"]),))
+    feeds = sample_feeds(model, lengths, shapes=given)
     return r, check_function(model.proto, r.proto, feeds, what="tokensplit")
 
 

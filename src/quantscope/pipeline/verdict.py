@@ -55,8 +55,11 @@ def _tokensplit(ctx: Context) -> dict[str, Any] | None:
     from quantscope.repair.tokens import UNVERIFIED
 
     return {"seq_len": ctx.opts.seq_len, "chunk": ctx.opts.token_chunk,
-            "note": f"LayerNorms and residual Adds split into layers of {ctx.opts.token_chunk} "
-                    f"tokens ({steps.REPAIRED} is the split model); {UNVERIFIED}"}
+            "linears": ctx.opts.token_linears,
+            "note": "LayerNorms and residual Adds"
+                    + (" and the token-wise Linears" if ctx.opts.token_linears else "")
+                    + f" split into layers of {ctx.opts.token_chunk} tokens ({steps.REPAIRED} "
+                    f"is the split model); {UNVERIFIED}"}
 
 
 def _binding(pareto: dict[str, Any], reached: bool | None) -> str | None:

@@ -284,9 +284,11 @@ def sample_feeds(model: Model, lengths: tuple[int, ...], *, shapes: Shapes | Non
         for name in model.input_names():
             if name in tokens:
                 dtype = ints[types[name]]
-                feed[name] = (np.ones((2, length), dtype) if "mask" in name else
-                              np.zeros((2, length), dtype) if "type" in name else
-                              rng.integers(100, 1000, (2, length)).astype(dtype))
+                batch = (given.get(name) or known.get(name) or (2,))[0]
+                size = (batch if isinstance(batch, int) else 2, length)
+                feed[name] = (np.ones(size, dtype) if "mask" in name else
+                              np.zeros(size, dtype) if "type" in name else
+                              rng.integers(100, 1000, size).astype(dtype))
                 continue
             shape = given.get(name) or known.get(name) or ()
             dims = [2 if i == 0 and not isinstance(d, int) else d for i, d in enumerate(shape)]
