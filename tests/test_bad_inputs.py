@@ -193,6 +193,11 @@ CASES: list[tuple[str, list[str], str]] = [
                                      "--out", "{out}/s.onnx"], "nothing written"),
     ("tokensplit-out-is-model", ["tokensplit", T, "--seq-len", "8", "--out", T],
      "never overwritten"),
+    ("headsplit-nothing-to-split", ["headsplit", T, "--out", "{out}/s.onnx"],
+     "no multi-head attention"),
+    ("headsplit-image-model-seq-len", ["headsplit", M, "--seq-len", "8",
+                                       "--out", "{out}/s.onnx"], "no rank-2 token input"),
+    ("headsplit-out-is-model", ["headsplit", T, "--out", T], "never overwritten"),
     ("demo-json-and-report-one-path", ["demo", "--model", M, "--data", X, "--json",
                                        "{out}/d.x", "--report", "{out}/d.x"], "both"),
     # -- outputs that cannot be written: refused before any work

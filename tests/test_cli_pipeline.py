@@ -73,6 +73,9 @@ def test_goal_verdict_names_the_binding_rule():
     cap = goal_verdict({"chosen": {"measured": 0.5}, "blockers": result["blockers"][1:]},
                        "top1_agreement", 0.97)
     assert cap["binding"] == "max_cost" and "hint" not in cap
+    att = goal_verdict({"chosen": {"measured": 0.5}, "blockers": [
+        {"rule": "hailo.attention_16bit", "groups": ["s"], "gain": 3.0}]}, "top1_agreement", 0.97)
+    assert "quantscope headsplit" in att["hint"]
     ok = goal_verdict({"chosen": {"measured": 0.98}, "blockers": []}, "top1_agreement", 0.97)
     assert ok["reached"] and ok["binding"] is None
 

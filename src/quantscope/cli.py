@@ -135,6 +135,26 @@ def cmd_tokensplit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_headsplit(args: argparse.Namespace) -> int:
+    model = stages.open_model(args.model)
+    r, diff = stages.split_heads(model, seq_len=args.seq_len,
+                                 input_shapes=_input_shapes(args))
+    for name, why in r.skipped:
+        print(f"left whole: {name}: {why}")
+    if not r.changes:
+        raise QuantscopeError(f"model '{args.model}': {r.reason}: nothing written")
+    files = [(args.out, serde.onnx_writer(r.proto))]
+    tokenizer = stages.tokenizer_beside(args.model, model.proto, args.out)
+    if tokenizer is not None:  # the split model names the same tokenizer: it goes along
+        files.append((tokenizer[1], serde.bytes_writer(tokenizer[0].read_bytes())))
+    serde.write_atomic_set(files)
+    if tokenizer is not None:
+        print(f"copied its tokenizer {tokenizer[0].name} beside it")
+    print(f"{r.reason}\nFP32 outputs unchanged (max relative diff {diff:.2g})")
+    print(f"wrote {args.out} ({len(r.proto.graph.node)} nodes)")
+    return 0
+
+
 def cmd_groups(args: argparse.Namespace) -> int:
     rows = stages.describe_groups(_open(args).model)
     if args.json:
@@ -514,7 +534,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
                       method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, token_chunk=args.token_chunk,
-                      token_linears=args.token_linears, **repairs)
+                      token_linears=args.token_linears, heads=args.heads, **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "
@@ -527,6 +547,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "evaluate": cmd_evaluate,
     "export-qdq": cmd_export_qdq,
     "tokensplit": cmd_tokensplit,
+    "headsplit": cmd_headsplit,
     "groups": cmd_groups,
     "models": cmd_models,
     "demo": cmd_demo,

@@ -280,6 +280,17 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                    help="split FP32 model to write (.onnx); analyze, plan, repair and "
                    "export it like any model (its chunk groups are '<group>/tok<i>')")
 
+    h = sub.add_parser("headsplit", help="split each multi-head attention into one layer "
+                       "per head, so that every head's scores, Softmax and context get their "
+                       "own 8-bit grid (hailo.attention_16bit keeps attention at 8 bit); "
+                       "FP32 unchanged",
+                       parents=[_model_parent(), _seq_len_parent()],
+                       description="The head count is found by running the model once "
+                       "(at --seq-len, or 16 tokens, or the static/--input-shape shape).")
+    h.add_argument("--out", type=output_file, required=True,
+                   help="split FP32 model to write (.onnx); analyze, plan, repair, tokensplit "
+                   "and export it like any model (its head groups are '<group>/head<h>')")
+
     g = sub.add_parser("groups", help="list the decision groups of a model",
                        parents=[_model_parent()])
     g.add_argument("--json", type=output_file, help="also write the groups as JSON")
@@ -472,6 +483,10 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
     ru.add_argument("--tokensplit-linears", dest="token_linears", action="store_true",
                     help="with --tokensplit: the token-wise Linears in chunks too "
                     "('quantscope tokensplit --linears')")
+    ru.add_argument("--headsplit", dest="heads", action="store_true",
+                    help="work on the model with each attention head a layer of its own "
+                    "('quantscope headsplit'): every head's 8-bit scores, Softmax and "
+                    "context get their own grid (unverified on a device)")
     ru.add_argument("--proxy", type=fraction, default=0.125, help="analysis row budget (see "
                     "'quantscope analyze --help')")
     ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE (calibrate, analyze, "

@@ -325,6 +325,29 @@ def split_tokens(model: Model, *, seq_len: int | None = None, chunk: int | None 
     return r, check_function(model.proto, r.proto, feeds, what="tokensplit")
 
 
+def split_heads(model: Model, *, seq_len: int | None = None,
+                input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+                ) -> tuple[GraphRepair, float]:
+    """:func:`quantscope.repair.heads.split_heads`, its FP32 function checked.
+
+    Returns the rewrite and the largest relative output difference to the original on
+    sample inputs (token feeds of ``seq_len`` tokens, else of 32 and 7 tokens; or float
+    inputs at their shapes).
+    """
+    from quantscope.model.shapes import given_shapes
+    from quantscope.repair.heads import split_heads as split
+    from quantscope.repair.tokens import sample_feeds
+    from quantscope.repair.verify import check_function
+
+    given = dict(given_shapes(model, None, input_shapes) or {})
+    r = split(model, shapes=given, seq_len=seq_len)
+    if not r.changes:
+        return r, 0.0
+    feeds = sample_feeds(model, (seq_len,) if seq_len else (32, 7), shapes=given,
+                         what="headsplit")
+    return r, check_function(model.proto, r.proto, feeds, what="headsplit")
+
+
 def tokenizer_beside(spec: str, proto: onnx.ModelProto, out: str | Path) -> tuple[Path, Path] | None:
     """(tokenizer, where it must go) when a model written to ``out`` would lose the
     tokenizer ``spec``'s model names or sits with; None when there is none or it is there.
@@ -580,6 +603,8 @@ def goal_verdict(result: dict[str, Any], metric: str, goal: float) -> dict[str, 
            "binding": None if reached or not blockers else blockers[0]["rule"]}
     if out["binding"] and str(out["binding"]).endswith(".super_defuse"):
         out["hint"] = TOKENSPLIT_HINT
+    elif out["binding"] and str(out["binding"]).endswith(".attention_16bit"):
+        out["hint"] = HEADSPLIT_HINT
     return out
 
 
@@ -587,6 +612,11 @@ TOKENSPLIT_HINT = (
     "hint: LayerNorms and residual Adds work token by token: 'quantscope tokensplit MODEL "
     "--seq-len N --out split.onnx' splits them into layers of fewer tokens, under the size "
     "limit (unverified on a device); calibrate, analyze and plan the split model")
+
+HEADSPLIT_HINT = (
+    "hint: attention stays at 8 bit; 'quantscope headsplit MODEL --out split.onnx' makes "
+    "each head a layer of its own, so every head's scores, Softmax and context get their "
+    "own 8-bit grid (unverified on a device); calibrate, analyze and plan the split model")
 
 
 def format_search(result: dict[str, Any]) -> str:

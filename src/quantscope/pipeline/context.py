@@ -41,6 +41,7 @@ class RunOptions:
     repair_batches: int = 8
     token_chunk: int | None = None  # tokensplit: token-wise layers in chunks of N tokens
     token_linears: bool = False  # tokensplit --linears
+    heads: bool = False  # headsplit: each attention head a layer of its own
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):
@@ -90,6 +91,8 @@ class Context:
         """The model file's digest (and the split, which changes every stage's model)."""
         if "model_digest" not in self._cache:
             digest = file_digest(stages.resolve_model_path(self.opts.model))
+            if self.opts.heads:
+                digest += "/headsplit"
             if self.opts.token_chunk is not None:
                 digest += (f"/tokensplit:{self.opts.seq_len}:{self.opts.token_chunk}"
                            + (":linears" if self.opts.token_linears else ""))
@@ -138,9 +141,18 @@ class Context:
 
 
 def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
-    """The given model, or with ``--tokensplit`` its token-split form (FP32 checked; its
-    source stays the given file, for the tokenizer it names or sits with)."""
+    """The given model, or with ``--headsplit`` / ``--tokensplit`` its split form (heads
+    first, then tokens; FP32 checked; its source stays the given file, for the tokenizer
+    it names or sits with)."""
     model = stages.open_model(opts.model)
+    source = model.source
+    if opts.heads:
+        r, _ = stages.split_heads(model, seq_len=opts.seq_len)
+        if not r.changes:
+            raise QuantscopeError(
+                f"--headsplit: model '{opts.model}': {r.reason}: run without it")
+        say(f"headsplit: {r.reason}", show=progress)
+        model = stages.load_proto(r.proto, source)
     if opts.token_chunk is None:
         return model
     r, _ = stages.split_tokens(model, seq_len=opts.seq_len, chunk=opts.token_chunk,
@@ -149,5 +161,5 @@ def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
         raise QuantscopeError(
             f"--tokensplit: model '{opts.model}': {r.reason} to split: run without it")
     say(f"tokensplit: {r.reason}", show=progress)
-    return stages.load_proto(r.proto, model.source)
+    return stages.load_proto(r.proto, source)
 

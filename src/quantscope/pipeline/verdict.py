@@ -45,7 +45,18 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],
         "tokensplit": _tokensplit(ctx),
+        "headsplit": _headsplit(ctx),
     }
+
+
+def _headsplit(ctx: Context) -> dict[str, Any] | None:
+    """With ``--headsplit``: what every stage (and the compiled model) worked on."""
+    if not ctx.opts.heads:
+        return None
+    from quantscope.repair.heads import UNVERIFIED
+
+    return {"note": f"each attention head a layer of its own ({steps.REPAIRED} is the "
+                    f"split model); {UNVERIFIED}"}
 
 
 def _tokensplit(ctx: Context) -> dict[str, Any] | None:
@@ -125,6 +136,8 @@ def format_verdict(v: dict[str, Any]) -> str:
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
                     "FAILS " + ", ".join(v["rules_failed"])))
+    if v.get("headsplit"):
+        lines.append(f"  headsplit: {v['headsplit']['note']}")
     if v.get("tokensplit"):
         lines.append(f"  tokensplit: {v['tokensplit']['note']}")
     lines.append(f"  evaluation: {v['evaluation']}")

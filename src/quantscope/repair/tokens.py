@@ -268,7 +268,7 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
 
 
 def sample_feeds(model: Model, lengths: tuple[int, ...], *, shapes: Shapes | None = None,
-                 seed: int = 0) -> list[dict[str, np.ndarray]]:
+                 seed: int = 0, what: str = "tokensplit") -> list[dict[str, np.ndarray]]:
     """Inputs to check the function on: ``[batch, sequence]`` token inputs at each length
     (ids 100-999, masks 1, type ids 0); other float inputs normal random at their given
     (``shapes``) or static shape, a symbolic batch as 2 (one feed when no token input)."""
@@ -295,7 +295,7 @@ def sample_feeds(model: Model, lengths: tuple[int, ...], *, shapes: Shapes | Non
             if types.get(name) != onnx.TensorProto.FLOAT or not all(
                     isinstance(d, int) for d in dims):
                 raise QuantscopeError(
-                    f"input '{name}' {list(shape)}: tokensplit checks the function on token "
+                    f"input '{name}' {list(shape)}: {what} checks the function on token "
                     "inputs and float inputs of known shape: give --input-shape NAME=DxDx…")
             feed[name] = rng.normal(0, 1, dims).astype(np.float32)
         feeds.append(feed)
