@@ -1,4 +1,10 @@
-"""Tensor shapes for legality rules and costs. Pure: ONNX shape inference, no ONNX Runtime.
+"""Tensor shapes for legality rules and costs. Pure: shape inference, no ORT session.
+
+ONNX shape inference leaves a dim unknown when a Reshape's target is computed at run time
+(Shape/Gather/Concat: the head count of every Hugging Face attention export), and an
+unknown dim counts as 1 in the cost model (attention would cost one head's MACs). With
+concrete input shapes, onnxruntime's symbolic shape inference (pure Python, it folds
+those shape computations) fills in the dims ONNX left unknown.
 
 ==================  ==============================================================
 ``seq_len_shapes``  concrete ``[batch, seq]`` shapes for the rank-2 token inputs of a
@@ -122,10 +128,33 @@ def _infer_stripped(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...
         for d, v in zip(dims, given[vi.name], strict=True):
             d.ClearField("dim_param")
             d.dim_value = int(v)
+    stripped = proto
     proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
     weights = {t.name for t in model.graph.initializer}
-    return {k: v for k, v in Model(proto=proto, source=model.source).value_shapes().items()
-            if k not in weights or k in model.input_names()}
+    out = {k: v for k, v in Model(proto=proto, source=model.source).value_shapes().items()
+           if k not in weights or k in model.input_names()}
+    if given and any(not all(isinstance(d, int) for d in v) for v in out.values()):
+        for k, v in _symbolic(stripped, model.source).items():
+            old = out.get(k)
+            if old is None or (len(old) == len(v) and not all(isinstance(d, int) for d in old)):
+                out[k] = tuple(d if isinstance(d, int) else v[i] for i, d in enumerate(old)) \
+                    if old is not None else v
+    return out
+
+
+def _symbolic(proto: onnx.ModelProto, source: str | None) -> dict[str, Shape]:
+    """Shapes from onnxruntime's symbolic shape inference, only the fully known ones
+    (empty when it cannot run on this graph: the ONNX shapes stand)."""
+    try:
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True)
+    except Exception:  # noqa: BLE001 - any failure: keep what ONNX inferred
+        return {}
+    if inferred is None:
+        return {}
+    shapes = Model(proto=inferred, source=source).value_shapes()
+    return {k: v for k, v in shapes.items() if all(isinstance(d, int) for d in v)}
 
 
 def resolve_shapes(model: Model, shapes: Shapes | None = None) -> dict[str, Shape]:
