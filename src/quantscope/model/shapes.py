@@ -136,15 +136,17 @@ def _infer_stripped(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...
     if given and any(not all(isinstance(d, int) for d in v) for v in out.values()):
         for k, v in _symbolic(stripped, model.source).items():
             old = out.get(k)
-            if old is None or (len(old) == len(v) and not all(isinstance(d, int) for d in old)):
-                out[k] = tuple(d if isinstance(d, int) else v[i] for i, d in enumerate(old)) \
-                    if old is not None else v
+            if old is None:
+                out[k] = v
+            elif len(old) == len(v):  # per dim: a known dim wins
+                out[k] = tuple(d if isinstance(d, int) or not isinstance(e, int) else e
+                               for d, e in zip(old, v, strict=True))
     return out
 
 
 def _symbolic(proto: onnx.ModelProto, source: str | None) -> dict[str, Shape]:
-    """Shapes from onnxruntime's symbolic shape inference, only the fully known ones
-    (empty when it cannot run on this graph: the ONNX shapes stand)."""
+    """Shapes from onnxruntime's symbolic shape inference (empty when it cannot run on
+    this graph: the ONNX shapes stand)."""
     try:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
@@ -153,8 +155,7 @@ def _symbolic(proto: onnx.ModelProto, source: str | None) -> dict[str, Shape]:
         return {}
     if inferred is None:
         return {}
-    shapes = Model(proto=inferred, source=source).value_shapes()
-    return {k: v for k, v in shapes.items() if all(isinstance(d, int) for d in v)}
+    return Model(proto=inferred, source=source).value_shapes()
 
 
 def resolve_shapes(model: Model, shapes: Shapes | None = None) -> dict[str, Shape]:
