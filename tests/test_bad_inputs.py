@@ -198,6 +198,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("headsplit-image-model-seq-len", ["headsplit", M, "--seq-len", "8",
                                        "--out", "{out}/s.onnx"], "no rank-2 token input"),
     ("headsplit-out-is-model", ["headsplit", T, "--out", T], "never overwritten"),
+    ("outscale-nothing-to-rescale", ["outscale", T, "--stats", S, "--out", "{out}/o.onnx"],
+     "no residual-branch Linear"),
     ("demo-json-and-report-one-path", ["demo", "--model", M, "--data", X, "--json",
                                        "{out}/d.x", "--report", "{out}/d.x"], "both"),
     # -- outputs that cannot be written: refused before any work

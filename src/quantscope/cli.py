@@ -155,6 +155,28 @@ def cmd_headsplit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_outscale(args: argparse.Namespace) -> int:
+    inp = _open(args, stats=True)
+    assert inp.stats is not None
+    r, diff = stages.out_scale(inp.model, inp.stats, min_ratio=args.min_ratio,
+                               seq_len=args.seq_len, input_shapes=_input_shapes(args))
+    for name, why in r.skipped:
+        print(f"left as is: {name}: {why}")
+    if not r.changes:
+        raise QuantscopeError(f"model '{args.model}': {r.reason}: nothing written")
+    files = [(args.out, serde.onnx_writer(r.proto))]
+    tokenizer = stages.tokenizer_beside(args.model, inp.model.proto, args.out)
+    if tokenizer is not None:  # the rewritten model names the same tokenizer: it goes along
+        files.append((tokenizer[1], serde.bytes_writer(tokenizer[0].read_bytes())))
+    serde.write_atomic_set(files)
+    if tokenizer is not None:
+        print(f"copied its tokenizer {tokenizer[0].name} beside it")
+    print(f"{r.reason}\nFP32 outputs unchanged (max relative diff {diff:.2g})")
+    print(f"wrote {args.out} ({len(r.proto.graph.node)} nodes); calibrate it again before "
+          "planning (its tensors changed)")
+    return 0
+
+
 def cmd_groups(args: argparse.Namespace) -> int:
     rows = stages.describe_groups(_open(args).model)
     if args.json:
@@ -548,6 +570,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "export-qdq": cmd_export_qdq,
     "tokensplit": cmd_tokensplit,
     "headsplit": cmd_headsplit,
+    "outscale": cmd_outscale,
     "groups": cmd_groups,
     "models": cmd_models,
     "demo": cmd_demo,

@@ -291,6 +291,20 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                    help="split FP32 model to write (.onnx); analyze, plan, repair, tokensplit "
                    "and export it like any model (its head groups are '<group>/head<h>')")
 
+    o = sub.add_parser("outscale", help="equalize the output channels of each residual-branch "
+                       "Linear with outlier channels (an FFN down-projection): its 8-bit output "
+                       "then fits every channel, the residual Add runs in the scaled basis "
+                       "(two 16-bit per-channel Muls); FP32 unchanged",
+                       parents=[_model_parent(), _stats_parent(), _seq_len_parent()],
+                       description="Needs the model's stats ('quantscope calibrate'). Run it "
+                       "before tokensplit; then calibrate the new model and plan its "
+                       "'<Add>/outscale/in' groups and residual Adds at 16 bit.")
+    o.add_argument("--min-ratio", type=positive_float, metavar="R",
+                   help="only Linears whose output channel max / median is at least R "
+                   "(default 8)")
+    o.add_argument("--out", type=output_file, required=True,
+                   help="rewritten FP32 model to write (.onnx)")
+
     g = sub.add_parser("groups", help="list the decision groups of a model",
                        parents=[_model_parent()])
     g.add_argument("--json", type=output_file, help="also write the groups as JSON")

@@ -348,6 +348,32 @@ def split_heads(model: Model, *, seq_len: int | None = None,
     return r, check_function(model.proto, r.proto, feeds, what="headsplit")
 
 
+def out_scale(model: Model, stats: Stats, *, min_ratio: float | None = None,
+              seq_len: int | None = None,
+              input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+              ) -> tuple[GraphRepair, float]:
+    """:func:`quantscope.repair.outscale.outscale`, its FP32 function checked on sample
+    feeds (token feeds of ``seq_len`` tokens, else 32 and 7; or float inputs at their
+    shapes). Refused when the stats know none of the model's Linear outputs."""
+    from quantscope.model.shapes import given_shapes
+    from quantscope.repair.outscale import MIN_RATIO, outscale
+    from quantscope.repair.tokens import sample_feeds
+    from quantscope.repair.verify import check_function
+
+    weighted = [g for g in find_groups(model).groups if g.kind.value == "weighted"]
+    if weighted and not any(t in stats.tensors for g in weighted for t in g.outputs):
+        raise QuantscopeError(
+            "the stats file has no statistics for this model's Linear outputs: it was "
+            "calibrated on another model; run 'quantscope calibrate' on this one")
+    given = dict(given_shapes(model, None, input_shapes) or {})
+    r = outscale(model, stats, min_ratio=MIN_RATIO if min_ratio is None else min_ratio)
+    if not r.changes:
+        return r, 0.0
+    feeds = sample_feeds(model, (seq_len,) if seq_len else (32, 7), shapes=given,
+                         what="outscale")
+    return r, check_function(model.proto, r.proto, feeds, what="outscale")
+
+
 def tokenizer_beside(spec: str, proto: onnx.ModelProto, out: str | Path) -> tuple[Path, Path] | None:
     """(tokenizer, where it must go) when a model written to ``out`` would lose the
     tokenizer ``spec``'s model names or sits with; None when there is none or it is there.
