@@ -143,3 +143,21 @@ def test_cli_min_ratio_must_be_positive(tmp_path, capsys, ratio):
     assert main(["outscale", str(src), "--stats", str(src), "--min-ratio", ratio,
                  "--out", str(tmp_path / "o.onnx")]) == 2
     assert "min-ratio" in capsys.readouterr().err
+
+
+def test_run_with_outscale_and_tokensplit(tmp_path, capsys):
+    from quantscope.serde import read_json
+
+    onnx.save(_block(), tmp_path / "blk.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (32, SEQ)).astype(np.int64))
+    argv = ["run", str(tmp_path / "blk.onnx"), "--data", str(tmp_path / "x.npz"),
+            "--target", "hailo10h", "--out", str(tmp_path / "W"), "--outscale",
+            "--seq-len", str(SEQ), "--tokensplit", "4"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "outscale: the FFN down-projections" in out and UNVERIFIED in out
+    verdict = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    assert verdict["outscale"] and verdict["tokensplit"]
+    compiled = {n.name for n in onnx.load(tmp_path / "W" / "repaired.onnx").graph.node}
+    assert {"Add_7/outscale/in/tok0", "Add_7/tok1"} <= compiled  # rewritten, then split

@@ -556,7 +556,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                       metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
                       method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, token_chunk=args.token_chunk,
-                      token_linears=args.token_linears, heads=args.heads, **repairs)
+                      token_linears=args.token_linears, heads=args.heads,
+                      outscale=args.outscale, **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "

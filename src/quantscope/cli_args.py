@@ -501,6 +501,11 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
                     help="work on the model with each attention head a layer of its own "
                     "('quantscope headsplit'): every head's 8-bit scores, Softmax and "
                     "context get their own grid (unverified on a device)")
+    ru.add_argument("--outscale", action="store_true",
+                    help="work on the model with its residual-branch Linears writing "
+                    "equalized output channels ('quantscope outscale'; calibrates the given "
+                    "model first): plan the new skip-branch Muls at 16 bit (unverified on a "
+                    "device)")
     ru.add_argument("--proxy", type=fraction, default=0.125, help="analysis row budget (see "
                     "'quantscope analyze --help')")
     ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE (calibrate, analyze, "

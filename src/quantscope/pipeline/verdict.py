@@ -46,7 +46,19 @@ def verdict(ctx: Context) -> dict[str, Any]:
                     if not r.get("skipped")],
         "tokensplit": _tokensplit(ctx),
         "headsplit": _headsplit(ctx),
+        "outscale": _outscale(ctx),
     }
+
+
+def _outscale(ctx: Context) -> dict[str, Any] | None:
+    """With ``--outscale``: what every stage (and the compiled model) worked on."""
+    if not ctx.opts.outscale:
+        return None
+    from quantscope.repair.outscale import UNVERIFIED
+
+    return {"note": "the FFN down-projections (residual-branch Linears with outlier output "
+                    "channels) write equalized channels, the residual Adds run in the scaled "
+                    f"basis ({steps.REPAIRED} is the rewritten model); {UNVERIFIED}"}
 
 
 def _headsplit(ctx: Context) -> dict[str, Any] | None:
@@ -136,6 +148,8 @@ def format_verdict(v: dict[str, Any]) -> str:
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
                     "FAILS " + ", ".join(v["rules_failed"])))
+    if v.get("outscale"):
+        lines.append(f"  outscale: {v['outscale']['note']}")
     if v.get("headsplit"):
         lines.append(f"  headsplit: {v['headsplit']['note']}")
     if v.get("tokensplit"):
