@@ -40,7 +40,12 @@ def test_stripped_inference_gives_the_same_shapes() -> None:
     assert stripped.ByteSize() < model.proto.ByteSize() / 3
     got = resolve_shapes(model, {"input_ids": (1, 16)})
     want = _full_inference(model, 16)
-    assert {k: got[k] for k in want} == {**want, "input_ids": (1, 16)}
+    want = {**want, "input_ids": (1, 16)}
+    for k, w in want.items():  # the same, or a dim ONNX left symbolic is now known
+        assert len(got[k]) == len(w) and all(
+            g == d or (isinstance(g, int) and not isinstance(d, int))
+            for g, d in zip(got[k], w, strict=True)), (k, got[k], w)
+    assert got["pos.keys"] == (16,)  # symbolic shape inference folds the position range
     assert got["logits"] == (1, 16, WIDER.vocab) and not big & set(got)
 
 

@@ -135,6 +135,8 @@ def _infer_stripped(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...
            if k not in weights or k in model.input_names()}
     if given and any(not all(isinstance(d, int) for d in v) for v in out.values()):
         for k, v in _symbolic(stripped, model.source).items():
+            if k in weights and k not in model.input_names():
+                continue
             old = out.get(k)
             if old is None:
                 out[k] = v
