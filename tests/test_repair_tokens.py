@@ -280,3 +280,23 @@ def test_a_static_token_input_is_checked_at_its_own_length(tmp_path, capsys):
     onnx.save(model, src)
     assert main(["tokensplit", str(src), "--out", str(tmp_path / "s.onnx")]) == 0
     assert "on [B, 8, H] split into 2 chunks of 4 tokens" in capsys.readouterr().out
+
+
+def test_bias_correction_leaves_a_chunk_no_text_reaches_unshifted():
+    """Feeds shorter than one chunk: chunk 1 sees no values; its bias stays finite (no
+    0/0 mean) and unchanged."""
+    import warnings
+
+    from onnx import numpy_helper as nh
+
+    from quantscope.repair.bias_correction import correct_biases
+
+    split = load_proto(split_tokens(load_proto(_encoder()), seq_len=SEQ, chunk=4,
+                                    linears=True).proto)
+    feeds = sample_feeds(split, (3, 2), seed=3)  # every chunk 1 empty
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = correct_biases(split, feeds, Plan.uniform(Precision.A8_W8))
+    arrays = {t.name: nh.to_array(t) for t in r.proto.graph.initializer}
+    assert all(np.isfinite(a).all() for a in arrays.values() if a.dtype.kind == "f")
+    np.testing.assert_array_equal(arrays["MatMul_6/tok1/bias"], 0.0)

@@ -62,7 +62,10 @@ def _channel_means(
             x = np.moveaxis(x.astype(np.float64), ax, -1).reshape(-1, x.shape[ax])
             sums[k] = sums[k] + x.sum(axis=0)
             counts[k] += x.shape[0]
-    return [s / c for s, c in zip(sums, counts, strict=True)]
+    # a tensor no batch reached (a tokensplit chunk past every calibration text's length)
+    # has no measured mean: 0, so its layer gets no shift instead of a NaN bias
+    return [s / c if c else np.zeros_like(np.asarray(s, np.float64))
+            for s, c in zip(sums, counts, strict=True)]
 
 
 def tapped_model_from(proto: onnx.ModelProto, taps: list[str]) -> onnx.ModelProto:
