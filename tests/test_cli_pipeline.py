@@ -76,6 +76,10 @@ def test_goal_verdict_names_the_binding_rule():
     att = goal_verdict({"chosen": {"measured": 0.5}, "blockers": [
         {"rule": "hailo.attention_16bit", "groups": ["s"], "gain": 3.0}]}, "top1_agreement", 0.97)
     assert "quantscope headsplit" in att["hint"]
+    done = goal_verdict({"chosen": {"measured": 0.5}, "blockers": [
+        {"rule": "hailo.attention_16bit", "groups": ["s"], "gain": 3.0}]}, "top1_agreement", 0.97,
+        split=True)
+    assert "hint" not in done  # the model is head-split already
     ok = goal_verdict({"chosen": {"measured": 0.98}, "blockers": []}, "top1_agreement", 0.97)
     assert ok["reached"] and ok["binding"] is None
 

@@ -607,8 +607,11 @@ def _keep_finetune(pareto: dict[str, Any]) -> bool:
     return keep
 
 
-def goal_verdict(result: dict[str, Any], metric: str, goal: float) -> dict[str, Any]:
-    """Did the chosen plan reach ``goal`` (measured); if not, which constraint binds."""
+def goal_verdict(result: dict[str, Any], metric: str, goal: float, *, split: bool = False,
+                 chunked: bool = False) -> dict[str, Any]:
+    """Did the chosen plan reach ``goal`` (measured); if not, which constraint binds (and
+    the rewrite around it, unless the model is already ``split`` by heads / ``chunked``
+    by tokens)."""
     best = result.get("chosen", {}).get("measured")
     ft = result.get("finetune") or {}
     tuned = ft.get("after") if ft.get("kept", True) else None
@@ -627,9 +630,9 @@ def goal_verdict(result: dict[str, Any], metric: str, goal: float) -> dict[str, 
         verdict = f"goal {metric} >= {goal:g} NOT reached: best legal plan {best:.4g}; {why}"
     out = {"metric": metric, "value": goal, "reached": reached, "verdict": verdict,
            "binding": None if reached or not blockers else blockers[0]["rule"]}
-    if out["binding"] and str(out["binding"]).endswith(".super_defuse"):
+    if out["binding"] and str(out["binding"]).endswith(".super_defuse") and not chunked:
         out["hint"] = TOKENSPLIT_HINT
-    elif out["binding"] and str(out["binding"]).endswith(".attention_16bit"):
+    elif out["binding"] and str(out["binding"]).endswith(".attention_16bit") and not split:
         out["hint"] = HEADSPLIT_HINT
     return out
 
@@ -794,7 +797,12 @@ def plan_model(
         if _keep_finetune(pareto):
             plan = tuned
     if options.goal is not None:
-        pareto["goal"] = goal_verdict(pareto, options.metric, options.goal)
+        from quantscope.repair.heads import METADATA_KEY as HEADS
+        from quantscope.repair.tokens import METADATA_KEY as TOKENS
+
+        done = {p.key for p in model.proto.metadata_props} & {HEADS, TOKENS}
+        pareto["goal"] = goal_verdict(pareto, options.metric, options.goal,
+                                      split=HEADS in done, chunked=TOKENS in done)
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
                       offer=offer)
 
