@@ -28,6 +28,8 @@ from quantscope.cli_types import (
 from quantscope.types import Plan, Precision, QuantscopeError, Stats
 
 if TYPE_CHECKING:
+    import onnx
+
     from quantscope.parallel import RayExecutor
     from quantscope.targets import Target
 
@@ -112,6 +114,19 @@ def cmd_export_qdq(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_rewritten(args: argparse.Namespace, original: onnx.ModelProto,
+                     proto: onnx.ModelProto) -> None:
+    """Write a rewritten model to ``args.out``, with the tokenizer the original names or
+    sits with beside it (never over a different file), all or nothing."""
+    files = [(args.out, serde.onnx_writer(proto))]
+    tokenizer = stages.tokenizer_beside(args.model, original, args.out)
+    if tokenizer is not None:  # the rewritten model names the same tokenizer: it goes along
+        files.append((tokenizer[1], serde.bytes_writer(tokenizer[0].read_bytes())))
+    serde.write_atomic_set(files)
+    if tokenizer is not None:
+        print(f"copied its tokenizer {tokenizer[0].name} beside it")
+
+
 def cmd_tokensplit(args: argparse.Namespace) -> int:
     model = stages.open_model(args.model)
     r, diff = stages.split_tokens(model, seq_len=args.seq_len, chunk=args.chunk,
@@ -120,13 +135,7 @@ def cmd_tokensplit(args: argparse.Namespace) -> int:
         print(f"left whole: {name}: {why}")
     if not r.changes:
         raise QuantscopeError(f"model '{args.model}': {r.reason} to split: nothing written")
-    files = [(args.out, serde.onnx_writer(r.proto))]
-    tokenizer = stages.tokenizer_beside(args.model, model.proto, args.out)
-    if tokenizer is not None:  # the split model names the same tokenizer: it goes along
-        files.append((tokenizer[1], serde.bytes_writer(tokenizer[0].read_bytes())))
-    serde.write_atomic_set(files)
-    if tokenizer is not None:
-        print(f"copied its tokenizer {tokenizer[0].name} beside it")
+    _write_rewritten(args, model.proto, r.proto)
     effect = dict(r.effect)
     on = (f"token feeds of {args.seq_len} and {max(1, int(effect['chunk']) // 2)} tokens"
           if args.seq_len else "random inputs")
@@ -143,13 +152,7 @@ def cmd_headsplit(args: argparse.Namespace) -> int:
         print(f"left whole: {name}: {why}")
     if not r.changes:
         raise QuantscopeError(f"model '{args.model}': {r.reason}: nothing written")
-    files = [(args.out, serde.onnx_writer(r.proto))]
-    tokenizer = stages.tokenizer_beside(args.model, model.proto, args.out)
-    if tokenizer is not None:  # the split model names the same tokenizer: it goes along
-        files.append((tokenizer[1], serde.bytes_writer(tokenizer[0].read_bytes())))
-    serde.write_atomic_set(files)
-    if tokenizer is not None:
-        print(f"copied its tokenizer {tokenizer[0].name} beside it")
+    _write_rewritten(args, model.proto, r.proto)
     print(f"{r.reason}\nFP32 outputs unchanged (max relative diff {diff:.2g})")
     print(f"wrote {args.out} ({len(r.proto.graph.node)} nodes)")
     return 0
@@ -164,13 +167,7 @@ def cmd_outscale(args: argparse.Namespace) -> int:
         print(f"left as is: {name}: {why}")
     if not r.changes:
         raise QuantscopeError(f"model '{args.model}': {r.reason}: nothing written")
-    files = [(args.out, serde.onnx_writer(r.proto))]
-    tokenizer = stages.tokenizer_beside(args.model, inp.model.proto, args.out)
-    if tokenizer is not None:  # the rewritten model names the same tokenizer: it goes along
-        files.append((tokenizer[1], serde.bytes_writer(tokenizer[0].read_bytes())))
-    serde.write_atomic_set(files)
-    if tokenizer is not None:
-        print(f"copied its tokenizer {tokenizer[0].name} beside it")
+    _write_rewritten(args, inp.model.proto, r.proto)
     print(f"{r.reason}\nFP32 outputs unchanged (max relative diff {diff:.2g})")
     print(f"wrote {args.out} ({len(r.proto.graph.node)} nodes); calibrate it again before "
           "planning (its tensors changed)")

@@ -154,6 +154,23 @@ def with_initializers(proto: onnx.ModelProto, arrays: dict[str, np.ndarray]) -> 
     return out
 
 
+def rewritten(proto: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
+              initializers: Sequence[onnx.TensorProto], note: tuple[str, str]) -> onnx.ModelProto:
+    """A copy of ``proto`` with ``nodes`` as its graph, ``initializers`` added, value infos
+    dropped (the loader infers them again) and the metadata property ``note`` = (key,
+    value) set: the common tail of the graph rewrites (tokensplit, headsplit, outscale)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    out.graph.initializer.extend(initializers)
+    del out.graph.value_info[:]
+    props = {p.key: p.value for p in out.metadata_props}
+    props[note[0]] = note[1]
+    onnx.helper.set_model_props(out, props)
+    return out
+
+
 def attr(node: onnx.NodeProto, name: str, default: object) -> object:
     for a in node.attribute:
         if a.name == name:

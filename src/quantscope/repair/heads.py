@@ -46,7 +46,7 @@ from onnx import helper, numpy_helper
 
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes, resolve_shapes, seq_len_shapes
-from quantscope.repair import Change, Repair, attr
+from quantscope.repair import Change, Repair, attr, rewritten
 from quantscope.types import QuantscopeError
 
 UNVERIFIED = (
@@ -263,15 +263,8 @@ def split_heads(model: Model, *, shapes: Shapes | None = None,
                                       [out], name=f"{n.name}/concat", axis=HEAD_AXIS))
         changes.append(Change(tensor=out, kind="new",
                               note=f"Concat of {heads} heads for its readers"))
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    del proto.graph.node[:]
-    proto.graph.node.extend(order)
-    proto.graph.initializer.extend([*inits, *axis_inits.values()])
-    del proto.graph.value_info[:]  # the loader infers them again
-    props = {p.key: p.value for p in proto.metadata_props}
-    props[METADATA_KEY] = f"attentions={len(sites)} heads={most}; {UNVERIFIED}"
-    helper.set_model_props(proto, props)
+    proto = rewritten(model.proto, order, [*inits, *axis_inits.values()], (
+        METADATA_KEY, f"attentions={len(sites)} heads={most}; {UNVERIFIED}"))
     heads_total = sum(h for _, h in sites)
     return Repair(
         name="headsplit",

@@ -42,7 +42,7 @@ from onnx import helper, numpy_helper
 
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
-from quantscope.repair import Change, Repair, use_counts, with_initializers
+from quantscope.repair import Change, Repair, rewritten, use_counts, with_initializers
 from quantscope.types import GroupKind, Stats
 
 UNVERIFIED = (
@@ -152,13 +152,8 @@ def outscale(model: Model, stats: Stats, *, min_ratio: float = MIN_RATIO) -> Rep
             n.input[:], n.output[:] = renamed[n.name]
         order.append(n)
         order += after.get(n.name, [])
-    del proto.graph.node[:]
-    proto.graph.node.extend(order)
-    proto.graph.initializer.extend(new_inits)
-    del proto.graph.value_info[:]  # the loader infers them again
-    props = {p.key: p.value for p in proto.metadata_props}
-    props[METADATA_KEY] = f"sites={len(renamed)} min_ratio={min_ratio:g}; {UNVERIFIED}"
-    helper.set_model_props(proto, props)
+    proto = rewritten(proto, order, new_inits, (
+        METADATA_KEY, f"sites={len(renamed)} min_ratio={min_ratio:g}; {UNVERIFIED}"))
     return Repair(
         name="outscale",
         reason=f"{len(renamed)} residual-branch Linear(s) write equalized output channels; "

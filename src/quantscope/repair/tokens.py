@@ -50,7 +50,7 @@ from onnx import helper, numpy_helper
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes, resolve_shapes, seq_len_shapes
-from quantscope.repair import Change, Repair, attr
+from quantscope.repair import Change, Repair, attr, rewritten
 from quantscope.targets.profile import op_kind
 from quantscope.types import Group, QuantscopeError
 
@@ -243,15 +243,8 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
                     name=f"{n.name}/concat", axis=SEQ_AXIS))
                 changes.append(Change(tensor=o, kind="new",
                                       note=f"Concat of {n_chunks} chunks for its readers"))
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    del proto.graph.node[:]
-    proto.graph.node.extend(order)
-    proto.graph.initializer.extend(inits)
-    del proto.graph.value_info[:]  # the loader infers them again
-    props = {p.key: p.value for p in proto.metadata_props}
-    props[METADATA_KEY] = f"tokens={tokens} chunk={chunk} groups={len(sites)}; {UNVERIFIED}"
-    onnx.helper.set_model_props(proto, props)
+    proto = rewritten(model.proto, order, inits, (
+        METADATA_KEY, f"tokens={tokens} chunk={chunk} groups={len(sites)}; {UNVERIFIED}"))
     return Repair(
         name="tokensplit",
         reason=f"{len(sites)} token-wise layer(s) on [B, {tokens}, H] split into {n_chunks} "
