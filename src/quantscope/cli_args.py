@@ -285,8 +285,8 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                        "own 8-bit grid (hailo.attention_16bit keeps attention at 8 bit); "
                        "FP32 unchanged",
                        parents=[_model_parent(), _seq_len_parent()],
-                       description="The head count is found by running the model once "
-                       "(at --seq-len, or 16 tokens, or the static/--input-shape shape).")
+                       description="The head count comes from shape inference at "
+                       "--seq-len (or 16 tokens), or the static/--input-shape shape.")
     h.add_argument("--out", type=output_file, required=True,
                    help="split FP32 model to write (.onnx); analyze, plan, repair, tokensplit "
                    "and export it like any model (its head groups are '<group>/head<h>')")

@@ -39,6 +39,7 @@ from quantscope.types import (
     Batch,
     Dataset,
     Encodings,
+    GroupKind,
     Groups,
     Outputs,
     Plan,
@@ -360,7 +361,7 @@ def out_scale(model: Model, stats: Stats, *, min_ratio: float | None = None,
     from quantscope.repair.tokens import sample_feeds
     from quantscope.repair.verify import check_function
 
-    weighted = [g for g in find_groups(model).groups if g.kind.value == "weighted"]
+    weighted = [g for g in find_groups(model).groups if g.kind is GroupKind.WEIGHTED]
     if weighted and not any(t in stats.tensors for g in weighted for t in g.outputs):
         raise QuantscopeError(
             "the stats file has no statistics for this model's Linear outputs: it was "

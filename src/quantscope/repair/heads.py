@@ -47,7 +47,6 @@ from onnx import helper, numpy_helper
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes, resolve_shapes, seq_len_shapes
 from quantscope.repair import Change, Repair, attr, rewritten
-from quantscope.types import QuantscopeError
 
 UNVERIFIED = (
     "unverified on a device: each head is a layer of its own with its own 8-bit grid; "
@@ -136,40 +135,6 @@ def _constants(model: Model) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _no_heads(shape: tuple | None) -> bool:
-    """True when a head count may hide in an unknown dim (rank unknown, or rank 4 with
-    the head dim [B, H, T, .] symbolic)."""
-    return shape is None or (len(shape) == 4 and not isinstance(shape[HEAD_AXIS], int))
-
-
-def _probe(model: Model, names: list[str], given: Shapes) -> dict[str, tuple[int, ...]]:
-    """Shapes of ``names`` from one ORT run at the given (or probe) input shapes: ONNX shape
-    inference often leaves a head count computed by Shape/Gather/Concat unknown."""
-    import onnxruntime as ort
-
-    from quantscope.repair.tokens import sample_feeds
-
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    have = {o.name for o in proto.graph.output}
-    types = {v.name: v.type.tensor_type.elem_type for v in proto.graph.value_info}
-    wanted = list(dict.fromkeys(n for n in names if n not in have))
-    proto.graph.output.extend(helper.make_tensor_value_info(
-        n, types.get(n) or onnx.TensorProto.FLOAT, None) for n in wanted)
-    feeds = sample_feeds(model, (PROBE_LEN,), shapes=given, what="headsplit")[0]
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        sess = ort.InferenceSession(proto.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
-        values = sess.run(wanted, feeds)
-    except Exception as e:  # noqa: BLE001 - any ORT failure: the shapes stay unknown
-        raise QuantscopeError(f"headsplit: could not run the model to find its head counts "
-                              f"({type(e).__name__}); give --seq-len N or --input-shape "
-                              "NAME=DxDx…") from None
-    return {n: tuple(int(d) for d in np.shape(v)) for n, v in zip(wanted, values, strict=True)}
-
-
 def split_heads(model: Model, *, shapes: Shapes | None = None,
                 seq_len: int | None = None) -> Repair:
     """The model with each multi-head attention split into one layer per head.
@@ -188,10 +153,6 @@ def split_heads(model: Model, *, shapes: Shapes | None = None,
                       if k not in given})
     shapes = resolve_shapes(model, given or None)
     consts = _constants(model)
-    unknown = [t for n in model.graph.node if n.op_type in (*CHAIN, "MatMul", "Softmax")
-               for t in (*n.input, *n.output) if t and t not in consts and _no_heads(shapes.get(t))]
-    if unknown:
-        shapes = {**shapes, **_probe(model, unknown, given)}
     producer = {o: n for n in model.graph.node for o in n.output if o}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in model.graph.node:
