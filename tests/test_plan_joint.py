@@ -33,6 +33,18 @@ def test_refinement_drops_a_repair_the_measurement_does_not_support():
     assert r.measured == pytest.approx(0.70)
 
 
+def test_repairs_are_judged_before_the_step_budget_goes_to_promotion_drops():
+    # the planner on a rewritten minilm-l6 kept bias+ranges (SQNR up, top-1 down) because
+    # its 12 measurements were spent reverting promotions before the repairs were tried
+    model, groups = _chain()
+    gains = {g: {"a16_w16": 0.01} for g in groups.names()}
+    fix = RepairOption("smooth", gain=0.08, cost=0.0, reason="predicted to help")
+    r = search(groups, _sens(gains), _toy_target(), model, max_cost=3.0, repairs=(fix,),
+               evaluate=_measured({"smooth": 0.60, "": 0.70}), refine_steps=2)
+    assert len(r.path) > 2  # promotions were taken, so reverts compete for the steps
+    assert r.repairs == () and r.measured == pytest.approx(0.70)
+
+
 def test_refinement_keeps_a_repair_the_measurement_supports():
     model, groups = _chain()
     gains = {g: {"a16_w16": 0.01} for g in groups.names()}

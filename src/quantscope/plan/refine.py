@@ -6,15 +6,20 @@ probe           for ``min_quality``: search the greedy path (within ``max_cost``
                 assumed to rise along the path; the probe starts at the first point
                 predicted to meet it), and measure the last pruned plan; else
                 measure the best-predicted points within ``max_cost``
+repairs         first, from the best measured point: try removing each chosen repair,
+                kept out when the measurement (the user's metric) is at least as
+                good. Repairs are offered by the analysis' metric (output SQNR) on
+                uniform ``low``; a repair can raise the SQNR and still lower top-1
+                agreement on the plan chosen, so the measurement decides. These
+                few measurements come before any other drop, so the step budget
+                cannot run out before them (repairs x precisions, measured jointly;
+                AIMET AMP phase 3)
+residual        the residual stream (residual Adds + the normalisations reading them)
+                promoted wherever legal within ``max_cost``, with the repairs kept,
+                measured as one more candidate (``residual_point``)
 drop            from the best measured point, revert promotions with the least
                 predicted gain per unit of cost saved; keep a revert when the
-                measurement still meets Q (or, without Q, loses at most ``tol``);
-                then try removing each chosen repair, kept out when the measurement
-                is at least as good (repairs x precisions, measured jointly; AIMET
-                AMP phase 3)
-residual        before the drops: the residual stream (residual Adds + the
-                normalisations reading them) promoted wherever legal within
-                ``max_cost``, measured as one more candidate (``residual_point``)
+                measurement still meets Q (or, without Q, loses at most ``tol``)
 ==============  ===================================================================
 
 At most ``steps`` evaluations in all; each plan is measured once. The result is every
@@ -96,12 +101,13 @@ def refine(
             meter.measure(pruned[-1])
     else:
         meter.measure_all(list(reversed(capped[-max(1, meter.left // 2) :])), evaluate_many)
-    stream = residual_point(space, capped[-1].repairs)
-    if stream is not None and meter.seen:
+    if not meter.seen:
+        return ()
+    best = _drop_repairs(space, meter, select(list(meter.seen.values()), space.budget)[0])
+    stream = residual_point(space, best.repairs)
+    if stream is not None:
         meter.measure(stream)
-    if meter.seen:
-        best = select(list(meter.seen.values()), space.budget)[0]
-        _drop(space, meter, best, tol)
+    _drop(space, meter, select(list(meter.seen.values()), space.budget)[0], tol)
     return tuple(meter.seen.values())
 
 
@@ -179,13 +185,21 @@ def _drop(space: Space, meter: _Meter, current: FrontPoint, tol: float) -> None:
         )
         if keep:
             current, prec = done, trial
+    _drop_repairs(space, meter, current)
+
+
+def _drop_repairs(space: Space, meter: _Meter, current: FrontPoint) -> FrontPoint:
+    """Remove each repair of ``current`` whose removal measures at least as well."""
+    budget, prec = space.budget, space.precisions(current)
+    sign = 1.0 if budget.higher_is_better else -1.0
     for r in current.repairs:
         # a repair stays only if the measurement says it helps this plan
         rest = tuple(x for x in current.repairs if x != r)
         done = meter.measure(predict(space, prec, rest, "dropped", current.step))
         if done is None:
-            return
+            break
         if sign * (done.quality - current.quality) >= 0 and (
             budget.min_quality is None or budget.meets(done)
         ):
             current = done
+    return current
