@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from quantscope import serde, stages
 from quantscope.cli_args import parser
@@ -158,20 +158,32 @@ def cmd_headsplit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_outscale(args: argparse.Namespace) -> int:
+def _stats_rewrite(args: argparse.Namespace, stage: Callable[..., Any], **opts: Any) -> int:
+    """outscale / peel: rewrite with the model's stats, print what was left, write."""
     inp = _open(args, stats=True)
     assert inp.stats is not None
-    r, diff = stages.out_scale(inp.model, inp.stats, min_ratio=args.min_ratio,
-                               seq_len=args.seq_len, input_shapes=_input_shapes(args))
+    r, diff = stage(inp.model, inp.stats, seq_len=args.seq_len,
+                    input_shapes=_input_shapes(args), **opts)
     for name, why in r.skipped:
         print(f"left as is: {name}: {why}")
     if not r.changes:
         raise QuantscopeError(f"model '{args.model}': {r.reason}: nothing written")
+    for c in r.changes:
+        if c.kind in ("divide", "split"):  # one line per site: what moved, by how much
+            print(f"{c.tensor}: {c.note}")
     _write_rewritten(args, inp.model.proto, r.proto)
     print(f"{r.reason}\nFP32 outputs unchanged (max relative diff {diff:.2g})")
     print(f"wrote {args.out} ({len(r.proto.graph.node)} nodes); calibrate it again before "
           "planning (its tensors changed)")
     return 0
+
+
+def cmd_outscale(args: argparse.Namespace) -> int:
+    return _stats_rewrite(args, stages.out_scale, min_ratio=args.min_ratio)
+
+
+def cmd_peel(args: argparse.Namespace) -> int:
+    return _stats_rewrite(args, stages.peel_channels, factor=args.factor)
 
 
 def cmd_groups(args: argparse.Namespace) -> int:
@@ -554,7 +566,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, token_chunk=args.token_chunk,
                       token_linears=args.token_linears, heads=args.heads,
-                      outscale=args.outscale, **repairs)
+                      outscale=args.outscale, peel=args.peel, **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "
@@ -569,6 +581,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "tokensplit": cmd_tokensplit,
     "headsplit": cmd_headsplit,
     "outscale": cmd_outscale,
+    "peel": cmd_peel,
     "groups": cmd_groups,
     "models": cmd_models,
     "demo": cmd_demo,

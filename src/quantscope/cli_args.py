@@ -305,6 +305,21 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
     o.add_argument("--out", type=output_file, required=True,
                    help="rewritten FP32 model to write (.onnx)")
 
+    pe = sub.add_parser("peel", help="move each FFN's few outlier hidden channels (after its "
+                        "activation) into a small FFN of their own that joins the residual "
+                        "stream through an Add: the big FFN's 8-bit hidden grid then fits "
+                        "the other channels; FP32 unchanged",
+                        parents=[_model_parent(), _stats_parent(), _seq_len_parent()],
+                        description="Needs the model's stats ('quantscope calibrate'). Run "
+                        "it before tokensplit (after outscale, with the same stats); then "
+                        "calibrate the new model and plan its '<Add>/peel' groups at 16 bit "
+                        "like the residual stream.")
+    pe.add_argument("--factor", type=positive_float, metavar="F",
+                    help="peel hidden channels whose max |h| is at least F x the median "
+                    "channel's (default 4; at most 8 per FFN)")
+    pe.add_argument("--out", type=output_file, required=True,
+                    help="rewritten FP32 model to write (.onnx)")
+
     g = sub.add_parser("groups", help="list the decision groups of a model",
                        parents=[_model_parent()])
     g.add_argument("--json", type=output_file, help="also write the groups as JSON")
@@ -506,6 +521,11 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
                     "equalized output channels ('quantscope outscale'; calibrates the given "
                     "model first): plan the new skip-branch Muls at 16 bit (unverified on a "
                     "device)")
+    ru.add_argument("--peel", action="store_true",
+                    help="work on the model with each FFN's outlier hidden channels in a "
+                    "small FFN of their own ('quantscope peel'; calibrates the given model "
+                    "first, once with --outscale): plan the new '<Add>/peel' groups at 16 "
+                    "bit (unverified on a device)")
     ru.add_argument("--proxy", type=fraction, default=0.125, help="analysis row budget (see "
                     "'quantscope analyze --help')")
     ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE (calibrate, analyze, "

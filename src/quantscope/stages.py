@@ -349,15 +349,14 @@ def split_heads(model: Model, *, seq_len: int | None = None,
     return r, check_function(model.proto, r.proto, feeds, what="headsplit")
 
 
-def out_scale(model: Model, stats: Stats, *, min_ratio: float | None = None,
-              seq_len: int | None = None,
-              input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
-              ) -> tuple[GraphRepair, float]:
-    """:func:`quantscope.repair.outscale.outscale`, its FP32 function checked on sample
-    feeds (token feeds of ``seq_len`` tokens, else 32 and 7; or float inputs at their
-    shapes). Refused when the stats know none of the model's Linear outputs."""
+def _stats_rewrite(model: Model, stats: Stats, rewrite: Any, what: str, *,
+                   seq_len: int | None,
+                   input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+                   ) -> tuple[GraphRepair, float]:
+    """``rewrite(model, stats)`` with its FP32 function checked on sample feeds (token
+    feeds of ``seq_len`` tokens, else 32 and 7; or float inputs at their shapes). Refused
+    when the stats know none of the model's Linear outputs."""
     from quantscope.model.shapes import given_shapes
-    from quantscope.repair.outscale import MIN_RATIO, outscale
     from quantscope.repair.tokens import sample_feeds
     from quantscope.repair.verify import check_function
 
@@ -367,12 +366,35 @@ def out_scale(model: Model, stats: Stats, *, min_ratio: float | None = None,
             "the stats file has no statistics for this model's Linear outputs: it was "
             "calibrated on another model; run 'quantscope calibrate' on this one")
     given = dict(given_shapes(model, None, input_shapes) or {})
-    r = outscale(model, stats, min_ratio=MIN_RATIO if min_ratio is None else min_ratio)
+    r = rewrite(model, stats)
     if not r.changes:
         return r, 0.0
-    feeds = sample_feeds(model, (seq_len,) if seq_len else (32, 7), shapes=given,
-                         what="outscale")
-    return r, check_function(model.proto, r.proto, feeds, what="outscale")
+    feeds = sample_feeds(model, (seq_len,) if seq_len else (32, 7), shapes=given, what=what)
+    return r, check_function(model.proto, r.proto, feeds, what=what)
+
+
+def out_scale(model: Model, stats: Stats, *, min_ratio: float | None = None,
+              seq_len: int | None = None,
+              input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+              ) -> tuple[GraphRepair, float]:
+    """:func:`quantscope.repair.outscale.outscale`, FP32 checked (:func:`_stats_rewrite`)."""
+    from quantscope.repair.outscale import MIN_RATIO, outscale
+
+    ratio = MIN_RATIO if min_ratio is None else min_ratio
+    return _stats_rewrite(model, stats, lambda m, s: outscale(m, s, min_ratio=ratio),
+                          "outscale", seq_len=seq_len, input_shapes=input_shapes)
+
+
+def peel_channels(model: Model, stats: Stats, *, factor: float | None = None,
+                  seq_len: int | None = None,
+                  input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+                  ) -> tuple[GraphRepair, float]:
+    """:func:`quantscope.repair.peel.peel`, FP32 checked (:func:`_stats_rewrite`)."""
+    from quantscope.repair.peel import FACTOR, peel
+
+    f = FACTOR if factor is None else factor
+    return _stats_rewrite(model, stats, lambda m, s: peel(m, s, factor=f), "peel",
+                          seq_len=seq_len, input_shapes=input_shapes)
 
 
 def tokenizer_beside(spec: str, proto: onnx.ModelProto, out: str | Path) -> tuple[Path, Path] | None:

@@ -43,6 +43,7 @@ class RunOptions:
     token_linears: bool = False  # tokensplit --linears
     heads: bool = False  # headsplit: each attention head a layer of its own
     outscale: bool = False  # outscale: residual-branch Linears write equalized channels
+    peel: bool = False  # peel: each FFN's outlier hidden channels in a small FFN of their own
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):
@@ -94,6 +95,8 @@ class Context:
             digest = file_digest(stages.resolve_model_path(self.opts.model))
             if self.opts.outscale:
                 digest += "/outscale"
+            if self.opts.peel:
+                digest += "/peel"
             if self.opts.heads:
                 digest += "/headsplit"
             if self.opts.token_chunk is not None:
@@ -144,24 +147,29 @@ class Context:
 
 
 def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
-    """The given model, or with ``--outscale`` / ``--headsplit`` / ``--tokensplit`` its
+    """The given model, or with ``--outscale`` / ``--peel`` / ``--headsplit`` / ``--tokensplit`` its
     rewritten form (in that order; FP32 checked each time; its source stays the given
     file, for the tokenizer it names or sits with)."""
     model = stages.open_model(opts.model)
     source = model.source
-    if opts.outscale:  # needs the unsplit model's own calibration (channel ranges)
+    if opts.outscale or opts.peel:  # need the unsplit model's own channel ranges
         fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer,
                                max_pairs=opts.pairs)
         if opts.seq_len is not None:
             fit = stages.at_length(fit, opts.seq_len)
-        say("outscale: calibrating the given model for its channel ranges", show=progress)
+        say("calibrating the given model for its channel ranges", show=progress)
         stats = stages.calibrate_model(model, fit, method=opts.method, progress=progress)
-        r, _ = stages.out_scale(model, stats, seq_len=opts.seq_len)
-        if not r.changes:
-            raise QuantscopeError(
-                f"--outscale: model '{opts.model}': {r.reason}: run without it")
-        say(f"outscale: {r.reason}", show=progress)
-        model = stages.load_proto(r.proto, source)
+        # outscale changes only the down-projections' weights: the hidden tensors that peel
+        # reads keep their names and ranges, so one calibration serves both
+        for flag, stage in (("outscale", stages.out_scale), ("peel", stages.peel_channels)):
+            if not getattr(opts, flag):
+                continue
+            r, _ = stage(model, stats, seq_len=opts.seq_len)
+            if not r.changes:
+                raise QuantscopeError(
+                    f"--{flag}: model '{opts.model}': {r.reason}: run without it")
+            say(f"{flag}: {r.reason}", show=progress)
+            model = stages.load_proto(r.proto, source)
     if opts.heads:
         r, _ = stages.split_heads(model, seq_len=opts.seq_len)
         if not r.changes:

@@ -47,6 +47,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "tokensplit": _tokensplit(ctx),
         "headsplit": _headsplit(ctx),
         "outscale": _outscale(ctx),
+        "peel": _peel(ctx),
     }
 
 
@@ -59,6 +60,17 @@ def _outscale(ctx: Context) -> dict[str, Any] | None:
     return {"note": "the FFN down-projections (residual-branch Linears with outlier output "
                     "channels) write equalized channels, the residual Adds run in the scaled "
                     f"basis ({steps.REPAIRED} is the rewritten model); {UNVERIFIED}"}
+
+
+def _peel(ctx: Context) -> dict[str, Any] | None:
+    """With ``--peel``: what every stage (and the compiled model) worked on."""
+    if not ctx.opts.peel:
+        return None
+    from quantscope.repair.peel import UNVERIFIED
+
+    return {"note": "each FFN's outlier hidden channels run in a small FFN of their own that "
+                    f"joins the residual stream through an Add ({steps.REPAIRED} is the "
+                    f"rewritten model); {UNVERIFIED}"}
 
 
 def _headsplit(ctx: Context) -> dict[str, Any] | None:
@@ -150,6 +162,8 @@ def format_verdict(v: dict[str, Any]) -> str:
                     "FAILS " + ", ".join(v["rules_failed"])))
     if v.get("outscale"):
         lines.append(f"  outscale: {v['outscale']['note']}")
+    if v.get("peel"):
+        lines.append(f"  peel: {v['peel']['note']}")
     if v.get("headsplit"):
         lines.append(f"  headsplit: {v['headsplit']['note']}")
     if v.get("tokensplit"):

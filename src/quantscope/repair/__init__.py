@@ -158,7 +158,7 @@ def rewritten(proto: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
               initializers: Sequence[onnx.TensorProto], note: tuple[str, str]) -> onnx.ModelProto:
     """A copy of ``proto`` with ``nodes`` as its graph, ``initializers`` added, value infos
     dropped (the loader infers them again) and the metadata property ``note`` = (key,
-    value) set: the common tail of the graph rewrites (tokensplit, headsplit, outscale)."""
+    value) set: the common tail of the graph rewrites (tokensplit, headsplit, outscale, peel)."""
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     del out.graph.node[:]

@@ -1,0 +1,233 @@
+"""Function-preserving rewrite: an FFN's few outlier hidden channels get a layer of their own (``peel``).
+
+The FFN's up-projection + activation (``h = GELU(x @ W1 + b1)``, [B, T, 1536] in
+``minilm-l6``) writes one 8-bit tensor whose grid is set by one or two channels: layer 0's
+channel 856 reaches 24.7 while the median channel's max is 1.7 and every other channel
+stays below 6.4, so the grid spends most of its 256 levels on one channel. The activation
+sits between the two Linears, so no per-channel scale can move through it (``smooth`` and
+``equalize`` have no site), and ``outscale`` only equalizes the down-projection's output.
+This rewrite moves those channels into a small FFN of their own beside the big one:
+
+=================  ==================================================================
+before             ``h = act(x @ W1 + b1)``, ``t = h @ W2 + b2``, ``z = Add(t, r)``
+after              ``h = act(x @ W1[:, K] + b1[K])`` (8 bit, its grid set by the kept
+                   channels ``K``), ``t = h @ W2[K, :] + b2`` (same name);
+                   ``hp = act(x @ W1[:, P] + b1[P])`` (the peeled channels ``P``, a layer
+                   of their own with its own grid), ``tp = hp @ W2[P, :]``;
+                   ``rp = Add(r, tp)`` (``<Add>/peel``) and ``z = Add(t, rp)``
+=================  ==================================================================
+
+``P`` are the channels whose calibrated max ``|h|`` (``TensorStats.channel_absmax``) is at
+least ``factor`` times the median channel's (at most :data:`MAX_PEEL` of them, the largest).
+``tp`` joins the residual stream through its own Add on the skip branch, so the big
+down-projection's output grid is unchanged; plan ``<Add>/peel`` at the residual stream's
+precision (16 bit; at sequence 256 on Hailo ``tokensplit`` splits it). The two small
+Linears cost ``2 * |P| * H`` MACs per token.
+
+Sites: a weighted group (MatMul with a 2-D initializer weight, a bias Add, then an
+elementwise activation whose other operands are scalars) whose output is read only by
+one MatMul with a 2-D initializer weight, whose group output is read by exactly one Add
+with another activation operand (a residual Add; with ``outscale`` applied first, the
+scaled skip branch). Weights read by other nodes are left (run ``peel`` before
+``tokensplit``). Anything else is left with the reason.
+
+**Unverified on a device**: the rewrite is ordinary Linears, activations and an Add; that
+the compiler keeps the one- or two-channel Linears as layers of their own is the usual
+behaviour, not a measurement here (:data:`UNVERIFIED`). The FP32 function is unchanged
+(checked by the caller).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model
+from quantscope.repair import Change, Repair, rewritten, use_counts, with_initializers
+from quantscope.types import GroupKind, Stats
+
+UNVERIFIED = (
+    "unverified on a device: the peeled channels run as small Linears of their own and "
+    "join the residual stream through an Add; that the compiler keeps them as separate "
+    "layers is not a measurement"
+)
+METADATA_KEY = "quantscope.peel"
+FACTOR = 4.0  # a hidden channel whose max |h| is this many medians is peeled ...
+MAX_PEEL = 8  # ... at most this many per FFN (the largest)
+ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Erf", "Tanh", "Sigmoid", "Relu",
+                         "Gelu", "Pow", "Sqrt", "Exp", "Clip", "LeakyRelu", "HardSigmoid",
+                         "HardSwish", "Softplus", "Identity"})
+
+
+def _scalar(name: str, inits: dict[str, onnx.TensorProto], consts: dict[str, int]) -> bool:
+    if name in inits:
+        return int(np.prod(inits[name].dims)) == 1
+    return consts.get(name, 0) == 1
+
+
+def _constant_sizes(model: Model) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].type == \
+                onnx.AttributeProto.TENSOR:
+            out[n.output[0]] = int(np.prod(n.attribute[0].t.dims))
+    return out
+
+
+def _activation_why(chain: list[onnx.NodeProto], inits: dict, consts: dict[str, int],
+                    made: set[str]) -> str | None:
+    for n in chain:
+        if n.op_type == "Constant":
+            continue
+        if n.op_type not in ELEMENTWISE:
+            return f"its activation has a {n.op_type}, not an elementwise op"
+        for i in n.input:
+            if i and i not in made and not _scalar(i, inits, consts):
+                return f"its activation reads '{i}', which is not a scalar"
+        made.update(n.output)
+    return None
+
+
+def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
+         max_peel: int = MAX_PEEL) -> Repair:
+    """The model with each FFN's outlier hidden channels in a small FFN of their own."""
+    inits = {t.name: t for t in model.graph.initializer}
+    consts = _constant_sizes(model)
+    counts = use_counts(model.graph)
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for t in n.input:
+            if t:
+                readers.setdefault(t, []).append(n)
+    nodes = {n.name: n for n in model.graph.node}
+    groups = find_groups(model).groups
+    outputs = set(model.output_names())
+    arrays: dict[str, np.ndarray] = {}
+    new_inits: list[onnx.TensorProto] = []
+    before: dict[str, list[onnx.NodeProto]] = {}
+    rewired: dict[str, tuple[str, str]] = {}  # residual Add -> (old skip input, new)
+    changes: list[Change] = []
+    skipped: list[tuple[str, str]] = []
+    for g in groups:
+        if g.kind is not GroupKind.WEIGHTED or len(g.outputs) != 1 or len(g.nodes) < 3:
+            continue
+        h = g.outputs[0]
+        mm = nodes[g.nodes[0]]
+        rs = readers.get(h, [])
+        if mm.op_type != "MatMul" or mm.input[1] not in inits or h in outputs or \
+                len(inits[mm.input[1]].dims) != 2 or len(rs) != 1 or rs[0].op_type != "MatMul":
+            continue  # not an FFN's first Linear: silently no site
+        down = rs[0]
+        dgroup = next((x for x in groups if down.name in x.nodes), None)
+        if dgroup is None or down.input[1] not in inits or len(dgroup.outputs) != 1:
+            continue
+        t = dgroup.outputs[0]
+        adds = readers.get(t, [])
+        if len(adds) != 1 or adds[0].op_type != "Add" or t in outputs:
+            continue  # its second Linear is not a residual branch
+        add = adds[0]
+        skip = next((i for i in add.input if i != t), None)
+        if skip is None or skip in inits or add.input[0] == add.input[1]:
+            continue
+        badd = nodes[g.nodes[1]]
+        bias = next((i for i in badd.input if i in inits), None) if badd.op_type == "Add" \
+            else None
+        if bias is None or int(np.prod(inits[bias].dims)) != int(inits[mm.input[1]].dims[1]):
+            skipped.append((g.name, "its Linear has no bias Add before the activation"))
+            continue
+        chain = [nodes[n] for n in g.nodes[2:]]
+        why = _activation_why(chain, inits, consts, {badd.output[0]})
+        if why:
+            skipped.append((g.name, why))
+            continue
+        shared = [w for w in (mm.input[1], bias, down.input[1]) if counts.get(w, 0) > 1]
+        if shared:
+            skipped.append((g.name, f"initializer '{shared[0]}' is shared with another node "
+                                    "(run peel before tokensplit)"))
+            continue
+        ts = stats.tensors.get(h)
+        width = int(inits[mm.input[1]].dims[1])
+        if ts is None or ts.channel_absmax.size != width:
+            skipped.append((g.name, "no per-channel statistics for its output (calibrate "
+                                    "this model)"))
+            continue
+        absmax = ts.channel_absmax.astype(np.float64)
+        med = float(np.median(absmax))
+        order = np.argsort(-absmax, kind="stable")
+        peeled = np.sort(np.array([c for c in order[:max_peel] if absmax[c] >= factor * med],
+                                  dtype=np.int64))
+        if peeled.size == 0:
+            skipped.append((g.name, f"no hidden channel reaches {factor:g} x the median "
+                                    f"channel max ({absmax.max() / max(med, 1e-12):.1f} x)"))
+            continue
+        kept = np.setdiff1d(np.arange(width), peeled)
+        w1 = numpy_helper.to_array(inits[mm.input[1]])
+        b1 = numpy_helper.to_array(inits[bias])
+        w2 = numpy_helper.to_array(inits[down.input[1]])
+        arrays[mm.input[1]], arrays[bias] = w1[:, kept], b1.reshape(-1)[kept]
+        arrays[down.input[1]] = w2[kept, :]
+        pre = f"{mm.name}/peel"
+        new_inits += [numpy_helper.from_array(w1[:, peeled], f"{mm.input[1]}/peel"),
+                      numpy_helper.from_array(b1.reshape(-1)[peeled], f"{bias}/peel"),
+                      numpy_helper.from_array(w2[peeled, :], f"{down.input[1]}/peel")]
+        names = {mm.output[0]: f"{mm.output[0]}/peel", badd.output[0]: f"{badd.output[0]}/peel"}
+        new = [helper.make_node("MatMul", [mm.input[0], f"{mm.input[1]}/peel"],
+                                [names[mm.output[0]]], name=pre),
+               helper.make_node("Add", [names.get(i, f"{bias}/peel" if i == bias else i)
+                                        for i in badd.input],
+                                [names[badd.output[0]]], name=f"{badd.name}/peel")]
+        for n in chain:
+            if n.op_type == "Constant":
+                continue
+            copy = onnx.NodeProto()
+            copy.CopyFrom(n)
+            copy.name = f"{n.name}/peel"
+            copy.input[:] = [names.get(i, i) for i in n.input]
+            for o in n.output:
+                names[o] = f"{o}/peel"
+            copy.output[:] = [names[o] for o in n.output]
+            new.append(copy)
+        tp, rp = f"{t}/peel", f"{skip}/peel/{add.name}"
+        new += [helper.make_node("MatMul", [names[h], f"{down.input[1]}/peel"], [tp],
+                                 name=f"{down.name}/peel"),
+                helper.make_node("Add", [skip, tp], [rp], name=f"{add.name}/peel")]
+        before[add.name] = new
+        rewired[add.name] = (skip, rp)
+        ratio_after = float(absmax[kept].max() / max(med, 1e-12))
+        changes += [
+            Change(h, "split", 2, tuple(int(c) for c in peeled),
+                   tuple(float(absmax[c]) for c in peeled),
+                   note=f"{peeled.size} hidden channel(s) of {width} peeled into '{pre}' "
+                        f"(max/median {absmax.max() / max(med, 1e-12):.1f} -> {ratio_after:.1f})"),
+            Change(rp, "insert", note=f"Add '{add.name}/peel': the skip branch + the peeled "
+                                      "channels' down-projection")]
+    if not rewired:
+        return Repair(name="peel", reason=f"no FFN hidden channel reaches {factor:g} x the "
+                      "median channel max", proto=model.proto, skipped=tuple(skipped))
+    proto = with_initializers(model.proto, arrays)
+    order: list[onnx.NodeProto] = []
+    for n in proto.graph.node:
+        order += before.get(n.name, [])
+        if n.name in rewired:
+            old, new_in = rewired[n.name]
+            n.input[:] = [new_in if i == old else i for i in n.input]
+        order.append(n)
+    sites = len(rewired)
+    proto = rewritten(proto, order, new_inits, (
+        METADATA_KEY, f"sites={sites} factor={factor:g}; {UNVERIFIED}"))
+    return Repair(
+        name="peel",
+        reason=f"{sites} FFN(s): their outlier hidden channels run in a small FFN of their "
+        f"own that joins the residual stream through a new Add (groups '<Add>/peel': plan them "
+        f"at 16 bit like the residual stream); {UNVERIFIED}",
+        proto=proto,
+        changes=tuple(changes),
+        skipped=tuple(skipped),
+        effect=(("sites", float(sites)),
+                ("channels", float(sum(len(c.channels) for c in changes if c.kind == "split")))),
+    )
+
+
+__all__ = ["FACTOR", "MAX_PEEL", "METADATA_KEY", "UNVERIFIED", "peel"]
