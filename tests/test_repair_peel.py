@@ -180,3 +180,29 @@ def test_run_with_outscale_peel_and_tokensplit(tmp_path, capsys):
     assert verdict["peel"] and verdict["tokensplit"] and not verdict["outscale"]
     compiled = {n.name for n in onnx.load(tmp_path / "W" / "repaired.onnx").graph.node}
     assert any(n.endswith("/peel/tok0") for n in compiled)  # rewritten, then split
+
+
+def test_the_planners_residual_candidate_takes_the_new_skip_branch_layers():
+    """The planner's residual-stream candidate includes the layers outscale and peel put
+    on the skip branch (at 8 bit they would carry the stream's error)."""
+    from test_search import _sens, _toy_target
+
+    from quantscope.plan.search import search
+
+    model, _, stats = _calibrated(_block())
+    new = load_proto(peel(load_proto(outscale(model, stats, min_ratio=1.0).proto),
+                          stats).proto)
+    groups = find_groups(new)
+    res_add = next(n.name for n in model.graph.node if n.output[0] == "res")
+    skip = {f"{res_add}/outscale/in", f"{res_add}/peel"}
+    assert skip <= set(groups.names())
+    gains = {g: {"a16_w16": 0.0} for g in groups.names()}
+
+    stream = skip | {res_add}
+
+    def evaluate(plan):  # every prediction is 0: only the residual candidate finds these
+        return 0.5 + 0.1 * len(stream & set(dict(plan.overrides)))
+
+    r = search(groups, _sens(gains), _toy_target(), new, max_cost=3.0, evaluate=evaluate)
+    assert stream <= set(dict(r.plan.overrides)) and r.measured == pytest.approx(0.8)
+    assert [t.origin for t in r.trials].count("residual") == 1

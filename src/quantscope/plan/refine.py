@@ -14,9 +14,10 @@ repairs         first, from the best measured point: try removing each chosen re
                 few measurements come before any other drop, so the step budget
                 cannot run out before them (repairs x precisions, measured jointly;
                 AIMET AMP phase 3)
-residual        the residual stream (residual Adds + the normalisations reading them)
-                promoted wherever legal within ``max_cost``, with the repairs kept,
-                measured as one more candidate (``residual_point``)
+residual        the residual stream (residual Adds + the normalisations reading them +
+                the elementwise layers on their skip branch, e.g. ``outscale``'s and
+                ``peel``'s) promoted wherever legal within ``max_cost``, with the repairs
+                kept, measured as one more candidate (``residual_point``)
 drop            from the best measured point, revert promotions with the least
                 predicted gain per unit of cost saved; keep a revert when the
                 measurement still meets Q (or, without Q, loses at most ``tol``)
@@ -39,7 +40,7 @@ from quantscope.plan.greedy import Walk
 from quantscope.plan.pareto import FrontPoint, select
 from quantscope.plan.predict import predict
 from quantscope.plan.start import EPS, Space, emit, repair_meta
-from quantscope.types import Plan
+from quantscope.types import Group, GroupKind, Groups, Plan
 
 Evaluate = Callable[[Plan], float]
 EvaluateMany = Callable[[Sequence[Plan]], list[float]]
@@ -113,7 +114,8 @@ def refine(
 
 def residual_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:
     """A structural candidate measured beside the greedy path (origin ``residual``): the
-    residual stream — every residual Add and every normalisation that reads one — at the
+    residual stream — every residual Add, every normalisation that reads one and the
+    elementwise layers on its skip branch (:func:`_skip_branch`) — at the
     widest candidate precision each may legally take, in group order, while the plan stays
     within the cost cap; None if no such group can be promoted.
 
@@ -127,6 +129,7 @@ def residual_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:
     members = {g.name for g in adds} | {
         g.name for g in groups.groups
         if g.op_type in NORM_OPS and g.inputs and g.inputs[0] in outs}
+    members |= _skip_branch(groups, adds)
     prec = dict(space.start)
     for name in (n for n in space.names if n in members):
         for precision in sorted(space.candidates,
@@ -143,6 +146,26 @@ def residual_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:
     if prec == dict(space.start) or space.legal.blocking(space.plan(prec)):
         return None
     return predict(space, prec, repairs, "residual", 0)
+
+
+SKIP_OPS = frozenset({"Add", "Sub", "Mul", "Div"})
+
+
+def _skip_branch(groups: Groups, adds: Sequence[Group]) -> set[str]:
+    """Elementwise layers that feed a residual Add, back to the Linears and norms: the skip
+    branch the stream's rewrites add (``outscale``'s ``x / s`` Mul, ``peel``'s Add). At low
+    precision they would carry the stream's error; none exist in an unrewritten encoder."""
+    producer = {t: g for g in groups.groups for t in g.outputs}
+    found: set[str] = set()
+    todo = [t for g in adds for t in g.inputs]
+    while todo:
+        g = producer.get(todo.pop())
+        if g is None or g.name in found or g.kind is not GroupKind.ACTIVATION \
+                or g.op_type not in SKIP_OPS:
+            continue
+        found.add(g.name)
+        todo.extend(g.inputs)
+    return found
 
 
 def _first_meeting(space: Space, meter: _Meter, seq: list[FrontPoint]) -> None:
