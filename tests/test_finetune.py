@@ -250,6 +250,25 @@ def test_time_budget_stops_after_an_evaluation():
     assert res.steps == 1 and [h["step"] for h in res.history] == [0, 1]
 
 
+def test_the_schedule_anneals_by_the_end_of_the_time_budget():
+    import time
+
+    from quantscope.finetune.distill import Distiller
+
+    model, groups, stats, _ = _prepared("residual_add", n=2)
+    student = to_torch(_qdq(model, groups, stats, Plan.uniform(Precision.A8_W8)),
+                       float_weights=fp32_weights(model))
+    teacher = to_torch(model.proto)
+    by_steps = Distiller(student, teacher, OutputsLoss(), FinetuneConfig(steps=1000, warmup=5))
+    timed = Distiller(student, teacher, OutputsLoss(),
+                      FinetuneConfig(steps=1000, warmup=5, max_seconds=100.0))
+    timed.started = time.perf_counter() - 50.0  # half the budget spent at step 20
+    assert by_steps._schedule(20) > 0.99  # 1.5 % of the steps: still at the top
+    assert timed._schedule(20) == pytest.approx(0.5, abs=0.01)  # half-way down the cosine
+    timed.started = time.perf_counter() - 100.0
+    assert timed._schedule(20) == pytest.approx(0.0, abs=1e-6)  # budget spent: annealed
+
+
 def test_intermediate_taps_are_distilled():
     from quantscope.finetune.objectives import layernorm_outputs, tap_loss
 

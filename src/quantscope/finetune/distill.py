@@ -134,16 +134,24 @@ class Distiller:
         if not groups:
             raise QuantscopeError("finetune: nothing to learn (weights and ranges both off)")
         self.opt = torch.optim.Adam(groups)
+        self.started: float | None = None  # perf_counter origin of the run (resumes included)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._schedule)
         self.step, self.history = 0, []
         self.best: tuple[float, int, dict[str, torch.Tensor]] | None = None
         self._targets: dict[int, list[torch.Tensor]] = {}
 
     def _schedule(self, step: int) -> float:
+        """Linear warm-up, then a cosine decay that reaches zero at the last step or at the
+        end of the time budget (``max_seconds``), whichever comes first: a run stopped by
+        the clock ends annealed instead of at a high learning rate."""
         if step < self.cfg.warmup:
             return (step + 1) / self.cfg.warmup
         span = max(self.cfg.steps - self.cfg.warmup, 1)
-        return 0.5 * (1.0 + math.cos(math.pi * min(step - self.cfg.warmup, span) / span))
+        done = min(step - self.cfg.warmup, span) / span
+        if self.cfg.max_seconds and self.started is not None:
+            done = max(done, min((time.perf_counter() - self.started) / self.cfg.max_seconds,
+                                 1.0))
+        return 0.5 * (1.0 + math.cos(math.pi * done))
 
     def _target(self, key: int, feeds: Batch) -> list[torch.Tensor]:
         if key not in self._targets:
@@ -213,6 +221,7 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
     if ck is not None and ck.is_file():
         d.load(ck)
     start = time.perf_counter() - (d.history[-1]["seconds"] if d.history else 0.0)
+    d.started = start
     if not d.history:
         before = d.evaluate(holdout)
         d.history.append({"step": 0, "loss": float("nan"), "holdout": before, "seconds": 0.0})
