@@ -200,6 +200,8 @@ CASES: list[tuple[str, list[str], str]] = [
     ("headsplit-out-is-model", ["headsplit", T, "--out", T], "never overwritten"),
     ("outscale-nothing-to-rescale", ["outscale", T, "--stats", S, "--out", "{out}/o.onnx"],
      "no residual-branch Linear"),
+    ("peel-nothing-to-peel", ["peel", T, "--stats", S, "--out", "{out}/p.onnx"],
+     "no FFN hidden channel"),
     ("demo-json-and-report-one-path", ["demo", "--model", M, "--data", X, "--json",
                                        "{out}/d.x", "--report", "{out}/d.x"], "both"),
     # -- outputs that cannot be written: refused before any work
