@@ -171,6 +171,22 @@ def rewritten(proto: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
     return out
 
 
+def spliced(nodes: Sequence[onnx.NodeProto], before: dict[str, list[onnx.NodeProto]],
+            after: dict[str, list[onnx.NodeProto]],
+            rewire: dict[str, tuple[list[str], list[str]]]) -> list[onnx.NodeProto]:
+    """``nodes`` in order, with ``before[name]`` put before and ``after[name]`` after each
+    node of that name, and ``rewire[name] = (inputs, outputs)`` set on it (the graph
+    rewrites' node edits; the nodes are edited in place)."""
+    order: list[onnx.NodeProto] = []
+    for n in nodes:
+        order += before.get(n.name, [])
+        if n.name in rewire:
+            n.input[:], n.output[:] = rewire[n.name]
+        order.append(n)
+        order += after.get(n.name, [])
+    return order
+
+
 def attr(node: onnx.NodeProto, name: str, default: object) -> object:
     for a in node.attribute:
         if a.name == name:

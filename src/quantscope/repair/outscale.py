@@ -42,7 +42,14 @@ from onnx import helper, numpy_helper
 
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
-from quantscope.repair import Change, Repair, rewritten, use_counts, with_initializers
+from quantscope.repair import (
+    Change,
+    Repair,
+    rewritten,
+    spliced,
+    use_counts,
+    with_initializers,
+)
 from quantscope.types import GroupKind, Stats
 
 UNVERIFIED = (
@@ -145,13 +152,7 @@ def outscale(model: Model, stats: Stats, *, min_ratio: float = MIN_RATIO) -> Rep
         return Repair(name="outscale", reason="no residual-branch Linear with output channel "
                       f"ratio >= {min_ratio:g}", proto=model.proto, skipped=tuple(skipped))
     proto = with_initializers(model.proto, arrays)
-    order: list[onnx.NodeProto] = []
-    for n in proto.graph.node:
-        order += before.get(n.name, [])
-        if n.name in renamed:
-            n.input[:], n.output[:] = renamed[n.name]
-        order.append(n)
-        order += after.get(n.name, [])
+    order = spliced(proto.graph.node, before, after, renamed)
     proto = rewritten(proto, order, new_inits, (
         METADATA_KEY, f"sites={len(renamed)} min_ratio={min_ratio:g}; {UNVERIFIED}"))
     return Repair(

@@ -45,7 +45,14 @@ from onnx import helper, numpy_helper
 
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
-from quantscope.repair import Change, Repair, rewritten, use_counts, with_initializers
+from quantscope.repair import (
+    Change,
+    Repair,
+    rewritten,
+    spliced,
+    use_counts,
+    with_initializers,
+)
 from quantscope.types import GroupKind, Stats
 
 UNVERIFIED = (
@@ -107,7 +114,7 @@ def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
     arrays: dict[str, np.ndarray] = {}
     new_inits: list[onnx.TensorProto] = []
     before: dict[str, list[onnx.NodeProto]] = {}
-    rewired: dict[str, tuple[str, str]] = {}  # residual Add -> (old skip input, new)
+    rewired: dict[str, tuple[list[str], list[str]]] = {}  # residual Add -> (inputs, outputs)
     changes: list[Change] = []
     skipped: list[tuple[str, str]] = []
     for g in groups:
@@ -194,7 +201,7 @@ def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
                                  name=f"{down.name}/peel"),
                 helper.make_node("Add", [skip, tp], [rp], name=f"{add.name}/peel")]
         before[add.name] = new
-        rewired[add.name] = (skip, rp)
+        rewired[add.name] = ([rp if i == skip else i for i in add.input], list(add.output))
         ratio_after = float(absmax[kept].max() / max(med, 1e-12))
         changes += [
             Change(h, "split", 2, tuple(int(c) for c in peeled),
@@ -207,13 +214,7 @@ def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
         return Repair(name="peel", reason=f"no FFN hidden channel reaches {factor:g} x the "
                       "median channel max", proto=model.proto, skipped=tuple(skipped))
     proto = with_initializers(model.proto, arrays)
-    order: list[onnx.NodeProto] = []
-    for n in proto.graph.node:
-        order += before.get(n.name, [])
-        if n.name in rewired:
-            old, new_in = rewired[n.name]
-            n.input[:] = [new_in if i == old else i for i in n.input]
-        order.append(n)
+    order = spliced(proto.graph.node, before, {}, rewired)
     sites = len(rewired)
     proto = rewritten(proto, order, new_inits, (
         METADATA_KEY, f"sites={sites} factor={factor:g}; {UNVERIFIED}"))
