@@ -45,6 +45,7 @@ from quantscope.model.load import Model
 from quantscope.repair import (
     Change,
     Repair,
+    consumers_of,
     rewritten,
     spliced,
     use_counts,
@@ -73,11 +74,7 @@ def outscale(model: Model, stats: Stats, *, min_ratio: float = MIN_RATIO) -> Rep
     """The model with equalized output channels on each residual-branch Linear (see module)."""
     inits = {t.name: t for t in model.graph.initializer}
     counts = use_counts(model.graph)
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for t in n.input:
-            if t:
-                readers.setdefault(t, []).append(n)
+    readers = consumers_of(model.graph)
     outputs = set(model.output_names())
     nodes = {n.name: n for n in model.graph.node}
     arrays: dict[str, np.ndarray] = {}

@@ -48,6 +48,7 @@ from quantscope.model.load import Model
 from quantscope.repair import (
     Change,
     Repair,
+    consumers_of,
     rewritten,
     spliced,
     use_counts,
@@ -103,11 +104,7 @@ def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
     inits = {t.name: t for t in model.graph.initializer}
     consts = _constant_sizes(model)
     counts = use_counts(model.graph)
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in model.graph.node:
-        for t in n.input:
-            if t:
-                readers.setdefault(t, []).append(n)
+    readers = consumers_of(model.graph)
     nodes = {n.name: n for n in model.graph.node}
     groups = find_groups(model).groups
     outputs = set(model.output_names())
