@@ -150,14 +150,21 @@ def _symbolic(proto: onnx.ModelProto, source: str | None) -> dict[str, Shape]:
     """Shapes from onnxruntime's symbolic shape inference (empty when it cannot run on
     this graph: the ONNX shapes stand)."""
     try:
-        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference, get_opset
 
-        inferred = SymbolicShapeInference.infer_shapes(proto, auto_merge=True)
+        infer = SymbolicShapeInference(2**31 - 1, True, False, 0)
+        if (get_opset(proto) or 0) >= 18:  # ReduceMax 18+ is ReduceSum 13+'s spec (rowscale)
+            infer.dispatcher_.setdefault("ReduceMax", infer._infer_ReduceSum)
+        infer._preprocess(proto)
+        complete = False
+        while infer.run_:
+            complete = infer._infer_impl()
+        infer._update_output_from_vi()
     except Exception:  # noqa: BLE001 - any failure: keep what ONNX inferred
         return {}
-    if inferred is None:
+    if not complete:
         return {}
-    return Model(proto=inferred, source=source).value_shapes()
+    return Model(proto=infer.out_mp_, source=source).value_shapes()
 
 
 def resolve_shapes(model: Model, shapes: Shapes | None = None) -> dict[str, Shape]:
