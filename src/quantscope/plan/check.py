@@ -55,6 +55,16 @@ class Context:
     edges: tuple[tuple[str, str, str], ...]
     nodes: dict[str, onnx.NodeProto]
 
+    def readers(self) -> dict[str, tuple[Group, ...]]:
+        """Group name -> the groups that read its output (from :attr:`edges`)."""
+        if not hasattr(self, "_readers"):
+            by_name = self.groups.by_name()
+            out: dict[str, list[Group]] = {}
+            for src, dst, _ in self.edges:
+                out.setdefault(src, []).append(by_name[dst])
+            object.__setattr__(self, "_readers", {k: tuple(v) for k, v in out.items()})
+        return self._readers  # type: ignore[attr-defined,no-any-return]
+
     def output_shape(self, group: Group) -> Shape | None:
         return self.shapes.get(group.outputs[0]) if group.outputs else None
 
@@ -93,10 +103,23 @@ def _estimate_note(rule: Rule, name: str) -> str:
 def check_act16_on_kinds(
     rule: Rule, group: Group, precision: Precision, ctx: Context
 ) -> Problem | None:
-    kinds = tuple(rule.param("kinds").value)
-    if precision.act_bits != 16 or op_kind(group) not in kinds:
+    """16 bit on a group of a listed kind; with the optional ``readers`` kinds, also on a
+    non-weighted group whose output a group of such a kind reads (e.g. the attention
+    weights ``rowscale`` writes with a Mul: the attention MatMul's own input)."""
+    if precision.act_bits != 16:
         return None
-    return _problem(rule, group, f"{group.op_type} ({op_kind(group)}) at {precision}", ctx)
+    kinds = tuple(rule.param("kinds").value)
+    if op_kind(group) in kinds:
+        return _problem(rule, group, f"{group.op_type} ({op_kind(group)}) at {precision}", ctx)
+    readers = dict(rule.params).get("readers")
+    if readers is None or group.kind is GroupKind.WEIGHTED:
+        return None
+    hit = sorted((c.name, op_kind(c)) for c in ctx.readers().get(group.name, ())
+                 if op_kind(c) in tuple(readers.value))
+    if not hit:
+        return None
+    return _problem(rule, group, f"{group.op_type} at {precision} is read by {hit[0][0]} "
+                    f"({hit[0][1]})", ctx)
 
 
 def low_byte_empty(
