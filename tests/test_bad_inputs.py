@@ -202,6 +202,10 @@ CASES: list[tuple[str, list[str], str]] = [
      "no residual-branch Linear"),
     ("peel-nothing-to-peel", ["peel", T, "--stats", S, "--out", "{out}/p.onnx"],
      "no FFN hidden channel"),
+    ("rowscale-nothing-to-scale", ["rowscale", M, "--out", "{out}/r.onnx"],
+     "no attention Softmax"),
+    ("rowscale-growth-below-one", ["rowscale", T, "--growth", "0.5", "--out", "{out}/r.onnx"],
+     "below 1"),
     ("demo-json-and-report-one-path", ["demo", "--model", M, "--data", X, "--json",
                                        "{out}/d.x", "--report", "{out}/d.x"], "both"),
     # -- outputs that cannot be written: refused before any work

@@ -144,18 +144,27 @@ def cmd_tokensplit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_headsplit(args: argparse.Namespace) -> int:
+def _attention_rewrite(args: argparse.Namespace, stage: Callable[..., Any], left: str,
+                       **opts: Any) -> int:
+    """headsplit / rowscale: rewrite (no stats), print what was left, write."""
     model = stages.open_model(args.model)
-    r, diff = stages.split_heads(model, seq_len=args.seq_len,
-                                 input_shapes=_input_shapes(args))
+    r, diff = stage(model, seq_len=args.seq_len, input_shapes=_input_shapes(args), **opts)
     for name, why in r.skipped:
-        print(f"left whole: {name}: {why}")
+        print(f"{left}: {name}: {why}")
     if not r.changes:
         raise QuantscopeError(f"model '{args.model}': {r.reason}: nothing written")
     _write_rewritten(args, model.proto, r.proto)
     print(f"{r.reason}\nFP32 outputs unchanged (max relative diff {diff:.2g})")
     print(f"wrote {args.out} ({len(r.proto.graph.node)} nodes)")
     return 0
+
+
+def cmd_headsplit(args: argparse.Namespace) -> int:
+    return _attention_rewrite(args, stages.split_heads, "left whole")
+
+
+def cmd_rowscale(args: argparse.Namespace) -> int:
+    return _attention_rewrite(args, stages.scale_rows, "left as is", growth=args.growth)
 
 
 def _stats_rewrite(args: argparse.Namespace, stage: Callable[..., Any], **opts: Any) -> int:
@@ -566,7 +575,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                       method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, token_chunk=args.token_chunk,
                       token_linears=args.token_linears, heads=args.heads,
-                      outscale=args.outscale, peel=args.peel, **repairs)
+                      outscale=args.outscale, peel=args.peel, rowscale=args.rowscale,
+                      **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "
@@ -580,6 +590,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "export-qdq": cmd_export_qdq,
     "tokensplit": cmd_tokensplit,
     "headsplit": cmd_headsplit,
+    "rowscale": cmd_rowscale,
     "outscale": cmd_outscale,
     "peel": cmd_peel,
     "groups": cmd_groups,

@@ -11,6 +11,7 @@ from typing import NoReturn
 
 from quantscope import __version__
 from quantscope.cli_types import (
+    at_least_one,
     count,
     data_spec,
     finite_float,
@@ -291,6 +292,22 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                    help="split FP32 model to write (.onnx); analyze, plan, repair, tokensplit "
                    "and export it like any model (its head groups are '<group>/head<h>')")
 
+    rs = sub.add_parser("rowscale", help="feed each attention's context MatMul its 8-bit "
+                        "weights scaled per row by min(Z, growth) (Z: the row's sum of "
+                        "exp(s - max)) and divide the context by their sum afterwards, so "
+                        "a flat row's weights use more of the 8-bit grid "
+                        "(hailo.attention_16bit keeps them at 8 bit); FP32 unchanged",
+                        parents=[_model_parent(), _seq_len_parent()],
+                        description="Run it after headsplit (which matches Softmax chains) "
+                        "and before tokensplit; plan '<Softmax>/w' at 8 bit and the row "
+                        "statistics at 16 bit where the size rules allow.")
+    rs.add_argument("--growth", type=at_least_one, default=None,
+                    help="most the context MatMul's output grows, >= 1 (default 2: the "
+                    "best measured on minilm-l6; 1 is the Softmax's own grid)")
+    rs.add_argument("--out", type=output_file, required=True,
+                    help="rewritten FP32 model to write (.onnx); its attention-weight groups "
+                    "are '<Softmax>/w'")
+
     o = sub.add_parser("outscale", help="equalize the output channels of each residual-branch "
                        "Linear with outlier channels (an FFN down-projection): its 8-bit output "
                        "then fits every channel, the residual Add runs in the scaled basis "
@@ -516,6 +533,11 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
                     help="work on the model with each attention head a layer of its own "
                     "('quantscope headsplit'): every head's 8-bit scores, Softmax and "
                     "context get their own grid (unverified on a device)")
+    ru.add_argument("--rowscale", action="store_true",
+                    help="work on the model with each attention's 8-bit weights scaled per "
+                    "row before the context MatMul and the context divided by their sum "
+                    "('quantscope rowscale', after --headsplit): plan '<Softmax>/w' at 8 "
+                    "bit (unverified on a device)")
     ru.add_argument("--outscale", action="store_true",
                     help="work on the model with its residual-branch Linears writing "
                     "equalized output channels ('quantscope outscale'; calibrates the given "

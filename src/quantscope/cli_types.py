@@ -85,6 +85,13 @@ def positive_float(text: str) -> float:
     return value
 
 
+def at_least_one(text: str) -> float:
+    value = finite_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value:g} is below 1: give a number >= 1")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     value = finite_float(text)
     if value < 0:

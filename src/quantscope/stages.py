@@ -349,6 +349,25 @@ def split_heads(model: Model, *, seq_len: int | None = None,
     return r, check_function(model.proto, r.proto, feeds, what="headsplit")
 
 
+def scale_rows(model: Model, *, growth: float | None = None, seq_len: int | None = None,
+               input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+               ) -> tuple[GraphRepair, float]:
+    """:func:`quantscope.repair.rowscale.rowscale`, its FP32 function checked (token feeds
+    of ``seq_len`` tokens, else of 32 and 7 tokens; or float inputs at their shapes)."""
+    from quantscope.model.shapes import given_shapes
+    from quantscope.repair.rowscale import GROWTH, rowscale
+    from quantscope.repair.tokens import sample_feeds
+    from quantscope.repair.verify import check_function
+
+    given = dict(given_shapes(model, None, input_shapes) or {})
+    r = rowscale(model, growth=GROWTH if growth is None else growth)
+    if not r.changes:
+        return r, 0.0
+    feeds = sample_feeds(model, (seq_len,) if seq_len else (32, 7), shapes=given,
+                         what="rowscale")
+    return r, check_function(model.proto, r.proto, feeds, what="rowscale")
+
+
 def _stats_rewrite(model: Model, stats: Stats, rewrite: Any, what: str, *,
                    seq_len: int | None,
                    input_shapes: tuple[tuple[str, tuple[int, ...]], ...]

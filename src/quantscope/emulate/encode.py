@@ -21,7 +21,7 @@ a constant far below the rest      (any other form of mask: masked_fill ``Where`
                                    floor cluster (``TensorStats.floor_count``),
                                    ``SENTINEL_GAP`` spans of the rest below it. The range is the rest's (``bulk_min`` ..
                                    max), extended by ``MASK_MARGIN`` when the tensor
-                                   feeds a Softmax; the constant saturates to the grid
+                                   feeds a Softmax (or rowscale's Exp); the constant saturates to the grid
                                    minimum. A note names each tensor.
 =================================  ==================================================
 """
@@ -101,7 +101,8 @@ def encode(
     notes: list[str] = []
     floors: list[str] = []
     floored: set[str] = set()
-    softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type == "Softmax"}
+    # a Softmax, or the Exp that rowscale writes in its place
+    softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type in ("Softmax", "Exp")}
     for t, bits in _input_bits(groups, plan).items():
         if t in pinned:
             acts[t] = _act_encoding(*pinned[t], bits, scheme)

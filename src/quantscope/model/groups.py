@@ -267,7 +267,8 @@ def find_mask_adds(model: Model) -> tuple[MaskAdd, ...]:
     """Adds that apply an additive attention mask derived from a non-float input.
 
     Hugging Face encoders add ``(1 - mask) * dtype_min`` to the attention scores before
-    Softmax; calibrating that Add lets the mask constant dominate the range.
+    Softmax (or, after ``rowscale``, its ReduceMax and Sub); calibrating that Add lets the
+    mask constant dominate the range.
     """
     kinds = tensor_kinds(model)
     consumers: dict[str, list[str]] = {}
@@ -279,7 +280,10 @@ def find_mask_adds(model: Model) -> tuple[MaskAdd, ...]:
         if node.op_type != "Add" or len(node.input) != 2:
             continue
         k = [kinds.get(t) for t in node.input]
-        if sorted(k) == ["act", "side"] and "Softmax" in consumers.get(node.output[0], []):
+        readers = set(consumers.get(node.output[0], []))
+        # a Softmax, or the row max + shift that rowscale writes in its place
+        if sorted(k) == ["act", "side"] and ("Softmax" in readers
+                                             or {"ReduceMax", "Sub"} <= readers):
             scores = node.input[k.index("act")]
             found.append(MaskAdd(node=node.name, scores=scores, output=node.output[0]))
     return tuple(found)

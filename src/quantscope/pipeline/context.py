@@ -42,6 +42,7 @@ class RunOptions:
     token_chunk: int | None = None  # tokensplit: token-wise layers in chunks of N tokens
     token_linears: bool = False  # tokensplit --linears
     heads: bool = False  # headsplit: each attention head a layer of its own
+    rowscale: bool = False  # rowscale: attention weights scaled per row (after headsplit)
     outscale: bool = False  # outscale: residual-branch Linears write equalized channels
     peel: bool = False  # peel: each FFN's outlier hidden channels in a small FFN of their own
 
@@ -99,6 +100,8 @@ class Context:
                 digest += "/peel"
             if self.opts.heads:
                 digest += "/headsplit"
+            if self.opts.rowscale:
+                digest += "/rowscale"
             if self.opts.token_chunk is not None:
                 digest += (f"/tokensplit:{self.opts.seq_len}:{self.opts.token_chunk}"
                            + (":linears" if self.opts.token_linears else ""))
@@ -147,7 +150,8 @@ class Context:
 
 
 def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
-    """The given model, or with ``--outscale`` / ``--peel`` / ``--headsplit`` / ``--tokensplit`` its
+    """The given model, or with ``--outscale`` / ``--peel`` / ``--headsplit`` / ``--rowscale`` /
+    ``--tokensplit`` its
     rewritten form (in that order; FP32 checked each time; its source stays the given
     file, for the tokenizer it names or sits with)."""
     model = stages.open_model(opts.model)
@@ -170,12 +174,16 @@ def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
                     f"--{flag}: model '{opts.model}': {r.reason}: run without it")
             say(f"{flag}: {r.reason}", show=progress)
             model = stages.load_proto(r.proto, source)
-    if opts.heads:
-        r, _ = stages.split_heads(model, seq_len=opts.seq_len)
+    # rowscale after headsplit: the head split matches Softmax chains
+    for flag, on, rewrite in (("headsplit", opts.heads, stages.split_heads),
+                              ("rowscale", opts.rowscale, stages.scale_rows)):
+        if not on:
+            continue
+        r, _ = rewrite(model, seq_len=opts.seq_len)
         if not r.changes:
             raise QuantscopeError(
-                f"--headsplit: model '{opts.model}': {r.reason}: run without it")
-        say(f"headsplit: {r.reason}", show=progress)
+                f"--{flag}: model '{opts.model}': {r.reason}: run without it")
+        say(f"{flag}: {r.reason}", show=progress)
         model = stages.load_proto(r.proto, source)
     if opts.token_chunk is None:
         return model

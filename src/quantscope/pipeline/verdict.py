@@ -48,6 +48,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "headsplit": _headsplit(ctx),
         "outscale": _outscale(ctx),
         "peel": _peel(ctx),
+        "rowscale": _rowscale(ctx),
     }
 
 
@@ -70,6 +71,17 @@ def _peel(ctx: Context) -> dict[str, Any] | None:
 
     return {"note": "each FFN's outlier hidden channels run in a small FFN of their own that "
                     f"joins the residual stream through an Add ({steps.REPAIRED} is the "
+                    f"rewritten model); {UNVERIFIED}"}
+
+
+def _rowscale(ctx: Context) -> dict[str, Any] | None:
+    """With ``--rowscale``: what every stage (and the compiled model) worked on."""
+    if not ctx.opts.rowscale:
+        return None
+    from quantscope.repair.rowscale import UNVERIFIED
+
+    return {"note": "each attention's 8-bit weights are scaled per row before the context "
+                    f"MatMul and the context divided by their sum ({steps.REPAIRED} is the "
                     f"rewritten model); {UNVERIFIED}"}
 
 
@@ -166,6 +178,8 @@ def format_verdict(v: dict[str, Any]) -> str:
         lines.append(f"  peel: {v['peel']['note']}")
     if v.get("headsplit"):
         lines.append(f"  headsplit: {v['headsplit']['note']}")
+    if v.get("rowscale"):
+        lines.append(f"  rowscale: {v['rowscale']['note']}")
     if v.get("tokensplit"):
         lines.append(f"  tokensplit: {v['tokensplit']['note']}")
     lines.append(f"  evaluation: {v['evaluation']}")
