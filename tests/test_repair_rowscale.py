@@ -103,6 +103,11 @@ def test_rules_keep_the_weights_at_8_bit_and_allow_the_row_statistics_at_16():
     assert [(p.group, p.rule) for p in problems] == [
         ("Softmax_22/head1/w", "hailo.attention_16bit")]
     assert "read by MatMul_23/head1 (matmul)" in problems[0].reason
+    # weighted producers (the Q/K/V projections) stay as before: the rule names its kinds
+    linears = tuple((g.name, Precision.A16_W16) for g in groups.groups if g.weight is not None)
+    wide = check(Plan(default=Precision.A8_W8, overrides=linears), groups, out, target,
+                 shapes=shapes)
+    assert len(linears) == 4 and "hailo.attention_16bit" not in {p.rule for p in wide}
 
 
 def test_a_softmax_no_matmul_reads_is_left_with_the_reason():
