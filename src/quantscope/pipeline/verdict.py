@@ -45,54 +45,36 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],
         "tokensplit": _tokensplit(ctx),
-        "headsplit": _headsplit(ctx),
-        "outscale": _outscale(ctx),
-        "peel": _peel(ctx),
-        "rowscale": _rowscale(ctx),
+        "headsplit": _rewrite(ctx, "heads"),
+        "outscale": _rewrite(ctx, "outscale"),
+        "peel": _rewrite(ctx, "peel"),
+        "rowscale": _rewrite(ctx, "rowscale"),
     }
 
 
-def _outscale(ctx: Context) -> dict[str, Any] | None:
-    """With ``--outscale``: what every stage (and the compiled model) worked on."""
-    if not ctx.opts.outscale:
+# rewrite option -> (module whose UNVERIFIED it states, what every stage worked on)
+_REWRITES: dict[str, tuple[str, str]] = {
+    "outscale": ("outscale", "the FFN down-projections (residual-branch Linears with outlier "
+                 "output channels) write equalized channels, the residual Adds run in the "
+                 "scaled basis"),
+    "peel": ("peel", "each FFN's outlier hidden channels run in a small FFN of their own "
+             "that joins the residual stream through an Add"),
+    "heads": ("heads", "each attention head a layer of its own"),
+    "rowscale": ("rowscale", "each attention's 8-bit weights are scaled per row before the "
+                 "context MatMul and the context divided by their sum"),
+}
+
+
+def _rewrite(ctx: Context, option: str) -> dict[str, Any] | None:
+    """With a graph-rewrite option (``--outscale``, ``--peel``, ``--headsplit``,
+    ``--rowscale``): what every stage (and the compiled model) worked on."""
+    if not getattr(ctx.opts, option):
         return None
-    from quantscope.repair.outscale import UNVERIFIED
+    import importlib
 
-    return {"note": "the FFN down-projections (residual-branch Linears with outlier output "
-                    "channels) write equalized channels, the residual Adds run in the scaled "
-                    f"basis ({steps.REPAIRED} is the rewritten model); {UNVERIFIED}"}
-
-
-def _peel(ctx: Context) -> dict[str, Any] | None:
-    """With ``--peel``: what every stage (and the compiled model) worked on."""
-    if not ctx.opts.peel:
-        return None
-    from quantscope.repair.peel import UNVERIFIED
-
-    return {"note": "each FFN's outlier hidden channels run in a small FFN of their own that "
-                    f"joins the residual stream through an Add ({steps.REPAIRED} is the "
-                    f"rewritten model); {UNVERIFIED}"}
-
-
-def _rowscale(ctx: Context) -> dict[str, Any] | None:
-    """With ``--rowscale``: what every stage (and the compiled model) worked on."""
-    if not ctx.opts.rowscale:
-        return None
-    from quantscope.repair.rowscale import UNVERIFIED
-
-    return {"note": "each attention's 8-bit weights are scaled per row before the context "
-                    f"MatMul and the context divided by their sum ({steps.REPAIRED} is the "
-                    f"rewritten model); {UNVERIFIED}"}
-
-
-def _headsplit(ctx: Context) -> dict[str, Any] | None:
-    """With ``--headsplit``: what every stage (and the compiled model) worked on."""
-    if not ctx.opts.heads:
-        return None
-    from quantscope.repair.heads import UNVERIFIED
-
-    return {"note": f"each attention head a layer of its own ({steps.REPAIRED} is the "
-                    f"split model); {UNVERIFIED}"}
+    module, what = _REWRITES[option]
+    unverified = importlib.import_module(f"quantscope.repair.{module}").UNVERIFIED
+    return {"note": f"{what} ({steps.REPAIRED} is the rewritten model); {unverified}"}
 
 
 def _tokensplit(ctx: Context) -> dict[str, Any] | None:
