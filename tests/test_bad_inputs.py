@@ -202,6 +202,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "no residual-branch Linear"),
     ("peel-nothing-to-peel", ["peel", T, "--stats", S, "--out", "{out}/p.onnx"],
      "no FFN hidden channel"),
+    ("whatif-nothing-below-16-bit", ["whatif", M, "--data", X, "--stats", S, "--precision",
+                                     "a16_w16"], "nothing to lift"),
     ("rowscale-nothing-to-scale", ["rowscale", M, "--out", "{out}/r.onnx"],
      "no attention Softmax"),
     ("rowscale-growth-below-one", ["rowscale", T, "--growth", "0.5", "--out", "{out}/r.onnx"],

@@ -104,6 +104,22 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_whatif(args: argparse.Namespace) -> int:
+    inp = _open(args, data=True, stats=True, plan=True)
+    data = inp.data
+    if args.seq_len:
+        data = stages.at_length(data, args.seq_len)
+        if data is not inp.data:
+            print(f"note: {data.notes[-1]}")
+    result = stages.whatif_families(inp.model, data, inp.stats, inp.plan, metric=args.metric,
+                                    method=args.method, progress=True)
+    print(stages.format_whatif(result))
+    if args.json:
+        stages.write_json(args.json, result)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_export_qdq(args: argparse.Namespace) -> int:
     inp = _open(args, stats=True, plan=True)
     proto, notes = stages.qdq_for_plan(inp.model, inp.stats, inp.plan, method=args.method)
@@ -587,6 +603,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "calibrate": cmd_calibrate,
     "evaluate": cmd_evaluate,
+    "whatif": cmd_whatif,
     "export-qdq": cmd_export_qdq,
     "tokensplit": cmd_tokensplit,
     "headsplit": cmd_headsplit,

@@ -258,6 +258,22 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                    "length)")
     e.add_argument("--json", type=output_file, help="also write the result as JSON")
 
+    w = sub.add_parser("whatif", help="where a plan's error is: the plan measured with each "
+                       "op kind it keeps below 16 bit lifted to a16_w16, one kind at a time, "
+                       "then all (legality and cost aside)",
+                       parents=[_model_parent(), _data_parent(), _output_parent(),
+                                _stats_parent(), _plan_parent(),
+                                _method_parent(None), _tokenizer_parent(),
+                                _pairs_parent(None, "evaluated")],
+                       description="One evaluation per op kind (FP32 runs once). A kind "
+                       "whose lift gains little is not what binds; when every kind gains "
+                       "little and all together gain much, the error is spread over the graph.")
+    w.add_argument("--seq-len", type=positive_int, metavar="N",
+                   help="text data: measure on the texts truncated at N tokens")
+    w.add_argument("--metric", help="the metric the gains are in (default: the task's: "
+                   "top1_agreement for retrieval, decision_agreement for faces, else sqnr_db)")
+    w.add_argument("--json", type=output_file, help="also write the result as JSON")
+
     x = sub.add_parser("export-qdq", help="write the ONNX QDQ model that emulation runs",
                        parents=[_model_parent(), _stats_parent(), _plan_parent(),
                                 _method_parent(None)])

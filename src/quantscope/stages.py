@@ -588,6 +588,72 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
                          shapes=shapes, progress=progress)
 
 
+WHATIF_KEYS = ("embedding_cosine_mean", "recall@1", "sqnr_db")  # shown beside the metric
+
+
+def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
+                    metric: str | None = None, method: str | None = None,
+                    progress: bool = False) -> dict[str, Any]:
+    """Where a plan's error is, measured: the plan, then the plan with every group of one
+    op kind that it keeps below 16 bit lifted to a16_w16 (legality and cost aside), one
+    kind at a time, then all of them at once (the plan's 16-bit ceiling).
+
+    One evaluation per kind (FP32 runs once). The gains are not additive: a kind whose
+    lift gains little is not what binds; when every kind gains little and all together gain
+    much, the error is spread over the whole graph.
+    """
+    from quantscope.targets.profile import op_kind
+
+    metric = metric or default_metric(data)
+    low: dict[str, list[str]] = {}
+    for g in find_groups(model).groups:
+        p = plan.precision_of(g.name)
+        if p.act_bits is None:
+            continue  # float: nothing to lift
+        if p.act_bits < 16 or (p.weight_bits is not None and p.weight_bits < 16):
+            low.setdefault(op_kind(g), []).append(g.name)
+    if not low:
+        raise QuantscopeError("the plan keeps no group below 16 bit: nothing to lift")
+
+    def lifted(names: list[str]) -> Plan:
+        keep = [(n, q) for n, q in plan.overrides if n not in set(names)]
+        return dataclasses.replace(plan, overrides=(*keep, *((n, Precision.A16_W16)
+                                                             for n in names)))
+
+    plans = {"plan": plan, **{k: lifted(v) for k, v in sorted(low.items())},
+             "all": lifted([n for v in low.values() for n in v])}
+    runs = evaluate_plans(model, data, stats, plans, method=method, saturation=False,
+                          progress=progress)
+    if metric not in runs["plan"]["metrics"]:
+        raise QuantscopeError(f"metric '{metric}' is not measured on this data: use one of "
+                              + ", ".join(sorted(runs["plan"]["metrics"])))
+
+    def row(name: str) -> dict[str, Any]:
+        m = runs[name]["metrics"]
+        return {metric: m[metric], **{k: m[k] for k in WHATIF_KEYS if k in m and k != metric},
+                "gain": m[metric] - runs["plan"]["metrics"][metric]}
+
+    return {"metric": metric, "plan": row("plan"),
+            "kinds": [{"kind": k, "groups": len(v), **row(k)} for k, v in sorted(low.items())],
+            "all": {"groups": sum(len(v) for v in low.values()), **row("all")},
+            "note": "legality and cost aside: each row lifts one op kind's groups below 16 "
+                    "bit to a16_w16; gains are not additive"}
+
+
+def format_whatif(result: dict[str, Any]) -> str:
+    """The console form of :func:`whatif_families`."""
+    m = result["metric"]
+
+    def line(label: str, r: dict[str, Any]) -> str:
+        extra = "  ".join(f"{k} {r[k]:.6g}" for k in WHATIF_KEYS if k in r)
+        return f"  {label:<34} {m} {r[m]:.4g} ({r['gain']:+.4g})  {extra}"
+
+    out = [f"where the plan's error is ({result['note']}):", line("the plan", result["plan"])]
+    out += [line(f"{r['kind']} ({r['groups']} groups) at a16_w16", r) for r in result["kinds"]]
+    out.append(line(f"all {result['all']['groups']} at a16_w16", result["all"]))
+    return "\n".join(out)
+
+
 def default_metric(data: Dataset | None) -> str:
     """The measured metric a plan is judged by when the user names none."""
     from quantscope.tasks.registry import RetrievalTask, StsTask, VerificationTask

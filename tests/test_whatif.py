@@ -1,0 +1,70 @@
+"""whatif: where a plan's error is, measured one op kind at a time."""
+
+import dataclasses
+import json
+
+import numpy as np
+import onnx
+import pytest
+from test_repair_heads import SEQ, _encoder
+
+from quantscope import stages
+from quantscope.cli import main
+from quantscope.model.load import load_proto
+from quantscope.types import Plan, Precision, QuantscopeError
+
+
+@pytest.fixture
+def setup(tmp_path):
+    model = load_proto(_encoder())
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (48, SEQ)).astype(np.int64),
+             attention_mask=np.ones((48, SEQ), np.int64))
+    data = stages.open_data(str(tmp_path / "x.npz"), model)
+    stats = stages.calibrate_model(model, data)
+    return model, data, stats
+
+
+def test_each_kind_lifted_is_the_plan_with_those_groups_at_16_bit(setup):
+    model, data, stats = setup
+    plan = Plan(default=Precision.A8_W8, overrides=(("Add_27", Precision.A16_W16),))
+    out = stages.whatif_families(model, data, stats, plan)
+    assert out["metric"] == "sqnr_db"
+    kinds = {r["kind"]: r for r in out["kinds"]}
+    assert {"weighted", "matmul", "softmax"} <= set(kinds)
+    # the weighted row is exactly the plan with the 4 Linears at a16_w16
+    linears = ("MatMul_1", "MatMul_3", "MatMul_5", "MatMul_26")
+    assert kinds["weighted"]["groups"] == len(linears)
+    direct = stages.evaluate_plan(model, data, stats, dataclasses.replace(
+        plan, overrides=(*plan.overrides, *((n, Precision.A16_W16) for n in linears))),
+        saturation=False)["metrics"]["sqnr_db"]
+    assert kinds["weighted"]["sqnr_db"] == pytest.approx(direct)
+    assert kinds["weighted"]["gain"] == pytest.approx(direct - out["plan"]["sqnr_db"])
+    # all kinds at once: the plan's 16-bit ceiling, far above the plan
+    assert out["all"]["sqnr_db"] > out["plan"]["sqnr_db"] + 20
+    assert out["all"]["groups"] == sum(r["groups"] for r in out["kinds"])
+    text = stages.format_whatif(out)
+    assert "weighted (4 groups) at a16_w16" in text and "gains are not additive" in text
+
+
+def test_a_plan_with_nothing_below_16_bit_is_refused(setup):
+    model, data, stats = setup
+    with pytest.raises(QuantscopeError, match="nothing to lift"):
+        stages.whatif_families(model, data, stats, Plan.uniform(Precision.A16_W16))
+
+
+def test_cli_whatif(tmp_path, setup, capsys):
+    model, _, _ = setup
+    onnx.save(_encoder(), tmp_path / "enc.onnx")
+    assert main(["calibrate", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--out", str(tmp_path / "s.npz")]) == 0
+    capsys.readouterr()
+    base = ["whatif", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"),
+            "--stats", str(tmp_path / "s.npz"), "--precision", "a8_w8"]
+    assert main([*base, "--json", str(tmp_path / "w.json")]) == 0
+    out = capsys.readouterr().out
+    assert "where the plan's error is" in out and "softmax (1 groups) at a16_w16" in out
+    assert json.loads((tmp_path / "w.json").read_text())["all"]["groups"] > 0
+    assert main([*base, "--metric", "top1_agreement"]) == 2
+    err = capsys.readouterr().err
+    assert "is not measured on this data" in err and "Traceback" not in err
