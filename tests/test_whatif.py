@@ -68,3 +68,23 @@ def test_cli_whatif(tmp_path, setup, capsys):
     assert main([*base, "--metric", "top1_agreement"]) == 2
     err = capsys.readouterr().err
     assert "is not measured on this data" in err and "Traceback" not in err
+
+
+def test_run_with_whatif_says_it_in_the_verdict_and_the_report(tmp_path, setup, capsys):
+    from quantscope.serde import read_json
+
+    onnx.save(_encoder(), tmp_path / "enc.onnx")
+    argv = ["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"),
+            "--target", "hailo10h", "--out", str(tmp_path / "W"), "--whatif"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "whatif (sqnr_db gained by lifting one op kind to a16_w16" in out
+    v = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    ev = read_json(tmp_path / "W" / "evaluate.json", "evaluate")
+    w = ev["whatif"]
+    assert v["whatif"]["all"] == pytest.approx(w["all"]["gain"])
+    assert v["whatif"]["gains"] == {r["kind"]: pytest.approx(r["gain"]) for r in w["kinds"]}
+    # the whatif's plan row is the run's own plan measured on the same held-out rows
+    assert w["plan"]["sqnr_db"] == pytest.approx(ev["results"]["plan"]["metrics"]["sqnr_db"])
+    html = (tmp_path / "W" / "report.html").read_text()
+    assert 'id="whatif"' in html and "gained per op kind lifted to a16_w16" in html

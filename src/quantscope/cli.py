@@ -592,6 +592,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       repair_batches=args.repair_batches, token_chunk=args.token_chunk,
                       token_linears=args.token_linears, heads=args.heads,
                       outscale=args.outscale, peel=args.peel, rowscale=args.rowscale,
+                      whatif=args.whatif,
                       **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))

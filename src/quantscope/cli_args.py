@@ -559,6 +559,10 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
                     "equalized output channels ('quantscope outscale'; calibrates the given "
                     "model first): plan the new skip-branch Muls at 16 bit (unverified on a "
                     "device)")
+    ru.add_argument("--whatif", action="store_true",
+                    help="also measure where the final plan's error is ('quantscope whatif': "
+                    "the plan with each op kind it keeps below 16 bit lifted to a16_w16, on "
+                    "the held-out data; one evaluation per kind): in the verdict and report")
     ru.add_argument("--peel", action="store_true",
                     help="work on the model with each FFN's outlier hidden channels in a "
                     "small FFN of their own ('quantscope peel'; calibrates the given model "

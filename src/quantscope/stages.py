@@ -593,7 +593,8 @@ WHATIF_KEYS = ("embedding_cosine_mean", "recall@1", "sqnr_db")  # shown beside t
 
 def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
                     metric: str | None = None, method: str | None = None,
-                    progress: bool = False) -> dict[str, Any]:
+                    progress: bool = False,
+                    reference_outputs: Outputs | None = None) -> dict[str, Any]:
     """Where a plan's error is, measured: the plan, then the plan with every group of one
     op kind that it keeps below 16 bit lifted to a16_w16 (legality and cost aside), one
     kind at a time, then all of them at once (the plan's 16-bit ceiling).
@@ -623,7 +624,7 @@ def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
     plans = {"plan": plan, **{k: lifted(v) for k, v in sorted(low.items())},
              "all": lifted([n for v in low.values() for n in v])}
     runs = evaluate_plans(model, data, stats, plans, method=method, saturation=False,
-                          progress=progress)
+                          progress=progress, reference_outputs=reference_outputs)
     if metric not in runs["plan"]["metrics"]:
         raise QuantscopeError(f"metric '{metric}' is not measured on this data: use one of "
                               + ", ".join(sorted(runs["plan"]["metrics"])))

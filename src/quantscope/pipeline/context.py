@@ -45,6 +45,7 @@ class RunOptions:
     rowscale: bool = False  # rowscale: attention weights scaled per row (after headsplit)
     outscale: bool = False  # outscale: residual-branch Linears write equalized channels
     peel: bool = False  # peel: each FFN's outlier hidden channels in a small FFN of their own
+    whatif: bool = False  # evaluate also lifts each op kind of the plan to 16 bit (whatif)
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):

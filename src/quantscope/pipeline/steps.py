@@ -14,7 +14,7 @@ from typing import Any
 
 from quantscope import stages
 from quantscope.pipeline.context import Context
-from quantscope.types import Plan, Precision
+from quantscope.types import Plan, Precision, QuantscopeError
 
 # stable file names in the run folder
 STATS, ANALYSIS, PLAN = "stats.npz", "analysis.json", "plan.json"
@@ -162,8 +162,15 @@ def evaluate(ctx: Context) -> Done:
                                          progress=ctx.progress, reference_outputs=ref))
     for r in results.values():
         r["model"] = ctx.opts.model if r["model"] != REPAIRED else REPAIRED
-    stages.write_json(ctx.path(EVALUATE), {"metric": ctx.metric(), "results": results,
-                                           "data": provenance(rd)})
+    doc = {"metric": ctx.metric(), "results": results, "data": provenance(rd)}
+    if ctx.opts.whatif:
+        try:
+            doc["whatif"] = stages.whatif_families(rmodel, held, rstats, final,
+                                                   metric=ctx.metric(), progress=ctx.progress,
+                                                   reference_outputs=ref)
+        except QuantscopeError as e:  # e.g. nothing below 16 bit: said, not fatal
+            doc["whatif"] = {"skipped": str(e)}
+    stages.write_json(ctx.path(EVALUATE), doc)
     return Done((EVALUATE,))
 
 

@@ -49,7 +49,19 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "outscale": _rewrite(ctx, "outscale"),
         "peel": _rewrite(ctx, "peel"),
         "rowscale": _rewrite(ctx, "rowscale"),
+        "whatif": _whatif(ev.get("whatif")),
     }
+
+
+def _whatif(w: dict[str, Any] | None) -> dict[str, Any] | None:
+    """With ``--whatif``: the measured gain of lifting each op kind to 16 bit, largest first."""
+    if w is None or "skipped" in w:
+        return w
+    m = w["metric"]
+    kinds = sorted(w["kinds"], key=lambda r: -r["gain"])
+    return {"metric": m, "plan": w["plan"][m],
+            "gains": {r["kind"]: r["gain"] for r in kinds}, "all": w["all"]["gain"],
+            "note": w["note"]}
 
 
 # rewrite option -> (module whose UNVERIFIED it states, what every stage worked on)
@@ -164,6 +176,14 @@ def format_verdict(v: dict[str, Any]) -> str:
         lines.append(f"  rowscale: {v['rowscale']['note']}")
     if v.get("tokensplit"):
         lines.append(f"  tokensplit: {v['tokensplit']['note']}")
+    w = v.get("whatif")
+    if w and "skipped" in w:
+        lines.append(f"  whatif: not measured: {w['skipped']}")
+    elif w:
+        lines.append(f"  whatif ({w['metric']} gained by lifting one op kind to a16_w16; "
+                     "measured, legality and cost aside): "
+                     + ", ".join(f"{k} {_f(g)}" for k, g in w["gains"].items())
+                     + f"; all at once {_f(w['all'])}")
     lines.append(f"  evaluation: {v['evaluation']}")
     lines.append("  hand to the compiler:")
     lines += [f"    {f}: {why}" for f, why in v["compiler_files"].items()]

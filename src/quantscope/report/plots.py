@@ -147,6 +147,26 @@ def config_plot(results: dict[str, dict[str, Any]], metric: str) -> str:
     return _img(fig, f"{metric} per configuration")
 
 
+def whatif_plot(whatif: dict[str, Any]) -> str:
+    """Gain of the plan's metric per op kind lifted to a16_w16, and of all at once."""
+    m = whatif["metric"]
+    rows = [(f"{r['kind']} ({r['groups']})", num(r["gain"])) for r in whatif["kinds"]]
+    rows.append((f"all ({whatif['all']['groups']})", num(whatif["all"]["gain"])))
+    rows = [(label, _finite(g)) for label, g in rows if g is not None]
+    if not rows:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1))
+    ax.barh([r[0] for r in rows], [r[1] for r in rows],
+            color=["#4a7ab5"] * (len(rows) - 1) + ["#999"])
+    ax.invert_yaxis()
+    ax.axvline(0, color="#333", lw=0.8)
+    ax.set_xlabel(f"{m} gained over the plan (held-out data; legality and cost aside)")
+    for i, (_, v) in enumerate(rows):
+        ax.text(v, i, f" {v:+.4g}", va="center", fontsize=8)
+    return _img(fig, f"{m} gained per op kind lifted to a16_w16")
+
+
 def length_plot(lengths: list[int], title: str) -> str:
     if not lengths:
         return ""

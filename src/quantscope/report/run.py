@@ -32,6 +32,7 @@ def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
         outliers_section(analysis, stats),
         legality_section(check),
         pareto_section(plan.get("pareto") or {}, metric),
+        whatif_section(evaluate.get("whatif")),
         plan_diff_section(repaired_plan),
         coverage_section(evaluate["results"]),
         data_section(evaluate["data"]),
@@ -174,6 +175,22 @@ def pareto_section(pareto: dict[str, Any], measured: str) -> str:
                       "repairs"],
                      [[p["cost"], p["predicted"], p.get("measured", ""), len(p.get("groups", {})),
                        ", ".join(p.get("repairs", []))] for p in pareto["points"]]))
+
+
+def whatif_section(w: dict[str, Any] | None) -> str:
+    """``run --whatif``: where the final plan's error is, measured per op kind."""
+    if not w:
+        return ""
+    head = _h2("Where the plan's error is (whatif)", "whatif")
+    if "skipped" in w:
+        return head + f"<p class=note>not measured: {_e(w['skipped'])}</p>"
+    m = w["metric"]
+    rows = [[f"{r['kind']} at a16_w16", r["groups"], r[m], r["gain"]] for r in w["kinds"]]
+    rows.append(["all of them at a16_w16", w["all"]["groups"], w["all"][m], w["all"]["gain"]])
+    return (head + f"<p class=note>{_e(w['note'])}. The plan: {m} {w['plan'][m]:.4g}.</p>"
+            + plots.whatif_plot(w)
+            + _table(["lifted", "groups", m, "gain"], [["the plan", "", w["plan"][m], 0.0],
+                                                       *rows]))
 
 
 def plan_diff_section(final: dict[str, Any]) -> str:
