@@ -83,3 +83,14 @@ def test_a_finetune_that_measures_worse_is_dropped():
     assert _keep_finetune(lower)
     skipped = {"chosen": {"measured": 0.9}, "finetune": {"after": None, "skipped": "no torch"}}
     assert not _keep_finetune(skipped) and "dropped" not in skipped["finetune"]
+    # better quantized, but its float model drifted below it (mpnet-base: 89.8 % vs 77.0 %)
+    drifted = {"chosen": {"measured": 0.893},
+               "finetune": {"metric": "top1_agreement", "before": 0.893, "after": 0.898,
+                            "fp32_drift": {"top1_agreement": 0.77}}}
+    assert not _keep_finetune(drifted)
+    assert "FP32 model measures 0.77 against the original, worse than the fine-tuned plan's " \
+        "0.898" in drifted["finetune"]["dropped"]
+    faithful = {"chosen": {"measured": 0.942},
+                "finetune": {"metric": "top1_agreement", "before": 0.942, "after": 0.946,
+                             "fp32_drift": {"top1_agreement": 0.956}}}
+    assert _keep_finetune(faithful)

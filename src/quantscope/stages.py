@@ -700,19 +700,29 @@ def _measure_all(executor: Executor, evaluate: Callable[[Plan], float], progress
 
 def _keep_finetune(pareto: dict[str, Any]) -> bool:
     """Keep the fine-tuned plan only if it measured at least as well as the plan without
-    it (the planner's measurement with its repairs, else the precisions alone); records
-    the decision in ``pareto["finetune"]``."""
+    it (the planner's measurement with its repairs, else the precisions alone) and its
+    fine-tuned FP32 model, measured against the original, is at least as good as the
+    fine-tuned plan itself (else the float model leans on the 8-bit grid and is no
+    faithful fallback); records the decision in ``pareto["finetune"]``."""
     ft = pareto["finetune"]
     base = pareto.get("chosen", {}).get("measured")
     base = ft.get("before") if base is None else base
     after = ft.get("after")
     higher = pareto.get("higher_is_better", True)
-    keep = ft.get("skipped") is None and (
-        base is None or after is None or (after >= base if higher else after <= base))
+
+    def at_least(a: Any, b: Any) -> bool:
+        return a is None or b is None or (a >= b if higher else a <= b)
+
+    drift = (ft.get("fp32_drift") or {}).get(ft.get("metric"))
+    better, faithful = at_least(after, base), at_least(drift, after)
+    keep = ft.get("skipped") is None and better and faithful
     ft["kept"] = keep
     if not keep and ft.get("skipped") is None:
-        ft["dropped"] = (f"measured {after:.4g} with finetune against {base:.4g} without: "
-                         "the plan returned is the one without it")
+        ft["dropped"] = (
+            f"measured {after:.4g} with finetune against {base:.4g} without" if not better else
+            f"its fine-tuned FP32 model measures {drift:.4g} against the original, worse than "
+            f"the fine-tuned plan's {after:.4g}: the float model leans on the 8-bit grid and "
+            "is no faithful fallback") + ": the plan returned is the one without it"
     return keep
 
 
