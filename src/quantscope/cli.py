@@ -88,13 +88,20 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
+def _measured_inputs(args: argparse.Namespace) -> tuple[_Inputs, stages.Dataset]:
+    """evaluate / whatif: model, data, stats and plan; the data at ``--seq-len`` if given."""
     inp = _open(args, data=True, stats=True, plan=True)
+    assert inp.data is not None
     data = inp.data
     if args.seq_len:
         data = stages.at_length(data, args.seq_len)
         if data is not inp.data:
             print(f"note: {data.notes[-1]}")
+    return inp, data
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    inp, data = _measured_inputs(args)
     result = stages.evaluate_plan(inp.model, data, inp.stats, inp.plan, method=args.method,
                                   progress=True)
     print(stages.format_result(result))
@@ -105,12 +112,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_whatif(args: argparse.Namespace) -> int:
-    inp = _open(args, data=True, stats=True, plan=True)
-    data = inp.data
-    if args.seq_len:
-        data = stages.at_length(data, args.seq_len)
-        if data is not inp.data:
-            print(f"note: {data.notes[-1]}")
+    inp, data = _measured_inputs(args)
     result = stages.whatif_families(inp.model, data, inp.stats, inp.plan, metric=args.metric,
                                     method=args.method, progress=True)
     print(stages.format_whatif(result))
