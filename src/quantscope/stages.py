@@ -594,12 +594,14 @@ WHATIF_KEYS = ("embedding_cosine_mean", "recall@1", "sqnr_db")  # shown beside t
 def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
                     metric: str | None = None, method: str | None = None,
                     progress: bool = False,
-                    reference_outputs: Outputs | None = None) -> dict[str, Any]:
+                    reference_outputs: Outputs | None = None,
+                    plan_result: dict[str, Any] | None = None) -> dict[str, Any]:
     """Where a plan's error is, measured: the plan, then the plan with every group of one
     op kind that it keeps below 16 bit lifted to a16_w16 (legality and cost aside), one
     kind at a time, then all of them at once (the plan's 16-bit ceiling).
 
-    One evaluation per kind (FP32 runs once). The gains are not additive: a kind whose
+    One evaluation per kind (FP32 runs once; ``plan_result``: the plan's own evaluation on
+    the same rows, when the caller has it, is not run again). The gains are not additive: a kind whose
     lift gains little is not what binds; when every kind gains little and all together gain
     much, the error is spread over the whole graph.
     """
@@ -621,10 +623,13 @@ def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
         return dataclasses.replace(plan, overrides=(*keep, *((n, Precision.A16_W16)
                                                              for n in names)))
 
-    plans = {"plan": plan, **{k: lifted(v) for k, v in sorted(low.items())},
+    plans = {**({} if plan_result is not None else {"plan": plan}),
+             **{k: lifted(v) for k, v in sorted(low.items())},
              "all": lifted([n for v in low.values() for n in v])}
     runs = evaluate_plans(model, data, stats, plans, method=method, saturation=False,
                           progress=progress, reference_outputs=reference_outputs)
+    if plan_result is not None:
+        runs["plan"] = plan_result
     if metric not in runs["plan"]["metrics"]:
         raise QuantscopeError(f"metric '{metric}' is not measured on this data: use one of "
                               + ", ".join(sorted(runs["plan"]["metrics"])))

@@ -167,7 +167,8 @@ def evaluate(ctx: Context) -> Done:
         try:
             doc["whatif"] = stages.whatif_families(rmodel, held, rstats, final,
                                                    metric=ctx.metric(), progress=ctx.progress,
-                                                   reference_outputs=ref)
+                                                   reference_outputs=ref,
+                                                   plan_result=results["plan"])
         except QuantscopeError as e:  # e.g. nothing below 16 bit: said, not fatal
             doc["whatif"] = {"skipped": str(e)}
     stages.write_json(ctx.path(EVALUATE), doc)
