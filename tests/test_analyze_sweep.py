@@ -157,3 +157,24 @@ def test_analyze_default_fast_path_selects_rows_by_the_uniform_low_noise():
     assert 0 < rows["enable_one"] < total and 0 < rows["disable_one"] < total
     assert a.method["sweep"] == "segments+density"
     assert len(a.offenders) == len(groups.groups)
+
+
+def test_a_dead_node_does_not_break_the_segment_sweep():
+    """A node whose output nothing reads (and is no graph output) is a segment with no
+    outputs: it is skipped, not run (ORT refuses a run with no output requested)."""
+    import onnx
+    from onnx import helper
+
+    proto = tm.layernorm_block()
+    proto.graph.node.append(helper.make_node("ReduceMean", ["y"], ["dead"], axes=[1],
+                                             keepdims=0, name="dead_mean"))
+    onnx.checker.check_model(proto)
+    model = load_proto(proto, "dead")
+    groups = find_groups(model)
+    feeds = [tm.sample_inputs(model.proto, seed=i) for i in range(3)]
+    stats = calibrate(model, groups, feeds)
+    kw = {"scorer": Scorer(), "low": LOW, "high": HIGH}
+    fast = sweep_segments(model, groups, stats, feeds, **kw, optimize_float=False)
+    naive = sweep_naive(model, groups, stats, feeds, **kw)
+    for a, b in zip(fast.rows, naive.rows, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)

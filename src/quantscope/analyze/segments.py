@@ -205,6 +205,8 @@ class Chain:
 
 
 def run_segment(sess: ort.InferenceSession, names: Sequence[str], env: dict) -> dict:
+    if not names:  # only dead nodes (nothing read later, no graph output): nothing to run
+        return {}
     feeds = {i.name: env[i.name] for i in sess.get_inputs()}
     return dict(zip(names, sess.run(list(names), feeds), strict=True))
 
