@@ -76,6 +76,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--taps", choices=("none", "ln"), default="none")
     p.add_argument("--tap-weight", type=float, default=1.0)
     p.add_argument("--mse-weight", type=float, default=0.0)
+    p.add_argument("--score-loss", action="store_true",
+                   help="weight embedding errors as the similarity scores see them")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
@@ -154,7 +156,7 @@ def main() -> int:
         warmup=args.warmup, eval_every=args.eval_every,
         taps=layernorm_outputs(model) if args.taps == "ln" else (),
         tap_weight=args.tap_weight if args.taps != "none" else 0.0, mask_input=mask,
-        threads=args.threads,
+        threads=args.threads, score_loss=args.score_loss,
         max_seconds=args.max_minutes * 60 if args.max_minutes else None)
     objective = EmbeddingLoss(enc.output_index, mask, mse_weight=args.mse_weight)
     student = to_torch(qdq_for_plan(model, stats, plan, scheme=scheme)[0],

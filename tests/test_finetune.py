@@ -290,3 +290,48 @@ def test_intermediate_taps_are_distilled():
                          taps=taps, tap_weight=1.0)
     distill(student, teacher, OutputsLoss(), train, train[:2], cfg)
     assert gap() < first
+
+
+def test_score_weighted_loss_is_the_cosine_loss_when_isotropic_and_sees_the_subspace():
+    from quantscope.finetune.objectives import EmbeddingLoss, score_weights
+
+    rng = np.random.default_rng(0)
+    t = torch.nn.functional.normalize(torch.from_numpy(rng.normal(0, 1, (32, 6))), dim=1)
+    s = torch.nn.functional.normalize(t + 0.05 * torch.from_numpy(rng.normal(0, 1, (32, 6))),
+                                      dim=1)
+    plain = EmbeddingLoss(0, None)
+    iso = plain.with_scores(np.eye(6, dtype=np.float32))
+    assert iso.metric == "embedding_score_cosine"
+    assert float(iso.loss([s], [t])) == pytest.approx(float(plain.loss([s], [t])), rel=1e-5)
+    assert iso.score([s], [t]) == pytest.approx(plain.score([s], [t]), abs=1e-6)
+    # embeddings living near one direction: an error along it moves scores, one across it
+    # (same cosine) hardly does
+    emb = np.zeros((200, 6))
+    emb[:, 0] = 1.0
+    emb[:, 1] = rng.normal(0, 0.1, 200)
+    c = score_weights(emb / np.linalg.norm(emb, axis=1, keepdims=True))
+    assert np.trace(c) == pytest.approx(6.0, rel=1e-5) and np.allclose(c, c.T)
+    base = torch.tensor([[0.6, 0.8, 0, 0, 0, 0]], dtype=torch.float64)
+    along = torch.tensor([[0.62, 0.78, 0, 0, 0, 0]], dtype=torch.float64)
+    across = torch.tensor([[0.6, 0.8, 0.02, 0, 0, 0]], dtype=torch.float64)
+    weighted = plain.with_scores(c)
+    assert float(weighted.loss([along], [base])) > 50 * float(weighted.loss([across], [base]))
+    with pytest.raises(ValueError, match="two rows"):
+        score_weights(emb[:1])
+
+
+def test_finetune_with_the_score_weighted_loss():
+    from quantscope.finetune.objectives import EmbeddingLoss
+
+    model, groups, stats, _ = _prepared("layernorm_block", n=4)
+    train = [tm.sample_inputs(model.proto, n=16, seed=100 + i) for i in range(8)]
+    hold = [tm.sample_inputs(model.proto, n=16, seed=200 + i) for i in range(2)]
+    plan = Plan.uniform(Precision.A8_W4)
+    student = to_torch(_qdq(model, groups, stats, plan), float_weights=fp32_weights(model))
+    cfg = FinetuneConfig(steps=40, lr=3e-3, range_lr=1e-2, eval_every=20, warmup=3,
+                         score_loss=True)
+    res = distill(student, to_torch(model.proto), EmbeddingLoss(0, None), train, hold, cfg)
+    assert res.metric == "embedding_score_cosine"
+    assert res.holdout_best > res.holdout_before
+    with pytest.raises(QuantscopeError, match="embedding model"):
+        distill(student, to_torch(model.proto), OutputsLoss(), train, hold, cfg)

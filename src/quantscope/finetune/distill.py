@@ -32,7 +32,13 @@ import numpy as np
 import torch
 
 from quantscope.finetune.graph import GraphModule
-from quantscope.finetune.objectives import Batch, Objective, tap_loss
+from quantscope.finetune.objectives import (
+    Batch,
+    EmbeddingLoss,
+    Objective,
+    score_weights,
+    tap_loss,
+)
 from quantscope.types import QuantscopeError
 
 
@@ -49,6 +55,7 @@ class FinetuneConfig:
     taps: tuple[str, ...] = ()  # intermediate tensors distilled besides the objective
     tap_weight: float = 0.0
     mask_input: str | None = None  # padding mask for the tap loss
+    score_loss: bool = False  # embeddings: weight errors as the similarity scores see them
     seed: int = 0
     threads: int | None = None
     max_seconds: float | None = None  # stop early (after an evaluation) past this wall time
@@ -217,6 +224,13 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     d = Distiller(student, teacher, objective, config)
+    if config.score_loss:
+        if not isinstance(objective, EmbeddingLoss):
+            raise QuantscopeError("finetune: the score-weighted loss needs an embedding "
+                                  "model (a sentence encoder's pooled embeddings)")
+        emb = [d._target(k, feeds)[0] for k, feeds in enumerate(train)]
+        objective = objective.with_scores(score_weights(torch.cat(emb).numpy()))
+        d.obj = objective
     ck = Path(checkpoint) if checkpoint else None
     if ck is not None and ck.is_file():
         d.load(ck)
