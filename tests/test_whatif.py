@@ -88,3 +88,77 @@ def test_run_with_whatif_says_it_in_the_verdict_and_the_report(tmp_path, setup, 
     assert w["plan"]["sqnr_db"] == pytest.approx(ev["results"]["plan"]["metrics"]["sqnr_db"])
     html = (tmp_path / "W" / "report.html").read_text()
     assert 'id="whatif"' in html and "gained per op kind lifted to a16_w16" in html
+
+
+def test_needed_scale_interpolates_in_log_scale():
+    rows = [{"scale": 0.5, "m": 0.9}, {"scale": 0.25, "m": 0.98}]
+    assert stages.needed_scale(rows, "m", 0.7, at_one=0.8) == 1.0  # met already
+    assert stages.needed_scale(rows, "m", 0.9, at_one=0.8) == pytest.approx(0.5)
+    assert stages.needed_scale(rows, "m", 0.94, at_one=0.8) == pytest.approx(0.5 ** 1.5)
+    assert stages.needed_scale(rows, "m", 0.99, at_one=0.8) is None  # not even at 0.25
+
+
+def _retrieval(tmp_path):
+    from test_evaluate_streaming import _mixed_encoder
+
+    rng = np.random.default_rng(0)
+    words = "file open read list dict sort join split path string number value".split()
+    with open(tmp_path / "pairs.jsonl", "w") as f:
+        for _ in range(60):
+            q, d = (" ".join(rng.choice(words, rng.integers(2, 9))) for _ in range(2))
+            f.write(json.dumps({"query": q, "document": d}) + "\n")
+    model = _mixed_encoder()
+    data = stages.open_data(str(tmp_path / "pairs.jsonl"), model)
+    return model, data, stages.calibrate_model(model, data)
+
+
+def test_the_error_scaled_rows_are_the_plans_own_error_scaled(tmp_path):
+    model, data, stats = _retrieval(tmp_path)
+    plan = Plan.uniform(Precision.A8_W4)
+    run = stages.evaluate_plans(model, data, stats, {"p": plan}, saturation=False,
+                                error_scales=(1.0, 0.5, 0.0))["p"]
+    one, half, zero = run["error_scales"]
+    for k in ("top1_agreement", "embedding_cosine_mean", "recall@1"):
+        assert one[k] == pytest.approx(run["metrics"][k])  # x1 is the plan itself
+    assert zero["top1_agreement"] == 1.0 and zero["embedding_cosine_mean"] == pytest.approx(1.0)
+    assert one["embedding_cosine_mean"] < half["embedding_cosine_mean"] < 1.0
+    assert "error_scales" not in stages.evaluate_plans(model, data, stats, {"p": plan},
+                                                       saturation=False)["p"]
+
+
+def test_whatif_says_how_far_the_goal_is(tmp_path):
+    model, data, stats = _retrieval(tmp_path)
+    plan = Plan.uniform(Precision.A8_W4)
+    out = stages.whatif_families(model, data, stats, plan, goal=0.999)
+    h = out["headroom"]
+    assert [r["scale"] for r in h["rows"]] == list(stages.ERROR_SCALES)
+    cos = [out["plan"]["embedding_cosine_mean"], *(r["embedding_cosine_mean"] for r in h["rows"])]
+    assert cos == sorted(cos)  # a smaller error: a higher cosine, row after row
+    assert h["goal"] == 0.999
+    need = stages.needed_scale(h["rows"], "top1_agreement", 0.999,
+                               out["plan"]["top1_agreement"])
+    assert h["needed"] == need
+    assert h["sentence"] in stages.format_whatif(out)
+    assert "how far the goal is" in stages.format_whatif(out)
+    assert "goal" not in stages.whatif_families(model, data, stats, plan)["headroom"]
+
+
+def test_run_with_whatif_and_a_goal_shows_the_headroom(tmp_path, capsys):
+    from quantscope.serde import read_json
+
+    model, _, _ = _retrieval(tmp_path)
+    onnx.save(model.proto, tmp_path / "enc.onnx")
+    argv = ["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "pairs.jsonl"),
+            "--pairs", "30", "--target", "hailo10h", "--goal", "0.999", "--out",
+            str(tmp_path / "W"), "--whatif"]
+    assert main(argv) == 0
+    v = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    ev = read_json(tmp_path / "W" / "evaluate.json", "evaluate")
+    h = ev["whatif"]["headroom"]
+    assert v["whatif"]["headroom"] == h["sentence"] and v["whatif"]["error_needed"] == h["needed"]
+    assert f"headroom: {h['sentence']}" in capsys.readouterr().out
+    # the headroom rows come from the run's own evaluation of the plan
+    assert ev["results"]["plan"]["error_scales"][0]["top1_agreement"] == \
+        h["rows"][0]["top1_agreement"]
+    html = (tmp_path / "W" / "report.html").read_text()
+    assert "How far the goal is" in html and "against the scale of the plan" in html

@@ -114,7 +114,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_whatif(args: argparse.Namespace) -> int:
     inp, data = _measured_inputs(args)
     result = stages.whatif_families(inp.model, data, inp.stats, inp.plan, metric=args.metric,
-                                    method=args.method, progress=True)
+                                    method=args.method, progress=True, goal=args.goal)
     print(stages.format_whatif(result))
     if args.json:
         stages.write_json(args.json, result)

@@ -267,11 +267,15 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                                 _pairs_parent(None, "evaluated")],
                        description="One evaluation per op kind (FP32 runs once). A kind "
                        "whose lift gains little is not what binds; when every kind gains "
-                       "little and all together gain much, the error is spread over the graph.")
+                       "little and all together gain much, the error is spread over the graph. "
+                       "Task data also gets the headroom: the metric with the plan's own error "
+                       "scaled down (0.7x ... 0.05x), and with --goal the scale that reaches it.")
     w.add_argument("--seq-len", type=positive_int, metavar="N",
                    help="text data: measure on the texts truncated at N tokens")
     w.add_argument("--metric", help="the metric the gains are in (default: the task's: "
                    "top1_agreement for retrieval, decision_agreement for faces, else sqnr_db)")
+    w.add_argument("--goal", type=finite_float, help="task data: the metric to reach; says "
+                   "how much smaller the plan's error must be for it")
     w.add_argument("--json", type=output_file, help="also write the result as JSON")
 
     x = sub.add_parser("export-qdq", help="write the ONNX QDQ model that emulation runs",

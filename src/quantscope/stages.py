@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +19,14 @@ import numpy as np
 import onnx
 
 from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.evaluate import compare_model, compare_models, kept, open_runs, run_model
+from quantscope.emulate.evaluate import (
+    compare_model,
+    compare_models,
+    kept,
+    open_runs,
+    run_model,
+    scale_error,
+)
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load, load_proto
@@ -193,8 +202,13 @@ def evaluate_plans(
     reference: Model | None = None,
     reference_outputs: Outputs | None = None,
     saturation: bool = True,
+    error_scales: Sequence[float] = (),
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
+
+    ``error_scales`` (task data only): also the task metrics of each plan's error scaled
+    by each factor (:func:`quantscope.emulate.evaluate.scale_error`), under
+    ``"error_scales"``: how much smaller the error would have to be for a goal.
 
     ``saturation``: also calibrate (up to ``SATURATION_ROWS`` of) the evaluation rows and
     report, per plan, the tensors whose values leave their calibrated range.
@@ -224,15 +238,21 @@ def evaluate_plans(
         else:
             fid, test = compare_model(emulated, ref, **score)
         metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
+        scaled: dict[str, Any] = {}
         if data.task is not None:
             tm = data.task.metrics(ref_kept, test)
             metrics.update(tm.values)
             tables.update(tm.tables)
             task_notes = (*task_notes, *tm.notes)
+            if error_scales:
+                scaled = {"error_scales": [
+                    {"scale": float(f), **data.task.metrics(
+                        ref_kept, scale_error(ref_kept, test, f)).values}
+                    for f in error_scales]}
         results[label] = {
             "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
             "method": method or stats.method, "metrics": metrics, "outputs": tables,
-            "coverage": coverage, **saturated,
+            "coverage": coverage, **saturated, **scaled,
             "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
         }
     return results
@@ -589,16 +609,57 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
 
 
 WHATIF_KEYS = ("embedding_cosine_mean", "recall@1", "sqnr_db")  # shown beside the metric
+# factors the plan's own error is scaled by (whatif's headroom rows)
+ERROR_SCALES = (0.7, 0.5, 0.35, 0.25, 0.18, 0.12, 0.08, 0.05)
+
+
+def needed_scale(rows: Sequence[dict[str, Any]], metric: str, goal: float, at_one: float,
+                 ) -> float | None:
+    """The error scale at which ``metric`` reaches ``goal`` (higher is better), interpolated
+    linearly in log(scale) between the measured rows (scale 1 is ``at_one``): 1.0 when the
+    plan meets it already, None when even the smallest measured scale misses it."""
+    pts = sorted([(1.0, at_one), *((float(r["scale"]), float(r[metric])) for r in rows)],
+                 reverse=True)
+    if at_one >= goal:
+        return 1.0
+    for (s0, v0), (s1, v1) in itertools.pairwise(pts):
+        if v1 >= goal:
+            t = 0.0 if v1 == v0 else (goal - v0) / (v1 - v0)
+            return float(math.exp(math.log(s0) + t * (math.log(s1) - math.log(s0))))
+    return None
+
+
+def _headroom(plan_run: dict[str, Any], metric: str, goal: float | None) -> dict[str, Any] | None:
+    rows = plan_run.get("error_scales")
+    if not rows or metric not in rows[0]:
+        return None
+    keys = (metric, *(k for k in WHATIF_KEYS if k in rows[0] and k != metric))
+    out: dict[str, Any] = {
+        "rows": [{"scale": r["scale"], **{k: r[k] for k in keys}} for r in rows],
+        "note": "the plan's own error in the task's outputs (FP32 + s x (plan - FP32)), s "
+                "times as large: how far the goal is, in one number; a real fix leaves "
+                "an error of another shape, so this is a yardstick, not a forecast"}
+    if goal is not None:
+        need = needed_scale(rows, metric, goal, plan_run["metrics"][metric])
+        out.update(goal=goal, needed=need)
+        out["sentence"] = headroom_sentence(metric, out)
+    return out
 
 
 def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
                     metric: str | None = None, method: str | None = None,
                     progress: bool = False,
                     reference_outputs: Outputs | None = None,
-                    plan_result: dict[str, Any] | None = None) -> dict[str, Any]:
+                    plan_result: dict[str, Any] | None = None,
+                    goal: float | None = None) -> dict[str, Any]:
     """Where a plan's error is, measured: the plan, then the plan with every group of one
     op kind that it keeps below 16 bit lifted to a16_w16 (legality and cost aside), one
     kind at a time, then all of them at once (the plan's 16-bit ceiling).
+
+    With task data, also the headroom: the metric with the plan's own error scaled by each
+    of :data:`ERROR_SCALES` (no extra model run) and, with ``goal``, the scale at which the
+    metric reaches it ("the error must shrink to 0.5x"). ``plan_result`` must then carry
+    ``error_scales`` (evaluate it with ``error_scales=ERROR_SCALES``) or none are shown.
 
     One evaluation per kind (FP32 runs once; ``plan_result``: the plan's own evaluation on
     the same rows, when the caller has it, is not run again). The gains are not additive: a kind whose
@@ -623,13 +684,18 @@ def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
         return dataclasses.replace(plan, overrides=(*keep, *((n, Precision.A16_W16)
                                                              for n in names)))
 
-    plans = {**({} if plan_result is not None else {"plan": plan}),
-             **{k: lifted(v) for k, v in sorted(low.items())},
+    plans = {**{k: lifted(v) for k, v in sorted(low.items())},
              "all": lifted([n for v in low.values() for n in v])}
+    if plan_result is None:  # the plan itself, with its headroom rows
+        reference_outputs = reference_outputs or run_model(
+            model.proto, list(data.evaluation), label="fp32" if progress else "")
+        plan_result = evaluate_plans(model, data, stats, {"plan": plan}, method=method,
+                                     saturation=False, progress=progress,
+                                     reference_outputs=reference_outputs,
+                                     error_scales=ERROR_SCALES)["plan"]
     runs = evaluate_plans(model, data, stats, plans, method=method, saturation=False,
                           progress=progress, reference_outputs=reference_outputs)
-    if plan_result is not None:
-        runs["plan"] = plan_result
+    runs["plan"] = plan_result
     if metric not in runs["plan"]["metrics"]:
         raise QuantscopeError(f"metric '{metric}' is not measured on this data: use one of "
                               + ", ".join(sorted(runs["plan"]["metrics"])))
@@ -643,7 +709,8 @@ def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
             "kinds": [{"kind": k, "groups": len(v), **row(k)} for k, v in sorted(low.items())],
             "all": {"groups": sum(len(v) for v in low.values()), **row("all")},
             "note": "legality and cost aside: each row lifts one op kind's groups below 16 "
-                    "bit to a16_w16; gains are not additive"}
+                    "bit to a16_w16; gains are not additive",
+            **({"headroom": h} if (h := _headroom(runs["plan"], metric, goal)) else {})}
 
 
 def format_whatif(result: dict[str, Any]) -> str:
@@ -657,7 +724,26 @@ def format_whatif(result: dict[str, Any]) -> str:
     out = [f"where the plan's error is ({result['note']}):", line("the plan", result["plan"])]
     out += [line(f"{r['kind']} ({r['groups']} groups) at a16_w16", r) for r in result["kinds"]]
     out.append(line(f"all {result['all']['groups']} at a16_w16", result["all"]))
+    h = result.get("headroom")
+    if h:
+        out.append(f"how far the goal is ({h['note']}):")
+        out += ["  error x" + f"{r['scale']:<5g} " + "  ".join(
+            f"{k} {r[k]:.6g}" for k in r if k != "scale") for r in h["rows"]]
+        if "goal" in h:
+            out.append(f"  {h['sentence']}")
     return "\n".join(out)
+
+
+def headroom_sentence(metric: str, h: dict[str, Any]) -> str:
+    """One line: how much smaller the plan's error must be for the goal."""
+    need, goal = h.get("needed"), h["goal"]
+    if need is None:
+        return (f"{metric} {goal:g} is not reached even at x{h['rows'][-1]['scale']:g} of the "
+                "plan's error")
+    if need >= 1.0:
+        return f"the plan meets {metric} {goal:g}"
+    return (f"{metric} {goal:g} needs the plan's error at x{need:.2g} or less "
+            f"({1 / need:.1f} times smaller; interpolated between measured scales)")
 
 
 def default_metric(data: Dataset | None) -> str:

@@ -80,6 +80,18 @@ def kept(outputs: Outputs, batches: Iterable[Batch], keep: Keep | None) -> Outpu
         keep(out, b) for out, b in zip(outputs.batches, batches, strict=True)))
 
 
+def scale_error(ref: Outputs, test: Outputs, scale: float) -> Outputs:
+    """``ref + scale * (test - ref)`` for every float array: the test outputs' error, of the
+    same shape, ``scale`` times as large (non-float arrays are ``test``'s)."""
+    batches = []
+    for r_batch, t_batch in zip(ref.batches, test.batches, strict=True):
+        batches.append(tuple(
+            (r + np.float32(scale) * (t - r)).astype(t.dtype)
+            if np.issubdtype(t.dtype, np.floating) and r.shape == t.shape else t
+            for r, t in zip(r_batch, t_batch, strict=True)))
+    return Outputs(names=test.names, batches=tuple(batches))
+
+
 def compare_model(
     test: Runs, ref: Outputs, *, keep: Keep | None = None, only: str | None = None,
     judge: bool = True,

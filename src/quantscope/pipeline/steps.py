@@ -158,8 +158,9 @@ def evaluate(ctx: Context) -> Done:
     results = stages.evaluate_plans(model, held, stats, uniform, scheme=scheme,
                                     progress=ctx.progress, reference_outputs=ref)
     rmodel, rstats, final = repaired(ctx)
-    results.update(stages.evaluate_plans(rmodel, held, rstats, {"plan": final},
-                                         progress=ctx.progress, reference_outputs=ref))
+    results.update(stages.evaluate_plans(
+        rmodel, held, rstats, {"plan": final}, progress=ctx.progress, reference_outputs=ref,
+        error_scales=stages.ERROR_SCALES if ctx.opts.whatif else ()))
     for r in results.values():
         r["model"] = ctx.opts.model if r["model"] != REPAIRED else REPAIRED
     doc = {"metric": ctx.metric(), "results": results, "data": provenance(rd)}
@@ -168,7 +169,8 @@ def evaluate(ctx: Context) -> Done:
             doc["whatif"] = stages.whatif_families(rmodel, held, rstats, final,
                                                    metric=ctx.metric(), progress=ctx.progress,
                                                    reference_outputs=ref,
-                                                   plan_result=results["plan"])
+                                                   plan_result=results["plan"],
+                                                   goal=ctx.opts.goal)
         except QuantscopeError as e:  # e.g. nothing below 16 bit: said, not fatal
             doc["whatif"] = {"skipped": str(e)}
     stages.write_json(ctx.path(EVALUATE), doc)

@@ -59,9 +59,12 @@ def _whatif(w: dict[str, Any] | None) -> dict[str, Any] | None:
         return w
     m = w["metric"]
     kinds = sorted(w["kinds"], key=lambda r: -r["gain"])
+    h = w.get("headroom") or {}
     return {"metric": m, "plan": w["plan"][m],
             "gains": {r["kind"]: r["gain"] for r in kinds}, "all": w["all"]["gain"],
-            "note": w["note"]}
+            "note": w["note"],
+            **({"error_needed": h["needed"], "headroom": h["sentence"]}
+               if "goal" in h else {})}
 
 
 # rewrite option -> (module whose UNVERIFIED it states, what every stage worked on)
@@ -184,6 +187,8 @@ def format_verdict(v: dict[str, Any]) -> str:
                      "measured, legality and cost aside): "
                      + ", ".join(f"{k} {_f(g)}" for k, g in w["gains"].items())
                      + f"; all at once {_f(w['all'])}")
+        if w.get("headroom"):
+            lines.append(f"  headroom: {w['headroom']}")
     lines.append(f"  evaluation: {v['evaluation']}")
     lines.append("  hand to the compiler:")
     lines += [f"    {f}: {why}" for f, why in v["compiler_files"].items()]

@@ -167,6 +167,28 @@ def whatif_plot(whatif: dict[str, Any]) -> str:
     return _img(fig, f"{m} gained per op kind lifted to a16_w16")
 
 
+def headroom_plot(metric: str, plan_value: float, headroom: dict[str, Any]) -> str:
+    """The metric against the scale of the plan's own error (log axis), with the goal."""
+    pts = [(1.0, num(plan_value))] + [(float(r["scale"]), num(r[metric]))
+                                      for r in headroom["rows"]]
+    pts = [(s, v) for s, v in pts if v is not None]
+    if len(pts) < 2:
+        return ""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="#4a7ab5")
+    ax.set_xscale("log")
+    ax.invert_xaxis()
+    if headroom.get("goal") is not None:
+        ax.axhline(headroom["goal"], color="#c33", lw=0.9, ls="--", label="goal")
+        if headroom.get("needed"):
+            ax.axvline(headroom["needed"], color="#c33", lw=0.6, ls=":")
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("the plan's error, scaled (1 = the plan)")
+    ax.set_ylabel(metric)
+    return _img(fig, f"{metric} against the scale of the plan's own error")
+
+
 def length_plot(lengths: list[int], title: str) -> str:
     if not lengths:
         return ""

@@ -187,10 +187,21 @@ def whatif_section(w: dict[str, Any] | None) -> str:
     m = w["metric"]
     rows = [[f"{r['kind']} at a16_w16", r["groups"], r[m], r["gain"]] for r in w["kinds"]]
     rows.append(["all of them at a16_w16", w["all"]["groups"], w["all"][m], w["all"]["gain"]])
-    return (head + f"<p class=note>{_e(w['note'])}. The plan: {m} {w['plan'][m]:.4g}.</p>"
-            + plots.whatif_plot(w)
-            + _table(["lifted", "groups", m, "gain"], [["the plan", "", w["plan"][m], 0.0],
-                                                       *rows]))
+    out = (head + f"<p class=note>{_e(w['note'])}. The plan: {m} {w['plan'][m]:.4g}.</p>"
+           + plots.whatif_plot(w)
+           + _table(["lifted", "groups", m, "gain"], [["the plan", "", w["plan"][m], 0.0],
+                                                      *rows]))
+    h = w.get("headroom")
+    if h:
+        keys = [k for k in h["rows"][0] if k != "scale"]
+        out += ("<h3>How far the goal is</h3>"
+                + (f"<p><b>{_e(h['sentence'])}</b></p>" if "sentence" in h else "")
+                + f"<p class=note>{_e(h['note'])}.</p>"
+                + plots.headroom_plot(m, w["plan"][m], h)
+                + _table(["the plan's error x", *keys],
+                         [[1.0, *(w["plan"].get(k, "") for k in keys)],
+                          *([r["scale"], *(r[k] for k in keys)] for r in h["rows"])]))
+    return out
 
 
 def plan_diff_section(final: dict[str, Any]) -> str:
