@@ -61,9 +61,10 @@ def test_cli_whatif(tmp_path, setup, capsys):
     capsys.readouterr()
     base = ["whatif", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"),
             "--stats", str(tmp_path / "s.npz"), "--precision", "a8_w8"]
-    assert main([*base, "--json", str(tmp_path / "w.json")]) == 0
+    assert main([*base, "--json", str(tmp_path / "w.json"), "--goal", "40"]) == 0
     out = capsys.readouterr().out
     assert "where the plan's error is" in out and "softmax (1 groups) at a16_w16" in out
+    assert "the goal was not placed: how far it is needs task data" in out  # said, not dropped
     assert json.loads((tmp_path / "w.json").read_text())["all"]["groups"] > 0
     assert main([*base, "--metric", "top1_agreement"]) == 2
     err = capsys.readouterr().err

@@ -710,7 +710,11 @@ def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
             "all": {"groups": sum(len(v) for v in low.values()), **row("all")},
             "note": "legality and cost aside: each row lifts one op kind's groups below 16 "
                     "bit to a16_w16; gains are not additive",
-            **({"headroom": h} if (h := _headroom(runs["plan"], metric, goal)) else {})}
+            **({"headroom": h} if (h := _headroom(runs["plan"], metric, goal)) else
+               {"headroom_note": "the goal was not placed: how far it is needs task data "
+                                 "(text pairs, faces); scaling a tensor model's error by s "
+                                 "adds exactly 20*log10(1/s) dB of SQNR"}
+               if goal is not None else {})}
 
 
 def format_whatif(result: dict[str, Any]) -> str:
@@ -725,6 +729,8 @@ def format_whatif(result: dict[str, Any]) -> str:
     out += [line(f"{r['kind']} ({r['groups']} groups) at a16_w16", r) for r in result["kinds"]]
     out.append(line(f"all {result['all']['groups']} at a16_w16", result["all"]))
     h = result.get("headroom")
+    if result.get("headroom_note"):
+        out.append(f"note: {result['headroom_note']}")
     if h:
         out.append(f"how far the goal is ({h['note']}):")
         out += ["  error x" + f"{r['scale']:<5g} " + "  ".join(
