@@ -95,15 +95,20 @@ def _mixed_encoder():
     return load_proto(m, "enc")
 
 
-def test_text_retrieval_keeps_pooled_rows(tmp_path):
+def pairs_file(path, n):
+    """``n`` random query/document pairs of a 12-word vocabulary as JSONL at ``path``."""
     rng = np.random.default_rng(0)
     words = "file open read list dict sort join split path string number value".split()
-    with open(tmp_path / "pairs.jsonl", "w") as f:
-        for _ in range(40):
+    with open(path, "w") as f:
+        for _ in range(n):
             q, d = (" ".join(rng.choice(words, rng.integers(2, 9))) for _ in range(2))
             f.write(json.dumps({"query": q, "document": d}) + "\n")
+    return path
+
+
+def test_text_retrieval_keeps_pooled_rows(tmp_path):
     model = _mixed_encoder()
-    data = stages.open_data(str(tmp_path / "pairs.jsonl"), model)
+    data = stages.open_data(str(pairs_file(tmp_path / "pairs.jsonl", 40)), model)
     batch = data.evaluation[0]
     out = run_model(model.proto, [batch]).batches[0]
     kept = data.task.keep(out, batch)

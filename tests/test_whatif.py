@@ -100,16 +100,10 @@ def test_needed_scale_interpolates_in_log_scale():
 
 
 def _retrieval(tmp_path):
-    from test_evaluate_streaming import _mixed_encoder
+    from test_evaluate_streaming import _mixed_encoder, pairs_file
 
-    rng = np.random.default_rng(0)
-    words = "file open read list dict sort join split path string number value".split()
-    with open(tmp_path / "pairs.jsonl", "w") as f:
-        for _ in range(60):
-            q, d = (" ".join(rng.choice(words, rng.integers(2, 9))) for _ in range(2))
-            f.write(json.dumps({"query": q, "document": d}) + "\n")
     model = _mixed_encoder()
-    data = stages.open_data(str(tmp_path / "pairs.jsonl"), model)
+    data = stages.open_data(str(pairs_file(tmp_path / "pairs.jsonl", 60)), model)
     return model, data, stages.calibrate_model(model, data)
 
 
