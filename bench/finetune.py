@@ -78,6 +78,13 @@ def _args() -> argparse.Namespace:
     p.add_argument("--mse-weight", type=float, default=0.0)
     p.add_argument("--score-loss", action="store_true",
                    help="weight embedding errors as the similarity scores see them")
+    p.add_argument("--rank-weight", type=float, default=0.0,
+                   help="add this x the KL of the similarity distribution over a bank of "
+                        "teacher training embeddings (0: off)")
+    p.add_argument("--rank-tau", type=float, default=0.02)
+    p.add_argument("--average", type=float, default=0.0,
+                   help="evaluate and keep an exponential moving average of the learned "
+                        "parameters with this decay (0: off)")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
@@ -156,7 +163,8 @@ def main() -> int:
         warmup=args.warmup, eval_every=args.eval_every,
         taps=layernorm_outputs(model) if args.taps == "ln" else (),
         tap_weight=args.tap_weight if args.taps != "none" else 0.0, mask_input=mask,
-        threads=args.threads, score_loss=args.score_loss,
+        threads=args.threads, score_loss=args.score_loss, rank_weight=args.rank_weight,
+        rank_tau=args.rank_tau, average=args.average,
         max_seconds=args.max_minutes * 60 if args.max_minutes else None)
     objective = EmbeddingLoss(enc.output_index, mask, mse_weight=args.mse_weight)
     student = to_torch(qdq_for_plan(model, stats, plan, scheme=scheme)[0],

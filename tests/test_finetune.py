@@ -15,7 +15,7 @@ from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import build_qdq
 from quantscope.emulate.session import make_session
 from quantscope.finetune.apply import finetuned_model, finetuned_plan, fp32_weights
-from quantscope.finetune.distill import FinetuneConfig, distill
+from quantscope.finetune.distill import Distiller, FinetuneConfig, distill
 from quantscope.finetune.fakequant import ActQuant, weight_qparams
 from quantscope.finetune.graph import to_torch
 from quantscope.finetune.objectives import OutputsLoss
@@ -335,3 +335,61 @@ def test_finetune_with_the_score_weighted_loss():
     assert res.holdout_best > res.holdout_before
     with pytest.raises(QuantscopeError, match="embedding model"):
         distill(student, to_torch(model.proto), OutputsLoss(), train, hold, cfg)
+
+
+def test_ranking_term_is_zero_at_the_teacher_and_sees_the_order_of_neighbours():
+    from quantscope.finetune.objectives import EmbeddingLoss, rank_bank
+
+    rng = np.random.default_rng(1)
+    bank = rng.normal(0, 1, (64, 6))
+    bank /= np.linalg.norm(bank, axis=1, keepdims=True)
+    plain = EmbeddingLoss(0, None)
+    ranked = plain.with_bank(rank_bank(bank), tau=0.05, weight=10.0)
+    assert ranked.metric == "embedding_cosine_rank"
+    t = torch.from_numpy(bank[:4].astype(np.float32))  # rows that are in the bank themselves
+    assert float(ranked._rank_kl([t], [t]).abs().max()) < 1e-6  # own entry masked, no NaN
+    assert ranked.score([t], [t]) == pytest.approx(1.0, abs=1e-6)
+    # two errors of the same cosine: the one that swaps the two nearest neighbours costs more
+    q = torch.tensor([[1.0, 0, 0, 0, 0, 0]])
+    near = np.array([[0.9, 0.1, 0, 0, 0, 0], [0.9, -0.1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1.0]])
+    near /= np.linalg.norm(near, axis=1, keepdims=True)
+    two = plain.with_bank(near, tau=0.02, weight=1.0)
+    swap = torch.nn.functional.normalize(torch.tensor([[1.0, -0.03, 0, 0, 0, 0]]), dim=1)
+    aside = torch.nn.functional.normalize(torch.tensor([[1.0, 0, 0.03, 0, 0, 0]]), dim=1)
+    assert float(plain.loss([swap], [q])) == pytest.approx(float(plain.loss([aside], [q])))
+    assert float(two._rank_kl([swap], [q])) > 10 * float(two._rank_kl([aside], [q]))
+    assert len(rank_bank(bank, rows=10)) == 10
+    with pytest.raises(ValueError, match="positive"):
+        plain.with_bank(bank, tau=0.0, weight=1.0)
+
+
+def test_finetune_with_the_ranking_term():
+    from quantscope.finetune.objectives import EmbeddingLoss
+
+    model, groups, stats, _ = _prepared("layernorm_block", n=4)
+    train = [tm.sample_inputs(model.proto, n=16, seed=100 + i) for i in range(8)]
+    hold = [tm.sample_inputs(model.proto, n=16, seed=200 + i) for i in range(2)]
+    student = to_torch(_qdq(model, groups, stats, Plan.uniform(Precision.A8_W4)),
+                       float_weights=fp32_weights(model))
+    cfg = FinetuneConfig(steps=40, lr=3e-3, range_lr=1e-2, eval_every=20, warmup=3,
+                         rank_weight=5.0, rank_tau=0.05)
+    res = distill(student, to_torch(model.proto), EmbeddingLoss(0, None), train, hold, cfg)
+    assert res.metric == "embedding_cosine_rank"
+    assert res.holdout_best > res.holdout_before
+
+
+def test_moving_average_is_what_is_evaluated_and_kept(tmp_path):
+    model, groups, stats, _ = _prepared("layernorm_block", n=4)
+    train = [tm.sample_inputs(model.proto, n=16, seed=100 + i) for i in range(8)]
+    hold = [tm.sample_inputs(model.proto, n=16, seed=200 + i) for i in range(2)]
+    qdq = _qdq(model, groups, stats, Plan.uniform(Precision.A8_W4))
+    cfg = FinetuneConfig(steps=40, lr=3e-3, range_lr=1e-2, eval_every=20, warmup=3,
+                         average=0.9)
+    student = to_torch(qdq, float_weights=fp32_weights(model))
+    res = distill(student, to_torch(model.proto), OutputsLoss(), train, hold, cfg,
+                  checkpoint=tmp_path / "ck.pt")
+    assert res.holdout_best > res.holdout_before
+    # the kept state is the average: evaluating the returned student gives the best score
+    d = Distiller(student, to_torch(model.proto), OutputsLoss(), FinetuneConfig())
+    assert d.evaluate(hold) == pytest.approx(res.holdout_best, abs=1e-9)
+    assert torch.load(tmp_path / "ck.pt", weights_only=False)["average"] is not None

@@ -10,7 +10,9 @@ teacher             the FP32 graph converted the same way; its targets (e.g. poo
 data                unlabeled batches: ``train`` for the updates, ``holdout`` for the
                     held-out metric that picks the best step (early stopping)
 optimiser           Adam, two learning rates (weights, ranges), linear warm-up then
-                    cosine decay to zero over ``steps``
+                    cosine decay to zero over ``steps``; with ``average`` the held-out
+                    metric and the kept state are those of an exponential moving
+                    average of the learned parameters
 checkpoint          ``torch.save`` of student, optimizer, scheduler, step, history and
                     the best state, every ``eval_every`` steps; resumed when it exists
 ==================  ==================================================================
@@ -36,6 +38,7 @@ from quantscope.finetune.objectives import (
     Batch,
     EmbeddingLoss,
     Objective,
+    rank_bank,
     score_weights,
     tap_loss,
 )
@@ -56,6 +59,9 @@ class FinetuneConfig:
     tap_weight: float = 0.0
     mask_input: str | None = None  # padding mask for the tap loss
     score_loss: bool = False  # embeddings: weight errors as the similarity scores see them
+    rank_weight: float = 0.0  # embeddings: + weight x KL of the similarity over a bank
+    rank_tau: float = 0.02  # temperature of that similarity distribution
+    average: float = 0.0  # > 0: evaluate and keep an exponential moving average (decay)
     seed: int = 0
     threads: int | None = None
     max_seconds: float | None = None  # stop early (after an evaluation) past this wall time
@@ -146,6 +152,10 @@ class Distiller:
         self.step, self.history = 0, []
         self.best: tuple[float, int, dict[str, torch.Tensor]] | None = None
         self._targets: dict[int, list[torch.Tensor]] = {}
+        self.learned = [(n, p) for n, p in student.named_parameters() if p.requires_grad]
+        self.ema = ({n: p.detach().clone() for n, p in self.learned}
+                    if config.average > 0 else None)
+        self._averaged_state: dict[str, torch.Tensor] | None = None  # of the last evaluation
 
     def _schedule(self, step: int) -> float:
         """Linear warm-up, then a cosine decay that reaches zero at the last step or at the
@@ -179,28 +189,53 @@ class Distiller:
         self.opt.step()
         self.sched.step()
         self.step += 1
+        if self.ema is not None:
+            # the usual warm-up of the decay: early averages are not dominated by the start
+            decay = min(self.cfg.average, (1 + self.step) / (10 + self.step))
+            with torch.no_grad():
+                for n, p in self.learned:
+                    self.ema[n].mul_(decay).add_(p.detach(), alpha=1.0 - decay)
         return float(loss.detach())
 
+    def _swap_average(self) -> None:
+        """Exchange the learned parameters with their moving average (twice: back)."""
+        assert self.ema is not None
+        with torch.no_grad():
+            for n, p in self.learned:
+                live = p.detach().clone()
+                p.copy_(self.ema[n])
+                self.ema[n] = live
+
     def evaluate(self, holdout: Sequence[Batch]) -> float:
+        """Held-out metric of the student (of its moving average when ``average``); with an
+        average, the best state remembered right after is the average's."""
         scores, rows = 0.0, 0
+        if self.ema is not None:
+            self._swap_average()
         with torch.no_grad():
             for i, feeds in enumerate(holdout):
                 n = len(next(iter(feeds.values())))
                 pred = self.obj.target(self.student(feeds)[0], feeds)
                 scores += n * self.obj.score(pred, self._target(-1 - i, feeds))
                 rows += n
+        if self.ema is not None:
+            self._averaged_state = {k: v.detach().clone()
+                                    for k, v in self.student.state_dict().items()}
+            self._swap_average()
         return scores / max(rows, 1)
 
     def remember_if_best(self, score: float) -> None:
         if self.best is None or score > self.best[0]:
-            state = {k: v.detach().clone() for k, v in self.student.state_dict().items()}
+            state = self._averaged_state if self.ema is not None else None
+            if state is None:
+                state = {k: v.detach().clone() for k, v in self.student.state_dict().items()}
             self.best = (score, self.step, state)
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
         torch.save({"student": self.student.state_dict(), "optimizer": self.opt.state_dict(),
                     "scheduler": self.sched.state_dict(), "step": self.step,
-                    "history": self.history, "best": self.best}, tmp)
+                    "history": self.history, "best": self.best, "average": self.ema}, tmp)
         os.replace(tmp, path)
 
     def load(self, path: Path) -> None:
@@ -212,6 +247,8 @@ class Distiller:
         self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])
         self.step, self.history, self.best = ck["step"], ck["history"], ck["best"]
+        if self.ema is not None and ck.get("average") is not None:
+            self.ema = ck["average"]
 
 
 def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
@@ -224,12 +261,16 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     d = Distiller(student, teacher, objective, config)
-    if config.score_loss:
+    if config.score_loss or config.rank_weight:
         if not isinstance(objective, EmbeddingLoss):
-            raise QuantscopeError("finetune: the score-weighted loss needs an embedding "
-                                  "model (a sentence encoder's pooled embeddings)")
-        emb = [d._target(k, feeds)[0] for k, feeds in enumerate(train)]
-        objective = objective.with_scores(score_weights(torch.cat(emb).numpy()))
+            raise QuantscopeError("finetune: the score-weighted and ranking losses need an "
+                                  "embedding model (a sentence encoder's pooled embeddings)")
+        emb = torch.cat([d._target(k, feeds)[0] for k, feeds in enumerate(train)]).numpy()
+        if config.score_loss:
+            objective = objective.with_scores(score_weights(emb))
+        if config.rank_weight:
+            objective = objective.with_bank(rank_bank(emb, seed=config.seed), config.rank_tau,
+                                            config.rank_weight)
         d.obj = objective
     ck = Path(checkpoint) if checkpoint else None
     if ck is not None and ck.is_file():

@@ -9,7 +9,11 @@
                     embedding is weighted as the similarity scores see it:
                     ``d' C d / 2`` (``C``: the teacher embeddings' second moment,
                     trace = width; ``C = I`` is exactly ``1 - cosine``); held-out metric
-                    ``1 - d' C d / 2``
+                    ``1 - d' C d / 2``. With ``bank`` (see :func:`rank_bank`) a ranking
+                    term is added: each row's similarity distribution over a bank of
+                    teacher embeddings, ``softmax(x . bank / tau)``, distilled by KL from
+                    the teacher's (the neighbours whose order top-1 retrieval decides);
+                    held-out metric ``1 - loss / 100``
 ``OutputsLoss``     tensor models: every float output, MSE normalised by the teacher's
                     variance; held-out metric: output SQNR in dB
 intermediate taps   optional: tensors named in both graphs (e.g. every LayerNorm output,
@@ -71,6 +75,17 @@ def score_weights(embeddings: np.ndarray) -> np.ndarray:
     return (m * (x.shape[1] / max(float(np.trace(m)), 1e-30))).astype(np.float32)
 
 
+def rank_bank(embeddings: np.ndarray, rows: int = 4096, seed: int = 0) -> np.ndarray:
+    """The bank of the ranking term: up to ``rows`` of the teacher's normalised training
+    embeddings (a fixed random subset when there are more)."""
+    x = np.asarray(embeddings, dtype=np.float32)
+    if x.ndim != 2 or len(x) < 2:
+        raise ValueError("rank_bank needs a [rows, width] array of at least two rows")
+    if len(x) > rows:
+        x = x[np.sort(np.random.default_rng(seed).choice(len(x), rows, replace=False))]
+    return x
+
+
 @dataclass(frozen=True)
 class EmbeddingLoss:
     output_index: int
@@ -78,11 +93,34 @@ class EmbeddingLoss:
     mse_weight: float = 0.0
     metric: str = "embedding_cosine"
     scores: np.ndarray | None = field(default=None, compare=False, repr=False)
+    bank: np.ndarray | None = field(default=None, compare=False, repr=False)
+    rank_tau: float = 0.02
+    rank_weight: float = 0.0
+
+    def with_bank(self, bank: np.ndarray, tau: float, weight: float) -> EmbeddingLoss:
+        """This loss plus ``weight`` x the KL divergence of the rows' similarity
+        distributions over ``bank`` (temperature ``tau``) from the teacher's."""
+        if tau <= 0 or weight <= 0:
+            raise ValueError("the ranking term needs a positive temperature and weight")
+        return EmbeddingLoss(self.output_index, self.mask_input, self.mse_weight,
+                             "embedding_cosine_rank", self.scores,
+                             np.asarray(bank, np.float32), float(tau), float(weight))
+
+    def _rank_kl(self, student: list[Tensor], teacher: list[Tensor]) -> Tensor:
+        assert self.bank is not None
+        bank = torch.from_numpy(self.bank).to(student[0].dtype)
+        t_sim = teacher[0] @ bank.T
+        own = t_sim > 1.0 - 1e-5  # the row itself (or an exact duplicate) in the bank
+        t_log = torch.log_softmax((t_sim / self.rank_tau).masked_fill(own, -1e9), dim=1)
+        s_log = torch.log_softmax(((student[0] @ bank.T) / self.rank_tau).masked_fill(own, -1e9),
+                                  dim=1)
+        return (t_log.exp() * (t_log - s_log)).sum(dim=1)
 
     def with_scores(self, weights: np.ndarray) -> EmbeddingLoss:
         """This loss with errors weighted as the similarity scores see them."""
         return EmbeddingLoss(self.output_index, self.mask_input, self.mse_weight,
-                             "embedding_score_cosine", np.asarray(weights, np.float32))
+                             "embedding_score_cosine", np.asarray(weights, np.float32),
+                             self.bank, self.rank_tau, self.rank_weight)
 
     def _score_error(self, student: list[Tensor], teacher: list[Tensor]) -> Tensor:
         assert self.scores is not None
@@ -106,9 +144,13 @@ class EmbeddingLoss:
         if self.mse_weight:
             dim = student[0].shape[1]
             loss = loss + self.mse_weight * dim * ((student[0] - teacher[0]) ** 2).mean()
+        if self.bank is not None:
+            loss = loss + self.rank_weight * self._rank_kl(student, teacher).mean()
         return loss
 
     def score(self, student: list[Tensor], teacher: list[Tensor]) -> float:
+        if self.bank is not None:
+            return float(1.0 - self.loss(student, teacher) / COSINE_SCALE)
         if self.scores is not None:
             return float(1.0 - self._score_error(student, teacher).mean())
         return float((student[0] * teacher[0]).sum(dim=1).mean())
