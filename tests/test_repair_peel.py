@@ -149,6 +149,10 @@ def test_cli_peel(tmp_path, capsys):
     assert "1 FFN(s)" in text and UNVERIFIED in text and "calibrate it again" in text
     assert src.read_bytes() == before
     assert any(n.name.endswith("/peel") for n in onnx.load(out).graph.node)
+    capped = tmp_path / "c.onnx"
+    assert main(["peel", str(src), "--stats", str(tmp_path / "s.npz"), "--factor", "1.2",
+                 "--max-channels", "2", "--out", str(capped)]) == 0
+    assert "2 hidden channel(s)" in capsys.readouterr().out
     bad = tmp_path / "bad.onnx"
     assert main(["peel", str(src), "--stats", str(tmp_path / "s.npz"), "--factor", "1000",
                  "--out", str(bad)]) == 2
@@ -206,3 +210,25 @@ def test_the_planners_residual_candidate_takes_the_new_skip_branch_layers():
     r = search(groups, _sens(gains), _toy_target(), new, max_cost=3.0, evaluate=evaluate)
     assert stream <= set(dict(r.plan.overrides)) and r.measured == pytest.approx(0.8)
     assert [t.origin for t in r.trials].count("residual") == 1
+
+
+def test_a_second_tier_gets_names_of_its_own():
+    """peel twice (the extreme channels, then the next tier with a lower factor): the
+    second pass names its nodes '/peel2', the function is unchanged, max_peel caps it."""
+    proto = _block()
+    w1 = next(t for t in proto.graph.initializer if t.name == "w1")
+    arr = numpy_helper.to_array(w1).copy()
+    arr[:, 9] *= 4.0  # a second, milder outlier channel
+    w1.CopyFrom(numpy_helper.from_array(arr, "w1"))
+    model, feeds, stats = _calibrated(proto)
+    first = load_proto(peel(model, stats, factor=4.0, max_peel=1).proto)
+    _, _, stats1 = _calibrated(first.proto)
+    r = peel(first, stats1, factor=2.0, max_peel=1)
+    names = [n.name for n in r.proto.graph.node]
+    assert len(names) == len(set(names))
+    assert any(n.endswith("/peel2") for n in names) and any(n.endswith("/peel") for n in names)
+    assert "'<Add>/peel2'" in r.reason
+    split = [c for c in r.changes if c.kind == "split"]
+    assert all(len(c.channels) == 1 for c in split)  # max_peel
+    for a, b in zip(run_all(model.proto, feeds), run_all(r.proto, feeds), strict=True):
+        np.testing.assert_allclose(a[0], b[0], rtol=1e-4, atol=1e-4)

@@ -210,7 +210,8 @@ def cmd_outscale(args: argparse.Namespace) -> int:
 
 
 def cmd_peel(args: argparse.Namespace) -> int:
-    return _stats_rewrite(args, stages.peel_channels, factor=args.factor)
+    return _stats_rewrite(args, stages.peel_channels, factor=args.factor,
+                          max_channels=args.max_channels)
 
 
 def cmd_groups(args: argparse.Namespace) -> int:

@@ -353,7 +353,9 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                         "like the residual stream.")
     pe.add_argument("--factor", type=positive_float, metavar="F",
                     help="peel hidden channels whose max |h| is at least F x the median "
-                    "channel's (default 4; at most 8 per FFN)")
+                    "channel's (default 4)")
+    pe.add_argument("--max-channels", type=positive_int, metavar="N",
+                    help="peel at most N channels per FFN, the largest (default 8)")
     pe.add_argument("--out", type=output_file, required=True,
                     help="rewritten FP32 model to write (.onnx)")
 

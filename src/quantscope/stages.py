@@ -425,14 +425,15 @@ def out_scale(model: Model, stats: Stats, *, min_ratio: float | None = None,
 
 
 def peel_channels(model: Model, stats: Stats, *, factor: float | None = None,
-                  seq_len: int | None = None,
+                  max_channels: int | None = None, seq_len: int | None = None,
                   input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
                   ) -> tuple[GraphRepair, float]:
     """:func:`quantscope.repair.peel.peel`, FP32 checked (:func:`_stats_rewrite`)."""
-    from quantscope.repair.peel import FACTOR, peel
+    from quantscope.repair.peel import FACTOR, MAX_PEEL, peel
 
     f = FACTOR if factor is None else factor
-    return _stats_rewrite(model, stats, lambda m, s: peel(m, s, factor=f), "peel",
+    k = MAX_PEEL if max_channels is None else max_channels
+    return _stats_rewrite(model, stats, lambda m, s: peel(m, s, factor=f, max_peel=k), "peel",
                           seq_len=seq_len, input_shapes=input_shapes)
 
 

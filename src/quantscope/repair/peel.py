@@ -98,6 +98,16 @@ def _activation_why(chain: list[onnx.NodeProto], inits: dict, consts: dict[str, 
     return None
 
 
+def _suffix(model: Model) -> str:
+    """``peel``, or ``peel2``, ``peel3``… when the model was peeled before (a second tier:
+    names must stay unique)."""
+    taken = {n.name for n in model.graph.node}
+    k = 1
+    while any(t.endswith("/peel" if k == 1 else f"/peel{k}") for t in taken):
+        k += 1
+    return "peel" if k == 1 else f"peel{k}"
+
+
 def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
          max_peel: int = MAX_PEEL) -> Repair:
     """The model with each FFN's outlier hidden channels in a small FFN of their own."""
@@ -114,6 +124,7 @@ def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
     rewired: dict[str, tuple[list[str], list[str]]] = {}  # residual Add -> (inputs, outputs)
     changes: list[Change] = []
     skipped: list[tuple[str, str]] = []
+    sfx = _suffix(model)
     for g in groups:
         if g.kind is not GroupKind.WEIGHTED or len(g.outputs) != 1 or len(g.nodes) < 3:
             continue
@@ -172,31 +183,31 @@ def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
         w2 = numpy_helper.to_array(inits[down.input[1]])
         arrays[mm.input[1]], arrays[bias] = w1[:, kept], b1.reshape(-1)[kept]
         arrays[down.input[1]] = w2[kept, :]
-        pre = f"{mm.name}/peel"
-        new_inits += [numpy_helper.from_array(w1[:, peeled], f"{mm.input[1]}/peel"),
-                      numpy_helper.from_array(b1.reshape(-1)[peeled], f"{bias}/peel"),
-                      numpy_helper.from_array(w2[peeled, :], f"{down.input[1]}/peel")]
-        names = {mm.output[0]: f"{mm.output[0]}/peel", badd.output[0]: f"{badd.output[0]}/peel"}
-        new = [helper.make_node("MatMul", [mm.input[0], f"{mm.input[1]}/peel"],
+        pre = f"{mm.name}/{sfx}"
+        new_inits += [numpy_helper.from_array(w1[:, peeled], f"{mm.input[1]}/{sfx}"),
+                      numpy_helper.from_array(b1.reshape(-1)[peeled], f"{bias}/{sfx}"),
+                      numpy_helper.from_array(w2[peeled, :], f"{down.input[1]}/{sfx}")]
+        names = {mm.output[0]: f"{mm.output[0]}/{sfx}", badd.output[0]: f"{badd.output[0]}/{sfx}"}
+        new = [helper.make_node("MatMul", [mm.input[0], f"{mm.input[1]}/{sfx}"],
                                 [names[mm.output[0]]], name=pre),
-               helper.make_node("Add", [names.get(i, f"{bias}/peel" if i == bias else i)
+               helper.make_node("Add", [names.get(i, f"{bias}/{sfx}" if i == bias else i)
                                         for i in badd.input],
-                                [names[badd.output[0]]], name=f"{badd.name}/peel")]
+                                [names[badd.output[0]]], name=f"{badd.name}/{sfx}")]
         for n in chain:
             if n.op_type == "Constant":
                 continue
             copy = onnx.NodeProto()
             copy.CopyFrom(n)
-            copy.name = f"{n.name}/peel"
+            copy.name = f"{n.name}/{sfx}"
             copy.input[:] = [names.get(i, i) for i in n.input]
             for o in n.output:
-                names[o] = f"{o}/peel"
+                names[o] = f"{o}/{sfx}"
             copy.output[:] = [names[o] for o in n.output]
             new.append(copy)
-        tp, rp = f"{t}/peel", f"{skip}/peel/{add.name}"
-        new += [helper.make_node("MatMul", [names[h], f"{down.input[1]}/peel"], [tp],
-                                 name=f"{down.name}/peel"),
-                helper.make_node("Add", [skip, tp], [rp], name=f"{add.name}/peel")]
+        tp, rp = f"{t}/{sfx}", f"{skip}/{sfx}/{add.name}"
+        new += [helper.make_node("MatMul", [names[h], f"{down.input[1]}/{sfx}"], [tp],
+                                 name=f"{down.name}/{sfx}"),
+                helper.make_node("Add", [skip, tp], [rp], name=f"{add.name}/{sfx}")]
         before[add.name] = new
         rewired[add.name] = ([rp if i == skip else i for i in add.input], list(add.output))
         ratio_after = float(absmax[kept].max() / max(med, 1e-12))
@@ -205,7 +216,7 @@ def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
                    tuple(float(absmax[c]) for c in peeled),
                    note=f"{peeled.size} hidden channel(s) of {width} peeled into '{pre}' "
                         f"(max/median {absmax.max() / max(med, 1e-12):.1f} -> {ratio_after:.1f})"),
-            Change(rp, "insert", note=f"Add '{add.name}/peel': the skip branch + the peeled "
+            Change(rp, "insert", note=f"Add '{add.name}/{sfx}': the skip branch + the peeled "
                                       "channels' down-projection")]
     if not rewired:
         return Repair(name="peel", reason=f"no FFN hidden channel reaches {factor:g} x the "
@@ -218,8 +229,8 @@ def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
     return Repair(
         name="peel",
         reason=f"{sites} FFN(s): their outlier hidden channels run in a small FFN of their "
-        f"own that joins the residual stream through a new Add (groups '<Add>/peel': plan them "
-        f"at 16 bit like the residual stream); {UNVERIFIED}",
+        f"own that joins the residual stream through a new Add (groups '<Add>/{sfx}': plan "
+        f"them at 16 bit like the residual stream); {UNVERIFIED}",
         proto=proto,
         changes=tuple(changes),
         skipped=tuple(skipped),
