@@ -376,6 +376,10 @@ def test_finetune_with_the_ranking_term():
     res = distill(student, to_torch(model.proto), EmbeddingLoss(0, None), train, hold, cfg)
     assert res.metric == "embedding_cosine_rank"
     assert res.holdout_best > res.holdout_before
+    for bad in ({"rank_weight": -1.0}, {"rank_tau": 0.0}, {"average": 1.0}):
+        with pytest.raises(QuantscopeError, match="finetune"):
+            distill(student, to_torch(model.proto), EmbeddingLoss(0, None), train, hold,
+                    dataclasses.replace(cfg, **bad))
 
 
 def test_moving_average_is_what_is_evaluated_and_kept(tmp_path):

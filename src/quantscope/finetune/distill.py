@@ -257,6 +257,11 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
     """Train ``student`` towards ``teacher`` on ``train``; keep the best held-out state."""
     if not train or not holdout:
         raise QuantscopeError("finetune: needs at least one training and one held-out batch")
+    if not 0.0 <= config.average < 1.0:
+        raise QuantscopeError(f"finetune: average is a decay in [0, 1), got {config.average}")
+    if config.rank_weight < 0 or config.rank_tau <= 0:
+        raise QuantscopeError("finetune: the ranking term needs rank_weight >= 0 and "
+                              "rank_tau > 0")
     if config.threads:
         torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
