@@ -228,6 +228,8 @@ def test_a_second_tier_gets_names_of_its_own():
     assert len(names) == len(set(names))
     assert any(n.endswith("/peel2") for n in names) and any(n.endswith("/peel") for n in names)
     assert "'<Add>/peel2'" in r.reason
+    meta = {m.key: m.value for m in r.proto.metadata_props}[METADATA_KEY]
+    assert meta.startswith("sites=1 factor=4; peel2: sites=1 factor=2;") and UNVERIFIED in meta
     split = [c for c in r.changes if c.kind == "split"]
     assert all(len(c.channels) == 1 for c in split)  # max_peel
     for a, b in zip(run_all(model.proto, feeds), run_all(r.proto, feeds), strict=True):

@@ -224,8 +224,11 @@ def peel(model: Model, stats: Stats, *, factor: float = FACTOR,
     proto = with_initializers(model.proto, arrays)
     order = spliced(proto.graph.node, before, {}, rewired)
     sites = len(rewired)
-    proto = rewritten(proto, order, new_inits, (
-        METADATA_KEY, f"sites={sites} factor={factor:g}; {UNVERIFIED}"))
+    earlier = next((m.value for m in model.proto.metadata_props if m.key == METADATA_KEY), "")
+    tier = f"sites={sites} factor={factor:g}" if sfx == "peel" else \
+        f"{sfx}: sites={sites} factor={factor:g}"
+    note = f"{earlier.removesuffix(f'; {UNVERIFIED}')}; {tier}" if earlier else tier
+    proto = rewritten(proto, order, new_inits, (METADATA_KEY, f"{note}; {UNVERIFIED}"))
     return Repair(
         name="peel",
         reason=f"{sites} FFN(s): their outlier hidden channels run in a small FFN of their "
