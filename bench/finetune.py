@@ -3,7 +3,7 @@
     PYTHONPATH=src python bench/finetune.py [--model minilm-l6] [--pairs 1000] [--steps 200]
         [--plan plan.json] [--stats stats.npz] [--taps ln --tap-weight 1] [--extra-pairs]
         [--no-ranges] [--train-len 128] [--batch 16] [--lr 2e-5] [--range-lr 1e-3]
-        [--vector-lr LR]
+        [--vector-lr LR] [--score-loss] [--rank-weight W --rank-tau T] [--average D]
         [--checkpoint ck.pt] [--seq-len N] [--json out.json]
 
 Plan: uniform a8_w8 for ``hailo10h`` (its scheme: activations unsigned asymmetric, weights
