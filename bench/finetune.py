@@ -4,7 +4,8 @@
         [--plan plan.json] [--stats stats.npz] [--taps ln --tap-weight 1] [--extra-pairs]
         [--no-ranges] [--train-len 128] [--batch 16] [--lr 2e-5] [--range-lr 1e-3]
         [--vector-lr LR] [--score-loss] [--rank-weight W --rank-tau T] [--average D]
-        [--checkpoint ck.pt] [--seq-len N] [--json out.json]
+        [--checkpoint ck.pt] [--seq-len N] [--device cpu|cuda] [--save-delta DIR]
+        [--json out.json]
 
 Plan: uniform a8_w8 for ``hailo10h`` (its scheme: activations unsigned asymmetric, weights
 symmetric per channel), or ``--plan``. Data: ``stdlib-docs``; evaluation on the first
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from finetune_report import finetune_record, finish
+from finetune_report import finetune_record, finish, save_delta
 
 from quantscope.emulate.evaluate import run_model
 from quantscope.emulate.session import make_session
@@ -88,11 +89,16 @@ def _args() -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default=None,
+                   help="torch device of the fine-tune (default: cuda when present, else cpu)")
     p.add_argument("--max-minutes", type=float, default=None)
     p.add_argument("--checkpoint")
     p.add_argument("--no-before", action="store_true", help="skip measuring the plan as is")
     p.add_argument("--seq-len", type=int, default=None,
                    help="measure on the texts truncated at this length (a plan for it)")
+    p.add_argument("--save-delta", metavar="DIR",
+                   help="also write the trained weights as differences (finetune_apply.py "
+                        "measures them again, e.g. after a run on a GPU machine)")
     p.add_argument("--json")
     return p.parse_args()
 
@@ -124,7 +130,7 @@ def _parity(student: Any, qdq: Any, objective: EmbeddingLoss, batches: list) -> 
     cos, diff = [], []
     for feeds in batches:
         with torch.no_grad():
-            a = objective.target(student(feeds)[0], feeds)[0].numpy()
+            a = objective.target(student(feeds)[0], feeds)[0].cpu().numpy()
         outs = [torch.from_numpy(o) for o in session.run(None, feeds)]
         b = objective.target(outs, feeds)[0].numpy()
         cos.append((a * b).sum(axis=1))
@@ -164,7 +170,7 @@ def main() -> int:
         taps=layernorm_outputs(model) if args.taps == "ln" else (),
         tap_weight=args.tap_weight if args.taps != "none" else 0.0, mask_input=mask,
         threads=args.threads, score_loss=args.score_loss, rank_weight=args.rank_weight,
-        rank_tau=args.rank_tau, average=args.average,
+        rank_tau=args.rank_tau, average=args.average, device=args.device,
         max_seconds=args.max_minutes * 60 if args.max_minutes else None)
     objective = EmbeddingLoss(enc.output_index, mask, mse_weight=args.mse_weight)
     student = to_torch(qdq_for_plan(model, stats, plan, scheme=scheme)[0],
@@ -172,6 +178,8 @@ def main() -> int:
     res = distill(student, to_torch(model.proto), objective, train, hold, cfg,
                   checkpoint=args.checkpoint, progress=True)
     print(res.summary(), flush=True)
+    if args.save_delta:
+        save_delta(res.weights, res.ranges, fp32_weights(model), args.save_delta)
     ft_model, ft_plan = finetuned_model(model, res), finetuned_plan(plan, res)
     parity = _parity(student, qdq_for_plan(ft_model, stats, ft_plan, scheme=scheme)[0],
                      objective, hold[:2])

@@ -161,13 +161,15 @@ def test_unsupported_op_is_one_clear_error():
         to_torch(onnx.helper.make_model(g))
 
 
-def _distilled(name="layernorm_block", precision=Precision.A8_W4, steps=60, **kw):
+def _distilled(name="layernorm_block", precision=Precision.A8_W4, steps=60, device="cpu",
+               **kw):
     model, groups, stats, _ = _prepared(name, n=4)
     train = [tm.sample_inputs(model.proto, n=16, seed=100 + i) for i in range(12)]
     hold = [tm.sample_inputs(model.proto, n=16, seed=200 + i) for i in range(3)]
     plan = Plan.uniform(precision)
     student = to_torch(_qdq(model, groups, stats, plan), float_weights=fp32_weights(model))
-    cfg = FinetuneConfig(steps=steps, lr=3e-3, range_lr=1e-2, eval_every=20, warmup=5)
+    cfg = FinetuneConfig(steps=steps, lr=3e-3, range_lr=1e-2, eval_every=20, warmup=5,
+                         device=device)
     res = distill(student, to_torch(model.proto), OutputsLoss(), train, hold, cfg, **kw)
     return model, groups, stats, plan, hold, student, res
 
@@ -397,3 +399,115 @@ def test_moving_average_is_what_is_evaluated_and_kept(tmp_path):
     d = Distiller(student, to_torch(model.proto), OutputsLoss(), FinetuneConfig())
     assert d.evaluate(hold) == pytest.approx(res.holdout_best, abs=1e-9)
     assert torch.load(tmp_path / "ck.pt", weights_only=False)["average"] is not None
+
+
+def _embedding_graph() -> onnx.ModelProto:
+    """Token + position embeddings with the shape arithmetic exported encoders carry:
+    Shape -> Gather -> Range (CPU integers) indexing a float table, a Reshape whose shape
+    is a Concat of Shape pieces, a MatMul and a Where on the mask."""
+    from onnx import helper, numpy_helper
+
+    r = np.random.default_rng(11)
+    T = onnx.TensorProto
+    nodes = [
+        helper.make_node("Shape", ["ids"], ["shp"]),
+        helper.make_node("Gather", ["shp", "one_i"], ["seq"], axis=0),
+        helper.make_node("Range", ["zero_i", "seq", "one_i"], ["pos"]),
+        helper.make_node("Gather", ["words", "ids"], ["we"]),
+        helper.make_node("Gather", ["places", "pos"], ["pe"]),
+        helper.make_node("Add", ["we", "pe"], ["e"]),
+        helper.make_node("Gather", ["shp", "zero_i"], ["bsz"], axis=0),
+        helper.make_node("Unsqueeze", ["bsz", "ax0"], ["bsz1"]),
+        helper.make_node("Unsqueeze", ["seq", "ax0"], ["seq1"]),
+        helper.make_node("Concat", ["bsz1", "seq1", "two"], ["shp3"], axis=0),
+        helper.make_node("MatMul", ["e", "w"], ["h"]),
+        helper.make_node("Reshape", ["h", "shp3"], ["h3"]),
+        helper.make_node("ReduceMean", ["h3"], ["m"], axes=[3], keepdims=0),
+        helper.make_node("Cast", ["mask"], ["mb"], to=T.BOOL),
+        helper.make_node("Unsqueeze", ["mb", "ax2"], ["mb3"]),
+        helper.make_node("Where", ["mb3", "m", "neg"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("one_i", np.array(1, np.int64)), ("zero_i", np.array(0, np.int64)),
+        ("ax0", np.array([0], np.int64)),
+        ("ax2", np.array([2], np.int64)), ("two", np.array([4, 2], np.int64)),
+        ("words", r.normal(0, 1, (20, 8)).astype(np.float32)),
+        ("places", r.normal(0, 1, (16, 8)).astype(np.float32)),
+        ("w", r.normal(0, 0.5, (8, 8)).astype(np.float32)),
+        ("neg", np.array(-1.0, np.float32))]]
+    graph = helper.make_graph(
+        nodes, "embeddings",
+        [helper.make_tensor_value_info("ids", T.INT64, ["N", "S"]),
+         helper.make_tensor_value_info("mask", T.INT64, ["N", "S"])],
+        [helper.make_tensor_value_info("y", T.FLOAT, ["N", "S", 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _embedding_feeds(seed: int) -> dict:
+    r = np.random.default_rng(seed)
+    mask = np.ones((3, 7), np.int64)
+    mask[0, 5:] = 0
+    return {"ids": r.integers(0, 20, (3, 7)).astype(np.int64), "mask": mask}
+
+
+def test_shape_arithmetic_conversion_matches_ort():
+    proto = _embedding_graph()
+    feeds = _embedding_feeds(0)
+    np.testing.assert_allclose(_torch_out(to_torch(proto), feeds),
+                               make_session(proto).run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_device_is_cuda_when_present_else_the_cpu_and_is_recorded():
+    from quantscope.finetune.distill import resolve_device
+
+    assert resolve_device(None).type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+    for bad in ("tpu", "nonsense"):
+        with pytest.raises(QuantscopeError, match="use cpu or cuda"):
+            resolve_device(bad)
+    if not torch.cuda.is_available():
+        with pytest.raises(QuantscopeError, match="sees no CUDA GPU"):
+            resolve_device("cuda")
+    *_, student, res = _distilled(steps=10, device=None)
+    assert res.device == str(resolve_device(None)) and f"on {res.device}" in res.summary()
+    assert all(p.device.type == "cpu" for p in student.parameters())  # handed back on the CPU
+    assert all(isinstance(w, np.ndarray) for w in res.weights.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", [*tm.ALL, "embeddings"])
+def test_cuda_student_matches_ort_and_the_cpu(name):
+    """On a GPU the QDQ student (float tensors and feeds on the device, shape integers on
+    the CPU) computes what ORT computes on the CPU, and what the CPU student computes."""
+    if name == "embeddings":
+        proto, feeds = _embedding_graph(), _embedding_feeds(1)
+        student, ref = to_torch(proto), make_session(proto).run(None, feeds)[0]
+    else:
+        model, groups, stats, feeds_all = _prepared(name)
+        feeds = feeds_all[0]
+        qdq = _qdq(model, groups, stats, Plan.uniform(Precision.A8_W8))
+        student = to_torch(qdq, float_weights=fp32_weights(model))
+        ref = make_session(qdq).run(None, feeds)[0]
+    cpu = _torch_out(student, feeds)
+    student.place("cuda")
+    with torch.no_grad():
+        gpu = student(feeds)[0][0].cpu().numpy()
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gpu, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_finetune_improves_ort_metric_and_resumes(tmp_path):
+    ck = tmp_path / "ck.pt"
+    model, groups, stats, plan, hold, student, res = _distilled(
+        steps=40, device="cuda", checkpoint=ck)
+    assert res.device.startswith("cuda") and res.holdout_best > res.holdout_before
+    ft, ft_plan = finetuned_model(model, res), finetuned_plan(plan, res)
+    qdq_after = _qdq(ft, groups, stats, ft_plan)
+    assert _ort_sqnr(model.proto, qdq_after, hold) > \
+        _ort_sqnr(model.proto, _qdq(model, groups, stats, plan), hold) + 1.0
+    for f in hold:
+        np.testing.assert_allclose(make_session(qdq_after).run(None, f)[0],
+                                   _torch_out(student, f), rtol=1e-4, atol=1e-4)
+    *_, again = _distilled(steps=60, device="cuda", checkpoint=ck)
+    assert [h["step"] for h in again.history] == [0, 20, 40, 60]

@@ -15,6 +15,8 @@ optimiser           Adam, two learning rates (weights, ranges), linear warm-up t
                     average of the learned parameters
 checkpoint          ``torch.save`` of student, optimizer, scheduler, step, history and
                     the best state, every ``eval_every`` steps; resumed when it exists
+device              ``device``: ``"cuda"`` when PyTorch sees a GPU, else ``"cpu"``
+                    (or named); student, teacher and batches move there once
 ==================  ==================================================================
 Nothing here is a reported number: the result's weights and ranges are written back and
 measured in ONNX Runtime through the QDQ writer (:mod:`.apply`).
@@ -64,6 +66,7 @@ class FinetuneConfig:
     average: float = 0.0  # > 0: evaluate and keep an exponential moving average (decay)
     seed: int = 0
     threads: int | None = None
+    device: str | None = None  # torch device; None: "cuda" when available, else "cpu"
     max_seconds: float | None = None  # stop early (after an evaluation) past this wall time
 
 
@@ -84,12 +87,36 @@ class FinetuneResult:
     holdout_best: float
     best_step: int
     config: FinetuneConfig = field(default_factory=FinetuneConfig)
+    device: str = "cpu"
 
     def summary(self) -> str:
         return (f"finetune: {self.steps} steps, {self.samples} samples ({self.train_rows} "
-                f"training rows, {self.holdout_rows} held out), {self.seconds:.0f} s; held-out "
+                f"training rows, {self.holdout_rows} held out), {self.seconds:.0f} s on "
+                f"{self.device}; held-out "
                 f"{self.metric} {self.holdout_before:.5g} -> {self.holdout_best:.5g} "
                 f"(best step {self.best_step})")
+
+
+def resolve_device(name: str | None) -> torch.device:
+    """The torch device a fine-tune runs on: ``name``, or CUDA when present, else the CPU."""
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise QuantscopeError(f"finetune: unknown device '{name}'; use cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise QuantscopeError(f"finetune: device '{name}' asked for, but PyTorch sees no CUDA "
+                              "GPU here; use --device cpu (or leave it out)")
+    if dev.type not in ("cpu", "cuda"):
+        raise QuantscopeError(f"finetune: device '{name}' is not supported; use cpu or cuda")
+    return dev
+
+
+def _on(device: torch.device, batches: Sequence[Batch]) -> list[Batch]:
+    """The batches as torch tensors on ``device`` (once, not per step)."""
+    return [{k: (v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v)))
+             .to(device) for k, v in b.items()} for b in batches]
 
 
 def _rows(batches: Sequence[Batch]) -> int:
@@ -240,7 +267,7 @@ class Distiller:
 
     def load(self, path: Path) -> None:
         try:
-            ck = torch.load(path, weights_only=False)
+            ck = torch.load(path, weights_only=False, map_location=self.student.device)
             self.student.load_state_dict(ck["student"])
         except (OSError, RuntimeError, KeyError) as err:
             raise QuantscopeError(f"finetune: cannot resume from checkpoint {path}: {err}") from None
@@ -264,13 +291,17 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
                               "rank_tau > 0")
     if config.threads:
         torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
     torch.manual_seed(config.seed)
+    student.place(device)
+    teacher.place(device)
+    train, holdout = _on(device, train), _on(device, holdout)
     d = Distiller(student, teacher, objective, config)
     if config.score_loss or config.rank_weight:
         if not isinstance(objective, EmbeddingLoss):
             raise QuantscopeError("finetune: the score-weighted and ranking losses need an "
                                   "embedding model (a sentence encoder's pooled embeddings)")
-        emb = torch.cat([d._target(k, feeds)[0] for k, feeds in enumerate(train)]).numpy()
+        emb = torch.cat([d._target(k, feeds)[0] for k, feeds in enumerate(train)]).cpu().numpy()
         if config.score_loss:
             objective = objective.with_scores(score_weights(emb))
         if config.rank_weight:
@@ -307,12 +338,15 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
     bar.close()
     assert d.best is not None
     student.load_state_dict(d.best[2])
+    student.place("cpu")  # handed back where it came from
+    teacher.place("cpu")
     return FinetuneResult(
-        weights={k: p.detach().numpy().copy() for k, p in student.trained_weights().items()},
+        weights={k: p.detach().cpu().numpy().copy()
+                 for k, p in student.trained_weights().items()},
         ranges=student.ranges() if config.learn_ranges else {}, history=tuple(d.history),
         seconds=time.perf_counter() - start, steps=d.step,
         samples=sum(_rows([train[_batch_index(k, len(train), config.seed)]])
                     for k in range(d.step)),
         train_rows=_rows(train), holdout_rows=_rows(holdout), metric=objective.metric,
         holdout_before=d.history[0]["holdout"], holdout_best=d.best[0], best_step=d.best[1],
-        config=config)
+        config=config, device=str(device))

@@ -18,6 +18,11 @@ Constant nodes, integer initializers     fixed buffers
 any other op                             the function registered in ``ops.OPS``
 =======================================  ============================================
 A converted FP32 graph (no Q/DQ) is the teacher.
+
+On an accelerator (:meth:`GraphModule.place`) the float tensors and the feeds live on the
+device while integer constants and the outputs of Shape stay on the CPU: shape arithmetic
+(Shape -> Gather -> Concat -> Reshape …) then never waits for the device, and an op that
+mixes the two (a Range of positions indexing a table) gets its CPU operands moved over.
 """
 
 from __future__ import annotations
@@ -113,6 +118,7 @@ class GraphModule(nn.Module):
                     f"finetune: op {node.op_type} (node '{node.name}') has no torch converter; "
                     f"supported: {', '.join(sorted(OPS))}")
         self._register(inits, values, qdq_params, consumers, trainable)
+        self.device = torch.device("cpu")
 
     # ------------------------------------------------------------------ conversion
 
@@ -181,6 +187,11 @@ class GraphModule(nn.Module):
                 self.register_buffer(attr, tensor)
             self.env_names[key] = attr
 
+    def place(self, device: str | torch.device) -> GraphModule:
+        """Move the module to ``device``; integer buffers stay on the CPU (see above)."""
+        self.device = dev = torch.device(device)
+        return self._apply(lambda t: t.to(dev) if t.is_floating_point() else t)
+
     # ------------------------------------------------------------------ running
 
     def trained_weights(self) -> dict[str, nn.Parameter]:
@@ -199,11 +210,15 @@ class GraphModule(nn.Module):
         """Graph outputs in order, and the tapped intermediate tensors by name."""
         env: dict[str, Any] = {n: getattr(self, a) for n, a in self.env_names.items()}
         env[""] = None
+        mixed = self.device.type != "cpu"
         for name in self.input_names:
             v = feeds[name]
-            env[name] = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
+            t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
+            env[name] = t.to(self.device) if mixed else t
         for step in self.steps:
             args = [env[t] for t in step.inputs]
+            if mixed and step.op not in _SHAPE_OPERANDS:
+                args = _one_device(args)
             if step.op == ACT_FQ:
                 out: Any = self.act_quants[step.quant](args[0])
             elif step.op == WEIGHT_FQ:
@@ -213,6 +228,20 @@ class GraphModule(nn.Module):
             outs = out if isinstance(out, tuple) else (out,)
             env.update(zip(step.outputs, outs, strict=False))
         return [env[n] for n in self.output_names], {t: env[t] for t in taps}
+
+
+# ops whose operands after the first are read as Python ints (shapes, axes, bounds)
+_SHAPE_OPERANDS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Slice", "Expand", "Shape",
+                             "ConstantOfShape", "Range", "CumSum", "Pad", ACT_FQ, WEIGHT_FQ})
+
+
+def _one_device(args: list[Any]) -> list[Any]:
+    """The operands of one op on one device: CPU tensors join an accelerator's."""
+    dev = next((a.device for a in args if isinstance(a, Tensor) and a.device.type != "cpu"),
+               None)
+    if dev is None:
+        return args
+    return [a.to(dev) if isinstance(a, Tensor) and a.device != dev else a for a in args]
 
 
 def to_torch(proto: onnx.ModelProto, *, float_weights: dict[str, np.ndarray] | None = None,

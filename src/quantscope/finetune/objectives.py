@@ -34,7 +34,7 @@ import torch
 from quantscope.model.load import Model
 
 Tensor = torch.Tensor
-Batch = dict[str, np.ndarray]
+Batch = dict[str, Any]  # input name -> numpy array or torch tensor
 COSINE_SCALE = 100.0  # 1 - cos is ~1e-3 when close: scaled so Adam's epsilon does not bite
 
 
@@ -55,7 +55,8 @@ class Objective(Protocol):
 def _mask(feeds: Batch, name: str | None) -> Tensor | None:
     if name is None or name not in feeds:
         return None
-    return torch.as_tensor(np.asarray(feeds[name])).float()
+    v = feeds[name]
+    return (v if isinstance(v, Tensor) else torch.as_tensor(np.asarray(v))).float()
 
 
 def score_weights(embeddings: np.ndarray) -> np.ndarray:
@@ -108,7 +109,7 @@ class EmbeddingLoss:
 
     def _rank_kl(self, student: list[Tensor], teacher: list[Tensor]) -> Tensor:
         assert self.bank is not None
-        bank = torch.from_numpy(self.bank).to(student[0].dtype)
+        bank = torch.from_numpy(self.bank).to(student[0].device, student[0].dtype)
         t_sim = teacher[0] @ bank.T
         own = t_sim > 1.0 - 1e-5  # the row itself (or an exact duplicate) in the bank
         t_log = torch.log_softmax((t_sim / self.rank_tau).masked_fill(own, -1e9), dim=1)
@@ -125,13 +126,14 @@ class EmbeddingLoss:
     def _score_error(self, student: list[Tensor], teacher: list[Tensor]) -> Tensor:
         assert self.scores is not None
         d = student[0] - teacher[0]
-        return 0.5 * ((d @ torch.from_numpy(self.scores).to(d.dtype)) * d).sum(dim=1)
+        return 0.5 * ((d @ torch.from_numpy(self.scores).to(d.device, d.dtype)) * d).sum(dim=1)
 
     def target(self, outputs: Sequence[Tensor], feeds: Batch) -> list[Tensor]:
         out = outputs[self.output_index].float()
         mask = _mask(feeds, self.mask_input)
         if out.dim() == 3:
-            m = mask[:, :, None] if mask is not None else torch.ones_like(out[:, :, :1])
+            m = mask.to(out.device)[:, :, None] if mask is not None else \
+                torch.ones_like(out[:, :, :1])
             out = (out * m).sum(dim=1) / torch.clamp(m.sum(dim=1), min=1e-9)
         return [out / torch.clamp(out.norm(dim=1, keepdim=True), min=1e-12)]
 
@@ -183,7 +185,7 @@ def tap_loss(student: dict[str, Tensor], teacher: dict[str, Tensor], feeds: Batc
         s = student[name]
         err = (s - t) ** 2
         if mask is not None and t.dim() == 3 and t.shape[:2] == mask.shape:
-            w = mask[:, :, None]
+            w = mask.to(t.device)[:, :, None]
             mse = (err * w).sum() / torch.clamp(w.sum() * t.shape[2], min=1.0)
             var = ((t - (t * w).sum() / torch.clamp(w.sum() * t.shape[2], min=1.0)) ** 2 * w
                    ).sum() / torch.clamp(w.sum() * t.shape[2], min=1.0)
