@@ -440,7 +440,8 @@ def _embedding_graph() -> onnx.ModelProto:
         [helper.make_tensor_value_info("ids", T.INT64, ["N", "S"]),
          helper.make_tensor_value_info("mask", T.INT64, ["N", "S"])],
         [helper.make_tensor_value_info("y", T.FLOAT, ["N", "S", 4])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    # IR 10: what every onnxruntime >= 1.20 reads (a newer onnx writes a newer IR by default)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10)
 
 
 def _embedding_feeds(seed: int) -> dict:
@@ -511,3 +512,21 @@ def test_cuda_finetune_improves_ort_metric_and_resumes(tmp_path):
                                    _torch_out(student, f), rtol=1e-4, atol=1e-4)
     *_, again = _distilled(steps=60, device="cuda", checkpoint=ck)
     assert [h["step"] for h in again.history] == [0, 20, 40, 60]
+
+
+def test_an_empty_tap_is_left_out_not_nan():
+    """A token-split encoder's second chunk is empty for short texts (found on a GPU run:
+    the training loss printed NaN while the other taps trained)."""
+    from quantscope.finetune.objectives import tap_loss
+
+    r = torch.Generator().manual_seed(0)
+    full = torch.randn(2, 5, 4, generator=r)
+    empty = torch.zeros(2, 0, 4)
+    mask = np.ones((2, 5), np.int64)
+    student = {"a": full + 0.1, "b": empty}
+    teacher = {"a": full, "b": empty}
+    loss = tap_loss(student, teacher, {"m": mask}, "m")
+    assert torch.isfinite(loss) and float(loss) > 0
+    np.testing.assert_allclose(float(loss), float(tap_loss({"a": full + 0.1}, {"a": full},
+                                                           {"m": mask}, "m")))
+    assert float(tap_loss({"b": empty}, {"b": empty}, {"m": mask}, "m")) == 0.0

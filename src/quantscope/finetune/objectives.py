@@ -178,11 +178,16 @@ class OutputsLoss:
 
 def tap_loss(student: dict[str, Tensor], teacher: dict[str, Tensor], feeds: Batch,
              mask_input: str | None) -> Tensor:
-    """Mean over taps of the MSE normalised by the teacher's variance (padding left out)."""
+    """Mean over taps of the MSE normalised by the teacher's variance (padding left out).
+
+    A tap with no elements for this batch is left out: a token-split encoder's second
+    chunk is empty when the texts are shorter than the split (its mean would be NaN)."""
     mask = _mask(feeds, mask_input)
     terms = []
     for name, t in teacher.items():
         s = student[name]
+        if t.numel() == 0:
+            continue
         err = (s - t) ** 2
         if mask is not None and t.dim() == 3 and t.shape[:2] == mask.shape:
             w = mask.to(t.device)[:, :, None]
@@ -192,6 +197,8 @@ def tap_loss(student: dict[str, Tensor], teacher: dict[str, Tensor], feeds: Batc
         else:
             mse, var = err.mean(), t.var()
         terms.append(mse / torch.clamp(var, min=1e-12))
+    if not terms:
+        return next(iter(student.values())).new_zeros(()) if student else torch.zeros(())
     return torch.stack(terms).mean()
 
 
