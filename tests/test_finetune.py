@@ -530,3 +530,47 @@ def test_an_empty_tap_is_left_out_not_nan():
     np.testing.assert_allclose(float(loss), float(tap_loss({"a": full + 0.1}, {"a": full},
                                                            {"m": mask}, "m")))
     assert float(tap_loss({"b": empty}, {"b": empty}, {"m": mask}, "m")) == 0.0
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("bits,signed", [(8, False), (8, True), (16, False)])
+def test_fused_fake_quant_equals_the_composed_definition(per_channel, bits, signed):
+    """One autograd node: the forward to the bit, the gradients of x, scale and
+    zero-point as the composed ops give them (clipped values, exact grid points and an
+    additive-mask -3.4e38 included). The scale's gradient is compared with the composed
+    form in float64: in float32 the composed form sums ``g (q - zp)`` and ``-g x / s``
+    separately, two large sums that cancel (at 16 bit off by up to 8 % here); the fused
+    form subtracts per element first."""
+    from quantscope.finetune.fakequant import fake_quant, fake_quant_reference, qlimits
+
+    qmin, qmax = qlimits(bits, signed)
+    g = torch.Generator().manual_seed(bits + signed + per_channel)
+    x = torch.randn(4, 7, 6, generator=g) * 3
+    x[0, 0, 0], x[1, 2, 3] = -3.4e38, 1e6
+    shape = (1, 1, 6) if per_channel else ()
+    scale = (0.02 + torch.rand(shape, generator=g) * 0.05) * (256 / (qmax - qmin + 1))
+    zp = torch.full(shape, float(qmin if signed else (qmin + qmax) // 3))
+    x[2, 0, :] = (torch.arange(6) - 3.0) * scale.reshape(-1)[0]  # on grid points
+    grad = torch.randn(4, 7, 6, generator=g)
+    outs, grads = [], []
+    for fn, dtype in ((fake_quant, torch.float32), (fake_quant_reference, torch.float32),
+                      (fake_quant_reference, torch.float64)):
+        xs, ss, zs = (t.to(dtype).clone().requires_grad_(True) for t in (x, scale, zp))
+        out = fn(xs, ss, zs, qmin, qmax)
+        out.backward(grad.to(dtype))
+        outs.append(out.detach())
+        grads.append([t.grad for t in (xs, ss, zs)])
+    assert torch.equal(outs[0], outs[1])
+    assert (outs[0] == outs[0].clamp((qmin - zp) * scale, (qmax - zp) * scale)).all()
+    # x: the same mask; the composed form's g * s / s is g to the last bit or so
+    assert torch.equal(grads[0][0] == 0, grads[1][0] == 0)
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(grads[0][2], grads[1][2], rtol=1e-5, atol=1e-5)  # zero-point
+    # float32 holds x / s to ~6e-8 of itself: at 16 bit (|x / s| up to 65535) that is
+    # ~4e-3 of a grid step per element, in both forms
+    tol = 1e-4 if bits == 8 else 1e-2
+    for k in (1, 2):  # scale, zero-point
+        ours, exact = grads[0][k].double(), grads[2][k]
+        assert ours.shape == exact.shape
+        torch.testing.assert_close(ours, exact, rtol=tol, atol=tol)
+    assert (grads[0][0] == 0).any() and (grads[0][0] != 0).any()  # some clipped, some not

@@ -5,7 +5,9 @@
                        QuantizeLinear -> DequantizeLinear pair computes; rounding passes
                        the gradient straight through, clipping stops it (so the gradient
                        of the scale is LSQ's: ``round(x/s) - x/s`` inside, the clip
-                       bound outside)
+                       bound outside); one autograd node keeping a byte per element
+                       for the backward pass, equal to the composed
+                       ``fake_quant_reference`` (forward to the bit, gradients tested)
 ``ActQuant``           an activation Q/DQ pair: starts at the writer's scale and
                        zero-point exactly; learns ``log(s / s0)`` and a zero-point
                        shift (rounded, straight-through); its range ``(lo, hi)`` is
@@ -20,6 +22,8 @@
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import onnx
@@ -64,13 +68,60 @@ def round_ste(x: Tensor) -> Tensor:
     return _RoundSTE.apply(x)
 
 
-def fake_quant(x: Tensor, scale: Tensor, zp: Tensor, qmin: int, qmax: int) -> Tensor:
+def fake_quant_reference(x: Tensor, scale: Tensor, zp: Tensor, qmin: int, qmax: int) -> Tensor:
+    """:func:`fake_quant` composed of autograd ops (the definition its gradients follow)."""
     # Clamping x one step beyond the grid first changes no result but keeps x / scale
     # finite (an additive attention mask holds -3.4e38), so no inf * 0 = nan in backward.
     with torch.no_grad():
         lo, hi = (qmin - 1 - zp) * scale, (qmax + 1 - zp) * scale
     q = torch.clamp(round_ste(torch.clamp(x, lo, hi) / scale) + zp, qmin, qmax)
     return (q - zp) * scale
+
+
+class _FakeQuant(torch.autograd.Function):
+    """:func:`fake_quant_reference` as one autograd node: the same forward ops (the same
+    bits) and the same gradients written out, keeping for the backward pass only a byte
+    per element (where the rounding passes the gradient) plus, when the scale learns, the
+    scale's per-element derivative; the composed form keeps four float intermediates per
+    quantizer, which bound the student's memory and, on a GPU, its batch size."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, scale: Tensor, zp: Tensor, qmin: int,
+                qmax: int) -> Tensor:
+        lo, hi = (qmin - 1 - zp) * scale, (qmax + 1 - zp) * scale
+        u = torch.clamp(x, lo, hi) / scale
+        r = torch.round(u)
+        v = r + zp
+        q = torch.clamp(v, qmin, qmax)
+        out = (q - zp) * scale
+        # x beyond [lo, hi] lands on qmin - 1 or qmax + 1: outside, so one mask serves
+        inside = q == v
+        d = None
+        if ctx.needs_input_grad[1]:  # LSQ: d out / d s = (q - zp) - [inside] x / s
+            d = torch.where(inside, r - u, q - zp)
+        ctx.save_for_backward(inside, d, scale)
+        ctx.shapes = (scale.shape, zp.shape)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        inside, d, scale = ctx.saved_tensors
+        gx = gs = gz = None
+        if ctx.needs_input_grad[0]:
+            gx = grad * inside
+        if ctx.needs_input_grad[1]:
+            gs = (grad * d).sum_to_size(ctx.shapes[0])
+        if ctx.needs_input_grad[2]:  # d out / d zp = s ([inside] - 1) = -s [outside]
+            outside = grad * ~inside
+            gz = (outside.sum_to_size(ctx.shapes[1]) * -scale if scale.shape == ctx.shapes[1]
+                  else (outside * -scale).sum_to_size(ctx.shapes[1]))
+        return gx, gs, gz, None, None
+
+
+def fake_quant(x: Tensor, scale: Tensor, zp: Tensor, qmin: int, qmax: int) -> Tensor:
+    """``(clip(round(x / s) + zp, qmin, qmax) - zp) * s`` with the straight-through
+    rounding and LSQ gradients of :func:`fake_quant_reference`, as one autograd node."""
+    return _FakeQuant.apply(x, scale, zp, qmin, qmax)
 
 
 def _channel_shape(ndim: int, axis: int | None) -> list[int]:
