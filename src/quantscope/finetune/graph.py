@@ -230,7 +230,8 @@ class GraphModule(nn.Module):
         return [env[n] for n in self.output_names], {t: env[t] for t in taps}
 
 
-# ops whose operands after the first are read as Python ints (shapes, axes, bounds)
+# ops left to run where their first operand is: the rest are read as Python ints (shapes,
+# axes, bounds), or there is no other operand (the quantizers)
 _SHAPE_OPERANDS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Slice", "Expand", "Shape",
                              "ConstantOfShape", "Range", "CumSum", "Pad", ACT_FQ, WEIGHT_FQ})
 
