@@ -561,6 +561,8 @@ def test_fused_fake_quant_equals_the_composed_definition(per_channel, bits, sign
         outs.append(out.detach())
         grads.append([t.grad for t in (xs, ss, zs)])
     assert torch.equal(outs[0], outs[1])
+    with torch.no_grad():  # the forward alone, without the autograd node
+        assert torch.equal(fake_quant(x, scale, zp, qmin, qmax), outs[0])
     assert (outs[0] == outs[0].clamp((qmin - zp) * scale, (qmax - zp) * scale)).all()
     # x: the same mask; the composed form's g * s / s is g to the last bit or so
     assert torch.equal(grads[0][0] == 0, grads[1][0] == 0)

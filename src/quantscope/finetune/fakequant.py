@@ -78,6 +78,18 @@ def fake_quant_reference(x: Tensor, scale: Tensor, zp: Tensor, qmin: int, qmax: 
     return (q - zp) * scale
 
 
+def _grid(x: Tensor, scale: Tensor, zp: Tensor, qmin: int,
+          qmax: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``x / s`` (pre-clipped), its rounding, + zp, clipped, and the dequantized output:
+    the ops of :func:`fake_quant_reference`'s forward, in its order."""
+    lo, hi = (qmin - 1 - zp) * scale, (qmax + 1 - zp) * scale
+    u = torch.clamp(x, lo, hi) / scale
+    r = torch.round(u)
+    v = r + zp
+    q = torch.clamp(v, qmin, qmax)
+    return u, r, v, q, (q - zp) * scale
+
+
 class _FakeQuant(torch.autograd.Function):
     """:func:`fake_quant_reference` as one autograd node: the same forward ops (the same
     bits) and the same gradients written out, keeping for the backward pass only a byte
@@ -88,12 +100,7 @@ class _FakeQuant(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, scale: Tensor, zp: Tensor, qmin: int,
                 qmax: int) -> Tensor:
-        lo, hi = (qmin - 1 - zp) * scale, (qmax + 1 - zp) * scale
-        u = torch.clamp(x, lo, hi) / scale
-        r = torch.round(u)
-        v = r + zp
-        q = torch.clamp(v, qmin, qmax)
-        out = (q - zp) * scale
+        u, r, v, q, out = _grid(x, scale, zp, qmin, qmax)
         # x beyond [lo, hi] lands on qmin - 1 or qmax + 1: outside, so one mask serves
         inside = q == v
         d = None
@@ -120,7 +127,10 @@ class _FakeQuant(torch.autograd.Function):
 
 def fake_quant(x: Tensor, scale: Tensor, zp: Tensor, qmin: int, qmax: int) -> Tensor:
     """``(clip(round(x / s) + zp, qmin, qmax) - zp) * s`` with the straight-through
-    rounding and LSQ gradients of :func:`fake_quant_reference`, as one autograd node."""
+    rounding and LSQ gradients of :func:`fake_quant_reference`, as one autograd node
+    (without gradients, e.g. a held-out evaluation, the forward alone)."""
+    if not torch.is_grad_enabled():
+        return _grid(x, scale, zp, qmin, qmax)[4]
     return _FakeQuant.apply(x, scale, zp, qmin, qmax)
 
 
