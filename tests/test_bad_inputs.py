@@ -84,6 +84,10 @@ def _make_ws(ws: Path) -> None:
     (ws / "latin1.jsonl").write_bytes(b'{"query": "caf\xe9", "document": "d"}\n')
     (ws / "p_reasons.json").write_text(json.dumps({"default": "a8_w8", "reasons": [1]}))
     (ws / "p_meta.json").write_text(json.dumps({"default": "a8_w8", "meta": "x"}))
+    (ws / "dep_tensor.json").write_text(json.dumps({"buckets": [
+        {"seq_len": 5, "model": "m.onnx", "stats": "s.npz", "plan": "p_target.json"}]}))
+    (ws / "p_target.json").write_text(json.dumps({"default": "a8_w8", "target": "hailo8"}))
+    (ws / "dep_nobuckets.json").write_text(json.dumps({"bucket": []}))
     (ws / "empty.onnx").write_bytes(b"")
     onnx.save(tm.conv_net(), ws / "conv.onnx")
     np.save(ws / "conv.npy", np.zeros((2, 3, 16, 16), np.float32))
@@ -344,6 +348,13 @@ CASES: list[tuple[str, list[str], str]] = [
                                   "{ws}/script.alls"], "Hailo"),
     ("lint-script-missing", ["lint", "--model", M, "--target", "hailo8", "{ws}/nope.alls"],
      "does not exist"),
+    # -- route (length buckets)
+    ("route-deployment-missing", ["route", M, "--data", X, "--deployment", "{ws}/nope.json"],
+     "does not exist"),
+    ("route-deployment-no-buckets", ["route", M, "--data", X, "--deployment",
+                                     "{ws}/dep_nobuckets.json"], "no 'buckets' list"),
+    ("route-on-tensor-data", ["route", M, "--data", X, "--deployment", "{ws}/dep_tensor.json"],
+     "route needs text data"),
     # -- demo on what it cannot measure
     ("demo-on-tensor-data", ["demo", "--model", M, "--data", X], "retrieval"),
     # -- run

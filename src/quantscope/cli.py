@@ -122,6 +122,23 @@ def cmd_whatif(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_route(args: argparse.Namespace) -> int:
+    from quantscope import stages_route
+
+    deployment = stages_route.read_deployment(args.deployment)
+    inp = _open(args, data=True)
+    assert inp.data is not None
+    result = stages_route.evaluate_deployment(inp.model, inp.data, deployment, progress=True)
+    verdict = stages_route.deployment_verdict(result, max_cost=args.max_cost, goal=args.goal)
+    if verdict is not None:
+        result["verdict"] = verdict
+    print(stages_route.format_deployment(result))
+    if args.json:
+        stages.write_json(args.json, result)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_export_qdq(args: argparse.Namespace) -> int:
     inp = _open(args, stats=True, plan=True)
     proto, notes = stages.qdq_for_plan(inp.model, inp.stats, inp.plan, method=args.method)
@@ -621,6 +638,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "analyze": cmd_analyze,
     "plan": cmd_plan,
     "check": cmd_check,
+    "route": cmd_route,
     "lint": cmd_lint,
     "io": cmd_io,
     "report": cmd_report,

@@ -474,6 +474,27 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:
                    help="with --phase: also measure next-token quality per phase on "
                    "stdlib-docs text (top-1 agreement, KL, perplexity ratio; minutes)")
 
+    ro = sub.add_parser("route", help="a deployment of several compiled sequence lengths "
+                        "(length buckets), each text on the shortest that holds it: legality "
+                        "and cost per bucket, mean cost, task metrics of the routed outputs",
+                        parents=[_model_parent(), _data_parent(), _tokenizer_parent(),
+                                 _pairs_parent(None, "evaluated")],
+                        description="MODEL is the FP32 reference (the metrics compare with "
+                        "it; its uniform a8_w8 at the longest bucket is the cost unit). Each "
+                        "bucket is a model file (the reference or a rewrite of it: tokensplit, "
+                        "headsplit, ...), its stats and its plan, checked at its own length. "
+                        "The deployment file: {\"buckets\": [{\"seq_len\": 128, \"model\": "
+                        "\"m.onnx\", \"stats\": \"m.npz\", \"plan\": \"p128.json\"}, ...]} "
+                        "(paths relative to its folder).")
+    ro.add_argument("--deployment", type=input_file("deployment", "write the buckets file "
+                    "(see 'quantscope route --help')"), required=True,
+                    help="deployment JSON: the buckets")
+    ro.add_argument("--max-cost", type=positive_float,
+                    help="say whether the mean cost is within this (x uniform a8_w8)")
+    ro.add_argument("--goal", type=finite_float,
+                    help="say whether the routed top-1 agreement (retrieval) reaches this")
+    ro.add_argument("--json", type=output_file, help="also write the result as JSON")
+
     li = sub.add_parser("lint", help="preflight of a Hailo model script (.alls)",
                         parents=[_model_parent(option=True), _target_parent(), _hn_parent(),
                                  _seq_len_parent()])
