@@ -228,3 +228,19 @@ def test_read_deployment_resolves_paths_beside_the_file_and_sorts(setup):
         {"seq_len": SHORT, "model": "tiny.onnx", "stats": "tiny.npz", "plan": "hi.json"}]))
     assert dep.seq_lens == (SHORT, 64)
     assert dep.buckets[0].plan.default is Precision.A16_W16
+
+
+def test_report_shows_the_buckets(setup, capsys):
+    tmp_path, *_ = setup
+    dep = _deployment(tmp_path, [
+        {"seq_len": SHORT, "model": "tiny.onnx", "stats": "tiny.npz", "plan": "hi.json"},
+        {"seq_len": 64, "model": "tiny.onnx", "stats": "tiny.npz", "plan": "lo.json"}])
+    (tmp_path / "out").mkdir()
+    res, html = tmp_path / "out" / "route.json", tmp_path / "out" / "r.html"
+    assert main(["route", str(tmp_path / "tiny.onnx"), "--data", "stdlib-docs", "--pairs",
+                 str(PAIRS), "--deployment", str(dep), "--goal", "0.9", "--json",
+                 str(res)]) == 0
+    assert main(["report", "--results", str(res), "--out", str(html)]) == 0
+    page = html.read_text()
+    assert "Length buckets: route on" in page and 'alt="buckets"' in page
+    assert "seq 64 alone" in page and ("MET" in page)

@@ -11,6 +11,7 @@ from quantscope.report.build import (
     plan_section,
     prenorm_section,
     render,
+    route_section,
 )
 from quantscope.report.run import run_report_html
 
@@ -29,6 +30,8 @@ def report_html(
     if results:
         sections.append(demo_section(results))
         sections.append(prenorm_section(results))
+        sections.extend(route_section(label, r) for label, r in results.items()
+                        if isinstance(r.get("buckets"), list) and "longest_alone" in r)
     if analysis:
         sections.append(analysis_section(analysis))
     if plan:

@@ -8,6 +8,9 @@ demo/evaluate  per-config table of task metrics + bar chart of top-1 agreement
 plan           the Pareto front (cost vs quality, predicted and measured), the
                chosen plan's decisions with reasons, legality problems
 analysis       the worst groups by sensitivity and the per-group SQNR profile
+route          a deployment of several compiled lengths (``quantscope route``): per
+               bucket its share of the texts, cost and legality; routed metrics
+               against the longest bucket alone
 device I/O     how to feed and read the deployed model: per input/output the
                stored type, scale, zero-point and the two formulas (the unsigned
                16-bit misreading of the field reports)
@@ -124,6 +127,47 @@ def plan_section(plan: dict[str, Any], problems: list[dict[str, Any]] | None = N
             ["severity", "rule", "group", "reason", "fix"],
             [[p["severity"], p["rule"], p["group"], p["reason"], p["fix"]] for p in problems]))
     return "".join(out)
+
+
+def route_section(label: str, result: dict[str, Any]) -> str:
+    """A ``quantscope route`` result: per bucket its share of the texts and its cost (chart
+    and table), the routed metrics against the longest bucket alone on every text."""
+    buckets = result["buckets"]
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3))
+    names = [str(b["seq_len"]) for b in buckets]
+    x = range(len(buckets))
+    ax.bar([i - 0.2 for i in x], [b["share"] for b in buckets], width=0.4, color="#4a7ab5",
+           label="share of the texts")
+    ax.set_ylabel("share of the texts")
+    ax2 = ax.twinx()
+    ax2.bar([i + 0.2 for i in x], [b["cost"] for b in buckets], width=0.4, color="#c0392b",
+            label="cost (x the longest's uniform a8_w8)")
+    ax2.axhline(result["cost_mean"], color="#c0392b", ls="--", lw=1)
+    ax2.set_ylabel("cost", color="#c0392b")
+    ax.set_xticks(list(x), names)
+    ax.set_xlabel("compiled sequence length (tokens)")
+    fig.legend(loc="upper left", fontsize=8)
+    keys = ["top1_agreement", "recall@1", "recall@1_fp32", "embedding_cosine_mean"]
+    alone = result["longest_alone"]
+    rows = [[f"routed ({len(buckets)} lengths)", result["cost_mean"],
+             *[result["metrics"].get(k, "") for k in keys]],
+            [f"seq {alone['seq_len']} alone", alone["cost"],
+             *[alone["metrics"].get(k, "") for k in keys]]]
+    verdict = result.get("verdict")
+    line = "" if not verdict else (
+        f"<p><b>{'MET' if verdict['met'] else 'NOT MET'}</b>: "
+        + html.escape(", ".join(f"{k} {v}" for k, v in verdict.items() if k != "met")) + "</p>")
+    return (f"<h2>Length buckets: {html.escape(label)} on {html.escape(result['target'])}</h2>"
+            "<p>Each text runs on the shortest compiled length that holds it; costs are "
+            "relative to the reference's uniform a8_w8 at the longest length, the mean "
+            "(dashed) weights each bucket by its share of the evaluation texts.</p>"
+            + line + _table(["deployment", "cost", *keys], rows)
+            + f'<img alt="buckets" src="{_png(fig)}">'
+            + _table(["seq_len", "share", "texts", "cost (own a8_w8)", "cost", "legal", "model"],
+                     [[b["seq_len"], b["share"], b["texts"], b["cost_own"], b["cost"],
+                       "yes" if b["legal"] else f"NO: {b['problems'][0]['rule']}", b["model"]]
+                      for b in buckets]))
 
 
 def io_section(rows: list[dict[str, Any]]) -> str:
