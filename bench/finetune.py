@@ -5,7 +5,7 @@
         [--no-ranges] [--train-len 128] [--batch 16] [--lr 2e-5] [--range-lr 1e-3]
         [--vector-lr LR] [--score-loss] [--rank-weight W --rank-tau T] [--average D]
         [--checkpoint ck.pt] [--seq-len N] [--device cpu|cuda] [--save-delta DIR]
-        [--json out.json]
+        [--min-tokens N] [--json out.json]
 
 Plan: uniform a8_w8 for ``hailo10h`` (its scheme: activations unsigned asymmetric, weights
 symmetric per channel), or ``--plan``. Data: ``stdlib-docs``; evaluation on the first
@@ -99,6 +99,9 @@ def _args() -> argparse.Namespace:
     p.add_argument("--save-delta", metavar="DIR",
                    help="also write the trained weights as differences (finetune_apply.py "
                         "measures them again, e.g. after a run on a GPU machine)")
+    p.add_argument("--min-tokens", type=int, default=0,
+                   help="train only on texts longer than this many tokens (the longest "
+                        "bucket of a 'quantscope route' deployment)")
     p.add_argument("--json")
     return p.parse_args()
 
@@ -110,6 +113,13 @@ def _train_batches(model: Any, args: argparse.Namespace) -> tuple[list, list]:
         texts += list(pairs.queries[1000:]) + list(pairs.documents[1000:])
     if args.train_texts:
         texts = texts[: args.train_texts]
+    if args.min_tokens:  # a length bucket's model trains on the texts it runs
+        from quantscope.tasks.text import token_lengths
+
+        full = load_tokenizer(model_tokenizer(model.source, model.proto))
+        texts = [t for t, n in zip(texts, token_lengths(texts, full), strict=True)
+                 if n > args.min_tokens]
+        print(f"training on the {len(texts)} texts longer than {args.min_tokens} tokens")
     rng = np.random.default_rng(0)
     idx = rng.permutation(len(texts))
     n_hold = max(1, int(round(args.holdout * len(texts))))
