@@ -83,3 +83,39 @@ def test_every_image_has_a_size(report, tmp_path):
     assert titles == ["verdict", "configs", "noise", "sensitivity", "outliers", "legality",
                       "pareto", "plan", "coverage", "data"]
     assert "Feeding and reading the device" in page and "Clip bounds" in page
+
+
+def test_route_report_images_decode(tmp_path):
+    """The length-bucket section (`quantscope route` → `report --results`) in a browser."""
+    from test_tasks_text import tiny_encoder
+
+    from quantscope.cli import main
+
+    onnx.save(tiny_encoder(), tmp_path / "tiny.onnx")
+    assert main(["calibrate", str(tmp_path / "tiny.onnx"), "--data", "stdlib-docs",
+                 "--out", str(tmp_path / "s.npz")]) == 0
+    for name, prec in (("hi", "a16_w16"), ("lo", "a8_w8")):
+        (tmp_path / f"{name}.json").write_text(json.dumps(
+            {"default": prec, "groups": {}, "target": "ort-cpu"}))
+    (tmp_path / "dep.json").write_text(json.dumps({"buckets": [
+        {"seq_len": 24, "model": "tiny.onnx", "stats": "s.npz", "plan": "hi.json"},
+        {"seq_len": 64, "model": "tiny.onnx", "stats": "s.npz", "plan": "lo.json"}]}))
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["route", str(tmp_path / "tiny.onnx"), "--data", "stdlib-docs", "--pairs", "20",
+                 "--deployment", str(tmp_path / "dep.json"), "--json",
+                 str(out / "route.json")]) == 0
+    assert main(["report", "--results", str(out / "route.json"), "--out",
+                 str(out / "r.html")]) == 0
+    page = (out / "r.html").read_text()
+    assert 'alt="buckets"' in page
+    probe = out / "probe.html"
+    probe.write_text(page.replace("</body>", MEASURE))
+    done = _chromium("--dump-dom", "--virtual-time-budget=5000", "--enable-logging=stderr",
+                     "--v=0", probe.as_uri())
+    assert console_messages(done.stderr) == []
+    found = re.search(r'<pre id="qs-images">(.*?)</pre>', done.stdout, re.S)
+    assert found, "the page did not finish loading"
+    sizes = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert len(sizes) == page.count("<img ") >= 2
+    assert all(w > 0 and h > 0 for _, w, h in sizes), sizes
