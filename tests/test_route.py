@@ -172,6 +172,7 @@ def test_cli_route_writes_json_and_a_verdict_and_leaves_inputs_alone(setup, caps
     assert rc == 0, cap.err
     assert "2 compiled lengths (24, 64)" in text and "routed: mean cost" in text
     assert "verdict: NOT MET" in text and "OVER 0.01x" in text
+    assert "note (bucket 24, 64): coverage:" in text  # what each bucket's QDQ graph left float
     res = json.loads(out.read_text())
     assert res["verdict"]["within_cost"] is False and res["seq_lens"] == [SHORT, 64]
     assert _hashes(tmp_path) == before  # no input touched (the JSON went to out/)
@@ -244,3 +245,4 @@ def test_report_shows_the_buckets(setup, capsys):
     page = html.read_text()
     assert "Length buckets: route on" in page and 'alt="buckets"' in page
     assert "seq 64 alone" in page and ("MET" in page)
+    assert "bucket 24: coverage:" in page  # each bucket's QDQ notes

@@ -365,4 +365,9 @@ def format_deployment(result: dict[str, Any]) -> str:
         lines.append("NOT legal: at least one bucket's plan breaks a target rule (see above; "
                      "'quantscope check --seq-len N' on that plan lists them)")
     lines.extend(f"note: {n}" for n in result["notes"])
+    by_note: dict[str, list[str]] = {}  # the QDQ writer's notes (coverage: ops left float …)
+    for p in result["buckets"]:
+        for n in p["notes"]:
+            by_note.setdefault(n, []).append(str(p["seq_len"]))
+    lines.extend(f"note (bucket {', '.join(where)}): {n}" for n, where in by_note.items())
     return "\n".join(lines)

@@ -167,7 +167,9 @@ def route_section(label: str, result: dict[str, Any]) -> str:
             + _table(["seq_len", "share", "texts", "cost (own a8_w8)", "cost", "legal", "model"],
                      [[b["seq_len"], b["share"], b["texts"], b["cost_own"], b["cost"],
                        "yes" if b["legal"] else f"NO: {b['problems'][0]['rule']}", b["model"]]
-                      for b in buckets]))
+                      for b in buckets])
+            + "".join(f"<p class=note>bucket {b['seq_len']}: {html.escape(n)}</p>"
+                      for b in buckets for n in b.get("notes", [])))
 
 
 def io_section(rows: list[dict[str, Any]]) -> str:
