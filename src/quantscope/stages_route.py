@@ -44,7 +44,7 @@ from quantscope.model.shapes import given_shapes
 from quantscope.serde import check_keys, plan_to_dict, read_json, read_plan, read_stats
 from quantscope.stages import default_metric, open_model, plan_problems
 from quantscope.tasks.registry import RetrievalTask, StsTask, at_length
-from quantscope.types import Batch, Dataset, Outputs, Plan, Precision, QuantscopeError, Stats
+from quantscope.types import Batch, Dataset, Outputs, Plan, QuantscopeError, Stats
 
 BUCKET_KEYS = {"seq_len", "model", "stats", "plan"}
 
@@ -151,10 +151,9 @@ def route(lengths: np.ndarray, seq_lens: tuple[int, ...]) -> np.ndarray:
 
 def _cost_unit(model: Model, seq_len: int, target: Any) -> float:
     """Uniform a8_w8 of ``model`` at ``seq_len`` in the target's cost units."""
-    from quantscope.plan.cost import cost_breakdown
+    from quantscope.plan.cost import uniform_a8_cost
 
-    return float(sum(cost_breakdown(Plan.uniform(Precision.A8_W8), find_groups(model), target,
-                                    given_shapes(model, seq_len), model=model).values()))
+    return uniform_a8_cost(find_groups(model), target, given_shapes(model, seq_len), model=model)
 
 
 def _check_compatible(reference: Model, bucket: Bucket) -> None:
@@ -250,11 +249,12 @@ def deployment_costs(reference: Model, deployment: Deployment) -> list[dict[str,
     for b in deployment.buckets:
         own = plan_cost(b.plan, find_groups(b.model), target,
                         given_shapes(b.model, b.seq_len), model=b.model)
-        problems = [p for p in plan_problems(b.model, b.plan, seq_len=b.seq_len)
-                    if p["severity"] == "error"]
+        found = plan_problems(b.model, b.plan, seq_len=b.seq_len)
+        problems = [p for p in found if p["severity"] == "error"]
         out.append({"seq_len": b.seq_len, "cost_own": own,
                     "cost": own * _cost_unit(b.model, b.seq_len, target) / unit,
-                    "legal": not problems, "problems": problems})
+                    "legal": not problems, "problems": problems,
+                    "warnings": [p for p in found if p["severity"] != "error"]})
     return out
 
 
@@ -327,7 +327,7 @@ def deployment_verdict(result: dict[str, Any], *, max_cost: float | None = None,
 
 
 HEADLINE = ("top1_agreement", "recall@1", "recall@1_fp32", "embedding_cosine_mean",
-            "spearman", "spearman_fp32")
+            "score_agreement", "spearman", "spearman_fp32")
 
 
 def format_deployment(result: dict[str, Any]) -> str:
@@ -342,6 +342,9 @@ def format_deployment(result: dict[str, Any]) -> str:
         legal = "legal" if p["legal"] else (
             f"NOT legal ({len(p['problems'])} problems, e.g. {p['problems'][0]['rule']} on "
             f"{p['problems'][0]['group']})")
+        if p["warnings"]:
+            legal += (f" ({len(p['warnings'])} warnings, e.g. {p['warnings'][0]['rule']}: "
+                      f"{p['warnings'][0]['reason']})")
         lines.append(f"  seq {p['seq_len']:>5}: {p['share']:6.1%} of the texts, cost "
                      f"{p['cost_own']:.3f}x its own a8_w8 = {p['cost']:.3f}x the reference's "
                      f"a8_w8 at {result['seq_lens'][-1]}; {legal}; {p['model']}")

@@ -110,6 +110,19 @@ def _unit(groups: Groups, target: Target, work: dict[str, float]) -> float:
     return sum(_group_cost(target, g, Precision.A8_W8, work[g.name]) for g in groups.groups)
 
 
+def uniform_a8_cost(
+    groups: Groups,
+    target: Target,
+    shapes: Shapes | None = None,
+    *,
+    model: Model | None = None,
+) -> float:
+    """Unnormalized cost of uniform a8_w8: the unit of :func:`plan_cost` (e.g. to compare
+    one model at two sequence lengths)."""
+    work, _ = _layout(groups, target, model, shapes)
+    return _unit(groups, target, work)
+
+
 def cost_breakdown(
     plan: Plan,
     groups: Groups,
