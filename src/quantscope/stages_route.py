@@ -240,19 +240,19 @@ def routed_outputs(reference: Model, data: Dataset, deployment: Deployment, *,
 def deployment_costs(reference: Model, deployment: Deployment) -> list[dict[str, Any]]:
     """Per bucket: legality at its length, its cost relative to its own uniform a8_w8
     (``cost_own``) and to the reference's uniform a8_w8 at the longest length (``cost``)."""
-    from quantscope.plan.cost import plan_cost
+    from quantscope.plan.cost import plan_cost, uniform_a8_cost
     from quantscope.targets import load_target
 
     target = load_target(deployment.target)
     unit = _cost_unit(reference, deployment.seq_lens[-1], target)
     out = []
     for b in deployment.buckets:
-        own = plan_cost(b.plan, find_groups(b.model), target,
-                        given_shapes(b.model, b.seq_len), model=b.model)
+        groups, shapes = find_groups(b.model), given_shapes(b.model, b.seq_len)
+        own = plan_cost(b.plan, groups, target, shapes, model=b.model)
+        own_unit = uniform_a8_cost(groups, target, shapes, model=b.model)
         found = plan_problems(b.model, b.plan, seq_len=b.seq_len)
         problems = [p for p in found if p["severity"] == "error"]
-        out.append({"seq_len": b.seq_len, "cost_own": own,
-                    "cost": own * _cost_unit(b.model, b.seq_len, target) / unit,
+        out.append({"seq_len": b.seq_len, "cost_own": own, "cost": own * own_unit / unit,
                     "legal": not problems, "problems": problems,
                     "warnings": [p for p in found if p["severity"] != "error"]})
     return out
