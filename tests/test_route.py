@@ -1,10 +1,12 @@
 """Length buckets (``quantscope route``): each text runs on the shortest compiled length
 that holds it; legality and cost per bucket at its own length; task metrics of the routed
-outputs against the FP32 reference."""
+outputs against the FP32 reference. Choosing one (``quantscope buckets``): compiled lengths
+and a candidate plan per length, by the selection texts' error within a mean cost."""
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -21,12 +23,17 @@ from quantscope.serde import write_plan
 from quantscope.stages_route import (
     Bucket,
     Deployment,
+    _solve,
+    choose_deployment,
     deployment_costs,
+    deployment_file,
     evaluate_deployment,
+    read_candidates,
     read_deployment,
     route,
     routed_outputs,
 )
+from quantscope.tasks.registry import text_embeddings
 from quantscope.types import Plan, Precision, QuantscopeError
 
 SHORT = 24
@@ -246,3 +253,189 @@ def test_report_shows_the_buckets(setup, capsys):
     assert "Length buckets: route on" in page and 'alt="buckets"' in page
     assert "seq 64 alone" in page and ("MET" in page)
     assert "bucket 24: coverage:" in page  # each bucket's QDQ notes
+
+
+# ---------------------------------------------------------------- quantscope buckets
+
+
+def _brute(lengths, err, cost, allowed, seq_lens, kmax, lam):
+    """Every allocation: boundaries (the longest always last) x a candidate per bucket."""
+    best = (float("inf"), None)
+    inner = seq_lens[:-1]
+    for k in range(0, kmax):
+        for bounds in itertools.combinations(range(len(inner)), k):
+            js = [*bounds, len(seq_lens) - 1]
+            which = route(lengths, tuple(seq_lens[j] for j in js))
+            for cands in itertools.product(range(err.shape[0]), repeat=len(js)):
+                if not all(allowed[c, j] for c, j in zip(cands, js, strict=True)):
+                    continue
+                c_of = np.asarray(cands)[which]
+                j_of = np.asarray(js)[which]
+                total = float(err[c_of, np.arange(len(lengths))].sum()
+                              + lam * cost[c_of, j_of].sum())
+                if total < best[0] - 1e-12:
+                    best = (total, list(zip(js, cands, strict=True)))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_dynamic_programme_finds_the_best_allocation(seed):
+    rng = np.random.default_rng(seed)
+    seq_lens = (8, 16, 32, 64)
+    lengths = rng.integers(1, 90, 40)  # some longer than the longest: truncated there
+    err = rng.uniform(0, 1, (3, 40))
+    cost = np.sort(rng.uniform(0.1, 2, (3, 4)), axis=1)
+    allowed = rng.uniform(size=(3, 4)) > 0.2
+    allowed[:, -1] = True
+    for kmax in (1, 2, 4):
+        for lam in (0.0, 0.3, 3.0):
+            got_total, got = _solve(lengths, err, cost, allowed, seq_lens, kmax, lam)
+            want_total, _ = _brute(lengths, err, cost, allowed, seq_lens, kmax, lam)
+            assert got_total == pytest.approx(want_total, rel=1e-9)
+            assert len(got) <= kmax and got[-1][0] == len(seq_lens) - 1
+            assert all(allowed[c, j] for j, c in got)
+            which = route(lengths, tuple(seq_lens[j] for j, _ in got))
+            c_of, j_of = np.asarray([c for _, c in got])[which], np.asarray([j for j, _ in got])[which]
+            assert float(err[c_of, np.arange(40)].sum() + lam * cost[c_of, j_of].sum()) == \
+                pytest.approx(got_total, rel=1e-9)
+
+
+def _candidates(tmp_path: Path) -> Path:
+    path = tmp_path / "cands.json"
+    path.write_text(json.dumps({"candidates": [
+        {"name": "hi", "model": "tiny.onnx", "stats": "tiny.npz", "plan": "hi.json"},
+        {"name": "lo", "model": "tiny.onnx", "stats": "tiny.npz", "plan": "lo.json"}]}))
+    return path
+
+
+def test_the_choice_is_legal_within_the_cost_and_route_measures_what_it_predicted(setup):
+    tmp_path, model, data, stats, hi, lo = setup
+    cands, target = read_candidates(_candidates(tmp_path))
+    lens = (8, 16, SHORT, 32, 64)
+    choice = choose_deployment(model, data, cands, target, max_cost=10.0, seq_lens=lens,
+                               max_buckets=3)
+    b = choice["buckets"]
+    assert all(x["legal"] for x in b) and b[-1]["seq_len"] == 64
+    # 16 bit is closer to FP32 and legal up to SHORT tokens only (the test rule)
+    assert [x["candidate"] for x in b][-1] == "lo"
+    assert any(x["candidate"] == "hi" for x in b) and all(
+        x["seq_len"] <= SHORT for x in b if x["candidate"] == "hi")
+    assert choice["cost_mean"] <= 10.0
+    assert choice["cosine_mean"] > choice["candidates"]["lo"]["cosine_mean"]
+    # the deployment file it writes, measured by route on the same pairs, gives the same
+    out = tmp_path / "dep.json"
+    out.write_text(json.dumps(deployment_file(choice, out)))
+    res = evaluate_deployment(model, data, read_deployment(out))
+    assert res["metrics"]["embedding_cosine_mean"] == pytest.approx(choice["cosine_mean"],
+                                                                    abs=1e-6)
+    assert res["cost_mean"] == pytest.approx(choice["cost_mean"], rel=1e-9)
+    assert [p["share"] for p in res["buckets"]] == pytest.approx([x["share"] for x in b])
+
+
+def test_a_tighter_cost_buys_a_cheaper_choice(setup):
+    tmp_path, model, data, stats, hi, lo = setup
+    cands, target = read_candidates(_candidates(tmp_path))
+    lens = (8, 16, SHORT, 64)
+    rich = choose_deployment(model, data, cands, target, max_cost=10.0, seq_lens=lens)
+    cap = (1.0 + rich["cost_mean"]) / 2
+    tight = choose_deployment(model, data, cands, target, max_cost=cap, seq_lens=lens)
+    assert tight["cost_mean"] <= cap < rich["cost_mean"]
+    assert tight["cosine_mean"] <= rich["cosine_mean"]
+    with pytest.raises(QuantscopeError, match="no deployment of these candidates is within"):
+        choose_deployment(model, data, cands, target, max_cost=0.01, seq_lens=lens)
+
+
+def test_skip_pairs_chooses_on_the_later_pairs_only(setup):
+    tmp_path, model, data, stats, hi, lo = setup
+    cands, target = read_candidates(_candidates(tmp_path))
+    half = choose_deployment(model, data, cands, target, max_cost=10.0, seq_lens=(SHORT, 64),
+                             skip_pairs=PAIRS // 2)
+    assert half["texts"] == PAIRS and "pairs 11-20" in half["notes"][0]
+    with pytest.raises(QuantscopeError, match="leaves no pair"):
+        choose_deployment(model, data, cands, target, max_cost=10.0, skip_pairs=PAIRS)
+
+
+def test_cli_buckets_writes_a_deployment_route_reads(setup, capsys):
+    tmp_path, *_ = setup
+    cands = _candidates(tmp_path)
+    before = _hashes(tmp_path)
+    (tmp_path / "out").mkdir()
+    dep, js = tmp_path / "out" / "dep.json", tmp_path / "out" / "choice.json"
+    rc = main(["buckets", str(tmp_path / "tiny.onnx"), "--data", "stdlib-docs", "--pairs",
+               str(PAIRS), "--skip-pairs", "10", "--candidates", str(cands), "--max-cost", "10",
+               "--lengths", f"8,16,{SHORT},64", "--max-buckets", "3", "--out", str(dep),
+               "--json", str(js)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "chosen: mean cost" in cap.out and "pairs 11-20" in cap.out
+    assert _hashes(tmp_path) == before
+    assert read_deployment(dep).seq_lens[-1] == 64
+    assert json.loads(js.read_text())["buckets"][-1]["candidate"] == "lo"
+    assert main(["route", str(tmp_path / "tiny.onnx"), "--data", "stdlib-docs", "--pairs", "10",
+                 "--deployment", str(dep)]) == 0
+
+
+@pytest.mark.parametrize("doc, args, says", [
+    ({"candidates": []}, [], "no 'candidates' list"),
+    ({"candidates": [{"model": "tiny.onnx", "stats": "tiny.npz"}]}, [], "no 'plan'"),
+    ({"candidates": [{"name": "a", "model": "tiny.onnx", "stats": "tiny.npz", "plan": "hi.json"},
+                     {"name": "a", "model": "tiny.onnx", "stats": "tiny.npz", "plan": "lo.json"}]},
+     [], "candidate 'a' twice"),
+    ({"candidates": [{"model": "tiny.onnx", "stats": "tiny.npz", "plan": "hi.json", "x": 1}]},
+     [], "unknown key 'x'"),
+    ({"candidates": [{"model": "tiny.onnx", "stats": "tiny.npz", "plan": "hi.json"}]},
+     ["--out", "hi.json"], "is the plan of candidate"),
+    ({"candidates": [{"model": "tiny.onnx", "stats": "tiny.npz", "plan": "hi.json"}]},
+     ["--lengths", "16,x"], "comma-separated"),
+])
+def test_bad_candidates_are_one_line_and_write_nothing(setup, capsys, doc, args, says):
+    tmp_path, *_ = setup
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    before = _hashes(tmp_path)
+    out = ["--out", str(tmp_path / "dep.json")]
+    if "--out" in args:
+        out = ["--out", str(tmp_path / args[args.index("--out") + 1])]
+        args = []
+    rc = main(["buckets", str(tmp_path / "tiny.onnx"), "--data", "stdlib-docs", "--pairs",
+               str(PAIRS), "--candidates", str(path), "--max-cost", "2", *out, *args])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and says in err[0], err
+    assert _hashes(tmp_path) == before
+
+
+def test_choosing_on_later_pairs_predicts_what_route_runs_on_those_texts(setup):
+    """The selection texts run in batches cut to them (other padding than route's): each
+    text's error must still be the one route measures for it."""
+    tmp_path, model, data, stats, hi, lo = setup
+    cands, target = read_candidates(_candidates(tmp_path))
+    choice = choose_deployment(model, data, cands, target, max_cost=10.0,
+                               seq_lens=(8, 16, SHORT, 64), skip_pairs=PAIRS // 2)
+    out = tmp_path / "dep.json"
+    out.write_text(json.dumps(deployment_file(choice, out)))
+    r = routed_outputs(model, data, read_deployment(out))
+    task = r.data.task
+    cos = np.sum(text_embeddings(task, r.routed) * text_embeddings(task, r.reference), axis=1)
+    n = task.n_pairs
+    sel = np.concatenate([np.arange(n // 2, n), n + np.arange(n // 2, n)])
+    assert float(np.mean(cos[sel])) == pytest.approx(choice["cosine_mean"], abs=1e-6)
+    for i, b in enumerate(choice["buckets"]):
+        rows = sel[r.which[sel] == i]
+        assert len(rows) == b["texts"]
+        if len(rows):
+            assert float(np.mean(cos[rows])) == pytest.approx(b["cosine_mean"], abs=1e-6)
+
+
+def test_report_shows_a_choice(setup):
+    tmp_path, *_ = setup
+    cands = _candidates(tmp_path)
+    (tmp_path / "out").mkdir()
+    dep, js = tmp_path / "out" / "dep.json", tmp_path / "out" / "choice.json"
+    html = tmp_path / "out" / "c.html"
+    assert main(["buckets", str(tmp_path / "tiny.onnx"), "--data", "stdlib-docs", "--pairs",
+                 str(PAIRS), "--candidates", str(cands), "--max-cost", "10", "--lengths",
+                 f"8,{SHORT},64", "--out", str(dep), "--json", str(js)]) == 0
+    assert main(["report", "--results", str(js), "--out", str(html)]) == 0
+    page = html.read_text()
+    assert "Buckets chosen: choice on" in page and 'alt="candidates"' in page
+    assert "measuring it on the same pairs is not held out" in page

@@ -139,6 +139,31 @@ def cmd_route(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_buckets(args: argparse.Namespace) -> int:
+    from quantscope import stages_route
+
+    candidates, target = stages_route.read_candidates(args.candidates)
+    for c in candidates:
+        for key, p in c.paths:
+            if Path(p).exists() and Path(p).resolve() == Path(args.out).resolve():
+                raise QuantscopeError(f"--out '{args.out}' is the {key} of candidate "
+                                      f"'{c.name}': write the deployment to another path "
+                                      "(inputs are never overwritten)")
+    inp = _open(args, data=True)
+    assert inp.data is not None
+    choice = stages_route.choose_deployment(
+        inp.model, inp.data, candidates, target, max_cost=args.max_cost,
+        seq_lens=args.lengths or stages_route.CHOICE_LENGTHS, max_buckets=args.max_buckets,
+        skip_pairs=args.skip_pairs, progress=True)
+    print(stages_route.format_choice(choice))
+    stages.write_json(args.out, stages_route.deployment_file(choice, args.out))
+    print(f"wrote {args.out}")
+    if args.json:
+        stages.write_json(args.json, choice)
+        print(f"wrote {args.json}")
+    return 0
+
+
 def cmd_export_qdq(args: argparse.Namespace) -> int:
     inp = _open(args, stats=True, plan=True)
     proto, notes = stages.qdq_for_plan(inp.model, inp.stats, inp.plan, method=args.method)
@@ -639,6 +664,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "plan": cmd_plan,
     "check": cmd_check,
     "route": cmd_route,
+    "buckets": cmd_buckets,
     "lint": cmd_lint,
     "io": cmd_io,
     "report": cmd_report,

@@ -495,10 +495,55 @@ def _add_plan_command(sub: argparse._SubParsersAction) -> None:
                     help="say whether the routed top-1 agreement (retrieval) reaches this")
     ro.add_argument("--json", type=output_file, help="also write the result as JSON")
 
+    bu = sub.add_parser("buckets", help="choose the compiled lengths of a deployment and a "
+                        "candidate plan for each, within a mean cost (writes the file 'route' "
+                        "measures)",
+                        parents=[_model_parent(), _data_parent(), _tokenizer_parent(),
+                                 _pairs_parent(None, "loaded")],
+                        description="MODEL is the FP32 reference. Every candidate (a model "
+                        "file: the reference or a rewrite of it, its stats and a plan) runs "
+                        "once on the texts of the pairs after the first --skip-pairs; the "
+                        "choice minimises their mean 1 - cosine to FP32 with the mean cost "
+                        "(x the reference's uniform a8_w8 at the longest length, weighted by "
+                        "those texts) within --max-cost, each bucket legal at its length. The "
+                        "candidates file: {\"candidates\": [{\"name\": \"all16\", \"model\": "
+                        "\"m.onnx\", \"stats\": \"m.npz\", \"plan\": \"p.json\"}, ...]} (paths "
+                        "relative to its folder). Measure the result on the held-out pairs: "
+                        "'quantscope route MODEL --data D --pairs N --deployment OUT'.")
+    bu.add_argument("--candidates", type=input_file("candidates", "write the candidates file "
+                    "(see 'quantscope buckets --help')"), required=True,
+                    help="candidates JSON: model, stats and plan per candidate")
+    bu.add_argument("--max-cost", type=positive_float, required=True,
+                    help="the mean cost allowed (x uniform a8_w8 of the reference at the "
+                    "longest length)")
+    bu.add_argument("--max-buckets", type=positive_int, default=6,
+                    help="at most this many compiled lengths (default 6)")
+    bu.add_argument("--lengths", type=_lengths, default=None,
+                    help="compiled lengths to choose from, comma-separated; the longest is "
+                    "always a bucket (default 16,24,32,40,48,56,64,80,96,112,128,160,192,224,256)")
+    bu.add_argument("--skip-pairs", type=count, default=0,
+                    help="choose on the pairs after the first N (keep those for route)")
+    bu.add_argument("--out", type=output_file, required=True,
+                    help="deployment JSON to write (route --deployment)")
+    bu.add_argument("--json", type=output_file, help="also write the choice as JSON")
+
     li = sub.add_parser("lint", help="preflight of a Hailo model script (.alls)",
                         parents=[_model_parent(option=True), _target_parent(), _hn_parent(),
                                  _seq_len_parent()])
     li.add_argument("script", type=input_file("model script", "check the path"), help="Hailo model script (.alls) to lint")
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    """``16,32,64,128,256``: compiled sequence lengths."""
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a comma-separated list of token counts (e.g. 32,64,128,256)"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': every length must be a positive token count")
+    return values
 
 
 def _phases(text: str) -> tuple[str, ...]:

@@ -107,30 +107,51 @@ def read_deployment(path: str | Path) -> Deployment:
         raise QuantscopeError(f"{where} lists seq_len {_first_repeat(lens)} twice: give each "
                               "compiled length once")
 
+    buckets = []
+    for entry in sorted(entries, key=lambda e: e["seq_len"]):
+        model, stats, plan, _ = _open_entry(entry, path)
+        buckets.append(Bucket(
+            seq_len=entry["seq_len"], model=model, stats=stats, plan=plan,
+            files=tuple((k, str(entry[k])) for k in ("model", "stats", "plan"))))
+    target = _one_target([(f"bucket {b.seq_len}", b.plan) for b in buckets], where)
+    return Deployment(buckets=tuple(buckets), target=target, source=str(path))
+
+
+def _open_entry(entry: dict[str, Any], path: Path, cache: dict[tuple[str, str], Any] | None = None
+                ) -> tuple[Model, Stats, Plan, dict[str, str]]:
+    """The model, stats and plan an entry names (paths relative to ``path``'s folder; a
+    built-in model name may stand for a model file), and the paths as opened. Entries
+    naming the same model or stats file share one object through ``cache``."""
     def beside(name: str) -> Path:
         p = Path(name)
         return p if p.is_absolute() else path.parent / p
 
-    buckets = []
-    for entry in sorted(entries, key=lambda e: e["seq_len"]):
-        model_spec = str(beside(entry["model"])) if beside(entry["model"]).exists() \
-            else entry["model"]
-        plan = read_plan(beside(entry["plan"]))
-        buckets.append(Bucket(
-            seq_len=entry["seq_len"], model=open_model(model_spec),
-            stats=read_stats(beside(entry["stats"])), plan=plan,
-            files=tuple((k, str(entry[k])) for k in ("model", "stats", "plan"))))
-    targets = {b.plan.target for b in buckets}
+    model_spec = str(beside(entry["model"])) if beside(entry["model"]).exists() \
+        else entry["model"]
+    opened = {"model": model_spec, "stats": str(beside(entry["stats"])),
+              "plan": str(beside(entry["plan"]))}
+    memo = {} if cache is None else cache
+    for key, spec, read in (("model", model_spec, open_model),
+                            ("stats", opened["stats"], read_stats)):
+        if (key, spec) not in memo:
+            memo[(key, spec)] = read(spec)
+    return (memo[("model", model_spec)], memo[("stats", opened["stats"])],
+            read_plan(opened["plan"]), opened)
+
+
+def _one_target(plans: list[tuple[str, Plan]], where: str) -> str:
+    """The one target every plan names (legality and cost are computed on it)."""
+    targets = {p.target for _, p in plans}
     if None in targets:
-        bad = next(b for b in buckets if not b.plan.target)
-        raise QuantscopeError(f"{where}: the plan of bucket {bad.seq_len} names no target: "
-                              "route checks legality and cost on one target; give each plan "
-                              "one (\"target\": \"hailo10h\", as 'quantscope plan' writes)")
+        bad = next(name for name, p in plans if not p.target)
+        raise QuantscopeError(f"{where}: the plan of {bad} names no target: legality and "
+                              "cost are checked on one target; give each plan one "
+                              "(\"target\": \"hailo10h\", as 'quantscope plan' writes)")
     if len(targets) > 1:
         raise QuantscopeError(f"{where}: the plans name different targets ("
                               f"{', '.join(sorted(str(t) for t in targets))}): a deployment "
                               "runs on one device; plan every bucket for the same target")
-    return Deployment(buckets=tuple(buckets), target=str(targets.pop()), source=str(path))
+    return str(targets.pop())
 
 
 def _first_repeat(values: list[int]) -> int:
@@ -373,4 +394,342 @@ def format_deployment(result: dict[str, Any]) -> str:
         for n in p["notes"]:
             by_note.setdefault(n, []).append(str(p["seq_len"]))
     lines.extend(f"note (bucket {', '.join(where)}): {n}" for n, where in by_note.items())
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- choosing a deployment
+
+CHOICE_LENGTHS = (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+CANDIDATE_KEYS = {"name", "model", "stats", "plan"}
+MAX_BUCKETS = 6
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to compile a bucket: a model file (the reference or a rewrite), its stats and
+    a plan; ``paths`` as opened (for the deployment file written)."""
+
+    name: str
+    model: Model
+    stats: Stats
+    plan: Plan
+    paths: tuple[tuple[str, str], ...] = ()
+
+
+def read_candidates(path: str | Path) -> tuple[tuple[Candidate, ...], str]:
+    """A candidates file: ``{"candidates": [{"name": "all16", "model": "m.onnx", "stats":
+    "m.npz", "plan": "p.json"}, ...]}`` (paths relative to its folder; ``name`` optional),
+    and the one target their plans name."""
+    path = Path(path)
+    doc = read_json(path, "candidates")
+    where = f"candidates '{path}'"
+    if not isinstance(doc, dict) or not isinstance(doc.get("candidates"), list) \
+            or not doc["candidates"]:
+        raise QuantscopeError(f"{where} has no 'candidates' list: write {{\"candidates\": "
+                              "[{\"name\": ..., \"model\": ..., \"stats\": ..., \"plan\": ...}, "
+                              "...]}")
+    check_keys(doc, {"candidates"}, where)
+    out = []
+    cache: dict[tuple[str, str], Any] = {}
+    for i, entry in enumerate(doc["candidates"]):
+        at = f"{where}, candidate {i + 1}"
+        if not isinstance(entry, dict):
+            raise QuantscopeError(f"{at} is not an object: give model, stats and plan")
+        check_keys(entry, CANDIDATE_KEYS, at)
+        missing = sorted(CANDIDATE_KEYS - {"name"} - set(entry))
+        if missing:
+            raise QuantscopeError(f"{at} has no '{missing[0]}': give model, stats and plan")
+        for key in CANDIDATE_KEYS & set(entry):
+            if not isinstance(entry[key], str) or not entry[key]:
+                raise QuantscopeError(f"{at}: '{key}' must be a non-empty string")
+        model, stats, plan, opened = _open_entry(entry, path, cache)
+        name = entry.get("name") or f"{Path(entry['model']).stem}:{Path(entry['plan']).stem}"
+        out.append(Candidate(name=name, model=model, stats=stats, plan=plan,
+                             paths=tuple(opened.items())))
+    names = [c.name for c in out]
+    if len(set(names)) != len(names):
+        raise QuantscopeError(f"{where} names candidate '{_first_repeat_str(names)}' twice: "
+                              "give each candidate its own name")
+    target = _one_target([(f"candidate '{c.name}'", c.plan) for c in out], where)
+    return tuple(out), target
+
+
+def _first_repeat_str(values: list[str]) -> str:
+    seen: set[str] = set()
+    for v in values:
+        if v in seen:
+            return v
+        seen.add(v)
+    raise AssertionError("no repeat")
+
+
+def _solve(lengths: np.ndarray, errors: np.ndarray, costs: np.ndarray, allowed: np.ndarray,
+           seq_lens: tuple[int, ...], max_buckets: int, lam: float
+           ) -> tuple[float, list[tuple[int, int]]]:
+    """Boundaries and a candidate per bucket minimising Σ error + lam · Σ cost over the
+    texts (dynamic programme over the allowed lengths; the last bucket is always the
+    longest length and takes every longer text, truncated): (objective, [(length index,
+    candidate index), ...])."""
+    n_len = len(seq_lens)
+    order = np.argsort(lengths, kind="stable")
+    sorted_len = lengths[order]
+    # texts with length <= seq_lens[j]: the first ends[j] of the sorted texts (the last
+    # bucket also takes the longer ones)
+    ends = [int(np.searchsorted(sorted_len, s, side="right")) for s in seq_lens]
+    ends[-1] = len(lengths)
+    starts = [0, *ends]  # starts[j] = texts before the bucket ending at j, for i = j - 1
+    pref = np.concatenate([np.zeros((errors.shape[0], 1)),
+                           np.cumsum(errors[:, order], axis=1)], axis=1)
+    inf = float("inf")
+    best = np.full((n_len + 1, max_buckets + 1), inf)
+    arg: dict[tuple[int, int], tuple[int, int]] = {}
+    best[0][0] = 0.0  # nothing covered yet (position 0 = below the first length)
+    for j in range(1, n_len + 1):  # a bucket ending at seq_lens[j - 1]
+        for i in range(j):  # previous bucket ended at seq_lens[i - 1] (i = 0: none)
+            lo, hi = starts[i], ends[j - 1]
+            count = hi - lo
+            opts = [(pref[c, hi] - pref[c, lo] + lam * count * costs[c, j - 1], c)
+                    for c in range(errors.shape[0]) if allowed[c, j - 1]]
+            if not opts:
+                continue
+            val, c = min(opts)
+            for k in range(1, max_buckets + 1):
+                if best[i][k - 1] + val < best[j][k]:
+                    best[j][k] = best[i][k - 1] + val
+                    arg[(j, k)] = (i, c)
+    k = int(np.argmin(best[n_len]))
+    total = float(best[n_len][k])
+    if total == inf:
+        return inf, []
+    picks, j = [], n_len
+    while k > 0:
+        i, c = arg[(j, k)]
+        picks.append((j - 1, c))
+        j, k = i, k - 1
+    return total, list(reversed(picks))
+
+
+def choose_deployment(
+    reference: Model, data: Dataset, candidates: tuple[Candidate, ...], target_name: str, *,
+    max_cost: float, seq_lens: tuple[int, ...] = CHOICE_LENGTHS,
+    max_buckets: int = MAX_BUCKETS, skip_pairs: int = 0, progress: bool = False,
+) -> dict[str, Any]:
+    """Bucket lengths and a candidate per bucket for a deployment within ``max_cost``.
+
+    Every candidate runs once on the selection texts (the pairs after the first
+    ``skip_pairs``: keep those for ``route`` to measure on) at the longest length; a text's
+    emulated output does not depend on its padding (module doc), so its error
+    (``1 − cosine`` of its pooled embedding to FP32's) is the same on every bucket that
+    holds it. Each (candidate, length) has its cost (relative to the reference's uniform
+    a8_w8 at the longest length) and its legality at that length (the ``check`` rules,
+    evaluated for the allocations considered). The choice minimises the selection texts'
+    mean error subject to the mean cost (weighted by the selection texts) ≤ ``max_cost``
+    with at most ``max_buckets`` compiled lengths, over the allocations a Lagrangian sweep
+    reaches (the error-cost hull: an allocation inside the hull is not found)."""
+    from quantscope.plan.cost import plan_cost, uniform_a8_cost
+    from quantscope.progress import say, track
+    from quantscope.targets import load_target
+    from quantscope.tasks.registry import text_embeddings
+
+    if not isinstance(data.task, RetrievalTask | StsTask) or data.token_lengths is None:
+        raise QuantscopeError(f"buckets needs text data (retrieval pairs or STS), not "
+                              f"'{data.name}': the buckets are chosen by each text's token count")
+    if max_buckets < 1:
+        raise QuantscopeError(f"--max-buckets must be at least 1, got {max_buckets}")
+    seq_lens = tuple(sorted(set(seq_lens)))
+    longest = seq_lens[-1]
+    data = at_length(data, longest)
+    task = data.task
+    assert isinstance(task, RetrievalTask | StsTask)
+    n_pairs = task.n_pairs if isinstance(task, RetrievalTask) else len(task.pairs)
+    if skip_pairs >= n_pairs:
+        raise QuantscopeError(
+            f"--skip-pairs {skip_pairs} leaves no pair to choose on ({n_pairs} loaded): give "
+            f"--pairs above {skip_pairs} (e.g. --pairs {skip_pairs + 500})")
+    sel = np.concatenate([np.arange(skip_pairs, n_pairs), n_pairs + np.arange(skip_pairs, n_pairs)])
+    lengths = np.asarray(data.token_lengths)[sel]
+    for c in candidates:
+        _check_compatible(reference, Bucket(seq_len=longest, model=c.model, stats=c.stats,
+                                            plan=c.plan))
+    task = _only_rows(task, sel)  # run the selection texts only (in their batches)
+    batches = tuple(task.batches.batches)
+    ref = text_embeddings(task, kept(run_model(reference.proto, batches,
+                                               label="fp32" if progress else ""),
+                                     batches, task.keep))
+    errors, notes = [], []
+    for c in candidates:
+        q = quantize_model(c.model, c.stats, c.plan, scheme=scheme_for(c.plan, None))
+        notes.append((*q.notes, *q.coverage.lines()))
+        proto = q.proto
+        del q
+        out = kept(run_model(proto, batches, label=f"{c.name}" if progress else ""), batches,
+                   task.keep)
+        errors.append(1.0 - np.sum(text_embeddings(task, out) * ref, axis=1))
+    err = np.asarray(errors, dtype=np.float64)
+    target = load_target(target_name)
+    unit = _cost_unit(reference, longest, target)
+    costs = np.zeros((len(candidates), len(seq_lens)))
+    per_model: dict[int, tuple[Any, list[Any], list[float]]] = {}  # groups, shapes, a8 units
+    for ci, c in track(list(enumerate(candidates)), "costs per length", unit="candidate",
+                       show=progress):
+        if id(c.model) not in per_model:
+            groups = find_groups(c.model)
+            shapes = [given_shapes(c.model, s) for s in seq_lens]
+            per_model[id(c.model)] = (groups, shapes, [
+                uniform_a8_cost(groups, target, sh, model=c.model) for sh in shapes])
+        groups, shapes, units = per_model[id(c.model)]
+        for j in range(len(seq_lens)):
+            costs[ci, j] = (plan_cost(c.plan, groups, target, shapes[j], model=c.model)
+                            * units[j] / unit)
+    legal: dict[tuple[int, int], list[dict[str, Any]]] = {}  # (candidate, length) -> errors
+
+    def is_legal(ci: int, j: int) -> bool:
+        if (ci, j) not in legal:
+            say(f"legality: {candidates[ci].name} at {seq_lens[j]} tokens", show=progress)
+            found = plan_problems(candidates[ci].model, candidates[ci].plan,
+                                  seq_len=seq_lens[j])
+            legal[(ci, j)] = [p for p in found if p["severity"] == "error"]
+        return not legal[(ci, j)]
+
+    allowed = np.ones_like(costs, dtype=bool)
+    n = len(lengths)
+    lams = [0.0, *np.geomspace(1e-8, 1e2, 121)]
+    while True:
+        best: tuple[float, list[tuple[int, int]], float] | None = None
+        cheapest: float = float("inf")
+        for lam in lams:
+            _, picks = _solve(lengths, err, costs, allowed, seq_lens, max_buckets, lam)
+            if not picks:
+                continue
+            mean_err, mean_cost = _allocation_figures(picks, lengths, err, costs, seq_lens)
+            cheapest = min(cheapest, mean_cost)
+            if mean_cost <= max_cost + 1e-12 and (best is None or mean_err < best[2]):
+                best = (mean_cost, picks, mean_err)
+        if best is None:
+            if cheapest == float("inf"):
+                raise QuantscopeError(
+                    "no candidate is legal at any of the lengths "
+                    f"{', '.join(map(str, seq_lens))} on {target_name}: give candidates "
+                    "whose plans pass 'quantscope check --seq-len N' (e.g. with "
+                    "'quantscope tokensplit' for the long lengths)")
+            raise QuantscopeError(
+                f"no deployment of these candidates is within --max-cost {max_cost:g}: the "
+                f"cheapest found costs {cheapest:.3f}x; add a cheaper candidate (fewer 16-bit "
+                "layers) or raise --max-cost")
+        bad = [(ci, j) for j, ci in best[1] if not is_legal(ci, j)]
+        if not bad:
+            break
+        for ci, j in bad:
+            allowed[ci, j] = False
+    mean_cost, picks, mean_err = best
+    which = route(lengths, tuple(seq_lens[j] for j, _ in picks))
+    buckets = []
+    for b, (j, ci) in enumerate(picks):
+        c = candidates[ci]
+        rows = which == b
+        buckets.append({
+            "seq_len": seq_lens[j], "candidate": c.name, "paths": dict(c.paths),
+            "cost": float(costs[ci, j]), "share": float(np.mean(rows)),
+            "texts": int(np.sum(rows)),
+            "cosine_mean": float(1.0 - err[ci, rows].mean()) if rows.any() else None,
+            "legal": not legal[(ci, j)],
+        })
+    each = {c.name: {"cosine_mean": float(1.0 - err[i].mean()),
+                     "cost_at_longest": float(costs[i, -1]),
+                     "legal_lengths_checked": {str(seq_lens[j]): not legal[(i, j)]
+                                               for (ii, j) in sorted(legal) if ii == i}}
+            for i, c in enumerate(candidates)}
+    note = (f"chosen on {n} texts of pairs {skip_pairs + 1}-{n_pairs} (the first "
+            f"{skip_pairs} pairs are not used: measure the deployment on them with "
+            "'quantscope route')") if skip_pairs else (
+            f"chosen on the {n} texts of all {n_pairs} pairs: measuring it on the same pairs "
+            "is not held out (give --skip-pairs N and route --pairs N)")
+    return {
+        "reference": reference.source, "data": data.name, "target": target_name,
+        "max_cost": max_cost, "max_buckets": max_buckets, "lengths": list(seq_lens),
+        "skip_pairs": skip_pairs, "texts": n,
+        "buckets": buckets, "cost_mean": mean_cost, "cosine_mean": float(1.0 - mean_err),
+        "candidates": each,
+        "notes": [note,
+                  "the error is 1 - cosine of each text's pooled embedding to FP32's; the "
+                  "choice minimises its mean within the cost over the allocations a "
+                  "Lagrangian sweep reaches; the mean cost weights each bucket by its share "
+                  "of these texts (your traffic decides the real mean)",
+                  *dict.fromkeys(n for ns in notes for n in ns)],
+    }
+
+
+def _only_rows(task: RetrievalTask | StsTask, rows: np.ndarray) -> RetrievalTask | StsTask:
+    """The task's batches cut to the texts ``rows`` (sorted text indices), each batch
+    keeping its selected rows and trimmed to its longest selected text; text ``rows[i]``
+    becomes text ``i``."""
+    import dataclasses
+
+    from quantscope.tasks.text import TextBatches
+
+    mask_name = task.encoder.input_name("attention_mask")
+    new_index = np.full(len(task.batches.order), -1)
+    new_index[rows] = np.arange(len(rows))
+    batches, order, start = [], [], 0
+    for b in task.batches.batches:
+        n = len(next(iter(b.values())))
+        texts = task.batches.order[start:start + n]
+        start += n
+        take = new_index[texts] >= 0
+        if not take.any():
+            continue
+        cut = {k: v[take] for k, v in b.items()}
+        if mask_name is not None and mask_name in cut:
+            width = int(cut[mask_name].sum(axis=1).max())
+            cut = {k: (np.ascontiguousarray(v[:, :width])
+                       if v.ndim == 2 and v.shape[1] == b[mask_name].shape[1] else v)
+                   for k, v in cut.items()}
+        batches.append(cut)
+        order.extend(new_index[texts[take]])
+    return dataclasses.replace(task, batches=TextBatches(batches=tuple(batches),
+                                                         order=np.asarray(order)))
+
+
+def _allocation_figures(picks: list[tuple[int, int]], lengths: np.ndarray, err: np.ndarray,
+                        costs: np.ndarray, seq_lens: tuple[int, ...]) -> tuple[float, float]:
+    """Mean error and mean cost of an allocation over the texts."""
+    which = route(lengths, tuple(seq_lens[j] for j, _ in picks))
+    cand = np.asarray([ci for _, ci in picks])[which]
+    col = np.asarray([j for j, _ in picks])[which]
+    return (float(np.mean(err[cand, np.arange(len(lengths))])),
+            float(np.mean(costs[cand, col])))
+
+
+def deployment_file(choice: dict[str, Any], out: str | Path) -> dict[str, Any]:
+    """The deployment file (``route --deployment``) of a choice, paths relative to
+    ``out``'s folder."""
+    import os
+
+    folder = Path(out).resolve().parent
+    entries = []
+    for b in choice["buckets"]:
+        entry: dict[str, Any] = {"seq_len": b["seq_len"]}
+        for key in ("model", "stats", "plan"):
+            p = b["paths"][key]
+            entry[key] = os.path.relpath(Path(p).resolve(), folder) if Path(p).exists() else p
+        entries.append(entry)
+    return {"buckets": entries}
+
+
+def format_choice(choice: dict[str, Any]) -> str:
+    """The chosen deployment in a few lines."""
+    lines = [f"chosen on {choice['target']}: {len(choice['buckets'])} compiled lengths "
+             f"(at most {choice['max_buckets']}, from {', '.join(map(str, choice['lengths']))}) "
+             f"within {choice['max_cost']:g}x"]
+    for b in choice["buckets"]:
+        cos = "-" if b["cosine_mean"] is None else f"{b['cosine_mean']:.5f}"
+        lines.append(f"  seq {b['seq_len']:>5}: {b['share']:6.1%} of the texts, "
+                     f"{b['candidate']}, cost {b['cost']:.3f}x, cosine {cos}, "
+                     f"{'legal' if b['legal'] else 'NOT legal'}")
+    lines.append(f"chosen: mean cost {choice['cost_mean']:.3f}x, embedding cosine "
+                 f"{choice['cosine_mean']:.5f} on {choice['texts']} texts")
+    for name, c in choice["candidates"].items():
+        lines.append(f"  candidate {name}: alone at {choice['lengths'][-1]} cosine "
+                     f"{c['cosine_mean']:.5f}, cost {c['cost_at_longest']:.3f}x")
+    lines.extend(f"note: {n}" for n in choice["notes"])
     return "\n".join(lines)

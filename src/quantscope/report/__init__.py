@@ -6,6 +6,7 @@ from typing import Any
 
 from quantscope.report.build import (
     analysis_section,
+    choice_section,
     demo_section,
     io_section,
     plan_section,
@@ -28,10 +29,14 @@ def report_html(
     """The report as one HTML string; each section appears when its input is given."""
     sections = []
     if results:
-        sections.append(demo_section(results))
-        sections.append(prenorm_section(results))
+        measured = {k: r for k, r in results.items() if isinstance(r.get("metrics"), dict)}
+        if measured:  # a buckets choice has no task metrics (route measures it)
+            sections.append(demo_section(measured))
+            sections.append(prenorm_section(measured))
         sections.extend(route_section(label, r) for label, r in results.items()
                         if isinstance(r.get("buckets"), list) and "longest_alone" in r)
+        sections.extend(choice_section(label, r) for label, r in results.items()
+                        if isinstance(r.get("buckets"), list) and "candidates" in r)
     if analysis:
         sections.append(analysis_section(analysis))
     if plan:

@@ -172,6 +172,37 @@ def route_section(label: str, result: dict[str, Any]) -> str:
                       for b in buckets for n in b.get("notes", [])))
 
 
+def choice_section(label: str, choice: dict[str, Any]) -> str:
+    """A ``quantscope buckets`` choice: the chosen compiled lengths (share of the texts it
+    chose on, cost, candidate, predicted cosine) and every candidate's error and cost at
+    the longest length (chart)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 3))
+    cands = choice["candidates"]
+    for name, c in cands.items():
+        ax.scatter(c["cost_at_longest"], 1.0 - c["cosine_mean"], color="#4a7ab5")
+        ax.annotate(name, (c["cost_at_longest"], 1.0 - c["cosine_mean"]), fontsize=7)
+    ax.scatter(choice["cost_mean"], 1.0 - choice["cosine_mean"], color="#c0392b", marker="*",
+               s=120, label="the chosen deployment (mean)")
+    ax.axvline(choice["max_cost"], color="#c0392b", ls="--", lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel(f"cost (x the reference's uniform a8_w8 at {choice['lengths'][-1]})")
+    ax.set_ylabel("1 - cosine to FP32")
+    ax.legend(fontsize=8)
+    return (f"<h2>Buckets chosen: {html.escape(label)} on {html.escape(choice['target'])}</h2>"
+            f"<p>Chosen on {choice['texts']} texts within {choice['max_cost']:g}x, at most "
+            f"{choice['max_buckets']} compiled lengths: mean cost {choice['cost_mean']:.3f}x, "
+            f"embedding cosine {choice['cosine_mean']:.5f}. Each candidate alone at the "
+            "longest length (dots) against the chosen deployment (star); measure the "
+            "deployment on held-out pairs with <code>quantscope route</code>.</p>"
+            + f'<img alt="candidates" src="{_png(fig)}">'
+            + _table(["seq_len", "share", "texts", "candidate", "cost", "cosine", "legal"],
+                     [[b["seq_len"], b["share"], b["texts"], b["candidate"], b["cost"],
+                       "" if b["cosine_mean"] is None else b["cosine_mean"],
+                       "yes" if b["legal"] else "NO"] for b in choice["buckets"]])
+            + "".join(f"<p class=note>{html.escape(n)}</p>" for n in choice["notes"]))
+
+
 def io_section(rows: list[dict[str, Any]]) -> str:
     """Device I/O: ``rows`` of {tensor, role, bits, signed, scale, zero_point}."""
     body = []

@@ -1,8 +1,9 @@
 """What each ``quantscope report`` input file must be: its kind is told from its content.
 
 =============  ==============================================================
-``results``    a demo JSON (``{"results": {label: result}}``) or one evaluate
-               result (``{"metrics": ...}``)
+``results``    a demo JSON (``{"results": {label: result}}``), one evaluate
+               result (``{"metrics": ...}``) or a ``buckets`` choice (``"buckets"``
+               and ``"candidates"``)
 ``plan``       a plan JSON (``"format": "quantscope.plan/1"`` or default + groups)
 ``analysis``   an analysis JSON (``"format": "quantscope.analysis/1"``)
 =============  ==============================================================
@@ -21,7 +22,8 @@ OPTION = {"results": "--results", "plan": "--plan", "analysis": "--analysis"}
 
 
 def _is_result(doc: dict[str, Any]) -> bool:
-    return isinstance(doc.get("metrics"), dict)
+    return isinstance(doc.get("metrics"), dict) or (
+        isinstance(doc.get("buckets"), list) and isinstance(doc.get("candidates"), dict))
 
 
 def kind_of(doc: Any) -> str | None:

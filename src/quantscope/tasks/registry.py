@@ -155,6 +155,13 @@ class StsTask:
         return Metrics(values=values, notes=(verdict,) if verdict else ())
 
 
+def text_embeddings(task: RetrievalTask | StsTask, out: Outputs) -> np.ndarray:
+    """Every text's pooled, L2-normalised embedding, in task order (queries or first
+    sentences, then documents or second sentences: pair ``i`` is rows ``i`` and ``n + i``),
+    from outputs kept with ``task.keep``."""
+    return _pooled(out, task.batches, task.encoder, normalize=True)
+
+
 def _collapse_table(c: M.CollapseReport) -> dict[str, float]:
     return {k: float(v) for k, v in c.to_dict().items()
             if isinstance(v, int | float | bool)}
