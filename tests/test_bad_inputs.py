@@ -88,6 +88,8 @@ def _make_ws(ws: Path) -> None:
         {"seq_len": 5, "model": "m.onnx", "stats": "s.npz", "plan": "p_target.json"}]}))
     (ws / "p_target.json").write_text(json.dumps({"default": "a8_w8", "target": "hailo8"}))
     (ws / "dep_nobuckets.json").write_text(json.dumps({"bucket": []}))
+    (ws / "cands_tensor.json").write_text(json.dumps({"candidates": [
+        {"model": "m.onnx", "stats": "s.npz", "plan": "p_target.json"}]}))
     (ws / "empty.onnx").write_bytes(b"")
     onnx.save(tm.conv_net(), ws / "conv.onnx")
     np.save(ws / "conv.npy", np.zeros((2, 3, 16, 16), np.float32))
@@ -355,6 +357,15 @@ CASES: list[tuple[str, list[str], str]] = [
                                      "{ws}/dep_nobuckets.json"], "no 'buckets' list"),
     ("route-on-tensor-data", ["route", M, "--data", X, "--deployment", "{ws}/dep_tensor.json"],
      "route needs text data"),
+    ("buckets-candidates-missing", ["buckets", M, "--data", X, "--candidates", "{ws}/nope.json",
+                                    "--max-cost", "1.5", "--out", "{out}/d.json"],
+     "does not exist"),
+    ("buckets-on-tensor-data", ["buckets", M, "--data", X, "--candidates",
+                                "{ws}/cands_tensor.json", "--max-cost", "1.5", "--out",
+                                "{out}/d.json"], "buckets needs text data"),
+    ("buckets-max-cost-missing", ["buckets", M, "--data", X, "--candidates",
+                                  "{ws}/cands_tensor.json", "--out", "{out}/d.json"],
+     "--max-cost"),
     # -- demo on what it cannot measure
     ("demo-on-tensor-data", ["demo", "--model", M, "--data", X], "retrieval"),
     # -- run
