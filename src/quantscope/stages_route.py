@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -46,6 +46,7 @@ from quantscope.stages import default_metric, open_model, plan_problems
 from quantscope.tasks.registry import RetrievalTask, StsTask, at_length
 from quantscope.types import Batch, Dataset, Outputs, Plan, QuantscopeError, Stats
 
+T = TypeVar("T")
 BUCKET_KEYS = {"seq_len", "model", "stats", "plan"}
 
 
@@ -154,8 +155,8 @@ def _one_target(plans: list[tuple[str, Plan]], where: str) -> str:
     return str(targets.pop())
 
 
-def _first_repeat(values: list[int]) -> int:
-    seen: set[int] = set()
+def _first_repeat(values: list[T]) -> T:
+    seen: set[T] = set()
     for v in values:
         if v in seen:
             return v
@@ -448,19 +449,10 @@ def read_candidates(path: str | Path) -> tuple[tuple[Candidate, ...], str]:
                              paths=tuple(opened.items())))
     names = [c.name for c in out]
     if len(set(names)) != len(names):
-        raise QuantscopeError(f"{where} names candidate '{_first_repeat_str(names)}' twice: "
+        raise QuantscopeError(f"{where} names candidate '{_first_repeat(names)}' twice: "
                               "give each candidate its own name")
     target = _one_target([(f"candidate '{c.name}'", c.plan) for c in out], where)
     return tuple(out), target
-
-
-def _first_repeat_str(values: list[str]) -> str:
-    seen: set[str] = set()
-    for v in values:
-        if v in seen:
-            return v
-        seen.add(v)
-    raise AssertionError("no repeat")
 
 
 def _solve(lengths: np.ndarray, errors: np.ndarray, costs: np.ndarray, allowed: np.ndarray,
