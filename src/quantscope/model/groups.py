@@ -219,7 +219,8 @@ def _resolve_shared(shared: dict[str, str]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(c) for c in chains.values())
 
 
-def _make_group(b: _Builder, name: str, nodes: list[onnx.NodeProto]) -> Group:
+def _make_group(b: _Builder, name: str, nodes: list[onnx.NodeProto],
+                shapes: dict[str, tuple[int | str | None, ...]]) -> Group:
     made = {t for n in nodes for t in n.output}
     graph_outs = {o.name for o in b.model.graph.output}
     names = {n.name for n in nodes}
@@ -238,7 +239,6 @@ def _make_group(b: _Builder, name: str, nodes: list[onnx.NodeProto]) -> Group:
             if n.op_type == "Add" and anchor.output[0] in n.input:
                 bias = next((t for t in n.input if t in b.inits), None)
                 break
-    shapes = b.model.value_shapes()
     return Group(
         name=name,
         op_type="LayerNormalization" if name in b.layernorm else anchor.op_type,
@@ -258,7 +258,8 @@ def find_groups(model: Model) -> Groups:
     b = _Builder(model)
     for node in model.graph.node:
         b.visit(node)
-    groups = tuple(_make_group(b, name, nodes) for name, nodes in b.members.items())
+    shapes = model.value_shapes()  # once: every group reads its output's shape
+    groups = tuple(_make_group(b, name, nodes, shapes) for name, nodes in b.members.items())
     model_inputs = tuple(t for t in model.input_names() if b.kinds.get(t) == "act")
     return Groups(groups=groups, shared=_resolve_shared(b.shared), model_inputs=model_inputs)
 
