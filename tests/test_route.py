@@ -24,6 +24,7 @@ from quantscope.stages_route import (
     Bucket,
     Deployment,
     _solve,
+    _solve_budget,
     choose_deployment,
     deployment_costs,
     deployment_file,
@@ -298,6 +299,53 @@ def test_the_dynamic_programme_finds_the_best_allocation(seed):
             c_of, j_of = np.asarray([c for _, c in got])[which], np.asarray([j for j, _ in got])[which]
             assert float(err[c_of, np.arange(40)].sum() + lam * cost[c_of, j_of].sum()) == \
                 pytest.approx(got_total, rel=1e-9)
+
+
+def _brute_budget(lengths, err, cost, allowed, seq_lens, kmax, budget):
+    """The least Σ error of every allocation whose Σ cost is within ``budget``."""
+    best = float("inf")
+    inner = seq_lens[:-1]
+    for k in range(0, kmax):
+        for bounds in itertools.combinations(range(len(inner)), k):
+            js = [*bounds, len(seq_lens) - 1]
+            which = route(lengths, tuple(seq_lens[j] for j in js))
+            for cands in itertools.product(range(err.shape[0]), repeat=len(js)):
+                if not all(allowed[c, j] for c, j in zip(cands, js, strict=True)):
+                    continue
+                c_of, j_of = np.asarray(cands)[which], np.asarray(js)[which]
+                if cost[c_of, j_of].sum() <= budget:
+                    best = min(best, float(err[c_of, np.arange(len(lengths))].sum()))
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_budgeted_search_is_exact_up_to_its_cost_grid(seed):
+    rng = np.random.default_rng(100 + seed)
+    seq_lens = (8, 16, 32, 64)
+    lengths = rng.integers(1, 90, 30)
+    err = rng.uniform(0, 1, (3, 30))
+    cost = np.sort(rng.uniform(0.1, 2, (3, 4)), axis=1)
+    allowed = rng.uniform(size=(3, 4)) > 0.2
+    allowed[:, -1] = True
+    levels = 200
+    for kmax in (1, 2, 4):
+        for mean_cap in (0.5, 1.0, 1.5):
+            budget = mean_cap * 30
+            total, picks = _solve_budget(lengths, err, cost, allowed, seq_lens, kmax, budget,
+                                         levels=levels)
+            slack = kmax * budget / levels  # each bucket's cost rounded up by < one step
+            lower = _brute_budget(lengths, err, cost, allowed, seq_lens, kmax, budget)
+            upper = _brute_budget(lengths, err, cost, allowed, seq_lens, kmax, budget - slack)
+            if not picks:
+                assert upper == float("inf")
+                continue
+            which = route(lengths, tuple(seq_lens[j] for j, _ in picks))
+            c_of = np.asarray([c for _, c in picks])[which]
+            j_of = np.asarray([j for j, _ in picks])[which]
+            assert cost[c_of, j_of].sum() <= budget + 1e-9  # within the budget
+            assert float(err[c_of, np.arange(30)].sum()) == pytest.approx(total, rel=1e-9)
+            assert lower - 1e-9 <= total <= upper + 1e-9
+            assert len(picks) <= kmax and all(allowed[c, j] for j, c in picks)
 
 
 def _candidates(tmp_path: Path) -> Path:

@@ -501,6 +501,71 @@ def _solve(lengths: np.ndarray, errors: np.ndarray, costs: np.ndarray, allowed: 
     return total, list(reversed(picks))
 
 
+COST_LEVELS = 600  # the budget's grid for the exact search: each bucket's cost rounded up
+
+
+def _solve_budget(lengths: np.ndarray, errors: np.ndarray, costs: np.ndarray,
+                  allowed: np.ndarray, seq_lens: tuple[int, ...], max_buckets: int,
+                  budget: float, levels: int = COST_LEVELS
+                  ) -> tuple[float, list[tuple[int, int]]]:
+    """Boundaries and a candidate per bucket with the least Σ error whose Σ cost over the
+    texts is within ``budget`` (a dynamic programme over the lengths, the bucket count and
+    the cost spent on a grid of ``levels`` steps; each bucket's cost is rounded up to the
+    grid, so the allocation found is within the budget and its error at most that
+    rounding away from the optimum): (Σ error, [(length index, candidate index), ...]);
+    (inf, []) when nothing fits."""
+    n_len, n_cand = len(seq_lens), errors.shape[0]
+    order = np.argsort(lengths, kind="stable")
+    sorted_len = lengths[order]
+    ends = [int(np.searchsorted(sorted_len, s, side="right")) for s in seq_lens]
+    ends[-1] = len(lengths)
+    starts = [0, *ends]
+    pref = np.concatenate([np.zeros((n_cand, 1)), np.cumsum(errors[:, order], axis=1)], axis=1)
+    step = budget / levels if budget > 0 else 1.0
+    inf = float("inf")
+    # best[j][k][c]: least error covering the texts up to seq_lens[j - 1] with k buckets
+    # and at most c grid steps of cost; arg: (previous end, candidate) of the last bucket
+    best = np.full((n_len + 1, max_buckets + 1, levels + 1), inf)
+    arg_i = np.full((n_len + 1, max_buckets + 1, levels + 1), -1)
+    arg_c = np.full((n_len + 1, max_buckets + 1, levels + 1), -1)
+    best[0, 0, :] = 0.0
+
+    def units(i: int, j: int, c: int) -> int:
+        count = ends[j - 1] - starts[i]
+        return int(np.ceil(count * costs[c, j - 1] / step - 1e-9)) if count else 0
+
+    for j in range(1, n_len + 1):
+        for i in range(j):
+            lo, hi = starts[i], ends[j - 1]
+            for c in range(n_cand):
+                if not allowed[c, j - 1]:
+                    continue
+                u = units(i, j, c)
+                if u > levels:
+                    continue
+                e = pref[c, hi] - pref[c, lo]
+                for k in range(1, max_buckets + 1):
+                    prev = best[i, k - 1]
+                    cand = np.full(levels + 1, inf)
+                    cand[u:] = prev[: levels + 1 - u] + e
+                    better = cand < best[j, k]
+                    if better.any():
+                        best[j, k][better] = cand[better]
+                        arg_i[j, k][better] = i
+                        arg_c[j, k][better] = c
+    finals = best[n_len, :, levels]
+    k = int(np.argmin(finals))
+    if finals[k] == inf:
+        return inf, []
+    total, picks, j, lvl = float(finals[k]), [], n_len, levels
+    while k > 0:
+        i, c = int(arg_i[j, k, lvl]), int(arg_c[j, k, lvl])
+        picks.append((j - 1, c))
+        lvl -= units(i, j, c)
+        j, k = i, k - 1
+    return total, list(reversed(picks))
+
+
 def choose_deployment(
     reference: Model, data: Dataset, candidates: tuple[Candidate, ...], target_name: str, *,
     max_cost: float, seq_lens: tuple[int, ...] = CHOICE_LENGTHS,
@@ -516,8 +581,8 @@ def choose_deployment(
     a8_w8 at the longest length) and its legality at that length (the ``check`` rules,
     evaluated for the allocations considered). The choice minimises the selection texts'
     mean error subject to the mean cost (weighted by the selection texts) ≤ ``max_cost``
-    with at most ``max_buckets`` compiled lengths, over the allocations a Lagrangian sweep
-    reaches (the error-cost hull: an allocation inside the hull is not found)."""
+    with at most ``max_buckets`` compiled lengths (:func:`_solve_budget`: exact up to its
+    cost grid)."""
     from quantscope.plan.cost import plan_cost, uniform_a8_cost
     from quantscope.progress import say, track
     from quantscope.targets import load_target
@@ -585,34 +650,30 @@ def choose_deployment(
 
     allowed = np.ones_like(costs, dtype=bool)
     n = len(lengths)
-    lams = [0.0, *np.geomspace(1e-8, 1e2, 121)]
     while True:
-        best: tuple[float, list[tuple[int, int]], float] | None = None
-        cheapest: float = float("inf")
-        for lam in lams:
-            _, picks = _solve(lengths, err, costs, allowed, seq_lens, max_buckets, lam)
-            if not picks:
-                continue
-            mean_err, mean_cost = _allocation_figures(picks, lengths, err, costs, seq_lens)
-            cheapest = min(cheapest, mean_cost)
-            if mean_cost <= max_cost + 1e-12 and (best is None or mean_err < best[2]):
-                best = (mean_cost, picks, mean_err)
-        if best is None:
-            if cheapest == float("inf"):
+        _, picks = _solve_budget(lengths, err, costs, allowed, seq_lens, max_buckets,
+                                 max_cost * n)
+        if not picks:
+            _, cheap = _solve(lengths, np.zeros_like(err), costs, allowed, seq_lens,
+                              max_buckets, 1.0)
+            if not cheap:
                 raise QuantscopeError(
                     "no candidate is legal at any of the lengths "
                     f"{', '.join(map(str, seq_lens))} on {target_name}: give candidates "
                     "whose plans pass 'quantscope check --seq-len N' (e.g. with "
                     "'quantscope tokensplit' for the long lengths)")
+            cheapest = _allocation_figures(cheap, lengths, err, costs, seq_lens)[1]
             raise QuantscopeError(
                 f"no deployment of these candidates is within --max-cost {max_cost:g}: the "
-                f"cheapest found costs {cheapest:.3f}x; add a cheaper candidate (fewer 16-bit "
+                f"cheapest costs {cheapest:.3f}x; add a cheaper candidate (fewer 16-bit "
                 "layers) or raise --max-cost")
-        bad = [(ci, j) for j, ci in best[1] if not is_legal(ci, j)]
+        bad = [(ci, j) for j, ci in picks if not is_legal(ci, j)]
         if not bad:
             break
         for ci, j in bad:
             allowed[ci, j] = False
+    mean_err, mean_cost = _allocation_figures(picks, lengths, err, costs, seq_lens)
+    best = (mean_cost, picks, mean_err)
     mean_cost, picks, mean_err = best
     which = route(lengths, tuple(seq_lens[j] for j, _ in picks))
     buckets = []
@@ -644,9 +705,9 @@ def choose_deployment(
         "candidates": each,
         "notes": [note,
                   "the error is 1 - cosine of each text's pooled embedding to FP32's; the "
-                  "choice minimises its mean within the cost over the allocations a "
-                  "Lagrangian sweep reaches; the mean cost weights each bucket by its share "
-                  "of these texts (your traffic decides the real mean)",
+                  "choice minimises its mean within the cost (each bucket's cost rounded up "
+                  f"to 1/{COST_LEVELS} of the budget); the mean cost weights each bucket by "
+                  "its share of these texts (your traffic decides the real mean)",
                   *dict.fromkeys(n for ns in notes for n in ns)],
     }
 
