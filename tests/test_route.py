@@ -472,6 +472,13 @@ def test_choosing_on_later_pairs_predicts_what_route_runs_on_those_texts(setup):
         assert len(rows) == b["texts"]
         if len(rows):
             assert float(np.mean(cos[rows])) == pytest.approx(b["cosine_mean"], abs=1e-6)
+    # its top-1 agreement on the pairs it chose on: what route's embeddings give there
+    from quantscope.tasks import metrics as M
+
+    got, ref = text_embeddings(task, r.routed)[sel], text_embeddings(task, r.reference)[sel]
+    m = len(sel) // 2
+    assert choice["selection_metrics"]["top1_agreement"] == pytest.approx(
+        M.top1_agreement(ref[:m], ref[m:], got[:m], got[m:]))
 
 
 def test_report_shows_a_choice(setup):

@@ -613,7 +613,7 @@ def choose_deployment(
     ref = text_embeddings(task, kept(run_model(reference.proto, batches,
                                                label="fp32" if progress else ""),
                                      batches, task.keep))
-    errors, notes = [], []
+    errors, notes, embs = [], [], []
     for c in candidates:
         q = quantize_model(c.model, c.stats, c.plan, scheme=scheme_for(c.plan, None))
         notes.append((*q.notes, *q.coverage.lines()))
@@ -621,7 +621,9 @@ def choose_deployment(
         del q
         out = kept(run_model(proto, batches, label=f"{c.name}" if progress else ""), batches,
                    task.keep)
-        errors.append(1.0 - np.sum(text_embeddings(task, out) * ref, axis=1))
+        emb = text_embeddings(task, out)
+        errors.append(1.0 - np.sum(emb * ref, axis=1))
+        embs.append(emb)
     err = np.asarray(errors, dtype=np.float64)
     target = load_target(target_name)
     unit = _cost_unit(reference, longest, target)
@@ -674,6 +676,11 @@ def choose_deployment(
             allowed[ci, j] = False
     mean_err, mean_cost = _allocation_figures(picks, lengths, err, costs, seq_lens)
     best = (mean_cost, picks, mean_err)
+    chosen = np.asarray([ci for _, ci in picks])[route(lengths, tuple(seq_lens[j]
+                                                                  for j, _ in picks))]
+    routed = np.stack([embs[ci][t] for t, ci in enumerate(chosen)])
+    selection_metrics = _retrieval_figures(ref, routed) if isinstance(
+        data.task, RetrievalTask) else {}
     mean_cost, picks, mean_err = best
     which = route(lengths, tuple(seq_lens[j] for j, _ in picks))
     buckets = []
@@ -702,6 +709,7 @@ def choose_deployment(
         "max_cost": max_cost, "max_buckets": max_buckets, "lengths": list(seq_lens),
         "skip_pairs": skip_pairs, "texts": n,
         "buckets": buckets, "cost_mean": mean_cost, "cosine_mean": float(1.0 - mean_err),
+        "selection_metrics": selection_metrics,
         "candidates": each,
         "notes": [note,
                   "the error is 1 - cosine of each text's pooled embedding to FP32's; the "
@@ -743,6 +751,17 @@ def _only_rows(task: RetrievalTask | StsTask, rows: np.ndarray) -> RetrievalTask
                                                          order=np.asarray(order)))
 
 
+def _retrieval_figures(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+    """Top-1 agreement and recall@1 of the routed embeddings on the selection pairs (queries
+    the first half of the rows, their documents the second), FP32's recall@1 beside."""
+    from quantscope.tasks import metrics as M
+
+    n = len(ref) // 2
+    return {"top1_agreement": M.top1_agreement(ref[:n], ref[n:], test[:n], test[n:]),
+            "recall@1": float(M.recall_at_k(test[:n], test[n:], ks=(1,))[1]),
+            "recall@1_fp32": float(M.recall_at_k(ref[:n], ref[n:], ks=(1,))[1])}
+
+
 def _allocation_figures(picks: list[tuple[int, int]], lengths: np.ndarray, err: np.ndarray,
                         costs: np.ndarray, seq_lens: tuple[int, ...]) -> tuple[float, float]:
     """Mean error and mean cost of an allocation over the texts."""
@@ -779,8 +798,11 @@ def format_choice(choice: dict[str, Any]) -> str:
         lines.append(f"  seq {b['seq_len']:>5}: {b['share']:6.1%} of the texts, "
                      f"{b['candidate']}, cost {b['cost']:.3f}x, cosine {cos}, "
                      f"{'legal' if b['legal'] else 'NOT legal'}")
+    sel = choice.get("selection_metrics") or {}
+    on_sel = "".join(f", {k} {v:.4g}" for k, v in sel.items())
     lines.append(f"chosen: mean cost {choice['cost_mean']:.3f}x, embedding cosine "
-                 f"{choice['cosine_mean']:.5f} on {choice['texts']} texts")
+                 f"{choice['cosine_mean']:.5f}{on_sel} on the {choice['texts']} texts it was "
+                 "chosen on (not held out)")
     for name, c in choice["candidates"].items():
         lines.append(f"  candidate {name}: alone at {choice['lengths'][-1]} cosine "
                      f"{c['cosine_mean']:.5f}, cost {c['cost_at_longest']:.3f}x")

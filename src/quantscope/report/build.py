@@ -192,7 +192,10 @@ def choice_section(label: str, choice: dict[str, Any]) -> str:
     return (f"<h2>Buckets chosen: {html.escape(label)} on {html.escape(choice['target'])}</h2>"
             f"<p>Chosen on {choice['texts']} texts within {choice['max_cost']:g}x, at most "
             f"{choice['max_buckets']} compiled lengths: mean cost {choice['cost_mean']:.3f}x, "
-            f"embedding cosine {choice['cosine_mean']:.5f}. Each candidate alone at the "
+            f"embedding cosine {choice['cosine_mean']:.5f}"
+            + "".join(f", {html.escape(k)} {v:.4g}"
+                      for k, v in (choice.get("selection_metrics") or {}).items())
+            + " on those texts (not held out). Each candidate alone at the "
             "longest length (dots) against the chosen deployment (star); measure the "
             "deployment on held-out pairs with <code>quantscope route</code>.</p>"
             + f'<img alt="candidates" src="{_png(fig)}">'
