@@ -389,6 +389,11 @@ def test_a_tighter_cost_buys_a_cheaper_choice(setup):
     tight = choose_deployment(model, data, cands, target, max_cost=cap, seq_lens=lens)
     assert tight["cost_mean"] <= cap < rich["cost_mean"]
     assert tight["cosine_mean"] <= rich["cosine_mean"]
+    # the mean cost is a sample mean: its standard error, and a margin note near the cap
+    se = tight["cost_mean_se"]
+    assert se > 0
+    assert any("standard error" in n for n in tight["notes"]) == (
+        tight["cost_mean"] + 2 * se > cap)
     with pytest.raises(QuantscopeError, match="no deployment of these candidates is within"):
         choose_deployment(model, data, cands, target, max_cost=0.01, seq_lens=lens)
 

@@ -681,6 +681,9 @@ def choose_deployment(
     routed = np.stack([embs[ci][t] for t, ci in enumerate(chosen)])
     selection_metrics = _retrieval_figures(ref, routed) if isinstance(
         data.task, RetrievalTask) else {}
+    per_text_cost = costs[chosen, np.asarray([j for j, _ in picks])[
+        route(lengths, tuple(seq_lens[j] for j, _ in picks))]]
+    cost_se = float(np.std(per_text_cost, ddof=1) / np.sqrt(n)) if n > 1 else 0.0
     mean_cost, picks, mean_err = best
     which = route(lengths, tuple(seq_lens[j] for j, _ in picks))
     buckets = []
@@ -704,14 +707,20 @@ def choose_deployment(
             "'quantscope route')") if skip_pairs else (
             f"chosen on the {n} texts of all {n_pairs} pairs: measuring it on the same pairs "
             "is not held out (give --skip-pairs N and route --pairs N)")
+    margin = [] if mean_cost + 2 * cost_se <= max_cost else [
+        f"the mean cost {mean_cost:.3f}x is the mean over these {n} texts (standard error "
+        f"{cost_se:.3f}x): traffic of the same kind may cost up to about "
+        f"{mean_cost + 2 * cost_se:.3f}x, over --max-cost {max_cost:g}; choose with "
+        f"--max-cost {max(max_cost - 2 * cost_se, 0.0):.3g} for that margin"]
     return {
         "reference": reference.source, "data": data.name, "target": target_name,
         "max_cost": max_cost, "max_buckets": max_buckets, "lengths": list(seq_lens),
         "skip_pairs": skip_pairs, "texts": n,
-        "buckets": buckets, "cost_mean": mean_cost, "cosine_mean": float(1.0 - mean_err),
+        "buckets": buckets, "cost_mean": mean_cost, "cost_mean_se": cost_se,
+        "cosine_mean": float(1.0 - mean_err),
         "selection_metrics": selection_metrics,
         "candidates": each,
-        "notes": [note,
+        "notes": [note, *margin,
                   "the error is 1 - cosine of each text's pooled embedding to FP32's; the "
                   "choice minimises its mean within the cost (each bucket's cost rounded up "
                   f"to 1/{COST_LEVELS} of the budget); the mean cost weights each bucket by "
@@ -800,7 +809,8 @@ def format_choice(choice: dict[str, Any]) -> str:
                      f"{'legal' if b['legal'] else 'NOT legal'}")
     sel = choice.get("selection_metrics") or {}
     on_sel = "".join(f", {k} {v:.4g}" for k, v in sel.items())
-    lines.append(f"chosen: mean cost {choice['cost_mean']:.3f}x, embedding cosine "
+    lines.append(f"chosen: mean cost {choice['cost_mean']:.3f}x (standard error "
+                 f"{choice.get('cost_mean_se', 0.0):.3f}x), embedding cosine "
                  f"{choice['cosine_mean']:.5f}{on_sel} on the {choice['texts']} texts it was "
                  "chosen on (not held out)")
     for name, c in choice["candidates"].items():
