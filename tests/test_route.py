@@ -259,9 +259,9 @@ def test_report_shows_the_buckets(setup, capsys):
 # ---------------------------------------------------------------- quantscope buckets
 
 
-def _brute(lengths, err, cost, allowed, seq_lens, kmax, lam):
-    """Every allocation: boundaries (the longest always last) x a candidate per bucket."""
-    best = (float("inf"), None)
+def _allocations(lengths, err, cost, allowed, seq_lens, kmax):
+    """Every allocation (boundaries, the longest always last, x an allowed candidate per
+    bucket): (Σ error, Σ cost, [(length index, candidate index), ...])."""
     inner = seq_lens[:-1]
     for k in range(0, kmax):
         for bounds in itertools.combinations(range(len(inner)), k):
@@ -270,13 +270,15 @@ def _brute(lengths, err, cost, allowed, seq_lens, kmax, lam):
             for cands in itertools.product(range(err.shape[0]), repeat=len(js)):
                 if not all(allowed[c, j] for c, j in zip(cands, js, strict=True)):
                     continue
-                c_of = np.asarray(cands)[which]
-                j_of = np.asarray(js)[which]
-                total = float(err[c_of, np.arange(len(lengths))].sum()
-                              + lam * cost[c_of, j_of].sum())
-                if total < best[0] - 1e-12:
-                    best = (total, list(zip(js, cands, strict=True)))
-    return best
+                c_of, j_of = np.asarray(cands)[which], np.asarray(js)[which]
+                yield (float(err[c_of, np.arange(len(lengths))].sum()),
+                       float(cost[c_of, j_of].sum()), list(zip(js, cands, strict=True)))
+
+
+def _brute(lengths, err, cost, allowed, seq_lens, kmax, lam):
+    """The least Σ error + lam · Σ cost of every allocation."""
+    return min((e + lam * c, picks) for e, c, picks in
+               _allocations(lengths, err, cost, allowed, seq_lens, kmax))
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -303,19 +305,8 @@ def test_the_dynamic_programme_finds_the_best_allocation(seed):
 
 def _brute_budget(lengths, err, cost, allowed, seq_lens, kmax, budget):
     """The least Σ error of every allocation whose Σ cost is within ``budget``."""
-    best = float("inf")
-    inner = seq_lens[:-1]
-    for k in range(0, kmax):
-        for bounds in itertools.combinations(range(len(inner)), k):
-            js = [*bounds, len(seq_lens) - 1]
-            which = route(lengths, tuple(seq_lens[j] for j in js))
-            for cands in itertools.product(range(err.shape[0]), repeat=len(js)):
-                if not all(allowed[c, j] for c, j in zip(cands, js, strict=True)):
-                    continue
-                c_of, j_of = np.asarray(cands)[which], np.asarray(js)[which]
-                if cost[c_of, j_of].sum() <= budget:
-                    best = min(best, float(err[c_of, np.arange(len(lengths))].sum()))
-    return best
+    return min((e for e, c, _ in _allocations(lengths, err, cost, allowed, seq_lens, kmax)
+                if c <= budget), default=float("inf"))
 
 
 @pytest.mark.parametrize("seed", range(6))

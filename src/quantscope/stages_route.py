@@ -674,18 +674,15 @@ def choose_deployment(
             break
         for ci, j in bad:
             allowed[ci, j] = False
-    mean_err, mean_cost = _allocation_figures(picks, lengths, err, costs, seq_lens)
-    best = (mean_cost, picks, mean_err)
-    chosen = np.asarray([ci for _, ci in picks])[route(lengths, tuple(seq_lens[j]
-                                                                  for j, _ in picks))]
+    which = route(lengths, tuple(seq_lens[j] for j, _ in picks))  # bucket of each text
+    chosen = np.asarray([ci for _, ci in picks])[which]  # its candidate
+    per_text_cost = costs[chosen, np.asarray([j for j, _ in picks])[which]]
+    mean_err = float(np.mean(err[chosen, np.arange(n)]))
+    mean_cost = float(np.mean(per_text_cost))
+    cost_se = float(np.std(per_text_cost, ddof=1) / np.sqrt(n)) if n > 1 else 0.0
     routed = np.stack([embs[ci][t] for t, ci in enumerate(chosen)])
     selection_metrics = _retrieval_figures(ref, routed) if isinstance(
         data.task, RetrievalTask) else {}
-    per_text_cost = costs[chosen, np.asarray([j for j, _ in picks])[
-        route(lengths, tuple(seq_lens[j] for j, _ in picks))]]
-    cost_se = float(np.std(per_text_cost, ddof=1) / np.sqrt(n)) if n > 1 else 0.0
-    mean_cost, picks, mean_err = best
-    which = route(lengths, tuple(seq_lens[j] for j, _ in picks))
     buckets = []
     for b, (j, ci) in enumerate(picks):
         c = candidates[ci]
