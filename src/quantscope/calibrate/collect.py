@@ -10,6 +10,7 @@ import onnx
 from quantscope.calibrate.observe import Observer
 from quantscope.emulate.ranges import METHODS
 from quantscope.emulate.session import make_session
+from quantscope.model.axes import channel_axes
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
 from quantscope.progress import feed_size, track
@@ -65,7 +66,8 @@ def calibrate(
     taps = tap_names(model, groups)
     session = make_session(tapped_model(model, taps), optimize=True, arena=False)
     inputs = {i.name for i in session.get_inputs()}
-    observers = {t: Observer(t) for t in taps}
+    axes = channel_axes(model)
+    observers = {t: Observer(t, axes.get(t)) for t in taps}
     n_batches = n_samples = 0
     for batch in track(batches, "calibrate", unit="batch", show=progress, cost=feed_size):
         feeds = {k: v for k, v in batch.items() if k in inputs}

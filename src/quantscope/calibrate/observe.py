@@ -23,16 +23,22 @@ HIST_BINS = 2048
 HIST_LIMIT = 2.0**64  # beyond this (e.g. an additive mask's dtype minimum) values saturate
 
 
-def channel_axis(ndim: int) -> int:
-    """Channel axis used for per-channel statistics: 1 for NCHW, else the last axis."""
+def channel_axis(ndim: int, graph_axis: int | None = None) -> int:
+    """Channel axis used for per-channel statistics: the one the graph tells
+    (:func:`quantscope.model.axes.channel_axes`: a Conv output's 1, a Concat's axis, a
+    token tensor's last) when it fits the rank; else 1 for rank 4, else the last axis."""
+    if graph_axis is not None and 0 <= graph_axis < ndim:
+        return graph_axis
     return 1 if ndim == 4 else max(ndim - 1, 0)
 
 
 @dataclass
 class Observer:
-    """Mutable accumulator for one tensor; :meth:`freeze` returns the typed stats."""
+    """Mutable accumulator for one tensor; :meth:`freeze` returns the typed stats.
+    ``graph_axis``: the tensor's channel axis from the graph, if known."""
 
     name: str
+    graph_axis: int | None = None
     lo: float = math.inf
     hi: float = -math.inf
     count: int = 0
@@ -94,7 +100,7 @@ class Observer:
         self.hist += counts
 
     def _update_channels(self, x: np.ndarray) -> None:
-        axis = channel_axis(x.ndim)
+        axis = channel_axis(x.ndim, self.graph_axis)
         if x.ndim == 0:
             per = np.abs(x).reshape(1)
         else:

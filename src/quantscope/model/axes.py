@@ -1,0 +1,260 @@
+"""Graph facts about tensors: the channel axis, where a tensor's values come from.
+
+The channel axis is read from the graph, never guessed from the rank alone: a
+``[B, 4 + classes, anchors]`` detector output is per *row* (axis 1, the Concat axis),
+a ``[B, T, C]`` token tensor is per feature (the last axis). One forward pass over the
+nodes (ONNX graphs are topologically sorted) sets each tensor's axis from its producer:
+
+=================================  =====================================================
+producer                           channel axis of its output
+=================================  =====================================================
+Conv, ConvTranspose, BatchNorm,    1 (NCHW / NCL)
+InstanceNorm, pooling, LRN
+MatMul / Gemm with a weight,       the last axis (``[B, T, C]`` token tensors, ``[B, C]``)
+LayerNormalization, an embedding
+Gather
+Concat                             its inputs' common axis when they agree (channels
+                                   concatenated along another axis); else the Concat axis
+elementwise ops, Softmax, Resize,  the axis of the input of the output's rank (right-
+Clip, Cast, Identity, ...          aligned for broadcasts)
+Transpose                          permuted with ``perm``
+Reshape, Flatten, Squeeze,         kept when the dims up to the axis are unchanged
+Unsqueeze                          (read from inferred shapes), shifted for inserted or
+                                   removed leading dims; else unknown
+anything else (activation x        unknown (``None``): callers fall back to their own
+activation MatMul, graph inputs)   rule, e.g. 1 for rank 4, else the last axis
+=================================  =====================================================
+
+:func:`channel_axes` returns every tensor whose axis is known; :func:`channel_axis` one.
+:func:`range_source` walks back through ops that do not change values (Reshape,
+Transpose, Squeeze, ...) to the tensor whose calibration statistics hold a tensor's range.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import onnx
+from onnx import numpy_helper
+
+from quantscope.model.load import Model
+
+CHANNEL_FIRST = frozenset(
+    {"Conv", "ConvTranspose", "BatchNormalization", "InstanceNormalization", "MaxPool",
+     "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool", "LRN",
+     "DepthToSpace", "SpaceToDepth", "MaxUnpool", "GroupNormalization"}
+)
+CHANNEL_LAST = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
+                          "RMSNormalization", "SkipLayerNormalization"})
+ELEMENTWISE = frozenset(
+    {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Where", "Relu",
+     "LeakyRelu", "PRelu", "Clip", "Sigmoid", "Tanh", "Erf", "Gelu", "HardSigmoid",
+     "HardSwish", "Elu", "Selu", "Celu", "Softplus", "Softsign", "Mish", "Neg", "Abs",
+     "Exp", "Log", "Sqrt", "Reciprocal", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos",
+     "Softmax", "LogSoftmax", "Hardmax", "Resize", "Upsample", "Cast", "Identity",
+     "Dropout", "QuickGelu", "BiasGelu", "FastGelu", "ThresholdedRelu"}
+)
+# ops whose output values are a subset/rearrangement of one input's (same range)
+VALUE_PRESERVING = frozenset(
+    {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Dropout",
+     "Slice", "Split", "Expand", "Tile", "SpaceToDepth", "DepthToSpace", "Gather"}
+)
+
+Shape = tuple[int | str | None, ...]
+
+
+def _int_list(node: onnx.NodeProto, attr: str) -> list[int] | None:
+    for a in node.attribute:
+        if a.name == attr:
+            return list(a.ints)
+    return None
+
+
+def _int_attr(node: onnx.NodeProto, attr: str, default: int) -> int:
+    for a in node.attribute:
+        if a.name == attr:
+            return int(a.i)
+    return default
+
+
+def _const_ints(model: Model, name: str, inits: dict[str, onnx.TensorProto]) -> list[int] | None:
+    t = inits.get(name)
+    if t is None:
+        return None
+    return [int(v) for v in numpy_helper.to_array(t).ravel()]
+
+
+def _same(a: int | str | None, b: int | str | None) -> bool:
+    return a is not None and a == b
+
+
+def _kept_prefix(src: Shape | None, dst: Shape | None, axis: int) -> bool:
+    """True when ``dst`` has ``src``'s dims 0..axis unchanged."""
+    if src is None or dst is None or len(src) <= axis or len(dst) <= axis:
+        return False
+    return all(_same(a, b) for a, b in zip(src[: axis + 1], dst[: axis + 1], strict=True))
+
+
+def _reshape_axis(src: Shape | None, dst: Shape | None, axis: int) -> int | None:
+    """Where ``axis`` of ``src`` lands in a reshape to ``dst``: the same index when the
+    leading dims are kept; the last axis when only the trailing (channel) dim is kept
+    and every dim before it is merged or split (``[B, T, C] -> [B*T, C]``)."""
+    if _kept_prefix(src, dst, axis):
+        return axis
+    if src is None or dst is None or not src or not dst:
+        return None
+    if axis == len(src) - 1 and _same(src[-1], dst[-1]):
+        return len(dst) - 1
+    # leading dims merged or split before the axis: the axis' dim and all after it kept
+    tail = src[axis:]
+    for k in range(len(dst)):
+        if len(dst) - k != len(tail) or not all(_same(a, b) for a, b in zip(tail, dst[k:],
+                                                                              strict=True)):
+            continue
+        pre_s, pre_d = list(src[:axis]), list(dst[:k])
+        while pre_s and pre_d and _same(pre_s[0], pre_d[0]):
+            pre_s, pre_d = pre_s[1:], pre_d[1:]
+        if _prod_known(pre_s) is not None and _prod_known(pre_s) == _prod_known(pre_d):
+            return k
+    return None
+
+
+def _prod_known(dims: Sequence[int | str | None]) -> int | None:
+    p = 1
+    for d in dims:
+        if not isinstance(d, int):
+            return None
+        p *= d
+    return p
+
+
+def _squeeze_axis(axis: int, rank_in: int, removed: list[int]) -> int | None:
+    removed = [r % rank_in for r in removed]
+    if axis in removed:
+        return None
+    return axis - sum(1 for r in removed if r < axis)
+
+
+def _unsqueeze_axis(axis: int, rank_out: int, inserted: list[int]) -> int:
+    inserted = sorted(r % rank_out for r in inserted)
+    out = axis
+    for r in inserted:
+        if r <= out:
+            out += 1
+    return out
+
+
+def _from_input(node: onnx.NodeProto, axes: dict[str, int], shapes: dict[str, Shape],
+                rank_out: int | None, inits: dict[str, onnx.TensorProto]) -> int | None:
+    """An elementwise op's axis: its first non-constant input with a known axis, shifted
+    right by the broadcast rank difference; inputs that disagree make it unknown."""
+    found: set[int] = set()
+    for name in node.input:
+        if not name or name in inits or name not in axes:
+            continue
+        a = axes[name]
+        rank_in = len(shapes[name]) if name in shapes else None
+        if rank_out is not None and rank_in is not None:
+            a += rank_out - rank_in
+        found.add(a)
+    return found.pop() if len(found) == 1 else None
+
+
+def _node_axis(node: onnx.NodeProto, model: Model, axes: dict[str, int],
+               shapes: dict[str, Shape], inits: dict[str, onnx.TensorProto]) -> int | None:
+    op = node.op_type
+    out = node.output[0] if node.output else ""
+    rank = len(shapes[out]) if out in shapes else None
+    src = node.input[0] if node.input else ""
+    a_in = axes.get(src)
+    if op in CHANNEL_FIRST:
+        return 1 if rank is None or rank >= 2 else None
+    if op in CHANNEL_LAST:
+        return rank - 1 if rank else None
+    if op in ("MatMul", "Gemm", "FusedMatMul"):
+        weighted = len(node.input) > 1 and node.input[1] in inits
+        return rank - 1 if weighted and rank else None
+    if op == "Gather":
+        if src in inits and rank:  # an embedding lookup: [.., C]
+            return rank - 1
+        return None
+    if op == "Concat":
+        if rank is None:
+            return None
+        cat = _int_attr(node, "axis", 0) % rank
+        known = {axes[i] for i in node.input if i and i not in inits and i in axes}
+        return known.pop() if len(known) == 1 else cat
+    if a_in is None:
+        return None
+    if op in ELEMENTWISE:
+        return _from_input(node, axes, shapes, rank, inits)
+    if op == "Transpose":
+        perm = _int_list(node, "perm")
+        if perm is None:
+            return rank - 1 - a_in if rank else None
+        return perm.index(a_in) if a_in in perm else None
+    if op in ("Reshape", "Flatten"):
+        return _reshape_axis(shapes.get(src), shapes.get(out), a_in)
+    if op == "Squeeze":
+        removed = (_const_ints(model, node.input[1], inits) if len(node.input) > 1
+                   else _int_list(node, "axes"))
+        s = shapes.get(src)
+        if removed is None or s is None:
+            return _reshape_axis(s, shapes.get(out), a_in)
+        return _squeeze_axis(a_in, len(s), removed)
+    if op == "Unsqueeze":
+        inserted = (_const_ints(model, node.input[1], inits) if len(node.input) > 1
+                    else _int_list(node, "axes"))
+        if inserted is None or rank is None:
+            return None
+        return _unsqueeze_axis(a_in, rank, inserted)
+    if op in ("Slice", "Split", "Pad", "Expand", "Tile", "ReduceMean", "ReduceMax",
+              "ReduceSum", "ReduceMin"):
+        s, d = shapes.get(src), shapes.get(out)
+        if s is not None and d is not None and len(s) == len(d):
+            return a_in
+    return None
+
+
+def channel_axes(model: Model) -> dict[str, int]:
+    """Every tensor whose channel axis the graph tells (see the module docstring), as a
+    non-negative axis of the tensor with its batch axis."""
+    shapes = model.value_shapes()
+    inits = model.initializers()
+    axes: dict[str, int] = {}
+    for node in model.graph.node:
+        if not node.output:
+            continue
+        a = _node_axis(node, model, axes, shapes, inits)
+        if a is None:
+            continue
+        for out in node.output:
+            if not out:
+                continue
+            r = len(shapes[out]) if out in shapes else None
+            if r is None or 0 <= a < r:
+                axes[out] = a
+    return axes
+
+
+def channel_axis(model: Model, tensor: str) -> int | None:
+    """The channel axis of one tensor, or None when the graph does not tell."""
+    return channel_axes(model).get(tensor)
+
+
+def range_source(model: Model, tensor: str, known: set[str] | frozenset[str]) -> str | None:
+    """The tensor in ``known`` (e.g. the calibrated taps) whose values ``tensor`` carries
+    unchanged, following value-preserving ops (Reshape, Transpose, Slice, ...) back from
+    its producer; ``tensor`` itself when it is known; None when none is found."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    seen: set[str] = set()
+    t = tensor
+    while t not in known:
+        if t in seen:
+            return None
+        seen.add(t)
+        node = producer.get(t)
+        if node is None or node.op_type not in VALUE_PRESERVING or not node.input:
+            return None
+        t = node.input[0]
+    return t
