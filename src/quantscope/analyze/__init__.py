@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from quantscope.analyze.mixed import find_mixed_scales
 from quantscope.analyze.noise import TensorNoise, tensor_noise
 from quantscope.analyze.outliers import Outlier, find_outliers
 from quantscope.analyze.report import (
@@ -54,9 +55,11 @@ __all__ = [
     "analysis_from_dict",
     "analysis_to_dict",
     "analyze",
+    "find_mixed_scales",
     "find_outliers",
     "find_weight_issues",
     "proxy_batches",
+    "rank_key",
     "summary_text",
     "sweep_fast",
     "sweep_naive",
@@ -64,6 +67,15 @@ __all__ = [
     "text_retrieval_scorer",
 ]
 RECOVER_TOP = (1, 2, 4, 8)
+# the ranking's metric: the worst output channel's SQNR when the scorer reports it (a
+# Concat of boxes and class scores leaves the whole-output SQNR unmoved), else the output's
+CHANNEL_KEY = "sqnr_db_channel_min"
+
+
+def rank_key(metrics: dict[str, float]) -> str:
+    """The key offenders are ranked by: ``sqnr_db_channel_min`` when present, else
+    ``sqnr_db``."""
+    return CHANNEL_KEY if CHANNEL_KEY in metrics else "sqnr_db"
 
 
 def _sensitivity(
@@ -104,13 +116,15 @@ def _reasons(
     sens: GroupSensitivity,
     low_sqnr: float,
     noise: dict[str, TensorNoise],
-    outliers: dict[str, Outlier],
+    outliers: dict[str, list[Outlier]],
     weights: dict[str, list[WeightIssue]],
     outputs: tuple[str, ...],
+    key: str = "sqnr_db",
 ) -> tuple[str, ...]:
+    what = "worst output channel's SQNR" if key == CHANNEL_KEY else "output SQNR"
     out = [
-        f"alone at low: output SQNR {sens.enable_one['sqnr_db']:.1f} dB; promoting it "
-        f"alone: {low_sqnr:.1f} -> {sens.disable_one['sqnr_db']:.1f} dB"
+        f"alone at low: {what} {sens.enable_one[key]:.1f} dB; promoting it "
+        f"alone: {low_sqnr:.1f} -> {sens.disable_one[key]:.1f} dB"
     ]
     for t in outputs:
         n = noise.get(t)
@@ -119,8 +133,7 @@ def _reasons(
                 f"{t}: own rounding SQNR {n.sqnr_isolated_db:.1f} dB, "
                 f"in the quantized model {n.sqnr_cumulative_db:.1f} dB"
             )
-        if t in outliers:
-            out.append(outliers[t].reason)
+        out += [o.reason for o in outliers.get(t, ())]
     out += [f"weight: {w.reason}" for w in weights.get(g, [])]
     return tuple(out)
 
@@ -132,19 +145,24 @@ def _offenders(
     noise: tuple[TensorNoise, ...],
     outliers: tuple[Outlier, ...],
     weights: tuple[WeightIssue, ...],
+    key: str = "sqnr_db",
 ) -> tuple[Offender, ...]:
+    """Groups ranked by what promoting each alone gains on ``key`` (:func:`rank_key`);
+    ``low_sqnr``: that key at uniform low."""
     by_t = {n.tensor: n for n in noise}
-    by_o = {o.tensor: o for o in outliers}
+    by_o: dict[str, list[Outlier]] = {}
+    for o in outliers:
+        by_o.setdefault(o.tensor, []).append(o)
     by_w: dict[str, list[WeightIssue]] = {}
     for w in weights:
         by_w.setdefault(w.group, []).append(w)
-    ranked = sorted(sens, key=lambda s: -s.disable_one["sqnr_db"])
+    ranked = sorted(sens, key=lambda s: -s.disable_one[key])
     outs = groups.by_name()
     return tuple(
         Offender(
             s.group,
-            s.disable_one["sqnr_db"] - low_sqnr,
-            _reasons(s.group, s, low_sqnr, by_t, by_o, by_w, outs[s.group].outputs),
+            s.disable_one[key] - low_sqnr,
+            _reasons(s.group, s, low_sqnr, by_t, by_o, by_w, outs[s.group].outputs, key),
         )
         for s in ranked
     )
@@ -229,9 +247,15 @@ def analyze(
     sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 or scorer.row_local else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
     noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
-    outliers, weights = find_outliers(stats, groups), find_weight_issues(model, groups, scheme)
+    outliers = tuple(sorted(find_outliers(stats, groups)
+                            + find_mixed_scales(model, groups, stats, scheme),
+                            key=lambda o: -o.ratio))
+    weights = find_weight_issues(model, groups, scheme)
     low_fid = (scorer if scorer.row_local else fidelity)(res.ref_rows, res.low_rows)
-    offenders = _offenders(sens, low_fid["sqnr_db"], groups, noise, outliers, weights)
+    key = rank_key(low_fid)
+    if any(key not in s.disable_one for s in sens):
+        key = "sqnr_db"
+    offenders = _offenders(sens, low_fid[key], groups, noise, outliers, weights, key)
     recovery = []
     for k in recover_top:
         promoted = tuple(o.group for o in offenders[:k])

@@ -140,7 +140,10 @@ def summary_text(a: Analysis, *, top: int = 8) -> str:
     for r in a.recovery:
         lines.append(f"  promote {len(r.promoted)} -> {_fmt(r.metrics, a.primary)}")
     lines.append(f"outliers: {len(a.outliers)}  degenerate weights: {len(a.weights)}")
-    lines += [f"  {o.tensor}: {o.reason}" for o in a.outliers[:top]]
+    for o in a.outliers[:top]:
+        lines.append(f"  {o.tensor}: {o.reason}")
+        if o.kind == "mixed_scale":  # the fix is part of the finding: say it here too
+            lines.append(f"      fix: {'; or '.join(o.remedies)}")
     lines += [f"  {w.weight} ({w.kind}): {w.reason}" for w in a.weights[:top]]
     for p, c in a.collapse.items():
         if c.get("collapsed"):

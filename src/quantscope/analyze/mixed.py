@@ -1,0 +1,160 @@
+"""Mixed scales: one grid that spans tensors of different scales.
+
+A Concat's output has ONE encoding on an integer NPU, so every input is requantized to
+the grid of the union of their ranges. When one input's whole range is a few grid steps
+of that grid, its values collapse (a YOLOv8 head concatenates boxes of 0-325 px with
+class probabilities of 0-0.73: at 8 bit the step is ~1.27 and every probability rounds to
+0). The whole-output SQNR hardly notices, since the large input carries the power.
+
+=================  =====================================================================
+checked            every Concat with a float output: each input's calibrated range (the
+                   statistics of the tensor it carries unchanged, through Reshape /
+                   Transpose / ...: :func:`quantscope.model.axes.range_source`; a constant
+                   input's own values) against the output grid, i.e. the union of the
+                   input ranges on the target's activation grid, at 8 and at 16 bit
+reported when      an input's range spans fewer than ``MIN_LEVELS`` steps of the 8-bit
+                   output grid (its values keep fewer than log2(``MIN_LEVELS``) bits)
+fix                keep the Concat's output at 16 bit when that gives the input
+                   ``MIN_LEVELS`` steps or more; else (and always as the alternative) split
+                   the output into one output per scale, each with its own grid
+=================  =====================================================================
+
+An Add of two branches is not reported: its output's own scale is what the grid must
+hold, and the small branch is small in FP32 too. Findings are :class:`Outlier` records of
+kind ``"mixed_scale"`` (``ratio``: the output span over the smallest input's span;
+``channels``: that input's positions along the Concat axis when shapes tell them;
+``channel_axis``: the Concat axis), so the JSON, the console and the report show them
+with the other outliers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from quantscope.analyze.outliers import MAX_LISTED, Outlier
+from quantscope.model.axes import range_source
+from quantscope.model.load import FLOAT_TYPES, Model
+from quantscope.numerics import qparams
+from quantscope.types import Groups, QuantScheme, Stats
+
+MIN_LEVELS = 8.0  # an input spanning fewer steps of the 8-bit output grid keeps < 3 bits
+BITS = (8, 16)
+
+
+@dataclass(frozen=True)
+class _Part:
+    tensor: str
+    lo: float
+    hi: float
+    size: int | None  # extent along the Concat axis, if the shape tells it
+
+    @property
+    def span(self) -> float:
+        return max(self.hi, 0.0) - min(self.lo, 0.0)
+
+
+def _parts(node: onnx.NodeProto, model: Model, stats: Stats, axis: int) -> list[_Part] | None:
+    inits = model.initializers()
+    shapes = model.value_shapes()
+    known = frozenset(stats.tensors)
+    parts = []
+    for name in node.input:
+        if not name:
+            continue
+        if name in inits:
+            arr = np.asarray(onnx.numpy_helper.to_array(inits[name]), dtype=np.float64)
+            if arr.size == 0:
+                continue
+            lo, hi = float(arr.min()), float(arr.max())
+        else:
+            src = range_source(model, name, known)
+            ts = stats.tensors.get(src) if src is not None else None
+            if ts is None or not ts.count:
+                return None  # a range we cannot see: no verdict on this Concat
+            lo, hi = float(ts.min), float(ts.max)
+        shape = shapes.get(name)
+        size = shape[axis] if shape is not None and len(shape) > axis else None
+        parts.append(_Part(name, lo, hi, size if isinstance(size, int) else None))
+    return parts
+
+
+def _step(lo: float, hi: float, bits: int, scheme: QuantScheme) -> float:
+    enc = qparams(lo, hi, bits, signed=scheme.act_signed, symmetric=scheme.act_symmetric)
+    return float(enc.scale)
+
+
+def _positions(parts: list[_Part], small: _Part) -> tuple[int, ...]:
+    """``small``'s indices along the Concat axis (first ``MAX_LISTED``), if sizes are known."""
+    start = 0
+    for p in parts:
+        if p.size is None:
+            return ()
+        if p is small:
+            return tuple(range(start, start + min(p.size, MAX_LISTED)))
+        start += p.size
+    return ()
+
+
+def _finding(node: onnx.NodeProto, parts: list[_Part], axis: int, group: str | None,
+             scheme: QuantScheme) -> Outlier | None:
+    lo = min(p.lo for p in parts)
+    hi = max(p.hi for p in parts)
+    steps = {b: _step(lo, hi, b, scheme) for b in BITS}
+    small = min(parts, key=lambda p: p.span)
+    large = max(parts, key=lambda p: p.span)
+    if small is large or small.span <= 0.0:
+        return None
+    levels = {b: small.span / steps[b] for b in BITS}
+    if levels[8] >= MIN_LEVELS:
+        return None
+    out = node.output[0]
+    ratio = (max(hi, 0.0) - min(lo, 0.0)) / small.span
+    below = "below one grid step" if levels[8] < 1 else f"{levels[8]:.1f} grid steps"
+    reason = (
+        f"one grid spans tensors of different scales: Concat '{node.name}' (axis {axis}) -> "
+        f"'{out}' joins {', '.join(f'{p.tensor} [{p.lo:.3g}, {p.hi:.3g}]' for p in parts)}; "
+        f"the output grid step is {steps[8]:.3g} at 8 bit and {steps[16]:.3g} at 16 bit, so "
+        f"the whole range of {small.tensor} is {below} at 8 bit ({levels[16]:.0f} steps at 16 bit)"
+        + (": its values collapse to one or two codes" if levels[8] < 2 else "")
+    )
+    split = (f"split '{out}' into one output per scale (e.g. {large.tensor} and "
+             f"{small.tensor} as separate graph outputs, each with its own grid)")
+    if levels[16] >= MIN_LEVELS and group is not None:
+        remedies: tuple[str, ...] = (
+            f"keep group '{group}' (the Concat) at 16-bit activations (a16_w16): "
+            f"{small.tensor} then spans {levels[16]:.0f} steps", split)
+    else:
+        remedies = (split, f"16 bit is not enough ({levels[16]:.1f} steps at 16 bit)")
+    return Outlier(out, group, "mixed_scale", ratio, _positions(parts, small), axis,
+                   math.log2(ratio), reason, remedies)
+
+
+def find_mixed_scales(model: Model, groups: Groups, stats: Stats,
+                      scheme: QuantScheme | None = None) -> tuple[Outlier, ...]:
+    """Concats whose smallest input collapses on the output's grid (module docstring),
+    worst span ratio first."""
+    scheme = scheme or QuantScheme()
+    owner = {n: g.name for g in groups.groups for n in g.nodes}
+    types = model.value_types()
+    shapes = model.value_shapes()
+    found = []
+    for node in model.graph.node:
+        if node.op_type != "Concat" or not node.output:
+            continue
+        out = node.output[0]
+        if types.get(out) not in FLOAT_TYPES:
+            continue
+        rank = len(shapes[out]) if out in shapes else None
+        axis = next((int(a.i) for a in node.attribute if a.name == "axis"), 0)
+        axis = axis % rank if rank else axis
+        parts = _parts(node, model, stats, axis)
+        if not parts or len(parts) < 2:
+            continue
+        hit = _finding(node, parts, axis, owner.get(node.name), scheme)
+        if hit is not None:
+            found.append(hit)
+    return tuple(sorted(found, key=lambda o: -o.ratio))

@@ -1,0 +1,142 @@
+"""Models outside the zoo, analysis side: the channel axis comes from the graph, a Concat
+whose grid spans tensors of different scales is named with the reason, and notes say only
+what the graph shows."""
+
+import json
+
+import numpy as np
+import onnx
+import tiny_models as tm
+from outside_models import feeds, mixed_scale_detector
+
+from quantscope.analyze import analyze, find_mixed_scales, rank_key
+from quantscope.analyze.scoring import outputs_scorer
+from quantscope.calibrate.collect import calibrate
+from quantscope.calibrate.observe import channel_axis as rank_rule
+from quantscope.cli import main
+from quantscope.model.axes import channel_axes, channel_axis
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+
+CONV1D = """
+<ir_version: 9, opset_import: ["" : 17]>
+conv1d (float[N, 4, 32] x) => (float[N, 32, 8] y) {
+    c = Conv <pads = [1, 1]> (x, w, b)
+    r = Relu (c)
+    y = Transpose <perm = [0, 2, 1]> (r)
+}
+"""
+
+SAME_SCALE = """
+<ir_version: 9, opset_import: ["" : 17]>
+twins (float[N, 3, 8, 8] x) => (float[N, 8, 8, 8] y) {
+    a = Conv (x, wa, ba)
+    ra = Relu (a)
+    b = Conv (x, wb, bb)
+    rb = Relu (b)
+    y = Concat <axis = 1> (ra, rb)
+}
+"""
+
+
+def _calibrated(proto, data):
+    model = load_proto(proto, "fixture")
+    groups = find_groups(model)
+    return model, groups, calibrate(model, groups, [data])
+
+
+# ---- 1. the channel axis from the graph ------------------------------------------------
+
+
+def test_detector_output_is_read_per_row_not_per_anchor():
+    """``detections [N, 7, 64]`` (Concat axis 1): 7 channels, not 64 anchors."""
+    model, _, stats = _calibrated(mixed_scale_detector(), feeds("mixed_scale_detector", 16))
+    assert channel_axis(model, "detections") == 1
+    ts = stats.tensors["detections"]
+    assert ts.channel_axis == 1 and ts.channel_absmax.shape == (7,)
+    # the rows keep their scales apart: 4 box rows in pixels, 3 class rows below 1
+    assert ts.channel_absmax[:4].min() > 50 and ts.channel_absmax[4:].max() < 1
+
+
+def test_conv1d_output_is_per_channel_and_transpose_moves_the_axis():
+    r = np.random.default_rng(0)
+    proto = tm._with_weights(CONV1D, {"w": r.normal(0, 0.5, (8, 4, 3)).astype(np.float32),
+                                      "b": np.zeros(8, np.float32)})
+    model, _, stats = _calibrated(proto, {"x": r.normal(0, 1, (4, 4, 32)).astype(np.float32)})
+    axes = channel_axes(model)
+    assert axes["c"] == 1 and axes["r"] == 1  # [N, C, L]: the old rank rule said 2
+    assert axes["y"] == 2  # Transpose [0, 2, 1] moves the channel axis to the end
+    assert stats.tensors["r"].channel_absmax.shape == (8,)
+
+
+def test_token_models_keep_the_last_axis():
+    """Text encoders: every calibrated tensor keeps the axis it had (last, or 1 at rank 4)."""
+    for build in (tm.attention, tm.layernorm_block, tm.residual_add, tm.conv_net):
+        proto = build()
+        model = load_proto(proto, "tiny")
+        groups = find_groups(model)
+        stats = calibrate(model, groups, [tm.sample_inputs(model.proto)])
+        for name, ts in stats.tensors.items():
+            rank = len(model.value_shapes()[name])
+            assert ts.channel_axis == rank_rule(rank), (build.__name__, name)
+
+
+# ---- 2. one grid spans tensors of different scales -------------------------------------
+
+
+def test_mixed_scale_concat_is_named_with_ranges_steps_and_fix():
+    model, groups, stats = _calibrated(mixed_scale_detector(), feeds("mixed_scale_detector"))
+    (hit,) = find_mixed_scales(model, groups, stats)
+    assert (hit.tensor, hit.kind, hit.channel_axis) == ("detections", "mixed_scale", 1)
+    assert hit.group == "Concat_9" and hit.channels == (4, 5, 6)  # the class rows
+    assert "boxes [" in hit.reason and "classes [" in hit.reason
+    assert "at 8 bit" in hit.reason and "at 16 bit" in hit.reason
+    assert "below one grid step" in hit.reason
+    assert "16-bit" in hit.remedies[0] and "Concat_9" in hit.remedies[0]
+    assert any("split 'detections'" in r for r in hit.remedies)
+    assert hit.ratio > 100
+
+
+def test_concat_of_like_scales_is_not_reported():
+    r = np.random.default_rng(1)
+    proto = tm._with_weights(SAME_SCALE, {
+        "wa": r.normal(0, 0.4, (4, 3, 1, 1)).astype(np.float32),
+        "ba": np.zeros(4, np.float32),
+        "wb": r.normal(0, 0.1, (4, 3, 1, 1)).astype(np.float32),  # 4x smaller: 64 steps
+        "bb": np.zeros(4, np.float32),
+    })
+    model, groups, stats = _calibrated(
+        proto, {"x": r.normal(0, 1, (8, 3, 8, 8)).astype(np.float32)})
+    assert find_mixed_scales(model, groups, stats) == ()
+
+
+def test_analyze_names_the_concat_in_json_console_and_reasons(tmp_path, capsys):
+    proto = mixed_scale_detector()
+    onnx.save(proto, tmp_path / "det.onnx")
+    np.savez(tmp_path / "data.npz", **feeds("mixed_scale_detector"))
+    assert main(["calibrate", str(tmp_path / "det.onnx"), "--data", str(tmp_path / "data.npz"),
+                 "--out", str(tmp_path / "stats.npz")]) == 0
+    capsys.readouterr()
+    assert main(["analyze", str(tmp_path / "det.onnx"), "--data", str(tmp_path / "data.npz"),
+                 "--stats", str(tmp_path / "stats.npz"), "--out",
+                 str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "detections: one grid spans tensors of different scales" in out
+    assert "fix: keep group 'Concat_9'" in out
+    a = json.loads((tmp_path / "a.json").read_text())
+    (mixed,) = [o for o in a["outliers"] if o["kind"] == "mixed_scale"]
+    assert mixed["tensor"] == "detections" and mixed["group"] == "Concat_9"
+    concat = next(o for o in a["offenders"] if o["group"] == "Concat_9")
+    assert any("different scales" in r for r in concat["reasons"])
+
+
+def test_ranking_prefers_the_worst_channel_when_the_scorer_has_it():
+    assert rank_key({"sqnr_db": 40.0, "sqnr_db_channel_min": 3.0}) == "sqnr_db_channel_min"
+    assert rank_key({"sqnr_db": 40.0}) == "sqnr_db"
+
+
+def test_analysis_runs_on_the_detector_with_the_default_scorer():
+    model, groups, stats = _calibrated(mixed_scale_detector(), feeds("mixed_scale_detector"))
+    a = analyze(model, groups, stats, [feeds("mixed_scale_detector")],
+                scorer=outputs_scorer(), proxy_fraction=1.0, recover_top=(1,))
+    assert [o.kind for o in a.outliers] == ["mixed_scale"]
