@@ -211,6 +211,17 @@ def _method(
     )
 
 
+def _zero_notes(stats: Stats) -> tuple[str, ...]:
+    """Tensors the calibration data never exercises (every value exactly 0)."""
+    zeros = [t for t, ts in stats.tensors.items() if ts.count and ts.min == 0.0 == ts.max]
+    if not zeros:
+        return ()
+    shown = ", ".join(zeros[:6]) + (", …" if len(zeros) > 6 else "")
+    return (f"every calibration value is 0 in {len(zeros)} tensor(s) ({shown}): the data "
+            "never exercises them, so their findings and grids mean nothing; calibrate on "
+            "data that does",)
+
+
 def analyze(
     model: Model,
     groups: Groups,
@@ -263,6 +274,7 @@ def analyze(
         m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
         recovery.append(Recovery(promoted, high.value, m))
     method, notes = _method(res, proxy_fraction, len(ref))
+    notes += _zero_notes(stats)
     return Analysis(
         model.source,
         low.value,

@@ -16,7 +16,9 @@ masked attention scores            the range of the *unmasked* scores, extended 
 a constant far below the rest      (any other form of mask: masked_fill ``Where``,
                                    -1e4/-1e9 constants, causal masks, a position bias
                                    Add before the mask; or the same symptom outside
-                                   attention) found in the statistics: at least
+                                   attention) found in the statistics: a negative
+                                   constant (a floor at or above 0 is inside every
+                                   grid: a saturated gate, a ReLU), at least
                                    ``SENTINEL_MIN_FRACTION`` of the values sit in the
                                    floor cluster (``TensorStats.floor_count``),
                                    ``SENTINEL_GAP`` spans of the rest below it. The range is the rest's (``bulk_min`` ..
@@ -51,11 +53,26 @@ SENTINEL_MIN_FRACTION = 1e-3  # ... holding at least this fraction of the values
 
 
 def sentinel_floor(ts: TensorStats) -> bool:
-    """True when a constant far below the rest dominates the tensor's range (a mask fill)."""
+    """True when a negative constant far below the rest dominates the tensor's range (a
+    mask fill). A floor at or above 0 never is: every grid holds 0 (a saturated gate's
+    0/1, a ReLU's 0 under constant data). The rest's scale is its span or its magnitude,
+    so a rest that is one value (constant data) does not make any gap look infinite."""
     if ts.bulk_min is None or ts.floor_count < SENTINEL_MIN_FRACTION * max(ts.count, 1):
         return False
-    span = max(ts.max - ts.bulk_min, 1e-12)
+    if ts.min >= 0:
+        return False
+    span = max(ts.max - ts.bulk_min, abs(ts.max), abs(ts.bulk_min), 1e-12)
     return ts.min < ts.bulk_min - SENTINEL_GAP * span
+
+
+def _zero_tensors(stats: Stats, names: list[str]) -> list[str]:
+    """Tensors whose every calibration value is exactly 0."""
+    out = []
+    for t in names:
+        ts = stats.tensors.get(t)
+        if ts is not None and ts.count and ts.min == 0.0 and ts.max == 0.0:
+            out.append(t)
+    return out
 
 
 def _act_encoding(lo: float, hi: float, bits: int, scheme: QuantScheme) -> Encoding:
@@ -99,7 +116,7 @@ def encode(
     masks = {m.output: m for m in find_mask_adds(model)}
     acts: dict[str, Encoding] = {}
     notes: list[str] = []
-    floors: list[str] = []
+    floors: list[tuple[str, str]] = []
     floored: set[str] = set()
     # a Softmax, or the Exp that rowscale writes in its place
     softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type in ("Softmax", "Exp")}
@@ -127,18 +144,31 @@ def encode(
                 margin = MASK_MARGIN if t in softmax_inputs else 0.0
                 acts[t] = _act_encoding(ts.bulk_min - margin, ts.max, bits, scheme)
                 floored.add(t)
-                floors.append(f"{t} (constant {ts.min:.3g} at "
+                floors.append((t, f"{t} (constant {ts.min:.3g} at "
                               f"{ts.floor_count / max(ts.count, 1):.1%} of its values; "
-                              f"rest from {ts.bulk_min:.4g})")
+                              f"rest from {ts.bulk_min:.4g})"))
                 continue
             m = per_tensor.get(t, method)
             acts[t] = _act_encoding(*tensor_range(ts, m, bits), bits, scheme)
-    if floors:
+    for before_softmax in (True, False):
+        some = [f for t, f in floors if (t in softmax_inputs) is before_softmax]
+        if not some:
+            continue
+        listed = "; ".join(some[:6]) + ("; …" if len(some) > 6 else "")
         notes.append(
-            f"constant far below the rest (a mask fill?) in {len(floors)} tensor(s): "
-            + "; ".join(floors[:6]) + ("; …" if len(floors) > 6 else "")
-            + ": their range is the rest's (extended by "
-            f"{MASK_MARGIN:g} before a Softmax), so the constant saturates to the grid minimum"
+            f"a constant far below the rest (a mask fill before a Softmax) in {len(some)} "
+            f"tensor(s): {listed}: their range "
+            f"is the rest's extended by {MASK_MARGIN:g}, so the fill saturates to the grid "
+            "minimum (its Softmax weight stays ~0)" if before_softmax else
+            f"a constant far below the rest in {len(some)} tensor(s): {listed}: their "
+            "range is the rest's, so the constant saturates to the grid minimum"
+        )
+    zeros = _zero_tensors(stats, list(acts))
+    if zeros:
+        notes.append(
+            f"every calibration value is 0 in {len(zeros)} tensor(s) "
+            f"({', '.join(zeros[:6])}{', …' if len(zeros) > 6 else ''}): the data never "
+            "exercises them, so their grid is a guess; calibrate on data that does"
         )
     if masks and any(t in acts for t in masks):
         notes.append(
