@@ -258,3 +258,42 @@ def range_source(model: Model, tensor: str, known: set[str] | frozenset[str]) ->
             return None
         t = node.input[0]
     return t
+
+
+# ops between an attention score MatMul and its Softmax: scale, mask, bias, layout
+_SCORE_PATH = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Cast", "Reshape", "Transpose",
+                         "Identity", "Clip", "Max", "Min", "Squeeze", "Unsqueeze", "Slice"})
+_SCORE_DEPTH = 8
+
+
+def feeds_from_act_matmul(model: Model, tensor: str) -> bool:
+    """True when ``tensor`` is computed from an activation x activation MatMul (Q.K^T)
+    through scale / mask / layout ops only (at most ``_SCORE_DEPTH`` of them)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+    inits = {t.name for t in model.graph.initializer}
+    todo, seen = [(tensor, 0)], set()
+    while todo:
+        t, depth = todo.pop()
+        node = producer.get(t)
+        if node is None or t in seen or depth > _SCORE_DEPTH:
+            continue
+        seen.add(t)
+        if node.op_type in ("MatMul", "FusedMatMul", "Einsum"):
+            if len([i for i in node.input if i and i not in inits]) >= 2:
+                return True
+            continue
+        if node.op_type in _SCORE_PATH:
+            todo += [(i, depth + 1) for i in node.input if i and i not in inits]
+    return False
+
+
+def softmax_facts(model: Model, node: onnx.NodeProto) -> tuple[int, int | None, bool]:
+    """A Softmax's (axis, rank of its input or None, attention?): attention when its
+    input comes from an activation x activation MatMul (:func:`feeds_from_act_matmul`)."""
+    shape = model.value_shapes().get(node.input[0]) if node.input else None
+    rank = len(shape) if shape is not None else None
+    default = -1 if model.opset() >= 13 else 1
+    axis = _int_attr(node, "axis", default)
+    if rank:
+        axis %= rank
+    return axis, rank, bool(node.input) and feeds_from_act_matmul(model, node.input[0])

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
 
+from quantscope.model.axes import softmax_facts
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shape, Shapes, frame_values, group_edges, resolve_shapes
 from quantscope.numerics import quantize, weight_encoding
@@ -100,6 +101,27 @@ def _estimate_note(rule: Rule, name: str) -> str:
     return f"; {name} = {p.value:,} is an estimate: {p.note}" if p.estimate else ""
 
 
+def _softmax_problem(
+    rule: Rule, group: Group, node: onnx.NodeProto, precision: Precision, ctx: Context
+) -> Problem:
+    """A Softmax named for what the graph shows: attention when a Q.K MatMul feeds it,
+    else "Softmax over axis k" (e.g. a detector's box-distribution Softmax), with the
+    rule's reason told as what was seen elsewhere."""
+    axis, rank, attention = softmax_facts(ctx.model, node)
+    if attention:
+        return _problem(rule, group, f"attention {node.op_type} (fed by an activation x "
+                        f"activation MatMul) at {precision}", ctx)
+    over = f"{node.op_type} over axis {axis}" + (f" of a rank-{rank} tensor" if rank else "")
+    return replace(
+        _problem(rule, group, f"{over} at {precision}", ctx),
+        reason=f"16-bit activations on a {over}, not attention (no activation x activation "
+        f"MatMul feeds it); this rule ({rule.id}) was seen on a different kind of layer, "
+        f"so it may not apply here: {rule.reason}",
+        fix=f"if the compiler fails on it, keep this {node.op_type} at 8-bit activations "
+        "and put 16 bit on the layers around it",
+    )
+
+
 def check_act16_on_kinds(
     rule: Rule, group: Group, precision: Precision, ctx: Context
 ) -> Problem | None:
@@ -110,6 +132,9 @@ def check_act16_on_kinds(
         return None
     kinds = tuple(rule.param("kinds").value)
     if op_kind(group) in kinds:
+        node = ctx.nodes.get(group.nodes[0]) if group.nodes else None
+        if node is not None and node.op_type in ("Softmax", "LogSoftmax"):
+            return _softmax_problem(rule, group, node, precision, ctx)
         return _problem(rule, group, f"{group.op_type} ({op_kind(group)}) at {precision}", ctx)
     readers = dict(rule.params).get("readers")
     if readers is None or group.kind is GroupKind.WEIGHTED:
@@ -174,14 +199,14 @@ def check_a16_low_sublayer(
             if precision.weight_bits == 8
             else "every 16-bit weight code is a multiple of 256"
         )
-        return _problem(
+        return _at_top(precision, _problem(
             rule,
             group,
             f"{precision}: low byte empty in all {empty.size} output channels ({why})",
             ctx,
-        )
+        ), exact=True)
     if empty.any():
-        return _problem(
+        return _at_top(precision, _problem(
             rule,
             group,
             f"{precision}: {int(empty.sum())} of {empty.size} output "
@@ -189,8 +214,23 @@ def check_a16_low_sublayer(
             "the DFC computes the low scale per channel (unconfirmed)",
             ctx,
             severity="warning",
-        )
+        ), exact=False)
     return None
+
+
+def _at_top(precision: Precision, found: Problem, *, exact: bool) -> Problem:
+    """At 16-bit weights the rule's "use a16_w16" is where the layer already is: offer
+    what else can help instead (``exact``: every code's low byte is empty, so 8-bit
+    weights hold them exactly)."""
+    if precision.weight_bits != 16:
+        return found
+    why = (" (every 16-bit code is a multiple of 256: 8-bit weights hold them exactly)"
+           if exact else "")
+    return replace(found, fix=(
+        f"{precision} is the highest precision, so no higher one helps: keep this layer at "
+        f"a8_w8{why}, or change the weights so the empty channels' low byte fills (a repair "
+        "that rescales them, e.g. equalize, or a finetune); pruned all-zero channels can "
+        "be removed from the layer"))
 
 
 def check_act16_wide_non_conv(
