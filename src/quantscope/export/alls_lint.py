@@ -24,7 +24,12 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from quantscope.export.hailo_alls import heuristic_names, hn_groups, short_layer_name
+from quantscope.export.hailo_alls import (
+    heuristic_names,
+    hn_groups,
+    hn_layers,
+    short_layer_name,
+)
 from quantscope.model.load import Model
 from quantscope.plan.check import check
 from quantscope.targets.profile import Target
@@ -153,6 +158,7 @@ class NameIndex:
     names: dict[str, str]
     guessed: frozenset[str]
     all_groups: tuple[str, ...]
+    hn_unmatched: str | None = None  # why an HN that was given is not used, if it is not
 
     def resolve(self, pattern: str) -> tuple[list[str], list[str]]:
         """(groups, guessed names used) for one name or wildcard."""
@@ -167,15 +173,34 @@ def name_index(groups: Groups, model: Model, hn: dict[str, Any] | None = None) -
     """Exact names from the HN (if given) and ONNX node names; else heuristic guesses."""
     owner = {n: g.name for g in groups.groups for n in g.nodes}
     exact = {n.name: owner[n.name] for n in model.graph.node if n.name in owner}
+    unmatched = None
     if hn is not None:
-        exact.update(hn_groups(hn, groups))
-        return NameIndex(names=exact, guessed=frozenset(), all_groups=groups.names())
+        from_hn = hn_groups(hn, groups)
+        if from_hn:
+            exact.update(from_hn)
+            return NameIndex(names=exact, guessed=frozenset(), all_groups=groups.names())
+        unmatched = hn_unmatched_note(hn)
     guesses = heuristic_names(groups)
     return NameIndex(
         names={**guesses, **exact},
         guessed=frozenset(guesses) - set(exact),
         all_groups=groups.names(),
+        hn_unmatched=unmatched,
     )
+
+
+def hn_unmatched_note(hn: dict[str, Any]) -> str:
+    """One line: the HN matched no node of this model, its layer count and a sample."""
+    layers = hn_layers(hn)
+    sample = next(((n, o) for n, o in layers.items() if o), None)
+    if sample is None:
+        what = (f"its {len(layers)} layer(s) list no original_names" if layers
+                else "it has no layers")
+    else:
+        what = (f"none of the original_names of its {len(layers)} layer(s) is a node or "
+                f"tensor of this model (e.g. {sample[0]} <- '{sample[1][0]}')")
+    return (f"the HN matched no node of this model: {what}; names below resolve by ONNX "
+            "node name and by op-order guesses (conv1, softmax1, ...) instead")
 
 
 def _apply_precision(
@@ -299,6 +324,11 @@ def lint(
     """Every line of a Hailo model script that will hit a wall on ``target``."""
     commands, problems = parse_alls(script_text)
     index = name_index(groups, model, hn)
+    if index.hn_unmatched:
+        problems.append(Problem(group="*", rule="alls.hn_unmatched", reason=index.hn_unmatched,
+                                provenance=PROVENANCE, fix="pass the .hn of the model "
+                                "parsed from this ONNX file (hailo parser), or no --hn",
+                                severity="warning"))
     setters: dict[str, AllsCommand] = {}
     overrides: dict[str, Precision] = {}
     for cmd in commands:

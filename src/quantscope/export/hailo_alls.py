@@ -155,6 +155,9 @@ def export_alls(
             "from the HN; any others guessed by op order"
             if layer_names
             else "guessed by op order (no HN given)"
+            if layer_names is None
+            else "guessed by op order: the HN given matched no node of this model (pass "
+            "the .hn parsed from this ONNX file)"
         ),
     ]
     if plan.default is Precision.FLOAT:
