@@ -140,3 +140,145 @@ def test_analysis_runs_on_the_detector_with_the_default_scorer():
     a = analyze(model, groups, stats, [feeds("mixed_scale_detector")],
                 scorer=outputs_scorer(), proxy_fraction=1.0, recover_top=(1,))
     assert [o.kind for o in a.outliers] == ["mixed_scale"]
+
+
+# ---- 3. notes that say what the graph shows -------------------------------------------
+
+GATE = """
+<ir_version: 9, opset_import: ["" : 17]>
+gate (float[N, 3, 8, 8] x) => (float[N, 4, 8, 8] y) {
+    c = Conv (x, w, b)
+    g = HardSigmoid (c)
+    d = Conv (x, w2, b2)
+    e = Relu (d)
+    y = Mul (g, e)
+}
+"""
+
+DFL = """
+<ir_version: 9, opset_import: ["" : 17]>
+dfl (float[N, 8, 4, 4] x) => (float[N, 4, 16] y) {
+    c = Conv (x, w, b)
+    r = Reshape (c, shape)
+    s = Softmax <axis = 2> (r)
+    p = Conv (s, proj)
+    y = Reshape (p, out_shape)
+}
+"""
+
+
+def _gate():
+    r = np.random.default_rng(0)
+    return tm._with_weights(GATE, {
+        "w": r.normal(0, 5000, (4, 3, 1, 1)).astype(np.float32),  # the gate saturates
+        "b": np.array([-1, 0.3, 0.5, 2], np.float32),
+        "w2": r.normal(0, 5, (4, 3, 1, 1)).astype(np.float32),
+        "b2": np.array([-1, -0.3, -0.5, 2], np.float32),
+    })
+
+
+def _notes(proto, x):
+    from quantscope.emulate.encode import encode
+    from quantscope.types import Plan, Precision, QuantScheme
+
+    model, groups, stats = _calibrated(proto, {"x": x})
+    return encode(model, groups, stats, Plan.uniform(Precision.A8_W8),
+                  scheme=QuantScheme()).notes
+
+
+def test_saturated_gate_is_no_mask_fill():
+    """HardSigmoid at exactly 0 or 1: the 0s are inside every grid, no mask is near."""
+    x = np.random.default_rng(1).normal(0, 100, (8, 3, 8, 8)).astype(np.float32)
+    notes = _notes(_gate(), x)
+    assert not [n for n in notes if "mask" in n or "far below" in n], notes
+
+
+def test_all_zero_calibration_says_so_and_no_mask_fill():
+    notes = _notes(_gate(), np.zeros((8, 3, 8, 8), np.float32))
+    assert not [n for n in notes if "mask" in n or "far below" in n], notes
+    assert any(n.startswith("every calibration value is 0 in 1 tensor(s) (x)") for n in notes)
+
+
+def _dfl():
+    r = np.random.default_rng(2)
+    proj = np.arange(16, dtype=np.float32).reshape(1, 16, 1, 1)
+    return tm._with_weights(DFL, {
+        "w": r.normal(0, 0.5, (64, 8, 1, 1)).astype(np.float32),
+        "b": np.zeros(64, np.float32),
+        "shape": np.array([0, 4, 16, 16], np.int64),
+        "proj": proj,
+        "out_shape": np.array([0, 4, 16], np.int64),
+    })
+
+
+def test_box_distribution_softmax_is_not_called_attention():
+    from quantscope.plan.check import check
+    from quantscope.targets import load_target
+    from quantscope.types import Plan, Precision
+
+    model = load_proto(_dfl(), "dfl")
+    groups = find_groups(model)
+    probs = check(Plan.uniform(Precision.A16_W16), groups, model, load_target("hailo8"))
+    (soft,) = [p for p in probs if p.rule == "hailo.attention_16bit"]
+    assert soft.reason.startswith("16-bit activations on a Softmax over axis 2 of a rank-4 "
+                                  "tensor, not attention"), soft.reason
+    assert "keep this Softmax at 8-bit" in soft.fix
+    # a real attention Softmax is still called attention
+    att = load_proto(tm.attention(), "att")
+    att_groups = find_groups(att)
+    probs = check(Plan.uniform(Precision.A16_W16), att_groups, att, load_target("hailo8"))
+    soft_groups = {g.name for g in att_groups.groups if g.op_type == "Softmax"}
+    softmax = [p for p in probs if p.rule == "hailo.attention_16bit" and p.group in soft_groups]
+    assert softmax and all("[attention Softmax (fed by an activation x activation MatMul)"
+                           in p.reason for p in softmax)
+
+
+def test_no_higher_precision_offered_at_a16_w16():
+    from quantscope.plan.check import check
+    from quantscope.targets import load_target
+    from quantscope.types import Plan, Precision
+
+    r = np.random.default_rng(3)
+    w = r.normal(0, 0.5, (8, 3, 1, 1)).astype(np.float32)
+    w[5] = 0.0  # a pruned output channel: its low byte is empty at every precision
+    proto = tm._with_weights("""
+    <ir_version: 9, opset_import: ["" : 17]>
+    pruned (float[N, 3, 8, 8] x) => (float[N, 8, 8, 8] y) {
+        c = Conv (x, w, b)
+        y = Relu (c)
+    }
+    """, {"w": w, "b": np.zeros(8, np.float32)})
+    model = load_proto(proto, "pruned")
+    probs = check(Plan.uniform(Precision.A16_W16), find_groups(model), model,
+                  load_target("hailo8"))
+    (low,) = [p for p in probs if p.rule == "hailo.a16_low_sublayer_empty"]
+    assert "use a16_w16" not in low.fix and "highest precision" in low.fix
+    assert "a8_w8" in low.fix
+
+
+def test_lint_with_an_hn_that_matches_nothing_says_so(tmp_path, capsys):
+    from quantscope.export.hailo_alls import export_alls
+    from quantscope.types import Plan, Precision
+
+    onnx.save(mixed_scale_detector(), tmp_path / "det.onnx")
+    hn = {"layers": {"net/conv1": {"type": "conv", "original_names": ["/model.0/conv/Conv"]},
+                     "net/conv2": {"type": "conv", "original_names": ["other"]}}}
+    (tmp_path / "other.hn").write_text(json.dumps(hn))
+    (tmp_path / "s.alls").write_text("quantization_param(conv1, precision_mode=a16_w16)\n")
+    code = main(["lint", str(tmp_path / "s.alls"), "--model", str(tmp_path / "det.onnx"),
+                 "--target", "hailo8", "--hn", str(tmp_path / "other.hn")])
+    out = capsys.readouterr().out
+    assert code == 0
+    (line,) = [ln for ln in out.splitlines() if "alls.hn_unmatched" in ln]
+    assert "matched no node of this model" in line and "2 layer(s)" in line
+    assert "conv1 <- '/model.0/conv/Conv'" in line and "op-order guesses" in line
+    groups = find_groups(load_proto(mixed_scale_detector()))
+    text = export_alls(Plan.uniform(Precision.A8_W8), groups, layer_names={})
+    assert "no HN given" not in text and "the HN given matched no node" in text
+
+
+def test_analysis_notes_all_zero_calibration():
+    model, groups, stats = _calibrated(_gate(), {"x": np.zeros((4, 3, 8, 8), np.float32)})
+    a = analyze(model, groups, stats, [{"x": np.zeros((4, 3, 8, 8), np.float32)}],
+                scorer=outputs_scorer(), proxy_fraction=1.0, recover_top=(1,))
+    assert any(n.startswith("every calibration value is 0 in 1 tensor(s) (x)") for n in a.notes)
