@@ -97,6 +97,36 @@ def test_mixed_scale_concat_is_named_with_ranges_steps_and_fix():
     assert hit.ratio > 100
 
 
+STRIDED = """
+<ir_version: 9, opset_import: ["" : 17]>
+strided (float[N, 8, 8, 8] x) => (float[N, 7, 64] y) {
+    c = Conv (x, w, b)
+    s = Sigmoid (c)
+    r = Reshape (s, shape)
+    y = Mul (r, scale)
+}
+"""
+
+
+def test_output_whose_rows_one_mul_scales_apart_is_reported():
+    """No Concat: a Mul by per-row strides puts 4 pixel rows and 3 probability rows in one
+    output; its channels (axis 1, from the graph) show it."""
+    r = np.random.default_rng(4)
+    scale = np.array([640, 640, 640, 640, 1, 1, 1], np.float32).reshape(1, 7, 1)
+    proto = tm._with_weights(STRIDED, {
+        "w": r.normal(0, 0.5, (7, 8, 1, 1)).astype(np.float32),
+        "b": np.zeros(7, np.float32),
+        "shape": np.array([0, 7, -1], np.int64),
+        "scale": scale,
+    })
+    model, groups, stats = _calibrated(
+        proto, {"x": r.normal(0, 1, (8, 8, 8, 8)).astype(np.float32)})
+    (hit,) = find_mixed_scales(model, groups, stats)
+    assert (hit.tensor, hit.kind, hit.channel_axis) == ("y", "mixed_scale", 1)
+    assert sorted(hit.channels) == [4, 5, 6]
+    assert "3 of 7 channels" in hit.reason and "at 16 bit" in hit.reason
+
+
 def test_concat_of_like_scales_is_not_reported():
     r = np.random.default_rng(1)
     proto = tm._with_weights(SAME_SCALE, {

@@ -14,6 +14,10 @@ checked            every Concat with a float output: each input's calibrated ran
                    input ranges on the target's activation grid, at 8 and at 16 bit
 reported when      an input's range spans fewer than ``MIN_LEVELS`` steps of the 8-bit
                    output grid (its values keep fewer than log2(``MIN_LEVELS``) bits)
+also checked       every graph output not reported so: its channels (the graph's channel
+                   axis, :mod:`quantscope.model.axes`) by max|x|, when some but not all
+                   span fewer than ``MIN_LEVELS`` steps of its 8-bit grid (one op, e.g. a
+                   Mul by per-row strides, can mix scales as a Concat does)
 fix                keep the Concat's output at 16 bit when that gives the input
                    ``MIN_LEVELS`` steps or more; else (and always as the alternative) split
                    the output into one output per scale, each with its own grid
@@ -42,6 +46,7 @@ from quantscope.numerics import qparams
 from quantscope.types import Groups, QuantScheme, Stats
 
 MIN_LEVELS = 8.0  # an input spanning fewer steps of the 8-bit output grid keeps < 3 bits
+MAX_CHANNELS = 4096  # a graph output with more "channels" is not read channel by channel
 BITS = (8, 16)
 
 
@@ -100,9 +105,9 @@ def _positions(parts: list[_Part], small: _Part) -> tuple[int, ...]:
 
 
 def _finding(node: onnx.NodeProto, parts: list[_Part], axis: int, group: str | None,
-             scheme: QuantScheme) -> Outlier | None:
-    lo = min(p.lo for p in parts)
-    hi = max(p.hi for p in parts)
+             scheme: QuantScheme, own: tuple[float, float] | None) -> Outlier | None:
+    """``own``: the Concat output's calibrated range (its real grid), else the union."""
+    lo, hi = own or (min(p.lo for p in parts), max(p.hi for p in parts))
     steps = {b: _step(lo, hi, b, scheme) for b in BITS}
     small = min(parts, key=lambda p: p.span)
     large = max(parts, key=lambda p: p.span)
@@ -154,7 +159,53 @@ def find_mixed_scales(model: Model, groups: Groups, stats: Stats,
         parts = _parts(node, model, stats, axis)
         if not parts or len(parts) < 2:
             continue
-        hit = _finding(node, parts, axis, owner.get(node.name), scheme)
+        ts = stats.tensors.get(out)
+        own = (float(ts.min), float(ts.max)) if ts is not None and ts.count else None
+        hit = _finding(node, parts, axis, owner.get(node.name), scheme, own)
         if hit is not None:
             found.append(hit)
+    seen = {o.tensor for o in found}
+    found += [o for o in (_output_channels(model, groups, stats, t, scheme)
+                          for t in model.output_names() if t not in seen) if o is not None]
     return tuple(sorted(found, key=lambda o: -o.ratio))
+
+
+def _output_channels(model: Model, groups: Groups, stats: Stats, out: str,
+                     scheme: QuantScheme) -> Outlier | None:
+    """A graph output whose own channels (along the axis the graph tells, as calibrated)
+    differ in scale so much that some span fewer than ``MIN_LEVELS`` steps of its 8-bit
+    grid: the same loss as a Concat's, made by one op (e.g. a Mul by per-row strides).
+    A channel's span is estimated by its max|x|."""
+    src = range_source(model, out, frozenset(stats.tensors))
+    ts = stats.tensors.get(src) if src is not None else None
+    if ts is None or not ts.count or src != out:
+        return None
+    a = np.asarray(ts.channel_absmax, dtype=np.float64).ravel()
+    if a.size < 2 or a.size > MAX_CHANNELS or not a.max() > 0:
+        return None
+    steps = {b: _step(float(ts.min), float(ts.max), b, scheme) for b in BITS}
+    small = np.flatnonzero((a > 0) & (a / steps[8] < MIN_LEVELS))
+    if small.size == 0 or small.size == a.size:
+        return None
+    worst = float(a[small].min())
+    levels = {b: worst / steps[b] for b in BITS}
+    chans = tuple(int(i) for i in small[np.argsort(a[small])][:MAX_LISTED])
+    owner = {t: g.name for g in groups.groups for t in g.outputs}
+    group = owner.get(out)
+    ratio = float(a.max()) / worst
+    reason = (
+        f"one grid spans channels of different scales: output '{out}' (channel axis "
+        f"{ts.channel_axis}) has {small.size} of {a.size} channels with max|x| below "
+        f"{MIN_LEVELS:g} steps of its grid (step {steps[8]:.3g} at 8 bit, {steps[16]:.3g} at "
+        f"16 bit; channels {', '.join(map(str, chans[:6]))}, smallest max|x| {worst:.3g} "
+        f"against {float(a.max()):.3g}), so those channels keep "
+        f"{max(levels[8], 0):.1f} steps at 8 bit ({levels[16]:.0f} at 16 bit)"
+    )
+    split = (f"split '{out}' into one output per scale (its small channels as a separate "
+             "graph output, each with its own grid)")
+    remedies: tuple[str, ...] = (
+        (f"keep group '{group}' at 16-bit activations (a16_w16): the small channels then "
+         f"span {levels[16]:.0f} steps", split) if levels[16] >= MIN_LEVELS and group
+        else (split, f"16 bit is not enough ({levels[16]:.1f} steps at 16 bit)"))
+    return Outlier(out, group, "mixed_scale", ratio, chans, ts.channel_axis,
+                   math.log2(ratio), reason, remedies)

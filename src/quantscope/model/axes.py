@@ -25,7 +25,8 @@ anything else (activation x        unknown (``None``): callers fall back to thei
 activation MatMul, graph inputs)   rule, e.g. 1 for rank 4, else the last axis
 =================================  =====================================================
 
-:func:`channel_axes` returns every tensor whose axis is known; :func:`channel_axis` one.
+:func:`channel_axes` returns every tensor whose axis is known; :func:`channel_axis` one;
+:func:`output_channel_axes` the graph outputs'.
 :func:`range_source` walks back through ops that do not change values (Reshape,
 Transpose, Squeeze, ...) to the tensor whose calibration statistics hold a tensor's range.
 """
@@ -240,6 +241,13 @@ def channel_axes(model: Model) -> dict[str, int]:
 def channel_axis(model: Model, tensor: str) -> int | None:
     """The channel axis of one tensor, or None when the graph does not tell."""
     return channel_axes(model).get(tensor)
+
+
+def output_channel_axes(model: Model) -> dict[str, int]:
+    """Graph output -> its channel axis, for the outputs whose axis the graph tells (the
+    per-channel fidelity metrics' ``channel_axes``)."""
+    axes = channel_axes(model)
+    return {o: axes[o] for o in model.output_names() if o in axes}
 
 
 def range_source(model: Model, tensor: str, known: set[str] | frozenset[str]) -> str | None:
