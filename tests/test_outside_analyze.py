@@ -9,7 +9,7 @@ import onnx
 import tiny_models as tm
 from outside_models import feeds, mixed_scale_detector
 
-from quantscope.analyze import analyze, find_mixed_scales, rank_key
+from quantscope.analyze import analyze, find_mixed_scales, mixed_scale_lines, rank_key
 from quantscope.analyze.scoring import outputs_scorer
 from quantscope.calibrate.collect import calibrate
 from quantscope.calibrate.observe import channel_axis as rank_rule
@@ -158,6 +158,9 @@ def test_analyze_names_the_concat_in_json_console_and_reasons(tmp_path, capsys):
     assert mixed["tensor"] == "detections" and mixed["group"] == "Concat_9"
     concat = next(o for o in a["offenders"] if o["group"] == "Concat_9")
     assert any("different scales" in r for r in concat["reasons"])
+    lines = mixed_scale_lines(a)  # what run's verdict can print from analysis.json
+    assert len(lines) == 2 and lines[0].startswith("detections: one grid spans")
+    assert "outliers: 0  mixed scales: 1" in out
 
 
 def test_ranking_prefers_the_worst_channel_when_the_scorer_has_it():

@@ -32,6 +32,7 @@ from quantscope.analyze.report import (
     Recovery,
     analysis_from_dict,
     analysis_to_dict,
+    mixed_scale_lines,
     summary_text,
 )
 from quantscope.analyze.rows import proxy_batches, run_plan_rows, squared_error_rows
@@ -58,6 +59,7 @@ __all__ = [
     "find_mixed_scales",
     "find_outliers",
     "find_weight_issues",
+    "mixed_scale_lines",
     "proxy_batches",
     "rank_key",
     "summary_text",

@@ -139,7 +139,9 @@ def summary_text(a: Analysis, *, top: int = 8) -> str:
         lines += [f"      - {r}" for r in o.reasons]
     for r in a.recovery:
         lines.append(f"  promote {len(r.promoted)} -> {_fmt(r.metrics, a.primary)}")
-    lines.append(f"outliers: {len(a.outliers)}  degenerate weights: {len(a.weights)}")
+    mixed = sum(o.kind == "mixed_scale" for o in a.outliers)
+    lines.append(f"outliers: {len(a.outliers) - mixed}  mixed scales: {mixed}  "
+                 f"degenerate weights: {len(a.weights)}")
     for o in a.outliers[:top]:
         lines.append(f"  {o.tensor}: {o.reason}")
         if o.kind == "mixed_scale":  # the fix is part of the finding: say it here too
@@ -153,3 +155,14 @@ def summary_text(a: Analysis, *, top: int = 8) -> str:
         lines += [f"  at {p}: {verdict}"] if verdict else []
     lines += [f"note: {n}" for n in a.notes]
     return "\n".join(lines)
+
+
+def mixed_scale_lines(doc: dict[str, Any]) -> list[str]:
+    """Console lines for the mixed-scale findings of an analysis JSON dict (for ``run``'s
+    verdict, which reads the file): the finding and its first fix, one pair per tensor."""
+    out = []
+    for o in doc.get("outliers") or []:
+        if o.get("kind") == "mixed_scale":
+            out.append(f"{o['tensor']}: {o['reason']}")
+            out += [f"    fix: {o['remedies'][0]}"] if o.get("remedies") else []
+    return out
