@@ -33,6 +33,7 @@ Transpose, Squeeze, ...) to the tensor whose calibration statistics hold a tenso
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import onnx
@@ -295,9 +296,21 @@ def feeds_from_act_matmul(model: Model, tensor: str) -> bool:
     return False
 
 
+_FACTS: weakref.WeakKeyDictionary[Model, dict[str, tuple[int, int | None, bool]]] = (
+    weakref.WeakKeyDictionary())
+
+
 def softmax_facts(model: Model, node: onnx.NodeProto) -> tuple[int, int | None, bool]:
     """A Softmax's (axis, rank of its input or None, attention?): attention when its
-    input comes from an activation x activation MatMul (:func:`feeds_from_act_matmul`)."""
+    input comes from an activation x activation MatMul (:func:`feeds_from_act_matmul`).
+    Cached per model (legality checks ask once per plan)."""
+    cache = _FACTS.setdefault(model, {})
+    if node.name not in cache:
+        cache[node.name] = _softmax_facts(model, node)
+    return cache[node.name]
+
+
+def _softmax_facts(model: Model, node: onnx.NodeProto) -> tuple[int, int | None, bool]:
     shape = model.value_shapes().get(node.input[0]) if node.input else None
     rank = len(shape) if shape is not None else None
     default = -1 if model.opset() >= 13 else 1
