@@ -13,35 +13,76 @@ The Python API mirrors the CLI's stages (see docs/architecture.md)::
     q = qs.to_device(x, rows[0]); y = qs.from_device(q_out, rows[-1])
 """
 
-from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import QdqModel, build_qdq, quantize_model, scheme_for
-from quantscope.export.device_io import check_mapping, from_device, parse_mapping, to_device
-from quantscope.model.groups import find_groups
-from quantscope.model.load import Model, load, load_proto
-from quantscope.stages import (
-    Dataset,
-    calibrate_model,
-    device_io_rows,
-    evaluate_plan,
-    evaluate_plans,
-    export_plan,
-    open_data,
-    open_model,
-    qdq_for_plan,
-)
-from quantscope.types import (
-    Encoding,
-    Encodings,
-    Group,
-    Groups,
-    Plan,
-    Precision,
-    Problem,
-    QuantScheme,
-    QuantscopeError,
-    Stats,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The package face imports nothing heavy: each public name is loaded from its module on
+# first use (PEP 562), so `import quantscope` (the CLI's first step) costs milliseconds
+# and a Ctrl-C during start-up meets no half-imported numerics.
+_HOMES = {
+    "calibrate": "quantscope.calibrate.collect",
+    "encode": "quantscope.emulate.encode",
+    "QdqModel": "quantscope.emulate.qdq", "build_qdq": "quantscope.emulate.qdq",
+    "quantize_model": "quantscope.emulate.qdq", "scheme_for": "quantscope.emulate.qdq",
+    "check_mapping": "quantscope.export.device_io", "from_device": "quantscope.export.device_io",
+    "parse_mapping": "quantscope.export.device_io", "to_device": "quantscope.export.device_io",
+    "find_groups": "quantscope.model.groups",
+    "Model": "quantscope.model.load", "load": "quantscope.model.load",
+    "load_proto": "quantscope.model.load",
+    **{name: "quantscope.stages" for name in (
+        "Dataset", "calibrate_model", "device_io_rows", "evaluate_plan", "evaluate_plans",
+        "export_plan", "open_data", "open_model", "qdq_for_plan")},
+    **{name: "quantscope.types" for name in (
+        "Encoding", "Encodings", "Group", "Groups", "Plan", "Precision", "Problem",
+        "QuantScheme", "QuantscopeError", "Stats")},
+}
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and readers
+    from quantscope.calibrate.collect import calibrate
+    from quantscope.emulate.encode import encode
+    from quantscope.emulate.qdq import QdqModel, build_qdq, quantize_model, scheme_for
+    from quantscope.export.device_io import check_mapping, from_device, parse_mapping, to_device
+    from quantscope.model.groups import find_groups
+    from quantscope.model.load import Model, load, load_proto
+    from quantscope.stages import (
+        Dataset,
+        calibrate_model,
+        device_io_rows,
+        evaluate_plan,
+        evaluate_plans,
+        export_plan,
+        open_data,
+        open_model,
+        qdq_for_plan,
+    )
+    from quantscope.types import (
+        Encoding,
+        Encodings,
+        Group,
+        Groups,
+        Plan,
+        Precision,
+        Problem,
+        QuantScheme,
+        QuantscopeError,
+        Stats,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'quantscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
 
 __version__ = "0.1.0"
 
