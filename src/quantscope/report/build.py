@@ -19,10 +19,12 @@ device I/O     how to feed and read the deployed model: per input/output the
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 from typing import Any
+
+from quantscope.report.figures import png_uri as _png
+from quantscope.report.figures import pyplot as _plt
+from quantscope.report.plots import prenorm_plot
 
 EMULATION_NOTE = (
     "The emulator reproduces each target's quantization grid (scale, zero-point, bits, "
@@ -30,24 +32,6 @@ EMULATION_NOTE = (
     "arithmetic bit for bit (accumulators, requantization rounding, lookup-table "
     "activations). bench/fidelity.py measures the gap to ORT's own integer kernels."
 )
-
-
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _table(headers: list[str], rows: list[list[Any]]) -> str:
@@ -88,8 +72,6 @@ def demo_section(results: dict[str, dict[str, Any]], title: str = "Precision con
 
 def prenorm_section(results: dict[str, dict[str, Any]]) -> str:
     """Face verification: match rate by pre_norm (the INT8 cliff), when the results have it."""
-    from quantscope.report.plots import prenorm_plot
-
     img = prenorm_plot(results)
     if not img:
         return ""

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from quantscope.report.build import _plt, _png
+from quantscope.report.figures import png_uri as _png
+from quantscope.report.figures import pyplot as _plt
 
 
 def num(v: Any) -> float | None:
