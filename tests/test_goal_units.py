@@ -12,7 +12,6 @@ import tiny_models as tm
 
 from quantscope.cli import main
 from quantscope.serde import read_json, read_plan
-from quantscope.tasks.headline import Headline, describe_metric, headline_of
 from quantscope.types import QuantscopeError
 
 
@@ -38,6 +37,8 @@ def test_a_fraction_as_a_db_goal_is_refused_before_any_work(tmp_path, capsys):
 
 
 def test_goal_ranges_follow_the_metric():
+    from quantscope.tasks.headline import Headline, describe_metric, headline_of
+
     with pytest.raises(QuantscopeError, match="outside the range of top1_agreement"):
         describe_metric("top1_agreement").check_goal(1.5)
     describe_metric("top1_agreement").check_goal(0.97)
@@ -55,7 +56,9 @@ def test_uniform_a8_w8_at_the_goal_buys_no_cost(tmp_path, capsys):
     m, x = _inputs(tmp_path)
     out = tmp_path / "W"
     assert main(_run(m, x, out, "--goal", "20", "--repairs", "none")) == 0
-    text = capsys.readouterr().out
+    cap = capsys.readouterr()
+    text = cap.out
+    assert "goal: sqnr_db >= 20 dB on the held-out data" in cap.err  # said before the work
     plan = read_plan(out / "plan.json")
     assert plan.overrides == () and plan.default.value == "a8_w8"  # nothing promoted
     v = read_json(out / "verdict.json", "verdict")

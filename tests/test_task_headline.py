@@ -14,7 +14,6 @@ from quantscope.cli import main
 from quantscope.model.load import load_proto
 from quantscope.pipeline.context import Context, RunOptions
 from quantscope.serde import read_json
-from quantscope.tasks.headline import TENSOR_HEADLINE, headline_of
 from quantscope.tasks.images import ViewRetrievalTask
 from quantscope.types import Dataset
 
@@ -68,6 +67,8 @@ def test_the_fine_tune_objective_comes_from_the_task(tmp_path):
 
 
 def test_every_task_declares_its_headline():
+    from quantscope.tasks.headline import TENSOR_HEADLINE, headline_of
+
     views = ViewRetrievalTask(name="view-retrieval:test", photo=np.zeros(4, np.int32))
     data = Dataset(name="views", calibration=(), evaluation=(), task=views)
     assert stages.default_metric(data) == "top1_agreement"  # was sqnr_db: no isinstance

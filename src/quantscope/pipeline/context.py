@@ -162,20 +162,22 @@ class Context:
     def metric(self) -> str:
         return self.headline().metric
 
-    def check_goal(self) -> None:
+    def check_goal(self) -> Headline | None:
         """Refuse a ``--goal`` the headline metric cannot take, before any work and before
         the run folder exists (the task comes from the fit data, opened here once more
         without the folder: :func:`stages.open_data` as ``open_run_data`` opens it)."""
         o = self.opts
         if o.goal is None:
-            return
+            return None
         if o.metric:
-            stages.headline(None, o.metric).check_goal(o.goal)
-            return
-        d = self.data_options()
-        fit = stages.open_data(d["data"], self.model(), tokenizer=d["tokenizer"],
-                               max_pairs=d["pairs"])
-        stages.headline(fit, None).check_goal(o.goal)
+            head = stages.headline(None, o.metric)
+        else:
+            d = self.data_options()
+            fit = stages.open_data(d["data"], self.model(), tokenizer=d["tokenizer"],
+                                   max_pairs=d["pairs"])
+            head = stages.headline(fit, None)
+        head.check_goal(o.goal)
+        return head
 
     def options(self) -> dict[str, Any]:
         return asdict(self.opts)
