@@ -80,3 +80,38 @@ def test_every_task_declares_its_headline():
     assert stages.default_metric(None) == TENSOR_HEADLINE
     named = headline_of(views, "sqnr_db")  # --metric wins over the task
     assert named.metric == "sqnr_db" and named.unit == "dB"
+
+
+def test_a_row_local_task_is_scored_by_its_own_metrics_in_the_analysis():
+    """A task that reads each sample alone (the tensor-output tasks of --layout) needs no
+    scorer of its own: the analysis ranks by its headline, computed by its metrics."""
+    from dataclasses import dataclass
+
+    from outside_models import feeds, scalar_probability
+
+    from quantscope.types import Metrics, Outputs
+
+    @dataclass(frozen=True)
+    class SpeechDecisions:  # the same speech/silence decision as FP32 at 0.5
+        name: str = "speech"
+        headline: str = "decision_agreement"
+        higher_is_better: bool = True
+        row_local: bool = True
+
+        def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+            r = np.concatenate([b[0] for b in ref.batches]) > 0.5
+            t = np.concatenate([b[0] for b in test.batches]) > 0.5
+            return Metrics(values={"decision_agreement": float(np.mean(r == t))})
+
+    model = load_proto(scalar_probability(), "vad")
+    data = Dataset(name="vad", calibration=(), evaluation=(), task=SpeechDecisions())
+    assert stages.default_metric(data) == "decision_agreement"
+    assert stages.headline(data).goal_range == (0.0, 1.0)
+    scorer = stages.scorer_for(data, model)
+    assert scorer.primary == "decision_agreement" and scorer.row_local
+    x = feeds("scalar_probability", 16)
+    ref = np.asarray([0.2, 0.7, 0.9, 0.4], np.float32)
+    rows = scorer.reduce([ref], x)
+    flipped = scorer.reduce([np.asarray([0.6, 0.7, 0.9, 0.4], np.float32)], x)
+    assert scorer(rows, rows)["decision_agreement"] == 1.0
+    assert scorer(rows, flipped)["decision_agreement"] == 0.75  # one decision of 4 flips

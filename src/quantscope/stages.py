@@ -821,7 +821,7 @@ def scorer_for(data: Dataset, model: Model | None = None) -> Any:
     from quantscope.analyze.scoring import outputs_scorer, task_scorer
     from quantscope.tasks.headline import row_scoring_of
 
-    rows = row_scoring_of(data.task)
+    rows = row_scoring_of(data.task, () if model is None else model.output_names())
     if rows is not None:
         return task_scorer(rows)
     if data.output is None or model is None:

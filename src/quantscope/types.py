@@ -347,8 +347,8 @@ class Task(Protocol):
 
     ``headline``: the key of :meth:`metrics`' values that is "the" metric (the planner
     measures it, the run's verdict and ``--goal`` are in it); ``higher_is_better``: its
-    direction; ``goal_range``: the values a goal in it can take. ``row_scoring()``: how the
-    analysis scores reduced rows (None: every output's fidelity); ``objective()``: what
+    direction; ``goal_range``: the values a goal in it can take. ``row_scoring(output_names)``:
+    how the analysis scores reduced rows (None: every output's fidelity); ``objective()``: what
     the fine-tune distils (None: every float output). ``quantscope.tasks.headline`` reads
     them (and gives tensor data with no task its default).
     """
@@ -366,7 +366,7 @@ class Task(Protocol):
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics: ...
 
-    def row_scoring(self) -> RowScoring | None: ...
+    def row_scoring(self, output_names: Sequence[str]) -> RowScoring | None: ...
 
     def objective(self) -> PooledEmbedding | None: ...
 

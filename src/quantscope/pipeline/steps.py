@@ -50,7 +50,7 @@ def analyze(ctx: Context) -> Done:
 
     model, fit = ctx.model(), ctx.data().fit
     result = run_analysis(model, find_groups(model), stages.read_stats(ctx.path(STATS)),
-                          list(fit.evaluation), scorer=stages.scorer_for(fit),
+                          list(fit.evaluation), scorer=stages.scorer_for(fit, model),
                           target=ctx.target(), proxy_fraction=ctx.opts.proxy,
                           progress=ctx.progress)
     doc = analysis_to_dict(result)

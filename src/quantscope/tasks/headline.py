@@ -92,6 +92,8 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "embedding_cosine_p01": (True, (-1.0, 1.0)),
     "cosine_mean": (True, (-1.0, 1.0)),
     "cosine_min": (True, (-1.0, 1.0)),
+    "detection_f1": (True, (0.0, 1.0)),
+    "mask_iou": (True, (0.0, 1.0)),
     "similarity_mae": (False, (0.0, 2.0)),
     "kl": (False, (0.0, math.inf)),
 }
@@ -120,10 +122,62 @@ def headline_of(task: Task | None, metric: str | None = None) -> Headline:
                     known.unit)
 
 
-def row_scoring_of(task: Task | None) -> RowScoring | None:
-    """How the analysis scores this task on reduced rows (None: every output's fidelity)."""
+def row_scoring_of(task: Task | None, output_names: Sequence[str] = ()) -> RowScoring | None:
+    """How the analysis scores this task on reduced rows (None: every output's fidelity).
+
+    A task without ``row_scoring`` whose metrics read each sample alone (``row_local``,
+    e.g. the tensor-output tasks of ``--layout``) is scored by its own :meth:`metrics` on
+    the outputs rebuilt from the rows (:func:`sample_row_scoring`), given the model's
+    ``output_names``."""
+    if task is None:
+        return None
     fn = getattr(task, "row_scoring", None)
-    return None if fn is None else fn()
+    if fn is not None:
+        return fn(tuple(output_names))
+    if getattr(task, "row_local", False) and getattr(task, "headline", None) and output_names:
+        return sample_row_scoring(task, tuple(output_names))
+    return None
+
+
+def sample_row_scoring(task: Task, output_names: Sequence[str]) -> RowScoring:
+    """The task's own metrics as the analysis' score, for a task that reads each sample
+    alone: ``reduce`` keeps every output whose first axis is the samples, flattened side
+    by side (remembering each one's per-sample shape); ``score`` rebuilds those outputs
+    and asks ``task.metrics``, so the analysis ranks groups by the very headline
+    ``evaluate`` reports (any subset of rows is scored alike: ``row_local``)."""
+    from quantscope.types import Outputs
+
+    layout: list[tuple[str, int, int, tuple[int, ...]]] = []  # name, start, stop, shape
+
+    def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
+        del feeds
+        n = len(outputs[0])
+        parts, spans, at = [], [], 0
+        for name, o in zip(output_names, outputs, strict=False):
+            if np.ndim(o) < 1 or len(o) != n:
+                continue
+            flat = np.asarray(o, dtype=np.float32).reshape(n, -1)
+            parts.append(flat)
+            spans.append((name, at, at + flat.shape[1], tuple(np.shape(o)[1:])))
+            at += flat.shape[1]
+        if not layout:
+            layout.extend(spans)
+        return np.concatenate(parts, axis=1)
+
+    def rebuild(rows: np.ndarray) -> Outputs:
+        names = tuple(s[0] for s in layout)
+        arrays = tuple(rows[:, a:b].reshape(len(rows), *shape) for _, a, b, shape in layout)
+        return Outputs(names=names, batches=(arrays,))
+
+    def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+        if not layout:
+            return {}
+        values = task.metrics(rebuild(ref), rebuild(test)).values
+        return {k: float(v) for k, v in values.items()}
+
+    return RowScoring(reduce=reduce, score=score, primary=task.headline,
+                      higher_is_better=bool(getattr(task, "higher_is_better", True)),
+                      row_local=True)
 
 
 def objective_of(task: Task | None) -> PooledEmbedding | None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -195,7 +196,7 @@ class ViewRetrievalTask:
     higher_is_better = True
     goal_range = (0.0, 1.0)
 
-    def row_scoring(self) -> RowScoring | None:
+    def row_scoring(self, output_names: Sequence[str] = ()) -> RowScoring | None:
         return None  # the analysis ranks by the outputs' fidelity
 
     def objective(self) -> PooledEmbedding | None:

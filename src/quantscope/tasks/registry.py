@@ -20,6 +20,7 @@ folder of identity folders  user face images (one sub-folder per identity), alig
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +100,7 @@ class RetrievalTask:
     higher_is_better = True
     goal_range = (0.0, 1.0)
 
-    def row_scoring(self) -> RowScoring | None:
+    def row_scoring(self, output_names: Sequence[str] = ()) -> RowScoring | None:
         mask = self.encoder.input_name("attention_mask")
         if mask is None:
             return None
@@ -157,7 +158,7 @@ class StsTask:
     higher_is_better = True
     goal_range = (-1.0, 1.0)
 
-    def row_scoring(self) -> RowScoring | None:
+    def row_scoring(self, output_names: Sequence[str] = ()) -> RowScoring | None:
         mask = self.encoder.input_name("attention_mask")
         if mask is None:
             return None
@@ -289,7 +290,7 @@ class VerificationTask:
     higher_is_better = True
     goal_range = (0.0, 1.0)
 
-    def row_scoring(self) -> RowScoring | None:
+    def row_scoring(self, output_names: Sequence[str] = ()) -> RowScoring | None:
         return None  # the analysis ranks by the embedding's fidelity
 
     def objective(self) -> PooledEmbedding | None:
