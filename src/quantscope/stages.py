@@ -1037,7 +1037,8 @@ def plan_model(
 
     options.check_inputs(data=data is not None, stats=stats is not None)
     head = headline(data, options.metric)
-    head.check_goal(options.goal)  # before any work: a goal the metric cannot take
+    if data is not None or options.metric:  # without data the goal is not measured
+        head.check_goal(options.goal)  # before any work: a goal the metric cannot take
     if options.metric is None:
         options = dataclasses.replace(options, metric=head.metric)
     truncated = None
