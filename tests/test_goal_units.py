@@ -56,15 +56,17 @@ def test_uniform_a8_w8_at_the_goal_buys_no_cost(tmp_path, capsys):
     m, x = _inputs(tmp_path)
     out = tmp_path / "W"
     assert main(_run(m, x, out, "--goal", "20", "--repairs", "none")) == 0
+    from quantscope.tasks.headline import TENSOR_HEADLINE as M
+
     cap = capsys.readouterr()
     text = cap.out
-    assert "goal: sqnr_db >= 20 dB on the held-out data" in cap.err  # said before the work
+    assert f"goal: {M} >= 20 dB on the held-out data" in cap.err  # said before the work
     plan = read_plan(out / "plan.json")
     assert plan.overrides == () and plan.default.value == "a8_w8"  # nothing promoted
     v = read_json(out / "verdict.json", "verdict")
     assert v["uniform_meets_goal"] and v["reached"] and v["cost"] == 1.0
     assert v["unit"] == "dB"
-    assert "verdict: goal sqnr_db >= 20 dB REACHED" in text
+    assert f"verdict: goal {M} >= 20 dB REACHED" in text
     assert "the plan is uniform a8_w8" in text
     pareto = read_json(out / "plan.json", "plan")["pareto"]
     assert "reached by uniform a8_w8" in pareto["goal"]["verdict"]
