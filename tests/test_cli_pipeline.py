@@ -35,7 +35,14 @@ def test_analyze_plan_check_export(tmp_path, capsys):
     assert plan["pareto"]["chosen"]["cost"] <= 3.0
     # every plan the planner emits passes the legality check
     assert main(["check", str(p), "--model", str(m), "--target", "hailo10h"]) == 0
+    capsys.readouterr()
     assert main(["export", str(p), "--model", str(m), "--stats", str(s), "--format", "qnn",
+                 "--out", str(tmp_path / "enc.json")]) != 0  # a Hailo plan: no QNN file
+    assert "'hailo10h' (Hailo)" in capsys.readouterr().err
+    qnn = tmp_path / "qnn.json"
+    assert main(["plan", str(m), "--analysis", str(a), "--target", "qnn-htp-v73",
+                 "--max-cost", "3.0", "--out", str(qnn)]) == 0
+    assert main(["export", str(qnn), "--model", str(m), "--stats", str(s), "--format", "qnn",
                  "--out", str(tmp_path / "enc.json")]) == 0
     doc = json.loads((tmp_path / "enc.json").read_text())
     assert doc["activation_encodings"]

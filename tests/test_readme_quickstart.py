@@ -60,7 +60,7 @@ def test_quick_start_runs_as_written_on_an_image_model(workdir, optional, capsys
         if argv[0] == "io" and "--check-mapping" in argv:
             argv[argv.index("--check-mapping") + 1] = "embedding=0:-1,127:0,255:1"
         if argv[0] == "export":
-            for fmt, out in (("alls", "model.alls"), ("qnn", "enc.json"), ("qdq", "q.onnx")):
+            for fmt, out in (("alls", "model.alls"), ("qdq", "q.onnx")):  # a hailo10h plan
                 args = [a if a != "FILE" else out for a in argv]
                 args[args.index("--format") + 1] = fmt
                 assert main(args) == 0, (args, capsys.readouterr().err)

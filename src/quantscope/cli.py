@@ -534,6 +534,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     if getattr(args, "quality", False):
         raise QuantscopeError("--quality measures each phase of a decoder: give --phase too")
     inp = _open(args, target=True, plan=True)
+    stages.check_plan_target(inp.plan, inp.target.name if inp.target else None,
+                             plan_name=f"plan '{args.plan}'")
     problems = check(inp.plan, find_groups(inp.model), inp.model, inp.target,
                      shapes=_shapes(args, inp.model))
     return _print_problems(problems, f"check {args.plan} on {inp.target.name}")
@@ -544,6 +546,9 @@ def _check_phases(args: argparse.Namespace) -> int:
     from quantscope import stages_llm
 
     plan = stages.read_plan(args.plan)
+    if args.target:
+        stages.check_plan_target(plan, _target(args.target).name,
+                                 plan_name=f"plan '{args.plan}'")
     target = args.target or plan.target
     if target:
         plan = dataclasses.replace(plan, target=_target(target).name)
@@ -571,6 +576,12 @@ def cmd_lint(args: argparse.Namespace) -> int:
     if not text.strip():
         raise QuantscopeError(f"model script '{args.script}' is empty: give the .alls script "
                               "the Hailo compiler gets")
+    named = stages.alls_target(text)
+    if named and named != inp.target.name:
+        raise QuantscopeError(
+            f"model script '{args.script}' was written for target '{named}', not "
+            f"'{inp.target.name}': use --target {named}, or export the plan for "
+            f"--target {inp.target.name} again")
     hn = _hn(args)
     problems = lint(text, inp.model, find_groups(inp.model), inp.target, hn=hn,
                     shapes=_shapes(args, inp.model))
@@ -587,6 +598,7 @@ def _hn(args: argparse.Namespace) -> dict | None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     inp = _open(args, stats=True, plan=True)
+    stages.check_plan_format(inp.plan, args.format, plan_name=f"plan '{args.plan}'")
     hn = _hn(args)
     written = stages.export_plan(inp.model, inp.stats, inp.plan, fmt=args.format, out=args.out,
                                  hn=hn, qnn_version=args.qnn_version)

@@ -238,11 +238,11 @@ def check_low_high(low: Precision, high: Precision) -> None:
 
 
 def check_goal(metric: str, goal: float | None) -> None:
-    """``plan --goal``: within the range of a bounded metric (:data:`METRIC_RANGES`)."""
-    lo, hi = METRIC_RANGES.get(metric, (-math.inf, math.inf))
-    if goal is not None and not lo <= goal <= hi:
-        raise QuantscopeError(f"--goal {goal:g} is outside the range of {metric} "
-                              f"({lo:g} to {hi:g}): give a goal in that range")
+    """``plan --goal``: a goal the metric can take (range, and a dB goal that is no
+    fraction: :meth:`quantscope.tasks.headline.Headline.check_goal`)."""
+    from quantscope.tasks.headline import describe_metric
+
+    describe_metric(metric).check_goal(goal)
 
 
 def check_demo_data(spec: str) -> None:
@@ -253,26 +253,6 @@ def check_demo_data(spec: str) -> None:
         raise QuantscopeError(
             f"demo measures text retrieval, and data '{spec}' is no retrieval pairs: give "
             f"{STDLIB_DOCS} or a JSONL pairs file, or use 'quantscope evaluate' for other data")
-
-
-# ---------------------------------------------------------------- metric values
-
-# The range of each bounded metric a goal can be set in (``plan --goal``); a metric not
-# listed (e.g. an SQNR in dB) takes any finite goal.
-METRIC_RANGES: dict[str, tuple[float, float]] = {
-    "top1_agreement": (0.0, 1.0),
-    "recall@1": (0.0, 1.0),
-    "recall@5": (0.0, 1.0),
-    "recall@10": (0.0, 1.0),
-    "mrr": (0.0, 1.0),
-    "tar_at_far": (0.0, 1.0),
-    "decision_agreement": (0.0, 1.0),
-    "embedding_cosine_mean": (-1.0, 1.0),
-    "embedding_cosine_min": (-1.0, 1.0),
-    "embedding_cosine_p01": (-1.0, 1.0),
-    "cosine_mean": (-1.0, 1.0),
-    "cosine_min": (-1.0, 1.0),
-}
 
 
 # ---------------------------------------------------------------- stdout

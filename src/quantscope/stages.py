@@ -42,6 +42,7 @@ from quantscope.serde import (
     write_stats,
     write_text,
 )
+from quantscope.tasks.headline import Headline
 from quantscope.tasks.registry import at_length
 from quantscope.tasks.tensors import load_tensor_batches
 from quantscope.types import (
@@ -491,6 +492,50 @@ def forced_ranges(
     return out
 
 
+# export format -> the vendor whose compiler reads it (QDQ ONNX: any)
+FORMAT_VENDORS = {"alls": "Hailo", "qnn": "Qualcomm"}
+
+
+def check_plan_target(plan: Plan, target: str | None, *, plan_name: str = "the plan") -> None:
+    """Refuse a plan made for another target than the one it meets (``check``, ``lint``,
+    ``run``): one line naming both. A plan that names no target meets any."""
+    if plan.target and target and plan.target != target:
+        raise QuantscopeError(
+            f"{plan_name} was made for target '{plan.target}', not '{target}': use --target "
+            f"{plan.target}, or plan again with --target {target} (a plan's legality and "
+            "grid belong to its target)")
+
+
+def check_plan_format(plan: Plan, fmt: str, *, plan_name: str = "the plan") -> None:
+    """Refuse to write one vendor's file from a plan made for another vendor's target (a
+    QNN plan as a Hailo ``.alls``): one line naming both."""
+    from quantscope.targets import load_target
+
+    vendor = FORMAT_VENDORS.get(fmt)
+    if vendor is None or not plan.target:
+        return
+    try:
+        target = load_target(plan.target)
+    except QuantscopeError:
+        return  # a target from a TOML file, not at hand by name: its vendor is unknown here
+    if target.vendor != vendor:
+        raise QuantscopeError(
+            f"{plan_name} was made for target '{plan.target}' ({target.vendor}), and --format "
+            f"{fmt} writes a {vendor} file: export it with --format "
+            + next((f for f, v in FORMAT_VENDORS.items() if v == target.vendor), "qdq")
+            + f", or plan again with a {vendor} --target")
+
+
+def alls_target(text: str) -> str | None:
+    """The target a quantscope ``.alls`` names in its first line, if any."""
+    first = text.lstrip().splitlines()[0] if text.strip() else ""
+    prefix = "# quantscope plan for "
+    if not first.startswith(prefix):
+        return None
+    name = first[len(prefix):].split(":")[0].strip()
+    return None if name in ("", "hailo") else name
+
+
 def export_plan(
     model: Model,
     stats: Stats,
@@ -505,6 +550,7 @@ def export_plan(
     from quantscope.export.hailo_alls import export_alls, hn_layer_names
     from quantscope.export.qnn_encodings import export_qnn_encodings, to_json
 
+    check_plan_format(plan, fmt)
     groups = find_groups(model)
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan), groups=groups)
     enc = q.encodings
@@ -669,7 +715,9 @@ def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
     """
     from quantscope.targets.profile import op_kind
 
-    metric = metric or default_metric(data)
+    head = headline(data, metric)
+    head.check_goal(goal)
+    metric = head.metric
     low: dict[str, list[str]] = {}
     for g in find_groups(model).groups:
         p = plan.precision_of(g.name)
@@ -754,31 +802,28 @@ def headroom_sentence(metric: str, h: dict[str, Any]) -> str:
 
 
 def default_metric(data: Dataset | None) -> str:
-    """The measured metric a plan is judged by when the user names none."""
-    from quantscope.tasks.registry import RetrievalTask, StsTask, VerificationTask
+    """The measured metric a plan is judged by when the user names none: the data's
+    task's headline (:func:`quantscope.tasks.headline.headline_of`)."""
+    return headline(data).metric
 
-    task = None if data is None else data.task
-    if isinstance(task, RetrievalTask):
-        return "top1_agreement"
-    if isinstance(task, StsTask):
-        return "score_agreement"
-    if isinstance(task, VerificationTask):
-        return "decision_agreement"
-    return "sqnr_db"  # the worst output's (every output is scored)
+
+def headline(data: Dataset | None, metric: str | None = None) -> Headline:
+    """The headline metric (key, direction, goal range, unit) of ``data``, or of the
+    ``metric`` the user named."""
+    from quantscope.tasks.headline import headline_of
+
+    return headline_of(None if data is None else data.task, metric)
 
 
 def scorer_for(data: Dataset, model: Model | None = None) -> Any:
-    """The analysis scorer matching the data's task (task-independent fidelity otherwise)."""
-    from quantscope.analyze.scoring import outputs_scorer, sts_scorer, text_retrieval_scorer
-    from quantscope.tasks.registry import RetrievalTask, StsTask
+    """The analysis scorer of the data's task (its row scoring), else every output's
+    fidelity (the one ``--output`` when given)."""
+    from quantscope.analyze.scoring import outputs_scorer, task_scorer
+    from quantscope.tasks.headline import row_scoring_of
 
-    task = data.task
-    if isinstance(task, RetrievalTask):
-        mask = task.encoder.input_name("attention_mask")
-        return text_retrieval_scorer(task.n_pairs, task.batches.order, mask)
-    if isinstance(task, StsTask):
-        mask = task.encoder.input_name("attention_mask")
-        return sts_scorer(len(task.pairs), task.batches.order, mask)
+    rows = row_scoring_of(data.task, () if model is None else model.output_names())
+    if rows is not None:
+        return task_scorer(rows)
     if data.output is None or model is None:
         return outputs_scorer()
     return outputs_scorer(only=model.output_names().index(data.output))
@@ -824,28 +869,36 @@ def _keep_finetune(pareto: dict[str, Any]) -> bool:
     return keep
 
 
-def goal_verdict(result: dict[str, Any], metric: str, goal: float, *, split: bool = False,
-                 chunked: bool = False) -> dict[str, Any]:
-    """Did the chosen plan reach ``goal`` (measured); if not, which constraint binds (and
-    the rewrite around it, unless the model is already ``split`` by heads / ``chunked``
-    by tokens)."""
+def goal_verdict(result: dict[str, Any], metric: str | Headline, goal: float, *,
+                 split: bool = False, chunked: bool = False) -> dict[str, Any]:
+    """Did the chosen plan reach ``goal`` (measured, in the metric's direction and unit);
+    if not, which constraint binds (and the rewrite around it, unless the model is already
+    ``split`` by heads / ``chunked`` by tokens)."""
+    from quantscope.tasks.headline import describe_metric
+
+    h = describe_metric(metric) if isinstance(metric, str) else metric
+    metric = h.metric
     best = result.get("chosen", {}).get("measured")
     ft = result.get("finetune") or {}
     tuned = ft.get("after") if ft.get("kept", True) else None
     if tuned is not None:  # the plan returned is the fine-tuned one
-        best = tuned if best is None else max(best, tuned)
-    reached = best is not None and best >= goal
+        best = tuned if best is None else (max if h.higher_is_better else min)(best, tuned)
+    reached = h.reached(best, goal)
     blockers = result.get("blockers", [])
-    if reached:
-        verdict = f"goal {metric} >= {goal:g} reached: {best:.4g}"
+    if reached and result.get("uniform_meets_goal"):
+        verdict = (f"goal {h.goal_text(goal)} reached by uniform a8_w8 ({best:.4g}): no "
+                   "promotion bought, the plan is uniform a8_w8")
+    elif reached:
+        verdict = f"goal {h.goal_text(goal)} reached: {best:.4g}"
     elif best is None:
-        verdict = f"goal {metric} >= {goal:g} not checked: nothing was measured (give --data)"
+        verdict = f"goal {h.goal_text(goal)} not checked: nothing was measured (give --data)"
     else:
         top = blockers[0] if blockers else None
         why = (f"binding: {top['rule']} blocks {len(top['groups'])} promotion(s) worth "
                f"{top['gain']:.3g} predicted" if top else "binding: no promotion left")
-        verdict = f"goal {metric} >= {goal:g} NOT reached: best legal plan {best:.4g}; {why}"
-    out = {"metric": metric, "value": goal, "reached": reached, "verdict": verdict,
+        verdict = f"goal {h.goal_text(goal)} NOT reached: best legal plan {best:.4g}; {why}"
+    out = {"metric": metric, "unit": h.unit, "value": goal, "reached": reached,
+           "verdict": verdict,
            "binding": None if reached or not blockers else blockers[0]["rule"]}
     if out["binding"] and str(out["binding"]).endswith(".super_defuse") and not chunked:
         out["hint"] = TOKENSPLIT_HINT
@@ -983,8 +1036,11 @@ def plan_model(
     from quantscope.plan.search import plan_from_analysis
 
     options.check_inputs(data=data is not None, stats=stats is not None)
+    head = headline(data, options.metric)
+    if data is not None or options.metric:  # without data the goal is not measured
+        head.check_goal(options.goal)  # before any work: a goal the metric cannot take
     if options.metric is None:
-        options = dataclasses.replace(options, metric=default_metric(data))
+        options = dataclasses.replace(options, metric=head.metric)
     truncated = None
     if data is not None and options.seq_len is not None:
         cut = at_length(data, options.seq_len)  # measured on what that length runs
@@ -998,6 +1054,13 @@ def plan_model(
     if data is not None and stats is not None:
         evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,
                                             shapes=shapes, progress=progress)
+    if options.goal is not None and evaluate is not None:
+        uniform = _uniform_if_enough(model, analysis, target, options, head, evaluate, shapes)
+        if uniform is not None:  # uniform a8_w8 meets the goal: buy no cost
+            if truncated:
+                uniform.pareto["measured_on"] = truncated
+            uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
+            return uniform
     many = None
     if evaluate is not None and executor is not None:
         many = functools.partial(_measure_all, executor, evaluate, progress)
@@ -1018,10 +1081,48 @@ def plan_model(
         from quantscope.repair.tokens import METADATA_KEY as TOKENS
 
         done = {p.key for p in model.proto.metadata_props} & {HEADS, TOKENS}
-        pareto["goal"] = goal_verdict(pareto, options.metric, options.goal,
+        pareto["goal"] = goal_verdict(pareto, head, options.goal,
                                       split=HEADS in done, chunked=TOKENS in done)
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
                       offer=offer)
+
+
+UNIFORM_PLANNER = "quantscope.stages uniform a8_w8 meets the goal/1"
+
+
+def _uniform_if_enough(model: Model, analysis: Sensitivity, target: Target,
+                       options: PlanOptions, head: Headline, evaluate: Evaluate,
+                       shapes: dict[str, tuple[int, ...]] | None) -> PlanResult | None:
+    """Uniform a8_w8 as the plan when it is legal on ``target``, within ``max_cost`` and
+    measures at the goal already (no promotion is bought then); else None (search)."""
+    from quantscope.plan.check import check
+
+    if options.max_cost is not None and options.max_cost < 1.0:
+        return None
+    plan = Plan(default=Precision.A8_W8, target=target.name)
+    problems = check(plan, find_groups(model), model, target, shapes=shapes)
+    if any(p.severity == "error" for p in problems):
+        return None
+    value = float(evaluate(plan))
+    if not head.reached(value, float(options.goal)):  # type: ignore[arg-type]
+        return None
+    note = (f"uniform a8_w8 measures {head.metric} {value:.6g}, at the goal "
+            f"({head.goal_text(float(options.goal))}): it is the plan, no promotion bought "  # type: ignore[arg-type]
+            "(the search was not run)")
+    point = {"cost": 1.0, "predicted": round(analysis.base, 6), "measured": round(value, 6),
+             "origin": "start", "step": 0, "groups": {}}
+    pareto: dict[str, Any] = {
+        "metric": analysis.metric, "higher_is_better": analysis.higher_is_better,
+        "budget": {"min_quality": options.min_quality, "max_cost": options.max_cost},
+        "met": True, "chosen": {k: point[k] for k in ("cost", "predicted", "measured")},
+        "binding": None, "blockers": [], "points": [point], "trials": [point], "skipped": [],
+        "notes": [note], "uniform_meets_goal": True,
+    }
+    meta = (("planner", UNIFORM_PLANNER), ("metric", head.metric),
+            ("seed", str(options.seed)), ("cost", "1"), ("measured", f"{value:.6g}"),
+            ("note", note))
+    plan = Plan(default=Precision.A8_W8, target=target.name, meta=meta)
+    return PlanResult(plan=plan, pareto=pareto)
 
 
 def finetune_chosen(

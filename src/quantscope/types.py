@@ -25,7 +25,7 @@ Dataset        calibration + evaluation batches and the task scoring them
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -316,12 +316,59 @@ class Outputs:
         return np.concatenate(parts, axis=0)
 
 
+@dataclass(frozen=True)
+class RowScoring:
+    """How the analysis scores a task on reduced rows (``quantscope.analyze.scoring``).
+
+    ``reduce(outputs, feeds) -> [B, D]`` rows of one batch; ``score(ref_rows, test_rows)``
+    -> ``{metric: value}`` over the whole data set; ``primary``: the key of that dict the
+    analysis ranks by; ``row_local``: ``score`` is valid on any subset of rows.
+    """
+
+    reduce: Callable[[Sequence[np.ndarray], Mapping[str, np.ndarray]], np.ndarray]
+    score: Callable[[np.ndarray, np.ndarray], dict[str, float]]
+    primary: str
+    higher_is_better: bool = True
+    row_local: bool = False
+
+
+@dataclass(frozen=True)
+class PooledEmbedding:
+    """What a task reads of the outputs: output ``output_index`` mean-pooled over the
+    ``mask`` input and L2-normalised (sentence encoders); the fine-tune distils it."""
+
+    output_index: int
+    mask: str | None
+
+
 class Task(Protocol):
-    """A task turns FP32 and emulated outputs of the eval batches into task metrics."""
+    """A task turns FP32 and emulated outputs of the eval batches into task metrics, and
+    decides the headline metric a plan on its data is judged by.
+
+    ``headline``: the key of :meth:`metrics`' values that is "the" metric (the planner
+    measures it, the run's verdict and ``--goal`` are in it); ``higher_is_better``: its
+    direction; ``goal_range``: the values a goal in it can take. ``row_scoring(output_names)``:
+    how the analysis scores reduced rows (None: every output's fidelity); ``objective()``: what
+    the fine-tune distils (None: every float output). ``quantscope.tasks.headline`` reads
+    them (and gives tensor data with no task its default).
+    """
 
     name: str
 
+    @property
+    def headline(self) -> str: ...
+
+    @property
+    def higher_is_better(self) -> bool: ...
+
+    @property
+    def goal_range(self) -> tuple[float, float]: ...
+
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics: ...
+
+    def row_scoring(self, output_names: Sequence[str]) -> RowScoring | None: ...
+
+    def objective(self) -> PooledEmbedding | None: ...
 
 
 @dataclass(frozen=True, eq=False)

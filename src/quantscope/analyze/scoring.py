@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.numerics import row_cosines, sqnr_db
+from quantscope.types import RowScoring
 
 Reduce = Callable[[Sequence[np.ndarray], Mapping[str, np.ndarray]], np.ndarray]
 Score = Callable[[np.ndarray, np.ndarray], dict[str, float]]
@@ -60,52 +61,26 @@ class Scorer:
         return {**fidelity(ref, test), **self.score(ref, test)}
 
 
+def task_scorer(scoring: RowScoring) -> Scorer:
+    """The scorer of a task's row scoring (``Task.row_scoring()``)."""
+    return Scorer(score=scoring.score, primary=scoring.primary, reduce=scoring.reduce,
+                  higher_is_better=scoring.higher_is_better, row_local=scoring.row_local)
+
+
 def text_retrieval_scorer(n_queries: int, order: np.ndarray, attention_mask: str) -> Scorer:
-    """Top-1 retrieval agreement for a text set laid out as ``queries + documents``.
+    """Top-1 retrieval agreement for a text set laid out as ``queries + documents``
+    (:func:`quantscope.tasks.headline.retrieval_scoring`)."""
+    from quantscope.tasks.headline import retrieval_scoring
 
-    ``order`` is :attr:`quantscope.tasks.text.TextBatches.order` (rows in batch order ->
-    input text index); texts ``[0, n_queries)`` are queries, the rest their documents.
-    Reduce: mean pooling of the first output over ``attention_mask`` (not normalised, so
-    the collapse detector sees the norms).
-    """
-    from quantscope.tasks.metrics import recall_at_k, top1_agreement
-    from quantscope.tasks.text import pool
-
-    def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-        return pool(outputs[0], feeds[attention_mask], normalize=False)
-
-    def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
-        r, t = np.empty_like(ref), np.empty_like(test)
-        r[order], t[order] = ref, test
-        q, d = slice(0, n_queries), slice(n_queries, None)
-        return {
-            "top1_agreement": top1_agreement(r[q], r[d], t[q], t[d]),
-            "recall_at_1": recall_at_k(t[q], t[d], (1,))[1],
-        }
-
-    return Scorer(score=score, primary="top1_agreement", reduce=reduce, row_local=False)
+    return task_scorer(retrieval_scoring(n_queries, order, attention_mask))
 
 
 def sts_scorer(n_pairs: int, order: np.ndarray, attention_mask: str) -> Scorer:
-    """Sentence similarity laid out as ``first sentences + second sentences``: the
-    Spearman correlation of the quantized pair cosines with FP32's (``score_agreement``).
-    Reduce: mean pooling of the first output (not normalised)."""
-    from quantscope.tasks.metrics import spearman
-    from quantscope.tasks.text import pool
+    """Sentence similarity laid out as ``first sentences + second sentences``
+    (:func:`quantscope.tasks.headline.sts_scoring`)."""
+    from quantscope.tasks.headline import sts_scoring
 
-    def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-        return pool(outputs[0], feeds[attention_mask], normalize=False)
-
-    def cosines(rows: np.ndarray) -> np.ndarray:
-        r = np.empty_like(rows)
-        r[order] = rows
-        r /= np.maximum(np.linalg.norm(r, axis=1, keepdims=True), 1e-12)
-        return np.sum(r[:n_pairs] * r[n_pairs:], axis=1)
-
-    def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
-        return {"score_agreement": spearman(cosines(test), cosines(ref))}
-
-    return Scorer(score=score, primary="score_agreement", reduce=reduce, row_local=False)
+    return task_scorer(sts_scoring(n_pairs, order, attention_mask))
 
 
 def outputs_scorer(*, only: int | None = None) -> Scorer:

@@ -203,14 +203,15 @@ def tap_loss(student: dict[str, Tensor], teacher: dict[str, Tensor], feeds: Batc
 
 
 def objective_for(model: Model, task: Any) -> tuple[Objective, str | None]:
-    """The objective matching a dataset's task, and the attention-mask input if any."""
-    from quantscope.tasks.registry import RetrievalTask
+    """The objective of a dataset's task (``Task.objective()``: a pooled embedding, or
+    None for every float output), and the attention-mask input if any."""
+    from quantscope.tasks.headline import objective_of
 
-    if isinstance(task, RetrievalTask):
-        mask = task.encoder.input_name("attention_mask")
-        return EmbeddingLoss(task.encoder.output_index, mask), mask
     del model
-    return OutputsLoss(), None
+    spec = objective_of(task)
+    if spec is None:
+        return OutputsLoss(), None
+    return EmbeddingLoss(spec.output_index, spec.mask), spec.mask
 
 
 def layernorm_outputs(model: Model) -> tuple[str, ...]:

@@ -70,6 +70,13 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
     # a split that cannot be made fails before the run folder exists
     early = {"model": open_run_model(opts, progress=progress)} if opts.token_chunk else {}
+    # a goal the metric cannot take fails before the run folder exists
+    head = Context(opts, Path(opts.out), progress=progress, _cache=early).check_goal()
+    if head is not None and opts.goal is not None:
+        from quantscope.progress import say
+
+        say(f"goal: {head.goal_text(opts.goal)} on the held-out data", show=progress)
+    early = {k: v for k, v in early.items() if k == "model"}
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)

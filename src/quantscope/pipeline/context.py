@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from quantscope.model.load import Model
     from quantscope.pipeline.data import RunData
     from quantscope.targets.profile import Target
+    from quantscope.tasks.headline import Headline
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class RunOptions:
                 "chunks are layers of fewer tokens), e.g. --seq-len 256 --tokensplit 128")
 
 
+DATA_PATHS = ("data", "eval_data", "tokenizer")  # data options that name a file or folder
+
+
 def _identity(spec: str | None) -> str | None:
     """Content digest of a data/model path, or the built-in name with the tool version."""
     if spec is None:
@@ -109,10 +113,20 @@ class Context:
             self._cache["model_digest"] = digest
         return self._cache["model_digest"]
 
-    def data_identity(self) -> dict[str, Any]:
+    def data_options(self) -> dict[str, Any]:
+        """Every option the run's data is opened with: :meth:`data` reads them from here
+        only, and every data-reading stage's resume key is built from them
+        (:meth:`data_identity`), so an option that changes the data cannot be missed by
+        the key. A new data option goes here (and into :data:`DATA_PATHS` if it names a
+        file)."""
         o = self.opts
-        return {"data": _identity(o.data), "eval_data": _identity(o.eval_data),
-                "pairs": o.pairs, "tokenizer": _identity(o.tokenizer)}
+        return {"data": o.data, "eval_data": o.eval_data, "pairs": o.pairs,
+                "tokenizer": o.tokenizer, "seq_len": o.seq_len}
+
+    def data_identity(self) -> dict[str, Any]:
+        """:meth:`data_options` with every file named by its content digest."""
+        return {k: _identity(v) if k in DATA_PATHS else v
+                for k, v in self.data_options().items()}
 
     def hn_identity(self) -> str | None:
         return _identity(self.opts.hn)
@@ -121,12 +135,12 @@ class Context:
         if "data" not in self._cache:
             from quantscope.pipeline.data import open_run_data
 
-            o = self.opts
-            run = open_run_data(self.model(), o.data, eval_data=o.eval_data, pairs=o.pairs,
-                                tokenizer=o.tokenizer, folder=self.folder)
-            if o.seq_len is not None:  # every stage measures what that length runs
-                run = replace(run, fit=stages.at_length(run.fit, o.seq_len),
-                              held_out=stages.at_length(run.held_out, o.seq_len))
+            d = self.data_options()
+            run = open_run_data(self.model(), d["data"], eval_data=d["eval_data"],
+                                pairs=d["pairs"], tokenizer=d["tokenizer"], folder=self.folder)
+            if d["seq_len"] is not None:  # every stage measures what that length runs
+                run = replace(run, fit=stages.at_length(run.fit, d["seq_len"]),
+                              held_out=stages.at_length(run.held_out, d["seq_len"]))
             self._cache["data"] = run
         return self._cache["data"]
 
@@ -137,14 +151,33 @@ class Context:
             self._cache["target"] = load_target(self.opts.target)
         return self._cache["target"]
 
+    def headline(self) -> Headline:
+        """The measured metric (key, direction, goal range, unit): ``--metric``, else the
+        data's task's headline (:func:`quantscope.stages.headline`)."""
+        if "headline" not in self._cache:
+            data = None if self.opts.metric else self.data().fit
+            self._cache["headline"] = stages.headline(data, self.opts.metric)
+        return self._cache["headline"]
+
     def metric(self) -> str:
-        """The measured metric: ``--metric``, else the task's headline, else the output
-        SQNR in dB (the unit the analysis predicts in, so the Pareto front shares it)."""
-        if self.opts.metric:
-            return self.opts.metric
-        name = type(self.data().fit.task).__name__
-        return {"RetrievalTask": "top1_agreement",
-                "VerificationTask": "decision_agreement"}.get(name, "sqnr_db")
+        return self.headline().metric
+
+    def check_goal(self) -> Headline | None:
+        """Refuse a ``--goal`` the headline metric cannot take, before any work and before
+        the run folder exists (the task comes from the fit data, opened here once more
+        without the folder: :func:`stages.open_data` as ``open_run_data`` opens it)."""
+        o = self.opts
+        if o.goal is None:
+            return None
+        if o.metric:
+            head = stages.headline(None, o.metric)
+        else:
+            d = self.data_options()
+            fit = stages.open_data(d["data"], self.model(), tokenizer=d["tokenizer"],
+                                   max_pairs=d["pairs"])
+            head = stages.headline(fit, None)
+        head.check_goal(o.goal)
+        return head
 
     def options(self) -> dict[str, Any]:
         return asdict(self.opts)

@@ -50,7 +50,7 @@ def analyze(ctx: Context) -> Done:
 
     model, fit = ctx.model(), ctx.data().fit
     result = run_analysis(model, find_groups(model), stages.read_stats(ctx.path(STATS)),
-                          list(fit.evaluation), scorer=stages.scorer_for(fit),
+                          list(fit.evaluation), scorer=stages.scorer_for(fit, model),
                           target=ctx.target(), proxy_fraction=ctx.opts.proxy,
                           progress=ctx.progress)
     doc = analysis_to_dict(result)
@@ -113,9 +113,10 @@ def repair(ctx: Context) -> Done:
 def repaired(ctx: Context) -> tuple[stages.Model, stages.Stats, Plan]:
     """The repaired model (what the compiler gets), its stats and the final plan."""
     if "repaired" not in ctx._cache:
+        final = stages.read_plan(ctx.path(REPAIRED_PLAN))
+        stages.check_plan_target(final, ctx.target().name, plan_name=REPAIRED_PLAN)
         proto = stages.load_proto(_read_onnx(ctx.path(REPAIRED)), REPAIRED)
-        ctx._cache["repaired"] = (proto, stages.read_stats(ctx.path(REPAIRED_STATS)),
-                                  stages.read_plan(ctx.path(REPAIRED_PLAN)))
+        ctx._cache["repaired"] = (proto, stages.read_stats(ctx.path(REPAIRED_STATS)), final)
     return ctx._cache["repaired"]
 
 
@@ -163,7 +164,9 @@ def evaluate(ctx: Context) -> Done:
         error_scales=stages.ERROR_SCALES if ctx.opts.whatif else ()))
     for r in results.values():
         r["model"] = ctx.opts.model if r["model"] != REPAIRED else REPAIRED
-    doc = {"metric": ctx.metric(), "results": results, "data": provenance(rd)}
+    head = ctx.headline()
+    doc = {"metric": head.metric, "unit": head.unit, "higher_is_better": head.higher_is_better,
+           "results": results, "data": provenance(rd)}
     if ctx.opts.whatif:
         try:
             doc["whatif"] = stages.whatif_families(rmodel, held, rstats, final,

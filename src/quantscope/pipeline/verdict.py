@@ -29,11 +29,15 @@ def verdict(ctx: Context) -> dict[str, Any]:
                for label in COMPARED if label in results}
     value = quality.get("plan", {}).get(metric)
     goal = ctx.opts.goal
-    reached = None if goal is None or value is None else bool(value >= goal)
+    higher = bool(ev.get("higher_is_better", True))
+    reached = None if goal is None or value is None else bool(
+        value >= goal if higher else value <= goal)
     pareto = plan.get("pareto", {})
     errors = [p for p in chk["problems"] if p["severity"] == "error"]
     return {
-        "metric": metric, "goal": goal, "reached": reached,
+        "metric": metric, "unit": ev.get("unit", ""), "higher_is_better": higher,
+        "goal": goal, "reached": reached,
+        "uniform_meets_goal": bool(pareto.get("uniform_meets_goal")),
         "binding": _binding(pareto, reached),
         "quality": quality, "cost": pareto.get("chosen", {}).get("cost"),
         "evaluation": ev["data"]["split"],
@@ -149,14 +153,19 @@ def format_verdict(v: dict[str, Any]) -> str:
     """The console form: a few lines a person reads at the end of the run."""
     m = v["metric"]
     q = v["quality"]
+    unit = f" {v['unit']}" if v.get("unit") else ""
     lines = []
     if v["goal"] is None:
-        lines.append(f"verdict: no --goal given; plan {m} {_f(q.get('plan', {}).get(m))} "
-                     "on the held-out data")
+        lines.append(f"verdict: no --goal given; plan {m} {_f(q.get('plan', {}).get(m))}"
+                     f"{unit} on the held-out data")
     else:
         word = "REACHED" if v["reached"] else "NOT reached"
-        lines.append(f"verdict: goal {m} >= {v['goal']:g} {word} on the held-out data: "
-                     f"{_f(q.get('plan', {}).get(m))}")
+        op = ">=" if v.get("higher_is_better", True) else "<="
+        lines.append(f"verdict: goal {m} {op} {v['goal']:g}{unit} {word} on the held-out "
+                     f"data: {_f(q.get('plan', {}).get(m))}{unit}")
+        if v.get("uniform_meets_goal"):
+            lines.append("  the plan is uniform a8_w8: it met the goal on the fit data "
+                         "already, so no promotion was bought")
     if v["binding"]:
         lines.append(f"  binding: {v['binding']}")
     if m == "sqnr_db":
@@ -164,7 +173,7 @@ def format_verdict(v: dict[str, Any]) -> str:
             f"{k} {_f(r.get(m))}" for k, r in q.items()))
     else:
         lines.append("  quality (" + m + ", output SQNR dB): " + "; ".join(
-            f"{k} {_f(r.get(m))}, {_f(r.get('sqnr_db'))} dB" for k, r in q.items()))
+            f"{k} {_f(r.get(m))}{unit}, {_f(r.get('sqnr_db'))} dB" for k, r in q.items()))
     lines.append(f"  cost {_f(v['cost'])} x uniform a8_w8; repairs: "
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else

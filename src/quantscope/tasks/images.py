@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,7 +41,15 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
-from quantscope.types import Batch, Dataset, Metrics, Outputs, QuantscopeError
+from quantscope.types import (
+    Batch,
+    Dataset,
+    Metrics,
+    Outputs,
+    PooledEmbedding,
+    QuantscopeError,
+    RowScoring,
+)
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -182,6 +191,16 @@ class ViewRetrievalTask:
 
     name: str
     photo: np.ndarray  # int32 [M]: photo of each evaluation view
+
+    headline = "top1_agreement"  # the same nearest other view as FP32's
+    higher_is_better = True
+    goal_range = (0.0, 1.0)
+
+    def row_scoring(self, output_names: Sequence[str] = ()) -> RowScoring | None:
+        return None  # the analysis ranks by the outputs' fidelity
+
+    def objective(self) -> PooledEmbedding | None:
+        return None
 
     def keep(self, outputs: tuple[np.ndarray, ...], feeds: Batch) -> tuple[np.ndarray, ...]:
         """What :meth:`metrics` reads of one batch (evaluation streams them): of a

@@ -20,6 +20,7 @@ folder of identity folders  user face images (one sub-folder per identity), alig
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
+from quantscope.tasks.headline import retrieval_scoring, sts_scoring
 from quantscope.tasks.images import SMALL_SPEC as IMAGES_SMALL
 from quantscope.tasks.images import SPEC as IMAGES_SPEC
 from quantscope.tasks.images import image_dataset
@@ -52,7 +54,15 @@ from quantscope.tasks.text import (
     truncate_batches,
     truncate_feeds,
 )
-from quantscope.types import Batch, Dataset, Metrics, Outputs, QuantscopeError
+from quantscope.types import (
+    Batch,
+    Dataset,
+    Metrics,
+    Outputs,
+    PooledEmbedding,
+    QuantscopeError,
+    RowScoring,
+)
 
 CALIB_TEXTS = 512
 
@@ -85,6 +95,21 @@ class RetrievalTask:
     n_pairs: int
     batches: TextBatches  # queries then documents, in length order
     encoder: TextEncoder
+
+    headline = "top1_agreement"
+    higher_is_better = True
+    goal_range = (0.0, 1.0)
+
+    def row_scoring(self, output_names: Sequence[str] = ()) -> RowScoring | None:
+        mask = self.encoder.input_name("attention_mask")
+        if mask is None:
+            return None
+        return retrieval_scoring(self.n_pairs, self.batches.order, mask,
+                                 self.encoder.output_index)
+
+    def objective(self) -> PooledEmbedding | None:
+        return PooledEmbedding(self.encoder.output_index,
+                               self.encoder.input_name("attention_mask"))
 
     def keep(self, outputs: tuple[np.ndarray, ...], feeds: Batch) -> tuple[np.ndarray, ...]:
         """What :meth:`metrics` reads of one batch's outputs (evaluation streams them)."""
@@ -128,6 +153,20 @@ class StsTask:
     pairs: StsPairs
     batches: TextBatches  # first sentences then second sentences, in length order
     encoder: TextEncoder
+
+    headline = "score_agreement"  # Spearman of the pair cosines with FP32's
+    higher_is_better = True
+    goal_range = (-1.0, 1.0)
+
+    def row_scoring(self, output_names: Sequence[str] = ()) -> RowScoring | None:
+        mask = self.encoder.input_name("attention_mask")
+        if mask is None:
+            return None
+        return sts_scoring(len(self.pairs), self.batches.order, mask, self.encoder.output_index)
+
+    def objective(self) -> PooledEmbedding | None:
+        return PooledEmbedding(self.encoder.output_index,
+                               self.encoder.input_name("attention_mask"))
 
     def keep(self, outputs: tuple[np.ndarray, ...], feeds: Batch) -> tuple[np.ndarray, ...]:
         """What :meth:`metrics` reads of one batch's outputs (evaluation streams them)."""
@@ -246,6 +285,16 @@ class VerificationTask:
     pairs: object  # tasks.faces.VerificationPairs
     threshold: float
     normalize: bool = False
+
+    headline = "decision_agreement"  # same-person decisions as FP32's, at the threshold
+    higher_is_better = True
+    goal_range = (0.0, 1.0)
+
+    def row_scoring(self, output_names: Sequence[str] = ()) -> RowScoring | None:
+        return None  # the analysis ranks by the embedding's fidelity
+
+    def objective(self) -> PooledEmbedding | None:
+        return None  # the raw descriptor: every float output
 
     def _embeddings(self, out: Outputs) -> np.ndarray:
         return np.concatenate([np.asarray(b[0], np.float32).reshape(len(b[0]), -1)
