@@ -20,6 +20,7 @@ from typing import Any
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context, RunOptions, open_run_model
 from quantscope.pipeline.manifest import Manifest, stage_key
+from quantscope.pipeline.verdict import report as report_step
 from quantscope.types import QuantscopeError
 
 LOCK = ".run.lock"
@@ -47,7 +48,7 @@ STAGES: dict[str, StageSpec] = {
                           True),
     "export": StageSpec(steps.export, _REPAIRED, ("target", "hn"), False),
     "io": StageSpec(steps.io, _REPAIRED, (), False),
-    "report": StageSpec(steps.report, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
+    "report": StageSpec(report_step, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
                                        steps.IO, steps.ALLS, steps.QNN, *_REPAIRED),
                         ("model", "data", "eval_data", "target", "goal", "max_cost", "metric"),
                         False),

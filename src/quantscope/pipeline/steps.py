@@ -209,11 +209,5 @@ def io(ctx: Context) -> Done:
     return Done((IO, SNIPPET))
 
 
-def report(ctx: Context) -> Done:
-    from quantscope.pipeline.verdict import run_report
-
-    run_report(ctx)
-    return Done((VERDICT, REPORT))
-
 
 Step = Callable[[Context], Done]

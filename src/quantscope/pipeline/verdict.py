@@ -232,3 +232,10 @@ def run_report(ctx: Context) -> None:
     title = f"quantscope run: {ctx.opts.model} on {ctx.opts.target}"
     stages.write_text(ctx.path(steps.REPORT), run_report_html(
         title, verdict_text=format_verdict(v), verdict=v, stats=stats, **docs))
+
+
+def report(ctx: Context) -> steps.Done:
+    """The run's last step: the verdict and the report (here, not in ``steps``, so that
+    ``steps`` never imports this module: it imports ``steps`` for the file names)."""
+    run_report(ctx)
+    return steps.Done((steps.VERDICT, steps.REPORT))
