@@ -13,35 +13,44 @@ The Python API mirrors the CLI's stages (see docs/architecture.md)::
     q = qs.to_device(x, rows[0]); y = qs.from_device(q_out, rows[-1])
 """
 
-from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.encode import encode
-from quantscope.emulate.qdq import QdqModel, build_qdq, quantize_model, scheme_for
-from quantscope.export.device_io import check_mapping, from_device, parse_mapping, to_device
-from quantscope.model.groups import find_groups
-from quantscope.model.load import Model, load, load_proto
-from quantscope.stages import (
-    Dataset,
-    calibrate_model,
-    device_io_rows,
-    evaluate_plan,
-    evaluate_plans,
-    export_plan,
-    open_data,
-    open_model,
-    qdq_for_plan,
-)
-from quantscope.types import (
-    Encoding,
-    Encodings,
-    Group,
-    Groups,
-    Plan,
-    Precision,
-    Problem,
-    QuantScheme,
-    QuantscopeError,
-    Stats,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> the module that defines it; imported on first use (PEP 562), so that
+# ``python -m quantscope`` and the ``quantscope`` script start before the heavy imports
+# (onnx, numpy, ONNX Runtime) and a Ctrl-C during them is the CLI's one line, not a traceback
+_EXPORTS: dict[str, str] = {
+    "calibrate": "quantscope.calibrate.collect",
+    "encode": "quantscope.emulate.encode",
+    **dict.fromkeys(("QdqModel", "build_qdq", "quantize_model", "scheme_for"),
+                    "quantscope.emulate.qdq"),
+    **dict.fromkeys(("check_mapping", "from_device", "parse_mapping", "to_device"),
+                    "quantscope.export.device_io"),
+    "find_groups": "quantscope.model.groups",
+    **dict.fromkeys(("Model", "load", "load_proto"), "quantscope.model.load"),
+    **dict.fromkeys(("Dataset", "calibrate_model", "device_io_rows", "evaluate_plan",
+                     "evaluate_plans", "export_plan", "open_data", "open_model",
+                     "qdq_for_plan"), "quantscope.stages"),
+    **dict.fromkeys(("Encoding", "Encodings", "Group", "Groups", "Plan", "Precision",
+                     "Problem", "QuantScheme", "QuantscopeError", "Stats"),
+                    "quantscope.types"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'quantscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __version__ = "0.1.0"
 

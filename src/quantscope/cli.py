@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import sys
 import traceback
@@ -22,8 +23,10 @@ from quantscope.cli_types import (
     QuietPipe,
     check_demo_data,
     check_goal,
+    check_input_shapes,
     check_low_high,
     check_paths,
+    short_path,
 )
 from quantscope.types import Plan, Precision, QuantscopeError, Stats
 
@@ -676,6 +679,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
         check_paths(args)
+        check_input_shapes(getattr(args, "input_shape", None))
         return func(args)
     except QuantscopeError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)
@@ -683,16 +687,54 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     except KeyboardInterrupt:
         print("quantscope: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        line = os_error_line(exc)
+        if line is None:
+            return _internal(exc)
+        print(f"quantscope: error: {line}", file=sys.stderr)
+        return EXIT_USER
     except MemoryError:
         print("quantscope: error: out of memory: use fewer or smaller batches", file=sys.stderr)
         return EXIT_USER
     except Exception as exc:  # last resort: one line, never a traceback unless asked
-        if os.environ.get("QUANTSCOPE_DEBUG"):
-            traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        print(f"quantscope: internal error: {type(exc).__name__}: {first} "
-              "(set QUANTSCOPE_DEBUG=1 for the traceback and report it)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(exc)
+
+
+def _internal(exc: BaseException) -> int:
+    if os.environ.get("QUANTSCOPE_DEBUG"):
+        traceback.print_exception(exc)
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    print(f"quantscope: internal error: {type(exc).__name__}: {first} "
+          "(set QUANTSCOPE_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+# errors of the file system the user can act on: one line naming the path, exit 2
+_USER_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.ENAMETOOLONG: "a file or folder name is longer than the file system allows "
+                        "(255 bytes)",
+    errno.ELOOP: "a symlink loop (links that point back to each other)",
+    errno.EROFS: "a read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+_USER_FIXES = {
+    errno.ENOSPC: "free some space or write to another file system",
+    errno.EDQUOT: "free some space or write to another file system",
+    errno.ENAMETOOLONG: "shorten it",
+    errno.ELOOP: "point the link at a real file",
+}
+
+
+def os_error_line(exc: OSError) -> str | None:
+    """One line for a file-system error the user can fix (None: an internal error)."""
+    what = _USER_ERRNOS.get(exc.errno or 0)
+    if what is None:
+        return None
+    where = f" at '{short_path(str(exc.filename))}'" if exc.filename else ""
+    return f"{what}{where}: {_USER_FIXES.get(exc.errno or 0, 'choose another path')}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -700,6 +742,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except QuantscopeError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        print("quantscope: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        line = os_error_line(exc)
+        if line is None:
+            return _internal(exc)
+        print(f"quantscope: error: {line}", file=sys.stderr)
         return EXIT_USER
     stdout = sys.stdout
     sys.stdout = QuietPipe(stdout)  # type: ignore[assignment]
