@@ -1,7 +1,10 @@
 """Command line: one subcommand per stage, reading and writing the stages' files.
 
 Every user error is one line on stderr and exit code 2; outputs are written atomically,
-so a failed command leaves no file behind.
+so a failed command leaves no file behind. File-system errors the user can act on (a full
+disk, a name too long, a symlink loop, no permission: :func:`os_error_line`) are such a
+line too, naming the path; Ctrl-C is ``quantscope: interrupted`` and exit 130, also during
+the imports (:mod:`quantscope.__main__`).
 """
 
 from __future__ import annotations

@@ -162,8 +162,9 @@ def path_problem(text: str, what: str, *, output: bool = False) -> str | None:
                     "exist: fix the link or give the file itself")
         return None
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-        return (f"{what} '{text}' is a {_special_kind(st.st_mode)}, not a regular file: "
-                "give a saved file (quantscope neither reads nor replaces special files)")
+        fix = ("write to a regular file path (a special file is never replaced)" if output
+               else "give a saved file (a special file is never read: a FIFO would block)")
+        return f"{what} '{text}' is a {_special_kind(st.st_mode)}, not a regular file: {fix}"
     return None
 
 
@@ -246,7 +247,7 @@ def output_file(text: str) -> OutputPath:
     if text.endswith(("/", os.sep)):
         raise argparse.ArgumentTypeError(f"output '{text}' ends in '/', which names a folder, "
                                          "and there is none: give a file path (e.g. "
-                                         f"{text}out.json after creating the folder)")
+                                         f"{text}NAME after creating the folder)")
     folder = path.parent
     _checked(str(folder), "output folder", output=True)
     if not folder.exists():

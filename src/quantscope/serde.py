@@ -1,8 +1,10 @@
 """File forms of the typed values: the only place that parses dicts and files.
 
 Everything is written atomically (temporary file in the same folder, then
-``os.replace``) so that a failed run never leaves a half-written output behind.
-Unknown keys are rejected with a one-line error naming the key and the file.
+``os.replace``) so that a failed run never leaves a half-written output behind; a full
+disk is one line naming the file, and a special file (FIFO, device) is never replaced.
+Unknown keys, and a key given twice in one JSON object, are rejected with a one-line
+error naming the key and the file.
 """
 
 from __future__ import annotations
