@@ -482,6 +482,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-eval-data-wrong-input", ["run", M, "--data", X, "--eval-data", "{ws}/y_named.npz",
                                    "--target", "hailo8", "--out", "{out}/w"],
      "no array for model input 'x'"),
+    ("analyze-one-sample", ["analyze", M, "--data", "{ws}/x1.npy", "--stats", S, "--out",
+                            "{out}/a.json"], "at least 2 samples"),
+    ("calibrate-data-folder-holds-fifo", ["calibrate", M, "--data", "{special}", "--out",
+                                          "{out}/s.npz"], "not a regular file"),
     ("run-target-bad-cost", ["run", M, "--data", X, "--target", "{ws}/cost_nan.toml",
                              "--out", "{out}/w"], "finite number above 0"),
 ]
@@ -511,7 +515,15 @@ def _dangling(ws: Path, out: Path) -> Path:
     return out / "gone.onnx"
 
 
+def _folder_with_fifo(ws: Path, out: Path) -> Path:
+    (out / "data").mkdir()
+    np.save(out / "data" / "a.npy", np.load(ws / "x.npy"))
+    os.mkfifo(out / "data" / "b.npy")
+    return out / "data"
+
+
 SETUP = {
+    "calibrate-data-folder-holds-fifo": _folder_with_fifo,
     "export-qdq-out-fifo": _fifo,
     "calibrate-out-char-device": _char_device,
     "calibrate-model-fifo": _fifo,

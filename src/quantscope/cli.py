@@ -79,6 +79,14 @@ def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
     return ds
 
 
+def _tensor_samples(ds: stages.Dataset | None) -> int | None:
+    """The evaluation samples of tensor data (the longest first axis of each batch), or
+    None for a task's data (pairs, images), which counts its own."""
+    if ds is None or ds.task is not None:
+        return None
+    return sum(max((len(a) for a in b.values()), default=0) for b in ds.evaluation)
+
+
 def _plan_from_args(args: argparse.Namespace) -> Plan:
     if getattr(args, "plan", None):
         return stages.read_plan(args.plan)
@@ -348,6 +356,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                               f"{', '.join(missing)} (see 'quantscope analyze --help')")
     check_low_high(args.low, args.high)
     inp = _open(args, data=True, stats=True, target=True)
+    samples = _tensor_samples(inp.data)
+    if samples is not None and samples < 2:
+        raise QuantscopeError(f"data '{args.data}' has {samples} sample(s), and analyze "
+                              "compares the samples' outputs (a collapse shows only across "
+                              "two or more): give at least 2 samples")
     executor = _executor(args.ray)
     try:
         result = analyze(inp.model, find_groups(inp.model), inp.stats,

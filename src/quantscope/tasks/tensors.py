@@ -35,6 +35,11 @@ def _files(path: Path) -> list[Path]:
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".npy", ".npz"))
         if not files:
             raise QuantscopeError(f"data folder '{path}' has no .npy or .npz files: add some")
+        special = [p for p in files if not p.is_file()]  # a FIFO would block the reader
+        if special:
+            raise QuantscopeError(f"data folder '{path}' holds '{special[0].name}', which is "
+                                  "not a regular file (a FIFO, a device or a folder): remove "
+                                  "it or move the data files to a folder of their own")
         return files
     if path.suffix.lower() not in (".npy", ".npz"):
         raise QuantscopeError(
