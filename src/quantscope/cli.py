@@ -747,8 +747,9 @@ _USER_FIXES = {
 def os_error_line(exc: OSError) -> str | None:
     """One line for a file-system error the user can fix (None: an internal error)."""
     what = _USER_ERRNOS.get(exc.errno or 0)
-    if what is None:
-        return None
+    if what is None or (not exc.filename and exc.errno in (errno.EACCES, errno.EPERM,
+                                                          errno.EROFS)):
+        return None  # a permission error without a path says nothing the user can act on
     where = f" at '{short_path(str(exc.filename))}'" if exc.filename else ""
     return f"{what}{where}: {_USER_FIXES.get(exc.errno or 0, 'choose another path')}"
 
