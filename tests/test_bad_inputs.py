@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -116,6 +117,38 @@ def _make_ws(ws: Path) -> None:
     np.savez(ws / "ids_batch.npz", **_text_feeds(n_mask=(3, 6)))
     np.savez(ws / "ids_vocab.npz", **_text_feeds(low=VOCAB, high=VOCAB + 5))
     np.savez(ws / "ids_negative.npz", **_text_feeds(low=-3, high=-1))
+    # issue 32: the last bad inputs
+    onnx.save(no_inputs_model(), ws / "noin.onnx")
+    onnx.save(tm.layernorm_block(), ws / "ext.onnx", save_as_external_data=True,
+              all_tensors_to_one_file=True, location="ext.weights", size_threshold=0)
+    (ws / "ext.weights").unlink()  # the model's weights file went missing
+    np.save(ws / "x1.npy", np.load(ws / "x.npy")[:1])
+    np.savez(ws / "y_named.npz", y=np.load(ws / "x.npy"))
+    (ws / "not_a_tokenizer.json").write_text(json.dumps({"vocab": {"a": 0}}))
+    (ws / "p_dup.json").write_text('{"default": "a8_w8", "groups": {}, "default": "a16_w16"}')
+    good = (Path(__file__).parents[1] / "src/quantscope/targets/hailo8.toml").read_text()
+    for name, old, new in TOML_EDITS:
+        assert old in good
+        (ws / f"{name}.toml").write_text(good.replace(old, new, 1))
+
+
+def no_inputs_model() -> onnx.ModelProto:
+    """Relu of a constant: a graph with no inputs (its output is a constant)."""
+    c = numpy_helper.from_array(np.ones((2, 3), np.float32), "c")
+    out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
+    graph = helper.make_graph([helper.make_node("Relu", ["c"], ["y"])], "g", [], [out], [c])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+COST = "weighted = { a8_w8 = 1.0,"
+TOML_EDITS = [  # (file name, text in hailo8.toml, replacement)
+    ("cost_negative", COST, "weighted = { a8_w8 = -1.0,"),
+    ("cost_nan", COST, "weighted = { a8_w8 = nan,"),
+    ("cost_inf", COST, "weighted = { a8_w8 = inf,"),
+    ("boundary_negative", "boundary_macs = 0.5", "boundary_macs = -0.5"),
+    ("signed_yes", "act_signed = false", 'act_signed = "yes"'),
+]
+LONG = "a" * 300  # one path component longer than the 255 bytes a file system allows
 
 
 @pytest.fixture(scope="module")
@@ -385,9 +418,120 @@ CASES: list[tuple[str, list[str], str]] = [
      "invalid choice"),
     ("calibrate-missing-out", CAL, "--out"),
     ("unknown-command", ["calibrat", M], "invalid choice"),
+    # -- issue 32: special files are neither read (a FIFO blocks forever) nor replaced
+    ("export-qdq-out-fifo", [*QDQ, "--out", "{special}"], "FIFO"),
+    ("calibrate-out-char-device", [*CAL, "--out", "{special}"], "character device"),
+    ("calibrate-model-fifo", ["calibrate", "{special}", "--data", X, "--out", "{out}/s.npz"],
+     "FIFO"),
+    ("calibrate-data-fifo", ["calibrate", M, "--data", "{special}", "--out", "{out}/s.npz"],
+     "FIFO"),
+    ("check-plan-fifo", ["check", "--model", M, "--target", "hailo8", "{special}"], "FIFO"),
+    # -- names longer than a file system allows, symlink loops, missing link targets
+    ("calibrate-model-name-too-long", ["calibrate", f"{{ws}}/{LONG}.onnx", "--data", X,
+                                       "--out", "{out}/s.npz"], "longer than the file system"),
+    ("calibrate-data-name-too-long", ["calibrate", M, "--data", f"{{ws}}/{LONG}/x.npy",
+                                      "--out", "{out}/s.npz"], "longer than the file system"),
+    ("calibrate-out-name-too-long", [*CAL, "--out", f"{{out}}/{LONG}.npz"],
+     "longer than the file system"),
+    ("run-out-name-too-long", ["run", M, "--data", X, "--target", "hailo8", "--out",
+                               f"{{out}}/{LONG}"], "longer than the file system"),
+    ("calibrate-model-symlink-loop", ["calibrate", "{special}", "--data", X, "--out",
+                                      "{out}/s.npz"], "symlink loop"),
+    ("calibrate-data-symlink-loop", ["calibrate", M, "--data", "{special}", "--out",
+                                     "{out}/s.npz"], "symlink loop"),
+    ("calibrate-model-dangling-symlink", ["calibrate", "{special}", "--data", X, "--out",
+                                          "{out}/s.npz"], "which does not exist"),
+    ("calibrate-out-trailing-slash", [*CAL, "--out", "{out}/new/"], "ends in '/'"),
+    # -- models: no inputs, external weights missing
+    ("calibrate-model-no-inputs", ["calibrate", "{ws}/noin.onnx", "--data", X, "--out",
+                                   "{out}/s.npz"], "has no inputs"),
+    ("groups-model-external-data-missing", ["groups", "{ws}/ext.onnx"],
+     "external data file 'ext.weights'"),
+    # -- a JSON that is no tokenizer, a plan giving a key twice
+    ("calibrate-tokenizer-not-a-tokenizer", ["calibrate", T, "--data", "{ws}/pairs.jsonl",
+                                             "--tokenizer", "{ws}/not_a_tokenizer.json",
+                                             "--out", "{out}/s.npz"], "no tokenizer"),
+    ("check-plan-duplicate-key", ["check", "--model", M, "--target", "hailo8",
+                                  "{ws}/p_dup.json"], "key 'default' twice"),
+    ("export-qdq-plan-duplicate-key", ["export-qdq", M, "--stats", S, "--plan",
+                                       "{ws}/p_dup.json", "--out", "{out}/q.onnx"],
+     "key 'default' twice"),
+    # -- target profiles: costs finite and positive, a string is not a bool
+    *[(f"check-target-{name.replace('_', '-')}", ["check", "--model", M, "--target",
+                                                  f"{{ws}}/{name}.toml", P], needle)
+      for name, needle in (("cost_negative", "cost.relative.weighted.a8_w8"),
+                           ("cost_nan", "finite number above 0"),
+                           ("cost_inf", "finite number above 0"),
+                           ("boundary_negative", "cost.boundary_macs"),
+                           ("signed_yes", "scheme.act_signed"))],
+    # -- options: --input-shape once per input, --seq-len holds the special tokens
+    ("check-input-shape-contradictory", ["check", "--model", M, "--target", "hailo8",
+                                         "--input-shape", "x=1x5x24", "--input-shape",
+                                         "x=2x5x24", P], "twice, as 1x5x24 and as 2x5x24"),
+    ("check-input-shape-repeated", ["check", "--model", M, "--target", "hailo8",
+                                    "--input-shape", "x=1x5x24", "--input-shape", "x=1x5x24",
+                                    P], "'x' twice"),
+    ("plan-seq-len-one", [*PLAN, "--seq-len", "1", "--out", "{out}/p.json"],
+     "special tokens"),
+    ("evaluate-seq-len-one", [*EVAL, "--seq-len", "1"], "special tokens"),
+    ("run-seq-len-one", ["run", M, "--data", X, "--target", "hailo8", "--seq-len", "1",
+                         "--out", "{out}/w"], "special tokens"),
+    # -- run: every input checked before any work, no folder left behind
+    ("run-one-sample", ["run", M, "--data", "{ws}/x1.npy", "--target", "hailo8", "--out",
+                        "{out}/w"], "at least 2"),
+    ("run-eval-data-wrong-input", ["run", M, "--data", X, "--eval-data", "{ws}/y_named.npz",
+                                   "--target", "hailo8", "--out", "{out}/w"],
+     "no array for model input 'x'"),
+    ("analyze-one-sample", ["analyze", M, "--data", "{ws}/x1.npy", "--stats", S, "--out",
+                            "{out}/a.json"], "at least 2 samples"),
+    ("calibrate-data-folder-holds-fifo", ["calibrate", M, "--data", "{special}", "--out",
+                                          "{out}/s.npz"], "not a regular file"),
+    ("run-target-bad-cost", ["run", M, "--data", X, "--target", "{ws}/cost_nan.toml",
+                             "--out", "{out}/w"], "finite number above 0"),
 ]
 
+def _fifo(ws: Path, out: Path) -> Path:
+    os.mkfifo(out / "pipe")
+    return out / "pipe"
+
+
+def _char_device(ws: Path, out: Path) -> Path:
+    """A character device like /dev/null, made in the output folder (root only)."""
+    try:
+        os.mknod(out / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("making a device node needs root")
+    return out / "null"
+
+
+def _loop(ws: Path, out: Path) -> Path:
+    (out / "a.onnx").symlink_to(out / "b.onnx")
+    (out / "b.onnx").symlink_to(out / "a.onnx")
+    return out / "a.onnx"
+
+
+def _dangling(ws: Path, out: Path) -> Path:
+    (out / "gone.onnx").symlink_to(out / "moved.onnx")
+    return out / "gone.onnx"
+
+
+def _folder_with_fifo(ws: Path, out: Path) -> Path:
+    (out / "data").mkdir()
+    np.save(out / "data" / "a.npy", np.load(ws / "x.npy"))
+    os.mkfifo(out / "data" / "b.npy")
+    return out / "data"
+
+
 SETUP = {
+    "calibrate-data-folder-holds-fifo": _folder_with_fifo,
+    "export-qdq-out-fifo": _fifo,
+    "calibrate-out-char-device": _char_device,
+    "calibrate-model-fifo": _fifo,
+    "calibrate-data-fifo": _fifo,
+    "check-plan-fifo": _fifo,
+    "calibrate-model-symlink-loop": _loop,
+    "calibrate-data-symlink-loop": _loop,
+    "calibrate-model-dangling-symlink": _dangling,
     "export-qdq-out-symlink": _symlink,
     "export-qdq-out-hardlink": _hardlink,
     "demo-report-read-only": lambda ws, out: _readonly_folder(out),
@@ -395,8 +539,17 @@ SETUP = {
 
 
 def _snapshot(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            if p.is_file() else "dir" for p in sorted(folder.rglob("*"))}
+    return {str(p.relative_to(folder)): _kind(p) for p in sorted(folder.rglob("*"))}
+
+
+def _kind(p: Path) -> str:
+    """A file's digest, or what else it is (a FIFO is never opened: it would block)."""
+    mode = p.lstat().st_mode
+    if stat.S_ISLNK(mode):
+        return f"link to {os.readlink(p)}"
+    if stat.S_ISREG(mode):
+        return hashlib.sha256(p.read_bytes()).hexdigest()
+    return "dir" if stat.S_ISDIR(mode) else f"special {stat.S_IFMT(mode)}"
 
 
 def _listing(folder: Path) -> list[str]:
@@ -418,6 +571,7 @@ def test_bad_input(ws, tmp_path, capsys, request, argv, needle):
     out.mkdir()
     case = request.node.callspec.id
     special = SETUP[case](ws, out) if case in SETUP else ""
+    special_kind = _kind(Path(special)) if special else ""
     before, listed = _snapshot(ws), _listing(out)
     code = main([a.format(ws=ws, out=out, special=special) for a in argv])
     _, err = capsys.readouterr()
@@ -427,6 +581,8 @@ def test_bad_input(ws, tmp_path, capsys, request, argv, needle):
     assert lines[0].startswith("quantscope: error: ") and needle in lines[0], lines[0]
     assert _listing(out) == listed, "an output was created"
     assert _snapshot(ws) == before, "an input was modified"
+    if special:  # a FIFO, a device or a link is still what it was
+        assert _kind(Path(special)) == special_kind, "a special file was replaced"
 
 
 def test_broken_pipe_exits_quietly(ws):
@@ -524,3 +680,76 @@ def test_demo_writes_json_and_report_as_a_set(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "d.json").read_text())["results"]
     assert (tmp_path / "d.html").read_text().startswith("<!doctype html>")
     assert _listing(tmp_path) == ["d.html", "d.json", "enc.onnx", "pairs.jsonl"]
+
+
+def test_upper_case_npz_suffix_is_read(ws, tmp_path):
+    """``X.NPZ`` is an .npz file (saved on a case-insensitive system, say)."""
+    with (tmp_path / "X.NPZ").open("wb") as f:
+        np.savez(f, x=np.load(ws / "x.npy"))
+    assert main(["calibrate", str(ws / "m.onnx"), "--data", str(tmp_path / "X.NPZ"),
+                 "--out", str(tmp_path / "s.npz")]) == 0
+    assert (tmp_path / "s.npz").stat().st_size > 0
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A real 64 KiB file system (tmpfs; mounting needs root), filled to the last byte."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)],
+                      capture_output=True, check=False).returncode != 0:
+        pytest.skip("this machine cannot mount a tmpfs")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("command", ["export-qdq", "run"])
+def test_disk_full_is_one_line_and_leaves_no_partial_file(ws, full_disk, capsys, command):
+    """ENOSPC while writing: one line naming the path and the fix, exit 2, no temp file."""
+    if command == "export-qdq":
+        argv = [*QDQ, "--out", str(full_disk / "q.onnx")]
+    else:
+        argv = ["run", M, "--data", X, "--target", "hailo8", "--out", str(full_disk / "w")]
+    with (full_disk / "filler").open("wb", buffering=0) as f:  # fill it to the last byte
+        with pytest.raises(OSError):
+            while True:
+                f.write(b"\0" * 1024)
+    before = _listing(full_disk)
+    code = main([a.format(ws=ws, out=full_disk) for a in argv])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("quantscope:")]
+    assert code == 2, err
+    assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
+    assert err.strip().splitlines()[-1] == lines[0]  # progress lines before it, none after
+    assert "no space left on the device" in lines[0] and "free some space" in lines[0]
+    left = [p for p in _listing(full_disk) if p not in before]
+    assert not [p for p in left if p.endswith(".tmp")], left  # no half-written file
+    if command == "export-qdq":
+        assert left == []
+
+
+def test_ctrl_c_during_the_imports_is_one_line(ws):
+    """A real SIGINT while the CLI is still importing (numpy, onnx): exit 130, one line.
+
+    The signal is raised by an import hook the moment numpy is first imported, i.e. in
+    the first second of ``python -m quantscope``, before any command runs."""
+    hook = (
+        "import os, signal, sys, runpy\n"
+        "class Hook:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'numpy':\n"
+        "            sys.meta_path.remove(self)\n"
+        "            signal.raise_signal(signal.SIGINT)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hook())\n"
+        "sys.argv = ['quantscope', 'groups', sys.argv[1]]\n"
+        "runpy.run_module('quantscope', run_name='__main__', alter_sys=True)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.run([sys.executable, "-c", hook, str(ws / "m.onnx")], env=env,
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "quantscope: interrupted", proc.stderr

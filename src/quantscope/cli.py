@@ -1,13 +1,17 @@
 """Command line: one subcommand per stage, reading and writing the stages' files.
 
 Every user error is one line on stderr and exit code 2; outputs are written atomically,
-so a failed command leaves no file behind.
+so a failed command leaves no file behind. File-system errors the user can act on (a full
+disk, a name too long, a symlink loop, no permission: :func:`os_error_line`) are such a
+line too, naming the path; Ctrl-C is ``quantscope: interrupted`` and exit 130, also during
+the imports (:mod:`quantscope.__main__`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import sys
 import traceback
@@ -22,8 +26,10 @@ from quantscope.cli_types import (
     QuietPipe,
     check_demo_data,
     check_goal,
+    check_input_shapes,
     check_low_high,
     check_paths,
+    short_path,
 )
 from quantscope.types import Plan, Precision, QuantscopeError, Stats
 
@@ -71,6 +77,14 @@ def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
     for batch in (*ds.calibration, *ds.evaluation):
         check_token_ids(batch, model, args.data)
     return ds
+
+
+def _tensor_samples(ds: stages.Dataset | None) -> int | None:
+    """The evaluation samples of tensor data (the longest first axis of each batch), or
+    None for a task's data (pairs, images), which counts its own."""
+    if ds is None or ds.task is not None:
+        return None
+    return sum(max((len(a) for a in b.values()), default=0) for b in ds.evaluation)
 
 
 def _plan_from_args(args: argparse.Namespace) -> Plan:
@@ -342,6 +356,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
                               f"{', '.join(missing)} (see 'quantscope analyze --help')")
     check_low_high(args.low, args.high)
     inp = _open(args, data=True, stats=True, target=True)
+    samples = _tensor_samples(inp.data)
+    if samples is not None and samples < 2:
+        raise QuantscopeError(f"data '{args.data}' has {samples} sample(s), and analyze "
+                              "compares the samples' outputs (a collapse shows only across "
+                              "two or more): give at least 2 samples")
     executor = _executor(args.ray)
     try:
         result = analyze(inp.model, find_groups(inp.model), inp.stats,
@@ -688,6 +707,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     try:
         check_paths(args)
+        check_input_shapes(getattr(args, "input_shape", None))
         return func(args)
     except QuantscopeError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)
@@ -695,16 +715,55 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     except KeyboardInterrupt:
         print("quantscope: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        line = os_error_line(exc)
+        if line is None:
+            return _internal(exc)
+        print(f"quantscope: error: {line}", file=sys.stderr)
+        return EXIT_USER
     except MemoryError:
         print("quantscope: error: out of memory: use fewer or smaller batches", file=sys.stderr)
         return EXIT_USER
     except Exception as exc:  # last resort: one line, never a traceback unless asked
-        if os.environ.get("QUANTSCOPE_DEBUG"):
-            traceback.print_exc()
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        print(f"quantscope: internal error: {type(exc).__name__}: {first} "
-              "(set QUANTSCOPE_DEBUG=1 for the traceback and report it)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(exc)
+
+
+def _internal(exc: BaseException) -> int:
+    if os.environ.get("QUANTSCOPE_DEBUG"):
+        traceback.print_exception(exc)
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    print(f"quantscope: internal error: {type(exc).__name__}: {first} "
+          "(set QUANTSCOPE_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+    return EXIT_INTERNAL
+
+
+# errors of the file system the user can act on: one line naming the path, exit 2
+_USER_ERRNOS = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.ENAMETOOLONG: "a file or folder name is longer than the file system allows "
+                        "(255 bytes)",
+    errno.ELOOP: "a symlink loop (links that point back to each other)",
+    errno.EROFS: "a read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+_USER_FIXES = {
+    errno.ENOSPC: "free some space or write to another file system",
+    errno.EDQUOT: "free some space or write to another file system",
+    errno.ENAMETOOLONG: "shorten it",
+    errno.ELOOP: "point the link at a real file",
+}
+
+
+def os_error_line(exc: OSError) -> str | None:
+    """One line for a file-system error the user can fix (None: an internal error)."""
+    what = _USER_ERRNOS.get(exc.errno or 0)
+    if what is None or (not exc.filename and exc.errno in (errno.EACCES, errno.EPERM,
+                                                          errno.EROFS)):
+        return None  # a permission error without a path says nothing the user can act on
+    where = f" at '{short_path(str(exc.filename))}'" if exc.filename else ""
+    return f"{what}{where}: {_USER_FIXES.get(exc.errno or 0, 'choose another path')}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -712,6 +771,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser().parse_args(argv)
     except QuantscopeError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        print("quantscope: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        line = os_error_line(exc)
+        if line is None:
+            return _internal(exc)
+        print(f"quantscope: error: {line}", file=sys.stderr)
         return EXIT_USER
     stdout = sys.stdout
     sys.stdout = QuietPipe(stdout)  # type: ignore[assignment]

@@ -23,6 +23,7 @@ from quantscope.cli_types import (
     positive_float,
     positive_int,
     precision,
+    seq_len,
 )
 from quantscope.types import Precision, QuantscopeError
 
@@ -186,6 +187,8 @@ def seq_lens(text: str) -> tuple[int, ...]:
     if not out or min(out) < 1:
         raise argparse.ArgumentTypeError(f"'{text}' is not a positive length or a comma list "
                                          "of them (e.g. 256 or 128,256)")
+    for n in out:
+        seq_len(str(n))
     return out
 
 
@@ -197,7 +200,7 @@ def _seq_len_parent(*, several: bool = False) -> argparse.ArgumentParser:
                        "it, so a comma list (128,256) plans each and keeps the best, "
                        "showing every length's front and the fraction of texts that fit")
     else:
-        p.add_argument("--seq-len", type=positive_int,
+        p.add_argument("--seq-len", type=seq_len,
                        help="sequence length for symbolic token dims (rules and costs that "
                        "depend on the tensor size)")
     p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx…",
@@ -252,7 +255,7 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                                 _stats_parent(), _plan_parent(),
                                 _method_parent(None), _tokenizer_parent(),
                                 _pairs_parent(None, "evaluated")])
-    e.add_argument("--seq-len", type=positive_int, metavar="N",
+    e.add_argument("--seq-len", type=seq_len, metavar="N",
                    help="text data: measure on the texts truncated at N tokens, as a "
                    "deployment at sequence length N runs them (against FP32 at the same "
                    "length)")
@@ -270,7 +273,7 @@ def _add_stage_commands(sub: argparse._SubParsersAction) -> None:
                        "little and all together gain much, the error is spread over the graph. "
                        "Task data also gets the headroom: the metric with the plan's own error "
                        "scaled down (0.7x ... 0.05x), and with --goal the scale that reaches it.")
-    w.add_argument("--seq-len", type=positive_int, metavar="N",
+    w.add_argument("--seq-len", type=seq_len, metavar="N",
                    help="text data: measure on the texts truncated at N tokens")
     w.add_argument("--metric", help="the metric the gains are in (default: the task's: "
                    "top1_agreement for retrieval, decision_agreement for faces, else sqnr_db)")

@@ -5,9 +5,10 @@ numbers            one ``type=`` per kind: positive int, count (0 = all), fracti
                    (0, 1], finite (positive / non-negative) float
 ``precision``      a :class:`Precision` name
 ``InputPath``      something a command reads (model, data, stats, plan, ...): a file
-                   that must exist is checked to be a file, not a folder
-``OutputPath``     a file a command writes: not a folder, in an existing folder that
-                   can be written
+                   that must exist is checked to be a file, not a folder; none is a
+                   FIFO, a device, a symlink loop or a name too long
+``OutputPath``     a file a command writes: not a folder (nor ``name/``), not a special
+                   file, in an existing folder that can be written
 =================  ==================================================================
 
 :func:`check_paths` then refuses, for every command alike, an output that is one of the
@@ -22,9 +23,11 @@ early (``quantscope io ... | head``).
 from __future__ import annotations
 
 import argparse
+import errno
 import io
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -69,6 +72,19 @@ def count(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{value} is negative: give a whole number >= 0 "
                                          "(0 = all)")
     return int(value)
+
+
+MIN_SEQ_LEN = 2  # a text's two special tokens ([CLS] ... [SEP], <s> ... </s>)
+
+
+def seq_len(text: str) -> int:
+    """``--seq-len``: a whole number that holds at least the special tokens."""
+    value = positive_int(text)
+    if value < MIN_SEQ_LEN:
+        raise argparse.ArgumentTypeError(
+            f"{value} token cannot hold a text's {MIN_SEQ_LEN} special tokens ([CLS] and "
+            f"[SEP]): give {MIN_SEQ_LEN} or more (the deployment's sequence length)")
+    return value
 
 
 def finite_float(text: str) -> float:
@@ -118,12 +134,65 @@ def precision(text: str) -> Precision:
 # ---------------------------------------------------------------- paths
 
 
+def short_path(text: str) -> str:
+    """``text`` with each over-long component cut (for one readable error line)."""
+    return "/".join(c if len(c) <= 60 else f"{c[:40]}…({len(c.encode())} bytes)"
+                    for c in str(text).split("/"))
+
+
+def path_problem(text: str, what: str, *, output: bool = False) -> str | None:
+    """Why ``text`` cannot be opened as a file or folder, or None (also when it is missing).
+
+    Caught here, before any work, so that they are one line instead of a traceback or a
+    hang: a name component longer than the file system allows, a symlink loop, a symlink
+    to nothing, and a special file (a FIFO would block the reader forever; a device is
+    no saved file).
+    """
+    try:
+        st = os.stat(text)
+    except OSError as exc:
+        if exc.errno == errno.ENAMETOOLONG:
+            return (f"{what} path '{short_path(text)}' has a name longer than the file "
+                    "system allows (255 bytes per folder or file name): shorten it")
+        if exc.errno == errno.ELOOP:
+            return (f"{what} '{text}' is a symlink loop (its links point back to each "
+                    "other): point it at a real file")
+        if not output and os.path.islink(text):
+            return (f"{what} '{text}' is a symlink to '{os.readlink(text)}', which does not "
+                    "exist: fix the link or give the file itself")
+        return None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        fix = ("write to a regular file path (a special file is never replaced)" if output
+               else "give a saved file (a special file is never read: a FIFO would block)")
+        return f"{what} '{text}' is a {_special_kind(st.st_mode)}, not a regular file: {fix}"
+    return None
+
+
+def _special_kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "FIFO (named pipe)"
+    if stat.S_ISCHR(mode):
+        return "character device"
+    if stat.S_ISBLK(mode):
+        return "block device"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    return "special file"
+
+
+def _checked(text: str, what: str, *, output: bool = False) -> None:
+    problem = path_problem(text, what, output=output)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+
+
 def input_spec(what: str, *, folder: bool = True) -> Callable[[str], InputPath]:
     """A path or a built-in name (model, target, tokenizer); ``folder``: may be a folder."""
 
     def parse(text: str) -> InputPath:
         if not text:
             raise argparse.ArgumentTypeError(f"empty {what}: give a path or a built-in name")
+        _checked(text, what)
         if not folder and Path(text).is_dir():
             raise argparse.ArgumentTypeError(f"{what} '{text}' is a folder, not a file: "
                                              f"give the {what} file")
@@ -138,6 +207,8 @@ def data_spec(text: str) -> InputPath:
     from quantscope.tasks.text import STDLIB_DOCS
 
     builtin = (STDLIB_DOCS, "faces", "photos", "photos-small")
+    if text not in builtin:
+        _checked(text, "data")
     if text not in builtin and not Path(text).exists():
         raise argparse.ArgumentTypeError(
             f"data '{text}' does not exist: check the path, or use a built-in data name "
@@ -149,6 +220,7 @@ def input_file(what: str, fix: str) -> Callable[[str], InputPath]:
     """A file that must exist (stats, plan, analysis, results, script, HN JSON)."""
 
     def parse(text: str) -> InputPath:
+        _checked(text, what)
         path = Path(text)
         if path.is_dir():
             raise argparse.ArgumentTypeError(f"{what} '{text}' is a folder, not a file: "
@@ -162,14 +234,22 @@ def input_file(what: str, fix: str) -> Callable[[str], InputPath]:
 
 
 def output_file(text: str) -> OutputPath:
-    """A file to write: not a folder, in an existing folder this process can write."""
+    """A file to write: not a folder, in an existing folder this process can write; never
+    a special file (a FIFO or a device such as /dev/null would be replaced by a regular
+    file, since outputs are written to a temporary file and renamed into place)."""
     if not text:
         raise argparse.ArgumentTypeError("empty output path: give a file name")
+    _checked(text, "output", output=True)
     path = Path(text)
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"output '{text}' is a folder: give a file path "
                                          "inside it")
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"output '{text}' ends in '/', which names a folder, "
+                                         "and there is none: give a file path (e.g. "
+                                         f"{text}NAME after creating the folder)")
     folder = path.parent
+    _checked(str(folder), "output folder", output=True)
     if not folder.exists():
         raise argparse.ArgumentTypeError(f"output folder '{folder}' of '{text}' does not "
                                          "exist: create it first")
@@ -227,6 +307,20 @@ def check_paths(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------- checks across arguments
+
+
+def check_input_shapes(shapes: list[tuple[str, tuple[int, ...]]] | None) -> None:
+    """``--input-shape``: one shape per input (a repeated input is refused, since the
+    second would silently win or contradict the first)."""
+    seen: dict[str, tuple[int, ...]] = {}
+    for name, dims in shapes or ():
+        if name in seen:
+            first, again = ("x".join(map(str, d)) for d in (seen[name], dims))
+            how = (f"twice ({first})" if seen[name] == dims
+                   else f"twice, as {first} and as {again}")
+            raise QuantscopeError(f"--input-shape gives input '{name}' {how}: give each "
+                                  "input's shape once")
+        seen[name] = dims
 
 
 def check_low_high(low: Precision, high: Precision) -> None:

@@ -1,12 +1,15 @@
 """File forms of the typed values: the only place that parses dicts and files.
 
 Everything is written atomically (temporary file in the same folder, then
-``os.replace``) so that a failed run never leaves a half-written output behind.
-Unknown keys are rejected with a one-line error naming the key and the file.
+``os.replace``) so that a failed run never leaves a half-written output behind; a full
+disk is one line naming the file, and a special file (FIFO, device) is never replaced.
+Unknown keys, and a key given twice in one JSON object, are rejected with a one-line
+error naming the key and the file.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import math
@@ -46,7 +49,13 @@ def _write_temp(path: Path, write: Writer) -> Path:
         raise QuantscopeError(f"output folder '{path.parent}' does not exist: create it first")
     if path.is_dir():
         raise QuantscopeError(f"output '{path}' is a folder: give a file path inside it")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    if path.exists() and not path.is_file():  # the rename would replace a FIFO or a device
+        raise QuantscopeError(f"output '{path}' is a special file (a FIFO or a device), not "
+                              "a regular file: give a file path (special files are never "
+                              "replaced)")
+    # a short temporary name: the output's own name may be near the 255-byte limit
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:32]}.", suffix=".tmp",
+                               dir=path.parent or ".")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -57,6 +66,9 @@ def _write_temp(path: Path, write: Writer) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return Path(tmp)
+
+
+_FULL = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up"}
 
 
 def write_atomic(path: str | Path, write: Writer) -> Path:
@@ -78,12 +90,25 @@ def write_atomic_set(items: list[tuple[str | Path, Writer]]) -> list[Path]:
     temps: list[Path] = []
     try:
         for path, (_, write) in zip(paths, items, strict=True):
-            temps.append(_write_temp(path, write))
+            try:
+                temps.append(_write_temp(path, write))
+            except OSError as exc:
+                if exc.errno not in _FULL:
+                    raise
+                raise QuantscopeError(
+                    f"{_FULL[exc.errno]} while writing '{path}': free some space or write "
+                    f"elsewhere ({_not_written(paths)})") from None
         _rename_set(paths, temps)
     finally:
         for tmp in temps:
             tmp.unlink(missing_ok=True)
     return paths
+
+
+def _not_written(paths: list[Path]) -> str:
+    if len(paths) == 1:
+        return f"{paths[0].name} was not written"
+    return f"none of {', '.join(p.name for p in paths)} was written"
 
 
 def _rename_set(paths: list[Path], temps: list[Path]) -> None:
@@ -178,13 +203,29 @@ def require_file(path: Path, what: str, fix: str = "check the path") -> None:
         raise QuantscopeError(f"{what} file '{path}' does not exist: {fix}")
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def read_json(path: str | Path, what: str) -> Any:
     path = Path(path)
     require_file(path, what)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise QuantscopeError(f"{what} file '{path}' is not valid JSON ({exc}): fix it") from None
+    except _DuplicateKey as exc:
+        raise QuantscopeError(f"{what} file '{path}' gives key '{exc.args[0]}' twice in one "
+                              "object (JSON readers keep either one): keep one of them") from None
     if isinstance(doc, dict) and isinstance(doc.get(NONFINITE_KEY), dict):
         found = doc.pop(NONFINITE_KEY)
         doc = _restore(doc, "", found)

@@ -89,8 +89,11 @@ def _read(path: Path) -> onnx.ModelProto:
         raise QuantscopeError(f"model file '{path}' does not exist: check the path")
     if path.is_dir():
         raise QuantscopeError(f"model '{path}' is a folder: pass the .onnx file inside it")
+    if not path.is_file():  # a FIFO would block the reader forever
+        raise QuantscopeError(f"model '{path}' is not a regular file (a FIFO or a device): "
+                              "pass the saved .onnx file")
     try:
-        proto = onnx.load(str(path))
+        proto = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types
         raise QuantscopeError(
             f"'{path}' is not a readable ONNX model ({type(exc).__name__}): "
@@ -100,7 +103,44 @@ def _read(path: Path) -> onnx.ModelProto:
         raise QuantscopeError(
             f"'{path}' holds no ONNX graph (empty or truncated file): re-export the model"
         )
+    _load_external(proto, path)
+    inits = {t.name for t in proto.graph.initializer}
+    if not [i for i in proto.graph.input if i.name not in inits]:
+        raise QuantscopeError(
+            f"model '{path}' has no inputs (its outputs are constants): quantscope feeds "
+            "data to a model's inputs; re-export it with its inputs")
     return proto
+
+
+def _load_external(proto: onnx.ModelProto, path: Path) -> None:
+    """The weights stored beside the model (``onnx.save(..., save_as_external_data=True)``):
+    a missing or unreadable file is named, with the tensor that needs it."""
+    from onnx.external_data_helper import (
+        ExternalDataInfo,
+        load_external_data_for_model,
+        uses_external_data,
+    )
+
+    base = path.parent
+    for t in proto.graph.initializer:
+        if not uses_external_data(t):
+            continue
+        location = ExternalDataInfo(t).location
+        file = (base / location).resolve()
+        if not file.is_relative_to(base.resolve()) or not file.is_file():
+            why = "is outside the model's folder" if not file.is_relative_to(
+                base.resolve()) else "does not exist"
+            raise QuantscopeError(
+                f"model '{path}' keeps weight '{t.name}' in the external data file "
+                f"'{location}', which {why} (looked in '{base}'): put the model's data "
+                "file beside it, or re-export the model as one file")
+    try:
+        load_external_data_for_model(proto, str(base))
+    except Exception as exc:
+        raise QuantscopeError(
+            f"model '{path}': its external data files could not be read "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}): "
+            "re-export the model with its data beside it") from None
 
 
 def name_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:

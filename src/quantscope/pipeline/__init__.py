@@ -15,13 +15,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context, RunOptions, open_run_model
 from quantscope.pipeline.manifest import Manifest, stage_key
 from quantscope.pipeline.verdict import report as report_step
 from quantscope.types import QuantscopeError
+
+if TYPE_CHECKING:
+    from quantscope.model.load import Model
 
 LOCK = ".run.lock"
 
@@ -69,8 +72,10 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     opts.check()
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
-    # a split that cannot be made fails before the run folder exists
-    early = {"model": open_run_model(opts, progress=progress)} if opts.token_chunk else {}
+    # every input is opened (and a split that cannot be made fails) before any stage runs
+    # and before the run folder exists: a bad input leaves nothing behind
+    early = {"model": open_run_model(opts, progress=progress)}
+    check_run_inputs(early["model"], opts)
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress, _cache=early).check_goal()
     if head is not None and opts.goal is not None:
@@ -82,6 +87,46 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     with _lock(folder):
         _remove_stale(folder)
         return _run(Context(opts, folder, progress=progress, _cache=early), force)
+
+
+MIN_FIT_SAMPLES = 2  # the analysis compares samples (a collapse needs two rows to show)
+
+
+def check_run_inputs(model: Model, opts: RunOptions) -> None:
+    """The target, the data and the evaluation data, opened and checked against the model
+    (input names, shapes, token ids), and enough tensor samples to fit a plan on: after
+    holding out half for evaluation (without ``--eval-data``) at least
+    :data:`MIN_FIT_SAMPLES` remain."""
+    from quantscope import stages
+    from quantscope.targets import load_target
+    from quantscope.tasks.tensors import check_token_ids
+
+    load_target(opts.target)
+    fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer, max_pairs=opts.pairs)
+    sets = [(opts.data, fit)]
+    if opts.eval_data:
+        sets.append((opts.eval_data, stages.open_data(opts.eval_data, model,
+                                                      tokenizer=opts.tokenizer,
+                                                      max_pairs=opts.pairs)))
+    for spec, ds in sets:
+        for batch in (*ds.calibration, *ds.evaluation):
+            check_token_ids(batch, model, spec)
+    if fit.task is not None:
+        return
+    rows = [max((len(a) for a in b.values()), default=0) for b in fit.calibration]
+    if opts.eval_data:
+        fitted, how = sum(rows), ""
+    elif len(rows) >= 2:
+        fitted, how = sum(rows[: (len(rows) + 1) // 2]), " after holding out half its files"
+    else:
+        fitted, how = (sum(rows) + 1) // 2, " after holding out half for evaluation"
+    if fitted < MIN_FIT_SAMPLES:
+        raise QuantscopeError(
+            f"data '{opts.data}' leaves {fitted} sample(s) to fit the plan on{how}, and run "
+            f"needs at least {MIN_FIT_SAMPLES} (the analysis compares samples): give more "
+            + ("samples" if opts.eval_data else
+               f"samples ({2 * MIN_FIT_SAMPLES - 1} or more), or --eval-data for the "
+               "evaluation"))
 
 
 def _run(ctx: Context, force: str | None) -> RunResult:

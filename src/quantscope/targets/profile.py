@@ -17,6 +17,7 @@ The loader rejects unknown keys with one line naming the key and the file.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -202,6 +203,29 @@ def _require(table: dict[str, Any], key: str, where: str, source: str) -> Any:
     return table[key]
 
 
+def _typed(value: Any, kind: type, what: str, source: str) -> Any:
+    """``value`` if it is a ``kind`` (a bool is no number, a string no bool), else one line."""
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if not ok:
+        names = {bool: "true or false", str: "a string", list: "a list", dict: "a table"}
+        raise QuantscopeError(f"{what} in target profile '{source}' is {value!r}, which has "
+                              f"the wrong type: give {names.get(kind, kind.__name__)}")
+    return value
+
+
+def _cost_number(value: Any, what: str, source: str, *, zero: bool) -> float:
+    """A cost: a finite number, above 0 (``zero``: at least 0)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise QuantscopeError(f"{what} in target profile '{source}' is {value!r}, which has "
+                              "the wrong type: give a number")
+    number = float(value)
+    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        bound = "at least 0" if zero else "above 0"
+        raise QuantscopeError(f"{what} in target profile '{source}' is {value!r}: a cost "
+                              f"is a finite number {bound}")
+    return number
+
+
 def _precision(text: str, source: str) -> Precision:
     try:
         return Precision(text)
@@ -214,7 +238,9 @@ def _parse_param(name: str, raw: Any, rule_id: str, source: str) -> Param:
         return Param(value=raw)
     _reject_unknown(raw, _PARAM_KEYS, f"parameter '{name}' of rule '{rule_id}'", source)
     value = _require(raw, "value", f"parameter '{name}' of rule '{rule_id}'", source)
-    return Param(value=value, estimate=bool(raw.get("estimate", False)), note=raw.get("note", ""))
+    where = f"'estimate' of parameter '{name}' of rule '{rule_id}'"
+    return Param(value=value, estimate=_typed(raw.get("estimate", False), bool, where, source),
+                 note=_typed(raw.get("note", ""), str, f"'note' of parameter '{name}'", source))
 
 
 def _parse_rule(raw: dict[str, Any], source: str) -> Rule:
@@ -256,24 +282,28 @@ def _parse_cost(raw: dict[str, Any], source: str) -> CostModel:
     relative_raw = _require(raw, "relative", "[cost]", source)
     _parse_kind_table(relative_raw, "[cost.relative]", source)
     relative = tuple(
-        (kind, tuple((_precision(p, source), float(v)) for p, v in table.items()))
+        (kind, tuple((_precision(p, source),
+                      _cost_number(v, f"cost.relative.{kind}.{p}", source, zero=False))
+                     for p, v in _typed(table, dict, f"cost.relative.{kind}", source).items()))
         for kind, table in relative_raw.items()
     )
-    value_macs_raw = raw.get("value_macs", {})
+    value_macs_raw = _typed(raw.get("value_macs", {}), dict, "cost.value_macs", source)
     _parse_kind_table(value_macs_raw, "[cost.value_macs]", source)
     return CostModel(
         relative=relative,
-        value_macs=tuple((k, float(v)) for k, v in value_macs_raw.items()),
-        boundary_macs=float(raw.get("boundary_macs", 0.0)),
-        basis=_require(raw, "basis", "[cost]", source),
-        estimate=bool(raw.get("estimate", True)),
+        value_macs=tuple((k, _cost_number(v, f"cost.value_macs.{k}", source, zero=True))
+                         for k, v in value_macs_raw.items()),
+        boundary_macs=_cost_number(raw.get("boundary_macs", 0.0), "cost.boundary_macs",
+                                   source, zero=True),
+        basis=_typed(_require(raw, "basis", "[cost]", source), str, "cost.basis", source),
+        estimate=_typed(raw.get("estimate", True), bool, "cost.estimate", source),
     )
 
 
 def _parse_scheme(raw: dict[str, Any], source: str) -> tuple[QuantScheme, str]:
     _reject_unknown(raw, _SCHEME_KEYS, "[scheme]", source)
-    fields = {k: bool(v) for k, v in raw.items() if k != "notes"}
-    return QuantScheme(**fields), raw.get("notes", "")
+    fields = {k: _typed(v, bool, f"scheme.{k}", source) for k, v in raw.items() if k != "notes"}
+    return QuantScheme(**fields), _typed(raw.get("notes", ""), str, "scheme.notes", source)
 
 
 def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
@@ -281,13 +311,20 @@ def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
     _reject_unknown(raw, _TOP_KEYS, "the top level", source)
     precisions_raw = _require(raw, "precisions", "the top level", source)
     _parse_kind_table(precisions_raw, "[precisions]", source)
-    scheme, notes = _parse_scheme(raw.get("scheme", {}), source)
+    scheme, notes = _parse_scheme(_typed(raw.get("scheme", {}), dict, "[scheme]", source),
+                                  source)
+
+    def text(key: str, default: str | None = None) -> str:
+        value = _require(raw, key, "the top level", source) if default is None else raw.get(
+            key, default)
+        return _typed(value, str, f"'{key}'", source)
+
     return Target(
-        name=_require(raw, "name", "the top level", source),
-        vendor=_require(raw, "vendor", "the top level", source),
-        device=raw.get("device", ""),
-        sdk=_require(raw, "sdk", "the top level", source),
-        description=raw.get("description", ""),
+        name=text("name"),
+        vendor=text("vendor"),
+        device=text("device", ""),
+        sdk=text("sdk"),
+        description=text("description", ""),
         default_precision=_precision(raw.get("default_precision", "a8_w8"), source),
         scheme=scheme,
         scheme_notes=notes,

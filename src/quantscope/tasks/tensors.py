@@ -32,11 +32,16 @@ def _files(path: Path) -> list[Path]:
     if not path.exists():
         raise QuantscopeError(f"data '{path}' does not exist: check the path")
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".npy", ".npz"))
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".npy", ".npz"))
         if not files:
             raise QuantscopeError(f"data folder '{path}' has no .npy or .npz files: add some")
+        special = [p for p in files if not p.is_file()]  # a FIFO would block the reader
+        if special:
+            raise QuantscopeError(f"data folder '{path}' holds '{special[0].name}', which is "
+                                  "not a regular file (a FIFO, a device or a folder): remove "
+                                  "it or move the data files to a folder of their own")
         return files
-    if path.suffix not in (".npy", ".npz"):
+    if path.suffix.lower() not in (".npy", ".npz"):
         raise QuantscopeError(
             f"data '{path}' is not .npy/.npz: give tensors, a folder of them, or a task name"
         )
@@ -48,7 +53,7 @@ def _read(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
         raise QuantscopeError(f"data file '{path}' is empty (0 bytes): save the arrays again "
                               "with numpy (np.save / np.savez)")
     try:
-        if path.suffix == ".npy":
+        if path.suffix.lower() == ".npy":
             if len(names) != 1:
                 raise QuantscopeError(
                     f"'{path}' is a single array but the model has inputs {', '.join(names)}: "

@@ -211,10 +211,25 @@ def load_tokenizer(
     try:
         tokenizer = tokenizers.Tokenizer.from_file(str(file))
     except Exception as err:  # noqa: BLE001 - the library raises plain Exception
-        raise QuantscopeError(f"cannot read tokenizer {file}: {err}") from None
+        raise QuantscopeError(_tokenizer_error(file, err)) from None
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)
     return tokenizer
+
+
+def _tokenizer_error(file: Path, err: Exception) -> str:
+    """Why a file is no tokenizer: not JSON at all, or JSON of another kind (the library
+    reports a valid JSON without the tokenizer's fields as a syntax error)."""
+    try:
+        doc = json.loads(file.read_text(encoding="utf-8"))
+    except (ValueError, OSError):
+        return f"cannot read tokenizer {file}: {err}"
+    if not isinstance(doc, dict) or "model" not in doc:
+        found = (f"keys {', '.join(sorted(doc)[:5])}" if isinstance(doc, dict) else
+                 f"a JSON {type(doc).__name__}")
+        return (f"tokenizer '{file}' is valid JSON but no tokenizer (it has {found}, not a "
+                "'model' table): pass the tokenizer.json of a Hugging Face tokenizer")
+    return f"cannot read tokenizer {file}: {err}"
 
 
 TOKENIZER_PROP = "quantscope.tokenizer"
