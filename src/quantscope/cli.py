@@ -65,7 +65,8 @@ def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
     try:
         ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
                               max_pairs=getattr(args, "pairs", None),
-                              output=getattr(args, "output", None))
+                              output=getattr(args, "output", None),
+                              layout=tuple(getattr(args, "layout", None) or ()))
     except UnicodeDecodeError:
         raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
     for batch in (*ds.calibration, *ds.evaluation):
@@ -637,7 +638,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       repair_batches=args.repair_batches, token_chunk=args.token_chunk,
                       token_linears=args.token_linears, heads=args.heads,
                       outscale=args.outscale, peel=args.peel, rowscale=args.rowscale,
-                      whatif=args.whatif,
+                      whatif=args.whatif, layout=tuple(args.layout),
                       **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))

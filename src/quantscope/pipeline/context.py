@@ -46,6 +46,7 @@ class RunOptions:
     outscale: bool = False  # outscale: residual-branch Linears write equalized channels
     peel: bool = False  # peel: each FFN's outlier hidden channels in a small FFN of their own
     whatif: bool = False  # evaluate also lifts each op kind of the plan to 16 bit (whatif)
+    layout: tuple[Any, ...] = ()  # --layout: tasks.layout.LayoutSpec per declared output
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):
@@ -112,7 +113,8 @@ class Context:
     def data_identity(self) -> dict[str, Any]:
         o = self.opts
         return {"data": _identity(o.data), "eval_data": _identity(o.eval_data),
-                "pairs": o.pairs, "tokenizer": _identity(o.tokenizer)}
+                "pairs": o.pairs, "tokenizer": _identity(o.tokenizer),
+                **({"layout": sorted(s.text for s in o.layout)} if o.layout else {})}
 
     def hn_identity(self) -> str | None:
         return _identity(self.opts.hn)
@@ -123,7 +125,7 @@ class Context:
 
             o = self.opts
             run = open_run_data(self.model(), o.data, eval_data=o.eval_data, pairs=o.pairs,
-                                tokenizer=o.tokenizer, folder=self.folder)
+                                tokenizer=o.tokenizer, folder=self.folder, layout=o.layout)
             if o.seq_len is not None:  # every stage measures what that length runs
                 run = replace(run, fit=stages.at_length(run.fit, o.seq_len),
                               held_out=stages.at_length(run.held_out, o.seq_len))
