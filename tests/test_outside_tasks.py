@@ -255,3 +255,25 @@ def test_bad_layout_on_the_command_line(det, capsys, layout, needle):
     assert lines[0].startswith("quantscope: ") and "--layout" in lines[0] and needle in lines[0]
     assert sorted(p.name for p in det.iterdir()) == before  # nothing written
 
+
+
+def test_run_refuses_a_bad_layout_before_making_its_folder(det, capsys):
+    code = main(["run", str(det / "det.onnx"), "--data", str(det / "det.npz"), "--target",
+                 "hailo8", "--out", str(det / "runbad"), "--layout", "scores=map"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [
+        "quantscope: error: --layout 'scores=map': 'scores' is no output of the model "
+        "(outputs: detections)"]
+    assert not (det / "runbad").exists()
+
+
+def test_run_scores_the_detector_as_detections_on_held_out_rows(det, capsys):
+    code = main(["run", str(det / "det.onnx"), "--data", str(det / "det.npz"), "--target",
+                 "hailo8", "--repairs", "none", "--out", str(det / "run")])
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "note: output 'detections' read as detections [4 box rows" in captured.err
+    ev = json.loads((det / "run" / "evaluate.json").read_text())
+    text = json.dumps(ev)
+    assert "split: the first 16 samples" in text  # the task reads rows alone: still held out
+    assert '"detection_f1": 0.0' in text  # uniform a8_w8, as measured on the held-out rows

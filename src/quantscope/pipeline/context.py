@@ -10,6 +10,7 @@ from quantscope import __version__, stages
 from quantscope.pipeline.manifest import file_digest
 from quantscope.progress import say
 from quantscope.repair.registry import DEFAULT_REPAIRS
+from quantscope.tasks.layout import LAYOUT_NOTE
 from quantscope.types import QuantscopeError
 
 if TYPE_CHECKING:
@@ -126,6 +127,9 @@ class Context:
             o = self.opts
             run = open_run_data(self.model(), o.data, eval_data=o.eval_data, pairs=o.pairs,
                                 tokenizer=o.tokenizer, folder=self.folder, layout=o.layout)
+            for note in run.fit.notes:
+                if LAYOUT_NOTE in note:  # what each output was read as (--layout or found)
+                    say(f"note: {note}", show=self.progress)
             if o.seq_len is not None:  # every stage measures what that length runs
                 run = replace(run, fit=stages.at_length(run.fit, o.seq_len),
                               held_out=stages.at_length(run.held_out, o.seq_len))

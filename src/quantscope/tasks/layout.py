@@ -48,6 +48,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "tensor": (),
 }
 SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score or tensor"
+LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
 class LayoutError(QuantscopeError):
