@@ -239,7 +239,10 @@ def evaluate_plans(
         coverage, saturated = q.coverage.to_dict(), _saturation_entry(data_stats, q.encodings, n_rows)
         q_notes = q.notes
         del q  # the session holds the graph: the QDQ proto's weights go before the runs
-        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": data.task is None}
+        # raw outputs judged unless a task reads them its own way (text: padded tokens);
+        # a row-local output task (detections, maps) reads the raw outputs themselves
+        judge = data.task is None or getattr(data.task, "row_local", False)
+        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge}
         if ref is None:
             fp32 = open_runs((reference or model).proto, batches)
             fid, ref_kept, test = compare_models(fp32, emulated, **score)
