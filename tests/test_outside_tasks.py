@@ -69,6 +69,17 @@ def test_detection_metrics_count_kept_and_lost_detections():
     assert any("NOT LIKE FP32" in n for n in m.notes)
 
 
+def test_anchors_first_layout_gives_the_same_metrics():
+    """``[N, A, 4 + C]`` with ``axis=2`` is read as the transposed ``[N, 4 + C, A]``."""
+    ref = _det_array(np.array([[0.9, 0.1, 0.6], [0.1, 0.8, 0.1]]))
+    test = _det_array(np.array([[0.9, 0.1, 0.1], [0.1, 0.1, 0.7]]))
+    rows = DetectionTask(name="d", output="det", layout=DetectionLayout()).metrics(
+        _outputs("det", ref), _outputs("det", test)).values
+    anchors = DetectionTask(name="d", output="det", layout=DetectionLayout(axis=2)).metrics(
+        _outputs("det", ref.transpose(0, 2, 1)), _outputs("det", test.transpose(0, 2, 1))).values
+    assert anchors == pytest.approx(rows, nan_ok=True)
+
+
 def test_detection_says_when_fp32_keeps_nothing():
     task = DetectionTask(name="d", output="det", layout=DetectionLayout())
     low = _det_array(np.full((2, 3), 0.1))
