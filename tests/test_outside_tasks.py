@@ -288,3 +288,20 @@ def test_run_scores_the_detector_as_detections_on_held_out_rows(det, capsys):
     text = json.dumps(ev)
     assert "split: the first 16 samples" in text  # the task reads rows alone: still held out
     assert '"detection_f1": 0.0' in text  # uniform a8_w8, as measured on the held-out rows
+
+
+def test_several_output_tasks_report_each_and_the_worst():
+    from quantscope.tasks.layout import OutputTasks
+
+    ref_map = np.zeros((2, 1, 4, 4))
+    ref_map[:, :, :2] = 0.9
+    test_map = ref_map.copy()
+    test_map[1, 0, 0, :] = 0.1
+    maps = (MapTask(name="a", output="a"), MapTask(name="b", output="b"))
+    both = OutputTasks(name="o", tasks=maps, headline="mask_iou")
+    ref = Outputs(names=("a", "b"), batches=((ref_map, ref_map),))
+    test = Outputs(names=("a", "b"), batches=((ref_map, test_map),))
+    v = both.metrics(ref, test).values
+    assert v["mask_iou:a"] == 1.0 and v["mask_iou:b"] == pytest.approx(0.75)
+    assert v["mask_iou"] == pytest.approx(0.75)  # the worst output's
+    assert v["pixel_flip_share"] == pytest.approx(v["pixel_flip_share:b"])  # the largest
