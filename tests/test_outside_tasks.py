@@ -305,3 +305,13 @@ def test_several_output_tasks_report_each_and_the_worst():
     assert v["mask_iou:a"] == 1.0 and v["mask_iou:b"] == pytest.approx(0.75)
     assert v["mask_iou"] == pytest.approx(0.75)  # the worst output's
     assert v["pixel_flip_share"] == pytest.approx(v["pixel_flip_share:b"])  # the largest
+
+
+def test_a_layout_larger_than_the_output_is_a_user_error_at_scoring():
+    """Shapes unknown to the graph: the rows are checked on the arrays themselves."""
+    from quantscope.types import QuantscopeError
+
+    task = DetectionTask(name="d", output="det", layout=DetectionLayout(scores=(4, 12)))
+    arr = _det_array(np.full((3, 2), 0.5))  # 7 rows
+    with pytest.raises(QuantscopeError, match="has 7 rows on axis 1, the layout needs 12"):
+        task.metrics(_outputs("det", arr), _outputs("det", arr))

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
-from quantscope.types import Metrics, Outputs
+from quantscope.types import Metrics, Outputs, QuantscopeError
 
 BOX_FORMATS = ("cxcywh", "xyxy")
 DEFAULT_THRESHOLD = 0.25
@@ -95,10 +95,17 @@ def detect_layout(model: Model, output: str) -> DetectionLayout | None:
 
 def split_rows(arr: np.ndarray, layout: DetectionLayout) -> tuple[np.ndarray, np.ndarray]:
     """One batch ``[N, ...]`` -> (boxes ``[N, A, 4]`` as x1 y1 x2 y2, scores ``[N, A, C]``)."""
+    if np.ndim(arr) <= layout.axis:
+        raise QuantscopeError(f"--layout: a detection output of shape {np.shape(arr)} has no "
+                              f"axis {layout.axis}: give its row axis with axis=")
     a = np.moveaxis(np.asarray(arr, dtype=np.float64), layout.axis, -1)
     a = a.reshape(len(a), -1, a.shape[-1])
     b0, b1 = layout.boxes
     s0, s1 = layout.score_rows(a.shape[-1])
+    if max(b1, s1, s0 + 1) > a.shape[-1]:
+        raise QuantscopeError(f"--layout: the detection output has {a.shape[-1]} rows on axis "
+                              f"{layout.axis}, the layout needs {max(b1, s1, s0 + 1)}: fix "
+                              "boxes=/scores= or axis=")
     boxes, scores = a[..., b0:b1], a[..., s0:s1]
     if layout.box_format == "cxcywh":
         cx, cy, w, h = (boxes[..., i] for i in range(4))
