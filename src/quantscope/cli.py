@@ -71,11 +71,15 @@ def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
     try:
         ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
                               max_pairs=getattr(args, "pairs", None),
-                              output=getattr(args, "output", None))
+                              output=getattr(args, "output", None),
+                              layout=tuple(getattr(args, "layout", None) or ()))
     except UnicodeDecodeError:
         raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
     for batch in (*ds.calibration, *ds.evaluation):
         check_token_ids(batch, model, args.data)
+    if getattr(args, "layout", None) is not None and args.command != "evaluate":
+        for note in layout_notes(ds):  # evaluate prints them with its result
+            print(f"note: {note}")
     return ds
 
 
@@ -85,6 +89,13 @@ def _tensor_samples(ds: stages.Dataset | None) -> int | None:
     if ds is None or ds.task is not None:
         return None
     return sum(max((len(a) for a in b.values()), default=0) for b in ds.evaluation)
+
+
+def layout_notes(ds: stages.Dataset) -> tuple[str, ...]:
+    """What tensor data's outputs were read as (``--layout`` or detected), to say first."""
+    from quantscope.tasks.layout import LAYOUT_NOTE
+
+    return tuple(n for n in ds.notes if LAYOUT_NOTE in n)
 
 
 def _plan_from_args(args: argparse.Namespace) -> Plan:
@@ -668,8 +679,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                       repair_batches=args.repair_batches, token_chunk=args.token_chunk,
                       token_linears=args.token_linears, heads=args.heads,
                       outscale=args.outscale, peel=args.peel, rowscale=args.rowscale,
-                      whatif=args.whatif,
+                      whatif=args.whatif, layout=tuple(args.layout),
                       **repairs)
+    if args.layout:  # checked against the model's outputs before the run folder is made
+        from quantscope.tasks.layout import layout_tasks
+
+        layout_tasks(stages.open_model(args.model), tuple(args.layout), args.data)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "

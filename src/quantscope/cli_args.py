@@ -18,6 +18,7 @@ from quantscope.cli_types import (
     fraction,
     input_file,
     input_spec,
+    layout,
     non_negative_float,
     output_file,
     positive_float,
@@ -77,7 +78,22 @@ def _output_parent() -> argparse.ArgumentParser:
     p.add_argument("--output", type=output_name, metavar="NAME",
                    help="score this model output alone (default: every output; the "
                    "metrics without an output name are the worst output's)")
+    _add_layout(p)
     return p
+
+
+LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per output): "
+               "OUTPUT=detect[:boxes=0-3,scores=4-,axis=1,format=cxcywh|xyxy,threshold=0.25,"
+               "iou=0.5] (detection F1 vs FP32), OUTPUT=map[:threshold=0.5] (mask IoU), "
+               "OUTPUT=score[:threshold=0.5] (decision agreement, one value per sample), "
+               "OUTPUT=tensor (fidelity only). Default: a detection head (a Concat of 4 box "
+               "rows and score rows) is found in the graph; other outputs are tensors "
+               "(docs/outside-the-zoo.md)")
+
+
+def _add_layout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", type=layout, action="append", default=[],
+                   metavar="OUTPUT=KIND[:KEY=VALUE,...]", help=LAYOUT_HELP)
 
 
 def _stats_parent(*, required: bool = True, help: str | None = None) -> argparse.ArgumentParser:
@@ -600,6 +616,7 @@ def _add_run_command(sub: argparse._SubParsersAction) -> None:
                                  _target_parent(help="target profile"), _seq_len_parent(),
                                  _method_parent("minmax"), _tokenizer_parent(),
                                  _pairs_parent(300, "fitting the plan (and as many held out)")])
+    _add_layout(ru)
     ru.add_argument("--eval-data", type=data_spec, help="held-out evaluation data (default: split DATA, "
                     "or the pairs after --pairs for retrieval data)")
     ru.add_argument("--goal", type=finite_float, help="the measured metric to reach on the "

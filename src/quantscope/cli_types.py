@@ -216,6 +216,17 @@ def data_spec(text: str) -> InputPath:
     return InputPath(text)
 
 
+def layout(text: str) -> object:
+    """``--layout OUTPUT=KIND[:KEY=VALUE,...]`` (:mod:`quantscope.tasks.layout`): syntax,
+    kind, keys and numbers checked here; the output name when the data is opened."""
+    from quantscope.tasks.layout import LayoutError, parse_layout
+
+    try:
+        return parse_layout(text)
+    except LayoutError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--layout ")) from None
+
+
 def input_file(what: str, fix: str) -> Callable[[str], InputPath]:
     """A file that must exist (stats, plan, analysis, results, script, HN JSON)."""
 

@@ -96,15 +96,23 @@ def open_model(spec: str | Path) -> Model:
 
 def open_data(
     spec: str | Path, model: Model, *, tokenizer: str | None = None,
-    max_pairs: int | None = None, output: str | None = None,
+    max_pairs: int | None = None, output: str | None = None, layout: Sequence[Any] = (),
 ) -> Dataset:
-    """Tensor files/folders, or a built-in or user task (text pairs, face images)."""
-    from quantscope.tasks.registry import open_task_data
+    """Tensor files/folders, or a built-in or user task (text pairs, face images).
+
+    ``layout``: :class:`quantscope.tasks.layout.LayoutSpec` values (``--layout``), what
+    each output of tensor data is; outputs not declared may be detected (a detection head)."""
+    from quantscope.tasks.registry import open_task_data, tensor_task
 
     ds = open_task_data(str(spec), model, tokenizer=tokenizer, max_pairs=max_pairs)
+    if ds is not None and layout:
+        raise QuantscopeError(f"--layout applies to tensor data (.npy/.npz); data '{spec}' "
+                              "has its own task: leave --layout out")
     if ds is None:
+        task, notes = tensor_task(model, str(spec), tuple(layout))
         batches = tuple(load_tensor_batches(spec, model))
-        ds = Dataset(name=str(spec), calibration=batches, evaluation=batches)
+        ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
+                     notes=notes)
     if output is not None:
         if output not in model.output_names():
             raise QuantscopeError(f"--output '{output}' is no output of the model (outputs: "
@@ -124,7 +132,7 @@ def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, 
     rest = tuple(b for b in data.evaluation if id(b) not in fitted)
     if len(rest) == len(data.evaluation):
         return feeds, data, None
-    if data.task is not None:
+    if data.task is not None and not getattr(data.task, "row_local", False):
         return feeds, data, (f"{data.name}: the evaluation rows include the "
                              f"{len(feeds)} batch(es) the repairs were fitted on")
     if rest:
@@ -232,7 +240,10 @@ def evaluate_plans(
         coverage, saturated = q.coverage.to_dict(), _saturation_entry(data_stats, q.encodings, n_rows)
         q_notes = q.notes
         del q  # the session holds the graph: the QDQ proto's weights go before the runs
-        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": data.task is None}
+        # raw outputs judged unless a task reads them its own way (text: padded tokens);
+        # a row-local output task (detections, maps) reads the raw outputs themselves
+        judge = data.task is None or getattr(data.task, "row_local", False)
+        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge}
         if ref is None:
             fp32 = open_runs((reference or model).proto, batches)
             fid, ref_kept, test = compare_models(fp32, emulated, **score)

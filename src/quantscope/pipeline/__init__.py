@@ -102,12 +102,14 @@ def check_run_inputs(model: Model, opts: RunOptions) -> None:
     from quantscope.tasks.tensors import check_token_ids
 
     load_target(opts.target)
-    fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer, max_pairs=opts.pairs)
+    fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer, max_pairs=opts.pairs,
+                           layout=opts.layout)
     sets = [(opts.data, fit)]
     if opts.eval_data:
         sets.append((opts.eval_data, stages.open_data(opts.eval_data, model,
                                                       tokenizer=opts.tokenizer,
-                                                      max_pairs=opts.pairs)))
+                                                      max_pairs=opts.pairs,
+                                                      layout=opts.layout)))
     for spec, ds in sets:
         for batch in (*ds.calibration, *ds.evaluation):
             check_token_ids(batch, model, spec)

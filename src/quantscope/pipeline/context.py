@@ -10,6 +10,7 @@ from quantscope import __version__, stages
 from quantscope.pipeline.manifest import file_digest
 from quantscope.progress import say
 from quantscope.repair.registry import DEFAULT_REPAIRS
+from quantscope.tasks.layout import LAYOUT_NOTE
 from quantscope.types import QuantscopeError
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class RunOptions:
     outscale: bool = False  # outscale: residual-branch Linears write equalized channels
     peel: bool = False  # peel: each FFN's outlier hidden channels in a small FFN of their own
     whatif: bool = False  # evaluate also lifts each op kind of the plan to 16 bit (whatif)
+    layout: tuple[Any, ...] = ()  # --layout: tasks.layout.LayoutSpec per declared output
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):
@@ -121,11 +123,14 @@ class Context:
         file)."""
         o = self.opts
         return {"data": o.data, "eval_data": o.eval_data, "pairs": o.pairs,
-                "tokenizer": o.tokenizer, "seq_len": o.seq_len}
+                "tokenizer": o.tokenizer, "seq_len": o.seq_len,
+                **({"layout": o.layout} if o.layout else {})}
 
     def data_identity(self) -> dict[str, Any]:
-        """:meth:`data_options` with every file named by its content digest."""
-        return {k: _identity(v) if k in DATA_PATHS else v
+        """:meth:`data_options` with every file named by its content digest (and each
+        ``--layout`` by its text)."""
+        return {k: _identity(v) if k in DATA_PATHS
+                else sorted(s.text for s in v) if k == "layout" else v
                 for k, v in self.data_options().items()}
 
     def hn_identity(self) -> str | None:
@@ -137,7 +142,11 @@ class Context:
 
             d = self.data_options()
             run = open_run_data(self.model(), d["data"], eval_data=d["eval_data"],
-                                pairs=d["pairs"], tokenizer=d["tokenizer"], folder=self.folder)
+                                pairs=d["pairs"], tokenizer=d["tokenizer"], folder=self.folder,
+                                layout=d.get("layout", ()))
+            for note in run.fit.notes:
+                if LAYOUT_NOTE in note:  # what each output was read as (--layout or found)
+                    say(f"note: {note}", show=self.progress)
             if d["seq_len"] is not None:  # every stage measures what that length runs
                 run = replace(run, fit=stages.at_length(run.fit, d["seq_len"]),
                               held_out=stages.at_length(run.held_out, d["seq_len"]))
@@ -174,7 +183,7 @@ class Context:
         else:
             d = self.data_options()
             fit = stages.open_data(d["data"], self.model(), tokenizer=d["tokenizer"],
-                                   max_pairs=d["pairs"])
+                                   max_pairs=d["pairs"], layout=d.get("layout", ()))
             head = stages.headline(fit, None)
         head.check_goal(o.goal)
         return head

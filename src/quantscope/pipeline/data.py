@@ -38,16 +38,19 @@ class RunData:
 
 
 def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
-                  tokenizer: str | None, folder: Path) -> RunData:
-    """Open the fit and the evaluation data (see the module table)."""
-    fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs)
+                  tokenizer: str | None, folder: Path, layout: tuple[Any, ...] = ()) -> RunData:
+    """Open the fit and the evaluation data (see the module table); ``layout``: the
+    ``--layout`` declarations of tensor data's outputs."""
+    fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs, layout=layout)
     if eval_data:
-        held = stages.open_data(eval_data, model, tokenizer=tokenizer, max_pairs=pairs)
+        held = stages.open_data(eval_data, model, tokenizer=tokenizer, max_pairs=pairs,
+                                layout=layout)
         return RunData(fit, held, f"evaluation on --eval-data {eval_data}, held out from "
                        f"calibration and fitting on {data}")
     if _is_pairs(data):
         return _split_pairs(model, data, fit, pairs=pairs, tokenizer=tokenizer, folder=folder)
-    if fit.task is None and fit.calibration == fit.evaluation:
+    row_local = fit.task is None or getattr(fit.task, "row_local", False)
+    if row_local and fit.calibration == fit.evaluation:
         return _split_tensors(fit)
     return RunData(fit, fit, f"NOT held out: {data} is not split (its task needs every "
                    "sample); give --eval-data for a held-out evaluation")

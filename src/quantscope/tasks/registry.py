@@ -431,6 +431,16 @@ def at_length(data: Dataset, max_length: int) -> Dataset:
                                notes=(*data.notes, note))
 
 
+def tensor_task(model: Model, spec: str, layouts: tuple = ()) -> tuple[object | None, tuple[str, ...]]:
+    """The task of tensor data: the outputs declared with ``--layout`` or detected in the
+    graph (a detection head), each scored by what it is; None when every output is plain
+    (fidelity only). Also the notes saying what each output was read as
+    (:mod:`quantscope.tasks.layout`)."""
+    from quantscope.tasks.layout import layout_tasks
+
+    return layout_tasks(model, tuple(layouts), spec)
+
+
 def open_task_data(
     spec: str, model: Model, *, tokenizer: str | None = None, max_pairs: int | None = None
 ) -> Dataset | None:

@@ -1,0 +1,255 @@
+"""Detection outputs: boxes and class scores in one tensor, scored as detections.
+
+A YOLO-style head writes one output ``[N, 4 + C, A]`` (or ``[N, A, 4 + C]``): along the
+*row axis*, 4 box rows (``cx, cy, w, h`` or ``x1, y1, x2, y2``) then ``C`` class-score
+rows, for each of ``A`` anchors. Its two halves live on scales that differ by hundreds
+(pixels vs probabilities), so one 8-bit grid can round every score to 0 while the whole
+output's SQNR and cosine stay near perfect. This module scores such an output as the
+detector's user sees it, against FP32:
+
+========================  ==============================================================
+``class_score_max_abs_error``  largest |quantized - FP32| of any class score
+``score_side_agreement``  share of anchors whose best class score is on the same side of
+                          the threshold as FP32's
+``detections_fp32``       detections FP32 keeps: best-class score >= threshold, then
+``detections_quantized``  class-aware NMS at IoU ``iou``; the same for the quantized model
+``detection_precision``   quantized detections matched to an FP32 one (same class,
+``detection_recall``      IoU >= ``iou``, greedy by FP32 score, one-to-one) over the
+``detection_f1``          quantized / FP32 kept; F1 (the headline)
+``box_iou_mean``          mean IoU of the matched boxes
+========================  ==============================================================
+
+When FP32 keeps nothing, precision/recall/F1 are NaN and a note says so (no 1.0 for a
+comparison that did not happen). When every quantized class score is one value while
+FP32's vary, a note says the class scores are lost.
+
+The layout is declared (``--layout NAME=detect:...``, :mod:`quantscope.tasks.layout`) or
+detected from the graph by :func:`detect_layout`: the output is a Concat whose first input
+has 4 rows on the concat axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from quantscope.model.load import Model
+from quantscope.types import Metrics, Outputs, QuantscopeError
+
+BOX_FORMATS = ("cxcywh", "xyxy")
+DEFAULT_THRESHOLD = 0.25
+DEFAULT_IOU = 0.5
+MAX_CANDIDATES = 3000  # per sample, highest scores first, before NMS
+F1_RESEMBLES = 0.9  # below it, the detections are NOT LIKE FP32's
+
+
+@dataclass(frozen=True)
+class DetectionLayout:
+    """Where boxes and scores sit in a detection output.
+
+    ``axis``: the row axis of the full output (batch axis included, non-negative);
+    ``boxes`` / ``scores``: ``[start, stop)`` row ranges on it (``scores`` stop None: to
+    the last row)."""
+
+    axis: int = 1
+    boxes: tuple[int, int] = (0, 4)
+    scores: tuple[int, int | None] = (4, None)
+    box_format: str = "cxcywh"
+    threshold: float = DEFAULT_THRESHOLD
+    iou: float = DEFAULT_IOU
+
+    def score_rows(self, rows: int) -> tuple[int, int]:
+        stop = rows if self.scores[1] is None else self.scores[1]
+        return self.scores[0], stop
+
+    def describe(self, rows: int | None = None) -> str:
+        n_box = self.boxes[1] - self.boxes[0]
+        if rows is None and self.scores[1] is None:
+            cls = f"class rows {self.scores[0]}-"
+        else:
+            a, b = self.score_rows(rows or 0)
+            cls = f"{b - a} class rows"
+        return (f"{n_box} box rows ({self.box_format}) + {cls} on axis {self.axis}, "
+                f"threshold {self.threshold:g}, NMS/match IoU {self.iou:g}")
+
+
+def detect_layout(model: Model, output: str) -> DetectionLayout | None:
+    """The layout of ``output`` when the graph shows it: a rank-3 output made by a Concat
+    whose first input has 4 rows on the concat axis, and at least one more row."""
+    node = next((n for n in model.graph.node if output in n.output), None)
+    shapes = model.value_shapes()
+    out_shape = shapes.get(output)
+    if node is None or node.op_type != "Concat" or out_shape is None or len(out_shape) != 3:
+        return None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    axis = axis + 3 if axis < 0 else axis
+    if axis == 0:
+        return None
+    dims = [shapes.get(i, ())[axis] if len(shapes.get(i, ())) == 3 else None for i in node.input]
+    if dims[0] != 4 or len(dims) < 2:
+        return None
+    return DetectionLayout(axis=axis)
+
+
+def split_rows(arr: np.ndarray, layout: DetectionLayout) -> tuple[np.ndarray, np.ndarray]:
+    """One batch ``[N, ...]`` -> (boxes ``[N, A, 4]`` as x1 y1 x2 y2, scores ``[N, A, C]``)."""
+    if np.ndim(arr) <= layout.axis:
+        raise QuantscopeError(f"--layout: a detection output of shape {np.shape(arr)} has no "
+                              f"axis {layout.axis}: give its row axis with axis=")
+    a = np.moveaxis(np.asarray(arr, dtype=np.float64), layout.axis, -1)
+    a = a.reshape(len(a), -1, a.shape[-1])
+    b0, b1 = layout.boxes
+    s0, s1 = layout.score_rows(a.shape[-1])
+    if max(b1, s1, s0 + 1) > a.shape[-1]:
+        raise QuantscopeError(f"--layout: the detection output has {a.shape[-1]} rows on axis "
+                              f"{layout.axis}, the layout needs {max(b1, s1, s0 + 1)}: fix "
+                              "boxes=/scores= or axis=")
+    boxes, scores = a[..., b0:b1], a[..., s0:s1]
+    if layout.box_format == "cxcywh":
+        cx, cy, w, h = (boxes[..., i] for i in range(4))
+        boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)
+    return boxes, scores
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box in ``a [n, 4]`` with every box in ``b [m, 4]`` (x1 y1 x2 y2)."""
+    lo = np.maximum(a[:, None, :2], b[None, :, :2])
+    hi = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(hi - lo, 0, None), axis=-1)
+    area = lambda x: np.prod(np.clip(x[:, 2:] - x[:, :2], 0, None), axis=-1)  # noqa: E731
+    union = area(a)[:, None] + area(b)[None, :] - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+@dataclass(frozen=True)
+class Detections:
+    """Kept detections of one sample."""
+
+    boxes: np.ndarray  # [k, 4] x1 y1 x2 y2
+    classes: np.ndarray  # [k]
+    scores: np.ndarray  # [k], descending
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float) -> np.ndarray:
+    """Class-aware greedy NMS: indices kept, highest score first."""
+    order = np.argsort(-scores, kind="stable")
+    keep: list[int] = []
+    suppressed = np.zeros(len(scores), bool)
+    overlaps = box_iou(boxes, boxes) if len(boxes) else np.zeros((0, 0))
+    for i in order:
+        if suppressed[i]:
+            continue
+        keep.append(int(i))
+        suppressed |= (overlaps[i] > iou) & (classes == classes[i])
+    return np.asarray(keep, dtype=np.int64)
+
+
+def keep_detections(boxes: np.ndarray, scores: np.ndarray, layout: DetectionLayout) -> Detections:
+    """One sample (``[A, 4]``, ``[A, C]``): best class per anchor, score >= threshold,
+    the ``MAX_CANDIDATES`` best, class-aware NMS."""
+    cls = np.argmax(scores, axis=-1) if scores.shape[-1] else np.zeros(len(scores), np.int64)
+    best = np.max(scores, axis=-1) if scores.shape[-1] else np.zeros(len(scores))
+    cand = np.flatnonzero(best >= layout.threshold)
+    cand = cand[np.argsort(-best[cand], kind="stable")][:MAX_CANDIDATES]
+    kept = cand[nms(boxes[cand], best[cand], cls[cand], layout.iou)]
+    return Detections(boxes[kept], cls[kept], best[kept])
+
+
+def match(ref: Detections, test: Detections, iou: float) -> list[tuple[int, int, float]]:
+    """Greedy one-to-one matching, FP32 detections by descending score: (ref index,
+    test index, IoU) for each FP32 detection with a same-class test box at IoU >= ``iou``."""
+    if not len(ref.scores) or not len(test.scores):
+        return []
+    overlaps = box_iou(ref.boxes, test.boxes)
+    overlaps[ref.classes[:, None] != test.classes[None, :]] = -1.0
+    used = np.zeros(len(test.scores), bool)
+    pairs = []
+    for i in range(len(ref.scores)):  # ref.scores is descending
+        row = np.where(used, -1.0, overlaps[i])
+        j = int(np.argmax(row))
+        if row[j] >= iou:
+            used[j] = True
+            pairs.append((i, j, float(row[j])))
+    return pairs
+
+
+def _batches(out: Outputs, name: str) -> Iterator[np.ndarray]:
+    i = out.names.index(name)
+    for b in out.batches:
+        yield b[i]
+
+
+def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarray],
+                      layout: DetectionLayout, output: str) -> Metrics:
+    """The module table's metrics of one detection output over its batches."""
+    n_ref = n_test = n_match = anchors = side_same = 0
+    ious: list[float] = []
+    err = 0.0
+    test_values: set[float] = set()
+    ref_lo, ref_hi = np.inf, -np.inf
+    for r, t in zip(ref_batches, test_batches, strict=True):
+        rb, rs = split_rows(r, layout)
+        tb, ts = split_rows(t, layout)
+        if rs.size:
+            err = max(err, float(np.max(np.abs(ts - rs))))
+            ref_lo, ref_hi = min(ref_lo, float(rs.min())), max(ref_hi, float(rs.max()))
+            if len(test_values) < 2:
+                test_values.update(np.unique(ts)[:2].tolist())
+            rbest, tbest = rs.max(axis=-1), ts.max(axis=-1)
+            side_same += int(np.sum((rbest >= layout.threshold) == (tbest >= layout.threshold)))
+            anchors += rbest.size
+        for k in range(len(rb)):
+            dr = keep_detections(rb[k], rs[k], layout)
+            dt = keep_detections(tb[k], ts[k], layout)
+            pairs = match(dr, dt, layout.iou)
+            n_ref, n_test, n_match = n_ref + len(dr.scores), n_test + len(dt.scores), n_match + len(pairs)
+            ious.extend(p[2] for p in pairs)
+    nan = float("nan")
+    values = {
+        "class_score_max_abs_error": err,
+        "score_side_agreement": side_same / anchors if anchors else nan,
+        "detections_fp32": float(n_ref), "detections_quantized": float(n_test),
+        "detection_precision": nan, "detection_recall": nan, "detection_f1": nan,
+        "box_iou_mean": float(np.mean(ious)) if ious else nan,
+    }
+    notes: list[str] = []
+    if n_ref == 0:
+        notes.append(f"output '{output}': FP32 keeps no detection at score >= "
+                     f"{layout.threshold:g}: detection agreement not measured (declare a lower "
+                     f"threshold: --layout {output}=detect:threshold=T)")
+    else:
+        p = n_match / n_test if n_test else 0.0
+        rec = n_match / n_ref
+        values.update({"detection_precision": p, "detection_recall": rec,
+                       "detection_f1": 2 * p * rec / (p + rec) if p + rec else 0.0})
+    if len(test_values) == 1 and ref_hi > ref_lo:
+        v = next(iter(test_values))
+        notes.append(f"output '{output}': class scores lost: every score quantizes to {v:.4g} "
+                     f"(FP32's span {ref_lo:.4g}..{ref_hi:.4g}); the boxes' range sets the grid "
+                     "of the whole output: give the score branch its own grid (16 bit or a "
+                     "separate output)")
+    f1 = values["detection_f1"]
+    if np.isfinite(f1) and f1 < F1_RESEMBLES:
+        notes.append(f"NOT LIKE FP32: output '{output}' detections F1 {f1:.3f} vs FP32 "
+                     f"(recall {values['detection_recall']:.3f}, {n_test} kept vs FP32's "
+                     f"{n_ref}) < {F1_RESEMBLES:g}")
+    return Metrics(values=values, notes=tuple(notes))
+
+
+@dataclass(frozen=True, eq=False)
+class DetectionTask:
+    """One detection output scored as detections (module table); row-local: any subset of
+    samples is scored alike."""
+
+    name: str
+    output: str
+    layout: DetectionLayout
+    headline: str = "detection_f1"
+    higher_is_better: bool = True
+    row_local: bool = True
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        return detection_metrics(list(_batches(ref, self.output)),
+                                 list(_batches(test, self.output)), self.layout, self.output)

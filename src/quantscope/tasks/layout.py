@@ -1,0 +1,282 @@
+"""``--layout``: what a model output is, declared by the user or read from the graph.
+
+Tensor data (``.npy`` / ``.npz``) has no task of its own: every output is scored by its
+fidelity to FP32 (cosine, SQNR). An output whose numbers mean something more gets a task
+that scores what the user acts on::
+
+    --layout OUTPUT=KIND[:KEY=VALUE[,KEY=VALUE...]]      (repeat for several outputs)
+
+==========  =======================================================  ===================
+KIND        keys (defaults)                                          headline metric
+==========  =======================================================  ===================
+``detect``  ``boxes=0-3`` (4 rows), ``scores=4-`` (to the last row),  ``detection_f1``
+            ``axis=1`` (the row axis), ``format=cxcywh`` | ``xyxy``,
+            ``threshold=0.25``, ``iou=0.5``  (:mod:`.detection`)
+``map``     ``threshold=0.5``  (:mod:`.maps`)                         ``mask_iou``
+``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
+``tensor``  none: plain per-output fidelity                           (fidelity)
+==========  =======================================================  ===================
+
+Row ranges: ``A-B`` (inclusive), ``A-`` (to the last row) or ``A``. Without ``--layout``,
+an output the graph shows to be a detection head (a Concat whose first input has 4 rows on
+the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``detect`` task
+and a note says so; ``OUTPUT=tensor`` turns that off. Every bad value is one error line
+naming ``--layout`` and the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from quantscope.model.load import Model
+from quantscope.tasks.detection import (
+    BOX_FORMATS,
+    DEFAULT_IOU,
+    DEFAULT_THRESHOLD,
+    DetectionLayout,
+    DetectionTask,
+    detect_layout,
+)
+from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, ScoreTask
+from quantscope.types import Metrics, Outputs, QuantscopeError
+
+KINDS: dict[str, tuple[str, ...]] = {
+    "detect": ("boxes", "scores", "axis", "format", "threshold", "iou"),
+    "map": ("threshold",),
+    "score": ("threshold",),
+    "tensor": (),
+}
+SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score or tensor"
+LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
+
+
+class LayoutError(QuantscopeError):
+    """A ``--layout`` value that cannot be read (one line: the value and the fix)."""
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """One parsed ``--layout`` value (checked against the model by :func:`layout_tasks`)."""
+
+    output: str
+    kind: str
+    options: tuple[tuple[str, str], ...] = ()
+    text: str = ""
+
+    def option(self, key: str) -> str | None:
+        return dict(self.options).get(key)
+
+
+def _fail(text: str, why: str) -> LayoutError:
+    return LayoutError(f"--layout '{text}': {why}")
+
+
+def parse_layout(text: str) -> LayoutSpec:
+    """``OUTPUT=KIND[:KEY=VALUE,...]`` -> :class:`LayoutSpec`; syntax, kinds, keys and
+    numbers checked here (output names and row counts need the model)."""
+    output, eq, rest = text.partition("=")
+    output = output.strip()
+    if not eq or not output:
+        raise _fail(text, f"give {SYNTAX} (e.g. detections=detect, mask=map:threshold=0.5)")
+    kind, _, opts = rest.partition(":")
+    kind = kind.strip().lower()
+    if kind not in KINDS:
+        raise _fail(text, f"unknown kind '{kind}': use detect, map, score or tensor")
+    options: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in opts.split(","))):
+        key, eq, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if key not in KINDS[kind]:
+            allowed = ", ".join(KINDS[kind]) or "none"
+            raise _fail(text, f"'{key}' is no key of kind {kind} (keys: {allowed})")
+        if not eq or not value:
+            raise _fail(text, f"'{key}' has no value: write {key}=VALUE")
+        if key in options:
+            raise _fail(text, f"'{key}' is given twice: give it once")
+        options[key] = value
+    spec = LayoutSpec(output, kind, tuple(options.items()), text)
+    _check_values(spec)
+    return spec
+
+
+def _number(spec: LayoutSpec, key: str, lo: float, hi: float, *, open_lo: bool = False
+            ) -> float | None:
+    raw = spec.option(key)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _fail(spec.text, f"{key} '{raw}' is not a number") from None
+    if not math.isfinite(value):
+        raise _fail(spec.text, f"{key} '{raw}' is not a finite number: give e.g. {key}=0.5")
+    if value < lo or value > hi or (open_lo and value == lo):
+        side = "(" if open_lo else "["
+        raise _fail(spec.text, f"{key} {raw} is outside {side}{lo:g}, {hi:g}]: give a value in it")
+    return value
+
+
+def _rows(spec: LayoutSpec, key: str) -> tuple[int, int | None] | None:
+    """``A-B`` / ``A-`` / ``A`` -> ``(A, B + 1)`` / ``(A, None)`` / ``(A, A + 1)``."""
+    raw = spec.option(key)
+    if raw is None:
+        return None
+    a, dash, b = raw.partition("-")
+    try:
+        start = int(a)
+        stop = (None if not b.strip() else int(b) + 1) if dash else start + 1
+    except ValueError:
+        raise _fail(spec.text, f"{key} '{raw}' is not a row range: write A-B, A- or A "
+                    "(rows counted from 0)") from None
+    if start < 0 or (stop is not None and stop <= start):
+        raise _fail(spec.text, f"{key} '{raw}' is an empty or negative row range: write A-B "
+                    "with 0 <= A <= B")
+    return start, stop
+
+
+def _check_values(spec: LayoutSpec) -> None:
+    _number(spec, "threshold", -math.inf, math.inf)
+    _number(spec, "iou", 0.0, 1.0, open_lo=True)
+    boxes = _rows(spec, "boxes")
+    if boxes is not None and (boxes[1] is None or boxes[1] - boxes[0] != 4):
+        raise _fail(spec.text, f"boxes '{spec.option('boxes')}' must be 4 rows (e.g. boxes=0-3)")
+    _rows(spec, "scores")
+    fmt = spec.option("format")
+    if fmt is not None and fmt.lower() not in BOX_FORMATS:
+        raise _fail(spec.text, f"format '{fmt}' is unknown: use {' or '.join(BOX_FORMATS)}")
+    axis = spec.option("axis")
+    if axis is not None and (not axis.lstrip("-").isdigit()):
+        raise _fail(spec.text, f"axis '{axis}' is not a whole number: give the row axis (e.g. 1)")
+
+
+def _detection_layout(spec: LayoutSpec, shape: tuple | None) -> DetectionLayout:
+    rank = len(shape) if shape is not None else None
+    axis = int(spec.option("axis") or 1)
+    if rank is not None and axis < 0:
+        axis += rank
+    if axis == 0 or axis < 0 or (rank is not None and axis >= rank):
+        where = f"of rank {rank}" if rank is not None else ""
+        raise _fail(spec.text, f"axis {spec.option('axis')} is not a row axis of output "
+                    f"'{spec.output}' {where}: give one of 1..{(rank or 2) - 1} (0 is the samples)")
+    boxes = _rows(spec, "boxes") or (0, 4)
+    # default scores: the rows after the boxes (boxes first) or before them (boxes last)
+    scores = _rows(spec, "scores") or ((boxes[1], None) if boxes[0] == 0 else (0, boxes[0]))
+    assert boxes[1] is not None
+    rows = shape[axis] if shape is not None and isinstance(shape[axis], int) else None
+    if rows is not None:
+        last = max(boxes[1], scores[1] or scores[0] + 1)
+        if last > rows:
+            raise _fail(spec.text, f"output '{spec.output}' has {rows} rows on axis {axis}, the "
+                        f"layout needs {last}: fix boxes=/scores= or axis=")
+    if scores[0] < boxes[1] and (scores[1] is None or scores[1] > boxes[0]):
+        raise _fail(spec.text, "the box rows and the score rows overlap: give disjoint ranges")
+    return DetectionLayout(axis=axis, boxes=(boxes[0], boxes[1]), scores=scores,
+                           box_format=(spec.option("format") or "cxcywh").lower(),
+                           threshold=_float(spec, "threshold", DEFAULT_THRESHOLD),
+                           iou=_float(spec, "iou", DEFAULT_IOU))
+
+
+def _float(spec: LayoutSpec, key: str, default: float) -> float:
+    raw = spec.option(key)
+    return default if raw is None else float(raw)
+
+
+def _task(spec: LayoutSpec, model: Model) -> object | None:
+    shape = model.value_shapes().get(spec.output)
+    name = f"{spec.kind}:{spec.output}"
+    if spec.kind == "detect":
+        return DetectionTask(name=name, output=spec.output, layout=_detection_layout(spec, shape))
+    if spec.kind == "map":
+        return MapTask(name=name, output=spec.output,
+                       threshold=_float(spec, "threshold", MAP_THRESHOLD))
+    if spec.kind == "score":
+        if shape is not None and any(isinstance(d, int) and d != 1 for d in shape[1:]):
+            raise _fail(spec.text, f"output '{spec.output}' has shape "
+                        f"{tuple(d if isinstance(d, int) else '?' for d in shape)}, not one value "
+                        "per sample: use kind map or detect")
+        return ScoreTask(name=name, output=spec.output,
+                         threshold=_float(spec, "threshold", SCORE_THRESHOLD))
+    return None
+
+
+@dataclass(frozen=True, eq=False)
+class OutputTasks:
+    """Several outputs with tasks: each one's metrics as ``KEY:OUTPUT``, and unprefixed the
+    worst over the outputs that have it (lowest for scores, highest for errors); the
+    headline is the first task's."""
+
+    name: str
+    tasks: tuple
+    headline: str
+    higher_is_better: bool = True
+    row_local: bool = True
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        values: dict[str, float] = {}
+        by_key: dict[str, list[float]] = {}
+        notes: list[str] = []
+        for t in self.tasks:
+            m = t.metrics(ref, test)
+            for k, v in m.values.items():
+                values[f"{k}:{t.output}"] = v
+                by_key.setdefault(k, []).append(v)
+            notes.extend(m.notes)
+        for k, vs in by_key.items():
+            if k.startswith(("detections_", "decisions_", "mask_share")):
+                continue
+            worse = max if ("error" in k or "flip" in k) else min
+            values[k] = worse(vs)
+        return Metrics(values=values, notes=tuple(notes))
+
+
+def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str
+                 ) -> tuple[object | None, tuple[str, ...]]:
+    """The task of tensor data (None: plain fidelity) and the notes saying what each
+    output was read as (declared or detected)."""
+    outputs = model.output_names()
+    seen: set[str] = set()
+    for s in specs:
+        if s.output not in outputs:
+            raise _fail(s.text, f"'{s.output}' is no output of the model (outputs: "
+                        f"{', '.join(outputs)})")
+        if s.output in seen:
+            raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout "
+                        "per output")
+        seen.add(s.output)
+    tasks, notes = [], []
+    declared = {s.output: s for s in specs}
+    for out in outputs:
+        spec = declared.get(out)
+        if spec is not None:
+            task = _task(spec, model)
+            if task is not None:
+                notes.append(f"output '{out}' read as {_describe(task, model)} (--layout)")
+        else:
+            found = detect_layout(model, out)
+            task = None if found is None else DetectionTask(
+                name=f"detect:{out}", output=out, layout=found)
+            if task is not None:
+                notes.append(f"output '{out}' read as detections [{_describe(task, model)}] (a Concat "
+                             f"of 4 box rows and score rows); declare with --layout {out}=... "
+                             f"to change, --layout {out}=tensor for plain fidelity")
+        if task is not None:
+            tasks.append(task)
+    if not tasks:
+        return None, tuple(notes)
+    if len(tasks) == 1:
+        return tasks[0], tuple(notes)
+    return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks),
+                       headline=tasks[0].headline), tuple(notes)
+
+
+def _describe(task: object, model: Model) -> str:
+    if isinstance(task, DetectionTask):
+        shape = model.value_shapes().get(task.output) or ()
+        rows = shape[task.layout.axis] if len(shape) > task.layout.axis else None
+        return task.layout.describe(rows if isinstance(rows, int) else None)
+    if isinstance(task, MapTask):
+        return f"a probability map binarised at {task.threshold:g}"
+    if isinstance(task, ScoreTask):
+        return f"one score per sample, decided at {task.threshold:g}"
+    return "a tensor"

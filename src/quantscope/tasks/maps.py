@@ -1,0 +1,118 @@
+"""Probability maps and per-sample scores: scored by the decisions taken from them.
+
+SQNR of a probability map can look alarming (15-19 dB on an OCR text map) while the map
+binarised at its threshold is almost FP32's (IoU 0.97); and a per-sample probability can
+keep a cosine of 1.0 while its decisions flip. These tasks score what the user acts on:
+
+``map`` (``[N, K, H, W]``, ``[N, H, W]``, any ``[N, ...]``), values in [0, 1]
+    each sample's map binarised at ``threshold`` (default 0.5); ``mask_iou`` (headline):
+    mean over samples of the IoU of the quantized mask with FP32's (a sample where both
+    are empty counts 1.0); ``mask_iou_min``; ``pixel_flip_share``: share of values on the
+    other side of the threshold.
+``score`` (``[N]`` or ``[N, 1]``: one value per sample)
+    ``decision_agreement`` (headline): share of samples on the same side of ``threshold``
+    (default 0.5) as FP32; ``score_abs_error_max`` / ``score_abs_error_mean``.
+
+Both say when FP32's values leave [0, 1] (a logit map: the threshold is then the user's to
+declare) and when FP32 is on one side of the threshold everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from quantscope.types import Metrics, Outputs
+
+MAP_THRESHOLD = 0.5
+SCORE_THRESHOLD = 0.5
+IOU_RESEMBLES = 0.9
+AGREEMENT_RESEMBLES = 0.95
+
+
+def _arrays(out: Outputs, name: str) -> list[np.ndarray]:
+    i = out.names.index(name)
+    return [np.asarray(b[i], dtype=np.float64) for b in out.batches]
+
+
+def _range_note(output: str, kind: str, lo: float, hi: float, threshold: float) -> list[str]:
+    if lo >= 0.0 and hi <= 1.0:
+        return []
+    return [f"output '{output}' spans {lo:.4g}..{hi:.4g}, not [0, 1]: threshold {threshold:g} "
+            f"is only right if you chose it (--layout {output}={kind}:threshold=T)"]
+
+
+@dataclass(frozen=True, eq=False)
+class MapTask:
+    """A probability / segmentation map binarised at ``threshold`` (module docstring)."""
+
+    name: str
+    output: str
+    threshold: float = MAP_THRESHOLD
+    headline: str = "mask_iou"
+    higher_is_better: bool = True
+    row_local: bool = True
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        ious: list[np.ndarray] = []
+        flips = total = fg = 0
+        lo, hi = np.inf, -np.inf
+        for r, t in zip(_arrays(ref, self.output), _arrays(test, self.output), strict=True):
+            mr = (r >= self.threshold).reshape(len(r), -1)
+            mt = (t >= self.threshold).reshape(len(t), -1)
+            inter, union = np.sum(mr & mt, axis=1), np.sum(mr | mt, axis=1)
+            ious.append(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
+            flips += int(np.sum(mr != mt))
+            total += mr.size
+            fg += int(mr.sum())
+            if r.size:
+                lo, hi = min(lo, float(r.min())), max(hi, float(r.max()))
+        iou = np.concatenate(ious) if ious else np.zeros(0)
+        values = {"mask_iou": float(iou.mean()) if iou.size else float("nan"),
+                  "mask_iou_min": float(iou.min()) if iou.size else float("nan"),
+                  "pixel_flip_share": flips / total if total else float("nan"),
+                  "mask_share_fp32": fg / total if total else float("nan")}
+        notes = _range_note(self.output, "map", lo, hi, self.threshold)
+        if total and fg in (0, total):
+            side = "below" if fg == 0 else "at or above"
+            notes.append(f"output '{self.output}': FP32's map is {side} {self.threshold:g} "
+                         "everywhere: the mask IoU only says the quantized map is too")
+        if values["mask_iou"] < IOU_RESEMBLES:
+            notes.append(f"NOT LIKE FP32: output '{self.output}' mask IoU "
+                         f"{values['mask_iou']:.3f} < {IOU_RESEMBLES:g} at threshold "
+                         f"{self.threshold:g}")
+        return Metrics(values=values, notes=tuple(notes))
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreTask:
+    """One value per sample, read as a decision at ``threshold`` (module docstring)."""
+
+    name: str
+    output: str
+    threshold: float = SCORE_THRESHOLD
+    headline: str = "decision_agreement"
+    higher_is_better: bool = True
+    row_local: bool = True
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        r = np.concatenate([a.reshape(len(a), -1) for a in _arrays(ref, self.output)])
+        t = np.concatenate([a.reshape(len(a), -1) for a in _arrays(test, self.output)])
+        dr, dt = r >= self.threshold, t >= self.threshold
+        err = np.abs(t - r)
+        values = {"decision_agreement": float(np.mean(dr == dt)) if dr.size else float("nan"),
+                  "score_abs_error_max": float(err.max()) if err.size else float("nan"),
+                  "score_abs_error_mean": float(err.mean()) if err.size else float("nan"),
+                  "decisions_positive_fp32": float(np.mean(dr)) if dr.size else float("nan")}
+        notes = _range_note(self.output, "score", float(r.min(initial=np.inf)),
+                            float(r.max(initial=-np.inf)), self.threshold) if r.size else []
+        flipped = int(np.sum(dr != dt))
+        if dr.size and dr.all() | (~dr).all():
+            notes.append(f"output '{self.output}': FP32 decides the same on every sample at "
+                         f"{self.threshold:g}: give data with both outcomes")
+        if dr.size and values["decision_agreement"] < AGREEMENT_RESEMBLES:
+            notes.append(f"NOT LIKE FP32: output '{self.output}': {flipped} of {dr.size} "
+                         f"decisions at {self.threshold:g} flip (agreement "
+                         f"{values['decision_agreement']:.3f} < {AGREEMENT_RESEMBLES:g})")
+        return Metrics(values=values, notes=tuple(notes))
