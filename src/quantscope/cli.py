@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantscope import serde, stages
-from quantscope.cli_args import parser
+from quantscope.cli_args import merged_batch_axes, parser
 from quantscope.cli_types import (
     QuietPipe,
     check_demo_data,
@@ -65,7 +65,8 @@ def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
     try:
         ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
                               max_pairs=getattr(args, "pairs", None),
-                              output=getattr(args, "output", None))
+                              output=getattr(args, "output", None),
+                              batch_axes=merged_batch_axes(getattr(args, "batch_axis", None)))
     except UnicodeDecodeError:
         raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
     for batch in (*ds.calibration, *ds.evaluation):
@@ -638,6 +639,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       token_linears=args.token_linears, heads=args.heads,
                       outscale=args.outscale, peel=args.peel, rowscale=args.rowscale,
                       whatif=args.whatif,
+                      batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
                       **repairs)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))

@@ -46,6 +46,7 @@ class RunOptions:
     outscale: bool = False  # outscale: residual-branch Linears write equalized channels
     peel: bool = False  # peel: each FFN's outlier hidden channels in a small FFN of their own
     whatif: bool = False  # evaluate also lifts each op kind of the plan to 16 bit (whatif)
+    batch_axes: tuple[tuple[str, int], ...] = ()  # --batch-axis: (input or output, sample axis)
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):
@@ -111,8 +112,11 @@ class Context:
 
     def data_identity(self) -> dict[str, Any]:
         o = self.opts
-        return {"data": _identity(o.data), "eval_data": _identity(o.eval_data),
-                "pairs": o.pairs, "tokenizer": _identity(o.tokenizer)}
+        ident = {"data": _identity(o.data), "eval_data": _identity(o.eval_data),
+                 "pairs": o.pairs, "tokenizer": _identity(o.tokenizer)}
+        if o.batch_axes:  # the batches change with it (absent: the keys of earlier runs)
+            ident["batch_axes"] = [list(p) for p in o.batch_axes]
+        return ident
 
     def hn_identity(self) -> str | None:
         return _identity(self.opts.hn)
@@ -123,7 +127,8 @@ class Context:
 
             o = self.opts
             run = open_run_data(self.model(), o.data, eval_data=o.eval_data, pairs=o.pairs,
-                                tokenizer=o.tokenizer, folder=self.folder)
+                                tokenizer=o.tokenizer, folder=self.folder,
+                                batch_axes=dict(o.batch_axes))
             if o.seq_len is not None:  # every stage measures what that length runs
                 run = replace(run, fit=stages.at_length(run.fit, o.seq_len),
                               held_out=stages.at_length(run.held_out, o.seq_len))
@@ -159,7 +164,7 @@ def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
     source = model.source
     if opts.outscale or opts.peel:  # need the unsplit model's own channel ranges
         fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer,
-                               max_pairs=opts.pairs)
+                               max_pairs=opts.pairs, batch_axes=dict(opts.batch_axes))
         if opts.seq_len is not None:
             fit = stages.at_length(fit, opts.seq_len)
         say("calibrating the given model for its channel ranges", show=progress)
