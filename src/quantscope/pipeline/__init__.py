@@ -69,7 +69,12 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
     # a split that cannot be made fails before the run folder exists
-    early = {"model": open_run_model(opts, progress=progress)} if opts.token_chunk else {}
+    early = ({"model": open_run_model(opts, progress=progress)}
+             if opts.token_chunk or opts.batch_axes else {})
+    if opts.batch_axes:  # a --batch-axis the model refutes fails before the folder exists
+        from quantscope.tasks.tensors import check_batch_axes
+
+        check_batch_axes(early["model"], dict(opts.batch_axes))
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)

@@ -110,7 +110,8 @@ class Layout:
 
 def check_batch_axes(model: Model, declared: Mapping[str, int]) -> dict[str, int]:
     """``--batch-axis`` values checked against the model: a known input or output name,
-    an axis within its rank (negative counts from the end). Returns them normalised."""
+    an axis within its rank (negative counts from the end) that the model does not fix at
+    a size other than 1. Returns them normalised."""
     shapes = model.value_shapes()
     known = (*model.input_names(), *model.output_names())
     out = {}
@@ -126,6 +127,12 @@ def check_batch_axes(model: Model, declared: Mapping[str, int]) -> dict[str, int
                 f"--batch-axis {name}={axis}: '{name}' has {rank} axes "
                 f"(shape {_shape_text(shapes[name])}): give an axis from 0 to {rank - 1}")
         out[name] = axis % rank if rank else axis
+        fixed = shapes[name][out[name]] if rank else None
+        if isinstance(fixed, int) and fixed != 1:
+            raise QuantscopeError(
+                f"--batch-axis {name}={axis}: the model fixes that axis of '{name}' at {fixed} "
+                f"(shape {_shape_text(shapes[name])}), so it cannot hold the samples: give "
+                "the axis that does (a symbolic one, or one of size 1)")
     return out
 
 
@@ -155,8 +162,7 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
                 declared: Mapping[str, int] | None = None) -> Layout:
     """Each input's sample axis (see the module table), each output's, and the most
     samples one run takes. ``declared`` (``--batch-axis``) wins; it must agree with the
-    model's static dims (a declared axis of static size ``d`` holds 1 or a multiple of
-    ``d`` samples)."""
+    model's static dims (a declared axis is symbolic or of static size 1)."""
     names, shapes = model.input_names(), model.value_shapes()
     declared = check_batch_axes(model, declared or {})
     axes: dict[str, int] = {}
@@ -187,9 +193,11 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
         axes[k], how[k] = 0, "axis 0"
         if want is None or len(want) != arr.ndim or n is None:
             continue
-        fits = [i for i, d in enumerate(want) if arr.shape[i] == n and (d == 1 or d == n)]
-        if fits and 0 not in fits and not (isinstance(want[0], int) and arr.shape[0] == n):
-            axes[k], how[k] = fits[0], f"static size {want[fits[0]]}, as many as the others"
+        # free axes (symbolic, unknown or of size 1) holding as many as the others: 0 first
+        fits = [i for i, d in enumerate(want)
+                if arr.shape[i] == n and (d == 1 or not isinstance(d, int))]
+        if fits and 0 not in fits:
+            axes[k], how[k] = fits[0], f"size {arr.shape[fits[0]]}, as many as the others"
     static, cut = [], False
     for k, a in axes.items():
         want, arr = shapes.get(k) or (), arrays[k]
@@ -197,13 +205,10 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
         if not isinstance(d, int):
             continue
         size = arr.shape[a] if arr.ndim > a else 0
-        if k in declared and size != d and (d != 1 and size % d):
-            raise QuantscopeError(
-                f"--batch-axis {k}={a}: the model fixes that axis at {d} but the data has "
-                f"{size} there: give the axis that holds the samples")
         static.append(d)
         cut = cut or size != d
     limit = min(static) if static and cut else None
+    axes = {k: axes[k] for k in names}
     out_axes = _output_axes(model, sym, axes, limit, declared)
     return Layout(axes=axes, out_axes=out_axes, limit=limit, how=how)
 
