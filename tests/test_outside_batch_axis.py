@@ -240,3 +240,23 @@ def test_bad_batch_axis_is_one_line_before_any_work(tmp_path, capsys, command, e
     assert lines[0].startswith("quantscope: error: ") and needle in lines[0], lines[0]
     assert not out.exists() or not any(out.iterdir()), "an output was written"
     assert {p.name: p.read_bytes() for p in ws.iterdir()} == before
+
+
+# ---------------------------------------------------------------- repairs on such batches
+
+def test_repairs_fit_on_as_many_samples_and_cut_along_each_axis(tmp_path, capsys):
+    from quantscope.stages import held_out, open_data
+
+    _, npz = _save(tmp_path, "st", static_streaming(), feeds("static_streaming", 64))
+    ds = open_data(npz, load_proto(static_streaming()))
+    fit, scored, _ = held_out(ds, 1)  # one batch of 32 samples, as for any other model
+    assert len(fit) == 32 and len(scored.evaluation) == 32
+    # AdaRound runs its layers 8 samples at a time: the LSTM state is cut along axis 1
+    model, npz = _save(tmp_path, "lstm", lstm_state(), feeds("lstm_state", 40))
+    stats = str(tmp_path / "s.npz")
+    assert main(["calibrate", model, "--data", npz, "--out", stats]) == 0
+    assert main(["repair", model, "--data", npz, "--stats", stats, "--precision", "a8_w8",
+                 "--repairs", "bias,adaround", "--out-model", str(tmp_path / "r.onnx"),
+                 "--out-stats", str(tmp_path / "r.npz"),
+                 "--out-plan", str(tmp_path / "r.json")]) == 0
+    assert "adaround" in capsys.readouterr().out

@@ -43,7 +43,7 @@ from quantscope.serde import (
     write_text,
 )
 from quantscope.tasks.registry import at_length
-from quantscope.tasks.tensors import load_tensor_batches
+from quantscope.tasks.tensors import TENSOR_BATCH, load_tensor_batches
 from quantscope.types import (
     Batch,
     Dataset,
@@ -139,11 +139,16 @@ def _layout_text(batch: Feeds) -> str:
 
 
 def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, str | None]:
-    """Fit feeds (the first ``batches`` calibration batches) and data to score on that
+    """Fit feeds (the first ``batches`` calibration batches; of a static model that takes
+    ``L`` samples per run, ``32 / L`` times as many) and data to score on that
     never includes them. Tensor data whose evaluation rows are its calibration rows is
     split: fitting on the first half of the batches (of the rows, for one batch),
     scoring on the rest. A task bound to its rows (faces) cannot be split: the note
     says it is scored on rows it was fitted on."""
+    first = next(iter(data.calibration), None)
+    if batches is not None and isinstance(first, Feeds) and first.limit:
+        # a static model runs a few samples per batch: count batches of the usual 32 samples
+        batches *= max(1, TENSOR_BATCH // first.limit)
     feeds = list(data.calibration)[:batches]
     fitted = {id(b) for b in feeds}
     rest = tuple(b for b in data.evaluation if id(b) not in fitted)

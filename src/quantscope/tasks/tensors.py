@@ -41,6 +41,8 @@ import onnx
 from quantscope.model.load import Model
 from quantscope.types import Feeds, QuantscopeError
 
+TENSOR_BATCH = 32  # samples per batch (fewer when the model takes fewer per run)
+
 _ONNX_TO_NP = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
     onnx.TensorProto.FLOAT16: np.float16, onnx.TensorProto.INT64: np.int64,
@@ -316,7 +318,7 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path,
 
 
 def tensor_batches(
-    path: str | Path, model: Model, *, batch_size: int = 32,
+    path: str | Path, model: Model, *, batch_size: int = TENSOR_BATCH,
     batch_axes: Mapping[str, int] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
     """Yield checked feed dicts of at most ``batch_size`` samples (at most the model's
@@ -343,7 +345,7 @@ def tensor_batches(
 
 
 def load_tensor_batches(
-    path: str | Path, model: Model, *, batch_size: int = 32,
+    path: str | Path, model: Model, *, batch_size: int = TENSOR_BATCH,
     batch_axes: Mapping[str, int] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """All batches at once (validates everything before any work starts)."""
