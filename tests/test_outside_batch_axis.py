@@ -260,3 +260,40 @@ def test_repairs_fit_on_as_many_samples_and_cut_along_each_axis(tmp_path, capsys
                  "--out-stats", str(tmp_path / "r.npz"),
                  "--out-plan", str(tmp_path / "r.json")]) == 0
     assert "adaround" in capsys.readouterr().out
+
+
+def _state_only_input() -> onnx.ModelProto:
+    """``x [B, 16]`` alone in; ``hn [1, B, 8]`` out: the inputs are sample-first, an
+    output is not."""
+    proto = lstm_state()
+    graph = proto.graph
+    h = next(i for i in graph.input if i.name == "h")
+    c = next(i for i in graph.input if i.name == "c")
+    graph.input.remove(h)
+    graph.input.remove(c)
+    lstm = next(n for n in graph.node if n.op_type == "LSTM")
+    del lstm.input[5:]
+    return proto
+
+
+def test_an_output_batched_on_axis_1_of_sample_first_inputs_is_scored_per_sample(tmp_path):
+    from quantscope.emulate.evaluate import run_model
+    from quantscope.stages import open_data
+
+    data = {"x": feeds("lstm_state", N)["x"]}
+    _, npz = _save(tmp_path, "x", _state_only_input(), data)
+    model = load_proto(_state_only_input())
+    ds = open_data(npz, model)
+    out = run_model(model.proto, ds.evaluation)
+    assert out.concat("hn").shape == (N, 1, 8) and out.concat("prob").shape == (N, 1)
+
+
+def test_static_model_analysis_subsets_take_every_kth_sample(tmp_path):
+    from quantscope.analyze.rows import proxy_batches
+    from quantscope.stages import open_data
+
+    _, npz = _save(tmp_path, "st", static_streaming(), feeds("static_streaming", N))
+    ds = open_data(npz, load_proto(static_streaming()))
+    proxy = proxy_batches(ds.calibration, 0.25)
+    assert len(proxy) == N // 4
+    np.testing.assert_array_equal(proxy[1]["state"], ds.calibration[4]["state"])

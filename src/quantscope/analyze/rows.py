@@ -90,7 +90,10 @@ def proxy_batches(
     """
     step = max(1, round(1.0 / fraction))
     batch_size = _most(batches, batch_size)
-    picked = [take_rows(b, slice(None, None, step)) for b in batches]
+    if batch_size == 1:  # a model that runs one sample at a time: every k-th batch
+        picked = list(batches[::step])
+    else:
+        picked = [take_rows(b, slice(None, None, step)) for b in batches]
     picked = [p for p in picked if batch_rows(p)]
     out: list[Batch] = []
     group: list[Batch] = []

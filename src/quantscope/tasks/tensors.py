@@ -218,10 +218,8 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
 def _output_axes(model: Model, sym: str | None, axes: Mapping[str, int], limit: int | None,
                  declared: Mapping[str, int]) -> tuple[int, ...]:
     """Each output's sample axis: declared, else where the batch symbol is, else (static
-    model) the first axis of the static sample count, else 0; all 0 for a plain layout."""
-    if not any(axes.values()) and limit is None and not any(
-            declared.get(o) for o in model.output_names()):
-        return tuple(0 for _ in model.output_names())
+    model) the first axis of the static sample count, else 0."""
+    del axes
     shapes, out = model.value_shapes(), []
     for o in model.output_names():
         want = shapes.get(o) or ()
