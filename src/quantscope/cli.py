@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantscope import serde, stages
-from quantscope.cli_args import parser
+from quantscope.cli_args import merged_batch_axes, parser
 from quantscope.cli_types import (
     QuietPipe,
     check_demo_data,
@@ -72,7 +72,8 @@ def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
         ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
                               max_pairs=getattr(args, "pairs", None),
                               output=getattr(args, "output", None),
-                              layout=tuple(getattr(args, "layout", None) or ()))
+                              layout=tuple(getattr(args, "layout", None) or ()),
+                              batch_axes=merged_batch_axes(getattr(args, "batch_axis", None)))
     except UnicodeDecodeError:
         raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
     for batch in (*ds.calibration, *ds.evaluation):
@@ -84,11 +85,13 @@ def _data(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
 
 
 def _tensor_samples(ds: stages.Dataset | None) -> int | None:
-    """The evaluation samples of tensor data (the longest first axis of each batch), or
-    None for a task's data (pairs, images), which counts its own."""
-    if ds is None or ds.task is not None:
+    """The evaluation samples of tensor data (each batch's along its inputs' sample axes),
+    or None for a task's data (pairs, images), which counts its own."""
+    from quantscope.types import batch_rows
+
+    if ds is None or (ds.task is not None and not getattr(ds.task, "row_local", False)):
         return None
-    return sum(max((len(a) for a in b.values()), default=0) for b in ds.evaluation)
+    return sum(batch_rows(b) for b in ds.evaluation)
 
 
 def layout_notes(ds: stages.Dataset) -> tuple[str, ...]:
@@ -680,6 +683,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       token_linears=args.token_linears, heads=args.heads,
                       outscale=args.outscale, peel=args.peel, rowscale=args.rowscale,
                       whatif=args.whatif, layout=tuple(args.layout),
+                      batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
                       **repairs)
     if args.layout:  # checked against the model's outputs before the run folder is made
         from quantscope.tasks.layout import layout_tasks

@@ -70,6 +70,12 @@ def _model_parent(*, option: bool = False) -> argparse.ArgumentParser:
 def _data_parent(*, required: bool = True, help: str = DATA_HELP) -> argparse.ArgumentParser:
     p = _parent()
     p.add_argument("--data", required=required, type=data_spec, help=help)
+    p.add_argument("--batch-axis", action="append", default=[], type=batch_axes,
+                   metavar="NAME=AXIS[,…]",
+                   help="the axis of input (or output) NAME that holds the samples, for "
+                   "tensor data (default: found from the model: a symbolic dim the inputs "
+                   "share, else the axis of static size 1 the data fills; e.g. an LSTM "
+                   "state h=1); repeatable")
     return p
 
 
@@ -159,6 +165,32 @@ def run_folder(text: str) -> str:
         raise argparse.ArgumentTypeError(f"the folder '{path.parent}' of run folder '{text}' "
                                          "does not exist: create it first")
     return text
+
+
+def batch_axes(text: str) -> tuple[tuple[str, int], ...]:
+    """``NAME=AXIS`` or a comma list of them (names checked against the model later)."""
+    out = []
+    for part in text.split(","):
+        name, eq, axis = part.strip().partition("=")
+        name, axis = name.strip(), axis.strip()
+        if not eq or not name or not axis.lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(
+                f"'{part.strip()}' is no NAME=AXIS: give e.g. --batch-axis h=1")
+        out.append((name, int(axis)))
+    return tuple(out)
+
+
+def merged_batch_axes(given: list[tuple[tuple[str, int], ...]] | None) -> dict[str, int]:
+    """The ``--batch-axis`` values as one mapping; a name given twice with two axes is
+    refused (one line)."""
+    from quantscope.types import QuantscopeError
+
+    out: dict[str, int] = {}
+    for name, axis in (pair for group in given or [] for pair in group):
+        if out.setdefault(name, axis) != axis:
+            raise QuantscopeError(f"--batch-axis gives '{name}' two axes ({out[name]} and "
+                                  f"{axis}): give it once")
+    return out
 
 
 def output_name(text: str) -> str:

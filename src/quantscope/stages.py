@@ -10,7 +10,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,11 +44,12 @@ from quantscope.serde import (
 )
 from quantscope.tasks.headline import Headline
 from quantscope.tasks.registry import at_length
-from quantscope.tasks.tensors import load_tensor_batches
+from quantscope.tasks.tensors import TENSOR_BATCH, load_tensor_batches
 from quantscope.types import (
     Batch,
     Dataset,
     Encodings,
+    Feeds,
     GroupKind,
     Groups,
     Outputs,
@@ -57,6 +58,8 @@ from quantscope.types import (
     QuantScheme,
     QuantscopeError,
     Stats,
+    batch_rows,
+    take_rows,
 )
 
 if TYPE_CHECKING:
@@ -97,22 +100,36 @@ def open_model(spec: str | Path) -> Model:
 def open_data(
     spec: str | Path, model: Model, *, tokenizer: str | None = None,
     max_pairs: int | None = None, output: str | None = None, layout: Sequence[Any] = (),
+    batch_axes: Mapping[str, int] | None = None, show: bool = True,
 ) -> Dataset:
     """Tensor files/folders, or a built-in or user task (text pairs, face images).
 
     ``layout``: :class:`quantscope.tasks.layout.LayoutSpec` values (``--layout``), what
-    each output of tensor data is; outputs not declared may be detected (a detection head)."""
+    each output of tensor data is; outputs not declared may be detected (a detection head).
+    ``batch_axes``: each named input's (or output's) sample axis (``--batch-axis``); for
+    tensor data an input whose samples are not on axis 0 is said on stderr (``show``)."""
     from quantscope.tasks.registry import open_task_data, tensor_task
+    from quantscope.tasks.tensors import check_batch_axes
 
+    if batch_axes:
+        check_batch_axes(model, batch_axes)
     ds = open_task_data(str(spec), model, tokenizer=tokenizer, max_pairs=max_pairs)
     if ds is not None and layout:
         raise QuantscopeError(f"--layout applies to tensor data (.npy/.npz); data '{spec}' "
                               "has its own task: leave --layout out")
     if ds is None:
         task, notes = tensor_task(model, str(spec), tuple(layout))
-        batches = tuple(load_tensor_batches(spec, model))
+        batches = tuple(load_tensor_batches(spec, model, batch_axes=batch_axes))
         ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
                      notes=notes)
+        fed = next((b for b in batches if isinstance(b, Feeds)), None)
+        if fed is not None:
+            note = f"{spec}: {_layout_text(fed)}"
+            ds = dataclasses.replace(ds, notes=(*ds.notes, note))
+            say(f"note: {note}", show=show)
+    elif batch_axes:
+        raise QuantscopeError(f"--batch-axis applies to tensor data (.npy/.npz); '{spec}' is "
+                              "a task whose batches quantscope builds: leave it out")
     if output is not None:
         if output not in model.output_names():
             raise QuantscopeError(f"--output '{output}' is no output of the model (outputs: "
@@ -121,12 +138,26 @@ def open_data(
     return ds
 
 
+def _layout_text(batch: Feeds) -> str:
+    """Which inputs hold their samples on another axis than 0, and the per-run limit."""
+    parts = [f"input '{k}' is batched on axis {a}" for k, a in batch.axes.items() if a]
+    if batch.limit is not None:
+        parts.append(f"the model takes {batch.limit} sample(s) per run (static shape): "
+                     "the samples run that many at a time")
+    return "; ".join(parts)
+
+
 def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, str | None]:
-    """Fit feeds (the first ``batches`` calibration batches) and data to score on that
+    """Fit feeds (the first ``batches`` calibration batches; of a static model that takes
+    ``L`` samples per run, ``32 / L`` times as many) and data to score on that
     never includes them. Tensor data whose evaluation rows are its calibration rows is
     split: fitting on the first half of the batches (of the rows, for one batch),
     scoring on the rest. A task bound to its rows (faces) cannot be split: the note
     says it is scored on rows it was fitted on."""
+    first = next(iter(data.calibration), None)
+    if batches is not None and isinstance(first, Feeds) and first.limit:
+        # a static model runs a few samples per batch: count batches of the usual 32 samples
+        batches *= max(1, TENSOR_BATCH // first.limit)
     feeds = list(data.calibration)[:batches]
     fitted = {id(b) for b in feeds}
     rest = tuple(b for b in data.evaluation if id(b) not in fitted)
@@ -140,12 +171,12 @@ def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, 
             f"scored on {len(rest)} held-out batch(es), fitted on {len(feeds)}")
     rows = list(data.evaluation)
     if len(rows) == 1:
-        n = len(next(iter(rows[0].values())))
+        n = batch_rows(rows[0])
         if n < 2:
             raise QuantscopeError(f"data '{data.name}' has one sample: give at least two, so "
                                   "the repairs are scored on rows they were not fitted on")
-        fit = [{k: v[: n // 2] for k, v in rows[0].items()}]
-        score = ({k: v[n // 2:] for k, v in rows[0].items()},)
+        fit = [take_rows(rows[0], slice(None, n // 2))]
+        score = (take_rows(rows[0], slice(n // 2, None)),)
     else:
         fit, score = rows[: len(rows) // 2], tuple(rows[len(rows) // 2:])
     return fit, dataclasses.replace(data, evaluation=score), (
@@ -280,7 +311,7 @@ def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
         if rows >= SATURATION_ROWS:
             break
         part.append(b)
-        rows += len(next(iter(b.values())))
+        rows += batch_rows(b)
     return calibrate(model, find_groups(model), part), rows
 
 

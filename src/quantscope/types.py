@@ -300,6 +300,83 @@ class Encodings:
 Batch = dict[str, np.ndarray]
 
 
+class Feeds(dict):  # type: ignore[type-arg]
+    """A batch (input name -> array) whose samples lie on another axis than 0 in some
+    input (an LSTM state ``h [1, B, 8]``), or of a model that takes a fixed number of
+    samples per run (a static export). Plain batches (every sample axis 0) stay dicts.
+
+    ``axes``: the sample axis of each input that is not 0; ``out_axes``: the sample axis
+    of each model output, in the model's output order; ``limit``: the most samples one run
+    takes (the static size of the sample axis), None when any count runs. Use
+    :func:`batch_rows`, :func:`take_rows` and :func:`concat_rows` to count, cut and join
+    samples of any batch."""
+
+    axes: dict[str, int]
+    out_axes: tuple[int, ...]
+    limit: int | None
+
+    def __init__(self, arrays: Mapping[str, np.ndarray], axes: Mapping[str, int],
+                 out_axes: tuple[int, ...] = (), limit: int | None = None) -> None:
+        super().__init__(arrays)
+        self.axes = {k: a for k, a in axes.items() if a}
+        self.out_axes = tuple(out_axes)
+        self.limit = limit
+
+    def like(self, arrays: Mapping[str, np.ndarray]) -> Feeds:
+        """Other arrays with this batch's axes."""
+        return Feeds(arrays, self.axes, self.out_axes, self.limit)
+
+
+def sample_axis(batch: Mapping[str, np.ndarray], name: str) -> int:
+    """The axis that holds the samples of input ``name`` of ``batch`` (0 unless a
+    :class:`Feeds` says otherwise)."""
+    return getattr(batch, "axes", {}).get(name, 0)
+
+
+def batch_rows(batch: Mapping[str, np.ndarray]) -> int:
+    """The number of samples in ``batch`` (along its first input's sample axis)."""
+    name, arr = next(iter(batch.items()))
+    return int(np.shape(arr)[sample_axis(batch, name)]) if np.ndim(arr) else 1
+
+
+def take_rows(batch: Mapping[str, np.ndarray], index: slice | np.ndarray | list[int]) -> Batch:
+    """The samples ``index`` of ``batch``, each input cut along its own sample axis."""
+    def cut(name: str, v: np.ndarray) -> np.ndarray:
+        axis = sample_axis(batch, name)
+        if isinstance(index, slice):
+            return v[(slice(None),) * axis + (index,)]
+        return np.take(v, np.asarray(index, dtype=np.int64), axis=axis)
+
+    arrays = {k: cut(k, v) for k, v in batch.items()}
+    return batch.like(arrays) if isinstance(batch, Feeds) else arrays
+
+
+def keep_inputs(batch: Mapping[str, np.ndarray], names: set[str] | frozenset[str]) -> Batch:
+    """The arrays of ``batch`` named in ``names`` (a session's inputs), layout kept."""
+    arrays = {k: v for k, v in batch.items() if k in names}
+    return batch.like(arrays) if isinstance(batch, Feeds) else arrays
+
+
+def concat_rows(parts: list[Batch]) -> Batch:
+    """The samples of every part, in order, in one batch (same inputs and layout)."""
+    first = parts[0]
+    arrays = {k: np.concatenate([p[k] for p in parts], axis=sample_axis(first, k))
+              for k in first}
+    return first.like(arrays) if isinstance(first, Feeds) else arrays
+
+
+def sample_first(outputs: list[np.ndarray] | tuple[np.ndarray, ...],
+                 batch: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Model outputs (all of them, in the model's output order) with each one's sample
+    axis moved to 0, as the fidelity and task metrics read them (unchanged for plain
+    batches)."""
+    axes = getattr(batch, "out_axes", ())
+    if not any(axes) or len(axes) != len(outputs):
+        return list(outputs)
+    return [np.moveaxis(o, a, 0) if a and np.ndim(o) > a else o
+            for o, a in zip(outputs, axes, strict=True)]
+
+
 @dataclass(frozen=True, eq=False)
 class Outputs:
     """Model outputs over a data set: one list of per-batch arrays per output name."""

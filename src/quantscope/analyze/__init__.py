@@ -42,7 +42,7 @@ from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
 from quantscope.parallel import Executor
-from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats
+from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats, batch_rows
 
 __all__ = [
     "Analysis",
@@ -185,7 +185,7 @@ def _sweep(
         return sweep_segments(model, groups, stats, batches, **kw)
     # the uniform-low run the caller made gives the per-row noise the fast sweep selects by
     err = squared_error_rows(ref, low_rows)
-    cuts = np.cumsum([len(next(iter(b.values()))) for b in batches])[:-1]
+    cuts = np.cumsum([batch_rows(b) for b in batches])[:-1]
     return sweep_fast(model, groups, stats, batches, fraction=proxy_fraction,
                       noise=np.split(err, cuts), **kw)
 

@@ -22,7 +22,19 @@ from quantscope.analyze.scoring import Scorer
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
-from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
+from quantscope.types import (
+    Batch,
+    Feeds,
+    Groups,
+    Plan,
+    Precision,
+    QuantScheme,
+    Stats,
+    batch_rows,
+    concat_rows,
+    sample_axis,
+    take_rows,
+)
 
 
 def run_plan_rows(
@@ -44,17 +56,27 @@ def run_plan_rows(
     return np.concatenate(rows)
 
 
-def _pad_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    pad = [(0, 0)] + [(0, s - d) for s, d in zip(shape[1:], x.shape[1:], strict=True)]
+def _pad_to(x: np.ndarray, shape: tuple[int, ...], axis: int = 0) -> np.ndarray:
+    pad = [(0, 0) if i == axis else (0, s - d)
+           for i, (s, d) in enumerate(zip(shape, x.shape, strict=True))]
     return np.pad(x, pad) if any(p[1] for p in pad) else x
 
 
 def _merge(parts: list[Batch]) -> Batch:
-    out = {}
-    for k in parts[0]:
-        shape = tuple(max(p[k].shape[i] for p in parts) for i in range(parts[0][k].ndim))
-        out[k] = np.concatenate([_pad_to(p[k], shape) for p in parts])
-    return out
+    """The parts' samples in one batch, each input along its own sample axis, shorter
+    non-sample axes zero-padded."""
+    first = parts[0]
+    padded = [{k: _pad_to(p[k], tuple(max(q[k].shape[i] for q in parts)
+                                      for i in range(first[k].ndim)), sample_axis(first, k))
+               for k in first} for p in parts]
+    return concat_rows([p.like(a) if isinstance(p, Feeds) else a
+                        for p, a in zip(parts, padded, strict=True)])
+
+
+def _most(batches: Sequence[Batch], batch_size: int) -> int:
+    """``batch_size``, or less when the model takes fewer samples per run (static)."""
+    limits = [b.limit for b in batches if isinstance(b, Feeds) and b.limit]
+    return min([batch_size, *limits])
 
 
 def proxy_batches(
@@ -67,15 +89,19 @@ def proxy_batches(
     padding, right for token ids and attention masks), so padding stays cheap.
     """
     step = max(1, round(1.0 / fraction))
-    picked = [{k: v[::step] for k, v in b.items()} for b in batches]
-    picked = [p for p in picked if len(next(iter(p.values())))]
+    batch_size = _most(batches, batch_size)
+    if batch_size == 1:  # a model that runs one sample at a time: every k-th batch
+        picked = list(batches[::step])
+    else:
+        picked = [take_rows(b, slice(None, None, step)) for b in batches]
+    picked = [p for p in picked if batch_rows(p)]
     out: list[Batch] = []
     group: list[Batch] = []
     for b in picked:
         width = max((v.shape[1] for v in b.values() if v.ndim > 1), default=1)
         first = group and max((v.shape[1] for v in group[0].values() if v.ndim > 1), default=1)
-        rows = sum(len(next(iter(g.values()))) for g in group)
-        if group and (rows + len(next(iter(b.values()))) > batch_size or width > max_pad * first):
+        rows = sum(batch_rows(g) for g in group)
+        if group and (rows + batch_rows(b) > batch_size or width > max_pad * first):
             out.append(_merge(group))
             group = []
         group.append(b)
@@ -90,7 +116,7 @@ def _width(b: Batch) -> int:
 
 
 def _take(b: Batch, idx: np.ndarray) -> Batch:
-    return {k: v[idx] for k, v in b.items()}
+    return take_rows(b, idx)
 
 
 def density_batches(
@@ -122,8 +148,8 @@ def density_batches(
     out: list[Batch] = []
     group: list[Batch] = []
     for p in parts:
-        n = len(next(iter(p.values())))
-        if group and sum(len(next(iter(g.values()))) for g in group) + n > batch_size:
+        n = batch_rows(p)
+        if group and sum(batch_rows(g) for g in group) + n > _most(parts, batch_size):
             out.append(_merge(group))
             group = []
         group.append(p)

@@ -28,16 +28,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.numerics import row_cosines, sqnr_db
-from quantscope.types import RowScoring
+from quantscope.types import RowScoring, sample_first
 
 Reduce = Callable[[Sequence[np.ndarray], Mapping[str, np.ndarray]], np.ndarray]
 Score = Callable[[np.ndarray, np.ndarray], dict[str, float]]
 
 
 def first_output_rows(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-    """Default reduce: the first output, one flattened row per sample."""
-    del feeds
-    out = np.asarray(outputs[0], dtype=np.float32)
+    """Default reduce: the first output, one flattened row per sample (sample axis first,
+    :func:`quantscope.types.sample_first`)."""
+    out = np.asarray(sample_first(outputs, feeds)[0], dtype=np.float32)
     return out.reshape(len(out), -1)
 
 
@@ -95,7 +95,7 @@ def outputs_scorer(*, only: int | None = None) -> Scorer:
     spans: list[tuple[int, int]] = []
 
     def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-        del feeds
+        outputs = sample_first(outputs, feeds)  # outputs batched on another axis than 0
         n = len(outputs[0])
         parts = [np.asarray(o, dtype=np.float32).reshape(n, -1) for o in outputs
                  if np.ndim(o) >= 1 and len(o) == n]

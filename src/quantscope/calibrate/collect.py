@@ -14,7 +14,7 @@ from quantscope.model.axes import channel_axes
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
 from quantscope.progress import feed_size, track
-from quantscope.types import Groups, QuantscopeError, Stats
+from quantscope.types import Groups, QuantscopeError, Stats, batch_rows, keep_inputs, take_rows
 
 
 def tap_names(model: Model, groups: Groups) -> list[str]:
@@ -38,10 +38,10 @@ def tapped_model(model: Model, taps: list[str]) -> onnx.ModelProto:
 
 
 def _row_chunks(feeds: dict[str, np.ndarray], max_rows: int) -> list[dict[str, np.ndarray]]:
-    n = len(next(iter(feeds.values())))
+    n = batch_rows(feeds)
     if n <= max_rows:
         return [feeds]
-    return [{k: v[i : i + max_rows] for k, v in feeds.items()} for i in range(0, n, max_rows)]
+    return [take_rows(feeds, slice(i, i + max_rows)) for i in range(0, n, max_rows)]
 
 
 def calibrate(
@@ -70,14 +70,14 @@ def calibrate(
     observers = {t: Observer(t, axes.get(t)) for t in taps}
     n_batches = n_samples = 0
     for batch in track(batches, "calibrate", unit="batch", show=progress, cost=feed_size):
-        feeds = {k: v for k, v in batch.items() if k in inputs}
+        feeds = keep_inputs(batch, inputs)
         for part in _row_chunks(feeds, max_rows):
             values = session.run(taps, part)
             for name, value in zip(taps, values, strict=True):
                 observers[name].update(value)
             del values
         n_batches += 1
-        n_samples += len(next(iter(batch.values())))
+        n_samples += batch_rows(batch)
     if n_batches == 0:
         raise QuantscopeError("calibration data is empty: give at least one batch")
     return Stats(

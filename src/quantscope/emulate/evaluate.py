@@ -26,7 +26,7 @@ from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import RESEMBLE_MIN_COSINE, row_cosines, sqnr_db, sqnr_db_from_powers
 from quantscope.progress import feed_size, track
-from quantscope.types import Batch, Metrics, Outputs
+from quantscope.types import Batch, Metrics, Outputs, sample_first
 
 Keep = Callable[[tuple[np.ndarray, ...], Batch], tuple[np.ndarray, ...]]
 """One batch's outputs (and its feeds) -> what a task reads of them (``Task.keep``)."""
@@ -67,7 +67,8 @@ def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "",
 
     def gen() -> Iterator[tuple[tuple[np.ndarray, ...], Batch]]:
         for batch in track(batches, label, unit="batch", show=bool(label), cost=feed_size):
-            yield tuple(session.run(None, {n: v for n, v in batch.items() if n in inputs})), batch
+            out = session.run(None, {n: v for n, v in batch.items() if n in inputs})
+            yield tuple(sample_first(out, batch)), batch  # outputs read sample-first
 
     return Runs(names=tuple(o.name for o in session.get_outputs()), batches=gen())
 

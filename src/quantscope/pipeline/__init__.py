@@ -83,6 +83,10 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
 
         say(f"goal: {head.goal_text(opts.goal)} on the held-out data", show=progress)
     early = {k: v for k, v in early.items() if k == "model"}
+    if opts.batch_axes:  # a --batch-axis the model refutes fails before the folder exists
+        from quantscope.tasks.tensors import check_batch_axes
+
+        check_batch_axes(early["model"], dict(opts.batch_axes))
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)
@@ -100,22 +104,25 @@ def check_run_inputs(model: Model, opts: RunOptions) -> None:
     from quantscope import stages
     from quantscope.targets import load_target
     from quantscope.tasks.tensors import check_token_ids
+    from quantscope.types import batch_rows
 
     load_target(opts.target)
+    axes = dict(opts.batch_axes) or None
     fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer, max_pairs=opts.pairs,
-                           layout=opts.layout)
+                           layout=opts.layout, batch_axes=axes, show=False)
     sets = [(opts.data, fit)]
     if opts.eval_data:
         sets.append((opts.eval_data, stages.open_data(opts.eval_data, model,
                                                       tokenizer=opts.tokenizer,
                                                       max_pairs=opts.pairs,
-                                                      layout=opts.layout)))
+                                                      layout=opts.layout,
+                                                      batch_axes=axes, show=False)))
     for spec, ds in sets:
         for batch in (*ds.calibration, *ds.evaluation):
             check_token_ids(batch, model, spec)
-    if fit.task is not None:
-        return
-    rows = [max((len(a) for a in b.values()), default=0) for b in fit.calibration]
+    if fit.task is not None and not getattr(fit.task, "row_local", False):
+        return  # a task's data (pairs, faces) counts its own
+    rows = [batch_rows(b) for b in fit.calibration]
     if opts.eval_data:
         fitted, how = sum(rows), ""
     elif len(rows) >= 2:

@@ -49,6 +49,7 @@ class RunOptions:
     peel: bool = False  # peel: each FFN's outlier hidden channels in a small FFN of their own
     whatif: bool = False  # evaluate also lifts each op kind of the plan to 16 bit (whatif)
     layout: tuple[Any, ...] = ()  # --layout: tasks.layout.LayoutSpec per declared output
+    batch_axes: tuple[tuple[str, int], ...] = ()  # --batch-axis: (input or output, sample axis)
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):
@@ -124,14 +125,23 @@ class Context:
         o = self.opts
         return {"data": o.data, "eval_data": o.eval_data, "pairs": o.pairs,
                 "tokenizer": o.tokenizer, "seq_len": o.seq_len,
-                **({"layout": o.layout} if o.layout else {})}
+                **({"layout": o.layout} if o.layout else {}),
+                # absent when not given: the keys of earlier runs stay valid
+                **({"batch_axes": o.batch_axes} if o.batch_axes else {})}
 
     def data_identity(self) -> dict[str, Any]:
-        """:meth:`data_options` with every file named by its content digest (and each
-        ``--layout`` by its text)."""
-        return {k: _identity(v) if k in DATA_PATHS
-                else sorted(s.text for s in v) if k == "layout" else v
-                for k, v in self.data_options().items()}
+        """:meth:`data_options` with every file named by its content digest (each
+        ``--layout`` by its text, the batch axes as pairs)."""
+        def ident(k: str, v: Any) -> Any:
+            if k in DATA_PATHS:
+                return _identity(v)
+            if k == "layout":
+                return sorted(s.text for s in v)
+            if k == "batch_axes":
+                return [list(p) for p in v]
+            return v
+
+        return {k: ident(k, v) for k, v in self.data_options().items()}
 
     def hn_identity(self) -> str | None:
         return _identity(self.opts.hn)
@@ -143,7 +153,8 @@ class Context:
             d = self.data_options()
             run = open_run_data(self.model(), d["data"], eval_data=d["eval_data"],
                                 pairs=d["pairs"], tokenizer=d["tokenizer"], folder=self.folder,
-                                layout=d.get("layout", ()))
+                                layout=d.get("layout", ()),
+                                batch_axes=dict(d.get("batch_axes", ())))
             for note in run.fit.notes:
                 if LAYOUT_NOTE in note:  # what each output was read as (--layout or found)
                     say(f"note: {note}", show=self.progress)
@@ -183,7 +194,9 @@ class Context:
         else:
             d = self.data_options()
             fit = stages.open_data(d["data"], self.model(), tokenizer=d["tokenizer"],
-                                   max_pairs=d["pairs"], layout=d.get("layout", ()))
+                                   max_pairs=d["pairs"], layout=d.get("layout", ()),
+                                   batch_axes=dict(d.get("batch_axes", ())) or None,
+                                   show=False)
             head = stages.headline(fit, None)
         head.check_goal(o.goal)
         return head
@@ -201,7 +214,7 @@ def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
     source = model.source
     if opts.outscale or opts.peel:  # need the unsplit model's own channel ranges
         fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer,
-                               max_pairs=opts.pairs)
+                               max_pairs=opts.pairs, batch_axes=dict(opts.batch_axes))
         if opts.seq_len is not None:
             fit = stages.at_length(fit, opts.seq_len)
         say("calibrating the given model for its channel ranges", show=progress)

@@ -25,7 +25,7 @@ import numpy as np
 
 from quantscope import stages
 from quantscope.model.load import Model
-from quantscope.types import Batch, Dataset
+from quantscope.types import Batch, Dataset, batch_rows, take_rows
 
 HELDOUT_PAIRS = "heldout.jsonl"
 
@@ -38,13 +38,16 @@ class RunData:
 
 
 def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
-                  tokenizer: str | None, folder: Path, layout: tuple[Any, ...] = ()) -> RunData:
+                  tokenizer: str | None, folder: Path, layout: tuple[Any, ...] = (),
+                  batch_axes: dict[str, int] | None = None) -> RunData:
     """Open the fit and the evaluation data (see the module table); ``layout``: the
-    ``--layout`` declarations of tensor data's outputs."""
-    fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs, layout=layout)
+    ``--layout`` declarations of tensor data's outputs; ``batch_axes``: the inputs' sample
+    axes declared with ``--batch-axis``."""
+    fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs, layout=layout,
+                           batch_axes=batch_axes)
     if eval_data:
         held = stages.open_data(eval_data, model, tokenizer=tokenizer, max_pairs=pairs,
-                                layout=layout)
+                                layout=layout, batch_axes=batch_axes, show=False)
         return RunData(fit, held, f"evaluation on --eval-data {eval_data}, held out from "
                        f"calibration and fitting on {data}")
     if _is_pairs(data):
@@ -89,7 +92,7 @@ def _split_tensors(ds: Dataset) -> RunData:
         k = (len(batches) + 1) // 2
         first, second = tuple(batches[:k]), tuple(batches[k:])
     else:
-        rows = len(next(iter(batches[0].values())))
+        rows = batch_rows(batches[0])
         if rows < 2:
             return RunData(ds, ds, f"NOT held out: {ds.name} has one sample")
         k = (rows + 1) // 2
@@ -103,11 +106,11 @@ def _split_tensors(ds: Dataset) -> RunData:
 
 
 def _rows(batch: Batch, a: int, b: int) -> Batch:
-    return {k: v[a:b] for k, v in batch.items()}
+    return take_rows(batch, slice(a, b))
 
 
 def _count(batches: tuple[Batch, ...]) -> int:
-    return sum(len(next(iter(b.values()))) for b in batches)
+    return sum(batch_rows(b) for b in batches)
 
 
 def provenance(rd: RunData) -> dict[str, Any]:

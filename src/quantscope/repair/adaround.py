@@ -72,7 +72,7 @@ from quantscope.repair import (
     with_initializers,
 )
 from quantscope.repair.verify import Batch
-from quantscope.types import Encoding, Plan, QuantScheme, Stats
+from quantscope.types import Encoding, Plan, QuantScheme, Stats, batch_rows, take_rows
 
 DAMP = 0.01  # relative damping of a singular H (fewer rows than inputs)
 
@@ -292,14 +292,14 @@ def _grams(
 ) -> list[_Gram]:
     """One streaming FP32 pass: every layer's ``H`` (Conv: per group, over patches)."""
     taps = list(dict.fromkeys(n.input[0] for n, _ in todo))
-    samples = sum(len(next(iter(f.values()))) for f in feeds)
+    samples = sum(batch_rows(f) for f in feeds)
     cap = max(1, math.ceil(max_patches / max(samples, 1)))
     grams = [_Gram(n, m, np.random.default_rng([seed, k]), cap) for k, (n, _) in enumerate(todo)]
     run = runner(make_session(tapped_model(m, taps), arena=False), taps)
     for feed in feeds:
-        rows = len(next(iter(feed.values())))
+        rows = batch_rows(feed)
         for i in range(0, rows, max_rows):
-            got = dict(zip(taps, run({k: v[i : i + max_rows] for k, v in feed.items()}), strict=True))
+            got = dict(zip(taps, run(take_rows(feed, slice(i, i + max_rows))), strict=True))
             for (node, _), gram in zip(todo, grams, strict=True):
                 gram.add(got[node.input[0]])
     return grams

@@ -6,19 +6,42 @@
 folder         every ``.npy``/``.npz`` inside (sorted); each file is one or
                more batches (files may differ in non-batch dims, e.g. length)
 =============  ============================================================
+
+The sample axis of each input (:func:`find_layout`) is axis 0 unless the model says
+otherwise:
+
+==============================  ==========================================================
+``--batch-axis NAME=K``         declared: input (or output) ``NAME`` holds the samples on
+                                axis ``K``
+a symbolic dim shared by the    that dim's axis in each input (an LSTM: ``x [B, 16]``,
+inputs                          ``h [1, B, 8]``: axes 0 and 1)
+a static model                  the one axis where the data's size differs from the model's
+                                (``state [2, 1, 16]`` given ``[2, n, 16]``: axis 1), else
+                                an axis of size 1 that holds as many samples as the other
+                                inputs; the model then runs its static count of samples
+                                (1) at a time
+==============================  ==========================================================
+
+Batches of such a model are :class:`quantscope.types.Feeds`: they carry each input's
+sample axis and each output's, so every cut and join of samples (calibration chunks,
+held-out halves, the analysis' row subsets) goes along the right axis, and outputs are
+put sample-first before they are scored (:func:`quantscope.types.sample_first`).
 """
 
 from __future__ import annotations
 
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from quantscope.model.load import Model
-from quantscope.types import QuantscopeError
+from quantscope.types import Feeds, QuantscopeError
+
+TENSOR_BATCH = 32  # samples per batch (fewer when the model takes fewer per run)
 
 _ONNX_TO_NP = {
     onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64,
@@ -66,22 +89,180 @@ def _read(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
         raise QuantscopeError(f"cannot read data file '{path}' ({exc}): re-save it with numpy") from None
 
 
-def _check_dims(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
-    """The inputs agree on the samples and on every named (symbolic) dimension."""
+@dataclass(frozen=True)
+class Layout:
+    """Where the samples lie: ``axes`` (input -> sample axis), ``out_axes`` (each output's
+    sample axis, in output order), ``limit`` (the most samples one run takes: the model's
+    static size of the sample axis; None: any), ``how`` (input -> why that axis)."""
+
+    axes: dict[str, int]
+    out_axes: tuple[int, ...]
+    limit: int | None
+    how: dict[str, str]
+
+    @property
+    def plain(self) -> bool:
+        """Every input and output sample-first, any sample count per run (the common case)."""
+        return not any(self.axes.values()) and not any(self.out_axes) and self.limit is None
+
+    def describe(self) -> str:
+        """One sentence for the console: the inputs not batched on axis 0, and the limit."""
+        parts = [f"'{k}' on axis {a} ({self.how.get(k, '')})"
+                 for k, a in self.axes.items() if a]
+        text = "samples: " + ("; ".join(parts) if parts else "axis 0 of every input")
+        if self.limit is not None:
+            text += f"; the model takes {self.limit} sample(s) per run (static shape)"
+        return text
+
+
+def check_batch_axes(model: Model, declared: Mapping[str, int]) -> dict[str, int]:
+    """``--batch-axis`` values checked against the model: a known input or output name,
+    an axis within its rank (negative counts from the end) that the model does not fix at
+    a size other than 1. Returns them normalised."""
+    shapes = model.value_shapes()
+    known = (*model.input_names(), *model.output_names())
+    out = {}
+    for name, axis in declared.items():
+        if name not in known:
+            raise QuantscopeError(
+                f"--batch-axis: '{name}' is no input or output of the model (inputs: "
+                f"{', '.join(model.input_names()) or 'none'}; outputs: "
+                f"{', '.join(model.output_names())}): use one of those names")
+        rank = len(shapes[name]) if name in shapes else None
+        if rank is not None and not -rank <= axis < rank:
+            raise QuantscopeError(
+                f"--batch-axis {name}={axis}: '{name}' has {rank} axes "
+                f"(shape {_shape_text(shapes[name])}): give an axis from 0 to {rank - 1}")
+        out[name] = axis % rank if rank else axis
+        fixed = shapes[name][out[name]] if rank else None
+        if isinstance(fixed, int) and fixed != 1:
+            raise QuantscopeError(
+                f"--batch-axis {name}={axis}: the model fixes that axis of '{name}' at {fixed} "
+                f"(shape {_shape_text(shapes[name])}), so it cannot hold the samples: give "
+                "the axis that does (a symbolic one, or one of size 1)")
+    return out
+
+
+def _shape_text(shape: tuple[int | str | None, ...]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def _batch_symbol(names: tuple[str, ...],
+                  shapes: Mapping[str, tuple[int | str | None, ...]]) -> str | None:
+    """The symbolic dim that counts the samples: the one every input that has a symbolic
+    dim shares, preferring the first input's axis 0, else the lowest axes."""
+    syms = [[d for d in shapes.get(k) or () if isinstance(d, str)] for k in names]
+    having = [s for s in syms if s]
+    if not having:
+        return None
+    shared = [d for d in having[0] if all(d in s for s in having)]
+    if not shared:
+        return None
+    first = shapes.get(names[0]) or ()
+    if first and first[0] in shared:
+        return str(first[0])
+    return min(shared, key=lambda d: sum((shapes.get(k) or ()).index(d)
+                                         for k in names if d in (shapes.get(k) or ())))
+
+
+def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
+                declared: Mapping[str, int] | None = None) -> Layout:
+    """Each input's sample axis (see the module table), each output's, and the most
+    samples one run takes. ``declared`` (``--batch-axis``) wins; it must agree with the
+    model's static dims (a declared axis is symbolic or of static size 1)."""
+    names, shapes = model.input_names(), model.value_shapes()
+    declared = check_batch_axes(model, declared or {})
+    axes: dict[str, int] = {}
+    how: dict[str, str] = {}
+    for k in names:
+        if k in declared:
+            axes[k], how[k] = declared[k], "--batch-axis"
+    sym = _batch_symbol(names, shapes)
+    for k in names:
+        want = shapes.get(k) or ()
+        if k not in axes and sym is not None and sym in want:
+            axes[k], how[k] = want.index(sym), f"its dimension '{sym}'"
+    rest = [k for k in names if k not in axes]
+    # static inputs: the one axis where the data's size differs from the model's
+    for k in list(rest):
+        want, arr = shapes.get(k), arrays[k]
+        if want is None or len(want) != arr.ndim:
+            continue
+        differ = [i for i, d in enumerate(want) if isinstance(d, int) and d != arr.shape[i]]
+        if len(differ) == 1 and want[differ[0]] == 1:
+            i = differ[0]
+            axes[k], how[k] = i, f"static size 1, data {arr.shape[i]}"
+            rest.remove(k)
+    counts = {arrays[k].shape[a] for k, a in axes.items() if arrays[k].ndim > a}
+    n = counts.pop() if len(counts) == 1 else None
+    for k in rest:
+        want, arr = shapes.get(k), arrays[k]
+        axes[k], how[k] = 0, "axis 0"
+        if want is None or len(want) != arr.ndim or n is None:
+            continue
+        # free axes (symbolic, unknown or of size 1) holding as many as the others: 0 first
+        fits = [i for i, d in enumerate(want)
+                if arr.shape[i] == n and (d == 1 or not isinstance(d, int))]
+        if fits and 0 not in fits:
+            axes[k], how[k] = fits[0], f"size {arr.shape[fits[0]]}, as many as the others"
+    static, cut = [], False
+    for k, a in axes.items():
+        want, arr = shapes.get(k) or (), arrays[k]
+        d = want[a] if a < len(want) else None
+        if not isinstance(d, int):
+            continue
+        size = arr.shape[a] if arr.ndim > a else 0
+        static.append(d)
+        cut = cut or size != d
+    limit = min(static) if static and cut else None
+    axes = {k: axes[k] for k in names}
+    out_axes = _output_axes(model, sym, axes, limit, declared)
+    return Layout(axes=axes, out_axes=out_axes, limit=limit, how=how)
+
+
+def _output_axes(model: Model, sym: str | None, axes: Mapping[str, int], limit: int | None,
+                 declared: Mapping[str, int]) -> tuple[int, ...]:
+    """Each output's sample axis: declared, else where the batch symbol is, else (static
+    model) the first axis of the static sample count, else 0."""
+    del axes
+    shapes, out = model.value_shapes(), []
+    for o in model.output_names():
+        want = shapes.get(o) or ()
+        if o in declared:
+            out.append(declared[o])
+        elif sym is not None and sym in want:
+            out.append(want.index(sym))
+        elif limit is not None and limit in want:
+            out.append(want.index(limit))
+        else:
+            out.append(0)
+    return tuple(out)
+
+
+def _check_dims(arrays: dict[str, np.ndarray], model: Model, where: Path,
+                layout: Layout) -> None:
+    """The inputs agree on the samples (each along its own axis) and on every named
+    (symbolic) dimension."""
     shapes, seen = model.value_shapes(), {}
     for name in model.input_names():
         want, arr = shapes.get(name) or (), arrays[name]
-        dims = [("sample count", 0)] + [(f"dimension '{d}'", i)
+        axis0 = layout.axes.get(name, 0)
+        dims = [("sample count", axis0)] + [(f"dimension '{d}'", i)
                                             for i, d in enumerate(want) if isinstance(d, str)]
         for label, axis in dict(dims).items():
             if arr.ndim <= axis:
                 continue
             size = arr.shape[axis]
-            first = seen.setdefault(label, (name, size))
+            first = seen.setdefault(label, (name, size, axis))
             if first[1] != size:
+                where_axes = (f" (axis {first[2]} of '{first[0]}', axis {axis} of '{name}')"
+                              if label == "sample count" and (first[2] or axis) else "")
+                fix = (f"give every input the same {label}" if label != "sample count"
+                       or not where_axes else "give every input the same sample count, or "
+                       "say each input's sample axis with --batch-axis NAME=AXIS")
                 raise QuantscopeError(
                     f"data '{where}': {label} is {first[1]} in input '{first[0]}' but {size} "
-                    f"in input '{name}': give every input the same {label}")
+                    f"in input '{name}'{where_axes}: {fix}")
 
 
 def check_token_ids(arrays: dict[str, np.ndarray], model: Model, where: str | Path) -> None:
@@ -102,7 +283,8 @@ def check_token_ids(arrays: dict[str, np.ndarray], model: Model, where: str | Pa
                 f"(the {rows} rows of '{node.input[0]}'): use the model's own tokenizer")
 
 
-def _check(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
+def _check(arrays: dict[str, np.ndarray], model: Model, where: Path,
+           declared: Mapping[str, int] | None = None) -> Layout:
     shapes, types = model.value_shapes(), model.value_types()
     for name in model.input_names():
         if name not in arrays:
@@ -110,7 +292,7 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
                 f"data '{where}' has no array for model input '{name}' "
                 f"(it has {', '.join(sorted(arrays)) or 'none'}): key the .npz by input name"
             )
-        arr, want = arrays[name], shapes.get(name)
+        arr = arrays[name]
         expect = _ONNX_TO_NP.get(types.get(name, 0))
         if expect is not None and arr.dtype != expect:
             if not (np.issubdtype(arr.dtype, np.floating) and np.issubdtype(expect, np.floating)):
@@ -118,8 +300,12 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
                     f"data '{where}' input '{name}' is {arr.dtype}, the model wants "
                     f"{np.dtype(expect)}: convert it (e.g. arr.astype('{np.dtype(expect)}'))"
                 )
+    layout = find_layout(model, arrays, declared)
+    for name in model.input_names():
+        arr, want, axis = arrays[name], shapes.get(name), layout.axes.get(name, 0)
         if want is not None and (arr.ndim != len(want) or any(
-            isinstance(d, int) and d != s for d, s in zip(want[1:], arr.shape[1:], strict=False)
+            isinstance(d, int) and d != s and i != axis
+            for i, (d, s) in enumerate(zip(want, arr.shape, strict=False))
         )):
             raise QuantscopeError(
                 f"data '{where}' input '{name}' has shape {arr.shape}, the model wants "
@@ -129,32 +315,41 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path) -> None:
             raise QuantscopeError(
                 f"data '{where}' input '{name}' contains NaN or Inf: clean the data first"
             )
-    _check_dims(arrays, model, where)
+    _check_dims(arrays, model, where, layout)
     check_token_ids(arrays, model, where)
+    return layout
 
 
 def tensor_batches(
-    path: str | Path, model: Model, *, batch_size: int = 32
+    path: str | Path, model: Model, *, batch_size: int = TENSOR_BATCH,
+    batch_axes: Mapping[str, int] | None = None,
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Yield checked feed dicts of at most ``batch_size`` samples, file by file."""
+    """Yield checked feed dicts of at most ``batch_size`` samples (at most the model's
+    static sample count), file by file, each input cut along its own sample axis
+    (:func:`find_layout`; ``batch_axes``: the ones declared with ``--batch-axis``)."""
     names = model.input_names()
     types = model.value_types()
     for file in _files(Path(path)):
         arrays = _read(file, names)
-        _check(arrays, model, file)
-        n = len(arrays[names[0]])
+        layout = _check(arrays, model, file, batch_axes)
+        first = names[0]
+        n = arrays[first].shape[layout.axes.get(first, 0)] if arrays[first].ndim else 0
         if n == 0:
             raise QuantscopeError(f"data file '{file}' holds zero samples: remove it")
-        for start in range(0, n, batch_size):
+        size = min(batch_size, layout.limit or batch_size)
+        for start in range(0, n, size):
             feed = {}
             for k in names:
                 dt = _ONNX_TO_NP.get(types.get(k, 0), arrays[k].dtype)
-                feed[k] = arrays[k][start : start + batch_size].astype(dt, copy=False)
-            yield feed
+                cut = (slice(None),) * layout.axes.get(k, 0) + (slice(start, start + size),)
+                feed[k] = arrays[k][cut].astype(dt, copy=False)
+            yield feed if layout.plain else Feeds(feed, layout.axes, layout.out_axes,
+                                                  layout.limit)
 
 
 def load_tensor_batches(
-    path: str | Path, model: Model, *, batch_size: int = 32
+    path: str | Path, model: Model, *, batch_size: int = TENSOR_BATCH,
+    batch_axes: Mapping[str, int] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """All batches at once (validates everything before any work starts)."""
-    return list(tensor_batches(path, model, batch_size=batch_size))
+    return list(tensor_batches(path, model, batch_size=batch_size, batch_axes=batch_axes))
