@@ -129,3 +129,22 @@ def test_run_records_shapes_from_a_sample_run(tmp_path):
     assert "synthetic sample at x=1x3x12x12" in check["shape_note"]
     plan = json.loads((out / "plan.json").read_text())
     assert not any("size unknown" in b["rule"] for b in plan["pareto"]["blockers"])
+
+
+@pytest.mark.parametrize("specs, says", [
+    (["x=1x4x12x12"], "dim 1 is 4, but the model fixes it at 3"),
+    (["x=1x3x12"], "has rank 3"),
+    (["y=1x3x12x12"], "names 'y', which is no model input"),
+    (["x=1x3x12x12", "x=1x3x16x16"], "names 'x' twice"),
+])
+def test_run_refuses_a_contradicted_input_shape_before_any_work(tmp_path, specs, says):
+    model, data, out = tmp_path / "pad.onnx", tmp_path / "d.npz", tmp_path / "run"
+    onnx.save(computed_pad(), model)
+    np.savez(data, **feeds("computed_pad", 4))
+    before = model.read_bytes()
+    shapes = [a for s in specs for a in ("--input-shape", s)]
+    r = _cli("run", str(model), "--data", str(data), "--target", "hailo8", "--out", str(out),
+             *shapes)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not out.exists() and model.read_bytes() == before

@@ -76,12 +76,35 @@ def given_shapes(
     """Concrete input shapes from ``--seq-len`` and ``--input-shape`` (None if neither)."""
     out: Shapes = dict(seq_len_shapes(model, seq_len)) if seq_len else {}
     inputs = set(model.input_names())
+    declared = model.value_shapes()
+    seen: set[str] = set()
     for name, shape in input_shapes:
         if name not in inputs:
             raise QuantscopeError(f"--input-shape names '{name}', which is no model input "
                                   f"(inputs: {', '.join(sorted(inputs))})")
+        if name in seen:
+            raise QuantscopeError(f"--input-shape names '{name}' twice: give each input's "
+                                  "shape once")
+        seen.add(name)
+        _agrees(name, shape, declared.get(name))
         out[name] = shape
     return out or None
+
+
+def _agrees(name: str, shape: tuple[int, ...], declared: Shape | None) -> None:
+    """A given shape must have the input's rank and keep its fixed dims."""
+    if declared is None:
+        return
+    given = "x".join(map(str, shape))
+    if len(shape) != len(declared):
+        raise QuantscopeError(
+            f"--input-shape {name}={given} has rank {len(shape)}, the model's input '{name}' "
+            f"is {list(declared)} (rank {len(declared)}): give {len(declared)} dims")
+    for i, (g, d) in enumerate(zip(shape, declared, strict=True)):
+        if isinstance(d, int) and d > 0 and g != d:
+            raise QuantscopeError(
+                f"--input-shape {name}={given}: dim {i} is {g}, but the model fixes it at {d} "
+                f"({name} is {list(declared)}): give {d} there")
 
 
 KEEP_VALUES = 4096  # initializers up to this many values keep their data (shape constants)

@@ -69,8 +69,15 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     opts.check()
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
-    # a split that cannot be made fails before the run folder exists
-    early = {"model": open_run_model(opts, progress=progress)} if opts.token_chunk else {}
+    # a split that cannot be made, or an --input-shape the model contradicts, fails before
+    # the run folder exists
+    early = ({"model": open_run_model(opts, progress=progress)}
+             if opts.token_chunk or opts.input_shapes else {})
+    if opts.input_shapes:
+        from quantscope.model.shapes import given_shapes, resolve_shapes
+
+        resolve_shapes(early["model"],
+                       given_shapes(early["model"], opts.seq_len, opts.input_shapes))
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)
