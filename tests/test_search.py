@@ -121,7 +121,8 @@ def test_symbolic_shapes_block_wide_rule_moves_even_when_warnings_allowed():
     strict = search(groups, _sens(gains), HAILO, model)
     assert strict.plan.overrides == ()
     assert strict.skipped[0].severity == "error"
-    assert strict.skipped[0].rules == ("hailo.super_defuse (size unknown)",)
+    assert strict.skipped[0].rules == (
+        "hailo.super_defuse (size unknown: give --input-shape NAME=… or --seq-len)",)
     loose = search(groups, _sens(gains), HAILO, model, allow_warnings=True)
     assert loose.plan.overrides == ()
     wide = search(groups, _sens(gains), HAILO, model, shapes={"x": (1, 8192, 24)})

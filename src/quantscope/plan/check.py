@@ -30,8 +30,8 @@ a pass, at the rule's own severity: an ``error`` rule that cannot be evaluated f
 check (the plan may not compile; nobody can tell without the size), and the problem names
 the unknown dims and the model inputs whose shapes would settle them
 (``--input-shape NAME=DxD…``, ``--seq-len N``). The planner reports a move it refused
-for that reason as blocked by ``<rule> (size unknown)``, not by the rule itself
-(:func:`blocker_label`).
+for that reason as blocked by ``<rule> (size unknown: give --input-shape NAME=… or --seq-len)``,
+not by the rule itself (:func:`blocker_label`).
 """
 
 from __future__ import annotations
@@ -133,9 +133,12 @@ def _not_evaluated(rule: Rule, group: Group, shape: Shape | None, ctx: Context) 
 
 
 def blocker_label(p: Problem) -> str:
-    """How the planner names what blocked a move: the rule, or ``<rule> (size unknown)``
+    """How the planner names what blocked a move: the rule, or
+    ``<rule> (size unknown: give --input-shape NAME=… or --seq-len)``
     when the rule could not be evaluated for want of a concrete shape."""
-    return f"{p.rule} ({SIZE_UNKNOWN})" if p.reason.startswith(NOT_EVALUATED) else p.rule
+    if not p.reason.startswith(NOT_EVALUATED):
+        return p.rule
+    return f"{p.rule} ({SIZE_UNKNOWN}: give --input-shape NAME=… or --seq-len)"
 
 
 def _estimate_note(rule: Rule, name: str) -> str:
