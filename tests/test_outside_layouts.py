@@ -185,3 +185,36 @@ def test_equalize_pairs_a_conv_with_a_conv_transpose():
     r1 = np.abs(out["w1"]).reshape(8, -1).max(1)
     r2 = np.abs(out["wt"]).reshape(8, -1).max(1)
     np.testing.assert_allclose(r1, r2, rtol=1e-3)
+
+
+def _outlier_head() -> onnx.ModelProto:
+    """conv_transpose_head with output channel 0 of the Conv 30x wider: an outlier channel
+    between a Conv (entry) and a ConvTranspose (exit)."""
+    proto = conv_transpose_head()
+    for t in proto.graph.initializer:
+        if t.name in ("w1", "b1"):
+            a = onnx.numpy_helper.to_array(t).copy()
+            a[0] *= 30.0
+            t.CopyFrom(onnx.numpy_helper.from_array(a, t.name))
+    return proto
+
+
+def test_split_channels_through_a_conv_transpose():
+    """OCS splits the Conv's outlier output channel and duplicates the ConvTranspose's
+    input channel (its weight's axis 0, not axis 1); FP32 is checked inside."""
+    import onnxruntime as ort
+
+    from quantscope.repair.split import split_channels
+
+    m = load_proto(_outlier_head())
+    fs = [feeds("conv_transpose_head", 8)]
+    rep = split_channels(m, fs)
+    axes = {c.tensor: c.axis for c in rep.changes}
+    assert {k: axes.get(k) for k in ("w1", "b1", "wt")} == {"w1": 0, "b1": 0, "wt": 0}, \
+        (axes, rep.skipped)
+    out = rep.model()
+    w = {t.name: onnx.numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert w["wt"].shape[0] == w["w1"].shape[0] > 8 and w["wt"].shape[1] == 2
+    run = ort.InferenceSession(out.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    ref = ort.InferenceSession(m.proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(run.run(None, fs[0])[0], ref.run(None, fs[0])[0], atol=1e-5)
