@@ -113,8 +113,10 @@ def test_wall3_super_defuse_needs_concrete_shapes():
     plan = _plan(LayerNormalization_0=Precision.A16_W16, MatMul_1=Precision.A16_W16)
     small = with_params(HAILO, {"hailo.super_defuse.max_values": 256 * 24})
     unknown = check(plan, groups, model, small)
-    assert [(p.rule, p.severity) for p in unknown] == [("hailo.super_defuse", "warning")]
+    # an error rule that cannot be evaluated stays an error (the plan may not compile)
+    assert [(p.rule, p.severity) for p in unknown] == [("hailo.super_defuse", "error")]
     assert "could not evaluate" in unknown[0].reason and "--seq-len" in unknown[0].fix
+    assert "x [N, S, 24]" in unknown[0].reason and "x=1x<S>x24" in unknown[0].fix
     at256 = check(plan, groups, model, small, shapes={"x": (1, 256, 24)})
     assert [(p.group, p.severity) for p in at256] == [("LayerNormalization_0", "error")]
     assert check(plan, groups, model, small, shapes={"x": (1, 128, 24)}) == []

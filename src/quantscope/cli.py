@@ -569,8 +569,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     inp = _open(args, target=True, plan=True)
     stages.check_plan_target(inp.plan, inp.target.name if inp.target else None,
                              plan_name=f"plan '{args.plan}'")
-    problems = check(inp.plan, find_groups(inp.model), inp.model, inp.target,
-                     shapes=_shapes(args, inp.model))
+    from quantscope.model.shapes import shape_note
+
+    shapes = _shapes(args, inp.model)
+    problems = check(inp.plan, find_groups(inp.model), inp.model, inp.target, shapes=shapes)
+    note = shape_note(inp.model, shapes)
+    if note:
+        print(f"note: {note}")
     return _print_problems(problems, f"check {args.plan} on {inp.target.name}")
 
 
@@ -676,7 +681,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         "repairs": () if args.repairs == "none" else tuple(args.repairs.split(","))}
     opts = RunOptions(model=args.model, data=args.data, target=args.target, out=args.folder,
                       eval_data=args.eval_data, goal=args.goal, max_cost=args.max_cost,
-                      seq_len=args.seq_len, pairs=None if args.pairs == 0 else args.pairs,
+                      seq_len=args.seq_len, input_shapes=_input_shapes(args),
+                      pairs=None if args.pairs == 0 else args.pairs,
                       metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
                       method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, token_chunk=args.token_chunk,

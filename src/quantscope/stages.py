@@ -632,6 +632,17 @@ def plan_problems(
     return [dataclasses.asdict(p) for p in problems]
 
 
+def shape_note(
+    model: Model, seq_len: int | None = None,
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+) -> str | None:
+    """Which tensors' shapes came from a sample run (None: shape inference had them all)."""
+    from quantscope.model.shapes import given_shapes
+    from quantscope.model.shapes import shape_note as note
+
+    return note(model, given_shapes(model, seq_len, input_shapes))
+
+
 # ---------------------------------------------------------------- planner measurements
 # plan/ measures and repairs only through callables passed in (plan.joint.Measure, Repair):
 # this is where they are bound to evaluate_plan and run_repairs.

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from quantscope.model.layouts import layout_of
 from quantscope.model.load import FLOAT_TYPES, Model
 from quantscope.types import Group, GroupKind, Groups, Plan, QuantscopeError
 
@@ -46,7 +47,6 @@ FUSIBLE = frozenset(
 UNSUPPORTED = frozenset({"Loop", "If", "Scan", "SequenceConstruct", "QuantizeLinear",
                          "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
                          "ConvInteger", "DynamicQuantizeLinear"})
-WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 
 @dataclass(frozen=True)
@@ -92,18 +92,13 @@ def tensor_kinds(model: Model) -> dict[str, str]:
 
 
 def _weight_info(node: onnx.NodeProto, inits: set[str]) -> tuple[str | None, str | None, int | None]:
-    """(weight, bias, output-channel axis) for a weighted op, else (None, None, None)."""
-    if node.op_type not in WEIGHTED_OPS or len(node.input) < 2 or node.input[1] not in inits:
+    """(weight, bias, output-channel axis) for a weighted op, else (None, None, None); the
+    layout comes from :mod:`quantscope.model.layouts`."""
+    lay = layout_of(node)
+    if lay is None or lay.weight not in inits:
         return None, None, None
-    bias = node.input[2] if len(node.input) > 2 and node.input[2] in inits else None
-    if node.op_type == "Conv":
-        return node.input[1], bias, 0
-    if node.op_type == "ConvTranspose":
-        return node.input[1], bias, 1
-    if node.op_type == "Gemm":
-        trans_b = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return node.input[1], bias, 0 if trans_b else 1
-    return node.input[1], None, -1  # MatMul: W is [..., in, out]
+    bias = lay.bias_of(node)
+    return lay.weight, bias if bias in inits else None, lay.out_axis
 
 
 def _only(consumers: list[onnx.NodeProto], op: str) -> onnx.NodeProto | None:

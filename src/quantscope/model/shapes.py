@@ -1,10 +1,15 @@
-"""Tensor shapes for legality rules and costs. Pure: shape inference, no ORT session.
+"""Tensor shapes for legality rules and costs.
 
 ONNX shape inference leaves a dim unknown when a Reshape's target is computed at run time
 (Shape/Gather/Concat: the head count of every Hugging Face attention export), and an
 unknown dim counts as 1 in the cost model (attention would cost one head's MACs). With
 concrete input shapes, onnxruntime's symbolic shape inference (pure Python, it folds
-those shape computations) fills in the dims ONNX left unknown.
+those shape computations) fills in the dims ONNX left unknown. When both stop (pads or
+sizes computed through float math: ``Cast``, ``Div``, ``Ceil`` on ``Shape(x)``), and
+every input's shape is concrete, one ONNX Runtime run on a synthetic sample at those
+shapes (floats uniform in [0, 1), integers 0, booleans true) gives the shapes of the
+tensors still unknown; :func:`sampled_tensors` / :func:`shape_note` say which (a shape
+that depends on the data, e.g. after ``NonZero``, is then that sample's).
 
 ==================  ==============================================================
 ``seq_len_shapes``  concrete ``[batch, seq]`` shapes for the rank-2 token inputs of a
@@ -13,6 +18,7 @@ those shape computations) fills in the dims ONNX left unknown.
                     latter override; image models with symbolic H/W need them)
 ``resolve_shapes``  tensor name -> shape, with given input shapes propagated through
                     the graph by ONNX shape inference (cached per model and inputs)
+``shape_note``      the sentence that says which shapes came from a sample run
 ``frame_values``    values per frame: the product of the dims after the batch dim
                     (rank >= 2); an unknown dim makes it ``None``, or counts as
                     ``unknown`` when that is given (the cost model counts per position)
@@ -26,6 +32,7 @@ from __future__ import annotations
 import math
 import weakref
 
+import numpy as np
 import onnx
 from onnx import shape_inference
 
@@ -69,16 +76,42 @@ def given_shapes(
     """Concrete input shapes from ``--seq-len`` and ``--input-shape`` (None if neither)."""
     out: Shapes = dict(seq_len_shapes(model, seq_len)) if seq_len else {}
     inputs = set(model.input_names())
+    declared = model.value_shapes()
+    seen: set[str] = set()
     for name, shape in input_shapes:
         if name not in inputs:
             raise QuantscopeError(f"--input-shape names '{name}', which is no model input "
                                   f"(inputs: {', '.join(sorted(inputs))})")
+        if name in seen:
+            raise QuantscopeError(f"--input-shape names '{name}' twice: give each input's "
+                                  "shape once")
+        seen.add(name)
+        _agrees(name, shape, declared.get(name))
         out[name] = shape
     return out or None
 
 
+def _agrees(name: str, shape: tuple[int, ...], declared: Shape | None) -> None:
+    """A given shape must have the input's rank and keep its fixed dims."""
+    if declared is None:
+        return
+    given = "x".join(map(str, shape))
+    if len(shape) != len(declared):
+        raise QuantscopeError(
+            f"--input-shape {name}={given} has rank {len(shape)}, the model's input '{name}' "
+            f"is {list(declared)} (rank {len(declared)}): give {len(declared)} dims")
+    for i, (g, d) in enumerate(zip(shape, declared, strict=True)):
+        if isinstance(d, int) and d > 0 and g != d:
+            raise QuantscopeError(
+                f"--input-shape {name}={given}: dim {i} is {g}, but the model fixes it at {d} "
+                f"({name} is {list(declared)}): give {d} there")
+
+
 KEEP_VALUES = 4096  # initializers up to this many values keep their data (shape constants)
 _CACHE: weakref.WeakKeyDictionary[Model, dict[tuple, dict[str, Shape]]] = (
+    weakref.WeakKeyDictionary())
+# per model and given input shapes: the tensors whose shapes came from a sample run
+_SAMPLED: weakref.WeakKeyDictionary[Model, dict[tuple, tuple[str, ...]]] = (
     weakref.WeakKeyDictionary())
 
 
@@ -108,8 +141,86 @@ def _infer(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...]) -> dic
     """Shapes with the given input shapes, cached while ``model`` is alive (not longer)."""
     cached = _CACHE.setdefault(model, {})
     if inputs not in cached:
-        cached[inputs] = _infer_stripped(model, inputs)
+        out = _infer_stripped(model, inputs)
+        missing = _unresolved(model, out)
+        sampled = _sample_shapes(model, dict(inputs), missing) if missing else {}
+        out.update(sampled)
+        _SAMPLED.setdefault(model, {})[inputs] = tuple(t for t in missing if t in sampled)
+        cached[inputs] = out
     return cached[inputs]
+
+
+def _concrete(shape: Shape | None) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+def _unresolved(model: Model, shapes: dict[str, Shape]) -> list[str]:
+    """Node outputs whose shape inference left a dim unknown (or no shape at all)."""
+    return [t for n in model.graph.node for t in n.output
+            if t and not _concrete(shapes.get(t))]
+
+
+def _sample_shapes(model: Model, given: dict[str, tuple[int, ...]], names: list[str]
+                   ) -> dict[str, Shape]:
+    """Shapes of ``names`` from one ORT run on a synthetic sample at the input shapes
+    (empty when an input's shape is not concrete or the run fails)."""
+    known = model.value_shapes()
+    types = model.value_types()
+    rng = np.random.default_rng(0)
+    feeds: dict[str, np.ndarray] = {}
+    for name in model.input_names():
+        shape = given.get(name, known.get(name))
+        if not _concrete(shape):
+            return {}
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(types.get(name, onnx.TensorProto.FLOAT))
+        if np.issubdtype(dtype, np.floating):
+            feeds[name] = rng.random(shape).astype(dtype)  # type: ignore[arg-type]
+        elif dtype == np.bool_:
+            feeds[name] = np.ones(shape, dtype)  # type: ignore[arg-type]
+        else:
+            feeds[name] = np.zeros(shape, dtype)  # type: ignore[arg-type]
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model.proto)
+    outputs = {o.name for o in proto.graph.output}
+    proto.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in outputs)
+    try:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        sess = ort.InferenceSession(proto.SerializeToString(), opts,
+                                    providers=["CPUExecutionProvider"])
+        wanted = [o.name for o in sess.get_outputs() if o.name in set(names)]
+        got = sess.run(wanted, feeds)
+    except Exception:  # noqa: BLE001 - any failure: the shapes stay unknown (and say so)
+        return {}
+    return {t: tuple(int(d) for d in np.shape(v)) for t, v in zip(wanted, got, strict=True)}
+
+
+def sampled_tensors(model: Model, shapes: Shapes | None = None) -> tuple[str, ...]:
+    """The tensors whose shapes :func:`resolve_shapes` took from a sample run."""
+    inputs = _input_key(model, shapes or {})
+    if not inputs:
+        return ()
+    _infer(model, inputs)
+    return _SAMPLED.get(model, {}).get(inputs, ())
+
+
+def shape_note(model: Model, shapes: Shapes | None = None) -> str | None:
+    """One sentence: which shapes came from a sample run, at which input shapes (None:
+    none did)."""
+    sampled = sampled_tensors(model, shapes)
+    if not sampled:
+        return None
+    at = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in _input_key(model, shapes or {}))
+    first = next(n for n in model.graph.node if sampled[0] in n.output)
+    return (f"shapes of {len(sampled)} tensor(s) (from {first.op_type} '{first.name}' on) "
+            f"came from one ONNX Runtime run on a synthetic sample at {at}: shape inference "
+            "could not compute them")
+
+
+def _input_key(model: Model, shapes: Shapes) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple(sorted((k, tuple(v)) for k, v in shapes.items() if k in model.input_names()))
 
 
 def _infer_stripped(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...]
@@ -174,7 +285,7 @@ def resolve_shapes(model: Model, shapes: Shapes | None = None) -> dict[str, Shap
     unknown = [k for k in shapes if k not in known]
     if unknown:
         raise QuantscopeError(f"shape given for '{unknown[0]}', which is no tensor of the model")
-    inputs = tuple(sorted((k, tuple(v)) for k, v in shapes.items() if k in model.input_names()))
+    inputs = _input_key(model, shapes)
     resolved = dict(_infer(model, inputs)) if inputs else dict(known)
     for k, v in shapes.items():
         resolved[k] = tuple(v)

@@ -42,11 +42,12 @@ STAGES: dict[str, StageSpec] = {
     "calibrate": StageSpec(steps.calibrate, (), ("method",), True),
     "analyze": StageSpec(steps.analyze, (steps.STATS,), ("target", "proxy"), True),
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
-                      ("target", "max_cost", "seq_len", "metric", "goal", "repairs",
+                      ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
+                       "repairs",
                        "repair_batches"), True),
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
                         True),
-    "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len"), False),
+    "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
     "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED), ("target", "metric", "whatif"),
                           True),
     "export": StageSpec(steps.export, _REPAIRED, ("target", "hn"), False),
@@ -87,6 +88,11 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
         from quantscope.tasks.tensors import check_batch_axes
 
         check_batch_axes(early["model"], dict(opts.batch_axes))
+    if opts.input_shapes:  # an --input-shape the model contradicts fails before the folder
+        from quantscope.model.shapes import given_shapes, resolve_shapes
+
+        resolve_shapes(early["model"],
+                       given_shapes(early["model"], opts.seq_len, opts.input_shapes))
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)

@@ -33,6 +33,8 @@ class RunOptions:
     goal: float | None = None
     max_cost: float | None = None
     seq_len: int | None = None
+    # --input-shape NAME=DxD…: concrete shapes of inputs with symbolic dims (plan, check)
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     pairs: int | None = 300
     metric: str | None = None
     repairs: tuple[str, ...] = DEFAULT_REPAIRS
@@ -112,7 +114,9 @@ class Context:
                 digest += "/rowscale"
             if self.opts.token_chunk is not None:
                 digest += (f"/tokensplit:{self.opts.seq_len}:{self.opts.token_chunk}"
-                           + (":linears" if self.opts.token_linears else ""))
+                           + (":linears" if self.opts.token_linears else "")
+                           + "".join(f":{k}={'x'.join(map(str, v))}"
+                                     for k, v in self.opts.input_shapes))
             self._cache["model_digest"] = digest
         return self._cache["model_digest"]
 
@@ -244,7 +248,7 @@ def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
     if opts.token_chunk is None:
         return model
     r, _ = stages.split_tokens(model, seq_len=opts.seq_len, chunk=opts.token_chunk,
-                               linears=opts.token_linears)
+                               input_shapes=opts.input_shapes, linears=opts.token_linears)
     if not r.changes:
         raise QuantscopeError(
             f"--tokensplit: model '{opts.model}': {r.reason} to split: run without it")

@@ -63,7 +63,8 @@ def plan(ctx: Context) -> Done:
     from quantscope.serde import read_sensitivity
 
     o = ctx.opts
-    options = stages.PlanOptions(max_cost=o.max_cost, seq_len=o.seq_len, metric=ctx.metric(),
+    options = stages.PlanOptions(max_cost=o.max_cost, seq_len=o.seq_len,
+                                 input_shapes=o.input_shapes, metric=ctx.metric(),
                                  goal=o.goal, repairs=o.repairs,
                                  repair_batches=o.repair_batches)
     out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
@@ -130,7 +131,8 @@ def check(ctx: Context) -> Done:
     from quantscope.plan.check import BUILTIN_RULES
 
     model, _, final = repaired(ctx)
-    problems = stages.plan_problems(model, final, seq_len=ctx.opts.seq_len)
+    problems = stages.plan_problems(model, final, seq_len=ctx.opts.seq_len,
+                                    input_shapes=ctx.opts.input_shapes)
     target = ctx.target()
     rules = [{"rule": r, "severity": "error", "reason": "built-in plan check",
               "provenance": "quantscope"} for r in sorted(BUILTIN_RULES)]
@@ -141,7 +143,12 @@ def check(ctx: Context) -> Done:
         r["passed"] = not hits
         r["groups"] = [p["group"] for p in hits]
     stages.write_json(ctx.path(CHECK), {"target": target.name, "sdk": target.sdk,
-                                        "seq_len": ctx.opts.seq_len, "rules": rules,
+                                        "seq_len": ctx.opts.seq_len,
+                                        "input_shapes": {k: list(v) for k, v
+                                                         in ctx.opts.input_shapes},
+                                        "shape_note": stages.shape_note(
+                                            model, ctx.opts.seq_len, ctx.opts.input_shapes),
+                                        "rules": rules,
                                         "problems": problems})
     return Done((CHECK,))
 

@@ -23,8 +23,15 @@ verdict depends only on the group and its precision, list it in :data:`LOCAL_CHE
 the planner then screens moves against it once per (group, precision).
 
 Shapes: symbolic dims are resolved from ``shapes`` -- concrete shapes of model inputs
-(re-inferred through the graph) or of any tensor; a rule that needs a dim that is still
-symbolic reports that it could not be evaluated (severity ``warning``), never a pass.
+(re-inferred through the graph; where inference stops, from one ONNX Runtime run on a
+sample at those shapes: :func:`quantscope.model.shapes.shape_note`) or of any tensor. A
+rule that needs a dim that is still unknown reports that it could not be evaluated, never
+a pass, at the rule's own severity: an ``error`` rule that cannot be evaluated fails the
+check (the plan may not compile; nobody can tell without the size), and the problem names
+the unknown dims and the model inputs whose shapes would settle them
+(``--input-shape NAME=DxD…``, ``--seq-len N``). The planner reports a move it refused
+for that reason as blocked by ``<rule> (size unknown: give --input-shape NAME=… or --seq-len)``,
+not by the rule itself (:func:`blocker_label`).
 """
 
 from __future__ import annotations
@@ -83,17 +90,56 @@ def _problem(
     )
 
 
+NOT_EVALUATED = "could not evaluate"  # how a not-evaluated problem's reason starts
+SIZE_UNKNOWN = "size unknown"
+
+
+def _dims(shape: Shape | None) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]" \
+        if shape is not None else "unknown (no shape)"
+
+
+def symbolic_inputs(model: Model) -> list[tuple[str, str, str]]:
+    """(name, ``[N, 3, H, W]``, ``NAME=1x3x<H>x<W>``) for each model input whose shape is
+    not concrete: the example fills the first dim with 1 and names the others to give."""
+    shapes, out = model.value_shapes(), []
+    for n in model.input_names():
+        shape = shapes.get(n)
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            continue
+        dims = [str(d) if isinstance(d, int) else "1" if i == 0 else f"<{d or '?'}>"
+                for i, d in enumerate(shape or ())]
+        out.append((n, _dims(shape), f"{n}={'x'.join(dims) or '<dims>'}"))
+    return out
+
+
 def _not_evaluated(rule: Rule, group: Group, shape: Shape | None, ctx: Context) -> Problem:
+    inputs = symbolic_inputs(ctx.model)
+    where = (f"; symbolic model inputs: {', '.join(f'{n} {d}' for n, d, _ in inputs)}"
+             if inputs
+             else "; every input's shape is concrete, and shape inference and a sample run "
+             "could not compute it")
     return Problem(
         group=group.name,
         rule=rule.id,
-        reason=f"could not evaluate: output shape {list(shape or ())} has symbolic dims "
-        f"({rule.reason})",
+        reason=f"{NOT_EVALUATED}: {SIZE_UNKNOWN}: {group.name}'s output shape "
+        f"{_dims(shape)} is not concrete{where} ({rule.reason})",
         provenance=f"{rule.provenance}; target {ctx.target.name} ({ctx.target.sdk})",
-        fix="pass concrete input shapes: --seq-len 256 for token inputs, --input-shape "
-        "NAME=1x3x224x224 for other symbolic dims",
-        severity="warning",
+        fix="give the input shapes: --input-shape NAME=DxDx… ("
+        + (" ".join(f"--input-shape {e}" for _, _, e in inputs) if inputs
+           else "e.g. images=1x3x224x224") + "), or --seq-len N for token inputs; the rule "
+        "is checked once the size is known",
+        severity=rule.severity,
     )
+
+
+def blocker_label(p: Problem) -> str:
+    """How the planner names what blocked a move: the rule, or
+    ``<rule> (size unknown: give --input-shape NAME=… or --seq-len)``
+    when the rule could not be evaluated for want of a concrete shape."""
+    if not p.reason.startswith(NOT_EVALUATED):
+        return p.rule
+    return f"{p.rule} ({SIZE_UNKNOWN}: give --input-shape NAME=… or --seq-len)"
 
 
 def _estimate_note(rule: Rule, name: str) -> str:

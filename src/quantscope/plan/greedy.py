@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from quantscope.plan.check import blocker_label
 from quantscope.plan.pareto import FrontPoint
 from quantscope.plan.predict import predict
 from quantscope.plan.start import EPS, Precisions, Space
@@ -70,7 +71,7 @@ def _skip(space: Space, group: str, p: Precision, problems: Sequence[Problem] | 
     if problems is None:
         rules, sev = ("max_cost",), "error"
     else:
-        rules = tuple(dict.fromkeys(x.rule for x in problems))
+        rules = tuple(dict.fromkeys(blocker_label(x) for x in problems))
         sev = "error" if any(x.severity == "error" for x in problems) else "warning"
     return Skip(group, p, rules, space.sens.gain(group, p) or 0.0, sev)
 

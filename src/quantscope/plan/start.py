@@ -26,7 +26,7 @@ from types import MappingProxyType
 
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes
-from quantscope.plan.check import BUILTIN_RULES, LOCAL_CHECKS, check
+from quantscope.plan.check import BUILTIN_RULES, LOCAL_CHECKS, blocker_label, check
 from quantscope.plan.cost import CostTable, cost_table
 from quantscope.plan.pareto import Budget, FrontPoint
 from quantscope.targets.profile import Target
@@ -172,6 +172,11 @@ def legal_start(
                   if p.severity == "error"]
         if not errors:
             break
+        unknown = [p for p in errors if blocker_label(p) != p.rule]
+        if unknown:  # raising a group would not settle an unknown size: say what to give
+            p = unknown[0]
+            raise PlannerError(f"uniform {low} on {target.name}: rule {p.rule} cannot be "
+                               f"evaluated on {p.group}: {p.reason.split(' (')[0]}; {p.fix}")
         plan = _raise_groups(plan, errors, groups, model, target, shapes, raised)
     else:
         raise PlannerError(f"no legal start plan on {target.name} was found")

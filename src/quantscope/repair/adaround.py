@@ -58,6 +58,7 @@ from quantscope.emulate.encode import encode
 from quantscope.emulate.qdq import scheme_for
 from quantscope.emulate.session import make_session, runner
 from quantscope.model.groups import find_groups
+from quantscope.model.layouts import layout_of
 from quantscope.model.load import Model
 from quantscope.numerics import quantize, weight_encoding
 from quantscope.repair import (
@@ -309,7 +310,8 @@ def _matmul_layer(
     w: np.ndarray, node: onnx.NodeProto, enc: Encoding, hmat: np.ndarray, iterations: int
 ) -> tuple[np.ndarray, np.ndarray, float, float]:
     """(new weight, codes, error after, nearest's error) for a MatMul/Gemm weight."""
-    trans = node.op_type == "Gemm" and bool(attr(node, "transB", 0))
+    lay = layout_of(node)
+    trans = lay is not None and lay.op_type == "Gemm" and lay.out_axis == 0  # transB: [out, in]
     w_io = w.T if trans else w
     s = np.broadcast_to(enc.scale.astype(np.float64), (w_io.shape[1],)).reshape(1, -1)
     q = optimise_rounding(w_io, s, enc.qmin, enc.qmax, hmat[0], iterations=iterations)

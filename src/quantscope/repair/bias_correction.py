@@ -9,11 +9,16 @@ correction subtracts it from the bias.
 ``E[x]``           per input channel, measured on the *emulated* model (the input the
                    layer really sees on the target), over every position of the batch
 ``W_q``            the weight as the plan's encoding quantizes it (per channel or not)
-Conv               ``shift[o] = sum_i E[x_i] * sum_k (W_q - W)[o, i, k]`` (exact away
-                   from zero padding); grouped Conv is skipped
-MatMul / Gemm      ``shift = E[x] @ (W_q - W)``
-no bias            one is created: ``Conv``/``Gemm`` get an input, ``MatMul`` gets an
-                   ``Add`` after it (its output keeps the MatMul's output name)
+Conv /             ``shift[o] = sum_i E[x_i] * sum_k (W_q - W)[i -> o, k]`` (exact away
+ConvTranspose      from zero padding and, for a strided ConvTranspose, on average over
+                   the output positions); grouped and depthwise convolutions through
+                   their block-diagonal ``[in, out]`` map. Each op's weight layout
+                   (Conv ``[out, in/g, k…]``, ConvTranspose ``[in, out/g, k…]``, Gemm
+                   ``transB``) comes from :mod:`quantscope.model.layouts`
+MatMul / Gemm      ``shift = E[x] @ (W_q - W)`` (a MatMul with an N-D weight is skipped)
+no bias            one is created: ``Conv``/``ConvTranspose``/``Gemm`` get an input,
+                   ``MatMul`` gets an ``Add`` after it (its output keeps the MatMul's
+                   output name)
 ``mode="output"``  instead: the measured mean shift of each op's output (upstream error
                    included), layer by layer in graph order, re-emulating after each
 =================  =================================================================
@@ -32,6 +37,7 @@ from onnx import helper, numpy_helper
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
+from quantscope.model.layouts import WeightLayout, in_out_matrix, layout_of
 from quantscope.model.load import Model
 from quantscope.numerics import fake_quant
 from quantscope.repair import (
@@ -40,7 +46,6 @@ from quantscope.repair import (
     RepairInput,
     RepairStep,
     as_model,
-    attr,
     step_of,
     use_counts,
     with_initializers,
@@ -53,6 +58,13 @@ def _channel_means(
     proto: onnx.ModelProto, taps: list[str], feeds: Sequence[Batch], axes: list[int]
 ) -> list[np.ndarray]:
     """Mean of each tapped tensor over every axis but its channel axis, over all batches."""
+    return _channel_stats(proto, taps, feeds, axes)[0]
+
+
+def _channel_stats(
+    proto: onnx.ModelProto, taps: list[str], feeds: Sequence[Batch], axes: list[int]
+) -> tuple[list[np.ndarray], list[int]]:
+    """(means as in :func:`_channel_means`, how many positions each mean is over)."""
     outs = run_all(tapped_model_from(proto, taps), feeds)
     n = len(proto.graph.output)
     sums = [0.0] * len(taps)
@@ -65,7 +77,7 @@ def _channel_means(
     # a tensor no batch reached (a tokensplit chunk past every calibration text's length)
     # has no measured mean: 0, so its layer gets no shift instead of a NaN bias
     return [s / c if c else np.zeros_like(np.asarray(s, np.float64))
-            for s, c in zip(sums, counts, strict=True)]
+            for s, c in zip(sums, counts, strict=True)], counts
 
 
 def tapped_model_from(proto: onnx.ModelProto, taps: list[str]) -> onnx.ModelProto:
@@ -76,20 +88,11 @@ def tapped_model_from(proto: onnx.ModelProto, taps: list[str]) -> onnx.ModelProt
     return out
 
 
-def _as_in_out(w: np.ndarray, node: onnx.NodeProto) -> np.ndarray:
-    """The weight as ``[in, out]`` (Conv: ``[in, out]`` summed over the kernel)."""
-    if node.op_type == "Conv":
-        return w.reshape(w.shape[0], w.shape[1], -1).sum(axis=2).T
-    if node.op_type == "Gemm" and attr(node, "transB", 0):
-        return w.T
-    return w
-
-
 def _weight_shift(
     model: Model, node: onnx.NodeProto, w_q: np.ndarray, mean_x: np.ndarray
 ) -> np.ndarray:
     w = model.initializer_array(node.input[1]).astype(np.float64)
-    return mean_x @ _as_in_out(w_q.astype(np.float64) - w, node)
+    return mean_x @ in_out_matrix(w_q.astype(np.float64) - w, _layout(node))
 
 
 def _with_bias(
@@ -116,9 +119,10 @@ def _with_bias(
     if uses.get(node.input[1], 0) > 1 or any(t.name == name for t in out.graph.initializer):
         name = f"{node_name}/bias"
     out.graph.initializer.append(numpy_helper.from_array(new.astype(np.float32), name))
-    if node.op_type in ("Conv", "Gemm"):
-        if len(node.input) > 2:
-            node.input[2] = name
+    lay = _layout(node)
+    if lay.bias_index is not None:
+        if len(node.input) > lay.bias_index:
+            node.input[lay.bias_index] = name
         else:
             node.input.append(name)
         return out, name, "new"
@@ -140,8 +144,12 @@ def _targets(model: Model, enc: Encodings) -> list[tuple[onnx.NodeProto, str | N
     out = []
     for g in find_groups(model).groups:
         node = nodes[g.nodes[0]]
-        if g.weight in enc.weights and not (node.op_type == "Conv" and attr(node, "group", 1) != 1):
-            out.append((node, g.bias))
+        lay = layout_of(node)
+        if g.weight not in enc.weights or lay is None:
+            continue
+        if not lay.is_conv and model.initializer_array(g.weight).ndim != 2:
+            continue  # a batched MatMul weight: no single [in, out] map
+        out.append((node, g.bias))
     return out
 
 
@@ -152,8 +160,20 @@ def _emulate(
     return q.proto, q.encodings
 
 
+def _layout(node: onnx.NodeProto) -> WeightLayout:
+    lay = layout_of(node)
+    assert lay is not None, f"{node.op_type} '{node.name}' is not a weighted op"
+    return lay
+
+
 def _axis(node: onnx.NodeProto) -> int:
-    return 1 if node.op_type == "Conv" else -1
+    """Channel axis of the op's data input."""
+    return _layout(node).data_axis
+
+
+def _out_axis(node: onnx.NodeProto) -> int:
+    """Channel axis of the op's output."""
+    return _layout(node).output_axis
 
 
 def _shifts_weight_mode(
@@ -161,9 +181,21 @@ def _shifts_weight_mode(
 ) -> list[tuple[onnx.NodeProto, str | None, np.ndarray]]:
     qdq, enc = _emulate(m, stats, plan, scheme)
     targets = _targets(m, enc)
-    means = _channel_means(
-        qdq, [n.input[0] for n, _ in targets], feeds, [_axis(n) for n, _ in targets]
+    # a ConvTranspose spreads each input position over its kernel's output positions: the
+    # mean shift of an output channel is the kernel-summed shift times (input positions /
+    # output positions), so its output is tapped too, for the count
+    spread = [n for n, _ in targets if n.op_type == "ConvTranspose"]
+    q_nodes = {n.name: n for n in qdq.graph.node}
+    out_taps = [q_nodes[n.name].output[0] if n.name in q_nodes else n.output[0] for n in spread]
+    means, counts = _channel_stats(
+        qdq, [n.input[0] for n, _ in targets] + out_taps, feeds,
+        [_axis(n) for n, _ in targets] + [_out_axis(n) for n in spread],
     )
+    for k, node in enumerate(spread):
+        i = next(i for i, (n, _) in enumerate(targets) if n.name == node.name)
+        out_count = counts[len(targets) + k]
+        means[i] = means[i] * (counts[i] / out_count if out_count else 0.0)
+    means = means[: len(targets)]
     return [
         (
             n,
@@ -242,8 +274,8 @@ def _output_mode(
             if tap in {o for n in qdq.graph.node for o in n.output if o == f"{tap}_float"}
             else tap
         )
-        fp = _channel_means(m.proto, [node.output[0]], feeds, [_axis(node)])[0]
-        q = _channel_means(qdq, [q_name], feeds, [_axis(node)])[0]
+        fp = _channel_means(m.proto, [node.output[0]], feeds, [_out_axis(node)])[0]
+        q = _channel_means(qdq, [q_name], feeds, [_out_axis(node)])[0]
         proto, more = _apply_shifts(current, [(live, bias, q - fp)])
         current = as_model(proto)
         changes += more

@@ -8,16 +8,17 @@ the activation grid between them) stop wasting levels on a few wide channels.
 
 Conditions, each checked (failures land in ``Repair.skipped`` with the reason)
 ==========================  ===========================================================
-first op                    ``Conv`` (group 1) / ``Gemm`` / ``MatMul`` with initializer
-                            weight; bias an initializer (``Conv``/``Gemm`` input 2, or a
+first op                    ``Conv`` / ``ConvTranspose`` (group 1) / ``Gemm`` / ``MatMul``
+                            (layouts from :mod:`quantscope.model.layouts`) with initializer
+                            weight; bias an initializer (input 2, or a
                             MatMul's bias ``Add``), or none
 activation                  none, ``Relu``, ``LeakyRelu`` (any alpha) or ``PRelu``: all
                             positive-homogeneous. A ``PRelu`` slope is per channel (or
                             scalar) and stays as it is: ``PRelu(s x) = s PRelu(x)`` for
                             every ``s > 0``, so its slopes need no rescaling. ``Clip``,
                             ``Sigmoid``, GELU … are not homogeneous and stop a pair.
-second op                   ``Conv`` (group 1) / ``Gemm`` / ``MatMul`` reading the
-                            activation as its data input, initializer weight
+second op                   ``Conv`` / ``ConvTranspose`` (group 1) / ``Gemm`` / ``MatMul``
+                            reading the activation as its data input, initializer weight
 single consumer             each tensor between the two ops is read by exactly one node
                             and is not a graph output; no weight/bias is shared
 scales                      ``s > 0``, clipped to ``[1e-4, 1e4]``; iterated over all pairs
@@ -36,6 +37,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from quantscope.model.layouts import layout_of
 from quantscope.model.load import Model
 from quantscope.repair import (
     Change,
@@ -43,7 +45,6 @@ from quantscope.repair import (
     RepairInput,
     RepairStep,
     as_model,
-    attr,
     consumers_of,
     step_of,
     use_counts,
@@ -67,19 +68,20 @@ class Pair:
 
 
 def _out_axis(node: onnx.NodeProto) -> int | None:
-    if node.op_type == "Conv":
-        return 0 if attr(node, "group", 1) == 1 else None
-    if node.op_type == "Gemm":
-        return 0 if attr(node, "transB", 0) else 1
-    return 1 if node.op_type == "MatMul" else None
+    """Output-channel axis of the weight (:mod:`quantscope.model.layouts`); None: not
+    equalisable (a grouped convolution, not a weighted op)."""
+    lay = layout_of(node)
+    if lay is None or lay.group != 1:
+        return None
+    return 1 if lay.op_type == "MatMul" else lay.out_axis
 
 
 def _in_axis(node: onnx.NodeProto) -> int | None:
-    if node.op_type == "Conv":
-        return 1 if attr(node, "group", 1) == 1 else None
-    if node.op_type == "Gemm":
-        return None if attr(node, "transA", 0) else (1 if attr(node, "transB", 0) else 0)
-    return 0 if node.op_type == "MatMul" else None
+    """Input-channel axis of the weight; None: not equalisable (also a Gemm with transA)."""
+    lay = layout_of(node)
+    if lay is None or lay.group != 1 or (lay.op_type == "Gemm" and lay.data_axis != -1):
+        return None
+    return 0 if lay.op_type == "MatMul" else lay.in_axis
 
 
 def _follow(

@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from quantscope.model.layouts import layout_of
 from quantscope.model.load import Model
 from quantscope.repair import (
     Change,
@@ -66,8 +67,9 @@ def _consumer_weight(
     w = inits[node.input[1]]
     if node.op_type == "MatMul" and w.ndim == 2:
         return node.input[1], 0
-    if node.op_type == "Gemm" and not attr(node, "transA", 0):
-        return node.input[1], 1 if attr(node, "transB", 0) else 0
+    lay = layout_of(node)
+    if lay is not None and lay.op_type == "Gemm" and lay.data_axis == -1:  # not transA
+        return node.input[1], lay.in_axis
     return None
 
 

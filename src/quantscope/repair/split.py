@@ -15,11 +15,13 @@ inside a site        ``Relu``, ``LeakyRelu``, ``Identity``; ``PRelu`` with an in
                      slope (a per-channel slope is duplicated with its channel, a scalar
                      one is kept); ``Add`` of two site tensors of the same shape (a
                      residual Add: both operands are split identically)
-entries (producers)  ``Conv`` (group 1) / ``Gemm`` / 2-D ``MatMul`` with an initializer
-                     weight; bias an initializer (``Conv``/``Gemm`` input 2, or a
+entries (producers)  ``Conv`` / ``ConvTranspose`` (group 1) / ``Gemm`` / 2-D ``MatMul``
+                     with an initializer weight (weight layouts from
+                     :mod:`quantscope.model.layouts`); bias an initializer (input 2, or a
                      MatMul's bias ``Add``) or none: output channel ``c`` and its bias
                      duplicated, every copy divided by ``k``
-exits (readers)      ``Conv`` (group 1) / ``Gemm`` (no transA) / 2-D ``MatMul`` reading
+exits (readers)      ``Conv`` / ``ConvTranspose`` (group 1) / ``Gemm`` (no transA) /
+                     2-D ``MatMul`` reading
                      the tensor as data input, initializer weight: input channel ``c``
                      duplicated, copies *not* divided (they add ``k`` times ``x[c]/k``)
 stops                anything else producing or reading a site tensor (LayerNorm, Softmax,
@@ -52,6 +54,7 @@ from onnx import numpy_helper, shape_inference
 
 from quantscope.calibrate.collect import tapped_model
 from quantscope.emulate.session import make_session, runner
+from quantscope.model.layouts import WeightLayout, layout_of
 from quantscope.model.load import Model
 from quantscope.repair import (
     Change,
@@ -59,7 +62,6 @@ from quantscope.repair import (
     RepairInput,
     RepairStep,
     as_model,
-    attr,
     consumers_of,
     step_of,
     use_counts,
@@ -69,7 +71,7 @@ from quantscope.repair.verify import Batch, check_function
 from quantscope.types import Stats
 
 PASS_THROUGH = frozenset({"Relu", "LeakyRelu", "PRelu", "Identity"})
-WEIGHTED = frozenset({"Conv", "Gemm", "MatMul"})
+WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 _PRODUCES_WHY = {
     "LayerNormalization": "its output has its input's width (it normalises over a fixed "
     "width), so it cannot emit extra channels",
@@ -103,6 +105,13 @@ class Site:
     width: int
     edits: tuple[Edit, ...]
     internal: tuple[str, ...]  # other tensors whose width changes (MatMul before its bias Add)
+
+
+def _layout(node: onnx.NodeProto) -> WeightLayout:
+    """The weight layout of a weighted op (:mod:`quantscope.model.layouts`)."""
+    lay = layout_of(node)
+    assert lay is not None, f"{node.op_type} '{node.name}' is not a weighted op"
+    return lay
 
 
 class _Stop(Exception):
@@ -255,24 +264,25 @@ class _Walker:
             raise _Stop(f"{what} reads '{t}' as its weight operand: no weight rows to duplicate")
         if w not in self.inits:
             raise _Stop(f"{what} has a computed weight (e.g. attention): nothing to duplicate")
-        if node.op_type == "Conv" and attr(node, "group", 1) != 1:
+        lay = _layout(node)
+        if lay.group != 1:
             raise _Stop(f"{what} is grouped: its channels are tied to groups")
-        if node.op_type == "Gemm" and t is not None and attr(node, "transA", 0):
+        if t is not None and lay.data_axis != -1 and not lay.is_conv:
             raise _Stop(f"{what} reads '{t}' transposed (transA=1)")
         if node.op_type == "MatMul" and self.inits[w].ndim != 2:
             raise _Stop(f"{what} has a {self.inits[w].ndim}-D weight (2-D needed)")
-        self._channel(node, "nchw" if node.op_type == "Conv" else "last")
+        self._channel(node, "nchw" if lay.is_conv else "last")
         self._own(w, "weight")
         return w
 
     def _entry(self, node: onnx.NodeProto, bias_add: onnx.NodeProto | None) -> None:
         w = self._weight(node, None)
-        out_axis = {"Conv": 0, "MatMul": 1}.get(node.op_type, 0 if attr(node, "transB", 0) else 1)
+        out_axis = _layout(node).out_axis % self.inits[w].ndim
         self.edits[w] = Edit(w, out_axis, True, "entry weight")
         bias = self._bias_of(node, bias_add)
         if bias:
             self._own(bias, "bias")
-            ax = 0 if node.op_type == "Conv" else max(self.inits[bias].ndim, 1) - 1
+            ax = 0 if _layout(node).is_conv else max(self.inits[bias].ndim, 1) - 1
             self.edits[bias] = Edit(bias, ax, True, "entry bias")
         if bias_add is not None:
             self.internal.append(node.output[0])
@@ -288,7 +298,7 @@ class _Walker:
 
     def _exit(self, node: onnx.NodeProto, t: str) -> None:
         w = self._weight(node, t)
-        in_axis = {"Conv": 1, "MatMul": 0}.get(node.op_type, 1 if attr(node, "transB", 0) else 0)
+        in_axis = _layout(node).in_axis % self.inits[w].ndim
         self.edits[w + "#in"] = Edit(w, in_axis, False, "exit weight")
 
     def _site(self) -> Site:

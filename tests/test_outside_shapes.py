@@ -1,0 +1,151 @@
+"""Shapes of models outside the zoo: ``run --input-shape`` reaches the plan and the check,
+an unknown size is named as such (not blamed on a rule), sizes that shape inference cannot
+compute come from one ORT run on a sample, and an error rule that cannot be evaluated
+stays an error."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from outside_models import computed_pad, feeds
+from tiny_models import _with_weights
+
+from quantscope.model.load import load_proto
+from quantscope.model.shapes import resolve_shapes, sampled_tensors, shape_note
+
+
+def ceil_pad(seed: int = 3) -> onnx.ModelProto:
+    """``x [N, 3, H, W]`` padded up to a multiple of 8 with pads computed through float
+    math (``Cast``, ``Div``, ``Ceil``): neither ONNX's nor ORT's symbolic shape inference
+    follows it, even at a concrete input shape. Then Exp (a non-conv layer) and a conv head."""
+    r = np.random.default_rng(seed)
+    text = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    ceilpad (float[N, 3, H, W] x) => (float[N, 8] y) {
+        s = Shape (x)
+        hw = Slice (s, i2, i4)
+        hf = Cast <to = 1> (hw)
+        q = Div (hf, eight)
+        c = Ceil (q)
+        m = Mul (c, eight)
+        d = Sub (m, hf)
+        di = Cast <to = 7> (d)
+        pads = Concat <axis = 0> (z6, di)
+        xp = Pad (x, pads)
+        e = Exp (xp)
+        c1 = Conv <pads = [1, 1, 1, 1]> (e, w1, b1)
+        a = Relu (c1)
+        p = GlobalAveragePool (a)
+        f = Flatten (p)
+        y = Gemm <transB = 1> (f, w2, b2)
+    }
+    """
+    return _with_weights(text, {
+        "i2": np.array([2], np.int64), "i4": np.array([4], np.int64),
+        "eight": np.array([8.0], np.float32), "z6": np.zeros(6, np.int64),
+        "w1": r.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32),
+        "b1": r.normal(0, 0.1, 8).astype(np.float32),
+        "w2": r.normal(0, 0.3, (8, 8)).astype(np.float32),
+        "b2": r.normal(0, 0.1, 8).astype(np.float32)})
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quantscope", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_sample_run_gives_the_shapes_inference_cannot():
+    m = load_proto(ceil_pad())
+    assert not all(isinstance(d, int) for d in resolve_shapes(m)["xp"])
+    shapes = resolve_shapes(m, {"x": (1, 3, 12, 12)})
+    assert shapes["xp"] == (1, 3, 16, 16) and shapes["c1"] == (1, 8, 16, 16)
+    assert "xp" in sampled_tensors(m, {"x": (1, 3, 12, 12)})
+    note = shape_note(m, {"x": (1, 3, 12, 12)})
+    assert note and "sample" in note and "x=1x3x12x12" in note and "Pad" in note
+    # inference had every shape of the plain computed-pad fixture: no sample run, no note
+    plain = load_proto(computed_pad())
+    assert resolve_shapes(plain, {"x": (1, 3, 12, 12)})["xp"] == (1, 3, 16, 16)
+    assert shape_note(plain, {"x": (1, 3, 12, 12)}) is None
+
+
+@pytest.fixture
+def a16_plan(tmp_path):
+    model, plan = tmp_path / "ceil.onnx", tmp_path / "p.json"
+    onnx.save(ceil_pad(), model)
+    plan.write_text(json.dumps({"format": "quantscope.plan/1", "default": "a16_w16",
+                                "target": "hailo10h"}))
+    return model, plan
+
+
+def test_check_unknown_size_fails_an_error_rule_then_a_given_shape_settles_it(a16_plan):
+    model, plan = a16_plan
+    r = _cli("check", str(plan), "--model", str(model), "--target", "hailo10h")
+    assert r.returncode == 1, r.stdout + r.stderr  # was: a warning, exit 0
+    assert "error: [hailo.super_defuse] Pad_9: could not evaluate: size unknown" in r.stdout
+    assert "x [N, 3, H, W]" in r.stdout and "--input-shape x=1x3x<H>x<W>" in r.stdout
+    r = _cli("check", str(plan), "--model", str(model), "--target", "hailo10h",
+             "--input-shape", "x=1x3x12x12")
+    assert r.returncode == 0, r.stdout + r.stderr  # 3 x 16 x 16 values: far under the limit
+    assert "could not evaluate" not in r.stdout
+    assert "note: shapes of" in r.stdout and "synthetic sample at x=1x3x12x12" in r.stdout
+
+
+def test_run_input_shape_reaches_plan_and_check(tmp_path):
+    """Without a shape the Pad's 16 bit is refused for an unknown size (and says so); the
+    same folder rerun with --input-shape plans again (the shape is in the plan's key) and
+    nothing is blocked; check.json records the shape."""
+    model, data, out = tmp_path / "pad.onnx", tmp_path / "d.npz", tmp_path / "run"
+    onnx.save(computed_pad(), model)
+    np.savez(data, **feeds("computed_pad", 16))
+    base = ["run", str(model), "--data", str(data), "--target", "hailo8", "--out", str(out)]
+    r = _cli(*base)
+    assert r.returncode == 0, r.stderr[-2000:]
+    blockers = json.loads((out / "plan.json").read_text())["pareto"]["blockers"]
+    unknown = "hailo.super_defuse (size unknown: give --input-shape NAME=… or --seq-len)"
+    assert [b["rule"] for b in blockers] == [unknown]
+    assert f"binding: {unknown}" in r.stdout
+    r = _cli(*base, "--input-shape", "x=1x3x12x12")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "[plan] done already" not in r.stdout + r.stderr
+    plan = json.loads((out / "plan.json").read_text())
+    assert not any("super_defuse" in b["rule"] for b in plan["pareto"]["blockers"])
+    check = json.loads((out / "check.json").read_text())
+    assert check["input_shapes"] == {"x": [1, 3, 12, 12]}
+    assert all(r["passed"] for r in check["rules"])
+
+
+def test_run_records_shapes_from_a_sample_run(tmp_path):
+    model, data, out = tmp_path / "ceil.onnx", tmp_path / "d.npz", tmp_path / "run"
+    onnx.save(ceil_pad(), model)
+    np.savez(data, x=np.random.default_rng(0).random((12, 3, 12, 12), np.float32))
+    r = _cli("run", str(model), "--data", str(data), "--target", "hailo10h", "--out", str(out),
+             "--input-shape", "x=1x3x12x12", "--repairs", "none")
+    assert r.returncode == 0, r.stderr[-2000:]
+    check = json.loads((out / "check.json").read_text())
+    assert "synthetic sample at x=1x3x12x12" in check["shape_note"]
+    plan = json.loads((out / "plan.json").read_text())
+    assert not any("size unknown" in b["rule"] for b in plan["pareto"]["blockers"])
+
+
+@pytest.mark.parametrize("specs, says", [
+    (["x=1x4x12x12"], "dim 1 is 4, but the model fixes it at 3"),
+    (["x=1x3x12"], "has rank 3"),
+    (["y=1x3x12x12"], "names 'y', which is no model input"),
+    (["x=1x3x12x12", "x=1x3x16x16"], "names 'x' twice"),
+])
+def test_run_refuses_a_contradicted_input_shape_before_any_work(tmp_path, specs, says):
+    model, data, out = tmp_path / "pad.onnx", tmp_path / "d.npz", tmp_path / "run"
+    onnx.save(computed_pad(), model)
+    np.savez(data, **feeds("computed_pad", 4))
+    before = model.read_bytes()
+    shapes = [a for s in specs for a in ("--input-shape", s)]
+    r = _cli("run", str(model), "--data", str(data), "--target", "hailo8", "--out", str(out),
+             *shapes)
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not out.exists() and model.read_bytes() == before
