@@ -136,7 +136,7 @@ def test_run_records_shapes_from_a_sample_run(tmp_path):
     (["x=1x4x12x12"], "dim 1 is 4, but the model fixes it at 3"),
     (["x=1x3x12"], "has rank 3"),
     (["y=1x3x12x12"], "names 'y', which is no model input"),
-    (["x=1x3x12x12", "x=1x3x16x16"], "names 'x' twice"),
+    (["x=1x3x12x12", "x=1x3x16x16"], "gives input 'x' twice"),
 ])
 def test_run_refuses_a_contradicted_input_shape_before_any_work(tmp_path, specs, says):
     model, data, out = tmp_path / "pad.onnx", tmp_path / "d.npz", tmp_path / "run"

@@ -284,6 +284,8 @@ def check_act16_wide_non_conv(
 ) -> Problem | None:
     if precision.act_bits != 16 or op_kind(group) in tuple(rule.param("exempt_kinds").value):
         return None
+    if not group.outputs:  # nothing of the group is stored (no output read outside it)
+        return None
     shape = ctx.output_shape(group)
     values = frame_values(shape)
     if values is None:
