@@ -46,6 +46,7 @@ from quantscope.tasks.headline import Headline
 from quantscope.tasks.registry import at_length
 from quantscope.tasks.tensors import TENSOR_BATCH, load_tensor_batches
 from quantscope.types import (
+    SHARED,
     Batch,
     Dataset,
     Encodings,
@@ -140,7 +141,8 @@ def open_data(
 
 def _layout_text(batch: Feeds) -> str:
     """Which inputs hold their samples on another axis than 0, and the per-run limit."""
-    parts = [f"input '{k}' is batched on axis {a}" for k, a in batch.axes.items() if a]
+    parts = [f"input '{k}' has no sample axis: every batch gets it whole" if a == SHARED
+             else f"input '{k}' is batched on axis {a}" for k, a in batch.axes.items() if a]
     if batch.limit is not None:
         parts.append(f"the model takes {batch.limit} sample(s) per run (static shape): "
                      "the samples run that many at a time")

@@ -327,22 +327,33 @@ class Feeds(dict):  # type: ignore[type-arg]
         return Feeds(arrays, self.axes, self.out_axes, self.limit)
 
 
+SHARED = -1
+"""The "sample axis" of an input that has none (a rank-0 sample rate, a scalar flag): every
+batch gets it whole, and it never counts, cuts or joins samples."""
+
+
 def sample_axis(batch: Mapping[str, np.ndarray], name: str) -> int:
     """The axis that holds the samples of input ``name`` of ``batch`` (0 unless a
-    :class:`Feeds` says otherwise)."""
+    :class:`Feeds` says otherwise; :data:`SHARED` for an input without samples)."""
     return getattr(batch, "axes", {}).get(name, 0)
 
 
 def batch_rows(batch: Mapping[str, np.ndarray]) -> int:
-    """The number of samples in ``batch`` (along its first input's sample axis)."""
-    name, arr = next(iter(batch.items()))
-    return int(np.shape(arr)[sample_axis(batch, name)]) if np.ndim(arr) else 1
+    """The number of samples in ``batch`` (along its first sampled input's axis)."""
+    for name, arr in batch.items():
+        axis = sample_axis(batch, name)
+        if axis != SHARED:
+            return int(np.shape(arr)[axis]) if np.ndim(arr) else 1
+    return 1
 
 
 def take_rows(batch: Mapping[str, np.ndarray], index: slice | np.ndarray | list[int]) -> Batch:
-    """The samples ``index`` of ``batch``, each input cut along its own sample axis."""
+    """The samples ``index`` of ``batch``, each input cut along its own sample axis (a
+    :data:`SHARED` input kept whole)."""
     def cut(name: str, v: np.ndarray) -> np.ndarray:
         axis = sample_axis(batch, name)
+        if axis == SHARED:
+            return v
         if isinstance(index, slice):
             return v[(slice(None),) * axis + (index,)]
         return np.take(v, np.asarray(index, dtype=np.int64), axis=axis)
@@ -360,7 +371,8 @@ def keep_inputs(batch: Mapping[str, np.ndarray], names: set[str] | frozenset[str
 def concat_rows(parts: list[Batch]) -> Batch:
     """The samples of every part, in order, in one batch (same inputs and layout)."""
     first = parts[0]
-    arrays = {k: np.concatenate([p[k] for p in parts], axis=sample_axis(first, k))
+    arrays = {k: first[k] if sample_axis(first, k) == SHARED
+              else np.concatenate([p[k] for p in parts], axis=sample_axis(first, k))
               for k in first}
     return first.like(arrays) if isinstance(first, Feeds) else arrays
 

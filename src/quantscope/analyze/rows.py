@@ -23,6 +23,7 @@ from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.types import (
+    SHARED,
     Batch,
     Feeds,
     Groups,
@@ -66,8 +67,9 @@ def _merge(parts: list[Batch]) -> Batch:
     """The parts' samples in one batch, each input along its own sample axis, shorter
     non-sample axes zero-padded."""
     first = parts[0]
-    padded = [{k: _pad_to(p[k], tuple(max(q[k].shape[i] for q in parts)
-                                      for i in range(first[k].ndim)), sample_axis(first, k))
+    padded = [{k: p[k] if sample_axis(first, k) == SHARED else _pad_to(
+                   p[k], tuple(max(q[k].shape[i] for q in parts) for i in range(first[k].ndim)),
+                   sample_axis(first, k))
                for k in first} for p in parts]
     return concat_rows([p.like(a) if isinstance(p, Feeds) else a
                         for p, a in zip(parts, padded, strict=True)])

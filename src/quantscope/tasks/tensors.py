@@ -39,7 +39,7 @@ import numpy as np
 import onnx
 
 from quantscope.model.load import Model
-from quantscope.types import Feeds, QuantscopeError
+from quantscope.types import SHARED, Feeds, QuantscopeError
 
 TENSOR_BATCH = 32  # samples per batch (fewer when the model takes fewer per run)
 
@@ -107,7 +107,8 @@ class Layout:
 
     def describe(self) -> str:
         """One sentence for the console: the inputs not batched on axis 0, and the limit."""
-        parts = [f"'{k}' on axis {a} ({self.how.get(k, '')})"
+        parts = [f"'{k}' whole to every batch ({self.how.get(k, '')})" if a == SHARED
+                 else f"'{k}' on axis {a} ({self.how.get(k, '')})"
                  for k, a in self.axes.items() if a]
         text = "samples: " + ("; ".join(parts) if parts else "axis 0 of every input")
         if self.limit is not None:
@@ -177,7 +178,11 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
     for k in names:
         if k in declared:
             axes[k], how[k] = declared[k], "--batch-axis"
-    sym = _batch_symbol(names, shapes)
+    for k in names:  # a rank-0 input (a sample rate) has no samples: given whole
+        if k not in axes and shapes.get(k) == () and np.ndim(arrays[k]) == 0:
+            axes[k], how[k] = SHARED, "rank 0: the same value for every sample"
+    sampled = tuple(k for k in names if axes.get(k) != SHARED)
+    sym = _batch_symbol(sampled, shapes)
     for k in names:
         want = shapes.get(k) or ()
         if k not in axes and sym is not None and sym in want:
@@ -193,7 +198,7 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
             i = differ[0]
             axes[k], how[k] = i, f"static size 1, data {arr.shape[i]}"
             rest.remove(k)
-    counts = {arrays[k].shape[a] for k, a in axes.items() if arrays[k].ndim > a}
+    counts = {arrays[k].shape[a] for k, a in axes.items() if a != SHARED and arrays[k].ndim > a}
     n = counts.pop() if len(counts) == 1 else None
     for k in rest:
         want, arr = shapes.get(k), arrays[k]
@@ -207,6 +212,8 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
             axes[k], how[k] = fits[0], f"size {arr.shape[fits[0]]}, as many as the others"
     static, cut = [], False
     for k, a in axes.items():
+        if a == SHARED:
+            continue
         want, arr = shapes.get(k) or (), arrays[k]
         d = want[a] if a < len(want) else None
         if not isinstance(d, int):
@@ -247,6 +254,8 @@ def _check_dims(arrays: dict[str, np.ndarray], model: Model, where: Path,
     for name in model.input_names():
         want, arr = shapes.get(name) or (), arrays[name]
         axis0 = layout.axes.get(name, 0)
+        if axis0 == SHARED:
+            continue
         dims = [("sample count", axis0)] + [(f"dimension '{d}'", i)
                                             for i, d in enumerate(want) if isinstance(d, str)]
         for label, axis in dict(dims).items():
@@ -332,7 +341,7 @@ def tensor_batches(
     for file in _files(Path(path)):
         arrays = _read(file, names)
         layout = _check(arrays, model, file, batch_axes)
-        first = names[0]
+        first = next((k for k in names if layout.axes.get(k, 0) != SHARED), names[0])
         n = arrays[first].shape[layout.axes.get(first, 0)] if arrays[first].ndim else 0
         if n == 0:
             raise QuantscopeError(f"data file '{file}' holds zero samples: remove it")
@@ -341,8 +350,10 @@ def tensor_batches(
             feed = {}
             for k in names:
                 dt = _ONNX_TO_NP.get(types.get(k, 0), arrays[k].dtype)
-                cut = (slice(None),) * layout.axes.get(k, 0) + (slice(start, start + size),)
-                feed[k] = arrays[k][cut].astype(dt, copy=False)
+                axis = layout.axes.get(k, 0)
+                cut = (() if axis == SHARED
+                       else (slice(None),) * axis + (slice(start, start + size),))
+                feed[k] = np.asarray(arrays[k][cut]).astype(dt, copy=False)
             yield feed if layout.plain else Feeds(feed, layout.axes, layout.out_axes,
                                                   layout.limit)
 
