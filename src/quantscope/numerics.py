@@ -157,11 +157,7 @@ def weight_encoding(
 def default_channel_axis(shape: tuple[int, ...]) -> int | None:
     """The channel axis of an output of ``shape`` (batch first) when the graph does not
     say: 1 for rank >= 3 (``N, C, ...``), the last axis for rank 2, none for rank 1."""
-    if len(shape) >= 3:
-        return 1
-    if len(shape) == 2:
-        return 1
-    return None
+    return 1 if len(shape) >= 2 else None  # rank 2: axis 1 is the last
 
 
 def channel_rows(x: np.ndarray, axis: int) -> np.ndarray:
