@@ -162,3 +162,16 @@ def test_saturation_at_16_bit_counts_values_not_bin_centres():
     below = np.concatenate([x, np.full(50, -0.99, np.float32)])
     (row,) = saturation(_stats_of("t", below), Encodings(activations={"t": enc}, weights={}))
     assert 0 < row.below <= 50 / below.size  # a lower bound, never more than the truth
+
+
+def test_a_one_value_output_beside_a_tensor_one_still_counts_in_the_worst_sqnr():
+    r = np.random.default_rng(4)
+    prob, feat = r.uniform(0, 1, (32, 1)).astype(np.float32), r.normal(0, 1, (32, 8)).astype(np.float32)
+    ref = Outputs(names=("prob", "feat"), batches=((prob, feat),))
+    test = Outputs(names=("prob", "feat"), batches=((prob + 0.05, feat + 1e-4),))
+    m = output_fidelity(ref, test)
+    assert "cosine_mean" not in m.tables["prob"] and m.tables["feat"]["cosine_mean"] > 0.99
+    assert m.values["sqnr_db"] == m.tables["prob"]["sqnr_db_output"] < m.tables["feat"]["sqnr_db"]
+    assert any("worst output's (lowest SQNR: 'prob')" in n for n in m.notes)
+    quiet = output_fidelity(ref, test, judge=False)  # a task judges: no fidelity lines
+    assert quiet.values == m.values and not any("one value per sample" in n for n in quiet.notes)

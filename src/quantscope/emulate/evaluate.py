@@ -225,11 +225,11 @@ def _summary(tables: dict[str, dict[str, float]],
     said = said or {}
     scored = {only: tables[only]} if only else tables
     for key, worst_of in WORST_OF.items():
-        have = [t[key] for t in scored.values() if key in t]
+        # sqnr_db: every output's whole SQNR (a one-value output's table: sqnr_db_output)
+        have = [t[key] if key != "sqnr_db" else t.get(key, t.get("sqnr_db_output"))
+                for t in scored.values() if key in t or key == "sqnr_db"]
         if have:
             values[key] = worst_of(have) if key == "collapsed_channels" else float(worst_of(have))
-    if "sqnr_db" not in values:  # only one-value outputs: their whole-output SQNR
-        values["sqnr_db"] = min(t["sqnr_db_output"] for t in scored.values())
     lines = [line for n in scored for line in said.get(n, ([], False))[0]]
     bad = [n for n in scored if said.get(n, ([], False))[1]]
     notes: tuple[str, ...] = ()
