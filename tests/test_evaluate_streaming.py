@@ -29,7 +29,8 @@ def _held(model, data, stats, plan):
     ref = run_model(model.proto, batches)
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan, None))
     test = run_model(q.proto, batches)
-    fid = output_fidelity(ref, test, only=data.output, judge=data.task is None)
+    fid = output_fidelity(ref, test, only=data.output, judge=data.task is None,
+                          channel_axes=stages.output_channel_axes(model, batches))
     values, tables, notes = dict(fid.values), dict(fid.tables), fid.notes
     if data.task is not None:
         t = data.task.metrics(ref, test)

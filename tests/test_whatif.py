@@ -11,6 +11,7 @@ from test_repair_heads import SEQ, _encoder
 from quantscope import stages
 from quantscope.cli import main
 from quantscope.model.load import load_proto
+from quantscope.tasks.headline import TENSOR_HEADLINE as M  # the tensor headline
 from quantscope.types import Plan, Precision, QuantscopeError
 
 
@@ -29,7 +30,7 @@ def test_each_kind_lifted_is_the_plan_with_those_groups_at_16_bit(setup):
     model, data, stats = setup
     plan = Plan(default=Precision.A8_W8, overrides=(("Add_27", Precision.A16_W16),))
     out = stages.whatif_families(model, data, stats, plan)
-    assert out["metric"] == "sqnr_db"
+    assert out["metric"] == M
     kinds = {r["kind"]: r for r in out["kinds"]}
     assert {"weighted", "matmul", "softmax"} <= set(kinds)
     # the weighted row is exactly the plan with the 4 Linears at a16_w16
@@ -37,11 +38,11 @@ def test_each_kind_lifted_is_the_plan_with_those_groups_at_16_bit(setup):
     assert kinds["weighted"]["groups"] == len(linears)
     direct = stages.evaluate_plan(model, data, stats, dataclasses.replace(
         plan, overrides=(*plan.overrides, *((n, Precision.A16_W16) for n in linears))),
-        saturation=False)["metrics"]["sqnr_db"]
-    assert kinds["weighted"]["sqnr_db"] == pytest.approx(direct)
-    assert kinds["weighted"]["gain"] == pytest.approx(direct - out["plan"]["sqnr_db"])
+        saturation=False)["metrics"][M]
+    assert kinds["weighted"][M] == pytest.approx(direct)
+    assert kinds["weighted"]["gain"] == pytest.approx(direct - out["plan"][M])
     # all kinds at once: the plan's 16-bit ceiling, far above the plan
-    assert out["all"]["sqnr_db"] > out["plan"]["sqnr_db"] + 20
+    assert out["all"][M] > out["plan"][M] + 20
     assert out["all"]["groups"] == sum(r["groups"] for r in out["kinds"])
     text = stages.format_whatif(out)
     assert "weighted (4 groups) at a16_w16" in text and "gains are not additive" in text
@@ -79,14 +80,14 @@ def test_run_with_whatif_says_it_in_the_verdict_and_the_report(tmp_path, setup, 
             "--target", "hailo10h", "--out", str(tmp_path / "W"), "--whatif"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "whatif (sqnr_db gained by lifting one op kind to a16_w16" in out
+    assert f"whatif ({M} gained by lifting one op kind to a16_w16" in out
     v = read_json(tmp_path / "W" / "verdict.json", "verdict")
     ev = read_json(tmp_path / "W" / "evaluate.json", "evaluate")
     w = ev["whatif"]
     assert v["whatif"]["all"] == pytest.approx(w["all"]["gain"])
     assert v["whatif"]["gains"] == {r["kind"]: pytest.approx(r["gain"]) for r in w["kinds"]}
     # the whatif's plan row is the run's own plan measured on the same held-out rows
-    assert w["plan"]["sqnr_db"] == pytest.approx(ev["results"]["plan"]["metrics"]["sqnr_db"])
+    assert w["plan"][M] == pytest.approx(ev["results"]["plan"]["metrics"][M])
     html = (tmp_path / "W" / "report.html").read_text()
     assert 'id="whatif"' in html and "gained per op kind lifted to a16_w16" in html
 

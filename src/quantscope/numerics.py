@@ -152,3 +152,23 @@ def weight_encoding(
     return qparams(
         moved.min(axis=1), moved.max(axis=1), bits, signed=signed, symmetric=symmetric, axis=axis
     )
+
+
+def default_channel_axis(shape: tuple[int, ...]) -> int | None:
+    """The channel axis of an output of ``shape`` (batch first) when the graph does not
+    say: 1 for rank >= 3 (``N, C, ...``), the last axis for rank 2, none for rank 1."""
+    return 1 if len(shape) >= 2 else None  # rank 2: axis 1 is the last
+
+
+def channel_rows(x: np.ndarray, axis: int) -> np.ndarray:
+    """``x`` as float64 rows, one per index of ``axis`` (every other axis flattened)."""
+    x = np.asarray(x, dtype=np.float64)
+    return np.moveaxis(x, axis, 0).reshape(x.shape[axis], -1)
+
+
+def channel_sqnr_db(ref: np.ndarray, test: np.ndarray, axis: int) -> np.ndarray:
+    """SQNR (dB) of each index of ``axis`` (a channel: every value with that index), by
+    :func:`sqnr_db_from_powers`'s rule."""
+    r, t = channel_rows(ref, axis), channel_rows(test, axis)
+    signal, noise = np.sum(r**2, axis=1), np.sum((r - t) ** 2, axis=1)
+    return np.array([sqnr_db_from_powers(float(s), float(n)) for s, n in zip(signal, noise, strict=True)])

@@ -139,6 +139,26 @@ def open_data(
     return ds
 
 
+def output_channel_axes(model: Model, batches: Sequence[Batch] = ()) -> dict[str, int]:
+    """Each output's channel axis as the graph tells it (:mod:`quantscope.model.axes`), as
+    the scorers see the output: sample-first (an output whose samples lie on axis ``a`` of
+    a :class:`Feeds` batch is moved there first, so a channel axis before ``a`` shifts by
+    one; an output whose channel axis is its sample axis gets none)."""
+    from quantscope.model.axes import output_channel_axes as graph_axes
+
+    axes = graph_axes(model)
+    moved = getattr(next(iter(batches), None), "out_axes", ()) or ()
+    out = {}
+    for i, name in enumerate(model.output_names()):
+        if name not in axes:
+            continue
+        c, a = axes[name], moved[i] if i < len(moved) else 0
+        if c == a and a:
+            continue
+        out[name] = c + 1 if c < a else c
+    return out
+
+
 def _layout_text(batch: Feeds) -> str:
     """Which inputs hold their samples on another axis than 0, and the per-run limit."""
     parts = [f"input '{k}' has no sample axis: every batch gets it whole" if a == SHARED
@@ -276,7 +296,8 @@ def evaluate_plans(
         # raw outputs judged unless a task reads them its own way (text: padded tokens);
         # a row-local output task (detections, maps) reads the raw outputs themselves
         judge = data.task is None or getattr(data.task, "row_local", False)
-        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge}
+        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
+                                 "channel_axes": output_channel_axes(model, batches)}
         if ref is None:
             fp32 = open_runs((reference or model).proto, batches)
             fid, ref_kept, test = compare_models(fp32, emulated, **score)
@@ -328,15 +349,21 @@ def _saturation_entry(data_stats: Stats | None, enc: Encodings, n_rows: int) -> 
             **({"saturation_note": note} if note else {})}
 
 
+OUTPUT_LINE = ("sqnr_db", "sqnr_db_channel_min", "collapsed_channels", "cosine_mean",
+               "abs_err_max", "decision_agreement")
+"""What the console shows per output (those an output has: one-value outputs have no
+cosine, tensors without channels no channel figures)."""
+
+
 def format_result(result: dict[str, Any]) -> str:
     m = result["metrics"]
     lines = [f"model {result['model']}  data {result['data']}  plan default "
              f"{result['plan']['default']} (+{len(result['plan'].get('groups', {}))} overrides)"]
     lines += [f"  {k:<24} {v:.6g}" for k, v in m.items()]
     outs = {k: v for k, v in result.get("outputs", {}).items() if "sqnr_db" in v}
-    if len(outs) > 1:
-        lines += [f"  output {k}: sqnr_db {v['sqnr_db']:.4g}, cosine_mean "
-                  f"{v['cosine_mean']:.6g}" for k, v in outs.items()]
+    if len(outs) > 1 or any("sqnr_db_channel_min" in v for v in outs.values()):
+        lines += [f"  output {k}: " + ", ".join(
+            f"{key} {v[key]:.4g}" for key in OUTPUT_LINE if key in v) for k, v in outs.items()]
     if "coverage" in result:
         lines += ["  " + line for line in _coverage_lines(result["coverage"])]
     if result.get("saturation_note"):
@@ -879,9 +906,12 @@ def scorer_for(data: Dataset, model: Model | None = None) -> Any:
     rows = row_scoring_of(data.task, () if model is None else model.output_names())
     if rows is not None:
         return task_scorer(rows)
-    if data.output is None or model is None:
+    if model is None:
         return outputs_scorer()
-    return outputs_scorer(only=model.output_names().index(data.output))
+    names = model.output_names()
+    axes = output_channel_axes(model, data.evaluation)
+    return outputs_scorer(only=None if data.output is None else names.index(data.output),
+                          channel_axes={names.index(k): a for k, a in axes.items()})
 
 
 def _call(fn: Callable[[Any], Any], item: Any) -> Any:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantscope.numerics import row_cosines, sqnr_db
+from quantscope.numerics import channel_sqnr_db, default_channel_axis, row_cosines, sqnr_db
 from quantscope.types import RowScoring, sample_first
 
 Reduce = Callable[[Sequence[np.ndarray], Mapping[str, np.ndarray]], np.ndarray]
@@ -83,36 +83,62 @@ def sts_scorer(n_pairs: int, order: np.ndarray, attention_mask: str) -> Scorer:
     return task_scorer(sts_scoring(n_pairs, order, attention_mask))
 
 
-def outputs_scorer(*, only: int | None = None) -> Scorer:
+def outputs_scorer(*, only: int | None = None,
+                   channel_axes: Mapping[int, int] | None = None) -> Scorer:
     """Every model output scored; the worst one is the metric (tensor models).
 
     Reduce: each output flattened per sample (outputs whose first axis is not the batch
     are left out), concatenated. Score: ``cosine_mean`` and ``sqnr_db`` of each output's
     columns, the minimum over outputs as the unprefixed value (so a degraded second head
     cannot hide behind a clean first one), and each output's own as ``sqnr_db:<k>``.
+    ``sqnr_db_channel_min``: the worst channel's SQNR over every output with channels (a
+    channel: one index of the output's channel axis, every sample and position; the axis
+    from ``channel_axes``, graph output index -> axis, else
+    :func:`quantscope.numerics.default_channel_axis`; one-value outputs have none), so a
+    class row that one grid shared with box coordinates rounds to 0 shows, while the
+    whole-output SQNR does not move (:mod:`quantscope.emulate.channels`).
     ``only``: the index of the one output to score (``--output``).
     """
     spans: list[tuple[int, int]] = []
+    shapes: list[tuple[int, ...]] = []
+    kept: list[int] = []
 
     def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
         outputs = sample_first(outputs, feeds)  # outputs batched on another axis than 0
         n = len(outputs[0])
-        parts = [np.asarray(o, dtype=np.float32).reshape(n, -1) for o in outputs
-                 if np.ndim(o) >= 1 and len(o) == n]
+        take = [k for k, o in enumerate(outputs) if np.ndim(o) >= 1 and len(o) == n]
+        parts = [np.asarray(outputs[k], dtype=np.float32).reshape(n, -1) for k in take]
         if not spans:
             edges = np.cumsum([0] + [p.shape[1] for p in parts])
             spans.extend(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
+            shapes.extend(tuple(np.shape(outputs[k])[1:]) for k in take)
+            kept.extend(take)
         return np.concatenate(parts, axis=1)
 
+    def channel_min(ref: np.ndarray, test: np.ndarray, k: int) -> float | None:
+        shape = shapes[k] if k < len(shapes) else (ref.shape[1],)
+        if int(np.prod(shape)) != ref.shape[1] or int(np.prod(shape)) <= 1:
+            return None  # a row layout this scorer did not see, or one value per sample
+        full = (len(ref), *shape)
+        given = (channel_axes or {}).get(kept[k]) if k < len(kept) else None
+        axis = default_channel_axis(full) if given is None else given % len(full)
+        if axis is None or axis == 0:
+            return None
+        return float(channel_sqnr_db(ref.reshape(full), test.reshape(full), axis).min())
+
     def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
-        cols = spans or [(0, ref.shape[1])]
+        cols = list(enumerate(spans or [(0, ref.shape[1])]))
         if only is not None and only < len(cols):
             cols = [cols[only]]
-        per = [fidelity(ref[:, a:b], test[:, a:b]) for a, b in cols]
+        per = [fidelity(ref[:, a:b], test[:, a:b]) for _, (a, b) in cols]
         out = {"cosine_mean": min(p["cosine_mean"] for p in per),
                "sqnr_db": min(p["sqnr_db"] for p in per)}
         if len(per) > 1:
             out.update({f"sqnr_db:{k}": p["sqnr_db"] for k, p in enumerate(per)})
+        chan = [c for k, (a, b) in cols
+                if (c := channel_min(ref[:, a:b], test[:, a:b], k)) is not None]
+        if chan:
+            out["sqnr_db_channel_min"] = min(chan)
         return out
 
     return Scorer(score=score, primary="cosine_mean", reduce=reduce)

@@ -8,9 +8,12 @@ values below and above the range. Tensors whose range leaves out a constant on p
 (attention masks, ``Encodings.clamped``) are skipped: they clip by design.
 
 A value counts as clipped when it lies more than half a grid step outside the range
-(nearer is ordinary rounding). Fractions come from the 2,048-bin histogram (a bin counts as outside when its centre
-is), so they are exact to one bin; a tensor whose minimum or maximum is outside always
-counts at least one value.
+(nearer is ordinary rounding). Fractions come from the 2,048-bin histogram, counted on
+values, never on bin centres: a side whose data extreme lies inside the range clips
+nothing (a 16-bit half step is far narrower than a bin, so a bin that holds the range's
+edge holds values inside it too), and on a side that does clip only bins lying wholly
+outside count, so a fraction is a lower bound exact to one bin; a tensor whose minimum
+or maximum is outside always counts at least one value.
 """
 
 from __future__ import annotations
@@ -52,12 +55,17 @@ def saturation(data_stats: Stats, encodings: Encodings) -> tuple[Clipped, ...]:
         if ts.min >= lo and ts.max <= hi:
             continue
         edges = np.linspace(-ts.hist_range, ts.hist_range, ts.hist.size + 1)
-        centres = (edges[:-1] + edges[1:]) / 2
-        below = max(int(ts.hist[centres < lo].sum()), int(ts.min < lo)) / ts.count
-        above = max(int(ts.hist[centres > hi].sum()), int(ts.max > hi)) / ts.count
+        below = _outside(int(ts.hist[edges[1:] <= lo].sum()), ts.min < lo) / ts.count
+        above = _outside(int(ts.hist[edges[:-1] >= hi].sum()), ts.max > hi) / ts.count
         if below + above >= REPORT_MIN_FRACTION:
             out.append(Clipped(t, below, above, ts.min, ts.max, lo, hi))
     return tuple(sorted(out, key=lambda c: -(c.below + c.above)))
+
+
+def _outside(in_bins: int, extreme_outside: bool) -> int:
+    """Values outside on one side: none when the data's extreme on that side is inside
+    the range, else the wholly-outside bins' count (at least the extreme itself)."""
+    return max(in_bins, 1) if extreme_outside else 0
 
 
 def saturation_note(rows: tuple[Clipped, ...], n_rows: int) -> str | None:

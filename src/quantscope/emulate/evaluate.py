@@ -16,12 +16,13 @@ full and scoring after (tests/test_evaluate_streaming.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
+from quantscope.emulate.channels import ChannelFidelity, ScalarFidelity, channel_axis_for, is_scalar
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import RESEMBLE_MIN_COSINE, row_cosines, sqnr_db, sqnr_db_from_powers
@@ -95,13 +96,13 @@ def scale_error(ref: Outputs, test: Outputs, scale: float) -> Outputs:
 
 def compare_model(
     test: Runs, ref: Outputs, *, keep: Keep | None = None, only: str | None = None,
-    judge: bool = True,
+    judge: bool = True, channel_axes: Mapping[str, int] | None = None,
 ) -> tuple[Metrics, Outputs]:
     """Run ``test`` (opened on the batches ``ref`` was computed on), scoring each batch
     against ``ref``'s as it comes: (:func:`output_fidelity`, the outputs reduced by
     ``keep``). The same numbers as running first and scoring after; one batch of raw
     emulated outputs held at a time."""
-    acc = _Fidelity(ref.names)
+    acc = _Fidelity(ref.names, channel_axes)
     out = []
     for (t, batch), r in zip(test.batches, ref.batches, strict=True):
         acc.add(r, t)
@@ -111,13 +112,13 @@ def compare_model(
 
 def compare_models(
     ref: Runs, test: Runs, *, keep: Keep | None = None, only: str | None = None,
-    judge: bool = True,
+    judge: bool = True, channel_axes: Mapping[str, int] | None = None,
 ) -> tuple[Metrics, Outputs, Outputs]:
     """The FP32 model's runs ``ref`` and ``test`` (opened on the same batches) in
     lock-step: (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``).
     The same numbers as :func:`run_model` then :func:`compare_model`, without holding
     FP32's raw outputs."""
-    acc = _Fidelity(ref.names)
+    acc = _Fidelity(ref.names, channel_axes)
     ref_out, out = [], []
     for (r, batch), (t, _) in zip(ref.batches, test.batches, strict=True):
         acc.add(r, t)
@@ -133,18 +134,39 @@ COSINE_ROWS = 4  # rows whose cosines are computed at once (each row's alone: sa
 class _Fidelity:
     """Per output: row cosines, noise and signal power, summed batch by batch in order
     (the order :func:`output_fidelity` always summed them in: the same floats), with one
-    float64 copy of a batch's output alive at a time."""
+    float64 copy of a batch's output alive at a time; and per channel
+    (:class:`ChannelFidelity`) or, for one value per sample, :class:`ScalarFidelity`
+    (decided on the first batch). ``channel_axes``: output name -> its channel axis
+    (the graph's: a Concat's axis, a Conv's output axis); others by
+    :func:`quantscope.numerics.default_channel_axis`."""
 
-    def __init__(self, names: tuple[str, ...]) -> None:
+    def __init__(self, names: tuple[str, ...], channel_axes: Mapping[str, int] | None = None) -> None:
         self.names = names
+        self.axes = dict(channel_axes or {})
         self.cos: list[list[np.ndarray]] = [[] for _ in names]
         self.noise = [0.0] * len(names)
         self.power = [0.0] * len(names)
+        self.parts: list[ChannelFidelity | ScalarFidelity | None] = [None] * len(names)
+        self.seen = [False] * len(names)
+
+    def _part(self, i: int, a: np.ndarray) -> ChannelFidelity | ScalarFidelity | None:
+        if not self.seen[i]:
+            self.seen[i] = True
+            if is_scalar(a):
+                self.parts[i] = ScalarFidelity()
+            else:
+                axis = channel_axis_for(a.shape, self.axes.get(self.names[i]))
+                self.parts[i] = None if axis is None else ChannelFidelity(axis)
+        return self.parts[i]
 
     def add(self, ref: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...]) -> None:
         for i, (a, b) in enumerate(zip(ref, test, strict=True)):
-            self.cos[i].extend(row_cosines(a[k:k + COSINE_ROWS], b[k:k + COSINE_ROWS])
-                               for k in range(0, len(a), COSINE_ROWS))
+            part = self._part(i, a)
+            if part is not None and a.shape == b.shape:
+                part.add(a, b)
+            if not isinstance(part, ScalarFidelity):
+                self.cos[i].extend(row_cosines(a[k:k + COSINE_ROWS], b[k:k + COSINE_ROWS])
+                                   for k in range(0, len(a), COSINE_ROWS))
             a64 = a.astype(np.float64)
             self.power[i] += float(np.sum(a64 ** 2))
             a64 -= b  # in place: a.astype(float64) - b
@@ -152,39 +174,72 @@ class _Fidelity:
 
     def metrics(self, *, only: str | None, judge: bool) -> Metrics:
         tables: dict[str, dict[str, float]] = {}
+        said: dict[str, tuple[list[str], bool]] = {}
         for i, name in enumerate(self.names):
-            cos = np.concatenate(self.cos[i])
             sqnr = sqnr_db_from_powers(self.power[i], self.noise[i])
+            part = self.parts[i]
+            if isinstance(part, ScalarFidelity):  # no cosine of one-value rows
+                tables[name] = {**part.table(), "sqnr_db": float(sqnr)}
+                said[name] = part.notes(name)
+                continue
+            cos = np.concatenate(self.cos[i])
             tables[name] = {"cosine_mean": float(cos.mean()), "cosine_min": float(cos.min()),
                             "cosine_p01": float(np.percentile(cos, 1)), "sqnr_db": float(sqnr)}
-        return _summary(tables, only=only, judge=judge)
+            if isinstance(part, ChannelFidelity):
+                entry, bad = part.table()
+                tables[name].update(entry)
+                said[name] = (part.notes(name), bad)
+        return _summary(tables, said, only=only, judge=judge)
 
 
 def output_fidelity(
-    ref: Outputs, test: Outputs, *, only: str | None = None, judge: bool = True
+    ref: Outputs, test: Outputs, *, only: str | None = None, judge: bool = True,
+    channel_axes: Mapping[str, int] | None = None,
 ) -> Metrics:
-    """Cosine (mean, min, p01) and SQNR per output (``tables``); unprefixed: the worst
-    output's value of each metric, so no output is left unscored (a note names which
+    """Cosine (mean, min, p01) and SQNR per output (``tables``), the per-channel figures
+    and, for one value per sample, errors and decisions instead of cosine
+    (:mod:`quantscope.emulate.channels`); unprefixed: the worst output's value of each
+    metric, so no output is left unscored (a note names which
     output is worst when there are several). ``judge``: say "NOT LIKE FP32" from the raw
     outputs (off when a task judges its own embeddings: raw token outputs include
     padding positions)."""
-    acc = _Fidelity(ref.names)
+    acc = _Fidelity(ref.names, channel_axes)
     for a, b in zip(ref.batches, test.batches, strict=True):
         acc.add(a, b)
     return acc.metrics(only=only, judge=judge)
 
 
-def _summary(tables: dict[str, dict[str, float]], *, only: str | None, judge: bool) -> Metrics:
-    """The unprefixed (worst output's, or ``only``'s) values and the notes."""
+WORST_OF = {"cosine_mean": min, "cosine_min": min, "cosine_p01": min, "sqnr_db": min,
+            "sqnr_db_channel_min": min, "cosine_channel_min": min, "collapsed_channels": sum,
+            "abs_err_max": max, "abs_err_mean": max, "rel_err_max": max,
+            "decision_agreement": min}
+"""Unprefixed values: how each per-output entry combines over the scored outputs."""
+
+
+def _summary(tables: dict[str, dict[str, float]],
+             said: dict[str, tuple[list[str], bool]] | None = None, *,
+             only: str | None, judge: bool) -> Metrics:
+    """The unprefixed (worst output's, or ``only``'s) values and the notes: "NOT LIKE
+    FP32" when the worst output's cosine, a channel (collapsed, or its cosine) or a
+    one-value output's decisions/error say so, with the lines naming where."""
     values: dict[str, float] = {}
+    said = said or {}
     scored = {only: tables[only]} if only else tables
-    for key in ("cosine_mean", "cosine_min", "cosine_p01", "sqnr_db"):
-        values[key] = min(t[key] for t in scored.values())
+    for key, worst_of in WORST_OF.items():
+        have = [t[key] for t in scored.values() if key in t]
+        if have:
+            values[key] = worst_of(have) if key == "collapsed_channels" else float(worst_of(have))
+    lines = [line for n in scored for line in said.get(n, ([], False))[0]]
+    bad = [n for n in scored if said.get(n, ([], False))[1]]
     notes: tuple[str, ...] = ()
-    if judge and values["cosine_mean"] < RESEMBLE_MIN_COSINE:
+    if judge and values.get("cosine_mean", 1.0) < RESEMBLE_MIN_COSINE:
         notes += (f"NOT LIKE FP32: output cosine to FP32 {values['cosine_mean']:.3f} < "
                   f"{RESEMBLE_MIN_COSINE:g} (worst output): the quantized model computes "
                   "something else",)
+    elif judge and bad:
+        notes += (f"NOT LIKE FP32: output(s) {', '.join(repr(n) for n in bad)} lose what FP32 "
+                  "computes though the whole-output figures look close (below)",)
+    notes += tuple(lines) if judge else ()
     if only and len(tables) > 1:
         notes += (f"scored on output '{only}' alone (--output); every output in 'outputs'",)
     elif len(tables) > 1:

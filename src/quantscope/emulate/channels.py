@@ -1,0 +1,218 @@
+"""Fidelity that a scale mix or a one-value output cannot fool (streamed, batch by batch).
+
+A whole-output cosine or SQNR is dominated by the output's largest values: a detector
+output that concatenates boxes (0-640 px) with class probabilities (0-0.9) keeps cosine
+0.9999 while every probability rounds to 0 on the one 8-bit grid. And the cosine of a
+one-value row is 1 whenever both values have the same sign. So, besides the whole-output
+figures (:mod:`quantscope.emulate.evaluate`):
+
+**Per channel** (:class:`ChannelFidelity`): a channel is one index of the output's channel
+axis (given by the caller, e.g. a Concat's axis, else :func:`default_channel_axis`), all
+samples and positions together.
+
+========================  ==================================================================
+``sqnr_db_channel_min``   the worst channel's SQNR (dB): ``10 log10(sum r^2 / sum (r-t)^2)``
+                          over the channel's values (rules of
+                          :func:`quantscope.numerics.sqnr_db_from_powers`)
+``cosine_channel_min``    the worst channel's cosine between its FP32 and emulated values
+                          (all samples flattened; 1.0 when identical, 0.0 when one is zero)
+``collapsed_channels``    channels that collapse: at least ``COLLAPSE_SHARE`` (99 %) of the
+                          emulated values equal one value (the lower median of the channel's
+                          emulated values in the first batch that has it), while FP32's do
+                          not (under 99 % equal their own such value), and the channel's
+                          SQNR is below ``COLLAPSE_MAX_SQNR_DB`` (what was erased mattered)
+``channel_axis``          the axis the channels are read on; ``channel_worst`` the index of
+                          the lowest-SQNR channel
+========================  ==================================================================
+
+**Scalar outputs** (:class:`ScalarFidelity`, one value per sample: ``[N]`` or ``[N, 1]``):
+no cosine. ``abs_err_max``, ``abs_err_mean`` (``|t - r|``), ``rel_err_max``
+(``abs_err_max`` over FP32's range ``max - min``: the error as a share of what the output
+spans; ``abs_err_max`` alone when FP32 is constant), ``decision_agreement`` (the share of
+samples on the same side of ``decision_threshold`` as FP32: 0.5 when every FP32 value lies in
+[0, 1], a probability, else 0), also under ``decision_agreement@<threshold>``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantscope.numerics import RESEMBLE_MIN_COSINE, default_channel_axis, sqnr_db_from_powers
+
+COLLAPSE_SHARE = 0.99  # share of a channel's values on one emulated value: collapsed
+COLLAPSE_MAX_SQNR_DB = 20.0  # a "collapse" that keeps 20 dB erased nothing that mattered
+DECISION_MIN_AGREEMENT = 0.95  # scalar outputs: fewer samples decided as FP32: NOT LIKE FP32
+SCALAR_MAX_REL_ERR = 0.25  # scalar outputs: a larger error (share of FP32's range): NOT LIKE
+
+
+def is_scalar(a: np.ndarray) -> bool:
+    """One value per sample: ``[N]`` or ``[N, 1]`` (rank 0 too)."""
+    return a.ndim <= 1 or (a.ndim == 2 and a.shape[1] == 1)
+
+
+def _lower_median(rows: np.ndarray) -> np.ndarray:
+    k = (rows.shape[1] - 1) // 2
+    return np.partition(rows, k, axis=1)[:, k]
+
+
+class ChannelFidelity:
+    """One output's per-channel sums, grown when a later batch has more channels (text
+    outputs padded per batch); memory: a few floats per channel."""
+
+    def __init__(self, axis: int) -> None:
+        self.axis = axis
+        self.n = 0
+        names = ("power", "noise", "dot", "tpow", "count", "t_hits", "f_hits")
+        self.sums = {k: np.zeros(0) for k in names}
+        self.t_val = np.zeros(0)
+        self.f_val = np.zeros(0)
+        self.f_min = np.zeros(0)
+        self.f_max = np.zeros(0)
+        self.t_min = np.zeros(0)
+        self.t_max = np.zeros(0)
+        self.out_min, self.out_max = np.inf, -np.inf
+
+    def _grow(self, c: int) -> None:
+        extra = c - self.n
+        if extra <= 0:
+            return
+        for k in self.sums:
+            self.sums[k] = np.concatenate([self.sums[k], np.zeros(extra)])
+        self.t_val = np.concatenate([self.t_val, np.full(extra, np.nan)])
+        self.f_val = np.concatenate([self.f_val, np.full(extra, np.nan)])
+        self.f_min = np.concatenate([self.f_min, np.full(extra, np.inf)])
+        self.t_min = np.concatenate([self.t_min, np.full(extra, np.inf)])
+        self.f_max = np.concatenate([self.f_max, np.full(extra, -np.inf)])
+        self.t_max = np.concatenate([self.t_max, np.full(extra, -np.inf)])
+        self.n = c
+
+    def add(self, ref: np.ndarray, test: np.ndarray) -> None:
+        if ref.size == 0 or self.axis >= ref.ndim:
+            return
+        r = np.moveaxis(np.asarray(ref, np.float64), self.axis, 0).reshape(ref.shape[self.axis], -1)
+        t = np.moveaxis(np.asarray(test, np.float64), self.axis, 0).reshape(r.shape)
+        c = len(r)
+        self._grow(c)
+        new = np.isnan(self.t_val[:c])
+        if new.any():
+            self.t_val[:c][new] = _lower_median(t)[new]
+            self.f_val[:c][new] = _lower_median(r)[new]
+        s = self.sums
+        s["power"][:c] += np.sum(r * r, axis=1)
+        s["noise"][:c] += np.sum((r - t) ** 2, axis=1)
+        s["dot"][:c] += np.sum(r * t, axis=1)
+        s["tpow"][:c] += np.sum(t * t, axis=1)
+        s["count"][:c] += r.shape[1]
+        s["t_hits"][:c] += np.sum(t == self.t_val[:c, None], axis=1)
+        s["f_hits"][:c] += np.sum(r == self.f_val[:c, None], axis=1)
+        self.f_min[:c] = np.minimum(self.f_min[:c], r.min(axis=1))
+        self.f_max[:c] = np.maximum(self.f_max[:c], r.max(axis=1))
+        self.t_min[:c] = np.minimum(self.t_min[:c], t.min(axis=1))
+        self.t_max[:c] = np.maximum(self.t_max[:c], t.max(axis=1))
+        self.out_min = min(self.out_min, float(r.min()))
+        self.out_max = max(self.out_max, float(r.max()))
+
+    def table(self) -> tuple[dict[str, float], bool]:
+        """(this output's channel entries, whether a channel is bad enough for NOT LIKE
+        FP32: one collapses, or the worst cosine is under RESEMBLE_MIN_COSINE). Empty when
+        no channel was seen."""
+        if self.n == 0:
+            return {}, False
+        s = self.sums
+        sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
+                         for p, q in zip(s["power"], s["noise"], strict=True)])
+        den = np.sqrt(s["power"] * s["tpow"])
+        cos = np.where(s["noise"] == 0, 1.0, np.where(den > 0, s["dot"] / np.where(den > 0, den, 1), 0.0))
+        count = np.maximum(s["count"], 1)
+        t_share, f_share = s["t_hits"] / count, s["f_hits"] / count
+        collapsed = (t_share >= COLLAPSE_SHARE) & (f_share < COLLAPSE_SHARE) & (sqnr < COLLAPSE_MAX_SQNR_DB)
+        worst = int(np.argmin(sqnr))
+        entry = {"sqnr_db_channel_min": float(sqnr[worst]), "cosine_channel_min": float(cos.min()),
+                 "collapsed_channels": int(collapsed.sum()), "channel_axis": int(self.axis),
+                 "channel_worst": worst}
+        return entry, bool(collapsed.any() or cos.min() < RESEMBLE_MIN_COSINE)
+
+    def notes(self, name: str) -> list[str]:
+        """One line per kind of bad channel (the worst collapsed one, the worst cosine)."""
+        entry, _ = self.table()
+        if not entry:
+            return []
+        s = self.sums
+        count = np.maximum(s["count"], 1)
+        sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
+                         for p, q in zip(s["power"], s["noise"], strict=True)])
+        grid = f"one grid spans {self.out_min:.4g} to {self.out_max:.4g} (FP32 range of the output)"
+        out = []
+        collapsed = np.flatnonzero((s["t_hits"] / count >= COLLAPSE_SHARE)
+                                   & (s["f_hits"] / count < COLLAPSE_SHARE)
+                                   & (sqnr < COLLAPSE_MAX_SQNR_DB))
+        if len(collapsed):
+            c = int(collapsed[np.argmin(sqnr[collapsed])])
+            share = s["t_hits"][c] / count[c]
+            what = "every value quantizes" if share == 1 else f"{share:.1%} of its values quantize"
+            out.append(f"output '{name}' channel {c} of axis {self.axis}: {what} to "
+                       f"{self.t_val[c]:.4g} (FP32 {self.f_min[c]:.4g} to {self.f_max[c]:.4g}): "
+                       f"{grid}; {len(collapsed)} of {self.n} channels collapse")
+        if entry["cosine_channel_min"] < RESEMBLE_MIN_COSINE and not len(collapsed):
+            c = entry["channel_worst"]
+            out.append(f"output '{name}' channel {c} of axis {self.axis}: cosine to FP32 "
+                       f"{entry['cosine_channel_min']:.3f}, SQNR {sqnr[c]:.1f} dB (FP32 "
+                       f"{self.f_min[c]:.4g} to {self.f_max[c]:.4g}, emulated {self.t_min[c]:.4g} "
+                       f"to {self.t_max[c]:.4g}): {grid}")
+        return out
+
+
+class ScalarFidelity:
+    """One value per sample: absolute/relative error and decisions at a threshold."""
+
+    def __init__(self) -> None:
+        self.err_max = 0.0
+        self.err_sum = 0.0
+        self.count = 0
+        self.agree = {0.5: 0, 0.0: 0}
+        self.f_min, self.f_max = np.inf, -np.inf
+
+    def add(self, ref: np.ndarray, test: np.ndarray) -> None:
+        r = np.asarray(ref, np.float64).reshape(-1)
+        t = np.asarray(test, np.float64).reshape(-1)
+        if r.size == 0:
+            return
+        err = np.abs(t - r)
+        self.err_max = max(self.err_max, float(err.max()))
+        self.err_sum += float(err.sum())
+        self.count += r.size
+        for th in self.agree:
+            self.agree[th] += int(np.sum((r > th) == (t > th)))
+        self.f_min, self.f_max = min(self.f_min, float(r.min())), max(self.f_max, float(r.max()))
+
+    def table(self) -> dict[str, float]:
+        if self.count == 0:
+            return {}
+        th = 0.5 if 0.0 <= self.f_min and self.f_max <= 1.0 else 0.0
+        span = self.f_max - self.f_min
+        agreement = self.agree[th] / self.count
+        return {"abs_err_max": self.err_max, "abs_err_mean": self.err_sum / self.count,
+                "rel_err_max": self.err_max / span if span > 0 else self.err_max,
+                "decision_agreement": agreement, "decision_threshold": th,
+                f"decision_agreement@{th:g}": agreement}
+
+    def notes(self, name: str) -> tuple[list[str], bool]:
+        """(lines saying the error, whether it is NOT LIKE FP32)."""
+        t = self.table()
+        if not t:
+            return [], False
+        th = t["decision_threshold"]
+        kind = "a probability in [0, 1]" if th == 0.5 else "not in [0, 1]"
+        line = (f"output '{name}' has one value per sample ({kind}): no cosine; |error| max "
+                f"{t['abs_err_max']:.4g} ({t['rel_err_max']:.1%} of FP32's range "
+                f"{self.f_min:.4g} to {self.f_max:.4g}), mean {t['abs_err_mean']:.4g}; "
+                f"{t['decision_agreement']:.1%} of samples decided as FP32 at threshold {th:g}")
+        bad = t["decision_agreement"] < DECISION_MIN_AGREEMENT or t["rel_err_max"] > SCALAR_MAX_REL_ERR
+        return [line], bad
+
+
+def channel_axis_for(shape: tuple[int, ...], given: int | None) -> int | None:
+    """The caller's axis (negative counts from the end), else the default rule."""
+    if given is None:
+        return default_channel_axis(shape)
+    return given % len(shape) if shape else None
