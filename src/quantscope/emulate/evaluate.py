@@ -179,7 +179,9 @@ class _Fidelity:
             sqnr = sqnr_db_from_powers(self.power[i], self.noise[i])
             part = self.parts[i]
             if isinstance(part, ScalarFidelity):  # no cosine of one-value rows
-                tables[name] = {**part.table(), "sqnr_db": float(sqnr)}
+                # one value per sample: the output is its own one channel
+                tables[name] = {**part.table(), "sqnr_db": float(sqnr),
+                                "sqnr_db_channel_min": float(sqnr)}
                 said[name] = part.notes(name)
                 continue
             cos = np.concatenate(self.cos[i])
@@ -189,6 +191,7 @@ class _Fidelity:
                 entry, bad = part.table()
                 tables[name].update(entry)
                 said[name] = (part.notes(name), bad)
+            tables[name].setdefault("sqnr_db_channel_min", float(sqnr))  # no channel axis
         return _summary(tables, said, only=only, judge=judge)
 
 
