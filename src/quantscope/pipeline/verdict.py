@@ -54,7 +54,30 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "peel": _rewrite(ctx, "peel"),
         "rowscale": _rewrite(ctx, "rowscale"),
         "whatif": _whatif(ev.get("whatif")),
+        "not_like_fp32": _not_like(results),
+        "mixed_scales": _mixed_scales(ctx),
     }
+
+
+def _not_like(results: dict[str, Any]) -> dict[str, str]:
+    """Per compared result, its "NOT LIKE FP32" note and the line after it naming where
+    (a channel collapsed, a decision lost), when evaluate said so."""
+    out = {}
+    for label in COMPARED:
+        notes = [str(n) for n in results.get(label, {}).get("notes", [])]
+        at = next((i for i, n in enumerate(notes) if n.startswith("NOT LIKE FP32")), None)
+        if at is not None:
+            where = notes[at + 1] if at + 1 < len(notes) and notes[at + 1].startswith(
+                "output '") else ""
+            out[label] = notes[at].replace(" (below)", "") + (f": {where}" if where else "")
+    return out
+
+
+def _mixed_scales(ctx: Context) -> list[str]:
+    """The analysis' mixed-scale findings (one grid over tensors of different scales)."""
+    from quantscope.analyze.report import mixed_scale_lines
+
+    return mixed_scale_lines(_read(ctx, steps.ANALYSIS))
 
 
 def _whatif(w: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -174,6 +197,11 @@ def format_verdict(v: dict[str, Any]) -> str:
     else:
         lines.append("  quality (" + m + ", output SQNR dB): " + "; ".join(
             f"{k} {_f(r.get(m))}{unit}, {_f(r.get('sqnr_db'))} dB" for k, r in q.items()))
+    for label, note in (v.get("not_like_fp32") or {}).items():
+        lines.append(f"  {label}: {note}")
+    for line in v.get("mixed_scales") or []:
+        lines.append(f"  mixed scales: {line}" if not line.startswith("    fix:") else
+                     f"  {line.strip()}")
     lines.append(f"  cost {_f(v['cost'])} x uniform a8_w8; repairs: "
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else

@@ -1,0 +1,50 @@
+"""`run` on a mixed-scale detector: the verdict says what uniform a8_w8 loses, names the
+Concat whose one grid spans two scales, and the plan lifts it (tensor headline, and the
+detection task found from the graph)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from outside_models import feeds, mixed_scale_detector
+
+from quantscope.cli import main
+from quantscope.serde import read_json
+
+
+@pytest.fixture(scope="module")
+def det(tmp_path_factory):
+    d = tmp_path_factory.mktemp("det")
+    onnx.save(mixed_scale_detector(), d / "det.onnx")
+    np.savez(d / "det.npz", **feeds("mixed_scale_detector", 64))
+    return d
+
+
+def _run(det, out, *extra):
+    return main(["run", str(det / "det.onnx"), "--data", str(det / "det.npz"), "--target",
+                 "hailo8", "--repairs", "none", "--out", str(det / out), *extra])
+
+
+def test_plain_tensors_the_verdict_names_the_lost_channels_and_the_concat(det, capsys):
+    assert _run(det, "W", "--layout", "detections=tensor") == 0
+    text = capsys.readouterr().out
+    v = read_json(det / "W" / "verdict.json", "verdict")
+    assert v["metric"] == "sqnr_db_channel_min"
+    q = v["quality"]
+    # the whole output looks fine at a8_w8; its worst channel is gone; the plan restores it
+    assert q["a8_w8"]["sqnr_db"] > 40 and q["a8_w8"]["sqnr_db_channel_min"] < 1
+    assert q["plan"]["sqnr_db_channel_min"] > 25
+    assert "a8_w8" in v["not_like_fp32"] and "plan" not in v["not_like_fp32"]
+    assert "channel" in v["not_like_fp32"]["a8_w8"]
+    assert any("Concat" in line and "different scales" in line for line in v["mixed_scales"])
+    assert "a8_w8: NOT LIKE FP32" in text and "mixed scales: detections" in text
+
+
+def test_detected_head_the_run_judges_by_detections(det, capsys):
+    assert _run(det, "D") == 0
+    v = read_json(det / "D" / "verdict.json", "verdict")
+    assert v["metric"] == "detection_f1"
+    assert v["quality"]["a8_w8"]["detection_f1"] == 0.0
+    assert v["quality"]["plan"]["detection_f1"] > 0.9
+    assert "read as detections" in capsys.readouterr().err
