@@ -62,3 +62,28 @@ def test_calibrate_evaluate_and_analyze_run_on_it(tmp_path, capsys):
     assert main(["analyze", str(m), "--data", str(d), "--stats", str(tmp_path / "s.npz"),
                  "--target", "hailo8", "--out", str(tmp_path / "a.json")]) == 0
     assert "sqnr_db" in capsys.readouterr().out
+
+
+def state_primed(seed: int = 22) -> onnx.ModelProto:
+    """``x [T, 16]`` (T chunks, symbolic) plus a static initial state ``h [1, 8]`` that every
+    chunk adds (as faster-whisper's silero_vad_v6.onnx takes ``h, c [1, 1, 128]``)."""
+    r = _rng(seed)
+    text = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    primed (float[T, 16] x, float[1, 8] h) => (float[T, 8] y) {
+        m = MatMul (x, w)
+        y = Add (m, h)
+    }
+    """
+    return _with_weights(text, {"w": r.normal(0, 0.4, (16, 8)).astype(np.float32)})
+
+
+def test_a_static_state_beside_sampled_inputs_is_shared(tmp_path):
+    onnx.save(state_primed(), tmp_path / "p.onnx")
+    h = np.full((1, 8), 0.5, np.float32)
+    np.savez(tmp_path / "p.npz", x=np.ones((40, 16), np.float32), h=h)
+    model = stages.open_model(str(tmp_path / "p.onnx"))
+    ds = stages.open_data(str(tmp_path / "p.npz"), model)
+    assert [batch_rows(b) for b in ds.calibration] == [32, 8]
+    assert all(np.array_equal(b["h"], h) for b in ds.calibration)
+    assert any("'h' has no sample axis" in n for n in ds.notes)

@@ -200,6 +200,12 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
             rest.remove(k)
     counts = {arrays[k].shape[a] for k, a in axes.items() if a != SHARED and arrays[k].ndim > a}
     n = counts.pop() if len(counts) == 1 else None
+    for k in list(rest):  # the model's own static shape while the others carry samples:
+        want, arr = shapes.get(k), arrays[k]  # one value for every batch (an initial state)
+        if (n is not None and want and all(isinstance(d, int) for d in want)
+                and tuple(arr.shape) == tuple(want) and n not in tuple(want)):
+            axes[k], how[k] = SHARED, "the model's static shape, the others' samples elsewhere"
+            rest.remove(k)
     for k in rest:
         want, arr = shapes.get(k), arrays[k]
         axes[k], how[k] = 0, "axis 0"
