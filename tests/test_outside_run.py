@@ -48,3 +48,9 @@ def test_detected_head_the_run_judges_by_detections(det, capsys):
     assert v["quality"]["a8_w8"]["detection_f1"] == 0.0
     assert v["quality"]["plan"]["detection_f1"] > 0.9
     assert "read as detections" in capsys.readouterr().err
+
+
+def test_metric_sets_what_the_analysis_ranks_by(det):
+    assert _run(det, "M", "--layout", "detections=tensor", "--metric", "sqnr_db") == 0
+    assert read_json(det / "M" / "analysis.json", "analysis")["primary"] == "sqnr_db"
+    assert read_json(det / "W" / "analysis.json", "analysis")["primary"] == "sqnr_db_channel_min"

@@ -56,7 +56,7 @@ def test_plan_with_finetune_records_both_measurements(tmp_path, monkeypatch, cap
     assert "finetune (" in capsys.readouterr().out
     doc = json.loads(p.read_text())
     ftr = doc["pareto"]["finetune"]
-    assert ftr["metric"] == "sqnr_db" and ftr["after"] is not None and ftr["before"] is not None
+    assert ftr["metric"] == "sqnr_db_channel_min" and ftr["after"] is not None and ftr["before"] is not None
     assert ftr["repairs"][-1] == "finetune" and "sqnr_db" in ftr["fp32_drift"]
     if ftr["kept"]:  # measured at least as well as the chosen plan without it
         base = doc["pareto"]["chosen"]["measured"]

@@ -897,9 +897,15 @@ def headline(data: Dataset | None, metric: str | None = None) -> Headline:
     return headline_of(None if data is None else data.task, metric)
 
 
-def scorer_for(data: Dataset, model: Model | None = None) -> Any:
+FIDELITY_PRIMARIES = ("sqnr_db_channel_min", "sqnr_db", "cosine_mean")
+"""What the fidelity scorer can rank by (every one is in each of its scores)."""
+
+
+def scorer_for(data: Dataset, model: Model | None = None, metric: str | None = None) -> Any:
     """The analysis scorer of the data's task (its row scoring), else every output's
-    fidelity (the one ``--output`` when given)."""
+    fidelity (the one ``--output`` when given), ranking by ``metric`` (``--metric``) when
+    it is one of :data:`FIDELITY_PRIMARIES`, so the analysis ranks by what the plan is
+    then judged by."""
     from quantscope.analyze.scoring import outputs_scorer, task_scorer
     from quantscope.tasks.headline import row_scoring_of
 
@@ -907,11 +913,15 @@ def scorer_for(data: Dataset, model: Model | None = None) -> Any:
     if rows is not None:
         return task_scorer(rows)
     if model is None:
-        return outputs_scorer()
-    names = model.output_names()
-    axes = output_channel_axes(model, data.evaluation)
-    return outputs_scorer(only=None if data.output is None else names.index(data.output),
-                          channel_axes={names.index(k): a for k, a in axes.items()})
+        scorer = outputs_scorer()
+    else:
+        names = model.output_names()
+        axes = output_channel_axes(model, data.evaluation)
+        scorer = outputs_scorer(only=None if data.output is None else names.index(data.output),
+                                channel_axes={names.index(k): a for k, a in axes.items()})
+    if metric in FIDELITY_PRIMARIES:
+        scorer = dataclasses.replace(scorer, primary=metric)
+    return scorer
 
 
 def _call(fn: Callable[[Any], Any], item: Any) -> Any:

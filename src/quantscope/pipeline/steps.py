@@ -49,8 +49,9 @@ def analyze(ctx: Context) -> Done:
     from quantscope.model.groups import find_groups
 
     model, fit = ctx.model(), ctx.data().fit
+    scorer = stages.scorer_for(fit, model, ctx.opts.metric)  # ranks by what plan judges
     result = run_analysis(model, find_groups(model), stages.read_stats(ctx.path(STATS)),
-                          list(fit.evaluation), scorer=stages.scorer_for(fit, model),
+                          list(fit.evaluation), scorer=scorer,
                           target=ctx.target(), proxy_fraction=ctx.opts.proxy,
                           progress=ctx.progress)
     doc = analysis_to_dict(result)
