@@ -53,4 +53,5 @@ def test_detected_head_the_run_judges_by_detections(det, capsys):
 def test_metric_sets_what_the_analysis_ranks_by(det):
     assert _run(det, "M", "--layout", "detections=tensor", "--metric", "sqnr_db") == 0
     assert read_json(det / "M" / "analysis.json", "analysis")["primary"] == "sqnr_db"
+    assert (det / "W").is_dir() or _run(det, "W", "--layout", "detections=tensor") == 0
     assert read_json(det / "W" / "analysis.json", "analysis")["primary"] == "sqnr_db_channel_min"
