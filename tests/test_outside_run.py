@@ -39,6 +39,8 @@ def test_plain_tensors_the_verdict_names_the_lost_channels_and_the_concat(det, c
     assert "channel" in v["not_like_fp32"]["a8_w8"]
     assert any("Concat" in line and "different scales" in line for line in v["mixed_scales"])
     assert "a8_w8: NOT LIKE FP32" in text and "mixed scales: detections" in text
+    html = (det / "W" / "report.html").read_text()  # the report says it too
+    assert "a8_w8: NOT LIKE FP32" in html and "mixed scales: detections" in html
 
 
 def test_detected_head_the_run_judges_by_detections(det, capsys):
