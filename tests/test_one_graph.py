@@ -16,6 +16,7 @@ import pytest
 import tiny_models as tm
 
 from quantscope import stages
+from quantscope.analyze import measure
 from quantscope.calibrate.collect import calibrate
 from quantscope.cli import main
 from quantscope.emulate.qdq import quantize_model
@@ -66,15 +67,15 @@ def _evaluated_graph(monkeypatch, argv):
     """Run ``quantscope evaluate`` and return the bytes of the emulated graph it ran (one
     plan: its session is opened first, then FP32's, and both run in lock-step)."""
     seen = []
-    real = stages.open_runs
+    real = measure.open_runs  # evaluate_plans (re-exported by stages) runs it there
 
     def tap(proto, batches, *args, **kw):
         seen.append(proto.SerializeToString())
         return real(proto, batches, *args, **kw)
 
-    monkeypatch.setattr(stages, "open_runs", tap)
+    monkeypatch.setattr(measure, "open_runs", tap)
     assert main(argv) == 0
-    monkeypatch.setattr(stages, "open_runs", real)
+    monkeypatch.setattr(measure, "open_runs", real)
     assert len(seen) == 2  # the emulated plan, then the FP32 reference
     return seen[0]
 

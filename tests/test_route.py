@@ -43,7 +43,7 @@ PAIRS = 20
 
 def _target(tmp_path: Path) -> Path:
     """ort-cpu's precisions and costs, plus a size rule that binds above SHORT tokens."""
-    text = (Path(stages.__file__).parent / "targets" / "ort_cpu.toml").read_text()
+    text = (Path(stages.__file__).parent.parent / "targets" / "ort_cpu.toml").read_text()
     rule = (
         '\n[[rules]]\nid = "test.wide"\ncheck = "act16_wide_non_conv"\nseverity = "error"\n'
         'reason = "a 16-bit tensor this wide does not fit (test rule)"\n'

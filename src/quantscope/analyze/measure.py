@@ -1,0 +1,234 @@
+"""Measuring a plan by real emulation: the QDQ graph of a plan, its fidelity and task
+metrics against FP32 (one FP32 run for several plans), the saturation check, each
+output's channel axis, and the headline metric and analysis scorer of a data set.
+
+Moved here from ``quantscope.stages`` (which re-exports every name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import onnx
+
+from quantscope.calibrate.collect import calibrate
+from quantscope.emulate.evaluate import (
+    compare_model,
+    compare_models,
+    kept,
+    open_runs,
+    run_model,
+    scale_error,
+)
+from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model
+from quantscope.serde import plan_to_dict
+from quantscope.tasks.headline import Headline
+from quantscope.types import (
+    Batch,
+    Dataset,
+    Encodings,
+    Outputs,
+    Plan,
+    QuantScheme,
+    Stats,
+    batch_rows,
+)
+
+
+def output_channel_axes(model: Model, batches: Sequence[Batch] = ()) -> dict[str, int]:
+    """Each output's channel axis as the graph tells it (:mod:`quantscope.model.axes`), as
+    the scorers see the output: sample-first (an output whose samples lie on axis ``a`` of
+    a :class:`Feeds` batch is moved there first, so a channel axis before ``a`` shifts by
+    one; an output whose channel axis is its sample axis gets none)."""
+    from quantscope.model.axes import output_channel_axes as graph_axes
+
+    axes = graph_axes(model)
+    moved = getattr(next(iter(batches), None), "out_axes", ()) or ()
+    out = {}
+    for i, name in enumerate(model.output_names()):
+        if name not in axes:
+            continue
+        c, a = axes[name], moved[i] if i < len(moved) else 0
+        if c == a and a:
+            continue
+        out[name] = c + 1 if c < a else c
+    return out
+
+def qdq_for_plan(
+    model: Model,
+    stats: Stats,
+    plan: Plan,
+    *,
+    method: str | None = None,
+    scheme: QuantScheme | None = None,
+) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """The QDQ model for a plan (in its target's scheme), and the notes the encoder made.
+
+    ``scheme`` applies only to a plan that names no target (see :func:`scheme_for`).
+    """
+    q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
+    return q.proto, (*q.notes, *q.coverage.lines())
+
+
+def evaluate_plan(
+    model: Model,
+    data: Dataset,
+    stats: Stats,
+    plan: Plan,
+    *,
+    method: str | None = None,
+    scheme: QuantScheme | None = None,
+    progress: bool = False,
+    reference: Model | None = None,
+    reference_outputs: Outputs | None = None,
+    saturation: bool = True,
+) -> dict[str, Any]:
+    """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32.
+
+    The graph measured is :func:`qdq_for_plan`'s, the one ``export-qdq`` writes.
+    """
+    return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
+                          saturation=saturation,
+                          progress=progress, reference=reference,
+                          reference_outputs=reference_outputs)["emulated"]
+
+
+def evaluate_plans(
+    model: Model,
+    data: Dataset,
+    stats: Stats,
+    plans: dict[str, Plan],
+    *,
+    method: str | None = None,
+    scheme: QuantScheme | None = None,
+    progress: bool = False,
+    reference: Model | None = None,
+    reference_outputs: Outputs | None = None,
+    saturation: bool = True,
+    error_scales: Sequence[float] = (),
+) -> dict[str, dict[str, Any]]:
+    """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
+
+    ``error_scales`` (task data only): also the task metrics of each plan's error scaled
+    by each factor (:func:`quantscope.emulate.evaluate.scale_error`), under
+    ``"error_scales"``: how much smaller the error would have to be for a goal.
+
+    ``saturation``: also calibrate (up to ``SATURATION_ROWS`` of) the evaluation rows and
+    report, per plan, the tensors whose values leave their calibrated range.
+
+    ``reference`` is the FP32 model the metrics compare against (default: ``model``); a
+    repaired model is compared with the original, since bias correction changes FP32.
+    ``reference_outputs`` (its outputs on ``data.evaluation``) skips even that one run.
+    """
+    batches = list(data.evaluation)
+    data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
+    keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
+    lockstep = reference_outputs is None and len(plans) == 1  # no FP32 raw outputs held
+    ref = reference_outputs or (None if lockstep else run_model(
+        (reference or model).proto, batches, label="fp32" if progress else ""))
+    ref_kept = None if ref is None else kept(ref, batches, keep)
+    results: dict[str, dict[str, Any]] = {}
+    for label, plan in plans.items():
+        q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
+        emulated = open_runs(q.proto, batches, label if progress else "")
+        coverage, saturated = q.coverage.to_dict(), _saturation_entry(data_stats, q.encodings, n_rows)
+        q_notes = q.notes
+        del q  # the session holds the graph: the QDQ proto's weights go before the runs
+        # raw outputs judged unless a task reads them its own way (text: padded tokens);
+        # a row-local output task (detections, maps) reads the raw outputs themselves
+        judge = data.task is None or getattr(data.task, "row_local", False)
+        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
+                                 "channel_axes": output_channel_axes(model, batches)}
+        if ref is None:
+            fp32 = open_runs((reference or model).proto, batches)
+            fid, ref_kept, test = compare_models(fp32, emulated, **score)
+        else:
+            fid, test = compare_model(emulated, ref, **score)
+        metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
+        scaled: dict[str, Any] = {}
+        if data.task is not None:
+            tm = data.task.metrics(ref_kept, test)
+            metrics.update(tm.values)
+            tables.update(tm.tables)
+            task_notes = (*task_notes, *tm.notes)
+            if error_scales:
+                scaled = {"error_scales": [
+                    {"scale": float(f), **data.task.metrics(
+                        ref_kept, scale_error(ref_kept, test, f)).values}
+                    for f in error_scales]}
+        results[label] = {
+            "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
+            "method": method or stats.method, "metrics": metrics, "outputs": tables,
+            "coverage": coverage, **saturated, **scaled,
+            "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
+        }
+    return results
+
+
+SATURATION_ROWS = 256  # evaluation rows whose ranges are checked against the calibration's
+
+
+def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
+    """Streaming statistics of (up to SATURATION_ROWS of) the evaluation rows."""
+    rows, part = 0, []
+    for b in batches:
+        if rows >= SATURATION_ROWS:
+            break
+        part.append(b)
+        rows += batch_rows(b)
+    return calibrate(model, find_groups(model), part), rows
+
+
+def _saturation_entry(data_stats: Stats | None, enc: Encodings, n_rows: int) -> dict[str, Any]:
+    from quantscope.calibrate.saturation import saturation, saturation_note
+
+    if data_stats is None:
+        return {}
+    rows = saturation(data_stats, enc)
+    note = saturation_note(rows, n_rows)
+    return {"saturation": {"rows": n_rows, "tensors": [c.to_dict() for c in rows]},
+            **({"saturation_note": note} if note else {})}
+
+def default_metric(data: Dataset | None) -> str:
+    """The measured metric a plan is judged by when the user names none: the data's
+    task's headline (:func:`quantscope.tasks.headline.headline_of`)."""
+    return headline(data).metric
+
+
+def headline(data: Dataset | None, metric: str | None = None) -> Headline:
+    """The headline metric (key, direction, goal range, unit) of ``data``, or of the
+    ``metric`` the user named."""
+    from quantscope.tasks.headline import headline_of
+
+    return headline_of(None if data is None else data.task, metric)
+
+
+FIDELITY_PRIMARIES = ("sqnr_db_channel_min", "sqnr_db", "cosine_mean")
+"""What the fidelity scorer can rank by (every one is in each of its scores)."""
+
+
+def scorer_for(data: Dataset, model: Model | None = None, metric: str | None = None) -> Any:
+    """The analysis scorer of the data's task (its row scoring), else every output's
+    fidelity (the one ``--output`` when given), ranking by ``metric`` (``--metric``) when
+    it is one of :data:`FIDELITY_PRIMARIES`, so the analysis ranks by what the plan is
+    then judged by."""
+    from quantscope.analyze.scoring import outputs_scorer, task_scorer
+    from quantscope.tasks.headline import row_scoring_of
+
+    rows = row_scoring_of(data.task, () if model is None else model.output_names())
+    if rows is not None:
+        return task_scorer(rows)
+    if model is None:
+        scorer = outputs_scorer()
+    else:
+        names = model.output_names()
+        axes = output_channel_axes(model, data.evaluation)
+        scorer = outputs_scorer(only=None if data.output is None else names.index(data.output),
+                                channel_axes={names.index(k): a for k, a in axes.items()})
+    if metric in FIDELITY_PRIMARIES:
+        scorer = dataclasses.replace(scorer, primary=metric)
+    return scorer

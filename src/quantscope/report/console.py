@@ -1,0 +1,104 @@
+"""Console forms of results: an evaluation, a planner result, a whatif.
+
+Moved here from ``quantscope.stages`` (which re-exports every name).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quantscope.analyze.whatif import WHATIF_KEYS
+
+OUTPUT_LINE = ("sqnr_db", "sqnr_db_channel_min", "collapsed_channels", "cosine_mean",
+               "abs_err_max", "decision_agreement")
+"""What the console shows per output (those an output has: one-value outputs have no
+cosine, tensors without channels no channel figures)."""
+
+
+def format_result(result: dict[str, Any]) -> str:
+    m = result["metrics"]
+    lines = [f"model {result['model']}  data {result['data']}  plan default "
+             f"{result['plan']['default']} (+{len(result['plan'].get('groups', {}))} overrides)"]
+    lines += [f"  {k:<24} {v:.6g}" for k, v in m.items()]
+    outs = {k: v for k, v in result.get("outputs", {}).items() if "sqnr_db" in v}
+    if len(outs) > 1 or any("sqnr_db_channel_min" in v for v in outs.values()):
+        lines += [f"  output {k}: " + ", ".join(
+            f"{key} {v[key]:.4g}" for key in OUTPUT_LINE if key in v) for k, v in outs.items()]
+    if "coverage" in result:
+        lines += ["  " + line for line in _coverage_lines(result["coverage"])]
+    if result.get("saturation_note"):
+        lines.append(f"  {result['saturation_note']}")
+    lines += [f"  note: {n}" for n in result.get("notes", [])]
+    return "\n".join(lines)
+
+
+def _coverage_lines(cov: dict[str, Any]) -> list[str]:
+    from quantscope.emulate.coverage import Coverage
+
+    return Coverage(
+        weights_quantized=cov["weights_quantized"],
+        activations_quantized=cov["activations_quantized"],
+        weights_float=tuple((r["tensor"], r["op_type"], r["why"]) for r in cov["weights_float"]),
+        lookup_tables=tuple(cov["lookup_tables"]),
+        ops_float=tuple((r["node"], r["op_type"], r["why"]) for r in cov["ops_float"]),
+    ).lines()
+
+def format_whatif(result: dict[str, Any]) -> str:
+    """The console form of :func:`whatif_families`."""
+    m = result["metric"]
+
+    def line(label: str, r: dict[str, Any]) -> str:
+        extra = "  ".join(f"{k} {r[k]:.6g}" for k in WHATIF_KEYS if k in r)
+        return f"  {label:<34} {m} {r[m]:.4g} ({r['gain']:+.4g})  {extra}"
+
+    out = [f"where the plan's error is ({result['note']}):", line("the plan", result["plan"])]
+    out += [line(f"{r['kind']} ({r['groups']} groups) at a16_w16", r) for r in result["kinds"]]
+    out.append(line(f"all {result['all']['groups']} at a16_w16", result["all"]))
+    h = result.get("headroom")
+    if result.get("headroom_note"):
+        out.append(f"note: {result['headroom_note']}")
+    if h:
+        out.append(f"how far the goal is ({h['note']}):")
+        out += ["  error x" + f"{r['scale']:<5g} " + "  ".join(
+            f"{k} {r[k]:.6g}" for k in r if k != "scale") for r in h["rows"]]
+        if "goal" in h:
+            out.append(f"  {h['sentence']}")
+    return "\n".join(out)
+
+def format_search(result: dict[str, Any]) -> str:
+    """Console form of a planner result (the plan JSON's ``pareto`` entry)."""
+    c = result.get("chosen", {})
+    lines = [f"metric {result.get('metric')} (predicted); budget {result.get('budget')}; "
+             f"chosen: cost {c.get('cost')}, predicted {c.get('predicted')}, measured "
+             f"{c.get('measured')}; budget met: {result.get('met')}"]
+    if result.get("measured_on"):
+        lines.append(f"measured on: {result['measured_on']}")
+    for p in result.get("points", []):
+        lines.append(f"  front: cost {p['cost']:<9} predicted {p['predicted']:<10} measured "
+                     f"{p.get('measured')!s:<10} ({len(p.get('groups', {}))} promoted, "
+                     f"{p.get('origin')})")
+    for b in result.get("blockers", [])[:4]:
+        lines.append(f"  blocked by {b['rule']}: {len(b['groups'])} group(s), "
+                     f"{b['gain']:.3g} predicted gain forgone")
+    if result.get("binding"):
+        lines.append(f"binding: {result['binding']}")
+    ft = result.get("finetune")
+    if ft:
+        drift = ", ".join(f"{k} {v:.4g}" for k, v in ft.get("fp32_drift", {}).items())
+        lines.append(f"finetune ({'+'.join(ft['repairs'])}, {ft['seconds']} s): {ft['metric']} "
+                     f"{ft['before']} -> {ft['after']} (measured in ORT); fine-tuned FP32 vs "
+                     f"original FP32: {drift}" + (f"; skipped: {ft['skipped']}"
+                                                  if ft.get("skipped") else "")
+                     + (f"; DROPPED: {ft['dropped']}" if ft.get("dropped") else ""))
+    for r in result.get("seq_lens", []):
+        fit = f", {r['texts_fit']:.0%} of the texts fit" if "texts_fit" in r else ""
+        lines.append(f"  seq {r['seq_len']}: cost {r['cost']}, predicted {r['predicted']}, "
+                     f"measured {r['measured']}, {r['promoted']} promoted, binding "
+                     f"{r['binding'] or '-'}{fit}"
+                     + ("   <- chosen" if r["seq_len"] == result.get("seq_len") else ""))
+    if result.get("goal"):
+        lines.append(result["goal"]["verdict"])
+        if result["goal"].get("hint"):
+            lines.append(result["goal"]["hint"])
+    lines += [f"note: {n}" for n in result.get("notes", [])]
+    return "\n".join(lines)

@@ -1,0 +1,180 @@
+"""Opening what a command works on: a model, its data (and the held-out split), its
+calibration, its groups, a plan's legality problems and the shapes note.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from quantscope.calibrate.collect import calibrate
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model, load
+from quantscope.progress import say
+from quantscope.tasks.tensors import TENSOR_BATCH, load_tensor_batches
+from quantscope.types import (
+    SHARED,
+    Batch,
+    Dataset,
+    Feeds,
+    Plan,
+    QuantscopeError,
+    Stats,
+    batch_rows,
+    take_rows,
+)
+
+
+def resolve_model_path(spec: str) -> Path:
+    """A built-in model name or a path -> path of an ONNX file."""
+    from quantscope.zoo import resolve_model
+
+    return Path(resolve_model(spec))
+
+
+def open_model(spec: str | Path) -> Model:
+    """A built-in model name or an ONNX path -> the loaded :class:`Model`."""
+    from quantscope.zoo import BUILTIN_MODELS
+
+    path = resolve_model_path(str(spec))
+    if not path.exists() and path.suffix != ".onnx" and len(path.parts) == 1:
+        raise QuantscopeError(
+            f"unknown model '{spec}': give an .onnx path or a built-in name "
+            f"({', '.join(BUILTIN_MODELS)})"
+        )
+    return load(path)
+
+
+def open_data(
+    spec: str | Path, model: Model, *, tokenizer: str | None = None,
+    max_pairs: int | None = None, output: str | None = None, layout: Sequence[Any] = (),
+    batch_axes: Mapping[str, int] | None = None, show: bool = True,
+) -> Dataset:
+    """Tensor files/folders, or a built-in or user task (text pairs, face images).
+
+    ``layout``: :class:`quantscope.tasks.layout.LayoutSpec` values (``--layout``), what
+    each output of tensor data is; outputs not declared may be detected (a detection head).
+    ``batch_axes``: each named input's (or output's) sample axis (``--batch-axis``); for
+    tensor data an input whose samples are not on axis 0 is said on stderr (``show``)."""
+    from quantscope.tasks.registry import open_task_data, tensor_task
+    from quantscope.tasks.tensors import check_batch_axes
+
+    if batch_axes:
+        check_batch_axes(model, batch_axes)
+    ds = open_task_data(str(spec), model, tokenizer=tokenizer, max_pairs=max_pairs)
+    if ds is not None and layout:
+        raise QuantscopeError(f"--layout applies to tensor data (.npy/.npz); data '{spec}' "
+                              "has its own task: leave --layout out")
+    if ds is None:
+        task, notes = tensor_task(model, str(spec), tuple(layout))
+        batches = tuple(load_tensor_batches(spec, model, batch_axes=batch_axes))
+        ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
+                     notes=notes)
+        fed = next((b for b in batches if isinstance(b, Feeds)), None)
+        if fed is not None:
+            note = f"{spec}: {_layout_text(fed)}"
+            ds = dataclasses.replace(ds, notes=(*ds.notes, note))
+            say(f"note: {note}", show=show)
+    elif batch_axes:
+        raise QuantscopeError(f"--batch-axis applies to tensor data (.npy/.npz); '{spec}' is "
+                              "a task whose batches quantscope builds: leave it out")
+    if output is not None:
+        if output not in model.output_names():
+            raise QuantscopeError(f"--output '{output}' is no output of the model (outputs: "
+                                  f"{', '.join(model.output_names())})")
+        ds = dataclasses.replace(ds, output=output)
+    return ds
+
+def _layout_text(batch: Feeds) -> str:
+    """Which inputs hold their samples on another axis than 0, and the per-run limit."""
+    parts = [f"input '{k}' has no sample axis: every batch gets it whole" if a == SHARED
+             else f"input '{k}' is batched on axis {a}" for k, a in batch.axes.items() if a]
+    if batch.limit is not None:
+        parts.append(f"the model takes {batch.limit} sample(s) per run (static shape): "
+                     "the samples run that many at a time")
+    return "; ".join(parts)
+
+
+def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, str | None]:
+    """Fit feeds (the first ``batches`` calibration batches; of a static model that takes
+    ``L`` samples per run, ``32 / L`` times as many) and data to score on that
+    never includes them. Tensor data whose evaluation rows are its calibration rows is
+    split: fitting on the first half of the batches (of the rows, for one batch),
+    scoring on the rest. A task bound to its rows (faces) cannot be split: the note
+    says it is scored on rows it was fitted on."""
+    first = next(iter(data.calibration), None)
+    if batches is not None and isinstance(first, Feeds) and first.limit:
+        # a static model runs a few samples per batch: count batches of the usual 32 samples
+        batches *= max(1, TENSOR_BATCH // first.limit)
+    feeds = list(data.calibration)[:batches]
+    fitted = {id(b) for b in feeds}
+    rest = tuple(b for b in data.evaluation if id(b) not in fitted)
+    if len(rest) == len(data.evaluation):
+        return feeds, data, None
+    if data.task is not None and not getattr(data.task, "row_local", False):
+        return feeds, data, (f"{data.name}: the evaluation rows include the "
+                             f"{len(feeds)} batch(es) the repairs were fitted on")
+    if rest:
+        return feeds, dataclasses.replace(data, evaluation=rest), (
+            f"scored on {len(rest)} held-out batch(es), fitted on {len(feeds)}")
+    rows = list(data.evaluation)
+    if len(rows) == 1:
+        n = batch_rows(rows[0])
+        if n < 2:
+            raise QuantscopeError(f"data '{data.name}' has one sample: give at least two, so "
+                                  "the repairs are scored on rows they were not fitted on")
+        fit = [take_rows(rows[0], slice(None, n // 2))]
+        score = (take_rows(rows[0], slice(n // 2, None)),)
+    else:
+        fit, score = rows[: len(rows) // 2], tuple(rows[len(rows) // 2:])
+    return fit, dataclasses.replace(data, evaluation=score), (
+        f"data '{data.name}' has no separate evaluation set: the repairs are fitted on the "
+        f"first half and scored on the other half (held out)")
+
+
+def calibrate_model(
+    model: Model, data: Dataset, *, method: str = "minmax", progress: bool = False
+) -> Stats:
+    return calibrate(model, find_groups(model), data.calibration, method=method,
+                     progress=progress)
+
+def describe_groups(model: Model) -> list[dict[str, Any]]:
+    return [
+        {"name": g.name, "op_type": g.op_type, "kind": g.kind.value, "nodes": list(g.nodes),
+         "outputs": list(g.outputs), "weight": g.weight,
+         "output_shape": list(g.output_shape) if g.output_shape else None}
+        for g in find_groups(model).groups
+    ]
+
+def plan_problems(
+    model: Model, plan: Plan, *, seq_len: int | None = None,
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+) -> list[dict[str, Any]]:
+    """Legality problems of a plan on its own target (empty when it names none)."""
+    if not plan.target:
+        return []
+    from quantscope.model.shapes import given_shapes
+    from quantscope.plan.check import check
+    from quantscope.targets import load_target
+
+    shapes = given_shapes(model, seq_len, input_shapes)
+    problems = check(plan, find_groups(model), model, load_target(plan.target), shapes=shapes)
+    return [dataclasses.asdict(p) for p in problems]
+
+
+def shape_note(
+    model: Model, seq_len: int | None = None,
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+) -> str | None:
+    """Which tensors' shapes came from a sample run (None: shape inference had them all)."""
+    from quantscope.model.shapes import given_shapes
+    from quantscope.model.shapes import shape_note as note
+
+    return note(model, given_shapes(model, seq_len, input_shapes))
+
+
+# ---------------------------------------------------------------- planner measurements
+# plan/ measures and repairs only through callables passed in (plan.joint.Measure, Repair):
+# this is where they are bound to evaluate_plan and run_repairs.

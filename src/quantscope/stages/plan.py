@@ -1,0 +1,447 @@
+"""Planning (``quantscope plan``): the search bound to real emulation and repairs, the
+uniform shortcut, the fine-tune of the chosen plan, the goal verdict, one search per
+sequence length.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from quantscope.analyze.measure import evaluate_plan, evaluate_plans, headline
+from quantscope.emulate.evaluate import run_model
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model, load_proto
+from quantscope.progress import say
+from quantscope.tasks.headline import Headline
+from quantscope.tasks.registry import at_length
+from quantscope.types import Batch, Dataset, Outputs, Plan, Precision, QuantscopeError, Stats
+
+if TYPE_CHECKING:
+    from quantscope.parallel import Executor
+    from quantscope.plan.joint import Measure, Offer, Repair
+    from quantscope.plan.refine import Evaluate
+    from quantscope.targets.profile import Target
+    from quantscope.types import Sensitivity
+
+
+def _plan_measure(model: Model, data: Dataset, target: Target | None, method: str | None,
+                  reference_outputs: Outputs | None) -> Measure:
+    ref = reference_outputs or run_model(model.proto, list(data.evaluation))
+    scheme = None if target is None else target.scheme
+
+    def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
+        return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
+                             reference_outputs=ref, saturation=False)["metrics"]
+
+    return measure
+
+
+def _plan_repair(feeds: Sequence[Batch], target: Target | None) -> Repair:
+    from quantscope.plan.joint import Repaired
+    from quantscope.repair.apply import run_repairs
+
+    scheme = None if target is None else target.scheme
+
+    def repair(m: Model, s: Stats, p: Plan, names: Sequence[str]) -> Repaired:
+        out = run_repairs(m, s, p, feeds, repairs=names, scheme=scheme)
+        label = f"{m.source} (repaired: {','.join(names)})"
+        return Repaired(load_proto(out.proto, label), out.stats, out.plan, out.records)
+
+    return repair
+
+
+def plan_evaluator(model: Model, data: Dataset, stats: Stats, metric: str,
+                   feeds: Sequence[Batch] = (), *, target: Target | None = None,
+                   method: str | None = None, reference_outputs: Outputs | None = None,
+                   progress: bool = False) -> Evaluate:
+    """``evaluate(plan) -> float`` for the planner: ``metric`` of the plan by real emulation,
+    after the plan's repairs (meta ``repairs``; they need the calibration ``feeds``),
+    against the FP32 outputs of the original ``model`` (computed once)."""
+    from quantscope.plan.joint import repair_evaluator
+
+    return repair_evaluator(model, stats, metric,
+                            measure=_plan_measure(model, data, target, method, reference_outputs),
+                            repair=_plan_repair(feeds, target) if feeds else None,
+                            progress=progress)
+
+
+def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivity,
+                      target: Target, names: Sequence[str],
+                      feeds: Sequence[Batch], *, task_metric: str,
+                      shapes: dict[str, tuple[int, ...]] | None = None,
+                      method: str | None = None, reference_outputs: Outputs | None = None,
+                      progress: bool = False) -> Offer:
+    """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs."""
+    from quantscope.plan.joint import offer_repairs
+    from quantscope.repair.apply import REPAIRS
+
+    unknown = [n for n in names if n not in REPAIRS]
+    if unknown:
+        raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(REPAIRS)}")
+    return offer_repairs(model, stats, sens, target, names,
+                         measure=_plan_measure(model, data, target, method, reference_outputs),
+                         repair=_plan_repair(feeds, target), task_metric=task_metric,
+                         shapes=shapes, progress=progress)
+
+def _call(fn: Callable[[Any], Any], item: Any) -> Any:
+    return fn(item)
+
+
+def _measure_all(executor: Executor, evaluate: Callable[[Plan], float], progress: bool,
+                 plans: Sequence[Plan]) -> list[float]:
+    """Each plan measured by ``evaluate`` as one task of ``executor`` (results in order)."""
+    say(f"plan: measuring {len(plans)} plan(s) as {executor.workers}-way parallel tasks",
+        show=progress)
+    return [float(v) for v in executor.map(_call, evaluate, list(plans))]
+
+
+def _keep_finetune(pareto: dict[str, Any]) -> bool:
+    """Keep the fine-tuned plan only if it measured at least as well as the plan without
+    it (the planner's measurement with its repairs, else the precisions alone) and its
+    fine-tuned FP32 model, measured against the original, is at least as good as the
+    fine-tuned plan itself (else the float model leans on the 8-bit grid and is no
+    faithful fallback); records the decision in ``pareto["finetune"]``."""
+    ft = pareto["finetune"]
+    base = pareto.get("chosen", {}).get("measured")
+    base = ft.get("before") if base is None else base
+    after = ft.get("after")
+    higher = pareto.get("higher_is_better", True)
+
+    def at_least(a: Any, b: Any) -> bool:
+        return a is None or b is None or (a >= b if higher else a <= b)
+
+    drift = (ft.get("fp32_drift") or {}).get(ft.get("metric"))
+    better, faithful = at_least(after, base), at_least(drift, after)
+    keep = ft.get("skipped") is None and better and faithful
+    ft["kept"] = keep
+    if not keep and ft.get("skipped") is None:
+        ft["dropped"] = (
+            f"measured {after:.4g} with finetune against {base:.4g} without" if not better else
+            f"its fine-tuned FP32 model measures {drift:.4g} against the original, worse than "
+            f"the fine-tuned plan's {after:.4g}: the float model leans on the 8-bit grid and "
+            "is no faithful fallback") + ": the plan returned is the one without it"
+    return keep
+
+
+def goal_verdict(result: dict[str, Any], metric: str | Headline, goal: float, *,
+                 split: bool = False, chunked: bool = False) -> dict[str, Any]:
+    """Did the chosen plan reach ``goal`` (measured, in the metric's direction and unit);
+    if not, which constraint binds (and the rewrite around it, unless the model is already
+    ``split`` by heads / ``chunked`` by tokens)."""
+    from quantscope.tasks.headline import describe_metric
+
+    h = describe_metric(metric) if isinstance(metric, str) else metric
+    metric = h.metric
+    best = result.get("chosen", {}).get("measured")
+    ft = result.get("finetune") or {}
+    tuned = ft.get("after") if ft.get("kept", True) else None
+    if tuned is not None:  # the plan returned is the fine-tuned one
+        best = tuned if best is None else (max if h.higher_is_better else min)(best, tuned)
+    reached = h.reached(best, goal)
+    blockers = result.get("blockers", [])
+    if reached and result.get("uniform_meets_goal"):
+        verdict = (f"goal {h.goal_text(goal)} reached by uniform a8_w8 ({best:.4g}): no "
+                   "promotion bought, the plan is uniform a8_w8")
+    elif reached:
+        verdict = f"goal {h.goal_text(goal)} reached: {best:.4g}"
+    elif best is None:
+        verdict = f"goal {h.goal_text(goal)} not checked: nothing was measured (give --data)"
+    else:
+        top = blockers[0] if blockers else None
+        why = (f"binding: {top['rule']} blocks {len(top['groups'])} promotion(s) worth "
+               f"{top['gain']:.3g} predicted" if top else "binding: no promotion left")
+        verdict = f"goal {h.goal_text(goal)} NOT reached: best legal plan {best:.4g}; {why}"
+    out = {"metric": metric, "unit": h.unit, "value": goal, "reached": reached,
+           "verdict": verdict,
+           "binding": None if reached or not blockers else blockers[0]["rule"]}
+    if out["binding"] and str(out["binding"]).endswith(".super_defuse") and not chunked:
+        out["hint"] = TOKENSPLIT_HINT
+    elif out["binding"] and str(out["binding"]).endswith(".attention_16bit") and not split:
+        out["hint"] = HEADSPLIT_HINT
+    return out
+
+
+TOKENSPLIT_HINT = (
+    "hint: LayerNorms and residual Adds work token by token: 'quantscope tokensplit MODEL "
+    "--seq-len N --out split.onnx' splits them into layers of fewer tokens, under the size "
+    "limit (unverified on a device); calibrate, analyze and plan the split model")
+
+HEADSPLIT_HINT = (
+    "hint: attention stays at 8 bit; 'quantscope headsplit MODEL --out split.onnx' makes "
+    "each head a layer of its own, so every head's scores, Softmax and context get their "
+    "own 8-bit grid (unverified on a device); calibrate, analyze and plan the split model")
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """What the plan search is asked for, besides the model, its analysis and the target.
+
+    ``min_quality`` is in the analysis' predicted metric; ``goal`` is in the measured
+    ``metric`` (needs data); ``repairs`` are measured, so they need data and statistics.
+    """
+
+    min_quality: float | None = None
+    max_cost: float | None = None
+    seq_len: int | None = None
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()  # --input-shape overrides
+    metric: str | None = None  # None: the data's default (see default_metric)
+    goal: float | None = None
+    repairs: tuple[str, ...] = ()
+    repair_batches: int = 8
+    seed: int = 0
+
+    def check_inputs(self, *, data: bool, stats: bool) -> None:
+        """One-line errors for options the given data contradicts (call before opening it)."""
+        if self.min_quality is not None and data:
+            raise QuantscopeError(
+                "--min-quality is in the analysis' predicted metric (output SQNR, dB) while "
+                "--data measures the task metric: use --max-cost with --data, or --min-quality "
+                "without --data"
+            )
+        if self.repairs and not (data and stats):
+            raise QuantscopeError("--repairs needs --data and --stats: repairs are measured")
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """A searched plan and the records its plan file keeps next to it."""
+
+    plan: Plan
+    pareto: dict[str, Any]  # the plan file's ``pareto`` entry (front, budget, blockers, goal)
+    repairs: tuple[dict[str, Any], ...] = ()  # the repairs chosen, with their reasons
+    offer: Offer | None = None  # every requested repair as measured alone (with --repairs)
+
+    def file_extra(self) -> dict[str, Any]:
+        """The plan file's keys besides the plan itself (``write_plan``'s ``extra``)."""
+        extra: dict[str, Any] = {"pareto": self.pareto}
+        if self.repairs:
+            extra["repairs"] = list(self.repairs)
+        if self.offer is not None:
+            extra["repair_offer"] = {"measured": list(self.offer.measured),
+                                     "notes": list(self.offer.notes)}
+        return extra
+
+
+def plan_model(
+    model: Model,
+    analysis: Sensitivity,
+    target: Target,
+    options: PlanOptions = PlanOptions(),
+    *,
+    data: Dataset | None = None,
+    stats: Stats | None = None,
+    progress: bool = False,
+    executor: Executor | None = None,
+) -> PlanResult:
+    """Search a legal plan from an analysis; with ``data`` and ``stats`` the front is
+    re-measured by real emulation and ``options.repairs`` are measured and searched too;
+    ``executor`` (e.g. Ray) measures the batch of best-predicted points in parallel.
+
+    ``finetune`` among the repairs is not a search move (one fine-tune costs minutes): the
+    chosen plan, with its repairs, is fine-tuned and measured again, and
+    ``pareto["finetune"]`` records both measurements, the fine-tuned FP32 model's own
+    drift from the original and the time; the plan returned is the fine-tuned one (its
+    learned ranges pinned, ``finetune`` in its repairs, so ``repair --plan`` rebuilds it)
+    when it measured at least as well as the plan without it, else the plan without it
+    (``kept``/``dropped`` say which).
+    """
+    from quantscope.model.shapes import given_shapes
+    from quantscope.plan.search import plan_from_analysis
+
+    options.check_inputs(data=data is not None, stats=stats is not None)
+    head = headline(data, options.metric)
+    if data is not None or options.metric:  # without data the goal is not measured
+        head.check_goal(options.goal)  # before any work: a goal the metric cannot take
+    if options.metric is None:
+        options = dataclasses.replace(options, metric=head.metric)
+    truncated = None
+    if data is not None and options.seq_len is not None:
+        cut = at_length(data, options.seq_len)  # measured on what that length runs
+        truncated, data = (cut.notes[-1] if cut is not data else None), cut
+    finetune = "finetune" in options.repairs
+    if finetune:
+        options = dataclasses.replace(
+            options, repairs=tuple(r for r in options.repairs if r != "finetune"))
+    shapes = given_shapes(model, options.seq_len, options.input_shapes)
+    evaluate, offer = None, None
+    if data is not None and stats is not None:
+        evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,
+                                            shapes=shapes, progress=progress)
+    if options.goal is not None and evaluate is not None:
+        uniform = _uniform_if_enough(model, analysis, target, options, head, evaluate, shapes)
+        if uniform is not None:  # uniform a8_w8 meets the goal: buy no cost
+            if truncated:
+                uniform.pareto["measured_on"] = truncated
+            uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
+            return uniform
+    many = None
+    if evaluate is not None and executor is not None:
+        many = functools.partial(_measure_all, executor, evaluate, progress)
+    plan, extra = plan_from_analysis(model, analysis, target, min_quality=options.min_quality,
+                                     max_cost=options.max_cost, shapes=shapes,
+                                     evaluate=evaluate, evaluate_many=many,
+                                     seed=options.seed, repairs=offer.options if offer else ())
+    pareto = extra["pareto"]
+    if truncated:
+        pareto["measured_on"] = truncated
+    if finetune and data is not None and stats is not None:
+        tuned, pareto["finetune"] = finetune_chosen(model, data, stats, plan, target, options,
+                                                    progress=progress)
+        if _keep_finetune(pareto):
+            plan = tuned
+    if options.goal is not None:
+        from quantscope.repair.heads import METADATA_KEY as HEADS
+        from quantscope.repair.tokens import METADATA_KEY as TOKENS
+
+        done = {p.key for p in model.proto.metadata_props} & {HEADS, TOKENS}
+        pareto["goal"] = goal_verdict(pareto, head, options.goal,
+                                      split=HEADS in done, chunked=TOKENS in done)
+    return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
+                      offer=offer)
+
+
+UNIFORM_PLANNER = "quantscope.stages uniform a8_w8 meets the goal/1"
+
+
+def _uniform_if_enough(model: Model, analysis: Sensitivity, target: Target,
+                       options: PlanOptions, head: Headline, evaluate: Evaluate,
+                       shapes: dict[str, tuple[int, ...]] | None) -> PlanResult | None:
+    """Uniform a8_w8 as the plan when it is legal on ``target``, within ``max_cost`` and
+    measures at the goal already (no promotion is bought then); else None (search)."""
+    from quantscope.plan.check import check
+
+    if options.max_cost is not None and options.max_cost < 1.0:
+        return None
+    plan = Plan(default=Precision.A8_W8, target=target.name)
+    problems = check(plan, find_groups(model), model, target, shapes=shapes)
+    if any(p.severity == "error" for p in problems):
+        return None
+    value = float(evaluate(plan))
+    if not head.reached(value, float(options.goal)):  # type: ignore[arg-type]
+        return None
+    note = (f"uniform a8_w8 measures {head.metric} {value:.6g}, at the goal "
+            f"({head.goal_text(float(options.goal))}): it is the plan, no promotion bought "  # type: ignore[arg-type]
+            "(the search was not run)")
+    point = {"cost": 1.0, "predicted": round(analysis.base, 6), "measured": round(value, 6),
+             "origin": "start", "step": 0, "groups": {}}
+    pareto: dict[str, Any] = {
+        "metric": analysis.metric, "higher_is_better": analysis.higher_is_better,
+        "budget": {"min_quality": options.min_quality, "max_cost": options.max_cost},
+        "met": True, "chosen": {k: point[k] for k in ("cost", "predicted", "measured")},
+        "binding": None, "blockers": [], "points": [point], "trials": [point], "skipped": [],
+        "notes": [note], "uniform_meets_goal": True,
+    }
+    meta = (("planner", UNIFORM_PLANNER), ("metric", head.metric),
+            ("seed", str(options.seed)), ("cost", "1"), ("measured", f"{value:.6g}"),
+            ("note", note))
+    plan = Plan(default=Precision.A8_W8, target=target.name, meta=meta)
+    return PlanResult(plan=plan, pareto=pareto)
+
+
+def finetune_chosen(
+    model: Model, data: Dataset, stats: Stats, plan: Plan, target: Target,
+    options: PlanOptions, *, progress: bool = False,
+) -> tuple[Plan, dict[str, Any]]:
+    """The chosen plan's repairs plus ``finetune``, measured against the original FP32."""
+    import time
+
+    from quantscope.repair.apply import run_repairs
+
+    chosen = [r for r in dict(plan.meta).get("repairs", "").split(",") if r]
+    names = [*chosen, "finetune"]
+    feeds = list(data.calibration)[: options.repair_batches]
+    t0 = time.perf_counter()
+    out = run_repairs(model, stats, plan, feeds, repairs=names, scheme=target.scheme,
+                      task=data.task, progress=progress)
+    tuned = load_proto(out.proto, f"{model.source} (repaired: {','.join(names)})")
+    ref = run_model(model.proto, list(data.evaluation))
+    runs = evaluate_plans(tuned, data, out.stats, {
+        "plan": out.plan, "fp32": Plan.uniform(Precision.FLOAT)}, reference_outputs=ref,
+        saturation=False, progress=progress)
+    before = evaluate_plan(model, data, stats, plan, reference_outputs=ref,
+                           saturation=False)["metrics"]
+    keys = (options.metric, "embedding_cosine_mean", "recall@1", "sqnr_db")
+    rec = next(r for r in out.records if r.name == "finetune")
+    result = {
+        "metric": options.metric, "repairs": names,
+        "before": before.get(options.metric), "after": runs["plan"]["metrics"].get(options.metric),
+        "before_metrics": {k: before[k] for k in keys if k in before},
+        "after_metrics": {k: runs["plan"]["metrics"][k] for k in keys
+                          if k in runs["plan"]["metrics"]},
+        "fp32_drift": {k: runs["fp32"]["metrics"][k] for k in keys
+                       if k in runs["fp32"]["metrics"]},
+        "seconds": round(time.perf_counter() - t0, 1), "record": rec.reason,
+        "skipped": rec.skipped,
+    }
+    meta = (*[(k, v) for k, v in out.plan.meta if k != "repairs"], ("repairs", ",".join(names)))
+    return dataclasses.replace(out.plan, meta=meta), result
+
+
+def plan_lengths(
+    model: Model,
+    analysis: Sensitivity,
+    target: Target,
+    options: PlanOptions,
+    lengths: Sequence[int],
+    *,
+    data: Dataset | None = None,
+    stats: Stats | None = None,
+    progress: bool = False,
+    executor: Executor | None = None,
+) -> PlanResult:
+    """Sequence length as a decision: one search per allowed length (legality depends on
+    it: super-defuse binds at 256, not at 128); the result is the best length's plan, and
+    ``pareto["seq_lens"]`` has every length's chosen point, what binds there and, for
+    text data, the fraction of texts that fit. Best = highest measured quality (predicted
+    without data), ties to the longer length."""
+    rows, results = [], {}
+    for n in lengths:
+        r = plan_model(model, analysis, target, dataclasses.replace(options, seq_len=n),
+                       data=data, stats=stats, progress=progress, executor=executor)
+        c = r.pareto.get("chosen", {})
+        q = c.get("measured") if c.get("measured") is not None else c.get("predicted")
+        rows.append({"seq_len": n, "cost": c.get("cost"), "predicted": c.get("predicted"),
+                     "measured": c.get("measured"), "binding": r.pareto.get("binding"),
+                     "promoted": len(r.plan.overrides), **_fit(data, n)})
+        results[n] = (q, r)
+    best = max(lengths, key=lambda n: (results[n][0] if results[n][0] is not None
+                                       else float("-inf"), n))
+    chosen = results[best][1]
+    pareto = {**chosen.pareto, "seq_len": best, "seq_lens": rows}
+    return dataclasses.replace(chosen, pareto=pareto)
+
+
+def _fit(data: Dataset | None, n: int) -> dict[str, float]:
+    lengths = None if data is None else data.token_lengths
+    if lengths is None or len(lengths) == 0:
+        return {}
+    return {"texts_fit": float(np.mean(lengths <= n))}
+
+
+def _plan_measurement(
+    model: Model,
+    analysis: Sensitivity,
+    target: Target,
+    options: PlanOptions,
+    data: Dataset,
+    stats: Stats,
+    *,
+    shapes: dict[str, tuple[int, ...]] | None,
+    progress: bool,
+) -> tuple[Any, Offer | None]:
+    """The planner's real-emulation evaluator, and the measured repair offer if asked."""
+    if not options.repairs:
+        return plan_evaluator(model, data, stats, options.metric, target=target), None
+    ref = run_model(model.proto, list(data.evaluation), label="fp32" if progress else "")
+    feeds = list(data.calibration)[: options.repair_batches]
+    offer = plan_repair_offer(model, data, stats, analysis, target, list(options.repairs),
+                              feeds, task_metric=options.metric, shapes=shapes,
+                              reference_outputs=ref, progress=progress)
+    evaluate = plan_evaluator(model, data, stats, options.metric, feeds, target=target,
+                              reference_outputs=ref, progress=progress)
+    return evaluate, offer
