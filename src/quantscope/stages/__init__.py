@@ -47,25 +47,9 @@ from quantscope.emulate.evaluate import (
     scale_error,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
-from quantscope.export.plan_export import (
-    FORMAT_VENDORS,
-    alls_target,
-    check_plan_format,
-    check_plan_target,
-    device_io_rows,
-    export_plan,
-    forced_ranges,
-)
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load, load_proto
 from quantscope.progress import say
-from quantscope.report.console import (
-    OUTPUT_LINE,
-    _coverage_lines,
-    format_result,
-    format_search,
-    format_whatif,
-)
 from quantscope.serde import (
     plan_to_dict,
     read_json,
@@ -152,9 +136,8 @@ _REEXPORTED = (
     FIDELITY_PRIMARIES, SATURATION_ROWS, _saturation_entry, _saturation_stats, default_metric,
     headline, output_channel_axes, scorer_for, ERROR_SCALES, WHATIF_KEYS, _headroom,
     headroom_sentence, needed_scale, whatif_families, calibrate, compare_model, compare_models,
-    kept, open_runs, run_model, scale_error, quantize_model, scheme_for, FORMAT_VENDORS,
-    alls_target, check_plan_format, check_plan_target, forced_ranges, find_groups, Model, load,
-    say, OUTPUT_LINE, _coverage_lines, format_search, format_whatif, plan_to_dict, read_json,
+    kept, open_runs, run_model, scale_error, quantize_model, scheme_for, find_groups, Model,
+    load, say, plan_to_dict, read_json,
     tokenizer_beside, _layout_text, held_out, resolve_model_path, shape_note, HEADSPLIT_HINT,
     TOKENSPLIT_HINT, UNIFORM_PLANNER, PlanOptions, PlanResult, _call, _fit, _keep_finetune,
     _measure_all, _plan_measure, _plan_measurement, _plan_repair, _uniform_if_enough,
@@ -164,3 +147,29 @@ _REEXPORTED = (
     Groups, Outputs, Plan, Precision, QuantScheme, QuantscopeError, Stats, batch_rows,
     take_rows,
 )
+
+# The console forms and the plan export are imported on first use (``stages.export_plan``,
+# ``from quantscope.stages import format_result``): importing ``stages`` stays as light as
+# it was when they lived in ``stages.py``.
+_LAZY = {
+    **dict.fromkeys(("OUTPUT_LINE", "_coverage_lines", "format_result", "format_search",
+                     "format_whatif"), "quantscope.report.console"),
+    **dict.fromkeys(("FORMAT_VENDORS", "alls_target", "check_plan_format", "check_plan_target",
+                     "device_io_rows", "export_plan", "forced_ranges"),
+                    "quantscope.export.plan_export"),
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'quantscope.stages' has no attribute '{name}'")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
