@@ -730,10 +730,19 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
-    try:
+    def call() -> int:
         check_paths(args)
         check_input_shapes(getattr(args, "input_shape", None))
         return func(args)
+
+    return _one_line(call)
+
+
+def _one_line(call: Callable[[], int]) -> int:
+    """``call()``, with every error it raises as one stderr line and an exit code (a user's
+    error 2, Ctrl-C 130, anything else an internal error: never a traceback unless asked)."""
+    try:
+        return call()
     except QuantscopeError as exc:
         print(f"quantscope: error: {exc}", file=sys.stderr)
         return EXIT_USER
@@ -792,20 +801,11 @@ def os_error_line(exc: OSError) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = parser().parse_args(argv)
-    except QuantscopeError as exc:
-        print(f"quantscope: error: {exc}", file=sys.stderr)
-        return EXIT_USER
-    except KeyboardInterrupt:
-        print("quantscope: interrupted", file=sys.stderr)
-        return 130
-    except OSError as exc:
-        line = os_error_line(exc)
-        if line is None:
-            return _internal(exc)
-        print(f"quantscope: error: {line}", file=sys.stderr)
-        return EXIT_USER
+    parsed: list[argparse.Namespace] = []
+    code = _one_line(lambda: parsed.append(parser().parse_args(argv)) or 0)
+    if not parsed:
+        return code
+    args = parsed[0]
     stdout = sys.stdout
     sys.stdout = QuietPipe(stdout)  # type: ignore[assignment]
     try:
