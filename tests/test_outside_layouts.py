@@ -18,7 +18,7 @@ from quantscope.model.groups import find_groups
 from quantscope.model.layouts import in_out_matrix, layout_of
 from quantscope.model.load import load_proto
 from quantscope.repair.bias_correction import correct_biases
-from quantscope.repair.verify import quantize_model
+from quantscope.repair.verify import calibrate_and_quantize
 from quantscope.types import Plan, Precision
 
 
@@ -129,7 +129,7 @@ def test_bias_correction_of_each_layout(name):
     def mean_err(proto):
         import onnxruntime as ort
 
-        q = quantize_model(proto, fs, plan)
+        q = calibrate_and_quantize(proto, fs, plan)
         s_q = ort.InferenceSession(q.SerializeToString(), providers=["CPUExecutionProvider"])
         s_f = ort.InferenceSession(m.proto.SerializeToString(),
                                    providers=["CPUExecutionProvider"])
@@ -148,7 +148,7 @@ def test_conv_transpose_per_channel_weight_axis_is_1():
     g = next(g for g in find_groups(m).groups if g.op_type == "ConvTranspose")
     assert g.weight_axis == 1 and g.bias == "bt"
     fs = [feeds("conv_transpose_head", 8)]
-    q = quantize_model(m.proto, fs, Plan.uniform(Precision.A8_W8))
+    q = calibrate_and_quantize(m.proto, fs, Plan.uniform(Precision.A8_W8))
     dq = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and "wt" in n.input[0])
     axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
     scale = next(t for t in q.graph.initializer if t.name == dq.input[1])

@@ -12,7 +12,7 @@ from quantscope.emulate.session import make_session, runner
 from quantscope.model.load import load_proto
 from quantscope.numerics import weight_encoding
 from quantscope.repair.adaround import ConvGeometry, adaround, im2col, optimise_rounding
-from quantscope.repair.verify import quantize_model, quantized_error, run_all
+from quantscope.repair.verify import calibrate_and_quantize, quantized_error, run_all
 from quantscope.types import Plan, Precision
 
 
@@ -49,8 +49,8 @@ def test_adaround_weights_lie_on_the_grid_and_cut_the_error():
     w = rep.model().initializer_array("w1")
     enc = weight_encoding(w, 4, axis=1, signed=True, symmetric=True)
     assert np.allclose(w / enc.scale, np.round(w / enc.scale), atol=1e-3)
-    before = quantized_error(m.proto, quantize_model(m.proto, feeds, plan), held_out)
-    after = quantized_error(m.proto, quantize_model(rep.proto, feeds, plan), held_out)
+    before = quantized_error(m.proto, calibrate_and_quantize(m.proto, feeds, plan), held_out)
+    after = quantized_error(m.proto, calibrate_and_quantize(rep.proto, feeds, plan), held_out)
     assert after["rel_mse"] < before["rel_mse"], (before, after)
 
 

@@ -9,7 +9,7 @@ from onnx import numpy_helper
 
 from quantscope.model.load import load_proto
 from quantscope.repair.bias_correction import correct_biases
-from quantscope.repair.verify import quantize_model, quantized_error
+from quantscope.repair.verify import calibrate_and_quantize, quantized_error
 from quantscope.types import Plan, Precision
 
 
@@ -33,8 +33,8 @@ def test_bias_correction_removes_a_systematic_shift(mode):
     plan = Plan.uniform(Precision.A8_W8)
     rep = correct_biases(m, feeds, plan, mode=mode)
     assert {c.tensor for c in rep.changes} == {"b1", "b2"}
-    before = quantized_error(m.proto, quantize_model(m.proto, feeds, plan), held_out)
-    after = quantized_error(m.proto, quantize_model(rep.proto, feeds, plan), held_out)
+    before = quantized_error(m.proto, calibrate_and_quantize(m.proto, feeds, plan), held_out)
+    after = quantized_error(m.proto, calibrate_and_quantize(rep.proto, feeds, plan), held_out)
     assert after["rel_mse"] < 0.2 * before["rel_mse"], (before, after)
 
 

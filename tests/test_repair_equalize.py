@@ -9,7 +9,7 @@ from onnx import numpy_helper
 
 from quantscope.model.load import load_proto
 from quantscope.repair.equalize import equalize_pairs
-from quantscope.repair.verify import check_function, quantize_model, quantized_error
+from quantscope.repair.verify import calibrate_and_quantize, check_function, quantized_error
 from quantscope.types import Plan, Precision, QuantScheme
 
 
@@ -50,8 +50,8 @@ def test_equalisation_keeps_fp32_and_cuts_quantized_error(act, per_channel):
     assert rep.effect_dict()["pairs"] == 1.0
     assert check_function(m.proto, rep.proto, feeds) <= 1e-5
     plan, scheme = Plan.uniform(Precision.A8_W8), QuantScheme(weight_per_channel=per_channel)
-    before = quantized_error(m.proto, quantize_model(m.proto, feeds, plan, scheme=scheme), feeds)
-    after = quantized_error(m.proto, quantize_model(rep.proto, feeds, plan, scheme=scheme), feeds)
+    before = quantized_error(m.proto, calibrate_and_quantize(m.proto, feeds, plan, scheme=scheme), feeds)
+    after = quantized_error(m.proto, calibrate_and_quantize(rep.proto, feeds, plan, scheme=scheme), feeds)
     assert after["rel_mse"] < 0.1 * before["rel_mse"], (before, after)
 
 

@@ -13,7 +13,7 @@ from quantscope.model.load import load_proto
 from quantscope.plan.check import check
 from quantscope.repair.heads import METADATA_KEY, UNVERIFIED, split_heads
 from quantscope.repair.tokens import sample_feeds
-from quantscope.repair.verify import quantize_model, quantized_error, run_all
+from quantscope.repair.verify import calibrate_and_quantize, quantized_error, run_all
 from quantscope.targets import load_target
 from quantscope.types import Plan, Precision
 
@@ -144,7 +144,7 @@ def test_per_head_grids_beat_one_grid_with_attention_at_8_bit():
         if name == "split":
             plan = Plan(default=plan.default, overrides=(*plan.overrides,
                                                          ("MatMul_23/concat", Precision.A8_W8)))
-        out[name] = quantized_error(model.proto, quantize_model(m, feeds, plan), feeds)
+        out[name] = quantized_error(model.proto, calibrate_and_quantize(m, feeds, plan), feeds)
     assert out["split"]["sqnr_db"] > out["whole"]["sqnr_db"] + 3, out
 
 

@@ -11,7 +11,7 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.repair.outscale import METADATA_KEY, UNVERIFIED, outscale
 from quantscope.repair.tokens import sample_feeds, split_tokens
-from quantscope.repair.verify import quantize_model, quantized_error, run_all
+from quantscope.repair.verify import calibrate_and_quantize, quantized_error, run_all
 from quantscope.types import Plan, Precision
 
 H = 16
@@ -87,8 +87,8 @@ def test_the_8_bit_linear_output_gets_better_with_the_scaled_basis_at_16_bit():
                   overrides=tuple((g, Precision.A16_W16) for g in stream))
     after = Plan(default=Precision.A8_W8, overrides=(
         *before.overrides, ("Add_7/outscale/in", Precision.A16_W16)))
-    e0 = quantized_error(model.proto, quantize_model(model, feeds, before), feeds)
-    e1 = quantized_error(model.proto, quantize_model(new, feeds, after), feeds)
+    e0 = quantized_error(model.proto, calibrate_and_quantize(model, feeds, before), feeds)
+    e1 = quantized_error(model.proto, calibrate_and_quantize(new, feeds, after), feeds)
     assert e1["sqnr_db"] > e0["sqnr_db"] + 3, (e0, e1)
 
 

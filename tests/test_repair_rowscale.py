@@ -13,7 +13,7 @@ from quantscope.model.load import load_proto
 from quantscope.plan.check import check
 from quantscope.repair.heads import split_heads
 from quantscope.repair.rowscale import METADATA_KEY, UNVERIFIED, rowscale
-from quantscope.repair.verify import quantize_model, quantized_error, run_all
+from quantscope.repair.verify import calibrate_and_quantize, quantized_error, run_all
 from quantscope.targets import load_target
 from quantscope.types import Plan, Precision
 
@@ -72,7 +72,7 @@ def _attention_error(model, feeds, eight):
     plan = Plan(default=Precision.A16_W16,
                 overrides=tuple((g.name, Precision.A8_W8) for g in find_groups(model).groups
                                 if eight(g)))
-    return quantized_error(_encoder(), quantize_model(model, feeds, plan), feeds)["sqnr_db"]
+    return quantized_error(_encoder(), calibrate_and_quantize(model, feeds, plan), feeds)["sqnr_db"]
 
 
 def test_scaled_rows_beat_the_softmax_grid():

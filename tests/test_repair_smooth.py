@@ -10,7 +10,7 @@ from quantscope.calibrate.collect import calibrate
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.repair.smooth import smooth_outliers
-from quantscope.repair.verify import check_function, quantize_model, quantized_error
+from quantscope.repair.verify import calibrate_and_quantize, check_function, quantized_error
 from quantscope.types import Plan, Precision
 
 
@@ -38,8 +38,8 @@ def test_smoothing_keeps_fp32_and_cuts_quantized_error():
     assert check_function(m.proto, rep.proto, feeds) <= 1e-5
     assert {c.tensor for c in rep.changes} == {"g1", "be1", "w1"}
     plan = Plan.uniform(Precision.A8_W8)
-    before = quantized_error(m.proto, quantize_model(m.proto, feeds, plan), feeds)["rel_mse"]
-    after = quantized_error(m.proto, quantize_model(rep.proto, feeds, plan), feeds)["rel_mse"]
+    before = quantized_error(m.proto, calibrate_and_quantize(m.proto, feeds, plan), feeds)["rel_mse"]
+    after = quantized_error(m.proto, calibrate_and_quantize(rep.proto, feeds, plan), feeds)["rel_mse"]
     assert after < 0.6 * before, (before, after)
     names = [n.name for n in m.graph.node]
     assert [n.name for n in rep.proto.graph.node] == names  # names kept, no new nodes

@@ -11,7 +11,7 @@ from onnx import numpy_helper, parser
 from quantscope.model.load import load_proto
 from quantscope.repair.apply import run_repairs
 from quantscope.repair.split import channel_ranges, find_sites, plan_copies, split_channels
-from quantscope.repair.verify import check_function, quantize_model, quantized_error
+from quantscope.repair.verify import calibrate_and_quantize, check_function, quantized_error
 from quantscope.types import Plan, Precision, QuantScheme
 
 PLAN = Plan.uniform(Precision.A8_W8)
@@ -121,8 +121,8 @@ def _feeds(m, n: int = 4):
 
 def _errors(m, rep, feeds, per_channel: bool = True):
     scheme = QuantScheme(weight_per_channel=per_channel)
-    before = quantized_error(m.proto, quantize_model(m.proto, feeds, PLAN, scheme=scheme), feeds)
-    after = quantized_error(m.proto, quantize_model(rep.proto, feeds, PLAN, scheme=scheme), feeds)
+    before = quantized_error(m.proto, calibrate_and_quantize(m.proto, feeds, PLAN, scheme=scheme), feeds)
+    after = quantized_error(m.proto, calibrate_and_quantize(rep.proto, feeds, PLAN, scheme=scheme), feeds)
     return before["rel_mse"], after["rel_mse"]
 
 

@@ -12,7 +12,7 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.plan.check import check
 from quantscope.repair.tokens import METADATA_KEY, UNVERIFIED, sample_feeds, split_tokens
-from quantscope.repair.verify import quantize_model, quantized_error, run_all
+from quantscope.repair.verify import calibrate_and_quantize, quantized_error, run_all
 from quantscope.targets import load_target, with_params
 from quantscope.types import Plan, Precision, QuantscopeError
 
@@ -106,9 +106,9 @@ def test_chunked_plan_quantizes_and_beats_8_bit_on_the_residual_stream():
     feeds = sample_feeds(model, (SEQ, SEQ, 3), seed=1)  # a batch shorter than a chunk too
     calibrate(split, find_groups(split), iter(feeds))  # empty chunks calibrate
     stream = [g for g in _names(split) if g.rsplit("/", 1)[-1] in ("tok0", "tok1")]
-    a8 = quantized_error(model.proto, quantize_model(split, feeds, Plan.uniform(
+    a8 = quantized_error(model.proto, calibrate_and_quantize(split, feeds, Plan.uniform(
         Precision.A8_W8)), feeds)
-    a16 = quantized_error(model.proto, quantize_model(split, feeds, Plan(
+    a16 = quantized_error(model.proto, calibrate_and_quantize(split, feeds, Plan(
         default=Precision.A8_W8, overrides=tuple((g, Precision.A16_W16) for g in stream))),
         feeds)
     assert np.isfinite(a8["sqnr_db"]) and a16["sqnr_db"] > a8["sqnr_db"] + 3

@@ -52,7 +52,7 @@ from quantscope.types import Group, GroupKind, Groups, Plan, Precision, Problem,
 
 
 @dataclass(frozen=True, eq=False)
-class Context:
+class RuleContext:
     """Everything a check function may read; built once per :func:`check` call."""
 
     plan: Plan
@@ -78,7 +78,7 @@ class Context:
 
 
 def _problem(
-    rule: Rule, group: Group, detail: str, ctx: Context, *, severity: str | None = None
+    rule: Rule, group: Group, detail: str, ctx: RuleContext, *, severity: str | None = None
 ) -> Problem:
     return Problem(
         group=group.name,
@@ -113,7 +113,7 @@ def symbolic_inputs(model: Model) -> list[tuple[str, str, str]]:
     return out
 
 
-def _not_evaluated(rule: Rule, group: Group, shape: Shape | None, ctx: Context) -> Problem:
+def _not_evaluated(rule: Rule, group: Group, shape: Shape | None, ctx: RuleContext) -> Problem:
     inputs = symbolic_inputs(ctx.model)
     where = (f"; symbolic model inputs: {', '.join(f'{n} {d}' for n, d, _ in inputs)}"
              if inputs
@@ -148,7 +148,7 @@ def _estimate_note(rule: Rule, name: str) -> str:
 
 
 def _softmax_problem(
-    rule: Rule, group: Group, node: onnx.NodeProto, precision: Precision, ctx: Context
+    rule: Rule, group: Group, node: onnx.NodeProto, precision: Precision, ctx: RuleContext
 ) -> Problem:
     """A Softmax named for what the graph shows: attention when a Q.K MatMul feeds it,
     else "Softmax over axis k" (e.g. a detector's box-distribution Softmax), with the
@@ -169,7 +169,7 @@ def _softmax_problem(
 
 
 def check_act16_on_kinds(
-    rule: Rule, group: Group, precision: Precision, ctx: Context
+    rule: Rule, group: Group, precision: Precision, ctx: RuleContext
 ) -> Problem | None:
     """16 bit on a group of a listed kind; with the optional ``readers`` kinds, also on a
     non-weighted group whose output a group of such a kind reads (e.g. the attention
@@ -227,7 +227,7 @@ def low_byte_empty(
 
 
 def check_a16_low_sublayer(
-    rule: Rule, group: Group, precision: Precision, ctx: Context
+    rule: Rule, group: Group, precision: Precision, ctx: RuleContext
 ) -> Problem | None:
     if group.kind is not GroupKind.WEIGHTED or precision.act_bits != 16 or group.weight is None:
         return None
@@ -280,7 +280,7 @@ def _at_top(precision: Precision, found: Problem, *, exact: bool) -> Problem:
 
 
 def check_act16_wide_non_conv(
-    rule: Rule, group: Group, precision: Precision, ctx: Context
+    rule: Rule, group: Group, precision: Precision, ctx: RuleContext
 ) -> Problem | None:
     if precision.act_bits != 16 or op_kind(group) in tuple(rule.param("exempt_kinds").value):
         return None
@@ -300,7 +300,7 @@ def check_act16_wide_non_conv(
     return _problem(rule, group, detail, ctx)
 
 
-def _bias_add_outputs(group: Group, ctx: Context) -> list[str]:
+def _bias_add_outputs(group: Group, ctx: RuleContext) -> list[str]:
     inits = {t.name for t in ctx.model.graph.initializer}
     outs = []
     for name in group.nodes:
@@ -311,7 +311,7 @@ def _bias_add_outputs(group: Group, ctx: Context) -> list[str]:
 
 
 def check_quant_bias_add_rank(
-    rule: Rule, group: Group, precision: Precision, ctx: Context
+    rule: Rule, group: Group, precision: Precision, ctx: RuleContext
 ) -> Problem | None:
     if precision is Precision.FLOAT or group.kind is not GroupKind.WEIGHTED:
         return None
@@ -336,7 +336,7 @@ def check_quant_bias_add_rank(
 
 
 def check_float_boundary_cascade(
-    rule: Rule, group: Group, precision: Precision, ctx: Context
+    rule: Rule, group: Group, precision: Precision, ctx: RuleContext
 ) -> Problem | None:
     if precision is not Precision.FLOAT:
         return None
@@ -359,7 +359,7 @@ def check_float_boundary_cascade(
     )
 
 
-CheckFn = Callable[[Rule, Group, Precision, Context], Problem | None]
+CheckFn = Callable[[Rule, Group, Precision, RuleContext], Problem | None]
 CHECKS: dict[str, CheckFn] = {
     "act16_on_kinds": check_act16_on_kinds,
     "a16_low_sublayer": check_a16_low_sublayer,
@@ -420,7 +420,7 @@ def check(
                 f"rule '{rule.id}' in '{target.source}' names unknown check "
                 f"'{rule.check}': use one of {', '.join(CHECKS)}"
             )
-    ctx = Context(
+    ctx = RuleContext(
         plan=plan,
         groups=groups,
         model=model,

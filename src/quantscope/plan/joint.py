@@ -3,7 +3,7 @@
 The search (:mod:`quantscope.plan.search`) takes :class:`~quantscope.plan.start.RepairOption`
 moves next to the promotions. This module makes those options from real measurements and
 scores plans that carry repairs. It measures and repairs only through the two callables
-its caller passes in (:class:`Measure`, :class:`Repair`; :mod:`quantscope.stages` binds
+its caller passes in (:class:`Measure`, :class:`JointRepair`; :mod:`quantscope.stages` binds
 them to ``evaluate_plan`` and ``run_repairs``), so the planner imports neither
 evaluation nor the repairs:
 
@@ -78,13 +78,18 @@ class RepairRecordLike(Protocol):
     skipped: str | None
 
 
-class Repair(Protocol):
+class JointRepair(Protocol):
     """The repairs ``names`` applied to ``model`` for ``plan``; the caller binds the
     calibration feeds and the quantization scheme."""
 
     def __call__(
         self, model: Model, stats: Stats, plan: Plan, names: Sequence[str]
     ) -> Repaired: ...
+
+
+# the old name, kept for ``stages/plan.py`` (``repair.Repair`` is the graph repair; this
+# is the callable the joint search is given): use :class:`JointRepair`
+Repair = JointRepair
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ class Offer:
     notes: tuple[str, ...]
 
 
-def _repaired(repair: Repair, model: Model, stats: Stats, plan: Plan,
+def _repaired(repair: JointRepair, model: Model, stats: Stats, plan: Plan,
               names: Sequence[str]) -> Repaired:
     out = repair(model, stats, plan, names)
     return replace(out, plan=replace(out.plan, meta=plan.meta))
@@ -117,7 +122,7 @@ def repair_evaluator(
     metric: str,
     *,
     measure: Measure,
-    repair: Repair | None = None,
+    repair: JointRepair | None = None,
     progress: bool = False,
 ) -> Evaluate:
     """``evaluate(plan) -> float``: ``metric`` of ``plan``, after its repairs (meta
@@ -156,7 +161,7 @@ class _Baseline:
 
 def _offer_one(
     name: str, base: _Baseline, model: Model, stats: Stats, sens: Sensitivity, target: Target,
-    *, measure: Measure, repair: Repair, task_metric: str, shapes: Shapes | None,
+    *, measure: Measure, repair: JointRepair, task_metric: str, shapes: Shapes | None,
 ) -> tuple[dict[str, Any], RepairOption | None, str | None]:
     """What ``name`` alone does to uniform ``low``: the row, the option or why not."""
     out = _repaired(repair, model, stats, base.start, (name,))
@@ -191,7 +196,7 @@ def offer_repairs(
     names: Sequence[str],
     *,
     measure: Measure,
-    repair: Repair,
+    repair: JointRepair,
     task_metric: str,
     shapes: Shapes | None = None,
     progress: bool = False,

@@ -70,7 +70,7 @@ def check_function(
     return diff
 
 
-def quantize_model(
+def calibrate_and_quantize(
     model: Model | onnx.ModelProto,
     batches: Sequence[Batch],
     plan: Plan,
