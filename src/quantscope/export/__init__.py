@@ -1,20 +1,38 @@
 """Exports of one plan in vendor formats (translation only): Hailo .alls, QNN encodings.
 
-Also the preflight of a user's own .alls script (:mod:`.alls_lint`).
+The formats are a registry (:mod:`.formats`, ``FORMATS``); :mod:`.plan_export` writes a
+plan in one of them. Also the preflight of a user's own .alls script (:mod:`.alls_lint`).
+
+The names below are imported on first use (PEP 562): the target profiles import
+:mod:`.formats`, and importing this package face must not load the ``.alls`` lint (which
+imports the planner above the profiles).
 """
 
-from quantscope.export.alls_lint import lint, parse_alls, script_plan
-from quantscope.export.hailo_alls import export_alls, heuristic_names, hn_layer_names
-from quantscope.export.qnn_encodings import export_qnn_encodings, parse_qnn_encodings, to_json
+from __future__ import annotations
 
-__all__ = [
-    "export_alls",
-    "export_qnn_encodings",
-    "heuristic_names",
-    "hn_layer_names",
-    "lint",
-    "parse_alls",
-    "parse_qnn_encodings",
-    "script_plan",
-    "to_json",
-]
+import importlib
+
+_LAZY = {
+    **dict.fromkeys(("lint", "parse_alls", "script_plan"), "quantscope.export.alls_lint"),
+    **dict.fromkeys(("export_alls", "heuristic_names", "hn_layer_names"),
+                    "quantscope.export.hailo_alls"),
+    **dict.fromkeys(("export_qnn_encodings", "parse_qnn_encodings", "to_json"),
+                    "quantscope.export.qnn_encodings"),
+    **dict.fromkeys(("FORMATS", "ExportFormat", "ExportInput", "export_format"),
+                    "quantscope.export.formats"),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'quantscope.export' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

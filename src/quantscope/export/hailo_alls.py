@@ -24,7 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from quantscope.types import Group, GroupKind, Groups, Plan, Precision, QuantscopeError
+from quantscope.types import (
+    Encodings,
+    Group,
+    GroupKind,
+    Groups,
+    Plan,
+    Precision,
+    QuantscopeError,
+)
 
 
 def _weighted(g: Group) -> bool:
@@ -188,3 +196,20 @@ def export_alls(
         layer = _layer(group, names, lines)
         lines.append(f"quantization_param({layer}, force_range_out=[{lo!r}, {hi!r}])")
     return "\n".join(lines) + "\n"
+
+
+def forced_ranges(
+    groups: Groups, plan: Plan, enc: Encodings
+) -> dict[str, tuple[float, float]]:
+    """Group -> pinned output range, for tensors whose range method the plan overrides.
+
+    On Hailo this becomes ``quantization_param(<layer>, force_range_out=[lo, hi])``: the
+    compiler then uses the range quantscope measured instead of its own calibration.
+    """
+    owner = {t: g.name for g in groups.groups for t in g.outputs}
+    out: dict[str, tuple[float, float]] = {}
+    for tensor in dict(plan.ranges) | dict(plan.pinned):
+        if tensor in owner and tensor in enc.activations:
+            lo, hi = enc.activations[tensor].range()
+            out[owner[tensor]] = (round(float(lo), 6), round(float(hi), 6))
+    return out

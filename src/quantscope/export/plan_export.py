@@ -1,5 +1,6 @@
-"""A plan written in a vendor format (Hailo ``.alls``, QNN encodings) or as the QDQ
-model, the checks that a plan meets its target and format, and the device I/O rows.
+"""A plan written in one export format (:data:`quantscope.export.formats.FORMATS`: Hailo
+``.alls``, QNN encodings, the QDQ model), the checks that a plan meets its target and
+format, and the device I/O rows.
 
 Moved here from ``quantscope.stages`` (which re-exports every name).
 """
@@ -10,31 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.export.device_io import device_io
+from quantscope.export.formats import FORMATS, ExportInput, export_format
+from quantscope.export.hailo_alls import forced_ranges
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
-from quantscope.serde import write_onnx, write_text
-from quantscope.types import Encodings, Groups, Plan, QuantscopeError, Stats
+from quantscope.serde import bytes_writer, write_atomic
+from quantscope.targets import load_target
+from quantscope.types import Plan, QuantscopeError, Stats
 
+__all__ = ["FORMAT_VENDORS", "alls_target", "check_plan_format", "check_plan_target",
+           "device_io_rows", "export_plan", "forced_ranges"]
 
-def forced_ranges(
-    groups: Groups, plan: Plan, enc: Encodings
-) -> dict[str, tuple[float, float]]:
-    """Group -> pinned output range, for tensors whose range method the plan overrides.
-
-    On Hailo this becomes ``quantization_param(<layer>, force_range_out=[lo, hi])``: the
-    compiler then uses the range quantscope measured instead of its own calibration.
-    """
-    owner = {t: g.name for g in groups.groups for t in g.outputs}
-    out: dict[str, tuple[float, float]] = {}
-    for tensor in dict(plan.ranges) | dict(plan.pinned):
-        if tensor in owner and tensor in enc.activations:
-            lo, hi = enc.activations[tensor].range()
-            out[owner[tensor]] = (round(float(lo), 6), round(float(hi), 6))
-    return out
-
-
-# export format -> the vendor whose compiler reads it (QDQ ONNX: any)
-FORMAT_VENDORS = {"alls": "Hailo", "qnn": "Qualcomm"}
+# export format -> the vendor whose compiler reads it (QDQ ONNX: any), from the registry
+FORMAT_VENDORS = {f.name: f.vendor for f in FORMATS.values() if f.vendor}
 
 
 def check_plan_target(plan: Plan, target: str | None, *, plan_name: str = "the plan") -> None:
@@ -50,9 +40,7 @@ def check_plan_target(plan: Plan, target: str | None, *, plan_name: str = "the p
 def check_plan_format(plan: Plan, fmt: str, *, plan_name: str = "the plan") -> None:
     """Refuse to write one vendor's file from a plan made for another vendor's target (a
     QNN plan as a Hailo ``.alls``): one line naming both."""
-    from quantscope.targets import load_target
-
-    vendor = FORMAT_VENDORS.get(fmt)
+    vendor = FORMATS[fmt].vendor if fmt in FORMATS else None
     if vendor is None or not plan.target:
         return
     try:
@@ -63,7 +51,7 @@ def check_plan_format(plan: Plan, fmt: str, *, plan_name: str = "the plan") -> N
         raise QuantscopeError(
             f"{plan_name} was made for target '{plan.target}' ({target.vendor}), and --format "
             f"{fmt} writes a {vendor} file: export it with --format "
-            + next((f for f, v in FORMAT_VENDORS.items() if v == target.vendor), "qdq")
+            + next((f.name for f in FORMATS.values() if f.vendor == target.vendor), "qdq")
             + f", or plan again with a {vendor} --target")
 
 
@@ -87,29 +75,19 @@ def export_plan(
     hn: dict[str, Any] | None = None,
     qnn_version: str = "1.0.0",
 ) -> Path:
-    """Translate one plan into a vendor format (or the QDQ model) and write it atomically."""
-    from quantscope.export.hailo_alls import export_alls, hn_layer_names
-    from quantscope.export.qnn_encodings import export_qnn_encodings, to_json
-
+    """Translate one plan into an export format (the registry's translator) and write it
+    atomically."""
+    entry = export_format(fmt)
     check_plan_format(plan, fmt)
     groups = find_groups(model)
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan), groups=groups)
-    enc = q.encodings
-    if fmt == "alls":
-        names = hn_layer_names(hn, groups) if hn else None
-        return write_text(out, export_alls(plan, groups, layer_names=names,
-                                           force_ranges=forced_ranges(groups, plan, enc)))
-    if fmt == "qnn":
-        return write_text(out, to_json(export_qnn_encodings(plan, groups, enc, version=qnn_version)))
-    if fmt == "qdq":
-        return write_onnx(out, q.proto)
-    raise QuantscopeError(f"unknown export format '{fmt}': use alls, qnn or qdq")
+    data = entry.translate(ExportInput(plan, groups, q.encodings, q.proto, hn=hn,
+                                       qnn_version=qnn_version))
+    return write_atomic(out, bytes_writer(data))
 
 
 def device_io_rows(model: Model, stats: Stats, plan: Plan) -> list[dict[str, Any]]:
     """Stored type, scale and zero-point of every quantized model input and output."""
-    from quantscope.export.device_io import device_io
-
     groups = find_groups(model)
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan), groups=groups)
     return device_io(model, groups, q.encodings)

@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantscope import stages
+from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.pipeline.context import Context
+from quantscope.targets import Target, load_target
 from quantscope.types import Plan, Precision, QuantscopeError
 
-# stable file names in the run folder
+# stable file names in the run folder (an export format's: its registry entry)
 STATS, ANALYSIS, PLAN = "stats.npz", "analysis.json", "plan.json"
 REPAIRED, REPAIRED_STATS, REPAIRED_PLAN = "repaired.onnx", "repaired.stats.npz", "repaired.plan.json"
-CHECK, EVALUATE, QDQ = "check.json", "evaluate.json", "quantized.qdq.onnx"
-ALLS, QNN = "model.alls", "qnn.encodings.json"
+CHECK, EVALUATE, QDQ = "check.json", "evaluate.json", FORMATS[ALWAYS].file_name
+ALLS, QNN = FORMATS["alls"].file_name, FORMATS["qnn"].file_name
 IO, SNIPPET, REPORT, VERDICT = "io.json", "io_snippet.py", "report.html", "verdict.json"
 
 
@@ -191,21 +193,25 @@ def evaluate(ctx: Context) -> Done:
 def export(ctx: Context) -> Done:
     model, stats, final = repaired(ctx)
     written = [QDQ]
-    stages.export_plan(model, stats, final, fmt="qdq", out=ctx.path(QDQ))
+    stages.export_plan(model, stats, final, fmt=ALWAYS, out=ctx.path(QDQ))
     hn = stages.read_json_file(ctx.opts.hn, "HN") if ctx.opts.hn else None
-    for fmt, name in formats(ctx.target().name):
+    for fmt, name in formats(ctx.target()):
         stages.export_plan(model, stats, final, fmt=fmt, out=ctx.path(name), hn=hn)
         written.append(name)
     return Done(tuple(written))
 
 
-def formats(target: str) -> list[tuple[str, str]]:
-    """The vendor formats of a target besides the QDQ ONNX (always written)."""
-    if target.startswith("hailo"):
-        return [("alls", ALLS)]
-    if target.startswith("qnn"):
-        return [("qnn", QNN)]
-    return []
+def formats(target: Target | str) -> list[tuple[str, str]]:
+    """The export formats of a target besides the QDQ model (always written): (format,
+    file name), as its profile lists them (``formats`` in its TOML). A name that is no
+    built-in target (a profile from a file, given by name) has none here: pass the
+    :class:`Target`."""
+    if isinstance(target, str):
+        try:
+            target = load_target(target)
+        except QuantscopeError:
+            return []
+    return [(f, FORMATS[f].file_name) for f in target.formats if f != ALWAYS]
 
 
 def io(ctx: Context) -> Done:

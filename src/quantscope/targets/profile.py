@@ -10,6 +10,9 @@ A profile states what a compiler accepts, as data (see ``docs/targets.md``):
                 provenance (report, SDK version), a fix and parameters; a parameter
                 that is not known exactly is written ``{ value = .., estimate = true }``
 ``cost``        relative cost per precision per op kind, and per precision boundary
+``formats``     the export formats the compiler takes (names in
+                :data:`quantscope.export.formats.FORMATS`; the QDQ model is always
+                written); a profile without the key takes its vendor's formats
 ==============  =================================================================
 
 The loader rejects unknown keys with one line naming the key and the file.
@@ -23,6 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from quantscope.export.formats import FORMATS, vendor_formats
 from quantscope.types import Group, GroupKind, Precision, QuantScheme, QuantscopeError
 
 # op_type of an activation group -> op kind (weighted groups are always "weighted")
@@ -134,6 +138,7 @@ class Target:
     rules: tuple[Rule, ...]
     cost: CostModel
     source: str = "<memory>"
+    formats: tuple[str, ...] = ()  # export formats besides the QDQ model (always written)
 
     def allowed(self, kind: str) -> tuple[Precision, ...]:
         table = dict(self.precisions)
@@ -159,6 +164,7 @@ _TOP_KEYS = frozenset(
         "precisions",
         "rules",
         "cost",
+        "formats",
     }
 )
 _SCHEME_KEYS = frozenset(
@@ -306,6 +312,21 @@ def _parse_scheme(raw: dict[str, Any], source: str) -> tuple[QuantScheme, str]:
     return QuantScheme(**fields), _typed(raw.get("notes", ""), str, "scheme.notes", source)
 
 
+def _parse_formats(raw: dict[str, Any], vendor: str, source: str) -> tuple[str, ...]:
+    """The ``formats`` list, each name in the export registry (default: the vendor's)."""
+    if "formats" not in raw:
+        return vendor_formats(vendor)
+    names = _typed(raw["formats"], list, "'formats'", source)
+    for name in names:
+        if not isinstance(name, str) or name not in FORMATS:
+            raise QuantscopeError(f"unknown export format {name!r} in 'formats' of target "
+                                  f"profile '{source}': use one of {', '.join(FORMATS)}")
+    if len(set(names)) != len(names):
+        raise QuantscopeError(f"'formats' of target profile '{source}' names a format twice: "
+                              "name each once")
+    return tuple(names)
+
+
 def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
     """Build a :class:`Target` from a parsed TOML document (unknown keys rejected)."""
     _reject_unknown(raw, _TOP_KEYS, "the top level", source)
@@ -334,6 +355,7 @@ def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
         rules=tuple(_parse_rule(r, source) for r in raw.get("rules", [])),
         cost=_parse_cost(_require(raw, "cost", "the top level", source), source),
         source=source,
+        formats=_parse_formats(raw, text("vendor"), source),
     )
 
 
