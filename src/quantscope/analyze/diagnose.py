@@ -1,0 +1,266 @@
+"""Per-layer diagnosis: noise, task-level sensitivity, outliers, degenerate weights, collapse.
+
+``analyze(model, groups, stats, batches, scorer=...) -> Analysis`` is the one entry; the
+CLI writes :func:`~quantscope.analyze.report.analysis_to_dict` as JSON and prints
+:func:`~quantscope.analyze.report.summary_text`. (Moved here from the package face
+``quantscope/analyze/__init__.py``, which re-exports every name lazily.)
+
+Flow: both sweeps run with the exact segment method on every row (``proxy_fraction``
+1.0; the task metric is then scored for every candidate) or, by default, on a row subset
+per sweep (:func:`~quantscope.analyze.sweeps.sweep_fast`: enable-one on stratified
+rows, disable-one on the rows that carry the quantization noise); the
+uniform ``low``/``high`` baselines, the collapse check and the recovery plans (promote the
+top 1, 2, 4, 8 offenders to ``high``) are evaluated on every row with full QDQ models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from quantscope.analyze.mixed import find_mixed_scales
+from quantscope.analyze.noise import TensorNoise, tensor_noise
+from quantscope.analyze.outliers import Outlier, find_outliers
+from quantscope.analyze.report import (
+    Analysis,
+    GroupSensitivity,
+    Offender,
+    Recovery,
+)
+from quantscope.analyze.rows import run_plan_rows, squared_error_rows
+from quantscope.analyze.scoring import Scorer, fidelity
+from quantscope.analyze.sweeps import SweepResult, sweep_fast, sweep_segments
+from quantscope.analyze.weights import WeightIssue, find_weight_issues
+from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.model.load import Model
+from quantscope.parallel import Executor
+from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats, batch_rows
+
+RECOVER_TOP = (1, 2, 4, 8)
+# the ranking's metric: the worst output channel's SQNR when the scorer reports it (a
+# Concat of boxes and class scores leaves the whole-output SQNR unmoved), else the output's
+CHANNEL_KEY = "sqnr_db_channel_min"
+
+
+def rank_key(metrics: dict[str, float]) -> str:
+    """The key offenders are ranked by: ``sqnr_db_channel_min`` when present, else
+    ``sqnr_db``."""
+    return CHANNEL_KEY if CHANNEL_KEY in metrics else "sqnr_db"
+
+
+def _sensitivity(
+    res: SweepResult, groups: Groups, scorer: Scorer | None
+) -> tuple[GroupSensitivity, ...]:
+    by = {(c.group, c.sweep): i for i, c in enumerate(res.candidates)}
+
+    def metrics(g: str, sweep: str) -> dict[str, float]:
+        i = by[(g, sweep)]
+        ref, rows = res.ref_of(i), res.rows[i]
+        return scorer(ref, rows) if scorer else fidelity(ref, rows)
+
+    return tuple(
+        GroupSensitivity(
+            g.name, g.op_type, metrics(g.name, "enable_one"), metrics(g.name, "disable_one")
+        )
+        for g in groups.groups
+    )
+
+
+def _plan_metrics(
+    model: Model,
+    groups: Groups,
+    stats: Stats,
+    batches: Sequence[dict],
+    plan: Plan,
+    scorer: Scorer,
+    ref: np.ndarray,
+    scheme: QuantScheme | None,
+) -> tuple[dict[str, float], np.ndarray]:
+    q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), groups=groups)
+    rows = run_plan_rows(model, groups, batches, q.proto, scorer)
+    return scorer(ref, rows), rows
+
+
+def _reasons(
+    g: str,
+    sens: GroupSensitivity,
+    low_sqnr: float,
+    noise: dict[str, TensorNoise],
+    outliers: dict[str, list[Outlier]],
+    weights: dict[str, list[WeightIssue]],
+    outputs: tuple[str, ...],
+    key: str = "sqnr_db",
+) -> tuple[str, ...]:
+    what = "worst output channel's SQNR" if key == CHANNEL_KEY else "output SQNR"
+    out = [
+        f"alone at low: {what} {sens.enable_one[key]:.1f} dB; promoting it "
+        f"alone: {low_sqnr:.1f} -> {sens.disable_one[key]:.1f} dB"
+    ]
+    for t in outputs:
+        n = noise.get(t)
+        if n and n.sqnr_isolated_db is not None:
+            out.append(
+                f"{t}: own rounding SQNR {n.sqnr_isolated_db:.1f} dB, "
+                f"in the quantized model {n.sqnr_cumulative_db:.1f} dB"
+            )
+        out += [o.reason for o in outliers.get(t, ())]
+    out += [f"weight: {w.reason}" for w in weights.get(g, [])]
+    return tuple(out)
+
+
+def _offenders(
+    sens: tuple[GroupSensitivity, ...],
+    low_sqnr: float,
+    groups: Groups,
+    noise: tuple[TensorNoise, ...],
+    outliers: tuple[Outlier, ...],
+    weights: tuple[WeightIssue, ...],
+    key: str = "sqnr_db",
+) -> tuple[Offender, ...]:
+    """Groups ranked by what promoting each alone gains on ``key`` (:func:`rank_key`);
+    ``low_sqnr``: that key at uniform low."""
+    by_t = {n.tensor: n for n in noise}
+    by_o: dict[str, list[Outlier]] = {}
+    for o in outliers:
+        by_o.setdefault(o.tensor, []).append(o)
+    by_w: dict[str, list[WeightIssue]] = {}
+    for w in weights:
+        by_w.setdefault(w.group, []).append(w)
+    ranked = sorted(sens, key=lambda s: -s.disable_one[key])
+    outs = groups.by_name()
+    return tuple(
+        Offender(
+            s.group,
+            s.disable_one[key] - low_sqnr,
+            _reasons(s.group, s, low_sqnr, by_t, by_o, by_w, outs[s.group].outputs, key),
+        )
+        for s in ranked
+    )
+
+
+def _sweep(
+    model: Model,
+    groups: Groups,
+    stats: Stats,
+    batches: list[dict],
+    proxy_fraction: float,
+    ref: np.ndarray,
+    low_rows: np.ndarray,
+    kw: dict,
+) -> SweepResult:
+    """Exact sweep on every row (``proxy_fraction`` >= 1), else the fast one."""
+    if proxy_fraction >= 1:
+        return sweep_segments(model, groups, stats, batches, **kw)
+    # the uniform-low run the caller made gives the per-row noise the fast sweep selects by
+    err = squared_error_rows(ref, low_rows)
+    cuts = np.cumsum([batch_rows(b) for b in batches])[:-1]
+    return sweep_fast(model, groups, stats, batches, fraction=proxy_fraction,
+                      noise=np.split(err, cuts), **kw)
+
+
+def _method(
+    res: SweepResult, proxy_fraction: float, rows: int
+) -> tuple[dict[str, object], tuple[str, ...]]:
+    """The analysis' ``method`` record and its notes."""
+    method = {
+        "sweep": res.method,
+        "proxy_fraction": proxy_fraction,
+        "proxy_rows": int(len(res.ref_rows)),
+        "rows_per_sweep": dict(res.row_counts),
+        "rows": int(rows),
+        "sweep_seconds": res.seconds,
+    }
+    if proxy_fraction >= 1:
+        return method, ()
+    counts = dict(res.row_counts)
+    return method, (
+        "sensitivity ranked on row subsets (enable-one "
+        f"{counts.get('enable_one')}, disable-one "
+        f"{counts.get('disable_one')} of {rows} rows) with "
+        "task-independent metrics (output SQNR, cosine); baselines and recovery use every row",
+    )
+
+
+def _zero_notes(stats: Stats) -> tuple[str, ...]:
+    """Tensors the calibration data never exercises (every value exactly 0)."""
+    zeros = [t for t, ts in stats.tensors.items() if ts.count and ts.min == 0.0 == ts.max]
+    if not zeros:
+        return ()
+    shown = ", ".join(zeros[:6]) + (", …" if len(zeros) > 6 else "")
+    return (f"every calibration value is 0 in {len(zeros)} tensor(s) ({shown}): the data "
+            "never exercises them, so their findings and grids mean nothing; calibrate on "
+            "data that does",)
+
+
+def analyze(
+    model: Model,
+    groups: Groups,
+    stats: Stats,
+    batches: Iterable[dict[str, np.ndarray]],
+    *,
+    scorer: Scorer,
+    low: Precision = Precision.A8_W8,
+    high: Precision = Precision.A16_W16,
+    target: object | None = None,
+    proxy_fraction: float = 0.125,
+    recover_top: tuple[int, ...] = RECOVER_TOP,
+    progress: bool = False,
+    executor: Executor | None = None,
+) -> Analysis:
+    """Diagnose which groups break ``low`` and why (see the module docstring).
+
+    ``executor``: where the sweep's candidates run (:mod:`quantscope.parallel`; default
+    this process); the result does not depend on it."""
+    from quantscope.tasks.metrics import collapse_report
+
+    scheme = getattr(target, "scheme", None)
+    batches = list(batches)
+    ref = run_plan_rows(model, groups, batches, model.proto, scorer)
+    baselines, collapse, uniform_rows = {}, {}, {}
+    for p in (low, high):
+        baselines[p.value], uniform_rows[p] = _plan_metrics(
+            model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
+        )
+        collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
+    kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
+          "executor": executor}
+    res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
+    sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 or scorer.row_local else None)
+    tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
+    noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
+    outliers = tuple(sorted(find_outliers(stats, groups)
+                            + find_mixed_scales(model, groups, stats, scheme),
+                            key=lambda o: -o.ratio))
+    weights = find_weight_issues(model, groups, scheme)
+    low_fid = (scorer if scorer.row_local else fidelity)(res.ref_rows, res.low_rows)
+    key = rank_key(low_fid)
+    if any(key not in s.disable_one for s in sens):
+        key = "sqnr_db"
+    offenders = _offenders(sens, low_fid[key], groups, noise, outliers, weights, key)
+    recovery = []
+    for k in recover_top:
+        promoted = tuple(o.group for o in offenders[:k])
+        plan = Plan(low, tuple((g, high) for g in promoted))
+        m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
+        recovery.append(Recovery(promoted, high.value, m))
+    method, notes = _method(res, proxy_fraction, len(ref))
+    notes += _zero_notes(stats)
+    return Analysis(
+        model.source,
+        low.value,
+        high.value,
+        getattr(target, "name", None),
+        scorer.primary,
+        scorer.higher_is_better,
+        method,
+        baselines,
+        noise,
+        sens,
+        offenders,
+        outliers,
+        weights,
+        collapse,
+        tuple(recovery),
+        notes,
+    )
