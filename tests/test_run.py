@@ -16,7 +16,8 @@ import tiny_models as tm
 from quantscope.cli import main
 from quantscope.pipeline import STAGES
 from quantscope.pipeline.manifest import MANIFEST, file_digest
-from quantscope.serde import read_json
+from quantscope.results import CheckResult, DeviceIOResult, RunEvaluation
+from quantscope.serde import read_json, read_result
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 EXPECTED = {"stats.npz", "analysis.json", "plan.json", "repaired.onnx", "repaired.stats.npz",
@@ -63,6 +64,13 @@ def test_run_end_to_end_then_skips_then_forces(tmp_path, capsys):
     evaluated = json.loads((out / "evaluate.json").read_text())
     assert evaluated["data"]["held_out"]["evaluation_samples"] == 16
     assert "coverage" in evaluated["results"]["plan"]
+    # the run's result files carry their format and read back as typed values
+    assert [json.loads((out / f).read_text())["format"] for f in
+            ("check.json", "evaluate.json", "io.json")] == [
+        "quantscope.check/1", "quantscope.run-evaluation/1", "quantscope.io/1"]
+    typed = [read_result(out / f) for f in ("check.json", "evaluate.json", "io.json")]
+    assert [type(t) for t in typed] == [CheckResult, RunEvaluation, DeviceIOResult]
+    assert typed[1].results["plan"]["coverage"] and typed[0].target == "hailo10h"
     before = _digests(out)
 
     assert main(_args(m, x, out)) == 0  # same inputs: nothing recomputed

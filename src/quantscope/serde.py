@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from quantscope.results import RESULT_TYPES, TaggedResult
 from quantscope.types import (
     Encoding,
     Encodings,
@@ -532,3 +533,47 @@ def sensitivity_from_dict(obj: Any, where: str = "analysis") -> Sensitivity:
 def read_sensitivity(path: str | Path) -> Sensitivity:
     """:func:`sensitivity_from_dict` of an analysis (or sensitivity) JSON file."""
     return sensitivity_from_dict(read_json(path, "analysis"), where=f"analysis '{path}'")
+
+
+# ---------------------------------------------------------------- results (tagged files)
+
+ResultReader = Callable[[dict[str, Any], str], Any]
+
+
+def tagged_reader(kind: type[TaggedResult]) -> ResultReader:
+    """The reader of one :mod:`quantscope.results` type: its keys checked, then the value."""
+
+    def read(obj: dict[str, Any], where: str) -> TaggedResult:
+        keys = kind.keys()
+        check_keys(obj, {"format", *(k for k, _ in keys)}, where)
+        missing = [k for k, required in keys if required and k not in obj]
+        if missing:
+            raise QuantscopeError(f"missing key '{missing[0]}' in {where} ({kind.FORMAT})")
+        return kind.of(obj)
+
+    return read
+
+
+# format tag -> reader(obj, where): one entry per tagged file; another result type adds
+# ``RESULT_READERS[ITS_FORMAT] = its_reader`` (or ``tagged_reader(ItsResult)``)
+RESULT_READERS: dict[str, ResultReader] = {
+    PLAN_FORMAT: plan_from_dict,
+    **{kind.FORMAT: tagged_reader(kind) for kind in RESULT_TYPES},
+}
+
+
+def read_result(path: str | Path) -> Any:
+    """Any tagged result file, read by its ``format`` tag (a plan gives a :class:`Plan`, a
+    measured result its :mod:`quantscope.results` type); one line for an untagged file or
+    a tag no reader knows."""
+    obj = read_json(path, "result")
+    where = f"result '{path}'"
+    tag = obj.get("format") if isinstance(obj, dict) else None
+    if tag is None:
+        raise QuantscopeError(f"{where} carries no 'format' tag: give a file quantscope wrote "
+                              "(results carry their format since quantscope.*/1)")
+    reader = RESULT_READERS.get(tag) if isinstance(tag, str) else None
+    if reader is None:
+        raise QuantscopeError(f"{where} has format {tag!r}, which no reader knows: use a file "
+                              f"of one of {', '.join(RESULT_READERS)}")
+    return reader(obj, where)

@@ -15,6 +15,7 @@ from typing import Any
 from quantscope import stages
 from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.pipeline.context import Context
+from quantscope.results import CheckResult, DeviceIOResult, RunEvaluation
 from quantscope.targets import Target, load_target
 from quantscope.types import Plan, Precision, QuantscopeError
 
@@ -145,14 +146,11 @@ def check(ctx: Context) -> Done:
         hits = [p for p in problems if p["rule"] == r["rule"]]
         r["passed"] = not hits
         r["groups"] = [p["group"] for p in hits]
-    stages.write_json(ctx.path(CHECK), {"target": target.name, "sdk": target.sdk,
-                                        "seq_len": ctx.opts.seq_len,
-                                        "input_shapes": {k: list(v) for k, v
-                                                         in ctx.opts.input_shapes},
-                                        "shape_note": stages.shape_note(
-                                            model, ctx.opts.seq_len, ctx.opts.input_shapes),
-                                        "rules": rules,
-                                        "problems": problems})
+    stages.write_json(ctx.path(CHECK), CheckResult(
+        target=target.name, sdk=target.sdk, seq_len=ctx.opts.seq_len,
+        input_shapes={k: list(v) for k, v in ctx.opts.input_shapes},
+        shape_note=stages.shape_note(model, ctx.opts.seq_len, ctx.opts.input_shapes),
+        rules=rules, problems=problems).to_dict())
     return Done((CHECK,))
 
 
@@ -186,7 +184,7 @@ def evaluate(ctx: Context) -> Done:
                                                    goal=ctx.opts.goal)
         except QuantscopeError as e:  # e.g. nothing below 16 bit: said, not fatal
             doc["whatif"] = {"skipped": str(e)}
-    stages.write_json(ctx.path(EVALUATE), doc)
+    stages.write_json(ctx.path(EVALUATE), RunEvaluation.of(doc).to_dict())
     return Done((EVALUATE,))
 
 
@@ -218,7 +216,7 @@ def io(ctx: Context) -> Done:
     from quantscope.export import device_io as dio
 
     rows = stages.device_io_rows(*repaired(ctx))
-    stages.write_json(ctx.path(IO), {"io": rows, "note": dio.PROVENANCE})
+    stages.write_json(ctx.path(IO), DeviceIOResult(io=rows, note=dio.PROVENANCE).to_dict())
     stages.write_text(ctx.path(SNIPPET), dio.python_snippet(rows))
     return Done((IO, SNIPPET))
 
