@@ -11,6 +11,7 @@ from test_repair_heads import SEQ, _encoder
 from quantscope import stages
 from quantscope.cli import main
 from quantscope.model.load import load_proto
+from quantscope.results import EvaluateResult, WhatifResult
 from quantscope.tasks.headline import TENSOR_HEADLINE as M  # the tensor headline
 from quantscope.types import Plan, Precision, QuantscopeError
 
@@ -36,9 +37,13 @@ def test_each_kind_lifted_is_the_plan_with_those_groups_at_16_bit(setup):
     # the weighted row is exactly the plan with the 4 Linears at a16_w16
     linears = ("MatMul_1", "MatMul_3", "MatMul_5", "MatMul_26")
     assert kinds["weighted"]["groups"] == len(linears)
-    direct = stages.evaluate_plan(model, data, stats, dataclasses.replace(
+    measured = stages.evaluate_plan(model, data, stats, dataclasses.replace(
         plan, overrides=(*plan.overrides, *((n, Precision.A16_W16) for n in linears))),
-        saturation=False)["metrics"][M]
+        saturation=False)
+    direct = measured["metrics"][M]
+    # both results have a typed, tagged file form holding every key as the producer wrote it
+    assert EvaluateResult.of(measured).to_dict() == {"format": EvaluateResult.FORMAT, **measured}
+    assert list(WhatifResult.of(out).to_dict()) == ["format", *out]
     assert kinds["weighted"][M] == pytest.approx(direct)
     assert kinds["weighted"]["gain"] == pytest.approx(direct - out["plan"][M])
     # all kinds at once: the plan's 16-bit ceiling, far above the plan
