@@ -203,3 +203,15 @@ def test_the_option_data_is_what_the_commands_and_run_flags_say(capsys):
                 assert flag in own and "".join(o.help.split()) in own
             if o.run_flag:
                 assert o.run_flag in run and "".join(o.run_help.split()) in run
+
+
+def test_rewrites_are_named_none_or_a_comma_list_in_run_order():
+    from quantscope.rewrites.registry import parse_rewrites
+    from quantscope.types import QuantscopeError
+
+    assert parse_rewrites("none") == ()
+    assert parse_rewrites("tokensplit,headsplit") == ("headsplit", "tokensplit")
+    with pytest.raises(QuantscopeError, match="unknown rewrite 'heads'"):
+        parse_rewrites("heads")
+    r = REWRITES["headsplit"].apply(load_proto(attention_encoder()), seq_len=HEAD_SEQ)
+    assert r.applied and r.record["name"] == "headsplit"

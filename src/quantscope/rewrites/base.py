@@ -173,6 +173,12 @@ class Rewrite:
     def switches(self) -> tuple[CliOption, ...]:
         return tuple(o for o in self.cli_options if o.switch)
 
+    def apply(self, model: Model, config: Any = None, *, stats: Stats | None = None,
+              seq_len: int | None = None, input_shapes: InputShapes = ()) -> RewriteResult:
+        """:func:`run_rewrite` of this entry (FP32 checked, recorded)."""
+        return run_rewrite(self, model, config, stats=stats, seq_len=seq_len,
+                           input_shapes=input_shapes)
+
     def configure(self, **values: Any) -> Any:
         """The entry's config with ``values`` set; a None value keeps the default (an
         option not given)."""

@@ -18,6 +18,7 @@ import onnx
 
 from quantscope.rewrites import headsplit, outscale, peel, rowscale, tokensplit
 from quantscope.rewrites.base import Rewrite, recorded
+from quantscope.types import QuantscopeError
 
 REWRITES: dict[str, Rewrite] = {
     "outscale": outscale.REWRITE,
@@ -41,6 +42,19 @@ def hint_for(rule: str | None, done: Collection[str] = ()) -> str | None:
     ``done`` already (None: no rewrite answers it)."""
     return next((rw.hint for rw in REWRITES.values()
                  if rw.hint and rw.name not in done and rw.answers_rule(rule)), None)
+
+
+def parse_rewrites(text: str) -> tuple[str, ...]:
+    """``none`` or a comma list of registry names (``run --rewrites``), in the registry's
+    order; an unknown name is a one-line error naming the known ones."""
+    if text.strip() == "none":
+        return ()
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in REWRITES]
+    if unknown or not names:
+        raise QuantscopeError(f"--rewrites: unknown rewrite '{unknown[0] if unknown else text}'"
+                              f": use 'none' or a comma list of {', '.join(REWRITES)}")
+    return tuple(n for n in REWRITES if n in names)
 
 
 def rewrites_help() -> str:
