@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING, Any
 from quantscope import __version__, stages
 from quantscope.pipeline.manifest import file_digest
 from quantscope.progress import say
+from quantscope.repair import RepairError
 from quantscope.repair.registry import DEFAULT_REPAIRS
+from quantscope.rewrites.base import Rewrite, run_rewrite
+from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.layout import LAYOUT_NOTE
 from quantscope.types import QuantscopeError
 
@@ -52,6 +55,24 @@ class RunOptions:
     whatif: bool = False  # evaluate also lifts each op kind of the plan to 16 bit (whatif)
     layout: tuple[Any, ...] = ()  # --layout: tasks.layout.LayoutSpec per declared output
     batch_axes: tuple[tuple[str, int], ...] = ()  # --batch-axis: (input or output, sample axis)
+    # rewrites by registry name (quantscope.rewrites.registry), besides the legacy switches
+    # above (token_chunk, heads, rowscale, outscale, peel), which stay accepted one release
+    rewrites: tuple[str, ...] = ()
+
+    def rewrite_configs(self) -> tuple[tuple[Rewrite, Any], ...]:
+        """The rewrites this run applies, in the registry's order, each with its config:
+        named in :attr:`rewrites` or turned on by a legacy switch field (an entry's
+        ``CliOption.run_field``); config values from the legacy fields that carry them."""
+        out = []
+        for name, rw in REWRITES.items():
+            on = any(getattr(self, o.run_field, None) not in (None, False)
+                     for o in rw.switches() if o.run_field)
+            if not on and name not in self.rewrites:
+                continue
+            values = {o.dest: getattr(self, o.run_field) for o in rw.cli_options
+                      if o.dest and o.run_field and hasattr(self, o.run_field)}
+            out.append((rw, rw.configure(**values)))
+        return tuple(out)
 
     def check(self) -> None:
         for name in ("max_cost", "proxy"):
@@ -62,6 +83,10 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise QuantscopeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        unknown = [n for n in self.rewrites if n not in REWRITES]
+        if unknown:
+            raise QuantscopeError(f"unknown rewrite '{unknown[0]}': use one of "
+                                  f"{', '.join(REWRITES)}")
         if self.token_linears and self.token_chunk is None:
             raise QuantscopeError("--tokensplit-linears needs --tokensplit N")
         if self.token_chunk is not None and self.seq_len is not None \
@@ -101,22 +126,12 @@ class Context:
         return self._cache["model"]
 
     def model_digest(self) -> str:
-        """The model file's digest (and the split, which changes every stage's model)."""
+        """The model file's digest (and each rewrite's suffix: a rewrite changes every
+        stage's model)."""
         if "model_digest" not in self._cache:
             digest = file_digest(stages.resolve_model_path(self.opts.model))
-            if self.opts.outscale:
-                digest += "/outscale"
-            if self.opts.peel:
-                digest += "/peel"
-            if self.opts.heads:
-                digest += "/headsplit"
-            if self.opts.rowscale:
-                digest += "/rowscale"
-            if self.opts.token_chunk is not None:
-                digest += (f"/tokensplit:{self.opts.seq_len}:{self.opts.token_chunk}"
-                           + (":linears" if self.opts.token_linears else "")
-                           + "".join(f":{k}={'x'.join(map(str, v))}"
-                                     for k, v in self.opts.input_shapes))
+            for rw, config in self.opts.rewrite_configs():
+                digest += rw.digest_of(config, self.opts.seq_len, self.opts.input_shapes)
             self._cache["model_digest"] = digest
         return self._cache["model_digest"]
 
@@ -210,48 +225,33 @@ class Context:
 
 
 def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
-    """The given model, or with ``--outscale`` / ``--peel`` / ``--headsplit`` / ``--rowscale`` /
-    ``--tokensplit`` its
-    rewritten form (in that order; FP32 checked each time; its source stays the given
-    file, for the tokenizer it names or sits with)."""
+    """The given model, or its rewritten form: each rewrite of
+    :meth:`RunOptions.rewrite_configs` in the registry's order, through the one runner
+    (FP32 checked each time; its source stays the given file, for the tokenizer it names
+    or sits with). The rewrites that need stats read the given model's channel ranges,
+    calibrated once (outscale changes only the down-projections' weights: the hidden
+    tensors that peel reads keep their names and ranges)."""
     model = stages.open_model(opts.model)
     source = model.source
-    if opts.outscale or opts.peel:  # need the unsplit model's own channel ranges
+    chosen = opts.rewrite_configs()
+    stats = None
+    if any(rw.needs_stats for rw, _ in chosen):
         fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer,
                                max_pairs=opts.pairs, batch_axes=dict(opts.batch_axes))
         if opts.seq_len is not None:
             fit = stages.at_length(fit, opts.seq_len)
         say("calibrating the given model for its channel ranges", show=progress)
         stats = stages.calibrate_model(model, fit, method=opts.method, progress=progress)
-        # outscale changes only the down-projections' weights: the hidden tensors that peel
-        # reads keep their names and ranges, so one calibration serves both
-        for flag, stage in (("outscale", stages.out_scale), ("peel", stages.peel_channels)):
-            if not getattr(opts, flag):
-                continue
-            r, _ = stage(model, stats, seq_len=opts.seq_len)
-            if not r.changes:
-                raise QuantscopeError(
-                    f"--{flag}: model '{opts.model}': {r.reason}: run without it")
-            say(f"{flag}: {r.reason}", show=progress)
-            model = stages.load_proto(r.proto, source)
-    # rowscale after headsplit: the head split matches Softmax chains
-    for flag, on, rewrite in (("headsplit", opts.heads, stages.split_heads),
-                              ("rowscale", opts.rowscale, stages.scale_rows)):
-        if not on:
-            continue
-        r, _ = rewrite(model, seq_len=opts.seq_len)
+    for rw, config in chosen:
+        r = run_rewrite(rw, model, config, stats=stats if rw.needs_stats else None,
+                        seq_len=opts.seq_len, input_shapes=opts.input_shapes)
+        if r.failed is not None:
+            raise RepairError(r.failed)
         if not r.changes:
-            raise QuantscopeError(
-                f"--{flag}: model '{opts.model}': {r.reason}: run without it")
-        say(f"{flag}: {r.reason}", show=progress)
+            flag = next((o.run_flag for o in rw.switches() if o.run_flag),
+                        f"--rewrites {rw.name}")
+            raise QuantscopeError(f"{flag}: model '{opts.model}': {r.reason}"
+                                  f"{rw.nothing_suffix}: run without it")
+        say(f"{rw.name}: {r.reason}", show=progress)
         model = stages.load_proto(r.proto, source)
-    if opts.token_chunk is None:
-        return model
-    r, _ = stages.split_tokens(model, seq_len=opts.seq_len, chunk=opts.token_chunk,
-                               input_shapes=opts.input_shapes, linears=opts.token_linears)
-    if not r.changes:
-        raise QuantscopeError(
-            f"--tokensplit: model '{opts.model}': {r.reason} to split: run without it")
-    say(f"tokensplit: {r.reason}", show=progress)
-    return stages.load_proto(r.proto, source)
-
+    return model

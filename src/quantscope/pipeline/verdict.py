@@ -12,6 +12,7 @@ from typing import Any
 from quantscope import stages
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
+from quantscope.rewrites.registry import REWRITES
 
 COMPARED = ("fp32", "a8_w8", "plan")
 
@@ -48,11 +49,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "io": io["io"], "io_note": io["note"],
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],
-        "tokensplit": _tokensplit(ctx),
-        "headsplit": _rewrite(ctx, "heads"),
-        "outscale": _rewrite(ctx, "outscale"),
-        "peel": _rewrite(ctx, "peel"),
-        "rowscale": _rewrite(ctx, "rowscale"),
+        **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results),
         "mixed_scales": _mixed_scales(ctx),
@@ -94,43 +91,15 @@ def _whatif(w: dict[str, Any] | None) -> dict[str, Any] | None:
                if "goal" in h else {})}
 
 
-# rewrite option -> (module whose UNVERIFIED it states, what every stage worked on)
-_REWRITES: dict[str, tuple[str, str]] = {
-    "outscale": ("outscale", "the FFN down-projections (residual-branch Linears with outlier "
-                 "output channels) write equalized channels, the residual Adds run in the "
-                 "scaled basis"),
-    "peel": ("peel", "each FFN's outlier hidden channels run in a small FFN of their own "
-             "that joins the residual stream through an Add"),
-    "heads": ("heads", "each attention head a layer of its own"),
-    "rowscale": ("rowscale", "each attention's 8-bit weights are scaled per row before the "
-                 "context MatMul and the context divided by their sum"),
-}
-
-
-def _rewrite(ctx: Context, option: str) -> dict[str, Any] | None:
-    """With a graph-rewrite option (``--outscale``, ``--peel``, ``--headsplit``,
-    ``--rowscale``): what every stage (and the compiled model) worked on."""
-    if not getattr(ctx.opts, option):
-        return None
-    import importlib
-
-    module, what = _REWRITES[option]
-    unverified = importlib.import_module(f"quantscope.repair.{module}").UNVERIFIED
-    return {"note": f"{what} ({steps.REPAIRED} is the rewritten model); {unverified}"}
-
-
-def _tokensplit(ctx: Context) -> dict[str, Any] | None:
-    """With ``--tokensplit``: what every stage (and the compiled model) worked on."""
-    if ctx.opts.token_chunk is None:
-        return None
-    from quantscope.repair.tokens import UNVERIFIED
-
-    return {"seq_len": ctx.opts.seq_len, "chunk": ctx.opts.token_chunk,
-            "linears": ctx.opts.token_linears,
-            "note": "LayerNorms and residual Adds"
-                    + (" and the token-wise Linears" if ctx.opts.token_linears else "")
-                    + f" split into layers of {ctx.opts.token_chunk} tokens ({steps.REPAIRED} "
-                    f"is the split model); {UNVERIFIED}"}
+def rewrite_notes(ctx: Context) -> dict[str, dict[str, Any] | None]:
+    """Per registered rewrite (keys in ``verdict_rank`` order), what every stage (and the
+    compiled model) worked on: its registry entry's verdict note and UNVERIFIED text, or
+    None when the run did not apply it."""
+    out: dict[str, dict[str, Any] | None] = {
+        rw.name: None for rw in sorted(REWRITES.values(), key=lambda rw: rw.verdict_rank)}
+    for rw, config in ctx.opts.rewrite_configs():
+        out[rw.name] = rw.verdict_of(config, ctx.opts.seq_len, steps.REPAIRED)
+    return out
 
 
 def _binding(pareto: dict[str, Any], reached: bool | None) -> str | None:
@@ -206,16 +175,9 @@ def format_verdict(v: dict[str, Any]) -> str:
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
                     "FAILS " + ", ".join(v["rules_failed"])))
-    if v.get("outscale"):
-        lines.append(f"  outscale: {v['outscale']['note']}")
-    if v.get("peel"):
-        lines.append(f"  peel: {v['peel']['note']}")
-    if v.get("headsplit"):
-        lines.append(f"  headsplit: {v['headsplit']['note']}")
-    if v.get("rowscale"):
-        lines.append(f"  rowscale: {v['rowscale']['note']}")
-    if v.get("tokensplit"):
-        lines.append(f"  tokensplit: {v['tokensplit']['note']}")
+    for name in REWRITES:  # in the order the run applied them
+        if v.get(name):
+            lines.append(f"  {name}: {v[name]['note']}")
     w = v.get("whatif")
     if w and "skipped" in w:
         lines.append(f"  whatif: not measured: {w['skipped']}")

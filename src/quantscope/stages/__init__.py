@@ -95,7 +95,6 @@ from quantscope.stages.plan import (
     plan_repair_offer,
 )
 from quantscope.stages.rewrites import (
-    _stats_rewrite,
     out_scale,
     peel_channels,
     scale_rows,
@@ -142,7 +141,7 @@ _REEXPORTED = (
     TOKENSPLIT_HINT, UNIFORM_PLANNER, PlanOptions, PlanResult, _call, _fit, _keep_finetune,
     _measure_all, _plan_measure, _plan_measurement, _plan_repair, _uniform_if_enough,
     finetune_chosen, goal_verdict, plan_evaluator, plan_lengths, plan_model, plan_repair_offer,
-    _stats_rewrite, out_scale, peel_channels, scale_rows, split_heads, split_tokens, Headline,
+    out_scale, peel_channels, scale_rows, split_heads, split_tokens, Headline,
     at_length, TENSOR_BATCH, load_tensor_batches, SHARED, Batch, Encodings, Feeds, GroupKind,
     Groups, Outputs, Plan, Precision, QuantScheme, QuantscopeError, Stats, batch_rows,
     take_rows,

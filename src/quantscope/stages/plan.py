@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from quantscope.emulate.evaluate import run_model
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
 from quantscope.progress import say
+from quantscope.rewrites.registry import REWRITES, applied_rewrites, hint_for
 from quantscope.tasks.headline import Headline
 from quantscope.tasks.registry import at_length
 from quantscope.types import Batch, Dataset, Outputs, Plan, Precision, QuantscopeError, Stats
@@ -130,10 +131,13 @@ def _keep_finetune(pareto: dict[str, Any]) -> bool:
 
 
 def goal_verdict(result: dict[str, Any], metric: str | Headline, goal: float, *,
-                 split: bool = False, chunked: bool = False) -> dict[str, Any]:
+                 split: bool = False, chunked: bool = False,
+                 done: Collection[str] = ()) -> dict[str, Any]:
     """Did the chosen plan reach ``goal`` (measured, in the metric's direction and unit);
-    if not, which constraint binds (and the rewrite around it, unless the model is already
-    ``split`` by heads / ``chunked`` by tokens)."""
+    if not, which constraint binds (and the hint of the rewrite that answers it, from
+    :data:`quantscope.rewrites.registry.REWRITES`, unless the model carries that rewrite
+    already: ``done`` names them; ``split`` / ``chunked`` are the older spellings of
+    headsplit / tokensplit in ``done``)."""
     from quantscope.tasks.headline import describe_metric
 
     h = describe_metric(metric) if isinstance(metric, str) else metric
@@ -160,22 +164,16 @@ def goal_verdict(result: dict[str, Any], metric: str | Headline, goal: float, *,
     out = {"metric": metric, "unit": h.unit, "value": goal, "reached": reached,
            "verdict": verdict,
            "binding": None if reached or not blockers else blockers[0]["rule"]}
-    if out["binding"] and str(out["binding"]).endswith(".super_defuse") and not chunked:
-        out["hint"] = TOKENSPLIT_HINT
-    elif out["binding"] and str(out["binding"]).endswith(".attention_16bit") and not split:
-        out["hint"] = HEADSPLIT_HINT
+    done = {*done, *(("headsplit",) if split else ()), *(("tokensplit",) if chunked else ())}
+    hint = hint_for(out["binding"] and str(out["binding"]), done)
+    if hint is not None:
+        out["hint"] = hint
     return out
 
 
-TOKENSPLIT_HINT = (
-    "hint: LayerNorms and residual Adds work token by token: 'quantscope tokensplit MODEL "
-    "--seq-len N --out split.onnx' splits them into layers of fewer tokens, under the size "
-    "limit (unverified on a device); calibrate, analyze and plan the split model")
-
-HEADSPLIT_HINT = (
-    "hint: attention stays at 8 bit; 'quantscope headsplit MODEL --out split.onnx' makes "
-    "each head a layer of its own, so every head's scores, Softmax and context get their "
-    "own 8-bit grid (unverified on a device); calibrate, analyze and plan the split model")
+# the goal verdict's hints, kept importable here: each rewrite's entry holds its own
+TOKENSPLIT_HINT = REWRITES["tokensplit"].hint
+HEADSPLIT_HINT = REWRITES["headsplit"].hint
 
 @dataclass(frozen=True)
 class PlanOptions:
@@ -295,12 +293,8 @@ def plan_model(
         if _keep_finetune(pareto):
             plan = tuned
     if options.goal is not None:
-        from quantscope.repair.heads import METADATA_KEY as HEADS
-        from quantscope.repair.tokens import METADATA_KEY as TOKENS
-
-        done = {p.key for p in model.proto.metadata_props} & {HEADS, TOKENS}
         pareto["goal"] = goal_verdict(pareto, head, options.goal,
-                                      split=HEADS in done, chunked=TOKENS in done)
+                                      done=applied_rewrites(model.proto))
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
                       offer=offer)
 

@@ -1,0 +1,9 @@
+"""Graph rewrites (token split, head split, row scaling, output scaling, channel
+peeling): one registry (:data:`quantscope.rewrites.registry.REWRITES`), one entry type
+(:class:`quantscope.rewrites.base.Rewrite`) and one runner
+(:func:`quantscope.rewrites.base.run_rewrite`) that checks each one's FP32 function.
+
+The graph edits themselves live in :mod:`quantscope.repair` (``tokens``, ``heads``,
+``rowscale``, ``outscale``, ``peel``); a module here binds one of them to the registry.
+This face imports nothing: import the submodules.
+"""

@@ -1,0 +1,122 @@
+"""The token split as a registry entry: :func:`quantscope.repair.tokens.split_tokens`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model
+from quantscope.model.shapes import given_shapes
+from quantscope.plan.check import NOT_EVALUATED, check
+from quantscope.repair import Repair as GraphRepair
+from quantscope.repair.tokens import KINDS, METADATA_KEY, UNVERIFIED, split_tokens
+from quantscope.rewrites.base import CliOption, InputShapes, Precondition, Rewrite, RewriteInput
+from quantscope.targets.profile import op_kind
+from quantscope.types import Plan, Precision, Stats
+
+if TYPE_CHECKING:
+    from quantscope.targets.profile import Target
+
+SIZE_CHECK = "act16_wide_non_conv"  # the target check that limits a 16-bit layer's size
+
+
+@dataclass(frozen=True)
+class TokensplitConfig:
+    """``chunk``: tokens per chunk (None: half the token count, rounded up); ``linears``:
+    split the token-wise Linears too."""
+
+    chunk: int | None = None
+    linears: bool = False
+
+
+def _transform(model: Model, config: TokensplitConfig, inp: RewriteInput) -> GraphRepair:
+    return split_tokens(model, shapes=inp.shapes, chunk=config.chunk, seq_len=inp.seq_len,
+                        linears=config.linears)
+
+
+def _applies(model: Model, target: Target | None, seq_len: int | None,
+             stats: Stats | None) -> Precondition:
+    """Holds when the target's size rule (``super_defuse``) refuses 16 bit on the
+    token-wise layers (LayerNorms, residual Adds) at ``seq_len`` tokens."""
+    if target is None:
+        return Precondition(False, "no target: no rule limits 16-bit token-wise layers")
+    rules = [r for r in target.rules if r.check == SIZE_CHECK]
+    if not rules:
+        return Precondition(False, f"target {target.name} has no size rule on 16-bit "
+                                   "non-conv layers: the token-wise layers fit whole")
+    groups = find_groups(model)
+    wide = tuple((g.name, Precision.A16_W16) for g in groups.groups if op_kind(g) in KINDS)
+    if not wide:
+        return Precondition(False, "no LayerNorm or elementwise layer to split")
+    plan = Plan(default=Precision.A8_W8, overrides=wide, target=target.name)
+    ids = {r.id for r in rules}
+    found = [p for p in check(plan, groups, model, target, shapes=given_shapes(model, seq_len))
+             if p.rule in ids]
+    real = [p for p in found if not p.reason.startswith(NOT_EVALUATED)]
+    at = f" at {seq_len} tokens" if seq_len else ""
+    if real:
+        return Precondition(True, f"{real[0].rule} refuses 16 bit on {len(real)} token-wise "
+                                  f"layer(s){at}, e.g. '{real[0].group}'")
+    if found:
+        return Precondition(False, "the token-wise layers' size is unknown: give --seq-len N "
+                                   "or --input-shape")
+    return Precondition(False, f"{', '.join(sorted(ids))} allows 16 bit on every token-wise "
+                               f"layer{at}: nothing to split")
+
+
+def _lengths(config: TokensplitConfig, seq_len: int | None, r: GraphRepair
+             ) -> tuple[int, ...]:
+    effect = dict(r.effect)  # a static token input runs at its own length only
+    return ((seq_len, max(1, int(effect["chunk"]) // 2)) if seq_len
+            else (int(effect["tokens"]),))
+
+
+def _digest(config: TokensplitConfig, seq_len: int | None, input_shapes: InputShapes) -> str:
+    return (f"/tokensplit:{seq_len}:{config.chunk}"
+            + (":linears" if config.linears else "")
+            + "".join(f":{k}={'x'.join(map(str, v))}" for k, v in input_shapes))
+
+
+def _verdict(config: TokensplitConfig, seq_len: int | None, repaired: str) -> dict[str, object]:
+    return {"seq_len": seq_len, "chunk": config.chunk, "linears": config.linears,
+            "note": "LayerNorms and residual Adds"
+                    + (" and the token-wise Linears" if config.linears else "")
+                    + f" split into layers of {config.chunk} tokens ({repaired} "
+                    f"is the split model); {UNVERIFIED}"}
+
+
+HINT = (
+    "hint: LayerNorms and residual Adds work token by token: 'quantscope tokensplit MODEL "
+    "--seq-len N --out split.onnx' splits them into layers of fewer tokens, under the size "
+    "limit (unverified on a device); calibrate, analyze and plan the split model")
+
+REWRITE = Rewrite(
+    name="tokensplit", config=TokensplitConfig,
+    summary="split token-wise layers (residual Adds, LayerNorms) into chunks along the "
+            "sequence so that 16 bit on them fits a per-layer size limit "
+            "(hailo.super_defuse); FP32 unchanged",
+    unverified=UNVERIFIED,
+    what="LayerNorms and residual Adds split into layers of fewer tokens",
+    metadata_key=METADATA_KEY, transform=_transform, applies=_applies,
+    answers=("super_defuse",), hint=HINT,
+    cli_options=(
+        CliOption(("--chunk",), "chunk", "int", None, metavar="N", switch=True,
+                  help="tokens per chunk (default: half the token count, rounded up)",
+                  run_flag="--tokensplit", run_field="token_chunk",
+                  run_help="work on the model with its LayerNorms and residual Adds split "
+                  "into layers of N tokens (below --seq-len; 'quantscope tokensplit'): 16 bit "
+                  "on them then fits hailo.super_defuse (unverified on a device)"),
+        CliOption(("--linears",), "linears", "flag", False,
+                  help="split the token-wise Linears (MatMul + bias + activation) too, so "
+                  "they read the 16-bit chunks directly instead of a full-width Concat; "
+                  "only attention reads a Concat",
+                  run_flag="--tokensplit-linears", run_field="token_linears",
+                  run_help="with --tokensplit: the token-wise Linears in chunks too "
+                  "('quantscope tokensplit --linears')"),
+    ),
+    check_lengths=_lengths, digest=_digest, verdict=_verdict, verdict_rank=0,
+    nothing_suffix=" to split",
+    description="Text encoders need --seq-len (the deployment's length); image models (a "
+                "ViT's [B, patches + 1, C]) use their static input shape or --input-shape.",
+)
