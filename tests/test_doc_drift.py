@@ -78,3 +78,15 @@ def test_a_fresh_demo_run_reproduces_the_kept_figures() -> None:
     assert (fresh["model"], fresh["data"], fresh["calibration_samples"]) == (
         kept["model"], kept["data"], kept["calibration_samples"])
     assert doc_tables.demo_table(fresh["results"]) == doc_tables.demo_table()
+
+
+def test_every_rule_cites_a_public_source_by_title_not_a_bare_id() -> None:
+    from quantscope.targets import BUILTIN_TARGETS, load_target
+
+    sources = (ROOT / "docs" / "sources.md").read_text(encoding="utf-8")
+    for name in BUILTIN_TARGETS:
+        for rule in load_target(name).rules:
+            assert "seeds/" not in rule.provenance, (name, rule.id)
+            assert '"' in rule.provenance and "docs/sources.md" in rule.provenance, (name, rule.id)
+            report = rule.provenance.split("field report ")[1][:3]
+            assert f"| {report} |" in sources, (name, rule.id, report)
