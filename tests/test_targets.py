@@ -45,7 +45,7 @@ def test_hailo10h_encodes_the_three_walls_and_maxpool():
     }
     limit = rules["hailo.super_defuse"].param("max_values")
     assert limit.value == 256 * 384 and limit.estimate and limit.note
-    assert "seeds/000" in rules["hailo.attention_16bit"].provenance
+    assert "community.hailo.ai/t/19530" in rules["hailo.attention_16bit"].provenance
     assert rules["hailo.maxpool_16bit"].severity == "warning"
     assert not t.is_allowed("weighted", Precision.FLOAT)
     # non-weighted kinds: only activation bits matter
@@ -56,7 +56,7 @@ def test_hailo8_walls_are_unconfirmed_warnings():
     t = load_target("hailo8")
     assert "3.33" in t.sdk
     assert all(r.severity == "warning" for r in t.rules)
-    assert all("unconfirmed" in r.provenance for r in t.rules if "seeds/000" in r.provenance)
+    assert all("unconfirmed" in r.provenance for r in t.rules if "field report 000" in r.provenance)
 
 
 def test_cost_of_16_bit_on_hailo_matches_the_pose_measurement():
