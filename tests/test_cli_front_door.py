@@ -102,15 +102,21 @@ def test_a_bad_option_of_run_fails_before_any_stage(tmp_path, monkeypatch, capsy
     assert not (tmp_path / "W").exists() and list(cache.iterdir()) == []
 
 
-def test_a_bad_target_is_reported_before_the_model_is_opened(tmp_path, capsys):
-    """check: the target is checked while parsing, before the (here truncated) model is
-    read; before, the model's error came first."""
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["check", "--model", "{m}", "--target", "hailo99", "{p}"],
+     "argument --target: unknown target 'hailo99'"),
+    (["calibrate", "{m}", "--data", "stdlib-docs", "--tokenizer", "{tmp}/nope.json", "--out",
+      "{tmp}/s.npz"], "argument --tokenizer: tokenizer not found: "),
+])
+def test_a_bad_name_is_reported_before_the_model_is_opened(tmp_path, capsys, argv, needle):
+    """The target and the tokenizer are checked while parsing, before the (here truncated)
+    model is read; before, the model's error came first."""
     (tmp_path / "m.onnx").write_bytes(b"\x08\x07")
     (tmp_path / "p.json").write_text('{"default": "a8_w8", "groups": {}}')
-    code = main(["check", "--model", str(tmp_path / "m.onnx"), "--target", "hailo99",
-                 str(tmp_path / "p.json")])
+    code = main([a.format(m=tmp_path / "m.onnx", p=tmp_path / "p.json", tmp=tmp_path)
+                 for a in argv])
     err = capsys.readouterr().err
-    assert code == 2 and "argument --target: unknown target 'hailo99'" in err, err
+    assert code == 2 and needle in err, err
 
 
 @pytest.mark.parametrize(("command", "old", "new", "dest", "value"), [

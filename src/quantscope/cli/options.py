@@ -18,7 +18,6 @@ from quantscope.cli.types import (
     data_spec,
     input_file,
     input_shape,
-    input_spec,
     layout,
     model_spec,
     output_name,
@@ -27,6 +26,7 @@ from quantscope.cli.types import (
     seq_len,
     seq_lens,
     target_spec,
+    tokenizer_spec,
 )
 from quantscope.targets import BUILTIN_TARGETS
 from quantscope.types import Precision, QuantscopeError
@@ -130,9 +130,10 @@ def target_parent(*, required: bool = True, help: str = "") -> argparse.Argument
 
 def tokenizer_parent() -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--tokenizer", type=input_spec("tokenizer"), help="tokenizer.json or Hugging Face model folder (text "
-                   "models; default: the one the model names or sits with (tokenizer.json "
-                   "beside it), else the packaged uncased BERT tokenizer of the MiniLMs)")
+    p.add_argument("--tokenizer", type=tokenizer_spec,
+                   help="tokenizer.json or Hugging Face model folder (text models; default: "
+                   "the one the model names or sits with (tokenizer.json beside it), else "
+                   "the packaged uncased BERT tokenizer of the MiniLMs)")
     return p
 
 

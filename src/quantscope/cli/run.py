@@ -234,3 +234,4 @@ def cmd_buckets(args: argparse.Namespace) -> int:
     if args.json:
         stages.write_json(args.json, choice)
         print(f"wrote {args.json}")
+    return 0

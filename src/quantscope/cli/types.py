@@ -9,7 +9,8 @@ numbers            one ``type=`` per kind: positive int, count (0 = all), fracti
                    FIFO, a device, a symlink loop or a name too long
 ``OutputPath``     a file a command writes: not a folder (nor ``name/``), not a special
                    file, in an existing folder that can be written
-names              ``model_spec`` (an ONNX file or a built-in model), ``target_spec``
+names              ``model_spec`` (an ONNX file or a built-in model), ``tokenizer_spec``,
+                   ``target_spec``
                    (a built-in target or a TOML profile, loaded here), ``repair_names``
                    (each in the repair registry): a mistyped one fails before any stage
 values             ``--input-shape``, ``--batch-axis``, ``--seq-len`` lists, compiled
@@ -442,6 +443,17 @@ def model_spec(text: str) -> InputPath:
             f"unknown model '{text}': give an .onnx path or a built-in name "
             f"({', '.join(BUILTIN_MODELS)})")
     raise argparse.ArgumentTypeError(f"model file '{text}' does not exist: check the path")
+
+
+def tokenizer_spec(text: str) -> InputPath:
+    """A tokenizer: a ``tokenizer.json`` file, or a Hugging Face model folder holding one
+    (read later, with the data; here only found)."""
+    spec = input_spec("tokenizer")(text)
+    file = Path(text) / "tokenizer.json" if Path(text).is_dir() else Path(text)
+    if not file.is_file():
+        raise argparse.ArgumentTypeError(
+            f"tokenizer not found: {file} (pass --tokenizer a tokenizer.json or a model folder)")
+    return spec
 
 
 def target_spec(text: str) -> InputPath:
