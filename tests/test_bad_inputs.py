@@ -640,8 +640,8 @@ FREE_TEXT = {"repairs", "metric", "title"}
 
 
 def test_every_argument_is_typed():
-    from quantscope.cli_args import parser
-    from quantscope.cli_types import output_file
+    from quantscope.cli.commands import parser
+    from quantscope.cli.types import output_file
 
     action = next(a for a in parser()._actions if a.dest == "command")
     untyped, outputs = [], []

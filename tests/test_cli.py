@@ -167,7 +167,7 @@ def test_report_from_evaluate_result(work, capsys):
 
 
 def _subparsers():
-    from quantscope.cli_args import parser
+    from quantscope.cli.commands import parser
 
     action = next(a for a in parser()._actions if a.dest == "command")
     return action.choices

@@ -9,6 +9,12 @@ numbers            one ``type=`` per kind: positive int, count (0 = all), fracti
                    FIFO, a device, a symlink loop or a name too long
 ``OutputPath``     a file a command writes: not a folder (nor ``name/``), not a special
                    file, in an existing folder that can be written
+names              ``model_spec`` (an ONNX file or a built-in model), ``tokenizer_spec``,
+                   ``target_spec``
+                   (a built-in target or a TOML profile, loaded here), ``repair_names``
+                   (each in the repair registry): a mistyped one fails before any stage
+values             ``--input-shape``, ``--batch-axis``, ``--seq-len`` lists, compiled
+                   lengths, phases, ``--check-mapping``, a run folder, a Ray address
 =================  ==================================================================
 
 :func:`check_paths` then refuses, for every command alike, an output that is one of the
@@ -315,6 +321,172 @@ def check_paths(args: argparse.Namespace) -> None:
             raise QuantscopeError(
                 f"{seen[key][0]} and {flag} are both '{path}': give each output its own path")
         seen[key] = (flag, path)
+
+
+# ---------------------------------------------------------------- values
+
+
+def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
+    """``NAME=1x3x224x224`` (see :func:`quantscope.model.shapes.parse_input_shape`)."""
+    from quantscope.model.shapes import parse_input_shape
+
+    return parse_input_shape(text)
+
+
+
+def run_folder(text: str) -> str:
+    """The run folder: created if missing (its parent must exist), never a file."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"run folder '{text}' is a file: give a folder path")
+    if not path.exists() and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the folder '{path.parent}' of run folder '{text}' "
+                                         "does not exist: create it first")
+    return text
+
+
+
+def batch_axes(text: str) -> tuple[tuple[str, int], ...]:
+    """``NAME=AXIS`` or a comma list of them (names checked against the model later)."""
+    out = []
+    for part in text.split(","):
+        name, eq, axis = part.strip().partition("=")
+        name, axis = name.strip(), axis.strip()
+        if not eq or not name or not axis.lstrip("-").isdigit():
+            raise argparse.ArgumentTypeError(
+                f"'{part.strip()}' is no NAME=AXIS: give e.g. --batch-axis h=1")
+        out.append((name, int(axis)))
+    return tuple(out)
+
+
+def merged_batch_axes(given: list[tuple[tuple[str, int], ...]] | None) -> dict[str, int]:
+    """The ``--batch-axis`` values as one mapping; a name given twice with two axes is
+    refused (one line)."""
+    out: dict[str, int] = {}
+    for name, axis in (pair for group in given or [] for pair in group):
+        if out.setdefault(name, axis) != axis:
+            raise QuantscopeError(f"--batch-axis gives '{name}' two axes ({out[name]} and "
+                                  f"{axis}): give it once")
+    return out
+
+
+
+def output_name(text: str) -> str:
+    """A model output's name (checked against the model when the data is opened)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty output name: give one of the model's outputs")
+    return text
+
+
+def ray_address(text: str) -> str:
+    """A Ray cluster address (``local``, ``auto``, ``HOST:PORT``, ``ray://HOST:PORT``)."""
+    if not text.strip() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is no Ray address: give local, auto, HOST:PORT or ray://HOST:PORT")
+    return text
+
+
+
+def mapping(text: str) -> object:
+    """``TENSOR=CODE:VALUE,…`` (see :func:`quantscope.export.device_io.parse_mapping`)."""
+    from quantscope.export.device_io import parse_mapping
+
+    return parse_mapping(text)
+
+
+def seq_lens(text: str) -> tuple[int, ...]:
+    """``256`` or ``128,256``: positive sequence lengths."""
+    try:
+        out = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        out = ()
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a positive length or a comma list "
+                                         "of them (e.g. 256 or 128,256)")
+    for n in out:
+        seq_len(str(n))
+    return out
+
+
+
+def lengths(text: str) -> tuple[int, ...]:
+    """``16,32,64,128,256``: compiled sequence lengths."""
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a comma-separated list of token counts (e.g. 32,64,128,256)"
+        ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"'{text}': every length must be a positive token count")
+    return values
+
+
+def phases(text: str) -> tuple[str, ...]:
+    from quantscope.model.phases import parse_phases
+
+    try:
+        return parse_phases(text)
+    except QuantscopeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def model_spec(text: str) -> InputPath:
+    """A model: an existing ONNX file or a built-in model name (built later, on first use)."""
+    from quantscope.zoo import BUILTIN_MODELS
+
+    path = Path(input_spec("model", folder=False)(text))
+    if text in BUILTIN_MODELS or path.exists():
+        return InputPath(text)
+    if path.suffix != ".onnx" and len(path.parts) == 1:
+        raise argparse.ArgumentTypeError(
+            f"unknown model '{text}': give an .onnx path or a built-in name "
+            f"({', '.join(BUILTIN_MODELS)})")
+    raise argparse.ArgumentTypeError(f"model file '{text}' does not exist: check the path")
+
+
+def tokenizer_spec(text: str) -> InputPath:
+    """A tokenizer: a ``tokenizer.json`` file, or a Hugging Face model folder holding one
+    (read later, with the data; here only found)."""
+    spec = input_spec("tokenizer")(text)
+    file = Path(text) / "tokenizer.json" if Path(text).is_dir() else Path(text)
+    if not file.is_file():
+        raise argparse.ArgumentTypeError(
+            f"tokenizer not found: {file} (pass --tokenizer a tokenizer.json or a model folder)")
+    return spec
+
+
+def target_spec(text: str) -> InputPath:
+    """A target: a built-in name or a profile TOML file, loaded (and so checked) here, so
+    that a mistyped one fails before any stage runs and before any file is written."""
+    from quantscope.targets import load_target
+
+    spec = input_spec("target", folder=False)(text)
+    try:
+        load_target(spec)
+    except QuantscopeError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return spec
+
+
+def repair_names(text: str, *, none: bool = False) -> str:
+    """A comma list of repair names (``--repairs``), each in the repair registry; ``none``:
+    the word ``none`` (no repairs) is allowed too."""
+    from quantscope.repair.registry import REGISTRY
+
+    if none and text == "none":
+        return text
+    unknown = [n for n in text.split(",") if n not in REGISTRY]
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown repair '{unknown[0]}': use {', '.join(REGISTRY)}"
+            + (" or none" if none else ""))
+    return text
+
+
+def run_repair_names(text: str) -> str:
+    """``run --repairs``: a comma list of repair names, or ``none``."""
+    return repair_names(text, none=True)
 
 
 # ---------------------------------------------------------------- checks across arguments

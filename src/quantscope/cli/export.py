@@ -1,0 +1,97 @@
+"""export, export-qdq, io: a plan in a vendor's format, and how to feed the device."""
+
+from __future__ import annotations
+
+import argparse
+
+from quantscope import stages
+from quantscope.cli.inputs import open_inputs, read_hn
+from quantscope.cli.options import (
+    PLAN_FIX,
+    command,
+    hn_parent,
+    method_parent,
+    model_parent,
+    plan_parent,
+    stats_parent,
+)
+from quantscope.cli.types import input_file, mapping, output_file
+from quantscope.export import device_io as dio
+
+
+def add_export(sub: argparse._SubParsersAction, summary: str) -> None:
+    ex = command(sub, "export", summary,
+                 example="quantscope export --model minilm-l6 --stats stats.npz plan.json "
+                 "--format alls --out model.alls",
+                 parents=(model_parent(option=True), stats_parent(), hn_parent()))
+    ex.add_argument("plan", type=input_file("plan", PLAN_FIX), help="plan JSON to export")
+    ex.add_argument("--format", required=True, choices=["alls", "qnn", "qdq"],
+                    help="alls: Hailo model script; qnn: QNN/AIMET encodings JSON; qdq: ONNX")
+    ex.add_argument("--qnn-version", default="1.0.0", choices=["1.0.0", "0.6.1"],
+                    help="QNN encodings file version (default 1.0.0)")
+    ex.add_argument("--out", type=output_file, required=True, help="file to write")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    inp = open_inputs(args, stats=True, plan=True)
+    stages.check_plan_format(inp.plan, args.format, plan_name=f"plan '{args.plan}'")
+    hn = read_hn(args)
+    written = stages.export_plan(inp.model, inp.stats, inp.plan, fmt=args.format, out=args.out,
+                                 hn=hn, qnn_version=args.qnn_version)
+    print(f"wrote {written}")
+    return 0
+
+
+def add_export_qdq(sub: argparse._SubParsersAction, summary: str) -> None:
+    x = command(sub, "export-qdq", summary,
+                example="quantscope export-qdq minilm-l6 --stats stats.npz --plan plan.json "
+                "--out qdq.onnx",
+                parents=(model_parent(), stats_parent(), plan_parent(), method_parent(None)))
+    x.add_argument("--out", type=output_file, required=True,
+                   help="QDQ model to write (.onnx)")
+
+
+def cmd_export_qdq(args: argparse.Namespace) -> int:
+    inp = open_inputs(args, stats=True, plan=True)
+    proto, notes = stages.qdq_for_plan(inp.model, inp.stats, inp.plan, method=args.method)
+    stages.write_onnx(args.out, proto)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"wrote {args.out} ({len(proto.graph.node)} nodes, opset {stages.opset_of(proto)})")
+    return 0
+    return 0
+
+
+def add_io(sub: argparse._SubParsersAction, summary: str) -> None:
+    io = command(sub, "io", summary,
+                 example="quantscope io minilm-l6 --stats stats.npz --plan plan.json "
+                 "--out-snippet io.py",
+                 parents=(model_parent(), stats_parent(), plan_parent()))
+    io.add_argument("--json", type=output_file,
+                    help="write the I/O table (and mapping checks) as JSON")
+    io.add_argument("--check-mapping", action="append", metavar="TENSOR=CODE:VALUE,…",
+                    type=mapping, help="a hand-written code<->value mapping to check "
+                    "against the correct transform, e.g. 'out=0:-1,127:0,255:1' (TENSOR may "
+                    "be *); repeatable")
+    io.add_argument("--out-snippet", "--snippet", dest="out_snippet", metavar="FILE.py",
+                    type=output_file,
+                    help="write host-side to_device/from_device functions to paste")
+
+
+def cmd_io(args: argparse.Namespace) -> int:
+    mappings = list(args.check_mapping or [])
+    inp = open_inputs(args, stats=True, plan=True)
+    rows = stages.device_io_rows(inp.model, inp.stats, inp.plan)
+    print(dio.format_device_io(rows))
+    checks = dio.check_mapping(rows, mappings) if mappings else []
+    if checks:
+        print("manual mappings against the correct transform:")
+        print(dio.format_mapping_check(checks))
+    if args.out_snippet:
+        stages.write_text(args.out_snippet, dio.python_snippet(rows))
+        print(f"wrote {args.out_snippet} (host-side to_device/from_device functions)")
+    if args.json:
+        stages.write_json(args.json, {"io": rows, "mapping_checks": checks,
+                                      "note": dio.PROVENANCE})
+        print(f"wrote {args.json}")
+    return 0

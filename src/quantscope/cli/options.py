@@ -1,0 +1,220 @@
+"""Options shared by the commands: one parent parser per input a command can read.
+
+Every input a command can read (model, data, stats, plan, target, tokenizer, pairs, ...) is
+declared once here, with its help; each command's own options sit with its handler in its
+family's module (:mod:`quantscope.cli.commands` lists them). :class:`Parser` turns a
+usage error into one line; :func:`command` opens each command's ``--help`` with what it is
+for and the recommended invocation.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, NoReturn
+
+from quantscope.cli.types import (
+    batch_axes,
+    count,
+    data_spec,
+    input_file,
+    input_shape,
+    layout,
+    model_spec,
+    output_name,
+    precision,
+    ray_address,
+    seq_len,
+    seq_lens,
+    target_spec,
+    tokenizer_spec,
+)
+from quantscope.targets import BUILTIN_TARGETS
+from quantscope.types import Precision, QuantscopeError
+
+METHODS = ("minmax", "percentile", "mse")
+DATA_HELP = (".npy/.npz file or folder, JSONL query/document pairs, a text file, a face "
+             "folder, or a built-in data name (stdlib-docs, faces, photos, photos-small)")
+
+
+# ---------------------------------------------------------------- shared options
+# One parent parser per input a command can read; each is declared here once, with its help.
+# Factories, not shared objects: argparse shares a parent's actions with every child, so a
+# per-command default (e.g. --pairs) needs its own parent.
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are a :class:`QuantscopeError` (one line, exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        line = " ".join(message.split())
+        command = self.prog.removeprefix("quantscope").strip()
+        raise QuantscopeError(f"{command}{': ' if command else ''}{line} "
+                              f"(see '{self.prog} --help')")
+
+
+def _parent() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(add_help=False)
+
+
+STATS_FIX = "run 'quantscope calibrate' to make one"
+PLAN_FIX = "check the path (plans are written by 'quantscope plan')"
+
+
+def model_parent(*, option: bool = False) -> argparse.ArgumentParser:
+    p, what = _parent(), "ONNX file or built-in model name (see 'quantscope models')"
+    kind = model_spec
+    if option:
+        p.add_argument("--model", required=True, type=kind, help=what)
+    else:
+        p.add_argument("model", type=kind, help=what)
+    return p
+
+
+def data_parent(*, required: bool = True, help: str = DATA_HELP) -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--data", required=required, type=data_spec, help=help)
+    p.add_argument("--batch-axis", action="append", default=[], type=batch_axes,
+                   metavar="NAME=AXIS[,…]",
+                   help="the axis of input (or output) NAME that holds the samples, for "
+                   "tensor data (default: found from the model: a symbolic dim the inputs "
+                   "share, else the axis of static size 1 the data fills; e.g. an LSTM "
+                   "state h=1); repeatable")
+    return p
+
+
+def output_parent() -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--output", type=output_name, metavar="NAME",
+                   help="score this model output alone (default: every output; the "
+                   "metrics without an output name are the worst output's)")
+    add_layout(p)
+    return p
+
+
+LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per output): "
+               "OUTPUT=detect[:boxes=0-3,scores=4-,axis=1,format=cxcywh|xyxy,threshold=0.25,"
+               "iou=0.5] (detection F1 vs FP32), OUTPUT=map[:threshold=0.5] (mask IoU), "
+               "OUTPUT=score[:threshold=0.5] (decision agreement, one value per sample), "
+               "OUTPUT=tensor (fidelity only). Default: a detection head (a Concat of 4 box "
+               "rows and score rows) is found in the graph; other outputs are tensors "
+               "(docs/outside-the-zoo.md)")
+
+
+def add_layout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layout", type=layout, action="append", default=[],
+                   metavar="OUTPUT=KIND[:KEY=VALUE,...]", help=LAYOUT_HELP)
+
+
+def stats_parent(*, required: bool = True, help: str | None = None) -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--stats", required=required, type=input_file("stats", STATS_FIX),
+                   help=help or "stats file written by 'quantscope calibrate' (.npz)")
+    return p
+
+
+def plan_parent() -> argparse.ArgumentParser:
+    p = _parent()
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--precision", type=precision, help="uniform precision: " + ", ".join(x.value for x in Precision))
+    g.add_argument("--plan", type=input_file("plan", PLAN_FIX), help="plan JSON (group name -> precision, with a default)")
+    return p
+
+
+def target_parent(*, required: bool = True, help: str = "") -> argparse.ArgumentParser:
+    names = ", ".join(n.replace("_", "-") for n in BUILTIN_TARGETS)
+    p = _parent()
+    p.add_argument("--target", required=required, type=target_spec,
+                   help=f"{help}{': ' if help else ''}{names} or a target TOML file")
+    return p
+
+
+def tokenizer_parent() -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--tokenizer", type=tokenizer_spec,
+                   help="tokenizer.json or Hugging Face model folder (text models; default: "
+                   "the one the model names or sits with (tokenizer.json beside it), else "
+                   "the packaged uncased BERT tokenizer of the MiniLMs)")
+    return p
+
+
+def pairs_parent(default: int | None, what: str) -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--pairs", type=count, default=default,
+                   help=f"retrieval pairs {what} (text retrieval data; "
+                   f"default: {default or 'all'}; 0 = all)")
+    return p
+
+
+def ray_parent(what: str = "the sweep's candidates") -> argparse.ArgumentParser:
+    """--ray [ADDRESS]: run the independent evaluations on a Ray cluster (the ray extra)."""
+    p = _parent()
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   type=ray_address,
+                   help=f"run {what} on Ray: a local cluster on this "
+                   "machine's CPUs, or the existing cluster at ADDRESS (e.g. ray://head:10001 "
+                   "or auto); the same results as without (needs: pip install ray)")
+    return p
+
+
+def seq_len_parent(*, several: bool = False) -> argparse.ArgumentParser:
+    p = _parent()
+    if several:
+        p.add_argument("--seq-len", type=seq_lens, metavar="N[,N…]",
+                       help="sequence length(s) for symbolic token dims: legality depends on "
+                       "it, so a comma list (128,256) plans each and keeps the best, "
+                       "showing every length's front and the fraction of texts that fit "
+                       "(default: none: the shapes the model declares)")
+    else:
+        p.add_argument("--seq-len", type=seq_len,
+                       help="sequence length for symbolic token dims (rules and costs that "
+                       "depend on the tensor size; default: none: the shapes the model "
+                       "declares)")
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx…",
+                   type=input_shape,
+                   help="concrete shape of an input with symbolic dims other than the "
+                   "sequence, e.g. pixel_values=1x3x224x224 (repeatable)")
+    return p
+
+
+def method_parent(default: str | None) -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--method", default=default, choices=METHODS,
+                   help=f"activation range setting (default: {default})" if default else
+                   "activation range setting (default: the one the stats were made with)")
+    return p
+
+
+def hn_parent() -> argparse.ArgumentParser:
+    p = _parent()
+    p.add_argument("--hn", type=input_file("HN", "check the path"), help="parsed model HN JSON (exact Hailo layer names)")
+    return p
+
+
+# ---------------------------------------------------------------- a command's parser
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Help text in paragraphs (split at blank lines): a paragraph whose first line is
+    indented (an example command, a list) is kept as written; any other is wrapped."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in text.split("\n\n"):
+            if para.startswith("  "):
+                out.append("\n".join(indent + line for line in para.splitlines()))
+            else:
+                out.append(super()._fill_text(para, width, indent))
+        return "\n\n".join(out)
+
+
+def command(sub: argparse._SubParsersAction, name: str, summary: str, *, example: str,
+            details: str = "", parents: tuple[argparse.ArgumentParser, ...] = (),
+            **kwargs: Any) -> argparse.ArgumentParser:
+    """The subparser of command ``name``: its ``--help`` opens with ``summary`` (what it
+    is for, the line ``quantscope --help`` lists), then ``example`` (the recommended
+    invocation; one command per line), then ``details``."""
+    examples = "\n".join(f"  {line}" for line in example.splitlines())
+    text = f"{summary[0].upper()}{summary[1:]}.\n\n{examples}"
+    return sub.add_parser(name, parents=list(parents),
+                          description=text + (f"\n\n{details}" if details else ""),
+                          formatter_class=HelpFormatter, **kwargs)

@@ -1,0 +1,243 @@
+"""plan, check, lint: a legal mixed-precision plan, and its preflights on a target."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from quantscope import stages, stages_llm
+from quantscope.analyze.phases import format_diagnosis
+from quantscope.cli.inputs import (
+    EXIT_PROBLEMS,
+    executor,
+    input_shapes,
+    load_target,
+    open_inputs,
+    print_problems,
+    read_hn,
+    shapes,
+)
+from quantscope.cli.options import (
+    DATA_HELP,
+    PLAN_FIX,
+    command,
+    data_parent,
+    hn_parent,
+    model_parent,
+    output_parent,
+    pairs_parent,
+    ray_parent,
+    seq_len_parent,
+    stats_parent,
+    target_parent,
+    tokenizer_parent,
+)
+from quantscope.cli.types import (
+    check_goal,
+    finite_float,
+    input_file,
+    non_negative_float,
+    output_file,
+    phases,
+    positive_float,
+    positive_int,
+    repair_names,
+)
+from quantscope.export.alls_lint import lint
+from quantscope.model.groups import find_groups
+from quantscope.model.shapes import shape_note
+from quantscope.plan.check import check
+from quantscope.serde import read_sensitivity
+from quantscope.types import QuantscopeError
+
+
+def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
+    pl = command(sub, "plan", summary,
+                 example="quantscope plan minilm-l6 --analysis analysis.json --target hailo10h "
+                 "--max-cost 1.5 --out plan.json",
+                 parents=(model_parent(), target_parent(help="target profile"),
+                          seq_len_parent(several=True), output_parent(),
+                          data_parent(required=False, help="with --stats: refine the "
+                                      "front by real emulation (" + DATA_HELP + ")"),
+                          stats_parent(required=False, help="with --data: the stats "
+                                       "file of the model"),
+                          tokenizer_parent(), pairs_parent(300, "measured"),
+                          ray_parent("the measurements of the best-predicted plans "
+                                     "(with --data and --stats)")))
+    pl.add_argument("--analysis",
+                    type=input_file("analysis", "run 'quantscope analyze' to make one"),
+                    help="analysis JSON of 'quantscope analyze' (required, except with "
+                    "--phase)")
+    pl.add_argument("--phase", type=phases, metavar="prefill,decode",
+                    help="a decoder LLM (e.g. smollm2-135m): search candidates legal on "
+                    "every phase graph within --max-cost (default 1.5) at --seq-len, "
+                    "measure them per phase on stdlib-docs text and keep the best (minutes)")
+    budget = pl.add_mutually_exclusive_group()
+    budget.add_argument("--min-quality", type=non_negative_float,
+                        help="the least predicted quality (the analysis' metric, output SQNR "
+                        "in dB); not with --data")
+    budget.add_argument("--max-cost", type=positive_float, help="relative to uniform a8_w8 = "
+                        "1.0 (default: none: the best quality, whatever it costs)")
+    pl.add_argument("--metric", default=None,
+                    help="with --data: the measured metric (default: top1_agreement for text "
+                    "retrieval, score_agreement for sentence similarity, decision_agreement "
+                    "for faces, sqnr_db of the worst output for tensor data)")
+    pl.add_argument("--goal", type=finite_float,
+                    help="with --data: the measured metric to reach; the output says whether "
+                    "it was reached and which rule binds if not (default: none)")
+    pl.add_argument("--repairs", type=repair_names,
+                    help="with --data/--stats: comma list of repairs to search together with "
+                    "the precisions (each measured; see docs/planner.md)")
+    pl.add_argument("--repair-batches", type=positive_int, default=8,
+                    help="calibration batches the repairs use (default 8)")
+    pl.add_argument("--seed", type=int, default=0,
+                    help="recorded in the plan (the search draws no random numbers yet; "
+                    "default 0)")
+    pl.add_argument("--out", type=output_file, required=True,
+                    help="plan JSON to write (with the Pareto front)")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if getattr(args, "phase", None):
+        return _plan_phases(args)
+    if not args.analysis:
+        raise QuantscopeError("plan: the following arguments are required: --analysis "
+                              "(see 'quantscope plan --help')")
+    lengths = args.seq_len or ()
+    options = stages.PlanOptions(
+        min_quality=args.min_quality, max_cost=args.max_cost,
+        seq_len=lengths[0] if len(lengths) == 1 else None, input_shapes=input_shapes(args),
+        metric=args.metric, goal=args.goal, seed=args.seed,
+        repairs=tuple(args.repairs.split(",")) if args.repairs else (),
+        repair_batches=args.repair_batches)
+    options.check_inputs(data=bool(args.data), stats=bool(args.stats))
+    if args.metric:
+        check_goal(args.metric, args.goal)
+    analysis = read_sensitivity(args.analysis)
+    measure = bool(args.data and args.stats)
+    inp = open_inputs(args, target=True, data=measure, stats=measure)
+    if not args.metric and measure:
+        options = dataclasses.replace(options, metric=stages.default_metric(inp.data))
+        check_goal(options.metric, args.goal)
+    pool = executor(args.ray) if measure else None
+    try:
+        if len(lengths) > 1:
+            out = stages.plan_lengths(inp.model, analysis, inp.target, options, lengths,
+                                      data=inp.data, stats=inp.stats, progress=True,
+                                      executor=pool)
+        else:
+            out = stages.plan_model(inp.model, analysis, inp.target, options, data=inp.data,
+                                    stats=inp.stats, progress=True, executor=pool)
+    finally:
+        if pool is not None:
+            pool.close()
+    if out.offer is not None:
+        for row in out.offer.measured:
+            print(f"  repair {row['name']:<9} " + ", ".join(
+                f"{k} {v}" for k, v in row.items() if k != "name"))
+        for note in out.offer.notes:
+            print(f"  {note}")
+    stages.write_plan(args.out, out.plan, out.file_extra())
+    print(stages.format_search(out.pareto))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _plan_phases(args: argparse.Namespace) -> int:
+    """plan --phase: a plan legal on every phase graph of a decoder, measured per phase."""
+    if args.min_quality is not None or args.data or args.stats or args.analysis:
+        raise QuantscopeError("plan --phase measures candidates itself: give --max-cost, "
+                              "not --min-quality, --data, --stats or --analysis")
+    if args.seq_len and len(args.seq_len) > 1:
+        raise QuantscopeError("plan --phase takes one --seq-len")
+    setup = stages_llm.LmSetup.at(args.seq_len[0] if args.seq_len else None)
+    out = stages_llm.plan_phases(args.model, load_target(args.target).name,
+                                 max_cost=args.max_cost or 1.5, setup=setup, phases=args.phase)
+    print("\n".join(format_diagnosis(out.diagnosis)))
+    print("\n".join(stages_llm.format_phase_plan(out)))
+    stages.write_plan(args.out, out.plan())
+    print(f"wrote {args.out}")
+    return 0
+
+
+def add_check(sub: argparse._SubParsersAction, summary: str) -> None:
+    k = command(sub, "check", summary,
+                example="quantscope check --model minilm-l6 --target hailo10h --seq-len 128 "
+                "plan.json",
+                parents=(model_parent(option=True), target_parent(), seq_len_parent()))
+    k.add_argument("plan", type=input_file("plan", PLAN_FIX), help="plan JSON to check")
+    k.add_argument("--phase", type=phases, metavar="prefill,decode",
+                   help="a decoder LLM (e.g. smollm2-135m): check the plan on each phase's "
+                   "graph (same layer names) and print each phase's cost")
+    k.add_argument("--quality", action="store_true",
+                   help="with --phase: also measure next-token quality per phase on "
+                   "stdlib-docs text (top-1 agreement, KL, perplexity ratio; minutes)")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    if getattr(args, "phase", None):
+        return _check_phases(args)
+    if getattr(args, "quality", False):
+        raise QuantscopeError("--quality measures each phase of a decoder: give --phase too")
+    inp = open_inputs(args, target=True, plan=True)
+    stages.check_plan_target(inp.plan, inp.target.name if inp.target else None,
+                             plan_name=f"plan '{args.plan}'")
+    given = shapes(args, inp.model)
+    problems = check(inp.plan, find_groups(inp.model), inp.model, inp.target, shapes=given)
+    note = shape_note(inp.model, given)
+    if note:
+        print(f"note: {note}")
+    return print_problems(problems, f"check {args.plan} on {inp.target.name}")
+
+
+def _check_phases(args: argparse.Namespace) -> int:
+    """check --phase: the plan on each phase graph of a decoder (legality, cost, quality)."""
+    plan = stages.read_plan(args.plan)
+    if args.target:
+        stages.check_plan_target(plan, load_target(args.target).name,
+                                 plan_name=f"plan '{args.plan}'")
+    target = args.target or plan.target
+    if target:
+        plan = dataclasses.replace(plan, target=load_target(target).name)
+    checks = stages_llm.check_plan_phases(args.model, plan, args.phase, args.seq_len)
+    print("\n".join(stages_llm.format_phase_checks(checks)))
+    if args.quality:
+        result = stages_llm.lm_quality(args.model, {Path(args.plan).stem: plan},
+                                       stages_llm.LmSetup.at(args.seq_len))
+        print("\n".join(stages_llm.format_lm_quality(result)))
+    errors = sum(c.errors for c in checks)
+    print(f"check {args.plan} on {target}, phases {','.join(args.phase)}: {errors} error(s)")
+    return EXIT_PROBLEMS if errors else 0
+
+
+def add_lint(sub: argparse._SubParsersAction, summary: str) -> None:
+    li = command(sub, "lint", summary,
+                 example="quantscope lint --model minilm-l6 --target hailo10h --seq-len 128 "
+                 "model.alls",
+                 parents=(model_parent(option=True), target_parent(), hn_parent(),
+                          seq_len_parent()))
+    li.add_argument("script", type=input_file("model script", "check the path"),
+                    help="Hailo model script (.alls) to lint")
+
+
+def cmd_lint(args: argparse.Namespace) -> int:
+    inp = open_inputs(args, target=True)
+    if inp.target.vendor != "Hailo":
+        raise QuantscopeError(
+            f"lint checks Hailo model scripts (.alls), and target '{args.target}' is a "
+            f"{inp.target.vendor} target: use a Hailo target (hailo8, hailo8l, hailo10h)")
+    text = stages.read_text(args.script, "model script")
+    if not text.strip():
+        raise QuantscopeError(f"model script '{args.script}' is empty: give the .alls script "
+                              "the Hailo compiler gets")
+    named = stages.alls_target(text)
+    if named and named != inp.target.name:
+        raise QuantscopeError(
+            f"model script '{args.script}' was written for target '{named}', not "
+            f"'{inp.target.name}': use --target {named}, or export the plan for "
+            f"--target {inp.target.name} again")
+    hn = read_hn(args)
+    problems = lint(text, inp.model, find_groups(inp.model), inp.target, hn=hn,
+                    shapes=shapes(args, inp.model))
+    return print_problems(problems, f"lint {args.script} on {inp.target.name}")
