@@ -85,7 +85,7 @@ cmds = [
     "run m.onnx --data x.npy --target hailo10h --max-cost 2.0 --out runf",
 ]
 import contextlib  # noqa: E401,E402
-import io as _io
+import io as _io  # noqa: E402
 
 for i, c in enumerate(cmds):
     buf = _io.StringIO()
