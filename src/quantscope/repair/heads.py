@@ -135,6 +135,9 @@ def _constants(model: Model) -> dict[str, tuple[int, ...]]:
     return out
 
 
+_Site = tuple[list[onnx.NodeProto], int]  # one attention's nodes (scores .. context), heads
+
+
 def split_heads(model: Model, *, shapes: Shapes | None = None,
                 seq_len: int | None = None) -> Repair:
     """The model with each multi-head attention split into one layer per head.
@@ -144,6 +147,31 @@ def split_heads(model: Model, *, shapes: Shapes | None = None,
     inputs with symbolic dims are resolved at :data:`PROBE_LEN` tokens when none is given,
     only to infer the head count. FP32 function unchanged.
     """
+    shapes = _head_shapes(model, shapes, seq_len)
+    consts = _constants(model)
+    sites, skipped = _attentions(model, shapes, consts)
+    if not sites:
+        return Repair(name="headsplit", reason="no multi-head attention to split",
+                      proto=model.proto, skipped=skipped)
+    most = max(h for _, h in sites)
+    order, inits, changes = _split_graph(model, sites, shapes, consts)
+    proto = rewritten(model.proto, order, inits, (
+        METADATA_KEY, f"attentions={len(sites)} heads={most}; {UNVERIFIED}"))
+    heads_total = sum(h for _, h in sites)
+    return Repair(
+        name="headsplit",
+        reason=f"{len(sites)} attention(s) split into {heads_total} per-head layers "
+        f"(groups '<name>/head<h>'), each with its own grid; {UNVERIFIED}",
+        proto=proto,
+        changes=changes,
+        skipped=skipped,
+        effect=(("attentions", float(len(sites))), ("heads", float(most))),
+    )
+
+
+def _head_shapes(model: Model, shapes: Shapes | None, seq_len: int | None) -> Shapes:
+    """Every tensor's shape at the given input shapes; token inputs with symbolic dims at
+    ``seq_len`` (or :data:`PROBE_LEN` tokens: only the head count is read)."""
     given = dict(shapes or {})
     known = model.value_shapes()
     tokens = [n for n in model.input_names() if len(known.get(n) or ()) == 2
@@ -151,8 +179,13 @@ def split_heads(model: Model, *, shapes: Shapes | None = None,
     if seq_len is not None or tokens:
         given.update({k: v for k, v in seq_len_shapes(model, seq_len or PROBE_LEN).items()
                       if k not in given})
-    shapes = resolve_shapes(model, given or None)
-    consts = _constants(model)
+    return resolve_shapes(model, given or None)
+
+
+def _attentions(model: Model, shapes: Shapes, consts: dict[str, tuple[int, ...]]
+                ) -> tuple[list[_Site], tuple[tuple[str, str], ...]]:
+    """Every Softmax's attention that can be split (with its head count), and the others
+    with the reason."""
     producer = {o: n for n in model.graph.node for o in n.output if o}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in model.graph.node:
@@ -161,7 +194,7 @@ def split_heads(model: Model, *, shapes: Shapes | None = None,
                 readers.setdefault(t, []).append(n)
     for o in model.graph.output:
         readers.setdefault(o.name, []).append(onnx.NodeProto(name="<graph output>"))
-    sites: list[tuple[list[onnx.NodeProto], int]] = []
+    sites: list[_Site] = []
     skipped: list[tuple[str, str]] = []
     for n in model.graph.node:
         if n.op_type != "Softmax":
@@ -171,17 +204,22 @@ def split_heads(model: Model, *, shapes: Shapes | None = None,
             skipped.append((n.name, why))
         else:
             sites.append((nodes, int(_heads(shapes.get(n.output[0])) or 0)))
-    if not sites:
-        return Repair(name="headsplit", reason="no multi-head attention to split",
-                      proto=model.proto, skipped=tuple(skipped))
+    return sites, tuple(skipped)
+
+
+def _split_graph(model: Model, sites: list[_Site], shapes: Shapes,
+                 consts: dict[str, tuple[int, ...]]
+                 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], tuple[Change, ...]]:
+    """The node order with each attention written at its context MatMul, once per head
+    (a Slice per head of each input with the heads, a Concat of the heads' contexts); the
+    Slice bounds' initializers; the changes."""
     most = max(h for _, h in sites)
     axis_inits: dict[str, onnx.TensorProto] = {}
     inits = [*(numpy_helper.from_array(np.array([h], np.int64), f"headsplit/start{h}")
                for h in range(most)),
              *(numpy_helper.from_array(np.array([h + 1], np.int64), f"headsplit/end{h}")
                for h in range(most))]
-    at: dict[str, tuple[list[onnx.NodeProto], int]] = {nodes[-1].name: (nodes, h)
-                                                       for nodes, h in sites}
+    at: dict[str, _Site] = {nodes[-1].name: (nodes, h) for nodes, h in sites}
     inside = {n.name for nodes, _ in sites for n in nodes}
     sliced: set[str] = set()
     order: list[onnx.NodeProto] = []
@@ -194,48 +232,49 @@ def split_heads(model: Model, *, shapes: Shapes | None = None,
             continue
         nodes, heads = at[n.name]
         made = {o for m in nodes for o in m.output}
-        for m in nodes:
-            for t in m.input:
-                if t and t not in made and t not in sliced and \
-                        _operand_heads(t, shapes, consts) == heads:
-                    sliced.add(t)
-                    rank = len(consts[t] if t in consts else shapes[t])
-                    axes = f"headsplit/axes{rank - 3}"  # right-aligned: [.., H, Tq, Tk]
-                    if axes not in axis_inits:
-                        axis_inits[axes] = numpy_helper.from_array(
-                            np.array([rank - 3], np.int64), axes)
-                    for h in range(heads):
-                        order.append(helper.make_node(
-                            "Slice", [t, f"headsplit/start{h}", f"headsplit/end{h}", axes],
-                            [f"{t}/head{h}"], name=f"{t}/slice_head{h}"))
-                    changes.append(Change(tensor=t, kind="insert",
-                                          note=f"sliced into {heads} heads"))
-        for h in range(heads):
-            for m in nodes:
-                copy = onnx.NodeProto()
-                copy.CopyFrom(m)
-                copy.name = f"{m.name}/head{h}"
-                copy.input[:] = [f"{t}/head{h}" if (t in made or t in sliced) else t
-                                 for t in m.input]
-                copy.output[:] = [f"{o}/head{h}" if o else o for o in m.output]
-                order.append(copy)
+        for t in (t for m in nodes for t in m.input):
+            if t and t not in made and t not in sliced and \
+                    _operand_heads(t, shapes, consts) == heads:
+                sliced.add(t)
+                order.extend(_head_slices(t, heads, consts, shapes, axis_inits))
+                changes.append(Change(tensor=t, kind="insert",
+                                      note=f"sliced into {heads} heads"))
+        order.extend(_head_copies(nodes, heads, made | sliced))
         out = n.output[0]
         order.append(helper.make_node("Concat", [f"{out}/head{h}" for h in range(heads)],
                                       [out], name=f"{n.name}/concat", axis=HEAD_AXIS))
         changes.append(Change(tensor=out, kind="new",
                               note=f"Concat of {heads} heads for its readers"))
-    proto = rewritten(model.proto, order, [*inits, *axis_inits.values()], (
-        METADATA_KEY, f"attentions={len(sites)} heads={most}; {UNVERIFIED}"))
-    heads_total = sum(h for _, h in sites)
-    return Repair(
-        name="headsplit",
-        reason=f"{len(sites)} attention(s) split into {heads_total} per-head layers "
-        f"(groups '<name>/head<h>'), each with its own grid; {UNVERIFIED}",
-        proto=proto,
-        changes=tuple(changes),
-        skipped=tuple(skipped),
-        effect=(("attentions", float(len(sites))), ("heads", float(most))),
-    )
+    return order, [*inits, *axis_inits.values()], tuple(changes)
+
+
+def _head_slices(t: str, heads: int, consts: dict[str, tuple[int, ...]], shapes: Shapes,
+                 axis_inits: dict[str, onnx.TensorProto]) -> list[onnx.NodeProto]:
+    """A Slice per head of ``t`` along its head axis (right-aligned: [.., H, Tq, Tk]);
+    the axis initializer added to ``axis_inits`` when it is new."""
+    rank = len(consts[t] if t in consts else shapes[t])
+    axes = f"headsplit/axes{rank - 3}"  # right-aligned: [.., H, Tq, Tk]
+    if axes not in axis_inits:
+        axis_inits[axes] = numpy_helper.from_array(np.array([rank - 3], np.int64), axes)
+    return [helper.make_node("Slice", [t, f"headsplit/start{h}", f"headsplit/end{h}", axes],
+                             [f"{t}/head{h}"], name=f"{t}/slice_head{h}")
+            for h in range(heads)]
+
+
+def _head_copies(nodes: list[onnx.NodeProto], heads: int, sliced: set[str]
+                 ) -> list[onnx.NodeProto]:
+    """The attention's nodes once per head (``<name>/head<h>``), head by head, reading the
+    heads of the ``sliced`` tensors."""
+    out = []
+    for h in range(heads):
+        for m in nodes:
+            copy = onnx.NodeProto()
+            copy.CopyFrom(m)
+            copy.name = f"{m.name}/head{h}"
+            copy.input[:] = [f"{t}/head{h}" if t in sliced else t for t in m.input]
+            copy.output[:] = [f"{o}/head{h}" if o else o for o in m.output]
+            out.append(copy)
+    return out
 
 
 __all__ = ["METADATA_KEY", "UNVERIFIED", "split_heads"]

@@ -42,6 +42,7 @@ The FP32 function is unchanged (checked on the feeds by the caller).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -148,6 +149,32 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
     the unsplit tensor); only what mixes tokens (attention) reads a Concat. FP32 function
     unchanged.
     """
+    resolved = _token_shapes(model, shapes, chunk, seq_len)
+    c = _choose(model, resolved, chunk, linears)
+    if c.tokens is None or not c.sites:
+        return Repair(name="tokensplit", reason="no token-wise normalization or elementwise "
+                      f"layer with more than {c.chunk} tokens", proto=model.proto,
+                      skipped=c.skipped)
+    order, inits, changes = _split_graph(model, c, c.tokens, resolved)
+    tokens, chunk, n_chunks = c.tokens, c.chunk, math.ceil(c.tokens / c.chunk)
+    proto = rewritten(model.proto, order, inits, (
+        METADATA_KEY, f"tokens={tokens} chunk={chunk} groups={len(c.sites)}; {UNVERIFIED}"))
+    return Repair(
+        name="tokensplit",
+        reason=f"{len(c.sites)} token-wise layer(s) on [B, {tokens}, H] split into {n_chunks} "
+        f"chunks of {chunk} tokens (groups '<name>/tok<i>'); {UNVERIFIED}",
+        proto=proto,
+        changes=changes,
+        skipped=c.skipped,
+        effect=(("sites", float(len(c.sites))), ("chunks", float(n_chunks)),
+                ("chunk", float(chunk)), ("tokens", float(tokens))),
+    )
+
+
+def _token_shapes(model: Model, shapes: Shapes | None, chunk: int | None,
+                  seq_len: int | None) -> Shapes:
+    """The options checked and every tensor's shape at the given input shapes (an error
+    when an input's token count stays symbolic)."""
     if seq_len is not None and chunk is not None and seq_len <= chunk:
         raise QuantscopeError(
             f"--chunk {chunk} must be below --seq-len {seq_len} (one chunk is the unsplit "
@@ -165,7 +192,24 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
             f"input '{symbolic[0]}' {list(inferred.get(symbolic[0]) or ())} has symbolic dims: "
             "give --seq-len N (token inputs) or --input-shape NAME=DxDx… so the token count "
             "is known")
-    shapes = resolve_shapes(model, given or None)
+    return resolve_shapes(model, given or None)
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """The layers to split: the chunk size, the residual stream's token count (None: no
+    layer qualifies), the groups split (``sites``) and their nodes, and what was left."""
+
+    chunk: int
+    tokens: int | None
+    sites: tuple[str, ...]
+    split: frozenset[str]  # node names
+    skipped: tuple[tuple[str, str], ...]
+
+
+def _choose(model: Model, shapes: Shapes, chunk: int | None, linears: bool) -> _Choice:
+    """The token-wise layers on the most common token count above ``chunk`` (default:
+    half the largest token count, rounded up); every other candidate with the reason."""
     consts = _constants(model)
     nodes = {n.name: n for n in model.graph.node}
     groups = find_groups(model)
@@ -192,10 +236,16 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
             sites.append(g.name)
         else:
             skipped.append((g.name, why))
-    if tokens is None or not sites:
-        return Repair(name="tokensplit", reason="no token-wise normalization or elementwise "
-                      f"layer with more than {chunk} tokens", proto=model.proto,
-                      skipped=tuple(skipped))
+    return _Choice(chunk=chunk, tokens=tokens, sites=tuple(sites), split=frozenset(split),
+                   skipped=tuple(skipped))
+
+
+def _split_graph(model: Model, c: _Choice, tokens: int, shapes: Shapes
+                 ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto], tuple[Change, ...]]:
+    """The node order with every split node in ``n_chunks`` copies, each reading its chunk:
+    a Slice per chunk of each full-width input from outside, a Concat of the chunks for
+    each output read outside; the Slice bounds' initializers; the changes."""
+    chunk, split, consts = c.chunk, c.split, _constants(model)
     n_chunks = math.ceil(tokens / chunk)
     made = {o for n in model.graph.node if n.name in split for o in n.output}
     readers_outside: set[str] = set()
@@ -229,13 +279,7 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
                                   "tokensplit/axes"], [f"{t}/tok{i}"], name=f"{t}/slice{i}"))
                 changes.append(Change(tensor=t, kind="insert",
                                       note=f"sliced into {n_chunks} chunks of {chunk} tokens"))
-        for i in range(n_chunks):
-            copy = onnx.NodeProto()
-            copy.CopyFrom(n)
-            copy.name = f"{n.name}/tok{i}"
-            copy.input[:] = [f"{t}/tok{i}" if (t in made or t in sliced) else t for t in n.input]
-            copy.output[:] = [f"{o}/tok{i}" if o else o for o in n.output]
-            order.append(copy)
+        order.extend(_chunk_copies(n, n_chunks, made | sliced))
         for o in n.output:
             if o in readers_outside:
                 order.append(helper.make_node(
@@ -243,18 +287,20 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
                     name=f"{n.name}/concat", axis=SEQ_AXIS))
                 changes.append(Change(tensor=o, kind="new",
                                       note=f"Concat of {n_chunks} chunks for its readers"))
-    proto = rewritten(model.proto, order, inits, (
-        METADATA_KEY, f"tokens={tokens} chunk={chunk} groups={len(sites)}; {UNVERIFIED}"))
-    return Repair(
-        name="tokensplit",
-        reason=f"{len(sites)} token-wise layer(s) on [B, {tokens}, H] split into {n_chunks} "
-        f"chunks of {chunk} tokens (groups '<name>/tok<i>'); {UNVERIFIED}",
-        proto=proto,
-        changes=tuple(changes),
-        skipped=tuple(skipped),
-        effect=(("sites", float(len(sites))), ("chunks", float(n_chunks)),
-                ("chunk", float(chunk)), ("tokens", float(tokens))),
-    )
+    return order, inits, tuple(changes)
+
+
+def _chunk_copies(n: onnx.NodeProto, n_chunks: int, chunked: set[str]) -> list[onnx.NodeProto]:
+    """``n`` once per chunk (``<name>/tok<i>``), reading the chunks of ``chunked`` inputs."""
+    out = []
+    for i in range(n_chunks):
+        copy = onnx.NodeProto()
+        copy.CopyFrom(n)
+        copy.name = f"{n.name}/tok{i}"
+        copy.input[:] = [f"{t}/tok{i}" if t in chunked else t for t in n.input]
+        copy.output[:] = [f"{o}/tok{i}" if o else o for o in n.output]
+        out.append(copy)
+    return out
 
 
 

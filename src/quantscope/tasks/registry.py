@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -119,6 +120,14 @@ class RetrievalTask:
         emb = _pooled(out, self.batches, self.encoder, normalize=normalize)
         return emb[: self.n_pairs], emb[self.n_pairs :]
 
+    def only_texts(self, rows: np.ndarray) -> RetrievalTask:
+        """The task on the texts ``rows`` only (see :func:`_only_texts`)."""
+        return _only_texts(self, rows)
+
+    def selection_figures(self, ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+        """:func:`retrieval_figures` of a selection of pairs."""
+        return retrieval_figures(ref, test)
+
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         qr, dr = self.embeddings(ref)
         qt, dt = self.embeddings(test)
@@ -172,6 +181,19 @@ class StsTask:
         """What :meth:`metrics` reads of one batch's outputs (evaluation streams them)."""
         return _keep_pooled(self.encoder, outputs, feeds)
 
+    @property
+    def n_pairs(self) -> int:
+        return len(self.pairs)
+
+    def only_texts(self, rows: np.ndarray) -> StsTask:
+        """The task on the texts ``rows`` only (see :func:`_only_texts`)."""
+        return _only_texts(self, rows)
+
+    def selection_figures(self, ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+        """No retrieval figures for sentence pairs (their scores need every pair's human
+        score: :meth:`metrics`)."""
+        return {}
+
     def cosines(self, out: Outputs) -> np.ndarray:
         emb = _pooled(out, self.batches, self.encoder, normalize=True)
         n = len(self.pairs)
@@ -194,7 +216,78 @@ class StsTask:
         return Metrics(values=values, notes=(verdict,) if verdict else ())
 
 
-def text_embeddings(task: RetrievalTask | StsTask, out: Outputs) -> np.ndarray:
+def retrieval_figures(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
+    """Top-1 agreement and recall@1 of the ``test`` embeddings of pairs (queries the first
+    half of the rows, their documents the second), FP32's recall@1 beside."""
+    n = len(ref) // 2
+    return {"top1_agreement": M.top1_agreement(ref[:n], ref[n:], test[:n], test[n:]),
+            "recall@1": float(M.recall_at_k(test[:n], test[n:], ks=(1,))[1]),
+            "recall@1_fp32": float(M.recall_at_k(ref[:n], ref[n:], ks=(1,))[1])}
+
+
+class TextTask(Protocol):
+    """A task over text pairs (retrieval or STS): text ``i`` and text ``n_pairs + i`` make
+    pair ``i``, each text with its token count (``Dataset.token_lengths``), so it can be
+    cut at a sequence length and routed by length (``quantscope route`` and ``buckets``).
+    :func:`text_task` tells whether a task is one."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def n_pairs(self) -> int: ...
+
+    @property
+    def batches(self) -> TextBatches: ...
+
+    @property
+    def encoder(self) -> TextEncoder: ...
+
+    def keep(self, outputs: tuple[np.ndarray, ...], feeds: Batch) -> tuple[np.ndarray, ...]: ...
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics: ...
+
+    def only_texts(self, rows: np.ndarray) -> TextTask: ...
+
+    def selection_figures(self, ref: np.ndarray, test: np.ndarray) -> dict[str, float]: ...
+
+
+def text_task(task: object) -> TextTask | None:
+    """``task`` when it is a task over text pairs (:class:`TextTask`), else None."""
+    return task if isinstance(task, RetrievalTask | StsTask) else None
+
+
+_Text = TypeVar("_Text", RetrievalTask, StsTask)
+
+
+def _only_texts(task: _Text, rows: np.ndarray) -> _Text:
+    """The task's batches cut to the texts ``rows`` (sorted text indices), each batch
+    keeping its selected rows and trimmed to its longest selected text; text ``rows[i]``
+    becomes text ``i``."""
+    mask_name = task.encoder.input_name("attention_mask")
+    new_index = np.full(len(task.batches.order), -1)
+    new_index[rows] = np.arange(len(rows))
+    batches, order, start = [], [], 0
+    for b in task.batches.batches:
+        n = len(next(iter(b.values())))
+        texts = task.batches.order[start:start + n]
+        start += n
+        take = new_index[texts] >= 0
+        if not take.any():
+            continue
+        cut = {k: v[take] for k, v in b.items()}
+        if mask_name is not None and mask_name in cut:
+            width = int(cut[mask_name].sum(axis=1).max())
+            cut = {k: (np.ascontiguousarray(v[:, :width])
+                       if v.ndim == 2 and v.shape[1] == b[mask_name].shape[1] else v)
+                   for k, v in cut.items()}
+        batches.append(cut)
+        order.extend(new_index[texts[take]])
+    return dataclasses.replace(task, batches=TextBatches(batches=tuple(batches),
+                                                         order=np.asarray(order)))
+
+
+def text_embeddings(task: TextTask, out: Outputs) -> np.ndarray:
     """Every text's pooled, L2-normalised embedding, in task order (queries or first
     sentences, then documents or second sentences: pair ``i`` is rows ``i`` and ``n + i``),
     from outputs kept with ``task.keep``."""

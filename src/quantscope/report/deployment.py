@@ -1,0 +1,85 @@
+"""Console forms of a deployment of several compiled lengths: a routed deployment measured
+(``quantscope route``) and a chosen one (``quantscope buckets``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from quantscope.plan.deployment_results import DeploymentChoice, RouteResult, RouteVerdict
+
+HEADLINE = ("top1_agreement", "recall@1", "recall@1_fp32", "embedding_cosine_mean",
+            "score_agreement", "spearman", "spearman_fp32")
+"""The metrics a route line shows (those the task has)."""
+
+
+def _metric_line(m: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} {m[k]:.4g}" for k in HEADLINE if k in m)
+
+
+def _verdict_line(result: RouteResult, v: RouteVerdict) -> str:
+    parts = [("legal" if v.legal else "NOT legal")]
+    if v.max_cost is not None:
+        parts.append(f"mean cost {result.cost_mean:.3f}x "
+                     f"{'within' if v.within_cost else 'OVER'} {v.max_cost}x")
+    if v.goal is not None and v.value is not None:
+        parts.append(f"{v.metric} {v.value:.4g} "
+                     + ("reaches" if v.goal_met else f"short of (by {v.short_by:.4g})")
+                     + f" the goal {v.goal}")
+    return f"verdict: {'MET' if v.met else 'NOT MET'}: {'; '.join(parts)}"
+
+
+def format_deployment(result: RouteResult) -> str:
+    """The routed deployment in a few lines."""
+    lines = [f"deployment on {result.target}: {len(result.buckets)} compiled lengths "
+             f"({', '.join(str(n) for n in result.seq_lens)}), each text on the shortest "
+             "that holds it"]
+    for p in result.buckets:
+        c = p.cost
+        legal = "legal" if c.legal else (
+            f"NOT legal ({len(c.problems)} problems, e.g. {c.problems[0]['rule']} on "
+            f"{c.problems[0]['group']})")
+        if c.warnings:
+            legal += (f" ({len(c.warnings)} warnings, e.g. {c.warnings[0]['rule']}: "
+                      f"{c.warnings[0]['reason']})")
+        lines.append(f"  seq {c.seq_len:>5}: {p.share:6.1%} of the texts, cost "
+                     f"{c.cost_own:.3f}x its own a8_w8 = {c.cost:.3f}x the reference's "
+                     f"a8_w8 at {result.seq_lens[-1]}; {legal}; {p.model}")
+    lines.append(f"routed: mean cost {result.cost_mean:.3f}x (the most costly bucket "
+                 f"{result.cost_max:.3f}x); {_metric_line(result.metrics)}")
+    alone = result.longest_alone
+    lines.append(f"for comparison, seq {alone.seq_len} alone on every text: cost "
+                 f"{alone.cost:.3f}x; {_metric_line(alone.metrics)}")
+    if result.verdict is not None:
+        lines.append(_verdict_line(result, result.verdict))
+    if not result.legal:
+        lines.append("NOT legal: at least one bucket's plan breaks a target rule (see above; "
+                     "'quantscope check --seq-len N' on that plan lists them)")
+    lines.extend(f"note: {n}" for n in result.notes)
+    by_note: dict[str, list[str]] = {}  # the QDQ writer's notes (coverage: ops left float …)
+    for p in result.buckets:
+        for n in p.notes:
+            by_note.setdefault(n, []).append(str(p.seq_len))
+    lines.extend(f"note (bucket {', '.join(where)}): {n}" for n, where in by_note.items())
+    return "\n".join(lines)
+
+
+def format_choice(choice: DeploymentChoice) -> str:
+    """The chosen deployment in a few lines."""
+    lines = [f"chosen on {choice.target}: {len(choice.buckets)} compiled lengths "
+             f"(at most {choice.max_buckets}, from {', '.join(map(str, choice.lengths))}) "
+             f"within {choice.max_cost:g}x"]
+    for b in choice.buckets:
+        cos = "-" if b.cosine_mean is None else f"{b.cosine_mean:.5f}"
+        lines.append(f"  seq {b.seq_len:>5}: {b.share:6.1%} of the texts, "
+                     f"{b.candidate}, cost {b.cost:.3f}x, cosine {cos}, "
+                     f"{'legal' if b.legal else 'NOT legal'}")
+    on_sel = "".join(f", {k} {v:.4g}" for k, v in choice.selection_metrics.items())
+    lines.append(f"chosen: mean cost {choice.cost_mean:.3f}x (standard error "
+                 f"{choice.cost_mean_se:.3f}x), embedding cosine "
+                 f"{choice.cosine_mean:.5f}{on_sel} on the {choice.texts} texts it was "
+                 "chosen on (not held out)")
+    for name, c in choice.candidates.items():
+        lines.append(f"  candidate {name}: alone at {choice.lengths[-1]} cosine "
+                     f"{c.cosine_mean:.5f}, cost {c.cost_at_longest:.3f}x")
+    lines.extend(f"note: {n}" for n in choice.notes)
+    return "\n".join(lines)

@@ -1,0 +1,300 @@
+"""Choosing a deployment of several compiled lengths (``quantscope buckets``): one
+pipeline of named steps, each passing a frozen value to the next.
+
+::
+
+    select_texts ─► Selection ─► measure_errors ─► Errors ─► length_costs ─► costs
+                                                                            │
+    DeploymentChoice ◄─ summarise ◄─ Allocation ◄─ allocate (lazy legality) ◄┘
+
+==============  ===================================================================
+select_texts    the inputs checked; the selection texts (the pairs after the first
+                ``skip_pairs``: keep those for ``route`` to measure on), their token
+                counts and the task cut to them, at the longest length
+measure_errors  FP32 and every candidate's QDQ graph once on the selection texts:
+                each text's error ``1 − cosine`` of its pooled embedding to FP32's
+                (the same on every bucket that holds it: a text's emulated output
+                does not depend on its padding, :mod:`quantscope.stages.route`)
+length_costs    each (candidate, length)'s cost relative to the reference's uniform
+                a8_w8 at the longest length
+allocate        the least mean error within ``max_cost`` (mean over the selection
+                texts) with at most ``max_buckets`` lengths
+                (:func:`quantscope.plan.buckets.solve_legal`: exact up to its cost
+                grid), legality (the ``check`` rules at that length) asked of the
+                picks only; one-line errors when nothing is legal or within the cost
+summarise       per bucket and per candidate figures, the mean cost's standard error,
+                the retrieval figures on the selection pairs, the notes
+==============  ===================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from quantscope.emulate.evaluate import kept, run_model
+from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model
+from quantscope.model.shapes import given_shapes
+from quantscope.plan.buckets import (
+    CHOICE_LENGTHS,
+    COST_LEVELS,
+    MAX_BUCKETS,
+    cheapest,
+    route,
+    solve_legal,
+)
+from quantscope.plan.cost import plan_cost, uniform_a8_cost
+from quantscope.plan.deployment import (
+    Bucket,
+    Candidate,
+    candidate_name,
+    check_candidate_entry,
+    check_candidate_names,
+    entry_list,
+    one_target,
+)
+from quantscope.plan.deployment_results import CandidateFigures, ChosenBucket, DeploymentChoice
+from quantscope.progress import say, track
+from quantscope.serde import read_json
+from quantscope.stages.open import plan_problems
+from quantscope.stages.route import check_compatible, cost_unit, open_entry, routable
+from quantscope.targets import load_target
+from quantscope.targets.profile import Target
+from quantscope.tasks.registry import TextTask, at_length, text_embeddings
+from quantscope.types import Dataset, QuantscopeError
+
+Problems = tuple[dict[str, object], ...]  # a (candidate, length)'s ``check`` errors
+
+CANDIDATE_EXAMPLE = '{"name": ..., "model": ..., "stats": ..., "plan": ...}'
+
+
+def read_candidates(path: str | Path) -> tuple[tuple[Candidate, ...], str]:
+    """A candidates file (:mod:`quantscope.plan.deployment`), its files opened (paths
+    relative to its folder), and the one target their plans name."""
+    path = Path(path)
+    where = f"candidates '{path}'"
+    listed = entry_list(read_json(path, "candidates"), "candidates", where, CANDIDATE_EXAMPLE)
+    out = []
+    cache: dict[tuple[str, str], object] = {}
+    for i, entry in enumerate(listed):
+        entry = check_candidate_entry(entry, f"{where}, candidate {i + 1}")
+        model, stats, plan, opened = open_entry(entry, path, cache)
+        out.append(Candidate(name=candidate_name(entry), model=model, stats=stats, plan=plan,
+                             paths=tuple(opened.items())))
+    check_candidate_names(out, where)
+    target = one_target([(f"candidate '{c.name}'", c.plan) for c in out], where)
+    return tuple(out), target
+
+
+@dataclass(frozen=True, eq=False)
+class Selection:
+    """The texts a deployment is chosen on, at the longest length."""
+
+    data: Dataset  # the data at the longest length
+    task: TextTask  # cut to the selection texts (text ``i`` is selection text ``i``)
+    seq_lens: tuple[int, ...]  # the lengths to choose from, increasing
+    lengths: np.ndarray  # each selection text's untruncated token count
+    n_pairs: int  # pairs loaded
+    skip_pairs: int  # the first pairs, not selected
+
+
+@dataclass(frozen=True, eq=False)
+class Errors:
+    """Every candidate once on the selection texts."""
+
+    reference: np.ndarray  # FP32's embeddings [text, dim]
+    errors: np.ndarray  # 1 − cosine to FP32 [candidate, text]
+    embeddings: tuple[np.ndarray, ...]  # per candidate [text, dim]
+    notes: tuple[tuple[str, ...], ...]  # the QDQ writer's notes, per candidate
+
+
+@dataclass(frozen=True, eq=False)
+class Allocation:
+    """The chosen buckets and what legality was asked on the way."""
+
+    picks: tuple[tuple[int, int], ...]  # (length index, candidate index), shortest first
+    legal: dict[tuple[int, int], Problems]  # (candidate, length index) -> errors, as asked
+
+
+def choose_deployment(
+    reference: Model, data: Dataset, candidates: tuple[Candidate, ...], target_name: str, *,
+    max_cost: float, seq_lens: tuple[int, ...] = CHOICE_LENGTHS,
+    max_buckets: int = MAX_BUCKETS, skip_pairs: int = 0, progress: bool = False,
+) -> DeploymentChoice:
+    """Bucket lengths and a candidate per bucket for a deployment within ``max_cost``: the
+    selection texts' mean error is the least subject to their mean cost ≤ ``max_cost``
+    with at most ``max_buckets`` compiled lengths (the steps: module doc)."""
+    sel = select_texts(reference, data, candidates, seq_lens, max_buckets, skip_pairs)
+    err = measure_errors(reference, candidates, sel, progress=progress)
+    target = load_target(target_name)
+    costs = length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
+    alloc = allocate(candidates, sel, err, costs, max_cost=max_cost, max_buckets=max_buckets,
+                     target_name=target_name, progress=progress)
+    return summarise(reference, candidates, sel, err, costs, alloc, target_name=target_name,
+                     max_cost=max_cost, max_buckets=max_buckets)
+
+
+def select_texts(reference: Model, data: Dataset, candidates: tuple[Candidate, ...],
+                 seq_lens: tuple[int, ...], max_buckets: int, skip_pairs: int) -> Selection:
+    """The inputs checked, and the selection texts (every text of the pairs after the first
+    ``skip_pairs``) with the task cut to them, at the longest length."""
+    routable(data, "buckets")
+    if max_buckets < 1:
+        raise QuantscopeError(f"--max-buckets must be at least 1, got {max_buckets}")
+    seq_lens = tuple(sorted(set(seq_lens)))
+    longest = seq_lens[-1]
+    data = at_length(data, longest)
+    task = routable(data, "buckets")
+    n_pairs = task.n_pairs
+    if skip_pairs >= n_pairs:
+        raise QuantscopeError(
+            f"--skip-pairs {skip_pairs} leaves no pair to choose on ({n_pairs} loaded): give "
+            f"--pairs above {skip_pairs} (e.g. --pairs {skip_pairs + 500})")
+    sel = np.concatenate([np.arange(skip_pairs, n_pairs), n_pairs + np.arange(skip_pairs, n_pairs)])
+    lengths = np.asarray(data.token_lengths)[sel]
+    for c in candidates:
+        check_compatible(reference, Bucket(seq_len=longest, model=c.model, stats=c.stats,
+                                           plan=c.plan))
+    # run the selection texts only (in their batches)
+    return Selection(data=data, task=task.only_texts(sel), seq_lens=seq_lens, lengths=lengths,
+                     n_pairs=n_pairs, skip_pairs=skip_pairs)
+
+
+def measure_errors(reference: Model, candidates: tuple[Candidate, ...], sel: Selection, *,
+                   progress: bool = False) -> Errors:
+    """FP32 and every candidate's QDQ graph on the selection texts: each text's ``1 −
+    cosine`` of its pooled embedding to FP32's."""
+    task = sel.task
+    batches = tuple(task.batches.batches)
+    ref = text_embeddings(task, kept(run_model(reference.proto, batches,
+                                               label="fp32" if progress else ""),
+                                     batches, task.keep))
+    errors, notes, embs = [], [], []
+    for c in candidates:
+        q = quantize_model(c.model, c.stats, c.plan, scheme=scheme_for(c.plan, None))
+        notes.append((*q.notes, *q.coverage.lines()))
+        proto = q.proto
+        del q
+        out = kept(run_model(proto, batches, label=f"{c.name}" if progress else ""), batches,
+                   task.keep)
+        emb = text_embeddings(task, out)
+        errors.append(1.0 - np.sum(emb * ref, axis=1))
+        embs.append(emb)
+    return Errors(reference=ref, errors=np.asarray(errors, dtype=np.float64),
+                  embeddings=tuple(embs), notes=tuple(notes))
+
+
+def length_costs(reference: Model, candidates: tuple[Candidate, ...], target: Target,
+                 seq_lens: tuple[int, ...], *, progress: bool = False) -> np.ndarray:
+    """``costs[candidate, length]``: the candidate's plan cost at that length relative to
+    the reference's uniform a8_w8 at the longest length."""
+    unit = cost_unit(reference, seq_lens[-1], target)
+    costs = np.zeros((len(candidates), len(seq_lens)))
+    per_model: dict[int, tuple[object, list[object], list[float]]] = {}  # groups, shapes, a8
+    for ci, c in track(list(enumerate(candidates)), "costs per length", unit="candidate",
+                       show=progress):
+        if id(c.model) not in per_model:
+            groups = find_groups(c.model)
+            shapes = [given_shapes(c.model, s) for s in seq_lens]
+            per_model[id(c.model)] = (groups, shapes, [
+                uniform_a8_cost(groups, target, sh, model=c.model) for sh in shapes])
+        groups, shapes, units = per_model[id(c.model)]
+        for j in range(len(seq_lens)):
+            costs[ci, j] = (plan_cost(c.plan, groups, target, shapes[j], model=c.model)
+                            * units[j] / unit)
+    return costs
+
+
+def allocate(candidates: tuple[Candidate, ...], sel: Selection, err: Errors, costs: np.ndarray,
+             *, max_cost: float, max_buckets: int, target_name: str,
+             progress: bool = False) -> Allocation:
+    """The least mean error within ``max_cost`` (:func:`~quantscope.plan.buckets.solve_legal`),
+    legality asked of the picks only; one-line errors when nothing fits."""
+    legal: dict[tuple[int, int], Problems] = {}  # (candidate, length) -> errors
+
+    def is_legal(ci: int, j: int) -> bool:
+        if (ci, j) not in legal:
+            say(f"legality: {candidates[ci].name} at {sel.seq_lens[j]} tokens", show=progress)
+            found = plan_problems(candidates[ci].model, candidates[ci].plan,
+                                  seq_len=sel.seq_lens[j])
+            legal[(ci, j)] = tuple(p for p in found if p["severity"] == "error")
+        return not legal[(ci, j)]
+
+    n = len(sel.lengths)
+    choice = solve_legal(sel.lengths, err.errors, costs, sel.seq_lens, max_buckets,
+                         max_cost * n, is_legal)
+    if not choice.picks:
+        least = cheapest(sel.lengths, costs, choice.allowed, sel.seq_lens, max_buckets)
+        if least is None:
+            raise QuantscopeError(
+                "no candidate is legal at any of the lengths "
+                f"{', '.join(map(str, sel.seq_lens))} on {target_name}: give candidates "
+                "whose plans pass 'quantscope check --seq-len N' (e.g. with "
+                "'quantscope tokensplit' for the long lengths)")
+        raise QuantscopeError(
+            f"no deployment of these candidates is within --max-cost {max_cost:g}: the "
+            f"cheapest costs {least:.3f}x; add a cheaper candidate (fewer 16-bit "
+            "layers) or raise --max-cost")
+    return Allocation(picks=choice.picks, legal=legal)
+
+
+def summarise(reference: Model, candidates: tuple[Candidate, ...], sel: Selection,
+              err: Errors, costs: np.ndarray, alloc: Allocation, *, target_name: str,
+              max_cost: float, max_buckets: int) -> DeploymentChoice:
+    """The choice's figures over the selection texts (see :class:`DeploymentChoice`)."""
+    seq_lens, picks, legal, e = sel.seq_lens, alloc.picks, alloc.legal, err.errors
+    n = len(sel.lengths)
+    which = route(sel.lengths, tuple(seq_lens[j] for j, _ in picks))  # bucket of each text
+    chosen = np.asarray([ci for _, ci in picks])[which]  # its candidate
+    per_text_cost = costs[chosen, np.asarray([j for j, _ in picks])[which]]
+    mean_err = float(np.mean(e[chosen, np.arange(n)]))
+    mean_cost = float(np.mean(per_text_cost))
+    cost_se = float(np.std(per_text_cost, ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+    routed = np.stack([err.embeddings[ci][t] for t, ci in enumerate(chosen)])
+    buckets = []
+    for b, (j, ci) in enumerate(picks):
+        rows = which == b
+        buckets.append(ChosenBucket(
+            seq_len=seq_lens[j], candidate=candidates[ci].name, paths=dict(candidates[ci].paths),
+            cost=float(costs[ci, j]), share=float(np.mean(rows)), texts=int(np.sum(rows)),
+            cosine_mean=float(1.0 - e[ci, rows].mean()) if rows.any() else None,
+            legal=not legal[(ci, j)]))
+    each = {c.name: CandidateFigures(
+        cosine_mean=float(1.0 - e[i].mean()), cost_at_longest=float(costs[i, -1]),
+        legal_lengths_checked={str(seq_lens[j]): not legal[(i, j)]
+                               for (ii, j) in sorted(legal) if ii == i})
+        for i, c in enumerate(candidates)}
+    return DeploymentChoice(
+        reference=reference.source, data=sel.data.name, target=target_name,
+        max_cost=max_cost, max_buckets=max_buckets, lengths=seq_lens,
+        skip_pairs=sel.skip_pairs, texts=n, buckets=tuple(buckets), cost_mean=mean_cost,
+        cost_mean_se=cost_se, cosine_mean=float(1.0 - mean_err),
+        selection_metrics=sel.task.selection_figures(err.reference, routed),
+        candidates=each, notes=_choice_notes(sel, err, mean_cost, cost_se, max_cost))
+
+
+def _choice_notes(sel: Selection, err: Errors, mean_cost: float, cost_se: float,
+                  max_cost: float) -> tuple[str, ...]:
+    """What the texts were, the mean cost's margin when it is near the cap, how the choice
+    is made, and the QDQ writer's notes (each once)."""
+    n, skip, n_pairs = len(sel.lengths), sel.skip_pairs, sel.n_pairs
+    note = (f"chosen on {n} texts of pairs {skip + 1}-{n_pairs} (the first "
+            f"{skip} pairs are not used: measure the deployment on them with "
+            "'quantscope route')") if skip else (
+            f"chosen on the {n} texts of all {n_pairs} pairs: measuring it on the same pairs "
+            "is not held out (give --skip-pairs N and route --pairs N)")
+    margin = [] if mean_cost + 2 * cost_se <= max_cost else [
+        f"the mean cost {mean_cost:.3f}x is the mean over these {n} texts (standard error "
+        f"{cost_se:.3f}x): traffic of the same kind may cost up to about "
+        f"{mean_cost + 2 * cost_se:.3f}x, over --max-cost {max_cost:g}; choose with "
+        f"--max-cost {max(max_cost - 2 * cost_se, 0.0):.3g} for that margin"]
+    return (note, *margin,
+            "the error is 1 - cosine of each text's pooled embedding to FP32's; the "
+            "choice minimises its mean within the cost (each bucket's cost rounded up "
+            f"to 1/{COST_LEVELS} of the budget); the mean cost weights each bucket by "
+            "its share of these texts (your traffic decides the real mean)",
+            *dict.fromkeys(x for ns in err.notes for x in ns))
