@@ -11,6 +11,11 @@ residual stream whole: outscale, peel, headsplit, rowscale):
 - ``noqk``, ``noqkv``, ``noqkvao``, ``onlyup``, ``nolin``: the same with more Linear families
   back at a8_w8 (Q/K; + V; + attention output; all but the FFN up-projection; every Linear).
 
+Both come from the product (``quantscope plan --max-legal --variants``,
+:mod:`quantscope.plan.candidates`; the families are read from the graph,
+:mod:`quantscope.model.families`); this script only adds the long model's ``residual``
+plan and writes the candidates file.
+
 For the longest length, on the ``--long`` model (``tokensplit --linears``): ``residual`` =
 every residual-stream, skip-branch and ``/peel`` chunk group (``Add``, ``LayerNormalization``,
 ``Mul`` named ``…/tok<i>``) at a16_w16, everything else a8_w8 (the 1.017× plan of minilm-l6).
@@ -24,42 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
 from quantscope import stages
 from quantscope.model.groups import find_groups
+from quantscope.model.shapes import given_shapes
+from quantscope.plan.candidates import max_legal, variants
 from quantscope.serde import write_plan
+from quantscope.targets import load_target
 from quantscope.types import Plan, Precision
-
-# Linear families by the names BERT-style (query/key/value, attention/output, intermediate,
-# output) and MPNet-style (attn/q, attn/k, attn/v, attn/o) exporters give them
-FAMILIES = (("qk", r"/(query|key|q|k)/"), ("v", r"/(value|v)/"), ("ao", r"(attention/output|/o)/"),
-            ("up", r"/intermediate/"), ("down", r"/output/dense/"))
-VARIANTS = {"noqk": ("qk",), "noqkv": ("qk", "v"), "noqkvao": ("qk", "v", "ao"),
-            "onlyup": ("qk", "v", "ao", "down"), "nolin": ("qk", "v", "ao", "down", "up")}
-
-
-def family(name: str) -> str | None:
-    for fam, pattern in FAMILIES:
-        if re.search(pattern, name):
-            return fam
-    return None
-
-
-def max_legal(model, seq_len: int, target: str) -> Plan:
-    """Every group at a16_w16 but those ``check`` refuses at ``seq_len`` (demoted to a8_w8)."""
-    over: dict[str, Precision] = {}
-    for _ in range(10):
-        plan = Plan(default=Precision.A16_W16, overrides=tuple(sorted(over.items())),
-                    target=target)
-        bad = {p["group"] for p in stages.plan_problems(model, plan, seq_len=seq_len)
-               if p["severity"] == "error"}
-        if not bad:
-            return plan
-        over.update({g: Precision.A8_W8 for g in bad})
-    raise SystemExit(f"no legal plan at {seq_len} tokens after 10 rounds of demotion")
 
 
 def main() -> int:
@@ -75,18 +54,14 @@ def main() -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     short = stages.open_model(args.short)
-    base = max_legal(short, args.at, args.target)
-    weighted = [g.name for g in find_groups(short).groups if g.kind.value == "weighted"]
-    unknown = [w for w in weighted if family(w) is None]
-    if unknown:
-        print(f"note: {len(unknown)} Linear(s) of no known family stay as in all16, e.g. "
-              f"{unknown[0]}", file=sys.stderr)
-    plans = {"all16": base}
-    for name, fams in VARIANTS.items():
-        over = dict(base.overrides)
-        over.update({w: Precision.A8_W8 for w in weighted if family(w) in fams})
-        plans[name] = Plan(default=base.default, overrides=tuple(sorted(over.items())),
-                           target=args.target)
+    target = load_target(args.target)
+    shapes = given_shapes(short, args.at, ())
+    made = max_legal(short, target, shapes)  # the product's rule-made candidates
+    more, notes = variants(short, target, shapes, made)
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    base = made.plan
+    plans = {"all16": base, **{c.name: c.plan for c in more}}
     long = stages.open_model(args.long)
     residual = {g.name: Precision.A16_W16 for g in find_groups(long).groups
                 if "/tok" in g.name and g.op_type in ("Add", "LayerNormalization", "Mul")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from pathlib import Path
 
 from quantscope import stages, stages_llm
@@ -91,6 +92,15 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
                     "the precisions (each measured; see docs/planner.md)")
     pl.add_argument("--repair-batches", type=positive_int, default=8,
                     help="calibration batches the repairs use (default 8)")
+    pl.add_argument("--max-legal", action="store_true",
+                    help="no search (and no --analysis): every group at a16_w16 except those "
+                    "'check' refuses at --seq-len, demoted to a8_w8 -- the most 16 bit the "
+                    "target allows")
+    pl.add_argument("--variants", action="store_true",
+                    help="with --max-legal: also write the plan with Linear families (read "
+                    "from the graph: query/key, value, attention output, FFN up/down) back at "
+                    "a8_w8 beside --out (OUT.noqk.json, ...); with --stats also a candidates "
+                    "file for 'quantscope buckets' (OUT.candidates.json)")
     pl.add_argument("--seed", type=int, default=0,
                     help="recorded in the plan (the search draws no random numbers yet; "
                     "default 0)")
@@ -101,6 +111,8 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     if getattr(args, "phase", None):
         return _plan_phases(args)
+    if args.max_legal or args.variants:
+        return _plan_max_legal(args)
     if not args.analysis:
         raise QuantscopeError("plan: the following arguments are required: --analysis "
                               "(see 'quantscope plan --help')")
@@ -141,6 +153,49 @@ def cmd_plan(args: argparse.Namespace) -> int:
     stages.write_plan(args.out, out.plan, out.file_extra())
     print(stages.format_search(out.pareto))
     print(f"wrote {args.out}")
+    return 0
+
+
+def _plan_max_legal(args: argparse.Namespace) -> int:
+    """plan --max-legal [--variants]: candidate plans made by rule (plan/candidates.py)."""
+    from quantscope.model.shapes import given_shapes
+    from quantscope.plan.candidates import max_legal, variants
+
+    if not args.max_legal:
+        raise QuantscopeError("--variants needs --max-legal (the variants are made from it)")
+    if args.analysis or args.data or args.goal is not None or args.max_cost is not None:
+        raise QuantscopeError("plan --max-legal searches nothing: give no --analysis, --data, "
+                              "--goal or --max-cost")
+    lengths = args.seq_len or ()
+    if len(lengths) > 1:
+        raise QuantscopeError("plan --max-legal takes one --seq-len (legality depends on it)")
+    inp = open_inputs(args, target=True)
+    shapes = given_shapes(inp.model, lengths[0] if lengths else None, input_shapes(args))
+    base = max_legal(inp.model, inp.target, shapes)
+    made = [base]
+    notes: tuple[str, ...] = ()
+    if args.variants:
+        more, notes = variants(inp.model, inp.target, shapes, base)
+        made.extend(more)
+    out = Path(args.out)
+    files = [(out if c is base else out.with_name(f"{out.stem}.{c.name}.json"), c) for c in made]
+    for path, c in files:
+        stages.write_plan(path, c.plan)
+        print(f"{c.name:<10} {c.note}: wrote {path}")
+    for note in notes:
+        print(f"  {note}")
+    if args.variants and args.stats:
+        folder = out.parent.resolve()
+
+        def rel(p: str | Path) -> str:
+            q = Path(p)
+            return str(q) if not q.exists() else os.path.relpath(q.resolve(), folder)
+
+        entries = [{"name": c.name, "model": rel(args.model), "stats": rel(args.stats),
+                    "plan": path.name} for path, c in files]
+        cands = out.with_name(f"{out.stem}.candidates.json")
+        stages.write_json(cands, {"candidates": entries})
+        print(f"wrote {cands} ({len(entries)} candidates for 'quantscope buckets')")
     return 0
 
 

@@ -1,0 +1,107 @@
+"""Candidate plans made by rule, not by search: the highest legal precision everywhere, and
+the same with whole Linear families back at 8 bit.
+
+===============  =======================================================================
+``max_legal``    every group at ``high`` (a16_w16), then every group ``check`` refuses with
+                 an error demoted to ``low`` (a8_w8), until none is: the most 16 bit the
+                 target allows at this length. Only what a rule refuses is demoted.
+``variants``     ``max_legal`` with Linear families (:mod:`quantscope.model.families`, read
+                 from the graph) back at ``low``: ``noqk`` (query/key), ``noqkv`` (+ value),
+                 ``noqkvao`` (+ attention output), ``onlyup`` (every Linear but the FFN
+                 up-projection), ``nolin`` (every Linear). Each is checked again: a
+                 variant that is not legal is left out with the rule that refuses it.
+===============  =======================================================================
+
+Cost rises from ``nolin`` to ``max_legal``; which one a length affords is the bucket
+solver's choice (``quantscope buckets``), each measured on the fit pairs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantscope.model.families import linear_families
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model
+from quantscope.model.shapes import Shapes
+from quantscope.plan.check import check
+from quantscope.targets.profile import Target
+from quantscope.types import Plan, Precision, QuantscopeError
+
+# variant name -> the Linear families it puts back at the low precision
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "noqk": ("qk",),
+    "noqkv": ("qk", "v", "qkv"),
+    "noqkvao": ("qk", "v", "qkv", "ao"),
+    "onlyup": ("qk", "v", "qkv", "ao", "down"),
+    "nolin": ("qk", "v", "qkv", "ao", "down", "up"),
+}
+ROUNDS = 10  # demotion rounds before giving up (a rule whose verdict moves with others)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One rule-made plan and what made it."""
+
+    name: str
+    plan: Plan
+    note: str
+
+
+def max_legal(model: Model, target: Target, shapes: Shapes | None, *,
+              high: Precision = Precision.A16_W16, low: Precision = Precision.A8_W8) -> Candidate:
+    """Every group at ``high`` except those ``check`` refuses (demoted to ``low``)."""
+    groups = find_groups(model)
+    over: dict[str, Precision] = {}
+    rules: set[str] = set()
+    for _ in range(ROUNDS):
+        plan = Plan(default=high, overrides=tuple(sorted(over.items())), target=target.name)
+        bad = [p for p in check(plan, groups, model, target, shapes=shapes)
+               if p.severity == "error"]
+        if not bad:
+            note = (f"every group at {high} but {len(over)} that {', '.join(sorted(rules))} "
+                    f"refuse(s) at {low}" if over else f"every group at {high}: all legal")
+            return Candidate("max_legal", plan, note)
+        fresh = {p.group for p in bad} - set(over)
+        if not fresh:  # a rule that demoting the named groups does not settle
+            raise QuantscopeError(
+                f"no legal plan near {high} on {target.name}: {bad[0].rule} on {bad[0].group} "
+                f"stays after demoting it to {low}: {bad[0].fix}")
+        over.update({g: low for g in fresh})
+        rules.update(p.rule for p in bad)
+    raise QuantscopeError(f"no legal plan near {high} on {target.name} after {ROUNDS} rounds "
+                          "of demotion")
+
+
+def variants(model: Model, target: Target, shapes: Shapes | None, base: Candidate, *,
+             low: Precision = Precision.A8_W8) -> tuple[tuple[Candidate, ...], tuple[str, ...]]:
+    """The family variants of ``base`` that are legal, and a note for each one left out
+    (no Linear of its families, or a rule refuses it)."""
+    families = linear_families(model)
+    groups = find_groups(model)
+    out, notes = [], []
+    for name, fams in VARIANTS.items():
+        lowered = {g: low for g, f in families.items() if f in fams}
+        if not lowered:
+            notes.append(f"{name}: the model has no Linear of families {', '.join(fams)}")
+            continue
+        over = {**dict(base.plan.overrides), **lowered}
+        plan = Plan(default=base.plan.default, overrides=tuple(sorted(over.items())),
+                    target=target.name)
+        bad = [p for p in check(plan, groups, model, target, shapes=shapes)
+               if p.severity == "error"]
+        if bad:
+            notes.append(f"{name}: not legal ({bad[0].rule} on {bad[0].group})")
+            continue
+        out.append(Candidate(name, plan, f"{base.name} with {len(lowered)} Linear(s) "
+                             f"({', '.join(fams)}) at {low}"))
+    unknown = sum(1 for g in groups.groups
+                  if g.op_type in ("MatMul", "Gemm") and g.kind.value == "weighted"
+                  and g.name not in families)
+    if unknown:
+        notes.append(f"{unknown} Linear(s) of no family (not in an attention or FFN pattern) "
+                     f"stay as in {base.name}")
+    return tuple(out), tuple(notes)
+
+
+__all__ = ["VARIANTS", "Candidate", "max_legal", "variants"]
