@@ -183,6 +183,32 @@ def test_a_sixth_rewrite_runs_through_a_run_and_its_verdict_with_no_other_edit(
         dataclasses.replace(opts, rewrites=("nope",)).check()
 
 
+def test_a_sixth_rewrite_is_a_command_with_no_cli_edit(tmp_path, monkeypatch, capsys):
+    from quantscope.cli import main
+    from quantscope.cli.commands import COMMANDS, markdown_table
+
+    monkeypatch.setitem(REWRITES, "mirror", _entry("mirror", _mirror))
+    assert COMMANDS["mirror"].group == "rewrites"
+    assert "| rewrites | `mirror` | mirror (a test rewrite) |" in markdown_table()
+    with pytest.raises(SystemExit) as exc:
+        main(["mirror", "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "Mirror (a test rewrite)." in text and "quantscope mirror MODEL --out" in text
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "mirror (a test rewrite)" in capsys.readouterr().out
+    onnx.save(attention_encoder(), tmp_path / "enc.onnx")
+    out = tmp_path / "m.onnx"
+    assert main(["mirror", str(tmp_path / "enc.onnx"), "--seq-len", str(HEAD_SEQ), "--out",
+                 str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "the output passes through an Identity"
+    assert lines[1].startswith("FP32 outputs unchanged (max relative diff")
+    assert lines[2].startswith(f"wrote {out} (") and "calibrate it again" not in lines[2]
+    assert "mirror/id" in {n.name for n in onnx.load(out).graph.node}
+
+
 def _help(argv, capsys) -> str:
     from quantscope.cli import main
 

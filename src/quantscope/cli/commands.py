@@ -5,7 +5,9 @@ Each command ``NAME`` lives in ``quantscope.cli.<module>`` as two functions side
 ``cmd_NAME(args) -> int`` runs it (``-`` in a name is ``_`` in Python). Only the chosen
 command's module is imported to run it; ``quantscope --help`` lists this table by group
 without importing any command module. Adding a command: one entry here and the two
-functions in its family's module.
+functions in its family's module. The rewrite commands are generated: one row per entry
+of the rewrite registry, run by :mod:`quantscope.cli.rewrites` (adding a rewrite adds
+its command, no edit here).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import textwrap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -30,26 +32,7 @@ class Command:
 
 GROUPS = ("start here", "steps", "rewrites", "deployment")
 
-_REWRITE_SUMMARIES = {
-    "tokensplit": "split token-wise layers (residual Adds, LayerNorms) into chunks along the "
-    "sequence so that 16 bit on them fits a per-layer size limit (hailo.super_defuse); "
-    "FP32 unchanged",
-    "headsplit": "split each multi-head attention into one layer per head, so that every "
-    "head's scores, Softmax and context get their own 8-bit grid (hailo.attention_16bit "
-    "keeps attention at 8 bit); FP32 unchanged",
-    "rowscale": "feed each attention's context MatMul its 8-bit weights scaled per row by "
-    "min(Z, growth) (Z: the row's sum of exp(s - max)) and divide the context by their sum "
-    "afterwards, so a flat row's weights use more of the 8-bit grid (hailo.attention_16bit "
-    "keeps them at 8 bit); FP32 unchanged",
-    "outscale": "equalize the output channels of each residual-branch Linear with outlier "
-    "channels (an FFN down-projection): its 8-bit output then fits every channel, the "
-    "residual Add runs in the scaled basis (two 16-bit per-channel Muls); FP32 unchanged",
-    "peel": "move each FFN's few outlier hidden channels (after its activation) into a small "
-    "FFN of their own that joins the residual stream through an Add: the big FFN's 8-bit "
-    "hidden grid then fits the other channels; FP32 unchanged",
-}
-
-COMMANDS: dict[str, Command] = {
+_TABLE: dict[str, Command] = {
     # start here
     "run": Command("run", "start here", "model to device in one command: calibrate, "
                    "analyze, plan, repair, check, evaluate, export, io, report (resumable)"),
@@ -72,8 +55,7 @@ COMMANDS: dict[str, Command] = {
                       "smoothing, bias correction, per-tensor ranges"),
     "groups": Command("inspect", "steps", "list the decision groups of a model"),
     "report": Command("report", "steps", "one self-contained HTML report from result files"),
-    # rewrites: one module, later generated from the rewrite registry
-    **{name: Command("rewrites", "rewrites", text) for name, text in _REWRITE_SUMMARIES.items()},
+    # rewrites: one row per rewrite registry entry (:class:`_Commands`)
     # deployment
     "route": Command("run", "deployment", "a deployment of several compiled sequence lengths "
                      "(length buckets), each text on the shortest that holds it: legality "
@@ -89,6 +71,38 @@ COMMANDS: dict[str, Command] = {
                   "zero point, stored type of every quantized input/output)"),
     "lint": Command("plan", "deployment", "preflight of a Hailo model script (.alls)"),
 }
+
+
+
+class _Commands(MutableMapping[str, Command]):
+    """:data:`_TABLE` and, in the group "rewrites", one row per entry of the rewrite
+    registry (:data:`quantscope.rewrites.registry.REWRITES`, in its order; its summary),
+    read at each use: a rewrite added to the registry is a command with no edit here.
+    The registry is imported on first use (it loads onnx: ``quantscope --help`` lists
+    its summaries, so it imports it; a command module is still imported only to run)."""
+
+    def _rows(self) -> dict[str, Command]:
+        registry = importlib.import_module("quantscope.rewrites.registry")
+        return {**_TABLE, **{name: Command("rewrites", "rewrites", rw.summary)
+                             for name, rw in registry.REWRITES.items()}}
+
+    def __getitem__(self, name: str) -> Command:
+        return self._rows()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._rows())
+
+    def __len__(self) -> int:
+        return len(self._rows())
+
+    def __setitem__(self, name: str, command: Command) -> None:  # a row of :data:`_TABLE`
+        _TABLE[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        del _TABLE[name]
+
+
+COMMANDS: MutableMapping[str, Command] = _Commands()
 
 EXAMPLE = ("quantscope run minilm-l6 --data stdlib-docs --target hailo10h --goal 0.97 "
            "--max-cost 1.5 --out W")

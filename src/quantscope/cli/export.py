@@ -1,4 +1,7 @@
-"""export, export-qdq, io: a plan in a vendor's format, and how to feed the device."""
+"""export, export-qdq, io: a plan in a vendor's format, and how to feed the device.
+
+``export --format`` takes the formats of the registry (:data:`quantscope.export.formats.
+FORMATS`); ``io --json`` writes :class:`quantscope.results.DeviceIOResult` (tagged)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from quantscope.cli.options import (
 )
 from quantscope.cli.types import input_file, mapping, output_file
 from quantscope.export import device_io as dio
+from quantscope.export.formats import FORMATS
+from quantscope.results import DeviceIOResult
 
 
 def add_export(sub: argparse._SubParsersAction, summary: str) -> None:
@@ -25,8 +30,9 @@ def add_export(sub: argparse._SubParsersAction, summary: str) -> None:
                  "--format alls --out model.alls",
                  parents=(model_parent(option=True), stats_parent(), hn_parent()))
     ex.add_argument("plan", type=input_file("plan", PLAN_FIX), help="plan JSON to export")
-    ex.add_argument("--format", required=True, choices=["alls", "qnn", "qdq"],
-                    help="alls: Hailo model script; qnn: QNN/AIMET encodings JSON; qdq: ONNX")
+    ex.add_argument("--format", required=True, choices=list(FORMATS),
+                    help="; ".join(f"{f.name}: {f.purpose.split(':')[0].split(' (')[0]}"
+                                   for f in FORMATS.values()))
     ex.add_argument("--qnn-version", default="1.0.0", choices=["1.0.0", "0.6.1"],
                     help="QNN encodings file version (default 1.0.0)")
     ex.add_argument("--out", type=output_file, required=True, help="file to write")
@@ -59,7 +65,6 @@ def cmd_export_qdq(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     print(f"wrote {args.out} ({len(proto.graph.node)} nodes, opset {stages.opset_of(proto)})")
     return 0
-    return 0
 
 
 def add_io(sub: argparse._SubParsersAction, summary: str) -> None:
@@ -91,7 +96,7 @@ def cmd_io(args: argparse.Namespace) -> int:
         stages.write_text(args.out_snippet, dio.python_snippet(rows))
         print(f"wrote {args.out_snippet} (host-side to_device/from_device functions)")
     if args.json:
-        stages.write_json(args.json, {"io": rows, "mapping_checks": checks,
-                                      "note": dio.PROVENANCE})
+        stages.write_json(args.json, DeviceIOResult(io=rows, mapping_checks=checks,
+                                                    note=dio.PROVENANCE).to_dict())
         print(f"wrote {args.json}")
     return 0

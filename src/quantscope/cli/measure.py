@@ -1,4 +1,8 @@
-"""calibrate, evaluate, whatif: a model's ranges, and a plan measured by emulation."""
+"""calibrate, evaluate, whatif: a model's ranges, and a plan measured by emulation.
+
+``evaluate --json`` and ``whatif --json`` write :class:`quantscope.results.EvaluateResult`
+and :class:`quantscope.results.WhatifResult` (tagged; :func:`quantscope.serde.read_result`
+reads them back)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from quantscope.cli.options import (
     tokenizer_parent,
 )
 from quantscope.cli.types import finite_float, output_file, seq_len
+from quantscope.results import EvaluateResult, WhatifResult
 
 
 def add_calibrate(sub: argparse._SubParsersAction, summary: str) -> None:
@@ -73,7 +78,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                                   progress=True)
     print(stages.format_result(result))
     if args.json:
-        stages.write_json(args.json, result)
+        stages.write_json(args.json, EvaluateResult.of(result).to_dict())
         print(f"wrote {args.json}")
     return 0
 
@@ -104,6 +109,6 @@ def cmd_whatif(args: argparse.Namespace) -> int:
                                     method=args.method, progress=True, goal=args.goal)
     print(stages.format_whatif(result))
     if args.json:
-        stages.write_json(args.json, result)
+        stages.write_json(args.json, WhatifResult.of(result).to_dict())
         print(f"wrote {args.json}")
     return 0

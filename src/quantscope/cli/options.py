@@ -10,9 +10,11 @@ for and the recommended invocation.
 from __future__ import annotations
 
 import argparse
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from quantscope.cli.types import (
+    at_least_one,
     batch_axes,
     count,
     data_spec,
@@ -21,6 +23,8 @@ from quantscope.cli.types import (
     layout,
     model_spec,
     output_name,
+    positive_float,
+    positive_int,
     precision,
     ray_address,
     seq_len,
@@ -30,6 +34,9 @@ from quantscope.cli.types import (
 )
 from quantscope.targets import BUILTIN_TARGETS
 from quantscope.types import Precision, QuantscopeError
+
+if TYPE_CHECKING:
+    from quantscope.rewrites.base import CliOption
 
 METHODS = ("minmax", "percentile", "mse")
 DATA_HELP = (".npy/.npz file or folder, JSONL query/document pairs, a text file, a face "
@@ -218,3 +225,18 @@ def command(sub: argparse._SubParsersAction, name: str, summary: str, *, example
     return sub.add_parser(name, parents=list(parents),
                           description=text + (f"\n\n{details}" if details else ""),
                           formatter_class=HelpFormatter, **kwargs)
+
+
+# CliOption.kind -> the argument type checked while parsing
+OPTION_TYPES: dict[str, Callable[[str], Any]] = {
+    "int": positive_int, "float": positive_float, "float>=1": at_least_one}
+
+
+def option_kwargs(o: CliOption) -> dict[str, Any]:
+    """``add_argument`` keywords of a rewrite option (its help, type and metavar)."""
+    if o.kind == "flag":
+        return {"action": "store_true", "help": o.help}
+    out: dict[str, Any] = {"type": OPTION_TYPES[o.kind], "default": o.default, "help": o.help}
+    if o.metavar:
+        out["metavar"] = o.metavar
+    return out

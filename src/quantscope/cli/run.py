@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from quantscope import stages, stages_route
 from quantscope.cli.inputs import input_shapes, open_inputs
@@ -13,6 +14,7 @@ from quantscope.cli.options import (
     data_parent,
     method_parent,
     model_parent,
+    option_kwargs,
     pairs_parent,
     seq_len_parent,
     target_parent,
@@ -34,6 +36,8 @@ from quantscope.cli.types import (
 )
 from quantscope.pipeline import RunOptions, run_pipeline
 from quantscope.pipeline.verdict import format_verdict
+from quantscope.rewrites.base import CliOption, Rewrite
+from quantscope.rewrites.registry import REWRITES, parse_rewrites
 from quantscope.tasks.layout import layout_tasks
 from quantscope.types import QuantscopeError
 
@@ -83,34 +87,79 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     help="run folder (created; every stage's file, run.json, report.html)")
 
 
+def rewrite_choice(text: str) -> tuple[str, ...]:
+    """``run --rewrites``: ``none`` or a comma list of registry names, in the registry's
+    order (:func:`quantscope.rewrites.registry.parse_rewrites`); ``auto`` is refused."""
+    if text.strip() == "auto":
+        raise argparse.ArgumentTypeError(
+            "'auto' is not built yet (it needs each rewrite measured on the fit data): name "
+            f"the rewrites, a comma list of {', '.join(REWRITES)}, or 'none'")
+    try:
+        return parse_rewrites(text)
+    except QuantscopeError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--rewrites: ")) from None
+
+
+def _config_flag(rw: Rewrite, o: CliOption) -> tuple[str, str]:
+    """(run flag, dest) of a rewrite's config option: ``--NAME-OPTION``; an option whose
+    legacy run flag is that same flag, or that fills a :class:`RunOptions` field, keeps
+    that field as its dest."""
+    flag = f"--{rw.name}-{o.flags[0].lstrip('-')}"
+    return flag, o.run_field or f"rewrite_{rw.name}_{o.dest}"
+
+
 def _add_rewrite_options(ru: argparse.ArgumentParser) -> None:
-    """run's rewrites: the model the stages work on, rewritten first (FP32 unchanged)."""
-    ru.add_argument("--tokensplit", dest="token_chunk", type=positive_int, metavar="N",
-                    help="work on the model with its LayerNorms and residual Adds split into "
-                    "layers of N tokens (below --seq-len; 'quantscope tokensplit'): 16 bit on "
-                    "them then fits hailo.super_defuse (unverified on a device)")
-    ru.add_argument("--tokensplit-linears", dest="token_linears", action="store_true",
-                    help="with --tokensplit: the token-wise Linears in chunks too "
-                    "('quantscope tokensplit --linears')")
-    ru.add_argument("--headsplit", dest="heads", action="store_true",
-                    help="work on the model with each attention head a layer of its own "
-                    "('quantscope headsplit'): every head's 8-bit scores, Softmax and "
-                    "context get their own grid (unverified on a device)")
-    ru.add_argument("--rowscale", action="store_true",
-                    help="work on the model with each attention's 8-bit weights scaled per "
-                    "row before the context MatMul and the context divided by their sum "
-                    "('quantscope rowscale', after --headsplit): plan '<Softmax>/w' at 8 "
-                    "bit (unverified on a device)")
-    ru.add_argument("--outscale", action="store_true",
-                    help="work on the model with its residual-branch Linears writing "
-                    "equalized output channels ('quantscope outscale'; calibrates the given "
-                    "model first): plan the new skip-branch Muls at 16 bit (unverified on a "
-                    "device)")
-    ru.add_argument("--peel", action="store_true",
-                    help="work on the model with each FFN's outlier hidden channels in a "
-                    "small FFN of their own ('quantscope peel'; calibrates the given model "
-                    "first, once with --outscale): plan the new '<Add>/peel' groups at 16 "
-                    "bit (unverified on a device)")
+    """run's rewrites (the model the stages work on, rewritten first; FP32 unchanged),
+    generated from the registry: ``--rewrites``, a ``--NAME-OPTION`` flag per config
+    option, and the legacy switches (``CliOption.run_flag``), aliases kept one release."""
+    ru.add_argument("--rewrites", type=rewrite_choice, default=(), metavar="none|NAME[,NAME…]",
+                    help="work on the model rewritten first (FP32 unchanged; unverified on a "
+                    f"device): a comma list of {', '.join(REWRITES)}, applied in that order "
+                    "whatever the order given ('quantscope NAME --help' says what each does), "
+                    "or 'none' (default: none)")
+    for rw in REWRITES.values():
+        for o in rw.cli_options:
+            if o.flags and o.dest:
+                flag, dest = _config_flag(rw, o)
+                text = o.run_help if o.run_flag == flag else f"with --rewrites {rw.name}: {o.help}"
+                kw = {**option_kwargs(o), "help": text, "default": None}
+                if o.kind == "flag":
+                    kw["default"] = False
+                else:
+                    kw["metavar"] = o.metavar or o.dest.upper()
+                ru.add_argument(flag, dest=dest, **kw)
+        for o in rw.cli_options:
+            if o.run_flag and o.run_field and not (o.flags and o.dest
+                                                   and _config_flag(rw, o)[0] == o.run_flag):
+                same = f" {_config_flag(rw, o)[0]} {o.metavar or ''}".rstrip() if o.dest else ""
+                kw = option_kwargs(o) if o.kind != "flag" else {"action": "store_true"}
+                ru.add_argument(o.run_flag, **{**kw, "dest": o.run_field,
+                                               "help": f"alias of --rewrites {rw.name}{same} "
+                                               f"(kept for one release): {o.run_help}"})
+
+
+def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
+    """The :class:`RunOptions` fields of the rewrites chosen, the same whichever way they
+    were given: ``rewrites`` names every rewrite on (by ``--rewrites`` or a legacy switch
+    that only turns one on), the config values go into the fields that carry them
+    (``token_chunk``, ``token_linears``) or ``rewrite_options``."""
+    names = set(args.rewrites)
+    fields: dict[str, Any] = {}
+    options = []
+    for rw in REWRITES.values():
+        for o in rw.cli_options:
+            value = getattr(args, o.run_field, None) if o.run_field else None
+            if o.switch and value not in (None, False):  # a switch turns the rewrite on
+                names.add(rw.name)
+            if o.dest and o.run_field:
+                fields[o.run_field] = value
+            elif o.dest and o.flags:
+                given = getattr(args, _config_flag(rw, o)[1], None)
+                if given is not None:
+                    options.append((rw.name, o.dest, given))
+    fields["rewrites"] = tuple(n for n in REWRITES if n in names)
+    fields["rewrite_options"] = tuple(options)
+    return fields
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -122,12 +171,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                       pairs=None if args.pairs == 0 else args.pairs,
                       metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
                       method=args.method, proxy=args.proxy,
-                      repair_batches=args.repair_batches, token_chunk=args.token_chunk,
-                      token_linears=args.token_linears, heads=args.heads,
-                      outscale=args.outscale, peel=args.peel, rowscale=args.rowscale,
-                      whatif=args.whatif, layout=tuple(args.layout),
+                      repair_batches=args.repair_batches, whatif=args.whatif,
+                      layout=tuple(args.layout),
                       batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
-                      **repairs)
+                      **repairs, **run_rewrites(args))
+    opts.check()  # the rewrites' options together, before the model is opened
     if args.layout:  # checked against the model's outputs before the run folder is made
         layout_tasks(stages.open_model(args.model), tuple(args.layout), args.data)
     out = run_pipeline(opts, force=args.force, progress=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,11 +58,15 @@ class RunOptions:
     # rewrites by registry name (quantscope.rewrites.registry), besides the legacy switches
     # above (token_chunk, heads, rowscale, outscale, peel), which stay accepted one release
     rewrites: tuple[str, ...] = ()
+    # config values of the chosen rewrites that no legacy field carries: (rewrite, config
+    # field, value), e.g. ("rowscale", "growth", 1.5) from run --rowscale-growth 1.5
+    rewrite_options: tuple[tuple[str, str, Any], ...] = ()
 
     def rewrite_configs(self) -> tuple[tuple[Rewrite, Any], ...]:
         """The rewrites this run applies, in the registry's order, each with its config:
         named in :attr:`rewrites` or turned on by a legacy switch field (an entry's
-        ``CliOption.run_field``); config values from the legacy fields that carry them."""
+        ``CliOption.run_field``); config values from the legacy fields that carry them and
+        from :attr:`rewrite_options`."""
         out = []
         for name, rw in REWRITES.items():
             on = any(getattr(self, o.run_field, None) not in (None, False)
@@ -71,6 +75,7 @@ class RunOptions:
                 continue
             values = {o.dest: getattr(self, o.run_field) for o in rw.cli_options
                       if o.dest and o.run_field and hasattr(self, o.run_field)}
+            values.update({key: v for rw_name, key, v in self.rewrite_options if rw_name == name})
             out.append((rw, rw.configure(**values)))
         return tuple(out)
 
@@ -87,8 +92,17 @@ class RunOptions:
         if unknown:
             raise QuantscopeError(f"unknown rewrite '{unknown[0]}': use one of "
                                   f"{', '.join(REWRITES)}")
-        if self.token_linears and self.token_chunk is None:
-            raise QuantscopeError("--tokensplit-linears needs --tokensplit N")
+        for name, key, _ in self.rewrite_options:
+            if name not in REWRITES or key not in {f.name for f in fields(REWRITES[name].config)}:
+                raise QuantscopeError(f"unknown option '{key}' of rewrite '{name}'")
+        chosen = {rw.name for rw, _ in self.rewrite_configs()}
+        for name, key, _ in self.rewrite_options:
+            if name not in chosen:
+                raise QuantscopeError(f"--{name}-{key.replace('_', '-')} needs --rewrites "
+                                      f"{name}")
+        if self.token_linears and "tokensplit" not in chosen:
+            raise QuantscopeError("--tokensplit-linears needs --tokensplit N or --rewrites "
+                                  "tokensplit")
         if self.token_chunk is not None and self.seq_len is not None \
                 and self.token_chunk >= self.seq_len:
             raise QuantscopeError(

@@ -43,7 +43,8 @@ class CliOption:
 
     ``flags``: the rewrite command's own spelling (empty: the command has none, e.g. a
     switch that only ``run`` has); ``dest``: the config field it sets (None: a switch that
-    only turns the rewrite on); ``kind``: ``"int"``, ``"float"`` or ``"flag"``;
+    only turns the rewrite on); ``kind``: ``"int"`` (>= 1), ``"float"`` (> 0),
+    ``"float>=1"`` or ``"flag"``;
     ``run_flag`` / ``run_field``: the legacy ``quantscope run`` flag and the
     ``RunOptions`` field it fills (kept one release beside ``run --rewrites``);
     ``switch``: setting it turns the rewrite on in a run."""
@@ -128,7 +129,15 @@ class Rewrite:
     ``verdict_rank``: the position of its key in ``verdict.json`` (kept from before the
     registry, so existing files stay byte-identical); ``nothing_suffix``: appended to
     the reason when nothing changed (a run's one-line error); ``summary`` and
-    ``description``: the command's help line and its ``--help`` description."""
+    ``description``: the command's help line and its ``--help`` description.
+
+    The command ``quantscope NAME`` is generated from the entry
+    (:mod:`quantscope.cli.rewrites`): ``example`` is its recommended invocation (default:
+    one built from the name), ``out_help`` the help of its ``--out``, ``left`` the word
+    of its lines for the sites it left (``left: site: why``), ``site_kinds`` the change
+    kinds it prints one line each for (``tensor: note``), and ``checked_on`` says what
+    feeds the FP32 check ran on (``(config, seq_len, repair) -> "on ..."``; None: not
+    said). A rewrite that needs stats also tells the user to calibrate the new model."""
 
     name: str
     config: type[Any]
@@ -149,6 +158,11 @@ class Rewrite:
     verdict_rank: int = 100
     nothing_suffix: str = ""
     description: str = ""
+    example: str = ""
+    out_help: str = "rewritten FP32 model to write (.onnx)"
+    left: str = "left as is"
+    site_kinds: tuple[str, ...] = ()
+    checked_on: Callable[[Any, int | None, GraphRepair], str] | None = None
 
     def answers_rule(self, rule: str | None) -> bool:
         """Does this rewrite answer target rule ``rule`` (``vendor.id`` or ``id``)?"""
@@ -161,9 +175,14 @@ class Rewrite:
         return (seq_len,) if seq_len else (32, 7)
 
     def digest_of(self, config: Any, seq_len: int | None, input_shapes: InputShapes) -> str:
+        """The run's model-digest suffix: the entry's own, else ``/NAME`` followed by each
+        config value that is not the default (``:key=value``; the defaults add nothing,
+        so a run folder made before config values could be given keeps its key)."""
         if self.digest is not None:
             return self.digest(config, seq_len, input_shapes)
-        return f"/{self.name}"
+        default = dataclasses.asdict(self.config())
+        return f"/{self.name}" + "".join(f":{k}={v}" for k, v in dataclasses.asdict(config).items()
+                                         if v != default.get(k))
 
     def verdict_of(self, config: Any, seq_len: int | None, repaired: str) -> dict[str, Any]:
         if self.verdict is not None:

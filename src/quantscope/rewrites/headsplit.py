@@ -51,6 +51,10 @@ REWRITE = Rewrite(
                   "context get their own grid (unverified on a device)"),
     ),
     verdict_rank=1,
+    example="quantscope headsplit minilm-l6 --seq-len 128 --out heads.onnx",
+    out_help="split FP32 model to write (.onnx); analyze, plan, repair, tokensplit and export "
+             "it like any model (its head groups are '<group>/head<h>')",
+    left="left whole",
     description="The head count comes from shape inference at --seq-len (or 16 tokens), or "
                 "the static/--input-shape shape.",
 )

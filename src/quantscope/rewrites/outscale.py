@@ -69,6 +69,8 @@ REWRITE = Rewrite(
                   "device)"),
     ),
     lift=_lift, verdict_rank=2,
+    example="quantscope outscale minilm-l6 --stats stats.npz --out outscaled.onnx",
+    site_kinds=("divide", "split"),
     description="Needs the model's stats ('quantscope calibrate'). Run it before tokensplit; "
                 "then calibrate the new model and plan its '<Add>/outscale/in' groups and "
                 "residual Adds at 16 bit.",

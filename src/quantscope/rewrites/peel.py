@@ -73,6 +73,8 @@ REWRITE = Rewrite(
                   "(unverified on a device)"),
     ),
     lift=_lift, verdict_rank=3,
+    example="quantscope peel minilm-l6 --stats stats.npz --out peeled.onnx",
+    site_kinds=("divide", "split"),
     description="Needs the model's stats ('quantscope calibrate'). Run it before tokensplit "
                 "(after outscale, with the same stats); then calibrate the new model and plan "
                 "its '<Add>/peel' groups at 16 bit like the residual stream.",

@@ -44,7 +44,7 @@ REWRITE = Rewrite(
     metadata_key=METADATA_KEY, transform=_transform, applies=_applies,
     answers=("attention_16bit",),
     cli_options=(
-        CliOption(("--growth",), "growth", "float", None,
+        CliOption(("--growth",), "growth", "float>=1", None,
                   help="most the context MatMul's output grows, >= 1 (default 2: the best "
                   "measured on minilm-l6; 1 is the Softmax's own grid)"),
         CliOption((), None, "flag", False, help="", switch=True, run_flag="--rowscale",
@@ -55,6 +55,9 @@ REWRITE = Rewrite(
                   "(unverified on a device)"),
     ),
     verdict_rank=4,
+    example="quantscope rowscale heads.onnx --seq-len 128 --out rows.onnx",
+    out_help="rewritten FP32 model to write (.onnx); its attention-weight groups are "
+             "'<Softmax>/w'",
     description="Run it after headsplit (which matches Softmax chains) and before "
                 "tokensplit; plan '<Softmax>/w' at 8 bit and the row statistics at 16 bit "
                 "where the size rules allow.",

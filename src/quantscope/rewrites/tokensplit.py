@@ -86,6 +86,13 @@ def _verdict(config: TokensplitConfig, seq_len: int | None, repaired: str) -> di
                     f"is the split model); {UNVERIFIED}"}
 
 
+def _checked_on(config: TokensplitConfig, seq_len: int | None, r: GraphRepair) -> str:
+    """What the FP32 check fed (the command's words)."""
+    chunk = int(dict(r.effect)["chunk"])
+    return (f"on token feeds of {seq_len} and {max(1, chunk // 2)} tokens" if seq_len
+            else "on random inputs")
+
+
 HINT = (
     "hint: LayerNorms and residual Adds work token by token: 'quantscope tokensplit MODEL "
     "--seq-len N --out split.onnx' splits them into layers of fewer tokens, under the size "
@@ -112,11 +119,16 @@ REWRITE = Rewrite(
                   "they read the 16-bit chunks directly instead of a full-width Concat; "
                   "only attention reads a Concat",
                   run_flag="--tokensplit-linears", run_field="token_linears",
-                  run_help="with --tokensplit: the token-wise Linears in chunks too "
+                  run_help="with --rewrites tokensplit (or --tokensplit N): the token-wise "
+                  "Linears in chunks too "
                   "('quantscope tokensplit --linears')"),
     ),
     check_lengths=_lengths, digest=_digest, verdict=_verdict, verdict_rank=0,
     nothing_suffix=" to split",
+    example="quantscope tokensplit minilm-l6 --seq-len 256 --out split.onnx",
+    out_help="split FP32 model to write (.onnx); analyze, plan, repair and export it like any "
+             "model (its chunk groups are '<group>/tok<i>')",
+    left="left whole", checked_on=_checked_on,
     description="Text encoders need --seq-len (the deployment's length); image models (a "
                 "ViT's [B, patches + 1, C]) use their static input shape or --input-shape.",
 )
