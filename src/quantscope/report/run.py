@@ -19,6 +19,10 @@ from quantscope.report.build import _table, details, io_section, prenorm_section
 from quantscope.types import Stats
 
 _e = html.escape
+HEADLINE_KEYS = ("recall@1", "recall@1_fp32", "embedding_cosine_mean", "sqnr_db",
+                 "sqnr_db_channel_min", "cosine_mean")
+"""Shown first in the configurations table (after the run's metric); the rest folded."""
+MAIN_ROWS = 6
 
 
 def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
@@ -80,14 +84,18 @@ def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "h
                     ) -> str:
     keys = list(dict.fromkeys(k for r in results.values() for k, v in r["metrics"].items()
                               if plots.num(v) is not None))
-    head = [metric, *[k for k in keys if k != metric]]
+    first = [k for k in (metric, *HEADLINE_KEYS) if k in keys or k == metric]
+    head = list(dict.fromkeys([*first, *keys]))
     # one row per metric, one column per configuration (a page wide for any metric count)
     rows = [[fmt.label(k), *[fmt.value(k, r["metrics"].get(k)) for r in results.values()]]
             for k in head]
     out = [_h2(f"Configurations ({n})", "configs"),
            "<p>FP32, uniform a8_w8 and the plan (on the repaired model), each against the "
            f"FP32 outputs of the original model, on the held-out data ({_e(n)}); shares in "
-           "percent, SQNR in dB.</p>", _table(["metric", *results], rows),
+           "percent, SQNR in dB.</p>", _table(["metric", *results], rows[:MAIN_ROWS]),
+           details(f"The other {len(rows) - MAIN_ROWS} metrics",
+                   _table(["metric", *results], rows[MAIN_ROWS:]) if len(rows) > MAIN_ROWS
+                   else ""),
            plots.config_plot(results, metric)]
     per_output = [[label, name, *[fmt.value(k, t.get(k)) for k in ("sqnr_db", "cosine_mean",
                                                                     "cosine_min")]]
@@ -136,7 +144,7 @@ def _masked(a: dict[str, Any]) -> set[str]:
     return {o["tensor"] for o in a.get("outliers") or [] if o.get("kind") == "mask_range"}
 
 
-def sensitivity_section(a: dict[str, Any], top: int = 15) -> str:
+def sensitivity_section(a: dict[str, Any], top: int = 10) -> str:
     method = a.get("method", {})
     rows = method.get("rows_per_sweep", {})
     primary = str(a.get("primary", "sqnr_db"))
@@ -160,7 +168,7 @@ def sensitivity_section(a: dict[str, Any], top: int = 15) -> str:
             f"{_e(str(a.get('low')))} except this group at {_e(str(a.get('high')))}; higher "
             "= promoting it helps more), largest first; enable-one: only this group "
             f"quantized. Row sample sizes: {_e(sizes)}.</p>"
-            + plots.sensitivity_plot(sens, metric) + table(ranked[:top], 0)
+            + plots.sensitivity_plot(sens, metric, top=15) + table(ranked[:top], 0)
             + details(f"The other {len(ranked) - top} groups", table(ranked[top:], top)
                       if len(ranked) > top else ""))
 
@@ -193,9 +201,9 @@ def outliers_section(a: dict[str, Any], stats: Stats | None, top: int = 3) -> st
 
         out.append(f"<p>{len(chans)} tensor(s) with outlier channels (a few channels far above "
                    "the median channel's max|x|), worst first.</p>"
-                   + _table(head, rows(chans[:8]))
-                   + details(f"The other {len(chans) - 8}", _table(head, rows(chans[8:]))
-                             if len(chans) > 8 else ""))
+                   + _table(head, rows(chans[:5]))
+                   + details(f"The other {len(chans) - 5}", _table(head, rows(chans[5:]))
+                             if len(chans) > 5 else ""))
     worst = [(o["tensor"], list(o["channels"])) for o in chans]
     if stats is not None and len(worst) < top:
         worst += _widest(stats, {t for t, _ in worst} | {o["tensor"] for o in masks},
