@@ -36,10 +36,13 @@ EMULATION_NOTE = (
 )
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
+def _table(headers: list[Any], rows: list[list[Any]]) -> str:
     """A table that fits the page (long names wrap); an absent value (None, NaN) is a
-    ``—`` and the table then says what ``—`` means."""
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    ``—`` and the table then says what ``—`` means. A header is a string, or (label, key):
+    the key (a JSON metric key) is the header's tooltip."""
+    head = "".join(f'<th title="{html.escape(h[1])}">{html.escape(h[0])}</th>'
+                   if isinstance(h, tuple) else f"<th>{html.escape(str(h))}</th>"
+                   for h in headers)
     cells = [[_fmt(c) for c in row] for row in rows]
     body = "".join(
         "<tr>" + "".join(f"<td>{_breakable(c)}</td>" for c in row) + "</tr>" for row in cells
@@ -111,7 +114,7 @@ def demo_section(results: dict[str, dict[str, Any]], title: str = "Precision con
     return (f"<h2>{html.escape(title)}</h2>"
             + (f"<p>Each configuration against FP32 on {html.escape(n)}; shares in percent, "
                "cosines to 4 decimals.</p>" if n else "")
-            + _table(["configuration", *[fmt.label(k) for k in present]], rows)
+            + _table(["configuration", *[(fmt.label(k), k) for k in present]], rows)
             + f'<img alt="{html.escape(fmt.label(metric))} per configuration" src="{_png(fig)}">'
             + "".join(f"<p class=note>{html.escape(x)}</p>" for x in notes)
             + "<h3>What to do next</h3>" + _demo_gap(results, metric) + "<ul>"
