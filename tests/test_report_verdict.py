@@ -87,6 +87,11 @@ def test_the_console_verdict_is_short_and_leads_with_the_held_out_figure():
     assert any(line.startswith("  host: ") for line in lines)
     assert "binds: hailo.attention_16bit" in "\n".join(summary.format_short(
         _verdict(binds_measured=None)))  # without a whatif, the planner's binding
+    assert "against uniform a8_w8 (chosen" not in "\n".join(lines)  # 72.7 % > 61.0 %
+    worse = _verdict(quality={"a8_w8": {"top1_agreement": 0.875},
+                              "plan": {"top1_agreement": 0.781}})
+    assert "held out, the plan is -9.4 pts against uniform a8_w8" in summary.format_short(
+        worse)[1]
 
 
 PARETO = {"metric": "output_sqnr_db", "chosen": {"cost": 1.2, "predicted": 20.0,

@@ -110,9 +110,23 @@ def _fixed(d: Any, axis: int, seq_len: int | None) -> str:
     return str(seq_len) if seq_len else "S"
 
 
+def _worse_than_uniform(v: dict[str, Any]) -> str:
+    """Said when the plan measures worse than uniform a8_w8 on the held-out data (the plan
+    was chosen on the fit data; the held-out figure disagrees)."""
+    m = v["metric"]
+    plan = fmt.num(v["quality"].get("plan", {}).get(m))
+    uni = fmt.num(v["quality"].get("a8_w8", {}).get(m))
+    if plan is None or uni is None or v.get("uniform_meets_goal"):
+        return ""
+    if plan < uni if v.get("higher_is_better", True) else plan > uni:
+        return (f"held out, the plan is {fmt.gain(m, plan - uni)} against uniform a8_w8 "
+                "(chosen on the fit data)")
+    return ""
+
+
 def format_short(v: dict[str, Any]) -> list[str]:
-    """At most ~8 lines: goal and held-out figure, cost and legality, what binds, files,
-    host steps (each line one thing a person acts on)."""
+    """At most ~8 lines (and one per rewrite applied): goal and held-out figure, cost and
+    legality, what binds, files, host steps (each line one thing a person acts on)."""
     m = v["metric"]
     q = v["quality"]
     ho = v.get("held_out") or {}
@@ -136,6 +150,11 @@ def format_short(v: dict[str, Any]) -> list[str]:
                  f"{', '.join(v['repairs']) or 'none'}; rewrites: {', '.join(applied) or 'none'}"
                  + ("; the plan is uniform a8_w8 (met the goal on the fit data)"
                     if v.get("uniform_meets_goal") else ""))
+    worse = _worse_than_uniform(v)
+    if worse:
+        lines[-1] += f"; {worse}"
+    # the compiled model is not the original: each rewrite's note (and caveat) is kept
+    lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     bm = v.get("binds_measured") if not v.get("reached") else None
