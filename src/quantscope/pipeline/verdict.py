@@ -73,8 +73,9 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
 
     graph = model.proto.graph
     inits = {i.name for i in graph.initializer}
-    text = "text" in str(ev["data"].get("held_out", {}).get("task") or "") or any(
-        i.name in ("input_ids", "attention_mask") for i in graph.input)
+    text = summary.task_kind(ev["data"].get("held_out", {}).get("task")) in (
+        "retrieval", "sts") or any(i.name in ("input_ids", "attention_mask")
+                                   for i in graph.input)
     kinds = {}
     if ev.get("whatif") and "skipped" not in ev["whatif"]:
         from quantscope.targets.profile import op_kind

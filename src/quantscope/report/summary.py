@@ -30,12 +30,17 @@ def kind_name(kind: str) -> str:
     return KIND_NAMES.get(kind, kind)
 
 
+def task_kind(task: Any) -> str:
+    """``retrieval`` of ``retrieval:stdlib-docs`` (a task's name is ``kind:source``)."""
+    return str(task or "").split(":", 1)[0]
+
+
 def held_out(ev: dict[str, Any]) -> dict[str, Any]:
     """The held-out evaluation: its sample count and what one sample is (a retrieval
     pair is two texts, its query and its document)."""
     part = ev["data"].get("held_out") or {}
     rows = part.get("evaluation_samples")
-    if "retrieval" in str(part.get("task") or "") and isinstance(rows, int):
+    if task_kind(part.get("task")) == "retrieval" and isinstance(rows, int):
         return {"samples": rows // 2, "unit": "pairs", "rows": rows, "source": part.get("name")}
     return {"samples": rows, "unit": "samples", "rows": rows, "source": part.get("name")}
 
@@ -162,8 +167,11 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")
     elif v.get("binding") and not v.get("reached"):
         lines.append(f"  binds: {v['binding']}")
+    io = "; device I/O (io_snippet.py): " + ", ".join(
+        f"{r['role']} {r['tensor']} {r['stored_type']} ({r['q_min']}..{r['q_max']})"
+        for r in v["io"]) if v.get("io") else ""
     lines.append("  compile: " + " + ".join(list(v["compiler_files"])[:-1])
-                 + f" ({list(v['compiler_files'])[-1]} is what was emulated)")
+                 + f" ({list(v['compiler_files'])[-1]} is what was emulated){io}")
     for step in v.get("host_steps", [])[:3]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
