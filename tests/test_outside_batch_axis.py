@@ -178,7 +178,8 @@ def test_calibrate_evaluate_analyze_run_on_the_fixture(tmp_path, capsys, name):
     assert main(["run", model, "--data", npz, "--target", "hailo8", "--repairs", "none",
                  "--out", str(folder)]) == 0
     verdict = json.loads((folder / "verdict.json").read_text())
-    assert verdict and "the first 8 samples" in capsys.readouterr().out
+    assert "the first 8 samples" in verdict["evaluation"]
+    assert "n=8 held-out samples" in capsys.readouterr().out
 
 
 def test_declared_batch_axis_runs_a_model_the_finder_cannot_read(tmp_path, capsys):

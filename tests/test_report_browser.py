@@ -1,5 +1,7 @@
-"""The `run` report in a real browser (headless Chromium): no console errors, every image
-decodes to a non-zero size, and a screenshot is saved under the test's tmp dir."""
+"""The `run` and `demo` reports in a real browser (headless Chromium): no console errors,
+every image decodes to a non-zero size, a screenshot is saved under the test's tmp dir, and
+the layout holds at 1400 px: no horizontal overflow, the verdict in the first screen, no
+`None`/`nan` table cell."""
 
 import json
 import re
@@ -24,6 +26,15 @@ MEASURE = ('<script>addEventListener("load",()=>{const p=document.createElement(
            'p.id="qs-images";p.textContent=JSON.stringify([...document.images].map('
            'i=>[i.alt,i.naturalWidth,i.naturalHeight]));document.body.appendChild(p);});'
            "</script></body>")
+# the layout at the viewport width: page width, the verdict's top, cells that print None/nan
+LAYOUT = ('<script>addEventListener("load",()=>{const d=document.documentElement;'
+          'const v=document.getElementById("verdict");const bad=[...document.querySelectorAll('
+          '"td,th")].map(c=>c.textContent.trim()).filter(t=>t.split(/,\\s*/).some('
+          'x=>/^(none|nan|-?inf)$/i.test(x)));const p=document.createElement("pre");'
+          'p.id="qs-layout";p.textContent=JSON.stringify({scroll:d.scrollWidth,client:'
+          'd.clientWidth,height:d.scrollHeight,verdict:v?v.getBoundingClientRect().top:null,'
+          'bad});document.body.appendChild(p);});</script></body>')
+WIDTH = 1400
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +48,67 @@ def report(tmp_path_factory):
     return d / "W" / "report.html"
 
 
-def _chromium(*args):
-    done = subprocess.run([BROWSER, *FLAGS, *args], capture_output=True, text=True, timeout=120)
+@pytest.fixture(scope="module")
+def text_report(tmp_path_factory):
+    """A retrieval run (token inputs, held-out pairs, the whatif) on a tiny encoder."""
+    from test_evaluate_streaming import _mixed_encoder, pairs_file
+
+    from quantscope.cli import main
+
+    d = tmp_path_factory.mktemp("text")
+    onnx.save(_mixed_encoder().proto, d / "enc.onnx")
+    pairs_file(d / "pairs.jsonl", 60)
+    assert main(["run", str(d / "enc.onnx"), "--data", str(d / "pairs.jsonl"), "--pairs", "30",
+                 "--target", "hailo10h", "--goal", "0.999", "--max-cost", "1.2", "--whatif",
+                 "--out", str(d / "W")]) == 0
+    return d / "W"
+
+
+@pytest.fixture(scope="module")
+def demo_report(tmp_path_factory):
+    """``demo --report`` on a tiny text encoder (what test_bad_inputs runs the demo on)."""
+    from onnx import numpy_helper
+    from test_bad_inputs import text_encoder
+
+    from quantscope.cli import main
+
+    d = tmp_path_factory.mktemp("demo")
+    model = text_encoder()
+    emb = next(t for t in model.graph.initializer if t.name == "emb")
+    emb.CopyFrom(numpy_helper.from_array(  # room for the packaged BERT tokenizer's ids
+        np.random.default_rng(0).normal(0, 1, (30522, 8)).astype(np.float32), "emb"))
+    onnx.save(model, d / "enc.onnx")
+    (d / "pairs.jsonl").write_text("".join(
+        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
+        for i in range(6)))
+    assert main(["demo", "--model", str(d / "enc.onnx"), "--data", str(d / "pairs.jsonl"),
+                 "--report", str(d / "d.html")]) == 0
+    return d / "d.html"
+
+
+def _chromium(*args, flags=FLAGS):
+    done = subprocess.run([BROWSER, *flags, *args], capture_output=True, text=True, timeout=120)
     return done
+
+
+def layout(page_path, tmp_path) -> dict:
+    """The page's layout in Chromium at 1400 x 900 px."""
+    probe = tmp_path / "layout.html"
+    probe.write_text(page_path.read_text().replace("</body>", LAYOUT))
+    flags = [*FLAGS[:-1], f"--window-size={WIDTH},900"]
+    dom = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri(), flags=flags)
+    found = re.search(r'<pre id="qs-layout">(.*?)</pre>', dom.stdout, re.S)
+    assert found, "the page did not finish loading"
+    return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+
+
+def assert_fits(page_path, tmp_path, *, verdict: bool = True) -> dict:
+    got = layout(page_path, tmp_path)
+    assert got["scroll"] <= WIDTH and got["scroll"] <= got["client"], got  # no overflow
+    assert got["bad"] == [], got["bad"]
+    if verdict:
+        assert got["verdict"] is not None and got["verdict"] < 900, got  # the first screen
+    return got
 
 
 def console_messages(stderr: str) -> list[str]:
@@ -80,9 +149,59 @@ def test_every_image_has_a_size(report, tmp_path):
     assert len(sizes) == n_img
     assert all(w > 0 and h > 0 for _, w, h in sizes), sizes
     titles = re.findall(r'<h2 id="(\w+)">', page)
-    assert titles == ["verdict", "configs", "noise", "sensitivity", "outliers", "legality",
-                      "pareto", "plan", "coverage", "data"]
+    assert titles == ["verdict", "configs", "pareto", "plan", "legality", "noise",
+                      "sensitivity", "outliers", "coverage", "data"]
     assert "Feeding and reading the device" in page and "Clip bounds" in page
+    # how to feed and read the device comes right after the verdict, not last
+    assert page.index("Feeding and reading the device") < page.index('<h2 id="configs">')
+
+
+def test_run_report_fits_1400px_with_the_verdict_first(report, tmp_path):
+    assert_fits(report, tmp_path)
+
+
+def test_text_run_report_fits_and_says_what_binds_and_the_host_steps(text_report, tmp_path):
+    from html import unescape
+
+    from quantscope.serde import read_json
+
+    page = text_report / "report.html"
+    assert_fits(page, tmp_path)
+    text = unescape(page.read_text())
+    v = read_json(text_report / "verdict.json", "verdict")
+    assert v["held_out"] == {"samples": 30, "unit": "pairs", "rows": 60,
+                             "source": v["held_out"]["source"]}
+    assert "n=30 held-out pairs" in text
+    assert any("int64" in s and "input_ids" in s for s in v["host_steps"])
+    assert any("mean-pool" in s for s in v["host_steps"])  # [B,S,H] token states
+    assert any("symbolic dims" in s for s in v["host_steps"])
+    bm = v["binds_measured"]
+    gains = v["whatif"]["gains"]
+    top = max(gains, key=gains.get)  # what the whatif measured costs most, if anything
+    assert bm["kind"] == (top if gains[top] > 0 else None)
+    assert "pts" in bm["sentence"] and bm["sentence"] in text
+    # the details are folded below the short verdict
+    assert text.index("details: verdict.json") < text.index("Every line of the verdict")
+    assert text.index("<summary>Every line") < text.index("binds (measured, held out)")
+
+
+def test_demo_report_fits_and_says_what_to_do_next(demo_report, tmp_path):
+    page = demo_report.read_text()
+    assert_fits(demo_report, tmp_path, verdict=False)
+    assert "What to do next" in page and "quantscope run" in page
+    assert '<th title="top1_agreement">top-1 agreement</th>' in page  # the key as tooltip
+    assert re.search(r"<td>\d+\.\d %</td>", page)  # shares in percent, one format
+    assert "6 pairs" in page  # the sample size of every figure
+
+
+def test_the_layout_check_catches_an_overflowing_page(report, tmp_path):
+    # the checks above can fail: a wide table and a None cell are caught
+    bad = tmp_path / "wide.html"
+    bad.write_text(report.read_text().replace(
+        "</body>", "<table><tr>" + "<td>x" * 3 + "".join(
+            f"<td>{'w' * 60}</td>" for _ in range(40)) + "<td>None</td></tr></table></body>"))
+    got = layout(bad, tmp_path)
+    assert got["scroll"] > WIDTH and got["bad"] == ["None"]
 
 
 def test_route_report_images_decode(tmp_path):

@@ -157,7 +157,7 @@ def test_a_sixth_rewrite_runs_through_a_run_and_its_verdict_with_no_other_edit(
         tmp_path, monkeypatch, capsys):
     from quantscope.pipeline import RunOptions, run_pipeline
     from quantscope.pipeline.context import Context
-    from quantscope.pipeline.verdict import format_verdict
+    from quantscope.pipeline.verdict import format_verdict, format_verdict_details
     from quantscope.serde import read_json
 
     # the edits adding a rewrite takes: its module (here: _mirror and _entry) + one entry
@@ -175,7 +175,8 @@ def test_a_sixth_rewrite_runs_through_a_run_and_its_verdict_with_no_other_edit(
     assert verdict["mirror"] == {"note": "the mirror rewrite's model (repaired.onnx is the "
                                  "rewritten model); unverified on a device: a test rewrite"}
     assert verdict["headsplit"] is None and verdict["tokensplit"] is None
-    assert f"  mirror: {verdict['mirror']['note']}" in format_verdict(out.verdict)
+    assert f"  mirror: {verdict['mirror']['note']}" in format_verdict_details(out.verdict)
+    assert "rewrites: mirror" in format_verdict(out.verdict)  # the short form names it
     compiled = onnx.load(tmp_path / "W" / "repaired.onnx")
     assert "mirror/id" in {n.name for n in compiled.graph.node}
     assert [r["name"] for r in recorded(compiled)] == ["mirror"]

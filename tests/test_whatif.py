@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from html import unescape
 
 import numpy as np
 import onnx
@@ -85,7 +86,7 @@ def test_run_with_whatif_says_it_in_the_verdict_and_the_report(tmp_path, setup, 
             "--target", "hailo10h", "--out", str(tmp_path / "W"), "--whatif"]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert f"whatif ({M} gained by lifting one op kind to a16_w16" in out
+    assert "binds (measured, held out):" in out and "details: verdict.json" in out
     v = read_json(tmp_path / "W" / "verdict.json", "verdict")
     ev = read_json(tmp_path / "W" / "evaluate.json", "evaluate")
     w = ev["whatif"]
@@ -95,6 +96,7 @@ def test_run_with_whatif_says_it_in_the_verdict_and_the_report(tmp_path, setup, 
     assert w["plan"][M] == pytest.approx(ev["results"]["plan"]["metrics"][M])
     html = (tmp_path / "W" / "report.html").read_text()
     assert 'id="whatif"' in html and "gained per op kind lifted to a16_w16" in html
+    assert f"whatif ({M} gained by lifting one op kind to a16_w16" in html  # the details
 
 
 def test_needed_scale_interpolates_in_log_scale():
@@ -157,9 +159,10 @@ def test_run_with_whatif_and_a_goal_shows_the_headroom(tmp_path, capsys):
     ev = read_json(tmp_path / "W" / "evaluate.json", "evaluate")
     h = ev["whatif"]["headroom"]
     assert v["whatif"]["headroom"] == h["sentence"] and v["whatif"]["error_needed"] == h["needed"]
-    assert f"headroom: {h['sentence']}" in capsys.readouterr().out
+    assert "details: verdict.json" in capsys.readouterr().out
     # the headroom rows come from the run's own evaluation of the plan
     assert ev["results"]["plan"]["error_scales"][0]["top1_agreement"] == \
         h["rows"][0]["top1_agreement"]
     html = (tmp_path / "W" / "report.html").read_text()
     assert "How far the goal is" in html and "against the scale of the plan" in html
+    assert f"headroom: {h['sentence']}" in unescape(html)  # the verdict's details

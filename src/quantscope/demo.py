@@ -78,6 +78,10 @@ def run_demo(
               file=sys.stderr)
     stats = stages.calibrate_model(model, data, method=method, progress=progress)
     results = stages.evaluate_plans(model, data, stats, demo_plans(model), progress=progress)
+    pairs = getattr(data.task, "n_pairs", None)
+    if isinstance(pairs, int):  # the report says the sample size of every figure
+        for r in results.values():
+            r["pairs"] = pairs
     notes = list(dict.fromkeys(n for r in results.values() for n in r["notes"]))
     return {
         "model": model_spec, "data": data_spec, "method": method,

@@ -53,6 +53,42 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results),
         "mixed_scales": _mixed_scales(ctx),
+        **_summary_keys(ctx, ev, pareto, chk),
+    }
+
+
+def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
+                  chk: dict[str, Any]) -> dict[str, Any]:
+    """The short verdict's inputs: the held-out sample size, what binds as measured by the
+    whatif, the host steps (from the compiled model's inputs and outputs)."""
+    from quantscope.report import summary
+
+    model = stages.open_model(ctx.path(steps.REPAIRED))
+
+    def info(values: Any) -> list[dict[str, Any]]:
+        return [{"name": t.name, "dtype": t.type.tensor_type.elem_type,
+                 "dims": [d.dim_param if d.HasField("dim_param") else
+                          (d.dim_value if d.HasField("dim_value") else None)
+                          for d in t.type.tensor_type.shape.dim]} for t in values]
+
+    graph = model.proto.graph
+    inits = {i.name for i in graph.initializer}
+    text = summary.task_kind(ev["data"].get("held_out", {}).get("task")) in (
+        "retrieval", "sts") or any(i.name in ("input_ids", "attention_mask")
+                                   for i in graph.input)
+    kinds = {}
+    if ev.get("whatif") and "skipped" not in ev["whatif"]:
+        from quantscope.targets.profile import op_kind
+
+        kinds = {g.name: op_kind(g) for g in stages.find_groups(model).groups}
+    return {
+        "held_out": summary.held_out(ev),
+        "binds_measured": summary.binds_measured(ev.get("whatif"), pareto, kinds),
+        "host_steps": summary.host_steps(
+            info([i for i in graph.input if i.name not in inits]), info(graph.output),
+            text=text, seq_len=chk.get("seq_len") or ctx.opts.seq_len,
+            longest=max(ev["data"]["fit"].get("token_lengths") or [0]) or None),
+        "rewrites_applied": [rw.name for rw, _ in ctx.opts.rewrite_configs()],
     }
 
 
@@ -142,36 +178,40 @@ def export_warnings(ctx: Context) -> list[str]:
 
 
 def format_verdict(v: dict[str, Any]) -> str:
-    """The console form: a few lines a person reads at the end of the run."""
+    """The console form: at most ~8 lines a person reads at the end of the run (goal and
+    the held-out figure, cost, what binds as measured, files, host steps); the details
+    are in verdict.json and the report (:func:`format_verdict_details`)."""
+    from quantscope.report.summary import format_short
+
+    return "\n".join(format_short(v))
+
+
+def format_verdict_details(v: dict[str, Any]) -> str:
+    """Every line of the verdict: quality of each configuration, findings, rewrite notes,
+    the whatif, the files and the device I/O formulas (the report folds them)."""
+    from quantscope.report import fmt
+    from quantscope.report.summary import format_short
+
     m = v["metric"]
     q = v["quality"]
-    unit = f" {v['unit']}" if v.get("unit") else ""
-    lines = []
-    if v["goal"] is None:
-        lines.append(f"verdict: no --goal given; plan {m} {_f(q.get('plan', {}).get(m))}"
-                     f"{unit} on the held-out data")
-    else:
-        word = "REACHED" if v["reached"] else "NOT reached"
-        op = ">=" if v.get("higher_is_better", True) else "<="
-        lines.append(f"verdict: goal {m} {op} {v['goal']:g}{unit} {word} on the held-out "
-                     f"data: {_f(q.get('plan', {}).get(m))}{unit}")
-        if v.get("uniform_meets_goal"):
-            lines.append("  the plan is uniform a8_w8: it met the goal on the fit data "
-                         "already, so no promotion was bought")
+    lines = format_short(v)[:1]
+    if v.get("uniform_meets_goal"):
+        lines.append("  the plan is uniform a8_w8: it met the goal on the fit data "
+                     "already, so no promotion was bought")
+    if v.get("binds_measured"):
+        lines.append(f"  binds (measured, held out): {v['binds_measured']['sentence']}")
     if v["binding"]:
-        lines.append(f"  binding: {v['binding']}")
-    if m == "sqnr_db":
-        lines.append("  quality (output SQNR dB): " + "; ".join(
-            f"{k} {_f(r.get(m))}" for k, r in q.items()))
-    else:
-        lines.append("  quality (" + m + ", output SQNR dB): " + "; ".join(
-            f"{k} {_f(r.get(m))}{unit}, {_f(r.get('sqnr_db'))} dB" for k, r in q.items()))
+        lines.append(f"  the planner's binding (predicted, fit data): {v['binding']}")
+    lines.append("  quality (" + m + ", output SQNR): " + "; ".join(
+        f"{k} {fmt.value(m, r.get(m))}" + ("" if m == "sqnr_db" else
+                                           f", {fmt.value('sqnr_db', r.get('sqnr_db'))}")
+        for k, r in q.items()))
     for label, note in (v.get("not_like_fp32") or {}).items():
         lines.append(f"  {label}: {note}")
     for line in v.get("mixed_scales") or []:
         lines.append(f"  mixed scales: {line}" if not line.startswith("    fix:") else
                      f"  {line.strip()}")
-    lines.append(f"  cost {_f(v['cost'])} x uniform a8_w8; repairs: "
+    lines.append(f"  cost {fmt.cost(v['cost'])} uniform a8_w8; repairs: "
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
                     "FAILS " + ", ".join(v["rules_failed"])))
@@ -182,10 +222,11 @@ def format_verdict(v: dict[str, Any]) -> str:
     if w and "skipped" in w:
         lines.append(f"  whatif: not measured: {w['skipped']}")
     elif w:
-        lines.append(f"  whatif ({w['metric']} gained by lifting one op kind to a16_w16; "
-                     "measured, legality and cost aside): "
-                     + ", ".join(f"{k} {_f(g)}" for k, g in w["gains"].items())
-                     + f"; all at once {_f(w['all'])}")
+        wm = w["metric"]
+        lines.append(f"  whatif ({wm} gained by lifting one op kind to a16_w16; "
+                     "measured held out, legality and cost aside): "
+                     + ", ".join(f"{k} {fmt.gain(wm, g)}" for k, g in w["gains"].items())
+                     + f"; all at once {fmt.gain(wm, w['all'])}")
         if w.get("headroom"):
             lines.append(f"  headroom: {w['headroom']}")
     lines.append(f"  evaluation: {v['evaluation']}")
@@ -202,11 +243,8 @@ def format_verdict(v: dict[str, Any]) -> str:
     if not v["io"]:
         lines.append("    no quantized input or output (they stay float)")
     lines.append(f"  note: {v['io_note']}")
+    lines += [f"  host: {step}" for step in v.get("host_steps") or []]
     return "\n".join(lines)
-
-
-def _f(x: Any) -> str:
-    return f"{x:.4g}" if isinstance(x, int | float) else "n/a"
 
 
 def run_report(ctx: Context) -> None:
@@ -221,7 +259,8 @@ def run_report(ctx: Context) -> None:
     stats = stages.read_stats(ctx.path(steps.STATS))
     title = f"quantscope run: {ctx.opts.model} on {ctx.opts.target}"
     stages.write_text(ctx.path(steps.REPORT), run_report_html(
-        title, verdict_text=format_verdict(v), verdict=v, stats=stats, **docs))
+        title, verdict_text=format_verdict(v), details_text=format_verdict_details(v),
+        verdict=v, stats=stats, **docs))
 
 
 def report(ctx: Context) -> steps.Done:

@@ -20,8 +20,10 @@ device I/O     how to feed and read the deployed model: per input/output the
 from __future__ import annotations
 
 import html
+import re
 from typing import Any
 
+from quantscope.report import fmt
 from quantscope.report.figures import png_uri as _png
 from quantscope.report.figures import pyplot as _plt
 from quantscope.report.plots import prenorm_plot
@@ -34,40 +36,125 @@ EMULATION_NOTE = (
 )
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+def _table(headers: list[Any], rows: list[list[Any]]) -> str:
+    """A table that fits the page (long names wrap); an absent value (None, NaN) is a
+    ``—`` and the table then says what ``—`` means. A header is a string, or (label, key):
+    the key (a JSON metric key) is the header's tooltip."""
+    head = "".join(f'<th title="{html.escape(h[1])}">{html.escape(h[0])}</th>'
+                   if isinstance(h, tuple) else f"<th>{html.escape(str(h))}</th>"
+                   for h in headers)
+    cells = [[_fmt(c) for c in row] for row in rows]
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in row) + "</tr>" for row in rows
+        "<tr>" + "".join(f"<td>{_breakable(c)}</td>" for c in row) + "</tr>" for row in cells
     )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    legend = (f"<p class=legend>{html.escape(fmt.DASH_LEGEND)}</p>"
+              if any(c == fmt.DASH for row in cells for c in row) else "")
+    return (f"<div class=tw><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
+            f"</table></div>{legend}")
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+    return fmt.plain(v)
+
+
+_LONG = re.compile(r"\S{25,}")
+
+
+def _breakable(text: str) -> str:
+    """``text`` escaped, long names given break points after ``/ . _ ,`` (``<wbr>``), so a
+    graph path wraps at its parts instead of widening the table or breaking mid-word."""
+    out, at = [], 0
+    for m in _LONG.finditer(text):
+        out.append(html.escape(text[at:m.start()]))
+        out.append(re.sub(r"([/._,:])(?=.)", r"\1<wbr>", html.escape(m.group())))
+        at = m.end()
+    out.append(html.escape(text[at:]))
+    return "".join(out)
+
+
+def details(summary: str, body: str, *, open_: bool = False) -> str:
+    """``body`` folded under a one-line ``summary`` (HTML ``<details>``)."""
+    if not body:
+        return ""
+    return (f"<details{' open' if open_ else ''}><summary>{html.escape(summary)}</summary>"
+            f"{body}</details>")
+
+
+NEXT_STEPS = (
+    "quantscope run MODEL --data DATA --target TARGET --goal G --max-cost C --out W: "
+    "calibrates, finds what breaks, plans per-layer precisions for the target, checks them "
+    "against its rules, measures the plan on held-out data and writes the compiler's files",
+    "quantscope analyze / plan / check: one step at a time (which layers break, a plan, "
+    "its legality on the target)",
+)
 
 
 def demo_section(results: dict[str, dict[str, Any]], title: str = "Precision configurations") -> str:
-    keys = ["recall@1", "top1_agreement", "embedding_cosine_mean", "embedding_cosine_min",
+    keys = ["top1_agreement", "recall@1", "embedding_cosine_mean", "embedding_cosine_min",
             "norm_cv", "collapsed", "cosine_mean", "sqnr_db"]
     present = [k for k in keys if any(k in r["metrics"] for r in results.values())]
-    rows = [[label, *[r["metrics"].get(k, "") for k in present]] for label, r in results.items()]
+    rows = [[label, *[_demo_cell(k, r["metrics"].get(k)) for k in present]]
+            for label, r in results.items()]
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 3))
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(results) + 1))
     labels = list(results)
     metric = "top1_agreement" if "top1_agreement" in present else "cosine_mean"
-    vals = [results[x]["metrics"].get(metric, 0.0) for x in labels]
+    share = fmt.is_share(metric)
+    vals = [fmt.num(results[x]["metrics"].get(metric)) or 0.0 for x in labels]
+    vals = [100 * v if share else v for v in vals]
     ax.barh(labels, vals, color="#4a7ab5")
-    ax.set_xlim(0, 1)
-    ax.set_xlabel(metric)
+    ax.set_xlim(0, 100 if share else 1)
+    ax.set_xlabel(fmt.label(metric) + (" (%)" if share else ""))
     ax.invert_yaxis()
     for i, v in enumerate(vals):
-        ax.text(min(v, 0.9), i, f" {v:.3f}", va="center")
+        ax.text(min(v, 90 if share else 0.9), i, f" {v:.1f} %" if share else f" {v:.4f}",
+                va="center")
     notes = sorted({n for r in results.values() for n in r.get("notes", [])})
-    return (f"<h2>{html.escape(title)}</h2>" + _table(["config", *present], rows)
-            + f'<img alt="{metric}" src="{_png(fig)}">'
-            + "".join(f"<p class=note>{html.escape(n)}</p>" for n in notes))
+    n = _sample_size(results)
+    return (f"<h2>{html.escape(title)}</h2>"
+            + (f"<p>Each configuration against FP32 on {html.escape(n)}; shares in percent, "
+               "cosines to 4 decimals.</p>" if n else "")
+            + _table(["configuration", *[(fmt.label(k), k) for k in present]], rows)
+            + f'<img alt="{html.escape(fmt.label(metric))} per configuration" src="{_png(fig)}">'
+            + "".join(f"<p class=note>{html.escape(x)}</p>" for x in notes)
+            + "<h3>What to do next</h3>" + _demo_gap(results, metric) + "<ul>"
+            + "".join(f"<li><code>{html.escape(x.split(': ', 1)[0])}</code>"
+                      + (f": {html.escape(x.split(': ', 1)[1])}" if ": " in x else "")
+                      + "</li>" for x in NEXT_STEPS) + "</ul>")
+
+
+def _demo_gap(results: dict[str, dict[str, Any]], metric: str) -> str:
+    """One sentence from the table: what uniform 8 bit loses and what 16 bit gets back."""
+    got = {k: fmt.num((results.get(k) or {}).get("metrics", {}).get(metric))
+           for k in ("fp32", "a8_w8", "a16_w16")}
+    if got["a8_w8"] is None or got["fp32"] is None:
+        return ""
+    lost = fmt.gain(metric, got["a8_w8"] - got["fp32"])
+    back = ("" if got["a16_w16"] is None else
+            f", uniform a16_w16 {fmt.value(metric, got['a16_w16'])}")
+    return (f"<p>Uniform a8_w8 gives {fmt.label(metric)} {fmt.value(metric, got['a8_w8'])} "
+            f"({lost} against FP32){back}. A plan keeps most layers at 8 bit and lifts "
+            "the ones that break, within a cost budget, legal on the target:</p>")
+
+
+def _demo_cell(key: str, v: Any) -> str:
+    if key == "collapsed":
+        return "YES" if v else "no"
+    if key in ("norm_cv",):
+        return fmt.plain(v)
+    if fmt.is_share(key) or fmt.is_db(key):
+        return fmt.value(key, v)
+    return fmt.DASH if fmt.num(v) is None else f"{v:.4f}"
+
+
+def _sample_size(results: dict[str, dict[str, Any]]) -> str:
+    """How many samples the metrics are on, when the results say (``pairs``/``samples``)."""
+    for r in results.values():
+        for key, unit in (("pairs", "pairs"), ("samples", "samples"), ("n", "samples")):
+            v = r.get(key, (r.get("metrics") or {}).get(key))
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return f"{v} {unit}"
+    return ""
 
 
 def prenorm_section(results: dict[str, dict[str, Any]]) -> str:
@@ -235,11 +322,17 @@ def analysis_section(analysis: dict[str, Any], top: int = 15) -> str:
 
 
 def render(title: str, sections: list[str]) -> str:
-    css = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-           "table{border-collapse:collapse;margin:1em 0;font-size:13px}"
-           "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}"
-           "th{background:#f0f3f7}.note{color:#555;font-size:13px}img{max-width:100%}"
-           "pre{white-space:pre-wrap;background:#f7f7f7;padding:.6em}")
+    css = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;"
+           "padding:0 1em;color:#222}"
+           ".tw{max-width:100%;overflow-x:auto;margin:1em 0}"
+           "table{border-collapse:collapse;font-size:13px;table-layout:auto;max-width:100%}"
+           "td,th{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top;"
+           "overflow-wrap:break-word}"
+           "th{background:#f0f3f7}.note,.legend{color:#555;font-size:13px}"
+           "img{max-width:100%;height:auto}"
+           "pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f7f7f7;padding:.6em}"
+           "details{margin:.6em 0}summary{cursor:pointer;color:#234}"
+           ".verdict{font-size:15px;border-left:4px solid #888;padding:.2em .8em}")
     return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
             f"<style>{css}</style></head><body><h1>{html.escape(title)}</h1>"
             + "".join(sections) + f"<p class=note>{html.escape(EMULATION_NOTE)}</p></body></html>")

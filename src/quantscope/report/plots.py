@@ -14,6 +14,7 @@ import numpy as np
 
 from quantscope.report.figures import png_uri as _png
 from quantscope.report.figures import pyplot as _plt
+from quantscope.report.fmt import is_share, short_names
 
 
 def num(v: Any) -> float | None:
@@ -31,26 +32,41 @@ def _img(fig: Any, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="{_png(fig)}">'
 
 
-def noise_plot(noise: list[dict[str, Any]]) -> str:
-    """Isolated vs accumulated SQNR per tensor, in graph order (a line each)."""
+def noise_plot(noise: list[dict[str, Any]], labels: list[str] | None = None,
+               masked: set[str] | None = None) -> str:
+    """Isolated vs accumulated SQNR per tensor, in graph order (a line each); ``labels``:
+    the tick labels (shortened names); ``masked``: tensors not drawn (a grey band each)."""
     if not noise:
         return ""
+    masked = masked or set()
+    labels = labels or [r["tensor"][-22:] for r in noise]
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 3.6))
+    fig, ax = plt.subplots(figsize=(10, 4.2))
     x = np.arange(len(noise))
     for key, label, style in (("sqnr_isolated_db", "isolated (this tensor alone quantized)", "o-"),
                               ("sqnr_cumulative_db", "accumulated (everything up to here)", "s-")):
-        ys = [num(r.get(key)) for r in noise]
+        ys = [None if r["tensor"] in masked else num(r.get(key)) for r in noise]
         ys = [y if y is not None and math.isfinite(y) else np.nan for y in ys]
         ax.plot(x, ys, style, markersize=3, label=label)
-    step = max(1, len(noise) // 25)
+    for i, r in enumerate(noise):
+        if r["tensor"] in masked:
+            ax.axvspan(i - 0.5, i + 0.5, color="#bbb", alpha=0.5, lw=0)
+    step = max(1, math.ceil(len(noise) / 30))
     ax.set_xticks(x[::step])
-    ax.set_xticklabels([r["tensor"][-22:] for r in noise][::step], rotation=70, fontsize=7)
+    ax.set_xticklabels(labels[::step], rotation=60, ha="right", fontsize=7)
     ax.set_ylabel("SQNR (dB)")
-    ax.set_xlabel("tensor, in graph order")
+    ax.set_xlabel("tensor, in graph order (shortened; full names in the table)"
+                  + ("; grey: masked attention scores, not drawn" if masked & {
+                      r["tensor"] for r in noise} else ""))
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return _img(fig, "per-layer noise: isolated vs accumulated SQNR")
+
+
+def rank_value(v: Any) -> float:
+    """A sensitivity figure as a sort key (absent last, +inf first)."""
+    x = num(v)
+    return -math.inf if x is None or math.isnan(x) else x
 
 
 def sensitivity_plot(sens: list[dict[str, Any]], metric: str, top: int = 20) -> str:
@@ -67,7 +83,7 @@ def sensitivity_plot(sens: list[dict[str, Any]], metric: str, top: int = 20) -> 
     ax.barh(y - 0.2, dis, height=0.4, label="disable-one (all low but this group)", color="#4a7ab5")
     ax.barh(y + 0.2, en, height=0.4, label="enable-one (only this group low)", color="#e08a3c")
     ax.set_yticks(y)
-    ax.set_yticklabels([r["group"][-40:] for r in rows], fontsize=7)
+    ax.set_yticklabels(short_names([r["group"] for r in rows], 40), fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel(metric)
     ax.legend(fontsize=8, loc="lower right")
@@ -112,20 +128,27 @@ def pareto_plot(pareto: dict[str, Any], measured_metric: str) -> str:
     pred_metric = str(pareto.get("metric", "predicted"))
     cost = [p["cost"] for p in points]
     lines = ax.plot(cost, [p["predicted"] for p in points], "o-", color="#4a7ab5",
-                    label=f"predicted ({pred_metric}, from the analysis)")
+                    label=f"predicted ({pred_metric}, from the analysis, fit data)")
     meas = [(p["cost"], p["measured"]) for p in points if p.get("measured") is not None]
     if meas:
         same = pred_metric == measured_metric or (pred_metric, measured_metric) == (
             "output_sqnr_db", "sqnr_db")
         ax2 = ax if same else ax.twinx()
         lines += ax2.plot(*zip(*meas, strict=True), "s--", color="#c0392b",
-                          label=f"measured ({measured_metric}, real emulation)")
+                          label=f"measured ({measured_metric}, real emulation, fit data)")
         ax2.ticklabel_format(axis="y", useOffset=False)
         if not same:
             ax2.set_ylabel(f"measured {measured_metric}", color="#c0392b")
     chosen = pareto.get("chosen", {})
     if chosen.get("cost") is not None:
         ax.axvline(chosen["cost"], color="#555", lw=0.8, ls=":")
+        y_meas = num(chosen.get("measured"))
+        if y_meas is not None and meas:
+            lines += ax2.plot([chosen["cost"]], [y_meas], "*", color="#111", markersize=14,
+                              label="the chosen plan (measured, fit data)")
+        elif num(chosen.get("predicted")) is not None:
+            lines += ax.plot([chosen["cost"]], [chosen["predicted"]], "*", color="#111",
+                             markersize=14, label="the chosen plan (predicted)")
     ax.set_xlabel("relative cost (uniform a8_w8 = 1)")
     ax.set_ylabel(f"predicted {pred_metric}", color="#4a7ab5")
     ax.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="lower right")
@@ -139,21 +162,25 @@ def config_plot(results: dict[str, dict[str, Any]], metric: str) -> str:
         return ""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1))
-    vals = [_finite(num(results[k]["metrics"][metric])) for k in labels]
+    share = is_share(metric)
+    vals = [_finite(num(results[k]["metrics"][metric])) * (100.0 if share else 1.0)
+            for k in labels]
     ax.barh(labels, vals, color="#4a7ab5")
     ax.invert_yaxis()
-    ax.set_xlabel(f"{metric} (held-out data)")
+    ax.set_xlabel(f"{metric}{' (%)' if share else ''} (held-out data)")
     for i, v in enumerate(vals):
-        ax.text(v, i, f" {v:.4g}", va="center", fontsize=8)
+        ax.text(v, i, f" {v:.1f} %" if share else f" {v:.4g}", va="center", fontsize=8)
     return _img(fig, f"{metric} per configuration")
 
 
 def whatif_plot(whatif: dict[str, Any]) -> str:
     """Gain of the plan's metric per op kind lifted to a16_w16, and of all at once."""
     m = whatif["metric"]
-    rows = [(f"{r['kind']} ({r['groups']})", num(r["gain"])) for r in whatif["kinds"]]
+    kinds = sorted(whatif["kinds"], key=lambda r: -(num(r["gain"]) or 0.0))
+    rows = [(f"{r['kind']} ({r['groups']})", num(r["gain"])) for r in kinds]
     rows.append((f"all ({whatif['all']['groups']})", num(whatif["all"]["gain"])))
-    rows = [(label, _finite(g)) for label, g in rows if g is not None]
+    scale, unit = (100.0, " points") if is_share(m) else (1.0, "")
+    rows = [(label, scale * _finite(g)) for label, g in rows if g is not None]
     if not rows:
         return ""
     plt = _plt()
@@ -162,9 +189,9 @@ def whatif_plot(whatif: dict[str, Any]) -> str:
             color=["#4a7ab5"] * (len(rows) - 1) + ["#999"])
     ax.invert_yaxis()
     ax.axvline(0, color="#333", lw=0.8)
-    ax.set_xlabel(f"{m} gained over the plan (held-out data; legality and cost aside)")
+    ax.set_xlabel(f"{m} gained over the plan{unit} (held-out data; legality and cost aside)")
     for i, (_, v) in enumerate(rows):
-        ax.text(v, i, f" {v:+.4g}", va="center", fontsize=8)
+        ax.text(v, i, f" {v:+.1f}" if scale != 1.0 else f" {v:+.4g}", va="center", fontsize=8)
     return _img(fig, f"{m} gained per op kind lifted to a16_w16")
 
 

@@ -1,9 +1,12 @@
 """The report of ``quantscope run``: one self-contained HTML file, in the order a person asks.
 
-verdict · configurations (task metrics, every output) · per-layer noise · sensitivity ·
-outliers · legality (every rule) · Pareto front · the plan against uniform a8_w8 ·
-coverage · data provenance · host I/O. Inputs are the run folder's files as dicts (and
-the statistics, for the per-channel ranges).
+verdict (short, every line folded below) · feeding and reading the device · configurations
+(held out, with the sample size) · whatif (held out) · Pareto front (fit data, the chosen
+plan marked) · the plan against uniform a8_w8 · legality (failures shown, passes folded) ·
+per-layer noise · sensitivity (ranked by effect) · outliers (handled mask ranges folded) ·
+coverage · data provenance. Inputs are the run folder's files as dicts (and the statistics,
+for the per-channel ranges). Tables wrap long names to fit a 1400 px page; an absent value
+is a ``—`` with a legend (:mod:`quantscope.report.fmt` has the one number format).
 """
 
 from __future__ import annotations
@@ -11,32 +14,40 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from quantscope.report import plots
-from quantscope.report.build import _table, io_section, prenorm_section, render
+from quantscope.report import fmt, plots
+from quantscope.report.build import _table, details, io_section, prenorm_section, render
 from quantscope.types import Stats
 
 _e = html.escape
+HEADLINE_KEYS = ("recall@1", "recall@1_fp32", "embedding_cosine_mean", "sqnr_db",
+                 "sqnr_db_channel_min", "cosine_mean")
+"""Shown first in the configurations table (after the run's metric); the rest folded."""
+MAIN_ROWS = 6
 
 
 def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
                     evaluate: dict[str, Any], plan: dict[str, Any], analysis: dict[str, Any],
                     check: dict[str, Any], repaired_plan: dict[str, Any],
-                    stats: Stats | None = None) -> str:
+                    stats: Stats | None = None, details_text: str = "") -> str:
+    """The page, verdict first: ``verdict_text`` is the short verdict, ``details_text``
+    every line of it (folded)."""
     metric = verdict["metric"]
+    n = _n(verdict)
     sections = [
-        verdict_section(verdict, verdict_text),
-        configs_section(evaluate["results"], metric),
+        verdict_section(verdict, verdict_text, details_text),
+        io_section(verdict["io"]) + _io_bounds(verdict),
+        configs_section(evaluate["results"], metric, n),
         prenorm_section(evaluate["results"]),
+        whatif_section(evaluate.get("whatif"), n),
+        pareto_section(plan.get("pareto") or {}, metric, verdict=verdict,
+                       repaired_plan=repaired_plan),
+        plan_diff_section(repaired_plan),
+        legality_section(check),
         noise_section(analysis),
         sensitivity_section(analysis),
         outliers_section(analysis, stats),
-        legality_section(check),
-        pareto_section(plan.get("pareto") or {}, metric),
-        whatif_section(evaluate.get("whatif")),
-        plan_diff_section(repaired_plan),
         coverage_section(evaluate["results"]),
         data_section(evaluate["data"]),
-        io_section(verdict["io"]) + _io_bounds(verdict),
     ]
     return render(title, [s for s in sections if s])
 
@@ -45,7 +56,14 @@ def _h2(text: str, anchor: str) -> str:
     return f'<h2 id="{anchor}">{_e(text)}</h2>'
 
 
-def verdict_section(v: dict[str, Any], text: str) -> str:
+def _n(v: dict[str, Any]) -> str:
+    """``n=16 held-out pairs`` (the held-out figures' sample size), or ``held out``."""
+    ho = v.get("held_out") or {}
+    return (f"n={ho['samples']} held-out {ho.get('unit', 'samples')}" if ho.get("samples")
+            else "held out")
+
+
+def verdict_section(v: dict[str, Any], text: str, details_text: str = "") -> str:
     if v["reached"] is None:
         badge, color = "no goal given", "#777"
     else:
@@ -54,27 +72,38 @@ def verdict_section(v: dict[str, Any], text: str) -> str:
     files = _table(["file", "what it is for"], [[f, why] for f, why in v["compiler_files"].items()])
     files += "".join(f"<p class=note>warning: {_e(w)}</p>" for w in v.get("export_warnings", []))
     return (_h2("Verdict", "verdict")
-            + f'<p><span style="background:{color};color:#fff;padding:2px 8px;border-radius:3px">'
-            + f"{_e(badge)}</span></p><pre>{_e(text)}</pre>"
-            + "<h3>Hand these to the compiler</h3>" + files)
+            + f'<div class=verdict id="verdict-box"><p><span style="background:{color};'
+            f'color:#fff;padding:2px 8px;border-radius:3px">{_e(badge)}</span></p>'
+            + f"<pre>{_e(text)}</pre></div>"
+            + details("Hand these to the compiler", files, open_=True)
+            + details("Every line of the verdict (verdict.json has them all)",
+                      f"<pre>{_e(details_text)}</pre>" if details_text else ""))
 
 
-def configs_section(results: dict[str, dict[str, Any]], metric: str) -> str:
+def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "held out"
+                    ) -> str:
     keys = list(dict.fromkeys(k for r in results.values() for k, v in r["metrics"].items()
                               if plots.num(v) is not None))
-    head = [metric, *[k for k in keys if k != metric]]
-    rows = [[label, *[r["metrics"].get(k, "") for k in head]] for label, r in results.items()]
-    out = [_h2("Configurations (held-out data)", "configs"),
+    first = [k for k in (metric, *HEADLINE_KEYS) if k in keys or k == metric]
+    head = list(dict.fromkeys([*first, *keys]))
+    # one row per metric, one column per configuration (a page wide for any metric count)
+    rows = [[f"{fmt.label(k)} ({k})" if fmt.label(k) != k else k,
+             *[fmt.value(k, r["metrics"].get(k)) for r in results.values()]] for k in head]
+    out = [_h2(f"Configurations ({n})", "configs"),
            "<p>FP32, uniform a8_w8 and the plan (on the repaired model), each against the "
-           "FP32 outputs of the original model.</p>", _table(["config", *head], rows),
+           f"FP32 outputs of the original model, on the held-out data ({_e(n)}); shares in "
+           "percent, SQNR in dB.</p>", _table(["metric", *results], rows[:MAIN_ROWS]),
+           details(f"The other {len(rows) - MAIN_ROWS} metrics",
+                   _table(["metric", *results], rows[MAIN_ROWS:]) if len(rows) > MAIN_ROWS
+                   else ""),
            plots.config_plot(results, metric)]
-    per_output = [[label, name, *[t.get(k, "") for k in ("sqnr_db", "cosine_mean",
-                                                          "cosine_min")]]
+    per_output = [[label, name, *[fmt.value(k, t.get(k)) for k in ("sqnr_db", "cosine_mean",
+                                                                    "cosine_min")]]
                   for label, r in results.items() for name, t in r.get("outputs", {}).items()
                   if "sqnr_db" in t]
     if per_output:
-        out.append("<h3>Every output</h3>" + _table(
-            ["config", "output", "sqnr_db", "cosine_mean", "cosine_min"], per_output))
+        out.append(details(f"Every output ({len(per_output)} rows)", _table(
+            ["config", "output", "output SQNR", "cosine (mean)", "cosine (min)"], per_output)))
     notes = sorted({n for r in results.values() for n in r.get("notes", [])})
     out += [f"<p class=note>{_e(n)}</p>" for n in notes]
     return "".join(out)
@@ -82,49 +111,108 @@ def configs_section(results: dict[str, dict[str, Any]], metric: str) -> str:
 
 def noise_section(a: dict[str, Any]) -> str:
     noise = a.get("noise") or []
+    masked = _masked(a)
+    shown = [r["tensor"] for r in noise]
+    short = [f"{i}: {n}" for i, n in enumerate(fmt.short_names(shown))]
+    hit = [t for t in shown if t in masked]
+    why = ("" if not hit else
+           f" Not drawn (grey bands): {len(hit)} masked attention-score tensor(s), the "
+           "additive attention mask's output. The mask constant (about -3e38) saturates to "
+           "the grid's minimum by design, so that tensor's own SQNR reads about 0 dB, yet "
+           "a masked token's Softmax weight stays about 0 (exp(-12) or less): the next "
+           "tensor shows the real noise.")
+    table = _table(["#", "tick label", "tensor", "isolated", "accumulated"],
+                   [[i, short[i].split(": ", 1)[1], r["tensor"],
+                     "masked" if r["tensor"] in masked else fmt.value("sqnr_db",
+                                                                      r.get("sqnr_isolated_db")),
+                     "masked" if r["tensor"] in masked else fmt.value(
+                         "sqnr_db", r.get("sqnr_cumulative_db"))]
+                    for i, r in enumerate(noise)])
     return (_h2("Per-layer noise", "noise")
-            + f"<p>Output SQNR of every quantized tensor at {_e(str(a.get('low')))}: "
-            "<i>isolated</i> with only that tensor quantized, <i>accumulated</i> with "
+            + f"<p>Output SQNR of every quantized tensor at {_e(str(a.get('low')))} on the fit "
+            "data: <i>isolated</i> with only that tensor quantized, <i>accumulated</i> with "
             "everything up to it quantized. Where the accumulated line falls while the "
-            "isolated one stays high, noise is building up, not created there.</p>"
-            + (plots.noise_plot(noise) or "<p>no tensor noise recorded</p>"))
+            "isolated one stays high, noise is building up, not created there. Tick labels "
+            f"are shortened; the table below has every full name.{_e(why)}</p>"
+            + (plots.noise_plot(noise, short, masked) or "<p>no tensor noise recorded</p>")
+            + details(f"Every tensor's full name and SQNR ({len(noise)} rows)", table
+                      if noise else ""))
 
 
-def sensitivity_section(a: dict[str, Any]) -> str:
+def _masked(a: dict[str, Any]) -> set[str]:
+    """Tensors holding an additive attention-mask constant (the analysis' mask ranges)."""
+    return {o["tensor"] for o in a.get("outliers") or [] if o.get("kind") == "mask_range"}
+
+
+def sensitivity_section(a: dict[str, Any], top: int = 10) -> str:
     method = a.get("method", {})
     rows = method.get("rows_per_sweep", {})
     primary = str(a.get("primary", "sqnr_db"))
     sens = a.get("sensitivity") or []
     metric = "sqnr_db" if any("sqnr_db" in r["disable_one"] for r in sens) else primary
+    ranked = sorted(sens, key=lambda r: -plots.rank_value(r["disable_one"].get(metric)))
     sizes = (f"enable-one measured on {rows.get('enable_one', '?')} rows, disable-one on "
-             f"{rows.get('disable_one', '?')} rows, of {method.get('rows', '?')} "
+             f"{rows.get('disable_one', '?')} rows, of {method.get('rows', '?')} fit rows "
              f"(sweep: {method.get('sweep', '?')}, row budget {method.get('proxy_fraction')})")
-    table = _table(["group", "op", f"enable-one {metric}", f"disable-one {metric}"],
-                   [[r["group"], r["op_type"], plots.num(r["enable_one"].get(metric)),
-                     plots.num(r["disable_one"].get(metric))] for r in sens[:30]])
+
+    def table(part: list[dict[str, Any]], first: int) -> str:
+        return _table(["rank", "group", "op", f"disable-one {fmt.label(metric)}",
+                       f"enable-one {fmt.label(metric)}"],
+                      [[first + i + 1, r["group"], r["op_type"],
+                        fmt.value(metric, plots.num(r["disable_one"].get(metric))),
+                        fmt.value(metric, plots.num(r["enable_one"].get(metric)))]
+                       for i, r in enumerate(part)])
+
     return (_h2("Sensitivity ranking", "sensitivity")
-            + f"<p>Row sample sizes: {_e(sizes)}. Disable-one: everything at "
-            f"{_e(str(a.get('low')))} except this group at {_e(str(a.get('high')))} (higher "
-            "= promoting it helps more); enable-one: only this group quantized.</p>"
-            + plots.sensitivity_plot(sens, metric) + table)
+            + f"<p>Groups ranked by effect: disable-one (everything at "
+            f"{_e(str(a.get('low')))} except this group at {_e(str(a.get('high')))}; higher "
+            "= promoting it helps more), largest first; enable-one: only this group "
+            f"quantized. Row sample sizes: {_e(sizes)}.</p>"
+            + plots.sensitivity_plot(sens, metric, top=15) + table(ranked[:top], 0)
+            + details(f"The other {len(ranked) - top} groups", table(ranked[top:], top)
+                      if len(ranked) > top else ""))
 
 
 def outliers_section(a: dict[str, Any], stats: Stats | None, top: int = 3) -> str:
     found = sorted(a.get("outliers") or [], key=lambda o: -(plots.num(o.get("ratio")) or 0))
+    masks = [o for o in found if o.get("kind") == "mask_range"]
+    chans = [o for o in found if o.get("kind") != "mask_range"]
     out = [_h2("Outliers", "outliers")]
-    if found:
-        out.append(_table(["tensor", "group", "max/median", "bits lost", "channels", "reason"],
-                          [[o["tensor"], o.get("group") or "", plots.num(o["ratio"]),
-                            plots.num(o["bits_lost"]), ", ".join(map(str, o["channels"][:12])),
-                            o["reason"]] for o in found]))
-    worst = [(o["tensor"], list(o["channels"])) for o in found if o["kind"] == "channels"]
+    if masks:
+        out.append(
+            f"<p><b>{len(masks)} attention-mask range(s), handled:</b> the additive mask "
+            f"constant (|min| up to {fmt.plain(max(plots.num(o['ratio']) or 0 for o in masks))}"
+            "x the largest real value) is in these "
+            "tensors' ranges; the emulation takes their range from the unmasked scores and "
+            "lets the constant saturate to the grid's minimum (a masked token's weight "
+            "stays about 0). For the compiler: clamp the mask constant (e.g. -12) or keep "
+            "it out of the calibrated range.</p>"
+            + details(f"The {len(masks)} mask ranges", _table(
+                ["tensor", "group", "|min| / max|x|", "reason"],
+                [[o["tensor"], o.get("group") or "—", fmt.plain(plots.num(o["ratio"])),
+                  o["reason"]] for o in masks])))
+    if chans:
+        head = ["tensor", "group", "max/median", "bits lost", "channels", "reason"]
+
+        def rows(part: list[dict[str, Any]]) -> list[list[Any]]:
+            return [[o["tensor"], o.get("group") or "—", plots.num(o["ratio"]),
+                     plots.num(o["bits_lost"]), ", ".join(map(str, o["channels"][:12])),
+                     o["reason"]] for o in part]
+
+        out.append(f"<p>{len(chans)} tensor(s) with outlier channels (a few channels far above "
+                   "the median channel's max|x|), worst first.</p>"
+                   + _table(head, rows(chans[:5]))
+                   + details(f"The other {len(chans) - 5}", _table(head, rows(chans[5:]))
+                             if len(chans) > 5 else ""))
+    worst = [(o["tensor"], list(o["channels"])) for o in chans]
     if stats is not None and len(worst) < top:
-        worst += _widest(stats, {t for t, _ in worst}, top - len(worst))
+        worst += _widest(stats, {t for t, _ in worst} | {o["tensor"] for o in masks},
+                         top - len(worst))
     for tensor, channels in worst[:top]:
         ts = stats.tensors.get(tensor) if stats is not None else None
         if ts is not None:
             out.append(plots.outlier_plot(tensor, ts.channel_absmax, channels))
-    if not found:
+    if not chans:
         out.append("<p>No channel dominates any tensor (max/median below the analysis' "
                    "threshold); the widest tensors are shown.</p>")
     return "".join(out)
@@ -144,13 +232,23 @@ def _widest(stats: Stats, skip: set[str], n: int) -> list[tuple[str, list[int]]]
 
 
 def legality_section(chk: dict[str, Any]) -> str:
-    rows = [["passed" if r["passed"] else f"FAILED ({len(r['groups'])} groups)", r["rule"],
-             r["severity"], r["reason"], r["provenance"]] for r in chk["rules"]]
+    failed = [r for r in chk["rules"] if not r["passed"]]
+    passed = [r for r in chk["rules"] if r["passed"]]
+    head = ["result", "rule", "severity", "what it checks", "provenance"]
+
+    def rows(part: list[dict[str, Any]]) -> list[list[Any]]:
+        return [["passed" if r["passed"] else f"FAILED ({len(r['groups'])} groups)", r["rule"],
+                 r["severity"], r["reason"], r["provenance"]] for r in part]
+
     problems = chk.get("problems") or []
+    at = "" if not chk.get("seq_len") else f" at sequence length {chk['seq_len']}"
     out = [_h2("Legality", "legality"),
            f"<p>Every rule of {_e(chk['target'])} ({_e(str(chk.get('sdk')))}) checked on the "
-           f"final plan{'' if not chk.get('seq_len') else ' at sequence length ' + str(chk['seq_len'])}.</p>",
-           _table(["result", "rule", "severity", "what it checks", "provenance"], rows)]
+           f"final plan{at}: {len(passed)} passed, {len(failed)} failed.</p>"]
+    if failed:
+        out.append(_table(head, rows(failed)))
+    out.append(details(f"The {len(passed)} rules that pass", _table(head, rows(passed))
+                       if passed else ""))
     if problems:
         out.append("<h3>Problems</h3>" + _table(
             ["severity", "rule", "group", "reason", "fix"],
@@ -158,39 +256,82 @@ def legality_section(chk: dict[str, Any]) -> str:
     return "".join(out)
 
 
-def pareto_section(pareto: dict[str, Any], measured: str) -> str:
-    if not pareto.get("points"):
+def pareto_section(pareto: dict[str, Any], measured: str, *, verdict: dict[str, Any] | None = None,
+                   repaired_plan: dict[str, Any] | None = None) -> str:
+    points = pareto.get("points") or []
+    if not points:
         return ""
     pred = str(pareto.get("metric"))
-    same = pred == measured or (pred, measured) == ("output_sqnr_db", "sqnr_db")
-    unit = ("both in " + measured + " (output SQNR, dB)" if same else
-            f"predicted in {pred} (the analysis' additive model), measured in {measured} "
-            "(real emulation of each point, right axis)")
     c = pareto.get("chosen", {})
-    return (_h2("Pareto front", "pareto")
-            + f"<p>Cost against quality for the legal plans on the front; {_e(unit)}. "
-            f"Chosen (dotted line): cost {c.get('cost')}, predicted {c.get('predicted')}, "
-            f"measured {c.get('measured')}.</p>" + plots.pareto_plot(pareto, measured)
-            + _table(["cost", f"predicted {pred}", f"measured {measured}", "promoted",
-                      "repairs"],
-                     [[p["cost"], p["predicted"], p.get("measured", ""), len(p.get("groups", {})),
-                       ", ".join(p.get("repairs", []))] for p in pareto["points"]]))
+    at = _chosen_index(points, c)
+    applied = _applied(repaired_plan or {})
+    if at is None:
+        where = ("The chosen plan is not on the plotted front (the front is drawn by predicted "
+                 "quality; the chosen plan is the best measured one within the budget): it is "
+                 "the star.")
+    else:
+        where = f"The chosen plan is front row {at + 1} (the star)."
+    held = ""
+    if verdict is not None:
+        got = (verdict.get("quality") or {}).get("plan", {}).get(measured)
+        held = (f" Held out, the chosen plan measures {fmt.value(measured, got)} "
+                f"({_e(_n(verdict))}; see the verdict).")
+    on = pareto.get("measured_on") or "the fit data"
+    rows = []
+    for i, p in enumerate(points):
+        mine = i == at
+        reps = applied if mine else ("planned: " + ", ".join(p.get("repairs", []))
+                                     if p.get("repairs") else "none")
+        rows.append(["chosen" if mine else "", fmt.cost(p["cost"]), fmt.value(pred, p["predicted"]),
+                     fmt.value(measured, p.get("measured")), len(p.get("groups", {})), reps])
+    head = ["", "cost", f"predicted {fmt.label(pred)} (fit)", f"measured {fmt.label(measured)} "
+            "(fit)", "promoted groups", "repairs"]
+    if all(p.get("measured") is None for p in points):
+        head.pop(3)
+        rows = [r[:3] + r[4:] for r in rows]
+    return (_h2("Pareto front (fit data)", "pareto")
+            + f"<p>Cost against quality for the legal plans on the front; predicted by the "
+            f"analysis' additive model and measured on {_e(str(on))} (fit, not held out). "
+            f"Chosen: cost {fmt.cost(c.get('cost'))}, predicted {fmt.value(pred, c.get('predicted'))}"
+            f", measured on the fit data {fmt.value(measured, c.get('measured'))}. {where}"
+            f"{held} Repairs: the chosen row lists those built and applied to the compiled "
+            "model; other rows the repairs their plan would carry (not built).</p>"
+            + plots.pareto_plot(pareto, measured) + _table(head, rows))
 
 
-def whatif_section(w: dict[str, Any] | None) -> str:
+def _chosen_index(points: list[dict[str, Any]], c: dict[str, Any]) -> int | None:
+    for i, p in enumerate(points):
+        if p["cost"] == c.get("cost") and (p.get("measured") == c.get("measured")
+                                           or p["predicted"] == c.get("predicted")):
+            return i
+    return None
+
+
+def _applied(repaired_plan: dict[str, Any]) -> str:
+    """The repairs the repair stage built, and those it skipped with why."""
+    done = [r["name"] for r in repaired_plan.get("repairs", []) if not r.get("skipped")]
+    skipped = [f"{r['name']} ({r['skipped']})" for r in repaired_plan.get("repairs", [])
+               if r.get("skipped")]
+    return (", ".join(done) or "none") + (f"; skipped: {', '.join(skipped)}" if skipped else "")
+
+
+def whatif_section(w: dict[str, Any] | None, n: str = "held out") -> str:
     """``run --whatif``: where the final plan's error is, measured per op kind."""
     if not w:
         return ""
-    head = _h2("Where the plan's error is (whatif)", "whatif")
+    head = _h2("Where the plan's error is (whatif, held out)", "whatif")
     if "skipped" in w:
         return head + f"<p class=note>not measured: {_e(w['skipped'])}</p>"
     m = w["metric"]
-    rows = [[f"{r['kind']} at a16_w16", r["groups"], r[m], r["gain"]] for r in w["kinds"]]
-    rows.append(["all of them at a16_w16", w["all"]["groups"], w["all"][m], w["all"]["gain"]])
-    out = (head + f"<p class=note>{_e(w['note'])}. The plan: {m} {w['plan'][m]:.4g}.</p>"
+    rows = [[f"{r['kind']} at a16_w16", r["groups"], fmt.value(m, r[m]), fmt.gain(m, r["gain"])]
+            for r in sorted(w["kinds"], key=lambda r: -(plots.num(r["gain"]) or 0.0))]
+    rows.append(["all of them at a16_w16", w["all"]["groups"], fmt.value(m, w["all"][m]),
+                 fmt.gain(m, w["all"]["gain"])])
+    out = (head + f"<p class=note>{_e(w['note'])}; on the held-out data ({_e(n)}). The plan: "
+           f"{_e(fmt.label(m))} {fmt.value(m, w['plan'][m])}.</p>"
            + plots.whatif_plot(w)
-           + _table(["lifted", "groups", m, "gain"], [["the plan", "", w["plan"][m], 0.0],
-                                                      *rows]))
+           + _table(["lifted", "groups", fmt.label(m), "gain"],
+                    [["the plan", "—", fmt.value(m, w["plan"][m]), fmt.gain(m, 0.0)], *rows]))
     h = w.get("headroom")
     if h:
         keys = [k for k in h["rows"][0] if k != "scale"]
@@ -198,9 +339,10 @@ def whatif_section(w: dict[str, Any] | None) -> str:
                 + (f"<p><b>{_e(h['sentence'])}</b></p>" if "sentence" in h else "")
                 + f"<p class=note>{_e(h['note'])}.</p>"
                 + plots.headroom_plot(m, w["plan"][m], h)
-                + _table(["the plan's error x", *keys],
-                         [[1.0, *(w["plan"].get(k, "") for k in keys)],
-                          *([r["scale"], *(r[k] for k in keys)] for r in h["rows"])]))
+                + _table(["the plan's error x", *[fmt.label(k) for k in keys]],
+                         [[1.0, *(fmt.value(k, w["plan"].get(k)) for k in keys)],
+                          *([r["scale"], *(fmt.value(k, r[k]) for k in keys)]
+                            for r in h["rows"])]))
     return out
 
 
@@ -211,21 +353,31 @@ def plan_diff_section(final: dict[str, Any]) -> str:
     kept = [[g, "kept " + final["default"], why] for g, why in reasons.items()
             if g not in final.get("groups", {})]
     ranges = [[t, m] for t, m in final.get("ranges", {}).items()]
-    repairs = [[r["name"], r.get("skipped") or r.get("reason", ""),
-                ", ".join(r.get("changed", [])[:8])] for r in final.get("repairs", [])]
+    repairs = [[r["name"], f"skipped: {r['skipped']}" if r.get("skipped") else "applied",
+                r.get("reason", ""), _changed(r.get("changed", []))]
+               for r in final.get("repairs", [])]
     out = [_h2("The plan against uniform a8_w8", "plan"),
            f"<p>Default {_e(final['default'])}"
            + ("" if final["default"] == "a8_w8" else " (itself a change from a8_w8)")
            + f"; {len(changed)} group(s) set otherwise, with the planner's reason; groups "
            "kept at the default where a promotion was considered say why.</p>"]
-    if changed or kept:
-        out.append(_table(["group", "precision", "why"], changed + kept))
+    if changed:
+        out.append(_table(["group", "precision", "why"], changed))
+    out.append(details(f"{len(kept)} group(s) kept at {final['default']}, and why",
+                       _table(["group", "precision", "why"], kept) if kept else ""))
     if repairs:
-        out.append("<h3>Repairs applied</h3>" + _table(["repair", "what it did", "changed"],
-                                                        repairs))
-    if ranges:
-        out.append("<h3>Range methods changed</h3>" + _table(["tensor", "range method"], ranges))
+        out.append("<h3>Repairs</h3>" + _table(["repair", "result", "what it does",
+                                                "changed"], repairs))
+    out.append(details(f"Range methods changed ({len(ranges)} tensors)",
+                       _table(["tensor", "range method"], ranges) if ranges else ""))
     return "".join(out)
+
+
+def _changed(names: list[str], shown: int = 4) -> str:
+    if not names:
+        return "—"
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{len(names)}: " + ", ".join(names[:shown]) + more
 
 
 def coverage_section(results: dict[str, dict[str, Any]]) -> str:

@@ -1,0 +1,121 @@
+"""One number format for the report and the verdict.
+
+=================  ===============================================================
+share metrics      (top-1 agreement, recall@k, decision agreement …: a share of the
+                   samples) as percent, ``97.4 %``; differences in points, ``+3.0 pts``
+dB metrics         ``17.6 dB``; differences ``+1.2 dB``
+costs              ``1.406x`` (times uniform a8_w8)
+anything else      4 significant digits
+absent             ``—`` (None, NaN, a missing cell); the tables say so in a legend
+=================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+DASH = "—"
+DASH_LEGEND = f"{DASH}: not measured or not applicable"
+
+SHARES = ("top1_agreement", "recall@", "decision_agreement", "tar_at_far", "detection_f1",
+          "detection_recall", "detection_precision", "pixel_flip_share", "match_rate")
+"""Metric keys (or prefixes) that are a share of the samples: shown in percent."""
+
+READABLE = {
+    "top1_agreement": "top-1 agreement", "recall@1": "recall@1", "recall@1_fp32":
+    "recall@1 of FP32", "embedding_cosine_mean": "embedding cosine (mean)",
+    "embedding_cosine_min": "embedding cosine (min)", "embedding_cosine_p01":
+    "embedding cosine (1st pct)", "norm_cv": "norm CV", "collapsed": "collapsed",
+    "cosine_mean": "cosine (mean)", "cosine_min": "cosine (min)", "sqnr_db": "output SQNR",
+    "sqnr_db_channel_min": "worst-channel SQNR", "output_sqnr_db": "output SQNR",
+    "decision_agreement": "decision agreement", "abs_err_max": "max |error|",
+}
+
+
+def label(key: str) -> str:
+    """A metric key as a column name a person reads (``top1_agreement`` -> top-1 agreement)."""
+    return READABLE.get(key, key.replace("_", " "))
+
+
+def num(v: Any) -> float | None:
+    """A finite float, or None (absent, NaN, a bool, a string)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def is_share(metric: str) -> bool:
+    base = metric.split(":")[0]
+    return any(base == s or (s.endswith("@") and base.startswith(s)) for s in SHARES)
+
+
+def is_db(metric: str) -> bool:
+    base = metric.split(":")[0]
+    return "sqnr" in base or base.endswith("_db")
+
+
+def value(metric: str, v: Any) -> str:
+    """``v`` of ``metric`` in its unit: ``72.7 %``, ``17.6 dB``, ``0.9731``, or ``—``."""
+    if isinstance(v, float) and math.isinf(v):
+        return ("+" if v > 0 else "-") + "inf dB" if is_db(metric) else str(v)
+    x = num(v)
+    if x is None:
+        return DASH
+    if is_share(metric):
+        return f"{100 * x:.1f} %"
+    if is_db(metric):
+        return f"{x:.1f} dB"
+    return plain(x)
+
+
+def gain(metric: str, g: Any) -> str:
+    """A difference of ``metric``: ``+3.0 pts`` (shares), ``+1.2 dB``, ``+0.0021``."""
+    x = num(g)
+    if x is None:
+        return DASH
+    if is_share(metric):
+        return f"{100 * x:+.1f} pts"
+    if is_db(metric):
+        return f"{x:+.1f} dB"
+    return f"{x:+.4g}"
+
+
+def cost(v: Any) -> str:
+    x = num(v)
+    return DASH if x is None else f"{x:.3f}x"
+
+
+def plain(v: Any) -> str:
+    """Any cell: floats at 4 significant digits, None/NaN as ``—``, the rest as text."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return DASH
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, str) and v.lower() in ("none", "nan"):
+        return DASH
+    return str(v)
+
+
+def short_names(names: list[str], width: int = 24) -> list[str]:
+    """Names shortened for tick labels: the last
+    path parts that fit in ``width`` (``…`` marks a cut); a repeat gets ``#2``, ``#3``."""
+    parts = [re.split(r"(?<=[/.])", n) for n in names]
+    out = []
+    for p, n in zip(parts, names, strict=True):
+        tail = ""
+        for piece in reversed(p):
+            if len(tail) + len(piece) > width and tail:
+                break
+            tail = piece + tail
+        tail = tail.strip("/.") or n
+        out.append(tail if tail == n.strip("/.") else "…" + tail[-width:])
+    seen: dict[str, int] = {}
+    for i, s in enumerate(out):
+        seen[s] = seen.get(s, 0) + 1
+        if seen[s] > 1:
+            out[i] = f"{s}#{seen[s]}"
+    return out

@@ -1,0 +1,178 @@
+"""The verdict's short form: what was measured held out, what binds as measured, what the
+host must do. Plain dicts in (the run folder's files), plain dicts and lines out.
+
+=================  ===============================================================
+held_out           the held-out figure's sample size and what a sample is
+binds_measured     with ``--whatif``: the op kind whose lift to a16_w16 gains the
+                   most on the held-out data; the rule that refuses that lift (from
+                   the planner's skipped promotions) is named only as the reason it
+                   cannot be lifted
+host_steps         what runs on the host: integer (token) inputs fed as they are,
+                   per-token outputs pooled and normalised, symbolic dims fixed
+=================  ===============================================================
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from quantscope.report import fmt
+
+KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
+              "matmul": "activation MatMuls (attention scores and context)",
+              "softmax": "Softmax", "normalization": "normalisation layers"}
+INT_TYPES = {6: "int32", 7: "int64", 2: "uint8", 3: "int8", 12: "uint32", 13: "uint64",
+             9: "bool"}
+
+
+def kind_name(kind: str) -> str:
+    return KIND_NAMES.get(kind, kind)
+
+
+def task_kind(task: Any) -> str:
+    """``retrieval`` of ``retrieval:stdlib-docs`` (a task's name is ``kind:source``)."""
+    return str(task or "").split(":", 1)[0]
+
+
+def held_out(ev: dict[str, Any]) -> dict[str, Any]:
+    """The held-out evaluation: its sample count and what one sample is (a retrieval
+    pair is two texts, its query and its document)."""
+    part = ev["data"].get("held_out") or {}
+    rows = part.get("evaluation_samples")
+    if task_kind(part.get("task")) == "retrieval" and isinstance(rows, int):
+        return {"samples": rows // 2, "unit": "pairs", "rows": rows, "source": part.get("name")}
+    return {"samples": rows, "unit": "samples", "rows": rows, "source": part.get("name")}
+
+
+def binds_measured(whatif: dict[str, Any] | None, pareto: dict[str, Any],
+                   group_kinds: dict[str, str]) -> dict[str, Any] | None:
+    """The op kind the whatif measured to cost the most (largest gain when lifted), the
+    other kinds' gains, and the rule (if any) that refused promoting that kind's groups."""
+    if not whatif or "skipped" in whatif or not whatif.get("kinds"):
+        return None
+    m = whatif["metric"]
+    kinds = sorted(whatif["kinds"], key=lambda r: -r["gain"])
+    top = kinds[0]
+    if not top["gain"] > 0:
+        return {"metric": m, "kind": None, "gain": top["gain"], "rule": None,
+                "sentence": f"no single op kind gains when lifted to a16_w16 (best: "
+                            f"{kind_name(top['kind'])} {fmt.gain(m, top['gain'])})"}
+    rules: Counter[str] = Counter()
+    for s in pareto.get("skipped") or []:
+        if group_kinds.get(s["group"]) == top["kind"] and s.get("severity", "error") == "error":
+            rules.update(s.get("rules") or [])
+    rule = rules.most_common(1)[0][0] if rules else None
+    others = ", ".join(f"{kind_name(r['kind'])} {fmt.gain(m, r['gain'])}" for r in kinds[1:3])
+    if rule == "max_cost":
+        why = "the cost cap (--max-cost) keeps them at 8 bit"
+    elif rule:
+        why = f"{rule} refuses lifting them"
+    else:
+        why = "no rule refuses lifting them (the planner's prediction kept them low)"
+    return {"metric": m, "kind": top["kind"], "gain": top["gain"], "rule": rule,
+            "sentence": f"{kind_name(top['kind'])} cost the most: "
+                        f"{fmt.gain(m, top['gain'])} if lifted to a16_w16"
+                        + (f" ({others})" if others else "") + f"; {why}"}
+
+
+def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
+               text: bool, seq_len: int | None, longest: int | None = None) -> list[str]:
+    """What the host does around the compiled model. ``inputs``/``outputs``: name, dtype
+    (ONNX elem type), dims (int, or str for a symbolic dim); ``seq_len``: the length the
+    run checked at; ``longest``: the data's longest text (tokens), said when no length was
+    given."""
+    steps = []
+    ints = [i for i in inputs if i["dtype"] in INT_TYPES]
+    if ints:
+        names = ", ".join(i["name"] for i in ints)
+        types = "/".join(sorted({INT_TYPES[i["dtype"]] for i in ints}))
+        what = " (token ids and mask from the tokenizer)" if text else ""
+        steps.append(f"feed {names}{what} as {types}, not quantized; where the NPU takes "
+                     "only 8/16-bit inputs, run the embedding lookup on the host")
+    token_outs = [o["name"] for o in outputs if len(o["dims"]) == 3] if text else []
+    if token_outs:
+        steps.append(f"{', '.join(token_outs)} is per token: mean-pool over attention_mask "
+                     "and L2-normalise on the host (as the evaluation did)")
+    sym = {d for i in inputs for d in i["dims"] if isinstance(d, str) or d is None}
+    if sym:
+        shape = ", ".join(
+            f"{i['name']}=" + "x".join(_fixed(d, k, seq_len) for k, d in enumerate(i["dims"]))
+            for i in inputs)
+        hint = ("" if seq_len or "xS" not in shape else
+                " (S: the length you compile for" + (f"; the longest text here has {longest} "
+                                                     "tokens)" if longest else ")"))
+        steps.append(f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
+                     f"compiler: {shape}{hint}")
+    return steps
+
+
+def _fixed(d: Any, axis: int, seq_len: int | None) -> str:
+    if isinstance(d, int) and d > 0:
+        return str(d)
+    if axis == 0:
+        return "1"
+    return str(seq_len) if seq_len else "S"
+
+
+def _worse_than_uniform(v: dict[str, Any]) -> str:
+    """Said when the plan measures worse than uniform a8_w8 on the held-out data (the plan
+    was chosen on the fit data; the held-out figure disagrees)."""
+    m = v["metric"]
+    plan = fmt.num(v["quality"].get("plan", {}).get(m))
+    uni = fmt.num(v["quality"].get("a8_w8", {}).get(m))
+    if plan is None or uni is None or v.get("uniform_meets_goal"):
+        return ""
+    if plan < uni if v.get("higher_is_better", True) else plan > uni:
+        return (f"held out, the plan is {fmt.gain(m, plan - uni)} against uniform a8_w8 "
+                "(chosen on the fit data)")
+    return ""
+
+
+def format_short(v: dict[str, Any]) -> list[str]:
+    """At most ~8 lines (and one per rewrite applied): goal and held-out figure, cost and
+    legality, what binds, files, host steps (each line one thing a person acts on)."""
+    m = v["metric"]
+    q = v["quality"]
+    ho = v.get("held_out") or {}
+    n = f"n={ho['samples']} held-out {ho.get('unit', 'samples')}" if ho.get("samples") else \
+        "held out"
+    got = fmt.value(m, q.get("plan", {}).get(m))
+    refs = "; ".join(f"{k} {fmt.value(m, r.get(m))}" for k, r in q.items() if k != "plan")
+    if v["goal"] is None:
+        head = f"verdict: no --goal given; plan {m} {got} ({n}; {refs})"
+    else:
+        word = "REACHED" if v["reached"] else "NOT reached"
+        op = ">=" if v.get("higher_is_better", True) else "<="
+        unit = f" {v['unit']}" if v.get("unit") else ""
+        head = (f"verdict: goal {m} {op} {v['goal']:g}{unit} {word} on the held-out data: "
+                f"{got} ({n}; {refs})")
+    lines = [head]
+    legal = ("legal: all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
+             "NOT legal: " + ", ".join(v["rules_failed"]))
+    applied = [k for k in v.get("rewrites_applied", []) if k]
+    lines.append(f"  cost {fmt.cost(v['cost'])} uniform a8_w8; {legal}; repairs: "
+                 f"{', '.join(v['repairs']) or 'none'}; rewrites: {', '.join(applied) or 'none'}"
+                 + ("; the plan is uniform a8_w8 (met the goal on the fit data)"
+                    if v.get("uniform_meets_goal") else ""))
+    worse = _worse_than_uniform(v)
+    if worse:
+        lines[-1] += f"; {worse}"
+    # the compiled model is not the original: each rewrite's note (and caveat) is kept
+    lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
+    if (v.get("not_like_fp32") or {}).get("plan"):
+        lines.append(f"  plan: {v['not_like_fp32']['plan']}")
+    bm = v.get("binds_measured") if not v.get("reached") else None
+    if bm:
+        lines.append(f"  binds (measured, held out): {bm['sentence']}")
+    elif v.get("binding") and not v.get("reached"):
+        lines.append(f"  binds: {v['binding']}")
+    io = "; device I/O (io_snippet.py): " + ", ".join(
+        f"{r['role']} {r['tensor']} {r['stored_type']} ({r['q_min']}..{r['q_max']})"
+        for r in v["io"]) if v.get("io") else ""
+    lines.append("  compile: " + " + ".join(list(v["compiler_files"])[:-1])
+                 + f" ({list(v['compiler_files'])[-1]} is what was emulated){io}")
+    for step in v.get("host_steps", [])[:3]:
+        lines.append(f"  host: {step}")
+    lines.append("  details: verdict.json, report.html")
+    return lines

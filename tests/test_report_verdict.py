@@ -1,0 +1,151 @@
+"""The short verdict and the run report's sections, on hand-made stage files: one number
+format, what binds as measured, the host steps, the Pareto front agreeing with the verdict,
+handled findings folded, the sensitivity ranked by effect."""
+
+import re
+
+from quantscope.report import fmt, run, summary
+from quantscope.report.build import _table
+
+WHATIF = {"metric": "top1_agreement", "note": "n", "plan": {"top1_agreement": 0.727},
+          "kinds": [{"kind": "matmul", "groups": 12, "top1_agreement": 0.72, "gain": -0.0067},
+                    {"kind": "weighted", "groups": 36, "top1_agreement": 0.757, "gain": 0.03}],
+          "all": {"groups": 48, "top1_agreement": 0.8, "gain": 0.073}}
+KINDS = {"q": "weighted", "k": "weighted", "att": "matmul"}
+
+
+def _pareto(skipped):
+    return {"skipped": [{"group": g, "precision": "a16_w16", "rules": [r], "gain": 0.1,
+                         "severity": "error"} for g, r in skipped]}
+
+
+def test_numbers_have_one_format_and_absent_values_a_dash():
+    assert fmt.value("top1_agreement", 0.974) == "97.4 %"
+    assert fmt.gain("top1_agreement", 0.03) == "+3.0 pts"
+    assert fmt.value("sqnr_db", 17.61) == "17.6 dB" and fmt.gain("sqnr_db", -0.67) == "-0.7 dB"
+    assert fmt.value("embedding_cosine_mean", 0.97312) == "0.9731"
+    assert fmt.value("top1_agreement", None) == fmt.value("x", float("nan")) == "—"
+    assert fmt.cost(1.40625) == "1.406x"
+    page = _table(["a", "b"], [[None, float("nan")], ["None", 1.234567]])
+    assert "None" not in page and "nan" not in page and page.count("<td>—</td>") == 3
+    assert fmt.DASH_LEGEND in page  # a table with a dash says what it means
+    assert fmt.DASH_LEGEND not in _table(["a"], [[1.0]])
+
+
+def test_what_binds_is_what_the_whatif_measured_and_the_rule_only_its_reason():
+    # the planner's binding rule is the attention rule, but the whatif measured Linears
+    bm = summary.binds_measured(WHATIF, _pareto([("att", "hailo.attention_16bit"),
+                                                 ("q", "hailo.super_defuse"),
+                                                 ("k", "hailo.super_defuse")]), KINDS)
+    assert bm["kind"] == "weighted" and bm["rule"] == "hailo.super_defuse"
+    assert bm["sentence"].startswith("weighted layers (Linear/Conv) cost the most: +3.0 pts")
+    assert "-0.7 pts" in bm["sentence"] and "hailo.super_defuse refuses lifting them" in \
+        bm["sentence"]
+    capped = summary.binds_measured(WHATIF, _pareto([("q", "max_cost")]), KINDS)
+    assert "cost cap" in capped["sentence"] and "attention_16bit" not in capped["sentence"]
+    assert summary.binds_measured(None, {}, {}) is None
+    assert summary.binds_measured({"skipped": "no task"}, {}, {}) is None
+
+
+def test_host_steps_for_token_inputs_token_states_and_symbolic_dims():
+    ins = [{"name": "input_ids", "dtype": 7, "dims": ["batch", "seq"]},
+           {"name": "attention_mask", "dtype": 7, "dims": ["batch", "seq"]}]
+    outs = [{"name": "last_hidden_state", "dtype": 1, "dims": ["batch", "seq", 384]}]
+    steps = summary.host_steps(ins, outs, text=True, seq_len=128)
+    assert "input_ids, attention_mask" in steps[0] and "int64" in steps[0]
+    assert "last_hidden_state is per token: mean-pool" in steps[1]
+    assert "input_ids=1x128, attention_mask=1x128" in steps[2] and "batch, seq" in steps[2]
+    fixed = [{"name": "x", "dtype": 1, "dims": [1, 3, 8, 8]}]
+    assert summary.host_steps(fixed, [{"name": "y", "dtype": 1, "dims": [1, 4]}], text=False,
+                              seq_len=None) == []
+
+
+def _verdict(**kw):
+    v = {"metric": "top1_agreement", "unit": "", "higher_is_better": True, "goal": 0.97,
+         "reached": False, "uniform_meets_goal": False, "binding": "hailo.attention_16bit",
+         "quality": {"fp32": {"top1_agreement": 1.0}, "a8_w8": {"top1_agreement": 0.61},
+                     "plan": {"top1_agreement": 0.727}},
+         "cost": 1.44, "legal": True, "rules_checked": 31, "rules_failed": [],
+         "repairs": [], "rewrites_applied": [],
+         "compiler_files": {"repaired.onnx": "a", "model.alls": "b", "quantized.qdq.onnx": "c"},
+         "held_out": {"samples": 250, "unit": "pairs"},
+         "binds_measured": summary.binds_measured(WHATIF, _pareto([("q", "max_cost")]), KINDS),
+         "host_steps": ["feed input_ids", "pool", "fix dims"]}
+    v.update(kw)
+    return v
+
+
+def test_the_console_verdict_is_short_and_leads_with_the_held_out_figure():
+    lines = summary.format_short(_verdict())
+    assert len(lines) <= 8 and sum(map(len, lines)) < 1200
+    assert lines[0].startswith("verdict: goal top1_agreement >= 0.97 NOT reached")
+    assert "72.7 % (n=250 held-out pairs; fp32 100.0 %; a8_w8 61.0 %)" in lines[0]
+    assert lines[-1] == "  details: verdict.json, report.html"
+    binds = next(line for line in lines if "binds" in line)
+    assert "measured" in binds and "+3.0 pts" in binds
+    assert "hailo.attention_16bit" not in "\n".join(lines)  # contradicted by the measurement
+    assert any(line.startswith("  host: ") for line in lines)
+    assert "binds: hailo.attention_16bit" in "\n".join(summary.format_short(
+        _verdict(binds_measured=None)))  # without a whatif, the planner's binding
+    assert "against uniform a8_w8 (chosen" not in "\n".join(lines)  # 72.7 % > 61.0 %
+    worse = _verdict(quality={"a8_w8": {"top1_agreement": 0.875},
+                              "plan": {"top1_agreement": 0.781}})
+    assert "held out, the plan is -9.4 pts against uniform a8_w8" in summary.format_short(
+        worse)[1]
+
+
+PARETO = {"metric": "output_sqnr_db", "chosen": {"cost": 1.2, "predicted": 20.0,
+                                                 "measured": 0.9},
+          "points": [{"cost": 1.0, "predicted": 15.0, "measured": None, "groups": {},
+                      "repairs": ["ranges", "bias"]},
+                     {"cost": 1.2, "predicted": 20.0, "measured": 0.9, "groups": {"a": "x"},
+                      "repairs": ["ranges", "bias"]}]}
+REPAIRED = {"repairs": [{"name": "ranges", "skipped": None},
+                        {"name": "bias", "skipped": "no measured gain"}]}
+
+
+def test_the_pareto_section_marks_the_chosen_plan_and_its_repairs_as_applied():
+    page = run.pareto_section(PARETO, "top1_agreement", verdict=_verdict(),
+                              repaired_plan=REPAIRED)
+    rows = re.findall(r"<tr>(.*?)</tr>", page)
+    assert "<td>chosen</td>" in rows[2] and "ranges; skipped: bias (no measured gain)" in rows[2]
+    assert "planned: ranges, bias" in rows[1]
+    assert "front row 2" in page and "(fit)" in page and "n=250 held-out pairs" in page
+    assert "None" not in page and "—" in page
+    off = dict(PARETO, chosen={"cost": 1.1, "predicted": 18.0, "measured": 0.95})
+    assert "not on the plotted front" in run.pareto_section(off, "top1_agreement")
+
+
+ANALYSIS = {
+    "low": "a8_w8", "high": "a16_w16", "primary": "sqnr_db",
+    "method": {"rows": 64, "rows_per_sweep": {"enable_one": 8, "disable_one": 8}},
+    "noise": [{"tensor": f"/model/encoder/layer.{i}/attention/self/Add_output_0",
+               "sqnr_isolated_db": 0.0 if i == 1 else 30.0 - i,
+               "sqnr_cumulative_db": 0.0 if i == 1 else 20.0 - i} for i in range(3)],
+    "sensitivity": [{"group": g, "op_type": "MatMul", "enable_one": {"sqnr_db": 30.0},
+                     "disable_one": {"sqnr_db": d}} for g, d in (("a", 5.0), ("b", 9.0),
+                                                                 ("c", 7.0))],
+    "outliers": [{"tensor": "/model/encoder/layer.1/attention/self/Add_output_0",
+                  "group": None, "kind": "mask_range", "ratio": 8.9e37, "channels": [],
+                  "bits_lost": 126.0, "reason": "mask"},
+                 {"tensor": "t", "group": "g", "kind": "channels", "ratio": 40.0,
+                  "channels": [3], "bits_lost": 5.3, "reason": "one channel"}],
+}
+
+
+def test_sensitivity_is_ranked_by_effect_and_masked_noise_explained():
+    page = run.sensitivity_section(ANALYSIS)
+    ranked = re.findall(r"<tr><td>\d+</td><td>(\w)</td>", page)
+    assert ranked == ["b", "c", "a"]  # by disable-one effect, not graph order
+    noise = run.noise_section(ANALYSIS)
+    assert "masked attention-score" in noise and "0 dB" in noise
+    assert "<td>masked</td>" in noise  # the table says so instead of printing 0 dB
+
+
+def test_handled_mask_outliers_are_one_line_and_a_folded_table():
+    page = run.outliers_section(ANALYSIS, None)
+    assert "1 attention-mask range(s), handled" in page
+    head, folded = page.replace("<wbr>", "").split("<details>", 1)
+    assert "Add_output_0" not in head  # the mask tensor only in the folded table
+    assert "Add_output_0" in folded.split("</details>")[0]
+    assert "1 tensor(s) with outlier channels" in page
