@@ -107,3 +107,19 @@ def test_an_unknown_format_is_one_line_before_any_work():
                     out="never.npy")
     with pytest.raises(QuantscopeError):
         parse_target({"formats": ["npy"]}, source="x.toml")
+
+
+def test_the_verdict_lists_the_formats_of_a_profile_from_a_file(tmp_path):
+    """A target profile read from a file (no built-in name) still gets its compiler files
+    in the verdict, from its own ``formats`` (not from its name)."""
+    from pathlib import Path
+
+    from quantscope.pipeline.verdict import compiler_files
+    from quantscope.targets.profile import load_target_file
+
+    src = Path(__file__).resolve().parents[1] / "src/quantscope/targets/hailo10h.toml"
+    mine = tmp_path / "mine.toml"
+    mine.write_text(src.read_text().replace('name = "hailo10h"', 'name = "my_npu"', 1))
+    files = compiler_files(load_target_file(mine))
+    assert "model.alls" in files and "Dataflow Compiler" in files["model.alls"]
+    assert list(files)[-1] == "quantized.qdq.onnx"

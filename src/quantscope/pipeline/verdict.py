@@ -7,12 +7,16 @@ feed the inputs and read the outputs (the io rows).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantscope import stages
+from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
+
+if TYPE_CHECKING:
+    from quantscope.targets.profile import Target
 
 COMPARED = ("fp32", "a8_w8", "plan")
 
@@ -44,7 +48,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "evaluation": ev["data"]["split"],
         "legal": not errors, "rules_checked": len(chk["rules"]),
         "rules_failed": sorted({p["rule"] for p in errors}),
-        "compiler_files": compiler_files(ctx.target().name),
+        "compiler_files": compiler_files(ctx.target()),
         "export_warnings": export_warnings(ctx),
         "io": io["io"], "io_note": io["note"],
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
@@ -150,17 +154,14 @@ def _binding(pareto: dict[str, Any], reached: bool | None) -> str | None:
     return blockers[0]["rule"] if blockers else None
 
 
-def compiler_files(target: str) -> dict[str, str]:
-    """File -> what it is for, in the order a user hands them over."""
+def compiler_files(target: Target | str) -> dict[str, str]:
+    """File -> what it is for, in the order a user hands them over (each format's purpose
+    from the export-format registry; the formats the target's profile takes)."""
     files = {steps.REPAIRED: "the FP32 model to compile (repairs applied; compile this, "
                              "not the original)"}
     for fmt, name in steps.formats(target):
-        files[name] = {"alls": "Hailo model script: the per-layer precisions and pinned "
-                               "ranges (pass it with the model to the Dataflow Compiler)",
-                       "qnn": "QNN/AIMET encodings (--quantization_overrides for the QNN "
-                              "converter)"}[fmt]
-    files[steps.QDQ] = "ONNX QDQ model: what quantscope emulated (for ONNX Runtime, or to check"\
-                       " the compiler's result against)"
+        files[name] = FORMATS[fmt].purpose
+    files[FORMATS[ALWAYS].file_name] = FORMATS[ALWAYS].purpose
     return files
 
 
