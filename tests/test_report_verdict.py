@@ -55,6 +55,10 @@ def test_host_steps_for_token_inputs_token_states_and_symbolic_dims():
     assert "input_ids, attention_mask" in steps[0] and "int64" in steps[0]
     assert "last_hidden_state is per token: mean-pool" in steps[1]
     assert "input_ids=1x128, attention_mask=1x128" in steps[2] and "batch, seq" in steps[2]
+    # token inputs scored as plain tensors (no retrieval task): nothing was pooled, and the
+    # verdict must not say it was
+    raw = summary.host_steps(ins, outs, text=True, pooled=False, seq_len=128)
+    assert "compared per token (no pooling" in raw[1] and "as the evaluation did" not in raw[1]
     fixed = [{"name": "x", "dtype": 1, "dims": [1, 3, 8, 8]}]
     assert summary.host_steps(fixed, [{"name": "y", "dtype": 1, "dims": [1, 4]}], text=False,
                               seq_len=None) == []

@@ -77,9 +77,9 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
 
     graph = model.proto.graph
     inits = {i.name for i in graph.initializer}
-    text = summary.task_kind(ev["data"].get("held_out", {}).get("task")) in (
-        "retrieval", "sts") or any(i.name in ("input_ids", "attention_mask")
-                                   for i in graph.input)
+    pooled = summary.task_kind(ev["data"].get("held_out", {}).get("task")) in (
+        "retrieval", "sts")
+    text = pooled or any(i.name in ("input_ids", "attention_mask") for i in graph.input)
     kinds = {}
     if ev.get("whatif") and "skipped" not in ev["whatif"]:
         from quantscope.targets.profile import op_kind
@@ -90,7 +90,7 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
         "binds_measured": summary.binds_measured(ev.get("whatif"), pareto, kinds),
         "host_steps": summary.host_steps(
             info([i for i in graph.input if i.name not in inits]), info(graph.output),
-            text=text, seq_len=chk.get("seq_len") or ctx.opts.seq_len,
+            text=text, pooled=pooled, seq_len=chk.get("seq_len") or ctx.opts.seq_len,
             longest=max(ev["data"]["fit"].get("token_lengths") or [0]) or None),
         "rewrites_applied": [rw.name for rw, _ in ctx.opts.rewrite_configs()],
     }

@@ -77,11 +77,13 @@ def binds_measured(whatif: dict[str, Any] | None, pareto: dict[str, Any],
 
 
 def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
-               text: bool, seq_len: int | None, longest: int | None = None) -> list[str]:
+               text: bool, seq_len: int | None, longest: int | None = None,
+               pooled: bool | None = None) -> list[str]:
     """What the host does around the compiled model. ``inputs``/``outputs``: name, dtype
     (ONNX elem type), dims (int, or str for a symbolic dim); ``seq_len``: the length the
     run checked at; ``longest``: the data's longest text (tokens), said when no length was
-    given."""
+    given; ``pooled``: the task scored pooled embeddings (retrieval, similarity), else the
+    per-token outputs were compared as they are (default: ``text``)."""
     steps = []
     ints = [i for i in inputs if i["dtype"] in INT_TYPES]
     if ints:
@@ -91,9 +93,13 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
         steps.append(f"feed {names}{what} as {types}, not quantized; where the NPU takes "
                      "only 8/16-bit inputs, run the embedding lookup on the host")
     token_outs = [o["name"] for o in outputs if len(o["dims"]) == 3] if text else []
-    if token_outs:
+    if token_outs and (text if pooled is None else pooled):
         steps.append(f"{', '.join(token_outs)} is per token: mean-pool over attention_mask "
                      "and L2-normalise on the host (as the evaluation did)")
+    elif token_outs:
+        steps.append(f"{', '.join(token_outs)} is per token and was compared per token (no "
+                     "pooling in this evaluation): any pooling your application does runs on "
+                     "the host")
     sym = {d for i in inputs for d in i["dims"] if isinstance(d, str) or d is None}
     if sym:
         shape = ", ".join(
