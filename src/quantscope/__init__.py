@@ -15,8 +15,9 @@ The Python API mirrors the CLI's stages (see docs/architecture.md)::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from quantscope.lazy import lazy_face
 
 # The package face imports nothing heavy: each public name is loaded from its module on
 # first use (PEP 562), so `import quantscope` (the CLI's first step) costs milliseconds
@@ -71,17 +72,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and readers
     )
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'quantscope' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # once loaded, a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOMES])
+__getattr__, __dir__ = lazy_face(__name__, _HOMES)
 
 
 __version__ = "0.1.0"

@@ -17,7 +17,7 @@ does not load every other.
 
 from __future__ import annotations
 
-import importlib
+from quantscope.lazy import lazy_face
 
 _LAZY = {
     **dict.fromkeys(("CHANNEL_KEY", "RECOVER_TOP", "analyze", "rank_key"),
@@ -63,14 +63,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'quantscope.analyze' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)

@@ -10,7 +10,7 @@ imports the planner above the profiles).
 
 from __future__ import annotations
 
-import importlib
+from quantscope.lazy import lazy_face
 
 _LAZY = {
     **dict.fromkeys(("lint", "parse_alls", "script_plan"), "quantscope.export.alls_lint"),
@@ -25,14 +25,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'quantscope.export' has no attribute '{name}'")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)

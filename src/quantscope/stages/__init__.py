@@ -47,6 +47,7 @@ from quantscope.emulate.evaluate import (
     scale_error,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.lazy import lazy_face
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load, load_proto
 from quantscope.progress import say
@@ -159,16 +160,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'quantscope.stages' has no attribute '{name}'")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_face(__name__, _LAZY)
