@@ -50,7 +50,7 @@ from quantscope.analyze.segments import (
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
 from quantscope.parallel import Executor, chunks
-from quantscope.progress import Counter, say, track
+from quantscope.progress import Counter, feed_size, say, track
 from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
 
 
@@ -110,7 +110,7 @@ def _sweep_batch(
             for t in by[r.candidate.group].outputs:
                 got.iso.add(t, env_fp[t], env[t])
         got.rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
-        count.step()
+        count.step(cost=feed_size(feeds))
 
 
 def sweep_segments(
@@ -200,7 +200,9 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
     need_low = "disable_one" in job.sweeps
     count = Counter(f"analyze: {'+'.join(job.sweeps)} ({len(runners)} candidates x "
                     f"{len(job.batches)} batches)", total=len(runners) * len(job.batches),
-                    unit="cand", show=progress)
+                    unit="cand", show=progress,
+                    # length-sorted batches: the ETA follows their sizes, not their count
+                    total_cost=len(runners) * sum(feed_size(b) for b in job.batches))
     for feeds in job.batches:
         _sweep_batch(feeds, fp, lo if need_low else None, runners, groups,
                      model.output_names(), job.scorer, got, count)
