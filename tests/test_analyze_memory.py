@@ -71,7 +71,9 @@ def test_windows_hold_fewer_sessions_and_give_the_same_rows(monkeypatch):
     assert "analyze: candidate sessions 1-1 (window 1/" in said
 
 
-def test_the_estimate_splits_and_refuses_in_one_line():
+def test_the_estimate_splits_and_refuses_in_one_line(monkeypatch):
+    from quantscope.analyze import memory
+
     model, _, _, feeds = _prepared()
     w = weight_bytes(model)
     mem = plan_memory(model, [w, w, w, w], feeds, [], chains=2, budget=2 * w,
@@ -82,6 +84,10 @@ def test_the_estimate_splits_and_refuses_in_one_line():
     rows, length, width = feeds[0]["x"].shape  # [N, S, 24] out, like its input
     assert plan_memory(model, [w], feeds, out, chains=2, available=1 << 40).activation_bytes \
         == 3 * rows * length * width * 4
+    monkeypatch.setattr(memory, "WINDOW_MODELS", float("inf"))  # bench: no bound
+    assert len(plan_memory(model, [w] * 4, feeds, [], chains=2, available=1 << 40).windows) == 1
+    monkeypatch.setattr(memory, "WINDOW_MODELS", 2.0)
+    assert len(plan_memory(model, [w] * 4, feeds, [], chains=2, available=1 << 40).windows) == 2
     with pytest.raises(QuantscopeError) as e:
         plan_memory(model, [w], feeds, out, chains=2, available=w)
     assert "--seq-len" in str(e.value) and "\n" not in str(e.value)

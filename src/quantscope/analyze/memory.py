@@ -126,9 +126,10 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
             "available: give a shorter --seq-len (a batch's tensors grow with it), or run on "
             "a machine with more memory")
     if budget is None:
-        budget = int(WINDOW_MODELS * model_bytes)
+        limit = WINDOW_MODELS * model_bytes  # inf (bench/memory.py): no bound but memory
         if avail is not None:
-            budget = min(budget, max(int(HEADROOM * avail) - fixed, 0))
+            limit = min(limit, max(HEADROOM * avail - fixed, 0.0))
+        budget = int(min(limit, float(sum(cand_bytes))))
     windows, start, held = [], 0, 0
     for i, b in enumerate(cand_bytes):
         if i > start and held + b > budget:

@@ -5,7 +5,10 @@ evaluate (held-out: FP32, uniform a8_w8, the plan) -> export (QDQ ONNX + the tar
 formats) -> io -> report (+ verdict). Each stage is a function of :mod:`.steps` reading
 its inputs from the folder; ``run.json`` (:mod:`.manifest`) records, per stage, a hash of
 its options and input digests, so a rerun skips what is done and a killed run resumes at
-the stage it was in. This layer sits between ``cli`` and ``stages``.
+the stage it was in. The rewritten model (``--rewrites``) is resumable state too:
+``rewritten.onnx`` with its key in ``rewritten.json`` (:func:`.context.rewritten_key`), so
+a rerun neither recalibrates nor rewrites while the given model, the rewrites and the data
+are the same. This layer sits between ``cli`` and ``stages``.
 """
 
 from __future__ import annotations
