@@ -8,9 +8,13 @@ the model and the data the same way:
   pooled rows of text data; the outputs otherwise);
 * ``evaluate``: :func:`quantscope.stages.evaluate_plan` of a uniform plan (FP32 reference,
   the emulated plan, fidelity, task metrics, the saturation check) with statistics
-  calibrated beforehand in a third process, as ``quantscope evaluate --stats`` runs.
+  calibrated beforehand in a third process, as ``quantscope evaluate --stats`` runs;
+* ``analyze`` (``--analyze``): :func:`quantscope.analyze.analyze` as ``run``'s analyze
+  stage calls it (both sweeps, ``--proxy`` of the rows), with the same statistics, at
+  ``--seq-len`` tokens; ``fp32`` is then measured at that length too.
 
     python bench/memory.py [MODEL ...] [--pairs 1000] [--precision a8_w8]
+    python bench/memory.py minilm-l3 --analyze --seq-len 128 --pairs 200
 
 MODEL defaults to minilm-l6, minilm-l3 (data: stdlib-docs, ``--pairs`` pairs) and
 dlib-face (data: faces); ``MODEL=DATA`` names other data.
@@ -39,6 +43,8 @@ def _child(args: argparse.Namespace) -> None:
 
     model = stages.open_model(args.model)
     data = stages.open_data(args.data, model, max_pairs=args.pairs)
+    if args.seq_len:
+        data = stages.at_length(data, args.seq_len)
     t = time.perf_counter()
     if args.child == "calibrate":
         write_stats(args.stats, stages.calibrate_model(model, data))
@@ -49,6 +55,11 @@ def _child(args: argparse.Namespace) -> None:
         for feeds in data.evaluation:
             out = tuple(sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()}))
             kept.append(keep(out, feeds) if keep else out)
+    elif args.child == "analyze":
+        from quantscope.analyze import memory
+
+        memory.WINDOW_MODELS = args.window_models or float("inf")
+        _analyze(model, data, read_stats(args.stats), args.proxy)
     else:
         stats = read_stats(args.stats)
         stages.evaluate_plan(model, data, stats, Plan.uniform(Precision(args.precision)))
@@ -57,9 +68,23 @@ def _child(args: argparse.Namespace) -> None:
     print(json.dumps({"peak_rss": rss, "seconds": seconds}))
 
 
+def _analyze(model, data, stats, proxy: float) -> None:
+    """The analyze stage of ``run`` (steps.analyze) on the fit data."""
+    from quantscope import stages
+    from quantscope.analyze import analyze
+    from quantscope.model.groups import find_groups
+    from quantscope.targets import load_target
+
+    scorer = stages.scorer_for(data, model, None)
+    analyze(model, find_groups(model), stats, list(data.evaluation), scorer=scorer,
+            target=load_target("hailo10h"), proxy_fraction=proxy, progress=False)
+
+
 def _run(args: argparse.Namespace, child: str, model: str, data: str, stats: Path) -> dict:
     cmd = [sys.executable, __file__, "--child", child, "--model", model, "--data", data,
-           "--pairs", str(args.pairs), "--stats", str(stats), "--precision", args.precision]
+           "--pairs", str(args.pairs), "--stats", str(stats), "--precision", args.precision,
+           "--seq-len", str(args.seq_len or 0), "--proxy", str(args.proxy),
+           "--window-models", str(args.window_models)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -73,7 +98,13 @@ def main() -> None:
     ap.add_argument("models", nargs="*", default=list(DEFAULT))
     ap.add_argument("--pairs", type=int, default=1000)
     ap.add_argument("--precision", default="a8_w8")
-    ap.add_argument("--child", choices=["calibrate", "fp32", "evaluate"])
+    ap.add_argument("--child", choices=["calibrate", "fp32", "evaluate", "analyze"])
+    ap.add_argument("--analyze", action="store_true", help="measure analyze, not evaluate")
+    ap.add_argument("--seq-len", type=int, default=0)
+    ap.add_argument("--proxy", type=float, default=0.125)
+    ap.add_argument("--window-models", type=float, default=2.0,
+                    help="analyze: candidate session weights held at once, in models "
+                    "(0: no bound but the memory available: every candidate at once)")
     ap.add_argument("--model", default="")
     ap.add_argument("--data", default="")
     ap.add_argument("--stats", default="")
@@ -90,11 +121,15 @@ def main() -> None:
             _run(args, "calibrate", model, data, stats)
             load = _load()
             fp32 = _run(args, "fp32", model, data, stats)
-            ev = _run(args, "evaluate", model, data, stats)
-        print(f"\n{model} on {data} (load average before: {load}, after: {_load()})")
+            what = "analyze" if args.analyze else "evaluate"
+            ev = _run(args, what, model, data, stats)
+        at = f", {args.seq_len} tokens" if args.seq_len else ""
+        if args.analyze:
+            at += f", windows of {args.window_models or 'all'} models' weights"
+        print(f"\n{model} on {data}{at} (load average before: {load}, after: {_load()})")
         print(f"  fp32 inference  peak RSS {fp32['peak_rss'] / gb:5.2f} GB  "
               f"({fp32['seconds']:.1f} s)")
-        print(f"  evaluate        peak RSS {ev['peak_rss'] / gb:5.2f} GB  ({ev['seconds']:.1f} s)"
+        print(f"  {what:<15} peak RSS {ev['peak_rss'] / gb:5.2f} GB  ({ev['seconds']:.1f} s)"
               f"  {ev['peak_rss'] / fp32['peak_rss']:.2f}x fp32")
 
 

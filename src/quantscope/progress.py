@@ -100,35 +100,70 @@ def _lines(items: Iterable[T], label: str, total: int | None, unit: str,
           file=sys.stderr, flush=True)
 
 
+def eta(elapsed: float, done: float, total: float) -> float | None:
+    """Seconds left when ``done`` of ``total`` units of work took ``elapsed`` seconds (the
+    units: items, or their costs for length-sorted batches); None before any work."""
+    if done <= 0 or total <= 0:
+        return None
+    return elapsed / done * max(total - done, 0.0)
+
+
 class Counter:
     """Progress of work counted by the caller (``step()`` after each unit), for loops
-    that are not one iterable (e.g. candidates inside batches, plans measured on demand)."""
+    that are not one iterable (e.g. candidates inside batches, plans measured on demand).
+
+    ``total_cost``: the work of every step together (e.g. each batch's :func:`feed_size`
+    times the candidates that run it); ``step(cost=...)`` then adds that step's share,
+    and the ETA and the bar follow the work done, not the count of steps (text batches
+    come sorted by length: the last take far longer than the first). ``clock``: where
+    the time comes from (a test gives its own)."""
 
     def __init__(self, label: str, *, total: int | None = None, unit: str = "it",
-                 show: bool = True) -> None:
+                 show: bool = True, total_cost: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.label, self.total, self.unit, self.show = label, total, unit, show
-        self.k, self.start = 0, time.perf_counter()
+        self.total_cost = total_cost if total_cost and total_cost > 0 else None
+        self.clock = clock
+        self.k, self.done, self.start = 0, 0.0, clock()
         self.last, self._bar = self.start, None
         if show and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(desc=label, total=total, unit=unit, file=sys.stderr,
-                             dynamic_ncols=True, leave=False)
+            if self.total_cost is None:
+                self._bar = tqdm(desc=label, total=total, unit=unit, file=sys.stderr,
+                                 dynamic_ncols=True, leave=False)
+            else:
+                self._bar = tqdm(desc=label, total=100.0, unit="%", file=sys.stderr,
+                                 dynamic_ncols=True, leave=False,
+                                 bar_format="{l_bar}{bar}|{postfix} [{elapsed}<{remaining}]")
         elif show:
             of = f"/{total}" if total else ""
             print(f"{label}: 0{of} {unit}", file=sys.stderr, flush=True)
 
-    def step(self, n: int = 1) -> None:
+    def eta(self) -> float | None:
+        """Seconds left: by the cost done when a ``total_cost`` was given, else by steps."""
+        elapsed = self.clock() - self.start
+        if self.total_cost is not None:
+            return eta(elapsed, self.done, self.total_cost)
+        return eta(elapsed, self.k, self.total) if self.total else None
+
+    def step(self, n: int = 1, *, cost: float = 0.0) -> None:
         self.k += n
+        self.done += cost
         if self._bar is not None:
-            self._bar.update(n)
+            if self.total_cost is None:
+                self._bar.update(n)
+            else:
+                self._bar.set_postfix_str(f"{self.k}/{self.total} {self.unit}", refresh=False)
+                self._bar.update(100.0 * cost / self.total_cost)
             return
-        now = time.perf_counter()
+        now = self.clock()
         if self.show and now - self.last >= LOG_EVERY_S:
             of = f"/{self.total}" if self.total else ""
-            eta = (f", ETA {(now - self.start) / self.k * (self.total - self.k):.0f} s"
-                   if self.total and self.k < self.total else "")
-            print(f"{self.label}: {self.k}{of} {self.unit}{eta}", file=sys.stderr, flush=True)
+            left = self.eta() if self.total and self.k < self.total else None
+            eta_text = f", ETA {left:.0f} s" if left is not None else ""
+            print(f"{self.label}: {self.k}{of} {self.unit}{eta_text}", file=sys.stderr,
+                  flush=True)
             self.last = now
 
     def close(self) -> None:
@@ -136,4 +171,4 @@ class Counter:
             self._bar.close()
         elif self.show:
             print(f"{self.label}: {self.k} {self.unit} done in "
-                  f"{time.perf_counter() - self.start:.1f} s", file=sys.stderr, flush=True)
+                  f"{self.clock() - self.start:.1f} s", file=sys.stderr, flush=True)

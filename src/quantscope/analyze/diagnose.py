@@ -35,6 +35,7 @@ from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
 from quantscope.parallel import Executor
+from quantscope.progress import say
 from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats, batch_rows
 
 RECOVER_TOP = (1, 2, 4, 8)
@@ -216,9 +217,12 @@ def analyze(
 
     scheme = getattr(target, "scheme", None)
     batches = list(batches)
+    say(f"analyze: FP32 reference on {len(batches)} batches", show=progress)
     ref = run_plan_rows(model, groups, batches, model.proto, scorer)
     baselines, collapse, uniform_rows = {}, {}, {}
     for p in (low, high):
+        say(f"analyze: uniform {p.value} baseline (Q/DQ model of {len(groups.groups)} groups, "
+            f"{len(batches)} batches)", show=progress)
         baselines[p.value], uniform_rows[p] = _plan_metrics(
             model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
         )
@@ -239,6 +243,8 @@ def analyze(
         key = "sqnr_db"
     offenders = _offenders(sens, low_fid[key], groups, noise, outliers, weights, key)
     recovery = []
+    say(f"analyze: recovery of the top {', '.join(map(str, recover_top))} offenders",
+        show=progress and bool(recover_top))
     for k in recover_top:
         promoted = tuple(o.group for o in offenders[:k])
         plan = Plan(low, tuple((g, high) for g in promoted))

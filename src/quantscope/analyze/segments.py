@@ -54,6 +54,7 @@ from quantscope.emulate.qdq import build_qdq
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import tensor_kinds
 from quantscope.model.load import FLOAT_TYPES, Model
+from quantscope.progress import track
 from quantscope.types import Encodings, Groups, Plan, Precision
 
 
@@ -223,11 +224,13 @@ def build_chain(
     encodings: Encodings | None,
     *,
     optimize: bool,
+    label: str = "",
 ) -> Chain:
-    """One session per segment: float (``encodings`` None) or the writer's Q/DQ."""
+    """One session per segment: float (``encodings`` None) or the writer's Q/DQ
+    (``label``: progress over the segments, on stderr)."""
     sessions, outputs = [], []
     plan = Plan.uniform(Precision.FLOAT)
-    for seg in segments:
+    for seg in track(segments, label, unit="segment", show=bool(label)):
         taps = _taps(seg, groups)
         sm = segment_model(model, seg, extra_outputs=taps)
         proto = sm.proto if encodings is None else segment_qdq(model, sm, groups, plan, encodings)
@@ -257,20 +260,21 @@ def _same(a: Encodings, b: Encodings) -> bool:
     return ids(a.activations) == ids(b.activations) and ids(a.weights) == ids(b.weights)
 
 
-def build_runners(
+def owned_segments(
     model: Model,
     groups: Groups,
     segments: tuple[Segment, ...],
     table: dict[Precision, Encodings],
     cands: Sequence[Candidate],
     low: Precision,
-) -> tuple[Runner, ...]:
-    seg_of = {g: seg.index for seg in segments for g in seg.groups}
-    seg_models = {
-        s.index: segment_model(model, s, extra_outputs=_taps(s, groups)) for s in segments
-    }
+) -> tuple[dict[int, Encodings], ...]:
+    """Per candidate, the segments it needs a session of its own for (the one holding its
+    group, and any whose encodings its plan changes) with their encodings: no session is
+    built, so what the sessions will hold can be told before (:func:`segment_bytes`)."""
+    seg_models = _segment_models(model, groups, segments)
     empty = Encodings(activations={}, weights={})
-    runners = []
+    seg_of = {g: seg.index for seg in segments for g in seg.groups}
+    out = []
     for c in cands:
         enc = mixed_encodings(table, groups, c.plan)
         base = empty if c.sweep == "enable_one" else table[low]
@@ -278,8 +282,52 @@ def build_runners(
         for k, sm in seg_models.items():
             mine = restrict_encodings(model, sm, enc)
             if k == seg_of[c.group] or not _same(mine, restrict_encodings(model, sm, base)):
-                own[k] = make_session(build_qdq(sm, mine), shared_arena=True)
-        runners.append(Runner(c, min(own), own, seg_of[c.group]))
+                own[k] = mine
+        out.append(own)
+    return tuple(out)
+
+
+def _segment_models(model: Model, groups: Groups, segments: tuple[Segment, ...]
+                    ) -> dict[int, Model]:
+    return {s.index: segment_model(model, s, extra_outputs=_taps(s, groups)) for s in segments}
+
+
+def segment_bytes(model: Model, segments: tuple[Segment, ...]) -> tuple[int, ...]:
+    """Per segment, the bytes of the weights its nodes read (what a session of it holds,
+    besides the activations of a batch)."""
+    from quantscope.analyze.memory import itemsize
+
+    size = {t.name: int(np.prod(t.dims, dtype=np.int64)) * itemsize(t.data_type)
+            for t in model.graph.initializer}
+    by_node = {n.name: n for n in model.graph.node}
+    return tuple(sum(size.get(t, 0) for t in {t for name in seg.nodes
+                                             for t in by_node[name].input})
+                 for seg in segments)
+
+
+def build_runners(
+    model: Model,
+    groups: Groups,
+    segments: tuple[Segment, ...],
+    table: dict[Precision, Encodings],
+    cands: Sequence[Candidate],
+    low: Precision,
+    *,
+    owned: Sequence[dict[int, Encodings]] | None = None,
+    label: str = "",
+) -> tuple[Runner, ...]:
+    """Each candidate's own sessions (``owned``: :func:`owned_segments` of ``cands``, when
+    already found; ``label``: progress over the candidates, on stderr)."""
+    seg_of = {g: seg.index for seg in segments for g in seg.groups}
+    seg_models = _segment_models(model, groups, segments)
+    if owned is None:
+        owned = owned_segments(model, groups, segments, table, cands, low)
+    runners = []
+    for c, own in track(list(zip(cands, owned, strict=True)), label, unit="cand",
+                        show=bool(label)):
+        sessions = {k: make_session(build_qdq(seg_models[k], enc), shared_arena=True)
+                    for k, enc in own.items()}
+        runners.append(Runner(c, min(sessions), sessions, seg_of[c.group]))
     return tuple(runners)
 
 

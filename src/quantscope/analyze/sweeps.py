@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from quantscope.analyze.candidates import SWEEPS, Candidate, candidates, encodings_table
+from quantscope.analyze.memory import plan_memory
 from quantscope.analyze.noise import NoiseAccumulator
 from quantscope.analyze.rows import density_batches, proxy_batches, row_noise, run_plan_rows
 from quantscope.analyze.scoring import Scorer
@@ -45,12 +46,14 @@ from quantscope.analyze.segments import (
     build_chain,
     build_runners,
     find_segments,
+    owned_segments,
     run_candidate,
+    segment_bytes,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
 from quantscope.parallel import Executor, chunks
-from quantscope.progress import Counter, say, track
+from quantscope.progress import Counter, feed_size, say, track
 from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
 
 
@@ -92,25 +95,28 @@ class _Collected:
 
 def _sweep_batch(
     feeds: Batch, fp: Chain, lo: Chain | None, runners: Sequence[Runner], groups: Groups,
-    outs: list[str], scorer: Scorer, got: _Collected, count: Counter,
+    outs: list[str], scorer: Scorer, got: _Collected, count: Counter, first: int = 0,
 ) -> None:
-    """One batch: FP32 (and all-``low`` when ``lo``) chains once, then every candidate."""
+    """One batch: FP32 (and all-``low`` when ``lo``) chains once, then the candidates
+    ``first``, ``first + 1`` … (``runners``; the chains' rows are kept from the window
+    that starts at 0 only)."""
     env_fp = fp.run(feeds)
     env_lo = lo.run(feeds) if lo is not None else {}
-    got.ref.append(scorer.reduce([env_fp[o] for o in outs], feeds))
-    if lo is not None:
-        got.low.append(scorer.reduce([env_lo[o] for o in outs], feeds))
-    for t in (t for names in fp.outputs for t in names if t in env_lo):
-        got.cum.add(t, env_fp[t], env_lo[t])
+    if first == 0:
+        got.ref.append(scorer.reduce([env_fp[o] for o in outs], feeds))
+        if lo is not None:
+            got.low.append(scorer.reduce([env_lo[o] for o in outs], feeds))
+        for t in (t for names in fp.outputs for t in names if t in env_lo):
+            got.cum.add(t, env_fp[t], env_lo[t])
     by = groups.by_name()
-    for i, r in enumerate(runners):
+    for i, r in enumerate(runners, start=first):
         enable = r.candidate.sweep == "enable_one"
         env = run_candidate(r, env_fp if enable else env_lo, fp if enable else lo)
         if enable:
             for t in by[r.candidate.group].outputs:
                 got.iso.add(t, env_fp[t], env[t])
         got.rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
-        count.step()
+        count.step(cost=feed_size(feeds))
 
 
 def sweep_segments(
@@ -127,8 +133,16 @@ def sweep_segments(
     sweeps: Sequence[str] = SWEEPS,
     progress: bool = False,
     executor: Executor | None = None,
+    session_budget: int | None = None,
 ) -> SweepResult:
     """The ``sweeps`` (default both) on every row, segment by segment (module docstring).
+
+    Memory stays bounded: the candidates' own sessions are built for a window of
+    candidates at a time, within ``session_budget`` bytes of weights (default: from the
+    memory available, :func:`quantscope.analyze.memory.plan_memory`), run on every batch
+    and dropped before the next window's are built (the chains run once per window and
+    batch). The peak is estimated and said before any session is built; the rows do not
+    depend on the windows.
 
     ``executor`` (e.g. a Ray cluster, :mod:`quantscope.parallel`): the candidates are
     split into one contiguous chunk per worker; each task gets the model, statistics and
@@ -141,7 +155,7 @@ def sweep_segments(
         raise ValueError(f"sweeps must be a non-empty subset of {SWEEPS}, got {sweeps}")
     cands = tuple(c for c in candidates(groups, low, high) if c.sweep in sweeps)
     job = _SegmentJob(model, groups, stats, tuple(batches), scorer, low, high, scheme,
-                      optimize_float, tuple(sweeps))
+                      optimize_float, tuple(sweeps), session_budget)
     parts = chunks(len(cands), executor.workers if executor else 1)
     if executor is None or len(parts) <= 1:
         done = [_segment_part(job, range(len(cands)), progress=progress)]
@@ -176,6 +190,7 @@ class _SegmentJob:
     scheme: QuantScheme | None
     optimize_float: bool
     sweeps: tuple[str, ...]
+    session_budget: int | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -190,21 +205,44 @@ class _PartResult:
 def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _PartResult:
     """The candidates ``part`` of ``job`` on every row (one task of a distributed sweep)."""
     model, groups, low = job.model, job.groups, job.low
+    need_low = "disable_one" in job.sweeps
+    say(f"analyze: cutting {len(model.graph.node)} nodes into segments, encodings of "
+        f"{len(groups.groups)} groups", show=progress)
     segments = find_segments(model, groups)
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
-    fp = build_chain(model, groups, segments, None, optimize=job.optimize_float)
-    lo = build_chain(model, groups, segments, table[low], optimize=False)
-    cands = tuple(c for c in candidates(groups, low, job.high) if c.sweep in job.sweeps)
-    runners = build_runners(model, groups, segments, table, cands[part.start:part.stop], low)
-    got = _Collected(rows=[[] for _ in runners])
-    need_low = "disable_one" in job.sweeps
-    count = Counter(f"analyze: {'+'.join(job.sweeps)} ({len(runners)} candidates x "
-                    f"{len(job.batches)} batches)", total=len(runners) * len(job.batches),
-                    unit="cand", show=progress)
-    for feeds in job.batches:
-        _sweep_batch(feeds, fp, lo if need_low else None, runners, groups,
-                     model.output_names(), job.scorer, got, count)
-    count.close()
+    cands = tuple(c for c in candidates(groups, low, job.high)
+                  if c.sweep in job.sweeps)[part.start:part.stop]
+    owned = owned_segments(model, groups, segments, table, cands, low)
+    sizes = segment_bytes(model, segments)
+    crossing = [t for seg in segments for t in seg.outputs] + \
+        [t for g in groups.groups for t in g.outputs]
+    mem = plan_memory(model, [sum(sizes[k] for k in own) for own in owned], job.batches,
+                      crossing, chains=2 if need_low else 1, budget=job.session_budget)
+    say(f"analyze: {mem.text()}", show=progress)
+    fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,
+                     label=f"analyze: FP32 sessions of {len(segments)} segments" * progress)
+    lo = build_chain(model, groups, segments, table[low], optimize=False,
+                     label=f"analyze: all-{low.value} sessions" * progress) if need_low else None
+    got = _Collected(rows=[[] for _ in cands])
+    count: Counter | None = None
+    for w, window in enumerate(mem.windows):
+        label = (f"analyze: candidate sessions {window.start + 1}-{window.stop}"
+                 f"{f' (window {w + 1}/{len(mem.windows)})' if len(mem.windows) > 1 else ''}")
+        runners = build_runners(model, groups, segments, table, cands[window.start:window.stop],
+                                low, owned=owned[window.start:window.stop],
+                                label=label * progress)
+        if count is None:  # started once the first sessions are there
+            count = Counter(f"analyze: {'+'.join(job.sweeps)} ({len(cands)} candidates x "
+                            f"{len(job.batches)} batches)", total=len(cands) * len(job.batches),
+                            unit="cand", show=progress,
+                            # length-sorted batches: the ETA follows their sizes, not count
+                            total_cost=len(cands) * sum(feed_size(b) for b in job.batches))
+        for feeds in job.batches:
+            _sweep_batch(feeds, fp, lo, runners, groups, model.output_names(), job.scorer,
+                         got, count, first=window.start)
+        del runners  # this window's sessions go before the next window's are built
+    if count is not None:
+        count.close()
     ref = np.concatenate(got.ref)
     lows = np.concatenate(got.low) if got.low else np.empty((0, *ref.shape[1:]), ref.dtype)
     return _PartResult(tuple(np.concatenate(r) for r in got.rows), ref, lows,

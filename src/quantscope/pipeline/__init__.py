@@ -5,7 +5,10 @@ evaluate (held-out: FP32, uniform a8_w8, the plan) -> export (QDQ ONNX + the tar
 formats) -> io -> report (+ verdict). Each stage is a function of :mod:`.steps` reading
 its inputs from the folder; ``run.json`` (:mod:`.manifest`) records, per stage, a hash of
 its options and input digests, so a rerun skips what is done and a killed run resumes at
-the stage it was in. This layer sits between ``cli`` and ``stages``.
+the stage it was in. The rewritten model (``--rewrites``) is resumable state too:
+``rewritten.onnx`` with its key in ``rewritten.json`` (:func:`.context.rewritten_key`), so
+a rerun neither recalibrates nor rewrites while the given model, the rewrites and the data
+are the same. This layer sits between ``cli`` and ``stages``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantscope.pipeline import steps
-from quantscope.pipeline.context import Context, RunOptions, open_run_model
+from quantscope.pipeline.context import Context, RunOptions, keep_rewritten, rewrite_run_model
 from quantscope.pipeline.manifest import Manifest, stage_key
 from quantscope.pipeline.verdict import report as report_step
 from quantscope.types import QuantscopeError
@@ -75,7 +78,8 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
     # every input is opened (and a split that cannot be made fails) before any stage runs
     # and before the run folder exists: a bad input leaves nothing behind
-    early = {"model": open_run_model(opts, progress=progress)}
+    made = rewrite_run_model(opts, progress=progress)
+    early = {"model": made.model}
     check_run_inputs(early["model"], opts)
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress, _cache=early).check_goal()
@@ -96,6 +100,7 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)
+        keep_rewritten(folder, opts, made)
         return _run(Context(opts, folder, progress=progress, _cache=early), force)
 
 

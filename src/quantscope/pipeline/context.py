@@ -136,17 +136,17 @@ class Context:
     def model(self) -> Model:
         """The model every stage works on (:func:`open_run_model`)."""
         if "model" not in self._cache:
-            self._cache["model"] = open_run_model(self.opts, progress=self.progress)
+            made = rewrite_run_model(self.opts, progress=self.progress)
+            if self.folder.is_dir():
+                keep_rewritten(self.folder, self.opts, made)
+            self._cache["model"] = made.model
         return self._cache["model"]
 
     def model_digest(self) -> str:
         """The model file's digest (and each rewrite's suffix: a rewrite changes every
         stage's model)."""
         if "model_digest" not in self._cache:
-            digest = file_digest(stages.resolve_model_path(self.opts.model))
-            for rw, config in self.opts.rewrite_configs():
-                digest += rw.digest_of(config, self.opts.seq_len, self.opts.input_shapes)
-            self._cache["model_digest"] = digest
+            self._cache["model_digest"] = model_digest(self.opts)
         return self._cache["model_digest"]
 
     def data_options(self) -> dict[str, Any]:
@@ -238,17 +238,102 @@ class Context:
         return asdict(self.opts)
 
 
+def model_digest(opts: RunOptions) -> str:
+    """The given model file's digest, followed by each chosen rewrite's suffix."""
+    digest = file_digest(stages.resolve_model_path(opts.model))
+    for rw, config in opts.rewrite_configs():
+        digest += rw.digest_of(config, opts.seq_len, opts.input_shapes)
+    return digest
+
+
+REWRITTEN, REWRITTEN_KEY = "rewritten.onnx", "rewritten.json"
+REWRITTEN_FORMAT = "quantscope.rewritten/1"
+
+
+def rewritten_key(opts: RunOptions) -> dict[str, Any]:
+    """What the rewritten model is a function of: the given model's contents, the rewrite
+    choice (:func:`model_digest`), the tool's version and, when a rewrite reads channel
+    ranges, what the given model was calibrated on."""
+    chosen = opts.rewrite_configs()
+    key: dict[str, Any] = {"format": REWRITTEN_FORMAT, "model": model_digest(opts),
+                           "version": __version__}
+    if any(rw.needs_stats for rw, _ in chosen):
+        key["stats"] = {"data": _identity(opts.data), "tokenizer": _identity(opts.tokenizer),
+                        "pairs": opts.pairs, "seq_len": opts.seq_len, "method": opts.method,
+                        "batch_axes": [list(p) for p in opts.batch_axes]}
+    return key
+
+
+def _reused_rewrite(opts: RunOptions, source: str, progress: bool) -> Model | None:
+    """The rewritten model a run in ``opts.out`` kept (:func:`keep_rewritten`), when its
+    key matches this run's and its file is the one recorded; else None."""
+    import json
+
+    import onnx
+
+    folder = Path(opts.out)
+    meta, path = folder / REWRITTEN_KEY, folder / REWRITTEN
+    if not (meta.is_file() and path.is_file()):
+        return None
+    try:
+        kept = json.loads(meta.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(kept, dict) or kept.get("key") != json.loads(
+            json.dumps(rewritten_key(opts))) or kept.get("file") != file_digest(path):
+        return None
+    model = stages.load_proto(onnx.load(str(path)), source)
+    for reason in kept.get("reasons", []):
+        say(reason, show=progress)
+    say(f"rewritten model reused from {path} (same model, rewrites and data)", show=progress)
+    return model
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The model a run works on; ``proto``: the last rewrite's own output when rewritten
+    now (None without rewrites or when reused from the run folder), with the lines said."""
+
+    model: Model
+    proto: Any = None
+    reasons: tuple[str, ...] = ()
+
+
+def keep_rewritten(folder: Path, opts: RunOptions, made: RunModel) -> None:
+    """Write a model rewritten now into the run folder with its key (what a rerun reuses:
+    :func:`_reused_rewrite`); nothing without rewrites or when it was reused."""
+    from quantscope.serde import write_json, write_onnx
+
+    if made.proto is None:
+        return
+    write_onnx(folder / REWRITTEN, made.proto)
+    write_json(folder / REWRITTEN_KEY, {"key": rewritten_key(opts), "reasons": list(made.reasons),
+                                        "file": file_digest(folder / REWRITTEN)})
+
+
 def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
+    """:func:`rewrite_run_model`'s model."""
+    return rewrite_run_model(opts, progress=progress).model
+
+
+def rewrite_run_model(opts: RunOptions, *, progress: bool = True) -> RunModel:
     """The given model, or its rewritten form: each rewrite of
     :meth:`RunOptions.rewrite_configs` in the registry's order, through the one runner
     (FP32 checked each time; its source stays the given file, for the tokenizer it names
     or sits with). The rewrites that need stats read the given model's channel ranges,
     calibrated once (outscale changes only the down-projections' weights: the hidden
-    tensors that peel reads keep their names and ranges)."""
+    tensors that peel reads keep their names and ranges). A run folder that kept the
+    rewritten model under this run's key (:func:`rewritten_key`) gives it instead: no
+    calibration and no rewrite on a rerun."""
     model = stages.open_model(opts.model)
     source = model.source
     chosen = opts.rewrite_configs()
-    stats = None
+    if not chosen:
+        return RunModel(model)
+    reused = _reused_rewrite(opts, source, progress)
+    if reused is not None:
+        return RunModel(reused)
+    stats, reasons, proto = None, [], None
     if any(rw.needs_stats for rw, _ in chosen):
         fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer,
                                max_pairs=opts.pairs, batch_axes=dict(opts.batch_axes))
@@ -266,6 +351,7 @@ def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
                         f"--rewrites {rw.name}")
             raise QuantscopeError(f"{flag}: model '{opts.model}': {r.reason}"
                                   f"{rw.nothing_suffix}: run without it")
-        say(f"{rw.name}: {r.reason}", show=progress)
-        model = stages.load_proto(r.proto, source)
-    return model
+        reasons.append(f"{rw.name}: {r.reason}")
+        say(reasons[-1], show=progress)
+        model, proto = stages.load_proto(r.proto, source), r.proto
+    return RunModel(model, proto, tuple(reasons))

@@ -1,0 +1,142 @@
+"""The segment sweep's memory: estimated before any session is built, kept within a budget.
+
+A sweep holds one session per segment for each chain (FP32, all-``low``) and, per
+candidate, sessions of its own for the segments its plan changes. Held for every
+candidate at once, those grow with the candidates (11 GB on a 12-layer encoder at 256
+tokens). :func:`plan_memory` splits the candidates into windows whose own sessions hold at
+most a budget of weights (from the memory available), estimates the peak (the chains'
+weights, the largest window's, the tensors a batch keeps), says it, and refuses with one
+line when not even one candidate fits next to the chains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from onnx import helper
+
+from quantscope.model.load import Model
+from quantscope.types import Batch, QuantscopeError
+
+HEADROOM = 0.7  # the share of the available memory the sweep plans to use
+# candidates' session weights held at once, in copies of the model's weights: the peak
+# stays near the chains' + this many models (bench/memory.py measures it)
+WINDOW_MODELS = 2.0
+GB, MB = float(1 << 30), float(1 << 20)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Candidate windows and what the peak is made of (bytes)."""
+
+    windows: tuple[range, ...]
+    model_bytes: int  # the weights of one chain
+    chains: int
+    sessions: int  # candidates whose sessions are held at once, at most
+    session_bytes: int  # their weights (the largest window)
+    activation_bytes: int  # what the envs of one batch hold
+    available: int | None
+
+    @property
+    def peak(self) -> int:
+        return self.chains * self.model_bytes + self.session_bytes + self.activation_bytes
+
+    def text(self) -> str:
+        split = f", in {len(self.windows)} windows" if len(self.windows) > 1 else ""
+        free = f"; {self.available / GB:.1f} GB available" if self.available else ""
+        return (f"~{self.peak / GB:.2f} GB peak ({self.chains} chain(s) of "
+                f"{self.model_bytes / MB:.0f} MB, {self.sessions} candidates' sessions "
+                f"({self.session_bytes / MB:.0f} MB) at once{split}, a batch's tensors "
+                f"~{self.activation_bytes / MB:.0f} MB{free})")
+
+
+def available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def weight_bytes(model: Model) -> int:
+    return sum(int(np.prod(t.dims, dtype=np.int64)) * itemsize(t.data_type)
+               for t in model.graph.initializer)
+
+
+def itemsize(data_type: int) -> int:
+    """Bytes per value of an ONNX tensor type (4 when unknown)."""
+    try:
+        return int(helper.tensor_dtype_to_np_dtype(data_type).itemsize)
+    except (KeyError, TypeError):
+        return 4
+
+
+def batch_tensor_bytes(model: Model, batches: Sequence[Batch], tensors: Sequence[str]) -> int:
+    """The bytes of ``tensors`` for the largest batch: each shape with its first symbolic
+    dim read as the batch's rows and every other as its length (e.g. attention
+    probabilities [B, H, S, S]); a tensor of unknown shape counts as one value per token."""
+    if not batches:
+        return 0
+    shapes = {vi.name: vi.type.tensor_type.shape for vi in
+              [*model.graph.input, *model.graph.value_info, *model.graph.output]}
+
+    def dims(b: Batch) -> tuple[int, int]:
+        arrays = [v for v in b.values() if getattr(v, "ndim", 0) >= 1]
+        rows = max((int(v.shape[0]) for v in arrays), default=1)
+        length = max((int(v.shape[1]) for v in arrays if v.ndim >= 2), default=1)
+        return rows, length
+
+    rows, length = max((dims(b) for b in batches), key=lambda d: d[0] * d[1])
+    total = 0
+    for t in dict.fromkeys(tensors):
+        shape = shapes.get(t)
+        if shape is None or not shape.dim:
+            total += rows * length * 4
+            continue
+        n = 1
+        for i, d in enumerate(shape.dim):
+            n *= d.dim_value if d.dim_value > 0 else (rows if i == 0 else length)
+        total += n * 4
+    return total
+
+
+def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch],
+                tensors: Sequence[str], *, chains: int, budget: int | None = None,
+                available: int | None = None) -> MemoryPlan:
+    """Windows of consecutive candidates whose own sessions' weights (``cand_bytes``, per
+    candidate) stay within ``budget`` (default: :data:`WINDOW_MODELS` times the model's
+    weights, less where :data:`HEADROOM` of the available memory less the chains and a
+    batch's tensors is less), every window at least one candidate."""
+    model_bytes = weight_bytes(model)
+    # the chains' envs and a candidate's, each holding the tensors crossing the cuts
+    act = (chains + 1) * batch_tensor_bytes(model, batches, tensors)
+    avail = available if available is not None else available_bytes()
+    fixed = chains * model_bytes + act
+    if avail is not None and fixed + max(cand_bytes, default=0) > HEADROOM * avail:
+        need = (fixed + max(cand_bytes, default=0)) / GB
+        raise QuantscopeError(
+            f"the analysis needs ~{need:.1f} GB ({chains} chain(s) of {model_bytes / MB:.0f} MB "
+            f"of weights, a batch's tensors ~{act / MB:.0f} MB) and {avail / GB:.1f} GB is "
+            "available: give a shorter --seq-len (a batch's tensors grow with it), or run on "
+            "a machine with more memory")
+    if budget is None:
+        limit = WINDOW_MODELS * model_bytes  # inf (bench/memory.py): no bound but memory
+        if avail is not None:
+            limit = min(limit, max(HEADROOM * avail - fixed, 0.0))
+        budget = int(min(limit, float(sum(cand_bytes))))
+    windows, start, held = [], 0, 0
+    for i, b in enumerate(cand_bytes):
+        if i > start and held + b > budget:
+            windows.append(range(start, i))
+            start, held = i, 0
+        held += b
+    windows.append(range(start, len(cand_bytes)))
+    largest = max(windows, key=lambda w: sum(cand_bytes[w.start:w.stop]))
+    return MemoryPlan(tuple(windows), model_bytes, chains, max(len(w) for w in windows),
+                      sum(cand_bytes[largest.start:largest.stop]), act, avail)

@@ -1,0 +1,93 @@
+"""The segment sweep's memory: candidate sessions built and dropped in windows within a
+budget (the rows do not change), the peak said before any session, and one line when
+not even one candidate fits."""
+
+import io
+import sys
+
+import numpy as np
+import pytest
+import tiny_models as tm
+
+from quantscope.analyze import Scorer, sweep_segments
+from quantscope.analyze import segments as seg_mod
+from quantscope.analyze.memory import plan_memory, weight_bytes
+from quantscope.calibrate.collect import calibrate
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+from quantscope.types import Precision, QuantscopeError
+
+KW = {"scorer": Scorer(), "low": Precision.A8_W8, "high": Precision.A16_W16}
+
+
+def _prepared(name="layernorm_block"):
+    model = load_proto(tm.ALL[name](), name)
+    groups = find_groups(model)
+    feeds = [tm.sample_inputs(model.proto, seed=i) for i in range(3)]
+    return model, groups, calibrate(model, groups, feeds), feeds
+
+
+def test_windows_hold_fewer_sessions_and_give_the_same_rows(monkeypatch):
+    model, groups, stats, feeds = _prepared()
+    held, most = [0], [0]
+    real = seg_mod.make_session
+
+    class Tracked:
+        """A session that counts itself alive (the sweep must drop each window's)."""
+
+        def __init__(self, sess):
+            self.sess = sess
+            held[0] += 1
+            most[0] = max(most[0], held[0])
+
+        def __del__(self):
+            held[0] -= 1
+
+        def __getattr__(self, name):
+            return getattr(self.sess, name)
+
+    monkeypatch.setattr(seg_mod, "make_session", lambda *a, **k: Tracked(real(*a, **k)))
+    whole = sweep_segments(model, groups, stats, feeds, **KW)
+    all_at_once = most[0]
+    most[0] = held[0] = 0
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    windowed = sweep_segments(model, groups, stats, feeds, **KW, session_budget=1,
+                              progress=True)
+    chains = 2 * len(seg_mod.find_segments(model, groups))
+    # one candidate's sessions at a time next to the chains', not every candidate's
+    assert most[0] - chains <= len(seg_mod.find_segments(model, groups))
+    assert all_at_once - chains >= len(whole.candidates) > most[0] - chains
+    for a, b in zip(whole.rows, windowed.rows, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(whole.ref_rows, windowed.ref_rows)
+    np.testing.assert_array_equal(whole.low_rows, windowed.low_rows)
+    assert whole.noise_cumulative == windowed.noise_cumulative
+    assert whole.noise_isolated == windowed.noise_isolated
+    said = err.getvalue()
+    first = said.index("GB peak (2 chain(s) of")
+    assert f"in {len(whole.candidates)} windows" in said
+    assert first < said.index("analyze: FP32 sessions of")  # said before any session
+    assert "analyze: candidate sessions 1-1 (window 1/" in said
+
+
+def test_the_estimate_splits_and_refuses_in_one_line(monkeypatch):
+    from quantscope.analyze import memory
+
+    model, _, _, feeds = _prepared()
+    w = weight_bytes(model)
+    mem = plan_memory(model, [w, w, w, w], feeds, [], chains=2, budget=2 * w,
+                      available=1 << 40)
+    assert mem.windows == (range(0, 2), range(2, 4)) and mem.sessions == 2
+    assert mem.peak == 2 * w + 2 * w + mem.activation_bytes
+    out = model.output_names()
+    rows, length, width = feeds[0]["x"].shape  # [N, S, 24] out, like its input
+    assert plan_memory(model, [w], feeds, out, chains=2, available=1 << 40).activation_bytes \
+        == 3 * rows * length * width * 4
+    monkeypatch.setattr(memory, "WINDOW_MODELS", float("inf"))  # bench: no bound
+    assert len(plan_memory(model, [w] * 4, feeds, [], chains=2, available=1 << 40).windows) == 1
+    monkeypatch.setattr(memory, "WINDOW_MODELS", 2.0)
+    assert len(plan_memory(model, [w] * 4, feeds, [], chains=2, available=1 << 40).windows) == 2
+    with pytest.raises(QuantscopeError) as e:
+        plan_memory(model, [w], feeds, out, chains=2, available=w)
+    assert "--seq-len" in str(e.value) and "\n" not in str(e.value)

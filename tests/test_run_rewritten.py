@@ -1,0 +1,60 @@
+"""The rewritten model is part of a run's resumable state: a rerun reuses it (no
+recalibration, no rewrite) when the given model, the rewrite choice and the data match."""
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from test_repair_heads import SEQ, _encoder
+
+from quantscope.cli import main
+from quantscope.pipeline import context
+from quantscope.pipeline.manifest import MANIFEST, file_digest
+
+
+def _digests(folder: Path) -> dict[str, str]:
+    return {p.name: file_digest(p) for p in sorted(folder.iterdir())
+            if p.is_file() and p.name not in (MANIFEST, ".run.lock")}
+
+
+def test_rerun_reuses_the_rewritten_model_until_the_model_changes(tmp_path, capsys,
+                                                                   monkeypatch):
+    calls = []
+    real = context.run_rewrite
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(context, "run_rewrite", counted)
+    model = tmp_path / "enc.onnx"
+    onnx.save(_encoder(), model)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (16, SEQ)).astype(np.int64),
+             attention_mask=np.ones((16, SEQ), np.int64))
+    out = tmp_path / "W"
+    argv = ["run", str(model), "--data", str(tmp_path / "x.npz"), "--target", "hailo10h",
+            "--out", str(out), "--headsplit"]
+    assert main(argv) == 0
+    assert calls == ["headsplit"] and (out / context.REWRITTEN).is_file()
+    assert "rewritten model reused" not in capsys.readouterr().err
+    first = _digests(out)
+    # a rerun: nothing rewritten again, every stage skipped
+    assert main(argv) == 0
+    said = capsys.readouterr().err
+    assert calls == ["headsplit"] and "rewritten model reused" in said
+    assert "headsplit: 1 attention(s) split" in said and "skipped" in said
+    # every stage recomputed on the reused model: the same files, byte for byte
+    assert main([*argv, "--force", "calibrate"]) == 0
+    assert calls == ["headsplit"] and _digests(out) == first
+    capsys.readouterr()
+    # a changed given model (one weight) is rewritten again
+    proto = _encoder()
+    init = next(i for i in proto.graph.initializer if i.name == "wq")
+    init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.01, "wq"))
+    onnx.save(proto, model)
+    assert main(argv) == 0
+    assert calls == ["headsplit", "headsplit"]
+    assert "rewritten model reused" not in capsys.readouterr().err
+    assert _digests(out)[context.REWRITTEN] != first[context.REWRITTEN]
