@@ -21,11 +21,19 @@ from quantscope.types import Precision
 W, HEADS, D, SEQ = 8, 2, 4, 6
 
 
-def _block() -> onnx.ModelProto:
+def _block(decomposed: bool = False) -> onnx.ModelProto:
     """One BERT-like block: Q/K/V, heads, masked Softmax, context, output, LayerNorm, an
-    erf-GELU FFN (up, down) and the residual Adds."""
+    erf-GELU FFN (up, down) and the residual Adds; ``decomposed``: the Softmax written out
+    as ``Exp(x - ReduceMax(x)) / ReduceSum`` (as the rowscale rewrite writes it)."""
+    softmax = ("        ax = Constant <value = int64[1] {-1}> ()\n"
+               "        mx = ReduceMax <keepdims = 1> (ss, ax)\n"
+               "        sh = Sub (ss, mx)\n"
+               "        ex = Exp (sh)\n"
+               "        z = ReduceSum <keepdims = 1> (ex, ax)\n"
+               "        p = Div (ex, z)\n") if decomposed else \
+        "        p = Softmax <axis = -1> (ss)\n"
     text = f"""
-    <ir_version: 9, opset_import: ["" : 17]>
+    <ir_version: 9, opset_import: ["" : 18]>
     blk (float[N, S, {W}] x) => (float[N, S, {W}] y) {{
         q0 = MatMul (x, wq)
         q = Add (q0, bq)
@@ -41,8 +49,7 @@ def _block() -> onnx.ModelProto:
         vh = Transpose <perm = [0, 2, 1, 3]> (vr)
         s = MatMul (qh, kt)
         ss = Div (s, scale)
-        p = Softmax <axis = -1> (ss)
-        c = MatMul (p, vh)
+{softmax}        c = MatMul (p, vh)
         ct = Transpose <perm = [0, 2, 1, 3]> (c)
         cr = Reshape (ct, tshape)
         o0 = MatMul (cr, wo)
@@ -84,12 +91,13 @@ def _weight_of(model, groups) -> dict[str, str]:
     return {g.name: g.weight for g in groups.groups if g.weight}
 
 
-def test_families_are_read_from_the_graph_not_the_names():
-    model = load_proto(_block())
+@pytest.mark.parametrize("decomposed", [False, True])
+def test_families_are_read_from_the_graph_not_the_names(decomposed):
+    model = load_proto(_block(decomposed))
     fams = linear_families(model)
     by_weight = {_weight_of(model, find_groups(model))[g]: f for g, f in fams.items()}
     assert by_weight == {"wq": "qk", "wk": "qk", "wv": "v", "wo": "ao", "wu": "up", "wd": "down"}
-    renamed = _block()  # the same graph with meaningless node names
+    renamed = _block(decomposed)  # the same graph with meaningless node names
     for i, node in enumerate(renamed.graph.node):
         node.name = f"n{(i * 7) % 101}"
     model2 = load_proto(renamed)

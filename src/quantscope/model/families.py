@@ -2,7 +2,8 @@
 
 ==========  ==========================================================================
 ``qk``      a Linear whose output reaches an attention score MatMul (the MatMul whose
-            output a Softmax normalises): the query and key projections
+            output a Softmax normalises, or its decomposed form ``Exp(x - max x)``): the
+            query and key projections
 ``v``       a Linear whose output reaches the context MatMul (the MatMul that reads the
             Softmax's probabilities) as its other operand: the value projection
 ``ao``      a Linear that reads the context MatMul's output: the attention output
@@ -86,10 +87,12 @@ def linear_families(model: Model) -> dict[str, str]:
 def _attention_matmuls(graph: onnx.GraphProto, producer: dict[str, onnx.NodeProto],
                        readers: dict[str, list[onnx.NodeProto]], owner: dict[str, str]
                        ) -> tuple[set[str], set[str]]:
-    """The activation x activation MatMuls before (scores) and after (context) a Softmax."""
+    """The activation x activation MatMuls before (scores) and after (context) each
+    attention normaliser: a Softmax, or its decomposed form (``Exp(x - ReduceMax(x))``, as
+    the rowscale rewrite writes it)."""
     scores, contexts = set(), set()
     for n in graph.node:
-        if n.op_type != "Softmax":
+        if not _normaliser(n, producer):
             continue
         for node in _backward((n.input[0],), producer, owner, stop_at_matmul=True):
             if node.op_type == "MatMul" and node.name not in owner:
@@ -98,6 +101,19 @@ def _attention_matmuls(graph: onnx.GraphProto, producer: dict[str, onnx.NodeProt
             if node.op_type == "MatMul" and node.name not in owner:
                 contexts.add(node.name)
     return scores, contexts
+
+
+def _normaliser(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> bool:
+    """A Softmax, or the Exp of a decomposed one: ``Exp(Sub(x, ReduceMax(x)))``."""
+    if node.op_type == "Softmax":
+        return True
+    if node.op_type != "Exp":
+        return False
+    sub = producer.get(node.input[0])
+    if sub is None or sub.op_type != "Sub" or len(sub.input) < 2:
+        return False
+    peak = producer.get(sub.input[1])
+    return peak is not None and peak.op_type == "ReduceMax"
 
 
 def _forward(tensors: tuple[str, ...], readers: dict[str, list[onnx.NodeProto]],
