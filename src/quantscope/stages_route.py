@@ -21,7 +21,8 @@ where each part belongs.
 The functions here whose results were dicts still give and take those dicts (the JSON
 forms: ``evaluate_deployment``, ``deployment_costs``, ``deployment_verdict``,
 ``choose_deployment``, ``deployment_file``, ``format_deployment``, ``format_choice``), so
-the CLI and older callers run unchanged; new code uses the typed modules above.
+older callers (tests) run unchanged; the CLI and new code use the typed
+modules above.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from quantscope import stages, stages_route
+from quantscope import stages
 from quantscope.cli.inputs import input_shapes, open_inputs
 from quantscope.cli.options import (
     add_layout,
@@ -36,8 +36,12 @@ from quantscope.cli.types import (
 )
 from quantscope.pipeline import RunOptions, run_pipeline
 from quantscope.pipeline.verdict import format_verdict
+from quantscope.plan.buckets import CHOICE_LENGTHS
+from quantscope.plan.deployment import deployment_file
+from quantscope.report.deployment import format_choice, format_deployment
 from quantscope.rewrites.base import CliOption, Rewrite
 from quantscope.rewrites.registry import REWRITES, parse_rewrites
+from quantscope.stages import buckets, route
 from quantscope.tasks.layout import layout_tasks
 from quantscope.types import QuantscopeError
 
@@ -211,16 +215,15 @@ def add_route(sub: argparse._SubParsersAction, summary: str) -> None:
 
 
 def cmd_route(args: argparse.Namespace) -> int:
-    deployment = stages_route.read_deployment(args.deployment)
+    deployment = route.read_deployment(args.deployment)
     inp = open_inputs(args, data=True)
     assert inp.data is not None
-    result = stages_route.evaluate_deployment(inp.model, inp.data, deployment, progress=True)
-    verdict = stages_route.deployment_verdict(result, max_cost=args.max_cost, goal=args.goal)
-    if verdict is not None:
-        result["verdict"] = verdict
-    print(stages_route.format_deployment(result))
+    result = route.evaluate_deployment(inp.model, inp.data, deployment, progress=True)
+    result = result.with_verdict(route.deployment_verdict(result, max_cost=args.max_cost,
+                                                          goal=args.goal))
+    print(format_deployment(result))
     if args.json:
-        stages.write_json(args.json, result)
+        stages.write_json(args.json, result.to_dict())
         print(f"wrote {args.json}")
     return 0
 
@@ -263,7 +266,7 @@ def add_buckets(sub: argparse._SubParsersAction, summary: str) -> None:
 
 
 def cmd_buckets(args: argparse.Namespace) -> int:
-    candidates, target = stages_route.read_candidates(args.candidates)
+    candidates, target = buckets.read_candidates(args.candidates)
     for c in candidates:
         for key, p in c.paths:
             if Path(p).exists() and Path(p).resolve() == Path(args.out).resolve():
@@ -272,14 +275,14 @@ def cmd_buckets(args: argparse.Namespace) -> int:
                                       "(inputs are never overwritten)")
     inp = open_inputs(args, data=True)
     assert inp.data is not None
-    choice = stages_route.choose_deployment(
+    choice = buckets.choose_deployment(
         inp.model, inp.data, candidates, target, max_cost=args.max_cost,
-        seq_lens=args.lengths or stages_route.CHOICE_LENGTHS, max_buckets=args.max_buckets,
+        seq_lens=args.lengths or CHOICE_LENGTHS, max_buckets=args.max_buckets,
         skip_pairs=args.skip_pairs, progress=True)
-    print(stages_route.format_choice(choice))
-    stages.write_json(args.out, stages_route.deployment_file(choice, args.out))
+    print(format_choice(choice))
+    stages.write_json(args.out, deployment_file(choice, args.out))
     print(f"wrote {args.out}")
     if args.json:
-        stages.write_json(args.json, choice)
+        stages.write_json(args.json, choice.to_dict())
         print(f"wrote {args.json}")
     return 0
