@@ -15,10 +15,12 @@ import numpy as np
 
 from quantscope.analyze.measure import evaluate_plan, evaluate_plans, headline
 from quantscope.emulate.evaluate import run_model
+from quantscope.finetune.engine import RankEngine, resolve_engine
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
 from quantscope.progress import say
 from quantscope.rewrites.registry import REWRITES, applied_rewrites, hint_for
+from quantscope.stages.rank import confirm_chosen, ranking_evaluator
 from quantscope.tasks.headline import Headline
 from quantscope.tasks.registry import at_length
 from quantscope.types import Batch, Dataset, Outputs, Plan, Precision, QuantscopeError, Stats
@@ -192,6 +194,8 @@ class PlanOptions:
     repairs: tuple[str, ...] = ()
     repair_batches: int = 8
     seed: int = 0
+    rank_engine: str = "auto"  # who ranks the candidates (stages/rank.py); ORT measures
+
 
     def check_inputs(self, *, data: bool, stats: bool) -> None:
         """One-line errors for options the given data contradicts (call before opening it)."""
@@ -203,6 +207,8 @@ class PlanOptions:
             )
         if self.repairs and not (data and stats):
             raise QuantscopeError("--repairs needs --data and --stats: repairs are measured")
+        if self.rank_engine != "auto":  # unknown, or torch asked for and not installed
+            resolve_engine(self.rank_engine)
 
 
 @dataclass(frozen=True)
@@ -277,14 +283,18 @@ def plan_model(
                 uniform.pareto["measured_on"] = truncated
             uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
             return uniform
-    many = None
-    if evaluate is not None and executor is not None:
+    many, engine, ranking = None, None, evaluate
+    if evaluate is not None:
+        engine, ranking = _ranking(model, data, stats, target, options, evaluate, progress)
+    if evaluate is not None and executor is not None and ranking is evaluate:
         many = functools.partial(_measure_all, executor, evaluate, progress)
     plan, extra = plan_from_analysis(model, analysis, target, min_quality=options.min_quality,
                                      max_cost=options.max_cost, shapes=shapes,
-                                     evaluate=evaluate, evaluate_many=many,
+                                     evaluate=ranking, evaluate_many=many,
                                      seed=options.seed, repairs=offer.options if offer else ())
     pareto = extra["pareto"]
+    if engine is not None and evaluate is not None:  # torch's figures confirmed in ORT
+        plan = confirm_chosen(plan, pareto, engine, evaluate, progress=progress)
     if truncated:
         pareto["measured_on"] = truncated
     if finetune and data is not None and stats is not None:
@@ -415,6 +425,21 @@ def _fit(data: Dataset | None, n: int) -> dict[str, float]:
     if lengths is None or len(lengths) == 0:
         return {}
     return {"texts_fit": float(np.mean(lengths <= n))}
+
+
+def _ranking(model: Model, data: Dataset | None, stats: Stats | None, target: Target,
+             options: PlanOptions, evaluate: Evaluate,
+             progress: bool) -> tuple[RankEngine, Evaluate]:
+    """The engine that ranks (``options.rank_engine`` resolved here) and its evaluator:
+    ``evaluate`` itself for ORT, the torch ranker behind the same repairs otherwise."""
+    engine = resolve_engine(options.rank_engine)
+    if engine.name == "ort" or data is None or stats is None:
+        return engine, evaluate
+    feeds = list(data.calibration)[: options.repair_batches] if options.repairs else ()
+    return engine, ranking_evaluator(engine, model, data, stats, str(options.metric),
+                                     target=target,
+                                     repair=_plan_repair(feeds, target) if feeds else None,
+                                     progress=progress)
 
 
 def _plan_measurement(
