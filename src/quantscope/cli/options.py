@@ -163,6 +163,19 @@ def ray_parent(what: str = "the sweep's candidates") -> argparse.ArgumentParser:
     return p
 
 
+def rank_engine_parent() -> argparse.ArgumentParser:
+    """--rank-engine auto|ort|torch: which engine ranks the planner's candidates (ORT
+    measures the chosen plan and every reported figure)."""
+    p = _parent()
+    p.add_argument("--rank-engine", choices=("auto", "ort", "torch"), default="auto",
+                   help="which engine ranks the candidate plans of the search: torch (the "
+                   "fine-tune's fake-quant interpreter, on CUDA when PyTorch sees a GPU, else "
+                   "the CPU) or ort; auto (default): torch on CUDA when there is one, else "
+                   "ort. ONNX Runtime measures the chosen plan and every reported figure; the "
+                   "output says which engine ranked and which measured")
+    return p
+
+
 def seq_len_parent(*, several: bool = False) -> argparse.ArgumentParser:
     p = _parent()
     if several:

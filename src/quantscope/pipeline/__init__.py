@@ -38,6 +38,7 @@ class StageSpec:
     reads: tuple[str, ...]  # files of earlier stages
     options: tuple[str, ...]  # RunOptions fields its result depends on
     data: bool  # reads the model's data
+    ranked: bool = False  # its result depends on the engine that ranks (--rank-engine)
 
 
 _REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
@@ -47,7 +48,7 @@ STAGES: dict[str, StageSpec] = {
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs",
-                       "repair_batches"), True),
+                       "repair_batches"), True, ranked=True),
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
                         True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
@@ -212,6 +213,12 @@ def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
         inputs["data"] = str(ctx.data_identity())
     if "hn" in spec.options:
         inputs["hn"] = str(ctx.hn_identity())
+    if spec.ranked:  # absent when ORT ranks: the keys of earlier runs stay valid
+        from quantscope.finetune.engine import resolve_engine
+
+        engine = resolve_engine(ctx.opts.rank_engine)
+        if engine.name != "ort":
+            options["rank_engine"] = engine.ranked_by
     return stage_key(name, options, inputs)
 
 

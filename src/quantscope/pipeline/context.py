@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantscope import __version__, stages
+from quantscope.finetune.engine import RANK_ENGINES, resolve_engine
 from quantscope.pipeline.manifest import file_digest
 from quantscope.progress import say
 from quantscope.repair import RepairError
@@ -53,6 +54,7 @@ class RunOptions:
     outscale: bool = False  # outscale: residual-branch Linears write equalized channels
     peel: bool = False  # peel: each FFN's outlier hidden channels in a small FFN of their own
     whatif: bool = False  # evaluate also lifts each op kind of the plan to 16 bit (whatif)
+    rank_engine: str = "auto"  # who ranks the plan search's candidates (ORT measures)
     layout: tuple[Any, ...] = ()  # --layout: tasks.layout.LayoutSpec per declared output
     batch_axes: tuple[tuple[str, int], ...] = ()  # --batch-axis: (input or output, sample axis)
     # rewrites by registry name (quantscope.rewrites.registry), besides the legacy switches
@@ -88,6 +90,8 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise QuantscopeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.rank_engine not in RANK_ENGINES or self.rank_engine == "torch":
+            resolve_engine(self.rank_engine)  # one line: unknown, or torch not installed
         unknown = [n for n in self.rewrites if n not in REWRITES]
         if unknown:
             raise QuantscopeError(f"unknown rewrite '{unknown[0]}': use one of "

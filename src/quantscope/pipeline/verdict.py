@@ -44,6 +44,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "goal": goal, "reached": reached,
         "uniform_meets_goal": bool(pareto.get("uniform_meets_goal")),
         "binding": _binding(pareto, reached),
+        **({"ranking": pareto["engines"]} if pareto.get("engines") else {}),
         "quality": quality, "cost": pareto.get("chosen", {}).get("cost"),
         "evaluation": ev["data"]["split"],
         "legal": not errors, "rules_checked": len(chk["rules"]),
@@ -191,7 +192,7 @@ def format_verdict_details(v: dict[str, Any]) -> str:
     """Every line of the verdict: quality of each configuration, findings, rewrite notes,
     the whatif, the files and the device I/O formulas (the report folds them)."""
     from quantscope.report import fmt
-    from quantscope.report.summary import format_short
+    from quantscope.report.summary import format_short, ranking_line
 
     m = v["metric"]
     q = v["quality"]
@@ -203,6 +204,8 @@ def format_verdict_details(v: dict[str, Any]) -> str:
         lines.append(f"  binds (measured, held out): {v['binds_measured']['sentence']}")
     if v["binding"]:
         lines.append(f"  the planner's binding (predicted, fit data): {v['binding']}")
+    if ranking_line(v):
+        lines.append(f"  {ranking_line(v)}")
     lines.append("  quality (" + m + ", output SQNR): " + "; ".join(
         f"{k} {fmt.value(m, r.get(m))}" + ("" if m == "sqnr_db" else
                                            f", {fmt.value('sqnr_db', r.get('sqnr_db'))}")

@@ -73,10 +73,16 @@ def format_search(result: dict[str, Any]) -> str:
              f"{c.get('measured')}; budget met: {result.get('met')}"]
     if result.get("measured_on"):
         lines.append(f"measured on: {result['measured_on']}")
+    e = result.get("engines")
+    if e:  # which engine ranked the candidates, which measured (stages/rank.py)
+        lines.append(f"search: {e['line']}" + (
+            f"; chosen plan: {e['measured']} in {e['measured_by']}, {e['ranked']} ranked by "
+            f"{e['ranked_by']} (difference {e['difference']})" if "ranked" in e else ""))
     for p in result.get("points", []):
+        ranked = f" ranked {p['ranked']}" if p.get("ranked") is not None else ""
         lines.append(f"  front: cost {p['cost']:<9} predicted {p['predicted']:<10} measured "
-                     f"{p.get('measured')!s:<10} ({len(p.get('groups', {}))} promoted, "
-                     f"{p.get('origin')})")
+                     f"{p.get('measured')!s:<10}{ranked} ({len(p.get('groups', {}))} "
+                     f"promoted, {p.get('origin')})")
     for b in result.get("blockers", [])[:4]:
         lines.append(f"  blocked by {b['rule']}: {len(b['groups'])} group(s), "
                      f"{b['gain']:.3g} predicted gain forgone")

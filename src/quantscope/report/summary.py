@@ -135,6 +135,17 @@ def _worse_than_uniform(v: dict[str, Any]) -> str:
     return ""
 
 
+def ranking_line(v: dict[str, Any]) -> str | None:
+    """Which engine ranked the plan search and which measured (with both figures of the
+    chosen plan, fit data, when they differ in engine); None for older verdicts."""
+    r = v.get("ranking")
+    if not r:
+        return None
+    figures = (f": chosen plan {r['measured']:.4g} in {r['measured_by']}, {r['ranked']:.4g} "
+               f"ranked by {r['ranked_by']} (fit data)" if r.get("ranked") is not None else "")
+    return f"search: {r['line']}{figures}"
+
+
 def format_short(v: dict[str, Any]) -> list[str]:
     """At most ~8 lines (and one per rewrite applied): goal and held-out figure, cost and
     legality, what binds, files, host steps (each line one thing a person acts on)."""
@@ -164,6 +175,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
     worse = _worse_than_uniform(v)
     if worse:
         lines[-1] += f"; {worse}"
+    if ranking_line(v):
+        lines.append(f"  {ranking_line(v)}")
     # the compiled model is not the original: each rewrite's note (and caveat) is kept
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
     if (v.get("not_like_fp32") or {}).get("plan"):
