@@ -196,7 +196,6 @@ class PlanOptions:
     seed: int = 0
     rank_engine: str = "auto"  # who ranks the candidates (stages/rank.py); ORT measures
 
-
     def check_inputs(self, *, data: bool, stats: bool) -> None:
         """One-line errors for options the given data contradicts (call before opening it)."""
         if self.min_quality is not None and data:
@@ -283,9 +282,8 @@ def plan_model(
                 uniform.pareto["measured_on"] = truncated
             uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
             return uniform
-    many, engine, ranking = None, None, evaluate
-    if evaluate is not None:
-        engine, ranking = _ranking(model, data, stats, target, options, evaluate, progress)
+    many, (engine, ranking) = None, _ranking(model, data, stats, target, options, evaluate,
+                                             progress)
     if evaluate is not None and executor is not None and ranking is evaluate:
         many = functools.partial(_measure_all, executor, evaluate, progress)
     plan, extra = plan_from_analysis(model, analysis, target, min_quality=options.min_quality,
@@ -293,7 +291,7 @@ def plan_model(
                                      evaluate=ranking, evaluate_many=many,
                                      seed=options.seed, repairs=offer.options if offer else ())
     pareto = extra["pareto"]
-    if engine is not None and evaluate is not None:  # torch's figures confirmed in ORT
+    if engine is not None and evaluate is not None:  # what torch ranked, measured in ORT
         plan = confirm_chosen(plan, pareto, engine, evaluate, progress=progress)
     if truncated:
         pareto["measured_on"] = truncated
@@ -428,10 +426,13 @@ def _fit(data: Dataset | None, n: int) -> dict[str, float]:
 
 
 def _ranking(model: Model, data: Dataset | None, stats: Stats | None, target: Target,
-             options: PlanOptions, evaluate: Evaluate,
-             progress: bool) -> tuple[RankEngine, Evaluate]:
+             options: PlanOptions, evaluate: Evaluate | None,
+             progress: bool) -> tuple[RankEngine | None, Evaluate | None]:
     """The engine that ranks (``options.rank_engine`` resolved here) and its evaluator:
-    ``evaluate`` itself for ORT, the torch ranker behind the same repairs otherwise."""
+    ``evaluate`` itself for ORT, the torch ranker behind the same repairs otherwise;
+    (None, None) when nothing is measured."""
+    if evaluate is None:
+        return None, None
     engine = resolve_engine(options.rank_engine)
     if engine.name == "ort" or data is None or stats is None:
         return engine, evaluate
