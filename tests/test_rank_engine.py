@@ -236,3 +236,30 @@ def test_cuda_search_chooses_orts_plan(encoder):
     assert auto.pareto["engines"]["ranked_by"] == "torch (cuda)"
     assert auto.plan.overrides == ort.plan.overrides
     assert auto.pareto["chosen"]["measured"] == ort.pareto["chosen"]["measured"]
+
+
+def test_run_verdict_says_which_engine_ranked_and_the_plan_key_follows_it(tmp_path):
+    """run --rank-engine torch: plan.json, verdict.json and the console verdict name both
+    engines; asking ort afterwards reruns the plan stage (its key names torch only when
+    torch ranked, so the folders of earlier runs stay valid) and says so."""
+    import dataclasses
+
+    from quantscope.pipeline import RunOptions, run_pipeline
+    from quantscope.pipeline.verdict import format_verdict
+
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npy"
+    onnx.save(tm.layernorm_block(), m)
+    np.save(x, np.random.default_rng(0).normal(0, 1, (16, 6, 24)).astype(np.float32))
+    opts = RunOptions(model=str(m), data=str(x), target="hailo10h", out=str(tmp_path / "W"),
+                      repairs=(), rank_engine="torch")
+    out = run_pipeline(opts, progress=False)
+    r = out.verdict["ranking"]
+    assert r["line"] == "ranked by torch (cpu), measured by onnxruntime"
+    assert r["measured"] is not None and r["ranked"] == pytest.approx(r["measured"], abs=0.05)
+    assert stages.read_json_file(tmp_path / "W" / "plan.json", "plan")["pareto"]["engines"] == r
+    assert "search: ranked by torch (cpu), measured by onnxruntime: chosen plan" in \
+        format_verdict(out.verdict)
+    again = run_pipeline(dataclasses.replace(opts, rank_engine="ort"), progress=False)
+    assert "plan" in again.ran and "calibrate" in again.skipped
+    assert again.verdict["ranking"]["line"] == "ranked and measured by onnxruntime"
+    assert "search: ranked and measured by onnxruntime" in format_verdict(again.verdict)
