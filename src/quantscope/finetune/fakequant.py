@@ -130,8 +130,17 @@ def fake_quant(x: Tensor, scale: Tensor, zp: Tensor, qmin: int, qmax: int) -> Te
     rounding and LSQ gradients of :func:`fake_quant_reference`, as one autograd node
     (without gradients, e.g. a held-out evaluation, the forward alone)."""
     if not torch.is_grad_enabled():
-        return _grid(x, scale, zp, qmin, qmax)[4]
+        return _grid_forward(x, scale, zp, qmin, qmax)
     return _FakeQuant.apply(x, scale, zp, qmin, qmax)
+
+
+def _grid_forward(x: Tensor, scale: Tensor, zp: Tensor, qmin: int, qmax: int) -> Tensor:
+    """:func:`_grid`'s output alone: one new tensor, every later op in place (the same ops
+    in the same order, so the same bits). The pre-clip is left out: it only keeps ``x / s``
+    finite for the backward pass, and beyond the grid ``x / s`` (even ``-inf``) rounds and
+    clips to the same bound."""
+    q = torch.div(x, scale)
+    return q.round_().add_(zp).clamp_(qmin, qmax).sub_(zp).mul_(scale)
 
 
 def _channel_shape(ndim: int, axis: int | None) -> list[int]:
