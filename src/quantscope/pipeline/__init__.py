@@ -14,7 +14,7 @@ are the same. This layer sits between ``cli`` and ``stages``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,9 @@ class StageSpec:
     reads: tuple[str, ...]  # files of earlier stages
     options: tuple[str, ...]  # RunOptions fields its result depends on
     data: bool  # reads the model's data
+    # a finished stage runs again when this says so (the plan stage: its search was
+    # stopped by a smaller --budget than this run's: steps.plan_budget_grew)
+    redo: Callable[[Context], bool] | None = None
 
 
 _REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
@@ -47,7 +50,7 @@ STAGES: dict[str, StageSpec] = {
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs",
-                       "repair_batches"), True),
+                       "repair_batches"), True, redo=steps.plan_budget_grew),
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
                         True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
@@ -160,7 +163,12 @@ def _run(ctx: Context, force: str | None) -> RunResult:
     ran, skipped = [], []
     for name, spec in STAGES.items():
         key = _key(ctx, manifest, name, spec)
-        if manifest.done(name, key):
+        done = manifest.done(name, key)
+        if done and spec.redo is not None and spec.redo(ctx):
+            done = False
+            say(f"[{name}] stopped by a smaller --budget before: continuing from the "
+                "evaluation cache", show=progress)
+        if done:
             skipped.append(name)
             say(f"[{name}] done already (same inputs): skipped", show=progress)
             continue
