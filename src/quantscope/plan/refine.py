@@ -135,17 +135,18 @@ class _Meter:
         plan = emit(self.space, point, reasons=(), meta=repair_meta(point))
         t0 = time.perf_counter()
         done = replace(point, measured=float(self.evaluate(plan)))
-        self.took.setdefault(point.repairs, []).append(time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+        self.took.setdefault(point.repairs, []).append(took)
         self.seen[point.key()] = done
-        self._tell()
+        self._tell(took)
         return done
 
-    def _tell(self) -> None:
+    def _tell(self, took: float) -> None:
         if not self.progress:
             return
         each = [t for ts in self.took.values() for t in ts]
         mean = sum(each) / len(each)
-        text = (f"plan: candidate {len(self.seen)} measured ({each[-1]:.1f} s; {mean:.1f} s "
+        text = (f"plan: candidate {len(self.seen)} measured ({took:.1f} s; {mean:.1f} s "
                 f"each so far); up to {self.left} more, ETA {self.left * mean:.0f} s")
         if self.budget is not None:
             used = self.budget.clock() - self.began
