@@ -232,6 +232,7 @@ def _plan_timings(out):
     return json.loads((out / "run.json").read_text())["stages"]["plan"]["timings"]
 
 
+@pytest.mark.slow  # six small runs: 15 s alone, 45 s on a loaded machine
 def test_run_keeps_its_evaluations_and_continues_a_budgeted_search(planned, tmp_path, capsys):
     tmp, m, x, s, a = planned
     full, out = tmp_path / "full", tmp_path / "W"
@@ -280,3 +281,14 @@ def test_buckets_reads_its_candidates_back_from_the_cache(setup, tmp_path, capsy
                  str(tmp_path / "c2.json")]) == 0
     assert f"{n} hit(s), 0 miss(es)" in capsys.readouterr().out
     assert (tmp_path / "c1.json").read_text() == (tmp_path / "c2.json").read_text()
+
+
+def test_a_killed_runs_temporary_cache_files_are_removed(tmp_path):
+    from quantscope.pipeline import _remove_stale
+
+    shard = tmp_path / "W" / "evals" / "ab"
+    shard.mkdir(parents=True)
+    (shard / ".abcd.json.x1.tmp").write_text("{")
+    (shard / "abcd.json").write_text("{}")
+    _remove_stale(tmp_path / "W")
+    assert [p.name for p in shard.iterdir()] == ["abcd.json"]

@@ -207,9 +207,10 @@ def _folder(out: str) -> Path:
 
 
 def _remove_stale(folder: Path) -> None:
-    """Temporary files a killed run left behind (call holding the folder's lock)."""
-    for stale in folder.glob(".*.tmp"):  # serde.write_atomic's temporary names
-        stale.unlink()
+    """Temporary files a killed run left behind (call holding the folder's lock), also in
+    the plan search's evaluation cache."""
+    for stale in (*folder.glob(".*.tmp"), *folder.glob(f"{steps.EVALS}/*/.*.tmp")):
+        stale.unlink()  # serde.write_atomic's temporary names
 
 
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
