@@ -156,10 +156,11 @@ def planned(tmp_path_factory):
     return tmp, m, x, s, a
 
 
-def _plan(planned, cache, *, x=None, budget=None, clock=None, model=None):
+def _plan(planned, cache, *, x=None, budget=None, clock=None, model=None, repairs=()):
     tmp, m, x0, s, a = planned
     mod = stages.open_model(model or m)
-    options = stages.PlanOptions(max_cost=2.0, metric="sqnr_db", budget=budget)
+    options = stages.PlanOptions(max_cost=2.0, metric="sqnr_db", budget=budget,
+                                 repairs=repairs)
     return stages.plan_model(mod, read_sensitivity(a), load_target("ort-cpu"), options,
                              data=stages.open_data(x or x0, mod), stats=stages.read_stats(s),
                              cache=cache, clock=clock)
@@ -196,6 +197,18 @@ def test_the_cache_resumes_and_misses_on_another_plan_model_or_data(planned, tmp
     other_model = EvalCache(tmp_path / "evals")
     _plan(planned, other_model, model=changed)
     assert other_model.hits == 0
+
+
+def test_the_repair_offer_and_the_repaired_plans_are_read_back_too(planned, tmp_path):
+    first = EvalCache(tmp_path / "evals")
+    out1 = _plan(planned, first, repairs=("bias", "split"))
+    assert first.misses > 3  # the offer (start plan, each repair alone) and the search
+    kept = [json.loads(p.read_text())["what"] for p in (tmp_path / "evals").rglob("*.json")]
+    assert len(kept) == first.misses and sum("metrics" in w for w in kept) >= 2  # offer's
+    second = EvalCache(tmp_path / "evals")
+    out2 = _plan(planned, second, repairs=("bias", "split"))
+    assert (second.hits, second.misses) == (first.misses, 0)
+    assert out2.plan == out1.plan and out2.offer == out1.offer
 
 
 def test_plan_model_budget_stops_then_continues_from_the_cache(planned, tmp_path):

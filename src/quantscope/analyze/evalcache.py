@@ -32,7 +32,6 @@ import dataclasses
 import enum
 import hashlib
 import io
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from quantscope.serde import bytes_writer, plan_to_dict, write_atomic, write_json
-from quantscope.types import Dataset, Plan, Stats
+from quantscope.serde import bytes_writer, plan_to_dict, read_json, write_atomic, write_json
+from quantscope.types import Dataset, Plan, QuantscopeError, Stats
 from quantscope.version import __version__
 
 FORMAT = "quantscope.eval-cache/1"
@@ -156,12 +155,12 @@ class EvalCache:
         if not path.is_file():
             return None
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = read_json(path, "evaluation cache entry")  # restores inf and nan
             if not isinstance(doc, dict) or doc.get("format") != FORMAT \
                     or doc.get("key") != key or not isinstance(doc.get("value"), int | float):
                 raise ValueError("not an entry of this key")
             return doc
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, QuantscopeError) as exc:
             self.notes.append(f"evaluation cache: entry {path} unreadable ({exc}): "
                               "ignored, measured again")
             return None
@@ -174,6 +173,16 @@ class EvalCache:
             return None
         self.hits += 1
         return float(doc["value"])
+
+    def get_what(self, key: str) -> dict[str, Any] | None:
+        """What was stored with a cached value (e.g. every metric of a measurement), or
+        None (a miss)."""
+        doc = self._read(key)
+        if doc is None or not isinstance(doc.get("what"), dict):
+            self.misses += 1
+            return None
+        self.hits += 1
+        return dict(doc["what"])
 
     def get_entry(self, key: str) -> Entry | None:
         """A cached value with its arrays and what was stored with it (:meth:`put` with

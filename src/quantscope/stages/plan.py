@@ -123,18 +123,50 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
                       feeds: Sequence[Batch], *, task_metric: str,
                       shapes: dict[str, tuple[int, ...]] | None = None,
                       method: str | None = None, reference_outputs: Outputs | None = None,
-                      progress: bool = False) -> Offer:
-    """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs."""
+                      progress: bool = False, cache: EvalCache | None = None) -> Offer:
+    """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs (each
+    measurement read from / kept in ``cache`` when given)."""
     from quantscope.plan.joint import offer_repairs
     from quantscope.repair.apply import REPAIRS
 
     unknown = [n for n in names if n not in REPAIRS]
     if unknown:
         raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(REPAIRS)}")
-    return offer_repairs(model, stats, sens, target, names,
-                         measure=_plan_measure(model, data, target, method, reference_outputs),
+    measure = _plan_measure(model, data, target, method, reference_outputs)
+    if cache is not None:
+        measure = _cached_measure(measure, cache, data, target, method)
+    return offer_repairs(model, stats, sens, target, names, measure=measure,
                          repair=_plan_repair(feeds, target), task_metric=task_metric,
                          shapes=shapes, progress=progress)
+
+
+def _cached_measure(measure: Measure, cache: EvalCache, data: Dataset, target: Target | None,
+                    method: str | None) -> Measure:
+    """``measure`` (every metric of a plan on a possibly repaired model) through ``cache``:
+    keyed by that model's content, its stats, the plan, the data, scheme and method."""
+    import time
+
+    from quantscope.analyze import evalcache as ec
+
+    fixed: dict[str, Any] = {}
+
+    def run(m: Model, s: Stats, p: Plan) -> dict[str, float]:
+        if not fixed:
+            fixed.update(data=ec.data_digest(data), method=method,
+                         scheme=None if target is None else target.scheme)
+        key = ec.evaluation_key(kind="metrics", model=ec.model_digest(m.proto),
+                                stats=ec.stats_digest(s), plan=ec.plan_digest(p), **fixed)
+        hit = cache.get_what(key)
+        if hit is not None and isinstance(hit.get("metrics"), dict):
+            return {k: float(v) for k, v in hit["metrics"].items()}
+        t0 = time.perf_counter()
+        metrics = dict(measure(m, s, p))
+        if all(isinstance(v, int | float) for v in metrics.values()):
+            cache.put(key, 0.0, seconds=time.perf_counter() - t0,
+                      what={"metrics": {k: float(v) for k, v in metrics.items()}})
+        return metrics
+
+    return run
 
 def _call(fn: Callable[[Any], Any], item: Any) -> Any:
     return fn(item)
@@ -501,7 +533,7 @@ def _plan_measurement(
     feeds = list(data.calibration)[: options.repair_batches]
     offer = plan_repair_offer(model, data, stats, analysis, target, list(options.repairs),
                               feeds, task_metric=options.metric, shapes=shapes,
-                              reference_outputs=ref, progress=progress)
+                              reference_outputs=ref, progress=progress, cache=cache)
     evaluate = plan_evaluator(model, data, stats, options.metric, feeds, target=target,
                               reference_outputs=ref, progress=progress, cache=cache)
     return evaluate, offer
