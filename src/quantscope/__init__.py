@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and readers
 __getattr__, __dir__ = lazy_face(__name__, _HOMES)
 
 
-__version__ = "0.1.0"
+from quantscope.version import __version__ as __version__  # noqa: E402  (lowest layer)
 
 __all__ = [
     "Dataset", "Encoding", "Encodings", "Group", "Groups", "Model", "Plan", "Precision",

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from quantscope.cli.types import (
     at_least_one,
     batch_axes,
+    cache_folder,
     count,
     data_spec,
+    duration,
     input_file,
     input_shape,
     layout,
@@ -173,6 +175,29 @@ def rank_engine_parent() -> argparse.ArgumentParser:
                    "the CPU) or ort; auto (default): torch on CUDA when there is one, else "
                    "ort. ONNX Runtime measures the chosen plan and every reported figure; the "
                    "output says which engine ranked and which measured")
+    return p
+
+
+def cache_parent(what: str) -> argparse.ArgumentParser:
+    """--cache DIR: every candidate evaluation kept on disk (``analyze/evalcache.py``)."""
+    p = _parent()
+    p.add_argument("--cache", type=cache_folder, default=None, metavar="DIR",
+                   help=f"keep {what} in DIR, one small JSON each under a hash of the "
+                   "model's content, the stats, the plan, the scheme, the data and the "
+                   "metric: a rerun reads them back instead of measuring (default: none)")
+    return p
+
+
+def budget_parent(default: float | None) -> argparse.ArgumentParser:
+    """--budget 30m: the seconds the plan search may spend measuring candidates."""
+    shown = "none" if default is None else (
+        f"{default / 60:g}m" if default % 60 == 0 else f"{default:g}s")
+    p = _parent()
+    p.add_argument("--budget", type=duration, default=default, metavar="90s|30m|1h|none",
+                   help="time the plan search may spend measuring candidates (in order of "
+                   "expected gain per second); when spent, the plan is the best legal one "
+                   "measured so far and the output says so; a rerun with a larger budget "
+                   f"continues from the evaluation cache (default: {shown})")
     return p
 
 

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from quantscope import stages, stages_llm
+from quantscope.analyze.evalcache import EvalCache
 from quantscope.analyze.phases import format_diagnosis
 from quantscope.cli.inputs import (
     EXIT_PROBLEMS,
@@ -22,6 +23,8 @@ from quantscope.cli.inputs import (
 from quantscope.cli.options import (
     DATA_HELP,
     PLAN_FIX,
+    budget_parent,
+    cache_parent,
     command,
     data_parent,
     hn_parent,
@@ -66,7 +69,9 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
                                        "file of the model"),
                           tokenizer_parent(), pairs_parent(300, "measured"),
                           ray_parent("the measurements of the best-predicted plans "
-                                     "(with --data and --stats)"), rank_engine_parent()))
+                                     "(with --data and --stats)"), rank_engine_parent(),
+                          cache_parent("the plans' measurements (with --data and --stats)"),
+                          budget_parent(None)))
     pl.add_argument("--analysis",
                     type=input_file("analysis", "run 'quantscope analyze' to make one"),
                     help="analysis JSON of 'quantscope analyze' (required, except with "
@@ -123,7 +128,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seq_len=lengths[0] if len(lengths) == 1 else None, input_shapes=input_shapes(args),
         metric=args.metric, goal=args.goal, seed=args.seed,
         repairs=tuple(args.repairs.split(",")) if args.repairs else (),
-        repair_batches=args.repair_batches, rank_engine=args.rank_engine)
+        repair_batches=args.repair_batches, rank_engine=args.rank_engine, budget=args.budget)
     options.check_inputs(data=bool(args.data), stats=bool(args.stats))
     if args.metric:
         check_goal(args.metric, args.goal)
@@ -134,17 +139,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         options = dataclasses.replace(options, metric=stages.default_metric(inp.data))
         check_goal(options.metric, args.goal)
     pool = executor(args.ray) if measure else None
+    cache = EvalCache(args.cache) if args.cache and measure else None
     try:
         if len(lengths) > 1:
             out = stages.plan_lengths(inp.model, analysis, inp.target, options, lengths,
                                       data=inp.data, stats=inp.stats, progress=True,
-                                      executor=pool)
+                                      executor=pool, cache=cache)
         else:
             out = stages.plan_model(inp.model, analysis, inp.target, options, data=inp.data,
-                                    stats=inp.stats, progress=True, executor=pool)
+                                    stats=inp.stats, progress=True, executor=pool, cache=cache)
     finally:
         if pool is not None:
             pool.close()
+    for line in (*cache.notes, cache.summary()) if cache is not None else ():
+        print(line)
     if out.offer is not None:
         for row in out.offer.measured:
             print(f"  repair {row['name']:<9} " + ", ".join(

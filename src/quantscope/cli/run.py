@@ -7,9 +7,12 @@ from pathlib import Path
 from typing import Any
 
 from quantscope import stages
+from quantscope.analyze.evalcache import EvalCache
 from quantscope.cli.inputs import input_shapes, open_inputs
 from quantscope.cli.options import (
     add_layout,
+    budget_parent,
+    cache_parent,
     command,
     data_parent,
     method_parent,
@@ -36,6 +39,7 @@ from quantscope.cli.types import (
     run_repair_names,
 )
 from quantscope.pipeline import RunOptions, run_pipeline
+from quantscope.pipeline.context import DEFAULT_BUDGET_S
 from quantscope.pipeline.verdict import format_verdict
 from quantscope.plan.buckets import CHOICE_LENGTHS
 from quantscope.plan.deployment import deployment_file
@@ -57,7 +61,7 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                  parents=(model_parent(), data_parent(), target_parent(help="target profile"),
                           seq_len_parent(), method_parent("minmax"), tokenizer_parent(),
                           pairs_parent(300, "fitting the plan (and as many held out)"),
-                          rank_engine_parent()),
+                          rank_engine_parent(), budget_parent(DEFAULT_BUDGET_S)),
                  details="Every stage writes its file into the run folder; run it again and "
                  "the stages already done on the same inputs are skipped (--force STAGE "
                  "reruns from STAGE). The options, the model, the data and the target are "
@@ -181,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       rank_engine=args.rank_engine,
                       layout=tuple(args.layout),
                       batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
-                      **repairs, **run_rewrites(args))
+                      budget=args.budget, **repairs, **run_rewrites(args))
     opts.check()  # the rewrites' options together, before the model is opened
     if args.layout:  # checked against the model's outputs before the run folder is made
         layout_tasks(stages.open_model(args.model), tuple(args.layout), args.data)
@@ -237,7 +241,9 @@ def add_buckets(sub: argparse._SubParsersAction, summary: str) -> None:
                  "--skip-pairs 300 --candidates candidates.json --max-cost 1.5 "
                  "--out deployment.json",
                  parents=(model_parent(), data_parent(), tokenizer_parent(),
-                          pairs_parent(None, "loaded")),
+                          pairs_parent(None, "loaded"),
+                          cache_parent("each candidate's measurement on the selection "
+                                       "texts")),
                  details="MODEL is the FP32 reference. Every candidate (a model "
                  "file: the reference or a rewrite of it, its stats and a plan) runs "
                  "once on the texts of the pairs after the first --skip-pairs; the "
@@ -278,11 +284,14 @@ def cmd_buckets(args: argparse.Namespace) -> int:
                                       "(inputs are never overwritten)")
     inp = open_inputs(args, data=True)
     assert inp.data is not None
+    cache = EvalCache(args.cache) if args.cache else None
     choice = buckets.choose_deployment(
         inp.model, inp.data, candidates, target, max_cost=args.max_cost,
         seq_lens=args.lengths or CHOICE_LENGTHS, max_buckets=args.max_buckets,
-        skip_pairs=args.skip_pairs, progress=True)
+        skip_pairs=args.skip_pairs, progress=True, cache=cache)
     print(format_choice(choice))
+    for line in (*cache.notes, cache.summary()) if cache is not None else ():
+        print(line)
     stages.write_json(args.out, deployment_file(choice, args.out))
     print(f"wrote {args.out}")
     if args.json:

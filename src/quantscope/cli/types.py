@@ -334,6 +334,25 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 
 
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float | None:
+    """``--budget``: seconds, from a number with a unit (``90s``, ``30m``, ``1h``), or
+    ``none`` for no bound."""
+    t = text.strip().lower()
+    if t == "none":
+        return None
+    try:
+        value = float(t[:-1]) * DURATION_UNITS[t[-1:]]
+    except (KeyError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a time budget: give a number above "
+                                         "0 with a unit s, m or h (90s, 30m, 1h) or 'none'")
+    return value
+
+
 def run_folder(text: str) -> str:
     """The run folder: created if missing (its parent must exist), never a file."""
     path = Path(text)
@@ -344,6 +363,14 @@ def run_folder(text: str) -> str:
                                          "does not exist: create it first")
     return text
 
+
+
+def cache_folder(text: str) -> str:
+    """``--cache``: the evaluation cache's folder, as :func:`run_folder` checks one."""
+    try:
+        return run_folder(text)
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("run folder", "cache folder")) from None
 
 
 def batch_axes(text: str) -> tuple[tuple[str, int], ...]:

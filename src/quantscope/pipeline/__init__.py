@@ -14,7 +14,7 @@ are the same. This layer sits between ``cli`` and ``stages``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,9 @@ class StageSpec:
     options: tuple[str, ...]  # RunOptions fields its result depends on
     data: bool  # reads the model's data
     ranked: bool = False  # its result depends on the engine that ranks (--rank-engine)
+    # a finished stage runs again when this says so (the plan stage: its search was
+    # stopped by a smaller --budget than this run's: steps.plan_budget_grew)
+    redo: Callable[[Context], bool] | None = None
 
 
 _REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
@@ -48,7 +51,7 @@ STAGES: dict[str, StageSpec] = {
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs",
-                       "repair_batches"), True, ranked=True),
+                       "repair_batches"), True, ranked=True, redo=steps.plan_budget_grew),
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
                         True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
@@ -161,7 +164,12 @@ def _run(ctx: Context, force: str | None) -> RunResult:
     ran, skipped = [], []
     for name, spec in STAGES.items():
         key = _key(ctx, manifest, name, spec)
-        if manifest.done(name, key):
+        done = manifest.done(name, key)
+        if done and spec.redo is not None and spec.redo(ctx):
+            done = False
+            say(f"[{name}] stopped by a smaller --budget before: continuing from the "
+                "evaluation cache", show=progress)
+        if done:
             skipped.append(name)
             say(f"[{name}] done already (same inputs): skipped", show=progress)
             continue
@@ -200,9 +208,10 @@ def _folder(out: str) -> Path:
 
 
 def _remove_stale(folder: Path) -> None:
-    """Temporary files a killed run left behind (call holding the folder's lock)."""
-    for stale in folder.glob(".*.tmp"):  # serde.write_atomic's temporary names
-        stale.unlink()
+    """Temporary files a killed run left behind (call holding the folder's lock), also in
+    the plan search's evaluation cache."""
+    for stale in (*folder.glob(".*.tmp"), *folder.glob(f"{steps.EVALS}/*/.*.tmp")):
+        stale.unlink()  # serde.write_atomic's temporary names
 
 
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from quantscope.tasks.headline import Headline
 
 
+DEFAULT_BUDGET_S = 1800.0  # run --budget 30m
+
+
 @dataclass(frozen=True)
 class RunOptions:
     """``quantscope run``'s arguments. ``repairs``: the repairs the plan search may choose
@@ -63,6 +66,9 @@ class RunOptions:
     # config values of the chosen rewrites that no legacy field carries: (rewrite, config
     # field, value), e.g. ("rowscale", "growth", 1.5) from run --rowscale-growth 1.5
     rewrite_options: tuple[tuple[str, str, Any], ...] = ()
+    # seconds the plan search may spend measuring candidates (None: no bound); not in the
+    # plan stage's key: a larger budget continues a search it stopped, a smaller one reuses
+    budget: float | None = DEFAULT_BUDGET_S
 
     def rewrite_configs(self) -> tuple[tuple[Rewrite, Any], ...]:
         """The rewrites this run applies, in the registry's order, each with its config:
@@ -82,7 +88,7 @@ class RunOptions:
         return tuple(out)
 
     def check(self) -> None:
-        for name in ("max_cost", "proxy"):
+        for name in ("max_cost", "proxy", "budget"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise QuantscopeError(f"--{name.replace('_', '-')} must be > 0, got {value}")

@@ -25,6 +25,7 @@ REPAIRED, REPAIRED_STATS, REPAIRED_PLAN = "repaired.onnx", "repaired.stats.npz",
 CHECK, EVALUATE, QDQ = "check.json", "evaluate.json", FORMATS[ALWAYS].file_name
 ALLS, QNN = FORMATS["alls"].file_name, FORMATS["qnn"].file_name
 IO, SNIPPET, REPORT, VERDICT = "io.json", "io_snippet.py", "report.html", "verdict.json"
+EVALS = "evals"  # the plan search's evaluation cache (analyze/evalcache.py), a folder
 
 
 @dataclass(frozen=True)
@@ -64,19 +65,45 @@ def analyze(ctx: Context) -> Done:
 
 
 def plan(ctx: Context) -> Done:
+    """The plan search on the fit data, every evaluation kept in ``evals/`` (a rerun, or
+    one with a larger ``--budget``, reads them back); the budget is the seconds the search
+    may measure (``RunOptions.budget``)."""
+    from quantscope.analyze.evalcache import EvalCache
     from quantscope.serde import read_sensitivity
 
     o = ctx.opts
     options = stages.PlanOptions(max_cost=o.max_cost, seq_len=o.seq_len,
                                  input_shapes=o.input_shapes, metric=ctx.metric(),
                                  goal=o.goal, repairs=o.repairs,
-                                 repair_batches=o.repair_batches, rank_engine=o.rank_engine)
+                                 repair_batches=o.repair_batches, rank_engine=o.rank_engine,
+                                 budget=o.budget)
+    cache = EvalCache(ctx.path(EVALS))
     out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
                             options, data=ctx.data().fit,
-                            stats=stages.read_stats(ctx.path(STATS)), progress=ctx.progress)
+                            stats=stages.read_stats(ctx.path(STATS)), progress=ctx.progress,
+                            cache=cache)
+    for line in (*cache.notes, cache.summary()):
+        _say(ctx, f"plan: {line}")
     extra, timings = _untimed(out.file_extra())
     stages.write_plan(ctx.path(PLAN), out.plan, extra)
-    return Done((PLAN,), timings)
+    return Done((PLAN,), {**timings, "evaluation_cache": cache.counts()})
+
+
+def plan_budget_grew(ctx: Context) -> bool:
+    """Whether a finished plan stage must run again for this run's ``--budget``: its
+    search was stopped by a smaller budget (the plan file's ``time_budget``) and this run
+    gives more (or none); a smaller or equal budget reuses the plan. The evaluations done
+    are in ``evals/``, so the search continues where it stopped."""
+    import json
+
+    try:
+        doc = json.loads(ctx.path(PLAN).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    tb = (doc.get("pareto") or {}).get("time_budget") if isinstance(doc, dict) else None
+    if not isinstance(tb, dict) or not tb.get("bound"):
+        return False
+    return ctx.opts.budget is None or ctx.opts.budget > float(tb.get("budget_s", 0.0))
 
 
 def _untimed(obj: Any, where: str = "") -> tuple[Any, dict[str, Any]]:

@@ -45,6 +45,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "uniform_meets_goal": bool(pareto.get("uniform_meets_goal")),
         "binding": _binding(pareto, reached),
         **({"ranking": pareto["engines"]} if pareto.get("engines") else {}),
+        # the plan search stopped on --budget (absent when it did not bind)
+        **({"time_budget": pareto["time_budget"]} if pareto.get("time_budget") else {}),
         "quality": quality, "cost": pareto.get("chosen", {}).get("cost"),
         "evaluation": ev["data"]["split"],
         "legal": not errors, "rules_checked": len(chk["rules"]),
@@ -206,6 +208,8 @@ def format_verdict_details(v: dict[str, Any]) -> str:
         lines.append(f"  the planner's binding (predicted, fit data): {v['binding']}")
     if ranking_line(v):
         lines.append(f"  {ranking_line(v)}")
+    if v.get("time_budget"):
+        lines.append(f"  budget: {v['time_budget']['note']}")
     lines.append("  quality (" + m + ", output SQNR): " + "; ".join(
         f"{k} {fmt.value(m, r.get(m))}" + ("" if m == "sqnr_db" else
                                            f", {fmt.value('sqnr_db', r.get('sqnr_db'))}")

@@ -24,7 +24,14 @@ drop            from the best measured point, revert promotions with the least
 ==============  ===================================================================
 
 At most ``steps`` evaluations in all; each plan is measured once. The result is every
-measured point, in measuring order. With ``evaluate_many`` (plans -> values, e.g. fanned
+measured point, in measuring order. A :class:`TimeBudget` (seconds by a clock passed in:
+the wall clock, or any count such as evaluations made) stops the measuring when it is
+spent: the first point is always measured, no new one is started once the budget is used,
+and :func:`refine_run` says so in a :class:`BudgetStop` (how much was spent, how many
+were measured, how many more evaluations the refinement could still have made). The
+budgeted batch of best-predicted points is measured in order of expected gain per second
+(predicted gain over the start point / seconds one evaluation of its kind took so far),
+one at a time, with progress and an ETA. With ``evaluate_many`` (plans -> values, e.g. fanned
 out on Ray), the best-predicted points of the plain budget are measured as one batch; the
 probe and the drops depend on earlier measurements and stay one at a time. The values,
 and so the result, are the serial ones.
@@ -32,40 +39,151 @@ and so the result, are the serial ones.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 from quantscope.analyze.phases import NORM_OPS, residual_groups
 from quantscope.plan.greedy import Walk
 from quantscope.plan.pareto import FrontPoint, select
 from quantscope.plan.predict import predict
 from quantscope.plan.start import EPS, Space, emit, repair_meta
+from quantscope.progress import say
 from quantscope.types import Group, GroupKind, Groups, Plan
 
 Evaluate = Callable[[Plan], float]
 EvaluateMany = Callable[[Sequence[Plan]], list[float]]
 
 
-class _Meter:
-    """Measures points with ``evaluate``, at most ``steps`` times, memoised by plan."""
+@dataclass(frozen=True)
+class TimeBudget:
+    """How long the refinement may measure: ``seconds`` as ``clock`` counts them from the
+    refinement's start (``time.monotonic``; a test passes a counter of evaluations made)."""
 
-    def __init__(self, space: Space, evaluate: Evaluate, steps: int) -> None:
+    seconds: float
+    clock: Callable[[], float] = time.monotonic
+
+
+@dataclass(frozen=True)
+class BudgetStop:
+    """The budget stopped the measuring: ``left`` more evaluations were within ``steps``."""
+
+    seconds: float  # the budget
+    spent: float  # by its clock when it stopped
+    measured: int  # points measured (cached ones included)
+    left: int  # evaluations the refinement could still have made
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan file's ``time_budget`` (``seconds``: what was spent, a wall-clock figure
+        that ``run`` keeps in ``run.json``, not in its files)."""
+        return {"bound": True, "budget_s": round(self.seconds, 3),
+                "seconds": round(self.spent, 3), "measured": self.measured,
+                "candidates_left": self.left, "note": self.note()}
+
+    def note(self) -> str:
+        return (f"the time budget ({self.seconds:.4g} s) bound after {self.measured} candidate "
+                f"evaluation(s), with up to {self.left} more left: the plan is the best legal "
+                "plan measured so far; a rerun with a larger --budget continues from the "
+                "evaluation cache")
+
+
+@dataclass(frozen=True)
+class Refined:
+    """Every measured point, in measuring order, and the budget's stop (None: not bound)."""
+
+    trials: tuple[FrontPoint, ...]
+    stop: BudgetStop | None = None
+
+
+class _Meter:
+    """Measures points with ``evaluate``, at most ``steps`` times, memoised by plan, while
+    the time ``budget`` (if any) is not spent."""
+
+    def __init__(self, space: Space, evaluate: Evaluate, steps: int,
+                 budget: TimeBudget | None = None, progress: bool = False) -> None:
         self.space, self.evaluate, self.left = space, evaluate, steps
         self.seen: dict[tuple, FrontPoint] = {}
+        self.budget, self.progress = budget, progress
+        self.began = budget.clock() if budget is not None else 0.0
+        self.took: dict[tuple[str, ...], list[float]] = {}  # seconds per evaluation, by repairs
+        self.stop: BudgetStop | None = None
+
+    def spent(self) -> bool:
+        """The budget is used (never before the first measurement); records the stop."""
+        if self.budget is None or not self.seen:
+            return False
+        used = self.budget.clock() - self.began
+        if used < self.budget.seconds:
+            return False
+        if self.stop is None:
+            self.stop = BudgetStop(self.budget.seconds, used, len(self.seen), self.left)
+            say(f"plan: {self.stop.note()} ({used:.4g} s spent)", show=self.progress)
+        return True
+
+    def seconds(self, repairs: tuple[str, ...]) -> float:
+        """Seconds one evaluation of a plan with these repairs took so far (else any)."""
+        own = self.took.get(repairs) or [t for ts in self.took.values() for t in ts]
+        return sum(own) / len(own) if own else 1.0
 
     def measure(self, point: FrontPoint) -> FrontPoint | None:
         if point.key() in self.seen:
             return self.seen[point.key()]
-        if self.left <= 0:
+        if self.left <= 0 or self.spent():
             return None
         self.left -= 1
         plan = emit(self.space, point, reasons=(), meta=repair_meta(point))
+        t0 = time.perf_counter()
         done = replace(point, measured=float(self.evaluate(plan)))
+        took = time.perf_counter() - t0
+        self.took.setdefault(point.repairs, []).append(took)
         self.seen[point.key()] = done
+        self._tell(took)
         return done
 
+    def _tell(self, took: float) -> None:
+        if not self.progress:
+            return
+        each = [t for ts in self.took.values() for t in ts]
+        mean = sum(each) / len(each)
+        text = (f"plan: candidate {len(self.seen)} measured ({took:.1f} s; {mean:.1f} s "
+                f"each so far); up to {self.left} more, ETA {self.left * mean:.0f} s")
+        if self.budget is not None:
+            used = self.budget.clock() - self.began
+            text += f"; budget {max(self.budget.seconds - used, 0.0):.4g} of " \
+                    f"{self.budget.seconds:.4g} left"
+        say(text)
+
+    def best_per_second(self, points: Sequence[FrontPoint]) -> FrontPoint:
+        """The point with the most predicted gain over the start point per second of one
+        evaluation (:meth:`seconds`, as measured so far); ties: the first."""
+        sign = 1.0 if self.space.budget.higher_is_better else -1.0
+        base = predict(self.space, dict(self.space.start), (), "start", 0).predicted
+
+        def rate(p: FrontPoint) -> float:
+            return sign * (p.predicted - base) / max(self.seconds(p.repairs), EPS)
+
+        return max(points, key=rate)
+
+    def measure_by_rate(self, points: Sequence[FrontPoint]) -> None:
+        """Each point measured, the best expected gain per second next, until the budget is
+        spent; the measured ones are then kept in ``points``' order (a plan file does not
+        depend on the timings unless the budget binds)."""
+        left = list(points)
+        while left:
+            p = self.best_per_second(left)
+            left.remove(p)
+            if self.measure(p) is None and self.stop is not None:
+                break
+        order = {p.key(): i for i, p in enumerate(points)}
+        self.seen = dict(sorted(self.seen.items(), key=lambda kv: order.get(kv[0], -1)))
+
     def measure_all(self, points: Sequence[FrontPoint], many: EvaluateMany | None) -> None:
-        """``measure`` of each point in order; with ``many``, the new ones in one batch."""
+        """``measure`` of each point in order; with ``many``, the new ones in one batch
+        (with a time budget one at a time, by expected gain per second)."""
+        if self.budget is not None:
+            self.measure_by_rate(points)
+            return
         if many is None:
             for p in points:
                 self.measure(p)
@@ -92,10 +210,27 @@ def refine(
     evaluate_many: EvaluateMany | None = None,
 ) -> tuple[FrontPoint, ...]:
     """Every point measured (module docstring); none without ``evaluate`` or ``steps``."""
+    return refine_run(space, walk, pruned, evaluate, steps=steps, tol=tol,
+                      evaluate_many=evaluate_many).trials
+
+
+def refine_run(
+    space: Space,
+    walk: Walk,
+    pruned: tuple[FrontPoint, ...],
+    evaluate: Evaluate | None,
+    *,
+    steps: int,
+    tol: float,
+    evaluate_many: EvaluateMany | None = None,
+    budget: TimeBudget | None = None,
+    progress: bool = False,
+) -> Refined:
+    """:func:`refine` within a time ``budget``: the points measured and the budget's stop."""
     capped = [p for p in walk.points if space.budget.within_cost(p.cost)]
     if evaluate is None or steps <= 0 or not capped:
-        return ()
-    meter = _Meter(space, evaluate, steps)
+        return Refined(())
+    meter = _Meter(space, evaluate, steps, budget, progress)
     if space.budget.min_quality is not None:
         _first_meeting(space, meter, capped)
         if pruned:
@@ -103,13 +238,13 @@ def refine(
     else:
         meter.measure_all(list(reversed(capped[-max(1, meter.left // 2) :])), evaluate_many)
     if not meter.seen:
-        return ()
+        return Refined(())
     best = _drop_repairs(space, meter, select(list(meter.seen.values()), space.budget)[0])
     stream = residual_point(space, best.repairs)
     if stream is not None:
         meter.measure(stream)
     _drop(space, meter, select(list(meter.seen.values()), space.budget)[0], tol)
-    return tuple(meter.seen.values())
+    return Refined(tuple(meter.seen.values()), meter.stop)
 
 
 def residual_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:

@@ -25,6 +25,7 @@ from typing import Any
 from quantscope.plan.greedy import Move, Skip, Walk
 from quantscope.plan.pareto import Budget, FrontPoint, pareto_front, point_to_dict, select
 from quantscope.plan.predict import ESTIMATE_NOTE, predicted_cost
+from quantscope.plan.refine import BudgetStop
 from quantscope.plan.start import EPS, RepairOption, Space, emit, repair_meta
 from quantscope.types import Plan, Precision
 
@@ -55,6 +56,7 @@ class SearchResult:
     binding: str | None = None
     repairs: tuple[RepairOption, ...] = ()
     notes: tuple[str, ...] = ()
+    time_budget: BudgetStop | None = None  # the time budget stopped the measuring
 
     def to_dict(self) -> dict[str, Any]:
         """The plan JSON's ``pareto`` entry (stable key order)."""
@@ -68,6 +70,7 @@ def result(
     trials: tuple[FrontPoint, ...],
     *,
     seed: int,
+    stop: BudgetStop | None = None,
 ) -> SearchResult:
     """Choose, explain and emit (module table)."""
     candidates = walk.points + pruned
@@ -96,7 +99,8 @@ def result(
         blockers=blockers,
         binding=None if met else _binding(space, chosen, blockers, predicted_ok=predicted_ok),
         repairs=tuple(r for r in space.repairs if r.name in chosen.repairs),
-        notes=_notes(space),
+        notes=(*_notes(space), *((stop.note(),) if stop is not None else ())),
+        time_budget=stop,
     )
 
 
@@ -229,4 +233,5 @@ def result_to_dict(r: SearchResult) -> dict[str, Any]:
             for s in r.skipped
         ],
         "notes": list(r.notes),
+        **({"time_budget": r.time_budget.to_dict()} if r.time_budget is not None else {}),
     }

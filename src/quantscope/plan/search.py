@@ -41,7 +41,7 @@ from quantscope.model.shapes import Shapes
 from quantscope.plan.greedy import greedy
 from quantscope.plan.pareto import Budget
 from quantscope.plan.prune import prune
-from quantscope.plan.refine import Evaluate, EvaluateMany, refine
+from quantscope.plan.refine import Evaluate, EvaluateMany, TimeBudget, refine_run
 from quantscope.plan.result import Blocker, SearchResult, result
 from quantscope.plan.start import PlannerError, RepairOption, start_search
 from quantscope.targets import load_target
@@ -54,6 +54,7 @@ __all__ = [
     "PlannerError",
     "RepairOption",
     "SearchResult",
+    "TimeBudget",
     "plan_from_analysis",
     "search",
 ]
@@ -78,17 +79,20 @@ def search(
     repairs: Sequence[RepairOption] = (),
     allow_warnings: bool = False,
     drop_tolerance: float = 0.0,
+    time_budget: TimeBudget | None = None,
+    progress: bool = False,
 ) -> SearchResult:
-    """Search a legal mixed-precision plan under a budget (see the module docstring)."""
+    """Search a legal mixed-precision plan under a budget (see the module docstring);
+    ``time_budget`` bounds the refinement's measuring (:class:`TimeBudget`)."""
     budget = Budget(min_quality, max_cost, higher_is_better=sensitivity.higher_is_better)
     space = start_search(groups, sensitivity, target, model, low=low, candidates=candidates,
                          budget=budget, shapes=shapes, start=start, repairs=repairs,
                          allow_warnings=allow_warnings)
     walk = greedy(space)
     pruned = prune(space, walk)
-    trials = refine(space, walk, pruned, evaluate, steps=refine_steps, tol=drop_tolerance,
-                    evaluate_many=evaluate_many)
-    return result(space, walk, pruned, trials, seed=seed)
+    refined = refine_run(space, walk, pruned, evaluate, steps=refine_steps, tol=drop_tolerance,
+                         evaluate_many=evaluate_many, budget=time_budget, progress=progress)
+    return result(space, walk, pruned, refined.trials, seed=seed, stop=refined.stop)
 
 
 def plan_from_analysis(
@@ -103,6 +107,8 @@ def plan_from_analysis(
     evaluate_many: EvaluateMany | None = None,
     seed: int = 0,
     repairs: Sequence[RepairOption] = (),
+    time_budget: TimeBudget | None = None,
+    progress: bool = False,
 ) -> tuple[Plan, dict[str, Any]]:
     """For the CLI: the plan and the plan JSON's extra keys (``pareto``, ``repairs``).
 
@@ -117,7 +123,7 @@ def plan_from_analysis(
         )
     r = search(groups, sensitivity, tgt, model, min_quality=min_quality, max_cost=max_cost,
                shapes=shapes, evaluate=evaluate, evaluate_many=evaluate_many, seed=seed,
-               repairs=repairs)
+               repairs=repairs, time_budget=time_budget, progress=progress)
     extra: dict[str, Any] = {"pareto": r.to_dict()}
     if r.repairs:
         extra["repairs"] = [{"name": x.name, "reason": x.reason} for x in r.repairs]

@@ -186,6 +186,9 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")
     elif v.get("binding") and not v.get("reached"):
         lines.append(f"  binds: {v['binding']}")
+    tb = v.get("time_budget")
+    if tb:  # the search stopped on --budget: the plan is the best measured so far
+        lines.append(f"  budget: {tb['note']}")
     io = "; device I/O (io_snippet.py): " + ", ".join(
         f"{r['role']} {r['tensor']} {r['stored_type']} ({r['q_min']}..{r['q_max']})"
         for r in v["io"]) if v.get("io") else ""

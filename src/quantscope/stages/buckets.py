@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -65,7 +66,10 @@ from quantscope.stages.route import check_compatible, cost_unit, open_entry, rou
 from quantscope.targets import load_target
 from quantscope.targets.profile import Target
 from quantscope.tasks.registry import TextTask, at_length, text_embeddings
-from quantscope.types import Dataset, QuantscopeError
+from quantscope.types import Batch, Dataset, QuantscopeError
+
+if TYPE_CHECKING:
+    from quantscope.analyze.evalcache import EvalCache
 
 Problems = tuple[dict[str, object], ...]  # a (candidate, length)'s ``check`` errors
 
@@ -124,12 +128,13 @@ def choose_deployment(
     reference: Model, data: Dataset, candidates: tuple[Candidate, ...], target_name: str, *,
     max_cost: float, seq_lens: tuple[int, ...] = CHOICE_LENGTHS,
     max_buckets: int = MAX_BUCKETS, skip_pairs: int = 0, progress: bool = False,
+    cache: EvalCache | None = None,
 ) -> DeploymentChoice:
     """Bucket lengths and a candidate per bucket for a deployment within ``max_cost``: the
     selection texts' mean error is the least subject to their mean cost ≤ ``max_cost``
     with at most ``max_buckets`` compiled lengths (the steps: module doc)."""
     sel = select_texts(reference, data, candidates, seq_lens, max_buckets, skip_pairs)
-    err = measure_errors(reference, candidates, sel, progress=progress)
+    err = measure_errors(reference, candidates, sel, progress=progress, cache=cache)
     target = load_target(target_name)
     costs = length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
     alloc = allocate(candidates, sel, err, costs, max_cost=max_cost, max_buckets=max_buckets,
@@ -165,9 +170,10 @@ def select_texts(reference: Model, data: Dataset, candidates: tuple[Candidate, .
 
 
 def measure_errors(reference: Model, candidates: tuple[Candidate, ...], sel: Selection, *,
-                   progress: bool = False) -> Errors:
+                   progress: bool = False, cache: EvalCache | None = None) -> Errors:
     """FP32 and every candidate's QDQ graph on the selection texts: each text's ``1 −
-    cosine`` of its pooled embedding to FP32's."""
+    cosine`` of its pooled embedding to FP32's (with ``cache``, a candidate measured
+    before on the same content is read back: :func:`_cached_embed`)."""
     task = sel.task
     batches = tuple(task.batches.batches)
     ref = text_embeddings(task, kept(run_model(reference.proto, batches,
@@ -175,17 +181,52 @@ def measure_errors(reference: Model, candidates: tuple[Candidate, ...], sel: Sel
                                      batches, task.keep))
     errors, notes, embs = [], [], []
     for c in candidates:
-        q = quantize_model(c.model, c.stats, c.plan, scheme=scheme_for(c.plan, None))
-        notes.append((*q.notes, *q.coverage.lines()))
-        proto = q.proto
-        del q
-        out = kept(run_model(proto, batches, label=f"{c.name}" if progress else ""), batches,
-                   task.keep)
-        emb = text_embeddings(task, out)
+        if cache is None:
+            emb, note = _embed(c, task, batches, progress)
+        else:
+            emb, note = _cached_embed(cache, reference, c, task, batches, progress)
+        notes.append(note)
         errors.append(1.0 - np.sum(emb * ref, axis=1))
         embs.append(emb)
     return Errors(reference=ref, errors=np.asarray(errors, dtype=np.float64),
                   embeddings=tuple(embs), notes=tuple(notes))
+
+
+def _embed(c: Candidate, task: TextTask, batches: tuple[Batch, ...],
+           progress: bool) -> tuple[np.ndarray, tuple[str, ...]]:
+    """A candidate's pooled embeddings of the selection texts, and its QDQ writer's notes."""
+    q = quantize_model(c.model, c.stats, c.plan, scheme=scheme_for(c.plan, None))
+    notes = (*q.notes, *q.coverage.lines())
+    proto = q.proto
+    del q
+    out = kept(run_model(proto, batches, label=f"{c.name}" if progress else ""), batches,
+               task.keep)
+    return text_embeddings(task, out), notes
+
+
+def _cached_embed(cache: EvalCache, reference: Model, c: Candidate, task: TextTask,
+                  batches: tuple[Batch, ...],
+                  progress: bool) -> tuple[np.ndarray, tuple[str, ...]]:
+    """:func:`_embed` through ``cache``: keyed by the candidate's model content, stats,
+    plan and scheme, the reference's content and the selection texts (batches in order,
+    the task cut to them)."""
+    import time
+
+    from quantscope.analyze import evalcache as ec
+
+    key = ec.evaluation_key(
+        kind="buckets.embeddings", model=ec.model_digest(c.model.proto),
+        stats=ec.stats_digest(c.stats), plan=ec.plan_digest(c.plan),
+        scheme=scheme_for(c.plan, None), reference=ec.model_digest(reference.proto),
+        texts=ec.content_digest({"batches": list(batches), "task": task}))
+    hit = cache.get_entry(key)
+    if hit is not None and "embeddings" in hit.arrays:
+        return hit.arrays["embeddings"], tuple(str(n) for n in hit.what.get("notes", []))
+    t0 = time.perf_counter()
+    emb, notes = _embed(c, task, batches, progress)
+    cache.put(key, float(len(emb)), seconds=time.perf_counter() - t0,
+              what={"candidate": c.name, "notes": list(notes)}, arrays={"embeddings": emb})
+    return emb, notes
 
 
 def length_costs(reference: Model, candidates: tuple[Candidate, ...], target: Target,

@@ -26,9 +26,11 @@ from quantscope.tasks.registry import at_length
 from quantscope.types import Batch, Dataset, Outputs, Plan, Precision, QuantscopeError, Stats
 
 if TYPE_CHECKING:
+    from quantscope.analyze.evalcache import EvalCache
     from quantscope.parallel import Executor
     from quantscope.plan.joint import Measure, Offer, Repair
     from quantscope.plan.refine import Evaluate
+    from quantscope.plan.search import TimeBudget
     from quantscope.targets.profile import Target
     from quantscope.types import Sensitivity
 
@@ -62,16 +64,60 @@ def _plan_repair(feeds: Sequence[Batch], target: Target | None) -> Repair:
 def plan_evaluator(model: Model, data: Dataset, stats: Stats, metric: str,
                    feeds: Sequence[Batch] = (), *, target: Target | None = None,
                    method: str | None = None, reference_outputs: Outputs | None = None,
-                   progress: bool = False) -> Evaluate:
+                   progress: bool = False, cache: EvalCache | None = None) -> Evaluate:
     """``evaluate(plan) -> float`` for the planner: ``metric`` of the plan by real emulation,
     after the plan's repairs (meta ``repairs``; they need the calibration ``feeds``),
-    against the FP32 outputs of the original ``model`` (computed once)."""
+    against the FP32 outputs of the original ``model`` (computed once). With ``cache``,
+    each plan's figure is read from it when an earlier evaluation of the same model
+    content, statistics, plan, scheme, method, data, metric (and, for a plan that lists
+    repairs, calibration feeds) stored it, and stored there when measured now."""
     from quantscope.plan.joint import repair_evaluator
 
-    return repair_evaluator(model, stats, metric,
-                            measure=_plan_measure(model, data, target, method, reference_outputs),
-                            repair=_plan_repair(feeds, target) if feeds else None,
-                            progress=progress)
+    evaluate = repair_evaluator(model, stats, metric,
+                                measure=_plan_measure(model, data, target, method,
+                                                      reference_outputs),
+                                repair=_plan_repair(feeds, target) if feeds else None,
+                                progress=progress)
+    if cache is None:
+        return evaluate
+    return _cached(evaluate, cache, model, data, stats, metric, feeds, target, method)
+
+
+def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, stats: Stats,
+            metric: str, feeds: Sequence[Batch], target: Target | None,
+            method: str | None) -> Evaluate:
+    """``evaluate`` read from and written to ``cache`` (digests computed once, lazily)."""
+    import time
+
+    from quantscope.analyze import evalcache as ec
+
+    fixed: dict[str, Any] = {}
+
+    def key(plan: Plan) -> str:
+        if not fixed:
+            fixed.update(model=ec.model_digest(model.proto), stats=ec.stats_digest(stats),
+                         data=ec.data_digest(data), metric=metric, method=method,
+                         scheme=None if target is None else target.scheme)
+        repairs = dict(plan.meta).get("repairs")
+        if repairs and "feeds" not in fixed:
+            fixed["feeds"] = ec.content_digest(list(feeds))
+        return ec.evaluation_key(plan=ec.plan_digest(plan), **(
+            fixed if repairs else {k: v for k, v in fixed.items() if k != "feeds"}))
+
+    def run(plan: Plan) -> float:
+        k = key(plan)
+        value = cache.get(k)
+        if value is not None:
+            return value
+        t0 = time.perf_counter()
+        value = float(evaluate(plan))
+        cache.put(k, value, seconds=time.perf_counter() - t0,
+                  what={"metric": metric, "model": model.source,
+                        "overrides": len(plan.overrides),
+                        "repairs": dict(plan.meta).get("repairs", "")})
+        return value
+
+    return run
 
 
 def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivity,
@@ -79,18 +125,50 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
                       feeds: Sequence[Batch], *, task_metric: str,
                       shapes: dict[str, tuple[int, ...]] | None = None,
                       method: str | None = None, reference_outputs: Outputs | None = None,
-                      progress: bool = False) -> Offer:
-    """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs."""
+                      progress: bool = False, cache: EvalCache | None = None) -> Offer:
+    """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs (each
+    measurement read from / kept in ``cache`` when given)."""
     from quantscope.plan.joint import offer_repairs
     from quantscope.repair.apply import REPAIRS
 
     unknown = [n for n in names if n not in REPAIRS]
     if unknown:
         raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(REPAIRS)}")
-    return offer_repairs(model, stats, sens, target, names,
-                         measure=_plan_measure(model, data, target, method, reference_outputs),
+    measure = _plan_measure(model, data, target, method, reference_outputs)
+    if cache is not None:
+        measure = _cached_measure(measure, cache, data, target, method)
+    return offer_repairs(model, stats, sens, target, names, measure=measure,
                          repair=_plan_repair(feeds, target), task_metric=task_metric,
                          shapes=shapes, progress=progress)
+
+
+def _cached_measure(measure: Measure, cache: EvalCache, data: Dataset, target: Target | None,
+                    method: str | None) -> Measure:
+    """``measure`` (every metric of a plan on a possibly repaired model) through ``cache``:
+    keyed by that model's content, its stats, the plan, the data, scheme and method."""
+    import time
+
+    from quantscope.analyze import evalcache as ec
+
+    fixed: dict[str, Any] = {}
+
+    def run(m: Model, s: Stats, p: Plan) -> dict[str, float]:
+        if not fixed:
+            fixed.update(data=ec.data_digest(data), method=method,
+                         scheme=None if target is None else target.scheme)
+        key = ec.evaluation_key(kind="metrics", model=ec.model_digest(m.proto),
+                                stats=ec.stats_digest(s), plan=ec.plan_digest(p), **fixed)
+        hit = cache.get_what(key)
+        if hit is not None and isinstance(hit.get("metrics"), dict):
+            return {k: float(v) for k, v in hit["metrics"].items()}
+        t0 = time.perf_counter()
+        metrics = dict(measure(m, s, p))
+        if all(isinstance(v, int | float) for v in metrics.values()):
+            cache.put(key, 0.0, seconds=time.perf_counter() - t0,
+                      what={"metrics": {k: float(v) for k, v in metrics.items()}})
+        return metrics
+
+    return run
 
 def _call(fn: Callable[[Any], Any], item: Any) -> Any:
     return fn(item)
@@ -195,6 +273,7 @@ class PlanOptions:
     repair_batches: int = 8
     seed: int = 0
     rank_engine: str = "auto"  # who ranks the candidates (stages/rank.py); ORT measures
+    budget: float | None = None  # seconds the search may spend measuring (None: no bound)
 
     def check_inputs(self, *, data: bool, stats: bool) -> None:
         """One-line errors for options the given data contradicts (call before opening it)."""
@@ -230,6 +309,15 @@ class PlanResult:
         return extra
 
 
+def _without_finetune(options: PlanOptions) -> tuple[bool, PlanOptions]:
+    """Whether ``finetune`` is among the repairs, and the options without it (it is no
+    search move: :func:`plan_model` fine-tunes the chosen plan afterwards)."""
+    if "finetune" not in options.repairs:
+        return False, options
+    return True, dataclasses.replace(
+        options, repairs=tuple(r for r in options.repairs if r != "finetune"))
+
+
 def plan_model(
     model: Model,
     analysis: Sensitivity,
@@ -240,10 +328,15 @@ def plan_model(
     stats: Stats | None = None,
     progress: bool = False,
     executor: Executor | None = None,
+    cache: EvalCache | None = None,
+    clock: Callable[[], float] | None = None,
 ) -> PlanResult:
     """Search a legal plan from an analysis; with ``data`` and ``stats`` the front is
     re-measured by real emulation and ``options.repairs`` are measured and searched too;
     ``executor`` (e.g. Ray) measures the batch of best-predicted points in parallel.
+    ``cache``: every evaluation read from / written to it (:func:`plan_evaluator`);
+    ``options.budget``: the seconds the refinement may measure, by ``clock`` (default the
+    wall clock; :class:`quantscope.plan.search.TimeBudget`).
 
     ``finetune`` among the repairs is not a search move (one fine-tune costs minutes): the
     chosen plan, with its repairs, is fine-tuned and measured again, and
@@ -266,15 +359,12 @@ def plan_model(
     if data is not None and options.seq_len is not None:
         cut = at_length(data, options.seq_len)  # measured on what that length runs
         truncated, data = (cut.notes[-1] if cut is not data else None), cut
-    finetune = "finetune" in options.repairs
-    if finetune:
-        options = dataclasses.replace(
-            options, repairs=tuple(r for r in options.repairs if r != "finetune"))
+    finetune, options = _without_finetune(options)
     shapes = given_shapes(model, options.seq_len, options.input_shapes)
     evaluate, offer = None, None
     if data is not None and stats is not None:
         evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,
-                                            shapes=shapes, progress=progress)
+                                            shapes=shapes, progress=progress, cache=cache)
     if options.goal is not None and evaluate is not None:
         uniform = _uniform_if_enough(model, analysis, target, options, head, evaluate, shapes)
         if uniform is not None:  # uniform a8_w8 meets the goal: buy no cost
@@ -289,7 +379,9 @@ def plan_model(
     plan, extra = plan_from_analysis(model, analysis, target, min_quality=options.min_quality,
                                      max_cost=options.max_cost, shapes=shapes,
                                      evaluate=ranking, evaluate_many=many,
-                                     seed=options.seed, repairs=offer.options if offer else ())
+                                     seed=options.seed, repairs=offer.options if offer else (),
+                                     time_budget=_time_budget(options, clock),
+                                     progress=progress)
     pareto = extra["pareto"]
     if engine is not None and evaluate is not None:  # what torch ranked, measured in ORT
         plan = confirm_chosen(plan, pareto, engine, evaluate, progress=progress)
@@ -308,6 +400,14 @@ def plan_model(
 
 
 UNIFORM_PLANNER = "quantscope.stages uniform a8_w8 meets the goal/1"
+
+
+def _time_budget(options: PlanOptions, clock: Callable[[], float] | None) -> TimeBudget | None:
+    from quantscope.plan.search import TimeBudget
+
+    if options.budget is None:
+        return None
+    return TimeBudget(options.budget) if clock is None else TimeBudget(options.budget, clock)
 
 
 def _uniform_if_enough(model: Model, analysis: Sensitivity, target: Target,
@@ -395,6 +495,7 @@ def plan_lengths(
     stats: Stats | None = None,
     progress: bool = False,
     executor: Executor | None = None,
+    cache: EvalCache | None = None,
 ) -> PlanResult:
     """Sequence length as a decision: one search per allowed length (legality depends on
     it: super-defuse binds at 256, not at 128); the result is the best length's plan, and
@@ -404,7 +505,8 @@ def plan_lengths(
     rows, results = [], {}
     for n in lengths:
         r = plan_model(model, analysis, target, dataclasses.replace(options, seq_len=n),
-                       data=data, stats=stats, progress=progress, executor=executor)
+                       data=data, stats=stats, progress=progress, executor=executor,
+                       cache=cache)
         c = r.pareto.get("chosen", {})
         q = c.get("measured") if c.get("measured") is not None else c.get("predicted")
         rows.append({"seq_len": n, "cost": c.get("cost"), "predicted": c.get("predicted"),
@@ -453,15 +555,17 @@ def _plan_measurement(
     *,
     shapes: dict[str, tuple[int, ...]] | None,
     progress: bool,
+    cache: EvalCache | None = None,
 ) -> tuple[Any, Offer | None]:
     """The planner's real-emulation evaluator, and the measured repair offer if asked."""
     if not options.repairs:
-        return plan_evaluator(model, data, stats, options.metric, target=target), None
+        return plan_evaluator(model, data, stats, options.metric, target=target,
+                              cache=cache), None
     ref = run_model(model.proto, list(data.evaluation), label="fp32" if progress else "")
     feeds = list(data.calibration)[: options.repair_batches]
     offer = plan_repair_offer(model, data, stats, analysis, target, list(options.repairs),
                               feeds, task_metric=options.metric, shapes=shapes,
-                              reference_outputs=ref, progress=progress)
+                              reference_outputs=ref, progress=progress, cache=cache)
     evaluate = plan_evaluator(model, data, stats, options.metric, feeds, target=target,
-                              reference_outputs=ref, progress=progress)
+                              reference_outputs=ref, progress=progress, cache=cache)
     return evaluate, offer
