@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from quantscope.analyze.incremental import IncrementalEngine, engines_counts, engines_made
 from quantscope.analyze.measure import evaluate_plan, evaluate_plans, headline
 from quantscope.emulate.evaluate import run_model
 from quantscope.model.groups import find_groups
@@ -35,10 +36,12 @@ def _plan_measure(model: Model, data: Dataset, target: Target | None, method: st
                   reference_outputs: Outputs | None) -> Measure:
     ref = reference_outputs or run_model(model.proto, list(data.evaluation))
     scheme = None if target is None else target.scheme
+    # one incremental evaluator for every plan of the search (its runner made on first use)
+    engine = IncrementalEngine(model, list(data.evaluation), method=method)
 
     def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
         return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
-                             reference_outputs=ref, saturation=False)["metrics"]
+                             reference_outputs=ref, saturation=False, engine=engine)["metrics"]
 
     return measure
 
@@ -267,12 +270,14 @@ def plan_model(
             options, repairs=tuple(r for r in options.repairs if r != "finetune"))
     shapes = given_shapes(model, options.seq_len, options.input_shapes)
     evaluate, offer = None, None
-    if data is not None and stats is not None:
-        evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,
-                                            shapes=shapes, progress=progress)
+    with engines_made() as engines:  # the measuring engines, for the record
+        if data is not None and stats is not None:
+            evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,
+                                                shapes=shapes, progress=progress)
     if options.goal is not None and evaluate is not None:
         uniform = _uniform_if_enough(model, analysis, target, options, head, evaluate, shapes)
         if uniform is not None:  # uniform a8_w8 meets the goal: buy no cost
+            _record_engine(uniform.pareto, engines)
             if truncated:
                 uniform.pareto["measured_on"] = truncated
             uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
@@ -285,6 +290,7 @@ def plan_model(
                                      evaluate=evaluate, evaluate_many=many,
                                      seed=options.seed, repairs=offer.options if offer else ())
     pareto = extra["pareto"]
+    _record_engine(pareto, engines)
     if truncated:
         pareto["measured_on"] = truncated
     if finetune and data is not None and stats is not None:
@@ -297,6 +303,19 @@ def plan_model(
                                       done=applied_rewrites(model.proto))
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
                       offer=offer)
+
+
+def _record_engine(pareto: dict[str, Any], engines: Sequence[IncrementalEngine]) -> None:
+    """Which engine measured the search's plans (``engine``: "ort (incremental, N of M
+    segments run)"), its counts (``incremental``) and why any plan had a full pass."""
+    if not engines:
+        return
+    counts = engines_counts(engines)
+    pareto["engine"] = counts.engine
+    pareto["incremental"] = counts.to_dict()
+    notes = [n for e in engines for n in e.notes]
+    if notes and isinstance(pareto.get("notes"), list):
+        pareto["notes"] += [n for n in dict.fromkeys(notes) if n not in pareto["notes"]]
 
 
 UNIFORM_PLANNER = "quantscope.stages uniform a8_w8 meets the goal/1"
