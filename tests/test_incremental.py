@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import tiny_models as tm
 from incremental_models import encoder, feeds
+from test_route import setup  # noqa: F401
 
 from quantscope.analyze.incremental import IncrementalConfig, IncrementalEngine, IncrementalRunner
 from quantscope.analyze.measure import evaluate_plans
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.evaluate import run_model
-from quantscope.emulate.qdq import quantize_model
+from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.types import Dataset, Plan, Precision, QuantScheme, Sensitivity
@@ -149,3 +150,28 @@ def test_the_planner_measures_incrementally_and_records_the_engine(prepared):
         plan = Plan(default=plan.default, overrides=plan.overrides, target=target.name)
         naive = evaluate_plan(model, data, stats, plan, saturation=False)["metrics"]["sqnr_db"]
         assert score(plan) == pytest.approx(naive, abs=1e-4)
+
+
+def test_buckets_measures_the_candidates_of_one_model_with_one_engine(setup):  # noqa: F811
+    """Two candidates share the tiny encoder: one engine runs both (its two segments:
+    the token table, the pooling); the errors are the full passes' errors."""
+    from test_route import _candidates
+
+    from quantscope.emulate.evaluate import kept
+    from quantscope.stages import buckets as B
+    from quantscope.tasks.registry import text_embeddings
+
+    tmp_path, model, data, *_ = setup
+    cands, _ = B.read_candidates(_candidates(tmp_path))
+    assert cands[0].model is cands[1].model
+    sel = B.select_texts(model, data, cands, (8, 64), 3, 0)
+    err = B.measure_errors(model, cands, sel)
+    batches = tuple(sel.task.batches.batches)
+    ref = text_embeddings(sel.task, kept(run_model(model.proto, batches), batches,
+                                         sel.task.keep))
+    for i, c in enumerate(cands):
+        q = quantize_model(c.model, c.stats, c.plan, scheme=scheme_for(c.plan))
+        emb = text_embeddings(sel.task, kept(run_model(q.proto, batches), batches,
+                                             sel.task.keep))
+        np.testing.assert_allclose(err.errors[i], 1.0 - np.sum(emb * ref, axis=1), atol=1e-6)
+        assert err.engines[i] == "ort (incremental, 2 of 2 segments run)"

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from quantscope.analyze.incremental import IncrementalEngine
 from quantscope.emulate.evaluate import kept, run_model
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
@@ -65,7 +66,7 @@ from quantscope.stages.route import check_compatible, cost_unit, open_entry, rou
 from quantscope.targets import load_target
 from quantscope.targets.profile import Target
 from quantscope.tasks.registry import TextTask, at_length, text_embeddings
-from quantscope.types import Dataset, QuantscopeError
+from quantscope.types import Batch, Dataset, Outputs, QuantscopeError
 
 Problems = tuple[dict[str, object], ...]  # a (candidate, length)'s ``check`` errors
 
@@ -110,6 +111,7 @@ class Errors:
     errors: np.ndarray  # 1 − cosine to FP32 [candidate, text]
     embeddings: tuple[np.ndarray, ...]  # per candidate [text, dim]
     notes: tuple[tuple[str, ...], ...]  # the QDQ writer's notes, per candidate
+    engines: tuple[str, ...] = ()  # which engine measured each candidate
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,19 +175,51 @@ def measure_errors(reference: Model, candidates: tuple[Candidate, ...], sel: Sel
     ref = text_embeddings(task, kept(run_model(reference.proto, batches,
                                                label="fp32" if progress else ""),
                                      batches, task.keep))
-    errors, notes, embs = [], [], []
+    errors, notes, embs, measured_by = [], [], [], []
+    engines = _engines(candidates, batches)
     for c in candidates:
-        q = quantize_model(c.model, c.stats, c.plan, scheme=scheme_for(c.plan, None))
-        notes.append((*q.notes, *q.coverage.lines()))
-        proto = q.proto
-        del q
-        out = kept(run_model(proto, batches, label=f"{c.name}" if progress else ""), batches,
-                   task.keep)
-        emb = text_embeddings(task, out)
+        raw, c_notes, how = _candidate_outputs(c, batches, engines.get(id(c.model)), progress)
+        notes.append(c_notes)
+        measured_by.append(how)
+        emb = text_embeddings(task, kept(raw, batches, task.keep))
         errors.append(1.0 - np.sum(emb * ref, axis=1))
         embs.append(emb)
     return Errors(reference=ref, errors=np.asarray(errors, dtype=np.float64),
-                  embeddings=tuple(embs), notes=tuple(notes))
+                  embeddings=tuple(embs), notes=tuple(notes),
+                  engines=tuple(measured_by))
+
+
+def _engines(candidates: tuple[Candidate, ...], batches: tuple[Batch, ...]
+             ) -> dict[int, IncrementalEngine]:
+    """One incremental evaluator per model that two or more candidates share (their
+    plans then run from their first changed segment); a model alone gets none."""
+    seen: dict[int, list[Candidate]] = {}
+    for c in candidates:
+        seen.setdefault(id(c.model), []).append(c)
+    return {k: IncrementalEngine(cs[0].model, batches) for k, cs in seen.items() if len(cs) > 1}
+
+
+def _candidate_outputs(c: Candidate, batches: tuple[Batch, ...],
+                       engine: IncrementalEngine | None, progress: bool
+                       ) -> tuple[Outputs, tuple[str, ...], str]:
+    """A candidate's emulated outputs on ``batches``, the notes of its build and which
+    engine measured: the model's incremental evaluator when it has one, else one full
+    pass of its QDQ graph."""
+    scheme = scheme_for(c.plan, None)
+    runner, why = (None, None) if engine is None else engine.runner(c.model, c.stats, scheme)
+    if runner is not None:
+        enc, cov = runner.encodings(c.plan)
+        before = runner.counts
+        out = runner.outputs(c.plan, enc)
+        how = runner.counts.minus(before).engine
+        say(f"{c.name}: measured by {how}", show=progress)
+        return out, (*enc.notes, *cov.lines()), how
+    q = quantize_model(c.model, c.stats, c.plan, scheme=scheme)
+    notes = (*q.notes, *q.coverage.lines(), *((why,) if why else ()))
+    proto = q.proto
+    del q
+    return (run_model(proto, batches, label=f"{c.name}" if progress else ""), notes,
+            "ort (full pass)")
 
 
 def length_costs(reference: Model, candidates: tuple[Candidate, ...], target: Target,
