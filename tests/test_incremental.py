@@ -175,3 +175,20 @@ def test_buckets_measures_the_candidates_of_one_model_with_one_engine(setup):  #
                                              sel.task.keep))
         np.testing.assert_allclose(err.errors[i], 1.0 - np.sum(emb * ref, axis=1), atol=1e-6)
         assert err.engines[i] == "ort (incremental, 2 of 2 segments run)"
+
+
+def test_an_engine_in_use_travels_to_another_process_without_its_sessions(prepared):
+    """``plan --ray`` pickles the evaluator: the engine goes without its runner (ORT
+    sessions cannot be pickled) and its copy measures the same."""
+    import pickle
+
+    model, stats, batches = prepared
+    engine = IncrementalEngine(model, batches)
+    plan = Plan.uniform(LOW)
+    runner, _ = engine.runner(model, stats, SCHEME)
+    first = runner.outputs(plan)
+    copy = pickle.loads(pickle.dumps(engine))
+    again, _ = copy.runner(copy.model, stats, SCHEME)  # the model: the copy's own
+    assert again is not None and again is not runner
+    _assert_same(again.outputs(plan), first)
+    assert copy.counts.plans == 2

@@ -363,6 +363,11 @@ class IncrementalEngine:
         if made is not None:
             made.append(self)
 
+    def __getstate__(self) -> dict[str, object]:
+        """Sent to another process (``plan --ray`` ships the evaluator): without the
+        runner (its sessions cannot travel), which the copy makes again on first use."""
+        return {**self.__dict__, "_runner": None, "_past": self.counts, "_full": 0}
+
     def runner(self, model: Model, stats: Stats, scheme: QuantScheme
                ) -> tuple[IncrementalRunner | None, str | None]:
         """The runner for a plan of ``model`` with ``stats`` in ``scheme``, or (None, the
