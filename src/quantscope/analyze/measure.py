@@ -8,13 +8,15 @@ Moved here from ``quantscope.stages`` (which re-exports every name).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import onnx
 
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.evaluate import (
+    Runs,
     compare_model,
     compare_models,
     kept,
@@ -25,6 +27,7 @@ from quantscope.emulate.evaluate import (
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
+from quantscope.progress import track
 from quantscope.serde import plan_to_dict
 from quantscope.tasks.headline import Headline
 from quantscope.types import (
@@ -37,6 +40,10 @@ from quantscope.types import (
     Stats,
     batch_rows,
 )
+
+if TYPE_CHECKING:
+    from quantscope.analyze.incremental import IncrementalEngine
+    from quantscope.emulate.coverage import Coverage
 
 
 def output_channel_axes(model: Model, batches: Sequence[Batch] = ()) -> dict[str, int]:
@@ -86,13 +93,15 @@ def evaluate_plan(
     reference: Model | None = None,
     reference_outputs: Outputs | None = None,
     saturation: bool = True,
+    engine: IncrementalEngine | None = None,
 ) -> dict[str, Any]:
     """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32.
 
-    The graph measured is :func:`qdq_for_plan`'s, the one ``export-qdq`` writes.
+    The graph measured is :func:`qdq_for_plan`'s, the one ``export-qdq`` writes (run by
+    segments with an ``engine``: :func:`evaluate_plans`).
     """
     return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
-                          saturation=saturation,
+                          saturation=saturation, engine=engine,
                           progress=progress, reference=reference,
                           reference_outputs=reference_outputs)["emulated"]
 
@@ -110,6 +119,7 @@ def evaluate_plans(
     reference_outputs: Outputs | None = None,
     saturation: bool = True,
     error_scales: Sequence[float] = (),
+    engine: IncrementalEngine | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -123,21 +133,28 @@ def evaluate_plans(
     ``reference`` is the FP32 model the metrics compare against (default: ``model``); a
     repaired model is compared with the original, since bias correction changes FP32.
     ``reference_outputs`` (its outputs on ``data.evaluation``) skips even that one run.
+
+    ``engine``: the incremental evaluator of the plans of one search
+    (:mod:`quantscope.analyze.incremental`; the same numbers within 1e-6, each plan run
+    from its first changed segment); each result then says under ``"engine"`` which
+    engine measured it, and a plan it cannot run (another model, no cut) gets a full pass
+    and the note why. Without one, every plan is one full pass, as before.
     """
     batches = list(data.evaluation)
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
     keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
-    lockstep = reference_outputs is None and len(plans) == 1  # no FP32 raw outputs held
+    # no FP32 raw outputs held
+    lockstep = reference_outputs is None and len(plans) == 1 and engine is None
     ref = reference_outputs or (None if lockstep else run_model(
         (reference or model).proto, batches, label="fp32" if progress else ""))
     ref_kept = None if ref is None else kept(ref, batches, keep)
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
-        q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), method=method)
-        emulated = open_runs(q.proto, batches, label if progress else "")
-        coverage, saturated = q.coverage.to_dict(), _saturation_entry(data_stats, q.encodings, n_rows)
-        q_notes = q.notes
-        del q  # the session holds the graph: the QDQ proto's weights go before the runs
+        emulated, enc, cov, measured_by = _emulated(model, stats, plan, batches, engine, scheme=scheme,
+                                                    method=method, label=label if progress else "")
+        coverage, saturated = cov.to_dict(), _saturation_entry(data_stats, enc, n_rows)
+        q_notes = (*enc.notes, *measured_by[1:])
+        del enc
         # raw outputs judged unless a task reads them its own way (text: padded tokens);
         # a row-local output task (detections, maps) reads the raw outputs themselves
         judge = data.task is None or getattr(data.task, "row_local", False)
@@ -164,9 +181,34 @@ def evaluate_plans(
             "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
             "method": method or stats.method, "metrics": metrics, "outputs": tables,
             "coverage": coverage, **saturated, **scaled,
+            **({"engine": measured_by[0]} if engine is not None else {}),
             "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
         }
     return results
+
+
+def _emulated(model: Model, stats: Stats, plan: Plan, batches: list[Batch],
+              engine: IncrementalEngine | None, *, scheme: QuantScheme | None,
+              method: str | None, label: str) -> tuple[Runs, Encodings, Coverage, tuple[str, ...]]:
+    """The plan's emulated runs (not run yet), its encodings and coverage, and which engine
+    measures it (then the note why a full pass, if one is): the engine's runner when it
+    has one for the plan, else the full QDQ graph (:func:`quantize_model`)."""
+    sch = scheme_for(plan, scheme)
+    runner, why = (None, None) if engine is None else engine.runner(model, stats, sch)
+    if runner is None:
+        q = quantize_model(model, stats, plan, scheme=sch, method=method)
+        runs, enc, cov = open_runs(q.proto, batches, label), q.encodings, q.coverage
+        del q  # the session holds the graph: the QDQ proto's weights go before the runs
+        return runs, enc, cov, ("ort (full pass)", *((why,) if why else ()))
+    enc, cov = runner.encodings(plan)
+    before = runner.counts
+    it = runner.iterate(plan, enc)
+    first = next(it, None)  # the plan's segments are run from here: count them now
+    done = runner.counts.minus(before)
+    rest = track(it, label, total=max(len(batches) - 1, 0), unit="batch", show=bool(label))
+    head = [] if first is None else [first]
+    return (Runs(names=model.output_names(), batches=itertools.chain(head, rest)), enc, cov,
+            (done.engine,))
 
 
 SATURATION_ROWS = 256  # evaluation rows whose ranges are checked against the calibration's

@@ -41,7 +41,7 @@ Sessions use :func:`~quantscope.emulate.session.make_session` with ``shared_aren
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,16 +164,33 @@ def segment_model(model: Model, seg: Segment, *, extra_outputs: tuple[str, ...] 
 
 def restrict_encodings(model: Model, seg_model: Model, encodings: Encodings) -> Encodings:
     """The encodings a segment writes: tensors it makes, graph inputs it reads, its weights."""
-    made = {t for n in seg_model.graph.node for t in n.output}
-    real_inputs = set(model.input_names())
-    read = {t for n in seg_model.graph.node for t in n.input}
-    acts = {
-        t: e
-        for t, e in encodings.activations.items()
-        if t in made or (t in real_inputs and t in read)
-    }
-    inits = {t.name for t in seg_model.graph.initializer}
-    weights = {t: e for t, e in encodings.weights.items() if t in inits}
+    return encodings_within(encodings, segment_tensors(model, seg_model.graph.node))
+
+
+@dataclass(frozen=True)
+class SegmentTensors:
+    """What decides a segment's encodings: the tensors it makes, the real graph inputs it
+    reads, the initializers it reads."""
+
+    made: frozenset[str]
+    inputs_read: frozenset[str]
+    initializers: frozenset[str]
+
+
+def segment_tensors(model: Model, nodes: Iterable[onnx.NodeProto]) -> SegmentTensors:
+    """:class:`SegmentTensors` of the segment made of ``nodes`` of ``model``."""
+    nodes = list(nodes)
+    read = {t for n in nodes for t in n.input}
+    inits = {t.name for t in model.graph.initializer}
+    return SegmentTensors(frozenset(t for n in nodes for t in n.output),
+                          frozenset(read & set(model.input_names())), frozenset(read & inits))
+
+
+def encodings_within(encodings: Encodings, seg: SegmentTensors) -> Encodings:
+    """``encodings`` restricted to one segment's (:func:`restrict_encodings`)."""
+    acts = {t: e for t, e in encodings.activations.items()
+            if t in seg.made or t in seg.inputs_read}
+    weights = {t: e for t, e in encodings.weights.items() if t in seg.initializers}
     return Encodings(
         activations=acts, weights=weights, scheme=encodings.scheme, notes=encodings.notes
     )

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from quantscope.analyze.incremental import IncrementalEngine
 from quantscope.analyze.measure import evaluate_plans, headline
 from quantscope.emulate.evaluate import run_model
 from quantscope.model.groups import find_groups
@@ -98,15 +99,17 @@ def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
 
     plans = {**{k: lifted(v) for k, v in sorted(low.items())},
              "all": lifted([n for v in low.values() for n in v])}
+    # the plans share every segment a lifted kind leaves alone: run them incrementally
+    engine = IncrementalEngine(model, data.evaluation, method=method)
     if plan_result is None:  # the plan itself, with its headroom rows
         reference_outputs = reference_outputs or run_model(
             model.proto, list(data.evaluation), label="fp32" if progress else "")
         plan_result = evaluate_plans(model, data, stats, {"plan": plan}, method=method,
                                      saturation=False, progress=progress,
                                      reference_outputs=reference_outputs,
-                                     error_scales=ERROR_SCALES)["plan"]
+                                     error_scales=ERROR_SCALES, engine=engine)["plan"]
     runs = evaluate_plans(model, data, stats, plans, method=method, saturation=False,
-                          progress=progress, reference_outputs=reference_outputs)
+                          progress=progress, reference_outputs=reference_outputs, engine=engine)
     runs["plan"] = plan_result
     if metric not in runs["plan"]["metrics"]:
         raise QuantscopeError(f"metric '{metric}' is not measured on this data: use one of "

@@ -180,8 +180,22 @@ def quantize_model(
     method: str | None = None,
 ) -> QdqModel:
     """Plan + statistics + scheme -> the QDQ model (what is measured is what is exported)."""
+    enc, cov = plan_encodings(model, stats, plan, scheme=scheme, groups=groups, method=method)
+    return QdqModel(proto=build_qdq(model, enc), encodings=enc, coverage=cov)
+
+
+def plan_encodings(
+    model: Model,
+    stats: Stats,
+    plan: Plan,
+    *,
+    scheme: QuantScheme,
+    groups: Groups | None = None,
+    method: str | None = None,
+) -> tuple[Encodings, Coverage]:
+    """What :func:`quantize_model` writes its graph from (the plan's encodings and their
+    coverage), without writing it: the incremental evaluator writes it per segment."""
     groups = groups or find_groups(model)
     check_plan_names(plan, groups)
     enc = encode(model, groups, stats, plan, scheme=scheme, method=method)
-    return QdqModel(proto=build_qdq(model, enc), encodings=enc,
-                    coverage=coverage(model, groups, plan, enc))
+    return enc, coverage(model, groups, plan, enc)

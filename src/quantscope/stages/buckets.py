@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from quantscope.analyze.incremental import IncrementalEngine
 from quantscope.emulate.evaluate import kept, run_model
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
@@ -66,7 +67,7 @@ from quantscope.stages.route import check_compatible, cost_unit, open_entry, rou
 from quantscope.targets import load_target
 from quantscope.targets.profile import Target
 from quantscope.tasks.registry import TextTask, at_length, text_embeddings
-from quantscope.types import Batch, Dataset, QuantscopeError
+from quantscope.types import Batch, Dataset, Outputs, QuantscopeError
 
 if TYPE_CHECKING:
     from quantscope.analyze.evalcache import EvalCache
@@ -114,6 +115,7 @@ class Errors:
     errors: np.ndarray  # 1 − cosine to FP32 [candidate, text]
     embeddings: tuple[np.ndarray, ...]  # per candidate [text, dim]
     notes: tuple[tuple[str, ...], ...]  # the QDQ writer's notes, per candidate
+    engines: tuple[str, ...] = ()  # which engine measured each candidate
 
 
 @dataclass(frozen=True, eq=False)
@@ -179,34 +181,69 @@ def measure_errors(reference: Model, candidates: tuple[Candidate, ...], sel: Sel
     ref = text_embeddings(task, kept(run_model(reference.proto, batches,
                                                label="fp32" if progress else ""),
                                      batches, task.keep))
-    errors, notes, embs = [], [], []
+    errors, notes, embs, measured_by = [], [], [], []
+    engines = _engines(candidates, batches)
     for c in candidates:
+        eng = engines.get(id(c.model))
         if cache is None:
-            emb, note = _embed(c, task, batches, progress)
+            emb, note, how = _embed(c, task, batches, eng, progress)
         else:
-            emb, note = _cached_embed(cache, reference, c, task, batches, progress)
+            emb, note, how = _cached_embed(cache, reference, c, task, batches, eng,
+                                           progress)
         notes.append(note)
+        measured_by.append(how)
         errors.append(1.0 - np.sum(emb * ref, axis=1))
         embs.append(emb)
     return Errors(reference=ref, errors=np.asarray(errors, dtype=np.float64),
-                  embeddings=tuple(embs), notes=tuple(notes))
+                  embeddings=tuple(embs), notes=tuple(notes),
+                  engines=tuple(measured_by))
+
+
+def _engines(candidates: tuple[Candidate, ...], batches: tuple[Batch, ...]
+             ) -> dict[int, IncrementalEngine]:
+    """One incremental evaluator per model that two or more candidates share (their
+    plans then run from their first changed segment); a model alone gets none."""
+    seen: dict[int, list[Candidate]] = {}
+    for c in candidates:
+        seen.setdefault(id(c.model), []).append(c)
+    return {k: IncrementalEngine(cs[0].model, batches) for k, cs in seen.items() if len(cs) > 1}
+
+
+def _candidate_outputs(c: Candidate, batches: tuple[Batch, ...],
+                       engine: IncrementalEngine | None, progress: bool
+                       ) -> tuple[Outputs, tuple[str, ...], str]:
+    """A candidate's emulated outputs on ``batches``, the notes of its build and which
+    engine measured: the model's incremental evaluator when it has one, else one full
+    pass of its QDQ graph."""
+    scheme = scheme_for(c.plan, None)
+    runner, why = (None, None) if engine is None else engine.runner(c.model, c.stats, scheme)
+    if runner is not None:
+        enc, cov = runner.encodings(c.plan)
+        before = runner.counts
+        out = runner.outputs(c.plan, enc)
+        how = runner.counts.minus(before).engine
+        say(f"{c.name}: measured by {how}", show=progress)
+        return out, (*enc.notes, *cov.lines()), how
+    q = quantize_model(c.model, c.stats, c.plan, scheme=scheme)
+    notes = (*q.notes, *q.coverage.lines(), *((why,) if why else ()))
+    proto = q.proto
+    del q
+    return (run_model(proto, batches, label=f"{c.name}" if progress else ""), notes,
+            "ort (full pass)")
 
 
 def _embed(c: Candidate, task: TextTask, batches: tuple[Batch, ...],
-           progress: bool) -> tuple[np.ndarray, tuple[str, ...]]:
-    """A candidate's pooled embeddings of the selection texts, and its QDQ writer's notes."""
-    q = quantize_model(c.model, c.stats, c.plan, scheme=scheme_for(c.plan, None))
-    notes = (*q.notes, *q.coverage.lines())
-    proto = q.proto
-    del q
-    out = kept(run_model(proto, batches, label=f"{c.name}" if progress else ""), batches,
-               task.keep)
-    return text_embeddings(task, out), notes
+           engine: IncrementalEngine | None, progress: bool
+           ) -> tuple[np.ndarray, tuple[str, ...], str]:
+    """A candidate's pooled embeddings of the selection texts, its QDQ writer's notes and
+    which engine measured (:func:`_candidate_outputs`)."""
+    raw, notes, how = _candidate_outputs(c, batches, engine, progress)
+    return text_embeddings(task, kept(raw, batches, task.keep)), notes, how
 
 
 def _cached_embed(cache: EvalCache, reference: Model, c: Candidate, task: TextTask,
-                  batches: tuple[Batch, ...],
-                  progress: bool) -> tuple[np.ndarray, tuple[str, ...]]:
+                  batches: tuple[Batch, ...], engine: IncrementalEngine | None,
+                  progress: bool) -> tuple[np.ndarray, tuple[str, ...], str]:
     """:func:`_embed` through ``cache``: keyed by the candidate's model content, stats,
     plan and scheme, the reference's content and the selection texts (batches in order,
     the task cut to them)."""
@@ -221,12 +258,14 @@ def _cached_embed(cache: EvalCache, reference: Model, c: Candidate, task: TextTa
         texts=ec.content_digest({"batches": list(batches), "task": task}))
     hit = cache.get_entry(key)
     if hit is not None and "embeddings" in hit.arrays:
-        return hit.arrays["embeddings"], tuple(str(n) for n in hit.what.get("notes", []))
+        return (hit.arrays["embeddings"], tuple(str(n) for n in hit.what.get("notes", [])),
+                f"evaluation cache (measured by {hit.what.get('engine', 'ort')})")
     t0 = time.perf_counter()
-    emb, notes = _embed(c, task, batches, progress)
+    emb, notes, how = _embed(c, task, batches, engine, progress)
     cache.put(key, float(len(emb)), seconds=time.perf_counter() - t0,
-              what={"candidate": c.name, "notes": list(notes)}, arrays={"embeddings": emb})
-    return emb, notes
+              what={"candidate": c.name, "notes": list(notes), "engine": how},
+              arrays={"embeddings": emb})
+    return emb, notes, how
 
 
 def length_costs(reference: Model, candidates: tuple[Candidate, ...], target: Target,

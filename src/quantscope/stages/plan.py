@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from quantscope.analyze.incremental import IncrementalEngine, engines_counts, engines_made
 from quantscope.analyze.measure import evaluate_plan, evaluate_plans, headline
 from quantscope.emulate.evaluate import run_model
 from quantscope.finetune.engine import RankEngine, resolve_engine
@@ -39,10 +40,12 @@ def _plan_measure(model: Model, data: Dataset, target: Target | None, method: st
                   reference_outputs: Outputs | None) -> Measure:
     ref = reference_outputs or run_model(model.proto, list(data.evaluation))
     scheme = None if target is None else target.scheme
+    # one incremental evaluator for every plan of the search (its runner made on first use)
+    engine = IncrementalEngine(model, list(data.evaluation), method=method)
 
     def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
         return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
-                             reference_outputs=ref, saturation=False)["metrics"]
+                             reference_outputs=ref, saturation=False, engine=engine)["metrics"]
 
     return measure
 
@@ -309,6 +312,14 @@ class PlanResult:
         return extra
 
 
+def _at_seq_len(data: Dataset | None, seq_len: int | None) -> tuple[str | None, Dataset | None]:
+    """The data cut to what ``seq_len`` runs, and the note saying so (None: nothing cut)."""
+    if data is None or seq_len is None:
+        return None, data
+    cut = at_length(data, seq_len)
+    return (cut.notes[-1] if cut is not data else None), cut
+
+
 def _without_finetune(options: PlanOptions) -> tuple[bool, PlanOptions]:
     """Whether ``finetune`` is among the repairs, and the options without it (it is no
     search move: :func:`plan_model` fine-tunes the chosen plan afterwards)."""
@@ -355,19 +366,19 @@ def plan_model(
         head.check_goal(options.goal)  # before any work: a goal the metric cannot take
     if options.metric is None:
         options = dataclasses.replace(options, metric=head.metric)
-    truncated = None
-    if data is not None and options.seq_len is not None:
-        cut = at_length(data, options.seq_len)  # measured on what that length runs
-        truncated, data = (cut.notes[-1] if cut is not data else None), cut
+    truncated, data = _at_seq_len(data, options.seq_len)  # measured on what that length runs
     finetune, options = _without_finetune(options)
     shapes = given_shapes(model, options.seq_len, options.input_shapes)
     evaluate, offer = None, None
-    if data is not None and stats is not None:
-        evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,
-                                            shapes=shapes, progress=progress, cache=cache)
+    with engines_made() as engines:  # the measuring engines, for the record
+        if data is not None and stats is not None:
+            evaluate, offer = _plan_measurement(model, analysis, target, options, data, stats,
+                                                shapes=shapes, progress=progress,
+                                                cache=cache)
     if options.goal is not None and evaluate is not None:
         uniform = _uniform_if_enough(model, analysis, target, options, head, evaluate, shapes)
         if uniform is not None:  # uniform a8_w8 meets the goal: buy no cost
+            _record_engine(uniform.pareto, engines)
             if truncated:
                 uniform.pareto["measured_on"] = truncated
             uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
@@ -385,6 +396,7 @@ def plan_model(
     pareto = extra["pareto"]
     if engine is not None and evaluate is not None:  # what torch ranked, measured in ORT
         plan = confirm_chosen(plan, pareto, engine, evaluate, progress=progress)
+    _record_engine(pareto, engines)
     if truncated:
         pareto["measured_on"] = truncated
     if finetune and data is not None and stats is not None:
@@ -397,6 +409,22 @@ def plan_model(
                                       done=applied_rewrites(model.proto))
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
                       offer=offer)
+
+
+def _record_engine(pareto: dict[str, Any], engines: Sequence[IncrementalEngine]) -> None:
+    """Which engine measured the search's plans (``engine``: "ort (incremental, N of M
+    segments run)"), its counts (``incremental``) and why any plan had a full pass."""
+    if not engines:
+        return
+    counts = engines_counts(engines)
+    if not (counts.plans or counts.full_passes):  # every figure read from the cache
+        pareto["engine"] = "ort (every figure read from the evaluation cache)"
+        return
+    pareto["engine"] = counts.engine
+    pareto["incremental"] = counts.to_dict()
+    notes = [n for e in engines for n in e.notes]
+    if notes and isinstance(pareto.get("notes"), list):
+        pareto["notes"] += [n for n in dict.fromkeys(notes) if n not in pareto["notes"]]
 
 
 UNIFORM_PLANNER = "quantscope.stages uniform a8_w8 meets the goal/1"

@@ -1,0 +1,180 @@
+"""Benchmark: plans measured per minute by the planner's evaluators, naive vs incremental.
+
+One realistic sequence of planner plans on a built-in text model: from uniform a8_w8,
+``--plans`` times promote one random group (not promoted yet) to a16_w16 and measure the
+plan; keep the promotion when the metric does not drop (a measured greedy search, as the
+refine steps of ``quantscope plan`` measure one changed plan after another). Every
+variant measures the same sequence in this process (ratios against the naive one, run
+first); each prints its wall time, plans per minute, and whether it took the same
+decisions and measured the same values (largest difference) as the naive one. Then the
+part the incremental evaluator changes, alone: the emulated outputs of the same plans by
+one full QDQ graph each vs the runner (the scoring, the same for every variant, left out).
+
+The variants are the registry :data:`VARIANTS` (name -> a factory of ``plan -> value``):
+
+* ``naive``: one full QDQ graph and session per plan (``evaluate_plan``, FP32 once);
+* ``incremental``: the planner's evaluator (:mod:`quantscope.analyze.incremental`), each
+  plan run from its first changed segment;
+* the early-stopped (``plan/race.py``) and torch-ranked evaluators plug in as more
+  entries of :data:`VARIANTS` (a factory ``(Setup) -> Evaluate``); nothing else changes.
+
+    .venv/bin/python bench/search.py --model minilm-l3 --pairs 64 --seq-len 128 --plans 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from quantscope import stages
+from quantscope.analyze.incremental import IncrementalEngine, IncrementalRunner
+from quantscope.analyze.measure import evaluate_plan, headline, qdq_for_plan
+from quantscope.emulate.evaluate import run_model
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model
+from quantscope.tasks.registry import at_length
+from quantscope.types import Dataset, Outputs, Plan, Precision, QuantScheme, Stats
+
+Evaluate = Callable[[Plan], float]
+
+
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """What every variant measures with: the model, the data, the statistics, the metric
+    and FP32's outputs on the evaluation texts (computed once, outside the timings)."""
+
+    model: Model
+    data: Dataset
+    stats: Stats
+    metric: str
+    reference: Outputs
+
+
+def naive(s: Setup) -> Evaluate:
+    def run(plan: Plan) -> float:
+        return float(evaluate_plan(s.model, s.data, s.stats, plan, reference_outputs=s.reference,
+                                   saturation=False)["metrics"][s.metric])
+
+    return run
+
+
+def incremental(s: Setup) -> Evaluate:
+    engine = IncrementalEngine(s.model, s.data.evaluation)
+
+    def run(plan: Plan) -> float:
+        return float(evaluate_plan(s.model, s.data, s.stats, plan, reference_outputs=s.reference,
+                                   saturation=False, engine=engine)["metrics"][s.metric])
+
+    run.engine = engine  # type: ignore[attr-defined]  # its counts, for the printout
+    return run
+
+
+VARIANTS: dict[str, Callable[[Setup], Evaluate]] = {
+    "naive": naive,  # the baseline: first, every ratio is against it
+    "incremental": incremental,
+    # "early-stopped": plan.race's evaluator, "torch-ranked": the torch ranker (then ORT)
+}
+
+
+def greedy_sequence(evaluate: Evaluate, names: tuple[str, ...], n: int, seed: int
+                    ) -> tuple[list[float], list[bool], float, list[Plan]]:
+    """The measured greedy walk (module docstring): values, kept or not, seconds, plans."""
+    rng = np.random.default_rng(seed)
+    order = [names[i] for i in rng.permutation(len(names))[:n]]
+    t0 = time.perf_counter()
+    kept: list[str] = []
+    plans = [Plan.uniform(Precision.A8_W8)]
+    best = evaluate(plans[0])
+    values, taken = [best], [True]
+    for g in order:
+        plans.append(Plan(default=Precision.A8_W8,
+                          overrides=tuple((x, Precision.A16_W16) for x in [*kept, g])))
+        v = evaluate(plans[-1])
+        values.append(v)
+        taken.append(v >= best)
+        if v >= best:
+            kept, best = [*kept, g], v
+    return values, taken, time.perf_counter() - t0, plans
+
+
+def outputs_only(s: Setup, plans: list[Plan]) -> dict[str, float]:
+    """The part the incremental evaluator changes, alone: the emulated outputs of the same
+    plans, by one full QDQ graph each vs the runner (seconds each, largest difference)."""
+    batches = list(s.data.evaluation)
+    runner = IncrementalRunner(s.model, s.stats, batches, scheme=QuantScheme())
+    full_s, fast_s, diff = 0.0, 0.0, 0.0
+    for p in plans:  # one plan's outputs held at a time
+        t0 = time.perf_counter()
+        full = run_model(qdq_for_plan(s.model, s.stats, p)[0], batches)
+        t1 = time.perf_counter()
+        fast = runner.outputs(p)
+        fast_s, full_s = fast_s + time.perf_counter() - t1, full_s + t1 - t0
+        diff = max([diff, *(float(np.max(np.abs(a - b)))
+                            for x, y in zip(full.batches, fast.batches, strict=True)
+                            for a, b in zip(x, y, strict=True))])
+    return {"plans": len(plans), "full_seconds": round(full_s, 2),
+            "incremental_seconds": round(fast_s, 2), "speedup": round(full_s / fast_s, 2),
+            "max_abs_difference": diff, "engine": runner.counts.engine}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="minilm-l3")
+    ap.add_argument("--pairs", type=int, default=64)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--plans", type=int, default=16, help="promotions measured after the start")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--metric", help="the measured metric (default: the task's headline)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    model = stages.open_model(args.model)
+    data = at_length(stages.open_data("stdlib-docs", model, max_pairs=args.pairs),
+                     args.seq_len)
+    t = time.perf_counter()
+    stats = stages.calibrate_model(model, data)
+    calib = time.perf_counter() - t
+    setup = Setup(model, data, stats, headline(data, args.metric).metric,
+                  run_model(model.proto, list(data.evaluation)))
+    names = find_groups(model).names()
+    print(f"{args.model}: {len(names)} groups, {args.pairs} pairs at seq-len {args.seq_len}, "
+          f"metric {setup.metric}; calibration {calib:.1f} s; {os.cpu_count()} cores "
+          f"({platform.processor() or platform.machine()})")
+    rows, base = [], None
+    for name in args.variants.split(","):
+        evaluate = VARIANTS[name](setup)
+        values, taken, secs, plans = greedy_sequence(evaluate, names, args.plans, args.seed)
+        base = base or (values, taken, secs)
+        row = {"variant": name, "plans": len(values), "seconds": round(secs, 2),
+               "plans_per_minute": round(60 * len(values) / secs, 2),
+               "speedup": round(base[2] / secs, 2), "same_decisions": taken == base[1],
+               "max_value_difference": float(np.max(np.abs(np.subtract(values, base[0])))),
+               "chosen": values[max(i for i, k in enumerate(taken) if k)]}
+        engine = getattr(evaluate, "engine", None)
+        if engine is not None:
+            row["engine"] = engine.counts.to_dict()
+        rows.append(row)
+        print(json.dumps(row))
+        del evaluate, engine  # its caches go before the next variant
+    only = outputs_only(setup, plans)
+    print("emulated outputs only:", json.dumps(only))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"peak RSS of the process (all variants): {peak:.0f} MB")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": args.model, "pairs": args.pairs, "seq_len": args.seq_len,
+                       "metric": setup.metric, "rows": rows, "outputs_only": only,
+                       "peak_rss_mb": round(peak)}, f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""Incremental evaluation: a plan's emulated outputs, run only from its first changed segment.
+
+Two plans that agree on every segment before cut ``k`` compute the same tensors up to
+``k``. The model is cut as the sweeps cut it (:func:`~quantscope.analyze.segments.find_segments`),
+and the plans of one search are run on the segment engine:
+
+=========================  ==========================================================
+segment key                a content hash of what the segment's Q/DQ depends on: the
+                           plan's encodings restricted to it (the tensors it makes,
+                           the graph inputs and weights it reads:
+                           :func:`~quantscope.analyze.segments.encodings_within`)
+prefix key                 the hash of the segment keys of segments ``0..k``
+activation cache           per prefix key, per evaluation batch, the tensors crossing
+                           cut ``k`` (made before, read after or graph outputs); LRU
+                           within ``cache_bytes``; a plan starts after the deepest
+                           cached cut of its own prefix
+session cache              one ORT session per segment key, written by the one writer
+                           (:func:`~quantscope.emulate.qdq.build_qdq` on the segment);
+                           LRU within ``session_bytes`` of weights (default: one copy
+                           of the model's): the sessions of every plan are not held
+                           at once; a plan's own sessions live while it runs
+exact                      the chain of segments computes what the full QDQ model
+                           computes (``tests/test_incremental.py``: within 1e-6)
+fallback                   a model with no cut, or a plan measured on another model
+                           (repairs rewrite it): a full pass, said in a note
+=========================  ==========================================================
+
+:class:`IncrementalRunner` is one (model, statistics, scheme, method, batches, groups);
+:class:`IncrementalEngine` makes it lazily for the plans of one search and says which
+engine measured each (:attr:`IncrementalCounts.engine`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+
+from quantscope.analyze.memory import weight_bytes
+from quantscope.analyze.segments import (
+    Segment,
+    encodings_within,
+    find_segments,
+    run_segment,
+    segment_bytes,
+    segment_model,
+    segment_tensors,
+)
+from quantscope.emulate.coverage import Coverage
+from quantscope.emulate.qdq import build_qdq, plan_encodings
+from quantscope.emulate.session import make_session
+from quantscope.model.groups import find_groups
+from quantscope.model.load import Model
+from quantscope.types import (
+    Batch,
+    Encoding,
+    Encodings,
+    Groups,
+    Outputs,
+    Plan,
+    QuantScheme,
+    Stats,
+    sample_first,
+)
+
+CACHE_BYTES = 1 << 30  # the activation cache's default budget (1 GiB)
+SESSION_MIN_BYTES = 1 << 20  # what a session without weights counts (its graph, buffers)
+NO_CUT_NOTE = ("incremental evaluation: the model has no cut (no point where one activation "
+               "crosses): every plan was measured by a full pass")
+
+
+@dataclass(frozen=True)
+class IncrementalConfig:
+    """Budgets of one runner (bytes): ``cache_bytes`` for the activations crossing the
+    cuts, ``session_bytes`` for the weights of the segment sessions kept between plans
+    (None: the model's weights once)."""
+
+    cache_bytes: int = CACHE_BYTES
+    session_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class IncrementalCounts:
+    """What a runner (or an engine) did: plans, segments run and skipped, cache hits."""
+
+    plans: int = 0
+    segments_run: int = 0
+    segments_skipped: int = 0
+    cache_hits: int = 0  # plans that started from a cached cut
+    sessions_built: int = 0
+    sessions_reused: int = 0
+    full_passes: int = 0  # plans measured by a full pass (no cut, another model)
+
+    @property
+    def segments(self) -> int:
+        return self.segments_run + self.segments_skipped
+
+    @property
+    def engine(self) -> str:
+        """Which engine measured, for the records: ``ort (incremental, N of M segments
+        run)``, with the full passes counted beside."""
+        if not self.plans:
+            return "ort (full pass)" if self.full_passes else "ort"
+        full = f"; {self.full_passes} plan(s) by a full pass" if self.full_passes else ""
+        return f"ort (incremental, {self.segments_run} of {self.segments} segments run{full})"
+
+    def plus(self, other: IncrementalCounts) -> IncrementalCounts:
+        return IncrementalCounts(*(a + b for a, b in zip(
+            _fields(self), _fields(other), strict=True)))
+
+    def minus(self, other: IncrementalCounts) -> IncrementalCounts:
+        return IncrementalCounts(*(a - b for a, b in zip(
+            _fields(self), _fields(other), strict=True)))
+
+    def to_dict(self) -> dict[str, int | str]:
+        return {"engine": self.engine, "plans": self.plans, "segments_run": self.segments_run,
+                "segments_skipped": self.segments_skipped, "cache_hits": self.cache_hits,
+                "sessions_built": self.sessions_built, "sessions_reused": self.sessions_reused,
+                "full_passes": self.full_passes}
+
+
+def _fields(c: IncrementalCounts) -> tuple[int, ...]:
+    return (c.plans, c.segments_run, c.segments_skipped, c.cache_hits, c.sessions_built,
+            c.sessions_reused, c.full_passes)
+
+
+def _digest_encodings(segment: int, enc: Encodings) -> str:
+    """The key of one segment's session: its index and its encodings' content."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"segment {segment}|".encode())
+    for kind, table in (("a", enc.activations), ("w", enc.weights)):
+        for name in sorted(table):
+            _digest_one(h, kind, name, table[name])
+    return h.hexdigest()
+
+
+def _digest_one(h: hashlib.blake2b, kind: str, name: str, e: Encoding) -> None:
+    scale, zp = np.asarray(e.scale), np.asarray(e.zero_point)
+    h.update(f"{kind}|{name}|{e.bits}|{e.signed}|{e.axis}|{scale.dtype}{scale.shape}|"
+             f"{zp.dtype}{zp.shape}|".encode())
+    h.update(np.ascontiguousarray(scale).tobytes())
+    h.update(np.ascontiguousarray(zp).tobytes())
+
+
+@dataclass(eq=False)
+class _Entry:
+    """The tensors crossing one cut, per batch (filled batch by batch)."""
+
+    parts: list[dict[str, np.ndarray]] = field(default_factory=list)
+    nbytes: int = 0
+    complete: bool = False
+    dropped: bool = False
+
+
+class _Lru:
+    """An LRU of values with a size each, within a budget (mutable, private)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self.held = budget, 0
+        self.items: OrderedDict[str, tuple[object, int]] = OrderedDict()
+
+    def get(self, key: str) -> object | None:
+        got = self.items.get(key)
+        if got is None:
+            return None
+        self.items.move_to_end(key)
+        return got[0]
+
+    def put(self, key: str, value: object, size: int) -> None:
+        old = self.items.pop(key, None)
+        self.held -= 0 if old is None else old[1]
+        self.items[key] = (value, size)
+        self.held += size
+        self.trim()
+
+    def grow(self, key: str, size: int) -> None:
+        value, old = self.items[key]
+        self.items[key] = (value, old + size)
+        self.held += size
+        self.trim()
+
+    def trim(self) -> None:
+        while self.held > self.budget and self.items:
+            _, (value, size) = self.items.popitem(last=False)
+            self.held -= size
+            if isinstance(value, _Entry):
+                value.dropped = True
+
+
+class IncrementalRunner:
+    """The emulated outputs of plans of one model on fixed batches, each plan run from
+    its first changed segment (module docstring). Stateful: the caches and the counts."""
+
+    def __init__(self, model: Model, stats: Stats, batches: Sequence[Batch], *,
+                 scheme: QuantScheme, method: str | None = None, groups: Groups | None = None,
+                 config: IncrementalConfig = IncrementalConfig()) -> None:
+        self.model, self.stats, self.batches = model, stats, tuple(batches)
+        self.scheme, self.method, self.config = scheme, method, config
+        self.groups = groups or find_groups(model)
+        self.segments: tuple[Segment, ...] = find_segments(model, self.groups)
+        by_name = {n.name: n for n in model.graph.node}
+        self._tensors = tuple(segment_tensors(model, (by_name[n] for n in s.nodes))
+                              for s in self.segments)
+        self._crossing = _crossing(model, self.segments)
+        self._weights = segment_bytes(model, self.segments)
+        budget = config.session_bytes
+        if budget is None:  # room for one whole plan's sessions
+            budget = max(weight_bytes(model), len(self.segments) * SESSION_MIN_BYTES)
+        self._sessions = _Lru(budget)
+        self._cache = _Lru(config.cache_bytes)
+        self._counts = IncrementalCounts()
+
+    @property
+    def usable(self) -> bool:
+        """Whether the model has a cut (else every plan is one segment: a full pass)."""
+        return len(self.segments) > 1
+
+    @property
+    def counts(self) -> IncrementalCounts:
+        return self._counts
+
+    @property
+    def cached_bytes(self) -> int:
+        """The bytes the activation cache holds now."""
+        return self._cache.held
+
+    def encodings(self, plan: Plan) -> tuple[Encodings, Coverage]:
+        return plan_encodings(self.model, self.stats, plan, scheme=self.scheme,
+                              groups=self.groups, method=self.method)
+
+    def outputs(self, plan: Plan, encodings: Encodings | None = None) -> Outputs:
+        """The plan's emulated outputs on the batches (sample-first, as ``run_model``)."""
+        out = list(self.iterate(plan, encodings))
+        return Outputs(names=self.model.output_names(), batches=tuple(o for o, _ in out))
+
+    def iterate(self, plan: Plan, encodings: Encodings | None = None
+                ) -> Iterator[tuple[tuple[np.ndarray, ...], Batch]]:
+        """Per batch, in order: the plan's outputs (sample-first) and the batch."""
+        enc = encodings if encodings is not None else self.encodings(plan)[0]
+        seg_encs = [encodings_within(enc, t) for t in self._tensors]
+        keys = [_digest_encodings(k, e) for k, e in enumerate(seg_encs)]
+        prefixes = _prefixes(keys)
+        start, cached = self._start(prefixes)
+        sessions = [self._session(k, keys[k], seg_encs[k]) for k in range(start, len(keys))]
+        self._count(start, len(keys), hit=start > 0)
+        entries = self._open_entries(prefixes, start)
+        outs = self.model.output_names()
+        for b, batch in enumerate(self.batches):
+            env: dict[str, np.ndarray] = dict(batch)
+            if cached is not None:
+                env.update(cached.parts[b])
+            for k, sess in enumerate(sessions, start=start):
+                env.update(run_segment(sess, self.segments[k].outputs, env))
+                if k in entries:
+                    self._keep(entries[k], prefixes[k], {t: env[t] for t in self._crossing[k]})
+            yield tuple(sample_first([env[o] for o in outs], batch)), batch
+        for e in entries.values():
+            e.complete = not e.dropped
+
+    def _start(self, prefixes: Sequence[str]) -> tuple[int, _Entry | None]:
+        for k in range(len(prefixes) - 2, -1, -1):  # the deepest cached cut first
+            got = self._cache.get(prefixes[k])
+            if isinstance(got, _Entry) and got.complete:
+                return k + 1, got
+        return 0, None
+
+    def _open_entries(self, prefixes: Sequence[str], start: int) -> dict[int, _Entry]:
+        entries = {}
+        for k in range(start, len(prefixes) - 1):  # the cut after the last: the outputs
+            got = self._cache.get(prefixes[k])
+            if not (isinstance(got, _Entry) and got.complete):  # none, or an abandoned run's
+                entries[k] = _Entry()
+                self._cache.put(prefixes[k], entries[k], 0)
+        return entries
+
+    def _keep(self, entry: _Entry, key: str, tensors: dict[str, np.ndarray]) -> None:
+        if entry.dropped:
+            return
+        size = sum(int(v.nbytes) for v in tensors.values())
+        entry.parts.append(tensors)
+        entry.nbytes += size
+        self._cache.grow(key, size)
+
+    def _session(self, k: int, key: str, enc: Encodings) -> ort.InferenceSession:
+        sess = self._sessions.get(key)
+        if isinstance(sess, ort.InferenceSession):
+            self._counts = self._counts.plus(IncrementalCounts(sessions_reused=1))
+            return sess
+        proto = build_qdq(segment_model(self.model, self.segments[k]), enc)
+        sess = make_session(proto, shared_arena=True)
+        self._counts = self._counts.plus(IncrementalCounts(sessions_built=1))
+        self._sessions.put(key, sess, max(self._weights[k], SESSION_MIN_BYTES))
+        return sess
+
+    def _count(self, start: int, n: int, *, hit: bool) -> None:
+        self._counts = self._counts.plus(IncrementalCounts(
+            plans=1, segments_run=n - start, segments_skipped=start, cache_hits=int(hit)))
+
+
+def _prefixes(keys: Sequence[str]) -> list[str]:
+    out, h = [], hashlib.blake2b(digest_size=16)
+    for key in keys:
+        h.update(key.encode())
+        out.append(h.copy().hexdigest())
+    return out
+
+
+def _crossing(model: Model, segments: Sequence[Segment]) -> tuple[tuple[str, ...], ...]:
+    """Per cut ``k`` (after segment ``k``): the tensors made up to it that a later segment
+    reads or the graph returns (graph inputs come from the batch)."""
+    graph_outs, out = set(model.output_names()), []
+    made: list[str] = []
+    for k, seg in enumerate(segments):
+        made += seg.outputs
+        later = {t for s in segments[k + 1:] for t in s.inputs}
+        out.append(tuple(dict.fromkeys(t for t in made if t in later or t in graph_outs)))
+    return tuple(out)
+
+
+_MADE: ContextVar[list[IncrementalEngine] | None] = ContextVar("incremental_engines",
+                                                               default=None)
+
+
+@contextmanager
+def engines_made() -> Iterator[list[IncrementalEngine]]:
+    """The engines made inside the block, for a caller that passes on the making of them
+    (the planner's evaluator) and records what they did."""
+    made: list[IncrementalEngine] = []
+    token = _MADE.set(made)
+    try:
+        yield made
+    finally:
+        _MADE.reset(token)
+
+
+def engines_counts(engines: Sequence[IncrementalEngine]) -> IncrementalCounts:
+    total = IncrementalCounts()
+    for e in engines:
+        total = total.plus(e.counts)
+    return total
+
+
+class IncrementalEngine:
+    """The evaluator of several plans of one model and data: makes the
+    :class:`IncrementalRunner` of (statistics, scheme) on first use and reuses it; a plan
+    on another model (its repairs rewrote it) or a model without a cut gets ``None`` (a
+    full pass) and one note."""
+
+    def __init__(self, model: Model, batches: Sequence[Batch], *, method: str | None = None,
+                 config: IncrementalConfig = IncrementalConfig()) -> None:
+        self.model, self.batches, self.method, self.config = model, tuple(batches), method, config
+        self._runner: IncrementalRunner | None = None
+        self._past = IncrementalCounts()  # of runners replaced (other statistics or scheme)
+        self._full = 0
+        self.notes: list[str] = []
+        made = _MADE.get()
+        if made is not None:
+            made.append(self)
+
+    def __getstate__(self) -> dict[str, object]:
+        """Sent to another process (``plan --ray`` ships the evaluator): without the
+        runner (its sessions cannot travel), which the copy makes again on first use."""
+        return {**self.__dict__, "_runner": None, "_past": self.counts, "_full": 0}
+
+    def runner(self, model: Model, stats: Stats, scheme: QuantScheme
+               ) -> tuple[IncrementalRunner | None, str | None]:
+        """The runner for a plan of ``model`` with ``stats`` in ``scheme``, or (None, the
+        note why the plan is measured by a full pass)."""
+        if model is not self.model:
+            return self._fallback("incremental evaluation: a plan whose repairs change the "
+                                  "model was measured by a full pass")
+        r = self._runner
+        if r is None or r.stats is not stats or r.scheme != scheme:
+            if r is not None:
+                self._past = self._past.plus(r.counts)
+            r = self._runner = IncrementalRunner(model, stats, self.batches, scheme=scheme,
+                                                 method=self.method, config=self.config)
+        if not r.usable:
+            return self._fallback(NO_CUT_NOTE)
+        return r, None
+
+    def _fallback(self, note: str) -> tuple[None, str]:
+        self._full += 1
+        if note not in self.notes:
+            self.notes.append(note)
+        return None, note
+
+    @property
+    def counts(self) -> IncrementalCounts:
+        base = self._runner.counts if self._runner is not None else IncrementalCounts()
+        return self._past.plus(base).plus(IncrementalCounts(full_passes=self._full))
