@@ -108,7 +108,9 @@ def test_cli_check_phases_with_quality(tmp_path, capsys) -> None:
     byte_decoder(tmp_path)
     write_plan(tmp_path / "plan.json", Plan(default=Precision.A16_W16, target="hailo10h"))
     code = main(["check", str(tmp_path / "plan.json"), "--model", str(tmp_path / "byte.prefill.onnx"),
-                 "--target", "hailo10h", "--phase", "prefill,decode", "--quality"])
+                 "--target", "hailo10h", "--phase", "prefill,decode", "--quality",
+                 "--lm-tokens", "300", "--prompts", "4", "--new-tokens", "32",
+                 "--decode-steps", "32"])
     out = capsys.readouterr().out
     assert code == 1  # 16-bit attention is an error on hailo10h, in both phases
     assert "[hailo.attention_16bit] layers.0.attn.scores" in out

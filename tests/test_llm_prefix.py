@@ -104,3 +104,83 @@ def test_sink_tokens_found_from_calibration() -> None:
     # after the prefix the sink token's later occurrences are what is left to measure
     prefixed = prefixed_model(pre, compute_prefix(pre, choice.tokens))
     assert scan_sinks(prefixed, windows).ratios[0].shape == (16,)
+
+
+SEQ = 32
+AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--decode-steps", "32"]
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory) -> tuple:
+    import contextlib
+    import io
+
+    from decoder_tiny import byte_decoder
+
+    from quantscope.cli import main
+
+    folder = tmp_path_factory.mktemp("prefixplan")
+    model = byte_decoder(folder)
+    out = folder / "plan.json"
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        code = main(["plan", str(model), "--target", "hailo10h", "--phase", "prefill,decode",
+                     "--max-cost", "1.5", "--seq-len", str(SEQ), "--prefix", "auto", *AMOUNTS,
+                     "--out", str(out)])
+    assert code == 0
+    return model, out, text.getvalue()
+
+
+@pytest.mark.slow
+def test_plan_records_the_prefix_and_check_measures_with_it(planned, capsys) -> None:
+    import json
+
+    from quantscope.cli import main
+    from quantscope.export.kv_prefix import plan_alls_note
+    from quantscope.serde import read_plan
+    from quantscope.stages_llm import LmSetup, lm_quality, recorded_prefix
+    from quantscope.tasks.lm_phases import LM_PHASES
+
+    model, out, text = planned
+    plan = read_plan(out)
+    rec = json.loads(dict(plan.meta)["kv_prefix"])
+    assert read_prefix(out.with_suffix(".prefix.npz")).tokens == tuple(rec["tokens"])
+    assert recorded_prefix(plan) == tuple(rec["tokens"]) and len(rec["why"]) == len(rec["tokens"])
+    assert "KV prefix: 1 token(s) in FP32 in the cache" in text
+    assert f"slots 0..{len(rec['tokens']) - 1}" in plan_alls_note(plan)
+    setup = LmSetup.at(SEQ, tokens=300, prompts=4, new_tokens=16, decode_steps=32)
+    recorded = json.loads(dict(plan.meta)["phase_results"])["quality"]
+    fresh = lm_quality(model, {"p": plan}, setup, recorded_prefix(plan))["plans"]["p"]
+    for phase in (*LM_PHASES, "greedy"):
+        for key, value in recorded[phase].items():
+            assert fresh[phase][key] == pytest.approx(value, rel=1e-6, abs=1e-9), (phase, key)
+    without = lm_quality(model, {"p": plan}, setup, "none")["plans"]["p"]
+    assert without["prefill"]["ppl_fp32"] != pytest.approx(fresh["prefill"]["ppl_fp32"])
+    # check --phase --quality measures with the plan's prefix by default
+    assert main(["check", str(out), "--model", str(model), "--target", "hailo10h", "--phase",
+                 "prefill,decode", "--seq-len", str(SEQ), "--quality", *AMOUNTS]) == 0
+    printed = capsys.readouterr().out
+    assert "KV prefix: 1 token(s)" in printed and "recorded in the plan" in printed
+    v = recorded["prefill"]
+    assert (f"plan           prefill          {v['top1_agreement']:>7.3f} {v['kl']:>9.4f} "
+            f"{v['ppl_ratio']:>10.4f}") in printed
+
+
+@pytest.mark.slow
+def test_host_snippet_generates_fp32_tokens_from_the_prefix(planned) -> None:
+    """The snippet written beside the plan, run with the FP32 decode graph: the greedy
+    tokens of the original graph on prefix + prompt."""
+    from quantscope.stages_llm import open_phase
+    from quantscope.tasks.lm_phases import generate
+
+    model, out, _ = planned
+    snippet = out.with_suffix(".prefix.py")
+    scope: dict = {"__file__": str(snippet)}
+    exec(compile(snippet.read_text(), str(snippet), "exec"), scope)
+    tokens = read_prefix(out.with_suffix(".prefix.npz")).tokens
+    prompt = np.array([72, 101, 108, 108, 111], np.int64)
+    decode = runner(open_phase(model, "decode"))
+    got = scope["generate"](decode, prompt, 6)
+    pre = runner(open_phase(model, "prefill"))
+    want = generate(pre, decode, np.array([*tokens, *prompt], np.int64), 6)
+    assert got == want
