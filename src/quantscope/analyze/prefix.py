@@ -30,10 +30,10 @@ from quantscope.analyze.phases import residual_groups
 from quantscope.calibrate.collect import tapped_model
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
-from quantscope.model.load import Model, load_proto
+from quantscope.model.load import Model
 from quantscope.tasks.lm_phases import OpenPhase, release_memory, runner
 from quantscope.types import QuantscopeError
-from quantscope.zoo.prefix import KVPrefix, prefixed_prefill
+from quantscope.zoo.prefix import KVPrefix, infer_light, prefixed_prefill
 
 THRESHOLD = 64.0
 MAX_TOKENS = 4
@@ -120,24 +120,25 @@ def compute_prefix(prefill: Model, tokens: Sequence[int]) -> KVPrefix:
                     tuple(out[f"present.{i}.value"] for i in range(layers)))
 
 
-def prefixed_model(prefill: Model, prefix: KVPrefix) -> Model:
-    """The prefill graph reading ``prefix`` (checked and shape-inferred again); its
-    ``source`` names the file and the prefix, so runners build from the graph itself."""
-    proto = prefixed_prefill(prefill.proto, prefix)
-    model = load_proto(proto, source=f"{prefill.source} + KV prefix {list(prefix.tokens)}")
-    del proto
+def prefixed_model(prefill: Model, prefix: KVPrefix, *, in_place: bool = False) -> Model:
+    """The prefill graph reading ``prefix``, shapes inferred again (``in_place``: edits
+    ``prefill``'s graph, no second copy of the weights); its ``source`` names the file
+    and the prefix, so runners build from the graph itself, not from the file."""
+    proto = infer_light(prefixed_prefill(prefill.proto, prefix, in_place=in_place))
+    model = Model(proto=proto, source=f"{prefill.source} + KV prefix {list(prefix.tokens)}")
     release_memory()
     return model
 
 
 def prefixed_opener(open_phase: OpenPhase, prefix: KVPrefix | None) -> OpenPhase:
-    """``open_phase`` with its prefill graph reading ``prefix`` (None: unchanged)."""
+    """``open_phase`` with its prefill graph reading ``prefix`` (None: unchanged);
+    ``open_phase`` must return a fresh graph on each call (it is edited in place)."""
     if prefix is None:
         return open_phase
 
     def opened(phase: str) -> Model:
-        model = open_phase(phase)
-        return prefixed_model(model, prefix) if phase == "prefill" else model
+        model = open_phase(phase)  # a fresh graph each time: edited in place
+        return prefixed_model(model, prefix, in_place=True) if phase == "prefill" else model
 
     return opened
 

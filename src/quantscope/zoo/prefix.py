@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import numpy_helper, shape_inference
 
 from quantscope.types import QuantscopeError
 
@@ -86,11 +86,15 @@ def cache_nodes(proto: onnx.ModelProto) -> dict[str, onnx.NodeProto]:
             if n.op_type == "Concat" and len(n.input) == 1 and n.output[0] in outs}
 
 
-def prefixed_prefill(proto: onnx.ModelProto, prefix: KVPrefix) -> onnx.ModelProto:
-    """A copy of a prefill graph that reads ``prefix`` as the start of its cache (see the
-    module docstring); intermediate shapes are dropped (infer them again)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
+def prefixed_prefill(proto: onnx.ModelProto, prefix: KVPrefix, *,
+                     in_place: bool = False) -> onnx.ModelProto:
+    """A prefill graph that reads ``prefix`` as the start of its cache (see the module
+    docstring): a copy, or ``proto`` itself edited with ``in_place`` (no second copy of
+    the weights); intermediate shapes are dropped (:func:`infer_light` them again)."""
+    out = proto
+    if not in_place:
+        out = onnx.ModelProto()
+        out.CopyFrom(proto)
     nodes = cache_nodes(out)
     offset = [t for t in out.graph.initializer if t.name == PAST_LEN]
     expected = {f"present.{i}.{kind}" for i in range(len(prefix.keys))
@@ -114,4 +118,24 @@ def prefixed_prefill(proto: onnx.ModelProto, prefix: KVPrefix) -> onnx.ModelProt
     return out
 
 
-__all__ = ["KVPrefix", "cache_nodes", "prefixed_prefill", "read_prefix"]
+def infer_light(proto: onnx.ModelProto, *, big: int = 1 << 16) -> onnx.ModelProto:
+    """``proto`` with its intermediate shapes inferred (ONNX, data propagation on), in place,
+    with every initializer over ``big`` bytes emptied meanwhile (its dims stay: shapes need
+    nothing else), so the inference copies no weights."""
+    saved = {}
+    for t in proto.graph.initializer:
+        if len(t.raw_data) > big:
+            saved[t.name] = t.raw_data
+            t.ClearField("raw_data")
+    try:
+        inferred = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    finally:
+        for t in proto.graph.initializer:
+            if t.name in saved:
+                t.raw_data = saved[t.name]
+    del proto.graph.value_info[:]
+    proto.graph.value_info.extend(inferred.graph.value_info)
+    return proto
+
+
+__all__ = ["KVPrefix", "cache_nodes", "infer_light", "prefixed_prefill", "read_prefix"]
