@@ -37,7 +37,30 @@ def test_greedy_prefix() -> None:
     g = Greedy()
     g.add([1, 2, 3, 4], [1, 2, 9, 4])  # the 4th token matching again does not count
     g.add([1, 2], [1, 2])
-    assert g.values() == {"greedy_agreement": 0.75, "greedy_identical": 0.5, "prompts": 2.0}
+    assert g.values() == {"greedy_agreement": 0.75, "greedy_identical": 0.5, "prompts": 2.0,
+                          "greedy_agreement_se": pytest.approx(0.25)}  # std 0.354 / sqrt 2
+
+
+def test_standard_errors_are_over_the_blocks() -> None:
+    """Equal-sized blocks: the cluster standard error is the plain one of the block means."""
+    rng = np.random.default_rng(2)
+    acc, diffs, agree = NextToken(), [], []
+    for _ in range(5):
+        ref, targets = rng.standard_normal((4, 9)), rng.integers(0, 9, 4)
+        test = ref + 0.5 * rng.standard_normal((4, 9))
+        acc.add(ref, test, targets)
+        lr, lt = log_softmax(ref), log_softmax(test)
+        rows = np.arange(4)
+        diffs.append(float((lr[rows, targets] - lt[rows, targets]).mean()))
+        agree.append(float((lr.argmax(-1) == lt.argmax(-1)).mean()))
+    v = acc.values()
+    assert v["blocks"] == 5
+    se = np.std(diffs, ddof=1) / np.sqrt(5)
+    assert v["ppl_ratio_se"] == pytest.approx(v["ppl_ratio"] * se)
+    assert v["top1_agreement_se"] == pytest.approx(np.std(agree, ddof=1) / np.sqrt(5))
+    one = NextToken()
+    one.add(np.zeros((2, 3)), np.zeros((2, 3)), None)
+    assert one.values()["kl_se"] == 0.0  # one block: no spread to measure
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +108,9 @@ def test_cli_check_phases_with_quality(tmp_path, capsys) -> None:
     byte_decoder(tmp_path)
     write_plan(tmp_path / "plan.json", Plan(default=Precision.A16_W16, target="hailo10h"))
     code = main(["check", str(tmp_path / "plan.json"), "--model", str(tmp_path / "byte.prefill.onnx"),
-                 "--target", "hailo10h", "--phase", "prefill,decode", "--quality"])
+                 "--target", "hailo10h", "--phase", "prefill,decode", "--quality",
+                 "--lm-tokens", "300", "--prompts", "4", "--new-tokens", "32",
+                 "--decode-steps", "32"])
     out = capsys.readouterr().out
     assert code == 1  # 16-bit attention is an error on hailo10h, in both phases
     assert "[hailo.attention_16bit] layers.0.attn.scores" in out

@@ -19,6 +19,8 @@ from quantscope.tasks.lm_phases import LM_PHASES
 from quantscope.types import Precision
 
 SEQ = 32
+AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--decode-steps", "32"]
+SETUP = LmSetup.at(SEQ, tokens=300, prompts=4, new_tokens=16, decode_steps=32)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +31,7 @@ def planned(tmp_path_factory) -> tuple[Path, Path, str]:
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         code = main(["plan", str(model), "--target", "hailo10h", "--phase", "prefill,decode",
-                     "--max-cost", "1.5", "--seq-len", str(SEQ), "--out", str(out)])
+                     "--max-cost", "1.5", "--seq-len", str(SEQ), *AMOUNTS, "--out", str(out)])
     assert code == 0
     return model, out, text.getvalue()
 
@@ -55,15 +57,16 @@ def test_recorded_quality_equals_a_fresh_measurement(planned, capsys) -> None:
     model, out, _ = planned
     plan = read_plan(out)
     recorded = json.loads(dict(plan.meta)["phase_results"])["quality"]
-    assert json.loads(dict(plan.meta)["lm_setup"]) == LmSetup.at(SEQ).__dict__
-    fresh = lm_quality(model, {"p": plan}, LmSetup.at(SEQ))["plans"]["p"]
+    assert json.loads(dict(plan.meta)["lm_setup"]) == SETUP.__dict__
+    assert "kv_prefix" not in dict(plan.meta)  # --prefix none, the default
+    fresh = lm_quality(model, {"p": plan}, SETUP)["plans"]["p"]
     for phase in (*LM_PHASES, "greedy"):
         for key, value in recorded[phase].items():
             assert fresh[phase][key] == pytest.approx(value, rel=1e-6, abs=1e-9), (phase, key)
     # and the CLI's check --phase --quality prints the same figures
     assert main(["check", str(out), "--model", str(model), "--target", "hailo10h", "--phase",
                  "prefill,decode",
-                 "--seq-len", str(SEQ), "--quality"]) == 0
+                 "--seq-len", str(SEQ), "--quality", *AMOUNTS]) == 0
     printed = capsys.readouterr().out
     for phase in LM_PHASES:
         v = recorded[phase]
@@ -92,7 +95,7 @@ def test_plan_phase_inputs_checked(planned, capsys) -> None:
     assert main([*base, "--phase", "prefill,decode", "--seq-len", "16,32"]) == 2
     assert "one --seq-len" in capsys.readouterr().err
     assert main([*base, "--phase", "prefill,decode", "--seq-len", "16", "--max-cost",
-                 "0.5"]) == 2  # even uniform a8_w8 (1.0x) is over the cap
+                 "0.5", *AMOUNTS]) == 2  # even uniform a8_w8 (1.0x) is over the cap
     assert "no candidate plan is legal on every phase within 0.5x" in capsys.readouterr().err
     assert not out.with_name("x.json").exists()
 

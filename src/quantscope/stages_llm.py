@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,14 @@ import numpy as np
 import onnx
 
 from quantscope.analyze.phases import PhaseDiagnosis, diagnose_phase, residual_groups
+from quantscope.analyze.prefix import (
+    THRESHOLD,
+    PrefixChoice,
+    choose_prefix,
+    compute_prefix,
+    prefixed_opener,
+    scan_sinks,
+)
 from quantscope.calibrate.collect import tapped_model
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
@@ -42,6 +51,7 @@ from quantscope.tasks.lm_phases import (
 )
 from quantscope.types import Plan, Precision, QuantscopeError, Stats
 from quantscope.zoo.decoder import PRODUCER as DECODER_PRODUCER
+from quantscope.zoo.prefix import KVPrefix
 
 PROMPT = "The capital of France is"
 
@@ -75,9 +85,13 @@ def check_plan_phases(spec: str | Path, plan: Plan, phases: tuple[str, ...],
                         seq_len or DEFAULT_SEQ_LEN)
 
 
+EVAL_TOKENS, PROMPTS, NEW_TOKENS, DECODE_STEPS = 20_000, 32, 64, 256  # the CLI's amounts
+
+
 @dataclass(frozen=True)
 class LmSetup:
-    """How much text a phase evaluation uses (the defaults fit a 2-core laptop in minutes)."""
+    """How much text a phase evaluation uses. The field defaults are a quick look (minutes
+    on a 2-core laptop); :meth:`at` gives the amounts the commands measure by."""
 
     seq_len: int = DEFAULT_SEQ_LEN
     calibration: int = 16
@@ -85,11 +99,18 @@ class LmSetup:
     steps: int = 8
     prompts: int = 4
     new_tokens: int = 32
+    decode_windows: int | None = None  # windows whose last ``steps`` tokens decode (None: all)
 
     @classmethod
-    def at(cls, seq_len: int | None) -> LmSetup:
-        """The default amounts of text at ``seq_len`` tokens (None: the default length)."""
-        return cls(seq_len=seq_len or DEFAULT_SEQ_LEN)
+    def at(cls, seq_len: int | None, *, tokens: int = EVAL_TOKENS, prompts: int = PROMPTS,
+           new_tokens: int = NEW_TOKENS, decode_steps: int = DECODE_STEPS) -> LmSetup:
+        """At ``seq_len`` tokens (None: the default length): enough evaluation windows
+        for ``tokens`` predicted tokens, ``prompts`` greedy prompts of ``new_tokens``, and
+        ``decode_steps`` decode steps (``steps`` per window, on the emulated cache)."""
+        n = seq_len or DEFAULT_SEQ_LEN
+        windows = -(-decode_steps // cls.steps)
+        return cls(seq_len=n, evaluation=max(-(-tokens // (n - 1)), windows, prompts - 1),
+                   prompts=prompts, new_tokens=new_tokens, decode_windows=windows)
 
 
 def lm_text(spec: str | Path, setup: LmSetup) -> tuple[TokenWindows, list[np.ndarray]]:
@@ -101,30 +122,83 @@ def lm_text(spec: str | Path, setup: LmSetup) -> tuple[TokenWindows, list[np.nda
     return windows, prompts[:setup.prompts]
 
 
-def _opener(spec: str | Path) -> OpenPhase:
+@dataclass(frozen=True)
+class LmPrefix:
+    """The constant KV prefix a phase evaluation runs with: which tokens, why, their K/V."""
+
+    choice: PrefixChoice
+    kv: KVPrefix
+    text: tuple[str, ...]  # each token as the tokenizer spells it
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the plan records (``meta['kv_prefix']``)."""
+        return {"tokens": list(self.kv.tokens), "text": list(self.text),
+                "why": list(self.choice.why), "threshold": THRESHOLD,
+                "first_position_ratio": self.choice.first_ratio,
+                "largest_later_ratio": self.choice.later_ratio}
+
+
+def document_token(tok: Any) -> int | None:
+    """The tokenizer's lowest-id special token (``<|endoftext|>``), None without one."""
+    ids = [i for i, t in tok.get_added_tokens_decoder().items() if t.special]
+    return min(ids) if ids else None
+
+
+def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindows
+              ) -> LmPrefix | None:
+    """``none`` (None), ``auto`` (the sink tokens of the calibration windows,
+    :mod:`quantscope.analyze.prefix`) or given token ids; their FP32 K/V computed."""
+    if mode == "none" or mode == ():
+        return None
+    tok = load_lm_tokenizer(phase_file(spec, "prefill"))
+    pre = open_phase(spec, "prefill")
+    if mode == "auto":
+        choice = choose_prefix(scan_sinks(pre, windows.calibration), document_token(tok))
+    elif isinstance(mode, tuple):
+        choice = PrefixChoice(mode, ("recorded in the plan",) * len(mode), math.nan, math.nan)
+    else:
+        raise QuantscopeError(f"--prefix must be auto or none, not '{mode}'")
+    kv = compute_prefix(pre, choice.tokens)
+    del pre
+    release_memory()
+    return LmPrefix(choice, kv, tuple(tok.id_to_token(t) or "?" for t in choice.tokens))
+
+
+def recorded_prefix(plan: Plan) -> tuple[int, ...]:
+    """The prefix tokens a plan records (``meta['kv_prefix']``), () if none."""
+    text = dict(plan.meta).get("kv_prefix")
+    return tuple(int(t) for t in json.loads(text)["tokens"]) if text else ()
+
+
+def _opener(spec: str | Path, prefix: LmPrefix | None = None) -> OpenPhase:
     def phase_model(phase: str) -> Model:
         return open_phase(spec, phase)
 
-    return phase_model
+    return prefixed_opener(phase_model, prefix.kv if prefix else None)
 
 
-def lm_quality(spec: str | Path, plans: dict[str, Plan], setup: LmSetup = LmSetup()
-               ) -> dict[str, Any]:
-    """Per plan and phase: top-1 agreement, KL, perplexity ratio, greedy agreement, time."""
+def lm_quality(spec: str | Path, plans: dict[str, Plan], setup: LmSetup = LmSetup(),
+               prefix: str | tuple[int, ...] = "none") -> dict[str, Any]:
+    """Per plan and phase: top-1 agreement, KL, perplexity ratio, greedy agreement, time;
+    with ``prefix`` (:func:`lm_prefix`) every graph reads that constant KV prefix."""
     windows, prompts = lm_text(spec, setup)
-    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)
-    results = evaluate_lm_plans(_opener(spec), stats, plans, windows, prompts=prompts,
-                                steps=setup.steps, new_tokens=setup.new_tokens)
-    return {"data": windows.source, "setup": setup.__dict__, "plans": results}
+    kv = lm_prefix(spec, prefix, windows)
+    stats = calibrate_phases(_opener(spec, kv), windows, steps=setup.steps)
+    results = evaluate_lm_plans(_opener(spec, kv), stats, plans, windows, prompts=prompts,
+                                steps=setup.steps, new_tokens=setup.new_tokens,
+                                decode_windows=setup.decode_windows)
+    return {"data": windows.source, "setup": setup.__dict__, "plans": results,
+            **({"prefix": kv.to_dict()} if kv else {})}
 
 
 def diagnose_phases(spec: str | Path, stats: dict[str, Stats], windows: TokenWindows,
-                    phases: tuple[str, ...] = PHASES) -> tuple[PhaseDiagnosis, ...]:
+                    phases: tuple[str, ...] = PHASES, prefix: LmPrefix | None = None
+                    ) -> tuple[PhaseDiagnosis, ...]:
     """Per phase, from its calibration statistics (and, in prefill, the residual stream's
     per-position max over the calibration windows); one graph open at a time."""
     out = []
     for phase in phases:
-        model = open_phase(spec, phase)
+        model = _opener(spec, prefix)(phase)
         groups, names = find_groups(model), model.output_names()
         positions = None
         if phase == "prefill":
@@ -156,6 +230,7 @@ class PhasePlan:
     quality: dict[str, Any]  # lm_quality's form, for the kept candidates
     diagnosis: tuple[PhaseDiagnosis, ...]
     max_cost: float
+    prefix: LmPrefix | None = None
 
     def plan(self) -> Plan:
         """The chosen plan with its per-phase results in ``meta`` (JSON strings)."""
@@ -167,30 +242,38 @@ class PhasePlan:
                 "selection": SELECTION, "max_cost": repr(self.max_cost),
                 "lm_data": self.quality["data"], "lm_setup": json.dumps(self.quality["setup"]),
                 "phase_results": json.dumps(results)}
+        if self.prefix is not None:
+            meta["kv_prefix"] = json.dumps(self.prefix.to_dict())
         return dataclasses.replace(self.chosen.plan, meta=tuple(meta.items()))
 
 
 def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
-                setup: LmSetup = LmSetup(), phases: tuple[str, ...] = PHASES) -> PhasePlan:
+                setup: LmSetup = LmSetup(), phases: tuple[str, ...] = PHASES,
+                prefix: str = "none") -> PhasePlan:
     """Candidates ranked by the calibrated ranges, screened on the ``phases`` graphs (legal,
     within ``max_cost`` in each), the kept ones measured (on both graphs: decode's metrics
-    need the prefill cache), the best chosen (:mod:`quantscope.plan.phase_search`)."""
+    need the prefill cache), the best chosen (:mod:`quantscope.plan.phase_search`); with
+    ``prefix`` (:func:`lm_prefix`) every step on the graphs that read that KV prefix."""
     tgt = load_target(target)
     windows, prompts = lm_text(spec, setup)
-    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)
-    diagnosis = diagnose_phases(spec, stats, windows, phases)
-    models = open_phase_models(spec, phases)
+    kv = lm_prefix(spec, prefix, windows)
+    opener = _opener(spec, kv)
+    stats = calibrate_phases(opener, windows, steps=setup.steps)
+    diagnosis = diagnose_phases(spec, stats, windows, phases, kv)
+    models = {p: opener(p) for p in phases}
     ranked = rank_by_range(find_groups(next(iter(models.values()))), list(stats.values()))
     plans = candidate_plans(models, tgt, ranked, setup.seq_len, max_cost)
     candidates = screen(plans, models, tgt, setup.seq_len)
     del models
     release_memory()
     kept = kept_plans(candidates, max_cost)  # none: one line, before any evaluation
-    results = evaluate_lm_plans(_opener(spec), stats, kept, windows, prompts=prompts,
-                                steps=setup.steps, new_tokens=setup.new_tokens)
-    quality = {"data": windows.source, "setup": setup.__dict__, "plans": results}
+    results = evaluate_lm_plans(opener, stats, kept, windows, prompts=prompts,
+                                steps=setup.steps, new_tokens=setup.new_tokens,
+                                decode_windows=setup.decode_windows)
+    quality = {"data": windows.source, "setup": setup.__dict__, "plans": results,
+               **({"prefix": kv.to_dict()} if kv else {})}
     return PhasePlan(choose(candidates, results, max_cost), candidates, quality, diagnosis,
-                     max_cost)
+                     max_cost, kv)
 
 
 def format_phase_plan(out: PhasePlan) -> list[str]:
@@ -221,20 +304,47 @@ def format_phase_checks(checks: tuple[PhaseCheck, ...]) -> list[str]:
     return lines
 
 
+def format_prefix(prefix: dict[str, Any] | None) -> str:
+    """One line: the KV prefix the figures ran with (or that there was none)."""
+    if not prefix:
+        return "KV prefix: none (the prompt's first token runs through the quantized graphs)"
+    toks = ", ".join(f"{t} {x!r} ({why})" for t, x, why in
+                     zip(prefix["tokens"], prefix["text"], prefix["why"], strict=True))
+    ratio = prefix["first_position_ratio"]
+    seen = "" if math.isnan(ratio) else (
+        f"; before it, position 0 peaked at {ratio:.3g}x the median position, the largest "
+        f"later position at {prefix['largest_later_ratio']:.3g}x (outlier: > "
+        f"{prefix['threshold']:g}x)")
+    return f"KV prefix: {len(prefix['tokens'])} token(s) in FP32 in the cache: {toks}{seen}"
+
+
 def format_lm_quality(result: dict[str, Any]) -> list[str]:
-    lines = [f"{'plan':<14} {'phase':<16} {'top-1':>7} {'KL':>9} {'ppl ratio':>10}"]
+    """Per plan and phase the figures, then their standard errors over windows / prompts."""
+    lines = [format_prefix(result.get("prefix")),
+             f"{'plan':<14} {'phase':<16} {'top-1':>7} {'KL':>9} {'ppl ratio':>10}   "
+             "(± standard error; positions)"]
     for label, res in result["plans"].items():
         for phase in LM_PHASES:
             v = res[phase]
             lines.append(f"{label:<14} {phase:<16} {v['top1_agreement']:>7.3f} "
-                         f"{v['kl']:>9.4f} {v['ppl_ratio']:>10.4f}")
+                         f"{v['kl']:>9.4f} {v['ppl_ratio']:>10.4f}   "
+                         f"(±{v.get('top1_agreement_se', 0):.3f}, ±{v.get('kl_se', 0):.4f}, "
+                         f"±{v.get('ppl_ratio_se', 0):.4f}; {v['positions']:.0f})")
+        g = res["greedy"]
         greedy = f"greedy ({result['setup']['new_tokens']} tok)"
-        lines.append(f"{label:<14} {greedy:<16} "
-                     f"{res['greedy']['greedy_agreement']:>7.3f}")
+        lines.append(f"{label:<14} {greedy:<16} {g['greedy_agreement']:>7.3f}   "
+                     f"(±{g.get('greedy_agreement_se', 0):.3f}; {g['prompts']:.0f} prompts)")
+        t = res.get("time")
+        if t:
+            lines.append(f"{label:<14} {'time':<16} prefill {t['prefill_s']:.1f} s, decode "
+                         f"{t['decode_s']:.1f} s ({t['decode_steps']:.0f} steps); FP32 prefill "
+                         f"{t['fp32_prefill_s']:.1f} s")
     return lines
 
 
-__all__ = ["LmSetup", "PhasePlan", "check_plan_phases", "diagnose_model",
-           "diagnose_phases", "format_lm_quality",
+__all__ = ["DECODE_STEPS", "EVAL_TOKENS", "NEW_TOKENS", "PROMPTS", "LmPrefix", "LmSetup",
+           "PhasePlan", "check_plan_phases", "diagnose_model",
+           "diagnose_phases", "document_token", "format_lm_quality", "format_prefix",
+           "lm_prefix", "recorded_prefix",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
            "open_phase_models", "phase_file", "plan_phases"]

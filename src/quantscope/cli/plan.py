@@ -50,10 +50,17 @@ from quantscope.cli.types import (
     repair_names,
 )
 from quantscope.export.alls_lint import lint
+from quantscope.export.kv_prefix import host_snippet, prefix_files
 from quantscope.model.groups import find_groups
 from quantscope.model.shapes import shape_note
 from quantscope.plan.check import check
-from quantscope.serde import read_sensitivity
+from quantscope.serde import (
+    bytes_writer,
+    plan_writer,
+    read_sensitivity,
+    text_writer,
+    write_atomic_set,
+)
 from quantscope.types import QuantscopeError
 
 
@@ -80,6 +87,11 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
                     help="a decoder LLM (e.g. smollm2-135m): search candidates legal on "
                     "every phase graph within --max-cost (default 1.5) at --seq-len, "
                     "measure them per phase on stdlib-docs text and keep the best (minutes)")
+    _lm_options(pl, prefix=("none", "auto"), default="none",
+                help="with --phase: 'auto' finds the sink/outlier tokens from calibration, "
+                "puts their FP32 keys/values in the KV cache as a constant prefix that both "
+                "phase graphs read, and plans and measures with it; writes OUT.prefix.npz "
+                "and the host snippet OUT.prefix.py beside the plan (default: none)")
     budget = pl.add_mutually_exclusive_group()
     budget.add_argument("--min-quality", type=non_negative_float,
                         help="the least predicted quality (the analysis' metric, output SQNR "
@@ -112,6 +124,26 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
                     "default 0)")
     pl.add_argument("--out", type=output_file, required=True,
                     help="plan JSON to write (with the Pareto front)")
+
+
+def _lm_options(parser: argparse.ArgumentParser, *, prefix: tuple[str, ...], default: str,
+                help: str) -> None:
+    """--prefix and the amounts of text of a decoder's per-phase measurement."""
+    parser.add_argument("--prefix", choices=prefix, default=default, help=help)
+    for flag, value, what in (
+            ("--lm-tokens", stages_llm.EVAL_TOKENS, "predicted tokens of evaluation text "
+             "for the prefill figures (as many windows of --seq-len as that takes)"),
+            ("--prompts", stages_llm.PROMPTS, "greedy-generation prompts"),
+            ("--new-tokens", stages_llm.NEW_TOKENS, "greedy tokens generated per prompt"),
+            ("--decode-steps", stages_llm.DECODE_STEPS, "decode steps on the emulated KV "
+             "cache (8 per evaluation window)")):
+        parser.add_argument(flag, type=positive_int, default=value,
+                            help=f"with --phase: {what} (default {value})")
+
+
+def _lm_setup(args: argparse.Namespace, seq_len: int | None) -> stages_llm.LmSetup:
+    return stages_llm.LmSetup.at(seq_len, tokens=args.lm_tokens, prompts=args.prompts,
+                                 new_tokens=args.new_tokens, decode_steps=args.decode_steps)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -215,13 +247,22 @@ def _plan_phases(args: argparse.Namespace) -> int:
                               "not --min-quality, --data, --stats or --analysis")
     if args.seq_len and len(args.seq_len) > 1:
         raise QuantscopeError("plan --phase takes one --seq-len")
-    setup = stages_llm.LmSetup.at(args.seq_len[0] if args.seq_len else None)
+    setup = _lm_setup(args, args.seq_len[0] if args.seq_len else None)
     out = stages_llm.plan_phases(args.model, load_target(args.target).name,
-                                 max_cost=args.max_cost or 1.5, setup=setup, phases=args.phase)
+                                 max_cost=args.max_cost or 1.5, setup=setup, phases=args.phase,
+                                 prefix=args.prefix)
     print("\n".join(format_diagnosis(out.diagnosis)))
     print("\n".join(stages_llm.format_phase_plan(out)))
-    stages.write_plan(args.out, out.plan())
-    print(f"wrote {args.out}")
+    if out.prefix is None:
+        stages.write_plan(args.out, out.plan())
+        print(f"wrote {args.out}")
+        return 0
+    rec = out.prefix.to_dict()
+    npz, snippet = prefix_files(args.out)
+    write_atomic_set([(args.out, plan_writer(out.plan())),
+                      (npz, bytes_writer(out.prefix.kv.to_bytes())),
+                      (snippet, text_writer(host_snippet(args.out, rec["tokens"], rec["text"])))])
+    print(f"wrote {args.out}, {npz} (the KV prefix) and {snippet} (the host loads it)")
     return 0
 
 
@@ -237,6 +278,10 @@ def add_check(sub: argparse._SubParsersAction, summary: str) -> None:
     k.add_argument("--quality", action="store_true",
                    help="with --phase: also measure next-token quality per phase on "
                    "stdlib-docs text (top-1 agreement, KL, perplexity ratio; minutes)")
+    _lm_options(k, prefix=("plan", "auto", "none"), default="plan",
+                help="with --phase --quality: the constant KV prefix to measure with: 'plan' "
+                "the tokens the plan records (none if it records none), 'auto' found anew "
+                "from calibration, 'none' (default: plan)")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -267,8 +312,9 @@ def _check_phases(args: argparse.Namespace) -> int:
     checks = stages_llm.check_plan_phases(args.model, plan, args.phase, args.seq_len)
     print("\n".join(stages_llm.format_phase_checks(checks)))
     if args.quality:
+        prefix = stages_llm.recorded_prefix(plan) if args.prefix == "plan" else args.prefix
         result = stages_llm.lm_quality(args.model, {Path(args.plan).stem: plan},
-                                       stages_llm.LmSetup.at(args.seq_len))
+                                       _lm_setup(args, args.seq_len), prefix)
         print("\n".join(stages_llm.format_lm_quality(result)))
     errors = sum(c.errors for c in checks)
     print(f"check {args.plan} on {target}, phases {','.join(args.phase)}: {errors} error(s)")

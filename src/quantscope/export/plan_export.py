@@ -14,6 +14,7 @@ from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.export.device_io import device_io
 from quantscope.export.formats import FORMATS, ExportInput, export_format
 from quantscope.export.hailo_alls import forced_ranges
+from quantscope.export.kv_prefix import plan_alls_note
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.serde import bytes_writer, write_atomic
@@ -83,6 +84,9 @@ def export_plan(
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan), groups=groups)
     data = entry.translate(ExportInput(plan, groups, q.encodings, q.proto, hn=hn,
                                        qnn_version=qnn_version))
+    note = plan_alls_note(plan) if fmt == "alls" else None
+    if note:  # a decoder plan with a constant KV prefix: how it reaches the device
+        data = note.encode() + b"\n" + data
     return write_atomic(out, bytes_writer(data))
 
 

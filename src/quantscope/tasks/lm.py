@@ -14,8 +14,13 @@ perplexity ratio    exp(mean NLL of the true next token, emulated) /
                     exp(mean NLL, FP32); 1.0 = no loss
 greedy agreement    per prompt, the fraction of the generated tokens before the first
                     token where emulated greedy decoding leaves FP32's (mean over prompts)
-memory              :class:`NextToken` folds a [positions, vocab] block into five sums and
-                    keeps nothing else: full-vocabulary logits live for one run only
+standard error      ``*_se``: over the blocks folded in (a window, a prompt), each a
+                    cluster: for a mean of sums m = sum a_i / sum n_i,
+                    se = sqrt(k / (k - 1) * sum (a_i - m n_i)^2) / sum n_i; the
+                    perplexity ratio's is exp(m) * se of the mean NLL difference
+memory              :class:`NextToken` folds a [positions, vocab] block into five sums
+                    (and four numbers per block) and keeps nothing else:
+                    full-vocabulary logits live for one run only
 ==================  ====================================================================
 """
 
@@ -90,25 +95,47 @@ class NextToken:
     kl: float = 0.0
     nll_ref: float = 0.0
     nll_test: float = 0.0
+    blocks: list[tuple[int, int, float, float]] = field(default_factory=list)
 
     def add(self, ref: np.ndarray, test: np.ndarray, targets: np.ndarray | None) -> None:
         """Fold logits [n, V] (FP32 and emulated) and the true next tokens [n] (or None)."""
         lr, lt = log_softmax(ref), log_softmax(test)
-        self.positions += len(lr)
-        self.agree += int((lr.argmax(-1) == lt.argmax(-1)).sum())
-        self.kl += float((np.exp(lr) * (lr - lt)).sum())
+        agree = int((lr.argmax(-1) == lt.argmax(-1)).sum())
+        kl = float((np.exp(lr) * (lr - lt)).sum())
+        nll_ref = nll_test = 0.0
         if targets is not None:
             rows = np.arange(len(targets))
-            self.nll_ref -= float(lr[rows, targets].sum())
-            self.nll_test -= float(lt[rows, targets].sum())
+            nll_ref, nll_test = -float(lr[rows, targets].sum()), -float(lt[rows, targets].sum())
+        self.positions += len(lr)
+        self.agree += agree
+        self.kl += kl
+        self.nll_ref += nll_ref
+        self.nll_test += nll_test
+        self.blocks.append((len(lr), agree, kl, nll_test - nll_ref))
 
     def values(self) -> dict[str, float]:
         n = max(self.positions, 1)
+        ratio = float(np.exp((self.nll_test - self.nll_ref) / n))
+        b = np.array(self.blocks or [(0, 0, 0.0, 0.0)], np.float64)
         return {"top1_agreement": self.agree / n, "kl": self.kl / n,
                 "ppl_fp32": float(np.exp(self.nll_ref / n)),
                 "ppl": float(np.exp(self.nll_test / n)),
-                "ppl_ratio": float(np.exp((self.nll_test - self.nll_ref) / n)),
-                "positions": float(self.positions)}
+                "ppl_ratio": ratio,
+                "positions": float(self.positions),
+                "top1_agreement_se": cluster_se(b[:, 1], b[:, 0]),
+                "kl_se": cluster_se(b[:, 2], b[:, 0]),
+                "ppl_ratio_se": ratio * cluster_se(b[:, 3], b[:, 0]),
+                "blocks": float(len(self.blocks))}
+
+
+def cluster_se(sums: np.ndarray, counts: np.ndarray) -> float:
+    """Standard error of sum(sums) / sum(counts) over k blocks (module docstring); 0 for
+    fewer than two blocks."""
+    k, total = len(sums), float(counts.sum())
+    if k < 2 or total <= 0:
+        return 0.0
+    m = float(sums.sum()) / total
+    return float(np.sqrt(k / (k - 1) * ((sums - m * counts) ** 2).sum()) / total)
 
 
 @dataclass
@@ -128,8 +155,10 @@ class Greedy:
     def values(self) -> dict[str, float]:
         m = np.array(self.matched or [0.0])
         return {"greedy_agreement": float(m.mean()), "greedy_identical": float((m == 1).mean()),
-                "prompts": float(len(self.matched))}
+                "prompts": float(len(self.matched)),
+                "greedy_agreement_se": cluster_se(m, np.ones_like(m))}
 
 
-__all__ = ["DEFAULT_SEQ_LEN", "Greedy", "NextToken", "TokenWindows", "load_lm_tokenizer",
+__all__ = ["DEFAULT_SEQ_LEN", "Greedy", "NextToken", "TokenWindows", "cluster_se",
+           "load_lm_tokenizer",
            "log_softmax", "token_windows", "tokenizer_path"]

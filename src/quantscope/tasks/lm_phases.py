@@ -79,13 +79,21 @@ def cache_of(out: dict[str, np.ndarray], upto: int | None = None) -> dict[str, n
             if k.startswith("present.")}
 
 
+def prefix_length(out: dict[str, np.ndarray], ids: np.ndarray) -> int:
+    """Cache positions before ``ids`` in a prefill run's ``out``: a constant KV prefix's
+    length (:mod:`quantscope.zoo.prefix`), 0 without one."""
+    return int(out["present.0.key"].shape[2]) - len(ids) if "present.0.key" in out else 0
+
+
 def decode_feeds(prefill: Run, windows: Sequence[np.ndarray], steps: int
                  ) -> Iterator[dict[str, np.ndarray]]:
-    """Decode-graph feeds: the last ``steps`` tokens of each window with the FP32 cache."""
+    """Decode-graph feeds: the last ``steps`` tokens of each window with the FP32 cache
+    (a constant prefix, if the prefill graph has one, included)."""
     for ids in windows:
         out = prefill({"input_ids": ids[None]})
+        before = prefix_length(out, ids)
         for t in range(len(ids) - steps, len(ids)):
-            yield {"input_ids": ids[None, t:t + 1], **cache_of(out, t)}
+            yield {"input_ids": ids[None, t:t + 1], **cache_of(out, before + t)}
 
 
 def release_memory() -> None:
@@ -180,6 +188,7 @@ class _Pending:
     ref_logits: np.ndarray  # FP32 [steps, V] at positions start .. len - 2
     ref_cache: dict[str, np.ndarray]  # FP32 present.* of the whole window
     emu_cache: dict[str, np.ndarray]  # emulated past.* of the first ``start`` tokens
+    before: int = 0  # cache positions before the window: a constant prefix's length
 
 
 def _prefill_window(ids: np.ndarray, steps: int, fp32: Run, emu: Run,
@@ -191,33 +200,36 @@ def _prefill_window(ids: np.ndarray, steps: int, fp32: Run, emu: Run,
     test = emu({"input_ids": ids[None]})
     clock["prefill_s"] += time.perf_counter() - t0
     acc["prefill"].add(ref["logits"][0, :-1], test["logits"][0, :-1], ids[1:])
-    start = len(ids) - steps - 1
+    start, before = len(ids) - steps - 1, prefix_length(ref, ids)
     return _Pending(ids, start, ref["logits"][0, start:-1].copy(),
                     {k: v for k, v in ref.items() if k.startswith("present.")},
-                    {k: v.copy() for k, v in cache_of(test, start).items()})
+                    {k: v.copy() for k, v in cache_of(test, before + start).items()}, before)
 
 
 def _decode_window(w: _Pending, emu: Run, acc: dict[str, NextToken],
                    clock: dict[str, float]) -> None:
-    emu_cache = w.emu_cache
-    for i, t in enumerate(range(w.start, len(w.ids) - 1)):
+    emu_cache, rows = w.emu_cache, {"decode_fp32_kv": [], "decode_emu_kv": []}
+    for t in range(w.start, len(w.ids) - 1):
         token = {"input_ids": w.ids[None, t:t + 1]}
         t0 = time.perf_counter()
-        fed_fp32 = emu({**token, **cache_of(w.ref_cache, t)})
+        fed_fp32 = emu({**token, **cache_of(w.ref_cache, w.before + t)})
         fed_emu = emu({**token, **emu_cache})
         clock["decode_s"] += time.perf_counter() - t0
         clock["decode_steps"] += 2
         emu_cache = cache_of(fed_emu)
-        target, ref = w.ids[t + 1:t + 2], w.ref_logits[i:i + 1]
-        acc["decode_fp32_kv"].add(ref, fed_fp32["logits"][0], target)
-        acc["decode_emu_kv"].add(ref, fed_emu["logits"][0], target)
+        rows["decode_fp32_kv"].append(fed_fp32["logits"][0, 0])
+        rows["decode_emu_kv"].append(fed_emu["logits"][0, 0])
+    for phase, logits in rows.items():  # one block per window (its standard error)
+        acc[phase].add(w.ref_logits, np.stack(logits), w.ids[w.start + 1:])
 
 
 def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dict[str, Plan],
                       windows: TokenWindows, *, prompts: Sequence[np.ndarray] = (),
-                      steps: int = 8, new_tokens: int = 32,
-                      method: str | None = None) -> dict[str, dict[str, dict[str, float]]]:
-    """Per plan, per phase (:data:`LM_PHASES`, ``greedy``, ``time``): metric -> value."""
+                      steps: int = 8, new_tokens: int = 32, method: str | None = None,
+                      decode_windows: int | None = None
+                      ) -> dict[str, dict[str, dict[str, float]]]:
+    """Per plan, per phase (:data:`LM_PHASES`, ``greedy``, ``time``): metric -> value.
+    Decode runs on the first ``decode_windows`` evaluation windows (None: all of them)."""
     fp32 = runner(open_phase("prefill"))
     fp32_decode = runner(open_phase("decode"))
     fp32_clock = {"decode_s": 0.0, "decode_steps": 0.0}
@@ -232,8 +244,11 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dic
                  "fp32_decode_steps": fp32_clock["decode_steps"]}
         emu = _emulated(open_phase, "prefill", stats["prefill"], plan, method)
         fp32 = runner(open_phase("prefill"))  # made after: not alive while emu is built
-        pending = [_prefill_window(ids, steps, fp32, emu, acc, clock)
-                   for ids in windows.evaluation]
+        pending = []
+        for k, ids in enumerate(windows.evaluation):
+            w = _prefill_window(ids, steps, fp32, emu, acc, clock)
+            if decode_windows is None or k < decode_windows:  # keep only their caches
+                pending.append(w)
         starts = [_last(emu({"input_ids": p[None]})) for p in prompts]
         del emu, fp32  # one emulated session at a time
         release_memory()
