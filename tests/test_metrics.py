@@ -471,3 +471,24 @@ def test_resemblance_note_fires_below_the_cosine_threshold_or_near_chance():
     chance = resemblance_note(0.95, agreement=0.005, candidates=1000)
     assert chance and "near chance" in chance
     assert resemblance_note(0.95, agreement=0.5, candidates=1000) is None
+
+
+def test_reference_indicators_are_computed_once_per_contents_and_follow_a_changed_reference():
+    """The reference's collapse indicators (an SVD) are memoised on its bytes: a second
+    report against the same reference reads them back bit for bit, and a reference
+    changed in place gets its own numbers, never the stale ones."""
+    from quantscope.tasks import metrics as M
+
+    rng = np.random.default_rng(3)
+    ref = rng.normal(size=(64, 16)).astype(np.float32)
+    test = ref + 0.05 * rng.normal(size=ref.shape).astype(np.float32)
+    M._REF_INDICATORS.clear()
+    first = M.collapse_report(test, reference=ref)
+    assert len(M._REF_INDICATORS) == 1
+    assert M.collapse_report(test, reference=ref) == first
+    assert len(M._REF_INDICATORS) == 1  # read back, not computed again
+    ref[:, 0] = 0.0  # the same array object, other contents
+    changed = M.collapse_report(test, reference=ref)
+    M._REF_INDICATORS.clear()
+    assert changed == M.collapse_report(test, reference=ref)  # as computed afresh
+    assert changed.ref_effective_rank != first.ref_effective_rank
