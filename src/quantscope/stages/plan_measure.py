@@ -1,0 +1,174 @@
+"""The planner's measurements (moved out of :mod:`.plan`, which re-exports them): a plan
+measured by real emulation after its repairs (``plan_evaluator``), the measured repair
+offer (``plan_repair_offer``), both through the evaluation cache when one is given, and
+the best-predicted plans measured as parallel tasks (``_measure_all``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from quantscope.analyze.incremental import IncrementalEngine
+from quantscope.analyze.measure import evaluate_plan
+from quantscope.emulate.evaluate import run_model
+from quantscope.model.load import Model, load_proto
+from quantscope.progress import say
+from quantscope.types import Batch, Dataset, Outputs, Plan, QuantscopeError, Stats
+
+if TYPE_CHECKING:
+    from quantscope.analyze.evalcache import EvalCache
+    from quantscope.parallel import Executor
+    from quantscope.plan.joint import Measure, Offer, Repair
+    from quantscope.plan.refine import Evaluate
+    from quantscope.targets.profile import Target
+    from quantscope.types import Sensitivity
+
+
+def _plan_measure(model: Model, data: Dataset, target: Target | None, method: str | None,
+                  reference_outputs: Outputs | None) -> Measure:
+    ref = reference_outputs or run_model(model.proto, list(data.evaluation))
+    scheme = None if target is None else target.scheme
+    # one incremental evaluator for every plan of the search (its runner made on first use)
+    engine = IncrementalEngine(model, list(data.evaluation), method=method)
+
+    def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
+        return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
+                             reference_outputs=ref, saturation=False, engine=engine)["metrics"]
+
+    return measure
+
+
+def _plan_repair(feeds: Sequence[Batch], target: Target | None) -> Repair:
+    from quantscope.plan.joint import Repaired
+    from quantscope.repair.apply import run_repairs
+
+    scheme = None if target is None else target.scheme
+
+    def repair(m: Model, s: Stats, p: Plan, names: Sequence[str]) -> Repaired:
+        out = run_repairs(m, s, p, feeds, repairs=names, scheme=scheme)
+        label = f"{m.source} (repaired: {','.join(names)})"
+        return Repaired(load_proto(out.proto, label), out.stats, out.plan, out.records)
+
+    return repair
+
+
+def plan_evaluator(model: Model, data: Dataset, stats: Stats, metric: str,
+                   feeds: Sequence[Batch] = (), *, target: Target | None = None,
+                   method: str | None = None, reference_outputs: Outputs | None = None,
+                   progress: bool = False, cache: EvalCache | None = None) -> Evaluate:
+    """``evaluate(plan) -> float`` for the planner: ``metric`` of the plan by real emulation,
+    after the plan's repairs (meta ``repairs``; they need the calibration ``feeds``),
+    against the FP32 outputs of the original ``model`` (computed once). With ``cache``,
+    each plan's figure is read from it when an earlier evaluation of the same model
+    content, statistics, plan, scheme, method, data, metric (and, for a plan that lists
+    repairs, calibration feeds) stored it, and stored there when measured now."""
+    from quantscope.plan.joint import repair_evaluator
+
+    evaluate = repair_evaluator(model, stats, metric,
+                                measure=_plan_measure(model, data, target, method,
+                                                      reference_outputs),
+                                repair=_plan_repair(feeds, target) if feeds else None,
+                                progress=progress)
+    if cache is None:
+        return evaluate
+    return _cached(evaluate, cache, model, data, stats, metric, feeds, target, method)
+
+
+def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, stats: Stats,
+            metric: str, feeds: Sequence[Batch], target: Target | None,
+            method: str | None) -> Evaluate:
+    """``evaluate`` read from and written to ``cache`` (digests computed once, lazily)."""
+    import time
+
+    from quantscope.analyze import evalcache as ec
+
+    fixed: dict[str, Any] = {}
+
+    def key(plan: Plan) -> str:
+        if not fixed:
+            fixed.update(model=ec.model_digest(model.proto), stats=ec.stats_digest(stats),
+                         data=ec.data_digest(data), metric=metric, method=method,
+                         scheme=None if target is None else target.scheme)
+        repairs = dict(plan.meta).get("repairs")
+        if repairs and "feeds" not in fixed:
+            fixed["feeds"] = ec.content_digest(list(feeds))
+        return ec.evaluation_key(plan=ec.plan_digest(plan), **(
+            fixed if repairs else {k: v for k, v in fixed.items() if k != "feeds"}))
+
+    def run(plan: Plan) -> float:
+        k = key(plan)
+        value = cache.get(k)
+        if value is not None:
+            return value
+        t0 = time.perf_counter()
+        value = float(evaluate(plan))
+        cache.put(k, value, seconds=time.perf_counter() - t0,
+                  what={"metric": metric, "model": model.source,
+                        "overrides": len(plan.overrides),
+                        "repairs": dict(plan.meta).get("repairs", "")})
+        return value
+
+    return run
+
+
+def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivity,
+                      target: Target, names: Sequence[str],
+                      feeds: Sequence[Batch], *, task_metric: str,
+                      shapes: dict[str, tuple[int, ...]] | None = None,
+                      method: str | None = None, reference_outputs: Outputs | None = None,
+                      progress: bool = False, cache: EvalCache | None = None) -> Offer:
+    """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs (each
+    measurement read from / kept in ``cache`` when given)."""
+    from quantscope.plan.joint import offer_repairs
+    from quantscope.repair.apply import REPAIRS
+
+    unknown = [n for n in names if n not in REPAIRS]
+    if unknown:
+        raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(REPAIRS)}")
+    measure = _plan_measure(model, data, target, method, reference_outputs)
+    if cache is not None:
+        measure = _cached_measure(measure, cache, data, target, method)
+    return offer_repairs(model, stats, sens, target, names, measure=measure,
+                         repair=_plan_repair(feeds, target), task_metric=task_metric,
+                         shapes=shapes, progress=progress)
+
+
+def _cached_measure(measure: Measure, cache: EvalCache, data: Dataset, target: Target | None,
+                    method: str | None) -> Measure:
+    """``measure`` (every metric of a plan on a possibly repaired model) through ``cache``:
+    keyed by that model's content, its stats, the plan, the data, scheme and method."""
+    import time
+
+    from quantscope.analyze import evalcache as ec
+
+    fixed: dict[str, Any] = {}
+
+    def run(m: Model, s: Stats, p: Plan) -> dict[str, float]:
+        if not fixed:
+            fixed.update(data=ec.data_digest(data), method=method,
+                         scheme=None if target is None else target.scheme)
+        key = ec.evaluation_key(kind="metrics", model=ec.model_digest(m.proto),
+                                stats=ec.stats_digest(s), plan=ec.plan_digest(p), **fixed)
+        hit = cache.get_what(key)
+        if hit is not None and isinstance(hit.get("metrics"), dict):
+            return {k: float(v) for k, v in hit["metrics"].items()}
+        t0 = time.perf_counter()
+        metrics = dict(measure(m, s, p))
+        if all(isinstance(v, int | float) for v in metrics.values()):
+            cache.put(key, 0.0, seconds=time.perf_counter() - t0,
+                      what={"metrics": {k: float(v) for k, v in metrics.items()}})
+        return metrics
+
+    return run
+
+def _call(fn: Callable[[Any], Any], item: Any) -> Any:
+    return fn(item)
+
+
+def _measure_all(executor: Executor, evaluate: Callable[[Plan], float], progress: bool,
+                 plans: Sequence[Plan]) -> list[float]:
+    """Each plan measured by ``evaluate`` as one task of ``executor`` (results in order)."""
+    say(f"plan: measuring {len(plans)} plan(s) as {executor.workers}-way parallel tasks",
+        show=progress)
+    return [float(v) for v in executor.map(_call, evaluate, list(plans))]
