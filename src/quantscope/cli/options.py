@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from quantscope.cli.types import (
     at_least_one,
     batch_axes,
+    confidence,
     count,
     data_spec,
     input_file,
@@ -149,6 +150,22 @@ def pairs_parent(default: int | None, what: str) -> argparse.ArgumentParser:
     p.add_argument("--pairs", type=count, default=default,
                    help=f"retrieval pairs {what} (text retrieval data; "
                    f"default: {default or 'all'}; 0 = all)")
+    return p
+
+
+RACE_CONFIDENCE = 0.95
+
+
+def race_parent(what: str) -> argparse.ArgumentParser:
+    """--race [CONFIDENCE]: race the candidates on prefixes of the retrieval pairs first."""
+    p = _parent()
+    p.add_argument("--race", nargs="?", const=RACE_CONFIDENCE, default=None, type=confidence,
+                   metavar="CONFIDENCE",
+                   help=f"race {what} on growing prefixes of the retrieval pairs first: a "
+                   "candidate worse than the leader by more than its one-sided interval at "
+                   f"this confidence (default {RACE_CONFIDENCE:g}) stops there and is not "
+                   "measured in full; the survivors are (retrieval data, top1_agreement or "
+                   "recall@1; default: off, every candidate measured in full)")
     return p
 
 

@@ -28,6 +28,7 @@ from quantscope.cli.options import (
     model_parent,
     output_parent,
     pairs_parent,
+    race_parent,
     ray_parent,
     seq_len_parent,
     stats_parent,
@@ -65,7 +66,8 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
                                        "file of the model"),
                           tokenizer_parent(), pairs_parent(300, "measured"),
                           ray_parent("the measurements of the best-predicted plans "
-                                     "(with --data and --stats)")))
+                                     "(with --data and --stats)"),
+                          race_parent("the best-predicted plans (with --data and --stats)")))
     pl.add_argument("--analysis",
                     type=input_file("analysis", "run 'quantscope analyze' to make one"),
                     help="analysis JSON of 'quantscope analyze' (required, except with "
@@ -122,7 +124,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seq_len=lengths[0] if len(lengths) == 1 else None, input_shapes=input_shapes(args),
         metric=args.metric, goal=args.goal, seed=args.seed,
         repairs=tuple(args.repairs.split(",")) if args.repairs else (),
-        repair_batches=args.repair_batches)
+        repair_batches=args.repair_batches, race=args.race)
     options.check_inputs(data=bool(args.data), stats=bool(args.stats))
     if args.metric:
         check_goal(args.metric, args.goal)

@@ -16,6 +16,7 @@ from quantscope.cli.options import (
     model_parent,
     option_kwargs,
     pairs_parent,
+    race_parent,
     seq_len_parent,
     target_parent,
     tokenizer_parent,
@@ -55,7 +56,8 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
     ru = command(sub, "run", summary, example=RUN_EXAMPLE,
                  parents=(model_parent(), data_parent(), target_parent(help="target profile"),
                           seq_len_parent(), method_parent("minmax"), tokenizer_parent(),
-                          pairs_parent(300, "fitting the plan (and as many held out)")),
+                          pairs_parent(300, "fitting the plan (and as many held out)"),
+                          race_parent("the plan search's best-predicted plans")),
                  details="Every stage writes its file into the run folder; run it again and "
                  "the stages already done on the same inputs are skipped (--force STAGE "
                  "reruns from STAGE). The options, the model, the data and the target are "
@@ -176,6 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
                       method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, whatif=args.whatif,
+                      race=args.race,
                       layout=tuple(args.layout),
                       batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
                       **repairs, **run_rewrites(args))

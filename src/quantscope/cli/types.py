@@ -130,6 +130,15 @@ def fraction(text: str) -> float:
     return value
 
 
+def confidence(text: str) -> float:
+    """A confidence level in [0.5, 1) (``--race``)."""
+    value = finite_float(text)
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value:g} is outside [0.5, 1): give a confidence "
+                                         "such as 0.95")
+    return value
+
+
 def precision(text: str) -> Precision:
     try:
         return Precision.parse(text)

@@ -40,6 +40,10 @@ class StageSpec:
     data: bool  # reads the model's data
 
 
+# options added after run folders existed: in a stage's key only when set, so a folder
+# made before them resumes without redoing the stage
+UNKEYED_AT_NONE = frozenset({"race"})
+
 _REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
 STAGES: dict[str, StageSpec] = {
     "calibrate": StageSpec(steps.calibrate, (), ("method",), True),
@@ -47,7 +51,7 @@ STAGES: dict[str, StageSpec] = {
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs",
-                       "repair_batches"), True),
+                       "repair_batches", "race"), True),
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
                         True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
@@ -205,7 +209,8 @@ def _remove_stale(folder: Path) -> None:
 
 
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
-    options = {k: getattr(ctx.opts, k) for k in spec.options}
+    options = {k: getattr(ctx.opts, k) for k in spec.options
+               if k not in UNKEYED_AT_NONE or getattr(ctx.opts, k) is not None}
     inputs = {"model": ctx.model_digest(), **{f: manifest.digest(f) for f in spec.reads
                                               if (ctx.folder / f).exists()}}
     if spec.data:

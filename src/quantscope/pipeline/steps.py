@@ -70,7 +70,7 @@ def plan(ctx: Context) -> Done:
     options = stages.PlanOptions(max_cost=o.max_cost, seq_len=o.seq_len,
                                  input_shapes=o.input_shapes, metric=ctx.metric(),
                                  goal=o.goal, repairs=o.repairs,
-                                 repair_batches=o.repair_batches)
+                                 repair_batches=o.repair_batches, race=o.race)
     out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
                             options, data=ctx.data().fit,
                             stats=stages.read_stats(ctx.path(STATS)), progress=ctx.progress)

@@ -192,6 +192,7 @@ class PlanOptions:
     repairs: tuple[str, ...] = ()
     repair_batches: int = 8
     seed: int = 0
+    race: float | None = None  # confidence of a race over the measured batch (None: off)
 
     def check_inputs(self, *, data: bool, stats: bool) -> None:
         """One-line errors for options the given data contradicts (call before opening it)."""
@@ -280,11 +281,16 @@ def plan_model(
     many = None
     if evaluate is not None and executor is not None:
         many = functools.partial(_measure_all, executor, evaluate, progress)
+    racer, raced = (_plan_racer(model, target, options, data, stats, progress=progress)
+                    if evaluate is not None and options.race is not None else (None, None))
     plan, extra = plan_from_analysis(model, analysis, target, min_quality=options.min_quality,
                                      max_cost=options.max_cost, shapes=shapes,
                                      evaluate=evaluate, evaluate_many=many,
-                                     seed=options.seed, repairs=offer.options if offer else ())
+                                     seed=options.seed, repairs=offer.options if offer else (),
+                                     race=racer)
     pareto = extra["pareto"]
+    if raced is not None:
+        pareto["race"] = racer.record() if racer is not None else raced
     if truncated:
         pareto["measured_on"] = truncated
     if finetune and data is not None and stats is not None:
@@ -297,6 +303,16 @@ def plan_model(
                                       done=applied_rewrites(model.proto))
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
                       offer=offer)
+
+
+def raced_plan(model: Model, analysis: Sensitivity, target: Target,
+               options: PlanOptions = PlanOptions(), *, data: Dataset, stats: Stats,
+               confidence: float = 0.95, progress: bool = False) -> PlanResult:
+    """:func:`plan_model` with the race on at ``confidence`` (``plan --race``): the
+    early-stopped search, for ``bench/search.py`` beside the naive and incremental ones
+    (``pareto["race"]`` says what stopped where)."""
+    return plan_model(model, analysis, target, dataclasses.replace(options, race=confidence),
+                      data=data, stats=stats, progress=progress)
 
 
 UNIFORM_PLANNER = "quantscope.stages uniform a8_w8 meets the goal/1"
@@ -415,6 +431,26 @@ def _fit(data: Dataset | None, n: int) -> dict[str, float]:
     if lengths is None or len(lengths) == 0:
         return {}
     return {"texts_fit": float(np.mean(lengths <= n))}
+
+
+def _plan_racer(model: Model, target: Target, options: PlanOptions, data: Dataset | None,
+                stats: Stats | None, *, progress: bool) -> tuple[Any, dict[str, Any] | None]:
+    """The race of ``plan --race`` (:mod:`quantscope.stages.race`) and the plan file's
+    ``race`` entry when it cannot run (why, said on stderr too)."""
+    from quantscope.plan.race import RaceRule
+    from quantscope.stages.race import FULL_SET_NOTE, PlanRacer, race_unsupported
+
+    assert options.metric is not None and options.race is not None
+    why = race_unsupported(data, options.metric)
+    if why is not None or data is None or stats is None:
+        say(why or "race: needs --data and --stats", show=progress)
+        return None, {"metric": options.metric, "confidence": options.race,
+                      "unsupported": why, "note": FULL_SET_NOTE, "races": []}
+    feeds = list(data.calibration)[: options.repair_batches] if options.repairs else []
+    racer = PlanRacer(model, data, stats, options.metric, RaceRule(confidence=options.race),
+                      scheme=target.scheme, repair=_plan_repair(feeds, target) if feeds else None,
+                      progress=progress)
+    return racer, {}
 
 
 def _plan_measurement(
