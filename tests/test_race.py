@@ -207,3 +207,26 @@ def test_the_cli_refuses_a_confidence_outside_its_range(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code != 0 and "outside [0.5, 1)" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "p.json").exists()
+
+
+def test_buckets_race_stops_the_broken_candidate_and_chooses_the_same_deployment(encoder):
+    from quantscope.plan.deployment import Candidate
+    from quantscope.plan.deployment_results import DeploymentChoice
+    from quantscope.stages.buckets import choose_deployment
+
+    model, data, stats = encoder
+    cands = tuple(Candidate(name, model, stats, Plan(default=p.default, target="ort_cpu",
+                                                     pinned=p.pinned))
+                  for name, p in zip(("hi", "lo", "broken"), _plans(), strict=True))
+    kw = {"max_cost": 10.0, "seq_lens": (16, 32, 64), "max_buckets": 2}
+    plain = choose_deployment(model, data, cands, "ort_cpu", **kw)
+    raced = choose_deployment(model, data, cands, "ort_cpu", race=0.95, **kw)
+    entries = {c["name"]: c for c in raced.race["candidates"]}
+    assert entries["broken"]["stopped"] and entries["broken"]["n"] == 16
+    assert entries["broken"]["rival"] == "lo"  # the same cost: only lo may stop it
+    assert not entries["hi"]["stopped"] and not entries["lo"]["stopped"]
+    assert set(raced.candidates) == {"hi", "lo"} and "broken" in plain.candidates
+    assert raced.buckets == plain.buckets and raced.cosine_mean == plain.cosine_mean
+    assert any(n.startswith("race: 1 of 3 candidate(s) stopped") for n in raced.notes)
+    assert "race" not in plain.to_dict()
+    assert DeploymentChoice.from_dict(raced.to_dict()) == raced

@@ -157,15 +157,15 @@ RACE_CONFIDENCE = 0.95
 
 
 def race_parent(what: str) -> argparse.ArgumentParser:
-    """--race [CONFIDENCE]: race the candidates on prefixes of the retrieval pairs first."""
+    """--race [CONFIDENCE]: race the candidates on prefixes of the pairs first."""
     p = _parent()
     p.add_argument("--race", nargs="?", const=RACE_CONFIDENCE, default=None, type=confidence,
                    metavar="CONFIDENCE",
-                   help=f"race {what} on growing prefixes of the retrieval pairs first: a "
-                   "candidate worse than the leader by more than its one-sided interval at "
-                   f"this confidence (default {RACE_CONFIDENCE:g}) stops there and is not "
-                   "measured in full; the survivors are (retrieval data, top1_agreement or "
-                   "recall@1; default: off, every candidate measured in full)")
+                   help=f"race {what} on growing prefixes of the pairs first: a candidate "
+                   "worse than its rival by more than its one-sided interval at this "
+                   f"confidence (default {RACE_CONFIDENCE:g}) stops there and is not measured "
+                   "in full; the survivors are (default: off, every candidate measured in "
+                   "full)")
     return p
 
 

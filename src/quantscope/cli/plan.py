@@ -67,7 +67,8 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
                           tokenizer_parent(), pairs_parent(300, "measured"),
                           ray_parent("the measurements of the best-predicted plans "
                                      "(with --data and --stats)"),
-                          race_parent("the best-predicted plans (with --data and --stats)")))
+                          race_parent("the best-predicted plans (with --data and --stats; retrieval "
+                                      "data, by top1_agreement or recall@1)")))
     pl.add_argument("--analysis",
                     type=input_file("analysis", "run 'quantscope analyze' to make one"),
                     help="analysis JSON of 'quantscope analyze' (required, except with "

@@ -57,7 +57,8 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                  parents=(model_parent(), data_parent(), target_parent(help="target profile"),
                           seq_len_parent(), method_parent("minmax"), tokenizer_parent(),
                           pairs_parent(300, "fitting the plan (and as many held out)"),
-                          race_parent("the plan search's best-predicted plans")),
+                          race_parent("the plan search's best-predicted plans (retrieval data, by "
+                                      "top1_agreement or recall@1)")),
                  details="Every stage writes its file into the run folder; run it again and "
                  "the stages already done on the same inputs are skipped (--force STAGE "
                  "reruns from STAGE). The options, the model, the data and the target are "
@@ -237,7 +238,10 @@ def add_buckets(sub: argparse._SubParsersAction, summary: str) -> None:
                  "--skip-pairs 300 --candidates candidates.json --max-cost 1.5 "
                  "--out deployment.json",
                  parents=(model_parent(), data_parent(), tokenizer_parent(),
-                          pairs_parent(None, "loaded")),
+                          pairs_parent(None, "loaded"),
+                          race_parent("the candidates (by each selection pair's 1 - cosine; "
+                                      "only a rival no more expensive at any length may stop "
+                                      "one)")),
                  details="MODEL is the FP32 reference. Every candidate (a model "
                  "file: the reference or a rewrite of it, its stats and a plan) runs "
                  "once on the texts of the pairs after the first --skip-pairs; the "
@@ -281,7 +285,7 @@ def cmd_buckets(args: argparse.Namespace) -> int:
     choice = buckets.choose_deployment(
         inp.model, inp.data, candidates, target, max_cost=args.max_cost,
         seq_lens=args.lengths or CHOICE_LENGTHS, max_buckets=args.max_buckets,
-        skip_pairs=args.skip_pairs, progress=True)
+        skip_pairs=args.skip_pairs, progress=True, race=args.race)
     print(format_choice(choice))
     stages.write_json(args.out, deployment_file(choice, args.out))
     print(f"wrote {args.out}")

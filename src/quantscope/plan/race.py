@@ -121,16 +121,18 @@ class RaceResult:
 
 
 def race(names: Sequence[str], score: Score, total: int, rule: RaceRule = RaceRule(), *,
-         incumbent: int | None = None) -> RaceResult:
+         incumbent: int | None = None, may_stop: np.ndarray | None = None) -> RaceResult:
     """Race the candidates ``names`` on prefixes of ``total`` samples (module docstring);
     ``incumbent``: compare with that candidate only (it never stops), else with the
-    leader of each look."""
+    leader of each look; ``may_stop[i, j]``: only a running ``j`` with it true may stop
+    ``i`` (e.g. a rival no more expensive anywhere), each one compared."""
     k = len(names)
     looks = rule.looks(total) if k > 1 else ()
     rivals = 1 if incumbent is not None else max(k - 1, 1)
     alpha = (1.0 - rule.confidence) / max(len(looks) * rivals, 1)
-    text = RULE.format(confidence=rule.confidence, looks=len(looks), rivals=rivals,
-                       rival="the incumbent" if incumbent is not None else "the leader")
+    whom = ("the incumbent" if incumbent is not None else "the leader" if may_stop is None
+            else "each running rival allowed to stop it")
+    text = RULE.format(confidence=rule.confidence, looks=len(looks), rivals=rivals, rival=whom)
     alive = list(range(k))
     last: dict[int, RaceEntry] = {i: RaceEntry(i, names[i], 0, math.nan, 0.0, 0.0, "", False)
                                   for i in range(k)}
@@ -140,18 +142,24 @@ def race(names: Sequence[str], score: Score, total: int, rule: RaceRule = RaceRu
         means = {i: float(np.mean(s)) for i, s in scores.items()}
         leader = incumbent if incumbent is not None else max(alive, key=lambda i: (means[i], -i))
         t = t_quantile(1.0 - alpha, n - 1)
-        for i in list(alive):
-            if i == leader:
+        running = tuple(alive)
+        for i in running:
+            against = [j for j in running if j != i and may_stop[i, j]] if may_stop is not None \
+                else [] if i == leader else [leader]
+            if not against:
                 last[i] = RaceEntry(i, names[i], n, means[i], 0.0, 0.0, names[i], False)
                 continue
-            d = scores[i] - scores[leader]
-            diff, hw = float(np.mean(d)), t * float(np.std(d, ddof=1)) / math.sqrt(n)
-            stop = diff + hw < 0.0
-            last[i] = RaceEntry(i, names[i], n, means[i], diff, hw, names[leader], stop)
-            if stop:
-                alive.remove(i)
+            diff, hw, j = min((_bound(scores[i] - scores[j], t) + (j,) for j in against),
+                              key=lambda x: x[0] + x[1])
+            last[i] = RaceEntry(i, names[i], n, means[i], diff, hw, names[j], diff + hw < 0.0)
+        alive = [i for i in running if not last[i].stopped]
     return RaceResult(rule=text, confidence=rule.confidence, total=total, looks=looks,
                       entries=tuple(last[i] for i in range(k)), leader=leader)
+
+
+def _bound(d: np.ndarray, t: float) -> tuple[float, float]:
+    """(mean, one-sided half width) of paired differences ``d``."""
+    return float(np.mean(d)), t * float(np.std(d, ddof=1)) / math.sqrt(len(d))
 
 
 def _checked(scores: np.ndarray, n: int, name: str) -> np.ndarray:

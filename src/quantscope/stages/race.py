@@ -25,7 +25,7 @@ figures             a race only decides which plans are measured in full: the pl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,7 +36,7 @@ from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.plan.race import RaceResult, RaceRule, race
 from quantscope.progress import say
-from quantscope.tasks.registry import RetrievalTask, text_embeddings
+from quantscope.tasks.registry import RetrievalTask, TextTask, text_embeddings
 from quantscope.tasks.samples import SAMPLE_SCORES, prefix_samples
 from quantscope.types import Dataset, Outputs, Plan, QuantScheme, Stats, sample_first
 
@@ -64,7 +64,7 @@ class PairRunner:
     """One model's pooled embeddings of the pairs in race order, run on demand: ``upto(n)``
     runs only the pairs it has not run yet."""
 
-    def __init__(self, proto: onnx.ModelProto, task: RetrievalTask, order: np.ndarray) -> None:
+    def __init__(self, proto: onnx.ModelProto, task: TextTask, order: np.ndarray) -> None:
         self.session = make_session(proto)
         self.names = tuple(o.name for o in self.session.get_outputs())
         self.inputs = {i.name for i in self.session.get_inputs()}
@@ -82,7 +82,7 @@ class PairRunner:
         return self.queries[pick], self.docs[pick]
 
     def _run(self, pairs: np.ndarray) -> None:
-        total = self.task.n_pairs
+        total = len(self.order)  # the pairs of the task (text i and text total + i)
         cut = self.task.only_texts(np.concatenate([pairs, total + pairs]))
         outs = []
         for b in cut.batches.batches:
@@ -158,3 +158,24 @@ class PlanRacer:
                              f"{self.metric} and its rival's, over the queries of the "
                              "prefix, each ranked against the prefix's own documents"),
                 "note": FULL_SET_NOTE, "races": races}
+
+
+def race_errors(reference: onnx.ModelProto, protos: Sequence[Callable[[], onnx.ModelProto]],
+                names: Sequence[str], task: TextTask, pairs: int, may_stop: np.ndarray,
+                rule: RaceRule) -> RaceResult:
+    """``buckets --race``: the candidates raced on prefixes of the selection pairs by each
+    pair's error ``1 − cosine`` to FP32 (the mean of its two texts'; lower is better),
+    ``may_stop[i, j]``: ``j`` may stop ``i`` (the caller: ``j`` costs no more at any
+    length); ``pairs``: how many the task holds (text ``i`` and ``pairs + i``). Errors do
+    not depend on a pool: a prefix is just fewer pairs."""
+    order = np.random.default_rng(RACE_SEED).permutation(pairs)
+    ref = PairRunner(reference, task, order)
+    runners: dict[int, PairRunner] = {}
+
+    def score(i: int, n: int) -> np.ndarray:
+        if i not in runners:
+            runners[i] = PairRunner(protos[i](), task, order)
+        (rq, rd), (tq, td) = ref.upto(n), runners[i].upto(n)
+        return (np.sum(rq * tq, axis=1) + np.sum(rd * td, axis=1)) / 2.0 - 1.0
+
+    return race(names, score, pairs, rule, may_stop=may_stop)
