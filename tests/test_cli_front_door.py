@@ -43,7 +43,7 @@ def test_help_imports_no_command_module_and_no_stage():
             "except SystemExit:\n    pass\n"
             "heavy = [m for m in sys.modules if m in ('quantscope.stages', 'quantscope.pipeline')"
             " or m.startswith("
-            "'quantscope.cli.') and m.split('.')[-1] not in ('commands', 'options', 'types')]"
+            "'quantscope.cli.') and m.split('.')[-1] not in ('commands', 'options', 'types', 'numbers')]"
             "\nprint('HEAVY', ','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
@@ -59,7 +59,7 @@ def test_running_a_command_imports_only_its_module(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     families = out.strip().splitlines()[-1].removeprefix("CLI ").split(",")
-    assert {f.split(".")[-1] for f in families} == {"commands", "inputs", "inspect", "options",
+    assert {f.split(".")[-1] for f in families} == {"commands", "inputs", "inspect", "numbers", "options",
                                                     "types"}
 
 

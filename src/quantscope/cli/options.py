@@ -17,6 +17,7 @@ from quantscope.cli.types import (
     at_least_one,
     batch_axes,
     cache_folder,
+    confidence,
     count,
     data_spec,
     duration,
@@ -151,6 +152,22 @@ def pairs_parent(default: int | None, what: str) -> argparse.ArgumentParser:
     p.add_argument("--pairs", type=count, default=default,
                    help=f"retrieval pairs {what} (text retrieval data; "
                    f"default: {default or 'all'}; 0 = all)")
+    return p
+
+
+RACE_CONFIDENCE = 0.95
+
+
+def race_parent(what: str) -> argparse.ArgumentParser:
+    """--race [CONFIDENCE]: race the candidates on prefixes of the pairs first."""
+    p = _parent()
+    p.add_argument("--race", nargs="?", const=RACE_CONFIDENCE, default=None, type=confidence,
+                   metavar="CONFIDENCE",
+                   help=f"race {what} on growing prefixes of the pairs first: a candidate "
+                   "worse than its rival by more than its one-sided interval at this "
+                   f"confidence (default {RACE_CONFIDENCE:g}) stops there and is not measured "
+                   "in full; the survivors are (default: off, every candidate measured in "
+                   "full)")
     return p
 
 

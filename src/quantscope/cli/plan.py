@@ -31,6 +31,7 @@ from quantscope.cli.options import (
     model_parent,
     output_parent,
     pairs_parent,
+    race_parent,
     rank_engine_parent,
     ray_parent,
     seq_len_parent,
@@ -78,7 +79,9 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
                           ray_parent("the measurements of the best-predicted plans "
                                      "(with --data and --stats)"), rank_engine_parent(),
                           cache_parent("the plans' measurements (with --data and --stats)"),
-                          budget_parent(None)))
+                          budget_parent(None),
+                          race_parent("the best-predicted plans (with --data and --stats; retrieval "
+                                      "data, by top1_agreement or recall@1)")))
     pl.add_argument("--analysis",
                     type=input_file("analysis", "run 'quantscope analyze' to make one"),
                     help="analysis JSON of 'quantscope analyze' (required, except with "
@@ -160,7 +163,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         seq_len=lengths[0] if len(lengths) == 1 else None, input_shapes=input_shapes(args),
         metric=args.metric, goal=args.goal, seed=args.seed,
         repairs=tuple(args.repairs.split(",")) if args.repairs else (),
-        repair_batches=args.repair_batches, rank_engine=args.rank_engine, budget=args.budget)
+        repair_batches=args.repair_batches, rank_engine=args.rank_engine, budget=args.budget,
+        race=args.race)
     options.check_inputs(data=bool(args.data), stats=bool(args.stats))
     if args.metric:
         check_goal(args.metric, args.goal)

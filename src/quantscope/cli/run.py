@@ -19,6 +19,7 @@ from quantscope.cli.options import (
     model_parent,
     option_kwargs,
     pairs_parent,
+    race_parent,
     rank_engine_parent,
     seq_len_parent,
     target_parent,
@@ -61,7 +62,9 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                  parents=(model_parent(), data_parent(), target_parent(help="target profile"),
                           seq_len_parent(), method_parent("minmax"), tokenizer_parent(),
                           pairs_parent(300, "fitting the plan (and as many held out)"),
-                          rank_engine_parent(), budget_parent(DEFAULT_BUDGET_S)),
+                          rank_engine_parent(), budget_parent(DEFAULT_BUDGET_S),
+                          race_parent("the plan search's best-predicted plans (retrieval data, by "
+                                      "top1_agreement or recall@1)")),
                  details="Every stage writes its file into the run folder; run it again and "
                  "the stages already done on the same inputs are skipped (--force STAGE "
                  "reruns from STAGE). The options, the model, the data and the target are "
@@ -183,6 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, whatif=args.whatif,
                       rank_engine=args.rank_engine,
+                      race=args.race,
                       layout=tuple(args.layout),
                       batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
                       budget=args.budget, **repairs, **run_rewrites(args))
@@ -243,7 +247,10 @@ def add_buckets(sub: argparse._SubParsersAction, summary: str) -> None:
                  parents=(model_parent(), data_parent(), tokenizer_parent(),
                           pairs_parent(None, "loaded"),
                           cache_parent("each candidate's measurement on the selection "
-                                       "texts")),
+                                       "texts"),
+                          race_parent("the candidates (by each selection pair's 1 - cosine; "
+                                      "only a rival no more expensive at any length may stop "
+                                      "one)")),
                  details="MODEL is the FP32 reference. Every candidate (a model "
                  "file: the reference or a rewrite of it, its stats and a plan) runs "
                  "once on the texts of the pairs after the first --skip-pairs; the "
@@ -288,7 +295,7 @@ def cmd_buckets(args: argparse.Namespace) -> int:
     choice = buckets.choose_deployment(
         inp.model, inp.data, candidates, target, max_cost=args.max_cost,
         seq_lens=args.lengths or CHOICE_LENGTHS, max_buckets=args.max_buckets,
-        skip_pairs=args.skip_pairs, progress=True, cache=cache)
+        skip_pairs=args.skip_pairs, progress=True, cache=cache, race=args.race)
     print(format_choice(choice))
     for line in (*cache.notes, cache.summary()) if cache is not None else ():
         print(line)

@@ -44,6 +44,10 @@ class StageSpec:
     redo: Callable[[Context], bool] | None = None
 
 
+# options added after run folders existed: in a stage's key only when set, so a folder
+# made before them resumes without redoing the stage
+UNKEYED_AT_NONE = frozenset({"race"})
+
 _REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
 STAGES: dict[str, StageSpec] = {
     "calibrate": StageSpec(steps.calibrate, (), ("method",), True),
@@ -51,7 +55,8 @@ STAGES: dict[str, StageSpec] = {
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs",
-                       "repair_batches"), True, ranked=True, redo=steps.plan_budget_grew),
+                       "repair_batches", "race"), True, ranked=True,
+                      redo=steps.plan_budget_grew),
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
                         True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
@@ -215,7 +220,8 @@ def _remove_stale(folder: Path) -> None:
 
 
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
-    options = {k: getattr(ctx.opts, k) for k in spec.options}
+    options = {k: getattr(ctx.opts, k) for k in spec.options
+               if k not in UNKEYED_AT_NONE or getattr(ctx.opts, k) is not None}
     inputs = {"model": ctx.model_digest(), **{f: manifest.digest(f) for f in spec.reads
                                               if (ctx.folder / f).exists()}}
     if spec.data:

@@ -58,6 +58,7 @@ class RunOptions:
     peel: bool = False  # peel: each FFN's outlier hidden channels in a small FFN of their own
     whatif: bool = False  # evaluate also lifts each op kind of the plan to 16 bit (whatif)
     rank_engine: str = "auto"  # who ranks the plan search's candidates (ORT measures)
+    race: float | None = None  # --race: the plan search races its batch at this confidence
     layout: tuple[Any, ...] = ()  # --layout: tasks.layout.LayoutSpec per declared output
     batch_axes: tuple[tuple[str, int], ...] = ()  # --batch-axis: (input or output, sample axis)
     # rewrites by registry name (quantscope.rewrites.registry), besides the legacy switches

@@ -76,7 +76,7 @@ def plan(ctx: Context) -> Done:
                                  input_shapes=o.input_shapes, metric=ctx.metric(),
                                  goal=o.goal, repairs=o.repairs,
                                  repair_batches=o.repair_batches, rank_engine=o.rank_engine,
-                                 budget=o.budget)
+                                 budget=o.budget, race=o.race)
     cache = EvalCache(ctx.path(EVALS))
     out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
                             options, data=ctx.data().fit,

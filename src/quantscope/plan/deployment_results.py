@@ -238,6 +238,7 @@ class DeploymentChoice:
     selection_metrics: Mapping[str, float]  # retrieval figures on the selection pairs
     candidates: Mapping[str, CandidateFigures]
     notes: tuple[str, ...]
+    race: Mapping[str, Any] | None = None  # buckets --race: who stopped where (else None)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -249,6 +250,7 @@ class DeploymentChoice:
             "selection_metrics": dict(self.selection_metrics),
             "candidates": {k: c.to_dict() for k, c in self.candidates.items()},
             "notes": list(self.notes),
+            **({} if self.race is None else {"race": dict(self.race)}),
         }
 
     @classmethod
@@ -261,4 +263,4 @@ class DeploymentChoice:
             cost_mean=d["cost_mean"], cost_mean_se=d.get("cost_mean_se", 0.0),
             cosine_mean=d["cosine_mean"], selection_metrics=dict(d.get("selection_metrics") or {}),
             candidates={k: CandidateFigures.from_dict(c) for k, c in d["candidates"].items()},
-            notes=tuple(d["notes"]))
+            notes=tuple(d["notes"]), race=d.get("race"))

@@ -34,11 +34,17 @@ budgeted batch of best-predicted points is measured in order of expected gain pe
 one at a time, with progress and an ETA. With ``evaluate_many`` (plans -> values, e.g. fanned
 out on Ray), the best-predicted points of the plain budget are measured as one batch; the
 probe and the drops depend on earlier measurements and stay one at a time. The values,
-and so the result, are the serial ones.
+and so the result, are the serial ones. With ``race`` (:mod:`quantscope.plan.race`), that
+batch is raced on prefixes of the data first: a point worse than the leader by more than
+its interval stops there (it counts as a step, is not measured and cannot be chosen); the
+survivors are measured in full. A stopped point met again (a drop back to it) is not
+measured: it counts as worse than any measured point, as a measured point is met again
+for free.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -48,6 +54,7 @@ from quantscope.analyze.phases import NORM_OPS, residual_groups
 from quantscope.plan.greedy import Walk
 from quantscope.plan.pareto import FrontPoint, select
 from quantscope.plan.predict import predict
+from quantscope.plan.race import RacePlans
 from quantscope.plan.start import EPS, Space, emit, repair_meta
 from quantscope.progress import say
 from quantscope.types import Group, GroupKind, Groups, Plan
@@ -108,6 +115,7 @@ class _Meter:
         self.began = budget.clock() if budget is not None else 0.0
         self.took: dict[tuple[str, ...], list[float]] = {}  # seconds per evaluation, by repairs
         self.stop: BudgetStop | None = None
+        self.stopped: set[tuple] = set()  # points a race stopped (never measured)
 
     def spent(self) -> bool:
         """The budget is used (never before the first measurement); records the stop."""
@@ -129,6 +137,9 @@ class _Meter:
     def measure(self, point: FrontPoint) -> FrontPoint | None:
         if point.key() in self.seen:
             return self.seen[point.key()]
+        if point.key() in self.stopped:  # lost its race: worse than any measured point
+            worst = -math.inf if self.space.budget.higher_is_better else math.inf
+            return replace(point, measured=worst)
         if self.left <= 0 or self.spent():
             return None
         self.left -= 1
@@ -178,13 +189,17 @@ class _Meter:
         order = {p.key(): i for i, p in enumerate(points)}
         self.seen = dict(sorted(self.seen.items(), key=lambda kv: order.get(kv[0], -1)))
 
-    def measure_all(self, points: Sequence[FrontPoint], many: EvaluateMany | None) -> None:
+    def measure_all(self, points: Sequence[FrontPoint], many: EvaluateMany | None,
+                    race: RacePlans | None = None) -> None:
         """``measure`` of each point in order; with ``many``, the new ones in one batch
-        (with a time budget one at a time, by expected gain per second)."""
-        if self.budget is not None:
+        (with a time budget one at a time, by expected gain per second); with ``race``,
+        the new ones raced on prefixes first and only the survivors measured (each raced
+        point counts as a step, measured or stopped; a raced batch is measured whole,
+        and a time budget binds from the next measurement on)."""
+        if self.budget is not None and race is None:
             self.measure_by_rate(points)
             return
-        if many is None:
+        if many is None and race is None:
             for p in points:
                 self.measure(p)
             return
@@ -193,9 +208,16 @@ class _Meter:
             if p.key() not in self.seen and p.key() not in todo and len(todo) < self.left:
                 todo[p.key()] = p
         plans = [emit(self.space, p, reasons=(), meta=repair_meta(p)) for p in todo.values()]
-        values = many(plans) if plans else []
+        kept = range(len(plans))
+        if race is not None and len(plans) > 1:
+            kept = race(plans).survivors
+        items = [item for i, item in enumerate(todo.items()) if i in kept]
+        self.stopped |= {key for i, key in enumerate(todo) if i not in kept}
+        chosen = [plans[i] for i in kept]
+        values = (many(chosen) if many is not None else [self.evaluate(p) for p in chosen]
+                  ) if chosen else []
         self.left -= len(plans)
-        for (key, p), v in zip(todo.items(), values, strict=True):
+        for (key, p), v in zip(items, values, strict=True):
             self.seen[key] = replace(p, measured=float(v))
 
 
@@ -208,10 +230,13 @@ def refine(
     steps: int,
     tol: float,
     evaluate_many: EvaluateMany | None = None,
+    race: RacePlans | None = None,
 ) -> tuple[FrontPoint, ...]:
-    """Every point measured (module docstring); none without ``evaluate`` or ``steps``."""
+    """Every point measured (module docstring); none without ``evaluate`` or ``steps``;
+    ``race``: the batch of best-predicted points is raced first (only the survivors are
+    measured, in full)."""
     return refine_run(space, walk, pruned, evaluate, steps=steps, tol=tol,
-                      evaluate_many=evaluate_many).trials
+                      evaluate_many=evaluate_many, race=race).trials
 
 
 def refine_run(
@@ -223,6 +248,7 @@ def refine_run(
     steps: int,
     tol: float,
     evaluate_many: EvaluateMany | None = None,
+    race: RacePlans | None = None,
     budget: TimeBudget | None = None,
     progress: bool = False,
 ) -> Refined:
@@ -236,7 +262,8 @@ def refine_run(
         if pruned:
             meter.measure(pruned[-1])
     else:
-        meter.measure_all(list(reversed(capped[-max(1, meter.left // 2) :])), evaluate_many)
+        meter.measure_all(list(reversed(capped[-max(1, meter.left // 2) :])), evaluate_many,
+                          race)
     if not meter.seen:
         return Refined(())
     best = _drop_repairs(space, meter, select(list(meter.seen.values()), space.budget)[0])

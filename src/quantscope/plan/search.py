@@ -19,6 +19,7 @@ prune           for ``min_quality``: promotions dropped from the first point tha
 refine          with ``evaluate(plan) -> float``: measure path points near the budget,
                 then drop the promotions (and repairs) the measurement does not
                 support (AIMET AMP phase 3); ``refine_steps`` evaluations in all
+                (with ``race``, the batch of points is raced on data prefixes first)
 result          the front, the chosen point, reasons, blockers and the binding
                 constraint when the budget is not met
 ==============  ===================================================================
@@ -41,6 +42,7 @@ from quantscope.model.shapes import Shapes
 from quantscope.plan.greedy import greedy
 from quantscope.plan.pareto import Budget
 from quantscope.plan.prune import prune
+from quantscope.plan.race import RacePlans
 from quantscope.plan.refine import Evaluate, EvaluateMany, TimeBudget, refine_run
 from quantscope.plan.result import Blocker, SearchResult, result
 from quantscope.plan.start import PlannerError, RepairOption, start_search
@@ -81,6 +83,7 @@ def search(
     drop_tolerance: float = 0.0,
     time_budget: TimeBudget | None = None,
     progress: bool = False,
+    race: RacePlans | None = None,
 ) -> SearchResult:
     """Search a legal mixed-precision plan under a budget (see the module docstring);
     ``time_budget`` bounds the refinement's measuring (:class:`TimeBudget`)."""
@@ -91,7 +94,8 @@ def search(
     walk = greedy(space)
     pruned = prune(space, walk)
     refined = refine_run(space, walk, pruned, evaluate, steps=refine_steps, tol=drop_tolerance,
-                         evaluate_many=evaluate_many, budget=time_budget, progress=progress)
+                         evaluate_many=evaluate_many, race=race, budget=time_budget,
+                         progress=progress)
     return result(space, walk, pruned, refined.trials, seed=seed, stop=refined.stop)
 
 
@@ -109,6 +113,7 @@ def plan_from_analysis(
     repairs: Sequence[RepairOption] = (),
     time_budget: TimeBudget | None = None,
     progress: bool = False,
+    race: RacePlans | None = None,
 ) -> tuple[Plan, dict[str, Any]]:
     """For the CLI: the plan and the plan JSON's extra keys (``pareto``, ``repairs``).
 
@@ -123,7 +128,7 @@ def plan_from_analysis(
         )
     r = search(groups, sensitivity, tgt, model, min_quality=min_quality, max_cost=max_cost,
                shapes=shapes, evaluate=evaluate, evaluate_many=evaluate_many, seed=seed,
-               repairs=repairs, time_budget=time_budget, progress=progress)
+               repairs=repairs, time_budget=time_budget, progress=progress, race=race)
     extra: dict[str, Any] = {"pareto": r.to_dict()}
     if r.repairs:
         extra["repairs"] = [{"name": x.name, "reason": x.reason} for x in r.repairs]

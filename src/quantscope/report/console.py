@@ -65,6 +65,25 @@ def format_whatif(result: dict[str, Any]) -> str:
             out.append(f"  {h['sentence']}")
     return "\n".join(out)
 
+def race_lines(race: dict[str, Any] | None) -> list[str]:
+    """The plan file's ``race`` entry in words: what stopped where, estimate +- interval."""
+    if not race:
+        return []
+    if race.get("unsupported"):
+        return [race["unsupported"]]
+    lines = []
+    for r in race.get("races", []):
+        stopped = [c for c in r["candidates"] if c["stopped"]]
+        lines.append(f"race ({race['metric']}, {r['samples']} pairs, looks at "
+                     f"{', '.join(map(str, r['looks']))}): {len(stopped)} of "
+                     f"{len(r['candidates'])} candidate(s) stopped, the rest measured in full")
+        lines += [f"  {c['name']} stopped at {c['n']} pairs: {c['difference']:+.3f} "
+                  f"(+{c['half_width']:.3f}) vs {c['rival']}" for c in stopped]
+    if lines:
+        lines.append(f"race rule: {race['races'][0]['rule']}; {race['note']}")
+    return lines
+
+
 def format_search(result: dict[str, Any]) -> str:
     """Console form of a planner result (the plan JSON's ``pareto`` entry)."""
     c = result.get("chosen", {})
@@ -96,6 +115,7 @@ def format_search(result: dict[str, Any]) -> str:
                      f"original FP32: {drift}" + (f"; skipped: {ft['skipped']}"
                                                   if ft.get("skipped") else "")
                      + (f"; DROPPED: {ft['dropped']}" if ft.get("dropped") else ""))
+    lines += race_lines(result.get("race"))
     for r in result.get("seq_lens", []):
         fit = f", {r['texts_fit']:.0%} of the texts fit" if "texts_fit" in r else ""
         lines.append(f"  seq {r['seq_len']}: cost {r['cost']}, predicted {r['predicted']}, "

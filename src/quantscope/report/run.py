@@ -16,6 +16,7 @@ from typing import Any
 
 from quantscope.report import fmt, plots
 from quantscope.report.build import _table, details, io_section, prenorm_section, render
+from quantscope.report.console import race_lines
 from quantscope.types import Stats
 
 _e = html.escape
@@ -296,7 +297,8 @@ def pareto_section(pareto: dict[str, Any], measured: str, *, verdict: dict[str, 
             f", measured on the fit data {fmt.value(measured, c.get('measured'))}. {where}"
             f"{held} Repairs: the chosen row lists those built and applied to the compiled "
             "model; other rows the repairs their plan would carry (not built).</p>"
-            + plots.pareto_plot(pareto, measured) + _table(head, rows))
+            + plots.pareto_plot(pareto, measured) + _table(head, rows)
+            + "".join(f"<p class=note>{_e(x)}</p>" for x in race_lines(pareto.get("race"))))
 
 
 def _chosen_index(points: list[dict[str, Any]], c: dict[str, Any]) -> int | None:

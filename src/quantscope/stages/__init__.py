@@ -94,6 +94,7 @@ from quantscope.stages.plan import (
     plan_lengths,
     plan_model,
     plan_repair_offer,
+    raced_plan,
 )
 from quantscope.stages.rewrites import (
     out_scale,
@@ -142,7 +143,7 @@ _REEXPORTED = (
     TOKENSPLIT_HINT, UNIFORM_PLANNER, PlanOptions, PlanResult, _call, _fit, _keep_finetune,
     _measure_all, _plan_measure, _plan_measurement, _plan_repair, _uniform_if_enough,
     finetune_chosen, goal_verdict, plan_evaluator, plan_lengths, plan_model, plan_repair_offer,
-    out_scale, peel_channels, scale_rows, split_heads, split_tokens, Headline,
+    raced_plan, out_scale, peel_channels, scale_rows, split_heads, split_tokens, Headline,
     at_length, TENSOR_BATCH, load_tensor_batches, SHARED, Batch, Encodings, Feeds, GroupKind,
     Groups, Outputs, Plan, Precision, QuantScheme, QuantscopeError, Stats, batch_rows,
     take_rows,

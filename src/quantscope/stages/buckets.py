@@ -29,9 +29,11 @@ summarise       per bucket and per candidate figures, the mean cost's standard e
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,9 +62,11 @@ from quantscope.plan.deployment import (
     one_target,
 )
 from quantscope.plan.deployment_results import CandidateFigures, ChosenBucket, DeploymentChoice
+from quantscope.plan.race import RaceResult, RaceRule
 from quantscope.progress import say, track
 from quantscope.serde import read_json
 from quantscope.stages.open import plan_problems
+from quantscope.stages.race import race_errors
 from quantscope.stages.route import check_compatible, cost_unit, open_entry, routable
 from quantscope.targets import load_target
 from quantscope.targets.profile import Target
@@ -131,18 +135,68 @@ def choose_deployment(
     max_cost: float, seq_lens: tuple[int, ...] = CHOICE_LENGTHS,
     max_buckets: int = MAX_BUCKETS, skip_pairs: int = 0, progress: bool = False,
     cache: EvalCache | None = None,
+    race: float | None = None,
 ) -> DeploymentChoice:
     """Bucket lengths and a candidate per bucket for a deployment within ``max_cost``: the
     selection texts' mean error is the least subject to their mean cost ≤ ``max_cost``
-    with at most ``max_buckets`` compiled lengths (the steps: module doc)."""
+    with at most ``max_buckets`` compiled lengths (the steps: module doc). ``race``: the
+    candidates are raced first at that confidence (:func:`race_candidates`); the stopped
+    ones are not measured in full and are out of the allocation."""
     sel = select_texts(reference, data, candidates, seq_lens, max_buckets, skip_pairs)
-    err = measure_errors(reference, candidates, sel, progress=progress, cache=cache)
     target = load_target(target_name)
-    costs = length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
+    raced = None
+    if race is None:
+        err = measure_errors(reference, candidates, sel, progress=progress, cache=cache)
+        costs = length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
+    else:
+        costs = length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
+        raced = race_candidates(reference, candidates, sel, costs, race, progress=progress)
+        keep = list(raced.survivors)
+        candidates, costs = tuple(candidates[i] for i in keep), costs[keep]
+        err = measure_errors(reference, candidates, sel, progress=progress, cache=cache)
     alloc = allocate(candidates, sel, err, costs, max_cost=max_cost, max_buckets=max_buckets,
                      target_name=target_name, progress=progress)
-    return summarise(reference, candidates, sel, err, costs, alloc, target_name=target_name,
-                     max_cost=max_cost, max_buckets=max_buckets)
+    choice = summarise(reference, candidates, sel, err, costs, alloc, target_name=target_name,
+                       max_cost=max_cost, max_buckets=max_buckets)
+    if raced is None:
+        return choice
+    return dataclasses.replace(choice, race=raced.to_dict(),
+                               notes=(*choice.notes, *race_notes(raced)))
+
+
+def race_candidates(reference: Model, candidates: tuple[Candidate, ...], sel: Selection,
+                    costs: np.ndarray, confidence: float, *, progress: bool = False
+                    ) -> RaceResult:
+    """``buckets --race``: every candidate raced on prefixes of the selection pairs by
+    each pair's ``1 − cosine`` (:func:`quantscope.stages.race.race_errors`); a candidate
+    may be stopped only by a rival that costs no more at any length, so a stopped one is
+    worse on the mean error and never cheaper. (It could still have been the better pick
+    for one bucket's texts, or legal where its rival is not: the notes say so.)"""
+    may_stop = np.all(costs[None, :, :] <= costs[:, None, :] + 1e-12, axis=2)
+    np.fill_diagonal(may_stop, False)
+
+    def proto(c: Candidate) -> Callable[[], Any]:
+        return lambda: quantize_model(c.model, c.stats, c.plan,
+                                      scheme=scheme_for(c.plan, None)).proto
+
+    pairs = len(sel.lengths) // 2
+    say(f"buckets: racing {len(candidates)} candidate(s) on prefixes of {pairs} pairs",
+        show=progress)
+    return race_errors(reference.proto, [proto(c) for c in candidates],
+                       [c.name for c in candidates], sel.task, pairs, may_stop,
+                       RaceRule(confidence=confidence))
+
+
+def race_notes(raced: RaceResult) -> tuple[str, ...]:
+    """What the race stopped, in words."""
+    stopped = [e for e in raced.entries if e.stopped]
+    return (f"race: {len(stopped)} of {len(raced.entries)} candidate(s) stopped early and "
+            "left out of the allocation (the others measured on every selection text)"
+            + "".join(f"; {e.name} at {e.n} pairs, error {-e.difference:+.4f} "
+                      f"(+-{e.half_width:.4f}) over {e.rival}" for e in stopped),
+            f"race rule: {raced.rule}; a stopped candidate costs no less than its rival at "
+            "every length and errs more on the mean: it could still have been the better "
+            "pick for one bucket's texts, or legal where its rival is not")
 
 
 def select_texts(reference: Model, data: Dataset, candidates: tuple[Candidate, ...],

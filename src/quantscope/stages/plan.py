@@ -19,6 +19,7 @@ from quantscope.emulate.evaluate import run_model
 from quantscope.finetune.engine import RankEngine, resolve_engine
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
+from quantscope.progress import say
 from quantscope.rewrites.registry import REWRITES, applied_rewrites, hint_for
 from quantscope.stages.plan_measure import (  # noqa: F401 - re-exported
     _call,
@@ -135,6 +136,7 @@ class PlanOptions:
     seed: int = 0
     rank_engine: str = "auto"  # who ranks the candidates (stages/rank.py); ORT measures
     budget: float | None = None  # seconds the search may spend measuring (None: no bound)
+    race: float | None = None  # confidence of a race over the measured batch (None: off)
 
     def check_inputs(self, *, data: bool, stats: bool) -> None:
         """One-line errors for options the given data contradicts (call before opening it)."""
@@ -252,17 +254,17 @@ def plan_model(
                 uniform.pareto["measured_on"] = truncated
             uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
             return uniform
-    many, (engine, ranking) = None, _ranking(model, data, stats, target, options, evaluate,
-                                             progress)
-    if evaluate is not None and executor is not None and ranking is evaluate:
-        many = functools.partial(_measure_all, executor, evaluate, progress)
+    engine, ranking, many, racer, raced = _search_tools(model, data, stats, target, options,
+                                                        evaluate, executor, progress)
     plan, extra = plan_from_analysis(model, analysis, target, min_quality=options.min_quality,
                                      max_cost=options.max_cost, shapes=shapes,
                                      evaluate=ranking, evaluate_many=many,
                                      seed=options.seed, repairs=offer.options if offer else (),
                                      time_budget=_time_budget(options, clock),
-                                     progress=progress)
+                                     progress=progress, race=racer)
     pareto = extra["pareto"]
+    if raced is not None:
+        pareto["race"] = racer.record() if racer is not None else raced
     plan = _label_measured(plan, pareto, options.metric if evaluate is not None else None)
     if engine is not None and evaluate is not None:  # what torch ranked, measured in ORT
         plan = confirm_chosen(plan, pareto, engine, evaluate, progress=progress)
@@ -281,6 +283,20 @@ def plan_model(
                       offer=offer)
 
 
+def _search_tools(model: Model, data: Dataset | None, stats: Stats | None, target: Target,
+                  options: PlanOptions, evaluate: Evaluate | None, executor: Executor | None,
+                  progress: bool) -> tuple[Any, Evaluate | None, Any, Any, Any]:
+    """What the search measures with: the ranking engine and its evaluator
+    (:func:`_ranking`), the batch measurer on ``executor`` (only when ORT ranks), and the
+    race with its record (:func:`_plan_racer`; both None without ``--race``)."""
+    engine, ranking = _ranking(model, data, stats, target, options, evaluate, progress)
+    many = (functools.partial(_measure_all, executor, evaluate, progress)
+            if evaluate is not None and executor is not None and ranking is evaluate else None)
+    racer, raced = (_plan_racer(model, target, options, data, stats, progress=progress)
+                    if evaluate is not None and options.race is not None else (None, None))
+    return engine, ranking, many, racer, raced
+
+
 def _record_engine(pareto: dict[str, Any], engines: Sequence[IncrementalEngine]) -> None:
     """Which engine measured the search's plans (``engine``: "ort (incremental, N of M
     segments run)"), its counts (``incremental``) and why any plan had a full pass."""
@@ -295,6 +311,14 @@ def _record_engine(pareto: dict[str, Any], engines: Sequence[IncrementalEngine])
     notes = [n for e in engines for n in e.notes]
     if notes and isinstance(pareto.get("notes"), list):
         pareto["notes"] += [n for n in dict.fromkeys(notes) if n not in pareto["notes"]]
+def raced_plan(model: Model, analysis: Sensitivity, target: Target,
+               options: PlanOptions = PlanOptions(), *, data: Dataset, stats: Stats,
+               confidence: float = 0.95, progress: bool = False) -> PlanResult:
+    """:func:`plan_model` with the race on at ``confidence`` (``plan --race``): the
+    early-stopped search, for ``bench/search.py`` beside the naive and incremental ones
+    (``pareto["race"]`` says what stopped where)."""
+    return plan_model(model, analysis, target, dataclasses.replace(options, race=confidence),
+                      data=data, stats=stats, progress=progress)
 
 
 UNIFORM_PLANNER = "quantscope.stages uniform a8_w8 meets the goal/1"
@@ -441,6 +465,26 @@ def _ranking(model: Model, data: Dataset | None, stats: Stats | None, target: Ta
                                      target=target,
                                      repair=_plan_repair(feeds, target) if feeds else None,
                                      progress=progress)
+
+
+def _plan_racer(model: Model, target: Target, options: PlanOptions, data: Dataset | None,
+                stats: Stats | None, *, progress: bool) -> tuple[Any, dict[str, Any] | None]:
+    """The race of ``plan --race`` (:mod:`quantscope.stages.race`) and the plan file's
+    ``race`` entry when it cannot run (why, said on stderr too)."""
+    from quantscope.plan.race import RaceRule
+    from quantscope.stages.race import FULL_SET_NOTE, PlanRacer, race_unsupported
+
+    assert options.metric is not None and options.race is not None
+    why = race_unsupported(data, options.metric)
+    if why is not None or data is None or stats is None:
+        say(why or "race: needs --data and --stats", show=progress)
+        return None, {"metric": options.metric, "confidence": options.race,
+                      "unsupported": why, "note": FULL_SET_NOTE, "races": []}
+    feeds = list(data.calibration)[: options.repair_batches] if options.repairs else []
+    racer = PlanRacer(model, data, stats, options.metric, RaceRule(confidence=options.race),
+                      scheme=target.scheme, repair=_plan_repair(feeds, target) if feeds else None,
+                      progress=progress)
+    return racer, {}
 
 
 def _plan_measurement(

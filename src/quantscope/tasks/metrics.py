@@ -55,6 +55,7 @@ __all__ = [
     "tar_far_at_threshold",
     "top1_agreement",
     "top1_indices",
+    "top1_matches",
 ]
 
 # Query rows scored at once: 1,024 x 10,000 docs x 4 bytes = 40 MB of float32 scores.
@@ -221,12 +222,25 @@ def top1_agreement(
     under the reference (FP32) embeddings, whether or not that doc is the relevant one.
 
     This is the field report's "70.8 % top-1 vs 100 % FP32" metric. Ties: lowest index.
+    The mean of :func:`top1_matches`.
     """
+    return float(np.mean(top1_matches(queries_ref, docs_ref, queries, docs, chunk)))
+
+
+def top1_matches(
+    queries_ref: np.ndarray,
+    docs_ref: np.ndarray,
+    queries: np.ndarray,
+    docs: np.ndarray,
+    chunk: int = DEFAULT_CHUNK,
+) -> np.ndarray:
+    """Per query: is its top-1 doc under the test embeddings the reference's top-1 doc?
+    (bool, one per query; :func:`top1_agreement` is their mean)."""
     ref = top1_indices(queries_ref, docs_ref, chunk)
     test = top1_indices(queries, docs, chunk)
     if ref.shape != test.shape or np.shape(docs_ref)[0] != np.shape(docs)[0]:
         raise MetricInputError("reference and test must have the same queries and docs")
-    return float(np.mean(ref == test))
+    return ref == test
 
 
 # --- fidelity ------------------------------------------------------------------------

@@ -1,0 +1,93 @@
+"""Number argument types of the command line (moved out of :mod:`.types`, which
+re-exports them): positive int, count (0 = all), fraction in (0, 1], confidence in
+[0.5, 1), finite (positive / non-negative / at least 1) float; each fails while parsing
+with one line naming the value and what to give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def _number(text: str, kind: type, what: str) -> float | int:
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number: give {what}") from None
+
+
+def positive_int(text: str) -> int:
+    value = _number(text, int, "a whole number of 1 or more")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed: give a whole number of 1 "
+                                         "or more")
+    return int(value)
+
+
+def count(text: str) -> int:
+    """A whole number >= 0 where 0 means 'all' (``--pairs``)."""
+    value = _number(text, int, "a whole number (0 = all)")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative: give a whole number >= 0 "
+                                         "(0 = all)")
+    return int(value)
+
+
+MIN_SEQ_LEN = 2  # a text's two special tokens ([CLS] ... [SEP], <s> ... </s>)
+
+
+def seq_len(text: str) -> int:
+    """``--seq-len``: a whole number that holds at least the special tokens."""
+    value = positive_int(text)
+    if value < MIN_SEQ_LEN:
+        raise argparse.ArgumentTypeError(
+            f"{value} token cannot hold a text's {MIN_SEQ_LEN} special tokens ([CLS] and "
+            f"[SEP]): give {MIN_SEQ_LEN} or more (the deployment's sequence length)")
+    return value
+
+
+def finite_float(text: str) -> float:
+    value = float(_number(text, float, "a finite number"))
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"'{text}' is not a finite number: give one")
+    return value
+
+
+def positive_float(text: str) -> float:
+    value = finite_float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value:g} is not allowed: give a number above 0")
+    return value
+
+
+def at_least_one(text: str) -> float:
+    value = finite_float(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value:g} is below 1: give a number >= 1")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = finite_float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value:g} is negative: give a number >= 0")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A fraction in (0, 1]."""
+    value = finite_float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value:g} is outside (0, 1]: give a fraction "
+                                         "above 0 and at most 1")
+    return value
+
+
+def confidence(text: str) -> float:
+    """A confidence level in [0.5, 1) (``--race``)."""
+    value = finite_float(text)
+    if not 0.5 <= value < 1:
+        raise argparse.ArgumentTypeError(f"{value:g} is outside [0.5, 1): give a confidence "
+                                         "such as 0.95")
+    return value
