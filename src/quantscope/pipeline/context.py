@@ -61,6 +61,24 @@ class RunOptions:
     # config values of the chosen rewrites that no legacy field carries: (rewrite, config
     # field, value), e.g. ("rowscale", "growth", 1.5) from run --rowscale-growth 1.5
     rewrite_options: tuple[tuple[str, str, Any], ...] = ()
+    # --lengths: "off", "auto" (buckets where the data has short texts and the cost depends
+    # on the length) or the lengths to choose from, "64,128" (pipeline/deploy.py)
+    lengths: str = "auto"
+
+    def length_choice(self) -> tuple[int, ...] | None:
+        """``--lengths`` read: None when off, () for auto, else the lengths given."""
+        if self.lengths == "off":
+            return None
+        if self.lengths == "auto":
+            return ()
+        try:
+            given = tuple(sorted({int(x) for x in self.lengths.split(",")}))
+        except ValueError:
+            given = ()
+        if not given or given[0] < 1:
+            raise QuantscopeError(f"--lengths must be off, auto or a comma list of token "
+                                  f"counts (e.g. 64,128), not '{self.lengths}'")
+        return given
 
     def rewrite_configs(self) -> tuple[tuple[Rewrite, Any], ...]:
         """The rewrites this run applies, in the registry's order, each with its config:
@@ -88,6 +106,7 @@ class RunOptions:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise QuantscopeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        self.length_choice()
         unknown = [n for n in self.rewrites if n not in REWRITES]
         if unknown:
             raise QuantscopeError(f"unknown rewrite '{unknown[0]}': use one of "
