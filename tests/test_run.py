@@ -79,7 +79,7 @@ def test_run_end_to_end_then_skips_then_forces(tmp_path, capsys):
     assert _digests(out) == before
 
     assert main(_args(m, x, out, "--force", "repair")) == 0
-    assert "stages run: repair, check, evaluate, export, io, report;" in capsys.readouterr().out
+    assert "stages run: repair, check, evaluate, deploy, export, io, report;" in capsys.readouterr().out
     assert _digests(out) == before  # deterministic: the same files again
 
     assert main(_args(m, x, out, "--max-cost", "2")) == 0  # a plan option: from plan on

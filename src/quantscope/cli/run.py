@@ -51,8 +51,8 @@ from quantscope.stages import buckets, route
 from quantscope.tasks.layout import layout_tasks
 from quantscope.types import QuantscopeError
 
-RUN_STAGES = ("calibrate", "analyze", "plan", "repair", "check", "evaluate", "export", "io",
-              "report")
+RUN_STAGES = ("calibrate", "analyze", "plan", "repair", "check", "evaluate", "deploy", "export",
+              "io", "report")
 RUN_EXAMPLE = ("quantscope run minilm-l6 --data stdlib-docs --target hailo10h --goal 0.97 "
                "--max-cost 1.5 --out W")
 
@@ -94,10 +94,27 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     "the held-out data; one evaluation per kind): in the verdict and report")
     ru.add_argument("--proxy", type=fraction, default=0.125, help="analysis row budget (see "
                     "'quantscope analyze --help'; default 0.125)")
+    ru.add_argument("--lengths", type=run_lengths, default="auto", metavar="off|auto|N,N…",
+                    help="compiled lengths (text data): 'auto' (default) chooses several "
+                    "only where the data has short texts and the cost depends on the length "
+                    "(candidates per length chosen on the fit pairs, measured held out: "
+                    "deployment.json, len-N/, a router in io_snippet.py); 'off': one model; "
+                    "or the lengths to choose from, e.g. 64,128")
     ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE "
-                    "(calibrate, analyze, plan, repair, check, evaluate, export, io, report)")
+                    f"({', '.join(RUN_STAGES)})")
     ru.add_argument("--out", dest="folder", type=run_folder, required=True,
                     help="run folder (created; every stage's file, run.json, report.html)")
+
+
+def run_lengths(text: str) -> str:
+    """``run --lengths``: ``off``, ``auto`` or positive token counts (sorted, comma list)."""
+    text = text.strip()
+    if text in ("off", "auto"):
+        return text
+    try:
+        return ",".join(map(str, sorted(set(lengths(text)))))
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"give off, auto or token counts: {e}") from None
 
 
 def rewrite_choice(text: str) -> tuple[str, ...]:
@@ -187,7 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       repair_batches=args.repair_batches, whatif=args.whatif,
                       rank_engine=args.rank_engine,
                       race=args.race,
-                      layout=tuple(args.layout),
+                      layout=tuple(args.layout), lengths=args.lengths,
                       batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
                       budget=args.budget, **repairs, **run_rewrites(args))
     opts.check()  # the rewrites' options together, before the model is opened

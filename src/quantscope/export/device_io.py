@@ -101,6 +101,42 @@ def python_snippet(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def router_snippet(buckets: list[tuple[int, str]], feeds: list[list[str]], pad_id: int) -> str:
+    """The host's router of a deployment of compiled lengths: each text (its token ids) to
+    the shortest compiled model that holds it, padded to that length (a longer text
+    truncated at the longest, keeping its last token, as the evaluation ran it).
+    ``buckets``: (length, model file) increasing; ``feeds``: (role, input name, dtype) of
+    the text inputs (``input_ids``, ``attention_mask``, ``token_type_ids``)."""
+    fills = {"input_ids": "ids", "attention_mask": "mask", "token_type_ids": "[0] * length"}
+    lines = [
+        "# compiled lengths (deployment.json): each text runs on the shortest compiled model",
+        "# that holds its token count; switching between models is not modelled in the cost",
+        f"COMPILED = {[(int(n), str(p)) for n, p in buckets]!r}",
+        f"PAD_ID = {int(pad_id)}", "",
+        "def compiled_for(token_count):",
+        '    """(length, model file) of the shortest compiled model holding token_count',
+        '    tokens; the longest for a longer text (truncated there)."""',
+        "    for length, path in COMPILED:",
+        "        if token_count <= length:",
+        "            return length, path",
+        "    return COMPILED[-1]", "",
+        "def route_text(token_ids):",
+        '    """(model file, feeds) of one tokenized text: its inputs padded to the length',
+        '    of the compiled model it runs on, shape [1, length] each."""',
+        "    length, path = compiled_for(len(token_ids))",
+        "    ids = list(token_ids)",
+        "    if len(ids) > length:  # keep the first length - 1 tokens and the end token",
+        "        ids = ids[:length - 1] + ids[-1:]",
+        "    mask = [1] * len(ids) + [0] * (length - len(ids))",
+        "    ids = ids + [PAD_ID] * (length - len(ids))",
+        "    return path, {",
+    ]
+    lines += [f"        {name!r}: np.asarray([{fills[role]}], np.{dtype}),"
+              for role, name, dtype in feeds if role in fills]
+    lines += ["    }", ""]
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- manual mappings
 
 

@@ -1,7 +1,8 @@
 """``quantscope run``: model + data + target -> every stage's file in one folder, resumable.
 
 calibrate -> analyze -> plan (repairs searched with the precisions) -> repair -> check ->
-evaluate (held-out: FP32, uniform a8_w8, the plan) -> export (QDQ ONNX + the target's
+evaluate (held-out: FP32, uniform a8_w8, the plan) -> deploy (the compiled lengths,
+:mod:`.deploy`) -> export (QDQ ONNX + the target's
 formats) -> io -> report (+ verdict). Each stage is a function of :mod:`.steps` reading
 its inputs from the folder; ``run.json`` (:mod:`.manifest`) records, per stage, a hash of
 its options and input digests, so a rerun skips what is done and a killed run resumes at
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context, RunOptions, keep_rewritten, rewrite_run_model
+from quantscope.pipeline.deploy import deploy as deploy_step
 from quantscope.pipeline.manifest import Manifest, stage_key
 from quantscope.pipeline.verdict import report as report_step
 from quantscope.types import QuantscopeError
@@ -62,10 +64,15 @@ STAGES: dict[str, StageSpec] = {
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
     "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED), ("target", "metric", "whatif"),
                           True),
+    # the compiled lengths (--lengths): candidates per length chosen on the fit texts,
+    # measured on the held-out texts (pipeline/deploy.py)
+    "deploy": StageSpec(deploy_step, (steps.STATS, *_REPAIRED),
+                        ("target", "max_cost", "seq_len", "lengths", "hn"), True),
     "export": StageSpec(steps.export, _REPAIRED, ("target", "hn"), False),
-    "io": StageSpec(steps.io, _REPAIRED, (), False),
+    "io": StageSpec(steps.io, (*_REPAIRED, steps.LENGTHS), (), False),
     "report": StageSpec(report_step, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
-                                       steps.IO, steps.ALLS, steps.QNN, *_REPAIRED),
+                                       steps.IO, steps.ALLS, steps.QNN, *_REPAIRED,
+                                       steps.LENGTHS),
                         ("model", "data", "eval_data", "target", "goal", "max_cost", "metric"),
                         False),
 }

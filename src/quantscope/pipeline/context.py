@@ -70,6 +70,24 @@ class RunOptions:
     # seconds the plan search may spend measuring candidates (None: no bound); not in the
     # plan stage's key: a larger budget continues a search it stopped, a smaller one reuses
     budget: float | None = DEFAULT_BUDGET_S
+    # --lengths: "off", "auto" (buckets where the data has short texts and the cost depends
+    # on the length) or the lengths to choose from, "64,128" (pipeline/deploy.py)
+    lengths: str = "auto"
+
+    def length_choice(self) -> tuple[int, ...] | None:
+        """``--lengths`` read: None when off, () for auto, else the lengths given."""
+        if self.lengths == "off":
+            return None
+        if self.lengths == "auto":
+            return ()
+        try:
+            given = tuple(sorted({int(x) for x in self.lengths.split(",")}))
+        except ValueError:
+            given = ()
+        if not given or given[0] < 1:
+            raise QuantscopeError(f"--lengths must be off, auto or a comma list of token "
+                                  f"counts (e.g. 64,128), not '{self.lengths}'")
+        return given
 
     def rewrite_configs(self) -> tuple[tuple[Rewrite, Any], ...]:
         """The rewrites this run applies, in the registry's order, each with its config:
@@ -99,6 +117,7 @@ class RunOptions:
                 raise QuantscopeError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if self.rank_engine not in RANK_ENGINES or self.rank_engine == "torch":
             resolve_engine(self.rank_engine)  # one line: unknown, or torch not installed
+        self.length_choice()
         unknown = [n for n in self.rewrites if n not in REWRITES]
         if unknown:
             raise QuantscopeError(f"unknown rewrite '{unknown[0]}': use one of "

@@ -26,6 +26,7 @@ CHECK, EVALUATE, QDQ = "check.json", "evaluate.json", FORMATS[ALWAYS].file_name
 ALLS, QNN = FORMATS["alls"].file_name, FORMATS["qnn"].file_name
 IO, SNIPPET, REPORT, VERDICT = "io.json", "io_snippet.py", "report.html", "verdict.json"
 EVALS = "evals"  # the plan search's evaluation cache (analyze/evalcache.py), a folder
+LENGTHS, DEPLOYMENT = "lengths.json", "deployment.json"  # the deploy stage's (pipeline/deploy.py)
 
 
 @dataclass(frozen=True)
@@ -244,7 +245,13 @@ def io(ctx: Context) -> Done:
 
     rows = stages.device_io_rows(*repaired(ctx))
     stages.write_json(ctx.path(IO), DeviceIOResult(io=rows, note=dio.PROVENANCE).to_dict())
-    stages.write_text(ctx.path(SNIPPET), dio.python_snippet(rows))
+    snippet = dio.python_snippet(rows)
+    lengths = ctx.path(LENGTHS)
+    doc = stages.read_json_file(lengths, LENGTHS) if lengths.is_file() else {}
+    if doc.get("deployment"):  # several compiled lengths (or one kept): the host's router
+        buckets = [(n, f"len-{n}/model.onnx") for n in doc["deployment"]["seq_lens"]]
+        snippet += "\n" + dio.router_snippet(buckets, doc["inputs"], doc["pad_id"])
+    stages.write_text(ctx.path(SNIPPET), snippet)
     return Done((IO, SNIPPET))
 
 

@@ -88,8 +88,11 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
         from quantscope.targets.profile import op_kind
 
         kinds = {g.name: op_kind(g) for g in stages.find_groups(model).groups}
+    lengths = ctx.path(steps.LENGTHS)
     return {
         "held_out": summary.held_out(ev),
+        "deployment": summary.deployment(_read(ctx, steps.LENGTHS) if lengths.is_file()
+                                         else None, ev["metric"]),
         "binds_measured": summary.binds_measured(ev.get("whatif"), pareto, kinds),
         "host_steps": summary.host_steps(
             info([i for i in graph.input if i.name not in inits]), info(graph.output),
@@ -252,6 +255,7 @@ def format_verdict_details(v: dict[str, Any]) -> str:
         lines.append("    no quantized input or output (they stay float)")
     lines.append(f"  note: {v['io_note']}")
     lines += [f"  host: {step}" for step in v.get("host_steps") or []]
+    lines += [f"  {x}" for x in (v.get("deployment") or {}).get("lines", [])]
     return "\n".join(lines)
 
 
@@ -264,6 +268,8 @@ def run_report(ctx: Context) -> None:
     docs = {n: _read(ctx, f) for n, f in (("evaluate", steps.EVALUATE), ("plan", steps.PLAN),
                                           ("analysis", steps.ANALYSIS), ("check", steps.CHECK),
                                           ("repaired_plan", steps.REPAIRED_PLAN))}
+    if ctx.path(steps.LENGTHS).is_file():
+        docs["lengths"] = _read(ctx, steps.LENGTHS)
     stats = stages.read_stats(ctx.path(steps.STATS))
     title = f"quantscope run: {ctx.opts.model} on {ctx.opts.target}"
     stages.write_text(ctx.path(steps.REPORT), run_report_html(

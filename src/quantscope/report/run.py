@@ -29,7 +29,8 @@ MAIN_ROWS = 6
 def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
                     evaluate: dict[str, Any], plan: dict[str, Any], analysis: dict[str, Any],
                     check: dict[str, Any], repaired_plan: dict[str, Any],
-                    stats: Stats | None = None, details_text: str = "") -> str:
+                    stats: Stats | None = None, details_text: str = "",
+                    lengths: dict[str, Any] | None = None) -> str:
     """The page, verdict first: ``verdict_text`` is the short verdict, ``details_text``
     every line of it (folded)."""
     metric = verdict["metric"]
@@ -38,6 +39,7 @@ def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
         verdict_section(verdict, verdict_text, details_text),
         io_section(verdict["io"]) + _io_bounds(verdict),
         configs_section(evaluate["results"], metric, n),
+        lengths_section(lengths),
         prenorm_section(evaluate["results"]),
         whatif_section(evaluate.get("whatif"), n),
         pareto_section(plan.get("pareto") or {}, metric, verdict=verdict,
@@ -51,6 +53,30 @@ def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
         data_section(evaluate["data"]),
     ]
     return render(title, [s for s in sections if s])
+
+
+def lengths_section(doc: dict[str, Any] | None) -> str:
+    """The compiled lengths the run chose (``lengths.json``): the deployment measured on
+    the held-out texts and the choice on the fit texts, in their console forms
+    (:mod:`quantscope.report.deployment`); the reason alone where none was measured."""
+    if not doc or not doc.get("considered"):
+        return ""
+    from quantscope.plan.deployment_results import DeploymentChoice, RouteResult
+    from quantscope.report.deployment import format_choice, format_deployment
+
+    d = doc.get("deployment")
+    head = _h2("Compiled lengths", "lengths") + f"<p>{_e(doc['reason'])}</p>"
+    if not d:
+        return head
+    held = format_deployment(RouteResult.from_dict(d["held_out"]))
+    fit = "\n\n".join(format_choice(DeploymentChoice.from_dict(d[k]))
+                       for k in ("chosen_fit", "one_model_fit"))
+    return (head + f"<p>{_e(d['reason'])}; {_e(d['switching'])}.</p>"
+            + "<p><b>Held out</b> (the kept deployment, each text on its compiled model; "
+            "route it again with <code>quantscope route MODEL --deployment "
+            "deployment.json</code>):</p>" + f"<pre>{_e(held)}</pre>"
+            + details("Chosen on the fit texts (not held out): the best with several lengths, "
+                      "then the best single model", f"<pre>{_e(fit)}</pre>"))
 
 
 def _h2(text: str, anchor: str) -> str:

@@ -9,6 +9,9 @@ binds_measured     with ``--whatif``: the op kind whose lift to a16_w16 gains th
                    cannot be lifted
 host_steps         what runs on the host: integer (token) inputs fed as they are,
                    per-token outputs pooled and normalised, symbolic dims fixed
+deployment         the compiled lengths (``lengths.json``): how many compiled models,
+                   the held-out figure, the cost per query and per document, the
+                   standard error of the mean cost; switching is not modelled
 =================  ===============================================================
 """
 
@@ -146,6 +149,40 @@ def ranking_line(v: dict[str, Any]) -> str | None:
     return f"search: {r['line']}{figures}"
 
 
+def deployment(doc: dict[str, Any] | None, metric: str) -> dict[str, Any] | None:
+    """The compiled lengths of the run (``lengths.json``) for the verdict: None where the
+    data has no token counts or ``--lengths off``; one line of reason where no
+    deployment was measured; else its figures and two lines."""
+    if not doc or not doc.get("considered"):
+        return None
+    d = doc.get("deployment")
+    if not d:
+        return {"models": 1, "measured": False, "lines": [f"compiled lengths: {doc['reason']}"]}
+    held = d["held_out"]
+    lens = d["seq_lens"]
+    folders = ", ".join(f"len-{n}/" for n in lens)
+    n = len(held["buckets"])
+    legal = "legal at each length" if held["legal"] else "NOT legal at every length"
+    head = (f"deployment: one compiled model at {lens[0]} tokens ({folders} deployment.json): "
+            "as good as several compiled lengths on the fit texts" if d["kept_one"] else
+            f"deployment: {n} compiled models at {', '.join(map(str, lens))} tokens ({folders} "
+            "deployment.json; chosen on the fit texts, measured held out)")
+    texts = sum(b["texts"] for b in held["buckets"])
+    per = "" if d["cost_per_query"] is None else (
+        f"cost per query {fmt.cost(d['cost_per_query'])}, per document "
+        f"{fmt.cost(d['cost_per_document'])}, ")
+    figures = (f"{metric} {fmt.value(metric, held['metrics'].get(metric))} held out "
+               f"({texts} texts); {per}mean {fmt.cost(d['cost_mean'])} (standard error "
+               f"{fmt.cost(d['cost_mean_se'])}) x uniform a8_w8 at {lens[-1]}; {legal}; "
+               f"{d['switching']}")
+    return {"models": n, "measured": True, "seq_lens": lens, "kept_one": d["kept_one"],
+            "metric": metric, "value": held["metrics"].get(metric),
+            "cost_per_query": d["cost_per_query"], "cost_per_document": d["cost_per_document"],
+            "cost_mean": d["cost_mean"], "cost_mean_se": d["cost_mean_se"],
+            "legal": held["legal"], "switching": d["switching"],
+            "lines": [head, figures, f"why: {d['reason']}"]}
+
+
 def format_short(v: dict[str, Any]) -> list[str]:
     """At most ~8 lines (and one per rewrite applied): goal and held-out figure, cost and
     legality, what binds, files, host steps (each line one thing a person acts on)."""
@@ -194,6 +231,9 @@ def format_short(v: dict[str, Any]) -> list[str]:
         for r in v["io"]) if v.get("io") else ""
     lines.append("  compile: " + " + ".join(list(v["compiler_files"])[:-1])
                  + f" ({list(v['compiler_files'])[-1]} is what was emulated){io}")
+    dep = v.get("deployment")
+    if dep:
+        lines += [f"  {dep['lines'][0]}", *(f"    {x}" for x in dep["lines"][1:2])]
     for step in v.get("host_steps", [])[:3]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")

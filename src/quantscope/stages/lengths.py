@@ -1,0 +1,227 @@
+"""Compiled lengths decided by ``quantscope run`` (its ``deploy`` stage): whether several
+compiled lengths pay, the candidates at each length, the choice on the fit texts as
+``quantscope buckets`` makes it, and its measurement on the held-out texts as ``quantscope
+route`` makes it.
+
+=================  ===================================================================
+decide_lengths     buckets only when the data has short texts (at least
+                   :data:`SHORT_SHARE` of the fit texts fit in a shorter length) AND the
+                   model's cost depends on its length (uniform a8_w8 at the shortest
+                   length costs less than at the longest); else one model, and why
+length_candidates  the planner's rule-made candidates at each length (``plan --max-legal
+                   --variants``: :mod:`quantscope.plan.candidates`), a plan made at two
+                   lengths kept once, after the run's own plan
+deploy_lengths     every candidate once on the fit texts (:mod:`quantscope.stages.buckets`
+                   steps), the best allocation with up to ``max_buckets`` lengths and the
+                   best single model at the longest length; one model is kept when the
+                   buckets do not lower the fit texts' mean error by more than two
+                   standard errors of the paired difference; the kept deployment measured
+                   on the held-out texts (:func:`quantscope.stages.route.evaluate_deployment`)
+=================  ===================================================================
+
+Switching between compiled models (loading, context switches) is not modelled: the cost
+is each text's compiled model's cost, averaged over the texts.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from quantscope.model.load import Model
+from quantscope.model.shapes import given_shapes
+from quantscope.plan.buckets import MAX_BUCKETS, route
+from quantscope.plan.candidates import max_legal, variants
+from quantscope.plan.deployment import Bucket, Candidate, Deployment
+from quantscope.plan.deployment_results import DeploymentChoice, RouteResult
+from quantscope.serde import plan_to_dict
+from quantscope.stages import buckets as B
+from quantscope.stages.route import cost_unit, evaluate_deployment
+from quantscope.targets.profile import Target
+from quantscope.types import Dataset, QuantscopeError, Stats
+
+AUTO_LENGTHS = (32, 64, 128, 256, 512)  # ``--lengths auto`` chooses among these
+AUTO_BELOW = 2  # and at most this many of them below the longest length
+SHORT_SHARE = 0.1  # "short texts": at least this share of the fit texts fit a shorter length
+CHEAPER = 0.99  # "the cost depends on the length": the shortest costs below this x the longest
+SWITCHING = "switching between compiled models is not modelled"
+
+
+@dataclass(frozen=True)
+class LengthDecision:
+    """Whether the run chooses among several compiled lengths, from which, and why."""
+
+    buckets: bool
+    seq_lens: tuple[int, ...]  # the lengths to choose from, increasing (the longest last)
+    reason: str
+    short_share: float | None = None  # share of the fit texts within the second longest
+
+
+def choice_lengths(longest: int, given: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The lengths to choose from: ``given`` (those up to ``longest``), else
+    :data:`AUTO_LENGTHS` below ``longest`` (at most :data:`AUTO_BELOW`); ``longest`` last."""
+    if given:
+        below = sorted({n for n in given if n < longest})
+    else:
+        below = [n for n in AUTO_LENGTHS if n < longest][-AUTO_BELOW:]
+    return (*below, longest)
+
+
+def decide_lengths(model: Model, target: Target, token_lengths: np.ndarray | None, *,
+                   longest: int | None, given: tuple[int, ...] | None = None) -> LengthDecision:
+    """Buckets only when the data has short texts and the model's cost depends on its
+    length (the module table); the reason in words either way."""
+    if token_lengths is None or longest is None:
+        return LengthDecision(False, (), "the data has no token counts (not text data): one "
+                              "compiled model")
+    lens = choice_lengths(longest, given)
+    if len(lens) < 2:
+        return LengthDecision(False, lens, f"no compiled length below the longest ({longest}) "
+                              "to choose: one compiled model")
+    lengths = np.asarray(token_lengths)
+    share = float(np.mean(lengths <= lens[-2]))
+    if share < SHORT_SHARE:
+        return LengthDecision(False, lens, f"the data has few short texts ({share:.0%} of the "
+                              f"fit texts within {lens[-2]} tokens, below {SHORT_SHARE:.0%}): "
+                              f"one compiled model at {longest}", share)
+    short, long = cost_unit(model, lens[0], target), cost_unit(model, longest, target)
+    if not short < CHEAPER * long:
+        return LengthDecision(False, lens, f"the model's cost does not depend on its length "
+                              f"(uniform a8_w8 at {lens[0]} costs {short / long:.2f}x that at "
+                              f"{longest}; a fixed input shape?): one compiled model", share)
+    return LengthDecision(True, lens, f"{share:.0%} of the fit texts fit in {lens[-2]} tokens "
+                          f"and uniform a8_w8 at {lens[0]} costs {short / long:.2f}x that at "
+                          f"{longest}: compiled lengths chosen from "
+                          f"{', '.join(map(str, lens))}", share)
+
+
+def length_candidates(model: Model, stats: Stats, target: Target, seq_lens: tuple[int, ...],
+                      *, plan_target: str | None, own: Candidate | None = None
+                      ) -> tuple[tuple[Candidate, ...], tuple[str, ...]]:
+    """``own`` (the run's plan) first, then ``max_legal`` and its family variants made at
+    each length (named ``NAME@LENGTH``; a plan made at an earlier length kept once), every
+    plan naming ``plan_target``; notes on what was left out."""
+    out = [own] if own is not None else []
+    seen: set[str] = set()
+    notes: list[str] = []
+    for n in seq_lens:
+        shapes = given_shapes(model, n)
+        try:
+            base = max_legal(model, target, shapes)
+        except QuantscopeError as e:
+            notes.append(f"at {n} tokens: {e}")
+            continue
+        more, left = variants(model, target, shapes, base)
+        notes.extend(f"at {n} tokens: {x}" for x in left)
+        for c in (base, *more):
+            plan = replace(c.plan, target=plan_target)
+            key = json.dumps(plan_to_dict(plan), sort_keys=True, default=str)
+            if key not in seen:
+                seen.add(key)
+                out.append(Candidate(name=f"{c.name}@{n}", model=model, stats=stats, plan=plan))
+    return tuple(out), tuple(dict.fromkeys(notes))
+
+
+@dataclass(frozen=True, eq=False)
+class LengthsResult:
+    """The deployment kept, what it was chosen against, and its held-out measurement."""
+
+    choice: DeploymentChoice  # the best with up to max_buckets lengths (fit texts)
+    one_model: DeploymentChoice  # the best single model at the longest length (fit texts)
+    kept_one: bool
+    reason: str  # why this deployment was kept
+    deployment: Deployment  # the kept one
+    route: RouteResult  # the kept one on the held-out texts
+    cost_per_query: float | None  # held out (retrieval: queries and documents apart)
+    cost_per_document: float | None
+    cost_mean_se: float  # standard error of the held-out mean cost
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kept_one": self.kept_one, "reason": self.reason,
+                "models": len(self.deployment.buckets),
+                "seq_lens": list(self.deployment.seq_lens),
+                "cost_per_query": self.cost_per_query,
+                "cost_per_document": self.cost_per_document,
+                "cost_mean": self.route.cost_mean, "cost_mean_se": self.cost_mean_se,
+                "switching": SWITCHING, "held_out": self.route.to_dict(),
+                "chosen_fit": self.choice.to_dict(), "one_model_fit": self.one_model.to_dict()}
+
+
+def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
+                   candidates: tuple[Candidate, ...], target: Target, target_spec: str, *,
+                   max_cost: float | None, seq_lens: tuple[int, ...],
+                   max_buckets: int = MAX_BUCKETS, progress: bool = False) -> LengthsResult:
+    """Choose on ``fit`` (the module table), measure the kept deployment on ``held_out``.
+    Without ``max_cost`` every candidate is affordable (the budget is the dearest one at
+    the longest length). One-line errors when nothing is legal or within the cost."""
+    sel = B.select_texts(reference, fit, candidates, seq_lens, max_buckets, 0)
+    err = B.measure_errors(reference, candidates, sel, progress=progress)
+    costs = B.length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
+    budget = float(costs[:, -1].max()) if max_cost is None else max_cost
+    figures = {}
+    for k in (max_buckets, 1):
+        alloc = B.allocate(candidates, sel, err, costs, max_cost=budget, max_buckets=k,
+                           target_name=target_spec, progress=progress)
+        figures[k] = (alloc, B.summarise(reference, candidates, sel, err, costs, alloc,
+                                         target_name=target_spec, max_cost=budget,
+                                         max_buckets=k))
+    many, one = figures[max_buckets], figures[1]
+    kept_one, reason = _keep_one(sel, err, many[0], one[0])
+    alloc = one[0] if kept_one else many[0]
+    deployment = Deployment(buckets=tuple(
+        Bucket(seq_len=sel.seq_lens[j], model=candidates[ci].model, stats=candidates[ci].stats,
+               plan=candidates[ci].plan) for j, ci in alloc.picks),
+        target=target_spec, source="deployment.json")
+    measured = evaluate_deployment(reference, held_out, deployment, progress=progress)
+    per_q, per_d, se = _held_out_costs(held_out, deployment, measured)
+    return LengthsResult(choice=many[1], one_model=one[1], kept_one=kept_one, reason=reason,
+                         deployment=deployment, route=measured, cost_per_query=per_q,
+                         cost_per_document=per_d, cost_mean_se=se)
+
+
+def _per_text_errors(sel: B.Selection, err: B.Errors, alloc: B.Allocation) -> np.ndarray:
+    which = route(sel.lengths, tuple(sel.seq_lens[j] for j, _ in alloc.picks))
+    chosen = np.asarray([ci for _, ci in alloc.picks])[which]
+    return err.errors[chosen, np.arange(len(sel.lengths))]
+
+
+def _keep_one(sel: B.Selection, err: B.Errors, many: B.Allocation, one: B.Allocation
+              ) -> tuple[bool, str]:
+    """One model unless the buckets lower the mean error by more than two standard errors
+    of the per-text (paired) difference on the fit texts."""
+    if len(many.picks) == 1:
+        return True, "the best deployment within the cost is one model at one length"
+    diff = _per_text_errors(sel, err, one) - _per_text_errors(sel, err, many)
+    n = len(diff)
+    se = float(np.std(diff, ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+    gain = float(np.mean(diff))
+    lens = ", ".join(str(sel.seq_lens[j]) for j, _ in many.picks)
+    if gain > 2 * se:
+        return False, (f"{len(many.picks)} compiled lengths ({lens}) lower the fit texts' mean "
+                       f"1 - cosine by {gain:.2e} (standard error {se:.2e}) against one model "
+                       f"at {sel.seq_lens[-1]}")
+    return True, (f"one model at {sel.seq_lens[-1]} is as good within the cost: the best "
+                  f"{len(many.picks)} compiled lengths ({lens}) lower the fit texts' mean "
+                  f"1 - cosine by {gain:.2e}, within two standard errors ({se:.2e})")
+
+
+def _held_out_costs(held_out: Dataset, deployment: Deployment, measured: RouteResult
+                    ) -> tuple[float | None, float | None, float]:
+    """Mean cost per query and per document (retrieval pairs: queries first, then their
+    documents) and the standard error of the mean cost, over the held-out texts."""
+    lengths = np.asarray(held_out.token_lengths)
+    per_text = np.asarray([b.cost.cost for b in measured.buckets])[
+        route(lengths, deployment.seq_lens)]
+    n = len(per_text)
+    se = float(np.std(per_text, ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+    pairs = getattr(held_out.task, "n_pairs", None)
+    if not pairs or 2 * pairs != n:
+        return None, None, se
+    return float(per_text[:pairs].mean()), float(per_text[pairs:].mean()), se
+
+
+__all__ = ["AUTO_LENGTHS", "SHORT_SHARE", "SWITCHING", "LengthDecision", "LengthsResult",
+           "choice_lengths", "decide_lengths", "deploy_lengths", "length_candidates"]

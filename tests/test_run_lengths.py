@@ -1,0 +1,178 @@
+"""``quantscope run`` decides the compiled lengths (its ``deploy`` stage): buckets only where
+the data has short texts and the cost depends on the length; candidates per length chosen
+on the fit pairs and measured on the held-out pairs (what ``route`` measures); one model
+kept when it is as good; the run folder's deployment, per-length files and a host router
+that runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from test_tasks_text import tiny_encoder
+
+from quantscope import stages
+from quantscope.cli import main
+from quantscope.model.load import load_proto
+from quantscope.pipeline.data import open_run_data
+from quantscope.plan.buckets import route
+from quantscope.plan.deployment import Candidate
+from quantscope.serde import read_json
+from quantscope.stages import lengths as L
+from quantscope.targets import load_target
+from quantscope.types import Plan, Precision
+
+PAIRS = 20
+
+
+def _static(proto: onnx.ModelProto, n: int) -> onnx.ModelProto:
+    """The same encoder with its sequence dim fixed at ``n`` (one compiled length)."""
+    for i in proto.graph.input:
+        dim = i.type.tensor_type.shape.dim[1]
+        dim.ClearField("dim_param")
+        dim.dim_value = n
+    return proto
+
+
+def test_buckets_only_with_short_texts_and_a_cost_that_depends_on_the_length():
+    target = load_target("ort-cpu")
+    model = load_proto(tiny_encoder(), "tiny")
+    short = np.array([10, 20, 30, 200, 250] * 4)  # 60 % within 128
+    long = np.array([200, 230, 250, 256, 129] * 4)  # none within 128
+    yes = L.decide_lengths(model, target, short, longest=256)
+    assert yes.buckets and yes.seq_lens == (64, 128, 256) and "0.25x" in yes.reason
+    few = L.decide_lengths(model, target, long, longest=256)
+    assert not few.buckets and "few short texts" in few.reason
+    fixed = load_proto(_static(tiny_encoder(), 256), "fixed")
+    same = L.decide_lengths(fixed, target, short, longest=256)
+    assert not same.buckets and "does not depend on its length" in same.reason
+    none = L.decide_lengths(model, target, None, longest=None)
+    assert not none.buckets and "no token counts" in none.reason
+    given = L.decide_lengths(model, target, short, longest=128, given=(32, 64, 512))
+    assert given.buckets and given.seq_lens == (32, 64, 128)
+
+
+@pytest.fixture()
+def tiny_run(tmp_path: Path):
+    m = tmp_path / "tiny.onnx"
+    onnx.save(tiny_encoder(inputs=("input_ids", "attention_mask")), m)
+    out = tmp_path / "W"
+    args = ["run", str(m), "--data", "stdlib-docs", "--pairs", str(PAIRS), "--target",
+            "ort-cpu", "--max-cost", "1.5", "--out", str(out)]
+    return tmp_path, m, out, args
+
+
+def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run, capsys):
+    tmp_path, m, out, args = tiny_run
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    doc = read_json(out / "lengths.json", "lengths")
+    d = doc["deployment"]
+    assert doc["buckets"] and not d["kept_one"] and d["models"] >= 2
+    assert d["cost_mean"] <= 1.5 and d["held_out"]["legal"]
+    assert doc["candidates"][0] == "plan" and any("@" in c for c in doc["candidates"])
+    for n in d["seq_lens"]:  # per compiled length: the compiler's model, stats, plan
+        assert {p.name for p in (out / f"len-{n}").iterdir()} == {"model.onnx", "stats.npz",
+                                                                   "plan.json"}
+    # the deployment file is route's: measured again on the held-out pairs, the same figures
+    js = tmp_path / "route.json"
+    assert main(["route", str(m), "--data", str(out / "heldout.jsonl"), "--deployment",
+                 str(out / "deployment.json"), "--json", str(js)]) == 0
+    again = json.loads(js.read_text())
+    assert again["metrics"] == d["held_out"]["metrics"]
+    assert again["cost_mean"] == pytest.approx(d["cost_mean"])
+    # the verdict: models, cost per query and per document, standard error, switching
+    v = read_json(out / "verdict.json", "verdict")["deployment"]
+    assert v["models"] == d["models"] and v["cost_per_query"] < v["cost_per_document"]
+    line = next(x for x in printed.splitlines() if "per document" in x)
+    assert "cost per query" in line and "standard error" in line and "not modelled" in line
+    assert f"{d['models']} compiled models" in printed
+    assert "Compiled lengths" in (out / "report.html").read_text()
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "skipped (done): calibrate, analyze, plan, repair, check, evaluate, deploy, " \
+           "export, io, report" in capsys.readouterr().out
+
+
+def test_the_written_router_runs_and_routes_by_token_count(tiny_run, capsys):
+    _, _, out, args = tiny_run
+    assert main(args) == 0
+    lens = tuple(read_json(out / "lengths.json", "lengths")["deployment"]["seq_lens"])
+    counts = [1, lens[0], lens[0] + 1, lens[-1], lens[-1] + 40]
+    script = (
+        "import json, runpy, sys\n"
+        "import onnxruntime as ort\n"
+        "ns = runpy.run_path('io_snippet.py')\n"
+        "out = []\n"
+        f"for n in {counts!r}:\n"
+        "    path, feeds = ns['route_text'](list(range(1, n + 1)))\n"
+        "    s = ort.InferenceSession(path, providers=['CPUExecutionProvider'])\n"
+        "    y = s.run(None, feeds)[0]\n"
+        "    ids = feeds['input_ids'][0].tolist()\n"
+        "    out.append([path, list(feeds['input_ids'].shape), int(feeds['attention_mask'].sum()),"
+        " ids[-1] if n > feeds['input_ids'].shape[1] else ids[n - 1], list(y.shape)])\n"
+        "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=out, capture_output=True,
+                          text=True, check=True)
+    got = json.loads(done.stdout)
+    which = route(np.asarray(counts), lens)  # the bucket route and the run measured with
+    for n, k, (path, shape, kept, last, y) in zip(counts, which, got, strict=True):
+        assert path == f"len-{lens[k]}/model.onnx" and shape == [1, lens[k]]
+        assert kept == min(n, lens[k]) and last == n  # a longer text keeps its end token
+        assert y[:2] == [1, lens[k]]
+
+
+def test_one_model_is_kept_when_several_lengths_do_not_pay(tmp_path):
+    model = load_proto(tiny_encoder(), "tiny")
+    rd = open_run_data(model, "stdlib-docs", eval_data=None, pairs=PAIRS, tokenizer=None,
+                       folder=tmp_path)
+    stats = stages.calibrate_model(model, rd.fit, progress=False)
+    lo = Candidate(name="a8", model=model, stats=stats,
+                   plan=Plan(default=Precision.A8_W8, target="ort-cpu"))
+    target = load_target("ort-cpu")
+    # one plan: every length gives each text the same error, so buckets buy nothing
+    got = L.deploy_lengths(model, rd.fit, rd.held_out, (lo,), target, "ort-cpu",
+                           max_cost=1.0, seq_lens=(64, 128, 256))
+    assert got.kept_one and got.deployment.seq_lens == (256,)
+    assert got.to_dict()["models"] == 1 and got.cost_per_query == got.cost_per_document == 1.0
+    hi = Candidate(name="a16", model=model, stats=stats,
+                   plan=Plan(default=Precision.A16_W16, target="ort-cpu"))
+    both = L.deploy_lengths(model, rd.fit, rd.held_out, (lo, hi), target, "ort-cpu",
+                            max_cost=1.5, seq_lens=(64, 128, 256))
+    assert not both.kept_one and len(both.deployment.buckets) >= 2
+
+
+def test_lengths_off_keeps_one_model_and_bad_lengths_are_one_line(tiny_run, capsys):
+    _, _, out, args = tiny_run
+    assert main([*args, "--lengths", "off"]) == 0
+    doc = read_json(out / "lengths.json", "lengths")
+    assert not doc["buckets"] and "--lengths off" in doc["reason"]
+    assert not (out / "deployment.json").exists() and not list(out.glob("len-*"))
+    assert read_json(out / "verdict.json", "verdict")["deployment"] is None
+    assert "route_text" not in (out / "io_snippet.py").read_text()
+    capsys.readouterr()
+    assert main([*args, "--lengths", "0,64"]) == 2
+    err = capsys.readouterr().err
+    assert "--lengths" in err and len(err.strip().splitlines()) == 1
+
+
+def test_several_lengths_must_beat_one_model_by_more_than_two_standard_errors():
+    from quantscope.stages import buckets as B
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 250, 200)
+    sel = B.Selection(data=None, task=None, seq_lens=(64, 256), lengths=lengths, n_pairs=100,
+                      skip_pairs=0)
+    one = B.Allocation(picks=((1, 0),), legal={})
+    many = B.Allocation(picks=((0, 1), (1, 0)), legal={})
+    base = rng.uniform(0.01, 0.02, 200)
+    for gain, noise, kept in ((0.0, 1e-4, True), (1e-5, 1e-3, True), (5e-3, 1e-4, False)):
+        noisy = base - gain + rng.normal(0, noise, 200)  # candidate 1: better by ``gain``
+        err = B.Errors(reference=None, errors=np.stack([base, noisy]), embeddings=(), notes=())
+        keep, why = L._keep_one(sel, err, many, one)
+        assert keep is kept and ("as good" in why) is kept
