@@ -5,7 +5,8 @@ evaluate (held-out: FP32, uniform a8_w8, the plan) -> export (QDQ ONNX + the tar
 formats) -> io -> report (+ verdict). Each stage is a function of :mod:`.steps` reading
 its inputs from the folder; ``run.json`` (:mod:`.manifest`) records, per stage, a hash of
 its options and input digests, so a rerun skips what is done and a killed run resumes at
-the stage it was in. The rewritten model (``--rewrites``) is resumable state too:
+the stage it was in. The rewritten model (``--rewrites``; with ``auto``, run's default, the
+choice measured on the fit data: :mod:`.auto`) is resumable state too:
 ``rewritten.onnx`` with its key in ``rewritten.json`` (:func:`.context.rewritten_key`), so
 a rerun neither recalibrates nor rewrites while the given model, the rewrites and the data
 are the same. This layer sits between ``cli`` and ``stages``.
@@ -47,7 +48,7 @@ STAGES: dict[str, StageSpec] = {
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs",
-                       "repair_batches"), True),
+                       "repair_batches", "auto_rewrites"), True),
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
                         True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
@@ -79,7 +80,7 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     # every input is opened (and a split that cannot be made fails) before any stage runs
     # and before the run folder exists: a bad input leaves nothing behind
     made = rewrite_run_model(opts, progress=progress)
-    early = {"model": made.model}
+    early: dict[str, Any] = {"model": made.model, "made": made}
     check_run_inputs(early["model"], opts)
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress, _cache=early).check_goal()
@@ -87,7 +88,7 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
         from quantscope.progress import say
 
         say(f"goal: {head.goal_text(opts.goal)} on the held-out data", show=progress)
-    early = {k: v for k, v in early.items() if k == "model"}
+    early = {k: v for k, v in early.items() if k in ("model", "made")}
     if opts.batch_axes:  # a --batch-axis the model refutes fails before the folder exists
         from quantscope.tasks.tensors import check_batch_axes
 
@@ -204,8 +205,13 @@ def _remove_stale(folder: Path) -> None:
         stale.unlink()
 
 
+# options absent from a stage's key while off: the keys of earlier runs stay valid
+UNKEYED_WHEN_OFF = ("auto_rewrites",)
+
+
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
-    options = {k: getattr(ctx.opts, k) for k in spec.options}
+    options = {k: getattr(ctx.opts, k) for k in spec.options
+               if k not in UNKEYED_WHEN_OFF or getattr(ctx.opts, k)}
     inputs = {"model": ctx.model_digest(), **{f: manifest.digest(f) for f in spec.reads
                                               if (ctx.folder / f).exists()}}
     if spec.data:

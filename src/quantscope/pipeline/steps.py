@@ -67,16 +67,25 @@ def plan(ctx: Context) -> Done:
     from quantscope.serde import read_sensitivity
 
     o = ctx.opts
+    repairs, record = _auto_record(ctx)
     options = stages.PlanOptions(max_cost=o.max_cost, seq_len=o.seq_len,
                                  input_shapes=o.input_shapes, metric=ctx.metric(),
-                                 goal=o.goal, repairs=o.repairs,
+                                 goal=o.goal, repairs=repairs,
                                  repair_batches=o.repair_batches)
     out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
                             options, data=ctx.data().fit,
                             stats=stages.read_stats(ctx.path(STATS)), progress=ctx.progress)
-    extra, timings = _untimed(out.file_extra())
+    extra, timings = _untimed({**out.file_extra(), **record})
     stages.write_plan(ctx.path(PLAN), out.plan, extra)
     return Done((PLAN,), timings)
+
+
+def _auto_record(ctx: Context) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The repairs the plan may choose and, with ``--rewrites auto``, the record for
+    ``plan.json`` (``rewrites``: what auto tried and kept, and the legality repairs it
+    applied before planning: :mod:`quantscope.pipeline.auto`)."""
+    choice = ctx.auto_choice()
+    return ctx.opts.repairs, {} if choice is None else {"rewrites": choice.to_dict()}
 
 
 def _untimed(obj: Any, where: str = "") -> tuple[Any, dict[str, Any]]:
