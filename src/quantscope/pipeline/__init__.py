@@ -79,30 +79,40 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
     # every input is opened (and a split that cannot be made fails) before any stage runs
     # and before the run folder exists: a bad input leaves nothing behind
+    if opts.auto_rewrites:  # auto measures before rewriting: every cheap check first
+        from quantscope import stages
+
+        _check_out(opts.out)
+        _check_inputs(stages.open_model(opts.model), opts, progress)
     made = rewrite_run_model(opts, progress=progress)
     early: dict[str, Any] = {"model": made.model, "made": made}
-    check_run_inputs(early["model"], opts)
-    # a goal the metric cannot take fails before the run folder exists
-    head = Context(opts, Path(opts.out), progress=progress, _cache=early).check_goal()
-    if head is not None and opts.goal is not None:
-        from quantscope.progress import say
-
-        say(f"goal: {head.goal_text(opts.goal)} on the held-out data", show=progress)
-    early = {k: v for k, v in early.items() if k in ("model", "made")}
-    if opts.batch_axes:  # a --batch-axis the model refutes fails before the folder exists
-        from quantscope.tasks.tensors import check_batch_axes
-
-        check_batch_axes(early["model"], dict(opts.batch_axes))
-    if opts.input_shapes:  # an --input-shape the model contradicts fails before the folder
-        from quantscope.model.shapes import given_shapes, resolve_shapes
-
-        resolve_shapes(early["model"],
-                       given_shapes(early["model"], opts.seq_len, opts.input_shapes))
+    if not opts.auto_rewrites:  # a rewrite keeps the inputs and outputs: checked above
+        _check_inputs(made.model, opts, progress)
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)
         keep_rewritten(folder, opts, made)
         return _run(Context(opts, folder, progress=progress, _cache=early), force)
+
+
+def _check_inputs(model: Model, opts: RunOptions, progress: bool) -> None:
+    """The inputs, the goal, the batch axes and the input shapes checked against ``model``
+    (before the run folder exists)."""
+    check_run_inputs(model, opts)
+    # a goal the metric cannot take fails before the run folder exists
+    head = Context(opts, Path(opts.out), progress=progress, _cache={"model": model}).check_goal()
+    if head is not None and opts.goal is not None:
+        from quantscope.progress import say
+
+        say(f"goal: {head.goal_text(opts.goal)} on the held-out data", show=progress)
+    if opts.batch_axes:  # a --batch-axis the model refutes fails before the folder exists
+        from quantscope.tasks.tensors import check_batch_axes
+
+        check_batch_axes(model, dict(opts.batch_axes))
+    if opts.input_shapes:  # an --input-shape the model contradicts fails before the folder
+        from quantscope.model.shapes import given_shapes, resolve_shapes
+
+        resolve_shapes(model, given_shapes(model, opts.seq_len, opts.input_shapes))
 
 
 MIN_FIT_SAMPLES = 2  # the analysis compares samples (a collapse needs two rows to show)
@@ -186,6 +196,15 @@ def _lock(folder: Path) -> Iterator[None]:
             raise QuantscopeError(f"another quantscope run is using '{folder}': wait for it "
                                   "or use another --out") from None
         yield
+
+
+def _check_out(out: str) -> None:
+    """``--out`` names a folder whose parent exists (checked, nothing created)."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise QuantscopeError(f"--out '{out}' is a file: give a folder for the run's files")
+    if not folder.parent.is_dir():
+        raise QuantscopeError(f"--out '{out}': the folder '{folder.parent}' does not exist")
 
 
 def _folder(out: str) -> Path:
