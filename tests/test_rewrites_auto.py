@@ -18,7 +18,7 @@ from quantscope import stages
 from quantscope.cli import main
 from quantscope.model.load import load_proto
 from quantscope.pipeline.auto import binding_repairs, max_legal_measure
-from quantscope.rewrites.auto import AutoChoice, choose_rewrites, should_try
+from quantscope.rewrites.auto import TIE_MARGIN, AutoChoice, choose_rewrites, should_try
 from quantscope.rewrites.base import recorded
 from quantscope.rewrites.registry import REWRITES
 from quantscope.targets import load_target
@@ -75,7 +75,8 @@ def test_auto_picks_tokensplit_exactly_when_super_defuse_binds_at_the_length(tmp
 def test_a_rewrite_that_does_not_measure_better_is_dropped(tmp_path, higher):
     """Measured by graph size (fewer nodes better; then more nodes better, read as
     lower-is-better): tokensplit adds nodes, so it is kept only in the second case; a tie
-    (the same figure with and without) is dropped too."""
+    (the same figure with and without) is dropped too, unless the measure's second figure
+    (the tiebreak) is better."""
     model = load_proto(token_encoder(), "enc")
     fit = _fit(tmp_path, model, SEQ)
 
@@ -89,6 +90,15 @@ def test_a_rewrite_that_does_not_measure_better_is_dropped(tmp_path, higher):
     assert "measured not better" in split.reason if higher else "measured better" in split.reason
     tie, proto = _choose(model, fit, SEQ, lambda m, s: 1.0)
     assert tie.kept == () and proto is None and tie.trials[-1].after == tie.trials[-1].before
+    # a tie decided by the second figure (here: more nodes), when it gains > TIE_MARGIN
+    more, proto = _choose(model, fit, SEQ, lambda m, s: (1.0, float(len(m.graph.node))),
+                          tiebreak="nodes")
+    split = more.trials[-1]
+    assert more.kept == ("tokensplit",) and proto is not None and more.tiebreak == "nodes"
+    assert "measured equal, better on nodes" in split.reason
+    assert split.tiebreak_after > split.tiebreak_before + TIE_MARGIN
+    less, _ = _choose(model, fit, SEQ, lambda m, s: (1.0, -float(len(m.graph.node))))
+    assert less.kept == ()
 
 
 def test_the_choice_round_trips_through_its_record(tmp_path):

@@ -9,7 +9,9 @@ plan measured    ``plan --max-legal``'s candidate at the run's length (every gro
                  highest legal precision, only what ``check`` refuses demoted;
                  :func:`quantscope.plan.candidates.max_legal`), without repairs, emulated
                  in ONNX Runtime; the headline metric (``--metric`` or the task's)
-kept             better than without on that figure (strictly; ties are dropped)
+kept             better than without on that figure (strictly); on a tie, better by more
+                 than 0.1 dB on the embedding SQNR (pairs) or the output SQNR (else):
+                 :data:`TIEBREAK`; else dropped
 repairs          a repair that keeps FP32 and answers a target rule
                  (:attr:`quantscope.repair.registry.RepairSpec.answers`: rank4 answers
                  ``qnn.linearclip_5d``) is applied to the run's model after the rewrites,
@@ -57,6 +59,8 @@ class AutoOptions(Protocol):
     repair_batches: int
 
 
+# what decides a tie of the headline (a coarse one: top-1 agreement on few pairs), in dB
+TIEBREAK = {"fit pairs": "embedding_sqnr_db", "fit samples": "sqnr_db"}
 MEASURED_ON = ("plan --max-legal at the run's length (no repairs), emulated in ONNX Runtime, "
                "on the fit data")
 
@@ -87,11 +91,13 @@ def _samples(fit: Dataset) -> tuple[int | None, str]:
 
 
 def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int | None,
-                      input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
-                      ) -> Callable[[Model, Stats], float]:
+                      input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+                      tiebreak: str | None = None,
+                      ) -> Callable[[Model, Stats], float | tuple[float, float]]:
     """``measure(model, stats)`` for :func:`quantscope.rewrites.auto.choose_rewrites`:
     ``metric`` of the model's ``plan --max-legal`` candidate at ``seq_len`` (no repairs),
-    emulated in ONNX Runtime on ``fit`` against the model's own FP32 outputs."""
+    emulated in ONNX Runtime on ``fit`` against the model's own FP32 outputs; with
+    ``tiebreak`` (a metric, higher is better) measured too, the pair."""
     from quantscope.analyze.measure import evaluate_plans
     from quantscope.model.shapes import given_shapes
     from quantscope.plan.candidates import max_legal
@@ -99,11 +105,13 @@ def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int
     def measure(model: Model, stats: Stats) -> float:
         shapes = given_shapes(model, seq_len, input_shapes)
         plan = max_legal(model, target, shapes).plan
-        got = evaluate_plans(model, fit, stats, {"max_legal": plan}, scheme=target.scheme,
-                             saturation=False)["max_legal"]["metrics"].get(metric)
+        metrics = evaluate_plans(model, fit, stats, {"max_legal": plan}, scheme=target.scheme,
+                                 saturation=False)["max_legal"]["metrics"]
+        got = metrics.get(metric)
         if got is None:
             raise QuantscopeError(f"the metric '{metric}' was not measured on the fit data")
-        return float(got)
+        second = metrics.get(tiebreak) if tiebreak and tiebreak != metric else None
+        return float(got) if second is None else (float(got), float(second))
 
     return measure
 
@@ -122,12 +130,15 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
     head = stages.headline(fit, opts.metric)
     target = load_target(opts.target)
     n, unit = _samples(fit)
-    say(f"rewrites auto: choosing by {head.metric} on {n} {unit}", show=progress)
+    tiebreak = TIEBREAK[unit]
+    say(f"rewrites auto: choosing by {head.metric} on {n} {unit} (a tie: by {tiebreak})",
+        show=progress)
     choice, proto = choose_rewrites(
         model, target, opts.seq_len,
         calibrate=lambda m: stages.calibrate_model(m, fit, method=opts.method),
         measure=max_legal_measure(fit, target, head.metric, seq_len=opts.seq_len,
-                                  input_shapes=opts.input_shapes),
+                                  input_shapes=opts.input_shapes, tiebreak=tiebreak),
+        tiebreak=tiebreak,
         reload=lambda p: stages.load_proto(p, model.source),
         metric=head.metric, higher_is_better=head.higher_is_better, n=n, unit=unit,
         measured_on=MEASURED_ON, input_shapes=opts.input_shapes, progress=progress)
