@@ -150,7 +150,8 @@ def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_pat
     assert kept["auto"]["kept"] == ["tokensplit"] and kept["key"]["auto"]["seq_len"] == SEQ
     assert json.loads((out / "plan.json").read_text())["rewrites"]["kept"] == ["tokensplit"]
     verdict = read_json(out / "verdict.json", "verdict")
-    assert verdict["rewrites_applied"] == ["tokensplit"] and verdict["tokensplit"]
+    assert verdict["rewrites_applied"] == ["tokensplit"] and verdict["tokensplit"]["chunk"] == 4
+    assert "split into layers of 4 tokens" in verdict["tokensplit"]["note"]  # the default's
     assert [r["decision"] for r in verdict["rewrites_auto"]["rows"]] == [
         "not tried", "not tried", "not tried", "not tried", "kept"]
     assert "Rewrites chosen by the run (auto, fit data)" in (out / "report.html").read_text()
