@@ -81,7 +81,7 @@ def test_a_rewrite_config_value_changes_the_run_key_and_a_default_does_not(tmp_p
 
 
 @pytest.mark.parametrize(("extra", "needle"), [
-    (["--rewrites", "auto"], "argument --rewrites: 'auto' is not built yet"),
+    (["--rewrites", "auto", "--headsplit"], "--rewrites auto chooses the rewrites itself"),
     (["--rewrites", "heads"], "argument --rewrites: unknown rewrite 'heads': use 'none' or a "
                               "comma list of outscale, peel, headsplit, rowscale, tokensplit"),
     (["--rowscale-growth", "1.5"], "--rowscale-growth needs --rewrites rowscale"),

@@ -189,6 +189,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             pool.close()
     for line in (*cache.notes, cache.summary()) if cache is not None else ():
         print(line)
+    if out.work is not None:  # what the measuring engine did this time
+        print(f"measured by {out.work['engine']}"
+              + "".join(f"; {n}" for n in out.work.get("notes", [])))
     if out.offer is not None:
         for row in out.offer.measured:
             print(f"  repair {row['name']:<9} " + ", ".join(

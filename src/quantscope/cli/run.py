@@ -117,13 +117,14 @@ def run_lengths(text: str) -> str:
         raise argparse.ArgumentTypeError(f"give off, auto or token counts: {e}") from None
 
 
+AUTO = ("auto",)  # run --rewrites auto (the default): the run chooses by measurement
+
+
 def rewrite_choice(text: str) -> tuple[str, ...]:
-    """``run --rewrites``: ``none`` or a comma list of registry names, in the registry's
-    order (:func:`quantscope.rewrites.registry.parse_rewrites`); ``auto`` is refused."""
+    """``run --rewrites``: ``auto`` (:data:`AUTO`), ``none`` or a comma list of registry
+    names, in the registry's order (:func:`quantscope.rewrites.registry.parse_rewrites`)."""
     if text.strip() == "auto":
-        raise argparse.ArgumentTypeError(
-            "'auto' is not built yet (it needs each rewrite measured on the fit data): name "
-            f"the rewrites, a comma list of {', '.join(REWRITES)}, or 'none'")
+        return AUTO
     try:
         return parse_rewrites(text)
     except QuantscopeError as e:
@@ -142,11 +143,18 @@ def _add_rewrite_options(ru: argparse.ArgumentParser) -> None:
     """run's rewrites (the model the stages work on, rewritten first; FP32 unchanged),
     generated from the registry: ``--rewrites``, a ``--NAME-OPTION`` flag per config
     option, and the legacy switches (``CliOption.run_flag``), aliases kept one release."""
-    ru.add_argument("--rewrites", type=rewrite_choice, default=(), metavar="none|NAME[,NAME…]",
+    ru.add_argument("--rewrites", type=rewrite_choice, default=None,
+                    metavar="auto|none|NAME[,NAME…]",
                     help="work on the model rewritten first (FP32 unchanged; unverified on a "
                     f"device): a comma list of {', '.join(REWRITES)}, applied in that order "
                     "whatever the order given ('quantscope NAME --help' says what each does), "
-                    "or 'none' (default: none)")
+                    "'none', or 'auto' (the default without a rewrite flag): each rewrite "
+                    "whose precondition holds and whose rule binds is tried in that order and "
+                    "kept only if the plan --max-legal candidate measures better on the fit "
+                    "data; with the default repairs, a repair answering a rule that refuses "
+                    "the uniform a8_w8 plan is added (rank4 for qnn.linearclip_5d); "
+                    "rewritten.json, plan.json, the verdict and the report say what was "
+                    "tried and kept")
     for rw in REWRITES.values():
         for o in rw.cli_options:
             if o.flags and o.dest:
@@ -173,7 +181,8 @@ def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
     were given: ``rewrites`` names every rewrite on (by ``--rewrites`` or a legacy switch
     that only turns one on), the config values go into the fields that carry them
     (``token_chunk``, ``token_linears``) or ``rewrite_options``."""
-    names = set(args.rewrites)
+    asked = args.rewrites  # None: not given (auto unless a rewrite flag names one)
+    names = set() if asked in (None, AUTO) else set(asked)
     fields: dict[str, Any] = {}
     options = []
     for rw in REWRITES.values():
@@ -189,6 +198,8 @@ def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
                     options.append((rw.name, o.dest, given))
     fields["rewrites"] = tuple(n for n in REWRITES if n in names)
     fields["rewrite_options"] = tuple(options)
+    # auto when asked, or by default when no rewrite is named by a flag or an option
+    fields["auto_rewrites"] = asked == AUTO or (asked is None and not names and not options)
     return fields
 
 

@@ -6,7 +6,8 @@ evaluate (held-out: FP32, uniform a8_w8, the plan) -> deploy (the compiled lengt
 formats) -> io -> report (+ verdict). Each stage is a function of :mod:`.steps` reading
 its inputs from the folder; ``run.json`` (:mod:`.manifest`) records, per stage, a hash of
 its options and input digests, so a rerun skips what is done and a killed run resumes at
-the stage it was in. The rewritten model (``--rewrites``) is resumable state too:
+the stage it was in. The rewritten model (``--rewrites``; with ``auto``, run's default, the
+choice measured on the fit data: :mod:`.auto`) is resumable state too:
 ``rewritten.onnx`` with its key in ``rewritten.json`` (:func:`.context.rewritten_key`), so
 a rerun neither recalibrates nor rewrites while the given model, the rewrites and the data
 are the same. This layer sits between ``cli`` and ``stages``.
@@ -57,7 +58,7 @@ STAGES: dict[str, StageSpec] = {
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs",
-                       "repair_batches", "race"), True, ranked=True,
+                       "repair_batches", "race", "auto_rewrites"), True, ranked=True,
                       redo=steps.plan_budget_grew),
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
                         True),
@@ -94,30 +95,40 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
     # every input is opened (and a split that cannot be made fails) before any stage runs
     # and before the run folder exists: a bad input leaves nothing behind
+    if opts.auto_rewrites:  # auto measures before rewriting: every cheap check first
+        from quantscope import stages
+
+        _check_out(opts.out)
+        _check_inputs(stages.open_model(opts.model), opts, progress)
     made = rewrite_run_model(opts, progress=progress)
-    early = {"model": made.model}
-    check_run_inputs(early["model"], opts)
-    # a goal the metric cannot take fails before the run folder exists
-    head = Context(opts, Path(opts.out), progress=progress, _cache=early).check_goal()
-    if head is not None and opts.goal is not None:
-        from quantscope.progress import say
-
-        say(f"goal: {head.goal_text(opts.goal)} on the held-out data", show=progress)
-    early = {k: v for k, v in early.items() if k == "model"}
-    if opts.batch_axes:  # a --batch-axis the model refutes fails before the folder exists
-        from quantscope.tasks.tensors import check_batch_axes
-
-        check_batch_axes(early["model"], dict(opts.batch_axes))
-    if opts.input_shapes:  # an --input-shape the model contradicts fails before the folder
-        from quantscope.model.shapes import given_shapes, resolve_shapes
-
-        resolve_shapes(early["model"],
-                       given_shapes(early["model"], opts.seq_len, opts.input_shapes))
+    early: dict[str, Any] = {"model": made.model, "made": made}
+    if not opts.auto_rewrites:  # a rewrite keeps the inputs and outputs: checked above
+        _check_inputs(made.model, opts, progress)
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)
         keep_rewritten(folder, opts, made)
         return _run(Context(opts, folder, progress=progress, _cache=early), force)
+
+
+def _check_inputs(model: Model, opts: RunOptions, progress: bool) -> None:
+    """The inputs, the goal, the batch axes and the input shapes checked against ``model``
+    (before the run folder exists)."""
+    check_run_inputs(model, opts)
+    # a goal the metric cannot take fails before the run folder exists
+    head = Context(opts, Path(opts.out), progress=progress, _cache={"model": model}).check_goal()
+    if head is not None and opts.goal is not None:
+        from quantscope.progress import say
+
+        say(f"goal: {head.goal_text(opts.goal)} on the held-out data", show=progress)
+    if opts.batch_axes:  # a --batch-axis the model refutes fails before the folder exists
+        from quantscope.tasks.tensors import check_batch_axes
+
+        check_batch_axes(model, dict(opts.batch_axes))
+    if opts.input_shapes:  # an --input-shape the model contradicts fails before the folder
+        from quantscope.model.shapes import given_shapes, resolve_shapes
+
+        resolve_shapes(model, given_shapes(model, opts.seq_len, opts.input_shapes))
 
 
 MIN_FIT_SAMPLES = 2  # the analysis compares samples (a collapse needs two rows to show)
@@ -208,6 +219,15 @@ def _lock(folder: Path) -> Iterator[None]:
         yield
 
 
+def _check_out(out: str) -> None:
+    """``--out`` names a folder whose parent exists (checked, nothing created)."""
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise QuantscopeError(f"--out '{out}' is a file: give a folder for the run's files")
+    if not folder.parent.is_dir():
+        raise QuantscopeError(f"--out '{out}': the folder '{folder.parent}' does not exist")
+
+
 def _folder(out: str) -> Path:
     """The run folder, created if its parent exists."""
     folder = Path(out)
@@ -226,9 +246,14 @@ def _remove_stale(folder: Path) -> None:
         stale.unlink()  # serde.write_atomic's temporary names
 
 
+# options absent from a stage's key while off: the keys of earlier runs stay valid
+UNKEYED_WHEN_OFF = ("auto_rewrites",)
+
+
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
     options = {k: getattr(ctx.opts, k) for k in spec.options
-               if k not in UNKEYED_AT_NONE or getattr(ctx.opts, k) is not None}
+               if (k not in UNKEYED_AT_NONE or getattr(ctx.opts, k) is not None)
+               and (k not in UNKEYED_WHEN_OFF or getattr(ctx.opts, k))}
     inputs = {"model": ctx.model_digest(), **{f: manifest.digest(f) for f in spec.reads
                                               if (ctx.folder / f).exists()}}
     if spec.data:

@@ -12,6 +12,7 @@ from quantscope.pipeline.manifest import file_digest
 from quantscope.progress import say
 from quantscope.repair import RepairError
 from quantscope.repair.registry import DEFAULT_REPAIRS
+from quantscope.rewrites.auto import AutoChoice
 from quantscope.rewrites.base import Rewrite, run_rewrite
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.layout import LAYOUT_NOTE
@@ -88,6 +89,10 @@ class RunOptions:
             raise QuantscopeError(f"--lengths must be off, auto or a comma list of token "
                                   f"counts (e.g. 64,128), not '{self.lengths}'")
         return given
+    # --rewrites auto (run's default): the run chooses the rewrites by measuring each one on
+    # the fit data (quantscope.pipeline.auto); with the default repairs, it adds a repair
+    # that answers a rule refusing the run's uniform a8_w8 plan (rank4 for q::linearclip)
+    auto_rewrites: bool = False
 
     def rewrite_configs(self) -> tuple[tuple[Rewrite, Any], ...]:
         """The rewrites this run applies, in the registry's order, each with its config:
@@ -118,6 +123,9 @@ class RunOptions:
         if self.rank_engine not in RANK_ENGINES or self.rank_engine == "torch":
             resolve_engine(self.rank_engine)  # one line: unknown, or torch not installed
         self.length_choice()
+        if self.auto_rewrites and self.rewrite_configs():
+            raise QuantscopeError("--rewrites auto chooses the rewrites itself: name them "
+                                  "instead (--rewrites a,b) or leave the rewrite flags out")
         unknown = [n for n in self.rewrites if n not in REWRITES]
         if unknown:
             raise QuantscopeError(f"unknown rewrite '{unknown[0]}': use one of "
@@ -169,14 +177,32 @@ class Context:
             made = rewrite_run_model(self.opts, progress=self.progress)
             if self.folder.is_dir():
                 keep_rewritten(self.folder, self.opts, made)
-            self._cache["model"] = made.model
+            self._cache["model"], self._cache["made"] = made.model, made
         return self._cache["model"]
+
+    def auto_choice(self) -> AutoChoice | None:
+        """What ``--rewrites auto`` tried and kept (None: the rewrites were named)."""
+        if not self.opts.auto_rewrites:
+            return None
+        if "made" not in self._cache:
+            self._cache.pop("model", None)
+            self.model()
+        return self._cache["made"].auto
+
+    def rewrite_configs(self) -> tuple[tuple[Rewrite, Any], ...]:
+        """The rewrites the run's model carries, with their configs: those named
+        (:meth:`RunOptions.rewrite_configs`), or those ``auto`` kept."""
+        choice = self.auto_choice()
+        return self.opts.rewrite_configs() if choice is None else choice.configs()
 
     def model_digest(self) -> str:
         """The model file's digest (and each rewrite's suffix: a rewrite changes every
-        stage's model)."""
+        stage's model; with ``auto``, each rewrite it kept and each legality repair it
+        applied)."""
         if "model_digest" not in self._cache:
-            self._cache["model_digest"] = model_digest(self.opts)
+            choice = self.auto_choice()
+            self._cache["model_digest"] = model_digest(self.opts, self.rewrite_configs()) + (
+                "".join(f"/repair:{r}" for r in choice.applied_repairs) if choice else "")
         return self._cache["model_digest"]
 
     def data_options(self) -> dict[str, Any]:
@@ -268,10 +294,12 @@ class Context:
         return asdict(self.opts)
 
 
-def model_digest(opts: RunOptions) -> str:
-    """The given model file's digest, followed by each chosen rewrite's suffix."""
+def model_digest(opts: RunOptions, chosen: tuple[tuple[Rewrite, Any], ...] | None = None
+                 ) -> str:
+    """The given model file's digest, followed by each chosen rewrite's suffix
+    (``chosen``: default, the named ones)."""
     digest = file_digest(stages.resolve_model_path(opts.model))
-    for rw, config in opts.rewrite_configs():
+    for rw, config in opts.rewrite_configs() if chosen is None else chosen:
         digest += rw.digest_of(config, opts.seq_len, opts.input_shapes)
     return digest
 
@@ -287,6 +315,12 @@ def rewritten_key(opts: RunOptions) -> dict[str, Any]:
     chosen = opts.rewrite_configs()
     key: dict[str, Any] = {"format": REWRITTEN_FORMAT, "model": model_digest(opts),
                            "version": __version__}
+    if opts.auto_rewrites:  # the choice is a function of the data it was measured on
+        from quantscope.pipeline.auto import auto_digest, auto_key
+
+        auto = auto_key(opts, _identity)
+        key["model"] += f"/auto:{auto_digest(auto)}"
+        key["auto"] = auto
     if any(rw.needs_stats for rw, _ in chosen):
         key["stats"] = {"data": _identity(opts.data), "tokenizer": _identity(opts.tokenizer),
                         "pairs": opts.pairs, "seq_len": opts.seq_len, "method": opts.method,
@@ -294,29 +328,39 @@ def rewritten_key(opts: RunOptions) -> dict[str, Any]:
     return key
 
 
-def _reused_rewrite(opts: RunOptions, source: str, progress: bool) -> Model | None:
+def _reused_rewrite(opts: RunOptions, given: Model, progress: bool) -> RunModel | None:
     """The rewritten model a run in ``opts.out`` kept (:func:`keep_rewritten`), when its
-    key matches this run's and its file is the one recorded; else None."""
+    key matches this run's and its file is the one recorded (an ``auto`` choice that kept
+    nothing records no file: the given model); else None."""
     import json
 
     import onnx
 
     folder = Path(opts.out)
     meta, path = folder / REWRITTEN_KEY, folder / REWRITTEN
-    if not (meta.is_file() and path.is_file()):
+    if not meta.is_file():
         return None
     try:
         kept = json.loads(meta.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(kept, dict) or kept.get("key") != json.loads(
-            json.dumps(rewritten_key(opts))) or kept.get("file") != file_digest(path):
+            json.dumps(rewritten_key(opts))):
         return None
-    model = stages.load_proto(onnx.load(str(path)), source)
+    auto = AutoChoice.from_dict(kept["auto"]) if opts.auto_rewrites and "auto" in kept \
+        else None
+    if kept.get("file") is None and auto is not None and not auto.kept:
+        model = given
+    elif path.is_file() and kept.get("file") == file_digest(path):
+        model = stages.load_proto(onnx.load(str(path)), given.source)
+    else:
+        return None
     for reason in kept.get("reasons", []):
         say(reason, show=progress)
-    say(f"rewritten model reused from {path} (same model, rewrites and data)", show=progress)
-    return model
+    say(f"rewritten model reused from {path} (same model, rewrites and data)" if model
+        is not given else f"rewrite choice reused from {meta} (auto: none kept)",
+        show=progress)
+    return RunModel(model, auto=auto)
 
 
 @dataclass(frozen=True)
@@ -327,6 +371,8 @@ class RunModel:
     model: Model
     proto: Any = None
     reasons: tuple[str, ...] = ()
+    auto: AutoChoice | None = None  # --rewrites auto: what was tried and kept
+    chosen_now: bool = False  # the auto choice was measured now (not reused)
 
 
 def keep_rewritten(folder: Path, opts: RunOptions, made: RunModel) -> None:
@@ -334,11 +380,16 @@ def keep_rewritten(folder: Path, opts: RunOptions, made: RunModel) -> None:
     :func:`_reused_rewrite`); nothing without rewrites or when it was reused."""
     from quantscope.serde import write_json, write_onnx
 
+    auto = {"auto": made.auto.to_dict()} if made.auto is not None else {}
     if made.proto is None:
+        if made.chosen_now:  # auto kept nothing: the choice alone is the state
+            (folder / REWRITTEN).unlink(missing_ok=True)
+            write_json(folder / REWRITTEN_KEY, {"key": rewritten_key(opts), "reasons": [],
+                                                "file": None, **auto})
         return
     write_onnx(folder / REWRITTEN, made.proto)
     write_json(folder / REWRITTEN_KEY, {"key": rewritten_key(opts), "reasons": list(made.reasons),
-                                        "file": file_digest(folder / REWRITTEN)})
+                                        "file": file_digest(folder / REWRITTEN), **auto})
 
 
 def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
@@ -358,11 +409,20 @@ def rewrite_run_model(opts: RunOptions, *, progress: bool = True) -> RunModel:
     model = stages.open_model(opts.model)
     source = model.source
     chosen = opts.rewrite_configs()
-    if not chosen:
+    if not chosen and not opts.auto_rewrites:
         return RunModel(model)
-    reused = _reused_rewrite(opts, source, progress)
+    reused = _reused_rewrite(opts, model, progress)
     if reused is not None:
-        return RunModel(reused)
+        return reused
+    if opts.auto_rewrites:
+        from quantscope.pipeline.auto import choose
+
+        choice, proto = choose(opts, model, progress=progress)
+        reasons = tuple([f"{t.name}: {t.reason}" for t in choice.trials if t.kept]
+                        + [f"{r['name']}: {r['reason']}" for r in choice.repairs
+                           if r.get("applied")])
+        return RunModel(model if proto is None else stages.load_proto(proto, source), proto,
+                        reasons, auto=choice, chosen_now=True)
     stats, reasons, proto = None, [], None
     if any(rw.needs_stats for rw, _ in chosen):
         fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer,

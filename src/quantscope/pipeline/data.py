@@ -59,6 +59,21 @@ def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int 
                    "sample); give --eval-data for a held-out evaluation")
 
 
+def open_fit_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
+                  tokenizer: str | None, layout: tuple[Any, ...] = (),
+                  batch_axes: dict[str, int] | None = None) -> Dataset:
+    """The fit part of :func:`open_run_data` alone (nothing written, nothing held out
+    read): what ``run --rewrites auto`` measures the rewrites on."""
+    fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs, layout=layout,
+                           batch_axes=batch_axes, show=False)
+    if eval_data or _is_pairs(data):
+        return fit
+    row_local = fit.task is None or getattr(fit.task, "row_local", False)
+    if row_local and fit.calibration == fit.evaluation:
+        return _split_tensors(fit).fit
+    return fit
+
+
 def _is_pairs(spec: str) -> bool:
     from quantscope.tasks.text import STDLIB_DOCS
 

@@ -73,9 +73,10 @@ def plan(ctx: Context) -> Done:
     from quantscope.serde import read_sensitivity
 
     o = ctx.opts
+    repairs, record = _auto_record(ctx)
     options = stages.PlanOptions(max_cost=o.max_cost, seq_len=o.seq_len,
                                  input_shapes=o.input_shapes, metric=ctx.metric(),
-                                 goal=o.goal, repairs=o.repairs,
+                                 goal=o.goal, repairs=repairs,
                                  repair_batches=o.repair_batches, rank_engine=o.rank_engine,
                                  budget=o.budget, race=o.race)
     cache = EvalCache(ctx.path(EVALS))
@@ -85,9 +86,10 @@ def plan(ctx: Context) -> Done:
                             cache=cache)
     for line in (*cache.notes, cache.summary()):
         _say(ctx, f"plan: {line}")
-    extra, timings = _untimed(out.file_extra())
+    extra, timings = _untimed({**out.file_extra(), **record})
     stages.write_plan(ctx.path(PLAN), out.plan, extra)
-    return Done((PLAN,), {**timings, "evaluation_cache": cache.counts()})
+    work = {} if out.work is None else {"measuring_engine": out.work}
+    return Done((PLAN,), {**timings, "evaluation_cache": cache.counts(), **work})
 
 
 def plan_budget_grew(ctx: Context) -> bool:
@@ -105,6 +107,14 @@ def plan_budget_grew(ctx: Context) -> bool:
     if not isinstance(tb, dict) or not tb.get("bound"):
         return False
     return ctx.opts.budget is None or ctx.opts.budget > float(tb.get("budget_s", 0.0))
+
+
+def _auto_record(ctx: Context) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The repairs the plan may choose and, with ``--rewrites auto``, the record for
+    ``plan.json`` (``rewrites``: what auto tried and kept, and the legality repairs it
+    applied before planning: :mod:`quantscope.pipeline.auto`)."""
+    choice = ctx.auto_choice()
+    return ctx.opts.repairs, {} if choice is None else {"rewrites": choice.to_dict()}
 
 
 def _untimed(obj: Any, where: str = "") -> tuple[Any, dict[str, Any]]:

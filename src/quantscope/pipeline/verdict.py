@@ -98,7 +98,9 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
             info([i for i in graph.input if i.name not in inits]), info(graph.output),
             text=text, pooled=pooled, seq_len=chk.get("seq_len") or ctx.opts.seq_len,
             longest=max(ev["data"]["fit"].get("token_lengths") or [0]) or None),
-        "rewrites_applied": [rw.name for rw, _ in ctx.opts.rewrite_configs()],
+        "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
+        **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
+           if ctx.opts.auto_rewrites else {}),
     }
 
 
@@ -143,7 +145,7 @@ def rewrite_notes(ctx: Context) -> dict[str, dict[str, Any] | None]:
     None when the run did not apply it."""
     out: dict[str, dict[str, Any] | None] = {
         rw.name: None for rw in sorted(REWRITES.values(), key=lambda rw: rw.verdict_rank)}
-    for rw, config in ctx.opts.rewrite_configs():
+    for rw, config in ctx.rewrite_configs():
         out[rw.name] = rw.verdict_of(config, ctx.opts.seq_len, steps.REPAIRED)
     return out
 
@@ -229,6 +231,7 @@ def format_verdict_details(v: dict[str, Any]) -> str:
     for name in REWRITES:  # in the order the run applied them
         if v.get(name):
             lines.append(f"  {name}: {v[name]['note']}")
+    lines += [f"  {line}" for line in (v.get("rewrites_auto") or {}).get("lines", [])]
     w = v.get("whatif")
     if w and "skipped" in w:
         lines.append(f"  whatif: not measured: {w['skipped']}")

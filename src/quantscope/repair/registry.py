@@ -5,7 +5,9 @@ Each entry's ``run`` has the one signature of a repair,
 and plan the entries before it left. ``keeps_fp32``: the repair promises an unchanged FP32
 function, and :func:`~quantscope.repair.apply.run_repairs` checks that on the calibration
 feeds. ``default``: part of ``quantscope repair`` without ``--repairs``. ``help``: one line
-for ``--help``.
+for ``--help``. ``answers``: the target rule ids (a vendor prefix may precede them) the
+repair makes legal: ``run --rewrites auto`` adds it where such a rule refuses the run's
+uniform a8_w8 plan (:func:`quantscope.pipeline.auto.auto_repairs`).
 
 Adding a repair: a module in this package with a ``*_step(RepairInput) -> RepairStep``
 function, and one entry below (its position is its place in the order). Graph edits
@@ -37,6 +39,7 @@ class RepairSpec:
     keeps_fp32: bool
     default: bool
     help: str
+    answers: tuple[str, ...] = ()
 
 
 REGISTRY: dict[str, RepairSpec] = {
@@ -49,7 +52,8 @@ REGISTRY: dict[str, RepairSpec] = {
                         help="outlier channel splitting (widens layers: never a default)"),
     "rank4": RepairSpec(rank4_step, keeps_fp32=True, default=False,
                         help="Linear + bias on 4-D tensors, legal for QNN HTP v73 "
-                        "q::linearclip (target-specific; unverified on a device)"),
+                        "q::linearclip (target-specific; unverified on a device)",
+                        answers=("linearclip_5d",)),
     "bias": RepairSpec(bias_step, keeps_fp32=False, default=True,
                        help="empirical bias correction for the plan's quantized weights"),
     "adaround": RepairSpec(adaround_step, keeps_fp32=False, default=False,

@@ -40,6 +40,7 @@ def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
         io_section(verdict["io"]) + _io_bounds(verdict),
         configs_section(evaluate["results"], metric, n),
         lengths_section(lengths),
+        rewrites_section(verdict.get("rewrites_auto")),
         prenorm_section(evaluate["results"]),
         whatif_section(evaluate.get("whatif"), n),
         pareto_section(plan.get("pareto") or {}, metric, verdict=verdict,
@@ -134,6 +135,20 @@ def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "h
     notes = sorted({n for r in results.values() for n in r.get("notes", [])})
     out += [f"<p class=note>{_e(n)}</p>" for n in notes]
     return "".join(out)
+
+
+def rewrites_section(auto: dict[str, Any] | None) -> str:
+    """``--rewrites auto``: each rewrite tried, kept or not tried, with its figures (fit
+    data) and why."""
+    if not auto or not auto.get("rows"):
+        return ""
+    rows = [[r["rewrite"], r["decision"], r["without"], r["with"], r["change"], r["why"]]
+            for r in auto["rows"]]
+    return (_h2("Rewrites chosen by the run (auto, fit data)", "rewrites")
+            + f"<p>{_e(auto['lines'][0])}</p>"
+            + _table(["rewrite", "decision", "without", "with", "change", "why"], rows)
+            + "".join(f"<p class=note>{_e(line.strip())}</p>" for line in auto["lines"][1:]
+                      if line.strip().startswith("repair ")))
 
 
 def noise_section(a: dict[str, Any]) -> str:

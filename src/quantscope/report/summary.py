@@ -12,6 +12,8 @@ host_steps         what runs on the host: integer (token) inputs fed as they are
 deployment         the compiled lengths (``lengths.json``): how many compiled models,
                    the held-out figure, the cost per query and per document, the
                    standard error of the mean cost; switching is not modelled
+auto_rewrites      with ``--rewrites auto``: what was tried and kept, measured on the
+                   fit data (one short phrase, a line per rewrite, the report's rows)
 =================  ===============================================================
 """
 
@@ -46,6 +48,36 @@ def held_out(ev: dict[str, Any]) -> dict[str, Any]:
     if task_kind(part.get("task")) == "retrieval" and isinstance(rows, int):
         return {"samples": rows // 2, "unit": "pairs", "rows": rows, "source": part.get("name")}
     return {"samples": rows, "unit": "samples", "rows": rows, "source": part.get("name")}
+
+
+def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
+    """``plan.json``'s ``rewrites`` record (what ``--rewrites auto`` tried and kept) as a
+    short phrase for the verdict's cost line, a line per rewrite (details) and the
+    report's table rows; every figure is the fit data's, with its sample size."""
+    if not record:
+        return {"short": "auto: no record", "lines": [], "rows": []}
+    m, n = record["metric"], f"n={record.get('n')} {record.get('unit', 'fit samples')}"
+    tried = [t for t in record["trials"] if t["tried"]]
+    kept = [t["name"] for t in tried if t["kept"]]
+    fixed = [r["name"] for r in record.get("repairs", []) if r.get("applied")]
+    short = (f"auto: kept {len(kept)} of {len(tried)} tried, {m} on {n}"
+             + (f"; applied for legality: {', '.join(fixed)}" if fixed else ""))
+    rows, lines = [], [f"rewrites (auto; {m} of {record.get('measured_on', '')}, {n}; "
+                       f"without rewrites {fmt.value(m, record.get('baseline'))}, kept "
+                       f"{fmt.value(m, record.get('final'))}):"]
+    for t in record["trials"]:
+        word = "kept" if t["kept"] else "dropped" if t["tried"] else "not tried"
+        delta = (fmt.gain(m, t["after"] - t["before"])
+                 if t.get("after") is not None and t.get("before") is not None else "")
+        rows.append({"rewrite": t["name"], "decision": word,
+                     "without": fmt.value(m, t.get("before")) if t["tried"] else "",
+                     "with": fmt.value(m, t.get("after")) if t.get("after") is not None else "",
+                     "change": delta, "why": t["reason"]})
+        lines.append(f"  {t['name']}: {word}" + (f" ({delta}, {n})" if delta else "")
+                     + f": {t['reason']}")
+    lines += [f"  repair {r['name']}: {'applied' if r.get('applied') else 'not applied'} "
+              f"before planning: {r['reason']}" for r in record.get("repairs", [])]
+    return {"short": short, "lines": lines, "rows": rows}
 
 
 def binds_measured(whatif: dict[str, Any] | None, pareto: dict[str, Any],
@@ -207,6 +239,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     applied = [k for k in v.get("rewrites_applied", []) if k]
     lines.append(f"  cost {fmt.cost(v['cost'])} uniform a8_w8; {legal}; repairs: "
                  f"{', '.join(v['repairs']) or 'none'}; rewrites: {', '.join(applied) or 'none'}"
+                 + (f" ({v['rewrites_auto']['short']})" if v.get("rewrites_auto") else "")
                  + ("; the plan is uniform a8_w8 (met the goal on the fit data)"
                     if v.get("uniform_meets_goal") else ""))
     worse = _worse_than_uniform(v)

@@ -23,11 +23,12 @@ import onnx
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes
+from quantscope.plan.check import check
 from quantscope.repair import Change, RepairError
 from quantscope.repair import Repair as GraphRepair
 from quantscope.repair.tokens import sample_feeds
 from quantscope.repair.verify import FP32_RTOL, check_function
-from quantscope.types import GroupKind, QuantscopeError, Stats
+from quantscope.types import GroupKind, Plan, Precision, QuantscopeError, Stats
 
 if TYPE_CHECKING:
     from quantscope.model.shapes import Shapes
@@ -111,6 +112,7 @@ class RewriteResult:
 
 Transform = Callable[[Model, Any, RewriteInput], GraphRepair]
 Applies = Callable[[Model, "Target | None", "int | None", "Stats | None"], Precondition]
+Binds = Callable[[Model, "Target | None", "int | None"], Precondition]
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,12 @@ class Rewrite:
     of its lines for the sites it left (``left: site: why``), ``site_kinds`` the change
     kinds it prints one line each for (``tensor: note``), and ``checked_on`` says what
     feeds the FP32 check ran on (``(config, seq_len, repair) -> "on ..."``; None: not
-    said). A rewrite that needs stats also tells the user to calibrate the new model."""
+    said). A rewrite that needs stats also tells the user to calibrate the new model.
+
+    ``binds``: whether the target rule it ``answers`` binds on this model at this length
+    (``run --rewrites auto`` tries a rewrite only where its precondition holds and this
+    does); None: the precondition is the diagnosis itself (tokensplit's size rule, the
+    stats rewrites' outlier channels)."""
 
     name: str
     config: type[Any]
@@ -163,6 +170,7 @@ class Rewrite:
     left: str = "left as is"
     site_kinds: tuple[str, ...] = ()
     checked_on: Callable[[Any, int | None, GraphRepair], str] | None = None
+    binds: Binds | None = None
 
     def answers_rule(self, rule: str | None) -> bool:
         """Does this rewrite answer target rule ``rule`` (``vendor.id`` or ``id``)?"""
@@ -274,6 +282,32 @@ def softmax_chains(model: Model) -> Precondition:
         return Precondition(True, f"{n} attention Softmax chain(s) to rewrite (each one's "
                                   "heads are matched when rewriting)")
     return Precondition(False, "no Softmax in the graph: no attention to rewrite")
+
+
+def rule_binds(model: Model, target: Target | None, seq_len: int | None,
+               answers: tuple[str, ...], what: str) -> Precondition:
+    """Whether a target rule among ``answers`` refuses (severity error) a plan with every
+    group at a16_w16 on this model at ``seq_len`` tokens: the rule binds, so the groups
+    it names must stay below 16 bit (``what``: those groups, for the words)."""
+    if target is None:
+        return Precondition(False, "no target: no rule keeps any layer at 8 bit")
+
+    def answered(rule: str) -> bool:
+        return any(rule == a or rule.endswith(f".{a}") for a in answers)
+
+    ids = {r.id for r in target.rules if answered(r.id)}
+    if not ids:
+        return Precondition(False, f"target {target.name} has no rule {', '.join(answers)}: "
+                                   f"{what} may be 16 bit")
+    plan = Plan(default=Precision.A16_W16, target=target.name)
+    hits = [p for p in check(plan, find_groups(model), model, target,
+                             shapes=given_shapes(model, seq_len))
+            if p.rule in ids and p.severity == "error"]
+    if not hits:
+        return Precondition(False, f"{', '.join(sorted(ids))} refuses no layer of this model: "
+                                   f"{what} may be 16 bit")
+    return Precondition(True, f"{hits[0].rule} keeps {what} at 8 bit ({len(hits)} layer(s), "
+                              f"e.g. '{hits[0].group}')")
 
 
 def _failed(rw: Rewrite, model: Model, r: GraphRepair, error: str) -> RewriteResult:

@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 from quantscope.model.load import Model
 from quantscope.repair import Repair as GraphRepair
 from quantscope.repair.heads import METADATA_KEY, UNVERIFIED, split_heads
-from quantscope.rewrites.base import CliOption, Precondition, Rewrite, RewriteInput, softmax_chains
+from quantscope.rewrites.base import (
+    CliOption,
+    Precondition,
+    Rewrite,
+    RewriteInput,
+    rule_binds,
+    softmax_chains,
+)
 from quantscope.types import Stats
 
 if TYPE_CHECKING:
@@ -30,6 +37,15 @@ def _applies(model: Model, target: Target | None, seq_len: int | None,
     return softmax_chains(model)
 
 
+ANSWERS = ("attention_16bit",)
+
+
+def _binds(model: Model, target: Target | None, seq_len: int | None) -> Precondition:
+    """Binds where the target keeps attention (Softmax, activation x activation MatMuls)
+    at 8 bit: the rule refuses them at a16_w16 on this model."""
+    return rule_binds(model, target, seq_len, ANSWERS, "attention")
+
+
 HINT = (
     "hint: attention stays at 8 bit; 'quantscope headsplit MODEL --out split.onnx' makes "
     "each head a layer of its own, so every head's scores, Softmax and context get their "
@@ -42,7 +58,7 @@ REWRITE = Rewrite(
             "keeps attention at 8 bit); FP32 unchanged",
     unverified=UNVERIFIED, what="each attention head a layer of its own",
     metadata_key=METADATA_KEY, transform=_transform, applies=_applies,
-    answers=("attention_16bit",), hint=HINT,
+    answers=ANSWERS, binds=_binds, hint=HINT,
     cli_options=(
         CliOption((), None, "flag", False, help="", switch=True, run_flag="--headsplit",
                   run_field="heads",

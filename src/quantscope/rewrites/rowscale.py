@@ -8,7 +8,14 @@ from typing import TYPE_CHECKING
 from quantscope.model.load import Model
 from quantscope.repair import Repair as GraphRepair
 from quantscope.repair.rowscale import GROWTH, METADATA_KEY, UNVERIFIED, rowscale
-from quantscope.rewrites.base import CliOption, Precondition, Rewrite, RewriteInput, softmax_chains
+from quantscope.rewrites.base import (
+    CliOption,
+    Precondition,
+    Rewrite,
+    RewriteInput,
+    rule_binds,
+    softmax_chains,
+)
 from quantscope.types import Stats
 
 if TYPE_CHECKING:
@@ -32,6 +39,15 @@ def _applies(model: Model, target: Target | None, seq_len: int | None,
     return softmax_chains(model)
 
 
+ANSWERS = ("attention_16bit",)
+
+
+def _binds(model: Model, target: Target | None, seq_len: int | None) -> Precondition:
+    """Binds where the target keeps attention (Softmax, activation x activation MatMuls)
+    at 8 bit: the rule refuses them at a16_w16 on this model."""
+    return rule_binds(model, target, seq_len, ANSWERS, "attention")
+
+
 REWRITE = Rewrite(
     name="rowscale", config=RowscaleConfig,
     summary="feed each attention's context MatMul its 8-bit weights scaled per row by "
@@ -42,7 +58,7 @@ REWRITE = Rewrite(
     what="each attention's 8-bit weights are scaled per row before the context MatMul and "
          "the context divided by their sum",
     metadata_key=METADATA_KEY, transform=_transform, applies=_applies,
-    answers=("attention_16bit",),
+    answers=ANSWERS, binds=_binds,
     cli_options=(
         CliOption(("--growth",), "growth", "float>=1", None,
                   help="most the context MatMul's output grows, >= 1 (default 2: the best "

@@ -79,10 +79,13 @@ def _digest(config: TokensplitConfig, seq_len: int | None, input_shapes: InputSh
 
 
 def _verdict(config: TokensplitConfig, seq_len: int | None, repaired: str) -> dict[str, object]:
-    return {"seq_len": seq_len, "chunk": config.chunk, "linears": config.linears,
+    """The verdict entry; a chunk not given is the default's, half the tokens rounded up."""
+    chunk = config.chunk or (-(-seq_len // 2) if seq_len else None)
+    size = f"{chunk} tokens" if chunk else "half the tokens"
+    return {"seq_len": seq_len, "chunk": chunk, "linears": config.linears,
             "note": "LayerNorms and residual Adds"
                     + (" and the token-wise Linears" if config.linears else "")
-                    + f" split into layers of {config.chunk} tokens ({repaired} "
+                    + f" split into layers of {size} ({repaired} "
                     f"is the split model); {UNVERIFIED}"}
 
 

@@ -160,6 +160,9 @@ class PlanResult:
     pareto: dict[str, Any]  # the plan file's ``pareto`` entry (front, budget, blockers, goal)
     repairs: tuple[dict[str, Any], ...] = ()  # the repairs chosen, with their reasons
     offer: Offer | None = None  # every requested repair as measured alone (with --repairs)
+    # what the measuring engine did this time (plans, segments run and skipped, fallbacks):
+    # work, not result, so kept out of the plan file (``run`` puts it in run.json)
+    work: dict[str, Any] | None = None
 
     def file_extra(self) -> dict[str, Any]:
         """The plan file's keys besides the plan itself (``write_plan``'s ``extra``)."""
@@ -249,7 +252,7 @@ def plan_model(
     if options.goal is not None and evaluate is not None:
         uniform = _uniform_if_enough(model, analysis, target, options, head, evaluate, shapes)
         if uniform is not None:  # uniform a8_w8 meets the goal: buy no cost
-            _record_engine(uniform.pareto, engines)
+            uniform = dataclasses.replace(uniform, work=_record_engine(uniform.pareto, engines))
             if truncated:
                 uniform.pareto["measured_on"] = truncated
             uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
@@ -268,7 +271,7 @@ def plan_model(
     plan = _label_measured(plan, pareto, options.metric if evaluate is not None else None)
     if engine is not None and evaluate is not None:  # what torch ranked, measured in ORT
         plan = confirm_chosen(plan, pareto, engine, evaluate, progress=progress)
-    _record_engine(pareto, engines)
+    work = _record_engine(pareto, engines)
     if truncated:
         pareto["measured_on"] = truncated
     if finetune and data is not None and stats is not None:
@@ -280,7 +283,7 @@ def plan_model(
         pareto["goal"] = goal_verdict(pareto, head, options.goal,
                                       done=applied_rewrites(model.proto))
     return PlanResult(plan=plan, pareto=pareto, repairs=tuple(extra.get("repairs", ())),
-                      offer=offer)
+                      offer=offer, work=work)
 
 
 def _search_tools(model: Model, data: Dataset | None, stats: Stats | None, target: Target,
@@ -297,20 +300,24 @@ def _search_tools(model: Model, data: Dataset | None, stats: Stats | None, targe
     return engine, ranking, many, racer, raced
 
 
-def _record_engine(pareto: dict[str, Any], engines: Sequence[IncrementalEngine]) -> None:
-    """Which engine measured the search's plans (``engine``: "ort (incremental, N of M
-    segments run)"), its counts (``incremental``) and why any plan had a full pass."""
+INCREMENTAL_ENGINE = ("ort (incremental: each plan runs from its first changed segment; a "
+                      "repaired model or one with no cut: a full pass)")
+
+
+def _record_engine(pareto: dict[str, Any],
+                   engines: Sequence[IncrementalEngine]) -> dict[str, Any] | None:
+    """Say in the plan file which engine measures the search's plans (``engine``: the same
+    text whether the figures were measured now or read from the evaluation cache, so a
+    rerun writes the same file), and return what it did this time (its counts and the
+    plans it ran in full, with why: :attr:`PlanResult.work`)."""
     if not engines:
-        return
+        return None
+    pareto["engine"] = INCREMENTAL_ENGINE
     counts = engines_counts(engines)
-    if not (counts.plans or counts.full_passes):  # every figure read from the cache
-        pareto["engine"] = "ort (every figure read from the evaluation cache)"
-        return
-    pareto["engine"] = counts.engine
-    pareto["incremental"] = counts.to_dict()
-    notes = [n for e in engines for n in e.notes]
-    if notes and isinstance(pareto.get("notes"), list):
-        pareto["notes"] += [n for n in dict.fromkeys(notes) if n not in pareto["notes"]]
+    notes = list(dict.fromkeys(n for e in engines for n in e.notes))
+    return {**counts.to_dict(), "notes": notes}
+
+
 def raced_plan(model: Model, analysis: Sensitivity, target: Target,
                options: PlanOptions = PlanOptions(), *, data: Dataset, stats: Stats,
                confidence: float = 0.95, progress: bool = False) -> PlanResult:

@@ -1,0 +1,215 @@
+"""The run's side of ``--rewrites auto`` (the default of ``quantscope run``): the
+measurement the selection (:func:`quantscope.rewrites.auto.choose_rewrites`) is given,
+what its result is a function of (the resume key), and the repairs auto mode adds.
+
+===============  ==========================================================================
+measured on      the FIT data only (the first ``--pairs`` pairs, or the fit half of tensor
+                 data; :func:`quantscope.pipeline.data.open_fit_data`), at ``--seq-len``
+plan measured    ``plan --max-legal``'s candidate at the run's length (every group at its
+                 highest legal precision, only what ``check`` refuses demoted;
+                 :func:`quantscope.plan.candidates.max_legal`), without repairs, emulated
+                 in ONNX Runtime; the headline metric (``--metric`` or the task's)
+kept             better than without on that figure (strictly); on a tie, better by more
+                 than 0.1 dB on the embedding SQNR (pairs) or the output SQNR (else):
+                 :data:`TIEBREAK`; else dropped
+repairs          a repair that keeps FP32 and answers a target rule
+                 (:attr:`quantscope.repair.registry.RepairSpec.answers`: rank4 answers
+                 ``qnn.linearclip_5d``) is applied to the run's model after the rewrites,
+                 before calibration and planning, when that rule refuses the uniform a8_w8
+                 plan: the search then plans the legal graph (rank4 leaves the emulation
+                 as it was, so offered as a search move it would never measure a gain)
+===============  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from quantscope import stages
+from quantscope.progress import say
+from quantscope.rewrites.auto import AutoChoice, choose_rewrites
+from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
+
+if TYPE_CHECKING:
+    import onnx
+
+    from quantscope.model.load import Model
+    from quantscope.targets.profile import Target
+    from quantscope.types import Dataset, Stats
+
+class AutoOptions(Protocol):
+    """The run options the auto choice reads (:class:`quantscope.pipeline.RunOptions`
+    has them; named here so this module does not import the one that calls it)."""
+
+    data: str
+    eval_data: str | None
+    tokenizer: str | None
+    pairs: int | None
+    seq_len: int | None
+    input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
+    target: str
+    method: str
+    metric: str | None
+    layout: tuple[Any, ...]
+    batch_axes: tuple[tuple[str, int], ...]
+    repair_batches: int
+
+
+# what decides a tie of the headline (a coarse one: top-1 agreement on few pairs), in dB
+TIEBREAK = {"fit pairs": "embedding_sqnr_db", "fit samples": "sqnr_db"}
+MEASURED_ON = ("plan --max-legal at the run's length (no repairs), emulated in ONNX Runtime, "
+               "on the fit data")
+
+
+def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
+    """What the auto choice is a function of besides the given model and the tool's
+    version: the fit data, the length and shapes, the target, the calibration method and
+    the metric (``identity``: a path -> content-digest function for the files)."""
+    return {"mode": "auto", "data": identity(opts.data), "eval_data": identity(opts.eval_data),
+            "tokenizer": identity(opts.tokenizer), "pairs": opts.pairs,
+            "seq_len": opts.seq_len, "input_shapes": [[k, list(v)] for k, v in opts.input_shapes],
+            "target": identity(opts.target), "method": opts.method, "metric": opts.metric,
+            "layout": sorted(s.text for s in opts.layout),
+            "batch_axes": [list(p) for p in opts.batch_axes]}
+
+
+def auto_digest(key: dict[str, Any]) -> str:
+    """A short digest of :func:`auto_key` for the rewritten model's key."""
+    text = json.dumps(key, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _samples(fit: Dataset) -> tuple[int | None, str]:
+    pairs = getattr(fit.task, "n_pairs", None)
+    if isinstance(pairs, int):
+        return pairs, "fit pairs"
+    return sum(batch_rows(b) for b in fit.evaluation), "fit samples"
+
+
+def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int | None,
+                      input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+                      tiebreak: str | None = None,
+                      ) -> Callable[[Model, Stats], float | tuple[float, float]]:
+    """``measure(model, stats)`` for :func:`quantscope.rewrites.auto.choose_rewrites`:
+    ``metric`` of the model's ``plan --max-legal`` candidate at ``seq_len`` (no repairs),
+    emulated in ONNX Runtime on ``fit`` against the model's own FP32 outputs; with
+    ``tiebreak`` (a metric, higher is better) measured too, the pair."""
+    from quantscope.analyze.measure import evaluate_plans
+    from quantscope.model.shapes import given_shapes
+    from quantscope.plan.candidates import max_legal
+
+    def measure(model: Model, stats: Stats) -> float:
+        shapes = given_shapes(model, seq_len, input_shapes)
+        plan = max_legal(model, target, shapes).plan
+        metrics = evaluate_plans(model, fit, stats, {"max_legal": plan}, scheme=target.scheme,
+                                 saturation=False)["max_legal"]["metrics"]
+        got = metrics.get(metric)
+        if got is None:
+            raise QuantscopeError(f"the metric '{metric}' was not measured on the fit data")
+        second = metrics.get(tiebreak) if tiebreak and tiebreak != metric else None
+        return float(got) if second is None else (float(got), float(second))
+
+    return measure
+
+
+def choose(opts: AutoOptions, model: Model, *, progress: bool = True
+           ) -> tuple[AutoChoice, onnx.ModelProto | None]:
+    """The auto choice for this run, measured now on its fit data."""
+    from quantscope.pipeline.data import open_fit_data
+    from quantscope.targets import load_target
+
+    fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
+                        tokenizer=opts.tokenizer, layout=opts.layout,
+                        batch_axes=dict(opts.batch_axes) or None)
+    if opts.seq_len is not None:
+        fit = stages.at_length(fit, opts.seq_len)
+    head = stages.headline(fit, opts.metric)
+    target = load_target(opts.target)
+    n, unit = _samples(fit)
+    tiebreak = TIEBREAK[unit]
+    say(f"rewrites auto: choosing by {head.metric} on {n} {unit} (a tie: by {tiebreak})",
+        show=progress)
+    choice, proto = choose_rewrites(
+        model, target, opts.seq_len,
+        calibrate=lambda m: stages.calibrate_model(m, fit, method=opts.method),
+        measure=max_legal_measure(fit, target, head.metric, seq_len=opts.seq_len,
+                                  input_shapes=opts.input_shapes, tiebreak=tiebreak),
+        tiebreak=tiebreak,
+        reload=lambda p: stages.load_proto(p, model.source),
+        metric=head.metric, higher_is_better=head.higher_is_better, n=n, unit=unit,
+        measured_on=MEASURED_ON, input_shapes=opts.input_shapes, progress=progress)
+    current = model if proto is None else stages.load_proto(proto, model.source)
+    fixed, records = apply_binding_repairs(
+        current, lambda m: stages.calibrate_model(m, fit, method=opts.method), target,
+        list(fit.calibration)[: opts.repair_batches], seq_len=opts.seq_len,
+        input_shapes=opts.input_shapes, progress=progress)
+    return dataclasses.replace(choice, repairs=records), proto if fixed is None else fixed
+
+
+def binding_repairs(model: Model, target: Target, *, seq_len: int | None,
+                    input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+                    ) -> list[dict[str, Any]]:
+    """Each repair of the registry that keeps FP32 and answers a rule of ``target``
+    (:attr:`quantscope.repair.registry.RepairSpec.answers`), with whether that rule
+    refuses (error severity) the uniform a8_w8 plan of ``model`` at ``seq_len``:
+    ``{"name", "rules", "binds", "reason"}``."""
+    from quantscope.model.shapes import given_shapes
+    from quantscope.plan.check import check
+    from quantscope.repair.registry import REGISTRY
+
+    wanted = {n: s.answers for n, s in REGISTRY.items() if s.answers and s.keeps_fp32}
+    rules = {r.id for r in target.rules}
+    found = []
+    for name, answers in wanted.items():
+        ids = {r for r in rules if any(r == a or r.endswith(f".{a}") for a in answers)}
+        if ids:
+            found.append((name, ids))
+    if not found:
+        return []
+    plan = Plan(default=Precision.A8_W8, target=target.name)
+    problems = check(plan, stages.find_groups(model), model, target,
+                     shapes=given_shapes(model, seq_len, input_shapes))
+    out = []
+    for name, ids in found:
+        hits = [p for p in problems if p.rule in ids and p.severity == "error"]
+        out.append({"name": name, "rules": sorted(ids), "binds": bool(hits),
+                    "reason": (f"{hits[0].rule} refuses {len(hits)} group(s) of the uniform "
+                               f"a8_w8 plan, e.g. '{hits[0].group}'") if hits else
+                    f"{', '.join(sorted(ids))} refuses no group of the uniform a8_w8 plan"})
+    return out
+
+
+def apply_binding_repairs(model: Model, calibrate: Callable[[Model], Stats], target: Target,
+                          feeds: list[Any], *,
+                          seq_len: int | None,
+                          input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+                          progress: bool = False,
+                          ) -> tuple[onnx.ModelProto | None, tuple[dict[str, Any], ...]]:
+    """The repairs of :func:`binding_repairs` whose rule binds, applied to ``model``
+    (FP32 checked by the repair runner) before any plan: the plan search then sees the
+    legal graph (a repair that keeps the emulation the same, like rank4, would never be
+    chosen by measurement). Returns the new proto (None: none applied) and the record."""
+    from quantscope.repair.apply import run_repairs
+
+    found = binding_repairs(model, target, seq_len=seq_len, input_shapes=input_shapes)
+    names = [r["name"] for r in found if r["binds"]]
+    if not names:
+        return None, tuple({**r, "applied": False} for r in found)
+    out = run_repairs(model, calibrate(model), Plan.uniform(Precision.A8_W8), feeds, repairs=names,
+                      scheme=target.scheme)
+    done = {r.name: r for r in out.records}
+    records = []
+    for r in found:
+        rec = done.get(r["name"])
+        applied = rec is not None and rec.skipped is None and bool(rec.changed)
+        reason = r["reason"] if rec is None else (
+            f"{r['reason']}: {rec.reason}" if applied else f"{r['reason']}: not applied: "
+            f"{rec.skipped or 'changed nothing'}")
+        records.append({**r, "applied": applied, "reason": reason})
+        say(f"repairs auto: {r['name']}: {'applied' if applied else 'not applied'}: {reason}",
+            show=progress)
+    return (out.proto if any(r["applied"] for r in records) else None), tuple(records)

@@ -1,0 +1,188 @@
+"""``run --rewrites auto`` (run's default): each rewrite tried where its precondition holds
+and its rule binds, kept only when it measures better on the fit data; rank4 applied where
+q::linearclip refuses the plan; the choice recorded and reused by a rerun."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tiny_vit
+from test_repair_heads import SEQ as HEAD_SEQ
+from test_repair_heads import _encoder as attention_encoder
+from test_repair_tokens import SEQ, SMALL, H
+from test_repair_tokens import _encoder as token_encoder
+
+from quantscope import stages
+from quantscope.cli import main
+from quantscope.model.load import load_proto
+from quantscope.pipeline.auto import binding_repairs, max_legal_measure
+from quantscope.rewrites.auto import TIE_MARGIN, AutoChoice, choose_rewrites, should_try
+from quantscope.rewrites.base import recorded
+from quantscope.rewrites.registry import REWRITES
+from quantscope.targets import load_target
+
+
+def test_attention_rewrites_bind_where_the_target_keeps_attention_at_8_bit():
+    attention, ffn = load_proto(attention_encoder()), load_proto(token_encoder())
+    for name in ("headsplit", "rowscale"):
+        rw = REWRITES[name]
+        yes = should_try(rw, attention, load_target("hailo10h"), HEAD_SEQ, None)
+        assert yes.holds and "hailo.attention_16bit keeps attention at 8 bit" in yes.reason
+        cpu = should_try(rw, attention, load_target("ort_cpu"), HEAD_SEQ, None)
+        assert not cpu.holds and "has no rule attention_16bit" in cpu.reason
+        assert not should_try(rw, attention, None, HEAD_SEQ, None).holds  # no target
+        no = should_try(rw, ffn, load_target("hailo10h"), SEQ, None)
+        assert not no.holds and "no Softmax" in no.reason
+
+
+def _fit(tmp_path: Path, model, length: int):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (16, SEQ)).astype(np.int64),
+             attention_mask=np.ones((16, SEQ), np.int64))
+    return stages.at_length(stages.open_data(tmp_path / "x.npz", model, show=False), length)
+
+
+def _choose(model, fit, length, measure, **kw):
+    return choose_rewrites(model, SMALL, length,
+                           calibrate=lambda m: stages.calibrate_model(m, fit),
+                           measure=measure, reload=lambda p: load_proto(p, "enc"),
+                           metric="sqnr_db", **kw)
+
+
+def test_auto_picks_tokensplit_exactly_when_super_defuse_binds_at_the_length(tmp_path):
+    model = load_proto(token_encoder(), "enc")
+    for length, binds in ((SEQ, True), (SEQ // 2, False)):  # SMALL's limit: SEQ x H values
+        fit = _fit(tmp_path, model, length)
+        choice, proto = _choose(model, fit, length,
+                                max_legal_measure(fit, SMALL, "sqnr_db", seq_len=length))
+        split = next(t for t in choice.trials if t.name == "tokensplit")
+        assert split.tried is binds and split.kept is binds, split
+        others = [t for t in choice.trials if t.name != "tokensplit"]
+        assert not any(t.tried for t in others)  # no Softmax, no outlier channel
+        if binds:
+            assert "hailo.super_defuse refuses 16 bit" in split.reason
+            assert split.after > split.before and choice.final == split.after
+            assert choice.baseline == split.before and choice.kept == ("tokensplit",)
+            assert [r["name"] for r in recorded(proto)] == ["tokensplit"]
+        else:
+            assert "allows 16 bit on every token-wise layer at 4 tokens" in split.reason
+            assert proto is None and choice.baseline is None and choice.kept == ()
+
+
+@pytest.mark.parametrize("higher", [True, False])
+def test_a_rewrite_that_does_not_measure_better_is_dropped(tmp_path, higher):
+    """Measured by graph size (fewer nodes better; then more nodes better, read as
+    lower-is-better): tokensplit adds nodes, so it is kept only in the second case; a tie
+    (the same figure with and without) is dropped too, unless the measure's second figure
+    (the tiebreak) is better."""
+    model = load_proto(token_encoder(), "enc")
+    fit = _fit(tmp_path, model, SEQ)
+
+    def nodes(m, s):
+        return -float(len(m.graph.node))
+
+    choice, proto = _choose(model, fit, SEQ, nodes, higher_is_better=higher)
+    split = next(t for t in choice.trials if t.name == "tokensplit")
+    assert split.tried and split.after < split.before
+    assert split.kept is (not higher) and (proto is None) is higher
+    assert "measured not better" in split.reason if higher else "measured better" in split.reason
+    tie, proto = _choose(model, fit, SEQ, lambda m, s: 1.0)
+    assert tie.kept == () and proto is None and tie.trials[-1].after == tie.trials[-1].before
+    # a tie decided by the second figure (here: more nodes), when it gains > TIE_MARGIN
+    more, proto = _choose(model, fit, SEQ, lambda m, s: (1.0, float(len(m.graph.node))),
+                          tiebreak="nodes")
+    split = more.trials[-1]
+    assert more.kept == ("tokensplit",) and proto is not None and more.tiebreak == "nodes"
+    assert "measured equal, better on nodes" in split.reason
+    assert split.tiebreak_after > split.tiebreak_before + TIE_MARGIN
+    less, _ = _choose(model, fit, SEQ, lambda m, s: (1.0, -float(len(m.graph.node))))
+    assert less.kept == ()
+
+
+def test_the_choice_round_trips_through_its_record(tmp_path):
+    model = load_proto(token_encoder(), "enc")
+    fit = _fit(tmp_path, model, SEQ)
+    choice, _ = _choose(model, fit, SEQ, max_legal_measure(fit, SMALL, "sqnr_db", seq_len=SEQ),
+                        n=16, unit="fit samples")
+    again = AutoChoice.from_dict(json.loads(json.dumps(choice.to_dict())))
+    assert again == choice
+    assert [rw.name for rw, _ in again.configs()] == ["tokensplit"]
+
+
+def test_rank4_binds_where_linearclip_refuses_the_plan():
+    vit = load_proto(tiny_vit.vit_block())
+    qnn = binding_repairs(vit, load_target("qnn-htp-v73"), seq_len=None)
+    assert [(r["name"], r["binds"]) for r in qnn] == [("rank4", True)]
+    assert "qnn.linearclip_5d refuses" in qnn[0]["reason"]
+    assert binding_repairs(vit, load_target("hailo10h"), seq_len=None) == []  # no such rule
+    from quantscope.repair.rank4 import rank4_linears
+
+    fixed = load_proto(rank4_linears(vit).proto)
+    again = binding_repairs(fixed, load_target("qnn-htp-v73"), seq_len=None)
+    assert [(r["name"], r["binds"]) for r in again] == [("rank4", False)]
+
+
+def _small_target(tmp_path: Path) -> str:
+    text = (Path(stages.__file__).parents[1] / "targets" / "hailo10h.toml").read_text()
+    path = tmp_path / "small.toml"
+    path.write_text(text.replace("value = 98304", f"value = {SEQ * H}", 1))
+    return str(path)
+
+
+def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_path, capsys):
+    from quantscope.serde import read_json
+
+    onnx.save(token_encoder(), tmp_path / "enc.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (32, SEQ)).astype(np.int64),
+             attention_mask=np.ones((32, SEQ), np.int64))
+    out = tmp_path / "W"
+    argv = ["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"), "--target",
+            _small_target(tmp_path), "--seq-len", str(SEQ), "--out", str(out)]
+    assert main(argv) == 0
+    said = capsys.readouterr()
+    assert "rewrites auto: tokensplit: kept" in said.err
+    assert "rewrites: tokensplit (auto: kept 1 of 1 tried, sqnr_db_channel_min on n=16 fit " \
+           "samples)" in said.out
+    kept = read_json(out / "rewritten.json", "rewritten")
+    assert kept["auto"]["kept"] == ["tokensplit"] and kept["key"]["auto"]["seq_len"] == SEQ
+    assert json.loads((out / "plan.json").read_text())["rewrites"]["kept"] == ["tokensplit"]
+    verdict = read_json(out / "verdict.json", "verdict")
+    assert verdict["rewrites_applied"] == ["tokensplit"] and verdict["tokensplit"]["chunk"] == 4
+    assert "split into layers of 4 tokens" in verdict["tokensplit"]["note"]  # the default's
+    assert [r["decision"] for r in verdict["rewrites_auto"]["rows"]] == [
+        "not tried", "not tried", "not tried", "not tried", "kept"]
+    assert "Rewrites chosen by the run (auto, fit data)" in (out / "report.html").read_text()
+    compiled = onnx.load(out / "repaired.onnx")
+    assert any(n.name.endswith("/tok1") for n in compiled.graph.node)
+    # a rerun: the choice is reused (no measurement), every stage skipped
+    assert main(argv) == 0
+    said = capsys.readouterr()
+    assert "rewritten model reused" in said.err and "rewrites auto:" not in said.err
+    assert "stages run: none;" in said.out
+    # --rewrites none: the given model, every stage again, no auto record
+    assert main([*argv, "--rewrites", "none"]) == 0
+    said = capsys.readouterr().out
+    assert "stages run: calibrate," in said, said
+    verdict = read_json(out / "verdict.json", "verdict")
+    assert verdict["rewrites_applied"] == [] and "rewrites_auto" not in verdict
+    assert "rewrites" not in json.loads((out / "plan.json").read_text())
+
+
+def test_run_applies_rank4_by_itself_where_linearclip_fires(tmp_path, capsys):
+    from quantscope.serde import read_json
+
+    onnx.save(tiny_vit.vit_block(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", tiny_vit.tokens(16, seed=3)["x"])
+    out = tmp_path / "Q"
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npy"),
+                 "--target", "qnn-htp-v73", "--out", str(out)]) == 0
+    assert "applied for legality: rank4" in capsys.readouterr().out
+    record = json.loads((out / "plan.json").read_text())["rewrites"]["repairs"]
+    assert [(r["name"], r["applied"]) for r in record] == [("rank4", True)]
+    verdict = read_json(out / "verdict.json", "verdict")
+    assert verdict["legal"] and verdict["cost"] < 2.0  # quantized, not kept in float
+    compiled = onnx.load(out / "repaired.onnx")
+    assert any(n.name.endswith("/unsqueeze4d") for n in compiled.graph.node)  # rank4's edit
