@@ -234,7 +234,35 @@ def format_lm_quality(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rewrite_phase_files(spec: str | Path, name: str, out: str | Path, config: Any = None, *,
+                        seq_len: int = DEFAULT_SEQ_LEN) -> dict[str, Any]:
+    """Registered rewrite ``name`` applied to both phase graphs of ``spec``
+    (:func:`quantscope.rewrites.phases.rewrite_phases`: FP32 checked per phase, the same
+    weights in both), written as a decoder's files: ``out`` (``X.prefill.onnx``), its
+    ``.decode.`` sibling (weights as external ``.data`` files) and the tokenizer beside
+    them. Returns phase -> :class:`~quantscope.rewrites.base.RewriteResult`."""
+    import shutil
+
+    from quantscope.rewrites.phases import rewrite_phases
+    from quantscope.rewrites.registry import REWRITES
+    from quantscope.tasks.lm import tokenizer_path
+    from quantscope.zoo.cache import write_atomic
+
+    out = Path(out)
+    if ".prefill." not in out.name or name not in REWRITES:
+        raise QuantscopeError(f"give a registered rewrite ({', '.join(REWRITES)}) and an "
+                              f"output named like X.prefill.onnx, not '{out.name}'")
+    results = rewrite_phases(REWRITES[name], open_phase_models(spec), config, seq_len=seq_len)
+    for phase, r in results.items():
+        path = out.with_name(out.name.replace(".prefill.", f".{phase}."))
+        write_atomic(path, lambda tmp, p=r.proto, n=path.name: onnx.save(
+            p, str(tmp), save_as_external_data=True, location=f"{n}.data"))
+    tok = out.with_name(out.name.replace(".prefill.", ".tokenizer.")).with_suffix(".json")
+    shutil.copyfile(tokenizer_path(phase_file(spec, "prefill")), tok)
+    return results
+
+
 __all__ = ["LmSetup", "PhasePlan", "check_plan_phases", "diagnose_model",
            "diagnose_phases", "format_lm_quality",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
-           "open_phase_models", "phase_file", "plan_phases"]
+           "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files"]
