@@ -216,7 +216,8 @@ def format_phase_checks(checks: tuple[PhaseCheck, ...]) -> list[str]:
     lines = []
     for c in checks:
         lines.append(f"{c.phase} (seq-len {c.seq_len}): cost {c.cost:.2f}x a8_w8, "
-                     f"{c.errors} error(s), {len(c.problems) - c.errors} warning(s)")
+                     f"{c.errors} error(s), {len(c.problems) - c.errors} warning(s), "
+                     f"weights {c.weight_bytes / 1e6:.1f} MB")
         lines += [f"  {p.severity}: [{p.rule}] {p.group}: {p.reason}" for p in c.problems]
     return lines
 
@@ -238,31 +239,73 @@ def rewrite_phase_files(spec: str | Path, name: str, out: str | Path, config: An
                         seq_len: int = DEFAULT_SEQ_LEN) -> dict[str, Any]:
     """Registered rewrite ``name`` applied to both phase graphs of ``spec``
     (:func:`quantscope.rewrites.phases.rewrite_phases`: FP32 checked per phase, the same
-    weights in both), written as a decoder's files: ``out`` (``X.prefill.onnx``), its
-    ``.decode.`` sibling (weights as external ``.data`` files) and the tokenizer beside
-    them. Returns phase -> :class:`~quantscope.rewrites.base.RewriteResult`."""
-    import shutil
-
+    weights in both), written as a decoder's files (:func:`write_phase_files`). Returns
+    phase -> :class:`~quantscope.rewrites.base.RewriteResult`."""
     from quantscope.rewrites.phases import rewrite_phases
     from quantscope.rewrites.registry import REWRITES
+
+    if name not in REWRITES:
+        raise QuantscopeError(f"unknown rewrite '{name}': use one of {', '.join(REWRITES)}")
+    _prefill_name(out)
+    results = rewrite_phases(REWRITES[name], open_phase_models(spec), config, seq_len=seq_len)
+    write_phase_files(spec, {p: r.proto for p, r in results.items()}, out)
+    return results
+
+
+def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
+                       setup: LmSetup = LmSetup()) -> dict[str, Any]:
+    """SmoothQuant (:func:`quantscope.repair.smooth.smooth_outliers`: RMSNorm gains / s,
+    the Linears reading them x s) on both phase graphs with the scales of the prefill
+    graph's calibration (so both get the same weights, checked), FP32 checked per phase,
+    written as a decoder's files. Returns phase -> :class:`~quantscope.repair.Repair`."""
+    from quantscope.model.phases import phase_shapes
+    from quantscope.repair.smooth import smooth_outliers
+    from quantscope.repair.tokens import sample_feeds
+    from quantscope.rewrites.phases import same_weights
+
+    _prefill_name(out)
+    windows, _ = lm_text(spec, setup)
+    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)
+    results = {}
+    for phase in PHASES:
+        model = open_phase(spec, phase)
+        shapes = phase_shapes(model, phase, setup.seq_len)
+        feeds = sample_feeds(model, (setup.seq_len,), shapes=shapes, what="smooth")
+        results[phase] = smooth_outliers(model, stats["prefill"], feeds, alpha=alpha)
+        del model
+        release_memory()
+    same_weights("smooth", {p: r.proto for p, r in results.items()})
+    write_phase_files(spec, {p: r.proto for p, r in results.items()}, out)
+    return results
+
+
+def _prefill_name(out: str | Path) -> None:
+    if ".prefill." not in Path(out).name:
+        raise QuantscopeError(f"name the output like X.prefill.onnx, not '{Path(out).name}': "
+                              "the decode graph and the tokenizer are written beside it")
+
+
+def write_phase_files(spec: str | Path, protos: dict[str, onnx.ModelProto],
+                      out: str | Path) -> None:
+    """Phase graphs as a decoder's files: ``out`` (``X.prefill.onnx``), its ``.decode.``
+    sibling (weights as external ``.data`` files) and ``spec``'s tokenizer beside them."""
+    import shutil
+
     from quantscope.tasks.lm import tokenizer_path
     from quantscope.zoo.cache import write_atomic
 
     out = Path(out)
-    if ".prefill." not in out.name or name not in REWRITES:
-        raise QuantscopeError(f"give a registered rewrite ({', '.join(REWRITES)}) and an "
-                              f"output named like X.prefill.onnx, not '{out.name}'")
-    results = rewrite_phases(REWRITES[name], open_phase_models(spec), config, seq_len=seq_len)
-    for phase, r in results.items():
+    _prefill_name(out)
+    for phase, proto in protos.items():
         path = out.with_name(out.name.replace(".prefill.", f".{phase}."))
-        write_atomic(path, lambda tmp, p=r.proto, n=path.name: onnx.save(
+        write_atomic(path, lambda tmp, p=proto, n=path.name: onnx.save(
             p, str(tmp), save_as_external_data=True, location=f"{n}.data"))
     tok = out.with_name(out.name.replace(".prefill.", ".tokenizer.")).with_suffix(".json")
     shutil.copyfile(tokenizer_path(phase_file(spec, "prefill")), tok)
-    return results
 
 
 __all__ = ["LmSetup", "PhasePlan", "check_plan_phases", "diagnose_model",
            "diagnose_phases", "format_lm_quality",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
-           "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files"]
+           "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files",
+           "smooth_phase_files", "write_phase_files"]

@@ -7,6 +7,7 @@ For a tensor ``t`` with a few huge channels that feeds linear ops ``y = t @ W``:
 Where ``1/s`` goes (the producer of ``t``)
 ===========================================  ==========================================
 ``LayerNormalization`` (last axis)           ``gamma / s`` and ``beta / s``
+``RMSNormalization`` (last axis)             ``gain / s`` (a decoder's norms)
 ``MatMul`` (+ bias ``Add``) / ``Gemm``       weight output columns and bias ``/ s``
 anything else                                skipped
 ===========================================  ==========================================
@@ -89,6 +90,13 @@ def _producer_scalables(
         if not all(p in inits for p in params):
             return "LayerNormalization gamma/beta are not initializers"
         return tuple((p, 0) for p in params)
+    if node.op_type == "RMSNormalization":  # a decoder's norm: its gain takes 1/s
+        rank = len(model.value_shapes().get(node.input[0], ()))
+        if attr(node, "axis", -1) not in (-1, rank - 1):
+            return "RMSNormalization over more than the last axis"
+        if len(node.input) < 2 or node.input[1] not in inits:
+            return "RMSNormalization gain is not an initializer"
+        return ((node.input[1], 0),)
     if node.op_type == "Add":
         bias = next((i for i in node.input if i in inits), None)
         other = next((i for i in node.input if i not in inits), None)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import onnx
 from onnx import numpy_helper
 
 from quantscope.model.load import Model
@@ -38,20 +39,22 @@ def rewrite_phases(rw: Rewrite, models: Mapping[str, Model], config: Any = None,
         if r.failed is not None or not r.changes:
             raise QuantscopeError(f"{rw.name} on the {phase} graph: {r.failed or r.reason}")
         out[phase] = r
-    _check_same_weights(out)
+    same_weights(rw.name, {p: r.proto for p, r in out.items()})
     return out
 
 
-def _check_same_weights(results: Mapping[str, RewriteResult]) -> None:
-    first, *others = results.items()
-    ref = {t.name: t for t in first[1].proto.graph.initializer}
-    for phase, r in others:
-        for t in r.proto.graph.initializer:
+def same_weights(what: str, protos: Mapping[str, onnx.ModelProto]) -> None:
+    """Refuse phase graphs (phase -> graph) whose initializers of one name differ (one
+    line naming the first, ``what`` made them)."""
+    (first, proto), *others = protos.items()
+    ref = {t.name: t for t in proto.graph.initializer}
+    for phase, other in others:
+        for t in other.graph.initializer:
             if t.name in ref and not np.array_equal(numpy_helper.to_array(t),
                                                     numpy_helper.to_array(ref[t.name])):
                 raise QuantscopeError(
-                    f"{r.name}: weight '{t.name}' differs between the {first[0]} and {phase} "
+                    f"{what}: weight '{t.name}' differs between the {first} and {phase} "
                     "graphs after the rewrite: one plan cannot serve both")
 
 
-__all__ = ["rewrite_phases"]
+__all__ = ["rewrite_phases", "same_weights"]
