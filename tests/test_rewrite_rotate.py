@@ -65,8 +65,8 @@ def test_rotation_keeps_both_phases_fp32_identical_within_1e_4(online: bool) -> 
     old = {t.name: onnx.numpy_helper.to_array(t) for t in models["decode"].proto.graph.initializer}
     assert not np.allclose(inits["embed.weight"], old["embed.weight"], atol=1e-3)
     assert np.all(inits["layers.1.mlp_norm.weight"] == 1.0)
-    if online:  # R4 on the 48-wide FFN: no power of 2, so a random orthogonal matrix
-        assert "R4 (random orthogonal) before 2 FFN down projection(s)" in results["prefill"].reason
+    if online:  # R4 on the 48-wide FFN: 12 x 4, a Hadamard matrix (Paley's H12 x H4)
+        assert "R4 (hadamard) before 2 FFN down projection(s)" in results["prefill"].reason
         assert results["prefill"].lift == ("layers.0.down_proj/rotate_in",
                                            "layers.1.down_proj/rotate_in")
 
@@ -92,19 +92,20 @@ def test_the_precondition_holds_on_an_rmsnorm_decoder_and_not_on_an_encoder() ->
         rewrite_phases(ROTATE, {"prefill": load_proto(attention_encoder())}, seq_len=8)
 
 
-def test_the_rotation_matrix_is_hadamard_for_powers_of_2_else_random_orthogonal() -> None:
-    for n, kind in ((32, "hadamard"), (24, "random orthogonal"), (576, "random orthogonal")):
+def test_the_rotation_matrix_is_hadamard_for_12_b_2_a_else_random_orthogonal() -> None:
+    for n, kind in ((32, "hadamard"), (12, "hadamard"), (576, "hadamard"), (1536, "hadamard"),
+                    (40, "random orthogonal"), (36, "random orthogonal")):
         r, what = rotation_matrix(n)
         assert what == kind
         np.testing.assert_allclose(r @ r.T, np.eye(n), atol=1e-10)
-    h, _ = rotation_matrix(8)
-    assert np.allclose(np.abs(h), 8 ** -0.5)  # every entry +-1/sqrt(n): outliers spread evenly
+        if kind == "hadamard":  # every entry +-1/sqrt(n): an outlier spreads evenly
+            assert np.allclose(np.abs(r), n ** -0.5)
 
 
-def test_a_width_that_is_no_power_of_2_rotates_with_a_random_orthogonal_r1() -> None:
-    cfg = dataclasses.replace(TINY, hidden=24, heads=4, kv_heads=2)
+def test_a_width_with_no_hadamard_matrix_rotates_with_a_random_orthogonal_r1() -> None:
+    cfg = dataclasses.replace(TINY, hidden=40, heads=4, kv_heads=2)  # 40 = 8 x 5
     results = rewrite_phases(ROTATE, _graphs(cfg), seq_len=6)
-    assert all("random orthogonal, 24 wide" in r.reason and r.fp32_diff <= 1e-4
+    assert all("random orthogonal, 40 wide" in r.reason and r.fp32_diff <= 1e-4
                for r in results.values())
 
 

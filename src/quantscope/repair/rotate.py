@@ -17,9 +17,11 @@ R4 (``online=True``)     before each FFN down projection (:func:`linear_families
                          ffn x ffn Linear per layer that the compiler must run as a dense
                          layer (no fast Walsh-Hadamard kernel is assumed); the plan
                          counts it as a weighted group
-the matrix               width a power of 2: the Sylvester Hadamard matrix / sqrt(n);
-                         otherwise a random orthogonal matrix (QR of a seeded Gaussian,
-                         signs fixed): :func:`rotation_matrix` says which
+the matrix               width 12^b x 2^a (576 = 12 x 12 x 4, 1536 = 12 x 128): a
+                         Hadamard matrix (Paley's H12 and Sylvester's H2, Kronecker
+                         products) / sqrt(n); otherwise a random orthogonal matrix (QR
+                         of a seeded Gaussian, signs fixed): :func:`rotation_matrix`
+                         says which
 =======================  ==============================================================
 
 The FP32 function is unchanged up to float rounding; the rotation is data-independent
@@ -64,13 +66,26 @@ class Stream:
     writers: tuple[tuple[str, str], ...]  # (MatMul node, weight [in, H])
 
 
+def _paley12() -> np.ndarray:
+    """The 12 x 12 Hadamard matrix of Paley's construction (q = 11)."""
+    squares = {i * i % 11 for i in range(1, 11)}
+    jacobsthal = np.array([[0 if i == j else 1 if (j - i) % 11 in squares else -1
+                            for j in range(11)] for i in range(11)])
+    s = np.zeros((12, 12))
+    s[0, 1:], s[1:, 0], s[1:, 1:] = 1, -1, jacobsthal
+    return np.eye(12) + s
+
+
 def rotation_matrix(n: int, seed: int = 0) -> tuple[np.ndarray, str]:
-    """An orthogonal n x n matrix (float64) and what it is: ``hadamard`` for a power of
-    2, else ``random orthogonal``."""
-    if n > 0 and n & (n - 1) == 0:
-        h = np.ones((1, 1))
-        while h.shape[0] < n:
-            h = np.block([[h, h], [h, -h]])
+    """An orthogonal n x n matrix (float64) and what it is: ``hadamard`` when n is
+    12^b x 2^a (Kronecker products of Paley's H12 and Sylvester's H2, scaled by
+    1/sqrt(n): every entry +-1/sqrt(n)), else ``random orthogonal`` (seeded)."""
+    h, rest = np.ones((1, 1)), n
+    while rest > 1 and rest % 12 == 0:
+        h, rest = np.kron(h, _paley12()), rest // 12
+    while rest > 1 and rest % 2 == 0:
+        h, rest = np.kron(h, np.array([[1.0, 1.0], [1.0, -1.0]])), rest // 2
+    if n > 0 and rest == 1:
         return h / np.sqrt(n), "hadamard"
     q, r = np.linalg.qr(np.random.default_rng(seed).standard_normal((n, n)))
     return q * np.sign(np.diag(r))[None, :], "random orthogonal"

@@ -25,8 +25,8 @@ FP32_RTOL = 1e-4  # float32 rounding of 30 rotated layers: the brief's bound for
 @dataclass(frozen=True)
 class RotateConfig:
     """``online``: also R4 before each FFN down projection (one extra dense MatMul per
-    layer); ``seed``: of the random orthogonal matrix used for widths that are no power
-    of 2."""
+    layer); ``seed``: of the random orthogonal matrix used for widths with no Hadamard
+    matrix built (:func:`~quantscope.repair.rotate.rotation_matrix`)."""
 
     online: bool = False
     seed: int = 0
@@ -62,9 +62,9 @@ def _verdict(config: RotateConfig, seq_len: int | None, repaired: str) -> dict[s
 REWRITE = Rewrite(
     name="rotate", config=RotateConfig,
     summary="rotate the residual stream of an RMSNorm decoder (QuaRot R1: Hadamard, or "
-            "random orthogonal when the width is no power of 2) after folding each RMSNorm "
-            "gain into the Linears that read it; --online adds R4 before each FFN down "
-            "projection (an extra MatMul); FP32 unchanged",
+            "random orthogonal when no Hadamard matrix of that width is built) after folding "
+            "each RMSNorm gain into the Linears that read it; --online adds R4 before each "
+            "FFN down projection (an extra MatMul); FP32 unchanged",
     unverified=UNVERIFIED,
     what="the residual stream rotated (R1), RMSNorm gains folded into the Linears",
     metadata_key=METADATA_KEY, transform=_transform, applies=_applies,
