@@ -71,3 +71,14 @@ def test_a_target_without_a_weight_byte_cost_keeps_its_decode_cost(models) -> No
     groups, shapes = find_groups(dec), phase_shapes(dec, "decode", 16)
     assert plan_cost(plan, groups, target, shapes, model=dec, weight_reads=True) == \
         plan_cost(plan, groups, target, shapes, model=dec)
+
+
+def test_the_search_table_charges_the_same_weight_bytes(models) -> None:
+    from quantscope.plan.cost import cost_table
+
+    target, plan, dec = load_target("hailo10h"), _w4(models), models["decode"]
+    groups, shapes = find_groups(dec), phase_shapes(dec, "decode", 16)
+    table = cost_table(groups, target, dec, (Precision.A8_W4,), shapes, weight_reads=True)
+    prec = {g.name: plan.precision_of(g.name) for g in groups.groups}
+    assert table.total(prec) == pytest.approx(
+        plan_cost(plan, groups, target, shapes, model=dec, weight_reads=True), rel=1e-12)

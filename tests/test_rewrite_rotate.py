@@ -120,3 +120,16 @@ def test_r4_is_an_extra_weighted_layer_in_the_cost() -> None:
     after = uniform_a8_cost(groups, target, shapes, model=rotated)
     # two 48 x 48 MatMuls over 8 positions, at a8_w8 (cost factor 1.0 per MAC)
     assert after - before == pytest.approx(2 * 48 * 48 * 8, rel=1e-6)
+
+
+def test_the_rotate_command_rewrites_a_prefill_graph_file(tmp_path, capsys) -> None:
+    from quantscope.cli import main
+
+    src, out = tmp_path / "tiny.prefill.onnx", tmp_path / "rotated.onnx"
+    onnx.save(_graphs()["prefill"].proto, str(src))
+    assert main(["rotate", str(src), "--online", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "R1 (hadamard, 32 wide)" in said and "R4 (hadamard)" in said
+    feeds = {"input_ids": IDS[None]}
+    a, b = _run(onnx.load(str(src)), feeds)["logits"], _run(onnx.load(str(out)), feeds)["logits"]
+    assert np.abs(a - b).max() / np.abs(a).max() <= 1e-4
