@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -236,72 +237,86 @@ def format_lm_quality(result: dict[str, Any]) -> list[str]:
 
 
 def rewrite_phase_files(spec: str | Path, name: str, out: str | Path, config: Any = None, *,
-                        seq_len: int = DEFAULT_SEQ_LEN) -> dict[str, Any]:
-    """Registered rewrite ``name`` applied to both phase graphs of ``spec``
-    (:func:`quantscope.rewrites.phases.rewrite_phases`: FP32 checked per phase, the same
-    weights in both), written as a decoder's files (:func:`write_phase_files`). Returns
-    phase -> :class:`~quantscope.rewrites.base.RewriteResult`."""
-    from quantscope.rewrites.phases import rewrite_phases
+                        seq_len: int = DEFAULT_SEQ_LEN) -> dict[str, str]:
+    """Registered rewrite ``name`` applied to both phase graphs of ``spec``, one graph in
+    memory at a time (:func:`quantscope.rewrites.phases.rewrite_phase`: FP32 checked per
+    phase; the same weights in both, by digest), written as a decoder's files
+    (:func:`write_phase_files`). Returns phase -> the rewrite's reason."""
+    from quantscope.rewrites.phases import rewrite_phase
     from quantscope.rewrites.registry import REWRITES
 
     if name not in REWRITES:
         raise QuantscopeError(f"unknown rewrite '{name}': use one of {', '.join(REWRITES)}")
-    _prefill_name(out)
-    results = rewrite_phases(REWRITES[name], open_phase_models(spec), config, seq_len=seq_len)
-    write_phase_files(spec, {p: r.proto for p, r in results.items()}, out)
-    return results
+
+    def one(phase: str) -> tuple[onnx.ModelProto, str]:
+        r = rewrite_phase(REWRITES[name], open_phase(spec, phase), phase, config,
+                          seq_len=seq_len)
+        return r.proto, f"{r.reason} (FP32 max relative diff {r.fp32_diff:.2g})"
+
+    return write_phase_files(spec, name, one, out)
 
 
 def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
-                       setup: LmSetup = LmSetup()) -> dict[str, Any]:
+                       setup: LmSetup = LmSetup(), rtol: float = 1e-4) -> dict[str, str]:
     """SmoothQuant (:func:`quantscope.repair.smooth.smooth_outliers`: RMSNorm gains / s,
     the Linears reading them x s) on both phase graphs with the scales of the prefill
-    graph's calibration (so both get the same weights, checked), FP32 checked per phase,
-    written as a decoder's files. Returns phase -> :class:`~quantscope.repair.Repair`."""
+    graph's calibration (so both get the same weights, checked), FP32 checked per phase
+    within ``rtol`` (30 layers in float32: 1e-4, as ``rotate``), written as a decoder's
+    files. Returns phase -> what it did."""
     from quantscope.model.phases import phase_shapes
     from quantscope.repair.smooth import smooth_outliers
     from quantscope.repair.tokens import sample_feeds
-    from quantscope.rewrites.phases import same_weights
 
-    _prefill_name(out)
     windows, _ = lm_text(spec, setup)
-    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)
-    results = {}
-    for phase in PHASES:
+    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)["prefill"]
+
+    def one(phase: str) -> tuple[onnx.ModelProto, str]:
         model = open_phase(spec, phase)
-        shapes = phase_shapes(model, phase, setup.seq_len)
-        feeds = sample_feeds(model, (setup.seq_len,), shapes=shapes, what="smooth")
-        results[phase] = smooth_outliers(model, stats["prefill"], feeds, alpha=alpha)
-        del model
-        release_memory()
-    same_weights("smooth", {p: r.proto for p, r in results.items()})
-    write_phase_files(spec, {p: r.proto for p, r in results.items()}, out)
-    return results
+        feeds = sample_feeds(model, (setup.seq_len,), what="smooth",
+                             shapes=phase_shapes(model, phase, setup.seq_len))
+        r = smooth_outliers(model, stats, feeds, alpha=alpha, rtol=rtol)
+        return r.proto, f"{r.reason} {dict(r.effect)}"
+
+    return write_phase_files(spec, "smooth", one, out)
 
 
-def _prefill_name(out: str | Path) -> None:
-    if ".prefill." not in Path(out).name:
-        raise QuantscopeError(f"name the output like X.prefill.onnx, not '{Path(out).name}': "
-                              "the decode graph and the tokenizer are written beside it")
-
-
-def write_phase_files(spec: str | Path, protos: dict[str, onnx.ModelProto],
-                      out: str | Path) -> None:
-    """Phase graphs as a decoder's files: ``out`` (``X.prefill.onnx``), its ``.decode.``
-    sibling (weights as external ``.data`` files) and ``spec``'s tokenizer beside them."""
+def write_phase_files(spec: str | Path, what: str,
+                      make: Callable[[str], tuple[onnx.ModelProto, str]],
+                      out: str | Path) -> dict[str, str]:
+    """Each phase graph ``make(phase)`` gives (one in memory at a time) written as a
+    decoder's files: ``out`` (``X.prefill.onnx``), its ``.decode.`` sibling (weights as
+    external ``.data`` files) and ``spec``'s tokenizer beside them; the graphs' shared
+    weights must be equal (by digest), else the files are removed and one line says
+    which differs. Returns phase -> ``make``'s note."""
     import shutil
 
+    from quantscope.rewrites.phases import same_weights, weight_digests
     from quantscope.tasks.lm import tokenizer_path
     from quantscope.zoo.cache import write_atomic
 
     out = Path(out)
-    _prefill_name(out)
-    for phase, proto in protos.items():
-        path = out.with_name(out.name.replace(".prefill.", f".{phase}."))
-        write_atomic(path, lambda tmp, p=proto, n=path.name: onnx.save(
-            p, str(tmp), save_as_external_data=True, location=f"{n}.data"))
+    if ".prefill." not in out.name:
+        raise QuantscopeError(f"name the output like X.prefill.onnx, not '{out.name}': the "
+                              "decode graph and the tokenizer are written beside it")
+    digests, notes, written = {}, {}, []
+    try:
+        for phase in PHASES:
+            proto, notes[phase] = make(phase)
+            digests[phase] = weight_digests(proto)
+            path = out.with_name(out.name.replace(".prefill.", f".{phase}."))
+            written += [path, path.with_name(f"{path.name}.data")]
+            write_atomic(path, lambda tmp, p=proto, n=path.name: onnx.save(
+                p, str(tmp), save_as_external_data=True, location=f"{n}.data"))
+            del proto
+            release_memory()
+        same_weights(what, digests)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
     tok = out.with_name(out.name.replace(".prefill.", ".tokenizer.")).with_suffix(".json")
     shutil.copyfile(tokenizer_path(phase_file(spec, "prefill")), tok)
+    return notes
 
 
 __all__ = ["LmSetup", "PhasePlan", "check_plan_phases", "diagnose_model",

@@ -206,7 +206,7 @@ def _r4_nodes(model: Model, stream: Stream, arrays: dict[str, np.ndarray], seed:
             r4, kind = rotation_matrix(int(inits[w].dims[0]), seed)
             name = f"{node.name}/rotate_in"
             arrays[f"{name}.r4"] = r4.astype(np.float32)
-            arrays[w] = r4.T @ arrays.get(w, _arr(inits, w))
+            arrays[w] = (r4.T @ arrays[w].astype(np.float64)).astype(np.float32)
             nodes.append(helper.make_node("MatMul", [node.input[0], f"{name}.r4"], [name],
                                           name=name))
             node.input[0] = name
@@ -225,13 +225,15 @@ def rotate_stream(model: Model, *, online: bool = False, seed: int = 0) -> Repai
         return Repair(name="rotate", reason=stream, proto=model.proto)
     inits = _init_arrays(model)
     r1, kind = rotation_matrix(stream.width, seed)
-    arrays: dict[str, np.ndarray] = {stream.embedding: _arr(inits, stream.embedding) @ r1}
+    f32 = np.float32  # each product in float64, kept in float32 (the model's copy: half)
+    arrays: dict[str, np.ndarray] = {stream.embedding: (_arr(inits, stream.embedding) @ r1)
+                                     .astype(f32)}
     for _, w, gain in stream.readers:
-        arrays[w] = r1.T @ (_arr(inits, gain)[:, None] * _arr(inits, w))
+        arrays[w] = (r1.T @ (_arr(inits, gain)[:, None] * _arr(inits, w))).astype(f32)
     for _, w in stream.writers:
-        arrays[w] = _arr(inits, w) @ r1
+        arrays[w] = (_arr(inits, w) @ r1).astype(f32)
     for _, gain in stream.norms:
-        arrays[gain] = np.ones(int(inits[gain].dims[0]))
+        arrays[gain] = np.ones(int(inits[gain].dims[0]), f32)
     changes = [Change(stream.embedding, "multiply", note=f"rows x R1 ({kind})"),
                *(Change(g, "divide", note="gain folded into the Linears reading the norm")
                  for _, g in stream.norms),
@@ -252,7 +254,7 @@ def rotate_stream(model: Model, *, online: bool = False, seed: int = 0) -> Repai
         proto, changes = clone, [*changes, *added]
         reason += (f"; R4 ({r4_kind}) before {len(added)} FFN down projection(s): one extra "
                    "dense MatMul each")
-    out = with_initializers(proto, {k: v.astype(np.float32) for k, v in arrays.items()})
+    out = with_initializers(proto, arrays)
     onnx.helper.set_model_props(out, {**{p.key: p.value for p in out.metadata_props},
                                       METADATA_KEY: f"r1={kind};online={online};seed={seed}"})
     return Repair(name="rotate", reason=reason, proto=out, changes=tuple(changes),

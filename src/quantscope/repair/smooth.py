@@ -45,7 +45,7 @@ from quantscope.repair import (
     use_counts,
     with_initializers,
 )
-from quantscope.repair.verify import Batch, check_function
+from quantscope.repair.verify import FP32_RTOL, Batch, check_function
 from quantscope.types import Stats
 
 MAX_SCALE = 1e4
@@ -192,8 +192,10 @@ def smooth_outliers(
     *,
     alpha: float = 0.5,
     rescale_others: bool = False,
+    rtol: float = FP32_RTOL,
 ) -> Repair:
-    """Migrate LayerNorm-output outliers into the consuming linear ops' weights (checked)."""
+    """Migrate LayerNorm-output outliers into the consuming linear ops' weights (checked
+    within ``rtol``)."""
     start = time.perf_counter()
     m = as_model(model)
     sites, skipped = find_sites(m, rescale_others=rescale_others)
@@ -228,7 +230,7 @@ def smooth_outliers(
             pending.append((site, s))
     proto = with_initializers(m.proto, arrays)
     changes += [_rescale_node(site, s, proto) for site, s in pending]
-    diff = check_function(m.proto, proto, feeds, what="smooth_outliers")
+    diff = check_function(m.proto, proto, feeds, what="smooth_outliers", rtol=rtol)
     n_done = len(sites) - sum(1 for t, _ in skipped if t in {x.tensor for x in sites})
     return Repair(
         name="smooth_outliers",

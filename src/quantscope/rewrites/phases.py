@@ -15,6 +15,7 @@ all or nothing     a phase where the rewrite fails its check or changes nothing 
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,33 +29,44 @@ from quantscope.rewrites.base import Rewrite, RewriteResult, run_rewrite
 from quantscope.types import QuantscopeError, Stats
 
 
+def rewrite_phase(rw: Rewrite, model: Model, phase: str, config: Any = None, *,
+                  seq_len: int, stats: Stats | None = None) -> RewriteResult:
+    """``rw`` applied to one phase graph, FP32 checked on that phase's feeds; a failed
+    check or no change is one line naming the phase."""
+    shapes = tuple(phase_shapes(model, phase, seq_len).items())
+    r = run_rewrite(rw, model, config, stats=stats, seq_len=seq_len, input_shapes=shapes)
+    if r.failed is not None or not r.changes:
+        raise QuantscopeError(f"{rw.name} on the {phase} graph: {r.failed or r.reason}")
+    return r
+
+
 def rewrite_phases(rw: Rewrite, models: Mapping[str, Model], config: Any = None, *,
                    seq_len: int, stats: Stats | None = None) -> dict[str, RewriteResult]:
     """``rw`` applied to each phase graph of ``models`` (phase -> graph), checked per phase
     and for equal shared weights (module docstring)."""
-    out: dict[str, RewriteResult] = {}
-    for phase, model in models.items():
-        shapes = tuple(phase_shapes(model, phase, seq_len).items())
-        r = run_rewrite(rw, model, config, stats=stats, seq_len=seq_len, input_shapes=shapes)
-        if r.failed is not None or not r.changes:
-            raise QuantscopeError(f"{rw.name} on the {phase} graph: {r.failed or r.reason}")
-        out[phase] = r
-    same_weights(rw.name, {p: r.proto for p, r in out.items()})
+    out = {phase: rewrite_phase(rw, model, phase, config, seq_len=seq_len, stats=stats)
+           for phase, model in models.items()}
+    same_weights(rw.name, {p: weight_digests(r.proto) for p, r in out.items()})
     return out
 
 
-def same_weights(what: str, protos: Mapping[str, onnx.ModelProto]) -> None:
-    """Refuse phase graphs (phase -> graph) whose initializers of one name differ (one
-    line naming the first, ``what`` made them)."""
-    (first, proto), *others = protos.items()
-    ref = {t.name: t for t in proto.graph.initializer}
+def weight_digests(proto: onnx.ModelProto) -> dict[str, str]:
+    """Initializer name -> SHA-256 of its values (compared across phases without keeping
+    two graphs' weights in memory)."""
+    return {t.name: hashlib.sha256(np.ascontiguousarray(numpy_helper.to_array(t)).tobytes()
+                                   ).hexdigest() for t in proto.graph.initializer}
+
+
+def same_weights(what: str, digests: Mapping[str, Mapping[str, str]]) -> None:
+    """Refuse phase graphs (phase -> :func:`weight_digests`) whose initializers of one
+    name differ (one line naming the first; ``what`` made them)."""
+    (first, ref), *others = digests.items()
     for phase, other in others:
-        for t in other.graph.initializer:
-            if t.name in ref and not np.array_equal(numpy_helper.to_array(t),
-                                                    numpy_helper.to_array(ref[t.name])):
+        for name, digest in other.items():
+            if name in ref and ref[name] != digest:
                 raise QuantscopeError(
-                    f"{what}: weight '{t.name}' differs between the {first} and {phase} "
+                    f"{what}: weight '{name}' differs between the {first} and {phase} "
                     "graphs after the rewrite: one plan cannot serve both")
 
 
-__all__ = ["rewrite_phases", "same_weights"]
+__all__ = ["rewrite_phase", "rewrite_phases", "same_weights", "weight_digests"]
