@@ -133,3 +133,14 @@ def test_the_rotate_command_rewrites_a_prefill_graph_file(tmp_path, capsys) -> N
     feeds = {"input_ids": IDS[None]}
     a, b = _run(onnx.load(str(src)), feeds)["logits"], _run(onnx.load(str(out)), feeds)["logits"]
     assert np.abs(a - b).max() / np.abs(a).max() <= 1e-4
+
+
+def test_run_takes_rotate_online_only_when_given(tmp_path) -> None:
+    from test_cli_rewrites import _options, _run_args
+
+    argv = _run_args(tmp_path)
+    plain = _options(argv)  # a flag option left out is no option (a run without rotate)
+    assert plain.rewrites == () and plain.rewrite_options == ()
+    online = _options([*argv, "--rewrites", "rotate", "--rotate-online"])
+    assert online.rewrites == ("rotate",) and online.rewrite_options == (("rotate", "online", True),)
+    assert [c for _, c in online.rewrite_configs()] == [ROTATE.configure(online=True)]
