@@ -247,6 +247,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "no attention Softmax"),
     ("rowscale-growth-below-one", ["rowscale", T, "--growth", "0.5", "--out", "{out}/r.onnx"],
      "below 1"),
+    ("rotate-not-a-decoder", ["rotate", T, "--out", "{out}/r.onnx"],
+     "no RMSNormalization in the graph: not an RMSNorm decoder"),
     ("demo-json-and-report-one-path", ["demo", "--model", M, "--data", X, "--json",
                                        "{out}/d.x", "--report", "{out}/d.x"], "both"),
     # -- outputs that cannot be written: refused before any work

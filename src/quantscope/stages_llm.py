@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -299,7 +300,8 @@ def format_phase_checks(checks: tuple[PhaseCheck, ...]) -> list[str]:
     lines = []
     for c in checks:
         lines.append(f"{c.phase} (seq-len {c.seq_len}): cost {c.cost:.2f}x a8_w8, "
-                     f"{c.errors} error(s), {len(c.problems) - c.errors} warning(s)")
+                     f"{c.errors} error(s), {len(c.problems) - c.errors} warning(s), "
+                     f"weights {c.weight_bytes / 1e6:.1f} MB")
         lines += [f"  {p.severity}: [{p.rule}] {p.group}: {p.reason}" for p in c.problems]
     return lines
 
@@ -342,9 +344,93 @@ def format_lm_quality(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def rewrite_phase_files(spec: str | Path, name: str, out: str | Path, config: Any = None, *,
+                        seq_len: int = DEFAULT_SEQ_LEN) -> dict[str, str]:
+    """Registered rewrite ``name`` applied to both phase graphs of ``spec``, one graph in
+    memory at a time (:func:`quantscope.rewrites.phases.rewrite_phase`: FP32 checked per
+    phase; the same weights in both, by digest), written as a decoder's files
+    (:func:`write_phase_files`). Returns phase -> the rewrite's reason."""
+    from quantscope.rewrites.phases import rewrite_phase
+    from quantscope.rewrites.registry import REWRITES
+
+    if name not in REWRITES:
+        raise QuantscopeError(f"unknown rewrite '{name}': use one of {', '.join(REWRITES)}")
+
+    def one(phase: str) -> tuple[onnx.ModelProto, str]:
+        r = rewrite_phase(REWRITES[name], open_phase(spec, phase), phase, config,
+                          seq_len=seq_len)
+        return r.proto, f"{r.reason} (FP32 max relative diff {r.fp32_diff:.2g})"
+
+    return write_phase_files(spec, name, one, out)
+
+
+def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
+                       setup: LmSetup = LmSetup(), rtol: float = 1e-4) -> dict[str, str]:
+    """SmoothQuant (:func:`quantscope.repair.smooth.smooth_outliers`: RMSNorm gains / s,
+    the Linears reading them x s) on both phase graphs with the scales of the prefill
+    graph's calibration (so both get the same weights, checked), FP32 checked per phase
+    within ``rtol`` (30 layers in float32: 1e-4, as ``rotate``), written as a decoder's
+    files. Returns phase -> what it did."""
+    from quantscope.model.phases import phase_shapes
+    from quantscope.repair.smooth import smooth_outliers
+    from quantscope.repair.tokens import sample_feeds
+
+    windows, _ = lm_text(spec, setup)
+    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)["prefill"]
+
+    def one(phase: str) -> tuple[onnx.ModelProto, str]:
+        model = open_phase(spec, phase)
+        feeds = sample_feeds(model, (setup.seq_len,), what="smooth",
+                             shapes=phase_shapes(model, phase, setup.seq_len))
+        r = smooth_outliers(model, stats, feeds, alpha=alpha, rtol=rtol)
+        return r.proto, f"{r.reason} {dict(r.effect)}"
+
+    return write_phase_files(spec, "smooth", one, out)
+
+
+def write_phase_files(spec: str | Path, what: str,
+                      make: Callable[[str], tuple[onnx.ModelProto, str]],
+                      out: str | Path) -> dict[str, str]:
+    """Each phase graph ``make(phase)`` gives (one in memory at a time) written as a
+    decoder's files: ``out`` (``X.prefill.onnx``), its ``.decode.`` sibling (weights as
+    external ``.data`` files) and ``spec``'s tokenizer beside them; the graphs' shared
+    weights must be equal (by digest), else the files are removed and one line says
+    which differs. Returns phase -> ``make``'s note."""
+    import shutil
+
+    from quantscope.rewrites.phases import same_weights, weight_digests
+    from quantscope.tasks.lm import tokenizer_path
+    from quantscope.zoo.cache import write_atomic
+
+    out = Path(out)
+    if ".prefill." not in out.name:
+        raise QuantscopeError(f"name the output like X.prefill.onnx, not '{out.name}': the "
+                              "decode graph and the tokenizer are written beside it")
+    digests, notes, written = {}, {}, []
+    try:
+        for phase in PHASES:
+            proto, notes[phase] = make(phase)
+            digests[phase] = weight_digests(proto)
+            path = out.with_name(out.name.replace(".prefill.", f".{phase}."))
+            written += [path, path.with_name(f"{path.name}.data")]
+            write_atomic(path, lambda tmp, p=proto, n=path.name: onnx.save(
+                p, str(tmp), save_as_external_data=True, location=f"{n}.data"))
+            del proto
+            release_memory()
+        same_weights(what, digests)
+    except BaseException:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise
+    tok = out.with_name(out.name.replace(".prefill.", ".tokenizer.")).with_suffix(".json")
+    shutil.copyfile(tokenizer_path(phase_file(spec, "prefill")), tok)
+    return notes
+
+
 __all__ = ["DECODE_STEPS", "EVAL_TOKENS", "NEW_TOKENS", "PROMPTS", "LmPrefix", "LmSetup",
            "PhasePlan", "check_plan_phases", "diagnose_model",
            "diagnose_phases", "document_token", "format_lm_quality", "format_prefix",
            "lm_prefix", "recorded_prefix",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
-           "open_phase_models", "phase_file", "plan_phases"]
+           "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files",
+           "smooth_phase_files", "write_phase_files"]

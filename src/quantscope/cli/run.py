@@ -194,8 +194,8 @@ def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
                 fields[o.run_field] = value
             elif o.dest and o.flags:
                 given = getattr(args, _config_flag(rw, o)[1], None)
-                if given is not None:
-                    options.append((rw.name, o.dest, given))
+                if given is not None and not (o.kind == "flag" and given is False):
+                    options.append((rw.name, o.dest, given))  # a flag not given: default
     fields["rewrites"] = tuple(n for n in REWRITES if n in names)
     fields["rewrite_options"] = tuple(options)
     # auto when asked, or by default when no rewrite is named by a flag or an option

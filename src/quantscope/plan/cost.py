@@ -11,6 +11,11 @@ work of a group     weighted: MACs per frame = weight size x output positions;
 group cost          work x ``cost.relative[kind][precision]`` (inf if not listed)
 boundary cost       for each tensor passed between groups whose activation bits differ
                     (float counts as its own kind): values x ``cost.boundary_macs``
+weight reads        with ``weight_reads=True`` (a decoder's decode step, which reads
+                    every weight for one token: bound by weight bandwidth), a weighted
+                    group also costs its weight bytes at its precision (count x weight
+                    bits / 8; float: 4 bytes) x ``cost.weight_byte_macs``; the unit
+                    (uniform a8_w8) then includes them too. Off: no change
 plan cost           (sum of group and boundary costs) / (same for uniform a8_w8)
 cost table          the same numbers per group and precision and per edge, for the
                     search: ``CostTable.total`` equals ``plan_cost`` (tested), ``delta``
@@ -72,12 +77,33 @@ def _is_boundary(a: Precision, b: Precision) -> bool:
     return a.act_bits != b.act_bits
 
 
+Work = dict[str, tuple[float, float]]  # group -> (MACs at a8_w8, weights read per frame)
+
+
+def weight_count(group: Group, model: Model | None) -> float:
+    """Weights a weighted group reads per frame (0 for other groups or without a model)."""
+    if model is None or group.kind is not GroupKind.WEIGHTED or group.weight is None:
+        return 0.0
+    return float(next((math.prod(t.dims) for t in model.graph.initializer
+                       if t.name == group.weight), 0))
+
+
+def weight_bytes(plan: Plan, groups: Groups, model: Model) -> float:
+    """Bytes of the weighted groups' weights at ``plan``'s precisions (float: 4 bytes)."""
+    return sum(weight_count(g, model) * (plan.precision_of(g.name).weight_bits or 32) / 8
+               for g in groups.groups)
+
+
 def _layout(
-    groups: Groups, target: Target, model: Model | None, shapes: Shapes | None
-) -> tuple[dict[str, float], Edges]:
-    """Work per group (a8_w8) and the boundary cost of every edge between groups."""
+    groups: Groups, target: Target, model: Model | None, shapes: Shapes | None,
+    weight_reads: bool = False,
+) -> tuple[Work, Edges]:
+    """Work per group (a8_w8; weights read when ``weight_reads``) and the boundary cost
+    of every edge between groups."""
     tensor_shapes = _shapes(groups, model, shapes)
-    work = {g.name: group_work(g, target, tensor_shapes, model) for g in groups.groups}
+    reads = weight_reads and target.cost.weight_byte_macs > 0
+    work = {g.name: (group_work(g, target, tensor_shapes, model),
+                     weight_count(g, model) if reads else 0.0) for g in groups.groups}
     edges = tuple(
         (a, b, _values(tensor_shapes.get(t)) * target.cost.boundary_macs)
         for a, b, t in group_edges(groups)
@@ -85,13 +111,20 @@ def _layout(
     return work, edges
 
 
-def _group_cost(target: Target, group: Group, precision: Precision, work: float) -> float:
+def _group_cost(target: Target, group: Group, precision: Precision,
+                work: tuple[float, float]) -> float:
     factor = target.cost.factor(op_kind(group), precision)
-    return math.inf if factor is None else work * factor
+    if factor is None:
+        return math.inf
+    macs, weights = work
+    if not weights:
+        return macs * factor
+    return macs * factor + weights * (precision.weight_bits or 32) / 8 * \
+        target.cost.weight_byte_macs
 
 
 def _breakdown(
-    plan: Plan, groups: Groups, target: Target, work: dict[str, float], edges: Edges
+    plan: Plan, groups: Groups, target: Target, work: Work, edges: Edges
 ) -> dict[str, float]:
     out = {
         g.name: _group_cost(target, g, plan.precision_of(g.name), work[g.name])
@@ -105,7 +138,7 @@ def _breakdown(
     return out
 
 
-def _unit(groups: Groups, target: Target, work: dict[str, float]) -> float:
+def _unit(groups: Groups, target: Target, work: Work) -> float:
     """Cost of uniform a8_w8 (no boundaries): the unit of every relative cost."""
     return sum(_group_cost(target, g, Precision.A8_W8, work[g.name]) for g in groups.groups)
 
@@ -116,10 +149,11 @@ def uniform_a8_cost(
     shapes: Shapes | None = None,
     *,
     model: Model | None = None,
+    weight_reads: bool = False,
 ) -> float:
     """Unnormalized cost of uniform a8_w8: the unit of :func:`plan_cost` (e.g. to compare
     one model at two sequence lengths)."""
-    work, _ = _layout(groups, target, model, shapes)
+    work, _ = _layout(groups, target, model, shapes, weight_reads)
     return _unit(groups, target, work)
 
 
@@ -130,9 +164,10 @@ def cost_breakdown(
     shapes: Shapes | None = None,
     *,
     model: Model | None = None,
+    weight_reads: bool = False,
 ) -> dict[str, float]:
     """Unnormalized cost per group name, plus ``"<boundaries>"`` for all boundaries."""
-    work, edges = _layout(groups, target, model, shapes)
+    work, edges = _layout(groups, target, model, shapes, weight_reads)
     return _breakdown(plan, groups, target, work, edges)
 
 
@@ -143,9 +178,11 @@ def plan_cost(
     shapes: Shapes | None = None,
     *,
     model: Model | None = None,
+    weight_reads: bool = False,
 ) -> float:
-    """Cost of ``plan`` relative to uniform a8_w8 (= 1.0); inf if a precision has no cost."""
-    work, edges = _layout(groups, target, model, shapes)
+    """Cost of ``plan`` relative to uniform a8_w8 (= 1.0); inf if a precision has no cost.
+    ``weight_reads``: charge the weight bytes (module table)."""
+    work, edges = _layout(groups, target, model, shapes, weight_reads)
     base = _unit(groups, target, work)
     total = sum(_breakdown(plan, groups, target, work, edges).values())
     return total / base if base > 0 else math.inf
@@ -185,9 +222,11 @@ def cost_table(
     model: Model,
     precisions: Sequence[Precision],
     shapes: Shapes | None = None,
+    *,
+    weight_reads: bool = False,
 ) -> CostTable:
     """The cost model's numbers for the search, for ``precisions`` (and a8_w8)."""
-    work, all_edges = _layout(groups, target, model, shapes)
+    work, all_edges = _layout(groups, target, model, shapes, weight_reads)
     precs = tuple(dict.fromkeys([Precision.A8_W8, *precisions]))
     table = {g.name: {p: _group_cost(target, g, p, work[g.name]) for p in precs}
              for g in groups.groups}

@@ -32,7 +32,7 @@ from quantscope.model.load import Model
 from quantscope.model.phases import phase_shapes
 from quantscope.plan.check import check
 from quantscope.plan.cost import CostTable, cost_table
-from quantscope.plan.phases import PhaseCheck, check_phases
+from quantscope.plan.phases import WEIGHT_BOUND_PHASES, PhaseCheck, check_phases
 from quantscope.targets.profile import Target
 from quantscope.types import GroupKind, Groups, Plan, Precision, QuantscopeError, Stats
 
@@ -95,7 +95,8 @@ def _layouts(models: Mapping[str, Model], target: Target, seq_len: int) -> dict[
     for phase, m in models.items():
         groups = find_groups(m)
         shapes = phase_shapes(m, phase, seq_len)
-        out[phase] = _Phase(groups, m, shapes, cost_table(groups, target, m, (A16,), shapes))
+        out[phase] = _Phase(groups, m, shapes, cost_table(
+            groups, target, m, (A16,), shapes, weight_reads=phase in WEIGHT_BOUND_PHASES))
     return out
 
 

@@ -4,7 +4,9 @@ A plan names groups by layer name; the prefill and decode graphs have the same n
 so the same plan applies to both. Legality differs by phase: a 16-bit activation tensor
 is N x hidden values in prefill but 1 x hidden in decode (``hailo.super_defuse``), and
 the KV cache is N tokens long in both. The cost is each phase's own (relative to that
-phase's uniform a8_w8).
+phase's uniform a8_w8); decode reads every weight for one token, so its cost also
+charges the weight bytes at the plan's precisions (:data:`WEIGHT_BOUND_PHASES`): 4-bit
+weights (a8_w4) halve them.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from quantscope.model.groups import check_plan_names, find_groups
 from quantscope.model.load import Model
 from quantscope.model.phases import phase_shapes
 from quantscope.plan.check import check
-from quantscope.plan.cost import plan_cost
+from quantscope.plan.cost import plan_cost, weight_bytes
 from quantscope.targets.profile import Target
 from quantscope.types import Plan, Problem
+
+# phases that read every weight for one token: their cost charges the weight bytes
+# (``plan_cost(weight_reads=True)``, the target's ``cost.weight_byte_macs``)
+WEIGHT_BOUND_PHASES = frozenset({"decode"})
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,7 @@ class PhaseCheck:
     seq_len: int
     problems: tuple[Problem, ...]
     cost: float  # relative to this phase's uniform a8_w8
+    weight_bytes: float = 0.0  # the weighted groups' weights at the plan's precisions
 
     @property
     def errors(self) -> int:
@@ -41,9 +48,11 @@ def check_phases(plan: Plan, models: dict[str, Model], target: Target,
         check_plan_names(plan, groups)
         shapes = phase_shapes(model, phase, seq_len)
         problems = check(plan, groups, model, target, shapes=shapes)
-        cost = plan_cost(plan, groups, target, shapes, model=model)
-        out.append(PhaseCheck(phase, seq_len, tuple(problems), cost))
+        cost = plan_cost(plan, groups, target, shapes, model=model,
+                         weight_reads=phase in WEIGHT_BOUND_PHASES)
+        out.append(PhaseCheck(phase, seq_len, tuple(problems), cost,
+                              weight_bytes(plan, groups, model)))
     return tuple(out)
 
 
-__all__ = ["PhaseCheck", "check_phases"]
+__all__ = ["WEIGHT_BOUND_PHASES", "PhaseCheck", "check_phases"]

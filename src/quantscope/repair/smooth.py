@@ -7,6 +7,7 @@ For a tensor ``t`` with a few huge channels that feeds linear ops ``y = t @ W``:
 Where ``1/s`` goes (the producer of ``t``)
 ===========================================  ==========================================
 ``LayerNormalization`` (last axis)           ``gamma / s`` and ``beta / s``
+``RMSNormalization`` (last axis)             ``gain / s`` (a decoder's norms)
 ``MatMul`` (+ bias ``Add``) / ``Gemm``       weight output columns and bias ``/ s``
 anything else                                skipped
 ===========================================  ==========================================
@@ -44,7 +45,7 @@ from quantscope.repair import (
     use_counts,
     with_initializers,
 )
-from quantscope.repair.verify import Batch, check_function
+from quantscope.repair.verify import FP32_RTOL, Batch, check_function
 from quantscope.types import Stats
 
 MAX_SCALE = 1e4
@@ -89,6 +90,13 @@ def _producer_scalables(
         if not all(p in inits for p in params):
             return "LayerNormalization gamma/beta are not initializers"
         return tuple((p, 0) for p in params)
+    if node.op_type == "RMSNormalization":  # a decoder's norm: its gain takes 1/s
+        rank = len(model.value_shapes().get(node.input[0], ()))
+        if attr(node, "axis", -1) not in (-1, rank - 1):
+            return "RMSNormalization over more than the last axis"
+        if len(node.input) < 2 or node.input[1] not in inits:
+            return "RMSNormalization gain is not an initializer"
+        return ((node.input[1], 0),)
     if node.op_type == "Add":
         bias = next((i for i in node.input if i in inits), None)
         other = next((i for i in node.input if i not in inits), None)
@@ -184,8 +192,10 @@ def smooth_outliers(
     *,
     alpha: float = 0.5,
     rescale_others: bool = False,
+    rtol: float = FP32_RTOL,
 ) -> Repair:
-    """Migrate LayerNorm-output outliers into the consuming linear ops' weights (checked)."""
+    """Migrate LayerNorm-output outliers into the consuming linear ops' weights (checked
+    within ``rtol``)."""
     start = time.perf_counter()
     m = as_model(model)
     sites, skipped = find_sites(m, rescale_others=rescale_others)
@@ -220,7 +230,7 @@ def smooth_outliers(
             pending.append((site, s))
     proto = with_initializers(m.proto, arrays)
     changes += [_rescale_node(site, s, proto) for site, s in pending]
-    diff = check_function(m.proto, proto, feeds, what="smooth_outliers")
+    diff = check_function(m.proto, proto, feeds, what="smooth_outliers", rtol=rtol)
     n_done = len(sites) - sum(1 for t, _ in skipped if t in {x.tensor for x in sites})
     return Repair(
         name="smooth_outliers",

@@ -306,10 +306,21 @@ def _chunk_copies(n: onnx.NodeProto, n_chunks: int, chunked: set[str]) -> list[o
 
 
 
+def _vocab(model: Model, name: str) -> int | None:
+    """Rows of the embedding table a ``Gather`` looks token input ``name`` up in (a
+    vocabulary below 1000 bounds the sample ids; None: no such table)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Gather" and len(n.input) == 2 and n.input[1] == name \
+                and n.input[0] in inits:
+            return int(inits[n.input[0]].dims[0])
+    return None
+
+
 def sample_feeds(model: Model, lengths: tuple[int, ...], *, shapes: Shapes | None = None,
                  seed: int = 0, what: str = "tokensplit") -> list[dict[str, np.ndarray]]:
     """Inputs to check the function on: ``[batch, sequence]`` token inputs at each length
-    (ids 100-999, masks 1, type ids 0); other float inputs normal random at their given
+    (ids 100-999, or below the vocabulary size when it is under 1000; masks 1, type ids 0); other float inputs normal random at their given
     (``shapes``) or static shape, a symbolic batch as 2 (one feed when no token input)."""
     rng = np.random.default_rng(seed)
     known, given = model.value_shapes(), dict(shapes or {})
@@ -325,9 +336,11 @@ def sample_feeds(model: Model, lengths: tuple[int, ...], *, shapes: Shapes | Non
                 dtype = ints[types[name]]
                 batch = (given.get(name) or known.get(name) or (2,))[0]
                 size = (batch if isinstance(batch, int) else 2, length)
+                vocab = _vocab(model, name)
+                low, high = (100, 1000) if vocab is None or vocab >= 1000 else (0, vocab)
                 feed[name] = (np.ones(size, dtype) if "mask" in name else
                               np.zeros(size, dtype) if "type" in name else
-                              rng.integers(100, 1000, size).astype(dtype))
+                              rng.integers(low, high, size).astype(dtype))
                 continue
             shape = given.get(name) or known.get(name) or ()
             dims = [2 if i == 0 and not isinstance(d, int) else d for i, d in enumerate(shape)]

@@ -139,7 +139,9 @@ class Rewrite:
     of its lines for the sites it left (``left: site: why``), ``site_kinds`` the change
     kinds it prints one line each for (``tensor: note``), and ``checked_on`` says what
     feeds the FP32 check ran on (``(config, seq_len, repair) -> "on ..."``; None: not
-    said). A rewrite that needs stats also tells the user to calibrate the new model.
+    said). ``rtol``: the FP32 check's bound (default :data:`FP32_RTOL`; a deep rotated
+    decoder is checked within 1e-4). A rewrite that needs stats also tells the user to
+    calibrate the new model.
 
     ``binds``: whether the target rule it ``answers`` binds on this model at this length
     (``run --rewrites auto`` tries a rewrite only where its precondition holds and this
@@ -171,6 +173,7 @@ class Rewrite:
     site_kinds: tuple[str, ...] = ()
     checked_on: Callable[[Any, int | None, GraphRepair], str] | None = None
     binds: Binds | None = None
+    rtol: float = FP32_RTOL
 
     def answers_rule(self, rule: str | None) -> bool:
         """Does this rewrite answer target rule ``rule`` (``vendor.id`` or ``id``)?"""
@@ -318,13 +321,14 @@ def _failed(rw: Rewrite, model: Model, r: GraphRepair, error: str) -> RewriteRes
 
 def run_rewrite(rw: Rewrite, model: Model, config: Any = None, *, stats: Stats | None = None,
                 seq_len: int | None = None, input_shapes: InputShapes = (),
-                rtol: float = FP32_RTOL) -> RewriteResult:
+                rtol: float | None = None) -> RewriteResult:
     """Apply ``rw`` to ``model`` with ``config`` (default: the entry's), its FP32 function
     checked on sample feeds (token feeds of :meth:`Rewrite.lengths` tokens, or float inputs
-    at their shapes) within ``rtol``. Nothing changed, or a failed check: the input
-    model's proto comes back untouched (a failed check says why in ``failed`` and one
-    note). Applied: the new proto carries its record under :data:`RECORD_KEY`."""
+    at their shapes) within ``rtol`` (None: the entry's). Nothing changed, or a failed
+    check: the input model's proto comes back untouched (a failed check says why in
+    ``failed`` and one note). Applied: the new proto carries its record under :data:`RECORD_KEY`."""
     config = rw.config() if config is None else config
+    rtol = rw.rtol if rtol is None else rtol
     if rw.needs_stats:
         stats = require_stats(model, stats, rw.name)
     given = dict(given_shapes(model, None, input_shapes) or {})

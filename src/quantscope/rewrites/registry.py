@@ -7,7 +7,8 @@ verdict and the plan's hints read it from here; nothing else names it.
 
 Order: the stats rewrites first (they read the given model's channel ranges; outscale
 keeps the hidden tensors peel reads), then headsplit (it matches Softmax chains),
-rowscale after it, tokensplit last (it chunks what the others produced).
+rowscale after it, tokensplit (it chunks what the others produced), then rotate (a
+decoder's residual stream; after the stats rewrites, whose ranges are the given model's).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Collection
 
 import onnx
 
-from quantscope.rewrites import headsplit, outscale, peel, rowscale, tokensplit
+from quantscope.rewrites import headsplit, outscale, peel, rotate, rowscale, tokensplit
 from quantscope.rewrites.base import Rewrite, recorded
 from quantscope.types import QuantscopeError
 
@@ -26,6 +27,7 @@ REWRITES: dict[str, Rewrite] = {
     "headsplit": headsplit.REWRITE,
     "rowscale": rowscale.REWRITE,
     "tokensplit": tokensplit.REWRITE,
+    "rotate": rotate.REWRITE,
 }
 
 

@@ -110,6 +110,9 @@ class CostModel:
     boundary_macs: float  # MAC-equivalents per value crossing a precision boundary
     basis: str
     estimate: bool = True
+    # MAC-equivalents per weight byte read, charged where a phase reads every weight for
+    # one token (a decoder's decode step: bound by weight bandwidth); 0: not charged
+    weight_byte_macs: float = 0.0
 
     def factor(self, kind: str, precision: Precision) -> float | None:
         """Relative cost; for non-weighted kinds only the activation bits matter."""
@@ -179,7 +182,8 @@ _SCHEME_KEYS = frozenset(
 )
 _RULE_KEYS = frozenset({"id", "check", "severity", "reason", "provenance", "fix", "params"})
 _PARAM_KEYS = frozenset({"value", "estimate", "note"})
-_COST_KEYS = frozenset({"basis", "estimate", "relative", "value_macs", "boundary_macs"})
+_COST_KEYS = frozenset({"basis", "estimate", "relative", "value_macs", "boundary_macs",
+                        "weight_byte_macs"})
 SEVERITIES = ("error", "warning", "info")
 # The check functions a rule can name: the keys of ``quantscope.plan.check.CHECKS`` (a test
 # keeps the two equal; the profile layer cannot import the planner above it).
@@ -303,6 +307,8 @@ def _parse_cost(raw: dict[str, Any], source: str) -> CostModel:
                                    source, zero=True),
         basis=_typed(_require(raw, "basis", "[cost]", source), str, "cost.basis", source),
         estimate=_typed(raw.get("estimate", True), bool, "cost.estimate", source),
+        weight_byte_macs=_cost_number(raw.get("weight_byte_macs", 0.0),
+                                      "cost.weight_byte_macs", source, zero=True),
     )
 
 
