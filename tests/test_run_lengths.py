@@ -176,3 +176,24 @@ def test_several_lengths_must_beat_one_model_by_more_than_two_standard_errors():
         err = B.Errors(reference=None, errors=np.stack([base, noisy]), embeddings=(), notes=())
         keep, why = L._keep_one(sel, err, many, one)
         assert keep is kept and ("as good" in why) is kept
+
+
+def test_without_seq_len_the_run_plans_checks_and_compiles_at_the_longest_fit_text(tiny_run,
+                                                                                   capsys):
+    """Text data and no --seq-len: the run's length is the widest fit batch, said in one
+    line and used by every stage as if given (before, the plan and the check saw symbolic
+    dims: a size rule such as hailo.super_defuse could not be judged)."""
+    from quantscope.pipeline.data import open_fit_data, widest_text_batch
+
+    tmp_path, m, out, args = tiny_run
+    assert main([*args, "--lengths", "off"]) == 0
+    said = capsys.readouterr().err
+    fit = open_fit_data(stages.open_model(str(m)), "stdlib-docs", eval_data=None, pairs=PAIRS,
+                        tokenizer=None)
+    widest = widest_text_batch(fit)
+    assert widest is not None and f"seq-len: {widest} tokens, the longest fit text" in said
+    assert read_json(out / "check.json", "check")["seq_len"] == widest
+    given = tmp_path / "G"
+    assert main([*args[:-1], str(given), "--lengths", "off", "--seq-len", "16"]) == 0
+    assert "the longest fit text" not in capsys.readouterr().err
+    assert read_json(given / "check.json", "check")["seq_len"] == 16

@@ -91,6 +91,7 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
                  progress: bool = True) -> RunResult:
     """Run every stage not yet done on these inputs (``force``: rerun from that stage)."""
     opts.check()
+    opts = at_data_length(opts, progress)
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
     # every input is opened (and a split that cannot be made fails) before any stage runs
@@ -109,6 +110,34 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
         _remove_stale(folder)
         keep_rewritten(folder, opts, made)
         return _run(Context(opts, folder, progress=progress, _cache=early), force)
+
+
+def at_data_length(opts: RunOptions, progress: bool) -> RunOptions:
+    """Without ``--seq-len`` (and ``--input-shape``), retrieval text fixes the length the
+    whole run rewrites, plans, checks and compiles at: its widest fit batch (the longest
+    text, truncated by the tokenizer), said in one line, as if given. Without it a target
+    rule that depends on the size (``hailo.super_defuse``) cannot be judged, so the
+    planner had to keep everything it touches at 8 bit and the auto rewrites could not
+    ask whether ``tokensplit`` applies."""
+    from quantscope.pipeline.data import _is_pairs, open_fit_data, widest_text_batch
+
+    if opts.seq_len is not None or opts.input_shapes or not _is_pairs(opts.data):
+        return opts
+    from dataclasses import replace
+
+    from quantscope import stages
+
+    model = stages.open_model(opts.model)
+    fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
+                        tokenizer=opts.tokenizer)
+    widest = widest_text_batch(fit)
+    if widest is None:
+        return opts
+    from quantscope.progress import say
+
+    say(f"seq-len: {widest} tokens, the longest fit text (give --seq-len N to plan, check "
+        "and compile at another length)", show=progress)
+    return replace(opts, seq_len=widest)
 
 
 def _check_inputs(model: Model, opts: RunOptions, progress: bool) -> None:

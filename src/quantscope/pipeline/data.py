@@ -74,6 +74,15 @@ def open_fit_data(model: Model, data: str, *, eval_data: str | None, pairs: int 
     return fit
 
 
+def widest_text_batch(fit: Dataset) -> int | None:
+    """The length text data is measured at without ``--seq-len``: its widest padded
+    evaluation batch (the tokenizer truncates longer texts); None for other data."""
+    enc = getattr(fit.task, "encoder", None)
+    ids = enc.input_name("input_ids") if enc is not None else None
+    widths = [np.asarray(b[ids]).shape[1] for b in fit.evaluation if ids in b]
+    return max(widths) if widths else None
+
+
 def _is_pairs(spec: str) -> bool:
     from quantscope.tasks.text import STDLIB_DOCS
 

@@ -28,6 +28,7 @@ import numpy as np
 from quantscope import stages
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
+from quantscope.pipeline.data import widest_text_batch
 from quantscope.plan.deployment import Candidate, Deployment
 from quantscope.progress import say
 from quantscope.types import QuantscopeError
@@ -53,7 +54,7 @@ def deploy(ctx: Context) -> steps.Done:
                             "reason": "turned off (--lengths off): one compiled model"})
     model, rd, target = ctx.model(), ctx.data(), ctx.target()
     token_lengths = rd.fit.token_lengths
-    longest = o.seq_len or _widest(rd.fit)
+    longest = o.seq_len or widest_text_batch(rd.fit)
     decision = L.decide_lengths(model, target, token_lengths, longest=longest,
                                 given=mode or None)
     doc.update({"considered": token_lengths is not None, "buckets": decision.buckets,
@@ -133,12 +134,3 @@ def _feeds(fit: Any) -> list[list[str]]:
     ``input_ids`` padded, ``attention_mask`` 1 then 0, ``token_type_ids`` 0)."""
     enc = getattr(fit.task, "encoder", None)
     return [[role, name, str(dtype)] for role, name, dtype in enc.inputs] if enc else []
-
-
-def _widest(fit: Any) -> int | None:
-    """The length the run measured text data at without ``--seq-len``: its widest padded
-    batch (the tokenizer truncates longer texts); None for other data."""
-    enc = getattr(fit.task, "encoder", None)
-    ids = enc.input_name("input_ids") if enc is not None else None
-    widths = [np.asarray(b[ids]).shape[1] for b in fit.evaluation if ids in b]
-    return max(widths) if widths else None
