@@ -130,8 +130,11 @@ def test_evaluate_plans_with_the_engine_measures_what_the_full_pass_measures(pre
     assert engine.counts.plans == 3
 
 
-def test_the_planner_measures_incrementally_and_records_the_engine(prepared):
-    from quantscope.stages import PlanOptions, evaluate_plan, plan_evaluator, plan_model
+@pytest.fixture(scope="module")
+def planned(prepared):
+    """``plan_model`` on the tiny encoder (gains rising with group order, max cost 1.2 on
+    ort-cpu): the model, statistics, data, group names, target and the result."""
+    from quantscope.stages import PlanOptions, plan_model
     from quantscope.targets import load_target
 
     model, stats, batches = prepared
@@ -141,6 +144,13 @@ def test_the_planner_measures_incrementally_and_records_the_engine(prepared):
                                                     for i, g in enumerate(names)})
     target = load_target("ort-cpu")
     out = plan_model(model, sens, target, PlanOptions(max_cost=1.2), data=data, stats=stats)
+    return model, stats, data, names, target, out
+
+
+def test_the_planner_measures_incrementally_and_records_the_engine(planned):
+    from quantscope.stages import evaluate_plan, plan_evaluator
+
+    model, stats, data, names, target, out = planned
     rec = out.work  # what the engine did: work, kept out of the plan file
     assert out.pareto["engine"].startswith("ort (incremental") and "incremental" not in out.pareto
     assert rec["engine"].startswith("ort (incremental, ") and rec["plans"] >= 2
@@ -194,21 +204,14 @@ def test_an_engine_in_use_travels_to_another_process_without_its_sessions(prepar
     assert copy.counts.plans == 2
 
 
-def test_the_chosen_plans_recorded_figure_is_a_fresh_measurement_in_the_named_metric(prepared):
+def test_the_chosen_plans_recorded_figure_is_a_fresh_measurement_in_the_named_metric(planned):
     """The search's measurements are in the data's headline metric, the analysis' gains in
     its own: the plan file names both, and the chosen plan's recorded figure equals a fresh
     measurement of the returned plan in the measured metric (before, the figure was
     labelled with the analysis' metric: 29.6 'sqnr_db' for a plan whose sqnr_db is 32.8)."""
-    from quantscope.stages import PlanOptions, plan_evaluator, plan_model
-    from quantscope.targets import load_target
+    from quantscope.stages import plan_evaluator
 
-    model, stats, batches = prepared
-    data = Dataset("tiny", calibration=tuple(batches), evaluation=tuple(batches))
-    names = find_groups(model).names()
-    sens = Sensitivity.from_gains("sqnr_db", 10.0, {g: {"a16_w16": 1.0 + i / 10}
-                                                    for i, g in enumerate(names)})
-    target = load_target("ort-cpu")
-    out = plan_model(model, sens, target, PlanOptions(max_cost=1.2), data=data, stats=stats)
+    model, stats, data, names, target, out = planned
     measured = out.pareto["measured_metric"]
     assert out.pareto["metric"] == "sqnr_db" and measured != "sqnr_db"
     assert dict(out.plan.meta)["measured_metric"] == measured
