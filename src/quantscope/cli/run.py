@@ -8,7 +8,7 @@ from typing import Any
 
 from quantscope import stages
 from quantscope.analyze.evalcache import EvalCache
-from quantscope.cli.inputs import input_shapes, open_inputs
+from quantscope.cli.inputs import input_shapes, open_inputs, text_prefixes
 from quantscope.cli.options import (
     add_layout,
     budget_parent,
@@ -211,7 +211,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       seq_len=args.seq_len, input_shapes=input_shapes(args),
                       pairs=None if args.pairs == 0 else args.pairs,
                       metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
-                      method=args.method, proxy=args.proxy,
+                      prefixes=text_prefixes(args), method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, whatif=args.whatif,
                       rank_engine=args.rank_engine,
                       race=args.race,

@@ -49,7 +49,7 @@ class StageSpec:
 
 # options added after run folders existed: in a stage's key only when set, so a folder
 # made before them resumes without redoing the stage
-UNKEYED_AT_NONE = frozenset({"race"})
+UNKEYED_AT_NONE = frozenset({"race", "prefixes"})
 
 _REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
 STAGES: dict[str, StageSpec] = {
@@ -70,7 +70,7 @@ STAGES: dict[str, StageSpec] = {
     "deploy": StageSpec(deploy_step, (steps.STATS, *_REPAIRED),
                         ("target", "max_cost", "seq_len", "lengths", "hn"), True),
     "export": StageSpec(steps.export, _REPAIRED, ("target", "hn"), False),
-    "io": StageSpec(steps.io, (*_REPAIRED, steps.LENGTHS), (), False),
+    "io": StageSpec(steps.io, (*_REPAIRED, steps.LENGTHS), ("prefixes",), False),
     "report": StageSpec(report_step, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
                                        steps.IO, steps.ALLS, steps.QNN, *_REPAIRED,
                                        steps.LENGTHS),
@@ -129,7 +129,7 @@ def at_data_length(opts: RunOptions, progress: bool) -> RunOptions:
 
     model = stages.open_model(opts.model)
     fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
-                        tokenizer=opts.tokenizer)
+                        tokenizer=opts.tokenizer, prefixes=opts.prefixes)
     widest = widest_text_batch(fit)
     if widest is None:
         return opts
@@ -176,14 +176,16 @@ def check_run_inputs(model: Model, opts: RunOptions) -> None:
     load_target(opts.target)
     axes = dict(opts.batch_axes) or None
     fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer, max_pairs=opts.pairs,
-                           layout=opts.layout, batch_axes=axes, show=False)
+                           layout=opts.layout, batch_axes=axes, show=False,
+                           prefixes=opts.prefixes)
     sets = [(opts.data, fit)]
     if opts.eval_data:
         sets.append((opts.eval_data, stages.open_data(opts.eval_data, model,
                                                       tokenizer=opts.tokenizer,
                                                       max_pairs=opts.pairs,
                                                       layout=opts.layout,
-                                                      batch_axes=axes, show=False)))
+                                                      batch_axes=axes, show=False,
+                                                      prefixes=opts.prefixes)))
     for spec, ds in sets:
         for batch in (*ds.calibration, *ds.evaluation):
             check_token_ids(batch, model, spec)

@@ -256,6 +256,8 @@ def io(ctx: Context) -> Done:
     rows = stages.device_io_rows(*repaired(ctx))
     stages.write_json(ctx.path(IO), DeviceIOResult(io=rows, note=dio.PROVENANCE).to_dict())
     snippet = dio.python_snippet(rows)
+    if ctx.opts.prefixes:  # the host must put the same text before queries and documents
+        snippet += "\n" + dio.text_snippet(ctx.opts.prefixes.query, ctx.opts.prefixes.document)
     lengths = ctx.path(LENGTHS)
     doc = stages.read_json_file(lengths, LENGTHS) if lengths.is_file() else {}
     if doc.get("deployment"):  # several compiled lengths (or one kept): the host's router

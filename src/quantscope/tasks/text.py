@@ -6,6 +6,11 @@
                     512 calibration texts disjoint from every pair
 user pairs          JSONL, one ``{"query": ..., "document": ...}`` object per line
 user calibration    a text file, one sentence per line (blank lines skipped)
+text prefixes       ``TextPrefixes`` (``--query-prefix``, ``--doc-prefix``): what an encoder
+                    trained with prefixes sees first (e5 ``query: `` / ``passage: ``, bge's
+                    query instruction): the query prefix on queries (and on both sentences
+                    of similarity pairs), the document prefix on documents and on
+                    calibration texts (calibration text is documents)
 encoder             inputs matched by name: ``input_ids``, ``attention_mask``, optional
                     ``token_type_ids``; output: token embeddings [B,S,H] (preferred; mean
                     pooled over the attention mask, as sentence-transformers does) or a
@@ -188,6 +193,38 @@ def _existing(path: str | Path, what: str) -> Path:
     if not path.is_file():
         raise QuantscopeError(f"{what} file not found: {path}")
     return path
+
+
+@dataclass(frozen=True)
+class TextPrefixes:
+    """Text put before every query and every document (and calibration text) before
+    tokenizing, as the encoder was trained: e5's ``query: `` / ``passage: ``, bge's query
+    instruction. Empty strings: no prefix (the default)."""
+
+    query: str = ""
+    document: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.query or self.document)
+
+    def queries(self, texts: Sequence[str]) -> tuple[str, ...]:
+        return tuple(self.query + t for t in texts)
+
+    def documents(self, texts: Sequence[str]) -> tuple[str, ...]:
+        return tuple(self.document + t for t in texts)
+
+    def describe(self) -> str:
+        """One clause for the data notes and the provenance."""
+        if not self:
+            return "no text prefixes"
+        return (f"text prefixes: queries {self.query!r}, documents and calibration texts "
+                f"{self.document!r} (prepended before tokenizing)")
+
+    def to_dict(self) -> dict[str, str]:
+        return {"query": self.query, "document": self.document}
+
+
+NO_PREFIXES = TextPrefixes()
 
 
 # --------------------------------------------------------------------------- tokenizer
