@@ -132,7 +132,7 @@ def _lookup_lines(lookup: dict[str, Any], var: str) -> list[str]:
     """The host's lookup of one table: load it from the FP32 model, index it."""
     return [
         f"# {lookup_line(lookup)}",
-        "# (the compiler expects this lookup outside the compiled graph: cut the graph",
+        "# (the target keeps this lookup outside the compiled graph: cut the graph",
         f"# after {lookup['node']}; quantize the rows with to_device_{var})",
         f"def load_table_{var}(fp32_model_path):",
         f'    """{lookup["table"]} {lookup["shape"]} {lookup["dtype"]}, from the FP32 model."""',

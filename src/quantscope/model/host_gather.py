@@ -66,9 +66,9 @@ class HostGather:
                 "indices": self.indices, "output": self.output}
 
 
-def host_gathers(model: Model, min_rows: int) -> tuple[HostGather, ...]:
+def host_gathers(model: Model | onnx.ModelProto, min_rows: int) -> tuple[HostGather, ...]:
     """Every Gather the host does (module table), in graph order; none when
-    ``min_rows`` is 0 or less."""
+    ``min_rows`` is 0 or less (``min_rows`` 1: every table lookup by an input)."""
     if min_rows <= 0:
         return ()
     graph = model.graph

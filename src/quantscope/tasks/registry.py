@@ -51,8 +51,8 @@ from quantscope.tasks.text import (
     load_sts,
     load_tokenizer,
     make_batches,
-    model_tokenizer,
     pool,
+    text_tokenizer,
     token_lengths,
     truncate_batches,
     truncate_feeds,
@@ -310,7 +310,7 @@ def text_dataset(
     token length of every evaluation text); ``prefixes`` put before the texts as
     :class:`TextPrefixes` says."""
     enc = detect_encoder(model.proto)
-    tok_file = tokenizer or model_tokenizer(model.source, model.proto)
+    tok_file = text_tokenizer(model.source, model.proto, tokenizer)
     tok = load_tokenizer(tok_file)
     if is_sts_file(spec):
         sts = load_sts(spec)

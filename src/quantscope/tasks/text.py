@@ -291,6 +291,32 @@ def model_tokenizer(model_file: str | Path, proto: onnx.ModelProto) -> Path | No
     return beside if Path(model_file).is_file() and beside.is_file() else None
 
 
+def text_tokenizer(model_file: str | Path, proto: onnx.ModelProto,
+                   given: str | Path | None) -> str | Path | None:
+    """The tokenizer text data is read with: ``given`` (``--tokenizer``), else the one the
+    model names or sits with (:func:`model_tokenizer`), else the packaged one (None) when
+    it fits: when the table that the model's ``input_ids`` index has another number of
+    rows than the packaged vocabulary, one line asks for ``--tokenizer`` (the packaged ids
+    would index the wrong rows, in range and silently)."""
+    if given:
+        return given
+    found = model_tokenizer(model_file, proto)
+    if found is not None:
+        return found
+    from quantscope.model.host_gather import host_gathers
+
+    ids = detect_encoder(proto).input_name("input_ids")
+    rows = {g.shape[0] for g in host_gathers(proto, 1) if g.indices == ids}
+    packaged = load_tokenizer().get_vocab_size(with_added_tokens=True)
+    if rows and packaged not in rows:
+        raise QuantscopeError(
+            f"model '{Path(model_file).name}' names no tokenizer and has no tokenizer.json "
+            f"beside it, and its {ids} index a table of {min(rows):,} rows, not the "
+            f"{packaged:,} of the packaged one (uncased BERT): pass --tokenizer "
+            "TOKENIZER.json (the model's own, e.g. from its Hugging Face folder)")
+    return None
+
+
 def describe_tokenizer(path: str | Path | None) -> str:
     return f"tokenizer {Path(path).name}" if path else f"tokenizer {TOKENIZER_FILE} (packaged)"
 
