@@ -310,10 +310,13 @@ def text_dataset(
     token length of every evaluation text); ``prefixes`` put before the texts as
     :class:`TextPrefixes` says."""
     enc = detect_encoder(model.proto)
+    sts = load_sts(spec) if is_sts_file(spec) else None  # the data first: its errors first
+    pairs = load_pairs(spec) if sts is None and (
+        spec == STDLIB_DOCS or spec.endswith(".jsonl")) else None
+    plain = load_calibration_texts(spec) if sts is None and pairs is None else ()
     tok_file = text_tokenizer(model.source, model.proto, tokenizer)
     tok = load_tokenizer(tok_file)
-    if is_sts_file(spec):
-        sts = load_sts(spec)
+    if sts is not None:
         n = min(len(sts), max_pairs or len(sts))
         sts = StsPairs(sts.first[:n], sts.second[:n], sts.scores[:n], sts.source)
         texts = list(prefixes.queries(sts.first)) + list(prefixes.queries(sts.second))
@@ -321,8 +324,7 @@ def text_dataset(
         calib_texts = tuple(texts[:CALIB_TEXTS])
         task: RetrievalTask | StsTask | None = StsTask(
             name=f"sts:{sts.source}", pairs=sts, batches=eval_b, encoder=enc)
-    elif spec == STDLIB_DOCS or spec.endswith(".jsonl"):
-        pairs = load_pairs(spec)
+    elif pairs is not None:
         n = min(len(pairs), max_pairs or len(pairs))
         calib_texts = prefixes.documents(load_calibration_texts(STDLIB_DOCS)
                                          if spec == STDLIB_DOCS
@@ -333,7 +335,7 @@ def text_dataset(
         task = RetrievalTask(name=f"retrieval:{pairs.source}", n_pairs=n, batches=eval_b,
                              encoder=enc)
     else:
-        calib_texts = prefixes.documents(load_calibration_texts(spec))
+        calib_texts = prefixes.documents(plain)
         eval_b = make_batches(calib_texts, tok, enc, batch_size=batch_size)
         task = None
     calib = make_batches(calib_texts[:CALIB_TEXTS], tok, enc, batch_size=batch_size)
