@@ -18,8 +18,11 @@ every precision is allowed for the group's op kind (``precision.not_allowed``).
 
 A lookup the target leaves to the host (``[host_embedding]`` in its TOML: a Gather of a
 large table by an integer model input, :mod:`quantscope.model.host_gather`) is no device
-layer: no target rule judges it, and one ``info`` problem (rule ``host.embedding``) says
-so, with the table and the profile's reason and provenance.
+layer, but its rows enter the compiled graph as an input tensor at the group's precision:
+the target's rules still judge that tensor (e.g. ``hailo.super_defuse`` on a 16-bit
+[T, hidden] input: whether the compiler takes one that wide is not known, so the
+conservative answer stands), and one ``info`` problem (rule ``host.embedding``) says the
+host runs the lookup, with the table and the profile's reason and provenance.
 
 Adding a target rule: write ``check_<name>(rule, group, precision, ctx) -> Problem |
 None`` here, register it in :data:`CHECKS`, and add a ``[[rules]]`` entry with
@@ -429,7 +432,8 @@ def _host_notes(groups: Groups, model: Model, target: Target) -> dict[str, Probl
         out[name] = Problem(
             group=name, rule=HOST_RULE, severity="info",
             reason=f"the lookup of {lookup.describe()} runs on the host, not as a device "
-            f"layer: no rule of {target.name} judges it and the cost leaves it out "
+            f"layer: the cost leaves it out, and {target.name}'s rules judge its rows as the "
+            f"compiled graph's input tensor "
             f"(tables of {host.min_rows:,}+ rows{', an estimate' if host.rows.estimate else ''}"
             f"): {host.reason}",
             provenance=f"{host.provenance}; target {target.name} ({target.sdk})",
@@ -467,8 +471,6 @@ def check(
     host = _host_notes(groups, model, target)
     problems += host.values()
     for g in groups.groups:
-        if g.name in host:
-            continue  # the host runs it: no device rule applies
         precision = plan.precision_of(g.name)
         for rule in target.rules:
             found = CHECKS[rule.check](rule, g, precision, ctx)
