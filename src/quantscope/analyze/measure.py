@@ -169,36 +169,47 @@ def evaluate_plans(
                 **({"engine": measured_by[0]} if engine is not None else {}),
                 "notes": [*model.notes, *data.notes, *q_notes, ONLY_NOTE.format(only)]}
             continue
-        # raw outputs judged unless a task reads them its own way (text: padded tokens);
-        # a row-local output task (detections, maps) reads the raw outputs themselves
-        judge = data.task is None or getattr(data.task, "row_local", False)
-        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
-                                 "channel_axes": output_channel_axes(model, batches)}
-        if ref is None:
-            fp32 = open_runs((reference or model).proto, batches)
-            fid, ref_kept, test = compare_models(fp32, emulated, **score)
-        else:
-            fid, test = compare_model(emulated, ref, **score)
-        metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
-        scaled: dict[str, Any] = {}
-        if data.task is not None:
-            tm = data.task.metrics(ref_kept, test)
-            metrics.update(tm.values)
-            tables.update(tm.tables)
-            task_notes = (*task_notes, *tm.notes)
-            if error_scales:
-                scaled = {"error_scales": [
-                    {"scale": float(f), **data.task.metrics(
-                        ref_kept, scale_error(ref_kept, test, f)).values}
-                    for f in error_scales]}
-        results[label] = {
-            "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
-            "method": method or stats.method, "metrics": metrics, "outputs": tables,
-            "coverage": coverage, **saturated, **scaled,
-            **({"engine": measured_by[0]} if engine is not None else {}),
-            "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
-        }
+        results[label] = _scored(model, data, stats, plan, batches, emulated, ref, ref_kept,
+                                 keep, reference=reference, method=method, error_scales=error_scales,
+                                 head={"coverage": coverage, **saturated}, q_notes=q_notes,
+                                 measured_by=measured_by[0] if engine is not None else None)
     return results
+
+
+def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list[Batch],
+            emulated: Runs, ref: Outputs | None, ref_kept: Outputs | None, keep: Any, *,
+            reference: Model | None, method: str | None, error_scales: Sequence[float],
+            head: dict[str, Any], q_notes: tuple[str, ...], measured_by: str | None
+            ) -> dict[str, Any]:
+    """One plan's result with every metric: output fidelity and the task's figures."""
+    # raw outputs judged unless a task reads them its own way (text: padded tokens);
+    # a row-local output task (detections, maps) reads the raw outputs themselves
+    judge = data.task is None or getattr(data.task, "row_local", False)
+    score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
+                             "channel_axes": output_channel_axes(model, batches)}
+    if ref is None:
+        fp32 = open_runs((reference or model).proto, batches)
+        fid, ref_kept, test = compare_models(fp32, emulated, **score)
+    else:
+        fid, test = compare_model(emulated, ref, **score)
+    metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
+    scaled: dict[str, Any] = {}
+    if data.task is not None:
+        tm = data.task.metrics(ref_kept, test)
+        metrics.update(tm.values)
+        tables.update(tm.tables)
+        task_notes = (*task_notes, *tm.notes)
+        if error_scales:
+            scaled = {"error_scales": [
+                {"scale": float(f), **data.task.metrics(
+                    ref_kept, scale_error(ref_kept, test, f)).values}
+                for f in error_scales]}
+    return {
+        "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
+        "method": method or stats.method, "metrics": metrics, "outputs": tables,
+        **head, **scaled, **({"engine": measured_by} if measured_by is not None else {}),
+        "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
+    }
 
 
 ONLY_NOTE = ("scored: {} only (what the ranking reads); the plan's other figures are "
