@@ -172,6 +172,14 @@ class _Progress:
             text = "  ".join(f"{k} {v:.5g}" for k, v in info.items())
             print(f"finetune: {text}  ETA {self.eta(step):.0f} s", file=sys.stderr, flush=True)
 
+    def started(self, holdout: float) -> None:
+        """The held-out metric before training (a plain line: the first evaluation comes
+        only after ``eval_every`` steps)."""
+        if self.enabled and self.bar is None:
+            limit = f" (up to {self.max_seconds:.0f} s)" if self.max_seconds else ""
+            print(f"finetune: step {self.start}  holdout {holdout:.5g}, training {self.total}"
+                  f" steps at most{limit}", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -343,6 +351,7 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
         d.history.append({"step": 0, "loss": float("nan"), "holdout": before, "seconds": 0.0})
         d.remember_if_best(before)
     bar = _Progress(config.steps, d.step, progress, config.max_seconds)
+    bar.started(d.history[-1]["holdout"])
     losses: list[float] = []
     while d.step < config.steps:
         key = _batch_index(d.step, len(train), config.seed)
