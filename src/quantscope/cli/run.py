@@ -100,6 +100,12 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     "(candidates per length chosen on the fit pairs, measured held out: "
                     "deployment.json, len-N/, a router in io_snippet.py); 'off': one model; "
                     "or the lengths to choose from, e.g. 64,128")
+    ru.add_argument("--finetune", choices=("auto", "off", "on"), default="auto",
+                    help="fine-tune the final plan (PyTorch: pip install 'quantscope[finetune]'; "
+                    "CUDA when it sees a GPU) within what the plan search left of --budget, "
+                    "kept only when it measures better on the fit data by more than the "
+                    "noise: 'auto' (default) when the plan misses --goal there, 'on' always, "
+                    "'off' never")
     ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE "
                     f"({', '.join(RUN_STAGES)})")
     ru.add_argument("--out", dest="folder", type=run_folder, required=True,
@@ -217,7 +223,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                       race=args.race,
                       layout=tuple(args.layout), lengths=args.lengths,
                       batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
-                      budget=args.budget, **repairs, **run_rewrites(args))
+                      budget=args.budget, finetune=args.finetune, **repairs,
+                      **run_rewrites(args))
     opts.check()  # the rewrites' options together, before the model is opened
     if args.layout:  # checked against the model's outputs before the run folder is made
         layout_tasks(stages.open_model(args.model), tuple(args.layout), args.data)

@@ -60,8 +60,10 @@ STAGES: dict[str, StageSpec] = {
                        "repairs",
                        "repair_batches", "race", "auto_rewrites"), True, ranked=True,
                       redo=steps.plan_budget_grew),
-    "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
-                        True),
+    # the repairs, then the fine-tune (--finetune; auto: when the goal is missed on the fit
+    # data: pipeline/tune.py), whose outcome depends on the goal and the metric
+    "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN),
+                        ("target", "repair_batches", "finetune", "goal", "metric"), True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
     "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED), ("target", "metric", "whatif"),
                           True),

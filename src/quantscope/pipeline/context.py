@@ -95,6 +95,9 @@ class RunOptions:
     # the fit data (quantscope.pipeline.auto); with the default repairs, it adds a repair
     # that answers a rule refusing the run's uniform a8_w8 plan (rank4 for q::linearclip)
     auto_rewrites: bool = False
+    # --finetune: "auto" (when the goal is missed on the fit data and torch imports), "off",
+    # "on" (pipeline/tune.py: the last part of the repair stage)
+    finetune: str = "auto"
 
     def rewrite_configs(self) -> tuple[tuple[Rewrite, Any], ...]:
         """The rewrites this run applies, in the registry's order, each with its config:
@@ -125,6 +128,8 @@ class RunOptions:
         if self.rank_engine not in RANK_ENGINES or self.rank_engine == "torch":
             resolve_engine(self.rank_engine)  # one line: unknown, or torch not installed
         self.length_choice()
+        if self.finetune not in ("auto", "off", "on"):
+            raise QuantscopeError(f"--finetune must be auto, off or on, not '{self.finetune}'")
         if self.auto_rewrites and self.rewrite_configs():
             raise QuantscopeError("--rewrites auto chooses the rewrites itself: name them "
                                   "instead (--rewrites a,b) or leave the rewrite flags out")
