@@ -299,6 +299,7 @@ class PerHead:
     skipped: tuple[tuple[str, str], ...]
     qkv: int  # full-width Q/K/V Concats replaced by per-head ones
     contexts: int  # heads' context Concats replaced by per-chunk ones
+    relays: int = 0  # values passed through identity Linears (relay_values)
 
 
 def _readers(nodes: Sequence[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
@@ -415,11 +416,17 @@ class _Inits:
             self.made[name] = numpy_helper.from_array(np.array(values, np.int64), name)
         return name
 
+    def add(self, tensor: onnx.TensorProto) -> None:
+        self.made[tensor.name] = tensor
 
-def _qkv_nodes(m: _Qkv, n_chunks: int, inits: _Inits) -> list[onnx.NodeProto]:
+
+def _qkv_nodes(m: _Qkv, n_chunks: int, inits: _Inits, *, relay: bool = False
+               ) -> list[onnx.NodeProto]:
     """Per head ``h``: each chunk's columns of head ``h`` (Slice), a Concat over the
     tokens ([B, T, d]), Reshape to [B, T, 1, d] and the original Transpose: the tensor
-    headsplit's Slice of head ``h`` wrote, under its name."""
+    headsplit's Slice of head ``h`` wrote, under its name. ``relay``: a [d, d] identity
+    MatMul (``<Concat>/head<h>/relay``) after the Concat, so attention reads a Linear's
+    output and the Concat a Linear reads (FP32 exact: ``x @ I = x``)."""
     o, r, t, d = m.concat.output[0], m.reshape.output[0], m.transpose.output[0], m.width
     axes = inits("tokensplit/axes2", [2])
     shape = inits(f"tokensplit/head_shape{d}", [0, 0, 1, d])
@@ -429,10 +436,15 @@ def _qkv_nodes(m: _Qkv, n_chunks: int, inits: _Inits) -> list[onnx.NodeProto]:
                                                                   [(h + 1) * d])
         out += [helper.make_node("Slice", [f"{o}/tok{i}", lo, hi, axes], [f"{o}/tok{i}/head{h}"],
                                  name=f"{o}/tok{i}/slice_head{h}") for i in range(n_chunks)]
+        cat = f"{o}/head{h}/cat" if relay else f"{o}/head{h}"
+        out.append(helper.make_node("Concat", [f"{o}/tok{i}/head{h}" for i in range(n_chunks)],
+                                    [cat], name=f"{m.concat.name}/head{h}", axis=TOKEN_AXIS))
+        if relay:
+            eye = f"tokensplit/relay{h}_{m.concat.name}"
+            inits.add(numpy_helper.from_array(np.eye(d, dtype=np.float32), eye))
+            out.append(helper.make_node("MatMul", [cat, eye], [f"{o}/head{h}"],
+                                        name=f"{m.concat.name}/head{h}/relay"))
         out += [
-            helper.make_node("Concat", [f"{o}/tok{i}/head{h}" for i in range(n_chunks)],
-                             [f"{o}/head{h}"], name=f"{m.concat.name}/head{h}",
-                             axis=TOKEN_AXIS),
             helper.make_node("Reshape", [f"{o}/head{h}", shape], [f"{r}/head{h}"],
                              name=f"{m.reshape.name}/head{h}"),
             helper.make_node("Transpose", [f"{r}/head{h}"], [f"{t}/head{h}"],
@@ -465,7 +477,7 @@ def _context_nodes(m: _Context, n_chunks: int, inits: _Inits) -> list[onnx.NodeP
 
 
 def keep_heads(nodes: Sequence[onnx.NodeProto], shapes: Shapes, n_chunks: int,
-               outputs: Collection[str]) -> PerHead:
+               outputs: Collection[str], *, relay_values: bool = False) -> PerHead:
     """A token-split (``--linears``), head-split graph with no full-width [T, C] Concat
     between the token chunks and the heads (``nodes``: the token-split node list;
     ``shapes``: the unsplit model's tensor shapes at the split length; ``outputs``: the
@@ -483,7 +495,10 @@ def keep_heads(nodes: Sequence[onnx.NodeProto], shapes: Shapes, n_chunks: int,
     =============  ====================================================================
 
     The largest new Concat holds ``T * d`` (Q/K/V) or ``chunk * C`` (context) values per
-    frame. Nodes no longer read (the full-width Concats, their Reshapes' shape
+    frame. ``relay_values``: each head's values (the context MatMul's second operand) pass
+    through a [d, d] identity MatMul after their Concat, so the attention reads a Linear's
+    output (which ``hailo.attention_16bit`` lets be 16 bit) instead of a Concat's (which
+    it keeps at 8 bit); FP32 exact, ``T * d * d`` MACs per head. Nodes no longer read (the full-width Concats, their Reshapes' shape
     computations, a layer output Concat read only by them) are dropped."""
     readers = _readers(nodes)
     position = {n.name: k for k, n in enumerate(nodes)}
@@ -492,7 +507,7 @@ def keep_heads(nodes: Sequence[onnx.NodeProto], shapes: Shapes, n_chunks: int,
     gone: set[str] = set()
     changes: list[Change] = []
     skipped: list[tuple[str, str]] = []
-    qkv = contexts = 0
+    qkv = contexts = relays = 0
     for n in nodes:
         if n.op_type != "Concat":
             continue
@@ -506,13 +521,17 @@ def keep_heads(nodes: Sequence[onnx.NodeProto], shapes: Shapes, n_chunks: int,
         if isinstance(found, _Qkv):
             t = found.transpose.output[0]
             heads = readers[t]
-            before.setdefault(n.name, []).extend(_qkv_nodes(found, n_chunks, inits))
+            relay = relay_values and _is_values(found, readers)
+            before.setdefault(n.name, []).extend(_qkv_nodes(found, n_chunks, inits,
+                                                            relay=relay))
             gone.update({n.name, found.reshape.name, found.transpose.name,
                          *(s.name for s in heads)})
             changes.append(Change(tensor=n.output[0], kind="split", note=(
                 f"kept per head: {found.heads} Concats over tokens of [B, T, {found.width}] "
-                "instead of one full-width Concat")))
+                "instead of one full-width Concat"
+                + (", each read by a [d, d] identity Linear (the values)" if relay else ""))))
             qkv += 1
+            relays += relay
             continue
         x = found.reshape.output[0]
         first = min(readers[x], key=lambda s: position[s.name])
@@ -529,7 +548,15 @@ def keep_heads(nodes: Sequence[onnx.NodeProto], shapes: Shapes, n_chunks: int,
     removed = {o for n in nodes if n.name in gone or n.name in dropped for o in n.output}
     return PerHead(nodes=tuple(order), initializers=tuple(inits.made.values()),
                    changes=tuple(changes), removed=frozenset(removed - _written(order)),
-                   skipped=tuple(skipped), qkv=qkv, contexts=contexts)
+                   skipped=tuple(skipped), qkv=qkv, contexts=contexts, relays=relays)
+
+
+def _is_values(m: _Qkv, readers: dict[str, list[onnx.NodeProto]]) -> bool:
+    """Whether ``m`` is the attention's values: [B, H, T, d] read as a MatMul's second
+    operand (the keys, also a second operand, are [B, H, d, T])."""
+    head0 = f"{m.transpose.output[0]}/head0"
+    return _perm(m.transpose)[2:] == (1, 3) and any(
+        r.op_type == "MatMul" and r.input[1] == head0 for r in readers.get(head0, []))
 
 
 def _written(nodes: Sequence[onnx.NodeProto]) -> set[str]:

@@ -140,7 +140,7 @@ def _constants(model: Model) -> dict[str, tuple[int, ...] | None]:
 
 def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | None = None,
                  seq_len: int | None = None, linears: bool = False,
-                 per_head: bool = False) -> Repair:
+                 per_head: bool = False, relay_values: bool = False) -> Repair:
     """The model with its token-wise norm/elementwise layers split into ``chunk``-token layers.
 
     ``shapes``: concrete input shapes (``--input-shape``), ``seq_len``: the deployment's
@@ -153,7 +153,8 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
     (with ``linears``, on a head-split model): not even attention reads a full-width
     Concat: Q/K/V and the heads' context are kept per head
     (:func:`quantscope.repair.heads.keep_heads`); on another model it is not applied and
-    the reason says why. FP32 function unchanged.
+    the reason says why; ``relay_values``: with it, each head's values pass through a
+    [d, d] identity Linear (see ``keep_heads``). FP32 function unchanged.
     """
     resolved = _token_shapes(model, shapes, chunk, seq_len)
     c = _choose(model, resolved, chunk, linears)
@@ -166,14 +167,18 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
     skipped, heads_note, heads_effect = c.skipped, "", ()
     why = per_head_why(model, linears=linears) if per_head else None
     if per_head and why is None:
-        kept = keep_heads(order, resolved, n_chunks, set(model.output_names()))
+        kept = keep_heads(order, resolved, n_chunks, set(model.output_names()),
+                          relay_values=relay_values)
         order, inits = list(kept.nodes), [*inits, *kept.initializers]
         changes = (*(ch for ch in changes if ch.tensor not in kept.removed), *kept.changes)
         skipped = (*skipped, *kept.skipped)
         heads_note = (f"; per head: {kept.qkv} Q/K/V and {kept.contexts} context Concat(s) "
-                      "kept per head (no full-width Concat between the chunks and the heads)")
+                      "kept per head (no full-width Concat between the chunks and the heads)"
+                      + (f", {kept.relays} values relayed by [d, d] identity Linears"
+                         if kept.relays else ""))
         heads_effect = (("per_head_qkv", float(kept.qkv)),
-                        ("per_head_contexts", float(kept.contexts)))
+                        ("per_head_contexts", float(kept.contexts)),
+                        *((("per_head_relays", float(kept.relays)),) if relay_values else ()))
     elif why is not None and (linears or HEADS_KEY in _props(model)):
         heads_note = f"; per head: not applied: {why}"
     proto = rewritten(model.proto, order, inits, (
