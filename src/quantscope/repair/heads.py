@@ -320,7 +320,9 @@ def _perm(node: onnx.NodeProto) -> tuple[int, ...]:
 
 
 def _one(readers: dict[str, list[onnx.NodeProto]], t: str, op: str) -> onnx.NodeProto | None:
-    found = readers.get(t, [])
+    """The one reader of ``t`` besides ``Shape`` ops (a Reshape's target computed from
+    the tensor: dropped with the Reshape when nothing else reads it), if it is an ``op``."""
+    found = [n for n in readers.get(t, []) if n.op_type != "Shape"]
     return found[0] if len(found) == 1 and found[0].op_type == op else None
 
 
@@ -498,8 +500,9 @@ def keep_heads(nodes: Sequence[onnx.NodeProto], shapes: Shapes, n_chunks: int,
     frame. ``relay_values``: each head's values (the context MatMul's second operand) pass
     through a [d, d] identity MatMul after their Concat, so the attention reads a Linear's
     output (which ``hailo.attention_16bit`` lets be 16 bit) instead of a Concat's (which
-    it keeps at 8 bit); FP32 exact, ``T * d * d`` MACs per head. Nodes no longer read (the full-width Concats, their Reshapes' shape
-    computations, a layer output Concat read only by them) are dropped."""
+    it keeps at 8 bit); FP32 exact, ``T * d * d`` MACs per head. Nodes no longer read (the
+    full-width Concats, their Reshapes' shape computations, a layer output Concat read
+    only by them) are dropped."""
     readers = _readers(nodes)
     position = {n.name: k for k, n in enumerate(nodes)}
     inits = _Inits()
@@ -524,8 +527,7 @@ def keep_heads(nodes: Sequence[onnx.NodeProto], shapes: Shapes, n_chunks: int,
             relay = relay_values and _is_values(found, readers)
             before.setdefault(n.name, []).extend(_qkv_nodes(found, n_chunks, inits,
                                                             relay=relay))
-            gone.update({n.name, found.reshape.name, found.transpose.name,
-                         *(s.name for s in heads)})
+            gone.update(s.name for s in heads)  # the rest goes when nothing reads it
             changes.append(Change(tensor=n.output[0], kind="split", note=(
                 f"kept per head: {found.heads} Concats over tokens of [B, T, {found.width}] "
                 "instead of one full-width Concat"
@@ -536,8 +538,7 @@ def keep_heads(nodes: Sequence[onnx.NodeProto], shapes: Shapes, n_chunks: int,
         x = found.reshape.output[0]
         first = min(readers[x], key=lambda s: position[s.name])
         before.setdefault(first.name, []).extend(_context_nodes(found, n_chunks, inits))
-        gone.update({n.name, found.transpose.name, found.reshape.name,
-                     *(s.name for s in readers[x])})
+        gone.update(s.name for s in readers[x])
         changes.append(Change(tensor=n.output[0], kind="split", note=(
             f"kept per head until each token chunk: {n_chunks} Concats over the heads of "
             f"[B, {found.heads}, chunk, d] instead of one full-width Concat")))
