@@ -92,9 +92,9 @@ def test_the_max_legal_plan_keeps_the_per_head_concats_under_the_size_limit():
                                   if p.rule == "hailo.super_defuse"}
     for name in ("per", "relay"):
         # per head: super_defuse refuses only the graph output's Concat (and the embedding
-        # lookup, [SEQ, W] too) ...
-        assert {p.group for p in uniform16[name] if p.rule == "hailo.super_defuse"} == {
-            "Add_27/concat", "Gather_0"}
+        # lookup, [SEQ, W] too, where the target judges it on the device) ...
+        wide = {p.group for p in uniform16[name] if p.rule == "hailo.super_defuse"}
+        assert "Add_27/concat" in wide and wide <= {"Add_27/concat", "Gather_0"}
         # ... the context's chunk Concats are 16 bit; attention_16bit keeps the Concats
         # an attention MatMul reads at 8 bit (Q, K; V too unless relayed by a Linear)
         assert not {"MatMul_23/concat/tok0", "MatMul_23/concat/tok1"} & demoted[name]
