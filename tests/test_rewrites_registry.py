@@ -127,7 +127,8 @@ def test_each_applied_rewrite_is_recorded_in_the_model_metadata():
                         REWRITES["tokensplit"].configure(chunk=4), seq_len=HEAD_SEQ)
     records = recorded(split.proto)
     assert [r["name"] for r in records] == ["headsplit", "tokensplit"]
-    assert records[1]["config"] == {"chunk": 4, "linears": False}
+    assert records[1]["config"] == {"chunk": 4, "linears": False, "full_width": False,
+                                   "relay_values": False}
     assert records[1]["seq_len"] == HEAD_SEQ and records[1]["changes"] == len(split.changes)
     assert sum(p.key == RECORD_KEY for p in split.proto.metadata_props) == 1
     assert applied_rewrites(split.proto) == {"headsplit", "tokensplit"}

@@ -40,6 +40,9 @@ the caller).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -277,4 +280,306 @@ def _head_copies(nodes: list[onnx.NodeProto], heads: int, sliced: set[str]
     return out
 
 
-__all__ = ["METADATA_KEY", "UNVERIFIED", "split_heads"]
+# --- the per-head form of a token-split model (tokensplit --linears on a head-split one) ---
+
+TOKEN_AXIS = 1  # [B, T, C] (tokensplit's SEQ_AXIS)
+
+
+@dataclass(frozen=True)
+class PerHead:
+    """The node list of a token-split, head-split model with Q/K/V and the heads' context
+    kept per head (:func:`keep_heads`): ``nodes`` in order, the ``initializers`` to add,
+    the ``changes``, the tensors no longer written (``removed``: full-width Concats and
+    what only they fed) and the attentions left full width (``skipped``, with the reason)."""
+
+    nodes: tuple[onnx.NodeProto, ...]
+    initializers: tuple[onnx.TensorProto, ...]
+    changes: tuple[Change, ...]
+    removed: frozenset[str]
+    skipped: tuple[tuple[str, str], ...]
+    qkv: int  # full-width Q/K/V Concats replaced by per-head ones
+    contexts: int  # heads' context Concats replaced by per-chunk ones
+    relays: int = 0  # values passed through identity Linears (relay_values)
+
+
+def _readers(nodes: Sequence[onnx.NodeProto]) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for n in nodes:
+        for t in n.input:
+            if t:
+                out.setdefault(t, []).append(n)
+    return out
+
+
+def _int_attr(node: onnx.NodeProto, name: str, default: int) -> int:
+    return int(attr(node, name, default))  # type: ignore[call-overload]
+
+
+def _perm(node: onnx.NodeProto) -> tuple[int, ...]:
+    return tuple(int(p) for p in attr(node, "perm", ()))  # type: ignore[union-attr]
+
+
+def _one(readers: dict[str, list[onnx.NodeProto]], t: str, op: str) -> onnx.NodeProto | None:
+    """The one reader of ``t`` besides ``Shape`` ops (a Reshape's target computed from
+    the tensor: dropped with the Reshape when nothing else reads it), if it is an ``op``."""
+    found = [n for n in readers.get(t, []) if n.op_type != "Shape"]
+    return found[0] if len(found) == 1 and found[0].op_type == op else None
+
+
+def _sliced_all(readers: list[onnx.NodeProto], t: str, prefix: str, axes: str, count: int,
+                tag: str) -> bool:
+    """Whether ``readers`` are exactly the ``count`` Slices a rewrite wrote of ``t``
+    (``<prefix>/start<k>``, ``<prefix>/end<k>``, ``axes``, output ``<t>/<tag><k>``)."""
+    got = sorted((list(n.input), list(n.output)) for n in readers if n.op_type == "Slice")
+    want = sorted(([t, f"{prefix}/start{k}", f"{prefix}/end{k}", axes], [f"{t}/{tag}{k}"])
+                  for k in range(count))
+    return len(readers) == count and got == want
+
+
+@dataclass(frozen=True)
+class _Qkv:
+    concat: onnx.NodeProto  # the full-width Concat of the Linear's token chunks
+    reshape: onnx.NodeProto  # [B, T, C] -> [B, T, H, d]
+    transpose: onnx.NodeProto  # -> [B, H, T, d] or [B, H, d, T]
+    heads: int
+    width: int  # d
+
+
+@dataclass(frozen=True)
+class _Context:
+    concat: onnx.NodeProto  # headsplit's Concat of the heads' contexts [B, H, T, d]
+    transpose: onnx.NodeProto  # -> [B, T, H, d]
+    reshape: onnx.NodeProto  # -> [B, T, C], read by tokensplit's chunk Slices only
+    heads: int
+    hidden: int  # C
+
+
+def _match_qkv(cat: onnx.NodeProto, readers: dict, shapes: Shapes, n_chunks: int
+               ) -> _Qkv | str | None:
+    """Q, K or V as tokensplit and headsplit left it: a Concat of a split Linear's chunks,
+    Reshape to heads, Transpose, headsplit's Slices; the reason when it almost is; None:
+    not such a Concat."""
+    o = cat.output[0]
+    if _int_attr(cat, "axis", 0) != TOKEN_AXIS or \
+            list(cat.input) != [f"{o}/tok{i}" for i in range(n_chunks)]:
+        return None
+    reshape = _one(readers, o, "Reshape")
+    so, sr = shapes.get(o), shapes.get(reshape.output[0]) if reshape else None
+    if reshape is None or so is None or sr is None or len(so) != 3 or len(sr) != 4:
+        return None  # not read as heads (a layer's output read by Shape, the graph output)
+    heads, width = sr[2], sr[3]
+    if not (isinstance(heads, int) and isinstance(width, int) and so[2] == heads * width):
+        return f"'{o}' {list(so)} is not reshaped into [B, T, H, d] heads"
+    transpose = _one(readers, reshape.output[0], "Transpose")
+    perm = _perm(transpose) if transpose else ()
+    if transpose is None or len(perm) != 4 or perm[:2] != (0, 2):
+        return f"'{reshape.output[0]}' is not transposed to [B, H, ., .]"
+    t = transpose.output[0]
+    if not _sliced_all(readers.get(t, []), t, "headsplit", f"headsplit/axes{HEAD_AXIS}",
+                       heads, "head"):
+        return f"'{t}' is not read by headsplit's per-head Slices only"
+    return _Qkv(cat, reshape, transpose, heads, width)
+
+
+def _match_context(cat: onnx.NodeProto, readers: dict, shapes: Shapes, n_chunks: int
+                   ) -> _Context | str | None:
+    """The heads' contexts as headsplit and tokensplit left them: a Concat over the heads,
+    Transpose to [B, T, H, d], Reshape to [B, T, C], tokensplit's chunk Slices (the
+    output projection split by ``--linears``); the reason when it almost is."""
+    c = cat.output[0]
+    sc = shapes.get(c)
+    if _int_attr(cat, "axis", 0) != HEAD_AXIS or sc is None or len(sc) != 4 or \
+            list(cat.input) != [f"{c}/head{h}" for h in range(len(cat.input))]:
+        return None
+    heads, width = len(cat.input), sc[3]
+    transpose = _one(readers, c, "Transpose")
+    if transpose is None or _perm(transpose) != (0, 2, 1, 3):
+        return f"the heads' context '{c}' is not transposed to [B, T, H, d]"
+    reshape = _one(readers, transpose.output[0], "Reshape")
+    x = reshape.output[0] if reshape else ""
+    sx = shapes.get(x)
+    if reshape is None or sx is None or len(sx) != 3 or not isinstance(width, int) \
+            or sx[2] != heads * width:
+        return f"the heads' context '{c}' is not merged into [B, T, H*d]"
+    if not _sliced_all(readers.get(x, []), x, "tokensplit", "tokensplit/axes", n_chunks, "tok"):
+        return (f"'{x}' is read whole, not in token chunks (tokensplit --linears splits "
+                "the output projection)")
+    return _Context(cat, transpose, reshape, heads, int(sx[2]))
+
+
+class _Inits:
+    """The int64 initializers the per-head nodes read, made once each."""
+
+    def __init__(self) -> None:
+        self.made: dict[str, onnx.TensorProto] = {}
+
+    def __call__(self, name: str, values: Sequence[int]) -> str:
+        if name not in self.made:
+            self.made[name] = numpy_helper.from_array(np.array(values, np.int64), name)
+        return name
+
+    def add(self, tensor: onnx.TensorProto) -> None:
+        self.made[tensor.name] = tensor
+
+
+def _qkv_nodes(m: _Qkv, n_chunks: int, inits: _Inits, *, relay: bool = False
+               ) -> list[onnx.NodeProto]:
+    """Per head ``h``: each chunk's columns of head ``h`` (Slice), a Concat over the
+    tokens ([B, T, d]), Reshape to [B, T, 1, d] and the original Transpose: the tensor
+    headsplit's Slice of head ``h`` wrote, under its name. ``relay``: a [d, d] identity
+    MatMul (``<Concat>/head<h>/relay``) after the Concat, so attention reads a Linear's
+    output and the Concat a Linear reads (FP32 exact: ``x @ I = x``)."""
+    o, r, t, d = m.concat.output[0], m.reshape.output[0], m.transpose.output[0], m.width
+    axes = inits("tokensplit/axes2", [2])
+    shape = inits(f"tokensplit/head_shape{d}", [0, 0, 1, d])
+    out: list[onnx.NodeProto] = []
+    for h in range(m.heads):
+        lo, hi = inits(f"tokensplit/col{h * d}", [h * d]), inits(f"tokensplit/col{(h + 1) * d}",
+                                                                  [(h + 1) * d])
+        out += [helper.make_node("Slice", [f"{o}/tok{i}", lo, hi, axes], [f"{o}/tok{i}/head{h}"],
+                                 name=f"{o}/tok{i}/slice_head{h}") for i in range(n_chunks)]
+        cat = f"{o}/head{h}/cat" if relay else f"{o}/head{h}"
+        out.append(helper.make_node("Concat", [f"{o}/tok{i}/head{h}" for i in range(n_chunks)],
+                                    [cat], name=f"{m.concat.name}/head{h}", axis=TOKEN_AXIS))
+        if relay:
+            eye = f"tokensplit/relay{h}_{m.concat.name}"
+            inits.add(numpy_helper.from_array(np.eye(d, dtype=np.float32), eye))
+            out.append(helper.make_node("MatMul", [cat, eye], [f"{o}/head{h}"],
+                                        name=f"{m.concat.name}/head{h}/relay"))
+        out += [
+            helper.make_node("Reshape", [f"{o}/head{h}", shape], [f"{r}/head{h}"],
+                             name=f"{m.reshape.name}/head{h}"),
+            helper.make_node("Transpose", [f"{r}/head{h}"], [f"{t}/head{h}"],
+                             name=f"{m.transpose.name}/head{h}", perm=list(_perm(m.transpose))),
+        ]
+    return out
+
+
+def _context_nodes(m: _Context, n_chunks: int, inits: _Inits) -> list[onnx.NodeProto]:
+    """Per token chunk ``i``: each head's context rows of chunk ``i`` (Slice), a Concat
+    over the heads ([B, H, chunk, d]), the original Transpose and a Reshape to [B, chunk,
+    C]: the tensor tokensplit's Slice of chunk ``i`` wrote, under its name."""
+    c, u, x = m.concat.output[0], m.transpose.output[0], m.reshape.output[0]
+    axes = inits("tokensplit/axes2", [2])
+    shape = inits(f"tokensplit/merge_shape{m.hidden}", [0, 0, m.hidden])
+    out: list[onnx.NodeProto] = []
+    for i in range(n_chunks):
+        out += [helper.make_node("Slice", [f"{c}/head{h}", f"tokensplit/start{i}",
+                                           f"tokensplit/end{i}", axes], [f"{c}/head{h}/tok{i}"],
+                                 name=f"{c}/head{h}/slice{i}") for h in range(m.heads)]
+        out += [
+            helper.make_node("Concat", [f"{c}/head{h}/tok{i}" for h in range(m.heads)],
+                             [f"{c}/tok{i}"], name=f"{m.concat.name}/tok{i}", axis=HEAD_AXIS),
+            helper.make_node("Transpose", [f"{c}/tok{i}"], [f"{u}/tok{i}"],
+                             name=f"{m.transpose.name}/tok{i}", perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", [f"{u}/tok{i}", shape], [f"{x}/tok{i}"],
+                             name=f"{m.reshape.name}/tok{i}"),
+        ]
+    return out
+
+
+def keep_heads(nodes: Sequence[onnx.NodeProto], shapes: Shapes, n_chunks: int,
+               outputs: Collection[str], *, relay_values: bool = False) -> PerHead:
+    """A token-split (``--linears``), head-split graph with no full-width [T, C] Concat
+    between the token chunks and the heads (``nodes``: the token-split node list;
+    ``shapes``: the unsplit model's tensor shapes at the split length; ``outputs``: the
+    graph outputs).
+
+    =============  ====================================================================
+    Q, K, V        before: the Linear's chunks ``-> Concat [B,T,C] -> Reshape -> Transpose
+                   -> Slice(head h)``; after: per head, each chunk's columns of head
+                   ``h`` ``-> Concat over tokens [B,T,d] -> Reshape [B,T,1,d] ->
+                   Transpose`` (the tensor headsplit's Slice wrote, same name)
+    context        before: ``heads -> Concat [B,H,T,d] -> Transpose -> Reshape [B,T,C]
+                   -> Slice(chunk i)``; after: per chunk, each head's rows of chunk ``i``
+                   ``-> Concat over heads [B,H,chunk,d] -> Transpose -> Reshape
+                   [B,chunk,C]`` (the tensor tokensplit's Slice wrote, same name)
+    =============  ====================================================================
+
+    The largest new Concat holds ``T * d`` (Q/K/V) or ``chunk * C`` (context) values per
+    frame. ``relay_values``: each head's values (the context MatMul's second operand) pass
+    through a [d, d] identity MatMul after their Concat, so the attention reads a Linear's
+    output (which ``hailo.attention_16bit`` lets be 16 bit) instead of a Concat's (which
+    it keeps at 8 bit); FP32 exact, ``T * d * d`` MACs per head. Nodes no longer read (the
+    full-width Concats, their Reshapes' shape computations, a layer output Concat read
+    only by them) are dropped."""
+    readers = _readers(nodes)
+    position = {n.name: k for k, n in enumerate(nodes)}
+    inits = _Inits()
+    before: dict[str, list[onnx.NodeProto]] = {}
+    gone: set[str] = set()
+    changes: list[Change] = []
+    skipped: list[tuple[str, str]] = []
+    qkv = contexts = relays = 0
+    for n in nodes:
+        if n.op_type != "Concat":
+            continue
+        found = _match_qkv(n, readers, shapes, n_chunks) or \
+            _match_context(n, readers, shapes, n_chunks)
+        if found is None:
+            continue
+        if isinstance(found, str):
+            skipped.append((n.output[0], found))
+            continue
+        if isinstance(found, _Qkv):
+            t = found.transpose.output[0]
+            heads = readers[t]
+            relay = relay_values and _is_values(found, readers)
+            before.setdefault(n.name, []).extend(_qkv_nodes(found, n_chunks, inits,
+                                                            relay=relay))
+            gone.update(s.name for s in heads)  # the rest goes when nothing reads it
+            changes.append(Change(tensor=n.output[0], kind="split", note=(
+                f"kept per head: {found.heads} Concats over tokens of [B, T, {found.width}] "
+                "instead of one full-width Concat"
+                + (", each read by a [d, d] identity Linear (the values)" if relay else ""))))
+            qkv += 1
+            relays += relay
+            continue
+        x = found.reshape.output[0]
+        first = min(readers[x], key=lambda s: position[s.name])
+        before.setdefault(first.name, []).extend(_context_nodes(found, n_chunks, inits))
+        gone.update(s.name for s in readers[x])
+        changes.append(Change(tensor=n.output[0], kind="split", note=(
+            f"kept per head until each token chunk: {n_chunks} Concats over the heads of "
+            f"[B, {found.heads}, chunk, d] instead of one full-width Concat")))
+        contexts += 1
+    order = [m for n in nodes for m in (*before.get(n.name, ()), *(() if n.name in gone
+                                                                    else (n,)))]
+    order, dropped = _drop_unread(order, nodes, outputs)
+    removed = {o for n in nodes if n.name in gone or n.name in dropped for o in n.output}
+    return PerHead(nodes=tuple(order), initializers=tuple(inits.made.values()),
+                   changes=tuple(changes), removed=frozenset(removed - _written(order)),
+                   skipped=tuple(skipped), qkv=qkv, contexts=contexts, relays=relays)
+
+
+def _is_values(m: _Qkv, readers: dict[str, list[onnx.NodeProto]]) -> bool:
+    """Whether ``m`` is the attention's values: [B, H, T, d] read as a MatMul's second
+    operand (the keys, also a second operand, are [B, H, d, T])."""
+    head0 = f"{m.transpose.output[0]}/head0"
+    return _perm(m.transpose)[2:] == (1, 3) and any(
+        r.op_type == "MatMul" and r.input[1] == head0 for r in readers.get(head0, []))
+
+
+def _written(nodes: Sequence[onnx.NodeProto]) -> set[str]:
+    return {o for n in nodes for o in n.output}
+
+
+def _drop_unread(order: list[onnx.NodeProto], before: Sequence[onnx.NodeProto],
+                 outputs: Collection[str]) -> tuple[list[onnx.NodeProto], set[str]]:
+    """``order`` without the nodes that nothing reads any more (none of their outputs read,
+    nor a graph output), leaving those that were unread before as they were."""
+    was = _readers(before)
+    unread_before = {n.name for n in before
+                     if not any(o in was or o in outputs for o in n.output if o)}
+    dropped: set[str] = set()
+    while True:
+        now = _readers(order)
+        dead = {n.name for n in order if n.name not in unread_before
+                and not any(o in now or o in outputs for o in n.output if o)}
+        if not dead:
+            return order, dropped
+        dropped |= dead
+        order = [n for n in order if n.name not in dead]
+
+
+__all__ = ["METADATA_KEY", "UNVERIFIED", "PerHead", "keep_heads", "split_heads"]

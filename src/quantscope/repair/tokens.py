@@ -52,6 +52,8 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes, resolve_shapes, seq_len_shapes
 from quantscope.repair import Change, Repair, attr, rewritten
+from quantscope.repair.heads import METADATA_KEY as HEADS_KEY
+from quantscope.repair.heads import keep_heads
 from quantscope.targets.profile import op_kind
 from quantscope.types import Group, QuantscopeError
 
@@ -137,7 +139,8 @@ def _constants(model: Model) -> dict[str, tuple[int, ...] | None]:
 
 
 def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | None = None,
-                 seq_len: int | None = None, linears: bool = False) -> Repair:
+                 seq_len: int | None = None, linears: bool = False,
+                 per_head: bool = False, relay_values: bool = False) -> Repair:
     """The model with its token-wise norm/elementwise layers split into ``chunk``-token layers.
 
     ``shapes``: concrete input shapes (``--input-shape``), ``seq_len``: the deployment's
@@ -146,8 +149,12 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
     ``T <= chunk`` tokens are left whole. ``linears``: the token-wise Linears (MatMul with
     a 2-D constant weight, its bias and activation) are split too, so they read the
     chunks directly (no full-width Concat in between: at 16 bit that Concat is as wide as
-    the unsplit tensor); only what mixes tokens (attention) reads a Concat. FP32 function
-    unchanged.
+    the unsplit tensor); only what mixes tokens (attention) reads a Concat. ``per_head``
+    (with ``linears``, on a head-split model): not even attention reads a full-width
+    Concat: Q/K/V and the heads' context are kept per head
+    (:func:`quantscope.repair.heads.keep_heads`); on another model it is not applied and
+    the reason says why; ``relay_values``: with it, each head's values pass through a
+    [d, d] identity Linear (see ``keep_heads``). FP32 function unchanged.
     """
     resolved = _token_shapes(model, shapes, chunk, seq_len)
     c = _choose(model, resolved, chunk, linears)
@@ -157,18 +164,50 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
                       skipped=c.skipped)
     order, inits, changes = _split_graph(model, c, c.tokens, resolved)
     tokens, chunk, n_chunks = c.tokens, c.chunk, math.ceil(c.tokens / c.chunk)
+    skipped, heads_note, heads_effect = c.skipped, "", ()
+    why = per_head_why(model, linears=linears) if per_head else None
+    if per_head and why is None:
+        kept = keep_heads(order, resolved, n_chunks, set(model.output_names()),
+                          relay_values=relay_values)
+        order, inits = list(kept.nodes), [*inits, *kept.initializers]
+        changes = (*(ch for ch in changes if ch.tensor not in kept.removed), *kept.changes)
+        skipped = (*skipped, *kept.skipped)
+        heads_note = (f"; per head: {kept.qkv} Q/K/V and {kept.contexts} context Concat(s) "
+                      "kept per head (no full-width Concat between the chunks and the heads)"
+                      + (f", {kept.relays} values relayed by [d, d] identity Linears"
+                         if kept.relays else ""))
+        heads_effect = (("per_head_qkv", float(kept.qkv)),
+                        ("per_head_contexts", float(kept.contexts)),
+                        *((("per_head_relays", float(kept.relays)),) if relay_values else ()))
+    elif why is not None and (linears or HEADS_KEY in _props(model)):
+        heads_note = f"; per head: not applied: {why}"
     proto = rewritten(model.proto, order, inits, (
         METADATA_KEY, f"tokens={tokens} chunk={chunk} groups={len(c.sites)}; {UNVERIFIED}"))
     return Repair(
         name="tokensplit",
         reason=f"{len(c.sites)} token-wise layer(s) on [B, {tokens}, H] split into {n_chunks} "
-        f"chunks of {chunk} tokens (groups '<name>/tok<i>'); {UNVERIFIED}",
+        f"chunks of {chunk} tokens (groups '<name>/tok<i>'){heads_note}; {UNVERIFIED}",
         proto=proto,
         changes=changes,
-        skipped=c.skipped,
+        skipped=skipped,
         effect=(("sites", float(len(c.sites))), ("chunks", float(n_chunks)),
-                ("chunk", float(chunk)), ("tokens", float(tokens))),
+                ("chunk", float(chunk)), ("tokens", float(tokens)), *heads_effect),
     )
+
+
+def _props(model: Model) -> set[str]:
+    return {p.key for p in model.proto.metadata_props}
+
+
+def per_head_why(model: Model, *, linears: bool) -> str | None:
+    """Why the per-head form does not apply (None: it does): it needs a head-split model
+    (``quantscope headsplit`` first) and the Linears in chunks (``--linears``)."""
+    if HEADS_KEY not in _props(model):
+        return "the model is not head-split (run headsplit before tokensplit)"
+    if not linears:
+        return ("needs --linears (without it Q/K/V and the output projection read whole "
+                "tensors)")
+    return None
 
 
 def _token_shapes(model: Model, shapes: Shapes | None, chunk: int | None,
@@ -354,4 +393,4 @@ def sample_feeds(model: Model, lengths: tuple[int, ...], *, shapes: Shapes | Non
     return feeds
 
 
-__all__ = ["METADATA_KEY", "UNVERIFIED", "sample_feeds", "split_tokens"]
+__all__ = ["METADATA_KEY", "UNVERIFIED", "per_head_why", "sample_feeds", "split_tokens"]

@@ -24,15 +24,23 @@ SIZE_CHECK = "act16_wide_non_conv"  # the target check that limits a 16-bit laye
 @dataclass(frozen=True)
 class TokensplitConfig:
     """``chunk``: tokens per chunk (None: half the token count, rounded up); ``linears``:
-    split the token-wise Linears too."""
+    split the token-wise Linears too; ``full_width``: on a head-split model with
+    ``linears``, keep Q/K/V and the heads' context as full-width [T, C] Concats (the form
+    before the per-head one, which is the default there:
+    :func:`quantscope.repair.heads.keep_heads`); ``relay_values``: in the per-head form,
+    each head's values pass through a [d, d] identity Linear so attention reads a 16-bit
+    Linear output."""
 
     chunk: int | None = None
     linears: bool = False
+    full_width: bool = False
+    relay_values: bool = False
 
 
 def _transform(model: Model, config: TokensplitConfig, inp: RewriteInput) -> GraphRepair:
     return split_tokens(model, shapes=inp.shapes, chunk=config.chunk, seq_len=inp.seq_len,
-                        linears=config.linears)
+                        linears=config.linears, per_head=not config.full_width,
+                        relay_values=config.relay_values)
 
 
 def _applies(model: Model, target: Target | None, seq_len: int | None,
@@ -75,6 +83,8 @@ def _lengths(config: TokensplitConfig, seq_len: int | None, r: GraphRepair
 def _digest(config: TokensplitConfig, seq_len: int | None, input_shapes: InputShapes) -> str:
     return (f"/tokensplit:{seq_len}:{config.chunk}"
             + (":linears" if config.linears else "")
+            + (":per_head" if config.linears and not config.full_width else "")
+            + (":relay_values" if config.relay_values else "")
             + "".join(f":{k}={'x'.join(map(str, v))}" for k, v in input_shapes))
 
 
@@ -82,11 +92,13 @@ def _verdict(config: TokensplitConfig, seq_len: int | None, repaired: str) -> di
     """The verdict entry; a chunk not given is the default's, half the tokens rounded up."""
     chunk = config.chunk or (-(-seq_len // 2) if seq_len else None)
     size = f"{chunk} tokens" if chunk else "half the tokens"
+    heads = ("; on a head-split model Q/K/V and the heads' context are kept per head "
+             "(no full-width Concat)" if config.linears and not config.full_width else "")
     return {"seq_len": seq_len, "chunk": chunk, "linears": config.linears,
             "note": "LayerNorms and residual Adds"
                     + (" and the token-wise Linears" if config.linears else "")
                     + f" split into layers of {size} ({repaired} "
-                    f"is the split model); {UNVERIFIED}"}
+                    f"is the split model){heads}; {UNVERIFIED}"}
 
 
 def _checked_on(config: TokensplitConfig, seq_len: int | None, r: GraphRepair) -> str:
@@ -125,6 +137,15 @@ REWRITE = Rewrite(
                   run_help="with --rewrites tokensplit (or --tokensplit N): the token-wise "
                   "Linears in chunks too "
                   "('quantscope tokensplit --linears')"),
+        CliOption(("--full-width",), "full_width", "flag", False,
+                  help="with --linears on a head-split model: keep Q/K/V and the heads' "
+                  "context as full-width [T, C] Concats (by default they are kept per head, "
+                  "so no Concat there exceeds a size limit that the chunks stay under)"),
+        CliOption(("--relay-values",), "relay_values", "flag", False,
+                  help="in the per-head form: pass each head's values through a [d, d] "
+                  "identity Linear (FP32 exact), so the attention MatMul reads a Linear's "
+                  "output, which hailo.attention_16bit lets be 16 bit, instead of a "
+                  "Concat's, which it keeps at 8 bit; costs T*d*d MACs per head"),
     ),
     check_lengths=_lengths, digest=_digest, verdict=_verdict, verdict_rank=0,
     nothing_suffix=" to split",
