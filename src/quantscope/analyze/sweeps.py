@@ -30,7 +30,7 @@ only the reduced rows (see :mod:`quantscope.analyze.scoring`) are kept.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -158,8 +158,10 @@ def sweep_segments(
     progress: bool = False,
     executor: Executor | None = None,
     session_budget: int | None = None,
+    only: Collection[str] | None = None,
 ) -> SweepResult:
-    """The ``sweeps`` (default both) on every row, segment by segment (module docstring).
+    """The ``sweeps`` (default both) on every row, segment by segment (module docstring);
+    ``only``: the groups swept (default every group).
 
     Memory stays bounded: the candidates' own sessions are built for a window of
     candidates at a time, within ``session_budget`` bytes of weights (default: from the
@@ -177,9 +179,10 @@ def sweep_segments(
     unknown = set(sweeps) - set(SWEEPS)
     if unknown or not sweeps:
         raise ValueError(f"sweeps must be a non-empty subset of {SWEEPS}, got {sweeps}")
-    cands = tuple(c for c in candidates(groups, low, high) if c.sweep in sweeps)
+    only = None if only is None else frozenset(only)
+    cands = tuple(c for c in candidates(groups, low, high, only) if c.sweep in sweeps)
     job = _SegmentJob(model, groups, stats, tuple(batches), scorer, low, high, scheme,
-                      optimize_float, tuple(sweeps), session_budget)
+                      optimize_float, tuple(sweeps), session_budget, only)
     parts = chunks(len(cands), executor.workers if executor else 1)
     if executor is None or len(parts) <= 1:
         done = [_segment_part(job, range(len(cands)), progress=progress)]
@@ -215,6 +218,7 @@ class _SegmentJob:
     optimize_float: bool
     sweeps: tuple[str, ...]
     session_budget: int | None = None
+    only: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,7 +238,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
         f"{len(groups.groups)} groups", show=progress)
     segments = find_segments(model, groups)
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
-    cands = tuple(c for c in candidates(groups, low, job.high)
+    cands = tuple(c for c in candidates(groups, low, job.high, job.only)
                   if c.sweep in job.sweeps)[part.start:part.stop]
     owned = owned_segments(model, groups, segments, table, cands, low)
     sizes = segment_bytes(model, segments)
@@ -315,8 +319,10 @@ def sweep_fast(
     noise: Sequence[np.ndarray] | None = None,
     progress: bool = False,
     executor: Executor | None = None,
+    only: Collection[str] | None = None,
 ) -> SweepResult:
-    """Both sweeps by segments, each on its own row subset (module docstring, ``fast``).
+    """Both sweeps by segments, each on its own row subset (module docstring, ``fast``);
+    ``only``: the groups swept (default every group).
 
     ``noise``: per batch, per row output noise of uniform ``low`` (as :func:`row_noise`
     returns), when the caller has already run FP32 and ``low`` on every row.
@@ -329,7 +335,7 @@ def sweep_fast(
     t0 = time.perf_counter()
     batches = list(batches)
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
-          "executor": executor}
+          "executor": executor, "only": only}
     enable = sweep_segments(
         model, groups, stats, proxy_batches(batches, fraction / 2), sweeps=("enable_one",), **kw
     )
