@@ -106,3 +106,18 @@ def test_empty_calibration_is_an_error():
     model, groups = _attention()
     with pytest.raises(QuantscopeError, match="empty"):
         calibrate(model, groups, iter([]))
+
+
+def test_bin_counts_equal_numpy_histogram_at_the_edges():
+    from quantscope.calibrate.observe import bin_counts
+
+    rng = np.random.default_rng(2)
+    for r in (2.0**-130, 2.0**-3, 1.0, 8.0, 2.0**12, 2.0**64):
+        x = (rng.uniform(-1, 1, 5000) * r).astype(np.float32)
+        step = r / (HIST_BINS // 2)
+        edges = np.array([-r, r, 0.0, -0.0, step, -step, 3 * step, -3 * step], np.float32)
+        tiny = np.array([np.nextafter(np.float32(0), np.float32(1)),
+                         -np.nextafter(np.float32(0), np.float32(1))], np.float32)
+        x = np.concatenate([x, edges, tiny, np.nextafter(edges, np.float32(0))])
+        want, _ = np.histogram(x, bins=HIST_BINS, range=(-r, r))
+        np.testing.assert_array_equal(bin_counts(x, r), want)

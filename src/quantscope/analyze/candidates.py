@@ -12,7 +12,7 @@ encodings are assembled from one uniform encoding per precision
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from quantscope.emulate.encode import encode
@@ -29,12 +29,13 @@ class Candidate:
     plan: Plan
 
 
-def candidates(groups: Groups, low: Precision, high: Precision) -> tuple[Candidate, ...]:
-    """Both sweeps over every group, enable-one first."""
-    enable = [
-        Candidate(g, "enable_one", Plan(Precision.FLOAT, ((g, low),))) for g in groups.names()
-    ]
-    disable = [Candidate(g, "disable_one", Plan(low, ((g, high),))) for g in groups.names()]
+def candidates(groups: Groups, low: Precision, high: Precision,
+               only: Collection[str] | None = None) -> tuple[Candidate, ...]:
+    """Both sweeps over every group (``only``: over these groups, in group order),
+    enable-one first."""
+    names = [g for g in groups.names() if only is None or g in only]
+    enable = [Candidate(g, "enable_one", Plan(Precision.FLOAT, ((g, low),))) for g in names]
+    disable = [Candidate(g, "disable_one", Plan(low, ((g, high),))) for g in names]
     return (*enable, *disable)
 
 

@@ -15,7 +15,7 @@ top 1, 2, 4, 8 offenders to ``high``) are evaluated on every row with full QDQ m
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from quantscope.analyze.report import (
     GroupSensitivity,
     Offender,
     Recovery,
+    Skipped,
 )
 from quantscope.analyze.rows import run_plan_rows, squared_error_rows
 from quantscope.analyze.scoring import Scorer, fidelity
@@ -64,7 +65,7 @@ def _sensitivity(
         GroupSensitivity(
             g.name, g.op_type, metrics(g.name, "enable_one"), metrics(g.name, "disable_one")
         )
-        for g in groups.groups
+        for g in groups.groups if (g.name, "disable_one") in by
     )
 
 
@@ -171,6 +172,7 @@ def _method(
         "rows_per_sweep": dict(res.row_counts),
         "rows": int(rows),
         "sweep_seconds": res.seconds,
+        "groups_swept": len({c.group for c in res.candidates}),
     }
     if proxy_fraction >= 1:
         return method, ()
@@ -208,15 +210,18 @@ def analyze(
     recover_top: tuple[int, ...] = RECOVER_TOP,
     progress: bool = False,
     executor: Executor | None = None,
+    skip: Mapping[str, str] | None = None,
 ) -> Analysis:
     """Diagnose which groups break ``low`` and why (see the module docstring).
 
     ``executor``: where the sweep's candidates run (:mod:`quantscope.parallel`; default
-    this process); the result does not depend on it."""
+    this process); the result does not depend on it. ``skip``: group -> why the planner
+    cannot use its gain (``stages.usable``): not swept, listed under ``skipped``."""
     from quantscope.tasks.metrics import collapse_report
 
     scheme = getattr(target, "scheme", None)
     batches = list(batches)
+    skipped = _skipped(groups, skip or {}, progress)
     say(f"analyze: FP32 reference on {len(batches)} batches", show=progress)
     ref = run_plan_rows(model, groups, batches, model.proto, scorer)
     baselines, collapse, uniform_rows = {}, {}, {}
@@ -228,7 +233,7 @@ def analyze(
         )
         collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
-          "executor": executor}
+          "executor": executor, "only": _swept(groups, skipped)}
     res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
     sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 or scorer.row_local else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
@@ -251,7 +256,7 @@ def analyze(
         m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
         recovery.append(Recovery(promoted, high.value, m))
     method, notes = _method(res, proxy_fraction, len(ref))
-    notes += _zero_notes(stats)
+    notes += _zero_notes(stats) + _skip_notes(groups, skipped)
     return Analysis(
         model.source,
         low.value,
@@ -269,4 +274,35 @@ def analyze(
         collapse,
         tuple(recovery),
         notes,
+        skipped,
     )
+
+
+def _skipped(groups: Groups, skip: Mapping[str, str], progress: bool) -> tuple[Skipped, ...]:
+    """The groups ``skip`` names, with their reasons, in group order (said when any)."""
+    out = tuple(Skipped(g.name, g.op_type, skip[g.name]) for g in groups.groups
+                if g.name in skip)
+    if out:
+        say(f"analyze: sweeping {len(groups.groups) - len(out)} of {len(groups.groups)} "
+            f"groups; {len(out)} not swept: the planner cannot promote them "
+            f"({_reason_counts(out)})", show=progress)
+    return out
+
+
+def _swept(groups: Groups, skipped: Sequence[Skipped]) -> set[str] | None:
+    """The groups the sweeps run (None: every group)."""
+    gone = {k.group for k in skipped}
+    return {g for g in groups.names() if g not in gone} if gone else None
+
+
+def _skip_notes(groups: Groups, skipped: Sequence[Skipped]) -> tuple[str, ...]:
+    return tuple(f"{len(skipped)} of {len(groups.groups)} groups not swept: the planner "
+                 f"cannot promote them ({_reason_counts(skipped)}); listed under 'skipped'"
+                 for _ in skipped[:1])
+
+
+def _reason_counts(skipped: Sequence[Skipped]) -> str:
+    counts: dict[str, int] = {}
+    for k in skipped:
+        counts[k.reason] = counts.get(k.reason, 0) + 1
+    return "; ".join(f"{n} x {reason}" for reason, n in counts.items())

@@ -43,6 +43,15 @@ class Recovery:
 
 
 @dataclass(frozen=True)
+class Skipped:
+    """A group the sweeps left out: the planner cannot use its gain (``reason``)."""
+
+    group: str
+    op_type: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class Analysis:
     model: str
     low: str
@@ -60,6 +69,7 @@ class Analysis:
     collapse: dict[str, dict[str, Any]]  # uniform precision -> collapse report
     recovery: tuple[Recovery, ...]
     notes: tuple[str, ...] = ()
+    skipped: tuple[Skipped, ...] = ()  # groups not swept (no sensitivity, no offender row)
 
 
 _ROWS = {
@@ -69,6 +79,7 @@ _ROWS = {
     "outliers": Outlier,
     "weights": WeightIssue,
     "recovery": Recovery,
+    "skipped": Skipped,
 }
 
 

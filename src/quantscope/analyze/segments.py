@@ -354,3 +354,56 @@ def run_candidate(r: Runner, base: dict, chain: Chain) -> dict[str, np.ndarray]:
         sess = r.own.get(k, chain.sessions[k])
         env.update(run_segment(sess, chain.outputs[k], env))
     return env
+
+
+# --- streaming: only the tensors a later segment reads are held ------------------------
+
+
+def last_reads(model: Model, segments: Sequence[Segment]) -> dict[str, int]:
+    """Per tensor crossing a cut (or fed in), the last segment that reads it; a graph
+    output is read "after" every segment (``len(segments)``)."""
+    last: dict[str, int] = {}
+    for seg in segments:
+        for t in seg.inputs:
+            last[t] = max(last.get(t, -1), seg.index)
+    last.update(dict.fromkeys(model.output_names(), len(segments)))
+    return last
+
+
+def drop_dead(env: dict[str, np.ndarray], last: dict[str, int], k: int) -> None:
+    """Remove from ``env`` every tensor no segment after ``k`` reads (nor the graph)."""
+    for t in [t for t in env if last.get(t, -1) <= k]:
+        del env[t]
+
+
+def live_tensors(model: Model, groups: Groups, segments: Sequence[Segment]
+                 ) -> tuple[tuple[str, ...], ...]:
+    """Per segment ``k``, what a streaming env holds while ``k`` runs: the tensors made
+    before ``k`` and read at or after it, and ``k``'s own outputs and taps (what the
+    memory estimate sums, :mod:`quantscope.analyze.memory`)."""
+    last = last_reads(model, segments)
+    made: list[str] = []
+    out = []
+    for seg in segments:
+        live = [t for t in made if last.get(t, -1) >= seg.index]
+        out.append(tuple(dict.fromkeys([*live, *seg.outputs, *_taps(seg, groups)])))
+        made = [*live, *seg.outputs]
+    return tuple(out)
+
+
+def run_streaming(r: Runner, base: dict[str, np.ndarray], chain: Chain, last: dict[str, int],
+                  keep: Sequence[str] = ()) -> tuple[dict[str, np.ndarray], dict]:
+    """:func:`run_candidate` holding only what later segments read: each segment returns
+    its crossing tensors (and ``keep``, e.g. the group's outputs, where it makes them);
+    the rest is dropped as it dies. Returns the env (the graph outputs) and ``keep``'s
+    values; the same values as :func:`run_candidate`."""
+    env, kept = dict(base), {}
+    wanted = set(keep)
+    for k in range(r.start, len(chain.segments)):
+        seg = chain.segments[k]
+        names = [t for t in chain.outputs[k] if t in seg.outputs or t in wanted]
+        got = run_segment(r.own.get(k, chain.sessions[k]), names, env)
+        kept.update({t: v for t, v in got.items() if t in wanted})
+        env.update({t: v for t, v in got.items() if t in seg.outputs})
+        drop_dead(env, last, k)
+    return env, kept

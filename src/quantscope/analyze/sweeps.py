@@ -30,13 +30,13 @@ only the reduced rows (see :mod:`quantscope.analyze.scoring`) are kept.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from quantscope.analyze.candidates import SWEEPS, Candidate, candidates, encodings_table
-from quantscope.analyze.memory import plan_memory
+from quantscope.analyze.memory import batch_tensor_bytes, plan_memory
 from quantscope.analyze.noise import NoiseAccumulator
 from quantscope.analyze.rows import density_batches, proxy_batches, row_noise, run_plan_rows
 from quantscope.analyze.scoring import Scorer
@@ -45,9 +45,13 @@ from quantscope.analyze.segments import (
     Runner,
     build_chain,
     build_runners,
+    drop_dead,
     find_segments,
+    last_reads,
+    live_tensors,
     owned_segments,
-    run_candidate,
+    run_segment,
+    run_streaming,
     segment_bytes,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
@@ -95,28 +99,48 @@ class _Collected:
 
 def _sweep_batch(
     feeds: Batch, fp: Chain, lo: Chain | None, runners: Sequence[Runner], groups: Groups,
-    outs: list[str], scorer: Scorer, got: _Collected, count: Counter, first: int = 0,
+    outs: list[str], scorer: Scorer, got: _Collected, count: Counter, last: dict[str, int],
+    first: int = 0,
 ) -> None:
-    """One batch: FP32 (and all-``low`` when ``lo``) chains once, then the candidates
-    ``first``, ``first + 1`` … (``runners``; the chains' rows are kept from the window
-    that starts at 0 only)."""
-    env_fp = fp.run(feeds)
-    env_lo = lo.run(feeds) if lo is not None else {}
+    """One batch, streamed segment by segment: the FP32 (and all-``low`` when ``lo``)
+    chain runs segment ``k``, then every candidate whose own segments start at ``k`` runs
+    from there to the end on the chain's env of that moment; each env keeps only what a
+    later segment reads (and a segment's taps while its noise is summed). The candidates
+    are ``first``, ``first + 1`` … (``runners``); the chains' rows and the cumulative
+    noise are kept from the window that starts at 0 only."""
+    by = groups.by_name()
+    starts: dict[int, list[tuple[int, Runner]]] = {}
+    for i, r in enumerate(runners, start=first):
+        starts.setdefault(r.start, []).append((i, r))
+    pending: dict[int, list[dict[str, np.ndarray]]] = {}  # isolated segment -> values
+    env_fp, env_lo = dict(feeds), dict(feeds) if lo is not None else {}
+    for k in range(len(fp.segments)):
+        for i, r in starts.get(k, ()):
+            enable = r.candidate.sweep == "enable_one"
+            keep = by[r.candidate.group].outputs if enable else ()
+            env, kept = run_streaming(r, env_fp if enable else env_lo, fp if enable else lo,
+                                      last, keep)
+            if enable:
+                pending.setdefault(r.own_isolated, []).append(kept)
+            got.rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
+            count.step(cost=feed_size(feeds))
+        seg = fp.segments[k]
+        made_fp = run_segment(fp.sessions[k], fp.outputs[k], env_fp)
+        made_lo = run_segment(lo.sessions[k], lo.outputs[k], env_lo) if lo is not None else {}
+        if first == 0:
+            for t in (t for t in fp.outputs[k] if t in made_lo):
+                got.cum.add(t, made_fp[t], made_lo[t])
+        for kept in pending.pop(k, ()):
+            for t, v in kept.items():
+                got.iso.add(t, made_fp[t], v)
+        for env, made in ((env_fp, made_fp), (env_lo, made_lo)):
+            env.update({t: v for t, v in made.items() if t in seg.outputs})
+            drop_dead(env, last, k)
+        del made_fp, made_lo
     if first == 0:
         got.ref.append(scorer.reduce([env_fp[o] for o in outs], feeds))
         if lo is not None:
             got.low.append(scorer.reduce([env_lo[o] for o in outs], feeds))
-        for t in (t for names in fp.outputs for t in names if t in env_lo):
-            got.cum.add(t, env_fp[t], env_lo[t])
-    by = groups.by_name()
-    for i, r in enumerate(runners, start=first):
-        enable = r.candidate.sweep == "enable_one"
-        env = run_candidate(r, env_fp if enable else env_lo, fp if enable else lo)
-        if enable:
-            for t in by[r.candidate.group].outputs:
-                got.iso.add(t, env_fp[t], env[t])
-        got.rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
-        count.step(cost=feed_size(feeds))
 
 
 def sweep_segments(
@@ -134,8 +158,10 @@ def sweep_segments(
     progress: bool = False,
     executor: Executor | None = None,
     session_budget: int | None = None,
+    only: Collection[str] | None = None,
 ) -> SweepResult:
-    """The ``sweeps`` (default both) on every row, segment by segment (module docstring).
+    """The ``sweeps`` (default both) on every row, segment by segment (module docstring);
+    ``only``: the groups swept (default every group).
 
     Memory stays bounded: the candidates' own sessions are built for a window of
     candidates at a time, within ``session_budget`` bytes of weights (default: from the
@@ -153,9 +179,10 @@ def sweep_segments(
     unknown = set(sweeps) - set(SWEEPS)
     if unknown or not sweeps:
         raise ValueError(f"sweeps must be a non-empty subset of {SWEEPS}, got {sweeps}")
-    cands = tuple(c for c in candidates(groups, low, high) if c.sweep in sweeps)
+    only = None if only is None else frozenset(only)
+    cands = tuple(c for c in candidates(groups, low, high, only) if c.sweep in sweeps)
     job = _SegmentJob(model, groups, stats, tuple(batches), scorer, low, high, scheme,
-                      optimize_float, tuple(sweeps), session_budget)
+                      optimize_float, tuple(sweeps), session_budget, only)
     parts = chunks(len(cands), executor.workers if executor else 1)
     if executor is None or len(parts) <= 1:
         done = [_segment_part(job, range(len(cands)), progress=progress)]
@@ -191,6 +218,7 @@ class _SegmentJob:
     optimize_float: bool
     sweeps: tuple[str, ...]
     session_budget: int | None = None
+    only: frozenset[str] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,20 +238,21 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
         f"{len(groups.groups)} groups", show=progress)
     segments = find_segments(model, groups)
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
-    cands = tuple(c for c in candidates(groups, low, job.high)
+    cands = tuple(c for c in candidates(groups, low, job.high, job.only)
                   if c.sweep in job.sweeps)[part.start:part.stop]
     owned = owned_segments(model, groups, segments, table, cands, low)
     sizes = segment_bytes(model, segments)
-    crossing = [t for seg in segments for t in seg.outputs] + \
-        [t for g in groups.groups for t in g.outputs]
+    live = live_tensors(model, groups, segments)  # what an env holds while segment k runs
+    held = max(live, key=lambda names: batch_tensor_bytes(model, job.batches, names))
     mem = plan_memory(model, [sum(sizes[k] for k in own) for own in owned], job.batches,
-                      crossing, chains=2 if need_low else 1, budget=job.session_budget)
+                      held, chains=2 if need_low else 1, budget=job.session_budget)
     say(f"analyze: {mem.text()}", show=progress)
     fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,
                      label=f"analyze: FP32 sessions of {len(segments)} segments" * progress)
     lo = build_chain(model, groups, segments, table[low], optimize=False,
                      label=f"analyze: all-{low.value} sessions" * progress) if need_low else None
     got = _Collected(rows=[[] for _ in cands])
+    last = last_reads(model, segments)
     count: Counter | None = None
     for w, window in enumerate(mem.windows):
         label = (f"analyze: candidate sessions {window.start + 1}-{window.stop}"
@@ -239,7 +268,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                             total_cost=len(cands) * sum(feed_size(b) for b in job.batches))
         for feeds in job.batches:
             _sweep_batch(feeds, fp, lo, runners, groups, model.output_names(), job.scorer,
-                         got, count, first=window.start)
+                         got, count, last, first=window.start)
         del runners  # this window's sessions go before the next window's are built
     if count is not None:
         count.close()
@@ -290,8 +319,10 @@ def sweep_fast(
     noise: Sequence[np.ndarray] | None = None,
     progress: bool = False,
     executor: Executor | None = None,
+    only: Collection[str] | None = None,
 ) -> SweepResult:
-    """Both sweeps by segments, each on its own row subset (module docstring, ``fast``).
+    """Both sweeps by segments, each on its own row subset (module docstring, ``fast``);
+    ``only``: the groups swept (default every group).
 
     ``noise``: per batch, per row output noise of uniform ``low`` (as :func:`row_noise`
     returns), when the caller has already run FP32 and ``low`` on every row.
@@ -304,7 +335,7 @@ def sweep_fast(
     t0 = time.perf_counter()
     batches = list(batches)
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
-          "executor": executor}
+          "executor": executor, "only": only}
     enable = sweep_segments(
         model, groups, stats, proxy_batches(batches, fraction / 2), sweeps=("enable_one",), **kw
     )

@@ -21,6 +21,7 @@ from quantscope.cli.options import (
 )
 from quantscope.cli.types import check_low_high, fraction, output_file, phases, precision
 from quantscope.model.groups import find_groups
+from quantscope.stages.usable import unusable_groups
 from quantscope.types import QuantscopeError, batch_rows
 
 
@@ -66,13 +67,15 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         raise QuantscopeError(f"data '{args.data}' has {samples} sample(s), and analyze "
                               "compares the samples' outputs (a collapse shows only across "
                               "two or more): give at least 2 samples")
+    groups = find_groups(inp.model)
+    skip = unusable_groups(inp.model, inp.target, low=args.low, high=args.high, groups=groups)
     pool = executor(args.ray)
     try:
-        result = analyze(inp.model, find_groups(inp.model), inp.stats,
+        result = analyze(inp.model, groups, inp.stats,
                          list(inp.data.evaluation),
                          scorer=stages.scorer_for(inp.data, inp.model), low=args.low,
                          high=args.high, target=inp.target,
-                         proxy_fraction=args.proxy, progress=True, executor=pool)
+                         proxy_fraction=args.proxy, progress=True, executor=pool, skip=skip)
     finally:
         if pool is not None:
             pool.close()

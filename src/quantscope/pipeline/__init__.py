@@ -54,7 +54,8 @@ UNKEYED_AT_NONE = frozenset({"race", "prefixes"})
 _REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
 STAGES: dict[str, StageSpec] = {
     "calibrate": StageSpec(steps.calibrate, (), ("method",), True),
-    "analyze": StageSpec(steps.analyze, (steps.STATS,), ("target", "proxy", "metric"), True),
+    "analyze": StageSpec(steps.analyze, (steps.STATS,),
+                         ("target", "proxy", "metric", "seq_len", "input_shapes"), True),
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,14 +30,42 @@ FORMAT = "quantscope.run/1"
 MANIFEST = "run.json"
 
 
+# digests computed in this process, by (path, inode, size, mtime): a resumed run asks for
+# the same file's digest several times (each stage's key, each finished stage's check)
+_SEEN: dict[tuple[str, int, int, int], str] = {}
+
+
 def file_digest(path: str | Path) -> str:
-    """sha256 of a file's contents (array by array for ``.npz``; every file in a folder)."""
+    """sha256 of a file's contents (array by array for ``.npz``; every file in a folder).
+
+    A file's digest is computed once per process while its inode, size and modification
+    time stay the same (the atomic writes of a run replace the inode) and it was last
+    modified over two seconds before."""
     path = Path(path)
     h = hashlib.sha256()
     if path.is_dir():
         for p in sorted(q for q in path.rglob("*") if q.is_file()):
             h.update(str(p.relative_to(path)).encode() + b"\0" + file_digest(p).encode())
         return h.hexdigest()
+    try:
+        st = path.stat()
+        seen = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        return _contents_digest(path, h)
+    if seen in _SEEN:
+        return _SEEN[seen]
+    digest = _contents_digest(path, h)
+    # kept only for a file untouched for SETTLED_NS: a later change in place then has a
+    # later modification time, whatever the clock's granularity ("racy git")
+    if time.time_ns() - st.st_mtime_ns > SETTLED_NS:
+        _SEEN[seen] = digest
+    return digest
+
+
+SETTLED_NS = 2_000_000_000
+
+
+def _contents_digest(path: Path, h: Any) -> str:
     if path.suffix == ".npz":
         try:
             with np.load(path, allow_pickle=False) as z:

@@ -52,13 +52,18 @@ def analyze(ctx: Context) -> Done:
     from quantscope.analyze import analysis_to_dict
     from quantscope.analyze import analyze as run_analysis
     from quantscope.model.groups import find_groups
+    from quantscope.stages.usable import unusable_groups
 
     model, fit = ctx.model(), ctx.data().fit
+    groups = find_groups(model)
     scorer = stages.scorer_for(fit, model, ctx.opts.metric)  # ranks by what plan judges
-    result = run_analysis(model, find_groups(model), stages.read_stats(ctx.path(STATS)),
+    skip = unusable_groups(model, ctx.target(), low=Precision.A8_W8, high=Precision.A16_W16,
+                           groups=groups, seq_len=ctx.opts.seq_len,
+                           input_shapes=ctx.opts.input_shapes)  # only what plan can use
+    result = run_analysis(model, groups, stages.read_stats(ctx.path(STATS)),
                           list(fit.evaluation), scorer=scorer,
                           target=ctx.target(), proxy_fraction=ctx.opts.proxy,
-                          progress=ctx.progress)
+                          progress=ctx.progress, skip=skip)
     doc = analysis_to_dict(result)
     seconds = doc["method"].pop("sweep_seconds", None)
     stages.write_json(ctx.path(ANALYSIS), doc)
