@@ -72,6 +72,8 @@ def lengths_section(doc: dict[str, Any] | None) -> str:
     held = format_deployment(RouteResult.from_dict(d["held_out"]))
     fit = "\n\n".join(format_choice(DeploymentChoice.from_dict(d[k]))
                        for k in ("chosen_fit", "one_model_fit"))
+    margin = d.get("cost_margin")
+    head += f"<p>Cost cap: {_e(margin['sentence'])}.</p>" if margin else ""
     return (head + f"<p>{_e(d['reason'])}; {_e(d['switching'])}.</p>"
             + "<p><b>Held out</b> (the kept deployment, each text on its compiled model; "
             "route it again with <code>quantscope route MODEL --deployment "
