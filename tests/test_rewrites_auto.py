@@ -132,7 +132,8 @@ def _small_target(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_path, capsys):
+def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_path, capsys,
+                                                                         monkeypatch):
     from quantscope.serde import read_json
 
     onnx.save(token_encoder(), tmp_path / "enc.onnx")
@@ -159,11 +160,26 @@ def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_pat
     assert "Rewrites chosen by the run (auto, fit data)" in (out / "report.html").read_text()
     compiled = onnx.load(out / "repaired.onnx")
     assert any(n.name.endswith("/tok1") for n in compiled.graph.node)
-    # a rerun: the choice is reused (no measurement), every stage skipped
+    # a rerun: the choice is reused (no measurement), every stage skipped; the given model
+    # and the data are opened once (for the checks), the rewritten model not at all
+    opened = {"open_model": 0, "load_proto": 0, "open_data": 0}
+
+    def counted(name):
+        real = getattr(stages, name)
+
+        def call(*a, **k):
+            opened[name] += 1
+            return real(*a, **k)
+        return call
+
+    for name in opened:
+        monkeypatch.setattr(stages, name, counted(name))
     assert main(argv) == 0
     said = capsys.readouterr()
     assert "rewritten model reused" in said.err and "rewrites auto:" not in said.err
     assert "stages run: none;" in said.out
+    assert opened == {"open_model": 1, "load_proto": 0, "open_data": 1}, opened
+    monkeypatch.undo()
     # --rewrites none: the given model, every stage again, no auto record
     assert main([*argv, "--rewrites", "none"]) == 0
     said = capsys.readouterr().out

@@ -272,7 +272,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if v["goal"] is None:
         head = f"verdict: no --goal given; {m} {got} ({n}; {refs}){what}"
     else:
-        word = "REACHED" if v["reached"] else "NOT reached"
+        reached = v["reached"] if "headline" in v else _reaches(v, h["value"])
+        word = "REACHED" if reached else "NOT reached"
         op = ">=" if v.get("higher_is_better", True) else "<="
         unit = f" {v['unit']}" if v.get("unit") else ""
         head = (f"verdict: goal {m} {op} {v['goal']:g}{unit} {word} on the held-out data: "
@@ -304,6 +305,15 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return lines
+
+
+def _reaches(v: dict[str, Any], value: Any) -> bool:
+    """The goal judged on ``value`` (a verdict.json written before ``headline`` judged
+    the plan: what ships may be a deployment)."""
+    x = fmt.num(value)
+    if x is None:
+        return False
+    return x >= v["goal"] if v.get("higher_is_better", True) else x <= v["goal"]
 
 
 def _plan_line(v: dict[str, Any], n: str, *, shipped: bool) -> str:
