@@ -37,7 +37,7 @@ import numpy as np
 
 from quantscope import stages
 from quantscope.progress import say
-from quantscope.rewrites.auto import AutoChoice, Measured, choose_rewrites
+from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rewrites
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
 if TYPE_CHECKING:
@@ -73,14 +73,16 @@ MEASURED_ON = ("plan --max-legal at the run's length (no repairs), emulated in O
 
 def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
     """What the auto choice is a function of besides the given model and the tool's
-    version: the fit data, the length and shapes, the target, the calibration method and
-    the metric (``identity``: a path -> content-digest function for the files)."""
+    version: the fit data, the length and shapes, the target, the calibration method, the
+    metric and the keep rule (``identity``: a path -> content-digest function for the files)."""
     return {"mode": "auto", "data": identity(opts.data), "eval_data": identity(opts.eval_data),
             "tokenizer": identity(opts.tokenizer), "pairs": opts.pairs,
             "seq_len": opts.seq_len, "input_shapes": [[k, list(v)] for k, v in opts.input_shapes],
             "target": identity(opts.target), "method": opts.method, "metric": opts.metric,
             "layout": sorted(s.text for s in opts.layout),
-            "batch_axes": [list(p) for p in opts.batch_axes]}
+            "batch_axes": [list(p) for p in opts.batch_axes],
+            # the rule that kept them: a folder chosen under another rule chooses again
+            "keep_rule": KEEP_RULE}
 
 
 def auto_digest(key: dict[str, Any]) -> str:
