@@ -319,7 +319,10 @@ def pareto_section(pareto: dict[str, Any], measured: str, *, verdict: dict[str, 
     if verdict is not None:
         got = (verdict.get("quality") or {}).get("plan", {}).get(measured)
         held = (f" Held out, the chosen plan measures {fmt.value(measured, got)} "
-                f"({_e(_n(verdict))}; see the verdict).")
+                f"({_e(_n(verdict))}; see the verdict)."
+                + (" What ships is the deployment of compiled lengths (its held-out figure "
+                   "leads the verdict; see Compiled lengths)."
+                   if verdict.get("ships") == "deployment" else ""))
     on = pareto.get("measured_on") or "the fit data"
     rows = []
     for i, p in enumerate(points):
