@@ -75,9 +75,9 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
                  if t.get("after") is not None and t.get("before") is not None else "")
         iv = t.get("interval")
         if iv and delta:  # the paired interval over per-sample scores (fit data)
-            delta += (f" ({'tie within noise' if iv['outcome'] == 'tie' else iv['outcome']}"
-                      f"; {iv['confidence']:.0%} bounds {fmt.gain(m, iv['lower'])} .. "
-                      f"{fmt.gain(m, iv['upper'])})")
+            delta += (f", {'tie within noise' if iv['outcome'] == 'tie' else iv['outcome']}"
+                      f": {iv['confidence']:.0%} bounds {fmt.gain(m, iv['lower'])} .. "
+                      f"{fmt.gain(m, iv['upper'])}")
         rows.append({"rewrite": t["name"], "decision": word,
                      "without": fmt.value(m, t.get("before")) if t["tried"] else "",
                      "with": fmt.value(m, t.get("after")) if t.get("after") is not None else "",
