@@ -1,22 +1,35 @@
-"""Benchmark: plans measured per minute by the planner's evaluators, naive vs incremental.
+"""Benchmark: plans measured per minute by the planner's evaluators, against the issue's "today".
 
 One realistic sequence of planner plans on a built-in text model: from uniform a8_w8,
 ``--plans`` times promote one random group (not promoted yet) to a16_w16 and measure the
 plan; keep the promotion when the metric does not drop (a measured greedy search, as the
-refine steps of ``quantscope plan`` measure one changed plan after another). Every
-variant measures the same sequence in this process (ratios against the naive one, run
-first); each prints its wall time, plans per minute, and whether it took the same
-decisions and measured the same values (largest difference) as the naive one. Then the
-part the incremental evaluator changes, alone: the emulated outputs of the same plans by
-one full QDQ graph each vs the runner (the scoring, the same for every variant, left out).
+refine steps of ``quantscope plan`` measure one changed plan after another, and as its
+one-at-a-time drops compare each candidate with the incumbent). Every variant measures
+the same sequence in this process (ratios against the baseline, run first); each prints
+its wall time, plans per minute, and whether it took the same decisions and measured the
+same values (largest difference) as the baseline, and the chosen plan. Then the part the
+incremental evaluator changes, alone: the emulated outputs of the same plans by one full
+QDQ graph each vs the runner (the scoring left out).
 
 The variants are the registry :data:`VARIANTS` (name -> a factory of ``plan -> value``):
 
-* ``naive``: one full QDQ graph and session per plan (``evaluate_plan``, FP32 once);
-* ``incremental``: the planner's evaluator (:mod:`quantscope.analyze.incremental`), each
-  plan run from its first changed segment;
-* the early-stopped (``plan/race.py``) and torch-ranked evaluators plug in as more
-  entries of :data:`VARIANTS` (a factory ``(Setup) -> Evaluate``); nothing else changes.
+* ``today`` (the baseline): the issue's "today", reproduced: one full QDQ graph and
+  session per plan (``evaluate_plan``, FP32's outputs once) with every metric scored as
+  the code before the reference's memo and the Gram-matrix effective rank scored it: the
+  collapse indicators of FP32's embeddings recomputed for every plan (the memo emptied
+  before each) and both effective ranks by an SVD (:func:`effective_rank_svd`);
+* ``naive``: the same full pass per plan, scored as the code scores now;
+* ``incremental``: the planner's evaluator as the docs first measured it
+  (:mod:`quantscope.analyze.incremental`, each plan run from its first changed segment),
+  scored with the SVD effective rank (the reference's memoised);
+* ``incremental+cheap``: the planner's evaluator as ``plan`` runs it now: incremental,
+  and scored as the planner reads it (only the metric it ranks by:
+  ``evaluate_plan(..., only=metric)``, the collapse indicators skipped, every other
+  figure of a plan measured again in full by ``evaluate``);
+* ``incremental+cheap+race``: that, with each candidate first raced against the
+  incumbent on prefixes of the pairs (``plan --race``'s racer,
+  :class:`quantscope.stages.race.PlanRacer`, as ``plan/refine.py`` races its drops); a
+  candidate stopped there is not measured and not kept (its value is NaN in the row).
 
     .venv/bin/python bench/search.py --model minilm-l3 --pairs 64 --seq-len 128 --plans 16
 """
@@ -40,6 +53,9 @@ from quantscope.analyze.measure import evaluate_plan, headline, qdq_for_plan
 from quantscope.emulate.evaluate import run_model
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
+from quantscope.plan.race import RaceRule
+from quantscope.stages.race import PlanRacer
+from quantscope.tasks import metrics
 from quantscope.tasks.registry import at_length
 from quantscope.types import Dataset, Outputs, Plan, Precision, QuantScheme, Stats
 
@@ -58,8 +74,31 @@ class Setup:
     reference: Outputs
 
 
+def _svd_scoring() -> None:
+    """The scoring before the Gram form: every effective rank by an SVD."""
+    metrics.effective_rank = metrics.effective_rank_svd  # restored by _gram_scoring
+
+
+def _gram_scoring() -> None:
+    metrics.effective_rank = _GRAM
+
+
+_GRAM = metrics.effective_rank
+
+
+def today(s: Setup) -> Evaluate:
+    def run(plan: Plan) -> float:
+        _svd_scoring()
+        metrics._REF_INDICATORS.clear()  # the code before the memo: FP32's recomputed
+        return float(evaluate_plan(s.model, s.data, s.stats, plan, reference_outputs=s.reference,
+                                   saturation=False)["metrics"][s.metric])
+
+    return run
+
+
 def naive(s: Setup) -> Evaluate:
     def run(plan: Plan) -> float:
+        _gram_scoring()
         return float(evaluate_plan(s.model, s.data, s.stats, plan, reference_outputs=s.reference,
                                    saturation=False)["metrics"][s.metric])
 
@@ -70,6 +109,7 @@ def incremental(s: Setup) -> Evaluate:
     engine = IncrementalEngine(s.model, s.data.evaluation)
 
     def run(plan: Plan) -> float:
+        _svd_scoring()
         return float(evaluate_plan(s.model, s.data, s.stats, plan, reference_outputs=s.reference,
                                    saturation=False, engine=engine)["metrics"][s.metric])
 
@@ -77,10 +117,45 @@ def incremental(s: Setup) -> Evaluate:
     return run
 
 
+def cheap(s: Setup) -> Evaluate:
+    engine = IncrementalEngine(s.model, s.data.evaluation)
+
+    def run(plan: Plan) -> float:
+        _gram_scoring()
+        return float(evaluate_plan(s.model, s.data, s.stats, plan, reference_outputs=s.reference,
+                                   saturation=False, engine=engine,
+                                   only=s.metric)["metrics"][s.metric])
+
+    run.engine = engine  # type: ignore[attr-defined]
+    return run
+
+
+def raced(s: Setup) -> Evaluate:
+    measure = cheap(s)
+    racer = PlanRacer(s.model, s.data, s.stats, s.metric, RaceRule())
+    state: dict[str, Plan] = {}
+
+    def run(plan: Plan) -> float:
+        incumbent = state.get("incumbent")
+        if incumbent is not None and racer([incumbent, plan]).entries[1].stopped:
+            return float("nan")  # stopped on a prefix: not measured, not kept
+        return measure(plan)
+
+    def keep(plan: Plan) -> None:
+        state["incumbent"] = plan
+
+    run.engine = measure.engine  # type: ignore[attr-defined]
+    run.keep = keep  # type: ignore[attr-defined]  # the walk tells it the incumbent
+    run.racer = racer  # type: ignore[attr-defined]
+    return run
+
+
 VARIANTS: dict[str, Callable[[Setup], Evaluate]] = {
-    "naive": naive,  # the baseline: first, every ratio is against it
+    "today": today,  # the baseline: first, every ratio is against it
+    "naive": naive,
     "incremental": incremental,
-    # "early-stopped": plan.race's evaluator, "torch-ranked": the torch ranker (then ORT)
+    "incremental+cheap": cheap,
+    "incremental+cheap+race": raced,
 }
 
 
@@ -92,16 +167,19 @@ def greedy_sequence(evaluate: Evaluate, names: tuple[str, ...], n: int, seed: in
     t0 = time.perf_counter()
     kept: list[str] = []
     plans = [Plan.uniform(Precision.A8_W8)]
+    tell = getattr(evaluate, "keep", lambda plan: None)  # the incumbent, for a race
     best = evaluate(plans[0])
+    tell(plans[0])
     values, taken = [best], [True]
     for g in order:
         plans.append(Plan(default=Precision.A8_W8,
                           overrides=tuple((x, Precision.A16_W16) for x in [*kept, g])))
         v = evaluate(plans[-1])
         values.append(v)
-        taken.append(v >= best)
+        taken.append(v >= best)  # False for NaN: stopped by a race
         if v >= best:
             kept, best = [*kept, g], v
+            tell(plans[-1])
     return values, taken, time.perf_counter() - t0, plans
 
 
@@ -148,31 +226,48 @@ def main() -> None:
     print(f"{args.model}: {len(names)} groups, {args.pairs} pairs at seq-len {args.seq_len}, "
           f"metric {setup.metric}; calibration {calib:.1f} s; {os.cpu_count()} cores "
           f"({platform.processor() or platform.machine()})")
+    naive(setup)(Plan.uniform(Precision.A8_W8))  # warm-up, untimed: no variant pays the
+    _gram_scoring()  # one-off costs of the first ORT session and of lazy imports
     rows, base = [], None
+    loads = [list(os.getloadavg())]
     for name in args.variants.split(","):
         evaluate = VARIANTS[name](setup)
         values, taken, secs, plans = greedy_sequence(evaluate, names, args.plans, args.seed)
         base = base or (values, taken, secs)
+        last = max(i for i, k in enumerate(taken) if k)
+        done = ~np.isnan(values)
         row = {"variant": name, "plans": len(values), "seconds": round(secs, 2),
                "plans_per_minute": round(60 * len(values) / secs, 2),
                "speedup": round(base[2] / secs, 2), "same_decisions": taken == base[1],
-               "max_value_difference": float(np.max(np.abs(np.subtract(values, base[0])))),
-               "chosen": values[max(i for i, k in enumerate(taken) if k)]}
+               "max_value_difference": float(np.max(np.abs(
+                   np.subtract(values, base[0])[done]))),
+               "stopped_by_race": int(np.sum(~done)),
+               "chosen": values[last],
+               "chosen_plan": sorted(g for g, _ in plans[last].overrides)}
         engine = getattr(evaluate, "engine", None)
         if engine is not None:
             row["engine"] = engine.counts.to_dict()
+        racer = getattr(evaluate, "racer", None)
+        if racer is not None:
+            row["races"] = [{"looks": list(r.looks), "stopped": [e.n for e in r.entries
+                                                                 if e.stopped]}
+                            for r, _ in racer.records]
         rows.append(row)
-        print(json.dumps(row))
+        loads.append(list(os.getloadavg()))
+        print(json.dumps(row), f"(load average {loads[-1][0]:.1f})")
         del evaluate, engine  # its caches go before the next variant
+    _gram_scoring()
     only = outputs_only(setup, plans)
     print("emulated outputs only:", json.dumps(only))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"peak RSS of the process (all variants): {peak:.0f} MB")
+    print(f"peak RSS of the process (all variants): {peak:.0f} MB; load average "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "pairs": args.pairs, "seq_len": args.seq_len,
                        "metric": setup.metric, "rows": rows, "outputs_only": only,
-                       "peak_rss_mb": round(peak)}, f,
+                       "peak_rss_mb": round(peak), "load_average": loads,
+                       "cores": os.cpu_count()}, f,
                       indent=1)
 
 

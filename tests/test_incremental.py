@@ -130,6 +130,17 @@ def test_evaluate_plans_with_the_engine_measures_what_the_full_pass_measures(pre
     assert engine.counts.plans == 3
 
 
+def test_only_a_metric_the_task_cannot_score_alone_gets_every_metric(prepared):
+    """Tensors (no task): ``only`` cannot be scored alone, so every metric is scored."""
+    model, stats, batches = prepared
+    data = Dataset("tiny", calibration=tuple(batches), evaluation=tuple(batches))
+    plan = next(_plans(find_groups(model).names(), seed=4, n=1))
+    full = evaluate_plans(model, data, stats, {"p": plan}, saturation=False)["p"]
+    only = evaluate_plans(model, data, stats, {"p": plan}, saturation=False,
+                          only="sqnr_db")["p"]
+    assert only["metrics"] == full["metrics"] and len(full["metrics"]) > 1
+
+
 @pytest.fixture(scope="module")
 def planned(prepared):
     """``plan_model`` on the tiny encoder (gains rising with group order, max cost 1.2 on

@@ -19,6 +19,7 @@ from quantscope.tasks.metrics import (
     decision_agreement,
     eer,
     effective_rank,
+    effective_rank_svd,
     match_decisions,
     mean_pairwise_cosine,
     mrr,
@@ -492,3 +493,29 @@ def test_reference_indicators_are_computed_once_per_contents_and_follow_a_change
     M._REF_INDICATORS.clear()
     assert changed == M.collapse_report(test, reference=ref)  # as computed afresh
     assert changed.ref_effective_rank != first.ref_effective_rank
+
+
+@pytest.mark.parametrize("case", ["gaussian", "tall", "anisotropic", "near_collapse",
+                                  "collapse_1e-6", "identical_rows", "rank_one", "zeros"])
+def test_effective_rank_by_the_gram_matrix_is_the_svd_figure(case):
+    """The Gram-matrix eigenvalues give the SVD's effective rank within 1e-6 relative, on
+    wide and tall matrices, anisotropic and nearly collapsed rows, rank one and zeros."""
+    rng = np.random.default_rng(7)
+    x = {"gaussian": lambda: rng.normal(size=(64, 384)),
+         "tall": lambda: rng.normal(size=(900, 48)),
+         "anisotropic": lambda: rng.normal(size=(64, 384)) * np.logspace(0, -4, 384) + 3,
+         "near_collapse": lambda: 1 + 1e-3 * rng.normal(size=(64, 384)),
+         "collapse_1e-6": lambda: 1 + 1e-6 * rng.normal(size=(64, 384)),
+         "identical_rows": lambda: np.tile(rng.normal(size=384), (64, 1)),
+         "rank_one": lambda: np.tile([1.0, 2.0, 3.0], (10, 1)),
+         "zeros": lambda: np.zeros((4, 3))}[case]().astype(np.float32)
+    assert effective_rank(x) == pytest.approx(effective_rank_svd(x), rel=1e-6, abs=1e-12)
+
+
+def test_effective_rank_at_float32_rounding_noise_differs_by_at_most_1e_5():
+    """Rows equal up to float32 rounding: both figures are noise (~1.00001), within 1e-5."""
+    rng = np.random.default_rng(8)
+    for _ in range(4):
+        x = (np.tile(rng.normal(size=384), (64, 1))
+             + 1e-7 * rng.normal(size=(64, 384))).astype(np.float32)
+        assert effective_rank(x) == pytest.approx(effective_rank_svd(x), rel=1e-5)

@@ -107,6 +107,54 @@ def test_the_planner_measures_only_the_survivors_and_chooses_the_same_plan():
     assert raced.plan == plain.plan and raced.measured == plain.measured
 
 
+def _drop_race_setup():
+    model, groups = _chain()
+    gains = {g: {"a16_w8": 0.02, "a16_w16": 0.04} for g in groups.names()}
+
+    def quality(p: Plan) -> float:
+        return 0.3 + 0.1 * sum(2 if v.value == "a16_w16" else 1 for _, v in p.overrides)
+
+    measured: list[Plan] = []
+    races = []
+
+    def evaluate(p: Plan) -> float:
+        measured.append(p)
+        return quality(p)
+
+    def racer(plans):
+        u = np.random.default_rng(1).random(TOTAL)
+        table = [(u < min(quality(p), 0.99)).astype(float) for p in plans]
+        races.append((tuple(plans), race([f"c{i}" for i in range(len(plans))],
+                                         lambda i, n: table[i][:n], TOTAL)))
+        return races[-1][1]
+
+    return model, groups, gains, evaluate, racer, measured, races
+
+
+def test_the_drops_are_raced_against_the_incumbent_and_a_stopped_one_is_never_measured():
+    model, groups, gains, evaluate, racer, measured, races = _drop_race_setup()
+    plain = search(groups, _sens(gains), _toy_target(), model, evaluate=evaluate, max_cost=1.6)
+    n_plain = len(measured)
+    measured.clear()
+    raced = search(groups, _sens(gains), _toy_target(), model, evaluate=evaluate,
+                   race=racer, max_cost=1.6)
+    drops = [(plans, r) for plans, r in races if len(plans) == 2]
+    assert drops, "no drop was raced"
+    stopped = [plans[1] for plans, r in drops if r.entries[1].stopped]
+    assert stopped and not any(p in measured for p in stopped)
+    assert all(not r.entries[0].stopped for _, r in drops)  # never the incumbent
+    assert raced.plan == plain.plan and raced.measured == plain.measured
+    assert len(measured) < n_plain
+
+
+def test_with_a_quality_goal_the_drops_are_not_raced():
+    """The keep rule of a drop is then the goal, not the incumbent: measured in full."""
+    model, groups, gains, evaluate, racer, measured, races = _drop_race_setup()
+    search(groups, _sens(gains), _toy_target(), model, evaluate=evaluate, race=racer,
+           min_quality=0.5, max_cost=1.6)
+    assert measured and not races
+
+
 # ---------------------------------------------------------------- real plans in ORT
 
 PAIRS = 200
@@ -166,6 +214,27 @@ def test_per_query_scores_on_every_pair_are_the_metric_evaluate_reports(encoder,
     assert scores.shape == (PAIRS,) and float(np.mean(scores)) == pytest.approx(full, abs=1e-12)
 
 
+@pytest.mark.parametrize("metric", ["top1_agreement", "recall@1"])
+def test_a_plan_scored_for_its_ranking_alone_gets_the_full_figure_float_for_float(encoder,
+                                                                                  metric):
+    """``evaluate_plan(only=metric)`` (the planner's evaluator) scores just the metric, by
+    the per-query scores on every pair: the figure the full scoring reports, exactly."""
+    from quantscope import stages
+    from quantscope.analyze.incremental import IncrementalEngine
+    from quantscope.analyze.measure import ONLY_NOTE
+
+    model, data, stats = encoder
+    engine = IncrementalEngine(model, list(data.evaluation))
+    for plan in _plans():
+        full = stages.evaluate_plan(model, data, stats, plan, saturation=False)
+        alone = stages.evaluate_plan(model, data, stats, plan, saturation=False, engine=engine,
+                                     only=metric)
+        assert alone["metrics"] == {metric: full["metrics"][metric]}
+        assert ONLY_NOTE.format(metric) in alone["notes"] and alone["outputs"] == {}
+    assert len({stages.evaluate_plan(model, data, stats, p, saturation=False, only=metric)
+                ["metrics"][metric] for p in _plans()}) > 1  # the plans differ: it can fail
+
+
 def test_plan_model_records_the_race_and_chooses_what_it_chose_without(encoder):
     from quantscope import stages
     from quantscope.model.groups import find_groups
@@ -182,7 +251,9 @@ def test_plan_model_records_the_race_and_chooses_what_it_chose_without(encoder):
             for race in (None, 0.95)}
     assert "race" not in runs[None].pareto
     record = runs[0.95].pareto["race"]
-    assert record["confidence"] == 0.95 and len(record["races"]) == 1
+    assert record["confidence"] == 0.95 and len(record["races"]) >= 2
+    # the refine batch, then each one-at-a-time drop against the incumbent (two plans)
+    assert all(len(r["candidates"]) == 2 for r in record["races"][1:])
     assert all("n" in c and "half_width" in c for c in record["races"][0]["candidates"])
     assert runs[0.95].plan.overrides == runs[None].plan.overrides
     assert runs[0.95].pareto["chosen"] == runs[None].pareto["chosen"]

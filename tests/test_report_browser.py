@@ -60,7 +60,7 @@ def text_report(tmp_path_factory):
     pairs_file(d / "pairs.jsonl", 60)
     assert main(["run", str(d / "enc.onnx"), "--data", str(d / "pairs.jsonl"), "--pairs", "30",
                  "--target", "hailo10h", "--goal", "0.999", "--max-cost", "1.2", "--whatif",
-                 "--out", str(d / "W")]) == 0
+                 "--finetune", "off", "--out", str(d / "W")]) == 0
     return d / "W"
 
 

@@ -153,7 +153,7 @@ def test_run_with_whatif_and_a_goal_shows_the_headroom(tmp_path, capsys):
     onnx.save(model.proto, tmp_path / "enc.onnx")
     argv = ["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "pairs.jsonl"),
             "--pairs", "30", "--target", "hailo10h", "--goal", "0.999", "--out",
-            str(tmp_path / "W"), "--whatif"]
+            str(tmp_path / "W"), "--whatif", "--finetune", "off"]
     assert main(argv) == 0
     v = read_json(tmp_path / "W" / "verdict.json", "verdict")
     ev = read_json(tmp_path / "W" / "evaluate.json", "evaluate")

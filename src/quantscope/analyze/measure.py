@@ -94,14 +94,16 @@ def evaluate_plan(
     reference_outputs: Outputs | None = None,
     saturation: bool = True,
     engine: IncrementalEngine | None = None,
+    only: str | None = None,
 ) -> dict[str, Any]:
     """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32.
 
     The graph measured is :func:`qdq_for_plan`'s, the one ``export-qdq`` writes (run by
-    segments with an ``engine``: :func:`evaluate_plans`).
+    segments with an ``engine``; ``only``: just that metric where it can be scored
+    alone: :func:`evaluate_plans`).
     """
     return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
-                          saturation=saturation, engine=engine,
+                          saturation=saturation, engine=engine, only=only,
                           progress=progress, reference=reference,
                           reference_outputs=reference_outputs)["emulated"]
 
@@ -120,6 +122,7 @@ def evaluate_plans(
     saturation: bool = True,
     error_scales: Sequence[float] = (),
     engine: IncrementalEngine | None = None,
+    only: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -149,42 +152,80 @@ def evaluate_plans(
         (reference or model).proto, batches, label="fp32" if progress else ""))
     ref_kept = None if ref is None else kept(ref, batches, keep)
     results: dict[str, dict[str, Any]] = {}
+    alone = None if only is None or ref_kept is None or error_scales else _scored_alone(data, only)
     for label, plan in plans.items():
         emulated, enc, cov, measured_by = _emulated(model, stats, plan, batches, engine, scheme=scheme,
                                                     method=method, label=label if progress else "")
         coverage, saturated = cov.to_dict(), _saturation_entry(data_stats, enc, n_rows)
         q_notes = (*enc.notes, *measured_by[1:])
         del enc
-        # raw outputs judged unless a task reads them its own way (text: padded tokens);
-        # a row-local output task (detections, maps) reads the raw outputs themselves
-        judge = data.task is None or getattr(data.task, "row_local", False)
-        score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
-                                 "channel_axes": output_channel_axes(model, batches)}
-        if ref is None:
-            fp32 = open_runs((reference or model).proto, batches)
-            fid, ref_kept, test = compare_models(fp32, emulated, **score)
-        else:
-            fid, test = compare_model(emulated, ref, **score)
-        metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
-        scaled: dict[str, Any] = {}
-        if data.task is not None:
-            tm = data.task.metrics(ref_kept, test)
-            metrics.update(tm.values)
-            tables.update(tm.tables)
-            task_notes = (*task_notes, *tm.notes)
-            if error_scales:
-                scaled = {"error_scales": [
-                    {"scale": float(f), **data.task.metrics(
-                        ref_kept, scale_error(ref_kept, test, f)).values}
-                    for f in error_scales]}
-        results[label] = {
-            "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
-            "method": method or stats.method, "metrics": metrics, "outputs": tables,
-            "coverage": coverage, **saturated, **scaled,
-            **({"engine": measured_by[0]} if engine is not None else {}),
-            "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
-        }
+        if alone is not None and ref_kept is not None:
+            test = Outputs(names=emulated.names, batches=tuple(
+                t if keep is None else keep(t, b) for t, b in emulated.batches))
+            results[label] = {
+                "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
+                "method": method or stats.method, "metrics": {only: alone(ref_kept, test)},
+                "outputs": {}, "coverage": coverage, **saturated,
+                **({"engine": measured_by[0]} if engine is not None else {}),
+                "notes": [*model.notes, *data.notes, *q_notes, ONLY_NOTE.format(only)]}
+            continue
+        results[label] = _scored(model, data, stats, plan, batches, emulated, ref, ref_kept,
+                                 keep, reference=reference, method=method, error_scales=error_scales,
+                                 head={"coverage": coverage, **saturated}, q_notes=q_notes,
+                                 measured_by=measured_by[0] if engine is not None else None)
     return results
+
+
+def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list[Batch],
+            emulated: Runs, ref: Outputs | None, ref_kept: Outputs | None, keep: Any, *,
+            reference: Model | None, method: str | None, error_scales: Sequence[float],
+            head: dict[str, Any], q_notes: tuple[str, ...], measured_by: str | None
+            ) -> dict[str, Any]:
+    """One plan's result with every metric: output fidelity and the task's figures."""
+    # raw outputs judged unless a task reads them its own way (text: padded tokens);
+    # a row-local output task (detections, maps) reads the raw outputs themselves
+    judge = data.task is None or getattr(data.task, "row_local", False)
+    score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
+                             "channel_axes": output_channel_axes(model, batches)}
+    if ref is None:
+        fp32 = open_runs((reference or model).proto, batches)
+        fid, ref_kept, test = compare_models(fp32, emulated, **score)
+    else:
+        fid, test = compare_model(emulated, ref, **score)
+    metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
+    scaled: dict[str, Any] = {}
+    if data.task is not None:
+        tm = data.task.metrics(ref_kept, test)
+        metrics.update(tm.values)
+        tables.update(tm.tables)
+        task_notes = (*task_notes, *tm.notes)
+        if error_scales:
+            scaled = {"error_scales": [
+                {"scale": float(f), **data.task.metrics(
+                    ref_kept, scale_error(ref_kept, test, f)).values}
+                for f in error_scales]}
+    return {
+        "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
+        "method": method or stats.method, "metrics": metrics, "outputs": tables,
+        **head, **scaled, **({"engine": measured_by} if measured_by is not None else {}),
+        "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
+    }
+
+
+ONLY_NOTE = ("scored: {} only (what the ranking reads); the plan's other figures are "
+             "measured in full by evaluate")
+
+
+def _scored_alone(data: Dataset, metric: str) -> Any:
+    """``(ref, test) -> metric`` on kept outputs, by the per-query scores, where the task
+    scores ``metric`` that way (retrieval pairs); else None (every metric is scored)."""
+    from quantscope.tasks.registry import RetrievalTask
+    from quantscope.tasks.samples import SAMPLE_SCORES, whole_set_score
+
+    task = data.task
+    if not isinstance(task, RetrievalTask) or metric not in SAMPLE_SCORES:
+        return None
+    return lambda ref, test: whole_set_score(metric, task.embeddings(ref), task.embeddings(test))
 
 
 def _emulated(model: Model, stats: Stats, plan: Plan, batches: list[Batch],

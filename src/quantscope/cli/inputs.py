@@ -17,6 +17,7 @@ from quantscope.model.shapes import given_shapes
 from quantscope.targets import Target, load_target
 from quantscope.tasks.layout import LAYOUT_NOTE
 from quantscope.tasks.tensors import check_token_ids
+from quantscope.tasks.text import TextPrefixes
 from quantscope.types import Plan, Precision, QuantscopeError, Stats
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ def open_dataset(args: argparse.Namespace, model: stages.Model) -> stages.Datase
                               max_pairs=getattr(args, "pairs", None),
                               output=getattr(args, "output", None),
                               layout=tuple(getattr(args, "layout", None) or ()),
-                              batch_axes=merged_batch_axes(getattr(args, "batch_axis", None)))
+                              batch_axes=merged_batch_axes(getattr(args, "batch_axis", None)),
+                              prefixes=text_prefixes(args))
     except UnicodeDecodeError:
         raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
     for batch in (*ds.calibration, *ds.evaluation):
@@ -60,6 +62,13 @@ def open_dataset(args: argparse.Namespace, model: stages.Model) -> stages.Datase
         for note in layout_notes(ds):  # evaluate prints them with its result
             print(f"note: {note}")
     return ds
+
+
+def text_prefixes(args: argparse.Namespace) -> TextPrefixes | None:
+    """The ``--query-prefix``/``--doc-prefix`` of text data (None: neither given)."""
+    prefixes = TextPrefixes(getattr(args, "query_prefix", None) or "",
+                            getattr(args, "doc_prefix", None) or "")
+    return prefixes or None
 
 
 def layout_notes(ds: stages.Dataset) -> tuple[str, ...]:
@@ -90,7 +99,9 @@ def print_problems(problems: list, what: str) -> int:
     for p in problems:
         print(f"{p.severity}: [{p.rule}] {p.group}: {p.reason}")
         print(f"    fix: {p.fix}    (source: {p.provenance})")
-    print(f"{what}: {len(errors)} error(s), {len(problems) - len(errors)} warning(s)")
+    infos = sum(p.severity == "info" for p in problems)
+    print(f"{what}: {len(errors)} error(s), {len(problems) - len(errors) - infos} warning(s)"
+          + (f", {infos} note(s) (info: not a failure)" if infos else ""))
     return EXIT_PROBLEMS if errors else 0
 
 

@@ -144,7 +144,32 @@ def tokenizer_parent() -> argparse.ArgumentParser:
                    help="tokenizer.json or Hugging Face model folder (text models; default: "
                    "the one the model names or sits with (tokenizer.json beside it), else "
                    "the packaged uncased BERT tokenizer of the MiniLMs)")
+    add_prefixes(p)
     return p
+
+
+PREFIX_HELP = ("text put before every {what} before tokenizing, for encoders trained with "
+               "prefixes (e5: {e5}{bge}; text data only; quote it, e.g. {e5}; default: none)")
+
+
+def prefix_text(text: str) -> str:
+    """A text prefix: one line (a newline would change what the tokenizer splits on)."""
+    if "\n" in text or "\r" in text:
+        raise argparse.ArgumentTypeError(f"{text!r} holds a line break: a prefix is text put "
+                                         "before each query or document on its line")
+    return text
+
+
+def add_prefixes(p: argparse.ArgumentParser) -> None:
+    """--query-prefix / --doc-prefix: the text prefixes of retrieval data, on every command
+    that reads text (they come with ``--tokenizer``)."""
+    p.add_argument("--query-prefix", default="", metavar="TEXT", type=prefix_text,
+                   help=PREFIX_HELP.format(what="query (and both sentences of similarity "
+                                           "pairs)", e5="'query: '",
+                                           bge="; bge: its query instruction"))
+    p.add_argument("--doc-prefix", default="", metavar="TEXT", type=prefix_text,
+                   help=PREFIX_HELP.format(what="document and calibration text",
+                                           e5="'passage: '", bge=""))
 
 
 def pairs_parent(default: int | None, what: str) -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ from typing import Any
 
 from quantscope import stages
 from quantscope.analyze.evalcache import EvalCache
-from quantscope.cli.inputs import input_shapes, open_inputs
+from quantscope.cli.inputs import input_shapes, open_inputs, text_prefixes
 from quantscope.cli.options import (
     add_layout,
     budget_parent,
@@ -100,6 +100,12 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     "(candidates per length chosen on the fit pairs, measured held out: "
                     "deployment.json, len-N/, a router in io_snippet.py); 'off': one model; "
                     "or the lengths to choose from, e.g. 64,128")
+    ru.add_argument("--finetune", choices=("auto", "off", "on"), default="auto",
+                    help="fine-tune the final plan (PyTorch: pip install 'quantscope[finetune]'; "
+                    "CUDA when it sees a GPU) within what the plan search left of --budget, "
+                    "kept only when it measures better on the fit data by more than the "
+                    "noise: 'auto' (default) when the plan misses --goal there, 'on' always, "
+                    "'off' never")
     ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE "
                     f"({', '.join(RUN_STAGES)})")
     ru.add_argument("--out", dest="folder", type=run_folder, required=True,
@@ -211,13 +217,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                       seq_len=args.seq_len, input_shapes=input_shapes(args),
                       pairs=None if args.pairs == 0 else args.pairs,
                       metric=args.metric, tokenizer=args.tokenizer, hn=args.hn,
-                      method=args.method, proxy=args.proxy,
+                      prefixes=text_prefixes(args), method=args.method, proxy=args.proxy,
                       repair_batches=args.repair_batches, whatif=args.whatif,
                       rank_engine=args.rank_engine,
                       race=args.race,
                       layout=tuple(args.layout), lengths=args.lengths,
                       batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
-                      budget=args.budget, **repairs, **run_rewrites(args))
+                      budget=args.budget, finetune=args.finetune, **repairs,
+                      **run_rewrites(args))
     opts.check()  # the rewrites' options together, before the model is opened
     if args.layout:  # checked against the model's outputs before the run folder is made
         layout_tasks(stages.open_model(args.model), tuple(args.layout), args.data)

@@ -4,6 +4,14 @@ Hailo (and QNN) store every quantized value as an integer with its own scale and
 zero-point: ``real = (q - zero_point) * scale`` and ``q = round(real / scale) +
 zero_point``. A 16-bit unsigned output reads 0..65535; reading it as signed or with a
 hand-written 0/127/255 mapping is the classic mistake of the field reports.
+
+A lookup the target leaves to the host (:mod:`quantscope.model.host_gather`: the
+word-embedding Gather by ``input_ids``) makes the looked-up rows the compiled graph's
+input: its row says so (``host_lookup``: the table's name, shape, dtype, MB and the input
+that indexes it), and the snippet looks the rows up before quantizing them. Text
+prefixes the encoder was evaluated with (``--query-prefix``/``--doc-prefix``) go into the
+snippet too (:func:`text_snippet`): the host must put the same text before every query
+and document.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from quantscope.model.host_gather import HostGather
 from quantscope.model.load import Model
 from quantscope.types import Encodings, Groups, QuantscopeError
 
@@ -23,24 +32,38 @@ PROVENANCE = ("scale and zero point are what this calibration implies; the devic
               "and must be read from there")
 
 
-def device_io(model: Model, groups: Groups, encodings: Encodings) -> list[dict[str, Any]]:
-    """One row per quantized model input / output (float ones are left out)."""
+def device_io(model: Model, groups: Groups, encodings: Encodings,
+              host: Sequence[HostGather] = ()) -> list[dict[str, Any]]:
+    """One row per quantized model input / output (float ones are left out); each lookup
+    the host does (``host``) is an input row of the rows it feeds the device, with
+    ``host_lookup`` saying which table."""
     root = {t: chain[0] for chain in groups.shared for t in chain[1:]}
+    lookups = {g.output: g for g in host}
     rows = []
-    for role, names in (("input", groups.model_inputs), ("output", model.output_names())):
+    for role, names in (("input", (*lookups, *groups.model_inputs)),
+                        ("output", model.output_names())):
         for name in names:
             enc = encodings.activations.get(root.get(name, name))
             if enc is None:
                 continue
             q_min, q_max = _code_bounds(enc.bits, enc.signed)
+            lookup = {"host_lookup": lookups[name].to_dict()} if name in lookups else {}
             rows.append({
                 "role": role, "tensor": name, "bits": enc.bits, "signed": enc.signed,
                 "stored_type": f"{'int' if enc.signed else 'uint'}{enc.bits}",
                 "q_min": q_min, "q_max": q_max,
                 "scale": float(enc.scale), "zero_point": int(enc.zero_point),
-                "min": float(enc.range()[0]), "max": float(enc.range()[1]),
+                "min": float(enc.range()[0]), "max": float(enc.range()[1]), **lookup,
             })
     return rows
+
+
+def lookup_line(lookup: dict[str, Any]) -> str:
+    """One line of what the host looks up (a row's ``host_lookup``)."""
+    shape = "x".join(str(d) for d in lookup["shape"])
+    return (f"the host looks up {lookup['table']} [{shape}] {lookup['dtype']} "
+            f"({lookup['megabytes']:,.1f} MB) by {lookup['indices']}: the compiled graph "
+            f"takes the rows as '{lookup['output']}'")
 
 
 def _code_bounds(bits: int, signed: bool) -> tuple[int, int]:
@@ -53,6 +76,8 @@ def format_device_io(rows: list[dict[str, Any]]) -> str:
     lines = []
     for r in rows:
         kind, lo, hi = r["stored_type"], r["q_min"], r["q_max"]
+        if r.get("host_lookup"):
+            lines.append(f"host   {lookup_line(r['host_lookup'])}")
         lines.append(
             f"{r['role']:<6} {r['tensor']}: stored as {kind} ({lo} … {hi}), scale "
             f"{r['scale']:.8g}, zero point {r['zero_point']} (real range {r['min']:.6g} .. "
@@ -86,6 +111,8 @@ def python_snippet(rows: list[dict[str, Any]]) -> str:
            "# replace with the compiled artefact's qp_scale/qp_zp where they differ", ""]
     for r in rows:
         var = "".join(c if c.isalnum() else "_" for c in r["tensor"]).strip("_") or "t"
+        if r.get("host_lookup"):
+            out += _lookup_lines(r["host_lookup"], var)
         if r["role"] == "input":
             out.append(f"def to_device_{var}(x):  # {r['tensor']}: {r['stored_type']}")
             out.append(f"    q = np.round(np.asarray(x, np.float64) / {r['scale']!r}) + "
@@ -99,6 +126,42 @@ def python_snippet(rows: list[dict[str, Any]]) -> str:
             out.append(f"    return ((q - {r['zero_point']}) * {r['scale']!r}).astype(np.float32)")
         out.append("")
     return "\n".join(out)
+
+
+def _lookup_lines(lookup: dict[str, Any], var: str) -> list[str]:
+    """The host's lookup of one table: load it from the FP32 model, index it."""
+    return [
+        f"# {lookup_line(lookup)}",
+        "# (the target keeps this lookup outside the compiled graph: cut the graph",
+        f"# after {lookup['node']}; quantize the rows with to_device_{var})",
+        f"def load_table_{var}(fp32_model_path):",
+        f'    """{lookup["table"]} {lookup["shape"]} {lookup["dtype"]}, from the FP32 model."""',
+        "    import onnx",
+        "    from onnx import numpy_helper",
+        "    model = onnx.load(fp32_model_path)",
+        "    return next(numpy_helper.to_array(t) for t in model.graph.initializer",
+        f"                if t.name == {lookup['table']!r})",
+        "",
+        f"def lookup_{var}(table, token_ids):",
+        f'    """The rows the compiled graph takes: table[token_ids] ({lookup["indices"]})."""',
+        "    return np.asarray(table)[np.asarray(token_ids, np.int64)]",
+        "",
+    ]
+
+
+def text_snippet(query: str, document: str) -> str:
+    """The text prefixes the evaluation put before queries and documents: the host must
+    put the same ones before tokenizing."""
+    return "\n".join([
+        "# text prefixes the evaluation used (--query-prefix/--doc-prefix): put the same",
+        "# text before every query and every document before tokenizing, or the embeddings",
+        "# differ from the ones measured",
+        f"QUERY_PREFIX = {query!r}",
+        f"DOC_PREFIX = {document!r}", "",
+        "def with_prefix(text, is_query):",
+        '    """The text as the encoder was evaluated on it."""',
+        "    return (QUERY_PREFIX if is_query else DOC_PREFIX) + text", "",
+    ])
 
 
 def router_snippet(buckets: list[tuple[int, str]], feeds: list[list[str]], pad_id: int) -> str:

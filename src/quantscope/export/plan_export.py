@@ -16,6 +16,7 @@ from quantscope.export.formats import FORMATS, ExportInput, export_format
 from quantscope.export.hailo_alls import forced_ranges
 from quantscope.export.kv_prefix import plan_alls_note
 from quantscope.model.groups import find_groups
+from quantscope.model.host_gather import host_gathers
 from quantscope.model.load import Model
 from quantscope.serde import bytes_writer, write_atomic
 from quantscope.targets import load_target
@@ -91,7 +92,9 @@ def export_plan(
 
 
 def device_io_rows(model: Model, stats: Stats, plan: Plan) -> list[dict[str, Any]]:
-    """Stored type, scale and zero-point of every quantized model input and output."""
+    """Stored type, scale and zero-point of every quantized model input and output (and
+    of the rows each lookup the plan's target leaves to the host feeds the device)."""
     groups = find_groups(model)
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan), groups=groups)
-    return device_io(model, groups, q.encodings)
+    rows = load_target(plan.target).host_rows if plan.target else 0
+    return device_io(model, groups, q.encodings, host_gathers(model, rows))

@@ -129,23 +129,56 @@ def _batch_index(step: int, n: int, seed: int) -> int:
 
 
 class _Progress:
-    """tqdm on a terminal; one plain line per evaluation otherwise."""
+    """tqdm on a terminal; one plain line per evaluation otherwise. With a time budget
+    (``max_seconds``) the bar counts its seconds, so its ETA is the budget's end (or the
+    last step's, when that comes first)."""
 
-    def __init__(self, total: int, start: int, enabled: bool) -> None:
+    def __init__(self, total: int, start: int, enabled: bool,
+                 max_seconds: float | None = None) -> None:
         self.enabled, self.tty = enabled, sys.stderr.isatty()
+        self.total, self.start, self.max_seconds = total, start, max_seconds
+        self.t0, self.shown = time.perf_counter(), 0
         self.bar = None
         if enabled and self.tty:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=start, desc="finetune", file=sys.stderr)
+            if max_seconds:
+                self.bar = tqdm(total=int(math.ceil(max_seconds)), desc="finetune", unit="s",
+                                file=sys.stderr)
+            else:
+                self.bar = tqdm(total=total, initial=start, desc="finetune", file=sys.stderr)
+
+    def eta(self, step: int) -> float:
+        """Seconds left: to the last step at this rate, or to the time budget's end."""
+        spent = time.perf_counter() - self.t0
+        done = max(step - self.start, 1)
+        left = (self.total - step) * spent / done
+        if self.max_seconds:
+            left = min(left, max(self.max_seconds - spent, 0.0))
+        return left
 
     def step(self, info: dict[str, float], evaluated: bool) -> None:
+        step = int(info.get("step", 0))
         if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix({k: f"{v:.4g}" for k, v in info.items() if k != "step"})
+            if self.max_seconds:
+                now = min(int(time.perf_counter() - self.t0), self.bar.total)
+                self.bar.update(now - self.shown)
+                self.shown = now
+            else:
+                self.bar.update(1)
+            self.bar.set_postfix({k: f"{v:.4g}" for k, v in info.items()
+                                  if k != "step" or self.max_seconds})
         elif self.enabled and evaluated:
             text = "  ".join(f"{k} {v:.5g}" for k, v in info.items())
-            print(f"finetune: {text}", file=sys.stderr, flush=True)
+            print(f"finetune: {text}  ETA {self.eta(step):.0f} s", file=sys.stderr, flush=True)
+
+    def started(self, holdout: float) -> None:
+        """The held-out metric before training (a plain line: the first evaluation comes
+        only after ``eval_every`` steps)."""
+        if self.enabled and self.bar is None:
+            limit = f" (up to {self.max_seconds:.0f} s)" if self.max_seconds else ""
+            print(f"finetune: step {self.start}  holdout {holdout:.5g}, training {self.total}"
+                  f" steps at most{limit}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
@@ -317,7 +350,8 @@ def distill(student: GraphModule, teacher: GraphModule, objective: Objective,
         before = d.evaluate(holdout)
         d.history.append({"step": 0, "loss": float("nan"), "holdout": before, "seconds": 0.0})
         d.remember_if_best(before)
-    bar = _Progress(config.steps, d.step, progress)
+    bar = _Progress(config.steps, d.step, progress, config.max_seconds)
+    bar.started(d.history[-1]["holdout"])
     losses: list[float] = []
     while d.step < config.steps:
         key = _batch_index(d.step, len(train), config.seed)

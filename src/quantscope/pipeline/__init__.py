@@ -49,7 +49,7 @@ class StageSpec:
 
 # options added after run folders existed: in a stage's key only when set, so a folder
 # made before them resumes without redoing the stage
-UNKEYED_AT_NONE = frozenset({"race"})
+UNKEYED_AT_NONE = frozenset({"race", "prefixes"})
 
 _REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
 STAGES: dict[str, StageSpec] = {
@@ -60,8 +60,10 @@ STAGES: dict[str, StageSpec] = {
                        "repairs",
                        "repair_batches", "race", "auto_rewrites"), True, ranked=True,
                       redo=steps.plan_budget_grew),
-    "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN), ("target", "repair_batches"),
-                        True),
+    # the repairs, then the fine-tune (--finetune; auto: when the goal is missed on the fit
+    # data: pipeline/tune.py), whose outcome depends on the goal and the metric
+    "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN),
+                        ("target", "repair_batches", "finetune", "goal", "metric"), True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
     "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED), ("target", "metric", "whatif"),
                           True),
@@ -70,7 +72,7 @@ STAGES: dict[str, StageSpec] = {
     "deploy": StageSpec(deploy_step, (steps.STATS, *_REPAIRED),
                         ("target", "max_cost", "seq_len", "lengths", "hn"), True),
     "export": StageSpec(steps.export, _REPAIRED, ("target", "hn"), False),
-    "io": StageSpec(steps.io, (*_REPAIRED, steps.LENGTHS), (), False),
+    "io": StageSpec(steps.io, (*_REPAIRED, steps.LENGTHS), ("prefixes",), False),
     "report": StageSpec(report_step, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
                                        steps.IO, steps.ALLS, steps.QNN, *_REPAIRED,
                                        steps.LENGTHS),
@@ -121,7 +123,7 @@ def _open_fit(model: Model, opts: RunOptions) -> Any:
 
     return stages.open_data(opts.data, model, tokenizer=opts.tokenizer, max_pairs=opts.pairs,
                             layout=opts.layout, batch_axes=dict(opts.batch_axes) or None,
-                            show=False)
+                            show=False, prefixes=opts.prefixes)
 
 
 def at_data_length(opts: RunOptions, progress: bool, *, model: Model | None = None,
@@ -143,7 +145,7 @@ def at_data_length(opts: RunOptions, progress: bool, *, model: Model | None = No
     if fit is None:  # pairs: the fit data is the data's first --pairs pairs as opened
         model = model if model is not None else stages.open_model(opts.model)
         fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
-                            tokenizer=opts.tokenizer)
+                            tokenizer=opts.tokenizer, prefixes=opts.prefixes)
     widest = widest_text_batch(fit)
     if widest is None:
         return opts
@@ -197,7 +199,8 @@ def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None
                                                       tokenizer=opts.tokenizer,
                                                       max_pairs=opts.pairs,
                                                       layout=opts.layout,
-                                                      batch_axes=axes, show=False)))
+                                                      batch_axes=axes, show=False,
+                                                      prefixes=opts.prefixes)))
     for spec, ds in sets:
         for batch in (*ds.calibration, *ds.evaluation):
             check_token_ids(batch, model, spec)

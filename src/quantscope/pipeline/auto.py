@@ -54,6 +54,7 @@ class AutoOptions(Protocol):
     data: str
     eval_data: str | None
     tokenizer: str | None
+    prefixes: Any  # tasks.text.TextPrefixes | None
     pairs: int | None
     seq_len: int | None
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
@@ -81,6 +82,7 @@ def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
             "target": identity(opts.target), "method": opts.method, "metric": opts.metric,
             "layout": sorted(s.text for s in opts.layout),
             "batch_axes": [list(p) for p in opts.batch_axes],
+            **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {}),
             # the rule that kept them: a folder chosen under another rule chooses again
             "keep_rule": KEEP_RULE}
 
@@ -166,7 +168,7 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
 
     fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
                         tokenizer=opts.tokenizer, layout=opts.layout,
-                        batch_axes=dict(opts.batch_axes) or None)
+                        batch_axes=dict(opts.batch_axes) or None, prefixes=opts.prefixes)
     if opts.seq_len is not None:
         fit = stages.at_length(fit, opts.seq_len)
     head = stages.headline(fit, opts.metric)

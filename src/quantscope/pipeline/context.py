@@ -16,6 +16,7 @@ from quantscope.rewrites.auto import AutoChoice
 from quantscope.rewrites.base import Rewrite, run_rewrite
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.layout import LAYOUT_NOTE
+from quantscope.tasks.text import TextPrefixes
 from quantscope.types import QuantscopeError
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class RunOptions:
     metric: str | None = None
     repairs: tuple[str, ...] = DEFAULT_REPAIRS
     tokenizer: str | None = None
+    prefixes: TextPrefixes | None = None  # --query-prefix/--doc-prefix of text data
     hn: str | None = None  # parsed Hailo HN JSON: exact layer names in the .alls
     method: str = "minmax"
     proxy: float = 0.125
@@ -94,6 +96,9 @@ class RunOptions:
     # the fit data (quantscope.pipeline.auto); with the default repairs, it adds a repair
     # that answers a rule refusing the run's uniform a8_w8 plan (rank4 for q::linearclip)
     auto_rewrites: bool = False
+    # --finetune: "auto" (when the goal is missed on the fit data and torch imports), "off",
+    # "on" (pipeline/tune.py: the last part of the repair stage)
+    finetune: str = "auto"
 
     def rewrite_configs(self) -> tuple[tuple[Rewrite, Any], ...]:
         """The rewrites this run applies, in the registry's order, each with its config:
@@ -124,6 +129,8 @@ class RunOptions:
         if self.rank_engine not in RANK_ENGINES or self.rank_engine == "torch":
             resolve_engine(self.rank_engine)  # one line: unknown, or torch not installed
         self.length_choice()
+        if self.finetune not in ("auto", "off", "on"):
+            raise QuantscopeError(f"--finetune must be auto, off or on, not '{self.finetune}'")
         if self.auto_rewrites and self.rewrite_configs():
             raise QuantscopeError("--rewrites auto chooses the rewrites itself: name them "
                                   "instead (--rewrites a,b) or leave the rewrite flags out")
@@ -219,6 +226,7 @@ class Context:
         return {"data": o.data, "eval_data": o.eval_data, "pairs": o.pairs,
                 "tokenizer": o.tokenizer, "seq_len": o.seq_len,
                 **({"layout": o.layout} if o.layout else {}),
+                **({"prefixes": o.prefixes} if o.prefixes else {}),
                 # absent when not given: the keys of earlier runs stay valid
                 **({"batch_axes": o.batch_axes} if o.batch_axes else {})}
 
@@ -232,6 +240,8 @@ class Context:
                 return sorted(s.text for s in v)
             if k == "batch_axes":
                 return [list(p) for p in v]
+            if k == "prefixes":
+                return v.to_dict()
             return v
 
         return {k: ident(k, v) for k, v in self.data_options().items()}
@@ -247,7 +257,8 @@ class Context:
             run = open_run_data(self.model(), d["data"], eval_data=d["eval_data"],
                                 pairs=d["pairs"], tokenizer=d["tokenizer"], folder=self.folder,
                                 layout=d.get("layout", ()),
-                                batch_axes=dict(d.get("batch_axes", ())))
+                                batch_axes=dict(d.get("batch_axes", ())),
+                                prefixes=d.get("prefixes"))
             for note in run.fit.notes:
                 if LAYOUT_NOTE in note:  # what each output was read as (--layout or found)
                     say(f"note: {note}", show=self.progress)
@@ -290,7 +301,7 @@ class Context:
             fit = fit or stages.open_data(d["data"], self.model(), tokenizer=d["tokenizer"],
                                           max_pairs=d["pairs"], layout=d.get("layout", ()),
                                           batch_axes=dict(d.get("batch_axes", ())) or None,
-                                          show=False)
+                                          show=False, prefixes=d.get("prefixes"))
             head = stages.headline(fit, None)
         head.check_goal(o.goal)
         return head
@@ -329,7 +340,8 @@ def rewritten_key(opts: RunOptions) -> dict[str, Any]:
     if any(rw.needs_stats for rw, _ in chosen):
         key["stats"] = {"data": _identity(opts.data), "tokenizer": _identity(opts.tokenizer),
                         "pairs": opts.pairs, "seq_len": opts.seq_len, "method": opts.method,
-                        "batch_axes": [list(p) for p in opts.batch_axes]}
+                        "batch_axes": [list(p) for p in opts.batch_axes],
+                        **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {})}
     return key
 
 
@@ -444,7 +456,8 @@ def rewrite_run_model(opts: RunOptions, *, progress: bool = True,
     stats, reasons, proto = None, [], None
     if any(rw.needs_stats for rw, _ in chosen):
         fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer,
-                               max_pairs=opts.pairs, batch_axes=dict(opts.batch_axes))
+                               max_pairs=opts.pairs, batch_axes=dict(opts.batch_axes),
+                               prefixes=opts.prefixes)
         if opts.seq_len is not None:
             fit = stages.at_length(fit, opts.seq_len)
         say("calibrating the given model for its channel ranges", show=progress)

@@ -25,6 +25,7 @@ import numpy as np
 
 from quantscope import stages
 from quantscope.model.load import Model
+from quantscope.tasks.text import TextPrefixes
 from quantscope.types import Batch, Dataset, batch_rows, take_rows
 
 HELDOUT_PAIRS = "heldout.jsonl"
@@ -35,23 +36,38 @@ class RunData:
     fit: Dataset  # calibration, analysis, plan search, repairs
     held_out: Dataset  # the final evaluation
     split: str  # how held_out was obtained, one sentence
+    # --query-prefix/--doc-prefix put before the texts of both parts (None: none)
+    prefixes: TextPrefixes | None = None
 
 
 def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
                   tokenizer: str | None, folder: Path, layout: tuple[Any, ...] = (),
-                  batch_axes: dict[str, int] | None = None) -> RunData:
+                  batch_axes: dict[str, int] | None = None,
+                  prefixes: TextPrefixes | None = None) -> RunData:
     """Open the fit and the evaluation data (see the module table); ``layout``: the
     ``--layout`` declarations of tensor data's outputs; ``batch_axes``: the inputs' sample
-    axes declared with ``--batch-axis``."""
+    axes declared with ``--batch-axis``; ``prefixes``: the text prefixes of text data, on
+    both parts."""
+    rd = _open_run_data(model, data, eval_data=eval_data, pairs=pairs, tokenizer=tokenizer,
+                        folder=folder, layout=layout, batch_axes=batch_axes, prefixes=prefixes)
+    return replace(rd, prefixes=prefixes or None)
+
+
+def _open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
+                   tokenizer: str | None, folder: Path, layout: tuple[Any, ...],
+                   batch_axes: dict[str, int] | None, prefixes: TextPrefixes | None
+                   ) -> RunData:
     fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs, layout=layout,
-                           batch_axes=batch_axes)
+                           batch_axes=batch_axes, prefixes=prefixes)
     if eval_data:
         held = stages.open_data(eval_data, model, tokenizer=tokenizer, max_pairs=pairs,
-                                layout=layout, batch_axes=batch_axes, show=False)
+                                layout=layout, batch_axes=batch_axes, show=False,
+                                prefixes=prefixes)
         return RunData(fit, held, f"evaluation on --eval-data {eval_data}, held out from "
                        f"calibration and fitting on {data}")
     if _is_pairs(data):
-        return _split_pairs(model, data, fit, pairs=pairs, tokenizer=tokenizer, folder=folder)
+        return _split_pairs(model, data, fit, pairs=pairs, tokenizer=tokenizer, folder=folder,
+                            prefixes=prefixes)
     row_local = fit.task is None or getattr(fit.task, "row_local", False)
     if row_local and fit.calibration == fit.evaluation:
         return _split_tensors(fit)
@@ -61,11 +77,12 @@ def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int 
 
 def open_fit_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
                   tokenizer: str | None, layout: tuple[Any, ...] = (),
-                  batch_axes: dict[str, int] | None = None) -> Dataset:
+                  batch_axes: dict[str, int] | None = None,
+                  prefixes: TextPrefixes | None = None) -> Dataset:
     """The fit part of :func:`open_run_data` alone (nothing written, nothing held out
     read): what ``run --rewrites auto`` measures the rewrites on."""
     fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs, layout=layout,
-                           batch_axes=batch_axes, show=False)
+                           batch_axes=batch_axes, show=False, prefixes=prefixes)
     if eval_data or _is_pairs(data):
         return fit
     row_local = fit.task is None or getattr(fit.task, "row_local", False)
@@ -90,7 +107,8 @@ def _is_pairs(spec: str) -> bool:
 
 
 def _split_pairs(model: Model, data: str, fit: Dataset, *, pairs: int | None,
-                 tokenizer: str | None, folder: Path) -> RunData:
+                 tokenizer: str | None, folder: Path,
+                 prefixes: TextPrefixes | None = None) -> RunData:
     from quantscope.tasks.text import load_pairs
 
     every = load_pairs(data)
@@ -103,7 +121,7 @@ def _split_pairs(model: Model, data: str, fit: Dataset, *, pairs: int | None,
     text = "".join(json.dumps({"query": q, "document": d}) + "\n" for q, d in rest)
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
         stages.write_text(path, text)
-    held = stages.open_data(str(path), model, tokenizer=tokenizer)
+    held = stages.open_data(str(path), model, tokenizer=tokenizer, prefixes=prefixes)
     held = replace(held, name=f"{data} pairs {n + 1}-{n + len(rest)}")
     return RunData(fit, held, f"split: pairs 1-{n} of {data} fit the plan, pairs "
                    f"{n + 1}-{n + len(rest)} (held out, {HELDOUT_PAIRS}) evaluate it; "
@@ -138,7 +156,9 @@ def _count(batches: tuple[Batch, ...]) -> int:
 
 
 def provenance(rd: RunData) -> dict[str, Any]:
-    """Rows, source and notes of both parts (the report's data provenance)."""
+    """Rows, source and notes of both parts (the report's data provenance), and the text
+    prefixes when given (``heldout.jsonl`` keeps the texts as given: the prefixes are
+    put before them when opened, as on the fit part)."""
     def part(ds: Dataset) -> dict[str, Any]:
         task = ds.task
         return {"name": ds.name, "calibration_samples": _count(ds.calibration),
@@ -146,7 +166,9 @@ def provenance(rd: RunData) -> dict[str, Any]:
                 "task": getattr(task, "name", None), "notes": list(ds.notes),
                 "token_lengths": _token_lengths(ds)}
 
-    return {"split": rd.split, "fit": part(rd.fit), "held_out": part(rd.held_out)}
+    prefixes = {"prefixes": {**rd.prefixes.to_dict(), "note": rd.prefixes.describe()}} \
+        if rd.prefixes else {}
+    return {"split": rd.split, **prefixes, "fit": part(rd.fit), "held_out": part(rd.held_out)}
 
 
 def _token_lengths(ds: Dataset) -> list[int] | None:

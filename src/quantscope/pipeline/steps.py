@@ -138,6 +138,11 @@ def _untimed(obj: Any, where: str = "") -> tuple[Any, dict[str, Any]]:
 
 
 def repair(ctx: Context) -> Done:
+    """The plan's repairs, then the run's fine-tune of the result (``--finetune``:
+    :mod:`quantscope.pipeline.tune`): ``repaired.*`` hold what the compiler gets, the
+    fine-tuned model when it was kept; its record is the ``finetune`` entry of
+    ``repairs``."""
+    from quantscope.pipeline.tune import tune
     from quantscope.repair.apply import run_repairs
 
     model, plan_ = ctx.model(), stages.read_plan(ctx.path(PLAN))
@@ -146,11 +151,13 @@ def repair(ctx: Context) -> Done:
     _say(ctx, f"repairs chosen by the plan: {', '.join(chosen) or 'none'}")
     out = run_repairs(model, stages.read_stats(ctx.path(STATS)), plan_, feeds, repairs=chosen,
                       scheme=ctx.target().scheme, progress=ctx.progress)
-    stages.write_onnx(ctx.path(REPAIRED), out.proto)
-    stages.write_stats(ctx.path(REPAIRED_STATS), out.stats)
-    extra, timings = _untimed({"repairs": [r.to_json() for r in out.records]})
-    stages.write_plan(ctx.path(REPAIRED_PLAN), out.plan, extra)
-    return Done((REPAIRED, REPAIRED_STATS, REPAIRED_PLAN), timings)
+    done = tune(ctx, out, feeds)
+    stages.write_onnx(ctx.path(REPAIRED), out.proto if done.model is None else done.model.proto)
+    stages.write_stats(ctx.path(REPAIRED_STATS), done.stats)
+    extra, timings = _untimed({"repairs": [r.to_json() for r in out.records]
+                               + [done.record.to_dict()]})
+    stages.write_plan(ctx.path(REPAIRED_PLAN), done.plan, extra)
+    return Done((REPAIRED, REPAIRED_STATS, REPAIRED_PLAN), {**timings, **done.timings})
 
 
 def repaired(ctx: Context) -> tuple[stages.Model, stages.Stats, Plan]:
@@ -256,6 +263,8 @@ def io(ctx: Context) -> Done:
     rows = stages.device_io_rows(*repaired(ctx))
     stages.write_json(ctx.path(IO), DeviceIOResult(io=rows, note=dio.PROVENANCE).to_dict())
     snippet = dio.python_snippet(rows)
+    if ctx.opts.prefixes:  # the host must put the same text before queries and documents
+        snippet += "\n" + dio.text_snippet(ctx.opts.prefixes.query, ctx.opts.prefixes.document)
     lengths = ctx.path(LENGTHS)
     doc = stages.read_json_file(lengths, LENGTHS) if lengths.is_file() else {}
     if doc.get("deployment"):  # several compiled lengths (or one kept): the host's router

@@ -112,7 +112,10 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
         "host_steps": summary.host_steps(
             info([i for i in graph.input if i.name not in inits]), info(graph.output),
             text=text, pooled=pooled, seq_len=chk.get("seq_len") or ctx.opts.seq_len,
-            longest=max(ev["data"]["fit"].get("token_lengths") or [0]) or None),
+            longest=max(ev["data"]["fit"].get("token_lengths") or [0]) or None,
+            lookups=[r["host_lookup"] for r in _read(ctx, steps.IO).get("io", [])
+                     if r.get("host_lookup")],
+            prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),

@@ -16,6 +16,14 @@ Each target rule (see ``targets/*.toml``) names a check function in :data:`CHECK
 Two checks always run: every override names a known group (``plan.unknown_group``) and
 every precision is allowed for the group's op kind (``precision.not_allowed``).
 
+A lookup the target leaves to the host (``[host_embedding]`` in its TOML: a Gather of a
+large table by an integer model input, :mod:`quantscope.model.host_gather`) is no device
+layer, but its rows enter the compiled graph as an input tensor at the group's precision:
+the target's rules still judge that tensor (e.g. ``hailo.super_defuse`` on a 16-bit
+[T, hidden] input: whether the compiler takes one that wide is not known, so the
+conservative answer stands), and one ``info`` problem (rule ``host.embedding``) says the
+host runs the lookup, with the table and the profile's reason and provenance.
+
 Adding a target rule: write ``check_<name>(rule, group, precision, ctx) -> Problem |
 None`` here, register it in :data:`CHECKS`, and add a ``[[rules]]`` entry with
 ``check = "<name>"`` (params, reason, provenance, fix) to the target's TOML. If its
@@ -44,6 +52,7 @@ import numpy as np
 import onnx
 
 from quantscope.model.axes import softmax_facts
+from quantscope.model.host_gather import host_gathers, host_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shape, Shapes, frame_values, group_edges, resolve_shapes
 from quantscope.numerics import quantize, weight_encoding
@@ -405,6 +414,35 @@ def _plan_problems(plan: Plan, groups: Groups, target: Target) -> list[Problem]:
     return out
 
 
+HOST_RULE = "host.embedding"
+
+
+def _host_notes(groups: Groups, model: Model, target: Target) -> dict[str, Problem]:
+    """Group name -> the ``info`` problem saying the host runs it (the target's lookups
+    left to the host)."""
+    found = host_gathers(model, target.host_rows)
+    if not found or target.host_embedding is None:
+        return {}
+    host = target.host_embedding
+    by_node = {g.node: g for g in found}
+    out = {}
+    for name in sorted(host_groups(groups, found)):
+        group = groups.by_name()[name]
+        lookup = by_node[group.nodes[0]]
+        out[name] = Problem(
+            group=name, rule=HOST_RULE, severity="info",
+            reason=f"the lookup of {lookup.describe()} runs on the host, not as a device "
+            f"layer: the cost leaves it out, and {target.name}'s rules judge its rows as the "
+            f"compiled graph's input tensor "
+            f"(tables of {host.min_rows:,}+ rows{', an estimate' if host.rows.estimate else ''}"
+            f"): {host.reason}",
+            provenance=f"{host.provenance}; target {target.name} ({target.sdk})",
+            fix=f"on the host: rows = {lookup.table}[{lookup.indices}] (the table from the "
+            f"FP32 model), fed to the compiled graph as '{lookup.output}' (io_snippet.py); "
+            "cut the graph for the compiler after this Gather")
+    return out
+
+
 def check(
     plan: Plan,
     groups: Groups,
@@ -430,6 +468,8 @@ def check(
         nodes={n.name: n for n in model.graph.node},
     )
     problems = _plan_problems(plan, groups, target)
+    host = _host_notes(groups, model, target)
+    problems += host.values()
     for g in groups.groups:
         precision = plan.precision_of(g.name)
         for rule in target.rules:

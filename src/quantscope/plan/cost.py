@@ -16,6 +16,10 @@ weight reads        with ``weight_reads=True`` (a decoder's decode step, which r
                     group also costs its weight bytes at its precision (count x weight
                     bits / 8; float: 4 bytes) x ``cost.weight_byte_macs``; the unit
                     (uniform a8_w8) then includes them too. Off: no change
+host lookups        a Gather the target leaves to the host (``[host_embedding]``: a
+                    large table indexed by an integer input, :func:`host_work_note`)
+                    costs nothing on the device at any precision; the boundary to
+                    its reader is still counted
 plan cost           (sum of group and boundary costs) / (same for uniform a8_w8)
 cost table          the same numbers per group and precision and per edge, for the
                     search: ``CostTable.total`` equals ``plan_cost`` (tested), ``delta``
@@ -32,6 +36,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from quantscope.model.host_gather import host_gathers, host_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shape, Shapes, frame_values, group_edges, resolve_shapes
 from quantscope.targets.profile import Target, op_kind
@@ -73,6 +78,23 @@ def group_work(
     return values * target.cost.macs_per_value(kind)
 
 
+def on_host(groups: Groups, target: Target, model: Model | None) -> frozenset[str]:
+    """The groups the host runs (the target's host lookups; none without a model)."""
+    if model is None or not target.host_rows:
+        return frozenset()
+    return host_groups(groups, host_gathers(model, target.host_rows))
+
+
+def host_work_note(model: Model, target: Target) -> str | None:
+    """What the cost leaves to the host, in one line (None: nothing)."""
+    found = host_gathers(model, target.host_rows)
+    if not found:
+        return None
+    tables = "; ".join(g.describe() for g in found)
+    return (f"cost: the lookup of {tables} runs on the host ({target.name}'s "
+            "[host_embedding]): not counted on the device")
+
+
 def _is_boundary(a: Precision, b: Precision) -> bool:
     return a.act_bits != b.act_bits
 
@@ -102,8 +124,10 @@ def _layout(
     of every edge between groups."""
     tensor_shapes = _shapes(groups, model, shapes)
     reads = weight_reads and target.cost.weight_byte_macs > 0
-    work = {g.name: (group_work(g, target, tensor_shapes, model),
-                     weight_count(g, model) if reads else 0.0) for g in groups.groups}
+    host = on_host(groups, target, model)
+    work = {g.name: (0.0, 0.0) if g.name in host else
+            (group_work(g, target, tensor_shapes, model),
+             weight_count(g, model) if reads else 0.0) for g in groups.groups}
     edges = tuple(
         (a, b, _values(tensor_shapes.get(t)) * target.cost.boundary_macs)
         for a, b, t in group_edges(groups)

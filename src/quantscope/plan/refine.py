@@ -39,7 +39,11 @@ batch is raced on prefixes of the data first: a point worse than the leader by m
 its interval stops there (it counts as a step, is not measured and cannot be chosen); the
 survivors are measured in full. A stopped point met again (a drop back to it) is not
 measured: it counts as worse than any measured point, as a measured point is met again
-for free.
+for free. The one-at-a-time drops are raced too, each against the incumbent (a race of
+two plans: the drop stops when it is worse than the incumbent by more than its interval;
+it then counts as a step, is not measured and is not taken), where the keep rule compares
+the two (no ``min_quality``, no tolerance); a drop that survives is measured in full, so
+every taken drop is measured. Every race goes into the race's record (``plan.json``).
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ class _Meter:
         self.took: dict[tuple[str, ...], list[float]] = {}  # seconds per evaluation, by repairs
         self.stop: BudgetStop | None = None
         self.stopped: set[tuple] = set()  # points a race stopped (never measured)
+        self.race: RacePlans | None = None  # set: the drops are raced against the incumbent
 
     def spent(self) -> bool:
         """The budget is used (never before the first measurement); records the stop."""
@@ -151,6 +156,20 @@ class _Meter:
         self.seen[point.key()] = done
         self._tell(took)
         return done
+
+    def raced_out(self, incumbent: FrontPoint, point: FrontPoint) -> bool:
+        """Race ``point`` against ``incumbent`` on prefixes (when a race is set): True when
+        it stopped (it counts as a step, is never measured and counts as worse)."""
+        key = point.key()
+        if self.race is None or key in self.seen or key in self.stopped or self.left <= 0 \
+                or self.spent():
+            return key in self.stopped
+        plans = [emit(self.space, p, reasons=(), meta=repair_meta(p)) for p in (incumbent, point)]
+        if not self.race(plans).entries[1].stopped:
+            return False
+        self.left -= 1
+        self.stopped.add(key)
+        return True
 
     def _tell(self, took: float) -> None:
         if not self.progress:
@@ -257,6 +276,8 @@ def refine_run(
     if evaluate is None or steps <= 0 or not capped:
         return Refined(())
     meter = _Meter(space, evaluate, steps, budget, progress)
+    if race is not None and space.budget.min_quality is None and tol <= 0:
+        meter.race = race  # the drops' keep rule compares with the incumbent: race them
     if space.budget.min_quality is not None:
         _first_meeting(space, meter, capped)
         if pruned:
@@ -359,6 +380,8 @@ def _drop(space: Space, meter: _Meter, current: FrontPoint, tol: float) -> None:
         trial = {**prec, g: start[g]}
         pt = predict(space, trial, current.repairs, "dropped", current.step)
         if not budget.within_cost(pt.cost) or space.legal.blocking(space.plan(trial)):
+            continue
+        if meter.raced_out(current, pt):  # worse than the incumbent on a prefix: not taken
             continue
         done = meter.measure(pt)
         if done is None:

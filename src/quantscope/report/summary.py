@@ -7,7 +7,9 @@ binds_measured     with ``--whatif``: the op kind whose lift to a16_w16 gains th
                    most on the held-out data; the rule that refuses that lift (from
                    the planner's skipped promotions) is named only as the reason it
                    cannot be lifted
-host_steps         what runs on the host: integer (token) inputs fed as they are,
+host_steps         what runs on the host: the text prefixes, the lookups the target
+                   leaves to the host (the io rows' ``host_lookup``: one fact,
+                   ``model/host_gather.py``) and the integer inputs fed as they are,
                    per-token outputs pooled and normalised, symbolic dims fixed
 deployment         the compiled lengths (``lengths.json``): how many compiled models,
                    the held-out figure, the cost per query and per document, the
@@ -122,15 +124,36 @@ def binds_measured(whatif: dict[str, Any] | None, pareto: dict[str, Any],
 
 def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                text: bool, seq_len: int | None, longest: int | None = None,
-               pooled: bool | None = None) -> list[str]:
+               pooled: bool | None = None, lookups: list[dict[str, Any]] | None = None,
+               prefixes: dict[str, str] | None = None) -> list[str]:
     """What the host does around the compiled model. ``inputs``/``outputs``: name, dtype
     (ONNX elem type), dims (int, or str for a symbolic dim); ``seq_len``: the length the
     run checked at; ``longest``: the data's longest text (tokens), said when no length was
     given; ``pooled``: the task scored pooled embeddings (retrieval, similarity), else the
-    per-token outputs were compared as they are (default: ``text``)."""
+    per-token outputs were compared as they are (default: ``text``); ``lookups``: the
+    ``host_lookup`` of the io rows (the lookups the target leaves to the host; None: the
+    older wording, which cannot tell); ``prefixes``: the text prefixes the data was
+    evaluated with (``query``, ``document``)."""
     steps = []
+    if prefixes and (prefixes.get("query") or prefixes.get("document")):
+        steps.append(f"put {prefixes.get('query', '')!r} before every query and "
+                     f"{prefixes.get('document', '')!r} before every document before "
+                     "tokenizing, as the evaluation did")
     ints = [i for i in inputs if i["dtype"] in INT_TYPES]
-    if ints:
+    looked_up = {x["indices"] for x in lookups or ()}
+    for x in lookups or ():
+        shape = "x".join(str(d) for d in x["shape"])
+        steps.append(f"look up {x['table']} [{shape}] {x['dtype']} ({x['megabytes']:,.1f} "
+                     f"MB) by {x['indices']} on the host (the target keeps it outside the "
+                     f"compiled graph): the compiled graph takes the rows as "
+                     f"'{x['output']}' (io_snippet.py)")
+    ints = [i for i in ints if i["name"] not in looked_up]
+    if ints and lookups is not None:
+        names = ", ".join(i["name"] for i in ints)
+        types = "/".join(sorted({INT_TYPES[i["dtype"]] for i in ints}))
+        what = " (from the tokenizer)" if text else ""
+        steps.append(f"feed {names}{what} as {types}, not quantized")
+    elif ints:
         names = ", ".join(i["name"] for i in ints)
         types = "/".join(sorted({INT_TYPES[i["dtype"]] for i in ints}))
         what = " (token ids and mask from the tokenizer)" if text else ""

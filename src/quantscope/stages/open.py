@@ -51,19 +51,22 @@ def open_data(
     spec: str | Path, model: Model, *, tokenizer: str | None = None,
     max_pairs: int | None = None, output: str | None = None, layout: Sequence[Any] = (),
     batch_axes: Mapping[str, int] | None = None, show: bool = True,
+    prefixes: Any = None,
 ) -> Dataset:
     """Tensor files/folders, or a built-in or user task (text pairs, face images).
 
     ``layout``: :class:`quantscope.tasks.layout.LayoutSpec` values (``--layout``), what
     each output of tensor data is; outputs not declared may be detected (a detection head).
     ``batch_axes``: each named input's (or output's) sample axis (``--batch-axis``); for
-    tensor data an input whose samples are not on axis 0 is said on stderr (``show``)."""
+    tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
+    ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none)."""
     from quantscope.tasks.registry import open_task_data, tensor_task
     from quantscope.tasks.tensors import check_batch_axes
 
     if batch_axes:
         check_batch_axes(model, batch_axes)
-    ds = open_task_data(str(spec), model, tokenizer=tokenizer, max_pairs=max_pairs)
+    ds = open_task_data(str(spec), model, tokenizer=tokenizer, max_pairs=max_pairs,
+                        **({"prefixes": prefixes} if prefixes else {}))
     if ds is not None and layout:
         raise QuantscopeError(f"--layout applies to tensor data (.npy/.npz); data '{spec}' "
                               "has its own task: leave --layout out")

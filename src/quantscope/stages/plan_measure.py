@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 
 def _plan_measure(model: Model, data: Dataset, target: Target | None, method: str | None,
-                  reference_outputs: Outputs | None) -> Measure:
+                  reference_outputs: Outputs | None, only: str | None = None) -> Measure:
+    """``measure(model, stats, plan) -> metrics``; ``only``: just that metric where the task
+    scores it alone (what a ranking reads: ``evaluate_plan``'s ``only``)."""
     ref = reference_outputs or run_model(model.proto, list(data.evaluation))
     scheme = None if target is None else target.scheme
     # one incremental evaluator for every plan of the search (its runner made on first use)
@@ -34,7 +36,8 @@ def _plan_measure(model: Model, data: Dataset, target: Target | None, method: st
 
     def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
         return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
-                             reference_outputs=ref, saturation=False, engine=engine)["metrics"]
+                             reference_outputs=ref, saturation=False, engine=engine,
+                             only=only)["metrics"]
 
     return measure
 
@@ -59,7 +62,9 @@ def plan_evaluator(model: Model, data: Dataset, stats: Stats, metric: str,
                    progress: bool = False, cache: EvalCache | None = None) -> Evaluate:
     """``evaluate(plan) -> float`` for the planner: ``metric`` of the plan by real emulation,
     after the plan's repairs (meta ``repairs``; they need the calibration ``feeds``),
-    against the FP32 outputs of the original ``model`` (computed once). With ``cache``,
+    against the FP32 outputs of the original ``model`` (computed once), scored for that
+    metric alone where the task can (the plan's other figures come from ``evaluate``).
+    With ``cache``,
     each plan's figure is read from it when an earlier evaluation of the same model
     content, statistics, plan, scheme, method, data, metric (and, for a plan that lists
     repairs, calibration feeds) stored it, and stored there when measured now."""
@@ -67,7 +72,7 @@ def plan_evaluator(model: Model, data: Dataset, stats: Stats, metric: str,
 
     evaluate = repair_evaluator(model, stats, metric,
                                 measure=_plan_measure(model, data, target, method,
-                                                      reference_outputs),
+                                                      reference_outputs, only=metric),
                                 repair=_plan_repair(feeds, target) if feeds else None,
                                 progress=progress)
     if cache is None:

@@ -13,6 +13,10 @@ A profile states what a compiler accepts, as data (see ``docs/targets.md``):
 ``formats``     the export formats the compiler takes (names in
                 :data:`quantscope.export.formats.FORMATS`; the QDQ model is always
                 written); a profile without the key takes its vendor's formats
+``host_embedding``  lookups the compiler expects on the host: ``rows`` (a Gather of a
+                table of at least this many rows by an integer model input runs on
+                the host: :mod:`quantscope.model.host_gather`), ``reason``,
+                ``provenance``; absent: every lookup is judged as a device layer
 ==============  =================================================================
 
 The loader rejects unknown keys with one line naming the key and the file.
@@ -128,6 +132,20 @@ class CostModel:
 
 
 @dataclass(frozen=True)
+class HostEmbedding:
+    """``[host_embedding]``: a lookup of a table of at least ``rows`` rows by an integer
+    model input runs on the host (not costed or judged as a device layer)."""
+
+    rows: Param  # int value; an estimate where the real limit is not known
+    reason: str
+    provenance: str
+
+    @property
+    def min_rows(self) -> int:
+        return int(self.rows.value)
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     vendor: str
@@ -142,6 +160,12 @@ class Target:
     cost: CostModel
     source: str = "<memory>"
     formats: tuple[str, ...] = ()  # export formats besides the QDQ model (always written)
+    host_embedding: HostEmbedding | None = None  # lookups left to the host (None: none)
+
+    @property
+    def host_rows(self) -> int:
+        """The ``rows`` of ``[host_embedding]`` (0: no lookup stays on the host)."""
+        return self.host_embedding.min_rows if self.host_embedding else 0
 
     def allowed(self, kind: str) -> tuple[Precision, ...]:
         table = dict(self.precisions)
@@ -168,6 +192,7 @@ _TOP_KEYS = frozenset(
         "rules",
         "cost",
         "formats",
+        "host_embedding",
     }
 )
 _SCHEME_KEYS = frozenset(
@@ -180,6 +205,7 @@ _SCHEME_KEYS = frozenset(
         "notes",
     }
 )
+_HOST_KEYS = frozenset({"rows", "reason", "provenance"})
 _RULE_KEYS = frozenset({"id", "check", "severity", "reason", "provenance", "fix", "params"})
 _PARAM_KEYS = frozenset({"value", "estimate", "note"})
 _COST_KEYS = frozenset({"basis", "estimate", "relative", "value_macs", "boundary_macs",
@@ -318,6 +344,26 @@ def _parse_scheme(raw: dict[str, Any], source: str) -> tuple[QuantScheme, str]:
     return QuantScheme(**fields), _typed(raw.get("notes", ""), str, "scheme.notes", source)
 
 
+def _parse_host(raw: Any, source: str) -> HostEmbedding | None:
+    """``[host_embedding]``: rows (an integer >= 1, or a parameter table), reason and
+    provenance (both required: a rule without its source is no rule)."""
+    if raw is None:
+        return None
+    _typed(raw, dict, "[host_embedding]", source)
+    _reject_unknown(raw, _HOST_KEYS, "[host_embedding]", source)
+    rows = _parse_param("rows", _require(raw, "rows", "[host_embedding]", source),
+                        "host_embedding", source)
+    if not isinstance(rows.value, int) or isinstance(rows.value, bool) or rows.value < 1:
+        raise QuantscopeError(f"host_embedding.rows in target profile '{source}' is "
+                              f"{rows.value!r}: give a whole number of table rows >= 1")
+    return HostEmbedding(
+        rows=rows,
+        reason=_typed(_require(raw, "reason", "[host_embedding]", source), str,
+                      "host_embedding.reason", source),
+        provenance=_typed(_require(raw, "provenance", "[host_embedding]", source), str,
+                          "host_embedding.provenance", source))
+
+
 def _parse_formats(raw: dict[str, Any], vendor: str, source: str) -> tuple[str, ...]:
     """The ``formats`` list, each name in the export registry (default: the vendor's)."""
     if "formats" not in raw:
@@ -362,6 +408,7 @@ def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
         cost=_parse_cost(_require(raw, "cost", "the top level", source), source),
         source=source,
         formats=_parse_formats(raw, text("vendor"), source),
+        host_embedding=_parse_host(raw.get("host_embedding"), source),
     )
 
 

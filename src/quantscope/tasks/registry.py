@@ -35,10 +35,12 @@ from quantscope.tasks.images import SMALL_SPEC as IMAGES_SMALL
 from quantscope.tasks.images import SPEC as IMAGES_SPEC
 from quantscope.tasks.images import image_dataset
 from quantscope.tasks.text import (
+    NO_PREFIXES,
     STDLIB_DOCS,
     StsPairs,
     TextBatches,
     TextEncoder,
+    TextPrefixes,
     describe_lengths,
     describe_tokenizer,
     detect_encoder,
@@ -49,8 +51,8 @@ from quantscope.tasks.text import (
     load_sts,
     load_tokenizer,
     make_batches,
-    model_tokenizer,
     pool,
+    text_tokenizer,
     token_lengths,
     truncate_batches,
     truncate_feeds,
@@ -301,34 +303,39 @@ def _collapse_table(c: M.CollapseReport) -> dict[str, float]:
 
 def text_dataset(
     spec: str, model: Model, *, tokenizer: str | None = None, batch_size: int = 32,
-    max_pairs: int | None = None,
+    max_pairs: int | None = None, prefixes: TextPrefixes = NO_PREFIXES,
 ) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...],
            RetrievalTask | StsTask | None, str, np.ndarray]:
     """(calibration batches, evaluation batches, task, encoder description, untruncated
-    token length of every evaluation text)."""
+    token length of every evaluation text); ``prefixes`` put before the texts as
+    :class:`TextPrefixes` says."""
     enc = detect_encoder(model.proto)
-    tok_file = tokenizer or model_tokenizer(model.source, model.proto)
+    sts = load_sts(spec) if is_sts_file(spec) else None  # the data first: its errors first
+    pairs = load_pairs(spec) if sts is None and (
+        spec == STDLIB_DOCS or spec.endswith(".jsonl")) else None
+    plain = load_calibration_texts(spec) if sts is None and pairs is None else ()
+    tok_file = text_tokenizer(model.source, model.proto, tokenizer)
     tok = load_tokenizer(tok_file)
-    if is_sts_file(spec):
-        sts = load_sts(spec)
+    if sts is not None:
         n = min(len(sts), max_pairs or len(sts))
         sts = StsPairs(sts.first[:n], sts.second[:n], sts.scores[:n], sts.source)
-        texts = list(sts.first) + list(sts.second)
+        texts = list(prefixes.queries(sts.first)) + list(prefixes.queries(sts.second))
         eval_b = make_batches(texts, tok, enc, batch_size=batch_size)
         calib_texts = tuple(texts[:CALIB_TEXTS])
         task: RetrievalTask | StsTask | None = StsTask(
             name=f"sts:{sts.source}", pairs=sts, batches=eval_b, encoder=enc)
-    elif spec == STDLIB_DOCS or spec.endswith(".jsonl"):
-        pairs = load_pairs(spec)
+    elif pairs is not None:
         n = min(len(pairs), max_pairs or len(pairs))
-        calib_texts = (load_calibration_texts(STDLIB_DOCS) if spec == STDLIB_DOCS
-                       else pairs.documents[:CALIB_TEXTS])
-        texts = list(pairs.queries[:n]) + list(pairs.documents[:n])
+        calib_texts = prefixes.documents(load_calibration_texts(STDLIB_DOCS)
+                                         if spec == STDLIB_DOCS
+                                         else pairs.documents[:CALIB_TEXTS])
+        texts = list(prefixes.queries(pairs.queries[:n])) + list(
+            prefixes.documents(pairs.documents[:n]))
         eval_b = make_batches(texts, tok, enc, batch_size=batch_size)
         task = RetrievalTask(name=f"retrieval:{pairs.source}", n_pairs=n, batches=eval_b,
                              encoder=enc)
     else:
-        calib_texts = load_calibration_texts(spec)
+        calib_texts = prefixes.documents(plain)
         eval_b = make_batches(calib_texts, tok, enc, batch_size=batch_size)
         task = None
     calib = make_batches(calib_texts[:CALIB_TEXTS], tok, enc, batch_size=batch_size)
@@ -336,6 +343,8 @@ def text_dataset(
     lengths = token_lengths(eval_texts, tok)
     profile = length_profile(lengths)
     note = f"{enc.describe()}; {describe_tokenizer(tok_file)}; {describe_lengths(profile)}"
+    if prefixes:
+        note += f"; {prefixes.describe()}"
     if isinstance(task, StsTask):
         note += ("; calibrated on the pairs' own sentences (no separate calibration texts: "
                  "run 'quantscope calibrate --data TEXTS.txt' for held-out calibration)")
@@ -535,13 +544,18 @@ def tensor_task(model: Model, spec: str, layouts: tuple = ()) -> tuple[object | 
 
 
 def open_task_data(
-    spec: str, model: Model, *, tokenizer: str | None = None, max_pairs: int | None = None
+    spec: str, model: Model, *, tokenizer: str | None = None, max_pairs: int | None = None,
+    prefixes: TextPrefixes = NO_PREFIXES,
 ) -> Dataset | None:
-    """A :class:`Dataset` for a task spec, or None when ``spec`` is plain tensor data."""
+    """A :class:`Dataset` for a task spec, or None when ``spec`` is plain tensor data;
+    ``prefixes`` (text data only) as :class:`TextPrefixes` says."""
+    if prefixes and not is_text_spec(spec):
+        raise QuantscopeError(f"--query-prefix/--doc-prefix apply to text data; '{spec}' is "
+                              "not text (pairs .jsonl, .tsv, .txt, stdlib-docs): leave them out")
     if is_text_spec(spec):
         check_text_model(model, spec)
         calib, evaluation, task, note, lengths = text_dataset(
-            spec, model, tokenizer=tokenizer, max_pairs=max_pairs)
+            spec, model, tokenizer=tokenizer, max_pairs=max_pairs, prefixes=prefixes)
         return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
                        notes=(note,), token_lengths=lengths)
     if spec in (IMAGES_SPEC, IMAGES_SMALL):

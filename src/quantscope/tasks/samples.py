@@ -15,6 +15,10 @@ sample             a query of the prefix: pairs ``0 .. n-1``, each query ranked 
 
 A metric not in :data:`SAMPLE_SCORES` has no per-sample form here (the race says so and
 measures every candidate in full). Add one: a function and an entry.
+
+On every pair (:func:`whole_set_score`), the mean of the per-query scores IS the metric
+``evaluate`` reports, float for float: what a ranking needs of a plan without the rest of
+the task's figures (``evaluate_plan(..., only=metric)``).
 """
 
 from __future__ import annotations
@@ -52,3 +56,9 @@ def prefix_samples(metric: str, ref: Embeddings, test: Embeddings, n: int) -> np
     those pairs only, for FP32 and the candidate alike)."""
     fn = SAMPLE_SCORES[metric]
     return fn((ref[0][:n], ref[1][:n]), (test[0][:n], test[1][:n]))
+
+
+def whole_set_score(metric: str, ref: Embeddings, test: Embeddings) -> float:
+    """``metric`` on every pair: the mean of its per-query scores, the figure the task's
+    ``metrics`` reports for it (the same functions on the same embeddings)."""
+    return float(np.mean(SAMPLE_SCORES[metric](ref, test)))

@@ -6,6 +6,11 @@
                     512 calibration texts disjoint from every pair
 user pairs          JSONL, one ``{"query": ..., "document": ...}`` object per line
 user calibration    a text file, one sentence per line (blank lines skipped)
+text prefixes       ``TextPrefixes`` (``--query-prefix``, ``--doc-prefix``): what an encoder
+                    trained with prefixes sees first (e5 ``query: `` / ``passage: ``, bge's
+                    query instruction): the query prefix on queries (and on both sentences
+                    of similarity pairs), the document prefix on documents and on
+                    calibration texts (calibration text is documents)
 encoder             inputs matched by name: ``input_ids``, ``attention_mask``, optional
                     ``token_type_ids``; output: token embeddings [B,S,H] (preferred; mean
                     pooled over the attention mask, as sentence-transformers does) or a
@@ -190,6 +195,38 @@ def _existing(path: str | Path, what: str) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class TextPrefixes:
+    """Text put before every query and every document (and calibration text) before
+    tokenizing, as the encoder was trained: e5's ``query: `` / ``passage: ``, bge's query
+    instruction. Empty strings: no prefix (the default)."""
+
+    query: str = ""
+    document: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.query or self.document)
+
+    def queries(self, texts: Sequence[str]) -> tuple[str, ...]:
+        return tuple(self.query + t for t in texts)
+
+    def documents(self, texts: Sequence[str]) -> tuple[str, ...]:
+        return tuple(self.document + t for t in texts)
+
+    def describe(self) -> str:
+        """One clause for the data notes and the provenance."""
+        if not self:
+            return "no text prefixes"
+        return (f"text prefixes: queries {self.query!r}, documents and calibration texts "
+                f"{self.document!r} (prepended before tokenizing)")
+
+    def to_dict(self) -> dict[str, str]:
+        return {"query": self.query, "document": self.document}
+
+
+NO_PREFIXES = TextPrefixes()
+
+
 # --------------------------------------------------------------------------- tokenizer
 
 
@@ -252,6 +289,32 @@ def model_tokenizer(model_file: str | Path, proto: onnx.ModelProto) -> Path | No
         return path
     beside = folder / "tokenizer.json"
     return beside if Path(model_file).is_file() and beside.is_file() else None
+
+
+def text_tokenizer(model_file: str | Path, proto: onnx.ModelProto,
+                   given: str | Path | None) -> str | Path | None:
+    """The tokenizer text data is read with: ``given`` (``--tokenizer``), else the one the
+    model names or sits with (:func:`model_tokenizer`), else the packaged one (None) when
+    it fits: when the table that the model's ``input_ids`` index has another number of
+    rows than the packaged vocabulary, one line asks for ``--tokenizer`` (the packaged ids
+    would index the wrong rows, in range and silently)."""
+    if given:
+        return given
+    found = model_tokenizer(model_file, proto)
+    if found is not None:
+        return found
+    from quantscope.model.host_gather import host_gathers
+
+    ids = detect_encoder(proto).input_name("input_ids")
+    rows = {g.shape[0] for g in host_gathers(proto, 1) if g.indices == ids}
+    packaged = load_tokenizer().get_vocab_size(with_added_tokens=True)
+    if rows and packaged not in rows:
+        raise QuantscopeError(
+            f"model '{Path(model_file).name}' names no tokenizer and has no tokenizer.json "
+            f"beside it, and its {ids} index a table of {min(rows):,} rows, not the "
+            f"{packaged:,} of the packaged one (uncased BERT): pass --tokenizer "
+            "TOKENIZER.json (the model's own, e.g. from its Hugging Face folder)")
+    return None
 
 
 def describe_tokenizer(path: str | Path | None) -> str:
