@@ -1,6 +1,8 @@
-"""The README's quick start, as written, on an image model with static shapes.
+"""The README's first section (the one command and the verdict of a real run) and the
+per-stage block of docs/expert.md (the README links it), as written, on an image model
+with static shapes.
 
-Every ``quantscope`` line of the quick-start block runs twice: with the optional
+Every ``quantscope`` line of the per-stage block runs twice: with the optional
 ``[…]`` parts left out, and with them in (the first alternative of ``a|b``). Built-in
 model/data lines (``demo``, ``models``) and ``pip`` are skipped; ``FILE`` becomes one
 output per export format.
@@ -17,12 +19,19 @@ import tiny_models as tm
 
 from quantscope.cli import main
 
-README = Path(__file__).parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent
+README = ROOT / "README.md"
+EXPERT = ROOT / "docs" / "expert.md"
+RUN_VERDICT = ROOT / "docs" / "data" / "run_verdict.json"
+"""The verdict.json of the real run whose console verdict the README shows (regenerate the
+README's block with ``format_verdict`` when the verdict's form changes)."""
+ONE_COMMAND = ("quantscope run minilm-l6 --data stdlib-docs --target hailo10h --goal 0.97 "
+               "--max-cost 1.5 --out W")
 
 
 def _commands() -> list[str]:
-    text = README.read_text()
-    block = text[text.index("## Quick start with your own model"):]
+    text = EXPERT.read_text()
+    block = text[text.index("## Per-stage commands"):]
     block = block[block.index("```bash") + 7: block.index("```", block.index("```bash") + 7)]
     joined = re.sub(r"\\\n\s*", " ", block)
     lines = [re.sub(r"\s+#.*$", "", ln).strip() for ln in joined.splitlines()]
@@ -73,3 +82,23 @@ def test_quick_start_runs_as_written_on_an_image_model(workdir, optional, capsys
             "export", "export-qdq", "groups"} | (set() if optional else {"lint"})
     assert want <= set(ran)
     assert Path("report.html").stat().st_size > 0 and Path("model.alls").exists()
+
+
+def test_the_readme_opens_with_the_one_command_and_the_verdict_of_its_real_run():
+    """The first section: the issue's command, with no other flag, and the console verdict
+    a real run printed, equal to what today's code prints from that run's verdict.json;
+    the expert commands are one link away."""
+    import json
+
+    from quantscope.pipeline.verdict import format_verdict
+
+    text = README.read_text()
+    first = text[text.index("\n## "):]
+    first = first[: first.index("\n## ", 4)]
+    assert first.startswith("\n## One command") and ONE_COMMAND in first
+    block = first[first.index("```text\n") + 8:]
+    block = block[: block.index("```")]
+    assert block.rstrip("\n") == format_verdict(json.loads(RUN_VERDICT.read_text()))
+    assert block.startswith("verdict: goal top1_agreement >= 0.97 ")
+    assert "](docs/expert.md)" in first
+    assert "quantscope calibrate" not in text.split("## What `run` does", 1)[0]

@@ -153,3 +153,40 @@ def test_handled_mask_outliers_are_one_line_and_a_folded_table():
     assert "Add_output_0" not in head  # the mask tensor only in the folded table
     assert "Add_output_0" in folded.split("</details>")[0]
     assert "1 tensor(s) with outlier channels" in page
+
+
+def _lengths_doc(cost_mean=1.43, cap=1.5):
+    bucket = {"texts": 67}
+    return {"considered": True, "reason": "r", "deployment": {
+        "kept_one": False, "seq_lens": [64, 128, 256], "models": 3, "reason": "buckets pay",
+        "cost_per_query": 1.1, "cost_per_document": 1.7, "cost_mean": cost_mean,
+        "cost_mean_se": 0.039, "switching": "switching between compiled models is not modelled",
+        "cost_margin": {"cap": cap, "z": 2.0, "fit_mean": 1.40, "fit_se": 0.04, "bound": 1.48,
+                        "budget": 1.44, "sentence": "chosen with a margin: fit mean cost ..."},
+        "held_out": {"legal": True, "buckets": [bucket] * 3,
+                     "metrics": {"top1_agreement": 0.98}}}}
+
+
+def test_a_deployment_that_ships_is_the_headline_and_the_plan_a_detail():
+    dep = summary.deployment(_lengths_doc(), "top1_agreement")
+    v = _verdict(deployment=dep, reached=True, held_out={"samples": 100, "unit": "pairs"},
+                 plan_cost=1.004, cost=None)
+    v["headline"] = summary.headline(v)
+    assert v["headline"]["ships"] == "deployment" and v["headline"]["value"] == 0.98
+    assert v["headline"]["cost"] == 1.43 and v["headline"]["n"] == 100
+    lines = summary.format_short(v)
+    assert "98.0 % (n=100 held-out pairs; fp32 100.0 %; a8_w8 61.0 %)" in lines[0]
+    assert "3 compiled models (64, 128, 256 tokens) at mean cost 1.430x held out" in lines[0]
+    assert "72.7 %" not in lines[0]
+    plan = next(x for x in lines if "single plan" in x)
+    assert "72.7 % (n=100 held-out pairs) at 1.004x" in plan
+    assert "within --max-cost 1.5" in "\n".join(lines)
+    assert "len-64/, len-128/, len-256/: model.onnx + model.alls" in "\n".join(lines)
+    over = summary.deployment(_lengths_doc(cost_mean=1.529), "top1_agreement")
+    assert "OVER --max-cost 1.5 by 0.029x" in over["lines"][1]
+    assert any(x.startswith("cost margin: chosen with a margin") for x in over["lines"])
+    # no deployment measured: the plan ships and leads, as before
+    alone = _verdict(plan_cost=1.44)
+    assert summary.headline(alone)["ships"] == "plan"
+    assert summary.format_short(alone)[0].endswith("(n=250 held-out pairs; fp32 100.0 %; "
+                                                   "a8_w8 61.0 %)")

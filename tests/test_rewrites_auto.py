@@ -132,7 +132,8 @@ def _small_target(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_path, capsys):
+def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_path, capsys,
+                                                                         monkeypatch):
     from quantscope.serde import read_json
 
     onnx.save(token_encoder(), tmp_path / "enc.onnx")
@@ -159,11 +160,26 @@ def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_pat
     assert "Rewrites chosen by the run (auto, fit data)" in (out / "report.html").read_text()
     compiled = onnx.load(out / "repaired.onnx")
     assert any(n.name.endswith("/tok1") for n in compiled.graph.node)
-    # a rerun: the choice is reused (no measurement), every stage skipped
+    # a rerun: the choice is reused (no measurement), every stage skipped; the given model
+    # and the data are opened once (for the checks), the rewritten model not at all
+    opened = {"open_model": 0, "load_proto": 0, "open_data": 0}
+
+    def counted(name):
+        real = getattr(stages, name)
+
+        def call(*a, **k):
+            opened[name] += 1
+            return real(*a, **k)
+        return call
+
+    for name in opened:
+        monkeypatch.setattr(stages, name, counted(name))
     assert main(argv) == 0
     said = capsys.readouterr()
     assert "rewritten model reused" in said.err and "rewrites auto:" not in said.err
     assert "stages run: none;" in said.out
+    assert opened == {"open_model": 1, "load_proto": 0, "open_data": 1}, opened
+    monkeypatch.undo()
     # --rewrites none: the given model, every stage again, no auto record
     assert main([*argv, "--rewrites", "none"]) == 0
     said = capsys.readouterr().out
@@ -188,3 +204,68 @@ def test_run_applies_rank4_by_itself_where_linearclip_fires(tmp_path, capsys):
     assert verdict["legal"] and verdict["cost"] < 2.0  # quantized, not kept in float
     compiled = onnx.load(out / "repaired.onnx")
     assert any(n.name.endswith("/unsqueeze4d") for n in compiled.graph.node)  # rank4's edit
+
+
+def _per_query(gained: int, lost: int, *, tiebreak_gain: float = 0.0):
+    """A measure by per-query scores: 100 queries, 80 agreeing without the rewrite; the
+    rewritten (split, more nodes) model gains ``gained`` queries and loses ``lost``."""
+    from quantscope.rewrites.auto import Measured
+
+    base = np.zeros(100)
+    base[:80] = 1.0
+    split = base.copy()
+    split[80:80 + gained] = 1.0
+    split[:lost] = 0.0
+
+    def measure(m, s):
+        rewritten = any(n.name.endswith("/tok1") for n in m.graph.node)
+        got = split if rewritten else base
+        return Measured(float(got.mean()), 10.0 + (tiebreak_gain if rewritten else 0.0), got)
+
+    return measure
+
+
+def test_a_rewrite_is_kept_only_when_its_gain_is_beyond_noise(tmp_path):
+    """The paired interval over per-query scores: +15 queries of 100 is beyond noise,
+    +1 (0.80 -> 0.81, outscale's gain on minilm-l3) is a tie decided by the tiebreak and
+    said to be one, -15 is worse beyond noise even with a better tiebreak."""
+    model = load_proto(token_encoder(), "enc")
+    fit = _fit(tmp_path, model, SEQ)
+
+    def split_trial(measure):
+        choice, _ = _choose(model, fit, SEQ, measure, tiebreak="embedding_sqnr_db")
+        return choice, next(t for t in choice.trials if t.name == "tokensplit")
+
+    choice, t = split_trial(_per_query(15, 0))
+    assert t.kept and "measured better beyond noise" in t.reason
+    assert t.interval["outcome"] == "better" and t.interval["lower"] > 0 and \
+        t.interval["n"] == 100
+    assert choice.to_dict()["trials"][list(REWRITES).index("tokensplit")]["interval"] == \
+        t.interval
+    _, t = split_trial(_per_query(1, 0))
+    assert not t.kept and t.interval["outcome"] == "tie" and t.interval["lower"] < 0
+    assert "a tie within noise" in t.reason and t.after > t.before
+    _, t = split_trial(_per_query(1, 0, tiebreak_gain=0.5))
+    assert t.kept and "a tie within noise" in t.reason and "decided by better " \
+        "embedding_sqnr_db (10 -> 10.5)" in t.reason
+    _, t = split_trial(_per_query(0, 15, tiebreak_gain=0.5))
+    assert not t.kept and t.interval["outcome"] == "worse" and "worse beyond noise" in t.reason
+
+
+def test_the_run_measure_gives_each_fit_query_score_of_its_figure(tmp_path):
+    from test_tasks_text import tiny_encoder
+
+    from quantscope.pipeline.data import open_fit_data
+
+    model = load_proto(tiny_encoder(), "tiny")
+    fit = open_fit_data(model, "stdlib-docs", eval_data=None, pairs=20, tokenizer=None)
+    stats = stages.calibrate_model(model, fit, progress=False)
+    got = max_legal_measure(fit, load_target("ort-cpu"), "top1_agreement", seq_len=None,
+                            tiebreak="embedding_sqnr_db")(model, stats)
+    assert got.samples is not None and got.samples.shape == (20,)
+    assert got.value == pytest.approx(got.samples.mean()) and got.tiebreak is not None
+    tensors = _fit(tmp_path, load_proto(token_encoder(), "enc"), SEQ)  # no per-query form
+    enc = load_proto(token_encoder(), "enc")
+    plain = max_legal_measure(tensors, SMALL, "sqnr_db", seq_len=SEQ)(
+        enc, stages.calibrate_model(enc, tensors))
+    assert plain.samples is None

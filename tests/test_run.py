@@ -179,7 +179,11 @@ def test_minilm_l3_on_stdlib_docs_for_hailo10h(tmp_path, capsys):
     assert "pairs 17-32" in v["evaluation"] and "held out" in v["evaluation"]
     q = {k: r["top1_agreement"] for k, r in v["quality"].items()}
     assert q["fp32"] == 1.0 and 0.0 <= q["a8_w8"] <= 1.0 and 0.0 <= q["plan"] <= 1.0
-    assert v["reached"] is (q["plan"] >= 0.9)
+    # the goal is judged on what ships (a deployment of compiled lengths when measured)
+    assert v["reached"] is (v["headline"]["value"] >= 0.9)
+    assert v["plan_reached"] is (q["plan"] >= 0.9)
+    assert v["ships"] == "plan" or v["headline"]["value"] == \
+        v["deployment"]["value"]
     assert [r["tensor"] for r in v["io"] if r["role"] == "output"] == ["last_hidden_state"]
     assert "verdict: goal top1_agreement >= 0.9" in text and "model.alls" in text
     page = (out / "report.html").read_text()

@@ -75,6 +75,8 @@ def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run,
     d = doc["deployment"]
     assert doc["buckets"] and not d["kept_one"] and d["models"] >= 2
     assert d["cost_mean"] <= 1.5 and d["held_out"]["legal"]
+    margin = d["cost_margin"]  # chosen with a margin on the fit texts' mean cost
+    assert margin["z"] == L.COST_Z and margin["fit_mean"] + L.COST_Z * margin["fit_se"] <= 1.5
     assert doc["candidates"][0] == "plan" and any("@" in c for c in doc["candidates"])
     for n in d["seq_lens"]:  # per compiled length: the compiler's model, stats, plan
         assert {p.name for p in (out / f"len-{n}").iterdir()} == {"model.onnx", "stats.npz",
@@ -197,3 +199,39 @@ def test_without_seq_len_the_run_plans_checks_and_compiles_at_the_longest_fit_te
     assert main([*args[:-1], str(given), "--lengths", "off", "--seq-len", "16"]) == 0
     assert "the longest fit text" not in capsys.readouterr().err
     assert read_json(given / "check.json", "check")["seq_len"] == 16
+
+
+def test_the_deployment_keeps_the_cost_cap_with_a_margin_on_the_fit_texts(tmp_path):
+    """Without a margin the choice sits at the cap on the fit texts, and texts it has not
+    seen may cost more; with it, the fit mean cost + COST_Z standard errors is within."""
+    model = load_proto(tiny_encoder(), "tiny")
+    rd = open_run_data(model, "stdlib-docs", eval_data=None, pairs=PAIRS, tokenizer=None,
+                       folder=tmp_path)
+    stats = stages.calibrate_model(model, rd.fit, progress=False)
+    cands = tuple(Candidate(name=p.value, model=model, stats=stats,
+                            plan=Plan(default=p, target="ort-cpu"))
+                  for p in (Precision.A8_W8, Precision.A16_W16))
+    target = load_target("ort-cpu")
+
+    def deploy(z):
+        return L.deploy_lengths(model, rd.fit, rd.held_out, cands, target, "ort-cpu",
+                                max_cost=1.5, seq_lens=(64, 128, 256), cost_z=z)
+
+    bare, kept = deploy(0.0), deploy(L.COST_Z)
+    assert bare.margin.fit_mean <= 1.5 < bare.margin.fit_mean + L.COST_Z * bare.margin.fit_se
+    m = kept.margin
+    assert m.bound == m.fit_mean + L.COST_Z * m.fit_se <= 1.5 and m.budget < 1.5
+    assert kept.to_dict()["cost_margin"]["bound"] == m.bound
+    assert "+ 2 standard errors" in m.sentence and "budget lowered" in m.sentence
+
+
+def test_no_deployment_within_the_margin_is_one_line():
+    from quantscope.stages import buckets as B
+    from quantscope.types import QuantscopeError
+
+    alloc = B.Allocation(picks=((0, 0),), legal={})
+    with pytest.raises(QuantscopeError, match="margin of 2 standard errors") as e:
+        L.allocate_with_margin(lambda budget: alloc, lambda a: (1.4, 0.1), 1.5)
+    assert "\n" not in str(e.value)
+    got, margin = L.allocate_with_margin(lambda budget: alloc, lambda a: (1.2, 0.1), 1.5)
+    assert got is alloc and margin.budget == 1.5 and margin.bound == pytest.approx(1.4)

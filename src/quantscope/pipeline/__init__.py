@@ -93,21 +93,24 @@ class RunResult:
 def run_pipeline(opts: RunOptions, *, force: str | None = None,
                  progress: bool = True) -> RunResult:
     """Run every stage not yet done on these inputs (``force``: rerun from that stage)."""
+    from quantscope import stages
+
     opts.check()
-    opts = at_data_length(opts, progress)
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
+    # the given model and the fit data are opened once here, for every check below (a
+    # rerun whose stages are all done needs nothing more: the rewritten model it reuses
+    # is loaded only when a stage runs)
+    given = stages.open_model(opts.model)
+    fit = _open_fit(given, opts)
+    opts = at_data_length(opts, progress, model=given, fit=fit)
     # every input is opened (and a split that cannot be made fails) before any stage runs
-    # and before the run folder exists: a bad input leaves nothing behind
-    if opts.auto_rewrites:  # auto measures before rewriting: every cheap check first
-        from quantscope import stages
-
-        _check_out(opts.out)
-        _check_inputs(stages.open_model(opts.model), opts, progress)
-    made = rewrite_run_model(opts, progress=progress)
-    early: dict[str, Any] = {"model": made.model, "made": made}
-    if not opts.auto_rewrites:  # a rewrite keeps the inputs and outputs: checked above
-        _check_inputs(made.model, opts, progress)
+    # and before the run folder exists: a bad input leaves nothing behind; the given
+    # model is checked (a rewrite keeps the inputs and outputs), before auto measures
+    _check_out(opts.out)
+    _check_inputs(given, opts, progress, fit=fit)
+    made = rewrite_run_model(opts, progress=progress, given=given)
+    early: dict[str, Any] = {"made": made, **({"model": made.model} if made.model else {})}
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)
@@ -115,7 +118,17 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
         return _run(Context(opts, folder, progress=progress, _cache=early), force)
 
 
-def at_data_length(opts: RunOptions, progress: bool) -> RunOptions:
+def _open_fit(model: Model, opts: RunOptions) -> Any:
+    """The fit data as the checks open it (:func:`check_run_inputs`), once."""
+    from quantscope import stages
+
+    return stages.open_data(opts.data, model, tokenizer=opts.tokenizer, max_pairs=opts.pairs,
+                            layout=opts.layout, batch_axes=dict(opts.batch_axes) or None,
+                            show=False, prefixes=opts.prefixes)
+
+
+def at_data_length(opts: RunOptions, progress: bool, *, model: Model | None = None,
+                   fit: Any = None) -> RunOptions:
     """Without ``--seq-len`` (and ``--input-shape``), retrieval text fixes the length the
     whole run rewrites, plans, checks and compiles at: its widest fit batch (the longest
     text, truncated by the tokenizer), said in one line, as if given. Without it a target
@@ -130,9 +143,10 @@ def at_data_length(opts: RunOptions, progress: bool) -> RunOptions:
 
     from quantscope import stages
 
-    model = stages.open_model(opts.model)
-    fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
-                        tokenizer=opts.tokenizer, prefixes=opts.prefixes)
+    if fit is None:  # pairs: the fit data is the data's first --pairs pairs as opened
+        model = model if model is not None else stages.open_model(opts.model)
+        fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
+                            tokenizer=opts.tokenizer, prefixes=opts.prefixes)
     widest = widest_text_batch(fit)
     if widest is None:
         return opts
@@ -143,12 +157,13 @@ def at_data_length(opts: RunOptions, progress: bool) -> RunOptions:
     return replace(opts, seq_len=widest)
 
 
-def _check_inputs(model: Model, opts: RunOptions, progress: bool) -> None:
+def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = None) -> None:
     """The inputs, the goal, the batch axes and the input shapes checked against ``model``
-    (before the run folder exists)."""
-    check_run_inputs(model, opts)
+    (before the run folder exists); ``fit``: the fit data as :func:`_open_fit` opened it."""
+    check_run_inputs(model, opts, fit=fit)
     # a goal the metric cannot take fails before the run folder exists
-    head = Context(opts, Path(opts.out), progress=progress, _cache={"model": model}).check_goal()
+    head = Context(opts, Path(opts.out), progress=progress,
+                   _cache={"model": model}).check_goal(fit)
     if head is not None and opts.goal is not None:
         from quantscope.progress import say
 
@@ -166,11 +181,11 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool) -> None:
 MIN_FIT_SAMPLES = 2  # the analysis compares samples (a collapse needs two rows to show)
 
 
-def check_run_inputs(model: Model, opts: RunOptions) -> None:
+def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None:
     """The target, the data and the evaluation data, opened and checked against the model
     (input names, shapes, token ids), and enough tensor samples to fit a plan on: after
     holding out half for evaluation (without ``--eval-data``) at least
-    :data:`MIN_FIT_SAMPLES` remain."""
+    :data:`MIN_FIT_SAMPLES` remain. ``fit``: the data as :func:`_open_fit` opened it."""
     from quantscope import stages
     from quantscope.targets import load_target
     from quantscope.tasks.tensors import check_token_ids
@@ -178,9 +193,7 @@ def check_run_inputs(model: Model, opts: RunOptions) -> None:
 
     load_target(opts.target)
     axes = dict(opts.batch_axes) or None
-    fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer, max_pairs=opts.pairs,
-                           layout=opts.layout, batch_axes=axes, show=False,
-                           prefixes=opts.prefixes)
+    fit = fit if fit is not None else _open_fit(model, opts)
     sets = [(opts.data, fit)]
     if opts.eval_data:
         sets.append((opts.eval_data, stages.open_data(opts.eval_data, model,
@@ -295,12 +308,29 @@ def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
     if "hn" in spec.options:
         inputs["hn"] = str(ctx.hn_identity())
     if spec.ranked:  # absent when ORT ranks: the keys of earlier runs stay valid
-        from quantscope.finetune.engine import resolve_engine
-
-        engine = resolve_engine(ctx.opts.rank_engine)
-        if engine.name != "ort":
-            options["rank_engine"] = engine.ranked_by
+        ranked_by = _ranked_by(ctx.opts.rank_engine)
+        if ranked_by is not None:
+            options["rank_engine"] = ranked_by
     return stage_key(name, options, inputs)
+
+
+# device files whose absence means no GPU that torch.cuda could see (NVIDIA, WSL, ROCm)
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
+
+
+def _ranked_by(asked: str) -> str | None:
+    """Who ranks the plan search when torch does (its key entry), None when ORT does.
+    ``auto`` on a machine without a GPU device is ORT without importing torch (seconds on
+    every rerun: :func:`quantscope.finetune.engine.resolve_engine` would import it to ask
+    torch.cuda)."""
+    import os
+
+    if asked == "ort" or (asked == "auto" and not any(map(os.path.exists, GPU_DEVICES))):
+        return None
+    from quantscope.finetune.engine import resolve_engine
+
+    engine = resolve_engine(asked)
+    return None if engine.name == "ort" else engine.ranked_by
 
 
 __all__ = ["RunOptions", "RunResult", "STAGES", "run_pipeline"]

@@ -9,9 +9,13 @@ plan measured    ``plan --max-legal``'s candidate at the run's length (every gro
                  highest legal precision, only what ``check`` refuses demoted;
                  :func:`quantscope.plan.candidates.max_legal`), without repairs, emulated
                  in ONNX Runtime; the headline metric (``--metric`` or the task's)
-kept             better than without on that figure (strictly); on a tie, better by more
-                 than 0.1 dB on the embedding SQNR (pairs) or the output SQNR (else):
-                 :data:`TIEBREAK`; else dropped
+kept             retrieval pairs: the per-query scores of the metric (each fit query's
+                 top-1 agreement, :mod:`quantscope.tasks.samples`) give a paired
+                 interval of the gain; kept only when it is beyond noise (one-sided 95 %
+                 lower bound above 0); a tie within noise is decided by more than 0.1 dB
+                 on the embedding SQNR (:data:`TIEBREAK`) and said to be a tie; other
+                 data (no per-sample form): better on the figure, an exact tie by the
+                 output SQNR (:func:`quantscope.rewrites.auto.choose_rewrites`)
 repairs          a repair that keeps FP32 and answers a target rule
                  (:attr:`quantscope.repair.registry.RepairSpec.answers`: rank4 answers
                  ``qnn.linearclip_5d``) is applied to the run's model after the rewrites,
@@ -29,9 +33,11 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from quantscope import stages
 from quantscope.progress import say
-from quantscope.rewrites.auto import AutoChoice, choose_rewrites
+from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rewrites
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
 if TYPE_CHECKING:
@@ -68,15 +74,17 @@ MEASURED_ON = ("plan --max-legal at the run's length (no repairs), emulated in O
 
 def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
     """What the auto choice is a function of besides the given model and the tool's
-    version: the fit data, the length and shapes, the target, the calibration method and
-    the metric (``identity``: a path -> content-digest function for the files)."""
+    version: the fit data, the length and shapes, the target, the calibration method, the
+    metric and the keep rule (``identity``: a path -> content-digest function for the files)."""
     return {"mode": "auto", "data": identity(opts.data), "eval_data": identity(opts.eval_data),
             "tokenizer": identity(opts.tokenizer), "pairs": opts.pairs,
             "seq_len": opts.seq_len, "input_shapes": [[k, list(v)] for k, v in opts.input_shapes],
             "target": identity(opts.target), "method": opts.method, "metric": opts.metric,
             "layout": sorted(s.text for s in opts.layout),
             "batch_axes": [list(p) for p in opts.batch_axes],
-            **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {})}
+            **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {}),
+            # the rule that kept them: a folder chosen under another rule chooses again
+            "keep_rule": KEEP_RULE}
 
 
 def auto_digest(key: dict[str, Any]) -> str:
@@ -95,27 +103,61 @@ def _samples(fit: Dataset) -> tuple[int | None, str]:
 def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int | None,
                       input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
                       tiebreak: str | None = None,
-                      ) -> Callable[[Model, Stats], float | tuple[float, float]]:
+                      ) -> Callable[[Model, Stats], Measured]:
     """``measure(model, stats)`` for :func:`quantscope.rewrites.auto.choose_rewrites`:
     ``metric`` of the model's ``plan --max-legal`` candidate at ``seq_len`` (no repairs),
-    emulated in ONNX Runtime on ``fit`` against the model's own FP32 outputs; with
-    ``tiebreak`` (a metric, higher is better) measured too, the pair."""
+    emulated in ONNX Runtime on ``fit`` against the model's own FP32 outputs, with
+    ``tiebreak`` (a metric, higher is better) and, for retrieval pairs and a metric with a
+    per-query form, each query's score (the same run: :class:`_PerQuery`)."""
     from quantscope.analyze.measure import evaluate_plans
     from quantscope.model.shapes import given_shapes
     from quantscope.plan.candidates import max_legal
 
-    def measure(model: Model, stats: Stats) -> float:
+    def measure(model: Model, stats: Stats) -> Measured:
         shapes = given_shapes(model, seq_len, input_shapes)
         plan = max_legal(model, target, shapes).plan
-        metrics = evaluate_plans(model, fit, stats, {"max_legal": plan}, scheme=target.scheme,
+        task = _PerQuery.of(fit.task, metric)
+        data = fit if task is None else dataclasses.replace(fit, task=task)
+        metrics = evaluate_plans(model, data, stats, {"max_legal": plan}, scheme=target.scheme,
                                  saturation=False)["max_legal"]["metrics"]
         got = metrics.get(metric)
         if got is None:
             raise QuantscopeError(f"the metric '{metric}' was not measured on the fit data")
         second = metrics.get(tiebreak) if tiebreak and tiebreak != metric else None
-        return float(got) if second is None else (float(got), float(second))
+        return Measured(float(got), None if second is None else float(second),
+                        None if task is None else task.samples)
 
     return measure
+
+
+class _PerQuery:
+    """A retrieval task that, scoring a model, also keeps each query's score of
+    ``metric`` (:data:`quantscope.tasks.samples.SAMPLE_SCORES`, over all the pairs: their
+    mean is the metric), so the paired interval needs no second run. Everything else is
+    the task's own."""
+
+    def __init__(self, task: Any, metric: str) -> None:
+        self._task, self._metric = task, metric
+        self.samples: np.ndarray | None = None
+
+    @classmethod
+    def of(cls, task: Any, metric: str) -> _PerQuery | None:
+        from quantscope.tasks.registry import RetrievalTask
+        from quantscope.tasks.samples import SAMPLE_SCORES
+
+        ok = isinstance(task, RetrievalTask) and metric in SAMPLE_SCORES
+        return cls(task, metric) if ok else None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._task, name)
+
+    def metrics(self, ref: Any, test: Any) -> Any:
+        from quantscope.tasks.samples import SAMPLE_SCORES
+
+        got = self._task.metrics(ref, test)
+        self.samples = SAMPLE_SCORES[self._metric](self._task.embeddings(ref),
+                                                   self._task.embeddings(test))
+        return got
 
 
 def choose(opts: AutoOptions, model: Model, *, progress: bool = True

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from quantscope.pipeline.data import RunData
     from quantscope.targets.profile import Target
     from quantscope.tasks.headline import Headline
+    from quantscope.types import Dataset
 
 
 DEFAULT_BUDGET_S = 1800.0  # run --budget 30m
@@ -179,12 +180,15 @@ class Context:
         return self.folder / name
 
     def model(self) -> Model:
-        """The model every stage works on (:func:`open_run_model`)."""
+        """The model every stage works on (:func:`open_run_model`; a rewrite reused from
+        the run folder is loaded here, on the first stage that needs it)."""
         if "model" not in self._cache:
-            made = rewrite_run_model(self.opts, progress=self.progress)
-            if self.folder.is_dir():
-                keep_rewritten(self.folder, self.opts, made)
-            self._cache["model"], self._cache["made"] = made.model, made
+            made = self._cache.get("made")
+            if made is None:
+                made = rewrite_run_model(self.opts, progress=self.progress)
+                if self.folder.is_dir():
+                    keep_rewritten(self.folder, self.opts, made)
+            self._cache["model"], self._cache["made"] = made.load(), made
         return self._cache["model"]
 
     def auto_choice(self) -> AutoChoice | None:
@@ -282,10 +286,11 @@ class Context:
     def metric(self) -> str:
         return self.headline().metric
 
-    def check_goal(self) -> Headline | None:
+    def check_goal(self, fit: Dataset | None = None) -> Headline | None:
         """Refuse a ``--goal`` the headline metric cannot take, before any work and before
-        the run folder exists (the task comes from the fit data, opened here once more
-        without the folder: :func:`stages.open_data` as ``open_run_data`` opens it)."""
+        the run folder exists (the task comes from the fit data: ``fit`` when the caller
+        opened it already, else opened here without the folder, :func:`stages.open_data`
+        as ``open_run_data`` opens it)."""
         o = self.opts
         if o.goal is None:
             return None
@@ -293,10 +298,10 @@ class Context:
             head = stages.headline(None, o.metric)
         else:
             d = self.data_options()
-            fit = stages.open_data(d["data"], self.model(), tokenizer=d["tokenizer"],
-                                   max_pairs=d["pairs"], layout=d.get("layout", ()),
-                                   batch_axes=dict(d.get("batch_axes", ())) or None,
-                                   show=False, prefixes=d.get("prefixes"))
+            fit = fit or stages.open_data(d["data"], self.model(), tokenizer=d["tokenizer"],
+                                          max_pairs=d["pairs"], layout=d.get("layout", ()),
+                                          batch_axes=dict(d.get("batch_axes", ())) or None,
+                                          show=False, prefixes=d.get("prefixes"))
             head = stages.headline(fit, None)
         head.check_goal(o.goal)
         return head
@@ -346,8 +351,6 @@ def _reused_rewrite(opts: RunOptions, given: Model, progress: bool) -> RunModel 
     nothing records no file: the given model); else None."""
     import json
 
-    import onnx
-
     folder = Path(opts.out)
     meta, path = folder / REWRITTEN_KEY, folder / REWRITTEN
     if not meta.is_file():
@@ -362,29 +365,41 @@ def _reused_rewrite(opts: RunOptions, given: Model, progress: bool) -> RunModel 
     auto = AutoChoice.from_dict(kept["auto"]) if opts.auto_rewrites and "auto" in kept \
         else None
     if kept.get("file") is None and auto is not None and not auto.kept:
-        model = given
+        made = RunModel(given, auto=auto)
     elif path.is_file() and kept.get("file") == file_digest(path):
-        model = stages.load_proto(onnx.load(str(path)), given.source)
+        made = RunModel(None, auto=auto, file=str(path), source=given.source)
     else:
         return None
     for reason in kept.get("reasons", []):
         say(reason, show=progress)
-    say(f"rewritten model reused from {path} (same model, rewrites and data)" if model
-        is not given else f"rewrite choice reused from {meta} (auto: none kept)",
-        show=progress)
-    return RunModel(model, auto=auto)
+    say(f"rewritten model reused from {path} (same model, rewrites and data)" if made.model
+        is None else f"rewrite choice reused from {meta} (auto: none kept)", show=progress)
+    return made
 
 
 @dataclass(frozen=True)
 class RunModel:
     """The model a run works on; ``proto``: the last rewrite's own output when rewritten
-    now (None without rewrites or when reused from the run folder), with the lines said."""
+    now (None without rewrites or when reused from the run folder), with the lines said.
+    A rewritten model reused from the run folder is not loaded (``model`` None, ``file``
+    its path): a rerun whose stages are all done never needs it; :meth:`load` loads it."""
 
-    model: Model
+    model: Model | None
     proto: Any = None
     reasons: tuple[str, ...] = ()
     auto: AutoChoice | None = None  # --rewrites auto: what was tried and kept
     chosen_now: bool = False  # the auto choice was measured now (not reused)
+    file: str | None = None  # the reused rewritten model's file (when ``model`` is None)
+    source: str = ""  # the given model's source (the tokenizer it names or sits with)
+
+    def load(self) -> Model:
+        """The model, loaded from :attr:`file` when it was reused."""
+        if self.model is not None:
+            return self.model
+        import onnx
+
+        assert self.file is not None
+        return stages.load_proto(onnx.load(self.file), self.source)
 
 
 def keep_rewritten(folder: Path, opts: RunOptions, made: RunModel) -> None:
@@ -406,10 +421,11 @@ def keep_rewritten(folder: Path, opts: RunOptions, made: RunModel) -> None:
 
 def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:
     """:func:`rewrite_run_model`'s model."""
-    return rewrite_run_model(opts, progress=progress).model
+    return rewrite_run_model(opts, progress=progress).load()
 
 
-def rewrite_run_model(opts: RunOptions, *, progress: bool = True) -> RunModel:
+def rewrite_run_model(opts: RunOptions, *, progress: bool = True,
+                      given: Model | None = None) -> RunModel:
     """The given model, or its rewritten form: each rewrite of
     :meth:`RunOptions.rewrite_configs` in the registry's order, through the one runner
     (FP32 checked each time; its source stays the given file, for the tokenizer it names
@@ -417,8 +433,10 @@ def rewrite_run_model(opts: RunOptions, *, progress: bool = True) -> RunModel:
     calibrated once (outscale changes only the down-projections' weights: the hidden
     tensors that peel reads keep their names and ranges). A run folder that kept the
     rewritten model under this run's key (:func:`rewritten_key`) gives it instead: no
-    calibration and no rewrite on a rerun."""
-    model = stages.open_model(opts.model)
+    calibration and no rewrite on a rerun (and the model is not even loaded: the
+    returned :class:`RunModel` loads it on :meth:`RunModel.load`). ``given``: the given
+    model, when the caller opened it already."""
+    model = given if given is not None else stages.open_model(opts.model)
     source = model.source
     chosen = opts.rewrite_configs()
     if not chosen and not opts.auto_rewrites:

@@ -1,7 +1,9 @@
 """The run's verdict (``verdict.json``, printed at the end) and its HTML report.
 
-The verdict answers: was the goal reached on the held-out data; what binds; the plan's
-quality against uniform a8_w8 and FP32; the exact files for the vendor compiler; how to
+The verdict answers: was the goal reached on the held-out data by what ships (the
+deployment of compiled lengths when the run measured one, else the single plan:
+``headline``, ``ships``; ``cost`` is its cost, ``plan_cost`` and ``plan_reached`` the
+single plan's); what binds; the plan's quality against uniform a8_w8 and FP32; the exact files for the vendor compiler; how to
 feed the inputs and read the outputs (the io rows).
 """
 
@@ -27,27 +29,35 @@ def _read(ctx: Context, name: str) -> Any:
 
 def verdict(ctx: Context) -> dict[str, Any]:
     """The verdict from the run folder's files (no computation besides reading them)."""
+    from quantscope.report.summary import headline
+
     ev, plan, chk, io = (_read(ctx, n) for n in (steps.EVALUATE, steps.PLAN, steps.CHECK,
                                                  steps.IO))
     metric, results = ev["metric"], ev["results"]
     quality = {label: {k: results[label]["metrics"].get(k) for k in (metric, "sqnr_db")}
                for label in COMPARED if label in results}
-    value = quality.get("plan", {}).get(metric)
     goal = ctx.opts.goal
     higher = bool(ev.get("higher_is_better", True))
-    reached = None if goal is None or value is None else bool(
-        value >= goal if higher else value <= goal)
     pareto = plan.get("pareto", {})
     errors = [p for p in chk["problems"] if p["severity"] == "error"]
+    plan_cost = pareto.get("chosen", {}).get("cost")
+    summary = _summary_keys(ctx, ev, pareto, chk)
+    # what ships: the deployment of compiled lengths when one was measured, else the plan
+    head = headline({"metric": metric, "quality": quality, "legal": not errors,
+                     "plan_cost": plan_cost, **summary})
+    reached, plan_reached = (_reached(goal, x, higher) for x in (
+        head["value"], quality.get("plan", {}).get(metric)))
     return {
         "metric": metric, "unit": ev.get("unit", ""), "higher_is_better": higher,
-        "goal": goal, "reached": reached,
+        "goal": goal, "reached": reached, "ships": head["ships"], "headline": head,
+        "plan_reached": plan_reached,
         "uniform_meets_goal": bool(pareto.get("uniform_meets_goal")),
         "binding": _binding(pareto, reached),
         **({"ranking": pareto["engines"]} if pareto.get("engines") else {}),
         # the plan search stopped on --budget (absent when it did not bind)
         **({"time_budget": pareto["time_budget"]} if pareto.get("time_budget") else {}),
-        "quality": quality, "cost": pareto.get("chosen", {}).get("cost"),
+        # cost: what ships (the deployment's held-out mean cost, else the plan's)
+        "quality": quality, "cost": head["cost"], "plan_cost": plan_cost,
         "evaluation": ev["data"]["split"],
         "legal": not errors, "rules_checked": len(chk["rules"]),
         "rules_failed": sorted({p["rule"] for p in errors}),
@@ -60,8 +70,13 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results),
         "mixed_scales": _mixed_scales(ctx),
-        **_summary_keys(ctx, ev, pareto, chk),
+        **summary,
     }
+
+
+def _reached(goal: float | None, value: float | None, higher: bool) -> bool | None:
+    return None if goal is None or value is None else bool(
+        value >= goal if higher else value <= goal)
 
 
 def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
@@ -227,7 +242,12 @@ def format_verdict_details(v: dict[str, Any]) -> str:
     for line in v.get("mixed_scales") or []:
         lines.append(f"  mixed scales: {line}" if not line.startswith("    fix:") else
                      f"  {line.strip()}")
-    lines.append(f"  cost {fmt.cost(v['cost'])} uniform a8_w8; repairs: "
+    if v.get("ships") == "deployment":
+        lines.append(f"  single plan (repaired.onnx, one model; not what ships): {m} "
+                     f"{fmt.value(m, q.get('plan', {}).get(m))} held out, goal "
+                     + ("not given" if v["plan_reached"] is None else
+                        "reached" if v["plan_reached"] else "not reached"))
+    lines.append(f"  plan cost {fmt.cost(v.get('plan_cost', v['cost']))} uniform a8_w8; repairs: "
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
                     "FAILS " + ", ".join(v["rules_failed"])))

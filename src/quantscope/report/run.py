@@ -72,6 +72,8 @@ def lengths_section(doc: dict[str, Any] | None) -> str:
     held = format_deployment(RouteResult.from_dict(d["held_out"]))
     fit = "\n\n".join(format_choice(DeploymentChoice.from_dict(d[k]))
                        for k in ("chosen_fit", "one_model_fit"))
+    margin = d.get("cost_margin")
+    head += f"<p>Cost cap: {_e(margin['sentence'])}.</p>" if margin else ""
     return (head + f"<p>{_e(d['reason'])}; {_e(d['switching'])}.</p>"
             + "<p><b>Held out</b> (the kept deployment, each text on its compiled model; "
             "route it again with <code>quantscope route MODEL --deployment "
@@ -317,7 +319,10 @@ def pareto_section(pareto: dict[str, Any], measured: str, *, verdict: dict[str, 
     if verdict is not None:
         got = (verdict.get("quality") or {}).get("plan", {}).get(measured)
         held = (f" Held out, the chosen plan measures {fmt.value(measured, got)} "
-                f"({_e(_n(verdict))}; see the verdict).")
+                f"({_e(_n(verdict))}; see the verdict)."
+                + (" What ships is the deployment of compiled lengths (its held-out figure "
+                   "leads the verdict; see Compiled lengths)."
+                   if verdict.get("ships") == "deployment" else ""))
     on = pareto.get("measured_on") or "the fit data"
     rows = []
     for i, p in enumerate(points):

@@ -13,7 +13,11 @@ host_steps         what runs on the host: the text prefixes, the lookups the tar
                    per-token outputs pooled and normalised, symbolic dims fixed
 deployment         the compiled lengths (``lengths.json``): how many compiled models,
                    the held-out figure, the cost per query and per document, the
-                   standard error of the mean cost; switching is not modelled
+                   standard error of the mean cost, the cap and the margin it was
+                   chosen with; switching is not modelled
+headline           what ships and its held-out figure and cost: the deployment when
+                   one was measured, else the single plan (``format_short`` leads with
+                   it; the single plan's figure is then a detail line)
 auto_rewrites      with ``--rewrites auto``: what was tried and kept, measured on the
                    fit data (one short phrase, a line per rewrite, the report's rows)
 =================  ===============================================================
@@ -71,6 +75,11 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
         word = "kept" if t["kept"] else "dropped" if t["tried"] else "not tried"
         delta = (fmt.gain(m, t["after"] - t["before"])
                  if t.get("after") is not None and t.get("before") is not None else "")
+        iv = t.get("interval")
+        if iv and delta:  # the paired interval over per-sample scores (fit data)
+            delta += (f", {'tie within noise' if iv['outcome'] == 'tie' else iv['outcome']}"
+                      f": {iv['confidence']:.0%} bounds {fmt.gain(m, iv['lower'])} .. "
+                      f"{fmt.gain(m, iv['upper'])}")
         rows.append({"rewrite": t["name"], "decision": word,
                      "without": fmt.value(m, t.get("before")) if t["tried"] else "",
                      "with": fmt.value(m, t.get("after")) if t.get("after") is not None else "",
@@ -226,50 +235,82 @@ def deployment(doc: dict[str, Any] | None, metric: str) -> dict[str, Any] | None
     per = "" if d["cost_per_query"] is None else (
         f"cost per query {fmt.cost(d['cost_per_query'])}, per document "
         f"{fmt.cost(d['cost_per_document'])}, ")
+    margin = d.get("cost_margin")
+    cap = margin["cap"] if margin else None
+    against = "" if cap is None else (
+        f", within --max-cost {cap:g}" if d["cost_mean"] <= cap + 1e-12 else
+        f", OVER --max-cost {cap:g} by {fmt.cost(d['cost_mean'] - cap)}")
     figures = (f"{metric} {fmt.value(metric, held['metrics'].get(metric))} held out "
                f"({texts} texts); {per}mean {fmt.cost(d['cost_mean'])} (standard error "
-               f"{fmt.cost(d['cost_mean_se'])}) x uniform a8_w8 at {lens[-1]}; {legal}; "
-               f"{d['switching']}")
+               f"{fmt.cost(d['cost_mean_se'])}) x uniform a8_w8 at {lens[-1]}, held out"
+               f"{against}; {legal}; {d['switching']}")
+    lines = [head, figures, f"why: {d['reason']}"]
+    if margin:
+        lines.append(f"cost margin: {margin['sentence']}")
     return {"models": n, "measured": True, "seq_lens": lens, "kept_one": d["kept_one"],
-            "metric": metric, "value": held["metrics"].get(metric),
+            "metric": metric, "value": held["metrics"].get(metric), "texts": texts,
             "cost_per_query": d["cost_per_query"], "cost_per_document": d["cost_per_document"],
             "cost_mean": d["cost_mean"], "cost_mean_se": d["cost_mean_se"],
-            "legal": held["legal"], "switching": d["switching"],
-            "lines": [head, figures, f"why: {d['reason']}"]}
+            "max_cost": cap, "cost_margin": margin,
+            "legal": held["legal"], "switching": d["switching"], "lines": lines}
+
+
+def headline(v: dict[str, Any]) -> dict[str, Any]:
+    """What ships and its held-out figures: the deployment of compiled lengths when the
+    run measured one (what ``deployment.json`` and the ``len-N/`` folders hold), else the
+    single plan (``repaired.onnx``); ``n`` is the held-out sample size."""
+    m = v["metric"]
+    ho = v.get("held_out") or {}
+    dep = v.get("deployment") or {}
+    base = {"metric": m, "held_out": True, "n": ho.get("samples"),
+            "unit": ho.get("unit", "samples")}
+    if dep.get("measured") and dep.get("value") is not None:
+        return {**base, "ships": "deployment", "value": dep["value"],
+                "cost": dep["cost_mean"], "cost_se": dep["cost_mean_se"],
+                "models": dep["models"], "seq_lens": dep["seq_lens"],
+                "legal": dep["legal"], "texts": dep.get("texts")}
+    return {**base, "ships": "plan", "value": (v["quality"].get("plan") or {}).get(m),
+            "cost": v.get("plan_cost", v.get("cost")), "cost_se": None, "models": 1,
+            "legal": v["legal"]}
 
 
 def format_short(v: dict[str, Any]) -> list[str]:
-    """At most ~8 lines (and one per rewrite applied): goal and held-out figure, cost and
-    legality, what binds, files, host steps (each line one thing a person acts on)."""
+    """At most ~8 lines (and one per rewrite applied): goal and the held-out figure of
+    what ships (the deployment when one was measured, else the plan), its cost, the
+    single plan's figure as a detail, what binds, files, host steps (each line one thing a
+    person acts on)."""
     m = v["metric"]
     q = v["quality"]
     ho = v.get("held_out") or {}
     n = f"n={ho['samples']} held-out {ho.get('unit', 'samples')}" if ho.get("samples") else \
         "held out"
-    got = fmt.value(m, q.get("plan", {}).get(m))
+    h = v.get("headline") or headline(v)
+    dep = v.get("deployment") if h["ships"] == "deployment" else None
+    got = fmt.value(m, h["value"])
     refs = "; ".join(f"{k} {fmt.value(m, r.get(m))}" for k, r in q.items() if k != "plan")
+    what = "" if dep is None else (
+        f" with {dep['models']} compiled model{'s' if dep['models'] > 1 else ''} "
+        f"({', '.join(map(str, dep['seq_lens']))} tokens) at mean cost "
+        f"{fmt.cost(dep['cost_mean'])} held out (standard error {fmt.cost(dep['cost_mean_se'])})")
     if v["goal"] is None:
-        head = f"verdict: no --goal given; plan {m} {got} ({n}; {refs})"
+        head = f"verdict: no --goal given; {m} {got} ({n}; {refs}){what}"
     else:
-        word = "REACHED" if v["reached"] else "NOT reached"
+        reached = v["reached"] if "headline" in v else _reaches(v, h["value"])
+        word = "REACHED" if reached else "NOT reached"
         op = ">=" if v.get("higher_is_better", True) else "<="
         unit = f" {v['unit']}" if v.get("unit") else ""
         head = (f"verdict: goal {m} {op} {v['goal']:g}{unit} {word} on the held-out data: "
-                f"{got} ({n}; {refs})")
+                f"{got} ({n}; {refs}){what}")
     lines = [head]
-    legal = ("legal: all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
-             "NOT legal: " + ", ".join(v["rules_failed"]))
-    applied = [k for k in v.get("rewrites_applied", []) if k]
-    lines.append(f"  cost {fmt.cost(v['cost'])} uniform a8_w8; {legal}; repairs: "
-                 f"{', '.join(v['repairs']) or 'none'}; rewrites: {', '.join(applied) or 'none'}"
-                 + (f" ({v['rewrites_auto']['short']})" if v.get("rewrites_auto") else "")
-                 + ("; the plan is uniform a8_w8 (met the goal on the fit data)"
-                    if v.get("uniform_meets_goal") else ""))
+    if dep is not None:
+        lines += [f"  {dep['lines'][0]}", f"    {dep['lines'][1]}"]
+    lines.append(_plan_line(v, n, shipped=dep is None))
     worse = _worse_than_uniform(v)
     if worse:
         lines[-1] += f"; {worse}"
     if ranking_line(v):
         lines.append(f"  {ranking_line(v)}")
+    applied = [k for k in v.get("rewrites_applied", []) if k]
     # the compiled model is not the original: each rewrite's note (and caveat) is kept
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
     if (v.get("not_like_fp32") or {}).get("plan"):
@@ -282,15 +323,50 @@ def format_short(v: dict[str, Any]) -> list[str]:
     tb = v.get("time_budget")
     if tb:  # the search stopped on --budget: the plan is the best measured so far
         lines.append(f"  budget: {tb['note']}")
-    io = "; device I/O (io_snippet.py): " + ", ".join(
-        f"{r['role']} {r['tensor']} {r['stored_type']} ({r['q_min']}..{r['q_max']})"
-        for r in v["io"]) if v.get("io") else ""
-    lines.append("  compile: " + " + ".join(list(v["compiler_files"])[:-1])
-                 + f" ({list(v['compiler_files'])[-1]} is what was emulated){io}")
-    dep = v.get("deployment")
-    if dep:
-        lines += [f"  {dep['lines'][0]}", *(f"    {x}" for x in dep["lines"][1:2])]
+    lines.append(_compile_line(v, dep))
     for step in v.get("host_steps", [])[:3]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return lines
+
+
+def _reaches(v: dict[str, Any], value: Any) -> bool:
+    """The goal judged on ``value`` (a verdict.json written before ``headline`` judged
+    the plan: what ships may be a deployment)."""
+    x = fmt.num(value)
+    if x is None:
+        return False
+    return x >= v["goal"] if v.get("higher_is_better", True) else x <= v["goal"]
+
+
+def _plan_line(v: dict[str, Any], n: str, *, shipped: bool) -> str:
+    """The single plan (``repaired.onnx``): its cost, legality, repairs and rewrites; when
+    a deployment ships, also its own held-out figure (a detail, not the headline)."""
+    m = v["metric"]
+    legal = ("legal: all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
+             "NOT legal: " + ", ".join(v["rules_failed"]))
+    applied = [k for k in v.get("rewrites_applied", []) if k]
+    cost = fmt.cost(v.get("plan_cost", v.get("cost")))
+    lead = (f"  cost {cost} uniform a8_w8" if shipped else
+            f"  single plan (repaired.onnx, one model): "
+            f"{fmt.value(m, (v['quality'].get('plan') or {}).get(m))} ({n}) at {cost}")
+    return (f"{lead}; {legal}; repairs: {', '.join(v['repairs']) or 'none'}; rewrites: "
+            f"{', '.join(applied) or 'none'}"
+            + (f" ({v['rewrites_auto']['short']})" if v.get("rewrites_auto") else "")
+            + ("; the plan is uniform a8_w8 (met the goal on the fit data)"
+               if v.get("uniform_meets_goal") else ""))
+
+
+def _compile_line(v: dict[str, Any], dep: dict[str, Any] | None) -> str:
+    """The files to hand to the compiler: each ``len-N/`` folder's model and the target's
+    formats when a deployment ships, else the single plan's; the device I/O."""
+    files = list(v["compiler_files"])
+    io = "; device I/O (io_snippet.py): " + ", ".join(
+        f"{r['role']} {r['tensor']} {r['stored_type']} ({r['q_min']}..{r['q_max']})"
+        for r in v["io"]) if v.get("io") else ""
+    if dep is None:
+        return ("  compile: " + " + ".join(files[:-1])
+                + f" ({files[-1]} is what was emulated){io}")
+    each = " + ".join(["model.onnx", *files[1:-1]])
+    return (f"  compile: in each of {', '.join(f'len-{s}/' for s in dep['seq_lens'])}: {each} "
+            f"(deployment.json lists them; io_snippet.py route_text picks one per text){io}")

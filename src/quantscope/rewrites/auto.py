@@ -9,12 +9,20 @@ tried       a rewrite whose precondition (``applies``) holds on the current mode
             rule at the run's length, the stats rewrites' outlier channels)
 measured    the rewritten model calibrated and measured by ``measure(model, stats)`` (the
             caller's: e.g. the run's candidate plan on the FIT data, never held out)
-kept        only when it measures better than the current model by more than
-            ``min_gain``; on a tie (a coarse metric such as top-1 agreement on few
-            pairs), when the measure gives a second figure (``(metric, tiebreak)``,
-            higher is better, e.g. the embedding SQNR in dB) better by more than
-            :data:`TIE_MARGIN`; else dropped (a rewrite adds layers). The next rewrite
-            is tried on the model kept so far
+kept        with per-sample scores (:class:`Measured`, e.g. each fit query's top-1
+            agreement): only when its gain is beyond noise, the one-sided
+            :data:`CONFIDENCE` lower bound of the mean paired difference (Student t:
+            ``mean(d) - t(CONFIDENCE, n - 1) * sd(d) / sqrt(n)``, ``d`` = with minus
+            without, per sample) above ``min_gain``; worse beyond noise (the upper bound
+            below zero): dropped; in between, a TIE within noise, decided by the second
+            figure (``tiebreak``, higher is better, e.g. the embedding SQNR in dB):
+            kept when it gains more than :data:`TIE_MARGIN`, and the reason says it was
+            a tie. Without per-sample scores (a figure or ``(figure, tiebreak)``):
+            kept when better by more than ``min_gain``, an exact tie by the tiebreak
+            (no noise margin: the reason says so). Else dropped (a rewrite adds
+            layers). The next rewrite is tried on the model kept so far
+interval    the paired interval of each measured trial (``Trial.interval``: n, mean
+            difference, both one-sided bounds, the outcome) is kept in the record
 ==========  ==========================================================================
 
 The function is pure but for the callables it is given (``calibrate``, ``measure``,
@@ -30,9 +38,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import onnx
 
 from quantscope.model.load import Model
+from quantscope.plan.race import t_quantile
 from quantscope.progress import say
 from quantscope.rewrites.base import InputShapes, Precondition, Rewrite, run_rewrite
 from quantscope.rewrites.registry import REWRITES
@@ -41,8 +51,25 @@ from quantscope.types import QuantscopeError, Stats
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
 
-Measure = Callable[[Model, Stats], "float | tuple[float, float]"]
 TIE_MARGIN = 0.1  # the tiebreak figure must gain more than this (dB for an SQNR)
+CONFIDENCE = 0.95  # one-sided: a gain is beyond noise when its lower bound is above 0
+KEEP_RULE = (f"kept when the paired per-sample gain's one-sided {CONFIDENCE:.0%} lower bound "
+             f"(Student t) is above 0; a tie within noise is decided by the tiebreak "
+             f"(> {TIE_MARGIN:g})")
+
+
+@dataclass(frozen=True, eq=False)
+class Measured:
+    """What ``measure`` gives: the figure, optionally the tiebreak figure (higher is
+    better) and the per-sample scores whose mean is the figure (higher is better, the
+    same samples in the same order for every model: differences are paired)."""
+
+    value: float
+    tiebreak: float | None = None
+    samples: np.ndarray | None = None
+
+
+Measure = Callable[[Model, Stats], "float | tuple[float, float] | Measured"]
 Calibrate = Callable[[Model], Stats]
 Reload = Callable[[onnx.ModelProto], Model]
 
@@ -62,10 +89,15 @@ class Trial:
     config: Mapping[str, Any] | None = None
     tiebreak_before: float | None = None
     tiebreak_after: float | None = None
+    # the paired interval of the gain over per-sample scores (None: not measured per
+    # sample): n, difference (mean, in the metric's direction), lower and upper (one-sided
+    # CONFIDENCE bounds), confidence, outcome ("better", "worse" or "tie")
+    interval: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["config"] = None if self.config is None else dict(self.config)
+        out["interval"] = None if self.interval is None else dict(self.interval)
         return out
 
 
@@ -106,7 +138,8 @@ class AutoChoice:
                 "higher_is_better": self.higher_is_better, "n": self.n, "unit": self.unit,
                 "measured_on": self.measured_on, "baseline": self.baseline,
                 "final": self.final, "kept": list(self.kept),
-                "tiebreak": self.tiebreak, "trials": [t.to_dict() for t in self.trials],
+                "tiebreak": self.tiebreak, "keep_rule": KEEP_RULE,
+                "trials": [t.to_dict() for t in self.trials],
                 "repairs": [dict(r) for r in self.repairs]}
 
     @classmethod
@@ -132,26 +165,68 @@ def should_try(rw: Rewrite, model: Model, target: Target | None, seq_len: int | 
     return Precondition(True, f"{pre.reason}; {bound.reason}")
 
 
-Score = tuple[float, "float | None"]
+Score = Measured
 
 
-def _score(value: float | tuple[float, float]) -> Score:
+def _score(value: float | tuple[float, float] | Measured) -> Score:
+    if isinstance(value, Measured):
+        return value
     if isinstance(value, tuple):
-        return float(value[0]), float(value[1])
-    return float(value), None
+        return Measured(float(value[0]), float(value[1]))
+    return Measured(float(value))
+
+
+def paired_interval(after: np.ndarray, before: np.ndarray, *, higher: bool = True,
+                    confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """The mean per-sample gain of ``after`` over ``before`` (paired, in the metric's
+    direction) with its one-sided ``confidence`` bounds (Student t, as
+    :mod:`quantscope.plan.race` bounds a race) and the outcome: ``better`` (lower bound
+    above 0), ``worse`` (upper bound below 0) or ``tie`` (within noise)."""
+    d = np.asarray(after, np.float64) - np.asarray(before, np.float64)
+    d = d if higher else -d
+    n = len(d)
+    mean = float(np.mean(d))
+    half = t_quantile(confidence, n - 1) * float(np.std(d, ddof=1)) / float(np.sqrt(n))
+    lower, upper = mean - half, mean + half
+    outcome = "better" if lower > 0 else "worse" if upper < 0 else "tie"
+    return {"n": n, "difference": mean, "lower": lower, "upper": upper,
+            "confidence": confidence, "outcome": outcome}
+
+
+def _interval_text(iv: dict[str, Any]) -> str:
+    return (f"gain {iv['difference']:+.4g}, one-sided {iv['confidence']:.0%} bounds "
+            f"[{iv['lower']:+.4g}, {iv['upper']:+.4g}] over n={iv['n']} paired samples")
 
 
 def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak: str | None
-            ) -> str | None:
-    """Why ``after`` is better (None: it is not)."""
-    gain = after[0] - before[0] if higher else before[0] - after[0]
+            ) -> tuple[str | None, dict[str, Any] | None]:
+    """Why ``after`` is better (None: it is not) and the paired interval, when both have
+    per-sample scores (the module table)."""
+    named = tiebreak or "the tiebreak"
+    tie_won = (after.tiebreak is not None and before.tiebreak is not None
+               and after.tiebreak - before.tiebreak > TIE_MARGIN)
+    tb = (f"{named} ({before.tiebreak:.4g} -> {after.tiebreak:.4g})"
+          if after.tiebreak is not None and before.tiebreak is not None else None)
+    if (after.samples is not None and before.samples is not None
+            and len(after.samples) == len(before.samples) >= 2):
+        iv = paired_interval(after.samples, before.samples, higher=higher)
+        text = _interval_text(iv)
+        if iv["lower"] > min_gain:
+            return f"measured better beyond noise ({text})", iv
+        if iv["outcome"] == "worse":
+            iv["because"] = f"measured worse beyond noise ({text})"
+            return None, iv
+        if tie_won:
+            return f"a tie within noise ({text}), decided by better {tb}", iv
+        iv["because"] = (f"a tie within noise ({text})"
+                         + (f", not better on {tb}" if tb else ""))
+        return None, iv
+    gain = after.value - before.value if higher else before.value - after.value
     if gain > min_gain:
-        return "measured better"
-    if gain == 0 and after[1] is not None and before[1] is not None \
-            and after[1] - before[1] > TIE_MARGIN:
-        return (f"measured equal, better on {tiebreak or 'the tiebreak'} "
-                f"({before[1]:.4g} -> {after[1]:.4g})")
-    return None
+        return "measured better (no per-sample scores: no noise margin)", None
+    if gain == 0 and tie_won:
+        return f"measured equal, better on {tb}", None
+    return None, None
 
 
 def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
@@ -202,7 +277,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
     first = next((t.before for t in trials if t.before is not None), None)
     return AutoChoice(metric=metric, higher_is_better=higher_is_better, n=n, unit=unit,
                       measured_on=measured_on, baseline=first,
-                      final=None if score is None else score[0], trials=tuple(trials),
+                      final=None if score is None else score.value, trials=tuple(trials),
                       tiebreak=tiebreak), proto
 
 
@@ -213,7 +288,7 @@ def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
          ) -> tuple[Trial, tuple[Model, Stats, onnx.ModelProto, Score] | None]:
     """One rewrite applied, calibrated and measured against ``score``."""
     cfg = dataclasses.asdict(config)
-    base = {"before": score[0], "tiebreak_before": score[1], "config": cfg}
+    base = {"before": score.value, "tiebreak_before": score.tiebreak, "config": cfg}
     r = run_rewrite(rw, model, config, stats=stats if rw.needs_stats else None,
                     seq_len=seq_len, input_shapes=input_shapes)
     if r.failed is not None or not r.changes:
@@ -226,10 +301,11 @@ def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
     except QuantscopeError as e:
         return Trial(rw.name, tried=True, kept=False, **base,
                      reason=f"applied but not measurable: {e}"), None
-    got = {**base, "after": after[0], "tiebreak_after": after[1]}
-    why = _better(after, score, higher, min_gain, tiebreak)
+    why, iv = _better(after, score, higher, min_gain, tiebreak)
+    because = None if iv is None else iv.pop("because", None)
+    got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv}
     if why is not None:
         return Trial(rw.name, tried=True, kept=True, reason=f"{reason}; {why}", **got), (
             new, new_stats, r.proto, after)
-    return Trial(rw.name, tried=True, kept=False, reason=f"{reason}; measured not better",
-                 **got), None
+    return Trial(rw.name, tried=True, kept=False,
+                 reason=f"{reason}; {because or 'measured not better'}", **got), None

@@ -13,7 +13,11 @@ length_candidates  the planner's rule-made candidates at each length (``plan --m
                    lengths kept once, after the run's own plan
 deploy_lengths     every candidate once on the fit texts (:mod:`quantscope.stages.buckets`
                    steps), the best allocation with up to ``max_buckets`` lengths and the
-                   best single model at the longest length; one model is kept when the
+                   best single model at the longest length, each within the cost cap
+                   with a margin: its fit texts' mean cost plus :data:`COST_Z` standard
+                   errors at most ``--max-cost`` (the allocation's budget lowered until
+                   it is: :func:`allocate_with_margin`), so that texts it has not seen
+                   stay within the cap too; one model is kept when the
                    buckets do not lower the fit texts' mean error by more than two
                    standard errors of the paired difference; the kept deployment measured
                    on the held-out texts (:func:`quantscope.stages.route.evaluate_deployment`)
@@ -26,6 +30,7 @@ is each text's compiled model's cost, averaged over the texts.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -48,6 +53,8 @@ AUTO_BELOW = 2  # and at most this many of them below the longest length
 SHORT_SHARE = 0.1  # "short texts": at least this share of the fit texts fit a shorter length
 CHEAPER = 0.99  # "the cost depends on the length": the shortest costs below this x the longest
 SWITCHING = "switching between compiled models is not modelled"
+COST_Z = 2.0  # the cap holds for fit mean cost + COST_Z standard errors (one-sided ~97.7 %)
+MARGIN_TRIES = 8  # budgets tried by allocate_with_margin before it says none fits
 
 
 @dataclass(frozen=True)
@@ -125,6 +132,73 @@ def length_candidates(model: Model, stats: Stats, target: Target, seq_lens: tupl
     return tuple(out), tuple(dict.fromkeys(notes))
 
 
+@dataclass(frozen=True)
+class CostMargin:
+    """How the deployment kept its cost cap on the fit texts: ``fit_mean + z * fit_se``
+    (the mean cost over the fit texts and its standard error) at most ``cap``, found
+    with the allocation's budget lowered to ``budget``."""
+
+    cap: float
+    z: float
+    fit_mean: float
+    fit_se: float
+    budget: float
+
+    @property
+    def bound(self) -> float:
+        return self.fit_mean + self.z * self.fit_se
+
+    @property
+    def sentence(self) -> str:
+        return (f"chosen with a margin: fit mean cost {self.fit_mean:.3f}x + {self.z:g} "
+                f"standard errors ({self.fit_se:.3f}x) = {self.bound:.3f}x <= --max-cost "
+                f"{self.cap:g}" + (f" (allocation budget lowered to {self.budget:.3f}x)"
+                                    if self.budget < self.cap else ""))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cap": self.cap, "z": self.z, "fit_mean": self.fit_mean,
+                "fit_se": self.fit_se, "bound": self.bound, "budget": self.budget,
+                "rule": f"fit mean cost + {self.z:g} x its standard error <= the cap",
+                "sentence": self.sentence}
+
+
+def cost_figures(sel: B.Selection, costs: np.ndarray, alloc: B.Allocation
+                 ) -> tuple[float, float]:
+    """The allocation's mean cost over the selection texts and its standard error."""
+    which = route(sel.lengths, tuple(sel.seq_lens[j] for j, _ in alloc.picks))
+    per_text = np.asarray([costs[ci, j] for j, ci in alloc.picks])[which]
+    n = len(per_text)
+    se = float(np.std(per_text, ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+    return float(np.mean(per_text)), se
+
+
+def allocate_with_margin(allocate: Callable[[float], B.Allocation],
+                         figures: Callable[[B.Allocation], tuple[float, float]], cap: float,
+                         *, z: float = COST_Z) -> tuple[B.Allocation, CostMargin]:
+    """``allocate(budget)`` at ``cap``, then at a budget lowered by the excess while the
+    allocation's ``mean + z * se`` (``figures``) is over ``cap``: the cheapest budget
+    tried is the first whose choice keeps the margin. One-line error when none of
+    :data:`MARGIN_TRIES` budgets does (``allocate``'s own error when nothing fits)."""
+    budget, mean, se = cap, float("nan"), float("nan")
+    for _ in range(MARGIN_TRIES):
+        try:
+            alloc = allocate(budget)
+        except QuantscopeError:
+            if budget == cap:
+                raise  # nothing fits the cap itself: allocate's own line
+            break
+        mean, se = figures(alloc)
+        if mean + z * se <= cap + 1e-12:
+            return alloc, CostMargin(cap=cap, z=z, fit_mean=mean, fit_se=se, budget=budget)
+        budget = min(budget, mean) - (mean + z * se - cap) - 1e-9
+        if budget <= 0:
+            break
+    raise QuantscopeError(
+        f"no deployment keeps --max-cost {cap:g} with a margin of {z:g} standard errors of "
+        f"its mean cost on the fit texts (the last tried: {mean:.3f}x + {z:g} x {se:.3f}x): "
+        "raise --max-cost or give more pairs (a smaller standard error)")
+
+
 @dataclass(frozen=True, eq=False)
 class LengthsResult:
     """The deployment kept, what it was chosen against, and its held-out measurement."""
@@ -138,6 +212,7 @@ class LengthsResult:
     cost_per_query: float | None  # held out (retrieval: queries and documents apart)
     cost_per_document: float | None
     cost_mean_se: float  # standard error of the held-out mean cost
+    margin: CostMargin | None = None  # the cap's margin on the fit texts (None: no cap)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kept_one": self.kept_one, "reason": self.reason,
@@ -146,6 +221,7 @@ class LengthsResult:
                 "cost_per_query": self.cost_per_query,
                 "cost_per_document": self.cost_per_document,
                 "cost_mean": self.route.cost_mean, "cost_mean_se": self.cost_mean_se,
+                "cost_margin": None if self.margin is None else self.margin.to_dict(),
                 "switching": SWITCHING, "held_out": self.route.to_dict(),
                 "chosen_fit": self.choice.to_dict(), "one_model_fit": self.one_model.to_dict()}
 
@@ -153,20 +229,30 @@ class LengthsResult:
 def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
                    candidates: tuple[Candidate, ...], target: Target, target_spec: str, *,
                    max_cost: float | None, seq_lens: tuple[int, ...],
-                   max_buckets: int = MAX_BUCKETS, progress: bool = False) -> LengthsResult:
+                   max_buckets: int = MAX_BUCKETS, progress: bool = False,
+                   cost_z: float = COST_Z) -> LengthsResult:
     """Choose on ``fit`` (the module table), measure the kept deployment on ``held_out``.
-    Without ``max_cost`` every candidate is affordable (the budget is the dearest one at
-    the longest length). One-line errors when nothing is legal or within the cost."""
+    With ``max_cost`` each choice keeps its fit mean cost + ``cost_z`` standard errors
+    within it (:func:`allocate_with_margin`). Without ``max_cost`` every candidate is
+    affordable (the budget is the dearest one at the longest length; no margin). One-line
+    errors when nothing is legal or within the cost."""
     sel = B.select_texts(reference, fit, candidates, seq_lens, max_buckets, 0)
     err = B.measure_errors(reference, candidates, sel, progress=progress)
     costs = B.length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
-    budget = float(costs[:, -1].max()) if max_cost is None else max_cost
-    figures = {}
+    cap = float(costs[:, -1].max()) if max_cost is None else max_cost
+    figures, margins = {}, {}
     for k in (max_buckets, 1):
-        alloc = B.allocate(candidates, sel, err, costs, max_cost=budget, max_buckets=k,
-                           target_name=target_spec, progress=progress)
+        def alloc_at(budget: float, k: int = k) -> B.Allocation:
+            return B.allocate(candidates, sel, err, costs, max_cost=budget, max_buckets=k,
+                              target_name=target_spec, progress=progress)
+
+        if max_cost is None:
+            alloc, margins[k] = alloc_at(cap), None
+        else:
+            alloc, margins[k] = allocate_with_margin(
+                alloc_at, lambda a: cost_figures(sel, costs, a), cap, z=cost_z)
         figures[k] = (alloc, B.summarise(reference, candidates, sel, err, costs, alloc,
-                                         target_name=target_spec, max_cost=budget,
+                                         target_name=target_spec, max_cost=cap,
                                          max_buckets=k))
     many, one = figures[max_buckets], figures[1]
     kept_one, reason = _keep_one(sel, err, many[0], one[0])
@@ -179,7 +265,8 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
     per_q, per_d, se = _held_out_costs(held_out, deployment, measured)
     return LengthsResult(choice=many[1], one_model=one[1], kept_one=kept_one, reason=reason,
                          deployment=deployment, route=measured, cost_per_query=per_q,
-                         cost_per_document=per_d, cost_mean_se=se)
+                         cost_per_document=per_d, cost_mean_se=se,
+                         margin=margins[1 if kept_one else max_buckets])
 
 
 def _per_text_errors(sel: B.Selection, err: B.Errors, alloc: B.Allocation) -> np.ndarray:
@@ -223,5 +310,6 @@ def _held_out_costs(held_out: Dataset, deployment: Deployment, measured: RouteRe
     return float(per_text[:pairs].mean()), float(per_text[pairs:].mean()), se
 
 
-__all__ = ["AUTO_LENGTHS", "SHORT_SHARE", "SWITCHING", "LengthDecision", "LengthsResult",
-           "choice_lengths", "decide_lengths", "deploy_lengths", "length_candidates"]
+__all__ = ["AUTO_LENGTHS", "COST_Z", "SHORT_SHARE", "SWITCHING", "CostMargin", "LengthDecision",
+           "LengthsResult", "allocate_with_margin", "choice_lengths", "cost_figures",
+           "decide_lengths", "deploy_lengths", "length_candidates"]
