@@ -269,3 +269,50 @@ def test_the_run_measure_gives_each_fit_query_score_of_its_figure(tmp_path):
     plain = max_legal_measure(tensors, SMALL, "sqnr_db", seq_len=SEQ)(
         enc, stages.calibrate_model(enc, tensors))
     assert plain.samples is None
+
+
+def test_round_two_retries_a_dropped_rewrite_on_top_of_one_kept_after_it(tmp_path):
+    """headsplit measures worse alone and better on top of tokensplit (as on minilm-l6 at
+    256 tokens): round 2 rebuilds {headsplit, tokensplit} from the given model in the
+    registry's order, keeps it, and tokensplit is then built per head (its auto config on
+    a head-split model); the record round-trips with the configs as built."""
+    from quantscope.rewrites.registry import applied_rewrites
+    from quantscope.targets import with_params
+
+    target = with_params(load_target("hailo10h"), {"hailo.super_defuse.max_values": 64})
+    model = load_proto(attention_encoder(), "enc")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(1, 30, (8, HEAD_SEQ)).astype(np.int64),
+             attention_mask=np.ones((8, HEAD_SEQ), np.int64))
+    fit = stages.at_length(stages.open_data(tmp_path / "x.npz", model, show=False), HEAD_SEQ)
+    figure = {frozenset(): 0.5, frozenset({"headsplit"}): 0.2,
+              frozenset({"tokensplit"}): 0.7, frozenset({"headsplit", "tokensplit"}): 0.9}
+    seen = []
+
+    def measure(m, stats):
+        names = frozenset(applied_rewrites(m.proto)) & {"headsplit", "tokensplit"}
+        seen.append(names)
+        return figure[names]
+
+    choice, proto = choose_rewrites(model, target, HEAD_SEQ,
+                                    calibrate=lambda m: stages.calibrate_model(m, fit),
+                                    measure=measure, reload=lambda p: load_proto(p, "enc"),
+                                    metric="top1_agreement")
+    by = {(t.name, t.round): t for t in choice.trials}
+    assert not by[("headsplit", 1)].kept and by[("tokensplit", 1)].kept
+    assert by[("headsplit", 2)].kept and by[("headsplit", 2)].before == 0.7
+    assert by[("headsplit", 2)].after == 0.9 and choice.final == 0.9
+    assert choice.kept == ("headsplit", "tokensplit")  # the registry's order
+    assert [r["name"] for r in recorded(proto)] == ["headsplit", "tokensplit"]
+    assert recorded(proto)[1]["config"]["linears"] is True  # per head on the split model
+    assert seen[-1] == {"headsplit", "tokensplit"}
+    again = AutoChoice.from_dict(json.loads(json.dumps(choice.to_dict())))
+    assert [(rw.name, cfg.linears if rw.name == "tokensplit" else None)
+            for rw, cfg in again.configs()] == [("headsplit", None), ("tokensplit", True)]
+    # nothing kept after a dropped rewrite: no round 2
+    figure[frozenset({"tokensplit"})] = 0.4
+    choice, _ = choose_rewrites(model, target, HEAD_SEQ,
+                                calibrate=lambda m: stages.calibrate_model(m, fit),
+                                measure=measure, reload=lambda p: load_proto(p, "enc"),
+                                metric="top1_agreement")
+    assert all(t.round == 1 for t in choice.trials) and choice.kept == ()

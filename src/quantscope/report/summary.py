@@ -63,8 +63,8 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     if not record:
         return {"short": "auto: no record", "lines": [], "rows": []}
     m, n = record["metric"], f"n={record.get('n')} {record.get('unit', 'fit samples')}"
-    tried = [t for t in record["trials"] if t["tried"]]
-    kept = [t["name"] for t in tried if t["kept"]]
+    tried = list(dict.fromkeys(t["name"] for t in record["trials"] if t["tried"]))
+    kept = list(dict.fromkeys(t["name"] for t in record["trials"] if t["kept"]))
     fixed = [r["name"] for r in record.get("repairs", []) if r.get("applied")]
     short = (f"auto: kept {len(kept)} of {len(tried)} tried, {m} on {n}"
              + (f"; applied for legality: {', '.join(fixed)}" if fixed else ""))
@@ -80,11 +80,12 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
             delta += (f", {'tie within noise' if iv['outcome'] == 'tie' else iv['outcome']}"
                       f": {iv['confidence']:.0%} bounds {fmt.gain(m, iv['lower'])} .. "
                       f"{fmt.gain(m, iv['upper'])}")
-        rows.append({"rewrite": t["name"], "decision": word,
+        name = t["name"] + (" (round 2)" if t.get("round", 1) > 1 else "")
+        rows.append({"rewrite": name, "decision": word,
                      "without": fmt.value(m, t.get("before")) if t["tried"] else "",
                      "with": fmt.value(m, t.get("after")) if t.get("after") is not None else "",
                      "change": delta, "why": t["reason"]})
-        lines.append(f"  {t['name']}: {word}" + (f" ({delta}, {n})" if delta else "")
+        lines.append(f"  {name}: {word}" + (f" ({delta}, {n})" if delta else "")
                      + f": {t['reason']}")
     lines += [f"  repair {r['name']}: {'applied' if r.get('applied') else 'not applied'} "
               f"before planning: {r['reason']}" for r in record.get("repairs", [])]

@@ -1,6 +1,7 @@
 """``run --rewrites auto``: which rewrites a run keeps, chosen by measurement.
 
-Forward selection in the registry's order (:data:`quantscope.rewrites.registry.REWRITES`):
+Forward selection in the registry's order (:data:`quantscope.rewrites.registry.REWRITES`),
+then a second round (below):
 
 ==========  ==========================================================================
 tried       a rewrite whose precondition (``applies``) holds on the current model and
@@ -24,6 +25,14 @@ kept        with per-sample scores (:class:`Measured`, e.g. each fit query's top
 interval    the paired interval of each measured trial (``Trial.interval``: n, mean
             difference, both one-sided bounds, the outcome) is kept in the record
 ==========  ==========================================================================
+
+Round 2: a rewrite tried and dropped before one kept after it is tried again on top of
+the kept set, the set rebuilt from the given model in the registry's order (a rewrite
+that is worse alone can pay once a later one makes 16 bit legal: on minilm-l6 at 256
+tokens headsplit and rowscale measure worse alone and better on top of tokensplit); kept
+by the same rule, recorded with ``round=2``. A rewrite's config is its entry's
+``auto_config`` given the rewrites before it (tokensplit splits the Linears per head on a
+head-split model), recorded as built (``AutoChoice.final_configs``).
 
 The function is pure but for the callables it is given (``calibrate``, ``measure``,
 ``reload``), so another evaluator (a cache, an incremental one) plugs in there. Every
@@ -93,6 +102,7 @@ class Trial:
     # sample): n, difference (mean, in the metric's direction), lower and upper (one-sided
     # CONFIDENCE bounds), confidence, outcome ("better", "worse" or "tie")
     interval: Mapping[str, Any] | None = None
+    round: int = 1  # 2: retried on top of a rewrite kept after it (the module table)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -119,10 +129,14 @@ class AutoChoice:
     trials: tuple[Trial, ...]
     repairs: tuple[Mapping[str, Any], ...] = ()
     tiebreak: str | None = None  # the second figure that decides a tie (higher is better)
+    # the kept rewrites' configs as the kept model was built (a second round rebuilds the
+    # set: a rewrite's auto config may follow the ones before it); empty: the trials'
+    final_configs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
     @property
     def kept(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.trials if t.kept)
+        names = {t.name for t in self.trials if t.kept}
+        return tuple(n for n in REWRITES if n in names)
 
     @property
     def applied_repairs(self) -> tuple[str, ...]:
@@ -130,8 +144,10 @@ class AutoChoice:
 
     def configs(self) -> tuple[tuple[Rewrite, Any], ...]:
         """The kept rewrites with their configs, in the registry's order."""
-        return tuple((REWRITES[t.name], REWRITES[t.name].config(**dict(t.config or {})))
-                     for t in self.trials if t.kept)
+        given = {t.name: t.config for t in self.trials if t.kept}
+        given.update(self.final_configs)
+        return tuple((REWRITES[n], REWRITES[n].config(**dict(given[n] or {})))
+                     for n in REWRITES if n in given)
 
     def to_dict(self) -> dict[str, Any]:
         return {"mode": "auto", "metric": self.metric,
@@ -139,6 +155,7 @@ class AutoChoice:
                 "measured_on": self.measured_on, "baseline": self.baseline,
                 "final": self.final, "kept": list(self.kept),
                 "tiebreak": self.tiebreak, "keep_rule": KEEP_RULE,
+                "final_configs": {k: dict(v) for k, v in self.final_configs.items()},
                 "trials": [t.to_dict() for t in self.trials],
                 "repairs": [dict(r) for r in self.repairs]}
 
@@ -149,7 +166,8 @@ class AutoChoice:
                    n=d.get("n"), unit=d.get("unit", "samples"),
                    measured_on=d.get("measured_on", ""), baseline=d.get("baseline"),
                    final=d.get("final"), trials=trials, tiebreak=d.get("tiebreak"),
-                   repairs=tuple(dict(r) for r in d.get("repairs", [])))
+                   repairs=tuple(dict(r) for r in d.get("repairs", [])),
+                   final_configs={k: dict(v) for k, v in d.get("final_configs", {}).items()})
 
 
 def should_try(rw: Rewrite, model: Model, target: Target | None, seq_len: int | None,
@@ -247,6 +265,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
     score: Score | None = None
     proto: onnx.ModelProto | None = None
     trials: list[Trial] = []
+    built: dict[str, Mapping[str, Any]] = {}  # the kept set, name -> config as built
     for name, rw in REWRITES.items():
         why = should_try(rw, current, target, seq_len, stats)
         if not why.holds:
@@ -261,24 +280,137 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                                  reason=f"the model without rewrites is not measurable: {e}")
                            for n_ in list(REWRITES)[len(trials):]]
                 break
-        config = configs.get(name) or rw.config()
+        config = configs.get(name) or auto_config(rw, frozenset(built))
         trial, kept = _try(rw, config, current, stats, score, seq_len=seq_len,
                            input_shapes=input_shapes, calibrate=calibrate, measure=measure,
                            reload=reload, higher=higher_is_better, min_gain=min_gain,
                            reason=why.reason, tiebreak=tiebreak)
         trials.append(trial)
-        figures = (f" ({metric} {trial.before:.4g} -> {trial.after:.4g}, n={n})"
-                   if trial.after is not None and trial.before is not None else "")
-        say(f"rewrites auto: {name}: {'kept' if trial.kept else 'dropped'}{figures}: "
-            f"{trial.reason}", show=progress)
+        _say_trial(trial, metric, n, progress)
         if kept is not None:
             current, stats, proto = kept[0], kept[1], kept[2]
             score = kept[3]
+            built[name] = dataclasses.asdict(config)
+    if score is not None:
+        again = _second_round(model, trials, built, score, target, seq_len,
+                              calibrate=calibrate, measure=measure, reload=reload,
+                              higher=higher_is_better, min_gain=min_gain,
+                              input_shapes=input_shapes, configs=configs, tiebreak=tiebreak,
+                              metric=metric, n=n, progress=progress)
+        if again is not None:
+            current, stats, proto, score, built = again
     first = next((t.before for t in trials if t.before is not None), None)
     return AutoChoice(metric=metric, higher_is_better=higher_is_better, n=n, unit=unit,
                       measured_on=measured_on, baseline=first,
                       final=None if score is None else score.value, trials=tuple(trials),
-                      tiebreak=tiebreak), proto
+                      tiebreak=tiebreak, final_configs=dict(built)), proto
+
+
+def auto_config(rw: Rewrite, before: frozenset[str]) -> Any:
+    """The config ``auto`` tries ``rw`` with, given the rewrites applied before it
+    (:attr:`Rewrite.auto_config`; else the entry's default)."""
+    return rw.auto_config(before) if rw.auto_config is not None else rw.config()
+
+
+def _say_trial(trial: Trial, metric: str, n: int | None, progress: bool) -> None:
+    figures = (f" ({metric} {trial.before:.4g} -> {trial.after:.4g}, n={n})"
+               if trial.after is not None and trial.before is not None else "")
+    again = " (round 2)" if trial.round > 1 else ""
+    say(f"rewrites auto: {trial.name}{again}: {'kept' if trial.kept else 'dropped'}{figures}: "
+        f"{trial.reason}", show=progress)
+
+
+def _second_round(model: Model, trials: list[Trial], built: dict[str, Mapping[str, Any]],
+                  score: Score, target: Target | None, seq_len: int | None, *,
+                  calibrate: Calibrate, measure: Measure, reload: Reload, higher: bool,
+                  min_gain: float, input_shapes: InputShapes,
+                  configs: Mapping[str, Any], tiebreak: str | None, metric: str,
+                  n: int | None, progress: bool,
+                  ) -> tuple[Model, Stats, onnx.ModelProto, Score,
+                             dict[str, Mapping[str, Any]]] | None:
+    """Round 2: each rewrite that was tried and dropped before a rewrite kept after it
+    (in the registry's order) is tried again on top of the kept set, the set rebuilt
+    from the given model in the registry's order (a rewrite that measured worse alone
+    can pay once a later one makes 16 bit legal: on minilm-l6 at 256 tokens headsplit
+    and rowscale measure worse alone, and better on top of tokensplit). Kept by the
+    same rule; appended to ``trials`` with ``round=2``. None: nothing kept."""
+    order = list(REWRITES)
+    last_kept = max((order.index(k) for k in built), default=-1)
+    retry = [t.name for t in trials
+             if t.tried and not t.kept and order.index(t.name) < last_kept]
+    if not retry:
+        return None
+    say(f"rewrites auto: round 2: {', '.join(retry)} again on top of {', '.join(built)}",
+        show=progress)
+    result = None
+    for name in retry:
+        got = _build(model, {**built, name: {}}, name, target, seq_len, calibrate=calibrate,
+                     reload=reload, input_shapes=input_shapes, configs=configs)
+        if isinstance(got, str):
+            trial = Trial(name, tried=False, kept=False, reason=got, round=2)
+        else:
+            new, new_stats, new_proto, cfgs = got
+            trial, after = _judge(name, new, new_stats, score, cfgs[name], measure=measure,
+                                  higher=higher, min_gain=min_gain, tiebreak=tiebreak,
+                                  reason=f"on top of {', '.join(built)}")
+            if after is not None:
+                built, score = cfgs, after
+                result = (new, new_stats, new_proto, score, dict(built))
+        trials.append(trial)
+        _say_trial(trial, metric, n, progress)
+    return result
+
+
+def _build(model: Model, names: Mapping[str, Mapping[str, Any]], new_name: str,
+           target: Target | None, seq_len: int | None, *, calibrate: Calibrate,
+           reload: Reload, input_shapes: InputShapes, configs: Mapping[str, Any],
+           ) -> tuple[Model, Stats, onnx.ModelProto, dict[str, Mapping[str, Any]]] | str:
+    """The given model with ``names`` applied in the registry's order (each kept one's
+    config as built, ``new_name``'s and those after it by :func:`auto_config`), and its
+    stats; or why ``new_name`` could not be applied (a string)."""
+    current, proto, done = model, model.proto, {}
+    stats: Stats | None = None  # the current model's, calibrated when something reads it
+    for name, rw in REWRITES.items():
+        if name not in names:
+            continue
+        redo = name == new_name or list(REWRITES).index(name) > list(REWRITES).index(new_name)
+        config = (configs.get(name) or auto_config(rw, frozenset(done))) if redo or not \
+            names[name] else rw.config(**dict(names[name]))
+        if rw.needs_stats or name == new_name:
+            stats = calibrate(current) if stats is None else stats
+        if name == new_name:
+            why = should_try(rw, current, target, seq_len, stats)
+            if not why.holds:
+                return f"on top of the kept set: {why.reason}"
+        r = run_rewrite(rw, current, config, stats=stats if rw.needs_stats else None,
+                        seq_len=seq_len, input_shapes=input_shapes)
+        if r.failed is not None or not r.changes:
+            return f"not applied on top of the kept set ({name}): {r.failed or r.reason}"
+        current, proto, stats = reload(r.proto), r.proto, None
+        done[name] = dataclasses.asdict(config)
+    stats = calibrate(current) if stats is None else stats
+    return current, stats, proto, done
+
+
+def _judge(name: str, model: Model, stats: Stats, score: Score, config: Mapping[str, Any], *,
+           measure: Measure, higher: bool, min_gain: float, tiebreak: str | None,
+           reason: str) -> tuple[Trial, Score | None]:
+    """``model`` (with ``name`` in its set) measured against ``score``: the round-2 trial
+    and, when kept, its score."""
+    base = {"before": score.value, "tiebreak_before": score.tiebreak, "config": dict(config),
+            "round": 2}
+    try:
+        after = _score(measure(model, stats))
+    except QuantscopeError as e:
+        return Trial(name, tried=True, kept=False, **base,
+                     reason=f"{reason}: applied but not measurable: {e}"), None
+    why, iv = _better(after, score, higher, min_gain, tiebreak)
+    because = None if iv is None else iv.pop("because", None)
+    got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv}
+    if why is not None:
+        return Trial(name, tried=True, kept=True, reason=f"{reason}; {why}", **got), after
+    return Trial(name, tried=True, kept=False,
+                 reason=f"{reason}; {because or 'measured not better'}", **got), None
 
 
 def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,

@@ -174,6 +174,10 @@ class Rewrite:
     checked_on: Callable[[Any, int | None, GraphRepair], str] | None = None
     binds: Binds | None = None
     rtol: float = FP32_RTOL
+    # the config ``run --rewrites auto`` tries, given the names of the rewrites applied
+    # before it (None: the default config): e.g. tokensplit splits the Linears too, per
+    # head, on a head-split model
+    auto_config: Callable[[frozenset[str]], Any] | None = None
 
     def answers_rule(self, rule: str | None) -> bool:
         """Does this rewrite answer target rule ``rule`` (``vendor.id`` or ``id``)?"""

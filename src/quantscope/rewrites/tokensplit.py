@@ -37,6 +37,13 @@ class TokensplitConfig:
     relay_values: bool = False
 
 
+def _auto(before: frozenset[str]) -> TokensplitConfig:
+    """What ``run --rewrites auto`` tries: on a head-split model the Linears in chunks too,
+    Q/K/V and the heads' context per head (the per-head form: no full-width Concat left
+    at 8 bit); else the default (residual Adds and LayerNorms only)."""
+    return TokensplitConfig(linears="headsplit" in before)
+
+
 def _transform(model: Model, config: TokensplitConfig, inp: RewriteInput) -> GraphRepair:
     return split_tokens(model, shapes=inp.shapes, chunk=config.chunk, seq_len=inp.seq_len,
                         linears=config.linears, per_head=not config.full_width,
@@ -152,7 +159,7 @@ REWRITE = Rewrite(
     example="quantscope tokensplit minilm-l6 --seq-len 256 --out split.onnx",
     out_help="split FP32 model to write (.onnx); analyze, plan, repair and export it like any "
              "model (its chunk groups are '<group>/tok<i>')",
-    left="left whole", checked_on=_checked_on,
+    left="left whole", checked_on=_checked_on, auto_config=lambda before: _auto(before),
     description="Text encoders need --seq-len (the deployment's length); image models (a "
                 "ViT's [B, patches + 1, C]) use their static input shape or --input-shape.",
 )
