@@ -172,7 +172,9 @@ def test_text_run_report_fits_and_says_what_binds_and_the_host_steps(text_report
     assert v["held_out"] == {"samples": 30, "unit": "pairs", "rows": 60,
                              "source": v["held_out"]["source"]}
     assert "n=30 held-out pairs" in text
-    assert any("int64" in s and "input_ids" in s for s in v["host_steps"])
+    # the word-embedding lookup by input_ids on the host; the mask fed as int64
+    assert any("look up" in s and "by input_ids on the host" in s for s in v["host_steps"])
+    assert any("int64" in s and "attention_mask" in s for s in v["host_steps"])
     assert any("mean-pool" in s for s in v["host_steps"])  # [B,S,H] token states
     assert any("symbolic dims" in s for s in v["host_steps"])
     bm = v["binds_measured"]
