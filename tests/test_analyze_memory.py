@@ -91,3 +91,30 @@ def test_the_estimate_splits_and_refuses_in_one_line(monkeypatch):
     with pytest.raises(QuantscopeError) as e:
         plan_memory(model, [w], feeds, out, chains=2, available=w)
     assert "--seq-len" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_tensor_bytes_come_from_shapes_inferred_at_the_batch_not_from_dim_positions():
+    """A head split leaves per-head tensors with symbolic dims of their own ([N, 'h', 'd',
+    'e']): read by position each would be the length (8 ** 3 here); inferred at the batch's
+    [rows, length] token input they are their real size."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from quantscope.analyze.memory import batch_tensor_bytes
+
+    rows, length, heads, d = 3, 8, 2, 4
+    graph = helper.make_graph(
+        [helper.make_node("Cast", ["ids"], ["x"], to=TensorProto.FLOAT),
+         helper.make_node("Unsqueeze", ["x", "ax"], ["x3"]),
+         helper.make_node("Expand", ["x3", "shape"], ["wide"]),
+         helper.make_node("Reshape", ["wide", "heads"], ["per_head"])],
+        "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "S"])],
+        [helper.make_tensor_value_info("per_head", TensorProto.FLOAT, ["N", "a", "b", "c"])],
+        [helper.make_tensor("ax", TensorProto.INT64, [1], [2]),
+         helper.make_tensor("shape", TensorProto.INT64, [3], [1, 1, heads * d]),
+         helper.make_tensor("heads", TensorProto.INT64, [4], [0, 0, heads, d])])
+    model = load_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx.checker.check_model(model.proto)
+    batch = {"ids": np.zeros((rows, length), np.int64)}
+    got = batch_tensor_bytes(model, [batch], ["per_head"])
+    assert got == rows * length * heads * d * 4  # not rows * length ** 3 * 4

@@ -78,9 +78,13 @@ def itemsize(data_type: int) -> int:
 
 
 def batch_tensor_bytes(model: Model, batches: Sequence[Batch], tensors: Sequence[str]) -> int:
-    """The bytes of ``tensors`` for the largest batch: each shape with its first symbolic
-    dim read as the batch's rows and every other as its length (e.g. attention
-    probabilities [B, H, S, S]); a tensor of unknown shape counts as one value per token."""
+    """The bytes of ``tensors`` for the largest batch: each tensor's shape inferred from
+    the batch's [rows, length] token inputs where the model has them (a rewritten model's
+    per-head and per-chunk tensors keep symbolic dims that no reading by position can
+    size: read as the length each, one [B, d, d, d] tensor of a head-split model counted
+    as 1 GB); else each shape with its first symbolic dim read as the batch's rows and
+    every other as its length (e.g. attention probabilities [B, H, S, S]); a tensor of
+    unknown shape counts as one value per token."""
     if not batches:
         return 0
     shapes = {vi.name: vi.type.tensor_type.shape for vi in
@@ -93,8 +97,13 @@ def batch_tensor_bytes(model: Model, batches: Sequence[Batch], tensors: Sequence
         return rows, length
 
     rows, length = max((dims(b) for b in batches), key=lambda d: d[0] * d[1])
+    concrete = _inferred(model, rows, length)
     total = 0
     for t in dict.fromkeys(tensors):
+        known = concrete.get(t)
+        if known and all(isinstance(d, int) and d > 0 for d in known):
+            total += int(np.prod(known, dtype=np.int64)) * 4
+            continue
         shape = shapes.get(t)
         if shape is None or not shape.dim:
             total += rows * length * 4
@@ -104,6 +113,17 @@ def batch_tensor_bytes(model: Model, batches: Sequence[Batch], tensors: Sequence
             n *= d.dim_value if d.dim_value > 0 else (rows if i == 0 else length)
         total += n * 4
     return total
+
+
+def _inferred(model: Model, rows: int, length: int) -> dict[str, tuple]:
+    """Tensor shapes inferred at [rows, length] token inputs ({}: no such inputs, or
+    inference failed)."""
+    from quantscope.model.shapes import resolve_shapes, seq_len_shapes
+
+    try:
+        return resolve_shapes(model, seq_len_shapes(model, length, batch=rows))
+    except (QuantscopeError, ValueError, RuntimeError):  # not a token model; no inference
+        return {}
 
 
 def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch],
