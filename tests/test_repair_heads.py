@@ -154,9 +154,9 @@ def test_the_head_layers_keep_their_kinds_for_the_rules():
     groups = find_groups(split)
     target = load_target("hailo10h")
     shapes = {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
-    assert check(Plan.uniform(Precision.A8_W8), groups, split, target, shapes=shapes) == []
+    assert [p for p in check(Plan.uniform(Precision.A8_W8), groups, split, target, shapes=shapes) if p.severity != "info"] == []  # no error
     wide = Plan(default=Precision.A8_W8, overrides=(("Softmax_22/head0", Precision.A16_W16),))
-    assert [p.rule for p in check(wide, groups, split, target, shapes=shapes)] == [
+    assert [p.rule for p in check(wide, groups, split, target, shapes=shapes) if p.severity != "info"] == [
         "hailo.attention_16bit"]
 
 

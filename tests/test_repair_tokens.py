@@ -92,11 +92,11 @@ def test_split_makes_the_16_bit_residual_stream_legal():
     split = load_proto(split_tokens(model, seq_len=SEQ, chunk=4).proto)
     chunked = Plan(default=Precision.A8_W8, overrides=tuple(
         (f"{g}/tok{i}", Precision.A16_W16) for g in stream for i in range(2)))
-    assert check(chunked, find_groups(split), split, SMALL, shapes=shapes) == []
+    assert [p for p in check(chunked, find_groups(split), split, SMALL, shapes=shapes) if p.severity != "info"] == []  # no error
     # the Concat that feeds the FFN is as wide as before: at 16 bit it is still refused
     wide = Plan(default=Precision.A8_W8,
                 overrides=(("LayerNormalization_2/concat", Precision.A16_W16),))
-    assert [p.rule for p in check(wide, find_groups(split), split, SMALL, shapes=shapes)] == [
+    assert [p.rule for p in check(wide, find_groups(split), split, SMALL, shapes=shapes) if p.severity != "info"] == [
         "hailo.super_defuse"]
 
 
@@ -248,7 +248,7 @@ def test_linears_read_the_chunks_directly():
         (g, Precision.A16_W16) for g in groups if g.startswith(("LayerNorm", "Add_7"))
         and not g.endswith("/concat")))
     shapes = {"input_ids": (1, SEQ), "attention_mask": (1, SEQ)}
-    assert check(plan, find_groups(split), split, SMALL, shapes=shapes) == []
+    assert [p for p in check(plan, find_groups(split), split, SMALL, shapes=shapes) if p.severity != "info"] == []  # no error
 
 
 def test_bias_correction_gives_each_chunk_of_a_shared_linear_its_own_bias():

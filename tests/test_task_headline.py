@@ -49,7 +49,7 @@ def test_sts_run_judges_by_the_tasks_headline_like_plan(tmp_path, capsys):
                  str(tmp_path / "W")]) == 0
     v = read_json(tmp_path / "W" / "verdict.json", "verdict")
     assert v["metric"] == "score_agreement"
-    assert "verdict: no --goal given; plan score_agreement" in capsys.readouterr().out
+    assert "verdict: no --goal given; score_agreement" in capsys.readouterr().out
     assert read_json(tmp_path / "W" / "evaluate.json", "evaluate")["metric"] == "score_agreement"
 
 
