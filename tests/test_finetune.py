@@ -74,6 +74,25 @@ def test_prelu_conversion_matches_ort():
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_row_statistics_conversion_matches_ort(op, keepdims):
+    """ReduceMax / ReduceMin (rowscale's row statistics), axes as an attribute (opset 17)."""
+    from onnx import helper
+
+    r = np.random.default_rng(7)
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], axes=[-1, 1], keepdims=keepdims)],
+        "reduce", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 5])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": r.normal(0, 1, (2, 3, 5)).astype(np.float32)}
+    ours = _torch_out(to_torch(proto), feeds)
+    ref = make_session(proto).run(None, feeds)[0]
+    assert ours.shape == ref.shape
+    np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("exclusive,reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
 def test_position_ops_conversion_matches_ort(exclusive, reverse):
     """MPNet's position ids and relative-position buckets: CumSum over the mask, then

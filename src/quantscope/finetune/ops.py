@@ -156,6 +156,22 @@ def _reduce_mean(x: list[Any], a: dict[str, Any]) -> Tensor:
     return x[0].mean(dim=dims, keepdim=bool(a.get("keepdims", 1)))
 
 
+def _reduce_extreme(kind: str) -> Callable[[list[Any], dict[str, Any]], Tensor]:
+    """ReduceMax / ReduceMin (axes as an input, opset 18, or an attribute; every axis when
+    none; rowscale's row statistics)."""
+
+    def run(x: list[Any], a: dict[str, Any]) -> Tensor:
+        axes = _ints(x[1]) if len(x) > 1 and x[1] is not None else a.get("axes")
+        dims = tuple(axes) if axes is not None else tuple(range(x[0].dim()))
+        out = x[0]
+        keep = bool(a.get("keepdims", 1))
+        for d in sorted((d % x[0].dim() for d in dims), reverse=True):
+            out = (out.amax if kind == "max" else out.amin)(dim=d, keepdim=keep)
+        return out
+
+    return run
+
+
 def _flatten(x: list[Any], a: dict[str, Any]) -> Tensor:
     axis = a.get("axis", 1)
     axis = axis + x[0].dim() if axis < 0 else axis
@@ -262,7 +278,8 @@ OPS: dict[str, OpFn] = {
     "Gather": _gather, "Unsqueeze": _unsqueeze, "Squeeze": _squeeze, "Slice": _slice,
     "Concat": _concat, "Reshape": _reshape, "Expand": _expand, "Transpose": _transpose,
     "Cast": _cast, "ConstantOfShape": _constant_of_shape, "Range": _range,
-    "Flatten": _flatten, "ReduceMean": _reduce_mean, "Softmax": _softmax,
+    "Flatten": _flatten, "ReduceMean": _reduce_mean,
+    "ReduceMax": _reduce_extreme("max"), "ReduceMin": _reduce_extreme("min"), "Softmax": _softmax,
     "LayerNormalization": _layernorm, "Gemm": _gemm, "Conv": _conv,
     "MaxPool": _maxpool, "AveragePool": _avgpool, "Pad": _pad,
     "GlobalAveragePool": lambda x, a: x[0].mean(dim=tuple(range(2, x[0].dim())), keepdim=True),

@@ -43,7 +43,7 @@ import numpy as np
 
 from quantscope.finetune.engine import torch_available
 from quantscope.progress import say
-from quantscope.types import Dataset, Plan, Precision
+from quantscope.types import Dataset, Plan, Precision, QuantscopeError
 
 if TYPE_CHECKING:
     from quantscope.model.load import Model
@@ -291,7 +291,10 @@ def tune(ctx: Context, repaired: RepairRun, feeds: Sequence[dict[str, np.ndarray
                         f"{MIN_SECONDS:.0f} s): give a larger --budget",
                         fit_before=before.value)
         left = MIN_SECONDS
-    return _finetune(ctx, model, stats, plan, feeds, measure, before, left)
+    try:
+        return _finetune(ctx, model, stats, plan, feeds, measure, before, left)
+    except QuantscopeError as e:  # e.g. an op the torch interpreter lacks: said, not fatal
+        return skip(f"the fine-tune could not run: {e}", fit_before=before.value)
 
 
 def _finetune(ctx: Context, model: Model, stats: Stats, plan: Plan,
