@@ -74,17 +74,22 @@ def test_prelu_conversion_matches_ort():
     np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin", "ReduceSum"])
 @pytest.mark.parametrize("keepdims", [0, 1])
 def test_row_statistics_conversion_matches_ort(op, keepdims):
-    """ReduceMax / ReduceMin (rowscale's row statistics), axes as an attribute (opset 17)."""
-    from onnx import helper
+    """ReduceMax / ReduceMin / ReduceSum (rowscale's row statistics, its softmax sum);
+    opset 17: axes an attribute of Max/Min, an input of Sum."""
+    from onnx import helper, numpy_helper
 
     r = np.random.default_rng(7)
+    axes = [-1, 1]
+    node = (helper.make_node(op, ["x", "axes"], ["y"], keepdims=keepdims) if op == "ReduceSum"
+            else helper.make_node(op, ["x"], ["y"], axes=axes, keepdims=keepdims))
     graph = helper.make_graph(
-        [helper.make_node(op, ["x"], ["y"], axes=[-1, 1], keepdims=keepdims)],
+        [node],
         "reduce", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 5])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(np.array(axes, np.int64), "axes")] if op == "ReduceSum" else [])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {"x": r.normal(0, 1, (2, 3, 5)).astype(np.float32)}
     ours = _torch_out(to_torch(proto), feeds)

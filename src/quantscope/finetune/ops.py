@@ -156,6 +156,16 @@ def _reduce_mean(x: list[Any], a: dict[str, Any]) -> Tensor:
     return x[0].mean(dim=dims, keepdim=bool(a.get("keepdims", 1)))
 
 
+def _reduce_sum(x: list[Any], a: dict[str, Any]) -> Tensor:
+    """ReduceSum (axes an input since opset 13; none: every axis unless
+    noop_with_empty_axes)."""
+    axes = _ints(x[1]) if len(x) > 1 and x[1] is not None else a.get("axes")
+    if axes is None and a.get("noop_with_empty_axes", 0):
+        return x[0]
+    dims = tuple(axes) if axes is not None else tuple(range(x[0].dim()))
+    return x[0].sum(dim=dims, keepdim=bool(a.get("keepdims", 1)))
+
+
 def _reduce_extreme(kind: str) -> Callable[[list[Any], dict[str, Any]], Tensor]:
     """ReduceMax / ReduceMin (axes as an input, opset 18, or an attribute; every axis when
     none; rowscale's row statistics)."""
@@ -279,7 +289,8 @@ OPS: dict[str, OpFn] = {
     "Concat": _concat, "Reshape": _reshape, "Expand": _expand, "Transpose": _transpose,
     "Cast": _cast, "ConstantOfShape": _constant_of_shape, "Range": _range,
     "Flatten": _flatten, "ReduceMean": _reduce_mean,
-    "ReduceMax": _reduce_extreme("max"), "ReduceMin": _reduce_extreme("min"), "Softmax": _softmax,
+    "ReduceMax": _reduce_extreme("max"), "ReduceMin": _reduce_extreme("min"),
+    "ReduceSum": _reduce_sum, "Softmax": _softmax,
     "LayerNormalization": _layernorm, "Gemm": _gemm, "Conv": _conv,
     "MaxPool": _maxpool, "AveragePool": _avgpool, "Pad": _pad,
     "GlobalAveragePool": lambda x, a: x[0].mean(dim=tuple(range(2, x[0].dim())), keepdim=True),
