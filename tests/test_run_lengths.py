@@ -235,3 +235,16 @@ def test_no_deployment_within_the_margin_is_one_line():
     assert "\n" not in str(e.value)
     got, margin = L.allocate_with_margin(lambda budget: alloc, lambda a: (1.2, 0.1), 1.5)
     assert got is alloc and margin.budget == 1.5 and margin.bound == pytest.approx(1.4)
+
+
+def test_auto_does_not_fine_tune_a_plan_the_compiled_lengths_would_not_ship(tiny_run, capsys):
+    """The deploy stage will choose compiled lengths (short texts, a cost that depends on
+    the length), whose other candidates are not fine-tuned: ``--finetune auto`` skips the
+    single plan's fine-tune even with the goal missed, and says why in the record."""
+    pytest.importorskip("torch")
+    tmp_path, m, out, args = tiny_run
+    assert main([*args, "--metric", "embedding_cosine_mean", "--goal", "1.0"]) == 0
+    repaired = read_json(out / "repaired.plan.json", "plan")
+    (rec,) = [r for r in repaired["repairs"] if r["name"] == "finetune"]
+    assert not rec["tried"] and "the deploy stage chooses compiled lengths" in rec["why"]
+    assert read_json(out / "lengths.json", "lengths")["buckets"]

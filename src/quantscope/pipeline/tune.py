@@ -279,6 +279,12 @@ def tune(ctx: Context, repaired: RepairRun, feeds: Sequence[dict[str, np.ndarray
     if mode == "auto" and goal is not None and head.reached(before.value, goal):
         return skip(f"the plan reaches {head.goal_text(goal)} on the fit data "
                     f"({_fig(metric, before.value)})", fit_before=before.value)
+    lengths = _lengths_decided(ctx) if mode == "auto" else None
+    if lengths is not None:
+        return skip(f"the deploy stage chooses compiled lengths ({lengths}); its other "
+                    "candidates are not fine-tuned, so this plan's fine-tune would ship only "
+                    "where one model is kept (--finetune on fine-tunes it anyway)",
+                    fit_before=before.value)
     batches = len(fit.calibration)
     if batches < 2:
         return skip(f"the fit data gives {batches} calibration batch(es) and the fine-tune "
@@ -295,6 +301,22 @@ def tune(ctx: Context, repaired: RepairRun, feeds: Sequence[dict[str, np.ndarray
         return _finetune(ctx, model, stats, plan, feeds, measure, before, left)
     except QuantscopeError as e:  # e.g. an op the torch interpreter lacks: said, not fatal
         return skip(f"the fine-tune could not run: {e}", fit_before=before.value)
+
+
+def _lengths_decided(ctx: Context) -> str | None:
+    """The deploy stage's decision (:func:`quantscope.stages.lengths.decide_lengths`, the
+    same inputs) when it will choose among compiled lengths, in words; else None."""
+    from quantscope.pipeline.data import widest_text_batch
+    from quantscope.stages.lengths import decide_lengths
+
+    o = ctx.opts
+    mode = o.length_choice()
+    fit = ctx.data().fit
+    if mode is None or fit.token_lengths is None:
+        return None
+    decision = decide_lengths(ctx.model(), ctx.target(), fit.token_lengths,
+                              longest=o.seq_len or widest_text_batch(fit), given=mode or None)
+    return decision.reason if decision.buckets else None
 
 
 def _finetune(ctx: Context, model: Model, stats: Stats, plan: Plan,
