@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -753,7 +754,10 @@ def test_ctrl_c_during_the_imports_is_one_line(ws):
         "sys.argv = ['quantscope', 'groups', sys.argv[1]]\n"
         "runpy.run_module('quantscope', run_name='__main__', alter_sys=True)\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    # the child starts with SIGINT at its default (a shell's background job, e.g. `nohup
+    # make test &`, ignores it, and an ignored SIGINT would be inherited and never raised)
     proc = subprocess.run([sys.executable, "-c", hook, str(ws / "m.onnx")], env=env,
-                          capture_output=True, text=True, check=False, timeout=120)
+                          capture_output=True, text=True, check=False, timeout=120,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.returncode == 130, proc.stderr
     assert proc.stderr.strip() == "quantscope: interrupted", proc.stderr
