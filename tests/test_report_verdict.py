@@ -190,3 +190,20 @@ def test_a_deployment_that_ships_is_the_headline_and_the_plan_a_detail():
     assert summary.headline(alone)["ships"] == "plan"
     assert summary.format_short(alone)[0].endswith("(n=250 held-out pairs; fp32 100.0 %; "
                                                    "a8_w8 61.0 %)")
+
+
+def test_the_short_verdict_counts_the_decisions_the_compiler_file_does_not_carry():
+    """A real run's verdict (docs/data/run_verdict.json: minilm-l6, rewritten, no HN) has
+    16-bit decisions on layers with no Hailo name: the console says how many, not only the
+    details; without such warnings there is no line."""
+    import json
+    from pathlib import Path
+
+    from quantscope.pipeline.verdict import format_verdict
+
+    v = json.loads((Path(__file__).parent.parent / "docs" / "data" / "run_verdict.json")
+                   .read_text())
+    unset = [w for w in v["export_warnings"] if "NOT SET" in w]
+    assert unset
+    assert f"warning: {len(unset)} plan decision(s) NOT SET" in format_verdict(v)
+    assert "NOT SET" not in format_verdict({**v, "export_warnings": []})

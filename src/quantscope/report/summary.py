@@ -325,6 +325,11 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if tb:  # the search stopped on --budget: the plan is the best measured so far
         lines.append(f"  budget: {tb['note']}")
     lines.append(_compile_line(v, dep))
+    unset = [w for w in v.get("export_warnings", []) if "NOT SET" in w]
+    if unset:  # the vendor file does not carry these decisions: the compile would not either
+        lines.append(f"  warning: {len(unset)} plan decision(s) NOT SET in the compiler file "
+                     "(no vendor layer name known for them, e.g. layers a rewrite made): give "
+                     "the parsed HN (--hn) or set them by hand; the list is in verdict.json")
     for step in v.get("host_steps", [])[:3]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
