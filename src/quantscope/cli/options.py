@@ -239,7 +239,8 @@ def budget_parent(default: float | None) -> argparse.ArgumentParser:
                    help="time the plan search may spend measuring candidates (in order of "
                    "expected gain per second); when spent, the plan is the best legal one "
                    "measured so far and the output says so; a rerun with a larger budget "
-                   f"continues from the evaluation cache (default: {shown})")
+                   "continues from the evaluation cache; in run, what the search leaves is "
+                   f"the fine-tune's (--finetune) (default: {shown})")
     return p
 
 

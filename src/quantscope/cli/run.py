@@ -104,7 +104,8 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     help="fine-tune the final plan (PyTorch: pip install 'quantscope[finetune]'; "
                     "CUDA when it sees a GPU) within what the plan search left of --budget, "
                     "kept only when it measures better on the fit data by more than the "
-                    "noise: 'auto' (default) when the plan misses --goal there, 'on' always, "
+                    "noise: 'auto' (default) when the plan misses --goal there and the run "
+                    "ships one model (not where it chooses compiled lengths), 'on' always, "
                     "'off' never")
     ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE "
                     f"({', '.join(RUN_STAGES)})")
