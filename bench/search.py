@@ -29,9 +29,15 @@ The variants are the registry :data:`VARIANTS` (name -> a factory of ``plan -> v
 * ``incremental+cheap+race``: that, with each candidate first raced against the
   incumbent on prefixes of the pairs (``plan --race``'s racer,
   :class:`quantscope.stages.race.PlanRacer`, as ``plan/refine.py`` races its drops); a
-  candidate stopped there is not measured and not kept (its value is NaN in the row).
+  candidate stopped there is not measured and not kept (its value is NaN in the row);
+* ``torch`` (asked for by name, not in the default list): the planner's ``--rank-engine
+  torch`` evaluator (:class:`quantscope.finetune.rank.TorchMeasure`) on ``--torch-device``
+  (``cuda`` by default), its build inside the timing; the walk's chosen plan is measured
+  again in ORT after the timing (``confirmed_in_ort``, and its difference from the
+  baseline's chosen figure), as ``plan`` confirms a torch-ranked choice.
 
     .venv/bin/python bench/search.py --model minilm-l3 --pairs 64 --seq-len 128 --plans 16
+    python bench/search.py --variants today,incremental+cheap,torch --torch-device cuda
 """
 
 from __future__ import annotations
@@ -150,13 +156,35 @@ def raced(s: Setup) -> Evaluate:
     return run
 
 
+def torch_ranked(s: Setup) -> Evaluate:
+    """The planner's ``--rank-engine torch`` evaluator (:class:`TorchMeasure`, the fake-quant
+    interpreter built on the first plan, inside the timing) on ``TORCH_DEVICE``; the walk's
+    chosen plan is measured again in ORT after the timing (``confirmed_in_ort``)."""
+    from quantscope.finetune.rank import TorchMeasure
+
+    measure = TorchMeasure(s.model, s.data, scheme=QuantScheme(), device=TORCH_DEVICE[0],
+                           reference_outputs=s.reference)
+
+    def run(plan: Plan) -> float:
+        _gram_scoring()
+        return float(measure(s.model, s.stats, plan)[s.metric])
+
+    run.ranked_by = f"torch ({TORCH_DEVICE[0]})"  # type: ignore[attr-defined]
+    return run
+
+
+TORCH_DEVICE = ["cuda"]  # --torch-device
+
 VARIANTS: dict[str, Callable[[Setup], Evaluate]] = {
     "today": today,  # the baseline: first, every ratio is against it
     "naive": naive,
     "incremental": incremental,
     "incremental+cheap": cheap,
     "incremental+cheap+race": raced,
+    "torch": torch_ranked,  # not in the default list: ranks on --torch-device
 }
+DEFAULT_VARIANTS = ("today", "naive", "incremental", "incremental+cheap",
+                    "incremental+cheap+race")
 
 
 def greedy_sequence(evaluate: Evaluate, names: tuple[str, ...], n: int, seed: int
@@ -210,10 +238,15 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--plans", type=int, default=16, help="promotions measured after the start")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
+                    help=f"comma list of {', '.join(VARIANTS)} (the first is the baseline)")
+    ap.add_argument("--torch-device", default="cuda", help="where the torch variant ranks")
     ap.add_argument("--metric", help="the measured metric (default: the task's headline)")
+    ap.add_argument("--no-outputs-only", action="store_true",
+                    help="skip the emulated-outputs-only comparison at the end")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
+    TORCH_DEVICE[0] = args.torch_device
     model = stages.open_model(args.model)
     data = at_length(stages.open_data("stdlib-docs", model, max_pairs=args.pairs),
                      args.seq_len)
@@ -247,6 +280,11 @@ def main() -> None:
         engine = getattr(evaluate, "engine", None)
         if engine is not None:
             row["engine"] = engine.counts.to_dict()
+        if hasattr(evaluate, "ranked_by"):  # ranked elsewhere: the chosen plan in ORT
+            row["ranked_by"] = evaluate.ranked_by
+            row["confirmed_in_ort"] = naive(setup)(plans[last])
+            row["ort_vs_baseline_chosen"] = row["confirmed_in_ort"] - base[0][
+                max(i for i, k in enumerate(base[1]) if k)]
         racer = getattr(evaluate, "racer", None)
         if racer is not None:
             row["races"] = [{"looks": list(r.looks), "stopped": [e.n for e in r.entries
@@ -257,8 +295,9 @@ def main() -> None:
         print(json.dumps(row), f"(load average {loads[-1][0]:.1f})")
         del evaluate, engine  # its caches go before the next variant
     _gram_scoring()
-    only = outputs_only(setup, plans)
-    print("emulated outputs only:", json.dumps(only))
+    only = None if args.no_outputs_only else outputs_only(setup, plans)
+    if only is not None:
+        print("emulated outputs only:", json.dumps(only))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"peak RSS of the process (all variants): {peak:.0f} MB; load average "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())} at the end")

@@ -316,3 +316,23 @@ def test_round_two_retries_a_dropped_rewrite_on_top_of_one_kept_after_it(tmp_pat
                                 measure=measure, reload=lambda p: load_proto(p, "enc"),
                                 metric="top1_agreement")
     assert all(t.round == 1 for t in choice.trials) and choice.kept == ()
+
+
+def test_auto_tokensplit_chunks_fit_the_target_size_limit():
+    """The chunk auto tries is the largest ceil(SEQ / k) the size rule allows at 16 bit: half
+    the tokens where they fit, a third where half is at the limit (mpnet-base's 768
+    channels at 256 tokens on hailo10h), none (the default) where no chunk fits."""
+    from quantscope.rewrites.tokensplit import fitting_chunk
+    from quantscope.targets.profile import with_params
+
+    model = load_proto(token_encoder(), "enc")
+    assert fitting_chunk(model, SMALL, SEQ) == SEQ // 2
+    half_at_limit = with_params(SMALL, {"hailo.super_defuse.max_values": SEQ * H // 2})
+    assert fitting_chunk(model, half_at_limit, SEQ) == 3  # ceil(8 / 3) x 24 = 72 < 96
+    config = REWRITES["tokensplit"].auto_config(frozenset(), model, half_at_limit, SEQ)
+    assert config.chunk == 3 and not config.linears
+    nothing_fits = with_params(SMALL, {"hailo.super_defuse.max_values": H})
+    assert fitting_chunk(model, nothing_fits, SEQ) is None
+    assert fitting_chunk(model, None, SEQ) is None and fitting_chunk(model, SMALL, None) is None
+    assert REWRITES["tokensplit"].auto_config(frozenset({"headsplit"}), model, SMALL,
+                                               SEQ).linears

@@ -45,7 +45,11 @@ def test_buckets_only_with_short_texts_and_a_cost_that_depends_on_the_length():
     short = np.array([10, 20, 30, 200, 250] * 4)  # 60 % within 128
     long = np.array([200, 230, 250, 256, 129] * 4)  # none within 128
     yes = L.decide_lengths(model, target, short, longest=256)
-    assert yes.buckets and yes.seq_lens == (64, 128, 256) and "0.25x" in yes.reason
+    assert yes.buckets and yes.made_at == (64, 128, 256) and "0.25x" in yes.reason
+    # the compiled lengths come from the fine grid (a text's error does not depend on its
+    # padding), the candidates are made at the few
+    assert yes.seq_lens == (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
+    assert "candidates made at 64, 128, 256" in yes.reason
     few = L.decide_lengths(model, target, long, longest=256)
     assert not few.buckets and "few short texts" in few.reason
     fixed = load_proto(_static(tiny_encoder(), 256), "fixed")
@@ -54,7 +58,7 @@ def test_buckets_only_with_short_texts_and_a_cost_that_depends_on_the_length():
     none = L.decide_lengths(model, target, None, longest=None)
     assert not none.buckets and "no token counts" in none.reason
     given = L.decide_lengths(model, target, short, longest=128, given=(32, 64, 512))
-    assert given.buckets and given.seq_lens == (32, 64, 128)
+    assert given.buckets and given.seq_lens == given.made_at == (32, 64, 128)
 
 
 @pytest.fixture()

@@ -58,14 +58,15 @@ def deploy(ctx: Context) -> steps.Done:
     decision = L.decide_lengths(model, target, token_lengths, longest=longest,
                                 given=mode or None)
     doc.update({"considered": token_lengths is not None, "buckets": decision.buckets,
-                "reason": decision.reason, "lengths": list(decision.seq_lens)})
+                "reason": decision.reason, "lengths": list(decision.seq_lens),
+                "candidate_lengths": list(decision.made_at)})
     if not decision.buckets:
         return _write(ctx, doc)
     say(f"compiled lengths: {decision.reason}", show=ctx.progress)
     rmodel, rstats, final = steps.repaired(ctx)
     own = Candidate(name="plan", model=rmodel, stats=rstats, plan=final)
     cands, notes = L.length_candidates(model, stages.read_stats(ctx.path(steps.STATS)), target,
-                                       decision.seq_lens, plan_target=final.target, own=own)
+                                       decision.made_at, plan_target=final.target, own=own)
     try:
         result = L.deploy_lengths(model, rd.fit, rd.held_out, cands, target, o.target,
                                   max_cost=o.max_cost, seq_lens=decision.seq_lens,

@@ -280,7 +280,8 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                                  reason=f"the model without rewrites is not measurable: {e}")
                            for n_ in list(REWRITES)[len(trials):]]
                 break
-        config = configs.get(name) or auto_config(rw, frozenset(built))
+        config = configs.get(name) or auto_config(rw, frozenset(built), current, target,
+                                                  seq_len)
         trial, kept = _try(rw, config, current, stats, score, seq_len=seq_len,
                            input_shapes=input_shapes, calibrate=calibrate, measure=measure,
                            reload=reload, higher=higher_is_better, min_gain=min_gain,
@@ -306,10 +307,12 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                       tiebreak=tiebreak, final_configs=dict(built)), proto
 
 
-def auto_config(rw: Rewrite, before: frozenset[str]) -> Any:
-    """The config ``auto`` tries ``rw`` with, given the rewrites applied before it
-    (:attr:`Rewrite.auto_config`; else the entry's default)."""
-    return rw.auto_config(before) if rw.auto_config is not None else rw.config()
+def auto_config(rw: Rewrite, before: frozenset[str], model: Model, target: Target | None,
+                seq_len: int | None) -> Any:
+    """The config ``auto`` tries ``rw`` with on ``model``, given the rewrites applied
+    before it (:attr:`Rewrite.auto_config`; else the entry's default)."""
+    return (rw.auto_config(before, model, target, seq_len) if rw.auto_config is not None
+            else rw.config())
 
 
 def _say_trial(trial: Trial, metric: str, n: int | None, progress: bool) -> None:
@@ -374,7 +377,8 @@ def _build(model: Model, names: Mapping[str, Mapping[str, Any]], new_name: str,
         if name not in names:
             continue
         redo = name == new_name or list(REWRITES).index(name) > list(REWRITES).index(new_name)
-        config = (configs.get(name) or auto_config(rw, frozenset(done))) if redo or not \
+        config = (configs.get(name) or auto_config(rw, frozenset(done), current, target,
+                                                   seq_len)) if redo or not \
             names[name] else rw.config(**dict(names[name]))
         if rw.needs_stats or name == new_name:
             stats = calibrate(current) if stats is None else stats

@@ -175,9 +175,10 @@ class Rewrite:
     binds: Binds | None = None
     rtol: float = FP32_RTOL
     # the config ``run --rewrites auto`` tries, given the names of the rewrites applied
-    # before it (None: the default config): e.g. tokensplit splits the Linears too, per
-    # head, on a head-split model
-    auto_config: Callable[[frozenset[str]], Any] | None = None
+    # before it, the model it applies to, the target and the length (None: the default
+    # config): e.g. tokensplit splits the Linears too, per head, on a head-split model,
+    # in chunks that fit the target's size limit
+    auto_config: Callable[[frozenset[str], Model, Target | None, int | None], Any] | None = None
 
     def answers_rule(self, rule: str | None) -> bool:
         """Does this rewrite answer target rule ``rule`` (``vendor.id`` or ``id``)?"""

@@ -13,12 +13,13 @@ from quantscope.repair import Repair as GraphRepair
 from quantscope.repair.tokens import KINDS, METADATA_KEY, UNVERIFIED, split_tokens
 from quantscope.rewrites.base import CliOption, InputShapes, Precondition, Rewrite, RewriteInput
 from quantscope.targets.profile import op_kind
-from quantscope.types import Plan, Precision, Stats
+from quantscope.types import Plan, Precision, Problem, Stats
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
 
 SIZE_CHECK = "act16_wide_non_conv"  # the target check that limits a 16-bit layer's size
+MAX_PARTS = 16  # auto tries chunks of seq_len / 2, / 3, … / MAX_PARTS tokens
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,48 @@ class TokensplitConfig:
     relay_values: bool = False
 
 
-def _auto(before: frozenset[str]) -> TokensplitConfig:
+def _auto(before: frozenset[str], model: Model, target: Target | None,
+          seq_len: int | None) -> TokensplitConfig:
     """What ``run --rewrites auto`` tries: on a head-split model the Linears in chunks too,
     Q/K/V and the heads' context per head (the per-head form: no full-width Concat left
-    at 8 bit); else the default (residual Adds and LayerNorms only)."""
-    return TokensplitConfig(linears="headsplit" in before)
+    at 8 bit); else the default (residual Adds and LayerNorms only). The chunk is the
+    largest that the target's size rule allows at 16 bit (:func:`fitting_chunk`; half the
+    tokens where none is found or nothing can be judged)."""
+    return TokensplitConfig(chunk=fitting_chunk(model, target, seq_len),
+                            linears="headsplit" in before)
+
+
+def fitting_chunk(model: Model, target: Target | None, seq_len: int | None) -> int | None:
+    """The largest chunk of ``ceil(seq_len / k)`` tokens, ``k = 2 … MAX_PARTS``, at which the
+    target's size rule (:data:`SIZE_CHECK`) refuses 16 bit on none of the token-wise layers
+    (judged on ``model`` at that length: a chunk layer is the whole layer at fewer tokens).
+    None (the default, half the tokens) without a target, a length or such a rule, or when
+    no chunk up to ``seq_len / MAX_PARTS`` fits. E.g. hailo10h's 98,304 values: 128 tokens
+    of minilm's 384 channels fit; of mpnet-base's 768, 86 (a third of 256)."""
+    if target is None or not seq_len or not any(r.check == SIZE_CHECK for r in target.rules):
+        return None
+    for k in range(2, MAX_PARTS + 1):
+        chunk = -(-seq_len // k)
+        found = _refused(model, target, chunk)
+        if found is None:
+            return None  # the sizes are unknown: nothing to judge by
+        if not found:
+            return chunk
+    return None
+
+
+def _refused(model: Model, target: Target, seq_len: int | None) -> list[Problem] | None:
+    """The size rule's problems with every token-wise layer at 16 bit at ``seq_len``
+    tokens ([] none); None when the sizes are not known (only not-evaluated problems)."""
+    rules = [r for r in target.rules if r.check == SIZE_CHECK]
+    groups = find_groups(model)
+    wide = tuple((g.name, Precision.A16_W16) for g in groups.groups if op_kind(g) in KINDS)
+    plan = Plan(default=Precision.A8_W8, overrides=wide, target=target.name)
+    ids = {r.id for r in rules}
+    found = [p for p in check(plan, groups, model, target, shapes=given_shapes(model, seq_len))
+             if p.rule in ids]
+    real = [p for p in found if not p.reason.startswith(NOT_EVALUATED)]
+    return None if found and not real else real
 
 
 def _transform(model: Model, config: TokensplitConfig, inp: RewriteInput) -> GraphRepair:
@@ -60,22 +98,17 @@ def _applies(model: Model, target: Target | None, seq_len: int | None,
     if not rules:
         return Precondition(False, f"target {target.name} has no size rule on 16-bit "
                                    "non-conv layers: the token-wise layers fit whole")
-    groups = find_groups(model)
-    wide = tuple((g.name, Precision.A16_W16) for g in groups.groups if op_kind(g) in KINDS)
-    if not wide:
+    if not any(op_kind(g) in KINDS for g in find_groups(model).groups):
         return Precondition(False, "no LayerNorm or elementwise layer to split")
-    plan = Plan(default=Precision.A8_W8, overrides=wide, target=target.name)
-    ids = {r.id for r in rules}
-    found = [p for p in check(plan, groups, model, target, shapes=given_shapes(model, seq_len))
-             if p.rule in ids]
-    real = [p for p in found if not p.reason.startswith(NOT_EVALUATED)]
+    real = _refused(model, target, seq_len)
     at = f" at {seq_len} tokens" if seq_len else ""
     if real:
         return Precondition(True, f"{real[0].rule} refuses 16 bit on {len(real)} token-wise "
                                   f"layer(s){at}, e.g. '{real[0].group}'")
-    if found:
+    if real is None:
         return Precondition(False, "the token-wise layers' size is unknown: give --seq-len N "
                                    "or --input-shape")
+    ids = {r.id for r in rules}
     return Precondition(False, f"{', '.join(sorted(ids))} allows 16 bit on every token-wise "
                                f"layer{at}: nothing to split")
 
@@ -159,7 +192,7 @@ REWRITE = Rewrite(
     example="quantscope tokensplit minilm-l6 --seq-len 256 --out split.onnx",
     out_help="split FP32 model to write (.onnx); analyze, plan, repair and export it like any "
              "model (its chunk groups are '<group>/tok<i>')",
-    left="left whole", checked_on=_checked_on, auto_config=lambda before: _auto(before),
+    left="left whole", checked_on=_checked_on, auto_config=_auto,
     description="Text encoders need --seq-len (the deployment's length); image models (a "
                 "ViT's [B, patches + 1, C]) use their static input shape or --input-shape.",
 )

@@ -7,10 +7,16 @@ route`` makes it.
 decide_lengths     buckets only when the data has short texts (at least
                    :data:`SHORT_SHARE` of the fit texts fit in a shorter length) AND the
                    model's cost depends on its length (uniform a8_w8 at the shortest
-                   length costs less than at the longest); else one model, and why
-length_candidates  the planner's rule-made candidates at each length (``plan --max-legal
-                   --variants``: :mod:`quantscope.plan.candidates`), a plan made at two
-                   lengths kept once, after the run's own plan
+                   length costs less than at the longest); else one model, and why. With
+                   ``--lengths auto`` the compiled lengths are chosen from the fine grid
+                   :data:`quantscope.plan.buckets.CHOICE_LENGTHS` below the longest (as
+                   ``quantscope buckets`` chooses: a text's error does not depend on its
+                   padding, so more lengths cost only their legality checks), while the
+                   candidates are made at a few (:data:`AUTO_LENGTHS`, at most
+                   :data:`AUTO_BELOW` below the longest); given lengths serve as both
+length_candidates  the planner's rule-made candidates at each candidate length (``plan
+                   --max-legal --variants``: :mod:`quantscope.plan.candidates`), a plan
+                   made at two lengths kept once, after the run's own plan
 deploy_lengths     every candidate once on the fit texts (:mod:`quantscope.stages.buckets`
                    steps), the best allocation with up to ``max_buckets`` lengths and the
                    best single model at the longest length, each within the cost cap
@@ -38,7 +44,7 @@ import numpy as np
 
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes
-from quantscope.plan.buckets import MAX_BUCKETS, route
+from quantscope.plan.buckets import CHOICE_LENGTHS, MAX_BUCKETS, route
 from quantscope.plan.candidates import max_legal, variants
 from quantscope.plan.deployment import Bucket, Candidate, Deployment
 from quantscope.plan.deployment_results import DeploymentChoice, RouteResult
@@ -48,8 +54,8 @@ from quantscope.stages.route import cost_unit, evaluate_deployment
 from quantscope.targets.profile import Target
 from quantscope.types import Dataset, QuantscopeError, Stats
 
-AUTO_LENGTHS = (32, 64, 128, 256, 512)  # ``--lengths auto`` chooses among these
-AUTO_BELOW = 2  # and at most this many of them below the longest length
+AUTO_LENGTHS = (32, 64, 128, 256, 512)  # ``--lengths auto`` makes candidates at these
+AUTO_BELOW = 2  # (at most this many of them below the longest length)
 SHORT_SHARE = 0.1  # "short texts": at least this share of the fit texts fit a shorter length
 CHEAPER = 0.99  # "the cost depends on the length": the shortest costs below this x the longest
 SWITCHING = "switching between compiled models is not modelled"
@@ -65,16 +71,30 @@ class LengthDecision:
     seq_lens: tuple[int, ...]  # the lengths to choose from, increasing (the longest last)
     reason: str
     short_share: float | None = None  # share of the fit texts within the second longest
+    candidate_lens: tuple[int, ...] = ()  # the lengths candidates are made at (() = seq_lens)
+
+    @property
+    def made_at(self) -> tuple[int, ...]:
+        return self.candidate_lens or self.seq_lens
 
 
 def choice_lengths(longest: int, given: tuple[int, ...] | None) -> tuple[int, ...]:
-    """The lengths to choose from: ``given`` (those up to ``longest``), else
+    """The lengths candidates are made at: ``given`` (those up to ``longest``), else
     :data:`AUTO_LENGTHS` below ``longest`` (at most :data:`AUTO_BELOW`); ``longest`` last."""
     if given:
         below = sorted({n for n in given if n < longest})
     else:
         below = [n for n in AUTO_LENGTHS if n < longest][-AUTO_BELOW:]
     return (*below, longest)
+
+
+def routing_lengths(longest: int, given: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The compiled lengths to choose from: ``given`` as :func:`choice_lengths`, else the
+    fine grid :data:`CHOICE_LENGTHS` and :data:`AUTO_LENGTHS` below ``longest``; ``longest``
+    last."""
+    if given:
+        return choice_lengths(longest, given)
+    return (*sorted({n for n in (*CHOICE_LENGTHS, *AUTO_LENGTHS) if n < longest}), longest)
 
 
 def decide_lengths(model: Model, target: Target, token_lengths: np.ndarray | None, *,
@@ -85,6 +105,7 @@ def decide_lengths(model: Model, target: Target, token_lengths: np.ndarray | Non
         return LengthDecision(False, (), "the data has no token counts (not text data): one "
                               "compiled model")
     lens = choice_lengths(longest, given)
+    fine = routing_lengths(longest, given)
     if len(lens) < 2:
         return LengthDecision(False, lens, f"no compiled length below the longest ({longest}) "
                               "to choose: one compiled model")
@@ -99,10 +120,11 @@ def decide_lengths(model: Model, target: Target, token_lengths: np.ndarray | Non
         return LengthDecision(False, lens, f"the model's cost does not depend on its length "
                               f"(uniform a8_w8 at {lens[0]} costs {short / long:.2f}x that at "
                               f"{longest}; a fixed input shape?): one compiled model", share)
-    return LengthDecision(True, lens, f"{share:.0%} of the fit texts fit in {lens[-2]} tokens "
+    made = (f" (candidates made at {', '.join(map(str, lens))})" if fine != lens else "")
+    return LengthDecision(True, fine, f"{share:.0%} of the fit texts fit in {lens[-2]} tokens "
                           f"and uniform a8_w8 at {lens[0]} costs {short / long:.2f}x that at "
                           f"{longest}: compiled lengths chosen from "
-                          f"{', '.join(map(str, lens))}", share)
+                          f"{', '.join(map(str, fine))}{made}", share, candidate_lens=lens)
 
 
 def length_candidates(model: Model, stats: Stats, target: Target, seq_lens: tuple[int, ...],
@@ -312,4 +334,4 @@ def _held_out_costs(held_out: Dataset, deployment: Deployment, measured: RouteRe
 
 __all__ = ["AUTO_LENGTHS", "COST_Z", "SHORT_SHARE", "SWITCHING", "CostMargin", "LengthDecision",
            "LengthsResult", "allocate_with_margin", "choice_lengths", "cost_figures",
-           "decide_lengths", "deploy_lengths", "length_candidates"]
+           "decide_lengths", "deploy_lengths", "length_candidates", "routing_lengths"]
