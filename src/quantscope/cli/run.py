@@ -98,8 +98,9 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     help="compiled lengths (text data): 'auto' (default) chooses several "
                     "only where the data has short texts and the cost depends on the length "
                     "(candidates per length chosen on the fit pairs, measured held out: "
-                    "deployment.json, len-N/, a router in io_snippet.py); 'off': one model; "
-                    "or the lengths to choose from, e.g. 64,128")
+                    "deployment.json, len-N/, a router in io_snippet.py), from 16, 24, … up "
+                    "to the longest, candidates made at 64, 128 and the longest; 'off': one "
+                    "model; or the lengths to choose from, e.g. 64,128")
     ru.add_argument("--finetune", choices=("auto", "off", "on"), default="auto",
                     help="fine-tune the final plan (PyTorch: pip install 'quantscope[finetune]'; "
                     "CUDA when it sees a GPU) within what the plan search left of --budget, "
