@@ -111,7 +111,8 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     _check_inputs(given, opts, progress, fit=fit)
     remember_digests(Path(opts.out))  # files hashed before, unchanged: not hashed again
     made = rewrite_run_model(opts, progress=progress, given=given)
-    early: dict[str, Any] = {"made": made, **({"model": made.model} if made.model else {})}
+    early: dict[str, Any] = {"made": made, **({"model": made.model} if made.model else {}),
+                             "given_fit": (given, fit)}  # text pairs: not tokenized again
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)

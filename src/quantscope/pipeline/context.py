@@ -254,11 +254,12 @@ class Context:
             from quantscope.pipeline.data import open_run_data
 
             d = self.data_options()
-            run = open_run_data(self.model(), d["data"], eval_data=d["eval_data"],
+            model = self.model()
+            run = open_run_data(model, d["data"], eval_data=d["eval_data"],
                                 pairs=d["pairs"], tokenizer=d["tokenizer"], folder=self.folder,
                                 layout=d.get("layout", ()),
                                 batch_axes=dict(d.get("batch_axes", ())),
-                                prefixes=d.get("prefixes"))
+                                prefixes=d.get("prefixes"), fit=self._opened_fit(model))
             for note in run.fit.notes:
                 if LAYOUT_NOTE in note:  # what each output was read as (--layout or found)
                     say(f"note: {note}", show=self.progress)
@@ -267,6 +268,23 @@ class Context:
                               held_out=stages.at_length(run.held_out, d["seq_len"]))
             self._cache["data"] = run
         return self._cache["data"]
+
+    def _opened_fit(self, model: Model) -> Dataset | None:
+        """The text pairs' fit data the run opened with the given model before any stage
+        (``_cache["given_fit"]``: model, data), when ``model`` reads text as that one does
+        (the same inputs, outputs, metadata and source: a rewrite keeps them), so they
+        are not tokenized again; else None."""
+        given, fit = self._cache.get("given_fit", (None, None))
+        if given is None or fit is None:
+            return None
+        from quantscope.pipeline.data import _is_pairs
+
+        same = (given is model or (
+            list(given.graph.input) == list(model.graph.input)
+            and list(given.graph.output) == list(model.graph.output)
+            and list(given.proto.metadata_props) == list(model.proto.metadata_props)
+            and given.source == model.source))
+        return fit if same and _is_pairs(self.opts.data) else None
 
     def target(self) -> Target:
         if "target" not in self._cache:
