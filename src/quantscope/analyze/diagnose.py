@@ -90,6 +90,17 @@ def _plan_metrics(
     return scorer(ref, rows), rows
 
 
+def _recovery(model: Model, groups: Groups, stats: Stats, batches: Sequence[dict],
+              top: Sequence[Offender], low_high: tuple[Precision, Precision], scorer: Scorer,
+              ref: np.ndarray, scheme: QuantScheme | None) -> Recovery:
+    """Uniform ``low`` with the ``top`` offenders at ``high``, on every row (one full pass)."""
+    low, high = low_high
+    promoted = tuple(o.group for o in top)
+    plan = Plan(low, tuple((g, high) for g in promoted))
+    m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
+    return Recovery(promoted, high.value, m)
+
+
 def _reasons(
     g: str,
     sens: GroupSensitivity,
@@ -256,14 +267,10 @@ def analyze(
     if any(key not in s.disable_one for s in sens):
         key = "sqnr_db"
     offenders = _offenders(sens, low_fid[key], groups, noise, outliers, weights, key)
-    recovery = []
     say(f"analyze: recovery of the top {', '.join(map(str, recover_top))} offenders",
         show=progress and bool(recover_top))
-    for k in recover_top:
-        promoted = tuple(o.group for o in offenders[:k])
-        plan = Plan(low, tuple((g, high) for g in promoted))
-        m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
-        recovery.append(Recovery(promoted, high.value, m))
+    recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
+                          ref, scheme) for k in recover_top]
     method, notes = _method(res, proxy_fraction, len(ref))
     notes += _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
         RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
