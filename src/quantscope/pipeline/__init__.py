@@ -250,7 +250,6 @@ def _run(ctx: Context, force: str | None) -> RunResult:
         done = spec.run(ctx)
         manifest.record(name, key, done.files, time.perf_counter() - start, done.timings)
         ran.append(name)
-    manifest.keep_digests()
     verdict = read_json(folder / steps.VERDICT, "verdict")
     return RunResult(folder, tuple(ran), tuple(skipped), verdict)
 

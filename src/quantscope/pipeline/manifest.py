@@ -131,11 +131,9 @@ class Manifest:
         self.folder = folder
         self.path = folder / MANIFEST
         self.stages: dict[str, dict[str, Any]] = {}
-        self.digests: dict[str, list[Any]] = {}  # as written last (known_digests)
         if self.path.is_file():
             self.stages = _read(self.path)
             remember_digests(folder)
-            self.digests = known_digests()
 
     def done(self, name: str, key: str) -> bool:
         """Finished with this key, and every file it wrote is there, unchanged."""
@@ -165,14 +163,10 @@ class Manifest:
         self.write()
 
     def write(self) -> None:
-        self.digests = known_digests()
-        write_json(self.path, {"format": FORMAT, "stages": self.stages, DIGESTS: self.digests})
-
-    def keep_digests(self) -> None:
-        """Write the manifest when this process hashed settled files it does not keep yet
-        (a rerun with every stage done then hashes nothing the next time)."""
-        if self.path.is_file() and known_digests() != self.digests:
-            self.write()
+        """Written after each stage (a rerun with every stage done writes nothing: its
+        files stay byte for byte, ``run.json`` too)."""
+        write_json(self.path, {"format": FORMAT, "stages": self.stages,
+                               DIGESTS: known_digests()})
 
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
