@@ -82,3 +82,20 @@ def test_the_sweep_holds_about_one_segment_of_tensors(monkeypatch):
     # every group output of the FP32, all-low and a candidate's env would be 3 x 13
     # tensors; streamed, each env holds the stream and the segment running
     assert 2 * one <= most[0] <= 8 * one, most[0] / one
+
+
+def test_the_sizer_infers_shapes_once_and_sizes_every_live_set_as_before(monkeypatch):
+    """The sweep sizes every segment's live set; the shapes are inferred once for all of
+    them (one inference per set was seconds per segment on a 12-layer encoder)."""
+    from quantscope.analyze.memory import tensor_sizer
+    from quantscope.model import shapes
+
+    model, groups, _, feeds = _prepared()
+    live = live_tensors(model, groups, find_segments(model, groups))
+    each = [batch_tensor_bytes(model, feeds, names) for names in live]
+    calls = []
+    real = shapes.resolve_shapes
+    monkeypatch.setattr(shapes, "resolve_shapes", lambda *a, **k: calls.append(1) or real(*a, **k))
+    sizer = tensor_sizer(model, feeds)
+    assert [sizer(names) for names in live] == each and len(calls) == 1
+    assert len(live) > 1 and sizer([]) == 0

@@ -58,3 +58,33 @@ def test_scalar_and_integer_constants_stay():
     before = sum(n.op_type == "Constant" for n in tm.attention().graph.node)
     assert sum(n.op_type == "Constant" for n in m.graph.node) == before
     assert m.notes == () and kinds
+
+
+def test_a_layout_op_on_an_initializer_is_folded_and_nothing_else_is_copied():
+    """The fold reads an initializer's data only where a layout op needs it; a model with
+    nothing to fold, its nodes named, is neither copied nor changed by the loader."""
+    from quantscope.model.load import fold_constant_weights, name_nodes
+
+    proto = tm.conv_net()
+    g = proto.graph
+    w3 = next(t for t in g.initializer if t.name == "w3")
+    arr = numpy_helper.to_array(w3)
+    inits = [t for t in g.initializer if t.name != "w3"]
+    inits.append(numpy_helper.from_array(arr.T.copy(), "w3_t"))
+    graph = helper.make_graph([helper.make_node("Transpose", ["w3_t"], ["w3"], perm=[1, 0]),
+                               *g.node], g.name, list(g.input), list(g.output), inits)
+    stored = helper.make_model(graph, opset_imports=list(proto.opset_import),
+                               ir_version=proto.ir_version)
+    folded, notes = fold_constant_weights(stored)
+    assert notes and "Transpose" not in {n.op_type for n in folded.graph.node}
+    np.testing.assert_array_equal(numpy_helper.to_array(
+        next(t for t in folded.graph.initializer if t.name == "w3")), arr)
+    ref = load_proto(tm.conv_net(), "init")
+    assert {g.weight for g in find_groups(load_proto(stored, "t")).groups if g.weight} == \
+        {g.weight for g in find_groups(ref).groups if g.weight}
+    named = name_nodes(tm.conv_net())
+    before = named.SerializeToString()
+    assert name_nodes(named) is named and fold_constant_weights(named) == (named, ())
+    loaded = load_proto(named, "named")
+    assert named.SerializeToString() == before and loaded.proto is not named
+    assert loaded.proto.graph.node == ref.proto.graph.node

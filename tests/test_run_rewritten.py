@@ -58,3 +58,43 @@ def test_rerun_reuses_the_rewritten_model_until_the_model_changes(tmp_path, caps
     assert calls == ["headsplit", "headsplit"]
     assert "rewritten model reused" not in capsys.readouterr().err
     assert _digests(out)[context.REWRITTEN] != first[context.REWRITTEN]
+
+
+def test_the_reused_rewritten_model_is_read_as_the_run_loaded_it(tmp_path, capsys,
+                                                                  monkeypatch):
+    """rewritten.onnx holds the loaded form (checked, named, opset 21, shapes inferred):
+    a rerun reads it back without loading it again and computes the same files; a folder
+    written before (no "loaded" in rewritten.json) is still reused, loaded in full."""
+    import json
+
+    from quantscope import stages
+
+    model = tmp_path / "enc.onnx"
+    onnx.save(_encoder(), model)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (16, SEQ)).astype(np.int64),
+             attention_mask=np.ones((16, SEQ), np.int64))
+    out = tmp_path / "W"
+    argv = ["run", str(model), "--data", str(tmp_path / "x.npz"), "--target", "hailo10h",
+            "--out", str(out), "--headsplit"]
+    assert main(argv) == 0
+    first = _digests(out)
+    kept = json.loads((out / context.REWRITTEN_KEY).read_text())
+    assert kept[context.LOADED] is True and kept["notes"] == []
+    written = onnx.load(out / context.REWRITTEN)
+    assert written.opset_import[0].version >= 21 and len(written.graph.value_info) > 0
+    loads = []
+    real = stages.load_proto
+    monkeypatch.setattr(stages, "load_proto", lambda p, s="": loads.append(s) or real(p, s))
+    capsys.readouterr()
+    assert main([*argv, "--force", "calibrate"]) == 0
+    assert "rewritten model reused" in capsys.readouterr().err
+    # the rewritten model (source: the given file) is not loaded again; the given model's
+    # own load does not go through stages.load_proto, repaired.onnx's does
+    assert str(model) not in loads and _digests(out) == first
+    del kept[context.LOADED]  # as a folder written before wrote it
+    (out / context.REWRITTEN_KEY).write_text(json.dumps(kept))
+    assert main([*argv, "--force", "calibrate"]) == 0
+    assert "rewritten model reused" in capsys.readouterr().err
+    assert loads.count(str(model)) == 1 and _digests(out) == {
+        **first, context.REWRITTEN_KEY: _digests(out)[context.REWRITTEN_KEY]}

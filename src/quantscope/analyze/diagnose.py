@@ -9,8 +9,11 @@ Flow: both sweeps run with the exact segment method on every row (``proxy_fracti
 1.0; the task metric is then scored for every candidate) or, by default, on a row subset
 per sweep (:func:`~quantscope.analyze.sweeps.sweep_fast`: enable-one on stratified
 rows, disable-one on the rows that carry the quantization noise); the
-uniform ``low``/``high`` baselines, the collapse check and the recovery plans (promote the
-top 1, 2, 4, 8 offenders to ``high``) are evaluated on every row with full QDQ models.
+uniform ``low``/``high`` baselines and the collapse check are evaluated on every row with
+full QDQ models. The recovery plans (promote the top 1, 2, 4, 8 offenders to ``high``, one
+full pass each) are computed only on request (``recover_top``): the planner does not read
+them, and they were four of the analysis' seven full passes; without them a note in the
+analysis says so.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ from quantscope.parallel import Executor
 from quantscope.progress import say
 from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats, batch_rows
 
-RECOVER_TOP = (1, 2, 4, 8)
+RECOVER_TOP = (1, 2, 4, 8)  # the recovery plans, when asked for (``recover_top``)
+RECOVERY_NOTE = ("recovery plans (uniform {low} with the top 1, 2, 4, 8 offenders at {high}, "
+                 "one full pass each) not computed: the planner does not read them "
+                 "(analyze(..., recover_top=(1, 2, 4, 8)) computes them)")
 # the ranking's metric: the worst output channel's SQNR when the scorer reports it (a
 # Concat of boxes and class scores leaves the whole-output SQNR unmoved), else the output's
 CHANNEL_KEY = "sqnr_db_channel_min"
@@ -82,6 +88,17 @@ def _plan_metrics(
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), groups=groups)
     rows = run_plan_rows(model, groups, batches, q.proto, scorer)
     return scorer(ref, rows), rows
+
+
+def _recovery(model: Model, groups: Groups, stats: Stats, batches: Sequence[dict],
+              top: Sequence[Offender], low_high: tuple[Precision, Precision], scorer: Scorer,
+              ref: np.ndarray, scheme: QuantScheme | None) -> Recovery:
+    """Uniform ``low`` with the ``top`` offenders at ``high``, on every row (one full pass)."""
+    low, high = low_high
+    promoted = tuple(o.group for o in top)
+    plan = Plan(low, tuple((g, high) for g in promoted))
+    m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
+    return Recovery(promoted, high.value, m)
 
 
 def _reasons(
@@ -181,7 +198,8 @@ def _method(
         "sensitivity ranked on row subsets (enable-one "
         f"{counts.get('enable_one')}, disable-one "
         f"{counts.get('disable_one')} of {rows} rows) with "
-        "task-independent metrics (output SQNR, cosine); baselines and recovery use every row",
+        "task-independent metrics (output SQNR, cosine); baselines (and recovery plans, "
+        "when asked for) use every row",
     )
 
 
@@ -207,7 +225,7 @@ def analyze(
     high: Precision = Precision.A16_W16,
     target: object | None = None,
     proxy_fraction: float = 0.125,
-    recover_top: tuple[int, ...] = RECOVER_TOP,
+    recover_top: tuple[int, ...] = (),
     progress: bool = False,
     executor: Executor | None = None,
     skip: Mapping[str, str] | None = None,
@@ -216,7 +234,9 @@ def analyze(
 
     ``executor``: where the sweep's candidates run (:mod:`quantscope.parallel`; default
     this process); the result does not depend on it. ``skip``: group -> why the planner
-    cannot use its gain (``stages.usable``): not swept, listed under ``skipped``."""
+    cannot use its gain (``stages.usable``): not swept, listed under ``skipped``.
+    ``recover_top``: the recovery plans to measure (e.g. :data:`RECOVER_TOP`); none by
+    default (the planner does not read them; a note says they were not computed)."""
     from quantscope.tasks.metrics import collapse_report
 
     scheme = getattr(target, "scheme", None)
@@ -247,16 +267,13 @@ def analyze(
     if any(key not in s.disable_one for s in sens):
         key = "sqnr_db"
     offenders = _offenders(sens, low_fid[key], groups, noise, outliers, weights, key)
-    recovery = []
     say(f"analyze: recovery of the top {', '.join(map(str, recover_top))} offenders",
         show=progress and bool(recover_top))
-    for k in recover_top:
-        promoted = tuple(o.group for o in offenders[:k])
-        plan = Plan(low, tuple((g, high) for g in promoted))
-        m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
-        recovery.append(Recovery(promoted, high.value, m))
+    recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
+                          ref, scheme) for k in recover_top]
     method, notes = _method(res, proxy_fraction, len(ref))
-    notes += _zero_notes(stats) + _skip_notes(groups, skipped)
+    notes += _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
+        RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
     return Analysis(
         model.source,
         low.value,

@@ -11,7 +11,7 @@ line when not even one candidate fits next to the chains.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,15 +78,24 @@ def itemsize(data_type: int) -> int:
 
 
 def batch_tensor_bytes(model: Model, batches: Sequence[Batch], tensors: Sequence[str]) -> int:
-    """The bytes of ``tensors`` for the largest batch: each tensor's shape inferred from
-    the batch's [rows, length] token inputs where the model has them (a rewritten model's
-    per-head and per-chunk tensors keep symbolic dims that no reading by position can
-    size: read as the length each, one [B, d, d, d] tensor of a head-split model counted
-    as 1 GB); else each shape with its first symbolic dim read as the batch's rows and
-    every other as its length (e.g. attention probabilities [B, H, S, S]); a tensor of
-    unknown shape counts as one value per token."""
+    """The bytes of ``tensors`` for the largest batch (:func:`tensor_sizer`, once)."""
+    return tensor_sizer(model, batches)(tensors)
+
+
+def tensor_sizer(model: Model, batches: Sequence[Batch]) -> Callable[[Sequence[str]], int]:
+    """A function giving the bytes of a set of tensors for the largest batch, the shapes
+    inferred once (a sweep asks it for every segment's live set: one inference each was
+    seconds per segment on a 12-layer encoder).
+
+    Each tensor's shape is inferred from the batch's [rows, length] token inputs where the
+    model has them (a rewritten model's per-head and per-chunk tensors keep symbolic dims
+    that no reading by position can size: read as the length each, one [B, d, d, d]
+    tensor of a head-split model counted as 1 GB); else each shape with its first
+    symbolic dim read as the batch's rows and every other as its length (e.g. attention
+    probabilities [B, H, S, S]); a tensor of unknown shape counts as one value per
+    token."""
     if not batches:
-        return 0
+        return lambda tensors: 0
     shapes = {vi.name: vi.type.tensor_type.shape for vi in
               [*model.graph.input, *model.graph.value_info, *model.graph.output]}
 
@@ -98,20 +107,28 @@ def batch_tensor_bytes(model: Model, batches: Sequence[Batch], tensors: Sequence
 
     rows, length = max((dims(b) for b in batches), key=lambda d: d[0] * d[1])
     concrete = _inferred(model, rows, length)
-    total = 0
-    for t in dict.fromkeys(tensors):
+    known_bytes: dict[str, int] = {}
+
+    def size(t: str) -> int:
         known = concrete.get(t)
         if known and all(isinstance(d, int) and d > 0 for d in known):
-            total += int(np.prod(known, dtype=np.int64)) * 4
-            continue
+            return int(np.prod(known, dtype=np.int64)) * 4
         shape = shapes.get(t)
         if shape is None or not shape.dim:
-            total += rows * length * 4
-            continue
+            return rows * length * 4
         n = 1
         for i, d in enumerate(shape.dim):
             n *= d.dim_value if d.dim_value > 0 else (rows if i == 0 else length)
-        total += n * 4
+        return n * 4
+
+    def total(tensors: Sequence[str]) -> int:
+        out = 0
+        for t in dict.fromkeys(tensors):
+            if t not in known_bytes:
+                known_bytes[t] = size(t)
+            out += known_bytes[t]
+        return out
+
     return total
 
 
@@ -128,14 +145,16 @@ def _inferred(model: Model, rows: int, length: int) -> dict[str, tuple]:
 
 def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch],
                 tensors: Sequence[str], *, chains: int, budget: int | None = None,
-                available: int | None = None) -> MemoryPlan:
+                available: int | None = None,
+                sizer: Callable[[Sequence[str]], int] | None = None) -> MemoryPlan:
     """Windows of consecutive candidates whose own sessions' weights (``cand_bytes``, per
     candidate) stay within ``budget`` (default: :data:`WINDOW_MODELS` times the model's
     weights, less where :data:`HEADROOM` of the available memory less the chains and a
-    batch's tensors is less), every window at least one candidate."""
+    batch's tensors is less), every window at least one candidate. ``sizer``: the
+    :func:`tensor_sizer` of ``model`` and ``batches`` when the caller has one."""
     model_bytes = weight_bytes(model)
     # the chains' envs and a candidate's, each holding the tensors crossing the cuts
-    act = (chains + 1) * batch_tensor_bytes(model, batches, tensors)
+    act = (chains + 1) * (sizer or tensor_sizer(model, batches))(tensors)
     avail = available if available is not None else available_bytes()
     fixed = chains * model_bytes + act
     if avail is not None and fixed + max(cand_bytes, default=0) > HEADROOM * avail:

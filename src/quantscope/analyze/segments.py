@@ -156,7 +156,10 @@ def segment_model(model: Model, seg: Segment, *, extra_outputs: tuple[str, ...] 
         [_value_info(model, t) for t in dict.fromkeys([*seg.outputs, *extra_outputs])],
         initializer=inits,
     )
-    graph.value_info.extend(model.graph.value_info)
+    # the types of the tensors its nodes read and make (not the whole model's: copying
+    # every value_info into every segment was seconds per sweep on a 12-layer encoder)
+    touched = used | {t for n in nodes for t in n.output}
+    graph.value_info.extend(vi for vi in model.graph.value_info if vi.name in touched)
     proto = helper.make_model(graph, opset_imports=list(model.proto.opset_import))
     proto.ir_version = model.proto.ir_version
     return Model(proto=proto, source=f"{model.source}#segment{seg.index}")
@@ -242,14 +245,17 @@ def build_chain(
     *,
     optimize: bool,
     label: str = "",
+    seg_models: dict[int, Model] | None = None,
 ) -> Chain:
     """One session per segment: float (``encodings`` None) or the writer's Q/DQ
-    (``label``: progress over the segments, on stderr)."""
+    (``label``: progress over the segments, on stderr; ``seg_models``:
+    :func:`segment_models`, when the caller has them)."""
     sessions, outputs = [], []
     plan = Plan.uniform(Precision.FLOAT)
     for seg in track(segments, label, unit="segment", show=bool(label)):
         taps = _taps(seg, groups)
-        sm = segment_model(model, seg, extra_outputs=taps)
+        sm = seg_models[seg.index] if seg_models is not None else \
+            segment_model(model, seg, extra_outputs=taps)
         proto = sm.proto if encodings is None else segment_qdq(model, sm, groups, plan, encodings)
         sessions.append(make_session(proto, optimize=optimize, shared_arena=True))
         outputs.append(tuple(dict.fromkeys([*seg.outputs, *taps])))
@@ -284,28 +290,38 @@ def owned_segments(
     table: dict[Precision, Encodings],
     cands: Sequence[Candidate],
     low: Precision,
+    *,
+    seg_models: dict[int, Model] | None = None,
 ) -> tuple[dict[int, Encodings], ...]:
     """Per candidate, the segments it needs a session of its own for (the one holding its
     group, and any whose encodings its plan changes) with their encodings: no session is
-    built, so what the sessions will hold can be told before (:func:`segment_bytes`)."""
-    seg_models = _segment_models(model, groups, segments)
+    built, so what the sessions will hold can be told before (:func:`segment_bytes`).
+    ``seg_models``: :func:`segment_models` of ``segments``, when the caller has them."""
+    seg_models = seg_models if seg_models is not None else segment_models(model, groups,
+                                                                         segments)
+    # what decides each segment's encodings, found once (not once per candidate)
+    within = {k: segment_tensors(model, sm.graph.node) for k, sm in seg_models.items()}
     empty = Encodings(activations={}, weights={})
+    low_of = {k: encodings_within(table[low], t) for k, t in within.items()} \
+        if any(c.sweep != "enable_one" for c in cands) else {}
     seg_of = {g: seg.index for seg in segments for g in seg.groups}
     out = []
     for c in cands:
         enc = mixed_encodings(table, groups, c.plan)
-        base = empty if c.sweep == "enable_one" else table[low]
         own = {}
-        for k, sm in seg_models.items():
-            mine = restrict_encodings(model, sm, enc)
-            if k == seg_of[c.group] or not _same(mine, restrict_encodings(model, sm, base)):
+        for k, seg in within.items():
+            mine = encodings_within(enc, seg)
+            base = empty if c.sweep == "enable_one" else low_of[k]
+            if k == seg_of[c.group] or not _same(mine, base):
                 own[k] = mine
         out.append(own)
     return tuple(out)
 
 
-def _segment_models(model: Model, groups: Groups, segments: tuple[Segment, ...]
-                    ) -> dict[int, Model]:
+def segment_models(model: Model, groups: Groups, segments: tuple[Segment, ...]
+                   ) -> dict[int, Model]:
+    """Each segment's float sub-model with its groups' outputs as extra outputs (what
+    chains and candidates build their sessions from; build them once per sweep)."""
     return {s.index: segment_model(model, s, extra_outputs=_taps(s, groups)) for s in segments}
 
 
@@ -332,13 +348,17 @@ def build_runners(
     *,
     owned: Sequence[dict[int, Encodings]] | None = None,
     label: str = "",
+    seg_models: dict[int, Model] | None = None,
 ) -> tuple[Runner, ...]:
     """Each candidate's own sessions (``owned``: :func:`owned_segments` of ``cands``, when
-    already found; ``label``: progress over the candidates, on stderr)."""
+    already found; ``label``: progress over the candidates, on stderr; ``seg_models``:
+    :func:`segment_models`, when the caller has them)."""
     seg_of = {g: seg.index for seg in segments for g in seg.groups}
-    seg_models = _segment_models(model, groups, segments)
+    seg_models = seg_models if seg_models is not None else segment_models(model, groups,
+                                                                         segments)
     if owned is None:
-        owned = owned_segments(model, groups, segments, table, cands, low)
+        owned = owned_segments(model, groups, segments, table, cands, low,
+                               seg_models=seg_models)
     runners = []
     for c, own in track(list(zip(cands, owned, strict=True)), label, unit="cand",
                         show=bool(label)):

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from quantscope.analyze.candidates import SWEEPS, Candidate, candidates, encodings_table
-from quantscope.analyze.memory import batch_tensor_bytes, plan_memory
+from quantscope.analyze.memory import plan_memory, tensor_sizer
 from quantscope.analyze.noise import NoiseAccumulator
 from quantscope.analyze.rows import density_batches, proxy_batches, row_noise, run_plan_rows
 from quantscope.analyze.scoring import Scorer
@@ -53,6 +53,7 @@ from quantscope.analyze.segments import (
     run_segment,
     run_streaming,
     segment_bytes,
+    segment_models,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
@@ -240,17 +241,22 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
     cands = tuple(c for c in candidates(groups, low, job.high, job.only)
                   if c.sweep in job.sweeps)[part.start:part.stop]
-    owned = owned_segments(model, groups, segments, table, cands, low)
+    models = segment_models(model, groups, segments)  # built once, read by every session
+    owned = owned_segments(model, groups, segments, table, cands, low, seg_models=models)
     sizes = segment_bytes(model, segments)
     live = live_tensors(model, groups, segments)  # what an env holds while segment k runs
-    held = max(live, key=lambda names: batch_tensor_bytes(model, job.batches, names))
+    sizer = tensor_sizer(model, job.batches)  # the shapes inferred once
+    held = max(live, key=sizer)
     mem = plan_memory(model, [sum(sizes[k] for k in own) for own in owned], job.batches,
-                      held, chains=2 if need_low else 1, budget=job.session_budget)
+                      held, chains=2 if need_low else 1, budget=job.session_budget,
+                      sizer=sizer)
     say(f"analyze: {mem.text()}", show=progress)
     fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,
-                     label=f"analyze: FP32 sessions of {len(segments)} segments" * progress)
+                     label=f"analyze: FP32 sessions of {len(segments)} segments" * progress,
+                     seg_models=models)
     lo = build_chain(model, groups, segments, table[low], optimize=False,
-                     label=f"analyze: all-{low.value} sessions" * progress) if need_low else None
+                     label=f"analyze: all-{low.value} sessions" * progress,
+                     seg_models=models) if need_low else None
     got = _Collected(rows=[[] for _ in cands])
     last = last_reads(model, segments)
     count: Counter | None = None
@@ -259,7 +265,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                  f"{f' (window {w + 1}/{len(mem.windows)})' if len(mem.windows) > 1 else ''}")
         runners = build_runners(model, groups, segments, table, cands[window.start:window.stop],
                                 low, owned=owned[window.start:window.stop],
-                                label=label * progress)
+                                label=label * progress, seg_models=models)
         if count is None:  # started once the first sessions are there
             count = Counter(f"analyze: {'+'.join(job.sweeps)} ({len(cands)} candidates x "
                             f"{len(job.batches)} batches)", total=len(cands) * len(job.batches),

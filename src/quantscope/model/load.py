@@ -144,7 +144,11 @@ def _load_external(proto: onnx.ModelProto, path: Path) -> None:
 
 
 def name_nodes(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """Give every node a unique, stable name (``<op_type>_<index>`` for nameless ones)."""
+    """Give every node a unique, stable name (``<op_type>_<index>`` for nameless ones);
+    a model whose nodes have them already is returned as it is (no copy)."""
+    names = [n.name for n in proto.graph.node]
+    if all(names) and len(set(names)) == len(names):
+        return proto
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     seen: set[str] = set()
@@ -179,6 +183,15 @@ def _is_weight(value: np.ndarray) -> bool:
     return value.dtype.kind == "f" and value.size > 1
 
 
+def _is_weight_tensor(t: onnx.TensorProto) -> bool:
+    """:func:`_is_weight` of an initializer, read from its type and dims (not its data)."""
+    try:
+        kind = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).kind
+    except (KeyError, TypeError, ValueError):
+        return _is_weight(numpy_helper.to_array(t))
+    return kind == "f" and int(np.prod(t.dims, dtype=np.int64)) > 1
+
+
 def _fold_layout(node: onnx.NodeProto, consts: dict[str, np.ndarray]) -> np.ndarray:
     from onnx.reference import ReferenceEvaluator
 
@@ -199,25 +212,32 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
     left without consumers are dropped. Scalars and integer constants (shapes, axes,
     the attention scale) stay as they are. Returns the new model and what was done.
     """
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    graph = out.graph
-    consts = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    weights = {t.name for t in graph.initializer if _is_weight(consts[t.name])}
+    inits = {t.name: t for t in proto.graph.initializer}
+    consts: dict[str, np.ndarray] = {}  # read from the initializers only where a node needs
+    weights = {name for name, t in inits.items() if _is_weight_tensor(t)}
+
+    def known(name: str) -> bool:
+        return name in consts or name in inits
+
+    def value(name: str) -> np.ndarray:
+        if name not in consts:
+            consts[name] = numpy_helper.to_array(inits[name])
+        return consts[name]
+
     promoted: dict[str, np.ndarray] = {}
     kept: list[onnx.NodeProto] = []
-    for node in graph.node:
-        value = _constant_value(node) if node.op_type == "Constant" and not node.input else None
-        if value is not None:
-            consts[node.output[0]] = value
-            if _is_weight(value):
-                promoted[node.output[0]] = value
+    for node in proto.graph.node:
+        found = _constant_value(node) if node.op_type == "Constant" and not node.input else None
+        if found is not None:
+            consts[node.output[0]] = found
+            if _is_weight(found):
+                promoted[node.output[0]] = found
                 weights.add(node.output[0])
                 continue
         elif (node.op_type in _LAYOUT_OPS and len(node.output) == 1
-              and all(not i or i in consts for i in node.input)
+              and all(not i or known(i) for i in node.input)
               and any(i in weights for i in node.input)):
-            folded = _fold_layout(node, consts)
+            folded = _fold_layout(node, {i: value(i) for i in node.input if i})
             consts[node.output[0]] = folded
             promoted[node.output[0]] = folded
             weights.add(node.output[0])
@@ -225,6 +245,9 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
         kept.append(node)
     if not promoted:
         return proto, ()
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    graph = out.graph
     used = {i for n in kept for i in n.input} | {o.name for o in graph.output}
     live = [n for n in kept if n.op_type != "Constant" or any(o in used for o in n.output)]
     del graph.node[:]

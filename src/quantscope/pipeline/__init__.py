@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context, RunOptions, keep_rewritten, rewrite_run_model
 from quantscope.pipeline.deploy import deploy as deploy_step
-from quantscope.pipeline.manifest import Manifest, stage_key
+from quantscope.pipeline.manifest import Manifest, remember_digests, stage_key
 from quantscope.pipeline.verdict import report as report_step
 from quantscope.types import QuantscopeError
 
@@ -109,8 +109,10 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     # model is checked (a rewrite keeps the inputs and outputs), before auto measures
     _check_out(opts.out)
     _check_inputs(given, opts, progress, fit=fit)
+    remember_digests(Path(opts.out))  # files hashed before, unchanged: not hashed again
     made = rewrite_run_model(opts, progress=progress, given=given)
-    early: dict[str, Any] = {"made": made, **({"model": made.model} if made.model else {})}
+    early: dict[str, Any] = {"made": made, **({"model": made.model} if made.model else {}),
+                             "given_fit": (given, fit)}  # text pairs: not tokenized again
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)

@@ -254,11 +254,12 @@ class Context:
             from quantscope.pipeline.data import open_run_data
 
             d = self.data_options()
-            run = open_run_data(self.model(), d["data"], eval_data=d["eval_data"],
+            model = self.model()
+            run = open_run_data(model, d["data"], eval_data=d["eval_data"],
                                 pairs=d["pairs"], tokenizer=d["tokenizer"], folder=self.folder,
                                 layout=d.get("layout", ()),
                                 batch_axes=dict(d.get("batch_axes", ())),
-                                prefixes=d.get("prefixes"))
+                                prefixes=d.get("prefixes"), fit=self._opened_fit(model))
             for note in run.fit.notes:
                 if LAYOUT_NOTE in note:  # what each output was read as (--layout or found)
                     say(f"note: {note}", show=self.progress)
@@ -267,6 +268,23 @@ class Context:
                               held_out=stages.at_length(run.held_out, d["seq_len"]))
             self._cache["data"] = run
         return self._cache["data"]
+
+    def _opened_fit(self, model: Model) -> Dataset | None:
+        """The text pairs' fit data the run opened with the given model before any stage
+        (``_cache["given_fit"]``: model, data), when ``model`` reads text as that one does
+        (the same inputs, outputs, metadata and source: a rewrite keeps them), so they
+        are not tokenized again; else None."""
+        given, fit = self._cache.get("given_fit", (None, None))
+        if given is None or fit is None:
+            return None
+        from quantscope.pipeline.data import _is_pairs
+
+        same = (given is model or (
+            list(given.graph.input) == list(model.graph.input)
+            and list(given.graph.output) == list(model.graph.output)
+            and list(given.proto.metadata_props) == list(model.proto.metadata_props)
+            and given.source == model.source))
+        return fit if same and _is_pairs(self.opts.data) else None
 
     def target(self) -> Target:
         if "target" not in self._cache:
@@ -322,6 +340,11 @@ def model_digest(opts: RunOptions, chosen: tuple[tuple[Rewrite, Any], ...] | Non
 
 REWRITTEN, REWRITTEN_KEY = "rewritten.onnx", "rewritten.json"
 REWRITTEN_FORMAT = "quantscope.rewritten/1"
+# rewritten.json "loaded": rewritten.onnx is the model as the run worked on it (checked,
+# nodes named, opset raised, shapes inferred: model.load.load_proto's output), so a rerun
+# reads it back as it is instead of loading it again (checker, shape inference: seconds
+# on a 12-layer encoder). Absent in folders written before: those are loaded in full.
+LOADED = "loaded"
 
 
 def rewritten_key(opts: RunOptions) -> dict[str, Any]:
@@ -367,7 +390,10 @@ def _reused_rewrite(opts: RunOptions, given: Model, progress: bool) -> RunModel 
     if kept.get("file") is None and auto is not None and not auto.kept:
         made = RunModel(given, auto=auto)
     elif path.is_file() and kept.get("file") == file_digest(path):
-        made = RunModel(None, auto=auto, file=str(path), source=given.source)
+        notes = kept.get("notes", [])
+        made = RunModel(None, auto=auto, file=str(path), source=given.source,
+                        loaded=kept.get(LOADED) is True,
+                        notes=tuple(str(n) for n in notes) if isinstance(notes, list) else ())
     else:
         return None
     for reason in kept.get("reasons", []):
@@ -391,14 +417,21 @@ class RunModel:
     chosen_now: bool = False  # the auto choice was measured now (not reused)
     file: str | None = None  # the reused rewritten model's file (when ``model`` is None)
     source: str = ""  # the given model's source (the tokenizer it names or sits with)
+    loaded: bool = False  # :attr:`file` holds the loaded form (:data:`LOADED`)
+    notes: tuple[str, ...] = ()  # the loader's notes of that form
 
     def load(self) -> Model:
-        """The model, loaded from :attr:`file` when it was reused."""
+        """The model, loaded from :attr:`file` when it was reused (read as it is when the
+        run wrote its loaded form, whose digest the reuse checked)."""
         if self.model is not None:
             return self.model
         import onnx
 
+        from quantscope.model.load import Model
+
         assert self.file is not None
+        if self.loaded:
+            return Model(proto=onnx.load(self.file), source=self.source, notes=self.notes)
         return stages.load_proto(onnx.load(self.file), self.source)
 
 
@@ -414,9 +447,12 @@ def keep_rewritten(folder: Path, opts: RunOptions, made: RunModel) -> None:
             write_json(folder / REWRITTEN_KEY, {"key": rewritten_key(opts), "reasons": [],
                                                 "file": None, **auto})
         return
-    write_onnx(folder / REWRITTEN, made.proto)
+    # the loaded form (what every stage of this run works on), read back as it is
+    loaded = made.model
+    write_onnx(folder / REWRITTEN, made.proto if loaded is None else loaded.proto)
+    form = {LOADED: True, "notes": list(loaded.notes)} if loaded is not None else {}
     write_json(folder / REWRITTEN_KEY, {"key": rewritten_key(opts), "reasons": list(made.reasons),
-                                        "file": file_digest(folder / REWRITTEN), **auto})
+                                        "file": file_digest(folder / REWRITTEN), **form, **auto})
 
 
 def open_run_model(opts: RunOptions, *, progress: bool = True) -> Model:

@@ -43,22 +43,25 @@ class RunData:
 def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
                   tokenizer: str | None, folder: Path, layout: tuple[Any, ...] = (),
                   batch_axes: dict[str, int] | None = None,
-                  prefixes: TextPrefixes | None = None) -> RunData:
+                  prefixes: TextPrefixes | None = None, fit: Dataset | None = None) -> RunData:
     """Open the fit and the evaluation data (see the module table); ``layout``: the
     ``--layout`` declarations of tensor data's outputs; ``batch_axes``: the inputs' sample
     axes declared with ``--batch-axis``; ``prefixes``: the text prefixes of text data, on
-    both parts."""
+    both parts; ``fit``: the fit data as opened already with these options (by a model
+    with the same inputs, outputs and tokenizer), not opened again."""
     rd = _open_run_data(model, data, eval_data=eval_data, pairs=pairs, tokenizer=tokenizer,
-                        folder=folder, layout=layout, batch_axes=batch_axes, prefixes=prefixes)
+                        folder=folder, layout=layout, batch_axes=batch_axes, prefixes=prefixes,
+                        fit=fit)
     return replace(rd, prefixes=prefixes or None)
 
 
 def _open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
                    tokenizer: str | None, folder: Path, layout: tuple[Any, ...],
-                   batch_axes: dict[str, int] | None, prefixes: TextPrefixes | None
-                   ) -> RunData:
-    fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs, layout=layout,
-                           batch_axes=batch_axes, prefixes=prefixes)
+                   batch_axes: dict[str, int] | None, prefixes: TextPrefixes | None,
+                   fit: Dataset | None = None) -> RunData:
+    if fit is None:
+        fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs,
+                               layout=layout, batch_axes=batch_axes, prefixes=prefixes)
     if eval_data:
         held = stages.open_data(eval_data, model, tokenizer=tokenizer, max_pairs=pairs,
                                 layout=layout, batch_axes=batch_axes, show=False,

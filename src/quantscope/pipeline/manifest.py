@@ -8,13 +8,17 @@ has no entry for it and reruns exactly that stage; the stage's own files are wri
 atomically too, so no half-written file is ever read back.
 
 Digests are of *contents*: an ``.npz`` is hashed array by array (the zip container stores
-write times), every other file byte by byte.
+write times), every other file byte by byte. A file's digest is kept with its inode, size
+and modification time (``digests`` in ``run.json``, for every settled file the run hashed:
+the given model, the data, the rewritten model, the stages' files), so a resumed run
+hashes only the files that changed since (:func:`remember_digests`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import zipfile
 from collections.abc import Sequence
@@ -63,6 +67,37 @@ def file_digest(path: str | Path) -> str:
 
 
 SETTLED_NS = 2_000_000_000
+DIGESTS = "digests"  # run.json: {path: [inode, size, mtime_ns, digest]}
+
+
+def remember_digests(folder: Path) -> None:
+    """The digests the run folder's manifest kept (``digests``), known to this process:
+    a file whose inode, size and modification time are those recorded is not hashed
+    again (:func:`file_digest`; a copied folder's files have new inodes and are). An
+    unreadable manifest gives nothing here (opening it says why)."""
+    try:
+        raw = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    kept = raw.get(DIGESTS) if isinstance(raw, dict) else None
+    for path, rec in (kept.items() if isinstance(kept, dict) else ()):
+        if (isinstance(rec, list) and len(rec) == 4 and isinstance(rec[3], str)
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in rec[:3])):
+            _SEEN[(path, rec[0], rec[1], rec[2])] = rec[3]
+
+
+def known_digests() -> dict[str, list[Any]]:
+    """This process's settled digests whose files are unchanged now (what
+    :meth:`Manifest.write` keeps), by path."""
+    out: dict[str, list[Any]] = {}
+    for (path, ino, size, mtime), digest in list(_SEEN.items()):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if (st.st_ino, st.st_size, st.st_mtime_ns) == (ino, size, mtime):
+            out[path] = [ino, size, mtime, digest]
+    return dict(sorted(out.items()))
 
 
 def _contents_digest(path: Path, h: Any) -> str:
@@ -98,6 +133,7 @@ class Manifest:
         self.stages: dict[str, dict[str, Any]] = {}
         if self.path.is_file():
             self.stages = _read(self.path)
+            remember_digests(folder)
 
     def done(self, name: str, key: str) -> bool:
         """Finished with this key, and every file it wrote is there, unchanged."""
@@ -127,7 +163,10 @@ class Manifest:
         self.write()
 
     def write(self) -> None:
-        write_json(self.path, {"format": FORMAT, "stages": self.stages})
+        """Written after each stage (a rerun with every stage done writes nothing: its
+        files stay byte for byte, ``run.json`` too)."""
+        write_json(self.path, {"format": FORMAT, "stages": self.stages,
+                               DIGESTS: known_digests()})
 
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
