@@ -25,6 +25,7 @@ from quantscope.repair.adaround import adaround_step
 from quantscope.repair.bias_correction import bias_step
 from quantscope.repair.equalize import equalize_step
 from quantscope.repair.finetune import finetune_step
+from quantscope.repair.gptq import gptq_step
 from quantscope.repair.ranges import ranges_step
 from quantscope.repair.rank4 import rank4_step
 from quantscope.repair.smooth import smooth_step
@@ -54,6 +55,9 @@ REGISTRY: dict[str, RepairSpec] = {
                         help="Linear + bias on 4-D tensors, legal for QNN HTP v73 "
                         "q::linearclip (target-specific; unverified on a device)",
                         answers=("linearclip_5d",)),
+    "gptq": RepairSpec(gptq_step, keeps_fp32=False, default=False,
+                       help="GPTQ rounding of the plan's 4/8-bit MatMul/Gemm weights onto "
+                       "their grid (second-order error feedback; FP32 changes on purpose)"),
     "bias": RepairSpec(bias_step, keeps_fp32=False, default=True,
                        help="empirical bias correction for the plan's quantized weights"),
     "adaround": RepairSpec(adaround_step, keeps_fp32=False, default=False,
