@@ -285,6 +285,8 @@ def main() -> None:
             row["confirmed_in_ort"] = naive(setup)(plans[last])
             row["ort_vs_baseline_chosen"] = row["confirmed_in_ort"] - base[0][
                 max(i for i, k in enumerate(base[1]) if k)]
+            if engine.cuts is not None:  # per cut: stored, dropped, evicted, hits
+                row["cache"] = engine.cuts.to_dict()
         racer = getattr(evaluate, "racer", None)
         if racer is not None:
             row["races"] = [{"looks": list(r.looks), "stopped": [e.n for e in r.entries

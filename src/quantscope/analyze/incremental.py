@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -148,6 +148,45 @@ def _digest_one(h: hashlib.blake2b, kind: str, name: str, e: Encoding) -> None:
     h.update(np.ascontiguousarray(zp).tobytes())
 
 
+@dataclass(frozen=True)
+class CutCounts:
+    """Per cut ``k`` (after segment ``k``), what the activation cache did: entries
+    ``stored`` (complete), ``dropped`` while being filled, ``evicted`` once complete, and
+    plans started from it (``hits``), a complete entry's bytes; and the segment sessions
+    built again after their eviction (``sessions_rebuilt``)."""
+
+    stored: tuple[int, ...]
+    dropped: tuple[int, ...]
+    evicted: tuple[int, ...]
+    hits: tuple[int, ...]
+    sessions_rebuilt: int = 0
+    entry_bytes: tuple[int, ...] = ()  # per cut, a complete entry's bytes (0: none yet)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"stored": list(self.stored), "dropped": list(self.dropped),
+                "evicted": list(self.evicted), "hits": list(self.hits),
+                "sessions_rebuilt": self.sessions_rebuilt,
+                "entry_mb": [round(b / 2**20) for b in self.entry_bytes]}
+
+
+class _Tally:
+    """The mutable counters behind :class:`CutCounts` (private)."""
+
+    def __init__(self, cuts: int) -> None:
+        self.stored, self.dropped = [0] * cuts, [0] * cuts
+        self.evicted_complete, self.hits = [0] * cuts, [0] * cuts
+        self.built: set[str] = set()
+        self.rebuilt = 0
+        self.nbytes = [0] * cuts
+
+    def evicted(self, value: object) -> None:
+        if isinstance(value, _Entry):
+            if value.complete:
+                self.evicted_complete[value.cut] += 1
+            else:
+                self.dropped[value.cut] += 1
+
+
 @dataclass(eq=False)
 class _Entry:
     """The tensors crossing one cut, per batch (filled batch by batch)."""
@@ -156,6 +195,7 @@ class _Entry:
     nbytes: int = 0
     complete: bool = False
     dropped: bool = False
+    cut: int = -1
 
 
 class _Lru:
@@ -164,6 +204,7 @@ class _Lru:
     def __init__(self, budget: int) -> None:
         self.budget, self.held = budget, 0
         self.items: OrderedDict[str, tuple[object, int]] = OrderedDict()
+        self.on_evict: Callable[[object], None] | None = None
 
     def get(self, key: str) -> object | None:
         got = self.items.get(key)
@@ -191,6 +232,8 @@ class _Lru:
             self.held -= size
             if isinstance(value, _Entry):
                 value.dropped = True
+            if self.on_evict is not None:
+                self.on_evict(value)
 
 
 class IncrementalRunner:
@@ -215,6 +258,8 @@ class IncrementalRunner:
         self._sessions = _Lru(budget)
         self._cache = _Lru(config.cache_bytes)
         self._counts = IncrementalCounts()
+        self._tally = _Tally(len(self.segments) - 1)
+        self._cache.on_evict = self._tally.evicted
 
     @property
     def usable(self) -> bool:
@@ -224,6 +269,13 @@ class IncrementalRunner:
     @property
     def counts(self) -> IncrementalCounts:
         return self._counts
+
+    @property
+    def cuts(self) -> CutCounts:
+        """Per cut, what the activation cache did (and the sessions built again)."""
+        t = self._tally
+        return CutCounts(tuple(t.stored), tuple(t.dropped), tuple(t.evicted_complete),
+                         tuple(t.hits), t.rebuilt, tuple(t.nbytes))
 
     @property
     def cached_bytes(self) -> int:
@@ -262,11 +314,15 @@ class IncrementalRunner:
             yield tuple(sample_first([env[o] for o in outs], batch)), batch
         for e in entries.values():
             e.complete = not e.dropped
+            self._tally.stored[e.cut] += e.complete
+            if e.complete:
+                self._tally.nbytes[e.cut] = e.nbytes
 
     def _start(self, prefixes: Sequence[str]) -> tuple[int, _Entry | None]:
         for k in range(len(prefixes) - 2, -1, -1):  # the deepest cached cut first
             got = self._cache.get(prefixes[k])
             if isinstance(got, _Entry) and got.complete:
+                self._tally.hits[k] += 1
                 return k + 1, got
         return 0, None
 
@@ -275,7 +331,7 @@ class IncrementalRunner:
         for k in range(start, len(prefixes) - 1):  # the cut after the last: the outputs
             got = self._cache.get(prefixes[k])
             if not (isinstance(got, _Entry) and got.complete):  # none, or an abandoned run's
-                entries[k] = _Entry()
+                entries[k] = _Entry(cut=k)
                 self._cache.put(prefixes[k], entries[k], 0)
         return entries
 
@@ -292,6 +348,8 @@ class IncrementalRunner:
         if isinstance(sess, ort.InferenceSession):
             self._counts = self._counts.plus(IncrementalCounts(sessions_reused=1))
             return sess
+        self._tally.rebuilt += key in self._tally.built
+        self._tally.built.add(key)
         proto = build_qdq(segment_model(self.model, self.segments[k]), enc)
         sess = make_session(proto, shared_arena=True)
         self._counts = self._counts.plus(IncrementalCounts(sessions_built=1))
@@ -390,6 +448,11 @@ class IncrementalEngine:
         if note not in self.notes:
             self.notes.append(note)
         return None, note
+
+    @property
+    def cuts(self) -> CutCounts | None:
+        """The current runner's :class:`CutCounts` (None before any)."""
+        return None if self._runner is None else self._runner.cuts
 
     @property
     def counts(self) -> IncrementalCounts:
