@@ -40,7 +40,10 @@ from quantscope.types import Batch
 
 CACHE_BYTES = 1 << 30  # the activation cache's budget where the available memory is unknown
 CACHE_SHARE = 0.5  # the share of the available memory (less the sessions') it may take
-CACHE_PLANS = 2  # it never needs more than this many plans' cuts (the line's, the newest's)
+# at most this many plans' cuts: the line's (every candidate then starts at its changed
+# segment); more would keep the newest plan's own cuts too, which only the plans after a
+# kept one read (and which it recomputes once from where it left the line)
+CACHE_PLANS = 1
 REMEMBER = 32  # plans whose keys are kept to find a new plan's parent
 
 
