@@ -280,13 +280,13 @@ def main() -> None:
         engine = getattr(evaluate, "engine", None)
         if engine is not None:
             row["engine"] = engine.counts.to_dict()
+            if engine.cuts is not None:  # per cut: stored, dropped, evicted, hits
+                row["cache"] = engine.cuts.to_dict()
         if hasattr(evaluate, "ranked_by"):  # ranked elsewhere: the chosen plan in ORT
             row["ranked_by"] = evaluate.ranked_by
             row["confirmed_in_ort"] = naive(setup)(plans[last])
             row["ort_vs_baseline_chosen"] = row["confirmed_in_ort"] - base[0][
                 max(i for i, k in enumerate(base[1]) if k)]
-            if engine.cuts is not None:  # per cut: stored, dropped, evicted, hits
-                row["cache"] = engine.cuts.to_dict()
         racer = getattr(evaluate, "racer", None)
         if racer is not None:
             row["races"] = [{"looks": list(r.looks), "stopped": [e.n for e in r.entries
