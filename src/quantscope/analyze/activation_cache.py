@@ -106,14 +106,18 @@ def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequ
     """The activation cache's budget (``cache_bytes`` when given): :data:`CACHE_PLANS`
     plans' cuts, at most :data:`CACHE_SHARE` of the available memory less the sessions'
     (:data:`CACHE_BYTES` where that is unknown). One plan's cuts: the tensors crossing them
-    (each once: a plan's entries share the arrays) at the largest batch
-    (:func:`~quantscope.analyze.memory.batch_tensor_bytes`), scaled by the tokens of
-    every batch."""
-    tensors = sorted({t for c in crossing for t in c})
+    at the largest batch (:func:`~quantscope.analyze.memory.batch_tensor_bytes`, one
+    inference per number of cuts crossed: a tensor crossing two cuts is in both entries,
+    counted as the cache counts it), scaled by the tokens of every batch."""
+    times: dict[str, int] = {}  # the cuts each tensor crosses (each entry counts it)
+    for c in crossing[:-1]:  # the last: the outputs, never stored
+        for t in c:
+            times[t] = times.get(t, 0) + 1
     tokens = [_tokens(b) for b in batches]
     largest = max(tokens, default=0)
-    plan = 0 if not largest else int(batch_tensor_bytes(model, batches, tensors)
-                                     * sum(tokens) / largest)
+    plan = 0 if not largest else int(sum(
+        n * batch_tensor_bytes(model, batches, [t for t in times if times[t] == n])
+        for n in set(times.values())) * sum(tokens) / largest)
     avail = available if available is not None else available_bytes()
     if cache_bytes is None:
         room = CACHE_BYTES if avail is None else int(CACHE_SHARE * max(avail - session_bytes,
