@@ -120,7 +120,7 @@ def test_the_budget_is_sized_from_the_available_memory_and_said(prepared):
     plan = sum(runner.cuts.entry_bytes)
     mem = runner.memory
     assert abs(mem.plan_bytes - plan) <= 0.05 * plan  # the estimate, before any plan ran
-    assert mem.cache_bytes == mem.plan_bytes  # room for it: the line's cuts
+    assert mem.cache_bytes == 2 * mem.plan_bytes  # the line's cuts and the newest plan's
     crossing = runner._crossing
     tight = cache_memory(model, batches, crossing, 10 << 20, available=(10 << 20) + 40_000)
     assert tight.cache_bytes == 20_000  # half of what the sessions leave

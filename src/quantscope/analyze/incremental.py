@@ -18,7 +18,7 @@ activation cache           per prefix key, per evaluation batch, the tensors cro
                            incumbent, inferred from the plans' keys) last, then the
                            newest plan's own cuts, stale entries first; a budget smaller
                            than a plan's cuts keeps the line's spread over the depth.
-                           Budget: one plan's cuts, at most half the available memory
+                           Budget: two plans' cuts, at most half the available memory
                            less the sessions' (1 GiB where unknown), said in the
                            engine's notes before its first plan runs
 session cache              one ORT session per segment key, written by the one writer
