@@ -265,21 +265,27 @@ def main() -> None:
     loads = [list(os.getloadavg())]
     for name in args.variants.split(","):
         evaluate = VARIANTS[name](setup)
+        cpu = time.process_time()  # the process's CPU (ORT's threads too): on a shared
         values, taken, secs, plans = greedy_sequence(evaluate, names, args.plans, args.seed)
+        cpu = time.process_time() - cpu  # machine a steadier figure than the wall time
         base = base or (values, taken, secs)
         last = max(i for i, k in enumerate(taken) if k)
         done = ~np.isnan(values)
         row = {"variant": name, "plans": len(values), "seconds": round(secs, 2),
+               "cpu_seconds": round(cpu, 2),
                "plans_per_minute": round(60 * len(values) / secs, 2),
                "speedup": round(base[2] / secs, 2), "same_decisions": taken == base[1],
                "max_value_difference": float(np.max(np.abs(
                    np.subtract(values, base[0])[done]))),
                "stopped_by_race": int(np.sum(~done)),
                "chosen": values[last],
-               "chosen_plan": sorted(g for g, _ in plans[last].overrides)}
+               "chosen_plan": sorted(g for g, _ in plans[last].overrides),
+               "values": values}
         engine = getattr(evaluate, "engine", None)
         if engine is not None:
             row["engine"] = engine.counts.to_dict()
+            if engine.cuts is not None:  # per cut: stored, dropped, evicted, hits
+                row["cache"] = {**engine.cuts.to_dict(), "notes": engine.notes}
         if hasattr(evaluate, "ranked_by"):  # ranked elsewhere: the chosen plan in ORT
             row["ranked_by"] = evaluate.ranked_by
             row["confirmed_in_ort"] = naive(setup)(plans[last])

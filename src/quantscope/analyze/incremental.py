@@ -11,14 +11,25 @@ segment key                a content hash of what the segment's Q/DQ depends on:
                            :func:`~quantscope.analyze.segments.encodings_within`)
 prefix key                 the hash of the segment keys of segments ``0..k``
 activation cache           per prefix key, per evaluation batch, the tensors crossing
-                           cut ``k`` (made before, read after or graph outputs); LRU
-                           within ``cache_bytes``; a plan starts after the deepest
-                           cached cut of its own prefix
+                           cut ``k`` (made before, read after or graph outputs); a plan
+                           starts after the deepest cached cut of its own prefix. Kept
+                           for what the search will reuse
+                           (:mod:`~quantscope.analyze.activation_cache`): the *line* (the
+                           incumbent, inferred from the plans' keys) last, then the
+                           newest plan's own cuts, stale entries first; a budget smaller
+                           than a plan's cuts keeps the line's spread over the depth.
+                           Budget: two plans' cuts, at most half the available memory
+                           less the sessions' (1 GiB where unknown), said in the
+                           engine's notes before its first plan runs
 session cache              one ORT session per segment key, written by the one writer
                            (:func:`~quantscope.emulate.qdq.build_qdq` on the segment);
-                           LRU within ``session_bytes`` of weights (default: one copy
-                           of the model's): the sessions of every plan are not held
-                           at once; a plan's own sessions live while it runs
+                           the line's sessions evicted last, within ``session_bytes`` of
+                           weights (default: one plan's sessions and the largest once
+                           more: the line's and a candidate's changed one). Before, the
+                           budget was the model's weights once, less than one plan's
+                           sessions as counted (1 MiB for each without weights): a plan
+                           run from segment 0 evicted the sessions it needed next (on
+                           minilm-l6, 256 pairs: 306 sessions built for 17 plans)
 exact                      the chain of segments computes what the full QDQ model
                            computes (``tests/test_incremental.py``: within 1e-6)
 fallback                   a model with no cut, or a plan measured on another model
@@ -33,16 +44,25 @@ engine measured each (:attr:`IncrementalCounts.engine`).
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
 
-from quantscope.analyze.memory import weight_bytes
+from quantscope.analyze.activation_cache import (
+    ActivationCache,
+    CacheMemory,
+    CutCounts,
+    Entry,
+    Lineage,
+    Seen,
+    SessionCache,
+    Tally,
+    cache_memory,
+)
 from quantscope.analyze.segments import (
     Segment,
     encodings_within,
@@ -69,7 +89,6 @@ from quantscope.types import (
     sample_first,
 )
 
-CACHE_BYTES = 1 << 30  # the activation cache's default budget (1 GiB)
 SESSION_MIN_BYTES = 1 << 20  # what a session without weights counts (its graph, buffers)
 NO_CUT_NOTE = ("incremental evaluation: the model has no cut (no point where one activation "
                "crosses): every plan was measured by a full pass")
@@ -78,10 +97,11 @@ NO_CUT_NOTE = ("incremental evaluation: the model has no cut (no point where one
 @dataclass(frozen=True)
 class IncrementalConfig:
     """Budgets of one runner (bytes): ``cache_bytes`` for the activations crossing the
-    cuts, ``session_bytes`` for the weights of the segment sessions kept between plans
-    (None: the model's weights once)."""
+    cuts (None: sized by :func:`~quantscope.analyze.activation_cache.cache_memory`),
+    ``session_bytes`` for the weights of the segment sessions kept between plans (None:
+    one plan's sessions and the largest once more)."""
 
-    cache_bytes: int = CACHE_BYTES
+    cache_bytes: int | None = None
     session_bytes: int | None = None
 
 
@@ -148,51 +168,6 @@ def _digest_one(h: hashlib.blake2b, kind: str, name: str, e: Encoding) -> None:
     h.update(np.ascontiguousarray(zp).tobytes())
 
 
-@dataclass(eq=False)
-class _Entry:
-    """The tensors crossing one cut, per batch (filled batch by batch)."""
-
-    parts: list[dict[str, np.ndarray]] = field(default_factory=list)
-    nbytes: int = 0
-    complete: bool = False
-    dropped: bool = False
-
-
-class _Lru:
-    """An LRU of values with a size each, within a budget (mutable, private)."""
-
-    def __init__(self, budget: int) -> None:
-        self.budget, self.held = budget, 0
-        self.items: OrderedDict[str, tuple[object, int]] = OrderedDict()
-
-    def get(self, key: str) -> object | None:
-        got = self.items.get(key)
-        if got is None:
-            return None
-        self.items.move_to_end(key)
-        return got[0]
-
-    def put(self, key: str, value: object, size: int) -> None:
-        old = self.items.pop(key, None)
-        self.held -= 0 if old is None else old[1]
-        self.items[key] = (value, size)
-        self.held += size
-        self.trim()
-
-    def grow(self, key: str, size: int) -> None:
-        value, old = self.items[key]
-        self.items[key] = (value, old + size)
-        self.held += size
-        self.trim()
-
-    def trim(self) -> None:
-        while self.held > self.budget and self.items:
-            _, (value, size) = self.items.popitem(last=False)
-            self.held -= size
-            if isinstance(value, _Entry):
-                value.dropped = True
-
-
 class IncrementalRunner:
     """The emulated outputs of plans of one model on fixed batches, each plan run from
     its first changed segment (module docstring). Stateful: the caches and the counts."""
@@ -209,11 +184,17 @@ class IncrementalRunner:
                               for s in self.segments)
         self._crossing = _crossing(model, self.segments)
         self._weights = segment_bytes(model, self.segments)
-        budget = config.session_bytes
-        if budget is None:  # room for one whole plan's sessions
-            budget = max(weight_bytes(model), len(self.segments) * SESSION_MIN_BYTES)
-        self._sessions = _Lru(budget)
-        self._cache = _Lru(config.cache_bytes)
+        self._session_size = [max(w, SESSION_MIN_BYTES) for w in self._weights]
+        budget = config.session_bytes  # default: the line's sessions and a candidate's
+        if budget is None:
+            budget = sum(self._session_size) + max(self._session_size)
+        self.memory: CacheMemory = cache_memory(model, self.batches, self._crossing, budget,
+                                                cache_bytes=config.cache_bytes)
+        self._lineage = Lineage()
+        self._tally = Tally(len(self.segments) - 1)
+        self._sessions = SessionCache(budget, lambda key: key in self._lineage.line_keys)
+        self._cache = ActivationCache(self.memory.cache_bytes, len(self.segments) - 1,
+                                      len(self.batches), self._lineage, self._tally)
         self._counts = IncrementalCounts()
 
     @property
@@ -224,6 +205,11 @@ class IncrementalRunner:
     @property
     def counts(self) -> IncrementalCounts:
         return self._counts
+
+    @property
+    def cuts(self) -> CutCounts:
+        """Per cut, what the activation cache did (and the sessions built again)."""
+        return self._tally.counts()
 
     @property
     def cached_bytes(self) -> int:
@@ -246,56 +232,45 @@ class IncrementalRunner:
         seg_encs = [encodings_within(enc, t) for t in self._tensors]
         keys = [_digest_encodings(k, e) for k, e in enumerate(seg_encs)]
         prefixes = _prefixes(keys)
+        self._cache.plan += 1
+        self._lineage.place(Seen(tuple(prefixes), tuple(keys)))
         start, cached = self._start(prefixes)
         sessions = [self._session(k, keys[k], seg_encs[k]) for k in range(start, len(keys))]
         self._count(start, len(keys), hit=start > 0)
-        entries = self._open_entries(prefixes, start)
+        # the cuts after the start (the one after the last segment: the outputs)
+        entries = {k: self._cache.open(prefixes[k], k) for k in range(start, len(keys) - 1)}
+        parts = cached.parts if cached is not None else None  # held here even if evicted
         outs = self.model.output_names()
         for b, batch in enumerate(self.batches):
             env: dict[str, np.ndarray] = dict(batch)
-            if cached is not None:
-                env.update(cached.parts[b])
+            if parts is not None:
+                env.update(parts[b])
             for k, sess in enumerate(sessions, start=start):
                 env.update(run_segment(sess, self.segments[k].outputs, env))
                 if k in entries:
-                    self._keep(entries[k], prefixes[k], {t: env[t] for t in self._crossing[k]})
+                    self._cache.grow(entries[k], {t: env[t] for t in self._crossing[k]})
             yield tuple(sample_first([env[o] for o in outs], batch)), batch
         for e in entries.values():
-            e.complete = not e.dropped
+            self._cache.close(e)
 
-    def _start(self, prefixes: Sequence[str]) -> tuple[int, _Entry | None]:
+    def _start(self, prefixes: Sequence[str]) -> tuple[int, Entry | None]:
         for k in range(len(prefixes) - 2, -1, -1):  # the deepest cached cut first
             got = self._cache.get(prefixes[k])
-            if isinstance(got, _Entry) and got.complete:
+            if got is not None:
                 return k + 1, got
         return 0, None
-
-    def _open_entries(self, prefixes: Sequence[str], start: int) -> dict[int, _Entry]:
-        entries = {}
-        for k in range(start, len(prefixes) - 1):  # the cut after the last: the outputs
-            got = self._cache.get(prefixes[k])
-            if not (isinstance(got, _Entry) and got.complete):  # none, or an abandoned run's
-                entries[k] = _Entry()
-                self._cache.put(prefixes[k], entries[k], 0)
-        return entries
-
-    def _keep(self, entry: _Entry, key: str, tensors: dict[str, np.ndarray]) -> None:
-        if entry.dropped:
-            return
-        size = sum(int(v.nbytes) for v in tensors.values())
-        entry.parts.append(tensors)
-        entry.nbytes += size
-        self._cache.grow(key, size)
 
     def _session(self, k: int, key: str, enc: Encodings) -> ort.InferenceSession:
         sess = self._sessions.get(key)
         if isinstance(sess, ort.InferenceSession):
             self._counts = self._counts.plus(IncrementalCounts(sessions_reused=1))
             return sess
+        self._tally.rebuilt += key in self._tally.built
+        self._tally.built.add(key)
         proto = build_qdq(segment_model(self.model, self.segments[k]), enc)
         sess = make_session(proto, shared_arena=True)
         self._counts = self._counts.plus(IncrementalCounts(sessions_built=1))
-        self._sessions.put(key, sess, max(self._weights[k], SESSION_MIN_BYTES))
+        self._sessions.put(key, sess, self._session_size[k])
         return sess
 
     def _count(self, start: int, n: int, *, hit: bool) -> None:
@@ -383,6 +358,8 @@ class IncrementalEngine:
                                                  method=self.method, config=self.config)
         if not r.usable:
             return self._fallback(NO_CUT_NOTE)
+        if r.memory.text() not in self.notes:  # said once, before its first plan runs
+            self.notes.append(r.memory.text())
         return r, None
 
     def _fallback(self, note: str) -> tuple[None, str]:
@@ -390,6 +367,11 @@ class IncrementalEngine:
         if note not in self.notes:
             self.notes.append(note)
         return None, note
+
+    @property
+    def cuts(self) -> CutCounts | None:
+        """The current runner's :class:`CutCounts` (None before any)."""
+        return None if self._runner is None else self._runner.cuts
 
     @property
     def counts(self) -> IncrementalCounts:
