@@ -16,6 +16,7 @@ graph. Variants:
 ``base+CLASS:P``       ``base`` with CLASS's groups at precision P (e.g. ``float``)
 ``all16-CLASS``        uniform a16_w16 with CLASS's groups at a8_w8
 ``all16-CLASS:P``      uniform a16_w16 with CLASS's groups at P
+``V~CLASS=METHOD``     variant V with CLASS's outputs' range method METHOD (mse, …)
 =====================  ==============================================================
 
 Classes (by group name): see :data:`CLASSES`.
@@ -29,7 +30,6 @@ import re
 import sys
 import time
 from pathlib import Path
-
 
 from quantscope.model.groups import find_groups
 from quantscope.plan.phase_search import candidate_plans, rank_by_range
@@ -60,17 +60,29 @@ CLASSES["proj"] = "|".join(CLASSES[k] for k in ("q", "k", "v", "o", "gate", "up"
 
 
 def members(names: list[str], cls: str) -> list[str]:
-    return [n for n in names if re.search(CLASSES[cls], n)]
+    """The groups of ``cls``; ``cls.3.7`` only those of layers 3 and 7."""
+    cls, *layers = cls.split(".")
+    picked = [n for n in names if re.search(CLASSES[cls], n)]
+    return [n for n in picked if n.split(".")[1] in layers] if layers else picked
 
 
 def variant(label: str, names: list[str], base: Plan, target: str) -> Plan:
+    """The plan a variant label names; ``LABEL~CLASS=METHOD`` also sets the range method of
+    CLASS's group outputs (``mse``, ``percentile``; a group's output is named as it)."""
+    import dataclasses
+
+    if "~" in label:
+        label, _, rest = label.partition("~")
+        cls, _, method = rest.partition("=")
+        plan = variant(label, names, base, target)
+        return dataclasses.replace(plan, ranges=tuple((n, method) for n in members(names, cls)))
     if label == "a8":
         return Plan(default=Precision.A8_W8, target=target)
     if label == "all16":
         return Plan(default=Precision.A16_W16, target=target)
     if label == "base":
         return base
-    m = re.fullmatch(r"(base\+|all16-)(\w+)(?::(\w+))?", label)
+    m = re.fullmatch(r"(base\+|all16-)([\w.]+)(?::(\w+))?", label)
     if not m:
         raise SystemExit(f"unknown variant {label!r}")
     start, cls, prec = m.groups()
@@ -111,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.smooth:
         sites, _, alpha = a.smooth.partition(":")
         folder = Path(a.rotate) if a.rotate else Path(str(spec)).parent
-        out = folder / f"smooth-{sites}-{alpha or '0.5'}.prefill.onnx"
+        out = folder / f"smooth-{sites}-{alpha or '0.5'}-c{a.calibration}.prefill.onnx"
         if not out.is_file():
             print(smooth_phase_files(spec, out, alpha=float(alpha or 0.5), setup=setup0,
                                      sites=sites, prefix=a.prefix), flush=True)
@@ -121,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     windows, _ = lm_text(spec, setup)
     kv = lm_prefix(spec, a.prefix, windows)
     opener = _opener(spec, kv)
+    print(f"prefix: {kv.to_dict() if kv else None}", flush=True)
     stats = calibrate_phases(opener, windows, steps=setup.steps)
     print(f"calibrated ({time.perf_counter() - t0:.0f} s)", flush=True)
     labels = a.variants.split(",")

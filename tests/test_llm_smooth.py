@@ -8,7 +8,7 @@ import onnx
 from decoder_tiny import byte_decoder
 
 from quantscope import stages_llm
-from quantscope.model.load import load
+from quantscope.model.load import load, load_proto
 
 SETUP = stages_llm.LmSetup(seq_len=16, calibration=4, evaluation=2, steps=2)
 
@@ -121,3 +121,24 @@ def test_smooth_sites_are_checked_in_one_line(tmp_path) -> None:
         stages_llm.smooth_phase_files(byte_decoder(tmp_path), tmp_path / "x.prefill.onnx",
                                       setup=SETUP, sites="mlp")
     assert not list(tmp_path.glob("x.*"))
+
+
+def test_a_gated_product_is_a_site_only_when_asked(tmp_path) -> None:
+    from quantscope.repair.smooth import find_sites
+
+    model = load(byte_decoder(tmp_path))
+    sites, skipped = find_sites(model)
+    assert dict(skipped)["layers.0.mlp.gated"].startswith("produced by Mul")
+    assert {s.tensor for s in sites} == {"layers.0.attn_norm", "layers.0.mlp_norm",
+                                         "layers.1.attn_norm", "layers.1.mlp_norm", "norm"}
+    sites, _ = find_sites(model, gated=True, producers=("Mul",))
+    assert [(s.tensor, s.divide, s.multiply) for s in sites] == [
+        (f"layers.{i}.mlp.gated", ((f"layers.{i}.up_proj.weight.T", 1),),
+         ((f"layers.{i}.down_proj.weight.T", 0),)) for i in range(2)]
+    # the up projection's output read by another node too: 1/s would change that reader
+    proto = model.proto
+    proto.graph.node.append(onnx.helper.make_node("Identity", ["layers.0.up_proj"], ["extra"],
+                                                  name="extra"))
+    proto.graph.output.append(onnx.helper.make_tensor_value_info("extra", 1, [1, "s", 48]))
+    _, skipped = find_sites(load_proto(proto), gated=True)
+    assert "not a gated product" in dict(skipped)["layers.0.mlp.gated"]
