@@ -365,27 +365,44 @@ def rewrite_phase_files(spec: str | Path, name: str, out: str | Path, config: An
 
 
 def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
-                       setup: LmSetup = LmSetup(), rtol: float = 1e-4) -> dict[str, str]:
-    """SmoothQuant (:func:`quantscope.repair.smooth.smooth_outliers`: RMSNorm gains / s,
-    the Linears reading them x s) on both phase graphs with the scales of the prefill
-    graph's calibration (so both get the same weights, checked), FP32 checked per phase
-    within ``rtol`` (30 layers in float32: 1e-4, as ``rotate``), written as a decoder's
-    files. Returns phase -> what it did."""
+                       setup: LmSetup = LmSetup(), rtol: float = 1e-4,
+                       sites: str = "norms", prefix: str | tuple[int, ...] = "none"
+                       ) -> dict[str, str]:
+    """SmoothQuant (:func:`quantscope.repair.smooth.smooth_outliers`) on both phase graphs
+    with the scales of the prefill graph's calibration (so both get the same weights,
+    checked), FP32 checked per phase within ``rtol`` (30 layers in float32: 1e-4, as
+    ``rotate``), written as a decoder's files. ``sites``: ``norms`` (the RMSNorm outputs:
+    gains / s, the Linears reading them x s; and any other site a producer's weights can
+    take), ``gated`` (only each MLP's gated product ``silu(gate) * up``: up projection
+    columns / s, down projection rows x s), ``all`` (both). ``prefix``: calibrate with
+    that constant KV prefix (:func:`lm_prefix`), so the sink token's activation does not
+    set the scales. Returns phase -> what it did."""
     from quantscope.model.phases import phase_shapes
     from quantscope.repair.smooth import smooth_outliers
     from quantscope.repair.tokens import sample_feeds
 
+    if sites not in SMOOTH_SITES:
+        raise QuantscopeError(f"smooth sites must be one of {', '.join(SMOOTH_SITES)}, "
+                              f"not '{sites}'")
     windows, _ = lm_text(spec, setup)
-    stats = calibrate_phases(_opener(spec), windows, steps=setup.steps)["prefill"]
+    kv = lm_prefix(spec, prefix, windows)
+    stats = calibrate_phases(_opener(spec, kv), windows, steps=setup.steps)["prefill"]
+    gated, producers = SMOOTH_SITES[sites]
 
     def one(phase: str) -> tuple[onnx.ModelProto, str]:
         model = open_phase(spec, phase)
         feeds = sample_feeds(model, (setup.seq_len,), what="smooth",
                              shapes=phase_shapes(model, phase, setup.seq_len))
-        r = smooth_outliers(model, stats, feeds, alpha=alpha, rtol=rtol)
+        r = smooth_outliers(model, stats, feeds, alpha=alpha, rtol=rtol, gated=gated,
+                            producers=producers)
         return r.proto, f"{r.reason} {dict(r.effect)}"
 
     return write_phase_files(spec, "smooth", one, out)
+
+
+# smooth_phase_files' sites -> (smooth_outliers' gated, producers)
+SMOOTH_SITES: dict[str, tuple[bool, tuple[str, ...] | None]] = {
+    "norms": (False, None), "gated": (True, ("Mul",)), "all": (True, None)}
 
 
 def write_phase_files(spec: str | Path, what: str,
@@ -428,7 +445,7 @@ def write_phase_files(spec: str | Path, what: str,
 
 
 __all__ = ["DECODE_STEPS", "EVAL_TOKENS", "NEW_TOKENS", "PROMPTS", "LmPrefix", "LmSetup",
-           "PhasePlan", "check_plan_phases", "diagnose_model",
+           "PhasePlan", "SMOOTH_SITES", "check_plan_phases", "diagnose_model",
            "diagnose_phases", "document_token", "format_lm_quality", "format_prefix",
            "lm_prefix", "recorded_prefix",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",

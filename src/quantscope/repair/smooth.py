@@ -9,6 +9,11 @@ Where ``1/s`` goes (the producer of ``t``)
 ``LayerNormalization`` (last axis)           ``gamma / s`` and ``beta / s``
 ``RMSNormalization`` (last axis)             ``gain / s`` (a decoder's norms)
 ``MatMul`` (+ bias ``Add``) / ``Gemm``       weight output columns and bias ``/ s``
+``Mul`` of a gated MLP (``gated=True``)      the weight output columns of the one
+                                             operand a ``MatMul`` writes for this ``Mul``
+                                             alone (a decoder's up projection: ``silu(g)
+                                             * (x W_up)``, channel ``j`` of the product
+                                             is ``j`` of ``x W_up`` times a factor)
 anything else                                skipped
 ===========================================  ==========================================
 
@@ -24,7 +29,7 @@ Conditions (each failure is recorded in ``Repair.skipped`` with the reason)
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,14 +79,31 @@ def _consumer_weight(
     return None
 
 
+def _gated_scalables(
+    node: onnx.NodeProto, prod: dict[str, onnx.NodeProto], inits: dict[str, np.ndarray],
+    cons: dict[str, list[onnx.NodeProto]],
+) -> tuple[tuple[str, int], ...] | str:
+    """The up projection's weight columns of a gated product ``Mul(a, x @ W)``: the one
+    operand a ``MatMul`` with an initializer weight writes for this ``Mul`` alone."""
+    ups = [prod[i] for i in node.input if i in prod and prod[i].op_type == "MatMul"
+           and prod[i].input[1] in inits and inits[prod[i].input[1]].ndim == 2
+           and [c.name for c in cons.get(i, [])] == [node.name]]
+    if len(ups) != 1 or len(set(node.input)) != 2:
+        return "a Mul that is not a gated product (one factor a MatMul read by it alone)"
+    return ((ups[0].input[1], 1),)
+
+
 def _producer_scalables(
-    model: Model, t: str, inits: dict[str, np.ndarray]
+    model: Model, t: str, inits: dict[str, np.ndarray], *, gated: bool = False,
+    cons: dict[str, list[onnx.NodeProto]] | None = None,
 ) -> tuple[tuple[str, int], ...] | str:
     """Initializers (and their channel axis) that carry 1/s for ``t``'s producer, or why not."""
     prod = {o: n for n in model.graph.node for o in n.output}
     node = prod.get(t)
     if node is None:
         return "produced by no node (a graph input)"
+    if node.op_type == "Mul" and gated:
+        return _gated_scalables(node, prod, inits, cons or consumers_of(model.graph))
     if node.op_type == "LayerNormalization":
         rank = len(model.value_shapes().get(node.input[0], ()))
         if attr(node, "axis", -1) not in (-1, rank - 1):
@@ -119,15 +141,20 @@ def _candidates(model: Model, inits: dict[str, np.ndarray]) -> list[str]:
 
 
 def find_sites(
-    model: Model, *, rescale_others: bool = False
+    model: Model, *, rescale_others: bool = False, gated: bool = False,
+    producers: Collection[str] | None = None,
 ) -> tuple[list[_Site], list[tuple[str, str]]]:
-    """Inputs of linear ops that can be smoothed, and why the others cannot."""
+    """Inputs of linear ops that can be smoothed, and why the others cannot; with
+    ``producers`` only the inputs made by those op types are looked at."""
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     cons, counts = consumers_of(model.graph), use_counts(model.graph)
     outputs = set(model.output_names())
+    made_by = {o: n.op_type for n in model.graph.node for o in n.output}
     sites, skipped = [], []
     for t in _candidates(model, inits):
-        divide = _producer_scalables(model, t, inits)
+        if producers is not None and made_by.get(t) not in producers:
+            continue
+        divide = _producer_scalables(model, t, inits, gated=gated, cons=cons)
         linear = {c.name: _consumer_weight(c, t, inits) for c in cons.get(t, [])}
         others = tuple(name for name, w in linear.items() if w is None)
         touched = [] if isinstance(divide, str) else [*divide, *(v for v in linear.values() if v)]
@@ -193,12 +220,16 @@ def smooth_outliers(
     alpha: float = 0.5,
     rescale_others: bool = False,
     rtol: float = FP32_RTOL,
+    gated: bool = False,
+    producers: Collection[str] | None = None,
 ) -> Repair:
     """Migrate LayerNorm-output outliers into the consuming linear ops' weights (checked
-    within ``rtol``)."""
+    within ``rtol``); ``gated``: also a gated MLP's product (1/s into the up projection);
+    ``producers``: only the sites made by those op types (e.g. ``("Mul",)``)."""
     start = time.perf_counter()
     m = as_model(model)
-    sites, skipped = find_sites(m, rescale_others=rescale_others)
+    sites, skipped = find_sites(m, rescale_others=rescale_others, gated=gated,
+                                producers=producers)
     inits = {t.name: numpy_helper.to_array(t) for t in m.graph.initializer}
     arrays: dict[str, np.ndarray] = {}
     changes: list[Change] = []
