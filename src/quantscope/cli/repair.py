@@ -19,7 +19,7 @@ from quantscope.cli.options import (
 from quantscope.cli.types import output_file, positive_int, repair_names
 from quantscope.emulate.evaluate import run_model
 from quantscope.repair.apply import run_repairs
-from quantscope.repair.registry import DEFAULT_REPAIRS
+from quantscope.repair.registry import DEFAULT_REPAIRS, REGISTRY
 
 
 def add_repair(sub: argparse._SubParsersAction, summary: str) -> None:
@@ -29,9 +29,9 @@ def add_repair(sub: argparse._SubParsersAction, summary: str) -> None:
                  parents=(model_parent(), data_parent(), output_parent(), stats_parent(),
                           plan_parent(), tokenizer_parent(), pairs_parent(1000, "evaluated")))
     rp.add_argument("--repairs", default=None, type=repair_names,
-                    help="comma list of equalize, smooth, split, bias, adaround, ranges; "
-                    "default: the repairs the plan lists (from `plan --repairs`), else "
-                    "equalize,smooth,bias,ranges (split is never a default: it widens layers)")
+                    help=f"comma list of {', '.join(REGISTRY)}; default: the repairs the "
+                    f"plan lists (from `plan --repairs`), else {','.join(DEFAULT_REPAIRS)} "
+                    "(split is never a default: it widens layers)")
     rp.add_argument("--proxy", default="local", choices=["local", "output"],
                     help="range choice by local histogram error (fast) or output error "
                     "(default: local)")

@@ -16,6 +16,9 @@ rank4_linears       Linear + bias groups on 3-D tensors run   preserved (checked
 correct_biases      biases of weighted ops (bias -= E[err])   changed on purpose
 choose_range_method per-tensor range method (no graph edit)   unchanged
 adaround            weights moved onto their integer grid     changed on purpose
+gptq                4/8-bit Linear weights rounded onto their changed on purpose
+                    grid with GPTQ's error feedback (H from
+                    the calibration inputs)
 ==================  ========================================  ====================
 
 Every transform is a plain function returning a frozen :class:`Repair`: the new FP32
