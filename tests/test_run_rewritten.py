@@ -18,6 +18,18 @@ def _digests(folder: Path) -> dict[str, str]:
             if p.is_file() and p.name not in (MANIFEST, ".run.lock")}
 
 
+def _headsplit_run(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """A tiny encoder, its token data and ``run --headsplit``'s argv (model, folder, argv)."""
+    model = tmp_path / "enc.onnx"
+    onnx.save(_encoder(), model)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (16, SEQ)).astype(np.int64),
+             attention_mask=np.ones((16, SEQ), np.int64))
+    out = tmp_path / "W"
+    return model, out, ["run", str(model), "--data", str(tmp_path / "x.npz"), "--target",
+                        "hailo10h", "--out", str(out), "--headsplit"]
+
+
 def test_rerun_reuses_the_rewritten_model_until_the_model_changes(tmp_path, capsys,
                                                                    monkeypatch):
     calls = []
@@ -28,14 +40,7 @@ def test_rerun_reuses_the_rewritten_model_until_the_model_changes(tmp_path, caps
         return real(*args, **kwargs)
 
     monkeypatch.setattr(context, "run_rewrite", counted)
-    model = tmp_path / "enc.onnx"
-    onnx.save(_encoder(), model)
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (16, SEQ)).astype(np.int64),
-             attention_mask=np.ones((16, SEQ), np.int64))
-    out = tmp_path / "W"
-    argv = ["run", str(model), "--data", str(tmp_path / "x.npz"), "--target", "hailo10h",
-            "--out", str(out), "--headsplit"]
+    model, out, argv = _headsplit_run(tmp_path)
     assert main(argv) == 0
     assert calls == ["headsplit"] and (out / context.REWRITTEN).is_file()
     assert "rewritten model reused" not in capsys.readouterr().err
@@ -69,14 +74,7 @@ def test_the_reused_rewritten_model_is_read_as_the_run_loaded_it(tmp_path, capsy
 
     from quantscope import stages
 
-    model = tmp_path / "enc.onnx"
-    onnx.save(_encoder(), model)
-    rng = np.random.default_rng(0)
-    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (16, SEQ)).astype(np.int64),
-             attention_mask=np.ones((16, SEQ), np.int64))
-    out = tmp_path / "W"
-    argv = ["run", str(model), "--data", str(tmp_path / "x.npz"), "--target", "hailo10h",
-            "--out", str(out), "--headsplit"]
+    model, out, argv = _headsplit_run(tmp_path)
     assert main(argv) == 0
     first = _digests(out)
     kept = json.loads((out / context.REWRITTEN_KEY).read_text())
