@@ -154,6 +154,13 @@ def weight_encoding(
     )
 
 
+
+def reencode(w: np.ndarray, enc: Encoding, *, symmetric: bool) -> Encoding:
+    """The encoding the emulation derives again from ``w`` on ``enc``'s grid (its bits,
+    signedness and axis): what a weight written back by a rounding repair is read with."""
+    axis = None if enc.axis is None else enc.axis % w.ndim
+    return weight_encoding(w, enc.bits, axis=axis, signed=enc.signed, symmetric=symmetric)
+
 def default_channel_axis(shape: tuple[int, ...]) -> int | None:
     """The channel axis of an output of ``shape`` (batch first) when the graph does not
     say: 1 for rank >= 3 (``N, C, ...``), the last axis for rank 2, none for rank 1."""

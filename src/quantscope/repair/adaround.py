@@ -60,7 +60,7 @@ from quantscope.emulate.session import make_session, runner
 from quantscope.model.groups import find_groups
 from quantscope.model.layouts import layout_of
 from quantscope.model.load import Model
-from quantscope.numerics import quantize, weight_encoding
+from quantscope.numerics import quantize, reencode
 from quantscope.repair import (
     Change,
     Repair,
@@ -422,8 +422,7 @@ def _scale_like(enc: Encoding, w: np.ndarray) -> np.ndarray:
 
 def _reproduces(w: np.ndarray, q: np.ndarray, enc: Encoding) -> bool:
     """True when re-encoding ``w`` and quantizing it gives back ``q`` exactly."""
-    axis = None if enc.axis is None else (enc.axis % w.ndim)
-    again = weight_encoding(w, enc.bits, axis=axis, signed=enc.signed, symmetric=True)
+    again = reencode(w, enc, symmetric=True)  # symmetric assumed (asymmetric: see repairs.md)
     return bool(np.array_equal(quantize(w, again), q.astype(np.int32)))
 
 

@@ -61,7 +61,7 @@ from quantscope.emulate.qdq import scheme_for
 from quantscope.emulate.session import make_session, runner
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
-from quantscope.numerics import dequantize, quantize, weight_encoding
+from quantscope.numerics import dequantize, quantize, reencode
 from quantscope.repair import (
     Change,
     Repair,
@@ -240,8 +240,7 @@ def _grid(w: np.ndarray, enc: Encoding, symmetric: bool
 
 def _exact(new: np.ndarray, enc: Encoding, symmetric: bool) -> bool:
     """The emulation re-derives ``enc`` from ``new`` and ``DQ(Q(new)) == new`` exactly."""
-    axis = None if enc.axis is None else enc.axis % new.ndim
-    again = weight_encoding(new, enc.bits, axis=axis, signed=enc.signed, symmetric=symmetric)
+    again = reencode(new, enc, symmetric=symmetric)
     return bool(np.array_equal(again.scale, enc.scale)
                 and np.array_equal(again.zero_point, enc.zero_point)
                 and np.array_equal(dequantize(quantize(new, again), again), new))
