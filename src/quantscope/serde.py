@@ -478,7 +478,9 @@ def _task_ranked(obj: dict[str, Any], where: str) -> Sensitivity | None:
     higher = bool(obj.get("higher_is_better", True))
     sign = 1.0 if higher else -1.0
     base = float(base_row[primary])
-    gains = {str(r["group"]): {high: max(sign * (float(r["disable_one"][primary]) - base), 0.0)}
+    # a unit's parts (swept as one, analyze.report.GroupSensitivity) share its gain evenly
+    gains = {str(r["group"]): {high: max(sign * (float(r["disable_one"][primary]) - base), 0.0)
+                               / max(int(r.get("unit_size", 1)), 1)}
              for r in rows}
     ref = obj.get("baselines", {}).get(high.value, {}).get(primary)
     n = obj.get("method", {}).get("rows")

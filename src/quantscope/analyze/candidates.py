@@ -5,6 +5,9 @@ enable-one g    plan: ``g`` at ``low``, every other group float
 disable-one g   plan: every group at ``low`` except ``g`` at ``high``
 ==============  =======================================================================
 
+``units`` (:func:`quantscope.model.units.sweep_units`): a token- or head-split layer's
+groups are one candidate, ``g`` standing for all its members at once.
+
 A tensor's encoding depends only on its bit width (and the stats), so every candidate's
 encodings are assembled from one uniform encoding per precision
 (:func:`encodings_table`, :func:`mixed_encodings`) instead of one ``encode`` per plan.
@@ -12,11 +15,12 @@ encodings are assembled from one uniform encoding per precision
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from quantscope.emulate.encode import encode
 from quantscope.model.load import Model
+from quantscope.model.units import Unit
 from quantscope.types import Encodings, Groups, Plan, Precision, QuantScheme, Stats
 
 SWEEPS = ("enable_one", "disable_one")
@@ -24,18 +28,32 @@ SWEEPS = ("enable_one", "disable_one")
 
 @dataclass(frozen=True)
 class Candidate:
-    group: str
+    group: str  # the group, or the unit its members are swept as
     sweep: str  # "enable_one" | "disable_one"
     plan: Plan
+    members: tuple[str, ...] = ()  # a unit's groups (empty: just ``group``)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The groups this candidate moves."""
+        return self.members or (self.group,)
 
 
 def candidates(groups: Groups, low: Precision, high: Precision,
-               only: Collection[str] | None = None) -> tuple[Candidate, ...]:
-    """Both sweeps over every group (``only``: over these groups, in group order),
-    enable-one first."""
-    names = [g for g in groups.names() if only is None or g in only]
-    enable = [Candidate(g, "enable_one", Plan(Precision.FLOAT, ((g, low),))) for g in names]
-    disable = [Candidate(g, "disable_one", Plan(low, ((g, high),))) for g in names]
+               only: Collection[str] | None = None,
+               units: Sequence[Unit] | None = None) -> tuple[Candidate, ...]:
+    """Both sweeps over every group (``only``: over these groups, in group order; ``units``:
+    over these units instead, each moving all its members), enable-one first."""
+    if units is None:
+        units = [(g, (g,)) for g in groups.names() if only is None or g in only]
+
+    def cand(name: str, members: tuple[str, ...], sweep: str, base: Precision,
+             moved: Precision) -> Candidate:
+        return Candidate(name, sweep, Plan(base, tuple((g, moved) for g in members)),
+                         members if members != (name,) else ())
+
+    enable = [cand(u, m, "enable_one", Precision.FLOAT, low) for u, m in units]
+    disable = [cand(u, m, "disable_one", low, high) for u, m in units]
     return (*enable, *disable)
 
 

@@ -38,6 +38,7 @@ from quantscope.analyze.sweeps import SweepResult, sweep_fast, sweep_segments
 from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
+from quantscope.model.units import sweep_units
 from quantscope.parallel import Executor
 from quantscope.progress import say
 from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats, batch_rows
@@ -46,6 +47,9 @@ RECOVER_TOP = (1, 2, 4, 8)  # the recovery plans, when asked for (``recover_top`
 RECOVERY_NOTE = ("recovery plans (uniform {low} with the top 1, 2, 4, 8 offenders at {high}, "
                  "one full pass each) not computed: the planner does not read them "
                  "(analyze(..., recover_top=(1, 2, 4, 8)) computes them)")
+UNITS_NOTE = ("{parts} groups of token- or head-split layers swept as {units} units (e.g. "
+              "'{example}'): each unit's parts moved together, its gain split evenly among "
+              "them; the planner still promotes parts one by one and measures its plans")
 # the ranking's metric: the worst output channel's SQNR when the scorer reports it (a
 # Concat of boxes and class scores leaves the whole-output SQNR unmoved), else the output's
 CHANNEL_KEY = "sqnr_db_channel_min"
@@ -60,16 +64,25 @@ def rank_key(metrics: dict[str, float]) -> str:
 def _sensitivity(
     res: SweepResult, groups: Groups, scorer: Scorer | None
 ) -> tuple[GroupSensitivity, ...]:
-    by = {(c.group, c.sweep): i for i, c in enumerate(res.candidates)}
+    """One row per swept group; a unit's members share its metrics (computed once)."""
+    by = {(g, c.sweep): i for i, c in enumerate(res.candidates) for g in c.names}
+    done: dict[int, dict[str, float]] = {}
 
     def metrics(g: str, sweep: str) -> dict[str, float]:
         i = by[(g, sweep)]
-        ref, rows = res.ref_of(i), res.rows[i]
-        return scorer(ref, rows) if scorer else fidelity(ref, rows)
+        if i not in done:
+            ref, rows = res.ref_of(i), res.rows[i]
+            done[i] = scorer(ref, rows) if scorer else fidelity(ref, rows)
+        return dict(done[i])
+
+    def unit(g: str) -> tuple[str, int]:
+        c = res.candidates[by[(g, "disable_one")]]
+        return (c.group, len(c.members)) if c.members else ("", 1)
 
     return tuple(
         GroupSensitivity(
-            g.name, g.op_type, metrics(g.name, "enable_one"), metrics(g.name, "disable_one")
+            g.name, g.op_type, metrics(g.name, "enable_one"), metrics(g.name, "disable_one"),
+            *unit(g.name)
         )
         for g in groups.groups if (g.name, "disable_one") in by
     )
@@ -112,9 +125,12 @@ def _reasons(
     key: str = "sqnr_db",
 ) -> tuple[str, ...]:
     what = "worst output channel's SQNR" if key == CHANNEL_KEY else "output SQNR"
+    alone = "alone" if sens.unit_size == 1 else (
+        f"with its {sens.unit_size} parts ('{sens.unit}', swept as one; the gain split "
+        "evenly)")
     out = [
-        f"alone at low: {what} {sens.enable_one[key]:.1f} dB; promoting it "
-        f"alone: {low_sqnr:.1f} -> {sens.disable_one[key]:.1f} dB"
+        f"{alone} at low: {what} {sens.enable_one[key]:.1f} dB; promoting it "
+        f"{alone.split(' (')[0]}: {low_sqnr:.1f} -> {sens.disable_one[key]:.1f} dB"
     ]
     for t in outputs:
         n = noise.get(t)
@@ -146,12 +162,12 @@ def _offenders(
     by_w: dict[str, list[WeightIssue]] = {}
     for w in weights:
         by_w.setdefault(w.group, []).append(w)
-    ranked = sorted(sens, key=lambda s: -s.disable_one[key])
+    ranked = sorted(sens, key=lambda s: -(s.disable_one[key] - low_sqnr) / s.unit_size)
     outs = groups.by_name()
     return tuple(
         Offender(
             s.group,
-            s.disable_one[key] - low_sqnr,
+            (s.disable_one[key] - low_sqnr) / s.unit_size,
             _reasons(s.group, s, low_sqnr, by_t, by_o, by_w, outs[s.group].outputs, key),
         )
         for s in ranked
@@ -189,7 +205,8 @@ def _method(
         "rows_per_sweep": dict(res.row_counts),
         "rows": int(rows),
         "sweep_seconds": res.seconds,
-        "groups_swept": len({c.group for c in res.candidates}),
+        "groups_swept": len({g for c in res.candidates for g in c.names}),
+        "candidates_per_sweep": len({c.group for c in res.candidates}),
     }
     if proxy_fraction >= 1:
         return method, ()
@@ -252,8 +269,14 @@ def analyze(
             model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
         )
         collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
+    only = _swept(groups, skipped)
+    units = sweep_units(model, groups, only)
+    joint = [u for u in units if len(u[1]) > 1]
+    say(f"analyze: {len(units)} candidates per sweep for {sum(len(m) for _, m in units)} "
+        f"groups: a token- or head-split layer's {sum(len(m) for _, m in joint)} parts swept "
+        f"as {len(joint)} units", show=progress and bool(joint))
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
-          "executor": executor, "only": _swept(groups, skipped)}
+          "executor": executor, "only": only, "units": units if joint else None}
     res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
     sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 or scorer.row_local else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
@@ -272,6 +295,8 @@ def analyze(
     recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
                           ref, scheme) for k in recover_top]
     method, notes = _method(res, proxy_fraction, len(ref))
+    notes += tuple(UNITS_NOTE.format(parts=sum(len(m) for _, m in joint), units=len(joint),
+                                     example=joint[0][0]) for _ in joint[:1])
     notes += _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
         RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
     return Analysis(

@@ -26,6 +26,10 @@ class GroupSensitivity:
     op_type: str
     enable_one: Metrics  # only this group at low; metrics vs FP32
     disable_one: Metrics  # everything low but this group at high
+    # swept with the other groups of its unit (model.units), all moved together: the
+    # metrics are the unit's; its gain is the unit's split evenly (``unit_size`` members)
+    unit: str = ""
+    unit_size: int = 1
 
 
 @dataclass(frozen=True)

@@ -273,7 +273,7 @@ class Runner:
     candidate: Candidate
     start: int
     own: dict[int, ort.InferenceSession]
-    own_isolated: int  # the segment holding the group
+    own_isolated: int  # the segment holding the group (a unit's first member)
 
 
 def _same(a: Encodings, b: Encodings) -> bool:
@@ -312,7 +312,7 @@ def owned_segments(
         for k, seg in within.items():
             mine = encodings_within(enc, seg)
             base = empty if c.sweep == "enable_one" else low_of[k]
-            if k == seg_of[c.group] or not _same(mine, base):
+            if k in {seg_of[g] for g in c.names} or not _same(mine, base):
                 own[k] = mine
         out.append(own)
     return tuple(out)
@@ -364,7 +364,7 @@ def build_runners(
                         show=bool(label)):
         sessions = {k: make_session(build_qdq(seg_models[k], enc), shared_arena=True)
                     for k, enc in own.items()}
-        runners.append(Runner(c, min(sessions), sessions, seg_of[c.group]))
+        runners.append(Runner(c, min(sessions), sessions, seg_of[c.names[0]]))
     return tuple(runners)
 
 

@@ -57,6 +57,7 @@ from quantscope.analyze.segments import (
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
+from quantscope.model.units import Unit
 from quantscope.parallel import Executor, chunks
 from quantscope.progress import Counter, feed_size, say, track
 from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
@@ -114,15 +115,16 @@ def _sweep_batch(
     for i, r in enumerate(runners, start=first):
         starts.setdefault(r.start, []).append((i, r))
     pending: dict[int, list[dict[str, np.ndarray]]] = {}  # isolated segment -> values
+    made_in = {t: k for k, made in enumerate(fp.outputs) for t in made}
     env_fp, env_lo = dict(feeds), dict(feeds) if lo is not None else {}
     for k in range(len(fp.segments)):
         for i, r in starts.get(k, ()):
             enable = r.candidate.sweep == "enable_one"
-            keep = by[r.candidate.group].outputs if enable else ()
+            keep = [t for g in r.candidate.names for t in by[g].outputs] if enable else ()
             env, kept = run_streaming(r, env_fp if enable else env_lo, fp if enable else lo,
                                       last, keep)
-            if enable:
-                pending.setdefault(r.own_isolated, []).append(kept)
+            for t, v in kept.items():  # compared where the FP32 chain makes t
+                pending.setdefault(made_in.get(t, r.own_isolated), []).append({t: v})
             got.rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
             count.step(cost=feed_size(feeds))
         seg = fp.segments[k]
@@ -160,9 +162,11 @@ def sweep_segments(
     executor: Executor | None = None,
     session_budget: int | None = None,
     only: Collection[str] | None = None,
+    units: Sequence[Unit] | None = None,
 ) -> SweepResult:
     """The ``sweeps`` (default both) on every row, segment by segment (module docstring);
-    ``only``: the groups swept (default every group).
+    ``only``: the groups swept (default every group); ``units``: these units swept instead,
+    each moving all its members (:func:`quantscope.model.units.sweep_units`).
 
     Memory stays bounded: the candidates' own sessions are built for a window of
     candidates at a time, within ``session_budget`` bytes of weights (default: from the
@@ -181,9 +185,10 @@ def sweep_segments(
     if unknown or not sweeps:
         raise ValueError(f"sweeps must be a non-empty subset of {SWEEPS}, got {sweeps}")
     only = None if only is None else frozenset(only)
-    cands = tuple(c for c in candidates(groups, low, high, only) if c.sweep in sweeps)
+    units = None if units is None else tuple(units)
+    cands = tuple(c for c in candidates(groups, low, high, only, units) if c.sweep in sweeps)
     job = _SegmentJob(model, groups, stats, tuple(batches), scorer, low, high, scheme,
-                      optimize_float, tuple(sweeps), session_budget, only)
+                      optimize_float, tuple(sweeps), session_budget, only, units)
     parts = chunks(len(cands), executor.workers if executor else 1)
     if executor is None or len(parts) <= 1:
         done = [_segment_part(job, range(len(cands)), progress=progress)]
@@ -220,6 +225,7 @@ class _SegmentJob:
     sweeps: tuple[str, ...]
     session_budget: int | None = None
     only: frozenset[str] | None = None
+    units: tuple[Unit, ...] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -239,7 +245,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
         f"{len(groups.groups)} groups", show=progress)
     segments = find_segments(model, groups)
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
-    cands = tuple(c for c in candidates(groups, low, job.high, job.only)
+    cands = tuple(c for c in candidates(groups, low, job.high, job.only, job.units)
                   if c.sweep in job.sweeps)[part.start:part.stop]
     models = segment_models(model, groups, segments)  # built once, read by every session
     owned = owned_segments(model, groups, segments, table, cands, low, seg_models=models)
@@ -326,9 +332,10 @@ def sweep_fast(
     progress: bool = False,
     executor: Executor | None = None,
     only: Collection[str] | None = None,
+    units: Sequence[Unit] | None = None,
 ) -> SweepResult:
     """Both sweeps by segments, each on its own row subset (module docstring, ``fast``);
-    ``only``: the groups swept (default every group).
+    ``only``: the groups swept (default every group); ``units``: as :func:`sweep_segments`.
 
     ``noise``: per batch, per row output noise of uniform ``low`` (as :func:`row_noise`
     returns), when the caller has already run FP32 and ``low`` on every row.
@@ -341,7 +348,7 @@ def sweep_fast(
     t0 = time.perf_counter()
     batches = list(batches)
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
-          "executor": executor, "only": only}
+          "executor": executor, "only": only, "units": units}
     enable = sweep_segments(
         model, groups, stats, proxy_batches(batches, fraction / 2), sweeps=("enable_one",), **kw
     )

@@ -49,6 +49,7 @@ from onnx import helper, numpy_helper
 
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes, resolve_shapes, seq_len_shapes
+from quantscope.model.units import HEADS_KEY
 from quantscope.repair import Change, Repair, attr, rewritten
 
 UNVERIFIED = (
@@ -56,7 +57,7 @@ UNVERIFIED = (
     "that the DFC compiles and schedules them like the unsplit attention is not a "
     "measurement"
 )
-METADATA_KEY = "quantscope.headsplit"
+METADATA_KEY = HEADS_KEY  # the analysis sweeps a layer's heads as one (model.units)
 HEAD_AXIS = 1  # [B, H, T, d]
 PROBE_LEN = 16  # tokens, to infer head counts when no --seq-len is given
 CHAIN = frozenset({"Add", "Sub", "Mul", "Div", "Where", "Identity"})

@@ -51,6 +51,7 @@ from onnx import helper, numpy_helper
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes, resolve_shapes, seq_len_shapes
+from quantscope.model.units import TOKENS_KEY
 from quantscope.repair import Change, Repair, attr, rewritten
 from quantscope.repair.heads import METADATA_KEY as HEADS_KEY
 from quantscope.repair.heads import keep_heads
@@ -62,7 +63,7 @@ UNVERIFIED = (
     "is a layer of its own; that the DFC allocates them without super-defuse is the "
     "rule applied per layer, not a measurement"
 )
-METADATA_KEY = "quantscope.tokensplit"
+METADATA_KEY = TOKENS_KEY  # the analysis sweeps a layer's chunks as one (model.units)
 SEQ_AXIS = 1  # [B, T, H]
 BINARY = frozenset({"Add", "Sub", "Mul", "Div"})
 UNARY = frozenset({"Sqrt", "Erf", "Relu", "Tanh", "Sigmoid", "Neg", "Abs", "Identity",
