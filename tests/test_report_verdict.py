@@ -146,6 +146,16 @@ def test_sensitivity_is_ranked_by_effect_and_masked_noise_explained():
     assert "<td>masked</td>" in noise  # the table says so instead of printing 0 dB
 
 
+def test_a_units_parts_are_one_sensitivity_row_under_the_units_name():
+    parts = [{"group": f"x/tok{i}", "op_type": "Add", "enable_one": {"sqnr_db": 30.0},
+              "disable_one": {"sqnr_db": 8.0}, "unit": "x/tok*", "unit_size": 3}
+             for i in range(3)]
+    page = run.sensitivity_section({**ANALYSIS, "sensitivity": [*ANALYSIS["sensitivity"],
+                                                                *parts]})
+    ranked = re.findall(r"<tr><td>\d+</td><td>([^<]+)</td>", page.replace("<wbr>", ""))
+    assert ranked == ["b", "x/tok* (3 parts)", "c", "a"]
+
+
 def test_handled_mask_outliers_are_one_line_and_a_folded_table():
     page = run.outliers_section(ANALYSIS, None)
     assert "1 attention-mask range(s), handled" in page

@@ -188,11 +188,26 @@ def _masked(a: dict[str, Any]) -> set[str]:
     return {o["tensor"] for o in a.get("outliers") or [] if o.get("kind") == "mask_range"}
 
 
+def _by_unit(sens: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per swept candidate: the parts of a split layer swept as one unit
+    (``unit``, ``unit_size``: analyze.report.GroupSensitivity) share its figures, shown once
+    under the unit's name."""
+    out, seen = [], set()
+    for r in sens:
+        unit = r.get("unit") or ""
+        if not unit:
+            out.append(r)
+        elif unit not in seen:
+            seen.add(unit)
+            out.append({**r, "group": f"{unit} ({r.get('unit_size', '?')} parts)"})
+    return out
+
+
 def sensitivity_section(a: dict[str, Any], top: int = 10) -> str:
     method = a.get("method", {})
     rows = method.get("rows_per_sweep", {})
     primary = str(a.get("primary", "sqnr_db"))
-    sens = a.get("sensitivity") or []
+    sens = _by_unit(a.get("sensitivity") or [])
     metric = "sqnr_db" if any("sqnr_db" in r["disable_one"] for r in sens) else primary
     ranked = sorted(sens, key=lambda r: -plots.rank_value(r["disable_one"].get(metric)))
     sizes = (f"enable-one measured on {rows.get('enable_one', '?')} rows, disable-one on "
