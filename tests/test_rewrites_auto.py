@@ -271,6 +271,41 @@ def test_the_run_measure_gives_each_fit_query_score_of_its_figure(tmp_path):
     assert plain.samples is None
 
 
+def test_the_run_measure_runs_the_fp32_reference_once_and_measures_the_same(monkeypatch):
+    """Every trial is compared with the first model's FP32 outputs, held (a rewrite keeps
+    FP32 within 1e-5): the figures equal a fresh evaluation's, and only the first call
+    runs an FP32 model."""
+    from test_tasks_text import tiny_encoder
+
+    from quantscope.analyze import measure as mod
+    from quantscope.analyze.measure import evaluate_plans
+    from quantscope.emulate import evaluate as emu
+    from quantscope.pipeline.data import open_fit_data
+    from quantscope.plan.candidates import max_legal
+
+    model = load_proto(tiny_encoder(), "tiny")
+    fit = open_fit_data(model, "stdlib-docs", eval_data=None, pairs=20, tokenizer=None)
+    stats = stages.calibrate_model(model, fit, progress=False)
+    target = load_target("ort-cpu")
+    real_open = mod.open_runs
+    runs = []
+    real = emu.run_model
+    monkeypatch.setattr(emu, "run_model", lambda *a, **k: runs.append(1) or real(*a, **k))
+    monkeypatch.setattr(mod, "run_model", emu.run_model)
+    monkeypatch.setattr(mod, "open_runs", lambda proto, *a, **k: (
+        proto is model.proto and runs.append(2)) or real_open(proto, *a, **k))
+    measure = max_legal_measure(fit, target, "top1_agreement", seq_len=None,
+                                tiebreak="embedding_sqnr_db")
+    first, second = measure(model, stats), measure(model, stats)
+    assert runs == [1]  # FP32 once (held), never in lockstep with an emulated run
+    plan = max_legal(model, target, None).plan
+    fresh = evaluate_plans(model, fit, stats, {"p": plan}, scheme=target.scheme,
+                           saturation=False)["p"]["metrics"]
+    for got in (first, second):
+        assert got.value == pytest.approx(fresh["top1_agreement"], abs=1e-12)
+        assert got.tiebreak == pytest.approx(fresh["embedding_sqnr_db"], rel=1e-9)
+
+
 def test_round_two_retries_a_dropped_rewrite_on_top_of_one_kept_after_it(tmp_path):
     """headsplit measures worse alone and better on top of tokensplit (as on minilm-l6 at
     256 tokens): round 2 rebuilds {headsplit, tokensplit} from the given model in the
