@@ -600,3 +600,29 @@ def test_fused_fake_quant_equals_the_composed_definition(per_channel, bits, sign
         assert ours.shape == exact.shape
         torch.testing.assert_close(ours, exact, rtol=tol, atol=tol)
     assert (grads[0][0] == 0).any() and (grads[0][0] != 0).any()  # some clipped, some not
+
+
+def test_batches_are_split_to_fit_the_fine_tunes_memory_budget():
+    """Each batch split along its rows so TRAIN_FACTOR x its forward activations fit the
+    budget; the rows are the same, in order; no budget, or one that fits, splits nothing."""
+    from quantscope.analyze.memory import tensor_sizer
+    from quantscope.finetune.apply import TRAIN_FACTOR, bounded_batches
+
+    model = load_proto(tm.conv_net())
+    rng = np.random.default_rng(0)
+    name = model.graph.input[0].name
+    shape = [d.dim_value or 1 for d in model.graph.input[0].type.tensor_type.shape.dim]
+    batches = [{name: rng.normal(size=(10, *shape[1:])).astype(np.float32)},
+               {name: rng.normal(size=(3, *shape[1:])).astype(np.float32)}]
+    outs = [o for n in model.graph.node for o in n.output if o]
+    per_row = TRAIN_FACTOR * tensor_sizer(model, batches[:1])(outs) / 10
+    assert bounded_batches(model, batches, None) == (batches, None)
+    assert bounded_batches(model, batches, int(per_row * 20))[1] is None
+    split, said = bounded_batches(model, batches, int(per_row * 4.5))
+    assert [len(b[name]) for b in split] == [4, 4, 2, 3]
+    np.testing.assert_array_equal(np.concatenate([b[name] for b in split]),
+                                  np.concatenate([b[name] for b in batches]))
+    assert said is not None and "split into 4 of at most 4 rows" in said
+    # the samples on another axis (arrays of different first dims): kept whole
+    odd = [{name: batches[0][name], "h": np.zeros((1, 10, 2), np.float32)}]
+    assert bounded_batches(model, odd, int(per_row * 4.5))[0] == odd
