@@ -336,7 +336,8 @@ def _finetune(ctx: Context, model: Model, stats: Stats, plan: Plan,
         f"up to {seconds / 60:.1f} min (what is left of --budget)"
     say(f"finetune: {why} ({metric} {_fig(metric, before.value)}): fine-tuning for {limit} "
         f"on {device}, distilled on {sum(len(next(iter(b.values()))) for b in fit.calibration)} "
-        "calibration texts", show=ctx.progress)
+        f"calibration {'texts' if fit.token_lengths is not None else 'samples'}",
+        show=ctx.progress)
     start = time.perf_counter()
     data = Dataset(name="calibration", calibration=tuple(fit.calibration), evaluation=(),
                    task=fit.task)
