@@ -74,7 +74,8 @@ def tiny_run(tmp_path: Path):
 def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run, capsys):
     tmp_path, m, out, args = tiny_run
     assert main(args) == 0
-    printed = capsys.readouterr().out
+    cap = capsys.readouterr()
+    printed = cap.out
     doc = read_json(out / "lengths.json", "lengths")
     d = doc["deployment"]
     assert doc["buckets"] and not d["kept_one"] and d["models"] >= 2
@@ -99,6 +100,9 @@ def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run,
     assert "cost per query" in line and "standard error" in line and "not modelled" in line
     assert f"{d['models']} compiled models" in printed
     assert "Compiled lengths" in (out / "report.html").read_text()
+    # the plan search, one candidate of the deploy stage's, measured for 5 min at most
+    assert "plan: the search measures for at most 5 min of the 30 min --budget: the " \
+        "deploy stage chooses compiled lengths" in cap.err
     capsys.readouterr()
     assert main(args) == 0
     assert "skipped (done): calibrate, analyze, plan, repair, check, evaluate, deploy, " \
@@ -252,3 +256,24 @@ def test_auto_does_not_fine_tune_a_plan_the_compiled_lengths_would_not_ship(tiny
     (rec,) = [r for r in repaired["repairs"] if r["name"] == "finetune"]
     assert not rec["tried"] and "the deploy stage chooses compiled lengths" in rec["why"]
     assert read_json(out / "lengths.json", "lengths")["buckets"]
+
+
+def test_the_plan_search_gets_a_share_of_the_budget_only_where_lengths_are_chosen(
+        monkeypatch):
+    """``steps.plan_budget``: ``--budget`` as given, capped at LENGTHS_SEARCH_S only when
+    the deploy stage chooses compiled lengths; ``none`` and a smaller budget stand."""
+    from types import SimpleNamespace
+
+    from quantscope.pipeline import steps, tune
+
+    decided: list[str | None] = [None]
+    monkeypatch.setattr(tune, "lengths_decided", lambda ctx: decided[0])
+
+    def budget(b):
+        return steps.plan_budget(SimpleNamespace(opts=SimpleNamespace(budget=b)))
+
+    assert budget(1800.0) == (1800.0, None)
+    decided[0] = "short texts"
+    got, why = budget(1800.0)
+    assert got == steps.LENGTHS_SEARCH_S and "(short texts)" in why
+    assert budget(None) == (None, None) and budget(120.0) == (120.0, None)

@@ -70,20 +70,51 @@ def analyze(ctx: Context) -> Done:
     return Done((ANALYSIS,), {"sweep_seconds": seconds})
 
 
+# the plan search's measuring time when the deploy stage chooses compiled lengths: the
+# deployment is chosen among the deploy stage's own candidates (max-legal and its variants
+# per length), of which the searched plan is one. On minilm-l3, minilm-l6 and mpnet-base
+# (stop 40/41) none of the six compiled models was the searched plan, and mpnet-base's
+# search took 21.6 of its run's minutes
+LENGTHS_SEARCH_S = 300.0
+
+
+def plan_budget(ctx: Context) -> tuple[float | None, str | None]:
+    """The seconds the plan search may measure: ``--budget``, but at most
+    :data:`LENGTHS_SEARCH_S` when the deploy stage will choose compiled lengths
+    (:func:`quantscope.pipeline.tune.lengths_decided`); and the line that says so (None
+    when ``--budget`` stands)."""
+    from quantscope.pipeline.tune import lengths_decided
+
+    budget = ctx.opts.budget
+    if budget is None or budget <= LENGTHS_SEARCH_S:
+        return budget, None
+    why = lengths_decided(ctx)
+    if why is None:
+        return budget, None
+    return LENGTHS_SEARCH_S, (
+        f"plan: the search measures for at most {LENGTHS_SEARCH_S / 60:.0f} min of the "
+        f"{budget / 60:.0f} min --budget: the deploy stage chooses compiled lengths ({why}) "
+        "among its own candidates, of which this plan is one")
+
+
 def plan(ctx: Context) -> Done:
     """The plan search on the fit data, every evaluation kept in ``evals/`` (a rerun, or
     one with a larger ``--budget``, reads them back); the budget is the seconds the search
-    may measure (``RunOptions.budget``)."""
+    may measure (:func:`plan_budget`: ``RunOptions.budget``, less where the deploy stage
+    chooses compiled lengths)."""
     from quantscope.analyze.evalcache import EvalCache
     from quantscope.serde import read_sensitivity
 
     o = ctx.opts
     repairs, record = _auto_record(ctx)
+    budget, why = plan_budget(ctx)
+    if why:
+        _say(ctx, why)
     options = stages.PlanOptions(max_cost=o.max_cost, seq_len=o.seq_len,
                                  input_shapes=o.input_shapes, metric=ctx.metric(),
                                  goal=o.goal, repairs=repairs,
                                  repair_batches=o.repair_batches, rank_engine=o.rank_engine,
-                                 budget=o.budget, race=o.race)
+                                 budget=budget, race=o.race)
     cache = EvalCache(ctx.path(EVALS))
     out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
                             options, data=ctx.data().fit,
@@ -111,7 +142,8 @@ def plan_budget_grew(ctx: Context) -> bool:
     tb = (doc.get("pareto") or {}).get("time_budget") if isinstance(doc, dict) else None
     if not isinstance(tb, dict) or not tb.get("bound"):
         return False
-    return ctx.opts.budget is None or ctx.opts.budget > float(tb.get("budget_s", 0.0))
+    budget, _ = plan_budget(ctx)
+    return budget is None or budget > float(tb.get("budget_s", 0.0))
 
 
 def _auto_record(ctx: Context) -> tuple[tuple[str, ...], dict[str, Any]]:

@@ -279,7 +279,7 @@ def tune(ctx: Context, repaired: RepairRun, feeds: Sequence[dict[str, np.ndarray
     if mode == "auto" and goal is not None and head.reached(before.value, goal):
         return skip(f"the plan reaches {head.goal_text(goal)} on the fit data "
                     f"({_fig(metric, before.value)})", fit_before=before.value)
-    lengths = _lengths_decided(ctx) if mode == "auto" else None
+    lengths = lengths_decided(ctx) if mode == "auto" else None
     if lengths is not None:
         return skip(f"the deploy stage chooses compiled lengths ({lengths}); its other "
                     "candidates are not fine-tuned, so this plan's fine-tune would ship only "
@@ -303,7 +303,7 @@ def tune(ctx: Context, repaired: RepairRun, feeds: Sequence[dict[str, np.ndarray
         return skip(f"the fine-tune could not run: {e}", fit_before=before.value)
 
 
-def _lengths_decided(ctx: Context) -> str | None:
+def lengths_decided(ctx: Context) -> str | None:
     """The deploy stage's decision (:func:`quantscope.stages.lengths.decide_lengths`, the
     same inputs) when it will choose among compiled lengths, in words; else None."""
     from quantscope.pipeline.data import widest_text_batch
