@@ -190,16 +190,32 @@ def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_pat
 
 
 def test_run_applies_rank4_by_itself_where_linearclip_fires(tmp_path, capsys):
+    """rank4 applied before planning; the auto choice measures every model with it applied
+    (on the unrepaired ViT linearclip refuses every plan, so nothing could be measured):
+    an fc2 output channel 60x the others makes outscale and peel apply, and both are
+    measured, not "not measurable"."""
     from quantscope.serde import read_json
 
-    onnx.save(tiny_vit.vit_block(), tmp_path / "m.onnx")
+    vit = tiny_vit.vit_block()
+    for init in vit.graph.initializer:
+        if init.name == "w_fc2":
+            w = onnx.numpy_helper.to_array(init).copy()
+            w[:, 3] *= 60.0
+            init.CopyFrom(onnx.numpy_helper.from_array(w, init.name))
+    onnx.save(vit, tmp_path / "m.onnx")
     np.save(tmp_path / "x.npy", tiny_vit.tokens(16, seed=3)["x"])
     out = tmp_path / "Q"
     assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npy"),
                  "--target", "qnn-htp-v73", "--out", str(out)]) == 0
     assert "applied for legality: rank4" in capsys.readouterr().out
-    record = json.loads((out / "plan.json").read_text())["rewrites"]["repairs"]
+    rewrites = json.loads((out / "plan.json").read_text())["rewrites"]
+    record = rewrites["repairs"]
     assert [(r["name"], r["applied"]) for r in record] == [("rank4", True)]
+    tried = {t["name"]: t for t in rewrites["trials"]}
+    assert tried["outscale"]["tried"] and tried["peel"]["tried"], rewrites["trials"]
+    assert not any("not measurable" in t["reason"] for t in rewrites["trials"])
+    assert rewrites["baseline"] is not None and "rank4 applied to every model measured" \
+        in rewrites["measured_on"]
     verdict = read_json(out / "verdict.json", "verdict")
     assert verdict["legal"] and verdict["cost"] < 2.0  # quantized, not kept in float
     compiled = onnx.load(out / "repaired.onnx")

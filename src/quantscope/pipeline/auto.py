@@ -140,6 +140,36 @@ def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int
     return measure
 
 
+def _repaired_for(model: Model, target: Target, opts: AutoOptions) -> str:
+    """What :func:`repaired_measure` adds to the measurement on ``model``, in words."""
+    names = [r["name"] for r in binding_repairs(model, target, seq_len=opts.seq_len,
+                                                 input_shapes=opts.input_shapes) if r["binds"]]
+    return (f"; {', '.join(names)} applied to every model measured first (a rule it answers "
+            "refuses every plan without it)") if names else ""
+
+
+def repaired_measure(measure: Callable[[Model, Stats], Measured],
+                     calibrate: Callable[[Model], Stats], target: Target, feeds: list[Any], *,
+                     seq_len: int | None,
+                     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
+                     ) -> Callable[[Model, Stats], Measured]:
+    """``measure`` of each model with the legality repairs that bind on it applied first
+    (:func:`apply_binding_repairs`, FP32 kept; the repaired model calibrated again): where a
+    rule they answer refuses every plan (rank4 and ``qnn.linearclip_5d`` on QNN HTP), the
+    model without rewrites and each rewrite are measured as they would ship, instead of
+    not at all. The rewrites themselves still apply to the unrepaired model."""
+
+    def measured(model: Model, stats: Stats) -> Measured:
+        fixed, _ = apply_binding_repairs(model, lambda _: stats, target, feeds,
+                                         seq_len=seq_len, input_shapes=input_shapes)
+        if fixed is None:
+            return measure(model, stats)
+        repaired = stages.load_proto(fixed, model.source)
+        return measure(repaired, calibrate(repaired))
+
+    return measured
+
+
 class _PerQuery:
     """A retrieval task that, scoring a model, also keeps each query's score of
     ``metric`` (:data:`quantscope.tasks.samples.SAMPLE_SCORES`, over all the pairs: their
@@ -187,15 +217,20 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
     tiebreak = TIEBREAK[unit]
     say(f"rewrites auto: choosing by {head.metric} on {n} {unit} (a tie: by {tiebreak})",
         show=progress)
+    calib = lambda m: stages.calibrate_model(m, fit, method=opts.method)  # noqa: E731
     choice, proto = choose_rewrites(
         model, target, opts.seq_len,
-        calibrate=lambda m: stages.calibrate_model(m, fit, method=opts.method),
-        measure=max_legal_measure(fit, target, head.metric, seq_len=opts.seq_len,
-                                  input_shapes=opts.input_shapes, tiebreak=tiebreak),
+        calibrate=calib,
+        measure=repaired_measure(
+            max_legal_measure(fit, target, head.metric, seq_len=opts.seq_len,
+                              input_shapes=opts.input_shapes, tiebreak=tiebreak),
+            calib, target, list(fit.calibration)[: opts.repair_batches],
+            seq_len=opts.seq_len, input_shapes=opts.input_shapes),
         tiebreak=tiebreak,
         reload=lambda p: stages.load_proto(p, model.source),
         metric=head.metric, higher_is_better=head.higher_is_better, n=n, unit=unit,
-        measured_on=MEASURED_ON, input_shapes=opts.input_shapes, progress=progress)
+        measured_on=MEASURED_ON + _repaired_for(model, target, opts),
+        input_shapes=opts.input_shapes, progress=progress)
     current = model if proto is None else stages.load_proto(proto, model.source)
     fixed, records = apply_binding_repairs(
         current, lambda m: stages.calibrate_model(m, fit, method=opts.method), target,
