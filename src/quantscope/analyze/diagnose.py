@@ -38,7 +38,7 @@ from quantscope.analyze.sweeps import SweepResult, sweep_fast, sweep_segments
 from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
-from quantscope.model.units import sweep_units
+from quantscope.model.units import Unit, sweep_units
 from quantscope.parallel import Executor
 from quantscope.progress import say
 from quantscope.types import Groups, Plan, Precision, QuantScheme, Stats, batch_rows
@@ -269,14 +269,9 @@ def analyze(
             model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
         )
         collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
-    only = _swept(groups, skipped)
-    units = sweep_units(model, groups, only)
-    joint = [u for u in units if len(u[1]) > 1]
-    say(f"analyze: {len(units)} candidates per sweep for {sum(len(m) for _, m in units)} "
-        f"groups: a token- or head-split layer's {sum(len(m) for _, m in joint)} parts swept "
-        f"as {len(joint)} units", show=progress and bool(joint))
+    units, units_notes = _units(model, groups, only := _swept(groups, skipped), progress)
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
-          "executor": executor, "only": only, "units": units if joint else None}
+          "executor": executor, "only": only, "units": units}
     res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
     sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 or scorer.row_local else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
@@ -295,9 +290,7 @@ def analyze(
     recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
                           ref, scheme) for k in recover_top]
     method, notes = _method(res, proxy_fraction, len(ref))
-    notes += tuple(UNITS_NOTE.format(parts=sum(len(m) for _, m in joint), units=len(joint),
-                                     example=joint[0][0]) for _ in joint[:1])
-    notes += _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
+    notes += units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
         RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
     return Analysis(
         model.source,
@@ -318,6 +311,20 @@ def analyze(
         notes,
         skipped,
     )
+
+
+def _units(model: Model, groups: Groups, only: set[str] | None, progress: bool
+           ) -> tuple[tuple[Unit, ...] | None, tuple[str, ...]]:
+    """The sweeps' units (None: one per group, no split layer) and the note saying so."""
+    units = sweep_units(model, groups, only)
+    joint = [u for u in units if len(u[1]) > 1]
+    if not joint:
+        return None, ()
+    parts = sum(len(m) for _, m in joint)
+    say(f"analyze: {len(units)} candidates per sweep for {sum(len(m) for _, m in units)} "
+        f"groups: a token- or head-split layer's {parts} parts swept as {len(joint)} units",
+        show=progress)
+    return units, (UNITS_NOTE.format(parts=parts, units=len(joint), example=joint[0][0]),)
 
 
 def _skipped(groups: Groups, skip: Mapping[str, str], progress: bool) -> tuple[Skipped, ...]:
