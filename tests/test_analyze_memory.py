@@ -118,3 +118,20 @@ def test_tensor_bytes_come_from_shapes_inferred_at_the_batch_not_from_dim_positi
     batch = {"ids": np.zeros((rows, length), np.int64)}
     got = batch_tensor_bytes(model, [batch], ["per_head"])
     assert got == rows * length * heads * d * 4  # not rows * length ** 3 * 4
+
+
+def test_the_peak_resident_set_is_read_and_started_anew():
+    """``peak_bytes`` reads the process's peak (VmHWM); after ``reset_peak`` it is the
+    peak since, below a large array's that was freed before (Linux)."""
+    from quantscope.analyze.memory import peak_bytes, reset_peak
+
+    if peak_bytes() is None:
+        pytest.skip("no /proc/self/status here")
+    big = np.ones(64 << 17)  # 64 MB, touched
+    held = peak_bytes()
+    del big
+    assert held is not None and held >= 64 << 20
+    if not reset_peak():
+        pytest.skip("/proc/self/clear_refs is not writable here")
+    after = peak_bytes()
+    assert after is not None and after < held - (32 << 20)

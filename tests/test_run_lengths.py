@@ -260,7 +260,7 @@ def test_auto_does_not_fine_tune_a_plan_the_compiled_lengths_would_not_ship(tiny
 
 def test_the_plan_search_gets_a_share_of_the_budget_only_where_lengths_are_chosen(
         monkeypatch):
-    """``steps.plan_budget``: ``--budget`` as given, capped at LENGTHS_SEARCH_S only when
+    """``steps.plan_scope``: ``--budget`` as given, capped at LENGTHS_SEARCH_S only when
     the deploy stage chooses compiled lengths; ``none`` and a smaller budget stand."""
     from types import SimpleNamespace
 
@@ -270,10 +270,36 @@ def test_the_plan_search_gets_a_share_of_the_budget_only_where_lengths_are_chose
     monkeypatch.setattr(tune, "lengths_decided", lambda ctx: decided[0])
 
     def budget(b):
-        return steps.plan_budget(SimpleNamespace(opts=SimpleNamespace(budget=b)))
+        scope = steps.plan_scope(SimpleNamespace(opts=SimpleNamespace(
+            budget=b, repairs=(), repairs_given=False)))
+        return scope.budget, " ".join(scope.lines) or None
 
     assert budget(1800.0) == (1800.0, None)
     decided[0] = "short texts"
     got, why = budget(1800.0)
     assert got == steps.LENGTHS_SEARCH_S and "(short texts)" in why
     assert budget(None) == (None, None) and budget(120.0) == (120.0, None)
+
+
+def test_the_plan_offers_no_default_repair_where_lengths_are_chosen(monkeypatch):
+    """``steps.plan_scope``: the default repairs are not offered where the deploy stage
+    chooses compiled lengths (its candidates carry none), with a line that says so;
+    ``--repairs`` given, or no lengths chosen, stands."""
+    from types import SimpleNamespace
+
+    from quantscope.pipeline import steps, tune
+
+    decided: list[str | None] = [None]
+    monkeypatch.setattr(tune, "lengths_decided", lambda ctx: decided[0])
+
+    def scope(given):
+        return steps.plan_scope(SimpleNamespace(opts=SimpleNamespace(
+            budget=None, repairs=("bias", "ranges"), repairs_given=given)))
+
+    assert scope(False) == steps.PlanScope(None, ("bias", "ranges"))
+    decided[0] = "short texts"
+    dropped = scope(False)
+    assert dropped.repairs == () and dropped.budget is None
+    (line,) = dropped.lines
+    assert "no repair offered" in line and "bias, ranges not measured" in line
+    assert scope(True) == steps.PlanScope(None, ("bias", "ranges"))

@@ -39,3 +39,12 @@ def test_a_forced_rerun_tokenizes_the_fit_pairs_once_and_writes_the_same_files(
     assert opened.count("stdlib-docs") == 1
     assert [Path(s).name for s in opened if s != "stdlib-docs"] == ["heldout.jsonl"]
     assert _digests(out) == first
+    # run.json keeps each stage's wall seconds and, on Linux, its peak resident set
+    import json
+
+    from quantscope.analyze.memory import peak_bytes
+
+    done = json.loads((out / MANIFEST).read_text())["stages"]
+    assert done and all(s["seconds"] >= 0 for s in done.values())
+    if peak_bytes() is not None:
+        assert all(0 < s["peak_rss_mb"] < 64 << 10 for s in done.values())

@@ -263,7 +263,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
 PLAN_KEYS = frozenset({"format", "default", "target", "groups", "reasons", "meta", "ranges",
                        "pinned"})
 # what the planner and the repair command record next to the plan (not part of Plan)
-PLAN_EXTRA_KEYS = frozenset({"pareto", "repairs", "repair_offer", "rewrites"})
+PLAN_EXTRA_KEYS = frozenset({"pareto", "repairs", "repair_offer", "rewrites", "scope"})
 
 
 def plan_from_dict(obj: Any, where: str = "plan") -> Plan:

@@ -34,7 +34,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from quantscope.analyze.memory import GB, MB, available_bytes, batch_tensor_bytes
+from quantscope.analyze.memory import (
+    GB,
+    MB,
+    available_bytes,
+    batch_tensor_bytes,
+    weight_bytes,
+)
 from quantscope.model.load import Model
 from quantscope.types import Batch
 
@@ -44,6 +50,10 @@ CACHE_SHARE = 0.5  # the share of the available memory (less the sessions') it m
 # after it read when it is kept (minilm-l6, 64 pairs, 7 of 16 promotions kept: with one
 # plan's cuts the walk ran 283 segments, 263 with the old 1 GiB LRU, which held 3 plans')
 CACHE_PLANS = 2
+# at most this many FP32 inferences' memory (the model's weights and the largest batch's
+# tensors at the cuts): the search's peak stays near 2x an FP32 inference (issue 35; on
+# mpnet-base at 256 tokens the cache had taken half of 20 GB available, 10 GB)
+CACHE_FP32 = 1.0
 REMEMBER = 32  # plans whose keys are kept to find a new plan's parent
 
 
@@ -104,25 +114,28 @@ def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequ
                  session_bytes: int, *, cache_bytes: int | None = None,
                  available: int | None = None) -> CacheMemory:
     """The activation cache's budget (``cache_bytes`` when given): :data:`CACHE_PLANS`
-    plans' cuts, at most :data:`CACHE_SHARE` of the available memory less the sessions'
-    (:data:`CACHE_BYTES` where that is unknown). One plan's cuts: the tensors crossing them
-    at the largest batch (:func:`~quantscope.analyze.memory.batch_tensor_bytes`, one
-    inference per number of cuts crossed: a tensor crossing two cuts is in both entries,
-    counted as the cache counts it), scaled by the tokens of every batch."""
+    plans' cuts, at most :data:`CACHE_FP32` FP32 inferences (the weights and the largest
+    batch's cut tensors) and :data:`CACHE_SHARE` of the available memory less the
+    sessions' (:data:`CACHE_BYTES` where that is unknown). One plan's cuts: the tensors
+    crossing them at the largest batch (:func:`~quantscope.analyze.memory.batch_tensor_bytes`,
+    one inference per number of cuts crossed: a tensor crossing two cuts is in both
+    entries, counted as the cache counts it), scaled by the tokens of every batch."""
     times: dict[str, int] = {}  # the cuts each tensor crosses (each entry counts it)
     for c in crossing[:-1]:  # the last: the outputs, never stored
         for t in c:
             times[t] = times.get(t, 0) + 1
     tokens = [_tokens(b) for b in batches]
     largest = max(tokens, default=0)
-    plan = 0 if not largest else int(sum(
+    one = 0 if not largest else sum(  # the largest batch's
         n * batch_tensor_bytes(model, batches, [t for t in times if times[t] == n])
-        for n in set(times.values())) * sum(tokens) / largest)
+        for n in set(times.values()))
+    plan = 0 if not largest else int(one * sum(tokens) / largest)
     avail = available if available is not None else available_bytes()
     if cache_bytes is None:
         room = CACHE_BYTES if avail is None else int(CACHE_SHARE * max(avail - session_bytes,
                                                                         0))
-        cache_bytes = min(room, CACHE_PLANS * plan)
+        fp32 = int(CACHE_FP32 * (weight_bytes(model) + one))
+        cache_bytes = min(room, CACHE_PLANS * plan, fp32)
     return CacheMemory(cache_bytes, plan, session_bytes, avail)
 
 

@@ -64,6 +64,29 @@ def available_bytes() -> int | None:
     return None
 
 
+def reset_peak() -> bool:
+    """Start this process's peak resident set anew (Linux: ``5`` into
+    ``/proc/self/clear_refs``), so :func:`peak_bytes` reads the peak since; False where
+    that is not possible (then :func:`peak_bytes` reads the process's peak so far)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_bytes() -> int | None:
+    """This process's peak resident set (VmHWM of ``/proc/self/status``; None where there is
+    none): since the last :func:`reset_peak`. Child processes (Ray workers) are not in it."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def weight_bytes(model: Model) -> int:
     return sum(int(np.prod(t.dims, dtype=np.int64)) * itemsize(t.data_type)
                for t in model.graph.initializer)

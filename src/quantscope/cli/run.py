@@ -213,7 +213,8 @@ def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     repairs = {} if args.repairs is None else {
-        "repairs": () if args.repairs == "none" else tuple(args.repairs.split(","))}
+        "repairs": () if args.repairs == "none" else tuple(args.repairs.split(",")),
+        "repairs_given": True}
     opts = RunOptions(model=args.model, data=args.data, target=args.target, out=args.folder,
                       eval_data=args.eval_data, goal=args.goal, max_cost=args.max_cost,
                       seq_len=args.seq_len, input_shapes=input_shapes(args),

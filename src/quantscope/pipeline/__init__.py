@@ -58,7 +58,7 @@ STAGES: dict[str, StageSpec] = {
                          ("target", "proxy", "metric", "seq_len", "input_shapes"), True),
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
-                       "repairs",
+                       "repairs", "repairs_given", "lengths",
                        "repair_batches", "race", "auto_rewrites"), True, ranked=True,
                       redo=steps.plan_budget_grew),
     # the repairs, then the fine-tune (--finetune; auto: when the goal is missed on the fit
@@ -226,6 +226,7 @@ def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None
 
 
 def _run(ctx: Context, force: str | None) -> RunResult:
+    from quantscope.analyze.memory import peak_bytes, reset_peak
     from quantscope.progress import say
     from quantscope.serde import read_json
 
@@ -246,9 +247,11 @@ def _run(ctx: Context, force: str | None) -> RunResult:
             say(f"[{name}] done already (same inputs): skipped", show=progress)
             continue
         say(f"[{name}] …", show=progress)
+        reset_peak()
         start = time.perf_counter()
         done = spec.run(ctx)
-        manifest.record(name, key, done.files, time.perf_counter() - start, done.timings)
+        manifest.record(name, key, done.files, time.perf_counter() - start, done.timings,
+                        peak=peak_bytes())
         ran.append(name)
     verdict = read_json(folder / steps.VERDICT, "verdict")
     return RunResult(folder, tuple(ran), tuple(skipped), verdict)
@@ -296,7 +299,7 @@ def _remove_stale(folder: Path) -> None:
 
 
 # options absent from a stage's key while off: the keys of earlier runs stay valid
-UNKEYED_WHEN_OFF = ("auto_rewrites",)
+UNKEYED_WHEN_OFF = ("auto_rewrites", "repairs_given")
 
 
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:

@@ -48,6 +48,8 @@ class RunOptions:
     pairs: int | None = 300
     metric: str | None = None
     repairs: tuple[str, ...] = DEFAULT_REPAIRS
+    repairs_given: bool = False  # --repairs was given (else the default repairs, which the
+    # plan does not offer where the deploy stage chooses compiled lengths: steps.plan_scope)
     tokenizer: str | None = None
     prefixes: TextPrefixes | None = None  # --query-prefix/--doc-prefix of text data
     hn: str | None = None  # parsed Hailo HN JSON: exact layer names in the .alls

@@ -152,9 +152,12 @@ class Manifest:
         return file_digest(self.folder / file)
 
     def record(self, name: str, key: str, files: Sequence[str], seconds: float,
-               timings: dict[str, Any] | None = None) -> None:
+               timings: dict[str, Any] | None = None, *, peak: int | None = None) -> None:
+        """A finished stage: its key, files' digests, wall seconds, timings and the
+        process's peak resident set while it ran (``peak_rss_mb``, when known)."""
         self.stages[name] = {"key": key, "files": {f: file_digest(self.folder / f) for f in files},
-                             "seconds": round(seconds, 2), "timings": timings or {}}
+                             "seconds": round(seconds, 2), "timings": timings or {},
+                             **({"peak_rss_mb": round(peak / 2**20)} if peak else {})}
         self.write()
 
     def forget(self, names: Sequence[str]) -> None:

@@ -78,43 +78,66 @@ def analyze(ctx: Context) -> Done:
 LENGTHS_SEARCH_S = 300.0
 
 
-def plan_budget(ctx: Context) -> tuple[float | None, str | None]:
-    """The seconds the plan search may measure: ``--budget``, but at most
-    :data:`LENGTHS_SEARCH_S` when the deploy stage will choose compiled lengths
-    (:func:`quantscope.pipeline.tune.lengths_decided`); and the line that says so (None
-    when ``--budget`` stands)."""
+@dataclass(frozen=True)
+class PlanScope:
+    """What the plan search may do in this run: measure for ``budget`` seconds (None: no
+    bound) and offer ``repairs``; ``lines`` say where these differ from ``--budget`` and
+    ``--repairs``."""
+
+    budget: float | None
+    repairs: tuple[str, ...]
+    lines: tuple[str, ...] = ()
+
+
+def plan_scope(ctx: Context) -> PlanScope:
+    """``--budget`` and ``--repairs``, except where the deploy stage will choose compiled
+    lengths (:func:`quantscope.pipeline.tune.lengths_decided`): the search measures for at
+    most :data:`LENGTHS_SEARCH_S` (``none`` and a smaller budget stand), and offers no
+    repair unless ``--repairs`` was given. The deploy stage's own candidates are plans of
+    the calibrated model without repairs, and each repair offer is measured by full passes
+    before the search starts (on mpnet-base, 4 of the plan stage's 14.6 minutes, and every
+    plan with repairs then ran in full: no incremental evaluation)."""
     from quantscope.pipeline.tune import lengths_decided
 
-    budget = ctx.opts.budget
-    if budget is None or budget <= LENGTHS_SEARCH_S:
-        return budget, None
-    why = lengths_decided(ctx)
+    o = ctx.opts
+    cap = o.budget is not None and o.budget > LENGTHS_SEARCH_S
+    drop = bool(o.repairs) and not o.repairs_given
+    why = lengths_decided(ctx) if cap or drop else None
     if why is None:
-        return budget, None
-    return LENGTHS_SEARCH_S, (
-        f"plan: the search measures for at most {LENGTHS_SEARCH_S / 60:.0f} min of the "
-        f"{budget / 60:.0f} min --budget: the deploy stage chooses compiled lengths ({why}) "
-        "among its own candidates, of which this plan is one")
+        return PlanScope(o.budget, o.repairs)
+    lines = []
+    if cap:
+        lines.append(
+            f"plan: the search measures for at most {LENGTHS_SEARCH_S / 60:.0f} min of the "
+            f"{o.budget / 60:.0f} min --budget: the deploy stage chooses compiled lengths "
+            f"({why}) among its own candidates, of which this plan is one")
+    if drop:
+        lines.append(
+            "plan: no repair offered (the deploy stage's candidates at each compiled length "
+            "carry none; give --repairs to offer them): "
+            f"{', '.join(o.repairs)} not measured")
+    return PlanScope(LENGTHS_SEARCH_S if cap else o.budget, () if drop else o.repairs,
+                     tuple(lines))
 
 
 def plan(ctx: Context) -> Done:
     """The plan search on the fit data, every evaluation kept in ``evals/`` (a rerun, or
     one with a larger ``--budget``, reads them back); the budget is the seconds the search
-    may measure (:func:`plan_budget`: ``RunOptions.budget``, less where the deploy stage
+    may measure (:func:`plan_scope`: ``RunOptions.budget``, less where the deploy stage
     chooses compiled lengths)."""
     from quantscope.analyze.evalcache import EvalCache
     from quantscope.serde import read_sensitivity
 
     o = ctx.opts
-    repairs, record = _auto_record(ctx)
-    budget, why = plan_budget(ctx)
-    if why:
-        _say(ctx, why)
+    record = _auto_record(ctx)
+    scope = plan_scope(ctx)
+    for line in scope.lines:
+        _say(ctx, line)
     options = stages.PlanOptions(max_cost=o.max_cost, seq_len=o.seq_len,
                                  input_shapes=o.input_shapes, metric=ctx.metric(),
-                                 goal=o.goal, repairs=repairs,
+                                 goal=o.goal, repairs=scope.repairs,
                                  repair_batches=o.repair_batches, rank_engine=o.rank_engine,
-                                 budget=budget, race=o.race)
+                                 budget=scope.budget, race=o.race)
     cache = EvalCache(ctx.path(EVALS))
     out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
                             options, data=ctx.data().fit,
@@ -122,7 +145,8 @@ def plan(ctx: Context) -> Done:
                             cache=cache)
     for line in (*cache.notes, cache.summary()):
         _say(ctx, f"plan: {line}")
-    extra, timings = _untimed({**out.file_extra(), **record})
+    said = {"scope": list(scope.lines)} if scope.lines else {}
+    extra, timings = _untimed({**out.file_extra(), **record, **said})
     stages.write_plan(ctx.path(PLAN), out.plan, extra)
     work = {} if out.work is None else {"measuring_engine": out.work}
     return Done((PLAN,), {**timings, "evaluation_cache": cache.counts(), **work})
@@ -142,16 +166,16 @@ def plan_budget_grew(ctx: Context) -> bool:
     tb = (doc.get("pareto") or {}).get("time_budget") if isinstance(doc, dict) else None
     if not isinstance(tb, dict) or not tb.get("bound"):
         return False
-    budget, _ = plan_budget(ctx)
+    budget = plan_scope(ctx).budget
     return budget is None or budget > float(tb.get("budget_s", 0.0))
 
 
-def _auto_record(ctx: Context) -> tuple[tuple[str, ...], dict[str, Any]]:
-    """The repairs the plan may choose and, with ``--rewrites auto``, the record for
-    ``plan.json`` (``rewrites``: what auto tried and kept, and the legality repairs it
-    applied before planning: :mod:`quantscope.pipeline.auto`)."""
+def _auto_record(ctx: Context) -> dict[str, Any]:
+    """With ``--rewrites auto``, the record for ``plan.json`` (``rewrites``: what auto
+    tried and kept, and the legality repairs it applied before planning:
+    :mod:`quantscope.pipeline.auto`)."""
     choice = ctx.auto_choice()
-    return ctx.opts.repairs, {} if choice is None else {"rewrites": choice.to_dict()}
+    return {} if choice is None else {"rewrites": choice.to_dict()}
 
 
 def _untimed(obj: Any, where: str = "") -> tuple[Any, dict[str, Any]]:

@@ -56,6 +56,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         **({"ranking": pareto["engines"]} if pareto.get("engines") else {}),
         # the plan search stopped on --budget (absent when it did not bind)
         **({"time_budget": pareto["time_budget"]} if pareto.get("time_budget") else {}),
+        # where the search's budget and repairs differ from --budget/--repairs (steps.plan_scope)
+        **({"plan_scope": plan["scope"]} if plan.get("scope") else {}),
         # cost: what ships (the deployment's held-out mean cost, else the plan's)
         "quality": quality, "cost": head["cost"], "plan_cost": plan_cost,
         "evaluation": ev["data"]["split"],
@@ -233,6 +235,7 @@ def format_verdict_details(v: dict[str, Any]) -> str:
         lines.append(f"  {ranking_line(v)}")
     if v.get("time_budget"):
         lines.append(f"  budget: {v['time_budget']['note']}")
+    lines.extend(f"  {line}" for line in v.get("plan_scope") or [])
     lines.append("  quality (" + m + ", output SQNR): " + "; ".join(
         f"{k} {fmt.value(m, r.get(m))}" + ("" if m == "sqnr_db" else
                                            f", {fmt.value('sqnr_db', r.get('sqnr_db'))}")
