@@ -220,6 +220,16 @@ def test_run_applies_rank4_by_itself_where_linearclip_fires(tmp_path, capsys):
     assert verdict["legal"] and verdict["cost"] < 2.0  # quantized, not kept in float
     compiled = onnx.load(out / "repaired.onnx")
     assert any(n.name.endswith("/unsqueeze4d") for n in compiled.graph.node)  # rank4's edit
+    # the analysis promotes to the target's [promotion]: W8A16 on HTP
+    assert json.loads((out / "analysis.json").read_text())["high"] == "a16_w8"
+    from quantscope.model.groups import find_groups
+    from quantscope.model.load import load_proto
+    from quantscope.types import GroupKind
+
+    weighted = {g.name for g in find_groups(load_proto(compiled, "r")).groups
+                if g.kind == GroupKind.WEIGHTED}
+    groups = json.loads((out / "plan.json").read_text())["groups"]
+    assert not {g for g, p in groups.items() if p == "a16_w16"} & weighted, groups
 
 
 def _per_query(gained: int, lost: int, *, tiebreak_gain: float = 0.0):

@@ -131,3 +131,37 @@ def test_op_kind_registry():
     assert op_kind(g("LayerNormalization")) == "normalization"
     assert op_kind(g("MaxPool")) == "maxpool"
     assert op_kind(g("Concat")) == "other"
+
+
+def test_the_promotion_precision_is_target_data():
+    """``[promotion]``: a16_w8 on HTP (W8A16, with its reason and source), a16_w16 where a
+    profile has none; a promotion without 16-bit activations or a source is one line."""
+    qnn = load_target("qnn-htp-v73")
+    assert qnn.promote == Precision.A16_W8 and "W8A16" in qnn.promotion.reason
+    assert "003" in qnn.promotion.provenance
+    assert load_target("hailo10h").promote == Precision.A16_W16
+    assert load_target("hailo10h").promotion is None
+    raw = tomllib.loads(Path(qnn.source).read_text())
+    raw["promotion"]["precision"] = "a8_w4"
+    with pytest.raises(QuantscopeError, match="promotion.precision .* 16-bit activations"):
+        parse_target(raw, source="x.toml")
+    raw["promotion"] = {"precision": "a16_w16", "reason": "r"}
+    with pytest.raises(QuantscopeError, match="provenance"):
+        parse_target(raw, source="x.toml")
+
+
+def test_run_analyses_and_max_legal_promotes_to_the_target_promotion():
+    """The max-legal candidate's ``high`` is the target's promotion unless given."""
+    import onnx
+    import tiny_models as tm
+
+    from quantscope.model.load import load_proto
+    from quantscope.plan.candidates import max_legal
+
+    model = load_proto(tm.ALL["conv_net"](), "tiny")
+    assert isinstance(model.proto, onnx.ModelProto)
+    qnn = load_target("qnn-htp-v73")
+    assert max_legal(model, qnn, None).plan.default == Precision.A16_W8
+    assert max_legal(model, qnn, None, high=Precision.A16_W16).plan.default == \
+        Precision.A16_W16
+    assert max_legal(model, load_target("hailo10h"), None).plan.default == Precision.A16_W16

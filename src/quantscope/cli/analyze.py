@@ -22,7 +22,7 @@ from quantscope.cli.options import (
 from quantscope.cli.types import check_low_high, fraction, output_file, phases, precision
 from quantscope.model.groups import find_groups
 from quantscope.stages.usable import unusable_groups
-from quantscope.types import QuantscopeError, batch_rows
+from quantscope.types import Precision, QuantscopeError, batch_rows
 
 
 def add_analyze(sub: argparse._SubParsersAction, summary: str) -> None:
@@ -37,8 +37,9 @@ def add_analyze(sub: argparse._SubParsersAction, summary: str) -> None:
                           ray_parent()))
     an.add_argument("--low", default="a8_w8", type=precision,
                     help="the precision to diagnose (default a8_w8)")
-    an.add_argument("--high", default="a16_w16", type=precision,
-                    help="the precision a promoted group gets (default a16_w16)")
+    an.add_argument("--high", default=None, type=precision,
+                    help="the precision a promoted group gets (default: the target's "
+                    "[promotion], else a16_w16; a16_w8 on qnn-htp-v73)")
     an.add_argument("--proxy", type=fraction, default=0.125,
                     help="row-cost budget of the sweeps: enable-one on every "
                     "round(2/PROXY)-th row, disable-one on the noisiest rows worth PROXY of "
@@ -60,8 +61,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     if missing:
         raise QuantscopeError(f"analyze: the following arguments are required: "
                               f"{', '.join(missing)} (see 'quantscope analyze --help')")
-    check_low_high(args.low, args.high)
+    if args.high is not None:
+        check_low_high(args.low, args.high)  # before anything is opened
     inp = open_inputs(args, data=True, stats=True, target=True)
+    if args.high is None:
+        args.high = inp.target.promote if inp.target is not None else Precision.A16_W16
+        check_low_high(args.low, args.high)
     samples = _tensor_samples(inp.data)
     if samples is not None and samples < 2:
         raise QuantscopeError(f"data '{args.data}' has {samples} sample(s), and analyze "

@@ -57,11 +57,12 @@ def analyze(ctx: Context) -> Done:
     model, fit = ctx.model(), ctx.data().fit
     groups = find_groups(model)
     scorer = stages.scorer_for(fit, model, ctx.opts.metric)  # ranks by what plan judges
-    skip = unusable_groups(model, ctx.target(), low=Precision.A8_W8, high=Precision.A16_W16,
+    high = ctx.target().promote  # a16_w16, or the target's [promotion]
+    skip = unusable_groups(model, ctx.target(), low=Precision.A8_W8, high=high,
                            groups=groups, seq_len=ctx.opts.seq_len,
                            input_shapes=ctx.opts.input_shapes)  # only what plan can use
     result = run_analysis(model, groups, stages.read_stats(ctx.path(STATS)),
-                          list(fit.evaluation), scorer=scorer,
+                          list(fit.evaluation), scorer=scorer, high=high,
                           target=ctx.target(), proxy_fraction=ctx.opts.proxy,
                           progress=ctx.progress, skip=skip)
     doc = analysis_to_dict(result)

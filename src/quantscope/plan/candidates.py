@@ -2,9 +2,9 @@
 the same with whole Linear families back at 8 bit.
 
 ===============  =======================================================================
-``max_legal``    every group at ``high`` (a16_w16), then every group ``check`` refuses with
-                 an error demoted to ``low`` (a8_w8), until none is: the most 16 bit the
-                 target allows at this length. Only what a rule refuses is demoted.
+``max_legal``    every group at ``high`` (the target's ``[promotion]``, else a16_w16), then
+                 every group ``check`` refuses with an error demoted to ``low`` (a8_w8),
+                 until none is: the most 16 bit the target allows at this length. Only what a rule refuses is demoted.
 ``variants``     ``max_legal`` with Linear families (:mod:`quantscope.model.families`, read
                  from the graph) back at ``low``: ``noqk`` (query/key), ``noqkv`` (+ value),
                  ``noqkvao`` (+ attention output), ``onlyup`` (every Linear but the FFN
@@ -49,8 +49,10 @@ class Candidate:
 
 
 def max_legal(model: Model, target: Target, shapes: Shapes | None, *,
-              high: Precision = Precision.A16_W16, low: Precision = Precision.A8_W8) -> Candidate:
-    """Every group at ``high`` except those ``check`` refuses (demoted to ``low``)."""
+              high: Precision | None = None, low: Precision = Precision.A8_W8) -> Candidate:
+    """Every group at ``high`` (default: the target's :attr:`~Target.promote`) except those
+    ``check`` refuses (demoted to ``low``)."""
+    high = target.promote if high is None else high
     groups = find_groups(model)
     over: dict[str, Precision] = {}
     rules: set[str] = set()

@@ -17,6 +17,9 @@ A profile states what a compiler accepts, as data (see ``docs/targets.md``):
                 table of at least this many rows by an integer model input runs on
                 the host: :mod:`quantscope.model.host_gather`), ``reason``,
                 ``provenance``; absent: every lookup is judged as a device layer
+``promotion``   the precision ``run`` promotes a group to (its analysis' ``high``, the
+                max-legal candidates'): ``precision``, ``reason``, ``provenance``;
+                absent: a16_w16
 ==============  =================================================================
 
 The loader rejects unknown keys with one line naming the key and the file.
@@ -146,6 +149,17 @@ class HostEmbedding:
 
 
 @dataclass(frozen=True)
+class Promotion:
+    """``[promotion]``: the precision a group is promoted to by ``run`` (its analysis'
+    ``high`` and the max-legal candidates'), where the target's usual 16-bit form is not
+    a16_w16 (e.g. W8A16 on Qualcomm HTP)."""
+
+    precision: Precision
+    reason: str
+    provenance: str
+
+
+@dataclass(frozen=True)
 class Target:
     name: str
     vendor: str
@@ -161,6 +175,12 @@ class Target:
     source: str = "<memory>"
     formats: tuple[str, ...] = ()  # export formats besides the QDQ model (always written)
     host_embedding: HostEmbedding | None = None  # lookups left to the host (None: none)
+    promotion: Promotion | None = None  # [promotion] (None: a16_w16)
+
+    @property
+    def promote(self) -> Precision:
+        """The precision ``run`` promotes a group to: ``[promotion]``'s, else a16_w16."""
+        return self.promotion.precision if self.promotion else Precision.A16_W16
 
     @property
     def host_rows(self) -> int:
@@ -193,6 +213,7 @@ _TOP_KEYS = frozenset(
         "cost",
         "formats",
         "host_embedding",
+        "promotion",
     }
 )
 _SCHEME_KEYS = frozenset(
@@ -364,6 +385,25 @@ def _parse_host(raw: Any, source: str) -> HostEmbedding | None:
                           "host_embedding.provenance", source))
 
 
+def _parse_promotion(raw: Any, source: str) -> Promotion | None:
+    """``[promotion]``: a precision with 16-bit activations, its reason and provenance."""
+    if raw is None:
+        return None
+    where = "[promotion]"
+    _typed(raw, dict, where, source)
+    _reject_unknown(raw, frozenset({"precision", "reason", "provenance"}), where, source)
+    precision = _precision(_require(raw, "precision", where, source), source)
+    if precision.act_bits != 16:
+        raise QuantscopeError(f"promotion.precision in target profile '{source}' is "
+                              f"{precision.value}: give a precision with 16-bit activations "
+                              "(a16_w8 or a16_w16)")
+    return Promotion(precision=precision,
+                     reason=_typed(_require(raw, "reason", where, source), str,
+                                   "promotion.reason", source),
+                     provenance=_typed(_require(raw, "provenance", where, source), str,
+                                       "promotion.provenance", source))
+
+
 def _parse_formats(raw: dict[str, Any], vendor: str, source: str) -> tuple[str, ...]:
     """The ``formats`` list, each name in the export registry (default: the vendor's)."""
     if "formats" not in raw:
@@ -409,6 +449,7 @@ def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
         source=source,
         formats=_parse_formats(raw, text("vendor"), source),
         host_embedding=_parse_host(raw.get("host_embedding"), source),
+        promotion=_parse_promotion(raw.get("promotion"), source),
     )
 
 
