@@ -103,6 +103,13 @@ def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run,
     # the plan search, one candidate of the deploy stage's, measured for 5 min at most
     assert "plan: the search measures for at most 5 min of the 30 min --budget: the " \
         "deploy stage chooses compiled lengths" in cap.err
+    # ... offering no default repair (the deploy stage's candidates carry none), said in
+    # the output, plan.json, verdict.json and the report
+    assert "plan: no repair offered" in cap.err
+    scope = read_json(out / "verdict.json", "verdict")["plan_scope"]
+    assert scope == json.loads((out / "plan.json").read_text())["scope"]
+    assert any("no repair offered" in line for line in scope)
+    assert "no repair offered" in (out / "report.html").read_text()
     capsys.readouterr()
     assert main(args) == 0
     assert "skipped (done): calibrate, analyze, plan, repair, check, evaluate, deploy, " \
