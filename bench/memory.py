@@ -11,10 +11,16 @@ the model and the data the same way:
   calibrated beforehand in a third process, as ``quantscope evaluate --stats`` runs;
 * ``analyze`` (``--analyze``): :func:`quantscope.analyze.analyze` as ``run``'s analyze
   stage calls it (both sweeps, ``--proxy`` of the rows), with the same statistics, at
-  ``--seq-len`` tokens; ``fp32`` is then measured at that length too.
+  ``--seq-len`` tokens; ``fp32`` is then measured at that length too;
+* ``search`` (``--search``): the plan search's evaluator (incremental, scored as the
+  planner reads it: ``bench/search.py``'s ``incremental+cheap``) on its measured greedy
+  walk of ``--plans`` promotions, with the activation cache on (``--cache-fp32`` sets
+  :data:`quantscope.analyze.activation_cache.CACHE_FP32` in that process); it prints its
+  plans per minute and the cache's budget too.
 
     python bench/memory.py [MODEL ...] [--pairs 1000] [--precision a8_w8]
     python bench/memory.py minilm-l3 --analyze --seq-len 128 --pairs 200
+    python bench/memory.py mpnet-base --search --seq-len 256 --pairs 300 --plans 6
 
 MODEL defaults to minilm-l6, minilm-l3 (data: stdlib-docs, ``--pairs`` pairs) and
 dlib-face (data: faces); ``MODEL=DATA`` names other data.
@@ -60,12 +66,37 @@ def _child(args: argparse.Namespace) -> None:
 
         memory.WINDOW_MODELS = args.window_models or float("inf")
         _analyze(model, data, read_stats(args.stats), args.proxy)
+    elif args.child == "search":
+        extra = _search(model, data, read_stats(args.stats), args)
     else:
         stats = read_stats(args.stats)
         stages.evaluate_plan(model, data, stats, Plan.uniform(Precision(args.precision)))
     seconds = time.perf_counter() - t
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"peak_rss": rss, "seconds": seconds}))
+    print(json.dumps({"peak_rss": rss, "seconds": seconds,
+                      **(extra if args.child == "search" else {})}))
+
+
+def _search(model, data, stats, args: argparse.Namespace) -> dict:
+    """The planner's evaluator on ``bench/search.py``'s greedy walk (its FP32 reference
+    inside the figure, as the plan stage computes it)."""
+    from search import Setup, cheap, greedy_sequence
+
+    from quantscope.analyze import activation_cache
+    from quantscope.analyze.measure import headline
+    from quantscope.emulate.evaluate import run_model
+    from quantscope.model.groups import find_groups
+
+    if args.cache_fp32 is not None:
+        activation_cache.CACHE_FP32 = args.cache_fp32
+    metric = headline(data, None).metric
+    setup = Setup(model, data, stats, metric, run_model(model.proto, list(data.evaluation)))
+    evaluate = cheap(setup)
+    names = tuple(g.name for g in find_groups(model).groups)
+    values, _, seconds, _ = greedy_sequence(evaluate, names, args.plans, 0)
+    engine = evaluate.engine
+    return {"plans_per_minute": round(len(values) / seconds * 60, 2),
+            "cache": " / ".join(engine.notes), "engine": engine.counts.engine}
 
 
 def _analyze(model, data, stats, proxy: float) -> None:
@@ -84,7 +115,8 @@ def _run(args: argparse.Namespace, child: str, model: str, data: str, stats: Pat
     cmd = [sys.executable, __file__, "--child", child, "--model", model, "--data", data,
            "--pairs", str(args.pairs), "--stats", str(stats), "--precision", args.precision,
            "--seq-len", str(args.seq_len or 0), "--proxy", str(args.proxy),
-           "--window-models", str(args.window_models)]
+           "--window-models", str(args.window_models), "--plans", str(args.plans),
+           *(["--cache-fp32", str(args.cache_fp32)] if args.cache_fp32 is not None else [])]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -98,8 +130,13 @@ def main() -> None:
     ap.add_argument("models", nargs="*", default=list(DEFAULT))
     ap.add_argument("--pairs", type=int, default=1000)
     ap.add_argument("--precision", default="a8_w8")
-    ap.add_argument("--child", choices=["calibrate", "fp32", "evaluate", "analyze"])
+    ap.add_argument("--child", choices=["calibrate", "fp32", "evaluate", "analyze", "search"])
     ap.add_argument("--analyze", action="store_true", help="measure analyze, not evaluate")
+    ap.add_argument("--search", action="store_true",
+                    help="measure the plan search's evaluator, not evaluate")
+    ap.add_argument("--plans", type=int, default=6, help="--search: promotions measured")
+    ap.add_argument("--cache-fp32", type=float, default=None,
+                    help="--search: activation_cache.CACHE_FP32 (default: the code's)")
     ap.add_argument("--seq-len", type=int, default=0)
     ap.add_argument("--proxy", type=float, default=0.125)
     ap.add_argument("--window-models", type=float, default=2.0,
@@ -121,7 +158,7 @@ def main() -> None:
             _run(args, "calibrate", model, data, stats)
             load = _load()
             fp32 = _run(args, "fp32", model, data, stats)
-            what = "analyze" if args.analyze else "evaluate"
+            what = "analyze" if args.analyze else "search" if args.search else "evaluate"
             ev = _run(args, what, model, data, stats)
         at = f", {args.seq_len} tokens" if args.seq_len else ""
         if args.analyze:
@@ -131,6 +168,8 @@ def main() -> None:
               f"({fp32['seconds']:.1f} s)")
         print(f"  {what:<15} peak RSS {ev['peak_rss'] / gb:5.2f} GB  ({ev['seconds']:.1f} s)"
               f"  {ev['peak_rss'] / fp32['peak_rss']:.2f}x fp32")
+        if args.search:
+            print(f"  search: {ev['plans_per_minute']} plans/min; {ev['cache']}; {ev['engine']}")
 
 
 if __name__ == "__main__":

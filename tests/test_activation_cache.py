@@ -10,6 +10,7 @@ import pytest
 from incremental_models import encoder, feeds
 
 from quantscope.analyze.activation_cache import (
+    CACHE_FP32,
     CacheMemory,
     Lineage,
     Seen,
@@ -121,14 +122,23 @@ def test_the_budget_is_sized_from_the_available_memory_and_said(prepared):
     plan = sum(runner.cuts.entry_bytes)
     mem = runner.memory
     assert abs(mem.plan_bytes - plan) <= 0.05 * plan  # the estimate, before any plan ran
-    # the line's cuts and the newest plan's, at most an FP32 inference's memory: the
-    # weights and the largest batch's cut tensors (batches of 3 x 5, 6, 7 tokens)
-    fp32 = weight_bytes(model) + round(mem.plan_bytes * 21 / (15 + 18 + 21))
-    assert abs(mem.cache_bytes - min(2 * mem.plan_bytes, fp32)) <= 64
-    assert mem.cache_bytes < 2 * mem.plan_bytes  # the FP32 cap binds on this model
-    loose = cache_memory(model, batches, crossing := runner._crossing, 10 << 20,
-                         available=64 << 30)
-    assert loose.cache_bytes == mem.cache_bytes  # not the available memory's share
+    assert mem.cache_bytes == 2 * mem.plan_bytes  # the line's cuts and the newest plan's
+    # ... at most CACHE_FP32 of the weights and the largest batch's cut tensors (batches of
+    # 3 x 5, 6, 7 tokens), never under CACHE_MIN: with a floor of 0 that cap binds here
+    crossing = runner._crossing
+    one = round(mem.plan_bytes * 21 / (15 + 18 + 21))
+    capped = cache_memory(model, batches, crossing, 10 << 20, available=64 << 30)
+    assert capped.cache_bytes == 2 * mem.plan_bytes  # the floor: 64 MB
+    import quantscope.analyze.activation_cache as ac
+
+    floor = ac.CACHE_MIN
+    try:
+        ac.CACHE_MIN = 0
+        fp32 = CACHE_FP32 * (weight_bytes(model) + one)
+        capped = cache_memory(model, batches, crossing, 10 << 20, available=64 << 30)
+        assert abs(capped.cache_bytes - fp32) <= 64 and capped.cache_bytes < 2 * mem.plan_bytes
+    finally:
+        ac.CACHE_MIN = floor
     tight = cache_memory(model, batches, crossing, 10 << 20, available=(10 << 20) + 40_000)
     assert tight.cache_bytes == 20_000  # half of what the sessions leave
     assert cache_memory(model, batches, crossing, 0, cache_bytes=7).cache_bytes == 7

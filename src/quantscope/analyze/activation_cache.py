@@ -50,10 +50,14 @@ CACHE_SHARE = 0.5  # the share of the available memory (less the sessions') it m
 # after it read when it is kept (minilm-l6, 64 pairs, 7 of 16 promotions kept: with one
 # plan's cuts the walk ran 283 segments, 263 with the old 1 GiB LRU, which held 3 plans')
 CACHE_PLANS = 2
-# at most this many FP32 inferences' memory (the model's weights and the largest batch's
-# tensors at the cuts): the search's peak stays near 2x an FP32 inference (issue 35; on
-# mpnet-base at 256 tokens the cache had taken half of 20 GB available, 10 GB)
-CACHE_FP32 = 1.0
+# the cache's cap: this share of the model's weights plus the largest batch's tensors at
+# every cut (one plan's cuts on one batch). mpnet-base, 300 pairs at 256 tokens
+# (bench/memory.py --search, FP32 inference 3.18 GB): 1.0 -> a 5.89 GB cache, the search
+# at 8.25 GB (2.59x FP32 inference); 0.25 -> 1.47 GB, 5.91 GB (1.86x), 254 segments run
+# instead of 242 for the same 7 plans (1.70 against 1.64 plans/min). Before, the cache
+# took half of the available memory: 10 GB of 20 in mpnet's run
+CACHE_FP32 = 0.25
+CACHE_MIN = 64 << 20  # ... but never under this (a small model's cache costs nothing)
 REMEMBER = 32  # plans whose keys are kept to find a new plan's parent
 
 
@@ -114,8 +118,8 @@ def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequ
                  session_bytes: int, *, cache_bytes: int | None = None,
                  available: int | None = None) -> CacheMemory:
     """The activation cache's budget (``cache_bytes`` when given): :data:`CACHE_PLANS`
-    plans' cuts, at most :data:`CACHE_FP32` FP32 inferences (the weights and the largest
-    batch's cut tensors) and :data:`CACHE_SHARE` of the available memory less the
+    plans' cuts, at most :data:`CACHE_FP32` of the weights and the largest batch's cut
+    tensors (what ties it to one FP32 inference; never under :data:`CACHE_MIN`) and :data:`CACHE_SHARE` of the available memory less the
     sessions' (:data:`CACHE_BYTES` where that is unknown). One plan's cuts: the tensors
     crossing them at the largest batch (:func:`~quantscope.analyze.memory.batch_tensor_bytes`,
     one inference per number of cuts crossed: a tensor crossing two cuts is in both
@@ -134,7 +138,7 @@ def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequ
     if cache_bytes is None:
         room = CACHE_BYTES if avail is None else int(CACHE_SHARE * max(avail - session_bytes,
                                                                         0))
-        fp32 = int(CACHE_FP32 * (weight_bytes(model) + one))
+        fp32 = max(int(CACHE_FP32 * (weight_bytes(model) + one)), CACHE_MIN)
         cache_bytes = min(room, CACHE_PLANS * plan, fp32)
     return CacheMemory(cache_bytes, plan, session_bytes, avail)
 
