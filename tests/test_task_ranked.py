@@ -38,3 +38,21 @@ def test_fidelity_primaries_and_proxy_analyses_keep_the_sqnr_ranking():
         s = sensitivity_from_dict(a)
         assert s.metric == "output_sqnr_db"
         assert s.gain("g1", Precision.A16_W16) == 4.0
+
+
+def test_the_worst_channel_sqnr_primary_keeps_the_sqnr_ranking():
+    """Tensor data ranks by ``sqnr_db_channel_min`` (the fidelity scorer's primary). A
+    proxy sweep measures it on a subset of the rows (a worst channel's SQNR does not add
+    over rows), so its disable-one figures are not comparable with the all-row base:
+    dinov2-s14's were all below it, every gain 0, and the planner promoted nothing. It
+    is ranked by the SQNR each offender recovered, like the other fidelity metrics."""
+    from quantscope.analyze.measure import FIDELITY_PRIMARIES
+    from quantscope.serde import FIDELITY_METRICS
+
+    assert set(FIDELITY_PRIMARIES) <= set(FIDELITY_METRICS)
+    a = _analysis("sqnr_db_channel_min")
+    for r in a["sensitivity"]:  # on the subset rows: every one below the all-row base
+        r["disable_one"]["sqnr_db_channel_min"] = 5.0
+    s = sensitivity_from_dict(a)
+    assert s.metric == "output_sqnr_db"
+    assert s.gain("g1", Precision.A16_W16) == 4.0 > s.gain("g2", Precision.A16_W16) > 0

@@ -460,7 +460,11 @@ def _sensitivity_json(obj: dict[str, Any], where: str) -> Sensitivity:
     )
 
 
-FIDELITY_METRICS = ("cosine_mean", "sqnr_db")  # task-independent: the SQNR ranking serves
+# task-independent: ranked by the SQNR each offender recovered. Every fidelity primary
+# (analyze.measure.FIDELITY_PRIMARIES) is one: a worst channel's SQNR measured by a proxy
+# sweep on a subset of rows is not comparable with the all-row base (dinov2-s14: every
+# disable-one figure below it, every gain 0, nothing promoted)
+FIDELITY_METRICS = ("cosine_mean", "sqnr_db", "sqnr_db_channel_min")
 
 
 def _task_ranked(obj: dict[str, Any], where: str) -> Sensitivity | None:
