@@ -48,3 +48,6 @@ def test_a_forced_rerun_tokenizes_the_fit_pairs_once_and_writes_the_same_files(
     assert done and all(s["seconds"] >= 0 for s in done.values())
     if peak_bytes() is not None:
         assert all(0 < s["peak_rss_mb"] < 64 << 10 for s in done.values())
+        # the first stage this invocation ran also keeps the peak before it
+        assert done["calibrate"]["before_peak_rss_mb"] > 0
+        assert not any("before_peak_rss_mb" in s for k, s in done.items() if k != "calibrate")

@@ -247,11 +247,15 @@ def _run(ctx: Context, force: str | None) -> RunResult:
             say(f"[{name}] done already (same inputs): skipped", show=progress)
             continue
         say(f"[{name}] …", show=progress)
+        # the process's peak before its first stage (the checks, the auto choice of the
+        # rewrites), then each stage's own: the reset also resets what getrusage and
+        # `time -v` report (the last stage's peak)
+        before = None if ran else peak_bytes()
         reset_peak()
         start = time.perf_counter()
         done = spec.run(ctx)
         manifest.record(name, key, done.files, time.perf_counter() - start, done.timings,
-                        peak=peak_bytes())
+                        peak=peak_bytes(), before=before)
         ran.append(name)
     verdict = read_json(folder / steps.VERDICT, "verdict")
     return RunResult(folder, tuple(ran), tuple(skipped), verdict)

@@ -152,12 +152,16 @@ class Manifest:
         return file_digest(self.folder / file)
 
     def record(self, name: str, key: str, files: Sequence[str], seconds: float,
-               timings: dict[str, Any] | None = None, *, peak: int | None = None) -> None:
-        """A finished stage: its key, files' digests, wall seconds, timings and the
-        process's peak resident set while it ran (``peak_rss_mb``, when known)."""
+               timings: dict[str, Any] | None = None, *, peak: int | None = None,
+               before: int | None = None) -> None:
+        """A finished stage: its key, files' digests, wall seconds, timings, the process's
+        peak resident set while it ran (``peak_rss_mb``, MiB, when known) and, for the
+        first stage a run ran, the peak before it (``before_peak_rss_mb``)."""
         self.stages[name] = {"key": key, "files": {f: file_digest(self.folder / f) for f in files},
                              "seconds": round(seconds, 2), "timings": timings or {},
-                             **({"peak_rss_mb": round(peak / 2**20)} if peak else {})}
+                             **({"peak_rss_mb": round(peak / 2**20)} if peak else {}),
+                             **({"before_peak_rss_mb": round(before / 2**20)} if before
+                                else {})}
         self.write()
 
     def forget(self, names: Sequence[str]) -> None:
