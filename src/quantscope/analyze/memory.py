@@ -53,15 +53,20 @@ class MemoryPlan:
                 f"~{self.activation_bytes / MB:.0f} MB{free})")
 
 
-def available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (None where there is none)."""
+def _proc_kib(path: str, key: str) -> int | None:
+    """The ``key:`` line of a /proc file in kiB, as bytes (None where there is none)."""
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where there is none)."""
+    return _proc_kib("/proc/meminfo", "MemAvailable")
 
 
 def reset_peak() -> bool:
@@ -78,13 +83,7 @@ def reset_peak() -> bool:
 def peak_bytes() -> int | None:
     """This process's peak resident set (VmHWM of ``/proc/self/status``; None where there is
     none): since the last :func:`reset_peak`. Child processes (Ray workers) are not in it."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return _proc_kib("/proc/self/status", "VmHWM")
 
 
 def weight_bytes(model: Model) -> int:
