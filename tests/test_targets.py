@@ -150,16 +150,15 @@ def test_the_promotion_precision_is_target_data():
         parse_target(raw, source="x.toml")
 
 
-def test_run_analyses_and_max_legal_promotes_to_the_target_promotion():
-    """The max-legal candidate's ``high`` is the target's promotion unless given."""
-    import onnx
+def test_max_legal_promotes_to_the_target_promotion():
+    """The max-legal candidate's ``high`` is the target's promotion unless given (the run's
+    analysis at it: tests/test_rewrites_auto.py, the QNN run)."""
     import tiny_models as tm
 
     from quantscope.model.load import load_proto
     from quantscope.plan.candidates import max_legal
 
     model = load_proto(tm.ALL["conv_net"](), "tiny")
-    assert isinstance(model.proto, onnx.ModelProto)
     qnn = load_target("qnn-htp-v73")
     assert max_legal(model, qnn, None).plan.default == Precision.A16_W8
     assert max_legal(model, qnn, None, high=Precision.A16_W16).plan.default == \

@@ -119,8 +119,9 @@ def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequ
                  available: int | None = None) -> CacheMemory:
     """The activation cache's budget (``cache_bytes`` when given): :data:`CACHE_PLANS`
     plans' cuts, at most :data:`CACHE_FP32` of the weights and the largest batch's cut
-    tensors (what ties it to one FP32 inference; never under :data:`CACHE_MIN`) and :data:`CACHE_SHARE` of the available memory less the
-    sessions' (:data:`CACHE_BYTES` where that is unknown). One plan's cuts: the tensors
+    tensors (what ties it to one FP32 inference; never under :data:`CACHE_MIN`) and
+    :data:`CACHE_SHARE` of the available memory less the sessions' (:data:`CACHE_BYTES`
+    where that is unknown). One plan's cuts: the tensors
     crossing them at the largest batch (:func:`~quantscope.analyze.memory.batch_tensor_bytes`,
     one inference per number of cuts crossed: a tensor crossing two cuts is in both
     entries, counted as the cache counts it), scaled by the tokens of every batch."""
