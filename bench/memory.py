@@ -79,18 +79,18 @@ def _child(args: argparse.Namespace) -> None:
 
 def _search(model, data, stats, args: argparse.Namespace) -> dict:
     """The planner's evaluator on ``bench/search.py``'s greedy walk (its FP32 reference
-    inside the figure, as the plan stage computes it)."""
+    inside the figure, as the plan stage computes and holds it: the pooled rows)."""
     from search import Setup, cheap, greedy_sequence
 
     from quantscope.analyze import activation_cache
-    from quantscope.analyze.measure import headline
-    from quantscope.emulate.evaluate import run_model
+    from quantscope.analyze.measure import headline, reference_kept_outputs
     from quantscope.model.groups import find_groups
 
     if args.cache_fp32 is not None:
         activation_cache.CACHE_FP32 = args.cache_fp32
     metric = headline(data, None).metric
-    setup = Setup(model, data, stats, metric, run_model(model.proto, list(data.evaluation)))
+    # the reference as the plan stage holds it: FP32's pooled rows, no per-token outputs
+    setup = Setup(model, data, stats, metric, None, reference_kept_outputs(model, data))
     evaluate = cheap(setup)
     names = tuple(g.name for g in find_groups(model).groups)
     values, _, seconds, _ = greedy_sequence(evaluate, names, args.plans, 0)

@@ -24,7 +24,7 @@ The variants are the registry :data:`VARIANTS` (name -> a factory of ``plan -> v
   scored with the SVD effective rank (the reference's memoised);
 * ``incremental+cheap``: the planner's evaluator as ``plan`` runs it now: incremental,
   and scored as the planner reads it (only the metric it ranks by:
-  ``evaluate_plan(..., only=metric)``, the collapse indicators skipped, every other
+  ``evaluate_plan(..., only=metric)``, against FP32's pooled rows, the collapse indicators skipped, every other
   figure of a plan measured again in full by ``evaluate``);
 * ``incremental+cheap+race``: that, with each candidate first raced against the
   incumbent on prefixes of the pairs (``plan --race``'s racer,
@@ -55,7 +55,12 @@ import numpy as np
 
 from quantscope import stages
 from quantscope.analyze.incremental import IncrementalEngine, IncrementalRunner
-from quantscope.analyze.measure import evaluate_plan, headline, qdq_for_plan
+from quantscope.analyze.measure import (
+    evaluate_plan,
+    headline,
+    qdq_for_plan,
+    reference_kept_outputs,
+)
 from quantscope.emulate.evaluate import run_model
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
@@ -77,7 +82,8 @@ class Setup:
     data: Dataset
     stats: Stats
     metric: str
-    reference: Outputs
+    reference: Outputs | None  # FP32's outputs per token (None: only the cheap variant runs)
+    reference_kept: Outputs | None = None  # as the task keeps them: what the planner holds
 
 
 def _svd_scoring() -> None:
@@ -129,8 +135,8 @@ def cheap(s: Setup) -> Evaluate:
     def run(plan: Plan) -> float:
         _gram_scoring()
         return float(evaluate_plan(s.model, s.data, s.stats, plan, reference_outputs=s.reference,
-                                   saturation=False, engine=engine,
-                                   only=s.metric)["metrics"][s.metric])
+                                   saturation=False, engine=engine, only=s.metric,
+                                   reference_kept=s.reference_kept)["metrics"][s.metric])
 
     run.engine = engine  # type: ignore[attr-defined]
     return run
@@ -254,7 +260,8 @@ def main() -> None:
     stats = stages.calibrate_model(model, data)
     calib = time.perf_counter() - t
     setup = Setup(model, data, stats, headline(data, args.metric).metric,
-                  run_model(model.proto, list(data.evaluation)))
+                  run_model(model.proto, list(data.evaluation)),
+                  reference_kept_outputs(model, data))
     names = find_groups(model).names()
     print(f"{args.model}: {len(names)} groups, {args.pairs} pairs at seq-len {args.seq_len}, "
           f"metric {setup.metric}; calibration {calib:.1f} s; {os.cpu_count()} cores "

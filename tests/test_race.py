@@ -235,6 +235,33 @@ def test_a_plan_scored_for_its_ranking_alone_gets_the_full_figure_float_for_floa
                 ["metrics"][metric] for p in _plans()}) > 1  # the plans differ: it can fail
 
 
+@pytest.mark.parametrize("metric", ["top1_agreement", "recall@1"])
+def test_the_planner_holds_fp32s_pooled_rows_only_and_scores_the_same(encoder, metric,
+                                                                      monkeypatch):
+    """The planner's evaluator keeps FP32's outputs as the task keeps them (pooled rows,
+    no per-token reference) and gets the figure the full scoring reports."""
+    from quantscope import stages
+    from quantscope.analyze import measure
+    from quantscope.stages import plan_measure
+    from quantscope.targets import load_target
+
+    model, data, stats = encoder
+    kept = measure.reference_kept_outputs(model, data)
+    widths = {a.shape[-1] for b in kept.batches for a in b}
+    assert all(a.ndim == 2 for b in kept.batches for a in b)  # [rows, dim]: pooled
+    ran = []
+    monkeypatch.setattr(plan_measure, "run_model", lambda *a, **k: ran.append(1))
+    evaluate = plan_measure.plan_evaluator(model, data, stats, metric,
+                                           target=load_target("ort_cpu"))
+    for plan in _plans():
+        full = stages.evaluate_plan(model, data, stats, plan, saturation=False)
+        alone = stages.evaluate_plan(model, data, stats, plan, saturation=False,
+                                     only=metric, reference_kept=kept)
+        assert alone["metrics"] == {metric: full["metrics"][metric]}
+        assert evaluate(plan) == full["metrics"][metric]
+    assert not ran and len(widths) == 1  # no per-token FP32 run for the planner
+
+
 def test_plan_model_records_the_race_and_chooses_what_it_chose_without(encoder):
     from quantscope import stages
     from quantscope.model.groups import find_groups

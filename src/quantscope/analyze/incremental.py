@@ -247,8 +247,12 @@ class IncrementalRunner:
                 env.update(parts[b])
             for k, sess in enumerate(sessions, start=start):
                 env.update(run_segment(sess, self.segments[k].outputs, env))
+                live = {t: env[t] for t in self._crossing[k]}
                 if k in entries:
-                    self._cache.grow(entries[k], {t: env[t] for t in self._crossing[k]})
+                    self._cache.grow(entries[k], live)
+                # only what a later segment reads (or the graph returns) is held on: a
+                # deep model's segment outputs of one batch would otherwise pile up
+                env = {**batch, **live}
             yield tuple(sample_first([env[o] for o in outs], batch)), batch
         for e in entries.values():
             self._cache.close(e)

@@ -95,17 +95,19 @@ def evaluate_plan(
     saturation: bool = True,
     engine: IncrementalEngine | None = None,
     only: str | None = None,
+    reference_kept: Outputs | None = None,
 ) -> dict[str, Any]:
     """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32.
 
     The graph measured is :func:`qdq_for_plan`'s, the one ``export-qdq`` writes (run by
     segments with an ``engine``; ``only``: just that metric where it can be scored
-    alone: :func:`evaluate_plans`).
+    alone, from ``reference_kept`` when given: :func:`evaluate_plans`).
     """
     return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
                           saturation=saturation, engine=engine, only=only,
                           progress=progress, reference=reference,
-                          reference_outputs=reference_outputs)["emulated"]
+                          reference_outputs=reference_outputs,
+                          reference_kept=reference_kept)["emulated"]
 
 
 def evaluate_plans(
@@ -123,6 +125,7 @@ def evaluate_plans(
     error_scales: Sequence[float] = (),
     engine: IncrementalEngine | None = None,
     only: str | None = None,
+    reference_kept: Outputs | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -142,17 +145,26 @@ def evaluate_plans(
     from its first changed segment); each result then says under ``"engine"`` which
     engine measured it, and a plan it cannot run (another model, no cut) gets a full pass
     and the note why. Without one, every plan is one full pass, as before.
+
+    ``reference_kept``: the FP32 outputs already reduced to what the task keeps of them
+    (:func:`reference_kept_outputs`): enough for ``only`` where the task scores it alone,
+    so no per-token reference is held (a planner's search); else the FP32 outputs are
+    computed here as without it.
     """
     batches = list(data.evaluation)
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
     keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
     # no FP32 raw outputs held
-    lockstep = reference_outputs is None and len(plans) == 1 and engine is None
-    ref = reference_outputs or (None if lockstep else run_model(
-        (reference or model).proto, batches, label="fp32" if progress else ""))
-    ref_kept = None if ref is None else kept(ref, batches, keep)
+    alone = None if only is None or error_scales else scored_alone(data, only)
+    ref: Outputs | None = None
+    if alone is not None and reference_kept is not None:
+        ref_kept: Outputs | None = reference_kept
+    else:
+        lockstep = reference_outputs is None and len(plans) == 1 and engine is None
+        ref = reference_outputs or (None if lockstep else run_model(
+            (reference or model).proto, batches, label="fp32" if progress else ""))
+        ref_kept = None if ref is None else kept(ref, batches, keep)
     results: dict[str, dict[str, Any]] = {}
-    alone = None if only is None or ref_kept is None or error_scales else _scored_alone(data, only)
     for label, plan in plans.items():
         emulated, enc, cov, measured_by = _emulated(model, stats, plan, batches, engine, scheme=scheme,
                                                     method=method, label=label if progress else "")
@@ -212,11 +224,22 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
     }
 
 
+def reference_kept_outputs(model: Model, data: Dataset, *, label: str = "") -> Outputs:
+    """The FP32 outputs of ``model`` on ``data.evaluation``, each batch reduced to what the
+    task keeps as it comes (the pooled rows of text data): no per-token outputs are held,
+    for :func:`evaluate_plans`' ``reference_kept``. Without a ``keep`` the outputs whole."""
+    batches = list(data.evaluation)
+    keep = getattr(data.task, "keep", None)
+    runs = open_runs(model.proto, batches, label, shared_arena=False)
+    return Outputs(names=runs.names, batches=tuple(
+        out if keep is None else keep(out, b) for out, b in runs.batches))
+
+
 ONLY_NOTE = ("scored: {} only (what the ranking reads); the plan's other figures are "
              "measured in full by evaluate")
 
 
-def _scored_alone(data: Dataset, metric: str) -> Any:
+def scored_alone(data: Dataset, metric: str) -> Any:
     """``(ref, test) -> metric`` on kept outputs, by the per-query scores, where the task
     scores ``metric`` that way (retrieval pairs); else None (every metric is scored)."""
     from quantscope.tasks.registry import RetrievalTask

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from quantscope.analyze.incremental import IncrementalEngine
-from quantscope.analyze.measure import evaluate_plan
-from quantscope.emulate.evaluate import run_model
+from quantscope.analyze.measure import evaluate_plan, reference_kept_outputs, scored_alone
+from quantscope.emulate.evaluate import kept, run_model
 from quantscope.model.load import Model, load_proto
 from quantscope.progress import say
 from quantscope.types import Batch, Dataset, Outputs, Plan, QuantscopeError, Stats
@@ -28,8 +28,16 @@ if TYPE_CHECKING:
 def _plan_measure(model: Model, data: Dataset, target: Target | None, method: str | None,
                   reference_outputs: Outputs | None, only: str | None = None) -> Measure:
     """``measure(model, stats, plan) -> metrics``; ``only``: just that metric where the task
-    scores it alone (what a ranking reads: ``evaluate_plan``'s ``only``)."""
-    ref = reference_outputs or run_model(model.proto, list(data.evaluation))
+    scores it alone (what a ranking reads: ``evaluate_plan``'s ``only``), against FP32's
+    outputs as the task keeps them (pooled rows: no per-token reference held)."""
+    alone = only is not None and scored_alone(data, only) is not None
+    ref = reference_outputs
+    if ref is None and not alone:
+        ref = run_model(model.proto, list(data.evaluation))
+    ref_kept = None
+    if alone:
+        ref_kept = (reference_kept_outputs(model, data) if ref is None
+                    else kept(ref, list(data.evaluation), getattr(data.task, "keep", None)))
     scheme = None if target is None else target.scheme
     # one incremental evaluator for every plan of the search (its runner made on first use)
     engine = IncrementalEngine(model, list(data.evaluation), method=method)
@@ -37,7 +45,7 @@ def _plan_measure(model: Model, data: Dataset, target: Target | None, method: st
     def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
         return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
                              reference_outputs=ref, saturation=False, engine=engine,
-                             only=only)["metrics"]
+                             only=only, reference_kept=ref_kept)["metrics"]
 
     return measure
 
