@@ -51,3 +51,19 @@ def test_a_forced_rerun_tokenizes_the_fit_pairs_once_and_writes_the_same_files(
         # the first stage this invocation ran also keeps the peak before it
         assert done["calibrate"]["before_peak_rss_mb"] > 0
         assert not any("before_peak_rss_mb" in s for k, s in done.items() if k != "calibrate")
+
+
+def test_the_run_keeps_what_tells_text_reading_apart_not_the_given_model():
+    """``run`` holds the given model's text-reading identity (inputs, outputs, metadata,
+    source) instead of the model: equal for a copy, different for other metadata or
+    another source."""
+    from quantscope.pipeline.context import reads_text_as
+
+    proto = tiny_encoder(inputs=("input_ids", "attention_mask"))
+    a, b = stages.load_proto(proto, "tiny"), stages.load_proto(onnx.ModelProto.FromString(
+        proto.SerializeToString()), "tiny")
+    assert reads_text_as(a) == reads_text_as(b)
+    other = onnx.ModelProto.FromString(proto.SerializeToString())
+    onnx.helper.set_model_props(other, {"tokenizer": "another"})
+    assert reads_text_as(stages.load_proto(other, "tiny")) != reads_text_as(a)
+    assert reads_text_as(stages.load_proto(proto, "elsewhere")) != reads_text_as(a)

@@ -15,6 +15,7 @@ are the same. This layer sits between ``cli`` and ``stages``.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,7 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantscope.pipeline import steps
-from quantscope.pipeline.context import Context, RunOptions, keep_rewritten, rewrite_run_model
+from quantscope.pipeline.context import (
+    Context,
+    RunOptions,
+    keep_rewritten,
+    reads_text_as,
+    rewrite_run_model,
+)
 from quantscope.pipeline.deploy import deploy as deploy_step
 from quantscope.pipeline.manifest import Manifest, remember_digests, stage_key
 from quantscope.pipeline.verdict import report as report_step
@@ -111,12 +118,16 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     _check_inputs(given, opts, progress, fit=fit)
     remember_digests(Path(opts.out))  # files hashed before, unchanged: not hashed again
     made = rewrite_run_model(opts, progress=progress, given=given)
-    early: dict[str, Any] = {"made": made, **({"model": made.model} if made.model else {}),
-                             "given_fit": (given, fit)}  # text pairs: not tokenized again
     folder = _folder(opts.out)
     with _lock(folder):
         _remove_stale(folder)
         keep_rewritten(folder, opts, made)
+        # held for the stages: the loaded model, not the rewrite's own proto (written
+        # above) nor the given model (only what tells whether text reads alike)
+        made = dataclasses.replace(made, proto=None)
+        early: dict[str, Any] = {"made": made, **({"model": made.model} if made.model else {}),
+                                 "given_fit": (reads_text_as(given), fit)}
+        del given
         return _run(Context(opts, folder, progress=progress, _cache=early), force)
 
 
@@ -226,7 +237,7 @@ def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None
 
 
 def _run(ctx: Context, force: str | None) -> RunResult:
-    from quantscope.analyze.memory import peak_bytes, reset_peak
+    from quantscope.analyze.memory import peak_bytes, release_memory, reset_peak
     from quantscope.progress import say
     from quantscope.serde import read_json
 
@@ -251,6 +262,7 @@ def _run(ctx: Context, force: str | None) -> RunResult:
         # rewrites), then each stage's own: the reset also resets what getrusage and
         # `time -v` report (the last stage's peak)
         before = None if ran else peak_bytes()
+        release_memory()  # what the stages before left behind goes back first
         reset_peak()
         start = time.perf_counter()
         done = spec.run(ctx)

@@ -273,7 +273,7 @@ class Context:
 
     def _opened_fit(self, model: Model) -> Dataset | None:
         """The text pairs' fit data the run opened with the given model before any stage
-        (``_cache["given_fit"]``: model, data), when ``model`` reads text as that one does
+        (``_cache["given_fit"]``: :func:`reads_text_as` of it, data), when ``model`` reads text as that one does
         (the same inputs, outputs, metadata and source: a rewrite keeps them), so they
         are not tokenized again; else None."""
         given, fit = self._cache.get("given_fit", (None, None))
@@ -281,11 +281,7 @@ class Context:
             return None
         from quantscope.pipeline.data import _is_pairs
 
-        same = (given is model or (
-            list(given.graph.input) == list(model.graph.input)
-            and list(given.graph.output) == list(model.graph.output)
-            and list(given.proto.metadata_props) == list(model.proto.metadata_props)
-            and given.source == model.source))
+        same = given == reads_text_as(model)
         return fit if same and _is_pairs(self.opts.data) else None
 
     def target(self) -> Target:
@@ -435,6 +431,14 @@ class RunModel:
         if self.loaded:
             return Model(proto=onnx.load(self.file), source=self.source, notes=self.notes)
         return stages.load_proto(onnx.load(self.file), self.source)
+
+
+def reads_text_as(model: Model) -> tuple[Any, ...]:
+    """What decides whether two models read text alike (a rewrite keeps it): the inputs,
+    outputs, metadata and source, as comparable values (the model itself is not held)."""
+    return (tuple(i.SerializeToString() for i in model.graph.input),
+            tuple(o.SerializeToString() for o in model.graph.output),
+            tuple(p.SerializeToString() for p in model.proto.metadata_props), model.source)
 
 
 def keep_rewritten(folder: Path, opts: RunOptions, made: RunModel) -> None:
