@@ -181,17 +181,24 @@ def _sample_shapes(model: Model, given: dict[str, tuple[int, ...]], names: list[
             feeds[name] = np.ones(shape, dtype)  # type: ignore[arg-type]
         else:
             feeds[name] = np.zeros(shape, dtype)  # type: ignore[arg-type]
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
-    outputs = {o.name for o in proto.graph.output}
-    proto.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in outputs)
+    # the model's own graph, its outputs extended while it is serialized (no copy of the
+    # weights besides the bytes ONNX Runtime reads), restored before anything else runs
+    graph = model.proto.graph
+    n_out, outputs = len(graph.output), {o.name for o in graph.output}
+    graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in outputs)
+    try:
+        data = model.proto.SerializeToString()
+    finally:
+        del graph.output[n_out:]
     try:
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        sess = ort.InferenceSession(proto.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
+        opts.enable_cpu_mem_arena = False  # its activations go back after the one run
+        opts.add_session_config_entry("session.disable_prepacking", "1")  # no weight copy
+        sess = ort.InferenceSession(data, opts, providers=["CPUExecutionProvider"])
+        del data
         wanted = [o.name for o in sess.get_outputs() if o.name in set(names)]
         got = sess.run(wanted, feeds)
     except Exception:  # noqa: BLE001 - any failure: the shapes stay unknown (and say so)
