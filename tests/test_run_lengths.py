@@ -255,13 +255,21 @@ def test_no_deployment_within_the_margin_is_one_line():
 def test_auto_does_not_fine_tune_a_plan_the_compiled_lengths_would_not_ship(tiny_run, capsys):
     """The deploy stage will choose compiled lengths (short texts, a cost that depends on
     the length), whose other candidates are not fine-tuned: ``--finetune auto`` skips the
-    single plan's fine-tune even with the goal missed, and says why in the record."""
+    single plan's fine-tune even with the goal missed, says why in the record, and
+    measures nothing for it (no fit figure: decided before any model is run)."""
     pytest.importorskip("torch")
+    from quantscope.pipeline import tune
+
     tmp_path, m, out, args = tiny_run
-    assert main([*args, "--metric", "embedding_cosine_mean", "--goal", "1.0"]) == 0
+    measured = []
+    real = tune.FitMeasure.plan
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tune.FitMeasure, "plan", lambda *a, **k: measured.append(1) or real(*a, **k))
+        assert main([*args, "--metric", "embedding_cosine_mean", "--goal", "1.0"]) == 0
     repaired = read_json(out / "repaired.plan.json", "plan")
     (rec,) = [r for r in repaired["repairs"] if r["name"] == "finetune"]
     assert not rec["tried"] and "the deploy stage chooses compiled lengths" in rec["why"]
+    assert not measured and rec.get("fit_before") is None
     assert read_json(out / "lengths.json", "lengths")["buckets"]
 
 

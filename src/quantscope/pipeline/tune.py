@@ -271,6 +271,14 @@ def tune(ctx: Context, repaired: RepairRun, feeds: Sequence[dict[str, np.ndarray
                     "missed)")
     if mode == "auto" and ctx.opts.goal is None:
         return skip("no --goal to miss (--finetune on fine-tunes anyway)")
+    # decided before anything is loaded or measured: on mpnet-base the measuring alone
+    # (the repaired model loaded again, FP32 and the plan on the fit pairs) took the
+    # stage from 1.0 to 3.8 GB for a fine-tune that was then skipped
+    lengths = lengths_decided(ctx) if mode == "auto" else None
+    if lengths is not None:
+        return skip(f"the deploy stage chooses compiled lengths ({lengths}); its other "
+                    "candidates are not fine-tuned, so this plan's fine-tune would ship only "
+                    "where one model is kept (--finetune on fine-tunes it anyway)")
     fit = ctx.data().fit
     model = load_proto(repaired.proto, ctx.model().source)
     measure = FitMeasure(ctx.model(), fit, metric)
@@ -279,12 +287,6 @@ def tune(ctx: Context, repaired: RepairRun, feeds: Sequence[dict[str, np.ndarray
     if mode == "auto" and goal is not None and head.reached(before.value, goal):
         return skip(f"the plan reaches {head.goal_text(goal)} on the fit data "
                     f"({_fig(metric, before.value)})", fit_before=before.value)
-    lengths = lengths_decided(ctx) if mode == "auto" else None
-    if lengths is not None:
-        return skip(f"the deploy stage chooses compiled lengths ({lengths}); its other "
-                    "candidates are not fine-tuned, so this plan's fine-tune would ship only "
-                    "where one model is kept (--finetune on fine-tunes it anyway)",
-                    fit_before=before.value)
     batches = len(fit.calibration)
     if batches < 2:
         return skip(f"the fit data gives {batches} calibration batch(es) and the fine-tune "
