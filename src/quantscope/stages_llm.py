@@ -232,6 +232,9 @@ class PhasePlan:
     diagnosis: tuple[PhaseDiagnosis, ...]
     max_cost: float
     prefix: LmPrefix | None = None
+    # the calibration of the phase graphs the figures ran on (with the prefix): what an
+    # export of the plan per phase takes (``run`` on a decoder)
+    stats: dict[str, Stats] | None = None
 
     def plan(self) -> Plan:
         """The chosen plan with its per-phase results in ``meta`` (JSON strings)."""
@@ -274,7 +277,7 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
     quality = {"data": windows.source, "setup": setup.__dict__, "plans": results,
                **({"prefix": kv.to_dict()} if kv else {})}
     return PhasePlan(choose(candidates, results, max_cost), candidates, quality, diagnosis,
-                     max_cost, kv)
+                     max_cost, kv, stats)
 
 
 def format_phase_plan(out: PhasePlan) -> list[str]:

@@ -41,6 +41,7 @@ from quantscope.cli.types import (
 )
 from quantscope.pipeline import RunOptions, run_pipeline
 from quantscope.pipeline.context import DEFAULT_BUDGET_S
+from quantscope.pipeline.decoder import DECODER_STAGES
 from quantscope.pipeline.verdict import format_verdict
 from quantscope.plan.buckets import CHOICE_LENGTHS
 from quantscope.plan.deployment import deployment_file
@@ -108,10 +109,77 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     "noise: 'auto' (default) when the plan misses --goal there and the run "
                     "ships one model (not where it chooses compiled lengths), 'on' always, "
                     "'off' never")
-    ru.add_argument("--force", metavar="STAGE", choices=RUN_STAGES, help="rerun from STAGE "
-                    f"({', '.join(RUN_STAGES)})")
+    ru.add_argument("--force", metavar="STAGE", choices=tuple(dict.fromkeys((*RUN_STAGES, *DECODER_STAGES))),
+                    help=f"rerun from STAGE ({', '.join(RUN_STAGES)}; a decoder's: "
+                    f"{', '.join(DECODER_STAGES)})")
+    _add_decoder_options(ru)
     ru.add_argument("--out", dest="folder", type=run_folder, required=True,
                     help="run folder (created; every stage's file, run.json, report.html)")
+    ru.set_defaults(run_parser=ru)
+
+
+def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
+    """A decoder LLM's run (a prefill/decode pair such as smollm2-135m:
+    :mod:`quantscope.pipeline.decoder`): the KV prefix and the amounts of text."""
+    g = ru.add_argument_group("decoder LLMs (a prefill/decode pair, e.g. smollm2-135m)",
+                              "--rewrites auto (default) is rotate, then SmoothQuant on each "
+                              "MLP's gated product; --metric ppl_ratio (default), "
+                              "top1_agreement, decode_top1 or greedy_agreement; --goal is "
+                              "judged on it held out at the amounts below")
+    g.add_argument("--prefix", choices=("auto", "none"), default="auto",
+                   help="the constant KV prefix: 'auto' (default) the sink/outlier tokens "
+                   "found from calibration, their FP32 keys/values in the cache; 'none'")
+    for flag, value, what in (
+            ("--lm-tokens", 20_000, "predicted tokens of held-out text for the prefill "
+             "figures"),
+            ("--prompts", 32, "greedy-generation prompts"),
+            ("--new-tokens", 64, "greedy tokens generated per prompt"),
+            ("--decode-steps", 256, "decode steps on the emulated KV cache")):
+        g.add_argument(flag, type=positive_int, default=value, help=f"{what} (default {value})")
+
+
+# run options a decoder's run does not take: (dest, flag)
+ENCODER_ONLY = (("eval_data", "--eval-data"), ("hn", "--hn"), ("input_shape", "--input-shape"),
+                ("tokenizer", "--tokenizer"), ("repairs", "--repairs"), ("whatif", "--whatif"),
+                ("lengths", "--lengths"), ("finetune", "--finetune"), ("layout", "--layout"),
+                ("batch_axis", "--batch-axis"), ("race", "--race"), ("pairs", "--pairs"),
+                ("method", "--method"), ("proxy", "--proxy"),
+                ("repair_batches", "--repair-batches"))
+
+
+def _cmd_run_decoder(args: argparse.Namespace) -> int:
+    """run on a decoder LLM (:mod:`quantscope.pipeline.decoder`)."""
+    from quantscope.pipeline.decoder import (
+        AUTO_REWRITES,
+        DEFAULT_METRIC,
+        DecoderOptions,
+        format_decoder_verdict,
+        run_decoder,
+    )
+
+    parser = args.run_parser
+    given = [flag for dest, flag in ENCODER_ONLY
+             if getattr(args, dest, None) != parser.get_default(dest)]
+    if given:
+        raise QuantscopeError(f"{', '.join(given)}: not for a decoder LLM's run (model "
+                              f"'{args.model}' is a prefill/decode pair): drop "
+                              f"{'it' if len(given) == 1 else 'them'}")
+    if str(args.data) != "stdlib-docs":
+        raise QuantscopeError(f"--data {args.data}: a decoder's run measures on the built-in "
+                              "stdlib-docs text only: give --data stdlib-docs")
+    rewrites = AUTO_REWRITES if args.rewrites in (None, AUTO) else tuple(args.rewrites)
+    opts = DecoderOptions(model=args.model, target=args.target, out=args.folder,
+                          goal=args.goal, metric=args.metric or DEFAULT_METRIC,
+                          max_cost=args.max_cost or 1.5, seq_len=args.seq_len,
+                          rewrites=rewrites, prefix=args.prefix, tokens=args.lm_tokens,
+                          prompts=args.prompts, new_tokens=args.new_tokens,
+                          decode_steps=args.decode_steps)
+    out = run_decoder(opts, force=args.force, progress=True)
+    print(format_decoder_verdict(out.verdict))
+    print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "
+          f"{', '.join(out.skipped) or 'none'}; files in {out.folder}/ (verdict.txt, "
+          "host.md, prefill/, decode/)")
+    return 0
 
 
 def run_lengths(text: str) -> str:
@@ -212,6 +280,10 @@ def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from quantscope.pipeline.decoder import is_decoder
+
+    if is_decoder(args.model):
+        return _cmd_run_decoder(args)
     repairs = {} if args.repairs is None else {
         "repairs": () if args.repairs == "none" else tuple(args.repairs.split(",")),
         "repairs_given": True}

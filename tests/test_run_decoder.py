@@ -1,0 +1,127 @@
+"""``quantscope run`` on a decoder LLM (pipeline/decoder.py), on the tiny decoder."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from decoder_tiny import byte_decoder
+
+from quantscope.cli import main
+from quantscope.pipeline.manifest import file_digest
+
+SEQ = 32
+AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--decode-steps", "32"]
+
+
+def _run(args: list[str]) -> tuple[int, str]:
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        code = main(args)
+    return code, text.getvalue()
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory) -> tuple:
+    folder = tmp_path_factory.mktemp("decrun")
+    model = byte_decoder(folder)
+    before = {p.name: file_digest(p) for p in folder.iterdir()}
+    out = folder / "run"
+    args = ["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h", "--goal",
+            "1.5", "--seq-len", str(SEQ), *AMOUNTS, "--out", str(out)]
+    code, printed = _run(args)
+    assert code == 0
+    return model, out, printed, args, before
+
+
+def test_decoder_run_writes_each_phase_and_the_host_steps(ran) -> None:
+    model, out, printed, _, before = ran
+    assert {p.name: file_digest(p) for p in model.parent.iterdir() if p.name in before} == before
+    for phase in ("prefill", "decode"):
+        for name in ("model.onnx", "model.onnx.data", "quantized.qdq.onnx", "model.alls",
+                     "io_snippet.py"):
+            assert (out / phase / name).is_file(), (phase, name)
+    assert (out / "plan.prefix.npz").is_file() and (out / "tokenizer.json").is_file()
+    host = json.loads((out / "host.json").read_text())
+    assert host["prefix"]["tokens"] and host["kv_cache"]["prefix_slots"] == len(
+        host["prefix"]["tokens"])
+    assert len(host["kv_cache"]["inputs"]) == 4  # 2 layers x key, value
+    assert {r["role"] for r in host["io"]["decode"]} == {"input", "output"}
+    alls = (out / "prefill" / "model.alls").read_text()
+    assert "# KV prefix: tokens" in alls and "a16_w16" in alls
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["rewrites"] == ["rotate", "smooth"] and verdict["errors"] == 0
+    assert all(c <= 1.5 for c in verdict["costs"].values()) and verdict["overrides"] > 0
+    assert verdict["goal_met"] == (verdict["figures"]["ppl_ratio"]["value"] <= 1.5)
+    assert "ranked by onnxruntime" in printed and "measured held out on stdlib-docs" in printed
+    assert f"{verdict['figures']['ppl_ratio']['value']:.4f} (± " in printed
+
+
+@pytest.mark.slow
+def test_decoder_run_figures_equal_a_fresh_check(ran, capsys) -> None:
+    """What the verdict reports is what ``check --phase --quality`` measures on the run's
+    graphs with its plan and the same amounts."""
+    _, out, _, _, _ = ran
+    evaluated = json.loads((out / "evaluate.json").read_text())["plans"]["plan"]
+    assert main(["check", str(out / "plan.json"), "--model", str(out / "model" /
+                 "model.prefill.onnx"), "--target", "hailo10h", "--phase", "prefill,decode",
+                 "--seq-len", str(SEQ), "--quality", *AMOUNTS]) == 0
+    printed = capsys.readouterr().out
+    for phase in ("prefill", "decode_fp32_kv", "decode_emu_kv"):
+        v = evaluated[phase]
+        assert (f"plan           {phase:<16} {v['top1_agreement']:>7.3f} {v['kl']:>9.4f} "
+                f"{v['ppl_ratio']:>10.4f}") in printed
+
+
+def test_exported_prefill_reads_the_prefix_and_runs_in_ort(ran) -> None:
+    """The float prefill graph the compiler gets holds the prefix: on a prompt its logits
+    equal the rewritten graph's on prefix + prompt; the QDQ models run in ORT."""
+    from quantscope.stages_llm import open_phase
+    from quantscope.tasks.lm_phases import runner
+
+    _, out, _, _, _ = ran
+    tokens = json.loads((out / "host.json").read_text())["prefix"]["tokens"]
+    prompt = np.array([72, 101, 108, 108, 111, 32, 119], np.int64)
+    exported = ort.InferenceSession(str(out / "prefill" / "model.onnx"))
+    got = exported.run(["logits"], {"input_ids": prompt[None]})[0]
+    whole = runner(open_phase(out / "model" / "model.prefill.onnx", "prefill"))
+    want = whole({"input_ids": np.array([[*tokens, *prompt]], np.int64)})["logits"]
+    np.testing.assert_allclose(got[0], want[0, len(tokens):], rtol=1e-4, atol=1e-4)
+    for phase in ("prefill", "decode"):
+        ort.InferenceSession(str(out / phase / "quantized.qdq.onnx"))
+
+
+def test_decoder_rerun_skips_every_stage_and_force_reruns_from_one(ran) -> None:
+    _, out, _, args, _ = ran
+    verdict = (out / "verdict.json").read_bytes()
+    code, printed = _run(args)
+    assert code == 0 and "stages run: none" in printed
+    code, printed = _run([*args, "--force", "report"])
+    assert code == 0 and "stages run: report;" in printed
+    assert (out / "verdict.json").read_bytes() == verdict
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--lengths", "64"], "--lengths: not for a decoder LLM's run"),
+    (["--goal", "0.97"], "asks for a perplexity below FP32's"),
+    (["--metric", "top1_agreement", "--goal", "3"], "no fraction for --metric top1_agreement"),
+    (["--metric", "sqnr_db"], "is not a decoder's"),
+    (["--rewrites", "tokensplit"], "is an encoder rewrite"),
+    (["--data", "faces"], "stdlib-docs text only"),
+])
+def test_decoder_run_refuses_what_it_cannot_do(tmp_path, capsys, extra, words) -> None:
+    model = byte_decoder(tmp_path)
+    before = {p.name: file_digest(p) for p in tmp_path.iterdir()}
+    args = ["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h", "--out",
+            str(tmp_path / "run")]
+    if "--data" in extra:
+        args = [a for a in args if a != "stdlib-docs" and a != "--data"]
+    assert main([*args, *extra]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+    assert {p.name: file_digest(p) for p in tmp_path.iterdir()} == before
