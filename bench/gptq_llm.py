@@ -20,8 +20,7 @@ nearest measured; ``gptq`` (:func:`quantscope.repair.gptq.gptq`) run on the pref
 weights written into **both** phase graphs (the same initializers by name); both graphs
 calibrated again on the repaired weights (as ``run_repairs`` does after a graph edit);
 GPTQ measured. The **FP32 reference of both measurements is the original model**: the
-evaluation has one opener for the reference and the emulated graphs, so this script swaps
-the opener of the emulated ones (``lm_phases._emulated``) for the repaired graphs. The
+evaluation's ``emulated`` opener gives the repaired graphs, its first the reference. The
 prefix's K/V are the original model's (FP32 constants, computed once).
 """
 
@@ -46,7 +45,6 @@ from quantscope.plan.phases import check_phases
 from quantscope.repair.gptq import gptq
 from quantscope.stages_llm import format_lm_quality, lm_prefix, lm_text, open_phase
 from quantscope.targets import load_target
-from quantscope.tasks import lm_phases
 from quantscope.tasks.lm_phases import calibrate_phases, evaluate_lm_plans, release_memory
 from quantscope.types import GroupKind, Plan, Precision
 
@@ -141,15 +139,10 @@ def main() -> None:
     repaired = prefixed_opener(lambda p: _with_weights(open_phase(a.model, p), arrays, "gptq"),
                                prefix)
     stats = calibrate_phases(repaired, windows, steps=setup.steps)
-    original_emulated = lm_phases._emulated
-    lm_phases._emulated = lambda _o, phase, st, pl, m: original_emulated(
-        repaired, phase, st, pl, m)
-    try:
-        t0 = time.perf_counter()
-        got = evaluate_lm_plans(base, stats, {f"{a.plan} GPTQ": plan}, windows, **amounts)
-        gptq_eval_s = time.perf_counter() - t0
-    finally:
-        lm_phases._emulated = original_emulated
+    t0 = time.perf_counter()
+    got = evaluate_lm_plans(base, stats, {f"{a.plan} GPTQ": plan}, windows, **amounts,
+                            emulated=repaired)
+    gptq_eval_s = time.perf_counter() - t0
     out["plans"].update(got)
     print("\n".join(format_lm_quality(out)))
     total = time.perf_counter() - t_all

@@ -57,6 +57,12 @@ def test_decoder_run_writes_each_phase_and_the_host_steps(ran) -> None:
     assert verdict["rewrites"] == ["rotate", "smooth"] and verdict["errors"] == 0
     assert all(c <= 1.5 for c in verdict["costs"].values()) and verdict["overrides"] > 0
     assert verdict["goal_met"] == (verdict["figures"]["ppl_ratio"]["value"] <= 1.5)
+    w4 = verdict["w4"]  # the a8_w4 variant: fewer weight bytes, cheaper decode, measured
+    assert w4["measured"] and w4["layers"] > 0 and (out / "plan.w4.json").is_file()
+    c = w4["checks"]
+    assert c["w4.decode"]["weight_mb"] < c["w8.decode"]["weight_mb"]
+    assert c["w4.decode"]["cost"] < c["w8.decode"]["cost"] == verdict["costs"]["decode"]
+    assert set(w4["figures"]) == set(verdict["figures"]) and "at a8_w4 (GPTQ)" in printed
     assert "ranked by onnxruntime" in printed and "measured held out on stdlib-docs" in printed
     assert f"{verdict['figures']['ppl_ratio']['value']:.4f} (± " in printed
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -403,6 +404,74 @@ def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
     return write_phase_files(spec, "smooth", one, out)
 
 
+def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
+               prefix: tuple[int, ...] = ()) -> dict[str, Any]:
+    """``plan`` with every weighted layer it leaves at a8_w8 at a8_w4 (its 16-bit layers
+    kept), checked on both phases (cost, weight bytes: decode reads every weight per
+    token), its 4-bit weights rounded by GPTQ (:func:`quantscope.repair.gptq.gptq`, on the
+    prefill graph's calibration windows with the prefix in the cache; the same
+    initializers written into both graphs), both graphs calibrated again and measured
+    at ``setup`` against the unrepaired graphs as FP32. Not legal on a phase: the checks
+    only (``measured`` False). Returns the plan, checks, GPTQ's effect and the figures."""
+    from onnx import numpy_helper
+
+    from quantscope.repair.gptq import gptq
+    from quantscope.types import GroupKind
+
+    windows, prompts = lm_text(spec, setup)
+    kv = lm_prefix(spec, prefix, windows)
+    base = _opener(spec, kv)
+    stats = calibrate_phases(base, windows, steps=setup.steps)
+    models = {p: base(p) for p in PHASES}
+    groups = find_groups(models["prefill"])
+    over = dict(plan.overrides)
+    w4 = [g.name for g in groups.groups if g.kind is GroupKind.WEIGHTED
+          and over.get(g.name, plan.default) is Precision.A8_W8]
+    plan4 = dataclasses.replace(plan, overrides=tuple({**over, **dict.fromkeys(
+        w4, Precision.A8_W4)}.items()), meta=(("planner", "quantscope run: the plan's a8_w8 "
+                                                          "weights at a8_w4 (GPTQ)"),))
+    tgt = load_target(plan.target)
+    checks: dict[str, dict[str, Any]] = {}
+    for key, p_ in (("w4", plan4), ("w8", plan)):
+        for c in check_phases(p_, models, tgt, setup.seq_len):
+            checks[f"{key}.{c.phase}"] = {
+                "cost": c.cost, "errors": c.errors, "weight_mb": c.weight_bytes / 1e6,
+                "rules": sorted({x.rule for x in c.problems if x.severity == "error"})}
+    del models
+    release_memory()
+    out: dict[str, Any] = {"plan": plan4, "layers": len(w4), "checks": checks,
+                           "measured": not any(checks[f"w4.{p}"]["errors"] for p in PHASES)}
+    if not out["measured"] or not w4:
+        out["measured"] = False
+        return out
+    start = time.perf_counter()
+    rep = gptq(base("prefill"), [{"input_ids": w[None]} for w in windows.calibration], plan4,
+               stats=stats["prefill"])
+    names = {c.tensor for c in rep.changes}
+    arrays = {t.name: numpy_helper.to_array(t) for t in rep.proto.graph.initializer
+              if t.name in names}
+    out["gptq"] = {"effect": rep.effect_dict(), "reason": rep.reason,
+                   "left_alone": [list(x) for x in rep.skipped],
+                   "seconds": round(time.perf_counter() - start, 1)}
+    del rep
+    release_memory()
+
+    def repaired(phase: str) -> Model:
+        m = open_phase(spec, phase)
+        for t in m.graph.initializer:
+            if t.name in arrays:
+                t.CopyFrom(numpy_helper.from_array(arrays[t.name], t.name))
+        return Model(proto=m.proto, source=f"{m.source} + GPTQ a8_w4")
+
+    emulated = prefixed_opener(repaired, kv.kv if kv else None)
+    stats4 = calibrate_phases(emulated, windows, steps=setup.steps)
+    out["quality"] = evaluate_lm_plans(base, stats4, {"w4": plan4}, windows, prompts=prompts,
+                                       steps=setup.steps, new_tokens=setup.new_tokens,
+                                       decode_windows=setup.decode_windows,
+                                       emulated=emulated)["w4"]
+    return out
+
+
 # smooth_phase_files' sites -> (smooth_outliers' gated, producers)
 SMOOTH_SITES: dict[str, tuple[bool, tuple[str, ...] | None]] = {
     "norms": (False, None), "gated": (True, ("Mul",)), "all": (True, None)}
@@ -453,4 +522,4 @@ __all__ = ["DECODE_STEPS", "EVAL_TOKENS", "NEW_TOKENS", "PROMPTS", "LmPrefix", "
            "lm_prefix", "recorded_prefix",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
            "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files",
-           "smooth_phase_files", "write_phase_files"]
+           "smooth_phase_files", "w4_variant", "write_phase_files"]

@@ -129,6 +129,10 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix", choices=("auto", "none"), default="auto",
                    help="the constant KV prefix: 'auto' (default) the sink/outlier tokens "
                    "found from calibration, their FP32 keys/values in the cache; 'none'")
+    g.add_argument("--w4", choices=("on", "off"), default="on",
+                   help="also measure the chosen plan with its a8_w8 weights at a8_w4 "
+                   "(GPTQ-rounded; decode reads every weight per token): 'on' (default), "
+                   "'off'")
     for flag, value, what in (
             ("--lm-tokens", 20_000, "predicted tokens of held-out text for the prefill "
              "figures"),
@@ -173,7 +177,7 @@ def _cmd_run_decoder(args: argparse.Namespace) -> int:
                           max_cost=args.max_cost or 1.5, seq_len=args.seq_len,
                           rewrites=rewrites, prefix=args.prefix, tokens=args.lm_tokens,
                           prompts=args.prompts, new_tokens=args.new_tokens,
-                          decode_steps=args.decode_steps)
+                          decode_steps=args.decode_steps, w4=args.w4 == "on")
     out = run_decoder(opts, force=args.force, progress=True)
     print(format_decoder_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "

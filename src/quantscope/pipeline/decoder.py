@@ -48,6 +48,7 @@ DECODER_REWRITES = ("rotate", "smooth")  # the names a decoder run takes, in ord
 MODEL_DIR, REWRITE, PLAN, EVALUATE = "model", "rewrite.json", "plan.json", "evaluate.json"
 PLAN_TEXT, HOST, HOST_TEXT, TOKENIZER = "plan.txt", "host.json", "host.md", "tokenizer.json"
 VERDICT, VERDICT_TEXT = "verdict.json", "verdict.txt"
+W4, W4_PLAN = "w4.json", "plan.w4.json"
 STATS = {"prefill": "stats.prefill.npz", "decode": "stats.decode.npz"}
 PREFIX_NPZ, PREFIX_PY = "plan.prefix.npz", "plan.prefix.py"
 SMOOTH_ALPHA, SMOOTH_SITES = 0.5, "gated"
@@ -91,6 +92,7 @@ class DecoderOptions:
     prompts: int = 32
     new_tokens: int = 64
     decode_steps: int = 256
+    w4: bool = True  # also measure the plan with its a8_w8 weights at a8_w4 (GPTQ)
 
     def check(self) -> None:
         """The options together, before any file is opened: one line per mistake."""
@@ -278,6 +280,28 @@ def evaluate(ctx: DecoderContext) -> Done:
     return Done((EVALUATE,))
 
 
+def w4(ctx: DecoderContext) -> Done:
+    """The chosen plan with its a8_w8 weights at a8_w4, GPTQ-rounded, checked and measured
+    at the evaluate stage's amounts (:func:`quantscope.stages_llm.w4_variant`): decode
+    reads every weight per token, so 4-bit weights are what its cost turns on."""
+    from quantscope.serde import json_writer, plan_writer, write_atomic_set
+    from quantscope.stages_llm import recorded_prefix, w4_variant
+
+    if not ctx.opts.w4:
+        ctx.path(W4_PLAN).unlink(missing_ok=True)
+        write_atomic_set([(ctx.path(W4), json_writer({"asked": False}))])
+        return Done((W4,))
+    plan_ = ctx.plan()
+    ctx.say("[w4] the plan's a8_w8 weights at a8_w4: checked on both phases, GPTQ, measured …")
+    start = time.perf_counter()
+    res = w4_variant(ctx.spec(), plan_, ctx.opts.phases_setup(), recorded_prefix(plan_))
+    res["seconds"] = round(time.perf_counter() - start, 1)
+    plan4 = res.pop("plan")
+    write_atomic_set([(ctx.path(W4_PLAN), plan_writer(plan4)),
+                      (ctx.path(W4), json_writer({"asked": True, **res}))])
+    return Done((W4, W4_PLAN))
+
+
 def export(ctx: DecoderContext) -> Done:
     """Per phase ``{phase}/``: ``model.onnx`` (float, weights in ``model.onnx.data``: what
     the compiler parses; prefill with the prefix in its cache), ``model.qdq.onnx`` and the
@@ -414,14 +438,16 @@ def report(ctx: DecoderContext) -> Done:
 
     verdict = decoder_verdict(ctx.opts, read_json(ctx.path(PLAN), "plan"),
                               read_json(ctx.path(EVALUATE), "evaluation"),
-                              read_json(ctx.path(REWRITE), "rewrites"))
+                              read_json(ctx.path(REWRITE), "rewrites"),
+                              read_json(ctx.path(W4), "a8_w4 variant"))
     write_json(ctx.path(VERDICT), verdict)
     write_text(ctx.path(VERDICT_TEXT), format_decoder_verdict(verdict) + "\n")
     return Done((VERDICT, VERDICT_TEXT))
 
 
 def decoder_verdict(opts: DecoderOptions, plan_doc: dict[str, Any], evaluation: dict[str, Any],
-                    rewrites: dict[str, Any]) -> dict[str, Any]:
+                    rewrites: dict[str, Any], w4_doc: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
     """The figures the evaluate stage measured, the goal judged on ``opts.metric`` (with its
     standard error: reached, missed, or within the noise), each phase's cost."""
     meta = dict(plan_doc.get("meta") or {})
@@ -457,10 +483,26 @@ def decoder_verdict(opts: DecoderOptions, plan_doc: dict[str, Any], evaluation: 
             f"(± {f['se']:.2g}) against the goal {opts.goal:g}"
             + (" (within 2 standard errors: not decided by this amount of text)" if within
                else ""))
+    out["w4"] = _w4_summary(w4_doc or {"asked": False})
     over = {p: c for p, c in costs.items() if c > opts.max_cost + 1e-9}
     out["cost_text"] = ", ".join(f"{p} {c:.2f}x" for p, c in costs.items()) + (
         f" (over the cap {opts.max_cost:g}x: {', '.join(over)})" if over
         else f" (within {opts.max_cost:g}x)")
+    return out
+
+
+def _w4_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """The a8_w4 variant's checks and figures (``w4.json``) for the verdict."""
+    if not doc.get("asked"):
+        return {"asked": False}
+    out = {"asked": True, "layers": doc["layers"], "measured": doc["measured"],
+           "checks": doc["checks"]}
+    if doc["measured"]:
+        q = doc["quality"]
+        out["figures"] = {name: {"value": q[m.phase][m.key],
+                                 "se": q[m.phase].get(f"{m.key}_se", 0.0)}
+                          for name, m in METRICS.items()}
+        out["gptq"] = doc["gptq"]["effect"]
     return out
 
 
@@ -487,8 +529,25 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
         lines.append(f"    {name:<17} {f['value']:>8.4f} (± {f['se']:.4f})  {f['words']}")
     if v.get("goal_text"):
         lines.append(f"  goal: {v['goal_text']}")
+    lines += _w4_lines(v.get("w4") or {"asked": False})
     lines.append(f"  ranked by {v['ranked_by']}; measured by {v['measured_by']}")
     return "\n".join(lines)
+
+
+def _w4_lines(w: dict[str, Any]) -> list[str]:
+    if not w["asked"]:
+        return ["  a8_w4 weights: not asked (--w4 off)"]
+    c = w["checks"]
+    head = (f"  the same plan with its {w['layers']} a8_w8 weighted layers at a8_w4 (GPTQ): "
+            f"cost prefill {c['w4.prefill']['cost']:.2f}x, decode {c['w4.decode']['cost']:.2f}x; "
+            f"decode weights {c['w4.decode']['weight_mb']:.4g} MB "
+            f"(8-bit weights: {c['w8.decode']['weight_mb']:.4g} MB)")
+    if not w["measured"]:
+        rules = sorted({r for k, x in c.items() if k.startswith("w4.") for r in x["rules"]})
+        return [head, "    not legal on the target (" + (", ".join(rules) or "no layer to "
+                                                          "take") + "): not measured"]
+    return [head, "    measured: " + ", ".join(
+        f"{name} {f['value']:.4f} (± {f['se']:.4f})" for name, f in w["figures"].items())]
 
 
 @dataclass(frozen=True)
@@ -503,9 +562,11 @@ DECODER_STAGES: dict[str, DecoderStage] = {
     "plan": DecoderStage(plan, (REWRITE,), ("target", "max_cost", "seq_len", "prefix")),
     "evaluate": DecoderStage(evaluate, (REWRITE, PLAN),
                              ("seq_len", "tokens", "prompts", "new_tokens", "decode_steps")),
+    "w4": DecoderStage(w4, (REWRITE, PLAN), ("w4", "seq_len", "tokens", "prompts",
+                                              "new_tokens", "decode_steps")),
     "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target",)),
     "host": DecoderStage(host, (PLAN, *STATS.values()), ("seq_len",)),
-    "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE),
+    "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE, W4),
                            ("goal", "metric", "max_cost", "target", "model")),
 }
 

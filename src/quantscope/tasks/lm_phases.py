@@ -226,10 +226,13 @@ def _decode_window(w: _Pending, emu: Run, acc: dict[str, NextToken],
 def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dict[str, Plan],
                       windows: TokenWindows, *, prompts: Sequence[np.ndarray] = (),
                       steps: int = 8, new_tokens: int = 32, method: str | None = None,
-                      decode_windows: int | None = None
+                      decode_windows: int | None = None, emulated: OpenPhase | None = None
                       ) -> dict[str, dict[str, dict[str, float]]]:
     """Per plan, per phase (:data:`LM_PHASES`, ``greedy``, ``time``): metric -> value.
-    Decode runs on the first ``decode_windows`` evaluation windows (None: all of them)."""
+    Decode runs on the first ``decode_windows`` evaluation windows (None: all of them).
+    ``emulated``: the graphs the plans quantize when they are not ``open_phase``'s (the
+    same graphs with repaired weights: GPTQ); ``open_phase`` stays the FP32 reference."""
+    emulated = emulated or open_phase
     fp32 = runner(open_phase("prefill"))
     fp32_decode = runner(open_phase("decode"))
     fp32_clock = {"decode_s": 0.0, "decode_steps": 0.0}
@@ -242,7 +245,7 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dic
         clock = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0.0,
                  "fp32_prefill_s": 0.0, "fp32_decode_s": fp32_clock["decode_s"],
                  "fp32_decode_steps": fp32_clock["decode_steps"]}
-        emu = _emulated(open_phase, "prefill", stats["prefill"], plan, method)
+        emu = _emulated(emulated, "prefill", stats["prefill"], plan, method)
         fp32 = runner(open_phase("prefill"))  # made after: not alive while emu is built
         pending = []
         for k, ids in enumerate(windows.evaluation):
@@ -252,7 +255,7 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dic
         starts = [_last(emu({"input_ids": p[None]})) for p in prompts]
         del emu, fp32  # one emulated session at a time
         release_memory()
-        emu = _emulated(open_phase, "decode", stats["decode"], plan, method)
+        emu = _emulated(emulated, "decode", stats["decode"], plan, method)
         for w in pending:
             _decode_window(w, emu, acc, clock)
         greedy = Greedy()
