@@ -404,6 +404,45 @@ def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
     return write_phase_files(spec, "smooth", one, out)
 
 
+SMOOTH_ALPHA = 0.5  # the recipe's SmoothQuant strength (docs/benchmarks.md)
+RECIPE = ("rotate", "smooth")  # run's rewrites for a decoder, in order
+
+
+def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path, *,
+                       seq_len: int | None = None, prefix: str = "auto",
+                       say: Callable[[str], None] | None = None) -> dict[str, dict[str, str]]:
+    """The decoder recipe's steps ``names`` (of :data:`RECIPE`: ``rotate`` the residual
+    stream, :func:`rewrite_phase_files`; ``smooth`` each MLP's gated product at
+    :data:`SMOOTH_ALPHA`, calibrated with ``prefix``, :func:`smooth_phase_files`) on both
+    phase graphs of ``spec``, one after another, the last written as ``out``
+    (``X.prefill.onnx``, its decode sibling, the tokenizer); intermediate graphs are
+    removed once the next is written. Returns step -> phase -> what it did."""
+    bad = [n for n in names if n not in RECIPE]
+    if bad or not names:
+        raise QuantscopeError(f"decoder rewrites are {', '.join(RECIPE)}, not "
+                              f"'{','.join(bad) or 'nothing'}'")
+    out = Path(out)
+    seq = seq_len or DEFAULT_SEQ_LEN
+    notes: dict[str, dict[str, str]] = {}
+    current, made = str(spec), []
+    for i, name in enumerate(names):
+        last = i == len(names) - 1
+        step = out if last else out.with_name(f"step{i}-{name}.prefill.onnx")
+        if say is not None:
+            say(f"[rewrite] {name} on both phase graphs …")
+        if name == "rotate":
+            notes[name] = rewrite_phase_files(current, "rotate", step, seq_len=seq)
+        else:
+            setup = LmSetup(seq_len=seq, calibration=16, evaluation=1, steps=4)
+            notes[name] = smooth_phase_files(current, step, alpha=SMOOTH_ALPHA, setup=setup,
+                                             sites="gated", prefix=prefix)
+        for old in made:  # the previous step's files: read, no longer needed
+            old.unlink(missing_ok=True)
+        made = [p for p in out.parent.iterdir() if p.name.startswith(f"step{i}-")]
+        current = str(step)
+    return notes
+
+
 def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
                prefix: tuple[int, ...] = ()) -> dict[str, Any]:
     """``plan`` with every weighted layer it leaves at a8_w8 at a8_w4 (its 16-bit layers
@@ -522,4 +561,5 @@ __all__ = ["DECODE_STEPS", "EVAL_TOKENS", "NEW_TOKENS", "PROMPTS", "LmPrefix", "
            "lm_prefix", "recorded_prefix",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
            "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files",
+           "RECIPE", "SMOOTH_ALPHA", "recipe_phase_files",
            "smooth_phase_files", "w4_variant", "write_phase_files"]

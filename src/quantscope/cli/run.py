@@ -154,7 +154,6 @@ ENCODER_ONLY = (("eval_data", "--eval-data"), ("hn", "--hn"), ("input_shape", "-
 def _cmd_run_decoder(args: argparse.Namespace) -> int:
     """run on a decoder LLM (:mod:`quantscope.pipeline.decoder`)."""
     from quantscope.pipeline.decoder import (
-        AUTO_REWRITES,
         DEFAULT_METRIC,
         DecoderOptions,
         format_decoder_verdict,
@@ -171,7 +170,7 @@ def _cmd_run_decoder(args: argparse.Namespace) -> int:
     if str(args.data) != "stdlib-docs":
         raise QuantscopeError(f"--data {args.data}: a decoder's run measures on the built-in "
                               "stdlib-docs text only: give --data stdlib-docs")
-    rewrites = AUTO_REWRITES if args.rewrites in (None, AUTO) else tuple(args.rewrites)
+    rewrites = None if args.rewrites in (None, AUTO) else tuple(args.rewrites)
     opts = DecoderOptions(model=args.model, target=args.target, out=args.folder,
                           goal=args.goal, metric=args.metric or DEFAULT_METRIC,
                           max_cost=args.max_cost or 1.5, seq_len=args.seq_len,

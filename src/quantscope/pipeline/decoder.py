@@ -39,40 +39,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantscope.pipeline.decoder_report import (
+    DEFAULT_METRIC,
+    METRICS,
+    decoder_verdict,
+    format_decoder_verdict,
+    host_text,
+)
 from quantscope.pipeline.manifest import Manifest, file_digest, stage_key
 from quantscope.types import QuantscopeError
 
-# --rewrites for a decoder: the recipe measured best on smollm2-135m (benchmarks.md)
-AUTO_REWRITES = ("rotate", "smooth")
-DECODER_REWRITES = ("rotate", "smooth")  # the names a decoder run takes, in order
 MODEL_DIR, REWRITE, PLAN, EVALUATE = "model", "rewrite.json", "plan.json", "evaluate.json"
 PLAN_TEXT, HOST, HOST_TEXT, TOKENIZER = "plan.txt", "host.json", "host.md", "tokenizer.json"
 VERDICT, VERDICT_TEXT = "verdict.json", "verdict.txt"
 W4, W4_PLAN = "w4.json", "plan.w4.json"
 STATS = {"prefill": "stats.prefill.npz", "decode": "stats.decode.npz"}
 PREFIX_NPZ, PREFIX_PY = "plan.prefix.npz", "plan.prefix.py"
-SMOOTH_ALPHA, SMOOTH_SITES = 0.5, "gated"
-
-
-@dataclass(frozen=True)
-class Metric:
-    phase: str  # the figure's row in lm_quality's result
-    key: str
-    higher: bool  # higher is better
-    words: str
-
-
-# --metric for a decoder: the figure the goal is about
-METRICS: dict[str, Metric] = {
-    "ppl_ratio": Metric("prefill", "ppl_ratio", False, "prefill perplexity ratio to FP32"),
-    "top1_agreement": Metric("prefill", "top1_agreement", True,
-                             "prefill next-token top-1 agreement with FP32"),
-    "decode_top1": Metric("decode_emu_kv", "top1_agreement", True,
-                          "decode top-1 agreement with FP32 on the emulated KV cache"),
-    "greedy_agreement": Metric("greedy", "greedy_agreement", True,
-                               "greedy tokens matching FP32's (matched prefix)"),
-}
-DEFAULT_METRIC = "ppl_ratio"
 
 
 @dataclass(frozen=True)
@@ -86,7 +68,8 @@ class DecoderOptions:
     metric: str = DEFAULT_METRIC
     max_cost: float = 1.5
     seq_len: int | None = None  # None: the decoder default (64)
-    rewrites: tuple[str, ...] = AUTO_REWRITES
+    # None: the recipe measured best on smollm2-135m (stages_llm.RECIPE: rotate, smooth)
+    rewrites: tuple[str, ...] | None = None
     prefix: str = "auto"
     tokens: int = 20_000
     prompts: int = 32
@@ -94,15 +77,22 @@ class DecoderOptions:
     decode_steps: int = 256
     w4: bool = True  # also measure the plan with its a8_w8 weights at a8_w4 (GPTQ)
 
+    def __post_init__(self) -> None:
+        if self.rewrites is None:
+            from quantscope.stages_llm import RECIPE
+
+            object.__setattr__(self, "rewrites", RECIPE)
+
     def check(self) -> None:
         """The options together, before any file is opened: one line per mistake."""
+        from quantscope.stages_llm import RECIPE
         from quantscope.targets import load_target
 
         load_target(self.target)
         if self.metric not in METRICS:
             raise QuantscopeError(f"--metric '{self.metric}' is not a decoder's: use one of "
                                   f"{', '.join(METRICS)}")
-        bad = [r for r in self.rewrites if r not in DECODER_REWRITES]
+        bad = [r for r in self.rewrites or () if r not in RECIPE]
         if bad:
             raise QuantscopeError(f"--rewrites {','.join(bad)} is an encoder rewrite: a decoder "
                                   "run takes auto (rotate, then SmoothQuant on the gated "
@@ -192,14 +182,11 @@ class Done:
 
 
 def rewrite(ctx: DecoderContext) -> Done:
-    """The recipe's rewrites, each on both phase graphs (FP32-checked), one after another;
-    intermediate graphs are removed once the next is written."""
+    """The recipe's rewrites (:func:`quantscope.stages_llm.recipe_phase_files`)."""
     from quantscope.serde import write_json
-    from quantscope.stages_llm import LmSetup, rewrite_phase_files, smooth_phase_files
-    from quantscope.tasks.lm import DEFAULT_SEQ_LEN
+    from quantscope.stages_llm import SMOOTH_ALPHA, recipe_phase_files
 
     opts = ctx.opts
-    seq = opts.seq_len or DEFAULT_SEQ_LEN
     folder = ctx.path(MODEL_DIR)
     if folder.exists():
         shutil.rmtree(folder)
@@ -207,21 +194,8 @@ def rewrite(ctx: DecoderContext) -> Done:
         write_json(ctx.path(REWRITE), {"rewrites": [], "notes": {}})
         return Done((REWRITE,))
     folder.mkdir()
-    spec, notes, made = str(opts.model), {}, []
-    for i, name in enumerate(opts.rewrites):
-        last = i == len(opts.rewrites) - 1
-        out = folder / ("model.prefill.onnx" if last else f"step{i}-{name}.prefill.onnx")
-        ctx.say(f"[rewrite] {name} on both phase graphs …")
-        if name == "rotate":
-            notes[name] = rewrite_phase_files(spec, "rotate", out, seq_len=seq)
-        else:  # SmoothQuant on the gated products, calibrated with the KV prefix
-            setup = LmSetup(seq_len=seq, calibration=16, evaluation=1, steps=4)
-            notes[name] = smooth_phase_files(spec, out, alpha=SMOOTH_ALPHA, setup=setup,
-                                             sites=SMOOTH_SITES, prefix=opts.prefix)
-        for old in made:  # the previous step's graphs: read, no longer needed
-            old.unlink(missing_ok=True)
-        made = [p for p in folder.iterdir() if p.name.startswith(f"step{i}-")]
-        spec = str(out)
+    notes = recipe_phase_files(opts.model, opts.rewrites, folder / "model.prefill.onnx",
+                               seq_len=opts.seq_len, prefix=opts.prefix, say=ctx.say)
     write_json(ctx.path(REWRITE), {
         "rewrites": list(opts.rewrites), "notes": notes,
         "recipe": "docs/benchmarks.md, 'Decoder LLM: the KV prefix and the rotation': the "
@@ -389,7 +363,7 @@ def host(ctx: DecoderContext) -> Done:
                                "with one position more: feed them back as past.{i}.*"},
         "io": io, "io_note": dio.PROVENANCE}
     write_json(ctx.path(HOST), doc)
-    write_text(ctx.path(HOST_TEXT), _host_text(doc))
+    write_text(ctx.path(HOST_TEXT), host_text(doc))
     return Done(tuple(files))
 
 
@@ -402,37 +376,6 @@ def _open_exported(ctx: DecoderContext, phase: str) -> Any:
     return Model(proto=onnx.load(str(path)), source=str(path))
 
 
-def _host_text(doc: dict[str, Any]) -> str:
-    kv = doc["kv_cache"]
-    lines = ["# Host steps for the deployed decoder (quantscope run)", "",
-             f"1. Tokenize with `{doc['tokenizer']}` (the model's own tokenizer; do not add "
-             "special tokens the prefix already holds)."]
-    p = doc["prefix"]
-    if p:
-        lines.append(f"2. Load the constant KV prefix: `{p['loader']}` reads `{p['file']}` "
-                     f"(tokens {p['tokens']}: {', '.join(map(repr, p['text']))}; "
-                     f"{'; '.join(p['why'])}) into cache slots 0..{kv['prefix_slots'] - 1}. "
-                     "These tokens are never run on the device: their FP32 keys and values "
-                     "are the cache's first positions, quantized on the way in as every "
-                     "past.* input is (the decode graph's input transform below).")
-    else:
-        lines.append("2. No KV prefix: the prompt starts at cache position 0.")
-    lines += [f"3. Prompt positions start at {kv['first_prompt_position']}; the prefill graph "
-              f"was compiled for {kv['compiled_prompt_tokens']} prompt tokens; decode then "
-              "runs one token per call.",
-              f"4. KV cache: {kv['layout']}. Inputs of the decode graph:"]
-    lines += [f"   - `{c['name']}` {c['shape']} {c['dtype']}" for c in kv["inputs"]]
-    lines.append("5. Quantized inputs and outputs per phase (scale, zero point: "
-                 "prefill/io_snippet.py, decode/io_snippet.py):")
-    for phase, rows in doc["io"].items():
-        for r in rows:
-            lines.append(f"   - {phase} {r['role']} `{r['tensor']}`: {r['stored_type']}, scale "
-                         f"{r['scale']:.8g}, zero point {r['zero_point']} (real range "
-                         f"{r['min']:.6g} .. {r['max']:.6g})")
-    lines.append(f"\n{doc['io_note']}")
-    return "\n".join(lines) + "\n"
-
-
 def report(ctx: DecoderContext) -> Done:
     from quantscope.serde import read_json, write_json, write_text
 
@@ -443,111 +386,6 @@ def report(ctx: DecoderContext) -> Done:
     write_json(ctx.path(VERDICT), verdict)
     write_text(ctx.path(VERDICT_TEXT), format_decoder_verdict(verdict) + "\n")
     return Done((VERDICT, VERDICT_TEXT))
-
-
-def decoder_verdict(opts: DecoderOptions, plan_doc: dict[str, Any], evaluation: dict[str, Any],
-                    rewrites: dict[str, Any], w4_doc: dict[str, Any] | None = None
-                    ) -> dict[str, Any]:
-    """The figures the evaluate stage measured, the goal judged on ``opts.metric`` (with its
-    standard error: reached, missed, or within the noise), each phase's cost."""
-    meta = dict(plan_doc.get("meta") or {})
-    results = json.loads(meta.get("phase_results", "{}"))
-    res = evaluation["plans"]["plan"]
-    figures = {}
-    for name, m in METRICS.items():
-        row = res[m.phase]
-        figures[name] = {"value": row[m.key], "se": row.get(f"{m.key}_se", 0.0),
-                         "words": m.words}
-    costs = {p: c["cost"] for p, c in results.get("checks", {}).items()}
-    errors = sum(c["errors"] for c in results.get("checks", {}).values())
-    out: dict[str, Any] = {
-        "kind": "decoder", "model": opts.model, "target": opts.target, "metric": opts.metric,
-        "goal": opts.goal, "max_cost": opts.max_cost, "rewrites": rewrites.get("rewrites", []),
-        "candidate": meta.get("candidate"), "costs": costs, "errors": errors,
-        "overrides": sum(1 for v in (plan_doc.get("groups") or {}).values()
-                         if v != plan_doc.get("default")),
-        "prefix": json.loads(meta["kv_prefix"]) if meta.get("kv_prefix") else None,
-        "figures": figures, "data": evaluation["data"], "setup": evaluation["setup"],
-        "ranked_by": "onnxruntime (the plan stage, on " + _amounts(json.loads(
-            meta.get("lm_setup") or "{}")) + ")",
-        "measured_by": "onnxruntime", "seconds": evaluation.get("seconds")}
-    if opts.goal is not None:
-        f = figures[opts.metric]
-        sign = 1 if METRICS[opts.metric].higher else -1
-        margin = sign * (f["value"] - opts.goal)
-        met = margin >= 0
-        within = abs(margin) <= 2 * f["se"]
-        out["goal_met"] = met
-        out["goal_text"] = (
-            f"{'reached' if met else 'missed'}: {opts.metric} {f['value']:.4g} "
-            f"(± {f['se']:.2g}) against the goal {opts.goal:g}"
-            + (" (within 2 standard errors: not decided by this amount of text)" if within
-               else ""))
-    out["w4"] = _w4_summary(w4_doc or {"asked": False})
-    over = {p: c for p, c in costs.items() if c > opts.max_cost + 1e-9}
-    out["cost_text"] = ", ".join(f"{p} {c:.2f}x" for p, c in costs.items()) + (
-        f" (over the cap {opts.max_cost:g}x: {', '.join(over)})" if over
-        else f" (within {opts.max_cost:g}x)")
-    return out
-
-
-def _w4_summary(doc: dict[str, Any]) -> dict[str, Any]:
-    """The a8_w4 variant's checks and figures (``w4.json``) for the verdict."""
-    if not doc.get("asked"):
-        return {"asked": False}
-    out = {"asked": True, "layers": doc["layers"], "measured": doc["measured"],
-           "checks": doc["checks"]}
-    if doc["measured"]:
-        q = doc["quality"]
-        out["figures"] = {name: {"value": q[m.phase][m.key],
-                                 "se": q[m.phase].get(f"{m.key}_se", 0.0)}
-                          for name, m in METRICS.items()}
-        out["gptq"] = doc["gptq"]["effect"]
-    return out
-
-
-def _amounts(s: dict[str, Any]) -> str:
-    """An :class:`~quantscope.stages_llm.LmSetup`'s amounts of text, in words."""
-    if not s:
-        return "?"
-    steps = s["steps"] * (s.get("decode_windows") or s["evaluation"])
-    return (f"{s['evaluation']} windows of {s['seq_len']} tokens, {s['prompts']} prompts x "
-            f"{s['new_tokens']} greedy tokens, {steps} decode steps")
-
-
-def format_decoder_verdict(v: dict[str, Any]) -> str:
-    s = v["setup"]
-    lines = [f"verdict: {v['model']} on {v['target']} (decoder: prefill and decode graphs)",
-             f"  plan: {v['candidate']} ({v['overrides']} groups at 16 bit), cost "
-             f"{v['cost_text']}, {v['errors']} legality error(s) on the two phases",
-             "  rewrites: " + (", ".join(v["rewrites"]) or "none")]
-    p = v["prefix"]
-    lines.append("  KV prefix: " + (f"tokens {p['tokens']} ({', '.join(map(repr, p['text']))})"
-                                    " in FP32 in the cache" if p else "none"))
-    lines.append(f"  measured held out on {v['data']}: {_amounts(s)}:")
-    for name, f in v["figures"].items():
-        lines.append(f"    {name:<17} {f['value']:>8.4f} (± {f['se']:.4f})  {f['words']}")
-    if v.get("goal_text"):
-        lines.append(f"  goal: {v['goal_text']}")
-    lines += _w4_lines(v.get("w4") or {"asked": False})
-    lines.append(f"  ranked by {v['ranked_by']}; measured by {v['measured_by']}")
-    return "\n".join(lines)
-
-
-def _w4_lines(w: dict[str, Any]) -> list[str]:
-    if not w["asked"]:
-        return ["  a8_w4 weights: not asked (--w4 off)"]
-    c = w["checks"]
-    head = (f"  the same plan with its {w['layers']} a8_w8 weighted layers at a8_w4 (GPTQ): "
-            f"cost prefill {c['w4.prefill']['cost']:.2f}x, decode {c['w4.decode']['cost']:.2f}x; "
-            f"decode weights {c['w4.decode']['weight_mb']:.4g} MB "
-            f"(8-bit weights: {c['w8.decode']['weight_mb']:.4g} MB)")
-    if not w["measured"]:
-        rules = sorted({r for k, x in c.items() if k.startswith("w4.") for r in x["rules"]})
-        return [head, "    not legal on the target (" + (", ".join(rules) or "no layer to "
-                                                          "take") + "): not measured"]
-    return [head, "    measured: " + ", ".join(
-        f"{name} {f['value']:.4f} (± {f['se']:.4f})" for name, f in w["figures"].items())]
 
 
 @dataclass(frozen=True)
@@ -630,5 +468,5 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
                             read_json(folder / VERDICT, "verdict"))
 
 
-__all__ = ["AUTO_REWRITES", "DECODER_STAGES", "DecoderOptions", "DecoderRunResult", "METRICS",
+__all__ = ["DECODER_STAGES", "DecoderOptions", "DecoderRunResult", "METRICS",
            "decoder_verdict", "format_decoder_verdict", "is_decoder", "run_decoder"]

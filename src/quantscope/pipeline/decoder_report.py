@@ -1,0 +1,171 @@
+"""The verdict and the host's steps of a decoder LLM's ``run`` (:mod:`.decoder`), as data
+and as text: the figures measured held out, the goal judged on ``--metric`` with its
+standard error, each phase's cost, the a8_w4 variant, and what the host does."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Metric:
+    phase: str  # the figure's row in lm_quality's result
+    key: str
+    higher: bool  # higher is better
+    words: str
+
+
+# --metric for a decoder: the figure the goal is about
+METRICS: dict[str, Metric] = {
+    "ppl_ratio": Metric("prefill", "ppl_ratio", False, "prefill perplexity ratio to FP32"),
+    "top1_agreement": Metric("prefill", "top1_agreement", True,
+                             "prefill next-token top-1 agreement with FP32"),
+    "decode_top1": Metric("decode_emu_kv", "top1_agreement", True,
+                          "decode top-1 agreement with FP32 on the emulated KV cache"),
+    "greedy_agreement": Metric("greedy", "greedy_agreement", True,
+                               "greedy tokens matching FP32's (matched prefix)"),
+}
+DEFAULT_METRIC = "ppl_ratio"
+
+
+def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, Any],
+                    rewrites: dict[str, Any], w4_doc: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """The figures the evaluate stage measured (``opts``: the run's :class:`.decoder.
+    DecoderOptions`), the goal judged on ``opts.metric`` (with its
+    standard error: reached, missed, or within the noise), each phase's cost."""
+    meta = dict(plan_doc.get("meta") or {})
+    results = json.loads(meta.get("phase_results", "{}"))
+    res = evaluation["plans"]["plan"]
+    figures = {}
+    for name, m in METRICS.items():
+        row = res[m.phase]
+        figures[name] = {"value": row[m.key], "se": row.get(f"{m.key}_se", 0.0),
+                         "words": m.words}
+    costs = {p: c["cost"] for p, c in results.get("checks", {}).items()}
+    errors = sum(c["errors"] for c in results.get("checks", {}).values())
+    out: dict[str, Any] = {
+        "kind": "decoder", "model": opts.model, "target": opts.target, "metric": opts.metric,
+        "goal": opts.goal, "max_cost": opts.max_cost, "rewrites": rewrites.get("rewrites", []),
+        "candidate": meta.get("candidate"), "costs": costs, "errors": errors,
+        "overrides": sum(1 for v in (plan_doc.get("groups") or {}).values()
+                         if v != plan_doc.get("default")),
+        "prefix": json.loads(meta["kv_prefix"]) if meta.get("kv_prefix") else None,
+        "figures": figures, "data": evaluation["data"], "setup": evaluation["setup"],
+        "ranked_by": "onnxruntime (the plan stage, on " + _amounts(json.loads(
+            meta.get("lm_setup") or "{}")) + ")",
+        "measured_by": "onnxruntime", "seconds": evaluation.get("seconds")}
+    if opts.goal is not None:
+        f = figures[opts.metric]
+        sign = 1 if METRICS[opts.metric].higher else -1
+        margin = sign * (f["value"] - opts.goal)
+        met = margin >= 0
+        within = abs(margin) <= 2 * f["se"]
+        out["goal_met"] = met
+        out["goal_text"] = (
+            f"{'reached' if met else 'missed'}: {opts.metric} {f['value']:.4g} "
+            f"(± {f['se']:.2g}) against the goal {opts.goal:g}"
+            + (" (within 2 standard errors: not decided by this amount of text)" if within
+               else ""))
+    out["w4"] = _w4_summary(w4_doc or {"asked": False})
+    over = {p: c for p, c in costs.items() if c > opts.max_cost + 1e-9}
+    out["cost_text"] = ", ".join(f"{p} {c:.2f}x" for p, c in costs.items()) + (
+        f" (over the cap {opts.max_cost:g}x: {', '.join(over)})" if over
+        else f" (within {opts.max_cost:g}x)")
+    return out
+
+
+def _w4_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """The a8_w4 variant's checks and figures (``w4.json``) for the verdict."""
+    if not doc.get("asked"):
+        return {"asked": False}
+    out = {"asked": True, "layers": doc["layers"], "measured": doc["measured"],
+           "checks": doc["checks"]}
+    if doc["measured"]:
+        q = doc["quality"]
+        out["figures"] = {name: {"value": q[m.phase][m.key],
+                                 "se": q[m.phase].get(f"{m.key}_se", 0.0)}
+                          for name, m in METRICS.items()}
+        out["gptq"] = doc["gptq"]["effect"]
+    return out
+
+
+def _amounts(s: dict[str, Any]) -> str:
+    """An :class:`~quantscope.stages_llm.LmSetup`'s amounts of text, in words."""
+    if not s:
+        return "?"
+    steps = s["steps"] * (s.get("decode_windows") or s["evaluation"])
+    return (f"{s['evaluation']} windows of {s['seq_len']} tokens, {s['prompts']} prompts x "
+            f"{s['new_tokens']} greedy tokens, {steps} decode steps")
+
+
+def format_decoder_verdict(v: dict[str, Any]) -> str:
+    s = v["setup"]
+    lines = [f"verdict: {v['model']} on {v['target']} (decoder: prefill and decode graphs)",
+             f"  plan: {v['candidate']} ({v['overrides']} groups at 16 bit), cost "
+             f"{v['cost_text']}, {v['errors']} legality error(s) on the two phases",
+             "  rewrites: " + (", ".join(v["rewrites"]) or "none")]
+    p = v["prefix"]
+    lines.append("  KV prefix: " + (f"tokens {p['tokens']} ({', '.join(map(repr, p['text']))})"
+                                    " in FP32 in the cache" if p else "none"))
+    lines.append(f"  measured held out on {v['data']}: {_amounts(s)}:")
+    for name, f in v["figures"].items():
+        lines.append(f"    {name:<17} {f['value']:>8.4f} (± {f['se']:.4f})  {f['words']}")
+    if v.get("goal_text"):
+        lines.append(f"  goal: {v['goal_text']}")
+    lines += _w4_lines(v.get("w4") or {"asked": False})
+    lines.append(f"  ranked by {v['ranked_by']}; measured by {v['measured_by']}")
+    return "\n".join(lines)
+
+
+def _w4_lines(w: dict[str, Any]) -> list[str]:
+    if not w["asked"]:
+        return ["  a8_w4 weights: not asked (--w4 off)"]
+    c = w["checks"]
+    head = (f"  the same plan with its {w['layers']} a8_w8 weighted layers at a8_w4 (GPTQ): "
+            f"cost prefill {c['w4.prefill']['cost']:.2f}x, decode {c['w4.decode']['cost']:.2f}x; "
+            f"decode weights {c['w4.decode']['weight_mb']:.4g} MB "
+            f"(8-bit weights: {c['w8.decode']['weight_mb']:.4g} MB)")
+    if not w["measured"]:
+        rules = sorted({r for k, x in c.items() if k.startswith("w4.") for r in x["rules"]})
+        return [head, "    not legal on the target (" + (", ".join(rules) or "no layer to "
+                                                          "take") + "): not measured"]
+    return [head, "    measured: " + ", ".join(
+        f"{name} {f['value']:.4f} (± {f['se']:.4f})" for name, f in w["figures"].items())]
+
+
+def host_text(doc: dict[str, Any]) -> str:
+    kv = doc["kv_cache"]
+    lines = ["# Host steps for the deployed decoder (quantscope run)", "",
+             f"1. Tokenize with `{doc['tokenizer']}` (the model's own tokenizer; do not add "
+             "special tokens the prefix already holds)."]
+    p = doc["prefix"]
+    if p:
+        lines.append(f"2. Load the constant KV prefix: `{p['loader']}` reads `{p['file']}` "
+                     f"(tokens {p['tokens']}: {', '.join(map(repr, p['text']))}; "
+                     f"{'; '.join(p['why'])}) into cache slots 0..{kv['prefix_slots'] - 1}. "
+                     "These tokens are never run on the device: their FP32 keys and values "
+                     "are the cache's first positions, quantized on the way in as every "
+                     "past.* input is (the decode graph's input transform below).")
+    else:
+        lines.append("2. No KV prefix: the prompt starts at cache position 0.")
+    lines += [f"3. Prompt positions start at {kv['first_prompt_position']}; the prefill graph "
+              f"was compiled for {kv['compiled_prompt_tokens']} prompt tokens; decode then "
+              "runs one token per call.",
+              f"4. KV cache: {kv['layout']}. Inputs of the decode graph:"]
+    lines += [f"   - `{c['name']}` {c['shape']} {c['dtype']}" for c in kv["inputs"]]
+    lines.append("5. Quantized inputs and outputs per phase (scale, zero point: "
+                 "prefill/io_snippet.py, decode/io_snippet.py):")
+    for phase, rows in doc["io"].items():
+        for r in rows:
+            lines.append(f"   - {phase} {r['role']} `{r['tensor']}`: {r['stored_type']}, scale "
+                         f"{r['scale']:.8g}, zero point {r['zero_point']} (real range "
+                         f"{r['min']:.6g} .. {r['max']:.6g})")
+    lines.append(f"\n{doc['io_note']}")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["DEFAULT_METRIC", "METRICS", "Metric", "decoder_verdict", "format_decoder_verdict",
+           "host_text"]
