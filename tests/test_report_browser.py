@@ -86,6 +86,21 @@ def demo_report(tmp_path_factory):
     return d / "d.html"
 
 
+@pytest.fixture(scope="module")
+def decoder_report(tmp_path_factory):
+    """``run`` on the tiny decoder (small amounts of text): its report.html."""
+    from decoder_tiny import byte_decoder
+
+    from quantscope.cli import main
+
+    d = tmp_path_factory.mktemp("decoder")
+    model = byte_decoder(d)
+    assert main(["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h", "--goal",
+                 "1.5", "--seq-len", "32", "--lm-tokens", "300", "--prompts", "4",
+                 "--new-tokens", "16", "--decode-steps", "32", "--out", str(d / "W")]) == 0
+    return d / "W" / "report.html"
+
+
 def _chromium(*args, flags=FLAGS):
     done = subprocess.run([BROWSER, *flags, *args], capture_output=True, text=True, timeout=120)
     return done
@@ -185,6 +200,22 @@ def test_text_run_report_fits_and_says_what_binds_and_the_host_steps(text_report
     # the details are folded below the short verdict
     assert text.index("details: verdict.json") < text.index("Every line of the verdict")
     assert text.index("<summary>Every line") < text.index("binds (measured, held out)")
+
+
+def test_decoder_run_report_fits_with_the_verdict_first_and_images_decode(decoder_report,
+                                                                         tmp_path):
+    from html import unescape
+
+    assert_fits(decoder_report, tmp_path)
+    probe = tmp_path / "probe.html"
+    probe.write_text(decoder_report.read_text().replace("</body>", MEASURE))
+    dom = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri()).stdout
+    sizes = json.loads(unescape(re.search(r'<pre id="qs-images">(.*?)</pre>', dom, re.S)
+                                .group(1)))
+    assert len(sizes) == 2 and all(w > 0 and h > 0 for _, w, h in sizes), sizes
+    text = unescape(decoder_report.read_text())
+    assert "act16+w16 (chosen)" in text and "prefill: present.0.key" in text
+    assert "Load the constant KV prefix" in text and "a8_w4 (GPTQ)" in text
 
 
 def test_demo_report_fits_and_says_what_to_do_next(demo_report, tmp_path):

@@ -180,8 +180,8 @@ def _cmd_run_decoder(args: argparse.Namespace) -> int:
     out = run_decoder(opts, force=args.force, progress=True)
     print(format_decoder_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "
-          f"{', '.join(out.skipped) or 'none'}; files in {out.folder}/ (verdict.txt, "
-          "host.md, prefill/, decode/)")
+          f"{', '.join(out.skipped) or 'none'}; files in {out.folder}/ (report.html, "
+          "verdict.txt, host.md, prefill/, decode/)")
     return 0
 
 

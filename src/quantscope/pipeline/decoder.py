@@ -51,6 +51,7 @@ from quantscope.types import QuantscopeError
 
 MODEL_DIR, REWRITE, PLAN, EVALUATE = "model", "rewrite.json", "plan.json", "evaluate.json"
 PLAN_TEXT, HOST, HOST_TEXT, TOKENIZER = "plan.txt", "host.json", "host.md", "tokenizer.json"
+CANDIDATES, REPORT = "candidates.json", "report.html"
 VERDICT, VERDICT_TEXT = "verdict.json", "verdict.txt"
 W4, W4_PLAN = "w4.json", "plan.w4.json"
 STATS = {"prefill": "stats.prefill.npz", "decode": "stats.decode.npz"}
@@ -209,6 +210,7 @@ def plan(ctx: DecoderContext) -> Done:
     from quantscope.export.kv_prefix import host_snippet
     from quantscope.serde import (
         bytes_writer,
+        json_writer,
         plan_writer,
         stats_writer,
         text_writer,
@@ -223,8 +225,9 @@ def plan(ctx: DecoderContext) -> Done:
     ctx.say("\n".join(format_phase_plan(out)[-1:]))
     assert out.stats is not None
     items = [(ctx.path(PLAN), plan_writer(out.plan())), (ctx.path(PLAN_TEXT), text_writer(text)),
+             (ctx.path(CANDIDATES), json_writer(_candidates(out))),
              *((ctx.path(STATS[p]), stats_writer(s)) for p, s in out.stats.items())]
-    files = [PLAN, PLAN_TEXT, *(STATS[p] for p in out.stats)]
+    files = [PLAN, PLAN_TEXT, CANDIDATES, *(STATS[p] for p in out.stats)]
     if out.prefix is not None:
         rec = out.prefix.to_dict()
         items += [(ctx.path(PREFIX_NPZ), bytes_writer(out.prefix.kv.to_bytes())),
@@ -236,6 +239,23 @@ def plan(ctx: DecoderContext) -> Done:
             ctx.path(stale).unlink(missing_ok=True)
     write_atomic_set(items)
     return Done(tuple(files))
+
+
+def _candidates(out: Any) -> dict[str, Any]:
+    """Every candidate of the plan stage: its 16-bit groups, cost and errors per phase,
+    whether it was kept, and the kept ones' figures on the ranking amounts."""
+    rows = []
+    for c in out.candidates:
+        q = out.quality["plans"].get(c.label)
+        rows.append({"label": c.label, "overrides": len(c.plan.overrides),
+                     "costs": {k.phase: k.cost for k in c.checks},
+                     "errors": {k.phase: k.errors for k in c.checks},
+                     "rules": sorted({p.rule for k in c.checks for p in k.problems
+                                      if p.severity == "error"}),
+                     "kept": c.kept(out.max_cost),
+                     "figures": {k: v for k, v in q.items() if k != "time"} if q else None})
+    return {"chosen": out.chosen.label, "max_cost": out.max_cost,
+            "setup": out.quality["setup"], "candidates": rows}
 
 
 def evaluate(ctx: DecoderContext) -> Done:
@@ -377,15 +397,22 @@ def _open_exported(ctx: DecoderContext, phase: str) -> Any:
 
 
 def report(ctx: DecoderContext) -> Done:
+    from quantscope.report.decoder import decoder_report_html
     from quantscope.serde import read_json, write_json, write_text
 
     verdict = decoder_verdict(ctx.opts, read_json(ctx.path(PLAN), "plan"),
                               read_json(ctx.path(EVALUATE), "evaluation"),
                               read_json(ctx.path(REWRITE), "rewrites"),
                               read_json(ctx.path(W4), "a8_w4 variant"))
+    text = format_decoder_verdict(verdict)
     write_json(ctx.path(VERDICT), verdict)
-    write_text(ctx.path(VERDICT_TEXT), format_decoder_verdict(verdict) + "\n")
-    return Done((VERDICT, VERDICT_TEXT))
+    write_text(ctx.path(VERDICT_TEXT), text + "\n")
+    write_text(ctx.path(REPORT), decoder_report_html(
+        text, verdict, read_json(ctx.path(CANDIDATES), "candidates")
+        if ctx.path(CANDIDATES).is_file() else None,
+        ctx.path(PLAN_TEXT).read_text(encoding="utf-8"),
+        read_json(ctx.path(HOST), "host steps"), ctx.path(HOST_TEXT).read_text(encoding="utf-8")))
+    return Done((VERDICT, VERDICT_TEXT, REPORT))
 
 
 @dataclass(frozen=True)
@@ -404,7 +431,8 @@ DECODER_STAGES: dict[str, DecoderStage] = {
                                               "new_tokens", "decode_steps")),
     "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target",)),
     "host": DecoderStage(host, (PLAN, *STATS.values()), ("seq_len",)),
-    "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE, W4),
+    "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE, W4, CANDIDATES, PLAN_TEXT, HOST,
+                                    HOST_TEXT),
                            ("goal", "metric", "max_cost", "target", "model")),
 }
 

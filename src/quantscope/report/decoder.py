@@ -1,0 +1,114 @@
+"""The HTML report of a decoder LLM's ``run`` (``report.html``): the verdict first, then the
+candidates the plan stage weighed (cost per phase against the prefill perplexity ratio,
+plotted), the chosen plan's figures held out beside its a8_w4 variant (plotted with their
+standard errors), the diagnosis and the host's steps with each phase's device I/O."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+from quantscope.report.build import _table, details, io_section, render
+from quantscope.report.figures import png_uri, pyplot
+
+METRIC_LABELS = {"ppl_ratio": "prefill perplexity ratio", "top1_agreement": "prefill top-1",
+                 "decode_top1": "decode top-1 (emulated KV)",
+                 "greedy_agreement": "greedy matched prefix"}
+
+
+def _img(fig: Any, alt: str) -> str:
+    return f'<img src="{png_uri(fig)}" alt="{html.escape(alt)}">'
+
+
+def candidates_plot(cands: dict[str, Any], verdict: dict[str, Any]) -> str:
+    """Prefill cost against the prefill perplexity ratio (log) of every measured candidate
+    (ranking amounts), the chosen plan and its a8_w4 variant held out (± 2 SE)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for c in cands["candidates"]:
+        f = c.get("figures")
+        if not f:
+            continue
+        x, y = c["costs"].get("prefill", math.nan), f["prefill"]["ppl_ratio"]
+        ax.scatter([x], [y], color="#1f77b4" if c["label"] != cands["chosen"] else "#d62728")
+        ax.annotate(c["label"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    held = verdict["figures"]["ppl_ratio"]
+    x = verdict["costs"].get("prefill", math.nan)
+    ax.errorbar([x], [held["value"]], yerr=[2 * held["se"]], fmt="s", color="#d62728",
+                capsize=3, label=f"chosen, held out ({verdict['setup']['evaluation']} windows)")
+    w4 = verdict.get("w4") or {}
+    if w4.get("measured"):
+        f = w4["figures"]["ppl_ratio"]
+        ax.errorbar([w4["checks"]["w4.prefill"]["cost"]], [f["value"]], yerr=[2 * f["se"]],
+                    fmt="D", color="#2ca02c", capsize=3, label="chosen with a8_w4 weights")
+    if verdict.get("metric") == "ppl_ratio" and verdict.get("goal"):
+        ax.axhline(verdict["goal"], color="#888", ls="--", lw=1, label="goal")
+    ax.axvline(verdict["max_cost"], color="#bbb", ls=":", lw=1, label="cost cap")
+    ax.set_yscale("log")
+    ax.set_xlabel("prefill cost (x uniform a8_w8)")
+    ax.set_ylabel("prefill perplexity / FP32's")
+    ax.legend(fontsize=8)
+    return _img(fig, "candidates: prefill cost vs perplexity ratio")
+
+
+def figures_plot(verdict: dict[str, Any]) -> str:
+    """The four figures of the chosen plan and of its a8_w4 variant, ± 2 SE."""
+    plt = pyplot()
+    names = list(METRIC_LABELS)
+    fig, axes = plt.subplots(1, len(names), figsize=(10, 2.8))
+    w4 = verdict.get("w4") or {}
+    for ax, name in zip(axes, names, strict=True):
+        rows = [("plan", verdict["figures"][name])]
+        if w4.get("measured"):
+            rows.append(("a8_w4", w4["figures"][name]))
+        ax.bar([r[0] for r in rows], [r[1]["value"] for r in rows],
+               yerr=[2 * r[1]["se"] for r in rows], color=["#1f77b4", "#2ca02c"][:len(rows)],
+               capsize=3)
+        if verdict.get("metric") == name and verdict.get("goal"):
+            ax.axhline(verdict["goal"], color="#888", ls="--", lw=1)
+        ax.set_title(METRIC_LABELS[name], fontsize=9)
+        ax.tick_params(labelsize=8)
+    fig.tight_layout()
+    return _img(fig, "held-out figures of the plan and its a8_w4 variant")
+
+
+def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
+                        cands: dict[str, Any] | None, plan_text: str, host: dict[str, Any],
+                        host_text: str) -> str:
+    """The page (:func:`quantscope.report.build.render`); ``cands`` None: a plan stage that
+    wrote no candidates file (said on the page)."""
+    sections = [f'<div id=verdict class=verdict><pre>{html.escape(verdict_text)}</pre></div>']
+    sections.append("<h2>Held out</h2>" + figures_plot(verdict))
+    if cands is None:
+        sections.append("<h2>Candidates</h2><p class=note>This run's plan stage recorded no "
+                        "candidates (a folder from before candidates.json): plan.txt below "
+                        "lists them.</p>")
+    else:
+        rows = []
+        for c in cands["candidates"]:
+            f = c.get("figures") or {}
+            rows.append([c["label"] + (" (chosen)" if c["label"] == cands["chosen"] else ""),
+                         c["overrides"], *(f"{c['costs'].get(p, math.nan):.2f}x"
+                                           for p in ("prefill", "decode")),
+                         sum(c["errors"].values()), ", ".join(c["rules"]) or "-",
+                         "yes" if c["kept"] else "no",
+                         *((f"{f[p][k]:.4f}" if f else "not measured")
+                           for p, k in (("prefill", "ppl_ratio"), ("prefill", "top1_agreement"),
+                                        ("decode_emu_kv", "top1_agreement")))])
+        sections.append(
+            "<h2>Candidates</h2><p>Ranked on the plan stage's quick amount of text; the "
+            "chosen one is measured held out above.</p>" + candidates_plot(cands, verdict)
+            + _table(["candidate", "16-bit groups", "prefill cost", "decode cost", "errors",
+                      "rules", "kept", "ppl ratio", "prefill top-1", "decode top-1"], rows))
+    sections.append("<h2>Host steps</h2><pre>" + html.escape(host_text) + "</pre>")
+    io = [{**r, "tensor": f"{phase}: {r['tensor']}"} for phase, rows in host.get("io", {}).items()
+          for r in rows]
+    if io:
+        sections.append(io_section(io))
+    sections.append(details("Diagnosis and candidates (plan.txt)",
+                            "<pre>" + html.escape(plan_text) + "</pre>"))
+    return render(f"quantscope run: {verdict['model']} on {verdict['target']}", sections)
+
+
+__all__ = ["candidates_plot", "decoder_report_html", "figures_plot"]
