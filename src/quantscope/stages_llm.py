@@ -51,7 +51,7 @@ from quantscope.tasks.lm_phases import (
     position_absmax,
     release_memory,
 )
-from quantscope.types import Plan, Precision, QuantscopeError, Stats
+from quantscope.types import PHASE_OVERRIDES, Plan, Precision, QuantscopeError, Stats
 from quantscope.zoo.decoder import PRODUCER as DECODER_PRODUCER
 from quantscope.zoo.prefix import KVPrefix
 
@@ -249,7 +249,8 @@ class PhasePlan:
                 "phase_results": json.dumps(results)}
         if self.prefix is not None:
             meta["kv_prefix"] = json.dumps(self.prefix.to_dict())
-        return dataclasses.replace(self.chosen.plan, meta=tuple(meta.items()))
+        return dataclasses.replace(self.chosen.plan,
+                                   meta=tuple({**dict(self.chosen.plan.meta), **meta}.items()))
 
 
 def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
@@ -268,6 +269,9 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
     models = {p: opener(p) for p in phases}
     ranked = rank_by_range(find_groups(next(iter(models.values()))), list(stats.values()))
     plans = candidate_plans(models, tgt, ranked, setup.seq_len, max_cost)
+    if str(target).endswith(".toml") or "/" in str(target):  # a profile file: the plans
+        # name the file, which loads again (a built-in by its name)
+        plans = {k: dataclasses.replace(p, target=str(target)) for k, p in plans.items()}
     candidates = screen(plans, models, tgt, setup.seq_len)
     del models
     release_memory()
@@ -285,14 +289,15 @@ def format_phase_plan(out: PhasePlan) -> list[str]:
     """The candidates' cost and legality per phase, then the measured ones' quality."""
     phases = [c.phase for c in out.candidates[0].checks]
     head = "".join(f" {p + ' cost':>13} {'errors':>6}" for p in phases)
-    lines = [f"{'candidate':<12} {'16-bit':>6}{head}  kept (cap {out.max_cost}x, no error)"]
+    width = max(12, *(len(c.label) for c in out.candidates))
+    lines = [f"{'candidate':<{width}} {'16-bit':>6}{head}  kept (cap {out.max_cost}x, no error)"]
     for c in out.candidates:
         n16 = len(c.plan.overrides) if c.plan.default is Precision.A8_W8 else "all"
         cells = "".join(f" {k.cost:>12.2f}x {k.errors:>6}" for k in c.checks)
         rules = sorted({p.rule for k in c.checks for p in k.problems if p.severity == "error"})
         why = "yes" if c.kept(out.max_cost) else "no" + (f" ({', '.join(rules)})" if rules
                                                         else " (cost)")
-        lines.append(f"{c.label:<12} {n16!s:>6}{cells}  {why}")
+        lines.append(f"{c.label:<{width}} {n16!s:>6}{cells}  {why}")
     lines.append("measured on " + out.quality["data"] + " (top-1 agreement with FP32, KL, "
                  "perplexity ratio):")
     lines += format_lm_quality(out.quality)
@@ -467,8 +472,9 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
     w4 = [g.name for g in groups.groups if g.kind is GroupKind.WEIGHTED
           and over.get(g.name, plan.default) is Precision.A8_W8]
     plan4 = dataclasses.replace(plan, overrides=tuple({**over, **dict.fromkeys(
-        w4, Precision.A8_W4)}.items()), meta=(("planner", "quantscope run: the plan's a8_w8 "
-                                                          "weights at a8_w4 (GPTQ)"),))
+        w4, Precision.A8_W4)}.items()), meta=(
+            ("planner", "quantscope run: the plan's a8_w8 weights at a8_w4 (GPTQ)"),
+            *((k, v) for k, v in plan.meta if k == PHASE_OVERRIDES)))
     tgt = load_target(plan.target)
     checks: dict[str, dict[str, Any]] = {}
     for key, p_ in (("w4", plan4), ("w8", plan)):
@@ -484,7 +490,7 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
         out["measured"] = False
         return out
     start = time.perf_counter()
-    rep = gptq(base("prefill"), [{"input_ids": w[None]} for w in windows.calibration], plan4,
+    rep = gptq(base("prefill"), [{"input_ids": w[None]} for w in windows.calibration], plan4.for_phase("prefill"),
                stats=stats["prefill"])
     names = {c.tensor for c in rep.changes}
     arrays = {t.name: numpy_helper.to_array(t) for t in rep.proto.graph.initializer

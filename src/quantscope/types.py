@@ -25,6 +25,8 @@ Dataset        calibration + evaluation batches and the task scoring them
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -168,6 +170,27 @@ class Plan:
     @classmethod
     def uniform(cls, precision: Precision) -> Plan:
         return cls(default=precision)
+
+    def phase_overrides(self) -> dict[str, dict[str, Precision]]:
+        """A decoder plan's overrides for one phase graph only (``meta['phase_overrides']``,
+        JSON ``{phase: {group: precision}}``): activation groups at 16 bit in the subnet
+        where the target allows them (decode) but not in the other (prefill)."""
+        text = dict(self.meta).get(PHASE_OVERRIDES)
+        if not text:
+            return {}
+        return {phase: {g: Precision(v) for g, v in over.items()}
+                for phase, over in json.loads(text).items()}
+
+    def for_phase(self, phase: str) -> Plan:
+        """The plan a phase graph runs: the shared overrides, then that phase's own."""
+        extra = self.phase_overrides().get(phase)
+        if not extra:
+            return self
+        return dataclasses.replace(self, overrides=tuple({**dict(self.overrides),
+                                                          **extra}.items()))
+
+
+PHASE_OVERRIDES = "phase_overrides"  # Plan.meta key (see Plan.phase_overrides)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -255,7 +255,7 @@ def _plan_phases(args: argparse.Namespace) -> int:
     if args.seq_len and len(args.seq_len) > 1:
         raise QuantscopeError("plan --phase takes one --seq-len")
     setup = _lm_setup(args, args.seq_len[0] if args.seq_len else None)
-    out = stages_llm.plan_phases(args.model, load_target(args.target).name,
+    out = stages_llm.plan_phases(args.model, args.target,
                                  max_cost=args.max_cost or 1.5, setup=setup, phases=args.phase,
                                  prefix=args.prefix)
     print("\n".join(format_diagnosis(out.diagnosis)))

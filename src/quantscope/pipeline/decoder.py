@@ -315,7 +315,7 @@ def export(ctx: DecoderContext) -> Done:
                 + "".join(f", {name}" for _, name in formats(ctx.opts.target))
                 + ", the float graph …")
         for fmt, name in [(ALWAYS, QDQ), *formats(ctx.opts.target)]:
-            export_plan(model, stats, plan_, fmt=fmt, out=sub / name)
+            export_plan(model, stats, plan_.for_phase(phase), fmt=fmt, out=sub / name)
             files.append(f"{phase}/{name}")
             release_memory()
         # last: saving with external data moves the weights out of the graph in memory
@@ -355,7 +355,7 @@ def host(ctx: DecoderContext) -> Done:
     files = [TOKENIZER, HOST, HOST_TEXT]
     for phase in ("prefill", "decode"):
         model = _open_exported(ctx, phase)
-        rows = device_io_rows(model, read_stats(ctx.path(STATS[phase])), plan_)
+        rows = device_io_rows(model, read_stats(ctx.path(STATS[phase])), plan_.for_phase(phase))
         del model
         release_memory()
         io[phase] = rows

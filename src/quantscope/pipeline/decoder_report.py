@@ -52,6 +52,8 @@ def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, A
         "candidate": meta.get("candidate"), "costs": costs, "errors": errors,
         "overrides": sum(1 for v in (plan_doc.get("groups") or {}).values()
                          if v != plan_doc.get("default")),
+        "phase_only": {p: len(g) for p, g in json.loads(
+            meta.get("phase_overrides") or "{}").items()},
         "prefix": json.loads(meta["kv_prefix"]) if meta.get("kv_prefix") else None,
         "figures": figures, "data": evaluation["data"], "setup": evaluation["setup"],
         "ranked_by": "onnxruntime (the plan stage, on " + _amounts(json.loads(
@@ -104,7 +106,9 @@ def _amounts(s: dict[str, Any]) -> str:
 def format_decoder_verdict(v: dict[str, Any]) -> str:
     s = v["setup"]
     lines = [f"verdict: {v['model']} on {v['target']} (decoder: prefill and decode graphs)",
-             f"  plan: {v['candidate']} ({v['overrides']} groups at 16 bit), cost "
+             f"  plan: {v['candidate']} ({v['overrides']} groups at 16 bit"
+             + "".join(f", {n} more in {p} only" for p, n in (v.get("phase_only") or {}).items())
+             + "), cost "
              f"{v['cost_text']}, {v['errors']} legality error(s) on the two phases",
              "  rewrites: " + (", ".join(v["rewrites"]) or "none")]
     p = v["prefix"]

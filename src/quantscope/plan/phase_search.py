@@ -22,6 +22,8 @@ chosen              of the kept candidates, measured: the lowest prefill KL, tie
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,7 +36,15 @@ from quantscope.plan.check import check
 from quantscope.plan.cost import CostTable, cost_table
 from quantscope.plan.phases import WEIGHT_BOUND_PHASES, PhaseCheck, check_phases
 from quantscope.targets.profile import Target
-from quantscope.types import GroupKind, Groups, Plan, Precision, QuantscopeError, Stats
+from quantscope.types import (
+    PHASE_OVERRIDES,
+    GroupKind,
+    Groups,
+    Plan,
+    Precision,
+    QuantscopeError,
+    Stats,
+)
 
 A16 = Precision.A16_W16
 SELECTION = "lowest prefill KL, ties by the KL of decode fed the emulated KV cache"
@@ -140,7 +150,46 @@ def candidate_plans(models: Mapping[str, Model], target: Target, ranked: Sequenc
         if names and {frozenset(p.overrides) for p in plans.values()}.isdisjoint(
                 [frozenset((n, A16) for n in names)]):
             plans[label] = _promote(target.name, names, why)
+            own = _phase_only(names, [n for n in act if n in bad], phases, target, max_cost)
+            if own:
+                plans[f"{label}+{'+'.join(PHASE_TAGS.get(p, p) for p in own)}"] = \
+                    _with_phase_overrides(plans[label], own)
     return plans
+
+
+PHASE_TAGS = {"prefill": "pre16", "decode": "dec16"}  # candidate label suffixes
+
+
+def _phase_only(shared: Sequence[str], act: Sequence[str], phases: Mapping[str, _Phase],
+                target: Target, max_cost: float) -> dict[str, list[str]]:
+    """Per phase: those of ``act`` (activation groups refused at 16 bit in some phase;
+    never weighted ones: the phases share one set of weights) that are legal at 16 bit
+    in that phase graph, added to
+    ``shared`` within the cap there (a decoder's prefill and decode are compiled apart,
+    so their activation precisions may differ: decode's 1-token tensors are under size
+    limits that prefill's are not)."""
+    if len(phases) < 2:
+        return {}
+    out = {}
+    for phase, ph in phases.items():
+        one = {phase: ph}
+        bad = _erroring(Plan(default=A16, target=target.name), one, target)
+        extra = [n for n in act if n not in bad and n not in set(shared)]
+        chosen = _fill(list(shared), extra, one, max_cost)[len(shared):]
+        for _ in range(2):  # rules that judge a group with its neighbours
+            wrong = _erroring(_promote(target.name, [*shared, *chosen], ""), one, target)
+            chosen = [n for n in chosen if n not in wrong]
+        if chosen:
+            out[phase] = chosen
+    return out
+
+
+def _with_phase_overrides(plan: Plan, own: Mapping[str, Sequence[str]]) -> Plan:
+    why = {n: f"legal at 16 bit in the {phase} graph only (the other phase keeps it lower)"
+           for phase, names in own.items() for n in names}
+    over = {phase: {n: A16.value for n in names} for phase, names in own.items()}
+    return dataclasses.replace(plan, reasons=(*plan.reasons, *why.items()),
+                               meta=(*plan.meta, (PHASE_OVERRIDES, json.dumps(over))))
 
 
 def screen(plans: Mapping[str, Plan], models: Mapping[str, Model], target: Target,

@@ -41,9 +41,12 @@ class PhaseCheck:
 
 def check_phases(plan: Plan, models: dict[str, Model], target: Target,
                  seq_len: int) -> tuple[PhaseCheck, ...]:
-    """Check ``plan`` on each phase graph at ``seq_len`` prompt / cache tokens."""
+    """Check ``plan`` on each phase graph at ``seq_len`` prompt / cache tokens (each phase
+    with its own overrides, :meth:`quantscope.types.Plan.for_phase`)."""
     out = []
+    shared = plan
     for phase, model in models.items():
+        plan = shared.for_phase(phase)
         groups = find_groups(model)
         check_plan_names(plan, groups)
         shapes = phase_shapes(model, phase, seq_len)

@@ -34,7 +34,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,7 +223,8 @@ def _decode_window(w: _Pending, emu: Run, acc: dict[str, NextToken],
         acc[phase].add(w.ref_logits, np.stack(logits), w.ids[w.start + 1:])
 
 
-def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dict[str, Plan],
+def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats],
+                      plans: Mapping[str, Plan | Mapping[str, Plan]],
                       windows: TokenWindows, *, prompts: Sequence[np.ndarray] = (),
                       steps: int = 8, new_tokens: int = 32, method: str | None = None,
                       decode_windows: int | None = None, emulated: OpenPhase | None = None
@@ -231,7 +232,9 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dic
     """Per plan, per phase (:data:`LM_PHASES`, ``greedy``, ``time``): metric -> value.
     Decode runs on the first ``decode_windows`` evaluation windows (None: all of them).
     ``emulated``: the graphs the plans quantize when they are not ``open_phase``'s (the
-    same graphs with repaired weights: GPTQ); ``open_phase`` stays the FP32 reference."""
+    same graphs with repaired weights: GPTQ); ``open_phase`` stays the FP32 reference.
+    A plan may be given per phase (``{"prefill": p, "decode": q}``: the subnets are
+    compiled apart, so their activation precisions may differ)."""
     emulated = emulated or open_phase
     fp32 = runner(open_phase("prefill"))
     fp32_decode = runner(open_phase("decode"))
@@ -245,7 +248,9 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dic
         clock = {"prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0.0,
                  "fp32_prefill_s": 0.0, "fp32_decode_s": fp32_clock["decode_s"],
                  "fp32_decode_steps": fp32_clock["decode_steps"]}
-        emu = _emulated(emulated, "prefill", stats["prefill"], plan, method)
+        per_phase = plan if isinstance(plan, Mapping) else {p: plan.for_phase(p)
+                                                            for p in ("prefill", "decode")}
+        emu = _emulated(emulated, "prefill", stats["prefill"], per_phase["prefill"], method)
         fp32 = runner(open_phase("prefill"))  # made after: not alive while emu is built
         pending = []
         for k, ids in enumerate(windows.evaluation):
@@ -255,7 +260,7 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats], plans: dic
         starts = [_last(emu({"input_ids": p[None]})) for p in prompts]
         del emu, fp32  # one emulated session at a time
         release_memory()
-        emu = _emulated(emulated, "decode", stats["decode"], plan, method)
+        emu = _emulated(emulated, "decode", stats["decode"], per_phase["decode"], method)
         for w in pending:
             _decode_window(w, emu, acc, clock)
         greedy = Greedy()
