@@ -113,6 +113,7 @@ def test_decoder_rerun_skips_every_stage_and_force_reruns_from_one(ran) -> None:
 
 @pytest.mark.parametrize("extra, words", [
     (["--lengths", "64"], "--lengths: not for a decoder LLM's run"),
+    (["--rank-engine", "torch", "--headsplit"], "--rank-engine, --headsplit: not for"),
     (["--goal", "0.97"], "asks for a perplexity below FP32's"),
     (["--metric", "top1_agreement", "--goal", "3"], "no fraction for --metric top1_agreement"),
     (["--metric", "sqnr_db"], "is not a decoder's"),

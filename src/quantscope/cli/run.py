@@ -142,13 +142,10 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
         g.add_argument(flag, type=positive_int, default=value, help=f"{what} (default {value})")
 
 
-# run options a decoder's run does not take: (dest, flag)
-ENCODER_ONLY = (("eval_data", "--eval-data"), ("hn", "--hn"), ("input_shape", "--input-shape"),
-                ("tokenizer", "--tokenizer"), ("repairs", "--repairs"), ("whatif", "--whatif"),
-                ("lengths", "--lengths"), ("finetune", "--finetune"), ("layout", "--layout"),
-                ("batch_axis", "--batch-axis"), ("race", "--race"), ("pairs", "--pairs"),
-                ("method", "--method"), ("proxy", "--proxy"),
-                ("repair_batches", "--repair-batches"))
+# the run options a decoder's run reads; any other given (not at its default) is refused
+DECODER_OPTIONS = frozenset({"model", "data", "target", "goal", "max_cost", "metric", "seq_len",
+                             "rewrites", "prefix", "lm_tokens", "prompts", "new_tokens",
+                             "decode_steps", "w4", "force", "folder", "help", "run_parser"})
 
 
 def _cmd_run_decoder(args: argparse.Namespace) -> int:
@@ -161,8 +158,10 @@ def _cmd_run_decoder(args: argparse.Namespace) -> int:
     )
 
     parser = args.run_parser
-    given = [flag for dest, flag in ENCODER_ONLY
-             if getattr(args, dest, None) != parser.get_default(dest)]
+    given = list(dict.fromkeys(
+        a.option_strings[0] for a in parser._actions
+        if a.dest not in DECODER_OPTIONS and a.option_strings
+        and getattr(args, a.dest, None) != parser.get_default(a.dest)))
     if given:
         raise QuantscopeError(f"{', '.join(given)}: not for a decoder LLM's run (model "
                               f"'{args.model}' is a prefill/decode pair): drop "
