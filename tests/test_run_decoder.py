@@ -132,3 +132,19 @@ def test_decoder_run_refuses_what_it_cannot_do(tmp_path, capsys, extra, words) -
     assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
     assert {p.name: file_digest(p) for p in tmp_path.iterdir()} == before
+
+
+def test_decoder_run_without_rewrites_nor_prefix(tmp_path) -> None:
+    """--rewrites none --prefix none: the given graphs planned and measured as they are."""
+    model = byte_decoder(tmp_path)
+    out = tmp_path / "run"
+    code, printed = _run(["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h",
+                          "--rewrites", "none", "--prefix", "none", "--w4", "off", "--seq-len",
+                          str(SEQ), *AMOUNTS, "--out", str(out)])
+    assert code == 0 and not (out / "model").exists() and not (out / "plan.prefix.npz").exists()
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["rewrites"] == [] and verdict["prefix"] is None
+    assert verdict["w4"] == {"asked": False} and "a8_w4 weights: not asked" in printed
+    assert "# KV prefix" not in (out / "prefill" / "model.alls").read_text()
+    host = json.loads((out / "host.json").read_text())
+    assert host["prefix"] is None and host["kv_cache"]["first_prompt_position"] == 0

@@ -166,6 +166,10 @@ class DecoderContext:
         return read_plan(self.path(PLAN))
 
 
+RECIPE_WORDS = {"rotate": "the Hadamard rotation of the residual stream (RMSNorm gains folded)",
+                "smooth": "SmoothQuant on each MLP's gated product silu(gate) * up"}
+
+
 @dataclass(frozen=True)
 class Done:
     files: tuple[str, ...]
@@ -188,9 +192,9 @@ def rewrite(ctx: DecoderContext) -> Done:
                                seq_len=opts.seq_len, prefix=opts.prefix, say=ctx.say)
     write_json(ctx.path(REWRITE), {
         "rewrites": list(opts.rewrites), "notes": notes,
-        "recipe": "docs/benchmarks.md, 'Decoder LLM: the KV prefix and the rotation': the "
-                  "Hadamard rotation of the residual stream, then SmoothQuant (alpha "
-                  f"{SMOOTH_ALPHA}) on each MLP's gated product silu(gate) * up"})
+        "recipe": "docs/benchmarks.md, 'Decoder LLM: the KV prefix and the rotation': "
+                  + ", then ".join(RECIPE_WORDS[n] for n in opts.rewrites)
+                  + f" (SmoothQuant's alpha {SMOOTH_ALPHA})"})
     return Done((REWRITE, MODEL_DIR))
 
 
