@@ -411,6 +411,11 @@ def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
 
 SMOOTH_ALPHA = 0.5  # the recipe's SmoothQuant strength (docs/benchmarks.md)
 RECIPE = ("rotate", "smooth")  # run's rewrites for a decoder, in order
+# the smoothing's FP32 check in the recipe: the decode graph is checked on a random KV
+# cache, whose arbitrary attention amplifies float32 rounding (smollm2-135m: 3.0e-5 at 64
+# cached positions, 4.0e-5 at 48, 1.6e-4 at 32; prefill 2.6e-6 at each); a wrong
+# transform moves the logits by O(1)
+RECIPE_RTOL = 1e-3
 
 
 def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path, *,
@@ -440,7 +445,7 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
         else:
             setup = LmSetup(seq_len=seq, calibration=16, evaluation=1, steps=4)
             notes[name] = smooth_phase_files(current, step, alpha=SMOOTH_ALPHA, setup=setup,
-                                             sites="gated", prefix=prefix)
+                                             sites="gated", prefix=prefix, rtol=RECIPE_RTOL)
         for old in made:  # the previous step's files: read, no longer needed
             old.unlink(missing_ok=True)
         made = [p for p in out.parent.iterdir() if p.name.startswith(f"step{i}-")]
