@@ -240,7 +240,8 @@ def _candidates(out: Any) -> dict[str, Any]:
     rows = []
     for c in out.candidates:
         q = out.quality["plans"].get(c.label)
-        rows.append({"label": c.label, "overrides": len(c.plan.overrides),
+        rows.append({"label": c.label, "default": c.plan.default.value,
+                     "overrides": len(c.plan.overrides),
                      "costs": {k.phase: k.cost for k in c.checks},
                      "errors": {k.phase: k.errors for k in c.checks},
                      "rules": sorted({p.rule for k in c.checks for p in k.problems

@@ -26,13 +26,17 @@ def candidates_plot(cands: dict[str, Any], verdict: dict[str, Any]) -> str:
     (ranking amounts), the chosen plan and its a8_w4 variant held out (± 2 SE)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for c in cands["candidates"]:
+    points: dict[tuple[float, float], list[str]] = {}  # a +dec16 candidate shares its
+    for c in cands["candidates"]:                        # base's prefill point
         f = c.get("figures")
-        if not f:
-            continue
-        x, y = c["costs"].get("prefill", math.nan), f["prefill"]["ppl_ratio"]
-        ax.scatter([x], [y], color="#1f77b4" if c["label"] != cands["chosen"] else "#d62728")
-        ax.annotate(c["label"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if f:
+            xy = (round(c["costs"].get("prefill", math.nan), 4),
+                  round(f["prefill"]["ppl_ratio"], 6))
+            points.setdefault(xy, []).append(c["label"])
+    for (x, y), labels in points.items():
+        ax.scatter([x], [y], color="#d62728" if cands["chosen"] in labels else "#1f77b4")
+        ax.annotate(", ".join(labels), (x, y), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)
     held = verdict["figures"]["ppl_ratio"]
     x = verdict["costs"].get("prefill", math.nan)
     ax.errorbar([x], [held["value"]], yerr=[2 * held["se"]], fmt="s", color="#d62728",
@@ -89,7 +93,8 @@ def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
         for c in cands["candidates"]:
             f = c.get("figures") or {}
             rows.append([c["label"] + (" (chosen)" if c["label"] == cands["chosen"] else ""),
-                         c["overrides"], *(f"{c['costs'].get(p, math.nan):.2f}x"
+                         "all" if c.get("default", "a8_w8") != "a8_w8" else c["overrides"],
+                         *(f"{c['costs'].get(p, math.nan):.2f}x"
                                            for p in ("prefill", "decode")),
                          sum(c["errors"].values()), ", ".join(c["rules"]) or "-",
                          "yes" if c["kept"] else "no",
