@@ -180,12 +180,16 @@ def _opener(spec: str | Path, prefix: LmPrefix | None = None) -> OpenPhase:
 
 
 def lm_quality(spec: str | Path, plans: dict[str, Plan], setup: LmSetup = LmSetup(),
-               prefix: str | tuple[int, ...] = "none") -> dict[str, Any]:
+               prefix: str | tuple[int, ...] = "none",
+               stats: dict[str, Stats] | None = None) -> dict[str, Any]:
     """Per plan and phase: top-1 agreement, KL, perplexity ratio, greedy agreement, time;
-    with ``prefix`` (:func:`lm_prefix`) every graph reads that constant KV prefix."""
+    with ``prefix`` (:func:`lm_prefix`) every graph reads that constant KV prefix.
+    ``stats``: the phases' calibration on ``setup``'s calibration windows with that
+    prefix, when already made (``run``'s plan stage wrote it), else made here."""
     windows, prompts = lm_text(spec, setup)
     kv = lm_prefix(spec, prefix, windows)
-    stats = calibrate_phases(_opener(spec, kv), windows, steps=setup.steps)
+    if stats is None:
+        stats = calibrate_phases(_opener(spec, kv), windows, steps=setup.steps)
     results = evaluate_lm_plans(_opener(spec, kv), stats, plans, windows, prompts=prompts,
                                 steps=setup.steps, new_tokens=setup.new_tokens,
                                 decode_windows=setup.decode_windows)
@@ -454,14 +458,16 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
 
 
 def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
-               prefix: tuple[int, ...] = ()) -> dict[str, Any]:
+               prefix: tuple[int, ...] = (),
+               stats: dict[str, Stats] | None = None) -> dict[str, Any]:
     """``plan`` with every weighted layer it leaves at a8_w8 at a8_w4 (its 16-bit layers
     kept), checked on both phases (cost, weight bytes: decode reads every weight per
     token), its 4-bit weights rounded by GPTQ (:func:`quantscope.repair.gptq.gptq`, on the
     prefill graph's calibration windows with the prefix in the cache; the same
     initializers written into both graphs), both graphs calibrated again and measured
     at ``setup`` against the unrepaired graphs as FP32. Not legal on a phase: the checks
-    only (``measured`` False). Returns the plan, checks, GPTQ's effect and the figures."""
+    only (``measured`` False). ``stats``: the unrepaired graphs' calibration, when made
+    (as :func:`lm_quality`'s). Returns the plan, checks, GPTQ's effect and the figures."""
     from onnx import numpy_helper
 
     from quantscope.repair.gptq import gptq
@@ -470,7 +476,8 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
     windows, prompts = lm_text(spec, setup)
     kv = lm_prefix(spec, prefix, windows)
     base = _opener(spec, kv)
-    stats = calibrate_phases(base, windows, steps=setup.steps)
+    if stats is None:
+        stats = calibrate_phases(base, windows, steps=setup.steps)
     models = {p: base(p) for p in PHASES}
     groups = find_groups(models["prefill"])
     over = dict(plan.overrides)

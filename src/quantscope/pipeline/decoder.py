@@ -165,6 +165,13 @@ class DecoderContext:
 
         return read_plan(self.path(PLAN))
 
+    def stats(self) -> dict[str, Any]:
+        """The plan stage's calibration per phase (with the plan's KV prefix): the
+        calibration windows of every later stage's amounts are the same 16."""
+        from quantscope.serde import read_stats
+
+        return {p: read_stats(self.path(f)) for p, f in STATS.items()}
+
 
 RECIPE_WORDS = {"rotate": "the Hadamard rotation of the residual stream (RMSNorm gains folded)",
                 "smooth": "SmoothQuant on each MLP's gated product silu(gate) * up"}
@@ -262,7 +269,8 @@ def evaluate(ctx: DecoderContext) -> Done:
             f"tokens, {setup.prompts} prompts x {setup.new_tokens} greedy tokens, "
             f"{setup.steps * (setup.decode_windows or setup.evaluation)} decode steps …")
     start = time.perf_counter()
-    result = lm_quality(ctx.spec(), {"plan": plan_}, setup, recorded_prefix(plan_))
+    result = lm_quality(ctx.spec(), {"plan": plan_}, setup, recorded_prefix(plan_),
+                        stats=ctx.stats())
     result["seconds"] = round(time.perf_counter() - start, 1)
     write_json(ctx.path(EVALUATE), result)
     return Done((EVALUATE,))
@@ -282,7 +290,8 @@ def w4(ctx: DecoderContext) -> Done:
     plan_ = ctx.plan()
     ctx.say("[w4] the plan's a8_w8 weights at a8_w4: checked on both phases, GPTQ, measured …")
     start = time.perf_counter()
-    res = w4_variant(ctx.spec(), plan_, ctx.opts.phases_setup(), recorded_prefix(plan_))
+    res = w4_variant(ctx.spec(), plan_, ctx.opts.phases_setup(), recorded_prefix(plan_),
+                     stats=ctx.stats())
     res["seconds"] = round(time.perf_counter() - start, 1)
     plan4 = res.pop("plan")
     write_atomic_set([(ctx.path(W4_PLAN), plan_writer(plan4)),
@@ -419,9 +428,9 @@ class DecoderStage:
 DECODER_STAGES: dict[str, DecoderStage] = {
     "rewrite": DecoderStage(rewrite, (), ("rewrites", "seq_len", "prefix")),
     "plan": DecoderStage(plan, (REWRITE,), ("target", "max_cost", "seq_len", "prefix")),
-    "evaluate": DecoderStage(evaluate, (REWRITE, PLAN),
+    "evaluate": DecoderStage(evaluate, (REWRITE, PLAN, *STATS.values()),
                              ("seq_len", "tokens", "prompts", "new_tokens", "decode_steps")),
-    "w4": DecoderStage(w4, (REWRITE, PLAN), ("w4", "seq_len", "tokens", "prompts",
+    "w4": DecoderStage(w4, (REWRITE, PLAN, *STATS.values()), ("w4", "seq_len", "tokens", "prompts",
                                               "new_tokens", "decode_steps")),
     "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target",)),
     "host": DecoderStage(host, (PLAN, *STATS.values()), ("seq_len",)),
@@ -437,19 +446,12 @@ def _graph_digest(path: Path) -> str:
     return file_digest(path) + (file_digest(data) if data.is_file() else "")
 
 
-@dataclass(frozen=True)
-class DecoderRunResult:
-    folder: Path
-    ran: tuple[str, ...]
-    skipped: tuple[str, ...]
-    verdict: dict[str, Any]
-
-
 def run_decoder(opts: DecoderOptions, *, force: str | None = None,
-                progress: bool = True) -> DecoderRunResult:
-    """Every stage not yet done on these inputs (``force``: rerun from that stage)."""
+                progress: bool = True) -> Any:
+    """Every stage not yet done on these inputs (``force``: rerun from that stage); a
+    :class:`quantscope.pipeline.RunResult`."""
     from quantscope.analyze.memory import peak_bytes, release_memory, reset_peak
-    from quantscope.pipeline import _check_out, _folder, _lock, _remove_stale
+    from quantscope.pipeline import RunResult, _check_out, _folder, _lock, _remove_stale
     from quantscope.serde import read_json
     from quantscope.stages_llm import phase_file
 
@@ -486,9 +488,8 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
             manifest.record(name, key, done.files, time.perf_counter() - start,
                             peak=peak_bytes())
             ran.append(name)
-    return DecoderRunResult(folder, tuple(ran), tuple(skipped),
-                            read_json(folder / VERDICT, "verdict"))
+    return RunResult(folder, tuple(ran), tuple(skipped), read_json(folder / VERDICT, "verdict"))
 
 
-__all__ = ["DECODER_STAGES", "DecoderOptions", "DecoderRunResult", "METRICS",
+__all__ = ["DECODER_STAGES", "DecoderOptions", "METRICS",
            "decoder_verdict", "format_decoder_verdict", "is_decoder", "run_decoder"]
