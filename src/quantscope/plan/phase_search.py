@@ -164,10 +164,9 @@ def _phase_only(shared: Sequence[str], act: Sequence[str], phases: Mapping[str, 
                 target: Target, max_cost: float) -> dict[str, list[str]]:
     """Per phase: those of ``act`` (activation groups refused at 16 bit in some phase;
     never weighted ones: the phases share one set of weights) that are legal at 16 bit
-    in that phase graph, added to
-    ``shared`` within the cap there (a decoder's prefill and decode are compiled apart,
-    so their activation precisions may differ: decode's 1-token tensors are under size
-    limits that prefill's are not)."""
+    in that phase graph, added to ``shared`` within the cap there. A decoder's prefill
+    and decode are compiled apart, so their activation precisions may differ: decode's
+    1-token tensors are under size limits that prefill's are not."""
     if len(phases) < 2:
         return {}
     out = {}

@@ -44,17 +44,16 @@ def check_phases(plan: Plan, models: dict[str, Model], target: Target,
     """Check ``plan`` on each phase graph at ``seq_len`` prompt / cache tokens (each phase
     with its own overrides, :meth:`quantscope.types.Plan.for_phase`)."""
     out = []
-    shared = plan
     for phase, model in models.items():
-        plan = shared.for_phase(phase)
+        own = plan.for_phase(phase)
         groups = find_groups(model)
-        check_plan_names(plan, groups)
+        check_plan_names(own, groups)
         shapes = phase_shapes(model, phase, seq_len)
-        problems = check(plan, groups, model, target, shapes=shapes)
-        cost = plan_cost(plan, groups, target, shapes, model=model,
+        problems = check(own, groups, model, target, shapes=shapes)
+        cost = plan_cost(own, groups, target, shapes, model=model,
                          weight_reads=phase in WEIGHT_BOUND_PHASES)
         out.append(PhaseCheck(phase, seq_len, tuple(problems), cost,
-                              weight_bytes(plan, groups, model)))
+                              weight_bytes(own, groups, model)))
     return tuple(out)
 
 
