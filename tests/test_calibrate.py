@@ -121,3 +121,56 @@ def test_bin_counts_equal_numpy_histogram_at_the_edges():
         x = np.concatenate([x, edges, tiny, np.nextafter(edges, np.float32(0))])
         want, _ = np.histogram(x, bins=HIST_BINS, range=(-r, r))
         np.testing.assert_array_equal(bin_counts(x, r), want)
+
+
+def test_the_rows_per_run_follow_the_budget_and_leave_the_stats_unchanged(monkeypatch):
+    """A run takes one row first, then as many as the tapped tensors' budget allows; the
+    statistics are the same float for float whatever the split, but for the floor cluster
+    of a tensor without one (values near half its minimum: merged approximately, and read
+    only where a sentinel fill makes a cluster, which merges exactly)."""
+    import dataclasses
+
+    from quantscope.calibrate import collect
+    from quantscope.calibrate.collect import rows_per_run
+
+    model, groups = _attention()
+    batches = [{"x": b["x"].repeat(3, axis=0)} for b in _batches(5, seed=7)]  # 12 rows each
+    for i, b in enumerate(batches):  # a sentinel fill on the input, in some rows
+        b["x"][(i * 5) % 12: (i * 5) % 12 + 2, :, :3] = -1e4
+    seen: list[int] = []
+    real = collect.make_session
+
+    def counting(*a, **k):
+        s = real(*a, **k)
+
+        class Counted:
+            def get_inputs(self):
+                return s.get_inputs()
+
+            def run(self, names, feeds):
+                seen.append(len(feeds["x"]))
+                return s.run(names, feeds)
+        return Counted()
+
+    monkeypatch.setattr(collect, "make_session", counting)
+    whole = calibrate(model, groups, iter(batches), max_rows=64, budget=2**40)
+    assert seen[:2] == [1, 11] and all(n == 12 for n in seen[2:])  # 1 row, then the rest
+    seen.clear()
+    one = calibrate(model, groups, iter(batches), budget=1)
+    assert set(seen) == {1}
+    seen.clear()
+    some = calibrate(model, groups, iter(batches), max_rows=5)
+    assert seen[:3] == [1, 5, 5] and max(seen) == 5
+    for other in (one, some):
+        assert other.tensors.keys() == whole.tensors.keys()
+        for name, s in whole.tensors.items():
+            for f in dataclasses.fields(s):
+                if f.name in ("bulk_min", "floor_count") and name != "x":
+                    continue
+                a, b = getattr(s, f.name), getattr(other.tensors[name], f.name)
+                assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, (name, f.name)
+    # the rows per run from the measured bytes per input value
+    feeds = {"x": np.zeros((32, 256, 16), np.float32)}
+    assert rows_per_run(feeds, None, 8) == 1
+    assert rows_per_run(feeds, 1000.0, 8, budget=3 * 1000 * 256 * 16) == 3
+    assert rows_per_run(feeds, 1.0, 8) == 8 and rows_per_run(feeds, 1e12, 8) == 1

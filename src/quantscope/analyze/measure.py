@@ -126,6 +126,7 @@ def evaluate_plans(
     engine: IncrementalEngine | None = None,
     only: str | None = None,
     reference_kept: Outputs | None = None,
+    task_only: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -150,12 +151,24 @@ def evaluate_plans(
     (:func:`reference_kept_outputs`): enough for ``only`` where the task scores it alone,
     so no per-token reference is held (a planner's search); else the FP32 outputs are
     computed here as without it.
+
+    ``task_only`` (with ``reference_kept``, on data with a task that keeps part of each
+    batch): every figure of the task (``data.task.metrics`` on the kept outputs, the same
+    floats as the full scoring's task figures) and no output fidelity, each plan's outputs
+    reduced batch by batch as they come, so no per-token outputs are held at all (the run's
+    auto choice of the rewrites reads a metric and its tie-break).
     """
     batches = list(data.evaluation)
+    if task_only and (reference_kept is None or error_scales
+                      or getattr(data.task, "keep", None) is None):
+        raise ValueError("task_only needs reference_kept, no error_scales and a task that "
+                         "keeps part of its outputs")
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
     keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
     # no FP32 raw outputs held
     alone = None if only is None or error_scales else scored_alone(data, only)
+    if task_only:
+        alone = lambda ref, test: dict(data.task.metrics(ref, test).values)  # noqa: E731
     ref: Outputs | None = None
     if alone is not None and reference_kept is not None:
         ref_kept: Outputs | None = reference_kept
@@ -176,10 +189,12 @@ def evaluate_plans(
                 t if keep is None else keep(t, b) for t, b in emulated.batches))
             results[label] = {
                 "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
-                "method": method or stats.method, "metrics": {only: alone(ref_kept, test)},
+                "method": method or stats.method,
+                "metrics": alone(ref_kept, test) if task_only else {only: alone(ref_kept, test)},
                 "outputs": {}, "coverage": coverage, **saturated,
                 **({"engine": measured_by[0]} if engine is not None else {}),
-                "notes": [*model.notes, *data.notes, *q_notes, ONLY_NOTE.format(only)]}
+                "notes": [*model.notes, *data.notes, *q_notes,
+                          TASK_ONLY_NOTE if task_only else ONLY_NOTE.format(only)]}
             continue
         results[label] = _scored(model, data, stats, plan, batches, emulated, ref, ref_kept,
                                  keep, reference=reference, method=method, error_scales=error_scales,
@@ -235,6 +250,8 @@ def reference_kept_outputs(model: Model, data: Dataset, *, label: str = "") -> O
         out if keep is None else keep(out, b) for out, b in runs.batches))
 
 
+TASK_ONLY_NOTE = ("scored: the task's figures only, on the outputs it keeps (no output "
+                  "fidelity figures)")
 ONLY_NOTE = ("scored: {} only (what the ranking reads); the plan's other figures are "
              "measured in full by evaluate")
 
