@@ -256,7 +256,8 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                     tiebreak: str | None = None,
                     ) -> tuple[AutoChoice, onnx.ModelProto | None]:
     """Forward selection over the registry (see the module table). Returns the choice and
-    the last kept rewrite's proto (None: nothing kept, the given model stands). The given
+    the last kept rewrite's proto as ``reload`` gave it (None: nothing kept, the given
+    model stands; the rewrite's own output is not held beside it). The given
     model is calibrated once (the stats rewrites' preconditions read it); the baseline is
     measured only when some rewrite is tried. ``measure`` gives the figure of ``metric``,
     or ``(figure, tiebreak figure)`` (``tiebreak`` names the second, higher is better)."""
@@ -390,7 +391,10 @@ def _build(model: Model, names: Mapping[str, Mapping[str, Any]], new_name: str,
                         seq_len=seq_len, input_shapes=input_shapes)
         if r.failed is not None or not r.changes:
             return f"not applied on top of the kept set ({name}): {r.failed or r.reason}"
-        current, proto, stats = reload(r.proto), r.proto, None
+        # the loaded form only: the rewrite's own proto is another copy of every weight
+        current, stats = reload(r.proto), None
+        proto = current.proto
+        del r
         done[name] = dataclasses.asdict(config)
     stats = calibrate(current) if stats is None else stats
     return current, stats, proto, done
@@ -431,6 +435,7 @@ def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
         return Trial(rw.name, tried=True, kept=False, **base,
                      reason=f"not applied: {r.failed or r.reason}"), None
     new = reload(r.proto)
+    del r  # the loaded form is what is kept: the rewrite's own proto is another copy
     new_stats = calibrate(new)
     try:
         after = _score(measure(new, new_stats))
@@ -442,6 +447,6 @@ def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
     got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv}
     if why is not None:
         return Trial(rw.name, tried=True, kept=True, reason=f"{reason}; {why}", **got), (
-            new, new_stats, r.proto, after)
+            new, new_stats, new.proto, after)
     return Trial(rw.name, tried=True, kept=False,
                  reason=f"{reason}; {because or 'measured not better'}", **got), None
