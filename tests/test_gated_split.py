@@ -138,3 +138,27 @@ def test_the_planner_promotes_a_split_group_with_its_whole_decode_group(setup) -
             if name.endswith("_proj"):
                 for i in range(2):
                     assert pre_p.get(f"{name}/tok{i}", pre_p.get(name)) is prec, (label, name)
+
+
+def test_gptq_rounds_a_chunked_weight_once_as_the_whole_layer(setup) -> None:
+    """The chunks of one Linear read one weight: GPTQ rounds it once on H over all the
+    chunks' rows, which is the whole layer's H, so the split graph gets the unsplit
+    graph's weights."""
+    from quantscope.repair.gptq import gptq
+
+    models, split, _, _ = setup
+    feeds = [{"input_ids": np.random.default_rng(i).integers(0, 256, (1, SEQ)).astype(np.int64)}
+             for i in range(3)]
+    plan = Plan(default=Precision.A8_W4, target="hailo10h")
+    whole = gptq(models["prefill"], feeds, plan)
+    chunked = gptq(split, feeds, plan)
+    weight = {n.name: n for n in split.graph.node}["layers.0.down_proj/tok0"].input[1]
+    assert weight in {c.tensor for c in chunked.changes}
+    assert not [s for s in chunked.skipped if "more than one node" in s[1]]
+    a = {t.name: t for t in whole.proto.graph.initializer}
+    b = {t.name: t for t in chunked.proto.graph.initializer}
+    from onnx import numpy_helper
+
+    for c in whole.changes:
+        np.testing.assert_allclose(numpy_helper.to_array(b[c.tensor]),
+                                   numpy_helper.to_array(a[c.tensor]), atol=1e-6)
