@@ -135,6 +135,23 @@ def unit_plan(target: str, names: Sequence[str], why: str, units: Units,
                 reasons=tuple((n, why) for n in names), meta=meta)
 
 
+def with_units(plan: Plan, names: Sequence[str], precision: Precision, units: Units
+               ) -> Plan:
+    """``plan`` with ``names`` (units) at ``precision`` too, as :func:`unit_plan` places
+    them (shared or per phase); a split group's Concat is left as it was below 16 bit."""
+    add = unit_plan(plan.target or "", names, "", units, precision)
+    own = {phase: {k: v.value for k, v in extra.items()}
+           for phase, extra in plan.phase_overrides().items()}
+    for phase, extra in add.phase_overrides().items():
+        own.setdefault(phase, {}).update(
+            {k: v.value for k, v in extra.items()
+             if (precision.act_bits or 32) >= 16 or not k.endswith("/concat")})
+    meta = tuple((k, v) for k, v in plan.meta if k != PHASE_OVERRIDES)
+    return dataclasses.replace(
+        plan, overrides=tuple({**dict(plan.overrides), **dict(add.overrides)}.items()),
+        meta=(*meta, *(((PHASE_OVERRIDES, json.dumps(own)),) if own else ())))
+
+
 def _promote(target: str, names: Sequence[str], why: str, units: Units | None = None
              ) -> Plan:
     if units is not None:
@@ -293,4 +310,4 @@ def _finite(x: float) -> float:
 
 
 __all__ = ["SELECTION", "PhaseCandidate", "candidate_plans", "choose", "kept_plans",
-           "phase_units", "rank_by_range", "screen", "unit_of", "unit_plan"]
+           "phase_units", "rank_by_range", "screen", "unit_of", "unit_plan", "with_units"]
