@@ -162,3 +162,40 @@ def test_gptq_rounds_a_chunked_weight_once_as_the_whole_layer(setup) -> None:
     for c in whole.changes:
         np.testing.assert_allclose(numpy_helper.to_array(b[c.tensor]),
                                    numpy_helper.to_array(a[c.tensor]), atol=1e-6)
+
+
+def test_a_unit_plan_at_4_bit_weights_checks_on_both_phases(setup) -> None:
+    """w4_variant's plan: a split layer's chunks in prefill and the whole layer in decode
+    at a8_w4, their Concat left alone; every name exists in its phase graph."""
+    from quantscope.plan.phase_search import phase_units, with_units
+
+    models, split, target, _ = setup
+    phases = {"prefill": split, "decode": models["decode"]}
+    units = phase_units({p: find_groups(m) for p, m in phases.items()})
+    base = Plan(default=Precision.A8_W8, target="hailo10h",
+                overrides=(("layers.0.mlp_norm", A16),))
+    four = with_units(base, ["layers.0.down_proj", "layers.1.q_proj"], Precision.A8_W4, units)
+    pre, dec = dict(four.for_phase("prefill").overrides), dict(four.for_phase("decode").overrides)
+    assert dict(four.overrides) == {"layers.0.mlp_norm": A16, "layers.1.q_proj": Precision.A8_W4}
+    assert pre["layers.0.down_proj/tok0"] is pre["layers.0.down_proj/tok1"] is Precision.A8_W4
+    assert "layers.0.down_proj/concat" not in pre and dec["layers.0.down_proj"] is Precision.A8_W4
+    check_phases(four, phases, load_target("hailo10h"), SEQ)  # no unknown group name
+
+
+def test_the_recipe_step_splits_prefill_only(tmp_path) -> None:
+    """``gatedsplit`` in the decoder recipe: the prefill MLPs in chunks of the largest
+    token count the target allows (hailo10h at 32 tokens: half), decode unchanged."""
+    from quantscope.stages_llm import recipe_phase_files
+
+    model = byte_decoder(tmp_path)
+    out = tmp_path / "r" / "model.prefill.onnx"
+    out.parent.mkdir()
+    notes = recipe_phase_files(model, ("gatedsplit",), out, seq_len=SEQ, target="hailo10h")
+    assert "2 MLP(s)" in notes["gatedsplit"]["prefill"]
+    assert "FP32 max relative diff" in notes["gatedsplit"]["prefill"]
+    assert notes["gatedsplit"]["decode"].startswith("unchanged")
+    split = open_phase_models(out)
+    names = {g.name for g in find_groups(split["prefill"]).groups}
+    assert {"layers.1.mlp.gated/tok0", "layers.1.mlp.gated/tok1"} <= names
+    assert "layers.1.mlp.gated" in {g.name for g in find_groups(split["decode"]).groups}
+    assert (out.parent / "model.tokenizer.json").is_file()

@@ -27,13 +27,17 @@ layer: :data:`~quantscope.repair.tokens.UNVERIFIED`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import onnx
 
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
+from quantscope.model.phases import phase_shapes
 from quantscope.model.shapes import Shapes
 from quantscope.repair import Repair
-from quantscope.repair.tokens import split_tokens
+from quantscope.repair.tokens import sample_feeds, split_tokens
+from quantscope.repair.verify import check_function
 from quantscope.targets.profile import op_kind
 from quantscope.types import Group
 
@@ -116,4 +120,30 @@ def split_gated(model: Model, *, seq_len: int, shapes: Shapes | None = None,
                   effect=(*r.effect, ("mlps", float(len(mlps)))))
 
 
-__all__ = ["CHUNK", "gated_mlps", "split_gated"]
+def phase_maker(open_phase: Callable[[str], Model], seq_len: int, *,
+                chunk: int | Callable[[Model, int], int] = CHUNK,
+                rtol: float = 1e-5) -> Callable[[str], tuple[onnx.ModelProto, str]]:
+    """For a decoder's phase files (``stages_llm.write_phase_files``): the prefill graph
+    (``open_phase("prefill")``) split by :func:`split_gated` into ``chunk`` tokens (or
+    ``chunk(graph, seq_len)``), its FP32 logits checked against the unsplit graph within
+    ``rtol`` on token feeds of ``seq_len`` and ``chunk // 2`` tokens (a chunk past a
+    shorter input is empty); the decode graph (one token: nothing to split) as it is.
+    Returns phase -> (graph, what was done)."""
+
+    def make(phase: str) -> tuple[onnx.ModelProto, str]:
+        model = open_phase(phase)
+        if phase != "prefill":
+            return model.proto, f"unchanged ({phase}: one token per step, nothing to split)"
+        size = chunk(model, seq_len) if callable(chunk) else chunk
+        r = split_gated(model, seq_len=seq_len, chunk=size,
+                        shapes=phase_shapes(model, phase, seq_len))
+        if r.proto is model.proto:
+            return model.proto, f"not applied: {r.reason}"
+        feeds = sample_feeds(model, (seq_len, max(1, size // 2)), what="gatedsplit")
+        diff = check_function(model.proto, r.proto, feeds, what="gatedsplit", rtol=rtol)
+        return r.proto, f"{r.reason} (FP32 max relative diff {diff:.2g})"
+
+    return make
+
+
+__all__ = ["CHUNK", "gated_mlps", "phase_maker", "split_gated"]
