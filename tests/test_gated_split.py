@@ -199,3 +199,15 @@ def test_the_recipe_step_splits_prefill_only(tmp_path) -> None:
     assert {"layers.1.mlp.gated/tok0", "layers.1.mlp.gated/tok1"} <= names
     assert "layers.1.mlp.gated" in {g.name for g in find_groups(split["decode"]).groups}
     assert (out.parent / "model.tokenizer.json").is_file()
+
+
+def test_the_verdict_counts_a_split_layer_once() -> None:
+    """A layer at 16 bit as chunks in prefill and whole in decode is one of the plan's
+    16-bit groups (and one split), not a prefill-only and a decode-only one."""
+    from quantscope.pipeline.decoder_report import _counts
+
+    doc = {"default": "a8_w8", "groups": {"a": "a16_w16", "b": "a16_w16"}}
+    own = {"prefill": {"l.gated/tok0": "a16_w16", "l.gated/tok1": "a16_w16", "x": "a16_w16"},
+           "decode": {"l.gated": "a16_w16", "y": "a16_w16"}}
+    assert _counts(doc, own) == {"overrides": 3, "split": 1,
+                                 "phase_only": {"prefill": 1, "decode": 1}}

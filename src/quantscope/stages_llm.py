@@ -38,8 +38,11 @@ from quantscope.plan.phase_search import (
     candidate_plans,
     choose,
     kept_plans,
+    phase_units,
     rank_by_range,
     screen,
+    unit_of,
+    with_units,
 )
 from quantscope.plan.phases import PhaseCheck, check_phases
 from quantscope.targets import load_target
@@ -297,7 +300,8 @@ def format_phase_plan(out: PhasePlan) -> list[str]:
     width = max(12, *(len(c.label) for c in out.candidates))
     lines = [f"{'candidate':<{width}} {'16-bit':>6}{head}  kept (cap {out.max_cost}x, no error)"]
     for c in out.candidates:
-        n16 = len(c.plan.overrides) if c.plan.default is Precision.A8_W8 else "all"
+        n16 = len({unit_of(n) for k in c.checks for n, _ in c.plan.for_phase(k.phase).overrides}
+                  ) if c.plan.default is Precision.A8_W8 else "all"
         cells = "".join(f" {k.cost:>12.2f}x {k.errors:>6}" for k in c.checks)
         rules = sorted({p.rule for k in c.checks for p in k.problems if p.severity == "error"})
         why = "yes" if c.kept(out.max_cost) else "no" + (f" ({', '.join(rules)})" if rules
@@ -415,8 +419,7 @@ def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
 
 
 SMOOTH_ALPHA = 0.5  # the recipe's SmoothQuant strength (docs/benchmarks.md)
-# run's rewrites for a decoder, in order; gatedsplit: the prefill MLPs in token chunks
-RECIPE = ("rotate", "smooth", "gatedsplit")
+RECIPE = ("rotate", "smooth", "gatedsplit")  # run's rewrites for a decoder, in order
 # the smoothing's FP32 check in the recipe: the decode graph is checked on a random KV
 # cache, whose arbitrary attention amplifies float32 rounding (smollm2-135m: 3.0e-5 at 64
 # cached positions, 4.0e-5 at 48, 1.6e-4 at 32; prefill 2.6e-6 at each); a wrong
@@ -431,10 +434,9 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
     """The decoder recipe's steps ``names`` (of :data:`RECIPE`: ``rotate`` the residual
     stream, :func:`rewrite_phase_files`; ``smooth`` each MLP's gated product at
     :data:`SMOOTH_ALPHA`, calibrated with ``prefix``, :func:`smooth_phase_files`;
-    ``gatedsplit`` the prefill graph's MLPs in chunks of tokens, the largest that
-    ``target``'s size rule allows at 16 bit, else half the tokens:
-    :func:`quantscope.repair.gated.phase_maker`) on both
-    phase graphs of ``spec``, one after another, the last written as ``out``
+    ``gatedsplit`` the prefill MLPs in chunks of tokens, the largest ``target``'s size
+    rule allows at 16 bit, else half: :func:`quantscope.repair.gated.phase_maker`) on
+    both phase graphs of ``spec``, one after another, the last written as ``out``
     (``X.prefill.onnx``, its decode sibling, the tokenizer); intermediate graphs are
     removed once the next is written. Returns step -> phase -> what it did."""
     bad = [n for n in names if n not in RECIPE]
@@ -484,7 +486,6 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
     (as :func:`lm_quality`'s). Returns the plan, checks, GPTQ's effect and the figures."""
     from onnx import numpy_helper
 
-    from quantscope.plan.phase_search import phase_units, unit_of, with_units
     from quantscope.repair.gptq import gptq
     from quantscope.types import GroupKind
 
