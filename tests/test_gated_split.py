@@ -182,16 +182,19 @@ def test_a_unit_plan_at_4_bit_weights_checks_on_both_phases(setup) -> None:
     check_phases(four, phases, load_target("hailo10h"), SEQ)  # no unknown group name
 
 
-def test_the_recipe_step_splits_prefill_only(tmp_path) -> None:
+def test_the_recipe_step_splits_prefill_only_where_the_rule_refuses(setup, tmp_path) -> None:
     """``gatedsplit`` in the decoder recipe: the prefill MLPs in chunks of the largest
-    token count the target allows (hailo10h at 32 tokens: half), decode unchanged."""
+    token count the target allows at 16 bit (the 1,000-value rule at 32 tokens: 16),
+    decode unchanged; not applied where the whole fits (hailo10h at 32 tokens)."""
     from quantscope.stages_llm import recipe_phase_files
 
+    _, _, target, _ = setup
     model = byte_decoder(tmp_path)
     out = tmp_path / "r" / "model.prefill.onnx"
     out.parent.mkdir()
-    notes = recipe_phase_files(model, ("gatedsplit",), out, seq_len=SEQ, target="hailo10h")
-    assert "2 MLP(s)" in notes["gatedsplit"]["prefill"]
+    notes = recipe_phase_files(model, ("gatedsplit",), out, seq_len=SEQ,
+                               target=str(target.source))
+    assert "2 chunks of 16 tokens" in notes["gatedsplit"]["prefill"]
     assert "FP32 max relative diff" in notes["gatedsplit"]["prefill"]
     assert notes["gatedsplit"]["decode"].startswith("unchanged")
     split = open_phase_models(out)
@@ -199,6 +202,12 @@ def test_the_recipe_step_splits_prefill_only(tmp_path) -> None:
     assert {"layers.1.mlp.gated/tok0", "layers.1.mlp.gated/tok1"} <= names
     assert "layers.1.mlp.gated" in {g.name for g in find_groups(split["decode"]).groups}
     assert (out.parent / "model.tokenizer.json").is_file()
+    whole = tmp_path / "w" / "model.prefill.onnx"
+    whole.parent.mkdir()
+    notes = recipe_phase_files(model, ("gatedsplit",), whole, seq_len=SEQ, target="hailo10h")
+    assert notes["gatedsplit"]["prefill"].startswith("not applied")
+    assert "layers.1.mlp.gated" in {g.name for g in find_groups(
+        open_phase_models(whole)["prefill"]).groups}
 
 
 def test_the_verdict_counts_a_split_layer_once() -> None:

@@ -435,7 +435,7 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
     stream, :func:`rewrite_phase_files`; ``smooth`` each MLP's gated product at
     :data:`SMOOTH_ALPHA`, calibrated with ``prefix``, :func:`smooth_phase_files`;
     ``gatedsplit`` the prefill MLPs in chunks of tokens, the largest ``target``'s size
-    rule allows at 16 bit, else half: :func:`quantscope.repair.gated.phase_maker`) on
+    rule allows at 16 bit, none if it allows all: :mod:`quantscope.repair.gated`) on
     both phase graphs of ``spec``, one after another, the last written as ``out``
     (``X.prefill.onnx``, its decode sibling, the tokenizer); intermediate graphs are
     removed once the next is written. Returns step -> phase -> what it did."""
@@ -454,14 +454,14 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
             say(f"[rewrite] {name} on both phase graphs …")
         if name == "rotate":
             notes[name] = rewrite_phase_files(current, "rotate", step, seq_len=seq)
-        elif name == "gatedsplit":  # prefill only; chunks: rewrites.tokensplit.fitting_chunk
+        elif name == "gatedsplit":  # prefill only; chunks: rewrites.tokensplit.needed_chunk
             from quantscope.repair.gated import phase_maker
-            from quantscope.rewrites.tokensplit import fitting_chunk
+            from quantscope.rewrites.tokensplit import needed_chunk
 
             tgt = load_target(target) if target else None
             notes[name] = write_phase_files(current, name, phase_maker(
                 functools.partial(open_phase, current), seq,
-                chunk=lambda m, n, t=tgt: fitting_chunk(m, t, n) or -(-n // 2)), step)
+                chunk=lambda m, n, t=tgt: needed_chunk(m, t, n)), step)
         else:
             setup = LmSetup(seq_len=seq, calibration=16, evaluation=1, steps=4)
             notes[name] = smooth_phase_files(current, step, alpha=SMOOTH_ALPHA, setup=setup,
