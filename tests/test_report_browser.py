@@ -214,7 +214,9 @@ def test_decoder_run_report_fits_with_the_verdict_first_and_images_decode(decode
                                 .group(1)))
     assert len(sizes) == 2 and all(w > 0 and h > 0 for _, w, h in sizes), sizes
     text = unescape(decoder_report.read_text())
-    assert "act16+w16 (chosen)" in text and "prefill: present.0.key" in text
+    # the chosen candidate (on the tiny random decoder act16 and act16+w16 are within
+    # noise of each other: which one wins is not what this checks)
+    assert re.search(r"act16[\w+]* \(chosen\)", text) and "prefill: present.0.key" in text
     assert "Load the constant KV prefix" in text and "a8_w4 (GPTQ)" in text
 
 

@@ -7,6 +7,7 @@ both, and measure its next-token quality per phase on frozen text.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import time
@@ -37,8 +38,11 @@ from quantscope.plan.phase_search import (
     candidate_plans,
     choose,
     kept_plans,
+    phase_units,
     rank_by_range,
     screen,
+    unit_of,
+    with_units,
 )
 from quantscope.plan.phases import PhaseCheck, check_phases
 from quantscope.targets import load_target
@@ -296,7 +300,8 @@ def format_phase_plan(out: PhasePlan) -> list[str]:
     width = max(12, *(len(c.label) for c in out.candidates))
     lines = [f"{'candidate':<{width}} {'16-bit':>6}{head}  kept (cap {out.max_cost}x, no error)"]
     for c in out.candidates:
-        n16 = len(c.plan.overrides) if c.plan.default is Precision.A8_W8 else "all"
+        n16 = len({unit_of(n) for k in c.checks for n, _ in c.plan.for_phase(k.phase).overrides}
+                  ) if c.plan.default is Precision.A8_W8 else "all"
         cells = "".join(f" {k.cost:>12.2f}x {k.errors:>6}" for k in c.checks)
         rules = sorted({p.rule for k in c.checks for p in k.problems if p.severity == "error"})
         why = "yes" if c.kept(out.max_cost) else "no" + (f" ({', '.join(rules)})" if rules
@@ -414,7 +419,7 @@ def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
 
 
 SMOOTH_ALPHA = 0.5  # the recipe's SmoothQuant strength (docs/benchmarks.md)
-RECIPE = ("rotate", "smooth")  # run's rewrites for a decoder, in order
+RECIPE = ("rotate", "smooth", "gatedsplit")  # run's rewrites for a decoder, in order
 # the smoothing's FP32 check in the recipe: the decode graph is checked on a random KV
 # cache, whose arbitrary attention amplifies float32 rounding (smollm2-135m: 3.0e-5 at 64
 # cached positions, 4.0e-5 at 48, 1.6e-4 at 32; prefill 2.6e-6 at each); a wrong
@@ -424,11 +429,14 @@ RECIPE_RTOL = 1e-3
 
 def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path, *,
                        seq_len: int | None = None, prefix: str = "auto",
-                       say: Callable[[str], None] | None = None) -> dict[str, dict[str, str]]:
+                       say: Callable[[str], None] | None = None,
+                       target: str | None = None) -> dict[str, dict[str, str]]:
     """The decoder recipe's steps ``names`` (of :data:`RECIPE`: ``rotate`` the residual
     stream, :func:`rewrite_phase_files`; ``smooth`` each MLP's gated product at
-    :data:`SMOOTH_ALPHA`, calibrated with ``prefix``, :func:`smooth_phase_files`) on both
-    phase graphs of ``spec``, one after another, the last written as ``out``
+    :data:`SMOOTH_ALPHA`, calibrated with ``prefix``, :func:`smooth_phase_files`;
+    ``gatedsplit`` the prefill MLPs in chunks of tokens, the largest ``target``'s size
+    rule allows at 16 bit, none if it allows all: :mod:`quantscope.repair.gated`) on
+    both phase graphs of ``spec``, one after another, the last written as ``out``
     (``X.prefill.onnx``, its decode sibling, the tokenizer); intermediate graphs are
     removed once the next is written. Returns step -> phase -> what it did."""
     bad = [n for n in names if n not in RECIPE]
@@ -446,6 +454,14 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
             say(f"[rewrite] {name} on both phase graphs …")
         if name == "rotate":
             notes[name] = rewrite_phase_files(current, "rotate", step, seq_len=seq)
+        elif name == "gatedsplit":  # prefill only; chunks: rewrites.tokensplit.needed_chunk
+            from quantscope.repair.gated import phase_maker
+            from quantscope.rewrites.tokensplit import needed_chunk
+
+            tgt = load_target(target) if target else None
+            notes[name] = write_phase_files(current, name, phase_maker(
+                functools.partial(open_phase, current), seq,
+                chunk=lambda m, n, t=tgt: needed_chunk(m, t, n)), step)
         else:
             setup = LmSetup(seq_len=seq, calibration=16, evaluation=1, steps=4)
             notes[name] = smooth_phase_files(current, step, alpha=SMOOTH_ALPHA, setup=setup,
@@ -479,14 +495,15 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
     if stats is None:
         stats = calibrate_phases(base, windows, steps=setup.steps)
     models = {p: base(p) for p in PHASES}
-    groups = find_groups(models["prefill"])
-    over = dict(plan.overrides)
-    w4 = [g.name for g in groups.groups if g.kind is GroupKind.WEIGHTED
-          and over.get(g.name, plan.default) is Precision.A8_W8]
-    plan4 = dataclasses.replace(plan, overrides=tuple({**over, **dict.fromkeys(
-        w4, Precision.A8_W4)}.items()), meta=(
-            ("planner", "quantscope run: the plan's a8_w8 weights at a8_w4 (GPTQ)"),
-            *((k, v) for k, v in plan.meta if k == PHASE_OVERRIDES)))
+    units = phase_units({p: find_groups(m) for p, m in models.items()})  # a split: one unit
+    over = dict(plan.for_phase("prefill").overrides)
+    w4 = list(dict.fromkeys(unit_of(g.name) for g in find_groups(models["prefill"]).groups
+                            if g.kind is GroupKind.WEIGHTED
+                            and over.get(g.name, plan.default) is Precision.A8_W8))
+    plan4 = with_units(plan, w4, Precision.A8_W4, units)
+    plan4 = dataclasses.replace(plan4, meta=(
+        ("planner", "quantscope run: the plan's a8_w8 weights at a8_w4 (GPTQ)"),
+        *((k, v) for k, v in plan4.meta if k == PHASE_OVERRIDES)))
     tgt = load_target(plan.target)
     checks: dict[str, dict[str, Any]] = {}
     for key, p_ in (("w4", plan4), ("w8", plan)):

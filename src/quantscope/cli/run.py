@@ -123,7 +123,8 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
     :mod:`quantscope.pipeline.decoder`): the KV prefix and the amounts of text."""
     g = ru.add_argument_group("decoder LLMs (a prefill/decode pair, e.g. smollm2-135m)",
                               "--rewrites auto (default) is rotate, then SmoothQuant on each "
-                              "MLP's gated product; --metric ppl_ratio (default), "
+                              "MLP's gated product, then each MLP in token chunks in "
+                              "prefill (its gated product at 16 bit); --metric ppl_ratio (default), "
                               "top1_agreement, decode_top1 or greedy_agreement; --goal is "
                               "judged on it held out at the amounts below")
     g.add_argument("--prefix", choices=("auto", "none"), default="auto",

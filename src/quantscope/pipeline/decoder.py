@@ -69,7 +69,8 @@ class DecoderOptions:
     metric: str = DEFAULT_METRIC
     max_cost: float = 1.5
     seq_len: int | None = None  # None: the decoder default (64)
-    # None: the recipe measured best on smollm2-135m (stages_llm.RECIPE: rotate, smooth)
+    # None: the recipe measured best on smollm2-135m (stages_llm.RECIPE: rotate, smooth,
+    # gatedsplit)
     rewrites: tuple[str, ...] | None = None
     prefix: str = "auto"
     tokens: int = 20_000
@@ -97,7 +98,8 @@ class DecoderOptions:
         if bad:
             raise QuantscopeError(f"--rewrites {','.join(bad)} is an encoder rewrite: a decoder "
                                   "run takes auto (rotate, then SmoothQuant on the gated "
-                                  "products), rotate, or none")
+                                  "products, then the prefill MLPs in token chunks), "
+                                  "rotate, or none")
         if self.goal is None:
             return
         m = METRICS[self.metric]
@@ -174,7 +176,9 @@ class DecoderContext:
 
 
 RECIPE_WORDS = {"rotate": "the Hadamard rotation of the residual stream (RMSNorm gains folded)",
-                "smooth": "SmoothQuant on each MLP's gated product silu(gate) * up"}
+                "smooth": "SmoothQuant on each MLP's gated product silu(gate) * up",
+                "gatedsplit": "each MLP split into chunks of tokens in the prefill graph, so "
+                              "its gated product fits 16 bit (decode unchanged)"}
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,8 @@ def rewrite(ctx: DecoderContext) -> Done:
         return Done((REWRITE,))
     folder.mkdir()
     notes = recipe_phase_files(opts.model, opts.rewrites, folder / "model.prefill.onnx",
-                               seq_len=opts.seq_len, prefix=opts.prefix, say=ctx.say)
+                               seq_len=opts.seq_len, prefix=opts.prefix, say=ctx.say,
+                               target=opts.target)
     write_json(ctx.path(REWRITE), {
         "rewrites": list(opts.rewrites), "notes": notes,
         "recipe": "docs/benchmarks.md, 'Decoder LLM: the KV prefix and the rotation': "
@@ -426,7 +431,7 @@ class DecoderStage:
 
 
 DECODER_STAGES: dict[str, DecoderStage] = {
-    "rewrite": DecoderStage(rewrite, (), ("rewrites", "seq_len", "prefix")),
+    "rewrite": DecoderStage(rewrite, (), ("rewrites", "seq_len", "prefix", "target")),
     "plan": DecoderStage(plan, (REWRITE,), ("target", "max_cost", "seq_len", "prefix")),
     "evaluate": DecoderStage(evaluate, (REWRITE, PLAN, *STATS.values()),
                              ("seq_len", "tokens", "prompts", "new_tokens", "decode_steps")),

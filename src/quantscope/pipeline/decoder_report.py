@@ -50,10 +50,7 @@ def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, A
         "kind": "decoder", "model": opts.model, "target": opts.target, "metric": opts.metric,
         "goal": opts.goal, "max_cost": opts.max_cost, "rewrites": rewrites.get("rewrites", []),
         "candidate": meta.get("candidate"), "costs": costs, "errors": errors,
-        "overrides": sum(1 for v in (plan_doc.get("groups") or {}).values()
-                         if v != plan_doc.get("default")),
-        "phase_only": {p: len(g) for p, g in json.loads(
-            meta.get("phase_overrides") or "{}").items()},
+        **_counts(plan_doc, json.loads(meta.get("phase_overrides") or "{}")),
         "prefix": json.loads(meta["kv_prefix"]) if meta.get("kv_prefix") else None,
         "figures": figures, "data": evaluation["data"], "setup": evaluation["setup"],
         "ranked_by": "onnxruntime (the plan stage, on " + _amounts(json.loads(
@@ -103,10 +100,24 @@ def _amounts(s: dict[str, Any]) -> str:
             f"{s['new_tokens']} greedy tokens, {steps} decode steps")
 
 
+def _counts(plan_doc: dict[str, Any], own: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """Groups above the default: shared (``overrides``, with the units a prefill split
+    names per phase, ``split`` of them) and per phase only (``phase_only``)."""
+    from quantscope.plan.phase_search import unit_of
+
+    per = {p: {unit_of(n) for n in g} for p, g in own.items()}
+    both = set.intersection(*per.values()) if len(per) > 1 else set()
+    shared = sum(1 for v in (plan_doc.get("groups") or {}).values()
+                 if v != plan_doc.get("default"))
+    return {"overrides": shared + len(both), "split": len(both),
+            "phase_only": {p: len(u - both) for p, u in per.items() if u - both}}
+
+
 def format_decoder_verdict(v: dict[str, Any]) -> str:
     s = v["setup"]
     lines = [f"verdict: {v['model']} on {v['target']} (decoder: prefill and decode graphs)",
              f"  plan: {v['candidate']} ({v['overrides']} groups at 16 bit"
+             + (f", {v['split']} of them in token chunks in prefill" if v.get("split") else "")
              + "".join(f", {n} more in {p} only" for p, n in (v.get("phase_only") or {}).items())
              + "), cost "
              f"{v['cost_text']}, {v['errors']} legality error(s) on the two phases",

@@ -17,6 +17,12 @@ legal at 16 bit     the groups with no error when the whole graph is at a16_w16,
 kept                no error in any phase and every phase's cost <= the cap
 chosen              of the kept candidates, measured: the lowest prefill KL, ties by the
                     lowest KL of decode fed the emulated KV cache
+units               a group split along the tokens in one phase graph only (prefill's
+                    MLPs, :func:`quantscope.repair.gated.split_gated`: ``<g>/tok<i>``
+                    and ``<g>/concat``) is one unit with the whole ``<g>`` of the other
+                    phase (:func:`unit_of`): promoted, legal and costed together, so the
+                    phases' shared weights get one precision; a unit's names that are
+                    not in every phase graph go to each phase's own overrides
 ==================  ==================================================================
 """
 
@@ -25,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -89,14 +96,75 @@ def rank_by_range(groups: Groups, stats: Sequence[Stats]) -> tuple[str, ...]:
     return tuple(sorted(widest, key=lambda n: -widest[n]))
 
 
-def _promote(target: str, names: Sequence[str], why: str) -> Plan:
+_PART = re.compile(r"/(tok\d+|concat)$")  # a token-split group's chunk or its Concat
+
+Units = Mapping[str, Mapping[str, Sequence[str]]]  # unit -> phase -> its group names there
+
+
+def unit_of(name: str) -> str:
+    """The unit a group belongs to: ``<g>`` for ``<g>/tok<i>`` and ``<g>/concat``."""
+    return _PART.sub("", name)
+
+
+def phase_units(phases: Mapping[str, Groups]) -> dict[str, dict[str, list[str]]]:
+    """Per unit (:func:`unit_of`) and phase: the group names of that unit in that graph."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for phase, groups in phases.items():
+        for g in groups.groups:
+            out.setdefault(unit_of(g.name), {}).setdefault(phase, []).append(g.name)
+    return out
+
+
+def unit_plan(target: str, names: Sequence[str], why: str, units: Units,
+              precision: Precision = A16) -> Plan:
+    """``names`` (units) at ``precision``: a unit with the same single group in every
+    phase graph in the shared overrides, any other unit's groups in each phase's own."""
+    shared: list[str] = []
+    own: dict[str, dict[str, str]] = {}
+    for n in names:
+        per = units.get(n, {})
+        if per and all(list(v) == [n] for v in per.values()) and len(per) == len(
+                {p for u in units.values() for p in u}):
+            shared.append(n)
+            continue
+        for phase, members in per.items():
+            own.setdefault(phase, {}).update(dict.fromkeys(members, precision.value))
+    meta = ((PHASE_OVERRIDES, json.dumps(own)),) if own else ()
+    return Plan(default=Precision.A8_W8, target=target,
+                overrides=tuple((n, precision) for n in shared),
+                reasons=tuple((n, why) for n in names), meta=meta)
+
+
+def with_units(plan: Plan, names: Sequence[str], precision: Precision, units: Units
+               ) -> Plan:
+    """``plan`` with ``names`` (units) at ``precision`` too, as :func:`unit_plan` places
+    them (shared or per phase); a split group's Concat is left as it was below 16 bit."""
+    add = unit_plan(plan.target or "", names, "", units, precision)
+    own = {phase: {k: v.value for k, v in extra.items()}
+           for phase, extra in plan.phase_overrides().items()}
+    for phase, extra in add.phase_overrides().items():
+        own.setdefault(phase, {}).update(
+            {k: v.value for k, v in extra.items()
+             if (precision.act_bits or 32) >= 16 or not k.endswith("/concat")})
+    meta = tuple((k, v) for k, v in plan.meta if k != PHASE_OVERRIDES)
+    return dataclasses.replace(
+        plan, overrides=tuple({**dict(plan.overrides), **dict(add.overrides)}.items()),
+        meta=(*meta, *(((PHASE_OVERRIDES, json.dumps(own)),) if own else ())))
+
+
+def _promote(target: str, names: Sequence[str], why: str, units: Units | None = None
+             ) -> Plan:
+    if units is not None:
+        return unit_plan(target, names, why, units)
     return Plan(default=Precision.A8_W8, target=target, overrides=tuple((n, A16) for n in names),
                 reasons=tuple((n, why) for n in names))
 
 
 def _erroring(plan: Plan, phases: Mapping[str, _Phase], target: Target) -> set[str]:
-    return {p.group for ph in phases.values()
-            for p in check(plan, ph.groups, ph.model, target, shapes=ph.shapes)
+    """The units with an error in some phase (each phase checked with its own overrides)."""
+    return {unit_of(p.group) for phase, ph in phases.items()
+            for p in check(plan.for_phase(phase), ph.groups, ph.model, target,
+                           shapes=ph.shapes)
             if p.severity == "error"}
 
 
@@ -116,7 +184,7 @@ def _fill(start: list[str], weighted: Sequence[str], phases: Mapping[str, _Phase
     chosen = list(start)
     for name in weighted:
         trial = {n: A16 for n in [*chosen, name]}
-        costs = [ph.costs.total({g.name: trial.get(g.name, Precision.A8_W8)
+        costs = [ph.costs.total({g.name: trial.get(unit_of(g.name), Precision.A8_W8)
                                  for g in ph.groups.groups}) for ph in phases.values()]
         if max(costs) <= max_cost:
             chosen.append(name)
@@ -128,32 +196,39 @@ def candidate_plans(models: Mapping[str, Model], target: Target, ranked: Sequenc
     """Named candidate plans (see the module docstring), before they are screened."""
     phases = _layouts(models, target, seq_len)
     first = next(iter(phases.values())).groups
-    kinds = {g.name: g for g in first.groups}
-    ranked = [n for n in ranked if n in kinds] + [n for n in kinds if n not in set(ranked)]
+    units = phase_units({p: ph.groups for p, ph in phases.items()})
+    kinds = {}
+    for ph in reversed(list(phases.values())):  # a unit's kind: its first phase's group
+        kinds.update({unit_of(g.name): g for g in ph.groups.groups
+                      if not g.name.endswith("/concat")})
+    ranked = list(dict.fromkeys(unit_of(n) for n in ranked if unit_of(n) in kinds))
+    ranked += [n for n in kinds if n not in set(ranked)]
     bad = _erroring(Plan(default=A16, target=target.name), phases, target)
     act = [n for n in ranked if kinds[n].kind is not GroupKind.WEIGHTED]
     adds = {g.name for g in residual_groups(first)}
     residual = [n for n in act if n in adds]
     legal = _fill([], [n for n in act if n not in bad], phases, max_cost)
     for _ in range(2):  # rules that judge a group with its neighbours
-        wrong = _erroring(_promote(target.name, legal, ""), phases, target)
+        wrong = _erroring(_promote(target.name, legal, "", units), phases, target)
         legal = [n for n in legal if n not in wrong]
     weighted = [n for n in ranked if kinds[n].kind is GroupKind.WEIGHTED and n not in bad]
     filled = _fill(legal, weighted, phases, max_cost)
     plans = {p.value: Plan(default=p, target=target.name)
              for p in (Precision.A8_W8, Precision.A16_W8, Precision.A16_W16)}
+    seen: set[frozenset[str]] = {frozenset()}
     for label, names, why in (
             ("residual16", residual, "residual stream (Add) at 16 bit"),
             ("act16", legal, "activation group legal at 16 bit in every phase"),
             ("act16+w16", filled, "legal at 16 bit; weighted layers widest output first "
              "within the cost cap")):
-        if names and {frozenset(p.overrides) for p in plans.values()}.isdisjoint(
-                [frozenset((n, A16) for n in names)]):
-            plans[label] = _promote(target.name, names, why)
-            own = _phase_only(names, [n for n in act if n in bad], phases, target, max_cost)
+        if names and frozenset(names) not in seen:
+            seen.add(frozenset(names))
+            plans[label] = _promote(target.name, names, why, units)
+            own = _phase_only(names, [n for n in act if n in bad], phases, target, max_cost,
+                              units)
             if own:
                 plans[f"{label}+{'+'.join(PHASE_TAGS.get(p, p) for p in own)}"] = \
-                    _with_phase_overrides(plans[label], own)
+                    _with_phase_overrides(plans[label], own, units)
     return plans
 
 
@@ -161,7 +236,8 @@ PHASE_TAGS = {"prefill": "pre16", "decode": "dec16"}  # candidate label suffixes
 
 
 def _phase_only(shared: Sequence[str], act: Sequence[str], phases: Mapping[str, _Phase],
-                target: Target, max_cost: float) -> dict[str, list[str]]:
+                target: Target, max_cost: float, units: Units | None = None
+                ) -> dict[str, list[str]]:
     """Per phase: those of ``act`` (activation groups refused at 16 bit in some phase;
     never weighted ones: the phases share one set of weights) that are legal at 16 bit
     in that phase graph, added to ``shared`` within the cap there. A decoder's prefill
@@ -176,19 +252,26 @@ def _phase_only(shared: Sequence[str], act: Sequence[str], phases: Mapping[str, 
         extra = [n for n in act if n not in bad and n not in set(shared)]
         chosen = _fill(list(shared), extra, one, max_cost)[len(shared):]
         for _ in range(2):  # rules that judge a group with its neighbours
-            wrong = _erroring(_promote(target.name, [*shared, *chosen], ""), one, target)
+            wrong = _erroring(_promote(target.name, [*shared, *chosen], "", units), one,
+                              target)
             chosen = [n for n in chosen if n not in wrong]
         if chosen:
             out[phase] = chosen
     return out
 
 
-def _with_phase_overrides(plan: Plan, own: Mapping[str, Sequence[str]]) -> Plan:
+def _with_phase_overrides(plan: Plan, own: Mapping[str, Sequence[str]],
+                          units: Units | None = None) -> Plan:
     why = {n: f"legal at 16 bit in the {phase} graph only (the other phase keeps it lower)"
            for phase, names in own.items() for n in names}
-    over = {phase: {n: A16.value for n in names} for phase, names in own.items()}
+    over = {phase: {k: v.value for k, v in extra.items()}
+            for phase, extra in plan.phase_overrides().items()}
+    for phase, names in own.items():
+        members = [m for n in names for m in ((units or {}).get(n, {}).get(phase) or [n])]
+        over.setdefault(phase, {}).update(dict.fromkeys(members, A16.value))
+    meta = tuple((k, v) for k, v in plan.meta if k != PHASE_OVERRIDES)
     return dataclasses.replace(plan, reasons=(*plan.reasons, *why.items()),
-                               meta=(*plan.meta, (PHASE_OVERRIDES, json.dumps(over))))
+                               meta=(*meta, (PHASE_OVERRIDES, json.dumps(over))))
 
 
 def screen(plans: Mapping[str, Plan], models: Mapping[str, Model], target: Target,
@@ -227,4 +310,4 @@ def _finite(x: float) -> float:
 
 
 __all__ = ["SELECTION", "PhaseCandidate", "candidate_plans", "choose", "kept_plans",
-           "rank_by_range", "screen"]
+           "phase_units", "rank_by_range", "screen", "unit_of", "unit_plan", "with_units"]

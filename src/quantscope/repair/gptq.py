@@ -10,7 +10,10 @@ columns go in their own order.
 =================  ================================================================
 layers             every MatMul / Gemm whose plan precision quantizes its weight to
                    4 or 8 bit (``a8_w4``, ``a8_w8``, ``a16_w8``), 2-D weight read by
-                   this node only, as the second input. Left alone, with the reason:
+                   this node only, as the second input, or by the token chunks of one
+                   layer (``<node>/tok<i>``, :mod:`~quantscope.repair.tokens`: one
+                   weight, rounded once on ``H`` over all the chunks' rows, when every
+                   chunk is rounded at the same precision). Left alone, with the reason:
                    16-bit weights (their grid is finer than the error GPTQ removes),
                    float groups, ``transA``, batched or shared weights, non-float32
                    weights, Conv (:mod:`~quantscope.repair.adaround` handles Conv)
@@ -48,6 +51,7 @@ cost               one FP32 pass over ``feeds`` tapping the layers' inputs, and 
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -126,7 +130,7 @@ def _layers(m: Model, plan: Plan, stats: Stats, scheme: QuantScheme
             why = "the plan's encoding has no grid for this weight"
         elif len(node.input) < 2 or node.input[1] != g.weight:
             why = "the weight is not the node's second input (GPTQ here needs x @ W)"
-        elif uses.get(g.weight, 0) > 1:
+        elif uses.get(g.weight, 0) > 1 and not _chunk_copies(node.name):
             why = "weight read by more than one node (one H cannot stand for all)"
         elif w.ndim != 2 or attr(node, "transA", 0):
             why = f"{node.op_type} with a {w.ndim}-D weight or transA (GPTQ here needs x @ W)"
@@ -137,7 +141,22 @@ def _layers(m: Model, plan: Plan, stats: Stats, scheme: QuantScheme
             continue
         trans = node.op_type == "Gemm" and bool(attr(node, "transB", 0))
         todo.append(_Layer(node, enc.weights[g.weight], trans))
-    return todo, skipped
+    readers: dict[str, list[_Layer]] = {}
+    for layer in todo:
+        readers.setdefault(layer.node.input[1], []).append(layer)
+    shared = {w for w, ls in readers.items() if len(ls) != uses.get(w, 0)
+              or len({_CHUNK.sub("", x.node.name) for x in ls}) != 1}
+    skipped += [(x.node.name, "weight read by more than one node, not all token chunks of "
+                 "one layer rounded at one precision") for x in todo if x.node.input[1] in shared]
+    return [x for x in todo if x.node.input[1] not in shared], skipped
+
+
+_CHUNK = re.compile(r"/tok\d+$")
+
+
+def _chunk_copies(name: str) -> bool:
+    """``name`` is a token chunk of a layer (its weight is read by each chunk)."""
+    return _CHUNK.search(name) is not None
 
 
 def input_grams(m: Model, layers: Sequence[_Layer], feeds: Sequence[dict[str, np.ndarray]],
@@ -293,12 +312,20 @@ def gptq(
         raise RepairError("gptq: no calibration feeds to measure the layers' inputs on")
     grams = input_grams(m, todo, feeds, max_rows=max_rows) if todo else {}
     arrays, changes, ratios, exact, rows_min = {}, [], [], 0, None
+    chunks: dict[str, list[str]] = {}  # weight -> the inputs its readers tap
     for layer in todo:
-        name, tap = layer.node.input[1], layer.node.input[0]
-        if tap not in grams:
+        chunks.setdefault(layer.node.input[1], []).append(layer.node.input[0])
+    done: set[str] = set()
+    for layer in todo:
+        name = layer.node.input[1]
+        if name in done:
+            continue  # a token chunk of a layer already rounded
+        done.add(name)
+        parts = [grams[t] for t in chunks[name] if t in grams]
+        if not parts:
             skipped.append((layer.node.name, "no calibration rows reached its input"))
             continue
-        gram, rows = grams[tap]
+        gram, rows = sum(p[0] for p in parts), sum(p[1] for p in parts)
         w = m.initializer_array(name)
         new, codes, after, before = _round_layer(
             w.astype(np.float64), layer, gram, rows, symmetric=sch.weight_symmetric,

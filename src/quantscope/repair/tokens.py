@@ -141,7 +141,8 @@ def _constants(model: Model) -> dict[str, tuple[int, ...] | None]:
 
 def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | None = None,
                  seq_len: int | None = None, linears: bool = False,
-                 per_head: bool = False, relay_values: bool = False) -> Repair:
+                 per_head: bool = False, relay_values: bool = False,
+                 only: frozenset[str] | None = None) -> Repair:
     """The model with its token-wise norm/elementwise layers split into ``chunk``-token layers.
 
     ``shapes``: concrete input shapes (``--input-shape``), ``seq_len``: the deployment's
@@ -155,10 +156,12 @@ def split_tokens(model: Model, *, shapes: Shapes | None = None, chunk: int | Non
     Concat: Q/K/V and the heads' context are kept per head
     (:func:`quantscope.repair.heads.keep_heads`); on another model it is not applied and
     the reason says why; ``relay_values``: with it, each head's values pass through a
-    [d, d] identity Linear (see ``keep_heads``). FP32 function unchanged.
+    [d, d] identity Linear (see ``keep_heads``). ``only``: the groups (by name) that may be
+    split; the others are not candidates (a decoder's MLPs:
+    :func:`quantscope.repair.gated.split_gated`). FP32 function unchanged.
     """
     resolved = _token_shapes(model, shapes, chunk, seq_len)
-    c = _choose(model, resolved, chunk, linears)
+    c = _choose(model, resolved, chunk, linears, only)
     if c.tokens is None or not c.sites:
         return Repair(name="tokensplit", reason="no token-wise normalization or elementwise "
                       f"layer with more than {c.chunk} tokens", proto=model.proto,
@@ -247,7 +250,8 @@ class _Choice:
     skipped: tuple[tuple[str, str], ...]
 
 
-def _choose(model: Model, shapes: Shapes, chunk: int | None, linears: bool) -> _Choice:
+def _choose(model: Model, shapes: Shapes, chunk: int | None, linears: bool,
+            only: frozenset[str] | None = None) -> _Choice:
     """The token-wise layers on the most common token count above ``chunk`` (default:
     half the largest token count, rounded up); every other candidate with the reason."""
     consts = _constants(model)
@@ -255,7 +259,8 @@ def _choose(model: Model, shapes: Shapes, chunk: int | None, linears: bool) -> _
     groups = find_groups(model)
     kinds = (*KINDS, "weighted") if linears else KINDS
     candidates = [(g, _tokens(shapes.get(g.outputs[0]) if g.outputs else None))
-                  for g in groups.groups if op_kind(g) in kinds]
+                  for g in groups.groups if op_kind(g) in kinds
+                  and (only is None or g.name in only)]
     if chunk is None:
         most = max((t for _, t in candidates if t), default=1)
         chunk = max(1, math.ceil(most / 2))

@@ -68,6 +68,16 @@ def fitting_chunk(model: Model, target: Target | None, seq_len: int | None) -> i
     return None
 
 
+def needed_chunk(model: Model, target: Target | None, seq_len: int) -> int:
+    """Tokens per chunk for a split made only for the size rule (the decoder recipe's
+    ``gatedsplit``): ``seq_len`` (no split) when the rule refuses 16 bit on none of the
+    token-wise layers at ``seq_len``; else :func:`fitting_chunk`, or half the tokens
+    where it finds none (or there is no target to judge by)."""
+    if target is not None and _refused(model, target, seq_len) == []:
+        return seq_len
+    return fitting_chunk(model, target, seq_len) or -(-seq_len // 2)
+
+
 def _refused(model: Model, target: Target, seq_len: int | None) -> list[Problem] | None:
     """The size rule's problems with every token-wise layer at 16 bit at ``seq_len``
     tokens ([] none); None when the sizes are not known (only not-evaluated problems)."""
