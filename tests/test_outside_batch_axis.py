@@ -96,17 +96,16 @@ def test_declared_axis_wins_and_names_are_checked(tmp_path):
 
 def test_batches_cut_and_join_along_each_inputs_own_axis(tmp_path):
     from quantscope.analyze.rows import density_batches, proxy_batches
-    from quantscope.calibrate.collect import _row_chunks
     from quantscope.pipeline.data import _split_tensors
     from quantscope.stages import open_data
-    from quantscope.types import batch_rows
+    from quantscope.types import batch_rows, take_rows
 
     data = feeds("lstm_state", N)
     model, npz = _save(tmp_path, "lstm", lstm_state(), data)
     ds = open_data(npz, load_proto(lstm_state()))
     (batch,) = ds.calibration
     assert batch_rows(batch) == N and batch["h"].shape == (1, N, 8)
-    assert [c["h"].shape for c in _row_chunks(batch, 8)] == [(1, 8, 8)] * 2
+    assert [take_rows(batch, slice(i, i + 8))["h"].shape for i in (0, 8)] == [(1, 8, 8)] * 2
     split = _split_tensors(ds)
     (fit,), (held,) = split.fit.calibration, split.held_out.calibration
     np.testing.assert_array_equal(held["h"], data["h"][:, N // 2:])

@@ -147,28 +147,17 @@ def evaluate_plans(
     engine measured it, and a plan it cannot run (another model, no cut) gets a full pass
     and the note why. Without one, every plan is one full pass, as before.
 
-    ``reference_kept``: the FP32 outputs already reduced to what the task keeps of them
+    ``reference_kept``: the FP32 outputs reduced to what the task keeps of them
     (:func:`reference_kept_outputs`): enough for ``only`` where the task scores it alone,
-    so no per-token reference is held (a planner's search); else the FP32 outputs are
-    computed here as without it.
-
-    ``task_only`` (with ``reference_kept``, on data with a task that keeps part of each
-    batch): every figure of the task (``data.task.metrics`` on the kept outputs, the same
-    floats as the full scoring's task figures) and no output fidelity, each plan's outputs
-    reduced batch by batch as they come, so no per-token outputs are held at all (the run's
-    auto choice of the rewrites reads a metric and its tie-break).
+    or for ``task_only`` (every task figure, no output fidelity: :func:`_kept_scorer`), so
+    no per-token reference is held; else the FP32 outputs are computed here.
     """
     batches = list(data.evaluation)
-    if task_only and (reference_kept is None or error_scales
-                      or getattr(data.task, "keep", None) is None):
-        raise ValueError("task_only needs reference_kept, no error_scales and a task that "
-                         "keeps part of its outputs")
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
     keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
     # no FP32 raw outputs held
-    alone = None if only is None or error_scales else scored_alone(data, only)
-    if task_only:
-        alone = lambda ref, test: dict(data.task.metrics(ref, test).values)  # noqa: E731
+    alone, note = _kept_scorer(data, only, task_only, bool(error_scales),
+                               reference_kept is not None)
     ref: Outputs | None = None
     if alone is not None and reference_kept is not None:
         ref_kept: Outputs | None = reference_kept
@@ -189,18 +178,35 @@ def evaluate_plans(
                 t if keep is None else keep(t, b) for t, b in emulated.batches))
             results[label] = {
                 "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
-                "method": method or stats.method,
-                "metrics": alone(ref_kept, test) if task_only else {only: alone(ref_kept, test)},
+                "method": method or stats.method, "metrics": alone(ref_kept, test),
                 "outputs": {}, "coverage": coverage, **saturated,
                 **({"engine": measured_by[0]} if engine is not None else {}),
-                "notes": [*model.notes, *data.notes, *q_notes,
-                          TASK_ONLY_NOTE if task_only else ONLY_NOTE.format(only)]}
+                "notes": [*model.notes, *data.notes, *q_notes, note]}
             continue
         results[label] = _scored(model, data, stats, plan, batches, emulated, ref, ref_kept,
                                  keep, reference=reference, method=method, error_scales=error_scales,
                                  head={"coverage": coverage, **saturated}, q_notes=q_notes,
                                  measured_by=measured_by[0] if engine is not None else None)
     return results
+
+
+def _kept_scorer(data: Dataset, only: str | None, task_only: bool, scaled: bool,
+                 has_kept: bool) -> tuple[Any, str]:
+    """``(ref_kept, test_kept) -> metrics`` scoring the kept outputs alone, and its note:
+    every task figure (``task_only``: ``data.task.metrics`` on the kept outputs, the same
+    floats as the full scoring's task figures, each plan's outputs reduced batch by batch
+    as they come; the run's auto choice of the rewrites reads a metric and its tie-break),
+    or ``only`` where the task scores it that way; ``(None, "")`` where the full scoring
+    is needed."""
+    if task_only and (not has_kept or scaled or getattr(data.task, "keep", None) is None):
+        raise ValueError("task_only needs reference_kept, no error_scales and a task that "
+                         "keeps part of its outputs")
+    if task_only:
+        return (lambda ref, test: dict(data.task.metrics(ref, test).values)), TASK_ONLY_NOTE
+    one = None if only is None or scaled else scored_alone(data, only)
+    if one is None:
+        return None, ""
+    return (lambda ref, test: {only: one(ref, test)}), ONLY_NOTE.format(only)
 
 
 def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list[Batch],

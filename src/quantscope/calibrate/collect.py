@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -14,7 +15,16 @@ from quantscope.model.axes import channel_axes
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
 from quantscope.progress import feed_size, track
-from quantscope.types import Groups, QuantscopeError, Stats, batch_rows, keep_inputs, take_rows
+from quantscope.types import (
+    SHARED,
+    Groups,
+    QuantscopeError,
+    Stats,
+    batch_rows,
+    keep_inputs,
+    sample_axis,
+    take_rows,
+)
 
 
 def tap_names(model: Model, groups: Groups) -> list[str]:
@@ -40,6 +50,18 @@ def tapped_model(model: Model, taps: list[str]) -> onnx.ModelProto:
 # what one run's tapped tensors may hold (all of them are alive at once); the rows per run
 # follow from the first run's bytes per input value
 TAP_BUDGET = 256 * 2**20
+
+
+def fixed_rows(session: Any, feeds: dict[str, np.ndarray]) -> bool:
+    """True when an input of ``session`` has a static size along its sample axis in
+    ``feeds``: the model takes only whole batches of that size (one run per batch)."""
+    for inp in session.get_inputs():
+        if inp.name not in feeds:
+            continue
+        axis = sample_axis(feeds, inp.name)
+        if axis != SHARED and axis < len(inp.shape) and isinstance(inp.shape[axis], int):
+            return True
+    return False
 
 
 def rows_per_run(feeds: dict[str, np.ndarray], bytes_per_value: float | None, max_rows: int,
@@ -88,7 +110,8 @@ def calibrate(
         feeds = keep_inputs(batch, inputs)
         n, start = batch_rows(feeds), 0
         while start < n:  # consecutive row slices, each as long as the budget allows
-            k = rows_per_run(feeds, per_value, max_rows, budget)
+            k = n if fixed_rows(session, feeds) else rows_per_run(feeds, per_value, max_rows,
+                                                                  budget)
             part = feeds if start == 0 and k >= n else take_rows(feeds, slice(start, start + k))
             start += k
             values = session.run(taps, part)
