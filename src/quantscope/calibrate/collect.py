@@ -92,8 +92,10 @@ def calibrate(
     with the rows per run, never with the number of batches. The first run takes one row
     and measures what its taps hold; each later run takes as many rows as fit ``budget``
     (:func:`rows_per_run`, at most ``max_rows``). The observers fold exactly, so the
-    statistics do not depend on the split (tests). mpnet-base at 256 tokens holds ~350 MB
-    of taps per row: 8 rows a run peaked 3.5 GB over the model, 1 row 1.7 GB, no slower.
+    statistics do not depend on the split but for the floor cluster (``bulk_min``,
+    ``floor_count``: merged approximately where there is no sentinel fill; tests).
+    mpnet-base at 256 tokens holds ~350 MB of taps per row: 8 rows a run peaked 3.5 GB over
+    the model, 1 row 1.7 GB, no slower.
     """
     if method not in METHODS:
         raise QuantscopeError(
@@ -108,10 +110,9 @@ def calibrate(
     per_value: float | None = None  # tap bytes per input value, from the first run
     for batch in track(batches, "calibrate", unit="batch", show=progress, cost=feed_size):
         feeds = keep_inputs(batch, inputs)
-        n, start = batch_rows(feeds), 0
+        n, start, whole = batch_rows(feeds), 0, fixed_rows(session, feeds)
         while start < n:  # consecutive row slices, each as long as the budget allows
-            k = n if fixed_rows(session, feeds) else rows_per_run(feeds, per_value, max_rows,
-                                                                  budget)
+            k = n if whole else rows_per_run(feeds, per_value, max_rows, budget)
             part = feeds if start == 0 and k >= n else take_rows(feeds, slice(start, start + k))
             start += k
             values = session.run(taps, part)
