@@ -5,6 +5,7 @@ pattern with a relative-position bias, and the fine-tune converter on its graph.
 from __future__ import annotations
 
 import io
+import shutil
 import zipfile
 
 import numpy as np
@@ -93,13 +94,15 @@ def test_model_tokenizer_named_beside_or_none(tmp_path):
 def built(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("sentence_transformers")
+    cache = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("QUANTSCOPE_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("QUANTSCOPE_CACHE", str(cache))
         try:
             path = zoo.resolve_model("mpnet-base")
         except QuantscopeError as exc:
             pytest.skip(str(exc))
         yield path, load(path)
+    shutil.rmtree(cache, ignore_errors=True)  # 420 MB: freed when the module ends
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import types
 
@@ -28,9 +29,11 @@ SENTENCES = [
 @pytest.fixture(scope="module")
 def built_cache(tmp_path_factory):
     """A fresh cache folder for the whole module; built-ins are built into it once."""
+    folder = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("QUANTSCOPE_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("QUANTSCOPE_CACHE", str(folder))
         yield
+    shutil.rmtree(folder, ignore_errors=True)  # freed when the module ends
 
 
 @pytest.fixture(scope="module")
