@@ -119,10 +119,17 @@ def sqnr_db_from_powers(signal: float, noise: float) -> float:
 
 def sqnr_db(ref: np.ndarray, test: np.ndarray) -> float:
     """SQNR = ``10 log10(sum ref^2 / sum (ref - test)^2)`` over the whole array, in dB
-    (float64 sums; zero cases in the module's fidelity table)."""
+    (float64 sums; zero cases in the module's fidelity table). Both arrays are first
+    scaled by the power of two nearest their largest magnitude (exact: the figure does
+    not change), so squares of very small or large values neither underflow nor overflow:
+    the figure stays the same under a joint scale of ``ref`` and ``test``."""
     ref64 = np.asarray(ref, dtype=np.float64)
-    noise = float(np.sum((ref64 - np.asarray(test, dtype=np.float64)) ** 2))
-    return sqnr_db_from_powers(float(np.sum(ref64**2)), noise)
+    diff = ref64 - np.asarray(test, dtype=np.float64)
+    top = max(float(np.max(np.abs(ref64), initial=0.0)), float(np.max(np.abs(diff), initial=0.0)))
+    if 0.0 < top < np.inf:
+        e = int(np.frexp(top)[1])
+        ref64, diff = np.ldexp(ref64, -e), np.ldexp(diff, -e)
+    return sqnr_db_from_powers(float(np.sum(ref64**2)), float(np.sum(diff**2)))
 
 
 def row_cosines(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
