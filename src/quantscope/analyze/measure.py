@@ -21,6 +21,7 @@ from quantscope.emulate.evaluate import (
     compare_models,
     kept,
     open_runs,
+    run_kept,
     run_model,
     scale_error,
 )
@@ -249,11 +250,8 @@ def reference_kept_outputs(model: Model, data: Dataset, *, label: str = "") -> O
     """The FP32 outputs of ``model`` on ``data.evaluation``, each batch reduced to what the
     task keeps as it comes (the pooled rows of text data): no per-token outputs are held,
     for :func:`evaluate_plans`' ``reference_kept``. Without a ``keep`` the outputs whole."""
-    batches = list(data.evaluation)
-    keep = getattr(data.task, "keep", None)
-    runs = open_runs(model.proto, batches, label, shared_arena=False)
-    return Outputs(names=runs.names, batches=tuple(
-        out if keep is None else keep(out, b) for out, b in runs.batches))
+    return run_kept(model.proto, list(data.evaluation), getattr(data.task, "keep", None),
+                    label=label)
 
 
 TASK_ONLY_NOTE = ("scored: the task's figures only, on the outputs it keeps (no output "

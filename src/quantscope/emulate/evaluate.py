@@ -74,6 +74,20 @@ def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "",
     return Runs(names=tuple(o.name for o in session.get_outputs()), batches=gen())
 
 
+def kept_runs(runs: Runs, keep: Keep | None) -> Outputs:
+    """``runs`` consumed batch by batch, each batch's outputs reduced to what ``keep`` keeps
+    as it comes (all of it without one): no batch's full outputs outlive its reduction
+    (the same arrays as :func:`kept` of the whole outputs, batch for batch)."""
+    return Outputs(names=runs.names, batches=tuple(
+        out if keep is None else keep(out, b) for out, b in runs.batches))
+
+
+def run_kept(proto: onnx.ModelProto, batches: Iterable[Batch], keep: Keep | None, *,
+             label: str = "") -> Outputs:
+    """:func:`run_model` reduced by ``keep`` batch by batch (:func:`kept_runs`)."""
+    return kept_runs(open_runs(proto, batches, label, shared_arena=False), keep)
+
+
 def kept(outputs: Outputs, batches: Iterable[Batch], keep: Keep | None) -> Outputs:
     """``outputs`` reduced batch by batch to what ``keep`` keeps (all of it without one)."""
     if keep is None:

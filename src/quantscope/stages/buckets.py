@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from quantscope.analyze.incremental import IncrementalEngine
-from quantscope.emulate.evaluate import kept, run_model
+from quantscope.analyze.memory import release_memory
+from quantscope.emulate.evaluate import Keep, Runs, kept_runs, open_runs, run_kept
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
@@ -232,9 +233,8 @@ def measure_errors(reference: Model, candidates: tuple[Candidate, ...], sel: Sel
     before on the same content is read back: :func:`_cached_embed`)."""
     task = sel.task
     batches = tuple(task.batches.batches)
-    ref = text_embeddings(task, kept(run_model(reference.proto, batches,
-                                               label="fp32" if progress else ""),
-                                     batches, task.keep))
+    ref = text_embeddings(task, run_kept(reference.proto, batches, task.keep,
+                                         label="fp32" if progress else ""))
     errors, notes, embs, measured_by = [], [], [], []
     engines = _engines(candidates, batches)
     for c in candidates:
@@ -248,6 +248,7 @@ def measure_errors(reference: Model, candidates: tuple[Candidate, ...], sel: Sel
         measured_by.append(how)
         errors.append(1.0 - np.sum(emb * ref, axis=1))
         embs.append(emb)
+        release_memory()  # a full pass's session and arena, before the next candidate's
     return Errors(reference=ref, errors=np.asarray(errors, dtype=np.float64),
                   embeddings=tuple(embs), notes=tuple(notes),
                   engines=tuple(measured_by))
@@ -263,27 +264,27 @@ def _engines(candidates: tuple[Candidate, ...], batches: tuple[Batch, ...]
     return {k: IncrementalEngine(cs[0].model, batches) for k, cs in seen.items() if len(cs) > 1}
 
 
-def _candidate_outputs(c: Candidate, batches: tuple[Batch, ...],
+def _candidate_outputs(c: Candidate, batches: tuple[Batch, ...], keep: Keep | None,
                        engine: IncrementalEngine | None, progress: bool
                        ) -> tuple[Outputs, tuple[str, ...], str]:
-    """A candidate's emulated outputs on ``batches``, the notes of its build and which
+    """A candidate's emulated outputs on ``batches``, each batch reduced by ``keep`` as it
+    comes (no batch's per-token outputs outlive it), the notes of its build and which
     engine measured: the model's incremental evaluator when it has one, else one full
-    pass of its QDQ graph."""
+    pass of its QDQ graph (its proto dropped once the session holds the graph)."""
     scheme = scheme_for(c.plan, None)
     runner, why = (None, None) if engine is None else engine.runner(c.model, c.stats, scheme)
     if runner is not None:
         enc, cov = runner.encodings(c.plan)
         before = runner.counts
-        out = runner.outputs(c.plan, enc)
+        out = kept_runs(Runs(c.model.output_names(), runner.iterate(c.plan, enc)), keep)
         how = runner.counts.minus(before).engine
         say(f"{c.name}: measured by {how}", show=progress)
         return out, (*enc.notes, *cov.lines()), how
     q = quantize_model(c.model, c.stats, c.plan, scheme=scheme)
     notes = (*q.notes, *q.coverage.lines(), *((why,) if why else ()))
-    proto = q.proto
+    runs = open_runs(q.proto, batches, f"{c.name}" if progress else "", shared_arena=False)
     del q
-    return (run_model(proto, batches, label=f"{c.name}" if progress else ""), notes,
-            "ort (full pass)")
+    return kept_runs(runs, keep), notes, "ort (full pass)"
 
 
 def _embed(c: Candidate, task: TextTask, batches: tuple[Batch, ...],
@@ -291,8 +292,8 @@ def _embed(c: Candidate, task: TextTask, batches: tuple[Batch, ...],
            ) -> tuple[np.ndarray, tuple[str, ...], str]:
     """A candidate's pooled embeddings of the selection texts, its QDQ writer's notes and
     which engine measured (:func:`_candidate_outputs`)."""
-    raw, notes, how = _candidate_outputs(c, batches, engine, progress)
-    return text_embeddings(task, kept(raw, batches, task.keep)), notes, how
+    out, notes, how = _candidate_outputs(c, batches, task.keep, engine, progress)
+    return text_embeddings(task, out), notes, how
 
 
 def _cached_embed(cache: EvalCache, reference: Model, c: Candidate, task: TextTask,

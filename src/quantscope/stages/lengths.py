@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from quantscope.analyze.memory import release_memory
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes
 from quantscope.plan.buckets import CHOICE_LENGTHS, MAX_BUCKETS, route
@@ -260,6 +261,7 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
     errors when nothing is legal or within the cost."""
     sel = B.select_texts(reference, fit, candidates, seq_lens, max_buckets, 0)
     err = B.measure_errors(reference, candidates, sel, progress=progress)
+    release_memory()  # the candidates' evaluators (sessions, activation cache) are gone
     costs = B.length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
     cap = float(costs[:, -1].max()) if max_cost is None else max_cost
     figures, margins = {}, {}
@@ -283,6 +285,7 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
         Bucket(seq_len=sel.seq_lens[j], model=candidates[ci].model, stats=candidates[ci].stats,
                plan=candidates[ci].plan) for j, ci in alloc.picks),
         target=target_spec, source="deployment.json")
+    release_memory()
     measured = evaluate_deployment(reference, held_out, deployment, progress=progress)
     per_q, per_d, se = _held_out_costs(held_out, deployment, measured)
     return LengthsResult(choice=many[1], one_model=one[1], kept_one=kept_one, reason=reason,

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from quantscope.analyze.measure import default_metric
-from quantscope.emulate.evaluate import kept, run_model
+from quantscope.emulate.evaluate import kept_runs, open_runs, run_kept
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
@@ -179,8 +179,7 @@ def routed_outputs(reference: Model, data: Dataset, deployment: Deployment, *,
     batches = tuple(task.batches.batches)
     rows = _rows_by_batch(task.batches.order, batches)
     which = route(np.asarray(data.token_lengths), deployment.seq_lens)
-    ref = kept(run_model(reference.proto, batches, label="fp32" if progress else ""), batches,
-               task.keep)
+    ref = run_kept(reference.proto, batches, task.keep, label="fp32" if progress else "")
     routed: list[list[np.ndarray] | None] = [None] * len(batches)
     alone: Outputs | None = None
     notes = []
@@ -194,11 +193,10 @@ def routed_outputs(reference: Model, data: Dataset, deployment: Deployment, *,
             continue
         q = quantize_model(b.model, b.stats, b.plan, scheme=scheme_for(b.plan, None))
         notes.append((*q.notes, *q.coverage.lines()))
-        proto = q.proto
-        del q
         label = f"bucket {b.seq_len}" if progress else ""
-        out = kept(run_model(proto, [batches[k] for k in need], label=label),
-                   [batches[k] for k in need], task.keep)
+        runs = open_runs(q.proto, [batches[k] for k in need], label, shared_arena=False)
+        del q  # the session holds the graph
+        out = kept_runs(runs, task.keep)
         for k, o in zip(need, out.batches, strict=True):
             take = which[rows[k]] == i
             cur = routed[k] if routed[k] is not None else [np.array(a, copy=True) for a in o]
