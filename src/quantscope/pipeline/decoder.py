@@ -100,8 +100,8 @@ class DecoderOptions:
         if bad:
             raise QuantscopeError(f"--rewrites {','.join(bad)} is an encoder rewrite: a decoder "
                                   "run takes auto (rotate, then SmoothQuant on the gated "
-                                  "products, then the prefill MLPs in token chunks), "
-                                  "rotate, or none")
+                                  "products, then the prefill MLPs in token chunks), a "
+                                  f"comma list of {', '.join(RECIPE)}, or none")
         if self.goal is None:
             return
         m = METRICS[self.metric]
