@@ -133,3 +133,18 @@ def test_the_recipe_keeps_both_phase_graphs_fp32(tmp_path, target) -> None:
                             strict=True):
             scale = float(np.abs(ref[0]).max())
             assert float(np.abs(new[0] - ref[0]).max()) <= RTOL * scale, phase
+
+
+def test_the_decoder_steps_run_on_one_graph_through_the_runner(tmp_path) -> None:
+    """``smooth`` and ``gatedsplit`` are whole entries: on one prefill graph the registry's
+    runner applies them, FP32 checked and recorded (what ``quantscope smooth`` /
+    ``quantscope gatedsplit`` run)."""
+    setup = stages_llm.LmSetup(seq_len=SEQ, calibration=4, evaluation=2, steps=2)
+    job = stages_llm.phase_job(byte_decoder(tmp_path), "smooth", tmp_path / "x.prefill.onnx",
+                               setup)
+    prefill = job.open("prefill")
+    smooth = REWRITES["smooth"].apply(prefill, stats=job.calibrate(), seq_len=SEQ)
+    split = REWRITES["gatedsplit"].apply(prefill, seq_len=SEQ)
+    assert smooth.applied and smooth.record["name"] == "smooth" and smooth.fp32_diff < RTOL
+    assert split.applied and "2 chunks of 8 tokens" in split.reason
+    assert "give --seq-len" in REWRITES["gatedsplit"].apply(prefill).reason

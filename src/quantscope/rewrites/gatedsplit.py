@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from quantscope.model.load import Model
+from quantscope.model.shapes import given_shapes
 from quantscope.repair import Repair as GraphRepair
 from quantscope.repair.gated import gated_mlps, phase_maker, split_gated
 from quantscope.repair.tokens import UNVERIFIED
@@ -45,7 +46,8 @@ def _transform(model: Model, config: GatedsplitConfig, inp: RewriteInput) -> Gra
         return GraphRepair(name="gatedsplit", proto=model.proto,
                            reason="the prompt length is not known: give --seq-len")
     chunk = config.chunk or needed_chunk(model, None, inp.seq_len)
-    return split_gated(model, seq_len=inp.seq_len, chunk=chunk, shapes=inp.shapes)
+    shapes = inp.shapes or given_shapes(model, inp.seq_len)  # the phase's, else --seq-len's
+    return split_gated(model, seq_len=inp.seq_len, chunk=chunk, shapes=shapes)
 
 
 def _applies(model: Model, target: Target | None, seq_len: int | None,
