@@ -45,6 +45,8 @@ RTOL = 1e-3
 # sites -> (smooth_outliers' gated, producers)
 SITES: dict[str, tuple[bool, tuple[str, ...] | None]] = {
     "norms": (False, None), "gated": (True, ("Mul",)), "all": (True, None)}
+NO_MLP = ("no gated MLP (a Mul of two Linears that read one tensor, read by one Linear): "
+          "smooth is SmoothQuant on a Llama-style decoder's gated products")
 UNVERIFIED = ("unverified on a device: the smoothed weights are ordinary dense weights "
               "(nothing new asked of the compiler); the gain is the 8-bit gated product's "
               "range, measured in emulation")
@@ -74,6 +76,8 @@ def _smooth(model: Model, stats: Stats, feeds: Sequence[Batch], config: SmoothCo
 
 def _transform(model: Model, config: SmoothConfig, inp: RewriteInput) -> GraphRepair:
     assert inp.stats is not None
+    if config.sites == "gated" and not gated_mlps(model):
+        return GraphRepair(name="smooth", proto=model.proto, reason=NO_MLP)
     feeds = sample_feeds(model, (inp.seq_len or 32,), what="smooth", shapes=inp.shapes)
     return _smooth(model, inp.stats, feeds, config)
 
@@ -84,9 +88,7 @@ def _applies(model: Model, target: Target | None, seq_len: int | None,
     an encoder has none."""
     mlps = gated_mlps(model)
     if not mlps:
-        return Precondition(False, "no gated MLP (a Mul of two Linears that read one "
-                                   "tensor, read by one Linear): smooth is SmoothQuant on "
-                                   "a Llama-style decoder's gated products")
+        return Precondition(False, NO_MLP)
     return Precondition(True, f"{len(mlps)} gated MLP product(s) to smooth")
 
 
