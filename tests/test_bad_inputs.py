@@ -250,6 +250,10 @@ CASES: list[tuple[str, list[str], str]] = [
      "below 1"),
     ("rotate-not-a-decoder", ["rotate", T, "--out", "{out}/r.onnx"],
      "no RMSNormalization in the graph: not an RMSNorm decoder"),
+    ("smooth-not-a-decoder", ["smooth", T, "--stats", S, "--out", "{out}/s.onnx"],
+     "no gated MLP"),
+    ("gatedsplit-not-a-decoder", ["gatedsplit", T, "--seq-len", "8", "--out", "{out}/g.onnx"],
+     "no gated MLP"),
     ("demo-json-and-report-one-path", ["demo", "--model", M, "--data", X, "--json",
                                        "{out}/d.x", "--report", "{out}/d.x"], "both"),
     # -- outputs that cannot be written: refused before any work

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
@@ -58,6 +58,10 @@ from quantscope.tasks.lm_phases import (
 from quantscope.types import PHASE_OVERRIDES, Plan, Precision, QuantscopeError, Stats
 from quantscope.zoo.decoder import PRODUCER as DECODER_PRODUCER
 from quantscope.zoo.prefix import KVPrefix
+
+if TYPE_CHECKING:
+    from quantscope.rewrites.base import PhaseJob
+    from quantscope.targets.profile import Target
 
 PROMPT = "The capital of France is"
 
@@ -362,89 +366,90 @@ def format_lm_quality(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def phase_job(spec: str | Path, name: str, out: str | Path, setup: LmSetup, *,
+              prefix: str | tuple[int, ...] = "none", target: Target | None = None
+              ) -> PhaseJob:
+    """What registered rewrite ``name`` is given to rewrite both phase graphs of ``spec``
+    (:class:`quantscope.rewrites.base.PhaseJob`): the graphs opened here, its graphs
+    written as a decoder's files ``out`` (:func:`write_phase_files`), and the prefill
+    graph's calibration on ``setup``'s windows with the KV prefix ``prefix``
+    (:func:`lm_prefix`) when it asks."""
+    from quantscope.rewrites.base import PhaseJob
+
+    def calibrate() -> Stats:
+        windows, _ = lm_text(spec, setup)
+        kv = lm_prefix(spec, prefix, windows)
+        return calibrate_phases(_opener(spec, kv), windows, steps=setup.steps)["prefill"]
+
+    return PhaseJob(spec=str(spec), seq_len=setup.seq_len,
+                    open=functools.partial(open_phase, spec),
+                    write=lambda make: write_phase_files(spec, name, make, out),
+                    calibrate=calibrate, target=target)
+
+
 def rewrite_phase_files(spec: str | Path, name: str, out: str | Path, config: Any = None, *,
                         seq_len: int = DEFAULT_SEQ_LEN) -> dict[str, str]:
     """Registered rewrite ``name`` applied to both phase graphs of ``spec``, one graph in
-    memory at a time (:func:`quantscope.rewrites.phases.rewrite_phase`: FP32 checked per
-    phase; the same weights in both, by digest), written as a decoder's files
-    (:func:`write_phase_files`). Returns phase -> the rewrite's reason."""
-    from quantscope.rewrites.phases import rewrite_phase
+    memory at a time (:func:`quantscope.rewrites.phases.on_phases`: its own phase step,
+    else its transform per phase, FP32 checked per phase; the same weights in both, by
+    digest), written as a decoder's files (:func:`write_phase_files`). Returns phase ->
+    the rewrite's reason."""
+    from quantscope.rewrites.phases import on_phases
     from quantscope.rewrites.registry import REWRITES
 
     if name not in REWRITES:
         raise QuantscopeError(f"unknown rewrite '{name}': use one of {', '.join(REWRITES)}")
-
-    def one(phase: str) -> tuple[onnx.ModelProto, str]:
-        r = rewrite_phase(REWRITES[name], open_phase(spec, phase), phase, config,
-                          seq_len=seq_len)
-        return r.proto, f"{r.reason} (FP32 max relative diff {r.fp32_diff:.2g})"
-
-    return write_phase_files(spec, name, one, out)
+    return on_phases(REWRITES[name], phase_job(spec, name, out, LmSetup(seq_len=seq_len)),
+                     config)
 
 
 def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
                        setup: LmSetup = LmSetup(), rtol: float = 1e-4,
                        sites: str = "norms", prefix: str | tuple[int, ...] = "none"
                        ) -> dict[str, str]:
-    """SmoothQuant (:func:`quantscope.repair.smooth.smooth_outliers`) on both phase graphs
-    with the scales of the prefill graph's calibration (so both get the same weights,
-    checked), FP32 checked per phase within ``rtol`` (30 layers in float32: 1e-4, as
-    ``rotate``), written as a decoder's files. ``sites``: ``norms`` (the RMSNorm outputs:
-    gains / s, the Linears reading them x s; and any other site a producer's weights can
-    take), ``gated`` (only each MLP's gated product ``silu(gate) * up``: up projection
-    columns / s, down projection rows x s), ``all`` (both). ``prefix``: calibrate with
-    that constant KV prefix (:func:`lm_prefix`), so the sink token's activation does not
-    set the scales. Returns phase -> what it did."""
-    from quantscope.model.phases import phase_shapes
-    from quantscope.repair.smooth import smooth_outliers
-    from quantscope.repair.tokens import sample_feeds
+    """SmoothQuant (registry entry ``smooth``, :mod:`quantscope.rewrites.smooth`) on both
+    phase graphs with the scales of the prefill graph's calibration at ``setup`` (so both
+    get the same weights, checked), FP32 checked per phase within ``rtol`` (30 layers in
+    float32: 1e-4, as ``rotate``), written as a decoder's files. ``sites``: ``norms``,
+    ``gated`` or ``all`` (:data:`quantscope.rewrites.smooth.SITES`). ``prefix``: calibrate with that constant
+    KV prefix (:func:`lm_prefix`), so the sink token's activation does not set the scales.
+    Returns phase -> what it did."""
+    from quantscope.rewrites.phases import on_phases
+    from quantscope.rewrites.registry import REWRITES
 
-    if sites not in SMOOTH_SITES:
-        raise QuantscopeError(f"smooth sites must be one of {', '.join(SMOOTH_SITES)}, "
-                              f"not '{sites}'")
-    windows, _ = lm_text(spec, setup)
-    kv = lm_prefix(spec, prefix, windows)
-    stats = calibrate_phases(_opener(spec, kv), windows, steps=setup.steps)["prefill"]
-    gated, producers = SMOOTH_SITES[sites]
-
-    def one(phase: str) -> tuple[onnx.ModelProto, str]:
-        model = open_phase(spec, phase)
-        feeds = sample_feeds(model, (setup.seq_len,), what="smooth",
-                             shapes=phase_shapes(model, phase, setup.seq_len))
-        r = smooth_outliers(model, stats, feeds, alpha=alpha, rtol=rtol, gated=gated,
-                            producers=producers)
-        return r.proto, f"{r.reason} {dict(r.effect)}"
-
-    return write_phase_files(spec, "smooth", one, out)
+    rw = REWRITES["smooth"]
+    config = rw.config(alpha=alpha, sites=sites, rtol=rtol)  # sites checked: one line
+    return on_phases(rw, phase_job(spec, rw.name, out, setup, prefix=prefix), config)
 
 
-SMOOTH_ALPHA = 0.5  # the recipe's SmoothQuant strength (docs/benchmarks.md)
 RECIPE = ("rotate", "smooth", "gatedsplit")  # run's rewrites for a decoder, in order
-# the smoothing's FP32 check in the recipe: the decode graph is checked on a random KV
-# cache, whose arbitrary attention amplifies float32 rounding (smollm2-135m: 3.0e-5 at 64
-# cached positions, 4.0e-5 at 48, 1.6e-4 at 32; prefill 2.6e-6 at each); a wrong
-# transform moves the logits by O(1)
-RECIPE_RTOL = 1e-3
+RECIPE_CALIBRATION = 16  # windows the recipe's steps calibrate on (smooth's scales)
 
 
 def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path, *,
                        seq_len: int | None = None, prefix: str = "auto",
                        say: Callable[[str], None] | None = None,
                        target: str | None = None) -> dict[str, dict[str, str]]:
-    """The decoder recipe's steps ``names`` (of :data:`RECIPE`: ``rotate`` the residual
-    stream, :func:`rewrite_phase_files`; ``smooth`` each MLP's gated product at
-    :data:`SMOOTH_ALPHA`, calibrated with ``prefix``, :func:`smooth_phase_files`;
-    ``gatedsplit`` the prefill MLPs in chunks of tokens, the largest ``target``'s size
-    rule allows at 16 bit, none if it allows all: :mod:`quantscope.repair.gated`) on
-    both phase graphs of ``spec``, one after another, the last written as ``out``
-    (``X.prefill.onnx``, its decode sibling, the tokenizer); intermediate graphs are
-    removed once the next is written. Returns step -> phase -> what it did."""
+    """The decoder recipe's steps ``names`` (of :data:`RECIPE`; each a registry entry,
+    :data:`quantscope.rewrites.registry.REWRITES`, at its default config, run by
+    :func:`quantscope.rewrites.phases.on_phases`: ``rotate`` the residual stream,
+    ``smooth`` each MLP's gated product at alpha 0.5, calibrated with
+    ``prefix``, ``gatedsplit`` the prefill MLPs in chunks of tokens, the largest
+    ``target``'s size rule allows at 16 bit, none if it allows all) on both phase graphs
+    of ``spec``, one after another, the last written as ``out`` (``X.prefill.onnx``, its
+    decode sibling, the tokenizer); intermediate graphs are removed once the next is
+    written. Returns step -> phase -> what it did."""
+    from quantscope.rewrites.phases import on_phases
+    from quantscope.rewrites.registry import REWRITES
+
     bad = [n for n in names if n not in RECIPE]
     if bad or not names:
         raise QuantscopeError(f"decoder rewrites are {', '.join(RECIPE)}, not "
                               f"'{','.join(bad) or 'nothing'}'")
     out = Path(out)
     seq = seq_len or DEFAULT_SEQ_LEN
+    setup = LmSetup(seq_len=seq, calibration=RECIPE_CALIBRATION, evaluation=1, steps=4)
+    tgt = load_target(target) if target else None
     notes: dict[str, dict[str, str]] = {}
     current, made = str(spec), []
     for i, name in enumerate(names):
@@ -452,20 +457,8 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
         step = out if last else out.with_name(f"step{i}-{name}.prefill.onnx")
         if say is not None:
             say(f"[rewrite] {name} on both phase graphs …")
-        if name == "rotate":
-            notes[name] = rewrite_phase_files(current, "rotate", step, seq_len=seq)
-        elif name == "gatedsplit":  # prefill only; chunks: rewrites.tokensplit.needed_chunk
-            from quantscope.repair.gated import phase_maker
-            from quantscope.rewrites.tokensplit import needed_chunk
-
-            tgt = load_target(target) if target else None
-            notes[name] = write_phase_files(current, name, phase_maker(
-                functools.partial(open_phase, current), seq,
-                chunk=lambda m, n, t=tgt: needed_chunk(m, t, n)), step)
-        else:
-            setup = LmSetup(seq_len=seq, calibration=16, evaluation=1, steps=4)
-            notes[name] = smooth_phase_files(current, step, alpha=SMOOTH_ALPHA, setup=setup,
-                                             sites="gated", prefix=prefix, rtol=RECIPE_RTOL)
+        notes[name] = on_phases(REWRITES[name], phase_job(current, name, step, setup,
+                                                          prefix=prefix, target=tgt))
         for old in made:  # the previous step's files: read, no longer needed
             old.unlink(missing_ok=True)
         made = [p for p in out.parent.iterdir() if p.name.startswith(f"step{i}-")]
@@ -546,11 +539,6 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
     return out
 
 
-# smooth_phase_files' sites -> (smooth_outliers' gated, producers)
-SMOOTH_SITES: dict[str, tuple[bool, tuple[str, ...] | None]] = {
-    "norms": (False, None), "gated": (True, ("Mul",)), "all": (True, None)}
-
-
 def write_phase_files(spec: str | Path, what: str,
                       make: Callable[[str], tuple[onnx.ModelProto, str]],
                       out: str | Path) -> dict[str, str]:
@@ -591,10 +579,10 @@ def write_phase_files(spec: str | Path, what: str,
 
 
 __all__ = ["DECODE_STEPS", "EVAL_TOKENS", "NEW_TOKENS", "PROMPTS", "LmPrefix", "LmSetup",
-           "PhasePlan", "SMOOTH_SITES", "check_plan_phases", "diagnose_model",
+           "PhasePlan", "check_plan_phases", "diagnose_model",
            "diagnose_phases", "document_token", "format_lm_quality", "format_prefix",
            "lm_prefix", "recorded_prefix",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
            "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files",
-           "RECIPE", "SMOOTH_ALPHA", "recipe_phase_files",
+           "RECIPE", "phase_job", "recipe_phase_files",
            "smooth_phase_files", "w4_variant", "write_phase_files"]

@@ -6,10 +6,12 @@ same manifest (``run.json``, :mod:`.manifest`):
 
 ==========  =========================================================================
 rewrite     the measured recipe of docs/benchmarks.md ("Decoder LLM: the KV prefix
-            and the rotation"): the Hadamard rotation of the residual stream
-            (``rotate``) and SmoothQuant on each MLP's gated product (calibrated with
-            the KV prefix), both FP32-checked per phase: ``model/model.{prefill,
-            decode}.onnx`` and the tokenizer (``--rewrites none``: the given graphs)
+            and the rotation"), each step a rewrite registry entry: the Hadamard
+            rotation of the residual stream (``rotate``), SmoothQuant on each MLP's
+            gated product (``smooth``, calibrated with the KV prefix) and the prefill
+            MLPs in token chunks (``gatedsplit``), each FP32-checked per phase:
+            ``model/model.{prefill,decode}.onnx`` and the tokenizer (``--rewrites
+            none``: the given graphs)
 plan        ``plan --phase`` on those graphs (:func:`quantscope.stages_llm.plan_phases`):
             candidates legal on both phases within ``--max-cost``, measured on a
             quick amount of text, the best kept; ``plan.json`` with the KV prefix
@@ -98,8 +100,8 @@ class DecoderOptions:
         if bad:
             raise QuantscopeError(f"--rewrites {','.join(bad)} is an encoder rewrite: a decoder "
                                   "run takes auto (rotate, then SmoothQuant on the gated "
-                                  "products, then the prefill MLPs in token chunks), "
-                                  "rotate, or none")
+                                  "products, then the prefill MLPs in token chunks), a "
+                                  f"comma list of {', '.join(RECIPE)}, or none")
         if self.goal is None:
             return
         m = METRICS[self.metric]
@@ -175,12 +177,6 @@ class DecoderContext:
         return {p: read_stats(self.path(f)) for p, f in STATS.items()}
 
 
-RECIPE_WORDS = {"rotate": "the Hadamard rotation of the residual stream (RMSNorm gains folded)",
-                "smooth": "SmoothQuant on each MLP's gated product silu(gate) * up",
-                "gatedsplit": "each MLP split into chunks of tokens in the prefill graph, so "
-                              "its gated product fits 16 bit (decode unchanged)"}
-
-
 @dataclass(frozen=True)
 class Done:
     files: tuple[str, ...]
@@ -188,8 +184,9 @@ class Done:
 
 def rewrite(ctx: DecoderContext) -> Done:
     """The recipe's rewrites (:func:`quantscope.stages_llm.recipe_phase_files`)."""
+    from quantscope.rewrites.registry import REWRITES
     from quantscope.serde import write_json
-    from quantscope.stages_llm import SMOOTH_ALPHA, recipe_phase_files
+    from quantscope.stages_llm import recipe_phase_files
 
     opts = ctx.opts
     folder = ctx.path(MODEL_DIR)
@@ -205,8 +202,8 @@ def rewrite(ctx: DecoderContext) -> Done:
     write_json(ctx.path(REWRITE), {
         "rewrites": list(opts.rewrites), "notes": notes,
         "recipe": "docs/benchmarks.md, 'Decoder LLM: the KV prefix and the rotation': "
-                  + ", then ".join(RECIPE_WORDS[n] for n in opts.rewrites)
-                  + f" (SmoothQuant's alpha {SMOOTH_ALPHA})"})
+                  + ", then ".join(REWRITES[n].what for n in opts.rewrites)
+                  + f" (SmoothQuant's alpha {REWRITES['smooth'].config().alpha})"})
     return Done((REWRITE, MODEL_DIR))
 
 

@@ -113,6 +113,35 @@ class RewriteResult:
 Transform = Callable[[Model, Any, RewriteInput], GraphRepair]
 Applies = Callable[[Model, "Target | None", "int | None", "Stats | None"], Precondition]
 Binds = Callable[[Model, "Target | None", "int | None"], Precondition]
+# one phase graph made by a decoder step: phase -> (graph, what was done, in words)
+PhaseMaker = Callable[[str], "tuple[onnx.ModelProto, str]"]
+
+
+@dataclass(frozen=True)
+class PhaseJob:
+    """What a decoder step (a rewrite of a decoder's pair of phase graphs, prefill and
+    decode: :attr:`Rewrite.phases`) is given by the stage that runs it
+    (``stages_llm.recipe_phase_files``), which owns the files, the text and the KV prefix.
+
+    ``spec``: the phase graphs it reads (a built-in decoder name or ``X.prefill.onnx``);
+    ``seq_len``: the prompt tokens of the prefill graph (and the cache the decode graph
+    is checked with); ``target``: the run's target (None: none given); ``open(phase)``:
+    that phase graph of ``spec``; ``write(make)``: each phase graph ``make(phase)`` gives
+    (one in memory at a time) written as the step's files, the graphs' shared weights
+    checked equal, returning phase -> ``make``'s note; ``calibrate()``: the prefill
+    graph's calibration with the run's KV prefix in the cache (stats a step shares
+    across both phases, so both get the same weights)."""
+
+    spec: str
+    seq_len: int
+    open: Callable[[str], Model]
+    write: Callable[[PhaseMaker], dict[str, str]]
+    calibrate: Callable[[], Stats]
+    target: Target | None = None
+
+
+# a decoder step's own way with both phase graphs: (job, config) -> phase -> note
+PhaseStep = Callable[[PhaseJob, Any], dict[str, str]]
 
 
 @dataclass(frozen=True)
@@ -146,7 +175,13 @@ class Rewrite:
     ``binds``: whether the target rule it ``answers`` binds on this model at this length
     (``run --rewrites auto`` tries a rewrite only where its precondition holds and this
     does); None: the precondition is the diagnosis itself (tokensplit's size rule, the
-    stats rewrites' outlier channels)."""
+    stats rewrites' outlier channels).
+
+    ``phases``: how the entry rewrites a decoder's pair of phase graphs (the decoder
+    run's recipe steps, ``stages_llm.RECIPE``, are entries: ``rotate``, ``smooth``,
+    ``gatedsplit``); None: its transform on each graph (:mod:`quantscope.rewrites.phases`).
+    A decoder step's precondition says no, in words, on a graph it cannot rewrite (an
+    encoder), so ``run --rewrites auto`` never tries it there."""
 
     name: str
     config: type[Any]
@@ -174,6 +209,11 @@ class Rewrite:
     checked_on: Callable[[Any, int | None, GraphRepair], str] | None = None
     binds: Binds | None = None
     rtol: float = FP32_RTOL
+    # a decoder's two phase graphs at once (:class:`PhaseJob`): None, the transform on
+    # each graph, FP32 checked per phase (:func:`quantscope.rewrites.phases.on_phases`);
+    # else the entry's own step (smooth: one calibration for both; gatedsplit: prefill
+    # only, chunks by the target)
+    phases: PhaseStep | None = None
     # the config ``run --rewrites auto`` tries, given the names of the rewrites applied
     # before it, the model it applies to, the target and the length (None: the default
     # config): e.g. tokensplit splits the Linears too, per head, on a head-split model,

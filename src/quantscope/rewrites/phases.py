@@ -11,6 +11,11 @@ consistent         every initializer the two rewritten graphs share by name is e
 all or nothing     a phase where the rewrite fails its check or changes nothing makes
                    the whole call fail with that phase's reason
 =================  ===================================================================
+
+:func:`on_phases` is how a decoder's recipe step runs (``stages_llm.recipe_phase_files``):
+the entry's own :attr:`~quantscope.rewrites.base.Rewrite.phases` step when it has one
+(``smooth``, ``gatedsplit``), else the above per phase through the step's
+:class:`~quantscope.rewrites.base.PhaseJob` (``rotate``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from onnx import numpy_helper
 
 from quantscope.model.load import Model
 from quantscope.model.phases import phase_shapes
-from quantscope.rewrites.base import Rewrite, RewriteResult, run_rewrite
+from quantscope.rewrites.base import PhaseJob, Rewrite, RewriteResult, run_rewrite
 from quantscope.types import QuantscopeError, Stats
 
 
@@ -38,6 +43,22 @@ def rewrite_phase(rw: Rewrite, model: Model, phase: str, config: Any = None, *,
     if r.failed is not None or not r.changes:
         raise QuantscopeError(f"{rw.name} on the {phase} graph: {r.failed or r.reason}")
     return r
+
+
+def on_phases(rw: Rewrite, job: PhaseJob, config: Any = None) -> dict[str, str]:
+    """``rw`` with ``config`` (default: the entry's) on both phase graphs of ``job.spec``,
+    written by ``job.write``: its own :attr:`Rewrite.phases` step, or else
+    :func:`rewrite_phase` on each graph (one in memory at a time). Returns phase -> what
+    was done."""
+    config = rw.config() if config is None else config
+    if rw.phases is not None:
+        return rw.phases(job, config)
+
+    def one(phase: str) -> tuple[onnx.ModelProto, str]:
+        r = rewrite_phase(rw, job.open(phase), phase, config, seq_len=job.seq_len)
+        return r.proto, f"{r.reason} (FP32 max relative diff {r.fp32_diff:.2g})"
+
+    return job.write(one)
 
 
 def rewrite_phases(rw: Rewrite, models: Mapping[str, Model], config: Any = None, *,
@@ -69,4 +90,4 @@ def same_weights(what: str, digests: Mapping[str, Mapping[str, str]]) -> None:
                     "graphs after the rewrite: one plan cannot serve both")
 
 
-__all__ = ["rewrite_phase", "rewrite_phases", "same_weights", "weight_digests"]
+__all__ = ["on_phases", "rewrite_phase", "rewrite_phases", "same_weights", "weight_digests"]

@@ -8,7 +8,15 @@ verdict and the plan's hints read it from here; nothing else names it.
 Order: the stats rewrites first (they read the given model's channel ranges; outscale
 keeps the hidden tensors peel reads), then headsplit (it matches Softmax chains),
 rowscale after it, tokensplit (it chunks what the others produced), then rotate (a
-decoder's residual stream; after the stats rewrites, whose ranges are the given model's).
+decoder's residual stream; after the stats rewrites, whose ranges are the given model's),
+smooth (a decoder's gated MLP products, in the rotated basis) and gatedsplit (a decoder's
+prefill MLPs in token chunks, last: it splits what the others rewrote).
+
+The decoder run's recipe (``stages_llm.RECIPE``: rotate, smooth, gatedsplit) is entries
+here too: each runs on a decoder's pair of phase graphs through
+:func:`quantscope.rewrites.phases.on_phases` (its own ``phases`` step, or its transform
+per phase). Their preconditions say no on an encoder (no RMSNorm residual stream, no gated
+MLP), so ``run --rewrites auto`` never tries them there.
 """
 
 from __future__ import annotations
@@ -17,7 +25,16 @@ from collections.abc import Collection
 
 import onnx
 
-from quantscope.rewrites import headsplit, outscale, peel, rotate, rowscale, tokensplit
+from quantscope.rewrites import (
+    gatedsplit,
+    headsplit,
+    outscale,
+    peel,
+    rotate,
+    rowscale,
+    smooth,
+    tokensplit,
+)
 from quantscope.rewrites.base import Rewrite, recorded
 from quantscope.types import QuantscopeError
 
@@ -28,6 +45,8 @@ REWRITES: dict[str, Rewrite] = {
     "rowscale": rowscale.REWRITE,
     "tokensplit": tokensplit.REWRITE,
     "rotate": rotate.REWRITE,
+    "smooth": smooth.REWRITE,
+    "gatedsplit": gatedsplit.REWRITE,
 }
 
 
