@@ -217,12 +217,14 @@ def rewrite(ctx: DecoderContext) -> Done:
     from quantscope.stages_llm import recipe_phase_files
 
     opts = ctx.opts
+    from quantscope.pipeline.decoder_search import TRIALS, search_recipe
+
     folder = ctx.path(MODEL_DIR)
-    if folder.exists():
-        shutil.rmtree(folder)
+    for old in (folder, ctx.path(TRIALS)):  # TRIALS: a search cut short left them
+        if old.exists():
+            shutil.rmtree(old)
     search = None
     if opts.searching:
-        from quantscope.pipeline.decoder_search import TRIALS, search_recipe
 
         record, kept, notes = search_recipe(
             opts.model, ctx.folder, target=opts.target, metric=opts.metric,
