@@ -88,7 +88,8 @@ def demo_report(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def decoder_report(tmp_path_factory):
-    """``run`` on the tiny decoder (small amounts of text): its report.html."""
+    """``run`` on the tiny decoder (small amounts of text, ``--rewrites search``: its
+    trials' table too): its report.html."""
     from decoder_tiny import byte_decoder
 
     from quantscope.cli import main
@@ -97,7 +98,8 @@ def decoder_report(tmp_path_factory):
     model = byte_decoder(d)
     assert main(["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h", "--goal",
                  "1.5", "--seq-len", "32", "--lm-tokens", "300", "--prompts", "4",
-                 "--new-tokens", "16", "--decode-steps", "32", "--out", str(d / "W")]) == 0
+                 "--new-tokens", "16", "--decode-steps", "32", "--rewrites", "search", "--out",
+                 str(d / "W")]) == 0
     return d / "W" / "report.html"
 
 
@@ -218,6 +220,7 @@ def test_decoder_run_report_fits_with_the_verdict_first_and_images_decode(decode
     # noise of each other: which one wins is not what this checks)
     assert re.search(r"act16[\w+]* \(chosen\)", text) and "prefill: present.0.key" in text
     assert "Load the constant KV prefix" in text and "a8_w4 (GPTQ)" in text
+    assert "<h2>Rewrites searched</h2>" in text and "rotate, smooth, gatedsplit" in text
 
 
 def test_demo_report_fits_and_says_what_to_do_next(demo_report, tmp_path):

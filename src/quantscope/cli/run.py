@@ -124,7 +124,12 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
     g = ru.add_argument_group("decoder LLMs (a prefill/decode pair, e.g. smollm2-135m)",
                               "--rewrites auto (default) is rotate, then SmoothQuant on each "
                               "MLP's gated product, then each MLP in token chunks in "
-                              "prefill (its gated product at 16 bit); --metric ppl_ratio (default), "
+                              "prefill (its gated product at 16 bit); --rewrites search "
+                              "chooses among those steps by measurement (the recipe, then "
+                              "without each step in turn, each a plan search on the quick "
+                              "amounts; a step kept only when better by more than one "
+                              "standard error: rewrite.json, the verdict and the report list "
+                              "the trials); --metric ppl_ratio (default), "
                               "top1_agreement, decode_top1 or greedy_agreement; --goal is "
                               "judged on it held out at the amounts below")
     g.add_argument("--prefix", choices=("auto", "none"), default="auto",
@@ -170,7 +175,8 @@ def _cmd_run_decoder(args: argparse.Namespace) -> int:
     if str(args.data) != "stdlib-docs":
         raise QuantscopeError(f"--data {args.data}: a decoder's run measures on the built-in "
                               "stdlib-docs text only: give --data stdlib-docs")
-    rewrites = None if args.rewrites in (None, AUTO) else tuple(args.rewrites)
+    rewrites: Any = (None if args.rewrites in (None, AUTO) else
+                     SEARCH[0] if args.rewrites == SEARCH else tuple(args.rewrites))
     opts = DecoderOptions(model=args.model, target=args.target, out=args.folder,
                           goal=args.goal, metric=args.metric or DEFAULT_METRIC,
                           max_cost=args.max_cost or 1.5, seq_len=args.seq_len,
@@ -197,6 +203,7 @@ def run_lengths(text: str) -> str:
 
 
 AUTO = ("auto",)  # run --rewrites auto (the default): the run chooses by measurement
+SEARCH = ("search",)  # run <decoder> --rewrites search: the recipe's steps by measurement
 
 
 def rewrite_choice(text: str) -> tuple[str, ...]:
@@ -204,6 +211,8 @@ def rewrite_choice(text: str) -> tuple[str, ...]:
     names, in the registry's order (:func:`quantscope.rewrites.registry.parse_rewrites`)."""
     if text.strip() == "auto":
         return AUTO
+    if text.strip() == "search":
+        return SEARCH
     try:
         return parse_rewrites(text)
     except QuantscopeError as e:
@@ -223,7 +232,7 @@ def _add_rewrite_options(ru: argparse.ArgumentParser) -> None:
     generated from the registry: ``--rewrites``, a ``--NAME-OPTION`` flag per config
     option, and the legacy switches (``CliOption.run_flag``), aliases kept one release."""
     ru.add_argument("--rewrites", type=rewrite_choice, default=None,
-                    metavar="auto|none|NAME[,NAME…]",
+                    metavar="auto|none|search|NAME[,NAME…]",
                     help="work on the model rewritten first (FP32 unchanged; unverified on a "
                     f"device): a comma list of {', '.join(REWRITES)}, applied in that order "
                     "whatever the order given ('quantscope NAME --help' says what each does), "
@@ -233,7 +242,7 @@ def _add_rewrite_options(ru: argparse.ArgumentParser) -> None:
                     "data; with the default repairs, a repair answering a rule that refuses "
                     "the uniform a8_w8 plan is added (rank4 for qnn.linearclip_5d); "
                     "rewritten.json, plan.json, the verdict and the report say what was "
-                    "tried and kept")
+                    "tried and kept; 'search': a decoder LLM's only (below)")
     for rw in REWRITES.values():
         for o in rw.cli_options:
             if o.flags and o.dest:
@@ -261,6 +270,11 @@ def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
     that only turns one on), the config values go into the fields that carry them
     (``token_chunk``, ``token_linears``) or ``rewrite_options``."""
     asked = args.rewrites  # None: not given (auto unless a rewrite flag names one)
+    if asked == SEARCH:
+        raise QuantscopeError("--rewrites search chooses a decoder LLM's recipe steps (rotate, "
+                              "smooth, gatedsplit) by measurement: for this model (not a "
+                              "prefill/decode pair) --rewrites auto, the default, is the "
+                              "choice by measurement")
     names = set() if asked in (None, AUTO) else set(asked)
     fields: dict[str, Any] = {}
     options = []

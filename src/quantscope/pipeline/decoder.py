@@ -11,7 +11,8 @@ rewrite     the measured recipe of docs/benchmarks.md ("Decoder LLM: the KV pref
             gated product (``smooth``, calibrated with the KV prefix) and the prefill
             MLPs in token chunks (``gatedsplit``), each FP32-checked per phase:
             ``model/model.{prefill,decode}.onnx`` and the tokenizer (``--rewrites
-            none``: the given graphs)
+            none``: the given graphs; ``--rewrites search``: the recipe's steps chosen
+            by measurement, :mod:`.decoder_search`, each trial a plan search)
 plan        ``plan --phase`` on those graphs (:func:`quantscope.stages_llm.plan_phases`):
             candidates legal on both phases within ``--max-cost``, measured on a
             quick amount of text, the best kept; ``plan.json`` with the KV prefix
@@ -72,8 +73,8 @@ class DecoderOptions:
     max_cost: float = 1.5
     seq_len: int | None = None  # None: the decoder default (64)
     # None: the recipe measured best on smollm2-135m (stages_llm.RECIPE: rotate, smooth,
-    # gatedsplit)
-    rewrites: tuple[str, ...] | None = None
+    # gatedsplit); "search" (decoder_search.SEARCH): its steps chosen by measurement
+    rewrites: tuple[str, ...] | str | None = None
     prefix: str = "auto"
     tokens: int = 20_000
     prompts: int = 32
@@ -96,12 +97,14 @@ class DecoderOptions:
         if self.metric not in METRICS:
             raise QuantscopeError(f"--metric '{self.metric}' is not a decoder's: use one of "
                                   f"{', '.join(METRICS)}")
-        bad = [r for r in self.rewrites or () if r not in RECIPE]
+        given = (self.rewrites,) if isinstance(self.rewrites, str) else self.rewrites or ()
+        bad = [] if self.searching else [r for r in given if r not in RECIPE]
         if bad:
-            raise QuantscopeError(f"--rewrites {','.join(bad)} is an encoder rewrite: a decoder "
-                                  "run takes auto (rotate, then SmoothQuant on the gated "
-                                  "products, then the prefill MLPs in token chunks), a "
-                                  f"comma list of {', '.join(RECIPE)}, or none")
+            raise QuantscopeError(f"--rewrites {','.join(bad)} is an encoder "
+                                  "rewrite: a decoder run takes auto (rotate, then SmoothQuant "
+                                  "on the gated products, then the prefill MLPs in token "
+                                  f"chunks), a comma list of {', '.join(RECIPE)}, none, or "
+                                  "search (those steps chosen by measurement)")
         if self.goal is None:
             return
         m = METRICS[self.metric]
@@ -113,6 +116,23 @@ class DecoderOptions:
                 f"--goal {self.goal:g} for --metric {self.metric} ({m.words}) asks for a "
                 "perplexity below FP32's: give a ratio >= 1 (e.g. 1.05), or --metric "
                 "top1_agreement for an agreement fraction")
+
+    @property
+    def searching(self) -> bool:
+        from quantscope.pipeline.decoder_search import SEARCH
+
+        return self.rewrites == SEARCH
+
+    @property
+    def rewrite_search(self) -> dict[str, Any] | None:
+        """What a searched recipe is a function of besides the rewrite stage's other
+        options (None, absent from the key, when not searching)."""
+        if not self.searching:
+            return None
+        from quantscope.pipeline.decoder_search import KEEP_RULE
+
+        return {"metric": self.metric, "max_cost": self.max_cost, "keep_rule": KEEP_RULE,
+                "setup": self.rank_setup().__dict__}
 
     def phases_setup(self) -> Any:
         from quantscope.stages_llm import LmSetup
@@ -156,9 +176,16 @@ class DecoderContext:
 
         say(text, show=self.progress)
 
+    def chosen_rewrites(self) -> tuple[str, ...]:
+        """The steps the rewrite stage applied (``rewrite.json``: the named ones, or what
+        ``--rewrites search`` chose)."""
+        from quantscope.serde import read_json
+
+        return tuple(read_json(self.path(REWRITE), "rewrites")["rewrites"])
+
     def spec(self) -> str:
         """The phase graphs the stages after ``rewrite`` work on."""
-        if self.opts.rewrites:
+        if self.chosen_rewrites():
             return str(self.path(MODEL_DIR) / "model.prefill.onnx")
         from quantscope.stages_llm import phase_file
 
@@ -183,28 +210,49 @@ class Done:
 
 
 def rewrite(ctx: DecoderContext) -> Done:
-    """The recipe's rewrites (:func:`quantscope.stages_llm.recipe_phase_files`)."""
+    """The recipe's rewrites (:func:`quantscope.stages_llm.recipe_phase_files`), or with
+    ``--rewrites search`` the steps chosen by measurement (:mod:`.decoder_search`)."""
     from quantscope.rewrites.registry import REWRITES
     from quantscope.serde import write_json
     from quantscope.stages_llm import recipe_phase_files
 
     opts = ctx.opts
+    from quantscope.pipeline.decoder_search import TRIALS, search_recipe
+
     folder = ctx.path(MODEL_DIR)
-    if folder.exists():
-        shutil.rmtree(folder)
-    if not opts.rewrites:
-        write_json(ctx.path(REWRITE), {"rewrites": [], "notes": {}})
-        return Done((REWRITE,))
-    folder.mkdir()
-    notes = recipe_phase_files(opts.model, opts.rewrites, folder / "model.prefill.onnx",
-                               seq_len=opts.seq_len, prefix=opts.prefix, say=ctx.say,
-                               target=opts.target)
-    write_json(ctx.path(REWRITE), {
-        "rewrites": list(opts.rewrites), "notes": notes,
-        "recipe": "docs/benchmarks.md, 'Decoder LLM: the KV prefix and the rotation': "
-                  + ", then ".join(REWRITES[n].what for n in opts.rewrites)
-                  + f" (SmoothQuant's alpha {REWRITES['smooth'].config().alpha})"})
-    return Done((REWRITE, MODEL_DIR))
+    for old in (folder, ctx.path(TRIALS)):  # TRIALS: a search cut short left them
+        if old.exists():
+            shutil.rmtree(old)
+    search = None
+    if opts.searching:
+
+        record, kept, notes = search_recipe(
+            opts.model, ctx.folder, target=opts.target, metric=opts.metric,
+            max_cost=opts.max_cost, seq_len=opts.seq_len, prefix=opts.prefix,
+            setup=opts.rank_setup(), say=ctx.say)
+        if kept is not None:
+            shutil.move(str(kept.parent), str(folder))
+        shutil.rmtree(ctx.path(TRIALS), ignore_errors=True)
+        steps, search = record.chosen, record.to_dict()
+        ctx.say(f"[rewrite] search chose: {', '.join(steps) or 'no step'}")
+    elif opts.rewrites:
+        steps = tuple(opts.rewrites)
+        folder.mkdir()
+        notes = recipe_phase_files(opts.model, steps, folder / "model.prefill.onnx",
+                                   seq_len=opts.seq_len, prefix=opts.prefix, say=ctx.say,
+                                   target=opts.target)
+    else:
+        steps, notes = (), {}
+    doc: dict[str, Any] = {"rewrites": list(steps), "notes": notes}
+    if steps:
+        doc["recipe"] = ("docs/benchmarks.md, 'Decoder LLM: the KV prefix and the rotation': "
+                         + ", then ".join(REWRITES[n].what for n in steps)
+                         + (f" (SmoothQuant's alpha {REWRITES['smooth'].config().alpha})"
+                            if "smooth" in steps else ""))
+    if search is not None:
+        doc["search"] = search
+    write_json(ctx.path(REWRITE), doc)
+    return Done((REWRITE, MODEL_DIR) if steps else (REWRITE,))
 
 
 def plan(ctx: DecoderContext) -> Done:
@@ -420,6 +468,10 @@ def report(ctx: DecoderContext) -> Done:
     return Done((VERDICT, VERDICT_TEXT, REPORT))
 
 
+# options absent from a stage's key while None: the keys of earlier runs stay valid
+UNKEYED_WHEN_NONE = ("rewrite_search",)
+
+
 @dataclass(frozen=True)
 class DecoderStage:
     run: Callable[[DecoderContext], Done]
@@ -428,7 +480,8 @@ class DecoderStage:
 
 
 DECODER_STAGES: dict[str, DecoderStage] = {
-    "rewrite": DecoderStage(rewrite, (), ("rewrites", "seq_len", "prefix", "target")),
+    "rewrite": DecoderStage(rewrite, (), ("rewrites", "seq_len", "prefix", "target",
+                                          "rewrite_search")),
     "plan": DecoderStage(plan, (REWRITE,), ("target", "max_cost", "seq_len", "prefix")),
     "evaluate": DecoderStage(evaluate, (REWRITE, PLAN, *STATS.values()),
                              ("seq_len", "tokens", "prompts", "new_tokens", "decode_steps")),
@@ -474,7 +527,8 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
         ran, skipped = [], []
         for name, spec in DECODER_STAGES.items():
             key = stage_key(f"decoder.{name}",
-                            {k: getattr(opts, k) for k in spec.options},
+                            {k: getattr(opts, k) for k in spec.options
+                             if k not in UNKEYED_WHEN_NONE or getattr(opts, k) is not None},
                             {"model": model_digest,
                              **{f: manifest.digest(f) for f in spec.reads
                                 if (folder / f).exists()}})

@@ -49,6 +49,8 @@ def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, A
     out: dict[str, Any] = {
         "kind": "decoder", "model": opts.model, "target": opts.target, "metric": opts.metric,
         "goal": opts.goal, "max_cost": opts.max_cost, "rewrites": rewrites.get("rewrites", []),
+        # --rewrites search: its trials (decoder_search.Search.to_dict); None: not searched
+        "rewrite_search": rewrites.get("search"),
         "candidate": meta.get("candidate"), "costs": costs, "errors": errors,
         **_counts(plan_doc, json.loads(meta.get("phase_overrides") or "{}")),
         "prefix": json.loads(meta["kv_prefix"]) if meta.get("kv_prefix") else None,
@@ -121,7 +123,10 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
              + "".join(f", {n} more in {p} only" for p, n in (v.get("phase_only") or {}).items())
              + "), cost "
              f"{v['cost_text']}, {v['errors']} legality error(s) on the two phases",
-             "  rewrites: " + (", ".join(v["rewrites"]) or "none")]
+             "  rewrites: " + (", ".join(v["rewrites"]) or "none")
+             + (" (chosen by --rewrites search)" if v.get("rewrite_search") else "")]
+    if v.get("rewrite_search"):
+        lines += search_lines(v["rewrite_search"])
     p = v["prefix"]
     lines.append("  KV prefix: " + (f"tokens {p['tokens']} ({', '.join(map(repr, p['text']))})"
                                     " in FP32 in the cache" if p else "none"))
@@ -133,6 +138,21 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
     lines += _w4_lines(v.get("w4") or {"asked": False})
     lines.append(f"  ranked by {v['ranked_by']}; measured by {v['measured_by']}")
     return "\n".join(lines)
+
+
+def search_lines(search: dict[str, Any]) -> list[str]:
+    """``--rewrites search``'s trials (:mod:`.decoder_search`) as the verdict's lines."""
+    lines = [f"  rewrites searched (backward from the recipe; {search['metric']} of the "
+             f"plan chosen per trial, measured by {search['measured_by']} on "
+             f"{search['measured_on']}):"]
+    for t in search["trials"]:
+        f = t["figure"]
+        fig = (f"{f['value']:.4f} (± {f['se']:.4f}), cost " + " / ".join(
+            f"{p} {c:.2f}x" for p, c in f["costs"].items()) if f else "not planned")
+        lines.append(f"    {', '.join(t['steps']) or 'no step':<26} {fig}"
+                     + ("  <- kept" if t["kept"] else ""))
+    lines += [f"    {step}: {why}" for step, why in search["decisions"].items()]
+    return lines
 
 
 def _w4_lines(w: dict[str, Any]) -> list[str]:
@@ -183,4 +203,4 @@ def host_text(doc: dict[str, Any]) -> str:
 
 
 __all__ = ["DEFAULT_METRIC", "METRICS", "Metric", "decoder_verdict", "format_decoder_verdict",
-           "host_text"]
+           "host_text", "search_lines"]

@@ -77,6 +77,26 @@ def figures_plot(verdict: dict[str, Any]) -> str:
     return _img(fig, "held-out figures of the plan and its a8_w4 variant")
 
 
+def search_section(search: dict[str, Any]) -> str:
+    """``--rewrites search``'s trials (:mod:`quantscope.pipeline.decoder_search`): the
+    steps, each phase's cost, the figure ± its standard error, kept or not, why."""
+    rows = []
+    for t in search["trials"]:
+        f = t["figure"]
+        rows.append([", ".join(t["steps"]) or "no step", t["question"],
+                     *((f"{f['costs'].get(p, math.nan):.2f}x" if f else None)
+                       for p in ("prefill", "decode")),
+                     f"{f['value']:.4f} ± {f['se']:.4f}" if f else "not planned",
+                     f["candidate"] if f else None, "yes" if t["kept"] else "no", t["reason"]])
+    return (f"<h2>Rewrites searched</h2><p>{html.escape(search['method'])}: "
+            f"{html.escape(search['metric'])} of the plan chosen per trial, measured by "
+            f"{html.escape(search['measured_by'])} on {html.escape(search['measured_on'])}; "
+            f"{html.escape(search['keep_rule'])}. Chosen: "
+            f"{html.escape(', '.join(search['chosen']) or 'no step')}.</p>"
+            + _table(["steps", "trial", "prefill cost", "decode cost", search["metric"],
+                      "plan", "kept", "why"], rows))
+
+
 def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
                         cands: dict[str, Any] | None, plan_text: str, host: dict[str, Any],
                         host_text: str) -> str:
@@ -84,6 +104,8 @@ def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
     wrote no candidates file (said on the page)."""
     sections = [f'<div id=verdict class=verdict><pre>{html.escape(verdict_text)}</pre></div>']
     sections.append("<h2>Held out</h2>" + figures_plot(verdict))
+    if verdict.get("rewrite_search"):
+        sections.append(search_section(verdict["rewrite_search"]))
     if cands is None:
         sections.append("<h2>Candidates</h2><p class=note>This run's plan stage recorded no "
                         "candidates (a folder from before candidates.json): plan.txt below "
@@ -116,4 +138,4 @@ def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
     return render(f"quantscope run: {verdict['model']} on {verdict['target']}", sections)
 
 
-__all__ = ["candidates_plot", "decoder_report_html", "figures_plot"]
+__all__ = ["candidates_plot", "decoder_report_html", "figures_plot", "search_section"]
