@@ -317,13 +317,15 @@ def test_the_run_measure_runs_the_fp32_reference_once_and_measures_the_same(monk
     fit = open_fit_data(model, "stdlib-docs", eval_data=None, pairs=20, tokenizer=None)
     stats = stages.calibrate_model(model, fit, progress=False)
     target = load_target("ort-cpu")
-    real_open = mod.open_runs
+    real_open = emu.open_runs
     runs = []
     real = emu.run_model
     monkeypatch.setattr(emu, "run_model", lambda *a, **k: runs.append(1) or real(*a, **k))
     monkeypatch.setattr(mod, "run_model", emu.run_model)
-    monkeypatch.setattr(mod, "open_runs", lambda proto, *a, **k: (
-        proto is model.proto and runs.append(2)) or real_open(proto, *a, **k))
+    counted = lambda proto, *a, **k: (  # noqa: E731
+        proto is model.proto and runs.append(2)) or real_open(proto, *a, **k)
+    monkeypatch.setattr(mod, "open_runs", counted)
+    monkeypatch.setattr(emu, "open_runs", counted)  # run_kept's (the FP32 reference's)
     measure = max_legal_measure(fit, target, "top1_agreement", seq_len=None,
                                 tiebreak="embedding_sqnr_db")
     first, second = measure(model, stats), measure(model, stats)
