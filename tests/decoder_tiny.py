@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import numpy as np
@@ -53,3 +55,13 @@ def byte_decoder(folder: Path, cfg: DecoderConfig = TINY, *, seed: int = 0,
     for p in ("prefill", "decode"):
         onnx.save(build_decoder(cfg, w, p), str(folder / f"byte.{p}.onnx"))
     return folder / "byte.prefill.onnx"
+
+
+def run_cli(args: list[str]) -> tuple[int, str]:
+    """``quantscope ARGS`` in this process: its exit code and what it printed."""
+    from quantscope.cli import main
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        code = main(args)
+    return code, text.getvalue()

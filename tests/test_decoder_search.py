@@ -3,14 +3,13 @@ by measurement, backward from the whole recipe; on the tiny decoder and on made-
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import numpy as np
 import onnx
 import pytest
 from decoder_tiny import byte_decoder
+from decoder_tiny import run_cli as _run
 from tiny_models import residual_add
 
 from quantscope.cli import main
@@ -81,13 +80,6 @@ def test_higher_is_better_and_a_set_that_cannot_be_planned_keeps_its_step() -> N
     measure, free, _, _ = _fake({full: None})
     with pytest.raises(QuantscopeError, match="the recipe .* could not be planned"):
         eliminate(RECIPE, measure, metric="top1_agreement", higher=True, free=free)
-
-
-def _run(args: list[str]) -> tuple[int, str]:
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text):
-        code = main(args)
-    return code, text.getvalue()
 
 
 @pytest.fixture(scope="module")

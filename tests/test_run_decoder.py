@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 from decoder_tiny import byte_decoder
+from decoder_tiny import run_cli as _run
 
 from quantscope.cli import main
 from quantscope.pipeline.manifest import file_digest
 
 SEQ = 32
 AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--decode-steps", "32"]
-
-
-def _run(args: list[str]) -> tuple[int, str]:
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text):
-        code = main(args)
-    return code, text.getvalue()
 
 
 @pytest.fixture(scope="module")
