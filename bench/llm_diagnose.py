@@ -62,7 +62,8 @@ CLASSES["proj"] = "|".join(CLASSES[k] for k in ("q", "k", "v", "o", "gate", "up"
 def members(names: list[str], cls: str) -> list[str]:
     """The groups of ``cls``; ``cls.3.7`` only those of layers 3 and 7."""
     cls, *layers = cls.split(".")
-    picked = [n for n in names if re.search(CLASSES[cls], n)]
+    # a group split along the tokens (gatedsplit: ``<g>/tok<i>``, ``<g>/concat``) is its class
+    picked = [n for n in names if re.search(CLASSES[cls], re.sub(r"/(tok\d+|concat)$", "", n))]
     return [n for n in picked if n.split(".")[1] in layers] if layers else picked
 
 
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(x.startswith("base") for x in labels):
         ranked = rank_by_range(find_groups(models["prefill"]), list(stats.values()))
         base = candidate_plans(models, load_target(a.target), ranked, a.seq_len,
-                               a.max_cost)["act16+w16"]
+                               a.max_cost)["act16+w16"].for_phase("prefill")
         print(f"base: act16+w16, {len(base.overrides)} groups at a16_w16", flush=True)
     del models
     release_memory()

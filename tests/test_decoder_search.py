@@ -181,6 +181,10 @@ def test_search_is_a_decoders_option(tmp_path, capsys) -> None:
     assert "--rewrites search chooses a decoder LLM's recipe steps" in err
     assert "--rewrites auto" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "W").exists()
-    DecoderOptions("m", "hailo10h", "o", rewrites="search").check()
+    searched = DecoderOptions("m", "hailo10h", "o", search=True)
+    searched.check()
+    assert searched.rewrites == RECIPE and searched.rewrite_search is not None
+    assert DecoderOptions("m", "hailo10h", "o").rewrites == ("gatedsplit",)  # the default
+    assert DecoderOptions("m", "hailo10h", "o").rewrite_search is None
     with pytest.raises(QuantscopeError, match="--rewrites searching is an encoder rewrite"):
-        DecoderOptions("m", "hailo10h", "o", rewrites="searching").check()
+        DecoderOptions("m", "hailo10h", "o", rewrites=("searching",)).check()

@@ -122,10 +122,12 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
     """A decoder LLM's run (a prefill/decode pair such as smollm2-135m:
     :mod:`quantscope.pipeline.decoder`): the KV prefix and the amounts of text."""
     g = ru.add_argument_group("decoder LLMs (a prefill/decode pair, e.g. smollm2-135m)",
-                              "--rewrites auto (default) is rotate, then SmoothQuant on each "
-                              "MLP's gated product, then each MLP in token chunks in "
-                              "prefill (its gated product at 16 bit); --rewrites search "
-                              "chooses among those steps by measurement (the recipe, then "
+                              "--rewrites auto (default) is each MLP in token chunks in "
+                              "prefill, so its gated product is 16 bit (gatedsplit; "
+                              "measured best on smollm2-135m); a comma list of rotate, "
+                              "smooth (SmoothQuant on the gated products) and gatedsplit "
+                              "names the steps; --rewrites search "
+                              "chooses among those three by measurement (all three, then "
                               "without each step in turn, each a plan search on the quick "
                               "amounts; a step kept only when better by more than one "
                               "standard error: rewrite.json, the verdict and the report list "
@@ -175,12 +177,12 @@ def _cmd_run_decoder(args: argparse.Namespace) -> int:
     if str(args.data) != "stdlib-docs":
         raise QuantscopeError(f"--data {args.data}: a decoder's run measures on the built-in "
                               "stdlib-docs text only: give --data stdlib-docs")
-    rewrites: Any = (None if args.rewrites in (None, AUTO) else
-                     SEARCH[0] if args.rewrites == SEARCH else tuple(args.rewrites))
+    search = args.rewrites == SEARCH
+    rewrites = None if args.rewrites in (None, AUTO) or search else tuple(args.rewrites)
     opts = DecoderOptions(model=args.model, target=args.target, out=args.folder,
                           goal=args.goal, metric=args.metric or DEFAULT_METRIC,
                           max_cost=args.max_cost or 1.5, seq_len=args.seq_len,
-                          rewrites=rewrites, prefix=args.prefix, tokens=args.lm_tokens,
+                          rewrites=rewrites, search=search, prefix=args.prefix, tokens=args.lm_tokens,
                           prompts=args.prompts, new_tokens=args.new_tokens,
                           decode_steps=args.decode_steps, w4=args.w4 == "on")
     out = run_decoder(opts, force=args.force, progress=True)

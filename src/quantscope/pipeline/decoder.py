@@ -5,14 +5,15 @@ set of weights. Stages, each writing its files into the run folder, resumable th
 same manifest (``run.json``, :mod:`.manifest`):
 
 ==========  =========================================================================
-rewrite     the measured recipe of docs/benchmarks.md ("Decoder LLM: the KV prefix
-            and the rotation"), each step a rewrite registry entry: the Hadamard
-            rotation of the residual stream (``rotate``), SmoothQuant on each MLP's
-            gated product (``smooth``, calibrated with the KV prefix) and the prefill
-            MLPs in token chunks (``gatedsplit``), each FP32-checked per phase:
+rewrite     the steps measured best on smollm2-135m (docs/benchmarks.md, "``--rewrites
+            search``"; ``stages_llm.DEFAULT_STEPS``): the prefill MLPs in token chunks
+            (``gatedsplit``), so each gated product is legal at 16 bit; each step a
+            rewrite registry entry, FP32-checked per phase:
             ``model/model.{prefill,decode}.onnx`` and the tokenizer (``--rewrites
-            none``: the given graphs; ``--rewrites search``: the recipe's steps chosen
-            by measurement, :mod:`.decoder_search`, each trial a plan search)
+            none``: the given graphs; a comma list of the recipe's steps, ``rotate``
+            (Hadamard R1), ``smooth`` (SmoothQuant on the gated products) and
+            ``gatedsplit``; ``--rewrites search``: those steps chosen by measurement,
+            :mod:`.decoder_search`, each trial a plan search)
 plan        ``plan --phase`` on those graphs (:func:`quantscope.stages_llm.plan_phases`):
             candidates legal on both phases within ``--max-cost``, measured on a
             quick amount of text, the best kept; ``plan.json`` with the KV prefix
@@ -72,9 +73,10 @@ class DecoderOptions:
     metric: str = DEFAULT_METRIC
     max_cost: float = 1.5
     seq_len: int | None = None  # None: the decoder default (64)
-    # None: the recipe measured best on smollm2-135m (stages_llm.RECIPE: rotate, smooth,
-    # gatedsplit); "search" (decoder_search.SEARCH): its steps chosen by measurement
-    rewrites: tuple[str, ...] | str | None = None
+    # None: the steps measured best on smollm2-135m (stages_llm.DEFAULT_STEPS: gatedsplit),
+    # or with ``search`` the whole recipe the search starts from (stages_llm.RECIPE)
+    rewrites: tuple[str, ...] | None = None
+    search: bool = False  # --rewrites search: the recipe's steps chosen by measurement
     prefix: str = "auto"
     tokens: int = 20_000
     prompts: int = 32
@@ -84,9 +86,9 @@ class DecoderOptions:
 
     def __post_init__(self) -> None:
         if self.rewrites is None:
-            from quantscope.stages_llm import RECIPE
+            from quantscope.stages_llm import DEFAULT_STEPS, RECIPE
 
-            object.__setattr__(self, "rewrites", RECIPE)
+            object.__setattr__(self, "rewrites", RECIPE if self.search else DEFAULT_STEPS)
 
     def check(self) -> None:
         """The options together, before any file is opened: one line per mistake."""
@@ -97,13 +99,12 @@ class DecoderOptions:
         if self.metric not in METRICS:
             raise QuantscopeError(f"--metric '{self.metric}' is not a decoder's: use one of "
                                   f"{', '.join(METRICS)}")
-        given = (self.rewrites,) if isinstance(self.rewrites, str) else self.rewrites or ()
-        bad = [] if self.searching else [r for r in given if r not in RECIPE]
+        bad = [r for r in self.rewrites or () if r not in RECIPE]
         if bad:
             raise QuantscopeError(f"--rewrites {','.join(bad)} is an encoder "
-                                  "rewrite: a decoder run takes auto (rotate, then SmoothQuant "
-                                  "on the gated products, then the prefill MLPs in token "
-                                  f"chunks), a comma list of {', '.join(RECIPE)}, none, or "
+                                  "rewrite: a decoder run takes auto (the prefill MLPs in "
+                                  "token chunks, so their gated products are 16 bit), a "
+                                  f"comma list of {', '.join(RECIPE)}, none, or "
                                   "search (those steps chosen by measurement)")
         if self.goal is None:
             return
@@ -118,16 +119,10 @@ class DecoderOptions:
                 "top1_agreement for an agreement fraction")
 
     @property
-    def searching(self) -> bool:
-        from quantscope.pipeline.decoder_search import SEARCH
-
-        return self.rewrites == SEARCH
-
-    @property
     def rewrite_search(self) -> dict[str, Any] | None:
         """What a searched recipe is a function of besides the rewrite stage's other
         options (None, absent from the key, when not searching)."""
-        if not self.searching:
+        if not self.search:
             return None
         from quantscope.pipeline.decoder_search import KEEP_RULE
 
@@ -224,7 +219,7 @@ def rewrite(ctx: DecoderContext) -> Done:
         if old.exists():
             shutil.rmtree(old)
     search = None
-    if opts.searching:
+    if opts.search:
 
         record, kept, notes = search_recipe(
             opts.model, ctx.folder, target=opts.target, metric=opts.metric,

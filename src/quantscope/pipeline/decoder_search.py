@@ -53,7 +53,7 @@ from typing import Any
 
 from quantscope.types import QuantscopeError
 
-SEARCH = "search"  # DecoderOptions.rewrites: choose the recipe's steps by measurement
+SEARCH = "search"  # rewrite.json mode of a search (DecoderOptions.search, run --rewrites search)
 TRIALS = "rewrite.trials"  # the trials' graphs, inside the run folder, while the search runs
 KEEP_RULE = ("a step is kept when the recipe with it measures better than without it by more "
              "than one standard error of the difference, sqrt(se_with^2 + se_without^2); "
