@@ -240,7 +240,8 @@ def rewrite(ctx: DecoderContext) -> Done:
         steps, notes = (), {}
     doc: dict[str, Any] = {"rewrites": list(steps), "notes": notes}
     if steps:
-        doc["recipe"] = ("docs/benchmarks.md, 'Decoder LLM: the KV prefix and the rotation': "
+        doc["recipe"] = ("docs/benchmarks.md, 'Decoder LLM' and '--rewrites search' (the "
+                         "steps measured on smollm2-135m): "
                          + ", then ".join(REWRITES[n].what for n in steps)
                          + (f" (SmoothQuant's alpha {REWRITES['smooth'].config().alpha})"
                             if "smooth" in steps else ""))
