@@ -82,16 +82,9 @@ def test_higher_is_better_and_a_set_that_cannot_be_planned_keeps_its_step() -> N
         eliminate(RECIPE, measure, metric="top1_agreement", higher=True, free=free)
 
 
-@pytest.fixture(scope="module")
-def searched(tmp_path_factory) -> tuple:
-    folder = tmp_path_factory.mktemp("decsearch")
-    model = byte_decoder(folder)
-    out = folder / "run"
-    args = ["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h", "--seq-len",
-            str(SEQ), "--rewrites", "search", "--w4", "off", *AMOUNTS, "--out", str(out)]
-    code, printed = _run(args)
-    assert code == 0
-    return out, printed, args
+@pytest.fixture
+def searched(searched_decoder) -> tuple:
+    return searched_decoder  # conftest: one searched run for the session
 
 
 def _plan_figure(out) -> float:

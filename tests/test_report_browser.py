@@ -86,21 +86,11 @@ def demo_report(tmp_path_factory):
     return d / "d.html"
 
 
-@pytest.fixture(scope="module")
-def decoder_report(tmp_path_factory):
+@pytest.fixture
+def decoder_report(searched_decoder):
     """``run`` on the tiny decoder (small amounts of text, ``--rewrites search``: its
-    trials' table too): its report.html."""
-    from decoder_tiny import byte_decoder
-
-    from quantscope.cli import main
-
-    d = tmp_path_factory.mktemp("decoder")
-    model = byte_decoder(d)
-    assert main(["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h", "--goal",
-                 "1.5", "--seq-len", "32", "--lm-tokens", "300", "--prompts", "4",
-                 "--new-tokens", "16", "--decode-steps", "32", "--rewrites", "search", "--out",
-                 str(d / "W")]) == 0
-    return d / "W" / "report.html"
+    trials' table too; conftest's one run for the session): its report.html."""
+    return searched_decoder[0] / "report.html"
 
 
 def _chromium(*args, flags=FLAGS):
