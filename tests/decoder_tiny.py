@@ -67,20 +67,19 @@ def run_cli(args: list[str]) -> tuple[int, str]:
     return code, text.getvalue()
 
 
-# ``run <decoder> --rewrites search`` on the tiny decoder, its small amounts: each search is
-# four plan searches, so the test modules that read one share it (conftest.searched_decoder)
-SEARCH_SEQ = 32
-SEARCH_AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16",
-                  "--decode-steps", "32"]
+# the tiny decoder's prompt length and small amounts of text for plan / check / run tests
+SEQ = 32
+AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--decode-steps", "32"]
 
 
 def searched_run(folder: Path) -> tuple[Path, str, list[str]]:
-    """The searched run in ``folder/run`` (with a goal and the ``w4`` stage, so the report
+    """``run <decoder> --rewrites search`` (four plan searches: the test modules that read
+    one share it, conftest.searched_decoder) in ``folder/run`` (with a goal and the ``w4`` stage, so the report
     has every section): its folder, what it printed and its arguments."""
     model = byte_decoder(folder)
     out = folder / "run"
     args = ["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h", "--goal",
-            "1.5", "--seq-len", str(SEARCH_SEQ), "--rewrites", "search", *SEARCH_AMOUNTS,
+            "1.5", "--seq-len", str(SEQ), "--rewrites", "search", *AMOUNTS,
             "--out", str(out)]
     code, printed = run_cli(args)
     assert code == 0, printed

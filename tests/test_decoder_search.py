@@ -8,7 +8,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from decoder_tiny import byte_decoder
+from decoder_tiny import AMOUNTS, SEQ, byte_decoder
 from decoder_tiny import run_cli as _run
 from tiny_models import residual_add
 
@@ -17,8 +17,6 @@ from quantscope.pipeline import decoder_search
 from quantscope.pipeline.decoder_search import Figure, eliminate
 from quantscope.types import QuantscopeError
 
-SEQ = 32
-AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--decode-steps", "32"]
 RECIPE = ("rotate", "smooth", "gatedsplit")
 
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from decoder_tiny import byte_decoder
+from decoder_tiny import AMOUNTS, SEQ, byte_decoder
 
 from quantscope.cli import main
 from quantscope.model.groups import find_groups
@@ -18,8 +18,6 @@ from quantscope.stages_llm import LmSetup, check_plan_phases, lm_quality, open_p
 from quantscope.tasks.lm_phases import LM_PHASES
 from quantscope.types import Precision
 
-SEQ = 32
-AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--decode-steps", "32"]
 SETUP = LmSetup.at(SEQ, tokens=300, prompts=4, new_tokens=16, decode_steps=32)
 
 

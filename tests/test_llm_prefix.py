@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from decoder_tiny import TINY, tiny_weights
+from decoder_tiny import AMOUNTS, SEQ, TINY, tiny_weights
 
 from quantscope.analyze.prefix import (
     choose_prefix,
@@ -104,10 +104,6 @@ def test_sink_tokens_found_from_calibration() -> None:
     # after the prefix the sink token's later occurrences are what is left to measure
     prefixed = prefixed_model(pre, compute_prefix(pre, choice.tokens))
     assert scan_sinks(prefixed, windows).ratios[0].shape == (16,)
-
-
-SEQ = 32
-AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--decode-steps", "32"]
 
 
 @pytest.fixture(scope="module")

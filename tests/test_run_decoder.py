@@ -7,14 +7,11 @@ import json
 import numpy as np
 import onnxruntime as ort
 import pytest
-from decoder_tiny import byte_decoder
+from decoder_tiny import AMOUNTS, SEQ, byte_decoder
 from decoder_tiny import run_cli as _run
 
 from quantscope.cli import main
 from quantscope.pipeline.manifest import file_digest
-
-SEQ = 32
-AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--decode-steps", "32"]
 
 
 @pytest.fixture(scope="module")
