@@ -67,16 +67,19 @@ def members(names: list[str], cls: str) -> list[str]:
     return [n for n in picked if n.split(".")[1] in layers] if layers else picked
 
 
-def variant(label: str, names: list[str], base: Plan, target: str) -> Plan:
+def variant(label: str, names: list[str], base: Plan, target: str,
+            outputs: dict[str, tuple[str, ...]] | None = None) -> Plan:
     """The plan a variant label names; ``LABEL~CLASS=METHOD`` also sets the range method of
-    CLASS's group outputs (``mse``, ``percentile``; a group's output is named as it)."""
+    CLASS's group outputs (``mse``, ``percentile``; ``outputs``: group -> its output
+    tensors, by default the group's own name)."""
     import dataclasses
 
     if "~" in label:
         label, _, rest = label.partition("~")
         cls, _, method = rest.partition("=")
-        plan = variant(label, names, base, target)
-        return dataclasses.replace(plan, ranges=tuple((n, method) for n in members(names, cls)))
+        plan = variant(label, names, base, target, outputs)
+        tensors = [t for n in members(names, cls) for t in (outputs or {}).get(n, (n,))]
+        return dataclasses.replace(plan, ranges=tuple((t, method) for t in tensors))
     if label == "a8":
         return Plan(default=Precision.A8_W8, target=target)
     if label == "all16":
@@ -139,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"calibrated ({time.perf_counter() - t0:.0f} s)", flush=True)
     labels = a.variants.split(",")
     models = {p: opener(p) for p in ("prefill", "decode")}
-    names = [g.name for g in find_groups(models["prefill"]).groups]
+    found = find_groups(models["prefill"]).groups
+    names = [g.name for g in found]
+    outputs = {g.name: tuple(g.outputs) for g in found}
     base = Plan(default=Precision.A8_W8, target=a.target)
     if any(x.startswith("base") for x in labels):
         ranked = rank_by_range(find_groups(models["prefill"]), list(stats.values()))
@@ -155,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {}
     for label in labels:
         t1 = time.perf_counter()
-        plan = variant(label, names, base, a.target)
+        plan = variant(label, names, base, a.target, outputs)
         emu = _emulated(opener, "prefill", stats["prefill"], plan, None)
         acc = NextToken()
         for ref, ids in zip(refs, windows.evaluation, strict=True):

@@ -119,3 +119,73 @@ def test_choose_keeps_legal_within_cap_lowest_prefill_kl_then_decode() -> None:
     assert choose(cands, quality, 2.0).label == "over"
     with pytest.raises(QuantscopeError, match="no candidate plan is legal"):
         choose(cands[2:], quality, 1.5)
+
+
+def test_the_chosen_plan_is_measured_again_with_its_linears_outputs_ranged_by_mse(planned
+                                                                                 ) -> None:
+    from quantscope.emulate.encode import encode
+    from quantscope.emulate.qdq import scheme_for
+    from quantscope.plan.phase_search import RANGE_METHOD, output_range_tensors
+    from quantscope.stages_llm import calibrate_phases, lm_text
+    from quantscope.types import GroupKind
+
+    model, out, text = planned
+    plan = read_plan(out)
+    meta = dict(plan.meta)
+    lines = text.splitlines()
+    # the extra candidate: the best of the first round, its label + "+mse", listed with the
+    # same legality and cost, measured, and chosen only by the same rule
+    ranged = sorted({ln.split()[0] for ln in lines if ln.split() and
+                     ln.split()[0].endswith(f"+{RANGE_METHOD}")})
+    assert len(ranged) == 1
+    first = ranged[0].removesuffix(f"+{RANGE_METHOD}")
+    table = lines[:next(i for i, ln in enumerate(lines) if ln.startswith("measured on"))]
+    rows = {ln.split()[0]: ln.split()[1:] for ln in table if ln.split()
+            and ln.split()[0] in (first, ranged[0])}
+    assert rows[first][:5] == rows[ranged[0]][:5]  # 16-bit count, costs, errors: the same
+    assert meta["candidate"] in (first, ranged[0])
+    for phase in PHASES:
+        m = open_phase(model, phase)
+        names = output_range_tensors(m)
+        weighted = [g for g in find_groups(m).groups if g.kind is GroupKind.WEIGHTED]
+        assert names and len(names) == len(weighted) - 1  # every Linear but the LM head
+        assert "lm_head" not in names
+        own = plan.for_phase(phase)
+        if meta["candidate"] == ranged[0]:
+            assert dict(own.ranges) == dict.fromkeys(names, RANGE_METHOD)
+        else:
+            assert not own.ranges
+    # what the range method does: an 8-bit Linear output's range is its MSE clip, inside
+    # min/max; the same tensor at 16 bit keeps min/max
+    windows, _ = lm_text(model, SETUP)
+    stats = calibrate_phases(lambda p: open_phase(model, p), windows, steps=SETUP.steps)
+    m = open_phase(model, "prefill")
+    groups = find_groups(m)
+    tensor = output_range_tensors(m)[0]
+    ts = stats["prefill"].tensors[tensor]
+    from quantscope.types import Plan
+
+    for prec, clipped in ((Precision.A8_W8, True), (Precision.A16_W16, False)):
+        p = Plan(default=prec, ranges=((tensor, RANGE_METHOD),))
+        enc = encode(m, groups, stats["prefill"], p, scheme=scheme_for(p, None))
+        lo, hi = enc.activations[tensor].range()
+        width = ts.max - ts.min  # (the grid's zero point moves the ends by < 1e-4 of it)
+        inside = ts.min - 1e-4 * width <= lo and hi <= ts.max + 1e-4 * width
+        tighter = (hi - lo) < 0.99 * width
+        assert inside and tighter == clipped, (prec, lo, hi, ts.min, ts.max)
+
+
+def test_phase_ranges_apply_per_phase_and_survive_the_plan_file(tmp_path) -> None:
+    from quantscope.serde import write_plan
+    from quantscope.types import PHASE_RANGES, Plan
+
+    plan = Plan(default=Precision.A8_W8, ranges=(("shared", "percentile"),),
+                meta=((PHASE_RANGES, json.dumps({"prefill": {"a/tok0": "mse"},
+                                                 "decode": {"a": "mse", "shared": "mse"}})),))
+    assert dict(plan.for_phase("prefill").ranges) == {"shared": "percentile", "a/tok0": "mse"}
+    assert dict(plan.for_phase("decode").ranges) == {"shared": "mse", "a": "mse"}
+    assert plan.for_phase("other") is plan
+    write_plan(tmp_path / "p.json", plan)
+    again = read_plan(tmp_path / "p.json")
+    assert again.for_phase("prefill").ranges == plan.for_phase("prefill").ranges
+    assert again.for_phase("decode").ranges == plan.for_phase("decode").ranges

@@ -33,15 +33,18 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
 from quantscope.model.phases import PHASES, phase_path
 from quantscope.plan.phase_search import (
+    RANGE_METHOD,
     SELECTION,
     PhaseCandidate,
     candidate_plans,
     choose,
     kept_plans,
+    output_range_tensors,
     phase_units,
     rank_by_range,
     screen,
     unit_of,
+    with_output_ranges,
     with_units,
 )
 from quantscope.plan.phases import PhaseCheck, check_phases
@@ -55,7 +58,7 @@ from quantscope.tasks.lm_phases import (
     position_absmax,
     release_memory,
 )
-from quantscope.types import PHASE_OVERRIDES, Plan, Precision, QuantscopeError, Stats
+from quantscope.types import PHASE_OVERRIDES, PHASE_RANGES, Plan, Precision, QuantscopeError, Stats
 from quantscope.zoo.decoder import PRODUCER as DECODER_PRODUCER
 from quantscope.zoo.prefix import KVPrefix
 
@@ -285,12 +288,22 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
         # name the file, which loads again (a built-in by its name)
         plans = {k: dataclasses.replace(p, target=str(target)) for k, p in plans.items()}
     candidates = screen(plans, models, tgt, setup.seq_len)
+    ranged = {p: output_range_tensors(m) for p, m in models.items()}
     del models
     release_memory()
     kept = kept_plans(candidates, max_cost)  # none: one line, before any evaluation
-    results = evaluate_lm_plans(opener, stats, kept, windows, prompts=prompts,
-                                steps=setup.steps, new_tokens=setup.new_tokens,
+    measure = functools.partial(evaluate_lm_plans, opener, stats, windows=windows,
+                                prompts=prompts, steps=setup.steps,
+                                new_tokens=setup.new_tokens,
                                 decode_windows=setup.decode_windows)
+    results = dict(measure(kept))
+    best = choose(candidates, results, max_cost)
+    # the chosen precisions with the Linears' 8-bit outputs clipped by MSE, chosen by the
+    # same rule (same legality and cost: the range method moves no bit width)
+    label = f"{best.label}+{RANGE_METHOD}"
+    ranged_plan = with_output_ranges(best.plan, ranged)
+    candidates = (*candidates, dataclasses.replace(best, label=label, plan=ranged_plan))
+    results.update(measure({label: ranged_plan}))
     quality = {"data": windows.source, "setup": setup.__dict__, "plans": results,
                **({"prefix": kv.to_dict()} if kv else {})}
     return PhasePlan(choose(candidates, results, max_cost), candidates, quality, diagnosis,
@@ -500,7 +513,7 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
     plan4 = with_units(plan, w4, Precision.A8_W4, units)
     plan4 = dataclasses.replace(plan4, meta=(
         ("planner", "quantscope run: the plan's a8_w8 weights at a8_w4 (GPTQ)"),
-        *((k, v) for k, v in plan4.meta if k == PHASE_OVERRIDES)))
+        *((k, v) for k, v in plan4.meta if k in (PHASE_OVERRIDES, PHASE_RANGES))))
     tgt = load_target(plan.target)
     checks: dict[str, dict[str, Any]] = {}
     for key, p_ in (("w4", plan4), ("w8", plan)):

@@ -181,16 +181,27 @@ class Plan:
         return {phase: {g: Precision(v) for g, v in over.items()}
                 for phase, over in json.loads(text).items()}
 
+    def phase_ranges(self) -> dict[str, dict[str, str]]:
+        """A decoder plan's range methods for one phase graph only (``meta['phase_ranges']``,
+        JSON ``{phase: {tensor: method}}``): the phase graphs name some tensors apart (a
+        group split along the tokens in prefill only), and each has its own calibration."""
+        text = dict(self.meta).get(PHASE_RANGES)
+        return {phase: dict(r) for phase, r in json.loads(text).items()} if text else {}
+
     def for_phase(self, phase: str) -> Plan:
-        """The plan a phase graph runs: the shared overrides, then that phase's own."""
+        """The plan a phase graph runs: the shared overrides and range methods, then that
+        phase's own."""
         extra = self.phase_overrides().get(phase)
-        if not extra:
+        ranges = self.phase_ranges().get(phase)
+        if not extra and not ranges:
             return self
-        return dataclasses.replace(self, overrides=tuple({**dict(self.overrides),
-                                                          **extra}.items()))
+        return dataclasses.replace(
+            self, overrides=tuple({**dict(self.overrides), **(extra or {})}.items()),
+            ranges=tuple({**dict(self.ranges), **(ranges or {})}.items()))
 
 
 PHASE_OVERRIDES = "phase_overrides"  # Plan.meta key (see Plan.phase_overrides)
+PHASE_RANGES = "phase_ranges"  # Plan.meta key (see Plan.phase_ranges)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,6 +17,12 @@ legal at 16 bit     the groups with no error when the whole graph is at a16_w16,
 kept                no error in any phase and every phase's cost <= the cap
 chosen              of the kept candidates, measured: the lowest prefill KL, ties by the
                     lowest KL of decode fed the emulated KV cache
+output ranges       then the chosen plan with its Linears' outputs ranged by ``mse``
+                    (:func:`with_output_ranges`: the clip range of least expected squared
+                    error on each tensor's calibrated histogram, per phase; a 16-bit
+                    output keeps min/max; the Linear whose output is the model's output,
+                    the LM head, keeps min/max) is measured too, ``<label>+mse``, and
+                    chosen by the same rule; legality and cost are the chosen plan's
 units               a group split along the tokens in one phase graph only (prefill's
                     MLPs, :func:`quantscope.repair.gated.split_gated`: ``<g>/tok<i>``
                     and ``<g>/concat``) is one unit with the whole ``<g>`` of the other
@@ -45,6 +51,7 @@ from quantscope.plan.phases import WEIGHT_BOUND_PHASES, PhaseCheck, check_phases
 from quantscope.targets.profile import Target
 from quantscope.types import (
     PHASE_OVERRIDES,
+    PHASE_RANGES,
     GroupKind,
     Groups,
     Plan,
@@ -305,9 +312,53 @@ def choose(candidates: Sequence[PhaseCandidate], quality: Quality,
     return min(kept, key=key)
 
 
+LAYOUT_OPS = frozenset({"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
+                        "Flatten"})
+RANGE_METHOD = "mse"  # the Linears' output range method :func:`with_output_ranges` tries
+
+
+def _model_outputs(model: Model) -> set[str]:
+    """The tensors that reach a model output through layout ops only."""
+    graph = model.proto.graph
+    made = {o: n for n in graph.node for o in n.output}
+    out, todo = set(), [o.name for o in graph.output]
+    while todo:
+        t = todo.pop()
+        if t in out:
+            continue
+        out.add(t)
+        node = made.get(t)
+        if node is not None and node.op_type in LAYOUT_OPS and node.input:
+            todo.append(node.input[0])
+    return out
+
+
+def output_range_tensors(model: Model) -> list[str]:
+    """The outputs of ``model``'s weighted groups (its Linears) that are not a model
+    output: the tensors :func:`with_output_ranges` ranges by :data:`RANGE_METHOD`."""
+    final = _model_outputs(model)
+    return [t for g in find_groups(model).groups if g.kind is GroupKind.WEIGHTED
+            for t in g.outputs if t not in final]
+
+
+def with_output_ranges(plan: Plan, tensors: Mapping[str, Sequence[str]],
+                       method: str = RANGE_METHOD) -> Plan:
+    """``plan`` with ``tensors`` (phase -> its Linears' outputs,
+    :func:`output_range_tensors`) ranged by ``method`` in each phase graph
+    (``meta['phase_ranges']``: the phases name some tensors apart and have their own
+    calibration). The range method only sets where a tensor's 8-bit grid clips; a 16-bit
+    tensor keeps min/max (:mod:`quantscope.emulate.ranges`), so legality and cost are
+    ``plan``'s."""
+    own = {phase: {**plan.phase_ranges().get(phase, {}), **dict.fromkeys(names, method)}
+           for phase, names in tensors.items()}
+    meta = tuple((k, v) for k, v in plan.meta if k != PHASE_RANGES)
+    return dataclasses.replace(plan, meta=(*meta, (PHASE_RANGES, json.dumps(own))))
+
+
 def _finite(x: float) -> float:
     return x if math.isfinite(x) else math.inf
 
 
-__all__ = ["SELECTION", "PhaseCandidate", "candidate_plans", "choose", "kept_plans",
-           "phase_units", "rank_by_range", "screen", "unit_of", "unit_plan", "with_units"]
+__all__ = ["RANGE_METHOD", "SELECTION", "PhaseCandidate", "candidate_plans", "choose",
+           "kept_plans", "output_range_tensors", "phase_units", "rank_by_range", "screen",
+           "unit_of", "unit_plan", "with_output_ranges", "with_units"]
