@@ -16,7 +16,8 @@ graph. Variants:
 ``base+CLASS:P``       ``base`` with CLASS's groups at precision P (e.g. ``float``)
 ``all16-CLASS``        uniform a16_w16 with CLASS's groups at a8_w8
 ``all16-CLASS:P``      uniform a16_w16 with CLASS's groups at P
-``V~CLASS=METHOD``     variant V with CLASS's outputs' range method METHOD (mse, …)
+``V~CLASS=METHOD``     variant V with CLASS's outputs' range method METHOD (mse, …);
+                       ``~`` repeats (``base~proj=mse~kv=mse``)
 =====================  ==============================================================
 
 Classes (by group name): see :data:`CLASSES`.
@@ -74,12 +75,15 @@ def variant(label: str, names: list[str], base: Plan, target: str,
     tensors, by default the group's own name)."""
     import dataclasses
 
-    if "~" in label:
-        label, _, rest = label.partition("~")
-        cls, _, method = rest.partition("=")
+    if "~" in label:  # LABEL~CLASS=METHOD[~CLASS=METHOD…]
+        label, *rests = label.split("~")
         plan = variant(label, names, base, target, outputs)
-        tensors = [t for n in members(names, cls) for t in (outputs or {}).get(n, (n,))]
-        return dataclasses.replace(plan, ranges=tuple((t, method) for t in tensors))
+        ranges = dict(plan.ranges)
+        for rest in rests:
+            cls, _, method = rest.partition("=")
+            ranges |= {t: method for n in members(names, cls)
+                       for t in (outputs or {}).get(n, (n,))}
+        return dataclasses.replace(plan, ranges=tuple(ranges.items()))
     if label == "a8":
         return Plan(default=Precision.A8_W8, target=target)
     if label == "all16":

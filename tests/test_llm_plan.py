@@ -147,9 +147,12 @@ def test_the_chosen_plan_is_measured_again_with_its_linears_outputs_ranged_by_ms
     for phase in PHASES:
         m = open_phase(model, phase)
         names = output_range_tensors(m)
-        weighted = [g for g in find_groups(m).groups if g.kind is GroupKind.WEIGHTED]
-        assert names and len(names) == len(weighted) - 1  # every Linear but the LM head
-        assert "lm_head" not in names
+        weighted = [t for g in find_groups(m).groups if g.kind is GroupKind.WEIGHTED
+                    for t in g.outputs]
+        cache = [o for o in m.output_names() if o.startswith("present.")]
+        # every Linear but the LM head (its output is the logits), and the KV cache
+        assert sorted(names) == sorted([t for t in weighted if t != "lm_head"] + cache)
+        assert "lm_head" in weighted and len(cache) == 2 * 2  # 2 layers, key and value
         own = plan.for_phase(phase)
         if meta["candidate"] == ranged[0]:
             assert dict(own.ranges) == dict.fromkeys(names, RANGE_METHOD)

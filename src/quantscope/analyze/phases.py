@@ -20,7 +20,7 @@ RMSNorm inputs        the input tensors of the normalisation groups
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -105,14 +105,20 @@ def first_token(positions: Mapping[str, np.ndarray]) -> tuple[FirstToken, ...]:
     return tuple(out)
 
 
+def kv_cache_outputs(groups: Groups, output_names: Sequence[str]) -> list[tuple[str, str]]:
+    """(group, tensor) of the KV cache: the group outputs that are ``present.*`` graph
+    outputs."""
+    present = {o for o in output_names if o.startswith("present.")}
+    return [(g.name, t) for g in groups.groups for t in g.outputs if t in present]
+
+
 def diagnose_phase(phase: str, groups: Groups, stats: Stats, output_names: tuple[str, ...],
                    positions: Mapping[str, np.ndarray] | None = None, *,
                    top: int = 8) -> PhaseDiagnosis:
     """What the calibration statistics of one phase graph say (see the module docstring)."""
     every = _rows([(g.name, g.outputs[0]) for g in groups.groups if g.outputs], stats)
     widest = sorted(every, key=lambda r: -(r.hi - r.lo))
-    present = {o for o in output_names if o.startswith("present.")}
-    kv = [(g.name, t) for g in groups.groups for t in g.outputs if t in present]
+    kv = kv_cache_outputs(groups, output_names)
     norms = [(g.name, g.inputs[0]) for g in groups.groups if g.op_type in NORM_OPS and g.inputs]
     breaks = sorted((r for r in every if r.breaks8),
                     key=lambda r: -r.step8 / max(r.typical, 1e-30))
@@ -169,5 +175,5 @@ def diagnosis_to_dict(diagnoses: tuple[PhaseDiagnosis, ...]) -> dict[str, object
 
 
 __all__ = ["FirstToken", "PhaseDiagnosis", "RangeRow", "diagnose_phase", "diagnosis_to_dict",
-           "first_token",
-           "format_diagnosis", "range_row", "residual_groups", "typical_abs"]
+           "first_token", "format_diagnosis", "kv_cache_outputs", "range_row",
+           "residual_groups", "typical_abs"]

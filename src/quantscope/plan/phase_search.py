@@ -17,12 +17,13 @@ legal at 16 bit     the groups with no error when the whole graph is at a16_w16,
 kept                no error in any phase and every phase's cost <= the cap
 chosen              of the kept candidates, measured: the lowest prefill KL, ties by the
                     lowest KL of decode fed the emulated KV cache
-output ranges       then the chosen plan with its Linears' outputs ranged by ``mse``
-                    (:func:`with_output_ranges`: the clip range of least expected squared
-                    error on each tensor's calibrated histogram, per phase; a 16-bit
-                    output keeps min/max; the Linear whose output is the model's output,
-                    the LM head, keeps min/max) is measured too, ``<label>+mse``, and
-                    chosen by the same rule; legality and cost are the chosen plan's
+output ranges       then the chosen plan with its Linears' outputs and its KV cache
+                    ranged by ``mse`` (:func:`with_output_ranges`: the clip range of
+                    least expected squared error on each tensor's calibrated histogram,
+                    per phase; a 16-bit tensor keeps min/max; the Linear whose output is
+                    the model's output, the LM head, keeps min/max) is measured too,
+                    ``<label>+mse``, and chosen by the same rule; legality and cost are
+                    the chosen plan's
 units               a group split along the tokens in one phase graph only (prefill's
                     MLPs, :func:`quantscope.repair.gated.split_gated`: ``<g>/tok<i>``
                     and ``<g>/concat``) is one unit with the whole ``<g>`` of the other
@@ -41,7 +42,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from quantscope.analyze.phases import residual_groups
+from quantscope.analyze.phases import kv_cache_outputs, residual_groups
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.phases import phase_shapes
@@ -334,11 +335,15 @@ def _model_outputs(model: Model) -> set[str]:
 
 
 def output_range_tensors(model: Model) -> list[str]:
-    """The outputs of ``model``'s weighted groups (its Linears) that are not a model
-    output: the tensors :func:`with_output_ranges` ranges by :data:`RANGE_METHOD`."""
+    """The tensors :func:`with_output_ranges` ranges by :data:`RANGE_METHOD`: the outputs
+    of ``model``'s weighted groups (its Linears) that are not a model output (the LM
+    head's logits keep min/max: a clipped logit changes the answer), and the KV cache
+    (the ``present.*`` outputs, read again by the next step)."""
     final = _model_outputs(model)
-    return [t for g in find_groups(model).groups if g.kind is GroupKind.WEIGHTED
-            for t in g.outputs if t not in final]
+    groups = find_groups(model)
+    linears = [t for g in groups.groups if g.kind is GroupKind.WEIGHTED
+               for t in g.outputs if t not in final]
+    return [*linears, *(t for _, t in kv_cache_outputs(groups, model.output_names()))]
 
 
 def with_output_ranges(plan: Plan, tensors: Mapping[str, Sequence[str]],
