@@ -33,7 +33,6 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
 from quantscope.model.phases import PHASES, phase_path
 from quantscope.plan.phase_search import (
-    RANGE_METHOD,
     SELECTION,
     PhaseCandidate,
     candidate_plans,
@@ -41,10 +40,10 @@ from quantscope.plan.phase_search import (
     kept_plans,
     output_range_tensors,
     phase_units,
+    ranged_candidate,
     rank_by_range,
     screen,
     unit_of,
-    with_output_ranges,
     with_units,
 )
 from quantscope.plan.phases import PhaseCheck, check_phases
@@ -297,13 +296,9 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
                                 new_tokens=setup.new_tokens,
                                 decode_windows=setup.decode_windows)
     results = dict(measure(kept))
-    best = choose(candidates, results, max_cost)
-    # the chosen precisions with the Linears' 8-bit outputs clipped by MSE, chosen by the
-    # same rule (same legality and cost: the range method moves no bit width)
-    label = f"{best.label}+{RANGE_METHOD}"
-    ranged_plan = with_output_ranges(best.plan, ranged)
-    candidates = (*candidates, dataclasses.replace(best, label=label, plan=ranged_plan))
-    results.update(measure({label: ranged_plan}))
+    again = ranged_candidate(choose(candidates, results, max_cost), ranged)  # then MSE grids
+    candidates = (*candidates, again)
+    results.update(measure({again.label: again.plan}))
     quality = {"data": windows.source, "setup": setup.__dict__, "plans": results,
                **({"prefix": kv.to_dict()} if kv else {})}
     return PhasePlan(choose(candidates, results, max_cost), candidates, quality, diagnosis,

@@ -360,10 +360,20 @@ def with_output_ranges(plan: Plan, tensors: Mapping[str, Sequence[str]],
     return dataclasses.replace(plan, meta=(*meta, (PHASE_RANGES, json.dumps(own))))
 
 
+def ranged_candidate(best: PhaseCandidate, tensors: Mapping[str, Sequence[str]]
+                     ) -> PhaseCandidate:
+    """``best`` with ``tensors`` ranged by :data:`RANGE_METHOD` (:func:`with_output_ranges`)
+    as the candidate ``<label>+mse``: the same checks, since a range method moves no bit
+    width; measured and chosen by the same rule as the others."""
+    return dataclasses.replace(best, label=f"{best.label}+{RANGE_METHOD}",
+                               plan=with_output_ranges(best.plan, tensors))
+
+
 def _finite(x: float) -> float:
     return x if math.isfinite(x) else math.inf
 
 
 __all__ = ["RANGE_METHOD", "SELECTION", "PhaseCandidate", "candidate_plans", "choose",
-           "kept_plans", "output_range_tensors", "phase_units", "rank_by_range", "screen",
-           "unit_of", "unit_plan", "with_output_ranges", "with_units"]
+           "kept_plans", "output_range_tensors", "phase_units", "rank_by_range",
+           "ranged_candidate", "screen", "unit_of", "unit_plan", "with_output_ranges",
+           "with_units"]
