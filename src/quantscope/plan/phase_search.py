@@ -315,7 +315,7 @@ def choose(candidates: Sequence[PhaseCandidate], quality: Quality,
 
 LAYOUT_OPS = frozenset({"Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze",
                         "Flatten"})
-RANGE_METHOD = "mse"  # the Linears' output range method :func:`with_output_ranges` tries
+RANGE_METHOD = "mse"  # the range method :func:`with_output_ranges` tries (Linears, KV cache)
 
 
 def _model_outputs(model: Model) -> set[str]:
@@ -348,7 +348,7 @@ def output_range_tensors(model: Model) -> list[str]:
 
 def with_output_ranges(plan: Plan, tensors: Mapping[str, Sequence[str]],
                        method: str = RANGE_METHOD) -> Plan:
-    """``plan`` with ``tensors`` (phase -> its Linears' outputs,
+    """``plan`` with ``tensors`` (phase -> its Linears' outputs and KV cache,
     :func:`output_range_tensors`) ranged by ``method`` in each phase graph
     (``meta['phase_ranges']``: the phases name some tensors apart and have their own
     calibration). The range method only sets where a tensor's 8-bit grid clips; a 16-bit
