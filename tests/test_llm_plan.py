@@ -127,7 +127,7 @@ def test_the_chosen_plan_is_measured_again_with_its_linears_outputs_ranged_by_ms
     from quantscope.emulate.qdq import scheme_for
     from quantscope.plan.phase_search import RANGE_METHOD, output_range_tensors
     from quantscope.stages_llm import calibrate_phases, lm_text
-    from quantscope.types import GroupKind
+    from quantscope.types import GroupKind, Plan
 
     model, out, text = planned
     plan = read_plan(out)
@@ -166,8 +166,6 @@ def test_the_chosen_plan_is_measured_again_with_its_linears_outputs_ranged_by_ms
     groups = find_groups(m)
     tensor = output_range_tensors(m)[0]
     ts = stats["prefill"].tensors[tensor]
-    from quantscope.types import Plan
-
     for prec, clipped in ((Precision.A8_W8, True), (Precision.A16_W16, False)):
         p = Plan(default=prec, ranges=((tensor, RANGE_METHOD),))
         enc = encode(m, groups, stats["prefill"], p, scheme=scheme_for(p, None))
