@@ -8,9 +8,12 @@ import pytest
 from decoder_tiny import AMOUNTS, SEQ, TINY, tiny_weights
 
 from quantscope.analyze.prefix import (
+    after_text,
     choose_prefix,
     compute_prefix,
+    format_prefix,
     prefixed_model,
+    scan_after,
     scan_sinks,
 )
 from quantscope.model.groups import find_groups
@@ -104,6 +107,40 @@ def test_sink_tokens_found_from_calibration() -> None:
     # after the prefix the sink token's later occurrences are what is left to measure
     prefixed = prefixed_model(pre, compute_prefix(pre, choice.tokens))
     assert scan_sinks(prefixed, windows).ratios[0].shape == (16,)
+
+
+def test_what_is_left_after_the_prefix_is_found_and_said() -> None:
+    """With only token 0 in the prefix, the massive token 7 is still in every window: the
+    scan on the prefixed graph names it, its window position and the windows, and the
+    probe finds it (and only it) an outlier as the first token after the prefix; the
+    record reads back in words. On windows without token 7 nothing is left, and that is
+    said too."""
+    w = tiny_weights()
+    w["embed.weight"] = w["embed.weight"].copy()
+    w["embed.weight"][SINK, CHANNEL] = MASSIVE
+    pre = load_proto(build_decoder(TINY, w, "prefill"), source="tiny.prefill")
+    rng = np.random.default_rng(3)
+    windows = [rng.integers(8, TINY.vocab, 16) for _ in range(4)]
+    for k, win in enumerate(windows):
+        win[3 + k] = SINK
+    after = scan_after(prefixed_model(pre, compute_prefix(pre, (0,))), windows)
+    assert (after.windows, after.over, after.worst_token) == (4, 4, SINK)
+    assert after.worst_position in {3, 4, 5, 6}  # where token 7 sits in the worst window
+    assert after.worst_ratio > 64
+    assert [t for t, _ in after.first_sinks] == [SINK]
+    assert after.probed == len({int(t) for win in windows for t in win})
+    record = {"tokens": [0], "text": ["<d>"], "why": ["first position"], "threshold": 64.0,
+              "first_position_ratio": float("nan"), "largest_later_ratio": float("nan"),
+              "after": {**after.__dict__, "worst_text": "<s>",
+                        "first_sinks": [[t, "<s>", r] for t, r in after.first_sinks]}}
+    said = after_text(record)
+    assert said.startswith("after it, 4 of 4 calibration windows still have an outlier")
+    assert "'<s>' at position" in said and "1 of the" in said and said in format_prefix(record)
+    quiet = scan_after(prefixed_model(pre, compute_prefix(pre, (0,))),
+                       [win[win != SINK] for win in windows])
+    assert quiet.over == 0 and not quiet.first_sinks
+    assert "no calibration window has an outlier position" in after_text(
+        {**record, "after": {**quiet.__dict__, "worst_text": "x", "first_sinks": []}})
 
 
 @pytest.fixture(scope="module")

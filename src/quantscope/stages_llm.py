@@ -25,7 +25,10 @@ from quantscope.analyze.prefix import (
     PrefixChoice,
     choose_prefix,
     compute_prefix,
+    format_prefix,
+    prefixed_model,
     prefixed_opener,
+    scan_after,
     scan_sinks,
 )
 from quantscope.calibrate.collect import tapped_model
@@ -141,13 +144,15 @@ class LmPrefix:
     choice: PrefixChoice
     kv: KVPrefix
     text: tuple[str, ...]  # each token as the tokenizer spells it
+    after: dict[str, Any] | None = None  # :class:`AfterPrefix` as recorded, token texts added
 
     def to_dict(self) -> dict[str, Any]:
         """What the plan records (``meta['kv_prefix']``)."""
         return {"tokens": list(self.kv.tokens), "text": list(self.text),
                 "why": list(self.choice.why), "threshold": THRESHOLD,
                 "first_position_ratio": self.choice.first_ratio,
-                "largest_later_ratio": self.choice.later_ratio}
+                "largest_later_ratio": self.choice.later_ratio,
+                **({"after": self.after} if self.after else {})}
 
 
 def document_token(tok: Any) -> int | None:
@@ -171,9 +176,15 @@ def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindo
     else:
         raise QuantscopeError(f"--prefix must be auto or none, not '{mode}'")
     kv = compute_prefix(pre, choice.tokens)
+    after = None
+    if mode == "auto":  # what is left after it (the graph is edited in place)
+        a = scan_after(prefixed_model(pre, kv, in_place=True), windows.calibration)
+        name = tok.id_to_token
+        after = {**dataclasses.asdict(a), "worst_text": name(a.worst_token) or "?",
+                 "first_sinks": [[t, name(t) or "?", r] for t, r in a.first_sinks]}
     del pre
     release_memory()
-    return LmPrefix(choice, kv, tuple(tok.id_to_token(t) or "?" for t in choice.tokens))
+    return LmPrefix(choice, kv, tuple(tok.id_to_token(t) or "?" for t in choice.tokens), after)
 
 
 def recorded_prefix(plan: Plan) -> tuple[int, ...]:
@@ -334,20 +345,6 @@ def format_phase_checks(checks: tuple[PhaseCheck, ...]) -> list[str]:
                      f"weights {c.weight_bytes / 1e6:.1f} MB")
         lines += [f"  {p.severity}: [{p.rule}] {p.group}: {p.reason}" for p in c.problems]
     return lines
-
-
-def format_prefix(prefix: dict[str, Any] | None) -> str:
-    """One line: the KV prefix the figures ran with (or that there was none)."""
-    if not prefix:
-        return "KV prefix: none (the prompt's first token runs through the quantized graphs)"
-    toks = ", ".join(f"{t} {x!r} ({why})" for t, x, why in
-                     zip(prefix["tokens"], prefix["text"], prefix["why"], strict=True))
-    ratio = prefix["first_position_ratio"]
-    seen = "" if math.isnan(ratio) else (
-        f"; before it, position 0 peaked at {ratio:.3g}x the median position, the largest "
-        f"later position at {prefix['largest_later_ratio']:.3g}x (outlier: > "
-        f"{prefix['threshold']:g}x)")
-    return f"KV prefix: {len(prefix['tokens'])} token(s) in FP32 in the cache: {toks}{seen}"
 
 
 def format_lm_quality(result: dict[str, Any]) -> list[str]:

@@ -14,15 +14,26 @@ the prefix           the first position's token (``first``: the tokenizer's docu
                      token ids that are outliers at positions > 0 at least twice, most
                      often first, up to ``max_tokens`` in all
 keys / values        the FP32 prefill graph's ``present.*`` on the prefix tokens
-after                the same peaks measured on the prefixed graph: what is left
+after                (:func:`scan_after`) the same peaks on the prefixed graph: the
+                     calibration windows that still have an outlier position (its token,
+                     its position), and which of the ``PROBE_TOKENS`` most frequent
+                     calibration tokens are outliers as the first token after the prefix
+                     (each run alone after it, its peak over the calibration's median
+                     position per tensor). On smollm2-135m a delimiter (``\n``, ``.``,
+                     ``:``, `` (`` …) right after ``<|endoftext|>`` becomes a second sink
+                     (~330x): one calibration window that begins with one sizes every
+                     residual grid for it (docs/benchmarks.md, "What is left after the
+                     prefix"); said in the plan, the verdict and the report
 ===================  ==================================================================
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +48,7 @@ from quantscope.zoo.prefix import KVPrefix, infer_light, prefixed_prefill
 
 THRESHOLD = 64.0
 MAX_TOKENS = 4
+PROBE_TOKENS = 200
 PREFIX_CHOICES = ("auto", "none")
 
 
@@ -130,6 +142,82 @@ def prefixed_model(prefill: Model, prefix: KVPrefix, *, in_place: bool = False) 
     return model
 
 
+@dataclass(frozen=True)
+class AfterPrefix:
+    """What is left after the prefix (see the module docstring)."""
+
+    windows: int  # calibration windows scanned on the prefixed graph
+    over: int  # of them, those with a position over the threshold
+    worst_ratio: float  # the largest position's peak over its window's median position
+    worst_token: int
+    worst_position: int  # in its window (0: the first token after the prefix)
+    probed: int  # most frequent calibration tokens tried as the first token after it
+    first_sinks: tuple[tuple[int, float], ...]  # (token, ratio) over the threshold, worst first
+
+
+def _peaks(session: Any, names: list[str], ids: np.ndarray) -> np.ndarray:
+    """Per residual tensor and position: the max |x| over channels ([tensors, N])."""
+    return np.stack([np.abs(v[0]).max(-1) for v in session.run(names, {"input_ids": ids[None]})])
+
+
+def scan_after(prefixed: Model, windows: Sequence[np.ndarray], *,
+               threshold: float = THRESHOLD, probe: int = PROBE_TOKENS) -> AfterPrefix:
+    """Residual peaks on the prefixed prefill graph (one tapped session; see the module
+    docstring): the calibration windows, then each probed token alone after the prefix."""
+    names = [g.outputs[0] for g in residual_groups(find_groups(prefixed))]
+    session = make_session(tapped_model(prefixed, names), optimize=True, arena=False)
+    per = [_peaks(session, names, ids) for ids in windows]
+    ratios = [(p / np.maximum(np.median(p, axis=1, keepdims=True), 1e-30)).max(0) for p in per]
+    w = int(np.argmax([r.max() for r in ratios]))
+    pos = int(ratios[w].argmax())
+    median = np.maximum(np.median(np.concatenate(per, axis=1), axis=1), 1e-30)
+    counts = Counter(int(t) for ids in windows for t in ids)
+    sinks = []
+    for tok, _ in counts.most_common(probe):
+        r = float((_peaks(session, names, np.array([tok], np.int64))[:, 0] / median).max())
+        if r > threshold:
+            sinks.append((tok, r))
+    del session
+    release_memory()
+    return AfterPrefix(len(per), sum(int(r.max() > threshold) for r in ratios),
+                       float(ratios[w][pos]), int(windows[w][pos]), pos,
+                       min(probe, len(counts)), tuple(sorted(sinks, key=lambda s: -s[1])))
+
+
+def format_prefix(prefix: dict[str, Any] | None) -> str:
+    """One line: the KV prefix the figures ran with (or that there was none), and what is
+    left after it when that was scanned (a plan's record, ``meta['kv_prefix']``)."""
+    if not prefix:
+        return "KV prefix: none (the prompt's first token runs through the quantized graphs)"
+    toks = ", ".join(f"{t} {x!r} ({why})" for t, x, why in
+                     zip(prefix["tokens"], prefix["text"], prefix["why"], strict=True))
+    ratio = prefix["first_position_ratio"]
+    seen = "" if math.isnan(ratio) else (
+        f"; before it, position 0 peaked at {ratio:.3g}x the median position, the largest "
+        f"later position at {prefix['largest_later_ratio']:.3g}x (outlier: > "
+        f"{prefix['threshold']:g}x)")
+    after = after_text(prefix)
+    return (f"KV prefix: {len(prefix['tokens'])} token(s) in FP32 in the cache: {toks}{seen}"
+            + (f"; {after}" if after else ""))
+
+
+def after_text(prefix: dict[str, Any]) -> str:
+    """What is left after the prefix, in words ('' when it was not scanned)."""
+    a = prefix.get("after")
+    if not a:
+        return ""
+    where = ("its first token" if a["worst_position"] == 0
+             else f"position {a['worst_position']}")
+    left = (f"after it, {a['over']} of {a['windows']} calibration windows still have an "
+            f"outlier position (largest {a['worst_ratio']:.3g}x: {a['worst_text']!r} at "
+            f"{where}), which sizes the residual grids" if a["over"] else
+            f"after it, no calibration window has an outlier position (largest "
+            f"{a['worst_ratio']:.3g}x)")
+    sinks = ", ".join(repr(t) for _, t, _ in a["first_sinks"])
+    return left + (f"; as the first token after it, {len(a['first_sinks'])} of the "
+                   f"{a['probed']} most frequent tokens are outliers: {sinks}" if sinks else "")
+
+
 def prefixed_opener(open_phase: OpenPhase, prefix: KVPrefix | None) -> OpenPhase:
     """``open_phase`` with its prefill graph reading ``prefix`` (None: unchanged);
     ``open_phase`` must return a fresh graph on each call (it is edited in place)."""
@@ -143,6 +231,6 @@ def prefixed_opener(open_phase: OpenPhase, prefix: KVPrefix | None) -> OpenPhase
     return opened
 
 
-__all__ = ["MAX_TOKENS", "PREFIX_CHOICES", "THRESHOLD", "PrefixChoice", "SinkScan",
-           "choose_prefix", "compute_prefix", "prefixed_model", "prefixed_opener",
-           "scan_sinks"]
+__all__ = ["MAX_TOKENS", "PREFIX_CHOICES", "PROBE_TOKENS", "THRESHOLD", "AfterPrefix",
+           "PrefixChoice", "SinkScan", "after_text", "choose_prefix", "compute_prefix",
+           "format_prefix", "prefixed_model", "prefixed_opener", "scan_after", "scan_sinks"]

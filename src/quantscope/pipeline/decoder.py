@@ -424,7 +424,9 @@ def host(ctx: DecoderContext) -> Done:
     doc = {
         "tokenizer": TOKENIZER,
         "prefix": ({"tokens": prefix["tokens"], "text": prefix["text"], "why": prefix["why"],
-                    "file": PREFIX_NPZ, "loader": PREFIX_PY} if prefix else None),
+                    "file": PREFIX_NPZ, "loader": PREFIX_PY,
+                    **({"after": prefix["after"]} if prefix.get("after") else {})}
+                   if prefix else None),
         "kv_cache": {"inputs": cache, "prefix_slots": n, "first_prompt_position": n,
                      "compiled_prompt_tokens": seq,
                      "layout": "past.{i}.key / past.{i}.value [batch, kv_heads, positions, "

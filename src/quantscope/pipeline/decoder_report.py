@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from quantscope.analyze.prefix import after_text
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -130,6 +132,8 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
     p = v["prefix"]
     lines.append("  KV prefix: " + (f"tokens {p['tokens']} ({', '.join(map(repr, p['text']))})"
                                     " in FP32 in the cache" if p else "none"))
+    if p and after_text(p):
+        lines.append(f"    {after_text(p)}")
     lines.append(f"  measured held out on {v['data']}: {_amounts(s)}:")
     for name, f in v["figures"].items():
         lines.append(f"    {name:<17} {f['value']:>8.4f} (± {f['se']:.4f})  {f['words']}")
@@ -171,6 +175,21 @@ def _w4_lines(w: dict[str, Any]) -> list[str]:
         f"{name} {f['value']:.4f} (± {f['se']:.4f})" for name, f in w["figures"].items())]
 
 
+def _first_sink_lines(after: dict[str, Any] | None) -> list[str]:
+    """Host step 2's warning: the tokens that become a second sink as a prompt's first."""
+    if not after or not after["first_sinks"]:
+        return []
+    sinks = ", ".join(repr(t) for _, t, _ in after["first_sinks"])
+    worst = max(r for _, _, r in after["first_sinks"])
+    seen = (f"the calibration saw {after['over']} such window(s) and sized the residual "
+            "grids for it (coarser for every prompt)" if after["over"] else
+            "the calibration saw none, so such a token's values are clipped")
+    return [f"   A prompt that begins with one of {sinks} makes that token a second sink "
+            f"(up to {worst:.0f}x the median position), run through the quantized graph: "
+            f"{seen}. Where the application allows, start prompts with another token "
+            "(e.g. strip leading newlines and punctuation)."]
+
+
 def host_text(doc: dict[str, Any]) -> str:
     kv = doc["kv_cache"]
     lines = ["# Host steps for the deployed decoder (quantscope run)", "",
@@ -184,6 +203,7 @@ def host_text(doc: dict[str, Any]) -> str:
                      "These tokens are never run on the device: their FP32 keys and values "
                      "are the cache's first positions, quantized on the way in as every "
                      "past.* input is (the decode graph's input transform below).")
+        lines += _first_sink_lines(p.get("after"))
     else:
         lines.append("2. No KV prefix: the prompt starts at cache position 0.")
     lines += [f"3. Prompt positions start at {kv['first_prompt_position']}; the prefill graph "
