@@ -163,6 +163,27 @@ def test_learned_range_reencodes_to_the_same_grid(bits):
     assert int(zp) == int(enc.zero_point) + 5
 
 
+def test_alls_pins_a_range_method_only_where_it_moves_the_range():
+    """An ``mse`` range on an 8-bit output is pinned (it clips); on a 16-bit output it is
+    the calibrated min/max, which the compiler takes anyway: no line; a pinned range is
+    written at any precision."""
+    model, groups, stats, _ = _prepared("residual_add")
+    g = groups.groups[0]
+    t = g.outputs[0]
+    for precision, pins in ((Precision.A8_W8, True), (Precision.A16_W16, False)):
+        plan = Plan(default=Precision.A8_W8, overrides=((g.name, precision),),
+                    ranges=((t, "mse"),))
+        enc = encode(model, groups, stats, plan, scheme=QuantScheme())
+        assert (g.name in forced_ranges(groups, plan, enc)) is pins, precision
+        plan = Plan(default=Precision.A8_W8, overrides=((g.name, precision),),
+                    ranges=((t, "minmax"),))
+        assert g.name not in forced_ranges(groups, plan, encode(model, groups, stats, plan,
+                                                                 scheme=QuantScheme()))
+    plan = Plan(default=Precision.A16_W16, pinned=((t, (-0.5, 2.0)),))
+    enc = encode(model, groups, stats, plan, scheme=QuantScheme())
+    assert g.name in forced_ranges(groups, plan, enc)
+
+
 def test_pinned_ranges_round_trip_and_drive_encode_and_alls():
     model, groups, stats, _ = _prepared("residual_add")
     t = groups.groups[0].outputs[0]

@@ -33,6 +33,10 @@ _TINY = np.float32(1e-12)  # smallest scale we emit; a zero range still gets a v
 # Mean cosine to FP32 below which quantized outputs "no longer resemble FP32's" (said in
 # one line by evaluate and the tasks, next to the collapse test).
 RESEMBLE_MIN_COSINE = 0.9
+# Above this width a grid's step is far below a calibration histogram's bin width, so the
+# histogram cannot tell clipping error from rounding noise; min/max is then optimal (a range
+# method such as ``mse`` keeps min/max there: quantscope.emulate.ranges).
+MSE_MAX_BITS = 10
 
 
 def qrange(bits: int, *, signed: bool) -> tuple[int, int]:

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantscope.numerics import qrange
+from quantscope.numerics import MSE_MAX_BITS, qrange
 from quantscope.types import QuantscopeError, TensorStats
 
 METHODS = ("minmax", "percentile", "mse")
 PERCENTILE = 99.99
 _CANDIDATES = 96
-# Above this width the grid step is far below the histogram's bin width, so the
-# histogram cannot tell clipping error from rounding noise; min/max is then optimal.
-MSE_MAX_BITS = 10
 
 
 def _centers(ts: TensorStats) -> np.ndarray:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from quantscope.numerics import MSE_MAX_BITS
 from quantscope.types import (
     Encodings,
     Group,
@@ -198,17 +199,29 @@ def export_alls(
     return "\n".join(lines) + "\n"
 
 
+def _calibrated_alike(method: str, precision: Precision) -> bool:
+    """Whether ``method`` at ``precision`` gives the calibrated min/max anyway (``minmax``;
+    ``mse`` above :data:`~quantscope.numerics.MSE_MAX_BITS`, e.g. a 16-bit output)."""
+    bits = precision.act_bits
+    return method == "minmax" or (method == "mse" and bits is not None and bits > MSE_MAX_BITS)
+
+
 def forced_ranges(
     groups: Groups, plan: Plan, enc: Encodings
 ) -> dict[str, tuple[float, float]]:
-    """Group -> pinned output range, for tensors whose range method the plan overrides.
+    """Group -> pinned output range, for tensors whose range method the plan overrides (and
+    that method moves the range off min/max at the group's precision) or that it pins.
 
     On Hailo this becomes ``quantization_param(<layer>, force_range_out=[lo, hi])``: the
     compiler then uses the range quantscope measured instead of its own calibration.
     """
     owner = {t: g.name for g in groups.groups for t in g.outputs}
     out: dict[str, tuple[float, float]] = {}
-    for tensor in dict(plan.ranges) | dict(plan.pinned):
+    methods, pinned = dict(plan.ranges), dict(plan.pinned)
+    for tensor in methods | pinned:
+        if tensor not in pinned and tensor in owner and _calibrated_alike(
+                methods[tensor], plan.precision_of(owner[tensor])):
+            continue  # the compiler's own min/max is this range: nothing to pin
         if tensor in owner and tensor in enc.activations:
             lo, hi = enc.activations[tensor].range()
             out[owner[tensor]] = (round(float(lo), 6), round(float(hi), 6))
