@@ -10,8 +10,13 @@ import pytest
 from decoder_tiny import AMOUNTS, SEQ, byte_decoder
 from decoder_tiny import run_cli as _run
 
+from quantscope.analyze.prefix import after_text
 from quantscope.cli import main
 from quantscope.pipeline.manifest import file_digest
+
+
+def verdict_after(after: dict) -> str:
+    return after_text({"after": after})
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +44,17 @@ def test_decoder_run_writes_each_phase_and_the_host_steps(ran) -> None:
     assert host["prefix"]["tokens"] and host["kv_cache"]["prefix_slots"] == len(
         host["prefix"]["tokens"])
     assert len(host["kv_cache"]["inputs"]) == 4  # 2 layers x key, value
+    after = host["prefix"]["after"]  # what is left after the prefix, scanned and said
+    assert after["windows"] > 0 and after["probed"] > 0
+    assert "    after it, " in printed and verdict_after(after) in printed
+    from quantscope.pipeline.decoder_report import host_text
+
+    sinks = {**host, "prefix": {**host["prefix"], "after": {
+        **after, "over": 1, "first_sinks": [[198, "Ċ", 338.0], [30, ".", 324.0]]}}}
+    said = host_text(sinks)
+    assert "begins with one of 'Ċ', '.' makes that token a second sink (up to 338x" in said
+    assert "the calibration saw 1 such window(s)" in said
+    assert "second sink" not in host_text(host) or after["first_sinks"]
     assert {r["role"] for r in host["io"]["decode"]} == {"input", "output"}
     alls = (out / "prefill" / "model.alls").read_text()
     assert "# KV prefix: tokens" in alls and "a16_w16" in alls
