@@ -134,8 +134,8 @@ def test_what_is_left_after_the_prefix_is_found_and_said() -> None:
               "after": {**after.__dict__, "worst_text": "<s>",
                         "first_sinks": [[t, "<s>", r] for t, r in after.first_sinks]}}
     said = after_text(record)
-    assert said.startswith("after it, 4 of 4 calibration windows still have an outlier")
-    assert "'<s>' at position" in said and "1 of the" in said and said in format_prefix(record)
+    assert said.startswith("after it, 4 of 4 calibration window(s) still have an outlier")
+    assert "'<s>' at position" in said and "of its window" in said and "1 of the" in said and said in format_prefix(record)
     quiet = scan_after(prefixed_model(pre, compute_prefix(pre, (0,))),
                        [win[win != SINK] for win in windows])
     assert quiet.over == 0 and not quiet.first_sinks

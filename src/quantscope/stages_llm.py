@@ -179,9 +179,11 @@ def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindo
     after = None
     if mode == "auto":  # what is left after it (the graph is edited in place)
         a = scan_after(prefixed_model(pre, kv, in_place=True), windows.calibration)
-        name = tok.id_to_token
-        after = {**dataclasses.asdict(a), "worst_text": name(a.worst_token) or "?",
-                 "first_sinks": [[t, name(t) or "?", r] for t, r in a.first_sinks]}
+        def name(t: int) -> str:  # the text, not the BPE spelling ('\n', not 'Ċ')
+            return tok.decode([t], skip_special_tokens=False) or "?"
+
+        after = {**dataclasses.asdict(a), "worst_text": name(a.worst_token),
+                 "first_sinks": [[t, name(t), r] for t, r in a.first_sinks]}
     del pre
     release_memory()
     return LmPrefix(choice, kv, tuple(tok.id_to_token(t) or "?" for t in choice.tokens), after)

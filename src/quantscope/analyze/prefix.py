@@ -206,9 +206,9 @@ def after_text(prefix: dict[str, Any]) -> str:
     a = prefix.get("after")
     if not a:
         return ""
-    where = ("its first token" if a["worst_position"] == 0
-             else f"position {a['worst_position']}")
-    left = (f"after it, {a['over']} of {a['windows']} calibration windows still have an "
+    where = ("the window's first token" if a["worst_position"] == 0
+             else f"position {a['worst_position']} of its window")
+    left = (f"after it, {a['over']} of {a['windows']} calibration window(s) still have an "
             f"outlier position (largest {a['worst_ratio']:.3g}x: {a['worst_text']!r} at "
             f"{where}), which sizes the residual grids" if a["over"] else
             f"after it, no calibration window has an outlier position (largest "
