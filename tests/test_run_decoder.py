@@ -53,7 +53,7 @@ def test_decoder_run_writes_each_phase_and_the_host_steps(ran) -> None:
         **after, "over": 1, "first_sinks": [[198, "Ċ", 338.0], [30, ".", 324.0]]}}}
     said = host_text(sinks)
     assert "begins with one of 'Ċ', '.' makes that token a second sink (up to 338x" in said
-    assert "the calibration saw 1 such window(s)" in said
+    assert "the calibration saw 1 window(s) with such an outlier" in said
     assert "second sink" not in host_text(host) or after["first_sinks"]
     assert {r["role"] for r in host["io"]["decode"]} == {"input", "output"}
     alls = (out / "prefill" / "model.alls").read_text()

@@ -22,8 +22,9 @@ after                (:func:`scan_after`) the same peaks on the prefixed graph: 
                      position per tensor). On smollm2-135m a delimiter (``\n``, ``.``,
                      ``:``, `` (`` …) right after ``<|endoftext|>`` becomes a second sink
                      (~330x): one calibration window that begins with one sizes every
-                     residual grid for it (docs/benchmarks.md, "What is left after the
-                     prefix"); said in the plan, the verdict and the report
+                     residual grid for it (docs/benchmarks.md, "What limits decode, and
+                     what is left after the prefix"); said in the plan, the verdict, the
+                     host steps and the report
 ===================  ==================================================================
 """
 

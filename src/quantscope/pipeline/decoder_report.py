@@ -181,8 +181,8 @@ def _first_sink_lines(after: dict[str, Any] | None) -> list[str]:
         return []
     sinks = ", ".join(repr(t) for _, t, _ in after["first_sinks"])
     worst = max(r for _, _, r in after["first_sinks"])
-    seen = (f"the calibration saw {after['over']} such window(s) and sized the residual "
-            "grids for it (coarser for every prompt)" if after["over"] else
+    seen = (f"the calibration saw {after['over']} window(s) with such an outlier and sized "
+            "the residual grids for it (coarser for every prompt)" if after["over"] else
             "the calibration saw none, so such a token's values are clipped")
     return [f"   A prompt that begins with one of {sinks} makes that token a second sink "
             f"(up to {worst:.0f}x the median position), run through the quantized graph: "
