@@ -86,9 +86,9 @@ def test_prefix_file_round_trip_and_wrong_graph(models, tmp_path) -> None:
         read_prefix(bad)
 
 
-def test_sink_tokens_found_from_calibration() -> None:
-    """Token 7 carries a massive activation wherever it sits: it is named an outlier
-    (twice or more at positions > 0) and joins the first position's token."""
+def _sink_model() -> tuple:
+    """The tiny prefill graph with token 7 massive in channel 5 (its embedding), and four
+    windows with token 7 at positions 3, 4, 5, 6."""
     w = tiny_weights()
     w["embed.weight"] = w["embed.weight"].copy()
     w["embed.weight"][SINK, CHANNEL] = MASSIVE
@@ -97,6 +97,13 @@ def test_sink_tokens_found_from_calibration() -> None:
     windows = [rng.integers(8, TINY.vocab, 16) for _ in range(4)]
     for k, win in enumerate(windows):
         win[3 + k] = SINK
+    return pre, windows
+
+
+def test_sink_tokens_found_from_calibration() -> None:
+    """Token 7 carries a massive activation wherever it sits: it is named an outlier
+    (twice or more at positions > 0) and joins the first position's token."""
+    pre, windows = _sink_model()
     scan = scan_sinks(pre, windows)
     assert scan.outliers()[SINK] == 4 and set(scan.outliers()) == {SINK}
     choice = choose_prefix(scan, first=0)
@@ -115,14 +122,7 @@ def test_what_is_left_after_the_prefix_is_found_and_said() -> None:
     probe finds it (and only it) an outlier as the first token after the prefix; the
     record reads back in words. On windows without token 7 nothing is left, and that is
     said too."""
-    w = tiny_weights()
-    w["embed.weight"] = w["embed.weight"].copy()
-    w["embed.weight"][SINK, CHANNEL] = MASSIVE
-    pre = load_proto(build_decoder(TINY, w, "prefill"), source="tiny.prefill")
-    rng = np.random.default_rng(3)
-    windows = [rng.integers(8, TINY.vocab, 16) for _ in range(4)]
-    for k, win in enumerate(windows):
-        win[3 + k] = SINK
+    pre, windows = _sink_model()
     after = scan_after(prefixed_model(pre, compute_prefix(pre, (0,))), windows)
     assert (after.windows, after.over, after.worst_token) == (4, 4, SINK)
     assert after.worst_position in {3, 4, 5, 6}  # where token 7 sits in the worst window
