@@ -12,11 +12,8 @@ from decoder_tiny import run_cli as _run
 
 from quantscope.analyze.prefix import after_text
 from quantscope.cli import main
+from quantscope.pipeline.decoder_report import host_text
 from quantscope.pipeline.manifest import file_digest
-
-
-def verdict_after(after: dict) -> str:
-    return after_text({"after": after})
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +43,7 @@ def test_decoder_run_writes_each_phase_and_the_host_steps(ran) -> None:
     assert len(host["kv_cache"]["inputs"]) == 4  # 2 layers x key, value
     after = host["prefix"]["after"]  # what is left after the prefix, scanned and said
     assert after["windows"] > 0 and after["probed"] > 0
-    assert "    after it, " in printed and verdict_after(after) in printed
-    from quantscope.pipeline.decoder_report import host_text
-
+    assert "    after it, " in printed and after_text({"after": after}) in printed
     sinks = {**host, "prefix": {**host["prefix"], "after": {
         **after, "over": 1, "first_sinks": [[198, "Ċ", 338.0], [30, ".", 324.0]]}}}
     said = host_text(sinks)
