@@ -11,11 +11,22 @@ import os
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import tiny_models
+from onnx import TensorProto, helper, numpy_helper
 
+from quantscope.calibrate.collect import calibrate
+from quantscope.cli import main
 from quantscope.export.alls_lint import script_plan
-from quantscope.export.hailo_alls import export_alls, heuristic_names, hn_layer_names
+from quantscope.export.hailo_alls import (
+    export_alls,
+    heuristic_names,
+    hn_layer_names,
+    names_guessed,
+    unset_decisions,
+)
+from quantscope.export.plan_export import export_plan
 from quantscope.export.qnn_encodings import (
     aimet_offset,
     export_qnn_encodings,
@@ -23,8 +34,10 @@ from quantscope.export.qnn_encodings import (
     to_json,
 )
 from quantscope.model.groups import find_groups
-from quantscope.model.load import load_proto
+from quantscope.model.load import Model, load_proto
 from quantscope.numerics import qparams, weight_encoding
+from quantscope.report.summary import unset_line
+from quantscope.serde import write_plan, write_stats
 from quantscope.targets import load_target
 from quantscope.types import Encoding, Encodings, Plan, Precision, QuantScheme, QuantscopeError
 
@@ -184,3 +197,71 @@ def test_qnn_missing_encoding_and_bad_version(block):
         export_qnn_encodings(QNN_PLAN, groups, enc)
     with pytest.raises(QuantscopeError, match="format"):
         export_qnn_encodings(QNN_PLAN, groups, _encodings(model), version="2.0.0")
+
+
+def _lookup_exp_model() -> Model:
+    """ids -> Gather (1,200 x 4 table: the host's on hailo10h) -> Exp -> MatMul -> y."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["rows"], name="lookup"),
+         helper.make_node("Exp", ["rows"], ["e"], name="exp"),
+         helper.make_node("MatMul", ["e", "w"], ["y"], name="proj")],
+        "lookup_exp",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 3, 4])],
+        [numpy_helper.from_array(rng.normal(size=(1200, 4)).astype(np.float32) * 0.1, "table"),
+         numpy_helper.from_array(rng.normal(size=(4, 4)).astype(np.float32), "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return Model(proto=proto, source="lookup_exp")
+
+
+def test_alls_says_which_decisions_it_cannot_carry_and_what_the_host_does(tmp_path,
+                                                                          capsys):
+    """A decision on an op kind no Hailo prefix names (Exp) is a NOT SET comment naming the
+    kind, counted by ``unset_decisions`` and said by ``export``; the lookup the target
+    leaves to the host is no compiler decision: said so, not NOT SET."""
+
+    model = _lookup_exp_model()
+    groups = find_groups(model)
+    ids = np.random.default_rng(1).integers(0, 1200, size=(4, 3))
+    stats = calibrate(model, groups, [{"ids": ids}])
+    plan = Plan(default=Precision.A8_W8, target="hailo10h", overrides=(
+        ("lookup", Precision.A16_W16), ("exp", Precision.A16_W16), ("proj", Precision.A16_W16)))
+    text = export_plan(model, stats, plan, fmt="alls", out=tmp_path / "m.alls").read_text()
+    assert unset_decisions(text) == [
+        "exp: a16_w16 NOT SET: no Hailo layer name known for its Exp layer: pass the parsed "
+        "HN (--hn) or set it by hand"]
+    assert "# lookup: a16_w16: runs on the host" in text and names_guessed(text)
+    assert "quantization_param(conv1, precision_mode=a16_w16)" in text
+    # without a target that leaves the lookup to the host, it is one more unnamed layer
+    plain = export_alls(plan, groups)
+    assert [ln.split(":")[0] for ln in unset_decisions(plain)] == ["lookup", "exp"]
+    write_plan(tmp_path / "plan.json", plan)
+    write_stats(tmp_path / "stats.npz", stats)
+    onnx.save(model.proto, str(tmp_path / "m.onnx"))
+    capsys.readouterr()
+    assert main(["export", "--model", str(tmp_path / "m.onnx"), "--stats",
+                 str(tmp_path / "stats.npz"), str(tmp_path / "plan.json"), "--format",
+                 "alls", "--out", str(tmp_path / "cli.alls")]) == 0
+    assert ("warning: 1 plan decision(s) NOT SET in the compiler file (cli.alls: 1): no "
+            "Hailo layer name is known for Exp layers") in capsys.readouterr().out
+
+
+def test_unset_line_counts_per_file_with_the_op_kinds():
+    warnings = [
+        "model.alls: a/exp: a16_w16 NOT SET: no Hailo layer name known for its Exp layer: x",
+        "model.alls: a/max: a16_w16 NOT SET: no Hailo layer name known for its ReduceMax "
+        "layer: x",
+        "len-64/model.alls: a/exp: a16_w16 NOT SET: no Hailo layer name known for its Exp "
+        "layer: x",
+        "model.alls, len-64/model.alls: Hailo layer names guessed by op order; check them"]
+    line = unset_line(warnings, {"model.alls": "the single plan"})
+    assert line is not None and line.startswith(
+        "warning: 3 plan decision(s) NOT SET in the compiler files (model.alls (the single "
+        "plan): 2, len-64/model.alls: 1): no Hailo layer name is known for Exp, ReduceMax "
+        "layers, so the compiler would not apply them; give the parsed HN (--hn)")
+    assert unset_line(warnings[3:]) is None
+    # a verdict written before the lines named their file and kind
+    old = unset_line(["g: a16_w16 NOT SET: no Hailo layer name known for it (pass the HN)"])
+    assert old is not None and old.startswith(
+        "warning: 1 plan decision(s) NOT SET in the compiler file: no vendor layer name")

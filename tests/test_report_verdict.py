@@ -2,10 +2,15 @@
 format, what binds as measured, the host steps, the Pareto front agreeing with the verdict,
 handled findings folded, the sensitivity ranked by effect."""
 
+import json
 import re
+from pathlib import Path
 
+from quantscope.pipeline.context import Context, RunOptions
+from quantscope.pipeline.verdict import alls_files, export_warnings, format_verdict
 from quantscope.report import fmt, run, summary
 from quantscope.report.build import _table
+from quantscope.report.summary import unset_line
 
 WHATIF = {"metric": "top1_agreement", "note": "n", "plan": {"top1_agreement": 0.727},
           "kinds": [{"kind": "matmul", "groups": 12, "top1_agreement": 0.72, "gain": -0.0067},
@@ -206,14 +211,37 @@ def test_the_short_verdict_counts_the_decisions_the_compiler_file_does_not_carry
     """A real run's verdict (docs/data/run_verdict.json: minilm-l6, rewritten, no HN) has
     16-bit decisions on layers with no Hailo name: the console says how many, not only the
     details; without such warnings there is no line."""
-    import json
-    from pathlib import Path
-
-    from quantscope.pipeline.verdict import format_verdict
-
     v = json.loads((Path(__file__).parent.parent / "docs" / "data" / "run_verdict.json")
                    .read_text())
     unset = [w for w in v["export_warnings"] if "NOT SET" in w]
     assert unset
     assert f"warning: {len(unset)} plan decision(s) NOT SET" in format_verdict(v)
     assert "NOT SET" not in format_verdict({**v, "export_warnings": []})
+
+
+def test_export_warnings_read_every_compiler_file_the_run_wrote(tmp_path):
+    """The single plan's script and each compiled length's (deployment.json): each NOT SET
+    line led by its file, the guessed names said once for all; the short verdict counts
+    them per file and names the single plan's."""
+    head = "# quantscope plan for hailo10h: default a8_w8\n# layer names: guessed by op order\n"
+    unset = ("# a/exp: a16_w16 NOT SET: no Hailo layer name known for its Exp layer: pass the "
+             "parsed HN (--hn) or set it by hand\n")
+    (tmp_path / "model.alls").write_text(head + unset + unset.replace("a/exp", "b/exp"))
+    (tmp_path / "len-16").mkdir()
+    (tmp_path / "len-16" / "model.alls").write_text(
+        head + "# emb: a8_w8: runs on the host (a table lookup the target leaves outside the "
+        "compiled graph): nothing to set\nquantization_param(conv1, precision_mode=a16_w16)\n")
+    (tmp_path / "len-64").mkdir()
+    (tmp_path / "len-64" / "model.alls").write_text(head + unset)
+    (tmp_path / "deployment.json").write_text(json.dumps({"buckets": [
+        {"seq_len": n, "model": f"len-{n}/model.onnx"} for n in (16, 64)]}))
+    ctx = Context(RunOptions(model="m.onnx", data="stdlib-docs", target="hailo10h",
+                             out=str(tmp_path)), tmp_path)
+    assert alls_files(ctx) == ["model.alls", "len-16/model.alls", "len-64/model.alls"]
+    got = export_warnings(ctx)
+    assert [w.split(": ")[:2] for w in got[:3]] == [
+        ["model.alls", "a/exp"], ["model.alls", "b/exp"], ["len-64/model.alls", "a/exp"]]
+    assert got[3].startswith("model.alls, len-16/model.alls, len-64/model.alls: Hailo layer "
+                             "names guessed by op order")
+    line = unset_line(got, {"model.alls": "the single plan"})
+    assert line is not None and "(model.alls (the single plan): 2, len-64/model.alls: 1)" in line

@@ -65,6 +65,13 @@ def test_decoder_run_writes_each_phase_and_the_host_steps(ran) -> None:
     assert set(w4["figures"]) == set(verdict["figures"]) and "at a8_w4 (GPTQ)" in printed
     assert "ranked by onnxruntime" in printed and "measured held out on stdlib-docs" in printed
     assert f"{verdict['figures']['ppl_ratio']['value']:.4f} (± " in printed
+    # the phases' scripts cannot name the RMSNorm and RoPE Neg layers: counted and said
+    unset = [w for w in verdict["export_warnings"] if "NOT SET" in w]
+    per = {p: sum(w.startswith(f"{p}/model.alls: ") for w in unset) for p in ("prefill", "decode")}
+    assert all(per.values()) and sum(per.values()) == len(unset)
+    assert f"warning: {len(unset)} plan decision(s) NOT SET in the compiler files " \
+           f"(prefill/model.alls: {per['prefill']}, decode/model.alls: {per['decode']})" in printed
+    assert "RMSNormalization" in printed and "a decoder run does not read an HN" in printed
 
 
 @pytest.mark.slow

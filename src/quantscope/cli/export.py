@@ -21,6 +21,8 @@ from quantscope.cli.options import (
 from quantscope.cli.types import input_file, mapping, output_file
 from quantscope.export import device_io as dio
 from quantscope.export.formats import FORMATS
+from quantscope.export.hailo_alls import unset_decisions
+from quantscope.report.summary import unset_line
 from quantscope.results import DeviceIOResult
 
 
@@ -45,6 +47,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     written = stages.export_plan(inp.model, inp.stats, inp.plan, fmt=args.format, out=args.out,
                                  hn=hn, qnn_version=args.qnn_version)
     print(f"wrote {written}")
+    if args.format == "alls":  # decisions the script cannot carry are said, not only written
+        unset = unset_line([f"{written.name}: {ln}" for ln in
+                            unset_decisions(written.read_text(encoding="utf-8"))],
+                           listed="the '# ... NOT SET' lines of the file")
+        if unset:
+            print(unset)
     return 0
 
 

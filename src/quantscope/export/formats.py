@@ -36,6 +36,7 @@ class ExportInput:
     qdq: onnx.ModelProto  # the QDQ model quantscope emulated
     hn: dict[str, Any] | None = None  # Hailo: the parsed HN (exact layer names)
     qnn_version: str = "1.0.0"  # QNN: the encodings file version
+    host: frozenset[str] = frozenset()  # groups the target leaves to the host (lookups)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ class ExportFormat:
 def _alls(inp: ExportInput) -> bytes:
     names = hn_layer_names(inp.hn, inp.groups) if inp.hn else None
     return export_alls(inp.plan, inp.groups, layer_names=names,
-                       force_ranges=forced_ranges(inp.groups, inp.plan, inp.encodings)
-                       ).encode("utf-8")
+                       force_ranges=forced_ranges(inp.groups, inp.plan, inp.encodings),
+                       host=inp.host).encode("utf-8")
 
 
 def _qnn(inp: ExportInput) -> bytes:

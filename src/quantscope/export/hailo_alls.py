@@ -12,6 +12,12 @@ guessed             :data:`HAILO_PREFIXES`: ``<prefix><i>`` = the i-th group (1-
                     name is marked ``# guessed name`` in the script
 ==================  ==============================================================
 
+A decision with no Hailo layer name (an op kind no prefix covers: ``Exp``, ``ReduceMax``,
+``Min`` of the ``rowscale`` Softmax, a decoder's ``RMSNormalization`` and RoPE ``Neg``) is
+written as a ``# ... NOT SET`` comment naming its op kind: the compiler would not apply it,
+and :func:`unset_decisions` is what every verdict counts. A table lookup the target leaves
+to the host (``host``) is not a compiler decision: its comment says so, without NOT SET.
+
 Script lines written (syntax as in the Hailo field reports, seeds/001 and 002)::
 
     quantization_param(*, precision_mode=a16_w8)          # non-a8_w8 plan default
@@ -146,6 +152,27 @@ def _layer(group: str, names: dict[str, tuple[str, bool]], lines: list[str]) -> 
     return name
 
 
+UNSET = "NOT SET"  # marks a plan decision the script does not carry
+GUESSED = "guessed by op order"  # in the header: the layer names are guessed
+
+
+def _unnamed(op_type: str) -> str:
+    return (f"no Hailo layer name known for its {op_type} layer: pass the parsed HN (--hn) "
+            "or set it by hand")
+
+
+def unset_decisions(text: str) -> list[str]:
+    """The decisions a script written by :func:`export_alls` does not carry (its
+    ``# ... NOT SET`` comments, without the ``#``)."""
+    return [ln.lstrip("# ") for ln in text.splitlines() if ln.startswith("#") and UNSET in ln]
+
+
+def names_guessed(text: str) -> bool:
+    """Whether the script's Hailo layer names were guessed by op order (no HN, or an HN
+    that matched nothing)."""
+    return any(ln.startswith("# layer names:") and GUESSED in ln for ln in text.splitlines())
+
+
 def export_alls(
     plan: Plan,
     groups: Groups,
@@ -153,19 +180,22 @@ def export_alls(
     layer_names: dict[str, str] | None = None,
     force_ranges: dict[str, tuple[float, float]] | None = None,
     target_label: str | None = None,
+    host: frozenset[str] = frozenset(),
 ) -> str:
-    """Hailo model script for ``plan``; ``layer_names`` maps group -> Hailo layer (exact)."""
+    """Hailo model script for ``plan``; ``layer_names`` maps group -> Hailo layer (exact);
+    ``host``: the groups the target leaves to the host (table lookups)."""
     names = _names(groups, layer_names)
+    ops = {g.name: g.op_type for g in groups.groups}
     label = target_label or plan.target or "hailo"
     lines = [
         f"# quantscope plan for {label}: default {plan.default}",
         "# layer names: "
         + (
-            "from the HN; any others guessed by op order"
+            f"from the HN; any others {GUESSED}"
             if layer_names
-            else "guessed by op order (no HN given)"
+            else f"{GUESSED} (no HN given)"
             if layer_names is None
-            else "guessed by op order: the HN given matched no node of this model (pass "
+            else f"{GUESSED}: the HN given matched no node of this model (pass "
             "the .hn parsed from this ONNX file)"
         ),
     ]
@@ -180,18 +210,25 @@ def export_alls(
                 f"group '{group}' is float, which Hailo cannot run: "
                 "choose an integer precision for it"
             )
-        if group not in names:  # e.g. an embedding Gather, which runs on the host
-            lines.append(f"# {group}: {precision} NOT SET: no Hailo layer name known for it "
-                         "(pass the parsed HN); a layer that runs on the host stays float")
+        if group in host:  # a lookup outside the compiled graph: not the compiler's
+            lines.append(f"# {group}: {precision}: runs on the host (a table lookup the "
+                         "target leaves outside the compiled graph): nothing to set")
+            continue
+        if group not in names:
+            lines.append(f"# {group}: {precision} {UNSET}: "
+                         + _unnamed(ops.get(group, "?")))
             continue
         if group in reasons:
             lines.append(f"# {group}: {reasons[group]}")
         layer = _layer(group, names, lines)
         lines.append(f"quantization_param({layer}, precision_mode={precision})")
     for group, (lo, hi) in (force_ranges or {}).items():
-        if group not in names:  # e.g. an embedding Gather, which runs on the host
-            lines.append(f"# {group}: no Hailo layer maps to it; range [{lo!r}, {hi!r}] "
-                         "not pinned")
+        if group in host:
+            lines.append(f"# {group}: runs on the host: range [{lo!r}, {hi!r}] not pinned")
+            continue
+        if group not in names:
+            lines.append(f"# {group}: pinned range [{lo!r}, {hi!r}] {UNSET}: "
+                         + _unnamed(ops.get(group, "?")))
             continue
         lines.append(f"# {group}: pinned output range")
         layer = _layer(group, names, lines)

@@ -16,7 +16,7 @@ from quantscope.export.formats import FORMATS, ExportInput, export_format
 from quantscope.export.hailo_alls import forced_ranges
 from quantscope.export.kv_prefix import plan_alls_note
 from quantscope.model.groups import find_groups
-from quantscope.model.host_gather import host_gathers
+from quantscope.model.host_gather import host_gathers, host_groups
 from quantscope.model.load import Model
 from quantscope.serde import bytes_writer, write_atomic
 from quantscope.targets import load_target
@@ -83,12 +83,20 @@ def export_plan(
     check_plan_format(plan, fmt)
     groups = find_groups(model)
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan), groups=groups)
+    host = host_groups(groups, host_gathers(model, _host_rows(plan)))
     data = entry.translate(ExportInput(plan, groups, q.encodings, q.proto, hn=hn,
-                                       qnn_version=qnn_version))
+                                       qnn_version=qnn_version, host=host))
     note = plan_alls_note(plan) if fmt == "alls" else None
     if note:  # a decoder plan with a constant KV prefix: how it reaches the device
         data = note.encode() + b"\n" + data
     return write_atomic(out, bytes_writer(data))
+
+
+def _host_rows(plan: Plan) -> int:
+    try:
+        return load_target(plan.target).host_rows if plan.target else 0
+    except QuantscopeError:
+        return 0  # a target from a TOML file, not at hand by name
 
 
 def device_io_rows(model: Model, stats: Stats, plan: Plan) -> list[dict[str, Any]]:

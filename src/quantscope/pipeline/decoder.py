@@ -60,6 +60,7 @@ VERDICT, VERDICT_TEXT = "verdict.json", "verdict.txt"
 W4, W4_PLAN = "w4.json", "plan.w4.json"
 STATS = {"prefill": "stats.prefill.npz", "decode": "stats.decode.npz"}
 PREFIX_NPZ, PREFIX_PY = "plan.prefix.npz", "plan.prefix.py"
+PHASE_ALLS = ("prefill/model.alls", "decode/model.alls")  # the export stage's, for Hailo
 
 
 @dataclass(frozen=True)
@@ -455,6 +456,7 @@ def report(ctx: DecoderContext) -> Done:
                               read_json(ctx.path(EVALUATE), "evaluation"),
                               read_json(ctx.path(REWRITE), "rewrites"),
                               read_json(ctx.path(W4), "a8_w4 variant"))
+    verdict["export_warnings"] = _export_warnings(ctx)
     text = format_decoder_verdict(verdict)
     write_json(ctx.path(VERDICT), verdict)
     write_text(ctx.path(VERDICT_TEXT), text + "\n")
@@ -464,6 +466,23 @@ def report(ctx: DecoderContext) -> Done:
         ctx.path(PLAN_TEXT).read_text(encoding="utf-8"),
         read_json(ctx.path(HOST), "host steps"), ctx.path(HOST_TEXT).read_text(encoding="utf-8")))
     return Done((VERDICT, VERDICT_TEXT, REPORT))
+
+
+def _export_warnings(ctx: DecoderContext) -> list[str]:
+    """What each phase's Hailo script does not carry (``{phase}/model.alls: group: …
+    NOT SET: …``), then the scripts whose layer names are guessed."""
+    from quantscope.export.hailo_alls import names_guessed, unset_decisions
+
+    out, guessed = [], []
+    for name in PHASE_ALLS:
+        if ctx.path(name).is_file():
+            text = ctx.path(name).read_text(encoding="utf-8")
+            out += [f"{name}: {ln}" for ln in unset_decisions(text)]
+            guessed += [name] if names_guessed(text) else []
+    if guessed:
+        out.append(f"{', '.join(guessed)}: Hailo layer names guessed by op order; check "
+                   "them against each phase's parsed HN")
+    return out
 
 
 # options absent from a stage's key while None: the keys of earlier runs stay valid
@@ -488,7 +507,7 @@ DECODER_STAGES: dict[str, DecoderStage] = {
     "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target",)),
     "host": DecoderStage(host, (PLAN, *STATS.values()), ("seq_len",)),
     "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE, W4, CANDIDATES, PLAN_TEXT, HOST,
-                                    HOST_TEXT),
+                                    HOST_TEXT, *PHASE_ALLS),
                            ("goal", "metric", "max_cost", "target", "model")),
 }
 

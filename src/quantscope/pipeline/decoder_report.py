@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantscope.analyze.prefix import after_text
+from quantscope.report.summary import unset_line
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,11 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
     if v.get("goal_text"):
         lines.append(f"  goal: {v['goal_text']}")
     lines += _w4_lines(v.get("w4") or {"asked": False})
+    unset = unset_line(v.get("export_warnings") or [], fix=(
+        "set them by hand in each phase's script, or name the layers from each phase's "
+        "parsed HN (a decoder run does not read an HN)"))
+    if unset:  # the compiler files do not carry these decisions
+        lines.append(f"  {unset}")
     lines.append(f"  ranked by {v['ranked_by']}; measured by {v['measured_by']}")
     return "\n".join(lines)
 

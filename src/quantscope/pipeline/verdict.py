@@ -9,10 +9,12 @@ feed the inputs and read the outputs (the io rows).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantscope import stages
 from quantscope.export.formats import ALWAYS, FORMATS
+from quantscope.export.hailo_alls import names_guessed, unset_decisions
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
@@ -193,16 +195,30 @@ def compiler_files(target: Target | str) -> dict[str, str]:
     return files
 
 
+def alls_files(ctx: Context) -> list[str]:
+    """The Hailo scripts the run wrote: the single plan's, then each compiled length's
+    (``deployment.json``), as paths in the run folder."""
+    files = [steps.ALLS] if ctx.path(steps.ALLS).is_file() else []
+    if ctx.path(steps.DEPLOYMENT).is_file():
+        for b in _read(ctx, steps.DEPLOYMENT).get("buckets", []):
+            name = f"{Path(b['model']).parent.as_posix()}/{steps.ALLS}"
+            if ctx.path(name).is_file():
+                files.append(name)
+    return files
+
+
 def export_warnings(ctx: Context) -> list[str]:
-    """What the vendor files do not carry: decisions with no layer name, guessed names."""
-    alls = ctx.path(steps.ALLS)
-    if not alls.is_file():
-        return []
-    lines = alls.read_text(encoding="utf-8").splitlines()
-    out = [ln.lstrip("# ") for ln in lines if "NOT SET" in ln]
-    if any("guessed by op order" in ln for ln in lines[:3]):
-        out.append(f"{steps.ALLS}: Hailo layer names guessed by op order; check them "
-                   "against the parsed HN or rerun with --hn")
+    """What the vendor files do not carry, each line led by its file: decisions with no
+    layer name (``file: group: … NOT SET: …``), then which files have guessed names."""
+    out, guessed = [], []
+    for name in alls_files(ctx):
+        text = ctx.path(name).read_text(encoding="utf-8")
+        out += [f"{name}: {ln}" for ln in unset_decisions(text)]
+        if names_guessed(text):
+            guessed.append(name)
+    if guessed:
+        out.append(f"{', '.join(guessed)}: Hailo layer names guessed by op order; check "
+                   "them against the parsed HN or rerun with --hn")
     return out
 
 

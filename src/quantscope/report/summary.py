@@ -25,6 +25,7 @@ auto_rewrites      with ``--rewrites auto``: what was tried and kept, measured o
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -325,15 +326,43 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if tb:  # the search stopped on --budget: the plan is the best measured so far
         lines.append(f"  budget: {tb['note']}")
     lines.append(_compile_line(v, dep))
-    unset = [w for w in v.get("export_warnings", []) if "NOT SET" in w]
+    unset = unset_line(v.get("export_warnings", []),
+                       {"model.alls": "the single plan"} if dep is not None else {})
     if unset:  # the vendor file does not carry these decisions: the compile would not either
-        lines.append(f"  warning: {len(unset)} plan decision(s) NOT SET in the compiler file "
-                     "(no vendor layer name known for them, e.g. layers a rewrite made): give "
-                     "the parsed HN (--hn) or set them by hand; the list is in verdict.json")
+        lines.append(f"  {unset}")
     for step in v.get("host_steps", [])[:3]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return lines
+
+
+HN_FIX = "give the parsed HN (--hn) or set them by hand"
+
+
+def unset_line(warnings: list[str], roles: dict[str, str] | None = None, *,
+               listed: str = "the list is in verdict.json", fix: str = HN_FIX) -> str | None:
+    """One line for the decisions the compiler files do not carry (the ``NOT SET`` lines of
+    a verdict's ``export_warnings``, each led by its file): how many, in which file
+    (``roles``: what a file is, e.g. the single plan), and which op kinds lack a layer
+    name; ``listed``: where the user finds them, ``fix``: what to do; None when there are
+    none."""
+    unset = [w for w in warnings if "NOT SET" in w]
+    if not unset:
+        return None
+    files: Counter[str] = Counter()
+    ops: set[str] = set()
+    for w in unset:
+        head = w.split(": ", 1)[0]
+        if head.endswith(".alls"):
+            files[head] += 1
+        ops.update(re.findall(r"for its (\S+) layer", w))
+    where = ", ".join(f"{f}{' (' + roles[f] + ')' if roles and f in roles else ''}: {n}"
+                      for f, n in files.items())
+    kinds = (f"no Hailo layer name is known for {', '.join(sorted(ops))} layers"
+             if ops else "no vendor layer name is known for them")
+    return (f"warning: {len(unset)} plan decision(s) NOT SET in the compiler file"
+            + (f"s ({where})" if len(files) > 1 else f" ({where})" if files else "")
+            + f": {kinds}, so the compiler would not apply them; {fix} ({listed})")
 
 
 def _reaches(v: dict[str, Any], value: Any) -> bool:
