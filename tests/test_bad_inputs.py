@@ -421,6 +421,9 @@ CASES: list[tuple[str, list[str], str]] = [
                                  "nope", "--out", "{out}/w"], "--force"),
     ("run-missing-data", ["run", M, "--data", "{ws}/nope.npz", "--target", "hailo8",
                           "--out", "{out}/w"], "does not exist"),
+    ("run-decoder-option-on-an-encoder", ["run", M, "--data", X, "--target", "hailo8",
+                                          "--prompts", "4", "--out", "{out}/w"],
+     "--prompts: for a decoder LLM's run only"),
     ("demo-on-non-text-model", ["demo", "--model", M], "sentence-encoder"),
     # -- the command line itself
     ("calibrate-unknown-method", [*CAL, "--method", "best", "--out", "{out}/s.npz"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import onnxruntime as ort
@@ -12,6 +13,7 @@ from decoder_tiny import run_cli as _run
 
 from quantscope.analyze.prefix import after_text
 from quantscope.cli import main
+from quantscope.export.hailo_alls import unset_decisions
 from quantscope.pipeline.decoder_report import host_text
 from quantscope.pipeline.manifest import file_digest
 
@@ -71,7 +73,7 @@ def test_decoder_run_writes_each_phase_and_the_host_steps(ran) -> None:
     assert all(per.values()) and sum(per.values()) == len(unset)
     assert f"warning: {len(unset)} plan decision(s) NOT SET in the compiler files " \
            f"(prefill/model.alls: {per['prefill']}, decode/model.alls: {per['decode']})" in printed
-    assert "RMSNormalization" in printed and "a decoder run does not read an HN" in printed
+    assert "RMSNormalization" in printed and "(--phase-hn prefill=P.hn --phase-hn decode=D.hn)" in printed
 
 
 @pytest.mark.slow
@@ -118,6 +120,32 @@ def test_decoder_rerun_skips_every_stage_and_force_reruns_from_one(ran) -> None:
     assert (out / "verdict.json").read_bytes() == verdict
 
 
+def test_decoder_run_names_a_phase_layers_from_its_parsed_hn(ran, tmp_path) -> None:
+    """--phase-hn prefill=HN: the prefill script takes that HN's exact name for a layer no
+    guess names (an RMSNormalization), one NOT SET fewer; only export and the report run
+    again (a copy of the run folder)."""
+    _, out, _, args, _ = ran
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    unset = unset_decisions((copy / "prefill" / "model.alls").read_text())
+    norm = next(ln.split(":")[0] for ln in unset if "RMSNormalization" in ln)
+    hn = tmp_path / "prefill.hn"
+    hn.write_text(json.dumps({"name": "p", "layers": {
+        "p/layer_normalization7": {"type": "layer_normalization", "original_names": [norm]}}}))
+    at = args.index("--out")
+    code, printed = _run([*args[:at], "--out", str(copy), "--phase-hn", f"prefill={hn}"])
+    assert code == 0 and "stages run: export, report;" in printed
+    text = (copy / "prefill" / "model.alls").read_text()
+    assert "quantization_param(layer_normalization7, precision_mode=a16_w16)" in text
+    assert "from the HN; any others guessed by op order" in text
+    assert len(unset_decisions(text)) == len(unset) - 1
+    assert (copy / "decode" / "model.alls").read_text() == (
+        out / "decode" / "model.alls").read_text()
+    verdict = json.loads((copy / "verdict.json").read_text())
+    assert sum(w.startswith("prefill/model.alls: ") and "NOT SET" in w
+               for w in verdict["export_warnings"]) == len(unset) - 1
+
+
 @pytest.mark.parametrize("extra, words", [
     (["--lengths", "64"], "--lengths: not for a decoder LLM's run"),
     (["--rank-engine", "torch", "--headsplit"], "--rank-engine, --headsplit: not for"),
@@ -126,9 +154,14 @@ def test_decoder_rerun_skips_every_stage_and_force_reruns_from_one(ran) -> None:
     (["--metric", "sqnr_db"], "is not a decoder's"),
     (["--rewrites", "tokensplit"], "is an encoder rewrite"),
     (["--data", "faces"], "stdlib-docs text only"),
+    (["--phase-hn", "middle=HN"], "the phases are prefill and decode"),
+    (["--phase-hn", "prefill=HN"], "has no 'layers' table"),
+    (["--phase-hn", "prefill"], "is not PHASE=HN"),
 ])
 def test_decoder_run_refuses_what_it_cannot_do(tmp_path, capsys, extra, words) -> None:
     model = byte_decoder(tmp_path)
+    (tmp_path / "x.hn").write_text('{"nodes": []}')  # JSON, but no parsed HN
+    extra = [a.replace("HN", str(tmp_path / "x.hn")) for a in extra]
     before = {p.name: file_digest(p) for p in tmp_path.iterdir()}
     args = ["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h", "--out",
             str(tmp_path / "run")]

@@ -141,6 +141,11 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
                    help="also measure the chosen plan with its a8_w8 weights at a8_w4 "
                    "(GPTQ-rounded; decode reads every weight per token): 'on' (default), "
                    "'off'")
+    g.add_argument("--phase-hn", action="append", type=phase_hn, metavar="PHASE=HN",
+                   help="a phase graph's parsed HN JSON (exact Hailo layer names in that "
+                   "phase's .alls): --phase-hn prefill=P.hn, --phase-hn decode=D.hn; "
+                   "without it the names are guessed by op order and decisions on op kinds "
+                   "no guess names (RMSNormalization, Neg) are NOT SET")
     for flag, value, what in (
             ("--lm-tokens", 20_000, "predicted tokens of held-out text for the prefill "
              "figures"),
@@ -150,10 +155,14 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
         g.add_argument(flag, type=positive_int, default=value, help=f"{what} (default {value})")
 
 
+# the decoder group's options: an encoder's run refuses them (given, not at the default)
+DECODER_ONLY = frozenset({"prefix", "w4", "lm_tokens", "prompts", "new_tokens",
+                          "decode_steps", "phase_hn"})
 # the run options a decoder's run reads; any other given (not at its default) is refused
 DECODER_OPTIONS = frozenset({"model", "data", "target", "goal", "max_cost", "metric", "seq_len",
                              "rewrites", "prefix", "lm_tokens", "prompts", "new_tokens",
-                             "decode_steps", "w4", "force", "folder", "help", "run_parser"})
+                             "decode_steps", "w4", "phase_hn", "force", "folder", "help",
+                             "run_parser"})
 
 
 def _cmd_run_decoder(args: argparse.Namespace) -> int:
@@ -184,13 +193,23 @@ def _cmd_run_decoder(args: argparse.Namespace) -> int:
                           max_cost=args.max_cost or 1.5, seq_len=args.seq_len,
                           rewrites=rewrites, search=search, prefix=args.prefix, tokens=args.lm_tokens,
                           prompts=args.prompts, new_tokens=args.new_tokens,
-                          decode_steps=args.decode_steps, w4=args.w4 == "on")
+                          decode_steps=args.decode_steps, w4=args.w4 == "on",
+                          hn=tuple(args.phase_hn) if args.phase_hn else None)
     out = run_decoder(opts, force=args.force, progress=True)
     print(format_decoder_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "
           f"{', '.join(out.skipped) or 'none'}; files in {out.folder}/ (report.html, "
           "verdict.txt, host.md, prefill/, decode/)")
     return 0
+
+
+def phase_hn(text: str) -> tuple[str, str]:
+    """``--phase-hn PHASE=FILE``: (phase, path of an existing file)."""
+    phase, sep, path = text.partition("=")
+    if not sep or not path:
+        raise argparse.ArgumentTypeError(f"'{text}' is not PHASE=HN: give e.g. "
+                                         "prefill=prefill.hn")
+    return phase.strip(), str(input_file("HN", "pass the phase's parsed .hn JSON")(path))
 
 
 def run_lengths(text: str) -> str:
@@ -303,6 +322,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if is_decoder(args.model):
         return _cmd_run_decoder(args)
+    parser = args.run_parser
+    given = [a.option_strings[0] for a in parser._actions
+             if a.dest in DECODER_ONLY and getattr(args, a.dest, None) != parser.get_default(a.dest)]
+    if given:
+        raise QuantscopeError(f"{', '.join(given)}: for a decoder LLM's run only (model "
+                              f"'{args.model}' is not a prefill/decode pair): drop "
+                              f"{'it' if len(given) == 1 else 'them'}")
     repairs = {} if args.repairs is None else {
         "repairs": () if args.repairs == "none" else tuple(args.repairs.split(",")),
         "repairs_given": True}

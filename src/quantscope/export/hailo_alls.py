@@ -92,7 +92,7 @@ def short_layer_name(name: str) -> str:
 
 def hn_layers(hn: dict[str, Any]) -> dict[str, tuple[str, ...]]:
     """Hailo layer (short name) -> its ONNX original names, from a parsed HN JSON dict."""
-    layers = hn.get("layers")
+    layers = hn.get("layers") if isinstance(hn, dict) else None
     if not isinstance(layers, dict):
         raise QuantscopeError(
             "HN JSON has no 'layers' table: pass the .hn file of the parsed model"

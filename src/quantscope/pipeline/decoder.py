@@ -84,6 +84,9 @@ class DecoderOptions:
     new_tokens: int = 64
     decode_steps: int = 256
     w4: bool = True  # also measure the plan with its a8_w8 weights at a8_w4 (GPTQ)
+    # --phase-hn: (phase, parsed HN file) pairs, each phase's exact Hailo layer names for
+    # its .alls (None: guessed by op order; absent from the export stage's key)
+    hn: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.rewrites is None:
@@ -93,6 +96,7 @@ class DecoderOptions:
 
     def check(self) -> None:
         """The options together, before any file is opened: one line per mistake."""
+        from quantscope.serde import read_json
         from quantscope.stages_llm import RECIPE
         from quantscope.targets import load_target
 
@@ -107,6 +111,16 @@ class DecoderOptions:
                                   "token chunks, so their gated products are 16 bit), a "
                                   f"comma list of {', '.join(RECIPE)}, none, or "
                                   "search (those steps chosen by measurement)")
+        for phase, path in self.hn or ():
+            if phase not in ("prefill", "decode"):
+                raise QuantscopeError(f"--phase-hn {phase}=...: the phases are prefill and "
+                                      "decode: give --phase-hn prefill=P.hn and/or "
+                                      "--phase-hn decode=D.hn")
+            doc = read_json(path, f"{phase} HN")
+            if not isinstance(doc, dict) or not isinstance(doc.get("layers"), dict):
+                raise QuantscopeError(f"--phase-hn {phase}={path} has no 'layers' table: "
+                                      f"pass the .hn JSON the Dataflow Compiler parsed from "
+                                      f"the run's {phase}/model.onnx")
         if self.goal is None:
             return
         m = METRICS[self.metric]
@@ -354,7 +368,7 @@ def export(ctx: DecoderContext) -> Done:
 
     from quantscope.export.plan_export import export_plan
     from quantscope.pipeline.steps import ALWAYS, QDQ, formats
-    from quantscope.serde import read_stats
+    from quantscope.serde import read_json, read_stats
     from quantscope.stages_llm import open_phase, recorded_prefix
     from quantscope.tasks.lm_phases import release_memory
     from quantscope.zoo.cache import write_atomic
@@ -375,8 +389,10 @@ def export(ctx: DecoderContext) -> Done:
         ctx.say(f"[export] {phase}: the QDQ model"
                 + "".join(f", {name}" for _, name in formats(ctx.opts.target))
                 + ", the float graph …")
+        hn = dict(ctx.opts.hn or ()).get(phase)
         for fmt, name in [(ALWAYS, QDQ), *formats(ctx.opts.target)]:
-            export_plan(model, stats, plan_.for_phase(phase), fmt=fmt, out=sub / name)
+            export_plan(model, stats, plan_.for_phase(phase), fmt=fmt, out=sub / name,
+                        hn=read_json(hn, "HN") if hn else None)
             files.append(f"{phase}/{name}")
             release_memory()
         # last: saving with external data moves the weights out of the graph in memory
@@ -481,12 +497,12 @@ def _export_warnings(ctx: DecoderContext) -> list[str]:
             guessed += [name] if names_guessed(text) else []
     if guessed:
         out.append(f"{', '.join(guessed)}: Hailo layer names guessed by op order; check "
-                   "them against each phase's parsed HN")
+                   "them against each phase's parsed HN or rerun with --phase-hn")
     return out
 
 
 # options absent from a stage's key while None: the keys of earlier runs stay valid
-UNKEYED_WHEN_NONE = ("rewrite_search",)
+UNKEYED_WHEN_NONE = ("rewrite_search", "hn")
 
 
 @dataclass(frozen=True)
@@ -504,7 +520,7 @@ DECODER_STAGES: dict[str, DecoderStage] = {
                              ("seq_len", "tokens", "prompts", "new_tokens", "decode_steps")),
     "w4": DecoderStage(w4, (REWRITE, PLAN, *STATS.values()), ("w4", "seq_len", "tokens", "prompts",
                                               "new_tokens", "decode_steps")),
-    "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target",)),
+    "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target", "hn")),
     "host": DecoderStage(host, (PLAN, *STATS.values()), ("seq_len",)),
     "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE, W4, CANDIDATES, PLAN_TEXT, HOST,
                                     HOST_TEXT, *PHASE_ALLS),

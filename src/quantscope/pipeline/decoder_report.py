@@ -142,8 +142,8 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
         lines.append(f"  goal: {v['goal_text']}")
     lines += _w4_lines(v.get("w4") or {"asked": False})
     unset = unset_line(v.get("export_warnings") or [], fix=(
-        "set them by hand in each phase's script, or name the layers from each phase's "
-        "parsed HN (a decoder run does not read an HN)"))
+        "give each phase's parsed HN (--phase-hn prefill=P.hn --phase-hn decode=D.hn) or "
+        "set them by hand"))
     if unset:  # the compiler files do not carry these decisions
         lines.append(f"  {unset}")
     lines.append(f"  ranked by {v['ranked_by']}; measured by {v['measured_by']}")
