@@ -20,7 +20,7 @@ graph. Variants:
                        ``~`` repeats (``base~proj=mse~kv=mse``)
 =====================  ==============================================================
 
-Classes (by group name): see :data:`CLASSES`.
+Classes (by group name): :data:`quantscope.model.lm_classes.CLASSES`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 from quantscope.model.groups import find_groups
+from quantscope.model.lm_classes import members
 from quantscope.plan.phase_search import candidate_plans, rank_by_range
 from quantscope.stages_llm import (
     LmSetup,
@@ -46,26 +47,6 @@ from quantscope.targets import load_target
 from quantscope.tasks.lm import NextToken
 from quantscope.tasks.lm_phases import _emulated, calibrate_phases, release_memory, runner
 from quantscope.types import Plan, Precision
-
-CLASSES = {
-    "scores": r"\.attn\.scores$", "softmax": r"\.attn\.softmax$",
-    "context": r"\.attn\.context$", "gated": r"\.mlp\.gated$",
-    "rope": r"\.attn\.[qk]\.(neg|rotate|cos|rope)$", "kv": r"\.attn\.[kv]_cache$",
-    "q": r"\.q_proj$", "k": r"\.k_proj$", "v": r"\.v_proj$", "o": r"\.o_proj$",
-    "gate": r"\.gate_proj$", "up": r"\.up_proj$", "down": r"\.down_proj$",
-    "residual": r"_residual$", "norm": r"(_norm|^norm)$", "embed": r"^embed$",
-    "lm_head": r"^lm_head$",
-}
-CLASSES["attn"] = "|".join(CLASSES[k] for k in ("scores", "softmax", "context"))
-CLASSES["proj"] = "|".join(CLASSES[k] for k in ("q", "k", "v", "o", "gate", "up", "down"))
-
-
-def members(names: list[str], cls: str) -> list[str]:
-    """The groups of ``cls``; ``cls.3.7`` only those of layers 3 and 7."""
-    cls, *layers = cls.split(".")
-    # a group split along the tokens (gatedsplit: ``<g>/tok<i>``, ``<g>/concat``) is its class
-    picked = [n for n in names if re.search(CLASSES[cls], re.sub(r"/(tok\d+|concat)$", "", n))]
-    return [n for n in picked if n.split(".")[1] in layers] if layers else picked
 
 
 def variant(label: str, names: list[str], base: Plan, target: str,
