@@ -74,12 +74,13 @@ AMOUNTS = ["--lm-tokens", "300", "--prompts", "4", "--new-tokens", "16", "--deco
 
 def searched_run(folder: Path) -> tuple[Path, str, list[str]]:
     """``run <decoder> --rewrites search`` (four plan searches: the test modules that read
-    one share it, conftest.searched_decoder) in ``folder/run`` (with a goal and the ``w4`` stage, so the report
-    has every section): its folder, what it printed and its arguments."""
+    one share it, conftest.searched_decoder) in ``folder/run`` (with a goal, the ``w4`` stage
+    and ``--whatif``, so the report has every section): its folder, what it printed and its
+    arguments."""
     model = byte_decoder(folder)
     out = folder / "run"
     args = ["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h", "--goal",
-            "1.5", "--seq-len", str(SEQ), "--rewrites", "search", *AMOUNTS,
+            "1.5", "--seq-len", str(SEQ), "--rewrites", "search", *AMOUNTS, "--whatif",
             "--out", str(out)]
     code, printed = run_cli(args)
     assert code == 0, printed

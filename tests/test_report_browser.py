@@ -204,13 +204,14 @@ def test_decoder_run_report_fits_with_the_verdict_first_and_images_decode(decode
     dom = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri()).stdout
     sizes = json.loads(unescape(re.search(r'<pre id="qs-images">(.*?)</pre>', dom, re.S)
                                 .group(1)))
-    assert len(sizes) == 2 and all(w > 0 and h > 0 for _, w, h in sizes), sizes
+    assert len(sizes) == 3 and all(w > 0 and h > 0 for _, w, h in sizes), sizes  # + whatif
     text = unescape(decoder_report.read_text())
     # the chosen candidate (on the tiny random decoder act16 and act16+w16 are within
     # noise of each other: which one wins is not what this checks)
     assert re.search(r"act16[\w+]* \(chosen\)", text) and "prefill: present.0.key" in text
     assert "Load the constant KV prefix" in text and "a8_w4 (GPTQ)" in text
     assert "<h2>Rewrites searched</h2>" in text and "rotate, smooth, gatedsplit" in text
+    assert "<h2>What if</h2>" in text and "decode not quantized" in text
 
 
 def test_demo_report_fits_and_says_what_to_do_next(demo_report, tmp_path):

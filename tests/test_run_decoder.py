@@ -15,7 +15,9 @@ from quantscope.analyze.prefix import after_text
 from quantscope.cli import main
 from quantscope.export.hailo_alls import unset_decisions
 from quantscope.pipeline.decoder_report import host_text
+from quantscope.pipeline.decoder_whatif import variants
 from quantscope.pipeline.manifest import file_digest
+from quantscope.types import PHASE_OVERRIDES, Plan, Precision
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +146,52 @@ def test_decoder_run_names_a_phase_layers_from_its_parsed_hn(ran, tmp_path) -> N
     verdict = json.loads((copy / "verdict.json").read_text())
     assert sum(w.startswith("prefill/model.alls: ") and "NOT SET" in w
                for w in verdict["export_warnings"]) == len(unset) - 1
+
+
+def test_decoder_whatif_measures_and_checks_each_variant(ran, tmp_path) -> None:
+    """--whatif on a copy of the run: the plan with each class lifted (and decode not
+    quantized), measured and checked; the rows that share a phase plan share its figures,
+    float is illegal on the target, the plan itself ships at its costs."""
+    _, out, _, args, _ = ran
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    at = args.index("--out")
+    code, printed = _run([*args[:at], "--out", str(copy), "--whatif"])
+    assert code == 0 and "stages run: whatif, report;" in printed
+    doc = json.loads((copy / "whatif.json").read_text())
+    rows = {r["label"]: r for r in doc["variants"]}
+    assert {"plan", "all16", "decode-float", "prefill16-decode-float"} <= set(rows)
+    assert all(k.startswith("+") for k in set(rows) - {"plan", "all16", "decode-float",
+                                                       "prefill16-decode-float"})
+    verdict = json.loads((copy / "verdict.json").read_text())
+    assert rows["plan"]["ships"] and rows["plan"]["costs"] == pytest.approx(verdict["costs"])
+    for same, base in (("decode-float", "plan"), ("prefill16-decode-float", "all16")):
+        for k in ("ppl_ratio", "top1_agreement"):  # the same prefill plan, the same windows
+            assert rows[same]["figures"][k] == rows[base]["figures"][k]
+    assert "precision.not_allowed" in rows["decode-float"]["rules"]
+    assert not rows["decode-float"]["ships"]
+    assert "  whatif (--whatif, " in printed and "decode-float: decode not quantized" in printed
+    page = (copy / "report.html").read_text()
+    assert "<h2>What if</h2>" in page and 'alt="whatif: each variant' in page
+    reach = verdict["whatif"]["reach"]  # --goal 1.5 on ppl_ratio: the plan reaches it
+    assert "plan" in reach["reach"] and "plan" in reach["ship"]
+    assert (out / "verdict.json").read_text() != (copy / "verdict.json").read_text()
+
+
+def test_whatif_variants_lift_a_class_in_both_phases_over_the_phase_overrides() -> None:
+    names = {"prefill": ["layers.0.attn.scores", "layers.0.mlp.up_proj"],
+             "decode": ["layers.0.attn.scores", "layers.0.mlp.up_proj"]}
+    plan = Plan(default=Precision.A8_W8, target="hailo10h", meta=(
+        (PHASE_OVERRIDES, json.dumps({"decode": {"layers.0.mlp.up_proj": "a16_w8"}})),))
+    got = {label: per for label, _, per in variants(plan, names)}
+    assert got["plan"]["decode"].precision_of("layers.0.mlp.up_proj") is Precision.A16_W8
+    for phase in ("prefill", "decode"):
+        lifted = got["+proj"][phase]
+        assert lifted.precision_of("layers.0.mlp.up_proj") is Precision.A16_W16
+        assert lifted.for_phase(phase) == lifted  # no phase entry left to undo it
+        assert lifted.precision_of("layers.0.attn.scores") is Precision.A8_W8
+    assert got["decode-float"]["decode"].precision_of("layers.0.attn.scores") is Precision.FLOAT
+    assert got["decode-float"]["prefill"] == got["plan"]["prefill"]
 
 
 @pytest.mark.parametrize("extra, words", [

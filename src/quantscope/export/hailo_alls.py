@@ -173,6 +173,20 @@ def names_guessed(text: str) -> bool:
     return any(ln.startswith("# layer names:") and GUESSED in ln for ln in text.splitlines())
 
 
+def script_warnings(scripts: dict[str, str], *, hn_option: str = "--hn") -> list[str]:
+    """What scripts (name -> text) do not carry, each line led by its script's name:
+    their NOT SET decisions, then which scripts have guessed layer names."""
+    out, guessed = [], []
+    for name, text in scripts.items():
+        out += [f"{name}: {ln}" for ln in unset_decisions(text)]
+        if names_guessed(text):
+            guessed.append(name)
+    if guessed:
+        out.append(f"{', '.join(guessed)}: Hailo layer names guessed by op order; check "
+                   f"them against the parsed HN or rerun with {hn_option}")
+    return out
+
+
 def export_alls(
     plan: Plan,
     groups: Groups,

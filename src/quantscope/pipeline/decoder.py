@@ -49,6 +49,7 @@ from quantscope.pipeline.decoder_report import (
     decoder_verdict,
     format_decoder_verdict,
     host_text,
+    whatif_summary,
 )
 from quantscope.pipeline.manifest import Manifest, file_digest, stage_key
 from quantscope.types import QuantscopeError
@@ -61,6 +62,7 @@ W4, W4_PLAN = "w4.json", "plan.w4.json"
 STATS = {"prefill": "stats.prefill.npz", "decode": "stats.decode.npz"}
 PREFIX_NPZ, PREFIX_PY = "plan.prefix.npz", "plan.prefix.py"
 PHASE_ALLS = ("prefill/model.alls", "decode/model.alls")  # the export stage's, for Hailo
+WHATIF = "whatif.json"  # the whatif stage's (pipeline/decoder_whatif.py)
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class DecoderOptions:
     # --phase-hn: (phase, parsed HN file) pairs, each phase's exact Hailo layer names for
     # its .alls (None: guessed by op order; absent from the export stage's key)
     hn: tuple[tuple[str, str], ...] | None = None
+    whatif: bool = False  # --whatif: the plan's classes lifted, measured and checked
 
     def __post_init__(self) -> None:
         if self.rewrites is None:
@@ -360,6 +363,20 @@ def w4(ctx: DecoderContext) -> Done:
     return Done((W4, W4_PLAN))
 
 
+def whatif(ctx: DecoderContext) -> Done:
+    """``--whatif``: the plan's variants measured and checked (:mod:`.decoder_whatif`);
+    without it ``{"asked": false}``."""
+    from quantscope.pipeline.decoder_whatif import measure_whatif
+    from quantscope.serde import json_writer, write_atomic_set
+
+    doc: dict[str, Any] = {"asked": False}
+    if ctx.opts.whatif:
+        doc = measure_whatif(ctx.spec(), ctx.plan(), ctx.stats(), ctx.opts.phases_setup(),
+                             target=ctx.opts.target, max_cost=ctx.opts.max_cost, say=ctx.say)
+    write_atomic_set([(ctx.path(WHATIF), json_writer(doc))])
+    return Done((WHATIF,))
+
+
 def export(ctx: DecoderContext) -> Done:
     """Per phase ``{phase}/``: ``model.onnx`` (float, weights in ``model.onnx.data``: what
     the compiler parses; prefill with the prefix in its cache), ``model.qdq.onnx`` and the
@@ -465,6 +482,7 @@ def _open_exported(ctx: DecoderContext, phase: str) -> Any:
 
 
 def report(ctx: DecoderContext) -> Done:
+    from quantscope.export.hailo_alls import script_warnings
     from quantscope.report.decoder import decoder_report_html
     from quantscope.serde import read_json, write_json, write_text
 
@@ -472,7 +490,11 @@ def report(ctx: DecoderContext) -> Done:
                               read_json(ctx.path(EVALUATE), "evaluation"),
                               read_json(ctx.path(REWRITE), "rewrites"),
                               read_json(ctx.path(W4), "a8_w4 variant"))
-    verdict["export_warnings"] = _export_warnings(ctx)
+    verdict["export_warnings"] = script_warnings(
+        {n: ctx.path(n).read_text(encoding="utf-8") for n in PHASE_ALLS if ctx.path(n).is_file()},
+        hn_option="--phase-hn")
+    if ctx.path(WHATIF).is_file():
+        verdict["whatif"] = whatif_summary(read_json(ctx.path(WHATIF), "whatif"), ctx.opts)
     text = format_decoder_verdict(verdict)
     write_json(ctx.path(VERDICT), verdict)
     write_text(ctx.path(VERDICT_TEXT), text + "\n")
@@ -482,23 +504,6 @@ def report(ctx: DecoderContext) -> Done:
         ctx.path(PLAN_TEXT).read_text(encoding="utf-8"),
         read_json(ctx.path(HOST), "host steps"), ctx.path(HOST_TEXT).read_text(encoding="utf-8")))
     return Done((VERDICT, VERDICT_TEXT, REPORT))
-
-
-def _export_warnings(ctx: DecoderContext) -> list[str]:
-    """What each phase's Hailo script does not carry (``{phase}/model.alls: group: …
-    NOT SET: …``), then the scripts whose layer names are guessed."""
-    from quantscope.export.hailo_alls import names_guessed, unset_decisions
-
-    out, guessed = [], []
-    for name in PHASE_ALLS:
-        if ctx.path(name).is_file():
-            text = ctx.path(name).read_text(encoding="utf-8")
-            out += [f"{name}: {ln}" for ln in unset_decisions(text)]
-            guessed += [name] if names_guessed(text) else []
-    if guessed:
-        out.append(f"{', '.join(guessed)}: Hailo layer names guessed by op order; check "
-                   "them against each phase's parsed HN or rerun with --phase-hn")
-    return out
 
 
 # options absent from a stage's key while None: the keys of earlier runs stay valid
@@ -520,10 +525,12 @@ DECODER_STAGES: dict[str, DecoderStage] = {
                              ("seq_len", "tokens", "prompts", "new_tokens", "decode_steps")),
     "w4": DecoderStage(w4, (REWRITE, PLAN, *STATS.values()), ("w4", "seq_len", "tokens", "prompts",
                                               "new_tokens", "decode_steps")),
+    "whatif": DecoderStage(whatif, (REWRITE, PLAN, *STATS.values()),
+                           ("whatif", "seq_len", "decode_steps", "target", "max_cost")),
     "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target", "hn")),
     "host": DecoderStage(host, (PLAN, *STATS.values()), ("seq_len",)),
     "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE, W4, CANDIDATES, PLAN_TEXT, HOST,
-                                    HOST_TEXT, *PHASE_ALLS),
+                                    HOST_TEXT, WHATIF, *PHASE_ALLS),
                            ("goal", "metric", "max_cost", "target", "model")),
 }
 

@@ -5,6 +5,7 @@ standard error, each phase's cost, the a8_w4 variant, and what the host does."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ METRICS: dict[str, Metric] = {
                                "greedy tokens matching FP32's (matched prefix)"),
 }
 DEFAULT_METRIC = "ppl_ratio"
+WHATIF_FIGURES = ("ppl_ratio", "top1_agreement", "decode_top1")  # --whatif: no greedy prompts
 
 
 def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, Any],
@@ -79,6 +81,52 @@ def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, A
         f" (over the cap {opts.max_cost:g}x: {', '.join(over)})" if over
         else f" (within {opts.max_cost:g}x)")
     return out
+
+
+def whatif_summary(doc: dict[str, Any], opts: Any) -> dict[str, Any]:
+    """``whatif.json`` for the verdict, with which variants reach ``--goal`` on
+    ``--metric`` (a whatif figure) and which of those ship (legal on both phases within
+    the cap)."""
+    if not doc.get("asked"):
+        return {"asked": False}
+    out = {**doc, "reach": None}
+    if opts.goal is not None and opts.metric in WHATIF_FIGURES:
+        higher = METRICS[opts.metric].higher
+        hit = [r for r in doc["variants"] if (r["figures"][opts.metric]["value"] >= opts.goal
+                                              if higher else
+                                              r["figures"][opts.metric]["value"] <= opts.goal)]
+        out["reach"] = {"metric": opts.metric, "goal": opts.goal,
+                        "reach": [r["label"] for r in hit],
+                        "ship": [r["label"] for r in hit if r["ships"]]}
+    return out
+
+
+def _whatif_lines(w: dict[str, Any]) -> list[str]:
+    """The verdict's whatif table: per variant its figures (± standard error) and whether
+    it ships (legal on both phases within the cap), then who reaches the goal."""
+    if not w.get("asked"):
+        return []
+    s = w["setup"]
+    lines = [f"  whatif (--whatif, {s['evaluation']} windows, {s['evaluation'] * s['steps']} "
+             "decode steps; each variant checked, not required to pass; ± one standard error):"]
+    for r in w["variants"]:
+        figs = "  ".join(f"{k} {f['value']:.4f} ± {f['se']:.4f}" for k, f in r["figures"].items())
+        cost = " / ".join(f"{c:.2f}x" if math.isfinite(c) else "float" for c in r["costs"].values())
+        status = ("ships" if r["ships"] else f"illegal ({', '.join(r['rules'])})" if r["rules"]
+                  else f"over {w['max_cost']:g}x")
+        lines.append(f"    {r['label']:<23} {figs}  {status}, cost {cost}")
+    lines.append("    (" + "; ".join(f"{r['label']}: {r['what']}" for r in w["variants"][1:]) + ")")
+    reach = w.get("reach")
+    if reach:
+        op = ">=" if METRICS[reach["metric"]].higher else "<="
+        ship = reach["ship"]
+        lines.append(f"    goal {reach['metric']} {op} {reach['goal']:g}: "
+                     + ("reached by no variant" if not reach["reach"] else
+                        f"reached by {', '.join(reach['reach'])}; "
+                        + (f"of them {', '.join(ship)} ship{'s' if len(ship) == 1 else ''} "
+                           "(legal on both phases within the cap)" if ship
+                           else "none of them is legal on both phases within the cap")))
+    return lines
 
 
 def _w4_summary(doc: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +189,7 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
     if v.get("goal_text"):
         lines.append(f"  goal: {v['goal_text']}")
     lines += _w4_lines(v.get("w4") or {"asked": False})
+    lines += _whatif_lines(v.get("whatif") or {"asked": False})
     unset = unset_line(v.get("export_warnings") or [], fix=(
         "give each phase's parsed HN (--phase-hn prefill=P.hn --phase-hn decode=D.hn) or "
         "set them by hand"))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantscope import stages
 from quantscope.export.formats import ALWAYS, FORMATS
-from quantscope.export.hailo_alls import names_guessed, unset_decisions
+from quantscope.export.hailo_alls import script_warnings
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
@@ -210,16 +210,8 @@ def alls_files(ctx: Context) -> list[str]:
 def export_warnings(ctx: Context) -> list[str]:
     """What the vendor files do not carry, each line led by its file: decisions with no
     layer name (``file: group: … NOT SET: …``), then which files have guessed names."""
-    out, guessed = [], []
-    for name in alls_files(ctx):
-        text = ctx.path(name).read_text(encoding="utf-8")
-        out += [f"{name}: {ln}" for ln in unset_decisions(text)]
-        if names_guessed(text):
-            guessed.append(name)
-    if guessed:
-        out.append(f"{', '.join(guessed)}: Hailo layer names guessed by op order; check "
-                   "them against the parsed HN or rerun with --hn")
-    return out
+    return script_warnings({n: ctx.path(n).read_text(encoding="utf-8")
+                            for n in alls_files(ctx)})
 
 
 def format_verdict(v: dict[str, Any]) -> str:

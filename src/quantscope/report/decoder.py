@@ -97,6 +97,37 @@ def search_section(search: dict[str, Any]) -> str:
                       "plan", "kept", "why"], rows))
 
 
+def whatif_section(w: dict[str, Any], verdict: dict[str, Any]) -> str:
+    """``--whatif``: each variant's figures (± 2 SE; green: legal on both phases within the
+    cap), the goal where its metric is one of them, and the table."""
+    plt = pyplot()
+    rows = w["variants"]
+    names = list(rows[0]["figures"])
+    fig, axes = plt.subplots(1, len(names), figsize=(10, 0.45 * len(rows) + 1.2), sharey=True)
+    for ax, name in zip(axes, names, strict=True):
+        ax.barh([r["label"] for r in rows], [r["figures"][name]["value"] for r in rows],
+                xerr=[2 * r["figures"][name]["se"] for r in rows], capsize=3,
+                color=["#2ca02c" if r["ships"] else "#aaaaaa" for r in rows])
+        if verdict.get("metric") == name and verdict.get("goal"):
+            ax.axvline(verdict["goal"], color="#d62728", ls="--", lw=1)
+        ax.set_title(METRIC_LABELS[name], fontsize=9)
+        ax.tick_params(labelsize=8)
+    axes[0].invert_yaxis()
+    fig.tight_layout()
+    s = w["setup"]
+    table = _table(["variant", "what", *names, "costs (prefill / decode)", "ships"], [
+        [r["label"], r["what"], *(f"{r['figures'][n]['value']:.4f} ± {r['figures'][n]['se']:.4f}"
+                                  for n in names),
+         " / ".join(f"{c:.2f}x" if math.isfinite(c) else "float" for c in r["costs"].values()),
+         "yes" if r["ships"] else ", ".join(r["rules"]) or f"over {w['max_cost']:g}x"]
+        for r in rows])
+    return (f"<h2>What if</h2><p>The plan with one class of groups changed on both phases, "
+            f"measured on {s['evaluation']} windows and {s['evaluation'] * s['steps']} decode "
+            "steps (± 2 standard errors) and checked against the target; green: legal on "
+            "both phases within the cost cap.</p>"
+            + _img(fig, "whatif: each variant's figures") + table)
+
+
 def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
                         cands: dict[str, Any] | None, plan_text: str, host: dict[str, Any],
                         host_text: str) -> str:
@@ -104,6 +135,8 @@ def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
     wrote no candidates file (said on the page)."""
     sections = [f'<div id=verdict class=verdict><pre>{html.escape(verdict_text)}</pre></div>']
     sections.append("<h2>Held out</h2>" + figures_plot(verdict))
+    if (verdict.get("whatif") or {}).get("asked"):
+        sections.append(whatif_section(verdict["whatif"], verdict))
     if verdict.get("rewrite_search"):
         sections.append(search_section(verdict["rewrite_search"]))
     if cands is None:
@@ -138,4 +171,5 @@ def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
     return render(f"quantscope run: {verdict['model']} on {verdict['target']}", sections)
 
 
-__all__ = ["candidates_plot", "decoder_report_html", "figures_plot", "search_section"]
+__all__ = ["candidates_plot", "decoder_report_html", "figures_plot", "search_section",
+           "whatif_section"]

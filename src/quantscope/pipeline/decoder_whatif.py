@@ -1,0 +1,126 @@
+"""``run --whatif`` on a decoder: where the chosen plan's error is, and what, if anything,
+would reach the goal. Each variant is the plan with one class of groups changed on both
+phase graphs, measured like the plan and checked against the target, so the verdict can
+say which variants reach the goal and whether any of them is legal within ``--max-cost``.
+
+=====================  ==================================================================
+variants               ``plan`` (the chosen plan, measured at these amounts for the
+                       comparison); ``+CLASS``: the plan with every group of the class
+                       (:data:`quantscope.model.lm_classes.CLASS_WORDS`) at a16_w16 on
+                       both phases, where it has a group below that; ``all16``: every
+                       group at a16_w16; ``decode-float``: decode not quantized (what the
+                       prefill's emulated KV cache alone leaves); ``prefill16-decode-float``
+                       both (what 16-bit prefill's cache leaves)
+amounts                the evaluate stage's decode windows (``--decode-steps`` / 8, 32 by
+                       default) for prefill and decode alike, ``steps`` decode steps each,
+                       no greedy prompts: about a minute per variant on smollm2-135m on
+                       2 cores; each figure with its standard error (differences under
+                       about two of them are not decided by this amount of text)
+checks                 per variant and phase: the target's rules (errors and the rules
+                       broken) and the cost against uniform a8_w8 (float groups are errors
+                       on an integer target); a variant "ships" when it is legal on both
+                       phases within ``--max-cost``
+figures                ONNX Runtime, the same emulation, calibration and KV prefix as the
+                       plan's (:func:`quantscope.stages_llm.lm_quality`)
+=====================  ==================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from quantscope.model.groups import find_groups
+from quantscope.model.lm_classes import CLASS_WORDS, members
+from quantscope.pipeline.decoder_report import METRICS, WHATIF_FIGURES
+from quantscope.types import PHASE_OVERRIDES, PHASE_RANGES, Plan, Precision
+
+PHASES = ("prefill", "decode")
+LIFT = Precision.A16_W16
+
+
+def _flat(plan: Plan, phase: str) -> Plan:
+    """The phase's plan with its own overrides applied and no phase entries left (so a
+    second ``for_phase`` does not undo a variant's change)."""
+    own = plan.for_phase(phase)
+    meta = tuple((k, v) for k, v in own.meta if k not in (PHASE_OVERRIDES, PHASE_RANGES))
+    return dataclasses.replace(own, meta=meta)
+
+
+def _set(plan: Plan, groups: list[str], precision: Precision) -> Plan:
+    return dataclasses.replace(plan, overrides=tuple(
+        {**dict(plan.overrides), **{g: precision for g in groups}}.items()))
+
+
+def variants(plan: Plan, names: dict[str, list[str]]) -> list[tuple[str, str, dict[str, Plan]]]:
+    """(label, what it is, per phase plan) for each variant (module docstring); ``names``:
+    each phase graph's group names."""
+    base = {p: _flat(plan, p) for p in PHASES}
+    out = [("plan", "the chosen plan", base)]
+    for cls, words in CLASS_WORDS.items():
+        below = {p: [g for g in members(names[p], cls)
+                     if base[p].precision_of(g) is not LIFT] for p in PHASES}
+        if any(below.values()):
+            out.append((f"+{cls}", f"{words} at a16_w16",
+                        {p: _set(base[p], below[p], LIFT) for p in PHASES}))
+    every = {p: _set(base[p], names[p], LIFT) for p in PHASES}
+    out.append(("all16", "every group at a16_w16", every))
+    float_decode = _set(base["decode"], names["decode"], Precision.FLOAT)
+    out.append(("decode-float", "decode not quantized (the emulated prefill cache alone)",
+                {"prefill": base["prefill"], "decode": float_decode}))
+    out.append(("prefill16-decode-float", "prefill at a16_w16, decode not quantized",
+                {"prefill": every["prefill"], "decode": float_decode}))
+    return out
+
+
+def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any, *,
+                   target: str, max_cost: float, say: Any = print) -> dict[str, Any]:
+    """Every variant checked and measured (the run folder's ``whatif.json``): on the graphs
+    that read the plan's KV prefix, as the plan stage checked and measured the plan."""
+    from quantscope.analyze.prefix import prefixed_opener
+    from quantscope.plan.phases import check_phases
+    from quantscope.stages_llm import LmSetup, lm_prefix, lm_text, open_phase, recorded_prefix
+    from quantscope.targets import load_target
+    from quantscope.tasks.lm_phases import evaluate_lm_plans, release_memory
+
+    n = run_setup.decode_windows or run_setup.evaluation
+    setup = LmSetup(seq_len=run_setup.seq_len, calibration=run_setup.calibration,
+                    evaluation=n, steps=run_setup.steps, prompts=0, decode_windows=n)
+    windows, _ = lm_text(spec, setup)
+    kv = lm_prefix(spec, recorded_prefix(plan), windows)
+    opener = prefixed_opener(lambda phase: open_phase(spec, phase), kv.kv if kv else None)
+    models = {p: opener(p) for p in PHASES}
+    todo = variants(plan, {p: [g.name for g in find_groups(m).groups]
+                           for p, m in models.items()})
+    tgt = load_target(target)
+    checks = {label: [c for p in PHASES for c in check_phases(
+        dataclasses.replace(per[p], target=target), {p: models[p]}, tgt, setup.seq_len)]
+        for label, _, per in todo}
+    del models
+    release_memory()
+    rows, start = [], time.perf_counter()
+    for i, (label, what, per_phase) in enumerate(todo):
+        left = (time.perf_counter() - start) / i * (len(todo) - i) if i else None
+        say(f"[whatif] {i + 1}/{len(todo)} {label}: {what}"
+            + (f", about {left:.0f} s left" if left is not None else "") + " …")
+        result = evaluate_lm_plans(opener, stats, {label: per_phase}, windows,
+                                   steps=setup.steps, decode_windows=n)[label]
+        figures = {}
+        for name in WHATIF_FIGURES:
+            m = METRICS[name]
+            figures[name] = {"value": result[m.phase][m.key],
+                             "se": result[m.phase].get(f"{m.key}_se", 0.0)}
+        costs = {c.phase: c.cost for c in checks[label]}
+        errors = {c.phase: c.errors for c in checks[label]}
+        rows.append({"label": label, "what": what, "figures": figures, "costs": costs,
+                     "errors": errors,
+                     "rules": sorted({p.rule for c in checks[label] for p in c.problems
+                                      if p.severity == "error"}),
+                     "ships": not any(errors.values())
+                     and all(c <= max_cost + 1e-9 for c in costs.values())})
+    return {"asked": True, "setup": setup.__dict__, "max_cost": max_cost, "variants": rows,
+            "seconds": round(time.perf_counter() - start, 1)}
+
+
+__all__ = ["measure_whatif", "variants"]
