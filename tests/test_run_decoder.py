@@ -14,7 +14,7 @@ from decoder_tiny import run_cli as _run
 from quantscope.analyze.prefix import after_text
 from quantscope.cli import main
 from quantscope.export.hailo_alls import unset_decisions
-from quantscope.pipeline.decoder_report import host_text
+from quantscope.pipeline.decoder_report import format_decoder_verdict, host_text
 from quantscope.pipeline.decoder_whatif import variants
 from quantscope.pipeline.manifest import file_digest
 from quantscope.types import PHASE_OVERRIDES, Plan, Precision
@@ -176,6 +176,11 @@ def test_decoder_whatif_measures_and_checks_each_variant(ran, tmp_path) -> None:
     reach = verdict["whatif"]["reach"]  # --goal 1.5 on ppl_ratio: the plan reaches it
     assert "plan" in reach["reach"] and "plan" in reach["ship"]
     assert (out / "verdict.json").read_text() != (copy / "verdict.json").read_text()
+    # a missed goal points at --whatif, until it has been run
+    before = json.loads((out / "verdict.json").read_text())
+    assert "rerun with --whatif" in format_decoder_verdict({**before, "goal_met": False})
+    assert "rerun with --whatif" not in format_decoder_verdict({**verdict, "goal_met": False})
+    assert "rerun with --whatif" not in format_decoder_verdict(before)  # goal reached
 
 
 def test_whatif_variants_lift_a_class_in_both_phases_over_the_phase_overrides() -> None:

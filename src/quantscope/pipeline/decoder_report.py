@@ -5,11 +5,11 @@ standard error, each phase's cost, the a8_w4 variant, and what the host does."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from quantscope.analyze.prefix import after_text
+from quantscope.report import fmt
 from quantscope.report.summary import unset_line
 
 
@@ -111,7 +111,7 @@ def _whatif_lines(w: dict[str, Any]) -> list[str]:
              "decode steps; each variant checked, not required to pass; ± one standard error):"]
     for r in w["variants"]:
         figs = "  ".join(f"{k} {f['value']:.4f} ± {f['se']:.4f}" for k, f in r["figures"].items())
-        cost = " / ".join(f"{c:.2f}x" if math.isfinite(c) else "float" for c in r["costs"].values())
+        cost = fmt.phase_costs(r["costs"])
         status = ("ships" if r["ships"] else f"illegal ({', '.join(r['rules'])})" if r["rules"]
                   else f"over {w['max_cost']:g}x")
         lines.append(f"    {r['label']:<23} {figs}  {status}, cost {cost}")
@@ -188,6 +188,10 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
         lines.append(f"    {name:<17} {f['value']:>8.4f} (± {f['se']:.4f})  {f['words']}")
     if v.get("goal_text"):
         lines.append(f"  goal: {v['goal_text']}")
+        if v.get("goal_met") is False and not (v.get("whatif") or {}).get("asked"):
+            lines.append("    what would reach it: rerun with --whatif (the plan with each "
+                         "class lifted, each checked against the target; the other stages "
+                         "are kept)")
     lines += _w4_lines(v.get("w4") or {"asked": False})
     lines += _whatif_lines(v.get("whatif") or {"asked": False})
     unset = unset_line(v.get("export_warnings") or [], fix=(

@@ -9,6 +9,7 @@ import html
 import math
 from typing import Any
 
+from quantscope.report import fmt
 from quantscope.report.build import _table, details, io_section, render
 from quantscope.report.figures import png_uri, pyplot
 
@@ -118,7 +119,7 @@ def whatif_section(w: dict[str, Any], verdict: dict[str, Any]) -> str:
     table = _table(["variant", "what", *names, "costs (prefill / decode)", "ships"], [
         [r["label"], r["what"], *(f"{r['figures'][n]['value']:.4f} ± {r['figures'][n]['se']:.4f}"
                                   for n in names),
-         " / ".join(f"{c:.2f}x" if math.isfinite(c) else "float" for c in r["costs"].values()),
+         fmt.phase_costs(r["costs"]),
          "yes" if r["ships"] else ", ".join(r["rules"]) or f"over {w['max_cost']:g}x"]
         for r in rows])
     return (f"<h2>What if</h2><p>The plan with one class of groups changed on both phases, "

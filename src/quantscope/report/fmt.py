@@ -87,6 +87,12 @@ def cost(v: Any) -> str:
     return DASH if x is None else f"{x:.3f}x"
 
 
+def phase_costs(costs: dict[str, Any]) -> str:
+    """A plan's cost per phase (``1.49x / 1.29x``); a phase with float groups has no cost
+    (infinite, or null read back from JSON): ``float``."""
+    return " / ".join("float" if num(c) is None else f"{num(c):.2f}x" for c in costs.values())
+
+
 def plain(v: Any) -> str:
     """Any cell: floats at 4 significant digits, None/NaN as ``—``, the rest as text."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
