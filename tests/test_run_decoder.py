@@ -160,15 +160,20 @@ def test_decoder_whatif_measures_and_checks_each_variant(ran, tmp_path) -> None:
     assert code == 0 and "stages run: whatif, report;" in printed
     doc = json.loads((copy / "whatif.json").read_text())
     rows = {r["label"]: r for r in doc["variants"]}
-    assert {"plan", "all16", "decode-float", "prefill16-decode-float"} <= set(rows)
-    assert all(k.startswith("+") for k in set(rows) - {"plan", "all16", "decode-float",
-                                                       "prefill16-decode-float"})
+    fixed = {"plan", "as-scripted", "all16", "decode-float", "prefill16-decode-float"}
+    assert fixed <= set(rows) and all(k.startswith("+") for k in set(rows) - fixed)
     verdict = json.loads((copy / "verdict.json").read_text())
     assert rows["plan"]["ships"] and rows["plan"]["costs"] == pytest.approx(verdict["costs"])
     for same, base in (("decode-float", "plan"), ("prefill16-decode-float", "all16")):
         for k in ("ppl_ratio", "top1_agreement"):  # the same prefill plan, the same windows
             assert rows[same]["figures"][k] == rows[base]["figures"][k]
     assert "precision.not_allowed" in rows["decode-float"]["rules"]
+    # as the compiler would apply the scripts: their NOT SET decisions at the default
+    for phase in ("prefill", "decode"):
+        lost = [ln for ln in unset_decisions((copy / phase / "model.alls").read_text())
+                if ln.split(": ")[1].split()[0] != "a8_w8"]
+        assert lost and rows["as-scripted"]["changed"][phase] == len(lost)
+        assert rows["as-scripted"]["costs"][phase] < rows["plan"]["costs"][phase]
     assert not rows["decode-float"]["ships"]
     assert "  whatif (--whatif, " in printed and "decode-float: decode not quantized" in printed
     page = (copy / "report.html").read_text()

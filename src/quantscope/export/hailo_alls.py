@@ -143,6 +143,12 @@ def _names(groups: Groups, layer_names: dict[str, str] | None) -> dict[str, tupl
     }
 
 
+def unnamed_groups(groups: Groups, layer_names: dict[str, str] | None = None) -> frozenset[str]:
+    """The groups a script cannot name (no HN name, no guess): a decision on one is written
+    NOT SET, so the compiler applies the script's default to it."""
+    return frozenset(g.name for g in groups.groups) - set(_names(groups, layer_names))
+
+
 def _layer(group: str, names: dict[str, tuple[str, bool]], lines: list[str]) -> str:
     if group not in names:
         raise QuantscopeError(f"no Hailo layer name for group '{group}': pass an HN mapping")

@@ -367,12 +367,14 @@ def whatif(ctx: DecoderContext) -> Done:
     """``--whatif``: the plan's variants measured and checked (:mod:`.decoder_whatif`);
     without it ``{"asked": false}``."""
     from quantscope.pipeline.decoder_whatif import measure_whatif
-    from quantscope.serde import json_writer, write_atomic_set
+    from quantscope.serde import json_writer, read_json, write_atomic_set
 
     doc: dict[str, Any] = {"asked": False}
     if ctx.opts.whatif:
+        hn = {p: read_json(f, "HN") for p, f in ctx.opts.hn or ()}
         doc = measure_whatif(ctx.spec(), ctx.plan(), ctx.stats(), ctx.opts.phases_setup(),
-                             target=ctx.opts.target, max_cost=ctx.opts.max_cost, say=ctx.say)
+                             target=ctx.opts.target, max_cost=ctx.opts.max_cost, hn=hn,
+                             say=ctx.say)
     write_atomic_set([(ctx.path(WHATIF), json_writer(doc))])
     return Done((WHATIF,))
 
@@ -526,7 +528,8 @@ DECODER_STAGES: dict[str, DecoderStage] = {
     "w4": DecoderStage(w4, (REWRITE, PLAN, *STATS.values()), ("w4", "seq_len", "tokens", "prompts",
                                               "new_tokens", "decode_steps")),
     "whatif": DecoderStage(whatif, (REWRITE, PLAN, *STATS.values()),
-                           ("whatif", "seq_len", "decode_steps", "target", "max_cost")),
+                           ("whatif", "seq_len", "decode_steps", "target", "max_cost",
+                            "hn")),
     "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target", "hn")),
     "host": DecoderStage(host, (PLAN, *STATS.values()), ("seq_len",)),
     "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE, W4, CANDIDATES, PLAN_TEXT, HOST,

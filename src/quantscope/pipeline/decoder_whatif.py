@@ -5,7 +5,10 @@ say which variants reach the goal and whether any of them is legal within ``--ma
 
 =====================  ==================================================================
 variants               ``plan`` (the chosen plan, measured at these amounts for the
-                       comparison); ``+CLASS``: the plan with every group of the class
+                       comparison); ``as-scripted`` (a target whose compiler reads a Hailo
+                       script): the decisions the phase scripts leave NOT SET (no layer
+                       name) at the plan's default, as the compiler would apply them;
+                       ``+CLASS``: the plan with every group of the class
                        (:data:`quantscope.model.lm_classes.CLASS_WORDS`) at a16_w16 on
                        both phases, where it has a group below that; ``all16``: every
                        group at a16_w16; ``decode-float``: decode not quantized (what the
@@ -16,6 +19,8 @@ amounts                the evaluate stage's decode windows (``--decode-steps`` /
                        no greedy prompts: about a minute per variant on smollm2-135m on
                        2 cores; each figure with its standard error (differences under
                        about two of them are not decided by this amount of text)
+changed                per variant and phase: the groups at another precision than in
+                       the plan
 checks                 per variant and phase: the target's rules (errors and the rules
                        broken) and the cost against uniform a8_w8 (float groups are errors
                        on an integer target); a variant "ships" when it is legal on both
@@ -53,11 +58,20 @@ def _set(plan: Plan, groups: list[str], precision: Precision) -> Plan:
         {**dict(plan.overrides), **{g: precision for g in groups}}.items()))
 
 
-def variants(plan: Plan, names: dict[str, list[str]]) -> list[tuple[str, str, dict[str, Plan]]]:
+def variants(plan: Plan, names: dict[str, list[str]],
+             unset: dict[str, frozenset[str]] | None = None
+             ) -> list[tuple[str, str, dict[str, Plan]]]:
     """(label, what it is, per phase plan) for each variant (module docstring); ``names``:
-    each phase graph's group names."""
+    each phase graph's group names; ``unset``: per phase, the groups its compiler script
+    cannot name (the ``as-scripted`` variant puts them at the plan's default)."""
     base = {p: _flat(plan, p) for p in PHASES}
     out = [("plan", "the chosen plan", base)]
+    lost = {p: [g for g in sorted((unset or {}).get(p, ()))
+                if base[p].precision_of(g) is not base[p].default] for p in PHASES}
+    if any(lost.values()):
+        out.append(("as-scripted", "the decisions the phase scripts leave NOT SET at the "
+                    "plan's default, as the compiler would apply them",
+                    {p: _set(base[p], lost[p], base[p].default) for p in PHASES}))
     for cls, words in CLASS_WORDS.items():
         below = {p: [g for g in members(names[p], cls)
                      if base[p].precision_of(g) is not LIFT] for p in PHASES}
@@ -75,10 +89,16 @@ def variants(plan: Plan, names: dict[str, list[str]]) -> list[tuple[str, str, di
 
 
 def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any, *,
-                   target: str, max_cost: float, say: Any = print) -> dict[str, Any]:
+                   target: str, max_cost: float, hn: dict[str, Any] | None = None,
+                   say: Any = print) -> dict[str, Any]:
     """Every variant checked and measured (the run folder's ``whatif.json``): on the graphs
-    that read the plan's KV prefix, as the plan stage checked and measured the plan."""
+    that read the plan's KV prefix, as the plan stage checked and measured the plan. For a
+    target whose compiler reads a Hailo script, ``as-scripted`` too (``hn``: per phase the
+    parsed HN the export stage names the layers from)."""
     from quantscope.analyze.prefix import prefixed_opener
+    from quantscope.export.hailo_alls import hn_layer_names, unnamed_groups
+    from quantscope.model.host_gather import host_gathers, host_groups
+    from quantscope.pipeline.steps import formats
     from quantscope.plan.phases import check_phases
     from quantscope.stages_llm import LmSetup, lm_prefix, lm_text, open_phase, recorded_prefix
     from quantscope.targets import load_target
@@ -91,8 +111,13 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
     kv = lm_prefix(spec, recorded_prefix(plan), windows)
     opener = prefixed_opener(lambda phase: open_phase(spec, phase), kv.kv if kv else None)
     models = {p: opener(p) for p in PHASES}
-    todo = variants(plan, {p: [g.name for g in find_groups(m).groups]
-                           for p, m in models.items()})
+    groups = {p: find_groups(m) for p, m in models.items()}
+    unset = None
+    if any(fmt == "alls" for fmt, _ in formats(target)):
+        rows_ = load_target(target).host_rows
+        unset = {p: unnamed_groups(g, hn_layer_names(hn[p], g) if hn and p in hn else None)
+                 - host_groups(g, host_gathers(models[p], rows_)) for p, g in groups.items()}
+    todo = variants(plan, {p: [x.name for x in g.groups] for p, g in groups.items()}, unset)
     tgt = load_target(target)
     checks = {label: [c for p in PHASES for c in check_phases(
         dataclasses.replace(per[p], target=target), {p: models[p]}, tgt, setup.seq_len)]
@@ -113,8 +138,11 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
                              "se": result[m.phase].get(f"{m.key}_se", 0.0)}
         costs = {c.phase: c.cost for c in checks[label]}
         errors = {c.phase: c.errors for c in checks[label]}
-        rows.append({"label": label, "what": what, "figures": figures, "costs": costs,
-                     "errors": errors,
+        base = todo[0][2]
+        changed = {p: sum(per_phase[p].precision_of(g.name) is not base[p].precision_of(g.name)
+                          for g in groups[p].groups) for p in PHASES}
+        rows.append({"label": label, "what": what, "changed": changed, "figures": figures,
+                     "costs": costs, "errors": errors,
                      "rules": sorted({p.rule for c in checks[label] for p in c.problems
                                       if p.severity == "error"}),
                      "ships": not any(errors.values())
