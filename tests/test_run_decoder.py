@@ -124,8 +124,8 @@ def test_decoder_rerun_skips_every_stage_and_force_reruns_from_one(ran) -> None:
 
 def test_decoder_run_names_a_phase_layers_from_its_parsed_hn(ran, tmp_path) -> None:
     """--phase-hn prefill=HN: the prefill script takes that HN's exact name for a layer no
-    guess names (an RMSNormalization), one NOT SET fewer; only export and the report run
-    again (a copy of the run folder)."""
+    guess names (an RMSNormalization), one NOT SET fewer; only export, the report and the
+    whatif stage (not asked: nothing measured) run again (a copy of the run folder)."""
     _, out, _, args, _ = ran
     copy = tmp_path / "run"
     shutil.copytree(out, copy)
@@ -136,7 +136,7 @@ def test_decoder_run_names_a_phase_layers_from_its_parsed_hn(ran, tmp_path) -> N
         "p/layer_normalization7": {"type": "layer_normalization", "original_names": [norm]}}}))
     at = args.index("--out")
     code, printed = _run([*args[:at], "--out", str(copy), "--phase-hn", f"prefill={hn}"])
-    assert code == 0 and "stages run: export, report;" in printed
+    assert code == 0 and "stages run: whatif, export, report;" in printed  # whatif: not asked
     text = (copy / "prefill" / "model.alls").read_text()
     assert "quantization_param(layer_normalization7, precision_mode=a16_w16)" in text
     assert "from the HN; any others guessed by op order" in text
