@@ -76,6 +76,11 @@ def test_decoder_run_writes_each_phase_and_the_host_steps(ran) -> None:
     assert f"warning: {len(unset)} plan decision(s) NOT SET in the compiler files " \
            f"(prefill/model.alls: {per['prefill']}, decode/model.alls: {per['decode']})" in printed
     assert "RMSNormalization" in printed and "(--phase-hn prefill=P.hn --phase-hn decode=D.hn)" in printed
+    # ... and measured as the compiler would apply the scripts, beside the plan
+    rows = {r["label"]: r for r in json.loads((out / "whatif.json").read_text())["variants"]}
+    assert set(rows) == {"plan", "as-scripted"} and verdict["whatif"]["asked"] is False
+    assert "  as the phase scripts are written (" in printed
+    assert "the goal as scripted: " in printed and "  whatif (--whatif" not in printed
 
 
 @pytest.mark.slow

@@ -365,16 +365,15 @@ def w4(ctx: DecoderContext) -> Done:
 
 def whatif(ctx: DecoderContext) -> Done:
     """``--whatif``: the plan's variants measured and checked (:mod:`.decoder_whatif`);
-    without it ``{"asked": false}``."""
+    without it the plan as its phase scripts carry it, where they leave a decision NOT
+    SET (else ``{"asked": false}``)."""
     from quantscope.pipeline.decoder_whatif import measure_whatif
     from quantscope.serde import json_writer, read_json, write_atomic_set
 
-    doc: dict[str, Any] = {"asked": False}
-    if ctx.opts.whatif:
-        hn = {p: read_json(f, "HN") for p, f in ctx.opts.hn or ()}
-        doc = measure_whatif(ctx.spec(), ctx.plan(), ctx.stats(), ctx.opts.phases_setup(),
-                             target=ctx.opts.target, max_cost=ctx.opts.max_cost, hn=hn,
-                             say=ctx.say)
+    hn = {p: read_json(f, "HN") for p, f in ctx.opts.hn or ()}
+    doc = measure_whatif(ctx.spec(), ctx.plan(), ctx.stats(), ctx.opts.phases_setup(),
+                         target=ctx.opts.target, max_cost=ctx.opts.max_cost, hn=hn,
+                         asked=ctx.opts.whatif, say=ctx.say)
     write_atomic_set([(ctx.path(WHATIF), json_writer(doc))])
     return Done((WHATIF,))
 

@@ -87,7 +87,7 @@ def whatif_summary(doc: dict[str, Any], opts: Any) -> dict[str, Any]:
     """``whatif.json`` for the verdict, with which variants reach ``--goal`` on
     ``--metric`` (a whatif figure) and which of those ship (legal on both phases within
     the cap)."""
-    if not doc.get("asked"):
+    if not doc.get("variants"):
         return {"asked": False}
     out = {**doc, "reach": None}
     if opts.goal is not None and opts.metric in WHATIF_FIGURES:
@@ -98,6 +98,31 @@ def whatif_summary(doc: dict[str, Any], opts: Any) -> dict[str, Any]:
         out["reach"] = {"metric": opts.metric, "goal": opts.goal,
                         "reach": [r["label"] for r in hit],
                         "ship": [r["label"] for r in hit if r["ships"]]}
+    return out
+
+
+def _scripted_lines(w: dict[str, Any], goal: float | None, metric: str) -> list[str]:
+    """The plan as its phase scripts carry it (``as-scripted``, measured by every run whose
+    scripts leave a decision NOT SET), beside the plan on the same windows."""
+    rows = {r["label"]: r for r in w.get("variants", [])}
+    if "as-scripted" not in rows:
+        return []
+    got, plan, s = rows["as-scripted"], rows["plan"], w["setup"]
+    n = sum(got["changed"].values())
+    figs = ", ".join(f"{k} {got['figures'][k]['value']:.4f} ± {got['figures'][k]['se']:.4f} "
+                     f"(plan {plan['figures'][k]['value']:.4f})" for k in got["figures"])
+    out = [f"  as the phase scripts are written ({n} decisions NOT SET fall to the plan's "
+           f"default; {s['evaluation']} windows, {s['evaluation'] * s['steps']} decode steps): "
+           f"{figs}"]
+    if goal is not None and metric in got["figures"]:
+        f = got["figures"][metric]
+        margin = (f["value"] - goal) * (1 if METRICS[metric].higher else -1)
+        out.append(f"    the goal as scripted: {'reached' if margin >= 0 else 'MISSED'} "
+                   f"({metric} {f['value']:.4f} ± {f['se']:.4f}"
+                   + ("; within 2 standard errors: not decided by this amount of text"
+                      if abs(margin) <= 2 * f["se"] else "")
+                   + "); the figures above assume those decisions are applied: give "
+                   "--phase-hn or set them by hand")
     return out
 
 
@@ -192,6 +217,7 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
             lines.append("    what would reach it: rerun with --whatif (the plan with each "
                          "class lifted, each checked against the target; the other stages "
                          "are kept)")
+    lines += _scripted_lines(v.get("whatif") or {}, v.get("goal"), v["metric"])
     lines += _w4_lines(v.get("w4") or {"asked": False})
     lines += _whatif_lines(v.get("whatif") or {"asked": False})
     unset = unset_line(v.get("export_warnings") or [], fix=(

@@ -90,11 +90,13 @@ def variants(plan: Plan, names: dict[str, list[str]],
 
 def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any, *,
                    target: str, max_cost: float, hn: dict[str, Any] | None = None,
-                   say: Any = print) -> dict[str, Any]:
+                   asked: bool = True, say: Any = print) -> dict[str, Any]:
     """Every variant checked and measured (the run folder's ``whatif.json``): on the graphs
     that read the plan's KV prefix, as the plan stage checked and measured the plan. For a
     target whose compiler reads a Hailo script, ``as-scripted`` too (``hn``: per phase the
-    parsed HN the export stage names the layers from)."""
+    parsed HN the export stage names the layers from). Not ``asked``: the plan and
+    ``as-scripted`` only, when the scripts leave a decision that matters NOT SET (what
+    every run says), else nothing measured."""
     from quantscope.analyze.prefix import prefixed_opener
     from quantscope.export.hailo_alls import hn_layer_names, unnamed_groups
     from quantscope.model.host_gather import host_gathers, host_groups
@@ -118,6 +120,10 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
         unset = {p: unnamed_groups(g, hn_layer_names(hn[p], g) if hn and p in hn else None)
                  - host_groups(g, host_gathers(models[p], rows_)) for p, g in groups.items()}
     todo = variants(plan, {p: [x.name for x in g.groups] for p, g in groups.items()}, unset)
+    if not asked:
+        todo = [v for v in todo if v[0] in ("plan", "as-scripted")]
+        if len(todo) == 1:
+            return {"asked": False}
     tgt = load_target(target)
     checks = {label: [c for p in PHASES for c in check_phases(
         dataclasses.replace(per[p], target=target), {p: models[p]}, tgt, setup.seq_len)]
@@ -147,7 +153,7 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
                                       if p.severity == "error"}),
                      "ships": not any(errors.values())
                      and all(c <= max_cost + 1e-9 for c in costs.values())})
-    return {"asked": True, "setup": setup.__dict__, "max_cost": max_cost, "variants": rows,
+    return {"asked": asked, "setup": setup.__dict__, "max_cost": max_cost, "variants": rows,
             "seconds": round(time.perf_counter() - start, 1)}
 
 
