@@ -26,7 +26,7 @@ from quantscope.export.hailo_alls import (
     names_guessed,
     unset_decisions,
 )
-from quantscope.export.plan_export import export_plan
+from quantscope.export.plan_export import export_plan, scripted_plan
 from quantscope.export.qnn_encodings import (
     aimet_offset,
     export_qnn_encodings,
@@ -245,6 +245,22 @@ def test_alls_says_which_decisions_it_cannot_carry_and_what_the_host_does(tmp_pa
                  "alls", "--out", str(tmp_path / "cli.alls")]) == 0
     assert ("warning: 1 plan decision(s) NOT SET in the compiler file (cli.alls: 1): no "
             "Hailo layer name is known for Exp layers") in capsys.readouterr().out
+
+
+def test_scripted_plan_puts_what_the_script_cannot_name_at_the_default():
+    """The plan as its Hailo script carries it: the unnamed Exp's 16-bit decision falls to
+    the default; the host's lookup and the named MatMul keep theirs; an HN naming the Exp
+    keeps it too."""
+    model = _lookup_exp_model()
+    plan = Plan(default=Precision.A8_W8, target="hailo10h", overrides=(
+        ("lookup", Precision.A16_W16), ("exp", Precision.A16_W16), ("proj", Precision.A16_W16)))
+    scripted, lost = scripted_plan(model, plan)
+    assert lost == ("exp",) and scripted.precision_of("exp") is Precision.A8_W8
+    assert scripted.precision_of("proj") is scripted.precision_of("lookup") is Precision.A16_W16
+    hn = {"layers": {"n/activation1": {"original_names": ["exp"]}}}
+    assert scripted_plan(model, plan, hn=hn) == (plan, ())
+    at_default = Plan(default=Precision.A16_W16, target="hailo10h")
+    assert scripted_plan(model, at_default) == (at_default, ())  # the default is carried
 
 
 def test_unset_line_counts_per_file_with_the_op_kinds():

@@ -245,3 +245,18 @@ def test_export_warnings_read_every_compiler_file_the_run_wrote(tmp_path):
                              "names guessed by op order")
     line = unset_line(got, {"model.alls": "the single plan"})
     assert line is not None and "(model.alls (the single plan): 2, len-64/model.alls: 1)" in line
+
+
+def test_the_short_verdict_gives_the_single_plan_as_its_script_carries_it():
+    """Where model.alls leaves decisions NOT SET, the single plan measured without them is
+    said under the warning; the goal is judged on it only when the plan ships."""
+    v = json.loads((Path(__file__).parent.parent / "docs" / "data" / "run_verdict.json")
+                   .read_text())
+    sc = {"script": "model.alls", "decisions": 156, "value": 0.71, "plan": 0.873,
+          "reached": False}
+    text = format_verdict({**v, "as_scripted": sc})
+    assert ("    the single plan as model.alls is written (156 decisions NOT SET fall to the "
+            "default): 71.0 % held out against its 87.3 %\n") in text + "\n"
+    alone = {k: x for k, x in v.items() if k != "deployment"}
+    assert "the goal as scripted: MISSED" in format_verdict({**alone, "as_scripted": sc})
+    assert "as model.alls is written" not in format_verdict(v)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import pytest
 import tiny_models as tm
 
 from quantscope.cli import main
+from quantscope.export.hailo_alls import unset_decisions
 from quantscope.pipeline import STAGES
 from quantscope.pipeline.manifest import MANIFEST, file_digest
 from quantscope.results import CheckResult, DeviceIOResult, RunEvaluation
@@ -186,6 +188,15 @@ def test_minilm_l3_on_stdlib_docs_for_hailo10h(tmp_path, capsys):
         v["deployment"]["value"]
     assert [r["tensor"] for r in v["io"] if r["role"] == "output"] == ["last_hidden_state"]
     assert "verdict: goal top1_agreement >= 0.9" in text and "model.alls" in text
+    ev = read_json(out / "evaluate.json", "evaluate")
+    script = (out / "model.alls").read_text()
+    default = re.search(r"quantization_param\(\*, precision_mode=(\w+)\)", script)
+    lost = [ln for ln in unset_decisions(script)  # the plan's decisions the script drops
+            if " pinned range " not in ln
+            and ln.split(": ")[1].split()[0] != (default.group(1) if default else "a8_w8")]
+    # ... measured as the compiler would apply the script, and said, exactly when there are
+    assert len(lost) == (ev.get("as_scripted") or {}).get("decisions", 0)
+    assert ("the single plan as model.alls is written" in text) is bool(lost)
     page = (out / "report.html").read_text()
     assert "token lengths" in page  # the text data's length distribution is plotted
     before = _digests(out)

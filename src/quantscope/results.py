@@ -67,7 +67,8 @@ class TaggedResult:
 @dataclass(frozen=True)
 class RunEvaluation(TaggedResult):
     """``run``'s ``evaluate.json``: FP32, uniform a8_w8 and the final plan on the held-out
-    data, by label; ``whatif`` with ``--whatif``."""
+    data, by label; ``whatif`` with ``--whatif``; ``as_scripted`` where the plan's Hailo
+    script cannot carry a decision."""
 
     FORMAT: ClassVar[str] = "quantscope.run-evaluation/1"
     metric: str
@@ -76,6 +77,9 @@ class RunEvaluation(TaggedResult):
     results: dict[str, Any]
     data: dict[str, Any]
     whatif: dict[str, Any] | None = optional()
+    # the plan as its Hailo script carries it, measured where the script leaves a decision
+    # NOT SET: {decisions, groups, script, result}
+    as_scripted: dict[str, Any] | None = optional()
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,14 @@ Moved here from ``quantscope.stages`` (which re-exports every name).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.export.device_io import device_io
 from quantscope.export.formats import FORMATS, ExportInput, export_format
-from quantscope.export.hailo_alls import forced_ranges
+from quantscope.export.hailo_alls import forced_ranges, hn_layer_names, unnamed_groups
 from quantscope.export.kv_prefix import plan_alls_note
 from quantscope.model.groups import find_groups
 from quantscope.model.host_gather import host_gathers, host_groups
@@ -23,7 +24,7 @@ from quantscope.targets import load_target
 from quantscope.types import Plan, QuantscopeError, Stats
 
 __all__ = ["FORMAT_VENDORS", "alls_target", "check_plan_format", "check_plan_target",
-           "device_io_rows", "export_plan", "forced_ranges"]
+           "device_io_rows", "export_plan", "forced_ranges", "scripted_plan"]
 
 # export format -> the vendor whose compiler reads it (QDQ ONNX: any), from the registry
 FORMAT_VENDORS = {f.name: f.vendor for f in FORMATS.values() if f.vendor}
@@ -90,6 +91,22 @@ def export_plan(
     if note:  # a decoder plan with a constant KV prefix: how it reaches the device
         data = note.encode() + b"\n" + data
     return write_atomic(out, bytes_writer(data))
+
+
+def scripted_plan(model: Model, plan: Plan, *, hn: dict[str, Any] | None = None
+                  ) -> tuple[Plan, tuple[str, ...]]:
+    """The plan as its Hailo script carries it, and the groups that differ: a decision the
+    script cannot name (``unnamed_groups``: no HN name, no guess; a host lookup aside) and
+    that is not at the plan's default is the default in the compiler's hands. A pinned
+    range the script cannot carry is not modelled (the plan's range method is kept)."""
+    groups = find_groups(model)
+    unset = (unnamed_groups(groups, hn_layer_names(hn, groups) if hn else None)
+             - host_groups(groups, host_gathers(model, _host_rows(plan))))
+    lost = tuple(sorted(g for g in unset if plan.precision_of(g) is not plan.default))
+    if not lost:
+        return plan, ()
+    return dataclasses.replace(plan, overrides=tuple(
+        (g, p) for g, p in plan.overrides if g not in lost)), lost
 
 
 def _host_rows(plan: Plan) -> int:

@@ -73,8 +73,9 @@ STAGES: dict[str, StageSpec] = {
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN),
                         ("target", "repair_batches", "finetune", "goal", "metric"), True),
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
-    "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED), ("target", "metric", "whatif"),
-                          True),
+    # hn: the plan as its Hailo script carries it (as_scripted) depends on the layer names
+    "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED),
+                          ("target", "metric", "whatif", "hn"), True),
     # the compiled lengths (--lengths): candidates per length chosen on the fit texts,
     # measured on the held-out texts (pipeline/deploy.py)
     "deploy": StageSpec(deploy_step, (steps.STATS, *_REPAIRED),

@@ -98,8 +98,7 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
     ``as-scripted`` only, when the scripts leave a decision that matters NOT SET (what
     every run says), else nothing measured."""
     from quantscope.analyze.prefix import prefixed_opener
-    from quantscope.export.hailo_alls import hn_layer_names, unnamed_groups
-    from quantscope.model.host_gather import host_gathers, host_groups
+    from quantscope.export.plan_export import scripted_plan
     from quantscope.pipeline.steps import formats
     from quantscope.plan.phases import check_phases
     from quantscope.stages_llm import LmSetup, lm_prefix, lm_text, open_phase, recorded_prefix
@@ -116,9 +115,8 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
     groups = {p: find_groups(m) for p, m in models.items()}
     unset = None
     if any(fmt == "alls" for fmt, _ in formats(target)):
-        rows_ = load_target(target).host_rows
-        unset = {p: unnamed_groups(g, hn_layer_names(hn[p], g) if hn and p in hn else None)
-                 - host_groups(g, host_gathers(models[p], rows_)) for p, g in groups.items()}
+        unset = {p: frozenset(scripted_plan(models[p], dataclasses.replace(
+            _flat(plan, p), target=target), hn=(hn or {}).get(p))[1]) for p in PHASES}
     todo = variants(plan, {p: [x.name for x in g.groups] for p, g in groups.items()}, unset)
     if not asked:
         todo = [v for v in todo if v[0] in ("plan", "as-scripted")]

@@ -282,6 +282,15 @@ def evaluate(ctx: Context) -> Done:
     head = ctx.headline()
     doc = {"metric": head.metric, "unit": head.unit, "higher_is_better": head.higher_is_better,
            "results": results, "data": provenance(rd)}
+    if any(fmt == "alls" for fmt, _ in formats(ctx.target())):  # what the script carries
+        hn = stages.read_json_file(ctx.opts.hn, "HN") if ctx.opts.hn else None
+        scripted, lost = stages.scripted_plan(rmodel, final, hn=hn)
+        if lost:
+            doc["as_scripted"] = {"script": ALLS, "decisions": len(lost), "groups": list(lost),
+                                  "result": stages.evaluate_plans(
+                                      rmodel, held, rstats, {"as_scripted": scripted},
+                                      progress=ctx.progress,
+                                      reference_outputs=ref)["as_scripted"]}
     if ctx.opts.whatif:
         try:
             doc["whatif"] = stages.whatif_families(rmodel, held, rstats, final,

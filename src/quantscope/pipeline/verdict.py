@@ -67,6 +67,13 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "rules_failed": sorted({p["rule"] for p in errors}),
         "compiler_files": compiler_files(ctx.target()),
         "export_warnings": export_warnings(ctx),
+        # the single plan as its Hailo script carries it (NOT SET decisions at the default)
+        **({"as_scripted": {
+            "script": ev["as_scripted"]["script"], "decisions": ev["as_scripted"]["decisions"],
+            "value": ev["as_scripted"]["result"]["metrics"].get(metric),
+            "plan": quality.get("plan", {}).get(metric),
+            "reached": _reached(goal, ev["as_scripted"]["result"]["metrics"].get(metric),
+                                higher)}} if ev.get("as_scripted") else {}),
         "io": io["io"], "io_note": io["note"],
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],

@@ -330,6 +330,14 @@ def format_short(v: dict[str, Any]) -> list[str]:
                        {"model.alls": "the single plan"} if dep is not None else {})
     if unset:  # the vendor file does not carry these decisions: the compile would not either
         lines.append(f"  {unset}")
+    sc = v.get("as_scripted")
+    if sc:  # ... and what the single plan measures without them
+        m = v["metric"]
+        lines.append(f"    the single plan as {sc['script']} is written ({sc['decisions']} "
+                     f"decisions NOT SET fall to the default): {fmt.value(m, sc['value'])} held "
+                     f"out against its {fmt.value(m, sc['plan'])}"
+                     + ("" if sc.get("reached") is None or dep is not None else
+                        f"; the goal as scripted: {'reached' if sc['reached'] else 'MISSED'}"))
     for step in v.get("host_steps", [])[:3]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
