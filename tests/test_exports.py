@@ -229,8 +229,8 @@ def test_alls_says_which_decisions_it_cannot_carry_and_what_the_host_does(tmp_pa
         ("lookup", Precision.A16_W16), ("exp", Precision.A16_W16), ("proj", Precision.A16_W16)))
     text = export_plan(model, stats, plan, fmt="alls", out=tmp_path / "m.alls").read_text()
     assert unset_decisions(text) == [
-        "exp: a16_w16 NOT SET: no Hailo layer name known for its Exp layer: pass the parsed "
-        "HN (--hn) or set it by hand"]
+        "exp: a16_w16 NOT SET: no Hailo layer name known for its Exp layer: give the HN "
+        "parsed from this model or set it by hand"]
     assert "# lookup: a16_w16: runs on the host" in text and names_guessed(text)
     assert "quantization_param(conv1, precision_mode=a16_w16)" in text
     # without a target that leaves the lookup to the host, it is one more unnamed layer

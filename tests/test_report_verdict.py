@@ -224,8 +224,8 @@ def test_export_warnings_read_every_compiler_file_the_run_wrote(tmp_path):
     line led by its file, the guessed names said once for all; the short verdict counts
     them per file and names the single plan's."""
     head = "# quantscope plan for hailo10h: default a8_w8\n# layer names: guessed by op order\n"
-    unset = ("# a/exp: a16_w16 NOT SET: no Hailo layer name known for its Exp layer: pass the "
-             "parsed HN (--hn) or set it by hand\n")
+    unset = ("# a/exp: a16_w16 NOT SET: no Hailo layer name known for its Exp layer: give the "
+             "HN parsed from this model or set it by hand\n")
     (tmp_path / "model.alls").write_text(head + unset + unset.replace("a/exp", "b/exp"))
     (tmp_path / "len-16").mkdir()
     (tmp_path / "len-16" / "model.alls").write_text(

@@ -163,8 +163,8 @@ GUESSED = "guessed by op order"  # in the header: the layer names are guessed
 
 
 def _unnamed(op_type: str) -> str:
-    return (f"no Hailo layer name known for its {op_type} layer: pass the parsed HN (--hn) "
-            "or set it by hand")
+    return (f"no Hailo layer name known for its {op_type} layer: give the HN parsed from "
+            "this model or set it by hand")
 
 
 def unset_decisions(text: str) -> list[str]:
