@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.calibrate.collect import calibrate
 from quantscope.cli import main
-from quantscope.export.alls_lint import script_plan
+from quantscope.export.alls_lint import lint, script_plan
 from quantscope.export.hailo_alls import (
     export_alls,
     heuristic_names,
@@ -245,6 +245,19 @@ def test_alls_says_which_decisions_it_cannot_carry_and_what_the_host_does(tmp_pa
                  "alls", "--out", str(tmp_path / "cli.alls")]) == 0
     assert ("warning: 1 plan decision(s) NOT SET in the compiler file (cli.alls: 1): no "
             "Hailo layer name is known for Exp layers") in capsys.readouterr().out
+
+
+def test_lint_warns_at_each_decision_the_script_does_not_carry(tmp_path):
+    model = _lookup_exp_model()
+    groups = find_groups(model)
+    plan = Plan(default=Precision.A8_W8, target="hailo10h", overrides=(
+        ("exp", Precision.A16_W16), ("proj", Precision.A16_W16)))
+    text = export_alls(plan, groups)
+    found = [p for p in lint(text, model, groups, load_target("hailo10h"))
+             if p.rule == "alls.not_set"]
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "NOT SET" in ln)
+    assert [(p.group, p.severity) for p in found] == [("exp", "warning")]
+    assert found[0].reason.startswith(f"line {line} `# exp: a16_w16 NOT SET")
 
 
 def test_scripted_plan_puts_what_the_script_cannot_name_at_the_default():

@@ -29,6 +29,7 @@ from quantscope.export.hailo_alls import (
     hn_groups,
     hn_layers,
     short_layer_name,
+    unset_decisions,
 )
 from quantscope.model.load import Model
 from quantscope.plan.check import check
@@ -350,6 +351,13 @@ def lint(
                     severity="warning",
                 )
             )
+    for number, text in enumerate(script_text.splitlines(), start=1):
+        for unset in unset_decisions(text):  # a decision quantscope could not write
+            problems.append(_line_problem(
+                number, text, unset.split(":")[0], "alls.not_set",
+                "a plan decision this script does not carry: the compiler applies the "
+                "default to that layer", "write its quantization_param line with the layer's "
+                "name from the parsed HN (or export again with --hn)", severity="warning"))
     plan = Plan(
         default=target.default_precision, overrides=tuple(overrides.items()), target=target.name
     )
