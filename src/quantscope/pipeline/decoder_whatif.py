@@ -105,6 +105,9 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
     from quantscope.targets import load_target
     from quantscope.tasks.lm_phases import evaluate_lm_plans, release_memory
 
+    alls = any(fmt == "alls" for fmt, _ in formats(target))
+    if not asked and not alls:  # no script that could drop a decision: nothing to measure
+        return {"asked": False}
     n = run_setup.decode_windows or run_setup.evaluation
     setup = LmSetup(seq_len=run_setup.seq_len, calibration=run_setup.calibration,
                     evaluation=n, steps=run_setup.steps, prompts=0, decode_windows=n)
@@ -114,7 +117,7 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
     models = {p: opener(p) for p in PHASES}
     groups = {p: find_groups(m) for p, m in models.items()}
     unset = None
-    if any(fmt == "alls" for fmt, _ in formats(target)):
+    if alls:
         unset = {p: frozenset(scripted_plan(models[p], dataclasses.replace(
             _flat(plan, p), target=target), hn=(hn or {}).get(p))[1]) for p in PHASES}
     todo = variants(plan, {p: [x.name for x in g.groups] for p, g in groups.items()}, unset)

@@ -68,12 +68,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "compiler_files": compiler_files(ctx.target()),
         "export_warnings": export_warnings(ctx),
         # the single plan as its Hailo script carries it (NOT SET decisions at the default)
-        **({"as_scripted": {
-            "script": ev["as_scripted"]["script"], "decisions": ev["as_scripted"]["decisions"],
-            "value": ev["as_scripted"]["result"]["metrics"].get(metric),
-            "plan": quality.get("plan", {}).get(metric),
-            "reached": _reached(goal, ev["as_scripted"]["result"]["metrics"].get(metric),
-                                higher)}} if ev.get("as_scripted") else {}),
+        **_as_scripted(ev, quality, goal, higher),
         "io": io["io"], "io_note": io["note"],
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],
@@ -83,6 +78,19 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "mixed_scales": _mixed_scales(ctx),
         **summary,
     }
+
+
+def _as_scripted(ev: dict[str, Any], quality: dict[str, Any], goal: float | None,
+                 higher: bool) -> dict[str, Any]:
+    """``evaluate.json``'s single plan as its script carries it, beside the plan, the goal
+    judged on it ({} when the script carries every decision)."""
+    sc = ev.get("as_scripted")
+    if not sc:
+        return {}
+    value = sc["result"]["metrics"].get(ev["metric"])
+    return {"as_scripted": {"script": sc["script"], "decisions": sc["decisions"],
+                            "value": value, "plan": quality.get("plan", {}).get(ev["metric"]),
+                            "reached": _reached(goal, value, higher)}}
 
 
 def _reached(goal: float | None, value: float | None, higher: bool) -> bool | None:
