@@ -59,19 +59,17 @@ def _set(plan: Plan, groups: list[str], precision: Precision) -> Plan:
 
 
 def variants(plan: Plan, names: dict[str, list[str]],
-             unset: dict[str, frozenset[str]] | None = None
+             scripted: dict[str, Plan] | None = None
              ) -> list[tuple[str, str, dict[str, Plan]]]:
     """(label, what it is, per phase plan) for each variant (module docstring); ``names``:
-    each phase graph's group names; ``unset``: per phase, the groups its compiler script
-    cannot name (the ``as-scripted`` variant puts them at the plan's default)."""
+    each phase graph's group names; ``scripted``: per phase, the plan as its compiler
+    script carries it (:func:`~quantscope.export.plan_export.scripted_plan`), the
+    ``as-scripted`` variant where it differs from the plan."""
     base = {p: _flat(plan, p) for p in PHASES}
     out = [("plan", "the chosen plan", base)]
-    lost = {p: [g for g in sorted((unset or {}).get(p, ()))
-                if base[p].precision_of(g) is not base[p].default] for p in PHASES}
-    if any(lost.values()):
+    if scripted and any(scripted[p] != base[p] for p in PHASES):
         out.append(("as-scripted", "the decisions the phase scripts leave NOT SET at the "
-                    "plan's default, as the compiler would apply them",
-                    {p: _set(base[p], lost[p], base[p].default) for p in PHASES}))
+                    "plan's default, as the compiler would apply them", scripted))
     for cls, words in CLASS_WORDS.items():
         below = {p: [g for g in members(names[p], cls)
                      if base[p].precision_of(g) is not LIFT] for p in PHASES}
@@ -116,11 +114,9 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
     opener = prefixed_opener(lambda phase: open_phase(spec, phase), kv.kv if kv else None)
     models = {p: opener(p) for p in PHASES}
     groups = {p: find_groups(m) for p, m in models.items()}
-    unset = None
-    if alls:
-        unset = {p: frozenset(scripted_plan(models[p], dataclasses.replace(
-            _flat(plan, p), target=target), hn=(hn or {}).get(p))[1]) for p in PHASES}
-    todo = variants(plan, {p: [x.name for x in g.groups] for p, g in groups.items()}, unset)
+    scripted = {p: scripted_plan(models[p], _flat(plan, p), hn=(hn or {}).get(p))[0]
+                for p in PHASES} if alls else None
+    todo = variants(plan, {p: [x.name for x in g.groups] for p, g in groups.items()}, scripted)
     if not asked:
         todo = [v for v in todo if v[0] in ("plan", "as-scripted")]
         if len(todo) == 1:
