@@ -35,6 +35,11 @@ DEFAULT_METRIC = "ppl_ratio"
 WHATIF_FIGURES = ("ppl_ratio", "top1_agreement", "decode_top1")  # --whatif: no greedy prompts
 
 
+def goal_margin(metric: str, value: float, goal: float) -> float:
+    """How far ``value`` of ``metric`` is past ``goal`` (>= 0: reached), in its unit."""
+    return (value - goal) if METRICS[metric].higher else (goal - value)
+
+
 def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, Any],
                     rewrites: dict[str, Any], w4_doc: dict[str, Any] | None = None
                     ) -> dict[str, Any]:
@@ -65,8 +70,7 @@ def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, A
         "measured_by": "onnxruntime", "seconds": evaluation.get("seconds")}
     if opts.goal is not None:
         f = figures[opts.metric]
-        sign = 1 if METRICS[opts.metric].higher else -1
-        margin = sign * (f["value"] - opts.goal)
+        margin = goal_margin(opts.metric, f["value"], opts.goal)
         met = margin >= 0
         within = abs(margin) <= 2 * f["se"]
         out["goal_met"] = met
@@ -91,10 +95,8 @@ def whatif_summary(doc: dict[str, Any], opts: Any) -> dict[str, Any]:
         return {"asked": False}
     out = {**doc, "reach": None}
     if opts.goal is not None and opts.metric in WHATIF_FIGURES:
-        higher = METRICS[opts.metric].higher
-        hit = [r for r in doc["variants"] if (r["figures"][opts.metric]["value"] >= opts.goal
-                                              if higher else
-                                              r["figures"][opts.metric]["value"] <= opts.goal)]
+        hit = [r for r in doc["variants"]
+               if goal_margin(opts.metric, r["figures"][opts.metric]["value"], opts.goal) >= 0]
         out["reach"] = {"metric": opts.metric, "goal": opts.goal,
                         "reach": [r["label"] for r in hit],
                         "ship": [r["label"] for r in hit if r["ships"]]}
@@ -116,7 +118,7 @@ def _scripted_lines(w: dict[str, Any], goal: float | None, metric: str) -> list[
            f"{figs}"]
     if goal is not None and metric in got["figures"]:
         f = got["figures"][metric]
-        margin = (f["value"] - goal) * (1 if METRICS[metric].higher else -1)
+        margin = goal_margin(metric, f["value"], goal)
         out.append(f"    the goal as scripted: {'reached' if margin >= 0 else 'MISSED'} "
                    f"({metric} {f['value']:.4f} ± {f['se']:.4f}"
                    + ("; within 2 standard errors: not decided by this amount of text"
