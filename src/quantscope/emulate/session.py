@@ -22,6 +22,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from quantscope.threads import default_threads
 from quantscope.types import QuantscopeError
 
 Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
@@ -54,11 +55,11 @@ def make_session(
     thread pools do not spin after a run (idle sessions would steal the running one's
     cores).
 
-    ``threads``: intra-op threads (0: ONNX Runtime's default, one per core); the numbers
-    do not depend on it.
+    ``threads``: intra-op threads (0: ``$QUANTSCOPE_THREADS``, else ONNX Runtime's
+    default, one per core); the numbers do not depend on it.
     """
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
+    opts.intra_op_num_threads = threads or default_threads()
     level = ort.GraphOptimizationLevel
     opts.graph_optimization_level = (
         level.ORT_ENABLE_ALL if integer_kernels
@@ -118,6 +119,7 @@ def _dequantized(proto: onnx.ModelProto, nodes: list[onnx.NodeProto]) -> list[np
     small = helper.make_model(graph, opset_imports=proto.opset_import,
                               ir_version=proto.ir_version)
     opts = ort.SessionOptions()
+    opts.intra_op_num_threads = default_threads()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
     sess = ort.InferenceSession(small.SerializeToString(), sess_options=opts,

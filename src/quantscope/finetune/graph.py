@@ -40,6 +40,7 @@ from torch import nn
 
 from quantscope.finetune.fakequant import ActQuant, WeightQuant, storage_bits
 from quantscope.finetune.ops import OPS, attributes
+from quantscope.threads import default_threads
 from quantscope.types import QuantScheme, QuantscopeError
 
 Tensor = torch.Tensor
@@ -247,5 +248,9 @@ def _one_device(args: list[Any]) -> list[Any]:
 
 def to_torch(proto: onnx.ModelProto, *, float_weights: dict[str, np.ndarray] | None = None,
              scheme: QuantScheme | None = None) -> GraphModule:
-    """Convert an ONNX graph (FP32, or QDQ from ``build_qdq`` plus its FP32 weights)."""
+    """Convert an ONNX graph (FP32, or QDQ from ``build_qdq`` plus its FP32 weights).
+
+    ``$QUANTSCOPE_THREADS``, when set, sizes PyTorch's CPU pool (quantscope.threads)."""
+    if threads := default_threads():
+        torch.set_num_threads(threads)
     return GraphModule(proto, float_weights=float_weights, scheme=scheme)

@@ -39,6 +39,7 @@ import onnx
 from onnx import shape_inference
 
 from quantscope.model.load import Model
+from quantscope.threads import default_threads
 from quantscope.types import Groups, QuantscopeError
 
 Shape = tuple[int | str | None, ...]
@@ -194,6 +195,7 @@ def _sample_shapes(model: Model, given: dict[str, tuple[int, ...]], names: list[
         import onnxruntime as ort
 
         opts = ort.SessionOptions()
+        opts.intra_op_num_threads = default_threads()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         opts.enable_cpu_mem_arena = False  # its activations go back after the one run
         opts.add_session_config_entry("session.disable_prepacking", "1")  # no weight copy

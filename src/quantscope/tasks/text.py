@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 import tokenizers
 
+from quantscope.threads import default_threads
 from quantscope.types import QuantscopeError
 
 Runner = Callable[[dict[str, np.ndarray]], Sequence[np.ndarray]]
@@ -590,5 +591,7 @@ def ort_runner(model: str | Path | bytes) -> Runner:
     import onnxruntime as ort
 
     source = model if isinstance(model, bytes) else str(model)
-    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = default_threads()
+    session = ort.InferenceSession(source, opts, providers=["CPUExecutionProvider"])
     return lambda feeds: session.run(None, feeds)

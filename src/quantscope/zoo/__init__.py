@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantscope.types import QuantscopeError
-from quantscope.zoo.cache import cache_dir
+from quantscope.zoo.cache import build_lock, cache_dir
 
 
 @dataclass(frozen=True)
@@ -138,17 +138,19 @@ def resolve_model(name_or_path: str) -> Path:
     if spec is None:
         return Path(name_or_path)
     folder = cache_dir()
-    if (folder / spec.filename).is_file():
-        return folder / spec.filename
-    _check_requirements(name_or_path, spec)
     dest = folder / spec.filename
-    print(f"quantscope: building built-in model '{name_or_path}' once -> {dest}", file=sys.stderr)
-    started = time.perf_counter()
-    dest = Path(_load_builder(spec.builder)(folder))
-    print(
-        f"quantscope: built '{name_or_path}' in {time.perf_counter() - started:.1f} s",
-        file=sys.stderr,
-    )
+    if dest.is_file():
+        return dest
+    _check_requirements(name_or_path, spec)
+    with build_lock(folder, spec.filename):  # one builder at a time; the others wait
+        if dest.is_file():  # another process built it while this one waited
+            return dest
+        print(f"quantscope: building built-in model '{name_or_path}' once -> {dest}",
+              file=sys.stderr)
+        started = time.perf_counter()
+        dest = Path(_load_builder(spec.builder)(folder))
+        print(f"quantscope: built '{name_or_path}' in {time.perf_counter() - started:.1f} s",
+              file=sys.stderr)
     return dest
 
 

@@ -5,14 +5,19 @@ cache folder           ``$QUANTSCOPE_CACHE`` if set, else ``~/.cache/quantscope`
 atomic write           write to a temporary file in the same folder, then
                        ``os.replace`` it onto the final name: a reader sees either
                        no file or a complete one, never a half-written model
+build lock             ``.NAME.lock`` in the folder, held (``flock``) while one
+                       process builds NAME: a second process that wants it waits,
+                       then finds it built (two test workers, two shells)
 =====================  ==========================================================
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 CACHE_ENV = "QUANTSCOPE_CACHE"
@@ -24,6 +29,30 @@ def cache_dir() -> Path:
     path = Path(root).expanduser() if root else Path.home() / ".cache" / "quantscope"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def build_lock(folder: Path, name: str) -> Iterator[None]:
+    """Hold ``folder/.name.lock`` exclusively; say so once when another process holds it.
+
+    Where ``fcntl`` is missing (Windows), nothing is locked: the atomic writes still keep
+    every file whole, two builders only do the work twice."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on the platforms CI runs
+        yield
+        return
+    with open(Path(folder) / f".{name}.lock", "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"quantscope: another process is building {name}; waiting for it",
+                  file=sys.stderr)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def write_atomic(dest: Path, write: Callable[[Path], None]) -> Path:

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, utils
 
+from quantscope.threads import default_threads
 from quantscope.types import QuantscopeError
 from quantscope.zoo.cache import write_atomic
 
@@ -76,6 +77,7 @@ def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray], outputs: list[str
     import onnxruntime as ort  # the builder runs once; the emulator has its own factory
 
     opts = ort.SessionOptions()
+    opts.intra_op_num_threads = default_threads()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     opts.log_severity_level = 3
     sess = ort.InferenceSession(proto.SerializeToString(), opts,
