@@ -30,10 +30,12 @@ lint: $(STAMP)
 	$(PY) -m ruff check src tests bench tools
 	$(VENV)/bin/lint-imports
 
+# Two pytest-xdist workers, whole test files each (module fixtures computed once), one
+# compute thread per worker (tests/conftest.py): CI has two cores
 test: $(STAMP)
 	$(PY) -m ruff check src tests bench tools
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) bench/emulation.py

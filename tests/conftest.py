@@ -1,9 +1,17 @@
+import json
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers (pytest-xdist): one compute thread each, so that the two
+    # do not oversubscribe CI's two cores (quantscope.threads; OMP for PyTorch's pool).
+    os.environ.setdefault("QUANTSCOPE_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_report_header(config) -> str:
@@ -21,7 +29,24 @@ def pytest_report_header(config) -> str:
 @pytest.fixture(scope="session")
 def searched_decoder(tmp_path_factory):
     """``run <tiny decoder> --rewrites search`` once for the session (decoder_tiny.searched_run):
-    read by the search's tests and the report's browser test."""
+    read by the search's tests and the report's browser test. Under pytest-xdist the workers
+    share one run: the first to need it makes it in their common folder under a lock, the
+    others wait for it and read what it printed."""
     from decoder_tiny import searched_run
 
-    return searched_run(tmp_path_factory.mktemp("decsearch"))
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return searched_run(tmp_path_factory.mktemp("decsearch"))
+    import fcntl
+
+    shared = tmp_path_factory.getbasetemp().parent  # the workers' common folder
+    done = shared / "decsearch.json"
+    with open(shared / "decsearch.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            folder = shared / "decsearch"
+            folder.mkdir(exist_ok=True)
+            out, printed, args = searched_run(folder)
+            done.write_text(json.dumps({"out": str(out), "printed": printed, "args": args}))
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    kept = json.loads(done.read_text())
+    return Path(kept["out"]), kept["printed"], kept["args"]
