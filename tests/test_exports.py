@@ -276,6 +276,29 @@ def test_scripted_plan_puts_what_the_script_cannot_name_at_the_default():
     assert scripted_plan(model, at_default) == (at_default, ())  # the default is carried
 
 
+
+def test_scripted_plan_gives_an_unnamed_groups_range_to_the_compilers_min_max():
+    """A range the script cannot pin (the unnamed Exp's MSE method at 8 bit, or a pinned
+    range) falls to the compiler's own min/max: the group counts as differing. A named
+    group keeps its method; an MSE range at 16 bit is min/max already and changes nothing."""
+    model = _lookup_exp_model()
+    plan = Plan(default=Precision.A8_W8, target="hailo10h", ranges=(("e", "mse"), ("y", "mse")))
+    scripted, lost = scripted_plan(model, plan)
+    assert lost == ("exp",)
+    assert dict(scripted.ranges) == {"e": "minmax", "y": "mse"}
+    pinned = Plan(default=Precision.A8_W8, target="hailo10h", pinned=(("e", (-1.0, 1.0)),))
+    scripted, lost = scripted_plan(model, pinned)
+    assert lost == ("exp",) and scripted.pinned == () and dict(scripted.ranges) == {
+        "e": "minmax"}
+    wide = Plan(default=Precision.A8_W8, target="hailo10h",
+                overrides=(("exp", Precision.A16_W16),), ranges=(("e", "mse"),))
+    scripted, lost = scripted_plan(model, wide)  # the precision falls to 8 bit: MSE moves it
+    assert lost == ("exp",) and dict(scripted.ranges) == {"e": "minmax"}
+    at16 = Plan(default=Precision.A16_W16, target="hailo10h", ranges=(("e", "mse"),))
+    assert scripted_plan(model, at16) == (at16, ())
+    hn = {"layers": {"n/activation1": {"original_names": ["exp"]}}}
+    assert scripted_plan(model, plan, hn=hn) == (plan, ())
+
 def test_unset_line_counts_per_file_with_the_op_kinds():
     warnings = [
         "model.alls: a/exp: a16_w16 NOT SET: no Hailo layer name known for its Exp layer: x",

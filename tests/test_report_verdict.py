@@ -255,8 +255,9 @@ def test_the_short_verdict_gives_the_single_plan_as_its_script_carries_it():
     sc = {"script": "model.alls", "decisions": 156, "value": 0.71, "plan": 0.873,
           "reached": False}
     text = format_verdict({**v, "as_scripted": sc})  # the real run's: 86.3 % (README)
-    assert ("    the single plan as model.alls is written (156 decisions NOT SET fall to the "
-            "default): 71.0 % held out against its 87.3 %\n") in text + "\n"
+    assert ("    the single plan as model.alls is written (156 groups NOT SET: precision to "
+            "the default, range to the compiler's min/max): 71.0 % held out against its "
+            "87.3 %\n") in text + "\n"
     alone = {k: x for k, x in v.items() if k != "deployment"}
     assert "the goal as scripted: MISSED" in format_verdict({**alone, "as_scripted": sc})
     assert "as model.alls is written" not in format_verdict({**v, "as_scripted": None})

@@ -256,7 +256,7 @@ def export_alls(
     return "\n".join(lines) + "\n"
 
 
-def _calibrated_alike(method: str, precision: Precision) -> bool:
+def calibrated_alike(method: str, precision: Precision) -> bool:
     """Whether ``method`` at ``precision`` gives the calibrated min/max anyway (``minmax``;
     ``mse`` above :data:`~quantscope.numerics.MSE_MAX_BITS`, e.g. a 16-bit output)."""
     bits = precision.act_bits
@@ -276,7 +276,7 @@ def forced_ranges(
     out: dict[str, tuple[float, float]] = {}
     methods, pinned = dict(plan.ranges), dict(plan.pinned)
     for tensor in methods | pinned:
-        if tensor not in pinned and tensor in owner and _calibrated_alike(
+        if tensor not in pinned and tensor in owner and calibrated_alike(
                 methods[tensor], plan.precision_of(owner[tensor])):
             continue  # the compiler's own min/max is this range: nothing to pin
         if tensor in owner and tensor in enc.activations:

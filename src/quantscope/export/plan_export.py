@@ -14,7 +14,12 @@ from typing import Any
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.export.device_io import device_io
 from quantscope.export.formats import FORMATS, ExportInput, export_format
-from quantscope.export.hailo_alls import forced_ranges, hn_layer_names, unnamed_groups
+from quantscope.export.hailo_alls import (
+    calibrated_alike,
+    forced_ranges,
+    hn_layer_names,
+    unnamed_groups,
+)
 from quantscope.export.kv_prefix import plan_alls_note
 from quantscope.model.groups import find_groups
 from quantscope.model.host_gather import host_gathers, host_groups
@@ -95,18 +100,31 @@ def export_plan(
 
 def scripted_plan(model: Model, plan: Plan, *, hn: dict[str, Any] | None = None
                   ) -> tuple[Plan, tuple[str, ...]]:
-    """The plan as its Hailo script carries it, and the groups that differ: a decision the
-    script cannot name (``unnamed_groups``: no HN name, no guess; a host lookup aside) and
-    that is not at the plan's default is the default in the compiler's hands. A pinned
-    range the script cannot carry is not modelled (the plan's range method is kept)."""
+    """The plan as its Hailo script carries it, and the groups that differ. A group the
+    script cannot name (``unnamed_groups``: no HN name, no guess; a host lookup aside) is
+    in the compiler's hands: a precision off the plan's default falls to the default, and
+    a pinned range or a range method that moves the range off min/max (what
+    ``force_range_out`` would carry) falls to the compiler's own calibrated min/max."""
     groups = find_groups(model)
     unset = (unnamed_groups(groups, hn_layer_names(hn, groups) if hn else None)
              - host_groups(groups, host_gathers(model, _host_rows(plan))))
-    lost = tuple(sorted(g for g in unset if plan.precision_of(g) is not plan.default))
+    lost = {g for g in unset if plan.precision_of(g) is not plan.default}
+    overrides = tuple((g, p) for g, p in plan.overrides if g not in lost)
+    owner = {t: g.name for g in groups.groups for t in g.outputs if g.name in unset}
+    methods, pinned = dict(plan.ranges), dict(plan.pinned)
+    for tensor in sorted(set(methods) | set(pinned)):
+        group = owner.get(tensor)
+        if group is None:
+            continue
+        precision = plan.default if group in lost else plan.precision_of(group)
+        if tensor in pinned or not calibrated_alike(methods[tensor], precision):
+            methods[tensor] = "minmax"
+            pinned.pop(tensor, None)
+            lost.add(group)
     if not lost:
         return plan, ()
-    return dataclasses.replace(plan, overrides=tuple(
-        (g, p) for g, p in plan.overrides if g not in lost)), lost
+    return dataclasses.replace(plan, overrides=overrides, ranges=tuple(methods.items()),
+                               pinned=tuple(pinned.items())), tuple(sorted(lost))
 
 
 def _host_rows(plan: Plan) -> int:

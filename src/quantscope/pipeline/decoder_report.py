@@ -113,8 +113,8 @@ def _scripted_lines(w: dict[str, Any], goal: float | None, metric: str) -> list[
     n = sum(got["changed"].values())
     figs = ", ".join(f"{k} {got['figures'][k]['value']:.4f} ± {got['figures'][k]['se']:.4f} "
                      f"(plan {plan['figures'][k]['value']:.4f})" for k in got["figures"])
-    out = [f"  as the phase scripts are written ({n} decisions NOT SET fall to the plan's "
-           f"default; {s['evaluation']} windows, {s['evaluation'] * s['steps']} decode steps): "
+    out = [f"  as the phase scripts are written ({n} groups NOT SET: precision to the plan's "
+           f"default, range to the compiler's min/max; {s['evaluation']} windows, {s['evaluation'] * s['steps']} decode steps): "
            f"{figs}"]
     if goal is not None and metric in got["figures"]:
         f = got["figures"][metric]

@@ -7,7 +7,8 @@ say which variants reach the goal and whether any of them is legal within ``--ma
 variants               ``plan`` (the chosen plan, measured at these amounts for the
                        comparison); ``as-scripted`` (a target whose compiler reads a Hailo
                        script): the decisions the phase scripts leave NOT SET (no layer
-                       name) at the plan's default, as the compiler would apply them;
+                       name) as the compiler would apply them: precision at the plan's
+                       default, range at its own calibrated min/max;
                        ``+CLASS``: the plan with every group of the class
                        (:data:`quantscope.model.lm_classes.CLASS_WORDS`) at a16_w16 on
                        both phases, where it has a group below that; ``all16``: every
@@ -19,8 +20,8 @@ amounts                the evaluate stage's decode windows (``--decode-steps`` /
                        no greedy prompts: about a minute per variant on smollm2-135m on
                        2 cores; each figure with its standard error (differences under
                        about two of them are not decided by this amount of text)
-changed                per variant and phase: the groups at another precision than in
-                       the plan
+changed                per variant and phase: the groups at another precision or output
+                       range method than in the plan
 checks                 per variant and phase: the target's rules (errors and the rules
                        broken) and the cost against uniform a8_w8 (float groups are errors
                        on an integer target); a variant "ships" when it is legal on both
@@ -39,7 +40,7 @@ from typing import Any
 from quantscope.model.groups import find_groups
 from quantscope.model.lm_classes import CLASS_WORDS, members
 from quantscope.pipeline.decoder_report import METRICS, WHATIF_FIGURES
-from quantscope.types import PHASE_OVERRIDES, PHASE_RANGES, Plan, Precision
+from quantscope.types import PHASE_OVERRIDES, PHASE_RANGES, Group, Plan, Precision
 
 PHASES = ("prefill", "decode")
 LIFT = Precision.A16_W16
@@ -51,6 +52,16 @@ def _flat(plan: Plan, phase: str) -> Plan:
     own = plan.for_phase(phase)
     meta = tuple((k, v) for k, v in own.meta if k not in (PHASE_OVERRIDES, PHASE_RANGES))
     return dataclasses.replace(own, meta=meta)
+
+
+def _differs(plan: Plan, base: Plan, group: Group) -> bool:
+    """Whether ``group`` runs otherwise under ``plan`` than under ``base``: its precision, or
+    an output's range method or pinned range."""
+    if plan.precision_of(group.name) is not base.precision_of(group.name):
+        return True
+    ranges, pins = (dict(plan.ranges), dict(base.ranges)), (dict(plan.pinned), dict(base.pinned))
+    return any(ranges[0].get(t) != ranges[1].get(t) or pins[0].get(t) != pins[1].get(t)
+               for t in group.outputs)
 
 
 def _set(plan: Plan, groups: list[str], precision: Precision) -> Plan:
@@ -68,8 +79,9 @@ def variants(plan: Plan, names: dict[str, list[str]],
     base = {p: _flat(plan, p) for p in PHASES}
     out = [("plan", "the chosen plan", base)]
     if scripted and any(scripted[p] != base[p] for p in PHASES):
-        out.append(("as-scripted", "the decisions the phase scripts leave NOT SET at the "
-                    "plan's default, as the compiler would apply them", scripted))
+        out.append(("as-scripted", "the decisions the phase scripts leave NOT SET as the "
+                    "compiler would apply them (precision at the plan's default, range at its "
+                    "min/max)", scripted))
     for cls, words in CLASS_WORDS.items():
         below = {p: [g for g in members(names[p], cls)
                      if base[p].precision_of(g) is not LIFT] for p in PHASES}
@@ -142,8 +154,8 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
         costs = {c.phase: c.cost for c in checks[label]}
         errors = {c.phase: c.errors for c in checks[label]}
         base = todo[0][2]
-        changed = {p: sum(per_phase[p].precision_of(g.name) is not base[p].precision_of(g.name)
-                          for g in groups[p].groups) for p in PHASES}
+        changed = {p: sum(_differs(per_phase[p], base[p], g) for g in groups[p].groups)
+                   for p in PHASES}
         rows.append({"label": label, "what": what, "changed": changed, "figures": figures,
                      "costs": costs, "errors": errors,
                      "rules": sorted({p.rule for c in checks[label] for p in c.problems

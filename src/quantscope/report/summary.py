@@ -334,7 +334,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if sc:  # ... and what the single plan measures without them
         m = v["metric"]
         lines.append(f"    the single plan as {sc['script']} is written ({sc['decisions']} "
-                     f"decisions NOT SET fall to the default): {fmt.value(m, sc['value'])} held "
+                     "groups NOT SET: precision to the default, range to the compiler's min/max)"
+                     f": {fmt.value(m, sc['value'])} held "
                      f"out against its {fmt.value(m, sc['plan'])}"
                      + ("" if sc.get("reached") is None or dep is not None else
                         f"; the goal as scripted: {'reached' if sc['reached'] else 'MISSED'}"))
