@@ -261,3 +261,20 @@ def test_the_short_verdict_gives_the_single_plan_as_its_script_carries_it():
     alone = {k: x for k, x in v.items() if k != "deployment"}
     assert "the goal as scripted: MISSED" in format_verdict({**alone, "as_scripted": sc})
     assert "as model.alls is written" not in format_verdict({**v, "as_scripted": None})
+
+
+def test_the_short_verdict_gives_the_deployment_as_its_scripts_carry_it():
+    """What ships, measured as the compiled lengths' scripts are written: said under the
+    warnings with the files, beside the deployment's figure, the goal judged on it."""
+    v = json.loads((Path(__file__).parent.parent / "docs" / "data" / "run_verdict.json")
+                   .read_text())
+    sc = {"files": {"len-160/model.alls": 1, "len-256/model.alls": 1}, "decisions": 2,
+          "value": 0.95}
+    text = format_verdict({**v, "deployment": {**v["deployment"], "as_scripted": sc}})
+    assert ("    the deployment as its scripts are written (2 groups NOT SET in "
+            "len-160/model.alls, len-256/model.alls: precision to the default, range to the "
+            "compiler's min/max): 95.0 % held out against its 98.7 %; the goal as scripted: "
+            "MISSED\n") in text + "\n"
+    assert "the deployment as its scripts" not in format_verdict(v)
+    alone = {k: x for k, x in v.items() if k != "deployment"}
+    assert "the deployment as its scripts" not in format_verdict(alone)

@@ -6,6 +6,7 @@ that runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -21,7 +22,8 @@ from quantscope.cli import main
 from quantscope.model.load import load_proto
 from quantscope.pipeline.data import open_run_data
 from quantscope.plan.buckets import route
-from quantscope.plan.deployment import Candidate
+from quantscope.plan.deployment import Bucket, Candidate, Deployment
+from quantscope.report import summary
 from quantscope.serde import read_json
 from quantscope.stages import lengths as L
 from quantscope.targets import load_target
@@ -110,6 +112,14 @@ def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run,
     assert scope == json.loads((out / "plan.json").read_text())["scope"]
     assert any("no repair offered" in line for line in scope)
     assert "no repair offered" in (out / "report.html").read_text()
+    # no Hailo script on ort-cpu: nothing measured as scripted; where a script leaves
+    # decisions NOT SET (pipeline/deploy.py), the verdict reads them per file and the figure
+    assert "as_scripted" not in doc and "as_scripted" not in v
+    first = f"len-{d['seq_lens'][0]}/model.alls"
+    sc = summary.deployment({**doc, "as_scripted": {"groups": {first: ["Gather_1", "x"]},
+                                                    "metrics": {"top1_agreement": 0.5}}},
+                            "top1_agreement")["as_scripted"]
+    assert sc == {"files": {first: 2}, "decisions": 2, "value": 0.5}
     capsys.readouterr()
     assert main(args) == 0
     assert "skipped (done): calibrate, analyze, plan, repair, check, evaluate, deploy, " \
@@ -318,3 +328,30 @@ def test_the_plan_offers_no_default_repair_where_lengths_are_chosen(monkeypatch)
     (line,) = dropped.lines
     assert "no repair offered" in line and "bias, ranges not measured" in line
     assert scope(True) == steps.PlanScope(None, ("bias", "ranges"))
+
+
+def test_the_deployment_is_measured_as_its_scripts_carry_it(tmp_path):
+    """A compiled length whose Hailo script cannot name a group (the tiny encoder's Gather on
+    a target that keeps it on the device) runs that group at the plan's default: the
+    scripted deployment is the plan with that decision dropped, and measures as such."""
+    model = load_proto(tiny_encoder(), "tiny")
+    rd = open_run_data(model, "stdlib-docs", eval_data=None, pairs=PAIRS, tokenizer=None,
+                       folder=tmp_path)
+    stats = stages.calibrate_model(model, rd.fit, progress=False)
+    a8 = Plan(default=Precision.A8_W8, target="ort-cpu")
+    lifted = Plan(default=Precision.A8_W8, target="ort-cpu",
+                  overrides=(("Gather_1", Precision.A16_W16), ("ReduceMean_2", Precision.A16_W16)))
+    dep = Deployment(buckets=(Bucket(64, model, stats, lifted), Bucket(256, model, stats, a8)),
+                     target="ort-cpu")
+    scripted, lost = stages.scripted_deployment(dep)
+    assert lost == {64: ("Gather_1",)}  # the ReduceMean is named (a Hailo guess): kept
+    assert scripted.buckets[0].plan.precision_of("Gather_1") is Precision.A8_W8
+    assert scripted.buckets[0].plan.precision_of("ReduceMean_2") is Precision.A16_W16
+    assert scripted.buckets[1] == dep.buckets[1]
+    by_hand = Deployment(buckets=(Bucket(64, model, stats, dataclasses.replace(
+        lifted, overrides=(("ReduceMean_2", Precision.A16_W16),))), dep.buckets[1]),
+        target="ort-cpu")
+    from quantscope.stages.route import evaluate_deployment
+
+    got, want = (evaluate_deployment(model, rd.held_out, d).metrics for d in (scripted, by_hand))
+    assert got == want

@@ -24,12 +24,14 @@ from quantscope.export.kv_prefix import plan_alls_note
 from quantscope.model.groups import find_groups
 from quantscope.model.host_gather import host_gathers, host_groups
 from quantscope.model.load import Model
+from quantscope.plan.deployment import Deployment
 from quantscope.serde import bytes_writer, write_atomic
 from quantscope.targets import load_target
 from quantscope.types import Plan, QuantscopeError, Stats
 
 __all__ = ["FORMAT_VENDORS", "alls_target", "check_plan_format", "check_plan_target",
-           "device_io_rows", "export_plan", "forced_ranges", "scripted_plan"]
+           "device_io_rows", "export_plan", "forced_ranges", "scripted_deployment",
+           "scripted_plan"]
 
 # export format -> the vendor whose compiler reads it (QDQ ONNX: any), from the registry
 FORMAT_VENDORS = {f.name: f.vendor for f in FORMATS.values() if f.vendor}
@@ -125,6 +127,19 @@ def scripted_plan(model: Model, plan: Plan, *, hn: dict[str, Any] | None = None
         return plan, ()
     return dataclasses.replace(plan, overrides=overrides, ranges=tuple(methods.items()),
                                pinned=tuple(pinned.items())), tuple(sorted(lost))
+
+
+def scripted_deployment(deployment: Deployment, *, hn: dict[str, Any] | None = None
+                        ) -> tuple[Deployment, dict[int, tuple[str, ...]]]:
+    """The deployment as its compiled lengths' Hailo scripts carry it (:func:`scripted_plan`
+    per length), and per length the groups that differ (lengths with none left out)."""
+    buckets, lost = [], {}
+    for b in deployment.buckets:
+        plan, groups = scripted_plan(b.model, b.plan, hn=hn)
+        buckets.append(dataclasses.replace(b, plan=plan))
+        if groups:
+            lost[b.seq_len] = groups
+    return dataclasses.replace(deployment, buckets=tuple(buckets)), lost
 
 
 def _host_rows(plan: Plan) -> int:

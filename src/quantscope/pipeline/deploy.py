@@ -11,6 +11,11 @@
 ``len-N/``             per compiled length: ``model.onnx`` (the FP32 model for the
                        compiler), ``stats.npz``, ``plan.json`` and the target's export
                        formats (``.alls`` / QNN encodings: :func:`steps.formats`)
+``as_scripted``        in ``lengths.json``, when a length's Hailo script leaves a
+                       decision NOT SET (no layer name): the groups per script and the
+                       deployment measured held out as the compiler would apply the
+                       scripts (``scripted_plan``: precision at the default, range at
+                       the compiler's min/max)
 =====================  ==============================================================
 
 The host router (token count -> compiled model, padding to its length) is written into
@@ -75,11 +80,33 @@ def deploy(ctx: Context) -> steps.Done:
         return _write(ctx, {**doc, "buckets": False,
                             "reason": f"no deployment of compiled lengths chosen: {e}"})
     say(f"compiled lengths: {result.reason}", show=ctx.progress)
-    written = _write_buckets(ctx, result.deployment)
+    hn = stages.read_json_file(o.hn, "HN") if o.hn else None
+    written = _write_buckets(ctx, result.deployment, hn)
+    scripted = _as_scripted(ctx, model, rd.held_out, result.deployment, hn)
     doc.update({"candidates": [c.name for c in cands], "notes": list(notes),
                 "pad_id": _pad_id(rd.fit), "inputs": _feeds(rd.fit),
-                "deployment": result.to_dict()})
+                "deployment": result.to_dict(),
+                **({"as_scripted": scripted} if scripted else {})})
     return _write(ctx, doc, (steps.DEPLOYMENT, *written))
+
+
+def _as_scripted(ctx: Context, reference: Any, held_out: Any, deployment: Deployment,
+                 hn: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The deployment as its lengths' Hailo scripts carry it, measured held out (module
+    doc); None when no script leaves a decision that matters NOT SET."""
+    from quantscope.stages.route import evaluate_deployment
+
+    alls = [name for fmt, name in steps.formats(ctx.target()) if fmt == "alls"]
+    if not alls:
+        return None
+    scripted, lost = stages.scripted_deployment(deployment, hn=hn)
+    if not lost:
+        return None
+    say(f"compiled lengths: measuring the deployment as its scripts are written "
+        f"({sum(map(len, lost.values()))} decisions NOT SET)", show=ctx.progress)
+    measured = evaluate_deployment(reference, held_out, scripted, progress=ctx.progress)
+    return {"groups": {f"{folder_of(n)}/{alls[0]}": list(g) for n, g in lost.items()},
+            "metrics": dict(measured.metrics)}
 
 
 def _write(ctx: Context, doc: dict[str, Any], files: tuple[str, ...] = ()) -> steps.Done:
@@ -95,9 +122,9 @@ def _remove_stale(ctx: Context) -> None:
     (ctx.path(steps.DEPLOYMENT)).unlink(missing_ok=True)
 
 
-def _write_buckets(ctx: Context, deployment: Deployment) -> list[str]:
+def _write_buckets(ctx: Context, deployment: Deployment, hn: dict[str, Any] | None
+                   ) -> list[str]:
     """Per compiled length its folder (module doc); ``deployment.json`` naming them."""
-    hn = stages.read_json_file(ctx.opts.hn, "HN") if ctx.opts.hn else None
     written, entries = [], []
     for b in deployment.buckets:
         folder = folder_of(b.seq_len)

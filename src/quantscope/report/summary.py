@@ -254,7 +254,18 @@ def deployment(doc: dict[str, Any] | None, metric: str) -> dict[str, Any] | None
             "cost_per_query": d["cost_per_query"], "cost_per_document": d["cost_per_document"],
             "cost_mean": d["cost_mean"], "cost_mean_se": d["cost_mean_se"],
             "max_cost": cap, "cost_margin": margin,
-            "legal": held["legal"], "switching": d["switching"], "lines": lines}
+            "legal": held["legal"], "switching": d["switching"], "lines": lines,
+            **_deployment_scripted(doc.get("as_scripted"), metric)}
+
+
+def _deployment_scripted(sc: dict[str, Any] | None, metric: str) -> dict[str, Any]:
+    """``lengths.json``'s deployment as its scripts carry it (pipeline/deploy.py): the
+    decisions NOT SET per script and the held-out figure ({} when none is)."""
+    if not sc:
+        return {}
+    return {"as_scripted": {"files": {f: len(g) for f, g in sc["groups"].items()},
+                            "decisions": sum(len(g) for g in sc["groups"].values()),
+                            "value": sc["metrics"].get(metric)}}
 
 
 def headline(v: dict[str, Any]) -> dict[str, Any]:
@@ -339,6 +350,15 @@ def format_short(v: dict[str, Any]) -> list[str]:
                      f"out against its {fmt.value(m, sc['plan'])}"
                      + ("" if sc.get("reached") is None or dep is not None else
                         f"; the goal as scripted: {'reached' if sc['reached'] else 'MISSED'}"))
+    dsc = (dep or {}).get("as_scripted")
+    if dsc:  # what ships, as its compiled lengths' scripts are written
+        lines.append(f"    the deployment as its scripts are written ({dsc['decisions']} groups "
+                     f"NOT SET in {', '.join(dsc['files'])}: precision to the default, range "
+                     f"to the compiler's min/max): {fmt.value(m, dsc['value'])} held out "
+                     f"against its {fmt.value(m, h['value'])}"
+                     + ("" if v["goal"] is None or dsc["value"] is None else
+                        f"; the goal as scripted: "
+                        f"{'reached' if _reaches(v, dsc['value']) else 'MISSED'}"))
     for step in v.get("host_steps", [])[:3]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
