@@ -43,6 +43,22 @@ def test_the_variable_sets_the_sessions_threads_and_a_bad_value_is_one_line(monk
             default_threads()
 
 
+def test_a_bad_thread_count_is_one_line_before_any_work(monkeypatch, tmp_path, capsys):
+    from quantscope.cli import main
+
+    model = tmp_path / "m.onnx"
+    onnx.save(_tiny(), model)
+    monkeypatch.setenv(THREADS_ENV, "many")
+    out = tmp_path / "W"
+    assert main(["run", str(model), "--data", "stdlib-docs", "--target", "ort-cpu",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [
+        f"quantscope: error: {THREADS_ENV}='many' is not a thread count: set it to a whole "
+        "number (0 or unset: one thread per core)"]
+    assert not out.exists()
+
+
 def slow_builder(folder: Path) -> Path:
     """A stand-in builder: takes its time, then writes the file (the test's registry entry)."""
     CALLS.append(time.perf_counter())

@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 
 from quantscope.cli.commands import COMMANDS, chosen, handler, parser
 from quantscope.cli.types import QuietPipe, check_input_shapes, check_paths, short_path
+from quantscope.threads import default_threads
 from quantscope.types import QuantscopeError
 
 EXIT_USER, EXIT_INTERNAL = 2, 3
@@ -44,6 +45,7 @@ def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) ->
     def call() -> int:
         check_paths(args)
         check_input_shapes(getattr(args, "input_shape", None))
+        default_threads()  # a bad $QUANTSCOPE_THREADS is one line before any work
         return func(args)
 
     return _one_line(call)
