@@ -114,8 +114,8 @@ def _scripted_lines(w: dict[str, Any], goal: float | None, metric: str) -> list[
     figs = ", ".join(f"{k} {got['figures'][k]['value']:.4f} ± {got['figures'][k]['se']:.4f} "
                      f"(plan {plan['figures'][k]['value']:.4f})" for k in got["figures"])
     out = [f"  as the phase scripts are written ({n} groups NOT SET: precision to the plan's "
-           f"default, range to the compiler's min/max; {s['evaluation']} windows, {s['evaluation'] * s['steps']} decode steps): "
-           f"{figs}"]
+           f"default, range to the compiler's min/max; {s['evaluation']} windows, "
+           f"{s['evaluation'] * s['steps']} decode steps): {figs}"]
     if goal is not None and metric in got["figures"]:
         f = got["figures"][metric]
         margin = goal_margin(metric, f["value"], goal)

@@ -103,7 +103,7 @@ def _as_scripted(ctx: Context, reference: Any, held_out: Any, deployment: Deploy
     if not lost:
         return None
     say(f"compiled lengths: measuring the deployment as its scripts are written "
-        f"({sum(map(len, lost.values()))} decisions NOT SET)", show=ctx.progress)
+        f"({sum(map(len, lost.values()))} groups NOT SET)", show=ctx.progress)
     measured = evaluate_deployment(reference, held_out, scripted, progress=ctx.progress)
     return {"groups": {f"{folder_of(n)}/{alls[0]}": list(g) for n, g in lost.items()},
             "metrics": dict(measured.metrics)}
