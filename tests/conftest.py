@@ -50,3 +50,12 @@ def searched_decoder(tmp_path_factory):
         fcntl.flock(lock, fcntl.LOCK_UN)
     kept = json.loads(done.read_text())
     return Path(kept["out"]), kept["printed"], kept["args"]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The test files with real-model tests (marked ``slow``) first, in their usual order,
+    then the others: `make test`'s two workers take whole files in this order, so the long
+    files start early and the short ones fill the end (neither worker is left alone with a
+    long file at the end)."""
+    heavy = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in heavy)  # stable: a file's tests stay together
