@@ -54,14 +54,13 @@ def _flat(plan: Plan, phase: str) -> Plan:
     return dataclasses.replace(own, meta=meta)
 
 
-def _differs(plan: Plan, base: Plan, group: Group) -> bool:
-    """Whether ``group`` runs otherwise under ``plan`` than under ``base``: its precision, or
-    an output's range method or pinned range."""
-    if plan.precision_of(group.name) is not base.precision_of(group.name):
-        return True
+def _changed(plan: Plan, base: Plan, groups: tuple[Group, ...]) -> int:
+    """How many of ``groups`` run otherwise under ``plan`` than under ``base``: another
+    precision, or an output's other range method or pinned range."""
     ranges, pins = (dict(plan.ranges), dict(base.ranges)), (dict(plan.pinned), dict(base.pinned))
-    return any(ranges[0].get(t) != ranges[1].get(t) or pins[0].get(t) != pins[1].get(t)
-               for t in group.outputs)
+    return sum(plan.precision_of(g.name) is not base.precision_of(g.name) or any(
+        ranges[0].get(t) != ranges[1].get(t) or pins[0].get(t) != pins[1].get(t)
+        for t in g.outputs) for g in groups)
 
 
 def _set(plan: Plan, groups: list[str], precision: Precision) -> Plan:
@@ -154,8 +153,7 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
         costs = {c.phase: c.cost for c in checks[label]}
         errors = {c.phase: c.errors for c in checks[label]}
         base = todo[0][2]
-        changed = {p: sum(_differs(per_phase[p], base[p], g) for g in groups[p].groups)
-                   for p in PHASES}
+        changed = {p: _changed(per_phase[p], base[p], groups[p].groups) for p in PHASES}
         rows.append({"label": label, "what": what, "changed": changed, "figures": figures,
                      "costs": costs, "errors": errors,
                      "rules": sorted({p.rule for c in checks[label] for p in c.problems

@@ -342,23 +342,16 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if unset:  # the vendor file does not carry these decisions: the compile would not either
         lines.append(f"  {unset}")
     sc = v.get("as_scripted")
-    if sc:  # ... and what the single plan measures without them
-        m = v["metric"]
-        lines.append(f"    the single plan as {sc['script']} is written ({sc['decisions']} "
-                     "groups NOT SET: precision to the default, range to the compiler's min/max)"
-                     f": {fmt.value(m, sc['value'])} held "
-                     f"out against its {fmt.value(m, sc['plan'])}"
-                     + ("" if sc.get("reached") is None or dep is not None else
-                        f"; the goal as scripted: {'reached' if sc['reached'] else 'MISSED'}"))
+    if sc:  # ... and what the single plan measures without them (the goal: where it ships)
+        lines.append(_scripted_line(m, f"the single plan as {sc['script']} is written",
+                                    sc["decisions"], "", sc["value"], sc["plan"],
+                                    None if dep is not None else sc.get("reached")))
     dsc = (dep or {}).get("as_scripted")
     if dsc:  # what ships, as its compiled lengths' scripts are written
-        lines.append(f"    the deployment as its scripts are written ({dsc['decisions']} groups "
-                     f"NOT SET in {', '.join(dsc['files'])}: precision to the default, range "
-                     f"to the compiler's min/max): {fmt.value(m, dsc['value'])} held out "
-                     f"against its {fmt.value(m, h['value'])}"
-                     + ("" if v["goal"] is None or dsc["value"] is None else
-                        f"; the goal as scripted: "
-                        f"{'reached' if _reaches(v, dsc['value']) else 'MISSED'}"))
+        lines.append(_scripted_line(
+            m, "the deployment as its scripts are written", dsc["decisions"],
+            f" in {', '.join(dsc['files'])}", dsc["value"], h["value"],
+            None if v["goal"] is None or dsc["value"] is None else _reaches(v, dsc["value"])))
     for step in v.get("host_steps", [])[:3]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
@@ -392,6 +385,17 @@ def unset_line(warnings: list[str], roles: dict[str, str] | None = None, *,
     return (f"warning: {len(unset)} plan decision(s) NOT SET in the compiler file"
             + (f"s ({where})" if len(files) > 1 else f" ({where})" if files else "")
             + f": {kinds}, so the compiler would not apply them; {fix} ({listed})")
+
+
+def _scripted_line(m: str, what: str, decisions: int, where: str, value: Any, against: Any,
+                   reached: bool | None) -> str:
+    """A figure measured as the Hailo scripts are written (the groups they leave NOT SET in
+    the compiler's hands), beside the figure as planned; the goal judged on it if given."""
+    return (f"    {what} ({decisions} groups NOT SET{where}: precision to the default, range "
+            f"to the compiler's min/max): {fmt.value(m, value)} held out against its "
+            f"{fmt.value(m, against)}" + ("" if reached is None else
+                                          f"; the goal as scripted: "
+                                          f"{'reached' if reached else 'MISSED'}"))
 
 
 def _reaches(v: dict[str, Any], value: Any) -> bool:
