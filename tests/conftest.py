@@ -36,18 +36,16 @@ def searched_decoder(tmp_path_factory):
 
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return searched_run(tmp_path_factory.mktemp("decsearch"))
-    import fcntl
+    from quantscope.zoo.cache import build_lock  # the built-in models' lock, reused
 
     shared = tmp_path_factory.getbasetemp().parent  # the workers' common folder
     done = shared / "decsearch.json"
-    with open(shared / "decsearch.lock", "a+b") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with build_lock(shared, "decsearch"):
         if not done.is_file():
             folder = shared / "decsearch"
             folder.mkdir(exist_ok=True)
             out, printed, args = searched_run(folder)
             done.write_text(json.dumps({"out": str(out), "printed": printed, "args": args}))
-        fcntl.flock(lock, fcntl.LOCK_UN)
     kept = json.loads(done.read_text())
     return Path(kept["out"]), kept["printed"], kept["args"]
 
