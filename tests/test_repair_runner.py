@@ -1,6 +1,7 @@
 """The repair registry and runner: names, skip-with-note, FP32 check, timing."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -12,9 +13,9 @@ from quantscope.calibrate.collect import calibrate
 from quantscope.cli import main
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
-from quantscope.repair.apply import REPAIRS, run_repairs
+from quantscope.repair.apply import REPAIRS, RepairMemo, run_repairs
 from quantscope.repair.bias_correction import bias_step
-from quantscope.repair.equalize import equalize_pairs
+from quantscope.repair.equalize import equalize_pairs, equalize_step
 from quantscope.repair.registry import DEFAULT_REPAIRS, REGISTRY, RepairSpec, repairs_help
 from quantscope.types import Plan, Precision, QuantscopeError, Stats
 
@@ -107,3 +108,41 @@ def test_unknown_repair_names_the_known_ones():
     m, stats, feeds = _setup(tm.conv_net())
     with pytest.raises(QuantscopeError, match="unknown repair 'equalize_pairs': use equalize"):
         run_repairs(m, stats, Plan.uniform(Precision.A8_W8), feeds, repairs=["equalize_pairs"])
+
+
+def test_a_search_runs_the_plan_free_steps_once_with_the_same_result():
+    """``RepairMemo``: two plans repaired with equalize (never reads the plan) then bias
+    (reads it): equalize and its recalibration run once, bias for each plan, and every
+    repaired model, stats and plan equal those of a run without the memo."""
+    m, stats, feeds = _setup(tm.conv_net())
+    calls: dict[str, int] = {"equalize": 0, "bias": 0}
+
+    def counted(name: str, step):
+        def run(inp):
+            calls[name] += 1
+            return step(inp)
+        return run
+
+    reg = {"equalize": replace(REGISTRY["equalize"], run=counted("equalize", equalize_step)),
+           "bias": replace(REGISTRY["bias"], run=counted("bias", bias_step))}
+    assert not reg["equalize"].reads_plan and reg["bias"].reads_plan
+    memo = RepairMemo()
+    plans = [Plan.uniform(Precision.A8_W8), Plan.uniform(Precision.A8_W4)]
+    for plan in plans * 2:
+        got = run_repairs(m, stats, plan, feeds, repairs=["equalize", "bias"], registry=reg,
+                          memo=memo)
+        want = run_repairs(m, stats, plan, feeds, repairs=["equalize", "bias"])
+        assert got.proto.SerializeToString() == want.proto.SerializeToString()
+        assert got.plan == want.plan
+        assert [r.changed for r in got.records] == [r.changed for r in want.records]
+        assert got.stats.tensors.keys() == want.stats.tensors.keys()
+        for name, w in want.stats.tensors.items():
+            g = got.stats.tensors[name]
+            assert (g.min, g.max, g.count) == (w.min, w.max, w.count)
+            assert np.array_equal(g.hist, w.hist) and np.array_equal(g.channel_absmax,
+                                                                     w.channel_absmax)
+    assert calls == {"equalize": 1, "bias": 4}  # without the memo: 4 and 4
+    assert (memo.hits, memo.misses) == (3, 1)
+    # a memo entry is kept only while no step before it read the plan
+    run_repairs(m, stats, plans[0], feeds, repairs=["bias", "ranges"], memo=memo)
+    assert (memo.hits, memo.misses) == (3, 1)

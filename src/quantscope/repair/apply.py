@@ -13,6 +13,11 @@ checks FP32    where the registry says the repair keeps the FP32 function: the o
 skips          a repair that finds no site, or whose own check fails (:class:`RepairError`),
                is recorded with ``skipped`` (why); the command goes on
 recalibrates   after a graph edit, so the stats match the model that is shipped
+reuses         with a :class:`RepairMemo` (a search repairing many plans of one model):
+               the leading steps that never read the plan (``reads_plan`` False:
+               equalize, smooth, split) are taken from the memo when the same model,
+               stats, feeds and scheme ran them before, with the model, fresh stats and
+               FP32 outputs they left; the steps after them run for each plan
 =============  ==========================================================================
 
 The records go into the plan file's ``repairs`` entry (:meth:`RepairRecord.to_json`).
@@ -21,7 +26,8 @@ The records go into the plan file's ``repairs`` entry (:meth:`RepairRecord.to_js
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +122,40 @@ def _run_one(name: str, spec: RepairSpec, inp: RepairInput, ref: Outputs | None
     return record, (None if why else step), after
 
 
+class RepairMemo:
+    """The plan-free leading steps of :func:`run_repairs`, for one search: up to ``size``
+    entries, least recently used dropped first (each holds a repaired model's weights).
+    ``hits`` / ``misses`` count the steps taken from it and run."""
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[Hashable, tuple[Any, ...]] = OrderedDict()
+
+    def get(self, key: Hashable) -> tuple[Any, ...] | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def put(self, key: Hashable, entry: tuple[Any, ...]) -> None:
+        self._entries[key] = entry
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+
+def _memo_key(name: str, inp: RepairInput) -> tuple[Any, ...]:
+    """What a plan-free step reads, by identity (the entry holds the objects, so an id is
+    not reused while it is kept)."""
+    return (name, id(inp.model), id(inp.stats), tuple(id(f) for f in inp.feeds),
+            inp.scheme, inp.proxy, id(inp.task))
+
+
 def run_repairs(
     model: Model,
     stats: Stats,
@@ -128,19 +168,29 @@ def run_repairs(
     progress: bool = False,
     registry: Mapping[str, RepairSpec] = REGISTRY,
     task: object | None = None,
+    memo: RepairMemo | None = None,
 ) -> RepairRun:
-    """Run ``repairs`` (registry names) in the registry's order on ``model`` for ``plan``."""
+    """Run ``repairs`` (registry names) in the registry's order on ``model`` for ``plan``;
+    ``memo``: reuse the leading plan-free steps another plan of the same search ran."""
     unknown = [r for r in repairs if r not in registry]
     if unknown:
         raise QuantscopeError(f"unknown repair '{unknown[0]}': use {', '.join(registry)}")
     feeds = list(feeds)
     records: list[RepairRecord] = []
     current, ref = model, None
+    plan_free = memo is not None  # every step so far left the plan out
     for name in track([n for n in registry if n in repairs], "repair", unit="repair",
                       show=progress):
         say(f"repair: {name}", show=progress)
         spec = registry[name]
         inp = RepairInput(current, stats, plan, feeds, scheme=scheme, proxy=proxy, task=task)
+        plan_free = plan_free and not spec.reads_plan
+        key = _memo_key(name, inp) if plan_free else None
+        kept = memo.get(key) if memo is not None and key is not None else None
+        if kept is not None:
+            record, current, stats, ref = kept[:4]
+            records.append(record)
+            continue
         record, step, ref = _run_one(name, spec, inp, ref)
         records.append(record)
         if step is not None and step.proto is not None:
@@ -149,5 +199,7 @@ def run_repairs(
             ref = ref if spec.keeps_fp32 else None
         if step is not None and step.plan is not None:
             plan = step.plan
+        if memo is not None and key is not None and (step is None or step.plan is None):
+            memo.put(key, (record, current, stats, ref, inp.model, inp.stats, inp.feeds))
     return RepairRun(proto=current.proto, stats=stats, plan=plan, records=tuple(records))
 

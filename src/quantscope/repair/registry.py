@@ -7,7 +7,8 @@ function, and :func:`~quantscope.repair.apply.run_repairs` checks that on the ca
 feeds. ``default``: part of ``quantscope repair`` without ``--repairs``. ``help``: one line
 for ``--help``. ``answers``: the target rule ids (a vendor prefix may precede them) the
 repair makes legal: ``run --rewrites auto`` adds it where such a rule refuses the run's
-uniform a8_w8 plan (:func:`quantscope.pipeline.auto.auto_repairs`).
+uniform a8_w8 plan (:func:`quantscope.pipeline.auto.auto_repairs`). ``reads_plan``
+False: the step never reads the plan (a search's many plans share its result).
 
 Adding a repair: a module in this package with a ``*_step(RepairInput) -> RepairStep``
 function, and one entry below (its position is its place in the order). Graph edits
@@ -41,16 +42,21 @@ class RepairSpec:
     default: bool
     help: str
     answers: tuple[str, ...] = ()
+    # False: the step reads the model, its stats and the feeds only, never the plan, so a
+    # search that repairs many plans of one model reuses it (``run_repairs``' ``memo``)
+    reads_plan: bool = True
 
 
 REGISTRY: dict[str, RepairSpec] = {
     "equalize": RepairSpec(equalize_step, keeps_fp32=True, default=True,
                            help="cross-layer equalisation of Conv/linear pairs across "
-                           "ReLU-like ops"),
+                           "ReLU-like ops", reads_plan=False),
     "smooth": RepairSpec(smooth_step, keeps_fp32=True, default=True,
-                         help="LayerNorm -> linear outlier migration (SmoothQuant)"),
+                         help="LayerNorm -> linear outlier migration (SmoothQuant)",
+                         reads_plan=False),
     "split": RepairSpec(split_step, keeps_fp32=True, default=False,
-                        help="outlier channel splitting (widens layers: never a default)"),
+                        help="outlier channel splitting (widens layers: never a default)",
+                        reads_plan=False),
     "rank4": RepairSpec(rank4_step, keeps_fp32=True, default=False,
                         help="Linear + bias on 4-D tensors, legal for QNN HTP v73 "
                         "q::linearclip (target-specific; unverified on a device)",

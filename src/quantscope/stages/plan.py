@@ -512,9 +512,12 @@ def _plan_measurement(
                               cache=cache), None
     ref = run_model(model.proto, list(data.evaluation), label="fp32" if progress else "")
     feeds = list(data.calibration)[: options.repair_batches]
+    repair = _plan_repair(feeds, target)  # one for both: plan-free repair steps run once
     offer = plan_repair_offer(model, data, stats, analysis, target, list(options.repairs),
                               feeds, task_metric=options.metric, shapes=shapes,
-                              reference_outputs=ref, progress=progress, cache=cache)
+                              reference_outputs=ref, progress=progress, cache=cache,
+                              repair=repair)
     evaluate = plan_evaluator(model, data, stats, options.metric, feeds, target=target,
-                              reference_outputs=ref, progress=progress, cache=cache)
+                              reference_outputs=ref, progress=progress, cache=cache,
+                              repair=repair)
     return evaluate, offer

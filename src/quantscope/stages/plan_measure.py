@@ -51,13 +51,16 @@ def _plan_measure(model: Model, data: Dataset, target: Target | None, method: st
 
 
 def _plan_repair(feeds: Sequence[Batch], target: Target | None) -> Repair:
+    """The search's repair: each plan's repairs run for it, the leading steps that never
+    read the plan (equalize, smooth, split) once per model for the whole search."""
     from quantscope.plan.joint import Repaired
-    from quantscope.repair.apply import run_repairs
+    from quantscope.repair.apply import RepairMemo, run_repairs
 
     scheme = None if target is None else target.scheme
+    feeds, memo = list(feeds), RepairMemo()
 
     def repair(m: Model, s: Stats, p: Plan, names: Sequence[str]) -> Repaired:
-        out = run_repairs(m, s, p, feeds, repairs=names, scheme=scheme)
+        out = run_repairs(m, s, p, feeds, repairs=names, scheme=scheme, memo=memo)
         label = f"{m.source} (repaired: {','.join(names)})"
         return Repaired(load_proto(out.proto, label), out.stats, out.plan, out.records)
 
@@ -67,7 +70,8 @@ def _plan_repair(feeds: Sequence[Batch], target: Target | None) -> Repair:
 def plan_evaluator(model: Model, data: Dataset, stats: Stats, metric: str,
                    feeds: Sequence[Batch] = (), *, target: Target | None = None,
                    method: str | None = None, reference_outputs: Outputs | None = None,
-                   progress: bool = False, cache: EvalCache | None = None) -> Evaluate:
+                   progress: bool = False, cache: EvalCache | None = None,
+                   repair: Repair | None = None) -> Evaluate:
     """``evaluate(plan) -> float`` for the planner: ``metric`` of the plan by real emulation,
     after the plan's repairs (meta ``repairs``; they need the calibration ``feeds``),
     against the FP32 outputs of the original ``model`` (computed once), scored for that
@@ -75,14 +79,17 @@ def plan_evaluator(model: Model, data: Dataset, stats: Stats, metric: str,
     With ``cache``,
     each plan's figure is read from it when an earlier evaluation of the same model
     content, statistics, plan, scheme, method, data, metric (and, for a plan that lists
-    repairs, calibration feeds) stored it, and stored there when measured now."""
+    repairs, calibration feeds) stored it, and stored there when measured now.
+    ``repair``: the search's :func:`_plan_repair` on ``feeds`` (shared with the repair
+    offer, so its plan-free steps run once); made here when not given."""
     from quantscope.plan.joint import repair_evaluator
 
+    if repair is None and feeds:
+        repair = _plan_repair(feeds, target)
     evaluate = repair_evaluator(model, stats, metric,
                                 measure=_plan_measure(model, data, target, method,
                                                       reference_outputs, only=metric),
-                                repair=_plan_repair(feeds, target) if feeds else None,
-                                progress=progress)
+                                repair=repair, progress=progress)
     if cache is None:
         return evaluate
     return _cached(evaluate, cache, model, data, stats, metric, feeds, target, method)
@@ -130,9 +137,11 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
                       feeds: Sequence[Batch], *, task_metric: str,
                       shapes: dict[str, tuple[int, ...]] | None = None,
                       method: str | None = None, reference_outputs: Outputs | None = None,
-                      progress: bool = False, cache: EvalCache | None = None) -> Offer:
+                      progress: bool = False, cache: EvalCache | None = None,
+                      repair: Repair | None = None) -> Offer:
     """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs (each
-    measurement read from / kept in ``cache`` when given)."""
+    measurement read from / kept in ``cache`` when given; ``repair`` as in
+    :func:`plan_evaluator`)."""
     from quantscope.plan.joint import offer_repairs
     from quantscope.repair.apply import REPAIRS
 
@@ -143,7 +152,7 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
     if cache is not None:
         measure = _cached_measure(measure, cache, data, target, method)
     return offer_repairs(model, stats, sens, target, names, measure=measure,
-                         repair=_plan_repair(feeds, target), task_metric=task_metric,
+                         repair=repair or _plan_repair(feeds, target), task_metric=task_metric,
                          shapes=shapes, progress=progress)
 
 
