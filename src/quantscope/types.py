@@ -151,6 +151,17 @@ class Groups:
     def names(self) -> tuple[str, ...]:
         return tuple(g.name for g in self.groups)
 
+    def input_read_as(self) -> dict[str, str]:
+        """Tensor a group reads -> the model input it carries unchanged (the input itself,
+        or a pass-through of it: an NHWC input's Transpose, a Reshape). The NPU converts
+        the input once; every group reading it or a pass-through of it sets its grid."""
+        inputs = set(self.model_inputs)
+        out = {t: t for t in inputs}
+        for chain in self.shared:
+            if chain[0] in inputs:
+                out.update({t: chain[0] for t in chain[1:]})
+        return out
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -1,0 +1,43 @@
+"""Tiny vision models of the kinds a deployment engineer brings (ResNet/MobileNet/U-Net
+exports), each reproducing one graph shape that got a wrong figure or verdict:
+
+=======================  ===============================================================
+``nhwc_classifier``      an NHWC input ``[N, 8, 8, 3]`` read through a Transpose to NCHW
+                         first, then Conv-Relu-GlobalAveragePool-Flatten-Gemm logits
+=======================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from tiny_models import _rng, _with_weights
+
+
+def nhwc_classifier(seed: int = 21) -> onnx.ModelProto:
+    """``image [N, 8, 8, 3]`` (NHWC) -> Transpose -> Conv -> Relu -> GAP -> Gemm logits."""
+    r = _rng(seed)
+    text = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    nhwc (float[N, 8, 8, 3] image) => (float[N, 5] logits) {
+        t = Transpose <perm = [0, 3, 1, 2]> (image)
+        c = Conv <pads = [1, 1, 1, 1]> (t, w1, b1)
+        a = Relu (c)
+        p = GlobalAveragePool (a)
+        f = Flatten (p)
+        logits = Gemm <transB = 1> (f, w2, b2)
+    }
+    """
+    return _with_weights(text, {
+        "w1": r.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32),
+        "b1": r.normal(0, 0.1, 8).astype(np.float32),
+        "w2": r.normal(0, 0.5, (5, 8)).astype(np.float32),
+        "b2": r.normal(0, 0.1, 5).astype(np.float32),
+    })
+
+
+def feeds(name: str, n: int = 32, seed: int = 0) -> dict[str, np.ndarray]:
+    r = np.random.default_rng(seed)
+    if name == "nhwc_classifier":
+        return {"image": r.random((n, 8, 8, 3), np.float32) * 255}
+    raise KeyError(name)
