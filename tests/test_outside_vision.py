@@ -42,3 +42,24 @@ def test_nhwc_input_behind_a_transpose_is_quantized_and_fed_as_integers():
     res = stages.evaluate_plan(model, data, stats, Plan.uniform(Precision.A8_W8))
     assert res["coverage"]["activations_quantized"] == 4
     assert np.isfinite(res["metrics"]["sqnr_db"])
+
+
+def test_image_dims_are_named_apart_and_a_given_input_shape_is_said_as_given():
+    """An image input [N, 3, H, W] is not a text of length S: H and W are two sizes, and
+    the shape the run was checked at (--input-shape) is the one to compile."""
+    from quantscope.report.summary import host_steps
+
+    inputs = [{"name": "input", "dtype": 1, "dims": ["N", 3, "H", "W"]}]
+    outputs = [{"name": "logits", "dtype": 1, "dims": ["N", 10]}]
+    free = host_steps(inputs, outputs, text=False, seq_len=None)
+    assert free == ["fix the symbolic dims (H, N, W) for the compiler: input=1x3xHxW (H, W: "
+                    "the size you compile for; the size rules were not checked at it: give "
+                    "--input-shape)"]
+    given = host_steps(inputs, outputs, text=False, seq_len=None,
+                       shapes={"input": [1, 3, 32, 48]})
+    assert given == ["fix the symbolic dims (H, N, W) for the compiler: input=1x3x32x48"]
+    # text keeps its one length S
+    ids = [{"name": "input_ids", "dtype": 7, "dims": ["batch", "sequence"]}]
+    said = host_steps(ids, outputs, text=True, seq_len=None, longest=40)
+    assert said[-1].endswith("input_ids=1xS (S: the length you compile for; the longest "
+                             "text here has 40 tokens)")
