@@ -7,14 +7,21 @@ feed it, exactly as for an NCHW input read by the Conv directly.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
-from vision_models import feeds, nhwc_classifier
+from outside_models import scalar_probability
+from vision_models import feeds, nhwc_classifier, softmax_classifier
 
 from quantscope import stages
+from quantscope.cli import main
 from quantscope.emulate.encode import encode
 from quantscope.export.plan_export import device_io_rows
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
+from quantscope.serde import read_json
+from quantscope.tasks.classes import ClassTask
+from quantscope.tasks.layout import LayoutError, layout_tasks, parse_layout
 from quantscope.types import Dataset, Plan, Precision, QuantScheme
 
 
@@ -63,3 +70,77 @@ def test_image_dims_are_named_apart_and_a_given_input_shape_is_said_as_given():
     said = host_steps(ids, outputs, text=True, seq_len=None, longest=40)
     assert said[-1].endswith("input_ids=1xS (S: the length you compile for; the longest "
                              "text here has 40 tokens)")
+
+
+def _outputs(name, *batches):
+    from quantscope.types import Outputs
+
+    return Outputs(names=(name,), batches=tuple((np.asarray(b, np.float32),) for b in batches))
+
+
+def test_class_task_counts_changed_classes_ties_and_top5():
+    task = ClassTask(name="class:p", output="p")
+    ref = np.eye(8)[[0, 1, 2, 3, 4, 5, 6, 7]] * 0.9 + 0.01  # top class i for sample i
+    test = ref.copy()
+    test[1] = 0.0
+    test[1, [1, 6]] = 0.5  # a tie: the argmax takes class 1, FP32's
+    test[2, 3] = 0.95  # class 3 overtakes class 2; class 2 still in the top 5
+    m = task.metrics(_outputs("p", ref[:4], ref[4:]), _outputs("p", test[:4], test[4:]))
+    assert m.values["top1_agreement"] == 7 / 8
+    assert m.values["top5_agreement"] == 1.0 and m.values["top1_ties"] == 1 / 8
+    assert any("on 1 of 8 samples the quantized top score is shared" in n for n in m.notes)
+    assert any(n.startswith("NOT LIKE FP32: output 'p': the top class changes on 1 of 8")
+               for n in m.notes)
+    # per position: [N, C, H, W] class logits (a segmentation), class axis 1
+    seg = np.zeros((2, 3, 2, 2), np.float32)
+    seg[:, 1] = 1.0
+    moved = seg.copy()
+    moved[0, 2, 0, 0] = 2.0
+    s = task.metrics(_outputs("p", seg), _outputs("p", moved))
+    assert s.values["top1_agreement"] == 7 / 8 and "top5_agreement" not in s.values
+    assert any("FP32 picks class 1 on every sample" in n and "says little" in n
+               for n in s.notes)
+
+
+def test_softmax_output_is_read_as_classes_logits_when_declared():
+    model, data, stats = _setup(softmax_classifier, "softmax_classifier", n=64)
+    task, notes = layout_tasks(model, (), "x.npz")
+    assert task.headline == "top1_agreement"
+    assert notes == ("output 'probs' read as class scores (top-1 over 12 classes on axis 1) "
+                     "(a Softmax over the classes); --layout probs=tensor for plain fidelity",)
+    assert layout_tasks(model, (parse_layout("probs=tensor"),), "x.npz") == (None, ())
+    res = stages.evaluate_plan(model, dataclasses.replace(data, task=task), stats,
+                               Plan.uniform(Precision.A8_W8))
+    top1 = res["metrics"]["top1_agreement"]
+    assert 0.9 < top1 < 1.0  # random data: 2 of 64 samples change class at a8_w8
+    assert res["metrics"]["top5_agreement"] == 1.0
+    # logits have no Softmax to find: plain fidelity unless declared
+    logits = load_proto(softmax_classifier(logits=True), "logits")
+    assert layout_tasks(logits, (), "x.npz") == (None, ())
+    task, notes = layout_tasks(logits, (parse_layout("logits=class"),), "x.npz")
+    assert task.output == "logits" and notes[0].endswith("(--layout)")
+    # one value per sample has no classes
+    vad = load_proto(scalar_probability(), "vad")
+    try:
+        layout_tasks(vad, (parse_layout("speech=class"),), "x.npz")
+    except LayoutError as e:
+        assert "no class axis 1" in str(e) and "use kind score" in str(e)
+    else:
+        raise AssertionError("a [N] output was read as classes")
+
+
+def test_run_judges_a_classifier_by_top1_and_warns_when_fp32_picks_one_class(tmp_path, capsys):
+    import onnx
+
+    onnx.save(softmax_classifier(), tmp_path / "cls.onnx")
+    x = feeds("softmax_classifier", 32)["image"]
+    np.savez(tmp_path / "one.npz", image=0.01 * x + 3.0)  # every image alike: one class
+    assert main(["run", str(tmp_path / "cls.onnx"), "--data", str(tmp_path / "one.npz"),
+                 "--target", "hailo8", "--repairs", "none", "--goal", "0.9",
+                 "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    v = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    assert v["metric"] == "top1_agreement" and v["reached"] is True
+    assert v["says_little"] and "FP32 picks class" in v["says_little"][0]
+    assert "  warning: output 'probs': FP32 picks class" in out
+    assert "the top-1 agreement says little" in out

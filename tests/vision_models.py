@@ -4,6 +4,9 @@ exports), each reproducing one graph shape that got a wrong figure or verdict:
 =======================  ===============================================================
 ``nhwc_classifier``      an NHWC input ``[N, 8, 8, 3]`` read through a Transpose to NCHW
                          first, then Conv-Relu-GlobalAveragePool-Flatten-Gemm logits
+``softmax_classifier``   Conv-Relu-Flatten-Gemm-Softmax ``[N, 12]``
+                         class probabilities (``logits=True``: the Gemm's logits, no
+                         Softmax)
 =======================  ===============================================================
 """
 
@@ -36,8 +39,34 @@ def nhwc_classifier(seed: int = 21) -> onnx.ModelProto:
     })
 
 
+def softmax_classifier(seed: int = 22, logits: bool = False) -> onnx.ModelProto:
+    """``image [N, 3, 8, 8]`` -> Conv (stride 2) -> Relu -> Flatten -> Gemm -> Softmax
+    ``probs [N, 12]`` (``logits``: the Gemm output is the model's output)."""
+    r = _rng(seed)
+    out = "logits" if logits else "probs"
+    tail = "" if logits else "probs = Softmax <axis = 1> (logits)"
+    text = f"""
+    <ir_version: 9, opset_import: ["" : 17]>
+    classifier (float[N, 3, 8, 8] image) => (float[N, 12] {out}) {{
+        c = Conv <pads = [1, 1, 1, 1], strides = [2, 2]> (image, w1, b1)
+        a = Relu (c)
+        f = Flatten (a)
+        logits = Gemm <transB = 1> (f, w2, b2)
+        {tail}
+    }}
+    """
+    return _with_weights(text, {
+        "w1": r.normal(0, 0.3, (4, 3, 3, 3)).astype(np.float32),
+        "b1": r.normal(0, 0.1, 4).astype(np.float32),
+        "w2": r.normal(0, 0.3, (12, 64)).astype(np.float32),
+        "b2": np.zeros(12, np.float32),
+    })
+
+
 def feeds(name: str, n: int = 32, seed: int = 0) -> dict[str, np.ndarray]:
     r = np.random.default_rng(seed)
     if name == "nhwc_classifier":
         return {"image": r.random((n, 8, 8, 3), np.float32) * 255}
+    if name == "softmax_classifier":
+        return {"image": r.normal(0, 1, (n, 3, 8, 8)).astype(np.float32)}
     raise KeyError(name)

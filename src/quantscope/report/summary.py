@@ -340,6 +340,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
+    lines += [f"  warning: {note}" for note in v.get("says_little") or []]
     bm = v.get("binds_measured") if not v.get("reached") else None
     if bm:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")
