@@ -144,3 +144,19 @@ def test_run_judges_a_classifier_by_top1_and_warns_when_fp32_picks_one_class(tmp
     assert v["says_little"] and "FP32 picks class" in v["says_little"][0]
     assert "  warning: output 'probs': FP32 picks class" in out
     assert "the top-1 agreement says little" in out
+
+
+def test_a_data_file_that_is_not_numpy_is_said_to_be_so(tmp_path, capsys):
+    """A text file named .npz was reported as 'pickled (object) data' (np.load's pickle
+    fallback): the line must say it is no NumPy file, write nothing, exit 2."""
+    import onnx
+
+    onnx.save(softmax_classifier(), tmp_path / "cls.onnx")
+    (tmp_path / "x.npz").write_text("image,label\n0.1,3\n")
+    assert main(["run", str(tmp_path / "cls.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--out", str(tmp_path / "W")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"quantscope: error: data file '{tmp_path / 'x.npz'}' is not a NumPy file "
+                   "(it starts with b'image,', not an .npz or .npy header): save the arrays "
+                   "with numpy (np.savez / np.save)")
+    assert not (tmp_path / "W").exists() and "pickle" not in err
