@@ -7,6 +7,9 @@ exports), each reproducing one graph shape that got a wrong figure or verdict:
 ``softmax_classifier``   Conv-Relu-Flatten-Gemm-Softmax ``[N, 12]``
                          class probabilities (``logits=True``: the Gemm's logits, no
                          Softmax)
+``gap_classifier``       Conv-Relu-GlobalAveragePool-Flatten-Gemm-Softmax ``[N, 10]``
+                         (a ResNet head: its Softmax is no attention, which
+                         ``hailo.attention_16bit`` must not refuse in the planner)
 =======================  ===============================================================
 """
 
@@ -63,10 +66,33 @@ def softmax_classifier(seed: int = 22, logits: bool = False) -> onnx.ModelProto:
     })
 
 
+def gap_classifier(seed: int = 23) -> onnx.ModelProto:
+    """``image [N, 3, 8, 8]`` -> Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm ->
+    Softmax ``probs [N, 10]``: no MatMul of two activations anywhere."""
+    r = _rng(seed)
+    text = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    gap (float[N, 3, 8, 8] image) => (float[N, 10] probs) {
+        c = Conv <pads = [1, 1, 1, 1]> (image, w1, b1)
+        a = Relu (c)
+        p = GlobalAveragePool (a)
+        f = Flatten (p)
+        logits = Gemm <transB = 1> (f, w2, b2)
+        probs = Softmax <axis = 1> (logits)
+    }
+    """
+    return _with_weights(text, {
+        "w1": r.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32),
+        "b1": r.normal(0, 0.1, 8).astype(np.float32),
+        "w2": r.normal(0, 0.5, (10, 8)).astype(np.float32),
+        "b2": r.normal(0, 0.1, 10).astype(np.float32),
+    })
+
+
 def feeds(name: str, n: int = 32, seed: int = 0) -> dict[str, np.ndarray]:
     r = np.random.default_rng(seed)
     if name == "nhwc_classifier":
         return {"image": r.random((n, 8, 8, 3), np.float32) * 255}
-    if name == "softmax_classifier":
+    if name in ("softmax_classifier", "gap_classifier"):
         return {"image": r.normal(0, 1, (n, 3, 8, 8)).astype(np.float32)}
     raise KeyError(name)

@@ -305,7 +305,14 @@ class Stats:
 
 @dataclass(frozen=True)
 class Problem:
-    """One legality problem found by a preflight check."""
+    """One legality problem found by a preflight check.
+
+    ``applies`` False: the rule's own test finds the group is not the kind of layer the
+    rule was seen on (``hailo.attention_16bit`` on a Softmax that no activation x
+    activation MatMul feeds), so the rule may not apply here. ``check`` still reports it
+    at the rule's severity; the planner does not let such a warning block a move
+    (``plan.start.Legality``), an error still does.
+    """
 
     group: str
     rule: str
@@ -313,6 +320,7 @@ class Problem:
     provenance: str
     fix: str
     severity: str = "error"
+    applies: bool = True
 
 
 @dataclass(frozen=True)
