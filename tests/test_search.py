@@ -113,6 +113,53 @@ def test_reports_the_binding_rule_when_quality_is_out_of_reach():
     assert r.to_dict()["binding"] == r.binding
 
 
+def test_a_classifier_softmax_is_not_held_by_attention_16bit_and_planner_agrees_with_check():
+    """hailo8: no activation x activation MatMul feeds a classifier's Softmax, so check
+    says attention_16bit may not apply there (a warning); the planner reads the same fact
+    (Problem.applies) and does not refuse the promotion."""
+    from vision_models import gap_classifier
+
+    from quantscope.plan.start import legality
+
+    model, groups = _setup(gap_classifier)
+    hailo8 = load_target("hailo8")
+    soft = next(g.name for g in groups.groups if g.op_type == "Softmax")
+    one = Plan(default=A8, overrides=((soft, A16W16),), target="hailo8")
+    (p,) = [p for p in check(one, groups, model, hailo8) if p.rule == "hailo.attention_16bit"]
+    assert (p.group, p.severity, p.applies) == (soft, "warning", False)
+    assert "not attention" in p.reason and "may not apply here" in p.reason
+    legal = legality(Plan.uniform(A8), groups, model, hailo8, None, allow_warnings=False)
+    assert legal.screen(Plan.uniform(A8), soft, A16W16) == ()
+    assert legal.blocking(one) == ()
+    gains = {g: {"a16_w16": 0.01} for g in groups.names()}
+    gains[soft] = {"a16_w16": 0.3}
+    r = search(groups, _sens(gains), hailo8, model, max_cost=1.5)
+    assert dict(r.plan.overrides)[soft] == A16W16
+    assert not [s for s in r.skipped if s.group == soft]
+    assert "attention_16bit" not in dict(r.plan.reasons)[soft]
+    assert all(b.rule != "hailo.attention_16bit" for b in r.blockers)
+    # what the planner emitted, check passes with nothing but that one warning
+    assert [(x.rule, x.severity) for x in check(r.plan, groups, model, hailo8)
+            if x.group == soft] == [("hailo.attention_16bit", "warning")]
+
+
+def test_an_attention_softmax_is_still_held_by_attention_16bit_on_hailo8():
+    model, groups = _setup(tiny_models.attention)
+    hailo8 = load_target("hailo8")
+    one = Plan(default=A8, overrides=(("Softmax_6", A16W16),), target="hailo8")
+    (p,) = [p for p in check(one, groups, model, hailo8, shapes=ATT_SHAPES)
+            if p.rule == "hailo.attention_16bit"]
+    assert (p.severity, p.applies) == ("warning", True)
+    assert "attention Softmax (fed by an activation x activation MatMul)" in p.reason
+    gains = {g: {"a16_w16": 0.01} for g in groups.names()}
+    gains["Softmax_6"] = {"a16_w16": 0.3}
+    r = search(groups, _sens(gains), hailo8, model, shapes=ATT_SHAPES)
+    assert "Softmax_6" not in dict(r.plan.overrides)
+    skipped = {(s.group, s.precision): s.rules for s in r.skipped}
+    assert skipped[("Softmax_6", A16W16)] == ("hailo.attention_16bit",)
+    assert "blocked by hailo.attention_16bit" in dict(r.plan.reasons)["Softmax_6"]
+
+
 def test_symbolic_shapes_block_wide_rule_moves_even_when_warnings_allowed():
     """hailo.super_defuse is an error rule on hailo10h: a size it cannot evaluate blocks
     the move at that severity, and the blocker says the size is unknown."""

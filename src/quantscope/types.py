@@ -151,6 +151,17 @@ class Groups:
     def names(self) -> tuple[str, ...]:
         return tuple(g.name for g in self.groups)
 
+    def input_read_as(self) -> dict[str, str]:
+        """Tensor a group reads -> the model input it carries unchanged (the input itself,
+        or a pass-through of it: an NHWC input's Transpose, a Reshape). The NPU converts
+        the input once; every group reading it or a pass-through of it sets its grid."""
+        inputs = set(self.model_inputs)
+        out = {t: t for t in inputs}
+        for chain in self.shared:
+            if chain[0] in inputs:
+                out.update({t: chain[0] for t in chain[1:]})
+        return out
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -294,7 +305,14 @@ class Stats:
 
 @dataclass(frozen=True)
 class Problem:
-    """One legality problem found by a preflight check."""
+    """One legality problem found by a preflight check.
+
+    ``applies`` False: the rule's own test finds the group is not the kind of layer the
+    rule was seen on (``hailo.attention_16bit`` on a Softmax that no activation x
+    activation MatMul feeds), so the rule may not apply here. ``check`` still reports it
+    at the rule's severity; the planner does not let such a warning block a move
+    (``plan.start.Legality``), an error still does.
+    """
 
     group: str
     rule: str
@@ -302,6 +320,7 @@ class Problem:
     provenance: str
     fix: str
     severity: str = "error"
+    applies: bool = True
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,8 @@ Which tensor gets which bit width
 =================================  ==================================================
 group output                       the group's activation bits (none if ``float``)
 model input                        the widest activation bits among the groups that
-                                   read it (an NPU converts the input once)
+                                   read it, directly or through pass-through ops (an
+                                   NHWC input's Transpose): an NPU converts it once
 weight of a weighted group         the group's weight bits, per channel if the scheme
                                    says so
 masked attention scores            the range of the *unmasked* scores, extended down
@@ -80,13 +81,15 @@ def _act_encoding(lo: float, hi: float, bits: int, scheme: QuantScheme) -> Encod
 
 
 def _input_bits(groups: Groups, plan: Plan) -> dict[str, int]:
+    read_as = groups.input_read_as()  # through an NHWC input's Transpose, a Reshape
     bits: dict[str, int] = {}
     for g in groups.groups:
         b = plan.precision_of(g.name).act_bits
         if b is None:
             continue
         for t in g.inputs:
-            bits[t] = max(bits.get(t, 0), b)
+            if t in read_as:
+                bits[read_as[t]] = max(bits.get(read_as[t], 0), b)
     return {t: bits[t] for t in groups.model_inputs if t in bits}
 
 

@@ -75,6 +75,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results),
+        "says_little": _says_little(results),
         "mixed_scales": _mixed_scales(ctx),
         **summary,
     }
@@ -134,7 +135,8 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
             longest=max(ev["data"]["fit"].get("token_lengths") or [0]) or None,
             lookups=[r["host_lookup"] for r in _read(ctx, steps.IO).get("io", [])
                      if r.get("host_lookup")],
-            prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None),
+            prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None,
+            shapes=chk.get("input_shapes") or None),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),
@@ -153,6 +155,14 @@ def _not_like(results: dict[str, Any]) -> dict[str, str]:
                 "output '") else ""
             out[label] = notes[at].replace(" (below)", "") + (f": {where}" if where else "")
     return out
+
+
+def _says_little(results: dict[str, Any]) -> list[str]:
+    """The task's notes that its headline says little on this data (FP32 picks one class,
+    decides one way, or its map is on one side of the threshold everywhere): a goal reached
+    on such data is no evidence."""
+    notes = [str(n) for label in COMPARED for n in results.get(label, {}).get("notes", [])]
+    return list(dict.fromkeys(n for n in notes if "says little" in n))
 
 
 def _mixed_scales(ctx: Context) -> list[str]:

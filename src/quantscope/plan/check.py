@@ -161,7 +161,8 @@ def _softmax_problem(
 ) -> Problem:
     """A Softmax named for what the graph shows: attention when a Q.K MatMul feeds it,
     else "Softmax over axis k" (e.g. a detector's box-distribution Softmax), with the
-    rule's reason told as what was seen elsewhere."""
+    rule's reason told as what was seen elsewhere and ``applies=False``: the one place
+    that decides it, read by ``check``'s report and by the planner alike."""
     axis, rank, attention = softmax_facts(ctx.model, node)
     if attention:
         return _problem(rule, group, f"attention {node.op_type} (fed by an activation x "
@@ -174,6 +175,7 @@ def _softmax_problem(
         f"so it may not apply here: {rule.reason}",
         fix=f"if the compiler fails on it, keep this {node.op_type} at 8-bit activations "
         "and put 16 bit on the layers around it",
+        applies=False,
     )
 
 

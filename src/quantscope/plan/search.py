@@ -12,8 +12,8 @@ start           uniform ``low`` (or a given legal ``start`` plan), candidates, t
 greedy          the legal move (one promotion, or one offered repair) with the best
                 predicted gain per unit of added cost, until no move helps (or every
                 move would break ``max_cost``); a move whose plan gets a ``check``
-                error (or a new warning, unless allowed) is skipped, its rule ids
-                recorded
+                error (or a new warning, unless allowed; not one whose rule may
+                not apply: ``Problem.applies``) is skipped, its rule ids recorded
 prune           for ``min_quality``: promotions dropped from the first point that
                 meets Q, cheapest result first, while the prediction still meets Q
 refine          with ``evaluate(plan) -> float``: measure path points near the budget,

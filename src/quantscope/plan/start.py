@@ -96,13 +96,16 @@ class Legality:
         return check(plan, self.groups, self.model, self.target, shapes=self.shapes)
 
     def blocking(self, plan: Plan) -> tuple[Problem, ...]:
-        """Errors, and warnings not in the start plan unless warnings are allowed."""
+        """Errors, and warnings not in the start plan unless warnings are allowed (but
+        not a warning whose rule may not apply here: ``Problem.applies``)."""
         return tuple(p for p in self.problems(plan) if self._blocks(p))
 
     def _blocks(self, p: Problem) -> bool:
         if p.severity == "error":
             return True
-        return p.severity == "warning" and not self.allow_warnings and _sig(p) not in self.baseline
+        # a warning whose rule check says may not apply here (Problem.applies) blocks nothing
+        return (p.severity == "warning" and p.applies and not self.allow_warnings
+                and _sig(p) not in self.baseline)
 
     def screen(self, plan: Plan, group: str, precision: Precision) -> tuple[Problem, ...]:
         """Problems blocking ``group`` at ``precision`` on top of ``plan``."""

@@ -19,7 +19,7 @@ from typing import Any
 DASH = "—"
 DASH_LEGEND = f"{DASH}: not measured or not applicable"
 
-SHARES = ("top1_agreement", "recall@", "decision_agreement", "tar_at_far", "detection_f1",
+SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "recall@", "decision_agreement", "tar_at_far", "detection_f1",
           "detection_recall", "detection_precision", "pixel_flip_share", "match_rate")
 """Metric keys (or prefixes) that are a share of the samples: shown in percent."""
 

@@ -127,7 +127,8 @@ def binds_measured(whatif: dict[str, Any] | None, pareto: dict[str, Any],
 def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                text: bool, seq_len: int | None, longest: int | None = None,
                pooled: bool | None = None, lookups: list[dict[str, Any]] | None = None,
-               prefixes: dict[str, str] | None = None) -> list[str]:
+               prefixes: dict[str, str] | None = None,
+               shapes: dict[str, list[int]] | None = None) -> list[str]:
     """What the host does around the compiled model. ``inputs``/``outputs``: name, dtype
     (ONNX elem type), dims (int, or str for a symbolic dim); ``seq_len``: the length the
     run checked at; ``longest``: the data's longest text (tokens), said when no length was
@@ -135,7 +136,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
     per-token outputs were compared as they are (default: ``text``); ``lookups``: the
     ``host_lookup`` of the io rows (the lookups the target leaves to the host; None: the
     older wording, which cannot tell); ``prefixes``: the text prefixes the data was
-    evaluated with (``query``, ``document``)."""
+    evaluated with (``query``, ``document``); ``shapes``: the inputs' shapes the run
+    checked at (``--input-shape``), said as they are."""
     steps = []
     if prefixes and (prefixes.get("query") or prefixes.get("document")):
         steps.append(f"put {prefixes.get('query', '')!r} before every query and "
@@ -171,22 +173,32 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                      "the host")
     sym = {d for i in inputs for d in i["dims"] if isinstance(d, str) or d is None}
     if sym:
+        shapes = shapes or {}
         shape = ", ".join(
-            f"{i['name']}=" + "x".join(_fixed(d, k, seq_len) for k, d in enumerate(i["dims"]))
+            f"{i['name']}=" + ("x".join(map(str, shapes[i["name"]])) if i["name"] in shapes
+                               else "x".join(_fixed(d, k, seq_len, text)
+                                             for k, d in enumerate(i["dims"])))
             for i in inputs)
         hint = ("" if seq_len or "xS" not in shape else
                 " (S: the length you compile for" + (f"; the longest text here has {longest} "
                                                      "tokens)" if longest else ")"))
+        named = sorted({d for i in inputs if i["name"] not in shapes
+                        for k, d in enumerate(i["dims"]) if k and isinstance(d, str)})
+        if not text and named:  # an image's H, W: sizes the run did not check at
+            hint = (f" ({', '.join(named)}: the size you compile for; the size rules were "
+                    f"not checked at it: give --input-shape)")
         steps.append(f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
                      f"compiler: {shape}{hint}")
     return steps
 
 
-def _fixed(d: Any, axis: int, seq_len: int | None) -> str:
+def _fixed(d: Any, axis: int, seq_len: int | None, text: bool = True) -> str:
     if isinstance(d, int) and d > 0:
         return str(d)
     if axis == 0:
         return "1"
+    if not text and isinstance(d, str):
+        return d  # an image's H or W: one name each, not one length S for both
     return str(seq_len) if seq_len else "S"
 
 
@@ -328,6 +340,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
+    lines += [f"  warning: {note}" for note in v.get("says_little") or []]
     bm = v.get("binds_measured") if not v.get("reached") else None
     if bm:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")

@@ -14,13 +14,16 @@ KIND        keys (defaults)                                          headline me
             ``threshold=0.25``, ``iou=0.5``  (:mod:`.detection`)
 ``map``     ``threshold=0.5``  (:mod:`.maps`)                         ``mask_iou``
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
+``class``   none: class scores on axis 1 (:mod:`.classes`)            ``top1_agreement``
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
 Row ranges: ``A-B`` (inclusive), ``A-`` (to the last row) or ``A``. Without ``--layout``,
 an output the graph shows to be a detection head (a Concat whose first input has 4 rows on
-the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``detect`` task
-and a note says so; ``OUTPUT=tensor`` turns that off. Every bad value is one error line
+the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``detect`` task,
+and a Softmax over the classes of a ``[N, C]`` output the ``class`` task
+(:func:`quantscope.tasks.classes.class_output`); a note says so; ``OUTPUT=tensor`` turns
+that off. Every bad value is one error line
 naming ``--layout`` and the fix.
 """
 
@@ -30,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 from quantscope.model.load import Model
+from quantscope.tasks.classes import ClassTask, class_output
 from quantscope.tasks.detection import (
     BOX_FORMATS,
     DEFAULT_IOU,
@@ -45,9 +49,10 @@ KINDS: dict[str, tuple[str, ...]] = {
     "detect": ("boxes", "scores", "axis", "format", "threshold", "iou"),
     "map": ("threshold",),
     "score": ("threshold",),
+    "class": (),
     "tensor": (),
 }
-SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score or tensor"
+SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class or tensor"
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -82,7 +87,7 @@ def parse_layout(text: str) -> LayoutSpec:
     kind, _, opts = rest.partition(":")
     kind = kind.strip().lower()
     if kind not in KINDS:
-        raise _fail(text, f"unknown kind '{kind}': use detect, map, score or tensor")
+        raise _fail(text, f"unknown kind '{kind}': use detect, map, score, class or tensor")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -197,6 +202,12 @@ def _task(spec: LayoutSpec, model: Model) -> object | None:
                         "per sample: use kind map or detect")
         return ScoreTask(name=name, output=spec.output,
                          threshold=_float(spec, "threshold", SCORE_THRESHOLD))
+    if spec.kind == "class":
+        if shape is not None and (len(shape) < 2 or shape[1] == 1):
+            raise _fail(spec.text, f"output '{spec.output}' has shape "
+                        f"{tuple(d if isinstance(d, int) else '?' for d in shape)}, no class "
+                        "axis 1 of 2 or more classes: use kind score for one value per sample")
+        return ClassTask(name=name, output=spec.output)
     return None
 
 
@@ -260,6 +271,10 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str
                 notes.append(f"output '{out}' read as detections [{_describe(task, model)}] (a Concat "
                              f"of 4 box rows and score rows); declare with --layout {out}=... "
                              f"to change, --layout {out}=tensor for plain fidelity")
+            elif class_output(model, out) is not None:
+                task = ClassTask(name=f"class:{out}", output=out)
+                notes.append(f"output '{out}' read as {_describe(task, model)} (a Softmax over "
+                             f"the classes); --layout {out}=tensor for plain fidelity")
         if task is not None:
             tasks.append(task)
     if not tasks:
@@ -279,4 +294,8 @@ def _describe(task: object, model: Model) -> str:
         return f"a probability map binarised at {task.threshold:g}"
     if isinstance(task, ScoreTask):
         return f"one score per sample, decided at {task.threshold:g}"
+    if isinstance(task, ClassTask):
+        shape = model.value_shapes().get(task.output) or ()
+        c = shape[1] if len(shape) > 1 and isinstance(shape[1], int) else None
+        return f"class scores (top-1 over {c or 'the'} classes on axis 1)"
     return "a tensor"

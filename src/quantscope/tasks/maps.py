@@ -77,7 +77,7 @@ class MapTask:
         if total and fg in (0, total):
             side = "below" if fg == 0 else "at or above"
             notes.append(f"output '{self.output}': FP32's map is {side} {self.threshold:g} "
-                         "everywhere: the mask IoU only says the quantized map is too")
+                         "everywhere: the mask IoU says little (only that the quantized map is too)")
         if values["mask_iou"] < IOU_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}' mask IoU "
                          f"{values['mask_iou']:.3f} < {IOU_RESEMBLES:g} at threshold "
@@ -110,7 +110,8 @@ class ScoreTask:
         flipped = int(np.sum(dr != dt))
         if dr.size and dr.all() | (~dr).all():
             notes.append(f"output '{self.output}': FP32 decides the same on every sample at "
-                         f"{self.threshold:g}: give data with both outcomes")
+                         f"{self.threshold:g}: the decision agreement says little; give data with both "
+                         "outcomes")
         if dr.size and values["decision_agreement"] < AGREEMENT_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}': {flipped} of {dr.size} "
                          f"decisions at {self.threshold:g} flip (agreement "

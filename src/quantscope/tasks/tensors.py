@@ -75,6 +75,12 @@ def _read(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     if path.stat().st_size == 0:
         raise QuantscopeError(f"data file '{path}' is empty (0 bytes): save the arrays again "
                               "with numpy (np.save / np.savez)")
+    with path.open("rb") as f:
+        head = f.read(6)
+    if head[:2] != b"PK" and head != b"\x93NUMPY":  # np.load would try it as a pickle
+        raise QuantscopeError(f"data file '{path}' is not a NumPy file (it starts with "
+                              f"{head!r}, not an .npz or .npy header): save the arrays with "
+                              "numpy (np.savez / np.save)")
     try:
         if path.suffix.lower() == ".npy":
             if len(names) != 1:

@@ -1,0 +1,101 @@
+"""Class scores: a classifier's output judged by the class it picks.
+
+A classifier's probabilities can keep a whole-output SQNR of 50 dB while the class that
+ships changes, and its logits can read 22 dB while every sample keeps its class. The
+class task scores what the user acts on:
+
+``class`` (``[N, C]``; ``[N, C, H, W]`` per position: a segmentation's class logits)
+    ``top1_agreement`` (headline): share of samples (and positions) whose top class is
+    FP32's; ``top5_agreement``: share whose FP32 top class is among the quantized top 5
+    (when there are more than 5 classes); ``top1_ties``: share whose quantized top score
+    is shared by several classes (the grid merged them; the first one wins the argmax).
+
+Notes say when FP32 picks one class on every sample (the agreement then says little) and
+when the agreement is below :data:`AGREEMENT_RESEMBLES` (``NOT LIKE FP32``).
+
+An output made by a Softmax or LogSoftmax over the classes of a ``[N, C]`` tensor is read
+as class scores without being declared (:func:`class_output`); logits need
+``--layout OUTPUT=class``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from quantscope.model.load import Model
+from quantscope.types import Metrics, Outputs
+
+AGREEMENT_RESEMBLES = 0.95
+TOP_K = 5
+
+
+def _classes_last(out: Outputs, name: str) -> list[np.ndarray]:
+    """Each batch as ``[samples x positions, C]`` (the class axis 1 moved last)."""
+    i = out.names.index(name)
+    arrays = []
+    for b in out.batches:
+        a = np.asarray(b[i], dtype=np.float64)
+        a = a.reshape(len(a), -1) if a.ndim == 2 else np.moveaxis(a, 1, -1)
+        arrays.append(a.reshape(-1, a.shape[-1]))
+    return arrays
+
+
+@dataclass(frozen=True, eq=False)
+class ClassTask:
+    """Class scores on axis 1, judged by the top class (module docstring)."""
+
+    name: str
+    output: str
+    headline: str = "top1_agreement"
+    higher_is_better: bool = True
+    row_local: bool = True
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        r = np.concatenate(_classes_last(ref, self.output))
+        t = np.concatenate(_classes_last(test, self.output))
+        n, classes = r.shape if r.ndim == 2 else (0, 0)
+        if not n:
+            return Metrics(values={"top1_agreement": float("nan")},
+                           notes=(f"output '{self.output}': no samples to compare",))
+        top_r, top_t = r.argmax(axis=1), t.argmax(axis=1)
+        agree = top_r == top_t
+        values = {"top1_agreement": float(agree.mean())}
+        if classes > TOP_K:
+            best = np.argpartition(-t, TOP_K - 1, axis=1)[:, :TOP_K]
+            values["top5_agreement"] = float(np.mean(np.any(best == top_r[:, None], axis=1)))
+        ties = np.sum(t == t.max(axis=1, keepdims=True), axis=1) > 1
+        values["top1_ties"] = float(ties.mean())
+        notes = []
+        picked = np.unique(top_r)
+        if len(picked) == 1 and n > 1:
+            notes.append(f"output '{self.output}': FP32 picks class {int(picked[0])} on every "
+                         "sample: the top-1 agreement says little; give data of several classes")
+        if ties.any():
+            notes.append(f"output '{self.output}': on {int(ties.sum())} of {n} samples the "
+                         "quantized top score is shared by several classes (the grid step "
+                         "merges them; the argmax takes the first)")
+        if values["top1_agreement"] < AGREEMENT_RESEMBLES:
+            notes.append(f"NOT LIKE FP32: output '{self.output}': the top class changes on "
+                         f"{int((~agree).sum())} of {n} samples (top-1 agreement "
+                         f"{values['top1_agreement']:.3f} < {AGREEMENT_RESEMBLES:g})")
+        return Metrics(values=values, notes=tuple(notes))
+
+
+def class_output(model: Model, output: str) -> int | None:
+    """The class count of ``output`` when the graph makes it a Softmax or LogSoftmax over
+    the classes of a ``[N, C]`` tensor (C >= 2, or symbolic: 0), else None."""
+    node = next((n for n in model.graph.node if output in n.output), None)
+    if node is None or node.op_type not in ("Softmax", "LogSoftmax"):
+        return None
+    shape = model.value_shapes().get(output)
+    if shape is None or len(shape) != 2:
+        return None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
+    if axis not in (1, -1):
+        return None
+    c = shape[1]
+    if isinstance(c, int) and c < 2:
+        return None
+    return c if isinstance(c, int) else 0
