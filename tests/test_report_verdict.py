@@ -284,3 +284,26 @@ def test_the_short_verdict_gives_the_deployment_as_its_scripts_carry_it():
     assert "the deployment as its scripts" not in format_verdict({**v, "deployment": dep})
     alone = {k: x for k, x in v.items() if k != "deployment"}
     assert "the deployment as its scripts" not in format_verdict(alone)
+
+
+def test_rules_that_warn_are_said_beside_legal():
+    """On a target whose rules are warnings (hailo8) a plan that trips one is legal, and
+    the verdict says which rule warns, how many groups, and when it may not apply."""
+    from quantscope.pipeline.verdict import _warned, format_verdict_details
+
+    problems = [
+        {"rule": "hailo.attention_16bit", "severity": "warning", "applies": False},
+        {"rule": "hailo.a16_low_sublayer_empty", "severity": "warning"},
+        {"rule": "hailo.a16_low_sublayer_empty", "severity": "warning"},
+        {"rule": "precision.not_allowed", "severity": "error"},
+    ]
+    assert _warned(problems) == ["hailo.a16_low_sublayer_empty (2 groups)",
+                                 "hailo.attention_16bit (1 group, may not apply here)"]
+    v = _verdict(rules_warned=_warned(problems[:1]))
+    short = "\n".join(summary.format_short(v))
+    assert ("legal: all 31 rules pass (warns: hailo.attention_16bit (1 group, may not apply "
+            "here); check.json)") in short
+    details = format_verdict_details({**v, "evaluation": "held out", "io": [], "io_note": "",
+                                      "export_warnings": []})
+    assert "warns: hailo.attention_16bit" in details
+    assert "warns" not in "\n".join(summary.format_short(_verdict()))  # none: nothing said

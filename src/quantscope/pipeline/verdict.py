@@ -25,6 +25,17 @@ if TYPE_CHECKING:
 COMPARED = ("fp32", "a8_w8", "plan")
 
 
+def _warned(problems: list[dict[str, Any]]) -> list[str]:
+    """Each warned rule once, ``rule (N groups[, may not apply here])``."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p in problems:
+        if p["severity"] == "warning":
+            out.setdefault(p["rule"], []).append(p)
+    return [f"{rule} ({len(ps)} group{'s' * (len(ps) != 1)}"
+            + (", may not apply here" if not any(p.get("applies", True) for p in ps) else "")
+            + ")" for rule, ps in sorted(out.items())]
+
+
 def _read(ctx: Context, name: str) -> Any:
     return stages.read_json_file(ctx.path(name), name)
 
@@ -65,6 +76,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "evaluation": ev["data"]["split"],
         "legal": not errors, "rules_checked": len(chk["rules"]),
         "rules_failed": sorted({p["rule"] for p in errors}),
+        # rules that warn on the plan (a target whose rules are warnings: legal, and said)
+        "rules_warned": _warned(chk["problems"]),
         "compiler_files": compiler_files(ctx.target()),
         "export_warnings": export_warnings(ctx),
         # the single plan as its Hailo script carries it (NOT SET decisions at the default)
@@ -252,7 +265,7 @@ def format_verdict_details(v: dict[str, Any]) -> str:
     """Every line of the verdict: quality of each configuration, findings, rewrite notes,
     the whatif, the files and the device I/O formulas (the report folds them)."""
     from quantscope.report import fmt
-    from quantscope.report.summary import format_short, ranking_line
+    from quantscope.report.summary import format_short, ranking_line, warned_text
 
     m = v["metric"]
     q = v["quality"]
@@ -286,7 +299,7 @@ def format_verdict_details(v: dict[str, Any]) -> str:
     lines.append(f"  plan cost {fmt.cost(v.get('plan_cost', v['cost']))} uniform a8_w8; repairs: "
                  f"{', '.join(v['repairs']) or 'none'}; legality: "
                  + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
-                    "FAILS " + ", ".join(v["rules_failed"])))
+                    "FAILS " + ", ".join(v["rules_failed"])) + warned_text(v))
     for name in REWRITES:  # in the order the run applied them
         if v.get(name):
             lines.append(f"  {name}: {v[name]['note']}")

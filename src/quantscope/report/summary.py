@@ -374,6 +374,13 @@ def format_short(v: dict[str, Any]) -> list[str]:
 HN_FIX = "give the parsed HN (--hn) or set them by hand"
 
 
+def warned_text(v: dict[str, Any]) -> str:
+    """The rules that warn on the plan (a warning rule does not make it illegal, and is
+    said): ``" (warns: rule (N groups), …; check.json)"``; empty when none."""
+    warned = v.get("rules_warned") or []
+    return f" (warns: {', '.join(warned)}; check.json)" if warned else ""
+
+
 def unset_line(warnings: list[str], roles: dict[str, str] | None = None, *,
                listed: str = "the list is in verdict.json", fix: str = HN_FIX) -> str | None:
     """One line for the decisions the compiler files do not carry (the ``NOT SET`` lines of
@@ -425,7 +432,7 @@ def _plan_line(v: dict[str, Any], n: str, *, shipped: bool) -> str:
     a deployment ships, also its own held-out figure (a detail, not the headline)."""
     m = v["metric"]
     legal = ("legal: all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
-             "NOT legal: " + ", ".join(v["rules_failed"]))
+             "NOT legal: " + ", ".join(v["rules_failed"])) + warned_text(v)
     applied = [k for k in v.get("rewrites_applied", []) if k]
     cost = fmt.cost(v.get("plan_cost", v.get("cost")))
     lead = (f"  cost {cost} uniform a8_w8" if shipped else
