@@ -151,6 +151,11 @@ class Groups:
     def names(self) -> tuple[str, ...]:
         return tuple(g.name for g in self.groups)
 
+    def root_of(self) -> dict[str, str]:
+        """Pass-through tensor -> the tensor whose grid it shares (a model input read
+        through a Transpose or Reshape is quantized as the model input)."""
+        return {t: chain[0] for chain in self.shared for t in chain[1:]}
+
 
 @dataclass(frozen=True)
 class Plan:

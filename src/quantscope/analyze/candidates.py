@@ -80,6 +80,7 @@ def mixed_encodings(table: dict[Precision, Encodings], groups: Groups, plan: Pla
     """
     acts, weights, notes = {}, {}, []
     widest: dict[str, Precision] = {}
+    root = groups.root_of()
     for g in groups.groups:
         p = plan.precision_of(g.name)
         if p is Precision.FLOAT:
@@ -89,7 +90,7 @@ def mixed_encodings(table: dict[Precision, Encodings], groups: Groups, plan: Pla
         if g.weight is not None and g.weight in enc.weights:
             weights[g.weight] = enc.weights[g.weight]
         notes.extend(n for n in enc.notes if n not in notes)
-        for t in g.inputs:
+        for t in (root.get(t, t) for t in g.inputs):
             if t in groups.model_inputs and (t not in widest or p.act_bits > widest[t].act_bits):
                 widest[t] = p
     acts.update({t: table[p].activations[t] for t, p in widest.items()})

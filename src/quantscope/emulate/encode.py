@@ -81,11 +81,13 @@ def _act_encoding(lo: float, hi: float, bits: int, scheme: QuantScheme) -> Encod
 
 def _input_bits(groups: Groups, plan: Plan) -> dict[str, int]:
     bits: dict[str, int] = {}
+    root = groups.root_of()  # an input read through a Transpose / Reshape first
     for g in groups.groups:
         b = plan.precision_of(g.name).act_bits
         if b is None:
             continue
         for t in g.inputs:
+            t = root.get(t, t)
             bits[t] = max(bits.get(t, 0), b)
     return {t: bits[t] for t in groups.model_inputs if t in bits}
 
