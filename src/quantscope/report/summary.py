@@ -171,8 +171,12 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                      "the host")
     sym = {d for i in inputs for d in i["dims"] if isinstance(d, str) or d is None}
     if sym:
+        # a dim that leads some input is the samples' dim wherever it appears (an RNN
+        # state [1, B, H] beside x [B, T, F]): 1 there too, not the length
+        batch = {i["dims"][0] for i in inputs if i["dims"] and isinstance(i["dims"][0], str)}
         shape = ", ".join(
-            f"{i['name']}=" + "x".join(_fixed(d, k, seq_len) for k, d in enumerate(i["dims"]))
+            f"{i['name']}=" + "x".join(_fixed(d, k, seq_len, batch)
+                                       for k, d in enumerate(i["dims"]))
             for i in inputs)
         hint = ("" if seq_len or "xS" not in shape else
                 " (S: the length you compile for" + (f"; the longest text here has {longest} "
@@ -182,10 +186,10 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
     return steps
 
 
-def _fixed(d: Any, axis: int, seq_len: int | None) -> str:
+def _fixed(d: Any, axis: int, seq_len: int | None, batch: set[str]) -> str:
     if isinstance(d, int) and d > 0:
         return str(d)
-    if axis == 0:
+    if axis == 0 or d in batch:
         return "1"
     return str(seq_len) if seq_len else "S"
 
