@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from outside_models import feeds, mixed_scale_detector
+from outside_models import feeds, lstm_state, mixed_scale_detector
 
 from quantscope.cli import main
 from quantscope.serde import read_json
@@ -57,3 +57,20 @@ def test_metric_sets_what_the_analysis_ranks_by(det):
     assert read_json(det / "M" / "analysis.json", "analysis")["primary"] == "sqnr_db"
     assert (det / "W").is_dir() or _run(det, "W", "--layout", "detections=tensor") == 0
     assert read_json(det / "W" / "analysis.json", "analysis")["primary"] == "sqnr_db_channel_min"
+
+
+def test_the_verdict_says_what_stayed_float(tmp_path, capsys):
+    """An LSTM's weights stay float in the emulation: the held-out figure does not include
+    their error. The coverage said so in evaluate.json and the report only; the console
+    verdict and verdict.json were silent."""
+    onnx.save(lstm_state(), tmp_path / "lstm.onnx")
+    np.savez(tmp_path / "lstm.npz", **feeds("lstm_state", 32))
+    assert main(["run", str(tmp_path / "lstm.onnx"), "--data", str(tmp_path / "lstm.npz"),
+                 "--target", "hailo8", "--repairs", "none", "--out", str(tmp_path / "W")]) == 0
+    v = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    assert [(r["kind"], r["op_type"], r["count"]) for r in v["left_float"]] == [
+        ("weight", "LSTM", 3)]
+    assert "left float: 3 LSTM weights: LSTM weights are not quantized" in (
+        capsys.readouterr().out)
+    # every float input is on the grid, the LSTM's x too (read through an Unsqueeze)
+    assert {r["tensor"] for r in v["io"] if r["role"] == "input"} == {"x", "h", "c"}

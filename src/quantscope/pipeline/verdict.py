@@ -75,6 +75,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results),
+        "left_float": left_float(results.get("plan", {}).get("coverage")),
         "mixed_scales": _mixed_scales(ctx),
         **summary,
     }
@@ -153,6 +154,20 @@ def _not_like(results: dict[str, Any]) -> dict[str, str]:
                 "output '") else ""
             out[label] = notes[at].replace(" (below)", "") + (f": {where}" if where else "")
     return out
+
+
+def left_float(cov: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """What the measured plan left off the grid (its coverage), one row per op type and
+    reason: the held-out figure does not include their error (an LSTM's or GRU's weights,
+    control flow, a group the plan keeps float)."""
+    rows: dict[tuple[str, str, str], int] = {}
+    for what, items in (("weight", (cov or {}).get("weights_float") or []),
+                        ("op", (cov or {}).get("ops_float") or [])):
+        for item in items:
+            key = (what, item["op_type"], item["why"])
+            rows[key] = rows.get(key, 0) + 1
+    return [{"kind": what, "op_type": op, "count": n, "why": why}
+            for (what, op, why), n in rows.items()]
 
 
 def _mixed_scales(ctx: Context) -> list[str]:

@@ -330,6 +330,10 @@ def format_short(v: dict[str, Any]) -> list[str]:
     applied = [k for k in v.get("rewrites_applied", []) if k]
     # the compiled model is not the original: each rewrite's note (and caveat) is kept
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
+    if v.get("left_float"):  # the figure above does not include their error
+        lines.append("  left float: " + "; ".join(
+            f"{r['count']} {r['op_type']} {r['kind']}{'s' if r['count'] > 1 else ''}: "
+            f"{r['why']}" for r in v["left_float"]))
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     bm = v.get("binds_measured") if not v.get("reached") else None
