@@ -309,3 +309,13 @@ def test_host_step_fixes_the_state_batch_dim_to_one():
     steps = host_steps(inputs, [], text=False, seq_len=None)
     assert steps == ["fix the symbolic dims (B, T) for the compiler: x=1xSx16, h=1x1x8 "
                      "(S: the length you compile for)"]
+
+
+def test_host_step_gives_the_input_shape_the_run_checked_at():
+    """``run --input-shape x=1x7x32`` checks at 7 tokens; the host step said x=1xSx32."""
+    from quantscope.report.summary import host_steps
+
+    inputs = [{"name": "x", "dtype": 1, "dims": ["B", "S", 32]}]
+    steps = host_steps(inputs, [], text=False, seq_len=None, shapes={"x": [1, 7, 32]})
+    assert steps == ["fix the symbolic dims (B, S) for the compiler: x=1x7x32 "
+                     "(x as --input-shape, the shape checked)"]

@@ -1,12 +1,14 @@
 """`run` on a mixed-scale detector: the verdict says what uniform a8_w8 loses, names the
 Concat whose one grid spans two scales, and the plan lifts it (tensor headline, and the
-detection task found from the graph)."""
+detection task found from the graph); on an LSTM and a float-input attention, what
+stays float and what the auto rewrites cannot check are said, not fatal."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
+import tiny_models as tm
 from outside_models import feeds, lstm_state, mixed_scale_detector
 
 from quantscope.cli import main
@@ -74,3 +76,19 @@ def test_the_verdict_says_what_stayed_float(tmp_path, capsys):
         capsys.readouterr().out)
     # every float input is on the grid, the LSTM's x too (read through an Unsqueeze)
     assert {r["tensor"] for r in v["io"] if r["role"] == "input"} == {"x", "h", "c"}
+
+
+def test_auto_rewrites_skip_what_needs_a_shape_on_a_float_sequence_model(tmp_path, capsys):
+    """A float-input attention ``x [N, S, 16]`` (a torch TransformerEncoder's export) with no
+    --input-shape: the auto rewrites' headsplit or rowscale trial stopped the whole run ("rowscale
+    checks the function on ... float inputs of known shape"), before the run folder was
+    made. The trial is 'not applied' with that reason; the run completes."""
+    onnx.save(tm.attention(), tmp_path / "att.onnx")
+    np.savez(tmp_path / "att.npz",
+             x=np.random.default_rng(0).normal(0, 1, (32, 6, 16)).astype(np.float32))
+    assert main(["run", str(tmp_path / "att.onnx"), "--data", str(tmp_path / "att.npz"),
+                 "--target", "hailo10h", "--repairs", "none",
+                 "--out", str(tmp_path / "W")]) == 0
+    rows = read_json(tmp_path / "W" / "verdict.json", "verdict")["rewrites_auto"]["rows"]
+    row = next(r for r in rows if r["rewrite"] == "rowscale")
+    assert "not applied" in row["why"] and "--input-shape" in row["why"]

@@ -135,7 +135,8 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
             longest=max(ev["data"]["fit"].get("token_lengths") or [0]) or None,
             lookups=[r["host_lookup"] for r in _read(ctx, steps.IO).get("io", [])
                      if r.get("host_lookup")],
-            prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None),
+            prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None,
+            shapes=chk.get("input_shapes")),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),

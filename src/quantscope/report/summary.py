@@ -127,7 +127,8 @@ def binds_measured(whatif: dict[str, Any] | None, pareto: dict[str, Any],
 def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                text: bool, seq_len: int | None, longest: int | None = None,
                pooled: bool | None = None, lookups: list[dict[str, Any]] | None = None,
-               prefixes: dict[str, str] | None = None) -> list[str]:
+               prefixes: dict[str, str] | None = None,
+               shapes: dict[str, list[int]] | None = None) -> list[str]:
     """What the host does around the compiled model. ``inputs``/``outputs``: name, dtype
     (ONNX elem type), dims (int, or str for a symbolic dim); ``seq_len``: the length the
     run checked at; ``longest``: the data's longest text (tokens), said when no length was
@@ -135,7 +136,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
     per-token outputs were compared as they are (default: ``text``); ``lookups``: the
     ``host_lookup`` of the io rows (the lookups the target leaves to the host; None: the
     older wording, which cannot tell); ``prefixes``: the text prefixes the data was
-    evaluated with (``query``, ``document``)."""
+    evaluated with (``query``, ``document``); ``shapes``: the ``--input-shape`` the run
+    checked at (those inputs' dims as given)."""
     steps = []
     if prefixes and (prefixes.get("query") or prefixes.get("document")):
         steps.append(f"put {prefixes.get('query', '')!r} before every query and "
@@ -174,13 +176,18 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
         # a dim that leads some input is the samples' dim wherever it appears (an RNN
         # state [1, B, H] beside x [B, T, F]): 1 there too, not the length
         batch = {i["dims"][0] for i in inputs if i["dims"] and isinstance(i["dims"][0], str)}
+        given = shapes or {}  # --input-shape: the shapes the run checked at
         shape = ", ".join(
+            f"{i['name']}=" + "x".join(
+                str(d) for d in given[i["name"]]) if i["name"] in given else
             f"{i['name']}=" + "x".join(_fixed(d, k, seq_len, batch)
                                        for k, d in enumerate(i["dims"]))
             for i in inputs)
         hint = ("" if seq_len or "xS" not in shape else
                 " (S: the length you compile for" + (f"; the longest text here has {longest} "
                                                      "tokens)" if longest else ")"))
+        if given:
+            hint += f" ({', '.join(given)} as --input-shape, the shape{'s' * (len(given) > 1)} checked)"
         steps.append(f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
                      f"compiler: {shape}{hint}")
     return steps
