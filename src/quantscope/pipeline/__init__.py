@@ -175,6 +175,10 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
     """The inputs, the goal, the batch axes and the input shapes checked against ``model``
     (before the run folder exists); ``fit``: the fit data as :func:`_open_fit` opened it."""
     check_run_inputs(model, opts, fit=fit)
+    if opts.seq_len is not None:  # a length the model's position table cannot hold
+        from quantscope.tasks.positions import check_length
+
+        check_length(model.proto, opts.seq_len)
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress,
                    _cache={"model": model}).check_goal(fit)
