@@ -430,6 +430,8 @@ CASES: list[tuple[str, list[str], str]] = [
                                "-1", "--out", "{out}/w"], "--max-cost"),
     ("run-force-unknown-stage", ["run", M, "--data", X, "--target", "hailo8", "--force",
                                  "nope", "--out", "{out}/w"], "--force"),
+    ("run-out-not-writable", ["run", M, "--data", X, "--target", "hailo8", "--out",
+                              "/proc/quantscope-run"], "cannot make a folder in '/proc'"),
     ("run-missing-data", ["run", M, "--data", "{ws}/nope.npz", "--target", "hailo8",
                           "--out", "{out}/w"], "does not exist"),
     ("run-decoder-option-on-an-encoder", ["run", M, "--data", X, "--target", "hailo8",
