@@ -47,6 +47,16 @@ def text_encoder() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def text_lookup() -> onnx.ModelProto:
+    """The encoder above without its mask Mul: the lookup is the only layer (the lookup is
+    a group of its own, so the Mul was a token-wise layer for tokensplit to split)."""
+    proto = text_encoder()
+    gather = proto.graph.node[0]
+    del proto.graph.node[1:]
+    gather.output[0] = "hidden"
+    return proto
+
+
 def _text_feeds(n_ids=(4, 6), n_mask=(4, 6), high=VOCAB, low=0) -> dict[str, np.ndarray]:
     r = np.random.default_rng(1)
     return {"input_ids": r.integers(low, high, n_ids).astype(np.int64),
@@ -74,6 +84,7 @@ def _make_ws(ws: Path) -> None:
     """Every input file the cases read (none of them may change)."""
     onnx.save(tm.layernorm_block(), ws / "m.onnx")
     onnx.save(text_encoder(), ws / "text.onnx")
+    onnx.save(text_lookup(), ws / "lookup.onnx")
     np.save(ws / "x.npy", np.random.default_rng(0).normal(0, 1, (8, 5, 24)).astype(np.float32))
     assert main(["calibrate", str(ws / "m.onnx"), "--data", str(ws / "x.npy"),
                  "--out", str(ws / "s.npz")]) == 0
@@ -229,7 +240,7 @@ CASES: list[tuple[str, list[str], str]] = [
                                     "--out", "{out}/s.onnx"], "below --seq-len"),
     ("tokensplit-image-model", ["tokensplit", M, "--seq-len", "8", "--out", "{out}/s.onnx"],
      "no rank-2 token input"),
-    ("tokensplit-nothing-to-split", ["tokensplit", T, "--seq-len", "8",
+    ("tokensplit-nothing-to-split", ["tokensplit", "{ws}/lookup.onnx", "--seq-len", "8",
                                      "--out", "{out}/s.onnx"], "nothing written"),
     ("tokensplit-out-is-model", ["tokensplit", T, "--seq-len", "8", "--out", T],
      "never overwritten"),
@@ -419,6 +430,8 @@ CASES: list[tuple[str, list[str], str]] = [
                                "-1", "--out", "{out}/w"], "--max-cost"),
     ("run-force-unknown-stage", ["run", M, "--data", X, "--target", "hailo8", "--force",
                                  "nope", "--out", "{out}/w"], "--force"),
+    ("run-out-not-writable", ["run", M, "--data", X, "--target", "hailo8", "--out",
+                              "/proc/quantscope-run"], "cannot make a folder in '/proc'"),
     ("run-missing-data", ["run", M, "--data", "{ws}/nope.npz", "--target", "hailo8",
                           "--out", "{out}/w"], "does not exist"),
     ("run-decoder-option-on-an-encoder", ["run", M, "--data", X, "--target", "hailo8",

@@ -297,3 +297,26 @@ def test_static_model_analysis_subsets_take_every_kth_sample(tmp_path):
     proxy = proxy_batches(ds.calibration, 0.25)
     assert len(proxy) == N // 4
     np.testing.assert_array_equal(proxy[1]["state"], ds.calibration[4]["state"])
+
+
+def test_host_step_fixes_the_state_batch_dim_to_one():
+    """``h [1, B, 8]`` beside ``x [B, T, 16]``: B is the samples' dim in both, so the
+    compiler's shape of h is 1x1x8; it was printed 1xSx8 (the length put in its place)."""
+    from quantscope.report.summary import host_steps
+
+    inputs = [{"name": "x", "dtype": 1, "dims": ["B", "T", 16]},
+              {"name": "h", "dtype": 1, "dims": [1, "B", 8]}]
+    steps = host_steps(inputs, [], text=False, seq_len=None)
+    assert steps == ["fix the symbolic dims (B, T) for the compiler: x=1xTx16, h=1x1x8 "
+                     "(T: the size you compile for; the size rules were not checked at it: "
+                     "give --input-shape)"]
+
+
+def test_host_step_gives_the_input_shape_the_run_checked_at():
+    """``run --input-shape x=1x7x32`` checks at 7 tokens; the host step said x=1xSx32."""
+    from quantscope.report.summary import host_steps
+
+    inputs = [{"name": "x", "dtype": 1, "dims": ["B", "S", 32]}]
+    steps = host_steps(inputs, [], text=False, seq_len=None, shapes={"x": [1, 7, 32]})
+    assert steps == ["fix the symbolic dims (B, S) for the compiler: x=1x7x32 "
+                     "(x as --input-shape, the shape checked)"]

@@ -1,13 +1,15 @@
 """`run` on a mixed-scale detector: the verdict says what uniform a8_w8 loses, names the
 Concat whose one grid spans two scales, and the plan lifts it (tensor headline, and the
-detection task found from the graph)."""
+detection task found from the graph); on an LSTM and a float-input attention, what
+stays float and what the auto rewrites cannot check are said, not fatal."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
-from outside_models import feeds, mixed_scale_detector
+import tiny_models as tm
+from outside_models import feeds, lstm_state, mixed_scale_detector
 
 from quantscope.cli import main
 from quantscope.serde import read_json
@@ -57,3 +59,36 @@ def test_metric_sets_what_the_analysis_ranks_by(det):
     assert read_json(det / "M" / "analysis.json", "analysis")["primary"] == "sqnr_db"
     assert (det / "W").is_dir() or _run(det, "W", "--layout", "detections=tensor") == 0
     assert read_json(det / "W" / "analysis.json", "analysis")["primary"] == "sqnr_db_channel_min"
+
+
+def test_the_verdict_says_what_stayed_float(tmp_path, capsys):
+    """An LSTM's weights stay float in the emulation: the held-out figure does not include
+    their error. The coverage said so in evaluate.json and the report only; the console
+    verdict and verdict.json were silent."""
+    onnx.save(lstm_state(), tmp_path / "lstm.onnx")
+    np.savez(tmp_path / "lstm.npz", **feeds("lstm_state", 32))
+    assert main(["run", str(tmp_path / "lstm.onnx"), "--data", str(tmp_path / "lstm.npz"),
+                 "--target", "hailo8", "--repairs", "none", "--out", str(tmp_path / "W")]) == 0
+    v = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    assert [(r["kind"], r["op_type"], r["count"]) for r in v["left_float"]] == [
+        ("weight", "LSTM", 3)]
+    assert "left float: 3 LSTM weights: LSTM weights are not quantized" in (
+        capsys.readouterr().out)
+    # every float input is on the grid, the LSTM's x too (read through an Unsqueeze)
+    assert {r["tensor"] for r in v["io"] if r["role"] == "input"} == {"x", "h", "c"}
+
+
+def test_auto_rewrites_skip_what_needs_a_shape_on_a_float_sequence_model(tmp_path, capsys):
+    """A float-input attention ``x [N, S, 16]`` (a torch TransformerEncoder's export) with no
+    --input-shape: the auto rewrites' headsplit or rowscale trial stopped the whole run ("rowscale
+    checks the function on ... float inputs of known shape"), before the run folder was
+    made. The trial is 'not applied' with that reason; the run completes."""
+    onnx.save(tm.attention(), tmp_path / "att.onnx")
+    np.savez(tmp_path / "att.npz",
+             x=np.random.default_rng(0).normal(0, 1, (32, 6, 16)).astype(np.float32))
+    assert main(["run", str(tmp_path / "att.onnx"), "--data", str(tmp_path / "att.npz"),
+                 "--target", "hailo10h", "--repairs", "none",
+                 "--out", str(tmp_path / "W")]) == 0
+    rows = read_json(tmp_path / "W" / "verdict.json", "verdict")["rewrites_auto"]["rows"]
+    row = next(r for r in rows if r["rewrite"] == "rowscale")
+    assert "not applied" in row["why"] and "--input-shape" in row["why"]

@@ -64,7 +64,8 @@ def test_image_dims_are_named_apart_and_a_given_input_shape_is_said_as_given():
                     "--input-shape)"]
     given = host_steps(inputs, outputs, text=False, seq_len=None,
                        shapes={"input": [1, 3, 32, 48]})
-    assert given == ["fix the symbolic dims (H, N, W) for the compiler: input=1x3x32x48"]
+    assert given == ["fix the symbolic dims (H, N, W) for the compiler: input=1x3x32x48 "
+                     "(input as --input-shape, the shape checked)"]
     # text keeps its one length S
     ids = [{"name": "input_ids", "dtype": 7, "dims": ["batch", "sequence"]}]
     said = host_steps(ids, outputs, text=True, seq_len=None, longest=40)

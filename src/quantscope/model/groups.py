@@ -10,7 +10,11 @@ a node with no float ``act`` output   stays float, belongs to no group (shape ma
 pass-through op (Reshape, Transpose…) no group; output shares its input's encoding
 fusible op (elementwise with const /  joins the group of its producer when every
 side operands, or both operands from  ``act`` input comes from that one group and
-that same group)                      every consumer of that input is fusible too
+that same group)                      every consumer of that input is fusible too,
+                                      unless that group is an embedding lookup (its
+                                      rows are what a host lookup feeds the device:
+                                      a constant position / token-type Add after it
+                                      is a layer of its own)
 decomposed LayerNorm                  ReduceMean, Sub, Pow (or Mul by itself),
                                       ReduceMean, Add eps, Sqrt, Div: one group
                                       anchored at the first ReduceMean, op type
@@ -157,6 +161,7 @@ class _Builder:
         self.members: dict[str, list[onnx.NodeProto]] = {}
         self.shared: dict[str, str] = {}  # pass-through output -> its input
         self.layernorm = _layernorm_members(self)  # node -> decomposed LayerNorm anchor
+        self.lookups: set[str] = set()  # groups anchored at an embedding lookup
 
     def act_inputs(self, node: onnx.NodeProto) -> list[str]:
         return [t for t in node.input if t and self.kinds.get(t) == "act"]
@@ -170,8 +175,8 @@ class _Builder:
             return None
         acts = self.act_inputs(node)
         groups = {self.producer_group(t) for t in acts}
-        if len(groups) != 1 or None in groups:
-            return None
+        if len(groups) != 1 or None in groups or groups & self.lookups:
+            return None  # (a lookup's rows are what the device is fed: nothing joins it)
         for t in acts:
             if any(c.op_type not in FUSIBLE for c in self.consumers.get(t, [])):
                 return None
@@ -199,6 +204,8 @@ class _Builder:
             return
         target = self.layernorm.get(node.name) or self.can_fuse(node)
         name = target or node.name
+        if _is_embedding_lookup(node, self.kinds, self.types):
+            self.lookups.add(name)
         self.group_of[node.name] = name
         self.members.setdefault(name, []).append(node)
 

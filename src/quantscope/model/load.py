@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
+from quantscope.model.widen import widen_float16
 from quantscope.types import QuantscopeError
 
 MIN_QDQ16_OPSET = 21  # int16/uint16 QuantizeLinear/DequantizeLinear need opset >= 21
@@ -286,8 +287,10 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
         raise QuantscopeError(
             f"model '{source}' fails the ONNX checker ({first}): fix or re-export it"
         ) from None
+    proto, widened = widen_float16(proto)
     proto = name_nodes(proto)
     proto, notes = fold_constant_weights(proto)
+    notes = (*widened, *notes)
     proto = upgrade_opset(proto)
     proto = name_nodes(proto)
     try:

@@ -16,6 +16,8 @@ are the same. This layer sits between ``cli`` and ``stages``.
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -175,6 +177,10 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
     """The inputs, the goal, the batch axes and the input shapes checked against ``model``
     (before the run folder exists); ``fit``: the fit data as :func:`_open_fit` opened it."""
     check_run_inputs(model, opts, fit=fit)
+    if opts.seq_len is not None:  # a length the model's position table cannot hold
+        from quantscope.tasks.positions import check_length
+
+        check_length(model.proto, opts.seq_len)
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress,
                    _cache={"model": model}).check_goal(fit)
@@ -295,6 +301,12 @@ def _check_out(out: str) -> None:
         raise QuantscopeError(f"--out '{out}' is a file: give a folder for the run's files")
     if not folder.parent.is_dir():
         raise QuantscopeError(f"--out '{out}': the folder '{folder.parent}' does not exist")
+    if not folder.exists():  # a folder can be made there (made and removed: /proc, a
+        try:                 # read-only file system, no permission fail here, not late)
+            os.rmdir(tempfile.mkdtemp(prefix=".quantscope-", dir=folder.parent))
+        except OSError as e:
+            raise QuantscopeError(f"--out '{out}': cannot make a folder in '{folder.parent}' "
+                                  f"({e.strerror}): give a folder you can write to") from None
 
 
 def _folder(out: str) -> Path:
@@ -304,7 +316,11 @@ def _folder(out: str) -> Path:
         raise QuantscopeError(f"--out '{out}' is a file: give a folder for the run's files")
     if not folder.parent.is_dir():
         raise QuantscopeError(f"--out '{out}': the folder '{folder.parent}' does not exist")
-    folder.mkdir(exist_ok=True)
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as e:  # e.g. under /proc, or a read-only file system
+        raise QuantscopeError(f"--out '{out}': cannot make the run folder ({e.strerror}): "
+                              "give a folder you can write to") from None
     return folder
 
 

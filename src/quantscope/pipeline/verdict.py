@@ -89,6 +89,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results),
         "says_little": _says_little(results),
+        "left_float": left_float(results.get("plan", {}).get("coverage")),
         "mixed_scales": _mixed_scales(ctx),
         **summary,
     }
@@ -176,6 +177,20 @@ def _says_little(results: dict[str, Any]) -> list[str]:
     on such data is no evidence."""
     notes = [str(n) for label in COMPARED for n in results.get(label, {}).get("notes", [])]
     return list(dict.fromkeys(n for n in notes if "says little" in n))
+
+
+def left_float(cov: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """What the measured plan left off the grid (its coverage), one row per op type and
+    reason: the held-out figure does not include their error (an LSTM's or GRU's weights,
+    control flow, a group the plan keeps float)."""
+    rows: dict[tuple[str, str, str], int] = {}
+    for what, items in (("weight", (cov or {}).get("weights_float") or []),
+                        ("op", (cov or {}).get("ops_float") or [])):
+        for item in items:
+            key = (what, item["op_type"], item["why"])
+            rows[key] = rows.get(key, 0) + 1
+    return [{"kind": what, "op_type": op, "count": n, "why": why}
+            for (what, op, why), n in rows.items()]
 
 
 def _mixed_scales(ctx: Context) -> list[str]:

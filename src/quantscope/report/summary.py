@@ -136,8 +136,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
     per-token outputs were compared as they are (default: ``text``); ``lookups``: the
     ``host_lookup`` of the io rows (the lookups the target leaves to the host; None: the
     older wording, which cannot tell); ``prefixes``: the text prefixes the data was
-    evaluated with (``query``, ``document``); ``shapes``: the inputs' shapes the run
-    checked at (``--input-shape``), said as they are."""
+    evaluated with (``query``, ``document``); ``shapes``: the ``--input-shape`` the run
+    checked at (those inputs' dims as given)."""
     steps = []
     if prefixes and (prefixes.get("query") or prefixes.get("document")):
         steps.append(f"put {prefixes.get('query', '')!r} before every query and "
@@ -173,29 +173,37 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                      "the host")
     sym = {d for i in inputs for d in i["dims"] if isinstance(d, str) or d is None}
     if sym:
-        shapes = shapes or {}
+        # a dim that leads some input is the samples' dim wherever it appears (an RNN
+        # state [1, B, H] beside x [B, T, F]): 1 there too, not the length
+        batch = {i["dims"][0] for i in inputs if i["dims"] and isinstance(i["dims"][0], str)}
+        given = shapes or {}  # --input-shape: the shapes the run checked at
         shape = ", ".join(
-            f"{i['name']}=" + ("x".join(map(str, shapes[i["name"]])) if i["name"] in shapes
-                               else "x".join(_fixed(d, k, seq_len, text)
+            f"{i['name']}=" + ("x".join(map(str, given[i["name"]])) if i["name"] in given
+                               else "x".join(_fixed(d, k, seq_len, batch, text=text)
                                              for k, d in enumerate(i["dims"])))
             for i in inputs)
         hint = ("" if seq_len or "xS" not in shape else
                 " (S: the length you compile for" + (f"; the longest text here has {longest} "
                                                      "tokens)" if longest else ")"))
-        named = sorted({d for i in inputs if i["name"] not in shapes
-                        for k, d in enumerate(i["dims"]) if k and isinstance(d, str)})
+        named = sorted({d for i in inputs if i["name"] not in given
+                        for k, d in enumerate(i["dims"])
+                        if k and isinstance(d, str) and d not in batch})
         if not text and named:  # an image's H, W: sizes the run did not check at
             hint = (f" ({', '.join(named)}: the size you compile for; the size rules were "
                     f"not checked at it: give --input-shape)")
+        if given:
+            hint += (f" ({', '.join(given)} as --input-shape, the "
+                     f"shape{'s' * (len(given) > 1)} checked)")
         steps.append(f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
                      f"compiler: {shape}{hint}")
     return steps
 
 
-def _fixed(d: Any, axis: int, seq_len: int | None, text: bool = True) -> str:
+def _fixed(d: Any, axis: int, seq_len: int | None, batch: set[str], *,
+           text: bool = True) -> str:
     if isinstance(d, int) and d > 0:
         return str(d)
-    if axis == 0:
+    if axis == 0 or d in batch:
         return "1"
     if not text and isinstance(d, str):
         return d  # an image's H or W: one name each, not one length S for both
@@ -338,6 +346,10 @@ def format_short(v: dict[str, Any]) -> list[str]:
     applied = [k for k in v.get("rewrites_applied", []) if k]
     # the compiled model is not the original: each rewrite's note (and caveat) is kept
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
+    if v.get("left_float"):  # the figure above does not include their error
+        lines.append("  left float: " + "; ".join(
+            f"{r['count']} {r['op_type']} {r['kind']}{'s' if r['count'] > 1 else ''}: "
+            f"{r['why']}" for r in v["left_float"]))
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in v.get("says_little") or []]

@@ -387,8 +387,11 @@ def _build(model: Model, names: Mapping[str, Mapping[str, Any]], new_name: str,
             why = should_try(rw, current, target, seq_len, stats)
             if not why.holds:
                 return f"on top of the kept set: {why.reason}"
-        r = run_rewrite(rw, current, config, stats=stats if rw.needs_stats else None,
-                        seq_len=seq_len, input_shapes=input_shapes)
+        try:
+            r = run_rewrite(rw, current, config, stats=stats if rw.needs_stats else None,
+                            seq_len=seq_len, input_shapes=input_shapes)
+        except QuantscopeError as e:  # e.g. no shape to check the function at
+            return f"not applied on top of the kept set ({name}): {e}"
         if r.failed is not None or not r.changes:
             return f"not applied on top of the kept set ({name}): {r.failed or r.reason}"
         # the loaded form only: the rewrite's own proto is another copy of every weight
@@ -429,8 +432,11 @@ def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
     """One rewrite applied, calibrated and measured against ``score``."""
     cfg = dataclasses.asdict(config)
     base = {"before": score.value, "tiebreak_before": score.tiebreak, "config": cfg}
-    r = run_rewrite(rw, model, config, stats=stats if rw.needs_stats else None,
-                    seq_len=seq_len, input_shapes=input_shapes)
+    try:
+        r = run_rewrite(rw, model, config, stats=stats if rw.needs_stats else None,
+                        seq_len=seq_len, input_shapes=input_shapes)
+    except QuantscopeError as e:  # e.g. no shape to check the function at: not this one
+        return Trial(rw.name, tried=True, kept=False, **base, reason=f"not applied: {e}"), None
     if r.failed is not None or not r.changes:
         return Trial(rw.name, tried=True, kept=False, **base,
                      reason=f"not applied: {r.failed or r.reason}"), None

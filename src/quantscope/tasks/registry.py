@@ -34,7 +34,9 @@ from quantscope.tasks.headline import retrieval_scoring, sts_scoring
 from quantscope.tasks.images import SMALL_SPEC as IMAGES_SMALL
 from quantscope.tasks.images import SPEC as IMAGES_SPEC
 from quantscope.tasks.images import image_dataset
+from quantscope.tasks.positions import token_limit
 from quantscope.tasks.text import (
+    DEFAULT_MAX_LENGTH,
     NO_PREFIXES,
     STDLIB_DOCS,
     StsPairs,
@@ -315,7 +317,9 @@ def text_dataset(
         spec == STDLIB_DOCS or spec.endswith(".jsonl")) else None
     plain = load_calibration_texts(spec) if sts is None and pairs is None else ()
     tok_file = text_tokenizer(model.source, model.proto, tokenizer)
-    tok = load_tokenizer(tok_file)
+    # a position table shorter than the tokenizer's truncation: texts cut where it ends
+    limit = token_limit(model.proto, {r: n for r, n, _ in enc.inputs}, DEFAULT_MAX_LENGTH)
+    tok = load_tokenizer(tok_file, max_length=limit.tokens if limit else DEFAULT_MAX_LENGTH)
     if sts is not None:
         n = min(len(sts), max_pairs or len(sts))
         sts = StsPairs(sts.first[:n], sts.second[:n], sts.scores[:n], sts.source)
@@ -343,6 +347,8 @@ def text_dataset(
     lengths = token_lengths(eval_texts, tok)
     profile = length_profile(lengths)
     note = f"{enc.describe()}; {describe_tokenizer(tok_file)}; {describe_lengths(profile)}"
+    if limit is not None:
+        note += f"; {limit.describe()}: texts truncated there"
     if prefixes:
         note += f"; {prefixes.describe()}"
     if isinstance(task, StsTask):
