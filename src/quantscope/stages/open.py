@@ -61,7 +61,7 @@ def open_data(
     tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
     ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none)."""
     from quantscope.tasks.registry import open_task_data, tensor_task
-    from quantscope.tasks.tensors import check_batch_axes
+    from quantscope.tasks.tensors import check_batch_axes, unused_arrays
 
     if batch_axes:
         check_batch_axes(model, batch_axes)
@@ -75,6 +75,13 @@ def open_data(
         batches = tuple(load_tensor_batches(spec, model, batch_axes=batch_axes))
         ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
                      notes=notes)
+        unused = unused_arrays(spec, model)
+        if unused:  # said, not an error: a label array beside the inputs is common
+            note = (f"{spec}: {len(unused)} array(s) no model input takes, not fed: "
+                    f"{', '.join(unused[:5])}{' …' if len(unused) > 5 else ''} (inputs: "
+                    f"{', '.join(model.input_names())}; rename an array meant for one)")
+            ds = dataclasses.replace(ds, notes=(*ds.notes, note))
+            say(f"note: {note}", show=show)
         fed = next((b for b in batches if isinstance(b, Feeds)), None)
         if fed is not None:
             note = f"{spec}: {_layout_text(fed)}"

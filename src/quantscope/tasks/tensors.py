@@ -370,6 +370,18 @@ def tensor_batches(
                                                   layout.limit)
 
 
+def unused_arrays(path: str | Path, model: Model) -> list[str]:
+    """The arrays of the ``.npz`` file(s) at ``path`` that no model input takes (a label
+    array, or a misspelt optional input: either way they are not fed), ``'name' (file)``."""
+    names = set(model.input_names())
+    out: list[str] = []
+    for file in _files(Path(path)):
+        if file.suffix.lower() == ".npz":
+            with np.load(file, allow_pickle=False) as z:
+                out += [f"'{k}' ({file.name})" for k in z.files if k not in names]
+    return out
+
+
 def load_tensor_batches(
     path: str | Path, model: Model, *, batch_size: int = TENSOR_BATCH,
     batch_axes: Mapping[str, int] | None = None,
