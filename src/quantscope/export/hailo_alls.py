@@ -50,9 +50,18 @@ def _act(op_type: str) -> Callable[[Group], bool]:
     return lambda g: g.kind is GroupKind.ACTIVATION and g.op_type == op_type
 
 
+def _conv(g: Group) -> bool:
+    """Conv and linear MatMul parse to conv layers; a depthwise Conv (dw), a Gemm (fc) and
+    a ConvTranspose (deconv) are counted apart (the Hailo Model Zoo's scripts name
+    ``dw1``…``dw14`` beside ``conv`` layers, ``fc1`` for a classifier Gemm and
+    ``deconv1``…``deconv3`` beside ``conv56``…``conv65``)."""
+    return _weighted(g) and not g.depthwise and g.op_type not in ("Gemm", "ConvTranspose")
+
+
 # prefix -> which groups it counts; the first prefix that selects a group names it on export
 HAILO_PREFIXES: dict[str, Callable[[Group], bool]] = {
-    "conv": _weighted,  # Conv, linear MatMul and Gemm all parse to conv layers
+    "conv": _conv,
+    "dw": lambda g: _weighted(g) and g.depthwise,
     "fc": lambda g: _weighted(g) and g.op_type == "Gemm",
     "deconv": lambda g: _weighted(g) and g.op_type == "ConvTranspose",
     "normalization": _act("LayerNormalization"),
