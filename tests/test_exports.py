@@ -108,6 +108,16 @@ def test_alls_parses_back_to_the_plan(block):
             assert back.precision_of(g) == plan.precision_of(g), g
 
 
+def test_alls_default_for_every_layer_is_the_braced_glob(block):
+    # the Hailo Model Zoo's scripts select every layer as {*} (never a bare *)
+    model, groups = block
+    plan = Plan(default=Precision.A16_W8, overrides=(("Add_9", Precision.A8_W8),))
+    text = export_alls(plan, groups)
+    assert "quantization_param({*}, precision_mode=a16_w8)\n" in text
+    assert "quantization_param(*," not in text
+    assert script_plan(text, groups, model, HAILO).precision_of("MatMul_1") is Precision.A16_W8
+
+
 def test_alls_rejects_float(block):
     _, groups = block
     with pytest.raises(QuantscopeError, match="float"):

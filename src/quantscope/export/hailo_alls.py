@@ -20,7 +20,7 @@ to the host (``host``) is not a compiler decision: its comment says so, without 
 
 Script lines written (syntax as in the Hailo field reports, seeds/001 and 002)::
 
-    quantization_param(*, precision_mode=a16_w8)          # non-a8_w8 plan default
+    quantization_param({*}, precision_mode=a16_w8)        # non-a8_w8 plan default
     quantization_param(conv18, precision_mode=a16_w16)    # one line per override
     quantization_param(conv18, force_range_out=[-1.1, 1.1])
 """
@@ -231,7 +231,8 @@ def export_alls(
     if plan.default is Precision.FLOAT:
         raise QuantscopeError("a Hailo script cannot express a float default: use a8_w8")
     if plan.default is not Precision.A8_W8:
-        lines.append(f"quantization_param(*, precision_mode={plan.default})")
+        # every layer: the glob in braces, as the Hailo Model Zoo's scripts write it
+        lines.append(f"quantization_param({{*}}, precision_mode={plan.default})")
     reasons = dict(plan.reasons)
     for group, precision in plan.overrides:
         if precision is Precision.FLOAT:
