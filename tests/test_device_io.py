@@ -7,6 +7,7 @@ from onnx import helper, numpy_helper
 
 import quantscope as qs
 from quantscope.cli import main
+from quantscope.export.device_io import python_snippet
 
 
 def _policy_model() -> onnx.ModelProto:
@@ -83,3 +84,34 @@ def test_io_cli_check_mapping_json_and_snippet(tmp_path, capsys):
     assert main(["io", str(m), "--stats", str(s), "--precision", "a8_w8",
                  "--check-mapping", "nope=0:1,1:2"]) == 2
     assert "no quantized input or output" in capsys.readouterr().err
+
+
+def _codes_the_qdq_graph_feeds(model, stats, plan, x):
+    """The codes the emulated graph's QuantizeLinear of input ``x`` produces, run in ORT."""
+    import onnxruntime as ort
+
+    from quantscope.emulate.qdq import quantize_model, scheme_for
+
+    proto = quantize_model(model, stats, plan, scheme=scheme_for(plan)).proto
+    q = next(n for n in proto.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "x")
+    zp = next(i for i in proto.graph.initializer if i.name == q.input[2])
+    proto.graph.output.append(helper.make_tensor_value_info(q.output[0], zp.data_type, None))
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run([q.output[0]], {"x": x})[0]
+
+
+def test_to_device_gives_the_codes_the_emulated_graph_quantizes_to():
+    # QuantizeLinear divides in float32; a float64 division rounds some values (near a
+    # half code) to the next code: at 16 bit, about 1 value in 5,000 of this input
+    model = qs.load_proto(_policy_model(), "policy")
+    x = np.random.default_rng(3).uniform(-1, 1, (4096, 19)).astype(np.float32)
+    data = qs.Dataset(name="x", calibration=({"x": x},), evaluation=({"x": x},))
+    stats = qs.calibrate_model(model, data)
+    plan = qs.Plan.uniform(qs.Precision.A16_W8)
+    row = next(r for r in qs.device_io_rows(model, stats, plan) if r["tensor"] == "x")
+    emulated = _codes_the_qdq_graph_feeds(model, stats, plan, x)
+    assert emulated.dtype == np.uint16
+    np.testing.assert_array_equal(qs.to_device(x, row), emulated)
+    ns: dict = {}
+    exec(compile(python_snippet([row]), "io_snippet.py", "exec"), ns)
+    np.testing.assert_array_equal(ns["to_device_x"](x), emulated)

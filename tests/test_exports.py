@@ -108,6 +108,16 @@ def test_alls_parses_back_to_the_plan(block):
             assert back.precision_of(g) == plan.precision_of(g), g
 
 
+def test_alls_default_for_every_layer_is_the_braced_glob(block):
+    # the Hailo Model Zoo's scripts select every layer as {*} (never a bare *)
+    model, groups = block
+    plan = Plan(default=Precision.A16_W8, overrides=(("Add_9", Precision.A8_W8),))
+    text = export_alls(plan, groups)
+    assert "quantization_param({*}, precision_mode=a16_w8)\n" in text
+    assert "quantization_param(*," not in text
+    assert script_plan(text, groups, model, HAILO).precision_of("MatMul_1") is Precision.A16_W8
+
+
 def test_alls_rejects_float(block):
     _, groups = block
     with pytest.raises(QuantscopeError, match="float"):
@@ -120,6 +130,44 @@ def test_heuristic_names_count_by_kind(block):
     assert names["conv1"] == "MatMul_1" and names["conv2"] == "MatMul_8"
     assert names["normalization2"] == "LayerNormalization_10" == names["layer_normalization2"]
     assert names["ew_add1"] == "Add_9"
+
+
+def _separable_net() -> Model:
+    """Conv -> depthwise Conv -> pointwise Conv -> GlobalAveragePool -> Gemm."""
+    r = np.random.default_rng(4)
+    text = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    sep (float[N, 3, 8, 8] x) => (float[N, 4] y) {
+        a = Conv <pads = [1, 1, 1, 1]> (x, w1)
+        d = Conv <pads = [1, 1, 1, 1], group = 8> (a, w2)
+        p = Conv (d, w3)
+        g = GlobalAveragePool (p)
+        f = Flatten (g)
+        y = Gemm <transB = 1> (f, w4)
+    }
+    """
+    model = onnx.parser.parse_model(text)
+    model.graph.initializer.extend(numpy_helper.from_array(r.normal(0, 0.3, s).astype(
+        np.float32), n) for n, s in (("w1", (8, 3, 3, 3)), ("w2", (8, 1, 3, 3)),
+                                      ("w3", (16, 8, 1, 1)), ("w4", (4, 16))))
+    return load_proto(model)
+
+
+def test_guessed_names_count_depthwise_convs_and_gemms_apart():
+    # the DFC names a depthwise Conv dw<i>, a Gemm fc<i>, each counted apart from conv<i>:
+    # counting them as convs put a16 on another layer than the plan's
+    model = _separable_net()
+    groups = find_groups(model)
+    conv, dw, pw, gemm = (g.name for g in groups.groups if g.weight)
+    names = {g: n for n, g in reversed(heuristic_names(groups).items())}
+    assert [names[g] for g in (conv, dw, pw, gemm)] == ["conv1", "dw1", "conv2", "fc1"]
+    plan = Plan(default=Precision.A8_W8, overrides=((pw, Precision.A16_W16),), target="hailo8")
+    text = export_alls(plan, groups)
+    assert "quantization_param(conv2, precision_mode=a16_w16)" in text
+    back = script_plan("quantization_param(dw1, precision_mode=a16_w16)\n", groups, model,
+                       load_target("hailo8"))
+    assert back.precision_of(dw) is Precision.A16_W16
+    assert back.precision_of(pw) is Precision.A8_W8
 
 
 # ---- QNN / AIMET encodings ----------------------------------------------------------

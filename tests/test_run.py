@@ -190,7 +190,7 @@ def test_minilm_l3_on_stdlib_docs_for_hailo10h(tmp_path, capsys):
     assert "verdict: goal top1_agreement >= 0.9" in text and "model.alls" in text
     ev = read_json(out / "evaluate.json", "evaluate")
     script = (out / "model.alls").read_text()
-    default = re.search(r"quantization_param\(\*, precision_mode=(\w+)\)", script)
+    default = re.search(r"quantization_param\(\{\*\}, precision_mode=(\w+)\)", script)
     lost = [ln for ln in unset_decisions(script)  # the plan's decisions the script drops
             if " pinned range " not in ln
             and ln.split(": ")[1].split()[0] != (default.group(1) if default else "a8_w8")]

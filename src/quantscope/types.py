@@ -135,6 +135,7 @@ class Group:
     bias: str | None = None  # initializer name of the bias, if any
     weight_axis: int | None = None  # output-channel axis of the weight
     output_shape: tuple[int | str | None, ...] | None = None  # of outputs[0], if known
+    depthwise: bool = False  # a Conv with one input channel per group (Hailo names it dw<i>)
 
 
 @dataclass(frozen=True)

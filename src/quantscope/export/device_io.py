@@ -93,8 +93,10 @@ def format_device_io(rows: list[dict[str, Any]]) -> str:
 
 
 def to_device(x: np.ndarray, entry: dict[str, Any]) -> np.ndarray:
-    """Real values -> the integer codes the device expects for this input (one io row)."""
-    q = np.round(np.asarray(x, np.float64) / entry["scale"]) + entry["zero_point"]
+    """Real values -> the integer codes the device expects for this input (one io row):
+    divided in float32 as ONNX's QuantizeLinear does (the emulated graph's codes; a
+    float64 division puts a value near a half code on the next code now and then)."""
+    q = np.round(np.asarray(x, np.float32) / np.float32(entry["scale"])) + entry["zero_point"]
     q = np.clip(q, entry["q_min"], entry["q_max"])
     return q.astype(np.dtype(entry["stored_type"]))
 
@@ -115,8 +117,8 @@ def python_snippet(rows: list[dict[str, Any]]) -> str:
             out += _lookup_lines(r["host_lookup"], var)
         if r["role"] == "input":
             out.append(f"def to_device_{var}(x):  # {r['tensor']}: {r['stored_type']}")
-            out.append(f"    q = np.round(np.asarray(x, np.float64) / {r['scale']!r}) + "
-                       f"{r['zero_point']}")
+            out.append(f"    q = np.round(np.asarray(x, np.float32) / np.float32({r['scale']!r}))"
+                       f" + {r['zero_point']}  # float32, as the emulated QuantizeLinear")
             out.append(f"    return np.clip(q, {r['q_min']}, {r['q_max']})"
                        f".astype(np.{r['stored_type']})")
         else:

@@ -20,7 +20,7 @@ to the host (``host``) is not a compiler decision: its comment says so, without 
 
 Script lines written (syntax as in the Hailo field reports, seeds/001 and 002)::
 
-    quantization_param(*, precision_mode=a16_w8)          # non-a8_w8 plan default
+    quantization_param({*}, precision_mode=a16_w8)        # non-a8_w8 plan default
     quantization_param(conv18, precision_mode=a16_w16)    # one line per override
     quantization_param(conv18, force_range_out=[-1.1, 1.1])
 """
@@ -50,9 +50,18 @@ def _act(op_type: str) -> Callable[[Group], bool]:
     return lambda g: g.kind is GroupKind.ACTIVATION and g.op_type == op_type
 
 
+def _conv(g: Group) -> bool:
+    """Conv and linear MatMul parse to conv layers; a depthwise Conv (dw), a Gemm (fc) and
+    a ConvTranspose (deconv) are counted apart (the Hailo Model Zoo's scripts name
+    ``dw1``…``dw14`` beside ``conv`` layers, ``fc1`` for a classifier Gemm and
+    ``deconv1``…``deconv3`` beside ``conv56``…``conv65``)."""
+    return _weighted(g) and not g.depthwise and g.op_type not in ("Gemm", "ConvTranspose")
+
+
 # prefix -> which groups it counts; the first prefix that selects a group names it on export
 HAILO_PREFIXES: dict[str, Callable[[Group], bool]] = {
-    "conv": _weighted,  # Conv, linear MatMul and Gemm all parse to conv layers
+    "conv": _conv,
+    "dw": lambda g: _weighted(g) and g.depthwise,
     "fc": lambda g: _weighted(g) and g.op_type == "Gemm",
     "deconv": lambda g: _weighted(g) and g.op_type == "ConvTranspose",
     "normalization": _act("LayerNormalization"),
@@ -222,7 +231,8 @@ def export_alls(
     if plan.default is Precision.FLOAT:
         raise QuantscopeError("a Hailo script cannot express a float default: use a8_w8")
     if plan.default is not Precision.A8_W8:
-        lines.append(f"quantization_param(*, precision_mode={plan.default})")
+        # every layer: the glob in braces, as the Hailo Model Zoo's scripts write it
+        lines.append(f"quantization_param({{*}}, precision_mode={plan.default})")
     reasons = dict(plan.reasons)
     for group, precision in plan.overrides:
         if precision is Precision.FLOAT:

@@ -31,6 +31,7 @@ group outputs                         tensors made in the group and read outside
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import onnx
@@ -252,7 +253,17 @@ def _make_group(b: _Builder, name: str, nodes: list[onnx.NodeProto],
         bias=bias,
         weight_axis=axis,
         output_shape=shapes.get(outputs[0]) if outputs else None,
+        depthwise=weight is not None and _depthwise(anchor, b.model.graph.initializer, weight),
     )
+
+
+def _depthwise(node: onnx.NodeProto, inits: Iterable[onnx.TensorProto], weight: str) -> bool:
+    """A grouped Conv whose weight takes one input channel per group ([C, 1, kh, kw])."""
+    if node.op_type != "Conv":
+        return False
+    group = next((a.i for a in node.attribute if a.name == "group"), 1)
+    dims = next((tuple(t.dims) for t in inits if t.name == weight), ())
+    return group > 1 and len(dims) > 1 and dims[1] == 1
 
 
 def find_groups(model: Model) -> Groups:
