@@ -5,6 +5,8 @@ position bias added before the padding mask: each leaves a constant far below th
 in the calibrated statistics; encode sets the range from the rest and says so.
 """
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -98,3 +100,35 @@ def test_relu_zeros_are_not_a_mask():
     ts = TensorStats("r", 0.0, 5.0, 1000, np.zeros(8, np.int64), 8.0, np.zeros(1, np.float32),
                      -1, bulk_min=1e-3, floor_count=500)
     assert not sentinel_floor(ts)
+
+
+def _observed(*batches: np.ndarray):
+    from quantscope.calibrate.observe import Observer
+
+    obs = Observer("t")
+    for b in batches:
+        obs.update(b)
+    return obs.freeze()
+
+
+def test_a_fill_is_one_value_and_a_real_outlier_channel_is_not():
+    """A mask fill (scores plus -1e4, float32's minimum, or -1e9 rounded in float32) is
+    nearly one value far below the rest: its range is the rest's. A real channel far below
+    the rest (values -559 .. -355 beside a rest in -2 .. 1.7) spreads: it keeps its range
+    (it was clipped to -2 as if it were a fill, and its output read 0 dB)."""
+    r = np.random.default_rng(0)
+    scores = r.uniform(-30, 30, (64, 16)).astype(np.float32)
+    masked = np.zeros((64, 16), bool)
+    masked[:, 12:] = True
+    for fill in (-1e4, float(np.finfo(np.float32).min), -1e9):
+        x = np.where(masked, scores + np.float32(fill), scores).astype(np.float32)
+        ts = _observed(x[:32], x[32:])
+        assert sentinel_floor(ts), fill
+        assert ts.floor_max is not None and ts.floor_max < ts.bulk_min
+    rest = r.uniform(-2.0, 1.7, (64, 8)).astype(np.float32)
+    rest[:, 3] = r.uniform(-559.6, -355.0, 64)  # one output channel, far below the rest
+    ts = _observed(rest[:32], rest[32:])
+    assert ts.min < ts.bulk_min - 100 * 3.7  # far enough below to pass the gap rule alone
+    assert not sentinel_floor(ts)
+    # a stats file written before floor_max was recorded: read by the gap rule alone
+    assert sentinel_floor(dataclasses.replace(ts, floor_max=None))

@@ -294,6 +294,9 @@ class TensorStats:
     # the rest (an attention-mask fill, -1e4, float32.min) shows here
     bulk_min: float | None = None
     floor_count: int = 0
+    # the floor cluster's largest value: a fill (plus the scores added to it) is nearly
+    # one value; a real outlier channel spreads (None: not recorded, older stats files)
+    floor_max: float | None = None
 
 
 @dataclass(frozen=True)

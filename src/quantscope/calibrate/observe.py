@@ -49,6 +49,7 @@ class Observer:
     axis: int = -1
     bulk_lo: float = math.inf  # smallest value above ``lo``
     floor_count: int = 0  # values exactly at ``lo``
+    floor_hi: float = -math.inf  # the largest value of the floor cluster
 
     def update(self, x: np.ndarray) -> None:
         x = np.asarray(x)
@@ -75,13 +76,16 @@ class Observer:
         rest = x > m / 2 if m < 0 else x != m
         k = x.size - int(np.count_nonzero(rest))
         above = float(np.min(x, where=rest, initial=math.inf)) if k < x.size else math.inf
+        top = float(np.max(x, where=~rest, initial=-math.inf)) if k else -math.inf
         if m < self.lo:
             same = self.lo <= (m / 2 if m < 0 else m)  # the old floor is in the new cluster
             self.floor_count = k + (self.floor_count if same else 0)
             self.bulk_lo = min(above, self.bulk_lo if same else self.lo)
+            self.floor_hi = max(top, self.floor_hi) if same else top
         elif m <= (self.lo / 2 if self.lo < 0 else self.lo):
             self.floor_count += k
             self.bulk_lo = min(self.bulk_lo, above)
+            self.floor_hi = max(self.floor_hi, top)
         else:
             self.bulk_lo = min(self.bulk_lo, m)
 
@@ -127,6 +131,7 @@ class Observer:
             channel_axis=self.axis,
             bulk_min=None if empty or not math.isfinite(self.bulk_lo) else self.bulk_lo,
             floor_count=self.floor_count,
+            floor_max=None if empty or not math.isfinite(self.floor_hi) else self.floor_hi,
         )
 
 

@@ -51,11 +51,16 @@ from quantscope.types import (
 MASK_MARGIN = 12.0  # logits below the smallest real score that masked positions get
 SENTINEL_GAP = 100.0  # a floor constant this many spans of the rest below it ...
 SENTINEL_MIN_FRACTION = 1e-3  # ... holding at least this fraction of the values
+# ... and nearly one value: spread over at most this many spans of the rest (the scores
+# added to a fill), or this fraction of its magnitude (float32 rounding of -1e9 + scores)
+FILL_SPREAD_SPANS = 4.0
+FILL_SPREAD_RELATIVE = 1e-3
 
 
 def sentinel_floor(ts: TensorStats) -> bool:
     """True when a negative constant far below the rest dominates the tensor's range (a
-    mask fill). A floor at or above 0 never is: every grid holds 0 (a saturated gate's
+    mask fill): the floor cluster is nearly one value (a channel of real values far below
+    the rest spreads, and keeps its range). A floor at or above 0 never is: every grid holds 0 (a saturated gate's
     0/1, a ReLU's 0 under constant data). The rest's scale is its span or its magnitude,
     so a rest that is one value (constant data) does not make any gap look infinite."""
     if ts.bulk_min is None or ts.floor_count < SENTINEL_MIN_FRACTION * max(ts.count, 1):
@@ -63,6 +68,10 @@ def sentinel_floor(ts: TensorStats) -> bool:
     if ts.min >= 0:
         return False
     span = max(ts.max - ts.bulk_min, abs(ts.max), abs(ts.bulk_min), 1e-12)
+    if ts.floor_max is not None:  # a real outlier channel (-559 .. -355) is no fill
+        spread = ts.floor_max - ts.min
+        if spread > max(FILL_SPREAD_SPANS * span, FILL_SPREAD_RELATIVE * abs(ts.min)):
+            return False
     return ts.min < ts.bulk_min - SENTINEL_GAP * span
 
 
