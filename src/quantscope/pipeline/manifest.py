@@ -185,4 +185,17 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise QuantscopeError(f"'{path}' is not a {FORMAT} manifest: use another --out folder "
                               "or delete it")
-    return dict(raw.get("stages", {}))
+    stages = raw.get("stages", {})
+    if not isinstance(stages, dict) or not all(map(_is_entry, stages.values())):
+        raise QuantscopeError(f"'{path}' has a malformed stage entry (edited by hand?): delete "
+                              "it to start the run afresh")
+    return dict(stages)
+
+
+def _is_entry(entry: Any) -> bool:
+    """A stage's entry as :meth:`Manifest.record` writes it: its key and its files'
+    digests (what :meth:`Manifest.done` and :meth:`Manifest.digest` read)."""
+    files = entry.get("files") if isinstance(entry, dict) else None
+    return (isinstance(entry, dict) and isinstance(entry.get("key"), str)
+            and isinstance(files, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()))

@@ -1,0 +1,59 @@
+"""A run folder reused by another run: no file of the earlier run is left to be handed
+over or read back, and a manifest edited by hand is one line, not an internal error."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import tiny_models as tm
+
+from quantscope.cli import main
+from quantscope.pipeline.manifest import MANIFEST
+from quantscope.serde import read_json
+
+
+def _inputs(tmp_path):
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npy"
+    onnx.save(tm.layernorm_block(), m)
+    np.save(x, np.random.default_rng(0).normal(0, 1, (32, 6, 24)).astype(np.float32))
+    return m, x
+
+
+def _args(m, x, out, target):
+    return ["run", str(m), "--data", str(x), "--target", target, "--goal", "30",
+            "--out", str(out)]
+
+
+def test_another_target_leaves_no_compiler_file_of_the_first(tmp_path, capsys):
+    m, x = _inputs(tmp_path)
+    out = tmp_path / "W"
+    assert main(_args(m, x, out, "hailo10h")) == 0
+    assert (out / "model.alls").is_file()
+    assert main(_args(m, x, out, "qnn-htp-v73")) == 0
+    assert (out / "qnn.encodings.json").is_file()
+    # the Hailo script of the first run is not handed over, nor read by the report
+    assert not (out / "model.alls").exists()
+    clean = tmp_path / "C"
+    assert main(_args(m, x, clean, "qnn-htp-v73")) == 0
+    verdict, fresh = read_json(out / "verdict.json", "v"), read_json(clean / "verdict.json", "v")
+    assert verdict["export_warnings"] == fresh["export_warnings"] == []
+    assert verdict["compiler_files"] == fresh["compiler_files"]
+    assert "model.alls" not in (out / "report.html").read_text(encoding="utf-8")
+    # and back: the QNN encodings go
+    assert main(_args(m, x, out, "hailo10h")) == 0
+    assert (out / "model.alls").is_file() and not (out / "qnn.encodings.json").exists()
+
+
+@pytest.mark.parametrize("stages", [{"plan": 3}, [["plan", 3]],
+                                    {"plan": {"key": "k", "files": ["plan.json"]}}])
+def test_a_malformed_stage_entry_in_run_json_is_one_line(tmp_path, capsys, stages):
+    m, x = _inputs(tmp_path)
+    out = tmp_path / "W"
+    out.mkdir()
+    (out / MANIFEST).write_text(json.dumps({"format": "quantscope.run/1", "stages": stages}))
+    assert main(_args(m, x, out, "hailo10h")) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("quantscope: error:") and "run.json" in last and "malformed" in last
+    assert "internal error" not in err and "Traceback" not in err
