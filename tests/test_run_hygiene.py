@@ -57,3 +57,32 @@ def test_a_malformed_stage_entry_in_run_json_is_one_line(tmp_path, capsys, stage
     last = err.strip().splitlines()[-1]
     assert last.startswith("quantscope: error:") and "run.json" in last and "malformed" in last
     assert "internal error" not in err and "Traceback" not in err
+
+
+def test_out_inside_the_data_folder_is_refused_before_any_work(tmp_path, capsys):
+    """The next run would read the run's files as data (a folder of arrays with
+    sub-folders reads as face identities): refused at once, nothing written."""
+    m, x = _inputs(tmp_path)
+    data = tmp_path / "D"
+    data.mkdir()
+    x.rename(data / "x.npy")
+    for out in (data, data / "W"):
+        assert main(_args(m, data, out, "hailo10h")) == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "inside the --data folder" in last and "internal error" not in last
+    assert [p.name for p in data.iterdir()] == ["x.npy"]
+
+
+def test_an_input_the_run_writes_in_its_folder_is_refused(tmp_path, capsys):
+    """``run W/repaired.onnx --out W`` would overwrite its own model in the repair stage."""
+    m, x = _inputs(tmp_path)
+    out = tmp_path / "W"
+    assert main(_args(m, x, out, "hailo10h")) == 0
+    before = (out / "repaired.onnx").read_bytes()
+    assert main(_args(out / "repaired.onnx", x, out, "hailo10h")) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "MODEL" in last and "a file the run writes" in last
+    assert (out / "repaired.onnx").read_bytes() == before
+    # a file of another name in the folder is an input like any other
+    (out / "mine.npy").write_bytes(x.read_bytes())
+    assert main(_args(m, out / "mine.npy", out, "hailo10h")) == 0
