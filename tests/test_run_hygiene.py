@@ -86,3 +86,20 @@ def test_an_input_the_run_writes_in_its_folder_is_refused(tmp_path, capsys):
     # a file of another name in the folder is an input like any other
     (out / "mine.npy").write_bytes(x.read_bytes())
     assert main(_args(m, out / "mine.npy", out, "hailo10h")) == 0
+
+
+def test_a_folder_in_use_is_said_before_any_work(tmp_path, capsys, monkeypatch):
+    """A second run into a folder a run is using stops before it opens the model (the
+    auto rewrites measure for minutes on a real encoder before the stages lock it)."""
+    import fcntl
+
+    from quantscope import stages
+
+    m, x = _inputs(tmp_path)
+    w = tmp_path / "W"
+    w.mkdir()
+    monkeypatch.setattr(stages, "open_model", lambda *a, **k: pytest.fail("model opened"))
+    with (w / ".run.lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # as a concurrent run holds it
+        assert main(_args(m, x, w, "hailo10h")) == 2
+    assert "another quantscope run is using" in capsys.readouterr().err

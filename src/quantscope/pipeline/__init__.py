@@ -109,6 +109,9 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
     check_apart(opts)
+    if Path(opts.out).is_dir():  # a run using the folder now: said before any work (the
+        with _lock(Path(opts.out)):  # auto rewrites measure for minutes), held from below
+            pass
     # the given model and the fit data are opened once here, for every check below (a
     # rerun whose stages are all done needs nothing more: the rewritten model it reuses
     # is loaded only when a stage runs)
