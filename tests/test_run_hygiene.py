@@ -103,3 +103,20 @@ def test_a_folder_in_use_is_said_before_any_work(tmp_path, capsys, monkeypatch):
         fcntl.flock(f, fcntl.LOCK_EX)  # as a concurrent run holds it
         assert main(_args(m, x, w, "hailo10h")) == 2
     assert "another quantscope run is using" in capsys.readouterr().err
+
+
+def test_report_given_another_file_of_a_run_says_what_it_is(tmp_path, capsys):
+    """``quantscope report --results W/verdict.json`` (or check.json) named the file 'no
+    quantscope results file: give the JSON that quantscope wrote', which it is."""
+    m, x = _inputs(tmp_path)
+    out = tmp_path / "W"
+    assert main(_args(m, x, out, "hailo10h")) == 0
+    capsys.readouterr()
+    for name, what in (("verdict.json", "a run's verdict"), ("check.json", "a check result"),
+                       ("io.json", "a device I/O file")):
+        assert main(["report", "--results", str(out / name), "--out",
+                     str(tmp_path / "r.html")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert what in err and "evaluate.json" in err and len(err.splitlines()) == 1
+    assert main(["report", "--results", str(out / "evaluate.json"), "--out",
+                 str(tmp_path / "r.html")]) == 0
