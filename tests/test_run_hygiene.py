@@ -120,3 +120,18 @@ def test_report_given_another_file_of_a_run_says_what_it_is(tmp_path, capsys):
         assert what in err and "evaluate.json" in err and len(err.splitlines()) == 1
     assert main(["report", "--results", str(out / "evaluate.json"), "--out",
                  str(tmp_path / "r.html")]) == 0
+
+
+def test_a_stage_redone_for_an_edited_or_deleted_file_says_so(tmp_path, capsys):
+    m, x = _inputs(tmp_path)
+    out = tmp_path / "W"
+    assert main(_args(m, x, out, "hailo10h")) == 0
+    (out / "plan.json").write_text("{}")  # edited by hand
+    (out / "check.json").unlink()
+    capsys.readouterr()
+    assert main(_args(m, x, out, "hailo10h")) == 0
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert "[plan] … (plan.json changed or missing since this stage wrote it: redone)" in text
+    assert "[check] … (check.json changed or missing" in text
+    assert "stages run: plan, check;" in said.out  # the same plan again: nothing after it

@@ -268,7 +268,10 @@ def _run(ctx: Context, force: str | None) -> RunResult:
             skipped.append(name)
             say(f"[{name}] done already (same inputs): skipped", show=progress)
             continue
-        say(f"[{name}] …", show=progress)
+        gone = manifest.changed(name, key)
+        say(f"[{name}] …" + (f" ({', '.join(gone[:3])}{' …' if len(gone) > 3 else ''} changed "
+                            "or missing since this stage wrote it: redone)" if gone else ""),
+            show=progress)
         # the process's peak before its first stage (the checks, the auto choice of the
         # rewrites), then each stage's own: the reset also resets what getrusage and
         # `time -v` report (the last stage's peak)

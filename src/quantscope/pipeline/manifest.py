@@ -144,6 +144,15 @@ class Manifest:
         return all((self.folder / f).exists() and file_digest(self.folder / f) == d
                    for f, d in files.items())
 
+    def changed(self, name: str, key: str) -> list[str]:
+        """The files a stage finished with this key wrote that are missing or changed
+        since (edited, deleted): why it runs again on the same inputs."""
+        entry = self.stages.get(name)
+        if not entry or entry.get("key") != key:
+            return []
+        return [f for f, d in entry.get("files", {}).items()
+                if not (self.folder / f).exists() or file_digest(self.folder / f) != d]
+
     def digest(self, file: str) -> str:
         """The recorded digest of a file a finished stage wrote (else computed now)."""
         for entry in self.stages.values():
