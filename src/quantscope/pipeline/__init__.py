@@ -108,6 +108,10 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     opts.check()
     if force is not None and force not in STAGES:
         raise QuantscopeError(f"unknown stage '{force}' for --force: use {', '.join(STAGES)}")
+    check_apart(opts)
+    if Path(opts.out).is_dir():  # a run using the folder now: said before any work (the
+        with _lock(Path(opts.out)):  # auto rewrites measure for minutes), held from below
+            pass
     # the given model and the fit data are opened once here, for every check below (a
     # rerun whose stages are all done needs nothing more: the rewritten model it reuses
     # is loaded only when a stage runs)
@@ -264,7 +268,10 @@ def _run(ctx: Context, force: str | None) -> RunResult:
             skipped.append(name)
             say(f"[{name}] done already (same inputs): skipped", show=progress)
             continue
-        say(f"[{name}] …", show=progress)
+        gone = manifest.changed(name, key)
+        say(f"[{name}] …" + (f" ({', '.join(gone[:3])}{' …' if len(gone) > 3 else ''} changed "
+                            "or missing since this stage wrote it: redone)" if gone else ""),
+            show=progress)
         # the process's peak before its first stage (the checks, the auto choice of the
         # rewrites), then each stage's own: the reset also resets what getrusage and
         # `time -v` report (the last stage's peak)
@@ -307,6 +314,42 @@ def _check_out(out: str) -> None:
         except OSError as e:
             raise QuantscopeError(f"--out '{out}': cannot make a folder in '{folder.parent}' "
                                   f"({e.strerror}): give a folder you can write to") from None
+
+
+def _written_here(rel: Path) -> bool:
+    """Whether a run writes (or removes) the path ``rel`` of its folder: a stage's file,
+    the run's own, or anything under ``evals/`` or a compiled length's ``len-N/``."""
+    from quantscope.pipeline.context import REWRITTEN, REWRITTEN_KEY
+    from quantscope.pipeline.data import HELDOUT_PAIRS
+    from quantscope.pipeline.deploy import FOLDER
+    from quantscope.pipeline.manifest import MANIFEST
+
+    top = rel.parts[0]
+    if len(rel.parts) > 1:
+        return top == steps.EVALS or FOLDER.fullmatch(top) is not None
+    names = {v for k, v in vars(steps).items() if k.isupper() and isinstance(v, str)}
+    return top in names | {HELDOUT_PAIRS, REWRITTEN, REWRITTEN_KEY, MANIFEST, LOCK}
+
+
+def check_apart(opts: RunOptions) -> None:
+    """The run folder and the inputs kept apart, before anything is opened: ``--out`` is
+    not a data folder nor inside one (the run's files would be read as data by the next
+    run), and no input is a file the run writes in ``--out`` (a stage would overwrite it)."""
+    out = Path(opts.out).resolve()
+    for flag, spec in (("--data", opts.data), ("--eval-data", opts.eval_data)):
+        folder = Path(spec).resolve() if spec is not None and Path(spec).is_dir() else None
+        if folder is not None and (folder == out or folder in out.parents):
+            raise QuantscopeError(f"--out '{opts.out}' is inside the {flag} folder '{spec}': "
+                                  "the run's files would be read as data: give an --out "
+                                  "outside it")
+    for flag, spec in (("MODEL", opts.model), ("--data", opts.data),
+                       ("--eval-data", opts.eval_data), ("--tokenizer", opts.tokenizer),
+                       ("--hn", opts.hn)):
+        path = Path(spec).resolve() if spec is not None and Path(spec).exists() else None
+        if path is not None and out in path.parents and _written_here(path.relative_to(out)):
+            raise QuantscopeError(f"{flag} '{spec}' is a file the run writes in --out "
+                                  f"'{opts.out}': copy it out of the run folder first, or "
+                                  "give another --out")
 
 
 def _folder(out: str) -> Path:
@@ -371,4 +414,4 @@ def _ranked_by(asked: str) -> str | None:
     return None if engine.name == "ort" else engine.ranked_by
 
 
-__all__ = ["RunOptions", "RunResult", "STAGES", "run_pipeline"]
+__all__ = ["RunOptions", "RunResult", "STAGES", "check_apart", "run_pipeline"]

@@ -144,6 +144,15 @@ class Manifest:
         return all((self.folder / f).exists() and file_digest(self.folder / f) == d
                    for f, d in files.items())
 
+    def changed(self, name: str, key: str) -> list[str]:
+        """The files a stage finished with this key wrote that are missing or changed
+        since (edited, deleted): why it runs again on the same inputs."""
+        entry = self.stages.get(name)
+        if not entry or entry.get("key") != key:
+            return []
+        return [f for f, d in entry.get("files", {}).items()
+                if not (self.folder / f).exists() or file_digest(self.folder / f) != d]
+
     def digest(self, file: str) -> str:
         """The recorded digest of a file a finished stage wrote (else computed now)."""
         for entry in self.stages.values():
@@ -185,4 +194,17 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
     if not isinstance(raw, dict) or raw.get("format") != FORMAT:
         raise QuantscopeError(f"'{path}' is not a {FORMAT} manifest: use another --out folder "
                               "or delete it")
-    return dict(raw.get("stages", {}))
+    stages = raw.get("stages", {})
+    if not isinstance(stages, dict) or not all(map(_is_entry, stages.values())):
+        raise QuantscopeError(f"'{path}' has a malformed stage entry (edited by hand?): delete "
+                              "it to start the run afresh")
+    return dict(stages)
+
+
+def _is_entry(entry: Any) -> bool:
+    """A stage's entry as :meth:`Manifest.record` writes it: its key and its files'
+    digests (what :meth:`Manifest.done` and :meth:`Manifest.digest` read)."""
+    files = entry.get("files") if isinstance(entry, dict) else None
+    return (isinstance(entry, dict) and isinstance(entry.get("key"), str)
+            and isinstance(files, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()))

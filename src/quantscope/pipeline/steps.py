@@ -312,6 +312,9 @@ def export(ctx: Context) -> Done:
     for fmt, name in formats(ctx.target()):
         stages.export_plan(model, stats, final, fmt=fmt, out=ctx.path(name), hn=hn)
         written.append(name)
+    for f in FORMATS.values():  # another target's file from an earlier run in this folder
+        if f.file_name not in written:  # (a stale model.alls would be handed over and read)
+            ctx.path(f.file_name).unlink(missing_ok=True)
     return Done(tuple(written))
 
 

@@ -51,10 +51,31 @@ def require_kind(doc: Any, want: str, path: str) -> dict[str, Any]:
             _check_analysis(doc, path)
         return doc
     if found is None:
-        raise QuantscopeError(f"'{path}' given to {OPTION[want]} is no quantscope {want} "
-                              f"file: give the JSON that quantscope wrote")
+        what = _run_file(doc)
+        raise QuantscopeError(f"'{path}' given to {OPTION[want]} is "
+                              + (f"{what}, not {ACCEPTS[want]}" if what else
+                                 f"no quantscope {want} file: give {ACCEPTS[want]}"))
     raise QuantscopeError(f"'{path}' given to {OPTION[want]} is a {found} file: give it "
                           f"with {OPTION[found]}")
+
+
+ACCEPTS = {"results": "a demo or evaluate JSON (a run's evaluate.json)",
+           "plan": "a plan JSON (a run's plan.json or repaired.plan.json)",
+           "analysis": "an analysis JSON (a run's analysis.json)"}
+
+
+def _run_file(doc: Any) -> str | None:
+    """What another file of a run folder is (its verdict, check, device I/O), else None."""
+    if not isinstance(doc, dict):
+        return None
+    if "reached" in doc and "quality" in doc and "compiler_files" in doc:
+        return "a run's verdict (its report is the report.html beside it)"
+    fmt = str(doc.get("format", ""))
+    for prefix, what in (("quantscope.check/", "a check result"),
+                         ("quantscope.io/", "a device I/O file")):
+        if fmt.startswith(prefix):
+            return what
+    return None
 
 
 def _check_analysis(doc: dict[str, Any], path: str) -> None:
