@@ -140,7 +140,28 @@ def test_the_first_candidate_is_measured_even_with_no_time_left():
     assert len(calls) == 1 and r.measured is not None and r.time_budget is not None
 
 
-# ---------------------------------------------------------------- plan_model on real emulation
+def test_a_wall_clock_budget_charges_a_cached_figure_what_measuring_it_took():
+    """A killed search resumed under the same --budget read its figures back in no time and
+    so measured more than the clean run (a different plan). The evaluator says what each
+    evaluation cost (``seconds``: as recorded when read from the cache), and the meter's
+    wall-clock budget counts that: figures recorded at 100 s each stop a 150 s budget after
+    two, as the clean run stopped, though reading them took no time."""
+    memo: dict = {}
+
+    def cached(plan):
+        key = plan_digest(plan)
+        memo.setdefault(key, 0.7 + 0.001 * len(plan.overrides))
+        return memo[key]
+
+    cached.seconds = 100.0  # every figure read back, recorded as 100 s of measuring
+    budget = TimeBudget(150.0)  # the wall clock: time.monotonic
+    r = _chain_search(evaluate=cached, time_budget=budget)
+    assert r.time_budget is not None and len(r.trials) == 2
+    assert r.to_dict()["time_budget"]["measured"] == 2
+    plain = _chain_search(evaluate=lambda p: cached(p), time_budget=TimeBudget(150.0))
+    assert plain.time_budget is None  # an evaluator that says nothing: its wall time only
+
+
 
 
 @pytest.fixture(scope="module")

@@ -174,6 +174,16 @@ class EvalCache:
         self.hits += 1
         return float(doc["value"])
 
+    def get_timed(self, key: str) -> tuple[float, float] | None:
+        """(the cached value, the seconds its measurement took) of ``key``, or None (a
+        miss), counted as :meth:`get` counts."""
+        doc = self._read(key)
+        if doc is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return float(doc["value"]), float(doc.get("seconds") or 0.0)
+
     def get_what(self, key: str) -> dict[str, Any] | None:
         """What was stored with a cached value (e.g. every metric of a measurement), or
         None (a miss)."""

@@ -121,12 +121,13 @@ class _Meter:
         self.stop: BudgetStop | None = None
         self.stopped: set[tuple] = set()  # points a race stopped (never measured)
         self.race: RacePlans | None = None  # set: the drops are raced against the incumbent
+        self.charged = 0.0  # cached figures' recorded seconds beyond the time they took
 
     def spent(self) -> bool:
         """The budget is used (never before the first measurement); records the stop."""
         if self.budget is None or not self.seen:
             return False
-        used = self.budget.clock() - self.began
+        used = self.budget.clock() - self.began + self.charged
         if used < self.budget.seconds:
             return False
         if self.stop is None:
@@ -151,7 +152,7 @@ class _Meter:
         plan = emit(self.space, point, reasons=(), meta=repair_meta(point))
         t0 = time.perf_counter()
         done = replace(point, measured=float(self.evaluate(plan)))
-        took = time.perf_counter() - t0
+        took = self._charge(time.perf_counter() - t0)
         self.took.setdefault(point.repairs, []).append(took)
         self.seen[point.key()] = done
         self._tell(took)
@@ -171,6 +172,18 @@ class _Meter:
         self.stopped.add(key)
         return True
 
+    def _charge(self, took: float) -> float:
+        """The seconds an evaluation counts for: what it took, or, for a figure the
+        evaluator read from its cache (``evaluate.seconds``), what measuring it took then,
+        on a wall-clock budget (the default clock): a killed search resumed, or rerun, then
+        measures and orders as the clean one did, and a larger budget continues it."""
+        recorded = getattr(self.evaluate, "seconds", None)
+        wall = self.budget is None or self.budget.clock is time.monotonic
+        if recorded is None or not wall or recorded <= took:
+            return took
+        self.charged += recorded - took
+        return float(recorded)
+
     def _tell(self, took: float) -> None:
         if not self.progress:
             return
@@ -179,7 +192,7 @@ class _Meter:
         text = (f"plan: candidate {len(self.seen)} measured ({took:.1f} s; {mean:.1f} s "
                 f"each so far); up to {self.left} more, ETA {self.left * mean:.0f} s")
         if self.budget is not None:
-            used = self.budget.clock() - self.began
+            used = self.budget.clock() - self.began + self.charged
             text += f"; budget {max(self.budget.seconds - used, 0.0):.4g} of " \
                     f"{self.budget.seconds:.4g} left"
         say(text)

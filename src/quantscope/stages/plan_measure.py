@@ -118,18 +118,34 @@ def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, s
 
     def run(plan: Plan) -> float:
         k = key(plan)
-        value = cache.get(k)
-        if value is not None:
+        hit = cache.get_timed(k)
+        if hit is not None:
+            value, measure.seconds = hit  # what it cost when measured
             return value
         t0 = time.perf_counter()
         value = float(evaluate(plan))
-        cache.put(k, value, seconds=time.perf_counter() - t0,
+        measure.seconds = time.perf_counter() - t0
+        cache.put(k, value, seconds=measure.seconds,
                   what={"metric": metric, "model": model.source,
                         "overrides": len(plan.overrides),
                         "repairs": dict(plan.meta).get("repairs", "")})
         return value
 
-    return run
+    measure = _Charged(run)
+    return measure
+
+
+class _Charged:
+    """An evaluator that says what its last evaluation cost (``seconds``: measured now, or
+    as recorded when it was read from the evaluation cache), so that a time budget charges
+    a cached figure what measuring it took and a resumed search measures what a clean one
+    would (``plan/refine.py``'s meter)."""
+
+    def __init__(self, run: Callable[[Plan], float]) -> None:
+        self.run, self.seconds = run, 0.0
+
+    def __call__(self, plan: Plan) -> float:
+        return self.run(plan)
 
 
 def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivity,
