@@ -13,13 +13,17 @@ shapes        ``--seq-len N`` means N prompt tokens in prefill and a cache of N 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
+
+import onnx
 
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes
 from quantscope.types import QuantscopeError
 
 PHASES = ("prefill", "decode")
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
 PAST_PREFIX = "past."
 
 
@@ -56,6 +60,51 @@ def phase_path(path: str | Path, phase: str) -> Path:
                           "'.decode.' (give the built-in smollm2-135m or such a pair of files)")
 
 
+def language_model(proto: onnx.ModelProto, outputs: Collection[str]) -> str | None:
+    """Why a graph is a language model (a KV cache in or out, or one of ``outputs`` with
+    one value per token for each row of the table its token ids index: logits over the
+    vocabulary), in words; None when it shows neither."""
+    from quantscope.model.host_gather import host_gathers
+
+    graph = proto.graph
+    inits = {t.name for t in graph.initializer}
+    past = [i.name for i in graph.input if i.name not in inits and i.name.startswith("past")]
+    if past:
+        return f"it reads a KV cache, input '{past[0]}'"
+    present = [o.name for o in graph.output if o.name.startswith("present")]
+    if present:
+        return f"it writes a KV cache, output '{present[0]}'"
+    # the vocabulary: the largest table looked up by an input (not a token-type table)
+    vocab = max((g.shape[0] for g in host_gathers(proto, 3)), default=0)
+    for o in graph.output:
+        dims = o.type.tensor_type.shape.dim
+        last = dims[-1].dim_value if len(dims) >= 2 else 0
+        if o.name in outputs and last == vocab > 0:
+            return (f"its output '{o.name}' has {last:,} values per token, one per row of the "
+                    "table its token ids index: logits over its vocabulary")
+    return None
+
+
+def refuse_language_model(proto: onnx.ModelProto, output: str | None) -> None:
+    """A decoder LLM (or any LM head) given text data: one line, not retrieval scored on
+    its mean-pooled logits as if they were sentence embeddings. The output read is
+    ``output``, else the one a sentence encoder's would be (the first float output of rank
+    3, else of rank 2)."""
+    floats = [(len(o.type.tensor_type.shape.dim), o.name) for o in proto.graph.output
+              if o.type.tensor_type.elem_type in _FLOATS]
+    read = [output] if output else [n for r, n in floats if r == 3][:1] or [
+        n for r, n in floats if r == 2][:1]
+    why = language_model(proto, read)
+    if why:
+        raise QuantscopeError(
+            f"the model is a language model, not a sentence encoder ({why}): text data would "
+            "score retrieval on its mean-pooled outputs. Next-token quality (top-1, KL, "
+            "perplexity vs FP32) is measured only for a decoder given as phase graphs "
+            "NAME.prefill.onnx + NAME.decode.onnx + NAME.tokenizer.json (--phase "
+            "prefill,decode, as the built-in smollm2-135m; docs/models-and-data.md); for "
+            "its outputs' tensor fidelity give --data TOKENS.npz")
+
+
 def phase_shapes(model: Model, phase: str, seq_len: int) -> Shapes:
     """Concrete input shapes of a phase graph at ``seq_len`` prompt / cache tokens."""
     shapes = model.value_shapes()
@@ -68,4 +117,6 @@ def phase_shapes(model: Model, phase: str, seq_len: int) -> Shapes:
     return out
 
 
-__all__ = ["PHASES", "parse_phases", "phase_of", "phase_path", "phase_shapes"]
+__all__ = ["PHASES", "language_model", "parse_phases",
+           "refuse_language_model", "phase_of", "phase_path",
+           "phase_shapes"]

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 import tokenizers
 
+from quantscope.model.phases import refuse_language_model
 from quantscope.threads import default_threads
 from quantscope.types import QuantscopeError
 
@@ -392,6 +393,7 @@ def detect_encoder(
     graph = model.graph
     initializers = {init.name for init in graph.initializer}
     feeds = [i for i in graph.input if i.name not in initializers]
+    refuse_language_model(model, output)
     inputs = _match_inputs(feeds)
     index, kind, hidden = _pick_output(list(graph.output), output)
     return TextEncoder(inputs, graph.output[index].name, index, kind, hidden)
