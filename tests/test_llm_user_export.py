@@ -9,6 +9,7 @@ and given token ids its logits' SQNR was the verdict without a word that it is n
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -84,3 +85,18 @@ def test_token_ids_on_a_decoder_say_the_figures_are_no_lm_figures(tmp_path: Path
     said = [n for n in notes if n.startswith("language model")]
     assert len(said) == 1 and "says little of next-token quality" in said[0], notes
     assert "--phase prefill,decode" in said[0]
+
+
+def test_a_hugging_face_export_given_as_phase_graphs_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    onnx.save(hf_decoder(True), str(tmp_path / "u.prefill.onnx"))
+    shutil.copy(tmp_path / "u.prefill.onnx", tmp_path / "u.decode.onnx")
+    for args in (["analyze", str(tmp_path / "u.prefill.onnx"), "--phase", "prefill,decode",
+                  "--out", str(tmp_path / "d.json")],
+                 ["plan", str(tmp_path / "u.prefill.onnx"), "--target", "hailo10h",
+                  "--phase", "prefill,decode", "--out", str(tmp_path / "p.json")]):
+        code, err = _cli(args, capsys)
+        assert code == 2 and "internal error" not in err, err
+        assert len(err.splitlines()) == 1, err
+        assert "'u.prefill.onnx' is no prefill graph quantscope can run" in err, err
+        assert "'attention_mask'" in err and "past.{i}.key|value" in err, err

@@ -34,7 +34,7 @@ from quantscope.analyze.prefix import (
 from quantscope.calibrate.collect import tapped_model
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
-from quantscope.model.phases import PHASES, phase_path
+from quantscope.model.phases import PHASES, check_phase_interface, phase_path
 from quantscope.plan.phase_search import (
     SELECTION,
     PhaseCandidate,
@@ -75,7 +75,7 @@ def phase_file(spec: str | Path, phase: str) -> Path:
     """The ``phase`` graph file of a built-in decoder name or a prefill/decode file."""
     from quantscope.zoo import resolve_model
 
-    return phase_path(resolve_model(str(spec)), phase)
+    return check_phase_interface(phase_path(resolve_model(str(spec)), phase), phase)
 
 
 def open_phase(spec: str | Path, phase: str) -> Model:

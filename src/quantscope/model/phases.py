@@ -60,6 +60,44 @@ def phase_path(path: str | Path, phase: str) -> Path:
                           "'.decode.' (give the built-in smollm2-135m or such a pair of files)")
 
 
+INTERFACE = ("A prefill graph takes only input_ids [1, N] and returns logits + "
+             "present.{i}.key|value; a decode graph takes input_ids [1, 1] + past.{i}.key|value "
+             "and returns the same (docs/models-and-data.md)")
+
+
+def check_phase_interface(path: Path, phase: str) -> Path:
+    """A phase graph file that the LM evaluation cannot feed (other inputs, e.g. a Hugging
+    Face export's ``attention_mask`` and ``past_key_values.*``, or no ``logits`` /
+    ``present.*`` outputs): one line naming what differs, before any run fails inside ONNX
+    Runtime. Reads the graph only (no external weights); returns ``path``."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    inits = {t.name for t in graph.initializer}
+    inputs = [i.name for i in graph.input if i.name not in inits]
+    outputs = [o.name for o in graph.output]
+    present = {n[len("present."):] for n in outputs if n.startswith("present.")}
+    past = {n[len(PAST_PREFIX):] for n in inputs if n.startswith(PAST_PREFIX)}
+    other = [n for n in inputs if n != "input_ids"
+             and not (phase == "decode" and n[len(PAST_PREFIX):] in present)]
+    problems = []
+    if "input_ids" not in inputs:
+        problems.append("no input 'input_ids'")
+    if other:
+        problems.append("input(s) " + ", ".join(f"'{n}'" for n in other[:4])
+                        + (f" (+{len(other) - 4} more)" if len(other) > 4 else ""))
+    if "logits" not in outputs:
+        problems.append("no output 'logits'")
+    if not present:
+        problems.append("no present.{i}.key|value outputs")
+    elif phase == "decode" and past != present:
+        problems.append("past.* inputs that do not match its present.* outputs")
+    if problems:
+        raise QuantscopeError(
+            f"'{Path(path).name}' is no {phase} graph quantscope can run: it has "
+            f"{'; '.join(problems)}. {INTERFACE}; other decoder exports (one graph, "
+            "attention_mask, past_key_values.*) are not supported: re-export in this form")
+    return path
+
+
 def language_model(proto: onnx.ModelProto, outputs: Collection[str]) -> str | None:
     """Why a graph is a language model (a KV cache in or out, or one of ``outputs`` with
     one value per token for each row of the table its token ids index: logits over the
@@ -117,6 +155,6 @@ def phase_shapes(model: Model, phase: str, seq_len: int) -> Shapes:
     return out
 
 
-__all__ = ["PHASES", "language_model", "parse_phases",
+__all__ = ["PHASES", "check_phase_interface", "language_model", "parse_phases",
            "refuse_language_model", "phase_of", "phase_path",
            "phase_shapes"]
