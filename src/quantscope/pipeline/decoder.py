@@ -59,6 +59,7 @@ PLAN_TEXT, HOST, HOST_TEXT, TOKENIZER = "plan.txt", "host.json", "host.md", "tok
 CANDIDATES, REPORT = "candidates.json", "report.html"
 VERDICT, VERDICT_TEXT = "verdict.json", "verdict.txt"
 W4, W4_PLAN = "w4.json", "plan.w4.json"
+MAX_RATIO = 3.0  # a perplexity ratio goal above it is taken for dB or a percentage
 STATS = {"prefill": "stats.prefill.npz", "decode": "stats.decode.npz"}
 PREFIX_NPZ, PREFIX_PY = "plan.prefix.npz", "plan.prefix.py"
 PHASE_ALLS = ("prefill/model.alls", "decode/model.alls")  # the export stage's, for Hailo
@@ -134,6 +135,12 @@ class DecoderOptions:
             raise QuantscopeError(
                 f"--goal {self.goal:g} for --metric {self.metric} ({m.words}) asks for a "
                 "perplexity below FP32's: give a ratio >= 1 (e.g. 1.05), or --metric "
+                "top1_agreement for an agreement fraction")
+        if not m.higher and self.goal > MAX_RATIO:  # dB or a percentage, not a ratio
+            raise QuantscopeError(
+                f"--goal {self.goal:g} for --metric {self.metric} ({m.words}) accepts a "
+                f"perplexity {self.goal:g}x FP32's, which a broken model reaches: give a ratio "
+                f"from 1 to {MAX_RATIO:g} (e.g. 1.05; not dB or percent), or --metric "
                 "top1_agreement for an agreement fraction")
 
     @property
