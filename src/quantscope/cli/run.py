@@ -210,6 +210,11 @@ def _cmd_run_decoder(args: argparse.Namespace) -> int:
 def phase_hn(text: str) -> tuple[str, str]:
     """``--phase-hn PHASE=FILE``: (phase, path of an existing file)."""
     phase, sep, path = text.partition("=")
+    if not sep and set(text.replace(" ", "").split(",")) <= {"prefill", "decode"}:
+        raise argparse.ArgumentTypeError(  # '--phase prefill,decode' abbreviates --phase-hn
+            f"'{text}' is not PHASE=HN: run takes no --phase (a decoder's run measures "
+            "prefill and decode itself: leave it out); --phase-hn gives a phase's parsed HN, "
+            "e.g. prefill=prefill.hn")
     if not sep or not path:
         raise argparse.ArgumentTypeError(f"'{text}' is not PHASE=HN: give e.g. "
                                          "prefill=prefill.hn")
