@@ -208,3 +208,17 @@ def feeds(name: str, n: int = 32, seed: int = 0) -> dict[str, np.ndarray]:
     if name == "computed_pad":
         return {"x": r.random((n, 3, 12, 12), np.float32)}
     raise KeyError(name)
+
+
+def prepared(fixture, name: str, n: int = 32, batch: int = 8, feeds_of=None):
+    """(model, dataset, stats) of ``fixture`` on ``n`` samples of its data (``feeds_of``,
+    by default :func:`feeds` above) in batches of ``batch``, calibrated."""
+    from quantscope import stages
+    from quantscope.model.load import load_proto
+    from quantscope.types import Dataset
+
+    f = (feeds_of or feeds)(name, n)
+    b = tuple({k: v[i:i + batch] for k, v in f.items()} for i in range(0, n, batch))
+    model = load_proto(fixture(), name)
+    data = Dataset(name=name, calibration=b, evaluation=b)
+    return model, data, stages.calibrate_model(model, data)

@@ -9,7 +9,7 @@ by its error and decisions, never by the cosine of one-value rows (always 1).
 
 import numpy as np
 import pytest
-from outside_models import feeds, mixed_scale_detector, scalar_probability
+from outside_models import mixed_scale_detector, prepared, scalar_probability
 
 from quantscope import stages
 from quantscope.analyze import analyze
@@ -17,17 +17,12 @@ from quantscope.analyze.scoring import outputs_scorer
 from quantscope.calibrate.saturation import saturation
 from quantscope.emulate.evaluate import output_fidelity
 from quantscope.model.groups import find_groups
-from quantscope.model.load import load_proto
 from quantscope.numerics import qparams
-from quantscope.types import Dataset, Encodings, Outputs, Plan, Precision, Stats, TensorStats
+from quantscope.types import Encodings, Outputs, Plan, Precision, Stats, TensorStats
 
 
 def _setup(fixture, name, n=32, batch=8):
-    f = feeds(name, n)
-    b = tuple({k: v[i:i + batch] for k, v in f.items()} for i in range(0, n, batch))
-    model = load_proto(fixture(), name)
-    data = Dataset(name=name, calibration=b, evaluation=b)
-    return model, data, stages.calibrate_model(model, data)
+    return prepared(fixture, name, n, batch)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from outside_models import scalar_probability
+from outside_models import prepared, scalar_probability
 from vision_models import feeds, nhwc_classifier, softmax_classifier
 
 from quantscope import stages
@@ -22,15 +22,11 @@ from quantscope.model.load import load_proto
 from quantscope.serde import read_json
 from quantscope.tasks.classes import ClassTask
 from quantscope.tasks.layout import LayoutError, layout_tasks, parse_layout
-from quantscope.types import Dataset, Plan, Precision, QuantScheme
+from quantscope.types import Plan, Precision, QuantScheme
 
 
 def _setup(fixture, name, n=32, batch=8):
-    f = feeds(name, n)
-    b = tuple({k: v[i:i + batch] for k, v in f.items()} for i in range(0, n, batch))
-    model = load_proto(fixture(), name)
-    data = Dataset(name=name, calibration=b, evaluation=b)
-    return model, data, stages.calibrate_model(model, data)
+    return prepared(fixture, name, n, batch, feeds_of=feeds)
 
 
 def test_nhwc_input_behind_a_transpose_is_quantized_and_fed_as_integers():
