@@ -32,6 +32,19 @@ def tiny_weights(cfg: DecoderConfig = TINY, seed: int = 0) -> dict[str, np.ndarr
     return out
 
 
+def byte_tokenizer(path: Path) -> int:
+    """A byte-level BPE tokenizer with no merges (256 tokens) written to ``path``: its size."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok = tokenizers.Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    path.write_text(tok.to_str())
+    return len(alphabet)
+
+
 def byte_decoder(folder: Path, cfg: DecoderConfig = TINY, *, seed: int = 0,
                  weights: dict[str, np.ndarray] | None = None) -> Path:
     """The tiny decoder over a byte-level BPE vocabulary (256 tokens), as the files a
@@ -40,17 +53,10 @@ def byte_decoder(folder: Path, cfg: DecoderConfig = TINY, *, seed: int = 0,
     import dataclasses
 
     import onnx
-    import tokenizers
-    from tokenizers import decoders, models, pre_tokenizers
 
     from quantscope.zoo.decoder import build_decoder
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    tok = tokenizers.Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(alphabet))}, []))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    (folder / "byte.tokenizer.json").write_text(tok.to_str())
-    cfg = dataclasses.replace(cfg, vocab=len(alphabet))
+    cfg = dataclasses.replace(cfg, vocab=byte_tokenizer(folder / "byte.tokenizer.json"))
     w = weights or tiny_weights(cfg, seed)
     for p in ("prefill", "decode"):
         onnx.save(build_decoder(cfg, w, p), str(folder / f"byte.{p}.onnx"))

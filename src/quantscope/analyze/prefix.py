@@ -81,7 +81,8 @@ def scan_sinks(prefill: Model, windows: Sequence[np.ndarray]) -> SinkScan:
     names = [g.outputs[0] for g in residual_groups(find_groups(prefill))]
     if not names:
         raise QuantscopeError("no residual stream found (Adds read by a normalisation): "
-                              "a KV prefix needs a decoder")
+                              "a KV prefix needs a decoder whose norms are RMSNormalization "
+                              "or LayerNormalization nodes (--prefix none runs without one)")
     session = make_session(tapped_model(prefill, names), optimize=True, arena=False)
     ratios = []
     for ids in windows:

@@ -53,6 +53,9 @@ _TABLE: dict[str, Command] = {
                       "time, then all (legality and cost aside)"),
     "repair": Command("repair", "steps", "repairs without 16 bit: equalisation, outlier "
                       "smoothing, bias correction, per-tensor ranges"),
+    "phases": Command("convert", "steps", "a Hugging Face causal-LM export (one graph with "
+                      "attention_mask and past_key_values.*) -> the prefill and decode graphs "
+                      "quantscope measures, with its tokenizer"),
     "groups": Command("inspect", "steps", "list the decision groups of a model"),
     "report": Command("report", "steps", "one self-contained HTML report from result files"),
     # rewrites: one row per rewrite registry entry (:class:`_Commands`)

@@ -340,6 +340,14 @@ def output_name(text: str) -> str:
     return text
 
 
+def file_stem(text: str) -> str:
+    """The stem of files to write in a folder: a plain name (no folder, not hidden)."""
+    if not text or "/" in text or os.sep in text or text.startswith("."):
+        raise argparse.ArgumentTypeError(f"'{text}' is no plain file name: give a name with "
+                                         "no '/' that does not begin with '.'")
+    return text
+
+
 def ray_address(text: str) -> str:
     """A Ray cluster address (``local``, ``auto``, ``HOST:PORT``, ``ray://HOST:PORT``)."""
     if not text.strip() or any(c.isspace() for c in text):

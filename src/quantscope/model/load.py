@@ -113,6 +113,12 @@ def _read(path: Path) -> onnx.ModelProto:
     return proto
 
 
+def read_model_file(path: str | Path) -> onnx.ModelProto:
+    """The model file as it is (its external data read in): not checked, not
+    shape-inferred, nothing renamed or upgraded; a bad file is one line."""
+    return _read(Path(path))
+
+
 def _load_external(proto: onnx.ModelProto, path: Path) -> None:
     """The weights stored beside the model (``onnx.save(..., save_as_external_data=True)``):
     a missing or unreadable file is named, with the tensor that needs it."""

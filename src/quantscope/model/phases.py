@@ -65,6 +65,11 @@ INTERFACE = ("A prefill graph takes only input_ids [1, N] and returns logits + "
              "and returns the same (docs/models-and-data.md)")
 
 
+CONVERT = ("a Hugging Face causal-LM export (one graph: input_ids, attention_mask, "
+           "past_key_values.* -> logits, present.*) is converted to such a pair by "
+           "'quantscope phases EXPORT --out DIR'")
+
+
 def check_phase_interface(path: Path, phase: str) -> Path:
     """A phase graph file that the LM evaluation cannot feed (other inputs, e.g. a Hugging
     Face export's ``attention_mask`` and ``past_key_values.*``, or no ``logits`` /
@@ -93,8 +98,7 @@ def check_phase_interface(path: Path, phase: str) -> Path:
     if problems:
         raise QuantscopeError(
             f"'{Path(path).name}' is no {phase} graph quantscope can run: it has "
-            f"{'; '.join(problems)}. {INTERFACE}; other decoder exports (one graph, "
-            "attention_mask, past_key_values.*) are not supported: re-export in this form")
+            f"{'; '.join(problems)}. {INTERFACE}; {CONVERT}")
     return path
 
 
@@ -137,10 +141,22 @@ def refuse_language_model(proto: onnx.ModelProto, output: str | None) -> None:
         raise QuantscopeError(
             f"the model is a language model, not a sentence encoder ({why}): text data would "
             "score retrieval on its mean-pooled outputs. Next-token quality (top-1, KL, "
-            "perplexity vs FP32) is measured only for a decoder given as phase graphs "
+            "perplexity vs FP32) is measured for a decoder given as phase graphs "
             "NAME.prefill.onnx + NAME.decode.onnx + NAME.tokenizer.json (--phase "
-            "prefill,decode, as the built-in smollm2-135m; docs/models-and-data.md); for "
-            "its outputs' tensor fidelity give --data TOKENS.npz")
+            "prefill,decode, as the built-in smollm2-135m; docs/models-and-data.md): "
+            f"{_convert_hint(proto)}; for its outputs' tensor fidelity give --data "
+            "TOKENS.npz")
+
+
+def _convert_hint(proto: onnx.ModelProto) -> str:
+    """How to get the phase pair from this export."""
+    inits = {t.name for t in proto.graph.initializer}
+    if any(i.name.startswith("past_key_values.") for i in proto.graph.input
+           if i.name not in inits):
+        return "convert this export with 'quantscope phases MODEL --out DIR' and give DIR's "\
+               "NAME.prefill.onnx"
+    return "export it with its KV cache (past_key_values.* in, present.* out) and convert "\
+           "that with 'quantscope phases EXPORT --out DIR'"
 
 
 def phase_shapes(model: Model, phase: str, seq_len: int) -> Shapes:
@@ -155,6 +171,6 @@ def phase_shapes(model: Model, phase: str, seq_len: int) -> Shapes:
     return out
 
 
-__all__ = ["PHASES", "check_phase_interface", "language_model", "parse_phases",
+__all__ = ["CONVERT", "PHASES", "check_phase_interface", "language_model", "parse_phases",
            "refuse_language_model", "phase_of", "phase_path",
            "phase_shapes"]

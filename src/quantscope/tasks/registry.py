@@ -552,8 +552,9 @@ def tensor_task(model: Model, spec: str, layouts: tuple = ()) -> tuple[object | 
     if why:  # SQNR of logits is no next-token figure: say so beside it
         notes = (*notes, f"language model ({why}): the figures are its outputs' tensor "
                  "fidelity (SQNR, cosine), which says little of next-token quality (top-1, "
-                 "KL, perplexity vs FP32); that is measured only for a decoder given as "
-                 "prefill/decode phase graphs (--phase prefill,decode; docs/models-and-data.md)")
+                 "KL, perplexity vs FP32); that is measured for a decoder given as "
+                 "prefill/decode phase graphs (--phase prefill,decode; docs/models-and-data.md; "
+                 "'quantscope phases' converts a Hugging Face export with its KV cache)")
     return task, notes
 
 

@@ -15,7 +15,11 @@ prefill graph      :func:`prefixed_prefill`: each cache node ``layers.{i}.attn.k
                    with the prefix as an initializer ``prefix.{i}.key`` / ``.value``, and
                    the position offset ``pos.past_len`` (0) becomes P: RoPE angles and the
                    causal mask continue after the prefix. ``present.*`` then hold P + N
-                   positions, prefix first -- the decode graph's ``past.*`` as it is
+                   positions, prefix first -- the decode graph's ``past.*`` as it is.
+                   A prefill converted from a causal-LM export (``quantscope phases``)
+                   has no ``pos.past_len``: its empty past ``past_key_values.{i}.*``
+                   (which its mask and positions read the past length from) becomes the
+                   prefix, and goes back into each cache ``Concat``
 decode graph       unchanged: its ``past.*`` begins with the prefix (the host loads it,
                    or carries prefill's ``present.*`` over, which begins with it)
 equal in FP32      prefixed prefill on ``ids`` == the original prefill on
@@ -34,6 +38,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
+from quantscope.model.hf_phases import empty_past
 from quantscope.types import QuantscopeError
 
 PAST_LEN = "pos.past_len"
@@ -96,21 +101,29 @@ def prefixed_prefill(proto: onnx.ModelProto, prefix: KVPrefix, *,
         out = onnx.ModelProto()
         out.CopyFrom(proto)
     nodes = cache_nodes(out)
-    offset = [t for t in out.graph.initializer if t.name == PAST_LEN]
+    inits = {t.name: t for t in out.graph.initializer}
     expected = {f"present.{i}.{kind}" for i in range(len(prefix.keys))
                 for kind in ("key", "value")}
-    if not prefix.tokens or set(nodes) != expected or len(offset) != 1:
+    # a converted export (model.hf_phases) reads its past length from the empty past itself
+    converted = all(empty_past(i, kind) in inits for i in range(len(prefix.keys))
+                    for kind in ("key", "value"))
+    if not prefix.tokens or set(nodes) != expected or not (PAST_LEN in inits or converted):
         raise QuantscopeError("a KV prefix needs a prefill graph of quantscope's decoder form "
-                              f"(one-input cache Concats present.*, {PAST_LEN}) with "
-                              f"{len(prefix.keys)} layers")
+                              f"(one-input cache Concats present.*, and {PAST_LEN} or the "
+                              f"empty past of 'quantscope phases') with {len(prefix.keys)} "
+                              "layers")
     for i, (k, v) in enumerate(zip(prefix.keys, prefix.values, strict=True)):
         for kind, arr in (("key", k), ("value", v)):
-            name = f"prefix.{i}.{kind}"
-            out.graph.initializer.append(numpy_helper.from_array(
-                np.ascontiguousarray(arr, np.float32), name))
-            node = nodes[f"present.{i}.{kind}"]
-            node.input.insert(0, name)
-    offset[0].CopyFrom(numpy_helper.from_array(np.array(len(prefix), np.int64), PAST_LEN))
+            name = empty_past(i, kind) if converted else f"prefix.{i}.{kind}"
+            value = numpy_helper.from_array(np.ascontiguousarray(arr, np.float32), name)
+            if converted:
+                inits[name].CopyFrom(value)
+            else:
+                out.graph.initializer.append(value)
+            nodes[f"present.{i}.{kind}"].input.insert(0, name)
+    if not converted:
+        inits[PAST_LEN].CopyFrom(numpy_helper.from_array(np.array(len(prefix), np.int64),
+                                                         PAST_LEN))
     for o in out.graph.output:
         if o.name.startswith("present."):
             o.type.tensor_type.shape.dim[2].dim_param = TOTAL

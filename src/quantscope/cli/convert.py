@@ -1,0 +1,80 @@
+"""phases: a Hugging Face causal-LM export -> the prefill and decode graphs quantscope
+measures (:mod:`quantscope.model.hf_phases`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from quantscope.cli.options import command
+from quantscope.cli.types import file_stem, input_spec, run_folder, tokenizer_spec
+from quantscope.types import QuantscopeError
+
+
+def add_phases(sub: argparse._SubParsersAction, summary: str) -> None:
+    p = command(sub, "phases", summary,
+                example="quantscope phases qwen/model.onnx --out qwen-phases\n"
+                        "quantscope run qwen-phases/model.prefill.onnx --data stdlib-docs "
+                        "--target hailo10h",
+                details="The export: input_ids, attention_mask [, position_ids, "
+                        "cache_position], past_key_values.{i}.key|value -> logits, "
+                        "present.{i}.key|value (torch.onnx.export of a *ForCausalLM with its "
+                        "cache, or optimum's decoder_with_past_model.onnx). The mask and "
+                        "positions are computed in the graphs (all ones, from the past "
+                        "length); node and weight names are kept. The export is only read.")
+    p.add_argument("model", type=input_spec("model", folder=False), metavar="EXPORT",
+                   help="the causal-LM export (.onnx, its .data beside it)")
+    p.add_argument("--out", dest="folder", required=True, type=run_folder, metavar="DIR",
+                   help="folder for NAME.prefill.onnx, NAME.decode.onnx, NAME.tokenizer.json "
+                        "(created if missing)")
+    p.add_argument("--name", type=file_stem, help="NAME of the files (default: the export's "
+                                                   "file name without .onnx)")
+    p.add_argument("--tokenizer", type=tokenizer_spec,
+                   help="its tokenizer.json or model folder (default: tokenizer.json beside "
+                        "the export; without one, only token-id .npz data can be measured)")
+
+
+def cmd_phases(args: argparse.Namespace) -> int:
+    from quantscope.model.hf_phases import prepare_export, read_export, write_phases
+    from quantscope.model.load import read_model_file
+
+    export = Path(args.model)
+    name = args.name or export.name.removesuffix(".onnx")
+    tokenizer = None
+    if args.tokenizer:
+        given = Path(args.tokenizer)
+        tokenizer = given / "tokenizer.json" if given.is_dir() else given
+    elif (export.parent / "tokenizer.json").is_file():
+        tokenizer = export.parent / "tokenizer.json"
+    folder = Path(args.folder)
+    targets = [folder / f"{name}.{p}.onnx" for p in ("prefill", "decode")]
+    targets += [t.with_name(t.name + ".data") for t in targets]
+    targets.append(folder / f"{name}.tokenizer.json")
+    sources = [export.resolve(), *(p.resolve() for p in export.parent.glob("*.data"))]
+    if tokenizer is not None:
+        sources.append(tokenizer.resolve())
+    clash = [t for t in targets if t.resolve() in sources]
+    if clash:
+        raise QuantscopeError(f"'{clash[0]}' would overwrite an input file: give another "
+                              "--out or --name")
+    proto = read_model_file(export)
+    info = read_export(proto)
+    prepared = prepare_export(proto)
+    del proto
+    folder.mkdir(exist_ok=True)
+    written = write_phases(prepared.proto, folder, name, tokenizer)
+    print(f"{export}: a decoder of {info.layers} layers, {info.heads} KV heads of "
+          f"{info.head_dim}; filled in the graphs: "
+          f"{', '.join(info.filled) or 'nothing'} (all ones / from the past length)")
+    if prepared.norms:
+        print(f"  {prepared.norms} RMSNorm(s) spelt out in elementwise ops fused into "
+              "RMSNormalization (opset 23)")
+    if prepared.casts:
+        print(f"  {prepared.casts} Cast(s) to float32 of float32 tensors dropped")
+    for path in written:
+        print(f"wrote {path}")
+    if tokenizer is None:
+        print(f"note: no tokenizer (none beside the export, no --tokenizer): text data needs "
+              f"{folder / (name + '.tokenizer.json')}; token-id .npz data works without")
+    print(f"next: quantscope run {targets[0]} --data stdlib-docs --target hailo10h")
+    return 0
