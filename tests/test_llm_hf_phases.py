@@ -123,7 +123,7 @@ def test_the_phase_graphs_compute_what_the_export_computes(export: Path, convert
     assert files == ["model.decode.onnx", "model.prefill.onnx", "model.tokenizer.json"]
     ref, pre, dec = (_session(p) for p in (export, converted / "model.prefill.onnx",
                                            converted / "model.decode.onnx"))
-    assert [i.name for i in pre.get_inputs()] == ["input_ids"]
+    assert [(i.name, i.shape[0]) for i in pre.get_inputs()] == [("input_ids", 1)]
     ids = np.random.default_rng(1).integers(0, 256, (1, 9)).astype(np.int64)
     want = ref.run(None, _export_feeds(ids))
     got = pre.run(None, {"input_ids": ids})
@@ -220,3 +220,16 @@ def test_run_measures_the_converted_export_as_a_decoder(converted: Path, tmp_pat
     assert any(g.startswith("/m/model/layers.") for g in plan["groups"]), plan["groups"]
     for phase in ("prefill", "decode"):
         assert (out / phase / "model.alls").is_file()
+
+
+def test_gatedsplit_splits_the_converted_prefill(converted: Path) -> None:
+    """The converted graphs are one sequence (batch 1): the function check of a rewrite
+    feeds a batch of the input's size, where a symbolic batch was fed 2 sequences against
+    a mask made for one (ONNX Runtime: Gather index out of bounds in the mask's lookup)."""
+    from quantscope.model.load import load
+    from quantscope.repair.gated import phase_maker
+
+    make = phase_maker(lambda p: load(converted / f"model.{p}.onnx"), 32, chunk=8)
+    proto, what = make("prefill")
+    assert "split along the tokens" in what and "FP32 max relative diff" in what, what
+    assert sum(n.op_type == "Slice" for n in proto.graph.node) >= 4

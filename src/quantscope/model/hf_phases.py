@@ -15,6 +15,8 @@ the export          ``input_ids [B, S]``, ``attention_mask [B, P + S]``, optiona
 ``prefill``         the same, with the past an empty constant ``[1, H, 0, D]`` that every
                     cache ``Concat`` drops (``Concat(new)``, as the built-in's prefill
                     writes it), so the prompt is the whole sequence
+batch               1 in both (the interface's ``input_ids [1, N]``): the mask and the
+                    empty past are one sequence's
 same names          both graphs keep every node name and weight name of the export (one
                     plan names the same groups in both); the nodes added are ``qs.*``
 ==================  ====================================================================
@@ -202,6 +204,10 @@ def to_phase(proto: onnx.ModelProto, phase: str) -> onnx.ModelProto:
         first = past[0]
     del graph.input[:]
     graph.input.extend(keep)
+    for vi in [*graph.input, *graph.output]:  # one sequence: the mask and past are batch 1
+        dims = vi.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].dim_value = 1
     nodes = _fill(graph, first, kinds) + list(graph.node)
     del graph.node[:]
     graph.node.extend(nodes)
