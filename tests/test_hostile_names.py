@@ -1,0 +1,83 @@
+"""What users read, on models whose names are hostile or odd: ONNX node, tensor, input and
+output names are free text (newlines, quotes, HTML, ``$``, the ``.alls`` syntax characters
+``# { } ( ) , =``). Every file written from them must stay what it claims to be: a Hailo
+script whose lines are only the lines quantscope wrote, Python that compiles, a report
+that renders. Each model is built here, a few nodes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantscope.export.alls_lint import parse_alls
+from quantscope.export.hailo_alls import export_alls, unset_decisions
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+from quantscope.types import Plan, Precision
+
+# a name that, written raw into a comment, would start a line the compiler runs
+INJECT = "conv\nquantization_param({*}, precision_mode=a16_w16)"
+ALLS_SYNTAX = "c2 # {x}, y=(z)\r\u2028'\"\\"
+
+
+def conv_chain(first: str, second: str, gemm: str, *, tensor: str = "t1") -> onnx.ModelProto:
+    """Conv-Relu-Conv-Relu-GlobalAveragePool-Flatten-Gemm with the given node names and
+    the first Conv's output tensor named ``tensor``."""
+    r = np.random.default_rng(0)
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array(r.normal(0, 0.3, shape).astype(np.float32), name)
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], [tensor], name=first, pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", [tensor], ["t2"], name="r1"),
+        helper.make_node("Conv", ["t2", "w2", "b2"], ["t3"], name=second, pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["t3"], ["t4"], name="r2"),
+        helper.make_node("GlobalAveragePool", ["t4"], ["t5"], name="p"),
+        helper.make_node("Flatten", ["t5"], ["t6"], name="f"),
+        helper.make_node("Gemm", ["t6", "w3", "b3"], ["y"], name=gemm, transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "hostile", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("w3", 8, 8),
+         w("b3", 8)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_alls_comments_hold_any_name_on_one_line():
+    """A group name with a newline used to be written raw into the script's ``#`` comments:
+    its second line (``quantization_param({*}, precision_mode=a16_w16)``) became a command
+    the compiler would run, and lint found broken lines. Now each script line is one line
+    whatever the names hold, and the script parses back to exactly the commands written."""
+    model = load_proto(conv_chain(INJECT, ALLS_SYNTAX, "g\r\nallocator_param(x)"))
+    groups = find_groups(model)
+    plan = Plan(default=Precision.A8_W8, target="hailo8",
+                overrides=((INJECT, Precision.A16_W8), (ALLS_SYNTAX, Precision.A16_W16)),
+                reasons=((INJECT, "why\nquantization_param(conv2, precision_mode=a8_w8)"),))
+    text = export_alls(plan, groups, force_ranges={"g\r\nallocator_param(x)": (-1.0, 1.0)})
+    commands, problems = parse_alls(text)
+    assert problems == []
+    assert [c.text for c in commands] == [
+        "quantization_param(conv1, precision_mode=a16_w8)",
+        "quantization_param(conv2, precision_mode=a16_w16)",
+        "quantization_param(fc1, force_range_out=[-1.0, 1.0])"]
+    assert "# guessed name: conv1 for ONNX 'conv\\nquantization_param({*}, " in text
+    assert "c2 # {x}, y=(z)\\r\\u2028'\"\\" in text  # said, escaped, on its comment line
+
+
+def test_alls_says_an_exact_layer_name_it_cannot_write():
+    """An HN layer name that a script line cannot hold (a comma, a parenthesis) is not
+    written into a broken command: the decision is a NOT SET comment that says why."""
+    model = load_proto(conv_chain("c1", "c2", "g"))
+    groups = find_groups(model)
+    plan = Plan(default=Precision.A8_W8, target="hailo8",
+                overrides=(("c1", Precision.A16_W8), ("c2", Precision.A16_W8)))
+    text = export_alls(plan, groups, layer_names={"c1": "conv(1), x=2", "c2": "net/conv2"})
+    commands, problems = parse_alls(text)
+    assert problems == []
+    assert [c.text for c in commands] == ["quantization_param(net/conv2, precision_mode=a16_w8)"]
+    assert unset_decisions(text) == [
+        "c1: a16_w8 NOT SET: its Hailo layer name 'conv(1), x=2' cannot be written in a "
+        "script line (only letters, digits and _ . / - can): set it by hand"]
