@@ -81,3 +81,33 @@ def test_alls_says_an_exact_layer_name_it_cannot_write():
     assert unset_decisions(text) == [
         "c1: a16_w8 NOT SET: its Hailo layer name 'conv(1), x=2' cannot be written in a "
         "script line (only letters, digits and _ . / - can): set it by hand"]
+
+
+def _io_row(role: str, tensor: str, scale: float, zp: int) -> dict:
+    return {"role": role, "tensor": tensor, "bits": 8, "signed": False, "stored_type": "uint8",
+            "q_min": 0, "q_max": 255, "scale": scale, "zero_point": zp, "min": -zp * scale,
+            "max": (255 - zp) * scale}
+
+
+def test_io_snippet_compiles_and_keeps_one_function_per_tensor():
+    """``io_snippet.py`` wrote each tensor name raw into a comment (a newline in an output
+    name ended the comment: the file did not compile) and made function names by replacing
+    characters, so inputs ``a/b`` and ``a.b`` both became ``to_device_a_b``: the second
+    silently replaced the first. Now the snippet compiles for any names, each tensor has its
+    own function, and each one computes its own tensor's codes."""
+    from quantscope.export.device_io import python_snippet
+
+    lookup = {"table": 'emb"""\n\\', "shape": [10, 4], "dtype": "float32", "megabytes": 0.0,
+              "indices": "ids\nx", "output": "a/b", "node": "gather\n)"}
+    rows = [{**_io_row("input", "a/b", 0.5, 10), "host_lookup": lookup},
+            _io_row("input", "a.b", 0.25, 20), _io_row("input", "x²\u2028y", 0.1, 0),
+            _io_row("output", 'out<script>\n"q"\\,=#', 0.125, 3)]
+    text = python_snippet(rows)
+    ns: dict = {}
+    exec(compile(text, "io_snippet.py", "exec"), ns)  # noqa: S102 - the generated code
+    one = np.array([1.0], np.float32)
+    assert ns["to_device_a_b"](one)[0] == 12 and ns["to_device_a_b_2"](one)[0] == 24
+    assert ns["to_device_x__y"](one)[0] == 10
+    assert ns["from_device_out_script___q"](np.array([11]))[0] == 1.0
+    assert "lookup_a_b" in ns and "load_table_a_b" in ns
+    assert "# out<script>\\n\"q\"\\,=#: uint8" in text  # the name said, on its line
