@@ -21,27 +21,29 @@ INJECT = "conv\nquantization_param({*}, precision_mode=a16_w16)"
 ALLS_SYNTAX = "c2 # {x}, y=(z)\r\u2028'\"\\"
 
 
-def conv_chain(first: str, second: str, gemm: str, *, tensor: str = "t1") -> onnx.ModelProto:
-    """Conv-Relu-Conv-Relu-GlobalAveragePool-Flatten-Gemm with the given node names and
-    the first Conv's output tensor named ``tensor``."""
+def conv_chain(first: str, second: str, gemm: str, *, tensor: str = "t1", inp: str = "x",
+               out: str = "y", weight: str = "w1") -> onnx.ModelProto:
+    """Conv-Relu-Conv-Relu-GlobalAveragePool-Flatten-Gemm with the given node names, the
+    first Conv's output tensor named ``tensor`` and its weight ``weight``, input ``inp``
+    and output ``out``."""
     r = np.random.default_rng(0)
 
     def w(name: str, *shape: int) -> onnx.TensorProto:
         return numpy_helper.from_array(r.normal(0, 0.3, shape).astype(np.float32), name)
 
     nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], [tensor], name=first, pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", [inp, weight, "b1"], [tensor], name=first, pads=[1, 1, 1, 1]),
         helper.make_node("Relu", [tensor], ["t2"], name="r1"),
         helper.make_node("Conv", ["t2", "w2", "b2"], ["t3"], name=second, pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["t3"], ["t4"], name="r2"),
         helper.make_node("GlobalAveragePool", ["t4"], ["t5"], name="p"),
         helper.make_node("Flatten", ["t5"], ["t6"], name="f"),
-        helper.make_node("Gemm", ["t6", "w3", "b3"], ["y"], name=gemm, transB=1),
+        helper.make_node("Gemm", ["t6", "w3", "b3"], [out], name=gemm, transB=1),
     ]
     graph = helper.make_graph(
-        nodes, "hostile", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
-        [w("w1", 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("w3", 8, 8),
+        nodes, "hostile", [helper.make_tensor_value_info(inp, TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["N", 8])],
+        [w(weight, 8, 3, 3, 3), w("b1", 8), w("w2", 8, 8, 3, 3), w("b2", 8), w("w3", 8, 8),
          w("b3", 8)])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
@@ -111,3 +113,21 @@ def test_io_snippet_compiles_and_keeps_one_function_per_tensor():
     assert ns["from_device_out_script___q"](np.array([11]))[0] == 1.0
     assert "lookup_a_b" in ns and "load_table_a_b" in ns
     assert "# out<script>\\n\"q\"\\,=#: uint8" in text  # the name said, on its line
+
+
+def test_report_draws_names_that_look_like_tex(tmp_path, capsys):
+    """A node named ``a$x^{$b`` reached a figure's labels, matplotlib parsed it as mathtext
+    and ``run`` stopped at the report stage with ``internal error: ValueError: x^{``; a
+    carriage return in a name printed a font warning on the console. Now labels are plain
+    text: the run completes, its report is written, and the console has no warning."""
+    from quantscope.cli import main
+
+    onnx.save(conv_chain("a$x^{$b", "c$\\frac{$d", "g\r$e$"), tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(0, 1, (16, 3, 8, 8))
+             .astype(np.float32))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--finetune", "off", "--out", str(tmp_path / "W")]) == 0
+    err = capsys.readouterr().err
+    assert "Warning" not in err and "internal error" not in err, err
+    assert "a$x^{$b" in (tmp_path / "W" / "report.html").read_text()
