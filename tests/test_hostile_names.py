@@ -131,3 +131,42 @@ def test_report_draws_names_that_look_like_tex(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Warning" not in err and "internal error" not in err, err
     assert "a$x^{$b" in (tmp_path / "W" / "report.html").read_text()
+
+
+def _mlp(extra: list, outputs: list, inits: list, name: str = "odd") -> onnx.ModelProto:
+    """``x [N, 8]`` -> MatMul -> Relu -> MatMul = ``y``, then ``extra`` nodes."""
+    r = np.random.default_rng(2)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Relu", ["h"], ["a"], name="relu1"),
+             helper.make_node("MatMul", ["a", "w2"], ["y"], name="mm2"), *extra]
+    graph = helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        outputs, [numpy_helper.from_array(r.normal(0, .5, (8, 16)).astype(np.float32), "w1"),
+                  numpy_helper.from_array(r.normal(0, .5, (16, 8)).astype(np.float32), "w2"),
+                  *inits])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+
+
+def test_an_output_with_no_values_is_refused_in_one_line(tmp_path, capsys):
+    """An output of shape ``[N, 0]`` (a Slice to nothing) went through analysis and then
+    stopped ``run`` in the plan's repairs with ``internal error: ValueError: zero-size
+    array to reduction operation maximum``, a run folder half written. Now the model is
+    refused on load, one line naming the output and the fix, and no folder is made."""
+    from quantscope.cli import main
+
+    ints = [numpy_helper.from_array(np.array([v], np.int64), n)
+            for n, v in (("s0", 0), ("s1", 0), ("ax", 1))]
+    model = _mlp([helper.make_node("Slice", ["y", "s0", "s1", "ax"], ["empty"], name="cut")],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
+                  helper.make_tensor_value_info("empty", TensorProto.FLOAT, ["N", 0])], ints)
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(0, 1, (16, 8))
+             .astype(np.float32))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--out", str(tmp_path / "W")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"quantscope: error: model '{tmp_path / 'm.onnx'}' output 'empty' has shape "
+                   "[N, 0]: no value for any sample to measure; remove it from the graph's "
+                   "outputs and re-export")
+    assert not (tmp_path / "W").exists()
