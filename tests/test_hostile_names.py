@@ -170,3 +170,34 @@ def test_an_output_with_no_values_is_refused_in_one_line(tmp_path, capsys):
                    "[N, 0]: no value for any sample to measure; remove it from the graph's "
                    "outputs and re-export")
     assert not (tmp_path / "W").exists()
+
+
+def test_an_output_fp32_makes_inf_on_some_samples_is_named(tmp_path, capsys):
+    """``1 / x`` on data where 3 of 16 samples are 0: FP32's own output is inf there.
+    ``calibrate`` left those values out of the range and said nothing (its stats, and the
+    encodings exported from them, looked whole); ``run`` stopped later with 'reference: 3
+    of 16 rows contain NaN/inf', naming no output. Now the first FP32 run refuses in one
+    line naming the output, before any file is written."""
+    from quantscope.cli import main
+
+    model = _mlp([helper.make_node("Div", ["one", "x"], ["inv"], name="div")],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
+                  helper.make_tensor_value_info("inv", TensorProto.FLOAT, ["N", 8])],
+                 [numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    onnx.save(model, tmp_path / "m.onnx")
+    x = np.random.default_rng(0).normal(0, 1, (16, 8)).astype(np.float32)
+    x[:3] = 0.0
+    np.savez(tmp_path / "x.npz", x=x)
+    line = ("quantscope: error: FP32 output 'inv' (24 values) is NaN or inf on the calibration "
+            "data (the model itself, before any quantization): nothing to compare a quantized "
+            "output with; drop the samples it breaks on from the data, or fix the model")
+    capsys.readouterr()
+    assert main(["calibrate", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--out", str(tmp_path / "s.npz")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == line
+    assert not (tmp_path / "s.npz").exists()
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "qnn_htp_v73", "--out", str(tmp_path / "W")]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # the fit split's values
+    assert last.startswith("quantscope: error: FP32 output 'inv' (") and line[-60:] in last
+    assert not (tmp_path / "W").exists()

@@ -125,9 +125,26 @@ def calibrate(
         n_samples += batch_rows(batch)
     if n_batches == 0:
         raise QuantscopeError("calibration data is empty: give at least one batch")
+    _refuse_nonfinite_outputs(model, observers)
     return Stats(
         tensors={t: o.freeze() for t, o in observers.items()},
         method=method,
         num_batches=n_batches,
         num_samples=n_samples,
     )
+
+
+def _refuse_nonfinite_outputs(model: Model, observers: dict[str, Observer]) -> None:
+    """A graph output that FP32 itself makes NaN or inf has nothing a quantized output could
+    be compared with: refused here, at the first FP32 run of every command, naming it (the
+    observers leave such values out of the ranges, which would otherwise hide them)."""
+    broken = [(t, observers[t].nonfinite) for t in model.output_names()
+              if t in observers and observers[t].nonfinite]
+    if broken:
+        said = ", ".join(f"{t!r} ({n:,} values)" for t, n in broken)
+        plural = len(broken) > 1
+        raise QuantscopeError(
+            f"FP32 output{'s' if plural else ''} {said} {'are' if plural else 'is'} NaN or "
+            "inf on the calibration data (the model itself, "
+            "before any quantization): nothing to compare a quantized output with; drop the "
+            "samples it breaks on from the data, or fix the model")
