@@ -201,3 +201,41 @@ def test_an_output_fp32_makes_inf_on_some_samples_is_named(tmp_path, capsys):
     last = capsys.readouterr().err.strip().splitlines()[-1]  # the fit split's values
     assert last.startswith("quantscope: error: FP32 output 'inv' (") and line[-60:] in last
     assert not (tmp_path / "W").exists()
+
+
+def test_an_output_fp32_gives_the_same_on_every_sample_is_said(tmp_path, capsys):
+    """An output that does not depend on the input (``y * 0 + c``). As the only output it
+    stopped ``run`` with "'score_db' in offender 'mm1' of analysis '…/analysis.json' must be
+    a number (got 'nan')": the run could not read its own file and named no cause. Beside
+    another output it was scored (SQNR +inf, cosine 1) without a word. Now the first is
+    refused in one line before any file is written, the second is a warning of the verdict
+    (console, verdict.json) and a note of evaluate.json."""
+    from quantscope.cli import main
+    from quantscope.serde import read_json
+
+    const = [helper.make_node("Mul", ["y", "zero"], ["yz"], name="mulz"),
+             helper.make_node("Add", ["yz", "c"], ["const"], name="addc")]
+    inits = [numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+             numpy_helper.from_array(np.full(8, 0.3, np.float32), "c")]
+    vi = helper.make_tensor_value_info
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(0, 1, (16, 8))
+             .astype(np.float32))
+    onnx.save(_mlp(const, [vi("const", TensorProto.FLOAT, ["N", 8])], inits), tmp_path / "c.onnx")
+    onnx.save(_mlp(const, [vi("y", TensorProto.FLOAT, ["N", 8]),
+                           vi("const", TensorProto.FLOAT, ["N", 8])], inits), tmp_path / "m.onnx")
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "c.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--out", str(tmp_path / "C")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"quantscope: error: every output of model '{tmp_path / 'c.onnx'}' ('const') is the "
+        "same on every sample of the calibration data: FP32 does not depend on the input "
+        "there, so no quantization error can be measured; check the model's outputs and the "
+        "data")
+    assert not (tmp_path / "C").exists()
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--finetune", "off", "--out", str(tmp_path / "W")]) == 0
+    note = ("output 'const' is the same on every sample in FP32 (it does not depend on the "
+            "input on this data): what it scores says little about the quantized model")
+    assert f"  warning: {note}" in capsys.readouterr().out
+    assert note in read_json(tmp_path / "W" / "verdict.json", "verdict")["says_little"]
+    assert note in read_json(tmp_path / "W" / "evaluate.json", "result")["results"]["plan"]["notes"]
