@@ -239,3 +239,28 @@ def test_an_output_fp32_gives_the_same_on_every_sample_is_said(tmp_path, capsys)
     assert f"  warning: {note}" in capsys.readouterr().out
     assert note in read_json(tmp_path / "W" / "verdict.json", "verdict")["says_little"]
     assert note in read_json(tmp_path / "W" / "evaluate.json", "result")["results"]["plan"]["notes"]
+
+
+def test_an_output_range_the_held_out_data_exceeds_is_a_warning(tmp_path, capsys):
+    """Held-out samples three times wider than the fit samples: the output's calibrated
+    range clips them, the device would return capped values. ``evaluate.json`` counted it,
+    but ``run``'s verdict (console, verdict.json, report) said nothing of it. Now each
+    clipping output is a ``warning:`` line naming it, its range and FP32's."""
+    from quantscope.cli import main
+    from quantscope.serde import read_json
+
+    onnx.save(_mlp([], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], []),
+              tmp_path / "m.onnx")
+    x = np.random.default_rng(0).normal(0, 1, (16, 8)).astype(np.float32)
+    x[8:] *= 3.0  # the held-out half (run fits on the first half)
+    np.savez(tmp_path / "x.npz", x=x)
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "qnn_htp_v73", "--finetune", "off", "--out",
+                 str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    said = read_json(tmp_path / "W" / "verdict.json", "verdict")["saturated_outputs"]
+    assert len(said) == 1 and said[0].startswith("output 'y' clips "), said
+    assert "of its held-out values at its calibrated range" in said[0]
+    assert f"  warning: {said[0]}" in out
+    assert said[0].replace("'", "&#x27;") in (tmp_path / "W" / "report.html").read_text()
