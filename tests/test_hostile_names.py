@@ -264,3 +264,20 @@ def test_an_output_range_the_held_out_data_exceeds_is_a_warning(tmp_path, capsys
     assert "of its held-out values at its calibrated range" in said[0]
     assert f"  warning: {said[0]}" in out
     assert said[0].replace("'", "&#x27;") in (tmp_path / "W" / "report.html").read_text()
+
+
+def test_the_verdict_keeps_one_line_per_item_whatever_the_names(tmp_path, capsys):
+    """An output named ``out\\n"q"`` split the verdict's ``compile:`` line in two on the
+    console (and in the report's verdict): the second half read as a line of its own. Now each verdict line is one line, the name's newline written ``\\n``."""
+    from quantscope.cli import main
+
+    onnx.save(conv_chain("c1", "c2", "g", out='out\n"q"'), tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(0, 1, (16, 3, 8, 8))
+             .astype(np.float32))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--finetune", "off", "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    verdict = out[next(i for i, ln in enumerate(out) if ln.startswith("verdict:")):]
+    assert all(ln.startswith(("verdict:", "  ", "stages run:")) for ln in verdict), verdict
+    assert any('output out\\n"q" uint' in ln for ln in verdict), verdict
