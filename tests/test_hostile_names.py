@@ -281,3 +281,25 @@ def test_the_verdict_keeps_one_line_per_item_whatever_the_names(tmp_path, capsys
     verdict = out[next(i for i, ln in enumerate(out) if ln.startswith("verdict:")):]
     assert all(ln.startswith(("verdict:", "  ", "stages run:")) for ln in verdict), verdict
     assert any('output out\\n"q" uint' in ln for ln in verdict), verdict
+
+
+def test_a_model_name_the_qdq_graph_also_gives_is_named(tmp_path, capsys):
+    """A model with an input ``x`` and a tensor of its own named ``x_dq`` (the name the
+    Q/DQ graph gives the dequantized input): ``run`` stopped with "ONNX Runtime cannot run
+    this model (… Duplicate definition of name (x_dq)): check that every op is supported
+    by onnxruntime", blaming the ops. Now one line names the tensor and the fix."""
+    from quantscope.cli import main
+
+    bias = numpy_helper.from_array(np.ones(8, np.float32), "x_dq")
+    model = _mlp([helper.make_node("Add", ["y", "x_dq"], ["z"], name="add")],
+                 [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 8])], [bias])
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(0, 1, (16, 8))
+             .astype(np.float32))
+    capsys.readouterr()
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--out", str(tmp_path / "W")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "quantscope: error: the model names a tensor 'x_dq', a name the Q/DQ graph gives one "
+        "of its own (it adds _dq, _float, _quantized, _scale, _zero_point to a quantized "
+        "tensor's name): rename that tensor in the model and re-export")
