@@ -267,3 +267,57 @@ def test_route_report_images_decode(tmp_path):
     sizes = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
     assert len(sizes) == page.count("<img ") >= 2
     assert all(w > 0 and h > 0 for _, w, h in sizes), sizes
+
+
+# every name of this model is markup or script; a script that runs marks the page
+XSS_NAMES = {"first": "<script>alert(1)</script>conv#{a}(b),c=d",
+             "second": "ü€😀/" + "L" * 300, "gemm": "gemm'\"\\n\\",
+             "inp": 'in"><img src=x onerror=alert(1)>\'q\\',
+             "out": 'out<script>alert(1)</script>"q"\\,=#',
+             "weight": "w1<svg onload=alert(1)>", "tensor": "t</title><script>alert(1)</script>"}
+PWNED = ('<head><script>window.alert=()=>document.documentElement.setAttribute("data-pwned",'
+         '"1")</script>')
+# after loading: how many script elements, which elements carry an on* attribute, and
+# whether every name is on the page as text
+SCRIPTS = ('<script>addEventListener("load",()=>{const p=document.createElement("pre");'
+           'p.id="qs-xss";const on=[...document.querySelectorAll("*")].filter(e=>[...e.'
+           'attributes].some(a=>a.name.startsWith("on"))).map(e=>e.tagName);p.textContent='
+           'JSON.stringify({scripts:document.scripts.length,on,text:document.body.innerText});'
+           'document.body.appendChild(p);});</script></body>')
+
+
+def _xss_probe(page: str, tmp_path) -> dict:
+    probe = tmp_path / "xss.html"
+    probe.write_text(page.replace("<head>", PWNED, 1).replace("</body>", SCRIPTS))
+    dom = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri()).stdout
+    found = re.search(r'<pre id="qs-xss">(.*?)</pre>', dom, re.S)
+    assert found, "the page did not finish loading"
+    from html import unescape
+    return {**json.loads(unescape(found.group(1))), "pwned": 'data-pwned="1"' in dom}
+
+
+@pytest.mark.parametrize("target", ["hailo8", "qnn_htp_v73"])
+def test_names_that_are_markup_stay_text_in_the_run_report(tmp_path, target):
+    """A model whose node, tensor, input and output names are HTML and script: ``run`` on
+    it completes, and its report in Chromium runs no script of theirs (an ``alert`` that
+    fires marks the page), has no element with an event attribute, and shows every name
+    as text."""
+    from test_hostile_names import conv_chain
+
+    from quantscope.cli import main
+
+    n = XSS_NAMES
+    onnx.save(conv_chain(n["first"], n["second"], n["gemm"], tensor=n["tensor"],
+                         inp=n["inp"], out=n["out"], weight=n["weight"]), tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", **{n["inp"]: np.random.default_rng(0).normal(
+        0, 1, (16, 3, 8, 8)).astype(np.float32)})
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", target, "--finetune", "off", "--out", str(tmp_path / "W")]) == 0
+    got = _xss_probe((tmp_path / "W" / "report.html").read_text(), tmp_path)
+    assert not got["pwned"] and got["on"] == [] and got["scripts"] == 2, got  # the probes
+    for name in (n["first"], n["inp"], n["out"]):
+        assert name in got["text"], name
+    # the probe can fail: a name written raw is caught
+    caught = _xss_probe((tmp_path / "W" / "report.html").read_text().replace(
+        "</body>", n["inp"] + "</body>"), tmp_path)
+    assert caught["pwned"] and caught["on"] == ["IMG"]

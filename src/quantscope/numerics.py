@@ -190,3 +190,28 @@ def channel_sqnr_db(ref: np.ndarray, test: np.ndarray, axis: int) -> np.ndarray:
     r, t = channel_rows(ref, axis), channel_rows(test, axis)
     signal, noise = np.sum(r**2, axis=1), np.sum((r - t) ** 2, axis=1)
     return np.array([sqnr_db_from_powers(float(s), float(n)) for s, n in zip(signal, noise, strict=True)])
+
+
+class SameSamples:
+    """Whether every sample (axis 0) of a stream of batches equals the first sample: an
+    output that does not depend on the input on this data. :attr:`constant` only once two
+    samples or more were seen."""
+
+    def __init__(self) -> None:
+        self.first: np.ndarray | None = None
+        self.samples = 0
+        self.same = True
+
+    def add(self, a: np.ndarray) -> None:
+        a = np.asarray(a)
+        if not self.same or a.ndim == 0 or len(a) == 0:
+            return
+        if self.first is None:
+            self.first = a[0].copy()
+        self.samples += len(a)
+        self.same = a.shape[1:] == self.first.shape and bool(np.array_equal(a, np.broadcast_to(
+            self.first, a.shape)))
+
+    @property
+    def constant(self) -> bool:
+        return self.same and self.samples >= 2

@@ -14,6 +14,7 @@ from quantscope.emulate.session import make_session
 from quantscope.model.axes import channel_axes
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
+from quantscope.numerics import SameSamples
 from quantscope.progress import feed_size, track
 from quantscope.types import (
     SHARED,
@@ -106,6 +107,7 @@ def calibrate(
     inputs = {i.name for i in session.get_inputs()}
     axes = channel_axes(model)
     observers = {t: Observer(t, axes.get(t)) for t in taps}
+    same = {t: SameSamples() for t in model.output_names() if t in observers}
     n_batches = n_samples = 0
     per_value: float | None = None  # tap bytes per input value, from the first run
     for batch in track(batches, "calibrate", unit="batch", show=progress, cost=feed_size):
@@ -120,14 +122,47 @@ def calibrate(
                 per_value = sum(getattr(v, "nbytes", 0) for v in values) / feed_size(part)
             for name, value in zip(taps, values, strict=True):
                 observers[name].update(value)
+                if name in same:
+                    same[name].add(value)
             del values
         n_batches += 1
         n_samples += batch_rows(batch)
     if n_batches == 0:
         raise QuantscopeError("calibration data is empty: give at least one batch")
+    _refuse_nonfinite_outputs(model, observers)
+    _refuse_constant_outputs(model, same)
     return Stats(
         tensors={t: o.freeze() for t, o in observers.items()},
         method=method,
         num_batches=n_batches,
         num_samples=n_samples,
     )
+
+
+def _refuse_nonfinite_outputs(model: Model, observers: dict[str, Observer]) -> None:
+    """A graph output that FP32 itself makes NaN or inf has nothing a quantized output could
+    be compared with: refused here, at the first FP32 run of every command, naming it (the
+    observers leave such values out of the ranges, which would otherwise hide them)."""
+    broken = [(t, observers[t].nonfinite) for t in model.output_names()
+              if t in observers and observers[t].nonfinite]
+    if broken:
+        said = ", ".join(f"{t!r} ({n:,} values)" for t, n in broken)
+        plural = len(broken) > 1
+        raise QuantscopeError(
+            f"FP32 output{'s' if plural else ''} {said} {'are' if plural else 'is'} NaN or "
+            "inf on the calibration data (the model itself, "
+            "before any quantization): nothing to compare a quantized output with; drop the "
+            "samples it breaks on from the data, or fix the model")
+
+
+def _refuse_constant_outputs(model: Model, same: dict[str, SameSamples]) -> None:
+    """When every output FP32 gives is the same on every calibration sample, the model does
+    not depend on its input here: no figure of a quantized model could mean anything (and
+    each layer's sensitivity is 0 / 0). One output of several that is constant is said by
+    the evaluation instead (:mod:`quantscope.emulate.evaluate`)."""
+    if same and all(s.constant for s in same.values()):
+        names = ", ".join(repr(t) for t in same)
+        raise QuantscopeError(
+            f"every output of model '{model.source}' ({names}) is the same on every sample of "
+            "the calibration data: FP32 does not depend on the input there, so no "
+            "quantization error can be measured; check the model's outputs and the data")

@@ -16,7 +16,7 @@ full and scoring after (tests/test_evaluate_streaming.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +25,13 @@ import onnx
 from quantscope.emulate.channels import ChannelFidelity, ScalarFidelity, channel_axis_for, is_scalar
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
-from quantscope.numerics import RESEMBLE_MIN_COSINE, row_cosines, sqnr_db, sqnr_db_from_powers
+from quantscope.numerics import (
+    RESEMBLE_MIN_COSINE,
+    SameSamples,
+    row_cosines,
+    sqnr_db,
+    sqnr_db_from_powers,
+)
 from quantscope.progress import feed_size, track
 from quantscope.types import Batch, Metrics, Outputs, sample_first
 
@@ -162,6 +168,7 @@ class _Fidelity:
         self.power = [0.0] * len(names)
         self.parts: list[ChannelFidelity | ScalarFidelity | None] = [None] * len(names)
         self.seen = [False] * len(names)
+        self.same = [SameSamples() for _ in names]  # FP32's output the same on every sample
 
     def _part(self, i: int, a: np.ndarray) -> ChannelFidelity | ScalarFidelity | None:
         if not self.seen[i]:
@@ -176,6 +183,7 @@ class _Fidelity:
     def add(self, ref: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...]) -> None:
         for i, (a, b) in enumerate(zip(ref, test, strict=True)):
             part = self._part(i, a)
+            self.same[i].add(a)
             if part is not None and a.shape == b.shape:
                 part.add(a, b)
             if not isinstance(part, ScalarFidelity):
@@ -206,7 +214,8 @@ class _Fidelity:
                 tables[name].update(entry)
                 said[name] = (part.notes(name), bad)
             tables[name].setdefault("sqnr_db_channel_min", float(sqnr))  # no channel axis
-        return _summary(tables, said, only=only, judge=judge)
+        const = [n for n, s in zip(self.names, self.same, strict=True) if s.constant]
+        return _summary(tables, said, only=only, judge=judge, constant=const)
 
 
 def output_fidelity(
@@ -235,10 +244,11 @@ WORST_OF = {"cosine_mean": min, "cosine_min": min, "cosine_p01": min, "sqnr_db":
 
 def _summary(tables: dict[str, dict[str, float]],
              said: dict[str, tuple[list[str], bool]] | None = None, *,
-             only: str | None, judge: bool) -> Metrics:
+             only: str | None, judge: bool, constant: Sequence[str] = ()) -> Metrics:
     """The unprefixed (worst output's, or ``only``'s) values and the notes: "NOT LIKE
     FP32" when the worst output's cosine, a channel (collapsed, or its cosine) or a
-    one-value output's decisions/error say so, with the lines naming where."""
+    one-value output's decisions/error say so, with the lines naming where; last, each
+    output (of ``constant``) that FP32 gives the same on every sample."""
     values: dict[str, float] = {}
     said = said or {}
     scored = {only: tables[only]} if only else tables
@@ -263,6 +273,9 @@ def _summary(tables: dict[str, dict[str, float]],
         worst = min(tables, key=lambda n: tables[n]["sqnr_db"])
         notes += (f"{len(tables)} outputs scored; the metrics without an output name are the "
                  f"worst output's (lowest SQNR: '{worst}'); per output in 'outputs'",)
+    notes += tuple(f"output '{n}' is the same on every sample in FP32 (it does not depend on "
+                   "the input on this data): what it scores says little about the quantized "
+                   "model" for n in constant if n in scored)
     return Metrics(values=values, tables=tables, notes=notes)
 
 

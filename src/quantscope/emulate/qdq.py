@@ -135,7 +135,28 @@ def build_qdq(model: Model, encodings: Encodings) -> onnx.ModelProto:
     graph.node.extend(w_nodes + in_nodes + body)
     del graph.initializer[:]
     graph.initializer.extend(kept + new_inits)
+    _refuse_taken_names(graph)
     return proto
+
+
+QDQ_SUFFIXES = ("_dq", "_float", "_quantized", "_scale", "_zero_point")
+
+
+def _refuse_taken_names(graph: onnx.GraphProto) -> None:
+    """Each tensor the graph defines once. A model's own name that the writer also gives
+    (``x_dq`` beside an input ``x``: the names above add :data:`QDQ_SUFFIXES`) would make
+    a graph ONNX Runtime refuses with "Duplicate definition": said instead, naming it."""
+    seen: set[str] = set()
+    inits = [t.name for t in graph.initializer]  # old exports list them as inputs too
+    init_set = set(inits)
+    for name in [*(i.name for i in graph.input if i.name not in init_set), *inits,
+                 *(o for n in graph.node for o in n.output if o)]:
+        if name in seen:
+            raise QuantscopeError(
+                f"the model names a tensor {name!r}, a name the Q/DQ graph gives one of its "
+                f"own (it adds {', '.join(QDQ_SUFFIXES)} to a quantized tensor's name): "
+                "rename that tensor in the model and re-export")
+        seen.add(name)
 
 
 @dataclass(frozen=True, eq=False)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from quantscope.export.hailo_alls import one_line
 from quantscope.model.host_gather import HostGather
 from quantscope.model.load import Model
 from quantscope.types import Encodings, Groups, QuantscopeError
@@ -107,22 +108,38 @@ def from_device(q: np.ndarray, entry: dict[str, Any]) -> np.ndarray:
     return ((codes - entry["zero_point"]) * entry["scale"]).astype(np.float32)
 
 
+def snippet_names(tensors: Sequence[str]) -> list[str]:
+    """A Python identifier part per tensor name, distinct: ASCII letters and digits kept,
+    anything else ``_``; names that meet after that (``a/b``, ``a.b``) get ``_2``, ``_3``,
+    so no function of the snippet replaces another's."""
+    out: list[str] = []
+    for name in tensors:
+        var = "".join(c if c.isascii() and c.isalnum() else "_" for c in name).strip("_") or "t"
+        base, k = var, 1
+        while var in out:
+            k += 1
+            var = f"{base}_{k}"
+        out.append(var)
+    return out
+
+
 def python_snippet(rows: list[dict[str, Any]]) -> str:
-    """Code the user pastes into the host program: one transform per quantized I/O."""
+    """Code the user pastes into the host program: one transform per quantized I/O (its
+    tensor's name in a comment, on one line whatever the name holds)."""
     out = ["import numpy as np", "", "# scale/zero point implied by quantscope's calibration;",
            "# replace with the compiled artefact's qp_scale/qp_zp where they differ", ""]
-    for r in rows:
-        var = "".join(c if c.isalnum() else "_" for c in r["tensor"]).strip("_") or "t"
+    for r, var in zip(rows, snippet_names([r["tensor"] for r in rows]), strict=True):
+        tensor = one_line(r["tensor"])
         if r.get("host_lookup"):
             out += _lookup_lines(r["host_lookup"], var)
         if r["role"] == "input":
-            out.append(f"def to_device_{var}(x):  # {r['tensor']}: {r['stored_type']}")
+            out.append(f"def to_device_{var}(x):  # {tensor}: {r['stored_type']}")
             out.append(f"    q = np.round(np.asarray(x, np.float32) / np.float32({r['scale']!r}))"
                        f" + {r['zero_point']}  # float32, as the emulated QuantizeLinear")
             out.append(f"    return np.clip(q, {r['q_min']}, {r['q_max']})"
                        f".astype(np.{r['stored_type']})")
         else:
-            out.append(f"def from_device_{var}(q):  # {r['tensor']}: {r['stored_type']}")
+            out.append(f"def from_device_{var}(q):  # {tensor}: {r['stored_type']}")
             wrap = "" if r["signed"] else f" % {r['q_max'] + 1}  # unsigned, even if read signed"
             out.append(f"    q = np.asarray(q).astype(np.int64){wrap}")
             out.append(f"    return ((q - {r['zero_point']}) * {r['scale']!r}).astype(np.float32)")
@@ -131,13 +148,15 @@ def python_snippet(rows: list[dict[str, Any]]) -> str:
 
 
 def _lookup_lines(lookup: dict[str, Any], var: str) -> list[str]:
-    """The host's lookup of one table: load it from the FP32 model, index it."""
+    """The host's lookup of one table: load it from the FP32 model, index it (names in
+    comments on one line; the table's name in code as a Python literal)."""
     return [
-        f"# {lookup_line(lookup)}",
+        f"# {one_line(lookup_line(lookup))}",
         "# (the target keeps this lookup outside the compiled graph: cut the graph",
-        f"# after {lookup['node']}; quantize the rows with to_device_{var})",
+        f"# after {one_line(lookup['node'])}; quantize the rows with to_device_{var})",
         f"def load_table_{var}(fp32_model_path):",
-        f'    """{lookup["table"]} {lookup["shape"]} {lookup["dtype"]}, from the FP32 model."""',
+        f"    # {one_line(lookup['table'])} {lookup['shape']} {lookup['dtype']}, from the FP32 "
+        "model",
         "    import onnx",
         "    from onnx import numpy_helper",
         "    model = onnx.load(fp32_model_path)",
@@ -145,7 +164,7 @@ def _lookup_lines(lookup: dict[str, Any], var: str) -> list[str]:
         f"                if t.name == {lookup['table']!r})",
         "",
         f"def lookup_{var}(table, token_ids):",
-        f'    """The rows the compiled graph takes: table[token_ids] ({lookup["indices"]})."""',
+        f"    # the rows the compiled graph takes: table[token_ids] ({one_line(lookup['indices'])})",
         "    return np.asarray(table)[np.asarray(token_ids, np.int64)]",
         "",
     ]

@@ -27,6 +27,7 @@ Script lines written (syntax as in the Hailo field reports, seeds/001 and 002)::
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -141,10 +142,28 @@ def hn_layer_names(hn: dict[str, Any], groups: Groups) -> dict[str, str]:
     return by_group
 
 
+_WRITABLE = re.compile(r"[\w./-]+", re.ASCII)  # what a script's layer argument can hold
+
+
+def one_line(text: str) -> str:
+    """``text`` on one script line: each character that is not printable (a newline, a
+    carriage return, a line separator in an ONNX name) written as its Python escape
+    (``\\n``), so a name in a ``#`` comment can never start a script line of its own."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def unwritable_layers(layer_names: dict[str, str] | None) -> dict[str, str]:
+    """Group -> its exact Hailo layer name, for names a script line cannot hold (a comma,
+    a parenthesis, a brace, ``=``, ``#`` or a space would change the line's meaning)."""
+    return {g: n for g, n in (layer_names or {}).items() if not _WRITABLE.fullmatch(n)}
+
+
 def _names(groups: Groups, layer_names: dict[str, str] | None) -> dict[str, tuple[str, bool]]:
-    """Group -> (Hailo layer name, guessed?)."""
-    guessed = {g: n for n, g in reversed(heuristic_names(groups).items())}
-    exact = layer_names or {}
+    """Group -> (Hailo layer name, guessed?); a group whose exact name cannot be written
+    (:func:`unwritable_layers`) has none: its decisions are written NOT SET."""
+    bad = unwritable_layers(layer_names)
+    guessed = {g: n for n, g in reversed(heuristic_names(groups).items()) if g not in bad}
+    exact = {g: n for g, n in (layer_names or {}).items() if g not in bad}
     return {
         g.name: (exact[g.name], False) if g.name in exact else (guessed[g.name], True)
         for g in groups.groups
@@ -171,7 +190,10 @@ UNSET = "NOT SET"  # marks a plan decision the script does not carry
 GUESSED = "guessed by op order"  # in the header: the layer names are guessed
 
 
-def _unnamed(op_type: str) -> str:
+def _unnamed(op_type: str, layer: str | None = None) -> str:
+    if layer is not None:
+        return (f"its Hailo layer name {one_line(repr(layer))} cannot be written in a script "
+                "line (only letters, digits and _ . / - can): set it by hand")
     return (f"no Hailo layer name known for its {op_type} layer: give the HN parsed from "
             "this model or set it by hand")
 
@@ -214,6 +236,7 @@ def export_alls(
     """Hailo model script for ``plan``; ``layer_names`` maps group -> Hailo layer (exact);
     ``host``: the groups the target leaves to the host (table lookups)."""
     names = _names(groups, layer_names)
+    bad = unwritable_layers(layer_names)
     ops = {g.name: g.op_type for g in groups.groups}
     label = target_label or plan.target or "hailo"
     lines = [
@@ -246,7 +269,7 @@ def export_alls(
             continue
         if group not in names:
             lines.append(f"# {group}: {precision} {UNSET}: "
-                         + _unnamed(ops.get(group, "?")))
+                         + _unnamed(ops.get(group, "?"), bad.get(group)))
             continue
         if group in reasons:
             lines.append(f"# {group}: {reasons[group]}")
@@ -258,12 +281,13 @@ def export_alls(
             continue
         if group not in names:
             lines.append(f"# {group}: pinned range [{lo!r}, {hi!r}] {UNSET}: "
-                         + _unnamed(ops.get(group, "?")))
+                         + _unnamed(ops.get(group, "?"), bad.get(group)))
             continue
         lines.append(f"# {group}: pinned output range")
         layer = _layer(group, names, lines)
         lines.append(f"quantization_param({layer}, force_range_out=[{lo!r}, {hi!r}])")
-    return "\n".join(lines) + "\n"
+    # an ONNX name is free text: each line stays one line whatever the names hold
+    return "\n".join(one_line(ln) for ln in lines) + "\n"
 
 
 def calibrated_alike(method: str, precision: Precision) -> bool:

@@ -306,7 +306,22 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
             f"shape inference failed on '{source}' ({type(exc).__name__}): "
             "check the model with onnx.checker and re-export it"
         ) from None
-    return Model(proto=proto, source=source, notes=notes)
+    model = Model(proto=proto, source=source, notes=notes)
+    _refuse_empty_outputs(model)
+    return model
+
+
+def _refuse_empty_outputs(model: Model) -> None:
+    """An output with a dimension of size 0 (``[N, 0]``) holds no value for any sample:
+    nothing to quantize, score or compare, and every figure of it would be invented."""
+    shapes = model.value_shapes()
+    for name in model.output_names():
+        dims = shapes.get(name) or ()
+        if 0 in dims:
+            raise QuantscopeError(
+                f"model '{model.source}' output {name!r} has shape "
+                f"[{', '.join(str(d) for d in dims)}]: no value for any sample to measure; "
+                "remove it from the graph's outputs and re-export")
 
 
 def load(path: str | Path) -> Model:

@@ -89,6 +89,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results),
         "says_little": _says_little(results),
+        "saturated_outputs": _saturated_outputs(
+            results.get("plan", {}), [r["tensor"] for r in io["io"] if r["role"] == "output"]),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
         "mixed_scales": _mixed_scales(ctx),
         **summary,
@@ -177,6 +179,17 @@ def _says_little(results: dict[str, Any]) -> list[str]:
     on such data is no evidence."""
     notes = [str(n) for label in COMPARED for n in results.get(label, {}).get("notes", [])]
     return list(dict.fromkeys(n for n in notes if "says little" in n))
+
+
+def _saturated_outputs(plan: dict[str, Any], outputs: list[str]) -> list[str]:
+    """Each quantized model output whose calibrated range clips the plan's held-out values
+    (``evaluate.json``'s ``saturation``): what the device returns is capped there, whatever
+    the figure above says on average."""
+    rows = {r["tensor"]: r for r in (plan.get("saturation") or {}).get("tensors", [])}
+    return [f"output '{t}' clips {r['below'] + r['above']:.1%} of its held-out values at its "
+            f"calibrated range {r['range_min']:.4g} .. {r['range_max']:.4g} (FP32 gives "
+            f"{r['data_min']:.4g} .. {r['data_max']:.4g}): calibrate on data like the "
+            "deployment's, or widen its range" for t in outputs if (r := rows.get(t))]
 
 
 def left_float(cov: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import base64
 import io
+import warnings
 from typing import Any
 
 
 def pyplot() -> Any:
-    """``matplotlib.pyplot`` on the Agg backend (no display), imported on first use."""
+    """``matplotlib.pyplot`` on the Agg backend (no display), imported on first use. Text is
+    never read as mathtext: a label is a model's name (``a$x^{$b`` would otherwise be parsed
+    as TeX and fail to draw), and no figure of the report uses ``$...$``."""
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt
@@ -21,6 +25,8 @@ def pyplot() -> Any:
 def png_uri(fig: Any) -> str:
     """``fig`` as a PNG ``data:`` URI (110 dpi, tight box); the figure is closed."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    with warnings.catch_warnings():  # a name's character no font has draws as a box: the
+        warnings.filterwarnings("ignore", "Glyph .* missing from font")  # tables name it
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     pyplot().close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")

@@ -29,6 +29,7 @@ import re
 from collections import Counter
 from typing import Any
 
+from quantscope.export.hailo_alls import one_line
 from quantscope.report import fmt
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
@@ -311,7 +312,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     """At most ~8 lines (and one per rewrite applied): goal and the held-out figure of
     what ships (the deployment when one was measured, else the plan), its cost, the
     single plan's figure as a detail, what binds, files, host steps (each line one thing a
-    person acts on)."""
+    person acts on; each one line, whatever the model's names hold)."""
     m = v["metric"]
     q = v["quality"]
     ho = v.get("held_out") or {}
@@ -353,6 +354,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in v.get("says_little") or []]
+    lines += [f"  warning: {note}" for note in v.get("saturated_outputs") or []]
     bm = v.get("binds_measured") if not v.get("reached") else None
     if bm:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")
@@ -380,7 +382,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     for step in v.get("host_steps", [])[:3]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
-    return lines
+    return [one_line(ln) for ln in lines]  # a name's newline never breaks a verdict line
 
 
 HN_FIX = "give the parsed HN (--hn) or set them by hand"
