@@ -137,3 +137,19 @@ def test_a_profile_with_no_16_bit_precision_still_plans_uniform_a8_w8(tmp_path):
     assert plan.default is Precision.A8_W8 and not plan.overrides
     bad = [p for p in check(plan, find_groups(model), model, target) if p.severity == "error"]
     assert not bad
+
+
+def test_a_profile_allowing_only_a8_w4_on_weighted_says_where_to_start(tmp_path):
+    from quantscope.plan.start import PlannerError, legal_start
+
+    text = HAILO8.read_text().replace('weighted = ["a8_w8", "a8_w4", "a16_w8", "a16_w16"]',
+                                      'weighted = ["a8_w4"]')
+    target = load_target_file(_write(tmp_path, text))
+    model = _conv_model()
+    with pytest.raises(PlannerError) as err:
+        legal_start(find_groups(model), model, target, None, Precision.A8_W8)
+    message = str(err.value)
+    assert "every precision above it" in message and "--low a8_w4" in message, message
+    plan, _ = legal_start(find_groups(model), model, target, None, Precision.A8_W4)
+    assert not [p for p in check(plan, find_groups(model), model, target)
+                if p.severity == "error"]
