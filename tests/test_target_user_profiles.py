@@ -3,7 +3,8 @@
 Each edit below used to load silently and then misbehave: a misspelt op kind made a rule
 that never fires, a duplicate id merged two rules in ``with_params``, a precision allowed
 without a cost factor was costed as infinite (never picked, never said), a precision list
-given as a string was read letter by letter. Now each is one line naming the key, the file
+given as a string was read letter by letter, a vendor's own name with a Hailo ``formats``
+list failed only at the end of a run, at its export. Now each is one line naming the key, the file
 and the fix. A target without a16_w16 promotes to a16_w8 (it used to sweep nothing), and
 one with no 16-bit precision at all still plans (it used to stop as "another model").
 """
@@ -84,6 +85,8 @@ EDITS = [  # (name, edit, words the one line must hold)
     ("cost missing a precision", _set(["cost", "relative", "weighted"],
                                       {"a8_w8": 1.0, "a8_w4": 0.9, "a16_w8": 3.7}),
      ["a16_w16 on weighted", "cost.relative.weighted"]),
+    ("formats of another vendor", _set(["vendor"], "Acme"), ["'alls'", "a Hailo file",
+                                                             "'Acme'", "formats"]),
     ("float without a cost", _set(["precisions", "other"], ["a8_w8", "a16_w16", "float"]),
      ["float on other", "cost.relative.other"]),
 ]

@@ -450,6 +450,12 @@ def _parse_formats(raw: dict[str, Any], vendor: str, source: str) -> tuple[str, 
     if len(set(names)) != len(names):
         raise QuantscopeError(f"'formats' of target profile '{source}' names a format twice: "
                               "name each once")
+    for name in names:  # export refuses one vendor's file for another vendor's target
+        owner = FORMATS[name].vendor
+        if owner and owner != vendor:
+            raise QuantscopeError(f"'formats' of target profile '{source}' lists {name!r}, "
+                                  f"a {owner} file, but its vendor is {vendor!r}: remove it "
+                                  f"from 'formats' or set vendor = \"{owner}\"")
     return tuple(names)
 
 
