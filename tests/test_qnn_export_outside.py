@@ -140,3 +140,37 @@ def test_the_snippet_reads_ort_codes_at_the_exported_scale_and_offset(
     xs = np.array([xrow["min"] - 1, xrow["min"], 0.0, xrow["max"], xrow["max"] + 1], np.float32)
     want, _ = _ort_q_dq(xs, xrow["scale"], xrow["zero_point"], xrow["stored_type"])
     np.testing.assert_array_equal(space["to_device_x"](xs), want)
+
+
+def test_an_output_the_plan_leaves_float_is_said_by_io(tmp_path, capsys):
+    """Before: ``io`` said only "no quantized model inputs or outputs"; which tensors the
+    host feeds and reads as float, with no scale, was in no line, JSON or snippet."""
+    import json
+
+    from quantscope.cli import main
+
+    model, data, stats = tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "s.npz"
+    onnx.save(_model().proto, model)
+    np.save(data, np.random.default_rng(7).normal(0, 1, (64, 8)).astype(np.float32))
+    assert main(["calibrate", str(model), "--data", str(data), "--out", str(stats)]) == 0
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"default": "a8_w8", "target": "qnn_htp_v73",
+                                "groups": {"mm": "float"}}))
+    j, py = tmp_path / "io.json", tmp_path / "io.py"
+    capsys.readouterr()
+    assert main(["io", str(model), "--stats", str(stats), "--plan", str(plan), "--json", str(j),
+                 "--snippet", str(py)]) == 0
+    out = capsys.readouterr().out
+    assert "output y: float: the plan leaves it unquantized" in out
+    assert "input  x: float: the plan leaves it unquantized" in out
+    assert json.loads(j.read_text())["float_io"] == [{"role": "input", "tensor": "x"},
+                                                     {"role": "output", "tensor": "y"}]
+    assert "# output y: float" in py.read_text()
+
+
+def test_the_run_verdict_names_the_float_io():
+    from quantscope.report.summary import _compile_line
+
+    v = {"compiler_files": ["repaired.onnx", "qnn.encodings.json", "quantized.qdq.onnx"],
+         "io": [], "io_float": [{"role": "output", "tensor": "y"}]}
+    assert "device I/O (io_snippet.py): output y float (unquantized)" in _compile_line(v, None)

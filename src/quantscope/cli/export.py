@@ -110,16 +110,18 @@ def cmd_io(args: argparse.Namespace) -> int:
     inp = open_inputs(args, stats=True, plan=True)
     _plan_target(args, inp.plan, "the plan")
     rows = stages.device_io_rows(inp.model, inp.stats, inp.plan)
-    print(dio.format_device_io(rows))
+    floats = stages.float_io_rows(inp.model, inp.plan)
+    print(dio.format_device_io(rows, floats))
     checks = dio.check_mapping(rows, mappings) if mappings else []
     if checks:
         print("manual mappings against the correct transform:")
         print(dio.format_mapping_check(checks))
     if args.out_snippet:
-        stages.write_text(args.out_snippet, dio.python_snippet(rows))
+        stages.write_text(args.out_snippet, dio.python_snippet(rows, floats))
         print(f"wrote {args.out_snippet} (host-side to_device/from_device functions)")
     if args.json:
         stages.write_json(args.json, DeviceIOResult(io=rows, mapping_checks=checks,
+                                                    float_io=floats or None,
                                                     note=dio.PROVENANCE).to_dict())
         print(f"wrote {args.json}")
     return 0
