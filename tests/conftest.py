@@ -26,6 +26,15 @@ def pytest_report_header(config) -> str:
     return line
 
 
+@pytest.fixture(autouse=True)
+def _fresh_user_targets(monkeypatch):
+    """Each test starts in a process that knows no profile file by name, as each command
+    does (``quantscope.targets`` records the files it loaded, for the run's later stages)."""
+    from quantscope import targets
+
+    monkeypatch.setattr(targets, "_USER_TARGETS", {}, raising=False)
+
+
 @pytest.fixture(scope="session")
 def searched_decoder(tmp_path_factory):
     """``run <tiny decoder> --rewrites search`` once for the session (decoder_tiny.searched_run):

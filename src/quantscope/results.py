@@ -105,6 +105,8 @@ class DeviceIOResult(TaggedResult):
     io: list[dict[str, Any]]
     mapping_checks: list[dict[str, Any]] | None = optional()
     note: str = ""
+    # model inputs/outputs the plan leaves float ({role, tensor}): no conversion on the host
+    float_io: list[dict[str, str]] | None = optional()
 
 
 @dataclass(frozen=True)

@@ -163,6 +163,21 @@ class Groups:
                 out.update({t: chain[0] for t in chain[1:]})
         return out
 
+    def input_bits(self, plan: Plan) -> dict[str, int]:
+        """Model input -> the activation bits it is quantized at: the most of the groups
+        reading it (or a pass-through of it); an input that only float groups read is
+        absent (it stays float). The emulation and every export read this one fact."""
+        read_as = self.input_read_as()
+        bits: dict[str, int] = {}
+        for g in self.groups:
+            b = plan.precision_of(g.name).act_bits
+            if b is None:
+                continue
+            for t in g.inputs:
+                if t in read_as:
+                    bits[read_as[t]] = max(bits.get(read_as[t], 0), b)
+        return {t: bits[t] for t in self.model_inputs if t in bits}
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from quantscope import stages
-from quantscope.cli.inputs import open_inputs, read_hn
+from quantscope.cli.inputs import load_target, open_inputs, read_hn
 from quantscope.cli.options import (
     PLAN_FIX,
     command,
@@ -17,6 +17,7 @@ from quantscope.cli.options import (
     model_parent,
     plan_parent,
     stats_parent,
+    target_parent,
 )
 from quantscope.cli.types import input_file, mapping, output_file
 from quantscope.export import device_io as dio
@@ -24,13 +25,24 @@ from quantscope.export.formats import FORMATS
 from quantscope.export.hailo_alls import unset_decisions
 from quantscope.report.summary import unset_line
 from quantscope.results import DeviceIOResult
+from quantscope.types import Plan
+
+TARGET_HELP = ("the plan's target (default: the one the plan names); give a profile file the "
+               "plan was made with, which a plan names by its 'name' alone")
+
+
+def _plan_target(args: argparse.Namespace, plan: Plan, plan_name: str) -> None:
+    """``--target``: loaded (a profile file: then known by its name) and the plan's own."""
+    if args.target:
+        stages.check_plan_target(plan, load_target(args.target).name, plan_name=plan_name)
 
 
 def add_export(sub: argparse._SubParsersAction, summary: str) -> None:
     ex = command(sub, "export", summary,
                  example="quantscope export --model minilm-l6 --stats stats.npz plan.json "
                  "--format alls --out model.alls",
-                 parents=(model_parent(option=True), stats_parent(), hn_parent()))
+                 parents=(model_parent(option=True), stats_parent(), hn_parent(),
+                          target_parent(required=False, help=TARGET_HELP)))
     ex.add_argument("plan", type=input_file("plan", PLAN_FIX), help="plan JSON to export")
     ex.add_argument("--format", required=True, choices=list(FORMATS),
                     help="; ".join(f"{f.name}: {f.purpose.split(':')[0].split(' (')[0]}"
@@ -42,6 +54,7 @@ def add_export(sub: argparse._SubParsersAction, summary: str) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     inp = open_inputs(args, stats=True, plan=True)
+    _plan_target(args, inp.plan, f"plan '{args.plan}'")
     stages.check_plan_format(inp.plan, args.format, plan_name=f"plan '{args.plan}'")
     hn = read_hn(args)
     written = stages.export_plan(inp.model, inp.stats, inp.plan, fmt=args.format, out=args.out,
@@ -79,7 +92,8 @@ def add_io(sub: argparse._SubParsersAction, summary: str) -> None:
     io = command(sub, "io", summary,
                  example="quantscope io minilm-l6 --stats stats.npz --plan plan.json "
                  "--out-snippet io.py",
-                 parents=(model_parent(), stats_parent(), plan_parent()))
+                 parents=(model_parent(), stats_parent(), plan_parent(),
+                          target_parent(required=False, help=TARGET_HELP)))
     io.add_argument("--json", type=output_file,
                     help="write the I/O table (and mapping checks) as JSON")
     io.add_argument("--check-mapping", action="append", metavar="TENSOR=CODE:VALUE,…",
@@ -94,17 +108,20 @@ def add_io(sub: argparse._SubParsersAction, summary: str) -> None:
 def cmd_io(args: argparse.Namespace) -> int:
     mappings = list(args.check_mapping or [])
     inp = open_inputs(args, stats=True, plan=True)
+    _plan_target(args, inp.plan, "the plan")
     rows = stages.device_io_rows(inp.model, inp.stats, inp.plan)
-    print(dio.format_device_io(rows))
+    floats = stages.float_io_rows(inp.model, inp.plan)
+    print(dio.format_device_io(rows, floats))
     checks = dio.check_mapping(rows, mappings) if mappings else []
     if checks:
         print("manual mappings against the correct transform:")
         print(dio.format_mapping_check(checks))
     if args.out_snippet:
-        stages.write_text(args.out_snippet, dio.python_snippet(rows))
+        stages.write_text(args.out_snippet, dio.python_snippet(rows, floats))
         print(f"wrote {args.out_snippet} (host-side to_device/from_device functions)")
     if args.json:
         stages.write_json(args.json, DeviceIOResult(io=rows, mapping_checks=checks,
+                                                    float_io=floats or None,
                                                     note=dio.PROVENANCE).to_dict())
         print(f"wrote {args.json}")
     return 0

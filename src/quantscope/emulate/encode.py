@@ -89,19 +89,6 @@ def _act_encoding(lo: float, hi: float, bits: int, scheme: QuantScheme) -> Encod
     return qparams(lo, hi, bits, signed=scheme.act_signed, symmetric=scheme.act_symmetric)
 
 
-def _input_bits(groups: Groups, plan: Plan) -> dict[str, int]:
-    read_as = groups.input_read_as()  # through an NHWC input's Transpose, a Reshape
-    bits: dict[str, int] = {}
-    for g in groups.groups:
-        b = plan.precision_of(g.name).act_bits
-        if b is None:
-            continue
-        for t in g.inputs:
-            if t in read_as:
-                bits[read_as[t]] = max(bits.get(read_as[t], 0), b)
-    return {t: bits[t] for t in groups.model_inputs if t in bits}
-
-
 def _stat(stats: Stats, name: str) -> object:
     try:
         return stats.tensors[name]
@@ -132,7 +119,7 @@ def encode(
     floored: set[str] = set()
     # a Softmax, or the Exp that rowscale writes in its place
     softmax_inputs = {n.input[0] for n in model.graph.node if n.op_type in ("Softmax", "Exp")}
-    for t, bits in _input_bits(groups, plan).items():
+    for t, bits in groups.input_bits(plan).items():
         if t in pinned:
             acts[t] = _act_encoding(*pinned[t], bits, scheme)
             continue

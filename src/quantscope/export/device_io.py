@@ -25,8 +25,8 @@ import numpy as np
 
 from quantscope.export.hailo_alls import one_line
 from quantscope.model.host_gather import HostGather
-from quantscope.model.load import Model
-from quantscope.types import Encodings, Groups, QuantscopeError
+from quantscope.model.load import FLOAT_TYPES, Model
+from quantscope.types import Encodings, Groups, Plan, Precision, QuantscopeError
 
 PROVENANCE = ("scale and zero point are what this calibration implies; the device's real "
               "qp_scale/qp_zp come from the compiled artefact (e.g. the HEF's vstream info) "
@@ -59,6 +59,36 @@ def device_io(model: Model, groups: Groups, encodings: Encodings,
     return rows
 
 
+def float_io(model: Model, groups: Groups, plan: Plan) -> list[dict[str, str]]:
+    """The float model inputs and outputs the plan leaves float (no conversion on the
+    host: the compiled graph takes or gives the compiler's float type, FP16 on HTP): an
+    input only float groups read, an output a float group writes. Said beside the rows,
+    never left out in silence."""
+    quantized = groups.input_bits(plan)
+    root = {t: chain[0] for chain in groups.shared for t in chain[1:]}
+    writer = {t: g.name for g in groups.groups for t in g.outputs}
+    out = []
+    for role, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for v in values:
+            if v.type.tensor_type.elem_type not in FLOAT_TYPES:
+                continue
+            if role == "input":
+                is_float = v.name in groups.model_inputs and v.name not in quantized
+            else:
+                group = writer.get(root.get(v.name, v.name))
+                is_float = group is not None and plan.precision_of(group) is Precision.FLOAT
+            if is_float:
+                out.append({"role": role, "tensor": v.name})
+    return out
+
+
+def float_lines(floats: Sequence[dict[str, str]]) -> list[str]:
+    """One line per float input/output (:func:`float_io`)."""
+    return [f"{f['role']:<6} {f['tensor']}: float: the plan leaves it unquantized, so the host "
+            "feeds/reads the compiler's float type (FP16 on QNN HTP) with no scale or zero "
+            "point" for f in floats]
+
+
 def lookup_line(lookup: dict[str, Any]) -> str:
     """One line of what the host looks up (a row's ``host_lookup``)."""
     shape = "x".join(str(d) for d in lookup["shape"])
@@ -71,10 +101,12 @@ def _code_bounds(bits: int, signed: bool) -> tuple[int, int]:
     return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
 
 
-def format_device_io(rows: list[dict[str, Any]]) -> str:
+def format_device_io(rows: list[dict[str, Any]],
+                     floats: Sequence[dict[str, str]] = ()) -> str:
     if not rows:
-        return "no quantized model inputs or outputs (they stay float under this plan)"
-    lines = []
+        return "\n".join(["no quantized model inputs or outputs (they stay float under this "
+                          "plan)", *float_lines(floats)])
+    lines = float_lines(floats)
     for r in rows:
         kind, lo, hi = r["stored_type"], r["q_min"], r["q_max"]
         if r.get("host_lookup"):
@@ -123,11 +155,14 @@ def snippet_names(tensors: Sequence[str]) -> list[str]:
     return out
 
 
-def python_snippet(rows: list[dict[str, Any]]) -> str:
+def python_snippet(rows: list[dict[str, Any]],
+                   floats: Sequence[dict[str, str]] = ()) -> str:
     """Code the user pastes into the host program: one transform per quantized I/O (its
-    tensor's name in a comment, on one line whatever the name holds)."""
+    tensor's name in a comment, on one line whatever the name holds; a comment for each
+    one the plan leaves float)."""
     out = ["import numpy as np", "", "# scale/zero point implied by quantscope's calibration;",
-           "# replace with the compiled artefact's qp_scale/qp_zp where they differ", ""]
+           "# replace with the compiled artefact's qp_scale/qp_zp where they differ", "",
+           *(f"# {one_line(line)}" for line in float_lines(floats)), *([""] if floats else [])]
     for r, var in zip(rows, snippet_names([r["tensor"] for r in rows]), strict=True):
         tensor = one_line(r["tensor"])
         if r.get("host_lookup"):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from quantscope.emulate.qdq import quantize_model, scheme_for
-from quantscope.export.device_io import device_io
+from quantscope.export.device_io import device_io, float_io
 from quantscope.export.formats import FORMATS, ExportInput, export_format
 from quantscope.export.hailo_alls import (
     calibrated_alike,
@@ -30,7 +30,7 @@ from quantscope.targets import load_target
 from quantscope.types import Plan, QuantscopeError, Stats
 
 __all__ = ["FORMAT_VENDORS", "alls_target", "check_plan_format", "check_plan_target",
-           "device_io_rows", "export_plan", "forced_ranges", "scripted_deployment",
+           "device_io_rows", "export_plan", "float_io_rows", "forced_ranges", "scripted_deployment",
            "scripted_plan"]
 
 # export format -> the vendor whose compiler reads it (QDQ ONNX: any), from the registry
@@ -156,3 +156,8 @@ def device_io_rows(model: Model, stats: Stats, plan: Plan) -> list[dict[str, Any
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan), groups=groups)
     rows = load_target(plan.target).host_rows if plan.target else 0
     return device_io(model, groups, q.encodings, host_gathers(model, rows))
+
+
+def float_io_rows(model: Model, plan: Plan) -> list[dict[str, str]]:
+    """The float model inputs and outputs the plan leaves float (``device_io.float_io``)."""
+    return float_io(model, find_groups(model), plan)

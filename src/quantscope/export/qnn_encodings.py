@@ -81,7 +81,14 @@ def _tensor_precisions(
 ) -> tuple[dict[str, Precision], dict[str, Precision]]:
     """(activation tensor -> precision, weight initializer -> precision) in graph order."""
     shared = {chain[0]: chain[1:] for chain in groups.shared}
-    acts: dict[str, Precision] = {t: plan.default for t in groups.model_inputs}
+    # an input is quantized at the most bits of the groups reading it; one that only
+    # float groups read stays float (only float or not matters here: an encoding carries
+    # its own bits)
+    quantized = groups.input_bits(plan)
+    acts: dict[str, Precision] = {
+        t: Precision.FLOAT if t not in quantized
+        else Precision.A16_W16 if quantized[t] == 16 else Precision.A8_W8
+        for t in groups.model_inputs}
     weights: dict[str, Precision] = {}
     for g in groups.groups:
         p = plan.precision_of(g.name)

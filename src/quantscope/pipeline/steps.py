@@ -334,9 +334,12 @@ def formats(target: Target | str) -> list[tuple[str, str]]:
 def io(ctx: Context) -> Done:
     from quantscope.export import device_io as dio
 
-    rows = stages.device_io_rows(*repaired(ctx))
-    stages.write_json(ctx.path(IO), DeviceIOResult(io=rows, note=dio.PROVENANCE).to_dict())
-    snippet = dio.python_snippet(rows)
+    model, stats, plan = repaired(ctx)
+    rows = stages.device_io_rows(model, stats, plan)
+    floats = stages.float_io_rows(model, plan)
+    stages.write_json(ctx.path(IO), DeviceIOResult(io=rows, note=dio.PROVENANCE,
+                                                   float_io=floats or None).to_dict())
+    snippet = dio.python_snippet(rows, floats)
     if ctx.opts.prefixes:  # the host must put the same text before queries and documents
         snippet += "\n" + dio.text_snippet(ctx.opts.prefixes.query, ctx.opts.prefixes.document)
     lengths = ctx.path(LENGTHS)

@@ -82,7 +82,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "export_warnings": export_warnings(ctx),
         # the single plan as its Hailo script carries it (NOT SET decisions at the default)
         **_as_scripted(ev, quality, goal, higher),
-        "io": io["io"], "io_note": io["note"],
+        "io": io["io"], "io_note": io["note"], "io_float": io.get("float_io") or [],
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],
         **rewrite_notes(ctx),
@@ -354,7 +354,9 @@ def format_verdict_details(v: dict[str, Any]) -> str:
                  f"x = (q - {r['zero_point']}) * {r['scale']:.6g}")
         lines.append(f"    {r['role']} {r['tensor']}: {r['stored_type']} "
                      f"({r['q_min']}..{r['q_max']}); {arrow}")
-    if not v["io"]:
+    lines += [f"    {f['role']} {f['tensor']}: float (the plan leaves it unquantized: no "
+              "scale or zero point)" for f in v.get("io_float") or []]
+    if not v["io"] and not v.get("io_float"):
         lines.append("    no quantized input or output (they stay float)")
     lines.append(f"  note: {v['io_note']}")
     lines += [f"  host: {step}" for step in v.get("host_steps") or []]

@@ -56,6 +56,7 @@ from quantscope.model.host_gather import host_gathers, host_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shape, Shapes, frame_values, group_edges, resolve_shapes
 from quantscope.numerics import quantize, weight_encoding
+from quantscope.plan.shared_weight import shared_weight_problems
 from quantscope.targets.profile import Rule, Target, op_kind
 from quantscope.types import Group, GroupKind, Groups, Plan, Precision, Problem, QuantscopeError
 
@@ -400,6 +401,7 @@ def _plan_problems(plan: Plan, groups: Groups, target: Target) -> list[Problem]:
         for name, p in plan.overrides
         if name not in known
     ]
+    out += shared_weight_problems(plan, groups)
     for g in groups.groups:
         p, kind = plan.precision_of(g.name), op_kind(g)
         if not target.is_allowed(kind, p):

@@ -121,7 +121,7 @@ def plan_from_analysis(
     """
     tgt = load_target(target) if isinstance(target, str) else target
     groups = find_groups(model)
-    if not set(dict(sensitivity.gains)) & set(groups.names()):
+    if sensitivity.gains and not set(dict(sensitivity.gains)) & set(groups.names()):
         raise QuantscopeError(
             "no group of the analysis is a group of this model: "
             "was the analysis made for another model?"

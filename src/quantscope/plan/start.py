@@ -29,7 +29,7 @@ from quantscope.model.shapes import Shapes
 from quantscope.plan.check import BUILTIN_RULES, LOCAL_CHECKS, blocker_label, check
 from quantscope.plan.cost import CostTable, cost_table
 from quantscope.plan.pareto import Budget, FrontPoint
-from quantscope.targets.profile import Target
+from quantscope.targets.profile import Target, op_kind
 from quantscope.types import (
     PRECISION_ORDER,
     Groups,
@@ -211,8 +211,22 @@ def _raise_groups(plan: Plan, errors: list[Problem], groups: Groups, model: Mode
                 plan, raised[g] = trial, (prec, rule)
                 break
         else:
-            raise PlannerError(f"group {g} breaks {rule} on {target.name} at every precision")
+            raise PlannerError(_no_precision(g, rule, plan.precision_of(g), groups, target))
     return plan
+
+
+def _no_precision(g: str, rule: str, start: Precision, groups: Groups, target: Target) -> str:
+    """Why no precision from ``start`` up clears ``rule`` on ``g``; where the target allows
+    one below the start (a8_w4 alone on weighted groups), say so and how to start there."""
+    kind = op_kind(groups.by_name()[g])
+    rank = PRECISION_ORDER.index
+    below = [p.value for p in target.allowed(kind) if rank(p) < rank(start)]
+    if not below:
+        return f"group {g} breaks {rule} on {target.name} at every precision"
+    return (f"group {g} breaks {rule} on {target.name} at {start} and every precision above "
+            f"it; {target.name} allows only {', '.join(below)} below it on {kind} groups: "
+            f"start there ('quantscope analyze --low {below[0]}', then plan from that "
+            "analysis)")
 
 
 def default_candidates(target: Target, low: Precision) -> tuple[Precision, ...]:

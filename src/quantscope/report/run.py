@@ -475,6 +475,8 @@ def data_section(d: dict[str, Any]) -> str:
 def _io_bounds(v: dict[str, Any]) -> str:
     rows = [[r["role"], r["tensor"], r["stored_type"], f"{r['q_min']} … {r['q_max']}",
              f"{r['min']:.6g} … {r['max']:.6g}"] for r in v["io"]]
+    rows += [[f["role"], f["tensor"], "float (unquantized)", "—", "—"]
+             for f in v.get("io_float") or []]
     return ("<h3>Clip bounds</h3>" + _table(["role", "tensor", "stored as", "codes",
                                               "real range"], rows)
             + f"<p class=note>{_e(v['io_note'])}. io_snippet.py has the host functions.</p>"

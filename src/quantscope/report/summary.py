@@ -464,8 +464,10 @@ def _compile_line(v: dict[str, Any], dep: dict[str, Any] | None) -> str:
     formats when a deployment ships, else the single plan's; the device I/O."""
     files = list(v["compiler_files"])
     io = "; device I/O (io_snippet.py): " + ", ".join(
-        f"{r['role']} {r['tensor']} {r['stored_type']} ({r['q_min']}..{r['q_max']})"
-        for r in v["io"]) if v.get("io") else ""
+        [f"{r['role']} {r['tensor']} {r['stored_type']} ({r['q_min']}..{r['q_max']})"
+         for r in v.get("io") or []]
+        + [f"{f['role']} {f['tensor']} float (unquantized)" for f in v.get("io_float") or []]
+    ) if v.get("io") or v.get("io_float") else ""
     if dep is None:
         return ("  compile: " + " + ".join(files[:-1])
                 + f" ({files[-1]} is what was emulated){io}")

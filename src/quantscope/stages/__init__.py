@@ -156,8 +156,8 @@ _LAZY = {
     **dict.fromkeys(("OUTPUT_LINE", "_coverage_lines", "format_result", "format_search",
                      "format_whatif"), "quantscope.report.console"),
     **dict.fromkeys(("FORMAT_VENDORS", "alls_target", "check_plan_format", "check_plan_target",
-                     "device_io_rows", "export_plan", "forced_ranges", "scripted_deployment",
-                     "scripted_plan"),
+                     "device_io_rows", "export_plan", "float_io_rows", "forced_ranges",
+                     "scripted_deployment", "scripted_plan"),
                     "quantscope.export.plan_export"),
 }
 

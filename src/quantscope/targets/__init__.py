@@ -30,16 +30,34 @@ BUILTIN_TARGETS: dict[str, str] = {
 }
 
 
+# profile files loaded in this process, by their `name` (a plan names its target by name:
+# the stages of one `run --target ./my.toml` look it up again by that name); a file named
+# like a built-in profile is not recorded here (the built-in keeps its name)
+_USER_TARGETS: dict[str, Target] = {}
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("-", "_")
+
+
 def load_target(name_or_path: str | Path) -> Target:
-    """A built-in target by name, or a profile TOML file by path."""
+    """A built-in target by name, a profile TOML file by path, or by name a profile file
+    this process loaded before."""
     text = str(name_or_path)
     if text.endswith(".toml") or "/" in text:
-        return load_target_file(text)
-    key = text.strip().lower().replace("-", "_")
-    if key not in BUILTIN_TARGETS:
-        names = ", ".join(n.replace("_", "-") for n in BUILTIN_TARGETS)
-        raise QuantscopeError(f"unknown target '{text}': use one of {names} or a .toml path")
-    return load_target_file(_HERE / BUILTIN_TARGETS[key])
+        target = load_target_file(text)
+        if _key(target.name) not in BUILTIN_TARGETS:
+            _USER_TARGETS[_key(target.name)] = target
+        return target
+    key = _key(text)
+    if key in BUILTIN_TARGETS:
+        return load_target_file(_HERE / BUILTIN_TARGETS[key])
+    if key in _USER_TARGETS:
+        return _USER_TARGETS[key]
+    names = ", ".join(n.replace("_", "-") for n in BUILTIN_TARGETS)
+    raise QuantscopeError(f"unknown target '{text}': use one of {names} or a .toml path (a "
+                          "plan made with a profile file names that file's 'name': give the "
+                          "file again with --target)")
 
 
 __all__ = [

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from quantscope.export.formats import FORMATS, vendor_formats
+from quantscope.targets import validate
 from quantscope.types import Group, GroupKind, Precision, QuantScheme, QuantscopeError
 
 # op_type of an activation group -> op kind (weighted groups are always "weighted")
@@ -179,8 +180,14 @@ class Target:
 
     @property
     def promote(self) -> Precision:
-        """The precision ``run`` promotes a group to: ``[promotion]``'s, else a16_w16."""
-        return self.promotion.precision if self.promotion else Precision.A16_W16
+        """The precision ``run`` promotes a group to: ``[promotion]``'s, else a16_w16, or
+        a16_w8 where the profile allows that and not a16_w16 on weighted groups."""
+        if self.promotion:
+            return self.promotion.precision
+        weighted = self.allowed("weighted")
+        if Precision.A16_W8 in weighted and Precision.A16_W16 not in weighted:
+            return Precision.A16_W8
+        return Precision.A16_W16
 
     @property
     def host_rows(self) -> int:
@@ -256,7 +263,8 @@ def _reject_unknown(
 
 def _require(table: dict[str, Any], key: str, where: str, source: str) -> Any:
     if key not in table:
-        raise QuantscopeError(f"missing key '{key}' in {where} of target profile '{source}'")
+        raise QuantscopeError(f"missing key '{key}' in {where} of target profile '{source}': "
+                              "add it (compare with a built-in profile, docs/targets.md)")
     return table[key]
 
 
@@ -283,11 +291,33 @@ def _cost_number(value: Any, what: str, source: str, *, zero: bool) -> float:
     return number
 
 
-def _precision(text: str, source: str) -> Precision:
+def _precision(text: Any, source: str, where: str = "") -> Precision:
     try:
         return Precision(text)
     except ValueError:
-        raise QuantscopeError(f"unknown precision '{text}' in target profile '{source}'") from None
+        at = f" in {where}" if where else ""
+        names = ", ".join(p.value for p in Precision)
+        raise QuantscopeError(f"unknown precision {text!r}{at} of target profile '{source}': "
+                              f"use one of {names}") from None
+
+
+def _precision_list(raw: Any, kind: str, source: str) -> tuple[Precision, ...]:
+    """``[precisions]``' list for one op kind: a list of precision names, each once."""
+    names = _typed(raw, list, f"precisions.{kind}", source)
+    out = tuple(_precision(n, source, f"precisions.{kind}") for n in names)
+    if len(set(out)) != len(out):
+        raise QuantscopeError(f"precisions.{kind} of target profile '{source}' names a "
+                              "precision twice: name each once")
+    return out
+
+
+def _text(raw: dict[str, Any], key: str, where: str, source: str) -> str:
+    """A required, non-empty string (a rule's reason, provenance, fix, id)."""
+    value = _typed(_require(raw, key, where, source), str, f"'{key}' of {where}", source)
+    if not value.strip():
+        raise QuantscopeError(f"'{key}' of {where} in target profile '{source}' is empty: "
+                              f"state the {key} (see a built-in profile and docs/targets.md)")
+    return value
 
 
 def _parse_param(name: str, raw: Any, rule_id: str, source: str) -> Param:
@@ -301,17 +331,19 @@ def _parse_param(name: str, raw: Any, rule_id: str, source: str) -> Param:
 
 
 def _parse_rule(raw: dict[str, Any], source: str) -> Rule:
+    _typed(raw, dict, "each [[rules]] entry", source)
     where = f"rule '{raw.get('id', '?')}'"
     _reject_unknown(raw, _RULE_KEYS, where, source)
-    rule_id = _require(raw, "id", "a [[rules]] entry", source)
+    rule_id = _text(raw, "id", "a [[rules]] entry", source)
     severity = raw.get("severity", "error")
-    if severity not in SEVERITIES:
+    if not isinstance(severity, str) or severity not in SEVERITIES:
         raise QuantscopeError(
             f"rule '{rule_id}' in target profile '{source}' has severity '{severity}': "
             f"use one of {', '.join(SEVERITIES)}"
         )
     params = tuple(
-        (k, _parse_param(k, v, rule_id, source)) for k, v in raw.get("params", {}).items()
+        (k, _parse_param(k, v, rule_id, source))
+        for k, v in _typed(raw.get("params", {}), dict, f"params of {where}", source).items()
     )
     check = _require(raw, "check", where, source)
     if check not in CHECK_NAMES:
@@ -319,13 +351,14 @@ def _parse_rule(raw: dict[str, Any], source: str) -> Rule:
             f"rule '{rule_id}' in target profile '{source}' names unknown check '{check}': "
             f"use one of {', '.join(CHECK_NAMES)}"
         )
+    validate.rule_params(rule_id, check, dict(params), KINDS, source)
     return Rule(
         id=rule_id,
         check=check,
         severity=severity,
-        reason=_require(raw, "reason", where, source),
-        provenance=_require(raw, "provenance", where, source),
-        fix=_require(raw, "fix", where, source),
+        reason=_text(raw, "reason", where, source),
+        provenance=_text(raw, "provenance", where, source),
+        fix=_text(raw, "fix", where, source),
         params=params,
     )
 
@@ -339,7 +372,7 @@ def _parse_cost(raw: dict[str, Any], source: str) -> CostModel:
     relative_raw = _require(raw, "relative", "[cost]", source)
     _parse_kind_table(relative_raw, "[cost.relative]", source)
     relative = tuple(
-        (kind, tuple((_precision(p, source),
+        (kind, tuple((_precision(p, source, f"cost.relative.{kind}"),
                       _cost_number(v, f"cost.relative.{kind}.{p}", source, zero=False))
                      for p, v in _typed(table, dict, f"cost.relative.{kind}", source).items()))
         for kind, table in relative_raw.items()
@@ -392,7 +425,8 @@ def _parse_promotion(raw: Any, source: str) -> Promotion | None:
     where = "[promotion]"
     _typed(raw, dict, where, source)
     _reject_unknown(raw, frozenset({"precision", "reason", "provenance"}), where, source)
-    precision = _precision(_require(raw, "precision", where, source), source)
+    precision = _precision(_require(raw, "precision", where, source), source,
+                           "promotion.precision")
     if precision.act_bits != 16:
         raise QuantscopeError(f"promotion.precision in target profile '{source}' is "
                               f"{precision.value}: give a precision with 16-bit activations "
@@ -416,13 +450,20 @@ def _parse_formats(raw: dict[str, Any], vendor: str, source: str) -> tuple[str, 
     if len(set(names)) != len(names):
         raise QuantscopeError(f"'formats' of target profile '{source}' names a format twice: "
                               "name each once")
+    for name in names:  # export refuses one vendor's file for another vendor's target
+        owner = FORMATS[name].vendor
+        if owner and owner != vendor:
+            raise QuantscopeError(f"'formats' of target profile '{source}' lists {name!r}, "
+                                  f"a {owner} file, but its vendor is {vendor!r}: remove it "
+                                  f"from 'formats' or set vendor = \"{owner}\"")
     return tuple(names)
 
 
 def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
     """Build a :class:`Target` from a parsed TOML document (unknown keys rejected)."""
     _reject_unknown(raw, _TOP_KEYS, "the top level", source)
-    precisions_raw = _require(raw, "precisions", "the top level", source)
+    precisions_raw = _typed(_require(raw, "precisions", "the top level", source), dict,
+                            "[precisions]", source)
     _parse_kind_table(precisions_raw, "[precisions]", source)
     scheme, notes = _parse_scheme(_typed(raw.get("scheme", {}), dict, "[scheme]", source),
                                   source)
@@ -432,25 +473,32 @@ def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
             key, default)
         return _typed(value, str, f"'{key}'", source)
 
-    return Target(
+    rules = tuple(_parse_rule(r, source)
+                  for r in _typed(raw.get("rules", []), list, "[[rules]]", source))
+    validate.unique_ids((r.id for r in rules), source)
+    target = Target(
         name=text("name"),
         vendor=text("vendor"),
         device=text("device", ""),
         sdk=text("sdk"),
         description=text("description", ""),
-        default_precision=_precision(raw.get("default_precision", "a8_w8"), source),
+        default_precision=_precision(raw.get("default_precision", "a8_w8"), source,
+                                     "'default_precision'"),
         scheme=scheme,
         scheme_notes=notes,
         precisions=tuple(
-            (k, tuple(_precision(p, source) for p in v)) for k, v in precisions_raw.items()
+            (k, _precision_list(v, k, source)) for k, v in precisions_raw.items()
         ),
-        rules=tuple(_parse_rule(r, source) for r in raw.get("rules", [])),
+        rules=rules,
         cost=_parse_cost(_require(raw, "cost", "the top level", source), source),
         source=source,
         formats=_parse_formats(raw, text("vendor"), source),
         host_embedding=_parse_host(raw.get("host_embedding"), source),
         promotion=_parse_promotion(raw.get("promotion"), source),
     )
+    validate.coverage(dict(target.precisions), dict(target.cost.relative), target.allowed,
+                      target.cost.factor, KINDS, source)
+    return target
 
 
 def load_target_file(path: str | Path) -> Target:

@@ -1,0 +1,104 @@
+"""Whole-profile checks of a target a user wrote (``--target ./my.toml``).
+
+:mod:`quantscope.targets.profile` reads each value; this module checks what only the
+profile as a whole shows, each failure one line naming the key, the file and the fix:
+
+* a rule's ``params`` against what its ``check`` reads (:data:`CHECK_PARAMS`): a missing
+  parameter, an op kind that does not exist (a misspelt ``kinds`` entry makes a rule that
+  never fires), a number that is no whole number;
+* rule ids unique (a problem, ``with_params`` and ``check.json`` name a rule by its id);
+* ``[precisions]``: each op kind has a non-empty list (its own or ``other``'s);
+* ``[cost.relative]``: a factor for every precision ``[precisions]`` allows (without one
+  the planner costs that precision as infinite and never picks it, without saying so).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from quantscope.types import QuantscopeError
+
+# check name -> parameter name -> (what its value is, required); a check not listed here
+# (a user's own, added to CHECK_NAMES) takes any parameters
+CHECK_PARAMS: dict[str, dict[str, tuple[str, bool]]] = {
+    "act16_on_kinds": {"kinds": ("kinds", True), "readers": ("kinds", False)},
+    "a16_low_sublayer": {"split_bits": ("int", True), "low_bits": ("int", True)},
+    "act16_wide_non_conv": {"max_values": ("int", True), "exempt_kinds": ("kinds", True)},
+    "quant_bias_add_rank": {"rank": ("int", True), "min_values": ("int", True)},
+    "float_boundary_cascade": {"min_boundaries": ("int", True)},
+}
+
+
+def rule_params(rule_id: str, check: str, params: Mapping[str, Any], kinds: tuple[str, ...],
+                source: str) -> None:
+    """The parameters a rule's check reads: present, and of the right kind."""
+    spec = CHECK_PARAMS.get(check)
+    if spec is None:
+        return
+    where = f"rule '{rule_id}' (check '{check}') in target profile '{source}'"
+    for name in params:
+        if name not in spec:
+            raise QuantscopeError(f"{where} has parameter '{name}', which {check} does not "
+                                  f"read: its parameters are {', '.join(spec)}")
+    for name, (what, required) in spec.items():
+        if name not in params:
+            if required:
+                raise QuantscopeError(f"{where} has no parameter '{name}': add it to the "
+                                      f"rule's params (see a built-in profile)")
+            continue
+        value = params[name].value
+        if what == "int":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise QuantscopeError(f"{where}: params.{name} is {value!r}: give a whole "
+                                      "number >= 0")
+            continue
+        if not isinstance(value, list) or not value:
+            raise QuantscopeError(f"{where}: params.{name} is {value!r}: give a list of op "
+                                  f"kinds, e.g. [\"softmax\"], from {', '.join(kinds)}")
+        for kind in value:
+            if kind not in kinds:
+                raise QuantscopeError(f"{where}: params.{name} names op kind {kind!r}, which "
+                                      f"does not exist: use {', '.join(kinds)}")
+
+
+def unique_ids(ids: Iterable[str], source: str) -> None:
+    """Each rule id once."""
+    seen: set[str] = set()
+    for rule_id in ids:
+        if rule_id in seen:
+            raise QuantscopeError(f"rule id '{rule_id}' appears twice in target profile "
+                                  f"'{source}': give each [[rules]] entry its own id")
+        seen.add(rule_id)
+
+
+def coverage(precisions: Mapping[str, tuple[Any, ...]], cost_kinds: Iterable[str],
+             allowed: Any, factor: Any, kinds: tuple[str, ...], source: str) -> None:
+    """Every op kind has precisions, and every allowed precision a cost factor.
+
+    ``allowed(kind)`` and ``factor(kind, precision)`` are the target's own lookups (with
+    their fall-back to ``other``), so this judges what the planner will read."""
+    cost_kinds = set(cost_kinds)
+    for kind in kinds:
+        listed = allowed(kind)
+        if not listed:
+            if kind in precisions:
+                what = f"lists no precision for '{kind}'"
+            elif kind == "other":
+                what = ("has no 'other' list (op kinds without a list of their own, e.g. "
+                        "Concat or Reshape, take it)")
+            else:
+                what = f"has no '{kind}' list and no 'other' list to fall back to"
+            raise QuantscopeError(f"[precisions] of target profile '{source}' {what}: give "
+                                  f"{kind} = [\"a8_w8\", …]")
+        for p in listed:
+            if factor(kind, p) is None:
+                raise QuantscopeError(
+                    f"target profile '{source}' allows {p} on {kind} ([precisions]) but "
+                    f"[cost.relative] has no factor for it (the planner would cost it as "
+                    f"infinite and never pick it): add {p} = <factor> to cost.relative."
+                    f"{kind if kind in cost_kinds or kind == 'weighted' else 'other'}, "
+                    "or remove it from [precisions]")
+
+
+__all__ = ["CHECK_PARAMS", "coverage", "rule_params", "unique_ids"]
