@@ -105,7 +105,8 @@ def _make_ws(ws: Path) -> None:
         {"model": "m.onnx", "stats": "s.npz", "plan": "p_target.json"}]}))
     (ws / "empty.onnx").write_bytes(b"")
     onnx.save(tm.conv_net(), ws / "conv.onnx")
-    np.save(ws / "conv.npy", np.zeros((2, 3, 16, 16), np.float32))
+    np.save(ws / "conv.npy", np.random.default_rng(0).normal(0, 1, (2, 3, 16, 16)
+                                                             ).astype(np.float32))
     assert main(["calibrate", str(ws / "conv.onnx"), "--data", str(ws / "conv.npy"),
                  "--out", str(ws / "cs.npz")]) == 0
     (ws / "empty.npz").write_bytes(b"")

@@ -108,6 +108,7 @@ def calibrate(
     axes = channel_axes(model)
     observers = {t: Observer(t, axes.get(t)) for t in taps}
     same = {t: SameSamples() for t in model.output_names() if t in observers}
+    same_in: dict[str, SameSamples] = {}  # the inputs too: are the samples themselves alike?
     n_batches = n_samples = 0
     per_value: float | None = None  # tap bytes per input value, from the first run
     for batch in track(batches, "calibrate", unit="batch", show=progress, cost=feed_size):
@@ -118,6 +119,8 @@ def calibrate(
             part = feeds if start == 0 and k >= n else take_rows(feeds, slice(start, start + k))
             start += k
             values = session.run(taps, part)
+            for name, value in part.items():
+                same_in.setdefault(name, SameSamples()).add(value)
             if per_value is None:
                 per_value = sum(getattr(v, "nbytes", 0) for v in values) / feed_size(part)
             for name, value in zip(taps, values, strict=True):
@@ -130,7 +133,7 @@ def calibrate(
     if n_batches == 0:
         raise QuantscopeError("calibration data is empty: give at least one batch")
     _refuse_nonfinite_outputs(model, observers)
-    _refuse_constant_outputs(model, same)
+    _refuse_constant_outputs(model, same, same_in)
     return Stats(
         tensors={t: o.freeze() for t, o in observers.items()},
         method=method,
@@ -155,13 +158,21 @@ def _refuse_nonfinite_outputs(model: Model, observers: dict[str, Observer]) -> N
             "samples it breaks on from the data, or fix the model")
 
 
-def _refuse_constant_outputs(model: Model, same: dict[str, SameSamples]) -> None:
+def _refuse_constant_outputs(model: Model, same: dict[str, SameSamples],
+                             inputs: dict[str, SameSamples]) -> None:
     """When every output FP32 gives is the same on every calibration sample, the model does
     not depend on its input here: no figure of a quantized model could mean anything (and
-    each layer's sensitivity is 0 / 0). One output of several that is constant is said by
+    each layer's sensitivity is 0 / 0); when the samples themselves are all alike, that is
+    what is said. One output of several that is constant is said by
     the evaluation instead (:mod:`quantscope.emulate.evaluate`)."""
     if same and all(s.constant for s in same.values()):
         names = ", ".join(repr(t) for t in same)
+        if inputs and all(s.constant for s in inputs.values()):
+            raise QuantscopeError(
+                f"every sample of the calibration data is the same ({', '.join(inputs)} equal "
+                f"on all of them), and so is every output of model '{model.source}': ranges "
+                "and errors from one repeated sample say nothing of real inputs; give varied "
+                "samples")
         raise QuantscopeError(
             f"every output of model '{model.source}' ({names}) is the same on every sample of "
             "the calibration data: FP32 does not depend on the input there, so no "
