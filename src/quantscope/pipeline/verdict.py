@@ -18,6 +18,7 @@ from quantscope.export.hailo_alls import script_warnings
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
+from quantscope.tasks.unscored import is_unscored_note
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
@@ -89,6 +90,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results),
         "says_little": _says_little(results),
+        # outputs the task did not score (a text encoder's second output): in no figure
+        "unscored": _unscored(ev["data"]),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
         "mixed_scales": _mixed_scales(ctx),
         **summary,
@@ -169,6 +172,13 @@ def _not_like(results: dict[str, Any]) -> dict[str, str]:
                 "output '") else ""
             out[label] = notes[at].replace(" (below)", "") + (f": {where}" if where else "")
     return out
+
+
+def _unscored(data: dict[str, Any]) -> list[str]:
+    """The data notes naming outputs the task does not score (their error is in no figure)."""
+    notes = [str(n) for part in (data, data.get("fit") or {}, data.get("held_out") or {})
+             for n in part.get("notes") or []]
+    return list(dict.fromkeys(n for n in notes if is_unscored_note(n)))
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:
