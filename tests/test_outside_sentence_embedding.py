@@ -11,6 +11,8 @@ retrieval figures of ``token_embeddings`` all the same (the text task ignored --
 
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import onnx
 import pytest
@@ -109,3 +111,4 @@ def test_run_warns_in_the_verdict(st, capsys):
     v = read_json(out / "verdict.json", "verdict")
     assert v["unscored"] == [NOTE]
     assert f"  warning: {NOTE}" in capsys.readouterr().out.splitlines()
+    assert html.escape(NOTE) in (out / "report.html").read_text(encoding="utf-8")
