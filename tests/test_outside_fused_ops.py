@@ -95,3 +95,20 @@ def test_fused_ops_are_refused_in_one_line_before_any_work(fused, tmp_path, caps
     assert err == [LINE.format(path=fused)]
     assert not out.exists()
     assert hashlib.sha256(fused.read_bytes()).hexdigest() == before
+
+
+def test_a_call_of_a_function_the_model_defines_is_not_refused():
+    """torch's exporter may leave calls of model-local functions (a custom domain); ONNX
+    Runtime inlines them: they are not contrib ops."""
+    from quantscope.model.load import load_proto
+
+    fn = helper.make_function("local.fns", "Twice", ["x"], ["y"],
+                              [helper.make_node("Add", ["x", "x"], ["y"])],
+                              [helper.make_opsetid("", 17)])
+    graph = helper.make_graph(
+        [helper.make_node("Twice", ["x"], ["y"], domain="local.fns")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    model = helper.make_model(graph, functions=[fn], opset_imports=[
+        helper.make_opsetid("", 17), helper.make_opsetid("local.fns", 1)])
+    assert load_proto(model, "fn").output_names() == ("y",)

@@ -22,9 +22,11 @@ STANDARD_DOMAINS = frozenset({"", "ai.onnx"})
 
 
 def foreign_ops(proto: onnx.ModelProto) -> Counter[tuple[str, str]]:
-    """(domain, op type) -> count of the graph's nodes outside the standard domain."""
+    """(domain, op type) -> count of the graph's nodes outside the standard domain (a call
+    of a function the model defines itself, as torch's exporter writes, is not one)."""
+    local = {(f.domain, f.name) for f in proto.functions}
     return Counter((n.domain, n.op_type) for n in proto.graph.node
-                   if n.domain not in STANDARD_DOMAINS)
+                   if n.domain not in STANDARD_DOMAINS and (n.domain, n.op_type) not in local)
 
 
 def refuse_foreign_ops(proto: onnx.ModelProto, source: str) -> None:
