@@ -60,7 +60,7 @@ def two_output_encoder() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-NOTE = ("output 'sentence_embedding' [N,8] scored for fidelity only (cosine, SQNR): the text "
+NOTE = ("output 'sentence_embedding' [B,8] scored for fidelity only (cosine, SQNR): the text "
         "task's figures (recall, top1_agreement, embedding_*) are 'token_embeddings''s; "
         "--output sentence_embedding makes the task score that output instead (commands that "
         "take --output)")
@@ -93,7 +93,7 @@ def test_output_picks_what_the_text_task_scores(st, capsys):
     tokens, pooled = _evaluate(st), _evaluate(st, "--output", "sentence_embedding")
     out = capsys.readouterr().out
     assert "output pooled embedding 'sentence_embedding' [B,8] -> L2 normalisation" in out
-    assert ("output 'token_embeddings' [N,S,8] scored for fidelity only (cosine, SQNR): the "
+    assert ("output 'token_embeddings' [B,S,8] scored for fidelity only (cosine, SQNR): the "
             "text task's figures (recall, top1_agreement, embedding_*) are "
             "'sentence_embedding''s") in out
     # the retrieval figures are the in-graph pooling's, not the host's pooling of the tokens

@@ -33,5 +33,8 @@ def is_unscored_note(note: str) -> bool:
 
 
 def _shape(info: onnx.ValueInfoProto) -> str:
+    """``[B,S,384]``: a symbolic dim is B (first) or S (the names shape inference makes up
+    are long and say nothing)."""
     dims = info.type.tensor_type.shape.dim
-    return "[" + ",".join(d.dim_param or str(d.dim_value) for d in dims) + "]"
+    return "[" + ",".join(str(d.dim_value) if d.dim_value else ("B" if i == 0 else "S")
+                          for i, d in enumerate(dims)) + "]"
