@@ -90,7 +90,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results),
         "says_little": _says_little(results),
-        # outputs the task did not score (a text encoder's second output): in no figure
+        # outputs scored for fidelity only (a text encoder's second output): not in the task's
+        # figures nor the headline
         "unscored": _unscored(ev["data"]),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
         "mixed_scales": _mixed_scales(ctx),
@@ -175,7 +176,8 @@ def _not_like(results: dict[str, Any]) -> dict[str, str]:
 
 
 def _unscored(data: dict[str, Any]) -> list[str]:
-    """The data notes naming outputs the task does not score (their error is in no figure)."""
+    """The data notes naming outputs scored for fidelity only (not by the task, so their own
+    error is not in the headline)."""
     notes = [str(n) for part in (data, data.get("fit") or {}, data.get("held_out") or {})
              for n in part.get("notes") or []]
     return list(dict.fromkeys(n for n in notes if is_unscored_note(n)))
