@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
+from quantscope.model.foreign import refuse_foreign_ops
 from quantscope.model.widen import widen_float16
 from quantscope.types import QuantscopeError
 
@@ -286,6 +287,7 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx
 
 def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     """Validate, name, upgrade and shape-infer an in-memory model."""
+    refuse_foreign_ops(proto, source)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:

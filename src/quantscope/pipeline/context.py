@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from quantscope import __version__, stages
 from quantscope.finetune.engine import RANK_ENGINES, resolve_engine
-from quantscope.pipeline.manifest import file_digest
+from quantscope.pipeline.manifest import file_digest, model_file_digest
 from quantscope.progress import say
 from quantscope.repair import RepairError
 from quantscope.repair.registry import DEFAULT_REPAIRS
@@ -330,7 +330,7 @@ def model_digest(opts: RunOptions, chosen: tuple[tuple[Rewrite, Any], ...] | Non
                  ) -> str:
     """The given model file's digest, followed by each chosen rewrite's suffix
     (``chosen``: default, the named ones)."""
-    digest = file_digest(stages.resolve_model_path(opts.model))
+    digest = model_file_digest(stages.resolve_model_path(opts.model))
     for rw, config in opts.rewrite_configs() if chosen is None else chosen:
         digest += rw.digest_of(config, opts.seq_len, opts.input_shapes)
     return digest

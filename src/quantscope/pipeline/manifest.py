@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantscope.serde import write_json
 from quantscope.types import QuantscopeError
@@ -66,6 +67,34 @@ def file_digest(path: str | Path) -> str:
     return digest
 
 
+def model_file_digest(path: str | Path) -> str:
+    """An ONNX model file's digest followed by that of each external data file its tensors
+    name (``onnx.save(..., save_as_external_data=True)``): new weights under an unchanged
+    graph file are a new model."""
+    path = Path(path)
+    digest = file_digest(path)
+    if digest not in _EXTERNAL:
+        _EXTERNAL[digest] = _external_files(path)
+    return digest + "".join(file_digest(path.parent / f) for f in _EXTERNAL[digest]
+                            if (path.parent / f).is_file())
+
+
+def _external_files(path: Path) -> tuple[str, ...]:
+    """The external data files a model's tensors name, sorted (none for an unreadable file:
+    loading it says why)."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    try:
+        proto = onnx.load(str(path), load_external_data=False)
+    except Exception:  # protobuf raises several unrelated types; the loader names them
+        return ()
+    tensors = [*proto.graph.initializer,
+               *(a.t for n in proto.graph.node for a in n.attribute if a.HasField("t"))]
+    return tuple(sorted({ExternalDataInfo(t).location for t in tensors
+                         if uses_external_data(t)}))
+
+
+_EXTERNAL: dict[str, tuple[str, ...]] = {}  # model file digest -> its external data files
 SETTLED_NS = 2_000_000_000
 DIGESTS = "digests"  # run.json: {path: [inode, size, mtime_ns, digest]}
 

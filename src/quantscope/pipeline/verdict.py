@@ -18,6 +18,7 @@ from quantscope.export.hailo_alls import script_warnings
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
+from quantscope.tasks.unscored import is_unscored_note
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
@@ -91,6 +92,9 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "says_little": _says_little(results),
         "saturated_outputs": _saturated_outputs(
             results.get("plan", {}), [r["tensor"] for r in io["io"] if r["role"] == "output"]),
+        # outputs scored for fidelity only (a text encoder's second output): not in the task's
+        # figures nor the headline
+        "unscored": _unscored(ev["data"]),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
         "mixed_scales": _mixed_scales(ctx),
         **summary,
@@ -171,6 +175,14 @@ def _not_like(results: dict[str, Any]) -> dict[str, str]:
                 "output '") else ""
             out[label] = notes[at].replace(" (below)", "") + (f": {where}" if where else "")
     return out
+
+
+def _unscored(data: dict[str, Any]) -> list[str]:
+    """The data notes naming outputs scored for fidelity only (not by the task, so their own
+    error is not in the headline)."""
+    notes = [str(n) for part in (data, data.get("fit") or {}, data.get("held_out") or {})
+             for n in part.get("notes") or []]
+    return list(dict.fromkeys(n for n in notes if is_unscored_note(n)))
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:

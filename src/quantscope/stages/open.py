@@ -66,7 +66,7 @@ def open_data(
     if batch_axes:
         check_batch_axes(model, batch_axes)
     ds = open_task_data(str(spec), model, tokenizer=tokenizer, max_pairs=max_pairs,
-                        **({"prefixes": prefixes} if prefixes else {}))
+                        output=output, **({"prefixes": prefixes} if prefixes else {}))
     if ds is not None and layout:
         raise QuantscopeError(f"--layout applies to tensor data (.npy/.npz); data '{spec}' "
                               "has its own task: leave --layout out")

@@ -59,6 +59,7 @@ from quantscope.tasks.text import (
     truncate_batches,
     truncate_feeds,
 )
+from quantscope.tasks.unscored import unscored_note
 from quantscope.types import (
     Batch,
     Dataset,
@@ -306,12 +307,13 @@ def _collapse_table(c: M.CollapseReport) -> dict[str, float]:
 def text_dataset(
     spec: str, model: Model, *, tokenizer: str | None = None, batch_size: int = 32,
     max_pairs: int | None = None, prefixes: TextPrefixes = NO_PREFIXES,
+    output: str | None = None,
 ) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...],
            RetrievalTask | StsTask | None, str, np.ndarray]:
     """(calibration batches, evaluation batches, task, encoder description, untruncated
     token length of every evaluation text); ``prefixes`` put before the texts as
-    :class:`TextPrefixes` says."""
-    enc = detect_encoder(model.proto)
+    :class:`TextPrefixes` says; ``output``: the output scored (``--output``)."""
+    enc = detect_encoder(model.proto, output=output)
     sts = load_sts(spec) if is_sts_file(spec) else None  # the data first: its errors first
     pairs = load_pairs(spec) if sts is None and (
         spec == STDLIB_DOCS or spec.endswith(".jsonl")) else None
@@ -560,7 +562,7 @@ def tensor_task(model: Model, spec: str, layouts: tuple = ()) -> tuple[object | 
 
 def open_task_data(
     spec: str, model: Model, *, tokenizer: str | None = None, max_pairs: int | None = None,
-    prefixes: TextPrefixes = NO_PREFIXES,
+    prefixes: TextPrefixes = NO_PREFIXES, output: str | None = None,
 ) -> Dataset | None:
     """A :class:`Dataset` for a task spec, or None when ``spec`` is plain tensor data;
     ``prefixes`` (text data only) as :class:`TextPrefixes` says."""
@@ -570,9 +572,11 @@ def open_task_data(
     if is_text_spec(spec):
         check_text_model(model, spec)
         calib, evaluation, task, note, lengths = text_dataset(
-            spec, model, tokenizer=tokenizer, max_pairs=max_pairs, prefixes=prefixes)
+            spec, model, tokenizer=tokenizer, max_pairs=max_pairs, prefixes=prefixes,
+            output=output)
+        unscored = unscored_note(model.proto, task.encoder.output) if task else None
         return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
-                       notes=(note,), token_lengths=lengths)
+                       notes=(note, *filter(None, [unscored])), token_lengths=lengths)
     if spec in (IMAGES_SPEC, IMAGES_SMALL):
         return image_dataset(model, spec=spec)
     if is_face_spec(spec):

@@ -1,0 +1,40 @@
+"""A text encoder's outputs that its task does not score, said in one note.
+
+A sentence-transformers export often returns both ``token_embeddings`` / ``last_hidden_state``
+``[B, S, H]`` and ``sentence_embedding`` ``[B, H]`` (the pooling and Normalize in the
+graph). The text task scores one of them (:func:`quantscope.tasks.text.detect_encoder`);
+the other is scored for fidelity only, and the task's figures (the headline) do not include
+its own error (the in-graph pooling's, for ``sentence_embedding``): the data notes say so,
+and ``run``'s verdict repeats it as a ``warning:``.
+"""
+
+from __future__ import annotations
+
+import onnx
+
+MARK = "scored for fidelity only"  # the note's fixed words (the verdict finds them)
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def unscored_note(proto: onnx.ModelProto, scored: str) -> str | None:
+    """The note naming the float outputs other than ``scored`` (None: there are none)."""
+    others = [o for o in proto.graph.output
+              if o.name != scored and o.type.tensor_type.elem_type in _FLOATS]
+    if not others:
+        return None
+    names = ", ".join(f"'{o.name}' {_shape(o)}" for o in others)
+    return (f"output {names} {MARK} (cosine, SQNR): the text task's figures (recall, "
+            f"top1_agreement, embedding_*) are '{scored}''s; --output {others[0].name} "
+            "makes the task score that output instead (commands that take --output)")
+
+
+def is_unscored_note(note: str) -> bool:
+    return MARK in note
+
+
+def _shape(info: onnx.ValueInfoProto) -> str:
+    """``[B,S,384]``: a symbolic dim is B (first) or S (the names shape inference makes up
+    are long and say nothing)."""
+    dims = info.type.tensor_type.shape.dim
+    return "[" + ",".join(str(d.dim_value) if d.dim_value else ("B" if i == 0 else "S")
+                          for i, d in enumerate(dims)) + "]"
