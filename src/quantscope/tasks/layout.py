@@ -21,7 +21,8 @@ KIND        keys (defaults)                                          headline me
 Row ranges: ``A-B`` (inclusive), ``A-`` (to the last row) or ``A``. Without ``--layout``,
 an output the graph shows to be a detection head (a Concat whose first input has 4 rows on
 the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``detect`` task,
-and a Softmax over the classes of a ``[N, C]`` output the ``class`` task
+and a Softmax over the classes (axis 1) of a ``[N, C]`` or ``[N, C, H, W]`` output the
+``class`` task
 (:func:`quantscope.tasks.classes.class_output`); a note says so; ``OUTPUT=tensor`` turns
 that off. Every bad value is one error line
 naming ``--layout`` and the fix.
