@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from beyond_models import segmenter
+from beyond_models import segmenter, yolov5_head
 
 from quantscope import stages
 from quantscope.model.load import load_proto
-from quantscope.tasks.layout import layout_tasks
-from quantscope.types import Dataset, Plan, Precision
+from quantscope.tasks.layout import LayoutError, layout_tasks, parse_layout
+from quantscope.types import Dataset, Outputs, Plan, Precision
 
 
 def _data(model, n=16, batch=8, shape=(3, 16, 16), seed=0):
@@ -38,3 +38,45 @@ def test_a_per_pixel_softmax_is_read_as_class_scores_per_position():
                         for n in res["notes"])
     # the logits have no Softmax to find: plain fidelity unless declared
     assert layout_tasks(load_proto(segmenter(softmax=False), "seg"), (), "x.npz") == (None, ())
+
+
+def _v5_rows(obj):
+    """Two anchors [cx, cy, w, h, obj, c0, c1] of one sample, rows on axis 2: a box whose
+    class score is high but whose objectness is ``obj``, and a confident one far away."""
+    a = np.array([[[100, 100, 40, 40, obj, 0.9, 0.1],
+                   [400, 400, 40, 40, 0.9, 0.1, 0.8]]], np.float32)
+    return Outputs(names=("output",), batches=((a,),))
+
+
+def test_a_yolov5_objectness_row_multiplies_the_class_scores():
+    model = load_proto(yolov5_head(), "v5")
+    v5, notes = layout_tasks(model, (parse_layout("output=detect:axis=2,obj=4"),), "x.npz")
+    assert notes == ("output 'output' read as 4 box rows (cxcywh) + 3 class rows x objectness "
+                     "row 4 on axis 2, threshold 0.25, NMS/match IoU 0.5 (--layout)",)
+    assert v5.layout.objectness == 4 and v5.layout.scores == (5, None)
+    # what YOLOv5 thresholds on is objectness x class: 0.2 x 0.9 = 0.18 < 0.25 is no
+    # detection; without obj= the class score alone (0.9) would keep it
+    m = v5.metrics(_v5_rows(0.2), _v5_rows(0.2))
+    assert m.values["detections_fp32"] == 1.0 and m.values["detection_f1"] == 1.0
+    # the quantized objectness alone moves a detection across the threshold
+    moved = v5.metrics(_v5_rows(0.2), _v5_rows(0.3))
+    assert moved.values["detections_quantized"] == 2.0
+    assert moved.values["detection_precision"] == 0.5
+    assert abs(moved.values["class_score_max_abs_error"] - 0.09) < 1e-6
+    plain, _ = layout_tasks(model, (parse_layout("output=detect:axis=2,scores=5-"),), "x.npz")
+    assert plain.metrics(_v5_rows(0.2), _v5_rows(0.2)).values["detections_fp32"] == 2.0
+    # an objectness row that is a score row, or past the output's 8 rows, is one line
+    for bad, said in (("obj=4,scores=4-", "the objectness row 4 is a box or score row"),
+                      ("obj=8", "has 8 rows on axis 2, the layout needs 9")):
+        try:
+            layout_tasks(model, (parse_layout(f"output=detect:axis=2,{bad}"),), "x.npz")
+        except LayoutError as e:
+            assert said in str(e)
+        else:
+            raise AssertionError(bad)
+    try:
+        parse_layout("output=detect:obj=4-5")
+    except LayoutError as e:
+        assert "obj '4-5' must be one row" in str(e)
+    else:
+        raise AssertionError("two objectness rows")
