@@ -80,3 +80,31 @@ def test_a_yolov5_objectness_row_multiplies_the_class_scores():
         assert "obj '4-5' must be one row" in str(e)
     else:
         raise AssertionError("two objectness rows")
+
+
+def test_data_of_several_sizes_is_one_line_before_any_work(tmp_path, capsys):
+    """A folder of 16 x 16 and 24 x 24 images for a model with symbolic H, W: calibrate
+    and evaluate take it batch by batch, but the analysis compares rows across batches and
+    stopped with an internal error (numpy concatenate), leaving a half-made run folder."""
+    import onnx
+
+    from quantscope.cli import main
+
+    onnx.save(segmenter(dynamic=True), tmp_path / "seg.onnx")
+    r = np.random.default_rng(0)
+    (tmp_path / "d").mkdir()
+    for i, side in enumerate((16, 24, 16, 24)):
+        np.savez(tmp_path / "d" / f"{i}.npz", x=r.normal(0, 1, (4, 3, side, side)).astype(np.float32))
+    said = ("gives input 'x' in several sizes (1x3x16x16, 1x3x24x24), and {} compares the "
+            "samples' outputs row by row: give data of one size (the size you compile for)")
+    assert main(["run", str(tmp_path / "seg.onnx"), "--data", str(tmp_path / "d"),
+                 "--target", "hailo8", "--out", str(tmp_path / "W")]) == 2
+    assert said.format("run") in capsys.readouterr().err
+    assert not (tmp_path / "W").exists()
+    assert main(["calibrate", str(tmp_path / "seg.onnx"), "--data", str(tmp_path / "d"),
+                 "--out", str(tmp_path / "s.npz")]) == 0
+    assert main(["analyze", str(tmp_path / "seg.onnx"), "--data", str(tmp_path / "d"),
+                 "--stats", str(tmp_path / "s.npz"), "--out", str(tmp_path / "a.json")]) == 2
+    err = capsys.readouterr().err
+    assert said.format("analyze") in err and "internal error" not in err
+    assert not (tmp_path / "a.json").exists()
