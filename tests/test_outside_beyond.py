@@ -108,3 +108,37 @@ def test_data_of_several_sizes_is_one_line_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert said.format("analyze") in err and "internal error" not in err
     assert not (tmp_path / "a.json").exists()
+
+
+def test_a_batch_only_model_whose_shapes_need_a_batch_gets_the_data_size():
+    """A torch ``flatten`` exports as Shape -> Slice -> Concat -> Reshape: with a symbolic
+    batch ONNX cannot fold it, every tensor after it has unknown sizes, and the size rules
+    blocked the planner ('size unknown') on a model whose only open dim is the batch (a
+    YOLOv5 head missed its goal at uniform a8_w8). The data's size (batch 1) folds it."""
+    from tiny_models import _with_weights
+
+    from quantscope.tasks.sizes import at_data_shapes
+
+    text = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    flat (float[N, 3, 8, 8] x) => (float[N, 64, 4] y) {
+        c = Conv (x, w, b)
+        s = Shape (c)
+        nc = Slice (s, zero, two)
+        shape = Concat <axis = 0> (nc, minus1)
+        f = Reshape (c, shape)
+        y = Transpose <perm = [0, 2, 1]> (f)
+    }
+    """
+    proto = _with_weights(text, {
+        "w": np.full((4, 3, 1, 1), 0.1, np.float32), "b": np.zeros(4, np.float32),
+        "zero": np.array([0], np.int64), "two": np.array([2], np.int64),
+        "minus1": np.array([-1], np.int64)})
+    model = load_proto(proto, "flat")
+    data, _ = _data(model, shape=(3, 8, 8))
+    shapes, line = at_data_shapes(model, data)
+    assert shapes == (("x", (1, 3, 8, 8)),)
+    assert line.startswith("input-shape: x=1x3x8x8, the size of every sample in the data")
+    # a graph whose shapes are known takes nothing: its batch is the host's to fix
+    static = load_proto(segmenter(), "seg")
+    assert at_data_shapes(static, _data(static)[0]) == ((), None)

@@ -4,7 +4,8 @@ several sizes.
 A model with symbolic sizes besides the samples (an image's ``H``, ``W``; a signal's
 ``T``) cannot have its size rules (``hailo.super_defuse``, the 16-bit width rules) judged
 until it has a size: the planner keeps what they touch at 8 bit, and the compiler needs
-one anyway. When every batch of the fit data gives an input the same size (an ``.npz`` of
+one anyway; so does a graph whose shapes ONNX cannot fold without a concrete batch (a
+``flatten`` exported as ``Shape``, ``Slice``, ``Concat``, ``Reshape``). When every batch of the fit data gives an input the same size (an ``.npz`` of
 fixed-size images), that is the size the model was calibrated, planned and measured at:
 :func:`at_data_shapes` takes it, as if given with ``--input-shape``, and says so in one
 line.
@@ -26,20 +27,35 @@ from quantscope.types import SHARED, QuantscopeError, sample_axis
 Shapes = tuple[tuple[str, tuple[int, ...]], ...]
 
 
-def _free(model: Model, name: str) -> bool:
-    """``name`` has a dim the model leaves open, besides a leading sample dim."""
+def _open(d: object) -> bool:
+    return not (isinstance(d, int) and d > 0)
+
+
+def _open_inside(model: Model) -> bool:
+    """Some tensor of the graph has an open dim besides its first: a Reshape whose target
+    is computed from ``Shape(x)`` (a torch ``flatten``) that ONNX shape inference cannot
+    fold without a concrete batch."""
+    return any(any(_open(d) for d in shape[1:]) for shape in model.value_shapes().values()
+               if shape)
+
+
+def _free(model: Model, name: str, *, inside: bool) -> bool:
+    """``name`` has a dim the model leaves open, besides a leading sample dim (also that
+    one when ``inside``: a concrete batch lets the graph's shapes be folded)."""
     shape = model.value_shapes().get(name)
-    return shape is not None and any(not (isinstance(d, int) and d > 0) for d in shape[1:])
+    return shape is not None and any(_open(d) for d in shape[0 if inside else 1:])
 
 
 def data_shapes(model: Model, batches: list[Any]) -> tuple[Shapes, dict[str, list[str]]]:
     """(the shape each open input has in every batch, one sample: ``(1, ...)``; the inputs
-    whose sizes differ between batches, with the sizes seen). Inputs with no open dim,
-    without samples or not in the data are left out."""
+    whose sizes differ between batches, with the sizes seen). Inputs with no open dim
+    (the sample dim counts only where the graph has tensors of unknown size), without
+    samples or not in the data are left out."""
     seen: dict[str, set[tuple[int, ...]]] = {}
+    inside = _open_inside(model)
     for batch in batches:
         for name in model.input_names():
-            if name not in batch or not _free(model, name):
+            if name not in batch or not _free(model, name, inside=inside):
                 continue
             axis = sample_axis(batch, name)
             arr = batch[name]
