@@ -78,11 +78,12 @@ def test_the_verdict_says_what_stayed_float(tmp_path, capsys):
     assert {r["tensor"] for r in v["io"] if r["role"] == "input"} == {"x", "h", "c"}
 
 
-def test_auto_rewrites_skip_what_needs_a_shape_on_a_float_sequence_model(tmp_path, capsys):
+def test_auto_rewrites_on_a_float_sequence_model_get_the_data_size(tmp_path, capsys):
     """A float-input attention ``x [N, S, 16]`` (a torch TransformerEncoder's export) with no
     --input-shape: the auto rewrites' headsplit or rowscale trial stopped the whole run ("rowscale
     checks the function on ... float inputs of known shape"), before the run folder was
-    made. The trial is 'not applied' with that reason; the run completes."""
+    made. The run now completes, and with the size taken from the data (every sample is
+    6 x 16) the trial has its shape: rowscale is tried, not refused for want of one."""
     onnx.save(tm.attention(), tmp_path / "att.onnx")
     np.savez(tmp_path / "att.npz",
              x=np.random.default_rng(0).normal(0, 1, (32, 6, 16)).astype(np.float32))
@@ -91,4 +92,5 @@ def test_auto_rewrites_skip_what_needs_a_shape_on_a_float_sequence_model(tmp_pat
                  "--out", str(tmp_path / "W")]) == 0
     rows = read_json(tmp_path / "W" / "verdict.json", "verdict")["rewrites_auto"]["rows"]
     row = next(r for r in rows if r["rewrite"] == "rowscale")
-    assert "not applied" in row["why"] and "--input-shape" in row["why"]
+    assert row["decision"] in ("kept", "dropped") and "--input-shape" not in row["why"]
+    assert "input-shape: x=1x6x16, the size of every sample in the data" in capsys.readouterr().err

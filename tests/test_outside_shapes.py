@@ -118,21 +118,29 @@ def test_plan_names_an_unknown_size_not_the_rule(tmp_path):
 
 
 def test_run_input_shape_reaches_plan_and_check(tmp_path):
-    """The same folder rerun with --input-shape plans again (the shape is in the plan's
-    key) and nothing is blocked; check.json records the shape."""
+    """Without --input-shape, run takes the size every sample of the data has (12 x 12)
+    and says so; the same folder rerun with another --input-shape plans again (the shape
+    is in the plan's key) and nothing is blocked; check.json records the shape."""
     model, data, out = tmp_path / "pad.onnx", tmp_path / "d.npz", tmp_path / "run"
     onnx.save(computed_pad(), model)
     np.savez(data, **feeds("computed_pad", 16))
     base = ["run", str(model), "--data", str(data), "--target", "hailo8", "--out", str(out)]
     r = _cli(*base)
     assert r.returncode == 0, r.stderr[-2000:]
-    r = _cli(*base, "--input-shape", "x=1x3x12x12")
+    assert ("input-shape: x=1x3x12x12, the size of every sample in the data (plan, check and "
+            "compile at it; give --input-shape NAME=DxDx… for another)") in r.stderr
+    assert json.loads((out / "check.json").read_text())["input_shapes"] == {"x": [1, 3, 12, 12]}
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["host_steps"][-1].endswith("x=1x3x12x12 (x as the data's samples, the "
+                                              "shape checked)")
+    r = _cli(*base, "--input-shape", "x=1x3x14x14")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "[plan] done already" not in r.stdout + r.stderr
+    assert "the size of every sample in the data" not in r.stderr
     plan = json.loads((out / "plan.json").read_text())
     assert not any("super_defuse" in b["rule"] for b in plan["pareto"]["blockers"])
     check = json.loads((out / "check.json").read_text())
-    assert check["input_shapes"] == {"x": [1, 3, 12, 12]}
+    assert check["input_shapes"] == {"x": [1, 3, 14, 14]}
     assert all(r["passed"] for r in check["rules"])
 
 

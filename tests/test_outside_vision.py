@@ -95,7 +95,7 @@ def test_class_task_counts_changed_classes_ties_and_top5():
     moved[0, 2, 0, 0] = 2.0
     s = task.metrics(_outputs("p", seg), _outputs("p", moved))
     assert s.values["top1_agreement"] == 7 / 8 and "top5_agreement" not in s.values
-    assert any("FP32 picks class 1 on every sample" in n and "says little" in n
+    assert any("FP32 picks class 1 on every position" in n and "says little" in n
                for n in s.notes)
 
 

@@ -72,6 +72,10 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         raise QuantscopeError(f"data '{args.data}' has {samples} sample(s), and analyze "
                               "compares the samples' outputs (a collapse shows only across "
                               "two or more): give at least 2 samples")
+    if inp.data.task is None or getattr(inp.data.task, "row_local", False):
+        from quantscope.tasks.sizes import check_one_size
+
+        check_one_size(inp.model, inp.data, args.data, "analyze")
     groups = find_groups(inp.model)
     skip = unusable_groups(inp.model, inp.target, low=args.low, high=args.high, groups=groups)
     pool = executor(args.ray)

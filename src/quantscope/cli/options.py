@@ -102,12 +102,14 @@ def output_parent() -> argparse.ArgumentParser:
 
 
 LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per output): "
-               "OUTPUT=detect[:boxes=0-3,scores=4-,axis=1,format=cxcywh|xyxy,threshold=0.25,"
-               "iou=0.5] (detection F1 vs FP32), OUTPUT=map[:threshold=0.5] (mask IoU), "
+               "OUTPUT=detect[:boxes=0-3,scores=4-,obj=R,axis=1,format=cxcywh|xyxy,"
+               "threshold=0.25,iou=0.5] (detection F1 vs FP32; obj=R: a YOLOv5 objectness row "
+               "multiplying the class scores), OUTPUT=map[:threshold=0.5] (mask IoU), "
                "OUTPUT=score[:threshold=0.5] (decision agreement, one value per sample), "
                "OUTPUT=class (top-1 agreement of class scores or logits on axis 1), "
                "OUTPUT=tensor (fidelity only). Default: a detection head (a Concat of 4 box "
-               "rows and score rows) and a Softmax over the classes of an [N, C] output are "
+               "rows and score rows) and a Softmax over the classes (axis 1) of an [N, C] or "
+               "[N, C, H, W] output are "
                "found in the graph; other outputs are tensors (docs/outside-the-zoo.md)")
 
 

@@ -118,11 +118,16 @@ def run_pipeline(opts: RunOptions, *, force: str | None = None,
     given = stages.open_model(opts.model)
     fit = _open_fit(given, opts)
     opts = at_data_length(opts, progress, model=given, fit=fit)
+    opts, size_line = at_data_size(opts, model=given, fit=fit)
     # every input is opened (and a split that cannot be made fails) before any stage runs
     # and before the run folder exists: a bad input leaves nothing behind; the given
     # model is checked (a rewrite keeps the inputs and outputs), before auto measures
     _check_out(opts.out)
     _check_inputs(given, opts, progress, fit=fit)
+    if size_line is not None:  # said once the inputs passed: a bad input is one line
+        from quantscope.progress import say
+
+        say(size_line, show=progress)
     remember_digests(Path(opts.out))  # files hashed before, unchanged: not hashed again
     made = rewrite_run_model(opts, progress=progress, given=given)
     folder = _folder(opts.out)
@@ -177,10 +182,34 @@ def at_data_length(opts: RunOptions, progress: bool, *, model: Model | None = No
     return replace(opts, seq_len=widest)
 
 
+def at_data_size(opts: RunOptions, *, model: Model, fit: Any
+                 ) -> tuple[RunOptions, str | None]:
+    """Without ``--input-shape`` (and ``--seq-len``), tensor data whose every batch gives
+    an input with open sizes (an image's H, W) the same shape fixes it for the whole run,
+    as if given; and the line that says so (:mod:`quantscope.tasks.sizes`)."""
+    from quantscope.pipeline.data import _is_pairs
+
+    if opts.seq_len is not None or opts.input_shapes or _is_pairs(opts.data):
+        return opts, None
+    from dataclasses import replace
+
+    from quantscope.tasks.sizes import at_data_shapes
+
+    shapes, line = at_data_shapes(model, fit)
+    return replace(opts, input_shapes=shapes, input_shapes_from_data=bool(shapes)), line
+
+
 def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = None) -> None:
     """The inputs, the goal, the batch axes and the input shapes checked against ``model``
     (before the run folder exists); ``fit``: the fit data as :func:`_open_fit` opened it."""
     check_run_inputs(model, opts, fit=fit)
+    from quantscope.pipeline.data import _is_pairs
+
+    if not _is_pairs(opts.data):  # the analysis compares rows: one size per input
+        from quantscope.tasks.sizes import check_one_size
+
+        check_one_size(model, fit if fit is not None else _open_fit(model, opts), opts.data,
+                       "run")
     if opts.seq_len is not None:  # a length the model's position table cannot hold
         from quantscope.tasks.positions import check_length
 

@@ -45,6 +45,7 @@ class RunOptions:
     seq_len: int | None = None
     # --input-shape NAME=DxD…: concrete shapes of inputs with symbolic dims (plan, check)
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    input_shapes_from_data: bool = False  # input_shapes were taken from the data's sizes
     pairs: int | None = 300
     metric: str | None = None
     repairs: tuple[str, ...] = DEFAULT_REPAIRS

@@ -156,7 +156,8 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
             lookups=[r["host_lookup"] for r in _read(ctx, steps.IO).get("io", [])
                      if r.get("host_lookup")],
             prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None,
-            shapes=chk.get("input_shapes") or None),
+            shapes=chk.get("input_shapes") or None,
+            shapes_from_data=ctx.opts.input_shapes_from_data),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),

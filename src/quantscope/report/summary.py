@@ -129,7 +129,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                text: bool, seq_len: int | None, longest: int | None = None,
                pooled: bool | None = None, lookups: list[dict[str, Any]] | None = None,
                prefixes: dict[str, str] | None = None,
-               shapes: dict[str, list[int]] | None = None) -> list[str]:
+               shapes: dict[str, list[int]] | None = None,
+               shapes_from_data: bool = False) -> list[str]:
     """What the host does around the compiled model. ``inputs``/``outputs``: name, dtype
     (ONNX elem type), dims (int, or str for a symbolic dim); ``seq_len``: the length the
     run checked at; ``longest``: the data's longest text (tokens), said when no length was
@@ -138,7 +139,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
     ``host_lookup`` of the io rows (the lookups the target leaves to the host; None: the
     older wording, which cannot tell); ``prefixes``: the text prefixes the data was
     evaluated with (``query``, ``document``); ``shapes``: the ``--input-shape`` the run
-    checked at (those inputs' dims as given)."""
+    checked at (those inputs' dims as given; ``shapes_from_data``: taken from the data's
+    sizes, no --input-shape given)."""
     steps = []
     if prefixes and (prefixes.get("query") or prefixes.get("document")):
         steps.append(f"put {prefixes.get('query', '')!r} before every query and "
@@ -193,7 +195,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
             hint = (f" ({', '.join(named)}: the size you compile for; the size rules were "
                     f"not checked at it: give --input-shape)")
         if given:
-            hint += (f" ({', '.join(given)} as --input-shape, the "
+            how = "as the data's samples" if shapes_from_data else "as --input-shape"
+            hint += (f" ({', '.join(given)} {how}, the "
                      f"shape{'s' * (len(given) > 1)} checked)")
         steps.append(f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
                      f"compiler: {shape}{hint}")

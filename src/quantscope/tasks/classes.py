@@ -13,7 +13,8 @@ class task scores what the user acts on:
 Notes say when FP32 picks one class on every sample (the agreement then says little) and
 when the agreement is below :data:`AGREEMENT_RESEMBLES` (``NOT LIKE FP32``).
 
-An output made by a Softmax or LogSoftmax over the classes of a ``[N, C]`` tensor is read
+An output made by a Softmax or LogSoftmax over the classes of a ``[N, C]`` tensor, or over
+axis 1 of a ``[N, C, ...]`` one (a segmentation's per-pixel class probabilities), is read
 as class scores without being declared (:func:`class_output`); logits need
 ``--layout OUTPUT=class``.
 """
@@ -56,6 +57,8 @@ class ClassTask:
         r = np.concatenate(_classes_last(ref, self.output))
         t = np.concatenate(_classes_last(test, self.output))
         n, classes = r.shape if r.ndim == 2 else (0, 0)
+        rows = "positions" if ref.batches and np.ndim(ref.batches[0][
+            ref.names.index(self.output)]) > 2 else "samples"
         if not n:
             return Metrics(values={"top1_agreement": float("nan")},
                            notes=(f"output '{self.output}': no samples to compare",))
@@ -71,29 +74,30 @@ class ClassTask:
         picked = np.unique(top_r)
         if len(picked) == 1 and n > 1:
             notes.append(f"output '{self.output}': FP32 picks class {int(picked[0])} on every "
-                         "sample: the top-1 agreement says little; give data of several classes")
+                         f"{rows[:-1]}: the top-1 agreement says little; give data of several classes")
         if ties.any():
-            notes.append(f"output '{self.output}': on {int(ties.sum())} of {n} samples the "
+            notes.append(f"output '{self.output}': on {int(ties.sum())} of {n} {rows} the "
                          "quantized top score is shared by several classes (the grid step "
                          "merges them; the argmax takes the first)")
         if values["top1_agreement"] < AGREEMENT_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}': the top class changes on "
-                         f"{int((~agree).sum())} of {n} samples (top-1 agreement "
+                         f"{int((~agree).sum())} of {n} {rows} (top-1 agreement "
                          f"{values['top1_agreement']:.3f} < {AGREEMENT_RESEMBLES:g})")
         return Metrics(values=values, notes=tuple(notes))
 
 
 def class_output(model: Model, output: str) -> int | None:
     """The class count of ``output`` when the graph makes it a Softmax or LogSoftmax over
-    the classes of a ``[N, C]`` tensor (C >= 2, or symbolic: 0), else None."""
+    the classes of a ``[N, C]`` tensor, or over axis 1 of a ``[N, C, ...]`` one (per
+    position: a segmentation), with C >= 2 (symbolic: 0), else None."""
     node = next((n for n in model.graph.node if output in n.output), None)
     if node is None or node.op_type not in ("Softmax", "LogSoftmax"):
         return None
     shape = model.value_shapes().get(output)
-    if shape is None or len(shape) != 2:
+    if shape is None or len(shape) < 2:
         return None
     axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
-    if axis not in (1, -1):
+    if axis + (len(shape) if axis < 0 else 0) != 1:
         return None
     c = shape[1]
     if isinstance(c, int) and c < 2:

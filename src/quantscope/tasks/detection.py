@@ -51,7 +51,9 @@ class DetectionLayout:
 
     ``axis``: the row axis of the full output (batch axis included, non-negative);
     ``boxes`` / ``scores``: ``[start, stop)`` row ranges on it (``scores`` stop None: to
-    the last row)."""
+    the last row); ``objectness``: the row of a YOLOv5-style objectness (None: none), by
+    which every class score is multiplied before the threshold (the confidence YOLOv5's
+    NMS thresholds on)."""
 
     axis: int = 1
     boxes: tuple[int, int] = (0, 4)
@@ -59,6 +61,7 @@ class DetectionLayout:
     box_format: str = "cxcywh"
     threshold: float = DEFAULT_THRESHOLD
     iou: float = DEFAULT_IOU
+    objectness: int | None = None
 
     def score_rows(self, rows: int) -> tuple[int, int]:
         stop = rows if self.scores[1] is None else self.scores[1]
@@ -71,7 +74,9 @@ class DetectionLayout:
         else:
             a, b = self.score_rows(rows or 0)
             cls = f"{b - a} class rows"
-        return (f"{n_box} box rows ({self.box_format}) + {cls} on axis {self.axis}, "
+        obj = ("" if self.objectness is None else
+               f" x objectness row {self.objectness}")
+        return (f"{n_box} box rows ({self.box_format}) + {cls}{obj} on axis {self.axis}, "
                 f"threshold {self.threshold:g}, NMS/match IoU {self.iou:g}")
 
 
@@ -94,7 +99,8 @@ def detect_layout(model: Model, output: str) -> DetectionLayout | None:
 
 
 def split_rows(arr: np.ndarray, layout: DetectionLayout) -> tuple[np.ndarray, np.ndarray]:
-    """One batch ``[N, ...]`` -> (boxes ``[N, A, 4]`` as x1 y1 x2 y2, scores ``[N, A, C]``)."""
+    """One batch ``[N, ...]`` -> (boxes ``[N, A, 4]`` as x1 y1 x2 y2, scores ``[N, A, C]``,
+    each multiplied by the anchor's objectness when the layout has one)."""
     if np.ndim(arr) <= layout.axis:
         raise QuantscopeError(f"--layout: a detection output of shape {np.shape(arr)} has no "
                               f"axis {layout.axis}: give its row axis with axis=")
@@ -102,11 +108,15 @@ def split_rows(arr: np.ndarray, layout: DetectionLayout) -> tuple[np.ndarray, np
     a = a.reshape(len(a), -1, a.shape[-1])
     b0, b1 = layout.boxes
     s0, s1 = layout.score_rows(a.shape[-1])
-    if max(b1, s1, s0 + 1) > a.shape[-1]:
+    obj = layout.objectness
+    need = max(b1, s1, s0 + 1, -1 if obj is None else obj + 1)
+    if need > a.shape[-1]:
         raise QuantscopeError(f"--layout: the detection output has {a.shape[-1]} rows on axis "
-                              f"{layout.axis}, the layout needs {max(b1, s1, s0 + 1)}: fix "
-                              "boxes=/scores= or axis=")
+                              f"{layout.axis}, the layout needs {need}: fix "
+                              "boxes=/scores=/obj= or axis=")
     boxes, scores = a[..., b0:b1], a[..., s0:s1]
+    if obj is not None:
+        scores = scores * a[..., obj:obj + 1]
     if layout.box_format == "cxcywh":
         cx, cy, w, h = (boxes[..., i] for i in range(4))
         boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)

@@ -10,6 +10,8 @@ that scores what the user acts on::
 KIND        keys (defaults)                                          headline metric
 ==========  =======================================================  ===================
 ``detect``  ``boxes=0-3`` (4 rows), ``scores=4-`` (to the last row),  ``detection_f1``
+            ``obj=R`` (a YOLOv5 objectness row: scores x objectness;
+            scores then default to the rows after it),
             ``axis=1`` (the row axis), ``format=cxcywh`` | ``xyxy``,
             ``threshold=0.25``, ``iou=0.5``  (:mod:`.detection`)
 ``map``     ``threshold=0.5``  (:mod:`.maps`)                         ``mask_iou``
@@ -21,7 +23,8 @@ KIND        keys (defaults)                                          headline me
 Row ranges: ``A-B`` (inclusive), ``A-`` (to the last row) or ``A``. Without ``--layout``,
 an output the graph shows to be a detection head (a Concat whose first input has 4 rows on
 the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``detect`` task,
-and a Softmax over the classes of a ``[N, C]`` output the ``class`` task
+and a Softmax over the classes (axis 1) of a ``[N, C]`` or ``[N, C, H, W]`` output the
+``class`` task
 (:func:`quantscope.tasks.classes.class_output`); a note says so; ``OUTPUT=tensor`` turns
 that off. Every bad value is one error line
 naming ``--layout`` and the fix.
@@ -46,7 +49,7 @@ from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, Score
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
-    "detect": ("boxes", "scores", "axis", "format", "threshold", "iou"),
+    "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou"),
     "map": ("threshold",),
     "score": ("threshold",),
     "class": (),
@@ -147,6 +150,9 @@ def _check_values(spec: LayoutSpec) -> None:
     if boxes is not None and (boxes[1] is None or boxes[1] - boxes[0] != 4):
         raise _fail(spec.text, f"boxes '{spec.option('boxes')}' must be 4 rows (e.g. boxes=0-3)")
     _rows(spec, "scores")
+    obj = _rows(spec, "obj")
+    if obj is not None and obj[1] != obj[0] + 1:
+        raise _fail(spec.text, f"obj '{spec.option('obj')}' must be one row (e.g. obj=4)")
     fmt = spec.option("format")
     if fmt is not None and fmt.lower() not in BOX_FORMATS:
         raise _fail(spec.text, f"format '{fmt}' is unknown: use {' or '.join(BOX_FORMATS)}")
@@ -165,21 +171,29 @@ def _detection_layout(spec: LayoutSpec, shape: tuple | None) -> DetectionLayout:
         raise _fail(spec.text, f"axis {spec.option('axis')} is not a row axis of output "
                     f"'{spec.output}' {where}: give one of 1..{(rank or 2) - 1} (0 is the samples)")
     boxes = _rows(spec, "boxes") or (0, 4)
-    # default scores: the rows after the boxes (boxes first) or before them (boxes last)
-    scores = _rows(spec, "scores") or ((boxes[1], None) if boxes[0] == 0 else (0, boxes[0]))
+    obj_rows = _rows(spec, "obj")
+    obj = None if obj_rows is None else obj_rows[0]
+    # default scores: the rows after the boxes (boxes first; after the objectness row when
+    # it follows the boxes) or before them (boxes last)
+    after = boxes[1] + (1 if obj == boxes[1] else 0)
+    scores = _rows(spec, "scores") or ((after, None) if boxes[0] == 0 else (0, boxes[0]))
     assert boxes[1] is not None
     rows = shape[axis] if shape is not None and isinstance(shape[axis], int) else None
     if rows is not None:
-        last = max(boxes[1], scores[1] or scores[0] + 1)
+        last = max(boxes[1], scores[1] or scores[0] + 1, -1 if obj is None else obj + 1)
         if last > rows:
             raise _fail(spec.text, f"output '{spec.output}' has {rows} rows on axis {axis}, the "
-                        f"layout needs {last}: fix boxes=/scores= or axis=")
+                        f"layout needs {last}: fix boxes=/scores=/obj= or axis=")
     if scores[0] < boxes[1] and (scores[1] is None or scores[1] > boxes[0]):
         raise _fail(spec.text, "the box rows and the score rows overlap: give disjoint ranges")
+    if obj is not None and (boxes[0] <= obj < boxes[1] or (
+            scores[0] <= obj and (scores[1] is None or obj < scores[1]))):
+        raise _fail(spec.text, f"the objectness row {obj} is a box or score row: give a row of "
+                    "its own (e.g. boxes=0-3,obj=4,scores=5-)")
     return DetectionLayout(axis=axis, boxes=(boxes[0], boxes[1]), scores=scores,
                            box_format=(spec.option("format") or "cxcywh").lower(),
                            threshold=_float(spec, "threshold", DEFAULT_THRESHOLD),
-                           iou=_float(spec, "iou", DEFAULT_IOU))
+                           iou=_float(spec, "iou", DEFAULT_IOU), objectness=obj)
 
 
 def _float(spec: LayoutSpec, key: str, default: float) -> float:
