@@ -305,19 +305,16 @@ def test_a_model_name_the_qdq_graph_also_gives_is_named(tmp_path, capsys):
         "tensor's name): rename that tensor in the model and re-export")
 
 
-def test_calibration_samples_all_alike_are_named_as_such(tmp_path, capsys):
+def test_calibration_samples_all_alike_are_not_blamed_on_the_model(tmp_path, capsys):
     """Data whose samples are all the same (zeros, one sample repeated) makes every output
-    the same on every sample too; the refusal then names the data, not the model (the model
-    does depend on its input: the samples do not vary)."""
+    the same on every sample too, but the model does depend on its input: calibrate is not
+    refused as "FP32 does not depend on the input" (the analysis notes an all-zero
+    calibration); the refusal is for a model whose outputs stay put while its input moves."""
     from quantscope.cli import main
 
     vi = helper.make_tensor_value_info
     onnx.save(_mlp([], [vi("y", TensorProto.FLOAT, ["N", 8])], []), tmp_path / "m.onnx")
     np.save(tmp_path / "z.npy", np.zeros((6, 8), np.float32))
-    capsys.readouterr()
     assert main(["calibrate", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "z.npy"),
-                 "--out", str(tmp_path / "s.npz")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress lines
-    assert err.startswith("quantscope: error: every sample of the calibration data is the "
-                          "same (x equal"), err
-    assert "give varied samples" in err and not (tmp_path / "s.npz").exists()
+                 "--out", str(tmp_path / "s.npz")]) == 0
+    assert "does not depend on the input" not in capsys.readouterr().err

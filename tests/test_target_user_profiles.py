@@ -104,6 +104,16 @@ def test_an_edited_profile_is_one_line_naming_key_and_file(name, edit, words):
         assert word in message, message
 
 
+def test_an_empty_exemption_list_is_a_rule_on_every_kind():
+    """``exempt_kinds = []`` exempts nothing (tests' own tiny targets write it): it loads,
+    where a list of kinds a rule applies to may not be empty."""
+    raw = copy.deepcopy(BASE)
+    _rule(raw, "hailo.super_defuse")["params"]["exempt_kinds"] = []
+    rule = next(r for r in parse_target(raw, source="my.toml").rules
+                if r.id == "hailo.super_defuse")
+    assert list(rule.param("exempt_kinds").value) == []
+
+
 def _conv_model() -> Model:
     w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.5, (4, 3, 3, 3))
                                 .astype(np.float32), "w")

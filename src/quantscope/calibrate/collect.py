@@ -162,17 +162,14 @@ def _refuse_constant_outputs(model: Model, same: dict[str, SameSamples],
                              inputs: dict[str, SameSamples]) -> None:
     """When every output FP32 gives is the same on every calibration sample, the model does
     not depend on its input here: no figure of a quantized model could mean anything (and
-    each layer's sensitivity is 0 / 0); when the samples themselves are all alike, that is
-    what is said. One output of several that is constant is said by
+    each layer's sensitivity is 0 / 0). Not when the samples themselves are all alike (zeros,
+    one sample repeated): the model is not at fault there, and the analysis notes an
+    all-zero calibration. One output of several that is constant is said by
     the evaluation instead (:mod:`quantscope.emulate.evaluate`)."""
     if same and all(s.constant for s in same.values()):
         names = ", ".join(repr(t) for t in same)
         if inputs and all(s.constant for s in inputs.values()):
-            raise QuantscopeError(
-                f"every sample of the calibration data is the same ({', '.join(inputs)} equal "
-                f"on all of them), and so is every output of model '{model.source}': ranges "
-                "and errors from one repeated sample say nothing of real inputs; give varied "
-                "samples")
+            return  # the samples are alike, not the model: the analysis notes say so
         raise QuantscopeError(
             f"every output of model '{model.source}' ({names}) is the same on every sample of "
             "the calibration data: FP32 does not depend on the input there, so no "

@@ -44,11 +44,31 @@ def _scalar(consts: dict[str, np.ndarray], name: str) -> float | None:
 
 
 def fuse_rms_norms(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
-    """A copy of ``proto`` (opset >= 23) with each spelt-out RMSNorm fused; and how many.
-    ``proto`` must be at opset 23 already when any is found (the caller upgrades)."""
+    """A copy of ``proto`` (opset >= 23) with each spelt-out RMSNorm fused; and how many
+    (``proto`` itself, not copied, when none is found). ``proto`` must be at opset 23
+    already when any is found (the caller upgrades)."""
+    fused, dropped = _find_norms(proto)
+    if not fused:
+        return proto, 0
     out = onnx.ModelProto()
     out.CopyFrom(proto)
     graph = out.graph
+    nodes = []
+    for n in graph.node:
+        if n.name in fused:
+            nodes.append(fused[n.name])
+        elif n.name not in dropped:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _prune(graph)
+    return out, len(fused)
+
+
+def _find_norms(proto: onnx.ModelProto) -> tuple[dict[str, onnx.NodeProto], set[str]]:
+    """The chains to fuse (read only): the weight Mul's name -> its RMSNormalization, and
+    the names of the other nodes of the chains."""
+    graph = proto.graph
     consts = _consts(graph)
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -115,18 +135,7 @@ def fuse_rms_norms(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
             "RMSNormalization", [source, weight], [scale.output[0]], scope, axis=-1,
             epsilon=eps)
         dropped.update(n.name for n in gone if n is not scale)
-    if not fused:
-        return proto, 0
-    nodes = []
-    for n in graph.node:
-        if n.name in fused:
-            nodes.append(fused[n.name])
-        elif n.name not in dropped:
-            nodes.append(n)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    _prune(graph)
-    return out, len(fused)
+    return fused, dropped
 
 
 def drop_noop_casts(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:

@@ -53,7 +53,8 @@ def rule_params(rule_id: str, check: str, params: Mapping[str, Any], kinds: tupl
                 raise QuantscopeError(f"{where}: params.{name} is {value!r}: give a whole "
                                       "number >= 0")
             continue
-        if not isinstance(value, list) or not value:
+        # an empty exemption list exempts nothing (a rule on every kind): meaningful
+        if not isinstance(value, list) or (not value and not name.startswith("exempt")):
             raise QuantscopeError(f"{where}: params.{name} is {value!r}: give a list of op "
                                   f"kinds, e.g. [\"softmax\"], from {', '.join(kinds)}")
         for kind in value:
