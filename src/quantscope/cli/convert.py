@@ -62,7 +62,7 @@ def cmd_phases(args: argparse.Namespace) -> int:
     prepared = prepare_export(proto)
     del proto
     folder.mkdir(exist_ok=True)
-    written = write_phases(prepared.proto, folder, name, tokenizer)
+    written = write_phases(prepared, folder, name, tokenizer)
     print(f"{export}: a decoder of {info.layers} layers, {info.heads} KV heads of "
           f"{info.head_dim}; filled in the graphs: "
           f"{', '.join(info.filled) or 'nothing'} (all ones / from the past length)")

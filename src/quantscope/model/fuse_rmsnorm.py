@@ -28,14 +28,29 @@ RMS_OPSET = 23  # RMSNormalization
 _FLOAT = onnx.TensorProto.FLOAT
 
 
-def _consts(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
-    out = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+_SMALL = 16  # elements: the constants a chain reads the value of (exponents, eps, 1)
+
+
+def _consts(graph: onnx.GraphProto) -> tuple[dict[str, np.ndarray], dict[str, int]]:
+    """The small constants' values, and every constant's rank (a weight's data is never
+    read: it may be held apart from the graph, :mod:`quantscope.model.hf_phases`)."""
+    values: dict[str, np.ndarray] = {}
+    ranks: dict[str, int] = {}
+    for t in graph.initializer:
+        ranks[t.name] = len(t.dims)
+        if int(np.prod(t.dims, dtype=np.int64)) <= _SMALL:
+            values[t.name] = numpy_helper.to_array(t)
     for n in graph.node:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
-            out[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
-        elif n.op_type == "Identity" and n.input[0] in out:  # exporters alias equal weights
-            out[n.output[0]] = out[n.input[0]]
-    return out
+            t = n.attribute[0].t
+            ranks[n.output[0]] = len(t.dims)
+            if int(np.prod(t.dims, dtype=np.int64)) <= _SMALL:
+                values[n.output[0]] = numpy_helper.to_array(t)
+        elif n.op_type == "Identity" and n.input[0] in ranks:  # exporters alias equal weights
+            ranks[n.output[0]] = ranks[n.input[0]]
+            if n.input[0] in values:
+                values[n.output[0]] = values[n.input[0]]
+    return values, ranks
 
 
 def _scalar(consts: dict[str, np.ndarray], name: str) -> float | None:
@@ -69,7 +84,7 @@ def _find_norms(proto: onnx.ModelProto) -> tuple[dict[str, onnx.NodeProto], set[
     """The chains to fuse (read only): the weight Mul's name -> its RMSNormalization, and
     the names of the other nodes of the chains."""
     graph = proto.graph
-    consts = _consts(graph)
+    consts, ranks = _consts(graph)
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
     for n in graph.node:
@@ -119,7 +134,7 @@ def _find_norms(proto: onnx.ModelProto) -> tuple[dict[str, onnx.NodeProto], set[
             t = cast.output[0]
         scale = only_reader(t, "Mul")
         weight = _other(scale, t) if scale is not None else None
-        if weight is None or weight not in consts or consts[weight].ndim != 1:
+        if weight is None or ranks.get(weight) != 1:
             continue
         source = through_casts(x)
         casts = _cast_chain(x, source, producer)

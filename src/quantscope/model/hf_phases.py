@@ -221,12 +221,16 @@ EXTERNAL_BYTES = 64 << 20  # weights above this go into NAME.<phase>.onnx.data b
 _MIN_EXTERNAL = 1024  # smaller tensors stay in the graph file (as onnx.save does)
 
 
-def _split_weights(proto: onnx.ModelProto, location: str) -> Iterator[bytes]:
+def _split_weights(proto: onnx.ModelProto, location: str, weights: dict[str, bytes]
+                   ) -> Iterator[bytes]:
     """Move the initializers of ``_MIN_EXTERNAL`` bytes or more into external data at
-    ``location`` (one file, in order), yielding each one's bytes as it goes."""
+    ``location`` (one file, in order), yielding each one's bytes as it goes (those held
+    apart from ``weights``)."""
     offset = 0
     for t in proto.graph.initializer:
-        raw = numpy_helper.to_array(t).tobytes()
+        raw = weights.get(t.name)
+        if raw is None:
+            raw = numpy_helper.to_array(t).tobytes()
         if len(raw) < _MIN_EXTERNAL:
             continue
         name, dims, dtype = t.name, list(t.dims), t.data_type
@@ -247,18 +251,26 @@ def _weight_bytes(proto: onnx.ModelProto) -> int:
                for t in proto.graph.initializer)
 
 
-def _graph_writers(export: onnx.ModelProto, phase: str, path: Path
-                   ) -> list[tuple[Path, Writer]]:
+def _inline(proto: onnx.ModelProto, weights: dict[str, bytes]) -> onnx.ModelProto:
+    """``proto`` with the weights held apart put back into it."""
+    for t in proto.graph.initializer:
+        if t.name in weights:
+            t.raw_data = weights[t.name]
+    return proto
+
+
+def _graph_writers(export: Prepared, phase: str, path: Path) -> list[tuple[Path, Writer]]:
     """Writers of one phase graph (and its ``.data``): the graph is converted when its
     first file is written and dropped after its last, so one phase is in memory at a time."""
-    if _weight_bytes(export) <= EXTERNAL_BYTES:
-        return [(path, lambda f: f.write(to_phase(export, phase).SerializeToString()))]
+    if _weight_bytes(export.proto) <= EXTERNAL_BYTES:
+        return [(path, lambda f: f.write(_inline(to_phase(export.proto, phase),
+                                                 export.weights).SerializeToString()))]
     data = path.with_name(path.name + ".data")
     held: dict[str, onnx.ModelProto] = {}
 
     def write_data(f: BinaryIO) -> None:
-        held["proto"] = to_phase(export, phase)
-        for chunk in _split_weights(held["proto"], data.name):
+        held["proto"] = to_phase(export.proto, phase)
+        for chunk in _split_weights(held["proto"], data.name, export.weights):
             f.write(chunk)
 
     return [(data, write_data),
@@ -267,33 +279,59 @@ def _graph_writers(export: onnx.ModelProto, phase: str, path: Path
 
 @dataclass(frozen=True)
 class Prepared:
-    """The export as the phase graphs are made from it, and what was changed."""
+    """The export as the phase graphs are made from it, and what was changed. ``proto``
+    holds its large weights' dims and types only; their bytes are in ``weights`` (by
+    initializer name), so the graph is rebuilt and copied without them."""
 
     proto: onnx.ModelProto
     norms: int  # spelt-out RMSNorms fused into RMSNormalization
     casts: int  # Casts to float32 of float32 tensors dropped
+    weights: dict[str, bytes]
+
+
+_APART = 1024  # bytes: weights above this are held apart while the graphs are rebuilt
+
+
+def take_weights(proto: onnx.ModelProto) -> dict[str, bytes]:
+    """Move the data of each initializer over :data:`_APART` bytes out of ``proto`` (in
+    place: its name, dims and type stay), returning it by name."""
+    out: dict[str, bytes] = {}
+    for t in proto.graph.initializer:
+        if int(np.prod(t.dims, dtype=np.int64)) * \
+                helper.tensor_dtype_to_np_dtype(t.data_type).itemsize <= _APART:
+            continue
+        out[t.name] = t.raw_data if t.HasField("raw_data") else \
+            numpy_helper.to_array(t).tobytes()
+        name, dims, dtype = t.name, list(t.dims), t.data_type
+        t.Clear()
+        t.name, t.data_type = name, dtype
+        t.dims.extend(dims)
+    return out
 
 
 def prepare_export(export: onnx.ModelProto) -> Prepared:
-    """The export checked (:func:`read_export`), its no-op Casts dropped, at opset 23 when
-    it spells out RMSNorms, with those fused (:mod:`quantscope.model.fuse_rmsnorm`). The
-    function is unchanged (FP32 up to rounding, checked in the tests)."""
+    """The export checked (:func:`read_export`), its large weights taken out of it
+    (:func:`take_weights`: ``export`` is left without them), its no-op Casts dropped, at
+    opset 23 when it spells out RMSNorms, with those fused
+    (:mod:`quantscope.model.fuse_rmsnorm`). The function is unchanged (FP32 up to
+    rounding, checked in the tests). The graph work copies no weight: the peak is about
+    one copy of the weights."""
     read_export(export)
+    weights = take_weights(export)
     proto, casts = drop_noop_casts(export)
     _, found = fuse_rms_norms(proto)  # a dry run at the export's opset: any to fuse?
     if not found:
-        return Prepared(proto, 0, casts)
+        return Prepared(proto, 0, casts, weights)
     proto, norms = fuse_rms_norms(upgrade_opset(proto, RMS_OPSET))
-    return Prepared(proto, norms, casts)
+    return Prepared(proto, norms, casts, weights)
 
 
-def write_phases(export: onnx.ModelProto, folder: Path, name: str,
+def write_phases(export: Prepared, folder: Path, name: str,
                  tokenizer: Path | None) -> list[Path]:
     """``folder/NAME.prefill.onnx``, ``NAME.decode.onnx`` (and their ``.data`` when the
     weights are over :data:`EXTERNAL_BYTES`) and ``NAME.tokenizer.json`` (a copy of
     ``tokenizer``), written as a set: all or none. ``export``: as :func:`prepare_export`
     returns it. Returns the files written."""
-    read_export(export)  # refused before any file is opened
     items: list[tuple[Path, Writer]] = []
     if tokenizer is not None:
         def copy(f: BinaryIO, src: Path = tokenizer) -> None:
@@ -305,5 +343,5 @@ def write_phases(export: onnx.ModelProto, folder: Path, name: str,
     return write_atomic_set(items)
 
 
-__all__ = ["EMPTY_PAST", "EXTERNAL_BYTES", "FILLED", "empty_past", "HfExport", "Prepared", "prepare_export", "read_export", "to_phase",
+__all__ = ["EMPTY_PAST", "EXTERNAL_BYTES", "FILLED", "empty_past", "HfExport", "Prepared", "prepare_export", "take_weights", "read_export", "to_phase",
            "write_phases"]
