@@ -23,7 +23,6 @@ import shutil
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,6 @@ import numpy as np
 def export(folder: Path) -> Path:
     import torch
     import transformers
-    from transformers.cache_utils import DynamicCache
 
     from quantscope.zoo.cache import cache_dir
     from quantscope.zoo.smollm import TOKENIZER_NAME, gguf_path, read_gguf
@@ -44,57 +42,29 @@ def export(folder: Path) -> Path:
         num_key_value_heads=cfg.kv_heads, rope_theta=cfg.rope_theta, rms_norm_eps=cfg.eps,
         max_position_embeddings=8192, tie_word_embeddings=False)
     model = transformers.LlamaForCausalLM(hf).eval()
+    top = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
+           "lm_head.weight": "lm_head.weight"}
+    norms = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+    attn = ("q_proj", "k_proj", "v_proj", "o_proj")
     state = {}
-    for name, w in weights.items():
-        key = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-               "lm_head.weight": "lm_head.weight"}.get(name)
+    for name, w in weights.items():  # zoo names (layers.{i}.q_proj.weight) -> HF names
+        key = top.get(name)
         if key is None:
-            layer, part, kind = name.split(".")[1], name.split(".")[2], name.split(".")[3]
-            sub = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
-            key = (f"model.layers.{layer}.{sub[part]}.{kind}" if part in sub else
-                   f"model.layers.{layer}.{'self_attn' if part.endswith(('q_proj', 'k_proj', 'v_proj', 'o_proj')) else 'mlp'}.{part}.{kind}")  # noqa: E501
+            _, layer, part, kind = name.split(".")
+            block = norms.get(part) or f"{'self_attn' if part in attn else 'mlp'}.{part}"
+            key = f"model.layers.{layer}.{block}.{kind}"
         state[key] = torch.from_numpy(np.ascontiguousarray(w))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if [m for m in missing if "rotary" not in m] or unexpected:
         raise SystemExit(f"weights do not map: missing {missing}, unexpected {unexpected}")
-    layers = cfg.layers
-
-    class WithCache(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = model
-
-        def forward(self, input_ids, attention_mask, position_ids, *past):  # noqa: ANN001
-            cache = DynamicCache()
-            for i in range(layers):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.m(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids, past_key_values=cache, use_cache=True)
-            kv = out.past_key_values
-            flat = []
-            for i in range(layers):
-                layer = kv.layers[i] if hasattr(kv, "layers") else None
-                flat += ([layer.keys, layer.values] if layer is not None
-                         else [kv.key_cache[i], kv.value_cache[i]])
-            return (out.logits, *flat)
-
-    past = [f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]
-    outs = ["logits"] + [n.replace("past_key_values", "present") for n in past]
-    dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
-           "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
-    dyn.update({n: {0: "batch", 2: "past"} for n in past})
-    dyn.update({n: {0: "batch", 2: "total"} for n in outs[1:]})
-    args = (torch.randint(0, cfg.vocab, (1, 3)), torch.ones(1, 8, dtype=torch.long),
-            torch.arange(5, 8)[None],
-            *[torch.randn(1, cfg.kv_heads, 5, cfg.head_dim) for _ in past])
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "smollm2-hf.onnx"
     t = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(WithCache(), args, str(path), input_names=[
-            "input_ids", "attention_mask", "position_ids", *past], output_names=outs,
-            dynamic_axes=dyn, opset_version=17, dynamo=False)
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
+    from hf_causal_lm import export_with_cache  # the exporter the tests use
+
+    export_with_cache(model, path, layers=cfg.layers, kv_heads=cfg.kv_heads,
+                      head_dim=cfg.head_dim, vocab=cfg.vocab)
     shutil.copy(cache_dir() / TOKENIZER_NAME, folder / "tokenizer.json")
     print(f"exported {path} in {time.perf_counter() - t:.1f} s")
     return path

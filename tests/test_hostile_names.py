@@ -147,28 +147,34 @@ def _mlp(extra: list, outputs: list, inits: list, name: str = "odd") -> onnx.Mod
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
-def test_an_output_with_no_values_is_refused_in_one_line(tmp_path, capsys):
-    """An output of shape ``[N, 0]`` (a Slice to nothing) went through analysis and then
-    stopped ``run`` in the plan's repairs with ``internal error: ValueError: zero-size
-    array to reduction operation maximum``, a run folder half written. Now the model is
-    refused on load, one line naming the output and the fix, and no folder is made."""
+def _refused_run(tmp_path, model: onnx.ModelProto, capsys) -> str:
+    """``run`` on ``model`` (saved as m.onnx) with 16 random samples of ``x``, into
+    ``tmp_path / 'W'``: exit 2; its last line."""
     from quantscope.cli import main
 
-    ints = [numpy_helper.from_array(np.array([v], np.int64), n)
-            for n, v in (("s0", 0), ("s1", 0), ("ax", 1))]
-    model = _mlp([helper.make_node("Slice", ["y", "s0", "s1", "ax"], ["empty"], name="cut")],
-                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
-                  helper.make_tensor_value_info("empty", TensorProto.FLOAT, ["N", 0])], ints)
     onnx.save(model, tmp_path / "m.onnx")
     np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(0, 1, (16, 8))
              .astype(np.float32))
     capsys.readouterr()
     assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
                  "--target", "hailo8", "--out", str(tmp_path / "W")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == (f"quantscope: error: model '{tmp_path / 'm.onnx'}' output 'empty' has shape "
-                   "[N, 0]: no value for any sample to measure; remove it from the graph's "
-                   "outputs and re-export")
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_an_output_with_no_values_is_refused_in_one_line(tmp_path, capsys):
+    """An output of shape ``[N, 0]`` (a Slice to nothing) went through analysis and then
+    stopped ``run`` in the plan's repairs with ``internal error: ValueError: zero-size
+    array to reduction operation maximum``, a run folder half written. Now the model is
+    refused on load, one line naming the output and the fix, and no folder is made."""
+
+    ints = [numpy_helper.from_array(np.array([v], np.int64), n)
+            for n, v in (("s0", 0), ("s1", 0), ("ax", 1))]
+    model = _mlp([helper.make_node("Slice", ["y", "s0", "s1", "ax"], ["empty"], name="cut")],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8]),
+                  helper.make_tensor_value_info("empty", TensorProto.FLOAT, ["N", 0])], ints)
+    assert _refused_run(tmp_path, model, capsys) == (
+        f"quantscope: error: model '{tmp_path / 'm.onnx'}' output 'empty' has shape [N, 0]: no "
+        "value for any sample to measure; remove it from the graph's outputs and re-export")
     assert not (tmp_path / "W").exists()
 
 
@@ -288,18 +294,11 @@ def test_a_model_name_the_qdq_graph_also_gives_is_named(tmp_path, capsys):
     Q/DQ graph gives the dequantized input): ``run`` stopped with "ONNX Runtime cannot run
     this model (… Duplicate definition of name (x_dq)): check that every op is supported
     by onnxruntime", blaming the ops. Now one line names the tensor and the fix."""
-    from quantscope.cli import main
 
     bias = numpy_helper.from_array(np.ones(8, np.float32), "x_dq")
     model = _mlp([helper.make_node("Add", ["y", "x_dq"], ["z"], name="add")],
                  [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 8])], [bias])
-    onnx.save(model, tmp_path / "m.onnx")
-    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(0, 1, (16, 8))
-             .astype(np.float32))
-    capsys.readouterr()
-    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
-                 "--target", "hailo8", "--out", str(tmp_path / "W")]) == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    assert _refused_run(tmp_path, model, capsys) == (
         "quantscope: error: the model names a tensor 'x_dq', a name the Q/DQ graph gives one "
         "of its own (it adds _dq, _float, _quantized, _scale, _zero_point to a quantized "
         "tensor's name): rename that tensor in the model and re-export")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from decoder_tiny import byte_tokenizer
+from hf_causal_lm import export_with_cache
 from test_llm_user_export import hf_decoder
 
 from quantscope.cli import main
@@ -32,7 +32,6 @@ LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 8
 def _export(path: Path, vocab: int) -> None:
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from transformers.cache_utils import DynamicCache
 
     cfg = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=LAYERS,
@@ -45,39 +44,8 @@ def _export(path: Path, vocab: int) -> None:
             if name.endswith("norm.weight"):  # gains that are not all one
                 p.copy_(1 + 0.2 * torch.randn_like(p))
 
-    class WithCache(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.m = model
-
-        def forward(self, input_ids, attention_mask, position_ids, *past):  # noqa: ANN001
-            cache = DynamicCache()
-            for i in range(LAYERS):
-                cache.update(past[2 * i], past[2 * i + 1], i)
-            out = self.m(input_ids=input_ids, attention_mask=attention_mask,
-                         position_ids=position_ids, past_key_values=cache, use_cache=True)
-            kv = out.past_key_values
-            flat = []
-            for i in range(LAYERS):
-                layer = kv.layers[i] if hasattr(kv, "layers") else None
-                flat += ([layer.keys, layer.values] if layer is not None
-                         else [kv.key_cache[i], kv.value_cache[i]])
-            return (out.logits, *flat)
-
-    past_names = [f"past_key_values.{i}.{k}" for i in range(LAYERS) for k in ("key", "value")]
-    out_names = ["logits"] + [n.replace("past_key_values", "present") for n in past_names]
-    dynamic = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total"},
-               "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
-    dynamic.update({n: {0: "batch", 2: "past"} for n in past_names})
-    dynamic.update({n: {0: "batch", 2: "total"} for n in out_names[1:]})
-    ids = torch.randint(0, vocab, (1, 3))
-    args = (ids, torch.ones(1, 8, dtype=torch.long), torch.arange(5, 8)[None],
-            *[torch.randn(1, KV_HEADS, 5, HEAD_DIM) for _ in past_names])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(WithCache(), args, str(path), input_names=[
-            "input_ids", "attention_mask", "position_ids", *past_names],
-            output_names=out_names, dynamic_axes=dynamic, opset_version=17, dynamo=False)
+    export_with_cache(model, path, layers=LAYERS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                      vocab=vocab)
 
 
 def _digest(path: Path) -> str:
