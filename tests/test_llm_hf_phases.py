@@ -172,14 +172,21 @@ def test_what_cannot_be_converted_is_one_line(export: Path, tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_run_measures_the_converted_export_as_a_decoder(converted: Path, tmp_path: Path
-                                                       ) -> None:
+def test_run_measures_the_export_itself_as_a_decoder(export: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``run EXPORT.onnx`` converts the export into the run folder (as ``phases`` does) and
+    measures the pair; a rerun on the same files reuses the pair and every stage."""
     out = tmp_path / "run"
-    code = main(["run", str(converted / "model.prefill.onnx"), "--data", "stdlib-docs",
-                 "--target", "hailo10h", "--seq-len", "32", "--lm-tokens", "200",
-                 "--prompts", "2", "--new-tokens", "8", "--decode-steps", "16",
-                 "--out", str(out)])
-    assert code == 0
+    argv = ["run", str(export), "--data", "stdlib-docs", "--target", "hailo10h",
+            "--seq-len", "32", "--lm-tokens", "200", "--prompts", "2", "--new-tokens", "8",
+            "--decode-steps", "16", "--out", str(out)]
+    before = _digest(export)
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    assert "[phases] converting" in said and "RMSNorm(s)" in said, said
+    assert _digest(export) == before  # the export is only read
+    assert {p.name for p in (out / "phases").iterdir()} >= {
+        "model.prefill.onnx", "model.decode.onnx", "model.tokenizer.json", "export.json"}
     verdict = json.loads((out / "verdict.json").read_text())
     assert verdict["kind"] == "decoder"
     for metric in ("ppl_ratio", "top1_agreement", "decode_top1", "greedy_agreement"):
@@ -188,6 +195,29 @@ def test_run_measures_the_converted_export_as_a_decoder(converted: Path, tmp_pat
     assert any(g.startswith("/m/model/layers.") for g in plan["groups"]), plan["groups"]
     for phase in ("prefill", "decode"):
         assert (out / phase / "model.alls").is_file()
+    assert main(argv) == 0  # resumed: nothing converted, nothing run
+    said = capsys.readouterr().out
+    assert "[phases] done already" in said and "stages run: none" in said, said
+
+
+def test_run_on_an_export_refuses_before_writing(export: Path, tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """What a run on an export cannot do is one line before the run folder exists: an
+    encoder's option, no tokenizer for the text it measures on."""
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / "model.onnx").write_bytes(export.read_bytes())
+    for extra in export.parent.glob("*.data"):
+        (alone / extra.name).write_bytes(extra.read_bytes())
+    cases = [(export, ["--pairs", "40"], "--pairs: not for a decoder LLM's run"),
+             (alone / "model.onnx", [], "no tokenizer.json beside it: give --tokenizer")]
+    for model, extra, said in cases:
+        out = tmp_path / "run"
+        code = main(["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h",
+                     "--out", str(out), *extra])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and said in err, err
+        assert not out.exists()
 
 
 def test_gatedsplit_splits_the_converted_prefill(converted: Path) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from quantscope.cli.options import command
 from quantscope.cli.types import file_stem, input_spec, run_folder, tokenizer_spec
-from quantscope.types import QuantscopeError
 
 
 def add_phases(sub: argparse._SubParsersAction, summary: str) -> None:
@@ -35,46 +34,19 @@ def add_phases(sub: argparse._SubParsersAction, summary: str) -> None:
 
 
 def cmd_phases(args: argparse.Namespace) -> int:
-    from quantscope.model.hf_phases import prepare_export, read_export, write_phases
-    from quantscope.model.load import read_model_file
+    from quantscope.model.hf_phases import convert_export, tokenizer_beside
 
     export = Path(args.model)
     name = args.name or export.name.removesuffix(".onnx")
-    tokenizer = None
-    if args.tokenizer:
-        given = Path(args.tokenizer)
-        tokenizer = given / "tokenizer.json" if given.is_dir() else given
-    elif (export.parent / "tokenizer.json").is_file():
-        tokenizer = export.parent / "tokenizer.json"
+    tokenizer = tokenizer_beside(export, Path(args.tokenizer) if args.tokenizer else None)
     folder = Path(args.folder)
-    targets = [folder / f"{name}.{p}.onnx" for p in ("prefill", "decode")]
-    targets += [t.with_name(t.name + ".data") for t in targets]
-    targets.append(folder / f"{name}.tokenizer.json")
-    sources = [export.resolve(), *(p.resolve() for p in export.parent.glob("*.data"))]
-    if tokenizer is not None:
-        sources.append(tokenizer.resolve())
-    clash = [t for t in targets if t.resolve() in sources]
-    if clash:
-        raise QuantscopeError(f"'{clash[0]}' would overwrite an input file: give another "
-                              "--out or --name")
-    proto = read_model_file(export)
-    info = read_export(proto)
-    prepared = prepare_export(proto)
-    del proto
-    folder.mkdir(exist_ok=True)
-    written = write_phases(prepared, folder, name, tokenizer)
-    print(f"{export}: a decoder of {info.layers} layers, {info.heads} KV heads of "
-          f"{info.head_dim}; filled in the graphs: "
-          f"{', '.join(info.filled) or 'nothing'} (all ones / from the past length)")
-    if prepared.norms:
-        print(f"  {prepared.norms} RMSNorm(s) spelt out in elementwise ops fused into "
-              "RMSNormalization (opset 23)")
-    if prepared.casts:
-        print(f"  {prepared.casts} Cast(s) to float32 of float32 tensors dropped")
-    for path in written:
+    done = convert_export(export, folder, name, tokenizer)
+    print(done.said(export))
+    for path in done.written:
         print(f"wrote {path}")
     if tokenizer is None:
         print(f"note: no tokenizer (none beside the export, no --tokenizer): text data needs "
               f"{folder / (name + '.tokenizer.json')}; token-id .npz data works without")
-    print(f"next: quantscope run {targets[0]} --data stdlib-docs --target hailo10h")
+    print(f"next: quantscope run {done.prefill} --data stdlib-docs --target hailo10h")
     return 0
+

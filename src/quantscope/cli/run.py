@@ -168,8 +168,10 @@ DECODER_OPTIONS = frozenset({"model", "data", "target", "goal", "max_cost", "met
                              "help", "run_parser"})
 
 
-def _cmd_run_decoder(args: argparse.Namespace) -> int:
-    """run on a decoder LLM (:mod:`quantscope.pipeline.decoder`)."""
+def _cmd_run_decoder(args: argparse.Namespace, export: Path | None = None) -> int:
+    """run on a decoder LLM (:mod:`quantscope.pipeline.decoder`); ``export``: a Hugging
+    Face causal-LM export, converted into the run folder first
+    (:mod:`quantscope.pipeline.hf_export`)."""
     from quantscope.pipeline.decoder import (
         DEFAULT_METRIC,
         DecoderOptions,
@@ -178,17 +180,27 @@ def _cmd_run_decoder(args: argparse.Namespace) -> int:
     )
 
     parser = args.run_parser
+    allowed = DECODER_OPTIONS | ({"tokenizer"} if export is not None else set())
     given = list(dict.fromkeys(
         a.option_strings[0] for a in parser._actions
-        if a.dest not in DECODER_OPTIONS and a.option_strings
+        if a.dest not in allowed and a.option_strings
         and getattr(args, a.dest, None) != parser.get_default(a.dest)))
     if given:
+        what = "a Hugging Face decoder export" if export is not None else "a prefill/decode pair"
         raise QuantscopeError(f"{', '.join(given)}: not for a decoder LLM's run (model "
-                              f"'{args.model}' is a prefill/decode pair): drop "
+                              f"'{args.model}' is {what}): drop "
                               f"{'it' if len(given) == 1 else 'them'}")
     if str(args.data) != "stdlib-docs":
         raise QuantscopeError(f"--data {args.data}: a decoder's run measures on the built-in "
                               "stdlib-docs text only: give --data stdlib-docs")
+    if export is not None:
+        from quantscope.model.hf_phases import tokenizer_beside
+        from quantscope.pipeline import _check_out
+        from quantscope.pipeline.hf_export import phases_for_run
+
+        _check_out(args.folder)
+        tokenizer = tokenizer_beside(export, Path(args.tokenizer) if args.tokenizer else None)
+        args.model = str(phases_for_run(export, Path(args.folder), tokenizer))
     search = args.rewrites == SEARCH
     rewrites = None if args.rewrites in (None, AUTO) or search else tuple(args.rewrites)
     opts = DecoderOptions(model=args.model, target=args.target, out=args.folder,
@@ -327,8 +339,11 @@ def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from quantscope.model.hf_phases import is_hf_export
     from quantscope.pipeline.decoder import is_decoder
 
+    if is_hf_export(args.model):
+        return _cmd_run_decoder(args, export=Path(args.model))
     if is_decoder(args.model):
         return _cmd_run_decoder(args)
     parser = args.run_parser

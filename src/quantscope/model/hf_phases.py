@@ -343,5 +343,83 @@ def write_phases(export: Prepared, folder: Path, name: str,
     return write_atomic_set(items)
 
 
-__all__ = ["EMPTY_PAST", "EXTERNAL_BYTES", "FILLED", "empty_past", "HfExport", "Prepared", "prepare_export", "take_weights", "read_export", "to_phase",
-           "write_phases"]
+@dataclass(frozen=True)
+class Converted:
+    """What :func:`convert_export` did: the export read, what changed, the files written."""
+
+    info: HfExport
+    norms: int
+    casts: int
+    prefill: Path
+    written: tuple[Path, ...]
+
+    def said(self, export: Path) -> str:
+        """What the conversion read and changed, in console lines."""
+        info = self.info
+        lines = [f"{export}: a decoder of {info.layers} layers, {info.heads} KV heads of "
+                 f"{info.head_dim}; filled in the graphs: {', '.join(info.filled) or 'nothing'}"
+                 " (all ones / from the past length)"]
+        if self.norms:
+            lines.append(f"  {self.norms} RMSNorm(s) spelt out in elementwise ops fused into "
+                         "RMSNormalization (opset 23)")
+        if self.casts:
+            lines.append(f"  {self.casts} Cast(s) to float32 of float32 tensors dropped")
+        return "\n".join(lines)
+
+
+def tokenizer_beside(export: Path, given: Path | None) -> Path | None:
+    """The tokenizer file of a conversion: ``given`` (a ``tokenizer.json`` or a folder
+    holding one), else ``tokenizer.json`` beside the export, else None."""
+    if given is not None:
+        return given / "tokenizer.json" if given.is_dir() else given
+    beside = export.parent / "tokenizer.json"
+    return beside if beside.is_file() else None
+
+
+def convert_export(export: Path, folder: Path, name: str,
+                   tokenizer: Path | None) -> Converted:
+    """``export`` converted into ``folder/NAME.prefill.onnx``, ``NAME.decode.onnx`` (and
+    ``NAME.tokenizer.json``, a copy of ``tokenizer``): all the files or none, ``folder``
+    made if missing, the export only read. A file that would overwrite one of its inputs
+    (the export, its weights, the tokenizer) is refused before anything is read."""
+    from quantscope.model.load import read_model_file
+
+    targets = [folder / f"{name}.{p}.onnx" for p in ("prefill", "decode")]
+    targets += [t.with_name(t.name + ".data") for t in targets]
+    targets.append(folder / f"{name}.tokenizer.json")
+    sources = [export.resolve(), *(p.resolve() for p in export.parent.glob("*.data"))]
+    if tokenizer is not None:
+        sources.append(tokenizer.resolve())
+    clash = [t for t in targets if t.resolve() in sources]
+    if clash:
+        raise QuantscopeError(f"'{clash[0]}' would overwrite an input file: give another "
+                              "--out or --name")
+    proto = read_model_file(export)
+    info = read_export(proto)
+    prepared = prepare_export(proto)
+    del proto
+    folder.mkdir(exist_ok=True)
+    written = write_phases(prepared, folder, name, tokenizer)
+    return Converted(info, prepared.norms, prepared.casts, targets[0], tuple(written))
+
+
+def is_hf_export(path: str | Path) -> bool:
+    """Whether ``path`` is an ONNX file whose graph reads ``past_key_values.*`` (a causal-LM
+    export with its cache, one graph for both phases: what :func:`convert_export` takes).
+    Reads the graph without its external weights; False for anything else (a built-in
+    name, a phase graph, a folder, an unreadable file: their own checks say why)."""
+    path = Path(path)
+    if path.suffix != ".onnx" or not path.is_file() or ".prefill." in path.name \
+            or ".decode." in path.name:
+        return False
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - not readable as ONNX: the model loader says why
+        return False
+    inits = {t.name for t in graph.initializer}
+    return any(HF_PAST.match(i.name) for i in graph.input if i.name not in inits)
+
+
+__all__ = ["EMPTY_PAST", "EXTERNAL_BYTES", "FILLED", "Converted", "convert_export",
+           "empty_past", "HfExport", "is_hf_export", "Prepared", "prepare_export",
+           "take_weights", "read_export", "to_phase", "tokenizer_beside", "write_phases"]

@@ -153,8 +153,8 @@ def _convert_hint(proto: onnx.ModelProto) -> str:
     inits = {t.name for t in proto.graph.initializer}
     if any(i.name.startswith("past_key_values.") for i in proto.graph.input
            if i.name not in inits):
-        return "convert this export with 'quantscope phases MODEL --out DIR' and give DIR's "\
-               "NAME.prefill.onnx"
+        return "'quantscope run MODEL --data stdlib-docs …' measures this export (converted "\
+               "into the run folder), or 'quantscope phases MODEL --out DIR' keeps the pair"
     return "export it with its KV cache (past_key_values.* in, present.* out) and convert "\
            "that with 'quantscope phases EXPORT --out DIR'"
 
