@@ -69,7 +69,9 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                  details="Every stage writes its file into the run folder; run it again and "
                  "the stages already done on the same inputs are skipped (--force STAGE "
                  "reruns from STAGE). The options, the model, the data and the target are "
-                 "checked before any stage runs.")
+                 "checked before any stage runs. A decoder LLM is a prefill/decode pair "
+                 "(NAME.prefill.onnx) or a Hugging Face causal-LM export with its cache, "
+                 "converted into the run folder's phases/ first.")
     add_layout(ru)
     ru.add_argument("--eval-data", type=data_spec, help="held-out evaluation data (default: "
                     "split DATA, or the pairs after --pairs for retrieval data)")
