@@ -76,6 +76,18 @@ def load_target(name_or_path: str | Path) -> Target:
                           "file again with --target)")
 
 
+def loaded_profiles() -> dict[str, Target]:
+    """The profile files this process loaded, by name (what a worker process needs to know
+    for the plans it is sent: :func:`know_profiles`)."""
+    return dict(_USER_TARGETS)
+
+
+def know_profiles(profiles: dict[str, Target]) -> None:
+    """Know ``profiles`` (:func:`loaded_profiles` of another process) by name here, as if
+    this process had loaded their files (a Ray worker, for the plans it measures)."""
+    _USER_TARGETS.update(profiles)
+
+
 __all__ = [
     "BUILTIN_TARGETS",
     "CostModel",
@@ -83,7 +95,9 @@ __all__ = [
     "Rule",
     "Target",
     "load_target",
+    "know_profiles",
     "load_target_file",
+    "loaded_profiles",
     "op_kind",
     "parse_target",
     "with_params",
