@@ -21,11 +21,18 @@ float groups           ``dtype float``, ``bitwidth 16``, no scale (FP16 on HTP)
 list of encodings (one per channel); 1.0.0 holds lists of named entries with arrays.
 Tensors exported: each group's outputs (and the pass-through tensors sharing their
 encoding), model inputs, and each weight; biases are left to the converter (int32).
+A tensor inside a group (made by one of its nodes, not one of its outputs: a Conv's
+output before its fused Relu, a decomposed norm's steps) gets none: the emulation keeps it
+float, the group's wide accumulator, and there is no grid to write. The converter then
+picks its own for each that it does not fuse away (from its calibration), so the
+emulation does not cover those: :func:`unencoded_tensors` lists them, and ``export`` and
+the run's verdict say so (:func:`unencoded_line`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -199,6 +206,34 @@ def _quantizer_args(plan: Plan, *, symmetric: bool, per_channel: bool,
         "per_channel_quantization": flag(per_channel),
         "quant_scheme": "post_training_tf",
     }
+
+
+def unencoded_tensors(groups: Groups, node_outputs: Mapping[str, Sequence[str]]
+                      ) -> list[tuple[str, str]]:
+    """(tensor, group) for every tensor a group's nodes make that is not one of the group's
+    outputs (``node_outputs``: node name -> its output tensors), in graph order: the
+    tensors the encodings file has no entry for although the device computes them."""
+    out: list[tuple[str, str]] = []
+    for g in groups.groups:
+        leaving = set(g.outputs)
+        out += [(t, g.name) for n in g.nodes for t in node_outputs.get(n, ())
+                if t and t not in leaving]
+    return out
+
+
+def unencoded_line(file_name: str, tensors: Sequence[tuple[str, str]], *,
+                   shown: int = 6) -> str | None:
+    """One line saying which tensors ``file_name`` (a QNN encodings file) has no encoding
+    for, and why; None when there are none."""
+    if not tensors:
+        return None
+    names = ", ".join(f"{t} (in {g})" for t, g in tensors[:shown])
+    more = f" and {len(tensors) - shown} more" if len(tensors) > shown else ""
+    return (f"{file_name}: {len(tensors)} tensor(s) inside groups have no encoding: "
+            f"{names}{more}; the emulation keeps each float (the group's wide accumulator), "
+            "so the QNN converter picks its own encoding for those it does not fuse into "
+            "the group's op (from its --input_list calibration) and the emulated figures "
+            "do not cover them")
 
 
 def to_json(doc: dict[str, Any]) -> str:
