@@ -58,11 +58,11 @@ def test_a_new_format_is_one_entry_and_the_run_writes_it(tmp_path, monkeypatch):
     # the one edit: an entry in the registry (its translator is the function above)
     monkeypatch.setitem(FORMATS, "groups", ExportFormat(
         "groups", "groups.txt", None, "the plan's precision per group", _group_names))
-    # the target's own file says it takes the format (named ort_cpu: a plan finds its
-    # quantization scheme by its target's name)
-    profile = _profile(tmp_path, "ort_cpu", 'formats = ["groups"]')
+    # the target's own file says it takes the format (its own name: a file named like a
+    # built-in that states other values is refused; once loaded, it is known by its name)
+    profile = _profile(tmp_path, "my_cpu", 'formats = ["groups"]')
     assert load_target(profile).formats == ("groups",)
-    folder = _run_folder(tmp_path, "ort_cpu")
+    folder = _run_folder(tmp_path, "my_cpu")
     ctx = Context(RunOptions(model="unused.onnx", data="unused.tsv", target=str(profile),
                              out=str(folder)), folder)
     done = steps.export(ctx)

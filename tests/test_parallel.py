@@ -100,3 +100,33 @@ def test_plan_measures_on_a_local_ray_cluster_as_without(ws, tmp_path, capsys):
     measured = [t["measured"] for t in serial["pareto"]["trials"]]
     assert len(measured) >= 2 and all(v is not None for v in measured)
     assert on_ray == serial
+
+
+def test_plan_on_ray_with_a_profile_file_measures_as_without(ws, tmp_path, capsys):
+    """plan --ray --target ./my.toml: a task on a worker looked the plan's target up by name
+    among the built-ins (the worker never loaded the file) and the plan stopped at its
+    first measurement with "unknown target 'my_cpu'"; the workers now get the profiles the
+    command loaded, and measure what the serial run measures."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quantscope[ray]')")
+    from pathlib import Path
+
+    builtin = Path(__file__).parents[1] / "src/quantscope/targets/ort_cpu.toml"
+    mine = tmp_path / "my.toml"
+    mine.write_text(builtin.read_text().replace('name = "ort_cpu"', 'name = "my_cpu"', 1))
+    m, x, s, a = ws / "m.onnx", ws / "x.npy", ws / "s.npz", tmp_path / "a.json"
+    assert main(["analyze", str(m), "--data", str(x), "--stats", str(s), "--out", str(a)]) == 0
+    base = ["plan", str(m), "--analysis", str(a), "--target", str(mine), "--max-cost", "1.3",
+            "--data", str(x), "--stats", str(s)]
+    assert main([*base, "--out", str(tmp_path / "serial.json")]) == 0
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        code = main([*base, "--ray", "--out", str(tmp_path / "ray.json")])
+    finally:
+        ray.shutdown()
+    said = capsys.readouterr()
+    assert code == 0, said.err
+    assert "as 2-way parallel tasks" in said.err + said.out
+    serial = json.loads((tmp_path / "serial.json").read_text())
+    on_ray = json.loads((tmp_path / "ray.json").read_text())
+    assert serial["target"] == "my_cpu"
+    assert on_ray == serial

@@ -128,7 +128,8 @@ def test_rank4_binds_where_linearclip_refuses_the_plan():
 def _small_target(tmp_path: Path) -> str:
     text = (Path(stages.__file__).parents[1] / "targets" / "hailo10h.toml").read_text()
     path = tmp_path / "small.toml"
-    path.write_text(text.replace("value = 98304", f"value = {SEQ * H}", 1))
+    path.write_text(text.replace("value = 98304", f"value = {SEQ * H}", 1)
+                    .replace('name = "hailo10h"', 'name = "small10h"', 1))
     return str(path)
 
 

@@ -4,8 +4,9 @@ Each edit below used to load silently and then misbehave: a misspelt op kind mad
 that never fires, a duplicate id merged two rules in ``with_params``, a precision allowed
 without a cost factor was costed as infinite (never picked, never said), a precision list
 given as a string was read letter by letter, a vendor's own name with a Hailo ``formats``
-list failed only at the end of a run, at its export. Now each is one line naming the key, the file
-and the fix. A target without a16_w16 promotes to a16_w8 (it used to sweep nothing), and
+list failed only at the end of a run, at its export, a ``default_precision`` that
+``[precisions]`` does not allow loaded as the compiler's default. Now each is one line
+naming the key, the file and the fix. A target without a16_w16 promotes to a16_w8 (it used to sweep nothing), and
 one with no 16-bit precision at all still plans (it used to stop as "another model").
 """
 
@@ -89,6 +90,13 @@ EDITS = [  # (name, edit, words the one line must hold)
                                                              "'Acme'", "formats"]),
     ("float without a cost", _set(["precisions", "other"], ["a8_w8", "a16_w16", "float"]),
      ["float on other", "cost.relative.other"]),
+    # the precision of every layer a plan does not name: it must be allowed on every kind
+    ("default not allowed anywhere", _set(["default_precision"], "float"),
+     ["'default_precision'", "float", "weighted", "other", "allows (a8_w8, a8_w4, a16_w8,"]),
+    ("default not allowed on one kind", lambda raw: (
+        raw.__setitem__("default_precision", "a16_w16"),
+        raw["precisions"].__setitem__("softmax", ["a8_w8"])),
+     ["'default_precision'", "a16_w16", "on softmax:"]),
 ]
 
 
@@ -157,6 +165,10 @@ def test_a_profile_allowing_only_a8_w4_on_weighted_says_where_to_start(tmp_path)
 
     text = HAILO8.read_text().replace('weighted = ["a8_w8", "a8_w4", "a16_w8", "a16_w16"]',
                                       'weighted = ["a8_w4"]')
+    with pytest.raises(QuantscopeError, match="'default_precision' .* is a8_w8, .* weighted: "
+                       r"set default_precision to one every op kind allows \(a8_w4\)"):
+        load_target_file(_write(tmp_path, text))
+    text = text.replace('default_precision = "a8_w8"', 'default_precision = "a8_w4"')
     target = load_target_file(_write(tmp_path, text))
     model = _conv_model()
     with pytest.raises(PlannerError) as err:

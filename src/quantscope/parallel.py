@@ -4,7 +4,9 @@ An :class:`Executor` maps a top-level function over items, every call also recei
 ``shared`` value (the model bytes, statistics and rows every task needs): in process, a
 plain loop; on Ray (:func:`ray_executor`, the optional ``ray`` extra), ``shared`` goes to
 the object store once and every item becomes one task. Results come back in item order,
-so a caller that merges them in that order gets what the loop gets.
+so a caller that merges them in that order gets what the loop gets. A Ray worker also gets
+the target profile files this process loaded (a plan names its target by name, and a
+worker never read ``--target ./my.toml``).
 """
 
 from __future__ import annotations
@@ -46,15 +48,26 @@ class RayExecutor:
     def map(self, fn: Task, shared: Any, items: Sequence[Any]) -> list[Any]:
         import ray
 
-        ref = ray.put(shared)
-        remote = ray.remote(num_cpus=1, max_retries=0)(fn)
-        return ray.get([remote.remote(ref, item) for item in items])
+        from quantscope.targets import loaded_profiles
+
+        ref = ray.put((shared, loaded_profiles()))
+        remote = ray.remote(num_cpus=1, max_retries=0)(_on_worker)
+        return ray.get([remote.remote(fn, ref, item) for item in items])
 
     def close(self) -> None:
         import ray
 
         if self.started:
             ray.shutdown()
+
+
+def _on_worker(fn: Task, bundle: tuple[Any, dict[str, Any]], item: Any) -> Any:
+    """``fn(shared, item)`` on a Ray worker that first knows the caller's profile files."""
+    from quantscope.targets import know_profiles
+
+    shared, profiles = bundle
+    know_profiles(profiles)
+    return fn(shared, item)
 
 
 def ray_executor(address: str | None = None, *, num_cpus: int | None = None) -> RayExecutor:

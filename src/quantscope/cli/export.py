@@ -23,6 +23,7 @@ from quantscope.cli.types import input_file, mapping, output_file
 from quantscope.export import device_io as dio
 from quantscope.export.formats import FORMATS
 from quantscope.export.hailo_alls import unset_decisions
+from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.report.summary import unset_line
 from quantscope.results import DeviceIOResult
 from quantscope.types import Plan
@@ -66,6 +67,10 @@ def cmd_export(args: argparse.Namespace) -> int:
                            listed="the '# ... NOT SET' lines of the file")
         if unset:
             print(unset)
+    if args.format == "qnn":  # tensors the file leaves to the converter are said
+        unencoded = unencoded_line(written.name, stages.qnn_unencoded(inp.model))
+        if unencoded:
+            print(f"warning: {unencoded}")
     return 0
 
 

@@ -82,6 +82,7 @@ HAILO_PREFIXES: dict[str, Callable[[Group], bool]] = {
     "concat": _act("Concat"),
     "reduce_sum": _act("ReduceSum"),
     "reduce_mean": _act("ReduceMean"),
+    "resize": _act("Resize"),  # the DFC's resize layers (nearest / bilinear upsampling)
 }
 
 

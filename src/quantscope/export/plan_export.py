@@ -21,6 +21,7 @@ from quantscope.export.hailo_alls import (
     unnamed_groups,
 )
 from quantscope.export.kv_prefix import plan_alls_note
+from quantscope.export.qnn_encodings import unencoded_tensors
 from quantscope.model.groups import find_groups
 from quantscope.model.host_gather import host_gathers, host_groups
 from quantscope.model.load import Model
@@ -30,8 +31,8 @@ from quantscope.targets import load_target
 from quantscope.types import Plan, QuantscopeError, Stats
 
 __all__ = ["FORMAT_VENDORS", "alls_target", "check_plan_format", "check_plan_target",
-           "device_io_rows", "export_plan", "float_io_rows", "forced_ranges", "scripted_deployment",
-           "scripted_plan"]
+           "device_io_rows", "export_plan", "float_io_rows", "forced_ranges", "qnn_unencoded",
+           "scripted_deployment", "scripted_plan"]
 
 # export format -> the vendor whose compiler reads it (QDQ ONNX: any), from the registry
 FORMAT_VENDORS = {f.name: f.vendor for f in FORMATS.values() if f.vendor}
@@ -98,6 +99,13 @@ def export_plan(
     if note:  # a decoder plan with a constant KV prefix: how it reaches the device
         data = note.encode() + b"\n" + data
     return write_atomic(out, bytes_writer(data))
+
+
+def qnn_unencoded(model: Model) -> list[tuple[str, str]]:
+    """(tensor, group) for each tensor inside a group of ``model`` that its QNN encodings
+    file has no encoding for (:func:`quantscope.export.qnn_encodings.unencoded_tensors`)."""
+    outputs = {n.name: tuple(n.output) for n in model.graph.node}
+    return unencoded_tensors(find_groups(model), outputs)
 
 
 def scripted_plan(model: Model, plan: Plan, *, hn: dict[str, Any] | None = None

@@ -8,7 +8,12 @@ unsigned storage       ``offset = -zero_point``
 signed storage         stored as unsigned ``q_u = q + 2**(bits-1)``, so
                        ``offset = -(zero_point + 2**(bits-1))`` (int8 sym: -128)
 min / max (0.6.1)      ``offset * scale`` / ``(2**bits - 1 + offset) * scale``
-is_symmetric           from ``Encodings.scheme`` (activations / weights)
+is_symmetric           the grid's own: AIMET's symmetric encoding is centred on 0,
+                       ``offset = -2**(bits-1)`` on every channel (int8 sym: -128);
+                       an asymmetric uint8 activation (offset -zero_point) is not
+quantizer_args         AIMET's ``is_symmetric`` there is the weights' default (its
+                       config's ``defaults.params``): true when every weight encoding
+                       written is symmetric; ``per_channel_quantization`` the scheme's
 float groups           ``dtype float``, ``bitwidth 16``, no scale (FP16 on HTP)
 =====================  =====================================================
 
@@ -16,11 +21,18 @@ float groups           ``dtype float``, ``bitwidth 16``, no scale (FP16 on HTP)
 list of encodings (one per channel); 1.0.0 holds lists of named entries with arrays.
 Tensors exported: each group's outputs (and the pass-through tensors sharing their
 encoding), model inputs, and each weight; biases are left to the converter (int32).
+A tensor inside a group (made by one of its nodes, not one of its outputs: a Conv's
+output before its fused Relu, a decomposed norm's steps) gets none: the emulation keeps it
+float, the group's wide accumulator, and there is no grid to write. The converter then
+picks its own for each that it does not fuse away (from its calibration), so the
+emulation does not cover those: :func:`unencoded_tensors` lists them, and ``export`` and
+the run's verdict say so (:func:`unencoded_line`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +49,12 @@ def aimet_offset(enc: Encoding) -> np.ndarray:
     return -(zp + (1 << (enc.bits - 1))) if enc.signed else -zp
 
 
+def is_symmetric(enc: Encoding) -> bool:
+    """Whether the grid is symmetric in AIMET's sense: centred on 0, ``offset`` =
+    ``-2**(bits-1)`` on every channel (what ``is_symmetric`` / ``is_sym`` must say)."""
+    return bool(np.all(aimet_offset(enc) == -(1 << (enc.bits - 1))))
+
+
 def _channels(enc: Encoding) -> tuple[list[float], list[int]]:
     scale = [float(s) for s in np.atleast_1d(enc.scale).astype(np.float32)]
     offset = [int(o) for o in aimet_offset(enc)]
@@ -45,8 +63,9 @@ def _channels(enc: Encoding) -> tuple[list[float], list[int]]:
     return scale, offset
 
 
-def _legacy_entries(enc: Encoding, *, symmetric: bool) -> list[dict[str, Any]]:
+def _legacy_entries(enc: Encoding) -> list[dict[str, Any]]:
     scale, offset = _channels(enc)
+    symmetric = is_symmetric(enc)
     qmax = (1 << enc.bits) - 1
     return [
         {
@@ -62,8 +81,9 @@ def _legacy_entries(enc: Encoding, *, symmetric: bool) -> list[dict[str, Any]]:
     ]
 
 
-def _v1_entry(name: str, enc: Encoding, *, symmetric: bool) -> dict[str, Any]:
+def _v1_entry(name: str, enc: Encoding) -> dict[str, Any]:
     scale, offset = _channels(enc)
+    symmetric = is_symmetric(enc)
     entry: dict[str, Any] = {
         "name": name,
         "dtype": "INT",
@@ -122,29 +142,31 @@ def export_qnn_encodings(
         )
     root = {t: chain[0] for chain in groups.shared for t in chain[1:]}
     acts, weights = _tensor_precisions(plan, groups)
-    sym_a, sym_w = encodings.scheme.act_symmetric, encodings.scheme.weight_symmetric
-    act_doc, param_doc = {}, {}
-    for table, precisions, doc, sym, kind in (
-        (encodings.activations, acts, act_doc, sym_a, "activation"),
-        (encodings.weights, weights, param_doc, sym_w, "weight"),
+    act_doc: dict[str, Encoding | None] = {}
+    param_doc: dict[str, Encoding | None] = {}
+    for table, precisions, doc, kind in (
+        (encodings.activations, acts, act_doc, "activation"),
+        (encodings.weights, weights, param_doc, "weight"),
     ):
         for name, p in precisions.items():
-            if p is Precision.FLOAT:
-                doc[name] = None
-            else:
-                doc[name] = _encoding_of(name, table, root, kind), sym
-    return _render(act_doc, param_doc, plan, version)
+            doc[name] = None if p is Precision.FLOAT else _encoding_of(name, table, root, kind)
+    written = [e for e in param_doc.values() if e is not None]
+    symmetric = (all(map(is_symmetric, written)) if written
+                 else encodings.scheme.weight_symmetric)
+    args = _quantizer_args(plan, symmetric=symmetric,
+                           per_channel=encodings.scheme.weight_per_channel,
+                           legacy=version == "0.6.1")
+    return _render(act_doc, param_doc, args, version)
 
 
-def _render(acts: dict, params: dict, plan: Plan, version: str) -> dict[str, Any]:
-    args = _quantizer_args(plan, legacy=version == "0.6.1")
+def _render(acts: dict, params: dict, args: dict[str, Any], version: str) -> dict[str, Any]:
     if version == "0.6.1":
 
         def legacy(doc: dict) -> dict:
             return {
                 n: [{"bitwidth": FLOAT_BITS, "dtype": "float"}]
                 if v is None
-                else _legacy_entries(v[0], symmetric=v[1])
+                else _legacy_entries(v)
                 for n, v in doc.items()
             }
 
@@ -159,7 +181,7 @@ def _render(acts: dict, params: dict, plan: Plan, version: str) -> dict[str, Any
         return [
             {"name": n, "dtype": "FLOAT", "enc_type": "PER_TENSOR", "bw": FLOAT_BITS}
             if v is None
-            else _v1_entry(n, v[0], symmetric=v[1])
+            else _v1_entry(n, v)
             for n, v in doc.items()
         ]
 
@@ -172,17 +194,46 @@ def _render(acts: dict, params: dict, plan: Plan, version: str) -> dict[str, Any
     }
 
 
-def _quantizer_args(plan: Plan, *, legacy: bool) -> dict[str, Any]:
+def _quantizer_args(plan: Plan, *, symmetric: bool, per_channel: bool,
+                    legacy: bool) -> dict[str, Any]:
     p = plan.default
     flag = (lambda b: str(b)) if legacy else (lambda b: b)
     return {
         "activation_bitwidth": p.act_bits or FLOAT_BITS,
         "dtype": "float" if p is Precision.FLOAT else "int",
-        "is_symmetric": flag(True),
+        "is_symmetric": flag(symmetric),
         "param_bitwidth": p.weight_bits or FLOAT_BITS,
-        "per_channel_quantization": flag(True),
+        "per_channel_quantization": flag(per_channel),
         "quant_scheme": "post_training_tf",
     }
+
+
+def unencoded_tensors(groups: Groups, node_outputs: Mapping[str, Sequence[str]]
+                      ) -> list[tuple[str, str]]:
+    """(tensor, group) for every tensor a group's nodes make that is not one of the group's
+    outputs (``node_outputs``: node name -> its output tensors), in graph order: the
+    tensors the encodings file has no entry for although the device computes them."""
+    out: list[tuple[str, str]] = []
+    for g in groups.groups:
+        leaving = set(g.outputs)
+        out += [(t, g.name) for n in g.nodes for t in node_outputs.get(n, ())
+                if t and t not in leaving]
+    return out
+
+
+def unencoded_line(file_name: str, tensors: Sequence[tuple[str, str]], *,
+                   shown: int = 6) -> str | None:
+    """One line saying which tensors ``file_name`` (a QNN encodings file) has no encoding
+    for, and why; None when there are none."""
+    if not tensors:
+        return None
+    names = ", ".join(f"{t} (in {g})" for t, g in tensors[:shown])
+    more = f" and {len(tensors) - shown} more" if len(tensors) > shown else ""
+    return (f"{file_name}: {len(tensors)} tensor(s) inside groups have no encoding: "
+            f"{names}{more}; the emulation keeps each float (the group's wide accumulator), "
+            "so the QNN converter picks its own encoding for those it does not fuse into "
+            "the group's op (from its --input_list calibration) and the emulated figures "
+            "do not cover them")
 
 
 def to_json(doc: dict[str, Any]) -> str:

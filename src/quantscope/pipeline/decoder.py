@@ -51,7 +51,7 @@ from quantscope.pipeline.decoder_report import (
     host_text,
     whatif_summary,
 )
-from quantscope.pipeline.manifest import Manifest, file_digest, stage_key
+from quantscope.pipeline.manifest import Manifest, model_file_digest, stage_key
 from quantscope.types import QuantscopeError
 
 MODEL_DIR, REWRITE, PLAN, EVALUATE = "model", "rewrite.json", "plan.json", "evaluate.json"
@@ -544,10 +544,13 @@ DECODER_STAGES: dict[str, DecoderStage] = {
 }
 
 
-def _graph_digest(path: Path) -> str:
-    """A graph file's digest with its external weights' (``X.onnx.data``), if any."""
-    data = path.with_name(f"{path.name}.data")
-    return file_digest(path) + (file_digest(data) if data.is_file() else "")
+def phases_digest(model: str | Path) -> str:
+    """The digest of a decoder's prefill and decode graph files, each with the external
+    data files its tensors name (``location``, whatever the file is called): new weights
+    under unchanged graph files are a new model for the resume."""
+    from quantscope.stages_llm import phase_file
+
+    return "".join(model_file_digest(phase_file(model, p)) for p in ("prefill", "decode"))
 
 
 def run_decoder(opts: DecoderOptions, *, force: str | None = None,
@@ -567,7 +570,7 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
     _check_out(opts.out)
     folder = _folder(opts.out)
     ctx = DecoderContext(opts, folder, progress)
-    model_digest = "".join(_graph_digest(phase_file(opts.model, p)) for p in ("prefill", "decode"))
+    model_digest = phases_digest(opts.model)
     with _lock(folder):
         _remove_stale(folder)
         manifest = Manifest(folder)

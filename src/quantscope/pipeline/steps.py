@@ -14,6 +14,7 @@ from typing import Any
 
 from quantscope import stages
 from quantscope.export.formats import ALWAYS, FORMATS
+from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline.context import Context
 from quantscope.results import CheckResult, DeviceIOResult, RunEvaluation
 from quantscope.targets import Target, load_target
@@ -312,6 +313,10 @@ def export(ctx: Context) -> Done:
     for fmt, name in formats(ctx.target()):
         stages.export_plan(model, stats, final, fmt=fmt, out=ctx.path(name), hn=hn)
         written.append(name)
+        unencoded = (unencoded_line(name, stages.qnn_unencoded(model)) if fmt == "qnn"
+                     else None)
+        if unencoded:  # also in verdict.json (export_warnings, qnn_unencoded), the report
+            _say(ctx, f"export: warning: {unencoded}")
     for f in FORMATS.values():  # another target's file from an earlier run in this folder
         if f.file_name not in written:  # (a stale model.alls would be handed over and read)
             ctx.path(f.file_name).unlink(missing_ok=True)

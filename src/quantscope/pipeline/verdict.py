@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from quantscope import stages
 from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.export.hailo_alls import script_warnings
+from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
@@ -81,6 +82,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "rules_warned": _warned(chk["problems"]),
         "compiler_files": compiler_files(ctx.target()),
         "export_warnings": export_warnings(ctx),
+        # every tensor the QNN file has no encoding for (export_warnings names the first)
+        "qnn_unencoded": [{"tensor": t, "group": g} for t, g in qnn_unencoded(ctx)],
         # the single plan as its Hailo script carries it (NOT SET decisions at the default)
         **_as_scripted(ev, quality, goal, higher),
         "io": io["io"], "io_note": io["note"], "io_float": io.get("float_io") or [],
@@ -288,9 +291,20 @@ def alls_files(ctx: Context) -> list[str]:
 
 def export_warnings(ctx: Context) -> list[str]:
     """What the vendor files do not carry, each line led by its file: decisions with no
-    layer name (``file: group: … NOT SET: …``), then which files have guessed names."""
-    return script_warnings({n: ctx.path(n).read_text(encoding="utf-8")
-                            for n in alls_files(ctx)})
+    layer name (``file: group: … NOT SET: …``), then which files have guessed names, then
+    the tensors inside groups the QNN encodings file has no encoding for."""
+    lines = script_warnings({n: ctx.path(n).read_text(encoding="utf-8")
+                             for n in alls_files(ctx)})
+    unencoded = unencoded_line(steps.QNN, qnn_unencoded(ctx))
+    return lines + ([unencoded] if unencoded else [])
+
+
+def qnn_unencoded(ctx: Context) -> list[tuple[str, str]]:
+    """(tensor, group) for each tensor inside a group that the run's QNN encodings file has
+    no encoding for (none without the file)."""
+    if not ctx.path(steps.QNN).is_file():
+        return []
+    return stages.qnn_unencoded(steps.repaired(ctx)[0])
 
 
 def format_verdict(v: dict[str, Any]) -> str:

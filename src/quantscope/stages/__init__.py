@@ -157,7 +157,7 @@ _LAZY = {
                      "format_whatif"), "quantscope.report.console"),
     **dict.fromkeys(("FORMAT_VENDORS", "alls_target", "check_plan_format", "check_plan_target",
                      "device_io_rows", "export_plan", "float_io_rows", "forced_ranges",
-                     "scripted_deployment", "scripted_plan"),
+                     "qnn_unencoded", "scripted_deployment", "scripted_plan"),
                     "quantscope.export.plan_export"),
 }
 

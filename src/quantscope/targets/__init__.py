@@ -6,6 +6,7 @@ a user's own. Names accept ``-`` or ``_`` (``qnn-htp-v73`` = ``qnn_htp_v73``).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from quantscope.targets.profile import (
@@ -32,12 +33,25 @@ BUILTIN_TARGETS: dict[str, str] = {
 
 # profile files loaded in this process, by their `name` (a plan names its target by name:
 # the stages of one `run --target ./my.toml` look it up again by that name); a file named
-# like a built-in profile is not recorded here (the built-in keeps its name)
+# like a built-in profile is not recorded here (the built-in keeps its name: `_builtin_copy`
+# refuses such a file unless it states what the built-in states)
 _USER_TARGETS: dict[str, Target] = {}
 
 
 def _key(name: str) -> str:
     return name.strip().lower().replace("-", "_")
+
+
+def _builtin_copy(target: Target) -> None:
+    """A profile file named like a built-in must be that built-in (e.g. a copy of its file):
+    every later stage, and a later command, reads the plan's target by that name, so an
+    edited file would be replaced by the built-in without a word."""
+    builtin = load_target_file(_HERE / BUILTIN_TARGETS[_key(target.name)])
+    if dataclasses.replace(target, source=builtin.source) != builtin:
+        raise QuantscopeError(
+            f"target profile '{target.source}' is named '{target.name}', a built-in target, "
+            f"but states other values (a plan names its target by name, so later stages "
+            f"would read the built-in): rename it, e.g. name = \"my_{_key(target.name)}\"")
 
 
 def load_target(name_or_path: str | Path) -> Target:
@@ -46,7 +60,9 @@ def load_target(name_or_path: str | Path) -> Target:
     text = str(name_or_path)
     if text.endswith(".toml") or "/" in text:
         target = load_target_file(text)
-        if _key(target.name) not in BUILTIN_TARGETS:
+        if _key(target.name) in BUILTIN_TARGETS:
+            _builtin_copy(target)
+        else:
             _USER_TARGETS[_key(target.name)] = target
         return target
     key = _key(text)
@@ -60,6 +76,18 @@ def load_target(name_or_path: str | Path) -> Target:
                           "file again with --target)")
 
 
+def loaded_profiles() -> dict[str, Target]:
+    """The profile files this process loaded, by name (what a worker process needs to know
+    for the plans it is sent: :func:`know_profiles`)."""
+    return dict(_USER_TARGETS)
+
+
+def know_profiles(profiles: dict[str, Target]) -> None:
+    """Know ``profiles`` (:func:`loaded_profiles` of another process) by name here, as if
+    this process had loaded their files (a Ray worker, for the plans it measures)."""
+    _USER_TARGETS.update(profiles)
+
+
 __all__ = [
     "BUILTIN_TARGETS",
     "CostModel",
@@ -67,7 +95,9 @@ __all__ = [
     "Rule",
     "Target",
     "load_target",
+    "know_profiles",
     "load_target_file",
+    "loaded_profiles",
     "op_kind",
     "parse_target",
     "with_params",

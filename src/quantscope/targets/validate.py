@@ -9,7 +9,9 @@ profile as a whole shows, each failure one line naming the key, the file and the
 * rule ids unique (a problem, ``with_params`` and ``check.json`` name a rule by its id);
 * ``[precisions]``: each op kind has a non-empty list (its own or ``other``'s);
 * ``[cost.relative]``: a factor for every precision ``[precisions]`` allows (without one
-  the planner costs that precision as infinite and never picks it, without saying so).
+  the planner costs that precision as infinite and never picks it, without saying so);
+* ``default_precision`` (what the compiler gives a layer a plan does not name) allowed on
+  every op kind by ``[precisions]``.
 """
 
 from __future__ import annotations
@@ -102,4 +104,20 @@ def coverage(precisions: Mapping[str, tuple[Any, ...]], cost_kinds: Iterable[str
                     "or remove it from [precisions]")
 
 
-__all__ = ["CHECK_PARAMS", "coverage", "rule_params", "unique_ids"]
+def default_allowed(default: Any, is_allowed: Any, kinds: tuple[str, ...],
+                    source: str) -> None:
+    """``default_precision`` is allowed on every op kind (``is_allowed(kind, p)``, the
+    target's own judgement): it is the precision of every layer a plan does not name."""
+    refused = [kind for kind in kinds if not is_allowed(kind, default)]
+    if not refused:
+        return
+    everywhere = [p.value for p in type(default)
+                  if all(is_allowed(kind, p) for kind in kinds)]
+    fix = (f"set default_precision to one every op kind allows ({', '.join(everywhere)})"
+           if everywhere else "set default_precision to a precision every op kind allows")
+    raise QuantscopeError(
+        f"'default_precision' of target profile '{source}' is {default.value}, which "
+        f"[precisions] does not allow on {', '.join(refused)}: {fix}, or add "
+        f"{default.value} to those lists")
+
+__all__ = ["CHECK_PARAMS", "coverage", "default_allowed", "rule_params", "unique_ids"]

@@ -1,0 +1,64 @@
+"""The tensors inside a group get no QNN encoding, and that is said.
+
+The emulation keeps a tensor made inside a group (a Conv's output before the Relu and
+Sigmoid fused with it, a decomposed GELU's steps) float, the group's wide accumulator:
+there is no grid for it, so the encodings file has no entry and the QNN converter picks
+its own for each it does not fuse away. That used to happen without a word; now
+``export --format qnn`` prints one line naming them, and a run on qnn_htp_v73 says it at
+its export, in verdict.json (``export_warnings`` and the full ``qnn_unencoded`` list) and
+in the report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from quantscope.cli import main
+
+
+def _conv(path: Path) -> None:
+    r = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(r.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(r.normal(0, 0.1, 4).astype(np.float32), "b")]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c"], ["r"], name="relu"),
+         helper.make_node("Sigmoid", ["r"], ["y"], name="sig")], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 8, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def _names(doc: dict) -> set[str]:
+    return {e["name"] for e in doc["activation_encodings"]}
+
+
+def test_a_qnn_run_and_its_export_name_the_tensors_without_encoding(tmp_path, capsys):
+    model, data, out = tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "run"
+    _conv(model)
+    np.save(data, np.random.default_rng(6).normal(0, 1, (16, 3, 8, 8)).astype(np.float32))
+    assert main(["run", str(model), "--target", "qnn_htp_v73", "--data", str(data),
+                 "--out", str(out)]) == 0
+    said = capsys.readouterr()
+    doc = json.loads((out / "qnn.encodings.json").read_text())
+    assert {"x", "y"} <= _names(doc) and not {"c", "r"} & _names(doc)
+    line = "qnn.encodings.json: 2 tensor(s) inside groups have no encoding: c (in conv), r (in conv)"
+    assert line in said.out + said.err
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert any(w.startswith(line) and "picks its own encoding" in w
+               for w in verdict["export_warnings"]), verdict["export_warnings"]
+    assert verdict["qnn_unencoded"] == [{"tensor": "c", "group": "conv"},
+                                        {"tensor": "r", "group": "conv"}]
+    assert "c (in conv)" in (out / "report.html").read_text()
+    # the export command, alone
+    again = tmp_path / "again.json"
+    assert main(["export", "--model", str(model), "--stats", str(out / "stats.npz"),
+                 str(out / "plan.json"), "--format", "qnn", "--out", str(again)]) == 0
+    printed = capsys.readouterr().out
+    assert "warning: again.json: 2 tensor(s) inside groups have no encoding" in printed
+    assert json.loads(again.read_text()) == doc
