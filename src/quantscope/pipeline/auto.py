@@ -12,8 +12,11 @@ plan measured    ``plan --max-legal``'s candidate at the run's length (every gro
 kept             retrieval pairs: the per-query scores of the metric (each fit query's
                  top-1 agreement, :mod:`quantscope.tasks.samples`) give a paired
                  interval of the gain; kept only when it is beyond noise (one-sided 95 %
-                 lower bound above 0); a tie within noise is decided by more than 0.1 dB
-                 on the embedding SQNR (:data:`TIEBREAK`) and said to be a tie; other
+                 lower bound above 0); a tie within noise is decided by the embedding
+                 SQNR (:data:`TIEBREAK`) gaining more than 0.1 dB beyond its own noise
+                 (jackknife over the rows, :mod:`quantscope.rewrites.tie`; else the
+                 model without it, and a gain that cannot be told from the margin is
+                 said to be a tie on both figures) and said to be a tie; other
                  data (no per-sample form): better on the figure, an exact tie by the
                  output SQNR (:func:`quantscope.rewrites.auto.choose_rewrites`)
 repairs          a repair that keeps FP32 and answers a target rule
@@ -38,6 +41,7 @@ import numpy as np
 from quantscope import stages
 from quantscope.progress import say
 from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rewrites
+from quantscope.rewrites.tie import row_powers
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
 if TYPE_CHECKING:
@@ -128,7 +132,7 @@ def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int
     def measure(model: Model, stats: Stats) -> Measured:
         shapes = given_shapes(model, seq_len, input_shapes)
         plan = max_legal(model, target, shapes).plan
-        task = _PerQuery.of(fit.task, metric)
+        task = _PerQuery.of(fit.task, metric, parts=tiebreak == "embedding_sqnr_db")
         data = fit if task is None else dataclasses.replace(fit, task=task)
         pooled = getattr(data.task, "keep", None) is not None
         if not held:
@@ -143,7 +147,8 @@ def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int
             raise QuantscopeError(f"the metric '{metric}' was not measured on the fit data")
         second = metrics.get(tiebreak) if tiebreak and tiebreak != metric else None
         return Measured(float(got), None if second is None else float(second),
-                        None if task is None else task.samples)
+                        None if task is None else task.samples,
+                        None if task is None or second is None else task.parts)
 
     return measure
 
@@ -181,20 +186,22 @@ def repaired_measure(measure: Callable[[Model, Stats], Measured],
 class _PerQuery:
     """A retrieval task that, scoring a model, also keeps each query's score of
     ``metric`` (:data:`quantscope.tasks.samples.SAMPLE_SCORES`, over all the pairs: their
-    mean is the metric), so the paired interval needs no second run. Everything else is
-    the task's own."""
+    mean is the metric), so the paired interval needs no second run, and (``parts``) each
+    embedding row's signal and noise power, which the embedding SQNR pools (the
+    tiebreak's noise, :mod:`quantscope.rewrites.tie`). Everything else is the task's own."""
 
-    def __init__(self, task: Any, metric: str) -> None:
-        self._task, self._metric = task, metric
+    def __init__(self, task: Any, metric: str, *, parts: bool = False) -> None:
+        self._task, self._metric, self._want_parts = task, metric, parts
         self.samples: np.ndarray | None = None
+        self.parts: tuple[np.ndarray, np.ndarray] | None = None
 
     @classmethod
-    def of(cls, task: Any, metric: str) -> _PerQuery | None:
+    def of(cls, task: Any, metric: str, *, parts: bool = False) -> _PerQuery | None:
         from quantscope.tasks.registry import RetrievalTask
         from quantscope.tasks.samples import SAMPLE_SCORES
 
         ok = isinstance(task, RetrievalTask) and metric in SAMPLE_SCORES
-        return cls(task, metric) if ok else None
+        return cls(task, metric, parts=parts) if ok else None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._task, name)
@@ -205,6 +212,9 @@ class _PerQuery:
         got = self._task.metrics(ref, test)
         self.samples = SAMPLE_SCORES[self._metric](self._task.embeddings(ref),
                                                    self._task.embeddings(test))
+        if self._want_parts:  # the rows embedding_sqnr_db reads (RetrievalTask.metrics)
+            self.parts = row_powers(np.concatenate(self._task.embeddings(ref, normalize=False)),
+                                    np.concatenate(self._task.embeddings(test, normalize=False)))
         return got
 
 

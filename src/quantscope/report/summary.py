@@ -68,7 +68,11 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     tried = list(dict.fromkeys(t["name"] for t in record["trials"] if t["tried"]))
     kept = list(dict.fromkeys(t["name"] for t in record["trials"] if t["kept"]))
     fixed = [r["name"] for r in record.get("repairs", []) if r.get("applied")]
+    # dropped where neither figure could separate it from the model without it
+    ties = list(dict.fromkeys(t["name"] for t in record["trials"]
+                              if (t.get("tiebreak_interval") or {}).get("outcome") == "tie"))
     short = (f"auto: kept {len(kept)} of {len(tried)} tried, {m} on {n}"
+             + (f"; a tie on both figures, left out: {', '.join(ties)}" if ties else "")
              + (f"; applied for legality: {', '.join(fixed)}" if fixed else ""))
     rows, lines = [], [f"rewrites (auto; {m} of {record.get('measured_on', '')}, {n}; "
                        f"without rewrites {fmt.value(m, record.get('baseline'))}, kept "

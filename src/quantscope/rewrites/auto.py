@@ -17,8 +17,11 @@ kept        with per-sample scores (:class:`Measured`, e.g. each fit query's top
             without, per sample) above ``min_gain``; worse beyond noise (the upper bound
             below zero): dropped; in between, a TIE within noise, decided by the second
             figure (``tiebreak``, higher is better, e.g. the embedding SQNR in dB):
-            kept when it gains more than :data:`TIE_MARGIN`, and the reason says it was
-            a tie. Without per-sample scores (a figure or ``(figure, tiebreak)``):
+            kept when it gains more than :data:`TIE_MARGIN` beyond its own noise (with
+            ``Measured.tiebreak_parts``, :mod:`quantscope.rewrites.tie`; else the model
+            without it, "a tie on both figures" where the two cannot be told apart),
+            and the reason says it was a tie. Without per-sample scores (a figure or
+            ``(figure, tiebreak)``):
             kept when better by more than ``min_gain``, an exact tie by the tiebreak
             (no noise margin: the reason says so). Else dropped (a rewrite adds
             layers). The next rewrite is tried on the model kept so far
@@ -55,27 +58,30 @@ from quantscope.plan.race import t_quantile
 from quantscope.progress import say
 from quantscope.rewrites.base import InputShapes, Precondition, Rewrite, run_rewrite
 from quantscope.rewrites.registry import REWRITES
+from quantscope.rewrites.tie import CONFIDENCE, TIE_MARGIN, Parts, decide_tie
 from quantscope.types import QuantscopeError, Stats
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
 
-TIE_MARGIN = 0.1  # the tiebreak figure must gain more than this (dB for an SQNR)
-CONFIDENCE = 0.95  # one-sided: a gain is beyond noise when its lower bound is above 0
 KEEP_RULE = (f"kept when the paired per-sample gain's one-sided {CONFIDENCE:.0%} lower bound "
-             f"(Student t) is above 0; a tie within noise is decided by the tiebreak "
-             f"(> {TIE_MARGIN:g})")
+             f"(Student t) is above 0; a tie within noise is decided by the tiebreak: its "
+             f"gain's one-sided {CONFIDENCE:.0%} lower bound (jackknife over rows) above "
+             f"{TIE_MARGIN:g}, else the model without it")
 
 
 @dataclass(frozen=True, eq=False)
 class Measured:
     """What ``measure`` gives: the figure, optionally the tiebreak figure (higher is
     better) and the per-sample scores whose mean is the figure (higher is better, the
-    same samples in the same order for every model: differences are paired)."""
+    same samples in the same order for every model: differences are paired), and the
+    per-sample signal and noise powers the tiebreak pools (its noise:
+    :mod:`quantscope.rewrites.tie`)."""
 
     value: float
     tiebreak: float | None = None
     samples: np.ndarray | None = None
+    tiebreak_parts: Parts | None = None
 
 
 Measure = Callable[[Model, Stats], "float | tuple[float, float] | Measured"]
@@ -103,11 +109,16 @@ class Trial:
     # CONFIDENCE bounds), confidence, outcome ("better", "worse" or "tie")
     interval: Mapping[str, Any] | None = None
     round: int = 1  # 2: retried on top of a rewrite kept after it (the module table)
+    # the tiebreak's gain with its jackknife bounds where it decided a headline tie
+    # (quantscope.rewrites.tie.gain_interval; outcome "better", "not better" or "tie")
+    tiebreak_interval: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["config"] = None if self.config is None else dict(self.config)
         out["interval"] = None if self.interval is None else dict(self.interval)
+        out["tiebreak_interval"] = (None if self.tiebreak_interval is None
+                                    else dict(self.tiebreak_interval))
         return out
 
 
@@ -219,12 +230,23 @@ def _interval_text(iv: dict[str, Any]) -> str:
 def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak: str | None
             ) -> tuple[str | None, dict[str, Any] | None]:
     """Why ``after`` is better (None: it is not) and the paired interval, when both have
-    per-sample scores (the module table)."""
-    named = tiebreak or "the tiebreak"
-    tie_won = (after.tiebreak is not None and before.tiebreak is not None
-               and after.tiebreak - before.tiebreak > TIE_MARGIN)
-    tb = (f"{named} ({before.tiebreak:.4g} -> {after.tiebreak:.4g})"
-          if after.tiebreak is not None and before.tiebreak is not None else None)
+    per-sample scores (the module table). A tie of the headline is decided by
+    :func:`quantscope.rewrites.tie.decide_tie`; its interval, when it has one, is the
+    returned interval's ``tiebreak`` (popped by the callers)."""
+    def tie(words: str, iv: dict[str, Any] | None, *, won: str = "decided by better"
+            ) -> tuple[str | None, dict[str, Any] | None]:
+        outcome, how, tie_iv = decide_tie(after, before, tiebreak or "the tiebreak")
+        iv = {} if iv is None and tie_iv is not None else iv
+        if iv is not None:
+            iv["tiebreak"] = tie_iv
+        if outcome == "better":
+            return f"{words}, {won} {how}", iv
+        if iv is None:
+            return None, None
+        lost = "a tie on both figures:" if outcome == "tie" else "not better on"
+        iv["because"] = words + (f", {lost} {how}" if how else "")
+        return None, iv
+
     if (after.samples is not None and before.samples is not None
             and len(after.samples) == len(before.samples) >= 2):
         iv = paired_interval(after.samples, before.samples, higher=higher)
@@ -234,17 +256,23 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
         if iv["outcome"] == "worse":
             iv["because"] = f"measured worse beyond noise ({text})"
             return None, iv
-        if tie_won:
-            return f"a tie within noise ({text}), decided by better {tb}", iv
-        iv["because"] = (f"a tie within noise ({text})"
-                         + (f", not better on {tb}" if tb else ""))
-        return None, iv
+        return tie(f"a tie within noise ({text})", iv)
     gain = after.value - before.value if higher else before.value - after.value
     if gain > min_gain:
         return "measured better (no per-sample scores: no noise margin)", None
-    if gain == 0 and tie_won:
-        return f"measured equal, better on {tb}", None
+    if gain == 0:
+        return tie("measured equal", None, won="better on")
     return None, None
+
+
+def _split(iv: dict[str, Any] | None) -> tuple[str | None, dict[str, Any] | None,
+                                               dict[str, Any] | None]:
+    """``_better``'s interval taken apart: the reason it was not kept, the headline's
+    interval (None: none, or only the tiebreak's) and the tiebreak's."""
+    if iv is None:
+        return None, None, None
+    because, tie_iv = iv.pop("because", None), iv.pop("tiebreak", None)
+    return because, iv or None, tie_iv
 
 
 def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
@@ -416,8 +444,9 @@ def _judge(name: str, model: Model, stats: Stats, score: Score, config: Mapping[
         return Trial(name, tried=True, kept=False, **base,
                      reason=f"{reason}: applied but not measurable: {e}"), None
     why, iv = _better(after, score, higher, min_gain, tiebreak)
-    because = None if iv is None else iv.pop("because", None)
-    got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv}
+    because, iv, tie_iv = _split(iv)
+    got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv,
+           "tiebreak_interval": tie_iv}
     if why is not None:
         return Trial(name, tried=True, kept=True, reason=f"{reason}; {why}", **got), after
     return Trial(name, tried=True, kept=False,
@@ -449,8 +478,9 @@ def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
         return Trial(rw.name, tried=True, kept=False, **base,
                      reason=f"applied but not measurable: {e}"), None
     why, iv = _better(after, score, higher, min_gain, tiebreak)
-    because = None if iv is None else iv.pop("because", None)
-    got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv}
+    because, iv, tie_iv = _split(iv)
+    got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv,
+           "tiebreak_interval": tie_iv}
     if why is not None:
         return Trial(rw.name, tried=True, kept=True, reason=f"{reason}; {why}", **got), (
             new, new_stats, new.proto, after)

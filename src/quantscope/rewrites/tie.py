@@ -1,0 +1,106 @@
+"""How ``run --rewrites auto`` decides a tie of the headline (:mod:`quantscope.rewrites.auto`):
+by the tiebreak figure (an SQNR in dB, higher is better), with its own noise.
+
+==============  ========================================================================
+parts           per sample, the signal and the noise power whose pooled ratio is the
+                tiebreak (``10 log10(sum s / sum n)``: the embedding SQNR of a retrieval
+                run is this over every query and document row,
+                :attr:`quantscope.rewrites.auto.Measured.tiebreak_parts`)
+interval        the gain ``after - before`` in dB, paired (the same rows), with one-sided
+                :data:`CONFIDENCE` bounds from its jackknife standard error over the rows
+                (leave one row out, Student t with ``rows - 1`` degrees of freedom)
+kept            only when the lower bound is above :data:`TIE_MARGIN`: the gain clears
+                the margin beyond noise
+dropped         otherwise; the given model stands (a rewrite adds layers). When the
+                interval reaches above the margin the figures cannot separate the two
+                choices: the reason says it is a tie on both figures and gives what the
+                other choice measured, so a decision is never silent about it
+no parts        (a tiebreak given as one figure): kept when it gains more than the margin,
+                and the reason says there was no noise estimate
+==============  ========================================================================
+
+Why: a bare threshold on a figure decides on noise at the threshold: two functionally
+identical encoders measuring a tie of the headline with SQNR gains a hair either side of
+0.1 dB took opposite decisions, and every later stage then planned a different graph.
+With the interval both of such a pair fall on the same side (the gain cannot be told
+from the margin: dropped, and said), and the boundary sits where the gain is measurably
+past the margin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from quantscope.plan.race import t_quantile
+
+TIE_MARGIN = 0.1  # the tiebreak figure must gain more than this (dB for an SQNR)
+CONFIDENCE = 0.95  # one-sided: a gain is beyond noise when its lower bound is above 0
+
+Parts = tuple[np.ndarray, np.ndarray]  # per sample: signal power, noise power
+
+
+def row_powers(ref: np.ndarray, test: np.ndarray) -> Parts:
+    """Each row's signal power ``sum ref**2`` and noise power ``sum (ref - test)**2``
+    (float64): the parts whose pooled ratio is :func:`quantscope.numerics.sqnr_db` of the
+    whole arrays."""
+    r = np.asarray(ref, np.float64).reshape(len(ref), -1)
+    d = r - np.asarray(test, np.float64).reshape(len(test), -1)
+    return np.sum(r * r, axis=1), np.sum(d * d, axis=1)
+
+
+def pooled_db(parts: Parts) -> float:
+    """``10 log10(sum signal / sum noise)``: the figure the parts pool to."""
+    return 10.0 * float(np.log10(np.sum(parts[0]) / np.sum(parts[1])))
+
+
+def gain_interval(after: Parts, before: Parts, *, margin: float = TIE_MARGIN,
+                  confidence: float = CONFIDENCE) -> dict[str, Any] | None:
+    """The pooled dB gain of ``after`` over ``before`` (paired rows) with one-sided
+    ``confidence`` bounds from the jackknife, and the outcome against ``margin``:
+    ``better`` (lower bound above it), ``not better`` (upper bound at or below it) or
+    ``tie`` (the interval straddles it). None: fewer than 3 rows, unequal rows, or a
+    zero power (an infinite figure: the point rule decides)."""
+    s_a, n_a = (np.asarray(p, np.float64) for p in after)
+    s_b, n_b = (np.asarray(p, np.float64) for p in before)
+    rows = len(s_a)
+    if rows < 3 or not (len(n_a) == len(s_b) == len(n_b) == rows):
+        return None
+    totals = np.array([s_a.sum(), n_a.sum(), s_b.sum(), n_b.sum()])
+    left = totals[:, None] - np.stack([s_a, n_a, s_b, n_b])  # each row left out
+    if not (np.all(totals > 0) and np.all(left > 0)):
+        return None
+    gain = 10.0 * float(np.log10(totals[0] * totals[3] / (totals[1] * totals[2])))
+    loo = 10.0 * np.log10(left[0] * left[3] / (left[1] * left[2]))
+    se = float(np.sqrt((rows - 1) / rows * np.sum((loo - loo.mean()) ** 2)))
+    half = t_quantile(confidence, rows - 1) * se
+    lower, upper = gain - half, gain + half
+    outcome = "better" if lower > margin else "not better" if upper <= margin else "tie"
+    return {"n": rows, "difference": gain, "lower": lower, "upper": upper,
+            "confidence": confidence, "margin": margin, "outcome": outcome}
+
+
+def decide_tie(after: Any, before: Any, named: str) -> tuple[str, str | None,
+                                                             dict[str, Any] | None]:
+    """How the tiebreak decides a headline tie for the rewrite (``after``, a
+    :class:`quantscope.rewrites.auto.Measured`, over ``before``): the outcome (``better``:
+    keep it; ``not better``; ``tie``: the figures cannot separate the two), the figures
+    in words (None: no tiebreak figures) and the tiebreak's interval (None: no parts)."""
+    if after.tiebreak is None or before.tiebreak is None:
+        return "not better", None, None
+    tb = f"{named} ({before.tiebreak:.4g} -> {after.tiebreak:.4g})"
+    iv = (gain_interval(after.tiebreak_parts, before.tiebreak_parts)
+          if after.tiebreak_parts is not None and before.tiebreak_parts is not None else None)
+    if iv is None:
+        won = after.tiebreak - before.tiebreak > TIE_MARGIN
+        return "better" if won else "not better", f"{tb} (no noise estimate)", None
+    text = (f"gain {iv['difference']:+.3f} dB, one-sided {iv['confidence']:.0%} bounds "
+            f"[{iv['lower']:+.3f}, {iv['upper']:+.3f}] over {iv['n']} rows, margin "
+            f"{iv['margin']:g} dB")
+    if iv["outcome"] == "better":
+        return "better", f"{tb} beyond noise ({text})", iv
+    if iv["outcome"] == "not better":
+        return "not better", f"{tb} ({text})", iv
+    return "tie", (f"{tb} cannot be told from the margin ({text}); the model without it "
+                   f"kept (fewer layers), with it {named} measured {after.tiebreak:.4g}"), iv
