@@ -127,6 +127,32 @@ def test_output_whose_rows_one_mul_scales_apart_is_reported():
     assert "3 of 7 channels" in hit.reason and "at 16 bit" in hit.reason
 
 
+def _strided(rows):
+    """STRIDED with its 7 rows scaled by ``rows``, calibrated."""
+    r = np.random.default_rng(4)
+    proto = tm._with_weights(STRIDED, {
+        "w": r.normal(0, 0.5, (7, 8, 1, 1)).astype(np.float32),
+        "b": np.zeros(7, np.float32),
+        "shape": np.array([0, 7, -1], np.int64),
+        "scale": np.array(rows, np.float32).reshape(1, 7, 1),
+    })
+    return _calibrated(proto, {"x": r.normal(0, 1, (8, 8, 8, 8)).astype(np.float32)})
+
+
+def test_dead_output_channels_are_not_small_channels():
+    """A channel always ~0 (max|x| 1e-31, as minilm-l6's LayerNorm leaves three) carries
+    nothing a grid can lose: alone it makes no finding ("16 bit is not enough" was said)."""
+    model, groups, stats = _strided([640, 640, 640, 640, 1e-31, 1e-31, 0])
+    assert find_mixed_scales(model, groups, stats) == ()
+
+
+def test_real_small_channels_keep_the_finding_and_dead_ones_are_counted_apart():
+    model, groups, stats = _strided([640, 640, 640, 640, 1, 1, 1e-31])
+    (hit,) = find_mixed_scales(model, groups, stats)
+    assert sorted(hit.channels) == [4, 5]
+    assert "2 of 7 channels" in hit.reason and "1 dead channel" in hit.reason
+
+
 def test_concat_of_like_scales_is_not_reported():
     r = np.random.default_rng(1)
     proto = tm._with_weights(SAME_SCALE, {
