@@ -85,6 +85,27 @@ def test_alls_says_an_exact_layer_name_it_cannot_write():
         "script line (only letters, digits and _ . / - can): set it by hand"]
 
 
+def test_a_name_holding_not_set_is_no_unset_decision():
+    """Node names holding the words "NOT SET" (a guessed-name comment and a reason comment
+    say them) were counted as decisions the script does not carry: ``export`` and the
+    verdict warned "2 plan decision(s) NOT SET" on a script that carries every one. The
+    count reads the decision line's structure; a real unset decision is still counted."""
+    from quantscope.report.summary import unset_line
+
+    first, second = "c1 NOT SET", "c2: a16_w16 NOT SET: x"
+    model = load_proto(conv_chain(first, second, "g"))
+    plan = Plan(default=Precision.A8_W8, target="hailo8",
+                overrides=((first, Precision.A16_W8), (second, Precision.A16_W16)),
+                reasons=((first, "kept NOT SET by nobody"),))
+    text = export_alls(plan, find_groups(model))
+    assert unset_line([f"m.alls: {ln}" for ln in unset_decisions(text)]) is None
+    # the same names with the second conv's HN name unwritable: one decision is unset
+    text = export_alls(plan, find_groups(model), layer_names={second: "conv(2)"})
+    line = unset_line([f"m.alls: {ln}" for ln in unset_decisions(text)])
+    assert line is not None and line.startswith(
+        "warning: 1 plan decision(s) NOT SET in the compiler file (m.alls: 1)"), line
+
+
 def _io_row(role: str, tensor: str, scale: float, zp: int) -> dict:
     return {"role": role, "tensor": tensor, "bits": 8, "signed": False, "stored_type": "uint8",
             "q_min": 0, "q_max": 255, "scale": scale, "zero_point": zp, "min": -zp * scale,

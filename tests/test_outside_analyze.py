@@ -127,6 +127,60 @@ def test_output_whose_rows_one_mul_scales_apart_is_reported():
     assert "3 of 7 channels" in hit.reason and "at 16 bit" in hit.reason
 
 
+def _strided(rows):
+    """STRIDED with its 7 rows scaled by ``rows``, calibrated."""
+    r = np.random.default_rng(4)
+    proto = tm._with_weights(STRIDED, {
+        "w": r.normal(0, 0.5, (7, 8, 1, 1)).astype(np.float32),
+        "b": np.zeros(7, np.float32),
+        "shape": np.array([0, 7, -1], np.int64),
+        "scale": np.array(rows, np.float32).reshape(1, 7, 1),
+    })
+    return _calibrated(proto, {"x": r.normal(0, 1, (8, 8, 8, 8)).astype(np.float32)})
+
+
+def test_dead_output_channels_are_not_small_channels():
+    """A channel always ~0 (max|x| 1e-31, as minilm-l6's LayerNorm leaves three) carries
+    nothing a grid can lose: alone it makes no finding ("16 bit is not enough" was said)."""
+    model, groups, stats = _strided([640, 640, 640, 640, 1e-31, 1e-31, 0])
+    assert find_mixed_scales(model, groups, stats) == ()
+
+
+def test_real_small_channels_keep_the_finding_and_dead_ones_are_counted_apart():
+    model, groups, stats = _strided([640, 640, 640, 640, 1, 1, 1e-31])
+    (hit,) = find_mixed_scales(model, groups, stats)
+    assert sorted(hit.channels) == [4, 5]
+    assert "2 of 7 channels" in hit.reason and "1 dead channel" in hit.reason
+
+
+PADDED = """
+<ir_version: 9, opset_import: ["" : 17]>
+padded (float[N, 8, 8, 8] x) => (float[N, 12, 8, 8] y) {
+    c = Conv (x, w, b)
+    s = Sigmoid (c)
+    big = Mul (s, px)
+    z = Mul (s, zero)
+    y = Concat <axis = 1> (big, s, z)
+}
+"""
+
+
+def test_a_zero_input_does_not_hide_a_small_one_in_a_concat():
+    """A Concat of pixels (0-640), probabilities (0-1) and an all-zero pad: the zero input
+    was taken as the smallest, and its span 0 stopped the Concat's check (only the output's
+    channel check caught it, without the Concat, its inputs and ranges); it is dead, and
+    the Concat's finding names the probabilities."""
+    r = np.random.default_rng(5)
+    proto = tm._with_weights(PADDED, {
+        "w": r.normal(0, 0.5, (4, 8, 1, 1)).astype(np.float32),
+        "b": np.zeros(4, np.float32), "px": np.full((1,), 640, np.float32),
+        "zero": np.zeros((1,), np.float32)})
+    model, groups, stats = _calibrated(
+        proto, {"x": r.normal(0, 1, (8, 8, 8, 8)).astype(np.float32)})
+    (hit,) = find_mixed_scales(model, groups, stats)
+    assert hit.tensor == "y" and "the whole range of s " in hit.reason, hit.reason
+
+
 def test_concat_of_like_scales_is_not_reported():
     r = np.random.default_rng(1)
     proto = tm._with_weights(SAME_SCALE, {

@@ -196,6 +196,33 @@ def test_run_with_tokensplit_works_on_the_split_model(tmp_path, capsys):
     assert any(n.name == "MatMul_3/tok1" for n in compiled.graph.node)
 
 
+def test_auto_tokensplit_judges_at_the_size_the_data_gives(tmp_path, capsys):
+    """run without --seq-len takes input_ids' size from the data (8 tokens); the auto
+    trial of tokensplit said "the token-wise layers' size is unknown: give --seq-len N or
+    --input-shape" and was not tried. Now it judges the size rule at those 8 tokens."""
+    from pathlib import Path
+
+    import quantscope.targets as targets
+    from quantscope.serde import read_json
+
+    text = (Path(targets.__file__).parent / "hailo10h.toml").read_text()
+    small = tmp_path / "small10h.toml"  # the 16-bit size limit of SMALL: binds at 8 tokens
+    small.write_text(text.replace("max_values = { value = 98304",
+                                  f"max_values = {{ value = {SEQ * H}")
+                     .replace('name = "hailo10h"', 'name = "small10h"'))
+    onnx.save(_encoder(), tmp_path / "enc.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (32, SEQ)).astype(np.int64),
+             attention_mask=np.ones((32, SEQ), np.int64))
+    assert main(["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", str(small), "--out", str(tmp_path / "W")]) == 0
+    assert f"input-shape: input_ids=1x{SEQ}" in capsys.readouterr().err
+    rows = read_json(tmp_path / "W" / "verdict.json", "verdict")["rewrites_auto"]["rows"]
+    row = next(r for r in rows if r["rewrite"] == "tokensplit")
+    assert "unknown" not in row["why"] and f"at {SEQ} tokens" in row["why"], row
+    assert row["decision"] in ("kept", "dropped"), row
+
+
 def test_a_vit_block_splits_by_its_static_token_count(tmp_path, capsys):
     """A ViT's residual stream [B, 5 tokens, 16] (decomposed LayerNorms, layer-scale Adds)."""
     import tiny_vit

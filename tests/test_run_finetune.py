@@ -190,6 +190,18 @@ def test_the_noise_decides_on_paired_per_query_scores():
     assert mean == 1.0 and low == 1.0  # no spread: the bound is the mean
 
 
+def test_finetune_figures_are_in_the_units_the_verdict_shows():
+    """Every share of the samples (detection F1 too, not only top-1 agreement) in percent,
+    as report.fmt writes it in the verdict and the report; dB with its unit."""
+    before, up = np.zeros(100), np.zeros(100)
+    up[:12] = 1.0
+    for metric in ("top1_agreement", "detection_f1", "recall@5"):
+        why = T.decide(T.Figure(0.80, before), T.Figure(0.92, up), None, metric=metric)[1]
+        assert why.startswith("fit 80.0 % -> 92.0 %"), (metric, why)
+    why = T.decide(T.Figure(30.0), T.Figure(31.25), None, metric="sqnr_db_channel_min")[1]
+    assert why.startswith("fit 30.0 dB -> 31.2 dB"), why
+
+
 def test_budget_left_is_what_the_plan_stage_left(tmp_path):
     from quantscope.pipeline.context import Context, RunOptions
     from quantscope.pipeline.manifest import Manifest

@@ -341,6 +341,7 @@ def _stats_arrays(stats: Stats) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             "hist_range": ts.hist_range, "channel_axis": ts.channel_axis,
             "bulk_min": ts.bulk_min, "floor_count": ts.floor_count,
             "floor_max": ts.floor_max,
+            **({"nonfinite": ts.nonfinite} if ts.nonfinite else {}),
         })
         arrays[f"hist_{i}"] = ts.hist
         arrays[f"chan_{i}"] = ts.channel_absmax
@@ -394,6 +395,7 @@ def _stats_from(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Stats:
             bulk_min=None if t.get("bulk_min") is None else float(t["bulk_min"]),
             floor_count=int(t.get("floor_count", 0)),
             floor_max=None if t.get("floor_max") is None else float(t["floor_max"]),
+            nonfinite=int(t.get("nonfinite", 0)),
         )
     return Stats(tensors=tensors, method=header["method"],
                  num_batches=int(header["num_batches"]), num_samples=int(header["num_samples"]))

@@ -312,6 +312,9 @@ class TensorStats:
     # the floor cluster's largest value: a fill (plus the scores added to it) is nearly
     # one value; a real outlier channel spreads (None: not recorded, older stats files)
     floor_max: float | None = None
+    # NaN / inf values the calibration met in this tensor: left out of ``min``/``max`` (the
+    # histogram and channel maxima count them as 0); said by ``calibrate.nonfinite_note``
+    nonfinite: int = 0
 
 
 @dataclass(frozen=True)

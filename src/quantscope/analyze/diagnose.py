@@ -36,6 +36,7 @@ from quantscope.analyze.rows import run_plan_rows, squared_error_rows
 from quantscope.analyze.scoring import Scorer, fidelity
 from quantscope.analyze.sweeps import SweepResult, sweep_fast, sweep_segments
 from quantscope.analyze.weights import WeightIssue, find_weight_issues
+from quantscope.calibrate.collect import nonfinite_note
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
 from quantscope.model.units import Unit, sweep_units
@@ -290,7 +291,8 @@ def analyze(
     recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
                           ref, scheme) for k in recover_top]
     method, notes = _method(res, proxy_fraction, len(ref))
-    notes += units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
+    notes += units_notes + _zero_notes(stats) + tuple(filter(None, [nonfinite_note(stats)])) \
+        + _skip_notes(groups, skipped) + tuple(
         RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
     return Analysis(
         model.source,

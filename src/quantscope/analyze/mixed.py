@@ -18,6 +18,9 @@ also checked       every graph output not reported so: its channels (the graph's
                    axis, :mod:`quantscope.model.axes`) by max|x|, when some but not all
                    span fewer than ``MIN_LEVELS`` steps of its 8-bit grid (one op, e.g. a
                    Mul by per-row strides, can mix scales as a Concat does)
+not counted        a dead channel or input: its span within float32's resolution
+                   (``DEAD``) of the largest one's; it carries nothing a grid can lose
+                   (a finding names how many channels it ignored so)
 fix                keep the Concat's output at 16 bit when that gives the input
                    ``MIN_LEVELS`` steps or more; else (and always as the alternative) split
                    the output into one output per scale, each with its own grid
@@ -46,6 +49,9 @@ from quantscope.numerics import qparams
 from quantscope.types import Groups, QuantScheme, Stats
 
 MIN_LEVELS = 8.0  # an input spanning fewer steps of the 8-bit output grid keeps < 3 bits
+# a channel (or Concat input) whose span is within float32's own resolution of the largest
+# one's carries nothing a grid can lose: dead (e.g. a LayerNorm channel of weight ~0)
+DEAD = float(np.finfo(np.float32).eps)
 MAX_CHANNELS = 4096  # a graph output with more "channels" is not read channel by channel
 BITS = (8, 16)
 
@@ -109,9 +115,10 @@ def _finding(node: onnx.NodeProto, parts: list[_Part], axis: int, group: str | N
     """``own``: the Concat output's calibrated range (its real grid), else the union."""
     lo, hi = own or (min(p.lo for p in parts), max(p.hi for p in parts))
     steps = {b: _step(lo, hi, b, scheme) for b in BITS}
-    small = min(parts, key=lambda p: p.span)
     large = max(parts, key=lambda p: p.span)
-    if small is large or small.span <= 0.0:
+    live = [p for p in parts if p.span > DEAD * large.span]
+    small = min(live, key=lambda p: p.span)
+    if small is large:
         return None
     levels = {b: small.span / steps[b] for b in BITS}
     if levels[8] >= MIN_LEVELS:
@@ -184,7 +191,8 @@ def _output_channels(model: Model, groups: Groups, stats: Stats, out: str,
     if a.size < 2 or a.size > MAX_CHANNELS or not a.max() > 0:
         return None
     steps = {b: _step(float(ts.min), float(ts.max), b, scheme) for b in BITS}
-    small = np.flatnonzero((a > 0) & (a / steps[8] < MIN_LEVELS))
+    dead = int(np.count_nonzero(a <= DEAD * a.max()))
+    small = np.flatnonzero((a > DEAD * a.max()) & (a / steps[8] < MIN_LEVELS))
     if small.size == 0 or small.size == a.size:
         return None
     worst = float(a[small].min())
@@ -200,6 +208,8 @@ def _output_channels(model: Model, groups: Groups, stats: Stats, out: str,
         f"16 bit; channels {', '.join(map(str, chans[:6]))}, smallest max|x| {worst:.3g} "
         f"against {float(a.max()):.3g}), so those channels keep "
         f"{max(levels[8], 0):.1f} steps at 8 bit ({levels[16]:.0f} at 16 bit)"
+        + (f"; {dead} dead channel{'s' if dead > 1 else ''} (max|x| within float32 "
+           "precision of 0 against the largest) ignored" if dead else "")
     )
     split = (f"split '{out}' into one output per scale (its small channels as a separate "
              "graph output, each with its own grid)")

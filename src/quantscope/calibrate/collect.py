@@ -158,6 +158,28 @@ def _refuse_nonfinite_outputs(model: Model, observers: dict[str, Observer]) -> N
             "samples it breaks on from the data, or fix the model")
 
 
+def nonfinite_note(stats: Stats) -> str | None:
+    """One line naming the tensors inside the graph where FP32 met NaN or inf on the
+    calibration data (the outputs are refused, :func:`_refuse_nonfinite_outputs`): their
+    ranges hold the finite values only, so nothing here shows them otherwise. None when
+    there are none. Said by ``calibrate``, the analysis notes and ``run``'s verdict."""
+    bad = sorted(((t, ts) for t, ts in stats.tensors.items() if ts.nonfinite),
+                 key=lambda p: -p[1].nonfinite)
+    if not bad:
+        return None
+    shown = ", ".join(f"{t!r} ({ts.nonfinite:,} of {ts.count:,} values)"
+                      for t, ts in bad[:MAX_NAMED])
+    more = f" and {len(bad) - MAX_NAMED} more" if len(bad) > MAX_NAMED else ""
+    return (f"NaN or inf inside the graph on the calibration data (FP32, before any "
+            f"quantization) in {len(bad)} tensor(s): {shown}{more}; left out of their "
+            "calibrated ranges, which hold the finite values only: find the op that makes "
+            "them (a division by 0, a log of 0 ...) and guard it, or drop the samples it "
+            "breaks on from the data")
+
+
+MAX_NAMED = 6  # tensors named in the note (the rest counted)
+
+
 def _refuse_constant_outputs(model: Model, same: dict[str, SameSamples],
                              inputs: dict[str, SameSamples]) -> None:
     """When every output FP32 gives is the same on every calibration sample, the model does

@@ -132,6 +132,7 @@ class Observer:
             bulk_min=None if empty or not math.isfinite(self.bulk_lo) else self.bulk_lo,
             floor_count=self.floor_count,
             floor_max=None if empty or not math.isfinite(self.floor_hi) else self.floor_hi,
+            nonfinite=self.nonfinite,
         )
 
 

@@ -40,6 +40,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     stages.write_stats(args.out, stats)
     print(f"wrote {args.out}: {len(stats.tensors)} tensors, {stats.num_samples} samples, "
           f"{stats.num_batches} batches, method {stats.method}")
+    from quantscope.calibrate.collect import nonfinite_note
+
+    note = nonfinite_note(stats)  # NaN/inf inside the graph: left out of the ranges, said
+    if note:
+        print(f"warning: {note}")
     return 0
 
 

@@ -88,7 +88,8 @@ def data_parent(*, required: bool = True, help: str = DATA_HELP) -> argparse.Arg
                    help="the axis of input (or output) NAME that holds the samples, for "
                    "tensor data (default: found from the model: a symbolic dim the inputs "
                    "share, else the axis of static size 1 the data fills; e.g. an LSTM "
-                   "state h=1); repeatable")
+                   "state h=1); repeatable; a NAME holding ',' or '=' is read up to the "
+                   "last '=' before the axis, or quote it: '\"a,b\"=1'")
     return p
 
 
@@ -110,7 +111,8 @@ LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per 
                "OUTPUT=tensor (fidelity only). Default: a detection head (a Concat of 4 box "
                "rows and score rows) and a Softmax over the classes (axis 1) of an [N, C] or "
                "[N, C, H, W] output are "
-               "found in the graph; other outputs are tensors (docs/outside-the-zoo.md)")
+               "found in the graph; other outputs are tensors (docs/outside-the-zoo.md). An "
+               "OUTPUT holding '=' is read up to the last '=KIND', or quote it: '\"a=b\"=map'")
 
 
 def add_layout(p: argparse.ArgumentParser) -> None:

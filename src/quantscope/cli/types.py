@@ -33,6 +33,7 @@ import errno
 import io
 import math
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Callable, Iterator
@@ -308,16 +309,30 @@ def cache_folder(text: str) -> str:
         raise argparse.ArgumentTypeError(str(e).replace("run folder", "cache folder")) from None
 
 
+# one NAME=AXIS of a --batch-axis list: a quoted name is taken as written; a bare one runs
+# to the last '=' before an integer axis that ends the item, so it may hold ',' and '='
+_BATCH_AXIS = re.compile(r"""\s*(?:"(?P<dq>[^"]*)"|'(?P<sq>[^']*)'|(?P<bare>.*?))"""
+                         r"\s*=\s*(?P<axis>-?\d+)\s*(?:,|$)")
+QUOTE_HINT = ("a name holding ',' or '=' may be quoted: --batch-axis '\"a,b=c\"=1'")
+
+
 def batch_axes(text: str) -> tuple[tuple[str, int], ...]:
-    """``NAME=AXIS`` or a comma list of them (names checked against the model later)."""
-    out = []
-    for part in text.split(","):
-        name, eq, axis = part.strip().partition("=")
-        name, axis = name.strip(), axis.strip()
-        if not eq or not name or not axis.lstrip("-").isdigit():
+    """``NAME=AXIS`` or a comma list of them (names checked against the model later); a
+    name may hold ',' or '=' (read up to the last '=' before the axis), or be quoted."""
+    out, at = [], 0
+    while at < len(text):
+        m = _BATCH_AXIS.match(text, at)
+        name = None if m is None else next(
+            (m[k] for k in ("dq", "sq") if m[k] is not None), (m["bare"] or "").strip())
+        if m is None or not name:
+            part = text[at:].split(",", 1)[0].strip() or text.strip()
             raise argparse.ArgumentTypeError(
-                f"'{part.strip()}' is no NAME=AXIS: give e.g. --batch-axis h=1")
-        out.append((name, int(axis)))
+                f"'{part}' is no NAME=AXIS: give e.g. --batch-axis h=1 ({QUOTE_HINT})")
+        out.append((name, int(m["axis"])))
+        at = m.end()
+    if not out:
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is no NAME=AXIS: give e.g. --batch-axis h=1 ({QUOTE_HINT})")
     return tuple(out)
 
 

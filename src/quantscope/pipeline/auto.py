@@ -41,6 +41,7 @@ import numpy as np
 from quantscope import stages
 from quantscope.progress import say
 from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rewrites
+from quantscope.rewrites.base import shapes_seq_len
 from quantscope.rewrites.tie import row_powers
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
@@ -236,8 +237,12 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
     say(f"rewrites auto: choosing by {head.metric} on {n} {unit} (a tie: by {tiebreak})",
         show=progress)
     calib = _released(lambda m: stages.calibrate_model(m, fit, method=opts.method))
+    # the trials' preconditions read a length: without --seq-len, the one the input shapes
+    # (given, or the data's sizes) give, else the size rules could not be judged
+    seq_len = opts.seq_len if opts.seq_len is not None else \
+        shapes_seq_len(model, opts.input_shapes)
     choice, proto = choose_rewrites(
-        model, target, opts.seq_len,
+        model, target, seq_len,
         calibrate=calib,
         measure=_released(repaired_measure(
             max_legal_measure(fit, target, head.metric, seq_len=opts.seq_len,

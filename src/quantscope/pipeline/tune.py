@@ -43,6 +43,7 @@ import numpy as np
 
 from quantscope.finetune.engine import torch_available
 from quantscope.progress import say
+from quantscope.report import fmt
 from quantscope.types import Dataset, Plan, Precision, QuantscopeError
 
 if TYPE_CHECKING:
@@ -179,17 +180,13 @@ def decide(before: Figure, after: Figure, drift: float | None, *, metric: str,
 
 
 def _fig(metric: str, v: float | None) -> str:
-    if v is None:
-        return "n/a"
-    return f"{100 * v:.1f} %" if metric in _FRACTIONS else f"{v:.4g}"
+    """A figure in its metric's unit, as the report and the verdict show it (``report.fmt``:
+    a share of the samples in percent, dB with its unit)."""
+    return "n/a" if v is None else fmt.value(metric, v)
 
 
 def _pts(metric: str, v: float) -> str:
-    return f"{100 * v:+.1f} points" if metric in _FRACTIONS else f"{v:+.4g}"
-
-
-_FRACTIONS = frozenset({"top1_agreement", "recall@1", "decision_agreement",
-                        "score_agreement"})
+    return f"{100 * v:+.1f} points" if fmt.is_share(metric) else fmt.gain(metric, v)
 
 
 class FitMeasure:

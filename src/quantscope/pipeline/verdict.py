@@ -100,6 +100,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "unscored": _unscored(ev["data"]),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
         "mixed_scales": _mixed_scales(ctx),
+        # NaN / inf FP32 met inside the graph on the fit data (left out of the ranges)
+        "nan_inf_inside": _nonfinite(ctx),
         **summary,
     }
 
@@ -227,6 +229,14 @@ def _mixed_scales(ctx: Context) -> list[str]:
     from quantscope.analyze.report import mixed_scale_lines
 
     return mixed_scale_lines(_read(ctx, steps.ANALYSIS))
+
+
+def _nonfinite(ctx: Context) -> list[str]:
+    """The calibration's NaN/inf inside the graph, one line (empty when none)."""
+    from quantscope.calibrate.collect import nonfinite_note
+
+    note = nonfinite_note(stages.read_stats(ctx.path(steps.STATS)))
+    return [note] if note else []
 
 
 def _whatif(w: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -29,8 +29,9 @@ import re
 from collections import Counter
 from typing import Any
 
-from quantscope.export.hailo_alls import one_line
+from quantscope.export.hailo_alls import UNSET, one_line
 from quantscope.report import fmt
+from quantscope.types import Precision
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
               "matmul": "activation MatMuls (attention scores and context)",
@@ -361,7 +362,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in (v.get("says_little") or [])
-              + (v.get("unscored") or []) + (v.get("saturated_outputs") or [])]
+              + (v.get("unscored") or []) + (v.get("saturated_outputs") or [])
+              + (v.get("nan_inf_inside") or [])]
     bm = v.get("binds_measured") if not v.get("reached") else None
     if bm:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")
@@ -402,6 +404,16 @@ def warned_text(v: dict[str, Any]) -> str:
     return f" (warns: {', '.join(warned)}; check.json)" if warned else ""
 
 
+# An unset decision as the Hailo script writes it (``<group>: <precision> NOT SET: <why>``
+# or ``<group>: pinned range [lo, hi] NOT SET: <why>``, why: no layer name, or one a
+# script line cannot hold), read by its structure: a name that merely holds the words
+# (a node called "x NOT SET", a guessed-name or reason comment about it) is no decision.
+_UNSET_DECISION = re.compile(
+    r": (?:" + "|".join(p.value for p in Precision) + r"|pinned range \[[^\]]*\]) "
+    + re.escape(UNSET) + r": (?:no Hailo layer name known for (?:its (?P<op>\S+) layer|it\b)"
+    r"|its Hailo layer name .* cannot be written)")
+
+
 def unset_line(warnings: list[str], roles: dict[str, str] | None = None, *,
                listed: str = "the list is in verdict.json", fix: str = HN_FIX) -> str | None:
     """One line for the decisions the compiler files do not carry (the ``NOT SET`` lines of
@@ -409,16 +421,15 @@ def unset_line(warnings: list[str], roles: dict[str, str] | None = None, *,
     (``roles``: what a file is, e.g. the single plan), and which op kinds lack a layer
     name; ``listed``: where the user finds them, ``fix``: what to do; None when there are
     none."""
-    unset = [w for w in warnings if "NOT SET" in w]
+    unset = [(w, found[-1]) for w in warnings if (found := list(_UNSET_DECISION.finditer(w)))]
     if not unset:
         return None
     files: Counter[str] = Counter()
-    ops: set[str] = set()
-    for w in unset:
+    ops = {m["op"] for _, m in unset if m["op"]}
+    for w, _ in unset:
         head = w.split(": ", 1)[0]
         if head.endswith(".alls"):
             files[head] += 1
-        ops.update(re.findall(r"for its (\S+) layer", w))
     where = ", ".join(f"{f}{' (' + roles[f] + ')' if roles and f in roles else ''}: {n}"
                       for f, n in files.items())
     kinds = (f"no Hailo layer name is known for {', '.join(sorted(ops))} layers"

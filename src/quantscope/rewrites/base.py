@@ -22,7 +22,7 @@ import onnx
 
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
-from quantscope.model.shapes import given_shapes
+from quantscope.model.shapes import given_shapes, seq_len_shapes
 from quantscope.plan.check import check
 from quantscope.repair import Change, RepairError
 from quantscope.repair import Repair as GraphRepair
@@ -356,6 +356,23 @@ def rule_binds(model: Model, target: Target | None, seq_len: int | None,
                                    f"{what} may be 16 bit")
     return Precondition(True, f"{hits[0].rule} keeps {what} at 8 bit ({len(hits)} layer(s), "
                               f"e.g. '{hits[0].group}')")
+
+
+def shapes_seq_len(model: Model, input_shapes: InputShapes) -> int | None:
+    """The token count that input shapes give (``--input-shape``, or the data's sizes that
+    ``run`` takes): the second dim of the model's token inputs (the rank-2 inputs
+    ``--seq-len`` would fix, :func:`~quantscope.model.shapes.seq_len_shapes`) when the
+    shapes name them and agree; else None. What the preconditions judge at without
+    ``--seq-len`` (they read a length, not shapes)."""
+    if not input_shapes:
+        return None
+    try:
+        tokens = seq_len_shapes(model, 1)
+    except QuantscopeError:  # no rank-2 token input: no token count
+        return None
+    given = dict(input_shapes)
+    lengths = {given[n][1] for n in tokens if len(given.get(n, ())) == 2}
+    return lengths.pop() if len(lengths) == 1 else None
 
 
 def _failed(rw: Rewrite, model: Model, r: GraphRepair, error: str) -> RewriteResult:

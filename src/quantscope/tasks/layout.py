@@ -33,6 +33,7 @@ naming ``--layout`` and the fix.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from quantscope.model.load import Model
@@ -80,11 +81,35 @@ def _fail(text: str, why: str) -> LayoutError:
     return LayoutError(f"--layout '{text}': {why}")
 
 
+_KIND_AFTER = re.compile(r"=\s*(?:" + "|".join(KINDS) + r")\s*(?=:|$)", re.IGNORECASE)
+QUOTE_HINT = ("an output name holding '=' is read up to the last '=KIND', or quote it: "
+              "--layout '\"a=b\"=detect'")
+
+
+def _split_output(text: str) -> tuple[str, str, str]:
+    """(output, '=', the rest): a quoted output name as written; else the name runs to
+    the last ``=KIND`` (a known kind, then ``:`` or the end), so it may hold '=' (and ',',
+    ':'); else to the first '=' (the kind is then named as unknown)."""
+    quote = text.lstrip()[:1]
+    if quote in ("'", '"'):
+        body = text.lstrip()[1:]
+        close = body.find(quote)
+        after = body[close + 1:].lstrip() if close >= 0 else ""
+        if close < 0 or not after.startswith("="):
+            raise _fail(text, f"the quoted output name is not closed by {quote}=KIND: "
+                        f"give {SYNTAX} ({QUOTE_HINT})")
+        return body[:close], "=", after[1:]
+    found = list(_KIND_AFTER.finditer(text))
+    if found:
+        return text[:found[-1].start()].strip(), "=", text[found[-1].start() + 1:]
+    output, eq, rest = text.partition("=")
+    return output.strip(), eq, rest
+
+
 def parse_layout(text: str) -> LayoutSpec:
     """``OUTPUT=KIND[:KEY=VALUE,...]`` -> :class:`LayoutSpec`; syntax, kinds, keys and
     numbers checked here (output names and row counts need the model)."""
-    output, eq, rest = text.partition("=")
-    output = output.strip()
+    output, eq, rest = _split_output(text)
     if not eq or not output:
         raise _fail(text, f"give {SYNTAX} (e.g. detections=detect, mask=map:threshold=0.5)")
     kind, _, opts = rest.partition(":")
@@ -264,7 +289,9 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str
     for s in specs:
         if s.output not in outputs:
             raise _fail(s.text, f"'{s.output}' is no output of the model (outputs: "
-                        f"{', '.join(outputs)})")
+                        f"{', '.join(outputs)})"
+                        + (f"; {QUOTE_HINT}" if any("=" in n for n in (s.output, *outputs))
+                           else ""))
         if s.output in seen:
             raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout "
                         "per output")

@@ -134,7 +134,8 @@ def check_batch_axes(model: Model, declared: Mapping[str, int]) -> dict[str, int
             raise QuantscopeError(
                 f"--batch-axis: '{name}' is no input or output of the model (inputs: "
                 f"{', '.join(model.input_names()) or 'none'}; outputs: "
-                f"{', '.join(model.output_names())}): use one of those names")
+                f"{', '.join(model.output_names())}): use one of those names"
+                + _quote_hint(name, known))
         rank = len(shapes[name]) if name in shapes else None
         if rank is not None and not -rank <= axis < rank:
             raise QuantscopeError(
@@ -148,6 +149,15 @@ def check_batch_axes(model: Model, declared: Mapping[str, int]) -> dict[str, int
                 f"(shape {_shape_text(shapes[name])}), so it cannot hold the samples: give "
                 "the axis that does (a symbolic one, or one of size 1)")
     return out
+
+
+def _quote_hint(name: str, known: tuple[str, ...]) -> str:
+    """How to name a tensor whose name holds ',' or '=' (when the given or a real name
+    does): the name is read up to the last '=' before the axis, or quoted."""
+    if not any(c in n for n in (name, *known) for c in ",="):
+        return ""
+    return ("; a name holding ',' or '=' is read up to the last '=' before the axis, or "
+            "quote it: --batch-axis '\"a,b=c\"=1'")
 
 
 def _shape_text(shape: tuple[int | str | None, ...]) -> str:

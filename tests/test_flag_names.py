@@ -1,0 +1,70 @@
+"""Tensor names that hold the flags' own separators: ``--batch-axis NAME=AXIS[,…]`` and
+``--layout OUTPUT=KIND[:KEY=VALUE,…]`` split on ',' and '=', so an input named ``h,0=1`` or
+an output named ``det=a,b`` could not be named at all ("is no NAME=AXIS", "unknown kind").
+A name now runs to the last '=' before the axis (the last '=KIND' for a layout), or is
+quoted. Real models, real files, real ORT sessions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from outside_models import feeds, mixed_scale_detector
+from test_outside_batch_axis import _unshared_state
+
+from quantscope.cli import main
+
+H, C, DET = "h,0=1", "c=state", "det=a,b"
+
+
+def _renamed(proto: onnx.ModelProto, names: dict[str, str]) -> onnx.ModelProto:
+    """``proto`` with graph inputs/outputs (and every use of them) renamed."""
+    for vi in [*proto.graph.input, *proto.graph.output]:
+        vi.name = names.get(vi.name, vi.name)
+    for node in proto.graph.node:
+        node.input[:] = [names.get(n, n) for n in node.input]
+        node.output[:] = [names.get(n, n) for n in node.output]
+    return proto
+
+
+def _lstm(tmp_path: Path) -> tuple[str, str]:
+    """The LSTM whose state only ``--batch-axis`` can place, its state named ``H``, ``C``."""
+    model, npz = tmp_path / "lstm.onnx", tmp_path / "lstm.npz"
+    onnx.save(_renamed(_unshared_state(), {"h": H, "c": C}), model)
+    data = feeds("lstm_state", 16)
+    np.savez(npz, **{ {"h": H, "c": C}.get(k, k): v for k, v in data.items()})
+    return str(model), str(npz)
+
+
+def test_batch_axis_names_an_input_holding_comma_and_equals(tmp_path, capsys):
+    model, npz = _lstm(tmp_path)
+    out = str(tmp_path / "s.npz")
+    for given in (f"{H}=1,{C}=1", f"'{H}'=1, \"{C}\"=1"):
+        assert main(["calibrate", model, "--data", npz, "--batch-axis", given,
+                     "--out", out]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    # a name that is no input: one line, which says how such names are written
+    assert main(["calibrate", model, "--data", npz, "--batch-axis", "h=1,c=1",
+                 "--out", out]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is no input or output of the model" in err
+    assert "quote it" in err
+
+
+def test_layout_names_an_output_holding_equals_and_comma(tmp_path, capsys):
+    model, npz = tmp_path / "d.onnx", tmp_path / "d.npz"
+    onnx.save(_renamed(mixed_scale_detector(), {"detections": DET}), model)
+    np.savez(npz, **feeds("mixed_scale_detector", 16))
+    stats = str(tmp_path / "s.npz")
+    assert main(["calibrate", str(model), "--data", str(npz), "--out", stats]) == 0
+    capsys.readouterr()
+    for given in (f"{DET}=detect:threshold=0.3", f"'{DET}'=detect:threshold=0.3"):
+        assert main(["evaluate", str(model), "--data", str(npz), "--stats", stats,
+                     "--precision", "a16_w16", "--layout", given]) == 0
+        assert "detection_f1" in capsys.readouterr().out, given
+    assert main(["evaluate", str(model), "--data", str(npz), "--stats", stats,
+                 "--precision", "a16_w16", "--layout", "det=detect"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "'det' is no output of the model" in err
+    assert "quote it" in err
