@@ -11,7 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.export.alls_lint import parse_alls
-from quantscope.export.hailo_alls import export_alls, unset_decisions
+from quantscope.export.hailo_alls import export_alls, unset_decisions, unset_group
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.types import Plan, Precision
@@ -98,9 +98,12 @@ def test_a_name_holding_not_set_is_no_unset_decision():
                 overrides=((first, Precision.A16_W8), (second, Precision.A16_W16)),
                 reasons=((first, "kept NOT SET by nobody"),))
     text = export_alls(plan, find_groups(model))
+    assert unset_decisions(text) == []  # the verdict's export_warnings and lint read these
     assert unset_line([f"m.alls: {ln}" for ln in unset_decisions(text)]) is None
     # the same names with the second conv's HN name unwritable: one decision is unset
     text = export_alls(plan, find_groups(model), layer_names={second: "conv(2)"})
+    assert len(unset_decisions(text)) == 1
+    assert unset_group(unset_decisions(text)[0]) == second  # lint names it whole
     line = unset_line([f"m.alls: {ln}" for ln in unset_decisions(text)])
     assert line is not None and line.startswith(
         "warning: 1 plan decision(s) NOT SET in the compiler file (m.alls: 1)"), line

@@ -30,6 +30,7 @@ from quantscope.export.hailo_alls import (
     hn_layers,
     short_layer_name,
     unset_decisions,
+    unset_group,
 )
 from quantscope.model.load import Model
 from quantscope.plan.check import check
@@ -354,7 +355,7 @@ def lint(
     for number, text in enumerate(script_text.splitlines(), start=1):
         for unset in unset_decisions(text):  # a decision quantscope could not write
             problems.append(_line_problem(
-                number, text, unset.split(":")[0], "alls.not_set",
+                number, text, unset_group(unset), "alls.not_set",
                 "a plan decision this script does not carry: the compiler applies the "
                 "default to that layer", "write its quantization_param line with the layer's "
                 "name from the parsed HN (or export again with --hn)", severity="warning"))

@@ -199,10 +199,28 @@ def _unnamed(op_type: str, layer: str | None = None) -> str:
             "this model or set it by hand")
 
 
+# An unset decision as the Hailo script writes it (``<group>: <precision> NOT SET: <why>``
+# or ``<group>: pinned range [lo, hi] NOT SET: <why>``, why: no layer name, or one a
+# script line cannot hold), read by its structure: a name that merely holds the words
+# (a node called "x NOT SET", a guessed-name or reason comment about it) is no decision.
+UNSET_DECISION = re.compile(
+    r": (?:" + "|".join(p.value for p in Precision) + r"|pinned range \[[^\]]*\]) "
+    + re.escape(UNSET) + r": (?:no Hailo layer name known for (?:its (?P<op>\S+) layer|it\b)"
+    r"|its Hailo layer name .* cannot be written)")
+
+
 def unset_decisions(text: str) -> list[str]:
     """The decisions a script written by :func:`export_alls` does not carry (its
-    ``# ... NOT SET`` comments, without the ``#``)."""
-    return [ln.lstrip("# ") for ln in text.splitlines() if ln.startswith("#") and UNSET in ln]
+    ``# ... NOT SET`` comments, without the ``#``, read by :data:`UNSET_DECISION`'s
+    structure: a comment that merely holds the words is none)."""
+    return [ln.lstrip("# ") for ln in text.splitlines()
+            if ln.startswith("#") and UNSET_DECISION.search(ln)]
+
+
+def unset_group(decision: str) -> str:
+    """The group an :func:`unset_decisions` line is about (its name may hold ``:``)."""
+    *_, last = UNSET_DECISION.finditer(decision)
+    return decision[:last.start()]
 
 
 def names_guessed(text: str) -> bool:

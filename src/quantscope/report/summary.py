@@ -25,13 +25,11 @@ auto_rewrites      with ``--rewrites auto``: what was tried and kept, measured o
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from typing import Any
 
-from quantscope.export.hailo_alls import UNSET, one_line
+from quantscope.export.hailo_alls import UNSET_DECISION, one_line
 from quantscope.report import fmt
-from quantscope.types import Precision
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
               "matmul": "activation MatMuls (attention scores and context)",
@@ -404,16 +402,6 @@ def warned_text(v: dict[str, Any]) -> str:
     return f" (warns: {', '.join(warned)}; check.json)" if warned else ""
 
 
-# An unset decision as the Hailo script writes it (``<group>: <precision> NOT SET: <why>``
-# or ``<group>: pinned range [lo, hi] NOT SET: <why>``, why: no layer name, or one a
-# script line cannot hold), read by its structure: a name that merely holds the words
-# (a node called "x NOT SET", a guessed-name or reason comment about it) is no decision.
-_UNSET_DECISION = re.compile(
-    r": (?:" + "|".join(p.value for p in Precision) + r"|pinned range \[[^\]]*\]) "
-    + re.escape(UNSET) + r": (?:no Hailo layer name known for (?:its (?P<op>\S+) layer|it\b)"
-    r"|its Hailo layer name .* cannot be written)")
-
-
 def unset_line(warnings: list[str], roles: dict[str, str] | None = None, *,
                listed: str = "the list is in verdict.json", fix: str = HN_FIX) -> str | None:
     """One line for the decisions the compiler files do not carry (the ``NOT SET`` lines of
@@ -421,7 +409,7 @@ def unset_line(warnings: list[str], roles: dict[str, str] | None = None, *,
     (``roles``: what a file is, e.g. the single plan), and which op kinds lack a layer
     name; ``listed``: where the user finds them, ``fix``: what to do; None when there are
     none."""
-    unset = [(w, found[-1]) for w in warnings if (found := list(_UNSET_DECISION.finditer(w)))]
+    unset = [(w, found[-1]) for w in warnings if (found := list(UNSET_DECISION.finditer(w)))]
     if not unset:
         return None
     files: Counter[str] = Counter()
