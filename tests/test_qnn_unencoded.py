@@ -49,6 +49,8 @@ def test_a_qnn_run_and_its_export_name_the_tensors_without_encoding(tmp_path, ca
     assert {"x", "y"} <= _names(doc) and not {"c", "r"} & _names(doc)
     line = "qnn.encodings.json: 2 tensor(s) inside groups have no encoding: c (in conv), r (in conv)"
     assert line in said.out + said.err
+    verdict_lines = said.out[said.out.index("verdict:"):]  # the final summary says it too
+    assert "note: 2 tensor(s) inside groups have no QNN encoding" in verdict_lines
     verdict = json.loads((out / "verdict.json").read_text())
     assert any(w.startswith(line) and "picks its own encoding" in w
                for w in verdict["export_warnings"]), verdict["export_warnings"]

@@ -375,6 +375,11 @@ def format_short(v: dict[str, Any]) -> list[str]:
                        {"model.alls": "the single plan"} if dep is not None else {})
     if unset:  # the vendor file does not carry these decisions: the compile would not either
         lines.append(f"  {unset}")
+    unencoded = v.get("qnn_unencoded") or []
+    if unencoded:  # tensors the QNN converter encodes by itself: outside the figures
+        lines.append(f"  note: {len(unencoded)} tensor(s) inside groups have no QNN encoding "
+                     "(the converter picks its own for those it does not fuse; the emulated "
+                     "figures do not cover them): qnn_unencoded in verdict.json")
     sc = v.get("as_scripted")
     if sc:  # ... and what the single plan measures without them (the goal: where it ships)
         lines.append(_scripted_line(m, f"the single plan as {sc['script']} is written",
