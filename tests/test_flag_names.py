@@ -68,3 +68,27 @@ def test_layout_names_an_output_holding_equals_and_comma(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "'det' is no output of the model" in err
     assert "quote it" in err
+
+
+def test_check_mapping_names_an_output_holding_comma_and_equals(tmp_path, capsys):
+    """``io --check-mapping TENSOR=CODE:VALUE,…`` split on the first '=': an output named
+    ``sp,eed=1`` could not be named (and the quoted form was no mapping either)."""
+    from test_device_io import _policy_model
+
+    model, x, stats = tmp_path / "m.onnx", tmp_path / "x.npy", str(tmp_path / "s.npz")
+    onnx.save(_renamed(_policy_model(), {"speed": "sp,eed=1"}), model)
+    np.save(x, np.random.default_rng(1).uniform(-1, 1, (64, 19)).astype(np.float32))
+    assert main(["calibrate", str(model), "--data", str(x), "--out", stats]) == 0
+    capsys.readouterr()
+    for given in ("sp,eed=1=0:-1,127:0,255:1", "\"sp,eed=1\"=0:-1,127:0,255:1",
+                  "'sp,eed=1' = 0:-1,127:0,255:1"):
+        assert main(["io", str(model), "--stats", stats, "--precision", "a8_w8",
+                     "--check-mapping", given]) == 0, capsys.readouterr().err
+        out = capsys.readouterr().out
+        assert "output sp,eed=1: mapping 0:-1,127:0,255:1 -> max error" in out, given
+    # no mapping at all: one line, which says how such names are written
+    assert main(["io", str(model), "--stats", stats, "--precision", "a8_w8",
+                 "--check-mapping", "sp=0:-1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is not TENSOR=CODE:VALUE" in err
+    assert "quote it" in err

@@ -104,7 +104,8 @@ def add_io(sub: argparse._SubParsersAction, summary: str) -> None:
     io.add_argument("--check-mapping", action="append", metavar="TENSOR=CODE:VALUE,…",
                     type=mapping, help="a hand-written code<->value mapping to check "
                     "against the correct transform, e.g. 'out=0:-1,127:0,255:1' (TENSOR may "
-                    "be *); repeatable")
+                    "be *; one holding ',' or '=' is read up to the last '=', or quote it: "
+                    "'\"a,b=c\"=0:-1,255:1'); repeatable")
     io.add_argument("--out-snippet", "--snippet", dest="out_snippet", metavar="FILE.py",
                     type=output_file,
                     help="write host-side to_device/from_device functions to paste")

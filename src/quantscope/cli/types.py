@@ -372,11 +372,29 @@ def ray_address(text: str) -> str:
 
 
 
+MAPPING_QUOTE_HINT = ("a TENSOR holding ',' or '=' is read up to the last '=', or quote it: "
+                      "--check-mapping '\"a,b=c\"=0:-1,255:1'")
+
+
 def mapping(text: str) -> object:
-    """``TENSOR=CODE:VALUE,…`` (see :func:`quantscope.export.device_io.parse_mapping`)."""
+    """``TENSOR=CODE:VALUE,…`` (see :func:`quantscope.export.device_io.parse_mapping`); the
+    points hold no '=', so TENSOR runs to the last '=' and may hold ',' and '=', or is quoted."""
+    import dataclasses
+
     from quantscope.export.device_io import parse_mapping
 
-    return parse_mapping(text)
+    name, sep, points = text.rpartition("=")
+    quoted = re.fullmatch(r"""\s*(?:"([^"]*)"|'([^']*)')\s*""", name)
+    name = next((g for g in quoted.groups() if g is not None), "") if quoted else name.strip()
+    try:
+        if not sep or not name:
+            raise QuantscopeError(f"mapping '{text}' is not TENSOR=CODE:VALUE,CODE:VALUE,…")
+        parsed = parse_mapping(f"*={points}")
+    except QuantscopeError as exc:
+        why = str(exc).replace(f"mapping '*={points}'", f"mapping '{text}'")
+        hint = "" if "twice" in why else f" ({MAPPING_QUOTE_HINT})"
+        raise argparse.ArgumentTypeError(why + hint) from None
+    return dataclasses.replace(parsed, tensor=name)
 
 
 def seq_lens(text: str) -> tuple[int, ...]:
