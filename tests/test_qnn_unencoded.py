@@ -64,3 +64,29 @@ def test_a_qnn_run_and_its_export_name_the_tensors_without_encoding(tmp_path, ca
     printed = capsys.readouterr().out
     assert "warning: again.json: 2 tensor(s) inside groups have no encoding" in printed
     assert json.loads(again.read_text()) == doc
+
+
+def test_decoder_run_on_qnn_says_each_phase_unencoded_tensors(tmp_path: Path) -> None:
+    """A decoder run on qnn_htp_v73 writes ``{prefill,decode}/qnn.encodings.json``; its
+    verdict's export warnings read only the .alls scripts, so the tensors inside groups
+    (RoPE rotations, attention scores, the gate's sigmoid) went unsaid. Now each phase's
+    file has its line in verdict.json, the console's verdict and the report."""
+    from decoder_tiny import AMOUNTS, SEQ, byte_decoder, run_cli
+
+    out = tmp_path / "run"
+    code, printed = run_cli(["run", str(byte_decoder(tmp_path)), "--data", "stdlib-docs",
+                             "--target", "qnn_htp_v73", "--rewrites", "none", "--prefix",
+                             "none", "--w4", "off", "--seq-len", str(SEQ), *AMOUNTS,
+                             "--out", str(out)])
+    assert code == 0, printed
+    v = json.loads((out / "verdict.json").read_text())
+    rows = v["qnn_unencoded"]
+    assert {r["phase"] for r in rows} == {"prefill", "decode"}
+    assert any(r["tensor"] == "layers.0.attn.scaled" and r["group"] == "layers.0.attn.scores"
+               for r in rows)
+    report = (out / "report.html").read_text()
+    for phase in ("prefill", "decode"):
+        n = sum(r["phase"] == phase for r in rows)
+        head = f"{phase}/qnn.encodings.json: {n} tensor(s) inside groups have no encoding"
+        assert any(w.startswith(head) for w in v["export_warnings"])
+        assert f"warning: {head}" in printed and head in report

@@ -49,6 +49,7 @@ from quantscope.pipeline.decoder_report import (
     decoder_verdict,
     format_decoder_verdict,
     host_text,
+    phase_export_warnings,
     whatif_summary,
 )
 from quantscope.pipeline.manifest import Manifest, model_file_digest, stage_key
@@ -490,7 +491,6 @@ def _open_exported(ctx: DecoderContext, phase: str) -> Any:
 
 
 def report(ctx: DecoderContext) -> Done:
-    from quantscope.export.hailo_alls import script_warnings
     from quantscope.report.decoder import decoder_report_html
     from quantscope.serde import read_json, write_json, write_text
 
@@ -498,9 +498,7 @@ def report(ctx: DecoderContext) -> Done:
                               read_json(ctx.path(EVALUATE), "evaluation"),
                               read_json(ctx.path(REWRITE), "rewrites"),
                               read_json(ctx.path(W4), "a8_w4 variant"))
-    verdict["export_warnings"] = script_warnings(
-        {n: ctx.path(n).read_text(encoding="utf-8") for n in PHASE_ALLS if ctx.path(n).is_file()},
-        hn_option="--phase-hn")
+    verdict.update(phase_export_warnings(ctx.folder, PHASE_ALLS))
     if ctx.path(WHATIF).is_file():
         verdict["whatif"] = whatif_summary(read_json(ctx.path(WHATIF), "whatif"), ctx.opts)
     text = format_decoder_verdict(verdict)

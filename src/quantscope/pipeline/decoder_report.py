@@ -5,7 +5,9 @@ standard error, each phase's cost, the a8_w4 variant, and what the host does."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from quantscope.analyze.prefix import after_text
@@ -227,8 +229,46 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
         "set them by hand"))
     if unset:  # the compiler files do not carry these decisions
         lines.append(f"  {unset}")
+    lines += _unencoded_lines(v)  # ... nor the QNN files these tensors' encodings
     lines.append(f"  ranked by {v['ranked_by']}; measured by {v['measured_by']}")
     return "\n".join(lines)
+
+
+def phase_export_warnings(folder: Path, alls: Sequence[str]) -> dict[str, Any]:
+    """The verdict's ``export_warnings`` of a decoder run (``folder``: the run folder;
+    ``alls``: its per-phase Hailo scripts): what the scripts do not carry, then per phase
+    the tensors inside groups that its QNN encodings file has no encoding for (one line
+    each, as the encoder run's), and those tensors as ``qnn_unencoded`` rows."""
+    import onnx
+
+    from quantscope.export.formats import FORMATS
+    from quantscope.export.hailo_alls import script_warnings
+    from quantscope.export.qnn_encodings import unencoded_line
+    from quantscope.model.load import Model
+    from quantscope.stages import qnn_unencoded
+
+    lines = script_warnings({n: (folder / n).read_text(encoding="utf-8") for n in alls
+                             if (folder / n).is_file()}, hn_option="--phase-hn")
+    rows: list[dict[str, str]] = []
+    for phase in ("prefill", "decode"):
+        name = f"{phase}/{FORMATS['qnn'].file_name}"
+        if not (folder / name).is_file():
+            continue
+        graph = folder / phase / "model.onnx"  # the graph the file was written for
+        tensors = qnn_unencoded(Model(proto=onnx.load(str(graph), load_external_data=False),
+                                      source=str(graph)))
+        lines += [ln for ln in (unencoded_line(name, tensors),) if ln]
+        rows += [{"phase": phase, "tensor": t, "group": g} for t, g in tensors]
+    return {"export_warnings": lines, "qnn_unencoded": rows}
+
+
+def _unencoded_lines(v: dict[str, Any]) -> list[str]:
+    """The verdict's ``export_warnings`` lines about the QNN encodings files."""
+    from quantscope.export.formats import FORMATS
+
+    qnn = FORMATS["qnn"].file_name
+    return [f"  warning: {w}" for w in v.get("export_warnings") or []
+            if w.split(": ", 1)[0].endswith(f"/{qnn}")]
 
 
 def search_lines(search: dict[str, Any]) -> list[str]:
@@ -310,4 +350,4 @@ def host_text(doc: dict[str, Any]) -> str:
 
 
 __all__ = ["DEFAULT_METRIC", "METRICS", "Metric", "decoder_verdict", "format_decoder_verdict",
-           "host_text", "search_lines"]
+           "host_text", "phase_export_warnings", "search_lines"]
