@@ -97,6 +97,19 @@ EDITS = [  # (name, edit, words the one line must hold)
         raw.__setitem__("default_precision", "a16_w16"),
         raw["precisions"].__setitem__("softmax", ["a8_w8"])),
      ["'default_precision'", "a16_w16", "on softmax:"]),
+    # ... and not refused by an error rule on a whole op kind, whatever the model: every
+    # plan not naming each such layer would be illegal (it loaded, and every plan failed)
+    ("default refused by an error rule on its kinds", lambda raw: (
+        raw.__setitem__("default_precision", "a16_w16"),
+        _rule(raw, "hailo.attention_16bit").__setitem__("severity", "error")),
+     ["'default_precision'", "a16_w16", "error rule 'hailo.attention_16bit'",
+      "every softmax, matmul layer", "set default_precision to a8_w8 or a8_w4",
+      'severity = "warning"']),
+    ("default a16_w8 whose weight codes leave every low byte empty", lambda raw: (
+        raw.__setitem__("default_precision", "a16_w8"),
+        _rule(raw, "hailo.a16_low_sublayer_empty").__setitem__("severity", "error")),
+     ["'default_precision'", "a16_w8", "error rule 'hailo.a16_low_sublayer_empty'",
+      "every weighted layer", "whatever the weights"]),
 ]
 
 
@@ -178,3 +191,16 @@ def test_a_profile_allowing_only_a8_w4_on_weighted_says_where_to_start(tmp_path)
     plan, _ = legal_start(find_groups(model), model, target, None, Precision.A8_W4)
     assert not [p for p in check(plan, find_groups(model), model, target)
                 if p.severity == "error"]
+
+
+def test_a_default_an_error_rule_refuses_only_by_size_or_weights_loads():
+    """Rules that depend on sizes (super_defuse) or on the weights (a16_w16's low byte) are
+    left to ``check``: such a default loads, as does one the error rule only warns on."""
+    for default, rule in (("a16_w16", "hailo.super_defuse"),
+                          ("a16_w16", "hailo.a16_low_sublayer_empty"),
+                          ("a16_w16", None)):
+        raw = copy.deepcopy(BASE)
+        raw["default_precision"] = default
+        if rule:
+            _rule(raw, rule)["severity"] = "error"
+        assert parse_target(raw, source="my.toml").default_precision is Precision.A16_W16

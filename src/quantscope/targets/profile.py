@@ -499,6 +499,8 @@ def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
     validate.coverage(dict(target.precisions), dict(target.cost.relative), target.allowed,
                       target.cost.factor, KINDS, source)
     validate.default_allowed(target.default_precision, target.is_allowed, KINDS, source)
+    validate.default_against_rules(target.default_precision, target.rules, target.is_allowed,
+                                   KINDS, source)
     return target
 
 

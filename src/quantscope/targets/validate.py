@@ -11,7 +11,8 @@ profile as a whole shows, each failure one line naming the key, the file and the
 * ``[cost.relative]``: a factor for every precision ``[precisions]`` allows (without one
   the planner costs that precision as infinite and never picks it, without saying so);
 * ``default_precision`` (what the compiler gives a layer a plan does not name) allowed on
-  every op kind by ``[precisions]``.
+  every op kind by ``[precisions]``, and not refused by an error rule on a whole op kind
+  whatever the model's sizes and weights (:func:`default_against_rules`).
 """
 
 from __future__ import annotations
@@ -120,4 +121,47 @@ def default_allowed(default: Any, is_allowed: Any, kinds: tuple[str, ...],
         f"[precisions] does not allow on {', '.join(refused)}: {fix}, or add "
         f"{default.value} to those lists")
 
-__all__ = ["CHECK_PARAMS", "coverage", "default_allowed", "rule_params", "unique_ids"]
+
+def _refuses(rule: Any, p: Any) -> str | None:
+    """Where the error ``rule`` refuses precision ``p`` on every layer of some op kind,
+    whatever the model's sizes and weights (the layers, in words), else None. The
+    size-dependent checks (``act16_wide_non_conv``, ``quant_bias_add_rank``) and the
+    plan-shape one (``float_boundary_cascade``) are conditional: never refused here."""
+    if rule.severity != "error" or p.act_bits != 16:
+        return None
+    params = dict(rule.params)
+    if rule.check == "act16_on_kinds":
+        return f"every {', '.join(params['kinds'].value)} layer (by its kind alone)"
+    if rule.check == "a16_low_sublayer":
+        # plan/check.low_byte_empty shifts a b-bit weight code up by split_bits - b: with
+        # that shift at least low_bits, every code's low part is empty, whatever the weight
+        split, low = int(params["split_bits"].value), int(params["low_bits"].value)
+        if p.weight_bits is not None and split - p.weight_bits >= low:
+            return (f"every weighted layer ({p.weight_bits}-bit weight codes leave the low "
+                    f"{low} bits of the {split}-bit split empty, whatever the weights)")
+    return None
+
+
+def default_against_rules(default: Any, rules: Iterable[Any], is_allowed: Any,
+                          kinds: tuple[str, ...], source: str) -> None:
+    """``default_precision`` is refused by no error rule on a whole op kind by
+    construction (:func:`_refuses`): every plan that does not name each such layer would be
+    illegal. Conditional rules (on sizes, weights, the plan's shape) are left to ``check``."""
+    rules = tuple(rules)
+    for rule in rules:
+        where = _refuses(rule, default)
+        if where is None:
+            continue
+        ok = [p.value for p in type(default) if p.act_bits is not None
+              and all(is_allowed(k, p) for k in kinds)
+              and not any(_refuses(r, p) for r in rules)]
+        fix = (f"set default_precision to {' or '.join(ok)}" if ok
+               else "set default_precision to a precision no error rule refuses")
+        raise QuantscopeError(
+            f"'default_precision' of target profile '{source}' is {default.value}, which "
+            f"error rule '{rule.id}' refuses on {where}, so every plan that does not name "
+            f"each such layer is illegal: {fix}, or make the rule severity = \"warning\"")
+
+
+__all__ = ["CHECK_PARAMS", "coverage", "default_against_rules", "default_allowed",
+           "rule_params", "unique_ids"]
