@@ -139,3 +139,37 @@ def test_the_run_measure_gives_the_rows_the_embedding_sqnr_pools():
                             tiebreak="embedding_sqnr_db")(model, stats)
     assert got.tiebreak_parts is not None and len(got.tiebreak_parts[0]) == 40
     assert pooled_db(got.tiebreak_parts) == pytest.approx(got.tiebreak, abs=1e-6)
+
+
+@pytest.mark.parametrize(("gain", "tiebreak_gain", "kept", "words"), [
+    (1e-6, 0.0, False, "a tie within the 0.1 margin (gain +1e-06"),
+    (-1e-6, 0.0, False, "a tie within the 0.1 margin (gain -1e-06"),
+    (0.05, 0.5, True, "a tie within the 0.1 margin (gain +0.05; no per-sample scores: no "
+                      "noise estimate), decided by better sqnr_db"),
+    (0.5, 0.0, True, "measured better by more than the 0.1 margin (no per-sample scores"),
+])
+def test_tensor_data_without_per_sample_scores_needs_the_margin(tmp_path, gain,
+                                                                tiebreak_gain, kept, words):
+    """Tensor data gives no per-sample scores: the headline (the worst channel's SQNR, dB)
+    kept a rewrite better by any amount, so two functionally identical models measuring
+    +1e-6 and -1e-6 dB took opposite decisions. ``run`` now passes the headline's margin
+    (0.1 dB for a figure in dB): within it the tiebreak decides, with the same margin."""
+    from quantscope.pipeline.auto import TIEBREAK, headline_margin
+
+    model = load_proto(token_encoder(), "enc")
+    fit = _fit(tmp_path, model)
+    head = stages.headline(fit, None)
+    assert head.unit == "dB" and headline_margin(head.unit) == TIE_MARGIN
+
+    def measure(m, s):
+        split = any(n.name.endswith("/tok1") for n in m.graph.node)
+        return Measured(20.0 + gain * split, 30.0 + tiebreak_gain * split)
+
+    choice, proto = choose_rewrites(model, SMALL, SEQ,
+                                    calibrate=lambda m: stages.calibrate_model(m, fit),
+                                    measure=measure, reload=lambda p: load_proto(p, "enc"),
+                                    metric=head.metric, tiebreak=TIEBREAK["fit samples"],
+                                    margin=headline_margin(head.unit))
+    split = next(t for t in choice.trials if t.name == "tokensplit")
+    assert split.tried and split.kept is kept and (proto is not None) is kept
+    assert words in split.reason, split.reason

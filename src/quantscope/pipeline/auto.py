@@ -17,8 +17,10 @@ kept             retrieval pairs: the per-query scores of the metric (each fit q
                  (jackknife over the rows, :mod:`quantscope.rewrites.tie`; else the
                  model without it, and a gain that cannot be told from the margin is
                  said to be a tie on both figures) and said to be a tie; other
-                 data (no per-sample form): better on the figure, an exact tie by the
-                 output SQNR (:func:`quantscope.rewrites.auto.choose_rewrites`)
+                 data (no per-sample form): better on the figure by more than a margin
+                 (:func:`headline_margin`: 0.1 dB for a headline in dB), a gain within it
+                 a tie decided by the output SQNR by the same margin, and said (no noise
+                 estimate; :func:`quantscope.rewrites.auto.choose_rewrites`)
 repairs          a repair that keeps FP32 and answers a target rule
                  (:attr:`quantscope.repair.registry.RepairSpec.answers`: rank4 answers
                  ``qnn.linearclip_5d``) is applied to the run's model after the rewrites,
@@ -42,7 +44,7 @@ from quantscope import stages
 from quantscope.progress import say
 from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rewrites
 from quantscope.rewrites.base import shapes_seq_len
-from quantscope.rewrites.tie import row_powers
+from quantscope.rewrites.tie import TIE_MARGIN, row_powers
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
 if TYPE_CHECKING:
@@ -75,6 +77,14 @@ class AutoOptions(Protocol):
 TIEBREAK = {"fit pairs": "embedding_sqnr_db", "fit samples": "sqnr_db"}
 MEASURED_ON = ("plan --max-legal at the run's length (no repairs), emulated in ONNX Runtime, "
                "on the fit data")
+
+
+def headline_margin(unit: str) -> float:
+    """What a headline without per-sample scores must gain to keep a rewrite (less either
+    way is a tie, decided by the tiebreak): the tiebreak's :data:`TIE_MARGIN` for a figure
+    in dB (tensor data's worst-channel SQNR); 0 for another unit, which has no margin of
+    its own (the reason then says there is no noise estimate)."""
+    return TIE_MARGIN if unit == "dB" else 0.0
 
 
 def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
@@ -249,7 +259,7 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
                               input_shapes=opts.input_shapes, tiebreak=tiebreak),
             calib, target, list(fit.calibration)[: opts.repair_batches],
             seq_len=opts.seq_len, input_shapes=opts.input_shapes)),
-        tiebreak=tiebreak,
+        tiebreak=tiebreak, margin=headline_margin(head.unit),
         reload=lambda p: stages.load_proto(p, model.source),
         metric=head.metric, higher_is_better=head.higher_is_better, n=n, unit=unit,
         measured_on=MEASURED_ON + _repaired_for(model, target, opts),

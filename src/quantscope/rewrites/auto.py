@@ -23,8 +23,10 @@ kept        with per-sample scores (:class:`Measured`, e.g. each fit query's top
             and the reason says it was a tie. Without per-sample scores (a figure or
             ``(figure, tiebreak)``):
             kept when better by more than ``min_gain``, an exact tie by the tiebreak
-            (no noise margin: the reason says so). Else dropped (a rewrite adds
-            layers). The next rewrite is tried on the model kept so far
+            (no noise estimate: the reason says so); with the caller's ``margin``
+            (``run``: 0.1 dB for a headline in dB) a gain within it is a tie, decided
+            so, and said. Else dropped (a rewrite adds layers). The next rewrite is
+            tried on the model kept so far
 interval    the paired interval of each measured trial (``Trial.interval``: n, mean
             difference, both one-sided bounds, the outcome) is kept in the record
 ==========  ==========================================================================
@@ -67,7 +69,9 @@ if TYPE_CHECKING:
 KEEP_RULE = (f"kept when the paired per-sample gain's one-sided {CONFIDENCE:.0%} lower bound "
              f"(Student t) is above 0; a tie within noise is decided by the tiebreak: its "
              f"gain's one-sided {CONFIDENCE:.0%} lower bound (jackknife over rows) above "
-             f"{TIE_MARGIN:g}, else the model without it")
+             f"{TIE_MARGIN:g}, else the model without it; without per-sample scores a "
+             f"gain within the headline's margin ({TIE_MARGIN:g} dB for a figure in dB) "
+             f"is a tie")
 
 
 @dataclass(frozen=True, eq=False)
@@ -227,10 +231,11 @@ def _interval_text(iv: dict[str, Any]) -> str:
             f"[{iv['lower']:+.4g}, {iv['upper']:+.4g}] over n={iv['n']} paired samples")
 
 
-def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak: str | None
-            ) -> tuple[str | None, dict[str, Any] | None]:
+def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak: str | None,
+            *, margin: float = 0.0) -> tuple[str | None, dict[str, Any] | None]:
     """Why ``after`` is better (None: it is not) and the paired interval, when both have
-    per-sample scores (the module table). A tie of the headline is decided by
+    per-sample scores (the module table); without them a gain within ``margin`` (the
+    headline's, in its unit: no noise estimate) is a tie. A tie of the headline is decided by
     :func:`quantscope.rewrites.tie.decide_tie`; its interval, when it has one, is the
     returned interval's ``tiebreak`` (popped by the callers)."""
     def tie(words: str, iv: dict[str, Any] | None, *, won: str = "decided by better"
@@ -258,10 +263,14 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
             return None, iv
         return tie(f"a tie within noise ({text})", iv)
     gain = after.value - before.value if higher else before.value - after.value
-    if gain > min_gain:
-        return "measured better (no per-sample scores: no noise margin)", None
+    if gain > max(min_gain, margin):
+        return ("measured better" + (f" by more than the {margin:g} margin" if margin else "")
+                + " (no per-sample scores: no noise estimate)"), None
     if gain == 0:
         return tie("measured equal", None, won="better on")
+    if abs(gain) <= margin:  # a hair either way decides nothing: the tiebreak does
+        return tie(f"a tie within the {margin:g} margin (gain {gain:+.4g}; no per-sample "
+                   "scores: no noise estimate)", {}, won="decided by better")
     return None, None
 
 
@@ -281,7 +290,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                     unit: str = "samples", measured_on: str = "",
                     input_shapes: InputShapes = (), min_gain: float = 0.0,
                     configs: Mapping[str, Any] | None = None, progress: bool = False,
-                    tiebreak: str | None = None,
+                    tiebreak: str | None = None, margin: float = 0.0,
                     ) -> tuple[AutoChoice, onnx.ModelProto | None]:
     """Forward selection over the registry (see the module table). Returns the choice and
     the last kept rewrite's proto as ``reload`` gave it (None: nothing kept, the given
@@ -314,7 +323,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
         trial, kept = _try(rw, config, current, stats, score, seq_len=seq_len,
                            input_shapes=input_shapes, calibrate=calibrate, measure=measure,
                            reload=reload, higher=higher_is_better, min_gain=min_gain,
-                           reason=why.reason, tiebreak=tiebreak)
+                           margin=margin, reason=why.reason, tiebreak=tiebreak)
         trials.append(trial)
         _say_trial(trial, metric, n, progress)
         if kept is not None:
@@ -325,7 +334,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
         again = _second_round(model, trials, built, score, target, seq_len,
                               calibrate=calibrate, measure=measure, reload=reload,
                               higher=higher_is_better, min_gain=min_gain,
-                              input_shapes=input_shapes, configs=configs, tiebreak=tiebreak,
+                              margin=margin, input_shapes=input_shapes, configs=configs, tiebreak=tiebreak,
                               metric=metric, n=n, progress=progress)
         if again is not None:
             current, stats, proto, score, built = again
@@ -355,7 +364,7 @@ def _say_trial(trial: Trial, metric: str, n: int | None, progress: bool) -> None
 def _second_round(model: Model, trials: list[Trial], built: dict[str, Mapping[str, Any]],
                   score: Score, target: Target | None, seq_len: int | None, *,
                   calibrate: Calibrate, measure: Measure, reload: Reload, higher: bool,
-                  min_gain: float, input_shapes: InputShapes,
+                  min_gain: float, margin: float, input_shapes: InputShapes,
                   configs: Mapping[str, Any], tiebreak: str | None, metric: str,
                   n: int | None, progress: bool,
                   ) -> tuple[Model, Stats, onnx.ModelProto, Score,
@@ -383,8 +392,8 @@ def _second_round(model: Model, trials: list[Trial], built: dict[str, Mapping[st
         else:
             new, new_stats, new_proto, cfgs = got
             trial, after = _judge(name, new, new_stats, score, cfgs[name], measure=measure,
-                                  higher=higher, min_gain=min_gain, tiebreak=tiebreak,
-                                  reason=f"on top of {', '.join(built)}")
+                                  higher=higher, min_gain=min_gain, margin=margin,
+                                  tiebreak=tiebreak, reason=f"on top of {', '.join(built)}")
             if after is not None:
                 built, score = cfgs, after
                 result = (new, new_stats, new_proto, score, dict(built))
@@ -432,8 +441,8 @@ def _build(model: Model, names: Mapping[str, Mapping[str, Any]], new_name: str,
 
 
 def _judge(name: str, model: Model, stats: Stats, score: Score, config: Mapping[str, Any], *,
-           measure: Measure, higher: bool, min_gain: float, tiebreak: str | None,
-           reason: str) -> tuple[Trial, Score | None]:
+           measure: Measure, higher: bool, min_gain: float, margin: float,
+           tiebreak: str | None, reason: str) -> tuple[Trial, Score | None]:
     """``model`` (with ``name`` in its set) measured against ``score``: the round-2 trial
     and, when kept, its score."""
     base = {"before": score.value, "tiebreak_before": score.tiebreak, "config": dict(config),
@@ -443,7 +452,7 @@ def _judge(name: str, model: Model, stats: Stats, score: Score, config: Mapping[
     except QuantscopeError as e:
         return Trial(name, tried=True, kept=False, **base,
                      reason=f"{reason}: applied but not measurable: {e}"), None
-    why, iv = _better(after, score, higher, min_gain, tiebreak)
+    why, iv = _better(after, score, higher, min_gain, tiebreak, margin=margin)
     because, iv, tie_iv = _split(iv)
     got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv,
            "tiebreak_interval": tie_iv}
@@ -455,8 +464,8 @@ def _judge(name: str, model: Model, stats: Stats, score: Score, config: Mapping[
 
 def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
          seq_len: int | None, input_shapes: InputShapes, calibrate: Calibrate,
-         measure: Measure, reload: Reload, higher: bool, min_gain: float, reason: str,
-         tiebreak: str | None,
+         measure: Measure, reload: Reload, higher: bool, min_gain: float, margin: float,
+         reason: str, tiebreak: str | None,
          ) -> tuple[Trial, tuple[Model, Stats, onnx.ModelProto, Score] | None]:
     """One rewrite applied, calibrated and measured against ``score``."""
     cfg = dataclasses.asdict(config)
@@ -477,7 +486,7 @@ def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
     except QuantscopeError as e:
         return Trial(rw.name, tried=True, kept=False, **base,
                      reason=f"applied but not measurable: {e}"), None
-    why, iv = _better(after, score, higher, min_gain, tiebreak)
+    why, iv = _better(after, score, higher, min_gain, tiebreak, margin=margin)
     because, iv, tie_iv = _split(iv)
     got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv,
            "tiebreak_interval": tie_iv}
