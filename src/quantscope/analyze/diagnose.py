@@ -222,14 +222,16 @@ def _method(
 
 
 def _zero_notes(stats: Stats) -> tuple[str, ...]:
-    """Tensors the calibration data never exercises (every value exactly 0)."""
+    """Tensors the calibration data never exercises (every value exactly 0), then those
+    it gave NaN/inf (:func:`quantscope.calibrate.collect.nonfinite_note`)."""
     zeros = [t for t, ts in stats.tensors.items() if ts.count and ts.min == 0.0 == ts.max]
+    nonfinite = tuple(filter(None, [nonfinite_note(stats)]))  # NaN/inf left out of ranges
     if not zeros:
-        return ()
+        return nonfinite
     shown = ", ".join(zeros[:6]) + (", …" if len(zeros) > 6 else "")
     return (f"every calibration value is 0 in {len(zeros)} tensor(s) ({shown}): the data "
             "never exercises them, so their findings and grids mean nothing; calibrate on "
-            "data that does",)
+            "data that does",) + nonfinite
 
 
 def analyze(
@@ -291,8 +293,7 @@ def analyze(
     recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
                           ref, scheme) for k in recover_top]
     method, notes = _method(res, proxy_fraction, len(ref))
-    notes += units_notes + _zero_notes(stats) + tuple(filter(None, [nonfinite_note(stats)])) \
-        + _skip_notes(groups, skipped) + tuple(
+    notes += units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
         RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
     return Analysis(
         model.source,

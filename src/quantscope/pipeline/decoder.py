@@ -543,9 +543,8 @@ DECODER_STAGES: dict[str, DecoderStage] = {
 
 
 def phases_digest(model: str | Path) -> str:
-    """The digest of a decoder's prefill and decode graph files, each with the external
-    data files its tensors name (``location``, whatever the file is called): new weights
-    under unchanged graph files are a new model for the resume."""
+    """The digest of a decoder's two graph files, each with every external data file its
+    tensors name: new weights under unchanged graphs are a new model for the resume."""
     from quantscope.stages_llm import phase_file
 
     return "".join(model_file_digest(phase_file(model, p)) for p in ("prefill", "decode"))

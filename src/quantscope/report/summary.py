@@ -375,11 +375,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
                        {"model.alls": "the single plan"} if dep is not None else {})
     if unset:  # the vendor file does not carry these decisions: the compile would not either
         lines.append(f"  {unset}")
-    unencoded = v.get("qnn_unencoded") or []
-    if unencoded:  # tensors the QNN converter encodes by itself: outside the figures
-        lines.append(f"  note: {len(unencoded)} tensor(s) inside groups have no QNN encoding "
-                     "(the converter picks its own for those it does not fuse; the emulated "
-                     "figures do not cover them): qnn_unencoded in verdict.json")
+    lines += _unencoded_lines(v)
     sc = v.get("as_scripted")
     if sc:  # ... and what the single plan measures without them (the goal: where it ships)
         lines.append(_scripted_line(m, f"the single plan as {sc['script']} is written",
@@ -395,6 +391,14 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return [one_line(ln) for ln in lines]  # a name's newline never breaks a verdict line
+
+
+def _unencoded_lines(v: dict[str, Any]) -> list[str]:
+    """The tensors the QNN converter encodes by itself (outside the emulated figures)."""
+    unencoded = v.get("qnn_unencoded") or []
+    return [f"  note: {len(unencoded)} tensor(s) inside groups have no QNN encoding (the "
+            "converter picks its own for those it does not fuse; the emulated figures do "
+            "not cover them): qnn_unencoded in verdict.json"] if unencoded else []
 
 
 HN_FIX = "give the parsed HN (--hn) or set them by hand"
