@@ -65,17 +65,22 @@ def test_text_data_on_a_decoder_is_refused_in_one_line(tmp_path: Path, kv: bool,
                                                         ) -> None:
     path = tmp_path / "lm.onnx"
     onnx.save(hf_decoder(kv), str(path))
+    run = ["run", str(path), "--data", "stdlib-docs", "--target", "hailo10h", "--goal", "0.9",
+           "--out", str(tmp_path / "W")]
     for args in (["calibrate", str(path), "--data", "stdlib-docs", "--out",
-                  str(tmp_path / "s.npz")],
-                 ["run", str(path), "--data", "stdlib-docs", "--target", "hailo10h",
-                  "--goal", "0.9", "--out", str(tmp_path / "W")]):
+                  str(tmp_path / "s.npz")], run):
         code, err = _cli(args, capsys)
         assert code == 2, err
         assert len(err.splitlines()) == 1 and "internal error" not in err, err
+        if kv and args is run:  # run converts an export with its cache: it needs the tokenizer
+            assert "no tokenizer.json beside it: give --tokenizer" in err, err
+            continue
         assert "language model, not a sentence encoder" in err, err
         assert ("past_key_values.0.key" if kv else f"'logits' has {VOCAB} values") in err, err
         assert "--phase prefill,decode" in err and "TOKENS.npz" in err, err
-    assert not (tmp_path / "s.npz").exists()
+        if kv:
+            assert "'quantscope run MODEL --data stdlib-docs" in err, err
+    assert not (tmp_path / "s.npz").exists() and not (tmp_path / "W").exists()
 
 
 def test_token_ids_on_a_decoder_say_the_figures_are_no_lm_figures(tmp_path: Path) -> None:

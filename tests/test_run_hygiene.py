@@ -37,7 +37,9 @@ def test_another_target_leaves_no_compiler_file_of_the_first(tmp_path, capsys):
     clean = tmp_path / "C"
     assert main(_args(m, x, clean, "qnn-htp-v73")) == 0
     verdict, fresh = read_json(out / "verdict.json", "v"), read_json(clean / "verdict.json", "v")
-    assert verdict["export_warnings"] == fresh["export_warnings"] == []
+    # the QNN file's own notes (tensors inside groups it encodes none for), none of the script
+    assert verdict["export_warnings"] == fresh["export_warnings"]
+    assert not [w for w in verdict["export_warnings"] if ".alls" in w], verdict["export_warnings"]
     assert verdict["compiler_files"] == fresh["compiler_files"]
     assert "model.alls" not in (out / "report.html").read_text(encoding="utf-8")
     # and back: the QNN encodings go

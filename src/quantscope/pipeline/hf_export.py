@@ -50,11 +50,11 @@ def phases_for_run(export: Path, folder: Path, tokenizer: Path | None,
     file is written: a decoder's run measures on text."""
     from quantscope.model.hf_phases import convert_export, read_export
 
+    read_export(onnx.load(str(export), load_external_data=False))  # convertible: else one line
     if tokenizer is None:
         raise QuantscopeError(
             f"'{export}': a Hugging Face export's run measures on text, and there is no "
             "tokenizer.json beside it: give --tokenizer (its tokenizer.json or model folder)")
-    read_export(onnx.load(str(export), load_external_data=False))  # convertible: else one line
     out = folder / PHASES_DIR
     name = export.name.removesuffix(".onnx")
     prefill = out / f"{name}.prefill.onnx"
