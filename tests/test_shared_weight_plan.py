@@ -47,3 +47,31 @@ def test_a_shared_weight_at_two_weight_precisions_is_refused():
     same = Plan(default=Precision.A8_W8, overrides=(("mm1", Precision.A16_W8),))
     assert not _errors(same, model, target)
 
+
+
+def test_the_planner_screen_judges_a_shared_weight_as_check_does_without_a_whole_check(
+        monkeypatch):
+    """The screen of a move that breaks only the shared-weight rule at the start ran a whole
+    ``check`` per move: on minilm-l6 after tokensplit (1,076 groups, 36 weights each read by
+    two chunks) the plan stage ran for over 25 minutes, re-quantizing every 16-bit weight in
+    each check. Now it judges the rule on the moved plan alone, with the same verdict as a
+    whole check: refused while the sibling holds other weight bits, legal once it does not."""
+    from quantscope.plan import start as start_mod
+
+    model, target = _shared_model(), load_target("qnn-htp-v73")
+    groups = find_groups(model)
+    uniform = Plan(default=Precision.A8_W8, target=target.name)
+    legal = start_mod.legality(uniform, groups, model, target, None, allow_warnings=False)
+    sibling16 = Plan(default=Precision.A8_W8, overrides=(("mm2", Precision.A16_W16),))
+    want = {name: legal.blocking(start_mod._with_precisions(plan, {"mm1": Precision.A16_W16}))
+            for name, plan in (("uniform", uniform), ("sibling16", sibling16))}
+    assert {p.rule for p in want["uniform"]} == {"plan.shared_weight"}
+    assert [p for p in want["sibling16"] if p.group == "mm1"] == []
+    whole = []
+    monkeypatch.setattr(start_mod, "check", lambda *a, **k: whole.append(1) or check(*a, **k))
+    got = {name: legal.screen(plan, "mm1", Precision.A16_W16)
+           for name, plan in (("uniform", uniform), ("sibling16", sibling16))}
+    assert whole == [1]  # the memo's one check at the start plan, none per move
+    assert [(p.group, p.rule) for p in got["uniform"]] == [
+        (p.group, p.rule) for p in want["uniform"] if p.group == "mm1"]
+    assert got["sibling16"] == ()

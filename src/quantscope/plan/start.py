@@ -29,6 +29,8 @@ from quantscope.model.shapes import Shapes
 from quantscope.plan.check import BUILTIN_RULES, LOCAL_CHECKS, blocker_label, check
 from quantscope.plan.cost import CostTable, cost_table
 from quantscope.plan.pareto import Budget, FrontPoint
+from quantscope.plan.shared_weight import RULE as SHARED_WEIGHT
+from quantscope.plan.shared_weight import shared_weight_problems
 from quantscope.targets.profile import Target, op_kind
 from quantscope.types import (
     PRECISION_ORDER,
@@ -113,9 +115,16 @@ class Legality:
         if key not in self.memo:
             self.memo[key] = self.blocking(_with_precisions(self.start, {group: precision}))
         found = self.memo[key]
-        if found and all(p.rule in self.local for p in found):
+        if not found or all(p.rule in self.local for p in found):
             return found
-        return self.blocking(_with_precisions(plan, {group: precision})) if found else ()
+        if all(p.rule in self.local or p.rule == SHARED_WEIGHT for p in found):
+            # the shared-weight rule reads only the precisions of the groups sharing the
+            # weight: judged on this plan alone, not by a whole check per move (a check of
+            # a tokensplit encoder's ~1,000 groups quantizes every 16-bit weight again)
+            moved = _with_precisions(plan, {group: precision})
+            return tuple(p for p in found if p.rule != SHARED_WEIGHT) + tuple(
+                p for p in shared_weight_problems(moved, self.groups) if p.group == group)
+        return self.blocking(_with_precisions(plan, {group: precision}))
 
 
 def legality(
