@@ -12,8 +12,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnx
-from onnx import helper, numpy_helper
+from tiny_models import conv_sigmoid
 
 from quantscope import targets
 from quantscope.cli import main
@@ -22,15 +21,7 @@ HAILO8 = Path(__file__).parents[1] / "src/quantscope/targets/hailo8.toml"
 
 
 def _conv(path: Path) -> None:
-    r = np.random.default_rng(5)
-    inits = [numpy_helper.from_array(r.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "w"),
-             numpy_helper.from_array(r.normal(0, 0.1, 4).astype(np.float32), "b")]
-    graph = helper.make_graph(
-        [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
-         helper.make_node("Sigmoid", ["c"], ["y"], name="sig")], "g",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 8, 8])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    conv_sigmoid(path, relu=False)
 
 
 def test_run_export_and_io_with_a_renamed_profile_file(tmp_path, monkeypatch, capsys):

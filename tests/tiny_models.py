@@ -43,6 +43,22 @@ def conv_net(seed: int = 0) -> onnx.ModelProto:
     })
 
 
+def conv_sigmoid(path, *, relu: bool = False) -> None:
+    """``x [N, 3, 8, 8]`` -> Conv (bias) [-> Relu] -> Sigmoid -> ``y [N, 4, 8, 8]``, saved
+    at ``path`` (with ``relu``, the Conv's output ``c`` and ``r`` sit inside one group)."""
+    r = _rng(5)
+    inits = [numpy_helper.from_array(r.normal(0, 0.4, (4, 3, 3, 3)).astype(np.float32), "w"),
+             numpy_helper.from_array(r.normal(0, 0.1, 4).astype(np.float32), "b")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1])]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["r"], name="relu"))
+    nodes.append(helper.make_node("Sigmoid", ["r" if relu else "c"], ["y"], name="sig"))
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4, 8, 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
 def residual_add(seed: int = 1) -> onnx.ModelProto:
     """x -> MatMul+bias -> Relu -> MatMul+bias, plus the skip: out = x + f(x)."""
     r = _rng(seed)
