@@ -2,7 +2,9 @@
 
 =============  ====================================================================
 move           promote one group to a higher candidate precision with a positive
-               predicted gain, or apply one offered repair
+               predicted gain (with the groups reading its weight, which one
+               encoding binds to its weight bits: :meth:`Space.promotion`), or
+               apply one offered repair
 rank           best predicted gain per unit of added cost first; ties by group order,
                then precision order (repairs rank before promotions on equal score)
 screen         a promotion is screened by :meth:`Legality.screen`; one that makes
@@ -37,6 +39,7 @@ class Move:
     gain: float
     cost: float
     reason: str
+    also: tuple[str, ...] = ()  # groups moved with it (they read its weight)
 
 
 @dataclass(frozen=True)
@@ -84,19 +87,23 @@ def _promotions(
     for gi, g in enumerate(space.names):
         cur = prec[g]
         for p in space.candidates:
-            dg = space.sens.delta(g, cur, p) if _rank(p) > _rank(cur) else None
-            if dg is None or dg <= EPS or (g, p) in refused:
+            if _rank(p) <= _rank(cur) or (g, p) in refused:
                 continue
-            bad = space.legal.screen(plan, g, p)
+            changes = space.promotion(prec, g, p)
+            dg = space.gain(prec, changes)
+            if dg is None or dg <= EPS:
+                continue
+            bad = space.legal.screen_move(plan, changes)
             if bad:
                 skips.append(_skip(space, g, p, bad))
                 continue
-            dc = space.table.delta(prec, g, p)
+            dc = space.cost(prec, changes)
             if not space.budget.within_cost(cost_now + dc):
                 skips.append(_skip(space, g, p, None))
                 continue
             score = dg / dc if dc > EPS else math.inf
-            ranked.append(((-score, -dg, gi, _rank(p)), Move(g, p, dg, dc, "")))
+            also = tuple(changes)[1:]
+            ranked.append(((-score, -dg, gi, _rank(p)), Move(g, p, dg, dc, "", also)))
     return ranked, skips
 
 
@@ -132,7 +139,8 @@ def greedy(space: Space) -> Walk:
         if move.precision is None:
             applied = (*applied, move.group.removeprefix("repair:"))
         else:
-            key, new = (move.group, move.precision), {**prec, move.group: move.precision}
+            key = (move.group, move.precision)
+            new = {**prec, move.group: move.precision, **dict.fromkeys(move.also, move.precision)}
             bad = space.legal.blocking(space.plan(new))
             if bad:
                 skips.setdefault(key, _skip(space, *key, bad))

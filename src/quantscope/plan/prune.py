@@ -2,7 +2,8 @@
 
 From the first greedy point that meets Q, revert one promotion at a time -- the one whose
 reverted plan is cheapest (ties by group order) -- while the prediction still meets Q and
-the plan stays legal. Each reverted plan is a point (origin ``pruned``, the step of that
+the plan stays legal (a group reverts with the groups reading its weight:
+:meth:`Space.revert`). Each reverted plan is a point (origin ``pruned``, the step of that
 first point). Without ``min_quality`` (or if no point meets it) nothing is pruned.
 """
 
@@ -25,7 +26,7 @@ def prune(space: Space, walk: Walk) -> tuple[FrontPoint, ...]:
         options = []
         for i, g in enumerate(space.names):
             if prec[g] != space.start[g]:
-                trial = {**prec, g: space.start[g]}
+                trial = {**prec, **space.revert(prec, g)}
                 pt = predict(space, trial, first.repairs, "pruned", first.step)
                 if budget.meets(pt):
                     options.append((pt.cost, i, trial, pt))

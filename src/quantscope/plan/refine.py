@@ -390,7 +390,9 @@ def _drop(space: Space, meter: _Meter, current: FrontPoint, tol: float) -> None:
         return (space.sens.delta(g, start[g], prec[g]) or 0.0) / max(saved, EPS)
 
     for g in sorted((g for g in space.names if prec[g] != start[g]), key=worth):
-        trial = {**prec, g: start[g]}
+        if prec[g] == start[g]:  # reverted with a group reading its weight
+            continue
+        trial = {**prec, **space.revert(prec, g)}
         pt = predict(space, trial, current.repairs, "dropped", current.step)
         if not budget.within_cost(pt.cost) or space.legal.blocking(space.plan(trial)):
             continue

@@ -6,6 +6,10 @@ group's bits), and QNN's encodings file holds one encoding per tensor name. A pl
 gives the sharing groups different weight bits (or leaves one of them float) therefore
 describes a model neither the emulation nor the export can carry: every number measured
 would be that of another plan. ``check`` refuses it (rule :data:`RULE`, an error).
+
+The planner moves such groups together (:func:`sharers`; ``plan/start.py``'s
+``joint_move``): a tokensplit encoder's chunks all read one weight per Linear, and a
+promotion of one chunk's weight alone could never be legal.
 """
 
 from __future__ import annotations
@@ -13,6 +17,16 @@ from __future__ import annotations
 from quantscope.types import Groups, Plan, Problem
 
 RULE = "plan.shared_weight"
+
+
+def sharers(groups: Groups) -> dict[str, tuple[str, ...]]:
+    """For each group whose weight other groups also read: those other groups, in order."""
+    by_weight: dict[str, list[str]] = {}
+    for g in groups.groups:
+        if g.weight is not None:
+            by_weight.setdefault(g.weight, []).append(g.name)
+    return {n: tuple(m for m in names if m != n)
+            for names in by_weight.values() if len(names) > 1 for n in names}
 
 
 def shared_weight_problems(plan: Plan, groups: Groups) -> list[Problem]:
@@ -38,4 +52,4 @@ def shared_weight_problems(plan: Plan, groups: Groups) -> list[Problem]:
     return out
 
 
-__all__ = ["RULE", "shared_weight_problems"]
+__all__ = ["RULE", "shared_weight_problems", "sharers"]

@@ -30,7 +30,7 @@ from quantscope.plan.check import BUILTIN_RULES, LOCAL_CHECKS, blocker_label, ch
 from quantscope.plan.cost import CostTable, cost_table
 from quantscope.plan.pareto import Budget, FrontPoint
 from quantscope.plan.shared_weight import RULE as SHARED_WEIGHT
-from quantscope.plan.shared_weight import shared_weight_problems
+from quantscope.plan.shared_weight import shared_weight_problems, sharers
 from quantscope.targets.profile import Target, op_kind
 from quantscope.types import (
     PRECISION_ORDER,
@@ -111,20 +111,25 @@ class Legality:
 
     def screen(self, plan: Plan, group: str, precision: Precision) -> tuple[Problem, ...]:
         """Problems blocking ``group`` at ``precision`` on top of ``plan``."""
-        key = (group, precision)
-        if key not in self.memo:
-            self.memo[key] = self.blocking(_with_precisions(self.start, {group: precision}))
-        found = self.memo[key]
+        return self.screen_move(plan, {group: precision})
+
+    def screen_move(self, plan: Plan, changes: Precisions) -> tuple[Problem, ...]:
+        """Problems blocking the groups of ``changes``, moved together, on top of ``plan``."""
+        found: list[Problem] = []
+        for key in changes.items():
+            if key not in self.memo:
+                self.memo[key] = self.blocking(_with_precisions(self.start, dict([key])))
+            found += self.memo[key]
         if not found or all(p.rule in self.local for p in found):
-            return found
+            return tuple(found)
+        moved = _with_precisions(plan, changes)
         if all(p.rule in self.local or p.rule == SHARED_WEIGHT for p in found):
             # the shared-weight rule reads only the precisions of the groups sharing the
             # weight: judged on this plan alone, not by a whole check per move (a check of
             # a tokensplit encoder's ~1,000 groups quantizes every 16-bit weight again)
-            moved = _with_precisions(plan, {group: precision})
             return tuple(p for p in found if p.rule != SHARED_WEIGHT) + tuple(
-                p for p in shared_weight_problems(moved, self.groups) if p.group == group)
-        return self.blocking(_with_precisions(plan, {group: precision}))
+                p for p in shared_weight_problems(moved, self.groups) if p.group in changes)
+        return self.blocking(moved)
 
 
 def legality(
@@ -160,6 +165,8 @@ class Space:
     budget: Budget
     repairs: tuple[RepairOption, ...]
     notes: tuple[str, ...] = ()  # what the start had to do (e.g. a raised legal start)
+    # group -> the other groups reading its weight (plan.shared_weight: moved together)
+    sharers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def plan(self, prec: Precisions) -> Plan:
         """The plan with these precisions (overrides in group order, no reasons or meta)."""
@@ -170,6 +177,43 @@ class Space:
     def precisions(self, point: FrontPoint) -> dict[str, Precision]:
         over = dict(point.overrides)
         return {g: over.get(g, self.legal.start.default) for g in self.names}
+
+    def promotion(self, prec: Precisions, group: str, precision: Precision) -> dict[str, Precision]:
+        """``group`` at ``precision`` with each group reading its weight at other weight
+        bits promoted with it (one tensor has one encoding: ``plan.shared_weight``); alone
+        where ``precision`` is no promotion for one of them (the screen then refuses it)."""
+        rank = PRECISION_ORDER.index
+        others = [s for s in self.sharers.get(group, ())
+                  if prec[s].weight_bits != precision.weight_bits]
+        if any(rank(precision) <= rank(prec[s]) for s in others):
+            return {group: precision}
+        return {group: precision, **dict.fromkeys(others, precision)}
+
+    def revert(self, prec: Precisions, group: str) -> dict[str, Precision]:
+        """``group`` back at its start precision, with each group reading its weight at
+        other weight bits back at its start too (the start plan is legal)."""
+        bits = self.start[group].weight_bits
+        return {group: self.start[group], **{
+            s: self.start[s] for s in self.sharers.get(group, ()) if prec[s].weight_bits != bits}}
+
+    def gain(self, prec: Precisions, changes: Precisions) -> float | None:
+        """Predicted gain of ``changes`` over ``prec``: None where the first group's is
+        unknown; another group's unknown gain counts 0 (it moves only to stay legal)."""
+        out = 0.0
+        for i, (g, p) in enumerate(changes.items()):
+            d = self.sens.delta(g, prec[g], p)
+            if d is None and i == 0:
+                return None
+            out += d or 0.0
+        return out
+
+    def cost(self, prec: Precisions, changes: Precisions) -> float:
+        """Cost delta of ``changes`` over ``prec`` (applied in order: edges see each)."""
+        now, out = dict(prec), 0.0
+        for g, p in changes.items():
+            out += self.table.delta(now, g, p)
+            now[g] = p
+        return out
 
 
 def legal_start(
@@ -276,7 +320,8 @@ def start_search(
     table = cost_table(groups, target, model, sorted(used, key=PRECISION_ORDER.index), shapes)
     first = MappingProxyType({g: start.precision_of(g) for g in names})
     return Space(names=names, start=first, sens=sens, table=table, legal=legal,
-                 candidates=cands, budget=budget, repairs=tuple(repairs), notes=notes)
+                 candidates=cands, budget=budget, repairs=tuple(repairs), notes=notes,
+                 sharers=MappingProxyType(sharers(groups)))
 
 
 def repair_meta(point: FrontPoint) -> tuple[tuple[str, str], ...]:
