@@ -7,6 +7,7 @@ rejects unknown keys and a wrong ``format`` so a file from another version fails
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -136,24 +137,36 @@ def analysis_from_dict(raw: dict[str, Any]) -> Analysis:
     return Analysis(**body)
 
 
-def _fmt(metrics: Metrics, primary: str) -> str:
+Figure = Callable[[str, float], str]
+"""How a metric's value is written: ``(key, value) -> text``."""
+
+
+def _four_digits(key: str, v: float) -> str:
+    return f"{v:.4g}"
+
+
+def _fmt(metrics: Metrics, primary: str, figure: Figure) -> str:
     keys = [primary, "cosine_mean", "sqnr_db"]
-    return "  ".join(f"{k} {metrics[k]:.4g}" for k in dict.fromkeys(keys) if k in metrics)
+    return "  ".join(f"{k} {figure(k, metrics[k])}" for k in dict.fromkeys(keys) if k in metrics)
 
 
-def summary_text(a: Analysis, *, top: int = 8) -> str:
-    """Console summary: baselines, top offenders with reasons, findings, recovery."""
+def summary_text(a: Analysis, *, top: int = 8, figure: Figure = _four_digits) -> str:
+    """Console summary: baselines, top offenders with reasons, findings, recovery.
+
+    ``figure`` writes each metric (default: 4 significant digits); the CLI passes
+    ``report.fmt.value``, the one unit rule (shares in percent, dB), which sits above this
+    layer."""
     lines = [
         f"analysis of {a.model}: low {a.low}, high {a.high}"
         f"{', target ' + a.target if a.target else ''}"
     ]
-    lines += [f"  uniform {p:<8} {_fmt(m, a.primary)}" for p, m in a.baselines.items()]
+    lines += [f"  uniform {p:<8} {_fmt(m, a.primary, figure)}" for p, m in a.baselines.items()]
     lines.append(f"top offenders (promote to {a.high}):")
     for o in a.offenders[:top]:
         lines.append(f"  {o.group}  (+{o.score_db:.1f} dB)")
         lines += [f"      - {r}" for r in o.reasons]
     for r in a.recovery:
-        lines.append(f"  promote {len(r.promoted)} -> {_fmt(r.metrics, a.primary)}")
+        lines.append(f"  promote {len(r.promoted)} -> {_fmt(r.metrics, a.primary, figure)}")
     mixed = sum(o.kind == "mixed_scale" for o in a.outliers)
     lines.append(f"outliers: {len(a.outliers) - mixed}  mixed scales: {mixed}  "
                  f"degenerate weights: {len(a.weights)}")

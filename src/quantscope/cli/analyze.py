@@ -21,6 +21,7 @@ from quantscope.cli.options import (
 )
 from quantscope.cli.types import check_low_high, fraction, output_file, phases, precision
 from quantscope.model.groups import find_groups
+from quantscope.report import fmt
 from quantscope.stages.usable import unusable_groups
 from quantscope.types import Precision, QuantscopeError, batch_rows
 
@@ -88,7 +89,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     finally:
         if pool is not None:
             pool.close()
-    print(summary_text(result))
+    print(summary_text(result, figure=fmt.value))  # shares in percent, as the verdict
     stages.write_json(args.out, analysis_to_dict(result))
     print(f"wrote {args.out}")
     return 0
