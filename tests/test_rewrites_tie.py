@@ -1,6 +1,6 @@
 """``run --rewrites auto``'s tie rule (:mod:`quantscope.rewrites.tie`): a tie of the
 headline is decided by the tiebreak SQNR gaining more than the margin beyond its own noise
-(jackknife over the rows), so two functionally identical models whose gains sit either
+(jackknife over the units), so two functionally identical models whose gains sit either
 side of the margin take the same decision, said to be a tie on both figures."""
 
 import json
@@ -125,7 +125,7 @@ def test_the_gain_interval_pools_the_rows_as_the_sqnr_does():
     assert gain_interval((before[0][:2], before[1][:2]), (before[0][:2], before[1][:2])) is None
 
 
-def test_the_run_measure_gives_the_rows_the_embedding_sqnr_pools():
+def test_the_run_measure_gives_the_pairs_the_embedding_sqnr_pools():
     from test_tasks_text import tiny_encoder
 
     from quantscope.pipeline.auto import max_legal_measure
@@ -137,7 +137,7 @@ def test_the_run_measure_gives_the_rows_the_embedding_sqnr_pools():
     stats = stages.calibrate_model(model, fit, progress=False)
     got = max_legal_measure(fit, load_target("ort-cpu"), "top1_agreement", seq_len=None,
                             tiebreak="embedding_sqnr_db")(model, stats)
-    assert got.tiebreak_parts is not None and len(got.tiebreak_parts[0]) == 40
+    assert got.tiebreak_parts is not None and len(got.tiebreak_parts[0]) == 20  # pairs
     assert pooled_db(got.tiebreak_parts) == pytest.approx(got.tiebreak, abs=1e-6)
 
 

@@ -44,7 +44,7 @@ from quantscope import stages
 from quantscope.progress import say
 from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rewrites
 from quantscope.rewrites.base import shapes_seq_len
-from quantscope.rewrites.tie import TIE_MARGIN, row_powers
+from quantscope.rewrites.tie import TIE_MARGIN, Parts, pair_powers
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ class _PerQuery:
     def __init__(self, task: Any, metric: str, *, parts: bool = False) -> None:
         self._task, self._metric, self._want_parts = task, metric, parts
         self.samples: np.ndarray | None = None
-        self.parts: tuple[np.ndarray, np.ndarray] | None = None
+        self.parts: Parts | None = None
 
     @classmethod
     def of(cls, task: Any, metric: str, *, parts: bool = False) -> _PerQuery | None:
@@ -223,9 +223,10 @@ class _PerQuery:
         got = self._task.metrics(ref, test)
         self.samples = SAMPLE_SCORES[self._metric](self._task.embeddings(ref),
                                                    self._task.embeddings(test))
-        if self._want_parts:  # the rows embedding_sqnr_db reads (RetrievalTask.metrics)
-            self.parts = row_powers(np.concatenate(self._task.embeddings(ref, normalize=False)),
-                                    np.concatenate(self._task.embeddings(test, normalize=False)))
+        if self._want_parts:  # the rows embedding_sqnr_db reads (RetrievalTask.metrics),
+            # per pair: a query and its document are one sample of the jackknife
+            self.parts = pair_powers(self._task.embeddings(ref, normalize=False),
+                                     self._task.embeddings(test, normalize=False))
         return got
 
 

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 KEEP_RULE = (f"kept when the paired per-sample gain's one-sided {CONFIDENCE:.0%} lower bound "
              f"(Student t) is above 0; a tie within noise is decided by the tiebreak: its "
-             f"gain's one-sided {CONFIDENCE:.0%} lower bound (jackknife over rows) above "
+             f"gain's one-sided {CONFIDENCE:.0%} lower bound (jackknife over pairs) above "
              f"{TIE_MARGIN:g}, else the model without it; without per-sample scores a "
              f"gain within the headline's margin ({TIE_MARGIN:g} dB for a figure in dB) "
              f"is a tie")

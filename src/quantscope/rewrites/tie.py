@@ -2,13 +2,16 @@
 by the tiebreak figure (an SQNR in dB, higher is better), with its own noise.
 
 ==============  ========================================================================
-parts           per sample, the signal and the noise power whose pooled ratio is the
-                tiebreak (``10 log10(sum s / sum n)``: the embedding SQNR of a retrieval
-                run is this over every query and document row,
+parts           per independent unit, the signal and the noise power whose pooled ratio
+                is the tiebreak (``10 log10(sum s / sum n)``: the embedding SQNR of a
+                retrieval run is this over every query and document row; a query and its
+                document come from one pair, so a unit is a pair, both rows' powers
+                summed: :func:`pair_powers`,
                 :attr:`quantscope.rewrites.auto.Measured.tiebreak_parts`)
-interval        the gain ``after - before`` in dB, paired (the same rows), with one-sided
-                :data:`CONFIDENCE` bounds from its jackknife standard error over the rows
-                (leave one row out, Student t with ``rows - 1`` degrees of freedom)
+interval        the gain ``after - before`` in dB, paired (the same units), with one-sided
+                :data:`CONFIDENCE` bounds from its jackknife standard error over the units
+                (leave one unit out, a pair's two rows together; Student t with
+                ``units - 1`` degrees of freedom)
 kept            only when the lower bound is above :data:`TIE_MARGIN`: the gain clears
                 the margin beyond noise
 dropped         otherwise; the given model stands (a rewrite adds layers). When the
@@ -29,7 +32,8 @@ past the margin.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,7 +42,14 @@ from quantscope.plan.race import t_quantile
 TIE_MARGIN = 0.1  # the tiebreak figure must gain more than this (dB for an SQNR)
 CONFIDENCE = 0.95  # one-sided: a gain is beyond noise when its lower bound is above 0
 
-Parts = tuple[np.ndarray, np.ndarray]  # per sample: signal power, noise power
+class Parts(NamedTuple):
+    """Per independent unit: signal power, noise power, and what a unit is (``rows``, or
+    ``pairs`` where a query row and its document row are one unit). A plain
+    ``(signal, noise)`` tuple is read as rows."""
+
+    signal: np.ndarray
+    noise: np.ndarray
+    unit: str = "rows"
 
 
 def row_powers(ref: np.ndarray, test: np.ndarray) -> Parts:
@@ -47,7 +58,21 @@ def row_powers(ref: np.ndarray, test: np.ndarray) -> Parts:
     whole arrays."""
     r = np.asarray(ref, np.float64).reshape(len(ref), -1)
     d = r - np.asarray(test, np.float64).reshape(len(test), -1)
-    return np.sum(r * r, axis=1), np.sum(d * d, axis=1)
+    return Parts(np.sum(r * r, axis=1), np.sum(d * d, axis=1))
+
+
+def pair_powers(ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> Parts:
+    """Each pair's powers where row ``i`` of every array in ``ref`` (the queries', the
+    documents') belongs to pair ``i``: the rows' :func:`row_powers` summed across the
+    arrays. The pooled figure is the same as over all rows; the jackknife then leaves out
+    one pair (both its rows) at a time, not one row: a query and its document are not
+    independent samples."""
+    rows = [row_powers(r, t) for r, t in zip(ref, test, strict=True)]
+    n = len(rows[0].signal)
+    if any(len(p.signal) != n for p in rows):
+        raise ValueError(f"pair_powers: arrays of {[len(p.signal) for p in rows]} rows")
+    return Parts(np.sum([p.signal for p in rows], axis=0),
+                 np.sum([p.noise for p in rows], axis=0), "pairs")
 
 
 def pooled_db(parts: Parts) -> float:
@@ -60,10 +85,12 @@ def gain_interval(after: Parts, before: Parts, *, margin: float = TIE_MARGIN,
     """The pooled dB gain of ``after`` over ``before`` (paired rows) with one-sided
     ``confidence`` bounds from the jackknife, and the outcome against ``margin``:
     ``better`` (lower bound above it), ``not better`` (upper bound at or below it) or
-    ``tie`` (the interval straddles it). None: fewer than 3 rows, unequal rows, or a
-    zero power (an infinite figure: the point rule decides)."""
-    s_a, n_a = (np.asarray(p, np.float64) for p in after)
-    s_b, n_b = (np.asarray(p, np.float64) for p in before)
+    ``tie`` (the interval straddles it). None: fewer than 3 units, unequal units, or a
+    zero power (an infinite figure: the point rule decides). ``unit`` in the result: what
+    was left out one at a time (:class:`Parts`)."""
+    s_a, n_a = (np.asarray(p, np.float64) for p in after[:2])
+    s_b, n_b = (np.asarray(p, np.float64) for p in before[:2])
+    unit = after.unit if isinstance(after, Parts) else "rows"
     rows = len(s_a)
     if rows < 3 or not (len(n_a) == len(s_b) == len(n_b) == rows):
         return None
@@ -77,7 +104,7 @@ def gain_interval(after: Parts, before: Parts, *, margin: float = TIE_MARGIN,
     half = t_quantile(confidence, rows - 1) * se
     lower, upper = gain - half, gain + half
     outcome = "better" if lower > margin else "not better" if upper <= margin else "tie"
-    return {"n": rows, "difference": gain, "lower": lower, "upper": upper,
+    return {"n": rows, "unit": unit, "difference": gain, "lower": lower, "upper": upper,
             "confidence": confidence, "margin": margin, "outcome": outcome}
 
 
@@ -96,7 +123,7 @@ def decide_tie(after: Any, before: Any, named: str) -> tuple[str, str | None,
         won = after.tiebreak - before.tiebreak > TIE_MARGIN
         return "better" if won else "not better", f"{tb} (no noise estimate)", None
     text = (f"gain {iv['difference']:+.3f} dB, one-sided {iv['confidence']:.0%} bounds "
-            f"[{iv['lower']:+.3f}, {iv['upper']:+.3f}] over {iv['n']} rows, margin "
+            f"[{iv['lower']:+.3f}, {iv['upper']:+.3f}] over {iv['n']} {iv['unit']}, margin "
             f"{iv['margin']:g} dB")
     if iv["outcome"] == "better":
         return "better", f"{tb} beyond noise ({text})", iv
