@@ -308,8 +308,8 @@ def check_mapping(rows: Sequence[dict[str, Any]], mappings: Sequence[Mapping],
     for m in mappings:
         targets = list(rows) if m.tensor == "*" else [by_name.get(m.tensor)]
         if targets == [None]:
-            raise QuantscopeError(f"mapping names '{m.tensor}', which is no quantized input or "
-                                  f"output (these are: {', '.join(by_name) or 'none'})")
+            raise QuantscopeError(f"mapping names {m.tensor!r}, which is no quantized input or "
+                                  f"output (these are: {', '.join(map(repr, by_name)) or 'none'})")
         for r in targets:
             x = np.linspace(r["min"], r["max"], points)
             if r["role"] == "input":
