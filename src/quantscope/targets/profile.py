@@ -528,9 +528,12 @@ def load_target_file(path: str | Path) -> Target:
 def with_params(target: Target, overrides: dict[str, Any]) -> Target:
     """Override rule parameters: keys are ``"<rule id>.<param>"``, values plain values.
 
-    An overridden parameter is no longer an estimate (the user stated it).
+    An overridden parameter is no longer an estimate (the user stated it). Each is checked
+    as a loaded profile's are (:func:`quantscope.targets.validate.override`): its value, and
+    that the profile's ``default_precision`` stays legal under the changed rule.
     """
     rules = {r.id: r for r in target.rules}
+    changed: dict[str, tuple[str, Any, Any]] = {}  # key -> (rule id, value, the profile's)
     for key, value in overrides.items():
         rule_id, _, name = key.rpartition(".")
         rule = rules.get(rule_id)
@@ -540,6 +543,11 @@ def with_params(target: Target, overrides: dict[str, Any]) -> Target:
                 "use '<rule id>.<param>' as listed by the profile"
             )
         params = dict(rule.params)
+        changed[key] = (rule_id, value, params[name].value)
         params[name] = Param(value=value, estimate=False, note="set by the user")
         rules[rule_id] = replace(rule, params=tuple(params.items()))
-    return replace(target, rules=tuple(rules[r.id] for r in target.rules))
+    out = replace(target, rules=tuple(rules[r.id] for r in target.rules))
+    for key, (rule_id, value, was) in changed.items():
+        validate.override(key, value, was, rules[rule_id], out.default_precision, out.rules,
+                          out.is_allowed, KINDS, out.name)
+    return out

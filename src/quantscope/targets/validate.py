@@ -12,7 +12,9 @@ profile as a whole shows, each failure one line naming the key, the file and the
   the planner costs that precision as infinite and never picks it, without saying so);
 * ``default_precision`` (what the compiler gives a layer a plan does not name) allowed on
   every op kind by ``[precisions]``, and not refused by an error rule on a whole op kind
-  whatever the model's sizes and weights (:func:`default_against_rules`).
+  whatever the model's sizes and weights (:func:`default_against_rules`);
+* a rule parameter set by ``with_params`` (:func:`override`): the same two checks of the
+  rule it changes, the error naming the parameter.
 """
 
 from __future__ import annotations
@@ -163,5 +165,29 @@ def default_against_rules(default: Any, rules: Iterable[Any], is_allowed: Any,
             f"each such layer is illegal: {fix}, or make the rule severity = \"warning\"")
 
 
+def override(key: str, value: Any, was: Any, rule: Any, default: Any, rules: Iterable[Any],
+             is_allowed: Any, kinds: tuple[str, ...], target: str) -> None:
+    """A rule parameter set by ``with_params`` (``key`` = ``<rule id>.<param>``, ``rule``
+    with the new value, ``was`` the profile's): its value of the right kind
+    (:func:`rule_params`), and the profile's ``default_precision`` still not refused by
+    the rule on a whole op kind (:func:`default_against_rules`, as a loaded profile)."""
+    try:
+        rule_params(rule.id, rule.check, dict(rule.params), kinds, target)
+    except QuantscopeError as exc:
+        raise QuantscopeError(f"rule parameter '{key}' set to {value!r}: {exc}") from None
+    where = _refuses(rule, default)
+    if where is None:
+        return
+    rules = tuple(rules)
+    ok = [p.value for p in type(default) if p.act_bits is not None
+          and all(is_allowed(k, p) for k in kinds) and not any(_refuses(r, p) for r in rules)]
+    other = f", or use a profile whose default_precision is {' or '.join(ok)}" if ok else ""
+    raise QuantscopeError(
+        f"rule parameter '{key}' set to {value!r} makes error rule '{rule.id}' refuse the "
+        f"default precision {default.value} of target '{target}' on {where}, so every plan "
+        f"that does not name each such layer is illegal: keep '{key}' at {was!r} (the "
+        f"profile's) or give a value under which {default.value} is legal{other}")
+
+
 __all__ = ["CHECK_PARAMS", "coverage", "default_against_rules", "default_allowed",
-           "rule_params", "unique_ids"]
+           "override", "rule_params", "unique_ids"]
