@@ -56,11 +56,12 @@ def test_a_qnn_run_and_its_export_name_the_tensors_without_encoding(tmp_path, ca
     assert json.loads(again.read_text()) == doc
 
 
-def test_decoder_run_on_qnn_says_each_phase_unencoded_tensors(tmp_path: Path) -> None:
+def test_decoder_run_on_qnn_says_each_phase_unencoded_tensors(tmp_path: Path, capsys) -> None:
     """A decoder run on qnn_htp_v73 writes ``{prefill,decode}/qnn.encodings.json``; its
     verdict's export warnings read only the .alls scripts, so the tensors inside groups
     (RoPE rotations, attention scores, the gate's sigmoid) went unsaid. Now each phase's
-    file has its line in verdict.json, the console's verdict and the report."""
+    file has its line in verdict.json, the console's verdict and the report, and the export
+    stage's progress says it as the encoder run's does (``steps.export_file``)."""
     from decoder_tiny import AMOUNTS, SEQ, byte_decoder, run_cli
 
     out = tmp_path / "run"
@@ -69,6 +70,7 @@ def test_decoder_run_on_qnn_says_each_phase_unencoded_tensors(tmp_path: Path) ->
                              "none", "--w4", "off", "--seq-len", str(SEQ), *AMOUNTS,
                              "--out", str(out)])
     assert code == 0, printed
+    progress = capsys.readouterr().err  # the stages' progress lines
     v = json.loads((out / "verdict.json").read_text())
     rows = v["qnn_unencoded"]
     assert {r["phase"] for r in rows} == {"prefill", "decode"}
@@ -80,3 +82,4 @@ def test_decoder_run_on_qnn_says_each_phase_unencoded_tensors(tmp_path: Path) ->
         head = f"{phase}/qnn.encodings.json: {n} tensor(s) inside groups have no encoding"
         assert any(w.startswith(head) for w in v["export_warnings"])
         assert f"warning: {head}" in printed and head in report
+        assert f"[export] {phase}: warning: {head}" in progress, progress[-2000:]

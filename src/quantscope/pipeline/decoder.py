@@ -392,8 +392,7 @@ def export(ctx: DecoderContext) -> Done:
     target's formats, all from the same calibration the figures ran with."""
     import onnx
 
-    from quantscope.export.plan_export import export_plan
-    from quantscope.pipeline.steps import ALWAYS, QDQ, formats
+    from quantscope.pipeline.steps import ALWAYS, QDQ, export_file, formats
     from quantscope.serde import read_json, read_stats
     from quantscope.stages_llm import open_phase, recorded_prefix
     from quantscope.tasks.lm_phases import release_memory
@@ -417,8 +416,9 @@ def export(ctx: DecoderContext) -> Done:
                 + ", the float graph …")
         hn = dict(ctx.opts.hn or ()).get(phase)
         for fmt, name in [(ALWAYS, QDQ), *formats(ctx.opts.target)]:
-            export_plan(model, stats, plan_.for_phase(phase), fmt=fmt, out=sub / name,
-                        hn=read_json(hn, "HN") if hn else None)
+            export_file(model, stats, plan_.for_phase(phase), fmt, sub / name,  # + its warning
+                        hn=read_json(hn, "HN") if hn else None, label=f"{phase}/{name}",
+                        say=lambda text, p=phase: ctx.say(f"[export] {p}: {text}"))
             files.append(f"{phase}/{name}")
             release_memory()
         # last: saving with external data moves the weights out of the graph in memory

@@ -311,16 +311,26 @@ def export(ctx: Context) -> Done:
     stages.export_plan(model, stats, final, fmt=ALWAYS, out=ctx.path(QDQ))
     hn = stages.read_json_file(ctx.opts.hn, "HN") if ctx.opts.hn else None
     for fmt, name in formats(ctx.target()):
-        stages.export_plan(model, stats, final, fmt=fmt, out=ctx.path(name), hn=hn)
+        export_file(model, stats, final, fmt, ctx.path(name), hn=hn, label=name,
+                    say=lambda text: _say(ctx, f"export: {text}"))
         written.append(name)
-        unencoded = (unencoded_line(name, stages.qnn_unencoded(model)) if fmt == "qnn"
-                     else None)
-        if unencoded:  # also in verdict.json (export_warnings, qnn_unencoded), the report
-            _say(ctx, f"export: warning: {unencoded}")
     for f in FORMATS.values():  # another target's file from an earlier run in this folder
         if f.file_name not in written:  # (a stale model.alls would be handed over and read)
             ctx.path(f.file_name).unlink(missing_ok=True)
     return Done(tuple(written))
+
+
+def export_file(model: Any, stats: Any, plan: Plan, fmt: str, out: Any, *, hn: Any,
+                label: str, say: Callable[[str], None]) -> None:
+    """One compiler file of ``plan`` (``export_plan``) and its console warning, for the
+    encoder run's export and each phase of the decoder's: a QNN encodings file names the
+    tensors inside groups it has no encoding for (:func:`unencoded_line`, ``label`` the
+    file's name in the run folder; also in verdict.json's ``export_warnings`` and
+    ``qnn_unencoded``, and the report)."""
+    stages.export_plan(model, stats, plan, fmt=fmt, out=out, hn=hn)
+    unencoded = unencoded_line(label, stages.qnn_unencoded(model)) if fmt == "qnn" else None
+    if unencoded:
+        say(f"warning: {unencoded}")
 
 
 def formats(target: Target | str) -> list[tuple[str, str]]:
