@@ -14,13 +14,16 @@ kept             retrieval pairs: the per-query scores of the metric (each fit q
                  interval of the gain; kept only when it is beyond noise (one-sided 95 %
                  lower bound above 0); a tie within noise is decided by the embedding
                  SQNR (:data:`TIEBREAK`) gaining more than 0.1 dB beyond its own noise
-                 (jackknife over the rows, :mod:`quantscope.rewrites.tie`; else the
+                 (jackknife over the pairs, :mod:`quantscope.rewrites.tie`; else the
                  model without it, and a gain that cannot be told from the margin is
                  said to be a tie on both figures) and said to be a tie; other
                  data (no per-sample form): better on the figure by more than a margin
                  (:func:`headline_margin`: 0.1 dB for a headline in dB), a gain within it
                  a tie decided by the output SQNR by the same margin, and said (no noise
-                 estimate; :func:`quantscope.rewrites.auto.choose_rewrites`)
+                 estimate; :func:`quantscope.rewrites.auto.choose_rewrites`); a share
+                 whose items the task counts (``tasks.headline.share_items``: detection
+                 F1 over FP32's detections, face decision agreement over the pairs): its
+                 one-sided 95 % binomial noise is the margin, said with the figures
 repairs          a repair that keeps FP32 and answers a target rule
                  (:attr:`quantscope.repair.registry.RepairSpec.answers`: rank4 answers
                  ``qnn.linearclip_5d``) is applied to the run's model after the rewrites,
@@ -45,6 +48,7 @@ from quantscope.progress import say
 from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rewrites
 from quantscope.rewrites.base import shapes_seq_len
 from quantscope.rewrites.tie import TIE_MARGIN, Parts, pair_powers
+from quantscope.tasks.headline import share_items
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
 if TYPE_CHECKING:
@@ -159,7 +163,8 @@ def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int
         second = metrics.get(tiebreak) if tiebreak and tiebreak != metric else None
         return Measured(float(got), None if second is None else float(second),
                         None if task is None else task.samples,
-                        None if task is None or second is None else task.parts)
+                        None if task is None or second is None else task.parts,
+                        share_of=share_items(fit.task, metric, metrics))
 
     return measure
 

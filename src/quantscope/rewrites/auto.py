@@ -25,8 +25,11 @@ kept        with per-sample scores (:class:`Measured`, e.g. each fit query's top
             kept when better by more than ``min_gain``, an exact tie by the tiebreak
             (no noise estimate: the reason says so); with the caller's ``margin``
             (``run``: 0.1 dB for a headline in dB) a gain within it is a tie, decided
-            so, and said. Else dropped (a rewrite adds layers). The next rewrite is
-            tried on the model kept so far
+            so, and said; for a share over n items (``Measured.share_of``: detection F1,
+            a verification's decision agreement) the margin is its one-sided
+            :data:`CONFIDENCE` binomial noise (:func:`quantscope.rewrites.tie.share_noise`),
+            a gain within it a tie, decided so, the figures in the reason. Else dropped
+            (a rewrite adds layers). The next rewrite is tried on the model kept so far
 interval    the paired interval of each measured trial (``Trial.interval``: n, mean
             difference, both one-sided bounds, the outcome) is kept in the record
 ==========  ==========================================================================
@@ -60,7 +63,7 @@ from quantscope.plan.race import t_quantile
 from quantscope.progress import say
 from quantscope.rewrites.base import InputShapes, Precondition, Rewrite, run_rewrite
 from quantscope.rewrites.registry import REWRITES
-from quantscope.rewrites.tie import CONFIDENCE, TIE_MARGIN, Parts, decide_tie
+from quantscope.rewrites.tie import CONFIDENCE, TIE_MARGIN, Parts, decide_tie, share_noise
 from quantscope.types import QuantscopeError, Stats
 
 if TYPE_CHECKING:
@@ -70,7 +73,8 @@ KEEP_RULE = (f"kept when the paired per-sample gain's one-sided {CONFIDENCE:.0%}
              f"(Student t) is above 0; a tie within noise is decided by the tiebreak: its "
              f"gain's one-sided {CONFIDENCE:.0%} lower bound (jackknife over pairs) above "
              f"{TIE_MARGIN:g}, else the model without it; without per-sample scores a "
-             f"gain within the headline's margin ({TIE_MARGIN:g} dB for a figure in dB) "
+             f"gain within the headline's margin ({TIE_MARGIN:g} dB for a figure in dB; "
+             f"for a share over n items its one-sided {CONFIDENCE:.0%} binomial noise) "
              f"is a tie")
 
 
@@ -86,6 +90,9 @@ class Measured:
     tiebreak: float | None = None
     samples: np.ndarray | None = None
     tiebreak_parts: Parts | None = None
+    # the figure is a share over this many items, and what they are (its binomial noise
+    # decides when there are no per-sample scores: quantscope.rewrites.tie.share_noise)
+    share_of: tuple[int, str] | None = None
 
 
 Measure = Callable[[Model, Stats], "float | tuple[float, float] | Measured"]
@@ -263,6 +270,15 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
             return None, iv
         return tie(f"a tie within noise ({text})", iv)
     gain = after.value - before.value if higher else before.value - after.value
+    noise = (share_noise(before.value, after.value, *after.share_of)
+             if after.share_of is not None and after.share_of == before.share_of else None)
+    if noise is not None:  # a share over n items: its binomial noise is the margin
+        words = f"gain {gain:+.4g}, {noise[1]}; no per-sample scores"
+        if gain > max(min_gain, noise[0]):
+            return f"measured better beyond noise ({words})", None
+        if gain < -noise[0]:
+            return None, {"because": f"measured worse beyond noise ({words})"}
+        return tie(f"a tie within noise ({words})", {}, won="decided by better")
     if gain > max(min_gain, margin):
         return ("measured better" + (f" by more than the {margin:g} margin" if margin else "")
                 + " (no per-sample scores: no noise estimate)"), None

@@ -20,6 +20,11 @@ dropped         otherwise; the given model stands (a rewrite adds layers). When 
                 other choice measured, so a decision is never silent about it
 no parts        (a tiebreak given as one figure): kept when it gains more than the margin,
                 and the reason says there was no noise estimate
+a share         a headline with no per-sample scores that is a share over n items
+                (detection F1, a verification's decision agreement): its noise is the
+                binomial standard error of the difference, ``sqrt(p(1-p)/n + q(1-q)/n)``
+                of the two figures, times the one-sided :data:`CONFIDENCE` normal
+                quantile (:func:`share_noise`); a gain within it is a headline tie
 ==============  ========================================================================
 
 Why: a bare threshold on a figure decides on noise at the threshold: two functionally
@@ -33,6 +38,7 @@ past the margin.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -106,6 +112,21 @@ def gain_interval(after: Parts, before: Parts, *, margin: float = TIE_MARGIN,
     outcome = "better" if lower > margin else "not better" if upper <= margin else "tie"
     return {"n": rows, "unit": unit, "difference": gain, "lower": lower, "upper": upper,
             "confidence": confidence, "margin": margin, "outcome": outcome}
+
+
+def share_noise(before: float, after: float, n: int, what: str = "items", *,
+                confidence: float = CONFIDENCE) -> tuple[float, str] | None:
+    """The one-sided ``confidence`` noise of the difference of two shares ``before`` and
+    ``after`` over the same ``n`` items: ``z * sqrt(p(1-p)/n + q(1-q)/n)`` (binomial
+    standard errors combined, ``z`` the normal quantile), and the figures in words. None:
+    no items, or a figure that is no share (outside 0..1)."""
+    if n < 1 or not all(0.0 <= v <= 1.0 for v in (before, after)):
+        return None
+    z = NormalDist().inv_cdf(confidence)
+    half = z * float(np.sqrt((before * (1 - before) + after * (1 - after)) / n))
+    return half, (f"one-sided {confidence:.0%} binomial noise {half:.4g} = {z:.3f} x "
+                  f"sqrt(p(1-p)/n + q(1-q)/n) with p {before:.4g}, q {after:.4g}, "
+                  f"n {n} {what}")
 
 
 def decide_tie(after: Any, before: Any, named: str) -> tuple[str, str | None,

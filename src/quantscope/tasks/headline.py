@@ -179,6 +179,29 @@ def sample_row_scoring(task: Task, output_names: Sequence[str]) -> RowScoring:
                       row_local=True)
 
 
+# a detection share -> the figure that counts its items (detection.detection_metrics)
+_DETECTION_ITEMS = {"detection_f1": ("detections_fp32", "FP32 detections"),
+                    "detection_recall": ("detections_fp32", "FP32 detections"),
+                    "detection_precision": ("detections_quantized", "quantized detections")}
+
+
+def share_items(task: Task | None, metric: str, values: Mapping[str, float]
+                ) -> tuple[int, str] | None:
+    """How many items the share ``metric`` is over, and what they are, where the task or
+    its figures tell (the binomial noise of a headline with no per-sample scores,
+    :func:`quantscope.rewrites.tie.share_noise`): a detection share over the detections
+    its figures count, a face verification's decision agreement over its pairs. None: not
+    known (another metric, or a share whose items nothing counts)."""
+    if metric in _DETECTION_ITEMS:
+        key, what = _DETECTION_ITEMS[metric]
+        n = values.get(key)
+        return (int(n), what) if n is not None and np.isfinite(n) else None
+    pairs = getattr(task, "pairs", None)
+    if metric == "decision_agreement" and hasattr(pairs, "genuine"):
+        return len(pairs.genuine), "verification pairs"  # type: ignore[union-attr]
+    return None
+
+
 def objective_of(task: Task | None) -> PooledEmbedding | None:
     """What the fine-tune distils towards (None: every float output)."""
     fn = getattr(task, "objective", None)
