@@ -38,6 +38,7 @@ from llm_args import lm_parser, lm_setup
 from onnx import numpy_helper
 
 from quantscope.analyze.prefix import prefixed_opener
+from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.plan.phase_search import candidate_plans, rank_by_range
@@ -45,7 +46,7 @@ from quantscope.plan.phases import check_phases
 from quantscope.repair.gptq import gptq
 from quantscope.stages_llm import format_lm_quality, lm_prefix, lm_text, open_phase
 from quantscope.targets import load_target
-from quantscope.tasks.lm_phases import calibrate_phases, evaluate_lm_plans, release_memory
+from quantscope.tasks.lm_phases import calibrate_phases, evaluate_lm_plans
 from quantscope.types import GroupKind, Plan, Precision
 
 TARGET = "hailo10h"

@@ -24,11 +24,11 @@ from pathlib import Path
 
 from llm_args import lm_parser, lm_setup
 
+from quantscope.emulate.release import release_memory
 from quantscope.plan.phases import check_phases
 from quantscope.serde import read_plan
 from quantscope.stages_llm import format_lm_quality, lm_quality, open_phase_models
 from quantscope.targets import load_target
-from quantscope.tasks.lm_phases import release_memory
 from quantscope.types import Plan, Precision
 
 

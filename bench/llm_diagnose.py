@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.lm_classes import members
 from quantscope.plan.phase_search import candidate_plans, rank_by_range
@@ -45,7 +46,7 @@ from quantscope.stages_llm import (
 )
 from quantscope.targets import load_target
 from quantscope.tasks.lm import NextToken
-from quantscope.tasks.lm_phases import _emulated, calibrate_phases, release_memory, runner
+from quantscope.tasks.lm_phases import _emulated, calibrate_phases, runner
 from quantscope.types import Plan, Precision
 
 

@@ -32,6 +32,7 @@ from quantscope.analyze.prefix import (
     scan_sinks,
 )
 from quantscope.calibrate.collect import tapped_model
+from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
 from quantscope.model.phases import PHASES, check_phase_interface, phase_path
@@ -58,7 +59,6 @@ from quantscope.tasks.lm_phases import (
     calibrate_phases,
     evaluate_lm_plans,
     position_absmax,
-    release_memory,
 )
 from quantscope.types import PHASE_OVERRIDES, PHASE_RANGES, Plan, Precision, QuantscopeError, Stats
 from quantscope.zoo.decoder import PRODUCER as DECODER_PRODUCER

@@ -69,31 +69,6 @@ def available_bytes() -> int | None:
     return _proc_kib("/proc/meminfo", "MemAvailable")
 
 
-def release_memory() -> None:
-    """Give back what the process no longer uses: a garbage collection (reference cycles
-    holding sessions or arrays), the shared ONNX Runtime arena's free chunks
-    (:func:`~quantscope.emulate.session.shrink_shared_arena`), then glibc's
-    ``malloc_trim`` (freed heap pages the allocator keeps otherwise; a no-op where there
-    is no glibc). ``run`` calls it between stages: on minilm-l6 the resident set when
-    ``analyze`` started went from 1.37 GB to 0.29 GB with it."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    from quantscope.emulate.session import shrink_shared_arena
-
-    gc.collect()
-    shrink_shared_arena()
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return
-    trim(0)
-
-
 def reset_peak() -> bool:
     """Start this process's peak resident set anew (Linux: ``5`` into
     ``/proc/self/clear_refs``), so :func:`peak_bytes` reads the peak since; False where

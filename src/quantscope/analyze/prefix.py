@@ -40,10 +40,11 @@ import numpy as np
 
 from quantscope.analyze.phases import residual_groups
 from quantscope.calibrate.collect import tapped_model
+from quantscope.emulate.release import release_memory
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
-from quantscope.tasks.lm_phases import OpenPhase, release_memory, runner
+from quantscope.tasks.lm_phases import OpenPhase, runner
 from quantscope.types import QuantscopeError
 from quantscope.zoo.prefix import KVPrefix, infer_light, prefixed_prefill
 

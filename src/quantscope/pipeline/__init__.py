@@ -277,7 +277,8 @@ def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None
 
 
 def _run(ctx: Context, force: str | None) -> RunResult:
-    from quantscope.analyze.memory import peak_bytes, release_memory, reset_peak
+    from quantscope.analyze.memory import peak_bytes, reset_peak
+    from quantscope.emulate.release import release_memory
     from quantscope.progress import say
     from quantscope.serde import read_json
 

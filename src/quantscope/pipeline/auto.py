@@ -279,12 +279,12 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
 
 
 def _released(step: Callable[..., Any]) -> Callable[..., Any]:
-    """``step`` followed by :func:`quantscope.analyze.memory.release_memory`: each
+    """``step`` followed by :func:`quantscope.emulate.release.release_memory`: each
     calibration and measurement of the trials leaves what it dropped in reference cycles
     and the shared arena's chunks (mpnet-base: 2.4-2.9 GB after a calibration, 1 GB after a
     measurement, until the next collection), which the next trial's calibration then
     peaked on top of (8.57 GB in all, stop 44)."""
-    from quantscope.analyze.memory import release_memory
+    from quantscope.emulate.release import release_memory
 
     def released(*args: Any) -> Any:
         try:

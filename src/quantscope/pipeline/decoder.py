@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantscope.emulate.release import release_memory
 from quantscope.pipeline.decoder_report import (
     DEFAULT_METRIC,
     METRICS,
@@ -395,7 +396,6 @@ def export(ctx: DecoderContext) -> Done:
     from quantscope.pipeline.steps import ALWAYS, QDQ, export_file, formats
     from quantscope.serde import read_json, read_stats
     from quantscope.stages_llm import open_phase, recorded_prefix
-    from quantscope.tasks.lm_phases import release_memory
     from quantscope.zoo.cache import write_atomic
 
     plan_ = ctx.plan()
@@ -440,7 +440,6 @@ def host(ctx: DecoderContext) -> Done:
     from quantscope.serde import read_stats, write_json, write_text
     from quantscope.stages_llm import phase_file
     from quantscope.tasks.lm import tokenizer_path
-    from quantscope.tasks.lm_phases import release_memory
 
     plan_ = ctx.plan()
     shutil.copyfile(tokenizer_path(phase_file(ctx.spec(), "prefill")), ctx.path(TOKENIZER))
@@ -554,7 +553,7 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
                 progress: bool = True) -> Any:
     """Every stage not yet done on these inputs (``force``: rerun from that stage); a
     :class:`quantscope.pipeline.RunResult`."""
-    from quantscope.analyze.memory import peak_bytes, release_memory, reset_peak
+    from quantscope.analyze.memory import peak_bytes, reset_peak
     from quantscope.pipeline import RunResult, _check_out, _folder, _lock, _remove_stale
     from quantscope.serde import read_json
     from quantscope.stages_llm import phase_file

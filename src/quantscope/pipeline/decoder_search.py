@@ -172,9 +172,9 @@ def search_recipe(model: str, folder: Path, *, target: str, metric: str, max_cos
     """The search on decoder ``model`` (its trials in ``folder / TRIALS``); returns the
     record, the kept trial's prefill graph (None: the given graphs) and its rewrites'
     notes (step -> phase -> what it did)."""
+    from quantscope.emulate.release import release_memory
     from quantscope.pipeline.decoder_report import METRICS, _amounts
     from quantscope.stages_llm import RECIPE, plan_phases, recipe_phase_files
-    from quantscope.tasks.lm_phases import release_memory
 
     m = METRICS[metric]
     root = folder / TRIALS

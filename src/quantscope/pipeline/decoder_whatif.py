@@ -107,12 +107,13 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
     ``as-scripted`` only, when the scripts leave a decision that matters NOT SET (what
     every run says), else nothing measured."""
     from quantscope.analyze.prefix import prefixed_opener
+    from quantscope.emulate.release import release_memory
     from quantscope.export.plan_export import scripted_plan
     from quantscope.pipeline.steps import formats
     from quantscope.plan.phases import check_phases
     from quantscope.stages_llm import LmSetup, lm_prefix, lm_text, open_phase, recorded_prefix
     from quantscope.targets import load_target
-    from quantscope.tasks.lm_phases import evaluate_lm_plans, release_memory
+    from quantscope.tasks.lm_phases import evaluate_lm_plans
 
     alls = any(fmt == "alls" for fmt, _ in formats(target))
     if not asked and not alls:  # no script that could drop a decision: nothing to measure

@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from quantscope.analyze.incremental import IncrementalEngine
-from quantscope.analyze.memory import release_memory
 from quantscope.emulate.evaluate import Keep, Runs, kept_runs, open_runs, run_kept
 from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes

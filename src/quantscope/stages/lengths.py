@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from quantscope.analyze.memory import release_memory
+from quantscope.emulate.release import release_memory
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes
 from quantscope.plan.buckets import CHOICE_LENGTHS, MAX_BUCKETS, route

@@ -31,8 +31,6 @@ memory               a phase graph is opened (``open_phase``) only while it is n
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +41,7 @@ import onnx
 
 from quantscope.calibrate.collect import calibrate, tapped_model
 from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.emulate.release import release_memory
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
@@ -94,16 +93,6 @@ def decode_feeds(prefill: Run, windows: Sequence[np.ndarray], steps: int
         before = prefix_length(out, ids)
         for t in range(len(ids) - steps, len(ids)):
             yield {"input_ids": ids[None, t:t + 1], **cache_of(out, before + t)}
-
-
-def release_memory() -> None:
-    """Hand freed heap back to the OS: a 650 MB model freed inside glibc's arenas would
-    otherwise stay in the RSS and stack up with the next phase's copy."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
 
 
 def calibrate_phases(open_phase: OpenPhase, windows: TokenWindows, *, steps: int = 4,
