@@ -406,3 +406,31 @@ def test_auto_tokensplit_chunks_fit_the_target_size_limit():
     assert fitting_chunk(model, None, SEQ) is None and fitting_chunk(model, SMALL, None) is None
     assert REWRITES["tokensplit"].auto_config(frozenset({"headsplit"}), model, SMALL,
                                                SEQ).linears
+
+
+def test_the_trials_calibrate_each_graph_once(monkeypatch):
+    """Round 2 rebuilt each retried set from the given model and calibrated that same graph
+    again for each retry (the l3 acceptance run: the given model three times, 5 s each).
+    The run's calibration is now remembered by the model's content: the same graph (even
+    a fresh copy) is calibrated once, another graph again, and only the last few are
+    kept."""
+    from quantscope.pipeline import auto as pauto
+
+    calls = []
+
+    def calibrate(m):
+        calls.append(m)
+        return object()
+
+    calib = pauto._by_content(calibrate)
+    a, b = (load_proto(token_encoder(), "a"), load_proto(attention_encoder(), "b"))
+    first = calib(a)
+    assert calib(load_proto(token_encoder(), "a copy")) is first and len(calls) == 1
+    assert calib(b) is not first and len(calls) == 2
+    others = [load_proto(token_encoder(), "x") for _ in range(pauto.KEPT_STATS)]
+    for i, m in enumerate(others):  # other content (the graph's name is in it)
+        m.proto.graph.name = f"other{i}"
+        calib(m)
+    assert len(calls) == 2 + pauto.KEPT_STATS
+    calib(a)  # pushed out by the last ones: calibrated again
+    assert len(calls) == 3 + pauto.KEPT_STATS
