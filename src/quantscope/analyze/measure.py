@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import onnx
 
+from quantscope.analyze.evalcache import model_digest
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.evaluate import (
     Runs,
@@ -170,7 +171,8 @@ def evaluate_plans(
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
         emulated, enc, cov, measured_by = _emulated(model, stats, plan, batches, engine, scheme=scheme,
-                                                    method=method, label=label if progress else "")
+                                                    method=method, label=label if progress else "",
+                                                    same=ref if reference in (None, model) else None)
         coverage, saturated = cov.to_dict(), _saturation_entry(data_stats, enc, n_rows)
         q_notes = (*enc.notes, *measured_by[1:])
         del enc
@@ -274,14 +276,22 @@ def scored_alone(data: Dataset, metric: str) -> Any:
 
 def _emulated(model: Model, stats: Stats, plan: Plan, batches: list[Batch],
               engine: IncrementalEngine | None, *, scheme: QuantScheme | None,
-              method: str | None, label: str) -> tuple[Runs, Encodings, Coverage, tuple[str, ...]]:
+              method: str | None, label: str, same: Outputs | None = None,
+              ) -> tuple[Runs, Encodings, Coverage, tuple[str, ...]]:
     """The plan's emulated runs (not run yet), its encodings and coverage, and which engine
     measures it (then the note why a full pass, if one is): the engine's runner when it
-    has one for the plan, else the full QDQ graph (:func:`quantize_model`)."""
+    has one for the plan, else the full QDQ graph (:func:`quantize_model`). ``same``: the
+    FP32 outputs of ``model`` on ``batches``, which a plan quantizing nothing (its QDQ graph
+    the model's own, byte for byte: the demo's and run's ``fp32`` row) reads instead of a
+    second pass of the same graph."""
     sch = scheme_for(plan, scheme)
     runner, why = (None, None) if engine is None else engine.runner(model, stats, sch)
     if runner is None:
         q = quantize_model(model, stats, plan, scheme=sch, method=method)
+        if same is not None and not q.encodings.activations and not q.encodings.weights \
+                and model_digest(q.proto) == model_digest(model.proto):
+            return (Runs(names=same.names, batches=zip(same.batches, batches, strict=True)),
+                    q.encodings, q.coverage, ("ort (full pass)", SAME_NOTE))
         runs, enc, cov = open_runs(q.proto, batches, label), q.encodings, q.coverage
         del q  # the session holds the graph: the QDQ proto's weights go before the runs
         return runs, enc, cov, ("ort (full pass)", *((why,) if why else ()))
@@ -296,6 +306,8 @@ def _emulated(model: Model, stats: Stats, plan: Plan, batches: list[Batch],
             (done.engine,))
 
 
+SAME_NOTE = ("the plan quantizes nothing (its graph is the model's own): its outputs are the "
+             "FP32 pass's, not a second run of the same graph")
 SATURATION_ROWS = 256  # evaluation rows whose ranges are checked against the calibration's
 
 
