@@ -1,0 +1,97 @@
+"""Every console writes a metric in its unit through report.fmt (the one list of share
+metrics), as the verdict does: shares (detection_f1 …) in percent, dB in dB, counts whole.
+The JSON files keep shares as 0-1."""
+
+import json
+import re
+
+import numpy as np
+import onnx
+import pytest
+from outside_models import feeds, mixed_scale_detector
+
+from quantscope.cli import main
+from quantscope.plan.deployment_results import RouteVerdict
+from quantscope.report import fmt
+from quantscope.report.deployment import _metric_line, _verdict_line
+
+
+@pytest.fixture
+def det(tmp_path, capsys):
+    onnx.save(mixed_scale_detector(), tmp_path / "det.onnx")
+    np.savez(tmp_path / "data.npz", **feeds("mixed_scale_detector"))
+    common = [str(tmp_path / "det.onnx"), "--data", str(tmp_path / "data.npz")]
+    assert main(["calibrate", *common, "--out", str(tmp_path / "s.npz")]) == 0
+    capsys.readouterr()
+    return tmp_path, [*common, "--stats", str(tmp_path / "s.npz")]
+
+
+def _line(out, key):
+    return next(s for s in out.splitlines() if s.strip().startswith(key + " "))
+
+
+def test_evaluate_console_shows_shares_in_percent(det, capsys):
+    tmp_path, common = det
+    assert main(["evaluate", *common, "--precision", "a16_w16", "--json",
+                 str(tmp_path / "e.json")]) == 0
+    out = capsys.readouterr().out
+    m = json.loads((tmp_path / "e.json").read_text())["metrics"]
+    assert 0 < m["detection_f1"] < 1  # the file keeps the share as 0-1
+    f1 = f"{100 * m['detection_f1']:.1f}"
+    assert _line(out, "detection_f1").split() == ["detection_f1", f1, "%"]
+    assert _line(out, "detection_recall").endswith(" %")
+    assert re.fullmatch(r"sqnr_db +\d+\.\d dB", _line(out, "sqnr_db").strip())
+    assert _line(out, "detections_fp32").split() == ["detections_fp32",
+                                                     f"{m['detections_fp32']:.0f}"]
+    assert _line(out, "box_iou_mean").split()[1] == fmt.value("box_iou_mean", m["box_iou_mean"])
+
+
+def test_repair_console_shows_shares_in_percent(det, capsys):
+    tmp_path, common = det
+    assert main(["repair", *common, "--precision", "a16_w16", "--out-model",
+                 str(tmp_path / "r.onnx"), "--out-stats", str(tmp_path / "r.npz"),
+                 "--out-plan", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    f1 = _line(out, "detection_f1")
+    assert re.fullmatch(r"detection_f1 +\d+\.\d % -> \d+\.\d %", f1.strip()), f1
+    assert re.fullmatch(r"sqnr_db +\d+\.\d dB -> \d+\.\d dB", _line(out, "sqnr_db").strip())
+
+
+def test_whatif_and_plan_consoles_show_shares_in_percent(det, capsys):
+    tmp_path, common = det
+    assert main(["whatif", *common, "--precision", "a8_w8", "--json",
+                 str(tmp_path / "w.json")]) == 0
+    out = capsys.readouterr().out
+    w = json.loads((tmp_path / "w.json").read_text())
+    assert w["metric"] == "detection_f1"
+    row = next(s for s in out.splitlines() if s.strip().startswith("all "))
+    assert (f"detection_f1 {fmt.value('detection_f1', w['all']['detection_f1'])} "
+            f"({fmt.gain('detection_f1', w['all']['gain'])})") in row, row
+    assert " %" in row and " pts)" in row
+    assert main(["analyze", *common, "--out", str(tmp_path / "a.json")]) == 0
+    assert main(["plan", *common, "--analysis", str(tmp_path / "a.json"), "--target", "ort-cpu",
+                 "--out", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    chosen = json.loads((tmp_path / "plan.json").read_text())["pareto"]["chosen"]
+    assert 0 < chosen["measured"] < 1  # the file keeps 0-1
+    line = next(s for s in out.splitlines() if s.startswith("metric detection_f1"))
+    assert f"measured {100 * chosen['measured']:.1f} %" in line, line
+    fronts = [s for s in out.splitlines() if s.strip().startswith("front:")]
+    assert fronts and all(re.search(r"predicted \d+\.\d % +measured \d+\.\d %", s)
+                          for s in fronts), fronts
+
+
+def test_a_whole_count_reads_whole():
+    assert fmt.value("detections_fp32", 12840.0) == "12840"  # .4g read 1.284e+04
+    assert fmt.value("detections_fp32", np.int64(12840)) == "12840"
+    assert fmt.value("cosine_mean", 0.99871) == "0.9987"
+
+
+def test_route_lines_show_shares_in_percent():
+    assert _metric_line({"top1_agreement": 0.9732, "embedding_cosine_mean": 0.99871}) == \
+        "top1_agreement 97.3 %, embedding_cosine_mean 0.9987"
+    v = RouteVerdict(legal=True, metric="top1_agreement", value=0.85, met=False, goal=0.9,
+                     goal_met=False, short_by=0.05)
+    line = _verdict_line(None, v)
+    assert "top1_agreement 85.0 % short of (by 5.0 pts) the goal 90.0 %" in line, line
+
