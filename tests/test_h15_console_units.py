@@ -95,3 +95,42 @@ def test_route_lines_show_shares_in_percent():
     line = _verdict_line(None, v)
     assert "top1_agreement 85.0 % short of (by 5.0 pts) the goal 90.0 %" in line, line
 
+
+class _Stop(Exception):
+    pass
+
+
+def test_run_auto_line_says_a_verification_shares_pairs(tmp_path, capsys, monkeypatch):
+    """``run --rewrites auto`` on face images: the decision agreement's noise is over its
+    verification pairs, not the images, and the choosing line says both counts."""
+    from types import SimpleNamespace
+
+    import quantscope.pipeline.auto as auto
+    import quantscope.pipeline.data as pdata
+    from quantscope import stages
+    from quantscope.tasks.faces import VerificationPairs
+    from quantscope.tasks.registry import VerificationTask
+    from quantscope.types import Dataset
+
+    n = 7
+    pairs = VerificationPairs(first=np.arange(n), second=np.arange(n) + n,
+                              genuine=np.arange(n) % 2 == 0, distance=np.array(["near"] * n),
+                              change=np.array(["orig"] * n))
+    batch = feeds("mixed_scale_detector", n=4)
+    fit = Dataset("faces", (batch,), (batch, batch), VerificationTask("faces", pairs, 0.6))
+    monkeypatch.setattr(pdata, "open_fit_data", lambda *a, **k: fit)
+
+    def stop(*a, **k):  # the line is said before any trial: stop there
+        raise _Stop
+
+    monkeypatch.setattr(auto, "choose_rewrites", stop)
+    onnx.save(mixed_scale_detector(), tmp_path / "det.onnx")
+    opts = SimpleNamespace(data="faces", eval_data=None, tokenizer=None, prefixes=None,
+                           pairs=None, seq_len=None, input_shapes=(), target="ort-cpu",
+                           method="minmax", metric=None, layout=(), batch_axes=(),
+                           repair_batches=1)
+    with pytest.raises(_Stop):
+        auto.choose(opts, stages.open_model(tmp_path / "det.onnx"), progress=True)
+    err = capsys.readouterr().err
+    assert ("rewrites auto: choosing by decision_agreement on 8 fit samples "
+            f"({n} verification pairs) (a tie: by sqnr_db)") in err, err
