@@ -134,3 +134,14 @@ def test_run_auto_line_says_a_verification_shares_pairs(tmp_path, capsys, monkey
     err = capsys.readouterr().err
     assert ("rewrites auto: choosing by decision_agreement on 8 fit samples "
             f"({n} verification pairs) (a tie: by sqnr_db)") in err, err
+
+
+def test_verdict_ranking_line_shows_a_share_in_percent():
+    from quantscope.report.summary import ranking_line
+
+    v = {"metric": "top1_agreement", "ranking": {
+        "line": "ranked by torch (cpu), measured by onnxruntime", "measured": 0.9733,
+        "measured_by": "onnxruntime", "ranked": 0.98, "ranked_by": "torch (cpu)"}}
+    assert ranking_line(v) == ("search: ranked by torch (cpu), measured by onnxruntime: chosen "
+                               "plan 97.3 % in onnxruntime, 98.0 % ranked by torch (cpu) "
+                               "(fit data)")
