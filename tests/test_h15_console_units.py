@@ -145,3 +145,36 @@ def test_verdict_ranking_line_shows_a_share_in_percent():
     assert ranking_line(v) == ("search: ranked by torch (cpu), measured by onnxruntime: chosen "
                                "plan 97.3 % in onnxruntime, 98.0 % ranked by torch (cpu) "
                                "(fit data)")
+
+
+def test_report_sections_show_shares_in_percent(det, capsys):
+    """The HTML report's analysis recovery, route table and verdict, and buckets choice
+    write shares in percent as the verdict does (they wrote .4g / the raw float)."""
+    from quantscope.report.build import analysis_section, choice_section, route_section
+
+    tmp_path, common = det
+    assert main(["analyze", *common, "--out", str(tmp_path / "a.json")]) == 0
+    a = json.loads((tmp_path / "a.json").read_text())
+    base = a["baselines"]["a16_w16"]
+    a["recovery"] = [{"promoted": ["g"], "precision": "a16_w16", "metrics": base}]
+    page = analysis_section(a)
+    f1 = f"{100 * base['detection_f1']:.1f} %"
+    assert f"detection_f1 {f1}" in page  # the recovery row
+    assert page.count(f"<td>{f1}</td>") >= 1  # the baselines table
+    assert re.search(r"<td>\d+\.\d dB</td>", page)
+
+    bucket = {"seq_len": 64, "share": 1.0, "texts": 3, "cost_own": 1.2, "cost": 1.2,
+              "legal": True, "problems": [], "model": "m"}
+    route = {"target": "ort-cpu", "cost_mean": 1.2, "buckets": [bucket],
+             "metrics": {"top1_agreement": 0.9732}, "longest_alone": {
+                 "seq_len": 64, "cost": 1.2, "metrics": {"top1_agreement": 0.95}},
+             "verdict": {"met": False, "legal": True, "metric": "top1_agreement",
+                         "value": 0.9732, "goal": 0.99, "goal_met": False, "short_by": 0.0168}}
+    page = route_section("r", route)
+    assert "<td>97.3 %</td>" in page and "<td>95.0 %</td>" in page
+    assert "value 97.3 %, goal 99.0 %, goal_met False, short_by 1.7 pts" in page
+    choice = {"target": "ort-cpu", "texts": 3, "max_cost": 1.5, "max_buckets": 2,
+              "cost_mean": 1.2, "cosine_mean": 0.999, "lengths": [32, 64],
+              "selection_metrics": {"top1_agreement": 0.9732}, "buckets": [], "notes": [],
+              "candidates": {"a8": {"cost_at_longest": 1.0, "cosine_mean": 0.99}}}
+    assert "top1_agreement 97.3 %" in choice_section("c", choice)
