@@ -20,6 +20,7 @@ from quantscope.cli.types import output_file, positive_int, repair_names
 from quantscope.emulate.evaluate import run_model
 from quantscope.repair.apply import run_repairs
 from quantscope.repair.registry import DEFAULT_REPAIRS, REGISTRY
+from quantscope.report import fmt
 
 
 def add_repair(sub: argparse._SubParsersAction, summary: str) -> None:
@@ -71,7 +72,8 @@ def cmd_repair(args: argparse.Namespace) -> int:
         after = stages.evaluate_plan(repaired, data, out.stats, out.plan, progress=True,
                                      reference_outputs=ref)
         for key in sorted(set(before["metrics"]) & set(after["metrics"])):
-            print(f"  {key:<24} {before['metrics'][key]:>10.4g} -> {after['metrics'][key]:.4g}")
+            print(f"  {key:<24} {fmt.value(key, before['metrics'][key]):>10} -> "
+                  f"{fmt.value(key, after['metrics'][key])}")  # shares in percent
     serde.write_atomic_set([
         (args.out_model, serde.onnx_writer(out.proto)),
         (args.out_stats, serde.stats_writer(out.stats)),

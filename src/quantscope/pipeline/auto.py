@@ -250,7 +250,10 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
     target = load_target(opts.target)
     n, unit = _samples(fit)
     tiebreak = TIEBREAK[unit]
-    say(f"rewrites auto: choosing by {head.metric} on {n} {unit} (a tie: by {tiebreak})",
+    items = share_items(fit.task, head.metric, {})  # known before measuring: a verification's
+    # pairs; a detector's FP32 detections only once FP32 has run (its keep reasons say them)
+    over = f" ({items[0]} {items[1]})" if items and items[0] != n else ""
+    say(f"rewrites auto: choosing by {head.metric} on {n} {unit}{over} (a tie: by {tiebreak})",
         show=progress)
     calib = _by_content(_released(lambda m: stages.calibrate_model(m, fit, method=opts.method)))
     # the trials' preconditions read a length: without --seq-len, the one the input shapes

@@ -219,14 +219,22 @@ def route_section(label: str, result: dict[str, Any]) -> str:
     fig.legend(loc="upper left", fontsize=8)
     keys = ["top1_agreement", "recall@1", "recall@1_fp32", "embedding_cosine_mean"]
     alone = result["longest_alone"]
-    rows = [[f"routed ({len(buckets)} lengths)", result["cost_mean"],
-             *[result["metrics"].get(k, "") for k in keys]],
-            [f"seq {alone['seq_len']} alone", alone["cost"],
-             *[alone["metrics"].get(k, "") for k in keys]]]
+    def cells(m: dict[str, Any]) -> list[str]:  # each in its unit: shares in percent
+        return [fmt.value(k, m[k]) if k in m else "" for k in keys]
+
+    rows = [[f"routed ({len(buckets)} lengths)", result["cost_mean"], *cells(result["metrics"])],
+            [f"seq {alone['seq_len']} alone", alone["cost"], *cells(alone["metrics"])]]
     verdict = result.get("verdict")
+
+    def said(k: str, v: Any) -> str:  # the verdict's figures in the metric's unit
+        m = str(verdict.get("metric")) if verdict else ""
+        if k in ("value", "goal"):
+            return f"{k} {fmt.value(m, v)}"
+        return f"{k} {fmt.gain(m, v).lstrip('+')}" if k == "short_by" else f"{k} {v}"
+
     line = "" if not verdict else (
         f"<p><b>{'MET' if verdict['met'] else 'NOT MET'}</b>: "
-        + html.escape(", ".join(f"{k} {v}" for k, v in verdict.items() if k != "met")) + "</p>")
+        + html.escape(", ".join(said(k, v) for k, v in verdict.items() if k != "met")) + "</p>")
     return (f"<h2>Length buckets: {html.escape(label)} on {html.escape(result['target'])}</h2>"
             "<p>Each text runs on the shortest compiled length that holds it; costs are "
             "relative to the reference's uniform a8_w8 at the longest length, the mean "
@@ -262,7 +270,7 @@ def choice_section(label: str, choice: dict[str, Any]) -> str:
             f"<p>Chosen on {choice['texts']} texts within {choice['max_cost']:g}x, at most "
             f"{choice['max_buckets']} compiled lengths: mean cost {choice['cost_mean']:.3f}x, "
             f"embedding cosine {choice['cosine_mean']:.5f}"
-            + "".join(f", {html.escape(k)} {v:.4g}"
+            + "".join(f", {html.escape(k)} {fmt.value(k, v)}"  # shares in percent
                       for k, v in (choice.get("selection_metrics") or {}).items())
             + " on those texts (not held out). Each candidate alone at the "
             "longest length (dots) against the chosen deployment (star); measure the "
@@ -299,7 +307,8 @@ def analysis_section(analysis: dict[str, Any], top: int = 15) -> str:
     base = analysis.get("baselines", {})
     if base:
         keys = sorted({k for m in base.values() for k in m})
-        out.append(_table(["uniform", *keys], [[p, *[m.get(k, "") for k in keys]]
+        out.append(_table(["uniform", *keys], [[p, *[fmt.value(k, m[k]) if k in m else ""
+                                                     for k in keys]]  # shares in percent
                                                 for p, m in base.items()]))
     if offenders:
         plt = _plt()
@@ -316,7 +325,7 @@ def analysis_section(analysis: dict[str, Any], top: int = 15) -> str:
         out.append("<h3>Recovery by promoting the worst groups</h3>" + _table(
             ["promoted", "precision", "metrics"],
             [[len(r["promoted"]), r["precision"],
-              ", ".join(f"{k} {v:.4g}" for k, v in r["metrics"].items()
+              ", ".join(f"{k} {fmt.value(k, v)}" for k, v in r["metrics"].items()
                         if isinstance(v, int | float))] for r in rec]))
     return "".join(out)
 

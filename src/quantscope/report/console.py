@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from quantscope.analyze.whatif import WHATIF_KEYS
+from quantscope.report import fmt
 
 OUTPUT_LINE = ("sqnr_db", "sqnr_db_channel_min", "collapsed_channels", "cosine_mean",
                "abs_err_max", "decision_agreement")
@@ -19,11 +20,11 @@ def format_result(result: dict[str, Any]) -> str:
     m = result["metrics"]
     lines = [f"model {result['model']}  data {result['data']}  plan default "
              f"{result['plan']['default']} (+{len(result['plan'].get('groups', {}))} overrides)"]
-    lines += [f"  {k:<24} {v:.6g}" for k, v in m.items()]
+    lines += [f"  {k:<24} {fmt.value(k, v)}" for k, v in m.items()]  # shares in percent
     outs = {k: v for k, v in result.get("outputs", {}).items() if "sqnr_db" in v}
     if len(outs) > 1 or any("sqnr_db_channel_min" in v for v in outs.values()):
         lines += [f"  output {k}: " + ", ".join(
-            f"{key} {v[key]:.4g}" for key in OUTPUT_LINE if key in v) for k, v in outs.items()]
+            f"{key} {fmt.value(key, v[key])}" for key in OUTPUT_LINE if key in v) for k, v in outs.items()]
     if "coverage" in result:
         lines += ["  " + line for line in _coverage_lines(result["coverage"])]
     if result.get("saturation_note"):
@@ -48,8 +49,8 @@ def format_whatif(result: dict[str, Any]) -> str:
     m = result["metric"]
 
     def line(label: str, r: dict[str, Any]) -> str:
-        extra = "  ".join(f"{k} {r[k]:.6g}" for k in WHATIF_KEYS if k in r)
-        return f"  {label:<34} {m} {r[m]:.4g} ({r['gain']:+.4g})  {extra}"
+        extra = "  ".join(f"{k} {fmt.value(k, r[k])}" for k in WHATIF_KEYS if k in r)
+        return f"  {label:<34} {m} {fmt.value(m, r[m])} ({fmt.gain(m, r['gain'])})  {extra}"
 
     out = [f"where the plan's error is ({result['note']}):", line("the plan", result["plan"])]
     out += [line(f"{r['kind']} ({r['groups']} groups) at a16_w16", r) for r in result["kinds"]]
@@ -60,7 +61,7 @@ def format_whatif(result: dict[str, Any]) -> str:
     if h:
         out.append(f"how far the goal is ({h['note']}):")
         out += ["  error x" + f"{r['scale']:<5g} " + "  ".join(
-            f"{k} {r[k]:.6g}" for k in r if k != "scale") for r in h["rows"]]
+            f"{k} {fmt.value(k, r[k])}" for k in r if k != "scale") for r in h["rows"]]
         if "goal" in h:
             out.append(f"  {h['sentence']}")
     return "\n".join(out)
@@ -77,8 +78,9 @@ def race_lines(race: dict[str, Any] | None) -> list[str]:
         lines.append(f"race ({race['metric']}, {r['samples']} pairs, looks at "
                      f"{', '.join(map(str, r['looks']))}): {len(stopped)} of "
                      f"{len(r['candidates'])} candidate(s) stopped, the rest measured in full")
-        lines += [f"  {c['name']} stopped at {c['n']} pairs: {c['difference']:+.3f} "
-                  f"(+{c['half_width']:.3f}) vs {c['rival']}" for c in stopped]
+        m = race["metric"]
+        lines += [f"  {c['name']} stopped at {c['n']} pairs: {fmt.gain(m, c['difference'])} "
+                  f"({fmt.gain(m, c['half_width'])}) vs {c['rival']}" for c in stopped]
     if lines:
         lines.append(f"race rule: {race['races'][0]['rule']}; {race['note']}")
     return lines
@@ -87,39 +89,47 @@ def race_lines(race: dict[str, Any] | None) -> list[str]:
 def format_search(result: dict[str, Any]) -> str:
     """Console form of a planner result (the plan JSON's ``pareto`` entry)."""
     c = result.get("chosen", {})
-    lines = [f"metric {result.get('metric')} (predicted); budget {result.get('budget')}; "
-             f"chosen: cost {c.get('cost')}, predicted {c.get('predicted')}, measured "
-             f"{c.get('measured')}; budget met: {result.get('met')}"]
+    m = str(result.get("metric"))
+
+    def fig(v: Any) -> str:  # the metric in its unit (shares in percent), as the verdict
+        return fmt.value(m, v)
+
+    lines = [f"metric {m} (predicted); budget {result.get('budget')}; "
+             f"chosen: cost {c.get('cost')}, predicted {fig(c.get('predicted'))}, measured "
+             f"{fig(c.get('measured'))}; budget met: {result.get('met')}"]
     if result.get("measured_on"):
         lines.append(f"measured on: {result['measured_on']}")
     e = result.get("engines")
     if e:  # which engine ranked the candidates, which measured (stages/rank.py)
         lines.append(f"search: {e['line']}" + (
-            f"; chosen plan: {e['measured']} in {e['measured_by']}, {e['ranked']} ranked by "
-            f"{e['ranked_by']} (difference {e['difference']})" if "ranked" in e else ""))
+            f"; chosen plan: {fig(e['measured'])} in {e['measured_by']}, {fig(e['ranked'])} "
+            f"ranked by {e['ranked_by']} (difference {fmt.gain(m, e['difference'])})"
+            if "ranked" in e else ""))
     for p in result.get("points", []):
-        ranked = f" ranked {p['ranked']}" if p.get("ranked") is not None else ""
-        lines.append(f"  front: cost {p['cost']:<9} predicted {p['predicted']:<10} measured "
-                     f"{p.get('measured')!s:<10}{ranked} ({len(p.get('groups', {}))} "
+        ranked = f" ranked {fig(p['ranked'])}" if p.get("ranked") is not None else ""
+        lines.append(f"  front: cost {p['cost']:<9} predicted {fig(p['predicted']):<10} measured "
+                     f"{fig(p.get('measured')):<10}{ranked} ({len(p.get('groups', {}))} "
                      f"promoted, {p.get('origin')})")
     for b in result.get("blockers", [])[:4]:
         lines.append(f"  blocked by {b['rule']}: {len(b['groups'])} group(s), "
-                     f"{b['gain']:.3g} predicted gain forgone")
+                     f"{fmt.gain(m, b['gain'])} predicted gain forgone")
     if result.get("binding"):
         lines.append(f"binding: {result['binding']}")
     ft = result.get("finetune")
     if ft:
-        drift = ", ".join(f"{k} {v:.4g}" for k, v in ft.get("fp32_drift", {}).items())
-        lines.append(f"finetune ({'+'.join(ft['repairs'])}, {ft['seconds']} s): {ft['metric']} "
-                     f"{ft['before']} -> {ft['after']} (measured in ORT); fine-tuned FP32 vs "
+        drift = ", ".join(f"{k} {fmt.value(k, v)}" for k, v in ft.get("fp32_drift", {}).items())
+        fm = ft["metric"]
+        lines.append(f"finetune ({'+'.join(ft['repairs'])}, {ft['seconds']} s): {fm} "
+                     f"{fmt.value(fm, ft['before'])} -> {fmt.value(fm, ft['after'])} (measured "
+                     "in ORT); fine-tuned FP32 vs "
                      f"original FP32: {drift}" + (f"; skipped: {ft['skipped']}"
                                                   if ft.get("skipped") else "")
                      + (f"; DROPPED: {ft['dropped']}" if ft.get("dropped") else ""))
     lines += race_lines(result.get("race"))
     for r in result.get("seq_lens", []):
         fit = f", {r['texts_fit']:.0%} of the texts fit" if "texts_fit" in r else ""
-        lines.append(f"  seq {r['seq_len']}: cost {r['cost']}, predicted {r['predicted']}, "
-                     f"measured {r['measured']}, {r['promoted']} promoted, binding "
+        lines.append(f"  seq {r['seq_len']}: cost {r['cost']}, predicted {fig(r['predicted'])}, "
+                     f"measured {fig(r['measured'])}, {r['promoted']} promoted, binding "
                      f"{r['binding'] or '-'}{fit}"
                      + ("   <- chosen" if r["seq_len"] == result.get("seq_len") else ""))
     if result.get("goal"):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from quantscope.plan.deployment_results import DeploymentChoice, RouteResult, RouteVerdict
+from quantscope.report import fmt
 
 HEADLINE = ("top1_agreement", "recall@1", "recall@1_fp32", "embedding_cosine_mean",
             "score_agreement", "spearman", "spearman_fp32")
@@ -13,7 +14,7 @@ HEADLINE = ("top1_agreement", "recall@1", "recall@1_fp32", "embedding_cosine_mea
 
 
 def _metric_line(m: Mapping[str, float]) -> str:
-    return ", ".join(f"{k} {m[k]:.4g}" for k in HEADLINE if k in m)
+    return ", ".join(f"{k} {fmt.value(k, m[k])}" for k in HEADLINE if k in m)  # shares in %
 
 
 def _verdict_line(result: RouteResult, v: RouteVerdict) -> str:
@@ -22,9 +23,10 @@ def _verdict_line(result: RouteResult, v: RouteVerdict) -> str:
         parts.append(f"mean cost {result.cost_mean:.3f}x "
                      f"{'within' if v.within_cost else 'OVER'} {v.max_cost}x")
     if v.goal is not None and v.value is not None:
-        parts.append(f"{v.metric} {v.value:.4g} "
-                     + ("reaches" if v.goal_met else f"short of (by {v.short_by:.4g})")
-                     + f" the goal {v.goal}")
+        parts.append(f"{v.metric} {fmt.value(v.metric, v.value)} "
+                     + ("reaches" if v.goal_met
+                        else f"short of (by {fmt.gain(v.metric, v.short_by).lstrip('+')})")
+                     + f" the goal {fmt.value(v.metric, v.goal)}")
     return f"verdict: {'MET' if v.met else 'NOT MET'}: {'; '.join(parts)}"
 
 
@@ -73,7 +75,7 @@ def format_choice(choice: DeploymentChoice) -> str:
         lines.append(f"  seq {b.seq_len:>5}: {b.share:6.1%} of the texts, "
                      f"{b.candidate}, cost {b.cost:.3f}x, cosine {cos}, "
                      f"{'legal' if b.legal else 'NOT legal'}")
-    on_sel = "".join(f", {k} {v:.4g}" for k, v in choice.selection_metrics.items())
+    on_sel = "".join(f", {k} {fmt.value(k, v)}" for k, v in choice.selection_metrics.items())
     lines.append(f"chosen: mean cost {choice.cost_mean:.3f}x (standard error "
                  f"{choice.cost_mean_se:.3f}x), embedding cosine "
                  f"{choice.cosine_mean:.5f}{on_sel} on the {choice.texts} texts it was "

@@ -13,6 +13,7 @@ absent             ``—`` (None, NaN, a missing cell); the tables say so in a l
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from typing import Any
 
@@ -40,8 +41,8 @@ def label(key: str) -> str:
 
 
 def num(v: Any) -> float | None:
-    """A finite float, or None (absent, NaN, a bool, a string)."""
-    if isinstance(v, bool) or not isinstance(v, int | float):
+    """A finite float, or None (absent, NaN, a bool, a string); numpy scalars count."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         return None
     return float(v) if math.isfinite(v) else None
 
@@ -57,7 +58,8 @@ def is_db(metric: str) -> bool:
 
 
 def value(metric: str, v: Any) -> str:
-    """``v`` of ``metric`` in its unit: ``72.7 %``, ``17.6 dB``, ``0.9731``, or ``—``."""
+    """``v`` of ``metric`` in its unit: ``72.7 %``, ``17.6 dB``, ``0.9731``, a count whole
+    (``12840``), or ``—``."""
     if isinstance(v, float) and math.isinf(v):
         return ("+" if v > 0 else "-") + "inf dB" if is_db(metric) else str(v)
     x = num(v)
@@ -67,6 +69,8 @@ def value(metric: str, v: Any) -> str:
         return f"{100 * x:.1f} %"
     if is_db(metric):
         return f"{x:.1f} dB"
+    if x.is_integer() and abs(x) < 1e15:  # a count (detections_fp32): whole, not 1.284e+04
+        return str(int(x))
     return plain(x)
 
 

@@ -237,8 +237,10 @@ def ranking_line(v: dict[str, Any]) -> str | None:
     r = v.get("ranking")
     if not r:
         return None
-    figures = (f": chosen plan {r['measured']:.4g} in {r['measured_by']}, {r['ranked']:.4g} "
-               f"ranked by {r['ranked_by']} (fit data)" if r.get("ranked") is not None else "")
+    m = v["metric"]  # the search's metric is the headline's (ctx.metric)
+    figures = (f": chosen plan {fmt.value(m, r['measured'])} in {r['measured_by']}, "
+               f"{fmt.value(m, r['ranked'])} ranked by {r['ranked_by']} (fit data)"
+               if r.get("ranked") is not None else "")
     return f"search: {r['line']}{figures}"
 
 
