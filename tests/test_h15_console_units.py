@@ -178,3 +178,13 @@ def test_report_sections_show_shares_in_percent(det, capsys):
               "selection_metrics": {"top1_agreement": 0.9732}, "buckets": [], "notes": [],
               "candidates": {"a8": {"cost_at_longest": 1.0, "cosine_mean": 0.99}}}
     assert "top1_agreement 97.3 %" in choice_section("c", choice)
+
+
+def test_a_detectors_score_side_agreement_is_a_share() -> None:
+    """``score_side_agreement`` (the share of anchors whose best class score falls on the
+    same side of the threshold, tasks/detection.py) was missing from the share list, so
+    every console, the verdict and the report printed it 0-1 (0.9883)."""
+    from quantscope.report import fmt
+
+    assert fmt.value("score_side_agreement", 0.9883) == "98.8 %"
+    assert fmt.gain("score_side_agreement", -0.012) == "-1.2 pts"

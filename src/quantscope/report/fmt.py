@@ -21,7 +21,8 @@ DASH = "—"
 DASH_LEGEND = f"{DASH}: not measured or not applicable"
 
 SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "recall@", "decision_agreement", "tar_at_far", "detection_f1",
-          "detection_recall", "detection_precision", "pixel_flip_share", "match_rate")
+          "detection_recall", "detection_precision", "pixel_flip_share", "match_rate",
+          "score_side_agreement")
 """Metric keys (or prefixes) that are a share of the samples: shown in percent."""
 
 READABLE = {
