@@ -209,6 +209,10 @@ CAL = ["calibrate", M, "--data", X]
 # (id, argv, needle in the one stderr line); {ws} = inputs, {out} = the output folder,
 # {special} = the path a setup function returns (see SETUP)
 CASES: list[tuple[str, list[str], str]] = [
+    # -- an option's prefix is no option: 'evaluate --out' was taken as '--output' (an
+    #    output tensor's name) and refused as "no output of the model"
+    ("evaluate-abbreviated-option", [*EVAL, "--out", "{out}/e.json"],
+     "unrecognized arguments: --out"),
     # -- an output is an input, or two outputs share one path
     ("calibrate-out-is-data", [*CAL, "--out", X], "is the input data"),
     ("calibrate-out-is-model", [*CAL, "--out", M], "is the input model"),

@@ -150,7 +150,7 @@ def parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
     are named only, enough for ``--help`` and for an unknown command's error. None: all.
     """
     wanted = set(COMMANDS if full is None else full)
-    p = Parser(prog="quantscope", formatter_class=HelpFormatter,
+    p = Parser(prog="quantscope", formatter_class=HelpFormatter, allow_abbrev=False,
                description="Emulate INT8/INT16 quantization of an ONNX model for edge NPUs, "
                "measure task quality, diagnose layers, plan and export mixed precision.",
                epilog=f"{_indented(grouped_list())}\n\nexample (model to device in one "
@@ -162,7 +162,7 @@ def parser(full: Iterable[str] | None = None) -> argparse.ArgumentParser:
         if name in wanted:
             getattr(module_of(name), "add_" + name.replace("-", "_"))(sub, c.summary)
         else:
-            sub.add_parser(name, add_help=False)
+            sub.add_parser(name, add_help=False, allow_abbrev=False)
     return p
 
 

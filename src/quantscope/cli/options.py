@@ -308,9 +308,11 @@ def command(sub: argparse._SubParsersAction, name: str, summary: str, *, example
     invocation; one command per line), then ``details``."""
     examples = "\n".join(f"  {line}" for line in example.splitlines())
     text = f"{summary[0].upper()}{summary[1:]}.\n\n{examples}"
+    # no abbreviations: 'evaluate --out x.json' was taken as '--output x.json' (another
+    # option) and failed with a misleading line; a prefix is now an unknown option
     return sub.add_parser(name, parents=list(parents),
                           description=text + (f"\n\n{details}" if details else ""),
-                          formatter_class=HelpFormatter, **kwargs)
+                          formatter_class=HelpFormatter, allow_abbrev=False, **kwargs)
 
 
 # CliOption.kind -> the argument type checked while parsing
