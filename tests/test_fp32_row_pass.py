@@ -6,6 +6,7 @@ its outputs are now the FP32 pass's, and its notes say so; the figures are the s
 from __future__ import annotations
 
 from incremental_models import encoder, feeds
+from onnx import numpy_helper
 
 from quantscope.analyze import measure
 from quantscope.calibrate.collect import calibrate
@@ -34,3 +35,27 @@ def test_the_fp32_row_reads_the_fp32_pass_with_the_same_figures(monkeypatch) -> 
     assert len(opened) == 3 and measure.SAME_NOTE not in again["fp32"]["notes"]
     for k in plans:
         assert res[k]["metrics"] == again[k]["metrics"], k
+
+
+def test_given_reference_outputs_are_not_taken_for_the_models_own() -> None:
+    """The fine-tune measures its FP32 drift as the float plan of the fine-tuned model
+    against the given model's outputs (``reference_outputs``): those are another model's,
+    so the float plan must run (the first version of the reuse read them, and the drift
+    came out as no error at all)."""
+    from quantscope.emulate.evaluate import run_model
+
+    model = load_proto(encoder(), "enc")
+    batches = [feeds(n=3, s=5 + i, seed=i) for i in range(2)]
+    data = Dataset("tiny", calibration=tuple(batches), evaluation=tuple(batches))
+    stats = calibrate(model, find_groups(model), batches)
+    other = load_proto(encoder(), "other")
+    for init in other.proto.graph.initializer:  # another function: weights scaled
+        if init.data_type == 1 and init.raw_data:
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * 1.5, init.name))
+    other = load_proto(other.proto, "other")
+    given = run_model(other.proto, batches)
+    res = measure.evaluate_plans(model, data, stats, {"fp32": Plan.uniform(Precision.FLOAT)},
+                                 saturation=False, reference_outputs=given)["fp32"]
+    assert measure.SAME_NOTE not in res["notes"]
+    assert res["metrics"]["embedding_cosine_min" if "embedding_cosine_min" in res["metrics"]
+                          else "cosine_min"] < 0.999999

@@ -214,7 +214,7 @@ def test_whatif_variants_lift_a_class_in_both_phases_over_the_phase_overrides() 
     (["--rank-engine", "torch", "--headsplit"], "--rank-engine, --headsplit: not for"),
     (["--goal", "0.97"], "asks for a perplexity below FP32's"),
     (["--goal", "30"], "accepts a perplexity 30x FP32's"),  # dB taken for a ratio
-    (["--phase", "prefill,decode"], "run takes no --phase"),  # read as --phase-hn
+    (["--phase", "prefill,decode"], "run takes no --phase"),  # plan and analyze take it
     (["--metric", "top1_agreement", "--goal", "3"], "no fraction for --metric top1_agreement"),
     (["--metric", "sqnr_db"], "is not a decoder's"),
     (["--rewrites", "tokensplit"], "is an encoder rewrite"),

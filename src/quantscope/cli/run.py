@@ -146,6 +146,7 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
                    help="also measure the chosen plan with its a8_w8 weights at a8_w4 "
                    "(GPTQ-rounded; decode reads every weight per token): 'on' (default), "
                    "'off'")
+    g.add_argument("--phase", type=no_phase, help=argparse.SUPPRESS)
     g.add_argument("--phase-hn", action="append", type=phase_hn, metavar="PHASE=HN",
                    help="a phase graph's parsed HN JSON (exact Hailo layer names in that "
                    "phase's .alls): --phase-hn prefill=P.hn, --phase-hn decode=D.hn; "
@@ -221,14 +222,17 @@ def _cmd_run_decoder(args: argparse.Namespace, export: Path | None = None) -> in
     return 0
 
 
+def no_phase(text: str) -> str:
+    """``run --phase``: refused with why (``plan``/``analyze`` take it; options are not
+    abbreviated, so it would otherwise be only an unknown option)."""
+    raise argparse.ArgumentTypeError(
+        "run takes no --phase (a decoder's run measures prefill and decode itself: leave it "
+        "out); --phase-hn gives a phase's parsed HN, e.g. prefill=prefill.hn")
+
+
 def phase_hn(text: str) -> tuple[str, str]:
     """``--phase-hn PHASE=FILE``: (phase, path of an existing file)."""
     phase, sep, path = text.partition("=")
-    if not sep and set(text.replace(" ", "").split(",")) <= {"prefill", "decode"}:
-        raise argparse.ArgumentTypeError(  # '--phase prefill,decode' abbreviates --phase-hn
-            f"'{text}' is not PHASE=HN: run takes no --phase (a decoder's run measures "
-            "prefill and decode itself: leave it out); --phase-hn gives a phase's parsed HN, "
-            "e.g. prefill=prefill.hn")
     if not sep or not path:
         raise argparse.ArgumentTypeError(f"'{text}' is not PHASE=HN: give e.g. "
                                          "prefill=prefill.hn")
