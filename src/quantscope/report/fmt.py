@@ -111,6 +111,19 @@ def with_se(metric: str, v: Any, se: Any) -> str:
     return f"{fixed(metric, v)} ± {spread(metric, se)}"
 
 
+def budget(metric: str, b: dict[str, Any] | None, higher: bool = True) -> str:
+    """A planner's budget (``{'min_quality': .., 'max_cost': ..}``) in words:
+    ``goal top-1 agreement >= 97.0 %, cost <= 1.5x``; none set: ``none (best quality)``."""
+    b = b or {}
+    parts = []
+    if num(b.get("min_quality")) is not None:
+        parts.append(f"goal {label(metric)} {'>=' if higher else '<='} "
+                     f"{value(metric, b['min_quality'])}")
+    if num(b.get("max_cost")) is not None:
+        parts.append(f"cost <= {num(b['max_cost']):g}x")
+    return ", ".join(parts) or "none (best quality)"
+
+
 def cost(v: Any) -> str:
     x = num(v)
     return DASH if x is None else f"{x:.3f}x"
