@@ -14,6 +14,7 @@ from typing import Any
 
 from quantscope.analyze.incremental import IncrementalEngine
 from quantscope.analyze.measure import evaluate_plans, headline
+from quantscope.analyze.report import Figure
 from quantscope.emulate.evaluate import run_model
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
@@ -40,7 +41,12 @@ def needed_scale(rows: Sequence[dict[str, Any]], metric: str, goal: float, at_on
     return None
 
 
-def _headroom(plan_run: dict[str, Any], metric: str, goal: float | None) -> dict[str, Any] | None:
+def _g(key: str, v: float) -> str:
+    return f"{v:g}"
+
+
+def _headroom(plan_run: dict[str, Any], metric: str, goal: float | None,
+              figure: Figure = _g) -> dict[str, Any] | None:
     rows = plan_run.get("error_scales")
     if not rows or metric not in rows[0]:
         return None
@@ -53,7 +59,7 @@ def _headroom(plan_run: dict[str, Any], metric: str, goal: float | None) -> dict
     if goal is not None:
         need = needed_scale(rows, metric, goal, plan_run["metrics"][metric])
         out.update(goal=goal, needed=need)
-        out["sentence"] = headroom_sentence(metric, out)
+        out["sentence"] = headroom_sentence(metric, out, figure)
     return out
 
 
@@ -62,14 +68,15 @@ def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
                     progress: bool = False,
                     reference_outputs: Outputs | None = None,
                     plan_result: dict[str, Any] | None = None,
-                    goal: float | None = None) -> dict[str, Any]:
+                    goal: float | None = None, figure: Figure = _g) -> dict[str, Any]:
     """Where a plan's error is, measured: the plan, then the plan with every group of one
     op kind that it keeps below 16 bit lifted to a16_w16 (legality and cost aside), one
     kind at a time, then all of them at once (the plan's 16-bit ceiling).
 
     With task data, also the headroom: the metric with the plan's own error scaled by each
     of :data:`ERROR_SCALES` (no extra model run) and, with ``goal``, the scale at which the
-    metric reaches it ("the error must shrink to 0.5x"). ``plan_result`` must then carry
+    metric reaches it ("the error must shrink to 0.5x"; ``figure`` writes the goal in the
+    sentence: the CLI passes ``report.fmt.value``, shares in percent). ``plan_result`` must then carry
     ``error_scales`` (evaluate it with ``error_scales=ERROR_SCALES``) or none are shown.
 
     One evaluation per kind (FP32 runs once; ``plan_result``: the plan's own evaluation on
@@ -125,19 +132,20 @@ def whatif_families(model: Model, data: Dataset, stats: Stats, plan: Plan, *,
             "all": {"groups": sum(len(v) for v in low.values()), **row("all")},
             "note": "legality and cost aside: each row lifts one op kind's groups below 16 "
                     "bit to a16_w16; gains are not additive",
-            **({"headroom": h} if (h := _headroom(runs["plan"], metric, goal)) else
+            **({"headroom": h} if (h := _headroom(runs["plan"], metric, goal, figure)) else
                {"headroom_note": "the goal was not placed: how far it is needs task data "
                                  "(text pairs, faces); scaling a tensor model's error by s "
                                  "adds exactly 20*log10(1/s) dB of SQNR"}
                if goal is not None else {})}
 
-def headroom_sentence(metric: str, h: dict[str, Any]) -> str:
-    """One line: how much smaller the plan's error must be for the goal."""
-    need, goal = h.get("needed"), h["goal"]
+def headroom_sentence(metric: str, h: dict[str, Any], figure: Figure = _g) -> str:
+    """One line: how much smaller the plan's error must be for the goal (written by
+    ``figure``: analyze sits below report, so the caller passes ``report.fmt.value``)."""
+    need, goal = h.get("needed"), figure(metric, h["goal"])
     if need is None:
-        return (f"{metric} {goal:g} is not reached even at x{h['rows'][-1]['scale']:g} of the "
+        return (f"{metric} {goal} is not reached even at x{h['rows'][-1]['scale']:g} of the "
                 "plan's error")
     if need >= 1.0:
-        return f"the plan meets {metric} {goal:g}"
-    return (f"{metric} {goal:g} needs the plan's error at x{need:.2g} or less "
+        return f"the plan meets {metric} {goal}"
+    return (f"{metric} {goal} needs the plan's error at x{need:.2g} or less "
             f"({1 / need:.1f} times smaller; interpolated between measured scales)")

@@ -22,6 +22,7 @@ from quantscope.cli.options import (
     tokenizer_parent,
 )
 from quantscope.cli.types import finite_float, output_file, seq_len
+from quantscope.report import fmt
 from quantscope.results import EvaluateResult, WhatifResult
 
 
@@ -111,7 +112,8 @@ def add_whatif(sub: argparse._SubParsersAction, summary: str) -> None:
 def cmd_whatif(args: argparse.Namespace) -> int:
     inp, data = _measured_inputs(args)
     result = stages.whatif_families(inp.model, data, inp.stats, inp.plan, metric=args.metric,
-                                    method=args.method, progress=True, goal=args.goal)
+                                    method=args.method, progress=True, goal=args.goal,
+                                    figure=fmt.value)
     print(stages.format_whatif(result))
     if args.json:
         stages.write_json(args.json, WhatifResult.of(result).to_dict())

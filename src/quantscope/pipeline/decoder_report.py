@@ -42,6 +42,23 @@ def goal_margin(metric: str, value: float, goal: float) -> float:
     return (value - goal) if METRICS[metric].higher else (goal - value)
 
 
+def _fig(name: str, f: dict[str, Any]) -> str:
+    """A figure ± its standard error in its unit (shares in percent, :mod:`~quantscope.
+    report.fmt`)."""
+    return fmt.with_se(name, f["value"], f["se"])
+
+
+def _goal_value(metric: str, goal: float) -> str:
+    """The goal in the unit of its metric (``90.0 %``; a perplexity ratio as given)."""
+    return fmt.value(metric, goal) if fmt.is_share(metric) else f"{goal:g}"
+
+
+def _goal_fig(metric: str, f: dict[str, Any]) -> str:
+    if fmt.is_share(metric):
+        return f"{fmt.value(metric, f['value'])} (± {fmt.spread(metric, f['se'])})"
+    return f"{f['value']:.4g} (± {f['se']:.2g})"
+
+
 def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, Any],
                     rewrites: dict[str, Any], w4_doc: dict[str, Any] | None = None
                     ) -> dict[str, Any]:
@@ -77,8 +94,8 @@ def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, A
         within = abs(margin) <= 2 * f["se"]
         out["goal_met"] = met
         out["goal_text"] = (
-            f"{'reached' if met else 'missed'}: {opts.metric} {f['value']:.4g} "
-            f"(± {f['se']:.2g}) against the goal {opts.goal:g}"
+            f"{'reached' if met else 'missed'}: {opts.metric} {_goal_fig(opts.metric, f)} "
+            f"against the goal {_goal_value(opts.metric, opts.goal)}"
             + (" (within 2 standard errors: not decided by this amount of text)" if within
                else ""))
     out["w4"] = _w4_summary(w4_doc or {"asked": False})
@@ -113,8 +130,8 @@ def _scripted_lines(w: dict[str, Any], goal: float | None, metric: str) -> list[
         return []
     got, plan, s = rows["as-scripted"], rows["plan"], w["setup"]
     n = sum(got["changed"].values())
-    figs = ", ".join(f"{k} {got['figures'][k]['value']:.4f} ± {got['figures'][k]['se']:.4f} "
-                     f"(plan {plan['figures'][k]['value']:.4f})" for k in got["figures"])
+    figs = ", ".join(f"{k} {_fig(k, got['figures'][k])} "
+                     f"(plan {fmt.fixed(k, plan['figures'][k]['value'])})" for k in got["figures"])
     out = [f"  as the phase scripts are written ({n} groups NOT SET: precision to the plan's "
            f"default, range to the compiler's min/max; {s['evaluation']} windows, "
            f"{s['evaluation'] * s['steps']} decode steps): {figs}"]
@@ -122,7 +139,7 @@ def _scripted_lines(w: dict[str, Any], goal: float | None, metric: str) -> list[
         f = got["figures"][metric]
         margin = goal_margin(metric, f["value"], goal)
         out.append(f"    the goal as scripted: {'reached' if margin >= 0 else 'MISSED'} "
-                   f"({metric} {f['value']:.4f} ± {f['se']:.4f}"
+                   f"({metric} {_fig(metric, f)}"
                    + ("; within 2 standard errors: not decided by this amount of text"
                       if abs(margin) <= 2 * f["se"] else "")
                    + "); the figures above assume those decisions are applied: give "
@@ -139,7 +156,7 @@ def _whatif_lines(w: dict[str, Any]) -> list[str]:
     lines = [f"  whatif (--whatif, {s['evaluation']} windows, {s['evaluation'] * s['steps']} "
              "decode steps; each variant checked, not required to pass; ± one standard error):"]
     for r in w["variants"]:
-        figs = "  ".join(f"{k} {f['value']:.4f} ± {f['se']:.4f}" for k, f in r["figures"].items())
+        figs = "  ".join(f"{k} {_fig(k, f)}" for k, f in r["figures"].items())
         cost = fmt.phase_costs(r["costs"])
         status = ("ships" if r["ships"] else f"illegal ({', '.join(r['rules'])})" if r["rules"]
                   else f"over {w['max_cost']:g}x")
@@ -149,7 +166,7 @@ def _whatif_lines(w: dict[str, Any]) -> list[str]:
     if reach:
         op = ">=" if METRICS[reach["metric"]].higher else "<="
         ship = reach["ship"]
-        lines.append(f"    goal {reach['metric']} {op} {reach['goal']:g}: "
+        lines.append(f"    goal {reach['metric']} {op} {_goal_value(reach['metric'], reach['goal'])}: "
                      + ("reached by no variant" if not reach["reach"] else
                         f"reached by {', '.join(reach['reach'])}; "
                         + (f"of them {', '.join(ship)} ship{'s' if len(ship) == 1 else ''} "
@@ -214,7 +231,8 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
         lines.append(f"    {after_text(p)}")
     lines.append(f"  measured held out on {v['data']}: {_amounts(s)}:")
     for name, f in v["figures"].items():
-        lines.append(f"    {name:<17} {f['value']:>8.4f} (± {f['se']:.4f})  {f['words']}")
+        lines.append(f"    {name:<17} {fmt.fixed(name, f['value']):>8} "
+                     f"(± {fmt.spread(name, f['se'])})  {f['words']}")
     if v.get("goal_text"):
         lines.append(f"  goal: {v['goal_text']}")
         if v.get("goal_met") is False and not (v.get("whatif") or {}).get("asked"):
@@ -278,7 +296,8 @@ def search_lines(search: dict[str, Any]) -> list[str]:
              f"{search['measured_on']}):"]
     for t in search["trials"]:
         f = t["figure"]
-        fig = (f"{f['value']:.4f} (± {f['se']:.4f}), cost " + " / ".join(
+        fig = (f"{fmt.fixed(search['metric'], f['value'])} "
+               f"(± {fmt.spread(search['metric'], f['se'])}), cost " + " / ".join(
             f"{p} {c:.2f}x" for p, c in f["costs"].items()) if f else "not planned")
         lines.append(f"    {', '.join(t['steps']) or 'no step':<26} {fig}"
                      + ("  <- kept" if t["kept"] else ""))
@@ -299,7 +318,8 @@ def _w4_lines(w: dict[str, Any]) -> list[str]:
         return [head, "    not legal on the target (" + (", ".join(rules) or "no layer to "
                                                           "take") + "): not measured"]
     return [head, "    measured: " + ", ".join(
-        f"{name} {f['value']:.4f} (± {f['se']:.4f})" for name, f in w["figures"].items())]
+        f"{name} {fmt.fixed(name, f['value'])} (± {fmt.spread(name, f['se'])})"
+        for name, f in w["figures"].items())]
 
 
 def _first_sink_lines(after: dict[str, Any] | None) -> list[str]:

@@ -94,7 +94,8 @@ def format_search(result: dict[str, Any]) -> str:
     def fig(v: Any) -> str:  # the metric in its unit (shares in percent), as the verdict
         return fmt.value(m, v)
 
-    lines = [f"metric {m} (predicted); budget {result.get('budget')}; "
+    budget = fmt.budget(m, result.get("budget"), result.get("higher_is_better", True))
+    lines = [f"metric {m} (predicted); budget {budget}; "
              f"chosen: cost {c.get('cost')}, predicted {fig(c.get('predicted'))}, measured "
              f"{fig(c.get('measured'))}; budget met: {result.get('met')}"]
     if result.get("measured_on"):

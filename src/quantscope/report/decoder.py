@@ -87,7 +87,7 @@ def search_section(search: dict[str, Any]) -> str:
         rows.append([", ".join(t["steps"]) or "no step", t["question"],
                      *((f"{f['costs'].get(p, math.nan):.2f}x" if f else None)
                        for p in ("prefill", "decode")),
-                     f"{f['value']:.4f} ± {f['se']:.4f}" if f else "not planned",
+                     fmt.with_se(search["metric"], f["value"], f["se"]) if f else "not planned",
                      f["candidate"] if f else None, "yes" if t["kept"] else "no", t["reason"]])
     return (f"<h2>Rewrites searched</h2><p>{html.escape(search['method'])}: "
             f"{html.escape(search['metric'])} of the plan chosen per trial, measured by "
@@ -117,7 +117,7 @@ def whatif_section(w: dict[str, Any], verdict: dict[str, Any]) -> str:
     fig.tight_layout()
     s = w["setup"]
     table = _table(["variant", "what", *names, "costs (prefill / decode)", "ships"], [
-        [r["label"], r["what"], *(f"{r['figures'][n]['value']:.4f} ± {r['figures'][n]['se']:.4f}"
+        [r["label"], r["what"], *(fmt.with_se(n, r["figures"][n]["value"], r["figures"][n]["se"])
                                   for n in names),
          fmt.phase_costs(r["costs"]),
          "yes" if r["ships"] else ", ".join(r["rules"]) or f"over {w['max_cost']:g}x"]
@@ -154,7 +154,7 @@ def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
                                            for p in ("prefill", "decode")),
                          sum(c["errors"].values()), ", ".join(c["rules"]) or "-",
                          "yes" if c["kept"] else "no",
-                         *((f"{f[p][k]:.4f}" if f else "not measured")
+                         *((fmt.fixed(k, f[p][k]) if f else "not measured")
                            for p, k in (("prefill", "ppl_ratio"), ("prefill", "top1_agreement"),
                                         ("decode_emu_kv", "top1_agreement")))])
         sections.append(

@@ -22,8 +22,10 @@ DASH_LEGEND = f"{DASH}: not measured or not applicable"
 
 SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "recall@", "decision_agreement", "tar_at_far", "detection_f1",
           "detection_recall", "detection_precision", "pixel_flip_share", "match_rate",
-          "score_side_agreement")
-"""Metric keys (or prefixes) that are a share of the samples: shown in percent."""
+          "score_side_agreement", "decode_top1", "greedy_agreement")
+"""Metric keys (or prefixes) that are a share of the samples: shown in percent (a decoder's
+``decode_top1``: top-1 agreement on the decode steps; ``greedy_agreement``: the share of
+greedy tokens in the prefix matching FP32's)."""
 
 READABLE = {
     "top1_agreement": "top-1 agreement", "recall@1": "recall@1", "recall@1_fp32":
@@ -85,6 +87,41 @@ def gain(metric: str, g: Any) -> str:
     if is_db(metric):
         return f"{x:+.1f} dB"
     return f"{x:+.4g}"
+
+
+def fixed(metric: str, v: Any) -> str:
+    """A decoder figure: a share in percent (``93.2 %``), anything else (a perplexity
+    ratio, a KL) at 4 decimals (``1.0123``)."""
+    x = num(v)
+    if x is None or is_share(metric):
+        return value(metric, v)
+    return f"{x:.4f}"
+
+
+def spread(metric: str, se: Any) -> str:
+    """A standard error of ``metric``: ``1.2 pts`` for a share, else 4 decimals."""
+    x = num(se)
+    if x is None:
+        return DASH
+    return f"{100 * x:.1f} pts" if is_share(metric) else f"{x:.4f}"
+
+
+def with_se(metric: str, v: Any, se: Any) -> str:
+    """``93.2 % ± 1.2 pts`` (a share) or ``1.0123 ± 0.0040``."""
+    return f"{fixed(metric, v)} ± {spread(metric, se)}"
+
+
+def budget(metric: str, b: dict[str, Any] | None, higher: bool = True) -> str:
+    """A planner's budget (``{'min_quality': .., 'max_cost': ..}``) in words:
+    ``goal top-1 agreement >= 97.0 %, cost <= 1.5x``; none set: ``none (best quality)``."""
+    b = b or {}
+    parts = []
+    if num(b.get("min_quality")) is not None:
+        parts.append(f"goal {label(metric)} {'>=' if higher else '<='} "
+                     f"{value(metric, b['min_quality'])}")
+    if num(b.get("max_cost")) is not None:
+        parts.append(f"cost <= {num(b['max_cost']):g}x")
+    return ", ".join(parts) or "none (best quality)"
 
 
 def cost(v: Any) -> str:
