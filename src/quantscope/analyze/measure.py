@@ -168,10 +168,8 @@ def evaluate_plans(
         ref = reference_outputs or (None if lockstep else run_model(
             (reference or model).proto, batches, label="fp32" if progress else ""))
         ref_kept = None if ref is None else kept(ref, batches, keep)
-    # the FP32 outputs computed here from ``model`` itself (given ones may be another model's:
-    # the fine-tune measures its FP32 drift against the given model's outputs)
-    own = ref if reference_outputs is None and (reference is None or reference is model) \
-        else None
+    # FP32 outputs of ``model`` itself (given ones may be another's: the fine-tune's drift)
+    own = ref if reference_outputs is None and reference in (None, model) else None
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
         emulated, enc, cov, measured_by = _emulated(model, stats, plan, batches, engine, scheme=scheme,
