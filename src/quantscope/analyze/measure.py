@@ -157,7 +157,6 @@ def evaluate_plans(
     batches = list(data.evaluation)
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
     keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
-    # no FP32 raw outputs held
     alone, note = _kept_scorer(data, only, task_only, bool(error_scales),
                                reference_kept is not None)
     ref: Outputs | None = None
