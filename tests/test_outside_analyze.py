@@ -3,6 +3,7 @@ whose grid spans tensors of different scales is named with the reason, and notes
 what the graph shows."""
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -215,6 +216,13 @@ def test_analyze_names_the_concat_in_json_console_and_reasons(tmp_path, capsys):
     lines = mixed_scale_lines(a)  # what run's verdict can print from analysis.json
     assert len(lines) == 2 and lines[0].startswith("detections: one grid spans")
     assert "outliers: 0  mixed scales: 1" in out
+    # each figure in its unit (report.fmt, the one share list): detection_f1 was .4g, 0-1
+    assert a["primary"] == "detection_f1"
+    f1 = a["baselines"]["a16_w16"]["detection_f1"]  # the file keeps the share as 0-1
+    assert 0 < f1 <= 1
+    line = next(s for s in out.splitlines() if s.strip().startswith("uniform a16_w16"))
+    assert f"detection_f1 {100 * f1:.1f} %" in line, line
+    assert re.search(r"sqnr_db \d+\.\d dB", line), line
 
 
 def test_ranking_prefers_the_worst_channel_when_the_scorer_has_it():
