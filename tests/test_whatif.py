@@ -159,6 +159,8 @@ def test_run_with_whatif_and_a_goal_shows_the_headroom(tmp_path, capsys):
     ev = read_json(tmp_path / "W" / "evaluate.json", "evaluate")
     h = ev["whatif"]["headroom"]
     assert v["whatif"]["headroom"] == h["sentence"] and v["whatif"]["error_needed"] == h["needed"]
+    # the goal in the metric's unit, as whatif's console writes it (it read 0.999 here)
+    assert "99.9 %" in h["sentence"] and "0.999" not in h["sentence"], h["sentence"]
     assert "details: verdict.json" in capsys.readouterr().out
     # the headroom rows come from the run's own evaluation of the plan
     assert ev["results"]["plan"]["error_scales"][0]["top1_agreement"] == \

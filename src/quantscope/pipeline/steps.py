@@ -16,6 +16,7 @@ from quantscope import stages
 from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline.context import Context
+from quantscope.report.fmt import value as figure_text
 from quantscope.results import CheckResult, DeviceIOResult, RunEvaluation
 from quantscope.targets import Target, load_target
 from quantscope.types import Plan, Precision, QuantscopeError
@@ -298,7 +299,7 @@ def evaluate(ctx: Context) -> Done:
                                                    metric=ctx.metric(), progress=ctx.progress,
                                                    reference_outputs=ref,
                                                    plan_result=results["plan"],
-                                                   goal=ctx.opts.goal)
+                                                   goal=ctx.opts.goal, figure=figure_text)
         except QuantscopeError as e:  # e.g. nothing below 16 bit: said, not fatal
             doc["whatif"] = {"skipped": str(e)}
     stages.write_json(ctx.path(EVALUATE), RunEvaluation.of(doc).to_dict())
