@@ -129,6 +129,7 @@ def evaluate_plans(
     only: str | None = None,
     reference_kept: Outputs | None = None,
     task_only: bool = False,
+    own_outputs: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -142,6 +143,9 @@ def evaluate_plans(
     ``reference`` is the FP32 model the metrics compare against (default: ``model``); a
     repaired model is compared with the original, since bias correction changes FP32.
     ``reference_outputs`` (its outputs on ``data.evaluation``) skips even that one run.
+    ``own_outputs``: the caller computed those outputs from ``model`` itself (not another
+    model's: the fine-tune's drift compares with the given model), so a plan quantizing
+    nothing reads them instead of a second pass of the same graph.
 
     ``engine``: the incremental evaluator of the plans of one search
     (:mod:`quantscope.analyze.incremental`; the same numbers within 1e-6, each plan run
@@ -168,7 +172,8 @@ def evaluate_plans(
             (reference or model).proto, batches, label="fp32" if progress else ""))
         ref_kept = None if ref is None else kept(ref, batches, keep)
     # FP32 outputs of ``model`` itself (given ones may be another's: the fine-tune's drift)
-    own = ref if reference_outputs is None and reference in (None, model) else None
+    own = ref if (reference_outputs is None or own_outputs) and reference in (None, model) \
+        else None
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
         emulated, enc, cov, measured_by = _emulated(model, stats, plan, batches, engine, scheme=scheme,

@@ -274,7 +274,8 @@ def evaluate(ctx: Context) -> Done:
     stats = stages.read_stats(ctx.path(STATS))
     uniform = {"fp32": Plan.uniform(Precision.FLOAT), "a8_w8": Plan.uniform(Precision.A8_W8)}
     results = stages.evaluate_plans(model, held, stats, uniform, scheme=scheme,
-                                    progress=ctx.progress, reference_outputs=ref)
+                                    progress=ctx.progress, reference_outputs=ref,
+                                    own_outputs=True)  # ref is the model's own: fp32 row
     rmodel, rstats, final = repaired(ctx)
     results.update(stages.evaluate_plans(
         rmodel, held, rstats, {"plan": final}, progress=ctx.progress, reference_outputs=ref,
