@@ -113,6 +113,39 @@ def test_each_text_gets_its_buckets_outputs(setup):
     assert not np.allclose(got, alone)  # the short texts did run on the other plan
 
 
+def test_a_changed_bucket_reuses_the_others_rows_and_the_reference(setup, monkeypatch):
+    """The deployment as its scripts carry it differs from the kept one at some lengths
+    only: its measurement ran the FP32 reference and every bucket again (the longest on
+    every text, for a comparison it never reported). With ``reuse`` only the changed
+    bucket runs, on the batches holding its rows, and the outputs equal a fresh run's."""
+    from quantscope.stages import route as R
+
+    tmp_path, model, data, stats, hi, lo = setup
+    data = stages.at_length(data, 64)
+    first = Deployment(buckets=(Bucket(SHORT, model, stats, hi), Bucket(64, model, stats, lo)),
+                       target=hi.target or "")
+    changed = Deployment(buckets=(Bucket(SHORT, model, stats, lo), Bucket(64, model, stats, lo)),
+                         target=hi.target or "")
+    before = routed_outputs(model, data, first)
+    fresh = routed_outputs(model, data, changed)
+    runs: list[int] = []
+    real = R.open_runs
+    monkeypatch.setattr(R, "open_runs", lambda proto, b, *a, **k: runs.append(len(b))
+                        or real(proto, b, *a, **k))
+    monkeypatch.setattr(R, "run_kept", lambda *a, **k: pytest.fail("FP32 ran again"))
+    again = routed_outputs(model, data, changed, alone=False, reuse=before,
+                           unchanged=frozenset({64}))
+    short_batches = sum(np.any(fresh.which[r] == 0) for r in R._rows_by_batch(
+        data.task.batches.order, tuple(data.task.batches.batches)))
+    assert runs == [short_batches] and short_batches < len(data.task.batches.batches)
+    assert again.longest_alone is None
+    for a, b in zip(again.routed.batches, fresh.routed.batches, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+    want = data.task.metrics(fresh.reference, fresh.routed).values
+    assert data.task.metrics(again.reference, again.routed).values == want
+
+
 def test_one_bucket_measures_what_evaluate_at_that_length_measures(setup):
     tmp_path, model, data, stats, hi, lo = setup
     res = evaluate_deployment(model, data, Deployment((Bucket(64, model, stats, lo),),

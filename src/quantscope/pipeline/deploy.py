@@ -82,7 +82,7 @@ def deploy(ctx: Context) -> steps.Done:
     say(f"compiled lengths: {result.reason}", show=ctx.progress)
     hn = stages.read_json_file(o.hn, "HN") if o.hn else None
     written = _write_buckets(ctx, result.deployment, hn)
-    scripted = _as_scripted(ctx, model, rd.held_out, result.deployment, hn)
+    scripted = _as_scripted(ctx, model, rd.held_out, result, hn)
     doc.update({"candidates": [c.name for c in cands], "notes": list(notes),
                 "pad_id": _pad_id(rd.fit), "inputs": _feeds(rd.fit),
                 "deployment": result.to_dict(),
@@ -90,23 +90,31 @@ def deploy(ctx: Context) -> steps.Done:
     return _write(ctx, doc, (steps.DEPLOYMENT, *written))
 
 
-def _as_scripted(ctx: Context, reference: Any, held_out: Any, deployment: Deployment,
+def _as_scripted(ctx: Context, reference: Any, held_out: Any, result: Any,
                  hn: dict[str, Any] | None) -> dict[str, Any] | None:
     """The deployment as its lengths' Hailo scripts carry it, measured held out (module
-    doc); None when no script leaves a decision that matters NOT SET."""
-    from quantscope.stages.route import evaluate_deployment
+    doc); None when no script leaves a decision that matters NOT SET. Only the lengths
+    whose scripts leave a decision unset run again, on the texts routed to them; the other
+    lengths' rows and the FP32 reference are the kept deployment's held-out measurement
+    (``result.routed``: the same models, statistics and plans, the same texts)."""
+    from quantscope.stages.route import routed_outputs
 
     alls = [name for fmt, name in steps.formats(ctx.target()) if fmt == "alls"]
     if not alls:
         return None
+    deployment = result.deployment
     scripted, lost = stages.scripted_deployment(deployment, hn=hn)
     if not lost:
         return None
     say(f"compiled lengths: measuring the deployment as its scripts are written "
         f"({sum(map(len, lost.values()))} groups NOT SET)", show=ctx.progress)
-    measured = evaluate_deployment(reference, held_out, scripted, progress=ctx.progress)
+    unchanged = frozenset(n for n in deployment.seq_lens if n not in lost)
+    r = routed_outputs(reference, held_out, scripted, progress=ctx.progress, alone=False,
+                       reuse=result.routed, unchanged=unchanged)
+    assert r.data.task is not None
+    metrics = r.data.task.metrics(r.reference, r.routed)
     return {"groups": {f"{folder_of(n)}/{alls[0]}": list(g) for n, g in lost.items()},
-            "metrics": dict(measured.metrics)}
+            "metrics": dict(metrics.values)}
 
 
 def _write(ctx: Context, doc: dict[str, Any], files: tuple[str, ...] = ()) -> steps.Done:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -51,7 +51,7 @@ from quantscope.plan.deployment import Bucket, Candidate, Deployment
 from quantscope.plan.deployment_results import DeploymentChoice, RouteResult
 from quantscope.serde import plan_to_dict
 from quantscope.stages import buckets as B
-from quantscope.stages.route import cost_unit, evaluate_deployment
+from quantscope.stages.route import Routed, cost_unit, evaluate_deployment, routed_outputs
 from quantscope.targets.profile import Target
 from quantscope.types import Dataset, QuantscopeError, Stats
 
@@ -236,6 +236,9 @@ class LengthsResult:
     cost_per_document: float | None
     cost_mean_se: float  # standard error of the held-out mean cost
     margin: CostMargin | None = None  # the cap's margin on the fit texts (None: no cap)
+    # the held-out outputs ``route`` was scored on (pooled rows; not in the file form):
+    # the deployment as its scripts carry it reuses them (``routed_outputs``' ``reuse``)
+    routed: Routed | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kept_one": self.kept_one, "reason": self.reason,
@@ -286,12 +289,13 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
                plan=candidates[ci].plan) for j, ci in alloc.picks),
         target=target_spec, source="deployment.json")
     release_memory()
-    measured = evaluate_deployment(reference, held_out, deployment, progress=progress)
+    routed = routed_outputs(reference, held_out, deployment, progress=progress)
+    measured = evaluate_deployment(reference, held_out, deployment, routed=routed)
     per_q, per_d, se = _held_out_costs(held_out, deployment, measured)
     return LengthsResult(choice=many[1], one_model=one[1], kept_one=kept_one, reason=reason,
                          deployment=deployment, route=measured, cost_per_query=per_q,
                          cost_per_document=per_d, cost_mean_se=se,
-                         margin=margins[1 if kept_one else max_buckets])
+                         margin=margins[1 if kept_one else max_buckets], routed=routed)
 
 
 def _per_text_errors(sel: B.Selection, err: B.Errors, alloc: B.Allocation) -> np.ndarray:

@@ -162,15 +162,23 @@ class Routed:
 
     reference: Outputs  # FP32 reference, kept
     routed: Outputs  # each row from its bucket's emulated model, kept
-    longest_alone: Outputs  # the longest bucket's emulated model on every row, kept
+    longest_alone: Outputs | None  # the longest bucket's model on every row (None: not run)
     which: np.ndarray  # bucket index per evaluation text (task order)
     data: Dataset  # the data as measured (truncated at the longest bucket)
     notes: tuple[tuple[str, ...], ...]  # the QDQ writer's notes, per bucket
 
 
 def routed_outputs(reference: Model, data: Dataset, deployment: Deployment, *,
-                   progress: bool = False) -> Routed:
-    """Every evaluation text through its bucket's QDQ model (see the module doc)."""
+                   progress: bool = False, alone: bool = True, reuse: Routed | None = None,
+                   unchanged: frozenset[int] = frozenset()) -> Routed:
+    """Every evaluation text through its bucket's QDQ model (see the module doc).
+
+    ``alone``: also the longest bucket on every text (the one-model comparison).
+    ``reuse``: an earlier measurement of a deployment at the same lengths on the same
+    data: its FP32 reference is taken, and so are the rows of the buckets whose lengths
+    are in ``unchanged`` (the same model, statistics and plan there: the deployment as
+    its scripts carry it, where only some lengths' scripts leave a decision unset), so
+    only the changed buckets run, each on the batches holding its rows."""
     routable(data, "route")
     for b in deployment.buckets:
         check_compatible(reference, b)
@@ -179,14 +187,28 @@ def routed_outputs(reference: Model, data: Dataset, deployment: Deployment, *,
     batches = tuple(task.batches.batches)
     rows = _rows_by_batch(task.batches.order, batches)
     which = route(np.asarray(data.token_lengths), deployment.seq_lens)
-    ref = run_kept(reference.proto, batches, task.keep, label="fp32" if progress else "")
     routed: list[list[np.ndarray] | None] = [None] * len(batches)
-    alone: Outputs | None = None
+    if reuse is None:
+        ref = run_kept(reference.proto, batches, task.keep, label="fp32" if progress else "")
+    else:
+        if len(reuse.routed.batches) != len(batches) or not np.array_equal(reuse.which, which):
+            raise ValueError("reuse: another data or other lengths than this deployment's")
+        ref = reuse.reference
+        routed = [[np.array(a, copy=True) for a in o] for o in reuse.routed.batches]
+    longest: Outputs | None = None
     notes = []
     last = len(deployment.buckets) - 1
     for i, b in enumerate(deployment.buckets):
-        # the longest bucket runs every batch: its rows, and the one-model comparison
-        need = list(range(len(batches))) if i == last else [
+        kept = reuse is not None and b.seq_len in unchanged
+        if kept and i == last and alone and reuse is not None:
+            longest = reuse.longest_alone
+        whole = i == last and alone and longest is None
+        if kept and not whole:
+            assert reuse is not None
+            notes.append(reuse.notes[i])
+            continue
+        # the longest bucket runs every batch with ``alone``: its rows and the comparison
+        need = list(range(len(batches))) if whole else [
             k for k, r in enumerate(rows) if np.any(which[r] == i)]
         if not need:
             notes.append(())
@@ -203,11 +225,11 @@ def routed_outputs(reference: Model, data: Dataset, deployment: Deployment, *,
             for a, new in zip(cur, o, strict=True):
                 a[take] = new[take]
             routed[k] = cur
-        if i == last:
-            alone = out
-    assert alone is not None
+        if whole:
+            longest = out
+    assert longest is not None or not alone
     test = Outputs(names=ref.names, batches=tuple(tuple(r) for r in routed if r is not None))
-    return Routed(reference=ref, routed=test, longest_alone=alone, which=which, data=data,
+    return Routed(reference=ref, routed=test, longest_alone=longest, which=which, data=data,
                   notes=tuple(notes))
 
 
@@ -231,11 +253,13 @@ def deployment_costs(reference: Model, deployment: Deployment) -> tuple[BucketCo
 
 def evaluate_deployment(
     reference: Model, data: Dataset, deployment: Deployment, *, progress: bool = False,
+    routed: Routed | None = None,
 ) -> RouteResult:
-    """The routed deployment measured against the FP32 ``reference`` (see the module doc)."""
-    r = routed_outputs(reference, data, deployment, progress=progress)
+    """The routed deployment measured against the FP32 ``reference`` (see the module doc);
+    ``routed``: its :func:`routed_outputs` already computed (with the longest alone)."""
+    r = routed or routed_outputs(reference, data, deployment, progress=progress)
     task = r.data.task
-    assert task is not None
+    assert task is not None and r.longest_alone is not None
     costs = deployment_costs(reference, deployment)
     per_bucket = tuple(
         RoutedBucket(cost=c, files=dict(b.files), model=b.model.source,
