@@ -180,7 +180,7 @@ def test_several_outputs_give_the_worst_outputs_own_count():
     assert share_items(both, "top1_agreement:a", v) == (10, "top-1 picks")
 
 
-def test_a_share_whose_count_differs_between_plans_uses_each_figures_own(tmp_path):
+def test_a_share_whose_count_differs_between_plans_uses_each_figures_own(tmp_path, capsys):
     """Detection F1's items are both models' detections: the model with the rewrite
     counts other ones. Before, unequal counts meant no noise estimate (and one item kept
     the rewrite); now each figure's binomial error is over its own count."""
@@ -201,7 +201,38 @@ def test_a_share_whose_count_differs_between_plans_uses_each_figures_own(tmp_pat
     choice, proto = choose_rewrites(model, SMALL, SEQ,
                                     calibrate=lambda m: stages.calibrate_model(m, fit),
                                     measure=measure, reload=lambda p: load_proto(p, "enc"),
-                                    metric="detection_f1", tiebreak="sqnr_db")
+                                    metric="detection_f1", tiebreak="sqnr_db", progress=True)
     t = next(t for t in choice.trials if t.name == "tokensplit")
     assert t.tried and not t.kept and proto is None, t.reason
     assert f"n 163, n' 165 {what}" in t.reason and "q(1-q)/n')" in t.reason, t.reason
+    # the console says the count once the model without rewrites is measured
+    assert (f"rewrites auto: without rewrites detection_f1 0.9202 is a share over 163 {what}"
+            in capsys.readouterr().err)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_choosing_line_says_a_detection_shares_items_come_when_measured(
+        tmp_path, capsys, monkeypatch):
+    """It gave the fit samples alone, as if F1 were a share of them."""
+    from types import SimpleNamespace
+
+    import quantscope.pipeline.auto as auto
+
+    def stop(*a, **k):  # the line is said before any trial: stop there
+        raise _Stop
+
+    monkeypatch.setattr(auto, "choose_rewrites", stop)
+    onnx.save(mixed_scale_detector(), tmp_path / "det.onnx")
+    np.savez(tmp_path / "data.npz", **feeds("mixed_scale_detector"))
+    opts = SimpleNamespace(data=str(tmp_path / "data.npz"), eval_data=None, tokenizer=None,
+                           prefixes=None, pairs=None, seq_len=None, input_shapes=(),
+                           target="ort-cpu", method="minmax", metric=None, layout=(),
+                           batch_axes=(), repair_batches=1)
+    with pytest.raises(_Stop):
+        auto.choose(opts, stages.open_model(tmp_path / "det.onnx"), progress=True)
+    err = capsys.readouterr().err
+    assert ("rewrites auto: choosing by detection_f1 on 16 fit samples (a share: its items "
+            "are counted where a rewrite is measured) (a tie: by sqnr_db)") in err, err

@@ -337,6 +337,9 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                                  reason=f"the model without rewrites is not measurable: {e}")
                            for n_ in list(REWRITES)[len(trials):]]
                 break
+            if score.share_of is not None:  # the items its noise is over, once counted
+                say(f"rewrites auto: without rewrites {metric} {score.value:.4g} is a share "
+                    f"over {score.share_of[0]} {score.share_of[1]}", show=progress)
         config = configs.get(name) or auto_config(rw, frozenset(built), current, target,
                                                   seq_len)
         trial, kept = _try(rw, config, current, stats, score, seq_len=seq_len,
