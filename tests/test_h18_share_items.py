@@ -236,3 +236,23 @@ def test_the_choosing_line_says_a_detection_shares_items_come_when_measured(
     err = capsys.readouterr().err
     assert ("rewrites auto: choosing by detection_f1 on 16 fit samples (a share: its items "
             "are counted where a rewrite is measured) (a tie: by sqnr_db)") in err, err
+
+
+def test_a_folder_chosen_under_the_old_share_rule_chooses_again(tmp_path):
+    """The keep rule is in the auto choice's key (``pipeline.auto.auto_key``): a choice
+    made when these shares had no count (one item kept a rewrite) is not reused."""
+    from types import SimpleNamespace
+
+    from quantscope.pipeline.auto import auto_key
+    from quantscope.rewrites.auto import KEEP_RULE
+
+    old = ("kept when the paired per-sample gain's one-sided 95% lower bound (Student t) is "
+           "above 0; a tie within noise is decided by the tiebreak: its gain's one-sided 95% "
+           "lower bound (jackknife over pairs) above 0.1, else the model without it; without "
+           "per-sample scores a gain within the headline's margin (0.1 dB for a figure in dB; "
+           "for a share over n items its one-sided 95% binomial noise) is a tie")
+    opts = SimpleNamespace(data="d.npz", eval_data=None, tokenizer=None, prefixes=None,
+                           pairs=None, seq_len=None, input_shapes=(), target="ort-cpu",
+                           method="minmax", metric=None, layout=(), batch_axes=())
+    rule = auto_key(opts, str)["keep_rule"]
+    assert rule == KEEP_RULE != old and "each figure over its own n" in rule

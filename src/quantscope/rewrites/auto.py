@@ -75,8 +75,8 @@ KEEP_RULE = (f"kept when the paired per-sample gain's one-sided {CONFIDENCE:.0%}
              f"gain's one-sided {CONFIDENCE:.0%} lower bound (jackknife over pairs) above "
              f"{TIE_MARGIN:g}, else the model without it; without per-sample scores a "
              f"gain within the headline's margin ({TIE_MARGIN:g} dB for a figure in dB; "
-             f"for a share over n items its one-sided {CONFIDENCE:.0%} binomial noise) "
-             f"is a tie")
+             f"for a share over the n items its task counts its one-sided "
+             f"{CONFIDENCE:.0%} binomial noise, each figure over its own n) is a tie")
 
 
 @dataclass(frozen=True, eq=False)
