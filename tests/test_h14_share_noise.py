@@ -28,13 +28,13 @@ def _fit(tmp_path, model):
     return stages.at_length(stages.open_data(tmp_path / "x.npz", model, show=False), SEQ)
 
 
-def _split_trial(tmp_path, gain, tiebreak_gain, share_of):
+def _split_trial(tmp_path, gain, tiebreak_gain, share_of, base=0.7):
     model = load_proto(token_encoder(), "enc")
     fit = _fit(tmp_path, model)
 
     def measure(m, s):
         split = any(n.name.endswith("/tok1") for n in m.graph.node)
-        return Measured(0.7 + gain * split, 30.0 + tiebreak_gain * split, share_of=share_of)
+        return Measured(base + gain * split, 30.0 + tiebreak_gain * split, share_of=share_of)
 
     choice, proto = choose_rewrites(model, SMALL, SEQ,
                                     calibrate=lambda m: stages.calibrate_model(m, fit),
@@ -86,7 +86,8 @@ def test_the_run_measure_counts_a_detection_shares_items(tmp_path):
     stats = stages.calibrate_model(model, fit, progress=False)
     got = max_legal_measure(fit, load_target("ort-cpu"), "detection_f1", seq_len=None,
                             tiebreak="sqnr_db")(model, stats)
-    assert got.share_of is not None and got.share_of[1] == "FP32 detections"
+    assert got.share_of is not None
+    assert got.share_of[1] == "detections of either model (a matched pair once)"
     assert got.share_of[0] > 0 and 0 <= got.value <= 1
 
 
@@ -102,6 +103,8 @@ def test_a_verification_decision_agreement_is_over_its_pairs():
                               change=np.array(["orig"] * n))
     task = VerificationTask("faces", pairs, threshold=0.6)
     assert share_items(task, "decision_agreement", {}) == (n, "verification pairs")
-    # a score output's decision agreement: its items are not counted, no noise estimate
+    # a score output's decision agreement: its count is in its figures (test_h18)
     assert share_items(ScoreTask("s", "y"), "decision_agreement", {}) is None
+    assert share_items(ScoreTask("s", "y"), "decision_agreement",
+                       {"decision_agreement_items": 9.0}) == (9, "decisions")
     assert share_items(None, "sqnr_db_channel_min", {"detections_fp32": 5.0}) is None

@@ -22,8 +22,10 @@ kept             retrieval pairs: the per-query scores of the metric (each fit q
                  a tie decided by the output SQNR by the same margin, and said (no noise
                  estimate; :func:`quantscope.rewrites.auto.choose_rewrites`); a share
                  whose items the task counts (``tasks.headline.share_items``: detection
-                 F1 over FP32's detections, face decision agreement over the pairs): its
-                 one-sided 95 % binomial noise is the margin, said with the figures
+                 F1 over both models' detections, a matched pair once; a class output's
+                 or image views' top-1 agreement; a score output's or face verification's
+                 decision agreement): its one-sided 95 % binomial noise is the margin,
+                 said with the figures
 repairs          a repair that keeps FP32 and answers a target rule
                  (:attr:`quantscope.repair.registry.RepairSpec.answers`: rank4 answers
                  ``qnn.linearclip_5d``) is applied to the run's model after the rewrites,
@@ -49,6 +51,7 @@ from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rew
 from quantscope.rewrites.base import shapes_seq_len
 from quantscope.rewrites.tie import TIE_MARGIN, Parts, pair_powers
 from quantscope.tasks.headline import share_items
+from quantscope.tasks.shares import ITEM_WORDS
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
 if TYPE_CHECKING:
@@ -251,8 +254,10 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
     n, unit = _samples(fit)
     tiebreak = TIEBREAK[unit]
     items = share_items(fit.task, head.metric, {})  # known before measuring: a verification's
-    # pairs; a detector's FP32 detections only once FP32 has run (its keep reasons say them)
-    over = f" ({items[0]} {items[1]})" if items and items[0] != n else ""
+    # pairs; another share's items once measured (choose_rewrites says them then)
+    over = (f" ({items[0]} {items[1]})" if items and items[0] != n else
+            " (a share: its items are counted where a rewrite is measured)"
+            if items is None and head.metric.split(":")[0] in ITEM_WORDS else "")
     say(f"rewrites auto: choosing by {head.metric} on {n} {unit}{over} (a tie: by {tiebreak})",
         show=progress)
     calib = _by_content(_released(lambda m: stages.calibrate_model(m, fit, method=opts.method)))

@@ -25,10 +25,11 @@ kept        with per-sample scores (:class:`Measured`, e.g. each fit query's top
             kept when better by more than ``min_gain``, an exact tie by the tiebreak
             (no noise estimate: the reason says so); with the caller's ``margin``
             (``run``: 0.1 dB for a headline in dB) a gain within it is a tie, decided
-            so, and said; for a share over n items (``Measured.share_of``: detection F1,
-            a verification's decision agreement) the margin is its one-sided
-            :data:`CONFIDENCE` binomial noise (:func:`quantscope.rewrites.tie.share_noise`),
-            a gain within it a tie, decided so, the figures in the reason. Else dropped
+            so, and said; for a share over n items (``Measured.share_of``, the count
+            the task gives: detection F1, top-1 or decision agreement) the margin is
+            its one-sided :data:`CONFIDENCE` binomial noise, each figure over its own
+            count (:func:`quantscope.rewrites.tie.share_noise`), a gain within it a
+            tie, decided so, the figures in the reason. Else dropped
             (a rewrite adds layers). The next rewrite is tried on the model kept so far
 interval    the paired interval of each measured trial (``Trial.interval``: n, mean
             difference, both one-sided bounds, the outcome) is kept in the record
@@ -74,8 +75,8 @@ KEEP_RULE = (f"kept when the paired per-sample gain's one-sided {CONFIDENCE:.0%}
              f"gain's one-sided {CONFIDENCE:.0%} lower bound (jackknife over pairs) above "
              f"{TIE_MARGIN:g}, else the model without it; without per-sample scores a "
              f"gain within the headline's margin ({TIE_MARGIN:g} dB for a figure in dB; "
-             f"for a share over n items its one-sided {CONFIDENCE:.0%} binomial noise) "
-             f"is a tie")
+             f"for a share over the n items its task counts its one-sided "
+             f"{CONFIDENCE:.0%} binomial noise, each figure over its own n) is a tie")
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,8 +271,10 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
             return None, iv
         return tie(f"a tie within noise ({text})", iv)
     gain = after.value - before.value if higher else before.value - after.value
-    noise = (share_noise(before.value, after.value, *after.share_of)
-             if after.share_of is not None and after.share_of == before.share_of else None)
+    noise = (share_noise(before.value, after.value, before.share_of[0], before.share_of[1],
+                         n_after=after.share_of[0])
+             if after.share_of is not None and before.share_of is not None
+             and after.share_of[1] == before.share_of[1] else None)
     if noise is not None:  # a share over n items: its binomial noise is the margin
         words = f"gain {gain:+.4g}, {noise[1]}; no per-sample scores"
         if gain > max(min_gain, noise[0]):
@@ -334,6 +337,9 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                                  reason=f"the model without rewrites is not measurable: {e}")
                            for n_ in list(REWRITES)[len(trials):]]
                 break
+            if score.share_of is not None:  # the items its noise is over, once counted
+                say(f"rewrites auto: without rewrites {metric} {score.value:.4g} is a share "
+                    f"over {score.share_of[0]} {score.share_of[1]}", show=progress)
         config = configs.get(name) or auto_config(rw, frozenset(built), current, target,
                                                   seq_len)
         trial, kept = _try(rw, config, current, stats, score, seq_len=seq_len,

@@ -21,10 +21,12 @@ dropped         otherwise; the given model stands (a rewrite adds layers). When 
 no parts        (a tiebreak given as one figure): kept when it gains more than the margin,
                 and the reason says there was no noise estimate
 a share         a headline with no per-sample scores that is a share over n items
-                (detection F1, a verification's decision agreement): its noise is the
-                binomial standard error of the difference, ``sqrt(p(1-p)/n + q(1-q)/n)``
-                of the two figures, times the one-sided :data:`CONFIDENCE` normal
-                quantile (:func:`share_noise`); a gain within it is a headline tie
+                (the count its task gives, :mod:`quantscope.tasks.shares`: detection F1,
+                a class output's or image views' top-1 agreement, a score output's or a
+                verification's decision agreement): its noise is the binomial standard
+                error of the difference, ``sqrt(p(1-p)/n + q(1-q)/n)`` of the two
+                figures (each over its own n), times the one-sided :data:`CONFIDENCE`
+                normal quantile (:func:`share_noise`); a gain within it is a headline tie
 ==============  ========================================================================
 
 Why: a bare threshold on a figure decides on noise at the threshold: two functionally
@@ -115,18 +117,23 @@ def gain_interval(after: Parts, before: Parts, *, margin: float = TIE_MARGIN,
 
 
 def share_noise(before: float, after: float, n: int, what: str = "items", *,
-                confidence: float = CONFIDENCE) -> tuple[float, str] | None:
-    """The one-sided ``confidence`` noise of the difference of two shares ``before`` and
-    ``after`` over the same ``n`` items: ``z * sqrt(p(1-p)/n + q(1-q)/n)`` (binomial
-    standard errors combined, ``z`` the normal quantile), and the figures in words. None:
-    no items, or a figure that is no share (outside 0..1)."""
-    if n < 1 or not all(0.0 <= v <= 1.0 for v in (before, after)):
+                n_after: int | None = None, confidence: float = CONFIDENCE
+                ) -> tuple[float, str] | None:
+    """The one-sided ``confidence`` noise of the difference of two shares ``before`` over
+    ``n`` items and ``after`` over ``n_after`` (default: the same ``n``):
+    ``z * sqrt(p(1-p)/n + q(1-q)/n_after)`` (binomial standard errors combined, ``z`` the
+    normal quantile), and the figures in words. Each figure's own count: a detection
+    F1's items are both models' detections, so they differ from plan to plan. None: no
+    items, or a figure that is no share (outside 0..1)."""
+    m = n if n_after is None else n_after
+    if n < 1 or m < 1 or not all(0.0 <= v <= 1.0 for v in (before, after)):
         return None
     z = NormalDist().inv_cdf(confidence)
-    half = z * float(np.sqrt((before * (1 - before) + after * (1 - after)) / n))
+    half = z * float(np.sqrt(before * (1 - before) / n + after * (1 - after) / m))
+    count = f"n {n}" if m == n else f"n {n}, n' {m}"
     return half, (f"one-sided {confidence:.0%} binomial noise {half:.4g} = {z:.3f} x "
-                  f"sqrt(p(1-p)/n + q(1-q)/n) with p {before:.4g}, q {after:.4g}, "
-                  f"n {n} {what}")
+                  f"sqrt(p(1-p)/n + q(1-q)/n{'' if m == n else chr(39)}) with p "
+                  f"{before:.4g}, q {after:.4g}, {count} {what}")
 
 
 def decide_tie(after: Any, before: Any, named: str) -> tuple[str, str | None,

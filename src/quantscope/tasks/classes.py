@@ -8,7 +8,10 @@ class task scores what the user acts on:
     ``top1_agreement`` (headline): share of samples (and positions) whose top class is
     FP32's; ``top5_agreement``: share whose FP32 top class is among the quantized top 5
     (when there are more than 5 classes); ``top1_ties``: share whose quantized top score
-    is shared by several classes (the grid merged them; the first one wins the argmax).
+    is shared by several classes (the grid merged them; the first one wins the argmax);
+    ``top1_agreement_items``: the picks the share is over (per position, the effective
+    count of positions clustered by sample, ``top1_agreement_clusters`` the samples:
+    :mod:`quantscope.tasks.shares`).
 
 Notes say when FP32 picks one class on every sample (the agreement then says little) and
 when the agreement is below :data:`AGREEMENT_RESEMBLES` (``NOT LIKE FP32``).
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
+from quantscope.tasks.shares import clustered_items, clusters_key, items_key
 from quantscope.types import Metrics, Outputs
 
 AGREEMENT_RESEMBLES = 0.95
@@ -41,6 +45,14 @@ def _classes_last(out: Outputs, name: str) -> list[np.ndarray]:
         a = a.reshape(len(a), -1) if a.ndim == 2 else np.moveaxis(a, 1, -1)
         arrays.append(a.reshape(-1, a.shape[-1]))
     return arrays
+
+
+def _positions(out: Outputs, name: str) -> np.ndarray:
+    """Each sample's number of positions (1 for ``[N, C]``), in the order of
+    :func:`_classes_last`'s rows."""
+    i = out.names.index(name)
+    return np.concatenate([np.full(len(b[i]), int(np.prod(np.shape(b[i])[2:], dtype=np.int64)))
+                           for b in out.batches]) if out.batches else np.zeros(0, np.int64)
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +76,8 @@ class ClassTask:
                            notes=(f"output '{self.output}': no samples to compare",))
         top_r, top_t = r.argmax(axis=1), t.argmax(axis=1)
         agree = top_r == top_t
-        values = {"top1_agreement": float(agree.mean())}
+        values = {"top1_agreement": float(agree.mean()),
+                  **_items(agree, _positions(ref, self.output))}
         if classes > TOP_K:
             best = np.argpartition(-t, TOP_K - 1, axis=1)[:, :TOP_K]
             values["top5_agreement"] = float(np.mean(np.any(best == top_r[:, None], axis=1)))
@@ -84,6 +97,18 @@ class ClassTask:
                          f"{int((~agree).sum())} of {n} {rows} (top-1 agreement "
                          f"{values['top1_agreement']:.3f} < {AGREEMENT_RESEMBLES:g})")
         return Metrics(values=values, notes=tuple(notes))
+
+
+def _items(agree: np.ndarray, positions: np.ndarray) -> dict[str, float]:
+    """The items the top-1 agreement is over (:mod:`quantscope.tasks.shares`): the samples
+    of ``[N, C]``; per position, the effective count of the positions clustered by their
+    sample (:func:`clustered_items`, rounded down), and the samples."""
+    positions = positions[positions > 0]
+    if len(positions) == len(agree) or int(positions.sum()) != len(agree):
+        return {items_key("top1_agreement"): float(len(agree))}
+    hits = np.add.reduceat(agree.astype(np.float64), np.r_[0, np.cumsum(positions)[:-1]])
+    return {items_key("top1_agreement"): float(np.floor(clustered_items(hits, positions))),
+            clusters_key("top1_agreement"): float(len(positions))}
 
 
 def class_output(model: Model, output: str) -> int | None:

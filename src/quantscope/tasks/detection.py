@@ -16,6 +16,7 @@ detector's user sees it, against FP32:
 ``detection_precision``   quantized detections matched to an FP32 one (same class,
 ``detection_recall``      IoU >= ``iou``, greedy by FP32 score, one-to-one) over the
 ``detection_f1``          quantized / FP32 kept; F1 (the headline)
+``*_items``               the items each share is over (:func:`item_counts`)
 ``box_iou_mean``          mean IoU of the matched boxes
 ========================  ==============================================================
 
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
+from quantscope.tasks.shares import items_key
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 BOX_FORMATS = ("cxcywh", "xyxy")
@@ -191,6 +193,25 @@ def _batches(out: Outputs, name: str) -> Iterator[np.ndarray]:
         yield b[i]
 
 
+def item_counts(n_ref: int, n_test: int, n_match: int) -> dict[str, float]:
+    """The items each detection share is over (:mod:`quantscope.tasks.shares`): recall
+    over FP32's detections, precision over the quantized ones, and F1 over the detections
+    of either model with a matched pair counted once (``n_ref + n_test - n_match``).
+
+    Why that count for F1: ``F1 = 2m / (n_ref + n_test)`` is made of three kinds of
+    outcome, a matched pair (``m``), an FP32 detection missed and a quantized one extra;
+    those are the independent items. FP32's detections alone (the count used before)
+    leave out the extras; both models' detections (``n_ref + n_test``) count each
+    matched pair twice, though its two detections are one event. Over the outcomes the
+    binomial variance of F1 (delta method) is ``F1 (1 - F1) / n`` with
+    ``n = (n_ref + n_test)^2 / (2 (n_ref + n_test - m))``, which is at least this count
+    where F1 >= 0.59: the noise said is then not too small (at most 1.41x too wide, as
+    F1 nears 1)."""
+    return {items_key("detection_recall"): float(n_ref),
+            items_key("detection_precision"): float(n_test),
+            items_key("detection_f1"): float(n_ref + n_test - n_match)}
+
+
 def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarray],
                       layout: DetectionLayout, output: str) -> Metrics:
     """The module table's metrics of one detection output over its batches."""
@@ -222,6 +243,7 @@ def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarr
         "score_side_agreement": side_same / anchors if anchors else nan,
         "detections_fp32": float(n_ref), "detections_quantized": float(n_test),
         "detection_precision": nan, "detection_recall": nan, "detection_f1": nan,
+        **item_counts(n_ref, n_test, n_match),
         "box_iou_mean": float(np.mean(ious)) if ious else nan,
     }
     notes: list[str] = []

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
 from quantscope.types import PooledEmbedding, QuantscopeError, RowScoring, Task
 
 # The headline of tensor data with no task: the worst channel's SQNR in dB over every
@@ -179,23 +180,22 @@ def sample_row_scoring(task: Task, output_names: Sequence[str]) -> RowScoring:
                       row_local=True)
 
 
-# a detection share -> the figure that counts its items (detection.detection_metrics)
-_DETECTION_ITEMS = {"detection_f1": ("detections_fp32", "FP32 detections"),
-                    "detection_recall": ("detections_fp32", "FP32 detections"),
-                    "detection_precision": ("detections_quantized", "quantized detections")}
-
-
 def share_items(task: Task | None, metric: str, values: Mapping[str, float]
                 ) -> tuple[int, str] | None:
     """How many items the share ``metric`` is over, and what they are, where the task or
     its figures tell (the binomial noise of a headline with no per-sample scores,
-    :func:`quantscope.rewrites.tie.share_noise`): a detection share over the detections
-    its figures count, a face verification's decision agreement over its pairs. None: not
-    known (another metric, or a share whose items nothing counts)."""
-    if metric in _DETECTION_ITEMS:
-        key, what = _DETECTION_ITEMS[metric]
-        n = values.get(key)
-        return (int(n), what) if n is not None and np.isfinite(n) else None
+    :func:`quantscope.rewrites.tie.share_noise`): the count the task gave beside the
+    figure (``KEY_items``, :mod:`quantscope.tasks.shares`: a class output's top-1 picks,
+    effective where positions cluster by sample, a score output's decisions, image views,
+    a detection share's detections), a face verification's decision agreement over its
+    pairs. None: not known (another metric, or a share whose items nothing counts)."""
+    n = values.get(items_key(metric))
+    if n is not None and np.isfinite(n) and n >= 1:
+        what = ITEM_WORDS.get(metric.split(":")[0], "items")
+        k = values.get(clusters_key(metric))
+        if k is not None and np.isfinite(k):
+            what += f" (effective count: positions clustered by their {int(k)} samples)"
+        return int(n), what
     pairs = getattr(task, "pairs", None)
     if metric == "decision_agreement" and hasattr(pairs, "genuine"):
         return len(pairs.genuine), "verification pairs"  # type: ignore[union-attr]

@@ -17,7 +17,8 @@ task           every view is a query; the gallery is every other view; a hit whe
                nearest gallery view (cosine) is a view of the same photo
 embedding      CLS token of a [B, T, C] token output (``tokens[:, 0]``), or a [B, D]
                output as is; the mean of the patch tokens is reported as a variant
-metrics        recall@1 (and FP32's), top-1 agreement with FP32 (same nearest view),
+metrics        recall@1 (and FP32's), top-1 agreement with FP32 (same nearest view; over
+               ``top1_agreement_items`` views, :mod:`quantscope.tasks.shares`),
                embedding cosine to FP32 and SQNR, collapse; ``recall@1_patch_mean``
 =============  ========================================================================
 
@@ -41,6 +42,7 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
+from quantscope.tasks.shares import items_key
 from quantscope.types import (
     Batch,
     Dataset,
@@ -225,6 +227,7 @@ class ViewRetrievalTask:
         values = {
             "recall@1": rec, "recall@1_fp32": rec_ref,
             "top1_agreement": float(np.mean(nn == nn_ref)),
+            items_key("top1_agreement"): float(len(nn)),  # one pick per view
             "recall@1_patch_mean": self._recall(_embeddings(test, variant="mean"))[0],
             "recall@1_patch_mean_fp32": self._recall(_embeddings(ref, variant="mean"))[0],
             "embedding_cosine_mean": fid["mean"], "embedding_cosine_min": fid["min"],

@@ -47,6 +47,7 @@ from quantscope.tasks.detection import (
     detect_layout,
 )
 from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, ScoreTask
+from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
@@ -266,17 +267,23 @@ class OutputTasks:
         values: dict[str, float] = {}
         by_key: dict[str, list[float]] = {}
         notes: list[str] = []
+        per_task = []
         for t in self.tasks:
             m = t.metrics(ref, test)
+            per_task.append(m.values)
             for k, v in m.values.items():
                 values[f"{k}:{t.output}"] = v
                 by_key.setdefault(k, []).append(v)
             notes.extend(m.notes)
+        worst: dict[str, float] = {}
         for k, vs in by_key.items():
-            if k.startswith(("detections_", "decisions_", "mask_share")):
+            if k.startswith(("detections_", "decisions_", "mask_share")) or k.endswith(
+                    (ITEMS, CLUSTERS)):
                 continue
             worse = max if ("error" in k or "flip" in k) else min
-            values[k] = worse(vs)
+            worst[k] = worse(vs)
+        # a share's items: the worst output's own (the figure the unprefixed key is)
+        values.update(worst, **worst_counts(per_task, worst))
         return Metrics(values=values, notes=tuple(notes))
 
 

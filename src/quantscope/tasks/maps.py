@@ -11,7 +11,8 @@ keep a cosine of 1.0 while its decisions flip. These tasks score what the user a
     other side of the threshold.
 ``score`` (``[N]`` or ``[N, 1]``: one value per sample)
     ``decision_agreement`` (headline): share of samples on the same side of ``threshold``
-    (default 0.5) as FP32; ``score_abs_error_max`` / ``score_abs_error_mean``.
+    (default 0.5) as FP32, over ``decision_agreement_items`` decisions (its binomial noise:
+    :mod:`quantscope.tasks.shares`); ``score_abs_error_max`` / ``score_abs_error_mean``.
 
 Both say when FP32's values leave [0, 1] (a logit map: the threshold is then the user's to
 declare) and when FP32 is on one side of the threshold everywhere.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.tasks.shares import items_key
 from quantscope.types import Metrics, Outputs
 
 MAP_THRESHOLD = 0.5
@@ -102,6 +104,7 @@ class ScoreTask:
         dr, dt = r >= self.threshold, t >= self.threshold
         err = np.abs(t - r)
         values = {"decision_agreement": float(np.mean(dr == dt)) if dr.size else float("nan"),
+                  items_key("decision_agreement"): float(dr.size),
                   "score_abs_error_max": float(err.max()) if err.size else float("nan"),
                   "score_abs_error_mean": float(err.mean()) if err.size else float("nan"),
                   "decisions_positive_fp32": float(np.mean(dr)) if dr.size else float("nan")}

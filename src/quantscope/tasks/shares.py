@@ -1,0 +1,91 @@
+"""How many items a share metric counts: the figure its binomial noise needs.
+
+A share (a fraction of items that agree with FP32) has a noise of its own,
+``sqrt(p(1 - p) / n)`` over its ``n`` items (:func:`quantscope.rewrites.tie.share_noise`
+decides a rewrite's gain by it). The task that computes the share counts its items in the
+same pass, as the value ``KEY_items`` beside ``KEY`` (:func:`items_key`), so the count
+cannot drift from the figure; :func:`quantscope.tasks.headline.share_items` reads it.
+
+====================  ==================================================================
+``top1_agreement``    a class output: its samples ([N, C]); per position ([N, C, H, W]:
+                      a segmentation, a per-token classifier) the positions of one sample
+                      flip together, so the count is the effective one
+                      (:func:`clustered_items`) and ``KEY_clusters`` gives the samples;
+                      image views: the views (each one's nearest other view)
+``decision_agreement``  a score output: its decisions (one per sample)
+``detection_f1``      the detections of either model, a matched pair once
+                      (:func:`quantscope.tasks.detection.item_counts` says why);
+                      recall: FP32's detections; precision: the quantized model's
+====================  ==================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+ITEMS = "_items"  # KEY_items: the items the share KEY is over
+CLUSTERS = "_clusters"  # KEY_clusters: the samples its items cluster in (an effective count)
+
+# what a share's items are, in words (the reason of a rewrite's keep or drop says them)
+ITEM_WORDS: dict[str, str] = {
+    "top1_agreement": "top-1 picks",
+    "decision_agreement": "decisions",
+    "detection_f1": "detections of either model (a matched pair once)",
+    "detection_recall": "FP32 detections",
+    "detection_precision": "quantized detections",
+}
+
+
+def items_key(metric: str) -> str:
+    """The value that counts the items of the share ``metric`` (of one output's,
+    ``KEY:OUTPUT``: ``KEY_items:OUTPUT``)."""
+    base, sep, output = metric.partition(":")
+    return base + ITEMS + sep + output
+
+
+def clusters_key(metric: str) -> str:
+    """The value that counts the samples the items of ``metric`` cluster in."""
+    base, sep, output = metric.partition(":")
+    return base + CLUSTERS + sep + output
+
+
+def clustered_items(hits: np.ndarray, sizes: np.ndarray) -> float:
+    """The effective item count of a share ``sum(hits) / sum(sizes)`` over samples of
+    ``sizes`` items each (``hits``: each sample's agreeing items): the ``n`` whose
+    binomial variance ``p(1 - p) / n`` equals the share's variance estimated over the
+    samples (the cluster standard error of a ratio of sums, as
+    :func:`quantscope.tasks.lm.cluster_se`). Items of one sample (the pixels of one image,
+    the tokens of one text) are not independent, so the plain count would make the noise
+    too small. Bounded by the samples (every item of a sample alike) and the items (each
+    independent); fewer than two samples (no spread to estimate): the samples; ``p`` of 0
+    or 1, or every sample's share the same (no sign of clustering; the binomial variance
+    of a ``p`` of 0 or 1 is 0 whatever the count): the items."""
+    hits, sizes = np.asarray(hits, np.float64), np.asarray(sizes, np.float64)
+    k, total = len(sizes), float(sizes.sum())
+    if k < 2 or total <= 0:
+        return float(k)
+    p = float(hits.sum()) / total
+    var = k / (k - 1) * float(((hits - p * sizes) ** 2).sum()) / total ** 2
+    if not 0.0 < p < 1.0 or var <= 0.0:
+        return total
+    return float(min(max(p * (1 - p) / var, k), total))
+
+
+def worst_counts(per_task: list[Mapping[str, float]], worst: Mapping[str, float]
+                 ) -> dict[str, float]:
+    """For several outputs (``per_task``: each one's values): the counts
+    ``KEY_items`` / ``KEY_clusters`` of the output whose ``KEY`` is ``worst[KEY]`` (the
+    figure the unprefixed ``KEY`` is): the worst output's own items, not the least of
+    every output's."""
+    out: dict[str, float] = {}
+    for values in per_task:
+        for key, count in values.items():
+            suffix = ITEMS if key.endswith(ITEMS) else CLUSTERS if key.endswith(CLUSTERS) else ""
+            share = key[: -len(suffix)] if suffix else ""
+            if share and key not in out and share in worst and share in values and (
+                    values[share] == worst[share]
+                    or (np.isnan(values[share]) and np.isnan(worst[share]))):
+                out[key] = count
+    return out
