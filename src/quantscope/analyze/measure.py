@@ -163,17 +163,11 @@ def evaluate_plans(
     keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
     alone, note = _kept_scorer(data, only, task_only, bool(error_scales),
                                reference_kept is not None)
-    ref: Outputs | None = None
-    if alone is not None and reference_kept is not None:
-        ref_kept: Outputs | None = reference_kept
-    else:
-        lockstep = reference_outputs is None and len(plans) == 1 and engine is None
-        ref = reference_outputs or (None if lockstep else run_model(
-            (reference or model).proto, batches, label="fp32" if progress else ""))
-        ref_kept = None if ref is None else kept(ref, batches, keep)
-    # FP32 outputs of ``model`` itself (given ones may be another's: the fine-tune's drift)
-    own = ref if (reference_outputs is None or own_outputs) and reference in (None, model) \
-        else None
+    ref, ref_kept, own = _references(
+        model, batches, keep, reference, reference_outputs, own_outputs,
+        reference_kept if alone is not None else None,
+        lockstep=reference_outputs is None and len(plans) == 1 and engine is None,
+        progress=progress)
     results: dict[str, dict[str, Any]] = {}
     for label, plan in plans.items():
         emulated, enc, cov, measured_by = _emulated(model, stats, plan, batches, engine, scheme=scheme,
@@ -197,6 +191,23 @@ def evaluate_plans(
                                  head={"coverage": coverage, **saturated}, q_notes=q_notes,
                                  measured_by=measured_by[0] if engine is not None else None)
     return results
+
+
+def _references(model: Model, batches: list[Batch], keep: Any, reference: Model | None,
+                given: Outputs | None, own_outputs: bool, given_kept: Outputs | None, *,
+                lockstep: bool, progress: bool
+                ) -> tuple[Outputs | None, Outputs | None, Outputs | None]:
+    """:func:`evaluate_plans`' FP32 outputs: (whole, kept, ``model``'s own). The kept ones
+    given (a metric scored alone) hold no whole outputs; with ``lockstep`` (one plan, no
+    engine) the FP32 model runs beside the plan instead (None here). The own outputs are
+    those computed here, or given with ``own_outputs`` (given ones may be another model's:
+    the fine-tune's drift)."""
+    if given_kept is not None:
+        return None, given_kept, None
+    ref = given or (None if lockstep else run_model(
+        (reference or model).proto, batches, label="fp32" if progress else ""))
+    own = ref if (given is None or own_outputs) and reference in (None, model) else None
+    return ref, None if ref is None else kept(ref, batches, keep), own
 
 
 def _kept_scorer(data: Dataset, only: str | None, task_only: bool, scaled: bool,
