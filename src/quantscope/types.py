@@ -26,6 +26,7 @@ Dataset        calibration + evaluation batches and the task scoring them
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -192,7 +193,15 @@ class Plan:
     pinned: tuple[tuple[str, tuple[float, float]], ...] = ()  # tensor -> (lo, hi), e.g. learned
 
     def precision_of(self, group: str) -> Precision:
-        return dict(self.overrides).get(group, self.default)
+        return self._by_group.get(group, self.default)
+
+    @functools.cached_property
+    def _by_group(self) -> dict[str, Precision]:
+        """The overrides as a dict, built once per plan (a plan is frozen; the cost model
+        asks for every group of every plan at every length: the dict built on each call
+        was a fifth of the deploy stage's cost table). Not a field: not in the plan's
+        equality, its digest or its file."""
+        return dict(self.overrides)
 
     @classmethod
     def uniform(cls, precision: Precision) -> Plan:

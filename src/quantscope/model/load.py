@@ -6,6 +6,7 @@ The returned :class:`Model` is never mutated after load; stages that change the 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +43,15 @@ class Model:
                 return numpy_helper.to_array(t)
         raise KeyError(name)
 
+    def initializer_dims(self, name: str) -> tuple[int, ...]:
+        """An initializer's shape, without reading its data (KeyError: no such one)."""
+        return self._dims[name]
+
+    @functools.cached_property
+    def _dims(self) -> dict[str, tuple[int, ...]]:
+        # the model is never mutated after load (module doc): its initializers' shapes hold
+        return {t.name: tuple(int(d) for d in t.dims) for t in self.graph.initializer}
+
     def input_names(self) -> tuple[str, ...]:
         inits = {t.name for t in self.graph.initializer}
         return tuple(i.name for i in self.graph.input if i.name not in inits)
@@ -50,7 +60,12 @@ class Model:
         return tuple(o.name for o in self.graph.output)
 
     def value_shapes(self) -> dict[str, tuple[int | str | None, ...]]:
-        """Static/symbolic shapes of every tensor that shape inference could type."""
+        """Static/symbolic shapes of every tensor that shape inference could type (a copy
+        of what is read once per model: the model is never mutated after load)."""
+        return dict(self._value_shapes)
+
+    @functools.cached_property
+    def _value_shapes(self) -> dict[str, tuple[int | str | None, ...]]:
         out: dict[str, tuple[int | str | None, ...]] = {}
         for vi in [*self.graph.input, *self.graph.value_info, *self.graph.output]:
             tt = vi.type.tensor_type

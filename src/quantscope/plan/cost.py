@@ -69,9 +69,10 @@ def group_work(
     values = _values(tensor_shapes.get(group.outputs[0]) if group.outputs else None)
     kind = op_kind(group)
     if model is not None and group.kind is GroupKind.WEIGHTED and group.weight is not None:
-        w = model.initializer_array(group.weight)
-        axis = (group.weight_axis or 0) % w.ndim
-        return float(w.size) * max(values / max(w.shape[axis], 1), 1.0)
+        dims = model.initializer_dims(group.weight)
+        axis = (group.weight_axis or 0) % max(len(dims), 1)
+        out_channels = dims[axis] if dims else 1
+        return float(math.prod(dims)) * max(values / max(out_channels, 1), 1.0)
     if model is not None and kind == "matmul" and group.inputs:
         inner = (tensor_shapes.get(group.inputs[0]) or (1,))[-1]
         return values * float(inner if isinstance(inner, int) and inner > 0 else 1)
@@ -106,8 +107,10 @@ def weight_count(group: Group, model: Model | None) -> float:
     """Weights a weighted group reads per frame (0 for other groups or without a model)."""
     if model is None or group.kind is not GroupKind.WEIGHTED or group.weight is None:
         return 0.0
-    return float(next((math.prod(t.dims) for t in model.graph.initializer
-                       if t.name == group.weight), 0))
+    try:
+        return float(math.prod(model.initializer_dims(group.weight)))
+    except KeyError:
+        return 0.0
 
 
 def weight_bytes(plan: Plan, groups: Groups, model: Model) -> float:
