@@ -99,11 +99,19 @@ def fixed(metric: str, v: Any) -> str:
 
 
 def spread(metric: str, se: Any) -> str:
-    """A standard error of ``metric``: ``1.2 pts`` for a share, else 4 decimals."""
+    """A standard error of ``metric``: ``1.2 pts`` for a share, else 4 decimals; one too
+    small for those digits keeps two significant ones (``0.030 pts``, ``0.000012``), so
+    only an error that is exactly 0 reads 0 (``0 pts``)."""
     x = num(se)
     if x is None:
         return DASH
-    return f"{100 * x:.1f} pts" if is_share(metric) else f"{x:.4f}"
+    share = is_share(metric)
+    x, unit, places = (100 * x, " pts", 1) if share else (x, "", 4)
+    if x == 0:
+        return "0" + unit
+    if abs(x) < 0.5 * 10 ** -places:  # two significant digits, never an exponent
+        places = 1 - math.floor(math.log10(abs(x)))
+    return f"{x:.{places}f}{unit}"
 
 
 def with_se(metric: str, v: Any, se: Any) -> str:
