@@ -14,3 +14,22 @@ def test_a_small_standard_error_is_not_printed_as_zero() -> None:
     assert fmt.spread("top1_agreement", 0.0) == "0 pts"  # exactly none
     assert fmt.spread("kl", 0.000012) == "0.000012"  # not 0.0000, not 1.2e-05
     assert fmt.spread("kl", 0.004) == "0.0040"
+
+
+def test_a_goal_reads_in_the_metrics_unit():
+    from quantscope.stages import goal_verdict
+
+    # it read "goal top1_agreement >= 0.97 reached: 0.9743"
+    done = goal_verdict({"chosen": {"measured": 0.9743}}, "top1_agreement", 0.97)
+    assert done["verdict"] == "goal top-1 agreement >= 97.0 % reached: 97.4 %"
+    missed = goal_verdict({"chosen": {"measured": 0.9}, "blockers": [
+        {"rule": "hailo.x", "groups": ["a"], "gain": 0.5}]}, "top1_agreement", 0.9725)
+    assert missed["verdict"].startswith(
+        "goal top-1 agreement >= 97.25 % NOT reached: best legal plan 90.0 %;")
+    db = goal_verdict({"chosen": {"measured": 31.26}}, "sqnr_db_channel_min", 30.0)
+    assert db["verdict"] == "goal worst-channel SQNR >= 30.0 dB reached: 31.3 dB"
+    assert fmt.goal("similarity_mae", 0.1, higher=False) == "similarity mae <= 0.1"
+    assert fmt.budget("top1_agreement", {"min_quality": 0.97, "max_cost": 1.5}) == \
+        "goal top-1 agreement >= 97.0 %, cost <= 1.5x"
+
+

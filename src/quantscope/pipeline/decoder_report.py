@@ -164,9 +164,9 @@ def _whatif_lines(w: dict[str, Any]) -> list[str]:
     lines.append("    (" + "; ".join(f"{r['label']}: {r['what']}" for r in w["variants"][1:]) + ")")
     reach = w.get("reach")
     if reach:
-        op = ">=" if METRICS[reach["metric"]].higher else "<="
         ship = reach["ship"]
-        lines.append(f"    goal {reach['metric']} {op} {_goal_value(reach['metric'], reach['goal'])}: "
+        said = fmt.goal(reach["metric"], reach["goal"], METRICS[reach["metric"]].higher)
+        lines.append(f"    goal {said}: "
                      + ("reached by no variant" if not reach["reach"] else
                         f"reached by {', '.join(reach['reach'])}; "
                         + (f"of them {', '.join(ship)} ship{'s' if len(ship) == 1 else ''} "

@@ -35,12 +35,14 @@ READABLE = {
     "cosine_mean": "cosine (mean)", "cosine_min": "cosine (min)", "sqnr_db": "output SQNR",
     "sqnr_db_channel_min": "worst-channel SQNR", "output_sqnr_db": "output SQNR",
     "decision_agreement": "decision agreement", "abs_err_max": "max |error|",
+    "detection_f1": "detection F1", "decode_top1": "decode top-1",
 }
 
 
 def label(key: str) -> str:
-    """A metric key as a column name a person reads (``top1_agreement`` -> top-1 agreement)."""
-    return READABLE.get(key, key.replace("_", " "))
+    """A metric key as a column name a person reads (``top1_agreement`` -> top-1 agreement);
+    a per-output key (``sqnr_db:1``) as written."""
+    return READABLE.get(key, key if ":" in key else key.replace("_", " "))
 
 
 def num(v: Any) -> float | None:
@@ -119,14 +121,26 @@ def with_se(metric: str, v: Any, se: Any) -> str:
     return f"{fixed(metric, v)} ± {spread(metric, se)}"
 
 
+def goal(metric: str, g: Any, higher: bool = True) -> str:
+    """A goal in words and the metric's unit: ``top-1 agreement >= 97.0 %``,
+    ``worst-channel SQNR >= 30.0 dB``, ``similarity mae <= 0.1``; a goal finer than one
+    decimal keeps its digits (``97.25 %``), so the text never shows a goal not asked."""
+    shown = value(metric, g)
+    x = num(g)
+    if x is not None and (is_share(metric) or is_db(metric)):
+        scaled = 100 * x if is_share(metric) else x
+        if abs(round(scaled, 1) - scaled) > 1e-9:
+            shown = f"{scaled:.6g}" + (" %" if is_share(metric) else " dB")
+    return f"{label(metric)} {'>=' if higher else '<='} {shown}"
+
+
 def budget(metric: str, b: dict[str, Any] | None, higher: bool = True) -> str:
     """A planner's budget (``{'min_quality': .., 'max_cost': ..}``) in words:
     ``goal top-1 agreement >= 97.0 %, cost <= 1.5x``; none set: ``none (best quality)``."""
     b = b or {}
     parts = []
     if num(b.get("min_quality")) is not None:
-        parts.append(f"goal {label(metric)} {'>=' if higher else '<='} "
-                     f"{value(metric, b['min_quality'])}")
+        parts.append(f"goal {goal(metric, b['min_quality'], higher)}")
     if num(b.get("max_cost")) is not None:
         parts.append(f"cost <= {num(b['max_cost']):g}x")
     return ", ".join(parts) or "none (best quality)"

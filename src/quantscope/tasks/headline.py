@@ -49,11 +49,6 @@ class Headline:
     goal_range: tuple[float, float] = _UNIT
     unit: str = ""  # "dB", or "" for a fraction / correlation / ratio
 
-    def goal_text(self, goal: float) -> str:
-        """``top1_agreement >= 0.97`` / ``sqnr_db >= 30 dB``."""
-        op = ">=" if self.higher_is_better else "<="
-        return f"{self.metric} {op} {goal:g}{' ' + self.unit if self.unit else ''}"
-
     def reached(self, value: float | None, goal: float) -> bool:
         if value is None or math.isnan(value):
             return False
