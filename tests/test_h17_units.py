@@ -33,3 +33,23 @@ def test_a_goal_reads_in_the_metrics_unit():
         "goal top-1 agreement >= 97.0 %, cost <= 1.5x"
 
 
+
+def test_the_decoder_search_reasons_write_shares_in_points() -> None:
+    from quantscope.pipeline.decoder_search import Figure, eliminate
+
+    figures = {("rotate", "smooth"): (0.80, 0.0003), ("smooth",): (0.70, 0.01),
+               ("rotate",): (0.8003, 0.0004)}
+
+    def measure(steps):
+        v = figures[steps]
+        return Figure(v[0], v[1], {"prefill": 1.4, "decode": 1.2}, "act16")
+
+    s = eliminate(("rotate", "smooth"), measure, metric="top1_agreement", higher=True,
+                  free=lambda steps: None)
+    # it read "kept: better with it by 0.1, more than one standard error of the difference
+    # (0.01); top1_agreement 0.8 (± 0.0003) with it, 0.7 (± 0.01) without"
+    assert s.decisions["rotate"] == (
+        "kept: better with it by 10.0 pts, more than one standard error of the difference "
+        "(1.0 pts); top1_agreement 80.0 % (± 0.030 pts) with it, 70.0 % (± 1.0 pts) without")
+    assert s.decisions["smooth"].startswith(
+        "dropped: worse with it by 0.030 pts; top1_agreement 80.0 % (± 0.030 pts) with it")

@@ -54,9 +54,7 @@ def _goal_value(metric: str, goal: float) -> str:
 
 
 def _goal_fig(metric: str, f: dict[str, Any]) -> str:
-    if fmt.is_share(metric):
-        return f"{fmt.value(metric, f['value'])} (± {fmt.spread(metric, f['se'])})"
-    return f"{f['value']:.4g} (± {f['se']:.2g})"
+    return fmt.with_se(metric, f["value"], f["se"], bracket=True)
 
 
 def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, Any],

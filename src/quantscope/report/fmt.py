@@ -101,7 +101,8 @@ def fixed(metric: str, v: Any) -> str:
 
 
 def spread(metric: str, se: Any) -> str:
-    """A standard error of ``metric``: ``1.2 pts`` for a share, else 4 decimals; one too
+    """A standard error of ``metric`` (or the size of a difference): ``1.2 pts`` for a
+    share, else 4 decimals; one too
     small for those digits keeps two significant ones (``0.030 pts``, ``0.000012``), so
     only an error that is exactly 0 reads 0 (``0 pts``)."""
     x = num(se)
@@ -116,9 +117,11 @@ def spread(metric: str, se: Any) -> str:
     return f"{x:.{places}f}{unit}"
 
 
-def with_se(metric: str, v: Any, se: Any) -> str:
-    """``93.2 % ± 1.2 pts`` (a share) or ``1.0123 ± 0.0040``."""
-    return f"{fixed(metric, v)} ± {spread(metric, se)}"
+def with_se(metric: str, v: Any, se: Any, *, bracket: bool = False) -> str:
+    """``93.2 % ± 1.2 pts`` (a share) or ``1.0123 ± 0.0040``; ``bracket``:
+    ``93.2 % (± 1.2 pts)``."""
+    shown, err = fixed(metric, v), spread(metric, se)
+    return f"{shown} (± {err})" if bracket else f"{shown} ± {err}"
 
 
 def goal(metric: str, g: Any, higher: bool = True) -> str:
