@@ -53,3 +53,21 @@ def test_the_decoder_search_reasons_write_shares_in_points() -> None:
         "(1.0 pts); top1_agreement 80.0 % (± 0.030 pts) with it, 70.0 % (± 1.0 pts) without")
     assert s.decisions["smooth"].startswith(
         "dropped: worse with it by 0.030 pts; top1_agreement 80.0 % (± 0.030 pts) with it")
+
+
+def test_the_decoder_plan_table_writes_shares_in_percent() -> None:
+    from quantscope.stages_llm import format_lm_quality  # plan --phase and plan.txt
+
+    row = {"top1_agreement": 0.9743, "top1_agreement_se": 0.0112, "kl": 0.0123,
+           "kl_se": 0.0012, "ppl_ratio": 1.0321, "ppl_ratio_se": 0.004, "positions": 512}
+    result = {"prefix": None, "setup": {"new_tokens": 16}, "plans": {"act16": {
+        "prefill": row, "decode_fp32_kv": {**row, "top1_agreement_se": 0.0003},
+        "decode_emu_kv": {k: v for k, v in row.items() if k != "top1_agreement_se"},
+        "greedy": {"greedy_agreement": 0.75, "greedy_agreement_se": 0.125, "prompts": 4}}}}
+    lines = format_lm_quality(result)
+    # it read "act16  prefill  0.974  0.0123  1.0321  (±0.011, ±0.0012, ±0.0040; 512)"
+    assert lines[2] == ("act16          prefill           97.4 %    0.0123     1.0321   "
+                        "(± 1.1 pts, ± 0.0012, ± 0.0040; 512)"), lines[2]
+    assert "(± 0.030 pts, ± 0.0012" in lines[3]
+    assert "(± —, ± 0.0012" in lines[4]  # not recorded: a dash, not ±0
+    assert lines[5] == "act16          greedy (16 tok)   75.0 %   (± 12.5 pts; 4 prompts)"
