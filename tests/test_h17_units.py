@@ -71,3 +71,78 @@ def test_the_decoder_plan_table_writes_shares_in_percent() -> None:
     assert "(± 0.030 pts, ± 0.0012" in lines[3]
     assert "(± —, ± 0.0012" in lines[4]  # not recorded: a dash, not ±0
     assert lines[5] == "act16          greedy (16 tok)   75.0 %   (± 12.5 pts; 4 prompts)"
+
+
+def _drawn(monkeypatch, module: str, name: str = "png_uri") -> list:
+    """The figures a report module draws (each still whole: its axes, bars, lines), kept
+    instead of encoded."""
+    import importlib
+
+    kept: list = []
+    monkeypatch.setattr(importlib.import_module(module), name,
+                        lambda fig: kept.append(fig) or "data:")
+    return kept
+
+
+def _fig(value: float, se: float) -> dict:
+    return {"value": value, "se": se}
+
+
+def test_the_decoder_report_plots_draw_shares_in_percent(monkeypatch) -> None:
+    from quantscope.report import decoder
+
+    drawn = _drawn(monkeypatch, "quantscope.report.decoder")
+    figures = {"ppl_ratio": _fig(1.05, 0.004), "top1_agreement": _fig(0.931, 0.011),
+               "decode_top1": _fig(0.901, 0.021), "greedy_agreement": _fig(0.75, 0.05)}
+    verdict = {"figures": figures, "metric": "top1_agreement", "goal": 0.9, "w4": {}}
+    decoder.figures_plot(verdict)
+    axes = {ax.get_title(): ax for ax in drawn[0].axes}
+    # they drew 0.931 on an axis titled "prefill top-1" while the tables say 93.1 %
+    top1 = axes["prefill top-1 (%)"]
+    assert [round(p.get_height(), 6) for p in top1.patches] == [93.1]
+    assert [round(y, 6) for y in top1.get_lines()[-1].get_ydata()] == [90.0, 90.0]  # goal
+    caps = [y for line in top1.get_lines()[:-1] for y in line.get_ydata()]  # ± 2 SE
+    assert sorted(round(y, 6) for y in caps) == [90.9, 95.3]
+    assert [round(p.get_height(), 6) for p in axes["prefill perplexity ratio"].patches] == [1.05]
+    assert "greedy matched prefix (%)" in axes and "decode top-1 (emulated KV) (%)" in axes
+    w = {"setup": {"evaluation": 4, "steps": 8}, "max_cost": 1.5, "variants": [
+        {"label": "plan", "what": "the plan", "figures": figures, "costs": {"prefill": 1.4},
+         "ships": True, "rules": []}]}
+    decoder.whatif_section(w, verdict)
+    axes = {ax.get_title(): ax for ax in drawn[1].axes}
+    assert [round(p.get_width(), 6) for p in axes["decode top-1 (emulated KV) (%)"].patches] \
+        == [90.1]
+
+
+def test_the_run_report_plots_draw_shares_in_percent(monkeypatch) -> None:
+    from quantscope.report import plots
+
+    drawn = _drawn(monkeypatch, "quantscope.report.plots", "_png")
+    plots.headroom_plot("top1_agreement", 0.93, {"goal": 0.97, "needed": 0.5, "rows": [
+        {"scale": 0.5, "top1_agreement": 0.97}, {"scale": 0.25, "top1_agreement": 0.99}]})
+    ax = drawn[0].axes[0]
+    assert ax.get_ylabel() == "top1_agreement (%)"
+    assert [round(y, 6) for y in ax.get_lines()[0].get_ydata()] == [93.0, 97.0, 99.0]
+    pareto = {"metric": "output_sqnr_db", "points": [
+        {"cost": 1.0, "predicted": 20.0, "measured": 0.91},
+        {"cost": 1.3, "predicted": 25.0, "measured": 0.95}], "chosen": {"cost": 1.3,
+                                                                      "measured": 0.95}}
+    plots.pareto_plot(pareto, "top1_agreement")
+    left, right = drawn[1].axes
+    assert left.get_ylabel() == "predicted output_sqnr_db"  # dB stays dB
+    assert right.get_ylabel() == "measured top1_agreement (%)"
+    assert [round(y, 6) for y in right.get_lines()[0].get_ydata()] == [91.0, 95.0]
+    plots.sensitivity_plot([{"group": "g", "enable_one": {"top1_agreement": 0.8},
+                             "disable_one": {"top1_agreement": 0.9}}], "top1_agreement")
+    ax = drawn[2].axes[0]
+    assert ax.get_xlabel() == "top1_agreement (%)"
+    assert sorted(round(p.get_width(), 6) for p in ax.patches) == [80.0, 90.0]
+    from quantscope.report import build
+
+    drawn = _drawn(monkeypatch, "quantscope.report.build", "_png")
+    build.plan_section({"target": "hailo8", "default": "a8_w8", "groups": {}, "pareto": {
+        **pareto, "measured_metric": "top1_agreement"}})
+    left, right = drawn[0].axes
+    assert (left.get_ylabel(), right.get_ylabel()) == ("output_sqnr_db",
+                                                        "measured task metric (%)")
+    assert [round(y, 6) for y in right.get_lines()[0].get_ydata()] == [91.0, 95.0]

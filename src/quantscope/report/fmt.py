@@ -137,6 +137,14 @@ def goal(metric: str, g: Any, higher: bool = True) -> str:
     return f"{label(metric)} {'>=' if higher else '<='} {shown}"
 
 
+def axis(metric: str, text: str | None = None) -> tuple[float, str]:
+    """How a plot draws ``metric``: the factor on its values (and errors, goals) and the
+    axis label (``text``, else the key): a share in percent, ``top-1 agreement (%)``, as
+    the tables beside it; anything else as it is."""
+    share = is_share(metric)
+    return (100.0 if share else 1.0), (text or metric) + (" (%)" if share else "")
+
+
 def budget(metric: str, b: dict[str, Any] | None, higher: bool = True) -> str:
     """A planner's budget (``{'min_quality': .., 'max_cost': ..}``) in words:
     ``goal top-1 agreement >= 97.0 %, cost <= 1.5x``; none set: ``none (best quality)``."""
