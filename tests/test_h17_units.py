@@ -3,7 +3,10 @@ errors in points, JSON 0-1 (h17)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from quantscope.report import fmt
+from quantscope.types import Outputs
 
 
 def test_a_small_standard_error_is_not_printed_as_zero() -> None:
@@ -146,3 +149,42 @@ def test_the_run_report_plots_draw_shares_in_percent(monkeypatch) -> None:
     assert (left.get_ylabel(), right.get_ylabel()) == ("output_sqnr_db",
                                                         "measured task metric (%)")
     assert [round(y, 6) for y in right.get_lines()[0].get_ydata()] == [91.0, 95.0]
+
+
+def _outputs(name: str, arr: np.ndarray) -> Outputs:
+    return Outputs(names=(name,), batches=((arr.astype(np.float32),),))
+
+
+def test_the_tasks_notes_write_shares_in_percent() -> None:
+    from quantscope.tasks.classes import ClassTask
+    from quantscope.tasks.detection import DetectionLayout, DetectionTask
+    from quantscope.tasks.maps import ScoreTask
+    from quantscope.tasks.metrics import resemblance_note
+
+    ref = np.eye(4)[[0, 1, 2, 3, 0, 1, 2, 3]] + 0.1
+    test = np.eye(4)[[0, 1, 2, 3, 1, 2, 3, 0]] + 0.1  # 4 of 8 top classes change
+    m = ClassTask(name="c", output="y").metrics(_outputs("y", ref), _outputs("y", test))
+    # it read "(top-1 agreement 0.500 < 0.9)"
+    assert any("(top-1 agreement 50.0 % < 95.0 %)" in n for n in m.notes), m.notes
+    p = np.array([0.9, 0.8, 0.2, 0.1])
+    s = ScoreTask(name="s", output="p").metrics(_outputs("p", p), _outputs("p", 1 - p))
+    assert any("(agreement 0.0 % < 95.0 %)" in n for n in s.notes), s.notes
+    a = 3
+    boxes = np.stack([20.0 * np.arange(a) + 5, np.full(a, 5.0), np.full(a, 10.0),
+                      np.full(a, 10.0)])
+    ref_d = np.concatenate([boxes, [[0.9, 0.1, 0.6], [0.1, 0.8, 0.1]]])[None]
+    test_d = np.concatenate([boxes, [[0.9, 0.1, 0.1], [0.1, 0.1, 0.7]]])[None]
+    d = DetectionTask(name="d", output="det", layout=DetectionLayout()).metrics(
+        _outputs("det", ref_d), _outputs("det", test_d))
+    # it read "detections F1 0.400 vs FP32 (recall 0.333, …) < 0.9"
+    assert any("detections F1 40.0 % vs FP32 (recall 33.3 %, 2 kept vs FP32's 3) < 90.0 %"
+               in n for n in d.notes), d.notes
+    note = resemblance_note(0.95, agreement=0.004, candidates=1000)
+    assert "top-1 agreement with FP32 0.4 % is near chance (0.1 %)" in note, note
+    from quantscope.emulate.channels import ScalarFidelity
+
+    f = ScalarFidelity()
+    f.add(np.array([0.9, 0.8, 0.2, 0.1, 0.7], np.float32),
+          np.array([0.9, 0.8, 0.2, 0.6, 0.7], np.float32))
+    line = f.notes("p")[0][0]
+    assert "; 80.0 % of samples decided as FP32 at threshold 0.5" in line, line

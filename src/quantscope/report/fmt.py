@@ -13,19 +13,21 @@ absent             ``—`` (None, NaN, a missing cell); the tables say so in a l
 from __future__ import annotations
 
 import math
-import numbers
 import re
 from typing import Any
 
-DASH = "—"
-DASH_LEGEND = f"{DASH}: not measured or not applicable"
+from quantscope.units import (  # noqa: F401 - the facts, re-exported for the report
+    DASH,
+    SHARES,
+    gain,
+    is_db,
+    is_share,
+    num,
+    plain,
+    value,
+)
 
-SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "recall@", "decision_agreement", "tar_at_far", "detection_f1",
-          "detection_recall", "detection_precision", "pixel_flip_share", "match_rate",
-          "score_side_agreement", "decode_top1", "greedy_agreement")
-"""Metric keys (or prefixes) that are a share of the samples: shown in percent (a decoder's
-``decode_top1``: top-1 agreement on the decode steps; ``greedy_agreement``: the share of
-greedy tokens in the prefix matching FP32's)."""
+DASH_LEGEND = f"{DASH}: not measured or not applicable"
 
 READABLE = {
     "top1_agreement": "top-1 agreement", "recall@1": "recall@1", "recall@1_fp32":
@@ -43,52 +45,6 @@ def label(key: str) -> str:
     """A metric key as a column name a person reads (``top1_agreement`` -> top-1 agreement);
     a per-output key (``sqnr_db:1``) as written."""
     return READABLE.get(key, key if ":" in key else key.replace("_", " "))
-
-
-def num(v: Any) -> float | None:
-    """A finite float, or None (absent, NaN, a bool, a string); numpy scalars count."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        return None
-    return float(v) if math.isfinite(v) else None
-
-
-def is_share(metric: str) -> bool:
-    base = metric.split(":")[0]
-    return any(base == s or (s.endswith("@") and base.startswith(s)) for s in SHARES)
-
-
-def is_db(metric: str) -> bool:
-    base = metric.split(":")[0]
-    return "sqnr" in base or base.endswith("_db")
-
-
-def value(metric: str, v: Any) -> str:
-    """``v`` of ``metric`` in its unit: ``72.7 %``, ``17.6 dB``, ``0.9731``, a count whole
-    (``12840``), or ``—``."""
-    if isinstance(v, float) and math.isinf(v):
-        return ("+" if v > 0 else "-") + "inf dB" if is_db(metric) else str(v)
-    x = num(v)
-    if x is None:
-        return DASH
-    if is_share(metric):
-        return f"{100 * x:.1f} %"
-    if is_db(metric):
-        return f"{x:.1f} dB"
-    if x.is_integer() and abs(x) < 1e15:  # a count (detections_fp32): whole, not 1.284e+04
-        return str(int(x))
-    return plain(x)
-
-
-def gain(metric: str, g: Any) -> str:
-    """A difference of ``metric``: ``+3.0 pts`` (shares), ``+1.2 dB``, ``+0.0021``."""
-    x = num(g)
-    if x is None:
-        return DASH
-    if is_share(metric):
-        return f"{100 * x:+.1f} pts"
-    if is_db(metric):
-        return f"{x:+.1f} dB"
-    return f"{x:+.4g}"
 
 
 def fixed(metric: str, v: Any) -> str:
@@ -166,19 +122,6 @@ def phase_costs(costs: dict[str, Any]) -> str:
     """A plan's cost per phase (``1.49x / 1.29x``); a phase with float groups has no cost
     (infinite, or null read back from JSON): ``float``."""
     return " / ".join("float" if num(c) is None else f"{num(c):.2f}x" for c in costs.values())
-
-
-def plain(v: Any) -> str:
-    """Any cell: floats at 4 significant digits, None/NaN as ``—``, the rest as text."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return DASH
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, str) and v.lower() in ("none", "nan"):
-        return DASH
-    return str(v)
 
 
 def short_names(names: list[str], width: int = 24) -> list[str]:

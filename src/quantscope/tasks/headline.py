@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from quantscope.types import PooledEmbedding, QuantscopeError, RowScoring, Task
+from quantscope.units import is_db
 
 # The headline of tensor data with no task: the worst channel's SQNR in dB over every
 # output (a mixed-scale output hides a lost channel in the whole-output ``sqnr_db``).
@@ -98,8 +99,7 @@ def describe_metric(metric: str) -> Headline:
     if metric in KNOWN_METRICS:
         higher, rng = KNOWN_METRICS[metric]
         return Headline(metric, higher, rng)
-    base = metric.split(":")[0]  # per-output keys: sqnr_db:1
-    if "sqnr" in base or base.endswith("_db"):
+    if is_db(metric):  # per-output keys too: sqnr_db:1
         return Headline(metric, True, _UNIT, "dB")
     return Headline(metric)
 
