@@ -188,3 +188,14 @@ def test_the_tasks_notes_write_shares_in_percent() -> None:
           np.array([0.9, 0.8, 0.2, 0.6, 0.7], np.float32))
     line = f.notes("p")[0][0]
     assert "; 80.0 % of samples decided as FP32 at threshold 0.5" in line, line
+
+
+def test_the_demo_console_table_writes_shares_in_percent() -> None:
+    from quantscope.demo import format_table
+
+    metrics = {"recall@1": 0.389, "top1_agreement": 0.974, "embedding_cosine_mean": 0.99123,
+               "embedding_cosine_min": 0.9, "norm_cv": 0.05, "collapsed": False}
+    row = format_table({"a8_w8": {"metrics": metrics}}).splitlines()[2]
+    # it read "0.389  97.4%": recall@1 0-1 beside a percent without its space
+    assert row.split()[1:5] == ["38.9", "%", "97.4", "%"], row
+    assert "0.9912" in row
