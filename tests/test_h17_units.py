@@ -25,10 +25,14 @@ def test_a_goal_reads_in_the_metrics_unit():
     # it read "goal top1_agreement >= 0.97 reached: 0.9743"
     done = goal_verdict({"chosen": {"measured": 0.9743}}, "top1_agreement", 0.97)
     assert done["verdict"] == "goal top-1 agreement >= 97.0 % reached: 97.4 %"
-    missed = goal_verdict({"chosen": {"measured": 0.9}, "blockers": [
-        {"rule": "hailo.x", "groups": ["a"], "gain": 0.5}]}, "top1_agreement", 0.9725)
-    assert missed["verdict"].startswith(
-        "goal top-1 agreement >= 97.25 % NOT reached: best legal plan 90.0 %;")
+    missed = goal_verdict({"chosen": {"measured": 0.9}, "metric": "output_sqnr_db", "blockers": [
+        {"rule": "hailo.x", "groups": ["a"], "gain": 2.84}]}, "top1_agreement", 0.9725)
+    assert missed["verdict"] == (
+        "goal top-1 agreement >= 97.25 % NOT reached: best legal plan 90.0 %; binding: "
+        "hailo.x blocks 1 promotion(s) worth +2.8 dB predicted (in the analysis' metric)")
+    on_task = goal_verdict({"chosen": {"measured": 0.9}, "metric": "top1_agreement", "blockers": [
+        {"rule": "hailo.x", "groups": ["a"], "gain": 0.031}]}, "top1_agreement", 0.95)
+    assert on_task["verdict"].endswith("worth +3.1 pts predicted (in the analysis' metric)")
     db = goal_verdict({"chosen": {"measured": 31.26}}, "sqnr_db_channel_min", 30.0)
     assert db["verdict"] == "goal worst-channel SQNR >= 30.0 dB reached: 31.3 dB"
     assert fmt.goal("similarity_mae", 0.1, higher=False) == "similarity mae <= 0.1"

@@ -64,14 +64,15 @@ def _keep_finetune(pareto: dict[str, Any]) -> bool:
     better, faithful = at_least(after, base), at_least(drift, after)
     keep = ft.get("skipped") is None and better and faithful
     ft["kept"] = keep
-    m = str(ft.get("metric") or pareto.get("metric"))
+    m = str(ft.get("metric") or pareto.get("measured_metric"))  # the figures' metric
     if not keep and ft.get("skipped") is None:
         ft["dropped"] = (
-            f"measured {fmt.value(m, after)} with finetune against {fmt.value(m, base)} without"
-            if not better else
+            f"measured {fmt.value(m, after)} with finetune against {fmt.value(m, base)} "
+            "without" if not better else
             f"its fine-tuned FP32 model measures {fmt.value(m, drift)} against the original, "
             f"worse than the fine-tuned plan's {fmt.value(m, after)}: the float model leans on "
-            "the 8-bit grid and is no faithful fallback") + ": the plan returned is the one without it"
+            "the 8-bit grid and is no faithful fallback"
+        ) + ": the plan returned is the one without it"
     return keep
 
 
@@ -105,7 +106,8 @@ def goal_verdict(result: dict[str, Any], metric: str | Headline, goal: float, *,
     else:
         top = blockers[0] if blockers else None
         why = (f"binding: {top['rule']} blocks {len(top['groups'])} promotion(s) worth "
-               f"{top['gain']:.3g} predicted" if top else "binding: no promotion left")
+               f"{fmt.gain(str(result.get('metric', '')), top['gain'])} predicted (in the "
+               "analysis' metric)" if top else "binding: no promotion left")
         verdict = f"goal {said} NOT reached: best legal plan {fmt.value(metric, best)}; {why}"
     out = {"metric": metric, "unit": h.unit, "value": goal, "reached": reached,
            "verdict": verdict,
