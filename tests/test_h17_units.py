@@ -203,3 +203,16 @@ def test_the_demo_console_table_writes_shares_in_percent() -> None:
     # it read "0.389  97.4%": recall@1 0-1 beside a percent without its space
     assert row.split()[1:5] == ["38.9", "%", "97.4", "%"], row
     assert "0.9912" in row
+
+
+def test_a_dropped_fine_tune_says_its_figures_in_their_metric() -> None:
+    from quantscope.stages import _keep_finetune
+
+    # the record names no metric: the figures are the plan's measured metric, not the
+    # analysis' (output_sqnr_db: it read "measured 0.85 with finetune against 0.9 without")
+    worse = {"chosen": {"measured": 0.9}, "metric": "output_sqnr_db",
+             "measured_metric": "top1_agreement",
+             "finetune": {"before": 0.8, "after": 0.85, "skipped": None}}
+    assert not _keep_finetune(worse)
+    assert worse["finetune"]["dropped"].startswith(
+        "measured 85.0 % with finetune against 90.0 % without")
