@@ -216,3 +216,34 @@ def test_a_dropped_fine_tune_says_its_figures_in_their_metric() -> None:
     assert not _keep_finetune(worse)
     assert worse["finetune"]["dropped"].startswith(
         "measured 85.0 % with finetune against 90.0 % without")
+
+
+def test_a_repair_offer_says_its_measurements_in_their_units() -> None:
+    import tiny_models
+    from test_repair_split import residual_block
+
+    from quantscope.calibrate.collect import calibrate
+    from quantscope.model.groups import find_groups
+    from quantscope.stages import Dataset, evaluate_plan, plan_repair_offer
+    from quantscope.targets import load_target
+    from quantscope.tasks.classes import ClassTask
+    from quantscope.types import Plan, Precision, Sensitivity
+
+    model = residual_block()
+    feeds = tuple(tiny_models.sample_inputs(model.proto, seed=i) for i in range(3))
+    data = Dataset("tiny", calibration=feeds, evaluation=feeds,
+                   task=ClassTask(name="c", output="out"))  # a class per position
+    stats = calibrate(model, find_groups(model), iter(feeds))
+    target = load_target("ort-cpu")
+    low = Plan(default=Precision.A8_W8, target=target.name)
+    base = evaluate_plan(model, data, stats, low, scheme=target.scheme)["metrics"]
+    sens = Sensitivity.from_gains("sqnr_db", base["sqnr_db"], {
+        g: {"a16_w16": 1.0} for g in find_groups(model).names()})
+    offer = plan_repair_offer(model, data, stats, sens, target, ("split",), list(feeds),
+                              task_metric="top1_agreement")
+    row = {r["name"]: r for r in offer.measured}["split"]
+    before, after = row["top1_agreement"]
+    # it read "sqnr_db 11.37 -> 18.5, top1_agreement 0.8275 -> 0.9217"
+    assert (f"top1_agreement {100 * before:.1f} % -> {100 * after:.1f} %"
+            in offer.options[0].reason), offer.options[0].reason
+    assert f"sqnr_db {row['sqnr_db'][0]:.1f} dB -> " in offer.options[0].reason
