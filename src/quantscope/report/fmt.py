@@ -1,4 +1,6 @@
-"""One number format for the report and the verdict.
+"""One number format for the report and the verdict (which metrics are shares or dB, and
+a value or a difference in its unit, come from :mod:`quantscope.units`, the bottom layer,
+so that tasks and plans write them alike).
 
 =================  ===============================================================
 share metrics      (top-1 agreement, recall@k, decision agreement …: a share of the
@@ -58,9 +60,8 @@ def fixed(metric: str, v: Any) -> str:
 
 def spread(metric: str, se: Any) -> str:
     """A standard error of ``metric`` (or the size of a difference): ``1.2 pts`` for a
-    share, else 4 decimals; one too
-    small for those digits keeps two significant ones (``0.030 pts``, ``0.000012``), so
-    only an error that is exactly 0 reads 0 (``0 pts``)."""
+    share, else 4 decimals; one too small for those digits keeps two significant ones
+    (``0.030 pts``, ``0.000012``), so only an error that is exactly 0 reads 0 (``0 pts``)."""
     x = num(se)
     if x is None:
         return DASH
