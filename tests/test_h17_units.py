@@ -40,7 +40,6 @@ def test_a_goal_reads_in_the_metrics_unit():
         "goal top-1 agreement >= 97.0 %, cost <= 1.5x"
 
 
-
 def test_the_decoder_search_reasons_write_shares_in_points() -> None:
     from quantscope.pipeline.decoder_search import Figure, eliminate
 
