@@ -11,6 +11,7 @@ import pytest
 import tiny_models as tm
 
 from quantscope.cli import main
+from quantscope.report import fmt
 from quantscope.serde import read_json, read_plan
 from quantscope.types import QuantscopeError
 
@@ -47,26 +48,24 @@ def test_goal_ranges_follow_the_metric():
         headline_of(None).check_goal(2.0)
     headline_of(None).check_goal(30.0)
     h = Headline("similarity_mae", higher_is_better=False, goal_range=(0.0, 2.0))
-    assert h.goal_text(0.1) == "similarity_mae <= 0.1"
+    assert fmt.goal(h.metric, 0.1, h.higher_is_better) == "similarity mae <= 0.1"
     assert h.reached(0.05, 0.1) and not h.reached(0.2, 0.1) and not h.reached(math.nan, 0.1)
-    assert describe_metric("sqnr_db:1").goal_text(30) == "sqnr_db:1 >= 30 dB"
+    assert fmt.goal("sqnr_db:1", 30) == "sqnr_db:1 >= 30.0 dB"
 
 
 def test_uniform_a8_w8_at_the_goal_buys_no_cost(tmp_path, capsys):
     m, x = _inputs(tmp_path)
     out = tmp_path / "W"
     assert main(_run(m, x, out, "--goal", "20", "--repairs", "none")) == 0
-    from quantscope.tasks.headline import TENSOR_HEADLINE as M
-
     cap = capsys.readouterr()
     text = cap.out
-    assert f"goal: {M} >= 20 dB on the held-out data" in cap.err  # said before the work
+    assert "goal: worst-channel SQNR >= 20.0 dB on the held-out data" in cap.err  # before the work
     plan = read_plan(out / "plan.json")
     assert plan.overrides == () and plan.default.value == "a8_w8"  # nothing promoted
     v = read_json(out / "verdict.json", "verdict")
     assert v["uniform_meets_goal"] and v["reached"] and v["cost"] == 1.0
     assert v["unit"] == "dB"
-    assert f"verdict: goal {M} >= 20 dB REACHED" in text
+    assert "verdict: goal worst-channel SQNR >= 20.0 dB REACHED" in text
     assert "the plan is uniform a8_w8" in text
     pareto = read_json(out / "plan.json", "plan")["pareto"]
     assert "reached by uniform a8_w8" in pareto["goal"]["verdict"]

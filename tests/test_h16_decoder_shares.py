@@ -76,7 +76,7 @@ def test_decoder_verdict_writes_shares_in_percent(verdict) -> None:
     assert "top1_agreement 88.8 % ± 1.1 pts (plan 93.1 %)" in text  # as scripted
     assert "the goal as scripted: MISSED (top1_agreement 88.8 % ± 1.1 pts" in text
     assert "top1_agreement 93.1 % ± 1.1 pts  decode_top1 90.1 % ± 2.1 pts" in text  # whatif
-    assert "goal top1_agreement >= 90.0 %: reached by plan" in text
+    assert "goal top-1 agreement >= 90.0 %: reached by plan" in text
     assert "measured: ppl_ratio 1.0500 (± 0.0040), top1_agreement 88.4 % (± 1.1 pts)" in text
     assert not any(f"{x:.4f}" in text for x in (0.9312, 0.9012, 0.8876, 0.75, 0.884, 0.0112))
 

@@ -99,6 +99,6 @@ def test_the_readme_opens_with_the_one_command_and_the_verdict_of_its_real_run()
     block = first[first.index("```text\n") + 8:]
     block = block[: block.index("```")]
     assert block.rstrip("\n") == format_verdict(json.loads(RUN_VERDICT.read_text()))
-    assert block.startswith("verdict: goal top1_agreement >= 0.97 ")
+    assert block.startswith("verdict: goal top-1 agreement >= 97.0 % ")
     assert "](docs/expert.md)" in first
     assert "quantscope calibrate" not in text.split("## What `run` does", 1)[0]

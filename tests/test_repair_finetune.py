@@ -74,7 +74,7 @@ def test_a_finetune_that_measures_worse_is_dropped():
     assert not _keep_finetune(worse)
     assert "0.85 with finetune against 0.9 without" in worse["finetune"]["dropped"]
     assert goal_verdict(worse, "top1_agreement", 0.95)["verdict"].endswith(
-        "best legal plan 0.9; binding: no promotion left")
+        "best legal plan 90.0 %; binding: no promotion left")
     better = {"chosen": {"measured": 0.9}, "finetune": {"before": 0.8, "after": 0.95}}
     assert _keep_finetune(better) and "dropped" not in better["finetune"]
     assert goal_verdict(better, "top1_agreement", 0.95)["reached"]
@@ -88,8 +88,8 @@ def test_a_finetune_that_measures_worse_is_dropped():
                "finetune": {"metric": "top1_agreement", "before": 0.893, "after": 0.898,
                             "fp32_drift": {"top1_agreement": 0.77}}}
     assert not _keep_finetune(drifted)
-    assert "FP32 model measures 0.77 against the original, worse than the fine-tuned plan's " \
-        "0.898" in drifted["finetune"]["dropped"]
+    assert "FP32 model measures 77.0 % against the original, worse than the fine-tuned " \
+        "plan's 89.8 %" in drifted["finetune"]["dropped"]
     faithful = {"chosen": {"measured": 0.942},
                 "finetune": {"metric": "top1_agreement", "before": 0.942, "after": 0.946,
                              "fp32_drift": {"top1_agreement": 0.956}}}

@@ -89,7 +89,7 @@ def _verdict(**kw):
 def test_the_console_verdict_is_short_and_leads_with_the_held_out_figure():
     lines = summary.format_short(_verdict())
     assert len(lines) <= 8 and sum(map(len, lines)) < 1200
-    assert lines[0].startswith("verdict: goal top1_agreement >= 0.97 NOT reached")
+    assert lines[0].startswith("verdict: goal top-1 agreement >= 97.0 % NOT reached")
     assert "72.7 % (n=250 held-out pairs; fp32 100.0 %; a8_w8 61.0 %)" in lines[0]
     assert lines[-1] == "  details: verdict.json, report.html"
     binds = next(line for line in lines if "binds" in line)

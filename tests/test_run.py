@@ -60,7 +60,7 @@ def test_run_end_to_end_then_skips_then_forces(tmp_path, capsys):
     assert verdict["reached"] is (verdict["quality"]["plan"][key] >= 30)
     assert list(verdict["compiler_files"]) == ["repaired.onnx", "model.alls", "quantized.qdq.onnx"]
     assert [r["role"] for r in verdict["io"]] == ["input", "output"]
-    assert "verdict: goal sqnr_db_channel_min >= 30" in text and "repaired.onnx" in text
+    assert "verdict: goal worst-channel SQNR >= 30.0 dB" in text and "repaired.onnx" in text
     assert "uint8 (0..255)" in text
     check = json.loads((out / "check.json").read_text())
     assert check["rules"] and all("provenance" in r and "passed" in r for r in check["rules"])
@@ -187,7 +187,7 @@ def test_minilm_l3_on_stdlib_docs_for_hailo10h(tmp_path, capsys):
     assert v["ships"] == "plan" or v["headline"]["value"] == \
         v["deployment"]["value"]
     assert [r["tensor"] for r in v["io"] if r["role"] == "output"] == ["last_hidden_state"]
-    assert "verdict: goal top1_agreement >= 0.9" in text and "model.alls" in text
+    assert "verdict: goal top-1 agreement >= 90.0 %" in text and "model.alls" in text
     ev = read_json(out / "evaluate.json", "evaluate")
     script = (out / "model.alls").read_text()
     default = re.search(r"quantization_param\(\{\*\}, precision_mode=(\w+)\)", script)

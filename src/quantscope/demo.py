@@ -15,13 +15,14 @@ from quantscope import stages
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.types import GroupKind, Plan, Precision
+from quantscope.units import value as in_unit
 
 DEFAULT_MODEL = "minilm-l6"
 DEFAULT_DATA = "stdlib-docs"
 
-COLUMNS = (
-    ("recall@1", "recall@1", "{:.3f}"),
-    ("top-1 agree", "top1_agreement", "{:.1%}"),
+COLUMNS = (  # a share's format is its unit's (quantscope.units.value: 97.4 %)
+    ("recall@1", "recall@1", "share"),
+    ("top-1 agree", "top1_agreement", "share"),
     ("cos mean", "embedding_cosine_mean", "{:.4f}"),
     ("cos min", "embedding_cosine_min", "{:.4f}"),
     ("norm CV", "norm_cv", "{:.3f}"),
@@ -45,10 +46,10 @@ def demo_plans(model: Model) -> dict[str, Plan]:
     }
 
 
-def _cell(fmt: str, value: Any) -> str:
+def _cell(fmt: str, key: str, value: Any) -> str:
     if fmt == "{}":
         return "YES" if value else "no"
-    return fmt.format(value)
+    return in_unit(key, value) if fmt == "share" else fmt.format(value)
 
 
 def format_table(results: dict[str, dict[str, Any]]) -> str:
@@ -56,7 +57,8 @@ def format_table(results: dict[str, dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for label, r in results.items():
         m = r["metrics"]
-        cells = "".join(f"{_cell(fmt, m.get(key, float('nan'))):>13}" for _, key, fmt in COLUMNS)
+        cells = "".join(f"{_cell(fmt, key, m.get(key, float('nan'))):>13}"
+                        for _, key, fmt in COLUMNS)
         lines.append(f"{label:<22}{cells}")
     return "\n".join(lines)
 

@@ -51,10 +51,14 @@ from quantscope.plan.phase_search import (
     with_units,
 )
 from quantscope.plan.phases import PhaseCheck, check_phases
+from quantscope.report.phase_plan import (  # noqa: F401 - re-exported (plan --phase, run)
+    format_lm_quality,
+    format_phase_checks,
+    format_phase_plan,
+)
 from quantscope.targets import load_target
 from quantscope.tasks.lm import DEFAULT_SEQ_LEN, TokenWindows, load_lm_tokenizer, token_windows
 from quantscope.tasks.lm_phases import (
-    LM_PHASES,
     OpenPhase,
     calibrate_phases,
     evaluate_lm_plans,
@@ -316,61 +320,6 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
                **({"prefix": kv.to_dict()} if kv else {})}
     return PhasePlan(choose(candidates, results, max_cost), candidates, quality, diagnosis,
                      max_cost, kv, stats)
-
-
-def format_phase_plan(out: PhasePlan) -> list[str]:
-    """The candidates' cost and legality per phase, then the measured ones' quality."""
-    phases = [c.phase for c in out.candidates[0].checks]
-    head = "".join(f" {p + ' cost':>13} {'errors':>6}" for p in phases)
-    width = max(12, *(len(c.label) for c in out.candidates))
-    lines = [f"{'candidate':<{width}} {'16-bit':>6}{head}  kept (cap {out.max_cost}x, no error)"]
-    for c in out.candidates:
-        n16 = len({unit_of(n) for k in c.checks for n, _ in c.plan.for_phase(k.phase).overrides}
-                  ) if c.plan.default is Precision.A8_W8 else "all"
-        cells = "".join(f" {k.cost:>12.2f}x {k.errors:>6}" for k in c.checks)
-        rules = sorted({p.rule for k in c.checks for p in k.problems if p.severity == "error"})
-        why = "yes" if c.kept(out.max_cost) else "no" + (f" ({', '.join(rules)})" if rules
-                                                        else " (cost)")
-        lines.append(f"{c.label:<{width}} {n16!s:>6}{cells}  {why}")
-    lines.append("measured on " + out.quality["data"] + " (top-1 agreement with FP32, KL, "
-                 "perplexity ratio):")
-    lines += format_lm_quality(out.quality)
-    lines.append(f"chosen: {out.chosen.label} ({SELECTION})")
-    return lines
-
-
-def format_phase_checks(checks: tuple[PhaseCheck, ...]) -> list[str]:
-    lines = []
-    for c in checks:
-        lines.append(f"{c.phase} (seq-len {c.seq_len}): cost {c.cost:.2f}x a8_w8, "
-                     f"{c.errors} error(s), {len(c.problems) - c.errors} warning(s), "
-                     f"weights {c.weight_bytes / 1e6:.1f} MB")
-        lines += [f"  {p.severity}: [{p.rule}] {p.group}: {p.reason}" for p in c.problems]
-    return lines
-
-
-def format_lm_quality(result: dict[str, Any]) -> list[str]:
-    """Per plan and phase the figures, then their standard errors over windows / prompts."""
-    lines = [format_prefix(result.get("prefix")),
-             f"{'plan':<14} {'phase':<16} {'top-1':>7} {'KL':>9} {'ppl ratio':>10}   "
-             "(± standard error; positions)"]
-    for label, res in result["plans"].items():
-        for phase in LM_PHASES:
-            v = res[phase]
-            lines.append(f"{label:<14} {phase:<16} {v['top1_agreement']:>7.3f} "
-                         f"{v['kl']:>9.4f} {v['ppl_ratio']:>10.4f}   "
-                         f"(±{v.get('top1_agreement_se', 0):.3f}, ±{v.get('kl_se', 0):.4f}, "
-                         f"±{v.get('ppl_ratio_se', 0):.4f}; {v['positions']:.0f})")
-        g = res["greedy"]
-        greedy = f"greedy ({result['setup']['new_tokens']} tok)"
-        lines.append(f"{label:<14} {greedy:<16} {g['greedy_agreement']:>7.3f}   "
-                     f"(±{g.get('greedy_agreement_se', 0):.3f}; {g['prompts']:.0f} prompts)")
-        t = res.get("time")
-        if t:
-            lines.append(f"{label:<14} {'time':<16} prefill {t['prefill_s']:.1f} s, decode "
-                         f"{t['decode_s']:.1f} s ({t['decode_steps']:.0f} steps); FP32 prefill "
-                         f"{t['fp32_prefill_s']:.1f} s")
-    return lines
 
 
 def phase_job(spec: str | Path, name: str, out: str | Path, setup: LmSetup, *,

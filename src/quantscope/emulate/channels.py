@@ -38,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from quantscope.numerics import RESEMBLE_MIN_COSINE, default_channel_axis, sqnr_db_from_powers
+from quantscope.units import value
 
 COLLAPSE_SHARE = 0.99  # share of a channel's values on one emulated value: collapsed
 COLLAPSE_MAX_SQNR_DB = 20.0  # a "collapse" that keeps 20 dB erased nothing that mattered
@@ -206,7 +207,8 @@ class ScalarFidelity:
         line = (f"output '{name}' has one value per sample ({kind}): no cosine; |error| max "
                 f"{t['abs_err_max']:.4g} ({t['rel_err_max']:.1%} of FP32's range "
                 f"{self.f_min:.4g} to {self.f_max:.4g}), mean {t['abs_err_mean']:.4g}; "
-                f"{t['decision_agreement']:.1%} of samples decided as FP32 at threshold {th:g}")
+                f"{value('decision_agreement', t['decision_agreement'])} of samples decided "
+                f"as FP32 at threshold {th:g}")
         bad = t["decision_agreement"] < DECISION_MIN_AGREEMENT or t["rel_err_max"] > SCALAR_MAX_REL_ERR
         return [line], bad
 

@@ -219,8 +219,10 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
                    _cache={"model": model}).check_goal(fit)
     if head is not None and opts.goal is not None:
         from quantscope.progress import say
+        from quantscope.report import fmt
 
-        say(f"goal: {head.goal_text(opts.goal)} on the held-out data", show=progress)
+        say(f"goal: {fmt.goal(head.metric, opts.goal, head.higher_is_better)} on the held-out "
+            "data", show=progress)
     if opts.batch_axes:  # a --batch-axis the model refutes fails before the folder exists
         from quantscope.tasks.tensors import check_batch_axes
 

@@ -54,9 +54,7 @@ def _goal_value(metric: str, goal: float) -> str:
 
 
 def _goal_fig(metric: str, f: dict[str, Any]) -> str:
-    if fmt.is_share(metric):
-        return f"{fmt.value(metric, f['value'])} (± {fmt.spread(metric, f['se'])})"
-    return f"{f['value']:.4g} (± {f['se']:.2g})"
+    return fmt.with_se(metric, f["value"], f["se"], bracket=True)
 
 
 def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, Any],
@@ -164,9 +162,9 @@ def _whatif_lines(w: dict[str, Any]) -> list[str]:
     lines.append("    (" + "; ".join(f"{r['label']}: {r['what']}" for r in w["variants"][1:]) + ")")
     reach = w.get("reach")
     if reach:
-        op = ">=" if METRICS[reach["metric"]].higher else "<="
         ship = reach["ship"]
-        lines.append(f"    goal {reach['metric']} {op} {_goal_value(reach['metric'], reach['goal'])}: "
+        said = fmt.goal(reach["metric"], reach["goal"], METRICS[reach["metric"]].higher)
+        lines.append(f"    goal {said}: "
                      + ("reached by no variant" if not reach["reach"] else
                         f"reached by {', '.join(reach['reach'])}; "
                         + (f"of them {', '.join(ship)} ship{'s' if len(ship) == 1 else ''} "

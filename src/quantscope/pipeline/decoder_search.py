@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantscope.report import fmt
 from quantscope.types import QuantscopeError
 
 SEARCH = "search"  # rewrite.json mode of a search (DecoderOptions.search, run --rewrites search)
@@ -112,6 +113,12 @@ class Search:
                 "trials": [t.to_dict() for t in self.trials]}
 
 
+def _said(metric: str, fig: Figure) -> str:
+    """A trial's figure ± its error in the metric's unit (``93.1 % (± 1.1 pts)``,
+    ``1.0321 (± 0.0040)``: :mod:`quantscope.report.fmt`)."""
+    return fmt.with_se(metric, fig.value, fig.se, bracket=True)
+
+
 def eliminate(recipe: tuple[str, ...], measure: Callable[[tuple[str, ...]], Figure], *,
               metric: str, higher: bool, measured_on: str = "",
               free: Callable[[tuple[str, ...]], None] = lambda steps: None) -> Search:
@@ -141,18 +148,18 @@ def eliminate(recipe: tuple[str, ...], measure: Callable[[tuple[str, ...]], Figu
         sign = 1.0 if higher else -1.0
         gain = sign * (best.value - fig.value)  # with minus without, in the better direction
         noise = MARGIN_SE * math.hypot(best.se, fig.se)
-        words = (f"{metric} {best.value:.4g} (± {best.se:.2g}) with it, {fig.value:.4g} "
-                 f"(± {fig.se:.2g}) without")
+        words = f"{metric} {_said(metric, best)} with it, {_said(metric, fig)} without"
+        by, within = fmt.spread(metric, abs(gain)), fmt.spread(metric, noise)
         if gain > noise:
-            why = (f"kept: better with it by {gain:.3g}, more than one standard error of the "
-                   f"difference ({noise:.2g}); {words}")
+            why = (f"kept: better with it by {by}, more than one standard error of the "
+                   f"difference ({within}); {words}")
             free(without)
         else:
-            why = ("dropped: " + (f"worse with it by {-gain:.3g}" if gain < 0 else
+            why = ("dropped: " + (f"worse with it by {by}" if gain < 0 else
                                   "the same figure with and without it: a tie, fewer steps"
                                   if gain == 0 else
-                                  f"better with it by {gain:.3g}, within one standard error "
-                                  f"of the difference ({noise:.2g}): a tie, fewer steps")
+                                  f"better with it by {by}, within one standard error "
+                                  f"of the difference ({within}): a tie, fewer steps")
                    + f"; {words}")
             free(incumbent)
             incumbent, best = without, fig
@@ -205,8 +212,8 @@ def search_recipe(model: str, folder: Path, *, target: str, metric: str, max_cos
                      round(time.perf_counter() - start, 1))
         del out
         release_memory()
-        say(f"[rewrite] search: {', '.join(steps) or 'no step'}: {metric} {fig.value:.4g} "
-            f"(± {fig.se:.2g}), plan {fig.candidate}")
+        say(f"[rewrite] search: {', '.join(steps) or 'no step'}: {metric} "
+            f"{_said(metric, fig)}, plan {fig.candidate}")
         return fig
 
     def free(steps: tuple[str, ...]) -> None:

@@ -282,8 +282,8 @@ def tune(ctx: Context, repaired: RepairRun, feeds: Sequence[dict[str, np.ndarray
     before = measure.plan(model, stats, plan)
     goal = ctx.opts.goal
     if mode == "auto" and goal is not None and head.reached(before.value, goal):
-        return skip(f"the plan reaches {head.goal_text(goal)} on the fit data "
-                    f"({_fig(metric, before.value)})", fit_before=before.value)
+        return skip(f"the plan reaches {fmt.goal(metric, goal, head.higher_is_better)} on the "
+                    f"fit data ({_fig(metric, before.value)})", fit_before=before.value)
     batches = len(fit.calibration)
     if batches < 2:
         return skip(f"the fit data gives {batches} calibration batch(es) and the fine-tune "

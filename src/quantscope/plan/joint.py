@@ -48,6 +48,7 @@ from quantscope.plan.start import RepairOption
 from quantscope.progress import say
 from quantscope.targets.profile import Target
 from quantscope.types import Plan, Precision, QuantscopeError, Sensitivity, Stats
+from quantscope.units import value
 
 # the analysis' predicted metric and the evaluation metrics that measure the same thing:
 # with a task, the embeddings the analysis pooled; without one, the raw outputs
@@ -181,7 +182,7 @@ def _offer_one(
         row[task_metric] = [round(before[task_metric], 6), round(after[task_metric], 6)]
         shown.append(task_metric)
     reason = (f"measured on uniform {sens.low.value}: "
-              + ", ".join(f"{k} {before[k]:.4g} -> {after[k]:.4g}" for k in shown)
+              + ", ".join(f"{k} {value(k, before[k])} -> {value(k, after[k])}" for k in shown)
               + f"; {len(changed)} tensor(s) changed")
     if gain <= 0:
         return row, None, f"repair {name}: not offered, no measured gain ({reason})"

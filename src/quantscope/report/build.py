@@ -176,15 +176,18 @@ def plan_section(plan: dict[str, Any], problems: list[dict[str, Any]] | None = N
     if front:
         plt = _plt()
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        ax.plot([p["cost"] for p in front], [p["predicted"] for p in front], "o-",
+        kp, pred = fmt.axis(str(plan["pareto"].get("metric", "quality")))
+        kq, measured = fmt.axis(str(plan["pareto"].get("measured_metric", "")),
+                                "measured task metric")
+        ax.plot([p["cost"] for p in front], [kp * p["predicted"] for p in front], "o-",
                 label="predicted")
-        meas = [(p["cost"], p["measured"]) for p in front if p.get("measured") is not None]
+        meas = [(p["cost"], kq * p["measured"]) for p in front if p.get("measured") is not None]
         if meas:
             ax2 = ax.twinx()
             ax2.plot(*zip(*meas, strict=True), "s", color="#c0392b", label="measured")
-            ax2.set_ylabel("measured task metric", color="#c0392b")
+            ax2.set_ylabel(measured, color="#c0392b")
         ax.set_xlabel("relative cost (uniform a8_w8 = 1)")
-        ax.set_ylabel(str(plan.get("pareto", {}).get("metric", "quality")))
+        ax.set_ylabel(pred)
         ax.legend()
         out.append(f'<img alt="Pareto front" src="{_png(fig)}">')
     reasons = plan.get("reasons", {})

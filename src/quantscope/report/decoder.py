@@ -67,12 +67,13 @@ def figures_plot(verdict: dict[str, Any]) -> str:
         rows = [("plan", verdict["figures"][name])]
         if w4.get("measured"):
             rows.append(("a8_w4", w4["figures"][name]))
-        ax.bar([r[0] for r in rows], [r[1]["value"] for r in rows],
-               yerr=[2 * r[1]["se"] for r in rows], color=["#1f77b4", "#2ca02c"][:len(rows)],
+        k, title = fmt.axis(name, METRIC_LABELS[name])
+        ax.bar([r[0] for r in rows], [k * r[1]["value"] for r in rows],
+               yerr=[2 * k * r[1]["se"] for r in rows], color=["#1f77b4", "#2ca02c"][:len(rows)],
                capsize=3)
         if verdict.get("metric") == name and verdict.get("goal"):
-            ax.axhline(verdict["goal"], color="#888", ls="--", lw=1)
-        ax.set_title(METRIC_LABELS[name], fontsize=9)
+            ax.axhline(k * verdict["goal"], color="#888", ls="--", lw=1)
+        ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=8)
     fig.tight_layout()
     return _img(fig, "held-out figures of the plan and its a8_w4 variant")
@@ -106,12 +107,13 @@ def whatif_section(w: dict[str, Any], verdict: dict[str, Any]) -> str:
     names = list(rows[0]["figures"])
     fig, axes = plt.subplots(1, len(names), figsize=(10, 0.45 * len(rows) + 1.2), sharey=True)
     for ax, name in zip(axes, names, strict=True):
-        ax.barh([r["label"] for r in rows], [r["figures"][name]["value"] for r in rows],
-                xerr=[2 * r["figures"][name]["se"] for r in rows], capsize=3,
+        k, title = fmt.axis(name, METRIC_LABELS[name])
+        ax.barh([r["label"] for r in rows], [k * r["figures"][name]["value"] for r in rows],
+                xerr=[2 * k * r["figures"][name]["se"] for r in rows], capsize=3,
                 color=["#2ca02c" if r["ships"] else "#aaaaaa" for r in rows])
         if verdict.get("metric") == name and verdict.get("goal"):
-            ax.axvline(verdict["goal"], color="#d62728", ls="--", lw=1)
-        ax.set_title(METRIC_LABELS[name], fontsize=9)
+            ax.axvline(k * verdict["goal"], color="#d62728", ls="--", lw=1)
+        ax.set_title(title, fontsize=9)
         ax.tick_params(labelsize=8)
     axes[0].invert_yaxis()
     fig.tight_layout()

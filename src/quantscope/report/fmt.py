@@ -1,4 +1,6 @@
-"""One number format for the report and the verdict.
+"""One number format for the report and the verdict (which metrics are shares or dB, and
+a value or a difference in its unit, come from :mod:`quantscope.units`, the bottom layer,
+so that tasks and plans write them alike).
 
 =================  ===============================================================
 share metrics      (top-1 agreement, recall@k, decision agreement …: a share of the
@@ -13,19 +15,21 @@ absent             ``—`` (None, NaN, a missing cell); the tables say so in a l
 from __future__ import annotations
 
 import math
-import numbers
 import re
 from typing import Any
 
-DASH = "—"
-DASH_LEGEND = f"{DASH}: not measured or not applicable"
+from quantscope.units import (  # noqa: F401 - the facts, re-exported for the report
+    DASH,
+    SHARES,
+    gain,
+    is_db,
+    is_share,
+    num,
+    plain,
+    value,
+)
 
-SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "recall@", "decision_agreement", "tar_at_far", "detection_f1",
-          "detection_recall", "detection_precision", "pixel_flip_share", "match_rate",
-          "score_side_agreement", "decode_top1", "greedy_agreement")
-"""Metric keys (or prefixes) that are a share of the samples: shown in percent (a decoder's
-``decode_top1``: top-1 agreement on the decode steps; ``greedy_agreement``: the share of
-greedy tokens in the prefix matching FP32's)."""
+DASH_LEGEND = f"{DASH}: not measured or not applicable"
 
 READABLE = {
     "top1_agreement": "top-1 agreement", "recall@1": "recall@1", "recall@1_fp32":
@@ -35,58 +39,14 @@ READABLE = {
     "cosine_mean": "cosine (mean)", "cosine_min": "cosine (min)", "sqnr_db": "output SQNR",
     "sqnr_db_channel_min": "worst-channel SQNR", "output_sqnr_db": "output SQNR",
     "decision_agreement": "decision agreement", "abs_err_max": "max |error|",
+    "detection_f1": "detection F1", "decode_top1": "decode top-1",
 }
 
 
 def label(key: str) -> str:
-    """A metric key as a column name a person reads (``top1_agreement`` -> top-1 agreement)."""
-    return READABLE.get(key, key.replace("_", " "))
-
-
-def num(v: Any) -> float | None:
-    """A finite float, or None (absent, NaN, a bool, a string); numpy scalars count."""
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        return None
-    return float(v) if math.isfinite(v) else None
-
-
-def is_share(metric: str) -> bool:
-    base = metric.split(":")[0]
-    return any(base == s or (s.endswith("@") and base.startswith(s)) for s in SHARES)
-
-
-def is_db(metric: str) -> bool:
-    base = metric.split(":")[0]
-    return "sqnr" in base or base.endswith("_db")
-
-
-def value(metric: str, v: Any) -> str:
-    """``v`` of ``metric`` in its unit: ``72.7 %``, ``17.6 dB``, ``0.9731``, a count whole
-    (``12840``), or ``—``."""
-    if isinstance(v, float) and math.isinf(v):
-        return ("+" if v > 0 else "-") + "inf dB" if is_db(metric) else str(v)
-    x = num(v)
-    if x is None:
-        return DASH
-    if is_share(metric):
-        return f"{100 * x:.1f} %"
-    if is_db(metric):
-        return f"{x:.1f} dB"
-    if x.is_integer() and abs(x) < 1e15:  # a count (detections_fp32): whole, not 1.284e+04
-        return str(int(x))
-    return plain(x)
-
-
-def gain(metric: str, g: Any) -> str:
-    """A difference of ``metric``: ``+3.0 pts`` (shares), ``+1.2 dB``, ``+0.0021``."""
-    x = num(g)
-    if x is None:
-        return DASH
-    if is_share(metric):
-        return f"{100 * x:+.1f} pts"
-    if is_db(metric):
-        return f"{x:+.1f} dB"
-    return f"{x:+.4g}"
+    """A metric key as a column name a person reads (``top1_agreement`` -> top-1 agreement);
+    a per-output key (``sqnr_db:1``) as written."""
+    return READABLE.get(key, key if ":" in key else key.replace("_", " "))
 
 
 def fixed(metric: str, v: Any) -> str:
@@ -99,16 +59,47 @@ def fixed(metric: str, v: Any) -> str:
 
 
 def spread(metric: str, se: Any) -> str:
-    """A standard error of ``metric``: ``1.2 pts`` for a share, else 4 decimals."""
+    """A standard error of ``metric`` (or the size of a difference): ``1.2 pts`` for a
+    share, else 4 decimals; one too small for those digits keeps two significant ones
+    (``0.030 pts``, ``0.000012``), so only an error that is exactly 0 reads 0 (``0 pts``)."""
     x = num(se)
     if x is None:
         return DASH
-    return f"{100 * x:.1f} pts" if is_share(metric) else f"{x:.4f}"
+    share = is_share(metric)
+    x, unit, places = (100 * x, " pts", 1) if share else (x, "", 4)
+    if x == 0:
+        return "0" + unit
+    if abs(x) < 0.5 * 10 ** -places:  # two significant digits, never an exponent
+        places = 1 - math.floor(math.log10(abs(x)))
+    return f"{x:.{places}f}{unit}"
 
 
-def with_se(metric: str, v: Any, se: Any) -> str:
-    """``93.2 % ± 1.2 pts`` (a share) or ``1.0123 ± 0.0040``."""
-    return f"{fixed(metric, v)} ± {spread(metric, se)}"
+def with_se(metric: str, v: Any, se: Any, *, bracket: bool = False) -> str:
+    """``93.2 % ± 1.2 pts`` (a share) or ``1.0123 ± 0.0040``; ``bracket``:
+    ``93.2 % (± 1.2 pts)``."""
+    shown, err = fixed(metric, v), spread(metric, se)
+    return f"{shown} (± {err})" if bracket else f"{shown} ± {err}"
+
+
+def goal(metric: str, g: Any, higher: bool = True) -> str:
+    """A goal in words and the metric's unit: ``top-1 agreement >= 97.0 %``,
+    ``worst-channel SQNR >= 30.0 dB``, ``similarity mae <= 0.1``; a goal finer than one
+    decimal keeps its digits (``97.25 %``), so the text never shows a goal not asked."""
+    shown = value(metric, g)
+    x = num(g)
+    if x is not None and (is_share(metric) or is_db(metric)):
+        scaled = 100 * x if is_share(metric) else x
+        if abs(round(scaled, 1) - scaled) > 1e-9:
+            shown = f"{scaled:.6g}" + (" %" if is_share(metric) else " dB")
+    return f"{label(metric)} {'>=' if higher else '<='} {shown}"
+
+
+def axis(metric: str, text: str | None = None) -> tuple[float, str]:
+    """How a plot draws ``metric``: the factor on its values (and errors, goals) and the
+    axis label (``text``, else the key): a share in percent, ``top-1 agreement (%)``, as
+    the tables beside it; anything else as it is."""
+    share = is_share(metric)
+    return (100.0 if share else 1.0), (text or metric) + (" (%)" if share else "")
 
 
 def budget(metric: str, b: dict[str, Any] | None, higher: bool = True) -> str:
@@ -117,8 +108,7 @@ def budget(metric: str, b: dict[str, Any] | None, higher: bool = True) -> str:
     b = b or {}
     parts = []
     if num(b.get("min_quality")) is not None:
-        parts.append(f"goal {label(metric)} {'>=' if higher else '<='} "
-                     f"{value(metric, b['min_quality'])}")
+        parts.append(f"goal {goal(metric, b['min_quality'], higher)}")
     if num(b.get("max_cost")) is not None:
         parts.append(f"cost <= {num(b['max_cost']):g}x")
     return ", ".join(parts) or "none (best quality)"
@@ -133,19 +123,6 @@ def phase_costs(costs: dict[str, Any]) -> str:
     """A plan's cost per phase (``1.49x / 1.29x``); a phase with float groups has no cost
     (infinite, or null read back from JSON): ``float``."""
     return " / ".join("float" if num(c) is None else f"{num(c):.2f}x" for c in costs.values())
-
-
-def plain(v: Any) -> str:
-    """Any cell: floats at 4 significant digits, None/NaN as ``—``, the rest as text."""
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return DASH
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, str) and v.lower() in ("none", "nan"):
-        return DASH
-    return str(v)
 
 
 def short_names(names: list[str], width: int = 24) -> list[str]:

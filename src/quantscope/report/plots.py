@@ -14,7 +14,7 @@ import numpy as np
 
 from quantscope.report.figures import png_uri as _png
 from quantscope.report.figures import pyplot as _plt
-from quantscope.report.fmt import is_share, short_names
+from quantscope.report.fmt import axis, is_share, short_names
 
 
 def num(v: Any) -> float | None:
@@ -78,14 +78,15 @@ def sensitivity_plot(sens: list[dict[str, Any]], metric: str, top: int = 20) -> 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 0.32 * len(rows) + 1.2))
     y = np.arange(len(rows))
-    en = [_finite(num(r["enable_one"].get(metric))) for r in rows]
-    dis = [_finite(num(r["disable_one"].get(metric))) for r in rows]
+    k, name = axis(metric)
+    en = [k * _finite(num(r["enable_one"].get(metric))) for r in rows]
+    dis = [k * _finite(num(r["disable_one"].get(metric))) for r in rows]
     ax.barh(y - 0.2, dis, height=0.4, label="disable-one (all low but this group)", color="#4a7ab5")
     ax.barh(y + 0.2, en, height=0.4, label="enable-one (only this group low)", color="#e08a3c")
     ax.set_yticks(y)
     ax.set_yticklabels(short_names([r["group"] for r in rows], 40), fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel(metric)
+    ax.set_xlabel(name)
     ax.legend(fontsize=8, loc="lower right")
     return _img(fig, "sensitivity: enable-one and disable-one per group")
 
@@ -126,10 +127,11 @@ def pareto_plot(pareto: dict[str, Any], measured_metric: str) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     pred_metric = str(pareto.get("metric", "predicted"))
+    kp, kq = axis(pred_metric)[0], axis(measured_metric)[0]
     cost = [p["cost"] for p in points]
-    lines = ax.plot(cost, [p["predicted"] for p in points], "o-", color="#4a7ab5",
+    lines = ax.plot(cost, [kp * p["predicted"] for p in points], "o-", color="#4a7ab5",
                     label=f"predicted ({pred_metric}, from the analysis, fit data)")
-    meas = [(p["cost"], p["measured"]) for p in points if p.get("measured") is not None]
+    meas = [(p["cost"], kq * p["measured"]) for p in points if p.get("measured") is not None]
     if meas:
         same = pred_metric == measured_metric or (pred_metric, measured_metric) == (
             "output_sqnr_db", "sqnr_db")
@@ -138,19 +140,20 @@ def pareto_plot(pareto: dict[str, Any], measured_metric: str) -> str:
                           label=f"measured ({measured_metric}, real emulation, fit data)")
         ax2.ticklabel_format(axis="y", useOffset=False)
         if not same:
-            ax2.set_ylabel(f"measured {measured_metric}", color="#c0392b")
+            ax2.set_ylabel(axis(measured_metric, f"measured {measured_metric}")[1],
+                           color="#c0392b")
     chosen = pareto.get("chosen", {})
     if chosen.get("cost") is not None:
         ax.axvline(chosen["cost"], color="#555", lw=0.8, ls=":")
         y_meas = num(chosen.get("measured"))
         if y_meas is not None and meas:
-            lines += ax2.plot([chosen["cost"]], [y_meas], "*", color="#111", markersize=14,
+            lines += ax2.plot([chosen["cost"]], [kq * y_meas], "*", color="#111", markersize=14,
                               label="the chosen plan (measured, fit data)")
         elif num(chosen.get("predicted")) is not None:
-            lines += ax.plot([chosen["cost"]], [chosen["predicted"]], "*", color="#111",
+            lines += ax.plot([chosen["cost"]], [kp * chosen["predicted"]], "*", color="#111",
                              markersize=14, label="the chosen plan (predicted)")
     ax.set_xlabel("relative cost (uniform a8_w8 = 1)")
-    ax.set_ylabel(f"predicted {pred_metric}", color="#4a7ab5")
+    ax.set_ylabel(axis(pred_metric, f"predicted {pred_metric}")[1], color="#4a7ab5")
     ax.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
     return _img(fig, "Pareto front: predicted and measured")
@@ -163,11 +166,11 @@ def config_plot(results: dict[str, dict[str, Any]], metric: str) -> str:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(labels) + 1))
     share = is_share(metric)
-    vals = [_finite(num(results[k]["metrics"][metric])) * (100.0 if share else 1.0)
-            for k in labels]
+    scale, name = axis(metric)
+    vals = [_finite(num(results[k]["metrics"][metric])) * scale for k in labels]
     ax.barh(labels, vals, color="#4a7ab5")
     ax.invert_yaxis()
-    ax.set_xlabel(f"{metric}{' (%)' if share else ''} (held-out data)")
+    ax.set_xlabel(f"{name} (held-out data)")
     for i, v in enumerate(vals):
         ax.text(v, i, f" {v:.1f} %" if share else f" {v:.4g}", va="center", fontsize=8)
     return _img(fig, f"{metric} per configuration")
@@ -199,7 +202,8 @@ def headroom_plot(metric: str, plan_value: float, headroom: dict[str, Any]) -> s
     """The metric against the scale of the plan's own error (log axis), with the goal."""
     pts = [(1.0, num(plan_value))] + [(float(r["scale"]), num(r[metric]))
                                       for r in headroom["rows"]]
-    pts = [(s, v) for s, v in pts if v is not None]
+    k, name = axis(metric)
+    pts = [(s, k * v) for s, v in pts if v is not None]
     if len(pts) < 2:
         return ""
     plt = _plt()
@@ -208,12 +212,12 @@ def headroom_plot(metric: str, plan_value: float, headroom: dict[str, Any]) -> s
     ax.set_xscale("log")
     ax.invert_xaxis()
     if headroom.get("goal") is not None:
-        ax.axhline(headroom["goal"], color="#c33", lw=0.9, ls="--", label="goal")
+        ax.axhline(k * headroom["goal"], color="#c33", lw=0.9, ls="--", label="goal")
         if headroom.get("needed"):
             ax.axvline(headroom["needed"], color="#c33", lw=0.6, ls=":")
         ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel("the plan's error, scaled (1 = the plan)")
-    ax.set_ylabel(metric)
+    ax.set_ylabel(name)
     return _img(fig, f"{metric} against the scale of the plan's own error")
 
 

@@ -339,9 +339,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
     else:
         reached = v["reached"] if "headline" in v else _reaches(v, h["value"])
         word = "REACHED" if reached else "NOT reached"
-        op = ">=" if v.get("higher_is_better", True) else "<="
-        unit = f" {v['unit']}" if v.get("unit") else ""
-        head = (f"verdict: goal {m} {op} {v['goal']:g}{unit} {word} on the held-out data: "
+        said = fmt.goal(m, v["goal"], v.get("higher_is_better", True))
+        head = (f"verdict: goal {said} {word} on the held-out data: "
                 f"{got} ({n}; {refs}){what}")
     lines = [head]
     if dep is not None:

@@ -20,6 +20,7 @@ from quantscope.finetune.engine import RankEngine, resolve_engine
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
 from quantscope.progress import say
+from quantscope.report import fmt
 from quantscope.rewrites.registry import REWRITES, applied_rewrites, hint_for
 from quantscope.stages.plan_measure import (  # noqa: F401 - re-exported
     _call,
@@ -63,12 +64,15 @@ def _keep_finetune(pareto: dict[str, Any]) -> bool:
     better, faithful = at_least(after, base), at_least(drift, after)
     keep = ft.get("skipped") is None and better and faithful
     ft["kept"] = keep
+    m = str(ft.get("metric") or pareto.get("measured_metric"))  # the figures' metric
     if not keep and ft.get("skipped") is None:
         ft["dropped"] = (
-            f"measured {after:.4g} with finetune against {base:.4g} without" if not better else
-            f"its fine-tuned FP32 model measures {drift:.4g} against the original, worse than "
-            f"the fine-tuned plan's {after:.4g}: the float model leans on the 8-bit grid and "
-            "is no faithful fallback") + ": the plan returned is the one without it"
+            f"measured {fmt.value(m, after)} with finetune against {fmt.value(m, base)} "
+            "without" if not better else
+            f"its fine-tuned FP32 model measures {fmt.value(m, drift)} against the original, "
+            f"worse than the fine-tuned plan's {fmt.value(m, after)}: the float model leans on "
+            "the 8-bit grid and is no faithful fallback"
+        ) + ": the plan returned is the one without it"
     return keep
 
 
@@ -90,19 +94,21 @@ def goal_verdict(result: dict[str, Any], metric: str | Headline, goal: float, *,
     if tuned is not None:  # the plan returned is the fine-tuned one
         best = tuned if best is None else (max if h.higher_is_better else min)(best, tuned)
     reached = h.reached(best, goal)
+    said = fmt.goal(metric, goal, h.higher_is_better)
     blockers = result.get("blockers", [])
     if reached and result.get("uniform_meets_goal"):
-        verdict = (f"goal {h.goal_text(goal)} reached by uniform a8_w8 ({best:.4g}): no "
+        verdict = (f"goal {said} reached by uniform a8_w8 ({fmt.value(metric, best)}): no "
                    "promotion bought, the plan is uniform a8_w8")
     elif reached:
-        verdict = f"goal {h.goal_text(goal)} reached: {best:.4g}"
+        verdict = f"goal {said} reached: {fmt.value(metric, best)}"
     elif best is None:
-        verdict = f"goal {h.goal_text(goal)} not checked: nothing was measured (give --data)"
+        verdict = f"goal {said} not checked: nothing was measured (give --data)"
     else:
         top = blockers[0] if blockers else None
         why = (f"binding: {top['rule']} blocks {len(top['groups'])} promotion(s) worth "
-               f"{top['gain']:.3g} predicted" if top else "binding: no promotion left")
-        verdict = f"goal {h.goal_text(goal)} NOT reached: best legal plan {best:.4g}; {why}"
+               f"{fmt.gain(str(result.get('metric', '')), top['gain'])} predicted (in the "
+               "analysis' metric)" if top else "binding: no promotion left")
+        verdict = f"goal {said} NOT reached: best legal plan {fmt.value(metric, best)}; {why}"
     out = {"metric": metric, "unit": h.unit, "value": goal, "reached": reached,
            "verdict": verdict,
            "binding": None if reached or not blockers else blockers[0]["rule"]}
@@ -355,9 +361,9 @@ def _uniform_if_enough(model: Model, analysis: Sensitivity, target: Target,
     value = float(evaluate(plan))
     if not head.reached(value, float(options.goal)):  # type: ignore[arg-type]
         return None
-    note = (f"uniform a8_w8 measures {head.metric} {value:.6g}, at the goal "
-            f"({head.goal_text(float(options.goal))}): it is the plan, no promotion bought "  # type: ignore[arg-type]
-            "(the search was not run)")
+    note = (f"uniform a8_w8 measures {head.metric} {fmt.value(head.metric, value)}, at the goal "
+            f"({fmt.goal(head.metric, options.goal, head.higher_is_better)}): it is the plan, "
+            "no promotion bought (the search was not run)")
     point = {"cost": 1.0, "predicted": round(analysis.base, 6), "measured": round(value, 6),
              "origin": "start", "step": 0, "groups": {}}
     pareto: dict[str, Any] = {

@@ -31,6 +31,7 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.tasks.shares import clustered_items, clusters_key, items_key
 from quantscope.types import Metrics, Outputs
+from quantscope.units import value
 
 AGREEMENT_RESEMBLES = 0.95
 TOP_K = 5
@@ -95,7 +96,8 @@ class ClassTask:
         if values["top1_agreement"] < AGREEMENT_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}': the top class changes on "
                          f"{int((~agree).sum())} of {n} {rows} (top-1 agreement "
-                         f"{values['top1_agreement']:.3f} < {AGREEMENT_RESEMBLES:g})")
+                         f"{value('top1_agreement', values['top1_agreement'])} < "
+                         f"{value('top1_agreement', AGREEMENT_RESEMBLES)})")
         return Metrics(values=values, notes=tuple(notes))
 
 

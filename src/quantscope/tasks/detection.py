@@ -39,6 +39,7 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.tasks.shares import items_key
 from quantscope.types import Metrics, Outputs, QuantscopeError
+from quantscope.units import value
 
 BOX_FORMATS = ("cxcywh", "xyxy")
 DEFAULT_THRESHOLD = 0.25
@@ -264,9 +265,10 @@ def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarr
                      "separate output)")
     f1 = values["detection_f1"]
     if np.isfinite(f1) and f1 < F1_RESEMBLES:
-        notes.append(f"NOT LIKE FP32: output '{output}' detections F1 {f1:.3f} vs FP32 "
-                     f"(recall {values['detection_recall']:.3f}, {n_test} kept vs FP32's "
-                     f"{n_ref}) < {F1_RESEMBLES:g}")
+        notes.append(f"NOT LIKE FP32: output '{output}' detections F1 "
+                     f"{value('detection_f1', f1)} vs FP32 (recall "
+                     f"{value('detection_recall', values['detection_recall'])}, {n_test} kept "
+                     f"vs FP32's {n_ref}) < {value('detection_f1', F1_RESEMBLES)}")
     return Metrics(values=values, notes=tuple(notes))
 
 

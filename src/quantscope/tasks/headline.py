@@ -31,6 +31,7 @@ import numpy as np
 
 from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
 from quantscope.types import PooledEmbedding, QuantscopeError, RowScoring, Task
+from quantscope.units import is_db
 
 # The headline of tensor data with no task: the worst channel's SQNR in dB over every
 # output (a mixed-scale output hides a lost channel in the whole-output ``sqnr_db``).
@@ -49,11 +50,6 @@ class Headline:
     higher_is_better: bool = True
     goal_range: tuple[float, float] = _UNIT
     unit: str = ""  # "dB", or "" for a fraction / correlation / ratio
-
-    def goal_text(self, goal: float) -> str:
-        """``top1_agreement >= 0.97`` / ``sqnr_db >= 30 dB``."""
-        op = ">=" if self.higher_is_better else "<="
-        return f"{self.metric} {op} {goal:g}{' ' + self.unit if self.unit else ''}"
 
     def reached(self, value: float | None, goal: float) -> bool:
         if value is None or math.isnan(value):
@@ -104,8 +100,7 @@ def describe_metric(metric: str) -> Headline:
     if metric in KNOWN_METRICS:
         higher, rng = KNOWN_METRICS[metric]
         return Headline(metric, higher, rng)
-    base = metric.split(":")[0]  # per-output keys: sqnr_db:1
-    if "sqnr" in base or base.endswith("_db"):
+    if is_db(metric):  # per-output keys too: sqnr_db:1
         return Headline(metric, True, _UNIT, "dB")
     return Headline(metric)
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from quantscope.tasks.shares import items_key
 from quantscope.types import Metrics, Outputs
+from quantscope.units import value
 
 MAP_THRESHOLD = 0.5
 SCORE_THRESHOLD = 0.5
@@ -118,5 +119,6 @@ class ScoreTask:
         if dr.size and values["decision_agreement"] < AGREEMENT_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}': {flipped} of {dr.size} "
                          f"decisions at {self.threshold:g} flip (agreement "
-                         f"{values['decision_agreement']:.3f} < {AGREEMENT_RESEMBLES:g})")
+                         f"{value('decision_agreement', values['decision_agreement'])} < "
+                         f"{value('decision_agreement', AGREEMENT_RESEMBLES)})")
         return Metrics(values=values, notes=tuple(notes))

@@ -30,6 +30,7 @@ from quantscope.tasks.decisions import (
     tar_far_at_threshold,
 )
 from quantscope.tasks.metric_inputs import MetricInputError, _rows, _same_rows, _unit_rows
+from quantscope.units import value
 
 __all__ = [
     "CollapseReport",
@@ -112,8 +113,8 @@ def resemblance_note(cosine_mean: float, *, agreement: float | None = None,
     if agreement is not None and candidates:
         chance = 1.0 / candidates
         if agreement < AGREEMENT_CHANCE_FACTOR * chance:
-            why.append(f"top-1 agreement with FP32 {agreement:.1%} is near chance "
-                       f"({chance:.2%})")
+            why.append(f"top-1 agreement with FP32 {value('top1_agreement', agreement)} is "
+                       f"near chance ({100 * chance:.2g} %)")
     if not why:
         return None
     return ("NOT LIKE FP32: the quantized outputs no longer resemble FP32's ("

@@ -1,0 +1,89 @@
+"""Which metrics are shares, which are in dB, and a value written in its unit: the facts
+every layer's text needs (``tasks``' notes, ``plan``'s reasons, the report), kept at the
+bottom so each writes a share the same way; :mod:`quantscope.report.fmt` re-exports them.
+
+=================  ===============================================================
+share metrics      (top-1 agreement, recall@k, decision agreement …: a share of the
+                   samples) as percent, ``97.4 %``; differences in points, ``+3.0 pts``
+dB metrics         ``17.6 dB``; differences ``+1.2 dB``
+anything else      4 significant digits; a count whole
+absent             ``—`` (None, NaN)
+=================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+DASH = "—"
+
+SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "recall@", "decision_agreement",
+          "tar_at_far", "detection_f1", "detection_recall", "detection_precision", "pixel_flip_share", "match_rate",
+          "score_side_agreement", "decode_top1", "greedy_agreement")
+"""Metric keys (or prefixes) that are a share of the samples: shown in percent (a decoder's
+``decode_top1``: top-1 agreement on the decode steps; ``greedy_agreement``: the share of
+greedy tokens in the prefix matching FP32's)."""
+
+
+def num(v: Any) -> float | None:
+    """A finite float, or None (absent, NaN, a bool, a string); numpy scalars count."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def is_share(metric: str) -> bool:
+    base = metric.split(":")[0]
+    return any(base == s or (s.endswith("@") and base.startswith(s)) for s in SHARES)
+
+
+def is_db(metric: str) -> bool:
+    base = metric.split(":")[0]
+    return "sqnr" in base or base.endswith("_db")
+
+
+def value(metric: str, v: Any) -> str:
+    """``v`` of ``metric`` in its unit: ``72.7 %``, ``17.6 dB``, ``0.9731``, a count whole
+    (``12840``), or ``—``."""
+    if isinstance(v, float) and math.isinf(v):
+        return ("+" if v > 0 else "-") + "inf dB" if is_db(metric) else str(v)
+    x = num(v)
+    if x is None:
+        return DASH
+    if is_share(metric):
+        return f"{100 * x:.1f} %"
+    if is_db(metric):
+        return f"{x:.1f} dB"
+    if x.is_integer() and abs(x) < 1e15:  # a count (detections_fp32): whole, not 1.284e+04
+        return str(int(x))
+    return plain(x)
+
+
+def gain(metric: str, g: Any) -> str:
+    """A difference of ``metric``: ``+3.0 pts`` (shares), ``+1.2 dB``, ``+0.0021``."""
+    x = num(g)
+    if x is None:
+        return DASH
+    if is_share(metric):
+        return f"{100 * x:+.1f} pts"
+    if is_db(metric):
+        return f"{x:+.1f} dB"
+    return f"{x:+.4g}"
+
+
+def plain(v: Any) -> str:
+    """Any cell: floats at 4 significant digits, None/NaN as ``—``, the rest as text."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return DASH
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, str) and v.lower() in ("none", "nan"):
+        return DASH
+    return str(v)
+
+
+__all__ = ["DASH", "SHARES", "gain", "is_db", "is_share", "num", "plain", "value"]
