@@ -52,10 +52,10 @@ def test_share_noise_is_the_binomial_standard_error_one_sided():
 
 
 @pytest.mark.parametrize(("gain", "tiebreak_gain", "kept", "words"), [
-    (1e-6, 0.0, False, "a tie within noise (gain +1e-06, one-sided 95% binomial noise"),
-    (0.02, 0.5, True, "a tie within noise (gain +0.02, one-sided 95% binomial noise"),
-    (0.2, 0.0, True, "measured better beyond noise (gain +0.2, one-sided 95% binomial noise"),
-    (-0.2, 0.5, False, "measured worse beyond noise (gain -0.2"),
+    (1e-6, 0.0, False, "a tie within noise (gain +0.00 pts, one-sided 95% binomial noise"),
+    (0.02, 0.5, True, "a tie within noise (gain +2.00 pts, one-sided 95% binomial noise"),
+    (0.2, 0.0, True, "measured better beyond noise (gain +20.00 pts, one-sided 95% binomial noise"),
+    (-0.2, 0.5, False, "measured worse beyond noise (gain -20.00 pts"),
 ])
 def test_a_share_headline_gain_within_its_binomial_noise_is_a_tie(tmp_path, gain,
                                                                   tiebreak_gain, kept, words):

@@ -206,7 +206,7 @@ def test_a_share_whose_count_differs_between_plans_uses_each_figures_own(tmp_pat
     assert t.tried and not t.kept and proto is None, t.reason
     assert f"n 163, n' 165 {what}" in t.reason and "q(1-q)/n')" in t.reason, t.reason
     # the console says the count once the model without rewrites is measured
-    assert (f"rewrites auto: without rewrites detection_f1 0.9202 is a share over 163 {what}"
+    assert (f"rewrites auto: without rewrites detection_f1 92.0 % is a share over 163 {what}"
             in capsys.readouterr().err)
 
 

@@ -278,7 +278,7 @@ def test_a_rewrite_is_kept_only_when_its_gain_is_beyond_noise(tmp_path):
     assert "a tie within noise" in t.reason and t.after > t.before
     _, t = split_trial(_per_query(1, 0, tiebreak_gain=0.5))
     assert t.kept and "a tie within noise" in t.reason and "decided by better " \
-        "embedding_sqnr_db (10 -> 10.5)" in t.reason
+        "embedding_sqnr_db (10.00 dB -> 10.50 dB)" in t.reason
     _, t = split_trial(_per_query(0, 15, tiebreak_gain=0.5))
     assert not t.kept and t.interval["outcome"] == "worse" and "worse beyond noise" in t.reason
 

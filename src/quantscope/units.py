@@ -44,32 +44,35 @@ def is_db(metric: str) -> bool:
     return "sqnr" in base or base.endswith("_db")
 
 
-def value(metric: str, v: Any) -> str:
+def value(metric: str, v: Any, *, fine: bool = False) -> str:
     """``v`` of ``metric`` in its unit: ``72.7 %``, ``17.6 dB``, ``0.9731``, a count whole
-    (``12840``), or ``—``."""
+    (``12840``), or ``—``; ``fine`` (figures a decision compares against a margin):
+    ``72.73 %``, ``17.62 dB``."""
     if isinstance(v, float) and math.isinf(v):
         return ("+" if v > 0 else "-") + "inf dB" if is_db(metric) else str(v)
     x = num(v)
     if x is None:
         return DASH
     if is_share(metric):
-        return f"{100 * x:.1f} %"
+        return f"{100 * x:.{2 if fine else 1}f} %"
     if is_db(metric):
-        return f"{x:.1f} dB"
+        return f"{x:.{2 if fine else 1}f} dB"
     if x.is_integer() and abs(x) < 1e15:  # a count (detections_fp32): whole, not 1.284e+04
         return str(int(x))
     return plain(x)
 
 
-def gain(metric: str, g: Any) -> str:
-    """A difference of ``metric``: ``+3.0 pts`` (shares), ``+1.2 dB``, ``+0.0021``."""
+def gain(metric: str, g: Any, *, fine: bool = False) -> str:
+    """A difference of ``metric``: ``+3.0 pts`` (shares), ``+1.2 dB``, ``+0.0021``;
+    ``fine`` (a decision's gain and its bounds, next to a margin): ``+3.00 pts``,
+    ``+0.302 dB``."""
     x = num(g)
     if x is None:
         return DASH
     if is_share(metric):
-        return f"{100 * x:+.1f} pts"
+        return f"{100 * x:+.{2 if fine else 1}f} pts"
     if is_db(metric):
-        return f"{x:+.1f} dB"
+        return f"{x:+.{3 if fine else 1}f} dB"
     return f"{x:+.4g}"
 
 

@@ -66,6 +66,8 @@ from quantscope.rewrites.base import InputShapes, Precondition, Rewrite, run_rew
 from quantscope.rewrites.registry import REWRITES
 from quantscope.rewrites.tie import CONFIDENCE, TIE_MARGIN, Parts, decide_tie, share_noise
 from quantscope.types import QuantscopeError, Stats
+from quantscope.units import gain as gain_text
+from quantscope.units import value
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
@@ -234,13 +236,17 @@ def paired_interval(after: np.ndarray, before: np.ndarray, *, higher: bool = Tru
             "confidence": confidence, "outcome": outcome}
 
 
-def _interval_text(iv: dict[str, Any]) -> str:
-    return (f"gain {iv['difference']:+.4g}, one-sided {iv['confidence']:.0%} bounds "
-            f"[{iv['lower']:+.4g}, {iv['upper']:+.4g}] over n={iv['n']} paired samples")
+def _interval_text(iv: dict[str, Any], metric: str = "") -> str:
+    """The paired interval in words, in ``metric``'s unit (a share in points)."""
+    def g(x: float) -> str:
+        return gain_text(metric, x, fine=True) if metric else f"{x:+.4g}"
+
+    return (f"gain {g(iv['difference'])}, one-sided {iv['confidence']:.0%} bounds "
+            f"[{g(iv['lower'])}, {g(iv['upper'])}] over n={iv['n']} paired samples")
 
 
 def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak: str | None,
-            *, margin: float = 0.0) -> tuple[str | None, dict[str, Any] | None]:
+            *, margin: float = 0.0, metric: str = "") -> tuple[str | None, dict[str, Any] | None]:
     """Why ``after`` is better (None: it is not) and the paired interval, when both have
     per-sample scores (the module table); without them a gain within ``margin`` (the
     headline's, in its unit: no noise estimate) is a tie. A tie of the headline is decided by
@@ -263,7 +269,7 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
     if (after.samples is not None and before.samples is not None
             and len(after.samples) == len(before.samples) >= 2):
         iv = paired_interval(after.samples, before.samples, higher=higher)
-        text = _interval_text(iv)
+        text = _interval_text(iv, metric)
         if iv["lower"] > min_gain:
             return f"measured better beyond noise ({text})", iv
         if iv["outcome"] == "worse":
@@ -276,7 +282,9 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
              if after.share_of is not None and before.share_of is not None
              and after.share_of[1] == before.share_of[1] else None)
     if noise is not None:  # a share over n items: its binomial noise is the margin
-        words = f"gain {gain:+.4g}, {noise[1]}; no per-sample scores"
+        words = (f"gain {gain_text(metric, gain, fine=True) if metric else f'{gain:+.4g}'}, "
+                 f"{noise[1]}; "
+                 "no per-sample scores")
         if gain > max(min_gain, noise[0]):
             return f"measured better beyond noise ({words})", None
         if gain < -noise[0]:
@@ -288,7 +296,9 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
     if gain == 0:
         return tie("measured equal", None, won="better on")
     if abs(gain) <= margin:  # a hair either way decides nothing: the tiebreak does
-        return tie(f"a tie within the {margin:g} margin (gain {gain:+.4g}; no per-sample "
+        return tie(f"a tie within the {margin:g} margin (gain "
+                   f"{gain_text(metric, gain, fine=True) if metric else f'{gain:+.4g}'}; "
+                   "no per-sample "
                    "scores: no noise estimate)", {}, won="decided by better")
     return None, None
 
@@ -338,14 +348,14 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                            for n_ in list(REWRITES)[len(trials):]]
                 break
             if score.share_of is not None:  # the items its noise is over, once counted
-                say(f"rewrites auto: without rewrites {metric} {score.value:.4g} is a share "
+                say(f"rewrites auto: without rewrites {metric} {value(metric, score.value)} is a share "
                     f"over {score.share_of[0]} {score.share_of[1]}", show=progress)
         config = configs.get(name) or auto_config(rw, frozenset(built), current, target,
                                                   seq_len)
         trial, kept = _try(rw, config, current, stats, score, seq_len=seq_len,
                            input_shapes=input_shapes, calibrate=calibrate, measure=measure,
                            reload=reload, higher=higher_is_better, min_gain=min_gain,
-                           margin=margin, reason=why.reason, tiebreak=tiebreak)
+                           margin=margin, reason=why.reason, tiebreak=tiebreak, metric=metric)
         trials.append(trial)
         _say_trial(trial, metric, n, progress)
         if kept is not None:
@@ -376,7 +386,7 @@ def auto_config(rw: Rewrite, before: frozenset[str], model: Model, target: Targe
 
 
 def _say_trial(trial: Trial, metric: str, n: int | None, progress: bool) -> None:
-    figures = (f" ({metric} {trial.before:.4g} -> {trial.after:.4g}, n={n})"
+    figures = (f" ({metric} {value(metric, trial.before)} -> {value(metric, trial.after)}, n={n})"
                if trial.after is not None and trial.before is not None else "")
     again = " (round 2)" if trial.round > 1 else ""
     say(f"rewrites auto: {trial.name}{again}: {'kept' if trial.kept else 'dropped'}{figures}: "
@@ -415,7 +425,8 @@ def _second_round(model: Model, trials: list[Trial], built: dict[str, Mapping[st
             new, new_stats, new_proto, cfgs = got
             trial, after = _judge(name, new, new_stats, score, cfgs[name], measure=measure,
                                   higher=higher, min_gain=min_gain, margin=margin,
-                                  tiebreak=tiebreak, reason=f"on top of {', '.join(built)}")
+                                  tiebreak=tiebreak, reason=f"on top of {', '.join(built)}",
+                                  metric=metric)
             if after is not None:
                 built, score = cfgs, after
                 result = (new, new_stats, new_proto, score, dict(built))
@@ -464,7 +475,7 @@ def _build(model: Model, names: Mapping[str, Mapping[str, Any]], new_name: str,
 
 def _judge(name: str, model: Model, stats: Stats, score: Score, config: Mapping[str, Any], *,
            measure: Measure, higher: bool, min_gain: float, margin: float,
-           tiebreak: str | None, reason: str) -> tuple[Trial, Score | None]:
+           tiebreak: str | None, reason: str, metric: str = "") -> tuple[Trial, Score | None]:
     """``model`` (with ``name`` in its set) measured against ``score``: the round-2 trial
     and, when kept, its score."""
     base = {"before": score.value, "tiebreak_before": score.tiebreak, "config": dict(config),
@@ -474,7 +485,7 @@ def _judge(name: str, model: Model, stats: Stats, score: Score, config: Mapping[
     except QuantscopeError as e:
         return Trial(name, tried=True, kept=False, **base,
                      reason=f"{reason}: applied but not measurable: {e}"), None
-    why, iv = _better(after, score, higher, min_gain, tiebreak, margin=margin)
+    why, iv = _better(after, score, higher, min_gain, tiebreak, margin=margin, metric=metric)
     because, iv, tie_iv = _split(iv)
     got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv,
            "tiebreak_interval": tie_iv}
@@ -487,7 +498,7 @@ def _judge(name: str, model: Model, stats: Stats, score: Score, config: Mapping[
 def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
          seq_len: int | None, input_shapes: InputShapes, calibrate: Calibrate,
          measure: Measure, reload: Reload, higher: bool, min_gain: float, margin: float,
-         reason: str, tiebreak: str | None,
+         reason: str, tiebreak: str | None, metric: str = "",
          ) -> tuple[Trial, tuple[Model, Stats, onnx.ModelProto, Score] | None]:
     """One rewrite applied, calibrated and measured against ``score``."""
     cfg = dataclasses.asdict(config)
@@ -508,7 +519,7 @@ def _try(rw: Rewrite, config: Any, model: Model, stats: Stats, score: Score, *,
     except QuantscopeError as e:
         return Trial(rw.name, tried=True, kept=False, **base,
                      reason=f"applied but not measurable: {e}"), None
-    why, iv = _better(after, score, higher, min_gain, tiebreak, margin=margin)
+    why, iv = _better(after, score, higher, min_gain, tiebreak, margin=margin, metric=metric)
     because, iv, tie_iv = _split(iv)
     got = {**base, "after": after.value, "tiebreak_after": after.tiebreak, "interval": iv,
            "tiebreak_interval": tie_iv}

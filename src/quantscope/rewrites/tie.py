@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from quantscope.plan.race import t_quantile
+from quantscope.units import value
 
 TIE_MARGIN = 0.1  # the tiebreak figure must gain more than this (dB for an SQNR)
 CONFIDENCE = 0.95  # one-sided: a gain is beyond noise when its lower bound is above 0
@@ -144,7 +145,8 @@ def decide_tie(after: Any, before: Any, named: str) -> tuple[str, str | None,
     in words (None: no tiebreak figures) and the tiebreak's interval (None: no parts)."""
     if after.tiebreak is None or before.tiebreak is None:
         return "not better", None, None
-    tb = f"{named} ({before.tiebreak:.4g} -> {after.tiebreak:.4g})"
+    tb = (f"{named} ({value(named, before.tiebreak, fine=True)} -> "
+          f"{value(named, after.tiebreak, fine=True)})")
     iv = (gain_interval(after.tiebreak_parts, before.tiebreak_parts)
           if after.tiebreak_parts is not None and before.tiebreak_parts is not None else None)
     if iv is None:
@@ -158,4 +160,5 @@ def decide_tie(after: Any, before: Any, named: str) -> tuple[str, str | None,
     if iv["outcome"] == "not better":
         return "not better", f"{tb} ({text})", iv
     return "tie", (f"{tb} cannot be told from the margin ({text}); the model without it "
-                   f"kept (fewer layers), with it {named} measured {after.tiebreak:.4g}"), iv
+                   f"kept (fewer layers), with it {named} measured "
+                   f"{value(named, after.tiebreak, fine=True)}"), iv
