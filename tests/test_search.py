@@ -511,3 +511,19 @@ def test_residual_stream_is_measured_when_predictions_rank_nothing():
     _assert_all_legal(r, groups, model, _toy_target([no_norm]))
     r = search(groups, _sens(gains), _toy_target(), model, max_cost=1.0, evaluate=evaluate)
     assert r.plan.overrides == () and "residual" not in [t.origin for t in r.trials]
+
+
+def test_the_binding_sentence_and_reasons_write_a_share_in_its_unit():
+    """The planner's binding sentence and reasons wrote a share 0-1 ("min_quality 0.97 not
+    met: … has top1_agreement 0.9 …; … blocks +0.3 predicted"); a share now reads in
+    percent and its gains in points, as every console does."""
+    model, groups = _setup(tiny_models.attention)
+    gains = {g: {"a16_w16": 0.01} for g in groups.names()}
+    gains["Softmax_6"] = {"a16_w16": 0.25}
+    sens = Sensitivity.from_gains("top1_agreement", 0.7, gains)
+    r = search(groups, sens, HAILO, model, shapes=ATT_SHAPES, min_quality=0.97)
+    assert r.binding.startswith("min_quality 97.0 % not met: the best legal plan found has "
+                                "top1_agreement ")
+    assert "binding rule: hailo.attention_16bit blocks +27.00 pts predicted on 3" in r.binding
+    assert "(+25.00 pts predicted) blocked by hailo.attention_16bit" in \
+        dict(r.plan.reasons)["Softmax_6"]

@@ -28,6 +28,7 @@ from quantscope.plan.predict import ESTIMATE_NOTE, predicted_cost
 from quantscope.plan.refine import BudgetStop
 from quantscope.plan.start import EPS, RepairOption, Space, emit, repair_meta
 from quantscope.types import Plan, Precision
+from quantscope.units import gain, value
 
 PLANNER = "quantscope.plan.search greedy+refine/1"
 
@@ -126,13 +127,15 @@ def _reasons(
         reached = sens.gain(g, prec[g]) or 0.0
         blocked = [s for s in skips if s.group == g and s.gain > reached + EPS]
         note = "; ".join(
-            f"{s.precision} (+{s.gain:.3g} predicted) blocked by {', '.join(s.rules)}"
+            f"{s.precision} ({gain(sens.metric, s.gain, fine=True)} predicted) blocked by "
+            f"{', '.join(s.rules)}"
             for s in blocked
         )
         if prec[g] != start[g]:
             dg = sens.delta(g, start[g], prec[g]) or 0.0
             dc = -space.table.delta(prec, g, start[g])
-            text = f"{prec[g]}: {dg:+.4g} {sens.metric} predicted, cost {dc:+.4g}"
+            text = (f"{prec[g]}: {gain(sens.metric, dg, fine=True)} {sens.metric} predicted, "
+                    f"cost {dc:+.4g}")
         elif note:
             text = f"kept at {prec[g]}"
         else:
@@ -167,22 +170,28 @@ def _binding(
             f"max_cost {budget.max_cost:g} is below the cost of the start plan ({start_cost:.4g})"
         )
     how = "predicted" if chosen.measured is None else "measured"
+    metric = space.sens.metric
+    goal = ", ".join(
+        ([f"min_quality {value(metric, budget.min_quality)}"]
+         if budget.min_quality is not None else [])
+        + ([f"max_cost {budget.max_cost:g}"] if budget.max_cost is not None else []))
     parts = [
-        f"{budget.describe()} not met: the best legal plan found has {space.sens.metric} "
-        f"{chosen.quality:.4g} ({how}) at cost {chosen.cost:.4g}"
+        f"{goal or budget.describe()} not met: the best legal plan found has {metric} "
+        f"{value(metric, chosen.quality)} ({how}) at cost {chosen.cost:.4g}"
     ]
     rules = [b for b in blockers if b.rule != "max_cost"]
     if rules:
         b = rules[0]
         shown = ", ".join(b.groups[:3]) + (" …" if len(b.groups) > 3 else "")
         parts.append(
-            f"binding rule: {b.rule} blocks +{b.gain:.4g} predicted on "
+            f"binding rule: {b.rule} blocks {gain(metric, b.gain, fine=True)} predicted on "
             f"{len(b.groups)} group(s) ({shown})"
         )
-        parts += [f"also {o.rule} (+{o.gain:.4g})" for o in rules[1:3]]
+        parts += [f"also {o.rule} ({gain(metric, o.gain, fine=True)})" for o in rules[1:3]]
     cap = next((b for b in blockers if b.rule == "max_cost"), None)
     if cap:
-        parts.append(f"the cost cap binds: promotions worth +{cap.gain:.4g} predicted exceed it")
+        parts.append(f"the cost cap binds: promotions worth {gain(metric, cap.gain, fine=True)} "
+                     "predicted exceed it")
     if predicted_ok and chosen.measured is not None:
         parts.append("a predicted plan meets it, the measurement does not (gains are not additive)")
     elif not rules and not cap:
