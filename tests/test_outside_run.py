@@ -51,7 +51,13 @@ def test_detected_head_the_run_judges_by_detections(det, capsys):
     assert v["metric"] == "detection_f1"
     assert v["quality"]["a8_w8"]["detection_f1"] == 0.0
     assert v["quality"]["plan"]["detection_f1"] > 0.9
-    assert "read as detections" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "read as detections" in captured.err
+    # F1's items are the detections, not the samples: the verdict says how many
+    count = int(v["quality"]["plan"]["detection_f1_items"])
+    assert count > 64
+    assert (f"(n=32 held-out samples, {count} detections of either model (a matched pair "
+            "once);") in captured.out
 
 
 def test_metric_sets_what_the_analysis_ranks_by(det):

@@ -19,6 +19,7 @@ from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
+from quantscope.tasks.shares import items_key
 from quantscope.tasks.unscored import is_unscored_note
 
 if TYPE_CHECKING:
@@ -49,7 +50,9 @@ def verdict(ctx: Context) -> dict[str, Any]:
     ev, plan, chk, io = (_read(ctx, n) for n in (steps.EVALUATE, steps.PLAN, steps.CHECK,
                                                  steps.IO))
     metric, results = ev["metric"], ev["results"]
-    quality = {label: {k: results[label]["metrics"].get(k) for k in (metric, "sqnr_db")}
+    count = items_key(metric)  # the items a share counts, where its task counts them
+    quality = {label: {k: results[label]["metrics"].get(k) for k in (metric, "sqnr_db", count)
+                       if k != count or count in results[label]["metrics"]}
                for label in COMPARED if label in results}
     goal = ctx.opts.goal
     higher = bool(ev.get("higher_is_better", True))

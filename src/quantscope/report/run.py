@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from quantscope.report import fmt, plots
+from quantscope.report import fmt, plots, summary
 from quantscope.report.build import _table, details, io_section, prenorm_section, render
 from quantscope.report.console import race_lines
 from quantscope.types import Stats
@@ -87,10 +87,8 @@ def _h2(text: str, anchor: str) -> str:
 
 
 def _n(v: dict[str, Any]) -> str:
-    """``n=16 held-out pairs`` (the held-out figures' sample size), or ``held out``."""
-    ho = v.get("held_out") or {}
-    return (f"n={ho['samples']} held-out {ho.get('unit', 'samples')}" if ho.get("samples")
-            else "held out")
+    """The held-out figures' sample size (:func:`summary.sample_size`)."""
+    return summary.sample_size(v)
 
 
 def verdict_section(v: dict[str, Any], text: str, details_text: str = "") -> str:

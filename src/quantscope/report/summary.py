@@ -30,6 +30,7 @@ from typing import Any
 
 from quantscope.export.hailo_alls import UNSET_DECISION, one_line
 from quantscope.report import fmt
+from quantscope.tasks.shares import ITEM_WORDS, items_key
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
               "matmul": "activation MatMuls (attention scores and context)",
@@ -45,6 +46,24 @@ def kind_name(kind: str) -> str:
 def task_kind(task: Any) -> str:
     """``retrieval`` of ``retrieval:stdlib-docs`` (a task's name is ``kind:source``)."""
     return str(task or "").split(":", 1)[0]
+
+
+def sample_size(v: dict[str, Any]) -> str:
+    """``n=16 held-out pairs`` (the held-out figures' sample size), or ``held out``; a
+    share over items its task counts apart from the samples (detection F1: the
+    detections) adds the plan's count: ``n=16 held-out samples, 167 detections of either
+    model (a matched pair once)``."""
+    ho = v.get("held_out") or {}
+    n = (f"n={ho['samples']} held-out {ho.get('unit', 'samples')}" if ho.get("samples")
+         else "held out")
+    m = v.get("metric", "")
+    items = ((v.get("quality") or {}).get("plan") or {}).get(items_key(m))
+    words = ITEM_WORDS.get(m.split(":")[0])
+    # a detection share's items are detections, which the samples do not tell; the
+    # others count the samples themselves, or positions as an effective count
+    if isinstance(items, int | float) and words and "detections" in words:
+        n += f", {int(items)} {words}"
+    return n
 
 
 def held_out(ev: dict[str, Any]) -> dict[str, Any]:
@@ -323,9 +342,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     person acts on; each one line, whatever the model's names hold)."""
     m = v["metric"]
     q = v["quality"]
-    ho = v.get("held_out") or {}
-    n = f"n={ho['samples']} held-out {ho.get('unit', 'samples')}" if ho.get("samples") else \
-        "held out"
+    n = sample_size(v)
     h = v.get("headline") or headline(v)
     dep = v.get("deployment") if h["ships"] == "deployment" else None
     got = fmt.value(m, h["value"])
