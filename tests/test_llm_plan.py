@@ -68,7 +68,7 @@ def test_recorded_quality_equals_a_fresh_measurement(planned, capsys) -> None:
     printed = capsys.readouterr().out
     for phase in LM_PHASES:
         v = recorded[phase]
-        assert (f"plan           {phase:<16} {v['top1_agreement']:>7.3f} {v['kl']:>9.4f} "
+        assert (f"plan           {phase:<16} {100 * v['top1_agreement']:>5.1f} % {v['kl']:>9.4f} "
                 f"{v['ppl_ratio']:>10.4f}") in printed
 
 

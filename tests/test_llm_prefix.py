@@ -195,7 +195,7 @@ def test_plan_records_the_prefix_and_check_measures_with_it(planned, capsys) -> 
     printed = capsys.readouterr().out
     assert "KV prefix: 1 token(s)" in printed and "recorded in the plan" in printed
     v = recorded["prefill"]
-    assert (f"plan           prefill          {v['top1_agreement']:>7.3f} {v['kl']:>9.4f} "
+    assert (f"plan           prefill          {100 * v['top1_agreement']:>5.1f} % {v['kl']:>9.4f} "
             f"{v['ppl_ratio']:>10.4f}") in printed
 
 

@@ -95,7 +95,7 @@ def test_decoder_run_figures_equal_a_fresh_check(ran, capsys) -> None:
     printed = capsys.readouterr().out
     for phase in ("prefill", "decode_fp32_kv", "decode_emu_kv"):
         v = evaluated[phase]
-        assert (f"plan           {phase:<16} {v['top1_agreement']:>7.3f} {v['kl']:>9.4f} "
+        assert (f"plan           {phase:<16} {100 * v['top1_agreement']:>5.1f} % {v['kl']:>9.4f} "
                 f"{v['ppl_ratio']:>10.4f}") in printed
 
 
