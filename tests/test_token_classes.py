@@ -212,3 +212,28 @@ def test_a_class_axis_of_one_value_is_one_line(tmp_path, capsys):
                        "('?', 12, 1): axis 2 holds 1 value, no classes to pick: give the "
                        "class axis with logits=class:axis=K, or use kind score for one value "
                        "per sample")
+
+
+def test_run_warns_when_the_class_axis_is_a_default(tmp_path, capsys):
+    """Where the graph does not say which axis holds the classes, axis 1 is read: the
+    verdict (console, verdict.json, report) says so as a warning, with how to change it."""
+    onnx.save(passthrough_scores(), tmp_path / "pt.onnx")
+    r = np.random.default_rng(0)
+    np.savez(tmp_path / "x.npz", a=r.normal(0, 1, (16, T, D)).astype(np.float32),
+             b=r.normal(0, 1, (16, D, C)).astype(np.float32))
+    assert main(["run", str(tmp_path / "pt.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--repairs", "none", "--layout", "scores=class",
+                 "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    said = ("output 'scores' read as class scores (top-1 over 12 classes on axis 1, by "
+            "default: the graph does not say which axis holds the classes; judged per "
+            "position, 5 positions per sample; another axis: --layout scores=class:axis=K) "
+            "(--layout)")
+    assert f"  warning: {said}\n" in out
+    assert read_json(tmp_path / "W" / "verdict.json", "verdict")[
+        "class_axis_by_default"] == [said]
+    # given, it is no default: no warning
+    assert main(["run", str(tmp_path / "pt.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--repairs", "none", "--layout",
+                 "scores=class:axis=-1", "--out", str(tmp_path / "W2")]) == 0
+    assert "warning: output 'scores' read as" not in capsys.readouterr().out

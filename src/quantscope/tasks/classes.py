@@ -36,6 +36,8 @@ from quantscope.units import value
 
 AGREEMENT_RESEMBLES = 0.95
 TOP_K = 5
+# the words of a class layout's note when its axis is a default (the verdict finds them)
+AXIS_BY_DEFAULT = "the graph does not say which axis holds the classes"
 
 
 def _classes_last(out: Outputs, name: str, axis: int) -> list[np.ndarray]:

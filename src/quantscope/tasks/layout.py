@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
-from quantscope.tasks.classes import ClassTask, class_output
+from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output
 from quantscope.tasks.detection import (
     BOX_FORMATS,
     DEFAULT_IOU,
@@ -266,7 +266,7 @@ def class_task(spec: LayoutSpec, model: Model, shape: tuple | None) -> ClassTask
         if graph:
             axis, read = graph, f"the graph's channel axis of its {producer}"
         else:
-            axis, read = 1, "by default: the graph does not say which axis holds the classes"
+            axis, read = 1, f"by default: {AXIS_BY_DEFAULT}"
     size = shape[axis] if shape is not None and axis < len(shape) else None
     if isinstance(size, int) and size < 2:
         raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}: axis {axis} "
