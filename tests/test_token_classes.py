@@ -96,9 +96,9 @@ def test_an_axis_the_graph_does_not_tell_is_said_to_be_the_default():
                         "scores=class:axis=K) (--layout)")
 
 
-def _outputs(*batches):
-    return Outputs(names=("logits",), batches=tuple((np.asarray(b, np.float32),)
-                                                   for b in batches))
+def _outputs(*batches, name="logits"):
+    return Outputs(names=(name,), batches=tuple((np.asarray(b, np.float32),)
+                                               for b in batches))
 
 
 def test_top1_and_its_items_are_over_the_classes_of_each_token_clustered_by_sample():
@@ -237,3 +237,39 @@ def test_run_warns_when_the_class_axis_is_a_default(tmp_path, capsys):
                  "--target", "hailo8", "--repairs", "none", "--layout",
                  "scores=class:axis=-1", "--out", str(tmp_path / "W2")]) == 0
     assert "warning: output 'scores' read as" not in capsys.readouterr().out
+
+
+def _softmax_model(opset: int, axis: int, *, attention: bool = False) -> onnx.ModelProto:
+    """``x [N, 12, 16]`` -> MatMul (a weight, or x's own transpose: attention scores) ->
+    Softmax over ``axis`` -> ``probs``."""
+    second, shape = ("xt", f"{T}, {T}") if attention else ("w", f"{T}, {C}")
+    text = f"""
+    <ir_version: 8, opset_import: ["" : {opset}]>
+    sm (float[N, {T}, {D}] x) => (float[N, {shape}] probs) {{
+        xt = Transpose <perm = [0, 2, 1]> (x)
+        s = MatMul (x, {second})
+        probs = Softmax <axis = {axis}> (s)
+    }}
+    """
+    return _with_weights(text, {"w": _rng(5).normal(0, 1, (D, C)).astype(np.float32)})
+
+
+def test_a_softmax_over_the_last_axis_of_token_scores_is_read_per_token():
+    model = load_proto(_softmax_model(17, -1), "sm")
+    task, notes = layout_tasks(model, (), "x.npz")
+    assert isinstance(task, ClassTask) and task.axis == 2
+    assert notes == ("output 'probs' read as class scores (top-1 over 5 classes on axis 2, "
+                     "the last) (a Softmax over the classes); --layout probs=tensor for plain "
+                     "fidelity",)
+    r = np.random.default_rng(2)
+    ref = r.random((4, T, C))
+    test = ref.copy()
+    test[0, 3] = ref[0, 3, ::-1]
+    m = task.metrics(_outputs(ref, name="probs"), _outputs(test, name="probs"))
+    want = np.mean(ref.argmax(-1) == test.argmax(-1))
+    assert m.values["top1_agreement"] == want and m.values["top1_agreement_clusters"] == 4
+    # attention probabilities [N, T, T] are no classes
+    assert layout_tasks(load_proto(_softmax_model(17, -1, attention=True), "a"), (),
+                        "x.npz") == (None, ())
+    # an old opset's Softmax over the last axis is one axis too
+    assert layout_tasks(load_proto(_softmax_model(11, 2), "o"), (), "x.npz")[0].axis == 2

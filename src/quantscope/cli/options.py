@@ -111,8 +111,8 @@ LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per 
                "last; default: the axis the graph gives their features, e.g. the last of a "
                "token classifier's [N, T, C], else 1, said), "
                "OUTPUT=tensor (fidelity only). Default: a detection head (a Concat of 4 box "
-               "rows and score rows) and a Softmax over the classes (axis 1) of an [N, C] or "
-               "[N, C, H, W] output are "
+               "rows and score rows) and a Softmax over the classes (axis 1 of an [N, C] or "
+               "[N, C, H, W] output, the last of an [N, T, C] one) are "
                "found in the graph; other outputs are tensors (docs/outside-the-zoo.md). An "
                "OUTPUT holding '=' is read up to the last '=KIND', or quote it: '\"a=b\"=map'")
 

@@ -17,10 +17,11 @@ class task scores what the user acts on:
 Notes say when FP32 picks one class on every sample (the agreement then says little) and
 when the agreement is below :data:`AGREEMENT_RESEMBLES` (``NOT LIKE FP32``).
 
-An output made by a Softmax or LogSoftmax over the classes of a ``[N, C]`` tensor, or over
-axis 1 of a ``[N, C, ...]`` one (a segmentation's per-pixel class probabilities), is read
+An output made by a Softmax or LogSoftmax over the classes of a ``[N, C]`` tensor, over
+axis 1 of a ``[N, C, ...]`` one (a segmentation's per-pixel class probabilities), or over
+the last axis of a ``[N, ..., C]`` one (a token classifier's; not an attention's) is read
 as class scores without being declared (:func:`class_output`); logits need
-``--layout OUTPUT=class``.
+``--layout OUTPUT=class`` (``class:axis=K`` to give the class axis).
 """
 
 from __future__ import annotations
@@ -143,19 +144,28 @@ def _items(agree: np.ndarray, positions: np.ndarray) -> dict[str, float]:
 
 
 def class_output(model: Model, output: str) -> int | None:
-    """The class count of ``output`` when the graph makes it a Softmax or LogSoftmax over
-    the classes of a ``[N, C]`` tensor, or over axis 1 of a ``[N, C, ...]`` one (per
-    position: a segmentation), with C >= 2 (symbolic: 0), else None."""
+    """The class axis of ``output`` when the graph makes it a Softmax or LogSoftmax over
+    the classes: of a ``[N, C]`` tensor, over axis 1 of a ``[N, C, ...]`` one (per
+    position: a segmentation), or over the last axis of a ``[N, ..., C]`` one (per
+    position: a token classifier's ``[N, T, C]``) that is no attention's (its input is not
+    from an activation x activation MatMul), with C >= 2 or symbolic; else None. Before
+    opset 13 a Softmax flattens the axes from its axis on: only the last axis is one axis."""
+    from quantscope.model.axes import softmax_facts
+
     node = next((n for n in model.graph.node if output in n.output), None)
     if node is None or node.op_type not in ("Softmax", "LogSoftmax"):
         return None
     shape = model.value_shapes().get(output)
     if shape is None or len(shape) < 2:
         return None
-    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
-    if axis + (len(shape) if axis < 0 else 0) != 1:
+    axis, _, attention = softmax_facts(model, node)
+    axis %= len(shape)
+    last = axis == len(shape) - 1
+    if not (last or (axis == 1 and model.opset() >= 13)) or axis == 0:
         return None
-    c = shape[1]
+    if axis != 1 and attention:
+        return None
+    c = shape[axis]
     if isinstance(c, int) and c < 2:
         return None
-    return c if isinstance(c, int) else 0
+    return axis

@@ -24,8 +24,8 @@ KIND        keys (defaults)                                          headline me
 Row ranges: ``A-B`` (inclusive), ``A-`` (to the last row) or ``A``. Without ``--layout``,
 an output the graph shows to be a detection head (a Concat whose first input has 4 rows on
 the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``detect`` task,
-and a Softmax over the classes (axis 1) of a ``[N, C]`` or ``[N, C, H, W]`` output the
-``class`` task
+and a Softmax over the classes (axis 1 of a ``[N, C]`` or ``[N, C, H, W]`` output, the
+last axis of a ``[N, T, C]`` one that is no attention's) the ``class`` task
 (:func:`quantscope.tasks.classes.class_output`); a note says so; ``OUTPUT=tensor`` turns
 that off. Every bad value is one error line
 naming ``--layout`` and the fix.
@@ -364,8 +364,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str
                 notes.append(f"output '{out}' read as detections [{_describe(task, model)}] (a Concat "
                              f"of 4 box rows and score rows); declare with --layout {out}=... "
                              f"to change, --layout {out}=tensor for plain fidelity")
-            elif class_output(model, out) is not None:
-                task = ClassTask(name=f"class:{out}", output=out)
+            elif (axis := class_output(model, out)) is not None:
+                task = ClassTask(name=f"class:{out}", output=out, axis=axis)
                 notes.append(f"output '{out}' read as {_describe(task, model)} (a Softmax over "
                              f"the classes); --layout {out}=tensor for plain fidelity")
         if task is not None:
