@@ -273,3 +273,35 @@ def test_a_softmax_over_the_last_axis_of_token_scores_is_read_per_token():
                         "x.npz") == (None, ())
     # an old opset's Softmax over the last axis is one axis too
     assert layout_tasks(load_proto(_softmax_model(11, 2), "o"), (), "x.npz")[0].axis == 2
+
+
+def lm_head(seed: int = 41, vocab: int = V) -> onnx.ModelProto:
+    """``input_ids [N, 12]`` -> a ``[vocab, 16]`` table -> MatMul -> ``logits [N, 12,
+    vocab]``: one value per row of the table the ids index (an LM head)."""
+    r = _rng(seed)
+    text = f"""
+    <ir_version: 9, opset_import: ["" : 17]>
+    lm (int64[N, {T}] input_ids) => (float[N, {T}, {vocab}] logits) {{
+        e = Gather (emb, input_ids)
+        logits = MatMul (e, head)
+    }}
+    """
+    return _with_weights(text, {"emb": r.normal(0, 1, (vocab, D)).astype(np.float32),
+                                "head": r.normal(0, 0.5, (D, vocab)).astype(np.float32)})
+
+
+def test_an_lm_head_declared_as_classes_is_said_to_be_teacher_forced_top1(tmp_path, capsys):
+    """An LM head [N, T, V] declared ``class`` is judged per token over its vocabulary, and
+    the verdict no longer says its figures are tensor fidelity."""
+    model, data = _save(tmp_path, lm_head())
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--repairs", "none",
+                 "--layout", "logits=class", "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr()
+    assert "top-1 over 40 classes on axis 2, the last" in out.err
+    warning = next(line for line in out.out.splitlines() if "language model (" in line)
+    assert "'logits' scored as class scores over the last axis: the top-1 agreement is " \
+           "FP32's top token kept at each position of the token ids given (teacher-forced), " \
+           "which says little of KL, perplexity or decoding on a quantized KV cache" in warning
+    assert "tensor fidelity" not in warning
+    v = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    assert v["metric"] == "top1_agreement"
