@@ -305,3 +305,28 @@ def test_an_lm_head_declared_as_classes_is_said_to_be_teacher_forced_top1(tmp_pa
     assert "tensor fidelity" not in warning
     v = read_json(tmp_path / "W" / "verdict.json", "verdict")
     assert v["metric"] == "top1_agreement"
+
+
+def test_a_sequence_first_token_classifier_runs_with_its_batch_axis(tmp_path, capsys):
+    """``x [T, N, D]`` -> ``logits [T, N, C]`` (samples on axis 1: ``--batch-axis``): the
+    analysis scored the class task on outputs it had not put sample-first, and the run
+    stopped with an internal error (cannot reshape); now every figure is per token."""
+    r = _rng(7)
+    text = f"""
+    <ir_version: 9, opset_import: ["" : 17]>
+    sf (float[{T}, N, {D}] x) => (float[{T}, N, {C}] logits) {{
+        m = MatMul (x, w)
+        logits = Add (m, b)
+    }}
+    """
+    onnx.save(_with_weights(text, {"w": r.normal(0, 0.5, (D, C)).astype(np.float32),
+                                   "b": r.normal(0, 0.1, C).astype(np.float32)}),
+              tmp_path / "sf.onnx")
+    np.savez(tmp_path / "x.npz", x=r.normal(0, 1, (T, 32, D)).astype(np.float32))
+    assert main(["run", str(tmp_path / "sf.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--batch-axis", "x=1,logits=1", "--target", "hailo8", "--repairs", "none",
+                 "--layout", "logits=class", "--out", str(tmp_path / "W")]) == 0
+    capsys.readouterr()
+    fp32 = read_json(tmp_path / "W" / "evaluate.json", "evaluation")["results"]["fp32"]
+    assert fp32["metrics"]["top1_agreement_clusters"] == 16
+    assert fp32["metrics"]["top1_agreement_items"] == 16 * T
