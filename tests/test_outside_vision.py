@@ -121,7 +121,7 @@ def test_softmax_output_is_read_as_classes_logits_when_declared():
     try:
         layout_tasks(vad, (parse_layout("speech=class"),), "x.npz")
     except LayoutError as e:
-        assert "no class axis 1" in str(e) and "use kind score" in str(e)
+        assert "no class axis of 2 or more classes" in str(e) and "use kind score" in str(e)
     else:
         raise AssertionError("a [N] output was read as classes")
 

@@ -107,10 +107,12 @@ LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per 
                "threshold=0.25,iou=0.5] (detection F1 vs FP32; obj=R: a YOLOv5 objectness row "
                "multiplying the class scores), OUTPUT=map[:threshold=0.5] (mask IoU), "
                "OUTPUT=score[:threshold=0.5] (decision agreement, one value per sample), "
-               "OUTPUT=class (top-1 agreement of class scores or logits on axis 1), "
+               "OUTPUT=class[:axis=K] (top-1 agreement of class scores or logits on axis K, -1 the "
+               "last; default: the axis the graph gives their features, e.g. the last of a "
+               "token classifier's [N, T, C], else 1, said), "
                "OUTPUT=tensor (fidelity only). Default: a detection head (a Concat of 4 box "
-               "rows and score rows) and a Softmax over the classes (axis 1) of an [N, C] or "
-               "[N, C, H, W] output are "
+               "rows and score rows) and a Softmax over the classes (axis 1 of an [N, C] or "
+               "[N, C, H, W] output, the last of an [N, T, C] one) are "
                "found in the graph; other outputs are tensors (docs/outside-the-zoo.md). An "
                "OUTPUT holding '=' is read up to the last '=KIND', or quote it: '\"a=b\"=map'")
 

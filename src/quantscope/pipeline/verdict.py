@@ -19,6 +19,7 @@ from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
+from quantscope.tasks.classes import AXIS_BY_DEFAULT
 from quantscope.tasks.shares import items_key
 from quantscope.tasks.unscored import is_unscored_note
 
@@ -101,6 +102,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         # outputs scored for fidelity only (a text encoder's second output): not in the task's
         # figures nor the headline
         "unscored": _unscored(ev["data"]),
+        # class outputs read on axis 1 because the graph does not say where the classes are
+        "class_axis_by_default": _data_notes(ev["data"], AXIS_BY_DEFAULT),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
         "mixed_scales": _mixed_scales(ctx),
         # NaN / inf FP32 met inside the graph on the fit data (left out of the ranges)
@@ -186,12 +189,17 @@ def _not_like(results: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def _data_notes(data: dict[str, Any], words: str) -> list[str]:
+    """The data notes (fit and held out, once each) holding ``words``."""
+    notes = [str(n) for part in (data, data.get("fit") or {}, data.get("held_out") or {})
+             for n in part.get("notes") or []]
+    return list(dict.fromkeys(n for n in notes if words in n))
+
+
 def _unscored(data: dict[str, Any]) -> list[str]:
     """The data notes naming outputs scored for fidelity only (not by the task, so their own
     error is not in the headline)."""
-    notes = [str(n) for part in (data, data.get("fit") or {}, data.get("held_out") or {})
-             for n in part.get("notes") or []]
-    return list(dict.fromkeys(n for n in notes if is_unscored_note(n)))
+    return [n for n in _data_notes(data, "") if is_unscored_note(n)]
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:

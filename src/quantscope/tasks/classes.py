@@ -4,7 +4,8 @@ A classifier's probabilities can keep a whole-output SQNR of 50 dB while the cla
 ships changes, and its logits can read 22 dB while every sample keeps its class. The
 class task scores what the user acts on:
 
-``class`` (``[N, C]``; ``[N, C, H, W]`` per position: a segmentation's class logits)
+``class`` (``[N, C]``; ``[N, C, H, W]`` per position: a segmentation's class logits;
+``[N, T, C]`` per position with the classes on ``axis`` 2: a token classifier, an LM head)
     ``top1_agreement`` (headline): share of samples (and positions) whose top class is
     FP32's; ``top5_agreement``: share whose FP32 top class is among the quantized top 5
     (when there are more than 5 classes); ``top1_ties``: share whose quantized top score
@@ -16,10 +17,11 @@ class task scores what the user acts on:
 Notes say when FP32 picks one class on every sample (the agreement then says little) and
 when the agreement is below :data:`AGREEMENT_RESEMBLES` (``NOT LIKE FP32``).
 
-An output made by a Softmax or LogSoftmax over the classes of a ``[N, C]`` tensor, or over
-axis 1 of a ``[N, C, ...]`` one (a segmentation's per-pixel class probabilities), is read
+An output made by a Softmax or LogSoftmax over the classes of a ``[N, C]`` tensor, over
+axis 1 of a ``[N, C, ...]`` one (a segmentation's per-pixel class probabilities), or over
+the last axis of a ``[N, ..., C]`` one (a token classifier's; not an attention's) is read
 as class scores without being declared (:func:`class_output`); logits need
-``--layout OUTPUT=class``.
+``--layout OUTPUT=class`` (``class:axis=K`` to give the class axis).
 """
 
 from __future__ import annotations
@@ -35,40 +37,68 @@ from quantscope.units import value
 
 AGREEMENT_RESEMBLES = 0.95
 TOP_K = 5
+# the words of a class layout's note when its axis is a default (the verdict finds them)
+AXIS_BY_DEFAULT = "the graph does not say which axis holds the classes"
 
 
-def _classes_last(out: Outputs, name: str) -> list[np.ndarray]:
-    """Each batch as ``[samples x positions, C]`` (the class axis 1 moved last)."""
+def _classes_last(out: Outputs, name: str, axis: int) -> list[np.ndarray]:
+    """Each batch as ``[samples x positions, C]`` (the class ``axis`` moved last; the rows
+    sample by sample, each sample's positions in order)."""
     i = out.names.index(name)
     arrays = []
     for b in out.batches:
-        a = np.asarray(b[i], dtype=np.float64)
-        a = a.reshape(len(a), -1) if a.ndim == 2 else np.moveaxis(a, 1, -1)
+        a = np.moveaxis(np.asarray(b[i], dtype=np.float64), axis, -1)
         arrays.append(a.reshape(-1, a.shape[-1]))
     return arrays
 
 
-def _positions(out: Outputs, name: str) -> np.ndarray:
-    """Each sample's number of positions (1 for ``[N, C]``), in the order of
-    :func:`_classes_last`'s rows."""
+def _positions(out: Outputs, name: str, axis: int) -> np.ndarray:
+    """Each sample's number of positions (1 for ``[N, C]``: every non-sample axis but the
+    class ``axis``), in the order of :func:`_classes_last`'s rows."""
     i = out.names.index(name)
-    return np.concatenate([np.full(len(b[i]), int(np.prod(np.shape(b[i])[2:], dtype=np.int64)))
-                           for b in out.batches]) if out.batches else np.zeros(0, np.int64)
+    sizes = []
+    for b in out.batches:
+        shape = np.shape(b[i])
+        rest = [d for k, d in enumerate(shape[1:], 1) if k != axis % len(shape)]
+        sizes.append(np.full(shape[0], int(np.prod(rest, dtype=np.int64))))
+    return np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+
+
+def _bad_axis(out: Outputs, name: str, axis: int) -> str | None:
+    """Why ``axis`` is no class axis of the arrays ``out`` holds (a symbolic shape the
+    layout could not check), else None."""
+    i = out.names.index(name)
+    for b in out.batches:
+        shape = np.shape(b[i])
+        if len(shape) < 2 or not -len(shape) <= axis < len(shape) or axis % len(shape) == 0:
+            return f"its arrays have shape {shape}: axis {axis} is no class axis"
+        if shape[axis] < 2:
+            return (f"its arrays have shape {shape}: axis {axis} holds {shape[axis]} value, "
+                    "no classes to pick")
+    return None
 
 
 @dataclass(frozen=True, eq=False)
 class ClassTask:
-    """Class scores on axis 1, judged by the top class (module docstring)."""
+    """Class scores on ``axis`` (of the sample-first output; 1 by default, -1 the last),
+    judged by the top class (module docstring)."""
 
     name: str
     output: str
     headline: str = "top1_agreement"
     higher_is_better: bool = True
     row_local: bool = True
+    axis: int = 1
+    axis_read: str = ""  # where the axis came from, said in the layout's note
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
-        r = np.concatenate(_classes_last(ref, self.output))
-        t = np.concatenate(_classes_last(test, self.output))
+        bad = _bad_axis(ref, self.output, self.axis)
+        if bad:
+            return Metrics(values={"top1_agreement": float("nan")},
+                           notes=(f"output '{self.output}' not scored as classes: {bad}; "
+                                  f"give --layout {self.output}=class:axis=K",))
+        r = np.concatenate(_classes_last(ref, self.output, self.axis))
+        t = np.concatenate(_classes_last(test, self.output, self.axis))
         n, classes = r.shape if r.ndim == 2 else (0, 0)
         rows = "positions" if ref.batches and np.ndim(ref.batches[0][
             ref.names.index(self.output)]) > 2 else "samples"
@@ -78,7 +108,7 @@ class ClassTask:
         top_r, top_t = r.argmax(axis=1), t.argmax(axis=1)
         agree = top_r == top_t
         values = {"top1_agreement": float(agree.mean()),
-                  **_items(agree, _positions(ref, self.output))}
+                  **_items(agree, _positions(ref, self.output, self.axis))}
         if classes > TOP_K:
             best = np.argpartition(-t, TOP_K - 1, axis=1)[:, :TOP_K]
             values["top5_agreement"] = float(np.mean(np.any(best == top_r[:, None], axis=1)))
@@ -114,19 +144,28 @@ def _items(agree: np.ndarray, positions: np.ndarray) -> dict[str, float]:
 
 
 def class_output(model: Model, output: str) -> int | None:
-    """The class count of ``output`` when the graph makes it a Softmax or LogSoftmax over
-    the classes of a ``[N, C]`` tensor, or over axis 1 of a ``[N, C, ...]`` one (per
-    position: a segmentation), with C >= 2 (symbolic: 0), else None."""
+    """The class axis of ``output`` when the graph makes it a Softmax or LogSoftmax over
+    the classes: of a ``[N, C]`` tensor, over axis 1 of a ``[N, C, ...]`` one (per
+    position: a segmentation), or over the last axis of a ``[N, ..., C]`` one (per
+    position: a token classifier's ``[N, T, C]``) that is no attention's (its input is not
+    from an activation x activation MatMul), with C >= 2 or symbolic; else None. Before
+    opset 13 a Softmax flattens the axes from its axis on: only the last axis is one axis."""
+    from quantscope.model.axes import softmax_facts
+
     node = next((n for n in model.graph.node if output in n.output), None)
     if node is None or node.op_type not in ("Softmax", "LogSoftmax"):
         return None
     shape = model.value_shapes().get(output)
     if shape is None or len(shape) < 2:
         return None
-    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
-    if axis + (len(shape) if axis < 0 else 0) != 1:
+    axis, _, attention = softmax_facts(model, node)
+    axis %= len(shape)
+    last = axis == len(shape) - 1
+    if not (last or (axis == 1 and model.opset() >= 13)) or axis == 0:
         return None
-    c = shape[1]
+    if axis != 1 and attention:
+        return None
+    c = shape[axis]
     if isinstance(c, int) and c < 2:
         return None
-    return c if isinstance(c, int) else 0
+    return axis

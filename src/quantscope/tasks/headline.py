@@ -136,16 +136,18 @@ def row_scoring_of(task: Task | None, output_names: Sequence[str] = ()) -> RowSc
 
 def sample_row_scoring(task: Task, output_names: Sequence[str]) -> RowScoring:
     """The task's own metrics as the analysis' score, for a task that reads each sample
-    alone: ``reduce`` keeps every output whose first axis is the samples, flattened side
-    by side (remembering each one's per-sample shape); ``score`` rebuilds those outputs
-    and asks ``task.metrics``, so the analysis ranks groups by the very headline
-    ``evaluate`` reports (any subset of rows is scored alike: ``row_local``)."""
-    from quantscope.types import Outputs
+    alone: ``reduce`` puts every output sample-first (an output batched on another axis,
+    ``--batch-axis``, as :func:`quantscope.types.sample_first` does for ``evaluate``) and
+    keeps each one with the samples' count, flattened side by side (remembering each one's
+    per-sample shape); ``score`` rebuilds those outputs and asks ``task.metrics``, so the
+    analysis ranks groups by the very headline ``evaluate`` reports (any subset of rows is
+    scored alike: ``row_local``)."""
+    from quantscope.types import Outputs, sample_first
 
     layout: list[tuple[str, int, int, tuple[int, ...]]] = []  # name, start, stop, shape
 
     def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
-        del feeds
+        outputs = sample_first(outputs, feeds)
         n = len(outputs[0])
         parts, spans, at = [], [], 0
         for name, o in zip(output_names, outputs, strict=False):

@@ -16,15 +16,16 @@ KIND        keys (defaults)                                          headline me
             ``threshold=0.25``, ``iou=0.5``  (:mod:`.detection`)
 ``map``     ``threshold=0.5``  (:mod:`.maps`)                         ``mask_iou``
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
-``class``   none: class scores on axis 1 (:mod:`.classes`)            ``top1_agreement``
+``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
+            (:mod:`.classes`; default: the graph's, :func:`class_task`)
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
 Row ranges: ``A-B`` (inclusive), ``A-`` (to the last row) or ``A``. Without ``--layout``,
 an output the graph shows to be a detection head (a Concat whose first input has 4 rows on
 the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``detect`` task,
-and a Softmax over the classes (axis 1) of a ``[N, C]`` or ``[N, C, H, W]`` output the
-``class`` task
+and a Softmax over the classes (axis 1 of a ``[N, C]`` or ``[N, C, H, W]`` output, the
+last axis of a ``[N, T, C]`` one that is no attention's) the ``class`` task
 (:func:`quantscope.tasks.classes.class_output`); a note says so; ``OUTPUT=tensor`` turns
 that off. Every bad value is one error line
 naming ``--layout`` and the fix.
@@ -36,8 +37,10 @@ import math
 import re
 from dataclasses import dataclass
 
+import numpy as np
+
 from quantscope.model.load import Model
-from quantscope.tasks.classes import ClassTask, class_output
+from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output
 from quantscope.tasks.detection import (
     BOX_FORMATS,
     DEFAULT_IOU,
@@ -54,7 +57,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou"),
     "map": ("threshold",),
     "score": ("threshold",),
-    "class": (),
+    "class": ("axis",),
     "tensor": (),
 }
 SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class or tensor"
@@ -184,7 +187,8 @@ def _check_values(spec: LayoutSpec) -> None:
         raise _fail(spec.text, f"format '{fmt}' is unknown: use {' or '.join(BOX_FORMATS)}")
     axis = spec.option("axis")
     if axis is not None and (not axis.lstrip("-").isdigit()):
-        raise _fail(spec.text, f"axis '{axis}' is not a whole number: give the row axis (e.g. 1)")
+        what = "class axis (e.g. -1, the last)" if spec.kind == "class" else "row axis (e.g. 1)"
+        raise _fail(spec.text, f"axis '{axis}' is not a whole number: give the {what}")
 
 
 def _detection_layout(spec: LayoutSpec, shape: tuple | None) -> DetectionLayout:
@@ -227,6 +231,51 @@ def _float(spec: LayoutSpec, key: str, default: float) -> float:
     return default if raw is None else float(raw)
 
 
+def _dims(shape: tuple) -> tuple:
+    return tuple(d if isinstance(d, int) else "?" for d in shape)
+
+
+def class_task(spec: LayoutSpec, model: Model, shape: tuple | None) -> ClassTask:
+    """The class task of a ``class`` layout: the class axis as given (``axis=K``; -1 the
+    last), else the one non-sample axis of ``[N, C]``, else the channel axis the graph
+    gives the output (:func:`quantscope.model.axes.output_channel_axes`: the features of
+    the weighted MatMul/Gemm that makes ``[N, T, C]``, the channels of a Conv's
+    ``[N, C, H, W]``), else axis 1, said to be a default (``ClassTask.axis_read``)."""
+    from quantscope.model.axes import output_channel_axes
+
+    rank = len(shape) if shape is not None else None
+    raw = spec.option("axis")
+    if rank is not None and rank < 2:
+        raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}, no class "
+                    "axis of 2 or more classes: use kind score for one value per sample")
+    if raw is not None:
+        axis, read = int(raw), "as given"
+        if rank is not None and not -rank <= axis < rank:
+            raise _fail(spec.text, f"axis {axis} is outside output '{spec.output}' of shape "
+                        f"{_dims(shape)}: give one of 1..{rank - 1} (-1: the last)")
+        axis = axis % rank if rank is not None else axis
+        if axis == 0:
+            raise _fail(spec.text, f"axis {raw} is the samples' axis of output "
+                        f"'{spec.output}': give the class axis, 1..{(rank or 2) - 1} "
+                        "(-1: the last)")
+    elif rank == 2:
+        axis, read = 1, ""
+    else:
+        graph = output_channel_axes(model).get(spec.output)
+        producer = next((n.op_type for n in model.graph.node if spec.output in n.output), None)
+        if graph:
+            axis, read = graph, f"the graph's channel axis of its {producer}"
+        else:
+            axis, read = 1, f"by default: {AXIS_BY_DEFAULT}"
+    size = shape[axis] if shape is not None and axis < len(shape) else None
+    if isinstance(size, int) and size < 2:
+        raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}: axis {axis} "
+                    f"holds {size} value, no classes to pick: give the class axis with "
+                    f"{spec.output}=class:axis=K, or use kind score for one value per sample")
+    return ClassTask(name=f"class:{spec.output}", output=spec.output, axis=axis,
+                     axis_read=read)
+
+
 def _task(spec: LayoutSpec, model: Model) -> object | None:
     shape = model.value_shapes().get(spec.output)
     name = f"{spec.kind}:{spec.output}"
@@ -243,11 +292,7 @@ def _task(spec: LayoutSpec, model: Model) -> object | None:
         return ScoreTask(name=name, output=spec.output,
                          threshold=_float(spec, "threshold", SCORE_THRESHOLD))
     if spec.kind == "class":
-        if shape is not None and (len(shape) < 2 or shape[1] == 1):
-            raise _fail(spec.text, f"output '{spec.output}' has shape "
-                        f"{tuple(d if isinstance(d, int) else '?' for d in shape)}, no class "
-                        "axis 1 of 2 or more classes: use kind score for one value per sample")
-        return ClassTask(name=name, output=spec.output)
+        return class_task(spec, model, shape)
     return None
 
 
@@ -319,8 +364,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str
                 notes.append(f"output '{out}' read as detections [{_describe(task, model)}] (a Concat "
                              f"of 4 box rows and score rows); declare with --layout {out}=... "
                              f"to change, --layout {out}=tensor for plain fidelity")
-            elif class_output(model, out) is not None:
-                task = ClassTask(name=f"class:{out}", output=out)
+            elif (axis := class_output(model, out)) is not None:
+                task = ClassTask(name=f"class:{out}", output=out, axis=axis)
                 notes.append(f"output '{out}' read as {_describe(task, model)} (a Softmax over "
                              f"the classes); --layout {out}=tensor for plain fidelity")
         if task is not None:
@@ -343,7 +388,25 @@ def _describe(task: object, model: Model) -> str:
     if isinstance(task, ScoreTask):
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
-        shape = model.value_shapes().get(task.output) or ()
-        c = shape[1] if len(shape) > 1 and isinstance(shape[1], int) else None
-        return f"class scores (top-1 over {c or 'the'} classes on axis 1)"
+        return describe_classes(task, model)
     return "a tensor"
+
+
+def describe_classes(task: ClassTask, model: Model) -> str:
+    """What a class task reads: the class count and axis; for a declared one, where the
+    axis came from and (per position) the positions per sample and how to read another
+    axis (a Softmax's axis needs no more)."""
+    shape = model.value_shapes().get(task.output) or ()
+    rank = len(shape) or None
+    axis = task.axis % rank if rank else task.axis
+    c = shape[axis] if rank and axis < rank and isinstance(shape[axis], int) else None
+    where = f"axis {axis}" + (", the last" if rank and rank > 2 and axis == rank - 1 else "")
+    text = f"class scores (top-1 over {c or 'the'} classes on {where}"
+    if task.axis_read:
+        text += f", {task.axis_read}"
+    if task.axis_read and rank and rank > 2:
+        rest = [d for k, d in enumerate(shape[1:], 1) if k != axis]
+        per = int(np.prod(rest)) if all(isinstance(d, int) for d in rest) else None
+        text += (f"; judged per position, {per or 'its'} positions per sample; another "
+                 f"axis: --layout {task.output}=class:axis=K")
+    return text + ")"

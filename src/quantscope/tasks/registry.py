@@ -546,18 +546,12 @@ def tensor_task(model: Model, spec: str, layouts: tuple = ()) -> tuple[object | 
     graph (a detection head), each scored by what it is; None when every output is plain
     (fidelity only). Also the notes saying what each output was read as
     (:mod:`quantscope.tasks.layout`)."""
-    from quantscope.model.phases import language_model
     from quantscope.tasks.layout import layout_tasks
+    from quantscope.tasks.lm_tensor import language_model_note
 
     task, notes = layout_tasks(model, tuple(layouts), spec)
-    why = language_model(model.proto, model.output_names())
-    if why:  # SQNR of logits is no next-token figure: say so beside it
-        notes = (*notes, f"language model ({why}): the figures are its outputs' tensor "
-                 "fidelity (SQNR, cosine), which says little of next-token quality (top-1, "
-                 "KL, perplexity vs FP32); that is measured for a decoder given as "
-                 "prefill/decode phase graphs (--phase prefill,decode; docs/models-and-data.md; "
-                 "'quantscope phases' converts a Hugging Face export with its KV cache)")
-    return task, notes
+    lm = language_model_note(model, task)  # what an LM's figures say: beside them
+    return task, (*notes, lm) if lm else notes
 
 
 def open_task_data(
