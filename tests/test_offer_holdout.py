@@ -134,3 +134,27 @@ def test_run_on_tensor_data_no_longer_chooses_equalize_and_says_why(tmp_path, ca
     assert said in (out / "report.html").read_text().replace("&#x27;", "'")  # in the report
     rows = {r["name"]: r for r in doc["repair_offer"]["measured"]}
     assert rows["equalize"]["out_of_sample"]["offered"] is False
+
+
+def test_a_task_that_scores_all_samples_together_is_said_not_checked():
+    """Face verification, retrieval: halves of the samples are not the task's data; the
+    offer stands as measured and the note says it was not checked (before any run)."""
+    from types import SimpleNamespace
+
+    from quantscope.plan.joint import Offer
+    from quantscope.plan.start import RepairOption
+    from quantscope.stages.offer_holdout import check_offer
+
+    proto, x = _token_classifier()
+    feeds = ({"x": x[:16]},)
+    data = Dataset("pairs", calibration=feeds, evaluation=feeds,
+                   task=SimpleNamespace(name="verification", row_local=False))
+    option = RepairOption("equalize", gain=0.3, cost=0.0, reason="measured")
+    offer = Offer((option,), ({"name": "equalize", "gain": 0.3},), ())
+    sens = Sensitivity.from_gains("sqnr_db", 30.0, {})
+    out = check_offer(offer, load_proto(proto, "tok"), data, None, sens, load_target("hailo8"),
+                      feeds)
+    assert out.options == (option,) and out.measured == offer.measured
+    assert out.notes == ("repair equalize: not checked out of sample (the plan search measures "
+                         "on its calibration data; its task (verification) scores all samples "
+                         "together)",)
