@@ -148,6 +148,8 @@ def plan(ctx: Context) -> Done:
                             cache=cache)
     for line in (*cache.notes, cache.summary()):
         _say(ctx, f"plan: {line}")
+    for note in out.offer.notes if out.offer is not None else ():  # why a repair is not used
+        _say(ctx, f"plan: {note}")
     said = {"scope": list(scope.lines)} if scope.lines else {}
     extra, timings = _untimed({**out.file_extra(), **record, **said})
     stages.write_plan(ctx.path(PLAN), out.plan, extra)

@@ -12,6 +12,7 @@ is a ``—`` with a legend (:mod:`quantscope.report.fmt` has the one number form
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 from typing import Any
 
 from quantscope.report import fmt, plots, summary
@@ -44,7 +45,8 @@ def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
         prenorm_section(evaluate["results"]),
         whatif_section(evaluate.get("whatif"), n),
         pareto_section(plan.get("pareto") or {}, metric, verdict=verdict,
-                       repaired_plan=repaired_plan),
+                       repaired_plan=repaired_plan,
+                       offer_notes=(plan.get("repair_offer") or {}).get("notes") or ()),
         plan_diff_section(repaired_plan),
         legality_section(check),
         noise_section(analysis),
@@ -314,7 +316,10 @@ def legality_section(chk: dict[str, Any]) -> str:
 
 
 def pareto_section(pareto: dict[str, Any], measured: str, *, verdict: dict[str, Any] | None = None,
-                   repaired_plan: dict[str, Any] | None = None) -> str:
+                   repaired_plan: dict[str, Any] | None = None,
+                   offer_notes: Sequence[str] = ()) -> str:
+    """The front; ``offer_notes``: why each requested repair was or was not offered to
+    the search (the plan file's ``repair_offer``), one note each."""
     points = pareto.get("points") or []
     if not points:
         return ""
@@ -357,7 +362,8 @@ def pareto_section(pareto: dict[str, Any], measured: str, *, verdict: dict[str, 
             f"{held} Repairs: the chosen row lists those built and applied to the compiled "
             "model; other rows the repairs their plan would carry (not built).</p>"
             + plots.pareto_plot(pareto, measured) + _table(head, rows)
-            + "".join(f"<p class=note>{_e(x)}</p>" for x in race_lines(pareto.get("race"))))
+            + "".join(f"<p class=note>{_e(x)}</p>" for x in race_lines(pareto.get("race")))
+            + "".join(f"<p class=note>{_e(x)}</p>" for x in offer_notes))
 
 
 def _chosen_index(points: list[dict[str, Any]], c: dict[str, Any]) -> int | None:

@@ -14,6 +14,7 @@ from quantscope.analyze.measure import evaluate_plan, reference_kept_outputs, sc
 from quantscope.emulate.evaluate import kept, run_model
 from quantscope.model.load import Model, load_proto
 from quantscope.progress import say
+from quantscope.stages.offer_holdout import check_offer
 from quantscope.types import Batch, Dataset, Outputs, Plan, QuantscopeError, Stats
 
 if TYPE_CHECKING:
@@ -157,7 +158,8 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
                       repair: Repair | None = None) -> Offer:
     """:func:`quantscope.plan.joint.offer_repairs` with real emulation and repairs (each
     measurement read from / kept in ``cache`` when given; ``repair`` as in
-    :func:`plan_evaluator`)."""
+    :func:`plan_evaluator`); where ``data`` evaluates on its calibration batches, each
+    offered repair also judged out of sample (:mod:`.offer_holdout`)."""
     from quantscope.plan.joint import offer_repairs
     from quantscope.repair.apply import REPAIRS
 
@@ -167,9 +169,13 @@ def plan_repair_offer(model: Model, data: Dataset, stats: Stats, sens: Sensitivi
     measure = _plan_measure(model, data, target, method, reference_outputs)
     if cache is not None:
         measure = _cached_measure(measure, cache, data, target, method)
-    return offer_repairs(model, stats, sens, target, names, measure=measure,
-                         repair=repair or _plan_repair(feeds, target), task_metric=task_metric,
-                         shapes=shapes, progress=progress)
+    offer = offer_repairs(model, stats, sens, target, names, measure=measure,
+                          repair=repair or _plan_repair(feeds, target), task_metric=task_metric,
+                          shapes=shapes, progress=progress)
+    # measured on its own calibration batches (tensor data): each offer judged out of
+    # sample too, by 2-fold cross validation over the repair feeds (offer_holdout.py)
+    return check_offer(offer, model, data, stats, sens, target, feeds, method=method,
+                       progress=progress)
 
 
 def _cached_measure(measure: Measure, cache: EvalCache, data: Dataset, target: Target | None,
