@@ -154,6 +154,10 @@ def check_offer(offer: Offer, model: Model, data: Dataset, stats: Stats, sens: S
              for x, y in ((a, b), (b, a))]
     metrics = folds[0].base["metrics"]
     key = next((k for k in SAME_METRIC.get(sens.metric, (sens.metric,)) if k in metrics), "")
+    if not key:  # the offer's metric is not among the fold's figures: nothing to judge by
+        notes = tuple(f"repair {o.name}: not checked out of sample ({sens.metric} is not "
+                      "measured on a half of the repair samples)" for o in offer.options)
+        return replace(offer, notes=(*offer.notes, *notes))
     sign = 1.0 if sens.higher_is_better else -1.0
     rows = {r["name"]: r for r in offer.measured}
     options, notes = [], list(offer.notes)
