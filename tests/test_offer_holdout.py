@@ -158,3 +158,17 @@ def test_a_task_that_scores_all_samples_together_is_said_not_checked():
     assert out.notes == ("repair equalize: not checked out of sample (the plan search measures "
                          "on its calibration data; its task (verification) scores all samples "
                          "together)",)
+
+
+def test_plans_console_writes_a_measured_offer_in_its_units() -> None:
+    """`plan` printed an offer row as the raw dict ("gain 0.254471, sqnr_db [38.34987,
+    38.604341], out_of_sample {'folds': [0.203303, -4.501366], …}")."""
+    from quantscope.cli.plan import _offer_row
+
+    row = {"name": "equalize", "changed": 2, "gain": 0.254471, "cost": 0.0,
+           "sqnr_db": [38.34987, 38.604341],
+           "out_of_sample": {"metric": "sqnr_db", "folds": [0.203303, -4.501366],
+                             "mean": -2.149031, "samples": [8, 8], "offered": False,
+                             "clips": {"hr": 0.002604}}}
+    assert _offer_row(row) == ("changed 2, cost 0, sqnr_db 38.3 dB -> 38.6 dB, out of sample "
+                               "-2.149 dB (folds +0.203 dB, -4.501 dB; not offered)")

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 from quantscope import stages, stages_llm
 from quantscope.analyze.evalcache import EvalCache
@@ -55,6 +56,7 @@ from quantscope.export.kv_prefix import host_snippet, prefix_files
 from quantscope.model.groups import find_groups
 from quantscope.model.shapes import shape_note
 from quantscope.plan.check import check
+from quantscope.report import fmt
 from quantscope.serde import (
     bytes_writer,
     plan_writer,
@@ -194,8 +196,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
               + "".join(f"; {n}" for n in out.work.get("notes", [])))
     if out.offer is not None:
         for row in out.offer.measured:
-            print(f"  repair {row['name']:<9} " + ", ".join(
-                f"{k} {v}" for k, v in row.items() if k != "name"))
+            print(f"  repair {row['name']:<9} {_offer_row(row)}")
         for note in out.offer.notes:
             print(f"  {note}")
     stages.write_plan(args.out, out.plan, out.file_extra())
@@ -358,3 +359,20 @@ def cmd_lint(args: argparse.Namespace) -> int:
     problems = lint(text, inp.model, find_groups(inp.model), inp.target, hn=hn,
                     shapes=shapes(args, inp.model))
     return print_problems(problems, f"lint {args.script} on {inp.target.name}")
+
+
+def _offer_row(row: dict[str, Any]) -> str:
+    """A measured repair offer in words: what it changed, each figure before -> after in
+    its unit, and its out-of-sample gain where it was judged there."""
+    parts = []
+    for k, v in row.items():
+        if k == "out_of_sample":
+            m = v.get("metric", "")
+            parts.append(f"out of sample {fmt.gain(m, v['mean'], fine=True)} (folds "
+                         + ", ".join(fmt.gain(m, g, fine=True) for g in v["folds"])
+                         + f"{'' if v['offered'] else '; not offered'})")
+        elif isinstance(v, list | tuple) and len(v) == 2:
+            parts.append(f"{k} {fmt.value(k, v[0])} -> {fmt.value(k, v[1])}")
+        elif k not in ("name", "gain"):
+            parts.append(f"{k} {fmt.plain(v)}")
+    return ", ".join(parts)

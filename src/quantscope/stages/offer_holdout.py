@@ -119,7 +119,7 @@ def _judge(name: str, in_gain: float, gains: list[float], clips: dict[str, float
            f"calibrated and repaired on one half of the {sizes[0] + sizes[1]} repair samples, "
            "measured on the other)")
     clipped = ", ".join(f"{t} {f:.2%}" for t, f in sorted(clips.items(), key=lambda x: -x[1])[:4])
-    entry = {"folds": [round(g, 6) for g in gains], "mean": round(mean, 6),
+    entry = {"metric": key, "folds": [round(g, 6) for g in gains], "mean": round(mean, 6),
              "samples": list(sizes), "offered": keep,
              "clips": {t: round(f, 6) for t, f in clips.items()}}
     if keep:
