@@ -52,7 +52,7 @@ def test_share_noise_is_the_binomial_standard_error_one_sided():
 
 
 @pytest.mark.parametrize(("gain", "tiebreak_gain", "kept", "words"), [
-    (1e-6, 0.0, False, "a tie within noise (gain +0.00 pts, one-sided 95% binomial noise"),
+    (1e-6, 0.0, False, "a tie within noise (gain +0.00010 pts, one-sided 95% binomial noise"),
     (0.02, 0.5, True, "a tie within noise (gain +2.00 pts, one-sided 95% binomial noise"),
     (0.2, 0.0, True, "measured better beyond noise (gain +20.00 pts, one-sided 95% binomial noise"),
     (-0.2, 0.5, False, "measured worse beyond noise (gain -20.00 pts"),

@@ -20,3 +20,15 @@ def test_a_trial_line_writes_its_figures_in_percent(capsys) -> None:
                        after=0.81)
     auto._say_trial(trial, "top1_agreement", 300, True)
     assert "(top1_agreement 80.0 % -> 81.0 %, n=300)" in capsys.readouterr().err
+
+
+def test_a_tiny_difference_keeps_two_significant_digits() -> None:
+    """A non-zero difference too small for the unit's decimals read "+0.0 pts", as if
+    there were none; only an exact 0 reads as no difference now."""
+    from quantscope.units import gain
+
+    assert gain("top1_agreement", 0.0001) == "+0.010 pts"
+    assert gain("top1_agreement", 0.0) == "+0.0 pts"
+    assert gain("sqnr_db", -0.0004) == "-0.00040 dB"
+    assert gain("sqnr_db", 1e-9, fine=True) == "+0.000000 dB"  # below a millionth: no digit
+    assert gain("top1_agreement", 0.03) == "+3.0 pts"

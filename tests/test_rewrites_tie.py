@@ -142,8 +142,8 @@ def test_the_run_measure_gives_the_pairs_the_embedding_sqnr_pools():
 
 
 @pytest.mark.parametrize(("gain", "tiebreak_gain", "kept", "words"), [
-    (1e-6, 0.0, False, "a tie within the 0.1 margin (gain +0.000 dB"),
-    (-1e-6, 0.0, False, "a tie within the 0.1 margin (gain -0.000 dB"),
+    (1e-6, 0.0, False, "a tie within the 0.1 margin (gain +0.000001 dB"),
+    (-1e-6, 0.0, False, "a tie within the 0.1 margin (gain -0.000001 dB"),
     (0.05, 0.5, True, "a tie within the 0.1 margin (gain +0.050 dB; no per-sample scores: no "
                       "noise estimate), decided by better sqnr_db"),
     (0.5, 0.0, True, "measured better by more than the 0.1 margin (no per-sample scores"),

@@ -70,10 +70,21 @@ def gain(metric: str, g: Any, *, fine: bool = False) -> str:
     if x is None:
         return DASH
     if is_share(metric):
-        return f"{100 * x:+.{2 if fine else 1}f} pts"
+        return _signed(100 * x, 2 if fine else 1) + " pts"
     if is_db(metric):
-        return f"{x:+.{3 if fine else 1}f} dB"
+        return _signed(x, 3 if fine else 1) + " dB"
     return f"{x:+.4g}"
+
+
+def _signed(x: float, places: int) -> str:
+    """``x`` with its sign at ``places`` decimals; a non-zero ``x`` too small for them keeps
+    two significant digits (``+0.012``), so only an exact 0 reads as no difference."""
+    if x != 0 and abs(x) < 0.5 * 10 ** -places:
+        places = min(1 - math.floor(math.log10(abs(x))), MAX_PLACES)
+    return f"{x:+.{places}f}"
+
+
+MAX_PLACES = 6  # a difference below 5e-7 of its unit reads +0.000000: no difference worth a digit
 
 
 def plain(v: Any) -> str:
