@@ -21,3 +21,45 @@ def test_a_few_warnings_are_shown_as_they_are() -> None:
     page = export_warnings_html(["one", "two"])
     assert page.count("<p class=note>") == 2 and "<details>" not in page
     assert export_warnings_html([]) == ""
+
+
+def test_a_long_front_shows_its_key_rows_and_folds_the_rest() -> None:
+    """minilm-l6's front has hundreds of predicted-only points: the report's table was a
+    page of dashes before the measured ones."""
+    from quantscope.report.run import FRONT_ROWS, pareto_section
+
+    points = [{"cost": 1.0 + i / 100, "predicted": 5.0 + i / 10, "groups": {}} for i in range(40)]
+    for i in (30, 39):
+        points[i]["measured"] = 0.8 + i / 1000
+    pareto = {"metric": "output_sqnr_db", "points": points,
+              "chosen": {"cost": 1.39, "predicted": 8.9, "measured": 0.839}}
+    page = pareto_section(pareto, "top1_agreement")
+    shown, _, folded = page.partition("<details>")
+    assert "All 40 points of the front" in folded and len(points) > FRONT_ROWS
+    assert shown.count("<tr>") < FRONT_ROWS  # start, the measured and the chosen, the dearest
+    assert ">31<" in shown and ">40<" in shown and ">1<" in shown
+
+
+def test_a_routed_deployment_says_each_warning_once() -> None:
+    """Each bucket's line repeated the same 600-character host-lookup warning (six times on
+    minilm-l6's deployment); the line now names the rule, and the text is said once for
+    the buckets it is on."""
+    from quantscope.plan.deployment_results import RouteResult
+    from quantscope.report.deployment import format_deployment
+
+    warning = {"group": "Gather", "rule": "host.embedding", "reason": "the lookup runs on the host",
+               "provenance": "p", "fix": "f", "severity": "info", "applies": True}
+    bucket = {"cost_own": 2.0, "legal": True, "problems": [], "warnings": [warning],
+              "files": {}, "model": "m.onnx", "texts": 5, "plan": {"default": "a8_w8"},
+              "notes": []}
+    doc = {"reference": "m.onnx", "data": "d", "target": "hailo10h", "metric": "top1_agreement",
+           "deployment": "deployment.json", "seq_lens": [16, 32],
+           "buckets": [{**bucket, "seq_len": 16, "cost": 0.5, "share": 0.5},
+                       {**bucket, "seq_len": 32, "cost": 1.0, "share": 0.5}],
+           "cost_mean": 0.75, "cost_max": 1.0, "legal": True,
+           "metrics": {"top1_agreement": 0.9}, "notes": [],
+           "longest_alone": {"seq_len": 32, "cost": 1.0, "metrics": {"top1_agreement": 0.9}}}
+    text = format_deployment(RouteResult.from_dict(doc))
+    assert text.count("the lookup runs on the host") == 1
+    assert "warning (seq 16, 32): host.embedding: the lookup runs on the host" in text
+    assert text.count("(1 warning: host.embedding, below)") == 2

@@ -377,9 +377,27 @@ def pareto_section(pareto: dict[str, Any], measured: str, *, verdict: dict[str, 
             f", measured on the fit data {fmt.value(measured, c.get('measured'))}. {where}"
             f"{held} Repairs: the chosen row lists those built and applied to the compiled "
             "model; other rows the repairs their plan would carry (not built).</p>"
-            + plots.pareto_plot(pareto, measured) + _table(head, rows)
+            + plots.pareto_plot(pareto, measured) + _front_table(head, rows, points, at)
             + "".join(f"<p class=note>{_e(x)}</p>" for x in race_lines(pareto.get("race")))
             + "".join(f"<p class=note>{_e(x)}</p>" for x in offer_notes))
+
+
+FRONT_ROWS = 12  # a longer front shows its key rows; every point folded below them
+
+
+def _front_table(head: list[str], rows: list[list[Any]], points: list[dict[str, Any]],
+                 at: int | None) -> str:
+    """The front's table: whole when short; else its key rows (the start, the measured
+    points, the chosen one, the dearest) and every point folded under a line that counts
+    them (minilm-l6's front has hundreds of predicted-only points, a page of dashes)."""
+    if len(rows) <= FRONT_ROWS:
+        return _table(head, rows)
+    key = [i for i, p in enumerate(points)
+           if i in (0, len(points) - 1, at) or p.get("measured") is not None]
+    return (_table(["row", *head], [[i + 1, *rows[i]] for i in key])
+            + details(f"All {len(rows)} points of the front (the {len(key)} rows above are "
+                      "the start, the measured points, the chosen one and the dearest)",
+                      _table(["row", *head], [[i + 1, *r] for i, r in enumerate(rows)])))
 
 
 def _chosen_index(points: list[dict[str, Any]], c: dict[str, Any]) -> int | None:
