@@ -63,3 +63,19 @@ def test_a_routed_deployment_says_each_warning_once() -> None:
     assert text.count("the lookup runs on the host") == 1
     assert "warning (seq 16, 32): host.embedding: the lookup runs on the host" in text
     assert text.count("(1 warning: host.embedding, below)") == 2
+
+
+def test_a_plan_with_hundreds_of_changed_groups_is_counted_and_folded() -> None:
+    """minilm-l6's head- and token-split plan sets 415 groups to a16_w16: the report listed
+    every one, several pages, before the legality section."""
+    from quantscope.report.run import CHANGED_ROWS, plan_diff_section
+
+    groups = {f"g{i}": "a16_w16" for i in range(CHANGED_ROWS + 5)}
+    groups["w"] = "a16_w8"
+    page = plan_diff_section({"default": "a8_w8", "groups": groups, "reasons": {}})
+    shown, _, folded = page.partition("<details>")
+    assert f"<td>a8_w8 → a16_w16</td><td>{CHANGED_ROWS + 5}</td>" in shown
+    assert "<td>a8_w8 → a16_w8</td><td>1</td>" in shown and "g3" not in shown
+    assert f"All {CHANGED_ROWS + 6} groups set otherwise" in folded and "g3" in folded
+    few = plan_diff_section({"default": "a8_w8", "groups": {"g0": "a16_w16"}, "reasons": {}})
+    assert "g0" in few.partition("<details>")[0]  # a short plan is listed as it is

@@ -12,6 +12,7 @@ is a ``—`` with a legend (:mod:`quantscope.report.fmt` has the one number form
 from __future__ import annotations
 
 import html
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -447,6 +448,9 @@ def whatif_section(w: dict[str, Any] | None, n: str = "held out") -> str:
     return out
 
 
+CHANGED_ROWS = 40  # more groups set otherwise: counted per change, the list folded
+
+
 def plan_diff_section(final: dict[str, Any]) -> str:
     reasons = final.get("reasons", {})
     changed = [[g, f"{final['default']} → {p}", reasons.get(g, "")]
@@ -462,7 +466,12 @@ def plan_diff_section(final: dict[str, Any]) -> str:
            + ("" if final["default"] == "a8_w8" else " (itself a change from a8_w8)")
            + f"; {len(changed)} group(s) set otherwise, with the planner's reason; groups "
            "kept at the default where a promotion was considered say why.</p>"]
-    if changed:
+    if len(changed) > CHANGED_ROWS:  # a head- and token-split model: hundreds of groups
+        moves = Counter(p for _, p, _ in changed)
+        out.append(_table(["precision", "groups"], [[p, n] for p, n in moves.most_common()])
+                   + details(f"All {len(changed)} groups set otherwise, with the planner's "
+                             "reason", _table(["group", "precision", "why"], changed)))
+    elif changed:
         out.append(_table(["group", "precision", "why"], changed))
     out.append(details(f"{len(kept)} group(s) kept at {final['default']}, and why",
                        _table(["group", "precision", "why"], kept) if kept else ""))
