@@ -38,6 +38,8 @@ def test_a_long_front_shows_its_key_rows_and_folds_the_rest() -> None:
     assert "All 40 points of the front" in folded and len(points) > FRONT_ROWS
     assert shown.count("<tr>") < FRONT_ROWS  # start, the measured and the chosen, the dearest
     assert ">31<" in shown and ">40<" in shown and ">1<" in shown
+    # the chosen plan is not a front row here (it is the star): no empty marker column
+    assert "<th></th>" not in shown
 
 
 def test_a_routed_deployment_says_each_warning_once() -> None:

@@ -371,6 +371,8 @@ def pareto_section(pareto: dict[str, Any], measured: str, *, verdict: dict[str, 
     if all(p.get("measured") is None for p in points):
         head.pop(3)
         rows = [r[:3] + r[4:] for r in rows]
+    if at is None:  # no front row is the chosen plan (it is the star): no column to mark it
+        head, rows = head[1:], [r[1:] for r in rows]
     return (_h2("Pareto front (fit data)", "pareto")
             + f"<p>Cost against quality for the legal plans on the front; predicted by the "
             f"analysis' additive model and measured on {_e(str(on))} (fit, not held out). "
