@@ -1,0 +1,73 @@
+"""Recurrent encoders (GRU, LSTM) outside the zoo: audio and sequence models.
+
+A bidirectional GRU over ``x [T, N, F]`` whose outputs are its sequence ``Y [T, 2, N, H]``
+and its final state ``Y_h [2, N, H]`` (the samples on axis 2 and 1). The per-channel
+figures are per hidden unit (the last axis of every recurrent output), not per time step
+or direction. Real ORT sessions on a real QDQ model; the CLI through ``main``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from quantscope import stages
+from quantscope.cli import main
+from quantscope.emulate.evaluate import run_model
+from quantscope.model.axes import channel_axes
+from quantscope.model.load import load_proto
+from quantscope.numerics import channel_sqnr_db
+from quantscope.types import Plan, Precision
+
+T, F, H, N = 12, 8, 16, 32
+
+
+def bigru(seed: int = 21) -> onnx.ModelProto:
+    r = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(a, n) for n, a in (
+        ("W", r.normal(0, 0.3, (2, 3 * H, F)).astype(np.float32)),
+        ("R", r.normal(0, 0.3, (2, 3 * H, H)).astype(np.float32)),
+        ("B", r.normal(0, 0.1, (2, 6 * H)).astype(np.float32)))]
+    node = helper.make_node("GRU", ["x", "W", "R", "B"], ["Y", "Y_h"], hidden_size=H,
+                            direction="bidirectional")
+    graph = helper.make_graph(
+        [node], "bigru", [helper.make_tensor_value_info("x", 1, [T, "N", F])],
+        [helper.make_tensor_value_info("Y", 1, [T, 2, "N", H]),
+         helper.make_tensor_value_info("Y_h", 1, [2, "N", H])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_recurrent_outputs_are_per_hidden_unit():
+    axes = channel_axes(load_proto(bigru(), "bigru"))
+    assert axes["Y"] == 3 and axes["Y_h"] == 2
+
+
+def test_gru_channel_figures_are_per_hidden_unit(tmp_path, capsys):
+    """Each output's ``sqnr_db_channel_min`` is the worst hidden unit's SQNR, computed here
+    with ORT on the QDQ model; before, it was the worst time step's (``Y``) or direction's
+    (``Y_h``): the default rule's axis 1 of the sample-first tensor."""
+    onnx.save(bigru(), tmp_path / "gru.onnx")
+    x = np.random.default_rng(5).normal(0, 1, (T, N, F)).astype(np.float32)
+    np.savez(tmp_path / "gru.npz", x=x)
+    assert main(["calibrate", str(tmp_path / "gru.onnx"), "--data", str(tmp_path / "gru.npz"),
+                 "--out", str(tmp_path / "stats.npz")]) == 0
+    assert main(["evaluate", str(tmp_path / "gru.onnx"), "--data", str(tmp_path / "gru.npz"),
+                 "--stats", str(tmp_path / "stats.npz"), "--precision", "a8_w8",
+                 "--json", str(tmp_path / "ev.json")]) == 0
+    outs = json.loads((tmp_path / "ev.json").read_text())["outputs"]
+
+    model = stages.open_model(str(tmp_path / "gru.onnx"))
+    stats = stages.read_stats(str(tmp_path / "stats.npz"))
+    q = stages.qdq_for_plan(model, stats, Plan.uniform(Precision.A8_W8))[0]
+    ref = run_model(model.proto, [{"x": x}]).batches[0]
+    test = run_model(q, [{"x": x}]).batches[0]
+    for name, r, t in zip(("Y", "Y_h"), ref, test, strict=True):
+        hidden = channel_sqnr_db(r, t, r.ndim - 1)
+        assert abs(outs[name]["sqnr_db_channel_min"] - hidden.min()) < 1e-3, name
+        steps = channel_sqnr_db(r, t, 0)  # per time step (Y) / direction (Y_h): not these
+        assert abs(outs[name]["sqnr_db_channel_min"] - steps.min()) > 0.1, name
