@@ -71,3 +71,32 @@ def test_gru_channel_figures_are_per_hidden_unit(tmp_path, capsys):
         assert abs(outs[name]["sqnr_db_channel_min"] - hidden.min()) < 1e-3, name
         steps = channel_sqnr_db(r, t, 0)  # per time step (Y) / direction (Y_h): not these
         assert abs(outs[name]["sqnr_db_channel_min"] - steps.min()) > 0.1, name
+
+
+def test_batch_first_lstm_is_refused_in_one_line_naming_the_fix(tmp_path, capsys):
+    """An LSTM with ``layout=1`` (``X [N, T, F]``): ONNX Runtime's CPU kernel refuses it
+    when the session is made. Before, ``run`` printed ORT's log line and an error cut at
+    200 characters mid-word (``... OpKernelInfo&) la)``) that named neither the node nor a
+    fix; now one line names the node, why, and how to export it, and no folder is made."""
+    r = np.random.default_rng(3)
+    inits = [numpy_helper.from_array(a, n) for n, a in (
+        ("W", r.normal(0, 0.3, (1, 4 * H, F)).astype(np.float32)),
+        ("R", r.normal(0, 0.3, (1, 4 * H, H)).astype(np.float32)))]
+    node = helper.make_node("LSTM", ["x", "W", "R"], ["Y", "Y_h"], hidden_size=H, layout=1,
+                            name="encoder")
+    graph = helper.make_graph(
+        [node], "lstm", [helper.make_tensor_value_info("x", 1, ["N", T, F])],
+        [helper.make_tensor_value_info("Y_h", 1, ["N", 1, H])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 9
+    onnx.save(proto, tmp_path / "lstm.onnx")
+    np.savez(tmp_path / "lstm.npz", x=r.normal(0, 1, (N, T, F)).astype(np.float32))
+    code = main(["run", str(tmp_path / "lstm.onnx"), "--data", str(tmp_path / "lstm.npz"),
+                 "--target", "hailo8", "--out", str(tmp_path / "W")])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.startswith("quantscope: error")]
+    assert len(lines) == 1, err
+    assert "LSTM 'encoder'" in lines[0] and "layout=1" in lines[0]
+    assert "export with layout=0" in lines[0]
+    assert not (tmp_path / "W").exists()
