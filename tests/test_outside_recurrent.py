@@ -100,3 +100,31 @@ def test_batch_first_lstm_is_refused_in_one_line_naming_the_fix(tmp_path, capsys
     assert "LSTM 'encoder'" in lines[0] and "layout=1" in lines[0]
     assert "export with layout=0" in lines[0]
     assert not (tmp_path / "W").exists()
+
+
+def test_analyze_says_the_gru_weights_stay_float(tmp_path, capsys):
+    """``analyze`` measured the GRU's layers with its W/R/B float and said nothing of it
+    (``evaluate`` and ``run`` did); its console and JSON notes now say which weights stay
+    float at the low precision and why. A promotion that loses (a negative score) is
+    written ``-1.5 dB``, not ``+-1.5 dB``."""
+    from dataclasses import replace
+
+    from quantscope.analyze.report import Offender, analysis_from_dict, summary_text
+
+    onnx.save(bigru(), tmp_path / "gru.onnx")
+    x = np.random.default_rng(6).normal(0, 1, (T, 16, F)).astype(np.float32)
+    np.savez(tmp_path / "gru.npz", x=x)
+    assert main(["calibrate", str(tmp_path / "gru.onnx"), "--data", str(tmp_path / "gru.npz"),
+                 "--out", str(tmp_path / "stats.npz")]) == 0
+    assert main(["analyze", str(tmp_path / "gru.onnx"), "--data", str(tmp_path / "gru.npz"),
+                 "--stats", str(tmp_path / "stats.npz"), "--target", "hailo8",
+                 "--out", str(tmp_path / "an.json")]) == 0
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "an.json").read_text())
+    (note,) = [n for n in doc["notes"] if n.startswith("left float")]
+    assert "weight W (GRU), weight R (GRU), weight B (GRU)" in note
+    assert "not quantized by the emulator" in note and f"note: {note}" in out
+
+    a = analysis_from_dict(doc)
+    text = summary_text(replace(a, offenders=(Offender("GRU_0", -1.5, ()),)))
+    assert "GRU_0  (-1.5 dB)" in text
