@@ -128,3 +128,15 @@ def test_analyze_says_the_gru_weights_stay_float(tmp_path, capsys):
     a = analysis_from_dict(doc)
     text = summary_text(replace(a, offenders=(Offender("GRU_0", -1.5, ()),)))
     assert "GRU_0  (-1.5 dB)" in text
+
+
+def test_a_small_clipped_share_is_not_written_as_zero():
+    """A bidirectional GRU's sequence output clipped 0.02 % of its held-out values and the
+    verdict warned ``clips 0.0% of its held-out values``; the share is written to 0.01 %
+    as ``evaluate``'s saturation line writes it (saturation lists shares from 0.01 %)."""
+    from quantscope.pipeline.verdict import _saturated_outputs
+
+    row = {"tensor": "Y", "below": 0.0002, "above": 0.0, "range_min": -0.94,
+           "range_max": 0.96, "data_min": -0.97, "data_max": 0.96}
+    (line,) = _saturated_outputs({"saturation": {"tensors": [row]}}, ["Y"])
+    assert line.startswith("output 'Y' clips 0.02% of its held-out values")
