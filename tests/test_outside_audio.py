@@ -1,0 +1,78 @@
+"""A keyword-spotting Conv1d classifier outside the zoo (audio models).
+
+``mfcc [N, 10, 49]`` -> Conv1d -> BatchNormalization -> Relu -> MaxPool -> Conv1d -> Relu
+-> GlobalAveragePool -> Flatten -> Gemm -> Softmax ``probs [N, 5]``: read as class scores.
+A confident head puts some classes at 1e-20 next to one at ~1: those channels are dead
+(below float32's resolution of the output's largest), quantize to 0, and are not a collapse.
+Real ORT sessions; the CLI through ``main``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from quantscope.cli import main
+
+F, T, C, K, N = 10, 49, 16, 5, 32
+
+
+def kws(head_scale: float, seed: int = 0) -> onnx.ModelProto:
+    r = np.random.default_rng(seed)
+    w = {"w1": r.normal(0, 0.3, (C, F, 3)), "b1": r.normal(0, 0.1, C),
+         "g": r.uniform(0.5, 1.5, C), "bt": r.normal(0, 0.1, C), "mu": r.normal(0, 0.2, C),
+         "var": r.uniform(0.5, 2, C), "w2": r.normal(0, 0.2, (C, C, 3)),
+         "b2": r.normal(0, 0.1, C), "wf": r.normal(0, head_scale, (K, C)),
+         "bf": r.normal(0, 0.1, K)}
+    mk = helper.make_node
+    nodes = [mk("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[3], pads=[1, 1]),
+             mk("BatchNormalization", ["c1", "g", "bt", "mu", "var"], ["bn"]),
+             mk("Relu", ["bn"], ["r1"]),
+             mk("MaxPool", ["r1"], ["p1"], kernel_shape=[2], strides=[2]),
+             mk("Conv", ["p1", "w2", "b2"], ["c2"], kernel_shape=[3], pads=[1, 1]),
+             mk("Relu", ["c2"], ["r2"]), mk("GlobalAveragePool", ["r2"], ["gap"]),
+             mk("Flatten", ["gap"], ["fl"]), mk("Gemm", ["fl", "wf", "bf"], ["lg"], transB=1),
+             mk("Softmax", ["lg"], ["probs"], axis=1)]
+    graph = helper.make_graph(
+        nodes, "kws", [helper.make_tensor_value_info("x", 1, ["N", F, T])],
+        [helper.make_tensor_value_info("probs", 1, ["N", K])],
+        [numpy_helper.from_array(v.astype(np.float32), k) for k, v in w.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def _evaluate(tmp_path, head_scale: float, capsys) -> tuple[dict, str]:
+    onnx.save(kws(head_scale), tmp_path / "kws.onnx")
+    x = np.random.default_rng(1).normal(0, 1, (N, F, T)).astype(np.float32)
+    np.savez(tmp_path / "kws.npz", x=x)
+    args = [str(tmp_path / "kws.onnx"), "--data", str(tmp_path / "kws.npz")]
+    assert main(["calibrate", *args, "--out", str(tmp_path / "stats.npz")]) == 0
+    assert main(["evaluate", *args, "--stats", str(tmp_path / "stats.npz"),
+                 "--precision", "a8_w8", "--json", str(tmp_path / "ev.json")]) == 0
+    return json.loads((tmp_path / "ev.json").read_text()), capsys.readouterr().out
+
+
+def test_dead_softmax_classes_are_not_a_collapse(tmp_path, capsys):
+    """Before, the classes FP32 puts at 1e-24 (every one quantizes to 0) counted as
+    collapsed channels and the result said ``NOT LIKE FP32: output(s) 'probs' lose what
+    FP32 computes`` while every top-1 pick agrees; they are dead channels now, said so."""
+    doc, out = _evaluate(tmp_path, 4.0, capsys)
+    probs = doc["outputs"]["probs"]
+    assert doc["metrics"]["top1_agreement"] == 1.0 and probs["collapsed_channels"] == 0
+    assert "read as class scores" in out
+    assert "NOT LIKE FP32" not in out
+    (dead,) = [n for n in doc["notes"] if "are dead on this data" in n]
+    assert dead.startswith("output 'probs': 3 of 5 channels of axis 1 quantize to one value")
+
+
+def test_a_small_live_class_still_collapses(tmp_path, capsys):
+    """A class FP32 keeps between 1e-5 and 3e-4 (above float32's resolution of 1) is
+    erased by the 8-bit grid of [0, 1]: still a collapse, still NOT LIKE FP32."""
+    doc, out = _evaluate(tmp_path, 0.5, capsys)
+    assert doc["outputs"]["probs"]["collapsed_channels"] >= 1
+    assert "NOT LIKE FP32" in out and "channels collapse" in out
+    assert not [n for n in doc["notes"] if "are dead on this data" in n]
