@@ -76,3 +76,45 @@ def test_a_small_live_class_still_collapses(tmp_path, capsys):
     assert doc["outputs"]["probs"]["collapsed_channels"] >= 1
     assert "NOT LIKE FP32" in out and "channels collapse" in out
     assert not [n for n in doc["notes"] if "are dead on this data" in n]
+
+
+def _mel_front_end() -> onnx.ModelProto:
+    """``wav [N, 800]`` -> STFT (frame 128, hop 64) -> power -> mel MatMul -> Log: an
+    exported audio front-end (torchaudio's spectrogram at opset 17 writes an STFT)."""
+    r = np.random.default_rng(2)
+    mk = helper.make_node
+    nodes = [mk("Unsqueeze", ["wav", "last"], ["w3"]),
+             mk("STFT", ["w3", "hop", "win", ""], ["spec"], onesided=1),
+             mk("Mul", ["spec", "spec"], ["sq"]),
+             mk("ReduceSum", ["sq", "last"], ["pw"], keepdims=0),
+             mk("MatMul", ["pw", "mel"], ["mp"]), mk("Add", ["mp", "eps"], ["me"]),
+             mk("Log", ["me"], ["logmel"])]
+    inits = {"last": np.array([-1], np.int64), "hop": np.array(64, np.int64),
+             "win": np.hanning(128).astype(np.float32),
+             "mel": np.abs(r.normal(0, 0.1, (65, 12))).astype(np.float32),
+             "eps": np.array(1e-6, np.float32)}
+    graph = helper.make_graph(
+        nodes, "mel", [helper.make_tensor_value_info("wav", 1, ["N", 800])],
+        [helper.make_tensor_value_info("logmel", 1, ["N", 11, 12])],
+        [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_an_stft_front_end_is_said_left_float(tmp_path, capsys):
+    """The STFT's DFT basis is a weight with no initializer: the emulator computes it in
+    float inside its group, and the coverage said ``3 weight(s) ... quantized`` with
+    nothing left float. It is now an op left float, with why, in the console and JSON."""
+    onnx.save(_mel_front_end(), tmp_path / "mel.onnx")
+    wav = np.random.default_rng(3).normal(0, 1, (16, 800)).astype(np.float32)
+    np.savez(tmp_path / "mel.npz", wav=wav)
+    args = [str(tmp_path / "mel.onnx"), "--data", str(tmp_path / "mel.npz")]
+    assert main(["calibrate", *args, "--out", str(tmp_path / "stats.npz")]) == 0
+    assert main(["evaluate", *args, "--stats", str(tmp_path / "stats.npz"),
+                 "--precision", "a8_w8", "--json", str(tmp_path / "ev.json")]) == 0
+    out = capsys.readouterr().out
+    cov = json.loads((tmp_path / "ev.json").read_text())["coverage"]
+    (op,) = cov["ops_float"]
+    assert op["op_type"] == "STFT" and "DFT basis" in op["why"]
+    assert "LEFT FLOAT" in out and "(STFT) left float: its DFT basis" in out
