@@ -140,3 +140,57 @@ def test_a_small_clipped_share_is_not_written_as_zero():
            "range_max": 0.96, "data_min": -0.97, "data_max": 0.96}
     (line,) = _saturated_outputs({"saturation": {"tensors": [row]}}, ["Y"])
     assert line.startswith("output 'Y' clips 0.02% of its held-out values")
+
+
+def _dynamic_time() -> onnx.ModelProto:
+    """``bigru`` exported with a variable length: ``x [T, N, F]``, two symbolic dims."""
+    proto = bigru()
+    proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "T"
+    proto.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "T"
+    return proto
+
+
+def test_the_samples_of_a_variable_length_gru_are_its_batch_dim():
+    """``x [T, N, F]``: both dims symbolic. The first input's axis 0 was taken (the 12
+    time steps as samples), and ``run`` then died with ``internal error: IndexError``; the
+    GRU's X input says its samples are on axis 1 (layout 0), and the outputs keep N."""
+    from quantscope.tasks.tensors import find_layout
+
+    model = load_proto(_dynamic_time(), "gru")
+    x = np.zeros((T, N, F), np.float32)
+    layout = find_layout(model, {"x": x})
+    assert layout.axes == {"x": 1} and layout.out_axes == (2, 1)
+
+
+def test_a_declared_time_axis_is_refused_naming_the_batch_axis(tmp_path, capsys):
+    """``--batch-axis x=0`` on ``x [T, N, F]``: the outputs carry N, not T, so every cut
+    of the samples cut the outputs along another dim (an IndexError deep in the analysis).
+    Now one line says so and names the axis to declare; no folder is made."""
+    onnx.save(_dynamic_time(), tmp_path / "gru.onnx")
+    np.savez(tmp_path / "gru.npz", x=np.zeros((T, N, F), np.float32))
+    code = main(["run", str(tmp_path / "gru.onnx"), "--data", str(tmp_path / "gru.npz"),
+                 "--batch-axis", "x=0", "--target", "hailo8", "--out", str(tmp_path / "W")])
+    err = capsys.readouterr().err
+    assert code != 0 and "Traceback" not in err and "internal error" not in err
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("quantscope: error")]
+    assert "dimension 'T'" in line and "--batch-axis x=1 (its dimension 'N'" in line
+    assert not (tmp_path / "W").exists()
+
+
+def test_the_data_note_names_an_output_batched_on_another_axis(tmp_path):
+    """Inputs sample-first, an output ``Y_h [2, N, H]`` batched on axis 1: the data note
+    read ``note: gru.npz: `` (nothing after the colon); it now names the output."""
+    from quantscope.stages.open import open_data
+
+    proto = bigru()
+    del proto.graph.output[0]  # Y_h only
+    x_in = proto.graph.input[0]
+    x_in.name = "xs"
+    dims = x_in.type.tensor_type.shape.dim
+    dims[0].dim_param, dims[1].dim_value = "N", T  # xs [N, T, F] -> Transpose -> x
+    proto.graph.node.insert(0, helper.make_node("Transpose", ["xs"], ["x"], perm=[1, 0, 2]))
+    model = load_proto(proto, "gru")
+    np.savez(tmp_path / "x.npz", xs=np.zeros((N, T, F), np.float32))
+    ds = open_data(str(tmp_path / "x.npz"), model, show=False)
+    (note,) = [n for n in ds.notes if n.startswith(str(tmp_path / "x.npz"))]
+    assert note.endswith(": output 'Y_h' is batched on axis 1"), note

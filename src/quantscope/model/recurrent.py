@@ -37,3 +37,24 @@ def refuse_batch_first_recurrent(proto: onnx.ModelProto, source: str) -> None:
         "batch_first=True, adding Transposes) or put Transposes around the node "
         "(X, initial_h/c perm [1, 0, 2]; Y [T, D, N, H] perm [2, 0, 1, 3]; Y_h/Y_c perm [1, 0, 2])"
     )
+
+
+# the inputs of a recurrent node that carry the samples, and their sample axis at layout 0
+# (layout 1 puts the samples first): X [T, N, F], sequence_lens [N], initial_h/c [D, N, H]
+_SAMPLED_INPUTS = {0: (1, 0), 4: (0, 0), 5: (1, 0), 6: (1, 0)}
+
+
+def recurrent_sample_axes(proto: onnx.ModelProto) -> dict[str, int]:
+    """Graph input -> its sample axis, for the inputs a recurrent node reads directly
+    (``X``, ``sequence_lens``, ``initial_h``, ``initial_c``): the graph's own word on which
+    of two symbolic dims (``X [T, N, F]``) counts the samples."""
+    inputs = {i.name for i in proto.graph.input}
+    out: dict[str, int] = {}
+    for n in proto.graph.node:
+        if n.op_type not in RECURRENT_OPS or n.domain not in ("", "ai.onnx"):
+            continue
+        layout = next((a.i for a in n.attribute if a.name == "layout"), 0)
+        for k, (at0, at1) in _SAMPLED_INPUTS.items():
+            if k < len(n.input) and n.input[k] in inputs:
+                out.setdefault(n.input[k], at1 if layout == 1 else at0)
+    return out

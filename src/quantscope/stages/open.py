@@ -84,7 +84,7 @@ def open_data(
             say(f"note: {note}", show=show)
         fed = next((b for b in batches if isinstance(b, Feeds)), None)
         if fed is not None:
-            note = f"{spec}: {_layout_text(fed)}"
+            note = f"{spec}: {_layout_text(fed, tuple(model.output_names()))}"
             ds = dataclasses.replace(ds, notes=(*ds.notes, note))
             say(f"note: {note}", show=show)
     elif batch_axes:
@@ -97,10 +97,12 @@ def open_data(
         ds = dataclasses.replace(ds, output=output)
     return ds
 
-def _layout_text(batch: Feeds) -> str:
+def _layout_text(batch: Feeds, outputs: tuple[str, ...]) -> str:
     """Which inputs hold their samples on another axis than 0, and the per-run limit."""
     parts = [f"input '{k}' has no sample axis: every batch gets it whole" if a == SHARED
              else f"input '{k}' is batched on axis {a}" for k, a in batch.axes.items() if a]
+    parts += [f"output '{o}' is batched on axis {a}"
+              for o, a in zip(outputs, batch.out_axes, strict=False) if a]
     if batch.limit is not None:
         parts.append(f"the model takes {batch.limit} sample(s) per run (static shape): "
                      "the samples run that many at a time")

@@ -15,6 +15,8 @@ otherwise:
                                 axis ``K``
 a symbolic dim shared by the    that dim's axis in each input (an LSTM: ``x [B, 16]``,
 inputs                          ``h [1, B, 8]``: axes 0 and 1)
+of several shared symbolic     the one a recurrent node's ``X`` reads as its samples
+dims                            (``X [T, N, F]``: axis 1), else those every output keeps
 a static model                  the one axis where the data's size differs from the model's
                                 (``state [2, 1, 16]`` given ``[2, n, 16]``: axis 1), else
                                 an axis of size 1 that holds as many samples as the other
@@ -165,9 +167,12 @@ def _shape_text(shape: tuple[int | str | None, ...]) -> str:
 
 
 def _batch_symbol(names: tuple[str, ...],
-                  shapes: Mapping[str, tuple[int | str | None, ...]]) -> str | None:
+                  shapes: Mapping[str, tuple[int | str | None, ...]],
+                  model: Model | None = None) -> str | None:
     """The symbolic dim that counts the samples: the one every input that has a symbolic
-    dim shares, preferring the first input's axis 0, else the lowest axes."""
+    dim shares; of several (``X [T, N, F]``), the one a recurrent node reads as its
+    samples, else the ones every output with a symbolic dim keeps (a time axis an encoder
+    reduces is not one); then the first input's axis 0, else the lowest axes."""
     syms = [[d for d in shapes.get(k) or () if isinstance(d, str)] for k in names]
     having = [s for s in syms if s]
     if not having:
@@ -175,11 +180,27 @@ def _batch_symbol(names: tuple[str, ...],
     shared = [d for d in having[0] if all(d in s for s in having)]
     if not shared:
         return None
+    if len(shared) > 1 and model is not None:
+        shared = _narrowed(shared, names, shapes, model)
     first = shapes.get(names[0]) or ()
     if first and first[0] in shared:
         return str(first[0])
     return min(shared, key=lambda d: sum((shapes.get(k) or ()).index(d)
                                          for k in names if d in (shapes.get(k) or ())))
+
+
+def _narrowed(shared: list[str], names: tuple[str, ...],
+              shapes: Mapping[str, tuple[int | str | None, ...]], model: Model) -> list[str]:
+    """Of several shared symbolic dims, those the graph says count the samples."""
+    from quantscope.model.recurrent import recurrent_sample_axes
+
+    said = {str(shapes[k][a]) for k, a in recurrent_sample_axes(model.proto).items()
+            if k in names and len(shapes.get(k) or ()) > a}
+    if [d for d in shared if d in said]:
+        return [d for d in shared if d in said]
+    outs = [[d for d in shapes.get(o) or () if isinstance(d, str)] for o in model.output_names()]
+    kept = [d for d in shared if all(d in o for o in outs if o)]
+    return kept or shared
 
 
 def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
@@ -198,7 +219,10 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
         if k not in axes and shapes.get(k) == () and np.ndim(arrays[k]) == 0:
             axes[k], how[k] = SHARED, "rank 0: the same value for every sample"
     sampled = tuple(k for k in names if axes.get(k) != SHARED)
-    sym = _batch_symbol(sampled, shapes)
+    sym = _batch_symbol(sampled, shapes, model)
+    for k, a in declared.items():
+        if k in names and a != SHARED and len(shapes.get(k) or ()) > a:
+            _outputs_keep(model, shapes, k, a, declared)
     for k in names:
         want = shapes.get(k) or ()
         if k not in axes and sym is not None and sym in want:
@@ -247,6 +271,29 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
     axes = {k: axes[k] for k in names}
     out_axes = _output_axes(model, sym, axes, limit, declared)
     return Layout(axes=axes, out_axes=out_axes, limit=limit, how=how)
+
+
+def _outputs_keep(model: Model, shapes: Mapping[str, tuple[int | str | None, ...]],
+                  k: str, a: int, declared: Mapping[str, int]) -> None:
+    """Refuse a declared sample axis of input ``k`` whose symbolic dim an output does not
+    keep while another symbolic dim of ``k`` is in every output (``X [T, N, F]`` declared
+    on ``T``, the outputs ``[N, C]``): every cut of the samples would cut the outputs along
+    another dim."""
+    shape = shapes.get(k) or ()
+    sym = shape[a]
+    outs = [(o, shapes.get(o) or ()) for o in model.output_names() if o not in declared]
+    outs = [(o, w) for o, w in outs if any(isinstance(d, str) for d in w)]
+    lost = [(o, w) for o, w in outs if sym not in w]
+    kept = [(i, d) for i, d in enumerate(shape)
+            if i != a and isinstance(d, str) and outs and all(d in w for _, w in outs)]
+    if not isinstance(sym, str) or not lost or not kept:
+        return
+    o, want = lost[0]
+    raise QuantscopeError(
+        f"--batch-axis {k}={a}: that is input '{k}''s dimension '{sym}', which output '{o}' "
+        f"{_shape_text(want)} does not have, so its samples are not the outputs' samples; "
+        f"declare the axis that holds them: --batch-axis {k}={kept[0][0]} (its dimension "
+        f"'{kept[0][1]}', which every output has)")
 
 
 def _output_axes(model: Model, sym: str | None, axes: Mapping[str, int], limit: int | None,
