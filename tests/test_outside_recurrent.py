@@ -194,3 +194,34 @@ def test_the_data_note_names_an_output_batched_on_another_axis(tmp_path):
     ds = open_data(str(tmp_path / "x.npz"), model, show=False)
     (note,) = [n for n in ds.notes if n.startswith(str(tmp_path / "x.npz"))]
     assert note.endswith(": output 'Y_h' is batched on axis 1"), note
+
+
+def test_a_guess_between_two_symbolic_dims_is_said(tmp_path):
+    """A time-major ``x [T, N, F]`` read by a MatMul into ``y [T, N, C]``: nothing in the
+    graph tells T from N, and axis 0 was taken without a word; a note now says which was
+    taken and how to declare another."""
+    from quantscope.stages.open import open_data
+
+    r = np.random.default_rng(4)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])], "tm",
+        [helper.make_tensor_value_info("x", 1, ["T", "N", F])],
+        [helper.make_tensor_value_info("y", 1, ["T", "N", 4])],
+        [numpy_helper.from_array(r.normal(0, 1, (F, 4)).astype(np.float32), "w")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 9
+    np.savez(tmp_path / "x.npz", x=np.zeros((T, N, F), np.float32))
+    ds = open_data(str(tmp_path / "x.npz"), load_proto(proto, "tm"), show=False)
+    (note,) = [n for n in ds.notes if "symbolic dims" in n]
+    assert "input 'x' [T, N, 8] has 2 symbolic dims the graph does not tell apart (T, N)" in note
+    assert "axis 0 ('T')" in note and "--batch-axis x=K" in note
+    ds = open_data(str(tmp_path / "x.npz"), load_proto(proto, "tm"), show=False,
+                   batch_axes={"x": 1})
+    assert not [n for n in ds.notes if "symbolic dims" in n]
+    gru = open_data(str(tmp_path / "x.npz"), load_proto(_dynamic_time(), "gru"), show=False)
+    assert not [n for n in gru.notes if "symbolic dims" in n]  # the GRU tells
+    named = load_proto(proto, "tm")
+    named.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch_size"
+    named.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "batch_size"
+    ds = open_data(str(tmp_path / "x.npz"), load_proto(named.proto, "tm"), show=False)
+    assert not [n for n in ds.notes if "symbolic dims" in n]  # named as the samples

@@ -61,7 +61,7 @@ def open_data(
     tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
     ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none)."""
     from quantscope.tasks.registry import open_task_data, tensor_task
-    from quantscope.tasks.tensors import check_batch_axes, unused_arrays
+    from quantscope.tasks.tensors import check_batch_axes, sample_dim_guess, unused_arrays
 
     if batch_axes:
         check_batch_axes(model, batch_axes)
@@ -82,6 +82,10 @@ def open_data(
                     f"{', '.join(model.input_names())}; rename an array meant for one)")
             ds = dataclasses.replace(ds, notes=(*ds.notes, note))
             say(f"note: {note}", show=show)
+        guess = sample_dim_guess(model, batch_axes)
+        if guess:
+            ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {guess}"))
+            say(f"note: {spec}: {guess}", show=show)
         fed = next((b for b in batches if isinstance(b, Feeds)), None)
         if fed is not None:
             note = f"{spec}: {_layout_text(fed, tuple(model.output_names()))}"

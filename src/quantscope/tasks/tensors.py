@@ -32,6 +32,7 @@ put sample-first before they are scored (:func:`quantscope.types.sample_first`).
 
 from __future__ import annotations
 
+import re
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -166,22 +167,30 @@ def _shape_text(shape: tuple[int | str | None, ...]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def _batch_symbol(names: tuple[str, ...],
-                  shapes: Mapping[str, tuple[int | str | None, ...]],
-                  model: Model | None = None) -> str | None:
-    """The symbolic dim that counts the samples: the one every input that has a symbolic
+def _candidates(names: tuple[str, ...], shapes: Mapping[str, tuple[int | str | None, ...]],
+                model: Model | None) -> list[str]:
+    """The symbolic dims that may count the samples: those every input that has a symbolic
     dim shares; of several (``X [T, N, F]``), the one a recurrent node reads as its
     samples, else the ones every output with a symbolic dim keeps (a time axis an encoder
-    reduces is not one); then the first input's axis 0, else the lowest axes."""
+    reduces is not one)."""
     syms = [[d for d in shapes.get(k) or () if isinstance(d, str)] for k in names]
     having = [s for s in syms if s]
     if not having:
-        return None
+        return []
     shared = [d for d in having[0] if all(d in s for s in having)]
-    if not shared:
-        return None
     if len(shared) > 1 and model is not None:
         shared = _narrowed(shared, names, shapes, model)
+    return shared
+
+
+def _batch_symbol(names: tuple[str, ...],
+                  shapes: Mapping[str, tuple[int | str | None, ...]],
+                  model: Model | None = None) -> str | None:
+    """The symbolic dim that counts the samples (of :func:`_candidates`): the first
+    input's axis 0, else the lowest axes."""
+    shared = _candidates(names, shapes, model)
+    if not shared:
+        return None
     first = shapes.get(names[0]) or ()
     if first and first[0] in shared:
         return str(first[0])
@@ -201,6 +210,28 @@ def _narrowed(shared: list[str], names: tuple[str, ...],
     outs = [[d for d in shapes.get(o) or () if isinstance(d, str)] for o in model.output_names()]
     kept = [d for d in shared if all(d in o for o in outs if o)]
     return kept or shared
+
+
+# a dim named as the samples' (torch's 'batch_size', 'batch', 'N', 'B'): taken without a note
+_BATCH_NAME = re.compile(r"(?i)[nb]|bs|.*batch.*")
+
+
+def sample_dim_guess(model: Model, declared: Mapping[str, int] | None = None) -> str | None:
+    """One line when the sample axis is a guess between symbolic dims the graph does not
+    tell apart (a time-major ``x [T, N, F]`` Conv or Transformer: both kept by every
+    output), naming the one taken and how to declare another; None otherwise."""
+    names, shapes = model.input_names(), model.value_shapes()
+    if declared and any(k in declared for k in names):
+        return None
+    shared = _candidates(names, shapes, model)
+    sym = _batch_symbol(names, shapes, model)
+    if len(shared) < 2 or sym is None or _BATCH_NAME.fullmatch(sym):
+        return None
+    k = next(k for k in names if sym in (shapes.get(k) or ()))
+    a = (shapes.get(k) or ()).index(sym)
+    return (f"input '{k}' {_shape_text(shapes.get(k) or ())} has {len(shared)} symbolic dims "
+            f"the graph does not tell apart ({', '.join(shared)}): the samples are taken on "
+            f"axis {a} ('{sym}'); if another holds them, declare it: --batch-axis {k}=K")
 
 
 def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
