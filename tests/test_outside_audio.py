@@ -118,3 +118,22 @@ def test_an_stft_front_end_is_said_left_float(tmp_path, capsys):
     (op,) = cov["ops_float"]
     assert op["op_type"] == "STFT" and "DFT basis" in op["why"]
     assert "LEFT FLOAT" in out and "(STFT) left float: its DFT basis" in out
+
+
+def test_data_of_the_wrong_shape_names_the_fix(tmp_path, capsys):
+    """One MFCC saved without its sample axis (``[10, 49]``), and clips of 40 frames for a
+    model of 49: both got ``the model wants ('?', 10, 49): reshape the data``; each line
+    now says what is wrong and what to do, naming the model's dims."""
+    onnx.save(kws(1.0), tmp_path / "kws.onnx")
+    x = np.random.default_rng(1).normal(0, 1, (N, F, T)).astype(np.float32)
+    cases = {"one.npz": (x[0], "[N, 10, 49]: it is one sample without the sample axis: "
+                                "save it as np.expand_dims(x, 0)"),
+             "short.npz": (x[:, :, :40], "[N, 10, 49]: axis 2 is 40, the model's 49: pad or "
+                                         "crop the data to the model's size")}
+    for name, (arr, said) in cases.items():
+        np.savez(tmp_path / name, x=arr)
+        code = main(["calibrate", str(tmp_path / "kws.onnx"), "--data", str(tmp_path / name),
+                     "--out", str(tmp_path / "stats.npz")])
+        err = capsys.readouterr().err
+        assert code != 0 and "Traceback" not in err and said in err, err
+        assert not (tmp_path / "stats.npz").exists()

@@ -416,9 +416,22 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path,
             isinstance(d, int) and d != s and i != axis
             for i, (d, s) in enumerate(zip(want, arr.shape, strict=False))
         )):
+            rest = [d for i, d in enumerate(want) if i != axis]
+            if arr.ndim == len(want) - 1 and all(
+                    not isinstance(d, int) or d == n for d, n in zip(rest, arr.shape, strict=True)):
+                fix = (f"it is one sample without the sample axis: save it as "
+                       f"np.expand_dims(x, {axis}) or stack several samples on axis {axis}")
+            elif arr.ndim == len(want):
+                bad = [f"axis {i} is {n}, the model's {d}" for i, (d, n) in
+                       enumerate(zip(want, arr.shape, strict=True))
+                       if isinstance(d, int) and d != n and i != axis]
+                fix = (f"{'; '.join(bad)}: pad or crop the data to the model's size (or "
+                       "export the model with that dim symbolic)")
+            else:
+                fix = f"it has {arr.ndim} axes, the model's input {len(want)}: reshape the data"
             raise QuantscopeError(
                 f"data '{where}' input '{name}' has shape {arr.shape}, the model wants "
-                f"{tuple(d if isinstance(d, int) else '?' for d in want)}: reshape the data"
+                f"{_shape_text(want)}: {fix}"
             )
         if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
             raise QuantscopeError(
