@@ -172,6 +172,12 @@ def reencode(w: np.ndarray, enc: Encoding, *, symmetric: bool) -> Encoding:
     axis = None if enc.axis is None else enc.axis % w.ndim
     return weight_encoding(w, enc.bits, axis=axis, signed=enc.signed, symmetric=symmetric)
 
+# a channel (or Concat input) whose span is within float32's own resolution of the largest
+# one's carries nothing a grid can lose: dead (e.g. a LayerNorm channel of weight ~0, a
+# Softmax class at 1e-24 next to one at 1)
+DEAD = float(np.finfo(np.float32).eps)
+
+
 def default_channel_axis(shape: tuple[int, ...]) -> int | None:
     """The channel axis of an output of ``shape`` (batch first) when the graph does not
     say: 1 for rank >= 3 (``N, C, ...``), the last axis for rank 2, none for rank 1."""

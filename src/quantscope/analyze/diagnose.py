@@ -37,6 +37,7 @@ from quantscope.analyze.scoring import Scorer, fidelity
 from quantscope.analyze.sweeps import SweepResult, sweep_fast, sweep_segments
 from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.calibrate.collect import nonfinite_note
+from quantscope.emulate.coverage import Coverage
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
 from quantscope.model.units import Unit, sweep_units
@@ -98,10 +99,23 @@ def _plan_metrics(
     scorer: Scorer,
     ref: np.ndarray,
     scheme: QuantScheme | None,
-) -> tuple[dict[str, float], np.ndarray]:
+) -> tuple[dict[str, float], np.ndarray, Coverage]:
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), groups=groups)
     rows = run_plan_rows(model, groups, batches, q.proto, scorer)
-    return scorer(ref, rows), rows
+    return scorer(ref, rows), rows, q.coverage
+
+
+def _left_float_notes(cov: Coverage, plan: str) -> tuple[str, ...]:
+    """One note per reason a weight or op stays float in the uniform ``plan`` (never
+    silent: the figures above do not include their quantization error)."""
+    whys: dict[str, list[str]] = {}
+    for t, op, why in cov.weights_float:
+        whys.setdefault(why, []).append(f"weight {t} ({op})")
+    for n, op, why in cov.ops_float:
+        whys.setdefault(why, []).append(f"op {n} ({op})")
+    return tuple(f"left float at uniform {plan}: {', '.join(what[:6])}"
+                 f"{f' and {len(what) - 6} more' if len(what) > 6 else ''}: {why}"
+                 for why, what in whys.items())
 
 
 def _recovery(model: Model, groups: Groups, stats: Stats, batches: Sequence[dict],
@@ -111,7 +125,7 @@ def _recovery(model: Model, groups: Groups, stats: Stats, batches: Sequence[dict
     low, high = low_high
     promoted = tuple(o.group for o in top)
     plan = Plan(low, tuple((g, high) for g in promoted))
-    m, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
+    m, _, _ = _plan_metrics(model, groups, stats, batches, plan, scorer, ref, scheme)
     return Recovery(promoted, high.value, m)
 
 
@@ -264,13 +278,14 @@ def analyze(
     skipped = _skipped(groups, skip or {}, progress)
     say(f"analyze: FP32 reference on {len(batches)} batches", show=progress)
     ref = run_plan_rows(model, groups, batches, model.proto, scorer)
-    baselines, collapse, uniform_rows = {}, {}, {}
+    baselines, collapse, uniform_rows, float_notes = {}, {}, {}, ()
     for p in (low, high):
         say(f"analyze: uniform {p.value} baseline (Q/DQ model of {len(groups.groups)} groups, "
             f"{len(batches)} batches)", show=progress)
-        baselines[p.value], uniform_rows[p] = _plan_metrics(
+        baselines[p.value], uniform_rows[p], cov = _plan_metrics(
             model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
         )
+        float_notes = float_notes or _left_float_notes(cov, p.value)
         collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
     units, units_notes = _units(model, groups, only := _swept(groups, skipped), progress)
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
@@ -293,7 +308,7 @@ def analyze(
     recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
                           ref, scheme) for k in recover_top]
     method, notes = _method(res, proxy_fraction, len(ref))
-    notes += units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
+    notes += float_notes + units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
         RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
     return Analysis(
         model.source,

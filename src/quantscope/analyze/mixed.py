@@ -45,13 +45,10 @@ import onnx
 from quantscope.analyze.outliers import MAX_LISTED, Outlier
 from quantscope.model.axes import range_source
 from quantscope.model.load import FLOAT_TYPES, Model
-from quantscope.numerics import qparams
+from quantscope.numerics import DEAD, qparams
 from quantscope.types import Groups, QuantScheme, Stats
 
 MIN_LEVELS = 8.0  # an input spanning fewer steps of the 8-bit output grid keeps < 3 bits
-# a channel (or Concat input) whose span is within float32's own resolution of the largest
-# one's carries nothing a grid can lose: dead (e.g. a LayerNorm channel of weight ~0)
-DEAD = float(np.finfo(np.float32).eps)
 MAX_CHANNELS = 4096  # a graph output with more "channels" is not read channel by channel
 BITS = (8, 16)
 

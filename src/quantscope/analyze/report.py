@@ -163,7 +163,7 @@ def summary_text(a: Analysis, *, top: int = 8, figure: Figure = _four_digits) ->
     lines += [f"  uniform {p:<8} {_fmt(m, a.primary, figure)}" for p, m in a.baselines.items()]
     lines.append(f"top offenders (promote to {a.high}):")
     for o in a.offenders[:top]:
-        lines.append(f"  {o.group}  (+{o.score_db:.1f} dB)")
+        lines.append(f"  {o.group}  ({o.score_db:+.1f} dB)")
         lines += [f"      - {r}" for r in o.reasons]
     for r in a.recovery:
         lines.append(f"  promote {len(r.promoted)} -> {_fmt(r.metrics, a.primary, figure)}")

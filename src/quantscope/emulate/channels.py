@@ -20,7 +20,10 @@ samples and positions together.
                           emulated values equal one value (the lower median of the channel's
                           emulated values in the first batch that has it), while FP32's do
                           not (under 99 % equal their own such value), and the channel's
-                          SQNR is below ``COLLAPSE_MAX_SQNR_DB`` (what was erased mattered)
+                          SQNR is below ``COLLAPSE_MAX_SQNR_DB`` (what was erased mattered),
+                          and the channel is not dead (FP32's largest ``|x|`` in it above
+                          float32's resolution, ``DEAD``, of the output's largest: a
+                          Softmax class at 1e-24 next to one at 1 carries nothing to lose)
 ``channel_axis``          the axis the channels are read on; ``channel_worst`` the index of
                           the lowest-SQNR channel
 ========================  ==================================================================
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantscope.numerics import RESEMBLE_MIN_COSINE, default_channel_axis, sqnr_db_from_powers
+from quantscope.numerics import DEAD, RESEMBLE_MIN_COSINE, default_channel_axis, sqnr_db_from_powers
 from quantscope.units import value
 
 COLLAPSE_SHARE = 0.99  # share of a channel's values on one emulated value: collapsed
@@ -115,23 +118,42 @@ class ChannelFidelity:
 
     def table(self) -> tuple[dict[str, float], bool]:
         """(this output's channel entries, whether a channel is bad enough for NOT LIKE
-        FP32: one collapses, or the worst cosine is under RESEMBLE_MIN_COSINE). Empty when
-        no channel was seen."""
+        FP32: one collapses, or the worst live (not dead) channel's cosine is under
+        RESEMBLE_MIN_COSINE). Empty when no channel was seen."""
         if self.n == 0:
             return {}, False
         s = self.sums
         sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
                          for p, q in zip(s["power"], s["noise"], strict=True)])
-        den = np.sqrt(s["power"] * s["tpow"])
-        cos = np.where(s["noise"] == 0, 1.0, np.where(den > 0, s["dot"] / np.where(den > 0, den, 1), 0.0))
-        count = np.maximum(s["count"], 1)
-        t_share, f_share = s["t_hits"] / count, s["f_hits"] / count
-        collapsed = (t_share >= COLLAPSE_SHARE) & (f_share < COLLAPSE_SHARE) & (sqnr < COLLAPSE_MAX_SQNR_DB)
+        cos = self._cosines()
+        live = ~self._dead()
+        collapsed = self._erased(sqnr) & live
         worst = int(np.argmin(sqnr))
         entry = {"sqnr_db_channel_min": float(sqnr[worst]), "cosine_channel_min": float(cos.min()),
                  "collapsed_channels": int(collapsed.sum()), "channel_axis": int(self.axis),
                  "channel_worst": worst}
-        return entry, bool(collapsed.any() or cos.min() < RESEMBLE_MIN_COSINE)
+        # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the live ones'
+        return entry, bool(collapsed.any() or (live.any() and cos[live].min() < RESEMBLE_MIN_COSINE))
+
+    def _cosines(self) -> np.ndarray:
+        """Each channel's cosine between its FP32 and emulated values."""
+        s = self.sums
+        den = np.sqrt(s["power"] * s["tpow"])
+        return np.where(s["noise"] == 0, 1.0,
+                        np.where(den > 0, s["dot"] / np.where(den > 0, den, 1), 0.0))
+
+    def _erased(self, sqnr: np.ndarray) -> np.ndarray:
+        """Channels whose emulated values sit on one value while FP32's vary, and whose
+        SQNR is below ``COLLAPSE_MAX_SQNR_DB``."""
+        s = self.sums
+        count = np.maximum(s["count"], 1)
+        return ((s["t_hits"] / count >= COLLAPSE_SHARE) & (s["f_hits"] / count < COLLAPSE_SHARE)
+                & (sqnr < COLLAPSE_MAX_SQNR_DB))
+
+    def _dead(self) -> np.ndarray:
+        """Channels whose FP32 values are all within ``DEAD`` of the output's largest."""
+        peak = np.maximum(np.abs(self.f_min), np.abs(self.f_max))
+        return peak <= DEAD * max(abs(self.out_min), abs(self.out_max))
 
     def notes(self, name: str) -> list[str]:
         """One line per kind of bad channel (the worst collapsed one, the worst cosine)."""
@@ -144,9 +166,15 @@ class ChannelFidelity:
                          for p, q in zip(s["power"], s["noise"], strict=True)])
         grid = f"one grid spans {self.out_min:.4g} to {self.out_max:.4g} (FP32 range of the output)"
         out = []
-        collapsed = np.flatnonzero((s["t_hits"] / count >= COLLAPSE_SHARE)
-                                   & (s["f_hits"] / count < COLLAPSE_SHARE)
-                                   & (sqnr < COLLAPSE_MAX_SQNR_DB))
+        erased, dead = self._erased(sqnr), self._dead()
+        collapsed = np.flatnonzero(erased & ~dead)
+        if (erased & dead).any():
+            peak = np.maximum(np.abs(self.f_min), np.abs(self.f_max))[erased & dead].max()
+            out.append(f"output '{name}': {int((erased & dead).sum())} of {self.n} channels of "
+                       f"axis {self.axis} quantize to one value but are dead on this data (FP32 "
+                       f"|x| at most {peak:.4g}, within float32's resolution of the output's "
+                       "largest): not counted as collapsed nor judged (sqnr_db_channel_min and "
+                       "cosine_channel_min still include them)")
         if len(collapsed):
             c = int(collapsed[np.argmin(sqnr[collapsed])])
             share = s["t_hits"][c] / count[c]
@@ -154,10 +182,12 @@ class ChannelFidelity:
             out.append(f"output '{name}' channel {c} of axis {self.axis}: {what} to "
                        f"{self.t_val[c]:.4g} (FP32 {self.f_min[c]:.4g} to {self.f_max[c]:.4g}): "
                        f"{grid}; {len(collapsed)} of {self.n} channels collapse")
-        if entry["cosine_channel_min"] < RESEMBLE_MIN_COSINE and not len(collapsed):
-            c = entry["channel_worst"]
+        cos = self._cosines()
+        live = np.flatnonzero(~dead)
+        if len(live) and cos[live].min() < RESEMBLE_MIN_COSINE and not len(collapsed):
+            c = int(live[np.argmin(cos[live])])
             out.append(f"output '{name}' channel {c} of axis {self.axis}: cosine to FP32 "
-                       f"{entry['cosine_channel_min']:.3f}, SQNR {sqnr[c]:.1f} dB (FP32 "
+                       f"{cos[c]:.3f}, SQNR {sqnr[c]:.1f} dB (FP32 "
                        f"{self.f_min[c]:.4g} to {self.f_max[c]:.4g}, emulated {self.t_min[c]:.4g} "
                        f"to {self.t_max[c]:.4g}): {grid}")
         return out

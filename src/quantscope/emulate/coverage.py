@@ -11,7 +11,10 @@ lookup tables              float tables read by Gather (embeddings): the lookup'
                            output is quantized as an activation, the table is not
 activations quantized      tensors with a Q/DQ pair (group outputs, model inputs)
 ops left float             ops the emulator cannot quantize (control flow, already
-                           quantized ops) and groups the plan keeps at ``float``
+                           quantized ops), ops with an implicit weight it keeps float
+                           (``STFT``/``DFT``: the DFT basis, a device's Conv weights or
+                           the host's work; their output is quantized) and groups the
+                           plan keeps at ``float``
 =========================  ==========================================================
 """
 
@@ -24,9 +27,20 @@ import numpy as np
 
 from quantscope.model.groups import UNSUPPORTED
 from quantscope.model.load import FLOAT_TYPES, Model
+from quantscope.model.recurrent import RECURRENT_OPS
 from quantscope.types import Encodings, Groups, Plan, Precision
 
-RECURRENT = frozenset({"LSTM", "GRU", "RNN"})
+RECURRENT = RECURRENT_OPS
+# ops whose weights are implicit (no initializer to quantize): computed in float inside
+# their group, only their group's output is quantized
+IMPLICIT_WEIGHTS = {
+    "STFT": "its DFT basis (and window) are not quantized by the emulator: the numbers do "
+            "not include the 8/16-bit error of a device computing it as a Conv with quantized "
+            "basis weights; check the target supports the op, or compute it on the host",
+    "DFT": "its DFT basis is not quantized by the emulator: the numbers do not include the "
+           "8/16-bit error of a device computing it as a MatMul with quantized basis weights; "
+           "check the target supports the op, or compute it on the host",
+}
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,8 @@ def coverage(model: Model, groups: Groups, plan: Plan, encodings: Encodings) -> 
         g = owner.get(node.name)
         if node.op_type in UNSUPPORTED:
             ops_float.append((node.name, node.op_type, "not quantizable by the emulator"))
+        elif node.op_type in IMPLICIT_WEIGHTS and g is not None:
+            ops_float.append((node.name, node.op_type, IMPLICIT_WEIGHTS[node.op_type]))
         for i, t in enumerate(node.input):
             if t not in floats or t in encodings.weights or t in weights_float:
                 continue

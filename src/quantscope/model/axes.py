@@ -13,6 +13,9 @@ InstanceNorm, pooling, LRN
 MatMul / Gemm with a weight,       the last axis (``[B, T, C]`` token tensors, ``[B, C]``)
 LayerNormalization, an embedding
 Gather
+LSTM, GRU, RNN                     the last axis of each output (the hidden units:
+                                   ``Y [T, D, N, H]``, ``Y_h``/``Y_c [D, N, H]``, and
+                                   the ``layout=1`` forms alike)
 Concat                             its inputs' common axis when they agree (channels
                                    concatenated along another axis); else the Concat axis
 elementwise ops, Softmax, Resize,  the axis of the input of the output's rank (right-
@@ -46,6 +49,8 @@ CHANNEL_FIRST = frozenset(
      "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool", "LRN",
      "DepthToSpace", "SpaceToDepth", "MaxUnpool", "GroupNormalization"}
 )
+# recurrent ops: every output (Y, Y_h, Y_c, either layout) has its hidden units last
+RECURRENT_RANKS = {"LSTM": (4, 3, 3), "GRU": (4, 3), "RNN": (4, 3)}
 CHANNEL_LAST = frozenset({"LayerNormalization", "SimplifiedLayerNormalization",
                           "RMSNormalization", "SkipLayerNormalization"})
 ELEMENTWISE = frozenset(
@@ -226,6 +231,12 @@ def channel_axes(model: Model) -> dict[str, int]:
     axes: dict[str, int] = {}
     for node in model.graph.node:
         if not node.output:
+            continue
+        if node.op_type in RECURRENT_RANKS:
+            ranks = RECURRENT_RANKS[node.op_type]
+            for out, rank in zip(node.output, ranks, strict=False):
+                if out:
+                    axes[out] = len(shapes[out]) - 1 if out in shapes else rank - 1
             continue
         a = _node_axis(node, model, axes, shapes, inits)
         if a is None:

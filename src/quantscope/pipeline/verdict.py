@@ -215,7 +215,7 @@ def _saturated_outputs(plan: dict[str, Any], outputs: list[str]) -> list[str]:
     (``evaluate.json``'s ``saturation``): what the device returns is capped there, whatever
     the figure above says on average."""
     rows = {r["tensor"]: r for r in (plan.get("saturation") or {}).get("tensors", [])}
-    return [f"output '{t}' clips {r['below'] + r['above']:.1%} of its held-out values at its "
+    return [f"output '{t}' clips {r['below'] + r['above']:.2%} of its held-out values at its "
             f"calibrated range {r['range_min']:.4g} .. {r['range_max']:.4g} (FP32 gives "
             f"{r['data_min']:.4g} .. {r['data_max']:.4g}): calibrate on data like the "
             "deployment's, or widen its range" for t in outputs if (r := rows.get(t))]

@@ -61,7 +61,7 @@ def open_data(
     tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
     ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none)."""
     from quantscope.tasks.registry import open_task_data, tensor_task
-    from quantscope.tasks.tensors import check_batch_axes, unused_arrays
+    from quantscope.tasks.tensors import check_batch_axes, sample_dim_guess, unused_arrays
 
     if batch_axes:
         check_batch_axes(model, batch_axes)
@@ -82,9 +82,13 @@ def open_data(
                     f"{', '.join(model.input_names())}; rename an array meant for one)")
             ds = dataclasses.replace(ds, notes=(*ds.notes, note))
             say(f"note: {note}", show=show)
+        guess = sample_dim_guess(model, batch_axes)
+        if guess:
+            ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {guess}"))
+            say(f"note: {spec}: {guess}", show=show)
         fed = next((b for b in batches if isinstance(b, Feeds)), None)
         if fed is not None:
-            note = f"{spec}: {_layout_text(fed)}"
+            note = f"{spec}: {_layout_text(fed, tuple(model.output_names()))}"
             ds = dataclasses.replace(ds, notes=(*ds.notes, note))
             say(f"note: {note}", show=show)
     elif batch_axes:
@@ -97,10 +101,12 @@ def open_data(
         ds = dataclasses.replace(ds, output=output)
     return ds
 
-def _layout_text(batch: Feeds) -> str:
+def _layout_text(batch: Feeds, outputs: tuple[str, ...]) -> str:
     """Which inputs hold their samples on another axis than 0, and the per-run limit."""
     parts = [f"input '{k}' has no sample axis: every batch gets it whole" if a == SHARED
              else f"input '{k}' is batched on axis {a}" for k, a in batch.axes.items() if a]
+    parts += [f"output '{o}' is batched on axis {a}"
+              for o, a in zip(outputs, batch.out_axes, strict=False) if a]
     if batch.limit is not None:
         parts.append(f"the model takes {batch.limit} sample(s) per run (static shape): "
                      "the samples run that many at a time")

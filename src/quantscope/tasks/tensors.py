@@ -15,6 +15,8 @@ otherwise:
                                 axis ``K``
 a symbolic dim shared by the    that dim's axis in each input (an LSTM: ``x [B, 16]``,
 inputs                          ``h [1, B, 8]``: axes 0 and 1)
+of several shared symbolic     the one a recurrent node's ``X`` reads as its samples
+dims                            (``X [T, N, F]``: axis 1), else those every output keeps
 a static model                  the one axis where the data's size differs from the model's
                                 (``state [2, 1, 16]`` given ``[2, n, 16]``: axis 1), else
                                 an axis of size 1 that holds as many samples as the other
@@ -30,6 +32,7 @@ put sample-first before they are scored (:func:`quantscope.types.sample_first`).
 
 from __future__ import annotations
 
+import re
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -164,15 +167,28 @@ def _shape_text(shape: tuple[int | str | None, ...]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
-def _batch_symbol(names: tuple[str, ...],
-                  shapes: Mapping[str, tuple[int | str | None, ...]]) -> str | None:
-    """The symbolic dim that counts the samples: the one every input that has a symbolic
-    dim shares, preferring the first input's axis 0, else the lowest axes."""
+def _candidates(names: tuple[str, ...], shapes: Mapping[str, tuple[int | str | None, ...]],
+                model: Model | None) -> list[str]:
+    """The symbolic dims that may count the samples: those every input that has a symbolic
+    dim shares; of several (``X [T, N, F]``), the one a recurrent node reads as its
+    samples, else the ones every output with a symbolic dim keeps (a time axis an encoder
+    reduces is not one)."""
     syms = [[d for d in shapes.get(k) or () if isinstance(d, str)] for k in names]
     having = [s for s in syms if s]
     if not having:
-        return None
+        return []
     shared = [d for d in having[0] if all(d in s for s in having)]
+    if len(shared) > 1 and model is not None:
+        shared = _narrowed(shared, names, shapes, model)
+    return shared
+
+
+def _batch_symbol(names: tuple[str, ...],
+                  shapes: Mapping[str, tuple[int | str | None, ...]],
+                  model: Model | None = None) -> str | None:
+    """The symbolic dim that counts the samples (of :func:`_candidates`): the first
+    input's axis 0, else the lowest axes."""
+    shared = _candidates(names, shapes, model)
     if not shared:
         return None
     first = shapes.get(names[0]) or ()
@@ -180,6 +196,42 @@ def _batch_symbol(names: tuple[str, ...],
         return str(first[0])
     return min(shared, key=lambda d: sum((shapes.get(k) or ()).index(d)
                                          for k in names if d in (shapes.get(k) or ())))
+
+
+def _narrowed(shared: list[str], names: tuple[str, ...],
+              shapes: Mapping[str, tuple[int | str | None, ...]], model: Model) -> list[str]:
+    """Of several shared symbolic dims, those the graph says count the samples."""
+    from quantscope.model.recurrent import recurrent_sample_axes
+
+    said = {str(shapes[k][a]) for k, a in recurrent_sample_axes(model.proto).items()
+            if k in names and len(shapes.get(k) or ()) > a}
+    if [d for d in shared if d in said]:
+        return [d for d in shared if d in said]
+    outs = [[d for d in shapes.get(o) or () if isinstance(d, str)] for o in model.output_names()]
+    kept = [d for d in shared if all(d in o for o in outs if o)]
+    return kept or shared
+
+
+# a dim named as the samples' (torch's 'batch_size', 'batch', 'N', 'B'): taken without a note
+_BATCH_NAME = re.compile(r"(?i)[nb]|bs|.*batch.*")
+
+
+def sample_dim_guess(model: Model, declared: Mapping[str, int] | None = None) -> str | None:
+    """One line when the sample axis is a guess between symbolic dims the graph does not
+    tell apart (a time-major ``x [T, N, F]`` Conv or Transformer: both kept by every
+    output), naming the one taken and how to declare another; None otherwise."""
+    names, shapes = model.input_names(), model.value_shapes()
+    if declared and any(k in declared for k in names):
+        return None
+    shared = _candidates(names, shapes, model)
+    sym = _batch_symbol(names, shapes, model)
+    if len(shared) < 2 or sym is None or _BATCH_NAME.fullmatch(sym):
+        return None
+    k = next(k for k in names if sym in (shapes.get(k) or ()))
+    a = (shapes.get(k) or ()).index(sym)
+    return (f"input '{k}' {_shape_text(shapes.get(k) or ())} has {len(shared)} symbolic dims "
+            f"the graph does not tell apart ({', '.join(shared)}): the samples are taken on "
+            f"axis {a} ('{sym}'); if another holds them, declare it: --batch-axis {k}=K")
 
 
 def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
@@ -198,7 +250,10 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
         if k not in axes and shapes.get(k) == () and np.ndim(arrays[k]) == 0:
             axes[k], how[k] = SHARED, "rank 0: the same value for every sample"
     sampled = tuple(k for k in names if axes.get(k) != SHARED)
-    sym = _batch_symbol(sampled, shapes)
+    sym = _batch_symbol(sampled, shapes, model)
+    for k, a in declared.items():
+        if k in names and a != SHARED and len(shapes.get(k) or ()) > a:
+            _outputs_keep(model, shapes, k, a, declared)
     for k in names:
         want = shapes.get(k) or ()
         if k not in axes and sym is not None and sym in want:
@@ -247,6 +302,29 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
     axes = {k: axes[k] for k in names}
     out_axes = _output_axes(model, sym, axes, limit, declared)
     return Layout(axes=axes, out_axes=out_axes, limit=limit, how=how)
+
+
+def _outputs_keep(model: Model, shapes: Mapping[str, tuple[int | str | None, ...]],
+                  k: str, a: int, declared: Mapping[str, int]) -> None:
+    """Refuse a declared sample axis of input ``k`` whose symbolic dim an output does not
+    keep while another symbolic dim of ``k`` is in every output (``X [T, N, F]`` declared
+    on ``T``, the outputs ``[N, C]``): every cut of the samples would cut the outputs along
+    another dim."""
+    shape = shapes.get(k) or ()
+    sym = shape[a]
+    outs = [(o, shapes.get(o) or ()) for o in model.output_names() if o not in declared]
+    outs = [(o, w) for o, w in outs if any(isinstance(d, str) for d in w)]
+    lost = [(o, w) for o, w in outs if sym not in w]
+    kept = [(i, d) for i, d in enumerate(shape)
+            if i != a and isinstance(d, str) and outs and all(d in w for _, w in outs)]
+    if not isinstance(sym, str) or not lost or not kept:
+        return
+    o, want = lost[0]
+    raise QuantscopeError(
+        f"--batch-axis {k}={a}: that is input '{k}''s dimension '{sym}', which output '{o}' "
+        f"{_shape_text(want)} does not have, so its samples are not the outputs' samples; "
+        f"declare the axis that holds them: --batch-axis {k}={kept[0][0]} (its dimension "
+        f"'{kept[0][1]}', which every output has)")
 
 
 def _output_axes(model: Model, sym: str | None, axes: Mapping[str, int], limit: int | None,
@@ -338,9 +416,22 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path,
             isinstance(d, int) and d != s and i != axis
             for i, (d, s) in enumerate(zip(want, arr.shape, strict=False))
         )):
+            rest = [d for i, d in enumerate(want) if i != axis]
+            if arr.ndim == len(want) - 1 and all(
+                    not isinstance(d, int) or d == n for d, n in zip(rest, arr.shape, strict=True)):
+                fix = (f"it is one sample without the sample axis: save it as "
+                       f"np.expand_dims(x, {axis}) or stack several samples on axis {axis}")
+            elif arr.ndim == len(want):
+                bad = [f"axis {i} is {n}, the model's {d}" for i, (d, n) in
+                       enumerate(zip(want, arr.shape, strict=True))
+                       if isinstance(d, int) and d != n and i != axis]
+                fix = (f"{'; '.join(bad)}: pad or crop the data to the model's size (or "
+                       "export the model with that dim symbolic)")
+            else:
+                fix = f"it has {arr.ndim} axes, the model's input {len(want)}: reshape the data"
             raise QuantscopeError(
                 f"data '{where}' input '{name}' has shape {arr.shape}, the model wants "
-                f"{tuple(d if isinstance(d, int) else '?' for d in want)}: reshape the data"
+                f"{_shape_text(want)}: {fix}"
             )
         if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
             raise QuantscopeError(
