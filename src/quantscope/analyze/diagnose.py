@@ -310,25 +310,9 @@ def analyze(
     method, notes = _method(res, proxy_fraction, len(ref))
     notes += float_notes + units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
         RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
-    return Analysis(
-        model.source,
-        low.value,
-        high.value,
-        getattr(target, "name", None),
-        scorer.primary,
-        scorer.higher_is_better,
-        method,
-        baselines,
-        noise,
-        sens,
-        offenders,
-        outliers,
-        weights,
-        collapse,
-        tuple(recovery),
-        notes,
-        skipped,
-    )
+    return Analysis(model.source, low.value, high.value, getattr(target, "name", None),
+                    scorer.primary, scorer.higher_is_better, method, baselines, noise, sens,
+                    offenders, outliers, weights, collapse, tuple(recovery), notes, skipped)
 
 
 def _units(model: Model, groups: Groups, only: set[str] | None, progress: bool
