@@ -1,0 +1,65 @@
+"""A uint8 image input, Cast to float and normalised in the graph before its first Conv.
+
+Every tensor derived only from a non-float input was ``side`` (the attention-mask rule), so
+the whole data path of such a model was: no group, nothing to tap, and ``run`` died in
+calibration with ``internal error: ValueError: zip() argument 2 is longer than argument 1``.
+A Cast of a non-float input that reaches a weighted op's data input through side tensors
+only now starts the data path (``act``); a mask Cast that only meets activations in an Add
+stays side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from quantscope.calibrate.collect import calibrate
+from quantscope.model.groups import find_groups, find_mask_adds, tensor_kinds
+from quantscope.model.load import load_proto
+
+
+def _image_model():
+    r = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(np.array([127.5], np.float32), "mean"),
+             numpy_helper.from_array(np.array([127.5], np.float32), "std"),
+             numpy_helper.from_array(r.normal(0, .3, (4, 3, 3, 3)).astype(np.float32), "w")]
+    graph = helper.make_graph([
+        helper.make_node("Transpose", ["img"], ["nchw"], name="to_nchw", perm=[0, 3, 1, 2]),
+        helper.make_node("Cast", ["nchw"], ["f"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Sub", ["f", "mean"], ["s"], name="sub"),
+        helper.make_node("Div", ["s", "std"], ["n"], name="div"),
+        helper.make_node("Conv", ["n", "w"], ["y"], name="conv", pads=[1] * 4)], "g",
+        [helper.make_tensor_value_info("img", TensorProto.UINT8, [1, 8, 8, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    return load_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_a_cast_image_input_is_the_data_path_and_calibrates():
+    model = _image_model()
+    groups = find_groups(model)
+    assert [g.op_type for g in groups.groups] == ["Cast", "Conv"]
+    assert groups.groups[0].outputs == ("n",)  # normalised: quantized before the Conv
+    assert groups.model_inputs == ()  # the uint8 input itself is fed as is
+    r = np.random.default_rng(1)
+    batches = [{"img": r.integers(0, 256, (1, 8, 8, 3)).astype(np.uint8)} for _ in range(3)]
+    stats = calibrate(model, groups, batches)
+    lo, hi = stats.tensors["n"].min, stats.tensors["n"].max
+    assert -1.0 <= lo < -0.9 and 0.9 < hi <= 1.0
+
+
+def test_a_mask_cast_that_only_meets_activations_stays_side():
+    r = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(r.normal(0, .3, (4, 4)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(-1e4, np.float32), "big")]
+    graph = helper.make_graph([
+        helper.make_node("MatMul", ["x", "w"], ["q"], name="proj"),
+        helper.make_node("Cast", ["mask"], ["mf"], name="cast", to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["mf", "big"], ["bias"], name="scale"),
+        helper.make_node("Add", ["q", "bias"], ["scores"], name="add"),
+        helper.make_node("Softmax", ["scores"], ["p"], name="softmax", axis=-1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 4]),
+         helper.make_tensor_value_info("mask", TensorProto.INT64, [1, 4, 4])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, 4, 4])], inits)
+    model = load_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert tensor_kinds(model)["mf"] == "side"
+    assert [m.node for m in find_mask_adds(model)] == ["add"]
