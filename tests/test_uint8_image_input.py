@@ -63,3 +63,27 @@ def test_a_mask_cast_that_only_meets_activations_stays_side():
     model = load_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
     assert tensor_kinds(model)["mf"] == "side"
     assert [m.node for m in find_mask_adds(model)] == ["add"]
+
+
+def test_io_says_the_uint8_input_is_fed_as_it_is(tmp_path, capsys):
+    """``io`` listed the quantized output only: the uint8 image input was not named at all
+    (console, JSON and snippet), so a user could not tell whether to quantize it."""
+    import json
+
+    import onnx
+
+    from quantscope.cli import main
+
+    m, x, s = tmp_path / "m.onnx", tmp_path / "x.npz", tmp_path / "s.npz"
+    onnx.save(_image_model().proto, m)
+    np.savez(x, img=np.random.default_rng(1).integers(0, 256, (6, 8, 8, 3)).astype(np.uint8))
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    j, py = tmp_path / "io.json", tmp_path / "io_host.py"
+    assert main(["io", str(m), "--stats", str(s), "--precision", "a8_w8", "--json", str(j),
+                 "--out-snippet", str(py)]) == 0
+    out = capsys.readouterr().out
+    assert "input  img: uint8, fed as it is: not quantized" in out
+    assert json.loads(j.read_text())["as_is_io"] == [
+        {"role": "input", "tensor": "img", "dtype": "uint8"}]
+    assert "# input  img: uint8, fed as it is" in py.read_text()
+    assert "to_device_img" not in py.read_text()
