@@ -87,3 +87,22 @@ def test_io_says_the_uint8_input_is_fed_as_it_is(tmp_path, capsys):
         {"role": "input", "tensor": "img", "dtype": "uint8"}]
     assert "# input  img: uint8, fed as it is" in py.read_text()
     assert "to_device_img" not in py.read_text()
+
+
+def test_a_cast_image_input_with_no_weighted_op_is_the_data_path():
+    """uint8 -> Cast -> Div -> MaxPool -> output: no weighted op to start the data path at;
+    the float graph output does (it was all side: no tap, the zip() internal error)."""
+    graph = helper.make_graph([
+        helper.make_node("Cast", ["img"], ["f"], to=TensorProto.FLOAT, name="cast"),
+        helper.make_node("Div", ["f", "s"], ["n"], name="div"),
+        helper.make_node("MaxPool", ["n"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
+                         name="pool")], "g",
+        [helper.make_tensor_value_info("img", TensorProto.UINT8, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [numpy_helper.from_array(np.array([255.0], np.float32), "s")])
+    model = load_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    groups = find_groups(model)
+    assert [g.op_type for g in groups.groups] == ["Cast", "MaxPool"]
+    r = np.random.default_rng(1)
+    batches = [{"img": r.integers(0, 256, (1, 3, 8, 8)).astype(np.uint8)} for _ in range(2)]
+    assert set(calibrate(model, groups, batches).tensors) == {"n", "y"}

@@ -84,12 +84,15 @@ def tensor_kinds(model: Model) -> dict[str, str]:
 
 def _data_casts(model: Model, kinds: dict[str, str], types: dict[str, int]) -> frozenset[str]:
     """Casts of a non-float input to float that feed, through ``side`` tensors only, the
-    data input of a weighted op (a uint8 image Cast and normalised in the graph before its
-    first Conv): the data path starts there, so they are ``act``, not a mask-like side."""
+    data input of a weighted op or a float graph output (a uint8 image Cast and normalised
+    in the graph before its first Conv): the data path starts there, so they are ``act``,
+    not a mask-like side."""
     producer = {t: n for n in model.graph.node for t in n.output}
     inits = {t.name for t in model.graph.initializer}
     todo = [n.input[0] for n in model.graph.node
             if n.input and kinds.get(n.input[0]) == "side" and _weight_info(n, inits)[0]]
+    todo += [o for o in model.output_names()
+             if kinds.get(o) == "side" and types.get(o) in FLOAT_TYPES]
     seen: set[str] = set()
     casts: set[str] = set()
     while todo:
