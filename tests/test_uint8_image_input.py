@@ -106,3 +106,20 @@ def test_a_cast_image_input_with_no_weighted_op_is_the_data_path():
     r = np.random.default_rng(1)
     batches = [{"img": r.integers(0, 256, (1, 3, 8, 8)).astype(np.uint8)} for _ in range(2)]
     assert set(calibrate(model, groups, batches).tensors) == {"n", "y"}
+
+
+def test_a_model_with_nothing_float_is_refused_in_one_line():
+    """An int-only graph has no tap: ORT ran every output instead and calibrate died with the
+    zip() internal error; it is now one line naming the model and the fix."""
+    import pytest
+
+    from quantscope.types import QuantscopeError
+
+    graph = helper.make_graph([helper.make_node("Add", ["ids", "one"], ["y"], name="add")],
+                              "g", [helper.make_tensor_value_info("ids", TensorProto.INT32, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 4])],
+                              [numpy_helper.from_array(np.array([1], np.int32), "one")])
+    model = load_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                       "ints.onnx")
+    with pytest.raises(QuantscopeError, match="ints.onnx: nothing to quantize.*give the float"):
+        calibrate(model, find_groups(model), [{"ids": np.arange(4, dtype=np.int32)[None]}])
