@@ -18,6 +18,9 @@ residual        the residual stream (residual Adds + the normalisations reading 
                 the elementwise layers on their skip branch, e.g. ``outscale``'s and
                 ``peel``'s) promoted wherever legal within ``max_cost``, with the repairs
                 kept, measured as one more candidate (``residual_point``)
+between         the weightless layers (Resize, Concat, pooling) left below both their
+                neighbours in the best measured plan, promoted to their width where
+                legal within ``max_cost``: one more candidate (``plan/between.py``)
 drop            from the best measured point, revert promotions with the least
                 predicted gain per unit of cost saved; keep a revert when the
                 measurement still meets Q (or, without Q, loses at most ``tol``)
@@ -55,6 +58,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from quantscope.analyze.phases import NORM_OPS, residual_groups
+from quantscope.plan.between import between_point
 from quantscope.plan.greedy import Walk
 from quantscope.plan.pareto import FrontPoint, select
 from quantscope.plan.predict import predict
@@ -304,6 +308,9 @@ def refine_run(
     stream = residual_point(space, best.repairs)
     if stream is not None:
         meter.measure(stream)
+    between = between_point(space, select(list(meter.seen.values()), space.budget)[0])
+    if between is not None:
+        meter.measure(between)
     _drop(space, meter, select(list(meter.seen.values()), space.budget)[0], tol)
     return Refined(tuple(meter.seen.values()), meter.stop)
 
