@@ -170,3 +170,25 @@ def test_resizes_between_promoted_layers_are_promoted_with_them(tmp_path):
     # measured better than every point of the greedy path (which left the Resizes at 8 bit)
     walk = [p["measured"] for p in plan["pareto"]["points"] if p["measured"] is not None]
     assert plan["pareto"]["chosen"]["measured"] > max(walk) + 1.0
+
+
+def test_no_goal_measures_the_widest_legal_plan(tmp_path):
+    """plan/widest.py: the nearest-Resize U-Net of the same draw. Its disable-one gains,
+    measured on one proxy row, read the last Conv ('head') as -0.09 dB, so the greedy path
+    stopped with it at a8_w8 and the "best quality" plan measured 31.2 dB held out at 6.9x;
+    the widest legal plan (every layer at a16_w16 but the MaxPools, which hailo8 keeps at
+    8 bit) measures 35.7 dB at 7.3x and is now measured and chosen."""
+    from quantscope.cli import main
+
+    m, x = tmp_path / "unet.onnx", tmp_path / "x.npz"
+    rng = np.random.default_rng(0)
+    _unet_drawn(rng, "convT", 5)
+    model, inputs = _unet_drawn(rng, "nearest", 5)
+    onnx.save(model, m)
+    np.savez(x, input=inputs)
+    assert main(["run", str(m), "--data", str(x), "--target", "hailo8",
+                 "--out", str(tmp_path / "W")]) == 0
+    plan = json.loads((tmp_path / "W" / "plan.json").read_text())
+    assert plan["groups"].get("head") == "a16_w16", plan["groups"]
+    walk = [p["measured"] for p in plan["pareto"]["points"] if p["measured"] is not None]
+    assert plan["pareto"]["chosen"]["measured"] > max(walk) + 1.0

@@ -21,6 +21,8 @@ residual        the residual stream (residual Adds + the normalisations reading 
 between         the weightless layers (Resize, Concat, pooling) left below both their
                 neighbours in the best measured plan, promoted to their width where
                 legal within ``max_cost``: one more candidate (``plan/between.py``)
+widest          with no goal, or none met yet: every group at its widest legal
+                precision within ``max_cost``, one more candidate (``plan/widest.py``)
 drop            from the best measured point, revert promotions with the least
                 predicted gain per unit of cost saved; keep a revert when the
                 measurement still meets Q (or, without Q, loses at most ``tol``)
@@ -64,6 +66,7 @@ from quantscope.plan.pareto import FrontPoint, select
 from quantscope.plan.predict import predict
 from quantscope.plan.race import RacePlans
 from quantscope.plan.start import EPS, Space, emit, repair_meta
+from quantscope.plan.widest import widest_point
 from quantscope.progress import say
 from quantscope.types import Group, GroupKind, Groups, Plan
 
@@ -311,6 +314,11 @@ def refine_run(
     between = between_point(space, select(list(meter.seen.values()), space.budget)[0])
     if between is not None:
         meter.measure(between)
+    if space.budget.min_quality is None or not any(
+            space.budget.meets(p) for p in meter.seen.values()):
+        wide = widest_point(space, best.repairs)
+        if wide is not None:
+            meter.measure(wide)
     _drop(space, meter, select(list(meter.seen.values()), space.budget)[0], tol)
     return Refined(tuple(meter.seen.values()), meter.stop)
 
