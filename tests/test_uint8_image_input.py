@@ -123,3 +123,35 @@ def test_a_model_with_nothing_float_is_refused_in_one_line():
                        "ints.onnx")
     with pytest.raises(QuantscopeError, match="ints.onnx: nothing to quantize.*give the float"):
         calibrate(model, find_groups(model), [{"ids": np.arange(4, dtype=np.int32)[None]}])
+
+
+def test_io_says_a_uint8_output_is_read_as_it_is(tmp_path, capsys):
+    """An image-to-image model that Casts its output back to uint8: ``io`` said nothing of
+    the output (not float, so no row) and ``no quantized model inputs or outputs (they
+    stay float under this plan)``, which they do not."""
+    import onnx
+
+    from quantscope.cli import main
+
+    r = np.random.default_rng(0)
+    graph = helper.make_graph([
+        helper.make_node("Cast", ["img"], ["f"], name="cast_in", to=TensorProto.FLOAT),
+        helper.make_node("Div", ["f", "s"], ["n"], name="div"),
+        helper.make_node("Conv", ["n", "w"], ["c"], name="conv", pads=[1] * 4),
+        helper.make_node("Sigmoid", ["c"], ["p"], name="sig"),
+        helper.make_node("Mul", ["p", "s"], ["q"], name="scale"),
+        helper.make_node("Cast", ["q"], ["out"], name="cast_out", to=TensorProto.UINT8)], "g",
+        [helper.make_tensor_value_info("img", TensorProto.UINT8, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.UINT8, [1, 3, 8, 8])],
+        [numpy_helper.from_array(np.array([255.0], np.float32), "s"),
+         numpy_helper.from_array(r.normal(0, .3, (3, 3, 3, 3)).astype(np.float32), "w")])
+    m, x, s = tmp_path / "m.onnx", tmp_path / "x.npz", tmp_path / "s.npz"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), m)
+    np.savez(x, img=r.integers(0, 256, (6, 3, 8, 8)).astype(np.uint8))
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    capsys.readouterr()
+    assert main(["io", str(m), "--stats", str(s), "--precision", "a8_w8"]) == 0
+    out = capsys.readouterr().out
+    assert "output out: uint8, read as it is: not quantized" in out
+    assert "input  img: uint8, fed as it is" in out
+    assert "stay float" not in out

@@ -107,7 +107,7 @@ class DeviceIOResult(TaggedResult):
     note: str = ""
     # model inputs/outputs the plan leaves float ({role, tensor}): no conversion on the host
     float_io: list[dict[str, str]] | None = optional()
-    # model inputs that are not float ({role, tensor, dtype}): fed as they are, not quantized
+    # model inputs/outputs that are not float ({role, tensor, dtype}): as they are, not quantized
     as_is_io: list[dict[str, str]] | None = optional()
 
 

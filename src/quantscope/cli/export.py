@@ -117,7 +117,7 @@ def cmd_io(args: argparse.Namespace) -> int:
     _plan_target(args, inp.plan, "the plan")
     rows = stages.device_io_rows(inp.model, inp.stats, inp.plan)
     floats = stages.float_io_rows(inp.model, inp.plan)
-    as_is = dio.as_is_inputs(inp.model, rows)
+    as_is = dio.as_is_io(inp.model, rows)
     print(dio.format_device_io(rows, floats, as_is))
     checks = dio.check_mapping(rows, mappings) if mappings else []
     if checks:

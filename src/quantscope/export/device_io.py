@@ -83,26 +83,29 @@ def float_io(model: Model, groups: Groups, plan: Plan) -> list[dict[str, str]]:
     return out
 
 
-def as_is_inputs(model: Model, rows: Sequence[dict[str, Any]] = ()) -> list[dict[str, str]]:
-    """The model inputs that are not float ({role, tensor, dtype}): fed as they are, with no
-    scale or zero point (a uint8 image the graph Casts and normalises, a mask, token ids);
-    an input that indexes a host lookup (a row's ``host_lookup``) is said by that row."""
+def as_is_io(model: Model, rows: Sequence[dict[str, Any]] = ()) -> list[dict[str, str]]:
+    """The model inputs and outputs that are not float ({role, tensor, dtype}): fed or read
+    as they are, with no scale or zero point (a uint8 image the graph Casts and normalises,
+    a mask, token ids; an image the graph Casts back to uint8); an input that indexes a
+    host lookup (a row's ``host_lookup``) is said by that row."""
     looked_up = {r["host_lookup"]["indices"] for r in rows if r.get("host_lookup")}
     consts = {t.name for t in model.graph.initializer}
     out = []
-    for v in model.graph.input:
-        elem = v.type.tensor_type.elem_type
-        if elem in FLOAT_TYPES or v.name in consts or v.name in looked_up:
-            continue
-        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
-        out.append({"role": "input", "tensor": v.name, "dtype": dtype})
+    for role, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for v in values:
+            elem = v.type.tensor_type.elem_type
+            if elem in FLOAT_TYPES or v.name in consts or v.name in looked_up:
+                continue
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
+            out.append({"role": role, "tensor": v.name, "dtype": dtype})
     return out
 
 
 def as_is_lines(as_is: Sequence[dict[str, str]]) -> list[str]:
-    """One line per input fed as it is (:func:`as_is_inputs`)."""
-    return [f"input  {a['tensor']}: {a['dtype']}, fed as it is: not quantized (no scale or "
-            "zero point; the graph converts it)" for a in as_is]
+    """One line per input fed / output read as it is (:func:`as_is_io`)."""
+    return [f"{a['role']:<6} {a['tensor']}: {a['dtype']}, "
+            f"{'fed' if a['role'] == 'input' else 'read'} as it is: not quantized (no scale "
+            "or zero point; the graph converts it)" for a in as_is]
 
 
 def float_lines(floats: Sequence[dict[str, str]]) -> list[str]:
@@ -128,8 +131,9 @@ def format_device_io(rows: list[dict[str, Any]],
                      floats: Sequence[dict[str, str]] = (),
                      as_is: Sequence[dict[str, str]] = ()) -> str:
     if not rows:
-        return "\n".join(["no quantized model inputs or outputs (they stay float under this "
-                          "plan)", *as_is_lines(as_is), *float_lines(floats)])
+        why = ":" if as_is else " (they stay float under this plan)"
+        return "\n".join([f"no quantized model inputs or outputs{why}", *as_is_lines(as_is),
+                          *float_lines(floats)])
     lines = [*as_is_lines(as_is), *float_lines(floats)]
     for r in rows:
         kind, lo, hi = r["stored_type"], r["q_min"], r["q_max"]

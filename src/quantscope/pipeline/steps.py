@@ -356,7 +356,7 @@ def io(ctx: Context) -> Done:
     model, stats, plan = repaired(ctx)
     rows = stages.device_io_rows(model, stats, plan)
     floats = stages.float_io_rows(model, plan)
-    as_is = dio.as_is_inputs(model, rows)
+    as_is = dio.as_is_io(model, rows)
     stages.write_json(ctx.path(IO), DeviceIOResult(io=rows, note=dio.PROVENANCE,
                                                    float_io=floats or None,
                                                    as_is_io=as_is or None).to_dict())
