@@ -134,17 +134,7 @@ def test_io_says_a_uint8_output_is_read_as_it_is(tmp_path, capsys):
     from quantscope.cli import main
 
     r = np.random.default_rng(0)
-    graph = helper.make_graph([
-        helper.make_node("Cast", ["img"], ["f"], name="cast_in", to=TensorProto.FLOAT),
-        helper.make_node("Div", ["f", "s"], ["n"], name="div"),
-        helper.make_node("Conv", ["n", "w"], ["c"], name="conv", pads=[1] * 4),
-        helper.make_node("Sigmoid", ["c"], ["p"], name="sig"),
-        helper.make_node("Mul", ["p", "s"], ["q"], name="scale"),
-        helper.make_node("Cast", ["q"], ["out"], name="cast_out", to=TensorProto.UINT8)], "g",
-        [helper.make_tensor_value_info("img", TensorProto.UINT8, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("out", TensorProto.UINT8, [1, 3, 8, 8])],
-        [numpy_helper.from_array(np.array([255.0], np.float32), "s"),
-         numpy_helper.from_array(r.normal(0, .3, (3, 3, 3, 3)).astype(np.float32), "w")])
+    graph = _uint8_out_graph(r)
     m, x, s = tmp_path / "m.onnx", tmp_path / "x.npz", tmp_path / "s.npz"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), m)
     np.savez(x, img=r.integers(0, 256, (6, 3, 8, 8)).astype(np.uint8))
@@ -155,3 +145,42 @@ def test_io_says_a_uint8_output_is_read_as_it_is(tmp_path, capsys):
     assert "output out: uint8, read as it is: not quantized" in out
     assert "input  img: uint8, fed as it is" in out
     assert "stay float" not in out
+
+
+def _uint8_out_graph(r):
+    """uint8 image -> Cast, /255, Conv, Sigmoid, *255 -> Cast back to uint8."""
+    return helper.make_graph([
+        helper.make_node("Cast", ["img"], ["f"], name="cast_in", to=TensorProto.FLOAT),
+        helper.make_node("Div", ["f", "s"], ["n"], name="div"),
+        helper.make_node("Conv", ["n", "w"], ["c"], name="conv", pads=[1] * 4),
+        helper.make_node("Sigmoid", ["c"], ["p"], name="sig"),
+        helper.make_node("Mul", ["p", "s"], ["q"], name="scale"),
+        helper.make_node("Cast", ["q"], ["out"], name="cast_out", to=TensorProto.UINT8)], "g",
+        [helper.make_tensor_value_info("img", TensorProto.UINT8, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("out", TensorProto.UINT8, [1, 3, 8, 8])],
+        [numpy_helper.from_array(np.array([255.0], np.float32), "s"),
+         numpy_helper.from_array(r.normal(0, .3, (3, 3, 3, 3)).astype(np.float32), "w")])
+
+
+def test_the_run_verdict_and_report_say_the_uint8_io(tmp_path):
+    """``run``'s verdict said ``no quantized input or output (they stay float)`` of a model
+    whose input and output are uint8 (the report's device section too)."""
+    import json
+
+    import onnx
+
+    from quantscope.cli import main
+
+    r = np.random.default_rng(0)
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npz"
+    onnx.save(helper.make_model(_uint8_out_graph(r), opset_imports=[helper.make_opsetid("", 17)]),
+              m)
+    np.savez(x, img=r.integers(0, 256, (8, 3, 8, 8)).astype(np.uint8))
+    w = tmp_path / "W"
+    assert main(["run", str(m), "--data", str(x), "--target", "hailo8", "--out", str(w)]) == 0
+    v = json.loads((w / "verdict.json").read_text())
+    assert v["io_as_is"] == [{"role": "input", "tensor": "img", "dtype": "uint8"},
+                             {"role": "output", "tensor": "out", "dtype": "uint8"}]
+    report = (w / "report.html").read_text()
+    assert "output out: uint8, as it is (not quantized" in report
+    assert "they stay float" not in report
