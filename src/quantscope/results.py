@@ -107,6 +107,8 @@ class DeviceIOResult(TaggedResult):
     note: str = ""
     # model inputs/outputs the plan leaves float ({role, tensor}): no conversion on the host
     float_io: list[dict[str, str]] | None = optional()
+    # model inputs/outputs that are not float ({role, tensor, dtype}): as they are, not quantized
+    as_is_io: list[dict[str, str]] | None = optional()
 
 
 @dataclass(frozen=True)

@@ -508,8 +508,12 @@ def _analysis_json(obj: dict[str, Any], where: str) -> Sensitivity:
         if not isinstance(off, dict) or "group" not in off:
             raise QuantscopeError(f"{where}: every offender needs 'group' and 'score_db'")
         where_off = f"offender '{off['group']}' of {where}"
+        # the analysis file writes a non-finite number as its string (analyze.report._clean):
+        # 'inf' is a promotion that made the output noiseless
+        off = {**off, "score_db": float(off["score_db"])} if off.get("score_db") in (
+            "inf", "-inf", "nan") else off
         score = _number(off, "score_db", where_off) if "score_db" in off else 0.0
-        gains[str(off["group"])] = {high: max(score, 0.0)}
+        gains[str(off["group"])] = {high: max(score, 0.0) if score == score else 0.0}
     low = Precision.parse(str(obj.get("low", "a8_w8")))
     base = obj.get("baselines", {}).get(low.value, {}).get("sqnr_db", 0.0)
     return Sensitivity.from_gains(

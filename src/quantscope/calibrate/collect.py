@@ -103,6 +103,12 @@ def calibrate(
             f"unknown calibration method '{method}': use one of {', '.join(METHODS)}"
         )
     taps = tap_names(model, groups)
+    if not taps:  # ORT runs every output when asked for none: nothing would match
+        raise QuantscopeError(
+            f"{model.source}: nothing to quantize: no float input and no float tensor on the "
+            "data path (quantscope measures a float model's quantization): give the float "
+            "ONNX model"
+        )
     session = make_session(tapped_model(model, taps), optimize=True, arena=False)
     inputs = {i.name for i in session.get_inputs()}
     axes = channel_axes(model)

@@ -117,17 +117,19 @@ def cmd_io(args: argparse.Namespace) -> int:
     _plan_target(args, inp.plan, "the plan")
     rows = stages.device_io_rows(inp.model, inp.stats, inp.plan)
     floats = stages.float_io_rows(inp.model, inp.plan)
-    print(dio.format_device_io(rows, floats))
+    as_is = dio.as_is_io(inp.model, rows)
+    print(dio.format_device_io(rows, floats, as_is))
     checks = dio.check_mapping(rows, mappings) if mappings else []
     if checks:
         print("manual mappings against the correct transform:")
         print(dio.format_mapping_check(checks))
     if args.out_snippet:
-        stages.write_text(args.out_snippet, dio.python_snippet(rows, floats))
+        stages.write_text(args.out_snippet, dio.python_snippet(rows, floats, as_is))
         print(f"wrote {args.out_snippet} (host-side to_device/from_device functions)")
     if args.json:
         stages.write_json(args.json, DeviceIOResult(io=rows, mapping_checks=checks,
                                                     float_io=floats or None,
+                                                    as_is_io=as_is or None,
                                                     note=dio.PROVENANCE).to_dict())
         print(f"wrote {args.json}")
     return 0

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx
 
 from quantscope.export.hailo_alls import one_line
 from quantscope.model.host_gather import HostGather
@@ -82,6 +83,31 @@ def float_io(model: Model, groups: Groups, plan: Plan) -> list[dict[str, str]]:
     return out
 
 
+def as_is_io(model: Model, rows: Sequence[dict[str, Any]] = ()) -> list[dict[str, str]]:
+    """The model inputs and outputs that are not float ({role, tensor, dtype}): fed or read
+    as they are, with no scale or zero point (a uint8 image the graph Casts and normalises,
+    a mask, token ids; an image the graph Casts back to uint8); an input that indexes a
+    host lookup (a row's ``host_lookup``) is said by that row."""
+    looked_up = {r["host_lookup"]["indices"] for r in rows if r.get("host_lookup")}
+    consts = {t.name for t in model.graph.initializer}
+    out = []
+    for role, values in (("input", model.graph.input), ("output", model.graph.output)):
+        for v in values:
+            elem = v.type.tensor_type.elem_type
+            if elem in FLOAT_TYPES or v.name in consts or v.name in looked_up:
+                continue
+            dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
+            out.append({"role": role, "tensor": v.name, "dtype": dtype})
+    return out
+
+
+def as_is_lines(as_is: Sequence[dict[str, str]]) -> list[str]:
+    """One line per input fed / output read as it is (:func:`as_is_io`)."""
+    return [f"{a['role']:<6} {a['tensor']}: {a['dtype']}, "
+            f"{'fed' if a['role'] == 'input' else 'read'} as it is: not quantized (no scale "
+            "or zero point; the graph converts it)" for a in as_is]
+
+
 def float_lines(floats: Sequence[dict[str, str]]) -> list[str]:
     """One line per float input/output (:func:`float_io`)."""
     return [f"{f['role']:<6} {f['tensor']}: float: the plan leaves it unquantized, so the host "
@@ -102,11 +128,13 @@ def _code_bounds(bits: int, signed: bool) -> tuple[int, int]:
 
 
 def format_device_io(rows: list[dict[str, Any]],
-                     floats: Sequence[dict[str, str]] = ()) -> str:
+                     floats: Sequence[dict[str, str]] = (),
+                     as_is: Sequence[dict[str, str]] = ()) -> str:
     if not rows:
-        return "\n".join(["no quantized model inputs or outputs (they stay float under this "
-                          "plan)", *float_lines(floats)])
-    lines = float_lines(floats)
+        why = ":" if as_is else " (they stay float under this plan)"
+        return "\n".join([f"no quantized model inputs or outputs{why}", *as_is_lines(as_is),
+                          *float_lines(floats)])
+    lines = [*as_is_lines(as_is), *float_lines(floats)]
     for r in rows:
         kind, lo, hi = r["stored_type"], r["q_min"], r["q_max"]
         if r.get("host_lookup"):
@@ -156,13 +184,15 @@ def snippet_names(tensors: Sequence[str]) -> list[str]:
 
 
 def python_snippet(rows: list[dict[str, Any]],
-                   floats: Sequence[dict[str, str]] = ()) -> str:
+                   floats: Sequence[dict[str, str]] = (),
+                   as_is: Sequence[dict[str, str]] = ()) -> str:
     """Code the user pastes into the host program: one transform per quantized I/O (its
     tensor's name in a comment, on one line whatever the name holds; a comment for each
-    one the plan leaves float)."""
+    one the plan leaves float and each input fed as it is)."""
+    said = [*as_is_lines(as_is), *float_lines(floats)]
     out = ["import numpy as np", "", "# scale/zero point implied by quantscope's calibration;",
            "# replace with the compiled artefact's qp_scale/qp_zp where they differ", "",
-           *(f"# {one_line(line)}" for line in float_lines(floats)), *([""] if floats else [])]
+           *(f"# {one_line(line)}" for line in said), *([""] if said else [])]
     for r, var in zip(rows, snippet_names([r["tensor"] for r in rows]), strict=True):
         tensor = one_line(r["tensor"])
         if r.get("host_lookup"):

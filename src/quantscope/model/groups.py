@@ -5,7 +5,9 @@ Rules (applied in topological order)
 tensor kinds                          ``const`` (initializers, Constant, and what
                                       only they feed), ``side`` (float tensors derived
                                       only from non-float graph inputs, e.g. the
-                                      attention mask), ``act`` (everything else)
+                                      attention mask), ``act`` (everything else,
+                                      and a Cast of a non-float input that feeds a
+                                      weighted op's data input: a uint8 image)
 a node with no float ``act`` output   stays float, belongs to no group (shape math)
 pass-through op (Reshape, Transpose…) no group; output shares its input's encoding
 fusible op (elementwise with const /  joins the group of its producer when every
@@ -75,6 +77,38 @@ def _is_embedding_lookup(node: onnx.NodeProto, kinds: dict[str, str], types: dic
 def tensor_kinds(model: Model) -> dict[str, str]:
     """Classify every tensor as 'const', 'side' or 'act' (see module docstring)."""
     types = model.value_types()
+    kinds = _kinds(model, types, frozenset())
+    casts = _data_casts(model, kinds, types)
+    return _kinds(model, types, casts) if casts else kinds
+
+
+def _data_casts(model: Model, kinds: dict[str, str], types: dict[str, int]) -> frozenset[str]:
+    """Casts of a non-float input to float that feed, through ``side`` tensors only, the
+    data input of a weighted op or a float graph output (a uint8 image Cast and normalised
+    in the graph before its first Conv): the data path starts there, so they are ``act``,
+    not a mask-like side."""
+    producer = {t: n for n in model.graph.node for t in n.output}
+    inits = {t.name for t in model.graph.initializer}
+    todo = [n.input[0] for n in model.graph.node
+            if n.input and kinds.get(n.input[0]) == "side" and _weight_info(n, inits)[0]]
+    todo += [o for o in model.output_names()
+             if kinds.get(o) == "side" and types.get(o) in FLOAT_TYPES]
+    seen: set[str] = set()
+    casts: set[str] = set()
+    while todo:
+        t = todo.pop()
+        node = producer.get(t)
+        if t in seen or node is None:
+            continue
+        seen.add(t)
+        if node.op_type == "Cast" and types.get(t) in FLOAT_TYPES:
+            casts.add(node.name)
+            continue
+        todo.extend(i for i in node.input if i and kinds.get(i) == "side")
+    return frozenset(casts)
+
+
+def _kinds(model: Model, types: dict[str, int], data_casts: frozenset[str]) -> dict[str, str]:
     kinds: dict[str, str] = {t.name: "const" for t in model.graph.initializer}
     for inp in model.graph.input:
         if inp.name not in kinds:
@@ -83,8 +117,8 @@ def tensor_kinds(model: Model) -> dict[str, str]:
         ins = [kinds.get(t, "const") for t in node.input if t]
         if node.op_type in ("Shape", "Size", "Constant", "ConstantOfShape"):
             kind = "const"
-        elif _is_embedding_lookup(node, kinds, types):
-            kind = "act"  # a float table indexed by an input: the data path starts here
+        elif _is_embedding_lookup(node, kinds, types) or node.name in data_casts:
+            kind = "act"  # a float table indexed by an input, a Cast input: the data path
         elif "act" in ins:
             kind = "act"
         elif "side" in ins:

@@ -356,9 +356,11 @@ def io(ctx: Context) -> Done:
     model, stats, plan = repaired(ctx)
     rows = stages.device_io_rows(model, stats, plan)
     floats = stages.float_io_rows(model, plan)
+    as_is = dio.as_is_io(model, rows)
     stages.write_json(ctx.path(IO), DeviceIOResult(io=rows, note=dio.PROVENANCE,
-                                                   float_io=floats or None).to_dict())
-    snippet = dio.python_snippet(rows, floats)
+                                                   float_io=floats or None,
+                                                   as_is_io=as_is or None).to_dict())
+    snippet = dio.python_snippet(rows, floats, as_is)
     if ctx.opts.prefixes:  # the host must put the same text before queries and documents
         snippet += "\n" + dio.text_snippet(ctx.opts.prefixes.query, ctx.opts.prefixes.document)
     lengths = ctx.path(LENGTHS)

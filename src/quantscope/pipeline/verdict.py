@@ -91,6 +91,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         # the single plan as its Hailo script carries it (NOT SET decisions at the default)
         **_as_scripted(ev, quality, goal, higher),
         "io": io["io"], "io_note": io["note"], "io_float": io.get("float_io") or [],
+        "io_as_is": io.get("as_is_io") or [],
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],
         **rewrite_notes(ctx),
@@ -404,7 +405,9 @@ def format_verdict_details(v: dict[str, Any]) -> str:
                      f"({r['q_min']}..{r['q_max']}); {arrow}")
     lines += [f"    {f['role']} {f['tensor']}: float (the plan leaves it unquantized: no "
               "scale or zero point)" for f in v.get("io_float") or []]
-    if not v["io"] and not v.get("io_float"):
+    lines += [f"    {a['role']} {a['tensor']}: {a['dtype']}, as it is (not quantized: no scale "
+              "or zero point)" for a in v.get("io_as_is") or []]
+    if not v["io"] and not v.get("io_float") and not v.get("io_as_is"):
         lines.append("    no quantized input or output (they stay float)")
     lines.append(f"  note: {v['io_note']}")
     lines += [f"  host: {step}" for step in v.get("host_steps") or []]

@@ -18,6 +18,11 @@ residual        the residual stream (residual Adds + the normalisations reading 
                 the elementwise layers on their skip branch, e.g. ``outscale``'s and
                 ``peel``'s) promoted wherever legal within ``max_cost``, with the repairs
                 kept, measured as one more candidate (``residual_point``)
+between         the weightless layers (Resize, Concat, pooling) left below both their
+                neighbours in the best measured plan, promoted to their width where
+                legal within ``max_cost``: one more candidate (``plan/between.py``)
+widest          with no goal, or none met yet: every group at its widest legal
+                precision within ``max_cost``, one more candidate (``plan/widest.py``)
 drop            from the best measured point, revert promotions with the least
                 predicted gain per unit of cost saved; keep a revert when the
                 measurement still meets Q (or, without Q, loses at most ``tol``)
@@ -55,11 +60,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from quantscope.analyze.phases import NORM_OPS, residual_groups
+from quantscope.plan.between import between_point
 from quantscope.plan.greedy import Walk
 from quantscope.plan.pareto import FrontPoint, select
 from quantscope.plan.predict import predict
 from quantscope.plan.race import RacePlans
 from quantscope.plan.start import EPS, Space, emit, repair_meta
+from quantscope.plan.widest import widest_point
 from quantscope.progress import say
 from quantscope.types import Group, GroupKind, Groups, Plan
 
@@ -304,6 +311,14 @@ def refine_run(
     stream = residual_point(space, best.repairs)
     if stream is not None:
         meter.measure(stream)
+    between = between_point(space, select(list(meter.seen.values()), space.budget)[0])
+    if between is not None:
+        meter.measure(between)
+    if space.budget.min_quality is None or not any(
+            space.budget.meets(p) for p in meter.seen.values()):
+        wide = widest_point(space, best.repairs)
+        if wide is not None:
+            meter.measure(wide)
     _drop(space, meter, select(list(meter.seen.values()), space.budget)[0], tol)
     return Refined(tuple(meter.seen.values()), meter.stop)
 
