@@ -81,3 +81,15 @@ def test_a_plan_with_hundreds_of_changed_groups_is_counted_and_folded() -> None:
     assert f"All {CHANGED_ROWS + 6} groups set otherwise" in folded and "g3" in folded
     few = plan_diff_section({"default": "a8_w8", "groups": {"g0": "a16_w16"}, "reasons": {}})
     assert "g0" in few.partition("<details>")[0]  # a short plan is listed as it is
+
+
+def test_no_quantized_io_says_so_instead_of_an_empty_table() -> None:
+    """A model whose inputs and outputs are all uint8 (fed and read as they are) got the
+    device I/O table's headers with no row under them."""
+    from quantscope.report.build import io_section
+
+    page = io_section([])
+    assert "<table" not in page and "No model input or output is quantized" in page
+    row = {"role": "input", "tensor": "x", "bits": 8, "signed": False, "scale": 0.5,
+           "zero_point": 3}
+    assert "<table" in io_section([row]) and "x_dev = round(x / 0.5) + 3" in io_section([row])

@@ -294,7 +294,12 @@ def io_section(rows: list[dict[str, Any]]) -> str:
         body.append([r["role"], r["tensor"], kind, r["scale"], r["zero_point"],
                      f"x_dev = round(x / {r['scale']:.6g}) + {r['zero_point']}",
                      f"x = (x_dev - {r['zero_point']}) * {r['scale']:.6g}"])
-    return ("<h2>Feeding and reading the device</h2><p>Every quantized value is stored as the "
+    head = "<h2>Feeding and reading the device</h2>"
+    if not body:  # every input and output float, or fed and read as it is (uint8 io)
+        return head + ("<p>No model input or output is quantized by the plan: each is fed "
+                       "and read as the model declares it (the verdict's details list "
+                       "them).</p>")
+    return (head + "<p>Every quantized value is stored as the "
             "integer type below; a 16-bit unsigned tensor shows 0…65535, not ±32767. Use "
             "the zero-point and scale of <i>each</i> tensor (or let the runtime do it with "
             "float32 streams).</p>"
