@@ -5,7 +5,8 @@ model whose sensitivities were measured on one proxy row, a layer's own gain can
 noise (a U-Net's last Conv: -0.09 dB promoted alone, while every other layer is at 8 bit),
 so the "best quality" plan kept its 8-bit output: 31.2 dB held out at 6.9x, where every
 layer at a16_w16 measures about 70 dB. :func:`widest_point` is measured beside the path
-when no goal is given or none of the measured points meets it, and the measurement decides
+when no cost cap is given (under a cap this fill in group order is a poor guess that
+takes a measurement from the drops), and the measurement decides
 (the drop step then reverts what it can).
 """
 
