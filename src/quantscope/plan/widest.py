@@ -18,13 +18,16 @@ from quantscope.plan.start import Space
 
 
 def widest_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:
-    """Every group, in group order, at the widest candidate precision it may legally take
-    while the plan stays within the cost cap; None if that is the start plan."""
+    """Every group, in group order, at the widest candidate precision the analysis measured
+    for it that it may legally take while the plan stays within the cost cap; None if that
+    is the start plan."""
     prec = dict(space.start)
     order = sorted(space.candidates, key=lambda p: (-(p.act_bits or 0), -(p.weight_bits or 0)))
     for name in space.names:
-        for precision in order:
-            if precision == prec[name] or space.legal.screen(space.plan(prec), name, precision):
+        for precision in order:  # only where the analysis measured that promotion (as the
+            # path's moves): the target's promotion precision (a16_w8 on HTP), not any wider
+            if precision == prec[name] or space.sens.gain(name, precision) is None \
+                    or space.legal.screen(space.plan(prec), name, precision):
                 continue
             trial = {**prec, name: precision}
             if space.budget.within_cost(predict(space, trial, repairs, "widest", 0).cost):
