@@ -66,7 +66,7 @@ from quantscope.plan.pareto import FrontPoint, select
 from quantscope.plan.predict import predict
 from quantscope.plan.race import RacePlans
 from quantscope.plan.start import EPS, Space, emit, repair_meta
-from quantscope.plan.widest import widest_point
+from quantscope.plan.widest import widest_fill, widest_point
 from quantscope.progress import say
 from quantscope.types import Group, GroupKind, Groups, Plan
 
@@ -343,22 +343,7 @@ def residual_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:
         g.name for g in groups.groups
         if g.op_type in NORM_OPS and g.inputs and g.inputs[0] in outs}
     members |= _skip_branch(groups, adds)
-    prec = dict(space.start)
-    for name in (n for n in space.names if n in members):
-        for precision in sorted(space.candidates,
-                                key=lambda p: (-(p.act_bits or 0), -(p.weight_bits or 0))):
-            if precision == prec[name] or space.legal.screen(space.plan(prec), name, precision):
-                continue
-            trial = {**prec, name: precision}
-            if space.budget.within_cost(predict(space, trial, repairs, "residual", 0).cost):
-                prec = trial
-                break
-    for _ in range(2):  # rules that judge a group with its neighbours
-        wrong = {p.group for p in space.legal.blocking(space.plan(prec))}
-        prec = {n: (space.start[n] if n in wrong else p) for n, p in prec.items()}
-    if prec == dict(space.start) or space.legal.blocking(space.plan(prec)):
-        return None
-    return predict(space, prec, repairs, "residual", 0)
+    return widest_fill(space, [n for n in space.names if n in members], repairs, "residual")
 
 
 SKIP_OPS = frozenset({"Add", "Sub", "Mul", "Div"})

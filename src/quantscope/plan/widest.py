@@ -12,6 +12,8 @@ takes a measurement from the drops), and the measurement decides
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from quantscope.plan.pareto import FrontPoint
 from quantscope.plan.predict import predict
 from quantscope.plan.start import Space
@@ -21,16 +23,27 @@ def widest_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:
     """Every group, in group order, at the widest candidate precision the analysis measured
     for it that it may legally take while the plan stays within the cost cap; None if that
     is the start plan."""
+    return widest_fill(space, space.names, repairs, "widest", measured_only=True)
+
+
+def widest_fill(space: Space, names: Iterable[str], repairs: tuple[str, ...], origin: str, *,
+                measured_only: bool = False) -> FrontPoint | None:
+    """``names``, in that order, each at the widest candidate precision it may legally take
+    while the plan stays within the cost cap (``measured_only``: only precisions the
+    analysis measured for it, as the path's moves: the target's promotion precision, e.g.
+    a16_w8 on HTP, not any wider); then the groups a rule judges with their neighbours
+    reverted. None if that is the start plan or still not legal. The one fill of the
+    structural candidates (``widest``; ``refine.residual_point``'s stream)."""
     prec = dict(space.start)
     order = sorted(space.candidates, key=lambda p: (-(p.act_bits or 0), -(p.weight_bits or 0)))
-    for name in space.names:
-        for precision in order:  # only where the analysis measured that promotion (as the
-            # path's moves): the target's promotion precision (a16_w8 on HTP), not any wider
-            if precision == prec[name] or space.sens.gain(name, precision) is None \
+    for name in names:
+        for precision in order:
+            if precision == prec[name] or (
+                    measured_only and space.sens.gain(name, precision) is None) \
                     or space.legal.screen(space.plan(prec), name, precision):
                 continue
             trial = {**prec, name: precision}
-            if space.budget.within_cost(predict(space, trial, repairs, "widest", 0).cost):
+            if space.budget.within_cost(predict(space, trial, repairs, origin, 0).cost):
                 prec = trial
                 break
     for _ in range(2):  # rules that judge a group with its neighbours
@@ -38,4 +51,4 @@ def widest_point(space: Space, repairs: tuple[str, ...]) -> FrontPoint | None:
         prec = {n: (space.start[n] if n in wrong else p) for n, p in prec.items()}
     if prec == dict(space.start) or space.legal.blocking(space.plan(prec)):
         return None
-    return predict(space, prec, repairs, "widest", 0)
+    return predict(space, prec, repairs, origin, 0)
