@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.analyze.report import Analysis, Offender, analysis_to_dict
 from quantscope.serde import sensitivity_from_dict
@@ -34,20 +33,13 @@ def test_an_inf_offender_score_written_by_analyze_reads_back():
 
 
 def test_run_on_a_model_made_noiseless_by_one_promotion(tmp_path):
+    import onnx
+    from test_uint8_image_input import cast_pool_model
+
     from quantscope.cli import main
 
-    g = helper.make_graph([
-        helper.make_node("Cast", ["img"], ["f"], to=TensorProto.FLOAT, name="cast"),
-        helper.make_node("Div", ["f", "s"], ["n"], name="div"),
-        helper.make_node("MaxPool", ["n"], ["y"], kernel_shape=[2, 2], strides=[2, 2],
-                         name="pool")], "g",
-        [helper.make_tensor_value_info("img", TensorProto.UINT8, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])],
-        [numpy_helper.from_array(np.array([255.0], np.float32), "s")])
-    import onnx
-
     m, x = tmp_path / "m.onnx", tmp_path / "x.npz"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), m)
+    onnx.save(cast_pool_model(), m)
     np.savez(x, img=np.random.default_rng(0).integers(0, 256, (8, 3, 8, 8)).astype(np.uint8))
     assert main(["run", str(m), "--data", str(x), "--target", "hailo8",
                  "--out", str(tmp_path / "W")]) == 0

@@ -11,7 +11,7 @@ stays side.
 from __future__ import annotations
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
+from onnx import ModelProto, TensorProto, helper, numpy_helper
 
 from quantscope.calibrate.collect import calibrate
 from quantscope.model.groups import find_groups, find_mask_adds, tensor_kinds
@@ -89,9 +89,8 @@ def test_io_says_the_uint8_input_is_fed_as_it_is(tmp_path, capsys):
     assert "to_device_img" not in py.read_text()
 
 
-def test_a_cast_image_input_with_no_weighted_op_is_the_data_path():
-    """uint8 -> Cast -> Div -> MaxPool -> output: no weighted op to start the data path at;
-    the float graph output does (it was all side: no tap, the zip() internal error)."""
+def cast_pool_model() -> ModelProto:
+    """``img`` uint8 [1, 3, 8, 8] -> Cast -> Div 255 -> MaxPool -> ``y``: no weighted op."""
     graph = helper.make_graph([
         helper.make_node("Cast", ["img"], ["f"], to=TensorProto.FLOAT, name="cast"),
         helper.make_node("Div", ["f", "s"], ["n"], name="div"),
@@ -100,7 +99,13 @@ def test_a_cast_image_input_with_no_weighted_op_is_the_data_path():
         [helper.make_tensor_value_info("img", TensorProto.UINT8, [1, 3, 8, 8])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])],
         [numpy_helper.from_array(np.array([255.0], np.float32), "s")])
-    model = load_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_cast_image_input_with_no_weighted_op_is_the_data_path():
+    """uint8 -> Cast -> Div -> MaxPool -> output: no weighted op to start the data path at;
+    the float graph output does (it was all side: no tap, the zip() internal error)."""
+    model = load_proto(cast_pool_model())
     groups = find_groups(model)
     assert [g.op_type for g in groups.groups] == ["Cast", "MaxPool"]
     r = np.random.default_rng(1)
