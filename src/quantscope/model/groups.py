@@ -24,9 +24,10 @@ decomposed LayerNorm                  ReduceMean, Sub, Pow (or Mul by itself),
                                       gamma Mul and beta Add fuse into it
 any other op                          anchors a new group (weighted if Conv / Gemm /
                                       MatMul has an initializer weight)
-group outputs                         tensors made in the group and read outside it
-                                      (or graph outputs): quantized at the group's
-                                      activation precision
+group outputs                         float tensors made in the group and read outside
+                                      it (or graph outputs): quantized at the group's
+                                      activation precision (an int output, TopK's
+                                      indices, is not)
 ====================================  ==============================================
 """
 
@@ -198,6 +199,10 @@ class _Builder:
         self.layernorm = _layernorm_members(self)  # node -> decomposed LayerNorm anchor
         self.lookups: set[str] = set()  # groups anchored at an embedding lookup
 
+    def float_act(self, tensor: str) -> bool:
+        """An ``act`` tensor of a float type (a tensor an NPU quantizes)."""
+        return self.kinds.get(tensor) == "act" and self.types.get(tensor, 1) in FLOAT_TYPES
+
     def act_inputs(self, node: onnx.NodeProto) -> list[str]:
         return [t for t in node.input if t and self.kinds.get(t) == "act"]
 
@@ -226,11 +231,7 @@ class _Builder:
                 "(control flow or an already-quantized model): export a float model "
                 "without it"
             )
-        float_act = [
-            t for t in node.output
-            if self.kinds.get(t) == "act" and self.types.get(t, 1) in FLOAT_TYPES
-        ]
-        if not float_act:
+        if not any(self.float_act(t) for t in node.output):
             return
         acts = self.act_inputs(node)
         if node.op_type in PASS_THROUGH and acts:
@@ -261,13 +262,13 @@ def _make_group(b: _Builder, name: str, nodes: list[onnx.NodeProto],
     made = {t for n in nodes for t in n.output}
     graph_outs = {o.name for o in b.model.graph.output}
     names = {n.name for n in nodes}
-    outputs = tuple(
+    outputs = tuple(  # an int output (TopK's indices, MaxPool's) is no activation to quantize
         t for n in nodes for t in n.output
-        if b.kinds.get(t) == "act"
+        if b.float_act(t)
         and (t in graph_outs or any(c.name not in names for c in b.consumers.get(t, [])))
     )
     inputs = tuple(dict.fromkeys(
-        t for n in nodes for t in n.input if t and b.kinds.get(t) == "act" and t not in made
+        t for n in nodes for t in n.input if t and b.float_act(t) and t not in made
     ))
     anchor = nodes[0]
     weight, bias, axis = _weight_info(anchor, b.inits)
