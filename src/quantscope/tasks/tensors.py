@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from quantscope.model.dynamic import refuse_unscorable_outputs
 from quantscope.model.load import Model
 from quantscope.types import SHARED, Feeds, QuantscopeError
 
@@ -239,6 +240,7 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
     """Each input's sample axis (see the module table), each output's, and the most
     samples one run takes. ``declared`` (``--batch-axis``) wins; it must agree with the
     model's static dims (a declared axis is symbolic or of static size 1)."""
+    refuse_unscorable_outputs(model)  # a data-sized (NMS) output, integer outputs only
     names, shapes = model.input_names(), model.value_shapes()
     declared = check_batch_axes(model, declared or {})
     axes: dict[str, int] = {}
