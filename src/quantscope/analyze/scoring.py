@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.emulate.exact import is_exact
 from quantscope.numerics import channel_sqnr_db, default_channel_axis, row_cosines, sqnr_db
 from quantscope.types import RowScoring, sample_first
 
@@ -106,7 +107,8 @@ def outputs_scorer(*, only: int | None = None,
     def reduce(outputs: Sequence[np.ndarray], feeds: Mapping[str, np.ndarray]) -> np.ndarray:
         outputs = sample_first(outputs, feeds)  # outputs batched on another axis than 0
         n = len(outputs[0])
-        take = [k for k, o in enumerate(outputs) if np.ndim(o) >= 1 and len(o) == n]
+        take = [k for k, o in enumerate(outputs)  # an int output (a label) has no noise power
+                if np.ndim(o) >= 1 and len(o) == n and not is_exact(np.asarray(o))]
         parts = [np.asarray(outputs[k], dtype=np.float32).reshape(n, -1) for k in take]
         if not spans:
             edges = np.cumsum([0] + [p.shape[1] for p in parts])
@@ -128,7 +130,9 @@ def outputs_scorer(*, only: int | None = None,
 
     def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
         cols = list(enumerate(spans or [(0, ref.shape[1])]))
-        if only is not None and only < len(cols):
+        if only is not None and only in kept:  # the graph output's column (ints left out)
+            cols = [cols[kept.index(only)]]
+        elif only is not None and only < len(cols):
             cols = [cols[only]]
         per = [fidelity(ref[:, a:b], test[:, a:b]) for _, (a, b) in cols]
         out = {"cosine_mean": min(p["cosine_mean"] for p in per),

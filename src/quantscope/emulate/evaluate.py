@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from quantscope.emulate.channels import ChannelFidelity, ScalarFidelity, channel_axis_for, is_scalar
+from quantscope.emulate.exact import ExactFidelity, is_exact
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import (
@@ -166,14 +167,16 @@ class _Fidelity:
         self.cos: list[list[np.ndarray]] = [[] for _ in names]
         self.noise = [0.0] * len(names)
         self.power = [0.0] * len(names)
-        self.parts: list[ChannelFidelity | ScalarFidelity | None] = [None] * len(names)
+        self.parts: list[ChannelFidelity | ScalarFidelity | ExactFidelity | None] = [None] * len(names)
         self.seen = [False] * len(names)
         self.same = [SameSamples() for _ in names]  # FP32's output the same on every sample
 
-    def _part(self, i: int, a: np.ndarray) -> ChannelFidelity | ScalarFidelity | None:
+    def _part(self, i: int, a: np.ndarray) -> ChannelFidelity | ScalarFidelity | ExactFidelity | None:
         if not self.seen[i]:
             self.seen[i] = True
-            if is_scalar(a):
+            if is_exact(a):
+                self.parts[i] = ExactFidelity(a.dtype)
+            elif is_scalar(a):
                 self.parts[i] = ScalarFidelity()
             else:
                 axis = channel_axis_for(a.shape, self.axes.get(self.names[i]))
@@ -184,6 +187,9 @@ class _Fidelity:
         for i, (a, b) in enumerate(zip(ref, test, strict=True)):
             part = self._part(i, a)
             self.same[i].add(a)
+            if isinstance(part, ExactFidelity):  # a label or index: equal or not, no power
+                part.add(a, b)
+                continue
             if part is not None and a.shape == b.shape:
                 part.add(a, b)
             if not isinstance(part, ScalarFidelity):
@@ -200,6 +206,10 @@ class _Fidelity:
         for i, name in enumerate(self.names):
             sqnr = sqnr_db_from_powers(self.power[i], self.noise[i])
             part = self.parts[i]
+            if isinstance(part, ExactFidelity):
+                tables[name] = part.table()
+                said[name] = part.notes(name)
+                continue
             if isinstance(part, ScalarFidelity):  # no cosine of one-value rows
                 # one value per sample: the output is its own one channel
                 tables[name] = {**part.table(), "sqnr_db": float(sqnr),
@@ -238,7 +248,7 @@ def output_fidelity(
 WORST_OF = {"cosine_mean": min, "cosine_min": min, "cosine_p01": min, "sqnr_db": min,
             "sqnr_db_channel_min": min, "cosine_channel_min": min, "collapsed_channels": sum,
             "abs_err_max": max, "abs_err_mean": max, "rel_err_max": max,
-            "decision_agreement": min}
+            "decision_agreement": min, "exact_agreement": min}
 """Unprefixed values: how each per-output entry combines over the scored outputs."""
 
 
@@ -270,9 +280,14 @@ def _summary(tables: dict[str, dict[str, float]],
     if only and len(tables) > 1:
         notes += (f"scored on output '{only}' alone (--output); every output in 'outputs'",)
     elif len(tables) > 1:
-        worst = min(tables, key=lambda n: tables[n]["sqnr_db"])
+        in_db = [n for n in tables if "sqnr_db" in tables[n]]  # not the exact (int) ones
+        worst = f"lowest SQNR: '{min(in_db, key=lambda n: tables[n]['sqnr_db'])}'" if in_db else ""
+        exact = [n for n in tables if "exact_agreement" in tables[n]]
+        if exact:
+            low = min(exact, key=lambda n: tables[n]["exact_agreement"])
+            worst += ("; " if worst else "") + f"lowest exact agreement: '{low}'"
         notes += (f"{len(tables)} outputs scored; the metrics without an output name are the "
-                 f"worst output's (lowest SQNR: '{worst}'); per output in 'outputs'",)
+                 f"worst output's ({worst}); per output in 'outputs'",)
     notes += tuple(f"output '{n}' is the same on every sample in FP32 (it does not depend on "
                    "the input on this data): what it scores says little about the quantized "
                    "model" for n in constant if n in scored)

@@ -11,7 +11,7 @@ from quantscope.analyze.whatif import WHATIF_KEYS
 from quantscope.report import fmt
 
 OUTPUT_LINE = ("sqnr_db", "sqnr_db_channel_min", "collapsed_channels", "cosine_mean",
-               "abs_err_max", "decision_agreement")
+               "abs_err_max", "decision_agreement", "exact_agreement")
 """What the console shows per output (those an output has: one-value outputs have no
 cosine, tensors without channels no channel figures)."""
 
@@ -21,7 +21,8 @@ def format_result(result: dict[str, Any]) -> str:
     lines = [f"model {result['model']}  data {result['data']}  plan default "
              f"{result['plan']['default']} (+{len(result['plan'].get('groups', {}))} overrides)"]
     lines += [f"  {k:<24} {fmt.value(k, v)}" for k, v in m.items()]  # shares in percent
-    outs = {k: v for k, v in result.get("outputs", {}).items() if "sqnr_db" in v}
+    outs = {k: v for k, v in result.get("outputs", {}).items()
+            if "sqnr_db" in v or "exact_agreement" in v}
     if len(outs) > 1 or any("sqnr_db_channel_min" in v for v in outs.values()):
         lines += [f"  output {k}: " + ", ".join(
             f"{key} {fmt.value(key, v[key])}" for key in OUTPUT_LINE if key in v) for k, v in outs.items()]

@@ -38,7 +38,7 @@ READABLE = {
     "embedding cosine (1st pct)", "norm_cv": "norm CV", "collapsed": "collapsed",
     "cosine_mean": "cosine (mean)", "cosine_min": "cosine (min)", "sqnr_db": "output SQNR",
     "sqnr_db_channel_min": "worst-channel SQNR", "output_sqnr_db": "output SQNR",
-    "decision_agreement": "decision agreement", "abs_err_max": "max |error|",
+    "decision_agreement": "decision agreement", "exact_agreement": "exact agreement", "abs_err_max": "max |error|",
     "detection_f1": "detection F1", "decode_top1": "decode top-1",
 }
 

@@ -81,6 +81,7 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "mrr": (True, (0.0, 1.0)),
     "tar_at_far": (True, (0.0, 1.0)),
     "decision_agreement": (True, (0.0, 1.0)),
+    "exact_agreement": (True, (0.0, 1.0)),
     "score_agreement": (True, (-1.0, 1.0)),
     "spearman": (True, (-1.0, 1.0)),
     "embedding_cosine_mean": (True, (-1.0, 1.0)),

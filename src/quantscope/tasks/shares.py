@@ -32,6 +32,7 @@ CLUSTERS = "_clusters"  # KEY_clusters: the samples its items cluster in (an eff
 ITEM_WORDS: dict[str, str] = {
     "top1_agreement": "top-1 picks",
     "decision_agreement": "decisions",
+    "exact_agreement": "samples (an int output's, compared exactly)",
     "detection_f1": "detections of either model (a matched pair once)",
     "detection_recall": "FP32 detections",
     "detection_precision": "quantized detections",
