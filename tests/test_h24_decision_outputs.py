@@ -42,3 +42,110 @@ def test_evaluate_runs_a_model_with_int_outputs(tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s),
                  "--precision", "a8_w8", "--json", str(j)]) == 0, capsys.readouterr().err
+
+
+def _ort_outputs(path, x):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(str(path), so).run(None, {"x": x})
+
+
+def test_int_outputs_are_compared_exactly(tmp_path, capsys):
+    """A label is equal to FP32's or not: no cosine, SQNR or 'decision at threshold 0' of
+    class numbers; the figure is the share of samples ONNX Runtime gives equal on the
+    exported Q/DQ graph."""
+    import json
+
+    m, x, s, j, q = (tmp_path / n for n in ("m.onnx", "x.npy", "s.npz", "r.json", "q.onnx"))
+    onnx.save(decision_model(), m)
+    data = np.random.default_rng(1).normal(0, 1, (48, 8)).astype(np.float32)
+    np.save(x, data)
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s),
+                 "--precision", "a8_w8", "--json", str(j)]) == 0
+    out = capsys.readouterr().out
+    assert main(["export-qdq", str(m), "--stats", str(s), "--precision", "a8_w8",
+                 "--out", str(q)]) == 0
+    result = json.loads(j.read_text())
+    label, top_i = result["outputs"]["label"], result["outputs"]["top_i"]
+    assert "sqnr_db" not in label and "decision_agreement" not in label
+    assert "cosine_mean" not in top_i and "sqnr_db" not in top_i
+    ref, test = _ort_outputs(m, data), _ort_outputs(q, data)
+    assert label["exact_agreement"] == np.mean(ref[3] == test[3])
+    assert top_i["exact_agreement"] == np.mean(np.all(ref[2] == test[2], axis=1))
+    assert top_i["exact_agreement_items"] == 48
+    assert "output 'label' is int64 (a label or an index): compared exactly" in out
+    # the unprefixed SQNR is the float outputs' worst, never an index tensor's
+    assert result["metrics"]["sqnr_db"] == min(result["outputs"][o]["sqnr_db"]
+                                               for o in ("logits", "top_v"))
+
+
+def test_analysis_scorer_leaves_int_outputs_out():
+    from quantscope.analyze.scoring import outputs_scorer
+
+    scorer = outputs_scorer()
+    n = 5
+    rows = scorer.reduce((np.ones((n, 6), np.float32), np.zeros(n, np.int64)), {})
+    assert rows.shape == (n, 6)  # the label's column is no noise power
+
+
+def _nms_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (8, 24)).astype(np.float32), "wb"),
+             numpy_helper.from_array(rng.normal(0, 1, (8, 6)).astype(np.float32), "ws"),
+             numpy_helper.from_array(np.array([1, 6, 4], np.int64), "sb"),
+             numpy_helper.from_array(np.array([1, 1, 6], np.int64), "ss"),
+             numpy_helper.from_array(np.array([4], np.int64), "k"),
+             numpy_helper.from_array(np.array([0.5], np.float32), "iou")]
+    nodes = [helper.make_node("MatMul", ["x", "wb"], ["b"], name="box_fc"),
+             helper.make_node("Reshape", ["b", "sb"], ["boxes"], name="rb"),
+             helper.make_node("MatMul", ["x", "ws"], ["s"], name="score_fc"),
+             helper.make_node("Sigmoid", ["s"], ["s1"], name="sig"),
+             helper.make_node("Reshape", ["s1", "ss"], ["scores"], name="rs"),
+             helper.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou"], ["sel"],
+                              name="nms"),
+             helper.make_node("Cast", ["sel"], ["kept"], to=TensorProto.FLOAT, name="cast")]
+    g = helper.make_graph(nodes, "nms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("kept", TensorProto.FLOAT, ["K", 3])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_a_data_sized_output_is_refused_before_any_work(tmp_path, capsys):
+    """A post-NMS output (its row count depends on the values) cannot be compared with
+    FP32's position by position: one line naming it, the op and the tensors before it."""
+    m, x, w = tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "W"
+    onnx.save(_nms_model(), m)
+    np.save(x, np.random.default_rng(1).normal(0, 1, (6, 8)).astype(np.float32))
+    assert main(["run", str(m), "--data", str(x), "--target", "hailo8", "--out", str(w)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert "output 'kept' has a size that depends on the data" in err[0]
+    assert "NonMaxSuppression 'nms'" in err[0] and "'boxes', 'scores'" in err[0]
+    assert "'iou'" not in err[0]  # a constant is not a tensor to export
+    assert not w.exists()
+
+
+def test_integer_outputs_only_are_refused(tmp_path, capsys):
+    model = decision_model()
+    keep = [o for o in model.graph.output if o.name == "label"]
+    del model.graph.output[:]
+    model.graph.output.extend(keep)
+    m, x, s = tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "s.npz"
+    onnx.save(model, m)
+    np.save(x, np.random.default_rng(1).normal(0, 1, (8, 8)).astype(np.float32))
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has only integer (label or index) outputs ('label')" in err[0], err
+    assert "--layout OUT=class" in err[0] and not s.exists()
+
+
+def test_the_verdict_names_an_int_output_read_as_it_is():
+    from quantscope.report.summary import _compile_line
+
+    v = {"compiler_files": {"repaired.onnx": "", "model.alls": "", "quantized.qdq.onnx": ""},
+         "io": [], "io_float": [],
+         "io_as_is": [{"role": "output", "tensor": "label", "dtype": "int64"}]}
+    line = _compile_line(v, None)
+    assert "device I/O (io_snippet.py): output label int64 as it is (not quantized)" in line

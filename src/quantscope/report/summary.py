@@ -497,11 +497,14 @@ def _compile_line(v: dict[str, Any], dep: dict[str, Any] | None) -> str:
     """The files to hand to the compiler: each ``len-N/`` folder's model and the target's
     formats when a deployment ships, else the single plan's; the device I/O."""
     files = list(v["compiler_files"])
+    as_is = [a for a in v.get("io_as_is") or [] if a["role"] == "output"]  # inputs: host steps
     io = "; device I/O (io_snippet.py): " + ", ".join(
         [f"{r['role']} {r['tensor']} {r['stored_type']} ({r['q_min']}..{r['q_max']})"
          for r in v.get("io") or []]
         + [f"{f['role']} {f['tensor']} float (unquantized)" for f in v.get("io_float") or []]
-    ) if v.get("io") or v.get("io_float") else ""
+        + [f"output {a['tensor']} {a['dtype']} as it is (not quantized)"
+           for a in as_is]
+    ) if v.get("io") or v.get("io_float") or as_is else ""
     if dep is None:
         return ("  compile: " + " + ".join(files[:-1])
                 + f" ({files[-1]} is what was emulated){io}")
