@@ -149,3 +149,21 @@ def test_the_verdict_names_an_int_output_read_as_it_is():
          "io_as_is": [{"role": "output", "tensor": "label", "dtype": "int64"}]}
     line = _compile_line(v, None)
     assert "device I/O (io_snippet.py): output label int64 as it is (not quantized)" in line
+
+
+def test_a_lookup_by_a_label_is_quantized():
+    """A Gather from a constant table by an ArgMax label (a class embedding, a colour
+    map) made rows the emulation left float while its coverage said the lookup's output
+    was quantized: the rows shared the int label's (absent) encoding."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (8, 6)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(0, 1, (6, 4)).astype(np.float32), "table")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc"),
+             helper.make_node("ArgMax", ["logits"], ["label"], axis=1, keepdims=0, name="am"),
+             helper.make_node("Gather", ["table", "label"], ["emb"], axis=0, name="lookup")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 6]),
+                           helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["N", 4])], inits)
+    groups = find_groups(load_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])))
+    assert "emb" in {t for gr in groups.groups for t in gr.outputs}
+    assert not any("label" in chain for chain in groups.shared)

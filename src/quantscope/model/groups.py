@@ -233,11 +233,12 @@ class _Builder:
             )
         if not any(self.float_act(t) for t in node.output):
             return
-        acts = self.act_inputs(node)
+        acts = [t for t in self.act_inputs(node) if self.float_act(t)]
         if node.op_type in PASS_THROUGH and acts:
             for out in node.output:
                 self.shared[out] = acts[0]
-            return
+            return  # (a Gather from a constant table by an int act, an ArgMax label,
+            # anchors a group of its own: its rows are a new tensor on the grid)
         target = self.layernorm.get(node.name) or self.can_fuse(node)
         name = target or node.name
         if _is_embedding_lookup(node, self.kinds, self.types):
