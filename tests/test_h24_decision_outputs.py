@@ -167,3 +167,21 @@ def test_a_lookup_by_a_label_is_quantized():
     groups = find_groups(load_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])))
     assert "emb" in {t for gr in groups.groups for t in gr.outputs}
     assert not any("label" in chain for chain in groups.shared)
+
+
+def test_the_line_after_not_like_fp32_is_the_bad_outputs():
+    """Several outputs each say a line (a label compared exactly, a one-value output's
+    decisions) whether good or not: the line after 'NOT LIKE FP32', which run's verdict
+    prints as where it went wrong, is the bad output's, not the first output's."""
+    from quantscope.emulate.evaluate import output_fidelity
+    from quantscope.types import Outputs
+
+    label = np.arange(40) % 5
+    top = np.stack([label, (label + 1) % 5], axis=1)
+    bad_top = top.copy()
+    bad_top[:10, 1] = 0
+    ref = Outputs(names=("label", "top_i"), batches=((label, top),))
+    test = Outputs(names=("label", "top_i"), batches=((label, bad_top),))
+    notes = list(output_fidelity(ref, test).notes)
+    at = next(i for i, n in enumerate(notes) if n.startswith("NOT LIKE FP32"))
+    assert "'top_i'" in notes[at] and notes[at + 1].startswith("output 'top_i'"), notes

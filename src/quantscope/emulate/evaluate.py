@@ -266,8 +266,10 @@ def _summary(tables: dict[str, dict[str, float]],
         have = [t[key] for t in scored.values() if key in t]
         if have:
             values[key] = worst_of(have) if key == "collapsed_channels" else float(worst_of(have))
-    lines = [line for n in scored for line in said.get(n, ([], False))[0]]
     bad = [n for n in scored if said.get(n, ([], False))[1]]
+    # the bad outputs' lines first: the line after "NOT LIKE FP32" names where (run's verdict)
+    lines = [line for n in [*bad, *(n for n in scored if n not in bad)]
+             for line in said.get(n, ([], False))[0]]
     notes: tuple[str, ...] = ()
     if judge and values.get("cosine_mean", 1.0) < RESEMBLE_MIN_COSINE:
         notes += (f"NOT LIKE FP32: output cosine to FP32 {values['cosine_mean']:.3f} < "
