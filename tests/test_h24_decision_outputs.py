@@ -185,3 +185,23 @@ def test_the_line_after_not_like_fp32_is_the_bad_outputs():
     notes = list(output_fidelity(ref, test).notes)
     at = next(i for i, n in enumerate(notes) if n.startswith("NOT LIKE FP32"))
     assert "'top_i'" in notes[at] and notes[at + 1].startswith("output 'top_i'"), notes
+
+
+def test_logits_the_graph_picks_from_are_read_as_classes(tmp_path, capsys):
+    """Logits beside the ArgMax/TopK the graph takes of them are class scores by the
+    graph's own word: scored by top-1 agreement (which equals the label's exact agreement)
+    without --layout, and a note says why."""
+    import json
+
+    m, x, s, j = (tmp_path / n for n in ("m.onnx", "x.npy", "s.npz", "r.json"))
+    onnx.save(decision_model(), m)
+    np.save(x, np.random.default_rng(1).normal(0, 1, (48, 8)).astype(np.float32))
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s),
+                 "--precision", "a8_w8", "--json", str(j)]) == 0
+    out = capsys.readouterr().out
+    assert "output 'logits' read as class scores (top-1 over 6 classes on axis 1) (the graph " \
+           "picks classes from it: 'topk')" in out
+    result = json.loads(j.read_text())
+    assert result["metrics"]["top1_agreement"] == result["outputs"]["label"]["exact_agreement"]

@@ -20,7 +20,8 @@ when the agreement is below :data:`AGREEMENT_RESEMBLES` (``NOT LIKE FP32``).
 An output made by a Softmax or LogSoftmax over the classes of a ``[N, C]`` tensor, over
 axis 1 of a ``[N, C, ...]`` one (a segmentation's per-pixel class probabilities), or over
 the last axis of a ``[N, ..., C]`` one (a token classifier's; not an attention's) is read
-as class scores without being declared (:func:`class_output`); logits need
+as class scores without being declared (:func:`class_output`), and so is an output the
+graph itself takes an ``ArgMax`` or ``TopK`` of (:func:`picked_output`); other logits need
 ``--layout OUTPUT=class`` (``class:axis=K`` to give the class axis).
 """
 
@@ -169,3 +170,22 @@ def class_output(model: Model, output: str) -> int | None:
     if isinstance(c, int) and c < 2:
         return None
     return axis
+
+
+def picked_output(model: Model, output: str) -> tuple[int, str] | None:
+    """(the class axis, the node) of an output the graph itself picks classes from: an
+    ``ArgMax`` or ``TopK`` over its axis 1 (``[N, C]``, ``[N, C, ...]``: per position) or
+    its last axis (``[N, ..., C]``) reads it, so it holds class scores (logits beside the
+    label the graph outputs); else None."""
+    shape = model.value_shapes().get(output)
+    if shape is None or len(shape) < 2:
+        return None
+    for node in model.graph.node:
+        if node.op_type not in ("ArgMax", "TopK") or not node.input or node.input[0] != output:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"),
+                    0 if node.op_type == "ArgMax" else -1) % len(shape)
+        c = shape[axis]
+        if axis != 0 and (axis in (1, len(shape) - 1)) and not (isinstance(c, int) and c < 2):
+            return axis, node.name
+    return None

@@ -26,7 +26,8 @@ an output the graph shows to be a detection head (a Concat whose first input has
 the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``detect`` task,
 and a Softmax over the classes (axis 1 of a ``[N, C]`` or ``[N, C, H, W]`` output, the
 last axis of a ``[N, T, C]`` one that is no attention's) the ``class`` task
-(:func:`quantscope.tasks.classes.class_output`); a note says so; ``OUTPUT=tensor`` turns
+(:func:`quantscope.tasks.classes.class_output`), and so does an output the graph takes an
+``ArgMax``/``TopK`` of (:func:`quantscope.tasks.classes.picked_output`); a note says so; ``OUTPUT=tensor`` turns
 that off. Every bad value is one error line
 naming ``--layout`` and the fix.
 """
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
-from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output
+from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
 from quantscope.tasks.detection import (
     BOX_FORMATS,
     DEFAULT_IOU,
@@ -368,6 +369,11 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str
                 task = ClassTask(name=f"class:{out}", output=out, axis=axis)
                 notes.append(f"output '{out}' read as {_describe(task, model)} (a Softmax over "
                              f"the classes); --layout {out}=tensor for plain fidelity")
+            elif (picked := picked_output(model, out)) is not None:
+                task = ClassTask(name=f"class:{out}", output=out, axis=picked[0])
+                notes.append(f"output '{out}' read as {_describe(task, model)} (the graph "
+                             f"picks classes from it: '{picked[1]}'); --layout {out}=tensor "
+                             "for plain fidelity")
         if task is not None:
             tasks.append(task)
     if not tasks:
