@@ -205,3 +205,28 @@ def test_logits_the_graph_picks_from_are_read_as_classes(tmp_path, capsys):
            "picks classes from it: 'topk')" in out
     result = json.loads(j.read_text())
     assert result["metrics"]["top1_agreement"] == result["outputs"]["label"]["exact_agreement"]
+
+
+def test_control_flow_is_refused_with_how_to_fold_it(tmp_path, capsys):
+    """An If was refused as 'control flow or an already-quantized model: export a float
+    model without it' (it is float; the fix is to fold the branch)."""
+    then = helper.make_graph([helper.make_node("Relu", ["y0"], ["yt"], name="then_relu")], "then",
+                             [], [helper.make_tensor_value_info("yt", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["y0"], ["ye"], name="else_neg")], "else",
+                              [], [helper.make_tensor_value_info("ye", TensorProto.FLOAT, None)])
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 1, (8, 4)).astype(np.float32), "w")
+    zero = numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y0"], name="fc"),
+             helper.make_node("ReduceSum", ["x"], ["sx"], keepdims=0, name="sum"),
+             helper.make_node("Greater", ["sx", "zero"], ["c"], name="gt"),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="branch")]
+    g = helper.make_graph(nodes, "ifm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w, zero])
+    m, x, w_dir = tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "W"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), m)
+    np.save(x, np.random.default_rng(1).normal(0, 1, (4, 8)).astype(np.float32))
+    assert main(["run", str(m), "--data", str(x), "--target", "hailo8", "--out", str(w_dir)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the auto rewrites' line)
+    assert err.startswith("quantscope: error: node 'branch' is control flow (If)"), err
+    assert "keep the branch you use" in err
+    assert not w_dir.exists()

@@ -52,6 +52,7 @@ FUSIBLE = frozenset(
      "Erf", "Gelu", "HardSigmoid", "HardSwish", "Elu", "Selu", "Softplus", "Neg", "Abs",
      "BatchNormalization", "Where"}
 )
+CONTROL_FLOW = frozenset({"Loop", "If", "Scan"})
 UNSUPPORTED = frozenset({"Loop", "If", "Scan", "SequenceConstruct", "QuantizeLinear",
                          "DequantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger",
                          "ConvInteger", "DynamicQuantizeLinear"})
@@ -225,12 +226,20 @@ class _Builder:
         return groups.pop()
 
     def visit(self, node: onnx.NodeProto) -> None:
+        if node.op_type in CONTROL_FLOW:
+            raise QuantscopeError(
+                f"node '{node.name}' is control flow ({node.op_type}), which quantscope cannot "
+                "emulate: fold it for your inputs and re-export (an "
+                "If on a condition you fix: keep the branch you use; a Loop or Scan of a fixed "
+                "count: unroll it)")
+        if node.op_type == "SequenceConstruct":
+            raise QuantscopeError(
+                f"node '{node.name}' is a SequenceConstruct (a sequence of tensors), which "
+                "quantscope cannot emulate: export the model with plain tensors")
         if node.op_type in UNSUPPORTED:
             raise QuantscopeError(
-                f"node '{node.name}' is a {node.op_type}, which quantscope cannot emulate "
-                "(control flow or an already-quantized model): export a float model "
-                "without it"
-            )
+                f"node '{node.name}' is a {node.op_type}: the model is already quantized, "
+                "which quantscope cannot emulate again: give the float model it was made from")
         if not any(self.float_act(t) for t in node.output):
             return
         acts = [t for t in self.act_inputs(node) if self.float_act(t)]
