@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from onnx import helper
 
+from quantscope.finetune import ops_vision as V
 from quantscope.types import QuantscopeError
 
 Tensor = torch.Tensor
@@ -294,4 +295,7 @@ OPS: dict[str, OpFn] = {
     "LayerNormalization": _layernorm, "Gemm": _gemm, "Conv": _conv,
     "MaxPool": _maxpool, "AveragePool": _avgpool, "Pad": _pad,
     "GlobalAveragePool": lambda x, a: x[0].mean(dim=tuple(range(2, x[0].dim())), keepdim=True),
+    "HardSigmoid": V.hard_sigmoid, "HardSwish": V.hard_swish,
+    "BatchNormalization": V.batch_norm, "ArgMax": V.arg_extreme(True),
+    "ArgMin": V.arg_extreme(False), "TopK": V.top_k,
 }
