@@ -198,10 +198,16 @@ def channel_sqnr_db(ref: np.ndarray, test: np.ndarray, axis: int) -> np.ndarray:
     return np.array([sqnr_db_from_powers(float(s), float(n)) for s, n in zip(signal, noise, strict=True)])
 
 
+SAME_RTOL = 1e-5  # samples within this share of each value (and DEAD of the largest): alike
+
+
 class SameSamples:
     """Whether every sample (axis 0) of a stream of batches equals the first sample: an
     output that does not depend on the input on this data. :attr:`constant` only once two
-    samples or more were seen."""
+    samples or more were seen. Float values count as equal within float32 rounding
+    (:data:`SAME_RTOL` of each value, plus :data:`DEAD` of the first sample's largest):
+    an InstanceNorm's spatial mean is its bias on every sample, up to the order of the sums,
+    and an output like that measured '96.6 dB' while it depends on no input."""
 
     def __init__(self) -> None:
         self.first: np.ndarray | None = None
@@ -215,8 +221,14 @@ class SameSamples:
         if self.first is None:
             self.first = a[0].copy()
         self.samples += len(a)
-        self.same = a.shape[1:] == self.first.shape and bool(np.array_equal(a, np.broadcast_to(
-            self.first, a.shape)))
+        if a.shape[1:] != self.first.shape:
+            self.same = False
+        elif not np.issubdtype(a.dtype, np.floating):
+            self.same = bool(np.array_equal(a, np.broadcast_to(self.first, a.shape)))
+        else:  # equal up to float32 rounding: the same function of other inputs' order of sums
+            first = np.abs(self.first.astype(np.float64))
+            tol = SAME_RTOL * first + DEAD * float(first.max(initial=0.0))
+            self.same = bool(np.all(np.abs(a - self.first) <= tol))
 
     @property
     def constant(self) -> bool:
