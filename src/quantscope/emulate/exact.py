@@ -20,13 +20,15 @@ Below :data:`EXACT_MIN_AGREEMENT` of the samples the output reads NOT LIKE FP32.
 from __future__ import annotations
 
 import numpy as np
+from onnx import helper
 
+from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.units import value
 
 EXACT_MIN_AGREEMENT = 0.95  # fewer samples equal to FP32's: NOT LIKE FP32
 
 
-EXACT_DTYPES = frozenset(np.dtype(t) for t in (np.int64, np.int32, np.uint64, np.uint32, np.bool_))
+EXACT_DTYPES = frozenset(np.dtype(helper.tensor_dtype_to_np_dtype(t)) for t in INDEX_TYPES)
 """The numpy side of :data:`quantscope.model.dynamic.INDEX_TYPES`: labels, indices,
 counts, flags. An 8/16-bit integer output (an image Cast back to uint8) is a magnitude."""
 
