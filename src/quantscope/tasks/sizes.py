@@ -34,9 +34,12 @@ def _open(d: object) -> bool:
 def _open_inside(model: Model) -> bool:
     """Some tensor of the graph has an open dim besides its first: a Reshape whose target
     is computed from ``Shape(x)`` (a torch ``flatten``) that ONNX shape inference cannot
-    fold without a concrete batch."""
-    return any(any(_open(d) for d in shape[1:]) for shape in model.value_shapes().values()
-               if shape)
+    fold without a concrete batch; or no shape at all (a ``GroupNormalization``-21, which
+    ONNX's inference does not follow: with every input concrete, ONNX Runtime gives it)."""
+    shapes = model.value_shapes()
+    if any(any(_open(d) for d in shape[1:]) for shape in shapes.values() if shape):
+        return True
+    return any(t not in shapes for n in model.graph.node for t in n.output if t)
 
 
 def _free(model: Model, name: str, *, inside: bool) -> bool:
