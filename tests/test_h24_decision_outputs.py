@@ -230,3 +230,17 @@ def test_control_flow_is_refused_with_how_to_fold_it(tmp_path, capsys):
     assert err.startswith("quantscope: error: node 'branch' is control flow (If)"), err
     assert "keep the branch you use" in err
     assert not w_dir.exists()
+
+
+def test_a_label_declared_as_a_task_is_refused(tmp_path, capsys):
+    """--layout top_i=class took TopK's int64 indices as class scores (the argmax of three
+    class numbers); a label or index is compared exactly, so a task on it is one line."""
+    m, x, s = tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "s.npz"
+    onnx.save(decision_model(), m)
+    np.save(x, np.random.default_rng(1).normal(0, 1, (8, 8)).astype(np.float32))
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s), "--precision",
+                 "a8_w8", "--layout", "top_i=class"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "output 'top_i' is int64 (a label or an index)" in err[0], err

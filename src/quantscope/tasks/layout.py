@@ -39,7 +39,9 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
+from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
 from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
 from quantscope.tasks.detection import (
@@ -280,6 +282,12 @@ def class_task(spec: LayoutSpec, model: Model, shape: tuple | None) -> ClassTask
 def _task(spec: LayoutSpec, model: Model) -> object | None:
     shape = model.value_shapes().get(spec.output)
     name = f"{spec.kind}:{spec.output}"
+    dtype = model.value_types().get(spec.output)
+    if spec.kind != "tensor" and dtype in INDEX_TYPES:  # an argmax of class numbers: nonsense
+        raise _fail(spec.text, f"output '{spec.output}' is "
+                    f"{onnx.TensorProto.DataType.Name(dtype).lower()} (a label or an index), "
+                    "which is compared exactly with FP32's: declare the float scores it is "
+                    "made from (the logits before an ArgMax or TopK) instead")
     if spec.kind == "detect":
         return DetectionTask(name=name, output=spec.output, layout=_detection_layout(spec, shape))
     if spec.kind == "map":
