@@ -71,8 +71,12 @@ def open_data(
         raise QuantscopeError(f"--layout applies to tensor data (.npy/.npz); data '{spec}' "
                               "has its own task: leave --layout out")
     if ds is None:
-        task, notes = tensor_task(model, str(spec), tuple(layout))
         batches = tuple(load_tensor_batches(spec, model, batch_axes=batch_axes))
+        fed = next((b for b in batches if isinstance(b, Feeds)), None)
+        # each output's sample axis: a layout's axis= counts the output as declared
+        samples = {} if fed is None else {
+            o: a for o, a in zip(model.output_names(), fed.out_axes, strict=False) if a}
+        task, notes = tensor_task(model, str(spec), tuple(layout), samples)
         ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
                      notes=notes)
         unused = unused_arrays(spec, model)
@@ -86,7 +90,6 @@ def open_data(
         if guess:
             ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {guess}"))
             say(f"note: {spec}: {guess}", show=show)
-        fed = next((b for b in batches if isinstance(b, Feeds)), None)
         if fed is not None:
             note = f"{spec}: {_layout_text(fed, tuple(model.output_names()))}"
             ds = dataclasses.replace(ds, notes=(*ds.notes, note))

@@ -32,7 +32,7 @@ import numpy as np
 
 from quantscope.model.load import Model
 from quantscope.tasks.shares import clustered_items, clusters_key, items_key
-from quantscope.types import Metrics, Outputs
+from quantscope.types import Metrics, Outputs, moved_axis
 from quantscope.units import value
 
 AGREEMENT_RESEMBLES = 0.95
@@ -80,8 +80,10 @@ def _bad_axis(out: Outputs, name: str, axis: int) -> str | None:
 
 @dataclass(frozen=True, eq=False)
 class ClassTask:
-    """Class scores on ``axis`` (of the sample-first output; 1 by default, -1 the last),
-    judged by the top class (module docstring)."""
+    """Class scores on ``axis`` (of the output as the model declares it; 1 by default, -1
+    the last), judged by the top class (module docstring). ``sample_axis``: the output's
+    axis of the samples (``--batch-axis``), which the scored arrays hold first
+    (:func:`quantscope.types.moved_axis` translates ``axis`` to them)."""
 
     name: str
     output: str
@@ -90,15 +92,19 @@ class ClassTask:
     row_local: bool = True
     axis: int = 1
     axis_read: str = ""  # where the axis came from, said in the layout's note
+    sample_axis: int = 0
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
-        bad = _bad_axis(ref, self.output, self.axis)
+        i = ref.names.index(self.output)
+        rank = np.ndim(ref.batches[0][i]) if ref.batches else 0
+        axis = moved_axis(self.axis, self.sample_axis, rank)
+        bad = _bad_axis(ref, self.output, axis)
         if bad:
             return Metrics(values={"top1_agreement": float("nan")},
                            notes=(f"output '{self.output}' not scored as classes: {bad}; "
                                   f"give --layout {self.output}=class:axis=K",))
-        r = np.concatenate(_classes_last(ref, self.output, self.axis))
-        t = np.concatenate(_classes_last(test, self.output, self.axis))
+        r = np.concatenate(_classes_last(ref, self.output, axis))
+        t = np.concatenate(_classes_last(test, self.output, axis))
         n, classes = r.shape if r.ndim == 2 else (0, 0)
         rows = "positions" if ref.batches and np.ndim(ref.batches[0][
             ref.names.index(self.output)]) > 2 else "samples"
@@ -108,7 +114,7 @@ class ClassTask:
         top_r, top_t = r.argmax(axis=1), t.argmax(axis=1)
         agree = top_r == top_t
         values = {"top1_agreement": float(agree.mean()),
-                  **_items(agree, _positions(ref, self.output, self.axis))}
+                  **_items(agree, _positions(ref, self.output, axis))}
         if classes > TOP_K:
             best = np.argpartition(-t, TOP_K - 1, axis=1)[:, :TOP_K]
             values["top5_agreement"] = float(np.mean(np.any(best == top_r[:, None], axis=1)))

@@ -38,7 +38,7 @@ import numpy as np
 
 from quantscope.model.load import Model
 from quantscope.tasks.shares import items_key
-from quantscope.types import Metrics, Outputs, QuantscopeError
+from quantscope.types import Metrics, Outputs, QuantscopeError, moved_axis
 from quantscope.units import value
 
 BOX_FORMATS = ("cxcywh", "xyxy")
@@ -52,7 +52,9 @@ F1_RESEMBLES = 0.9  # below it, the detections are NOT LIKE FP32's
 class DetectionLayout:
     """Where boxes and scores sit in a detection output.
 
-    ``axis``: the row axis of the full output (batch axis included, non-negative);
+    ``axis``: the row axis of the full output as the model declares it (batch axis
+    included, non-negative); ``sample_axis``: the output's axis of the samples, which the
+    scored arrays hold first (:func:`quantscope.types.moved_axis`);
     ``boxes`` / ``scores``: ``[start, stop)`` row ranges on it (``scores`` stop None: to
     the last row); ``objectness``: the row of a YOLOv5-style objectness (None: none), by
     which every class score is multiplied before the threshold (the confidence YOLOv5's
@@ -65,6 +67,7 @@ class DetectionLayout:
     threshold: float = DEFAULT_THRESHOLD
     iou: float = DEFAULT_IOU
     objectness: int | None = None
+    sample_axis: int = 0
 
     def score_rows(self, rows: int) -> tuple[int, int]:
         stop = rows if self.scores[1] is None else self.scores[1]
@@ -104,10 +107,11 @@ def detect_layout(model: Model, output: str) -> DetectionLayout | None:
 def split_rows(arr: np.ndarray, layout: DetectionLayout) -> tuple[np.ndarray, np.ndarray]:
     """One batch ``[N, ...]`` -> (boxes ``[N, A, 4]`` as x1 y1 x2 y2, scores ``[N, A, C]``,
     each multiplied by the anchor's objectness when the layout has one)."""
-    if np.ndim(arr) <= layout.axis:
+    if np.ndim(arr) <= max(layout.axis, layout.sample_axis):
         raise QuantscopeError(f"--layout: a detection output of shape {np.shape(arr)} has no "
                               f"axis {layout.axis}: give its row axis with axis=")
-    a = np.moveaxis(np.asarray(arr, dtype=np.float64), layout.axis, -1)
+    axis = moved_axis(layout.axis, layout.sample_axis, np.ndim(arr))
+    a = np.moveaxis(np.asarray(arr, dtype=np.float64), axis, -1)
     a = a.reshape(len(a), -1, a.shape[-1])
     b0, b1 = layout.boxes
     s0, s1 = layout.score_rows(a.shape[-1])

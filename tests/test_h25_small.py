@@ -1,0 +1,79 @@
+"""Small defects left by earlier helpers (h25): each test fails without its fix.
+
+Real ORT sessions on tiny models built here; the CLI as a user runs it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantscope.cli import main
+from quantscope.tasks.detection import DetectionLayout, split_rows
+from quantscope.types import moved_axis
+
+# ------------------------------------------- 1. an axis= counts the output as declared
+
+
+def _time_major(tmp_path):
+    """``y [3, 5, N] = x [3, 5, N] * w``: samples on axis 2, 5 classes on axis 1."""
+    w = numpy_helper.from_array(np.linspace(0.5, 1.5, 5, dtype=np.float32).reshape(1, 5, 1),
+                                "w")
+    g = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5, "N"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 5, "N"])],
+                          [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).normal(size=(3, 5, 16))
+            .astype(np.float32))
+    assert main(["calibrate", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npy"),
+                 "--batch-axis", "x=2", "--out", str(tmp_path / "s.npz")]) == 0
+    return ["evaluate", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npy"),
+            "--batch-axis", "x=2", "--stats", str(tmp_path / "s.npz"), "--precision", "a8_w8"]
+
+
+def test_a_class_axis_before_the_sample_axis_is_the_declared_one(tmp_path, capsys):
+    """``class:axis=1`` of ``y [3, 5, N]`` batched on axis 2 is its 5 classes, 3 positions
+    per sample (48 in all); it was counted on the sample-first ``[N, 3, 5]``: 3 classes
+    and 80 positions."""
+    cmd = _time_major(tmp_path)
+    assert main([*cmd, "--layout", "y=class:axis=1", "--json", str(tmp_path / "e.json")]) == 0
+    out = capsys.readouterr().out
+    assert "top-1 over 5 classes on axis 1, as given; judged per position, 3 positions" in out
+    m = json.loads((tmp_path / "e.json").read_text())["metrics"]
+    assert m["top1_agreement_clusters"] == 16
+    assert 16 <= m["top1_agreement_items"] <= 48  # effective count of 48 positions
+
+
+def test_the_declared_sample_axis_is_refused_as_class_axis(tmp_path, capsys):
+    cmd = _time_major(tmp_path)
+    capsys.readouterr()
+    assert main([*cmd, "--layout", "y=class:axis=2", "--json", str(tmp_path / "e.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("quantscope: error: --layout 'y=class:axis=2': axis 2 is the samples' "
+                   "axis of output 'y': give the class axis, 0..2 but 2 (-1: the last)")
+    assert not (tmp_path / "e.json").exists()
+
+
+def test_a_detection_row_axis_before_the_sample_axis_is_the_declared_one():
+    """A detection output declared ``[6 rows, N, 3 anchors]`` (samples on axis 1), rows
+    on axis 0: scored on its sample-first ``[N, 6, 3]`` arrays."""
+    declared = np.arange(6 * 2 * 3, dtype=np.float64).reshape(6, 2, 3)
+    layout = DetectionLayout(axis=0, sample_axis=1, boxes=(0, 4), scores=(4, None),
+                             box_format="xyxy")
+    boxes, scores = split_rows(np.moveaxis(declared, 1, 0), layout)
+    assert boxes.shape == (2, 3, 4) and scores.shape == (2, 3, 2)
+    np.testing.assert_array_equal(boxes[1, 2], declared[0:4, 1, 2])
+    np.testing.assert_array_equal(scores[0, 1], declared[4:6, 0, 1])
+
+
+def test_moved_axis():
+    assert [moved_axis(a, 2, 3) for a in (0, 1, 2, -1)] == [1, 2, 0, 0]
+    assert [moved_axis(a, 1, 3) for a in (0, 2, -1)] == [1, 2, 2]
+    assert [moved_axis(a, 0, 3) for a in (1, 2, -1, 3)] == [1, 2, -1, 3]
+    assert [moved_axis(a, 1, 3) for a in (3, -4)] == [3, -4]  # out of range: still out
