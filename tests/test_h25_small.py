@@ -12,6 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.cli import main
+from quantscope.report.summary import sample_size
 from quantscope.tasks.detection import DetectionLayout, split_rows
 from quantscope.types import moved_axis
 
@@ -77,3 +78,19 @@ def test_moved_axis():
     assert [moved_axis(a, 1, 3) for a in (0, 2, -1)] == [1, 2, 2]
     assert [moved_axis(a, 0, 3) for a in (1, 2, -1, 3)] == [1, 2, -1, 3]
     assert [moved_axis(a, 1, 3) for a in (3, -4)] == [3, -4]  # out of range: still out
+
+
+# ------------------------------------------- 2. a per-position share's verdict names positions
+
+
+def test_the_verdict_names_the_items_a_share_counted():
+    held = {"samples": 16, "unit": "samples"}
+    per_token = {"metric": "top1_agreement", "held_out": held, "quality": {"plan": {
+        "top1_agreement": 0.9, "top1_agreement_items": 150.0, "top1_agreement_clusters": 16.0}}}
+    assert sample_size(per_token) == "n=16 held-out samples, an effective 150 positions"
+    per_sample = {"metric": "top1_agreement", "held_out": held, "quality": {"plan": {
+        "top1_agreement": 0.9, "top1_agreement_items": 16.0}}}
+    assert sample_size(per_sample) == "n=16 held-out samples"
+    views = {"metric": "top1_agreement", "held_out": held, "quality": {"plan": {
+        "top1_agreement": 0.9, "top1_agreement_items": 32.0}}}
+    assert sample_size(views) == "n=16 held-out samples, 32 top-1 picks"

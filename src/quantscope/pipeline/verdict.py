@@ -20,7 +20,7 @@ from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
-from quantscope.tasks.shares import items_key
+from quantscope.tasks.shares import clusters_key, items_key
 from quantscope.tasks.unscored import is_unscored_note
 
 if TYPE_CHECKING:
@@ -51,9 +51,11 @@ def verdict(ctx: Context) -> dict[str, Any]:
     ev, plan, chk, io = (_read(ctx, n) for n in (steps.EVALUATE, steps.PLAN, steps.CHECK,
                                                  steps.IO))
     metric, results = ev["metric"], ev["results"]
-    count = items_key(metric)  # the items a share counts, where its task counts them
-    quality = {label: {k: results[label]["metrics"].get(k) for k in (metric, "sqnr_db", count)
-                       if k != count or count in results[label]["metrics"]}
+    # the items a share counts, where its task counts them (and the samples they cluster
+    # in: per position, the items are an effective count of positions)
+    counts = (items_key(metric), clusters_key(metric))
+    quality = {label: {k: results[label]["metrics"].get(k) for k in (metric, "sqnr_db", *counts)
+                       if k not in counts or k in results[label]["metrics"]}
                for label in COMPARED if label in results}
     goal = ctx.opts.goal
     higher = bool(ev.get("higher_is_better", True))
