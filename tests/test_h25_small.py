@@ -94,3 +94,29 @@ def test_the_verdict_names_the_items_a_share_counted():
     views = {"metric": "top1_agreement", "held_out": held, "quality": {"plan": {
         "top1_agreement": 0.9, "top1_agreement_items": 32.0}}}
     assert sample_size(views) == "n=16 held-out samples, 32 top-1 picks"
+
+
+# ------------------------------------------- 3. the count rows are no metric rows
+
+
+def _result(metrics):
+    return {"model": "m.onnx", "data": "x.npy", "plan": {"default": "a8_w8"},
+            "metrics": metrics}
+
+
+def test_the_counts_stand_beside_their_share_not_as_rows():
+    from quantscope.report.console import format_result
+    from quantscope.report.run import configs_section
+
+    per_token = {"top1_agreement": 0.979, "top1_agreement_items": 47.0,
+                 "top1_agreement_clusters": 16.0, "top1_ties": 0.02, "sqnr_db": 39.2}
+    text = format_result(_result(per_token))
+    assert "_items" not in text and "_clusters" not in text
+    assert "  top1_agreement           97.9 % (n=47 effective, 16 samples)" in text.splitlines()
+    plain = format_result(_result({"decision_agreement": 0.5,
+                                   "decision_agreement_items": 8.0}))
+    assert plain.splitlines()[1:] == ["  decision_agreement       50.0 % (n=8)"]
+    html = configs_section({"fp32": {"metrics": per_token}, "plan": {"metrics": per_token}},
+                           "top1_agreement", "n=16 held-out samples")
+    assert "_items" not in html and "_clusters" not in html
+    assert html.count("97.9 % (n=47 effective, 16 samples)") == 2

@@ -20,7 +20,8 @@ def format_result(result: dict[str, Any]) -> str:
     m = result["metrics"]
     lines = [f"model {result['model']}  data {result['data']}  plan default "
              f"{result['plan']['default']} (+{len(result['plan'].get('groups', {}))} overrides)"]
-    lines += [f"  {k:<24} {fmt.value(k, v)}" for k, v in m.items()]  # shares in percent
+    # shares in percent, each with the items it counted (the counts are no rows)
+    lines += [f"  {k:<24} {fmt.counted(k, m)}" for k in m if not fmt.is_count(k)]
     outs = {k: v for k, v in result.get("outputs", {}).items() if "sqnr_db" in v}
     if len(outs) > 1 or any("sqnr_db_channel_min" in v for v in outs.values()):
         lines += [f"  output {k}: " + ", ".join(

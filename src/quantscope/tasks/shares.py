@@ -25,8 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-ITEMS = "_items"  # KEY_items: the items the share KEY is over
-CLUSTERS = "_clusters"  # KEY_clusters: the samples its items cluster in (an effective count)
+from quantscope.units import CLUSTERS, ITEMS, count_key  # the count keys' one spelling
 
 # what a share's items are, in words (the reason of a rewrite's keep or drop says them)
 ITEM_WORDS: dict[str, str] = {
@@ -41,14 +40,12 @@ ITEM_WORDS: dict[str, str] = {
 def items_key(metric: str) -> str:
     """The value that counts the items of the share ``metric`` (of one output's,
     ``KEY:OUTPUT``: ``KEY_items:OUTPUT``)."""
-    base, sep, output = metric.partition(":")
-    return base + ITEMS + sep + output
+    return count_key(metric, ITEMS)
 
 
 def clusters_key(metric: str) -> str:
     """The value that counts the samples the items of ``metric`` cluster in."""
-    base, sep, output = metric.partition(":")
-    return base + CLUSTERS + sep + output
+    return count_key(metric, CLUSTERS)
 
 
 def clustered_items(hits: np.ndarray, sizes: np.ndarray) -> float:
