@@ -38,7 +38,10 @@ def test_evaluate_console_shows_shares_in_percent(det, capsys):
     m = json.loads((tmp_path / "e.json").read_text())["metrics"]
     assert 0 < m["detection_f1"] < 1  # the file keeps the share as 0-1
     f1 = f"{100 * m['detection_f1']:.1f}"
-    assert _line(out, "detection_f1").split() == ["detection_f1", f1, "%"]
+    # its items beside it (h25: the count is no row of its own)
+    assert _line(out, "detection_f1").split() == [
+        "detection_f1", f1, "%", f"(n={m['detection_f1_items']:.0f})"]
+    assert "detection_f1_items" not in out
     assert _line(out, "detection_recall").endswith(" %")
     assert re.fullmatch(r"sqnr_db +\d+\.\d dB", _line(out, "sqnr_db").strip())
     assert _line(out, "detections_fp32").split() == ["detections_fp32",
