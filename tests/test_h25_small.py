@@ -120,3 +120,45 @@ def test_the_counts_stand_beside_their_share_not_as_rows():
                            "top1_agreement", "n=16 held-out samples")
     assert "_items" not in html and "_clusters" not in html
     assert html.count("97.9 % (n=47 effective, 16 samples)") == 2
+
+
+# ------------------------------------------- 4. every share counts its items
+
+
+def _outs(a):
+    from quantscope.types import Outputs
+
+    return Outputs(names=("y",), batches=((a,),))
+
+
+def test_top5_pixel_flip_and_score_side_shares_count_their_items():
+    from quantscope.tasks.classes import ClassTask
+    from quantscope.tasks.detection import DetectionTask
+    from quantscope.tasks.maps import MapTask
+    from quantscope.tasks.shares import clustered_items
+
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(10, 8))  # 10 samples of 8 classes
+    m = ClassTask("c", "y").metrics(_outs(ref), _outs(ref + rng.normal(0, 0.5, ref.shape)))
+    assert m.values["top5_agreement_items"] == 10 and "top5_agreement_clusters" not in m.values
+    per_pos = rng.normal(size=(4, 8, 3))  # 4 samples, 8 classes, 3 positions each
+    m = ClassTask("c", "y").metrics(_outs(per_pos), _outs(per_pos + rng.normal(0, 2, per_pos.shape)))
+    assert m.values["top5_agreement_clusters"] == 4
+    assert 4 <= m.values["top5_agreement_items"] <= 12
+
+    maps = rng.uniform(size=(6, 2, 5))  # 6 samples of 10 values
+    test = maps + rng.normal(0, 0.2, maps.shape)
+    m = MapTask("m", "y").metrics(_outs(maps), _outs(test))
+    flips = ((maps >= 0.5) != (test >= 0.5)).reshape(6, -1).sum(axis=1)
+    assert m.values["pixel_flip_share"] == flips.sum() / 60
+    assert m.values["pixel_flip_share_clusters"] == 6
+    assert m.values["pixel_flip_share_items"] == np.floor(clustered_items(flips, np.full(6, 10)))
+
+    det = np.concatenate([rng.uniform(0, 50, (5, 4, 7)), rng.uniform(0, 1, (5, 2, 7))], axis=1)
+    noisy = det + np.concatenate([np.zeros((5, 4, 7)), rng.normal(0, 0.3, (5, 2, 7))], axis=1)
+    m = DetectionTask("d", "y", DetectionLayout()).metrics(_outs(det), _outs(noisy))
+    same = ((det[:, 4:].max(axis=1) >= 0.25) == (noisy[:, 4:].max(axis=1) >= 0.25)).sum(axis=1)
+    assert m.values["score_side_agreement"] == same.sum() / 35
+    assert m.values["score_side_agreement_clusters"] == 5
+    assert m.values["score_side_agreement_items"] == np.floor(
+        clustered_items(same, np.full(5, 7)))

@@ -12,7 +12,7 @@ class task scores what the user acts on:
     is shared by several classes (the grid merged them; the first one wins the argmax);
     ``top1_agreement_items``: the picks the share is over (per position, the effective
     count of positions clustered by sample, ``top1_agreement_clusters`` the samples:
-    :mod:`quantscope.tasks.shares`).
+    :mod:`quantscope.tasks.shares`); ``top5_agreement_items`` (``_clusters``) alike.
 
 Notes say when FP32 picks one class on every sample (the agreement then says little) and
 when the agreement is below :data:`AGREEMENT_RESEMBLES` (``NOT LIKE FP32``).
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
-from quantscope.tasks.shares import clustered_items, clusters_key, items_key
+from quantscope.tasks.shares import items_key, share_counts
 from quantscope.types import Metrics, Outputs, moved_axis
 from quantscope.units import value
 
@@ -113,11 +113,14 @@ class ClassTask:
                            notes=(f"output '{self.output}': no samples to compare",))
         top_r, top_t = r.argmax(axis=1), t.argmax(axis=1)
         agree = top_r == top_t
+        positions = _positions(ref, self.output, axis)
         values = {"top1_agreement": float(agree.mean()),
-                  **_items(agree, _positions(ref, self.output, axis))}
+                  **_items("top1_agreement", agree, positions)}
         if classes > TOP_K:
             best = np.argpartition(-t, TOP_K - 1, axis=1)[:, :TOP_K]
-            values["top5_agreement"] = float(np.mean(np.any(best == top_r[:, None], axis=1)))
+            top5 = np.any(best == top_r[:, None], axis=1)
+            values["top5_agreement"] = float(np.mean(top5))
+            values.update(_items("top5_agreement", top5, positions))
         ties = np.sum(t == t.max(axis=1, keepdims=True), axis=1) > 1
         values["top1_ties"] = float(ties.mean())
         notes = []
@@ -137,16 +140,16 @@ class ClassTask:
         return Metrics(values=values, notes=tuple(notes))
 
 
-def _items(agree: np.ndarray, positions: np.ndarray) -> dict[str, float]:
-    """The items the top-1 agreement is over (:mod:`quantscope.tasks.shares`): the samples
-    of ``[N, C]``; per position, the effective count of the positions clustered by their
-    sample (:func:`clustered_items`, rounded down), and the samples."""
+def _items(metric: str, agree: np.ndarray, positions: np.ndarray) -> dict[str, float]:
+    """The items the share ``metric`` (top-1 or top-5 agreement) is over
+    (:func:`quantscope.tasks.shares.share_counts`): the samples of ``[N, C]``; per
+    position, the effective count of the positions clustered by their sample, and the
+    samples."""
     positions = positions[positions > 0]
     if len(positions) == len(agree) or int(positions.sum()) != len(agree):
-        return {items_key("top1_agreement"): float(len(agree))}
+        return {items_key(metric): float(len(agree))}
     hits = np.add.reduceat(agree.astype(np.float64), np.r_[0, np.cumsum(positions)[:-1]])
-    return {items_key("top1_agreement"): float(np.floor(clustered_items(hits, positions))),
-            clusters_key("top1_agreement"): float(len(positions))}
+    return share_counts(metric, hits, positions)
 
 
 def class_output(model: Model, output: str) -> int | None:

@@ -16,7 +16,9 @@ detector's user sees it, against FP32:
 ``detection_precision``   quantized detections matched to an FP32 one (same class,
 ``detection_recall``      IoU >= ``iou``, greedy by FP32 score, one-to-one) over the
 ``detection_f1``          quantized / FP32 kept; F1 (the headline)
-``*_items``               the items each share is over (:func:`item_counts`)
+``*_items``               the items each share is over (:func:`item_counts`; the score
+                          side's anchors: the effective count clustered by sample,
+                          ``score_side_agreement_clusters`` the samples)
 ``box_iou_mean``          mean IoU of the matched boxes
 ========================  ==============================================================
 
@@ -37,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
-from quantscope.tasks.shares import items_key
+from quantscope.tasks.shares import items_key, share_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError, moved_axis
 from quantscope.units import value
 
@@ -221,6 +223,8 @@ def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarr
                       layout: DetectionLayout, output: str) -> Metrics:
     """The module table's metrics of one detection output over its batches."""
     n_ref = n_test = n_match = anchors = side_same = 0
+    sides: list[np.ndarray] = []  # each sample's anchors on FP32's side
+    sizes: list[np.ndarray] = []  # each sample's anchors
     ious: list[float] = []
     err = 0.0
     test_values: set[float] = set()
@@ -234,7 +238,10 @@ def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarr
             if len(test_values) < 2:
                 test_values.update(np.unique(ts)[:2].tolist())
             rbest, tbest = rs.max(axis=-1), ts.max(axis=-1)
-            side_same += int(np.sum((rbest >= layout.threshold) == (tbest >= layout.threshold)))
+            same = (rbest >= layout.threshold) == (tbest >= layout.threshold)
+            sides.append(same.reshape(len(same), -1).sum(axis=1))
+            sizes.append(np.full(len(same), same[0].size if len(same) else 0))
+            side_same += int(np.sum(same))
             anchors += rbest.size
         for k in range(len(rb)):
             dr = keep_detections(rb[k], rs[k], layout)
@@ -246,6 +253,8 @@ def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarr
     values = {
         "class_score_max_abs_error": err,
         "score_side_agreement": side_same / anchors if anchors else nan,
+        **(share_counts("score_side_agreement", np.concatenate(sides), np.concatenate(sizes))
+           if anchors else {}),
         "detections_fp32": float(n_ref), "detections_quantized": float(n_test),
         "detection_precision": nan, "detection_recall": nan, "detection_f1": nan,
         **item_counts(n_ref, n_test, n_match),
