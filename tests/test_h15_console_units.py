@@ -42,7 +42,8 @@ def test_evaluate_console_shows_shares_in_percent(det, capsys):
     assert _line(out, "detection_f1").split() == [
         "detection_f1", f1, "%", f"(n={m['detection_f1_items']:.0f})"]
     assert "detection_f1_items" not in out
-    assert _line(out, "detection_recall").endswith(" %")
+    assert _line(out, "detection_recall").endswith(
+        f" % (n={m['detection_recall_items']:.0f})")
     assert re.fullmatch(r"sqnr_db +\d+\.\d dB", _line(out, "sqnr_db").strip())
     assert _line(out, "detections_fp32").split() == ["detections_fp32",
                                                      f"{m['detections_fp32']:.0f}"]
