@@ -162,3 +162,40 @@ def test_top5_pixel_flip_and_score_side_shares_count_their_items():
     assert m.values["score_side_agreement_clusters"] == 5
     assert m.values["score_side_agreement_items"] == np.floor(
         clustered_items(same, np.full(5, 7)))
+
+
+# ------------------------------------------- 5. the figures in their own metric's unit
+
+
+def test_format_search_writes_measured_figures_in_the_measured_metric():
+    from quantscope.report.console import format_search
+
+    text = format_search({
+        "metric": "sqnr_db", "measured_metric": "top1_agreement",
+        "chosen": {"cost": 1.2, "predicted": 31.5, "measured": 0.975},
+        "points": [{"cost": 1.2, "predicted": 31.5, "measured": 0.975, "ranked": 0.97,
+                    "origin": "x"}],
+        "engines": {"line": "ranked by torch (cpu)", "measured": 0.975, "ranked": 0.97,
+                    "measured_by": "onnxruntime", "ranked_by": "torch (cpu)",
+                    "difference": -0.005}})
+    lines = text.splitlines()
+    assert lines[0].startswith("metric sqnr_db (predicted), top1_agreement (measured);")
+    assert "predicted 31.5 dB, measured 97.5 %" in lines[0]
+    assert "chosen plan: 97.5 % in onnxruntime, 97.0 % ranked by torch (cpu) (difference " \
+           "-0.5 pts)" in lines[1]
+    assert "predicted 31.5 dB" in lines[2] and "measured 97.5 %" in lines[2]
+    assert "ranked 97.0 %" in lines[2] and " dB " not in lines[2].split("predicted 31.5 dB")[1]
+
+
+def test_the_gpu_ranking_note_writes_figures_in_their_unit():
+    from quantscope.finetune.engine import RankEngine
+    from quantscope.stages.rank import confirm_chosen
+    from quantscope.types import Plan, Precision
+
+    pareto = {"metric": "sqnr_db", "measured_metric": "top1_agreement",
+              "chosen": {"cost": 1.2, "measured": 0.97}, "points": []}
+    confirm_chosen(Plan.uniform(Precision.A8_W8), pareto, RankEngine("torch", "cuda", "torch"),
+                   lambda plan: 0.9731234)
+    assert pareto["notes"][-1].startswith(
+        "ranked by torch (cuda), measured by onnxruntime: the chosen plan measures 97.31 % in "
+        "onnxruntime, 97.00 % ranked by torch (cuda) (difference -0.31 pts);")
