@@ -199,3 +199,47 @@ def test_the_gpu_ranking_note_writes_figures_in_their_unit():
     assert pareto["notes"][-1].startswith(
         "ranked by torch (cuda), measured by onnxruntime: the chosen plan measures 97.31 % in "
         "onnxruntime, 97.00 % ranked by torch (cuda) (difference -0.31 pts);")
+
+
+# ------------------------------------------- 6. evaluate says each data note once; a cast said
+
+
+def _static(tmp_path, dtype):
+    """``x [1, 4] -> MatMul -> y [1, 3]``: one sample per run (a static shape)."""
+    w = numpy_helper.from_array(np.random.default_rng(1).normal(size=(4, 3)).astype(np.float32),
+                                "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).normal(size=(8, 4)).astype(dtype))
+    return str(tmp_path / "m.onnx"), str(tmp_path / "x.npz")
+
+
+def test_evaluate_says_the_static_shape_note_once_and_a_float64_cast(tmp_path, capsys):
+    model, data = _static(tmp_path, np.float64)
+    assert main(["calibrate", model, "--data", data, "--out", str(tmp_path / "s.npz")]) == 0
+    err = capsys.readouterr().err
+    cast = ("input 'x' is float64 in the data, fed as float32 (the model's input type: what "
+            "it cannot hold is rounded, in every figure, FP32's too)")
+    assert err.count(cast) == 1  # calibrate has no result notes: said as it opens
+    assert main(["evaluate", model, "--data", data, "--stats", str(tmp_path / "s.npz"),
+                 "--precision", "a8_w8", "--json", str(tmp_path / "e.json")]) == 0
+    out, err = capsys.readouterr()
+    both = out + err
+    assert both.count("the model takes 1 sample(s) per run (static shape)") == 1
+    assert both.count(cast) == 1 and cast in out
+    notes = json.loads((tmp_path / "e.json").read_text())["notes"]
+    assert f"{data}: {cast}" in notes
+
+
+def test_no_cast_note_for_data_the_input_holds_exactly(tmp_path):
+    from quantscope.model.load import load
+    from quantscope.tasks.tensors import cast_note
+
+    model, data = _static(tmp_path, np.float32)
+    assert cast_note(data, load(model)) is None
+    np.save(tmp_path / "x16.npy", np.zeros((2, 4), np.float16))  # widened exactly
+    assert cast_note(tmp_path / "x16.npy", load(model)) is None

@@ -61,7 +61,12 @@ def open_data(
     tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
     ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none)."""
     from quantscope.tasks.registry import open_task_data, tensor_task
-    from quantscope.tasks.tensors import check_batch_axes, sample_dim_guess, unused_arrays
+    from quantscope.tasks.tensors import (
+        cast_note,
+        check_batch_axes,
+        sample_dim_guess,
+        unused_arrays,
+    )
 
     if batch_axes:
         check_batch_axes(model, batch_axes)
@@ -79,6 +84,10 @@ def open_data(
         task, notes = tensor_task(model, str(spec), tuple(layout), samples)
         ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
                      notes=notes)
+        cast = cast_note(spec, model)
+        if cast:  # said, not an error: float64 data is common, float32 what the model takes
+            ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {cast}"))
+            say(f"note: {spec}: {cast}", show=show)
         unused = unused_arrays(spec, model)
         if unused:  # said, not an error: a label array beside the inputs is common
             note = (f"{spec}: {len(unused)} array(s) no model input takes, not fed: "
