@@ -164,7 +164,9 @@ def test_report_sections_show_shares_in_percent(det, capsys):
     page = analysis_section(a)
     f1 = f"{100 * base['detection_f1']:.1f} %"
     assert f"detection_f1 {f1}" in page  # the recovery row
-    assert page.count(f"<td>{f1}</td>") >= 1  # the baselines table
+    # the baselines table; its count beside the share (h25: the count is no column)
+    assert page.count(f"<td>{f1} (n={base['detection_f1_items']:.0f})</td>") >= 1
+    assert "detection_f1_items" not in page
     assert re.search(r"<td>\d+\.\d dB</td>", page)
 
     bucket = {"seq_len": 64, "share": 1.0, "texts": 3, "cost_own": 1.2, "cost": 1.2,

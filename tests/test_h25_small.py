@@ -243,3 +243,15 @@ def test_no_cast_note_for_data_the_input_holds_exactly(tmp_path):
     assert cast_note(data, load(model)) is None
     np.save(tmp_path / "x16.npy", np.zeros((2, 4), np.float16))  # widened exactly
     assert cast_note(tmp_path / "x16.npy", load(model)) is None
+
+
+def test_the_analysis_tables_show_no_count_as_a_metric():
+    from quantscope.report.build import analysis_section
+
+    html = analysis_section({"recovery": [{"promoted": ["g1"], "precision": "a16_w16",
+                                           "metrics": {"top1_agreement": 0.5,
+                                                       "top1_agreement_items": 12.0}}],
+                             "baselines": {"a8_w8": {"top1_agreement": 0.25,
+                                                     "top1_agreement_items": 12.0}}})
+    assert "top1_agreement 50.0 % (n=12)" in html and "_items" not in html
+    assert "25.0 % (n=12)" in html
