@@ -15,6 +15,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from quantscope.model.foreign import refuse_foreign_ops
+from quantscope.model.prequantized import refuse_prequantized
 from quantscope.model.recurrent import refuse_batch_first_recurrent
 from quantscope.model.widen import widen_float16
 from quantscope.types import QuantscopeError
@@ -303,6 +304,7 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx
 
 def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     """Validate, name, upgrade and shape-infer an in-memory model."""
+    refuse_prequantized(proto, source)  # before the contrib ops a QOperator model has
     refuse_foreign_ops(proto, source)
     refuse_batch_first_recurrent(proto, source)
     try:
