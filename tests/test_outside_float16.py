@@ -62,3 +62,20 @@ def test_commands_run_on_a_float16_model(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "the model computes in float16: emulated as its float32 form" in out
     assert "coverage: 2 weight(s)" in out
+
+
+def test_analyze_says_the_float32_form(tmp_path, capsys):
+    """``analyze`` printed its findings on the float32 form without saying so (neither
+    its console nor ``analysis.json`` named float16)."""
+    import json
+
+    onnx.save(half_conv(), tmp_path / "half.onnx")
+    np.savez(tmp_path / "x.npz",
+             x=np.random.default_rng(0).random((16, 3, 8, 8)).astype(np.float16))
+    m, x, s, a = (str(tmp_path / f) for f in ("half.onnx", "x.npz", "s.npz", "a.json"))
+    assert main(["calibrate", m, "--data", x, "--out", s]) == 0
+    assert main(["analyze", m, "--data", x, "--stats", s, "--target", "hailo8",
+                 "--out", a]) == 0
+    out = capsys.readouterr().out
+    assert "note: the model computes in float16: emulated as its float32 form" in out
+    assert any("computes in float16" in n for n in json.loads(open(a).read())["notes"])
