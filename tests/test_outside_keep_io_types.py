@@ -93,3 +93,46 @@ def test_run_says_the_float16_form_and_sets_every_decision(tmp_path, capsys, tar
     assert not [w for w in verdict["export_warnings"] if "NOT SET" in w]
     assert "NOT SET" not in (out / "model.alls").read_text()
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def _float32_net() -> onnx.ModelProto:
+    """:func:`keep_io_types` before any float16: float32 weights, no Casts."""
+    proto = keep_io_types()
+    keep = [n for n in proto.graph.node if n.op_type != "Cast"]
+    for n in keep:
+        n.input[:] = ["x" if i == "xh" else i for i in n.input]
+        n.output[:] = ["y" if o == "yh" else o for o in n.output]
+    del proto.graph.node[:]
+    proto.graph.node.extend(keep)
+    for t in proto.graph.initializer:
+        t.CopyFrom(onnx.numpy_helper.from_array(
+            onnx.numpy_helper.to_array(t).astype(np.float32), t.name))
+    return proto
+
+
+def test_the_converters_unsorted_graph_is_put_in_order(tmp_path, capsys):
+    """The converter itself (``onnxruntime.transformers.float16``, onnxconverter-common's
+    copy) appends the input Cast at the end of the node list: ONNX Runtime runs that
+    graph, and quantscope refused it ("fails the ONNX checker (Nodes in a graph must be
+    topologically sorted ...): fix or re-export it")."""
+    import onnxruntime as ort
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    half = convert_float_to_float16(_float32_net(), keep_io_types=True)
+    assert half.graph.node[-1].op_type == "Cast" or half.graph.node[-2].op_type == "Cast"
+    path = tmp_path / "kio.onnx"
+    onnx.save(half, path)
+    x = np.random.default_rng(0).normal(0, 1, (24, 16)).astype(np.float32)
+    ort.InferenceSession(str(path)).run(None, {"x": x})  # the runtime runs it as it is
+    np.savez(tmp_path / "x.npz", x=x)
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    s = str(tmp_path / "s.npz")
+    assert main(["calibrate", str(path), "--data", str(tmp_path / "x.npz"), "--out", s]) == 0
+    assert main(["evaluate", str(path), "--data", str(tmp_path / "x.npz"), "--stats", s,
+                 "--precision", "a8_w8"]) == 0
+    out = capsys.readouterr().out
+    assert "note: the graph's nodes were not in topological order" in out
+    assert "1 node(s) moved before the nodes that read them" in out
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    model = load_proto(half, "kio")
+    assert not [g for g in find_groups(model).groups if g.op_type == "Cast"]

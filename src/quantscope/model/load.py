@@ -17,6 +17,7 @@ from onnx import numpy_helper, shape_inference
 from quantscope.model.foreign import refuse_foreign_ops
 from quantscope.model.prequantized import refuse_prequantized
 from quantscope.model.recurrent import refuse_batch_first_recurrent
+from quantscope.model.toposort import sort_nodes
 from quantscope.model.widen import widen_float16
 from quantscope.types import QuantscopeError
 
@@ -324,6 +325,7 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     refuse_prequantized(proto, source)  # before the contrib ops a QOperator model has
     refuse_foreign_ops(proto, source)
     refuse_batch_first_recurrent(proto, source)
+    proto, moved = sort_nodes(proto)  # ONNX Runtime runs an unsorted graph: so do we
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
@@ -334,7 +336,7 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     proto, widened = widen_float16(proto)
     proto = name_nodes(proto)
     proto, notes = fold_constant_weights(proto)
-    notes = (*widened, *notes)
+    notes = (*moved, *widened, *notes)
     proto = upgrade_opset(proto)
     proto = name_nodes(proto)
     try:
