@@ -119,3 +119,22 @@ def test_a_bfloat16_model_is_its_float32_form(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "the model computes in bfloat16: emulated as its float32 form" in out
     assert "coverage: 2 weight(s)" in out
+
+
+def test_repair_says_its_model_is_the_float32_form(tmp_path, capsys):
+    """``repair`` on a float16 model wrote a float32 "repaired FP32 model for the vendor
+    compiler" without saying the model it was given computes in float16."""
+    onnx.save(half_conv(), tmp_path / "half.onnx")
+    np.savez(tmp_path / "x.npz",
+             x=np.random.default_rng(0).random((16, 3, 8, 8)).astype(np.float16))
+    m, x, s = (str(tmp_path / f) for f in ("half.onnx", "x.npz", "s.npz"))
+    assert main(["calibrate", m, "--data", x, "--out", s]) == 0
+    capsys.readouterr()
+    assert main(["repair", m, "--data", x, "--stats", s, "--precision", "a8_w8",
+                 "--no-evaluate", "--repairs", "bias", "--out-model", str(tmp_path / "r.onnx"),
+                 "--out-stats", str(tmp_path / "r.npz"), "--out-plan",
+                 str(tmp_path / "r.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("note: the model computes in float16: emulated as its float32 form")
+    assert onnx.load(tmp_path / "r.onnx").graph.input[0].type.tensor_type.elem_type == \
+        onnx.TensorProto.FLOAT
