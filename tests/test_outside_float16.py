@@ -138,3 +138,25 @@ def test_repair_says_its_model_is_the_float32_form(tmp_path, capsys):
     assert out.startswith("note: the model computes in float16: emulated as its float32 form")
     assert onnx.load(tmp_path / "r.onnx").graph.input[0].type.tensor_type.elem_type == \
         onnx.TensorProto.FLOAT
+
+
+def test_export_says_its_file_is_of_the_float32_form(tmp_path, capsys):
+    """``export --format qdq`` of a float16 model wrote a float32 QDQ model in silence."""
+    import json
+
+    onnx.save(half_conv(), tmp_path / "half.onnx")
+    np.savez(tmp_path / "x.npz",
+             x=np.random.default_rng(0).random((16, 3, 8, 8)).astype(np.float16))
+    m, x, s = (str(tmp_path / f) for f in ("half.onnx", "x.npz", "s.npz"))
+    assert main(["calibrate", m, "--data", x, "--out", s]) == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"format": "quantscope.plan/1", "default": "a8_w8",
+                                "target": "hailo8", "groups": {}}))
+    for argv in (["export", "--model", m, "--stats", s, str(plan), "--format", "qdq",
+                  "--out", str(tmp_path / "q.onnx")],
+                 ["export-qdq", m, "--stats", s, "--plan", str(plan),
+                  "--out", str(tmp_path / "q2.onnx")]):
+        capsys.readouterr()
+        assert main(argv) == 0
+        assert "note: the model computes in float16: emulated as its float32 form" in \
+            capsys.readouterr().out
