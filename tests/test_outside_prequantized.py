@@ -101,3 +101,30 @@ def test_the_float_model_it_was_made_from_loads(tmp_path):
     from quantscope.model.load import load_proto
 
     assert load_proto(float_model(), "float").output_names() == ("y",)
+
+
+def test_a_weight_only_model_is_named_as_such():
+    """A 4-bit ``com.microsoft.MatMulNBits`` graph (onnxruntime's MatMulNBitsQuantizer) is
+    refused as weight-only quantized, not as QOperator nor as a transformer-optimiser
+    output."""
+    from onnx import helper
+
+    from quantscope.model.load import load_proto
+    from quantscope.types import QuantscopeError
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMulNBits", ["x", "wq", "sc"], ["y"], domain="com.microsoft",
+                          K=16, N=4, bits=4, block_size=16)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.zeros((4, 1, 8), np.uint8), "wq"),
+         numpy_helper.from_array(np.ones(4, np.float32), "sc")])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(QuantscopeError) as err:
+        load_proto(proto, "nbits")
+    assert str(err.value) == (
+        "model 'nbits' is already quantized (weights in 4/8-bit blocks, as "
+        "onnxruntime.quantization's MatMulNBitsQuantizer writes: com.microsoft.MatMulNBits); "
+        "quantscope quantizes a float model itself and would quantize this one twice: pass "
+        "the float model it was made from")

@@ -13,6 +13,7 @@ dynamic                ``DynamicQuantizeLinear`` + ``MatMulInteger`` / ``ConvInt
                        (``quantize_dynamic``)
 QOperator              ``QLinearConv``, ``QLinearMatMul``, ``com.microsoft.QGemm``,
                        ``QLinearAdd`` … (``quantize_static(quant_format=QOperator)``)
+weight-only            ``com.microsoft.MatMulNBits`` … (``MatMulNBitsQuantizer``)
 =====================  =============================================================
 """
 
@@ -28,11 +29,14 @@ _QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 _DYNAMIC = frozenset({"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger",
                       "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "DynamicQuantizeLSTM"})
 # QOperator ops not named QLinear*: the contrib domain's quantized kernels
-_QOPERATOR = frozenset({"QGemm", "QAttention", "QEmbedLayerNormalization", "MatMulNBits",
+_QOPERATOR = frozenset({"QGemm", "QAttention", "QEmbedLayerNormalization",
                         "QOrderedMatMul", "QOrderedAttention"})
+_WEIGHT_ONLY = frozenset({"MatMulNBits", "MatMulBnb4", "GatherBlockQuantized"})
 
 
 def _form(op_type: str) -> str | None:
+    if op_type in _WEIGHT_ONLY:
+        return "weight-only"
     if op_type.startswith("QLinear") or op_type in _QOPERATOR:
         return "QOperator"
     if op_type in _DYNAMIC:
@@ -48,6 +52,8 @@ _WRITER = {
     "dynamic": "dynamically quantized, as onnxruntime.quantization.quantize_dynamic writes",
     "QDQ": "QDQ format, as onnxruntime.quantization.quantize_static or quantscope's "
            "quantized.qdq.onnx write",
+    "weight-only": "weights in 4/8-bit blocks, as onnxruntime.quantization's "
+                   "MatMulNBitsQuantizer writes",
 }
 
 
@@ -72,7 +78,7 @@ def refuse_prequantized(proto: onnx.ModelProto, source: str) -> None:
     forms = Counter[str]()
     for (form, _), k in found.items():
         forms[form] += k
-    form = next(f for f in ("QOperator", "dynamic", "QDQ") if f in forms)
+    form = next(f for f in ("weight-only", "QOperator", "dynamic", "QDQ") if f in forms)
     ops = ", ".join(f"{op} x{k}" if k > 1 else op
                     for (_, op), k in sorted(found.items(), key=lambda x: (-x[1], x[0])))
     raise QuantscopeError(
