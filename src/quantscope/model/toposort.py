@@ -63,7 +63,7 @@ def sort_nodes(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]
     moved = [nodes[k].name or nodes[k].op_type for k in range(len(nodes))
              if any(r < k for r in readers[k])]  # made after a node that reads it
     shown = ", ".join(moved[:4]) + (", …" if len(moved) > 4 else "")
-    return out, (f"the graph's nodes were not in topological order (as onnxconverter-common's "
-                 "convert_float_to_float16 writes them): "
+    return out, ("the graph's nodes were not in topological order (ONNX Runtime sorts them "
+                 "itself; onnxconverter-common's convert_float_to_float16 writes such graphs): "
                  f"{len(moved)} node(s) moved before the nodes that read them ({shown}); "
                  "nothing else changed",)
