@@ -100,6 +100,10 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "says_little": _says_little(results),
         "saturated_outputs": _saturated_outputs(
             results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"]),
+        # tensors inside the model whose calibrated range clips the plan's held-out values
+        # (the outputs are saturated_outputs): in the held-out figure, said where it binds
+        "saturated_inside": _saturated_inside(
+            results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"]),
         # outputs scored for fidelity only (a text encoder's second output): not in the task's
         # figures nor the headline
         "unscored": _unscored(ev["data"]),
@@ -225,6 +229,17 @@ def _saturated_outputs(plan: dict[str, Any], outputs: list[dict[str, Any]]) -> l
             f"(FP32 gives {r['data_min']:.4g} .. {r['data_max']:.4g}): calibrate on data "
             "like the deployment's, or widen its range" for o in outputs
             if (r := rows.get(o.get("encoded_as", o["tensor"])))]
+
+
+def _saturated_inside(plan: dict[str, Any], outputs: list[dict[str, Any]]) -> list[
+        dict[str, Any]]:
+    """The tensors other than the outputs' whose calibrated range clips the plan's
+    held-out values, ``{tensor, share}``, most clipped first."""
+    out = {o.get("encoded_as", o["tensor"]) for o in outputs}
+    rows = [r for r in (plan.get("saturation") or {}).get("tensors", [])
+            if r["tensor"] not in out]
+    return sorted(({"tensor": r["tensor"], "share": r["below"] + r["above"]} for r in rows),
+                  key=lambda r: -r["share"])
 
 
 def left_float(cov: dict[str, Any] | None) -> list[dict[str, Any]]:

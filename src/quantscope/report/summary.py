@@ -245,8 +245,14 @@ def _worse_than_uniform(v: dict[str, Any]) -> str:
     if plan is None or uni is None or v.get("uniform_meets_goal"):
         return ""
     if plan < uni if v.get("higher_is_better", True) else plan > uni:
+        inside = v.get("saturated_inside") or []
+        why = "" if not inside else (
+            f"; {len(inside)} tensor(s) clip held-out values at their calibrated ranges "
+            "(worst: " + ", ".join(f"{r['tensor']} {r['share']:.2%}" for r in inside[:3])
+            + "; verdict.json saturated_inside): the fit data do not cover the held-out "
+            "range, and promotion does not widen a range")
         return (f"held out, the plan is {fmt.gain(m, plan - uni)} against uniform a8_w8 "
-                "(chosen on the fit data)")
+                f"(chosen on the fit data){why}")
     return ""
 
 
