@@ -56,6 +56,15 @@ UNSUPPORTED = frozenset({"Loop", "If", "Scan", "SequenceConstruct", "QuantizeLin
                          "ConvInteger", "DynamicQuantizeLinear"})
 
 
+def _is_noop_cast(node: onnx.NodeProto, types: dict[str, int]) -> bool:
+    """A Cast of a float tensor to its own type (``x.to(torch.float32)`` on a float32
+    tensor; a float16 model's casts once widened to float32) moves no value: its output
+    shares its input's encoding, not a decision group of its own that no compiler names."""
+    return (node.op_type == "Cast" and bool(node.input)
+            and types.get(node.input[0]) in FLOAT_TYPES
+            and types.get(node.input[0]) == types.get(node.output[0]))
+
+
 @dataclass(frozen=True)
 class MaskAdd:
     """An Add that applies an additive attention mask (a ``side`` operand) to scores."""
@@ -233,7 +242,7 @@ class _Builder:
         if not float_act:
             return
         acts = self.act_inputs(node)
-        if node.op_type in PASS_THROUGH and acts:
+        if (node.op_type in PASS_THROUGH or _is_noop_cast(node, self.types)) and acts:
             for out in node.output:
                 self.shared[out] = acts[0]
             return

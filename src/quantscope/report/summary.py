@@ -252,8 +252,14 @@ def _worse_than_uniform(v: dict[str, Any]) -> str:
     if plan is None or uni is None or v.get("uniform_meets_goal"):
         return ""
     if plan < uni if v.get("higher_is_better", True) else plan > uni:
+        inside = v.get("saturated_inside") or []
+        why = "" if not inside else (
+            f"; {len(inside)} tensor(s) clip held-out values at their calibrated ranges "
+            "(worst: " + ", ".join(f"{r['tensor']} {r['share']:.2%}" for r in inside[:3])
+            + "; verdict.json saturated_inside): the fit data do not cover the held-out "
+            "range, and promotion does not widen a range")
         return (f"held out, the plan is {fmt.gain(m, plan - uni)} against uniform a8_w8 "
-                "(chosen on the fit data)")
+                f"(chosen on the fit data){why}")
     return ""
 
 
@@ -378,6 +384,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
     applied = [k for k in v.get("rewrites_applied", []) if k]
     # the compiled model is not the original: each rewrite's note (and caveat) is kept
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
+    # the model worked on is the loader's form of the given one (float16 widened …)
+    lines += [f"  note: {note}" for note in v.get("model_notes") or []]
     if v.get("left_float"):  # the figure above does not include their error
         lines.append("  left float: " + "; ".join(
             f"{r['count']} {r['op_type']} {r['kind']}{'s' if r['count'] > 1 else ''}: "
