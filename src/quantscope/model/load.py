@@ -320,6 +320,26 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx
     return converted
 
 
+def drop_initializer_inputs(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """Initializers also listed as graph inputs (exporters before IR 4 wrote every weight
+    so) are taken off the inputs, with a note: quantscope never feeds them (they are the
+    model's weights, quantized as such), and a graph it writes listing them would ask a
+    compiler for inputs the device is never given. ``proto`` itself when there are none
+    (after :func:`upgrade_opset`: IR >= 4, where an initializer needs no input entry)."""
+    inits = {t.name for t in proto.graph.initializer}
+    listed = [i.name for i in proto.graph.input if i.name in inits]
+    if not listed:
+        return proto, ()
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    kept = [i for i in out.graph.input if i.name not in inits]
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    return out, (f"{len(listed)} initializer(s) were also listed as graph inputs (an older "
+                 f"exporter's form, e.g. {listed[0]!r}): they are weights here, and the graphs "
+                 "quantscope writes list only the inputs the model is fed",)
+
+
 def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     """Validate, name, upgrade and shape-infer an in-memory model."""
     refuse_prequantized(proto, source)  # before the contrib ops a QOperator model has
@@ -338,6 +358,8 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     proto, notes = fold_constant_weights(proto)
     notes = (*moved, *widened, *notes)
     proto = upgrade_opset(proto)
+    proto, listed = drop_initializer_inputs(proto)
+    notes = (*notes, *listed)
     proto = name_nodes(proto)
     try:
         proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
