@@ -38,8 +38,12 @@ def test_evaluate_console_shows_shares_in_percent(det, capsys):
     m = json.loads((tmp_path / "e.json").read_text())["metrics"]
     assert 0 < m["detection_f1"] < 1  # the file keeps the share as 0-1
     f1 = f"{100 * m['detection_f1']:.1f}"
-    assert _line(out, "detection_f1").split() == ["detection_f1", f1, "%"]
-    assert _line(out, "detection_recall").endswith(" %")
+    # its items beside it (h25: the count is no row of its own)
+    assert _line(out, "detection_f1").split() == [
+        "detection_f1", f1, "%", f"(n={m['detection_f1_items']:.0f})"]
+    assert "detection_f1_items" not in out
+    assert _line(out, "detection_recall").endswith(
+        f" % (n={m['detection_recall_items']:.0f})")
     assert re.fullmatch(r"sqnr_db +\d+\.\d dB", _line(out, "sqnr_db").strip())
     assert _line(out, "detections_fp32").split() == ["detections_fp32",
                                                      f"{m['detections_fp32']:.0f}"]
@@ -160,7 +164,9 @@ def test_report_sections_show_shares_in_percent(det, capsys):
     page = analysis_section(a)
     f1 = f"{100 * base['detection_f1']:.1f} %"
     assert f"detection_f1 {f1}" in page  # the recovery row
-    assert page.count(f"<td>{f1}</td>") >= 1  # the baselines table
+    # the baselines table; its count beside the share (h25: the count is no column)
+    assert page.count(f"<td>{f1} (n={base['detection_f1_items']:.0f})</td>") >= 1
+    assert "detection_f1_items" not in page
     assert re.search(r"<td>\d+\.\d dB</td>", page)
 
     bucket = {"seq_len": 64, "share": 1.0, "texts": 3, "cost_own": 1.2, "cost": 1.2,

@@ -88,3 +88,27 @@ def test_a_layout_op_on_an_initializer_is_folded_and_nothing_else_is_copied():
     loaded = load_proto(named, "named")
     assert named.SerializeToString() == before and loaded.proto is not named
     assert loaded.proto.graph.node == ref.proto.graph.node
+
+
+def test_a_resize_scales_constant_is_no_weight():
+    """torch's opset >= 11 export of ``F.interpolate`` gives Resize its scales as a float
+    Constant ``[1, 1, 2, 2]``: the loader made it an initializer and said "1 weight
+    tensor(s) stored as Constant nodes ... were made initializers, so they are quantized
+    as weights", which nothing did (no op quantizes a Resize's scales). A float constant
+    read only as an op's parameter stays as it is; a Conv weight beside it is promoted."""
+    w = np.random.default_rng(0).normal(0, 0.3, (4, 2, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Constant", [], ["scales"], value=numpy_helper.from_array(
+            np.array([1, 1, 2, 2], np.float32), "scales")),
+        helper.make_node("Constant", [], ["w"], value=numpy_helper.from_array(w, "w")),
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Resize", ["c", "", "scales"], ["y"], name="up", mode="nearest"),
+    ]
+    graph = helper.make_graph(
+        nodes, "up", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 4, 4])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 8, 8])])
+    m = load_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "up")
+    assert m.notes == ("1 weight tensor(s) stored as Constant nodes (or layout ops on them) "
+                       "were made initializers, so they are quantized as weights",)
+    assert set(m.initializers()) == {"w"}
+    assert any(n.op_type == "Constant" and n.output[0] == "scales" for n in m.graph.node)

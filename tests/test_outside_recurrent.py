@@ -138,7 +138,7 @@ def test_a_small_clipped_share_is_not_written_as_zero():
 
     row = {"tensor": "Y", "below": 0.0002, "above": 0.0, "range_min": -0.94,
            "range_max": 0.96, "data_min": -0.97, "data_max": 0.96}
-    (line,) = _saturated_outputs({"saturation": {"tensors": [row]}}, ["Y"])
+    (line,) = _saturated_outputs({"saturation": {"tensors": [row]}}, [{"tensor": "Y"}])
     assert line.startswith("output 'Y' clips 0.02% of its held-out values")
 
 

@@ -88,7 +88,8 @@ def test_check_unknown_size_fails_an_error_rule_then_a_given_shape_settles_it(a1
     model, plan = a16_plan
     r = _cli("check", str(plan), "--model", str(model), "--target", "hailo10h")
     assert r.returncode == 1, r.stdout + r.stderr  # was: a warning, exit 0
-    assert "error: [hailo.super_defuse] Pad_9: could not evaluate: size unknown" in r.stdout
+    # the Exp after the pad (the zero Pad itself shares its input's grid: no decision)
+    assert "error: [hailo.super_defuse] Exp_10: could not evaluate: size unknown" in r.stdout
     assert "x [N, 3, H, W]" in r.stdout and "--input-shape x=1x3x<H>x<W>" in r.stdout
     r = _cli("check", str(plan), "--model", str(model), "--target", "hailo10h",
              "--input-shape", "x=1x3x12x12")
@@ -98,15 +99,16 @@ def test_check_unknown_size_fails_an_error_rule_then_a_given_shape_settles_it(a1
 
 
 def test_plan_names_an_unknown_size_not_the_rule(tmp_path):
-    """Without a shape, the Pad's 16 bit is refused for an unknown size, and the plan says
-    so (not "blocked by hailo.super_defuse"). The gains are given (a sensitivity file in
-    which the Pad is worth promoting), so the planner tries that move whatever a measured
-    analysis of this tiny model would rank first."""
+    """Without a shape, the Exp's 16 bit (after a pad computed through float math) is
+    refused for an unknown size, and the plan says so (not "blocked by
+    hailo.super_defuse"). The gains are given (a sensitivity file in which the Exp is worth
+    promoting), so the planner tries that move whatever a measured analysis of this tiny
+    model would rank first."""
     model = tmp_path / "pad.onnx"
-    onnx.save(computed_pad(), model)
+    onnx.save(ceil_pad(), model)
     sens = {"format": "quantscope.sensitivity/1", "metric": "sqnr_db", "base": 30.0,
-            "gains": {"Pad_6": {"a16_w16": 5.0}, "Conv_7": {"a16_w16": 1.0},
-                      "GlobalAveragePool_9": {"a16_w16": 0.5}, "Gemm_11": {"a16_w16": 1.0}}}
+            "gains": {"Exp_10": {"a16_w16": 5.0}, "Conv_11": {"a16_w16": 1.0},
+                      "GlobalAveragePool_13": {"a16_w16": 0.5}, "Gemm_15": {"a16_w16": 1.0}}}
     (tmp_path / "sens.json").write_text(json.dumps(sens))
     r = _cli("plan", str(model), "--analysis", str(tmp_path / "sens.json"), "--target",
              "hailo8", "--max-cost", "10", "--out", str(tmp_path / "p.json"))
@@ -114,7 +116,7 @@ def test_plan_names_an_unknown_size_not_the_rule(tmp_path):
     blockers = json.loads((tmp_path / "p.json").read_text())["pareto"]["blockers"]
     unknown = "hailo.super_defuse (size unknown: give --input-shape NAME=… or --seq-len)"
     assert [b["rule"] for b in blockers] == [unknown]
-    assert blockers[0]["groups"] == ["Pad_6"]
+    assert blockers[0]["groups"] == ["Exp_10"]
 
 
 def test_run_input_shape_reaches_plan_and_check(tmp_path):

@@ -168,8 +168,10 @@ def test_run_reads_the_classes_of_each_token(tmp_path, capsys):
     model, data = _save(tmp_path, token_classifier())
     assert main(["run", model, "--data", data, "--target", "hailo8", "--repairs", "none",
                  "--layout", "logits=class", "--out", str(tmp_path / "W")]) == 0
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "note: output 'logits' read as class scores (top-1 over 5 classes on axis 2" in err
+    # the verdict names the items counted: positions, an effective count (h25)
+    assert "(n=16 held-out samples, an effective 192 positions; fp32" in out
     ev = read_json(tmp_path / "W" / "evaluate.json", "evaluation")
     fp32 = ev["results"]["fp32"]["metrics"]
     assert fp32["top1_agreement_clusters"] == 16  # the held-out samples

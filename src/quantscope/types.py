@@ -473,6 +473,16 @@ def sample_first(outputs: list[np.ndarray] | tuple[np.ndarray, ...],
             for o, a in zip(outputs, axes, strict=True)]
 
 
+def moved_axis(axis: int, sample_axis: int, rank: int) -> int:
+    """Where axis ``axis`` of an output as the model declares it (of ``rank`` axes; -1 the
+    last) lies once :func:`sample_first` has moved its ``sample_axis`` to 0: the one
+    translation of a user's (or the graph's) axis to the arrays the tasks score."""
+    a = axis + rank if axis < 0 else axis
+    if not sample_axis or a < 0 or a > sample_axis:  # one it has not: still out of range
+        return axis if not sample_axis or a < 0 else a
+    return 0 if a == sample_axis else a + 1
+
+
 @dataclass(frozen=True, eq=False)
 class Outputs:
     """Model outputs over a data set: one list of per-batch arrays per output name."""

@@ -308,7 +308,8 @@ def analyze(
     recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
                           ref, scheme) for k in recover_top]
     method, notes = _method(res, proxy_fraction, len(ref))
-    notes += float_notes + units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
+    # what the loader changed (a float16 model's float32 form …) leads: the figures are of it
+    notes = model.notes + notes + float_notes + units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
         RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
     return Analysis(model.source, low.value, high.value, getattr(target, "name", None),
                     scorer.primary, scorer.higher_is_better, method, baselines, noise, sens,

@@ -61,6 +61,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     written = stages.export_plan(inp.model, inp.stats, inp.plan, fmt=args.format, out=args.out,
                                  hn=hn, qnn_version=args.qnn_version)
     print(f"wrote {written}")
+    for note in inp.model.notes:  # what the file is of (a float16 model's float32 form …)
+        print(f"note: {note}")
     if args.format == "alls":  # decisions the script cannot carry are said, not only written
         unset = unset_line([f"{written.name}: {ln}" for ln in
                             unset_decisions(written.read_text(encoding="utf-8"))],
@@ -87,7 +89,7 @@ def cmd_export_qdq(args: argparse.Namespace) -> int:
     inp = open_inputs(args, stats=True, plan=True)
     proto, notes = stages.qdq_for_plan(inp.model, inp.stats, inp.plan, method=args.method)
     stages.write_onnx(args.out, proto)
-    for note in notes:
+    for note in (*inp.model.notes, *notes):
         print(f"note: {note}")
     print(f"wrote {args.out} ({len(proto.graph.node)} nodes, opset {stages.opset_of(proto)})")
     return 0

@@ -36,24 +36,28 @@ class Inputs:
 
 
 def open_inputs(args: argparse.Namespace, *, data: bool = False, stats: bool = False,
-                target: bool = False, plan: bool = False) -> Inputs:
-    """Open what the command's parent parsers named, in this order (cheap checks first)."""
+                target: bool = False, plan: bool = False, show: bool = True) -> Inputs:
+    """Open what the command's parent parsers named, in this order (cheap checks first);
+    ``show``: say the data's notes as it opens (False: the command prints them with its
+    result)."""
     model = stages.open_model(args.model)
     tgt = load_target(args.target) if target and args.target else None
-    ds = open_dataset(args, model) if data else None
+    ds = open_dataset(args, model, show=show) if data else None
     st = stages.read_stats(args.stats) if stats else None
     return Inputs(model, ds, st, tgt, plan_of(args) if plan else None)
 
 
-def open_dataset(args: argparse.Namespace, model: stages.Model) -> stages.Dataset:
-    """The data, its token ids checked against the model's tables (tokenizer mismatch)."""
+def open_dataset(args: argparse.Namespace, model: stages.Model, *, show: bool = True
+                 ) -> stages.Dataset:
+    """The data, its token ids checked against the model's tables (tokenizer mismatch);
+    ``show``: say its notes on stderr as it opens."""
     try:
         ds = stages.open_data(args.data, model, tokenizer=args.tokenizer,
                               max_pairs=getattr(args, "pairs", None),
                               output=getattr(args, "output", None),
                               layout=tuple(getattr(args, "layout", None) or ()),
                               batch_axes=merged_batch_axes(getattr(args, "batch_axis", None)),
-                              prefixes=text_prefixes(args))
+                              prefixes=text_prefixes(args), show=show)
     except UnicodeDecodeError:
         raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
     for batch in (*ds.calibration, *ds.evaluation):

@@ -67,13 +67,15 @@ def add_evaluate(sub: argparse._SubParsersAction, summary: str) -> None:
 
 
 def _measured_inputs(args: argparse.Namespace) -> tuple[Inputs, stages.Dataset]:
-    """evaluate / whatif: model, data, stats and plan; the data at ``--seq-len`` if given."""
-    inp = open_inputs(args, data=True, stats=True, plan=True)
+    """evaluate / whatif: model, data, stats and plan; the data at ``--seq-len`` if given.
+    evaluate prints the data's notes with its result (once): they are not said here."""
+    said = args.command != "evaluate"
+    inp = open_inputs(args, data=True, stats=True, plan=True, show=said)
     assert inp.data is not None
     data = inp.data
     if args.seq_len:
         data = stages.at_length(data, args.seq_len)
-        if data is not inp.data:
+        if data is not inp.data and said:
             print(f"note: {data.notes[-1]}")
     return inp, data
 

@@ -54,8 +54,9 @@ def cmd_repair(args: argparse.Namespace) -> int:
     stats = stages.read_stats(args.stats)
     plan = plan_of(args)
     feeds, data, split_note = stages.held_out(data, args.batches)
-    if split_note:
-        print(f"note: {split_note}")
+    for note in (*model.notes, split_note):  # the loader's form (float16 widened …) first
+        if note:
+            print(f"note: {note}")
     names = args.repairs or dict(plan.meta).get("repairs") or ",".join(DEFAULT_REPAIRS)
     out = run_repairs(model, stats, plan, feeds, repairs=names.split(","),
                       proxy=args.proxy, scheme=stages.scheme_for(plan), progress=True,

@@ -377,6 +377,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       **run_rewrites(args))
     opts.check()  # the rewrites' options together, before the model is opened
     if args.layout:  # checked against the model's outputs before the run folder is made
+        # (an axis= against the output's sample axis once the data is read)
         layout_tasks(stages.open_model(args.model), tuple(args.layout), args.data)
     out = run_pipeline(opts, force=args.force, progress=True)
     print(format_verdict(out.verdict))

@@ -50,12 +50,15 @@ def device_io(model: Model, groups: Groups, encodings: Encodings,
                 continue
             q_min, q_max = _code_bounds(enc.bits, enc.signed)
             lookup = {"host_lookup": lookups[name].to_dict()} if name in lookups else {}
+            # an output a Reshape/Flatten/no-op Cast writes: the tensor whose encoding it is
+            shared = {"encoded_as": root[name]} if root.get(name, name) != name else {}
             rows.append({
                 "role": role, "tensor": name, "bits": enc.bits, "signed": enc.signed,
                 "stored_type": f"{'int' if enc.signed else 'uint'}{enc.bits}",
                 "q_min": q_min, "q_max": q_max,
                 "scale": float(enc.scale), "zero_point": int(enc.zero_point),
                 "min": float(enc.range()[0]), "max": float(enc.range()[1]), **lookup,
+                **shared,
             })
     return rows
 

@@ -109,6 +109,8 @@ def _tensor_precisions(
         t: Precision.FLOAT if t not in quantized
         else Precision.A16_W16 if quantized[t] == 16 else Precision.A8_W8
         for t in groups.model_inputs}
+    for t in groups.model_inputs:  # what a Transpose/Reshape/no-op Cast makes of an input
+        acts.update({d: acts[t] for d in shared.get(t, ())})
     weights: dict[str, Precision] = {}
     for g in groups.groups:
         p = plan.precision_of(g.name)

@@ -58,6 +58,32 @@ UNSUPPORTED = frozenset({"Loop", "If", "Scan", "SequenceConstruct", "QuantizeLin
                          "ConvInteger", "DynamicQuantizeLinear"})
 
 
+def _is_noop_cast(node: onnx.NodeProto, types: dict[str, int]) -> bool:
+    """A Cast of a float tensor to its own type (``x.to(torch.float32)`` on a float32
+    tensor; a float16 model's casts once widened to float32) moves no value: its output
+    shares its input's encoding, not a decision group of its own that no compiler names."""
+    return (node.op_type == "Cast" and bool(node.input)
+            and types.get(node.input[0]) in FLOAT_TYPES
+            and types.get(node.input[0]) == types.get(node.output[0]))
+
+
+def _is_value_pad(node: onnx.NodeProto, model: Model) -> bool:
+    """A ``Pad`` that only moves values and adds zeros (torch's ``F.pad``, a TF ``SAME``
+    pad): every value it writes is on its input's grid (zero is on every grid), so its
+    output shares its input's encoding, not a decision group of its own that no compiler
+    names (Hailo folds it into the next layer's padding). A constant pad of another value
+    (off the input's range, perhaps) keeps its group."""
+    if node.op_type != "Pad":
+        return False
+    mode = next((a.s.decode() for a in node.attribute if a.name == "mode"), "constant")
+    if mode != "constant" or len(node.input) < 3 or not node.input[2]:
+        return True
+    try:
+        return not bool(model.initializer_array(node.input[2]).any())
+    except KeyError:  # a pad value computed in the graph: its own group, as before
+        return False
+
+
 @dataclass(frozen=True)
 class MaskAdd:
     """An Add that applies an additive attention mask (a ``side`` operand) to scores."""
@@ -243,7 +269,8 @@ class _Builder:
         if not any(self.float_act(t) for t in node.output):
             return
         acts = [t for t in self.act_inputs(node) if self.float_act(t)]
-        if node.op_type in PASS_THROUGH and acts:
+        if (node.op_type in PASS_THROUGH or _is_noop_cast(node, self.types)
+                or _is_value_pad(node, self.model)) and acts:
             for out in node.output:
                 self.shared[out] = acts[0]
             return  # (a Gather from a constant table by an int act, an ArgMax label,

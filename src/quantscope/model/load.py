@@ -15,7 +15,9 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from quantscope.model.foreign import refuse_foreign_ops
+from quantscope.model.prequantized import refuse_prequantized
 from quantscope.model.recurrent import refuse_batch_first_recurrent
+from quantscope.model.toposort import sort_nodes
 from quantscope.model.widen import widen_float16
 from quantscope.types import QuantscopeError
 
@@ -192,6 +194,22 @@ _LAYOUT_OPS = frozenset({"Transpose", "Reshape", "Identity", "Cast", "Squeeze", 
                          "Flatten"})
 
 
+# Inputs that parameterise an op (a Resize's roi/scales/sizes, a Pad's pads and value, a
+# Clip's bounds): a float constant read only there is no weight, whatever its size.
+_PARAMETER_INPUTS = {"Resize": {1, 2, 3}, "Upsample": {1}, "Pad": {1, 2, 3}, "Clip": {1, 2},
+                     "Range": {0, 1, 2}, "ConstantOfShape": {0}}
+
+
+def _parameters_only(proto: onnx.ModelProto) -> set[str]:
+    """Tensors every reader of which takes as a parameter (:data:`_PARAMETER_INPUTS`)."""
+    data: set[str] = {o.name for o in proto.graph.output}
+    params: set[str] = set()
+    for node in proto.graph.node:
+        for i, t in enumerate(node.input):
+            (params if i in _PARAMETER_INPUTS.get(node.op_type, ()) else data).add(t)
+    return params - data
+
+
 def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
     for a in node.attribute:
         if a.name == "value":
@@ -250,11 +268,12 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
 
     promoted: dict[str, np.ndarray] = {}
     kept: list[onnx.NodeProto] = []
+    parameters = _parameters_only(proto)
     for node in proto.graph.node:
         found = _constant_value(node) if node.op_type == "Constant" and not node.input else None
         if found is not None:
             consts[node.output[0]] = found
-            if _is_weight(found):
+            if _is_weight(found) and node.output[0] not in parameters:
                 promoted[node.output[0]] = found
                 weights.add(node.output[0])
                 continue
@@ -301,10 +320,32 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx
     return converted
 
 
+def drop_initializer_inputs(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """Initializers also listed as graph inputs (exporters before IR 4 wrote every weight
+    so) are taken off the inputs, with a note: quantscope never feeds them (they are the
+    model's weights, quantized as such), and a graph it writes listing them would ask a
+    compiler for inputs the device is never given. ``proto`` itself when there are none
+    (after :func:`upgrade_opset`: IR >= 4, where an initializer needs no input entry)."""
+    inits = {t.name for t in proto.graph.initializer}
+    listed = [i.name for i in proto.graph.input if i.name in inits]
+    if not listed:
+        return proto, ()
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    kept = [i for i in out.graph.input if i.name not in inits]
+    del out.graph.input[:]
+    out.graph.input.extend(kept)
+    return out, (f"{len(listed)} initializer(s) were also listed as graph inputs (an older "
+                 f"exporter's form, e.g. {listed[0]!r}): they are weights here, and the graphs "
+                 "quantscope writes list only the inputs the model is fed",)
+
+
 def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     """Validate, name, upgrade and shape-infer an in-memory model."""
+    refuse_prequantized(proto, source)  # before the contrib ops a QOperator model has
     refuse_foreign_ops(proto, source)
     refuse_batch_first_recurrent(proto, source)
+    proto, moved = sort_nodes(proto)  # ONNX Runtime runs an unsorted graph: so do we
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
@@ -315,8 +356,10 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     proto, widened = widen_float16(proto)
     proto = name_nodes(proto)
     proto, notes = fold_constant_weights(proto)
-    notes = (*widened, *notes)
+    notes = (*moved, *widened, *notes)
     proto = upgrade_opset(proto)
+    proto, listed = drop_initializer_inputs(proto)
+    notes = (*notes, *listed)
     proto = name_nodes(proto)
     try:
         proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)

@@ -20,7 +20,7 @@ from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
-from quantscope.tasks.shares import items_key
+from quantscope.tasks.shares import clusters_key, items_key
 from quantscope.tasks.unscored import is_unscored_note
 
 if TYPE_CHECKING:
@@ -51,9 +51,11 @@ def verdict(ctx: Context) -> dict[str, Any]:
     ev, plan, chk, io = (_read(ctx, n) for n in (steps.EVALUATE, steps.PLAN, steps.CHECK,
                                                  steps.IO))
     metric, results = ev["metric"], ev["results"]
-    count = items_key(metric)  # the items a share counts, where its task counts them
-    quality = {label: {k: results[label]["metrics"].get(k) for k in (metric, "sqnr_db", count)
-                       if k != count or count in results[label]["metrics"]}
+    # the items a share counts, where its task counts them (and the samples they cluster
+    # in: per position, the items are an effective count of positions)
+    counts = (items_key(metric), clusters_key(metric))
+    quality = {label: {k: results[label]["metrics"].get(k) for k in (metric, "sqnr_db", *counts)
+                       if k not in counts or k in results[label]["metrics"]}
                for label in COMPARED if label in results}
     goal = ctx.opts.goal
     higher = bool(ev.get("higher_is_better", True))
@@ -99,7 +101,11 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "not_like_fp32": _not_like(results),
         "says_little": _says_little(results),
         "saturated_outputs": _saturated_outputs(
-            results.get("plan", {}), [r["tensor"] for r in io["io"] if r["role"] == "output"]),
+            results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"]),
+        # tensors inside the model whose calibrated range clips the plan's held-out values
+        # (the outputs are saturated_outputs): in the held-out figure, said where it binds
+        "saturated_inside": _saturated_inside(
+            results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"]),
         # outputs scored for fidelity only (a text encoder's second output): not in the task's
         # figures nor the headline
         "unscored": _unscored(ev["data"]),
@@ -109,6 +115,9 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "mixed_scales": _mixed_scales(ctx),
         # NaN / inf FP32 met inside the graph on the fit data (left out of the ranges)
         "nan_inf_inside": _nonfinite(ctx),
+        # what the loader changed to work on the model (a float16 model's float32 form, its
+        # Constant weights made initializers): the FP32 reference and what ships are that
+        "model_notes": list(ctx.model().notes),
         **summary,
     }
 
@@ -211,15 +220,28 @@ def _says_little(results: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(n for n in notes if "says little" in n))
 
 
-def _saturated_outputs(plan: dict[str, Any], outputs: list[str]) -> list[str]:
-    """Each quantized model output whose calibrated range clips the plan's held-out values
-    (``evaluate.json``'s ``saturation``): what the device returns is capped there, whatever
-    the figure above says on average."""
+def _saturated_outputs(plan: dict[str, Any], outputs: list[dict[str, Any]]) -> list[str]:
+    """Each quantized model output (its io row) whose calibrated range clips the plan's
+    held-out values (``evaluate.json``'s ``saturation``, of the tensor whose encoding the
+    output has: itself, or what a Reshape or no-op Cast before it reads): what the device
+    returns is capped there, whatever the figure above says on average."""
     rows = {r["tensor"]: r for r in (plan.get("saturation") or {}).get("tensors", [])}
-    return [f"output '{t}' clips {r['below'] + r['above']:.2%} of its held-out values at its "
-            f"calibrated range {r['range_min']:.4g} .. {r['range_max']:.4g} (FP32 gives "
-            f"{r['data_min']:.4g} .. {r['data_max']:.4g}): calibrate on data like the "
-            "deployment's, or widen its range" for t in outputs if (r := rows.get(t))]
+    return [f"output '{o['tensor']}' clips {r['below'] + r['above']:.2%} of its held-out "
+            f"values at its calibrated range {r['range_min']:.4g} .. {r['range_max']:.4g} "
+            f"(FP32 gives {r['data_min']:.4g} .. {r['data_max']:.4g}): calibrate on data "
+            "like the deployment's, or widen its range" for o in outputs
+            if (r := rows.get(o.get("encoded_as", o["tensor"])))]
+
+
+def _saturated_inside(plan: dict[str, Any], outputs: list[dict[str, Any]]) -> list[
+        dict[str, Any]]:
+    """The tensors other than the outputs' whose calibrated range clips the plan's
+    held-out values, ``{tensor, share}``, most clipped first."""
+    out = {o.get("encoded_as", o["tensor"]) for o in outputs}
+    rows = [r for r in (plan.get("saturation") or {}).get("tensors", [])
+            if r["tensor"] not in out]
+    return sorted(({"tensor": r["tensor"], "share": r["below"] + r["above"]} for r in rows),
+                  key=lambda r: -r["share"])
 
 
 def left_float(cov: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -314,8 +314,8 @@ def analysis_section(analysis: dict[str, Any], top: int = 15) -> str:
            f"{html.escape(str(analysis.get('high')))})</h2>"]
     base = analysis.get("baselines", {})
     if base:
-        keys = sorted({k for m in base.values() for k in m})
-        out.append(_table(["uniform", *keys], [[p, *[fmt.value(k, m[k]) if k in m else ""
+        keys = sorted({k for m in base.values() for k in m if not fmt.is_count(k)})
+        out.append(_table(["uniform", *keys], [[p, *[fmt.counted(k, m) if k in m else ""
                                                      for k in keys]]  # shares in percent
                                                 for p, m in base.items()]))
     if offenders:
@@ -333,8 +333,8 @@ def analysis_section(analysis: dict[str, Any], top: int = 15) -> str:
         out.append("<h3>Recovery by promoting the worst groups</h3>" + _table(
             ["promoted", "precision", "metrics"],
             [[len(r["promoted"]), r["precision"],
-              ", ".join(f"{k} {fmt.value(k, v)}" for k, v in r["metrics"].items()
-                        if isinstance(v, int | float))] for r in rec]))
+              ", ".join(f"{k} {fmt.counted(k, r['metrics'])}" for k, v in r["metrics"].items()
+                        if isinstance(v, int | float) and not fmt.is_count(k))] for r in rec]))
     return "".join(out)
 
 

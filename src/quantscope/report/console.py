@@ -20,7 +20,8 @@ def format_result(result: dict[str, Any]) -> str:
     m = result["metrics"]
     lines = [f"model {result['model']}  data {result['data']}  plan default "
              f"{result['plan']['default']} (+{len(result['plan'].get('groups', {}))} overrides)"]
-    lines += [f"  {k:<24} {fmt.value(k, v)}" for k, v in m.items()]  # shares in percent
+    # shares in percent, each with the items it counted (the counts are no rows)
+    lines += [f"  {k:<24} {fmt.counted(k, m)}" for k in m if not fmt.is_count(k)]
     outs = {k: v for k, v in result.get("outputs", {}).items()
             if "sqnr_db" in v or "exact_agreement" in v}
     if len(outs) > 1 or any("sqnr_db_channel_min" in v for v in outs.values()):
@@ -91,13 +92,18 @@ def format_search(result: dict[str, Any]) -> str:
     """Console form of a planner result (the plan JSON's ``pareto`` entry)."""
     c = result.get("chosen", {})
     m = str(result.get("metric"))
+    mq = str(result.get("measured_metric") or m)  # the measured (and ranked) figures' metric
 
-    def fig(v: Any) -> str:  # the metric in its unit (shares in percent), as the verdict
+    def pred(v: Any) -> str:  # a prediction in its metric's unit (shares in percent)
         return fmt.value(m, v)
 
+    def fig(v: Any) -> str:  # a measured or ranked figure in the measured metric's unit
+        return fmt.value(mq, v)
+
     budget = fmt.budget(m, result.get("budget"), result.get("higher_is_better", True))
-    lines = [f"metric {m} (predicted); budget {budget}; "
-             f"chosen: cost {c.get('cost')}, predicted {fig(c.get('predicted'))}, measured "
+    lines = [f"metric {m} (predicted)" + (f", {mq} (measured)" if mq != m else "")
+             + f"; budget {budget}; "
+             f"chosen: cost {c.get('cost')}, predicted {pred(c.get('predicted'))}, measured "
              f"{fig(c.get('measured'))}; budget met: {result.get('met')}"]
     if result.get("measured_on"):
         lines.append(f"measured on: {result['measured_on']}")
@@ -105,11 +111,11 @@ def format_search(result: dict[str, Any]) -> str:
     if e:  # which engine ranked the candidates, which measured (stages/rank.py)
         lines.append(f"search: {e['line']}" + (
             f"; chosen plan: {fig(e['measured'])} in {e['measured_by']}, {fig(e['ranked'])} "
-            f"ranked by {e['ranked_by']} (difference {fmt.gain(m, e['difference'])})"
+            f"ranked by {e['ranked_by']} (difference {fmt.gain(mq, e['difference'])})"
             if "ranked" in e else ""))
     for p in result.get("points", []):
         ranked = f" ranked {fig(p['ranked'])}" if p.get("ranked") is not None else ""
-        lines.append(f"  front: cost {p['cost']:<9} predicted {fig(p['predicted']):<10} measured "
+        lines.append(f"  front: cost {p['cost']:<9} predicted {pred(p['predicted']):<10} measured "
                      f"{fig(p.get('measured')):<10}{ranked} ({len(p.get('groups', {}))} "
                      f"promoted, {p.get('origin')})")
     for b in result.get("blockers", [])[:4]:
@@ -130,7 +136,7 @@ def format_search(result: dict[str, Any]) -> str:
     lines += race_lines(result.get("race"))
     for r in result.get("seq_lens", []):
         fit = f", {r['texts_fit']:.0%} of the texts fit" if "texts_fit" in r else ""
-        lines.append(f"  seq {r['seq_len']}: cost {r['cost']}, predicted {fig(r['predicted'])}, "
+        lines.append(f"  seq {r['seq_len']}: cost {r['cost']}, predicted {pred(r['predicted'])}, "
                      f"measured {fig(r['measured'])}, {r['promoted']} promoted, binding "
                      f"{r['binding'] or '-'}{fit}"
                      + ("   <- chosen" if r["seq_len"] == result.get("seq_len") else ""))

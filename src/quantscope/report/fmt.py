@@ -21,7 +21,9 @@ from typing import Any
 from quantscope.units import (  # noqa: F401 - the facts, re-exported for the report
     DASH,
     SHARES,
+    counted,
     gain,
+    is_count,
     is_db,
     is_share,
     num,

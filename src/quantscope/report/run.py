@@ -130,12 +130,12 @@ def verdict_section(v: dict[str, Any], text: str, details_text: str = "") -> str
 def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "held out"
                     ) -> str:
     keys = list(dict.fromkeys(k for r in results.values() for k, v in r["metrics"].items()
-                              if plots.num(v) is not None))
+                              if plots.num(v) is not None and not fmt.is_count(k)))
     first = [k for k in (metric, *HEADLINE_KEYS) if k in keys or k == metric]
     head = list(dict.fromkeys([*first, *keys]))
     # one row per metric, one column per configuration (a page wide for any metric count)
     rows = [[f"{fmt.label(k)} ({k})" if fmt.label(k) != k else k,
-             *[fmt.value(k, r["metrics"].get(k)) for r in results.values()]] for k in head]
+             *[fmt.counted(k, r["metrics"]) for r in results.values()]] for k in head]
     out = [_h2(f"Configurations ({n})", "configs"),
            "<p>FP32, uniform a8_w8 and the plan (on the repaired model), each against the "
            f"FP32 outputs of the original model, on the held-out data ({_e(n)}); shares in "

@@ -30,7 +30,7 @@ from typing import Any
 
 from quantscope.export.hailo_alls import UNSET_DECISION, one_line
 from quantscope.report import fmt
-from quantscope.tasks.shares import ITEM_WORDS, items_key
+from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
               "matmul": "activation MatMuls (attention scores and context)",
@@ -52,16 +52,23 @@ def sample_size(v: dict[str, Any]) -> str:
     """``n=16 held-out pairs`` (the held-out figures' sample size), or ``held out``; a
     share over items its task counts apart from the samples (detection F1: the
     detections) adds the plan's count: ``n=16 held-out samples, 167 detections of either
-    model (a matched pair once)``."""
+    model (a matched pair once)``; a share per position (a token classifier's) the
+    effective count of its positions: ``n=16 held-out samples, an effective 150
+    positions``; any other share over more or fewer items than samples, its items."""
     ho = v.get("held_out") or {}
     n = (f"n={ho['samples']} held-out {ho.get('unit', 'samples')}" if ho.get("samples")
          else "held out")
     m = v.get("metric", "")
-    items = ((v.get("quality") or {}).get("plan") or {}).get(items_key(m))
+    plan = (v.get("quality") or {}).get("plan") or {}
+    items = plan.get(items_key(m))
     words = ITEM_WORDS.get(m.split(":")[0])
-    # a detection share's items are detections, which the samples do not tell; the
-    # others count the samples themselves, or positions as an effective count
-    if isinstance(items, int | float) and words and "detections" in words:
+    if not isinstance(items, int | float) or not words or items != items:
+        return n
+    # a detection share's items are detections, which the samples do not tell; a share
+    # per position counts positions as an effective count (clustered by sample)
+    if clusters_key(m) in plan:
+        n += f", an effective {int(items)} positions"
+    elif "detections" in words or int(items) != ho.get("samples"):
         n += f", {int(items)} {words}"
     return n
 
@@ -245,8 +252,14 @@ def _worse_than_uniform(v: dict[str, Any]) -> str:
     if plan is None or uni is None or v.get("uniform_meets_goal"):
         return ""
     if plan < uni if v.get("higher_is_better", True) else plan > uni:
+        inside = v.get("saturated_inside") or []
+        why = "" if not inside else (
+            f"; {len(inside)} tensor(s) clip held-out values at their calibrated ranges "
+            "(worst: " + ", ".join(f"{r['tensor']} {r['share']:.2%}" for r in inside[:3])
+            + "; verdict.json saturated_inside): the fit data do not cover the held-out "
+            "range, and promotion does not widen a range")
         return (f"held out, the plan is {fmt.gain(m, plan - uni)} against uniform a8_w8 "
-                "(chosen on the fit data)")
+                f"(chosen on the fit data){why}")
     return ""
 
 
@@ -371,6 +384,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
     applied = [k for k in v.get("rewrites_applied", []) if k]
     # the compiled model is not the original: each rewrite's note (and caveat) is kept
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
+    # the model worked on is the loader's form of the given one (float16 widened …)
+    lines += [f"  note: {note}" for note in v.get("model_notes") or []]
     if v.get("left_float"):  # the figure above does not include their error
         lines.append("  left float: " + "; ".join(
             f"{r['count']} {r['op_type']} {r['kind']}{'s' if r['count'] > 1 else ''}: "

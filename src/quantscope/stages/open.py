@@ -61,7 +61,12 @@ def open_data(
     tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
     ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none)."""
     from quantscope.tasks.registry import open_task_data, tensor_task
-    from quantscope.tasks.tensors import check_batch_axes, sample_dim_guess, unused_arrays
+    from quantscope.tasks.tensors import (
+        cast_note,
+        check_batch_axes,
+        sample_dim_guess,
+        unused_arrays,
+    )
 
     if batch_axes:
         check_batch_axes(model, batch_axes)
@@ -71,10 +76,18 @@ def open_data(
         raise QuantscopeError(f"--layout applies to tensor data (.npy/.npz); data '{spec}' "
                               "has its own task: leave --layout out")
     if ds is None:
-        task, notes = tensor_task(model, str(spec), tuple(layout))
         batches = tuple(load_tensor_batches(spec, model, batch_axes=batch_axes))
+        fed = next((b for b in batches if isinstance(b, Feeds)), None)
+        # each output's sample axis: a layout's axis= counts the output as declared
+        samples = {} if fed is None else {
+            o: a for o, a in zip(model.output_names(), fed.out_axes, strict=False) if a}
+        task, notes = tensor_task(model, str(spec), tuple(layout), samples)
         ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
                      notes=notes)
+        cast = cast_note(spec, model)
+        if cast:  # said, not an error: float64 data is common, float32 what the model takes
+            ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {cast}"))
+            say(f"note: {spec}: {cast}", show=show)
         unused = unused_arrays(spec, model)
         if unused:  # said, not an error: a label array beside the inputs is common
             note = (f"{spec}: {len(unused)} array(s) no model input takes, not fed: "
@@ -86,7 +99,6 @@ def open_data(
         if guess:
             ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {guess}"))
             say(f"note: {spec}: {guess}", show=show)
-        fed = next((b for b in batches if isinstance(b, Feeds)), None)
         if fed is not None:
             note = f"{spec}: {_layout_text(fed, tuple(model.output_names()))}"
             ds = dataclasses.replace(ds, notes=(*ds.notes, note))

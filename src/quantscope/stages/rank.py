@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from quantscope import units
 from quantscope.finetune.engine import RankEngine
 from quantscope.progress import say
 
@@ -80,9 +81,11 @@ def confirm_chosen(plan: Plan, pareto: dict[str, Any], engine: RankEngine,
     diff = round(ranked - value, 6)
     chosen.update(measured=value, ranked=ranked)
     pareto["engines"].update(ranked=ranked, measured=value, difference=diff)
+    m = str(pareto.get("measured_metric") or pareto.get("metric") or "")  # their unit
     pareto.setdefault("notes", []).append(
-        f"{engine.line}: the chosen plan measures {value:.6g} in onnxruntime, "
-        f"{ranked:.6g} ranked by {engine.ranked_by} (difference {diff:.3g}); the other "
+        f"{engine.line}: the chosen plan measures {units.value(m, value, fine=True)} in "
+        f"onnxruntime, {units.value(m, ranked, fine=True)} ranked by {engine.ranked_by} "
+        f"(difference {units.gain(m, diff, fine=True)}); the other "
         "trials' figures are the ranking engine's ('ranked')")
     meta = tuple((k, v) for k, v in plan.meta if k not in ("measured", "ranked", "ranked_by"))
     meta += (("measured", f"{value:.6g}"), ("ranked", f"{ranked:.6g}"),

@@ -12,7 +12,7 @@ class task scores what the user acts on:
     is shared by several classes (the grid merged them; the first one wins the argmax);
     ``top1_agreement_items``: the picks the share is over (per position, the effective
     count of positions clustered by sample, ``top1_agreement_clusters`` the samples:
-    :mod:`quantscope.tasks.shares`).
+    :mod:`quantscope.tasks.shares`); ``top5_agreement_items`` (``_clusters``) alike.
 
 Notes say when FP32 picks one class on every sample (the agreement then says little) and
 when the agreement is below :data:`AGREEMENT_RESEMBLES` (``NOT LIKE FP32``).
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
-from quantscope.tasks.shares import clustered_items, clusters_key, items_key
-from quantscope.types import Metrics, Outputs
+from quantscope.tasks.shares import items_key, share_counts
+from quantscope.types import Metrics, Outputs, moved_axis
 from quantscope.units import value
 
 AGREEMENT_RESEMBLES = 0.95
@@ -81,8 +81,10 @@ def _bad_axis(out: Outputs, name: str, axis: int) -> str | None:
 
 @dataclass(frozen=True, eq=False)
 class ClassTask:
-    """Class scores on ``axis`` (of the sample-first output; 1 by default, -1 the last),
-    judged by the top class (module docstring)."""
+    """Class scores on ``axis`` (of the output as the model declares it; 1 by default, -1
+    the last), judged by the top class (module docstring). ``sample_axis``: the output's
+    axis of the samples (``--batch-axis``), which the scored arrays hold first
+    (:func:`quantscope.types.moved_axis` translates ``axis`` to them)."""
 
     name: str
     output: str
@@ -91,15 +93,19 @@ class ClassTask:
     row_local: bool = True
     axis: int = 1
     axis_read: str = ""  # where the axis came from, said in the layout's note
+    sample_axis: int = 0
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
-        bad = _bad_axis(ref, self.output, self.axis)
+        i = ref.names.index(self.output)
+        rank = np.ndim(ref.batches[0][i]) if ref.batches else 0
+        axis = moved_axis(self.axis, self.sample_axis, rank)
+        bad = _bad_axis(ref, self.output, axis)
         if bad:
             return Metrics(values={"top1_agreement": float("nan")},
                            notes=(f"output '{self.output}' not scored as classes: {bad}; "
                                   f"give --layout {self.output}=class:axis=K",))
-        r = np.concatenate(_classes_last(ref, self.output, self.axis))
-        t = np.concatenate(_classes_last(test, self.output, self.axis))
+        r = np.concatenate(_classes_last(ref, self.output, axis))
+        t = np.concatenate(_classes_last(test, self.output, axis))
         n, classes = r.shape if r.ndim == 2 else (0, 0)
         rows = "positions" if ref.batches and np.ndim(ref.batches[0][
             ref.names.index(self.output)]) > 2 else "samples"
@@ -108,11 +114,14 @@ class ClassTask:
                            notes=(f"output '{self.output}': no samples to compare",))
         top_r, top_t = r.argmax(axis=1), t.argmax(axis=1)
         agree = top_r == top_t
+        positions = _positions(ref, self.output, axis)
         values = {"top1_agreement": float(agree.mean()),
-                  **_items(agree, _positions(ref, self.output, self.axis))}
+                  **_items("top1_agreement", agree, positions)}
         if classes > TOP_K:
             best = np.argpartition(-t, TOP_K - 1, axis=1)[:, :TOP_K]
-            values["top5_agreement"] = float(np.mean(np.any(best == top_r[:, None], axis=1)))
+            top5 = np.any(best == top_r[:, None], axis=1)
+            values["top5_agreement"] = float(np.mean(top5))
+            values.update(_items("top5_agreement", top5, positions))
         ties = np.sum(t == t.max(axis=1, keepdims=True), axis=1) > 1
         values["top1_ties"] = float(ties.mean())
         notes = []
@@ -132,16 +141,16 @@ class ClassTask:
         return Metrics(values=values, notes=tuple(notes))
 
 
-def _items(agree: np.ndarray, positions: np.ndarray) -> dict[str, float]:
-    """The items the top-1 agreement is over (:mod:`quantscope.tasks.shares`): the samples
-    of ``[N, C]``; per position, the effective count of the positions clustered by their
-    sample (:func:`clustered_items`, rounded down), and the samples."""
+def _items(metric: str, agree: np.ndarray, positions: np.ndarray) -> dict[str, float]:
+    """The items the share ``metric`` (top-1 or top-5 agreement) is over
+    (:func:`quantscope.tasks.shares.share_counts`): the samples of ``[N, C]``; per
+    position, the effective count of the positions clustered by their sample, and the
+    samples."""
     positions = positions[positions > 0]
     if len(positions) == len(agree) or int(positions.sum()) != len(agree):
-        return {items_key("top1_agreement"): float(len(agree))}
+        return {items_key(metric): float(len(agree))}
     hits = np.add.reduceat(agree.astype(np.float64), np.r_[0, np.cumsum(positions)[:-1]])
-    return {items_key("top1_agreement"): float(np.floor(clustered_items(hits, positions))),
-            clusters_key("top1_agreement"): float(len(positions))}
+    return share_counts(metric, hits, positions)
 
 
 def class_output(model: Model, output: str) -> int | None:

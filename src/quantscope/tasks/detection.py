@@ -16,7 +16,9 @@ detector's user sees it, against FP32:
 ``detection_precision``   quantized detections matched to an FP32 one (same class,
 ``detection_recall``      IoU >= ``iou``, greedy by FP32 score, one-to-one) over the
 ``detection_f1``          quantized / FP32 kept; F1 (the headline)
-``*_items``               the items each share is over (:func:`item_counts`)
+``*_items``               the items each share is over (:func:`item_counts`; the score
+                          side's anchors: the effective count clustered by sample,
+                          ``score_side_agreement_clusters`` the samples)
 ``box_iou_mean``          mean IoU of the matched boxes
 ========================  ==============================================================
 
@@ -37,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
-from quantscope.tasks.shares import items_key
-from quantscope.types import Metrics, Outputs, QuantscopeError
+from quantscope.tasks.shares import items_key, share_counts
+from quantscope.types import Metrics, Outputs, QuantscopeError, moved_axis
 from quantscope.units import value
 
 BOX_FORMATS = ("cxcywh", "xyxy")
@@ -52,7 +54,9 @@ F1_RESEMBLES = 0.9  # below it, the detections are NOT LIKE FP32's
 class DetectionLayout:
     """Where boxes and scores sit in a detection output.
 
-    ``axis``: the row axis of the full output (batch axis included, non-negative);
+    ``axis``: the row axis of the full output as the model declares it (batch axis
+    included, non-negative); ``sample_axis``: the output's axis of the samples, which the
+    scored arrays hold first (:func:`quantscope.types.moved_axis`);
     ``boxes`` / ``scores``: ``[start, stop)`` row ranges on it (``scores`` stop None: to
     the last row); ``objectness``: the row of a YOLOv5-style objectness (None: none), by
     which every class score is multiplied before the threshold (the confidence YOLOv5's
@@ -65,6 +69,7 @@ class DetectionLayout:
     threshold: float = DEFAULT_THRESHOLD
     iou: float = DEFAULT_IOU
     objectness: int | None = None
+    sample_axis: int = 0
 
     def score_rows(self, rows: int) -> tuple[int, int]:
         stop = rows if self.scores[1] is None else self.scores[1]
@@ -104,10 +109,11 @@ def detect_layout(model: Model, output: str) -> DetectionLayout | None:
 def split_rows(arr: np.ndarray, layout: DetectionLayout) -> tuple[np.ndarray, np.ndarray]:
     """One batch ``[N, ...]`` -> (boxes ``[N, A, 4]`` as x1 y1 x2 y2, scores ``[N, A, C]``,
     each multiplied by the anchor's objectness when the layout has one)."""
-    if np.ndim(arr) <= layout.axis:
+    if np.ndim(arr) <= max(layout.axis, layout.sample_axis):
         raise QuantscopeError(f"--layout: a detection output of shape {np.shape(arr)} has no "
                               f"axis {layout.axis}: give its row axis with axis=")
-    a = np.moveaxis(np.asarray(arr, dtype=np.float64), layout.axis, -1)
+    axis = moved_axis(layout.axis, layout.sample_axis, np.ndim(arr))
+    a = np.moveaxis(np.asarray(arr, dtype=np.float64), axis, -1)
     a = a.reshape(len(a), -1, a.shape[-1])
     b0, b1 = layout.boxes
     s0, s1 = layout.score_rows(a.shape[-1])
@@ -217,6 +223,8 @@ def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarr
                       layout: DetectionLayout, output: str) -> Metrics:
     """The module table's metrics of one detection output over its batches."""
     n_ref = n_test = n_match = anchors = side_same = 0
+    sides: list[np.ndarray] = []  # each sample's anchors on FP32's side
+    sizes: list[np.ndarray] = []  # each sample's anchors
     ious: list[float] = []
     err = 0.0
     test_values: set[float] = set()
@@ -230,7 +238,10 @@ def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarr
             if len(test_values) < 2:
                 test_values.update(np.unique(ts)[:2].tolist())
             rbest, tbest = rs.max(axis=-1), ts.max(axis=-1)
-            side_same += int(np.sum((rbest >= layout.threshold) == (tbest >= layout.threshold)))
+            same = (rbest >= layout.threshold) == (tbest >= layout.threshold)
+            sides.append(same.reshape(len(same), -1).sum(axis=1))
+            sizes.append(np.full(len(same), same[0].size if len(same) else 0))
+            side_same += int(np.sum(same))
             anchors += rbest.size
         for k in range(len(rb)):
             dr = keep_detections(rb[k], rs[k], layout)
@@ -242,6 +253,8 @@ def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarr
     values = {
         "class_score_max_abs_error": err,
         "score_side_agreement": side_same / anchors if anchors else nan,
+        **(share_counts("score_side_agreement", np.concatenate(sides), np.concatenate(sizes))
+           if anchors else {}),
         "detections_fp32": float(n_ref), "detections_quantized": float(n_test),
         "detection_precision": nan, "detection_recall": nan, "detection_f1": nan,
         **item_counts(n_ref, n_test, n_match),

@@ -21,6 +21,9 @@ KIND        keys (defaults)                                          headline me
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
+An ``axis=`` counts the axes of the output as the model declares it, whichever axis holds
+its samples (``--batch-axis``; that one is no row or class axis);
+:func:`quantscope.types.moved_axis` translates it to the sample-first arrays scored.
 Row ranges: ``A-B`` (inclusive), ``A-`` (to the last row) or ``A``. Without ``--layout``,
 an output the graph shows to be a detection head (a Concat whose first input has 4 rows on
 the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``detect`` task,
@@ -34,8 +37,10 @@ naming ``--layout`` and the fix.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -194,15 +199,28 @@ def _check_values(spec: LayoutSpec) -> None:
         raise _fail(spec.text, f"axis '{axis}' is not a whole number: give the {what}")
 
 
-def _detection_layout(spec: LayoutSpec, shape: tuple | None) -> DetectionLayout:
+def _others(rank: int | None, samples: int | None) -> str:
+    """The axes of an output of ``rank`` axes but its ``samples`` one, in words."""
+    last = (rank or 2) - 1
+    if not samples:
+        return f"1..{last}"
+    return f"0..{last} but {samples}" if rank is not None else f"any but {samples}"
+
+
+def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None
+                      ) -> DetectionLayout:
+    """``samples``: the output's sample axis (None: not known yet, the data unread: 0
+    assumed, not checked)."""
     rank = len(shape) if shape is not None else None
-    axis = int(spec.option("axis") or 1)
+    raw = spec.option("axis")
+    axis = int(raw) if raw is not None else (2 if samples == 1 else 1)
     if rank is not None and axis < 0:
         axis += rank
-    if axis == 0 or axis < 0 or (rank is not None and axis >= rank):
+    if axis == samples or axis < 0 or (rank is not None and axis >= rank):
         where = f"of rank {rank}" if rank is not None else ""
-        raise _fail(spec.text, f"axis {spec.option('axis')} is not a row axis of output "
-                    f"'{spec.output}' {where}: give one of 1..{(rank or 2) - 1} (0 is the samples)")
+        raise _fail(spec.text, f"axis {raw or axis} is not a row axis of output "
+                    f"'{spec.output}' {where}: give one of {_others(rank, samples)} "
+                    f"({samples or 0} is the samples)")
     boxes = _rows(spec, "boxes") or (0, 4)
     obj_rows = _rows(spec, "obj")
     obj = None if obj_rows is None else obj_rows[0]
@@ -223,7 +241,8 @@ def _detection_layout(spec: LayoutSpec, shape: tuple | None) -> DetectionLayout:
             scores[0] <= obj and (scores[1] is None or obj < scores[1]))):
         raise _fail(spec.text, f"the objectness row {obj} is a box or score row: give a row of "
                     "its own (e.g. boxes=0-3,obj=4,scores=5-)")
-    return DetectionLayout(axis=axis, boxes=(boxes[0], boxes[1]), scores=scores,
+    return DetectionLayout(axis=axis, sample_axis=samples or 0,
+                           boxes=(boxes[0], boxes[1]), scores=scores,
                            box_format=(spec.option("format") or "cxcywh").lower(),
                            threshold=_float(spec, "threshold", DEFAULT_THRESHOLD),
                            iou=_float(spec, "iou", DEFAULT_IOU), objectness=obj)
@@ -238,12 +257,15 @@ def _dims(shape: tuple) -> tuple:
     return tuple(d if isinstance(d, int) else "?" for d in shape)
 
 
-def class_task(spec: LayoutSpec, model: Model, shape: tuple | None) -> ClassTask:
+def class_task(spec: LayoutSpec, model: Model, shape: tuple | None,
+               samples: int | None = None) -> ClassTask:
     """The class task of a ``class`` layout: the class axis as given (``axis=K``; -1 the
     last), else the one non-sample axis of ``[N, C]``, else the channel axis the graph
     gives the output (:func:`quantscope.model.axes.output_channel_axes`: the features of
     the weighted MatMul/Gemm that makes ``[N, T, C]``, the channels of a Conv's
-    ``[N, C, H, W]``), else axis 1, said to be a default (``ClassTask.axis_read``)."""
+    ``[N, C, H, W]``), else axis 1, said to be a default (``ClassTask.axis_read``). Every
+    axis is the declared output's; ``samples`` its sample axis (None: not known yet, the
+    data unread: 0 assumed, not checked)."""
     from quantscope.model.axes import output_channel_axes
 
     rank = len(shape) if shape is not None else None
@@ -255,31 +277,31 @@ def class_task(spec: LayoutSpec, model: Model, shape: tuple | None) -> ClassTask
         axis, read = int(raw), "as given"
         if rank is not None and not -rank <= axis < rank:
             raise _fail(spec.text, f"axis {axis} is outside output '{spec.output}' of shape "
-                        f"{_dims(shape)}: give one of 1..{rank - 1} (-1: the last)")
+                        f"{_dims(shape)}: give one of {_others(rank, samples)} (-1: the last)")
         axis = axis % rank if rank is not None else axis
-        if axis == 0:
+        if axis == samples:
             raise _fail(spec.text, f"axis {raw} is the samples' axis of output "
-                        f"'{spec.output}': give the class axis, 1..{(rank or 2) - 1} "
+                        f"'{spec.output}': give the class axis, {_others(rank, samples)} "
                         "(-1: the last)")
     elif rank == 2:
-        axis, read = 1, ""
+        axis, read = 1 - (samples or 0), ""
     else:
         graph = output_channel_axes(model).get(spec.output)
         producer = next((n.op_type for n in model.graph.node if spec.output in n.output), None)
         if graph:
             axis, read = graph, f"the graph's channel axis of its {producer}"
         else:
-            axis, read = 1, f"by default: {AXIS_BY_DEFAULT}"
+            axis, read = 2 if samples == 1 else 1, f"by default: {AXIS_BY_DEFAULT}"
     size = shape[axis] if shape is not None and axis < len(shape) else None
     if isinstance(size, int) and size < 2:
         raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}: axis {axis} "
                     f"holds {size} value, no classes to pick: give the class axis with "
                     f"{spec.output}=class:axis=K, or use kind score for one value per sample")
     return ClassTask(name=f"class:{spec.output}", output=spec.output, axis=axis,
-                     axis_read=read)
+                     axis_read=read, sample_axis=samples or 0)
 
 
-def _task(spec: LayoutSpec, model: Model) -> object | None:
+def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
     shape = model.value_shapes().get(spec.output)
     name = f"{spec.kind}:{spec.output}"
     dtype = model.value_types().get(spec.output)
@@ -289,7 +311,8 @@ def _task(spec: LayoutSpec, model: Model) -> object | None:
                     "which is compared exactly with FP32's: declare the float scores it is "
                     "made from (the logits before an ArgMax or TopK) instead")
     if spec.kind == "detect":
-        return DetectionTask(name=name, output=spec.output, layout=_detection_layout(spec, shape))
+        return DetectionTask(name=name, output=spec.output,
+                             layout=_detection_layout(spec, shape, samples))
     if spec.kind == "map":
         return MapTask(name=name, output=spec.output,
                        threshold=_float(spec, "threshold", MAP_THRESHOLD))
@@ -301,7 +324,7 @@ def _task(spec: LayoutSpec, model: Model) -> object | None:
         return ScoreTask(name=name, output=spec.output,
                          threshold=_float(spec, "threshold", SCORE_THRESHOLD))
     if spec.kind == "class":
-        return class_task(spec, model, shape)
+        return class_task(spec, model, shape, samples)
     return None
 
 
@@ -341,10 +364,13 @@ class OutputTasks:
         return Metrics(values=values, notes=tuple(notes))
 
 
-def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str
+def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
+                 sample_axes: Mapping[str, int] | None = None
                  ) -> tuple[object | None, tuple[str, ...]]:
     """The task of tensor data (None: plain fidelity) and the notes saying what each
-    output was read as (declared or detected)."""
+    output was read as (declared or detected). ``sample_axes``: each output's sample axis
+    when not 0 (None: not known yet, the data unread: an axis is then not checked against
+    it)."""
     outputs = model.output_names()
     seen: set[str] = set()
     for s in specs:
@@ -361,20 +387,25 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str
     declared = {s.output: s for s in specs}
     for out in outputs:
         spec = declared.get(out)
+        samples = None if sample_axes is None else sample_axes.get(out, 0)
         if spec is not None:
-            task = _task(spec, model)
+            task = _task(spec, model, samples)
             if task is not None:
                 notes.append(f"output '{out}' read as {_describe(task, model)} (--layout)")
         else:
             found = detect_layout(model, out)
+            if found is not None and found.axis == samples:
+                found = None  # a Concat over the samples is no detection head
             task = None if found is None else DetectionTask(
-                name=f"detect:{out}", output=out, layout=found)
+                name=f"detect:{out}", output=out,
+                layout=dataclasses.replace(found, sample_axis=samples or 0))
             if task is not None:
                 notes.append(f"output '{out}' read as detections [{_describe(task, model)}] (a Concat "
                              f"of 4 box rows and score rows); declare with --layout {out}=... "
                              f"to change, --layout {out}=tensor for plain fidelity")
-            elif (axis := class_output(model, out)) is not None:
-                task = ClassTask(name=f"class:{out}", output=out, axis=axis)
+            elif (axis := class_output(model, out)) is not None and axis != samples:
+                task = ClassTask(name=f"class:{out}", output=out, axis=axis,
+                                 sample_axis=samples or 0)
                 notes.append(f"output '{out}' read as {_describe(task, model)} (a Softmax over "
                              f"the classes); --layout {out}=tensor for plain fidelity")
             elif (picked := picked_output(model, out)) is not None:
@@ -419,7 +450,7 @@ def describe_classes(task: ClassTask, model: Model) -> str:
     if task.axis_read:
         text += f", {task.axis_read}"
     if task.axis_read and rank and rank > 2:
-        rest = [d for k, d in enumerate(shape[1:], 1) if k != axis]
+        rest = [d for k, d in enumerate(shape) if k not in (axis, task.sample_axis)]
         per = int(np.prod(rest)) if all(isinstance(d, int) for d in rest) else None
         text += (f"; judged per position, {per or 'its'} positions per sample; another "
                  f"axis: --layout {task.output}=class:axis=K")

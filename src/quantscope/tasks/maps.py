@@ -8,7 +8,9 @@ keep a cosine of 1.0 while its decisions flip. These tasks score what the user a
     each sample's map binarised at ``threshold`` (default 0.5); ``mask_iou`` (headline):
     mean over samples of the IoU of the quantized mask with FP32's (a sample where both
     are empty counts 1.0); ``mask_iou_min``; ``pixel_flip_share``: share of values on the
-    other side of the threshold.
+    other side of the threshold, over ``pixel_flip_share_items`` values (the effective
+    count of the values clustered by sample, ``pixel_flip_share_clusters`` the samples:
+    :mod:`quantscope.tasks.shares`).
 ``score`` (``[N]`` or ``[N, 1]``: one value per sample)
     ``decision_agreement`` (headline): share of samples on the same side of ``threshold``
     (default 0.5) as FP32, over ``decision_agreement_items`` decisions (its binomial noise:
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantscope.tasks.shares import items_key
+from quantscope.tasks.shares import items_key, share_counts
 from quantscope.types import Metrics, Outputs
 from quantscope.units import value
 
@@ -59,6 +61,8 @@ class MapTask:
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         ious: list[np.ndarray] = []
+        flipped: list[np.ndarray] = []  # each sample's flipped values
+        sizes: list[np.ndarray] = []  # each sample's values
         flips = total = fg = 0
         lo, hi = np.inf, -np.inf
         for r, t in zip(_arrays(ref, self.output), _arrays(test, self.output), strict=True):
@@ -66,6 +70,8 @@ class MapTask:
             mt = (t >= self.threshold).reshape(len(t), -1)
             inter, union = np.sum(mr & mt, axis=1), np.sum(mr | mt, axis=1)
             ious.append(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
+            flipped.append(np.sum(mr != mt, axis=1))
+            sizes.append(np.full(len(mr), mr.shape[1]))
             flips += int(np.sum(mr != mt))
             total += mr.size
             fg += int(mr.sum())
@@ -75,6 +81,8 @@ class MapTask:
         values = {"mask_iou": float(iou.mean()) if iou.size else float("nan"),
                   "mask_iou_min": float(iou.min()) if iou.size else float("nan"),
                   "pixel_flip_share": flips / total if total else float("nan"),
+                  **(share_counts("pixel_flip_share", np.concatenate(flipped),
+                                  np.concatenate(sizes)) if total else {}),
                   "mask_share_fp32": fg / total if total else float("nan")}
         notes = _range_note(self.output, "map", lo, hi, self.threshold)
         if total and fg in (0, total):

@@ -20,7 +20,7 @@ folder of identity folders  user face images (one sub-folder per identity), alig
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
@@ -541,15 +541,17 @@ def at_length(data: Dataset, max_length: int) -> Dataset:
                                notes=(*data.notes, note))
 
 
-def tensor_task(model: Model, spec: str, layouts: tuple = ()) -> tuple[object | None, tuple[str, ...]]:
+def tensor_task(model: Model, spec: str, layouts: tuple = (),
+                sample_axes: Mapping[str, int] | None = None
+                ) -> tuple[object | None, tuple[str, ...]]:
     """The task of tensor data: the outputs declared with ``--layout`` or detected in the
     graph (a detection head), each scored by what it is; None when every output is plain
     (fidelity only). Also the notes saying what each output was read as
-    (:mod:`quantscope.tasks.layout`)."""
+    (:mod:`quantscope.tasks.layout`); ``sample_axes``: each output's sample axis."""
     from quantscope.tasks.layout import layout_tasks
     from quantscope.tasks.lm_tensor import language_model_note
 
-    task, notes = layout_tasks(model, tuple(layouts), spec)
+    task, notes = layout_tasks(model, tuple(layouts), spec, sample_axes)
     lm = language_model_note(model, task)  # what an LM's figures say: beside them
     return task, (*notes, lm) if lm else notes
 

@@ -12,7 +12,10 @@ cannot drift from the figure; :func:`quantscope.tasks.headline.share_items` read
                       flip together, so the count is the effective one
                       (:func:`clustered_items`) and ``KEY_clusters`` gives the samples;
                       image views: the views (each one's nearest other view)
+``top5_agreement``    its top-1 picks, as ``top1_agreement``
 ``decision_agreement``  a score output: its decisions (one per sample)
+``score_side_agreement``  a detection output's anchors, clustered by sample
+``pixel_flip_share``  a map output's values (pixels), clustered by sample
 ``detection_f1``      the detections of either model, a matched pair once
                       (:func:`quantscope.tasks.detection.item_counts` says why);
                       recall: FP32's detections; precision: the quantized model's
@@ -25,14 +28,16 @@ from collections.abc import Mapping
 
 import numpy as np
 
-ITEMS = "_items"  # KEY_items: the items the share KEY is over
-CLUSTERS = "_clusters"  # KEY_clusters: the samples its items cluster in (an effective count)
+from quantscope.units import CLUSTERS, ITEMS, count_key  # the count keys' one spelling
 
 # what a share's items are, in words (the reason of a rewrite's keep or drop says them)
 ITEM_WORDS: dict[str, str] = {
     "top1_agreement": "top-1 picks",
+    "top5_agreement": "top-5 picks",
     "decision_agreement": "decisions",
     "exact_agreement": "samples (an int output's, compared exactly)",
+    "score_side_agreement": "anchors",
+    "pixel_flip_share": "pixels",
     "detection_f1": "detections of either model (a matched pair once)",
     "detection_recall": "FP32 detections",
     "detection_precision": "quantized detections",
@@ -42,14 +47,12 @@ ITEM_WORDS: dict[str, str] = {
 def items_key(metric: str) -> str:
     """The value that counts the items of the share ``metric`` (of one output's,
     ``KEY:OUTPUT``: ``KEY_items:OUTPUT``)."""
-    base, sep, output = metric.partition(":")
-    return base + ITEMS + sep + output
+    return count_key(metric, ITEMS)
 
 
 def clusters_key(metric: str) -> str:
     """The value that counts the samples the items of ``metric`` cluster in."""
-    base, sep, output = metric.partition(":")
-    return base + CLUSTERS + sep + output
+    return count_key(metric, CLUSTERS)
 
 
 def clustered_items(hits: np.ndarray, sizes: np.ndarray) -> float:
@@ -72,6 +75,20 @@ def clustered_items(hits: np.ndarray, sizes: np.ndarray) -> float:
     if not 0.0 < p < 1.0 or var <= 0.0:
         return total
     return float(min(max(p * (1 - p) / var, k), total))
+
+
+def share_counts(metric: str, hits: np.ndarray, sizes: np.ndarray) -> dict[str, float]:
+    """``KEY_items`` (and ``KEY_clusters``) of the share ``metric``, ``sum(hits) /
+    sum(sizes)`` over samples of ``sizes`` items each (``hits``: each sample's counted
+    items): one item per sample, the samples; several, the effective count
+    (:func:`clustered_items`, rounded down) and the samples it clusters in."""
+    hits, sizes = np.asarray(hits, np.float64), np.asarray(sizes, np.int64)
+    keep = sizes > 0
+    hits, sizes = hits[keep], sizes[keep]
+    if np.all(sizes == 1):
+        return {items_key(metric): float(len(sizes))}
+    return {items_key(metric): float(np.floor(clustered_items(hits, sizes))),
+            clusters_key(metric): float(len(sizes))}
 
 
 def worst_counts(per_task: list[Mapping[str, float]], worst: Mapping[str, float]

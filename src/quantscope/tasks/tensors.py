@@ -485,6 +485,39 @@ def unused_arrays(path: str | Path, model: Model) -> list[str]:
     return out
 
 
+def _dtypes(file: Path, names: tuple[str, ...]) -> dict[str, np.dtype]:
+    """Each array's dtype in a checked data file, from its header (no data read)."""
+    if file.suffix.lower() == ".npy":
+        return {names[0]: np.load(file, mmap_mode="r", allow_pickle=False).dtype}
+    out = {}
+    with zipfile.ZipFile(file) as zf:
+        for entry in zf.namelist():
+            with zf.open(entry) as f:
+                version = np.lib.format.read_magic(f)
+                read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0)
+                out[entry.removesuffix(".npy")] = read(f)[2]
+    return out
+
+
+def cast_note(path: str | Path, model: Model) -> str | None:
+    """What :func:`tensor_batches` casts that the model's input type cannot hold exactly
+    (float64 data fed to a float32 input: its digits beyond float32 dropped), once per
+    input over every file; None when nothing is."""
+    names, types = tuple(model.input_names()), model.value_types()
+    cast: dict[str, tuple[str, str]] = {}
+    for file in _files(Path(path)):
+        for k, dt in _dtypes(file, names).items():
+            want = _ONNX_TO_NP.get(types.get(k, 0)) if k in names else None
+            if want is not None and k not in cast and not np.can_cast(dt, want, "safe"):
+                cast[k] = (np.dtype(dt).name, np.dtype(want).name)
+    if not cast:
+        return None
+    parts = [f"input '{k}' is {a} in the data, fed as {b}" for k, (a, b) in cast.items()]
+    return (f"{'; '.join(parts)} (the model's input type: what it cannot hold is rounded, "
+            "in every figure, FP32's too)")
+
+
 def load_tensor_batches(
     path: str | Path, model: Model, *, batch_size: int = TENSOR_BATCH,
     batch_axes: Mapping[str, int] | None = None,
