@@ -15,6 +15,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from quantscope.model.foreign import refuse_foreign_ops
+from quantscope.model.nan_guard import drop_softmax_nan_guards
 from quantscope.model.recurrent import refuse_batch_first_recurrent
 from quantscope.model.widen import widen_float16
 from quantscope.types import QuantscopeError
@@ -315,7 +316,8 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     proto, widened = widen_float16(proto)
     proto = name_nodes(proto)
     proto, notes = fold_constant_weights(proto)
-    notes = (*widened, *notes)
+    proto, guards = drop_softmax_nan_guards(proto)
+    notes = (*widened, *notes, *guards)
     proto = upgrade_opset(proto)
     proto = name_nodes(proto)
     try:
