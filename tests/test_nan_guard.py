@@ -56,3 +56,44 @@ def test_a_where_that_is_not_the_guard_stays():
     model = load_proto(_guarded(zero=0.5))
     assert {"IsNaN", "Where"} <= {n.op_type for n in model.graph.node}
     assert not any("NaN guard" in n for n in model.notes)
+
+
+def _sdpa_mask():
+    """The attention with an SDPA export's mask: ``Where(mask, 0, -inf)`` added to the
+    scores (the masked keys' scores are ``-inf``), and the guard after the Softmax."""
+    proto = _guarded()
+    g = proto.graph
+    k = next(k for k, n in enumerate(g.node) if n.output[0] == "madd")
+    del g.node[k]
+    g.node.insert(k, helper.make_node("Cast", ["m1"], ["mb"], to=9, name="mask/Cast"))
+    g.node.insert(k + 1, helper.make_node("Where", ["mb", "zero", "neginf"], ["madd"],
+                                          name="mask/Where"))
+    g.initializer.append(numpy_helper.from_array(np.array([-np.inf], np.float32), "neginf"))
+    ident = next(n for n in g.node if n.op_type == "Identity")  # the Softmax reads the Add
+    for n in g.node:
+        n.input[:] = [ident.input[0] if t == ident.output[0] else t for t in n.input]
+    g.node.remove(ident)
+    return proto
+
+
+def test_the_masks_minus_inf_is_not_a_fault():
+    """The mask Add's ``-inf`` at padded keys is the mask, not a NaN/inf to warn about
+    ("find the op that makes them and guard it"); its range still comes from the scores."""
+    from quantscope.calibrate.collect import calibrate, nonfinite_note
+    from quantscope.model.groups import find_groups, find_mask_adds
+
+    model = load_proto(_sdpa_mask())
+    (mask,) = find_mask_adds(model)
+    feeds = _feeds(4)
+    assert any((f["attention_mask"] == 0).any() for f in feeds)  # padded keys: -inf there
+    stats = calibrate(model, find_groups(model), iter(feeds))
+    assert stats.tensors[mask.output].nonfinite == 0
+    assert nonfinite_note(stats) is None
+    # a NaN or +inf in a mask Add is still a fault; any other tensor's -inf too
+    from quantscope.calibrate.observe import Observer
+
+    values = np.array([-np.inf, np.nan, np.inf, 1.0], np.float32)
+    masked, plain = Observer("m", mask=True), Observer("t")
+    masked.update(values)
+    plain.update(values)
+    assert (masked.nonfinite, plain.nonfinite) == (2, 3)

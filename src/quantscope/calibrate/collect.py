@@ -112,7 +112,8 @@ def calibrate(
     session = make_session(tapped_model(model, taps), optimize=True, arena=False)
     inputs = {i.name for i in session.get_inputs()}
     axes = channel_axes(model)
-    observers = {t: Observer(t, axes.get(t)) for t in taps}
+    masks = {m.output for m in find_mask_adds(model)}
+    observers = {t: Observer(t, axes.get(t), mask=t in masks) for t in taps}
     same = {t: SameSamples() for t in model.output_names() if t in observers}
     same_in: dict[str, SameSamples] = {}  # the inputs too: are the samples themselves alike?
     n_batches = n_samples = 0

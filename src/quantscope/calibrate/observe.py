@@ -35,10 +35,14 @@ def channel_axis(ndim: int, graph_axis: int | None = None) -> int:
 @dataclass
 class Observer:
     """Mutable accumulator for one tensor; :meth:`freeze` returns the typed stats.
-    ``graph_axis``: the tensor's channel axis from the graph, if known."""
+    ``graph_axis``: the tensor's channel axis from the graph, if known. ``mask``: the
+    output of an additive attention mask's Add, whose ``-inf`` (an SDPA export's masked
+    keys) is the mask's design, not a fault: left out of the range but not counted as
+    ``nonfinite`` (its encoding comes from the scores', ``emulate.encode``)."""
 
     name: str
     graph_axis: int | None = None
+    mask: bool = False
     lo: float = math.inf
     hi: float = -math.inf
     count: int = 0
@@ -59,7 +63,8 @@ class Observer:
         lo, hi = float(x.min()), float(x.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):  # a NaN or inf makes one so
             finite = np.isfinite(x)
-            self.nonfinite += int(x.size - np.count_nonzero(finite))
+            faults = ~finite & (x != -np.inf) if self.mask else ~finite
+            self.nonfinite += int(np.count_nonzero(faults))
             x = np.where(finite, x, 0.0).astype(np.float32)
             lo, hi = float(x.min()), float(x.max())
         self.count += x.size
