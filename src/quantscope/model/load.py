@@ -234,7 +234,10 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
     A float ``Constant`` with more than one element is a weight; so is the output of a
     layout op (Transpose, Reshape …) whose inputs are all constant and one of them a
     weight. Both become initializers under their original tensor names; Constant nodes
-    left without consumers are dropped. Scalars and integer constants (shapes, axes,
+    left without consumers are dropped. An ``Identity`` of a weight is taken out, its
+    readers reading the weight (torch's exporter reads a weight shared by several layers,
+    ALBERT's, through one Identity per use: copied, the layers could be planned at
+    weight precisions the one tensor cannot hold). Scalars and integer constants (shapes, axes,
     the attention scale) stay as they are. Returns the new model and what was done.
     """
     inits = {t.name: t for t in proto.graph.initializer}
@@ -251,7 +254,14 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
 
     promoted: dict[str, np.ndarray] = {}
     kept: list[onnx.NodeProto] = []
+    outputs = {o.name for o in proto.graph.output}
+    alias: dict[str, str] = {}  # an Identity's output -> the weight it passes on
     for node in proto.graph.node:
+        node = _aliased(node, alias)
+        if (node.op_type == "Identity" and len(node.input) == 1 and node.input[0] in weights
+                and node.output[0] not in outputs):
+            alias[node.output[0]] = node.input[0]  # one weight read twice stays one tensor
+            continue
         found = _constant_value(node) if node.op_type == "Constant" and not node.input else None
         if found is not None:
             consts[node.output[0]] = found
@@ -268,7 +278,7 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
             weights.add(node.output[0])
             continue
         kept.append(node)
-    if not promoted:
+    if not promoted and not alias:
         return proto, ()
     out = onnx.ModelProto()
     out.CopyFrom(proto)
@@ -278,9 +288,30 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
     del graph.node[:]
     graph.node.extend(live)
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in promoted.items())
-    note = (f"{len(promoted)} weight tensor(s) stored as Constant nodes (or layout ops on "
-            "them) were made initializers, so they are quantized as weights")
-    return out, (note,)
+    infos = [v for v in graph.value_info if v.name not in alias]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+    notes = []
+    if promoted:
+        notes.append(f"{len(promoted)} weight tensor(s) stored as Constant nodes (or layout "
+                     "ops on them) were made initializers, so they are quantized as weights")
+    if alias:
+        notes.append(f"{len(alias)} Identity node(s) of a weight (an exporter's way to read "
+                     "one weight in several layers, e.g. ALBERT's shared layer) taken out: "
+                     "their readers read the weight itself, one tensor with one encoding "
+                     "(plan.shared_weight keeps the layers sharing it at one weight "
+                     "precision)")
+    return out, tuple(notes)
+
+
+def _aliased(node: onnx.NodeProto, alias: dict[str, str]) -> onnx.NodeProto:
+    """``node`` reading each aliased input's weight (a copy only when one is aliased)."""
+    if not alias or not any(i in alias for i in node.input):
+        return node
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.input[:] = [alias.get(i, i) for i in node.input]
+    return copy
 
 
 def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx.ModelProto:
