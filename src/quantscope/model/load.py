@@ -15,6 +15,7 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from quantscope.model.foreign import refuse_foreign_ops
+from quantscope.model.fuse_rmsnorm import RMS_OPSET, drop_noop_casts, fuse_rms_norms
 from quantscope.model.nan_guard import drop_softmax_nan_guards
 from quantscope.model.recurrent import refuse_batch_first_recurrent
 from quantscope.model.widen import widen_float16
@@ -333,6 +334,27 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx
     return converted
 
 
+def fuse_spelt_rms_norms(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """RMSNorms an exporter spelt out (a T5 encoder's ``Pow/ReduceMean/Add/Sqrt/Div/Mul``)
+    made one ``RMSNormalization`` each, as :mod:`quantscope.model.hf_phases` does for a
+    decoder (:mod:`quantscope.model.fuse_rmsnorm`; the model at opset 23 then): one norm is
+    one decision group, not five groups no compiler names. The function is unchanged (FP32
+    up to rounding). The model as given, and no note, when it has none."""
+    pows = {n.output[0] for n in proto.graph.node if n.op_type == "Pow"}
+    if not any(n.op_type == "ReduceMean" and n.input and n.input[0] in pows
+               for n in proto.graph.node):
+        return proto, ()
+    light, casts = drop_noop_casts(proto)
+    _, found = fuse_rms_norms(light)  # a dry run at the model's opset: any to fuse?
+    if not found:
+        return proto, ()
+    fused, n = fuse_rms_norms(upgrade_opset(light, RMS_OPSET))
+    dropped = f" (and {casts} Cast(s) of float32 to float32 dropped)" if casts else ""
+    return fused, (f"{n} RMSNorm(s) spelt out in elementwise ops (Pow, ReduceMean, Sqrt, "
+                   f"Div, Mul) fused into one RMSNormalization each{dropped}: each norm is "
+                   "one decision group",)
+
+
 def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     """Validate, name, upgrade and shape-infer an in-memory model."""
     refuse_foreign_ops(proto, source)
@@ -350,6 +372,8 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     proto, guards = drop_softmax_nan_guards(proto)
     notes = (*widened, *notes, *guards)
     proto = upgrade_opset(proto)
+    proto, norms = fuse_spelt_rms_norms(proto)
+    notes = (*notes, *norms)
     proto = name_nodes(proto)
     try:
         proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
