@@ -63,3 +63,31 @@ def test_conv_net_is_fully_covered_and_float_groups_are_named():
     plan = Plan(default=Precision.A8_W8, overrides=((first, Precision.FLOAT),))
     cov = quantize_model(model, stats, plan, scheme=QuantScheme()).coverage
     assert any(n == first and "float" in why for n, _, why in cov.ops_float)
+
+
+def test_a_matmul_of_two_constants_is_said_as_a_constant():
+    """DeBERTa's relative position embeddings times a projection (both initializers after
+    export) is a MatMul off the data path: left float with that reason, not 'MatMul is not
+    a weighted op the emulator quantizes (Conv/Gemm/MatMul)', which contradicts itself."""
+    r = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(r.normal(0, 0.3, (4, 6)).astype(np.float32), n)
+             for n in ("rel", "w")]
+    inits.append(numpy_helper.from_array(r.normal(0, 0.3, (4, 4)).astype(np.float32), "wx"))
+    nodes = [helper.make_node("MatMul", ["rel", "w_t"], ["pos"], name="pos_proj/MatMul"),
+             helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0], name="t"),
+             helper.make_node("MatMul", ["x", "wx"], ["h"], name="proj/MatMul"),
+             helper.make_node("MatMul", ["h", "pos_t"], ["out"], name="c2p/MatMul"),
+             helper.make_node("Transpose", ["pos"], ["pos_t"], perm=[1, 0], name="pt")]
+    nodes = [nodes[1], nodes[0], nodes[4], nodes[2], nodes[3]]
+    g = helper.make_graph(
+        nodes, "c2p", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, ["N", 4])], inits)
+    model = load_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), "c2p")
+    x = np.random.default_rng(1).normal(0, 1, (5, 4)).astype(np.float32)
+    _, stats = _stats(model, x)
+    cov = quantize_model(model, stats, Plan.uniform(Precision.A8_W8),
+                         scheme=QuantScheme()).coverage
+    rows = {t: why for t, _, why in cov.weights_float}
+    assert set(rows) == {"rel", "w_t"}
+    assert all("every operand is a constant" in why and "Conv/Gemm/MatMul" not in why
+               for why in rows.values())

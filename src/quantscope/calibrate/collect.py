@@ -37,6 +37,16 @@ def tap_names(model: Model, groups: Groups) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _mask_fills(model: Model) -> set[str]:
+    """Tensors whose ``-inf`` is an attention mask's fill: each mask Add's output, and the
+    row shift ``Sub(masked scores, row max)`` an Exp reads (``rowscale``'s Softmax)."""
+    masks = {m.output for m in find_mask_adds(model)}
+    exps = {n.input[0] for n in model.graph.node if n.op_type == "Exp" and n.input}
+    return masks | {n.output[0] for n in model.graph.node
+                    if n.op_type == "Sub" and n.input and n.input[0] in masks
+                    and n.output[0] in exps}
+
+
 def tapped_model(model: Model, taps: list[str]) -> onnx.ModelProto:
     """A copy of the model whose graph outputs also expose ``taps``."""
     proto = onnx.ModelProto()
@@ -112,7 +122,8 @@ def calibrate(
     session = make_session(tapped_model(model, taps), optimize=True, arena=False)
     inputs = {i.name for i in session.get_inputs()}
     axes = channel_axes(model)
-    observers = {t: Observer(t, axes.get(t)) for t in taps}
+    masks = _mask_fills(model)
+    observers = {t: Observer(t, axes.get(t), mask=t in masks) for t in taps}
     same = {t: SameSamples() for t in model.output_names() if t in observers}
     same_in: dict[str, SameSamples] = {}  # the inputs too: are the samples themselves alike?
     n_batches = n_samples = 0

@@ -20,6 +20,7 @@ import numpy as np
 from quantscope.types import TensorStats
 
 HIST_BINS = 2048
+MASK_FILL = float(np.finfo(np.float32).min)  # an eager export's mask fill: how -inf is seen
 HIST_LIMIT = 2.0**64  # beyond this (e.g. an additive mask's dtype minimum) values saturate
 
 
@@ -35,10 +36,16 @@ def channel_axis(ndim: int, graph_axis: int | None = None) -> int:
 @dataclass
 class Observer:
     """Mutable accumulator for one tensor; :meth:`freeze` returns the typed stats.
-    ``graph_axis``: the tensor's channel axis from the graph, if known."""
+    ``graph_axis``: the tensor's channel axis from the graph, if known. ``mask``: a
+    tensor whose ``-inf`` is an attention mask's fill by design (an SDPA export's masked
+    keys: the mask Add's output, what a Softmax or Exp reads), not a fault: not counted as
+    ``nonfinite``, and observed as the float32 minimum, the fill an eager export's mask
+    writes, so the floor cluster holds it and the encoding keeps the real values' range
+    (``emulate.encode.sentinel_floor``) instead of taking the fill for 0."""
 
     name: str
     graph_axis: int | None = None
+    mask: bool = False
     lo: float = math.inf
     hi: float = -math.inf
     count: int = 0
@@ -59,8 +66,9 @@ class Observer:
         lo, hi = float(x.min()), float(x.max())
         if not (math.isfinite(lo) and math.isfinite(hi)):  # a NaN or inf makes one so
             finite = np.isfinite(x)
-            self.nonfinite += int(x.size - np.count_nonzero(finite))
-            x = np.where(finite, x, 0.0).astype(np.float32)
+            fill = (x == -np.inf) if self.mask else np.zeros(x.shape, bool)
+            self.nonfinite += int(np.count_nonzero(~finite & ~fill))
+            x = np.where(finite, x, np.where(fill, MASK_FILL, 0.0)).astype(np.float32)
             lo, hi = float(x.min()), float(x.max())
         self.count += x.size
         self._update_floor(x, lo)

@@ -81,6 +81,14 @@ class Coverage:
         return out
 
 
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+CONSTANT_ONLY = (
+    "every operand is a constant: the op computes a constant (e.g. DeBERTa's relative "
+    "position embeddings times its projection), not a layer on the data path; the emulator "
+    "computes it in float, and the error of a device storing the result at 8/16 bit is not "
+    "in the figures")
+
+
 def _why_weight(op_type: str) -> str:
     if op_type in RECURRENT:
         return (f"{op_type} weights are not quantized by the emulator: the numbers do not "
@@ -110,8 +118,10 @@ def coverage(model: Model, groups: Groups, plan: Plan, encodings: Encodings) -> 
                 tables.append(t)
             elif g is not None and plan.precision_of(g.name) is Precision.FLOAT:
                 weights_float[t] = (t, node.op_type, f"group {g.name} is float in the plan")
-            elif node.op_type in ("Conv", "ConvTranspose", "Gemm", "MatMul") and g is not None:
+            elif node.op_type in WEIGHTED and g is not None:
                 continue  # a weighted group's weight at a precision without weight bits
+            elif node.op_type in WEIGHTED and all(not x or x in floats for x in node.input):
+                weights_float[t] = (t, node.op_type, CONSTANT_ONLY)
             else:
                 weights_float[t] = (t, node.op_type, _why_weight(node.op_type))
     for g in groups.groups:

@@ -90,8 +90,12 @@ def as_is_io(model: Model, rows: Sequence[dict[str, Any]] = ()) -> list[dict[str
     """The model inputs and outputs that are not float ({role, tensor, dtype}): fed or read
     as they are, with no scale or zero point (a uint8 image the graph Casts and normalises,
     a mask, token ids; an image the graph Casts back to uint8); an input that indexes a
-    host lookup (a row's ``host_lookup``) is said by that row."""
-    looked_up = {r["host_lookup"]["indices"] for r in rows if r.get("host_lookup")}
+    host lookup (a row's ``host_lookup``) is said by that row, and is fed as it is too
+    where the compiled graph also reads its values (the lookup's ``device_reads``: RoBERTa's
+    position ids from ``input_ids``), with ``reads`` naming those nodes."""
+    lookups = [r["host_lookup"] for r in rows if r.get("host_lookup")]
+    device = {x["indices"]: x["device_reads"] for x in lookups if x.get("device_reads")}
+    looked_up = {x["indices"] for x in lookups} - set(device)
     consts = {t.name for t in model.graph.initializer}
     out = []
     for role, values in (("input", model.graph.input), ("output", model.graph.output)):
@@ -100,7 +104,8 @@ def as_is_io(model: Model, rows: Sequence[dict[str, Any]] = ()) -> list[dict[str
             if elem in FLOAT_TYPES or v.name in consts or v.name in looked_up:
                 continue
             dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
-            out.append({"role": role, "tensor": v.name, "dtype": dtype})
+            reads = {"reads": list(device[v.name])} if v.name in device else {}
+            out.append({"role": role, "tensor": v.name, "dtype": dtype, **reads})
     return out
 
 
@@ -108,7 +113,15 @@ def as_is_lines(as_is: Sequence[dict[str, str]]) -> list[str]:
     """One line per input fed / output read as it is (:func:`as_is_io`)."""
     return [f"{a['role']:<6} {a['tensor']}: {a['dtype']}, "
             f"{'fed' if a['role'] == 'input' else 'read'} as it is: not quantized (no scale "
-            "or zero point; the graph converts it)" for a in as_is]
+            "or zero point; the graph converts it)" + _also(a) for a in as_is]
+
+
+def _also(a: dict[str, Any]) -> str:
+    """Why an input the host looks up by is fed to the device as well (``reads``)."""
+    if not a.get("reads"):
+        return ""
+    return (f"; besides the host's lookup the compiled graph reads it too "
+            f"({', '.join(repr(n) for n in a['reads'][:3])}), so it is fed to the device")
 
 
 def float_lines(floats: Sequence[dict[str, str]]) -> list[str]:

@@ -24,7 +24,7 @@ check, the device I/O rows and the verdict's host steps all read it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,9 @@ class HostGather:
     dtype: str  # the table's element type, numpy name
     indices: str  # the integer model input that indexes it
     output: str  # the rows looked up: what the device is fed
+    # nodes of the compiled graph that read ``indices``' values too (RoBERTa's position
+    # ids: ``Equal(input_ids, pad)`` -> ``CumSum``): the device is fed the ids as well
+    device_reads: tuple[str, ...] = ()
 
     @property
     def megabytes(self) -> float:
@@ -63,7 +66,8 @@ class HostGather:
     def to_dict(self) -> dict[str, Any]:
         return {"node": self.node, "table": self.table, "shape": list(self.shape),
                 "dtype": self.dtype, "megabytes": round(self.megabytes, 3),
-                "indices": self.indices, "output": self.output}
+                "indices": self.indices, "output": self.output,
+                **({"device_reads": list(self.device_reads)} if self.device_reads else {})}
 
 
 def host_gathers(model: Model | onnx.ModelProto, min_rows: int) -> tuple[HostGather, ...]:
@@ -90,7 +94,31 @@ def host_gathers(model: Model | onnx.ModelProto, min_rows: int) -> tuple[HostGat
         dtype = onnx.helper.tensor_dtype_to_np_dtype(table.data_type).name
         found.append(HostGather(node.name, table.name, tuple(int(d) for d in table.dims),
                                 dtype, source, node.output[0]))
-    return tuple(found)
+    host = {g.node for g in found}
+    return tuple(replace(g, device_reads=_device_reads(graph, g.indices, host))
+                 for g in found)
+
+
+def _device_reads(graph: onnx.GraphProto, indices: str, host: set[str]) -> tuple[str, ...]:
+    """The nodes but the host's lookups that read the values of ``indices`` (directly or
+    through Casts; a ``Shape`` reads only its shape, fixed at the compiled length)."""
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in graph.node:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    out: list[str] = []
+    todo, seen = [indices], {indices}
+    while todo:
+        t = todo.pop()
+        for n in readers.get(t, []):
+            if n.name in host or n.op_type == "Shape":
+                continue
+            if n.op_type == "Cast" and n.output[0] not in seen:
+                seen.add(n.output[0])
+                todo.append(n.output[0])
+                continue
+            out.append(n.name)
+    return tuple(dict.fromkeys(out))
 
 
 def host_groups(groups: Groups, gathers: tuple[HostGather, ...]) -> frozenset[str]:

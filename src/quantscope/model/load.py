@@ -15,6 +15,8 @@ import onnx
 from onnx import numpy_helper, shape_inference
 
 from quantscope.model.foreign import refuse_foreign_ops
+from quantscope.model.fuse_rmsnorm import RMS_OPSET, drop_noop_casts, fuse_rms_norms
+from quantscope.model.nan_guard import drop_softmax_nan_guards
 from quantscope.model.prequantized import refuse_prequantized
 from quantscope.model.recurrent import refuse_batch_first_recurrent
 from quantscope.model.toposort import sort_nodes
@@ -251,7 +253,10 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
     A float ``Constant`` with more than one element is a weight; so is the output of a
     layout op (Transpose, Reshape …) whose inputs are all constant and one of them a
     weight. Both become initializers under their original tensor names; Constant nodes
-    left without consumers are dropped. Scalars and integer constants (shapes, axes,
+    left without consumers are dropped. An ``Identity`` of a weight is taken out, its
+    readers reading the weight (torch's exporter reads a weight shared by several layers,
+    ALBERT's, through one Identity per use: copied, the layers could be planned at
+    weight precisions the one tensor cannot hold). Scalars and integer constants (shapes, axes,
     the attention scale) stay as they are. Returns the new model and what was done.
     """
     inits = {t.name: t for t in proto.graph.initializer}
@@ -269,7 +274,14 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
     promoted: dict[str, np.ndarray] = {}
     kept: list[onnx.NodeProto] = []
     parameters = _parameters_only(proto)
+    outputs = {o.name for o in proto.graph.output}
+    alias: dict[str, str] = {}  # an Identity's output -> the weight it passes on
     for node in proto.graph.node:
+        node = _aliased(node, alias)
+        if (node.op_type == "Identity" and len(node.input) == 1 and node.input[0] in weights
+                and node.output[0] not in outputs):
+            alias[node.output[0]] = node.input[0]  # one weight read twice stays one tensor
+            continue
         found = _constant_value(node) if node.op_type == "Constant" and not node.input else None
         if found is not None:
             consts[node.output[0]] = found
@@ -286,7 +298,7 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
             weights.add(node.output[0])
             continue
         kept.append(node)
-    if not promoted:
+    if not promoted and not alias:
         return proto, ()
     out = onnx.ModelProto()
     out.CopyFrom(proto)
@@ -296,9 +308,30 @@ def fold_constant_weights(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tupl
     del graph.node[:]
     graph.node.extend(live)
     graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in promoted.items())
-    note = (f"{len(promoted)} weight tensor(s) stored as Constant nodes (or layout ops on "
-            "them) were made initializers, so they are quantized as weights")
-    return out, (note,)
+    infos = [v for v in graph.value_info if v.name not in alias]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
+    notes = []
+    if promoted:
+        notes.append(f"{len(promoted)} weight tensor(s) stored as Constant nodes (or layout "
+                     "ops on them) were made initializers, so they are quantized as weights")
+    if alias:
+        notes.append(f"{len(alias)} Identity node(s) of a weight (an exporter's way to read "
+                     "one weight in several layers, e.g. ALBERT's shared layer) taken out: "
+                     "their readers read the weight itself, one tensor with one encoding "
+                     "(plan.shared_weight keeps the layers sharing it at one weight "
+                     "precision)")
+    return out, tuple(notes)
+
+
+def _aliased(node: onnx.NodeProto, alias: dict[str, str]) -> onnx.NodeProto:
+    """``node`` reading each aliased input's weight (a copy only when one is aliased)."""
+    if not alias or not any(i in alias for i in node.input):
+        return node
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.input[:] = [alias.get(i, i) for i in node.input]
+    return copy
 
 
 def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx.ModelProto:
@@ -340,6 +373,27 @@ def drop_initializer_inputs(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tu
                  "quantscope writes list only the inputs the model is fed",)
 
 
+def fuse_spelt_rms_norms(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """RMSNorms an exporter spelt out (a T5 encoder's ``Pow/ReduceMean/Add/Sqrt/Div/Mul``)
+    made one ``RMSNormalization`` each, as :mod:`quantscope.model.hf_phases` does for a
+    decoder (:mod:`quantscope.model.fuse_rmsnorm`; the model at opset 23 then): one norm is
+    one decision group, not five groups no compiler names. The function is unchanged (FP32
+    up to rounding). The model as given, and no note, when it has none."""
+    pows = {n.output[0] for n in proto.graph.node if n.op_type == "Pow"}
+    if not any(n.op_type == "ReduceMean" and n.input and n.input[0] in pows
+               for n in proto.graph.node):
+        return proto, ()
+    light, casts = drop_noop_casts(proto)
+    _, found = fuse_rms_norms(light)  # a dry run at the model's opset: any to fuse?
+    if not found:
+        return proto, ()
+    fused, n = fuse_rms_norms(upgrade_opset(light, RMS_OPSET))
+    dropped = f" (and {casts} Cast(s) of float32 to float32 dropped)" if casts else ""
+    return fused, (f"{n} RMSNorm(s) spelt out in elementwise ops (Pow, ReduceMean, Sqrt, "
+                   f"Div, Mul) fused into one RMSNormalization each{dropped}: each norm is "
+                   "one decision group",)
+
+
 def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     """Validate, name, upgrade and shape-infer an in-memory model."""
     refuse_prequantized(proto, source)  # before the contrib ops a QOperator model has
@@ -356,10 +410,12 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     proto, widened = widen_float16(proto)
     proto = name_nodes(proto)
     proto, notes = fold_constant_weights(proto)
-    notes = (*moved, *widened, *notes)
+    proto, guards = drop_softmax_nan_guards(proto)
+    notes = (*moved, *widened, *notes, *guards)
     proto = upgrade_opset(proto)
     proto, listed = drop_initializer_inputs(proto)
-    notes = (*notes, *listed)
+    proto, norms = fuse_spelt_rms_norms(proto)
+    notes = (*notes, *listed, *norms)
     proto = name_nodes(proto)
     try:
         proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)

@@ -176,7 +176,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                      f"{prefixes.get('document', '')!r} before every document before "
                      "tokenizing, as the evaluation did")
     ints = [i for i in inputs if i["dtype"] in INT_TYPES]
-    looked_up = {x["indices"] for x in lookups or ()}
+    device = {x["indices"]: x["device_reads"] for x in lookups or () if x.get("device_reads")}
+    looked_up = {x["indices"] for x in lookups or ()} - set(device)
     for x in lookups or ():
         shape = "x".join(str(d) for d in x["shape"])
         steps.append(f"look up {x['table']} [{shape}] {x['dtype']} ({x['megabytes']:,.1f} "
@@ -189,6 +190,9 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
         types = "/".join(sorted({INT_TYPES[i["dtype"]] for i in ints}))
         what = " (from the tokenizer)" if text else ""
         steps.append(f"feed {names}{what} as {types}, not quantized")
+        steps += [f"{t} is fed to the device as well as looked up: the compiled graph reads "
+                  f"it ({', '.join(repr(n) for n in reads[:3])}, e.g. position ids computed "
+                  "from the token ids)" for t, reads in device.items()]
     elif ints:
         names = ", ".join(i["name"] for i in ints)
         types = "/".join(sorted({INT_TYPES[i["dtype"]] for i in ints}))
