@@ -46,3 +46,20 @@ def test_alike_within_rounding_but_not_a_small_channel_that_moves():
     ints = SameSamples()
     ints.add(np.array([3, 4]))
     assert not ints.constant
+
+
+def test_same_samples_takes_an_inf_equal_to_itself_without_a_warning():
+    """inf - inf is NaN: the rounding tolerance alone called a constant inf output varying
+    (and numpy warned, in the suite's output); an equal inf is the same value."""
+    import warnings
+
+    from quantscope.numerics import SameSamples
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same = SameSamples()
+        same.add(np.array([[np.inf, 1.0], [np.inf, 1.0]], np.float32))
+        assert same.constant
+        other = SameSamples()
+        other.add(np.array([[np.inf, 1.0], [-np.inf, 1.0]], np.float32))
+        assert not other.constant

@@ -227,8 +227,11 @@ class SameSamples:
             self.same = bool(np.array_equal(a, np.broadcast_to(self.first, a.shape)))
         else:  # equal up to float32 rounding: the same function of other inputs' order of sums
             first = np.abs(self.first.astype(np.float64))
+            first[~np.isfinite(first)] = 0.0  # an inf is the same only where it is equal
             tol = SAME_RTOL * first + DEAD * float(first.max(initial=0.0))
-            self.same = bool(np.all(np.abs(a - self.first) <= tol))
+            with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: not close
+                close = np.abs(a - self.first) <= tol
+            self.same = bool(np.all(close | (a == self.first)))
 
     @property
     def constant(self) -> bool:
