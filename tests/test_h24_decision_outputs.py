@@ -34,7 +34,9 @@ def test_int_outputs_are_no_group_outputs():
     assert "top_i" not in outs  # TopK's int64 indices: not quantized
 
 
-def test_evaluate_runs_a_model_with_int_outputs(tmp_path, capsys):
+def _evaluated(tmp_path, capsys):
+    """``evaluate --precision a8_w8`` of :func:`decision_model` on 48 samples: the result
+    file (the console is left in ``capsys``)."""
     m, x, s, j = (tmp_path / n for n in ("m.onnx", "x.npy", "s.npz", "r.json"))
     onnx.save(decision_model(), m)
     np.save(x, np.random.default_rng(1).normal(0, 1, (48, 8)).astype(np.float32))
@@ -42,6 +44,11 @@ def test_evaluate_runs_a_model_with_int_outputs(tmp_path, capsys):
     capsys.readouterr()
     assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s),
                  "--precision", "a8_w8", "--json", str(j)]) == 0, capsys.readouterr().err
+    return j
+
+
+def test_evaluate_runs_a_model_with_int_outputs(tmp_path, capsys):
+    assert _evaluated(tmp_path, capsys).exists()
 
 
 def _ort_outputs(path, x):
@@ -193,13 +200,7 @@ def test_logits_the_graph_picks_from_are_read_as_classes(tmp_path, capsys):
     without --layout, and a note says why."""
     import json
 
-    m, x, s, j = (tmp_path / n for n in ("m.onnx", "x.npy", "s.npz", "r.json"))
-    onnx.save(decision_model(), m)
-    np.save(x, np.random.default_rng(1).normal(0, 1, (48, 8)).astype(np.float32))
-    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
-    capsys.readouterr()
-    assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s),
-                 "--precision", "a8_w8", "--json", str(j)]) == 0
+    j = _evaluated(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "output 'logits' read as class scores (top-1 over 6 classes on axis 1) (the graph " \
            "picks classes from it: 'topk')" in out

@@ -52,14 +52,19 @@ def test_the_float32_form_computes_the_same():
     np.testing.assert_allclose(got, ref.astype(np.float32), atol=2e-2)
 
 
-def test_commands_run_on_a_float16_model(tmp_path, capsys):
-    onnx.save(half_conv(), tmp_path / "half.onnx")
-    np.savez(tmp_path / "x.npz",
-             x=np.random.default_rng(0).random((16, 3, 8, 8)).astype(np.float16))
-    m, x, s = (str(tmp_path / f) for f in ("half.onnx", "x.npz", "s.npz"))
+def _evaluated(tmp_path, capsys, proto, name, dtype) -> str:
+    """``calibrate`` then ``evaluate --precision a8_w8`` of ``proto`` (saved as ``name``) on
+    16 random images of ``dtype``: the console."""
+    onnx.save(proto, tmp_path / name)
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).random((16, 3, 8, 8)).astype(dtype))
+    m, x, s = (str(tmp_path / f) for f in (name, "x.npz", "s.npz"))
     assert main(["calibrate", m, "--data", x, "--out", s]) == 0
     assert main(["evaluate", m, "--data", x, "--stats", s, "--precision", "a8_w8"]) == 0
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_commands_run_on_a_float16_model(tmp_path, capsys):
+    out = _evaluated(tmp_path, capsys, half_conv(), "half.onnx", np.float16)
     assert "the model computes in float16: emulated as its float32 form" in out
     assert "coverage: 2 weight(s)" in out
 
@@ -110,13 +115,7 @@ def test_a_bfloat16_model_is_its_float32_form(tmp_path, capsys):
     w1 = onnx.numpy_helper.to_array(next(t for t in half_conv_bf16().graph.initializer
                                          if t.name == "w1")).astype(np.float32)
     np.testing.assert_array_equal(model.initializer_array("w1"), w1)
-    onnx.save(half_conv_bf16(), tmp_path / "bf16.onnx")
-    np.savez(tmp_path / "x.npz",
-             x=np.random.default_rng(0).random((16, 3, 8, 8)).astype(np.float32))
-    m, x, s = (str(tmp_path / f) for f in ("bf16.onnx", "x.npz", "s.npz"))
-    assert main(["calibrate", m, "--data", x, "--out", s]) == 0
-    assert main(["evaluate", m, "--data", x, "--stats", s, "--precision", "a8_w8"]) == 0
-    out = capsys.readouterr().out
+    out = _evaluated(tmp_path, capsys, half_conv_bf16(), "bf16.onnx", np.float32)
     assert "the model computes in bfloat16: emulated as its float32 form" in out
     assert "coverage: 2 weight(s)" in out
 
