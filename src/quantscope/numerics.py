@@ -226,7 +226,7 @@ class SameSamples:
         elif not np.issubdtype(a.dtype, np.floating):
             self.same = bool(np.array_equal(a, np.broadcast_to(self.first, a.shape)))
         else:  # equal up to float32 rounding: the same function of other inputs' order of sums
-            first = np.abs(self.first.astype(np.float64))
+            first = np.array(np.abs(self.first), dtype=np.float64)  # an array, even 0-d
             first[~np.isfinite(first)] = 0.0  # an inf is the same only where it is equal
             tol = SAME_RTOL * first + DEAD * float(first.max(initial=0.0))
             with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: not close
