@@ -120,7 +120,8 @@ def cmd_images(args: argparse.Namespace) -> int:
     model = open_model(args.model)
     shapes = given_shapes(model, None, tuple(args.input_shape)) if args.input_shape else None
     folder = Path(args.folder)
-    made = images_to_arrays(folder, model, args.pixels, shapes=shapes, limit=args.limit)
+    made = images_to_arrays(folder, model, args.pixels, shapes=shapes, limit=args.limit,
+                            show=True)
     record = made.record(folder)
     written = write_atomic_set([
         (out, lambda f: np.savez(f, **made.arrays)),

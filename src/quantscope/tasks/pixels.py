@@ -300,14 +300,17 @@ class Images:
 
 def images_to_arrays(folder: str | Path, model: Model, pixels: Pixels, *,
                      shapes: Mapping[str, tuple[int, ...]] | None = None,
-                     limit: int | None = None) -> Images:
+                     limit: int | None = None, show: bool = False) -> Images:
     """The images of ``folder`` (the first ``limit`` by name) as the model's image input,
-    samples on axis 0."""
+    samples on axis 0; ``show``: a progress bar while they are read."""
+    from quantscope.progress import track
+
     folder = Path(folder)
     inp = image_input(model, shapes)
     check_pixels(pixels, inp)
     files = image_files(folder)[:limit]
-    samples = [read_image(p, inp, pixels) for p in files]
+    samples = [read_image(p, inp, pixels)
+               for p in track(files, "images", unit="image", show=show)]
     dtype = np.uint8 if inp.dtype == "uint8" else np.dtype(inp.dtype)
     stacked = np.stack(samples).astype(dtype)
     return Images({inp.name: stacked}, inp, tuple(files),
