@@ -197,3 +197,19 @@ def test_cli_refusals_write_nothing(tmp_path, capsys):
     assert main(["calibrate", str(model), "--data", str(imgs), "--out",
                  str(tmp_path / "s.npz")]) == 2
     assert "quantscope images" in capsys.readouterr().err
+
+
+def test_imagenet_spec_matches_the_vit_zoo_preprocessing(tmp_path):
+    """The ImageNet --pixels spec the docs give reproduces the built-in ViT's own
+    preprocessing (zoo.vit.preprocess_image) on 224x224 photos, to float rounding."""
+    from quantscope.zoo.vit import MEAN, STD, preprocess_image
+
+    m = load(conv_model(tmp_path / "m.onnx", ["N", 3, 224, 224]))
+    rng = np.random.default_rng(3)
+    photos = rng.integers(0, 256, (2, 224, 224, 3), dtype=np.uint8)
+    (tmp_path / "i").mkdir()
+    for k, p in enumerate(photos):
+        Image.fromarray(p).save(tmp_path / "i" / f"{k}.png")
+    spec = ("scale=255,mean=" + "/".join(map(str, MEAN)) + ",std=" + "/".join(map(str, STD)))
+    a = images_to_arrays(tmp_path / "i", m, parse_pixels(spec)).arrays["x"]
+    np.testing.assert_allclose(a, preprocess_image(photos), atol=1e-5)
