@@ -104,8 +104,10 @@ def output_parent() -> argparse.ArgumentParser:
 
 LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per output): "
                "OUTPUT=detect[:boxes=0-3,scores=4-,obj=R,axis=1,format=cxcywh|xyxy,"
-               "threshold=0.25,iou=0.5] (detection F1 vs FP32; obj=R: a YOLOv5 objectness row "
-               "multiplying the class scores), OUTPUT=map[:threshold=0.5] (mask IoU), "
+               "threshold=0.25,iou=0.5,scores_from=OUT,anchors=FILE.npy] (detection F1 vs "
+               "FP32; obj=R: a YOLOv5 objectness row multiplying the class scores; "
+               "scores_from: the scores in another output of the same anchors, an SSD's two "
+               "heads; anchors: [A, 2] centres added to undecoded box centres), OUTPUT=map[:threshold=0.5] (mask IoU), "
                "OUTPUT=score[:threshold=0.5] (decision agreement, one value per sample), "
                "OUTPUT=class[:axis=K] (top-1 agreement of class scores or logits on axis K, -1 the "
                "last; default: the axis the graph gives their features, e.g. the last of a "

@@ -13,7 +13,10 @@ KIND        keys (defaults)                                          headline me
             ``obj=R`` (a YOLOv5 objectness row: scores x objectness;
             scores then default to the rows after it),
             ``axis=1`` (the row axis), ``format=cxcywh`` | ``xyxy``,
-            ``threshold=0.25``, ``iou=0.5``  (:mod:`.detection`)
+            ``threshold=0.25``, ``iou=0.5``, ``scores_from=OUT``
+            (the scores in another output of the same anchors, an
+            SSD's two heads), ``anchors=FILE.npy`` (anchor centres
+            ``[A, 2]`` added to the box centres)  (:mod:`.detection`)
 ``map``     ``threshold=0.5``  (:mod:`.maps`)                         ``mask_iou``
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
 ``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
@@ -62,7 +65,8 @@ from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
-    "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou"),
+    "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou", "scores_from",
+               "anchors"),
     "map": ("threshold",),
     "score": ("threshold",),
     "class": ("axis",),
@@ -207,8 +211,50 @@ def _others(rank: int | None, samples: int | None) -> str:
     return f"0..{last} but {samples}" if rank is not None else f"any but {samples}"
 
 
-def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None
-                      ) -> DetectionLayout:
+def _scores_from(spec: LayoutSpec, model: Model, shape: tuple | None, axis: int
+                 ) -> tuple[str | None, tuple | None]:
+    """The score output a layout names (``scores_from=``) and its shape, checked: another
+    output of the model, of the box output's rank and anchors (its dims but the row axis)."""
+    name = spec.option("scores_from")
+    if name is None:
+        return None, None
+    outputs = model.output_names()
+    if name not in outputs or name == spec.output:
+        raise _fail(spec.text, f"scores_from '{name}' is no other output of the model "
+                    f"(outputs: {', '.join(o for o in outputs if o != spec.output)})")
+    other = model.value_shapes().get(name)
+    if shape is not None and other is not None:
+        same = len(other) == len(shape) and all(
+            k == axis or not isinstance(a, int) or not isinstance(b, int) or a == b
+            for k, (a, b) in enumerate(zip(shape, other, strict=True)))
+        if not same:
+            raise _fail(spec.text, f"scores_from '{name}' has shape {_dims(other)}, output "
+                        f"'{spec.output}' {_dims(shape)}: the two must differ only on the row "
+                        f"axis {axis} (one score row set per anchor)")
+    return name, other
+
+
+def _anchors(spec: LayoutSpec, shape: tuple | None, axis: int, samples: int) -> str | None:
+    from quantscope.tasks.detection import read_anchors
+
+    path = spec.option("anchors")
+    if path is None:
+        return None
+    try:
+        centres = read_anchors(path)
+    except QuantscopeError as e:
+        raise _fail(spec.text, str(e)) from None
+    dims = [d for k, d in enumerate(shape or ()) if k not in (samples, axis)]
+    if shape is not None and all(isinstance(d, int) for d in dims):
+        anchors = int(np.prod(dims)) if dims else 1
+        if anchors != len(centres):
+            raise _fail(spec.text, f"anchors '{path}' holds {len(centres)} centres, output "
+                        f"'{spec.output}' {anchors} anchors: give one centre per anchor")
+    return path
+
+
+def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None,
+                      model: Model | None = None) -> DetectionLayout:
     """``samples``: the output's sample axis (None: not known yet, the data unread: 0
     assumed, not checked)."""
     rank = len(shape) if shape is not None else None
@@ -224,20 +270,28 @@ def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None
     boxes = _rows(spec, "boxes") or (0, 4)
     obj_rows = _rows(spec, "obj")
     obj = None if obj_rows is None else obj_rows[0]
+    scores_from, other = (None, None) if model is None else _scores_from(spec, model, shape, axis)
     # default scores: the rows after the boxes (boxes first; after the objectness row when
-    # it follows the boxes) or before them (boxes last)
+    # it follows the boxes) or before them (boxes last); every row of a score output
     after = boxes[1] + (1 if obj == boxes[1] else 0)
-    scores = _rows(spec, "scores") or ((after, None) if boxes[0] == 0 else (0, boxes[0]))
+    scores = _rows(spec, "scores") or (
+        (0, None) if scores_from else (after, None) if boxes[0] == 0 else (0, boxes[0]))
     assert boxes[1] is not None
     rows = shape[axis] if shape is not None and isinstance(shape[axis], int) else None
     if rows is not None:
-        last = max(boxes[1], scores[1] or scores[0] + 1, -1 if obj is None else obj + 1)
+        last = max(boxes[1], -1 if obj is None else obj + 1,
+                   0 if scores_from else scores[1] or scores[0] + 1)
         if last > rows:
             raise _fail(spec.text, f"output '{spec.output}' has {rows} rows on axis {axis}, the "
                         f"layout needs {last}: fix boxes=/scores=/obj= or axis=")
-    if scores[0] < boxes[1] and (scores[1] is None or scores[1] > boxes[0]):
+    score_rows = other[axis] if other is not None and isinstance(other[axis], int) else None
+    if score_rows is not None and (scores[1] or scores[0] + 1) > score_rows:
+        raise _fail(spec.text, f"scores_from '{scores_from}' has {score_rows} rows on axis "
+                    f"{axis}, scores={spec.option('scores')} needs more: fix scores=")
+    if scores_from is None and scores[0] < boxes[1] and (
+            scores[1] is None or scores[1] > boxes[0]):
         raise _fail(spec.text, "the box rows and the score rows overlap: give disjoint ranges")
-    if obj is not None and (boxes[0] <= obj < boxes[1] or (
+    if obj is not None and (boxes[0] <= obj < boxes[1] or (scores_from is None and
             scores[0] <= obj and (scores[1] is None or obj < scores[1]))):
         raise _fail(spec.text, f"the objectness row {obj} is a box or score row: give a row of "
                     "its own (e.g. boxes=0-3,obj=4,scores=5-)")
@@ -245,7 +299,8 @@ def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None
                            boxes=(boxes[0], boxes[1]), scores=scores,
                            box_format=(spec.option("format") or "cxcywh").lower(),
                            threshold=_float(spec, "threshold", DEFAULT_THRESHOLD),
-                           iou=_float(spec, "iou", DEFAULT_IOU), objectness=obj)
+                           iou=_float(spec, "iou", DEFAULT_IOU), objectness=obj,
+                           scores_output=scores_from, anchors=_anchors(spec, shape, axis, samples or 0))
 
 
 def _float(spec: LayoutSpec, key: str, default: float) -> float:
@@ -312,7 +367,7 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
                     "made from (the logits before an ArgMax or TopK) instead")
     if spec.kind == "detect":
         return DetectionTask(name=name, output=spec.output,
-                             layout=_detection_layout(spec, shape, samples))
+                             layout=_detection_layout(spec, shape, samples, model))
     if spec.kind == "map":
         return MapTask(name=name, output=spec.output,
                        threshold=_float(spec, "threshold", MAP_THRESHOLD))
@@ -425,7 +480,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
 
 def _describe(task: object, model: Model) -> str:
     if isinstance(task, DetectionTask):
-        shape = model.value_shapes().get(task.output) or ()
+        shape = model.value_shapes().get(task.layout.scores_output or task.output) or ()
         rows = shape[task.layout.axis] if len(shape) > task.layout.axis else None
         return task.layout.describe(rows if isinstance(rows, int) else None)
     if isinstance(task, MapTask):
