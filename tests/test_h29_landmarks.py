@@ -66,3 +66,48 @@ def test_a_flag_fp32_never_raises_is_said_to_say_little(hand, capsys):
     notes = [n for n in r["notes"] if "'flag'" in n]
     assert any("FP32 decides the same on every sample at 0.5" in n and "says little" in n
                for n in notes), notes
+
+
+def test_points_task_measures_the_distance_over_x_y():
+    from quantscope.tasks.points import PointsTask
+    from quantscope.types import Outputs
+
+    ref = np.array([[10.0, 10.0, 0.0, 50.0, 50.0, 5.0], [20.0, 20.0, 0.0, 90.0, 90.0, 5.0]])
+    test = ref.copy()
+    test[0, 3:5] += [3.0, 4.0]  # one point moves 5 px
+    test[1, 2] += 100.0  # a depth change is not measured
+    out = lambda a: Outputs(names=("lm",), batches=((a.astype(np.float32),),))  # noqa: E731
+    m = PointsTask(name="p", output="lm", dims=3, tolerance=2.0).metrics(out(ref), out(test))
+    v = m.values
+    assert v["point_agreement"] == pytest.approx(0.75)
+    assert v["point_error_max"] == pytest.approx(5.0) and v["point_error_mean"] == pytest.approx(1.25)
+    assert any("NOT LIKE FP32: output 'lm': 1 of 4 points move more than 2" in n for n in m.notes)
+    default = PointsTask(name="p", output="lm", dims=3).metrics(out(ref), out(test)).values
+    assert default["point_tolerance"] == pytest.approx(0.8)  # 1 % of the x, y span of 80
+
+
+def test_landmarks_declared_as_points_on_the_cli(hand, capsys):
+    r = _evaluate(hand, capsys, "--layout", "landmarks=points:dims=3")
+    m = r["metrics"]
+    assert 0.0 <= m["point_agreement"] <= 1.0 and m["point_error_max"] >= m["point_error_mean"]
+    assert m["point_agreement_items"] > 0
+    assert any("output 'landmarks' read as points of 3 values, judged by the distance over "
+               "x, y (the 3rd value not measured)" in n for n in r["notes"]), r["notes"]
+
+
+@pytest.mark.parametrize(("layout", "needle"), [
+    ("landmarks=points:dims=5", "12 values per sample are no whole number of points of 5"),
+    ("landmarks=points:dims=0", "dims '0' is not a whole number of 1 or more"),
+    ("landmarks=points:tol=-1", "tol -1 is outside (0, inf]"),
+    ("landmarks=points:axis=1", "'axis' is no key of kind points (keys: dims, tol)"),
+])
+def test_bad_points_layout_is_one_line(hand, capsys, layout, needle):
+    before = sorted(p.name for p in hand.iterdir())
+    code = main(["evaluate", str(hand / "hand.onnx"), "--data", str(hand / "hand.npz"),
+                 "--stats", str(hand / "stats.npz"), "--precision", "a8_w8",
+                 "--layout", layout, "--json", str(hand / "bad.json")])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
+    assert "--layout" in lines[0] and needle in lines[0], lines[0]
+    assert sorted(p.name for p in hand.iterdir()) == before

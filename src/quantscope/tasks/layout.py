@@ -21,6 +21,8 @@ KIND        keys (defaults)                                          headline me
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
 ``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
             (:mod:`.classes`; default: the graph's, :func:`class_task`)
+``points``  ``dims=2`` (values per point), ``tol=T`` (default 1 % of   ``point_agreement``
+            FP32's x, y span): landmarks  (:mod:`.points`)
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
@@ -61,6 +63,7 @@ from quantscope.tasks.detection import (
     detect_layout,
 )
 from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, ScoreTask
+from quantscope.tasks.points import POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
@@ -70,9 +73,10 @@ KINDS: dict[str, tuple[str, ...]] = {
     "map": ("threshold",),
     "score": ("threshold",),
     "class": ("axis",),
+    "points": ("dims", "tol"),
     "tensor": (),
 }
-SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class or tensor"
+SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points or tensor"
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -131,7 +135,8 @@ def parse_layout(text: str) -> LayoutSpec:
     kind, _, opts = rest.partition(":")
     kind = kind.strip().lower()
     if kind not in KINDS:
-        raise _fail(text, f"unknown kind '{kind}': use detect, map, score, class or tensor")
+        raise _fail(text, f"unknown kind '{kind}': use detect, map, score, class, points or "
+                    "tensor")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -187,6 +192,11 @@ def _rows(spec: LayoutSpec, key: str) -> tuple[int, int | None] | None:
 def _check_values(spec: LayoutSpec) -> None:
     _number(spec, "threshold", -math.inf, math.inf)
     _number(spec, "iou", 0.0, 1.0, open_lo=True)
+    _number(spec, "tol", 0.0, math.inf, open_lo=True)
+    dims = spec.option("dims")
+    if dims is not None and (not dims.isdigit() or int(dims) < 1):
+        raise _fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "
+                    "values per point (e.g. dims=3 for x, y, z)")
     boxes = _rows(spec, "boxes")
     if boxes is not None and (boxes[1] is None or boxes[1] - boxes[0] != 4):
         raise _fail(spec.text, f"boxes '{spec.option('boxes')}' must be 4 rows (e.g. boxes=0-3)")
@@ -356,6 +366,20 @@ def class_task(spec: LayoutSpec, model: Model, shape: tuple | None,
                      axis_read=read, sample_axis=samples or 0)
 
 
+def _points_task(spec: LayoutSpec, shape: tuple | None, name: str) -> PointsTask:
+    dims = int(spec.option("dims") or POINT_DIMS)
+    rest = [d for d in (shape or ())[1:]]
+    if shape is not None and all(isinstance(d, int) for d in rest):
+        size = int(np.prod(rest)) if rest else 1
+        if size % dims:
+            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}: "
+                        f"{size} values per sample are no whole number of points of {dims} "
+                        "values: give dims=D (e.g. 3 for x, y, z)")
+    tol = spec.option("tol")
+    return PointsTask(name=name, output=spec.output, dims=dims,
+                      tolerance=None if tol is None else float(tol))
+
+
 def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
     shape = model.value_shapes().get(spec.output)
     name = f"{spec.kind}:{spec.output}"
@@ -375,9 +399,13 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         if shape is not None and any(isinstance(d, int) and d != 1 for d in shape[1:]):
             raise _fail(spec.text, f"output '{spec.output}' has shape "
                         f"{tuple(d if isinstance(d, int) else '?' for d in shape)}, not one value "
-                        "per sample: use kind map or detect")
+                        "per sample: use kind map (each value decided at the threshold), class, "
+                        "points, or detect (an SSD's per-anchor scores: --layout "
+                        f"BOXES=detect:scores_from={spec.output})")
         return ScoreTask(name=name, output=spec.output,
                          threshold=_float(spec, "threshold", SCORE_THRESHOLD))
+    if spec.kind == "points":
+        return _points_task(spec, shape, name)
     if spec.kind == "class":
         return class_task(spec, model, shape, samples)
     return None
@@ -489,6 +517,8 @@ def _describe(task: object, model: Model) -> str:
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
         return describe_classes(task, model)
+    if isinstance(task, PointsTask):
+        return task.describe()
     return "a tensor"
 
 
