@@ -136,3 +136,24 @@ def test_bad_ssd_layout_is_one_line(ssd, capsys, layout, needle):
     assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
     assert "--layout" in lines[0] and needle in lines[0], lines[0]
     assert sorted(p.name for p in ssd.iterdir()) == before
+
+
+def test_undeclared_ssd_heads_are_said_to_be_fidelity_only(ssd, capsys):
+    """Not read as detections unasked (the rows' meaning is the user's), but said: which
+    outputs, and the layout that scores them."""
+    main(["evaluate", str(ssd / "ssd.onnx"), "--data", str(ssd / "ssd.npz"),
+          "--stats", str(ssd / "stats.npz"), "--precision", "a8_w8", "--json",
+          str(ssd / "plain.json")])
+    capsys.readouterr()
+    notes = json.loads((ssd / "plain.json").read_text())["notes"]
+    hint = ("outputs 'regressors' [?, 16, 6] and 'classificators' [?, 16, 1] hold rows for "
+            "the same 16 anchors: if they are an SSD's boxes and scores, --layout "
+            "regressors=detect:axis=2,scores_from=classificators")
+    assert any(hint in n and "scored for fidelity only" in n for n in notes), notes
+    main(["evaluate", str(ssd / "ssd.onnx"), "--data", str(ssd / "ssd.npz"),
+          "--stats", str(ssd / "stats.npz"), "--precision", "a8_w8", "--layout",
+          "regressors=detect:axis=2,scores_from=classificators", "--json",
+          str(ssd / "declared.json")])
+    capsys.readouterr()
+    notes = json.loads((ssd / "declared.json").read_text())["notes"]
+    assert not any("hold rows for the same" in n for n in notes)

@@ -38,9 +38,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 from quantscope.model.load import Model
 from quantscope.tasks.shares import items_key, share_counts
+from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import Metrics, Outputs, QuantscopeError, moved_axis
 from quantscope.units import value
 
@@ -146,6 +148,40 @@ def _rows_last(arr: np.ndarray, layout: DetectionLayout, what: str) -> np.ndarra
     axis = moved_axis(layout.axis, layout.sample_axis, np.ndim(arr))
     a = np.moveaxis(np.asarray(arr, dtype=np.float64), axis, -1)
     return a.reshape(len(a), -1, a.shape[-1])
+
+
+def ssd_heads_hint(model: Model, taken: set[str]) -> list[str]:
+    """A note for each pair of float outputs that look like an SSD's two heads (BlazeFace's
+    ``regressors [N, A, 16]`` and ``classificators [N, A, 1]``: rank 3, the same anchors on
+    axis 1, 4 or more rows beside fewer) and that no task reads (``taken``): they are
+    scored for fidelity only, and the note says how to score them as detections. Nothing
+    is read as detections without being declared: the rows' meaning is the user's."""
+    shapes = model.value_shapes()
+    types = model.value_types()
+    outs = [o for o in model.output_names() if o not in taken
+            and types.get(o) == onnx.TensorProto.FLOAT]
+    dims = {o: shapes.get(o) for o in outs}
+    notes = []
+    for boxes in outs:
+        b = dims[boxes]
+        if b is None or len(b) != 3 or not all(isinstance(d, int) for d in b[1:]) \
+                or b[1] < 8 or b[2] < 4:
+            continue
+        for scores in outs:
+            c = dims[scores]
+            if scores == boxes or c is None or len(c) != 3 or c[1] != b[1] \
+                    or not isinstance(c[2], int) or not 1 <= c[2] < b[2]:
+                continue
+            notes.append(f"outputs '{boxes}' {_shape(b)} and '{scores}' {_shape(c)} hold rows "
+                         f"for the same {b[1]} anchors: if they are an SSD's boxes and scores, "
+                         f"--layout {boxes}=detect:axis=2,scores_from={scores} (with "
+                         "anchors=CENTRES.npy for boxes given as offsets to anchors, threshold=0 "
+                         f"for logits) scores them as detections; they are {UNSCORED} now")
+    return notes
+
+
+def _shape(dims: tuple) -> str:
+    return "[" + ", ".join(str(d) if isinstance(d, int) else "?" for d in dims) + "]"
 
 
 def split_rows(arr: np.ndarray, layout: DetectionLayout, scores_arr: np.ndarray | None = None

@@ -61,6 +61,7 @@ from quantscope.tasks.detection import (
     DetectionLayout,
     DetectionTask,
     detect_layout,
+    ssd_heads_hint,
 )
 from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, ScoreTask
 from quantscope.tasks.points import POINT_DIMS, PointsTask
@@ -498,12 +499,19 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                              "for plain fidelity")
         if task is not None:
             tasks.append(task)
+    notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
     if not tasks:
         return None, tuple(notes)
     if len(tasks) == 1:
         return tasks[0], tuple(notes)
     return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks),
                        headline=tasks[0].headline), tuple(notes)
+
+
+def _read_by(task: object) -> tuple[str, ...]:
+    if isinstance(task, DetectionTask):
+        return task.layout.outputs(task.output)
+    return (getattr(task, "output", ""),)
 
 
 def _describe(task: object, model: Model) -> str:
