@@ -157,3 +157,16 @@ def test_undeclared_ssd_heads_are_said_to_be_fidelity_only(ssd, capsys):
     capsys.readouterr()
     notes = json.loads((ssd / "declared.json").read_text())["notes"]
     assert not any("hold rows for the same" in n for n in notes)
+
+
+def test_nhwc_images_for_the_converted_nchw_input_name_the_transpose(ssd, capsys):
+    """A TFLite user's images are NHWC; tflite2onnx's model takes NCHW. The refusal said
+    'pad or crop the data to the model's size', which cannot fix it."""
+    x = np.random.default_rng(1).random((6, 8, 8, 3), np.float32)
+    np.savez(ssd / "nhwc.npz", input=x)
+    code = main(["calibrate", str(ssd / "ssd.onnx"), "--data", str(ssd / "nhwc.npz"),
+                 "--out", str(ssd / "nhwc_stats.npz")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and not (ssd / "nhwc_stats.npz").exists()
+    assert "its axes are the model's in another order" in err[0]
+    assert "np.transpose(x, (0, 3, 1, 2))" in err[0] and "pad or crop" not in err[0]
