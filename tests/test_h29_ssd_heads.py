@@ -113,7 +113,10 @@ def test_ssd_heads_scored_as_detections_on_the_cli(ssd, capsys):
      "scores_from 'nope' is no other output of the model (outputs: classificators)"),
     ("regressors=detect:axis=2,scores_from=regressors", "is no other output"),
     ("regressors=detect:axis=1,scores_from=classificators",
-     "the two must differ only on the row axis 1"),
+     "the two must differ only on the row axis 1 (one score row set per anchor)"),
+    ("regressors=detect:scores_from=classificators",
+     "the two must differ only on the row axis 1 (one score row set per anchor): give axis=2, "
+     "the axis they differ on"),
     ("regressors=detect:axis=2,scores_from=classificators,scores=1-2",
      "scores_from 'classificators' has 1 rows on axis 2"),
     ("regressors=detect:axis=2,scores_from=classificators,anchors=BAD8",
@@ -170,3 +173,15 @@ def test_nhwc_images_for_the_converted_nchw_input_name_the_transpose(ssd, capsys
     assert code == 2 and len(err) == 1 and not (ssd / "nhwc_stats.npz").exists()
     assert "its axes are the model's in another order" in err[0]
     assert "np.transpose(x, (0, 3, 1, 2))" in err[0] and "pad or crop" not in err[0]
+
+
+def test_anchors_first_output_on_the_default_axis_names_axis_2(ssd, capsys):
+    """``[N, 16, 6]`` declared ``detect`` without ``axis=`` is read as 16 rows for 6
+    anchors (12 class rows): scored, as declared, with a note naming axis=2."""
+    main(["evaluate", str(ssd / "ssd.onnx"), "--data", str(ssd / "ssd.npz"),
+          "--stats", str(ssd / "stats.npz"), "--precision", "a8_w8", "--layout",
+          "regressors=detect", "--json", str(ssd / "axis1.json")])
+    capsys.readouterr()
+    notes = json.loads((ssd / "axis1.json").read_text())["notes"]
+    assert any("read with 16 rows on axis 1 for 6 anchors (the default axis): if its anchors "
+               "come first" in n and "give axis=2" in n for n in notes), notes

@@ -239,9 +239,12 @@ def _scores_from(spec: LayoutSpec, model: Model, shape: tuple | None, axis: int
             k == axis or not isinstance(a, int) or not isinstance(b, int) or a == b
             for k, (a, b) in enumerate(zip(shape, other, strict=True)))
         if not same:
+            differ = [k for k, (a, b) in enumerate(zip(shape, other, strict=False)) if a != b]
+            hint = (f": give axis={differ[0]}, the axis they differ on" if len(other) ==
+                    len(shape) and len(differ) == 1 and spec.option("axis") is None else "")
             raise _fail(spec.text, f"scores_from '{name}' has shape {_dims(other)}, output "
                         f"'{spec.output}' {_dims(shape)}: the two must differ only on the row "
-                        f"axis {axis} (one score row set per anchor)")
+                        f"axis {axis} (one score row set per anchor){hint}")
     return name, other
 
 
@@ -476,6 +479,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
             task = _task(spec, model, samples)
             if task is not None:
                 notes.append(f"output '{out}' read as {_describe(task, model)} (--layout)")
+                notes.extend(_rows_hint(spec, task, model))
         else:
             found = detect_layout(model, out)
             if found is not None and found.axis == samples:
@@ -506,6 +510,24 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
         return tasks[0], tuple(notes)
     return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks),
                        headline=tasks[0].headline), tuple(notes)
+
+
+def _rows_hint(spec: LayoutSpec, task: object, model: Model) -> list[str]:
+    """A detect layout on its default row axis that has more rows than anchors (an
+    anchors-first ``[N, A, R]`` output read as ``[N, R, A]``): a note naming axis 2."""
+    if not isinstance(task, DetectionTask) or spec.option("axis") is not None:
+        return []
+    shape = model.value_shapes().get(spec.output) or ()
+    axis = task.layout.axis
+    rest = [d for k, d in enumerate(shape) if k not in (axis, task.layout.sample_axis)]
+    rows = shape[axis] if axis < len(shape) else None
+    if not isinstance(rows, int) or not all(isinstance(d, int) for d in rest) \
+            or rows <= int(np.prod(rest)):
+        return []
+    other = next(k for k in range(len(shape)) if k not in (axis, task.layout.sample_axis))
+    return [f"output '{spec.output}' {_dims(shape)} read with {rows} rows on axis {axis} for "
+            f"{int(np.prod(rest))} anchors (the default axis): if its anchors come first "
+            f"([N, A, 4 + C], YOLOv5's and an SSD's), give axis={other}"]
 
 
 def _read_by(task: object) -> tuple[str, ...]:
