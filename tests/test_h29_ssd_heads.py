@@ -122,12 +122,16 @@ def test_ssd_heads_scored_as_detections_on_the_cli(ssd, capsys):
     ("regressors=detect:axis=2,scores_from=classificators,anchors=BAD8",
      "anchors", ),
     ("regressors=detect:axis=2,scores_from=classificators,anchors=MISSING",
+     "anchors '{missing}' is no regular file: give the .npy file of the anchor centres"),
+    ("regressors=detect:axis=2,scores_from=classificators,anchors=NOTNPY",
      "cannot be read as an .npy array"),
 ])
 def test_bad_ssd_layout_is_one_line(ssd, capsys, layout, needle):
     np.save(ssd / "bad8.npy", _centres()[:8])
+    (ssd / "notnpy.npy").write_text("not an array")
     layout = layout.replace("BAD8", str(ssd / "bad8.npy")).replace(
-        "MISSING", str(ssd / "missing.npy"))
+        "MISSING", str(ssd / "missing.npy")).replace("NOTNPY", str(ssd / "notnpy.npy"))
+    needle = needle.replace("{missing}", str(ssd / "missing.npy"))
     if "BAD8" not in needle and "bad8" in layout:
         needle = "holds 8 centres, output 'regressors' 16 anchors: give one centre per anchor"
     before = sorted(p.name for p in ssd.iterdir())

@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -123,6 +124,9 @@ def detect_layout(model: Model, output: str) -> DetectionLayout | None:
 def read_anchors(path: str) -> np.ndarray:
     """The anchor centres ``[A, 2]`` (x, y in the boxes' units) of an ``.npy`` file;
     :class:`QuantscopeError` naming what is wrong."""
+    if not Path(path).is_file():  # a FIFO would block, a folder is no array
+        raise QuantscopeError(f"anchors '{path}' is no regular file: give the .npy file of "
+                              "the anchor centres")
     try:
         arr = np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:

@@ -61,6 +61,7 @@ from quantscope.tasks.detection import (
     DetectionLayout,
     DetectionTask,
     detect_layout,
+    read_anchors,
     ssd_heads_hint,
 )
 from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, ScoreTask
@@ -249,8 +250,6 @@ def _scores_from(spec: LayoutSpec, model: Model, shape: tuple | None, axis: int
 
 
 def _anchors(spec: LayoutSpec, shape: tuple | None, axis: int, samples: int) -> str | None:
-    from quantscope.tasks.detection import read_anchors
-
     path = spec.option("anchors")
     if path is None:
         return None
