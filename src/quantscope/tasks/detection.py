@@ -52,6 +52,7 @@ DEFAULT_THRESHOLD = 0.25
 DEFAULT_IOU = 0.5
 MAX_CANDIDATES = 3000  # per sample, highest scores first, before NMS
 F1_RESEMBLES = 0.9  # below it, the detections are NOT LIKE FP32's
+SSD_MIN_ANCHORS = 16  # ssd_heads_hint: fewer rows on axis 1 are not taken for anchors
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,8 @@ def _rows_last(arr: np.ndarray, layout: DetectionLayout, what: str) -> np.ndarra
 def ssd_heads_hint(model: Model, taken: set[str]) -> list[str]:
     """A note for each pair of float outputs that look like an SSD's two heads (BlazeFace's
     ``regressors [N, A, 16]`` and ``classificators [N, A, 1]``: rank 3, the same anchors on
-    axis 1, 4 or more rows beside fewer) and that no task reads (``taken``): they are
+    axis 1 (at least ``SSD_MIN_ANCHORS``), 4 box values and x, y key points (at most 64
+    values) beside fewer) and that no task reads (``taken``): they are
     scored for fidelity only, and the note says how to score them as detections. Nothing
     is read as detections without being declared: the rows' meaning is the user's."""
     shapes = model.value_shapes()
@@ -168,8 +170,9 @@ def ssd_heads_hint(model: Model, taken: set[str]) -> list[str]:
     notes = []
     for boxes in outs:
         b = dims[boxes]
+        # many anchors (an SSD's hundreds), 4 box values + x, y key points each
         if b is None or len(b) != 3 or not all(isinstance(d, int) for d in b[1:]) \
-                or b[1] < 8 or b[2] < 4:
+                or b[1] < SSD_MIN_ANCHORS or not 4 <= b[2] <= 64 or (b[2] - 4) % 2:
             continue
         for scores in outs:
             c = dims[scores]
