@@ -189,3 +189,15 @@ def test_anchors_first_output_on_the_default_axis_names_axis_2(ssd, capsys):
     notes = json.loads((ssd / "axis1.json").read_text())["notes"]
     assert any("read with 16 rows on axis 1 for 6 anchors (the default axis): if its anchors "
                "come first" in n and "give axis=2" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("data", ["faces", "photos"])
+def test_builtin_image_data_on_a_detector_names_tensor_data(ssd, capsys, data):
+    """A face detector given ``--data faces`` was told only the chip sizes an embedder
+    takes (150 or 112), and ``--data photos`` to use another model: neither fix is the
+    user's; the line now names tensor data with --layout."""
+    code = main(["calibrate", str(ssd / "ssd.onnx"), "--data", data,
+                 "--out", str(ssd / f"{data}_stats.npz")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and not (ssd / f"{data}_stats.npz").exists()
+    assert "save the images at its input size as tensors" in err[0] and "--layout" in err[0]

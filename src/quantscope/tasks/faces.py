@@ -84,7 +84,11 @@ def style_for_input(shape: tuple) -> FaceStyle:
         if size == style.chip_size:
             return style
     sizes = ", ".join(f"{s.chip_size} ({s.name})" for s in FACE_STYLES.values())
-    raise QuantscopeError(f"face model input {shape}: the chip side must be one of {sizes}")
+    raise QuantscopeError(f"face model input {shape}: the chip side must be one of {sizes} "
+                          "(face data scores a face embedder's verification; for another face "
+                          "model, a detector or landmarks, save the images at its input size "
+                          "as tensors, an .npz keyed by input name, and declare its outputs "
+                          "with --layout)")
 
 
 @dataclass(frozen=True)
