@@ -111,3 +111,22 @@ def test_bad_points_layout_is_one_line(hand, capsys, layout, needle):
     assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
     assert "--layout" in lines[0] and needle in lines[0], lines[0]
     assert sorted(p.name for p in hand.iterdir()) == before
+
+
+def test_two_point_outputs_keep_each_tolerance_and_no_unprefixed_one():
+    """Pixels and metres beside each other: each output's tol is its own; a 'worst'
+    tolerance over both would be a number of no unit."""
+    from quantscope.tasks.layout import OutputTasks
+    from quantscope.tasks.points import PointsTask
+    from quantscope.types import Outputs
+
+    px = np.array([[10.0, 10.0, 50.0, 50.0], [20.0, 20.0, 90.0, 90.0]])
+    m = px / 1000.0
+    out = Outputs(names=("px", "m"), batches=((px.astype(np.float32), m.astype(np.float32)),))
+    tasks = OutputTasks(name="o", tasks=(PointsTask(name="a", output="px"),
+                                         PointsTask(name="b", output="m")),
+                        headline="point_agreement")
+    v = tasks.metrics(out, out).values
+    assert v["point_tolerance:px"] == pytest.approx(0.8)
+    assert v["point_tolerance:m"] == pytest.approx(0.0008)
+    assert "point_tolerance" not in v and v["point_agreement"] == 1.0

@@ -440,8 +440,8 @@ class OutputTasks:
             notes.extend(m.notes)
         worst: dict[str, float] = {}
         for k, vs in by_key.items():
-            if k.startswith(("detections_", "decisions_", "mask_share")) or k.endswith(
-                    (ITEMS, CLUSTERS)):
+            if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance")) \
+                    or k.endswith((ITEMS, CLUSTERS)):
                 continue
             worse = max if ("error" in k or "flip" in k) else min
             worst[k] = worse(vs)
