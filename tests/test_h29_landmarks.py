@@ -130,3 +130,12 @@ def test_two_point_outputs_keep_each_tolerance_and_no_unprefixed_one():
     assert v["point_tolerance:px"] == pytest.approx(0.8)
     assert v["point_tolerance:m"] == pytest.approx(0.0008)
     assert "point_tolerance" not in v and v["point_agreement"] == 1.0
+
+
+def test_verdict_counts_a_landmark_share_in_points():
+    from quantscope.report.summary import sample_size
+
+    v = {"held_out": {"samples": 45}, "metric": "point_agreement",
+         "quality": {"plan": {"point_agreement": 0.139, "point_agreement_items": 195.0,
+                              "point_agreement_clusters": 45.0}}}
+    assert sample_size(v) == "n=45 held-out samples, an effective 195 points"
