@@ -103,6 +103,9 @@ def test_ssd_heads_scored_as_detections_on_the_cli(ssd, capsys):
     assert code == 0
     assert ("output 'regressors' read as 4 box rows (cxcywh) + 1 class rows of output "
             "'classificators' on axis 2, box centres offset by the anchor centres of") in out
+    # the key point rows are no part of the detections: said, not silently dropped
+    assert "NMS/match IoU 0.5; rows 4-5 not read (key points, ids: scored for fidelity only)" \
+        in out
     m = json.loads((ssd / "r.json").read_text())["metrics"]
     assert m["detections_fp32"] > 24  # several anchors per sample above logit 0
     assert 0.0 <= m["detection_f1"] <= 1.0 and "box_iou_mean" in m

@@ -86,7 +86,17 @@ class DetectionLayout:
         stop = rows if self.scores[1] is None else self.scores[1]
         return self.scores[0], stop
 
-    def describe(self, rows: int | None = None) -> str:
+    def unread_rows(self, box_rows: int) -> list[int]:
+        """The rows of the box output (``box_rows`` of them) no box, score or objectness
+        is read from (an SSD's key points, a post-processed output's class id)."""
+        used = set(range(*self.boxes)) | ({self.objectness} - {None})
+        if self.scores_output is None:
+            used |= set(range(*self.score_rows(box_rows)))
+        return sorted(set(range(box_rows)) - used)
+
+    def describe(self, rows: int | None = None, box_rows: int | None = None) -> str:
+        """``rows``: the score rows' output's count on the row axis, ``box_rows`` the box
+        output's (None: not known)."""
         n_box = self.boxes[1] - self.boxes[0]
         if rows is None and self.scores[1] is None:
             cls = f"class rows {self.scores[0]}-"
@@ -99,8 +109,22 @@ class DetectionLayout:
             cls += f" of output '{self.scores_output}'"
         boxes = ("" if self.anchors is None else
                  f", box centres offset by the anchor centres of '{self.anchors}'")
+        unread = self.unread_rows(box_rows) if box_rows is not None else []
+        left = ("" if not unread else f"; rows {_ranges(unread)} not read (key points, ids: "
+                f"{UNSCORED})")
         return (f"{n_box} box rows ({self.box_format}) + {cls}{obj} on axis {self.axis}"
-                f"{boxes}, threshold {self.threshold:g}, NMS/match IoU {self.iou:g}")
+                f"{boxes}, threshold {self.threshold:g}, NMS/match IoU {self.iou:g}{left}")
+
+
+def _ranges(rows: list[int]) -> str:
+    """``[4, 5, 6, 9]`` -> ``4-6, 9``."""
+    spans: list[list[int]] = []
+    for r in rows:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def detect_layout(model: Model, output: str) -> DetectionLayout | None:

@@ -537,9 +537,13 @@ def _read_by(task: object) -> tuple[str, ...]:
 
 def _describe(task: object, model: Model) -> str:
     if isinstance(task, DetectionTask):
-        shape = model.value_shapes().get(task.layout.scores_output or task.output) or ()
-        rows = shape[task.layout.axis] if len(shape) > task.layout.axis else None
-        return task.layout.describe(rows if isinstance(rows, int) else None)
+        def rows_of(name: str) -> int | None:
+            shape = model.value_shapes().get(name) or ()
+            rows = shape[task.layout.axis] if len(shape) > task.layout.axis else None
+            return rows if isinstance(rows, int) else None
+
+        return task.layout.describe(rows_of(task.layout.scores_output or task.output),
+                                    rows_of(task.output))
     if isinstance(task, MapTask):
         return f"a probability map binarised at {task.threshold:g}"
     if isinstance(task, ScoreTask):
