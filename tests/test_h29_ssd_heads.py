@@ -204,3 +204,20 @@ def test_builtin_image_data_on_a_detector_names_tensor_data(ssd, capsys, data):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and not (ssd / f"{data}_stats.npz").exists()
     assert "save the images at its input size as tensors" in err[0] and "--layout" in err[0]
+
+
+def test_a_detector_at_a_face_chip_size_is_refused_on_face_data(tmp_path, capsys):
+    """At 112 px (arcface's chip) a detector given ``--data faces`` was scored as face
+    verification, its [N, 3136, 6] boxes flattened into an 'embedding': TAR, EER and
+    'resembles FP32' of nothing the user has."""
+    m = ssd_two_heads()
+    dims = m.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_value = dims[3].dim_value = 112
+    for o in m.graph.output:
+        o.type.tensor_type.shape.dim[1].dim_value = 56 * 56
+    onnx.save(m, tmp_path / "ssd112.onnx")
+    code = main(["calibrate", str(tmp_path / "ssd112.onnx"), "--data", "faces",
+                 "--out", str(tmp_path / "s.npz")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and not (tmp_path / "s.npz").exists()
+    assert "the model's first output 'regressors' [?, 3136, 6] is no embedding [N, D]" in err[0]

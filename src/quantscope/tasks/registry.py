@@ -500,7 +500,13 @@ def _slice_row(dr: np.ndarray, dt: np.ndarray, labels: np.ndarray, thr: float) -
 def face_dataset(
     spec: str, model: Model, *, batch_size: int = 32
 ) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...], VerificationTask, str]:
-    from quantscope.tasks.faces import face_batches, load_faces, style_for_input, verification_pairs
+    from quantscope.tasks.faces import (
+        check_embedding_output,
+        face_batches,
+        load_faces,
+        style_for_input,
+        verification_pairs,
+    )
 
     names = model.input_names()
     shape = model.value_shapes().get(names[0], ())
@@ -510,6 +516,7 @@ def face_dataset(
             f"{shape}: use a face model with one NCHW RGB input (e.g. dlib-face, mobilefacenet)"
         )
     style = style_for_input(tuple(shape))
+    check_embedding_output(spec, model.output_names()[0], model.value_shapes())
     faces = load_faces(spec, style.name)
     batches = tuple({names[0]: b} for b in face_batches(faces, batch_size, style))
     task = VerificationTask(name=f"verification:{spec}", pairs=verification_pairs(faces),
