@@ -139,3 +139,44 @@ def test_verdict_counts_a_landmark_share_in_points():
          "quality": {"plan": {"point_agreement": 0.139, "point_agreement_items": 195.0,
                               "point_agreement_clusters": 45.0}}}
     assert sample_size(v) == "n=45 held-out samples, an effective 195 points"
+
+
+def _static_two_outputs() -> onnx.ModelProto:
+    """A tflite2onnx-style static export ``[1, 3, 224, 224]`` with two outputs."""
+    r = _rng(30)
+    text = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    static (float[1, 3, 224, 224] input_1) => (float[1, 8] Identity, float[1, 1] Identity_1) {
+        c = Conv <strides = [4, 4]> (input_1, wc, bc)
+        p = GlobalAveragePool (c)
+        f = Flatten (p)
+        Identity = Gemm (f, we, be)
+        g = Gemm (f, wf, bf)
+        Identity_1 = Sigmoid (g)
+    }
+    """
+    return _with_weights(text, {
+        "wc": r.normal(0, 0.3, (8, 3, 4, 4)).astype(np.float32),
+        "bc": r.normal(0, 0.1, 8).astype(np.float32),
+        "we": r.normal(0, 0.5, (8, 8)).astype(np.float32),
+        "be": np.zeros(8, np.float32),
+        "wf": r.normal(0, 0.5, (8, 1)).astype(np.float32),
+        "bf": np.zeros(1, np.float32),
+    })
+
+
+def test_photos_on_a_static_batch_one_model_run_and_say_what_is_scored(tmp_path, capsys):
+    """The photos were fed 12 at a time to a model that takes 1 ('internal error:
+    InvalidArgument ... Got invalid dimensions'), and nothing said which output the
+    retrieval read: the first, the others for fidelity only."""
+    onnx.save(_static_two_outputs(), tmp_path / "m.onnx")
+    assert main(["calibrate", str(tmp_path / "m.onnx"), "--data", "photos-small",
+                 "--out", str(tmp_path / "s.npz")]) == 0
+    assert main(["evaluate", str(tmp_path / "m.onnx"), "--data", "photos-small", "--stats",
+                 str(tmp_path / "s.npz"), "--precision", "a8_w8", "--json",
+                 str(tmp_path / "r.json")]) == 0
+    capsys.readouterr()
+    notes = json.loads((tmp_path / "r.json").read_text())["notes"]
+    assert any("the view retrieval task reads the first output 'Identity' [1,8] as the "
+               "embedding; output 'Identity_1' [1,1] scored for fidelity only" in n
+               for n in notes), notes

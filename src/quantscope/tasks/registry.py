@@ -59,7 +59,7 @@ from quantscope.tasks.text import (
     truncate_batches,
     truncate_feeds,
 )
-from quantscope.tasks.unscored import unscored_note
+from quantscope.tasks.unscored import embedding_note, unscored_note
 from quantscope.types import (
     Batch,
     Dataset,
@@ -518,6 +518,8 @@ def face_dataset(
     style = style_for_input(tuple(shape))
     check_embedding_output(spec, model.output_names()[0], model.value_shapes())
     faces = load_faces(spec, style.name)
+    if isinstance(shape[0], int) and shape[0] > 0:  # a static export runs that many at a time
+        batch_size = shape[0]
     batches = tuple({names[0]: b} for b in face_batches(faces, batch_size, style))
     task = VerificationTask(name=f"verification:{spec}", pairs=verification_pairs(faces),
                             threshold=style.threshold, normalize=style.normalize)
@@ -584,6 +586,7 @@ def open_task_data(
         return image_dataset(model, spec=spec)
     if is_face_spec(spec):
         calib, evaluation, task, note = face_dataset(spec, model)
+        other = embedding_note(model.proto, "face verification")
         return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
-                       notes=(note,))
+                       notes=(note, *filter(None, [other])))
     return None
