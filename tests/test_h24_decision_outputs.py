@@ -227,7 +227,11 @@ def test_control_flow_is_refused_with_how_to_fold_it(tmp_path, capsys):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)]), m)
     np.save(x, np.random.default_rng(1).normal(0, 1, (4, 8)).astype(np.float32))
     assert main(["run", str(m), "--data", str(x), "--target", "hailo8", "--out", str(w_dir)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after the auto rewrites' line)
+    said = capsys.readouterr()
+    # the one line, and nothing before it (the auto rewrites' line came first, as if the
+    # run had started)
+    assert said.out == "" and len(said.err.strip().splitlines()) == 1, said
+    err = said.err.strip()
     assert err.startswith("quantscope: error: node 'branch' is control flow (If)"), err
     assert "keep the branch you use" in err
     assert not w_dir.exists()

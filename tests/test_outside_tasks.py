@@ -96,6 +96,11 @@ def test_map_and_score_tasks():
     assert m.values["mask_iou"] == pytest.approx((1.0 + 0.5) / 2)
     assert m.values["mask_iou_min"] == pytest.approx(0.5)
     assert m.values["pixel_flip_share"] == pytest.approx(4 / 32)
+    # FP32's foreground is a share of the pixels too: in percent, as the flips are
+    from quantscope.units import value
+
+    assert m.values["mask_share_fp32"] == pytest.approx(0.5)
+    assert value("mask_share_fp32", m.values["mask_share_fp32"]) == "50.0 %"
     s = ScoreTask(name="s", output="p").metrics(
         _outputs("p", np.array([0.1, 0.6, 0.7, 0.2])), _outputs("p", np.array([0.1, 0.4, 0.7, 0.2])))
     assert s.values["decision_agreement"] == pytest.approx(0.75)

@@ -56,6 +56,9 @@ _TABLE: dict[str, Command] = {
     "phases": Command("convert", "steps", "a Hugging Face causal-LM export (one graph with "
                       "attention_mask and past_key_values.*) -> the prefill and decode graphs "
                       "quantscope measures, with its tokenizer"),
+    "images": Command("convert", "steps", "a folder of images -> the tensor data (.npz) a "
+                      "vision model's input takes, by the preprocessing you declare "
+                      "(--pixels: scale, mean/std, BGR, resize)"),
     "groups": Command("inspect", "steps", "list the decision groups of a model"),
     "report": Command("report", "steps", "one self-contained HTML report from result files"),
     # rewrites: one row per rewrite registry entry (:class:`_Commands`)

@@ -252,20 +252,9 @@ class _Builder:
         return groups.pop()
 
     def visit(self, node: onnx.NodeProto) -> None:
-        if node.op_type in CONTROL_FLOW:
-            raise QuantscopeError(
-                f"node '{node.name}' is control flow ({node.op_type}), which quantscope cannot "
-                "emulate: fold it for your inputs and re-export (an "
-                "If on a condition you fix: keep the branch you use; a Loop or Scan of a fixed "
-                "count: unroll it)")
-        if node.op_type == "SequenceConstruct":
-            raise QuantscopeError(
-                f"node '{node.name}' is a SequenceConstruct (a sequence of tensors), which "
-                "quantscope cannot emulate: export the model with plain tensors")
-        if node.op_type in UNSUPPORTED:
-            raise QuantscopeError(
-                f"node '{node.name}' is a {node.op_type}: the model is already quantized, "
-                "which quantscope cannot emulate again: give the float model it was made from")
+        refused = unemulated(node)
+        if refused:
+            raise QuantscopeError(refused)
         if not any(self.float_act(t) for t in node.output):
             return
         acts = [t for t in self.act_inputs(node) if self.float_act(t)]
@@ -336,6 +325,32 @@ def _depthwise(node: onnx.NodeProto, inits: Iterable[onnx.TensorProto], weight: 
     group = next((a.i for a in node.attribute if a.name == "group"), 1)
     dims = next((tuple(t.dims) for t in inits if t.name == weight), ())
     return group > 1 and len(dims) > 1 and dims[1] == 1
+
+
+def unemulated(node: onnx.NodeProto) -> str | None:
+    """Why quantscope cannot emulate ``node`` (control flow, a sequence, an already
+    quantized op), as the one line that refuses the model; None when it can."""
+    if node.op_type in CONTROL_FLOW:
+        return (f"node '{node.name}' is control flow ({node.op_type}), which quantscope cannot "
+                "emulate: fold it for your inputs and re-export (an "
+                "If on a condition you fix: keep the branch you use; a Loop or Scan of a fixed "
+                "count: unroll it)")
+    if node.op_type == "SequenceConstruct":
+        return (f"node '{node.name}' is a SequenceConstruct (a sequence of tensors), which "
+                "quantscope cannot emulate: export the model with plain tensors")
+    if node.op_type in UNSUPPORTED:
+        return (f"node '{node.name}' is a {node.op_type}: the model is already quantized, "
+                "which quantscope cannot emulate again: give the float model it was made from")
+    return None
+
+
+def refuse_unemulated(model: Model) -> None:
+    """Refuse, in :func:`unemulated`'s line, a model with a node quantscope cannot emulate
+    (what :func:`find_groups` refuses, checked alone: ``run`` says it before any work)."""
+    for node in model.graph.node:
+        refused = unemulated(node)
+        if refused:
+            raise QuantscopeError(refused)
 
 
 def find_groups(model: Model) -> Groups:

@@ -202,6 +202,9 @@ def at_data_size(opts: RunOptions, *, model: Model, fit: Any
 def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = None) -> None:
     """The inputs, the goal, the batch axes and the input shapes checked against ``model``
     (before the run folder exists); ``fit``: the fit data as :func:`_open_fit` opened it."""
+    from quantscope.model.groups import refuse_unemulated
+
+    refuse_unemulated(model)  # control flow: refused before anything is said or measured
     check_run_inputs(model, opts, fit=fit)
     from quantscope.pipeline.data import _is_pairs
 

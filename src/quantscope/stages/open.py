@@ -60,6 +60,7 @@ def open_data(
     ``batch_axes``: each named input's (or output's) sample axis (``--batch-axis``); for
     tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
     ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none)."""
+    from quantscope.tasks.pixels import pixels_note
     from quantscope.tasks.registry import open_task_data, tensor_task
     from quantscope.tasks.tensors import (
         cast_note,
@@ -84,6 +85,10 @@ def open_data(
         task, notes = tensor_task(model, str(spec), tuple(layout), samples)
         ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
                      notes=notes)
+        made = pixels_note(spec)
+        if made:  # how the images became these tensors: every result says it
+            ds = dataclasses.replace(ds, notes=(*ds.notes, made))
+            say(f"note: {made}", show=show)
         cast = cast_note(spec, model)
         if cast:  # said, not an error: float64 data is common, float32 what the model takes
             ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {cast}"))
