@@ -240,7 +240,13 @@ class ScalarFidelity:
                 f"{value('decision_agreement', t['decision_agreement'])} of samples decided "
                 f"as FP32 at threshold {th:g}")
         bad = t["decision_agreement"] < DECISION_MIN_AGREEMENT or t["rel_err_max"] > SCALAR_MAX_REL_ERR
-        return [line], bad
+        lines = [line]
+        if self.f_min > th or self.f_max <= th:  # every FP32 decision the same
+            lines.append(f"output '{name}': FP32 decides the same on every sample at {th:g} "
+                         f"(its values {self.f_min:.4g} to {self.f_max:.4g}): the decision "
+                         "agreement says little; give data with both outcomes, or judge it by "
+                         "its |error|")
+        return lines, bad
 
 
 def channel_axis_for(shape: tuple[int, ...], given: int | None) -> int | None:

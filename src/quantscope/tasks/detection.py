@@ -33,13 +33,17 @@ has 4 rows on the concat axis.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import onnx
 
 from quantscope.model.load import Model
 from quantscope.tasks.shares import items_key, share_counts
+from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import Metrics, Outputs, QuantscopeError, moved_axis
 from quantscope.units import value
 
@@ -48,6 +52,7 @@ DEFAULT_THRESHOLD = 0.25
 DEFAULT_IOU = 0.5
 MAX_CANDIDATES = 3000  # per sample, highest scores first, before NMS
 F1_RESEMBLES = 0.9  # below it, the detections are NOT LIKE FP32's
+SSD_MIN_ANCHORS = 16  # ssd_heads_hint: fewer rows on axis 1 are not taken for anchors
 
 
 @dataclass(frozen=True)
@@ -70,12 +75,28 @@ class DetectionLayout:
     iou: float = DEFAULT_IOU
     objectness: int | None = None
     sample_axis: int = 0
+    scores_output: str | None = None
+    anchors: str | None = None
+
+    def outputs(self, output: str) -> tuple[str, ...]:
+        """The outputs read: the box output, then the scores' when another."""
+        return (output,) if self.scores_output is None else (output, self.scores_output)
 
     def score_rows(self, rows: int) -> tuple[int, int]:
         stop = rows if self.scores[1] is None else self.scores[1]
         return self.scores[0], stop
 
-    def describe(self, rows: int | None = None) -> str:
+    def unread_rows(self, box_rows: int) -> list[int]:
+        """The rows of the box output (``box_rows`` of them) no box, score or objectness
+        is read from (an SSD's key points, a post-processed output's class id)."""
+        used = set(range(*self.boxes)) | ({self.objectness} - {None})
+        if self.scores_output is None:
+            used |= set(range(*self.score_rows(box_rows)))
+        return sorted(set(range(box_rows)) - used)
+
+    def describe(self, rows: int | None = None, box_rows: int | None = None) -> str:
+        """``rows``: the score rows' output's count on the row axis, ``box_rows`` the box
+        output's (None: not known)."""
         n_box = self.boxes[1] - self.boxes[0]
         if rows is None and self.scores[1] is None:
             cls = f"class rows {self.scores[0]}-"
@@ -84,8 +105,26 @@ class DetectionLayout:
             cls = f"{b - a} class rows"
         obj = ("" if self.objectness is None else
                f" x objectness row {self.objectness}")
-        return (f"{n_box} box rows ({self.box_format}) + {cls}{obj} on axis {self.axis}, "
-                f"threshold {self.threshold:g}, NMS/match IoU {self.iou:g}")
+        if self.scores_output is not None:
+            cls += f" of output '{self.scores_output}'"
+        boxes = ("" if self.anchors is None else
+                 f", box centres offset by the anchor centres of '{self.anchors}'")
+        unread = self.unread_rows(box_rows) if box_rows is not None else []
+        left = ("" if not unread else f"; rows {_ranges(unread)} not read (key points, ids: "
+                f"{UNSCORED})")
+        return (f"{n_box} box rows ({self.box_format}) + {cls}{obj} on axis {self.axis}"
+                f"{boxes}, threshold {self.threshold:g}, NMS/match IoU {self.iou:g}{left}")
+
+
+def _ranges(rows: list[int]) -> str:
+    """``[4, 5, 6, 9]`` -> ``4-6, 9``."""
+    spans: list[list[int]] = []
+    for r in rows:
+        if spans and r == spans[-1][1] + 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    return ", ".join(f"{a}-{b}" if b > a else f"{a}" for a, b in spans)
 
 
 def detect_layout(model: Model, output: str) -> DetectionLayout | None:
@@ -106,26 +145,108 @@ def detect_layout(model: Model, output: str) -> DetectionLayout | None:
     return DetectionLayout(axis=axis)
 
 
-def split_rows(arr: np.ndarray, layout: DetectionLayout) -> tuple[np.ndarray, np.ndarray]:
-    """One batch ``[N, ...]`` -> (boxes ``[N, A, 4]`` as x1 y1 x2 y2, scores ``[N, A, C]``,
-    each multiplied by the anchor's objectness when the layout has one)."""
+@functools.lru_cache(maxsize=8)
+def read_anchors(path: str) -> np.ndarray:
+    """The anchor centres ``[A, 2]`` (x, y in the boxes' units) of an ``.npy`` file;
+    :class:`QuantscopeError` naming what is wrong."""
+    if not Path(path).is_file():  # a FIFO would block, a folder is no array
+        raise QuantscopeError(f"anchors '{path}' is no regular file: give the .npy file of "
+                              "the anchor centres")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise QuantscopeError(f"anchors '{path}' cannot be read as an .npy array ({e}): save "
+                              "the anchor centres with np.save(path, centres)") from None
+    if not isinstance(arr, np.ndarray) or arr.ndim != 2 or arr.shape[1] != 2 \
+            or arr.dtype.kind not in "fiu":
+        raise QuantscopeError(f"anchors '{path}' holds {getattr(arr, 'shape', '?')} "
+                              f"{getattr(arr, 'dtype', '')}, not [anchors, 2] numbers: save "
+                              "each anchor's centre x, y in the boxes' units")
+    arr = arr.astype(np.float64)
+    if not np.all(np.isfinite(arr)):
+        raise QuantscopeError(f"anchors '{path}' holds NaN or inf: give finite centres")
+    arr.setflags(write=False)
+    return arr
+
+
+def _rows_last(arr: np.ndarray, layout: DetectionLayout, what: str) -> np.ndarray:
+    """``arr`` ``[N, ...]`` with its row axis last, its anchors flattened: ``[N, A, R]``."""
     if np.ndim(arr) <= max(layout.axis, layout.sample_axis):
-        raise QuantscopeError(f"--layout: a detection output of shape {np.shape(arr)} has no "
+        raise QuantscopeError(f"--layout: a detection {what} of shape {np.shape(arr)} has no "
                               f"axis {layout.axis}: give its row axis with axis=")
     axis = moved_axis(layout.axis, layout.sample_axis, np.ndim(arr))
     a = np.moveaxis(np.asarray(arr, dtype=np.float64), axis, -1)
-    a = a.reshape(len(a), -1, a.shape[-1])
+    return a.reshape(len(a), -1, a.shape[-1])
+
+
+def ssd_heads_hint(model: Model, taken: set[str]) -> list[str]:
+    """A note for each pair of float outputs that look like an SSD's two heads (BlazeFace's
+    ``regressors [N, A, 16]`` and ``classificators [N, A, 1]``: rank 3, the same anchors on
+    axis 1 (at least ``SSD_MIN_ANCHORS``), 4 box values and x, y key points (at most 64
+    values) beside fewer) and that no task reads (``taken``): they are
+    scored for fidelity only, and the note says how to score them as detections. Nothing
+    is read as detections without being declared: the rows' meaning is the user's."""
+    shapes = model.value_shapes()
+    types = model.value_types()
+    outs = [o for o in model.output_names() if o not in taken
+            and types.get(o) == onnx.TensorProto.FLOAT]
+    dims = {o: shapes.get(o) for o in outs}
+    notes = []
+    for boxes in outs:
+        b = dims[boxes]
+        # many anchors (an SSD's hundreds), 4 box values + x, y key points each
+        if b is None or len(b) != 3 or not all(isinstance(d, int) for d in b[1:]) \
+                or b[1] < SSD_MIN_ANCHORS or not 4 <= b[2] <= 64 or (b[2] - 4) % 2:
+            continue
+        for scores in outs:
+            c = dims[scores]
+            if scores == boxes or c is None or len(c) != 3 or c[1] != b[1] \
+                    or not isinstance(c[2], int) or not 1 <= c[2] < b[2]:
+                continue
+            notes.append(f"outputs '{boxes}' {_shape(b)} and '{scores}' {_shape(c)} hold rows "
+                         f"for the same {b[1]} anchors: if they are an SSD's boxes and scores, "
+                         f"--layout {boxes}=detect:axis=2,scores_from={scores} (with "
+                         "anchors=CENTRES.npy for boxes given as offsets to anchors, threshold=0 "
+                         f"for logits) scores them as detections; they are {UNSCORED} now")
+    return notes
+
+
+def _shape(dims: tuple) -> str:
+    return "[" + ", ".join(str(d) if isinstance(d, int) else "?" for d in dims) + "]"
+
+
+def split_rows(arr: np.ndarray, layout: DetectionLayout, scores_arr: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """One batch ``[N, ...]`` -> (boxes ``[N, A, 4]`` as x1 y1 x2 y2, scores ``[N, A, C]``,
+    each multiplied by the anchor's objectness when the layout has one). ``scores_arr``:
+    the batch of the scores' own output (``layout.scores_output``), same anchors; box
+    centres are offset by the layout's anchor centres when it names a file."""
+    a = _rows_last(arr, layout, "output")
+    s = a if scores_arr is None else _rows_last(scores_arr, layout, "score output")
+    if s.shape[:2] != a.shape[:2]:
+        raise QuantscopeError(f"--layout: the score output has {s.shape[1]} anchors, the box "
+                              f"output {a.shape[1]}: give a score output of the same anchors")
     b0, b1 = layout.boxes
-    s0, s1 = layout.score_rows(a.shape[-1])
+    s0, s1 = layout.score_rows(s.shape[-1])
     obj = layout.objectness
-    need = max(b1, s1, s0 + 1, -1 if obj is None else obj + 1)
-    if need > a.shape[-1]:
+    need = max(b1, -1 if obj is None else obj + 1,
+               *(() if scores_arr is not None else (s1, s0 + 1)))
+    if need > a.shape[-1] or (scores_arr is not None and max(s1, s0 + 1) > s.shape[-1]):
         raise QuantscopeError(f"--layout: the detection output has {a.shape[-1]} rows on axis "
                               f"{layout.axis}, the layout needs {need}: fix "
                               "boxes=/scores=/obj= or axis=")
-    boxes, scores = a[..., b0:b1], a[..., s0:s1]
+    boxes, scores = a[..., b0:b1], s[..., s0:s1]
     if obj is not None:
         scores = scores * a[..., obj:obj + 1]
+    if layout.anchors is not None:
+        centres = read_anchors(layout.anchors)
+        if len(centres) != boxes.shape[1]:
+            raise QuantscopeError(f"--layout: anchors '{layout.anchors}' has {len(centres)} "
+                                  f"anchors, the output {boxes.shape[1]}: give one centre per "
+                                  "anchor")
+        shift = np.tile(centres, 2) if layout.box_format == "xyxy" else \
+            np.concatenate([centres, np.zeros_like(centres)], axis=1)
+        boxes = boxes + shift
     if layout.box_format == "cxcywh":
         cx, cy, w, h = (boxes[..., i] for i in range(4))
         boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)
@@ -219,9 +340,18 @@ def item_counts(n_ref: int, n_test: int, n_match: int) -> dict[str, float]:
             items_key("detection_f1"): float(n_ref + n_test - n_match)}
 
 
-def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarray],
+def _split_batch(batch: np.ndarray | tuple, layout: DetectionLayout
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(batch, tuple):
+        return split_rows(batch[0], layout, batch[1])
+    return split_rows(batch, layout)
+
+
+def detection_metrics(ref_batches: list, test_batches: list,
                       layout: DetectionLayout, output: str) -> Metrics:
-    """The module table's metrics of one detection output over its batches."""
+    """The module table's metrics of one detection output over its batches (each batch an
+    array, or a tuple ``(boxes' output, scores' output)`` when the layout names a score
+    output of its own)."""
     n_ref = n_test = n_match = anchors = side_same = 0
     sides: list[np.ndarray] = []  # each sample's anchors on FP32's side
     sizes: list[np.ndarray] = []  # each sample's anchors
@@ -230,8 +360,8 @@ def detection_metrics(ref_batches: list[np.ndarray], test_batches: list[np.ndarr
     test_values: set[float] = set()
     ref_lo, ref_hi = np.inf, -np.inf
     for r, t in zip(ref_batches, test_batches, strict=True):
-        rb, rs = split_rows(r, layout)
-        tb, ts = split_rows(t, layout)
+        rb, rs = _split_batch(r, layout)
+        tb, ts = _split_batch(t, layout)
         if rs.size:
             err = max(err, float(np.max(np.abs(ts - rs))))
             ref_lo, ref_hi = min(ref_lo, float(rs.min())), max(ref_hi, float(rs.max()))
@@ -298,5 +428,10 @@ class DetectionTask:
     row_local: bool = True
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
-        return detection_metrics(list(_batches(ref, self.output)),
-                                 list(_batches(test, self.output)), self.layout, self.output)
+        names = self.layout.outputs(self.output)
+        if len(names) == 1:
+            return detection_metrics(list(_batches(ref, self.output)),
+                                     list(_batches(test, self.output)), self.layout, self.output)
+        return detection_metrics(list(zip(*(_batches(ref, n) for n in names), strict=True)),
+                                 list(zip(*(_batches(test, n) for n in names), strict=True)),
+                                 self.layout, self.output)

@@ -33,7 +33,7 @@ Metrics beyond a plain threshold (TAR@FAR, agreement with FP32) live in
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -77,6 +77,23 @@ FACE_STYLES: dict[str, FaceStyle] = {
 }  # fmt: skip
 
 
+def check_embedding_output(spec: str, out: str, shapes: Mapping[str, tuple]) -> None:
+    """Face data scores the model's first output ``out`` as one embedding per face: refuse
+    an output with more than one axis of its own (a detector's ``[N, 896, 16]``), which
+    would be flattened into a meaningless 'embedding'."""
+    shape = shapes.get(out)
+    if shape is None:
+        return
+    own = [d for d in shape[1:] if not (isinstance(d, int) and d == 1)]
+    if len(own) > 1:
+        dims = ", ".join(str(d) if isinstance(d, int) else "?" for d in shape)
+        raise QuantscopeError(
+            f"data '{spec}' scores a face embedder's verification, but the model's first "
+            f"output '{out}' [{dims}] is no embedding [N, D]: for a detector or landmark "
+            "model save the face images at its input size as tensors (an .npz keyed by input "
+            "name) and declare its outputs with --layout")
+
+
 def style_for_input(shape: tuple) -> FaceStyle:
     """The style whose chip size matches an NCHW input shape (150: dlib, 112: arcface)."""
     size = shape[-1] if len(shape) == 4 else None
@@ -84,7 +101,11 @@ def style_for_input(shape: tuple) -> FaceStyle:
         if size == style.chip_size:
             return style
     sizes = ", ".join(f"{s.chip_size} ({s.name})" for s in FACE_STYLES.values())
-    raise QuantscopeError(f"face model input {shape}: the chip side must be one of {sizes}")
+    raise QuantscopeError(f"face model input {shape}: the chip side must be one of {sizes} "
+                          "(face data scores a face embedder's verification; for another face "
+                          "model, a detector or landmarks, save the images at its input size "
+                          "as tensors, an .npz keyed by input name, and declare its outputs "
+                          "with --layout)")
 
 
 @dataclass(frozen=True)

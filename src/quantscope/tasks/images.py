@@ -43,6 +43,7 @@ from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
 from quantscope.tasks.shares import items_key
+from quantscope.tasks.unscored import embedding_note
 from quantscope.types import (
     Batch,
     Dataset,
@@ -252,8 +253,12 @@ def image_dataset(model: Model, *, batch_size: int = 12, spec: str = SPEC) -> Da
     if len(names) != 1 or len(shape) != 4 or tuple(shape[1:]) != (3, SIZE, SIZE):
         raise QuantscopeError(
             f"data '{SPEC}' is 224x224 RGB images but the model's inputs are "
-            f"{', '.join(names)} {list(shape)}: use an image model with one "
-            "[B, 3, 224, 224] input (e.g. dinov2-s14)")
+            f"{', '.join(names)} {list(shape)}: use an image embedding model with one "
+            "[B, 3, 224, 224] input (e.g. dinov2-s14); for another image model (a detector, "
+            "landmarks, a segmenter) save the images at its input size as tensors, an .npz "
+            "keyed by input name, and declare its outputs with --layout")
+    if isinstance(shape[0], int) and shape[0] > 0:  # a static export runs that many at a time
+        batch_size = shape[0]
     step = SMALL_STEP if spec == SMALL_SPEC else 1
     evaluation = make_views(step=step)
     calib = make_views(views=1, seed=CALIB_SEED, step=step)
@@ -265,6 +270,7 @@ def image_dataset(model: Model, *, batch_size: int = 12, spec: str = SPEC) -> Da
     task = ViewRetrievalTask(name=f"view-retrieval:{spec}", photo=evaluation.photo)
     subset = f" (every {step}th photo)" if step > 1 else ""
     notes = (f"{spec}: {evaluation.provenance}{subset}; calibration: 1 other view per photo "
-             f"(seed {CALIB_SEED}); preprocessing: ImageNet mean/std",)
+             f"(seed {CALIB_SEED}); preprocessing: ImageNet mean/std",
+             *filter(None, [embedding_note(model.proto, "view retrieval")]))
     return Dataset(name=spec, calibration=batches(calib.views),
                    evaluation=batches(evaluation.views), task=task, notes=notes)

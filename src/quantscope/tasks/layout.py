@@ -13,11 +13,16 @@ KIND        keys (defaults)                                          headline me
             ``obj=R`` (a YOLOv5 objectness row: scores x objectness;
             scores then default to the rows after it),
             ``axis=1`` (the row axis), ``format=cxcywh`` | ``xyxy``,
-            ``threshold=0.25``, ``iou=0.5``  (:mod:`.detection`)
+            ``threshold=0.25``, ``iou=0.5``, ``scores_from=OUT``
+            (the scores in another output of the same anchors, an
+            SSD's two heads), ``anchors=FILE.npy`` (anchor centres
+            ``[A, 2]`` added to the box centres)  (:mod:`.detection`)
 ``map``     ``threshold=0.5``  (:mod:`.maps`)                         ``mask_iou``
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
 ``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
             (:mod:`.classes`; default: the graph's, :func:`class_task`)
+``points``  ``dims=2`` (values per point), ``tol=T`` (default 1 % of   ``point_agreement``
+            FP32's x, y span): landmarks  (:mod:`.points`)
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
@@ -56,19 +61,24 @@ from quantscope.tasks.detection import (
     DetectionLayout,
     DetectionTask,
     detect_layout,
+    read_anchors,
+    ssd_heads_hint,
 )
 from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, ScoreTask
+from quantscope.tasks.points import POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
-    "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou"),
+    "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou", "scores_from",
+               "anchors"),
     "map": ("threshold",),
     "score": ("threshold",),
     "class": ("axis",),
+    "points": ("dims", "tol"),
     "tensor": (),
 }
-SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class or tensor"
+SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points or tensor"
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -127,7 +137,8 @@ def parse_layout(text: str) -> LayoutSpec:
     kind, _, opts = rest.partition(":")
     kind = kind.strip().lower()
     if kind not in KINDS:
-        raise _fail(text, f"unknown kind '{kind}': use detect, map, score, class or tensor")
+        raise _fail(text, f"unknown kind '{kind}': use detect, map, score, class, points or "
+                    "tensor")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -183,6 +194,11 @@ def _rows(spec: LayoutSpec, key: str) -> tuple[int, int | None] | None:
 def _check_values(spec: LayoutSpec) -> None:
     _number(spec, "threshold", -math.inf, math.inf)
     _number(spec, "iou", 0.0, 1.0, open_lo=True)
+    _number(spec, "tol", 0.0, math.inf, open_lo=True)
+    dims = spec.option("dims")
+    if dims is not None and (not dims.isdigit() or int(dims) < 1):
+        raise _fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "
+                    "values per point (e.g. dims=3 for x, y, z)")
     boxes = _rows(spec, "boxes")
     if boxes is not None and (boxes[1] is None or boxes[1] - boxes[0] != 4):
         raise _fail(spec.text, f"boxes '{spec.option('boxes')}' must be 4 rows (e.g. boxes=0-3)")
@@ -207,8 +223,51 @@ def _others(rank: int | None, samples: int | None) -> str:
     return f"0..{last} but {samples}" if rank is not None else f"any but {samples}"
 
 
-def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None
-                      ) -> DetectionLayout:
+def _scores_from(spec: LayoutSpec, model: Model, shape: tuple | None, axis: int
+                 ) -> tuple[str | None, tuple | None]:
+    """The score output a layout names (``scores_from=``) and its shape, checked: another
+    output of the model, of the box output's rank and anchors (its dims but the row axis)."""
+    name = spec.option("scores_from")
+    if name is None:
+        return None, None
+    outputs = model.output_names()
+    if name not in outputs or name == spec.output:
+        raise _fail(spec.text, f"scores_from '{name}' is no other output of the model "
+                    f"(outputs: {', '.join(o for o in outputs if o != spec.output)})")
+    other = model.value_shapes().get(name)
+    if shape is not None and other is not None:
+        same = len(other) == len(shape) and all(
+            k == axis or not isinstance(a, int) or not isinstance(b, int) or a == b
+            for k, (a, b) in enumerate(zip(shape, other, strict=True)))
+        if not same:
+            differ = [k for k, (a, b) in enumerate(zip(shape, other, strict=False)) if a != b]
+            hint = (f": give axis={differ[0]}, the axis they differ on" if len(other) ==
+                    len(shape) and len(differ) == 1 and spec.option("axis") is None else "")
+            raise _fail(spec.text, f"scores_from '{name}' has shape {_dims(other)}, output "
+                        f"'{spec.output}' {_dims(shape)}: the two must differ only on the row "
+                        f"axis {axis} (one score row set per anchor){hint}")
+    return name, other
+
+
+def _anchors(spec: LayoutSpec, shape: tuple | None, axis: int, samples: int) -> str | None:
+    path = spec.option("anchors")
+    if path is None:
+        return None
+    try:
+        centres = read_anchors(path)
+    except QuantscopeError as e:
+        raise _fail(spec.text, str(e)) from None
+    dims = [d for k, d in enumerate(shape or ()) if k not in (samples, axis)]
+    if shape is not None and all(isinstance(d, int) for d in dims):
+        anchors = int(np.prod(dims)) if dims else 1
+        if anchors != len(centres):
+            raise _fail(spec.text, f"anchors '{path}' holds {len(centres)} centres, output "
+                        f"'{spec.output}' {anchors} anchors: give one centre per anchor")
+    return path
+
+
+def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None,
+                      model: Model | None = None) -> DetectionLayout:
     """``samples``: the output's sample axis (None: not known yet, the data unread: 0
     assumed, not checked)."""
     rank = len(shape) if shape is not None else None
@@ -224,20 +283,28 @@ def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None
     boxes = _rows(spec, "boxes") or (0, 4)
     obj_rows = _rows(spec, "obj")
     obj = None if obj_rows is None else obj_rows[0]
+    scores_from, other = (None, None) if model is None else _scores_from(spec, model, shape, axis)
     # default scores: the rows after the boxes (boxes first; after the objectness row when
-    # it follows the boxes) or before them (boxes last)
+    # it follows the boxes) or before them (boxes last); every row of a score output
     after = boxes[1] + (1 if obj == boxes[1] else 0)
-    scores = _rows(spec, "scores") or ((after, None) if boxes[0] == 0 else (0, boxes[0]))
+    scores = _rows(spec, "scores") or (
+        (0, None) if scores_from else (after, None) if boxes[0] == 0 else (0, boxes[0]))
     assert boxes[1] is not None
     rows = shape[axis] if shape is not None and isinstance(shape[axis], int) else None
     if rows is not None:
-        last = max(boxes[1], scores[1] or scores[0] + 1, -1 if obj is None else obj + 1)
+        last = max(boxes[1], -1 if obj is None else obj + 1,
+                   0 if scores_from else scores[1] or scores[0] + 1)
         if last > rows:
             raise _fail(spec.text, f"output '{spec.output}' has {rows} rows on axis {axis}, the "
                         f"layout needs {last}: fix boxes=/scores=/obj= or axis=")
-    if scores[0] < boxes[1] and (scores[1] is None or scores[1] > boxes[0]):
+    score_rows = other[axis] if other is not None and isinstance(other[axis], int) else None
+    if score_rows is not None and (scores[1] or scores[0] + 1) > score_rows:
+        raise _fail(spec.text, f"scores_from '{scores_from}' has {score_rows} rows on axis "
+                    f"{axis}, scores={spec.option('scores')} needs more: fix scores=")
+    if scores_from is None and scores[0] < boxes[1] and (
+            scores[1] is None or scores[1] > boxes[0]):
         raise _fail(spec.text, "the box rows and the score rows overlap: give disjoint ranges")
-    if obj is not None and (boxes[0] <= obj < boxes[1] or (
+    if obj is not None and (boxes[0] <= obj < boxes[1] or (scores_from is None and
             scores[0] <= obj and (scores[1] is None or obj < scores[1]))):
         raise _fail(spec.text, f"the objectness row {obj} is a box or score row: give a row of "
                     "its own (e.g. boxes=0-3,obj=4,scores=5-)")
@@ -245,7 +312,8 @@ def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None
                            boxes=(boxes[0], boxes[1]), scores=scores,
                            box_format=(spec.option("format") or "cxcywh").lower(),
                            threshold=_float(spec, "threshold", DEFAULT_THRESHOLD),
-                           iou=_float(spec, "iou", DEFAULT_IOU), objectness=obj)
+                           iou=_float(spec, "iou", DEFAULT_IOU), objectness=obj,
+                           scores_output=scores_from, anchors=_anchors(spec, shape, axis, samples or 0))
 
 
 def _float(spec: LayoutSpec, key: str, default: float) -> float:
@@ -301,6 +369,20 @@ def class_task(spec: LayoutSpec, model: Model, shape: tuple | None,
                      axis_read=read, sample_axis=samples or 0)
 
 
+def _points_task(spec: LayoutSpec, shape: tuple | None, name: str) -> PointsTask:
+    dims = int(spec.option("dims") or POINT_DIMS)
+    rest = [d for d in (shape or ())[1:]]
+    if shape is not None and all(isinstance(d, int) for d in rest):
+        size = int(np.prod(rest)) if rest else 1
+        if size % dims:
+            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}: "
+                        f"{size} values per sample are no whole number of points of {dims} "
+                        "values: give dims=D (e.g. 3 for x, y, z)")
+    tol = spec.option("tol")
+    return PointsTask(name=name, output=spec.output, dims=dims,
+                      tolerance=None if tol is None else float(tol))
+
+
 def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
     shape = model.value_shapes().get(spec.output)
     name = f"{spec.kind}:{spec.output}"
@@ -312,7 +394,7 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
                     "made from (the logits before an ArgMax or TopK) instead")
     if spec.kind == "detect":
         return DetectionTask(name=name, output=spec.output,
-                             layout=_detection_layout(spec, shape, samples))
+                             layout=_detection_layout(spec, shape, samples, model))
     if spec.kind == "map":
         return MapTask(name=name, output=spec.output,
                        threshold=_float(spec, "threshold", MAP_THRESHOLD))
@@ -320,9 +402,13 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         if shape is not None and any(isinstance(d, int) and d != 1 for d in shape[1:]):
             raise _fail(spec.text, f"output '{spec.output}' has shape "
                         f"{tuple(d if isinstance(d, int) else '?' for d in shape)}, not one value "
-                        "per sample: use kind map or detect")
+                        "per sample: use kind map (each value decided at the threshold), class, "
+                        "points, or detect (an SSD's per-anchor scores: --layout "
+                        f"BOXES=detect:scores_from={spec.output})")
         return ScoreTask(name=name, output=spec.output,
                          threshold=_float(spec, "threshold", SCORE_THRESHOLD))
+    if spec.kind == "points":
+        return _points_task(spec, shape, name)
     if spec.kind == "class":
         return class_task(spec, model, shape, samples)
     return None
@@ -354,8 +440,8 @@ class OutputTasks:
             notes.extend(m.notes)
         worst: dict[str, float] = {}
         for k, vs in by_key.items():
-            if k.startswith(("detections_", "decisions_", "mask_share")) or k.endswith(
-                    (ITEMS, CLUSTERS)):
+            if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance")) \
+                    or k.endswith((ITEMS, CLUSTERS)):
                 continue
             worse = max if ("error" in k or "flip" in k) else min
             worst[k] = worse(vs)
@@ -392,6 +478,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
             task = _task(spec, model, samples)
             if task is not None:
                 notes.append(f"output '{out}' read as {_describe(task, model)} (--layout)")
+                notes.extend(_rows_hint(spec, task, model))
         else:
             found = detect_layout(model, out)
             if found is not None and found.axis == samples:
@@ -415,6 +502,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                              "for plain fidelity")
         if task is not None:
             tasks.append(task)
+    notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
     if not tasks:
         return None, tuple(notes)
     if len(tasks) == 1:
@@ -423,17 +511,47 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                        headline=tasks[0].headline), tuple(notes)
 
 
+def _rows_hint(spec: LayoutSpec, task: object, model: Model) -> list[str]:
+    """A detect layout on its default row axis that has more rows than anchors (an
+    anchors-first ``[N, A, R]`` output read as ``[N, R, A]``): a note naming axis 2."""
+    if not isinstance(task, DetectionTask) or spec.option("axis") is not None:
+        return []
+    shape = model.value_shapes().get(spec.output) or ()
+    axis = task.layout.axis
+    rest = [d for k, d in enumerate(shape) if k not in (axis, task.layout.sample_axis)]
+    rows = shape[axis] if axis < len(shape) else None
+    if not isinstance(rows, int) or not all(isinstance(d, int) for d in rest) \
+            or rows <= int(np.prod(rest)):
+        return []
+    other = next(k for k in range(len(shape)) if k not in (axis, task.layout.sample_axis))
+    return [f"output '{spec.output}' {_dims(shape)} read with {rows} rows on axis {axis} for "
+            f"{int(np.prod(rest))} anchors (the default axis): if its anchors come first "
+            f"([N, A, 4 + C], YOLOv5's and an SSD's), give axis={other}"]
+
+
+def _read_by(task: object) -> tuple[str, ...]:
+    if isinstance(task, DetectionTask):
+        return task.layout.outputs(task.output)
+    return (getattr(task, "output", ""),)
+
+
 def _describe(task: object, model: Model) -> str:
     if isinstance(task, DetectionTask):
-        shape = model.value_shapes().get(task.output) or ()
-        rows = shape[task.layout.axis] if len(shape) > task.layout.axis else None
-        return task.layout.describe(rows if isinstance(rows, int) else None)
+        def rows_of(name: str) -> int | None:
+            shape = model.value_shapes().get(name) or ()
+            rows = shape[task.layout.axis] if len(shape) > task.layout.axis else None
+            return rows if isinstance(rows, int) else None
+
+        return task.layout.describe(rows_of(task.layout.scores_output or task.output),
+                                    rows_of(task.output))
     if isinstance(task, MapTask):
         return f"a probability map binarised at {task.threshold:g}"
     if isinstance(task, ScoreTask):
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
         return describe_classes(task, model)
+    if isinstance(task, PointsTask):
+        return task.describe()
     return "a tensor"
 
 

@@ -59,7 +59,7 @@ from quantscope.tasks.text import (
     truncate_batches,
     truncate_feeds,
 )
-from quantscope.tasks.unscored import unscored_note
+from quantscope.tasks.unscored import embedding_note, unscored_note
 from quantscope.types import (
     Batch,
     Dataset,
@@ -500,7 +500,13 @@ def _slice_row(dr: np.ndarray, dt: np.ndarray, labels: np.ndarray, thr: float) -
 def face_dataset(
     spec: str, model: Model, *, batch_size: int = 32
 ) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...], VerificationTask, str]:
-    from quantscope.tasks.faces import face_batches, load_faces, style_for_input, verification_pairs
+    from quantscope.tasks.faces import (
+        check_embedding_output,
+        face_batches,
+        load_faces,
+        style_for_input,
+        verification_pairs,
+    )
 
     names = model.input_names()
     shape = model.value_shapes().get(names[0], ())
@@ -510,7 +516,10 @@ def face_dataset(
             f"{shape}: use a face model with one NCHW RGB input (e.g. dlib-face, mobilefacenet)"
         )
     style = style_for_input(tuple(shape))
+    check_embedding_output(spec, model.output_names()[0], model.value_shapes())
     faces = load_faces(spec, style.name)
+    if isinstance(shape[0], int) and shape[0] > 0:  # a static export runs that many at a time
+        batch_size = shape[0]
     batches = tuple({names[0]: b} for b in face_batches(faces, batch_size, style))
     task = VerificationTask(name=f"verification:{spec}", pairs=verification_pairs(faces),
                             threshold=style.threshold, normalize=style.normalize)
@@ -577,6 +586,7 @@ def open_task_data(
         return image_dataset(model, spec=spec)
     if is_face_spec(spec):
         calib, evaluation, task, note = face_dataset(spec, model)
+        other = embedding_note(model.proto, "face verification")
         return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
-                       notes=(note,))
+                       notes=(note, *filter(None, [other])))
     return None

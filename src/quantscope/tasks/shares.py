@@ -38,6 +38,7 @@ ITEM_WORDS: dict[str, str] = {
     "exact_agreement": "samples (an int output's, compared exactly)",
     "score_side_agreement": "anchors",
     "pixel_flip_share": "pixels",
+    "point_agreement": "points",
     "detection_f1": "detections of either model (a matched pair once)",
     "detection_recall": "FP32 detections",
     "detection_precision": "quantized detections",

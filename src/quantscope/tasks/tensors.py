@@ -401,6 +401,26 @@ def check_token_ids(arrays: dict[str, np.ndarray], model: Model, where: str | Pa
                 f"(the {rows} rows of '{node.input[0]}'): use the model's own tokenizer")
 
 
+def _axis_order(shape: tuple[int, ...], want: tuple, samples: int) -> tuple[int, ...] | None:
+    """The permutation of ``shape``'s axes that gives the model's fixed dims ``want`` (the
+    sample axis kept in place; equal dims keep their order), when one does and it is not
+    the identity; None otherwise."""
+    if any(not isinstance(d, int) for i, d in enumerate(want) if i != samples):
+        return None
+    free = [j for j in range(len(shape)) if j != samples]
+    perm = []
+    for i, d in enumerate(want):
+        if i == samples:
+            perm.append(samples)
+            continue
+        j = next((j for j in free if shape[j] == d), None)
+        if j is None:
+            return None
+        free.remove(j)
+        perm.append(j)
+    return tuple(perm) if perm != list(range(len(shape))) else None
+
+
 def _check(arrays: dict[str, np.ndarray], model: Model, where: Path,
            declared: Mapping[str, int] | None = None) -> Layout:
     shapes, types = model.value_shapes(), model.value_types()
@@ -430,6 +450,10 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path,
                     not isinstance(d, int) or d == n for d, n in zip(rest, arr.shape, strict=True)):
                 fix = (f"it is one sample without the sample axis: save it as "
                        f"np.expand_dims(x, {axis}) or stack several samples on axis {axis}")
+            elif arr.ndim == len(want) and (perm := _axis_order(arr.shape, want, axis)):
+                fix = (f"its axes are the model's in another order (e.g. NHWC images for an "
+                       f"NCHW input, as a TFLite model converted to ONNX takes them): save "
+                       f"np.transpose(x, {perm})")
             elif arr.ndim == len(want):
                 bad = [f"axis {i} is {n}, the model's {d}" for i, (d, n) in
                        enumerate(zip(want, arr.shape, strict=True))

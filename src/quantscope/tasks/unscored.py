@@ -28,6 +28,18 @@ def unscored_note(proto: onnx.ModelProto, scored: str) -> str | None:
             "makes the task score that output instead (commands that take --output)")
 
 
+def embedding_note(proto: onnx.ModelProto, task: str) -> str | None:
+    """The note of an image or face task, which reads the first output as the embedding:
+    names it, and the other float outputs as scored for fidelity only (None: one output)."""
+    first = proto.graph.output[0]
+    others = [o for o in proto.graph.output[1:] if o.type.tensor_type.elem_type in _FLOATS]
+    if not others:
+        return None
+    names = ", ".join(f"'{o.name}' {_shape(o)}" for o in others)
+    return (f"the {task} task reads the first output '{first.name}' {_shape(first)} as the "
+            f"embedding; output {names} {MARK} (cosine, SQNR)")
+
+
 def is_unscored_note(note: str) -> bool:
     return MARK in note
 
