@@ -203,7 +203,7 @@ def test_builtin_image_data_on_a_detector_names_tensor_data(ssd, capsys, data):
                  "--out", str(ssd / f"{data}_stats.npz")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and not (ssd / f"{data}_stats.npz").exists()
-    assert "save the images at its input size as tensors" in err[0] and "--layout" in err[0]
+    assert "quantscope images FOLDER --model MODEL" in err[0] and "--layout" in err[0]
 
 
 def test_a_detector_at_a_face_chip_size_is_refused_on_face_data(tmp_path, capsys):

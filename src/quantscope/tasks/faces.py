@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from quantscope.tasks.face_align import align_arcface, five_points_from_68
+from quantscope.tasks.pixels import MAKE_TENSORS
 from quantscope.types import QuantscopeError
 from quantscope.zoo import face as dlib_face
 from quantscope.zoo import mobilefacenet as mfn
@@ -90,8 +91,7 @@ def check_embedding_output(spec: str, out: str, shapes: Mapping[str, tuple]) -> 
         raise QuantscopeError(
             f"data '{spec}' scores a face embedder's verification, but the model's first "
             f"output '{out}' [{dims}] is no embedding [N, D]: for a detector or landmark "
-            "model save the face images at its input size as tensors (an .npz keyed by input "
-            "name) and declare its outputs with --layout")
+            f"model {MAKE_TENSORS} and declare its outputs with --layout")
 
 
 def style_for_input(shape: tuple) -> FaceStyle:
@@ -103,9 +103,8 @@ def style_for_input(shape: tuple) -> FaceStyle:
     sizes = ", ".join(f"{s.chip_size} ({s.name})" for s in FACE_STYLES.values())
     raise QuantscopeError(f"face model input {shape}: the chip side must be one of {sizes} "
                           "(face data scores a face embedder's verification; for another face "
-                          "model, a detector or landmarks, save the images at its input size "
-                          "as tensors, an .npz keyed by input name, and declare its outputs "
-                          "with --layout)")
+                          f"model, a detector or landmarks, {MAKE_TENSORS} and declare its "
+                          "outputs with --layout)")
 
 
 @dataclass(frozen=True)

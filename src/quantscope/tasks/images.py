@@ -42,6 +42,7 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
+from quantscope.tasks.pixels import MAKE_TENSORS
 from quantscope.tasks.shares import items_key
 from quantscope.tasks.unscored import embedding_note
 from quantscope.types import (
@@ -255,8 +256,7 @@ def image_dataset(model: Model, *, batch_size: int = 12, spec: str = SPEC) -> Da
             f"data '{SPEC}' is 224x224 RGB images but the model's inputs are "
             f"{', '.join(names)} {list(shape)}: use an image embedding model with one "
             "[B, 3, 224, 224] input (e.g. dinov2-s14); for another image model (a detector, "
-            "landmarks, a segmenter) save the images at its input size as tensors, an .npz "
-            "keyed by input name, and declare its outputs with --layout")
+            f"landmarks, a segmenter) {MAKE_TENSORS} and declare its outputs with --layout")
     if isinstance(shape[0], int) and shape[0] > 0:  # a static export runs that many at a time
         batch_size = shape[0]
     step = SMALL_STEP if spec == SMALL_SPEC else 1

@@ -45,6 +45,9 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 RESIZES = ("stretch", "letterbox", "crop")
 PIXELS_EXAMPLES = ("scale=255 (YOLO), scale=255,mean=0.485/0.456/0.406,std=0.229/0.224/0.225 "
                    "(ImageNet), mean=127.5,std=128 (ArcFace), raw (0..255 as they are)")
+MAKE_TENSORS = ("make tensor data of your images with 'quantscope images FOLDER --model MODEL "
+                "--pixels SPEC --out data.npz' (their preprocessing declared)")
+"""How a refusal of image data says to make tensors of a user's images (one place)."""
 SIDECAR = ".pixels.json"  # NAME.npz -> NAME.pixels.json
 PIXELS_FORMAT = "quantscope.pixels/1"
 
@@ -338,5 +341,5 @@ def pixels_note(spec: str | Path) -> str | None:
         return None
 
 
-__all__ = ["IMAGE_SUFFIXES", "ImageInput", "Images", "Pixels", "image_files", "image_input",
+__all__ = ["IMAGE_SUFFIXES", "MAKE_TENSORS", "ImageInput", "Images", "Pixels", "image_files", "image_input",
            "images_to_arrays", "parse_pixels", "pixels_note", "read_image", "sidecar"]

@@ -61,13 +61,11 @@ def _files(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.suffix.lower() in (".npy", ".npz"))
         if not files:
-            from quantscope.tasks.pixels import IMAGE_SUFFIXES
+            from quantscope.tasks.pixels import IMAGE_SUFFIXES, MAKE_TENSORS
 
             if any(p.suffix.lower() in IMAGE_SUFFIXES for p in path.iterdir()):
-                raise QuantscopeError(
-                    f"data folder '{path}' holds images, not tensors: make tensor data of "
-                    f"them with 'quantscope images {path} --model MODEL --pixels SPEC --out "
-                    "data.npz' (the preprocessing declared) and give --data data.npz")
+                raise QuantscopeError(f"data folder '{path}' holds images, not tensors: "
+                                      f"{MAKE_TENSORS} and give --data data.npz")
             raise QuantscopeError(f"data folder '{path}' has no .npy or .npz files: add some")
         special = [p for p in files if not p.is_file()]  # a FIFO would block the reader
         if special:
