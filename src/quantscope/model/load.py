@@ -19,6 +19,7 @@ from quantscope.model.fuse_rmsnorm import RMS_OPSET, drop_noop_casts, fuse_rms_n
 from quantscope.model.nan_guard import drop_softmax_nan_guards
 from quantscope.model.prequantized import refuse_prequantized
 from quantscope.model.recurrent import refuse_batch_first_recurrent
+from quantscope.model.softmax_rank import rank_softmax_inputs
 from quantscope.model.toposort import sort_nodes
 from quantscope.model.widen import widen_float16
 from quantscope.types import QuantscopeError
@@ -338,8 +339,11 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx
     """Raise the default-domain opset to ``target`` (needed for 16-bit Q/DQ)."""
     if _default_opset(proto) >= target:
         return proto
+    # the converter keeps an opset < 13 Softmax over the last axis one Softmax only when it
+    # knows the input's rank
+    ranked = rank_softmax_inputs(proto, _default_opset(proto))
     try:
-        converted = onnx.version_converter.convert_version(proto, target)
+        converted = onnx.version_converter.convert_version(ranked, target)
     except Exception as exc:
         raise QuantscopeError(
             f"cannot raise the model's opset from {_default_opset(proto)} to {target} "

@@ -294,6 +294,12 @@ def _symbolic_shape_infer() -> tuple[Any, Any]:
     return module.SymbolicShapeInference, module.get_opset
 
 
+def symbolic_shapes(proto: onnx.ModelProto) -> dict[str, Shape]:
+    """Every tensor's shape by onnxruntime's symbolic shape inference (empty when it
+    cannot run on this graph)."""
+    return _symbolic(proto, None)
+
+
 def _symbolic(proto: onnx.ModelProto, source: str | None) -> dict[str, Shape]:
     """Shapes from onnxruntime's symbolic shape inference (empty when it cannot run on
     this graph: the ONNX shapes stand)."""
