@@ -17,6 +17,8 @@ from __future__ import annotations
 import onnx
 from onnx import shape_inference
 
+from quantscope.model.symbolic import symbolic_proto
+
 FLATTENING_OPS = ("Softmax", "LogSoftmax", "Hardmax")
 
 
@@ -46,12 +48,11 @@ def rank_softmax_inputs(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
         return proto
     ranks = {n.input[0]: _ranked(infos[n.output[0]]) for n in missing if n.output[0] in infos}
     if any(ranks.get(n.input[0]) is None for n in missing):
-        from quantscope.model.shapes import symbolic_shapes  # shapes reads this package's Model
-
-        symbolic = symbolic_shapes(inferred)
+        symbolic = symbolic_proto(inferred)
+        found = {} if symbolic is None else {v.name: _ranked(v) for v in symbolic.graph.value_info}
         for n in missing:
-            if ranks.get(n.input[0]) is None and n.input[0] in symbolic:
-                ranks[n.input[0]] = len(symbolic[n.input[0]])
+            if ranks.get(n.input[0]) is None:
+                ranks[n.input[0]] = found.get(n.input[0])
     ranks = {k: r for k, r in ranks.items() if r}
     if not ranks:
         return proto
