@@ -111,6 +111,8 @@ LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per 
                "last; default: the axis the graph gives their features, e.g. the last of a "
                "token classifier's [N, T, C], else 1, said; an axis= counts the output's axes "
                "as the model declares it, its --batch-axis included), "
+               "OUTPUT=ctc[:blank=0,axis=-1] (a text recognizer's [N, T, C] decoded by CTC "
+               "greedy decoding: string agreement and character error rate vs FP32), "
                "OUTPUT=tensor (fidelity only). Default: a detection head (a Concat of 4 box "
                "rows and score rows) and a Softmax over the classes (axis 1 of an [N, C] or "
                "[N, C, H, W] output, the last of an [N, T, C] one) are "

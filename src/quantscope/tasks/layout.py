@@ -18,6 +18,8 @@ KIND        keys (defaults)                                          headline me
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
 ``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
             (:mod:`.classes`; default: the graph's, :func:`class_task`)
+``ctc``     ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
+            ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
@@ -49,6 +51,7 @@ import onnx
 from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
 from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
+from quantscope.tasks.ctc import DEFAULT_BLANK, CtcTask
 from quantscope.tasks.detection import (
     BOX_FORMATS,
     DEFAULT_IOU,
@@ -66,9 +69,10 @@ KINDS: dict[str, tuple[str, ...]] = {
     "map": ("threshold",),
     "score": ("threshold",),
     "class": ("axis",),
+    "ctc": ("blank", "axis"),
     "tensor": (),
 }
-SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class or tensor"
+SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, ctc or tensor"
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -127,7 +131,7 @@ def parse_layout(text: str) -> LayoutSpec:
     kind, _, opts = rest.partition(":")
     kind = kind.strip().lower()
     if kind not in KINDS:
-        raise _fail(text, f"unknown kind '{kind}': use detect, map, score, class or tensor")
+        raise _fail(text, f"unknown kind '{kind}': use detect, map, score, class, ctc or tensor")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -195,8 +199,13 @@ def _check_values(spec: LayoutSpec) -> None:
         raise _fail(spec.text, f"format '{fmt}' is unknown: use {' or '.join(BOX_FORMATS)}")
     axis = spec.option("axis")
     if axis is not None and (not axis.lstrip("-").isdigit()):
-        what = "class axis (e.g. -1, the last)" if spec.kind == "class" else "row axis (e.g. 1)"
+        what = ("class axis (e.g. -1, the last)" if spec.kind in ("class", "ctc")
+                else "row axis (e.g. 1)")
         raise _fail(spec.text, f"axis '{axis}' is not a whole number: give the {what}")
+    blank = spec.option("blank")
+    if blank is not None and not blank.lstrip("-").isdigit():
+        raise _fail(spec.text, f"blank '{blank}' is not a whole number: give the CTC blank "
+                    "class (e.g. 0; -1: the last)")
 
 
 def _others(rank: int | None, samples: int | None) -> str:
@@ -325,7 +334,30 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
                          threshold=_float(spec, "threshold", SCORE_THRESHOLD))
     if spec.kind == "class":
         return class_task(spec, model, shape, samples)
+    if spec.kind == "ctc":
+        return ctc_task(spec, shape, samples)
     return None
+
+
+def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> CtcTask:
+    """The task of a ``ctc`` layout: an output of 3 axes (samples, time, classes), the
+    class axis ``axis=`` (default the last), ``blank=`` a class of it (default 0)."""
+    axis, blank = int(spec.option("axis") or -1), int(spec.option("blank") or DEFAULT_BLANK)
+    if shape is not None:
+        if len(shape) != 3:
+            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}, not "
+                        "[samples, time, classes]: CTC decodes 3 axes (use kind class for "
+                        "class scores of another rank)")
+        if not -3 <= axis < 3 or axis % 3 == (samples or 0):
+            raise _fail(spec.text, f"axis {axis} is no class axis of output '{spec.output}' "
+                        f"of shape {_dims(shape)}: give one of {_others(3, samples)} "
+                        "(-1: the last)")
+        c = shape[axis]
+        if isinstance(c, int) and not -c <= blank < c:
+            raise _fail(spec.text, f"blank {blank} is no class of the {c} on axis {axis % 3}: "
+                        f"give 0..{c - 1} (-1: the last)")
+    return CtcTask(name=f"ctc:{spec.output}", output=spec.output, blank=blank, axis=axis,
+                   sample_axis=samples or 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -354,7 +386,7 @@ class OutputTasks:
             notes.extend(m.notes)
         worst: dict[str, float] = {}
         for k, vs in by_key.items():
-            if k.startswith(("detections_", "decisions_", "mask_share")) or k.endswith(
+            if k.startswith(("detections_", "decisions_", "mask_share", "chars_")) or k.endswith(
                     (ITEMS, CLUSTERS)):
                 continue
             worse = max if ("error" in k or "flip" in k) else min
@@ -434,6 +466,9 @@ def _describe(task: object, model: Model) -> str:
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
         return describe_classes(task, model)
+    if isinstance(task, CtcTask):
+        return (f"CTC sequences (greedy decoding of the top class per step on axis "
+                f"{task.axis}, blank {task.blank}; judged by the decoded string)")
     return "a tensor"
 
 
