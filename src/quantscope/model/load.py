@@ -17,6 +17,7 @@ from onnx import numpy_helper, shape_inference
 from quantscope.model.foreign import refuse_foreign_ops
 from quantscope.model.fuse_rmsnorm import RMS_OPSET, drop_noop_casts, fuse_rms_norms
 from quantscope.model.nan_guard import drop_softmax_nan_guards
+from quantscope.model.negative_dims import name_negative_dims
 from quantscope.model.prequantized import refuse_prequantized
 from quantscope.model.recurrent import refuse_batch_first_recurrent
 from quantscope.model.softmax_rank import rank_softmax_inputs
@@ -341,7 +342,7 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx
         return proto
     # the converter keeps an opset < 13 Softmax over the last axis one Softmax only when it
     # knows the input's rank
-    ranked = rank_softmax_inputs(proto, _default_opset(proto))
+    ranked = rank_softmax_inputs(proto, _default_opset(proto), target)
     try:
         converted = onnx.version_converter.convert_version(ranked, target)
     except Exception as exc:
@@ -404,6 +405,8 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     refuse_foreign_ops(proto, source)
     refuse_batch_first_recurrent(proto, source)
     proto, moved = sort_nodes(proto)  # ONNX Runtime runs an unsorted graph: so do we
+    proto, negative = name_negative_dims(proto)  # a -1 dim is any size, as ORT reads it
+    moved = (*moved, *negative)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:

@@ -8,7 +8,8 @@ it writes ``Shape``, ``Flatten``, ``Softmax``, ``Reshape`` instead. The function
 same, but the output is then made by a ``Reshape``: its classes are not found
 (:func:`quantscope.tasks.classes.class_output`), and three layers no compiler wants
 become decision groups. The rank is taken from the node's output (a graph output keeps
-its declared shape) or from onnxruntime's symbolic shape inference, and written as the
+its declared shape), ONNX's inference on a copy raised to the target opset, or onnxruntime's
+symbolic shape inference, and written as the
 input's shape (dims unknown) for the converter to read; nothing else changes.
 """
 
@@ -27,10 +28,22 @@ def _ranked(vi: onnx.ValueInfoProto) -> int | None:
     return len(tt.shape.dim) if tt.HasField("shape") else None
 
 
-def rank_softmax_inputs(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+def _converted_ranks(proto: onnx.ModelProto, target: int) -> dict[str, int | None]:
+    """Each tensor's rank as ONNX's shape inference gives it on ``proto`` raised to opset
+    ``target`` (its rules there keep ranks that opset 11's lose, e.g. a Reshape to a
+    computed shape; the Softmax inputs keep their names), empty when that fails."""
+    try:
+        raised = onnx.version_converter.convert_version(proto, target)
+        raised = shape_inference.infer_shapes(raised, strict_mode=False, data_prop=True)
+    except Exception:  # noqa: BLE001 - the symbolic inference is tried next
+        return {}
+    return {v.name: _ranked(v) for v in raised.graph.value_info}
+
+
+def rank_softmax_inputs(proto: onnx.ModelProto, opset: int, target: int) -> onnx.ModelProto:
     """``proto`` with a ranked value_info for the input of each flattening op whose rank
     ONNX's shape inference does not give (``proto`` itself when none lacks one, or
-    ``opset`` is 13 or more)."""
+    ``opset`` is 13 or more); ``target``: the opset the model is being raised to."""
     if opset >= 13:
         return proto
     nodes = [n for n in proto.graph.node
@@ -47,6 +60,11 @@ def rank_softmax_inputs(proto: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     if not missing:
         return proto
     ranks = {n.input[0]: _ranked(infos[n.output[0]]) for n in missing if n.output[0] in infos}
+    if any(ranks.get(n.input[0]) is None for n in missing):
+        found = _converted_ranks(inferred, target)
+        for n in missing:
+            if ranks.get(n.input[0]) is None:
+                ranks[n.input[0]] = found.get(n.input[0])
     if any(ranks.get(n.input[0]) is None for n in missing):
         symbolic = symbolic_proto(inferred)
         found = {} if symbolic is None else {v.name: _ranked(v) for v in symbolic.graph.value_info}
