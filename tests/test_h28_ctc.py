@@ -111,3 +111,26 @@ def test_evaluate_scores_the_decoded_strings(tmp_path, capsys) -> None:
                  "a8_w8", "--layout", "probs=ctc:blank=9"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "blank 9 is no class of the 6" in err[0]
+
+
+def test_a_time_major_output(tmp_path, capsys) -> None:
+    """``y [T, N, C]`` (a CRNN exported time-first): with ``--batch-axis`` the strings are
+    each sample's, the same figures as the batch-first model's on the same data."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 1, (8, 6)).astype(np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "tmajor",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", "N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", "N", 6])], [w])
+    m, x, s, j = (tmp_path / n for n in ("m.onnx", "x.npy", "s.npz", "r.json"))
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), m)
+    data = rng.normal(0, 1, (12, 24, 8)).astype(np.float32)  # 24 samples of 12 steps
+    np.save(x, data)
+    common = ["--data", str(x), "--batch-axis", "x=1", "--batch-axis", "y=1"]
+    assert main(["calibrate", str(m), *common, "--out", str(s)]) == 0, capsys.readouterr().err
+    assert main(["evaluate", str(m), *common, "--stats", str(s), "--precision", "a8_w8",
+                 "--layout", "y=ctc", "--json", str(j)]) == 0, capsys.readouterr().err
+    metrics = json.loads(j.read_text())["metrics"]
+    assert metrics["string_agreement_items"] == 24
+    labels = sum(len(t) for t in greedy_decode(np.moveaxis(data @ numpy_helper.to_array(w), 1, 0), 0))
+    assert metrics["chars_fp32"] == labels
