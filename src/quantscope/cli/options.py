@@ -116,6 +116,8 @@ LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per 
                "OUTPUT=points[:dims=2,tol=T] (landmarks: share of points within tol of "
                "FP32's, distances in the output's units; tol default 1 %% of FP32's x, y "
                "span), "
+               "OUTPUT=ctc[:blank=0,axis=-1] (a text recognizer's [N, T, C] decoded by CTC "
+               "greedy decoding: string agreement and character error rate vs FP32), "
                "OUTPUT=tensor (fidelity only). Default: a detection head (a Concat of 4 box "
                "rows and score rows) and a Softmax over the classes (axis 1 of an [N, C] or "
                "[N, C, H, W] output, the last of an [N, T, C] one) are "

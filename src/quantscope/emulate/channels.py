@@ -165,12 +165,12 @@ class ChannelFidelity:
         sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
                          for p, q in zip(s["power"], s["noise"], strict=True)])
         grid = f"one grid spans {self.out_min:.4g} to {self.out_max:.4g} (FP32 range of the output)"
-        out = []
+        out, dead_line = [], []  # the judging lines first: run's verdict quotes the first
         erased, dead = self._erased(sqnr), self._dead()
         collapsed = np.flatnonzero(erased & ~dead)
         if (erased & dead).any():
             peak = np.maximum(np.abs(self.f_min), np.abs(self.f_max))[erased & dead].max()
-            out.append(f"output '{name}': {int((erased & dead).sum())} of {self.n} channels of "
+            dead_line.append(f"output '{name}': {int((erased & dead).sum())} of {self.n} channels of "
                        f"axis {self.axis} quantize to one value but are dead on this data (FP32 "
                        f"|x| at most {peak:.4g}, within float32's resolution of the output's "
                        "largest): not counted as collapsed nor judged (sqnr_db_channel_min and "
@@ -190,7 +190,7 @@ class ChannelFidelity:
                        f"{cos[c]:.3f}, SQNR {sqnr[c]:.1f} dB (FP32 "
                        f"{self.f_min[c]:.4g} to {self.f_max[c]:.4g}, emulated {self.t_min[c]:.4g} "
                        f"to {self.t_max[c]:.4g}): {grid}")
-        return out
+        return out + dead_line
 
 
 class ScalarFidelity:

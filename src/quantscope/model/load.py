@@ -17,8 +17,10 @@ from onnx import numpy_helper, shape_inference
 from quantscope.model.foreign import refuse_foreign_ops
 from quantscope.model.fuse_rmsnorm import RMS_OPSET, drop_noop_casts, fuse_rms_norms
 from quantscope.model.nan_guard import drop_softmax_nan_guards
+from quantscope.model.negative_dims import name_negative_dims
 from quantscope.model.prequantized import refuse_prequantized
 from quantscope.model.recurrent import refuse_batch_first_recurrent
+from quantscope.model.softmax_rank import rank_softmax_inputs
 from quantscope.model.toposort import sort_nodes
 from quantscope.model.widen import widen_float16
 from quantscope.types import QuantscopeError
@@ -338,8 +340,11 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx
     """Raise the default-domain opset to ``target`` (needed for 16-bit Q/DQ)."""
     if _default_opset(proto) >= target:
         return proto
+    # the converter keeps an opset < 13 Softmax over the last axis one Softmax only when it
+    # knows the input's rank
+    ranked = rank_softmax_inputs(proto, _default_opset(proto), target)
     try:
-        converted = onnx.version_converter.convert_version(proto, target)
+        converted = onnx.version_converter.convert_version(ranked, target)
     except Exception as exc:
         raise QuantscopeError(
             f"cannot raise the model's opset from {_default_opset(proto)} to {target} "
@@ -400,6 +405,8 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     refuse_foreign_ops(proto, source)
     refuse_batch_first_recurrent(proto, source)
     proto, moved = sort_nodes(proto)  # ONNX Runtime runs an unsorted graph: so do we
+    proto, negative = name_negative_dims(proto)  # a -1 dim is any size, as ORT reads it
+    moved = (*moved, *negative)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:

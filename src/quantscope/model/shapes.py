@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import math
 import weakref
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 from onnx import shape_inference
 
 from quantscope.model.load import Model
+from quantscope.model.symbolic import symbolic_proto
 from quantscope.threads import default_threads
 from quantscope.types import Groups, QuantscopeError
 
@@ -268,50 +267,11 @@ def _infer_stripped(model: Model, inputs: tuple[tuple[str, tuple[int, ...]], ...
     return out
 
 
-def _symbolic_shape_infer() -> tuple[Any, Any]:
-    """onnxruntime's ``SymbolicShapeInference`` and ``get_opset``, its module loaded from
-    its file when the ``onnxruntime.tools`` package is not imported yet: that package's
-    ``__init__`` imports torch (about 190 MB resident) for its PyTorch export helpers
-    alone, which the shape inference (onnx, numpy, sympy) does not use."""
-    import importlib.util
-    import sys
-
-    name = "onnxruntime.tools.symbolic_shape_infer"
-    module = sys.modules.get(name) or sys.modules.get("_quantscope_symbolic_shape_infer")
-    if module is None and "onnxruntime.tools" in sys.modules:
-        module = importlib.import_module(name)
-    if module is None:
-        spec = importlib.util.find_spec("onnxruntime")
-        assert spec is not None and spec.submodule_search_locations
-        path = Path(next(iter(spec.submodule_search_locations))) / "tools" / \
-            "symbolic_shape_infer.py"
-        loaded = importlib.util.spec_from_file_location("_quantscope_symbolic_shape_infer",
-                                                        path)
-        assert loaded is not None and loaded.loader is not None
-        module = importlib.util.module_from_spec(loaded)
-        sys.modules[loaded.name] = module
-        loaded.loader.exec_module(module)
-    return module.SymbolicShapeInference, module.get_opset
-
-
 def _symbolic(proto: onnx.ModelProto, source: str | None) -> dict[str, Shape]:
     """Shapes from onnxruntime's symbolic shape inference (empty when it cannot run on
     this graph: the ONNX shapes stand)."""
-    try:
-        SymbolicShapeInference, get_opset = _symbolic_shape_infer()
-        infer = SymbolicShapeInference(2**31 - 1, True, False, 0)
-        if (get_opset(proto) or 0) >= 18:  # ReduceMax 18+ is ReduceSum 13+'s spec (rowscale)
-            infer.dispatcher_.setdefault("ReduceMax", infer._infer_ReduceSum)
-        infer._preprocess(proto)
-        complete = False
-        while infer.run_:
-            complete = infer._infer_impl()
-        infer._update_output_from_vi()
-    except Exception:  # noqa: BLE001 - any failure: keep what ONNX inferred
-        return {}
-    if not complete:
-        return {}
-    return Model(proto=infer.out_mp_, source=source).value_shapes()
+    inferred = symbolic_proto(proto)
+    return {} if inferred is None else Model(proto=inferred, source=source).value_shapes()
 
 
 def resolve_shapes(model: Model, shapes: Shapes | None = None) -> dict[str, Shape]:

@@ -186,9 +186,14 @@ def at_data_size(opts: RunOptions, *, model: Model, fit: Any
                  ) -> tuple[RunOptions, str | None]:
     """Without ``--input-shape`` (and ``--seq-len``), tensor data whose every batch gives
     an input with open sizes (an image's H, W) the same shape fixes it for the whole run,
-    as if given; and the line that says so (:mod:`quantscope.tasks.sizes`)."""
+    as if given; and the line that says so (:mod:`quantscope.tasks.sizes`); with an
+    ``--input-shape`` the data's samples do not have, the warning that says so."""
     from quantscope.pipeline.data import _is_pairs
 
+    if opts.input_shapes and opts.seq_len is None and not _is_pairs(opts.data):
+        from quantscope.tasks.sizes import other_size_line
+
+        return opts, other_size_line(model, fit, opts.input_shapes)
     if opts.seq_len is not None or opts.input_shapes or _is_pairs(opts.data):
         return opts, None
     from dataclasses import replace

@@ -42,6 +42,7 @@ READABLE = {
     "sqnr_db_channel_min": "worst-channel SQNR", "output_sqnr_db": "output SQNR",
     "decision_agreement": "decision agreement", "exact_agreement": "exact agreement", "abs_err_max": "max |error|",
     "detection_f1": "detection F1", "decode_top1": "decode top-1",
+    "string_agreement": "string agreement", "char_error_rate": "character error rate",
 }
 
 

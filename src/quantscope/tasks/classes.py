@@ -158,11 +158,14 @@ def class_output(model: Model, output: str) -> int | None:
     the classes: of a ``[N, C]`` tensor, over axis 1 of a ``[N, C, ...]`` one (per
     position: a segmentation), or over the last axis of a ``[N, ..., C]`` one (per
     position: a token classifier's ``[N, T, C]``) that is no attention's (its input is not
-    from an activation x activation MatMul), with C >= 2 or symbolic; else None. Before
+    from an activation x activation MatMul), with C >= 2 or symbolic (an ``Identity`` after
+    the Softmax, as Paddle2ONNX writes every output, is looked through); else None. Before
     opset 13 a Softmax flattens the axes from its axis on: only the last axis is one axis."""
     from quantscope.model.axes import softmax_facts
 
     node = next((n for n in model.graph.node if output in n.output), None)
+    while node is not None and node.op_type == "Identity" and node.input:  # Paddle2ONNX's last
+        node = next((n for n in model.graph.node if node.input[0] in n.output), None)
     if node is None or node.op_type not in ("Softmax", "LogSoftmax"):
         return None
     shape = model.value_shapes().get(output)

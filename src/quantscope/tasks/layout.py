@@ -23,6 +23,8 @@ KIND        keys (defaults)                                          headline me
             (:mod:`.classes`; default: the graph's, :func:`class_task`)
 ``points``  ``dims=2`` (values per point), ``tol=T`` (default 1 % of   ``point_agreement``
             FP32's x, y span): landmarks  (:mod:`.points`)
+``ctc``     ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
+            ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
@@ -43,8 +45,6 @@ naming ``--layout`` and the fix.
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -54,8 +54,8 @@ import onnx
 from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
 from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
+from quantscope.tasks.ctc import DEFAULT_BLANK, CtcTask
 from quantscope.tasks.detection import (
-    BOX_FORMATS,
     DEFAULT_IOU,
     DEFAULT_THRESHOLD,
     DetectionLayout,
@@ -64,155 +64,21 @@ from quantscope.tasks.detection import (
     read_anchors,
     ssd_heads_hint,
 )
+from quantscope.tasks.layout_spec import (
+    KINDS,
+    LAYOUT_NOTE,
+    QUOTE_HINT,
+    SYNTAX,
+    LayoutError,
+    LayoutSpec,
+    parse_layout,
+)
+from quantscope.tasks.layout_spec import fail as _fail
+from quantscope.tasks.layout_spec import rows as _rows
 from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, ScoreTask
 from quantscope.tasks.points import POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError
-
-KINDS: dict[str, tuple[str, ...]] = {
-    "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou", "scores_from",
-               "anchors"),
-    "map": ("threshold",),
-    "score": ("threshold",),
-    "class": ("axis",),
-    "points": ("dims", "tol"),
-    "tensor": (),
-}
-SYNTAX = "OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points or tensor"
-LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
-
-
-class LayoutError(QuantscopeError):
-    """A ``--layout`` value that cannot be read (one line: the value and the fix)."""
-
-
-@dataclass(frozen=True)
-class LayoutSpec:
-    """One parsed ``--layout`` value (checked against the model by :func:`layout_tasks`)."""
-
-    output: str
-    kind: str
-    options: tuple[tuple[str, str], ...] = ()
-    text: str = ""
-
-    def option(self, key: str) -> str | None:
-        return dict(self.options).get(key)
-
-
-def _fail(text: str, why: str) -> LayoutError:
-    return LayoutError(f"--layout '{text}': {why}")
-
-
-_KIND_AFTER = re.compile(r"=\s*(?:" + "|".join(KINDS) + r")\s*(?=:|$)", re.IGNORECASE)
-QUOTE_HINT = ("an output name holding '=' is read up to the last '=KIND', or quote it: "
-              "--layout '\"a=b\"=detect'")
-
-
-def _split_output(text: str) -> tuple[str, str, str]:
-    """(output, '=', the rest): a quoted output name as written; else the name runs to
-    the last ``=KIND`` (a known kind, then ``:`` or the end), so it may hold '=' (and ',',
-    ':'); else to the first '=' (the kind is then named as unknown)."""
-    quote = text.lstrip()[:1]
-    if quote in ("'", '"'):
-        body = text.lstrip()[1:]
-        close = body.find(quote)
-        after = body[close + 1:].lstrip() if close >= 0 else ""
-        if close < 0 or not after.startswith("="):
-            raise _fail(text, f"the quoted output name is not closed by {quote}=KIND: "
-                        f"give {SYNTAX} ({QUOTE_HINT})")
-        return body[:close], "=", after[1:]
-    found = list(_KIND_AFTER.finditer(text))
-    if found:
-        return text[:found[-1].start()].strip(), "=", text[found[-1].start() + 1:]
-    output, eq, rest = text.partition("=")
-    return output.strip(), eq, rest
-
-
-def parse_layout(text: str) -> LayoutSpec:
-    """``OUTPUT=KIND[:KEY=VALUE,...]`` -> :class:`LayoutSpec`; syntax, kinds, keys and
-    numbers checked here (output names and row counts need the model)."""
-    output, eq, rest = _split_output(text)
-    if not eq or not output:
-        raise _fail(text, f"give {SYNTAX} (e.g. detections=detect, mask=map:threshold=0.5)")
-    kind, _, opts = rest.partition(":")
-    kind = kind.strip().lower()
-    if kind not in KINDS:
-        raise _fail(text, f"unknown kind '{kind}': use detect, map, score, class, points or "
-                    "tensor")
-    options: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in opts.split(","))):
-        key, eq, value = item.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if key not in KINDS[kind]:
-            allowed = ", ".join(KINDS[kind]) or "none"
-            raise _fail(text, f"'{key}' is no key of kind {kind} (keys: {allowed})")
-        if not eq or not value:
-            raise _fail(text, f"'{key}' has no value: write {key}=VALUE")
-        if key in options:
-            raise _fail(text, f"'{key}' is given twice: give it once")
-        options[key] = value
-    spec = LayoutSpec(output, kind, tuple(options.items()), text)
-    _check_values(spec)
-    return spec
-
-
-def _number(spec: LayoutSpec, key: str, lo: float, hi: float, *, open_lo: bool = False
-            ) -> float | None:
-    raw = spec.option(key)
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise _fail(spec.text, f"{key} '{raw}' is not a number") from None
-    if not math.isfinite(value):
-        raise _fail(spec.text, f"{key} '{raw}' is not a finite number: give e.g. {key}=0.5")
-    if value < lo or value > hi or (open_lo and value == lo):
-        side = "(" if open_lo else "["
-        raise _fail(spec.text, f"{key} {raw} is outside {side}{lo:g}, {hi:g}]: give a value in it")
-    return value
-
-
-def _rows(spec: LayoutSpec, key: str) -> tuple[int, int | None] | None:
-    """``A-B`` / ``A-`` / ``A`` -> ``(A, B + 1)`` / ``(A, None)`` / ``(A, A + 1)``."""
-    raw = spec.option(key)
-    if raw is None:
-        return None
-    a, dash, b = raw.partition("-")
-    try:
-        start = int(a)
-        stop = (None if not b.strip() else int(b) + 1) if dash else start + 1
-    except ValueError:
-        raise _fail(spec.text, f"{key} '{raw}' is not a row range: write A-B, A- or A "
-                    "(rows counted from 0)") from None
-    if start < 0 or (stop is not None and stop <= start):
-        raise _fail(spec.text, f"{key} '{raw}' is an empty or negative row range: write A-B "
-                    "with 0 <= A <= B")
-    return start, stop
-
-
-def _check_values(spec: LayoutSpec) -> None:
-    _number(spec, "threshold", -math.inf, math.inf)
-    _number(spec, "iou", 0.0, 1.0, open_lo=True)
-    _number(spec, "tol", 0.0, math.inf, open_lo=True)
-    dims = spec.option("dims")
-    if dims is not None and (not dims.isdigit() or int(dims) < 1):
-        raise _fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "
-                    "values per point (e.g. dims=3 for x, y, z)")
-    boxes = _rows(spec, "boxes")
-    if boxes is not None and (boxes[1] is None or boxes[1] - boxes[0] != 4):
-        raise _fail(spec.text, f"boxes '{spec.option('boxes')}' must be 4 rows (e.g. boxes=0-3)")
-    _rows(spec, "scores")
-    obj = _rows(spec, "obj")
-    if obj is not None and obj[1] != obj[0] + 1:
-        raise _fail(spec.text, f"obj '{spec.option('obj')}' must be one row (e.g. obj=4)")
-    fmt = spec.option("format")
-    if fmt is not None and fmt.lower() not in BOX_FORMATS:
-        raise _fail(spec.text, f"format '{fmt}' is unknown: use {' or '.join(BOX_FORMATS)}")
-    axis = spec.option("axis")
-    if axis is not None and (not axis.lstrip("-").isdigit()):
-        what = "class axis (e.g. -1, the last)" if spec.kind == "class" else "row axis (e.g. 1)"
-        raise _fail(spec.text, f"axis '{axis}' is not a whole number: give the {what}")
 
 
 def _others(rank: int | None, samples: int | None) -> str:
@@ -411,7 +277,30 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         return _points_task(spec, shape, name)
     if spec.kind == "class":
         return class_task(spec, model, shape, samples)
+    if spec.kind == "ctc":
+        return ctc_task(spec, shape, samples)
     return None
+
+
+def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> CtcTask:
+    """The task of a ``ctc`` layout: an output of 3 axes (samples, time, classes), the
+    class axis ``axis=`` (default the last), ``blank=`` a class of it (default 0)."""
+    axis, blank = int(spec.option("axis") or -1), int(spec.option("blank") or DEFAULT_BLANK)
+    if shape is not None:
+        if len(shape) != 3:
+            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}, not "
+                        "[samples, time, classes]: CTC decodes 3 axes (use kind class for "
+                        "class scores of another rank)")
+        if not -3 <= axis < 3 or axis % 3 == (samples or 0):
+            raise _fail(spec.text, f"axis {axis} is no class axis of output '{spec.output}' "
+                        f"of shape {_dims(shape)}: give one of {_others(3, samples)} "
+                        "(-1: the last)")
+        c = shape[axis]
+        if isinstance(c, int) and not -c <= blank < c:
+            raise _fail(spec.text, f"blank {blank} is no class of the {c} on axis {axis % 3}: "
+                        f"give 0..{c - 1} (-1: the last)")
+    return CtcTask(name=f"ctc:{spec.output}", output=spec.output, blank=blank, axis=axis,
+                   sample_axis=samples or 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -440,8 +329,8 @@ class OutputTasks:
             notes.extend(m.notes)
         worst: dict[str, float] = {}
         for k, vs in by_key.items():
-            if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance")) \
-                    or k.endswith((ITEMS, CLUSTERS)):
+            if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance",
+                             "chars_")) or k.endswith((ITEMS, CLUSTERS)):
                 continue
             worse = max if ("error" in k or "flip" in k) else min
             worst[k] = worse(vs)
@@ -552,6 +441,9 @@ def _describe(task: object, model: Model) -> str:
         return describe_classes(task, model)
     if isinstance(task, PointsTask):
         return task.describe()
+    if isinstance(task, CtcTask):
+        return (f"CTC sequences (greedy decoding of the top class per step on axis "
+                f"{task.axis}, blank {task.blank}; judged by the decoded string)")
     return "a tensor"
 
 
@@ -573,3 +465,9 @@ def describe_classes(task: ClassTask, model: Model) -> str:
         text += (f"; judged per position, {per or 'its'} positions per sample; another "
                  f"axis: --layout {task.output}=class:axis=K")
     return text + ")"
+
+
+# the syntax (quantscope.tasks.layout_spec) is read from here too: one import for callers
+__all__ = ["KINDS", "LAYOUT_NOTE", "QUOTE_HINT", "SYNTAX", "LayoutError", "LayoutSpec",
+           "OutputTasks", "class_task", "ctc_task", "describe_classes", "layout_tasks",
+           "parse_layout"]

@@ -14,6 +14,7 @@ cannot drift from the figure; :func:`quantscope.tasks.headline.share_items` read
                       image views: the views (each one's nearest other view)
 ``top5_agreement``    its top-1 picks, as ``top1_agreement``
 ``decision_agreement``  a score output: its decisions (one per sample)
+``string_agreement``  a CTC output: its decoded strings (one per sample)
 ``score_side_agreement``  a detection output's anchors, clustered by sample
 ``pixel_flip_share``  a map output's values (pixels), clustered by sample
 ``detection_f1``      the detections of either model, a matched pair once
@@ -35,6 +36,7 @@ ITEM_WORDS: dict[str, str] = {
     "top1_agreement": "top-1 picks",
     "top5_agreement": "top-5 picks",
     "decision_agreement": "decisions",
+    "string_agreement": "decoded strings (one per sample)",
     "exact_agreement": "samples (an int output's, compared exactly)",
     "score_side_agreement": "anchors",
     "pixel_flip_share": "pixels",

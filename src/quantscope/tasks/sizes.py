@@ -99,3 +99,29 @@ def check_one_size(model: Model, fit: Any, spec: str, command: str) -> None:
             f"{' …' if len(sizes) > 3 else ''}), and {command} compares the samples' outputs "
             "row by row: give data of one size (the size you compile for), e.g. one folder "
             "per size")
+
+
+def other_size_line(model: Model, fit: Any, given: Shapes) -> str | None:
+    """The warning when ``--input-shape`` gives an input another size than every sample of
+    the data has (a recognizer compiled 640 px wide, measured on 320 px lines): the
+    figures are the data's size's, the rules and the compiler's the given one's; None when
+    they agree (the sample axis aside) or the data gives no one size."""
+    batches = [*fit.calibration, *fit.evaluation]
+    fixed, differ = data_shapes(model, batches)
+    data = dict(fixed)
+    other = []
+    for name, shape in given:
+        have = data.get(name)
+        if name in differ or have is None or len(have) != len(shape):
+            continue
+        samples = next(sample_axis(b, name) for b in batches if name in b)
+        axes = [k for k, (a, b) in enumerate(zip(have, shape, strict=True))
+                if a != b and k != samples]
+        if axes:
+            other.append(f"{name}={'x'.join(map(str, shape))} (the data's "
+                         f"{'x'.join(map(str, have))}, axis {', '.join(map(str, axes))})")
+    if not other:
+        return None
+    return (f"warning: --input-shape {', '.join(other)}: the figures are measured at the "
+            "data's size, the size rules checked and the compiler given --input-shape's; give "
+            "data of the size you compile for to measure what ships")

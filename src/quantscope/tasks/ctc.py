@@ -1,0 +1,136 @@
+"""CTC sequences: a text recognizer's output judged by the string it decodes to.
+
+A CRNN / SVTR recognizer (PP-OCR's ``[N, T, 6625]`` after a Softmax, EasyOCR's
+``[N, T, 97]`` logits) gives one class per time step, and the host reads text from it
+by CTC greedy decoding: the top class of each step, repeats merged, the blank class
+dropped. Most steps are blank, so a top-1 agreement per step reads 98 % while a word
+changes, and the whole-output SQNR says nothing about the string. Declared
+``--layout OUTPUT=ctc[:blank=B,axis=K]``, the output is decoded greedily, FP32's and the
+quantized model's alike, and judged by the labels the host would read:
+
+``string_agreement`` (headline)
+    the share of samples whose decoded label sequence is FP32's exactly (over
+    ``string_agreement_items`` samples);
+``char_error_rate``
+    the edit distance (insertions, deletions, substitutions) of the quantized sequences
+    to FP32's, summed over the samples, over FP32's label count ``chars_fp32`` (above 1
+    when the quantized model reads more labels than FP32 does).
+
+No dictionary is needed: labels are compared as class numbers (one character each in
+a CTC recognizer's dictionary). ``blank`` (default 0, PaddleOCR and EasyOCR; -1: the last
+class, a Keras/TF export's) is the class dropped; ``axis`` (default -1, the last) the
+class axis; the other non-sample axis is time. Notes say when FP32 decodes an empty
+string on every sample (a wrong ``blank=``, or data the model does not read) and when the
+agreement is below :data:`STRINGS_RESEMBLE` (``NOT LIKE FP32``, with a sample's two
+sequences).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from quantscope.tasks.shares import items_key
+from quantscope.types import Metrics, Outputs, moved_axis
+from quantscope.units import value
+
+DEFAULT_BLANK = 0
+STRINGS_RESEMBLE = 0.95
+SHOWN_LABELS = 12  # labels of a changed sample written in a note
+
+
+def greedy_decode(steps: np.ndarray, blank: int) -> list[tuple[int, ...]]:
+    """CTC greedy decoding of ``[N, T, C]`` scores: per sample, each step's top class,
+    repeats merged, ``blank`` (a class number in 0..C-1) dropped."""
+    top = np.asarray(steps).argmax(axis=-1)
+    out = []
+    for seq in top:
+        keep = np.ones(len(seq), dtype=bool)
+        keep[1:] = seq[1:] != seq[:-1]
+        out.append(tuple(int(k) for k in seq[keep] if k != blank))
+    return out
+
+
+def edit_distance(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Levenshtein distance of two label sequences."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        diag, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diag, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diag + (x != y))
+    return row[-1]
+
+
+def _steps(out: Outputs, name: str, axis: int) -> tuple[np.ndarray, ...]:
+    """Each batch of output ``name`` as ``[N, T, C]`` (the class ``axis`` of the sample-first
+    arrays moved last)."""
+    i = out.names.index(name)
+    return tuple(np.moveaxis(np.asarray(b[i]), axis, -1) for b in out.batches)
+
+
+@dataclass(frozen=True, eq=False)
+class CtcTask:
+    """A ``[N, T, C]`` output decoded by CTC greedy decoding, judged by the decoded
+    labels (module docstring). ``axis``: the class axis of the output as the model
+    declares it (-1 the last); ``sample_axis``: its samples' axis (``--batch-axis``)."""
+
+    name: str
+    output: str
+    blank: int = DEFAULT_BLANK
+    axis: int = -1
+    sample_axis: int = 0
+    headline: str = "string_agreement"
+    higher_is_better: bool = True
+    row_local: bool = True
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        i = ref.names.index(self.output)
+        shape = np.shape(ref.batches[0][i]) if ref.batches else ()
+        axis = moved_axis(self.axis, self.sample_axis, len(shape)) % max(len(shape), 1)
+        why = self._unscorable(shape, axis)
+        if why:
+            return Metrics(values={"string_agreement": float("nan")},
+                           notes=(f"output '{self.output}' not decoded as CTC: {why}",))
+        classes = shape[axis]
+        blank = self.blank % classes
+        r = [s for b in _steps(ref, self.output, axis) for s in greedy_decode(b, blank)]
+        t = [s for b in _steps(test, self.output, axis) for s in greedy_decode(b, blank)]
+        same = np.array([a == b for a, b in zip(r, t, strict=True)])
+        chars = sum(len(a) for a in r)
+        edits = sum(edit_distance(b, a) for a, b in zip(r, t, strict=True))
+        values = {"string_agreement": float(same.mean()),
+                  items_key("string_agreement"): float(len(same)),
+                  "char_error_rate": edits / chars if chars else float("nan"),
+                  "chars_fp32": float(chars)}
+        notes = []
+        if not chars:
+            notes.append(f"output '{self.output}': FP32 decodes an empty string on every "
+                         f"sample (every step's top class is the blank, {blank}): the string "
+                         f"agreement says little; check blank= (-1: the last class) and the data")
+        if values["string_agreement"] < STRINGS_RESEMBLE:
+            k = int(np.argmin(same))
+            notes.append(f"NOT LIKE FP32: output '{self.output}': the decoded string changes "
+                         f"on {int((~same).sum())} of {len(same)} samples (string agreement "
+                         f"{value('string_agreement', values['string_agreement'])} < "
+                         f"{value('string_agreement', STRINGS_RESEMBLE)}, character error rate "
+                         f"{value('char_error_rate', values['char_error_rate'])}); e.g. sample "
+                         f"{k}: FP32 labels {_shown(r[k])}, quantized {_shown(t[k])}")
+        return Metrics(values=values, notes=tuple(notes))
+
+    def _unscorable(self, shape: tuple[int, ...], axis: int) -> str | None:
+        """Why arrays of ``shape`` (sample-first) are no ``[N, T, C]`` to decode, else None."""
+        if len(shape) != 3:
+            return (f"its arrays have shape {shape}, not [samples, time, classes]; give "
+                    f"--layout {self.output}=class for class scores of another rank")
+        if axis == 0 or shape[axis] < 2:
+            return f"its arrays have shape {shape}: axis {self.axis} is no class axis"
+        if not -shape[axis] <= self.blank < shape[axis]:
+            return (f"blank={self.blank} is no class of {shape[axis]}: give blank=0..."
+                    f"{shape[axis] - 1} (-1: the last)")
+        return None
+
+
+def _shown(labels: tuple[int, ...]) -> str:
+    more = f", … {len(labels)} in all" if len(labels) > SHOWN_LABELS else ""
+    return "[" + ", ".join(map(str, labels[:SHOWN_LABELS])) + more + "]"

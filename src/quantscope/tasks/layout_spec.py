@@ -1,0 +1,170 @@
+"""``--layout`` values read: the kinds and their keys, the syntax, numbers and row ranges
+checked without the model (:func:`parse_layout`). What each kind is scored by, and the
+checks against the model's outputs, are in :mod:`quantscope.tasks.layout` (which
+re-exports these names).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from quantscope.tasks.detection import BOX_FORMATS
+from quantscope.types import QuantscopeError
+
+KINDS: dict[str, tuple[str, ...]] = {
+    "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou", "scores_from",
+               "anchors"),
+    "map": ("threshold",),
+    "score": ("threshold",),
+    "class": ("axis",),
+    "points": ("dims", "tol"),
+    "ctc": ("blank", "axis"),
+    "tensor": (),
+}
+SYNTAX = ("OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points, ctc or "
+          "tensor")
+LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
+
+
+class LayoutError(QuantscopeError):
+    """A ``--layout`` value that cannot be read (one line: the value and the fix)."""
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """One parsed ``--layout`` value (checked against the model by :func:`layout_tasks`)."""
+
+    output: str
+    kind: str
+    options: tuple[tuple[str, str], ...] = ()
+    text: str = ""
+
+    def option(self, key: str) -> str | None:
+        return dict(self.options).get(key)
+
+
+def fail(text: str, why: str) -> LayoutError:
+    return LayoutError(f"--layout '{text}': {why}")
+
+
+_KIND_AFTER = re.compile(r"=\s*(?:" + "|".join(KINDS) + r")\s*(?=:|$)", re.IGNORECASE)
+QUOTE_HINT = ("an output name holding '=' is read up to the last '=KIND', or quote it: "
+              "--layout '\"a=b\"=detect'")
+
+
+def _split_output(text: str) -> tuple[str, str, str]:
+    """(output, '=', the rest): a quoted output name as written; else the name runs to
+    the last ``=KIND`` (a known kind, then ``:`` or the end), so it may hold '=' (and ',',
+    ':'); else to the first '=' (the kind is then named as unknown)."""
+    quote = text.lstrip()[:1]
+    if quote in ("'", '"'):
+        body = text.lstrip()[1:]
+        close = body.find(quote)
+        after = body[close + 1:].lstrip() if close >= 0 else ""
+        if close < 0 or not after.startswith("="):
+            raise fail(text, f"the quoted output name is not closed by {quote}=KIND: "
+                        f"give {SYNTAX} ({QUOTE_HINT})")
+        return body[:close], "=", after[1:]
+    found = list(_KIND_AFTER.finditer(text))
+    if found:
+        return text[:found[-1].start()].strip(), "=", text[found[-1].start() + 1:]
+    output, eq, rest = text.partition("=")
+    return output.strip(), eq, rest
+
+
+def parse_layout(text: str) -> LayoutSpec:
+    """``OUTPUT=KIND[:KEY=VALUE,...]`` -> :class:`LayoutSpec`; syntax, kinds, keys and
+    numbers checked here (output names and row counts need the model)."""
+    output, eq, rest = _split_output(text)
+    if not eq or not output:
+        raise fail(text, f"give {SYNTAX} (e.g. detections=detect, mask=map:threshold=0.5)")
+    kind, _, opts = rest.partition(":")
+    kind = kind.strip().lower()
+    if kind not in KINDS:
+        raise fail(text, f"unknown kind '{kind}': use detect, map, score, class, points, ctc "
+                    "or tensor")
+    options: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in opts.split(","))):
+        key, eq, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if key not in KINDS[kind]:
+            allowed = ", ".join(KINDS[kind]) or "none"
+            raise fail(text, f"'{key}' is no key of kind {kind} (keys: {allowed})")
+        if not eq or not value:
+            raise fail(text, f"'{key}' has no value: write {key}=VALUE")
+        if key in options:
+            raise fail(text, f"'{key}' is given twice: give it once")
+        options[key] = value
+    spec = LayoutSpec(output, kind, tuple(options.items()), text)
+    _check_values(spec)
+    return spec
+
+
+def number(spec: LayoutSpec, key: str, lo: float, hi: float, *, open_lo: bool = False
+            ) -> float | None:
+    raw = spec.option(key)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise fail(spec.text, f"{key} '{raw}' is not a number") from None
+    if not math.isfinite(value):
+        raise fail(spec.text, f"{key} '{raw}' is not a finite number: give e.g. {key}=0.5")
+    if value < lo or value > hi or (open_lo and value == lo):
+        side = "(" if open_lo else "["
+        raise fail(spec.text, f"{key} {raw} is outside {side}{lo:g}, {hi:g}]: give a value in it")
+    return value
+
+
+def rows(spec: LayoutSpec, key: str) -> tuple[int, int | None] | None:
+    """``A-B`` / ``A-`` / ``A`` -> ``(A, B + 1)`` / ``(A, None)`` / ``(A, A + 1)``."""
+    raw = spec.option(key)
+    if raw is None:
+        return None
+    a, dash, b = raw.partition("-")
+    try:
+        start = int(a)
+        stop = (None if not b.strip() else int(b) + 1) if dash else start + 1
+    except ValueError:
+        raise fail(spec.text, f"{key} '{raw}' is not a row range: write A-B, A- or A "
+                    "(rows counted from 0)") from None
+    if start < 0 or (stop is not None and stop <= start):
+        raise fail(spec.text, f"{key} '{raw}' is an empty or negative row range: write A-B "
+                    "with 0 <= A <= B")
+    return start, stop
+
+
+def _check_values(spec: LayoutSpec) -> None:
+    number(spec, "threshold", -math.inf, math.inf)
+    number(spec, "iou", 0.0, 1.0, open_lo=True)
+    number(spec, "tol", 0.0, math.inf, open_lo=True)
+    dims = spec.option("dims")
+    if dims is not None and (not dims.isdigit() or int(dims) < 1):
+        raise fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "
+                    "values per point (e.g. dims=3 for x, y, z)")
+    boxes = rows(spec, "boxes")
+    if boxes is not None and (boxes[1] is None or boxes[1] - boxes[0] != 4):
+        raise fail(spec.text, f"boxes '{spec.option('boxes')}' must be 4 rows (e.g. boxes=0-3)")
+    rows(spec, "scores")
+    obj = rows(spec, "obj")
+    if obj is not None and obj[1] != obj[0] + 1:
+        raise fail(spec.text, f"obj '{spec.option('obj')}' must be one row (e.g. obj=4)")
+    fmt = spec.option("format")
+    if fmt is not None and fmt.lower() not in BOX_FORMATS:
+        raise fail(spec.text, f"format '{fmt}' is unknown: use {' or '.join(BOX_FORMATS)}")
+    axis = spec.option("axis")
+    if axis is not None and (not axis.lstrip("-").isdigit()):
+        what = ("class axis (e.g. -1, the last)" if spec.kind in ("class", "ctc")
+                else "row axis (e.g. 1)")
+        raise fail(spec.text, f"axis '{axis}' is not a whole number: give the {what}")
+    blank = spec.option("blank")
+    if blank is not None and not blank.lstrip("-").isdigit():
+        raise fail(spec.text, f"blank '{blank}' is not a whole number: give the CTC blank "
+                    "class (e.g. 0; -1: the last)")
+
+
+__all__ = ["KINDS", "LAYOUT_NOTE", "QUOTE_HINT", "SYNTAX", "LayoutError", "LayoutSpec", "fail",
+           "number", "parse_layout", "rows"]
