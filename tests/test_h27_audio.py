@@ -1,0 +1,78 @@
+"""Audio front-ends and wake-word chains (openWakeWord's melspectrogram.onnx ->
+embedding_model.onnx -> a head): each defect found on the real models, reproduced on a
+model built here."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from quantscope.cli import main
+from quantscope.serde import read_stats
+
+
+def _save(tmp_path, nodes, inputs, outputs, inits, opset=13, name="m.onnx"):
+    g = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    onnx.save(m, tmp_path / name)
+    return str(tmp_path / name)
+
+
+# ------------------------------- 1. a reduction over every axis mixes the samples of a run
+
+
+def _normalised(tmp_path):
+    """``x [N, 8] -> MatMul -> ReduceMax (every axis) -> y - max``: openWakeWord's
+    front-end normalises to its loudest value with a ReduceMax over every axis, so a
+    batch of clips is normalised to the loudest clip's."""
+    w = numpy_helper.from_array(np.random.default_rng(1).normal(size=(8, 4)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("ReduceMax", ["h"], ["m"], keepdims=0),
+             helper.make_node("Sub", ["h", "m"], ["y"])]
+    return _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [w])
+
+
+def test_a_reduction_over_the_samples_runs_each_sample_alone(tmp_path, capsys):
+    model = _normalised(tmp_path)
+    x = np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32)
+    x[::7] *= 30  # a few loud samples: batched, they set every other sample's maximum
+    np.savez(tmp_path / "x.npz", x=x)
+    s, e = str(tmp_path / "s.npz"), str(tmp_path / "e.json")
+    assert main(["calibrate", model, "--data", str(tmp_path / "x.npz"), "--out", s]) == 0
+    assert main(["evaluate", model, "--data", str(tmp_path / "x.npz"), "--stats", s,
+                 "--precision", "a8_w8", "--json", e]) == 0
+    out = capsys.readouterr()
+    assert "(over every axis, the samples' too) mixes the samples of a run" in out.out + out.err
+    # the stats' range of h is the per-sample function's: the largest |y| of one sample is
+    # its own spread, not the spread to the loudest sample of a batch
+    sess = ort.InferenceSession(model)
+    alone = np.concatenate([sess.run(None, {"x": r[None]})[0] for r in x])
+    batched = sess.run(None, {"x": x[:32]})[0]
+    assert not np.allclose(alone[:32], batched)  # the model does mix them
+    y = read_stats(s).tensors["y"]
+    assert np.isclose(y.min, alone.min(), rtol=1e-6) and y.max == 0.0
+    assert json.loads((tmp_path / "e.json").read_text())
+
+
+def test_sample_mixers_reads_the_axes_of_each_reduction(tmp_path):
+    from quantscope.model.load import load
+    from quantscope.model.mixing import sample_mixers
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    ax0 = numpy_helper.from_array(np.array([0], np.int64), "ax0")
+    ax1 = numpy_helper.from_array(np.array([-1], np.int64), "ax1")
+    nodes = [helper.make_node("ReduceMean", ["x", "ax0"], ["a"], name="over_samples"),
+             helper.make_node("ReduceMean", ["x", "ax1"], ["b"], name="per_sample"),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    model = load(_save(tmp_path, nodes, [x], [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, ["N", 1])], [ax0, ax1], opset=18))
+    assert sample_mixers(model, ("x",), "N") == [
+        "ReduceMean 'over_samples' (over axis 0, the samples' 'N')"]
+    assert sample_mixers(model, ("x",), None) == []
