@@ -76,3 +76,27 @@ def test_sample_mixers_reads_the_axes_of_each_reduction(tmp_path):
     assert sample_mixers(model, ("x",), "N") == [
         "ReduceMean 'over_samples' (over axis 0, the samples' 'N')"]
     assert sample_mixers(model, ("x",), None) == []
+
+
+# ------------------------- 2. int16-scale audio is no attention mask (analyze's outliers)
+
+
+def test_a_wide_signal_is_not_called_an_attention_mask(tmp_path):
+    import dataclasses
+
+    from quantscope.analyze.outliers import find_outliers
+    from quantscope.calibrate.collect import calibrate
+    from quantscope.model.groups import find_groups
+    from quantscope.model.load import load
+
+    model = load(_normalised(tmp_path))
+    groups = find_groups(model)
+    x = np.random.default_rng(0).normal(0, 8000, size=(8, 8)).clip(-32768, 32767)
+    stats = calibrate(model, groups, [{"x": x.astype(np.float32)}])
+    audio = stats.tensors["x"]
+    assert audio.min < -1e4 and audio.max > 1e4
+    assert not [o for o in find_outliers(stats, groups) if o.kind == "mask_range"]
+    # a real fill far below the values is still one
+    masked = dataclasses.replace(stats, tensors={**stats.tensors, "x": dataclasses.replace(
+        audio, min=-3.4e38)})
+    assert [o.tensor for o in find_outliers(masked, groups) if o.kind == "mask_range"] == ["x"]
