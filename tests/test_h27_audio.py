@@ -100,3 +100,38 @@ def test_a_wide_signal_is_not_called_an_attention_mask(tmp_path):
     masked = dataclasses.replace(stats, tensors={**stats.tensors, "x": dataclasses.replace(
         audio, min=-3.4e38)})
     assert [o.tensor for o in find_outliers(masked, groups) if o.kind == "mask_range"] == ["x"]
+
+
+# ------------------- 3. a Log of a power spectrum on a linear grid: said, with why and the fix
+
+
+def _log_power(tmp_path):
+    """``x [N, 16] -> Mul x x (power) -> MatMul (a mel bank, positive) -> Clip(1e-10) -> Log``:
+    a power spectrum spans many decades, which a linear 8- or 16-bit grid cannot hold."""
+    r = np.random.default_rng(2)
+    mel = numpy_helper.from_array(r.uniform(0, 1, (16, 4)).astype(np.float32), "mel")
+    lo = numpy_helper.from_array(np.array(1e-10, np.float32), "lo")
+    nodes = [helper.make_node("Mul", ["x", "x"], ["p"]),
+             helper.make_node("MatMul", ["p", "mel"], ["m"]),
+             helper.make_node("Clip", ["m", "lo"], ["c"]),
+             helper.make_node("Log", ["c"], ["y"])]
+    model = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [mel, lo])
+    x = (r.normal(size=(64, 16)) * np.exp(r.uniform(-6, 6, (64, 1)))).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    return model, str(tmp_path / "x.npz")
+
+
+def test_a_log_of_a_linear_grid_is_said_in_analyze_and_the_run_verdict(tmp_path, capsys):
+    model, data = _log_power(tmp_path)
+    out = tmp_path / "run"
+    assert main(["run", model, "--data", data, "--target", "hailo8l", "--out", str(out)]) == 0
+    console = capsys.readouterr().out
+    analysis = json.loads((out / "analysis.json").read_text())
+    floors = [o for o in analysis["outliers"] if o["kind"] == "log_floor"]
+    assert [o["tensor"] for o in floors] == ["c"]
+    assert "keeps the top 2.4 decades (8 bit) or 4.8 (16 bit)" in floors[0]["reason"]
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["log_floors"][0].startswith("c: Log 'Log_3' reads 'c' on a linear grid")
+    assert "warning: c: Log 'Log_3' reads 'c' on a linear grid" in console
+    assert "feed the device the Log's output" in console
