@@ -135,3 +135,39 @@ def test_a_log_of_a_linear_grid_is_said_in_analyze_and_the_run_verdict(tmp_path,
     assert verdict["log_floors"][0].startswith("c: Log 'Log_3' reads 'c' on a linear grid")
     assert "warning: c: Log 'Log_3' reads 'c' on a linear grid" in console
     assert "feed the device the Log's output" in console
+
+
+# ----------- 4. a TF export's [N, C, 1, 1] -> [N, 1, 1, C] output keeps its channel axis
+
+
+def _embedder(tmp_path):
+    """``x [N, 3, 4, 4] -> Conv (8 channels, one 300x the others) -> [N, 8, 1, 1] ->
+    Reshape [-1, 1, 1, 8]``: openWakeWord's embedding_model.onnx ends so (96 features)."""
+    r = np.random.default_rng(3)
+    w = r.normal(0, 0.1, (8, 3, 4, 4)).astype(np.float32)
+    w[0] *= 300
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node("Reshape", ["c", "shape"], ["emb"])]
+    inits = [numpy_helper.from_array(w, "w"),
+             numpy_helper.from_array(np.array([-1, 1, 1, 8], np.int64), "shape")]
+    model = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                  ["N", 3, 4, 4])],
+                  [helper.make_tensor_value_info("emb", TensorProto.FLOAT, ["M", 1, 1, 8])], inits)
+    np.savez(tmp_path / "x.npz", x=r.normal(size=(32, 3, 4, 4)).astype(np.float32))
+    return model, str(tmp_path / "x.npz")
+
+
+def test_the_features_of_a_reshaped_conv_output_are_scored_per_channel(tmp_path, capsys):
+    from quantscope.model.axes import output_channel_axes
+    from quantscope.model.load import load
+
+    model, data = _embedder(tmp_path)
+    assert output_channel_axes(load(model)) == {"emb": 3}
+    s, e = str(tmp_path / "s.npz"), tmp_path / "e.json"
+    assert main(["calibrate", model, "--data", data, "--out", s]) == 0
+    assert main(["evaluate", model, "--data", data, "--stats", s, "--precision", "a8_w8",
+                 "--json", str(e)]) == 0
+    m = json.loads(e.read_text())["metrics"]
+    # the small features share the large one's 8-bit grid: per channel they read far worse
+    assert m["sqnr_db_channel_min"] < m["sqnr_db"] - 20
+    assert "of 8 channels collapse" in capsys.readouterr().out
