@@ -171,3 +171,29 @@ def test_the_features_of_a_reshaped_conv_output_are_scored_per_channel(tmp_path,
     # the small features share the large one's 8-bit grid: per channel they read far worse
     assert m["sqnr_db_channel_min"] < m["sqnr_db"] - 20
     assert "of 8 channels collapse" in capsys.readouterr().out
+
+
+# --------- 5. a wake-word score: FP32's few positives counted apart from the many negatives
+
+
+def test_a_score_note_counts_fp32s_positives_and_what_the_quantized_model_keeps(tmp_path, capsys):
+    r = np.random.default_rng(4)
+    w = numpy_helper.from_array(r.normal(0, 1, (8, 1)).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.array([-6.0], np.float32), "b")
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["z"]),
+             helper.make_node("Sigmoid", ["z"], ["score"])]
+    model = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                  [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["N", 1])], [w, b])
+    x = r.normal(0, 1, (80, 8)).astype(np.float32)
+    x[:3] = 4 * np.sign(numpy_helper.to_array(w).ravel())  # 3 wake words
+    np.savez(tmp_path / "x.npz", x=x)
+    s = str(tmp_path / "s.npz")
+    assert main(["calibrate", model, "--data", str(tmp_path / "x.npz"), "--out", s]) == 0
+    assert main(["evaluate", model, "--data", str(tmp_path / "x.npz"), "--stats", s,
+                 "--precision", "a8_w8"]) == 0
+    out = capsys.readouterr().out
+    sess = ort.InferenceSession(model)
+    pos = int((sess.run(None, {"x": x})[0] > 0.5).sum())
+    assert 0 < pos < 0.05 * len(x)
+    assert f"FP32 decides {pos} of 80 positive: the quantized model keeps {pos} of them" in out
+    assert f"(the agreement is mostly the negatives': judge the {pos} others" in out

@@ -201,6 +201,8 @@ class ScalarFidelity:
         self.err_sum = 0.0
         self.count = 0
         self.agree = {0.5: 0, 0.0: 0}
+        # per threshold: FP32's positives, those the quantized model keeps, its own positives
+        self.pos = {th: [0, 0, 0] for th in self.agree}
         self.f_min, self.f_max = np.inf, -np.inf
 
     def add(self, ref: np.ndarray, test: np.ndarray) -> None:
@@ -214,6 +216,10 @@ class ScalarFidelity:
         self.count += r.size
         for th in self.agree:
             self.agree[th] += int(np.sum((r > th) == (t > th)))
+            p = self.pos[th]
+            p[0] += int(np.sum(r > th))
+            p[1] += int(np.sum((r > th) & (t > th)))
+            p[2] += int(np.sum(t > th))
         self.f_min, self.f_max = min(self.f_min, float(r.min())), max(self.f_max, float(r.max()))
 
     def table(self) -> dict[str, float]:
@@ -227,6 +233,10 @@ class ScalarFidelity:
                 "decision_agreement": agreement, "decision_threshold": th,
                 f"decision_agreement@{th:g}": agreement}
 
+    def _sides(self, th: float) -> str:
+        pos, kept, own = self.pos[th]
+        return _sides_text(self.count, pos, kept, own)
+
     def notes(self, name: str) -> tuple[list[str], bool]:
         """(lines saying the error, whether it is NOT LIKE FP32)."""
         t = self.table()
@@ -238,9 +248,24 @@ class ScalarFidelity:
                 f"{t['abs_err_max']:.4g} ({t['rel_err_max']:.1%} of FP32's range "
                 f"{self.f_min:.4g} to {self.f_max:.4g}), mean {t['abs_err_mean']:.4g}; "
                 f"{value('decision_agreement', t['decision_agreement'])} of samples decided "
-                f"as FP32 at threshold {th:g}")
+                f"as FP32 at threshold {th:g}; {self._sides(th)}")
         bad = t["decision_agreement"] < DECISION_MIN_AGREEMENT or t["rel_err_max"] > SCALAR_MAX_REL_ERR
         return [line], bad
+
+
+def _sides_text(n: int, pos: int, kept: int, own: int) -> str:
+    """FP32's positive and negative decisions and what the quantized model made of each: a
+    wake word's score is positive on a few clips, and an agreement over all of them is
+    mostly its negatives'."""
+    text = (f"FP32 decides {pos} of {n} positive: the quantized model keeps {kept} of them "
+            f"and turns {own - kept} of the {n - pos} negatives positive")
+    if pos == 0 or pos == n:
+        text += (f" (every FP32 decision is {'negative' if pos == 0 else 'positive'}: the "
+                 "agreement says nothing of the other side; give data with both)")
+    elif min(pos, n - pos) < 0.05 * n:
+        text += (f" (the agreement is mostly the {'negatives' if pos < n - pos else 'positives'}"
+                 f"': judge the {min(pos, n - pos)} others by these counts)")
+    return text
 
 
 def channel_axis_for(shape: tuple[int, ...], given: int | None) -> int | None:
