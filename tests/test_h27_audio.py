@@ -197,3 +197,42 @@ def test_a_score_note_counts_fp32s_positives_and_what_the_quantized_model_keeps(
     assert 0 < pos < 0.05 * len(x)
     assert f"FP32 decides {pos} of 80 positive: the quantized model keeps {pos} of them" in out
     assert f"(the agreement is mostly the negatives': judge the {pos} others" in out
+
+
+# ------- 6. an If on a score (hey_jarvis: a verifier when the score is >= 0.5) cannot be folded
+
+
+def _gated(tmp_path, cond_from_data: bool):
+    then = helper.make_graph([helper.make_node("Sigmoid", ["z"], ["v"])], "then", [],
+                             [helper.make_tensor_value_info("v", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Identity", ["p"], ["q"])], "else", [],
+                              [helper.make_tensor_value_info("q", TensorProto.FLOAT, None)])
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 1, (8, 1)).astype(np.float32), "w")
+    half = numpy_helper.from_array(np.array(0.5, np.float32), "half")
+    flag = numpy_helper.from_array(np.array(True), "flag")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p"])]
+    if cond_from_data:
+        nodes.append(helper.make_node("GreaterOrEqual", ["p", "half"], ["c"]))
+    nodes.append(helper.make_node("If", ["c" if cond_from_data else "flag"], ["y"],
+                                  then_branch=then, else_branch=other, name="gate"))
+    return _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1])], [w, half, flag])
+
+
+def test_an_if_on_the_data_is_refused_naming_the_split_not_a_fold(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.ones((4, 8), np.float32))
+    model = _gated(tmp_path, True)
+    assert main(["calibrate", model, "--data", str(tmp_path / "x.npy"), "--out",
+                 str(tmp_path / "s.npz")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        "quantscope: error: node 'gate' is control flow (If), which quantscope cannot emulate: "
+        "its condition 'c' is computed from the data (input 'x'), so the branch differs per "
+        "sample and no fold keeps the model: export one model per path, the graph up to the "
+        "tensors the If reads ('p', 'z') and each branch ('else_branch' (1 node), "
+        "'then_branch' (1 node)) as a model of its own, measure each, and pick the branch on "
+        "the host")
+    assert not (tmp_path / "s.npz").exists()
+    assert main(["calibrate", _gated(tmp_path, False), "--data", str(tmp_path / "x.npy"),
+                 "--out", str(tmp_path / "s.npz")]) == 2
+    assert "fold it for your inputs and re-export" in capsys.readouterr().err

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from quantscope.model.control_flow import control_flow_message
 from quantscope.model.layouts import layout_of
 from quantscope.model.load import FLOAT_TYPES, Model
 from quantscope.types import Group, GroupKind, Groups, Plan, QuantscopeError
@@ -253,11 +254,7 @@ class _Builder:
 
     def visit(self, node: onnx.NodeProto) -> None:
         if node.op_type in CONTROL_FLOW:
-            raise QuantscopeError(
-                f"node '{node.name}' is control flow ({node.op_type}), which quantscope cannot "
-                "emulate: fold it for your inputs and re-export (an "
-                "If on a condition you fix: keep the branch you use; a Loop or Scan of a fixed "
-                "count: unroll it)")
+            raise QuantscopeError(control_flow_message(node, self.model.graph))
         if node.op_type == "SequenceConstruct":
             raise QuantscopeError(
                 f"node '{node.name}' is a SequenceConstruct (a sequence of tensors), which "
