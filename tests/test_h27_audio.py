@@ -236,3 +236,26 @@ def test_an_if_on_the_data_is_refused_naming_the_split_not_a_fold(tmp_path, caps
     assert main(["calibrate", _gated(tmp_path, False), "--data", str(tmp_path / "x.npy"),
                  "--out", str(tmp_path / "s.npz")]) == 2
     assert "fold it for your inputs and re-export" in capsys.readouterr().err
+
+
+def test_a_sigmoid_score_is_judged_by_its_decisions_not_its_sqnr(tmp_path, capsys):
+    """openWakeWord's alexa head ([1, 16, 96] -> Gemm ... -> Sigmoid [1, 1]) was planned by
+    the worst channel's SQNR of its score (0.0 dB at a8_w8 on clips whose scores are all
+    near 0), and its plan bought 7.4x the cost for it; the decisions never moved."""
+    r = np.random.default_rng(5)
+    w = numpy_helper.from_array(r.normal(0, 1, (8, 1)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([-1], np.int64), "flat")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p"]),
+             helper.make_node("Reshape", ["p", "flat"], ["score"])]
+    model = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                  [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["N"])], [w, shape])
+    np.savez(tmp_path / "x.npz", x=r.normal(0, 1, (64, 8)).astype(np.float32))
+    out = tmp_path / "run"
+    assert main(["run", model, "--data", str(tmp_path / "x.npz"), "--target", "hailo8l",
+                 "--out", str(out)]) == 0
+    console = capsys.readouterr()
+    assert "output 'score' read as one score per sample, decided at 0.5 (a Sigmoid" in \
+        console.out + console.err
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["metric"] == "decision_agreement"
+    assert console.out.count("verdict: no --goal given; decision_agreement ") == 1

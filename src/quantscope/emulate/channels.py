@@ -235,7 +235,7 @@ class ScalarFidelity:
 
     def _sides(self, th: float) -> str:
         pos, kept, own = self.pos[th]
-        return _sides_text(self.count, pos, kept, own)
+        return sides_text(self.count, pos, kept, own)
 
     def notes(self, name: str) -> tuple[list[str], bool]:
         """(lines saying the error, whether it is NOT LIKE FP32)."""
@@ -253,7 +253,7 @@ class ScalarFidelity:
         return [line], bad
 
 
-def _sides_text(n: int, pos: int, kept: int, own: int) -> str:
+def sides_text(n: int, pos: int, kept: int, own: int) -> str:
     """FP32's positive and negative decisions and what the quantized model made of each: a
     wake word's score is positive on a few clips, and an agreement over all of them is
     mostly its negatives'."""
