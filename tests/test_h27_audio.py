@@ -259,3 +259,45 @@ def test_a_sigmoid_score_is_judged_by_its_decisions_not_its_sqnr(tmp_path, capsy
     verdict = json.loads((out / "verdict.json").read_text())
     assert verdict["metric"] == "decision_agreement"
     assert console.out.count("verdict: no --goal given; decision_agreement ") == 1
+
+
+def test_an_if_on_a_rank0_setting_still_names_the_fold(tmp_path, capsys):
+    """silero VAD (npm @ricky0123/vad-web's silero_vad_v5.onnx, openWakeWord's bundled
+    silero_vad.onnx): an If on Equal(sr, 16000), sr a rank-0 input: a fold fixes it."""
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["a"])], "then", [],
+                             [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["b"])], "else", [],
+                              [helper.make_tensor_value_info("b", TensorProto.FLOAT, None)])
+    k = numpy_helper.from_array(np.array(16000, np.int64), "k")
+    nodes = [helper.make_node("Equal", ["sr", "k"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other, name="rate")]
+    model = _save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                                    helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [k])
+    np.savez(tmp_path / "x.npz", x=np.ones((4, 4), np.float32), sr=np.array(16000))
+    assert main(["calibrate", model, "--data", str(tmp_path / "x.npz"), "--out",
+                 str(tmp_path / "s.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "node 'rate' is control flow (If)" in err and "fold it for your inputs" in err
+
+
+def test_a_state_whose_samples_lie_on_an_unnamed_axis_is_told_its_batch_axis(tmp_path, capsys):
+    """silero VAD v5 (npm @ricky0123/vad-web 0.0.31): ``input ['', '']`` and ``state [2, '',
+    128]`` with unnamed dims: the state's samples on axis 1 were refused with 'give every
+    input the same sample count' and no word of which axis or flag."""
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["state", "y"], ["s2"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4]),
+              helper.make_tensor_value_info("state", TensorProto.FLOAT, [2, None, 4])],
+        [helper.make_tensor_value_info("s2", TensorProto.FLOAT, [2, None, 4])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", x=np.ones((6, 4), np.float32), state=np.zeros((2, 6, 4), np.float32))
+    assert main(["calibrate", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--out", str(tmp_path / "s.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "its axis 1 holds 6, the others' count: --batch-axis state=1" in err
+    assert main(["calibrate", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--batch-axis", "state=1", "--out", str(tmp_path / "s.npz")]) == 0

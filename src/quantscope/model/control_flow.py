@@ -1,6 +1,7 @@
 """The refusal of a control-flow node (If, Loop, Scan), naming the fix that fits it.
 
-An ``If`` on a condition the user fixes (a sample rate) folds: keep the branch used. An
+An ``If`` on a condition the user fixes (a rank-0 sample rate: silero VAD) folds: keep the
+branch used. An
 ``If`` whose condition is computed from the data (openWakeWord's ``hey_jarvis`` head: a
 verifier network runs when the first network's score is >= 0.5) differs per sample and
 cannot be folded: the line says so, names the tensors the condition and the branches read,
@@ -13,9 +14,11 @@ import onnx
 
 
 def _upstream_inputs(graph: onnx.GraphProto, tensor: str) -> list[str]:
-    """The graph inputs ``tensor`` is computed from."""
+    """The graph inputs ``tensor`` is computed from that carry samples (rank >= 1 or
+    unknown): a rank-0 input (a sample rate) is a setting the user fixes, not data."""
     producer = {o: n for n in graph.node for o in n.output}
-    inputs = {i.name for i in graph.input}
+    inputs = {i.name for i in graph.input
+              if not (i.type.tensor_type.HasField("shape") and not i.type.tensor_type.shape.dim)}
     seen, stack, found = set(), [tensor], []
     while stack:
         t = stack.pop()

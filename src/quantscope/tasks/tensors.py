@@ -388,6 +388,11 @@ def _check_dims(arrays: dict[str, np.ndarray], model: Model, where: Path,
                 fix = (f"give every input the same {label}" if label != "sample count"
                        or not where_axes else "give every input the same sample count, or "
                        "say each input's sample axis with --batch-axis NAME=AXIS")
+                free = [i for i, d in enumerate(arr.shape) if d == first[1] and i != axis and (
+                    i >= len(want) or not isinstance(want[i], int) or want[i] == 1)]
+                if label == "sample count" and free:  # (silero VAD v5: state [2, '', 128])
+                    fix += (f"; its axis {free[0]} holds {first[1]}, the others' count: "
+                            f"--batch-axis {name}={free[0]}")
                 raise QuantscopeError(
                     f"data '{where}': {label} is {first[1]} in input '{first[0]}' but {size} "
                     f"in input '{name}'{where_axes}: {fix}")
