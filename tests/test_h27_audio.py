@@ -176,7 +176,8 @@ def test_the_features_of_a_reshaped_conv_output_are_scored_per_channel(tmp_path,
 # --------- 5. a wake-word score: FP32's few positives counted apart from the many negatives
 
 
-def test_a_score_note_counts_fp32s_positives_and_what_the_quantized_model_keeps(tmp_path, capsys):
+def _wake(tmp_path):
+    """``x [N, 8] -> Gemm (bias -6) -> Sigmoid score [N, 1]``: near 0 but on 3 samples."""
     r = np.random.default_rng(4)
     w = numpy_helper.from_array(r.normal(0, 1, (8, 1)).astype(np.float32), "w")
     b = numpy_helper.from_array(np.array([-6.0], np.float32), "b")
@@ -187,6 +188,25 @@ def test_a_score_note_counts_fp32s_positives_and_what_the_quantized_model_keeps(
     x = r.normal(0, 1, (80, 8)).astype(np.float32)
     x[:3] = 4 * np.sign(numpy_helper.to_array(w).ravel())  # 3 wake words
     np.savez(tmp_path / "x.npz", x=x)
+    return model, x
+
+
+def test_analyze_judges_no_score_by_the_cosine_of_one_value(tmp_path, capsys):
+    """A one-value row's cosine is its sign agreement: 0 wherever a small score rounds to 0.
+    analyze said 'NOT LIKE FP32 (mean cosine to FP32 0.205)' of openWakeWord's alexa head."""
+    model, _ = _wake(tmp_path)
+    s, a = str(tmp_path / "s.npz"), tmp_path / "a.json"
+    assert main(["calibrate", model, "--data", str(tmp_path / "x.npz"), "--out", s]) == 0
+    for layout in ([], ["--layout", "score=tensor"]):
+        assert main(["analyze", model, "--data", str(tmp_path / "x.npz"), "--stats", s,
+                     "--target", "hailo8l", "--out", str(a), *layout]) == 0
+        assert "NOT LIKE FP32" not in capsys.readouterr().out
+        base = json.loads(a.read_text())["baselines"]
+        assert all("cosine_mean" not in m for m in base.values()), base
+
+
+def test_a_score_note_counts_fp32s_positives_and_what_the_quantized_model_keeps(tmp_path, capsys):
+    model, x = _wake(tmp_path)
     s = str(tmp_path / "s.npz")
     assert main(["calibrate", model, "--data", str(tmp_path / "x.npz"), "--out", s]) == 0
     assert main(["evaluate", model, "--data", str(tmp_path / "x.npz"), "--stats", s,
