@@ -321,3 +321,14 @@ def test_a_state_whose_samples_lie_on_an_unnamed_axis_is_told_its_batch_axis(tmp
     assert "its axis 1 holds 6, the others' count: --batch-axis state=1" in err
     assert main(["calibrate", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
                  "--batch-axis", "state=1", "--out", str(tmp_path / "s.npz")]) == 0
+
+
+def test_evaluate_says_the_log_floor_where_the_plan_quantizes_it(tmp_path, capsys):
+    model, data = _log_power(tmp_path)
+    s = str(tmp_path / "s.npz")
+    assert main(["calibrate", model, "--data", data, "--out", s]) == 0
+    assert main(["evaluate", model, "--data", data, "--stats", s, "--precision", "a16_w16"]) == 0
+    out = capsys.readouterr().out
+    assert "note: Log 'Log_3' reads 'c' on a linear grid" in out and "; fix: compute the chain" in out
+    assert main(["evaluate", model, "--data", data, "--stats", s, "--precision", "float"]) == 0
+    assert "on a linear grid" not in capsys.readouterr().out

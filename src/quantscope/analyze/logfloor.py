@@ -24,7 +24,9 @@ fix                compute the chain up to the Log in float on the host and feed
                    make the Log's input in float (16 bit when it keeps every decade)
 =================  =====================================================================
 
-Findings are :class:`Outlier` records of kind ``"log_floor"`` (``ratio``: the data's
+:func:`log_floor_notes` gives the findings that bind under a plan as result notes
+(``evaluate``, ``run``'s evaluate stage). Findings are :class:`Outlier` records of kind
+``"log_floor"`` (``ratio``: the data's
 max over half the 8-bit step; ``bits_lost``: log2 of it), listed with the outliers.
 """
 
@@ -38,7 +40,7 @@ from quantscope.analyze.outliers import Outlier
 from quantscope.model.axes import range_source
 from quantscope.model.load import Model
 from quantscope.numerics import qparams
-from quantscope.types import Groups, QuantScheme, Stats, TensorStats
+from quantscope.types import Groups, Plan, QuantScheme, Stats, TensorStats
 
 BITS = (8, 16)
 
@@ -109,3 +111,23 @@ def find_log_floors(model: Model, groups: Groups, stats: Stats,
         if hit is not None:
             found.append(hit)
     return tuple(found)
+
+
+def log_floor_notes(model: Model, stats: Stats, plan: Plan,
+                    scheme: QuantScheme | None = None) -> list[str]:
+    """The findings that bind under ``plan`` (the Log's input group quantized, at a width
+    whose half step lies above the calibrated minimum), as result notes with the fix:
+    ``evaluate`` says why a spectrogram reads NOT LIKE FP32 where ``analyze`` would."""
+    from quantscope.model.groups import find_groups
+
+    if not any(n.op_type == "Log" for n in model.graph.node):
+        return []  # (most models: no grouping per plan measured)
+    scheme = scheme or QuantScheme()
+    notes = []
+    for o in find_log_floors(model, find_groups(model), stats, scheme):
+        bits = plan.precision_of(o.group).act_bits if o.group else None
+        ts = stats.tensors[o.tensor]
+        if bits is None or float(ts.min) >= _step(ts, bits, scheme) / 2:
+            continue
+        notes.append(f"{o.reason}; fix: {o.remedies[0]}")
+    return notes
