@@ -332,3 +332,21 @@ def test_evaluate_says_the_log_floor_where_the_plan_quantizes_it(tmp_path, capsy
     assert "note: Log 'Log_3' reads 'c' on a linear grid" in out and "; fix: compute the chain" in out
     assert main(["evaluate", model, "--data", data, "--stats", s, "--precision", "float"]) == 0
     assert "on a linear grid" not in capsys.readouterr().out
+
+
+def test_a_reduction_of_a_shape_mixes_no_samples(tmp_path):
+    """torch's flatten exports ReduceProd over Shape(x)[1:] (int64, every axis): no data."""
+    from quantscope.model.load import load
+    from quantscope.model.mixing import sample_mixers
+
+    one = numpy_helper.from_array(np.array([1], np.int64), "one")
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Slice", ["s", "one", "big"], ["tail"]),
+             helper.make_node("ReduceProd", ["tail"], ["n"], keepdims=1),
+             helper.make_node("Concat", ["minus", "n"], ["shape"], axis=0),
+             helper.make_node("Reshape", ["x", "shape"], ["y"])]
+    inits = [one, numpy_helper.from_array(np.array([9], np.int64), "big"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus")]
+    model = load(_save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 3])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])], inits))
+    assert sample_mixers(model, ("x",), "N") == []

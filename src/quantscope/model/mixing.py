@@ -13,7 +13,8 @@ node                        mixes the samples when
 ``Reduce*`` (Max, Min,      no axes are given (every axis, unless
 Mean, Sum, Prod, L1, L2,    ``noop_with_empty_axes``), or an axis given is the batch
 LogSum, LogSumExp,          dimension of its input (the symbol the inputs' sample axis
-SumSquare)                  has); its input on the data path (it depends on an input)
+SumSquare)                  has); its input a float tensor on the data path (it
+                            depends on an input; an int64 shape is no data)
 ==========================  =========================================================
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import onnx
 from onnx import numpy_helper
 
-from quantscope.model.load import Model
+from quantscope.model.load import FLOAT_TYPES, Model
 
 REDUCE_OPS = frozenset({"ReduceMax", "ReduceMin", "ReduceMean", "ReduceSum", "ReduceProd",
                         "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp",
@@ -59,11 +60,14 @@ def sample_mixers(model: Model, sampled: tuple[str, ...], symbol: str | None) ->
     name (None: only reductions over every axis are found)."""
     inits = model.initializers()
     shapes = model.value_shapes()
+    types = model.value_types()
     reach = _data_path(model, sampled)
     found: list[str] = []
     for node in model.graph.node:
         if node.op_type not in REDUCE_OPS or not node.input or node.input[0] not in reach:
             continue
+        if types.get(node.input[0]) not in FLOAT_TYPES:
+            continue  # a shape's product (ReduceProd of Shape(x) in a torch flatten): no data
         axes = _reduce_axes(node, inits)
         src = shapes.get(node.input[0])
         label = f"{node.op_type} '{node.name or node.output[0]}'"
