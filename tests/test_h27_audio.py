@@ -58,7 +58,8 @@ def test_a_reduction_over_the_samples_runs_each_sample_alone(tmp_path, capsys):
     assert not np.allclose(alone[:32], batched)  # the model does mix them
     y = read_stats(s).tensors["y"]
     assert np.isclose(y.min, alone.min(), rtol=1e-6) and y.max == 0.0
-    assert json.loads((tmp_path / "e.json").read_text())
+    notes = json.loads((tmp_path / "e.json").read_text())["notes"]
+    assert any("mixes the samples of a run" in n for n in notes)
 
 
 def test_sample_mixers_reads_the_axes_of_each_reduction(tmp_path):
