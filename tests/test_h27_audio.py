@@ -351,3 +351,11 @@ def test_a_reduction_of_a_shape_mixes_no_samples(tmp_path):
     model = load(_save(tmp_path, nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 3])],
                        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])], inits))
     assert sample_mixers(model, ("x",), "N") == []
+
+
+def test_the_share_of_fp32_positives_is_written_in_percent():
+    """evaluate printed 'decisions_positive_fp32  0.09639' beside 'decision_agreement 100.0 %'."""
+    from quantscope.units import value
+
+    assert value("decisions_positive_fp32", 0.09639) == "9.6 %"
+    assert value("mask_share_fp32", 0.5) == "50.0 %"
