@@ -359,3 +359,20 @@ def test_the_share_of_fp32_positives_is_written_in_percent():
 
     assert value("decisions_positive_fp32", 0.09639) == "9.6 %"
     assert value("mask_share_fp32", 0.5) == "50.0 %"
+
+
+def test_a_score_far_from_its_threshold_is_not_called_lost_for_a_tiny_range(tmp_path, capsys):
+    """openWakeWord's alexa head on held-out clips without the word: FP32 1e-7 .. 4.5e-5,
+    the 8-bit grid reads 0, |error| 4.5e-5 = '100.3 % of FP32's range': 'NOT LIKE FP32:
+    lose what FP32 computes', while every decision agreed and none was near 0.5."""
+    model, x = _wake(tmp_path)
+    r = np.random.default_rng(6)  # no wake word: every score far below 0.5, in 1e-7 .. 1e-4
+    neg = (-0.5 * x[:1] + r.normal(0, 0.3, (20, 8))).astype(np.float32)
+    np.savez(tmp_path / "neg.npz", x=neg)
+    s = str(tmp_path / "s.npz")
+    assert main(["calibrate", model, "--data", str(tmp_path / "x.npz"), "--out", s]) == 0
+    assert main(["evaluate", model, "--data", str(tmp_path / "neg.npz"), "--stats", s,
+                 "--precision", "a8_w8", "--layout", "score=tensor"]) == 0
+    out = capsys.readouterr().out
+    assert "of FP32's range" in out and "NOT LIKE FP32" not in out
+    assert "so not a loss" in out
