@@ -29,7 +29,7 @@ MIN_RATIO = 8.0
 MAX_SHARE = 0.05  # at most 5 % of the channels (and at least one)
 MIN_CHANNELS = 8
 MASK_MIN = -1e4
-MASK_RATIO = 100.0  # a fill of -1e4 .. -3e38 against scores of at most tens
+MASK_RATIO = 10.0  # a fill of -1e4 .. -3e38 against scores of at most hundreds
 MAX_LISTED = 16
 
 OUTLIER_REMEDIES = (
