@@ -233,7 +233,8 @@ def test_control_flow_is_refused_with_how_to_fold_it(tmp_path, capsys):
     assert said.out == "" and len(said.err.strip().splitlines()) == 1, said
     err = said.err.strip()
     assert err.startswith("quantscope: error: node 'branch' is control flow (If)"), err
-    assert "keep the branch you use" in err
+    # its condition is the data's (sum(x) > 0): no fold keeps it (h27: the line said to fold)
+    assert "is computed from the data (input 'x')" in err and "pick the branch on the host" in err
     assert not w_dir.exists()
 
 

@@ -391,7 +391,8 @@ class Feeds(dict):  # type: ignore[type-arg]
 
     ``axes``: the sample axis of each input that is not 0; ``out_axes``: the sample axis
     of each model output, in the model's output order; ``limit``: the most samples one run
-    takes (the static size of the sample axis), None when any count runs. Use
+    takes (the static size of the sample axis; 1 when ``mixes`` names nodes that mix a
+    run's samples), None when any count runs. Use
     :func:`batch_rows`, :func:`take_rows` and :func:`concat_rows` to count, cut and join
     samples of any batch."""
 
@@ -400,15 +401,17 @@ class Feeds(dict):  # type: ignore[type-arg]
     limit: int | None
 
     def __init__(self, arrays: Mapping[str, np.ndarray], axes: Mapping[str, int],
-                 out_axes: tuple[int, ...] = (), limit: int | None = None) -> None:
+                 out_axes: tuple[int, ...] = (), limit: int | None = None, *,
+                 mixes: tuple[str, ...] = ()) -> None:
         super().__init__(arrays)
         self.axes = {k: a for k, a in axes.items() if a}
         self.out_axes = tuple(out_axes)
         self.limit = limit
+        self.mixes = tuple(mixes)
 
     def like(self, arrays: Mapping[str, np.ndarray]) -> Feeds:
         """Other arrays with this batch's axes."""
-        return Feeds(arrays, self.axes, self.out_axes, self.limit)
+        return Feeds(arrays, self.axes, self.out_axes, self.limit, mixes=self.mixes)
 
 
 SHARED = -1

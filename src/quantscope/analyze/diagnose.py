@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from quantscope.analyze.logfloor import find_log_floors
 from quantscope.analyze.mixed import find_mixed_scales
 from quantscope.analyze.noise import TensorNoise, tensor_noise
 from quantscope.analyze.outliers import Outlier, find_outliers
@@ -295,7 +296,8 @@ def analyze(
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
     noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
     outliers = tuple(sorted(find_outliers(stats, groups)
-                            + find_mixed_scales(model, groups, stats, scheme),
+                            + find_mixed_scales(model, groups, stats, scheme)
+                            + find_log_floors(model, groups, stats, scheme),
                             key=lambda o: -o.ratio))
     weights = find_weight_issues(model, groups, scheme)
     low_fid = (scorer if scorer.row_local else fidelity)(res.ref_rows, res.low_rows)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import onnx
 
 from quantscope.analyze.evalcache import model_digest
+from quantscope.analyze.logfloor import log_floor_notes
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.evaluate import (
     Runs,
@@ -174,7 +175,8 @@ def evaluate_plans(
                                                     method=method, label=label if progress else "",
                                                     same=own)
         coverage, saturated = cov.to_dict(), _saturation_entry(data_stats, enc, n_rows)
-        q_notes = (*enc.notes, *measured_by[1:])
+        q_notes = (*enc.notes, *measured_by[1:],
+                   *log_floor_notes(model, stats, plan, scheme))  # a spectrogram's Log
         del enc
         if alone is not None and ref_kept is not None:
             test = Outputs(names=emulated.names, batches=tuple(

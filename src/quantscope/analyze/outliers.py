@@ -6,8 +6,12 @@ outlier channels       per-channel max|x| (``TensorStats.channel_absmax``): a ch
                        channel's; the tensor is reported when 1..``MAX_SHARE`` of its
                        channels are outliers and max/median >= ``MIN_RATIO``. Bits lost
                        on a per-tensor grid: log2(max / median)
-mask range             min <= ``MASK_MIN`` (an additive attention mask's dtype minimum
-                       in the range): a min/max grid would spend every level on the mask
+mask range             min <= ``MASK_MIN`` and |min| >= ``MASK_RATIO`` x max|x| of the rest
+                       (the max, and the smallest value above the floor cluster: an
+                       additive attention mask's fill far below the scores): a min/max
+                       grid would spend every level on the mask. A signal as wide on both
+                       sides (int16-scale audio, -32768 .. 32767; an STFT's +-9e5), or
+                       spread down to its min (x - max(x)), is no mask
 =====================  ==================================================================
 """
 
@@ -25,6 +29,7 @@ MIN_RATIO = 8.0
 MAX_SHARE = 0.05  # at most 5 % of the channels (and at least one)
 MIN_CHANNELS = 8
 MASK_MIN = -1e4
+MASK_RATIO = 10.0  # a fill of -1e4 .. -3e38 against scores of at most hundreds
 MAX_LISTED = 16
 
 OUTLIER_REMEDIES = (
@@ -79,8 +84,9 @@ def find_outliers(stats: Stats, groups: Groups) -> tuple[Outlier, ...]:
     owner = _tensor_groups(groups)
     found: list[Outlier] = []
     for name, ts in stats.tensors.items():
-        if ts.count and ts.min <= MASK_MIN:
-            amax = float(max(abs(ts.max), 1e-12))
+        amax = float(max(abs(ts.max), 1e-12))
+        if ts.count and ts.min <= MASK_MIN and abs(ts.min) >= MASK_RATIO * max(
+                amax, abs(ts.bulk_min) if ts.bulk_min is not None else 0.0):
             found.append(
                 Outlier(
                     name,

@@ -168,11 +168,13 @@ def summary_text(a: Analysis, *, top: int = 8, figure: Figure = _four_digits) ->
     for r in a.recovery:
         lines.append(f"  promote {len(r.promoted)} -> {_fmt(r.metrics, a.primary, figure)}")
     mixed = sum(o.kind == "mixed_scale" for o in a.outliers)
-    lines.append(f"outliers: {len(a.outliers) - mixed}  mixed scales: {mixed}  "
-                 f"degenerate weights: {len(a.weights)}")
+    floors = sum(o.kind == "log_floor" for o in a.outliers)
+    lines.append(f"outliers: {len(a.outliers) - mixed - floors}  mixed scales: {mixed}  "
+                 + (f"logs of a linear grid: {floors}  " if floors else "")
+                 + f"degenerate weights: {len(a.weights)}")
     for o in a.outliers[:top]:
         lines.append(f"  {o.tensor}: {o.reason}")
-        if o.kind == "mixed_scale":  # the fix is part of the finding: say it here too
+        if o.kind in ("mixed_scale", "log_floor"):  # the fix is part of the finding
             lines.append(f"      fix: {'; or '.join(o.remedies)}")
     lines += [f"  {w.weight} ({w.kind}): {w.reason}" for w in a.weights[:top]]
     for p, c in a.collapse.items():
@@ -185,12 +187,13 @@ def summary_text(a: Analysis, *, top: int = 8, figure: Figure = _four_digits) ->
     return "\n".join(lines)
 
 
-def mixed_scale_lines(doc: dict[str, Any]) -> list[str]:
-    """Console lines for the mixed-scale findings of an analysis JSON dict (for ``run``'s
-    verdict, which reads the file): the finding and its first fix, one pair per tensor."""
+def mixed_scale_lines(doc: dict[str, Any], kind: str = "mixed_scale") -> list[str]:
+    """Console lines for the mixed-scale findings (or those of another ``kind``:
+    ``log_floor``) of an analysis JSON dict (for ``run``'s verdict, which reads the file):
+    the finding and its first fix, one pair per tensor."""
     out = []
     for o in doc.get("outliers") or []:
-        if o.get("kind") == "mixed_scale":
+        if o.get("kind") == kind:
             out.append(f"{o['tensor']}: {o['reason']}")
             out += [f"    fix: {o['remedies'][0]}"] if o.get("remedies") else []
     return out

@@ -119,8 +119,9 @@ LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per 
                "OUTPUT=ctc[:blank=0,axis=-1] (a text recognizer's [N, T, C] decoded by CTC "
                "greedy decoding: string agreement and character error rate vs FP32), "
                "OUTPUT=tensor (fidelity only). Default: a detection head (a Concat of 4 box "
-               "rows and score rows) and a Softmax over the classes (axis 1 of an [N, C] or "
-               "[N, C, H, W] output, the last of an [N, T, C] one) are "
+               "rows and score rows), a Softmax over the classes (axis 1 of an [N, C] or "
+               "[N, C, H, W] output, the last of an [N, T, C] one) and a Sigmoid making "
+               "the only output, one value per sample (a score at 0.5) are "
                "found in the graph; other outputs are tensors (docs/outside-the-zoo.md). An "
                "OUTPUT holding '=' is read up to the last '=KIND', or quote it: '\"a=b\"=map'")
 

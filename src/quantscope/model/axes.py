@@ -23,7 +23,9 @@ Clip, Cast, Identity, ...          aligned for broadcasts)
 Transpose                          permuted with ``perm``
 Reshape, Flatten, Squeeze,         kept when the dims up to the axis are unchanged
 Unsqueeze                          (read from inferred shapes), shifted for inserted or
-                                   removed leading dims; else unknown
+                                   removed leading dims, followed when only dims of
+                                   size 1 move (``[N, 96, 1, 1] -> [N, 1, 1, 96]``);
+                                   else unknown
 anything else (activation x        unknown (``None``): callers fall back to their own
 activation MatMul, graph inputs)   rule, e.g. 1 for rank 4, else the last axis
 =================================  =====================================================
@@ -112,6 +114,9 @@ def _reshape_axis(src: Shape | None, dst: Shape | None, axis: int) -> int | None
         return None
     if axis == len(src) - 1 and _same(src[-1], dst[-1]):
         return len(dst) - 1
+    moved = _ones_moved(src, dst, axis)
+    if moved is not None:
+        return moved
     # leading dims merged or split before the axis: the axis' dim and all after it kept
     tail = src[axis:]
     for k in range(len(dst)):
@@ -124,6 +129,23 @@ def _reshape_axis(src: Shape | None, dst: Shape | None, axis: int) -> int | None
         if _prod_known(pre_s) is not None and _prod_known(pre_s) == _prod_known(pre_d):
             return k
     return None
+
+
+def _ones_moved(src: Shape, dst: Shape, axis: int) -> int | None:
+    """Where ``axis`` lands when the reshape only moves dims of size 1 after the first
+    (``[N, 96, 1, 1] -> [N, 1, 1, 96]``, a TF export's NCHW -> NHWC of a pooled map): the
+    other dims in the same order; the first (the samples) kept, or symbolic on both sides
+    (an exporter names each unknown batch dim anew)."""
+    if axis == 0 or src[axis] == 1 or not (_same(src[0], dst[0]) or (
+            not isinstance(src[0], int) and not isinstance(dst[0], int))):
+        return None
+    rest_s = [(i, d) for i, d in enumerate(src) if i and d != 1]
+    rest_d = [(i, d) for i, d in enumerate(dst) if i and d != 1]
+    if len(rest_s) != len(rest_d) or not all(
+            _same(a, b) for (_, a), (_, b) in zip(rest_s, rest_d, strict=True)):
+        return None
+    pos = [i for i, _ in rest_s].index(axis)
+    return rest_d[pos][0]
 
 
 def _prod_known(dims: Sequence[int | str | None]) -> int | None:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from quantscope.model.control_flow import control_flow_message
 from quantscope.model.layouts import layout_of
 from quantscope.model.load import FLOAT_TYPES, Model
 from quantscope.types import Group, GroupKind, Groups, Plan, QuantscopeError
@@ -252,7 +253,7 @@ class _Builder:
         return groups.pop()
 
     def visit(self, node: onnx.NodeProto) -> None:
-        refused = unemulated(node)
+        refused = unemulated(node, self.model.graph)
         if refused:
             raise QuantscopeError(refused)
         if not any(self.float_act(t) for t in node.output):
@@ -327,14 +328,11 @@ def _depthwise(node: onnx.NodeProto, inits: Iterable[onnx.TensorProto], weight: 
     return group > 1 and len(dims) > 1 and dims[1] == 1
 
 
-def unemulated(node: onnx.NodeProto) -> str | None:
-    """Why quantscope cannot emulate ``node`` (control flow, a sequence, an already
-    quantized op), as the one line that refuses the model; None when it can."""
+def unemulated(node: onnx.NodeProto, graph: onnx.GraphProto) -> str | None:
+    """Why quantscope cannot emulate ``node`` of ``graph`` (control flow, a sequence, an
+    already quantized op), as the one line that refuses the model; None when it can."""
     if node.op_type in CONTROL_FLOW:
-        return (f"node '{node.name}' is control flow ({node.op_type}), which quantscope cannot "
-                "emulate: fold it for your inputs and re-export (an "
-                "If on a condition you fix: keep the branch you use; a Loop or Scan of a fixed "
-                "count: unroll it)")
+        return control_flow_message(node, graph)
     if node.op_type == "SequenceConstruct":
         return (f"node '{node.name}' is a SequenceConstruct (a sequence of tensors), which "
                 "quantscope cannot emulate: export the model with plain tensors")
@@ -348,7 +346,7 @@ def refuse_unemulated(model: Model) -> None:
     """Refuse, in :func:`unemulated`'s line, a model with a node quantscope cannot emulate
     (what :func:`find_groups` refuses, checked alone: ``run`` says it before any work)."""
     for node in model.graph.node:
-        refused = unemulated(node)
+        refused = unemulated(node, model.graph)
         if refused:
             raise QuantscopeError(refused)
 

@@ -113,6 +113,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "class_axis_by_default": _data_notes(ev["data"], AXIS_BY_DEFAULT),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
         "mixed_scales": _mixed_scales(ctx),
+        # a Log reading a linear grid that loses the decades below one step (a spectrogram)
+        "log_floors": _mixed_scales(ctx, "log_floor"),
         # NaN / inf FP32 met inside the graph on the fit data (left out of the ranges)
         "nan_inf_inside": _nonfinite(ctx),
         # what the loader changed to work on the model (a float16 model's float32 form, its
@@ -258,11 +260,12 @@ def left_float(cov: dict[str, Any] | None) -> list[dict[str, Any]]:
             for (what, op, why), n in rows.items()]
 
 
-def _mixed_scales(ctx: Context) -> list[str]:
-    """The analysis' mixed-scale findings (one grid over tensors of different scales)."""
+def _mixed_scales(ctx: Context, kind: str = "mixed_scale") -> list[str]:
+    """The analysis' mixed-scale findings (one grid over tensors of different scales), or
+    those of another ``kind`` (``log_floor``)."""
     from quantscope.analyze.report import mixed_scale_lines
 
-    return mixed_scale_lines(_read(ctx, steps.ANALYSIS))
+    return mixed_scale_lines(_read(ctx, steps.ANALYSIS), kind)
 
 
 def _nonfinite(ctx: Context) -> list[str]:
@@ -387,9 +390,10 @@ def format_verdict_details(v: dict[str, Any]) -> str:
         for k, r in q.items()))
     for label, note in (v.get("not_like_fp32") or {}).items():
         lines.append(f"  {label}: {note}")
-    for line in v.get("mixed_scales") or []:
-        lines.append(f"  mixed scales: {line}" if not line.startswith("    fix:") else
-                     f"  {line.strip()}")
+    for key, label in (("mixed_scales", "mixed scales"), ("log_floors", "log of a linear grid")):
+        for line in v.get(key) or []:
+            lines.append(f"  {label}: {line}" if not line.startswith("    fix:") else
+                         f"  {line.strip()}")
     if v.get("ships") == "deployment":
         lines.append(f"  single plan (repaired.onnx, one model; not what ships): {m} "
                      f"{fmt.value(m, q.get('plan', {}).get(m))} held out, goal "

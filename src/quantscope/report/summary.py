@@ -399,7 +399,10 @@ def format_short(v: dict[str, Any]) -> list[str]:
     lines += [f"  warning: {note}" for note in (v.get("says_little") or [])
               + (v.get("unscored") or []) + (v.get("class_axis_by_default") or [])
               + (v.get("saturated_outputs") or [])
-              + (v.get("nan_inf_inside") or [])]
+              + (v.get("nan_inf_inside") or [])
+              + [f"{line} ({fix.strip()})" for line, fix in
+                 zip((v.get("log_floors") or [])[::2], (v.get("log_floors") or [])[1::2],
+                     strict=False)]]
     bm = v.get("binds_measured") if not v.get("reached") else None
     if bm:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")

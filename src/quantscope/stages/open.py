@@ -13,7 +13,7 @@ from quantscope.calibrate.collect import calibrate
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
 from quantscope.progress import say
-from quantscope.tasks.tensors import TENSOR_BATCH, load_tensor_batches
+from quantscope.tasks.tensors import TENSOR_BATCH, limit_reason, load_tensor_batches
 from quantscope.types import (
     SHARED,
     Batch,
@@ -125,8 +125,8 @@ def _layout_text(batch: Feeds, outputs: tuple[str, ...]) -> str:
     parts += [f"output '{o}' is batched on axis {a}"
               for o, a in zip(outputs, batch.out_axes, strict=False) if a]
     if batch.limit is not None:
-        parts.append(f"the model takes {batch.limit} sample(s) per run (static shape): "
-                     "the samples run that many at a time")
+        parts.append(f"the model takes {batch.limit} sample(s) per run "
+                     f"({limit_reason(batch.mixes)}): the samples run that many at a time")
     return "; ".join(parts)
 
 

@@ -37,8 +37,9 @@ the concat axis, :func:`quantscope.tasks.detection.detect_layout`) gets the ``de
 and a Softmax over the classes (axis 1 of a ``[N, C]`` or ``[N, C, H, W]`` output, the
 last axis of a ``[N, T, C]`` one that is no attention's) the ``class`` task
 (:func:`quantscope.tasks.classes.class_output`), and so does an output the graph takes an
-``ArgMax``/``TopK`` of (:func:`quantscope.tasks.classes.picked_output`); a note says so; ``OUTPUT=tensor`` turns
-that off. Every bad value is one error line
+``ArgMax``/``TopK`` of (:func:`quantscope.tasks.classes.picked_output`); a Sigmoid of one
+value per sample the ``score`` task (:func:`quantscope.tasks.maps.score_output`); a note
+says so; ``OUTPUT=tensor`` turns that off. Every bad value is one error line
 naming ``--layout`` and the fix.
 """
 
@@ -75,7 +76,13 @@ from quantscope.tasks.layout_spec import (
 )
 from quantscope.tasks.layout_spec import fail as _fail
 from quantscope.tasks.layout_spec import rows as _rows
-from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, ScoreTask
+from quantscope.tasks.maps import (
+    MAP_THRESHOLD,
+    SCORE_THRESHOLD,
+    MapTask,
+    ScoreTask,
+    score_output,
+)
 from quantscope.tasks.points import POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError
@@ -389,6 +396,11 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                 notes.append(f"output '{out}' read as {_describe(task, model)} (the graph "
                              f"picks classes from it: '{picked[1]}'); --layout {out}=tensor "
                              "for plain fidelity")
+            elif score_output(model, out, samples):
+                task = ScoreTask(name=f"score:{out}", output=out)
+                notes.append(f"output '{out}' read as {_describe(task, model)} (a Sigmoid of "
+                             f"one value per sample); --layout {out}=score:threshold=T for "
+                             f"another threshold, --layout {out}=tensor for plain fidelity")
         if task is not None:
             tasks.append(task)
     notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))

@@ -17,7 +17,16 @@ keep a cosine of 1.0 while its decisions flip. These tasks score what the user a
     :mod:`quantscope.tasks.shares`); ``score_abs_error_max`` / ``score_abs_error_mean``.
 
 Both say when FP32's values leave [0, 1] (a logit map: the threshold is then the user's to
-declare) and when FP32 is on one side of the threshold everywhere.
+declare) and when FP32 is on one side of the threshold everywhere; ``score`` also counts
+FP32's positive decisions apart (a wake word's score is positive on a few clips: an
+agreement over all of them is mostly the negatives').
+
+A ``score`` is found without ``--layout`` (:func:`score_output`) when a ``Sigmoid`` makes
+the model's only output, of one value per sample (through Reshape, Flatten, Squeeze,
+Unsqueeze or Identity): a wake word's probability. Its fidelity figures (SQNR over a few
+near-1 values among many near-0 ones) would otherwise be the headline. A model with more
+outputs (a streaming VAD's state beside its probability, which the next step reads) keeps
+every output's fidelity as the headline; its score's decisions are in the fidelity notes.
 """
 
 from __future__ import annotations
@@ -26,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.emulate.channels import sides_text
+from quantscope.model.load import Model
 from quantscope.tasks.shares import items_key, share_counts
 from quantscope.types import Metrics, Outputs
 from quantscope.units import value
@@ -120,6 +131,10 @@ class ScoreTask:
         notes = _range_note(self.output, "score", float(r.min(initial=np.inf)),
                             float(r.max(initial=-np.inf)), self.threshold) if r.size else []
         flipped = int(np.sum(dr != dt))
+        if dr.size and not (dr.all() | (~dr).all()) and self.threshold != SCORE_THRESHOLD:
+            # (at 0.5 the output's own fidelity note counts them: emulate.channels)
+            notes.append(f"output '{self.output}' at {self.threshold:g}: " + sides_text(
+                int(dr.size), int(dr.sum()), int((dr & dt).sum()), int(dt.sum())))
         if dr.size and dr.all() | (~dr).all():
             notes.append(f"output '{self.output}': FP32 decides the same on every sample at "
                          f"{self.threshold:g}: the decision agreement says little; give data with both "
@@ -130,3 +145,24 @@ class ScoreTask:
                          f"{value('decision_agreement', values['decision_agreement'])} < "
                          f"{value('decision_agreement', AGREEMENT_RESEMBLES)})")
         return Metrics(values=values, notes=tuple(notes))
+
+
+_CARRY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
+
+def score_output(model: Model, output: str, samples: int | None) -> bool:
+    """True when a ``Sigmoid`` makes ``output``, the model's only output (through ops
+    that only reshape it), and it holds one value per sample (every axis but the samples'
+    of static size 1)."""
+    if model.output_names() != (output,):
+        return False
+    shape = model.value_shapes().get(output)
+    axis = samples or 0
+    if shape is None or len(shape) <= axis or any(
+            d != 1 for k, d in enumerate(shape) if k != axis):
+        return False
+    producer = {o: n for n in model.graph.node for o in n.output}
+    node = producer.get(output)
+    while node is not None and node.op_type in _CARRY and node.input:
+        node = producer.get(node.input[0])
+    return node is not None and node.op_type == "Sigmoid"

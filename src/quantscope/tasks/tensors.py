@@ -43,6 +43,7 @@ import onnx
 
 from quantscope.model.dynamic import refuse_unscorable_outputs
 from quantscope.model.load import Model
+from quantscope.model.mixing import sample_mixers
 from quantscope.types import SHARED, Feeds, QuantscopeError
 
 TENSOR_BATCH = 32  # samples per batch (fewer when the model takes fewer per run)
@@ -108,12 +109,15 @@ def _read(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
 class Layout:
     """Where the samples lie: ``axes`` (input -> sample axis), ``out_axes`` (each output's
     sample axis, in output order), ``limit`` (the most samples one run takes: the model's
-    static size of the sample axis; None: any), ``how`` (input -> why that axis)."""
+    static size of the sample axis, or 1 when a node mixes the samples; None: any),
+    ``how`` (input -> why that axis), ``mixes`` (the nodes that mix a run's samples:
+    :func:`quantscope.model.mixing.sample_mixers`)."""
 
     axes: dict[str, int]
     out_axes: tuple[int, ...]
     limit: int | None
     how: dict[str, str]
+    mixes: tuple[str, ...] = ()
 
     @property
     def plain(self) -> bool:
@@ -127,8 +131,18 @@ class Layout:
                  for k, a in self.axes.items() if a]
         text = "samples: " + ("; ".join(parts) if parts else "axis 0 of every input")
         if self.limit is not None:
-            text += f"; the model takes {self.limit} sample(s) per run (static shape)"
+            text += f"; the model takes {self.limit} sample(s) per run ({limit_reason(self.mixes)})"
         return text
+
+
+def limit_reason(mixes: tuple[str, ...]) -> str:
+    """Why a model runs a few samples at a time: its static shape, or the nodes that mix
+    the samples of a run (then one at a time, as a deployment runs it)."""
+    if not mixes:
+        return "static shape"
+    more = f" and {len(mixes) - 2} more" if len(mixes) > 2 else ""
+    return (f"{', '.join(mixes[:2])}{more} mixes the samples of a run, so each sample is run "
+            "alone, as a deployment runs it")
 
 
 def check_batch_axes(model: Model, declared: Mapping[str, int]) -> dict[str, int]:
@@ -308,6 +322,9 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
     limit = min(static) if static and cut else None
     axes = {k: axes[k] for k in names}
     out_axes = _output_axes(model, sym, axes, limit, declared)
+    mixes = tuple(sample_mixers(model, tuple(k for k in names if axes[k] != SHARED), sym))
+    if mixes and (limit is None or limit > 1):
+        return Layout(axes=axes, out_axes=out_axes, limit=1, how=how, mixes=mixes)
     return Layout(axes=axes, out_axes=out_axes, limit=limit, how=how)
 
 
@@ -376,6 +393,11 @@ def _check_dims(arrays: dict[str, np.ndarray], model: Model, where: Path,
                 fix = (f"give every input the same {label}" if label != "sample count"
                        or not where_axes else "give every input the same sample count, or "
                        "say each input's sample axis with --batch-axis NAME=AXIS")
+                free = [i for i, d in enumerate(arr.shape) if d == first[1] and i != axis and (
+                    i >= len(want) or not isinstance(want[i], int) or want[i] == 1)]
+                if label == "sample count" and free:  # (silero VAD v5: state [2, '', 128])
+                    fix += (f"; its axis {free[0]} holds {first[1]}, the others' count: "
+                            f"--batch-axis {name}={free[0]}")
                 raise QuantscopeError(
                     f"data '{where}': {label} is {first[1]} in input '{first[0]}' but {size} "
                     f"in input '{name}'{where_axes}: {fix}")
@@ -499,7 +521,7 @@ def tensor_batches(
                        else (slice(None),) * axis + (slice(start, start + size),))
                 feed[k] = np.asarray(arrays[k][cut]).astype(dt, copy=False)
             yield feed if layout.plain else Feeds(feed, layout.axes, layout.out_axes,
-                                                  layout.limit)
+                                                  layout.limit, mixes=layout.mixes)
 
 
 def unused_arrays(path: str | Path, model: Model) -> list[str]:
