@@ -91,6 +91,7 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "cosine_min": (True, (-1.0, 1.0)),
     "detection_f1": (True, (0.0, 1.0)),
     "mask_iou": (True, (0.0, 1.0)),
+    "class_iou_min": (True, (0.0, 1.0)),
     "similarity_mae": (False, (0.0, 2.0)),
     "kl": (False, (0.0, math.inf)),
 }
