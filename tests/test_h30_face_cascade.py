@@ -14,7 +14,9 @@ import onnx
 from tiny_models import _with_weights
 
 from quantscope import stages
+from quantscope.cli import main
 from quantscope.model.load import load_proto
+from quantscope.serde import read_json
 from quantscope.tasks.layout import layout_tasks
 from quantscope.types import Dataset, Plan, Precision
 
@@ -74,3 +76,31 @@ def test_a_face_map_that_loses_every_face_is_not_like_fp32():
     res16, _ = _evaluate(Precision.A16_W8)
     assert res16["metrics"]["class_iou_min"] == 1.0
     assert not any(n.startswith("NOT LIKE FP32") for n in res16["notes"])
+
+
+def test_the_box_map_no_task_reads_is_said_with_its_figures(tmp_path, capsys):
+    """``boxes`` beside the Softmax face map: scored for fidelity only, which the notes
+    say and ``run``'s verdict repeats with its held-out SQNR; 36 samples (batches of 32)
+    are split in halves, not 32 and 4."""
+    model = load_proto(face_map(), "pnet")
+    _, notes = layout_tasks(model, (), "x.npz")
+    assert notes[1] == (
+        "output 'boxes' [B,4,H,W] scored for fidelity only (cosine, SQNR, per channel, in "
+        "'outputs'): the task's figures and the headline are 'prob''s; declare --layout "
+        "boxes=KIND (detect, map, score, class) where a kind fits what it is for")
+    onnx.save(face_map(), tmp_path / "pnet.onnx")
+    np.savez(tmp_path / "x.npz", **face_map_data(36, seed=1))
+    assert main(["run", str(tmp_path / "pnet.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "hailo8", "--goal", "0.95", "--repairs", "none", "--rewrites",
+                 "none", "--finetune", "off", "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    v = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    assert "the first 18 samples" in v["evaluation"] and "the other 18" in v["evaluation"]
+    assert v["unscored"] == [notes[1]]
+    (line,) = v["unscored_figures"]
+    assert line.startswith("output 'boxes' (fidelity only) held out: SQNR ") and (
+        "at uniform a8_w8" in line)
+    assert f"  warning: {line}" in out.splitlines()
+    # the goal is met on the positions, nearly all background; the faces lost are said
+    assert v["reached"] is True
+    assert "class 1: FP32 gives it on" in v["not_like_fp32"]["plan"]

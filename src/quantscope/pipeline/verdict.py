@@ -21,7 +21,8 @@ from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
 from quantscope.tasks.shares import clusters_key, items_key
-from quantscope.tasks.unscored import is_unscored_note
+from quantscope.tasks.unscored import is_unscored_note, unscored_names
+from quantscope.units import value
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
@@ -109,6 +110,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         # outputs scored for fidelity only (a text encoder's second output): not in the task's
         # figures nor the headline
         "unscored": _unscored(ev["data"]),
+        # ... and their own held-out figures (plan and uniform a8_w8), one line per output
+        "unscored_figures": _unscored_figures(_unscored(ev["data"]), results),
         # class outputs read on axis 1 because the graph does not say where the classes are
         "class_axis_by_default": _data_notes(ev["data"], AXIS_BY_DEFAULT),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
@@ -210,6 +213,20 @@ def _unscored(data: dict[str, Any]) -> list[str]:
     """The data notes naming outputs scored for fidelity only (not by the task, so their own
     error is not in the headline)."""
     return [n for n in _data_notes(data, "") if is_unscored_note(n)]
+
+
+def _unscored_figures(notes: list[str], results: dict[str, Any]) -> list[str]:
+    """Per output the notes name as scored for fidelity only, its held-out SQNR (and its
+    worst channel's) at the plan and at uniform a8_w8: its error, which the headline is not."""
+    plan, uniform = (results.get(k, {}).get("outputs") or {} for k in ("plan", "a8_w8"))
+    names = [n for note in notes for n in unscored_names(note, list(plan))]
+
+    def fig(out: dict[str, Any]) -> str:
+        return (f"{value('sqnr_db', out.get('sqnr_db'))} (worst channel "
+                f"{value('sqnr_db', out.get('sqnr_db_channel_min'))})")
+
+    return [f"output '{n}' (fidelity only) held out: SQNR {fig(plan[n])} at the plan, "
+            f"{fig(uniform.get(n, {}))} at uniform a8_w8" for n in dict.fromkeys(names)]
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:

@@ -397,7 +397,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in (v.get("says_little") or [])
-              + (v.get("unscored") or []) + (v.get("class_axis_by_default") or [])
+              + (v.get("unscored") or []) + (v.get("unscored_figures") or [])
+              + (v.get("class_axis_by_default") or [])
               + (v.get("saturated_outputs") or [])
               + (v.get("nan_inf_inside") or [])]
     bm = v.get("binds_measured") if not v.get("reached") else None

@@ -59,6 +59,7 @@ from quantscope.tasks.detection import (
 )
 from quantscope.tasks.maps import MAP_THRESHOLD, SCORE_THRESHOLD, MapTask, ScoreTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
+from quantscope.tasks.unscored import tensor_unscored_note
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
@@ -417,6 +418,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
             tasks.append(task)
     if not tasks:
         return None, tuple(notes)
+    unscored = tensor_unscored_note(model.proto, [t.output for t in tasks])
+    notes += [unscored] if unscored else []
     if len(tasks) == 1:
         return tasks[0], tuple(notes)
     return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks),
