@@ -252,8 +252,10 @@ def image_dataset(model: Model, *, batch_size: int = 12, spec: str = SPEC) -> Da
     if len(names) != 1 or len(shape) != 4 or tuple(shape[1:]) != (3, SIZE, SIZE):
         raise QuantscopeError(
             f"data '{SPEC}' is 224x224 RGB images but the model's inputs are "
-            f"{', '.join(names)} {list(shape)}: use an image model with one "
-            "[B, 3, 224, 224] input (e.g. dinov2-s14)")
+            f"{', '.join(names)} {list(shape)}: it scores an image embedder's retrieval "
+            "(one [B, 3, 224, 224] input, e.g. dinov2-s14); for another image model (a "
+            "detector, a face or segmentation map) save your images as the model takes them "
+            f"(np.savez('x.npz', {names[0]}=images)) and give --data x.npz")
     step = SMALL_STEP if spec == SMALL_SPEC else 1
     evaluation = make_views(step=step)
     calib = make_views(views=1, seed=CALIB_SEED, step=step)
