@@ -104,3 +104,47 @@ def test_the_box_map_no_task_reads_is_said_with_its_figures(tmp_path, capsys):
     # the goal is met on the positions, nearly all background; the faces lost are said
     assert v["reached"] is True
     assert "class 1: FP32 gives it on" in v["not_like_fp32"]["plan"]
+
+
+def static_yolo_head() -> onnx.ModelProto:
+    """``images [N, 3, 224, 224]`` -> boxes ``[N, 4, A]`` and Sigmoid scores ``[N, 2, A]``
+    concatenated on axis 1: a YOLOv8 head at a static 224 input."""
+    text = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    yolo (float[N, 3, 224, 224] images) => (float[N, 6, 50176] output0) {
+        b = Conv(images, w_box)
+        c = Conv(images, w_cls)
+        s = Sigmoid(c)
+        bf = Reshape(b, shape4)
+        sf = Reshape(s, shape2)
+        output0 = Concat<axis = 1>(bf, sf)
+    }
+    """
+    r = np.random.default_rng(3)
+    return _with_weights(text, {
+        "w_box": r.normal(0, 1, (4, 3, 1, 1)).astype(np.float32),
+        "w_cls": r.normal(0, 1, (2, 3, 1, 1)).astype(np.float32),
+        "shape4": np.array([0, 4, -1], np.int64),
+        "shape2": np.array([0, 2, -1], np.int64),
+    })
+
+
+def test_photos_on_a_detector_is_refused_naming_tensor_data(tmp_path, capsys):
+    """``--data photos`` scores retrieval on the first output: a static-224 YOLO head's
+    first row (its box centres) was read as the embedding; a dynamic P-Net was told to use
+    dinov2-s14."""
+    onnx.save(static_yolo_head(), tmp_path / "yolo.onnx")
+    onnx.save(face_map(), tmp_path / "pnet.onnx")
+    for name, says in (("yolo", "but 'output0' is a detection head (4 box rows, then class "
+                                "rows): save your images as the model takes them "
+                                "(np.savez('x.npz', images=images)) and give --data x.npz"),
+                       ("pnet", "it scores an image embedder's retrieval (one [B, 3, 224, 224] "
+                                "input, e.g. dinov2-s14); for another image model (a detector, "
+                                "a face or segmentation map) save your images as the model "
+                                "takes them (np.savez('x.npz', x=images)) and give --data "
+                                "x.npz")):
+        assert main(["run", str(tmp_path / f"{name}.onnx"), "--data", "photos", "--target",
+                     "hailo8", "--out", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / name).exists()

@@ -242,6 +242,21 @@ class ViewRetrievalTask:
         return Metrics(values=values, notes=notes)
 
 
+def _not_an_embedding(model: Model) -> str | None:
+    """Why the model's first output is no embedding the retrieval can read (a YOLO head's
+    first row is its box centres; a per-pixel Softmax is a segmentation), else None."""
+    from quantscope.tasks.classes import class_output
+    from quantscope.tasks.detection import detect_layout
+
+    out = model.output_names()[0]
+    if detect_layout(model, out) is not None:
+        return f"'{out}' is a detection head (4 box rows, then class rows)"
+    rank = len(model.value_shapes().get(out) or ())
+    if rank > 2 and class_output(model, out) == 1:
+        return f"'{out}' is class scores per position (a Softmax over its axis 1)"
+    return None
+
+
 def image_dataset(model: Model, *, batch_size: int = 12, spec: str = SPEC) -> Dataset:
     """The built-in ``photos`` (or ``photos-small``) retrieval set for a model with one
     [B, 3, 224, 224] input."""
@@ -256,6 +271,13 @@ def image_dataset(model: Model, *, batch_size: int = 12, spec: str = SPEC) -> Da
             "(one [B, 3, 224, 224] input, e.g. dinov2-s14); for another image model (a "
             "detector, a face or segmentation map) save your images as the model takes them "
             f"(np.savez('x.npz', {names[0]}=images)) and give --data x.npz")
+    head = _not_an_embedding(model)
+    if head:
+        raise QuantscopeError(
+            f"data '{SPEC}' scores an image embedder's retrieval on the model's first output, "
+            f"but {head}: save your images as the model takes them (np.savez('x.npz', "
+            f"{names[0]}=images)) and give --data x.npz (its outputs are then read as "
+            "detections, class scores or plain tensors)")
     step = SMALL_STEP if spec == SMALL_SPEC else 1
     evaluation = make_views(step=step)
     calib = make_views(views=1, seed=CALIB_SEED, step=step)
