@@ -156,7 +156,7 @@ class ClassTask:
                          f"{fp32} {rows}, the quantized model on {quantized}, both on {both} "
                          f"(IoU {iou:.3f} < {IOU_RESEMBLES}); the top-1 agreement "
                          f"{value('top1_agreement', values['top1_agreement'])} is mostly the "
-                         f"other classes' {rows}")
+                         f"other classes' {rows} (--metric class_iou_min plans for the class)")
         return Metrics(values=values, notes=tuple(notes))
 
 
