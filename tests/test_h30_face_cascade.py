@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from tiny_models import _with_weights
 
 from quantscope import stages
 from quantscope.cli import main
 from quantscope.model.load import load_proto
 from quantscope.serde import read_json
-from quantscope.tasks.layout import layout_tasks
+from quantscope.tasks.layout import LayoutError, layout_tasks, parse_layout
 from quantscope.types import Dataset, Plan, Precision
 
 
@@ -148,3 +149,34 @@ def test_photos_on_a_detector_is_refused_naming_tensor_data(tmp_path, capsys):
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
         assert not (tmp_path / name).exists()
+
+
+def _evaluate_layout(layout: str):
+    model = load_proto(face_map(), "pnet")
+    f = face_map_data()
+    b = tuple({"x": f["x"][i:i + 8]} for i in range(0, 16, 8))
+    task, notes = layout_tasks(model, (parse_layout(layout),), "x.npz")
+    data = Dataset(name="x.npz", calibration=b, evaluation=b, task=task, notes=notes)
+    stats = stages.calibrate_model(model, data)
+    return stages.evaluate_plan(model, data, stats, Plan.uniform(Precision.A8_W8)), notes
+
+
+def test_a_softmax_face_map_declared_as_a_map_is_read_on_its_face_channel():
+    """``--layout prob=map`` binarised both channels of the 2-class Softmax: the
+    background channel's mask agreed everywhere and the IoU read 0.99 with every face lost;
+    it now says so, and ``channel=1`` binarises the face channel alone."""
+    res, notes = _evaluate_layout("prob=map:threshold=0.5")
+    assert res["metrics"]["mask_iou"] > 0.9
+    assert ("output 'prob' is a Softmax over its axis 1: its mask counts every channel, the "
+            "background's too, so the mask IoU mostly says the background agrees; --layout "
+            "prob=map:channel=K binarises channel K alone") in notes
+    res, notes = _evaluate_layout("prob=map:threshold=0.5,channel=1")
+    assert notes[0] == ("output 'prob' read as a probability map binarised at 0.5 (channel 1 "
+                        "of axis 1) (--layout)")
+    assert res["metrics"]["mask_iou"] == 0.0  # every sample has a face, every face lost
+    assert "NOT LIKE FP32: output 'prob' mask IoU 0.000 < 0.9 at threshold 0.5" in res["notes"]
+    model = load_proto(face_map(), "pnet")
+    for bad, says in (("prob=map:channel=2", "channel 2 is no channel of its axis 1"),
+                      ("prob=map:channel=x", "channel 'x' is not a whole number >= 0")):
+        with pytest.raises(LayoutError, match=says):
+            layout_tasks(model, (parse_layout(bad),), "x.npz")

@@ -14,7 +14,8 @@ KIND        keys (defaults)                                          headline me
             scores then default to the rows after it),
             ``axis=1`` (the row axis), ``format=cxcywh`` | ``xyxy``,
             ``threshold=0.25``, ``iou=0.5``  (:mod:`.detection`)
-``map``     ``threshold=0.5``  (:mod:`.maps`)                         ``mask_iou``
+``map``     ``threshold=0.5``, ``channel=K`` (binarise channel K of   ``mask_iou``
+            axis 1 alone; default: every value)  (:mod:`.maps`)
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
 ``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
             (:mod:`.classes`; default: the graph's, :func:`class_task`)
@@ -64,7 +65,7 @@ from quantscope.types import Metrics, Outputs, QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
     "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou"),
-    "map": ("threshold",),
+    "map": ("threshold", "channel"),
     "score": ("threshold",),
     "class": ("axis",),
     "tensor": (),
@@ -194,6 +195,10 @@ def _check_values(spec: LayoutSpec) -> None:
     fmt = spec.option("format")
     if fmt is not None and fmt.lower() not in BOX_FORMATS:
         raise _fail(spec.text, f"format '{fmt}' is unknown: use {' or '.join(BOX_FORMATS)}")
+    channel = spec.option("channel")
+    if channel is not None and not channel.isdigit():
+        raise _fail(spec.text, f"channel '{channel}' is not a whole number >= 0: give the "
+                    "index on axis 1 of the channel to binarise (e.g. channel=1)")
     axis = spec.option("axis")
     if axis is not None and (not axis.lstrip("-").isdigit()):
         what = "class axis (e.g. -1, the last)" if spec.kind == "class" else "row axis (e.g. 1)"
@@ -302,6 +307,22 @@ def class_task(spec: LayoutSpec, model: Model, shape: tuple | None,
                      axis_read=read, sample_axis=samples or 0)
 
 
+def _map_channel(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> int | None:
+    """The ``channel=K`` of a map layout, checked against the output's axis 1."""
+    raw = spec.option("channel")
+    if raw is None:
+        return None
+    k = int(raw)
+    if samples:
+        raise _fail(spec.text, f"channel= reads axis 1 of an output batched on axis 0, and "
+                    f"'{spec.output}' is batched on axis {samples}: leave channel out")
+    if shape is not None and (len(shape) < 3 or (isinstance(shape[1], int) and k >= shape[1])):
+        dims = tuple(d if isinstance(d, int) else "?" for d in shape)
+        raise _fail(spec.text, f"output '{spec.output}' has shape {dims}: channel {k} is no "
+                    "channel of its axis 1 (a map [N, C, H, W] has C of them)")
+    return k
+
+
 def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
     shape = model.value_shapes().get(spec.output)
     name = f"{spec.kind}:{spec.output}"
@@ -315,7 +336,7 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         return DetectionTask(name=name, output=spec.output,
                              layout=_detection_layout(spec, shape, samples))
     if spec.kind == "map":
-        return MapTask(name=name, output=spec.output,
+        return MapTask(name=name, output=spec.output, channel=_map_channel(spec, shape, samples),
                        threshold=_float(spec, "threshold", MAP_THRESHOLD))
     if spec.kind == "score":
         if shape is not None and any(isinstance(d, int) and d != 1 for d in shape[1:]):
@@ -393,6 +414,12 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
             task = _task(spec, model, samples)
             if task is not None:
                 notes.append(f"output '{out}' read as {_describe(task, model)} (--layout)")
+            if isinstance(task, MapTask) and task.channel is None and class_output(
+                    model, out) == 1:
+                notes.append(f"output '{out}' is a Softmax over its axis 1: its mask counts "
+                             "every channel, the background's too, so the mask IoU mostly "
+                             f"says the background agrees; --layout {out}=map:channel=K "
+                             "binarises channel K alone")
         else:
             found = detect_layout(model, out)
             if found is not None and found.axis == samples:
@@ -432,7 +459,8 @@ def _describe(task: object, model: Model) -> str:
         rows = shape[task.layout.axis] if len(shape) > task.layout.axis else None
         return task.layout.describe(rows if isinstance(rows, int) else None)
     if isinstance(task, MapTask):
-        return f"a probability map binarised at {task.threshold:g}"
+        return f"a probability map binarised at {task.threshold:g}" + (
+            "" if task.channel is None else f" (channel {task.channel} of axis 1)")
     if isinstance(task, ScoreTask):
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
