@@ -225,3 +225,21 @@ def test_a_class_the_data_never_shows_is_said_beside_the_collapse():
                     "data (classes 1; the highest of their scores 4.5e-05): their detections "
                     "are not measured, and the per-channel check of their rows says little; "
                     "give data where they occur"], res["notes"]
+
+
+def test_a_compiled_size_other_than_the_data_s_is_said(tmp_path, capsys):
+    """P-Net checked and compiled at 720 x 1280 (--input-shape) but calibrated and measured
+    on 224 px photos: the host step said only the compiled shape."""
+    onnx.save(face_map(), tmp_path / "pnet.onnx")
+    np.savez(tmp_path / "x.npz", **face_map_data(16))
+    common = ["--target", "hailo8", "--repairs", "none", "--rewrites", "none", "--finetune",
+              "off"]
+    for shape, says in (("x=1x1x32x48", True), ("x=1x1x10x10", False)):
+        out = tmp_path / shape.replace("=", "_")
+        assert main(["run", str(tmp_path / "pnet.onnx"), "--data", str(tmp_path / "x.npz"),
+                     "--input-shape", shape, *common, "--out", str(out)]) == 0
+        host = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("  host:")]
+        assert host[0].startswith(f"  host: fix the symbolic dims (H, N, W) for the compiler: "
+                                  f"{shape} (x as --input-shape, the shape checked)")
+        assert host[0].endswith("; calibrated and measured on the data's x=1x1x10x10 (not the "
+                                "compiled size): give data of the size you compile for") is says

@@ -181,11 +181,26 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
                      if r.get("host_lookup")],
             prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None,
             shapes=chk.get("input_shapes") or None,
-            shapes_from_data=ctx.opts.input_shapes_from_data),
+            shapes_from_data=ctx.opts.input_shapes_from_data,
+            measured_shapes=None if text else _measured_shapes(ctx, chk.get("input_shapes"))),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),
     }
+
+
+def _measured_shapes(ctx: Context, given: dict[str, list[int]] | None
+                     ) -> dict[str, list[int]] | None:
+    """The sizes the fit data gave the inputs ``--input-shape`` fixed otherwise (P-Net
+    measured on 224 px photos, checked and compiled at 720 x 1280), else None."""
+    if not given or ctx.opts.input_shapes_from_data:
+        return None
+    from quantscope.tasks.sizes import data_shapes
+
+    fit = ctx.data().fit
+    fixed, _ = data_shapes(ctx.model(), [*fit.calibration, *fit.evaluation])
+    other = {k: list(v) for k, v in fixed if k in given and list(v) != list(given[k])}
+    return other or None
 
 
 def _not_like(results: dict[str, Any]) -> dict[str, str]:

@@ -159,7 +159,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                pooled: bool | None = None, lookups: list[dict[str, Any]] | None = None,
                prefixes: dict[str, str] | None = None,
                shapes: dict[str, list[int]] | None = None,
-               shapes_from_data: bool = False) -> list[str]:
+               shapes_from_data: bool = False,
+               measured_shapes: dict[str, list[int]] | None = None) -> list[str]:
     """What the host does around the compiled model. ``inputs``/``outputs``: name, dtype
     (ONNX elem type), dims (int, or str for a symbolic dim); ``seq_len``: the length the
     run checked at; ``longest``: the data's longest text (tokens), said when no length was
@@ -169,7 +170,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
     older wording, which cannot tell); ``prefixes``: the text prefixes the data was
     evaluated with (``query``, ``document``); ``shapes``: the ``--input-shape`` the run
     checked at (those inputs' dims as given; ``shapes_from_data``: taken from the data's
-    sizes, no --input-shape given)."""
+    sizes, no --input-shape given); ``measured_shapes``: the data's sizes of the inputs
+    whose --input-shape differs from them (the figures are the data's size's)."""
     steps = []
     if prefixes and (prefixes.get("query") or prefixes.get("document")):
         steps.append(f"put {prefixes.get('query', '')!r} before every query and "
@@ -231,6 +233,10 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
             how = "as the data's samples" if shapes_from_data else "as --input-shape"
             hint += (f" ({', '.join(given)} {how}, the "
                      f"shape{'s' * (len(given) > 1)} checked)")
+        if measured_shapes:  # calibrated and measured at another size than compiled
+            at = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in measured_shapes.items())
+            hint += (f"; calibrated and measured on the data's {at} (not the compiled "
+                     "size): give data of the size you compile for")
         steps.append(f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
                      f"compiler: {shape}{hint}")
     return steps
