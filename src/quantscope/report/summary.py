@@ -209,37 +209,48 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
         steps.append(f"{', '.join(token_outs)} is per token and was compared per token (no "
                      "pooling in this evaluation): any pooling your application does runs on "
                      "the host")
-    sym = {d for i in inputs for d in i["dims"] if isinstance(d, str) or d is None}
-    if sym:
-        # a dim that leads some input is the samples' dim wherever it appears (an RNN
-        # state [1, B, H] beside x [B, T, F]): 1 there too, not the length
-        batch = {i["dims"][0] for i in inputs if i["dims"] and isinstance(i["dims"][0], str)}
-        given = shapes or {}  # --input-shape: the shapes the run checked at
-        shape = ", ".join(
-            f"{i['name']}=" + ("x".join(map(str, given[i["name"]])) if i["name"] in given
-                               else "x".join(_fixed(d, k, seq_len, batch, text=text)
-                                             for k, d in enumerate(i["dims"])))
-            for i in inputs)
-        hint = ("" if seq_len or "xS" not in shape else
-                " (S: the length you compile for" + (f"; the longest text here has {longest} "
-                                                     "tokens)" if longest else ")"))
-        named = sorted({d for i in inputs if i["name"] not in given
-                        for k, d in enumerate(i["dims"])
-                        if k and isinstance(d, str) and d not in batch})
-        if not text and named:  # an image's H, W: sizes the run did not check at
-            hint = (f" ({', '.join(named)}: the size you compile for; the size rules were "
-                    f"not checked at it: give --input-shape)")
-        if given:
-            how = "as the data's samples" if shapes_from_data else "as --input-shape"
-            hint += (f" ({', '.join(given)} {how}, the "
-                     f"shape{'s' * (len(given) > 1)} checked)")
-        if measured_shapes:  # calibrated and measured at another size than compiled
-            at = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in measured_shapes.items())
-            hint += (f"; calibrated and measured on the data's {at} (not the compiled "
-                     "size): give data of the size you compile for")
-        steps.append(f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
-                     f"compiler: {shape}{hint}")
+    dims = _dims_step(inputs, seq_len=seq_len, longest=longest, text=text, shapes=shapes,
+                      shapes_from_data=shapes_from_data, measured_shapes=measured_shapes)
+    steps += [dims] if dims else []
     return steps
+
+
+def _dims_step(inputs: list[dict[str, Any]], *, seq_len: int | None, longest: int | None,
+               text: bool, shapes: dict[str, list[int]] | None, shapes_from_data: bool,
+               measured_shapes: dict[str, list[int]] | None) -> str | None:
+    """The host step fixing the inputs' symbolic dims for the compiler (None: none open);
+    the arguments as :func:`host_steps`'."""
+    sym = {d for i in inputs for d in i["dims"] if isinstance(d, str) or d is None}
+    if not sym:
+        return None
+    # a dim that leads some input is the samples' dim wherever it appears (an RNN
+    # state [1, B, H] beside x [B, T, F]): 1 there too, not the length
+    batch = {i["dims"][0] for i in inputs if i["dims"] and isinstance(i["dims"][0], str)}
+    given = shapes or {}  # --input-shape: the shapes the run checked at
+    shape = ", ".join(
+        f"{i['name']}=" + ("x".join(map(str, given[i["name"]])) if i["name"] in given
+                           else "x".join(_fixed(d, k, seq_len, batch, text=text)
+                                         for k, d in enumerate(i["dims"])))
+        for i in inputs)
+    hint = ("" if seq_len or "xS" not in shape else
+            " (S: the length you compile for" + (f"; the longest text here has {longest} "
+                                                 "tokens)" if longest else ")"))
+    named = sorted({d for i in inputs if i["name"] not in given
+                    for k, d in enumerate(i["dims"])
+                    if k and isinstance(d, str) and d not in batch})
+    if not text and named:  # an image's H, W: sizes the run did not check at
+        hint = (f" ({', '.join(named)}: the size you compile for; the size rules were "
+                f"not checked at it: give --input-shape)")
+    if given:
+        how = "as the data's samples" if shapes_from_data else "as --input-shape"
+        hint += (f" ({', '.join(given)} {how}, the "
+                 f"shape{'s' * (len(given) > 1)} checked)")
+    if measured_shapes:  # calibrated and measured at another size than compiled
+        at = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in measured_shapes.items())
+        hint += (f"; calibrated and measured on the data's {at} (not the compiled "
+                 "size): give data of the size you compile for")
+    return (f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
+            f"compiler: {shape}{hint}")
 
 
 def _fixed(d: Any, axis: int, seq_len: int | None, batch: set[str], *,
