@@ -212,11 +212,16 @@ def test_held_out_split_of_tensor_batches():
     rng = np.random.default_rng(0)
     batches = tuple({"x": rng.normal(size=(n, 4)).astype(np.float32)} for n in (32, 32, 5))
     rd = _split_tensors(Dataset(name="d.npy", calibration=batches, evaluation=batches))
-    assert rd.fit.calibration == rd.fit.evaluation and len(rd.fit.calibration) == 2
-    assert len(rd.held_out.evaluation) == 1 and rd.held_out.evaluation[0] is batches[2]
-    assert "first 64 samples" in rd.split and "other 5" in rd.split
+    # halves of the samples, the second batch cut where they meet (whole batches held out
+    # 5 of 69; h30: 4 of 36 photos in batches of 32)
+    assert rd.fit.calibration == rd.fit.evaluation
+    assert [len(b["x"]) for b in rd.fit.calibration] == [32, 3]
+    assert [len(b["x"]) for b in rd.held_out.evaluation] == [29, 5]
+    assert rd.fit.calibration[0] is batches[0] and rd.held_out.evaluation[1] is batches[2]
+    np.testing.assert_array_equal(rd.held_out.evaluation[0]["x"], batches[1]["x"][3:])
+    assert "first 35 samples" in rd.split and "other 34" in rd.split
     p = provenance(rd)
-    assert (p["fit"]["calibration_samples"], p["held_out"]["evaluation_samples"]) == (64, 5)
+    assert (p["fit"]["calibration_samples"], p["held_out"]["evaluation_samples"]) == (35, 34)
     one = (batches[2],)
     assert "NOT held out" in _split_tensors(
         Dataset(name="d", calibration=({"x": batches[2]["x"][:1]},),

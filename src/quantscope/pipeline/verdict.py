@@ -21,7 +21,8 @@ from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
 from quantscope.tasks.shares import clusters_key, items_key
-from quantscope.tasks.unscored import is_unscored_note
+from quantscope.tasks.unscored import is_unscored_note, unscored_names
+from quantscope.units import value
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
@@ -109,6 +110,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         # outputs scored for fidelity only (a text encoder's second output): not in the task's
         # figures nor the headline
         "unscored": _unscored(ev["data"]),
+        # ... and their own held-out figures (plan and uniform a8_w8), one line per output
+        "unscored_figures": _unscored_figures(_unscored(ev["data"]), results),
         # class outputs read on axis 1 because the graph does not say where the classes are
         "class_axis_by_default": _data_notes(ev["data"], AXIS_BY_DEFAULT),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
@@ -180,11 +183,26 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
                      if r.get("host_lookup")],
             prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None,
             shapes=chk.get("input_shapes") or None,
-            shapes_from_data=ctx.opts.input_shapes_from_data),
+            shapes_from_data=ctx.opts.input_shapes_from_data,
+            measured_shapes=None if text else _measured_shapes(ctx, chk.get("input_shapes"))),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),
     }
+
+
+def _measured_shapes(ctx: Context, given: dict[str, list[int]] | None
+                     ) -> dict[str, list[int]] | None:
+    """The sizes the fit data gave the inputs ``--input-shape`` fixed otherwise (P-Net
+    measured on 224 px photos, checked and compiled at 720 x 1280), else None."""
+    if not given or ctx.opts.input_shapes_from_data:
+        return None
+    from quantscope.tasks.sizes import data_shapes
+
+    fit = ctx.data().fit
+    fixed, _ = data_shapes(ctx.model(), [*fit.calibration, *fit.evaluation])
+    other = {k: list(v) for k, v in fixed if k in given and list(v) != list(given[k])}
+    return other or None
 
 
 def _not_like(results: dict[str, Any]) -> dict[str, str]:
@@ -212,6 +230,20 @@ def _unscored(data: dict[str, Any]) -> list[str]:
     """The data notes naming outputs scored for fidelity only (not by the task, so their own
     error is not in the headline)."""
     return [n for n in _data_notes(data, "") if is_unscored_note(n)]
+
+
+def _unscored_figures(notes: list[str], results: dict[str, Any]) -> list[str]:
+    """Per output the notes name as scored for fidelity only, its held-out SQNR (and its
+    worst channel's) at the plan and at uniform a8_w8: its error, which the headline is not."""
+    plan, uniform = (results.get(k, {}).get("outputs") or {} for k in ("plan", "a8_w8"))
+    names = [n for note in notes for n in unscored_names(note, list(plan))]
+
+    def fig(out: dict[str, Any]) -> str:
+        return (f"{value('sqnr_db', out.get('sqnr_db'))} (worst channel "
+                f"{value('sqnr_db', out.get('sqnr_db_channel_min'))})")
+
+    return [f"output '{n}' (fidelity only) held out: SQNR {fig(plan[n])} at the plan, "
+            f"{fig(uniform.get(n, {}))} at uniform a8_w8" for n in dict.fromkeys(names)]
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:

@@ -159,7 +159,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                pooled: bool | None = None, lookups: list[dict[str, Any]] | None = None,
                prefixes: dict[str, str] | None = None,
                shapes: dict[str, list[int]] | None = None,
-               shapes_from_data: bool = False) -> list[str]:
+               shapes_from_data: bool = False,
+               measured_shapes: dict[str, list[int]] | None = None) -> list[str]:
     """What the host does around the compiled model. ``inputs``/``outputs``: name, dtype
     (ONNX elem type), dims (int, or str for a symbolic dim); ``seq_len``: the length the
     run checked at; ``longest``: the data's longest text (tokens), said when no length was
@@ -169,7 +170,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
     older wording, which cannot tell); ``prefixes``: the text prefixes the data was
     evaluated with (``query``, ``document``); ``shapes``: the ``--input-shape`` the run
     checked at (those inputs' dims as given; ``shapes_from_data``: taken from the data's
-    sizes, no --input-shape given)."""
+    sizes, no --input-shape given); ``measured_shapes``: the data's sizes of the inputs
+    whose --input-shape differs from them (the figures are the data's size's)."""
     steps = []
     if prefixes and (prefixes.get("query") or prefixes.get("document")):
         steps.append(f"put {prefixes.get('query', '')!r} before every query and "
@@ -207,33 +209,48 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
         steps.append(f"{', '.join(token_outs)} is per token and was compared per token (no "
                      "pooling in this evaluation): any pooling your application does runs on "
                      "the host")
-    sym = {d for i in inputs for d in i["dims"] if isinstance(d, str) or d is None}
-    if sym:
-        # a dim that leads some input is the samples' dim wherever it appears (an RNN
-        # state [1, B, H] beside x [B, T, F]): 1 there too, not the length
-        batch = {i["dims"][0] for i in inputs if i["dims"] and isinstance(i["dims"][0], str)}
-        given = shapes or {}  # --input-shape: the shapes the run checked at
-        shape = ", ".join(
-            f"{i['name']}=" + ("x".join(map(str, given[i["name"]])) if i["name"] in given
-                               else "x".join(_fixed(d, k, seq_len, batch, text=text)
-                                             for k, d in enumerate(i["dims"])))
-            for i in inputs)
-        hint = ("" if seq_len or "xS" not in shape else
-                " (S: the length you compile for" + (f"; the longest text here has {longest} "
-                                                     "tokens)" if longest else ")"))
-        named = sorted({d for i in inputs if i["name"] not in given
-                        for k, d in enumerate(i["dims"])
-                        if k and isinstance(d, str) and d not in batch})
-        if not text and named:  # an image's H, W: sizes the run did not check at
-            hint = (f" ({', '.join(named)}: the size you compile for; the size rules were "
-                    f"not checked at it: give --input-shape)")
-        if given:
-            how = "as the data's samples" if shapes_from_data else "as --input-shape"
-            hint += (f" ({', '.join(given)} {how}, the "
-                     f"shape{'s' * (len(given) > 1)} checked)")
-        steps.append(f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
-                     f"compiler: {shape}{hint}")
+    dims = _dims_step(inputs, seq_len=seq_len, longest=longest, text=text, shapes=shapes,
+                      shapes_from_data=shapes_from_data, measured_shapes=measured_shapes)
+    steps += [dims] if dims else []
     return steps
+
+
+def _dims_step(inputs: list[dict[str, Any]], *, seq_len: int | None, longest: int | None,
+               text: bool, shapes: dict[str, list[int]] | None, shapes_from_data: bool,
+               measured_shapes: dict[str, list[int]] | None) -> str | None:
+    """The host step fixing the inputs' symbolic dims for the compiler (None: none open);
+    the arguments as :func:`host_steps`'."""
+    sym = {d for i in inputs for d in i["dims"] if isinstance(d, str) or d is None}
+    if not sym:
+        return None
+    # a dim that leads some input is the samples' dim wherever it appears (an RNN
+    # state [1, B, H] beside x [B, T, F]): 1 there too, not the length
+    batch = {i["dims"][0] for i in inputs if i["dims"] and isinstance(i["dims"][0], str)}
+    given = shapes or {}  # --input-shape: the shapes the run checked at
+    shape = ", ".join(
+        f"{i['name']}=" + ("x".join(map(str, given[i["name"]])) if i["name"] in given
+                           else "x".join(_fixed(d, k, seq_len, batch, text=text)
+                                         for k, d in enumerate(i["dims"])))
+        for i in inputs)
+    hint = ("" if seq_len or "xS" not in shape else
+            " (S: the length you compile for" + (f"; the longest text here has {longest} "
+                                                 "tokens)" if longest else ")"))
+    named = sorted({d for i in inputs if i["name"] not in given
+                    for k, d in enumerate(i["dims"])
+                    if k and isinstance(d, str) and d not in batch})
+    if not text and named:  # an image's H, W: sizes the run did not check at
+        hint = (f" ({', '.join(named)}: the size you compile for; the size rules were "
+                f"not checked at it: give --input-shape)")
+    if given:
+        how = "as the data's samples" if shapes_from_data else "as --input-shape"
+        hint += (f" ({', '.join(given)} {how}, the "
+                 f"shape{'s' * (len(given) > 1)} checked)")
+    if measured_shapes:  # calibrated and measured at another size than compiled
+        at = ", ".join(f"{k}={'x'.join(map(str, v))}" for k, v in measured_shapes.items())
+        hint += (f"; calibrated and measured on the data's {at} (not the compiled "
+                 "size): give data of the size you compile for")
+    return (f"fix the symbolic dims ({', '.join(sorted(map(str, sym)))}) for the "
+            f"compiler: {shape}{hint}")
 
 
 def _fixed(d: Any, axis: int, seq_len: int | None, batch: set[str], *,
@@ -396,13 +413,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
             f"{r['why']}" for r in v["left_float"]))
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
-    lines += [f"  warning: {note}" for note in (v.get("says_little") or [])
-              + (v.get("unscored") or []) + (v.get("class_axis_by_default") or [])
-              + (v.get("saturated_outputs") or [])
-              + (v.get("nan_inf_inside") or [])
-              + [f"{line} ({fix.strip()})" for line, fix in
-                 zip((v.get("log_floors") or [])[::2], (v.get("log_floors") or [])[1::2],
-                     strict=False)]]
+    lines += [f"  warning: {note}" for note in _warnings(v)]
     bm = v.get("binds_measured") if not v.get("reached") else None
     if bm:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")
@@ -432,6 +443,18 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return [one_line(ln) for ln in lines]  # a name's newline never breaks a verdict line
+
+
+def _warnings(v: dict[str, Any]) -> list[str]:
+    """The verdict's warnings: figures that say little, outputs no task scores (with their
+    figures), a class axis taken by default, saturated outputs, NaN/inf inside, log floors
+    (each with its fix)."""
+    floors = v.get("log_floors") or []
+    return ((v.get("says_little") or []) + (v.get("unscored") or [])
+            + (v.get("unscored_figures") or []) + (v.get("class_axis_by_default") or [])
+            + (v.get("saturated_outputs") or []) + (v.get("nan_inf_inside") or [])
+            + [f"{line} ({fix.strip()})" for line, fix in
+               zip(floors[::2], floors[1::2], strict=False)])
 
 
 def _unencoded_lines(v: dict[str, Any]) -> list[str]:

@@ -13,9 +13,16 @@ class task scores what the user acts on:
     ``top1_agreement_items``: the picks the share is over (per position, the effective
     count of positions clustered by sample, ``top1_agreement_clusters`` the samples:
     :mod:`quantscope.tasks.shares`); ``top5_agreement_items`` (``_clusters``) alike.
+    ``class_iou_min`` (when FP32 or the quantized model picks several classes): the
+    lowest, over the classes either picks, of the IoU of the samples (positions) where
+    FP32 picks the class with those where the quantized model does, with
+    ``class_iou_min_items`` (where either picks it). A face map (P-Net) whose faces are
+    0.5 % of the positions can lose every one of them, or double them, at 99.5 % top-1
+    agreement: this figure then reads 0, or 0.5.
 
 Notes say when FP32 picks one class on every sample (the agreement then says little) and
-when the agreement is below :data:`AGREEMENT_RESEMBLES` (``NOT LIKE FP32``).
+when the agreement is below :data:`AGREEMENT_RESEMBLES`, or a class's IoU below
+:data:`quantscope.tasks.maps.IOU_RESEMBLES` (as a map's mask) (``NOT LIKE FP32``).
 
 An output made by a Softmax or LogSoftmax over the classes of a ``[N, C]`` tensor, over
 axis 1 of a ``[N, C, ...]`` one (a segmentation's per-pixel class probabilities), or over
@@ -32,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.model.load import Model
+from quantscope.tasks.maps import IOU_RESEMBLES
 from quantscope.tasks.shares import items_key, share_counts
 from quantscope.types import Metrics, Outputs, moved_axis
 from quantscope.units import value
@@ -125,6 +133,10 @@ class ClassTask:
         ties = np.sum(t == t.max(axis=1, keepdims=True), axis=1) > 1
         values["top1_ties"] = float(ties.mean())
         notes = []
+        worst = _worst_class(top_r, top_t)
+        if worst is not None:
+            values.update({"class_iou_min": worst[4], items_key("class_iou_min"): float(
+                worst[1] + worst[2] - worst[3])})
         picked = np.unique(top_r)
         if len(picked) == 1 and n > 1:
             notes.append(f"output '{self.output}': FP32 picks class {int(picked[0])} on every "
@@ -138,7 +150,31 @@ class ClassTask:
                          f"{int((~agree).sum())} of {n} {rows} (top-1 agreement "
                          f"{value('top1_agreement', values['top1_agreement'])} < "
                          f"{value('top1_agreement', AGREEMENT_RESEMBLES)})")
+        elif worst is not None and worst[4] < IOU_RESEMBLES:
+            k, fp32, quantized, both, iou = worst
+            notes.append(f"NOT LIKE FP32: output '{self.output}': class {k}: FP32 gives it on "
+                         f"{fp32} {rows}, the quantized model on {quantized}, both on {both} "
+                         f"(IoU {iou:.3f} < {IOU_RESEMBLES}); the top-1 agreement "
+                         f"{value('top1_agreement', values['top1_agreement'])} is mostly the "
+                         f"other classes' {rows} (--metric class_iou_min plans for the class)")
         return Metrics(values=values, notes=tuple(notes))
+
+
+def _worst_class(top_r: np.ndarray, top_t: np.ndarray
+                 ) -> tuple[int, int, int, int, float] | None:
+    """(the class, FP32's picks of it, the quantized model's, both's, their IoU) of the
+    class of lowest IoU among those either model picks (ties: the lower class); None when
+    both pick one and the same class everywhere."""
+    classes = np.union1d(top_r, top_t)
+    if len(classes) < 2:
+        return None
+    size = int(classes.max()) + 1
+    fp32, quantized = np.bincount(top_r, minlength=size), np.bincount(top_t, minlength=size)
+    both = np.bincount(top_r[top_r == top_t], minlength=size)
+    iou = both[classes] / (fp32[classes] + quantized[classes] - both[classes])
+    i = int(np.argmin(iou))
+    k = int(classes[i])
+    return k, int(fp32[k]), int(quantized[k]), int(both[k]), float(iou[i])
 
 
 def _items(metric: str, agree: np.ndarray, positions: np.ndarray) -> dict[str, float]:

@@ -359,10 +359,13 @@ def detection_metrics(ref_batches: list, test_batches: list,
     err = 0.0
     test_values: set[float] = set()
     ref_lo, ref_hi = np.inf, -np.inf
+    class_max: np.ndarray | None = None  # FP32's highest score of each class
     for r, t in zip(ref_batches, test_batches, strict=True):
         rb, rs = _split_batch(r, layout)
         tb, ts = _split_batch(t, layout)
         if rs.size:
+            top = rs.reshape(-1, rs.shape[-1]).max(axis=0)
+            class_max = top if class_max is None else np.maximum(class_max, top)
             err = max(err, float(np.max(np.abs(ts - rs))))
             ref_lo, ref_hi = min(ref_lo, float(rs.min())), max(ref_hi, float(rs.max()))
             if len(test_values) < 2:
@@ -400,6 +403,8 @@ def detection_metrics(ref_batches: list, test_batches: list,
         rec = n_match / n_ref
         values.update({"detection_precision": p, "detection_recall": rec,
                        "detection_f1": 2 * p * rec / (p + rec) if p + rec else 0.0})
+    if n_ref and class_max is not None:
+        notes += _absent_classes(output, class_max, layout.threshold)
     if len(test_values) == 1 and ref_hi > ref_lo:
         v = next(iter(test_values))
         notes.append(f"output '{output}': class scores lost: every score quantizes to {v:.4g} "
@@ -413,6 +418,20 @@ def detection_metrics(ref_batches: list, test_batches: list,
                      f"{value('detection_recall', values['detection_recall'])}, {n_test} kept "
                      f"vs FP32's {n_ref}) < {value('detection_f1', F1_RESEMBLES)}")
     return Metrics(values=values, notes=tuple(notes))
+
+
+def _absent_classes(output: str, class_max: np.ndarray, threshold: float) -> list[str]:
+    """The note naming the classes FP32 never scores at the threshold on this data (the
+    data holds none of them: their detections are not measured, and the per-channel check
+    reads their rows, which stay far below the grid step, as collapsed)."""
+    absent = np.flatnonzero(class_max < threshold)
+    if not len(absent):
+        return []
+    shown = ", ".join(str(int(k)) for k in absent[:8]) + (", …" if len(absent) > 8 else "")
+    return [f"output '{output}': FP32 never scores {len(absent)} of its {len(class_max)} "
+            f"classes at {threshold:g} on this data (classes {shown}; the highest of their "
+            f"scores {float(class_max[absent].max()):.2g}): their detections are not measured, and "
+            "the per-channel check of their rows says little; give data where they occur"]
 
 
 @dataclass(frozen=True, eq=False)

@@ -94,6 +94,7 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "point_agreement": (True, (0.0, 1.0)),
     "string_agreement": (True, (0.0, 1.0)),
     "char_error_rate": (False, (0.0, math.inf)),
+    "class_iou_min": (True, (0.0, 1.0)),
     "similarity_mae": (False, (0.0, 2.0)),
     "kl": (False, (0.0, math.inf)),
 }

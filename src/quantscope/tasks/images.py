@@ -244,6 +244,21 @@ class ViewRetrievalTask:
         return Metrics(values=values, notes=notes)
 
 
+def _not_an_embedding(model: Model) -> str | None:
+    """Why the model's first output is no embedding the retrieval can read (a YOLO head's
+    first row is its box centres; a per-pixel Softmax is a segmentation), else None."""
+    from quantscope.tasks.classes import class_output
+    from quantscope.tasks.detection import detect_layout
+
+    out = model.output_names()[0]
+    if detect_layout(model, out) is not None:
+        return f"'{out}' is a detection head (4 box rows, then class rows)"
+    rank = len(model.value_shapes().get(out) or ())
+    if rank > 2 and class_output(model, out) == 1:
+        return f"'{out}' is class scores per position (a Softmax over its axis 1)"
+    return None
+
+
 def image_dataset(model: Model, *, batch_size: int = 12, spec: str = SPEC) -> Dataset:
     """The built-in ``photos`` (or ``photos-small``) retrieval set for a model with one
     [B, 3, 224, 224] input."""
@@ -254,11 +269,18 @@ def image_dataset(model: Model, *, batch_size: int = 12, spec: str = SPEC) -> Da
     if len(names) != 1 or len(shape) != 4 or tuple(shape[1:]) != (3, SIZE, SIZE):
         raise QuantscopeError(
             f"data '{SPEC}' is 224x224 RGB images but the model's inputs are "
-            f"{', '.join(names)} {list(shape)}: use an image embedding model with one "
-            "[B, 3, 224, 224] input (e.g. dinov2-s14); for another image model (a detector, "
-            f"landmarks, a segmenter) {MAKE_TENSORS} and declare its outputs with --layout")
+            f"{', '.join(names)} {list(shape)}: it scores an image embedder's retrieval "
+            "(one [B, 3, 224, 224] input, e.g. dinov2-s14); for another image model (a "
+            f"detector, landmarks, a face or segmentation map) {MAKE_TENSORS} and declare its "
+            "outputs with --layout")
     if isinstance(shape[0], int) and shape[0] > 0:  # a static export runs that many at a time
         batch_size = shape[0]
+    head = _not_an_embedding(model)
+    if head:
+        raise QuantscopeError(
+            f"data '{SPEC}' scores an image embedder's retrieval on the model's first output, "
+            f"but {head}: {MAKE_TENSORS} and give --data data.npz (its outputs are then "
+            "read as detections, class scores or plain tensors)")
     step = SMALL_STEP if spec == SMALL_SPEC else 1
     evaluation = make_views(step=step)
     calib = make_views(views=1, seed=CALIB_SEED, step=step)

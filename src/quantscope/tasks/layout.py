@@ -17,7 +17,8 @@ KIND        keys (defaults)                                          headline me
             (the scores in another output of the same anchors, an
             SSD's two heads), ``anchors=FILE.npy`` (anchor centres
             ``[A, 2]`` added to the box centres)  (:mod:`.detection`)
-``map``     ``threshold=0.5``  (:mod:`.maps`)                         ``mask_iou``
+``map``     ``threshold=0.5``, ``channel=K`` (binarise channel K of   ``mask_iou``
+            axis 1 alone; default: every value)  (:mod:`.maps`)
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
 ``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
             (:mod:`.classes`; default: the graph's, :func:`class_task`)
@@ -85,6 +86,7 @@ from quantscope.tasks.maps import (
 )
 from quantscope.tasks.points import POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
+from quantscope.tasks.unscored import tensor_unscored_note
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 
@@ -256,6 +258,22 @@ def _points_task(spec: LayoutSpec, shape: tuple | None, name: str) -> PointsTask
                       tolerance=None if tol is None else float(tol))
 
 
+def _map_channel(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> int | None:
+    """The ``channel=K`` of a map layout, checked against the output's axis 1."""
+    raw = spec.option("channel")
+    if raw is None:
+        return None
+    k = int(raw)
+    if samples:
+        raise _fail(spec.text, f"channel= reads axis 1 of an output batched on axis 0, and "
+                    f"'{spec.output}' is batched on axis {samples}: leave channel out")
+    if shape is not None and (len(shape) < 3 or (isinstance(shape[1], int) and k >= shape[1])):
+        dims = tuple(d if isinstance(d, int) else "?" for d in shape)
+        raise _fail(spec.text, f"output '{spec.output}' has shape {dims}: channel {k} is no "
+                    "channel of its axis 1 (a map [N, C, H, W] has C of them)")
+    return k
+
+
 def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
     shape = model.value_shapes().get(spec.output)
     name = f"{spec.kind}:{spec.output}"
@@ -269,7 +287,7 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         return DetectionTask(name=name, output=spec.output,
                              layout=_detection_layout(spec, shape, samples, model))
     if spec.kind == "map":
-        return MapTask(name=name, output=spec.output,
+        return MapTask(name=name, output=spec.output, channel=_map_channel(spec, shape, samples),
                        threshold=_float(spec, "threshold", MAP_THRESHOLD))
     if spec.kind == "score":
         if shape is not None and any(isinstance(d, int) and d != 1 for d in shape[1:]):
@@ -375,6 +393,12 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
             if task is not None:
                 notes.append(f"output '{out}' read as {_describe(task, model)} (--layout)")
                 notes.extend(_rows_hint(spec, task, model))
+            if isinstance(task, MapTask) and task.channel is None and class_output(
+                    model, out) == 1:
+                notes.append(f"output '{out}' is a Softmax over its axis 1: its mask counts "
+                             "every channel, the background's too, so the mask IoU mostly "
+                             f"says the background agrees; --layout {out}=map:channel=K "
+                             "binarises channel K alone")
         else:
             found = detect_layout(model, out)
             if found is not None and found.axis == samples:
@@ -406,6 +430,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
     if not tasks:
         return None, tuple(notes)
+    unscored = tensor_unscored_note(model.proto, [t.output for t in tasks])
+    notes += [unscored] if unscored else []
     if len(tasks) == 1:
         return tasks[0], tuple(notes)
     return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks),
@@ -446,7 +472,8 @@ def _describe(task: object, model: Model) -> str:
         return task.layout.describe(rows_of(task.layout.scores_output or task.output),
                                     rows_of(task.output))
     if isinstance(task, MapTask):
-        return f"a probability map binarised at {task.threshold:g}"
+        return f"a probability map binarised at {task.threshold:g}" + (
+            "" if task.channel is None else f" (channel {task.channel} of axis 1)")
     if isinstance(task, ScoreTask):
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):

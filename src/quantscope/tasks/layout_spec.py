@@ -16,7 +16,7 @@ from quantscope.types import QuantscopeError
 KINDS: dict[str, tuple[str, ...]] = {
     "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou", "scores_from",
                "anchors"),
-    "map": ("threshold",),
+    "map": ("threshold", "channel"),
     "score": ("threshold",),
     "class": ("axis",),
     "points": ("dims", "tol"),
@@ -155,6 +155,10 @@ def _check_values(spec: LayoutSpec) -> None:
     fmt = spec.option("format")
     if fmt is not None and fmt.lower() not in BOX_FORMATS:
         raise fail(spec.text, f"format '{fmt}' is unknown: use {' or '.join(BOX_FORMATS)}")
+    channel = spec.option("channel")
+    if channel is not None and not channel.isdigit():
+        raise fail(spec.text, f"channel '{channel}' is not a whole number >= 0: give the "
+                   "index on axis 1 of the channel to binarise (e.g. channel=1)")
     axis = spec.option("axis")
     if axis is not None and (not axis.lstrip("-").isdigit()):
         what = ("class axis (e.g. -1, the last)" if spec.kind in ("class", "ctc")

@@ -6,6 +6,12 @@ graph). The text task scores one of them (:func:`quantscope.tasks.text.detect_en
 the other is scored for fidelity only, and the task's figures (the headline) do not include
 its own error (the in-graph pooling's, for ``sentence_embedding``): the data notes say so,
 and ``run``'s verdict repeats it as a ``warning:``.
+
+Tensor data alike: a model whose outputs are read by tasks (declared with ``--layout`` or
+detected: a Softmax face map) beside float outputs that no task reads (MTCNN's
+box-regression map next to its face probabilities) has those scored for fidelity only, and
+the headline is the tasks' (:func:`tensor_unscored_note`); ``run``'s verdict adds their
+held-out figures.
 """
 
 from __future__ import annotations
@@ -40,13 +46,39 @@ def embedding_note(proto: onnx.ModelProto, task: str) -> str | None:
             f"embedding; output {names} {MARK} (cosine, SQNR)")
 
 
+def tensor_unscored_note(proto: onnx.ModelProto, tasked: list[str]) -> str | None:
+    """The note naming the float outputs of tensor data that no task reads, when some
+    task reads the others (``tasked``; None: every float output has a task, or none has)."""
+    others = [o for o in proto.graph.output
+              if o.name not in tasked and o.type.tensor_type.elem_type in _FLOATS]
+    if not tasked or not others:
+        return None
+    names = ", ".join(f"'{o.name}' {_shape(o)}" for o in others)
+    read = ", ".join(f"'{t}'" for t in tasked)
+    return (f"output {names} {MARK} (cosine, SQNR, per channel, in 'outputs'): the task's "
+            f"figures and the headline are {read}'s; declare --layout "
+            f"{others[0].name}=KIND (detect, map, score, class, points, ctc) where a kind fits what it is "
+            "for")
+
+
+def unscored_names(note: str, names: list[str]) -> list[str]:
+    """Which of ``names`` (the model's outputs) ``note`` names as scored for fidelity only."""
+    head = note.partition(MARK)[0]
+    return [n for n in names if f"'{n}'" in head]
+
+
 def is_unscored_note(note: str) -> bool:
     return MARK in note
 
 
 def _shape(info: onnx.ValueInfoProto) -> str:
     """``[B,S,384]``: a symbolic dim is B (first) or S (the names shape inference makes up
-    are long and say nothing)."""
+    are long and say nothing); of a rank-4 output, ``[B,4,H,W]``."""
     dims = info.type.tensor_type.shape.dim
-    return "[" + ",".join(str(d.dim_value) if d.dim_value else ("B" if i == 0 else "S")
+    return "[" + ",".join(str(d.dim_value) if d.dim_value else _free(i, len(dims))
                           for i, d in enumerate(dims)) + "]"
+
+
+def _free(axis: int, rank: int) -> str:
+    """The letter of a symbolic dim: B the samples, H and W an image's, else S."""
+    return "B" if axis == 0 else ("HW"[axis - 2] if rank == 4 and axis >= 2 else "S")
