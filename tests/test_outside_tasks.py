@@ -85,6 +85,12 @@ def test_detection_says_when_fp32_keeps_nothing():
     m = task.metrics(_outputs("det", low), _outputs("det", low))
     assert np.isnan(m.values["detection_f1"])  # not 1.0: nothing was compared
     assert any("FP32 keeps no detection" in n for n in m.notes)
+    # the verdict's warnings pick it up ("says little"): a run on data where the model
+    # detects nothing read "NOT reached: —" with no fix (nudenet on 12 skimage photos)
+    from quantscope.pipeline.verdict import _says_little
+
+    assert any("FP32 keeps no detection" in n
+               for n in _says_little({"plan": {"notes": list(m.notes)}}))
 
 
 def test_map_and_score_tasks():

@@ -396,8 +396,9 @@ def detection_metrics(ref_batches: list, test_batches: list,
     notes: list[str] = []
     if n_ref == 0:
         notes.append(f"output '{output}': FP32 keeps no detection at score >= "
-                     f"{layout.threshold:g}: detection agreement not measured (declare a lower "
-                     f"threshold: --layout {output}=detect:threshold=T)")
+                     f"{layout.threshold:g}: detection agreement not measured, the F1 says "
+                     f"little (declare a lower threshold: --layout {output}=detect:threshold=T, "
+                     "or give data where the model detects something)")
     else:
         p = n_match / n_test if n_test else 0.0
         rec = n_match / n_ref
