@@ -8,10 +8,9 @@ import argparse
 from pathlib import Path
 
 from quantscope.cli.numbers import positive_int
-from quantscope.cli.options import command, model_parent
+from quantscope.cli.options import add_input_shape, command, model_parent
 from quantscope.cli.types import (
     file_stem,
-    input_shape,
     input_spec,
     output_file,
     run_folder,
@@ -84,10 +83,8 @@ def add_images(sub: argparse._SubParsersAction, summary: str) -> None:
                         "R/G/B), bgr, resize=stretch|letterbox|crop, pad=114, or raw. "
                         "E.g. scale=255 (YOLO), scale=255,mean=0.485/0.456/0.406,"
                         "std=0.229/0.224/0.225 (ImageNet), mean=127.5,std=128 (ArcFace)")
-    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx…",
-                   type=input_shape,
-                   help="the input's shape where its height and width are symbolic, e.g. "
-                        "images=1x3x640x640")
+    add_input_shape(p, "the input's shape where its height and width are symbolic, e.g. "
+                       "images=1x3x640x640")
     p.add_argument("--limit", type=positive_int, metavar="N",
                    help="the first N images by name (default: all)")
     p.add_argument("--out", required=True, type=output_file, metavar="FILE.npz",

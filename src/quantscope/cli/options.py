@@ -273,11 +273,15 @@ def seq_len_parent(*, several: bool = False) -> argparse.ArgumentParser:
                        help="sequence length for symbolic token dims (rules and costs that "
                        "depend on the tensor size; default: none: the shapes the model "
                        "declares)")
-    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx…",
-                   type=input_shape,
-                   help="concrete shape of an input with symbolic dims other than the "
-                   "sequence, e.g. pixel_values=1x3x224x224 (repeatable)")
+    add_input_shape(p, "concrete shape of an input with symbolic dims other than the "
+                    "sequence, e.g. pixel_values=1x3x224x224 (repeatable)")
     return p
+
+
+def add_input_shape(p: argparse.ArgumentParser, help: str) -> None:
+    """``--input-shape NAME=DxDx…`` (repeatable), with the command's own ``help``."""
+    p.add_argument("--input-shape", action="append", default=[], metavar="NAME=DxDx…",
+                   type=input_shape, help=help)
 
 
 def method_parent(default: str | None) -> argparse.ArgumentParser:
