@@ -325,8 +325,8 @@ def _emulated(model: Model, stats: Stats, plan: Plan, batches: list[Batch],
             (done.engine,))
 
 
-SAME_NOTE = ("the plan quantizes nothing (its graph is the model's own): its outputs are the "
-             "FP32 pass's, not a second run of the same graph")
+SAME_NOTE = ("this configuration quantizes nothing (its graph is the model's own): its outputs "
+             "are the FP32 pass's, not a second run of the same graph")
 SATURATION_ROWS = 256  # evaluation rows whose ranges are checked against the calibration's
 
 

@@ -151,9 +151,23 @@ def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "h
     if per_output:
         out.append(details(f"Every output ({len(per_output)} rows)", _table(
             ["config", "output", "output SQNR", "cosine (mean)", "cosine (min)"], per_output)))
-    notes = sorted({n for r in results.values() for n in r.get("notes", [])})
-    out += [f"<p class=note>{_e(n)}</p>" for n in notes]
+    out += [f"<p class=note>{_e(n)}</p>" for n in config_notes(results)]
     return "".join(out)
+
+
+def config_notes(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The configurations' notes: one every configuration has, once; any other after the
+    configurations that have it (``a8_w8: NOT LIKE FP32 ...``), in evaluate's order. Each
+    row's figures are its own: fp32's row compares FP32 with itself (``distance to FP32's
+    mean 0``), and a loss a8_w8 has is not the plan's."""
+    has: dict[str, list[str]] = {}
+    for label, r in results.items():
+        for n in r.get("notes", []):
+            has.setdefault(str(n), []).append(label)
+    every = [n for n, labels in has.items() if len(set(labels)) == len(results)]
+    own = [f"{', '.join(dict.fromkeys(labels))}: {n}" for label in results
+           for n, labels in has.items() if labels[0] == label and n not in every]
+    return every + own
 
 
 def rewrites_section(auto: dict[str, Any] | None) -> str:

@@ -1,0 +1,54 @@
+"""What the verdict and the report say of the newest tasks (points, an SSD's two heads, a
+Sigmoid score), read as a user reads them.
+
+* The report's configuration notes were one sorted set over fp32, a8_w8 and the plan:
+  fp32's self-comparison (``distance to FP32's mean 0 ... 100.0 %``) stood beside the
+  plan's (``mean 3.509 ... 73.4 %``) with nothing saying which is which, a8_w8's
+  ``NOT LIKE FP32`` read as the plan's, and fp32's row note said "the plan quantizes
+  nothing" on a plan that quantizes everything.
+* The verdict's ``not_like_fp32`` kept the first NOT LIKE FP32 note alone: a hand-landmark
+  model whose points moved (point agreement 73.4 % < 95 %) was said NOT LIKE FP32 for its
+  flag output's fidelity only; the points were said nowhere in the verdict.
+* A Sigmoid score FP32 decides one way on every sample got two warnings saying the same.
+* An SSD's score head read by ``detect:scores_from=`` was called "scored for fidelity only"
+  (with a --layout to declare for it), and the box output the task reads got "(fidelity
+  only) held out" figures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from test_h29_landmarks import hand_landmarks
+
+from quantscope.cli import main
+from quantscope.report.run import config_notes
+
+FAST = ["--target", "hailo8l", "--finetune", "off", "--repairs", "none", "--rewrites", "none"]
+
+
+def test_config_notes_name_the_configurations_they_belong_to():
+    res = {"fp32": {"notes": ["read as", "distance 0"]},
+           "a8_w8": {"notes": ["read as", "distance 3", "NOT LIKE FP32: x"]},
+           "plan": {"notes": ["read as", "distance 3"]}}
+    assert config_notes(res) == ["read as", "fp32: distance 0", "a8_w8, plan: distance 3",
+                                 "a8_w8: NOT LIKE FP32: x"]
+
+
+def test_landmarks_lost_beside_a_flag_are_said_in_verdict_and_report(tmp_path, capsys):
+    onnx.save(hand_landmarks(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", input=np.random.default_rng(0).normal(0, 1, (32, 8)).astype(
+        np.float32))
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--layout", "landmarks=points:dims=3", *FAST, "--out",
+                 str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    v = json.loads((tmp_path / "W" / "verdict.json").read_text())
+    assert "plan" in v["not_like_fp32"] and out
+    html = (tmp_path / "W" / "report.html").read_text()
+    assert "a8_w8, plan: NOT LIKE FP32: output &#x27;landmarks&#x27;" in html
+    assert "fp32: output &#x27;landmarks&#x27;: 4 points per sample; distance to FP32&#x27;s " \
+           "mean 0, max 0" in html
+    assert "fp32: this configuration quantizes nothing" in html
+    assert "the plan quantizes nothing" not in html
