@@ -20,6 +20,7 @@ import json
 
 import numpy as np
 import onnx
+from test_h27_audio import _wake
 from test_h29_landmarks import hand_landmarks
 
 from quantscope.cli import main
@@ -45,10 +46,26 @@ def test_landmarks_lost_beside_a_flag_are_said_in_verdict_and_report(tmp_path, c
                  str(tmp_path / "W")]) == 0
     out = capsys.readouterr().out
     v = json.loads((tmp_path / "W" / "verdict.json").read_text())
-    assert "plan" in v["not_like_fp32"] and out
+    plan = v["not_like_fp32"]["plan"]
+    # the task's own loss first, then the flag's fidelity loss with its line
+    assert plan.startswith("NOT LIKE FP32: output 'landmarks': 17 of 64 points move"), plan
+    assert "; NOT LIKE FP32: output(s) 'flag' lose what FP32 computes" in plan
+    assert f"  plan: {plan}" in out.splitlines()
     html = (tmp_path / "W" / "report.html").read_text()
     assert "a8_w8, plan: NOT LIKE FP32: output &#x27;landmarks&#x27;" in html
     assert "fp32: output &#x27;landmarks&#x27;: 4 points per sample; distance to FP32&#x27;s " \
            "mean 0, max 0" in html
     assert "fp32: this configuration quantizes nothing" in html
     assert "the plan quantizes nothing" not in html
+
+
+def test_a_one_sided_score_is_said_little_once(tmp_path, capsys):
+    model, _ = _wake(tmp_path)
+    assert main(["run", model, "--data", str(tmp_path / "x.npz"), *FAST, "--out",
+                 str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    v = json.loads((tmp_path / "W" / "verdict.json").read_text())
+    (line,) = v["says_little"]
+    assert line.startswith("output 'score': FP32 decides the same on every sample at 0.5 "
+                           "(its values ")
+    assert sum("FP32 decides the same on every sample" in x for x in out.splitlines()) == 1

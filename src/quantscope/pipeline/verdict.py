@@ -206,16 +206,24 @@ def _measured_shapes(ctx: Context, given: dict[str, list[int]] | None
 
 
 def _not_like(results: dict[str, Any]) -> dict[str, str]:
-    """Per compared result, its "NOT LIKE FP32" note and the line after it naming where
-    (a channel collapsed, a decision lost), when evaluate said so."""
+    """Per compared result, its "NOT LIKE FP32" notes, each with the line after it naming
+    where (a channel collapsed, a decision lost), when evaluate said so: every one, the
+    task's own first (a landmark task's points lost beside a flag's fidelity loss were
+    said as the flag's alone)."""
     out = {}
     for label in COMPARED:
         notes = [str(n) for n in results.get(label, {}).get("notes", [])]
-        at = next((i for i, n in enumerate(notes) if n.startswith("NOT LIKE FP32")), None)
-        if at is not None:
+        said = []
+        for at, note in enumerate(notes):
+            if not note.startswith("NOT LIKE FP32"):
+                continue
             where = notes[at + 1] if at + 1 < len(notes) and notes[at + 1].startswith(
                 "output '") else ""
-            out[label] = notes[at].replace(" (below)", "") + (f": {where}" if where else "")
+            said.append(note.replace(" (below)", "") + (f": {where}" if where else ""))
+        if said:  # the fidelity judgement ('... (below)': the line after it) after the task's
+            first = [n for n, raw in zip(said, (n for n in notes if n.startswith(
+                "NOT LIKE FP32")), strict=True) if not raw.endswith("(below)")]
+            out[label] = "; ".join([*first, *(n for n in said if n not in first)])
     return out
 
 
@@ -250,8 +258,14 @@ def _says_little(results: dict[str, Any]) -> list[str]:
     """The task's notes that its headline says little on this data (FP32 picks one class,
     decides one way, or its map is on one side of the threshold everywhere): a goal reached
     on such data is no evidence."""
-    notes = [str(n) for label in COMPARED for n in results.get(label, {}).get("notes", [])]
-    return list(dict.fromkeys(n for n in notes if "says little" in n))
+    notes = list(dict.fromkeys(str(n) for label in COMPARED
+                               for n in results.get(label, {}).get("notes", [])
+                               if "says little" in str(n)))
+    # a score task's line and its output's fidelity line say the same (the latter with
+    # FP32's values): the one whose words the other begins with goes
+    return [n for n in notes if not any(
+        m != n and m.startswith(n.split(": the decision agreement says little")[0] + " (")
+        for m in notes)]
 
 
 def _saturated_outputs(plan: dict[str, Any], outputs: list[dict[str, Any]]) -> list[str]:
