@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from test_h27_audio import _wake
 from test_h29_landmarks import hand_landmarks
+from test_h29_ssd_heads import _centres, ssd_two_heads
 
 from quantscope.cli import main
 from quantscope.report.run import config_notes
@@ -69,3 +70,22 @@ def test_a_one_sided_score_is_said_little_once(tmp_path, capsys):
     assert line.startswith("output 'score': FP32 decides the same on every sample at 0.5 "
                            "(its values ")
     assert sum("FP32 decides the same on every sample" in x for x in out.splitlines()) == 1
+
+
+def test_an_ssd_score_head_read_by_scores_from_is_not_called_unscored(tmp_path, capsys):
+    onnx.save(ssd_two_heads(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "x.npz", input=np.random.default_rng(0).random((24, 3, 8, 8),
+                                                                        np.float32))
+    np.save(tmp_path / "anchors.npy", _centres())
+    layout = (f"regressors=detect:axis=2,scores_from=classificators,"
+              f"anchors={tmp_path / 'anchors.npy'},threshold=0")
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--layout", layout, *FAST, "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    v = json.loads((tmp_path / "W" / "verdict.json").read_text())
+    assert not any("declare --layout classificators=" in n for n in v["unscored"])
+    assert v["unscored_figures"] == []  # both outputs are the task's
+    # the key-point rows the task does not read are still said
+    assert any("rows 4-5 not read (key points, ids: scored for fidelity only)" in n
+               for n in v["unscored"])
+    assert "(fidelity only) held out" not in out
