@@ -89,3 +89,22 @@ def test_an_ssd_score_head_read_by_scores_from_is_not_called_unscored(tmp_path, 
     assert any("rows 4-5 not read (key points, ids: scored for fidelity only)" in n
                for n in v["unscored"])
     assert "(fidelity only) held out" not in out
+
+
+def test_a_log_floor_is_no_outlier_channel_in_the_report():
+    """analyze's log_floor finding (ratio: the data's max over half the 8-bit step) was a
+    row of 'tensor(s) with outlier channels' under 'max/median', with no fix; it is a range
+    finding of its own, with the fix."""
+    from quantscope.report import run as report_run
+
+    floor = {"tensor": "c", "group": "MatMul_1", "kind": "log_floor", "ratio": 510.0,
+             "channels": [], "channel_axis": 1, "bits_lost": 8.99,
+             "reason": "Log 'Log_3' reads 'c' on a linear grid",
+             "remedies": ["compute the chain up to the Log in float on the host",
+                          "16 bit is not enough (it keeps 4.8 decades)"]}
+    page = report_run.outliers_section({"outliers": [floor]}, None)
+    assert "outlier channels" not in page and "510" not in page
+    assert "1 range(s) one linear grid cannot hold" in page
+    assert ("<td>log of a linear grid</td>" in page
+            and "compute the chain up to the Log in float on the host; 16 bit" in page)
+    assert "No channel dominates any tensor" in page

@@ -263,11 +263,23 @@ def sensitivity_section(a: dict[str, Any], top: int = 10) -> str:
                       if len(ranked) > top else ""))
 
 
+# analyze's findings of a range, not of channels: their ratio is no channel's max/median
+GRID_FINDINGS = {"mixed_scale": "mixed scales", "log_floor": "log of a linear grid"}
+
+
 def outliers_section(a: dict[str, Any], stats: Stats | None, top: int = 3) -> str:
     found = sorted(a.get("outliers") or [], key=lambda o: -(plots.num(o.get("ratio")) or 0))
     masks = [o for o in found if o.get("kind") == "mask_range"]
-    chans = [o for o in found if o.get("kind") != "mask_range"]
+    grids = [o for o in found if o.get("kind") in GRID_FINDINGS]
+    chans = [o for o in found if o.get("kind") not in ("mask_range", *GRID_FINDINGS)]
     out = [_h2("Outliers", "outliers")]
+    if grids:  # not channels: a range one grid cannot hold, its figures are no max/median
+        out.append(f"<p><b>{len(grids)} range(s) one linear grid cannot hold</b>, with the "
+                   "fix (analyze's findings; run's verdict says them too):</p>" + _table(
+                       ["tensor", "group", "finding", "reason", "fix"],
+                       [[o["tensor"], o.get("group") or "—", GRID_FINDINGS[o["kind"]],
+                         o["reason"], "; ".join(o.get("remedies") or []) or "—"]
+                        for o in grids]))
     if masks:
         out.append(
             f"<p><b>{len(masks)} attention-mask range(s), handled:</b> the additive mask "
