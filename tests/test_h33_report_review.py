@@ -108,3 +108,18 @@ def test_a_log_floor_is_no_outlier_channel_in_the_report():
     assert ("<td>log of a linear grid</td>" in page
             and "compute the chain up to the Log in float on the host; 16 bit" in page)
     assert "No channel dominates any tensor" in page
+
+
+def test_the_class_iou_advice_is_not_given_to_a_run_planning_by_it():
+    """run --metric class_iou_min on a face map whose faces are lost: the verdict said
+    '(--metric class_iou_min plans for the class)', the fix the user had given."""
+    from quantscope.pipeline.verdict import _not_like
+
+    note = ("NOT LIKE FP32: output 'prob': class 1: FP32 gives it on 32 positions, the "
+            "quantized model on 0, both on 0 (IoU 0.000 < 0.9); the top-1 agreement 98.2 % "
+            "is mostly the other classes' positions (--metric class_iou_min plans for the "
+            "class)")
+    results = {"plan": {"notes": [note]}}
+    assert _not_like(results, "top1_agreement")["plan"] == note
+    assert _not_like(results, "class_iou_min")["plan"] == note.removesuffix(
+        " (--metric class_iou_min plans for the class)")

@@ -99,7 +99,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
                     if not r.get("skipped")],
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
-        "not_like_fp32": _not_like(results),
+        "not_like_fp32": _not_like(results, metric),
         "says_little": _says_little(results),
         "saturated_outputs": _saturated_outputs(
             results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"]),
@@ -205,11 +205,13 @@ def _measured_shapes(ctx: Context, given: dict[str, list[int]] | None
     return other or None
 
 
-def _not_like(results: dict[str, Any]) -> dict[str, str]:
+def _not_like(results: dict[str, Any], metric: str = "") -> dict[str, str]:
     """Per compared result, its "NOT LIKE FP32" notes, each with the line after it naming
     where (a channel collapsed, a decision lost), when evaluate said so: every one, the
     task's own first (a landmark task's points lost beside a flag's fidelity loss were
-    said as the flag's alone)."""
+    said as the flag's alone). A note's advice to plan by ``--metric M`` is dropped where
+    ``metric`` (the run's) is M already."""
+    advice = f" (--metric {metric} plans for the class)"
     out = {}
     for label in COMPARED:
         notes = [str(n) for n in results.get(label, {}).get("notes", [])]
@@ -223,7 +225,8 @@ def _not_like(results: dict[str, Any]) -> dict[str, str]:
         if said:  # the fidelity judgement ('... (below)': the line after it) after the task's
             first = [n for n, raw in zip(said, (n for n in notes if n.startswith(
                 "NOT LIKE FP32")), strict=True) if not raw.endswith("(below)")]
-            out[label] = "; ".join([*first, *(n for n in said if n not in first)])
+            out[label] = "; ".join([*first, *(n for n in said if n not in first)]).replace(
+                advice, "")
     return out
 
 
