@@ -70,6 +70,8 @@ def test_a_one_sided_score_is_said_little_once(tmp_path, capsys):
     assert line.startswith("output 'score': FP32 decides the same on every sample at 0.5 "
                            "(its values ")
     assert sum("FP32 decides the same on every sample" in x for x in out.splitlines()) == 1
+    html = (tmp_path / "W" / "report.html").read_text()  # the verdict's once, the notes' once
+    assert html.count("FP32 decides the same on every sample") == 2
 
 
 def test_an_ssd_score_head_read_by_scores_from_is_not_called_unscored(tmp_path, capsys):

@@ -17,6 +17,7 @@ import onnx
 from quantscope.analyze.evalcache import model_digest
 from quantscope.analyze.logfloor import log_floor_notes
 from quantscope.calibrate.collect import calibrate
+from quantscope.emulate.channels import restated
 from quantscope.emulate.evaluate import (
     Runs,
     compare_model,
@@ -253,7 +254,7 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
         tm = data.task.metrics(ref_kept, test)
         metrics.update(tm.values)
         tables.update(tm.tables)
-        task_notes = (*task_notes, *tm.notes)
+        task_notes = (*task_notes, *(n for n in tm.notes if not restated(n, fid.notes)))
         if error_scales:
             scaled = {"error_scales": [
                 {"scale": float(f), **data.task.metrics(

@@ -261,14 +261,8 @@ def _says_little(results: dict[str, Any]) -> list[str]:
     """The task's notes that its headline says little on this data (FP32 picks one class,
     decides one way, or its map is on one side of the threshold everywhere): a goal reached
     on such data is no evidence."""
-    notes = list(dict.fromkeys(str(n) for label in COMPARED
-                               for n in results.get(label, {}).get("notes", [])
-                               if "says little" in str(n)))
-    # a score task's line and its output's fidelity line say the same (the latter with
-    # FP32's values): the one whose words the other begins with goes
-    return [n for n in notes if not any(
-        m != n and m.startswith(n.split(": the decision agreement says little")[0] + " (")
-        for m in notes)]
+    notes = [str(n) for label in COMPARED for n in results.get(label, {}).get("notes", [])]
+    return list(dict.fromkeys(n for n in notes if "says little" in n))
 
 
 def _saturated_outputs(plan: dict[str, Any], outputs: list[dict[str, Any]]) -> list[str]:
