@@ -125,3 +125,28 @@ def test_the_class_iou_advice_is_not_given_to_a_run_planning_by_it():
     assert _not_like(results, "top1_agreement")["plan"] == note
     assert _not_like(results, "class_iou_min")["plan"] == note.removesuffix(
         " (--metric class_iou_min plans for the class)")
+
+
+def test_data_made_from_images_gives_the_host_its_preprocessing(tmp_path, capsys):
+    """A run on tensors 'quantscope images' made said how (x / 255, the resize) as a data
+    note only; the verdict's host steps, which say what the host does around the compiled
+    model, did not, and io_snippet.py's input quantization takes the preprocessed tensor."""
+    from PIL import Image
+    from test_images_command import conv_model
+
+    model = conv_model(tmp_path / "m.onnx", ["N", 3, 8, 8])
+    (tmp_path / "imgs").mkdir()
+    rng = np.random.default_rng(1)
+    for i in range(8):
+        Image.fromarray(rng.integers(0, 256, (10 + i, 12, 3), dtype=np.uint8)).save(
+            tmp_path / "imgs" / f"p{i}.png")
+    assert main(["images", str(tmp_path / "imgs"), "--model", str(model), "--pixels",
+                 "scale=255", "--out", str(tmp_path / "x.npz")]) == 0
+    assert main(["run", str(model), "--data", str(tmp_path / "x.npz"), *FAST, "--out",
+                 str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    v = json.loads((tmp_path / "W" / "verdict.json").read_text())
+    step = v["host_steps"][0]
+    assert step.startswith("make each image the input as the measured data was made (x.npz: "
+                           "made by 'quantscope images' from 8 image(s)") and "x / 255" in step
+    assert f"  host: {step}" in out.splitlines()

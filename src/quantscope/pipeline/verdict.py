@@ -20,6 +20,7 @@ from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
+from quantscope.tasks.pixels import pixels_note
 from quantscope.tasks.shares import clusters_key, items_key
 from quantscope.tasks.unscored import is_unscored_note, unscored_names
 from quantscope.units import value
@@ -184,7 +185,8 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
             prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None,
             shapes=chk.get("input_shapes") or None,
             shapes_from_data=ctx.opts.input_shapes_from_data,
-            measured_shapes=None if text else _measured_shapes(ctx, chk.get("input_shapes"))),
+            measured_shapes=None if text else _measured_shapes(ctx, chk.get("input_shapes")),
+            pixels=None if text or not ctx.opts.data else pixels_note(ctx.opts.data)),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),
