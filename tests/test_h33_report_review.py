@@ -150,3 +150,24 @@ def test_data_made_from_images_gives_the_host_its_preprocessing(tmp_path, capsys
     assert step.startswith("make each image the input as the measured data was made (x.npz: "
                            "made by 'quantscope images' from 8 image(s)") and "x / 255" in step
     assert f"  host: {step}" in out.splitlines()
+
+
+def test_a_lower_is_better_metric_steers_the_search_its_way(tmp_path, capsys):
+    """run --metric char_error_rate --goal 0.005 on a ctc recognizer: the analysis ranked
+    by string_agreement (higher is better) and the search compared the measured error
+    rates in that direction, so it chose uniform a8_w8 (2.2 % on the fit data) over a plan
+    measuring 0 %, and the goal read 'NOT reached: ... no promotion left'."""
+    from test_h28_ctc import _recognizer
+
+    onnx.save(_recognizer(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", np.random.default_rng(1).normal(0, 1, (24, 12, 8)).astype(
+        np.float32))
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npy"),
+                 "--layout", "probs=ctc", "--metric", "char_error_rate", "--goal", "0.005",
+                 *FAST, "--out", str(tmp_path / "W")]) == 0
+    capsys.readouterr()
+    pareto = json.loads((tmp_path / "W" / "plan.json").read_text())["pareto"]
+    assert pareto["metric"] == "char_error_rate" and pareto["higher_is_better"] is False
+    measured = [t["measured"] for t in pareto["trials"]]
+    assert max(measured) > 0.0  # uniform a8_w8 changes a string on the fit data
+    assert pareto["chosen"]["measured"] == min(measured) and pareto["goal"]["reached"]
