@@ -193,3 +193,12 @@ def test_a_point_error_goal_is_a_ceiling(tmp_path, capsys):
     assert v["higher_is_better"] is False
     assert v["quality"]["plan"]["point_error_max"] > 2 and v["reached"] is False
     assert "goal point error max <= 2 NOT reached" in out
+
+
+def test_the_pareto_legend_leaves_an_error_metric_s_best_corner_free():
+    """run --metric char_error_rate: the front falls to the lower right, where the legend
+    (always lower right) hid the chosen plan's star at 0 %."""
+    from quantscope.report.plots import legend_corner
+
+    assert legend_corner({"higher_is_better": True}) == "lower right"
+    assert legend_corner({"higher_is_better": False}) == "upper right"
