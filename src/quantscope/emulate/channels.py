@@ -270,6 +270,15 @@ class ScalarFidelity:
         return lines, bad
 
 
+def restated(note: str, lines: tuple[str, ...] | list[str]) -> bool:
+    """Whether an output's fidelity line in ``lines`` says ``note`` already, with FP32's
+    values: a score task's ``output 'X': FP32 decides the same on every sample at 0.5:
+    the decision agreement says little ...`` beside this module's ``... at 0.5 (its values
+    a to b): the decision agreement says little ...`` (two warnings of one fact)."""
+    head = note.partition(": the decision agreement says little")
+    return bool(head[1]) and any(m != note and m.startswith(f"{head[0]} (") for m in lines)
+
+
 def sides_text(n: int, pos: int, kept: int, own: int) -> str:
     """FP32's positive and negative decisions and what the quantized model made of each: a
     wake word's score is positive on a few clips, and an agreement over all of them is

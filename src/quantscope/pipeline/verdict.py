@@ -20,6 +20,7 @@ from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
+from quantscope.tasks.pixels import pixels_note
 from quantscope.tasks.shares import clusters_key, items_key
 from quantscope.tasks.unscored import is_unscored_note, unscored_names
 from quantscope.units import value
@@ -99,7 +100,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
                     if not r.get("skipped")],
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
-        "not_like_fp32": _not_like(results),
+        "not_like_fp32": _not_like(results, metric),
         "says_little": _says_little(results),
         "saturated_outputs": _saturated_outputs(
             results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"]),
@@ -184,7 +185,8 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
             prefixes=ctx.opts.prefixes.to_dict() if ctx.opts.prefixes else None,
             shapes=chk.get("input_shapes") or None,
             shapes_from_data=ctx.opts.input_shapes_from_data,
-            measured_shapes=None if text else _measured_shapes(ctx, chk.get("input_shapes"))),
+            measured_shapes=None if text else _measured_shapes(ctx, chk.get("input_shapes")),
+            pixels=None if text or not ctx.opts.data else pixels_note(ctx.opts.data)),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),
@@ -205,17 +207,28 @@ def _measured_shapes(ctx: Context, given: dict[str, list[int]] | None
     return other or None
 
 
-def _not_like(results: dict[str, Any]) -> dict[str, str]:
-    """Per compared result, its "NOT LIKE FP32" note and the line after it naming where
-    (a channel collapsed, a decision lost), when evaluate said so."""
+def _not_like(results: dict[str, Any], metric: str = "") -> dict[str, str]:
+    """Per compared result, its "NOT LIKE FP32" notes, each with the line after it naming
+    where (a channel collapsed, a decision lost), when evaluate said so: every one, the
+    task's own first (a landmark task's points lost beside a flag's fidelity loss were
+    said as the flag's alone). A note's advice to plan by ``--metric M`` is dropped where
+    ``metric`` (the run's) is M already."""
+    advice = f" (--metric {metric} plans for the class)"
     out = {}
     for label in COMPARED:
         notes = [str(n) for n in results.get(label, {}).get("notes", [])]
-        at = next((i for i, n in enumerate(notes) if n.startswith("NOT LIKE FP32")), None)
-        if at is not None:
+        said = []
+        for at, note in enumerate(notes):
+            if not note.startswith("NOT LIKE FP32"):
+                continue
             where = notes[at + 1] if at + 1 < len(notes) and notes[at + 1].startswith(
                 "output '") else ""
-            out[label] = notes[at].replace(" (below)", "") + (f": {where}" if where else "")
+            said.append(note.replace(" (below)", "") + (f": {where}" if where else ""))
+        if said:  # the fidelity judgement ('... (below)': the line after it) after the task's
+            first = [n for n, raw in zip(said, (n for n in notes if n.startswith(
+                "NOT LIKE FP32")), strict=True) if not raw.endswith("(below)")]
+            out[label] = "; ".join([*first, *(n for n in said if n not in first)]).replace(
+                advice, "")
     return out
 
 

@@ -154,9 +154,16 @@ def pareto_plot(pareto: dict[str, Any], measured_metric: str) -> str:
                              markersize=14, label="the chosen plan (predicted)")
     ax.set_xlabel("relative cost (uniform a8_w8 = 1)")
     ax.set_ylabel(axis(pred_metric, f"predicted {pred_metric}")[1], color="#4a7ab5")
-    ax.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc="lower right")
+    ax.legend(lines, [ln.get_label() for ln in lines], fontsize=8, loc=legend_corner(pareto))
     ax.grid(alpha=0.3)
     return _img(fig, "Pareto front: predicted and measured")
+
+
+def legend_corner(pareto: dict[str, Any]) -> str:
+    """Where the front is not: it rises to the right for a higher-is-better metric and
+    falls to the right for an error (``char_error_rate``), where a lower-right legend hid
+    the chosen plan's star (the best, costliest point)."""
+    return "lower right" if pareto.get("higher_is_better", True) else "upper right"
 
 
 def config_plot(results: dict[str, dict[str, Any]], metric: str) -> str:

@@ -151,9 +151,23 @@ def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "h
     if per_output:
         out.append(details(f"Every output ({len(per_output)} rows)", _table(
             ["config", "output", "output SQNR", "cosine (mean)", "cosine (min)"], per_output)))
-    notes = sorted({n for r in results.values() for n in r.get("notes", [])})
-    out += [f"<p class=note>{_e(n)}</p>" for n in notes]
+    out += [f"<p class=note>{_e(n)}</p>" for n in config_notes(results)]
     return "".join(out)
+
+
+def config_notes(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The configurations' notes: one every configuration has, once; any other after the
+    configurations that have it (``a8_w8: NOT LIKE FP32 ...``), in evaluate's order. Each
+    row's figures are its own: fp32's row compares FP32 with itself (``distance to FP32's
+    mean 0``), and a loss a8_w8 has is not the plan's."""
+    has: dict[str, list[str]] = {}
+    for label, r in results.items():
+        for n in r.get("notes", []):
+            has.setdefault(str(n), []).append(label)
+    every = [n for n, labels in has.items() if len(set(labels)) == len(results)]
+    own = [f"{', '.join(dict.fromkeys(labels))}: {n}" for label in results
+           for n, labels in has.items() if labels[0] == label and n not in every]
+    return every + own
 
 
 def rewrites_section(auto: dict[str, Any] | None) -> str:
@@ -249,11 +263,23 @@ def sensitivity_section(a: dict[str, Any], top: int = 10) -> str:
                       if len(ranked) > top else ""))
 
 
+# analyze's findings of a range, not of channels: their ratio is no channel's max/median
+GRID_FINDINGS = {"mixed_scale": "mixed scales", "log_floor": "log of a linear grid"}
+
+
 def outliers_section(a: dict[str, Any], stats: Stats | None, top: int = 3) -> str:
     found = sorted(a.get("outliers") or [], key=lambda o: -(plots.num(o.get("ratio")) or 0))
     masks = [o for o in found if o.get("kind") == "mask_range"]
-    chans = [o for o in found if o.get("kind") != "mask_range"]
+    grids = [o for o in found if o.get("kind") in GRID_FINDINGS]
+    chans = [o for o in found if o.get("kind") not in ("mask_range", *GRID_FINDINGS)]
     out = [_h2("Outliers", "outliers")]
+    if grids:  # not channels: a range one grid cannot hold, its figures are no max/median
+        out.append(f"<p><b>{len(grids)} range(s) one linear grid cannot hold</b>, with the "
+                   "fix (analyze's findings; run's verdict says them too):</p>" + _table(
+                       ["tensor", "group", "finding", "reason", "fix"],
+                       [[o["tensor"], o.get("group") or "—", GRID_FINDINGS[o["kind"]],
+                         o["reason"], "; ".join(o.get("remedies") or []) or "—"]
+                        for o in grids]))
     if masks:
         out.append(
             f"<p><b>{len(masks)} attention-mask range(s), handled:</b> the additive mask "

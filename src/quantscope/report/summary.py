@@ -160,7 +160,8 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                prefixes: dict[str, str] | None = None,
                shapes: dict[str, list[int]] | None = None,
                shapes_from_data: bool = False,
-               measured_shapes: dict[str, list[int]] | None = None) -> list[str]:
+               measured_shapes: dict[str, list[int]] | None = None,
+               pixels: str | None = None) -> list[str]:
     """What the host does around the compiled model. ``inputs``/``outputs``: name, dtype
     (ONNX elem type), dims (int, or str for a symbolic dim); ``seq_len``: the length the
     run checked at; ``longest``: the data's longest text (tokens), said when no length was
@@ -171,8 +172,12 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
     evaluated with (``query``, ``document``); ``shapes``: the ``--input-shape`` the run
     checked at (those inputs' dims as given; ``shapes_from_data``: taken from the data's
     sizes, no --input-shape given); ``measured_shapes``: the data's sizes of the inputs
-    whose --input-shape differs from them (the figures are the data's size's)."""
-    steps = []
+    whose --input-shape differs from them (the figures are the data's size's); ``pixels``:
+    how ``quantscope images`` made the data from images (its note), which the host repeats
+    on each image before the input's quantization."""
+    steps = [] if not pixels else [
+        f"make each image the input as the measured data was made ({pixels}): the input's "
+        "quantization (io_snippet.py) takes that float tensor, not the image's pixels"]
     if prefixes and (prefixes.get("query") or prefixes.get("document")):
         steps.append(f"put {prefixes.get('query', '')!r} before every query and "
                      f"{prefixes.get('document', '')!r} before every document before "

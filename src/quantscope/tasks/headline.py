@@ -95,6 +95,18 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "string_agreement": (True, (0.0, 1.0)),
     "char_error_rate": (False, (0.0, math.inf)),
     "class_iou_min": (True, (0.0, 1.0)),
+    # the tasks' other figures a run may plan by: errors are lower-better ('goal
+    # point_error_max >= 2 REACHED: 30.5' read a 30.5 px error as the goal met)
+    "point_error_mean": (False, (0.0, math.inf)),
+    "point_error_max": (False, (0.0, math.inf)),
+    "score_abs_error_max": (False, (0.0, math.inf)),
+    "score_abs_error_mean": (False, (0.0, math.inf)),
+    "class_score_max_abs_error": (False, (0.0, math.inf)),
+    "pixel_flip_share": (False, (0.0, 1.0)),
+    "mask_iou_min": (True, (0.0, 1.0)),
+    "box_iou_mean": (True, (0.0, 1.0)),
+    "detection_precision": (True, (0.0, 1.0)),
+    "detection_recall": (True, (0.0, 1.0)),
     "similarity_mae": (False, (0.0, 2.0)),
     "kl": (False, (0.0, math.inf)),
 }

@@ -430,7 +430,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
     if not tasks:
         return None, tuple(notes)
-    unscored = tensor_unscored_note(model.proto, [t.output for t in tasks])
+    unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)])
     notes += [unscored] if unscored else []
     if len(tasks) == 1:
         return tasks[0], tuple(notes)

@@ -62,9 +62,12 @@ def tensor_unscored_note(proto: onnx.ModelProto, tasked: list[str]) -> str | Non
 
 
 def unscored_names(note: str, names: list[str]) -> list[str]:
-    """Which of ``names`` (the model's outputs) ``note`` names as scored for fidelity only."""
+    """Which of ``names`` (the model's outputs) ``note`` names as scored for fidelity only:
+    each named with its shape (``'boxes' [B,4,H,W]``). A detect layout's ``output 'boxes'
+    read as ... of output 'scores' ...; rows 4-5 not read (... scored for fidelity only)``
+    names outputs a task reads: some rows of one are fidelity-only, not the outputs."""
     head = note.partition(MARK)[0]
-    return [n for n in names if f"'{n}'" in head]
+    return [n for n in names if f"'{n}' [" in head]
 
 
 def is_unscored_note(note: str) -> bool:
