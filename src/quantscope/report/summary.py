@@ -95,9 +95,16 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     fixed = [r["name"] for r in record.get("repairs", []) if r.get("applied")]
     # dropped where neither figure could separate it from the model without it
     ties = list(dict.fromkeys(t["name"] for t in record["trials"]
-                              if (t.get("tiebreak_interval") or {}).get("outcome") == "tie"))
+                              if (t.get("tiebreak_interval") or {}).get("outcome") == "tie"
+                              and (t.get("interval") or {}).get("outcome", "tie") == "tie"))
+    # dropped as worse on the headline while the tiebreak rose beyond its noise (h31)
+    split = list(dict.fromkeys(t["name"] for t in record["trials"] if not t["kept"]
+                               and (t.get("interval") or {}).get("outcome") == "worse"
+                               and (t.get("tiebreak_interval") or {}).get("outcome") == "better"))
     short = (f"auto: kept {len(kept)} of {len(tried)} tried, {m} on {n}"
              + (f"; a tie on both figures, left out: {', '.join(ties)}" if ties else "")
+             + (f"; dropped on {m} while {record.get('tiebreak') or 'the tiebreak'} rose "
+                f"beyond noise (the figures disagree): {', '.join(split)}" if split else "")
              + (f"; applied for legality: {', '.join(fixed)}" if fixed else ""))
     rows, lines = [], [f"rewrites (auto; {m} of {record.get('measured_on', '')}, {n}; "
                        f"without rewrites {fmt.value(m, record.get('baseline'))}, kept "
