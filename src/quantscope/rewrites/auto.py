@@ -311,8 +311,8 @@ def _other(after: Score, before: Score, iv: dict[str, Any], tiebreak: str | None
     """The tiebreak's figures beside a headline that decided (``won``: better beyond
     noise), its interval kept as ``iv['tiebreak']``; where it moved the other way beyond
     its own noise and margin, said as a disagreement: the headline's per-sample picks
-    (top-1 over a few hundred pairs) flip on near-ties, and the figure a kept rewrite set
-    is its own draw, so the two can disagree (field report: e5-small, headsplit dropped
+    (top-1 over a few hundred pairs) flip on near-ties, and the figure of a kept set is
+    the best of those measured, so the two can disagree (field report: e5-small, headsplit dropped
     at -3.5 pts top-1 while the embedding SQNR rose 2.8 dB)."""
     outcome, how, tie_iv = decide_tie(after, before, tiebreak or "the tiebreak")
     if how is None:
@@ -329,9 +329,10 @@ def _other(after: Score, before: Score, iv: dict[str, Any], tiebreak: str | None
         against = outcome == "better"
     if not against:
         return f"; {figures}"
-    return (f"; the figures disagree: {how}; the headline's per-sample picks flip on "
-            f"near-ties and the figure it is compared with is the kept set's own draw "
-            f"(name the rewrites with --rewrites, or measure on more pairs)")
+    return (f"; the figures disagree: {how}; the headline decides (its per-sample picks "
+            f"flip on near-ties, and the figure it is compared with is a kept set's, "
+            f"chosen as the best measured): compare with --rewrites NAME,..., or on more "
+            f"pairs")
 
 
 def _split(iv: dict[str, Any] | None) -> tuple[str | None, dict[str, Any] | None,
