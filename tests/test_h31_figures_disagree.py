@@ -82,3 +82,19 @@ def test_the_verdict_phrase_names_the_disagreement_and_no_false_tie():
     assert "left out: outscale" in said["short"] and "peel;" not in said["short"]
     assert ("dropped on top1_agreement while embedding_sqnr_db rose beyond noise "
             "(the figures disagree): headsplit") in said["short"], said["short"]
+
+
+def test_the_verdicts_first_line_says_a_deployment_over_the_cost_cap():
+    """e5-small (h31): 'goal ... REACHED ...: 98.0 % ... at mean cost 1.529x held out' on
+    the first line, the cap of --max-cost 1.5 exceeded only two lines further down."""
+    from test_report_verdict import _lengths_doc, _verdict
+
+    from quantscope.report import summary
+
+    for cost, over in ((1.529, True), (1.43, False)):
+        dep = summary.deployment(_lengths_doc(cost_mean=cost), "top1_agreement")
+        v = _verdict(deployment=dep, reached=True, held_out={"samples": 100, "unit": "pairs"},
+                     plan_cost=1.004, cost=None)
+        v["headline"] = summary.headline(v)
+        first = summary.format_short(v)[0]
+        assert ("OVER --max-cost 1.5" in first) is over, first

@@ -391,7 +391,9 @@ def format_short(v: dict[str, Any]) -> list[str]:
     what = "" if dep is None else (
         f" with {dep['models']} compiled model{'s' if dep['models'] > 1 else ''} "
         f"({', '.join(map(str, dep['seq_lens']))} tokens) at mean cost "
-        f"{fmt.cost(dep['cost_mean'])} held out (standard error {fmt.cost(dep['cost_mean_se'])})")
+        f"{fmt.cost(dep['cost_mean'])} held out (standard error {fmt.cost(dep['cost_mean_se'])})"
+        + ("" if dep.get("max_cost") is None or dep["cost_mean"] <= dep["max_cost"] + 1e-12
+           else f", OVER --max-cost {dep['max_cost']:g}"))
     if v["goal"] is None:
         head = f"verdict: no --goal given; {m} {got} ({n}; {refs}){what}"
     else:
