@@ -98,3 +98,19 @@ def test_the_verdicts_first_line_says_a_deployment_over_the_cost_cap():
         v["headline"] = summary.headline(v)
         first = summary.format_short(v)[0]
         assert ("OVER --max-cost 1.5" in first) is over, first
+
+
+def test_every_host_step_is_on_the_console_verdict():
+    """e5-small with --query-prefix/--doc-prefix: the prefix step came first and the
+    console kept three steps, so 'mean-pool over attention_mask and L2-normalise on the
+    host' was missing from the console verdict (it was in verdict.json)."""
+    from test_report_verdict import _verdict
+
+    from quantscope.report import summary
+
+    steps = ["put 'query: ' before every query", "look up the table on the host",
+             "feed attention_mask as int64",
+             "last_hidden_state is per token: mean-pool over attention_mask and L2-normalise",
+             "fix the symbolic dims (b, s) for the compiler"]
+    lines = summary.format_short({**_verdict(), "host_steps": steps})
+    assert [ln for ln in lines if ln.startswith("  host: ")] == [f"  host: {s}" for s in steps]

@@ -377,7 +377,7 @@ def headline(v: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_short(v: dict[str, Any]) -> list[str]:
-    """At most ~8 lines (and one per rewrite applied): goal and the held-out figure of
+    """About 8 lines (and one per rewrite applied and host step): goal and the held-out figure of
     what ships (the deployment when one was measured, else the plan), its cost, the
     single plan's figure as a detail, what binds, files, host steps (each line one thing a
     person acts on; each one line, whatever the model's names hold)."""
@@ -448,7 +448,9 @@ def format_short(v: dict[str, Any]) -> list[str]:
             m, "the deployment as its scripts are written", dsc["decisions"],
             f" in {', '.join(dsc['files'])}", dsc["value"], h["value"],
             None if v["goal"] is None or dsc["value"] is None else _reaches(v, dsc["value"])))
-    for step in v.get("host_steps", [])[:3]:
+    # every host step: each is one thing the deployment must do (the first three only
+    # left the pooling out where text prefixes came first: h31, e5 with its prefixes)
+    for step in v.get("host_steps", []):
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return [one_line(ln) for ln in lines]  # a name's newline never breaks a verdict line
