@@ -95,9 +95,16 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     fixed = [r["name"] for r in record.get("repairs", []) if r.get("applied")]
     # dropped where neither figure could separate it from the model without it
     ties = list(dict.fromkeys(t["name"] for t in record["trials"]
-                              if (t.get("tiebreak_interval") or {}).get("outcome") == "tie"))
+                              if (t.get("tiebreak_interval") or {}).get("outcome") == "tie"
+                              and (t.get("interval") or {}).get("outcome", "tie") == "tie"))
+    # dropped as worse on the headline while the tiebreak rose beyond its noise (h31)
+    split = list(dict.fromkeys(t["name"] for t in record["trials"] if not t["kept"]
+                               and (t.get("interval") or {}).get("outcome") == "worse"
+                               and (t.get("tiebreak_interval") or {}).get("outcome") == "better"))
     short = (f"auto: kept {len(kept)} of {len(tried)} tried, {m} on {n}"
              + (f"; a tie on both figures, left out: {', '.join(ties)}" if ties else "")
+             + (f"; dropped on {m} while {record.get('tiebreak') or 'the tiebreak'} rose "
+                f"beyond noise (the figures disagree): {', '.join(split)}" if split else "")
              + (f"; applied for legality: {', '.join(fixed)}" if fixed else ""))
     rows, lines = [], [f"rewrites (auto; {m} of {record.get('measured_on', '')}, {n}; "
                        f"without rewrites {fmt.value(m, record.get('baseline'))}, kept "
@@ -375,7 +382,7 @@ def headline(v: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_short(v: dict[str, Any]) -> list[str]:
-    """At most ~8 lines (and one per rewrite applied): goal and the held-out figure of
+    """About 8 lines (and one per rewrite applied and host step): goal and the held-out figure of
     what ships (the deployment when one was measured, else the plan), its cost, the
     single plan's figure as a detail, what binds, files, host steps (each line one thing a
     person acts on; each one line, whatever the model's names hold)."""
@@ -389,7 +396,9 @@ def format_short(v: dict[str, Any]) -> list[str]:
     what = "" if dep is None else (
         f" with {dep['models']} compiled model{'s' if dep['models'] > 1 else ''} "
         f"({', '.join(map(str, dep['seq_lens']))} tokens) at mean cost "
-        f"{fmt.cost(dep['cost_mean'])} held out (standard error {fmt.cost(dep['cost_mean_se'])})")
+        f"{fmt.cost(dep['cost_mean'])} held out (standard error {fmt.cost(dep['cost_mean_se'])})"
+        + ("" if dep.get("max_cost") is None or dep["cost_mean"] <= dep["max_cost"] + 1e-12
+           else f", OVER --max-cost {dep['max_cost']:g}"))
     if v["goal"] is None:
         head = f"verdict: no --goal given; {m} {got} ({n}; {refs}){what}"
     else:
@@ -444,7 +453,9 @@ def format_short(v: dict[str, Any]) -> list[str]:
             m, "the deployment as its scripts are written", dsc["decisions"],
             f" in {', '.join(dsc['files'])}", dsc["value"], h["value"],
             None if v["goal"] is None or dsc["value"] is None else _reaches(v, dsc["value"])))
-    for step in v.get("host_steps", [])[:3]:
+    # every host step: each is one thing the deployment must do (the first three only
+    # left the pooling out where text prefixes came first: h31, e5 with its prefixes)
+    for step in v.get("host_steps", []):
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return [one_line(ln) for ln in lines]  # a name's newline never breaks a verdict line

@@ -123,8 +123,10 @@ class Trial:
     # CONFIDENCE bounds), confidence, outcome ("better", "worse" or "tie")
     interval: Mapping[str, Any] | None = None
     round: int = 1  # 2: retried on top of a rewrite kept after it (the module table)
-    # the tiebreak's gain with its jackknife bounds where it decided a headline tie
-    # (quantscope.rewrites.tie.gain_interval; outcome "better", "not better" or "tie")
+    # the tiebreak's gain with its jackknife bounds where it decided a headline tie, or
+    # beside a decided headline (said in the reason; "the figures disagree" where it moved
+    # the other way beyond noise) (quantscope.rewrites.tie.gain_interval; outcome
+    # "better", "not better" or "tie")
     tiebreak_interval: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -271,9 +273,10 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
         iv = paired_interval(after.samples, before.samples, higher=higher)
         text = _interval_text(iv, metric)
         if iv["lower"] > min_gain:
-            return f"measured better beyond noise ({text})", iv
+            return f"measured better beyond noise ({text}){_other(after, before, iv, tiebreak, True)}", iv
         if iv["outcome"] == "worse":
-            iv["because"] = f"measured worse beyond noise ({text})"
+            iv["because"] = (f"measured worse beyond noise ({text})"
+                             f"{_other(after, before, iv, tiebreak, False)}")
             return None, iv
         return tie(f"a tie within noise ({text})", iv)
     gain = after.value - before.value if higher else before.value - after.value
@@ -301,6 +304,35 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
                    "no per-sample "
                    "scores: no noise estimate)", {}, won="decided by better")
     return None, None
+
+
+def _other(after: Score, before: Score, iv: dict[str, Any], tiebreak: str | None,
+           won: bool) -> str:
+    """The tiebreak's figures beside a headline that decided (``won``: better beyond
+    noise), its interval kept as ``iv['tiebreak']``; where it moved the other way beyond
+    its own noise and margin, said as a disagreement: the headline's per-sample picks
+    (top-1 over a few hundred pairs) flip on near-ties, and the figure of a kept set is
+    the best of those measured, so the two can disagree (field report: e5-small, headsplit dropped
+    at -3.5 pts top-1 while the embedding SQNR rose 2.8 dB)."""
+    outcome, how, tie_iv = decide_tie(after, before, tiebreak or "the tiebreak")
+    if how is None:
+        return ""
+    iv["tiebreak"] = tie_iv
+    named = tiebreak or "the tiebreak"
+    figures = (f"{named} {value(named, before.tiebreak, fine=True)} -> "
+               f"{value(named, after.tiebreak, fine=True)}")
+    if won:  # against it: the tiebreak worse beyond its noise and margin
+        drop = after.tiebreak - before.tiebreak
+        against = (tie_iv["upper"] < -TIE_MARGIN if tie_iv is not None
+                   else drop < -TIE_MARGIN)
+    else:
+        against = outcome == "better"
+    if not against:
+        return f"; {figures}"
+    return (f"; the figures disagree: {how}; the headline decides (its per-sample picks "
+            f"flip on near-ties, and the figure it is compared with is a kept set's, "
+            f"chosen as the best measured): compare with --rewrites NAME,..., or on more "
+            f"pairs")
 
 
 def _split(iv: dict[str, Any] | None) -> tuple[str | None, dict[str, Any] | None,

@@ -34,6 +34,7 @@ from quantscope.tasks.headline import retrieval_scoring, sts_scoring
 from quantscope.tasks.images import SMALL_SPEC as IMAGES_SMALL
 from quantscope.tasks.images import SPEC as IMAGES_SPEC
 from quantscope.tasks.images import image_dataset
+from quantscope.tasks.pooling import refuse_other_pooling
 from quantscope.tasks.positions import token_limit
 from quantscope.tasks.text import (
     DEFAULT_MAX_LENGTH,
@@ -319,6 +320,7 @@ def text_dataset(
         spec == STDLIB_DOCS or spec.endswith(".jsonl")) else None
     plain = load_calibration_texts(spec) if sts is None and pairs is None else ()
     tok_file = text_tokenizer(model.source, model.proto, tokenizer)
+    refuse_other_pooling(model.source, tok_file, enc.output, enc.output_kind)
     # a position table shorter than the tokenizer's truncation: texts cut where it ends
     limit = token_limit(model.proto, {r: n for r, n, _ in enc.inputs}, DEFAULT_MAX_LENGTH)
     tok = load_tokenizer(tok_file, max_length=limit.tokens if limit else DEFAULT_MAX_LENGTH)
