@@ -26,6 +26,8 @@ KIND        keys (defaults)                                          headline me
             FP32's x, y span): landmarks  (:mod:`.points`)
 ``ctc``     ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
             ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
+``image``   ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``
+            judged by PSNR against FP32  (:mod:`.pictures`)
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
@@ -84,6 +86,7 @@ from quantscope.tasks.maps import (
     ScoreTask,
     score_output,
 )
+from quantscope.tasks.pictures import ImageTask, parse_range
 from quantscope.tasks.points import POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
@@ -304,6 +307,10 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         return class_task(spec, model, shape, samples)
     if spec.kind == "ctc":
         return ctc_task(spec, shape, samples)
+    if spec.kind == "image":
+        rng = spec.option("range")
+        return ImageTask(name=name, output=spec.output,
+                         range=None if rng is None else parse_range(rng))
     return None
 
 
@@ -478,7 +485,7 @@ def _describe(task: object, model: Model) -> str:
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
         return describe_classes(task, model)
-    if isinstance(task, PointsTask):
+    if isinstance(task, (PointsTask, ImageTask)):
         return task.describe()
     if isinstance(task, CtcTask):
         return (f"CTC sequences (greedy decoding of the top class per step on axis "
