@@ -144,3 +144,33 @@ def test_parse_range_reads_negative_bounds():
     assert parse_range("-1-1") == (-1.0, 1.0)
     assert parse_range("0-255") == (0.0, 255.0)
     assert parse_range("1e-3-2") == (0.001, 2.0)
+
+
+def test_undeclared_picture_output_is_said_to_be_judged_by_fidelity_alone(sr, capsys):
+    r = _evaluate(sr, capsys)
+    assert any("output 'image' [?x3x16x16] is shaped like a map or a picture and judged by "
+               "fidelity alone" in n and "--layout image=map" in n and "image=image:range=LO-HI"
+               in n for n in r["notes"]), r["notes"]
+    declared = _evaluate(sr, capsys, "--layout", "image=tensor")
+    assert not any("shaped like a map" in n for n in declared["notes"]), declared["notes"]
+
+
+def test_a_sigmoid_matte_is_named_as_one():
+    from quantscope.model.load import load_proto
+    from quantscope.tasks.layout import layout_tasks
+
+    text = """
+    <ir_version: 9, opset_import: ["" : 17]>
+    matte (float[N, 3, 32, 32] input) => (float[N, 1, 32, 32] alpha, float[N, 8] feat) {
+        h = Conv (input, w)
+        alpha = Sigmoid (h)
+        input8 = Concat <axis = 1> (input, input, h, h)
+        feat = ReduceMean <axes = [2, 3], keepdims = 0> (input8)
+    }
+    """
+    w = np.full((1, 3, 1, 1), 0.1, np.float32)
+    task, notes = layout_tasks(load_proto(_with_weights(text, {"w": w}), "matte"), (), "x.npz")
+    assert task is None
+    hint = [n for n in notes if "shaped like a map" in n]
+    assert len(hint) == 1 and "output 'alpha' [?x1x32x32] (Sigmoid) is shaped" in hint[0], notes
+    assert "'feat'" not in hint[0]

@@ -86,7 +86,7 @@ from quantscope.tasks.maps import (
     ScoreTask,
     score_output,
 )
-from quantscope.tasks.pictures import ImageTask, parse_range
+from quantscope.tasks.pictures import ImageTask, dense_hint, parse_range
 from quantscope.tasks.points import POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
@@ -436,7 +436,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
             tasks.append(task)
     notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
     if not tasks:
-        return None, tuple(notes)
+        dense = dense_hint(model, [o for o in outputs if o not in declared], sample_axes)
+        return None, tuple(notes) + ((dense,) if dense else ())
     unscored = tensor_unscored_note(model.proto, [t.output for t in tasks])
     notes += [unscored] if unscored else []
     if len(tasks) == 1:

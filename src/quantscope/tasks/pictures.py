@@ -15,6 +15,9 @@ range (255 for 8-bit pixels). Declared ``--layout OUT=image[:range=LO-HI]``:
                           the image's: the PSNR's peak is then not its peak; said)
 ========================  ==============================================================
 
+Undeclared, an output shaped like a map or a picture (:func:`dense_hint`) is scored by its
+fidelity, and a note says so with the kinds to declare.
+
 ``range`` defaults to FP32's own min..max on the data scored (a relative depth map has no
 declared range), said in a note with how to give one. An output where the quantized model
 equals FP32 reads ``+inf dB``.
@@ -23,10 +26,12 @@ equals FP32 reads ``+inf dB``.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.model.load import Model
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 PSNR_RESEMBLES = 30.0  # dB: below it, a picture's error is visible (a rule of thumb)
@@ -117,3 +122,50 @@ class ImageTask:
                          f"{values['psnr_db']:.1f} dB < {PSNR_RESEMBLES:g} dB against FP32 "
                          f"(peak {peak:g}): the difference is visible")
         return Metrics(values=values, notes=tuple(notes))
+
+
+MIN_SIDE = 16  # a map or picture: both spatial sides at least this (or symbolic)
+_CARRY = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
+
+
+def _dense(model: Model, output: str, samples: int | None) -> str | None:
+    """``output``'s shape as text when it is shaped like a map or a picture (``[N, C, H, W]``
+    or ``[N, H, W, C]`` with C of 1 to 3, H and W of :data:`MIN_SIDE` or more, or symbolic),
+    with ``(Sigmoid)`` when a Sigmoid makes it; None for any other output."""
+    shape = model.value_shapes().get(output)
+    if samples or shape is None or len(shape) != 4:
+        return None
+
+    def side(d: object) -> bool:
+        return not isinstance(d, int) or d >= MIN_SIDE
+
+    chw = isinstance(shape[1], int) and 1 <= shape[1] <= 3 and side(shape[2]) and side(shape[3])
+    hwc = isinstance(shape[3], int) and 1 <= shape[3] <= 3 and side(shape[1]) and side(shape[2])
+    if not (chw or hwc):
+        return None
+    producer = {o: n for n in model.graph.node for o in n.output}
+    node = producer.get(output)
+    while node is not None and node.op_type in _CARRY and node.input:
+        node = producer.get(node.input[0])
+    dims = "x".join(str(d) if isinstance(d, int) else "?" for d in shape)
+    return f"[{dims}]" + (" (Sigmoid)" if node is not None and node.op_type == "Sigmoid" else "")
+
+
+def dense_hint(model: Model, outputs: Sequence[str], samples: Mapping[str, int] | None
+               ) -> str | None:
+    """One note naming the undeclared ``outputs`` shaped like a map or a picture (a matte, a
+    depth map, an upscaled image): scored by their cosine and SQNR over all values unless a
+    kind is declared, which read neither a matte's lost edges nor a picture's visible error;
+    None when there are none."""
+    found = [(o, d) for o in outputs
+             if (d := _dense(model, o, None if samples is None else samples.get(o, 0)))]
+    if not found:
+        return None
+    names = ", ".join(f"'{o}' {d}" for o, d in found)
+    first, many = found[0][0], len(found) > 1
+    return (f"output{'s' if many else ''} {names} {'are' if many else 'is'} shaped like a "
+            "map or a picture and judged by fidelity alone (cosine, SQNR over every value, "
+            "which read neither a matte's lost edges nor a picture's visible error); "
+            f"declare --layout {first}=map (a probability "
+            f"map or matte: mask IoU at a threshold, mean absolute error) or {first}=image:"
+            "range=LO-HI (pixels, depth: PSNR against FP32 over the range)")
