@@ -174,3 +174,28 @@ def test_a_sigmoid_matte_is_named_as_one():
     hint = [n for n in notes if "shaped like a map" in n]
     assert len(hint) == 1 and "output 'alpha' [?x1x32x32] (Sigmoid) is shaped" in hint[0], notes
     assert "'feat'" not in hint[0]
+
+
+def test_images_says_skipped_files_and_dropped_transparency(tmp_path, capsys):
+    from PIL import Image
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(folder / "a.png")
+    cut = Image.new("RGBA", (8, 8), (0, 0, 0, 0))  # a cut-out: transparent, black under it
+    cut.paste((200, 100, 50, 255), (2, 2, 6, 6))
+    cut.save(folder / "b.png")
+    Image.new("RGBA", (8, 8), (1, 2, 3, 255)).save(folder / "c.png")  # alpha, all opaque
+    Image.new("RGB", (8, 8), (9, 9, 9)).save(folder / "d.gif")
+    (folder / "notes.txt").write_text("x")
+    onnx.save(upscaler(), tmp_path / "sr.onnx")
+    code = main(["images", str(folder), "--model", str(tmp_path / "sr.onnx"), "--pixels",
+                 "scale=255", "--input-shape", "input=1x3x8x8", "--out", str(tmp_path / "x.npz")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert ("note: 2 file(s) of the folder skipped, not jpg/jpeg/png/bmp/webp/tif/tiff by "
+            "their name: d.gif, notes.txt") in out, out
+    assert "note: 1 image(s) have transparency, dropped" in out and "(b.png)" in out, out
+    record = json.loads((tmp_path / "x.pixels.json").read_text())
+    assert record["skipped"] == ["d.gif", "notes.txt"]
+    assert record["transparency_dropped"] == ["b.png"]
