@@ -195,7 +195,8 @@ def test_images_says_skipped_files_and_dropped_transparency(tmp_path, capsys):
     assert code == 0
     assert ("note: 2 file(s) of the folder skipped, not jpg/jpeg/png/bmp/webp/tif/tiff by "
             "their name: d.gif, notes.txt") in out, out
-    assert "note: 1 image(s) have transparency, dropped" in out and "(b.png)" in out, out
+    assert "note: 1 image(s) have transparency, dropped" in out, out
+    assert "(b.png: 75.00% of its pixels)" in out, out
     record = json.loads((tmp_path / "x.pixels.json").read_text())
     assert record["skipped"] == ["d.gif", "notes.txt"]
-    assert record["transparency_dropped"] == ["b.png"]
+    assert record["transparency_dropped"] == ["b.png: 75.00% of its pixels"]

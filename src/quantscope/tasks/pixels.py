@@ -250,26 +250,27 @@ def skipped_files(folder: Path) -> list[str]:
                   p.name.startswith(".") and p.suffix.lower() not in IMAGE_SUFFIXES)
 
 
-def has_alpha(img: object) -> bool:
-    """A Pillow image with transparency (an alpha channel below opaque somewhere, or a
-    palette's transparent colour): converting it to RGB or grey drops it."""
-    if "transparency" in getattr(img, "info", {}):
-        return True
-    if getattr(img, "mode", "") not in ("RGBA", "LA", "PA"):
-        return False
-    return img.getchannel("A").getextrema()[0] < 255  # type: ignore[attr-defined]
+def see_through(img: object) -> float:
+    """The share of a Pillow image's pixels that are not opaque (an alpha channel or a
+    palette's transparent colour; 0.0 without): converting it to RGB or grey drops it."""
+    if getattr(img, "mode", "") not in ("RGBA", "LA", "PA") and \
+            "transparency" not in getattr(img, "info", {}):
+        return 0.0
+    a = np.asarray(img.convert("RGBA").getchannel("A"))  # type: ignore[attr-defined]
+    return float(np.mean(a < 255)) if a.size else 0.0
 
 
 def read_image(path: Path, inp: ImageInput, pixels: Pixels,
                alpha: list[str] | None = None) -> np.ndarray:
-    """One image as the input's sample: ``[C, H, W]`` or ``[H, W, C]``; its name added
-    to ``alpha`` when it has transparency (dropped: the colours stored under it are read)."""
+    """One image as the input's sample: ``[C, H, W]`` or ``[H, W, C]``; its name and the
+    share of its pixels that are not opaque added to ``alpha`` when it has transparency
+    (dropped: the colours stored under it are read)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
         with Image.open(path) as opened:
-            if alpha is not None and has_alpha(opened):
-                alpha.append(path.name)
+            if alpha is not None and (share := see_through(opened)) > 0.0:
+                alpha.append(f"{path.name}: {share:.2%} of its pixels")
             img = ImageOps.exif_transpose(opened).convert("L" if inp.channels == 1 else "RGB")
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise QuantscopeError(f"image '{path}' cannot be read ({type(exc).__name__}: "
@@ -305,7 +306,7 @@ class Images:
     files: tuple[Path, ...]
     description: str
     skipped: tuple[str, ...] = ()  # files of the folder that are no image by their suffix
-    alpha: tuple[str, ...] = ()  # images whose transparency was dropped
+    alpha: tuple[str, ...] = ()  # images whose transparency was dropped (and how much)
 
     def record(self, folder: Path) -> dict[str, object]:
         """The sidecar's content (``NAME.pixels.json``)."""
