@@ -200,3 +200,21 @@ def test_images_says_skipped_files_and_dropped_transparency(tmp_path, capsys):
     record = json.loads((tmp_path / "x.pixels.json").read_text())
     assert record["skipped"] == ["d.gif", "notes.txt"]
     assert record["transparency_dropped"] == ["b.png: 75.00% of its pixels"]
+
+
+def test_two_image_outputs_keep_the_worst_of_each_figure():
+    from quantscope.tasks.layout import OutputTasks
+
+    ref = np.linspace(0.0, 1.0, 32).reshape(1, 2, 4, 4)
+    a, b = ref.copy(), ref * 2.0  # 'b': FP32 half outside 0..1, quantized error larger
+    ta, tb = a + 0.01, b + 0.1
+    both = OutputTasks(name="o", tasks=(ImageTask(name="a", output="a", range=(0.0, 1.0)),
+                                        ImageTask(name="b", output="b", range=(0.0, 1.0))),
+                       headline="psnr_db")
+    ref_out = Outputs(names=("a", "b"), batches=((a.astype(np.float32), b.astype(np.float32)),))
+    test_out = Outputs(names=("a", "b"), batches=((ta.astype(np.float32),
+                                                   tb.astype(np.float32)),))
+    v = both.metrics(ref_out, test_out).values
+    assert v["psnr_db"] == pytest.approx(v["psnr_db:b"]) and v["psnr_db:b"] < v["psnr_db:a"]
+    assert v["image_abs_error_mean"] == pytest.approx(v["image_abs_error_mean:b"])
+    assert v["image_outside_share"] == v["image_outside_share:b"] > 0.0  # the worst: most outside

@@ -364,7 +364,7 @@ class OutputTasks:
             if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance",
                              "chars_")) or k.endswith((ITEMS, CLUSTERS)):
                 continue
-            worse = max if ("error" in k or "flip" in k) else min
+            worse = max if ("error" in k or "flip" in k or "outside" in k) else min
             worst[k] = worse(vs)
         # a share's items: the worst output's own (the figure the unprefixed key is)
         values.update(worst, **worst_counts(per_task, worst))
