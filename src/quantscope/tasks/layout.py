@@ -26,6 +26,8 @@ KIND        keys (defaults)                                          headline me
             FP32's x, y span): landmarks  (:mod:`.points`)
 ``ctc``     ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
             ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
+``image``   ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``
+            judged by PSNR against FP32  (:mod:`.pictures`)
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
@@ -84,6 +86,7 @@ from quantscope.tasks.maps import (
     ScoreTask,
     score_output,
 )
+from quantscope.tasks.pictures import ImageTask, dense_hint, parse_range
 from quantscope.tasks.points import POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
@@ -304,6 +307,10 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         return class_task(spec, model, shape, samples)
     if spec.kind == "ctc":
         return ctc_task(spec, shape, samples)
+    if spec.kind == "image":
+        rng = spec.option("range")
+        return ImageTask(name=name, output=spec.output,
+                         range=None if rng is None else parse_range(rng))
     return None
 
 
@@ -357,7 +364,7 @@ class OutputTasks:
             if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance",
                              "chars_")) or k.endswith((ITEMS, CLUSTERS)):
                 continue
-            worse = max if ("error" in k or "flip" in k) else min
+            worse = max if ("error" in k or "flip" in k or "outside" in k) else min
             worst[k] = worse(vs)
         # a share's items: the worst output's own (the figure the unprefixed key is)
         values.update(worst, **worst_counts(per_task, worst))
@@ -429,7 +436,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
             tasks.append(task)
     notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
     if not tasks:
-        return None, tuple(notes)
+        dense = dense_hint(model, [o for o in outputs if o not in declared], sample_axes)
+        return None, tuple(notes) + ((dense,) if dense else ())
     unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)])
     notes += [unscored] if unscored else []
     if len(tasks) == 1:
@@ -478,7 +486,7 @@ def _describe(task: object, model: Model) -> str:
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
         return describe_classes(task, model)
-    if isinstance(task, PointsTask):
+    if isinstance(task, (PointsTask, ImageTask)):
         return task.describe()
     if isinstance(task, CtcTask):
         return (f"CTC sequences (greedy decoding of the top class per step on axis "

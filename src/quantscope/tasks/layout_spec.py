@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 
 from quantscope.tasks.detection import BOX_FORMATS
+from quantscope.tasks.pictures import parse_range
 from quantscope.types import QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
@@ -21,10 +22,11 @@ KINDS: dict[str, tuple[str, ...]] = {
     "class": ("axis",),
     "points": ("dims", "tol"),
     "ctc": ("blank", "axis"),
+    "image": ("range",),
     "tensor": (),
 }
-SYNTAX = ("OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points, ctc or "
-          "tensor")
+SYNTAX = ("OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points, ctc, "
+          "image or tensor")
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -83,8 +85,8 @@ def parse_layout(text: str) -> LayoutSpec:
     kind, _, opts = rest.partition(":")
     kind = kind.strip().lower()
     if kind not in KINDS:
-        raise fail(text, f"unknown kind '{kind}': use detect, map, score, class, points, ctc "
-                    "or tensor")
+        raise fail(text, f"unknown kind '{kind}': use detect, map, score, class, points, ctc, "
+                    "image or tensor")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -164,6 +166,13 @@ def _check_values(spec: LayoutSpec) -> None:
         what = ("class axis (e.g. -1, the last)" if spec.kind in ("class", "ctc")
                 else "row axis (e.g. 1)")
         raise fail(spec.text, f"axis '{axis}' is not a whole number: give the {what}")
+    image_range = spec.option("range")
+    if image_range is not None:
+        try:
+            parse_range(image_range)
+        except ValueError:
+            raise fail(spec.text, f"range '{image_range}' is not LO-HI with LO < HI: give the "
+                       "image's value range (e.g. range=0-255, range=0-1)") from None
     blank = spec.option("blank")
     if blank is not None and not blank.lstrip("-").isdigit():
         raise fail(spec.text, f"blank '{blank}' is not a whole number: give the CTC blank "

@@ -11,7 +11,9 @@ keep a cosine of 1.0 while its decisions flip. These tasks score what the user a
     are empty counts 1.0); ``mask_iou_min``; ``pixel_flip_share``: share of values on the
     other side of the threshold, over ``pixel_flip_share_items`` values (the effective
     count of the values clustered by sample, ``pixel_flip_share_clusters`` the samples:
-    :mod:`quantscope.tasks.shares`).
+    :mod:`quantscope.tasks.shares`); ``map_abs_error_mean`` / ``map_abs_error_max``: the
+    mean / largest absolute difference from FP32's values, in the map's units (a matte's
+    alpha 0..1: the MAE matting is judged by, which the binarised mask does not see).
 ``score`` (``[N]`` or ``[N, 1]``: one value per sample)
     ``decision_agreement`` (headline): share of samples on the same side of ``threshold``
     (default 0.5) as FP32, over ``decision_agreement_items`` decisions (its binomial noise:
@@ -77,6 +79,7 @@ class MapTask:
         flipped: list[np.ndarray] = []  # each sample's flipped values
         sizes: list[np.ndarray] = []  # each sample's values
         flips = total = fg = 0
+        err_sum = err_max = 0.0
         lo, hi = np.inf, -np.inf
         for r, t in zip(_arrays(ref, self.output), _arrays(test, self.output), strict=True):
             if self.channel is not None:
@@ -91,6 +94,8 @@ class MapTask:
             total += mr.size
             fg += int(mr.sum())
             if r.size:
+                err = np.abs(t - r)
+                err_sum, err_max = err_sum + float(err.sum()), max(err_max, float(err.max()))
                 lo, hi = min(lo, float(r.min())), max(hi, float(r.max()))
         iou = np.concatenate(ious) if ious else np.zeros(0)
         values = {"mask_iou": float(iou.mean()) if iou.size else float("nan"),
@@ -98,7 +103,9 @@ class MapTask:
                   "pixel_flip_share": flips / total if total else float("nan"),
                   **(share_counts("pixel_flip_share", np.concatenate(flipped),
                                   np.concatenate(sizes)) if total else {}),
-                  "mask_share_fp32": fg / total if total else float("nan")}
+                  "mask_share_fp32": fg / total if total else float("nan"),
+                  "map_abs_error_mean": err_sum / total if total else float("nan"),
+                  "map_abs_error_max": err_max if total else float("nan")}
         notes = _range_note(self.output, "map", lo, hi, self.threshold)
         if total and fg in (0, total):
             side = "below" if fg == 0 else "at or above"

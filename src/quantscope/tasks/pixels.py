@@ -243,12 +243,34 @@ def _resized(img: object, inp: ImageInput, pixels: Pixels) -> object:
     return big.crop((left, top, left + inp.width, top + inp.height))
 
 
-def read_image(path: Path, inp: ImageInput, pixels: Pixels) -> np.ndarray:
-    """One image as the input's sample: ``[C, H, W]`` or ``[H, W, C]``."""
+def skipped_files(folder: Path) -> list[str]:
+    """The regular files of ``folder`` that are not images by their suffix (not hidden
+    ones): left out by :func:`image_files`, and said."""
+    return sorted(p.name for p in folder.iterdir() if p.is_file() and not
+                  p.name.startswith(".") and p.suffix.lower() not in IMAGE_SUFFIXES)
+
+
+def see_through(img: object) -> float:
+    """The share of a Pillow image's pixels that are not opaque (an alpha channel or a
+    palette's transparent colour; 0.0 without): converting it to RGB or grey drops it."""
+    if getattr(img, "mode", "") not in ("RGBA", "LA", "PA") and \
+            "transparency" not in getattr(img, "info", {}):
+        return 0.0
+    a = np.asarray(img.convert("RGBA").getchannel("A"))  # type: ignore[attr-defined]
+    return float(np.mean(a < 255)) if a.size else 0.0
+
+
+def read_image(path: Path, inp: ImageInput, pixels: Pixels,
+               alpha: list[str] | None = None) -> np.ndarray:
+    """One image as the input's sample: ``[C, H, W]`` or ``[H, W, C]``; its name and the
+    share of its pixels that are not opaque added to ``alpha`` when it has transparency
+    (dropped: the colours stored under it are read)."""
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:
         with Image.open(path) as opened:
+            if alpha is not None and (share := see_through(opened)) > 0.0:
+                alpha.append(f"{path.name}: {share:.2%} of its pixels")
             img = ImageOps.exif_transpose(opened).convert("L" if inp.channels == 1 else "RGB")
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise QuantscopeError(f"image '{path}' cannot be read ({type(exc).__name__}: "
@@ -283,6 +305,8 @@ class Images:
     input: ImageInput
     files: tuple[Path, ...]
     description: str
+    skipped: tuple[str, ...] = ()  # files of the folder that are no image by their suffix
+    alpha: tuple[str, ...] = ()  # images whose transparency was dropped (and how much)
 
     def record(self, folder: Path) -> dict[str, object]:
         """The sidecar's content (``NAME.pixels.json``)."""
@@ -292,13 +316,29 @@ class Images:
                 "preprocess": self.description,
                 "range": [float(a.min()), float(a.max())],
                 "images": [{"file": p.name, "sha256": hashlib.sha256(p.read_bytes())
-                            .hexdigest()[:16]} for p in self.files]}
+                            .hexdigest()[:16]} for p in self.files],
+                "skipped": list(self.skipped), "transparency_dropped": list(self.alpha)}
 
     def said(self, folder: Path) -> str:
         a = self.arrays[self.input.name]
-        return (f"{len(self.files)} image(s) of '{folder}' -> input '{self.input.name}' "
+        text = (f"{len(self.files)} image(s) of '{folder}' -> input '{self.input.name}' "
                 f"{list(a.shape)} {a.dtype.name}: {self.description}; values "
                 f"{float(a.min()):.4g} .. {float(a.max()):.4g}")
+        if self.skipped:
+            text += (f"\nnote: {len(self.skipped)} file(s) of the folder skipped, not "
+                     f"{'/'.join(s.lstrip('.') for s in IMAGE_SUFFIXES)} by their name: "
+                     f"{_names(self.skipped)} (convert them to include them)")
+        if self.alpha:
+            text += (f"\nnote: {len(self.alpha)} image(s) have transparency, dropped: the "
+                     f"model sees the colours stored under their transparent pixels "
+                     f"({_names(self.alpha)}); flatten them onto the background you deploy "
+                     "with to measure that")
+        return text
+
+
+def _names(names: tuple[str, ...], most: int = 3) -> str:
+    return ", ".join(names[:most]) + (f", … ({len(names) - most} more)" if len(names) > most
+                                      else "")
 
 
 def images_to_arrays(folder: str | Path, model: Model, pixels: Pixels, *,
@@ -312,12 +352,14 @@ def images_to_arrays(folder: str | Path, model: Model, pixels: Pixels, *,
     inp = image_input(model, shapes)
     check_pixels(pixels, inp)
     files = image_files(folder)[:limit]
-    samples = [read_image(p, inp, pixels)
+    alpha: list[str] = []
+    samples = [read_image(p, inp, pixels, alpha)
                for p in track(files, "images", unit="image", show=show)]
     dtype = np.uint8 if inp.dtype == "uint8" else np.dtype(inp.dtype)
     stacked = np.stack(samples).astype(dtype)
     return Images({inp.name: stacked}, inp, tuple(files),
-                  pixels.describe(inp.height, inp.width))
+                  pixels.describe(inp.height, inp.width), tuple(skipped_files(folder)),
+                  tuple(alpha))
 
 
 def sidecar(npz: str | Path) -> Path:

@@ -57,7 +57,7 @@ def tensor_unscored_note(proto: onnx.ModelProto, tasked: list[str]) -> str | Non
     read = ", ".join(f"'{t}'" for t in tasked)
     return (f"output {names} {MARK} (cosine, SQNR, per channel, in 'outputs'): the task's "
             f"figures and the headline are {read}'s; declare --layout "
-            f"{others[0].name}=KIND (detect, map, score, class, points, ctc) where a kind fits what it is "
+            f"{others[0].name}=KIND (detect, map, score, class, points, ctc, image) where a kind fits what it is "
             "for")
 
 
