@@ -62,6 +62,20 @@ def test_a_reduction_over_the_samples_runs_each_sample_alone(tmp_path, capsys):
     assert any("mixes the samples of a run" in n for n in notes)
 
 
+def test_run_verdict_json_carries_the_data_notes(tmp_path, capsys):
+    """The sample-mixing note (the model runs one sample per run) was on the console and in
+    the report, not in verdict.json: every data note is there now (``data_notes``)."""
+    model = _normalised(tmp_path)
+    x = np.random.default_rng(0).normal(size=(24, 8)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    w = tmp_path / "W"
+    assert main(["run", model, "--data", str(tmp_path / "x.npz"), "--target", "hailo8",
+                 "--finetune", "off", "--out", str(w)]) == 0
+    capsys.readouterr()
+    v = json.loads((w / "verdict.json").read_text())
+    assert any("mixes the samples of a run" in n for n in v["data_notes"]), v["data_notes"]
+
+
 def test_sample_mixers_reads_the_axes_of_each_reduction(tmp_path):
     from quantscope.model.load import load
     from quantscope.model.mixing import sample_mixers

@@ -113,17 +113,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "unscored": _unscored(ev["data"]),
         # ... and their own held-out figures (plan and uniform a8_w8), one line per output
         "unscored_figures": _unscored_figures(_unscored(ev["data"]), results),
-        # class outputs read on axis 1 because the graph does not say where the classes are
-        "class_axis_by_default": _data_notes(ev["data"], AXIS_BY_DEFAULT),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
-        "mixed_scales": _mixed_scales(ctx),
-        # a Log reading a linear grid that loses the decades below one step (a spectrogram)
-        "log_floors": _mixed_scales(ctx, "log_floor"),
-        # NaN / inf FP32 met inside the graph on the fit data (left out of the ranges)
-        "nan_inf_inside": _nonfinite(ctx),
-        # what the loader changed to work on the model (a float16 model's float32 form, its
-        # Constant weights made initializers): the FP32 reference and what ships are that
-        "model_notes": list(ctx.model().notes),
+        **_model_and_data_findings(ctx, ev["data"]),
         **summary,
     }
 
@@ -230,6 +221,25 @@ def _not_like(results: dict[str, Any], metric: str = "") -> dict[str, str]:
             out[label] = "; ".join([*first, *(n for n in said if n not in first)]).replace(
                 advice, "")
     return out
+
+
+def _model_and_data_findings(ctx: Context, data: dict[str, Any]) -> dict[str, Any]:
+    """What the analysis found in the model and what was said of it and of the data."""
+    return {
+        # class outputs read on axis 1 because the graph does not say where the classes are
+        "class_axis_by_default": _data_notes(data, AXIS_BY_DEFAULT),
+        "mixed_scales": _mixed_scales(ctx),
+        # a Log reading a linear grid that loses the decades below one step (a spectrogram)
+        "log_floors": _mixed_scales(ctx, "log_floor"),
+        # NaN / inf FP32 met inside the graph on the fit data (left out of the ranges)
+        "nan_inf_inside": _nonfinite(ctx),
+        # what the loader changed to work on the model (a float16 model's float32 form, its
+        # Constant weights made initializers): the FP32 reference and what ships are that
+        "model_notes": list(ctx.model().notes),
+        # every note on the data (fit and held out, once each): how it was read, made
+        # (quantscope images) and run (a model that mixes its samples runs one per run)
+        "data_notes": _data_notes(data, ""),
+    }
 
 
 def _data_notes(data: dict[str, Any], words: str) -> list[str]:
