@@ -73,7 +73,9 @@ def _sensitivity(
 
     def metrics(g: str, sweep: str) -> dict[str, float]:
         i = by[(g, sweep)]
-        if i not in done:
+        if i not in done and res.metrics:  # scored by the sweep, its rows dropped
+            done[i] = res.metrics[i]
+        elif i not in done:
             ref, rows = res.ref_of(i), res.rows[i]
             done[i] = scorer(ref, rows) if scorer else fidelity(ref, rows)
         return dict(done[i])
@@ -289,10 +291,15 @@ def analyze(
         float_notes = float_notes or _left_float_notes(cov, p.value)
         collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
     units, units_notes = _units(model, groups, only := _swept(groups, skipped), progress)
+    # each candidate scored as its sweep goes (its rows dropped): the metrics of a row
+    # subset are task-independent unless the scorer's are per row
+    by_task = proxy_fraction >= 1 or scorer.row_local
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
-          "executor": executor, "only": only, "units": units}
+          "executor": executor, "only": only, "units": units,
+          "score": scorer if by_task else fidelity, "row_bytes": ref.nbytes // max(len(ref), 1),
+          "held_bytes": ref.nbytes + sum(r.nbytes for r in uniform_rows.values())}
     res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
-    sens = _sensitivity(res, groups, scorer if proxy_fraction >= 1 or scorer.row_local else None)
+    sens = _sensitivity(res, groups, scorer if by_task else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
     noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
     outliers = tuple(sorted(find_outliers(stats, groups)

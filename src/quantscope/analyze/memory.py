@@ -7,6 +7,13 @@ tokens). :func:`plan_memory` splits the candidates into windows whose own sessio
 most a budget of weights (from the memory available), estimates the peak (the chains'
 weights, the largest window's, the tensors a batch keeps), says it, and refuses with one
 line when not even one candidate fits next to the chains.
+
+A candidate's reduced output rows are held too, until its window is scored
+(:func:`quantscope.analyze.sweeps.sweep_segments` with ``score``): small for an encoder's
+pooled rows, but an image model scored by fidelity keeps every output value (IS-Net at
+1024 x 1024: 118.5 MB per sample over its 12 outputs; held for its 258 enable-one
+candidates at once they were 30 GB, and the kernel's OOM killer ended the analysis at
+22 GB). The windows also keep those rows within what the memory left allows.
 """
 
 from __future__ import annotations
@@ -39,18 +46,25 @@ class MemoryPlan:
     session_bytes: int  # their weights (the largest window)
     activation_bytes: int  # what the envs of one batch hold
     available: int | None
+    row_bytes: int = 0  # the reduced output rows of the largest window's candidates
+    held_bytes: int = 0  # rows held throughout: FP32's and the baselines', the chains'
 
     @property
     def peak(self) -> int:
-        return self.chains * self.model_bytes + self.session_bytes + self.activation_bytes
+        return (self.chains * self.model_bytes + self.session_bytes + self.activation_bytes
+                + self.row_bytes + self.held_bytes)
 
     def text(self) -> str:
         split = f", in {len(self.windows)} windows" if len(self.windows) > 1 else ""
         free = f"; {self.available / GB:.1f} GB available" if self.available else ""
+        rows = (f", their output rows ~{self.row_bytes / MB:.0f} MB until scored"
+                if self.row_bytes >= MB else "")
+        held = (f", reference and baseline rows ~{self.held_bytes / MB:.0f} MB"
+                if self.held_bytes >= MB else "")
         return (f"~{self.peak / GB:.2f} GB peak ({self.chains} chain(s) of "
                 f"{self.model_bytes / MB:.0f} MB, {self.sessions} candidates' sessions "
-                f"({self.session_bytes / MB:.0f} MB) at once{split}, a batch's tensors "
-                f"~{self.activation_bytes / MB:.0f} MB{free})")
+                f"({self.session_bytes / MB:.0f} MB){rows} at once{split}, a batch's tensors "
+                f"~{self.activation_bytes / MB:.0f} MB{held}{free})")
 
 
 def _proc_kib(path: str, key: str) -> int | None:
@@ -168,36 +182,57 @@ def _inferred(model: Model, rows: int, length: int) -> dict[str, tuple]:
 def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch],
                 tensors: Sequence[str], *, chains: int, budget: int | None = None,
                 available: int | None = None,
-                sizer: Callable[[Sequence[str]], int] | None = None) -> MemoryPlan:
+                sizer: Callable[[Sequence[str]], int] | None = None,
+                row_bytes: int = 0, held_bytes: int = 0) -> MemoryPlan:
     """Windows of consecutive candidates whose own sessions' weights (``cand_bytes``, per
     candidate) stay within ``budget`` (default: :data:`WINDOW_MODELS` times the model's
     weights, less where :data:`HEADROOM` of the available memory less the chains and a
     batch's tensors is less), every window at least one candidate. ``sizer``: the
-    :func:`tensor_sizer` of ``model`` and ``batches`` when the caller has one."""
+    :func:`tensor_sizer` of ``model`` and ``batches`` when the caller has one.
+
+    ``row_bytes``: the reduced output rows one candidate keeps until its window is scored;
+    a window also ends where its candidates' rows would pass the larger of one env's
+    tensors and :data:`WINDOW_MODELS` models' weights, or what :data:`HEADROOM` of the
+    available memory leaves beside the chains, a batch's tensors and the sessions.
+    ``held_bytes``: what the caller holds throughout (FP32's rows, the baselines'), in the
+    peak and in what is left."""
     model_bytes = weight_bytes(model)
     # the chains' envs and a candidate's, each holding the tensors crossing the cuts
     act = (chains + 1) * (sizer or tensor_sizer(model, batches))(tensors)
     avail = available if available is not None else available_bytes()
-    fixed = chains * model_bytes + act
-    if avail is not None and fixed + max(cand_bytes, default=0) > HEADROOM * avail:
-        need = (fixed + max(cand_bytes, default=0)) / GB
+    fixed = chains * model_bytes + act + held_bytes
+    one = max(cand_bytes, default=0) + row_bytes
+    if avail is not None and fixed + one > HEADROOM * avail:
+        need = (fixed + one) / GB
+        rows = (f", one candidate's output rows ~{row_bytes / MB:.0f} MB"
+                if row_bytes >= MB else "")
         raise QuantscopeError(
             f"the analysis needs ~{need:.1f} GB ({chains} chain(s) of {model_bytes / MB:.0f} MB "
-            f"of weights, a batch's tensors ~{act / MB:.0f} MB) and {avail / GB:.1f} GB is "
-            "available: give a shorter --seq-len (a batch's tensors grow with it), or run on "
-            "a machine with more memory")
+            f"of weights, a batch's tensors ~{act / MB:.0f} MB{rows}) and {avail / GB:.1f} GB "
+            "is available: give a shorter --seq-len or smaller inputs (a batch's tensors grow "
+            "with them), or run on a machine with more memory")
     if budget is None:
         limit = WINDOW_MODELS * model_bytes  # inf (bench/memory.py): no bound but memory
         if avail is not None:
             limit = min(limit, max(HEADROOM * avail - fixed, 0.0))
         budget = int(min(limit, float(sum(cand_bytes))))
-    windows, start, held = [], 0, 0
+    # the rows held at once: no more than one env's tensors or the sessions' weights (the
+    # peak stays near FP32 inference's; a window more re-runs the chains once a batch), nor
+    # what the memory available leaves
+    row_budget = max(act / (chains + 1), WINDOW_MODELS * model_bytes)
+    if avail is not None:
+        row_budget = min(row_budget, HEADROOM * avail - fixed - budget)
+    row_budget = max(row_budget, float(row_bytes))
+    windows, start, held, rows = [], 0, 0, 0
     for i, b in enumerate(cand_bytes):
-        if i > start and held + b > budget:
+        if i > start and (held + b > budget or rows + row_bytes > row_budget):
             windows.append(range(start, i))
-            start, held = i, 0
+            start, held, rows = i, 0, 0
         held += b
+        rows += row_bytes
     windows.append(range(start, len(cand_bytes)))
     largest = max(windows, key=lambda w: sum(cand_bytes[w.start:w.stop]))
-    return MemoryPlan(tuple(windows), model_bytes, chains, max(len(w) for w in windows),
-                      sum(cand_bytes[largest.start:largest.stop]), act, avail)
+    most = max(len(w) for w in windows)
+    return MemoryPlan(tuple(windows), model_bytes, chains, most,
+                      sum(cand_bytes[largest.start:largest.stop]), act, avail,
+                      most * row_bytes, held_bytes)

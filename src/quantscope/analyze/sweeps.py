@@ -24,13 +24,16 @@ fast            :func:`sweep_fast`: segments on two row subsets chosen per sweep
 ==============  =======================================================================
 
 The sweep streams: per batch only that batch's cached tensors are held; per candidate
-only the reduced rows (see :mod:`quantscope.analyze.scoring`) are kept.
+only the reduced rows (see :mod:`quantscope.analyze.scoring`) are kept, and with a
+``score`` only until the candidate's window of sessions is done: then its metrics are kept
+and its rows dropped (an image model's rows are every output value: 118.5 MB a sample on
+IS-Net at 1024 x 1024).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,7 +63,10 @@ from quantscope.model.load import Model
 from quantscope.model.units import Unit
 from quantscope.parallel import Executor, chunks
 from quantscope.progress import Counter, feed_size, say, track
-from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats
+from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats, batch_rows
+
+# a sweep's metrics of a candidate's reduced rows against FP32's (a Scorer, or fidelity)
+ScoreFn = Callable[[np.ndarray, np.ndarray], dict[str, float]]
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,8 @@ class SweepResult:
     method: str
     refs: tuple[np.ndarray, ...] = ()
     row_counts: tuple[tuple[str, int], ...] = ()
+    # per candidate, when the sweep was given a ``score``: its metrics (``rows`` then empty)
+    metrics: tuple[dict[str, float], ...] = ()
 
     def ref_of(self, i: int) -> np.ndarray:
         """FP32 rows matching ``rows[i]``."""
@@ -163,10 +171,19 @@ def sweep_segments(
     session_budget: int | None = None,
     only: Collection[str] | None = None,
     units: Sequence[Unit] | None = None,
+    score: ScoreFn | None = None,
+    row_bytes: int = 0,
+    held_bytes: int = 0,
 ) -> SweepResult:
     """The ``sweeps`` (default both) on every row, segment by segment (module docstring);
     ``only``: the groups swept (default every group); ``units``: these units swept instead,
     each moving all its members (:func:`quantscope.model.units.sweep_units`).
+
+    ``score``: each candidate's metrics against FP32's rows, computed once its window is
+    done (``metrics``); its rows are then dropped (``rows`` is empty). ``row_bytes``: the
+    bytes of one reduced row (FP32's, when the caller has them), so that the windows also
+    bound the rows held until scored; ``held_bytes``: what the caller holds meanwhile (in
+    the estimate said).
 
     Memory stays bounded: the candidates' own sessions are built for a window of
     candidates at a time, within ``session_budget`` bytes of weights (default: from the
@@ -188,7 +205,8 @@ def sweep_segments(
     units = None if units is None else tuple(units)
     cands = tuple(c for c in candidates(groups, low, high, only, units) if c.sweep in sweeps)
     job = _SegmentJob(model, groups, stats, tuple(batches), scorer, low, high, scheme,
-                      optimize_float, tuple(sweeps), session_budget, only, units)
+                      optimize_float, tuple(sweeps), session_budget, only, units, score,
+                      row_bytes, held_bytes)
     parts = chunks(len(cands), executor.workers if executor else 1)
     if executor is None or len(parts) <= 1:
         done = [_segment_part(job, range(len(cands)), progress=progress)]
@@ -206,6 +224,7 @@ def sweep_segments(
         time.perf_counter() - t0,
         "segments",
         refs=tuple(ref for _ in cands),
+        metrics=tuple(m for d in done for m in d.metrics),
     )
 
 
@@ -226,21 +245,26 @@ class _SegmentJob:
     session_budget: int | None = None
     only: frozenset[str] | None = None
     units: tuple[Unit, ...] | None = None
+    score: ScoreFn | None = None
+    row_bytes: int = 0
+    held_bytes: int = 0
 
 
 @dataclass(frozen=True, eq=False)
 class _PartResult:
-    rows: tuple[np.ndarray, ...]  # per candidate of the chunk
+    rows: tuple[np.ndarray, ...]  # per candidate of the chunk (empty when scored)
     ref: np.ndarray
     low: np.ndarray
     cum: dict[str, float]
     iso: dict[str, float]
+    metrics: tuple[dict[str, float], ...] = ()  # per candidate, when the job scores
 
 
 def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _PartResult:
     """The candidates ``part`` of ``job`` on every row (one task of a distributed sweep)."""
     model, groups, low = job.model, job.groups, job.low
     need_low = "disable_one" in job.sweeps
+    rows = sum(batch_rows(b) for b in job.batches)  # each candidate's, FP32's, all-low's
     say(f"analyze: cutting {len(model.graph.node)} nodes into segments, encodings of "
         f"{len(groups.groups)} groups", show=progress)
     segments = find_segments(model, groups)
@@ -255,7 +279,8 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
     held = max(live, key=sizer)
     mem = plan_memory(model, [sum(sizes[k] for k in own) for own in owned], job.batches,
                       held, chains=2 if need_low else 1, budget=job.session_budget,
-                      sizer=sizer)
+                      sizer=sizer, row_bytes=job.row_bytes * rows,
+                      held_bytes=job.held_bytes + (1 + need_low) * job.row_bytes * rows)
     say(f"analyze: {mem.text()}", show=progress)
     fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,
                      label=f"analyze: FP32 sessions of {len(segments)} segments" * progress,
@@ -264,6 +289,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                      label=f"analyze: all-{low.value} sessions" * progress,
                      seg_models=models) if need_low else None
     got = _Collected(rows=[[] for _ in cands])
+    metrics: list[dict[str, float]] = []
     last = last_reads(model, segments)
     count: Counter | None = None
     for w, window in enumerate(mem.windows):
@@ -282,12 +308,17 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
             _sweep_batch(feeds, fp, lo, runners, groups, model.output_names(), job.scorer,
                          got, count, last, first=window.start)
         del runners  # this window's sessions go before the next window's are built
+        if job.score is not None:  # scored now: the window's rows are dropped
+            ref = np.concatenate(got.ref)
+            for i in window:
+                metrics.append(dict(job.score(ref, np.concatenate(got.rows[i]))))
+                got.rows[i] = []
     if count is not None:
         count.close()
     ref = np.concatenate(got.ref)
     lows = np.concatenate(got.low) if got.low else np.empty((0, *ref.shape[1:]), ref.dtype)
-    return _PartResult(tuple(np.concatenate(r) for r in got.rows), ref, lows,
-                       got.cum.sqnr(), got.iso.sqnr())
+    rows = () if job.score is not None else tuple(np.concatenate(r) for r in got.rows)
+    return _PartResult(rows, ref, lows, got.cum.sqnr(), got.iso.sqnr(), tuple(metrics))
 
 
 def sweep_naive(
@@ -333,9 +364,13 @@ def sweep_fast(
     executor: Executor | None = None,
     only: Collection[str] | None = None,
     units: Sequence[Unit] | None = None,
+    score: ScoreFn | None = None,
+    row_bytes: int = 0,
+    held_bytes: int = 0,
 ) -> SweepResult:
     """Both sweeps by segments, each on its own row subset (module docstring, ``fast``);
-    ``only``: the groups swept (default every group); ``units``: as :func:`sweep_segments`.
+    ``only``: the groups swept (default every group); ``units``, ``score``, ``row_bytes``,
+    ``held_bytes``: as :func:`sweep_segments`.
 
     ``noise``: per batch, per row output noise of uniform ``low`` (as :func:`row_noise`
     returns), when the caller has already run FP32 and ``low`` on every row.
@@ -348,7 +383,8 @@ def sweep_fast(
     t0 = time.perf_counter()
     batches = list(batches)
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
-          "executor": executor, "only": only, "units": units}
+          "executor": executor, "only": only, "units": units, "score": score,
+          "row_bytes": row_bytes, "held_bytes": held_bytes}
     enable = sweep_segments(
         model, groups, stats, proxy_batches(batches, fraction / 2), sweeps=("enable_one",), **kw
     )
@@ -368,6 +404,8 @@ def sweep_fast(
         iso,
         time.perf_counter() - t0,
         "segments+density",
-        refs=(*(enable.ref_rows for _ in enable.rows), *(disable.ref_rows for _ in disable.rows)),
+        refs=(*(enable.ref_rows for _ in enable.candidates),
+              *(disable.ref_rows for _ in disable.candidates)),
         row_counts=(("enable_one", len(enable.ref_rows)), ("disable_one", len(disable.ref_rows))),
+        metrics=(*enable.metrics, *disable.metrics),
     )
