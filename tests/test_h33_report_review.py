@@ -180,8 +180,12 @@ def test_a_point_error_goal_is_a_ceiling(tmp_path, capsys):
     from quantscope.tasks.headline import describe_metric
 
     for key in ("point_error_max", "point_error_mean", "score_abs_error_max",
-                "class_score_max_abs_error", "pixel_flip_share"):
+                "class_score_max_abs_error", "pixel_flip_share",
+                # the map's and the image's errors, and any error a task adds later
+                "map_abs_error_mean", "map_abs_error_max", "image_abs_error_mean",
+                "image_abs_error_max", "box_center_error_px", "depth_mse:1"):
         assert describe_metric(key).higher_is_better is False, key
+    assert describe_metric("image_psnr_db").higher_is_better is True
     onnx.save(hand_landmarks(), tmp_path / "m.onnx")
     np.savez(tmp_path / "x.npz", input=np.random.default_rng(0).normal(0, 1, (32, 8)).astype(
         np.float32))

@@ -109,7 +109,13 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "detection_recall": (True, (0.0, 1.0)),
     "similarity_mae": (False, (0.0, 2.0)),
     "kl": (False, (0.0, math.inf)),
+    "map_abs_error_mean": (False, (0.0, math.inf)),
+    "map_abs_error_max": (False, (0.0, math.inf)),
+    "image_abs_error_mean": (False, (0.0, math.inf)),
+    "image_abs_error_max": (False, (0.0, math.inf)),
 }
+# a key not listed whose name says it is an error or a divergence is lower-better too
+_ERROR_WORDS = ("error", "_mae", "mse", "flip", "divergence")
 
 
 def describe_metric(metric: str) -> Headline:
@@ -119,6 +125,8 @@ def describe_metric(metric: str) -> Headline:
         return Headline(metric, higher, rng)
     if is_db(metric):  # per-output keys too: sqnr_db:1
         return Headline(metric, True, _UNIT, "dB")
+    if any(w in metric.split(":")[0] for w in _ERROR_WORDS):
+        return Headline(metric, False, (0.0, math.inf))
     return Headline(metric)
 
 
