@@ -84,3 +84,14 @@ def test_plan_goal_is_checked_in_the_datas_unit(tmp_path, capsys):
                  str(p)]) != 0
     err = capsys.readouterr().err
     assert "in dB" in err and not p.exists()
+
+
+def test_one_item_is_said_in_the_singular():
+    """'n=1 held-out samples' read as a typo beside every other figure."""
+    from quantscope.units import counted, of
+
+    assert of(1, "held-out samples") == "1 held-out sample"
+    assert of(2, "held-out samples") == "2 held-out samples"
+    assert of(1, "fit texts") == "1 fit text"
+    assert counted("top1_agreement", {"top1_agreement": 1.0, "top1_agreement_items": 3,
+                                      "top1_agreement_clusters": 1}).endswith("1 sample)")

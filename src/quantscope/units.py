@@ -61,7 +61,13 @@ def counted(metric: str, values: Mapping[str, Any]) -> str:
     if n is None:
         return shown
     return shown + (f" (n={int(n)})" if k is None else
-                    f" (n={int(n)} effective, {int(k)} samples)")
+                    f" (n={int(n)} effective, {of(int(k), 'samples')})")
+
+
+def of(n: Any, noun: str) -> str:
+    """``n`` and ``noun`` (a plural phrase: ``held-out samples``), singular for one:
+    ``n=1 held-out sample``."""
+    return f"{n} {noun[:-1] if n == 1 and noun.endswith('s') else noun}"
 
 
 def num(v: Any) -> float | None:

@@ -31,6 +31,7 @@ from typing import Any
 from quantscope.export.hailo_alls import UNSET_DECISION, one_line
 from quantscope.report import fmt
 from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
+from quantscope.units import of
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
               "matmul": "activation MatMuls (attention scores and context)",
@@ -56,7 +57,7 @@ def sample_size(v: dict[str, Any]) -> str:
     effective count of its positions: ``n=16 held-out samples, an effective 150
     positions``; any other share over more or fewer items than samples, its items."""
     ho = v.get("held_out") or {}
-    n = (f"n={ho['samples']} held-out {ho.get('unit', 'samples')}" if ho.get("samples")
+    n = (f"n={of(ho['samples'], 'held-out ' + ho.get('unit', 'samples'))}" if ho.get("samples")
          else "held out")
     m = v.get("metric", "")
     plan = (v.get("quality") or {}).get("plan") or {}
@@ -89,7 +90,7 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     report's table rows; every figure is the fit data's, with its sample size."""
     if not record:
         return {"short": "auto: no record", "lines": [], "rows": []}
-    m, n = record["metric"], f"n={record.get('n')} {record.get('unit', 'fit samples')}"
+    m, n = record["metric"], f"n={of(record.get('n'), record.get('unit', 'fit samples'))}"
     tried = list(dict.fromkeys(t["name"] for t in record["trials"] if t["tried"]))
     kept = list(dict.fromkeys(t["name"] for t in record["trials"] if t["kept"]))
     fixed = [r["name"] for r in record.get("repairs", []) if r.get("applied")]

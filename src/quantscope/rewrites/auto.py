@@ -67,7 +67,7 @@ from quantscope.rewrites.registry import REWRITES
 from quantscope.rewrites.tie import CONFIDENCE, TIE_MARGIN, Parts, decide_tie, share_noise
 from quantscope.types import QuantscopeError, Stats
 from quantscope.units import gain as gain_text
-from quantscope.units import value
+from quantscope.units import of, value
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
@@ -244,7 +244,7 @@ def _interval_text(iv: dict[str, Any], metric: str = "") -> str:
         return gain_text(metric, x, fine=True) if metric else f"{x:+.4g}"
 
     return (f"gain {g(iv['difference'])}, one-sided {iv['confidence']:.0%} bounds "
-            f"[{g(iv['lower'])}, {g(iv['upper'])}] over n={iv['n']} paired samples")
+            f"[{g(iv['lower'])}, {g(iv['upper'])}] over n={of(iv['n'], 'paired samples')}")
 
 
 def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak: str | None,
