@@ -36,6 +36,7 @@ from quantscope.cli.types import (
     tokenizer_spec,
 )
 from quantscope.targets import BUILTIN_TARGETS
+from quantscope.tasks.headline import TENSOR_HEADLINE
 from quantscope.types import Precision, QuantscopeError
 
 if TYPE_CHECKING:
@@ -100,6 +101,13 @@ def output_parent() -> argparse.ArgumentParser:
                    "metrics without an output name are the worst output's)")
     add_layout(p)
     return p
+
+
+METRIC_DEFAULT = ("the task's: top1_agreement for retrieval, score_agreement for sentence "
+                  "similarity, decision_agreement for faces, the headline of the task "
+                  f"--layout declares (detection_f1, mask_iou …), else {TENSOR_HEADLINE}, "
+                  "the worst channel's SQNR in dB over every output")
+"""The default of every ``--metric`` (``tasks.headline.headline_of``), said once."""
 
 
 LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per output): "

@@ -23,6 +23,7 @@ from quantscope.cli.inputs import (
 )
 from quantscope.cli.options import (
     DATA_HELP,
+    METRIC_DEFAULT,
     PLAN_FIX,
     budget_parent,
     cache_parent,
@@ -104,9 +105,7 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
     budget.add_argument("--max-cost", type=positive_float, help="relative to uniform a8_w8 = "
                         "1.0 (default: none: the best quality, whatever it costs)")
     pl.add_argument("--metric", default=None,
-                    help="with --data: the measured metric (default: top1_agreement for text "
-                    "retrieval, score_agreement for sentence similarity, decision_agreement "
-                    "for faces, sqnr_db of the worst output for tensor data)")
+                    help=f"with --data: the measured metric (default: {METRIC_DEFAULT})")
     pl.add_argument("--goal", type=finite_float,
                     help="with --data: the measured metric to reach; the output says whether "
                     "it was reached and which rule binds if not (default: none)")
