@@ -26,3 +26,39 @@ def test_metric_help_names_the_default_the_code_uses():
         (action,) = [a for a in sub._actions if "--metric" in a.option_strings]
         assert TENSOR_HEADLINE in action.help, name
         assert "score_agreement" in action.help, name
+
+
+def _untyped(p):
+    """The parser with no argument type: option names and counts checked, no file read."""
+    for a in p._actions:
+        a.type = None
+        if isinstance(a.choices, dict):
+            for sub in a.choices.values():
+                _untyped(sub)
+    return p
+
+
+def test_every_help_example_parses():
+    # `quantscope phases --help` showed a `run` example without its required --out
+    import contextlib
+    import io
+    import shlex
+
+    from quantscope.cli.commands import COMMANDS, chosen, parser
+
+    top = parser()
+    subs = top._subparsers._group_actions[0].choices
+    examples = [m.group(1) for name in COMMANDS
+                for m in re.finditer(r"^\s*quantscope (\S.*)$", subs[name].format_help(),
+                                     flags=re.M)]
+    assert len(examples) >= len(COMMANDS)
+    for line in examples:
+        words = shlex.split(line)
+        name = chosen(words)
+        assert name, line
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            try:
+                _untyped(parser(full=[name])).parse_args(words)
+            except SystemExit as e:
+                assert not e.code, (line, err.getvalue())
