@@ -62,3 +62,17 @@ def test_every_help_example_parses():
                 _untyped(parser(full=[name])).parse_args(words)
             except SystemExit as e:
                 assert not e.code, (line, err.getvalue())
+
+
+def test_max_legal_help_names_each_targets_promotion():
+    # `plan --max-legal` on qnn-htp-v73 writes every group at a16_w8 (the profile's
+    # [promotion]); its --help said a16_w16 for every target
+    from quantscope.cli.commands import parser
+    from quantscope.targets import BUILTIN_TARGETS, load_target
+
+    sub = parser(full=["plan"])._subparsers._group_actions[0].choices["plan"]
+    (action,) = [a for a in sub._actions if "--max-legal" in a.option_strings]
+    for name in BUILTIN_TARGETS:
+        promote = str(load_target(name).promote)
+        assert promote in action.help, (name, promote)
+    assert "a16_w8 on qnn-htp-v73" in action.help

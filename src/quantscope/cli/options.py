@@ -110,6 +110,10 @@ METRIC_DEFAULT = ("the task's: top1_agreement for retrieval, score_agreement for
 """The default of every ``--metric`` (``tasks.headline.headline_of``), said once."""
 
 
+PROMOTION = "the target's [promotion] precision (else a16_w16; a16_w8 on qnn-htp-v73)"
+"""What a promoted group gets (``Target.promote``): analyze --high, plan --max-legal."""
+
+
 LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per output): "
                "OUTPUT=detect[:boxes=0-3,scores=4-,obj=R,axis=1,format=cxcywh|xyxy,"
                "threshold=0.25,iou=0.5,scores_from=OUT,anchors=FILE.npy] (detection F1 vs "

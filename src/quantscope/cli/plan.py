@@ -25,6 +25,7 @@ from quantscope.cli.options import (
     DATA_HELP,
     METRIC_DEFAULT,
     PLAN_FIX,
+    PROMOTION,
     budget_parent,
     cache_parent,
     command,
@@ -115,9 +116,9 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
     pl.add_argument("--repair-batches", type=positive_int, default=8,
                     help="calibration batches the repairs use (default 8)")
     pl.add_argument("--max-legal", action="store_true",
-                    help="no search (and no --analysis): every group at a16_w16 except those "
-                    "'check' refuses at --seq-len, demoted to a8_w8 -- the most 16 bit the "
-                    "target allows")
+                    help=f"no search (and no --analysis): every group at {PROMOTION} except "
+                    "those 'check' refuses at --seq-len, demoted to a8_w8 -- the most 16 bit "
+                    "the target allows")
     pl.add_argument("--variants", action="store_true",
                     help="with --max-legal: also write the plan with Linear families (read "
                     "from the graph: query/key, value, attention output, FFN up/down) back at "
