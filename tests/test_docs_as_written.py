@@ -76,3 +76,37 @@ def test_max_legal_help_names_each_targets_promotion():
         promote = str(load_target(name).promote)
         assert promote in action.help, (name, promote)
     assert "a16_w8 on qnn-htp-v73" in action.help
+
+
+def _doc_files():
+    from pathlib import Path
+
+    root = Path(__file__).parent.parent
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def _cells(line: str) -> int:
+    return line.strip().replace("\\|", "").strip("|").count("|") + 1
+
+
+def test_every_docs_table_renders_whole():
+    # a blank line inside docs/outside-the-zoo.md's real-model table, rows appended after a
+    # paragraph, a cell wrapped onto plain lines (docs/finetune.md) or a '|' in a cell's
+    # text (|error|) broke tables on GitHub: rows shown as text, cells shifted
+    for path in _doc_files():
+        lines = path.read_text().split("\n")
+        fenced, header = False, None
+        for i, line in enumerate(lines):
+            if line.strip().startswith("```"):
+                fenced = not fenced
+                continue
+            if fenced or not line.startswith("|"):
+                header = None
+                continue
+            where = f"{path.name}:{i + 1}"
+            if header is None:
+                assert i + 1 < len(lines) and re.match(r"^\|\s*:?-{3,}", lines[i + 1]), (
+                    f"{where}: a table row with no header row above it")
+                header = _cells(line)
+            else:
+                assert _cells(line) == header, f"{where}: {_cells(line)} cells, header {header}"
