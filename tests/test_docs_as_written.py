@@ -110,3 +110,15 @@ def test_every_docs_table_renders_whole():
                 header = _cells(line)
             else:
                 assert _cells(line) == header, f"{where}: {_cells(line)} cells, header {header}"
+
+
+def test_run_seq_len_help_says_the_longest_fit_text():
+    # run on retrieval pairs without --seq-len plans at the longest fit text (README; the
+    # pipeline says 'seq-len: N tokens, the longest fit text'); its --help said 'default:
+    # none: the shapes the model declares', which is the other commands' default
+    from quantscope.cli.commands import parser
+
+    for name, said in (("run", "the longest fit text"), ("check", "the shapes the model")):
+        sub = parser(full=[name])._subparsers._group_actions[0].choices[name]
+        (action,) = [a for a in sub._actions if "--seq-len" in a.option_strings]
+        assert said in action.help, (name, action.help)

@@ -276,19 +276,23 @@ def budget_parent(default: float | None) -> argparse.ArgumentParser:
     return p
 
 
-def seq_len_parent(*, several: bool = False) -> argparse.ArgumentParser:
+SEQ_LEN_DEFAULT = "none: the shapes the model declares"
+
+
+def seq_len_parent(*, several: bool = False,
+                   default: str = SEQ_LEN_DEFAULT) -> argparse.ArgumentParser:
+    """--seq-len (and --input-shape); ``default``: what the command does without it."""
     p = _parent()
     if several:
         p.add_argument("--seq-len", type=seq_lens, metavar="N[,N…]",
                        help="sequence length(s) for symbolic token dims: legality depends on "
                        "it, so a comma list (128,256) plans each and keeps the best, "
                        "showing every length's front and the fraction of texts that fit "
-                       "(default: none: the shapes the model declares)")
+                       f"(default: {default})")
     else:
         p.add_argument("--seq-len", type=seq_len,
                        help="sequence length for symbolic token dims (rules and costs that "
-                       "depend on the tensor size; default: none: the shapes the model "
-                       "declares)")
+                       f"depend on the tensor size; default: {default})")
     add_input_shape(p, "concrete shape of an input with symbolic dims other than the "
                     "sequence, e.g. pixel_values=1x3x224x224 (repeatable)")
     return p

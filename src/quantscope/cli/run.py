@@ -59,10 +59,15 @@ RUN_EXAMPLE = ("quantscope run minilm-l6 --data stdlib-docs --target hailo10h --
                "--max-cost 1.5 --out W")
 
 
+SEQ_LEN_RUN = ("text pairs (stdlib-docs, a .jsonl) without --input-shape: the longest fit "
+               "text's token count, said; else the shapes the model declares")
+
+
 def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
     ru = command(sub, "run", summary, example=RUN_EXAMPLE,
                  parents=(model_parent(), data_parent(), target_parent(help="target profile"),
-                          seq_len_parent(), method_parent("minmax"), tokenizer_parent(),
+                          seq_len_parent(default=SEQ_LEN_RUN),
+                          method_parent("minmax"), tokenizer_parent(),
                           pairs_parent(300, "fitting the plan (and as many held out)"),
                           rank_engine_parent(), budget_parent(DEFAULT_BUDGET_S),
                           race_parent("the plan search's best-predicted plans (retrieval data, by "
