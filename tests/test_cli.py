@@ -218,6 +218,11 @@ def test_models_lists_package_version_licence_and_cache(tmp_path, monkeypatch, c
         assert f"{spec.package} {spec.version}" in line and spec.licence in line
         assert " no" in line
     assert rows["minilm-l3"]["licence"] == "Apache-2.0"
+    # the columns line up whatever the name's length (mobilefacenet, smollm2-135m)
+    header = out.splitlines()[0]
+    for name, spec in BUILTIN_MODELS.items():
+        line = next(x for x in out.splitlines() if x.startswith(name + " "))
+        assert line.index(spec.package) == header.index("package"), line
     if rows["minilm-l3"]["missing"]:
         pytest.skip("building minilm-l3 needs the models extra")
     built = resolve_model("minilm-l3")

@@ -63,8 +63,14 @@ def test_a_routed_deployment_says_each_warning_once() -> None:
            "longest_alone": {"seq_len": 32, "cost": 1.0, "metrics": {"top1_agreement": 0.9}}}
     text = format_deployment(RouteResult.from_dict(doc))
     assert text.count("the lookup runs on the host") == 1
-    assert "warning (seq 16, 32): host.embedding: the lookup runs on the host" in text
-    assert text.count("(1 warning: host.embedding, below)") == 2
+    # an info problem is a note, as 'check' counts it (never a failure), not a warning
+    assert "note (seq 16, 32): host.embedding: the lookup runs on the host" in text
+    assert text.count("(1 note: host.embedding, below)") == 2 and "warning" not in text
+    wide = {**warning, "rule": "hailo.maxpool_16bit", "severity": "warning", "reason": "16 bit"}
+    doc["buckets"][1]["warnings"] = [warning, wide]
+    text = format_deployment(RouteResult.from_dict(doc))
+    assert "(1 warning: hailo.maxpool_16bit, below) (1 note: host.embedding, below)" in text
+    assert "warning (seq 32): hailo.maxpool_16bit: 16 bit" in text
 
 
 def test_a_plan_with_hundreds_of_changed_groups_is_counted_and_folded() -> None:

@@ -72,3 +72,21 @@ def _stats(tmp_path, m):
     s = tmp_path / "s.npz"
     assert main(["calibrate", str(m), "--data", str(tmp_path / "p.tsv"), "--out", str(s)]) == 0
     return s
+
+
+def test_evaluate_with_other_stats_does_not_say_it_calibrated_on_the_pairs(tmp_path, capsys):
+    """STS data has no calibration texts of its own; the note said 'calibrated on the
+    pairs' own sentences' on every command, also on an evaluate given stats calibrated on
+    a text file: a false statement of where the ranges came from."""
+    m = tmp_path / "enc.onnx"
+    onnx.save(tiny_encoder(), m)
+    texts = tmp_path / "calib.txt"
+    texts.write_text("\n".join(f"{a} and {b}" for a, b, _ in PAIRS) + "\n")
+    s = tmp_path / "s.npz"
+    assert main(["calibrate", str(m), "--data", str(texts), "--out", str(s)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(m), "--data", str(_tsv(tmp_path / "p.tsv")), "--stats",
+                 str(s), "--precision", "a8_w8"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated on the pairs' own sentences" not in out
+    assert "calibrating on this data uses the pairs' own sentences" in out

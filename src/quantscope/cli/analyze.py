@@ -9,6 +9,7 @@ from quantscope.analyze import analysis_to_dict, analyze, summary_text
 from quantscope.analyze.phases import diagnosis_to_dict, format_diagnosis
 from quantscope.cli.inputs import executor, open_inputs
 from quantscope.cli.options import (
+    PROMOTION,
     command,
     data_parent,
     model_parent,
@@ -39,8 +40,7 @@ def add_analyze(sub: argparse._SubParsersAction, summary: str) -> None:
     an.add_argument("--low", default="a8_w8", type=precision,
                     help="the precision to diagnose (default a8_w8)")
     an.add_argument("--high", default=None, type=precision,
-                    help="the precision a promoted group gets (default: the target's "
-                    "[promotion], else a16_w16; a16_w8 on qnn-htp-v73)")
+                    help=f"the precision a promoted group gets (default: {PROMOTION})")
     an.add_argument("--proxy", type=fraction, default=0.125,
                     help="row-cost budget of the sweeps: enable-one on every "
                     "round(2/PROXY)-th row, disable-one on the noisiest rows worth PROXY of "

@@ -17,12 +17,15 @@ from quantscope.cli.types import (
     tokenizer_spec,
 )
 
+RUN_PHASES = "quantscope run {prefill} --data stdlib-docs --target hailo10h --out {out}"
+"""The run a converted pair is given next (the --help example and the ``next:`` line)."""
+
 
 def add_phases(sub: argparse._SubParsersAction, summary: str) -> None:
     p = command(sub, "phases", summary,
                 example="quantscope phases qwen/model.onnx --out qwen-phases\n"
-                        "quantscope run qwen-phases/model.prefill.onnx --data stdlib-docs "
-                        "--target hailo10h",
+                        + RUN_PHASES.format(prefill="qwen-phases/model.prefill.onnx",
+                                            out="qwen-run"),
                 details="The export: input_ids, attention_mask [, position_ids, "
                         "cache_position], past_key_values.{i}.key|value -> logits, "
                         "present.{i}.key|value (torch.onnx.export of a *ForCausalLM with its "
@@ -55,7 +58,7 @@ def cmd_phases(args: argparse.Namespace) -> int:
     if tokenizer is None:
         print(f"note: no tokenizer (none beside the export, no --tokenizer): text data needs "
               f"{folder / (name + '.tokenizer.json')}; token-id .npz data works without")
-    print(f"next: quantscope run {done.prefill} --data stdlib-docs --target hailo10h")
+    print("next: " + RUN_PHASES.format(prefill=done.prefill, out="W"))
     return 0
 
 

@@ -20,7 +20,8 @@ def add_models(sub: argparse._SubParsersAction, summary: str) -> None:
 def cmd_models(args: argparse.Namespace) -> int:
     rows = model_status()
     width = max(len(f"{r.spec.package} {r.spec.version}") for r in rows)
-    print(f"{'name':<10} {'package':<{width}} {'licence':<10} built")
+    named = max(len(r.name) for r in rows)
+    print(f"{'name':<{named}} {'package':<{width}} {'licence':<10} built")
     for r in rows:
         if r.cached:
             built = f"yes: {r.cached}"
@@ -30,8 +31,8 @@ def cmd_models(args: argparse.Namespace) -> int:
         else:
             built = "no (built once on first use)"
         package = f"{r.spec.package} {r.spec.version}"
-        print(f"{r.name:<10} {package:<{width}} {r.spec.licence:<10} {built}")
-        print(f"{'':<10} {r.spec.summary}")
+        print(f"{r.name:<{named}} {package:<{width}} {r.spec.licence:<10} {built}")
+        print(f"{'':<{named}} {r.spec.summary}")
     if args.json:
         stages.write_json(args.json, [
             {"name": r.name, "package": r.spec.package, "version": r.spec.version,

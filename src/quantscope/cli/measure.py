@@ -11,6 +11,7 @@ import argparse
 from quantscope import stages
 from quantscope.cli.inputs import Inputs, open_inputs
 from quantscope.cli.options import (
+    METRIC_DEFAULT,
     command,
     data_parent,
     method_parent,
@@ -104,8 +105,7 @@ def add_whatif(sub: argparse._SubParsersAction, summary: str) -> None:
     w.add_argument("--seq-len", type=seq_len, metavar="N",
                    help="text data: measure on the texts truncated at N tokens (default: "
                    "the texts whole)")
-    w.add_argument("--metric", help="the metric the gains are in (default: the task's: "
-                   "top1_agreement for retrieval, decision_agreement for faces, else sqnr_db)")
+    w.add_argument("--metric", help=f"the metric the gains are in (default: {METRIC_DEFAULT})")
     w.add_argument("--goal", type=finite_float, help="task data: the metric to reach; says "
                    "how much smaller the plan's error must be for it (default: none)")
     w.add_argument("--json", type=output_file, help="also write the result as JSON")

@@ -36,6 +36,7 @@ from quantscope.cli.types import (
     tokenizer_spec,
 )
 from quantscope.targets import BUILTIN_TARGETS
+from quantscope.tasks.headline import TENSOR_HEADLINE
 from quantscope.types import Precision, QuantscopeError
 
 if TYPE_CHECKING:
@@ -102,13 +103,25 @@ def output_parent() -> argparse.ArgumentParser:
     return p
 
 
+METRIC_DEFAULT = ("the task's: top1_agreement for retrieval, score_agreement for sentence "
+                  "similarity, decision_agreement for faces, the headline of the task "
+                  f"--layout declares (detection_f1, mask_iou …), else {TENSOR_HEADLINE}, "
+                  "the worst channel's SQNR in dB over every output")
+"""The default of every ``--metric`` (``tasks.headline.headline_of``), said once."""
+
+
+PROMOTION = "the target's [promotion] precision (else a16_w16; a16_w8 on qnn-htp-v73)"
+"""What a promoted group gets (``Target.promote``): analyze --high, plan --max-legal."""
+
+
 LAYOUT_HELP = ("tensor data: what a model output is, scored as such (repeat per output): "
                "OUTPUT=detect[:boxes=0-3,scores=4-,obj=R,axis=1,format=cxcywh|xyxy,"
                "threshold=0.25,iou=0.5,scores_from=OUT,anchors=FILE.npy] (detection F1 vs "
                "FP32; obj=R: a YOLOv5 objectness row multiplying the class scores; "
                "scores_from: the scores in another output of the same anchors, an SSD's two "
-               "heads; anchors: [A, 2] centres added to undecoded box centres), OUTPUT=map[:threshold=0.5] (mask IoU; "
-               "mean absolute error vs FP32), "
+               "heads; anchors: [A, 2] centres added to undecoded box centres), "
+               "OUTPUT=map[:threshold=0.5,channel=K] (mask IoU, of index K of axis 1 alone "
+               "with channel=K; mean absolute error vs FP32), "
                "OUTPUT=score[:threshold=0.5] (decision agreement, one value per sample), "
                "OUTPUT=class[:axis=K] (top-1 agreement of class scores or logits on axis K, -1 the "
                "last; default: the axis the graph gives their features, e.g. the last of a "
@@ -263,19 +276,23 @@ def budget_parent(default: float | None) -> argparse.ArgumentParser:
     return p
 
 
-def seq_len_parent(*, several: bool = False) -> argparse.ArgumentParser:
+SEQ_LEN_DEFAULT = "none: the shapes the model declares"
+
+
+def seq_len_parent(*, several: bool = False,
+                   default: str = SEQ_LEN_DEFAULT) -> argparse.ArgumentParser:
+    """--seq-len (and --input-shape); ``default``: what the command does without it."""
     p = _parent()
     if several:
         p.add_argument("--seq-len", type=seq_lens, metavar="N[,N…]",
                        help="sequence length(s) for symbolic token dims: legality depends on "
                        "it, so a comma list (128,256) plans each and keeps the best, "
                        "showing every length's front and the fraction of texts that fit "
-                       "(default: none: the shapes the model declares)")
+                       f"(default: {default})")
     else:
         p.add_argument("--seq-len", type=seq_len,
                        help="sequence length for symbolic token dims (rules and costs that "
-                       "depend on the tensor size; default: none: the shapes the model "
-                       "declares)")
+                       f"depend on the tensor size; default: {default})")
     add_input_shape(p, "concrete shape of an input with symbolic dims other than the "
                     "sequence, e.g. pixel_values=1x3x224x224 (repeatable)")
     return p

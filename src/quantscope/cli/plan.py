@@ -23,7 +23,9 @@ from quantscope.cli.inputs import (
 )
 from quantscope.cli.options import (
     DATA_HELP,
+    METRIC_DEFAULT,
     PLAN_FIX,
+    PROMOTION,
     budget_parent,
     cache_parent,
     command,
@@ -104,9 +106,7 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
     budget.add_argument("--max-cost", type=positive_float, help="relative to uniform a8_w8 = "
                         "1.0 (default: none: the best quality, whatever it costs)")
     pl.add_argument("--metric", default=None,
-                    help="with --data: the measured metric (default: top1_agreement for text "
-                    "retrieval, score_agreement for sentence similarity, decision_agreement "
-                    "for faces, sqnr_db of the worst output for tensor data)")
+                    help=f"with --data: the measured metric (default: {METRIC_DEFAULT})")
     pl.add_argument("--goal", type=finite_float,
                     help="with --data: the measured metric to reach; the output says whether "
                     "it was reached and which rule binds if not (default: none)")
@@ -116,9 +116,9 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
     pl.add_argument("--repair-batches", type=positive_int, default=8,
                     help="calibration batches the repairs use (default 8)")
     pl.add_argument("--max-legal", action="store_true",
-                    help="no search (and no --analysis): every group at a16_w16 except those "
-                    "'check' refuses at --seq-len, demoted to a8_w8 -- the most 16 bit the "
-                    "target allows")
+                    help=f"no search (and no --analysis): every group at {PROMOTION} except "
+                    "those 'check' refuses at --seq-len, demoted to a8_w8 -- the most 16 bit "
+                    "the target allows")
     pl.add_argument("--variants", action="store_true",
                     help="with --max-legal: also write the plan with Linear families (read "
                     "from the graph: query/key, value, attention output, FFN up/down) back at "

@@ -10,6 +10,7 @@ from quantscope import stages
 from quantscope.analyze.evalcache import EvalCache
 from quantscope.cli.inputs import input_shapes, open_inputs, text_prefixes
 from quantscope.cli.options import (
+    METRIC_DEFAULT,
     add_layout,
     budget_parent,
     cache_parent,
@@ -58,10 +59,15 @@ RUN_EXAMPLE = ("quantscope run minilm-l6 --data stdlib-docs --target hailo10h --
                "--max-cost 1.5 --out W")
 
 
+SEQ_LEN_RUN = ("text pairs (stdlib-docs, a .jsonl) without --input-shape: the longest fit "
+               "text's token count, said; else the shapes the model declares")
+
+
 def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
     ru = command(sub, "run", summary, example=RUN_EXAMPLE,
                  parents=(model_parent(), data_parent(), target_parent(help="target profile"),
-                          seq_len_parent(), method_parent("minmax"), tokenizer_parent(),
+                          seq_len_parent(default=SEQ_LEN_RUN),
+                          method_parent("minmax"), tokenizer_parent(),
                           pairs_parent(300, "fitting the plan (and as many held out)"),
                           rank_engine_parent(), budget_parent(DEFAULT_BUDGET_S),
                           race_parent("the plan search's best-predicted plans (retrieval data, by "
@@ -80,9 +86,7 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     "none: the verdict gives the metric without judging it)")
     ru.add_argument("--max-cost", type=positive_float, help="relative to uniform a8_w8 = 1.0 "
                     "(default: none: the best quality, whatever it costs)")
-    ru.add_argument("--metric", help="the measured metric (default: the task's: "
-                    "top1_agreement for retrieval, decision_agreement for faces, else "
-                    "sqnr_db, the output SQNR in dB)")
+    ru.add_argument("--metric", help=f"the measured metric (default: {METRIC_DEFAULT})")
     ru.add_argument("--repairs", type=run_repair_names, help="repairs the plan search may "
                     "choose, comma list, or 'none' (default: the default repairs of "
                     "'quantscope repair')")

@@ -30,6 +30,12 @@ def _verdict_line(result: RouteResult, v: RouteVerdict) -> str:
     return f"verdict: {'MET' if v.met else 'NOT MET'}: {'; '.join(parts)}"
 
 
+def _label(problem: dict) -> str:
+    """A bucket's problem that is no error: a warning, or a note (``info``: never a failure,
+    as ``check`` counts it: the host's lookup)."""
+    return "note" if problem.get("severity") == "info" else "warning"
+
+
 def format_deployment(result: RouteResult) -> str:
     """The routed deployment in a few lines."""
     lines = [f"deployment on {result.target}: {len(result.buckets)} compiled lengths "
@@ -40,18 +46,21 @@ def format_deployment(result: RouteResult) -> str:
         legal = "legal" if c.legal else (
             f"NOT legal ({len(c.problems)} problems, e.g. {c.problems[0]['rule']} on "
             f"{c.problems[0]['group']})")
-        if c.warnings:  # each warning's text once, under the buckets (below)
-            legal += (f" ({len(c.warnings)} warning{'s' if len(c.warnings) > 1 else ''}: "
-                      f"{', '.join(dict.fromkeys(w['rule'] for w in c.warnings))}, below)")
+        for label in ("warning", "note"):  # each one's text once, under the buckets (below)
+            said = [w for w in c.warnings if _label(w) == label]
+            if said:
+                legal += (f" ({len(said)} {label}{'s' if len(said) > 1 else ''}: "
+                          f"{', '.join(dict.fromkeys(w['rule'] for w in said))}, below)")
         lines.append(f"  seq {c.seq_len:>5}: {p.share:6.1%} of the texts, cost "
                      f"{c.cost_own:.3f}x its own a8_w8 = {c.cost:.3f}x the reference's "
                      f"a8_w8 at {result.seq_lens[-1]}; {legal}; {p.model}")
-    warned: dict[tuple[str, str], list[str]] = {}  # a rule's warning, the buckets it is on
+    warned: dict[tuple[str, str, str], list[str]] = {}  # a rule's problem, its buckets
     for p in result.buckets:
         for w in p.cost.warnings:
-            warned.setdefault((w["rule"], w["reason"]), []).append(str(p.cost.seq_len))
-    lines.extend(f"  warning (seq {', '.join(where)}): {rule}: {reason}"
-                 for (rule, reason), where in warned.items())
+            warned.setdefault((_label(w), w["rule"], w["reason"]), []).append(
+                str(p.cost.seq_len))
+    lines.extend(f"  {label} (seq {', '.join(where)}): {rule}: {reason}"
+                 for (label, rule, reason), where in warned.items())
     lines.append(f"routed: mean cost {result.cost_mean:.3f}x (the most costly bucket "
                  f"{result.cost_max:.3f}x); {_metric_line(result.metrics)}")
     alone = result.longest_alone

@@ -356,8 +356,9 @@ def text_dataset(
     if prefixes:
         note += f"; {prefixes.describe()}"
     if isinstance(task, StsTask):
-        note += ("; calibrated on the pairs' own sentences (no separate calibration texts: "
-                 "run 'quantscope calibrate --data TEXTS.txt' for held-out calibration)")
+        note += ("; calibrating on this data uses the pairs' own sentences (it has no "
+                 "calibration texts of its own: 'quantscope calibrate --data TEXTS.txt' "
+                 "calibrates on others)")
     return tuple(calib.batches), tuple(eval_b.batches), task, note, lengths
 
 
