@@ -59,3 +59,17 @@ def test_a_mean_pooled_folder_is_read_as_before(tmp_path):
     model = stages.open_model(path)
     data = stages.open_data(str(tmp_path / "pairs.jsonl"), model, max_pairs=8)
     assert data is not None
+
+
+def test_the_refusal_tells_run_no_option_it_lacks(tmp_path, capsys):
+    """An export with its pooled output beside the token output was refused by run with
+    'pass --output NAME', which run answers with 'unrecognized arguments' (h38)."""
+    path = _folder(tmp_path, cls=True)
+    code = main(["run", str(path), "--data", str(tmp_path / "pairs.jsonl"), "--target",
+                 "hailo10h", "--pairs", "8", "--out", str(tmp_path / "W")])
+    err = capsys.readouterr().err
+    assert code == 2 and "pass --output" not in err
+    assert "run takes no --output" in err
+    assert main(["run", str(path), "--data", str(tmp_path / "pairs.jsonl"), "--target",
+                 "hailo10h", "--output", "x", "--out", str(tmp_path / "W")]) == 2
+    assert "unrecognized arguments: --output" in capsys.readouterr().err

@@ -99,3 +99,21 @@ def test_no_quantized_io_says_so_instead_of_an_empty_table() -> None:
     row = {"role": "input", "tensor": "x", "bits": 8, "signed": False, "scale": 0.5,
            "zero_point": 3}
     assert "<table" in io_section([row]) and "x_dev = round(x / 0.5) + 3" in io_section([row])
+
+
+def test_check_phase_counts_an_info_problem_as_a_note() -> None:
+    """'check --phase' on smollm2-135m printed '0 error(s), 1 warning(s)' for the host's
+    word-embedding lookup, an info problem that check counts as a note (never a failure)."""
+    from quantscope.plan.phases import PhaseCheck
+    from quantscope.report.phase_plan import format_phase_checks
+    from quantscope.types import Problem
+
+    info = Problem(group="embed", rule="host.embedding", reason="on the host",
+                   provenance="p", fix="f", severity="info")
+    wide = Problem(group="n", rule="hailo.maxpool_16bit", reason="16 bit", provenance="p",
+                   fix="f", severity="warning")
+    (line, _), (both, *_) = (format_phase_checks((PhaseCheck("decode", 64, (info,), 0.71),)),
+                             format_phase_checks((PhaseCheck("decode", 64, (info, wide),
+                                                             0.71),)))
+    assert "0 error(s), 0 warning(s), 1 note(s) (info: not a failure)" in line, line
+    assert "0 error(s), 1 warning(s), 1 note(s)" in both, both

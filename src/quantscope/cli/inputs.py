@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from quantscope import stages
 from quantscope.cli.types import merged_batch_axes
 from quantscope.model.shapes import given_shapes
+from quantscope.report import fmt
 from quantscope.targets import Target, load_target
 from quantscope.tasks.layout import LAYOUT_NOTE
 from quantscope.tasks.tensors import check_token_ids
@@ -103,9 +104,7 @@ def print_problems(problems: list, what: str) -> int:
     for p in problems:
         print(f"{p.severity}: [{p.rule}] {p.group}: {p.reason}")
         print(f"    fix: {p.fix}    (source: {p.provenance})")
-    infos = sum(p.severity == "info" for p in problems)
-    print(f"{what}: {len(errors)} error(s), {len(problems) - len(errors) - infos} warning(s)"
-          + (f", {infos} note(s) (info: not a failure)" if infos else ""))
+    print(f"{what}: {fmt.problem_counts([p.severity for p in problems])}")
     return EXIT_PROBLEMS if errors else 0
 
 

@@ -147,3 +147,11 @@ def short_names(names: list[str], width: int = 24) -> list[str]:
         if seen[s] > 1:
             out[i] = f"{s}#{seen[s]}"
     return out
+
+
+def problem_counts(severities: list[str]) -> str:
+    """``2 error(s), 1 warning(s)``, and ``, 1 note(s) (info: not a failure)`` where there
+    are info problems (the host's lookup): how check, lint and check --phase count them."""
+    errors, infos = severities.count("error"), severities.count("info")
+    return (f"{errors} error(s), {len(severities) - errors - infos} warning(s)"
+            + (f", {infos} note(s) (info: not a failure)" if infos else ""))

@@ -45,9 +45,9 @@ def format_phase_plan(out: Any) -> list[str]:
 def format_phase_checks(checks: tuple[PhaseCheck, ...]) -> list[str]:
     lines = []
     for c in checks:
+        counts = fmt.problem_counts([p.severity for p in c.problems])
         lines.append(f"{c.phase} (seq-len {c.seq_len}): cost {c.cost:.2f}x a8_w8, "
-                     f"{c.errors} error(s), {len(c.problems) - c.errors} warning(s), "
-                     f"weights {c.weight_bytes / 1e6:.1f} MB")
+                     f"{counts}, weights {c.weight_bytes / 1e6:.1f} MB")
         lines += [f"  {p.severity}: [{p.rule}] {p.group}: {p.reason}" for p in c.problems]
     return lines
 

@@ -69,4 +69,6 @@ def refuse_other_pooling(model_file: str | Path, tokenizer: str | Path | None,
         f"model '{Path(model_file).name}' pools by {mode} ({cfg}), and quantscope mean-pools "
         f"its token output '{output}' over the mask: the figures would be another model's; "
         "export the model with its pooling in the graph (an output [B, H], e.g. "
-        "sentence-transformers' sentence_embedding) and pass --output NAME if it has several")
+        "sentence-transformers' sentence_embedding); where the token output stays beside "
+        "it, evaluate, analyze, plan, whatif and repair score that one with --output NAME "
+        "(run takes no --output: it reads the token output)")
