@@ -68,6 +68,20 @@ def test_detection_metrics_count_kept_and_lost_detections():
     assert any("NOT LIKE FP32" in n for n in m.notes)
 
 
+def test_no_detection_kept_leaves_precision_unmeasured_not_zero():
+    """Every class score lost (YOLOv8 at 8 bit): 0 of 0 kept detections was printed as
+    'detection_precision 0.0 % (n=0)'; it is not measured, and the F1 is 0."""
+    from quantscope.units import counted
+
+    task = DetectionTask(name="d", output="det", layout=DetectionLayout())
+    ref = _det_array(np.array([[0.9, 0.1, 0.6], [0.1, 0.8, 0.1]]))
+    test = _det_array(np.zeros((2, 3)))
+    v = task.metrics(_outputs("det", ref), _outputs("det", test)).values
+    assert v["detections_quantized"] == 0 and v["detection_recall"] == 0.0
+    assert np.isnan(v["detection_precision"]) and v["detection_f1"] == 0.0
+    assert counted("detection_precision", v).startswith("—")
+
+
 def test_anchors_first_layout_gives_the_same_metrics():
     """``[N, A, 4 + C]`` with ``axis=2`` is read as the transposed ``[N, 4 + C, A]``."""
     ref = _det_array(np.array([[0.9, 0.1, 0.6], [0.1, 0.8, 0.1]]))

@@ -400,10 +400,11 @@ def detection_metrics(ref_batches: list, test_batches: list,
                      f"little (declare a lower threshold: --layout {output}=detect:threshold=T, "
                      "or give data where the model detects something)")
     else:
-        p = n_match / n_test if n_test else 0.0
+        # no detection kept: precision is 0/0 (not measured, was shown as 0.0 %), F1 is 0
+        p = n_match / n_test if n_test else nan
         rec = n_match / n_ref
         values.update({"detection_precision": p, "detection_recall": rec,
-                       "detection_f1": 2 * p * rec / (p + rec) if p + rec else 0.0})
+                       "detection_f1": 2 * p * rec / (p + rec) if n_test and p + rec else 0.0})
     if n_ref and class_max is not None:
         notes += _absent_classes(output, class_max, layout.threshold)
     if len(test_values) == 1 and ref_hi > ref_lo:
