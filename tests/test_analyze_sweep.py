@@ -178,3 +178,24 @@ def test_a_dead_node_does_not_break_the_segment_sweep():
     naive = sweep_naive(model, groups, stats, feeds, **kw)
     for a, b in zip(fast.rows, naive.rows, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_group_gaining_nothing_promoted_alone_is_not_listed_as_an_offender():
+    """analyze's 'top offenders' listed groups whose promotion alone lowered the output's
+    SQNR (20.4 -> 14.3 dB on a small conv model); analysis.json keeps every row."""
+    import dataclasses
+
+    from quantscope.analyze.report import Offender
+
+    model, groups, stats, feeds = _prepared("residual_add")
+    a = analyze(model, groups, stats, feeds, scorer=Scorer(), proxy_fraction=1.0)
+    rows = (Offender("good", 3.0, ()), Offender("worse", -6.1, ("x",)))
+    text = summary_text(dataclasses.replace(a, offenders=rows))
+    assert "good  (+3.0 dB)" in text and "worse" not in text
+    assert "(1 group(s) gain nothing promoted alone: not listed)" in text
+    none = summary_text(dataclasses.replace(a, offenders=rows[1:]))
+    assert "none: promoting any one group alone gains nothing" in none
+    from quantscope.report.build import analysis_section
+
+    html = analysis_section(analysis_to_dict(dataclasses.replace(a, offenders=rows)))
+    assert "good" in html and "worse" not in html

@@ -162,9 +162,16 @@ def summary_text(a: Analysis, *, top: int = 8, figure: Figure = _four_digits) ->
     ]
     lines += [f"  uniform {p:<8} {_fmt(m, a.primary, figure)}" for p, m in a.baselines.items()]
     lines.append(f"top offenders (promote to {a.high}):")
-    for o in a.offenders[:top]:
+    # a group whose promotion alone gains nothing (or loses) is no offender: not listed
+    # as one (analysis.json keeps every group's row, in rank order)
+    gaining = [o for o in a.offenders if o.score_db > 0]
+    for o in gaining[:top]:
         lines.append(f"  {o.group}  ({o.score_db:+.1f} dB)")
         lines += [f"      - {r}" for r in o.reasons]
+    if len(gaining) < min(top, len(a.offenders)):
+        lines.append(f"  ({len(a.offenders) - len(gaining)} group(s) gain nothing promoted "
+                     "alone: not listed)" if gaining else
+                     "  none: promoting any one group alone gains nothing")
     for r in a.recovery:
         lines.append(f"  promote {len(r.promoted)} -> {_fmt(r.metrics, a.primary, figure)}")
     mixed = sum(o.kind == "mixed_scale" for o in a.outliers)

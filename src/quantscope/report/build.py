@@ -309,7 +309,9 @@ def io_section(rows: list[dict[str, Any]]) -> str:
 
 def analysis_section(analysis: dict[str, Any], top: int = 15) -> str:
     """Offenders (``quantscope.analysis/1``): bar chart of recovered SQNR, reasons, recovery."""
-    offenders = analysis.get("offenders", [])[:top]
+    # a group whose promotion alone gains nothing is no offender (analysis.json keeps it)
+    offenders = [o for o in analysis.get("offenders", [])
+                 if isinstance(o.get("score_db"), (int, float)) and o["score_db"] > 0][:top]
     out = [f"<h2>Per-layer diagnosis ({html.escape(str(analysis.get('low')))} → "
            f"{html.escape(str(analysis.get('high')))})</h2>"]
     base = analysis.get("baselines", {})
