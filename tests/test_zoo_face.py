@@ -49,6 +49,12 @@ def test_build_is_cached_and_leaves_no_temp_files(onnx_path, dat_path):
     again = face.build_dlib_face(onnx_path.parent, dat_path=dat_path)
     assert again == onnx_path and again.stat().st_mtime_ns == mtime
     assert [p.name for p in onnx_path.parent.iterdir()] == [face.ONNX_NAME]
+    # readable as an ordinary file (mkstemp's 0600 was kept: h38 found it in the cache)
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert onnx_path.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_port_matches_dlib_descriptor(onnx_path, dat_path):

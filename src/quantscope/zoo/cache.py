@@ -67,11 +67,17 @@ def write_atomic(dest: Path, write: Callable[[Path], None]) -> Path:
     tmp = Path(tmp_name)
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; a cache file is shareable
+        shareable(tmp)  # mkstemp creates 0600; a cache file is shareable
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
     return dest
+
+
+def shareable(path: Path) -> None:
+    """Make a cache file readable as an ordinary file is (``0666`` less the umask): mkstemp
+    and ONNX's external-data writer create theirs ``0600``."""
+    os.chmod(path, 0o666 & ~_umask())
 
 
 def _umask() -> int:

@@ -33,6 +33,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.types import QuantscopeError
+from quantscope.zoo.cache import shareable
 from quantscope.zoo.dlib_dat import (
     AddPrev,
     Affine,
@@ -255,6 +256,7 @@ def build_dlib_face(cache_dir: Path, *, dat_path: Path | None = None) -> Path:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(model.SerializeToString())
+        shareable(Path(tmp))  # mkstemp's 0600 left the cached model unreadable to others
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

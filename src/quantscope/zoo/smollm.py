@@ -35,7 +35,7 @@ import onnx
 
 from quantscope.model.load import load_proto
 from quantscope.types import QuantscopeError
-from quantscope.zoo.cache import write_atomic, write_bytes_atomic
+from quantscope.zoo.cache import shareable, write_atomic, write_bytes_atomic
 from quantscope.zoo.decoder import DecoderConfig, build_decoder
 
 PREFILL_NAME = "smollm2-135m.prefill.v1.onnx"
@@ -133,6 +133,7 @@ def build_smollm2(cache_dir: Path) -> Path:
         proto = load_proto(proto, source=name).proto  # checked and shape-inferred once, here
         write_atomic(Path(cache_dir) / name, lambda tmp, p=proto, n=name: onnx.save(
             p, str(tmp), save_as_external_data=True, location=f"{n}.data"))
+        shareable(Path(cache_dir) / f"{name}.data")  # written 0600 by onnx's writer
         del proto
     return prefill
 
