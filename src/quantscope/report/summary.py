@@ -309,6 +309,16 @@ def ranking_line(v: dict[str, Any]) -> str | None:
     return f"search: {r['line']}{figures}"
 
 
+def choice_line(v: dict[str, Any], *, every: bool = False) -> str | None:
+    """How the search chose among its measured plans without a quality goal, where the
+    noise of the figure decided (``plan.json`` ``pareto.choice``); ``every``: also when
+    there was no noise estimate (the report's details). None: nothing to say."""
+    c = v.get("choice")
+    if not c or (c.get("noise") is None and not every):
+        return None
+    return f"chosen (fit data): {c['line']}"
+
+
 def deployment(doc: dict[str, Any] | None, metric: str) -> dict[str, Any] | None:
     """The compiled lengths of the run (``lengths.json``) for the verdict: None where the
     data has no token counts or ``--lengths off``; one line of reason where no
@@ -416,6 +426,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines[-1] += f"; {worse}"
     if ranking_line(v):
         lines.append(f"  {ranking_line(v)}")
+    if choice_line(v):
+        lines.append(f"  {choice_line(v)}")
     applied = [k for k in v.get("rewrites_applied", []) if k]
     # the compiled model is not the original: each rewrite's note (and caveat) is kept
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]

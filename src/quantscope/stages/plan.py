@@ -270,7 +270,9 @@ def plan_model(
                                      evaluate=ranking, evaluate_many=many,
                                      seed=options.seed, repairs=offer.options if offer else (),
                                      time_budget=_time_budget(options, clock),
-                                     progress=progress, race=racer)
+                                     progress=progress, race=racer,
+                                     measured_metric=options.metric,
+                                     goal=options.goal if evaluate is not None else None)
     pareto = extra["pareto"]
     if raced is not None:
         pareto["race"] = racer.record() if racer is not None else raced
