@@ -196,3 +196,44 @@ def test_class_iou_min_is_the_planners_metric(tmp_path):
     assert plan["reasons"]["Conv_1"] == (
         "kept at a8_w8; a16_w16 (+1 predicted) blocked by hailo.a16_low_sublayer_empty")
     assert read_json(tmp_path / "W" / "analysis.json", "analysis")["primary"] == "class_iou_min"
+
+
+# ---------------------------------------------------------------- rewrites auto: two figures
+
+def test_a_rewrite_better_on_the_headline_while_the_sqnr_fell_beyond_noise_is_dropped():
+    """``--rewrites auto``: top-1 better beyond its noise while the embedding SQNR fell
+    beyond its own noise and margin was kept ('the headline decides'); the evidence is not
+    consistent, so the model without the rewrite (fewer layers) now stands, said, and the
+    verdict's phrase names it."""
+    from test_h31_figures_disagree import _measured, _top1
+
+    from quantscope.report.summary import auto_rewrites
+    from quantscope.rewrites.auto import _better, _split
+
+    before = _measured(_top1(10), 0.016, 0)  # 95.0 %, ~36 dB
+    after = _measured(_top1(3), 0.022, 0)  # 98.5 %, ~33 dB on the same rows
+    why, iv = _better(after, before, True, 0.0, "embedding_sqnr_db", metric="top1_agreement")
+    because, iv, tie_iv = _split(iv)
+    assert why is None and iv["outcome"] == "better" and tie_iv["upper"] < -0.1
+    assert because.startswith("measured better beyond noise") and (
+        "the figures disagree" in because and "the model without it stands" in because)
+    trial = {"name": "headsplit", "tried": True, "kept": False, "reason": because,
+             "before": before.value, "after": after.value, "interval": iv,
+             "tiebreak_interval": tie_iv}
+    said = auto_rewrites({"metric": "top1_agreement", "n": 200, "unit": "fit pairs",
+                          "tiebreak": "embedding_sqnr_db", "trials": [trial]})
+    assert ("dropped though top1_agreement rose: embedding_sqnr_db fell beyond noise (the "
+            "figures disagree): headsplit") in said["short"], said["short"]
+
+
+def test_a_headline_gain_beside_an_sqnr_without_noise_estimate_still_keeps():
+    """A tiebreak given as one figure (no per-unit powers) cannot say 'worse beyond noise':
+    the headline's gain beyond its noise keeps the rewrite, as before."""
+    from test_h31_figures_disagree import _top1
+
+    from quantscope.rewrites.auto import Measured, _better
+
+    before = Measured(0.95, 36.0, samples=_top1(10))
+    after = Measured(0.985, 33.0, samples=_top1(3))
+    why, _ = _better(after, before, True, 0.0, "embedding_sqnr_db", metric="top1_agreement")
+    assert why is not None and why.startswith("measured better beyond noise")

@@ -83,6 +83,12 @@ def held_out(ev: dict[str, Any]) -> dict[str, Any]:
     return {"samples": rows, "unit": "samples", "rows": rows, "source": part.get("name")}
 
 
+def _fell(iv: dict[str, Any] | None) -> bool:
+    """A tiebreak interval whose upper bound is below minus its margin: worse beyond noise."""
+    return bool(iv) and iv.get("upper") is not None and \
+        iv["upper"] < -float(iv.get("margin", 0.0))  # type: ignore[index]
+
+
 def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     """``plan.json``'s ``rewrites`` record (what ``--rewrites auto`` tried and kept) as a
     short phrase for the verdict's cost line, a line per rewrite (details) and the
@@ -101,10 +107,17 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     split = list(dict.fromkeys(t["name"] for t in record["trials"] if not t["kept"]
                                and (t.get("interval") or {}).get("outcome") == "worse"
                                and (t.get("tiebreak_interval") or {}).get("outcome") == "better"))
+    # ... and better on the headline while the tiebreak fell beyond its noise: not kept
+    fell = list(dict.fromkeys(t["name"] for t in record["trials"] if not t["kept"]
+                              and (t.get("interval") or {}).get("outcome") == "better"
+                              and _fell(t.get("tiebreak_interval"))))
+    named = record.get("tiebreak") or "the tiebreak"
     short = (f"auto: kept {len(kept)} of {len(tried)} tried, {m} on {n}"
              + (f"; a tie on both figures, left out: {', '.join(ties)}" if ties else "")
-             + (f"; dropped on {m} while {record.get('tiebreak') or 'the tiebreak'} rose "
+             + (f"; dropped on {m} while {named} rose "
                 f"beyond noise (the figures disagree): {', '.join(split)}" if split else "")
+             + (f"; dropped though {m} rose: {named} fell beyond noise (the figures "
+                f"disagree): {', '.join(fell)}" if fell else "")
              + (f"; applied for legality: {', '.join(fixed)}" if fixed else ""))
     rows, lines = [], [f"rewrites (auto; {m} of {record.get('measured_on', '')}, {n}; "
                        f"without rewrites {fmt.value(m, record.get('baseline'))}, kept "
