@@ -94,7 +94,7 @@ def test_one_detection_of_37_buys_no_cost():
     assert c["best"]["measured"] == pytest.approx(1.0) and c["chosen"]["cost"] == 1.0
     half, words = share_noise(1.0, 36 / 37, 37, "items")
     assert c["noise"] == {"half_width": pytest.approx(half, abs=1e-6), "words": words}
-    assert c["line"].startswith("97.3 % at 1x, within noise of the best measured 100.0 % at")
+    assert c["line"].startswith("97.3 % at 1.000x, within noise of the best measured 100.0 % at")
 
 
 def test_a_gain_beyond_noise_still_buys_it():

@@ -187,23 +187,28 @@ def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budg
             "one-sided 95 % binomial noise of their difference, each figure over its own "
             "counted items (a difference within it buys no cost)")
     half = noise(best, chosen)
-    doc: dict[str, Any] = {"rule": rule, "best": point_to_dict(best),
-                           "chosen": point_to_dict(chosen)}
+    doc: dict[str, Any] = {"rule": rule, "best": _brief(best), "chosen": _brief(chosen)}
     if half is None:
         doc["noise"] = None
         doc["line"] = (f"the best measured plan ({metric} {value(metric, best.quality)} at "
-                       f"{best.cost:.4g}x): its figure counts no items, so no noise "
+                       f"{best.cost:.3f}x): its figure counts no items, so no noise "
                        "estimate; the best quality, then the cheapest")
         return doc
     doc["noise"] = {"half_width": round(half[0], 6), "words": half[1]}
     if chosen.key() == best.key():
         doc["line"] = (f"the best measured plan ({metric} {value(metric, best.quality)} at "
-                       f"{best.cost:.4g}x); no cheaper measured plan within its noise")
+                       f"{best.cost:.3f}x); no cheaper measured plan within its noise")
     else:
-        doc["line"] = (f"{value(metric, chosen.quality)} at {chosen.cost:.4g}x, within noise of "
-                       f"the best measured {value(metric, best.quality)} at {best.cost:.4g}x "
+        doc["line"] = (f"{value(metric, chosen.quality)} at {chosen.cost:.3f}x, within noise of "
+                       f"the best measured {value(metric, best.quality)} at {best.cost:.3f}x "
                        f"({half[1]}): the cheaper plan")
     return doc
+
+
+def _brief(p: FrontPoint) -> dict[str, Any]:
+    """A point as the choice's record names it (its groups are in the trials)."""
+    out = {k: v for k, v in point_to_dict(p).items() if k != "groups"}
+    return {**out, "promoted": len(p.overrides)}
 
 
 def _round(x: float | None) -> float | None:
