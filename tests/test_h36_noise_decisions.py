@@ -237,3 +237,27 @@ def test_a_headline_gain_beside_an_sqnr_without_noise_estimate_still_keeps():
     after = Measured(0.985, 33.0, samples=_top1(3))
     why, _ = _better(after, before, True, 0.0, "embedding_sqnr_db", metric="top1_agreement")
     assert why is not None and why.startswith("measured better beyond noise")
+
+
+def test_the_class_iou_items_are_clustered_by_sample():
+    """``class_iou_min_items`` counted every position where either model picks the class
+    (1,887 on P-Net's 18 fit photos): the faces of one photo move together, so the
+    planner's noise of the IoU was far too small. Now the effective count, clustered by
+    sample (as ``top1_agreement_items`` per position), with the samples."""
+    from quantscope.tasks.classes import ClassTask
+    from quantscope.types import Outputs
+
+    rng = np.random.default_rng(0)
+    n, h, w = 12, 8, 8
+    face = np.zeros((n, h, w), bool)
+    face[:, 2:6, 2:6] = True  # 16 face positions per sample
+    moved = face.copy()
+    moved[: n // 2] = False  # half the samples lose every face, the others keep them
+    ref = np.stack([~face, face], 1).astype(np.float32) + rng.uniform(0, 0.1, (n, 2, h, w))
+    test = np.stack([~moved, moved], 1).astype(np.float32)
+    out = ClassTask("t", "prob").metrics(Outputs(("prob",), ((ref,),)),
+                                         Outputs(("prob",), ((test,),)))
+    v = out.values
+    assert v["class_iou_min"] == pytest.approx(0.5)
+    assert v["class_iou_min_clusters"] == n
+    assert n <= v["class_iou_min_items"] < n * 16  # not the 192 positions
