@@ -95,6 +95,9 @@ def test_one_detection_of_37_buys_no_cost():
     half, words = share_noise(1.0, 36 / 37, 37, "items")
     assert c["noise"] == {"half_width": pytest.approx(half, abs=1e-6), "words": words}
     assert c["line"].startswith("97.3 % at 1.000x, within noise of the best measured 100.0 % at")
+    from quantscope.report.console import format_search
+
+    assert f"chosen (fit data): {c['line']}" in format_search(r.to_dict()).splitlines()
 
 
 def test_a_gain_beyond_noise_still_buys_it():
