@@ -264,3 +264,20 @@ def test_the_class_iou_items_are_clustered_by_sample():
     assert v["class_iou_min"] == pytest.approx(0.5)
     assert v["class_iou_min_clusters"] == n
     assert n <= v["class_iou_min_items"] < n * 16  # not the 192 positions
+
+
+def test_the_verdict_says_the_interval_the_choice_used(tmp_path, capsys):
+    """``run`` with no goal on a face map (top-1 agreement per position, its items counted):
+    ``verdict.json`` carries the search's choice with its interval, and the console's
+    verdict prints its line."""
+    onnx.save(face_map(), tmp_path / "pnet.onnx")
+    np.savez(tmp_path / "x.npz", **face_map_data(36, seed=1))
+    assert main(["run", str(tmp_path / "pnet.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--target", "qnn-htp-v73", "--repairs", "none", "--rewrites", "none",
+                 "--finetune", "off", "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    v = read_json(tmp_path / "W" / "verdict.json", "verdict")
+    plan = json.loads((tmp_path / "W" / "plan.json").read_text())
+    assert v["choice"] == plan["pareto"]["choice"] and v["choice"]["noise"] is not None
+    assert v["choice"]["best"]["items"] >= 18  # the positions' effective count
+    assert f"  chosen (fit data): {v['choice']['line']}" in out.splitlines()
