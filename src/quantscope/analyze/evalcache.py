@@ -177,12 +177,20 @@ class EvalCache:
     def get_timed(self, key: str) -> tuple[float, float] | None:
         """(the cached value, the seconds its measurement took) of ``key``, or None (a
         miss), counted as :meth:`get` counts."""
+        hit = self.get_measured(key)
+        return None if hit is None else hit[:2]
+
+    def get_measured(self, key: str) -> tuple[float, float, dict[str, Any]] | None:
+        """(the cached value, the seconds its measurement took, what was stored with it)
+        of ``key``, or None (a miss), counted as :meth:`get` counts."""
         doc = self._read(key)
         if doc is None:
             self.misses += 1
             return None
         self.hits += 1
-        return float(doc["value"]), float(doc.get("seconds") or 0.0)
+        what = doc.get("what")
+        return (float(doc["value"]), float(doc.get("seconds") or 0.0),
+                dict(what) if isinstance(what, dict) else {})
 
     def get_what(self, key: str) -> dict[str, Any] | None:
         """What was stored with a cached value (e.g. every metric of a measurement), or

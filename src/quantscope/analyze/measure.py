@@ -375,16 +375,18 @@ FIDELITY_PRIMARIES = ("sqnr_db_channel_min", "sqnr_db", "cosine_mean")
 
 def _ranked_by(rows: RowScoring, metric: str | None) -> RowScoring:
     """A row-local task scoring ranked by ``metric`` (``--metric``) when that is a known
-    task figure whose direction is not the headline's: ``--metric char_error_rate`` (lower
-    is better) on a ctc task was searched in string_agreement's direction, so the plan
-    chosen was the one of the highest error rate (2.2 % at 1.0x while a 4.9x plan
-    measured 0 %) and the goal said 'no promotion left'. The search compares its
-    predictions with the measured figures in one direction: the analysis' is the metric's."""
+    task figure other than the headline, in its own direction: ``--metric char_error_rate``
+    (lower is better) on a ctc task was searched in string_agreement's direction, so the
+    plan chosen was the one of the highest error rate (2.2 % at 1.0x while a 4.9x plan
+    measured 0 %) and the goal said 'no promotion left'; ``--metric class_iou_min`` (the
+    headline's direction) was ranked by ``top1_agreement``, so the plan's predictions and
+    per-group reasons named the headline while its plans were measured by the class IoU.
+    The search compares its predictions with the measured figures: the analysis' metric is
+    the measured one."""
     from quantscope.tasks.headline import KNOWN_METRICS
 
     known = KNOWN_METRICS.get(metric or "")
-    if not rows.row_local or metric is None or metric == rows.primary or known is None \
-            or known[0] == rows.higher_is_better:
+    if not rows.row_local or metric is None or metric == rows.primary or known is None:
         return rows
 
     def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:

@@ -77,6 +77,9 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "uniform_meets_goal": bool(pareto.get("uniform_meets_goal")),
         "binding": _binding(pareto, reached),
         **({"ranking": pareto["engines"]} if pareto.get("engines") else {}),
+        # how the search chose among its measured plans without a quality goal, with the
+        # noise interval that made a cheaper plan a tie (plan.pareto.choice_record)
+        **({"choice": pareto["choice"]} if pareto.get("choice") else {}),
         # the plan search stopped on --budget (absent when it did not bind)
         **({"time_budget": pareto["time_budget"]} if pareto.get("time_budget") else {}),
         # where the search's budget and repairs differ from --budget/--repairs (steps.plan_scope)
@@ -422,7 +425,7 @@ def format_verdict_details(v: dict[str, Any]) -> str:
     """Every line of the verdict: quality of each configuration, findings, rewrite notes,
     the whatif, the files and the device I/O formulas (the report folds them)."""
     from quantscope.report import fmt
-    from quantscope.report.summary import format_short, ranking_line, warned_text
+    from quantscope.report.summary import choice_line, format_short, ranking_line, warned_text
 
     m = v["metric"]
     q = v["quality"]
@@ -436,6 +439,8 @@ def format_verdict_details(v: dict[str, Any]) -> str:
         lines.append(f"  the planner's binding (predicted, fit data): {v['binding']}")
     if ranking_line(v):
         lines.append(f"  {ranking_line(v)}")
+    if choice_line(v, every=True):
+        lines.append(f"  {choice_line(v, every=True)}")
     if v.get("time_budget"):
         lines.append(f"  budget: {v['time_budget']['note']}")
     lines.extend(f"  {line}" for line in v.get("plan_scope") or [])

@@ -47,6 +47,7 @@ from quantscope.plan.refine import Evaluate
 from quantscope.plan.start import RepairOption
 from quantscope.progress import say
 from quantscope.targets.profile import Target
+from quantscope.tasks.shares import items_key
 from quantscope.types import Plan, Precision, QuantscopeError, Sensitivity, Stats
 from quantscope.units import value
 
@@ -127,7 +128,10 @@ def repair_evaluator(
     progress: bool = False,
 ) -> Evaluate:
     """``evaluate(plan) -> float``: ``metric`` of ``plan``, after its repairs (meta
-    ``repairs``; ``repair`` is needed only for plans that list some)."""
+    ``repairs``; ``repair`` is needed only for plans that list some). After each call its
+    ``items`` is the count of the items the figure is a share over, where the task counts
+    them (``KEY_items``: the noise of the figure, :func:`quantscope.plan.pareto.noise`),
+    else None."""
 
     start, done = time.perf_counter(), [0]
 
@@ -146,9 +150,22 @@ def repair_evaluator(
         metrics = measure(m, s, p)
         if metric not in metrics:
             raise QuantscopeError(f"metric '{metric}' not among {', '.join(sorted(metrics))}")
+        evaluate.items = metrics.get(items_key(metric))
         return float(metrics[metric])
 
-    return run
+    evaluate = Counted(run)
+    return evaluate
+
+
+class Counted:
+    """An evaluator that says the items its last figure is a share over (``items``: the
+    task's ``KEY_items``; None: not counted), which the refinement reads after each call."""
+
+    def __init__(self, run: Evaluate) -> None:
+        self.run, self.items = run, None
+
+    def __call__(self, plan: Plan) -> float:
+        return self.run(plan)
 
 
 @dataclass(frozen=True)

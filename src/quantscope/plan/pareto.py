@@ -10,6 +10,17 @@ dominated      another point is no more expensive and no worse, and better in on
 budget         ``min_quality``: the cheapest point whose quality meets Q;
                ``max_cost``: the best quality at cost <= C; both: the cheapest
                point meeting Q within C; none: the best quality (then cheapest)
+noise          without ``min_quality``, where the measured figure is a share over
+               counted items (``items``: detection F1 over the detections, a class
+               output's top-1 picks): the cheapest measured point not worse than the
+               best measured one beyond the one-sided 95 % binomial noise of their
+               difference (:func:`noise`, the rule of
+               :func:`quantscope.tasks.shares.share_noise`, which ``run --rewrites
+               auto`` decides by too): cost is not bought on a difference the data
+               cannot tell from sampling noise; never a plan below the user's goal
+               (``floor``) for one that meets it. Without a count (an SQNR, retrieval
+               top-1 agreement measured as one figure): the best quality, then the
+               cheapest, and :func:`choice_record` says there was no noise estimate
 =============  ================================================================
 
 Quality comparisons follow the metric's direction (``higher_is_better``).
@@ -21,7 +32,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from quantscope.tasks.shares import share_noise
 from quantscope.types import Precision
+from quantscope.units import value
 
 COST_TOL = 1e-9
 QUALITY_TOL = 1e-9  # sums of gains are floats: 0.7 + 0.05 + 0.05 < 0.8
@@ -36,6 +49,9 @@ class FrontPoint:
     origin: str = "greedy"  # "start" | "greedy" | "pruned" | "dropped" | "residual"
     step: int = 0  # greedy moves taken to reach it
     repairs: tuple[str, ...] = ()
+    # the measured figure is a share over this many items (its task counts them:
+    # ``KEY_items``); None: not a counted share, or not measured
+    items: float | None = None
 
     @property
     def quality(self) -> float:
@@ -50,6 +66,19 @@ class Budget:
     min_quality: float | None = None
     max_cost: float | None = None
     higher_is_better: bool = True
+    # the user's goal in the measured metric (``run --goal`` where the search still asks
+    # for the best quality): the noise rule never trades a measured plan that meets it for
+    # one that does not
+    floor: float | None = None
+
+    def keeps_floor(self, point: FrontPoint, reference: FrontPoint) -> bool:
+        """``point`` meets :attr:`floor` wherever ``reference`` does (measured figures)."""
+        if self.floor is None:
+            return True
+        def meets(q: float) -> bool:
+            return q >= self.floor - QUALITY_TOL if self.higher_is_better \
+                else q <= self.floor + QUALITY_TOL  # type: ignore[operator]
+        return meets(point.quality) or not meets(reference.quality)
 
     def better(self, a: float, b: float) -> bool:
         """Is quality ``a`` strictly better than ``b``?"""
@@ -101,6 +130,33 @@ def pareto_front(points: Iterable[FrontPoint], budget: Budget) -> tuple[FrontPoi
     return tuple(sorted(keep, key=lambda p: (p.cost, -_sign(budget) * p.predicted, p.step)))
 
 
+def noise(reference: FrontPoint, other: FrontPoint) -> tuple[float, str] | None:
+    """The one-sided 95 % binomial noise of the difference of two measured shares, each
+    over its own counted items, and its words (:func:`quantscope.tasks.shares.share_noise`);
+    None when either is not a measured share with a count."""
+    if reference.measured is None or other.measured is None or not reference.items \
+            or not other.items:
+        return None
+    return share_noise(reference.measured, other.measured, int(reference.items), "items",
+                       n_after=int(other.items))
+
+
+def not_worse(point: FrontPoint, reference: FrontPoint, budget: Budget) -> bool:
+    """``point`` is not worse than ``reference`` beyond the noise of their difference
+    (:func:`noise`); without a noise estimate, at least as good."""
+    half = noise(reference, point)
+    margin = 0.0 if half is None else half[0]
+    return _sign(budget) * (point.quality - reference.quality) >= -margin - QUALITY_TOL \
+        and budget.keeps_floor(point, reference)
+
+
+def best_measured(points: Sequence[FrontPoint], budget: Budget) -> FrontPoint | None:
+    """The measured point of the best quality within the cost cap (then the cheapest)."""
+    s = _sign(budget)
+    done = [p for p in points if p.measured is not None and budget.within_cost(p.cost)]
+    return min(done, key=lambda p: (-s * p.quality, p.cost, p.step)) if done else None
+
+
 def select(points: Sequence[FrontPoint], budget: Budget) -> tuple[FrontPoint, bool]:
     """The point the budget asks for, and whether it meets the budget (see module table)."""
     s = _sign(budget)
@@ -111,7 +167,48 @@ def select(points: Sequence[FrontPoint], budget: Budget) -> tuple[FrontPoint, bo
     if budget.min_quality is not None and ok:
         return min(ok, key=lambda p: (p.cost, -s * p.quality, p.step)), True
     best = min(capped, key=lambda p: (-s * p.quality, p.cost, p.step))
+    if budget.min_quality is None and best.measured is not None:
+        ties = [p for p in capped if p.measured is not None and noise(best, p) is not None
+                and not_worse(p, best, budget)]
+        best = min([best, *ties], key=lambda p: (p.cost, -s * p.quality, p.step))
     return best, budget.min_quality is None
+
+
+def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budget,
+                  metric: str) -> dict[str, Any] | None:
+    """How the best-quality rule (no ``min_quality``) chose among the measured points, for
+    the plan file: the best measured point, the chosen one and the interval that made
+    them a tie (``noise``: half width and words), or that there was no noise estimate;
+    ``line`` says it in words. None: a quality goal decided, or nothing was measured."""
+    best = best_measured(points, budget)
+    if budget.min_quality is not None or best is None or chosen.measured is None:
+        return None
+    rule = ("the cheapest measured plan not worse than the best measured one beyond the "
+            "one-sided 95 % binomial noise of their difference, each figure over its own "
+            "counted items (a difference within it buys no cost)")
+    half = noise(best, chosen)
+    doc: dict[str, Any] = {"rule": rule, "best": _brief(best), "chosen": _brief(chosen)}
+    if half is None:
+        doc["noise"] = None
+        doc["line"] = (f"the best measured plan ({metric} {value(metric, best.quality)} at "
+                       f"{best.cost:.3f}x): its figure counts no items, so no noise "
+                       "estimate; the best quality, then the cheapest")
+        return doc
+    doc["noise"] = {"half_width": round(half[0], 6), "words": half[1]}
+    if chosen.key() == best.key():
+        doc["line"] = (f"the best measured plan ({metric} {value(metric, best.quality)} at "
+                       f"{best.cost:.3f}x); no cheaper measured plan within its noise")
+    else:
+        doc["line"] = (f"{value(metric, chosen.quality)} at {chosen.cost:.3f}x, within noise of "
+                       f"the best measured {value(metric, best.quality)} at {best.cost:.3f}x "
+                       f"({half[1]}): the cheaper plan")
+    return doc
+
+
+def _brief(p: FrontPoint) -> dict[str, Any]:
+    """A point as the choice's record names it (its groups are in the trials)."""
+    out = {k: v for k, v in point_to_dict(p).items() if k != "groups"}
+    return {**out, "promoted": len(p.overrides)}
 
 
 def _round(x: float | None) -> float | None:
@@ -129,4 +226,6 @@ def point_to_dict(p: FrontPoint) -> dict[str, Any]:
     }
     if p.repairs:
         out["repairs"] = list(p.repairs)
+    if p.items is not None:
+        out["items"] = _round(p.items)
     return out

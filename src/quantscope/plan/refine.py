@@ -23,9 +23,17 @@ between         the weightless layers (Resize, Concat, pooling) left below both 
                 legal within ``max_cost``: one more candidate (``plan/between.py``)
 widest          with no cost cap: every group at its widest legal
                 precision within ``max_cost``, one more candidate (``plan/widest.py``)
-drop            from the best measured point, revert promotions with the least
+start           without ``min_quality``, when the measured figures are shares over
+                counted items (``FrontPoint.items``: their noise is known): the start
+                plan (uniform ``low``) is measured too, after the batch: a bought
+                cost must gain beyond noise over it
+drop            from the chosen measured point, revert promotions with the least
                 predicted gain per unit of cost saved; keep a revert when the
-                measurement still meets Q (or, without Q, loses at most ``tol``)
+                measurement still meets Q (or, without Q, loses at most ``tol``; for a
+                share over counted items, is not worse than the best measured point
+                beyond the noise of their difference,
+                :func:`quantscope.plan.pareto.not_worse`: measured against that one
+                point, so reverts within noise cannot add up to more than it)
 ==============  ===================================================================
 
 At most ``steps`` evaluations in all; each plan is measured once. The result is every
@@ -62,7 +70,7 @@ from typing import Any
 from quantscope.analyze.phases import NORM_OPS, residual_groups
 from quantscope.plan.between import between_point
 from quantscope.plan.greedy import Walk
-from quantscope.plan.pareto import FrontPoint, select
+from quantscope.plan.pareto import Budget, FrontPoint, best_measured, not_worse, select
 from quantscope.plan.predict import predict
 from quantscope.plan.race import RacePlans
 from quantscope.plan.start import EPS, Space, emit, repair_meta
@@ -158,7 +166,7 @@ class _Meter:
         self.left -= 1
         plan = emit(self.space, point, reasons=(), meta=repair_meta(point))
         t0 = time.perf_counter()
-        done = replace(point, measured=float(self.evaluate(plan)))
+        done = replace(point, measured=float(self.evaluate(plan)), items=self._items())
         took = self._charge(time.perf_counter() - t0)
         self.took.setdefault(point.repairs, []).append(took)
         self.seen[point.key()] = done
@@ -178,6 +186,12 @@ class _Meter:
         self.left -= 1
         self.stopped.add(key)
         return True
+
+    def _items(self) -> float | None:
+        """The items the figure just measured is a share over, where the evaluator says
+        (its ``items`` after each call: the task's ``KEY_items``); None: not said."""
+        items = getattr(self.evaluate, "items", None)
+        return float(items) if isinstance(items, int | float) and items >= 1 else None
 
     def _charge(self, took: float) -> float:
         """The seconds an evaluation counts for: what it took, or, for a figure the
@@ -305,6 +319,7 @@ def refine_run(
     else:
         meter.measure_all(list(reversed(capped[-max(1, meter.left // 2) :])), evaluate_many,
                           race)
+        _measure_start(meter, capped[0])
     if not meter.seen:
         return Refined(())
     best = _drop_repairs(space, meter, select(list(meter.seen.values()), space.budget)[0])
@@ -366,6 +381,30 @@ def _skip_branch(groups: Groups, adds: Sequence[Group]) -> set[str]:
     return found
 
 
+def _measure_start(meter: _Meter, start: FrontPoint) -> None:
+    """The start plan measured as well when the measured figures have a noise (shares over
+    counted items): the best-quality rule then buys cost only for a gain beyond noise over
+    it (:func:`quantscope.plan.pareto.select`). Without a noise estimate it would win only
+    on a strictly better figure, so it is not measured (the batch's steps are the path's)."""
+    if start.origin != "start" or start.key() in meter.seen:
+        return
+    if any(p.items is not None for p in meter.seen.values()):
+        meter.measure(start)
+
+
+def _keeps(done: FrontPoint, current: FrontPoint, reference: FrontPoint | None,
+           budget: Budget, tol: float) -> bool:
+    """Whether a measured revert (``done``, from ``current``) is kept without a quality
+    goal: not worse than the best measured ``reference`` beyond the noise of their
+    difference where both figures count their items (:func:`not_worse`), else losing at
+    most ``tol`` against ``current``."""
+    sign = 1.0 if budget.higher_is_better else -1.0
+    if sign * (done.quality - current.quality) >= -tol:
+        return True
+    return reference is not None and done.items is not None and reference.items is not None \
+        and not_worse(done, reference, budget)
+
+
 def _first_meeting(space: Space, meter: _Meter, seq: list[FrontPoint]) -> None:
     """Find the first path point whose measurement meets Q (measurements assumed rising)."""
     budget = space.budget
@@ -385,7 +424,7 @@ def _first_meeting(space: Space, meter: _Meter, seq: list[FrontPoint]) -> None:
 def _drop(space: Space, meter: _Meter, current: FrontPoint, tol: float) -> None:
     """Revert promotions (least predicted gain per cost saved first) the measurement allows."""
     prec, budget, start = space.precisions(current), space.budget, space.start
-    sign = 1.0 if budget.higher_is_better else -1.0
+    reference = best_measured(list(meter.seen.values()), budget)
 
     def worth(g: str) -> float:
         saved = -space.table.delta(prec, g, start[g])
@@ -406,7 +445,7 @@ def _drop(space: Space, meter: _Meter, current: FrontPoint, tol: float) -> None:
         keep = (
             budget.meets(done)
             if budget.min_quality is not None
-            else sign * (done.quality - current.quality) >= -tol
+            else _keeps(done, current, reference, budget, tol)
         )
         if keep:
             current, prec = done, trial
@@ -414,17 +453,22 @@ def _drop(space: Space, meter: _Meter, current: FrontPoint, tol: float) -> None:
 
 
 def _drop_repairs(space: Space, meter: _Meter, current: FrontPoint) -> FrontPoint:
-    """Remove each repair of ``current`` whose removal measures at least as well."""
+    """Remove each repair of ``current`` whose removal measures at least as well (without
+    a quality goal, for a share over counted items: not worse than the best measured
+    point beyond noise, as :func:`_drop` keeps a revert)."""
     budget, prec = space.budget, space.precisions(current)
-    sign = 1.0 if budget.higher_is_better else -1.0
+    reference = best_measured(list(meter.seen.values()), budget)
     for r in current.repairs:
         # a repair stays only if the measurement says it helps this plan
         rest = tuple(x for x in current.repairs if x != r)
         done = meter.measure(predict(space, prec, rest, "dropped", current.step))
         if done is None:
             break
-        if sign * (done.quality - current.quality) >= 0 and (
-            budget.min_quality is None or budget.meets(done)
-        ):
+        sign = 1.0 if budget.higher_is_better else -1.0
+        if budget.min_quality is not None:
+            keep = sign * (done.quality - current.quality) >= 0 and budget.meets(done)
+        else:
+            keep = _keeps(done, current, reference, budget, 0.0)
+        if keep:
             current = done
     return current

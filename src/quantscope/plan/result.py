@@ -5,6 +5,9 @@ front          the non-dominated greedy and pruned points (by prediction), with 
                measurement where the refinement made one
 chosen         the point the budget asks for among the measured points, or else among
                the greedy and pruned ones (:func:`~quantscope.plan.pareto.select`)
+choice         without a quality goal: how the best-quality rule chose among the measured
+               points, with the noise interval that made a cheaper one a tie
+               (:func:`~quantscope.plan.pareto.choice_record`; ``pareto["choice"]``)
 reasons        per group: its promotion (predicted gain, cost), and the promotions a
                rule blocked when they would have gained more
 blockers       per rule: the groups it blocked and the predicted gain left on the
@@ -23,7 +26,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantscope.plan.greedy import Move, Skip, Walk
-from quantscope.plan.pareto import Budget, FrontPoint, pareto_front, point_to_dict, select
+from quantscope.plan.pareto import (
+    Budget,
+    FrontPoint,
+    choice_record,
+    pareto_front,
+    point_to_dict,
+    select,
+)
 from quantscope.plan.predict import ESTIMATE_NOTE, predicted_cost
 from quantscope.plan.refine import BudgetStop
 from quantscope.plan.start import EPS, RepairOption, Space, emit, repair_meta
@@ -58,6 +68,9 @@ class SearchResult:
     repairs: tuple[RepairOption, ...] = ()
     notes: tuple[str, ...] = ()
     time_budget: BudgetStop | None = None  # the time budget stopped the measuring
+    # without a quality goal: the measured point chosen, the best one and the noise
+    # interval between them (pareto.choice_record); None: a goal decided, or none measured
+    choice: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The plan JSON's ``pareto`` entry (stable key order)."""
@@ -72,8 +85,10 @@ def result(
     *,
     seed: int,
     stop: BudgetStop | None = None,
+    measured_metric: str | None = None,
 ) -> SearchResult:
-    """Choose, explain and emit (module table)."""
+    """Choose, explain and emit (module table); ``measured_metric``: the metric the
+    trials were measured in (the analysis' when None)."""
     candidates = walk.points + pruned
     measured = {t.key(): t for t in trials}
     front = tuple(measured.get(p.key(), p) for p in pareto_front(candidates, space.budget))
@@ -102,6 +117,8 @@ def result(
         repairs=tuple(r for r in space.repairs if r.name in chosen.repairs),
         notes=(*_notes(space), *((stop.note(),) if stop is not None else ())),
         time_budget=stop,
+        choice=choice_record(trials, chosen, space.budget,
+                             measured_metric or space.sens.metric) if trials else None,
     )
 
 
@@ -243,4 +260,5 @@ def result_to_dict(r: SearchResult) -> dict[str, Any]:
         ],
         "notes": list(r.notes),
         **({"time_budget": r.time_budget.to_dict()} if r.time_budget is not None else {}),
+        **({"choice": r.choice} if r.choice is not None else {}),
     }

@@ -84,10 +84,15 @@ def search(
     time_budget: TimeBudget | None = None,
     progress: bool = False,
     race: RacePlans | None = None,
+    measured_metric: str | None = None,
+    goal: float | None = None,
 ) -> SearchResult:
     """Search a legal mixed-precision plan under a budget (see the module docstring);
-    ``time_budget`` bounds the refinement's measuring (:class:`TimeBudget`)."""
-    budget = Budget(min_quality, max_cost, higher_is_better=sensitivity.higher_is_better)
+    ``time_budget`` bounds the refinement's measuring (:class:`TimeBudget`);
+    ``measured_metric``: what ``evaluate`` measures, for the choice's record; ``goal``: the
+    user's goal in it, which the noise rule keeps (:attr:`Budget.floor`)."""
+    budget = Budget(min_quality, max_cost, higher_is_better=sensitivity.higher_is_better,
+                    floor=goal)
     space = start_search(groups, sensitivity, target, model, low=low, candidates=candidates,
                          budget=budget, shapes=shapes, start=start, repairs=repairs,
                          allow_warnings=allow_warnings)
@@ -96,7 +101,8 @@ def search(
     refined = refine_run(space, walk, pruned, evaluate, steps=refine_steps, tol=drop_tolerance,
                          evaluate_many=evaluate_many, race=race, budget=time_budget,
                          progress=progress)
-    return result(space, walk, pruned, refined.trials, seed=seed, stop=refined.stop)
+    return result(space, walk, pruned, refined.trials, seed=seed, stop=refined.stop,
+                  measured_metric=measured_metric)
 
 
 def plan_from_analysis(
@@ -114,6 +120,8 @@ def plan_from_analysis(
     time_budget: TimeBudget | None = None,
     progress: bool = False,
     race: RacePlans | None = None,
+    measured_metric: str | None = None,
+    goal: float | None = None,
 ) -> tuple[Plan, dict[str, Any]]:
     """For the CLI: the plan and the plan JSON's extra keys (``pareto``, ``repairs``).
 
@@ -128,7 +136,8 @@ def plan_from_analysis(
         )
     r = search(groups, sensitivity, tgt, model, min_quality=min_quality, max_cost=max_cost,
                shapes=shapes, evaluate=evaluate, evaluate_many=evaluate_many, seed=seed,
-               repairs=repairs, time_budget=time_budget, progress=progress, race=race)
+               repairs=repairs, time_budget=time_budget, progress=progress, race=race,
+               measured_metric=measured_metric, goal=goal)
     extra: dict[str, Any] = {"pareto": r.to_dict()}
     if r.repairs:
         extra["repairs"] = [{"name": x.name, "reason": x.reason} for x in r.repairs]

@@ -113,6 +113,8 @@ def format_search(result: dict[str, Any]) -> str:
             f"; chosen plan: {fig(e['measured'])} in {e['measured_by']}, {fig(e['ranked'])} "
             f"ranked by {e['ranked_by']} (difference {fmt.gain(mq, e['difference'])})"
             if "ranked" in e else ""))
+    if (result.get("choice") or {}).get("line"):  # no quality goal: how noise chose
+        lines.append(f"chosen (fit data): {result['choice']['line']}")
     for p in result.get("points", []):
         ranked = f" ranked {fig(p['ranked'])}" if p.get("ranked") is not None else ""
         lines.append(f"  front: cost {p['cost']:<9} predicted {pred(p['predicted']):<10} measured "

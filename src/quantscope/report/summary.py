@@ -84,6 +84,12 @@ def held_out(ev: dict[str, Any]) -> dict[str, Any]:
     return {"samples": rows, "unit": "samples", "rows": rows, "source": part.get("name")}
 
 
+def _fell(iv: dict[str, Any] | None) -> bool:
+    """A tiebreak interval whose upper bound is below minus its margin: worse beyond noise."""
+    return bool(iv) and iv.get("upper") is not None and \
+        iv["upper"] < -float(iv.get("margin", 0.0))  # type: ignore[index]
+
+
 def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     """``plan.json``'s ``rewrites`` record (what ``--rewrites auto`` tried and kept) as a
     short phrase for the verdict's cost line, a line per rewrite (details) and the
@@ -102,10 +108,17 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     split = list(dict.fromkeys(t["name"] for t in record["trials"] if not t["kept"]
                                and (t.get("interval") or {}).get("outcome") == "worse"
                                and (t.get("tiebreak_interval") or {}).get("outcome") == "better"))
+    # ... and better on the headline while the tiebreak fell beyond its noise: not kept
+    fell = list(dict.fromkeys(t["name"] for t in record["trials"] if not t["kept"]
+                              and (t.get("interval") or {}).get("outcome") == "better"
+                              and _fell(t.get("tiebreak_interval"))))
+    named = record.get("tiebreak") or "the tiebreak"
     short = (f"auto: kept {len(kept)} of {len(tried)} tried, {m} on {n}"
              + (f"; a tie on both figures, left out: {', '.join(ties)}" if ties else "")
-             + (f"; dropped on {m} while {record.get('tiebreak') or 'the tiebreak'} rose "
+             + (f"; dropped on {m} while {named} rose "
                 f"beyond noise (the figures disagree): {', '.join(split)}" if split else "")
+             + (f"; dropped though {m} rose: {named} fell beyond noise (the figures "
+                f"disagree): {', '.join(fell)}" if fell else "")
              + (f"; applied for legality: {', '.join(fixed)}" if fixed else ""))
     rows, lines = [], [f"rewrites (auto; {m} of {record.get('measured_on', '')}, {n}; "
                        f"without rewrites {fmt.value(m, record.get('baseline'))}, kept "
@@ -310,6 +323,16 @@ def ranking_line(v: dict[str, Any]) -> str | None:
     return f"search: {r['line']}{figures}"
 
 
+def choice_line(v: dict[str, Any], *, every: bool = False) -> str | None:
+    """How the search chose among its measured plans without a quality goal, where the
+    noise of the figure decided (``plan.json`` ``pareto.choice``); ``every``: also when
+    there was no noise estimate (the report's details). None: nothing to say."""
+    c = v.get("choice")
+    if not c or (c.get("noise") is None and not every):
+        return None
+    return f"chosen (fit data): {c['line']}"
+
+
 def deployment(doc: dict[str, Any] | None, metric: str) -> dict[str, Any] | None:
     """The compiled lengths of the run (``lengths.json``) for the verdict: None where the
     data has no token counts or ``--lengths off``; one line of reason where no
@@ -417,6 +440,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines[-1] += f"; {worse}"
     if ranking_line(v):
         lines.append(f"  {ranking_line(v)}")
+    if choice_line(v):
+        lines.append(f"  {choice_line(v)}")
     applied = [k for k in v.get("rewrites_applied", []) if k]
     # the compiled model is not the original: each rewrite's note (and caveat) is kept
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]

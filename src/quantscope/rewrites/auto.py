@@ -273,10 +273,14 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
         iv = paired_interval(after.samples, before.samples, higher=higher)
         text = _interval_text(iv, metric)
         if iv["lower"] > min_gain:
-            return f"measured better beyond noise ({text}){_other(after, before, iv, tiebreak, True)}", iv
+            other, against = _other(after, before, iv, tiebreak, True)
+            if against:  # the evidence is not consistent: the model without it stands
+                iv["because"] = f"measured better beyond noise ({text}){other}"
+                return None, iv
+            return f"measured better beyond noise ({text}){other}", iv
         if iv["outcome"] == "worse":
             iv["because"] = (f"measured worse beyond noise ({text})"
-                             f"{_other(after, before, iv, tiebreak, False)}")
+                             f"{_other(after, before, iv, tiebreak, False)[0]}")
             return None, iv
         return tie(f"a tie within noise ({text})", iv)
     gain = after.value - before.value if higher else before.value - after.value
@@ -289,7 +293,12 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
                  f"{noise[1]}; "
                  "no per-sample scores")
         if gain > max(min_gain, noise[0]):
-            return f"measured better beyond noise ({words})", None
+            extra: dict[str, Any] = {}
+            other, against = _other(after, before, extra, tiebreak, True)
+            if against:  # the evidence is not consistent: the model without it stands
+                extra["because"] = f"measured better beyond noise ({words}){other}"
+                return None, extra
+            return f"measured better beyond noise ({words}){other}", extra or None
         if gain < -noise[0]:
             return None, {"because": f"measured worse beyond noise ({words})"}
         return tie(f"a tie within noise ({words})", {}, won="decided by better")
@@ -307,32 +316,37 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
 
 
 def _other(after: Score, before: Score, iv: dict[str, Any], tiebreak: str | None,
-           won: bool) -> str:
+           won: bool) -> tuple[str, bool]:
     """The tiebreak's figures beside a headline that decided (``won``: better beyond
-    noise), its interval kept as ``iv['tiebreak']``; where it moved the other way beyond
-    its own noise and margin, said as a disagreement: the headline's per-sample picks
-    (top-1 over a few hundred pairs) flip on near-ties, and the figure of a kept set is
-    the best of those measured, so the two can disagree (field report: e5-small, headsplit dropped
-    at -3.5 pts top-1 while the embedding SQNR rose 2.8 dB)."""
+    noise), its interval kept as ``iv['tiebreak']``, and whether it moved the other way
+    beyond its own noise and margin: said as a disagreement, and the model without the
+    rewrite stands either way (a rewrite adds layers: it is kept only on consistent
+    evidence). The headline's per-sample picks (top-1 over a few hundred pairs) flip on
+    near-ties, and the figure of a kept set is the best of those measured, so the two can
+    disagree (field report: e5-small, headsplit dropped at -3.5 pts top-1 while the
+    embedding SQNR rose 2.8 dB)."""
     outcome, how, tie_iv = decide_tie(after, before, tiebreak or "the tiebreak")
     if how is None:
-        return ""
+        return "", False
     iv["tiebreak"] = tie_iv
     named = tiebreak or "the tiebreak"
     figures = (f"{named} {value(named, before.tiebreak, fine=True)} -> "
                f"{value(named, after.tiebreak, fine=True)}")
-    if won:  # against it: the tiebreak worse beyond its noise and margin
-        drop = after.tiebreak - before.tiebreak
-        against = (tie_iv["upper"] < -TIE_MARGIN if tie_iv is not None
-                   else drop < -TIE_MARGIN)
+    if won:  # against it: the tiebreak worse beyond its noise and margin (a figure with
+        # no noise estimate cannot say so)
+        against = tie_iv is not None and tie_iv["upper"] < -TIE_MARGIN
     else:
         against = outcome == "better"
     if not against:
-        return f"; {figures}"
-    return (f"; the figures disagree: {how}; the headline decides (its per-sample picks "
-            f"flip on near-ties, and the figure it is compared with is a kept set's, "
-            f"chosen as the best measured): compare with --rewrites NAME,..., or on more "
-            f"pairs")
+        return f"; {figures}", False
+    which = ("the headline rose beyond its noise while the tiebreak fell beyond its own"
+             if won else "the headline fell beyond its noise while the tiebreak rose beyond "
+             "its own")
+    return (f"; the figures disagree: {how}; {which}, so the model without it stands (a "
+            f"rewrite adds layers: it is kept only when no figure says worse beyond noise; "
+            f"the headline's per-sample picks flip on near-ties, and the figure it is "
+            f"compared with is a kept set's, chosen as the best measured): compare with "
+            f"--rewrites NAME,..., or on more pairs"), True
 
 
 def _split(iv: dict[str, Any] | None) -> tuple[str | None, dict[str, Any] | None,

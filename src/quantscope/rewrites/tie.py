@@ -40,16 +40,19 @@ past the margin.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from statistics import NormalDist
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from quantscope.plan.race import t_quantile
+from quantscope.tasks.shares import (  # noqa: F401 - share_noise: the one rule, re-exported
+    SHARE_CONFIDENCE,
+    share_noise,
+)
 from quantscope.units import value
 
 TIE_MARGIN = 0.1  # the tiebreak figure must gain more than this (dB for an SQNR)
-CONFIDENCE = 0.95  # one-sided: a gain is beyond noise when its lower bound is above 0
+CONFIDENCE = SHARE_CONFIDENCE  # one-sided: a gain is beyond noise when its lower bound is above 0
 
 class Parts(NamedTuple):
     """Per independent unit: signal power, noise power, and what a unit is (``rows``, or
@@ -115,26 +118,6 @@ def gain_interval(after: Parts, before: Parts, *, margin: float = TIE_MARGIN,
     outcome = "better" if lower > margin else "not better" if upper <= margin else "tie"
     return {"n": rows, "unit": unit, "difference": gain, "lower": lower, "upper": upper,
             "confidence": confidence, "margin": margin, "outcome": outcome}
-
-
-def share_noise(before: float, after: float, n: int, what: str = "items", *,
-                n_after: int | None = None, confidence: float = CONFIDENCE
-                ) -> tuple[float, str] | None:
-    """The one-sided ``confidence`` noise of the difference of two shares ``before`` over
-    ``n`` items and ``after`` over ``n_after`` (default: the same ``n``):
-    ``z * sqrt(p(1-p)/n + q(1-q)/n_after)`` (binomial standard errors combined, ``z`` the
-    normal quantile), and the figures in words. Each figure's own count: a detection
-    F1's items are both models' detections, so they differ from plan to plan. None: no
-    items, or a figure that is no share (outside 0..1)."""
-    m = n if n_after is None else n_after
-    if n < 1 or m < 1 or not all(0.0 <= v <= 1.0 for v in (before, after)):
-        return None
-    z = NormalDist().inv_cdf(confidence)
-    half = z * float(np.sqrt(before * (1 - before) / n + after * (1 - after) / m))
-    count = f"n {n}" if m == n else f"n {n}, n' {m}"
-    return half, (f"one-sided {confidence:.0%} binomial noise {half:.4g} = {z:.3f} x "
-                  f"sqrt(p(1-p)/n + q(1-q)/n{'' if m == n else chr(39)}) with p "
-                  f"{before:.4g}, q {after:.4g}, {count} {what}")
 
 
 def decide_tie(after: Any, before: Any, named: str) -> tuple[str, str | None,

@@ -265,12 +265,12 @@ def plan_model(
             return uniform
     engine, ranking, many, racer, raced = _search_tools(model, data, stats, target, options,
                                                         evaluate, executor, progress)
-    plan, extra = plan_from_analysis(model, analysis, target, min_quality=options.min_quality,
-                                     max_cost=options.max_cost, shapes=shapes,
-                                     evaluate=ranking, evaluate_many=many,
-                                     seed=options.seed, repairs=offer.options if offer else (),
-                                     time_budget=_time_budget(options, clock),
-                                     progress=progress, race=racer)
+    plan, extra = plan_from_analysis(
+        model, analysis, target, min_quality=options.min_quality, max_cost=options.max_cost,
+        shapes=shapes, evaluate=ranking, evaluate_many=many, seed=options.seed,
+        repairs=offer.options if offer else (), time_budget=_time_budget(options, clock),
+        progress=progress, race=racer, measured_metric=options.metric,
+        goal=options.goal if evaluate is not None else None)
     pareto = extra["pareto"]
     if raced is not None:
         pareto["race"] = racer.record() if racer is not None else raced

@@ -119,17 +119,20 @@ def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, s
 
     def run(plan: Plan) -> float:
         k = key(plan)
-        hit = cache.get_timed(k)
+        hit = cache.get_measured(k)
         if hit is not None:
-            value, measure.seconds = hit  # what it cost when measured
+            value, measure.seconds, what = hit  # what it cost when measured
+            measure.items = what.get("items")  # the items its share is over, if counted
             return value
         t0 = time.perf_counter()
         value = float(evaluate(plan))
         measure.seconds = time.perf_counter() - t0
+        measure.items = getattr(evaluate, "items", None)
         cache.put(k, value, seconds=measure.seconds,
                   what={"metric": metric, "model": model.source,
                         "overrides": len(plan.overrides),
-                        "repairs": dict(plan.meta).get("repairs", "")})
+                        "repairs": dict(plan.meta).get("repairs", ""),
+                        **({"items": measure.items} if measure.items is not None else {})})
         return value
 
     measure = _Charged(run)
@@ -140,10 +143,12 @@ class _Charged:
     """An evaluator that says what its last evaluation cost (``seconds``: measured now, or
     as recorded when it was read from the evaluation cache), so that a time budget charges
     a cached figure what measuring it took and a resumed search measures what a clean one
-    would (``plan/refine.py``'s meter)."""
+    would (``plan/refine.py``'s meter), and the items its figure is a share over
+    (``items``, kept in the cache entry: a figure read back has the same noise)."""
 
     def __init__(self, run: Callable[[Plan], float]) -> None:
         self.run, self.seconds = run, 0.0
+        self.items: float | None = None
 
     def __call__(self, plan: Plan) -> float:
         return self.run(plan)

@@ -16,7 +16,8 @@ class task scores what the user acts on:
     ``class_iou_min`` (when FP32 or the quantized model picks several classes): the
     lowest, over the classes either picks, of the IoU of the samples (positions) where
     FP32 picks the class with those where the quantized model does, with
-    ``class_iou_min_items`` (where either picks it). A face map (P-Net) whose faces are
+    ``class_iou_min_items`` (where either picks it; per position the effective count
+    clustered by sample, ``class_iou_min_clusters`` the samples). A face map (P-Net) whose faces are
     0.5 % of the positions can lose every one of them, or double them, at 99.5 % top-1
     agreement: this figure then reads 0, or 0.5.
 
@@ -135,8 +136,8 @@ class ClassTask:
         notes = []
         worst = _worst_class(top_r, top_t)
         if worst is not None:
-            values.update({"class_iou_min": worst[4], items_key("class_iou_min"): float(
-                worst[1] + worst[2] - worst[3])})
+            values["class_iou_min"] = worst[4]
+            values.update(_iou_items(top_r == worst[0], top_t == worst[0], positions))
         picked = np.unique(top_r)
         if len(picked) == 1 and n > 1:
             notes.append(f"output '{self.output}': FP32 picks class {int(picked[0])} on every "
@@ -175,6 +176,22 @@ def _worst_class(top_r: np.ndarray, top_t: np.ndarray
     i = int(np.argmin(iou))
     k = int(classes[i])
     return k, int(fp32[k]), int(quantized[k]), int(both[k]), float(iou[i])
+
+
+def _iou_items(fp32: np.ndarray, quantized: np.ndarray, positions: np.ndarray
+               ) -> dict[str, float]:
+    """The items ``class_iou_min`` is over: the positions where either model picks the
+    class (``fp32``, ``quantized``: where each does), a share of them picked by both; per
+    position, the effective count of those positions clustered by their sample, and the
+    samples (:func:`quantscope.tasks.shares.share_counts`: the faces of one photo move
+    together, so the raw count of positions made the noise of the IoU far too small)."""
+    either, both = fp32 | quantized, fp32 & quantized
+    positions = positions[positions > 0]
+    if len(positions) == len(either) or int(positions.sum()) != len(either):
+        return {items_key("class_iou_min"): float(either.sum())}
+    starts = np.r_[0, np.cumsum(positions)[:-1]]
+    return share_counts("class_iou_min", np.add.reduceat(both.astype(np.float64), starts),
+                        np.add.reduceat(either.astype(np.int64), starts))
 
 
 def _items(metric: str, agree: np.ndarray, positions: np.ndarray) -> dict[str, float]:

@@ -206,7 +206,7 @@ def share_items(task: Task | None, metric: str, values: Mapping[str, float]
                 ) -> tuple[int, str] | None:
     """How many items the share ``metric`` is over, and what they are, where the task or
     its figures tell (the binomial noise of a headline with no per-sample scores,
-    :func:`quantscope.rewrites.tie.share_noise`): the count the task gave beside the
+    :func:`quantscope.tasks.shares.share_noise`): the count the task gave beside the
     figure (``KEY_items``, :mod:`quantscope.tasks.shares`: a class output's top-1 picks,
     effective where positions cluster by sample, a score output's decisions, image views,
     a detection share's detections), a face verification's decision agreement over its

@@ -1,8 +1,9 @@
 """How many items a share metric counts: the figure its binomial noise needs.
 
 A share (a fraction of items that agree with FP32) has a noise of its own,
-``sqrt(p(1 - p) / n)`` over its ``n`` items (:func:`quantscope.rewrites.tie.share_noise`
-decides a rewrite's gain by it). The task that computes the share counts its items in the
+``sqrt(p(1 - p) / n)`` over its ``n`` items (:func:`share_noise`: a rewrite's gain
+(:mod:`quantscope.rewrites.tie`) and the planner's choice between measured plans
+(:mod:`quantscope.plan.pareto`) are decided by it). The task that computes the share counts its items in the
 same pass, as the value ``KEY_items`` beside ``KEY`` (:func:`items_key`), so the count
 cannot drift from the figure; :func:`quantscope.tasks.headline.share_items` reads it.
 
@@ -26,10 +27,13 @@ cannot drift from the figure; :func:`quantscope.tasks.headline.share_items` read
 from __future__ import annotations
 
 from collections.abc import Mapping
+from statistics import NormalDist
 
 import numpy as np
 
 from quantscope.units import CLUSTERS, ITEMS, count_key  # the count keys' one spelling
+
+SHARE_CONFIDENCE = 0.95  # one-sided: a difference beyond it is beyond noise
 
 # what a share's items are, in words (the reason of a rewrite's keep or drop says them)
 ITEM_WORDS: dict[str, str] = {
@@ -110,3 +114,23 @@ def worst_counts(per_task: list[Mapping[str, float]], worst: Mapping[str, float]
                     or (np.isnan(values[share]) and np.isnan(worst[share]))):
                 out[key] = count
     return out
+
+
+def share_noise(before: float, after: float, n: int, what: str = "items", *,
+                n_after: int | None = None, confidence: float = SHARE_CONFIDENCE
+                ) -> tuple[float, str] | None:
+    """The one-sided ``confidence`` noise of the difference of two shares ``before`` over
+    ``n`` items and ``after`` over ``n_after`` (default: the same ``n``):
+    ``z * sqrt(p(1-p)/n + q(1-q)/n_after)`` (binomial standard errors combined, ``z`` the
+    normal quantile), and the figures in words. Each figure's own count: a detection
+    F1's items are both models' detections, so they differ from plan to plan. None: no
+    items, or a figure that is no share (outside 0..1)."""
+    m = n if n_after is None else n_after
+    if n < 1 or m < 1 or not all(0.0 <= v <= 1.0 for v in (before, after)):
+        return None
+    z = NormalDist().inv_cdf(confidence)
+    half = z * float(np.sqrt(before * (1 - before) / n + after * (1 - after) / m))
+    count = f"n {n}" if m == n else f"n {n}, n' {m}"
+    return half, (f"one-sided {confidence:.0%} binomial noise {half:.4g} = {z:.3f} x "
+                  f"sqrt(p(1-p)/n + q(1-q)/n{'' if m == n else chr(39)}) with p "
+                  f"{before:.4g}, q {after:.4g}, {count} {what}")
