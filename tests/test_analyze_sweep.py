@@ -199,3 +199,26 @@ def test_a_group_gaining_nothing_promoted_alone_is_not_listed_as_an_offender():
 
     html = analysis_section(analysis_to_dict(dataclasses.replace(a, offenders=rows)))
     assert "good" in html and "worse" not in html
+
+
+def test_the_planner_names_the_key_the_offenders_were_ranked_by():
+    """Tensor data ranks offenders by the worst output channel's SQNR; the planner read
+    their gains as 'output_sqnr_db' from the whole output's baseline, and every reason said
+    '+0.000 dB output_sqnr_db predicted'. The analysis records its key; an older file
+    without it reads as before."""
+    from quantscope.serde import sensitivity_from_dict
+
+    model, groups, stats, feeds = _prepared("conv_net")
+    a = analysis_to_dict(analyze(model, groups, stats, feeds, scorer=Scorer(),
+                                 proxy_fraction=1.0))
+    assert a["method"]["ranked_by"] == "sqnr_db"  # this scorer reports no channel
+    low = {**a["baselines"]["a8_w8"], "sqnr_db_channel_min": 12.5}
+    a = {**a, "primary": "sqnr_db_channel_min", "baselines": {**a["baselines"], "a8_w8": low},
+         "method": {**a["method"], "ranked_by": "sqnr_db_channel_min"}}  # as run's tensors
+    sens = sensitivity_from_dict(a)
+    assert sens.metric == "sqnr_db_channel_min"
+    assert sens.base == pytest.approx(a["baselines"]["a8_w8"]["sqnr_db_channel_min"])
+    old = {**a, "method": {k: v for k, v in a["method"].items() if k != "ranked_by"}}
+    sens = sensitivity_from_dict(old)
+    assert sens.metric == "output_sqnr_db"
+    assert sens.base == pytest.approx(a["baselines"]["a8_w8"]["sqnr_db"])

@@ -515,10 +515,14 @@ def _analysis_json(obj: dict[str, Any], where: str) -> Sensitivity:
         score = _number(off, "score_db", where_off) if "score_db" in off else 0.0
         gains[str(off["group"])] = {high: max(score, 0.0) if score == score else 0.0}
     low = Precision.parse(str(obj.get("low", "a8_w8")))
-    base = obj.get("baselines", {}).get(low.value, {}).get("sqnr_db", 0.0)
-    return Sensitivity.from_gains(
-        "output_sqnr_db", float(base), gains, higher_is_better=True, low=low, source=where
-    )
+    # the gains are in the key the offenders were ranked by (a worst channel's SQNR was
+    # named output_sqnr_db); an analysis without that record: the whole output's SQNR
+    base_row = obj.get("baselines", {}).get(low.value, {})
+    key = str((obj.get("method") or {}).get("ranked_by", "sqnr_db"))
+    key = key if key in base_row else "sqnr_db"
+    return Sensitivity.from_gains({"sqnr_db": "output_sqnr_db"}.get(key, key),
+                                  float(base_row.get(key, 0.0)), gains, higher_is_better=True,
+                                  low=low, source=where)
 
 
 def sensitivity_from_dict(obj: Any, where: str = "analysis") -> Sensitivity:

@@ -317,6 +317,7 @@ def analyze(
     recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
                           ref, scheme) for k in recover_top]
     method, notes = _method(res, proxy_fraction, len(ref))
+    method["ranked_by"] = key  # the offenders' score_db is this key's gain (the planner's)
     # what the loader changed (a float16 model's float32 form …) leads: the figures are of it
     notes = model.notes + notes + float_notes + units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
         RECOVERY_NOTE.format(low=low.value, high=high.value) for _ in range(not recover_top))
