@@ -139,10 +139,25 @@ def _make_ws(ws: Path) -> None:
     np.savez(ws / "y_named.npz", y=np.load(ws / "x.npy"))
     (ws / "not_a_tokenizer.json").write_text(json.dumps({"vocab": {"a": 0}}))
     (ws / "p_dup.json").write_text('{"default": "a8_w8", "groups": {}, "default": "a16_w16"}')
+    # h37: an axis with nothing on it, stats whose header was edited or damaged
+    np.save(ws / "x_empty_axis.npy", np.load(ws / "x.npy")[:, :0])
+    _damaged_stats(ws / "s.npz", ws / "s_range_nan.npz", min=float("nan"))
+    _damaged_stats(ws / "s.npz", ws / "s_upside_down.npz", min=5.0, max=-5.0)
+    _damaged_stats(ws / "s.npz", ws / "s_negative_count.npz", count=-1)
     good = (Path(__file__).parents[1] / "src/quantscope/targets/hailo8.toml").read_text()
     for name, old, new in TOML_EDITS:
         assert old in good
         (ws / f"{name}.toml").write_text(good.replace(old, new, 1))
+
+
+def _damaged_stats(good: Path, out: Path, **edit: float) -> None:
+    """``good`` with its second tensor's header entry edited (what no calibration writes)."""
+    with np.load(good) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(bytes(arrays["header"]).decode())
+    header["tensors"][1].update(edit)
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    np.savez(out, **arrays)
 
 
 def no_inputs_model() -> onnx.ModelProto:
@@ -529,6 +544,23 @@ CASES: list[tuple[str, list[str], str]] = [
                                           "{out}/s.npz"], "not a regular file"),
     ("run-target-bad-cost", ["run", M, "--data", X, "--target", "{ws}/cost_nan.toml",
                              "--out", "{out}/w"], "finite number above 0"),
+    # -- h37: data with an empty axis was an internal error (a division by zero in
+    #    calibrate), and in --eval-data it left a run folder behind
+    ("calibrate-data-empty-axis", ["calibrate", M, "--data", "{ws}/x_empty_axis.npy", "--out",
+                                   "{out}/s.npz"], "axis 1 (the model's 'S') is empty"),
+    ("evaluate-data-empty-axis", ["evaluate", M, "--data", "{ws}/x_empty_axis.npy", "--stats",
+                                  S, "--precision", "a8_w8"], "is empty (0 long)"),
+    ("run-eval-data-empty-axis", ["run", M, "--data", X, "--eval-data",
+                                  "{ws}/x_empty_axis.npy", "--target", "hailo8", "--out",
+                                  "{out}/w"], "is empty (0 long)"),
+    # -- h37: a stats file with a range no calibration writes quantized silently wrong
+    ("export-qdq-stats-range-nan", ["export-qdq", M, "--stats", "{ws}/s_range_nan.npz",
+                                    "--precision", "a8_w8", "--out", "{out}/q.onnx"],
+     "is damaged (tensor 'n1' has the range nan .. "),
+    ("evaluate-stats-range-upside-down", [*EVAL[:4], "--stats", "{ws}/s_upside_down.npz",
+                                          "--precision", "a8_w8"], "the range 5 .. -5"),
+    ("io-stats-negative-count", ["io", M, "--stats", "{ws}/s_negative_count.npz",
+                                 "--precision", "a8_w8"], "negative count"),
 ]
 
 def _fifo(ws: Path, out: Path) -> Path:
