@@ -561,6 +561,23 @@ CASES: list[tuple[str, list[str], str]] = [
                                           "--precision", "a8_w8"], "the range 5 .. -5"),
     ("io-stats-negative-count", ["io", M, "--stats", "{ws}/s_negative_count.npz",
                                  "--precision", "a8_w8"], "negative count"),
+    # -- h37: run read --hn at its export stage, after every stage before it had written
+    #    its files; a text option on tensor data was silently unused; a target-less plan
+    #    exported for --target hailo8 as a Qualcomm file
+    ("run-hn-not-json", ["run", M, "--data", X, "--target", "hailo8", "--hn", X, "--out",
+                         "{out}/w"], "is not valid JSON"),
+    ("run-hn-no-layers", ["run", M, "--data", X, "--target", "hailo8", "--hn",
+                          "{ws}/list.json", "--out", "{out}/w"], "no 'layers' table"),
+    ("calibrate-tokenizer-on-tensor-data", [*CAL, "--tokenizer", "{ws}/not_a_tokenizer.json",
+                                            "--out", "{out}/s.npz"],
+     "--tokenizer applies to text data"),
+    ("run-tokenizer-on-tensor-data", ["run", M, "--data", X, "--target", "hailo8",
+                                      "--tokenizer", "{ws}/not_a_tokenizer.json", "--out",
+                                      "{out}/w"], "--tokenizer applies to text data"),
+    ("export-format-of-another-vendor-than-target", ["export", "--model", M, "--stats", S, P,
+                                                     "--format", "qnn", "--target", "hailo8",
+                                                     "--out", "{out}/e.json"],
+     "--target hailo8 is a Hailo target, and --format qnn writes a Qualcomm file"),
 ]
 
 def _fifo(ws: Path, out: Path) -> Path:

@@ -239,6 +239,11 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
         from quantscope.model.shapes import given_shapes, resolve_shapes
 
         resolve_shapes(model, given_shapes(model, opts.seq_len, opts.input_shapes))
+    if opts.hn:  # an --hn that is no parsed HN fails now, not at the export stage
+        from quantscope import stages
+        from quantscope.export.hailo_alls import hn_layers
+
+        hn_layers(stages.read_json_file(opts.hn, "HN"))
 
 
 MIN_FIT_SAMPLES = 2  # the analysis compares samples (a collapse needs two rows to show)
