@@ -381,6 +381,21 @@ def headline(v: dict[str, Any]) -> dict[str, Any]:
             "legal": v["legal"]}
 
 
+def _what_ships(v: dict[str, Any], h: dict[str, Any], dep: dict[str, Any] | None) -> str:
+    """The verdict's first line after the figure: the deployment's compiled models and mean
+    cost; the single plan says nothing more unless it costs more than --max-cost (a cap
+    no plan meets: the cheapest ships), which both say here."""
+    if dep is None:
+        return (f" at cost {fmt.cost(h['cost'])}, OVER --max-cost {v['max_cost']:g}"
+                if v.get("over_max_cost") else "")
+    return (f" with {dep['models']} compiled model{'s' if dep['models'] > 1 else ''} "
+            f"({', '.join(map(str, dep['seq_lens']))} tokens) at mean cost "
+            f"{fmt.cost(dep['cost_mean'])} held out (standard error "
+            f"{fmt.cost(dep['cost_mean_se'])})"
+            + ("" if dep.get("max_cost") is None or dep["cost_mean"] <= dep["max_cost"] + 1e-12
+               else f", OVER --max-cost {dep['max_cost']:g}"))
+
+
 def format_short(v: dict[str, Any]) -> list[str]:
     """About 8 lines (and one per rewrite applied and host step): goal and the held-out figure of
     what ships (the deployment when one was measured, else the plan), its cost, the
@@ -393,12 +408,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     dep = v.get("deployment") if h["ships"] == "deployment" else None
     got = fmt.value(m, h["value"])
     refs = "; ".join(f"{k} {fmt.value(m, r.get(m))}" for k, r in q.items() if k != "plan")
-    what = "" if dep is None else (
-        f" with {dep['models']} compiled model{'s' if dep['models'] > 1 else ''} "
-        f"({', '.join(map(str, dep['seq_lens']))} tokens) at mean cost "
-        f"{fmt.cost(dep['cost_mean'])} held out (standard error {fmt.cost(dep['cost_mean_se'])})"
-        + ("" if dep.get("max_cost") is None or dep["cost_mean"] <= dep["max_cost"] + 1e-12
-           else f", OVER --max-cost {dep['max_cost']:g}"))
+    what = _what_ships(v, h, dep)
     if v["goal"] is None:
         head = f"verdict: no --goal given; {m} {got} ({n}; {refs}){what}"
     else:

@@ -1,0 +1,70 @@
+"""h37's bad-input sweep: the cases that are no one-line refusal (those are in
+test_bad_inputs.py's corpus) but a figure or a file that was silently wrong.
+
+- ``run --max-cost`` below what any plan costs, with a ``--goal`` the plan meets: the
+  verdict said ``goal ... REACHED`` and nothing else about the cap (its "binds" line is
+  only printed when the goal is not reached), though what ships costs twice the cap.
+- ``io``/``export --target PROFILE`` on a plan that names no target (written by hand, or
+  ``--precision``): the grid was the default scheme's, not the target's (a profile storing
+  activations signed got uint8 formulas).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import tiny_models as tm
+
+from quantscope.cli import main
+
+TARGETS = Path(__file__).parents[1] / "src" / "quantscope" / "targets"
+
+
+def _model_and_data(tmp_path: Path) -> tuple[str, str]:
+    onnx.save(tm.layernorm_block(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy",
+            np.random.default_rng(0).normal(0, 1, (8, 5, 24)).astype(np.float32))
+    return str(tmp_path / "m.onnx"), str(tmp_path / "x.npy")
+
+
+def test_a_plan_over_max_cost_is_said_on_the_verdicts_first_line(tmp_path, capsys):
+    model, data = _model_and_data(tmp_path)
+    out = tmp_path / "w"
+    # the cheapest plan is uniform a8_w8 (cost 1.0): a cap of 0.5 no plan meets
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--max-cost", "0.5",
+                 "--goal", "10", "--out", str(out)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "REACHED" in first and first.endswith("at cost 1.000x, OVER --max-cost 0.5"), first
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["max_cost"] == 0.5 and verdict["over_max_cost"] is True
+    assert verdict["cost"] == 1.0
+    # within the cap: nothing more on the first line, and the JSON says so
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--max-cost", "2",
+                 "--goal", "10", "--out", str(out)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "OVER" not in first and "at cost" not in first, first
+    assert json.loads((out / "verdict.json").read_text())["over_max_cost"] is False
+
+
+def test_io_on_a_targetless_plan_uses_the_given_targets_grid(tmp_path, capsys):
+    model, data = _model_and_data(tmp_path)
+    stats = str(tmp_path / "s.npz")
+    assert main(["calibrate", model, "--data", data, "--out", stats]) == 0
+    profile = (TARGETS / "qnn_htp_v73.toml").read_text()
+    assert "act_signed = false" in profile
+    signed = profile.replace("act_signed = false", "act_signed = true", 1)
+    signed = "\n".join('name = "signed-acts"' if ln.startswith("name = ") else ln
+                       for ln in signed.splitlines())
+    (tmp_path / "signed.toml").write_text(signed)
+    capsys.readouterr()
+    assert main(["io", model, "--stats", stats, "--precision", "a8_w8", "--target",
+                 str(tmp_path / "signed.toml")]) == 0
+    text = capsys.readouterr().out
+    assert "input  x: stored as int8 (-128 … 127)" in text, text
+    assert "uint8" not in text, text
+    # the same plan without --target: the default scheme (unsigned activations)
+    assert main(["io", model, "--stats", stats, "--precision", "a8_w8"]) == 0
+    assert "input  x: stored as uint8 (0 … 255)" in capsys.readouterr().out
