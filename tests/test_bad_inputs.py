@@ -578,6 +578,16 @@ CASES: list[tuple[str, list[str], str]] = [
                                                      "--format", "qnn", "--target", "hailo8",
                                                      "--out", "{out}/e.json"],
      "--target hailo8 is a Hailo target, and --format qnn writes a Qualcomm file"),
+    # -- h37: a --seq-len or compiled length no NPU compiles (an extra zero or three): a
+    #    model with no position table to refuse it was run at that length until the
+    #    machine ran out of memory (run at 10**9 tokens: 15 GB in 38 s, then killed)
+    ("check-seq-len-beyond-any-npu", ["check", "--model", M, "--target", "hailo8",
+                                      "--seq-len", "100000", P],
+     "100000 tokens is longer than quantscope runs a model at (65536"),
+    ("tokensplit-seq-len-beyond-any-npu", ["tokensplit", T, "--seq-len", "100000",
+                                           "--out", "{out}/s.onnx"], "longer than quantscope"),
+    ("run-lengths-beyond-any-npu", ["run", M, "--data", X, "--target", "hailo8", "--lengths",
+                                    "8,100000", "--out", "{out}/w"], "longer than quantscope"),
 ]
 
 def _fifo(ws: Path, out: Path) -> Path:
@@ -669,6 +679,7 @@ def test_bad_input(ws, tmp_path, capsys, request, argv, needle):
     assert code == 2, err
     assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
     assert lines[0].startswith("quantscope: error: ") and needle in lines[0], lines[0]
+    assert lines[0].count("--help')") <= 1, lines[0]  # h37: "(see ...)" was said twice
     assert _listing(out) == listed, "an output was created"
     assert _snapshot(ws) == before, "an input was modified"
     if special:  # a FIFO, a device or a link is still what it was

@@ -35,15 +35,31 @@ def count(text: str) -> int:
 
 
 MIN_SEQ_LEN = 2  # a text's two special tokens ([CLS] ... [SEP], <s> ... </s>)
+# the longest sequence a model is run at: every check and measurement runs the model at
+# the length given (a token input of 10**9 ids is 8 GB before the model's first layer, and
+# a model with no position table to refuse it ran out of memory); far above what an edge
+# NPU compiles
+MAX_SEQ_LEN = 65536
 
 
 def seq_len(text: str) -> int:
-    """``--seq-len``: a whole number that holds at least the special tokens."""
+    """``--seq-len``: a whole number that holds at least the special tokens and at most
+    :data:`MAX_SEQ_LEN`."""
     value = positive_int(text)
     if value < MIN_SEQ_LEN:
         raise argparse.ArgumentTypeError(
             f"{value} token cannot hold a text's {MIN_SEQ_LEN} special tokens ([CLS] and "
             f"[SEP]): give {MIN_SEQ_LEN} or more (the deployment's sequence length)")
+    return at_most_max_seq_len(value)
+
+
+def at_most_max_seq_len(value: int) -> int:
+    """A sequence length (``--seq-len``, ``--lengths``) no longer than :data:`MAX_SEQ_LEN`."""
+    if value > MAX_SEQ_LEN:
+        raise argparse.ArgumentTypeError(
+            f"{value} tokens is longer than quantscope runs a model at ({MAX_SEQ_LEN}: every "
+            "check and measurement runs the model at that length, in memory): give the "
+            "deployment's sequence length")
     return value
 
 

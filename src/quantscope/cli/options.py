@@ -58,8 +58,9 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.split())
         command = self.prog.removeprefix("quantscope").strip()
-        raise QuantscopeError(f"{command}{': ' if command else ''}{line} "
-                              f"(see '{self.prog} --help')")
+        see = f"(see '{self.prog} --help')"  # once: a type's own fix may point there
+        raise QuantscopeError(f"{command}{': ' if command else ''}{line}"
+                              + ("" if line.endswith(see) else f" {see}"))
 
 
 def _parent() -> argparse.ArgumentParser:

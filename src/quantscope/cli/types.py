@@ -42,6 +42,7 @@ from pathlib import Path
 from quantscope.cli.numbers import (  # noqa: F401 - re-exported
     _number,
     at_least_one,
+    at_most_max_seq_len,
     confidence,
     count,
     finite_float,
@@ -422,6 +423,7 @@ def lengths(text: str) -> tuple[int, ...]:
         ) from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"'{text}': every length must be a positive token count")
+    at_most_max_seq_len(max(values))
     return values
 
 
