@@ -586,6 +586,9 @@ CASES: list[tuple[str, list[str], str]] = [
      "100000 tokens is longer than quantscope runs a model at (65536"),
     ("tokensplit-seq-len-beyond-any-npu", ["tokensplit", T, "--seq-len", "100000",
                                            "--out", "{out}/s.onnx"], "longer than quantscope"),
+    ("check-input-shape-tokens-beyond-any-npu", ["check", "--model", T, "--target", "hailo8",
+                                                 "--input-shape", "input_ids=1x100000", P],
+     "input_ids=1x100000: 100000 tokens is longer than quantscope runs a model at"),
     ("run-lengths-beyond-any-npu", ["run", M, "--data", X, "--target", "hailo8", "--lengths",
                                     "8,100000", "--out", "{out}/w"], "longer than quantscope"),
 ]

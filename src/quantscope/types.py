@@ -36,6 +36,12 @@ from typing import Protocol
 
 import numpy as np
 
+# the longest sequence a model is run at (--seq-len, --lengths, a token input's
+# --input-shape): every check and measurement runs the model at the length given (a token
+# input of 10**9 ids is 8 GB before the model's first layer, and a model with no position
+# table to refuse it ran out of memory); far above what an edge NPU compiles
+MAX_SEQ_LEN = 65536
+
 
 class QuantscopeError(Exception):
     """An error the user can fix; printed as one line by the CLI (no traceback)."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from quantscope.types import MAX_SEQ_LEN
+
 
 def _number(text: str, kind: type, what: str) -> float | int:
     try:
@@ -35,11 +37,6 @@ def count(text: str) -> int:
 
 
 MIN_SEQ_LEN = 2  # a text's two special tokens ([CLS] ... [SEP], <s> ... </s>)
-# the longest sequence a model is run at: every check and measurement runs the model at
-# the length given (a token input of 10**9 ids is 8 GB before the model's first layer, and
-# a model with no position table to refuse it ran out of memory); far above what an edge
-# NPU compiles
-MAX_SEQ_LEN = 65536
 
 
 def seq_len(text: str) -> int:
