@@ -141,6 +141,7 @@ def _make_ws(ws: Path) -> None:
     (ws / "p_dup.json").write_text('{"default": "a8_w8", "groups": {}, "default": "a16_w16"}')
     # h37: an axis with nothing on it, stats whose header was edited or damaged
     np.save(ws / "x_empty_axis.npy", np.load(ws / "x.npy")[:, :0])
+    (ws / "hn.json").write_text(json.dumps({"layers": {}}))  # an HN (of no layer)
     _damaged_stats(ws / "s.npz", ws / "s_range_nan.npz", min=float("nan"))
     _damaged_stats(ws / "s.npz", ws / "s_upside_down.npz", min=5.0, max=-5.0)
     _damaged_stats(ws / "s.npz", ws / "s_negative_count.npz", count=-1)
@@ -568,6 +569,12 @@ CASES: list[tuple[str, list[str], str]] = [
                          "{out}/w"], "is not valid JSON"),
     ("run-hn-no-layers", ["run", M, "--data", X, "--target", "hailo8", "--hn",
                           "{ws}/list.json", "--out", "{out}/w"], "no 'layers' table"),
+    ("run-hn-on-a-qnn-target", ["run", M, "--data", X, "--target", "qnn-htp-v73", "--hn",
+                                "{ws}/hn.json", "--out", "{out}/w"],
+     "--target qnn-htp-v73 (Qualcomm) writes no .alls: leave --hn out"),
+    ("export-hn-on-qnn-format", ["export", "--model", M, "--stats", S, P, "--format", "qnn",
+                                 "--hn", "{ws}/hn.json", "--out", "{out}/e.json"],
+     "--format qnn writes no .alls: leave --hn out"),
     ("calibrate-tokenizer-on-tensor-data", [*CAL, "--tokenizer", "{ws}/not_a_tokenizer.json",
                                             "--out", "{out}/s.npz"],
      "--tokenizer applies to text data"),

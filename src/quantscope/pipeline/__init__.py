@@ -242,7 +242,13 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
     if opts.hn:  # an --hn that is no parsed HN fails now, not at the export stage
         from quantscope import stages
         from quantscope.export.hailo_alls import hn_layers
+        from quantscope.targets import load_target
 
+        target = load_target(opts.target)
+        if "alls" not in target.formats:  # said, not silently unused
+            raise QuantscopeError(f"--hn gives the Hailo layer names of model.alls, and "
+                                  f"--target {opts.target} ({target.vendor}) writes no .alls: "
+                                  "leave --hn out")
         hn_layers(stages.read_json_file(opts.hn, "HN"))
 
 
