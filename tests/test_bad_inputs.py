@@ -142,6 +142,7 @@ def _make_ws(ws: Path) -> None:
     # h37: an axis with nothing on it, stats whose header was edited or damaged
     np.save(ws / "x_empty_axis.npy", np.load(ws / "x.npy")[:, :0])
     (ws / "hn.json").write_text(json.dumps({"layers": {}}))  # an HN (of no layer)
+    (ws / "x_copy.npy").write_bytes((ws / "x.npy").read_bytes())
     _damaged_stats(ws / "s.npz", ws / "s_range_nan.npz", min=float("nan"))
     _damaged_stats(ws / "s.npz", ws / "s_upside_down.npz", min=5.0, max=-5.0)
     _damaged_stats(ws / "s.npz", ws / "s_negative_count.npz", count=-1)
@@ -575,6 +576,13 @@ CASES: list[tuple[str, list[str], str]] = [
     ("export-hn-on-qnn-format", ["export", "--model", M, "--stats", S, P, "--format", "qnn",
                                  "--hn", "{ws}/hn.json", "--out", "{out}/e.json"],
      "--format qnn writes no .alls: leave --hn out"),
+    # -- h37: --eval-data that is --data (or a copy of it) was measured and called held out
+    ("run-eval-data-is-the-data", ["run", M, "--data", X, "--eval-data", X, "--target",
+                                   "hailo8", "--out", "{out}/w"],
+     "holds the same data as --data"),
+    ("run-eval-data-is-a-copy-of-the-data", ["run", M, "--data", X, "--eval-data",
+                                             "{ws}/x_copy.npy", "--target", "hailo8", "--out",
+                                             "{out}/w"], "would not be held out"),
     ("calibrate-tokenizer-on-tensor-data", [*CAL, "--tokenizer", "{ws}/not_a_tokenizer.json",
                                             "--out", "{out}/s.npz"],
      "--tokenizer applies to text data"),

@@ -16,6 +16,7 @@ anything else (faces, .txt)             not split: evaluation reuses the fit dat
 
 from __future__ import annotations
 
+import filecmp
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 from quantscope import stages
 from quantscope.model.load import Model
 from quantscope.tasks.text import TextPrefixes
-from quantscope.types import Batch, Dataset, batch_rows, take_rows
+from quantscope.types import Batch, Dataset, QuantscopeError, batch_rows, take_rows
 
 HELDOUT_PAIRS = "heldout.jsonl"
 
@@ -188,3 +189,31 @@ def _token_lengths(ds: Dataset) -> list[int] | None:
     if not mask:
         return None
     return [int(x) for b in ds.evaluation for x in np.asarray(b[mask]).sum(axis=1)]
+
+
+
+def refuse_same_data(data: str, eval_data: str) -> None:
+    """``--eval-data`` that is ``--data`` (the same name, file or folder, or a copy with
+    the same bytes): its figures would be called held out while measured on the samples
+    the plan was fitted on; refused in one line."""
+    a, b = Path(data), Path(eval_data)
+    same = data == eval_data or (a.exists() and b.exists() and (
+        a.resolve() == b.resolve() or _same_bytes(a, b)))
+    if same:
+        raise QuantscopeError(
+            f"--eval-data '{eval_data}' holds the same data as --data '{data}': the "
+            "evaluation would not be held out from the fitting: give other samples, or leave "
+            "--eval-data out (run then holds out part of --data)")
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Two data files, or two data folders file by file, with the same bytes (sizes first:
+    data files may be large, and a copy is rare)."""
+    def files(p: Path) -> list[tuple[str, Path]]:
+        return ([(str(f.relative_to(p)), f) for f in sorted(p.rglob("*")) if f.is_file()]
+                if p.is_dir() else [("", p)])
+
+    fa, fb = files(a), files(b)
+    if [(n, f.stat().st_size) for n, f in fa] != [(n, f.stat().st_size) for n, f in fb]:
+        return False
+    return all(filecmp.cmp(x, y, shallow=False) for (_, x), (_, y) in zip(fa, fb, strict=True))
