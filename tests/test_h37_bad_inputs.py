@@ -68,3 +68,40 @@ def test_io_on_a_targetless_plan_uses_the_given_targets_grid(tmp_path, capsys):
     # the same plan without --target: the default scheme (unsigned activations)
     assert main(["io", model, "--stats", stats, "--precision", "a8_w8"]) == 0
     assert "input  x: stored as uint8 (0 … 255)" in capsys.readouterr().out
+
+
+def test_retrieval_data_too_small_to_split_is_not_called_held_out(tmp_path, capsys):
+    """Pairs that all fit the plan (6 pairs, --pairs 300 by default) are evaluated on the
+    fit data: the verdict said 'n=6 held-out pairs' and 'REACHED on the held-out data'."""
+    from onnx import numpy_helper
+    from test_bad_inputs import text_encoder
+
+    model = text_encoder()
+    emb = next(t for t in model.graph.initializer if t.name == "emb")
+    emb.CopyFrom(numpy_helper.from_array(  # room for the packaged BERT tokenizer's ids
+        np.random.default_rng(0).normal(0, 1, (30522, 8)).astype(np.float32), "emb"))
+    onnx.save(model, tmp_path / "enc.onnx")
+    (tmp_path / "pairs.jsonl").write_text("".join(
+        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
+        for i in range(6)))
+    out = tmp_path / "w"
+    assert main(["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "pairs.jsonl"),
+                 "--target", "hailo8", "--goal", "0.5", "--out", str(out)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert "on the fit data: " in first and "(n=6 fit pairs, NOT held out;" in first, first
+    assert "held-out" not in first, first
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["headline"]["held_out"] is False
+    assert verdict["evaluation"].startswith("NOT held out")
+    # 6 documents: 100 % agreement with FP32 is no "near chance" (chance is 17 %)
+    assert not (verdict.get("not_like_fp32") or {}).get("plan"), verdict["not_like_fp32"]
+
+
+def test_near_chance_agreement_with_few_documents():
+    from quantscope.tasks.metrics import resemblance_note
+
+    assert resemblance_note(0.99, agreement=1.0, candidates=6) is None
+    assert resemblance_note(0.99, agreement=0.9, candidates=2) is None
+    assert "near chance" in resemblance_note(0.99, agreement=0.2, candidates=6)
+    assert "near chance" in resemblance_note(0.99, agreement=0.005, candidates=1000)
+    assert resemblance_note(0.99, agreement=0.2, candidates=1000) is None

@@ -40,6 +40,12 @@ class RunData:
     # --query-prefix/--doc-prefix put before the texts of both parts (None: none)
     prefixes: TextPrefixes | None = None
 
+    @property
+    def is_held_out(self) -> bool:
+        """The evaluation is on other samples than the fit (False: data that cannot be
+        split is evaluated on the fit data, and every figure must say so)."""
+        return self.held_out is not self.fit
+
 
 def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
                   tokenizer: str | None, folder: Path, layout: tuple[Any, ...] = (),
@@ -178,7 +184,8 @@ def provenance(rd: RunData) -> dict[str, Any]:
 
     prefixes = {"prefixes": {**rd.prefixes.to_dict(), "note": rd.prefixes.describe()}} \
         if rd.prefixes else {}
-    return {"split": rd.split, **prefixes, "fit": part(rd.fit), "held_out": part(rd.held_out)}
+    return {"split": rd.split, "is_held_out": rd.is_held_out, **prefixes, "fit": part(rd.fit),
+            "held_out": part(rd.held_out)}
 
 
 def _token_lengths(ds: Dataset) -> list[int] | None:

@@ -56,8 +56,11 @@ def sample_size(v: dict[str, Any]) -> str:
     effective count of its positions: ``n=16 held-out samples, an effective 150
     positions``; any other share over more or fewer items than samples, its items."""
     ho = v.get("held_out") or {}
-    n = (f"n={ho['samples']} held-out {ho.get('unit', 'samples')}" if ho.get("samples")
-         else "held out")
+    held = ho.get("held", True)  # False: data that cannot be split, evaluated on the fit
+    n = (f"n={ho['samples']} {'held-out' if held else 'fit'} {ho.get('unit', 'samples')}"
+         if ho.get("samples") else "held out" if held else "the fit data")
+    if not held:
+        n += ", NOT held out"
     m = v.get("metric", "")
     plan = (v.get("quality") or {}).get("plan") or {}
     items = plan.get(items_key(m))
@@ -78,9 +81,12 @@ def held_out(ev: dict[str, Any]) -> dict[str, Any]:
     pair is two texts, its query and its document)."""
     part = ev["data"].get("held_out") or {}
     rows = part.get("evaluation_samples")
+    held = bool(ev["data"].get("is_held_out", True))  # an older evaluate.json: its split said
     if task_kind(part.get("task")) == "retrieval" and isinstance(rows, int):
-        return {"samples": rows // 2, "unit": "pairs", "rows": rows, "source": part.get("name")}
-    return {"samples": rows, "unit": "samples", "rows": rows, "source": part.get("name")}
+        return {"samples": rows // 2, "unit": "pairs", "rows": rows, "source": part.get("name"),
+                "held": held}
+    return {"samples": rows, "unit": "samples", "rows": rows, "source": part.get("name"),
+            "held": held}
 
 
 def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
@@ -369,7 +375,7 @@ def headline(v: dict[str, Any]) -> dict[str, Any]:
     m = v["metric"]
     ho = v.get("held_out") or {}
     dep = v.get("deployment") or {}
-    base = {"metric": m, "held_out": True, "n": ho.get("samples"),
+    base = {"metric": m, "held_out": ho.get("held", True), "n": ho.get("samples"),
             "unit": ho.get("unit", "samples")}
     if dep.get("measured") and dep.get("value") is not None:
         return {**base, "ships": "deployment", "value": dep["value"],
@@ -415,7 +421,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
         reached = v["reached"] if "headline" in v else _reaches(v, h["value"])
         word = "REACHED" if reached else "NOT reached"
         said = fmt.goal(m, v["goal"], v.get("higher_is_better", True))
-        head = (f"verdict: goal {said} {word} on the held-out data: "
+        on = "held-out data" if h.get("held_out", True) else "fit data"
+        head = (f"verdict: goal {said} {word} on the {on}: "
                 f"{got} ({n}; {refs}){what}")
     lines = [head]
     if dep is not None:
