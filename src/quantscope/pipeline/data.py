@@ -79,7 +79,7 @@ def _open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int
         return _split_pairs(model, data, fit, pairs=pairs, tokenizer=tokenizer, folder=folder,
                             prefixes=prefixes)
     row_local = fit.task is None or getattr(fit.task, "row_local", False)
-    if row_local and fit.calibration == fit.evaluation:
+    if row_local and _same_batches(fit.calibration, fit.evaluation):
         return _split_tensors(fit)
     return RunData(fit, fit, f"NOT held out: {data} is not split (its task needs every "
                    "sample); give --eval-data for a held-out evaluation")
@@ -96,7 +96,7 @@ def open_fit_data(model: Model, data: str, *, eval_data: str | None, pairs: int 
     if eval_data or _is_pairs(data):
         return fit
     row_local = fit.task is None or getattr(fit.task, "row_local", False)
-    if row_local and fit.calibration == fit.evaluation:
+    if row_local and _same_batches(fit.calibration, fit.evaluation):
         return _split_tensors(fit).fit
     return fit
 
@@ -108,6 +108,12 @@ def widest_text_batch(fit: Dataset) -> int | None:
     ids = enc.input_name("input_ids") if enc is not None else None
     widths = [np.asarray(b[ids]).shape[1] for b in fit.evaluation if ids in b]
     return max(widths) if widths else None
+
+
+def _same_batches(a: tuple[Batch, ...], b: tuple[Batch, ...]) -> bool:
+    """The same batch objects (tensor data, calibrated and evaluated alike: split in two);
+    by identity: ``==`` compares the arrays inside (a .txt's batches: an internal error)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _is_pairs(spec: str) -> bool:
