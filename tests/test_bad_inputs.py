@@ -143,6 +143,7 @@ def _make_ws(ws: Path) -> None:
     np.save(ws / "x_empty_axis.npy", np.load(ws / "x.npy")[:, :0])
     (ws / "hn.json").write_text(json.dumps({"layers": {}}))  # an HN (of no layer)
     (ws / "x_copy.npy").write_bytes((ws / "x.npy").read_bytes())
+    (ws / "one_pair.jsonl").write_text(json.dumps({"query": "q", "document": "d"}) + "\n")
     _damaged_stats(ws / "s.npz", ws / "s_range_nan.npz", min=float("nan"))
     _damaged_stats(ws / "s.npz", ws / "s_upside_down.npz", min=5.0, max=-5.0)
     _damaged_stats(ws / "s.npz", ws / "s_negative_count.npz", count=-1)
@@ -583,6 +584,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("run-eval-data-is-a-copy-of-the-data", ["run", M, "--data", X, "--eval-data",
                                              "{ws}/x_copy.npy", "--target", "hailo8", "--out",
                                              "{out}/w"], "would not be held out"),
+    # -- h37: one retrieval pair: top-1 among one document is always right (a 100 %)
+    ("calibrate-one-retrieval-pair", ["calibrate", T, "--data", "{ws}/one_pair.jsonl",
+                                      "--out", "{out}/s.npz"],
+     "one_pair.jsonl: one query/document pair: give 2 or more"),
     ("calibrate-tokenizer-on-tensor-data", [*CAL, "--tokenizer", "{ws}/not_a_tokenizer.json",
                                             "--out", "{out}/s.npz"],
      "--tokenizer applies to text data"),

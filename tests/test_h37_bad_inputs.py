@@ -124,3 +124,20 @@ def test_near_chance_agreement_with_few_documents():
     assert "near chance" in resemblance_note(0.99, agreement=0.2, candidates=6)
     assert "near chance" in resemblance_note(0.99, agreement=0.005, candidates=1000)
     assert resemblance_note(0.99, agreement=0.2, candidates=1000) is None
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path, capsys):
+    """A Windows editor's UTF-8 BOM before retrieval pairs or a plan: 'not JSON (Unexpected
+    UTF-8 BOM (decode using utf-8-sig))' before."""
+    _bert_sized_encoder(tmp_path / "enc.onnx")
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "pairs.jsonl").write_bytes(bom + "".join(
+        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
+        for i in range(4)).encode())
+    assert main(["calibrate", str(tmp_path / "enc.onnx"), "--data",
+                 str(tmp_path / "pairs.jsonl"), "--out", str(tmp_path / "s.npz")]) == 0
+    model, _ = _model_and_data(tmp_path)
+    (tmp_path / "p.json").write_bytes(bom + b'{"default": "a16_w16", "groups": {}}')
+    assert main(["check", "--model", model, "--target", "hailo8",
+                 str(tmp_path / "p.json")]) == 0
+    assert "0 error(s)" in capsys.readouterr().out

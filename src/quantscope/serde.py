@@ -221,7 +221,8 @@ def read_json(path: str | Path, what: str) -> Any:
     path = Path(path)
     require_file(path, what)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+        doc = json.loads(path.read_text(encoding="utf-8-sig"),  # a BOM read past
+                         object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise QuantscopeError(f"{what} file '{path}' is not valid JSON ({exc}): fix it") from None
     except _DuplicateKey as exc:
