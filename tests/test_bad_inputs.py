@@ -588,6 +588,10 @@ CASES: list[tuple[str, list[str], str]] = [
     ("calibrate-one-retrieval-pair", ["calibrate", T, "--data", "{ws}/one_pair.jsonl",
                                       "--out", "{out}/s.npz"],
      "one_pair.jsonl: one query/document pair: give 2 or more"),
+    # -- h37: a --pixels key given twice: the last won, silently
+    ("images-pixels-key-twice", ["images", "{ws}", "--model", "{ws}/conv.onnx", "--pixels",
+                                 "scale=255,mean=0.5,scale=1", "--out", "{out}/d.npz"],
+     "gives scale twice: give it once"),
     ("calibrate-tokenizer-on-tensor-data", [*CAL, "--tokenizer", "{ws}/not_a_tokenizer.json",
                                             "--out", "{out}/s.npz"],
      "--tokenizer applies to text data"),
