@@ -141,3 +141,16 @@ def test_a_byte_order_mark_is_read_past(tmp_path, capsys):
     assert main(["check", "--model", model, "--target", "hailo8",
                  str(tmp_path / "p.json")]) == 0
     assert "0 error(s)" in capsys.readouterr().out
+
+
+def test_a_metric_the_task_has_not_says_which_it_has(tmp_path, capsys):
+    """run --metric NAME the data's task does not compute: one line with the fix (it said
+    "metric 'bogus' not among ..."); found at the analysis, after calibrate (kept: a rerun
+    with the right --metric reuses it)."""
+    model, data = _model_and_data(tmp_path)
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--metric", "bogus",
+                 "--out", str(tmp_path / "w")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("quantscope: error: --metric 'bogus' is no figure of this "
+                              "data's task: use one of "), err[-1]
+    assert "sqnr_db_channel_min" in err[-1]
