@@ -154,3 +154,20 @@ def test_a_metric_the_task_has_not_says_which_it_has(tmp_path, capsys):
     assert err[-1].startswith("quantscope: error: --metric 'bogus' is no figure of this "
                               "data's task: use one of "), err[-1]
     assert "sqnr_db_channel_min" in err[-1]
+
+
+def test_a_folder_that_is_no_run_folder_keeps_its_files(tmp_path, capsys):
+    """run --out W where W holds the user's own plan.json (no run.json: no run's folder):
+    the plan stage replaced it silently."""
+    model, data = _model_and_data(tmp_path)
+    out = tmp_path / "w"
+    out.mkdir()
+    (out / "plan.json").write_text('{"mine": true}')
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "holds plan.json, which a run writes, and is no run folder (no run.json)" in err
+    assert (out / "plan.json").read_text() == '{"mine": true}'
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json"]
+    (out / "plan.json").unlink()  # an empty folder, and a run folder again: both run
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]) == 0
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]) == 0

@@ -396,6 +396,7 @@ def check_apart(opts: RunOptions) -> None:
             raise QuantscopeError(f"--out '{opts.out}' is inside the {flag} folder '{spec}': "
                                   "the run's files would be read as data: give an --out "
                                   "outside it")
+    _refuse_foreign_files(Path(opts.out))
     for flag, spec in (("MODEL", opts.model), ("--data", opts.data),
                        ("--eval-data", opts.eval_data), ("--tokenizer", opts.tokenizer),
                        ("--hn", opts.hn)):
@@ -404,6 +405,23 @@ def check_apart(opts: RunOptions) -> None:
             raise QuantscopeError(f"{flag} '{spec}' is a file the run writes in --out "
                                   f"'{opts.out}': copy it out of the run folder first, or "
                                   "give another --out")
+
+
+def _refuse_foreign_files(folder: Path) -> None:
+    """An existing ``--out`` that is no run folder (no ``run.json``) holding files of the
+    names a stage writes (a hand-written ``plan.json``, another tool's ``stats.npz``):
+    refused, not replaced silently."""
+    from quantscope.pipeline.manifest import MANIFEST
+
+    if not folder.is_dir() or (folder / MANIFEST).exists():
+        return
+    stage_files = {v for k, v in vars(steps).items() if k.isupper() and isinstance(v, str)}
+    theirs = sorted(p.name for p in folder.iterdir() if p.name in stage_files and p.is_file())
+    if theirs:
+        raise QuantscopeError(
+            f"--out '{folder}' holds {', '.join(theirs[:3])}{' …' if len(theirs) > 3 else ''}"
+            ", which a run writes, and is no run folder (no run.json): the run would "
+            "replace them: give a new or empty folder, or move them out")
 
 
 def _folder(out: str) -> Path:
