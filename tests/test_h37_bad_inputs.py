@@ -171,3 +171,21 @@ def test_a_folder_that_is_no_run_folder_keeps_its_files(tmp_path, capsys):
     (out / "plan.json").unlink()  # an empty folder, and a run folder again: both run
     assert main(["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]) == 0
     assert main(["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]) == 0
+
+
+def test_a_token_input_shape_over_the_position_table_is_refused(tmp_path, capsys):
+    """--input-shape input_ids=1x20 on a 16-row position table: --seq-len 20 was refused,
+    this ran the model at 20 tokens (minilm-l3 at 1x4096: an internal error from ONNX
+    Runtime's Expand after 34 s)."""
+    from test_outside_text_encoder import short_positions_encoder
+
+    onnx.save(short_positions_encoder(), tmp_path / "enc.onnx")
+    out = tmp_path / "w"
+    assert main(["run", str(tmp_path / "enc.onnx"), "--data", "stdlib-docs", "--pairs", "8",
+                 "--target", "hailo10h", "--input-shape", "input_ids=1x20", "--input-shape",
+                 "attention_mask=1x20", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("quantscope: error: --input-shape input_ids=1x20: the model takes at "
+                       "most 16 tokens (its position table 'pos_table' has 16 rows), so it "
+                       "cannot be compiled at 20: give input_ids=1x16 or less"), err[-1]
+    assert not out.exists()

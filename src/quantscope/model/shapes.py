@@ -71,6 +71,13 @@ def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def token_inputs(model: Model) -> set[str]:
+    """The integer inputs (token ids, their masks): a rank-2 one's dim 1 is a length in
+    tokens (:data:`quantscope.types.MAX_SEQ_LEN` at most)."""
+    return {i.name for i in model.graph.input if i.type.tensor_type.elem_type in (
+        onnx.TensorProto.INT64, onnx.TensorProto.INT32)}
+
+
 def given_shapes(
     model: Model, seq_len: int | None = None,
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
@@ -79,8 +86,7 @@ def given_shapes(
     out: Shapes = dict(seq_len_shapes(model, seq_len)) if seq_len else {}
     inputs = set(model.input_names())
     declared = model.value_shapes()
-    tokens = {i.name for i in model.graph.input if i.type.tensor_type.elem_type in (
-        onnx.TensorProto.INT64, onnx.TensorProto.INT32)}  # ids: their dim 1 is a length
+    tokens = token_inputs(model)
     seen: set[str] = set()
     for name, shape in input_shapes:
         if name not in inputs:

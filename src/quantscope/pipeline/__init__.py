@@ -236,9 +236,13 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
 
         check_batch_axes(model, dict(opts.batch_axes))
     if opts.input_shapes:  # an --input-shape the model contradicts fails before the folder
-        from quantscope.model.shapes import given_shapes, resolve_shapes
+        from quantscope.model.shapes import given_shapes, resolve_shapes, token_inputs
+        from quantscope.tasks.positions import check_length
 
         resolve_shapes(model, given_shapes(model, opts.seq_len, opts.input_shapes))
+        for name, shape in opts.input_shapes:  # a token length beyond the position table
+            if len(shape) == 2 and name in token_inputs(model):
+                check_length(model.proto, shape[1], flag=name, batch=shape[0])
     if opts.hn:  # an --hn that is no parsed HN fails now, not at the export stage
         from quantscope import stages
         from quantscope.export.hailo_alls import hn_layers

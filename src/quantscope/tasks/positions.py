@@ -90,9 +90,12 @@ def token_limit(proto: onnx.ModelProto, inputs: dict[str, str], upto: int
     return TokenLimit(tokens=lo, table=table, rows=rows)
 
 
-def check_length(proto: onnx.ModelProto, length: int, flag: str = "--seq-len") -> None:
+def check_length(proto: onnx.ModelProto, length: int, flag: str = "--seq-len",
+                 batch: int | None = None) -> None:
     """A text encoder asked to run at ``length`` tokens (``flag``) that its position table
-    cannot hold: one line naming the limit. A model that is no text encoder passes."""
+    cannot hold: one line naming the limit. A model that is no text encoder passes.
+    ``batch``: the length is the dim 1 of ``--input-shape NAME=BATCHxLENGTH`` (``flag``
+    the input's name)."""
     from quantscope.tasks.text import detect_encoder
 
     try:
@@ -100,6 +103,10 @@ def check_length(proto: onnx.ModelProto, length: int, flag: str = "--seq-len") -
     except QuantscopeError:
         return
     limit = token_limit(proto, {r: n for r, n, _ in enc.inputs}, length)
+    if limit is not None and batch is not None:
+        raise QuantscopeError(f"--input-shape {flag}={batch}x{length}: {limit.describe()}, so "
+                              f"it cannot be compiled at {length}: give {flag}={batch}x"
+                              f"{limit.tokens} or less")
     if limit is not None:
         raise QuantscopeError(f"{flag} {length}: {limit.describe()}, so it cannot be "
                               f"compiled at {length}: give {flag} {limit.tokens} or less")
