@@ -189,3 +189,20 @@ def test_a_token_input_shape_over_the_position_table_is_refused(tmp_path, capsys
                        "most 16 tokens (its position table 'pos_table' has 16 rows), so it "
                        "cannot be compiled at 20: give input_ids=1x16 or less"), err[-1]
     assert not out.exists()
+
+
+def test_a_rewrite_at_a_length_over_the_position_table_is_refused(tmp_path, capsys):
+    """tokensplit/headsplit --seq-len 20 on a 16-row position table checked the rewrite by
+    running the model at 20 tokens: an internal error from ONNX Runtime (minilm-l3 at
+    --seq-len 4096: 'invalid expand shape')."""
+    from test_outside_text_encoder import short_positions_encoder
+
+    onnx.save(short_positions_encoder(), tmp_path / "enc.onnx")
+    for argv in (["--seq-len", "20"], ["--input-shape", "input_ids=2x20"]):
+        assert main(["tokensplit", str(tmp_path / "enc.onnx"), *argv, "--chunk", "4",
+                     "--out", str(tmp_path / "s.onnx")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "the model takes at most 16 tokens" in err[0], err
+        assert not (tmp_path / "s.onnx").exists()
+    assert main(["tokensplit", str(tmp_path / "enc.onnx"), "--seq-len", "16", "--chunk", "4",
+                 "--out", str(tmp_path / "s.onnx")]) == 0

@@ -218,10 +218,10 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
 
         check_one_size(model, fit if fit is not None else _open_fit(model, opts), opts.data,
                        "run")
-    if opts.seq_len is not None:  # a length the model's position table cannot hold
-        from quantscope.tasks.positions import check_length
+    # a length the model's position table cannot hold (--seq-len, a token --input-shape)
+    from quantscope.tasks.positions import check_token_lengths
 
-        check_length(model.proto, opts.seq_len)
+    check_token_lengths(model, opts.seq_len, opts.input_shapes)
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress,
                    _cache={"model": model}).check_goal(fit)
@@ -236,13 +236,9 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
 
         check_batch_axes(model, dict(opts.batch_axes))
     if opts.input_shapes:  # an --input-shape the model contradicts fails before the folder
-        from quantscope.model.shapes import given_shapes, resolve_shapes, token_inputs
-        from quantscope.tasks.positions import check_length
+        from quantscope.model.shapes import given_shapes, resolve_shapes
 
         resolve_shapes(model, given_shapes(model, opts.seq_len, opts.input_shapes))
-        for name, shape in opts.input_shapes:  # a token length beyond the position table
-            if len(shape) == 2 and name in token_inputs(model):
-                check_length(model.proto, shape[1], flag=name, batch=shape[0])
     if opts.hn:  # an --hn that is no parsed HN fails now, not at the export stage
         from quantscope import stages
         from quantscope.export.hailo_alls import hn_layers

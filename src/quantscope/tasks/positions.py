@@ -20,12 +20,13 @@ the limit                   none without a candidate (no run); else the model is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from quantscope.model.load import FLOAT_TYPES
+from quantscope.model.load import FLOAT_TYPES, Model
 from quantscope.types import QuantscopeError
 
 
@@ -110,3 +111,18 @@ def check_length(proto: onnx.ModelProto, length: int, flag: str = "--seq-len",
     if limit is not None:
         raise QuantscopeError(f"{flag} {length}: {limit.describe()}, so it cannot be "
                               f"compiled at {length}: give {flag} {limit.tokens} or less")
+
+
+def check_token_lengths(model: Model, seq_len: int | None,
+                        input_shapes: Sequence[tuple[str, tuple[int, ...]]] = ()) -> None:
+    """``--seq-len`` and each token input's ``--input-shape`` length against the model's
+    position table (:func:`check_length`): the commands that run the model at that length
+    (run, the rewrites) refuse it before any work."""
+    from quantscope.model.shapes import token_inputs
+
+    if seq_len is not None:
+        check_length(model.proto, seq_len)
+    tokens = token_inputs(model) if input_shapes else set()
+    for name, shape in input_shapes:
+        if len(shape) == 2 and name in tokens:
+            check_length(model.proto, shape[1], flag=name, batch=shape[0])
