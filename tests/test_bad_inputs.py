@@ -585,6 +585,8 @@ CASES: list[tuple[str, list[str], str]] = [
                                              "{ws}/x_copy.npy", "--target", "hailo8", "--out",
                                              "{out}/w"], "would not be held out"),
     # -- h37: one retrieval pair: top-1 among one document is always right (a 100 %)
+    ("evaluate-pairs-one", [*EVAL, "--pairs", "1"],
+     "1 pair: top-1 retrieval among one document is always right: give 2 or more"),
     ("calibrate-one-retrieval-pair", ["calibrate", T, "--data", "{ws}/one_pair.jsonl",
                                       "--out", "{out}/s.npz"],
      "one_pair.jsonl: one query/document pair: give 2 or more"),

@@ -36,6 +36,16 @@ def count(text: str) -> int:
     return int(value)
 
 
+def pair_count(text: str) -> int:
+    """``--pairs``: 0 (all) or 2 or more (top-1 retrieval among one document is always
+    right: a 100 % that says nothing)."""
+    value = count(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError("1 pair: top-1 retrieval among one document is "
+                                         "always right: give 2 or more (0 = all)")
+    return value
+
+
 MIN_SEQ_LEN = 2  # a text's two special tokens ([CLS] ... [SEP], <s> ... </s>)
 
 

@@ -18,7 +18,6 @@ from quantscope.cli.types import (
     batch_axes,
     cache_folder,
     confidence,
-    count,
     data_spec,
     duration,
     input_file,
@@ -26,6 +25,7 @@ from quantscope.cli.types import (
     layout,
     model_spec,
     output_name,
+    pair_count,
     positive_float,
     positive_int,
     precision,
@@ -194,7 +194,7 @@ def add_prefixes(p: argparse.ArgumentParser) -> None:
 
 def pairs_parent(default: int | None, what: str) -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--pairs", type=count, default=default,
+    p.add_argument("--pairs", type=pair_count, default=default,
                    help=f"retrieval pairs {what} (text retrieval data; "
                    f"default: {default or 'all'}; 0 = all)")
     return p

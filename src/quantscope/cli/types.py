@@ -48,6 +48,7 @@ from quantscope.cli.numbers import (  # noqa: F401 - re-exported
     finite_float,
     fraction,
     non_negative_float,
+    pair_count,
     positive_float,
     positive_int,
     seq_len,
