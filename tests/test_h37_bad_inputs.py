@@ -206,3 +206,13 @@ def test_a_rewrite_at_a_length_over_the_position_table_is_refused(tmp_path, caps
         assert not (tmp_path / "s.onnx").exists()
     assert main(["tokensplit", str(tmp_path / "enc.onnx"), "--seq-len", "16", "--chunk", "4",
                  "--out", str(tmp_path / "s.onnx")]) == 0
+
+
+def test_a_run_folder_whose_manifest_was_deleted_starts_afresh(tmp_path):
+    """'run.json is not a readable run manifest: delete it to start the run afresh': the
+    folder then holds the run's files without run.json, and is still a run's folder."""
+    model, data = _model_and_data(tmp_path)
+    out = tmp_path / "w"
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]) == 0
+    (out / "run.json").unlink()
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]) == 0

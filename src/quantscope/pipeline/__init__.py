@@ -408,12 +408,13 @@ def check_apart(opts: RunOptions) -> None:
 
 
 def _refuse_foreign_files(folder: Path) -> None:
-    """An existing ``--out`` that is no run folder (no ``run.json``) holding files of the
-    names a stage writes (a hand-written ``plan.json``, another tool's ``stats.npz``):
-    refused, not replaced silently."""
+    """An existing ``--out`` that is no run folder (no ``run.json``, and no lock file a
+    run leaves: a folder whose ``run.json`` was deleted to start afresh is one) holding
+    files of the names a stage writes (a hand-written ``plan.json``, another tool's
+    ``stats.npz``): refused, not replaced silently."""
     from quantscope.pipeline.manifest import MANIFEST
 
-    if not folder.is_dir() or (folder / MANIFEST).exists():
+    if not folder.is_dir() or (folder / MANIFEST).exists() or (folder / LOCK).exists():
         return
     stage_files = {v for k, v in vars(steps).items() if k.isupper() and isinstance(v, str)}
     theirs = sorted(p.name for p in folder.iterdir() if p.name in stage_files and p.is_file())
