@@ -139,10 +139,28 @@ def _make_ws(ws: Path) -> None:
     np.savez(ws / "y_named.npz", y=np.load(ws / "x.npy"))
     (ws / "not_a_tokenizer.json").write_text(json.dumps({"vocab": {"a": 0}}))
     (ws / "p_dup.json").write_text('{"default": "a8_w8", "groups": {}, "default": "a16_w16"}')
+    # h37: an axis with nothing on it, stats whose header was edited or damaged
+    np.save(ws / "x_empty_axis.npy", np.load(ws / "x.npy")[:, :0])
+    (ws / "hn.json").write_text(json.dumps({"layers": {}}))  # an HN (of no layer)
+    (ws / "x_copy.npy").write_bytes((ws / "x.npy").read_bytes())
+    (ws / "one_pair.jsonl").write_text(json.dumps({"query": "q", "document": "d"}) + "\n")
+    _damaged_stats(ws / "s.npz", ws / "s_range_nan.npz", min=float("nan"))
+    _damaged_stats(ws / "s.npz", ws / "s_upside_down.npz", min=5.0, max=-5.0)
+    _damaged_stats(ws / "s.npz", ws / "s_negative_count.npz", count=-1)
     good = (Path(__file__).parents[1] / "src/quantscope/targets/hailo8.toml").read_text()
     for name, old, new in TOML_EDITS:
         assert old in good
         (ws / f"{name}.toml").write_text(good.replace(old, new, 1))
+
+
+def _damaged_stats(good: Path, out: Path, **edit: float) -> None:
+    """``good`` with its second tensor's header entry edited (what no calibration writes)."""
+    with np.load(good) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(bytes(arrays["header"]).decode())
+    header["tensors"][1].update(edit)
+    arrays["header"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    np.savez(out, **arrays)
 
 
 def no_inputs_model() -> onnx.ModelProto:
@@ -529,6 +547,76 @@ CASES: list[tuple[str, list[str], str]] = [
                                           "{out}/s.npz"], "not a regular file"),
     ("run-target-bad-cost", ["run", M, "--data", X, "--target", "{ws}/cost_nan.toml",
                              "--out", "{out}/w"], "finite number above 0"),
+    # -- h37: data with an empty axis was an internal error (a division by zero in
+    #    calibrate), and in --eval-data it left a run folder behind
+    ("calibrate-data-empty-axis", ["calibrate", M, "--data", "{ws}/x_empty_axis.npy", "--out",
+                                   "{out}/s.npz"], "axis 1 (the model's 'S') is empty"),
+    ("evaluate-data-empty-axis", ["evaluate", M, "--data", "{ws}/x_empty_axis.npy", "--stats",
+                                  S, "--precision", "a8_w8"], "is empty (0 long)"),
+    ("run-eval-data-empty-axis", ["run", M, "--data", X, "--eval-data",
+                                  "{ws}/x_empty_axis.npy", "--target", "hailo8", "--out",
+                                  "{out}/w"], "is empty (0 long)"),
+    # -- h37: a stats file with a range no calibration writes quantized silently wrong
+    ("export-qdq-stats-range-nan", ["export-qdq", M, "--stats", "{ws}/s_range_nan.npz",
+                                    "--precision", "a8_w8", "--out", "{out}/q.onnx"],
+     "is damaged (tensor 'n1' has the range nan .. "),
+    ("evaluate-stats-range-upside-down", [*EVAL[:4], "--stats", "{ws}/s_upside_down.npz",
+                                          "--precision", "a8_w8"], "the range 5 .. -5"),
+    ("io-stats-negative-count", ["io", M, "--stats", "{ws}/s_negative_count.npz",
+                                 "--precision", "a8_w8"], "negative count"),
+    # -- h37: run read --hn at its export stage, after every stage before it had written
+    #    its files; a text option on tensor data was silently unused; a target-less plan
+    #    exported for --target hailo8 as a Qualcomm file
+    ("run-hn-not-json", ["run", M, "--data", X, "--target", "hailo8", "--hn", X, "--out",
+                         "{out}/w"], "is not valid JSON"),
+    ("run-hn-no-layers", ["run", M, "--data", X, "--target", "hailo8", "--hn",
+                          "{ws}/list.json", "--out", "{out}/w"], "no 'layers' table"),
+    ("run-hn-on-a-qnn-target", ["run", M, "--data", X, "--target", "qnn-htp-v73", "--hn",
+                                "{ws}/hn.json", "--out", "{out}/w"],
+     "--target qnn-htp-v73 (Qualcomm) writes no .alls: leave --hn out"),
+    ("export-hn-on-qnn-format", ["export", "--model", M, "--stats", S, P, "--format", "qnn",
+                                 "--hn", "{ws}/hn.json", "--out", "{out}/e.json"],
+     "--format qnn writes no .alls: leave --hn out"),
+    # -- h37: --eval-data that is --data (or a copy of it) was measured and called held out
+    ("run-eval-data-is-the-data", ["run", M, "--data", X, "--eval-data", X, "--target",
+                                   "hailo8", "--out", "{out}/w"],
+     "holds the same data as --data"),
+    ("run-eval-data-is-a-copy-of-the-data", ["run", M, "--data", X, "--eval-data",
+                                             "{ws}/x_copy.npy", "--target", "hailo8", "--out",
+                                             "{out}/w"], "would not be held out"),
+    # -- h37: one retrieval pair: top-1 among one document is always right (a 100 %)
+    ("evaluate-pairs-one", [*EVAL, "--pairs", "1"],
+     "1 pair: top-1 retrieval among one document is always right: give 2 or more"),
+    ("calibrate-one-retrieval-pair", ["calibrate", T, "--data", "{ws}/one_pair.jsonl",
+                                      "--out", "{out}/s.npz"],
+     "one_pair.jsonl: one query/document pair: give 2 or more"),
+    # -- h37: a --pixels key given twice: the last won, silently
+    ("images-pixels-key-twice", ["images", "{ws}", "--model", "{ws}/conv.onnx", "--pixels",
+                                 "scale=255,mean=0.5,scale=1", "--out", "{out}/d.npz"],
+     "gives scale twice: give it once"),
+    ("calibrate-tokenizer-on-tensor-data", [*CAL, "--tokenizer", "{ws}/not_a_tokenizer.json",
+                                            "--out", "{out}/s.npz"],
+     "--tokenizer applies to text data"),
+    ("run-tokenizer-on-tensor-data", ["run", M, "--data", X, "--target", "hailo8",
+                                      "--tokenizer", "{ws}/not_a_tokenizer.json", "--out",
+                                      "{out}/w"], "--tokenizer applies to text data"),
+    ("export-format-of-another-vendor-than-target", ["export", "--model", M, "--stats", S, P,
+                                                     "--format", "qnn", "--target", "hailo8",
+                                                     "--out", "{out}/e.json"],
+     "--target hailo8 is a Hailo target, and --format qnn writes a Qualcomm file"),
+    # -- h37: a --seq-len or compiled length no NPU compiles (an extra zero or three): a
+    #    model with no position table to refuse it was run at that length until the
+    #    machine ran out of memory (run at 10**9 tokens: 15 GB in 38 s, then killed)
+    ("check-seq-len-beyond-any-npu", ["check", "--model", M, "--target", "hailo8",
+                                      "--seq-len", "100000", P],
+     "100000 tokens is longer than quantscope runs a model at (65536"),
+    ("tokensplit-seq-len-beyond-any-npu", ["tokensplit", T, "--seq-len", "100000",
+                                           "--out", "{out}/s.onnx"], "longer than quantscope"),
+    ("check-input-shape-tokens-beyond-any-npu", ["check", "--model", T, "--target", "hailo8",
+                                                 "--input-shape", "input_ids=1x100000", P],
+     "input_ids=1x100000: 100000 tokens is longer than quantscope runs a model at"),
+    ("run-lengths-beyond-any-npu", ["run", M, "--data", X, "--target", "hailo8", "--lengths",
+                                    "8,100000", "--out", "{out}/w"], "longer than quantscope"),
 ]
 
 def _fifo(ws: Path, out: Path) -> Path:
@@ -620,6 +708,7 @@ def test_bad_input(ws, tmp_path, capsys, request, argv, needle):
     assert code == 2, err
     assert len(lines) == 1 and "Traceback" not in err and "internal error" not in err, err
     assert lines[0].startswith("quantscope: error: ") and needle in lines[0], lines[0]
+    assert lines[0].count("--help')") <= 1, lines[0]  # h37: "(see ...)" was said twice
     assert _listing(out) == listed, "an output was created"
     assert _snapshot(ws) == before, "an input was modified"
     if special:  # a FIFO, a device or a link is still what it was

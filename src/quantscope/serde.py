@@ -221,7 +221,8 @@ def read_json(path: str | Path, what: str) -> Any:
     path = Path(path)
     require_file(path, what)
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
+        doc = json.loads(path.read_text(encoding="utf-8-sig"),  # a BOM read past
+                         object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise QuantscopeError(f"{what} file '{path}' is not valid JSON ({exc}): fix it") from None
     except _DuplicateKey as exc:
@@ -378,11 +379,16 @@ def read_stats(path: str | Path) -> Stats:
         raise QuantscopeError(f"'{path}' has stats format {found!r}, "
                               f"expected {STATS_FORMAT}: calibrate again")
     try:
-        return _stats_from(header, arrays)
+        stats = _stats_from(header, arrays)
     except _NOT_STATS as exc:
         missing = f"array {exc}" if isinstance(exc, KeyError) else type(exc).__name__
         raise QuantscopeError(f"stats file '{path}' is damaged ({missing} missing or "
                               "malformed): run 'quantscope calibrate' again") from None
+    bad = next((why for ts in stats.tensors.values() if (why := ts.damage())), None)
+    if bad:  # an edited or damaged file: its ranges would quantize silently wrong
+        raise QuantscopeError(f"stats file '{path}' is damaged ({bad}): run 'quantscope "
+                              "calibrate' again")
+    return stats
 
 
 def _stats_from(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Stats:

@@ -28,12 +28,19 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
 import numpy as np
+
+# the longest sequence a model is run at (--seq-len, --lengths, a token input's
+# --input-shape): every check and measurement runs the model at the length given (a token
+# input of 10**9 ids is 8 GB before the model's first layer, and a model with no position
+# table to refuse it ran out of memory); far above what an edge NPU compiles
+MAX_SEQ_LEN = 65536
 
 
 class QuantscopeError(Exception):
@@ -324,6 +331,20 @@ class TensorStats:
     # NaN / inf values the calibration met in this tensor: left out of ``min``/``max`` (the
     # histogram and channel maxima count them as 0); said by ``calibrate.nonfinite_note``
     nonfinite: int = 0
+
+    def damage(self) -> str | None:
+        """What no calibration writes (a range not finite or upside down, a negative count,
+        histogram or channel maximum): an edited or damaged stats file; else None."""
+        ends = [self.min, self.max, self.hist_range,
+                *(v for v in (self.bulk_min, self.floor_max) if v is not None)]
+        if not all(math.isfinite(v) for v in ends) or self.min > self.max:
+            return f"tensor '{self.name}' has the range {self.min:g} .. {self.max:g}"
+        chan = np.asarray(self.channel_absmax, dtype=np.float64)
+        if (self.count < 0 or self.hist_range <= 0 or (np.asarray(self.hist) < 0).any()
+                or not (np.isfinite(chan) & (chan >= 0)).all()):
+            return (f"tensor '{self.name}' has a negative count, histogram range, histogram "
+                    "or channel maximum")
+        return None
 
 
 @dataclass(frozen=True)

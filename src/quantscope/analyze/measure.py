@@ -392,7 +392,8 @@ def _ranked_by(rows: RowScoring, metric: str | None) -> RowScoring:
     def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
         values = rows.score(ref, test)
         if metric not in values:
-            raise QuantscopeError(f"metric '{metric}' not among {', '.join(sorted(values))}")
+            raise QuantscopeError(f"--metric '{metric}' is no figure of this data's task: "
+                                  f"use one of {', '.join(sorted(values))}")
         return values
 
     return dataclasses.replace(rows, score=score, primary=metric, higher_is_better=known[0])

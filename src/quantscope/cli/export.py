@@ -6,6 +6,7 @@ FORMATS`); ``io --json`` writes :class:`quantscope.results.DeviceIOResult` (tagg
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from quantscope import stages
 from quantscope.cli.inputs import load_target, open_inputs, read_hn
@@ -32,10 +33,15 @@ TARGET_HELP = ("the plan's target (default: the one the plan names); give a prof
                "plan was made with, which a plan names by its 'name' alone")
 
 
-def _plan_target(args: argparse.Namespace, plan: Plan, plan_name: str) -> None:
-    """``--target``: loaded (a profile file: then known by its name) and the plan's own."""
-    if args.target:
-        stages.check_plan_target(plan, load_target(args.target).name, plan_name=plan_name)
+def _plan_target(args: argparse.Namespace, plan: Plan, plan_name: str) -> Plan:
+    """``--target``: loaded (a profile file: then known by its name) and the plan's own;
+    a plan that names no target (written by hand) is given it: its scheme is the grid
+    written and its vendor the formats' (not the default scheme, silently)."""
+    if not args.target:
+        return plan
+    name = load_target(args.target).name
+    stages.check_plan_target(plan, name, plan_name=plan_name)
+    return plan if plan.target else dataclasses.replace(plan, target=name)
 
 
 def add_export(sub: argparse._SubParsersAction, summary: str) -> None:
@@ -55,10 +61,11 @@ def add_export(sub: argparse._SubParsersAction, summary: str) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     inp = open_inputs(args, stats=True, plan=True)
-    _plan_target(args, inp.plan, f"plan '{args.plan}'")
-    stages.check_plan_format(inp.plan, args.format, plan_name=f"plan '{args.plan}'")
+    plan = _plan_target(args, inp.plan, f"plan '{args.plan}'")
+    stages.check_plan_format(plan, args.format, plan_name=f"plan '{args.plan}'",
+                             given=plan is not inp.plan)
     hn = read_hn(args)
-    written = stages.export_plan(inp.model, inp.stats, inp.plan, fmt=args.format, out=args.out,
+    written = stages.export_plan(inp.model, inp.stats, plan, fmt=args.format, out=args.out,
                                  hn=hn, qnn_version=args.qnn_version)
     print(f"wrote {written}")
     for note in inp.model.notes:  # what the file is of (a float16 model's float32 form …)
@@ -116,9 +123,9 @@ def add_io(sub: argparse._SubParsersAction, summary: str) -> None:
 def cmd_io(args: argparse.Namespace) -> int:
     mappings = list(args.check_mapping or [])
     inp = open_inputs(args, stats=True, plan=True)
-    _plan_target(args, inp.plan, "the plan")
-    rows = stages.device_io_rows(inp.model, inp.stats, inp.plan)
-    floats = stages.float_io_rows(inp.model, inp.plan)
+    plan = _plan_target(args, inp.plan, "the plan")
+    rows = stages.device_io_rows(inp.model, inp.stats, plan)
+    floats = stages.float_io_rows(inp.model, plan)
     as_is = dio.as_is_io(inp.model, rows)
     print(dio.format_device_io(rows, floats, as_is))
     checks = dio.check_mapping(rows, mappings) if mappings else []

@@ -118,7 +118,12 @@ def executor(address: str | None) -> RayExecutor | None:
 
 
 def read_hn(args: argparse.Namespace) -> dict | None:
-    """The Hailo HN JSON ``--hn`` names (an object with 'layers'), or None."""
+    """The Hailo HN JSON ``--hn`` names (an object with 'layers'), or None; refused with
+    an ``export --format`` other than alls (which it would not change)."""
+    fmt = getattr(args, "format", "alls")
+    if args.hn and fmt != "alls":
+        raise QuantscopeError(f"--hn gives the Hailo layer names of an .alls, and --format "
+                              f"{fmt} writes no .alls: leave --hn out")
     hn = stages.read_json_file(args.hn, "HN") if args.hn else None
     if hn is not None and not isinstance(hn, dict):
         raise QuantscopeError(f"HN file '{args.hn}' is no Hailo HN (a JSON object with "

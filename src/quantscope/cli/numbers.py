@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import math
 
+from quantscope.types import MAX_SEQ_LEN
+
 
 def _number(text: str, kind: type, what: str) -> float | int:
     try:
@@ -34,16 +36,37 @@ def count(text: str) -> int:
     return int(value)
 
 
+def pair_count(text: str) -> int:
+    """``--pairs``: 0 (all) or 2 or more (top-1 retrieval among one document is always
+    right: a 100 % that says nothing)."""
+    value = count(text)
+    if value == 1:
+        raise argparse.ArgumentTypeError("1 pair: top-1 retrieval among one document is "
+                                         "always right: give 2 or more (0 = all)")
+    return value
+
+
 MIN_SEQ_LEN = 2  # a text's two special tokens ([CLS] ... [SEP], <s> ... </s>)
 
 
 def seq_len(text: str) -> int:
-    """``--seq-len``: a whole number that holds at least the special tokens."""
+    """``--seq-len``: a whole number that holds at least the special tokens and at most
+    :data:`MAX_SEQ_LEN`."""
     value = positive_int(text)
     if value < MIN_SEQ_LEN:
         raise argparse.ArgumentTypeError(
             f"{value} token cannot hold a text's {MIN_SEQ_LEN} special tokens ([CLS] and "
             f"[SEP]): give {MIN_SEQ_LEN} or more (the deployment's sequence length)")
+    return at_most_max_seq_len(value)
+
+
+def at_most_max_seq_len(value: int) -> int:
+    """A sequence length (``--seq-len``, ``--lengths``) no longer than :data:`MAX_SEQ_LEN`."""
+    if value > MAX_SEQ_LEN:
+        raise argparse.ArgumentTypeError(
+            f"{value} tokens is longer than quantscope runs a model at ({MAX_SEQ_LEN}: every "
+            "check and measurement runs the model at that length, in memory): give the "
+            "deployment's sequence length")
     return value
 
 

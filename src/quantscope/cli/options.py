@@ -18,7 +18,6 @@ from quantscope.cli.types import (
     batch_axes,
     cache_folder,
     confidence,
-    count,
     data_spec,
     duration,
     input_file,
@@ -26,6 +25,7 @@ from quantscope.cli.types import (
     layout,
     model_spec,
     output_name,
+    pair_count,
     positive_float,
     positive_int,
     precision,
@@ -59,8 +59,9 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         line = " ".join(message.split())
         command = self.prog.removeprefix("quantscope").strip()
-        raise QuantscopeError(f"{command}{': ' if command else ''}{line} "
-                              f"(see '{self.prog} --help')")
+        see = f"(see '{self.prog} --help')"  # once: a type's own fix may point there
+        raise QuantscopeError(f"{command}{': ' if command else ''}{line}"
+                              + ("" if line.endswith(see) else f" {see}"))
 
 
 def _parent() -> argparse.ArgumentParser:
@@ -206,7 +207,7 @@ def add_prefixes(p: argparse.ArgumentParser) -> None:
 
 def pairs_parent(default: int | None, what: str) -> argparse.ArgumentParser:
     p = _parent()
-    p.add_argument("--pairs", type=count, default=default,
+    p.add_argument("--pairs", type=pair_count, default=default,
                    help=f"retrieval pairs {what} (text retrieval data; "
                    f"default: {default or 'all'}; 0 = all)")
     return p

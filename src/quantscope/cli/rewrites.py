@@ -32,6 +32,7 @@ from quantscope.cli.options import (
 from quantscope.cli.types import output_file
 from quantscope.rewrites.base import legacy
 from quantscope.rewrites.registry import REWRITES
+from quantscope.tasks.positions import check_token_lengths
 from quantscope.types import QuantscopeError
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ def run_command(name: str, args: argparse.Namespace) -> int:
     left and changed, write ``args.out``."""
     rw = REWRITES[name]
     inp = open_inputs(args, stats=rw.needs_stats)
+    # the rewrite is checked by running the model at the length given: one it can hold
+    check_token_lengths(inp.model, args.seq_len, input_shapes(args))
     config = config_of(rw, args)
     r, diff = legacy(rw.apply(inp.model, config, stats=inp.stats, seq_len=args.seq_len,
                               input_shapes=input_shapes(args)))

@@ -42,11 +42,13 @@ from pathlib import Path
 from quantscope.cli.numbers import (  # noqa: F401 - re-exported
     _number,
     at_least_one,
+    at_most_max_seq_len,
     confidence,
     count,
     finite_float,
     fraction,
     non_negative_float,
+    pair_count,
     positive_float,
     positive_int,
     seq_len,
@@ -422,6 +424,7 @@ def lengths(text: str) -> tuple[int, ...]:
         ) from None
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"'{text}': every length must be a positive token count")
+    at_most_max_seq_len(max(values))
     return values
 
 

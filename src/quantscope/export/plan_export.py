@@ -48,9 +48,11 @@ def check_plan_target(plan: Plan, target: str | None, *, plan_name: str = "the p
             "grid belong to its target)")
 
 
-def check_plan_format(plan: Plan, fmt: str, *, plan_name: str = "the plan") -> None:
+def check_plan_format(plan: Plan, fmt: str, *, plan_name: str = "the plan",
+                      given: bool = False) -> None:
     """Refuse to write one vendor's file from a plan made for another vendor's target (a
-    QNN plan as a Hailo ``.alls``): one line naming both."""
+    QNN plan as a Hailo ``.alls``): one line naming both. ``given``: the plan's target is
+    the ``--target`` given for a plan that named none."""
     vendor = FORMATS[fmt].vendor if fmt in FORMATS else None
     if vendor is None or not plan.target:
         return
@@ -59,11 +61,12 @@ def check_plan_format(plan: Plan, fmt: str, *, plan_name: str = "the plan") -> N
     except QuantscopeError:
         return  # a target from a TOML file, not at hand by name: its vendor is unknown here
     if target.vendor != vendor:
+        whose = (f"--target {plan.target} is a {target.vendor} target" if given else
+                 f"{plan_name} was made for target '{plan.target}' ({target.vendor})")
         raise QuantscopeError(
-            f"{plan_name} was made for target '{plan.target}' ({target.vendor}), and --format "
-            f"{fmt} writes a {vendor} file: export it with --format "
+            f"{whose}, and --format {fmt} writes a {vendor} file: export it with --format "
             + next((f.name for f in FORMATS.values() if f.vendor == target.vendor), "qdq")
-            + f", or plan again with a {vendor} --target")
+            + f", or {'give' if given else 'plan again with'} a {vendor} --target")
 
 
 def alls_target(text: str) -> str | None:

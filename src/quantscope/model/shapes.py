@@ -39,7 +39,7 @@ from onnx import shape_inference
 from quantscope.model.load import Model
 from quantscope.model.symbolic import symbolic_proto
 from quantscope.threads import default_threads
-from quantscope.types import Groups, QuantscopeError
+from quantscope.types import MAX_SEQ_LEN, Groups, QuantscopeError
 
 Shape = tuple[int | str | None, ...]
 Shapes = dict[str, tuple[int, ...]]  # concrete shapes given by the user, by tensor name
@@ -71,6 +71,13 @@ def parse_input_shape(spec: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+def token_inputs(model: Model) -> set[str]:
+    """The integer inputs (token ids, their masks): a rank-2 one's dim 1 is a length in
+    tokens (:data:`quantscope.types.MAX_SEQ_LEN` at most)."""
+    return {i.name for i in model.graph.input if i.type.tensor_type.elem_type in (
+        onnx.TensorProto.INT64, onnx.TensorProto.INT32)}
+
+
 def given_shapes(
     model: Model, seq_len: int | None = None,
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
@@ -79,6 +86,7 @@ def given_shapes(
     out: Shapes = dict(seq_len_shapes(model, seq_len)) if seq_len else {}
     inputs = set(model.input_names())
     declared = model.value_shapes()
+    tokens = token_inputs(model)
     seen: set[str] = set()
     for name, shape in input_shapes:
         if name not in inputs:
@@ -89,6 +97,11 @@ def given_shapes(
                                   "shape once")
         seen.add(name)
         _agrees(name, shape, declared.get(name))
+        if len(shape) == 2 and name in tokens and shape[1] > MAX_SEQ_LEN:  # as --seq-len
+            raise QuantscopeError(
+                f"--input-shape {name}={shape[0]}x{shape[1]}: {shape[1]} tokens is longer "
+                f"than quantscope runs a model at ({MAX_SEQ_LEN}): give the deployment's "
+                "sequence length")
         out[name] = shape
     return out or None
 

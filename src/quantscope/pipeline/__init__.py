@@ -218,10 +218,10 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
 
         check_one_size(model, fit if fit is not None else _open_fit(model, opts), opts.data,
                        "run")
-    if opts.seq_len is not None:  # a length the model's position table cannot hold
-        from quantscope.tasks.positions import check_length
+    # a length the model's position table cannot hold (--seq-len, a token --input-shape)
+    from quantscope.tasks.positions import check_token_lengths
 
-        check_length(model.proto, opts.seq_len)
+    check_token_lengths(model, opts.seq_len, opts.input_shapes)
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress,
                    _cache={"model": model}).check_goal(fit)
@@ -239,6 +239,17 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
         from quantscope.model.shapes import given_shapes, resolve_shapes
 
         resolve_shapes(model, given_shapes(model, opts.seq_len, opts.input_shapes))
+    if opts.hn:  # an --hn that is no parsed HN fails now, not at the export stage
+        from quantscope import stages
+        from quantscope.export.hailo_alls import hn_layers
+        from quantscope.targets import load_target
+
+        target = load_target(opts.target)
+        if "alls" not in target.formats:  # said, not silently unused
+            raise QuantscopeError(f"--hn gives the Hailo layer names of model.alls, and "
+                                  f"--target {opts.target} ({target.vendor}) writes no .alls: "
+                                  "leave --hn out")
+        hn_layers(stages.read_json_file(opts.hn, "HN"))
 
 
 MIN_FIT_SAMPLES = 2  # the analysis compares samples (a collapse needs two rows to show)
@@ -259,6 +270,9 @@ def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None
     fit = fit if fit is not None else _open_fit(model, opts)
     sets = [(opts.data, fit)]
     if opts.eval_data:
+        from quantscope.pipeline.data import refuse_same_data
+
+        refuse_same_data(opts.data, opts.eval_data)
         sets.append((opts.eval_data, stages.open_data(opts.eval_data, model,
                                                       tokenizer=opts.tokenizer,
                                                       max_pairs=opts.pairs,
@@ -382,6 +396,7 @@ def check_apart(opts: RunOptions) -> None:
             raise QuantscopeError(f"--out '{opts.out}' is inside the {flag} folder '{spec}': "
                                   "the run's files would be read as data: give an --out "
                                   "outside it")
+    _refuse_foreign_files(Path(opts.out))
     for flag, spec in (("MODEL", opts.model), ("--data", opts.data),
                        ("--eval-data", opts.eval_data), ("--tokenizer", opts.tokenizer),
                        ("--hn", opts.hn)):
@@ -390,6 +405,24 @@ def check_apart(opts: RunOptions) -> None:
             raise QuantscopeError(f"{flag} '{spec}' is a file the run writes in --out "
                                   f"'{opts.out}': copy it out of the run folder first, or "
                                   "give another --out")
+
+
+def _refuse_foreign_files(folder: Path) -> None:
+    """An existing ``--out`` that is no run folder (no ``run.json``, and no lock file a
+    run leaves: a folder whose ``run.json`` was deleted to start afresh is one) holding
+    files of the names a stage writes (a hand-written ``plan.json``, another tool's
+    ``stats.npz``): refused, not replaced silently."""
+    from quantscope.pipeline.manifest import MANIFEST
+
+    if not folder.is_dir() or (folder / MANIFEST).exists() or (folder / LOCK).exists():
+        return
+    stage_files = {v for k, v in vars(steps).items() if k.isupper() and isinstance(v, str)}
+    theirs = sorted(p.name for p in folder.iterdir() if p.name in stage_files and p.is_file())
+    if theirs:
+        raise QuantscopeError(
+            f"--out '{folder}' holds {', '.join(theirs[:3])}{' …' if len(theirs) > 3 else ''}"
+            ", which a run writes, and is no run folder (no run.json): the run would "
+            "replace them: give a new or empty folder, or move them out")
 
 
 def _folder(out: str) -> Path:

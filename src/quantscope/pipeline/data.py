@@ -16,6 +16,7 @@ anything else (faces, .txt)             not split: evaluation reuses the fit dat
 
 from __future__ import annotations
 
+import filecmp
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 from quantscope import stages
 from quantscope.model.load import Model
 from quantscope.tasks.text import TextPrefixes
-from quantscope.types import Batch, Dataset, batch_rows, take_rows
+from quantscope.types import Batch, Dataset, QuantscopeError, batch_rows, take_rows
 
 HELDOUT_PAIRS = "heldout.jsonl"
 
@@ -38,6 +39,12 @@ class RunData:
     split: str  # how held_out was obtained, one sentence
     # --query-prefix/--doc-prefix put before the texts of both parts (None: none)
     prefixes: TextPrefixes | None = None
+
+    @property
+    def is_held_out(self) -> bool:
+        """The evaluation is on other samples than the fit (False: data that cannot be
+        split is evaluated on the fit data, and every figure must say so)."""
+        return self.held_out is not self.fit
 
 
 def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
@@ -72,7 +79,7 @@ def _open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int
         return _split_pairs(model, data, fit, pairs=pairs, tokenizer=tokenizer, folder=folder,
                             prefixes=prefixes)
     row_local = fit.task is None or getattr(fit.task, "row_local", False)
-    if row_local and fit.calibration == fit.evaluation:
+    if row_local and _same_batches(fit.calibration, fit.evaluation):
         return _split_tensors(fit)
     return RunData(fit, fit, f"NOT held out: {data} is not split (its task needs every "
                    "sample); give --eval-data for a held-out evaluation")
@@ -89,7 +96,7 @@ def open_fit_data(model: Model, data: str, *, eval_data: str | None, pairs: int 
     if eval_data or _is_pairs(data):
         return fit
     row_local = fit.task is None or getattr(fit.task, "row_local", False)
-    if row_local and fit.calibration == fit.evaluation:
+    if row_local and _same_batches(fit.calibration, fit.evaluation):
         return _split_tensors(fit).fit
     return fit
 
@@ -101,6 +108,12 @@ def widest_text_batch(fit: Dataset) -> int | None:
     ids = enc.input_name("input_ids") if enc is not None else None
     widths = [np.asarray(b[ids]).shape[1] for b in fit.evaluation if ids in b]
     return max(widths) if widths else None
+
+
+def _same_batches(a: tuple[Batch, ...], b: tuple[Batch, ...]) -> bool:
+    """The same batch objects (tensor data, calibrated and evaluated alike: split in two);
+    by identity: ``==`` compares the arrays inside (a .txt's batches: an internal error)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _is_pairs(spec: str) -> bool:
@@ -177,7 +190,8 @@ def provenance(rd: RunData) -> dict[str, Any]:
 
     prefixes = {"prefixes": {**rd.prefixes.to_dict(), "note": rd.prefixes.describe()}} \
         if rd.prefixes else {}
-    return {"split": rd.split, **prefixes, "fit": part(rd.fit), "held_out": part(rd.held_out)}
+    return {"split": rd.split, "is_held_out": rd.is_held_out, **prefixes, "fit": part(rd.fit),
+            "held_out": part(rd.held_out)}
 
 
 def _token_lengths(ds: Dataset) -> list[int] | None:
@@ -188,3 +202,31 @@ def _token_lengths(ds: Dataset) -> list[int] | None:
     if not mask:
         return None
     return [int(x) for b in ds.evaluation for x in np.asarray(b[mask]).sum(axis=1)]
+
+
+
+def refuse_same_data(data: str, eval_data: str) -> None:
+    """``--eval-data`` that is ``--data`` (the same name, file or folder, or a copy with
+    the same bytes): its figures would be called held out while measured on the samples
+    the plan was fitted on; refused in one line."""
+    a, b = Path(data), Path(eval_data)
+    same = data == eval_data or (a.exists() and b.exists() and (
+        a.resolve() == b.resolve() or _same_bytes(a, b)))
+    if same:
+        raise QuantscopeError(
+            f"--eval-data '{eval_data}' holds the same data as --data '{data}': the "
+            "evaluation would not be held out from the fitting: give other samples, or leave "
+            "--eval-data out (run then holds out part of --data)")
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    """Two data files, or two data folders file by file, with the same bytes (sizes first:
+    data files may be large, and a copy is rare)."""
+    def files(p: Path) -> list[tuple[str, Path]]:
+        return ([(str(f.relative_to(p)), f) for f in sorted(p.rglob("*")) if f.is_file()]
+                if p.is_dir() else [("", p)])
+
+    fa, fb = files(a), files(b)
+    if [(n, f.stat().st_size) for n, f in fa] != [(n, f.stat().st_size) for n, f in fb]:
+        return False
+    return all(filecmp.cmp(x, y, shallow=False) for (_, x), (_, y) in zip(fa, fb, strict=True))

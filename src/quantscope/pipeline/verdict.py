@@ -84,8 +84,10 @@ def verdict(ctx: Context) -> dict[str, Any]:
         **({"time_budget": pareto["time_budget"]} if pareto.get("time_budget") else {}),
         # where the search's budget and repairs differ from --budget/--repairs (steps.plan_scope)
         **({"plan_scope": plan["scope"]} if plan.get("scope") else {}),
-        # cost: what ships (the deployment's held-out mean cost, else the plan's)
+        # cost: what ships (the deployment's held-out mean cost, else the plan's), and
+        # whether it is over --max-cost (a cap no plan meets ships the cheapest, said)
         "quality": quality, "cost": head["cost"], "plan_cost": plan_cost,
+        "max_cost": ctx.opts.max_cost, "over_max_cost": _over(head["cost"], ctx.opts.max_cost),
         "evaluation": ev["data"]["split"],
         "legal": not errors, "rules_checked": len(chk["rules"]),
         "rules_failed": sorted({p["rule"] for p in errors}),
@@ -357,6 +359,11 @@ def rewrite_notes(ctx: Context) -> dict[str, dict[str, Any] | None]:
     for rw, config in ctx.rewrite_configs():
         out[rw.name] = rw.verdict_of(config, ctx.opts.seq_len, steps.REPAIRED)
     return out
+
+
+def _over(cost: float | None, cap: float | None) -> bool:
+    """What ships costs more than ``--max-cost`` (no cap, or no cost: False)."""
+    return cap is not None and cost is not None and cost > cap + 1e-12
 
 
 def _binding(pareto: dict[str, Any], reached: bool | None) -> str | None:

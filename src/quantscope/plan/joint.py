@@ -149,7 +149,8 @@ def repair_evaluator(
             m, s, p = out.model, out.stats, out.plan
         metrics = measure(m, s, p)
         if metric not in metrics:
-            raise QuantscopeError(f"metric '{metric}' not among {', '.join(sorted(metrics))}")
+            raise QuantscopeError(f"--metric '{metric}' is no figure of this data's task: "
+                                  f"use one of {', '.join(sorted(metrics))}")
         evaluate.items = metrics.get(items_key(metric))
         return float(metrics[metric])
 

@@ -57,8 +57,11 @@ def sample_size(v: dict[str, Any]) -> str:
     effective count of its positions: ``n=16 held-out samples, an effective 150
     positions``; any other share over more or fewer items than samples, its items."""
     ho = v.get("held_out") or {}
-    n = (f"n={of(ho['samples'], 'held-out ' + ho.get('unit', 'samples'))}" if ho.get("samples")
-         else "held out")
+    held = ho.get("held", True)  # False: data that cannot be split, evaluated on the fit
+    n = (f"n={of(ho['samples'], ('held-out ' if held else 'fit ') + ho.get('unit', 'samples'))}"
+         if ho.get("samples") else "held out" if held else "the fit data")
+    if not held:
+        n += ", NOT held out"
     m = v.get("metric", "")
     plan = (v.get("quality") or {}).get("plan") or {}
     items = plan.get(items_key(m))
@@ -79,9 +82,12 @@ def held_out(ev: dict[str, Any]) -> dict[str, Any]:
     pair is two texts, its query and its document)."""
     part = ev["data"].get("held_out") or {}
     rows = part.get("evaluation_samples")
+    held = bool(ev["data"].get("is_held_out", True))  # an older evaluate.json: its split said
     if task_kind(part.get("task")) == "retrieval" and isinstance(rows, int):
-        return {"samples": rows // 2, "unit": "pairs", "rows": rows, "source": part.get("name")}
-    return {"samples": rows, "unit": "samples", "rows": rows, "source": part.get("name")}
+        return {"samples": rows // 2, "unit": "pairs", "rows": rows, "source": part.get("name"),
+                "held": held}
+    return {"samples": rows, "unit": "samples", "rows": rows, "source": part.get("name"),
+            "held": held}
 
 
 def _fell(iv: dict[str, Any] | None) -> bool:
@@ -393,7 +399,7 @@ def headline(v: dict[str, Any]) -> dict[str, Any]:
     m = v["metric"]
     ho = v.get("held_out") or {}
     dep = v.get("deployment") or {}
-    base = {"metric": m, "held_out": True, "n": ho.get("samples"),
+    base = {"metric": m, "held_out": ho.get("held", True), "n": ho.get("samples"),
             "unit": ho.get("unit", "samples")}
     if dep.get("measured") and dep.get("value") is not None:
         return {**base, "ships": "deployment", "value": dep["value"],
@@ -403,6 +409,21 @@ def headline(v: dict[str, Any]) -> dict[str, Any]:
     return {**base, "ships": "plan", "value": (v["quality"].get("plan") or {}).get(m),
             "cost": v.get("plan_cost", v.get("cost")), "cost_se": None, "models": 1,
             "legal": v["legal"]}
+
+
+def _what_ships(v: dict[str, Any], h: dict[str, Any], dep: dict[str, Any] | None) -> str:
+    """The verdict's first line after the figure: the deployment's compiled models and mean
+    cost; the single plan says nothing more unless it costs more than --max-cost (a cap
+    no plan meets: the cheapest ships), which both say here."""
+    if dep is None:
+        return (f" at cost {fmt.cost(h['cost'])}, OVER --max-cost {v['max_cost']:g}"
+                if v.get("over_max_cost") else "")
+    return (f" with {dep['models']} compiled model{'s' if dep['models'] > 1 else ''} "
+            f"({', '.join(map(str, dep['seq_lens']))} tokens) at mean cost "
+            f"{fmt.cost(dep['cost_mean'])} held out (standard error "
+            f"{fmt.cost(dep['cost_mean_se'])})"
+            + ("" if dep.get("max_cost") is None or dep["cost_mean"] <= dep["max_cost"] + 1e-12
+               else f", OVER --max-cost {dep['max_cost']:g}"))
 
 
 def format_short(v: dict[str, Any]) -> list[str]:
@@ -417,19 +438,15 @@ def format_short(v: dict[str, Any]) -> list[str]:
     dep = v.get("deployment") if h["ships"] == "deployment" else None
     got = fmt.value(m, h["value"])
     refs = "; ".join(f"{k} {fmt.value(m, r.get(m))}" for k, r in q.items() if k != "plan")
-    what = "" if dep is None else (
-        f" with {dep['models']} compiled model{'s' if dep['models'] > 1 else ''} "
-        f"({', '.join(map(str, dep['seq_lens']))} tokens) at mean cost "
-        f"{fmt.cost(dep['cost_mean'])} held out (standard error {fmt.cost(dep['cost_mean_se'])})"
-        + ("" if dep.get("max_cost") is None or dep["cost_mean"] <= dep["max_cost"] + 1e-12
-           else f", OVER --max-cost {dep['max_cost']:g}"))
+    what = _what_ships(v, h, dep)
     if v["goal"] is None:
         head = f"verdict: no --goal given; {m} {got} ({n}; {refs}){what}"
     else:
         reached = v["reached"] if "headline" in v else _reaches(v, h["value"])
         word = "REACHED" if reached else "NOT reached"
         said = fmt.goal(m, v["goal"], v.get("higher_is_better", True))
-        head = (f"verdict: goal {said} {word} on the held-out data: "
+        on = "held-out data" if h.get("held_out", True) else "fit data"
+        head = (f"verdict: goal {said} {word} on the {on}: "
                 f"{got} ({n}; {refs}){what}")
     lines = [head]
     if dep is not None:

@@ -93,7 +93,8 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 # encoder at a8_w8 measured 0.18 with "collapsed 0"), so this is said separately.
 # (RESEMBLE_MIN_COSINE, 0.9, lives in numerics: evaluate's output fidelity uses it too)
 # Top-1 retrieval agreement with FP32 below this many times chance (1 / documents) is
-# called "near chance".
+# called "near chance"; with 10 documents or fewer that bound is above 100 % (every
+# agreement, 100 % included, was "near chance"), so it is at most halfway from chance to 1.
 AGREEMENT_CHANCE_FACTOR = 10.0
 
 
@@ -103,8 +104,9 @@ def resemblance_note(cosine_mean: float, *, agreement: float | None = None,
 
     ==========================  ==================================================
     mean cosine to FP32         below ``RESEMBLE_MIN_COSINE`` (0.9)
-    top-1 agreement with FP32   below ``AGREEMENT_CHANCE_FACTOR`` x chance, chance
-                                = 1 / ``candidates`` (retrieval only)
+    top-1 agreement with FP32   below ``AGREEMENT_CHANCE_FACTOR`` x chance (at most
+                                halfway from chance to 1), chance = 1 / ``candidates``
+                                (retrieval only)
     ==========================  ==================================================
     """
     why = []
@@ -112,7 +114,7 @@ def resemblance_note(cosine_mean: float, *, agreement: float | None = None,
         why.append(f"mean cosine to FP32 {cosine_mean:.3f} < {RESEMBLE_MIN_COSINE:g}")
     if agreement is not None and candidates:
         chance = 1.0 / candidates
-        if agreement < AGREEMENT_CHANCE_FACTOR * chance:
+        if agreement < min(AGREEMENT_CHANCE_FACTOR * chance, (1 + chance) / 2):
             why.append(f"top-1 agreement with FP32 {value('top1_agreement', agreement)} is "
                        f"near chance ({100 * chance:.2g} %)")
     if not why:

@@ -98,6 +98,10 @@ def parse_pixels(text: str) -> Pixels:
     for part in (p.strip() for p in text.split(",")):
         key, sep, value = part.partition("=")
         key = key.strip().lower()
+        field = "bgr" if key == "rgb" else key
+        if field in fields:  # the last would win, silently (scale=255,scale=1)
+            raise QuantscopeError(f"--pixels '{text}' gives {'bgr/rgb' if field == 'bgr' else key}"
+                                  " twice: give it once")
         if not sep and key in ("bgr", "rgb", "raw"):
             fields["bgr" if key != "raw" else "raw"] = key != "rgb"
         elif sep and key == "scale":

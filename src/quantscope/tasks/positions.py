@@ -20,12 +20,13 @@ the limit                   none without a candidate (no run); else the model is
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
-from quantscope.model.load import FLOAT_TYPES
+from quantscope.model.load import FLOAT_TYPES, Model
 from quantscope.types import QuantscopeError
 
 
@@ -90,9 +91,12 @@ def token_limit(proto: onnx.ModelProto, inputs: dict[str, str], upto: int
     return TokenLimit(tokens=lo, table=table, rows=rows)
 
 
-def check_length(proto: onnx.ModelProto, length: int, flag: str = "--seq-len") -> None:
+def check_length(proto: onnx.ModelProto, length: int, flag: str = "--seq-len",
+                 batch: int | None = None) -> None:
     """A text encoder asked to run at ``length`` tokens (``flag``) that its position table
-    cannot hold: one line naming the limit. A model that is no text encoder passes."""
+    cannot hold: one line naming the limit. A model that is no text encoder passes.
+    ``batch``: the length is the dim 1 of ``--input-shape NAME=BATCHxLENGTH`` (``flag``
+    the input's name)."""
     from quantscope.tasks.text import detect_encoder
 
     try:
@@ -100,6 +104,25 @@ def check_length(proto: onnx.ModelProto, length: int, flag: str = "--seq-len") -
     except QuantscopeError:
         return
     limit = token_limit(proto, {r: n for r, n, _ in enc.inputs}, length)
+    if limit is not None and batch is not None:
+        raise QuantscopeError(f"--input-shape {flag}={batch}x{length}: {limit.describe()}, so "
+                              f"it cannot be compiled at {length}: give {flag}={batch}x"
+                              f"{limit.tokens} or less")
     if limit is not None:
         raise QuantscopeError(f"{flag} {length}: {limit.describe()}, so it cannot be "
                               f"compiled at {length}: give {flag} {limit.tokens} or less")
+
+
+def check_token_lengths(model: Model, seq_len: int | None,
+                        input_shapes: Sequence[tuple[str, tuple[int, ...]]] = ()) -> None:
+    """``--seq-len`` and each token input's ``--input-shape`` length against the model's
+    position table (:func:`check_length`): the commands that run the model at that length
+    (run, the rewrites) refuse it before any work."""
+    from quantscope.model.shapes import token_inputs
+
+    if seq_len is not None:
+        check_length(model.proto, seq_len)
+    tokens = token_inputs(model) if input_shapes else set()
+    for name, shape in input_shapes:
+        if len(shape) == 2 and name in tokens:
+            check_length(model.proto, shape[1], flag=name, batch=shape[0])

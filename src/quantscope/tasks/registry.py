@@ -574,9 +574,12 @@ def open_task_data(
 ) -> Dataset | None:
     """A :class:`Dataset` for a task spec, or None when ``spec`` is plain tensor data;
     ``prefixes`` (text data only) as :class:`TextPrefixes` says."""
-    if prefixes and not is_text_spec(spec):
-        raise QuantscopeError(f"--query-prefix/--doc-prefix apply to text data; '{spec}' is "
-                              "not text (pairs .jsonl, .tsv, .txt, stdlib-docs): leave them out")
+    if not is_text_spec(spec):  # a text option on tensor data is said, not left unused
+        for given, flags in ((prefixes, "--query-prefix/--doc-prefix apply"),
+                             (tokenizer, "--tokenizer applies")):
+            if given:
+                raise QuantscopeError(f"{flags} to text data; '{spec}' is not text (pairs "
+                                      ".jsonl, .tsv, .txt, stdlib-docs): leave it out")
     if is_text_spec(spec):
         check_text_model(model, spec)
         calib, evaluation, task, note, lengths = text_dataset(

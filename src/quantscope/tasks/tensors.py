@@ -490,9 +490,25 @@ def _check(arrays: dict[str, np.ndarray], model: Model, where: Path,
             raise QuantscopeError(
                 f"data '{where}' input '{name}' contains NaN or Inf: clean the data first"
             )
+        _refuse_empty_axis(arr, name, want, axis, where)
     _check_dims(arrays, model, where, layout)
     check_token_ids(arrays, model, where)
     return layout
+
+
+def _refuse_empty_axis(arr: np.ndarray, name: str, want: tuple | None, samples: int,
+                       where: Path) -> None:
+    """An axis other than the samples' that holds nothing (``[8, 0, 24]``): every sample is
+    empty, so there is no value to run, calibrate or score (a zero sample count is
+    :func:`tensor_batches`'s "zero samples")."""
+    empty = [i for i, n in enumerate(arr.shape) if n == 0 and i != samples]
+    if empty:
+        dim = want[empty[0]] if want is not None and empty[0] < len(want) else None
+        its = f" (the model's '{dim}')" if isinstance(dim, str) else ""
+        raise QuantscopeError(
+            f"data '{where}' input '{name}' has shape {arr.shape}: axis {empty[0]}{its} is "
+            "empty (0 long), so no sample holds a value: give data with at least one value "
+            "on every axis")
 
 
 def tensor_batches(

@@ -75,7 +75,7 @@ def load_pairs(name_or_path: str | Path) -> RetrievalPairs:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             return _parse_pairs(f.read().splitlines(), STDLIB_DOCS)
     path = _existing(name_or_path, "retrieval pairs")
-    return _parse_pairs(path.read_text(encoding="utf-8").splitlines(), str(path))
+    return _parse_pairs(path.read_text(encoding="utf-8-sig").splitlines(), str(path))
 
 
 def _parse_pairs(lines: list[str], source: str) -> RetrievalPairs:
@@ -97,8 +97,9 @@ def _parse_pairs(lines: list[str], source: str) -> RetrievalPairs:
             )
         queries.append(row["query"])
         documents.append(row["document"])
-    if not queries:
-        raise QuantscopeError(f"{source}: no query/document pairs (empty file)")
+    if len(queries) < 2:  # top-1 retrieval among one document is always right
+        raise QuantscopeError(f"{source}: {'one' if queries else 'no'} query/document pair"
+                              f"{'' if queries else 's (empty file)'}: give 2 or more")
     return RetrievalPairs(tuple(queries), tuple(documents), source)
 
 
@@ -122,7 +123,7 @@ def is_sts_file(path: str | Path) -> bool:
         return True
     if p.suffix != ".jsonl" or not p.is_file():
         return False
-    with p.open(encoding="utf-8") as f:
+    with p.open(encoding="utf-8-sig") as f:
         first = next((line for line in f if line.strip()), "")
     try:
         row = json.loads(first)
@@ -136,7 +137,7 @@ def load_sts(path: str | Path) -> StsPairs:
     objects ``{"sentence1", "sentence2", "score"}``."""
     p = _existing(path, "sentence-similarity pairs")
     rows: list[tuple[str, str, float]] = []
-    for number, line in enumerate(p.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(p.read_text(encoding="utf-8-sig").splitlines(), start=1):
         if not line.strip():
             continue
         row = _sts_row(line, p.suffix == ".tsv", number, str(p))
@@ -183,7 +184,7 @@ def load_calibration_texts(name_or_path: str | Path) -> tuple[str, ...]:
             lines, source = f.read().splitlines(), STDLIB_DOCS
     else:
         path = _existing(name_or_path, "calibration texts")
-        lines, source = path.read_text(encoding="utf-8").splitlines(), str(path)
+        lines, source = path.read_text(encoding="utf-8-sig").splitlines(), str(path)
     texts = tuple(line.strip() for line in lines if line.strip())
     if not texts:
         raise QuantscopeError(f"{source}: no calibration texts (empty file)")
