@@ -73,3 +73,40 @@ def test_a_one_value_output_on_four_axes_is_decided_not_cosined(mesh, capsys):
     assert 0.0 <= flag["decision_agreement"] <= 1.0 and flag["decision_threshold"] == 0.0
     assert any("output 'conv2d_31' has one value per sample (not in [0, 1]): no cosine" in n
                for n in r["notes"]), r["notes"]
+
+
+def _tflite_custom(op: str) -> onnx.ModelProto:
+    """tf2onnx's selfie segmentation tail: NCHW -> Transpose -> the custom op -> Sigmoid."""
+    from onnx import helper, numpy_helper
+
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], name="t", perm=[0, 2, 3, 1]),
+             helper.make_node(op, ["t", "w", "b"], ["segment"], name="segment"),
+             helper.make_node("Sigmoid", ["segment"], ["mask"], name="mask")]
+    graph = helper.make_graph(
+        nodes, "selfie", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("mask", onnx.TensorProto.FLOAT, [1, 16, 16, 1])],
+        [numpy_helper.from_array(np.ones((1, 2, 2, 4), np.float32), "w"),
+         numpy_helper.from_array(np.zeros(1, np.float32), "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)])
+
+
+@pytest.mark.parametrize(("op", "needles"), [
+    ("TFL_Convolution2DTransposeBias",
+     ("TFL_Convolution2DTransposeBias ('segment')", "tf2onnx --tflite", "'Unsupported ops'",
+      "is a ConvTranspose", "[in, out, kh, kw]", "replace the node")),
+    ("MyOwnOp", ("MyOwnOp ('segment')", "replace each with standard ONNX ops")),
+])
+def test_an_op_onnx_does_not_define_is_one_line_naming_the_node_and_fix(tmp_path, capsys, op,
+                                                                       needles):
+    """tf2onnx left MediaPipe's custom op as it is; quantscope said only the checker's
+    'No Op registered for TFL_Convolution2DTransposeBias' and 'fix or re-export it'."""
+    path = tmp_path / "selfie.onnx"
+    onnx.save(_tflite_custom(op), path)
+    before = path.read_bytes()
+    code = main(["groups", str(path)])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
+    assert all(n in lines[0] for n in needles), lines[0]
+    assert "fails the ONNX checker" not in lines[0]
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["selfie.onnx"]
