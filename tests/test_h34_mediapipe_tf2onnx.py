@@ -110,3 +110,48 @@ def test_an_op_onnx_does_not_define_is_one_line_naming_the_node_and_fix(tmp_path
     assert all(n in lines[0] for n in needles), lines[0]
     assert "fails the ONNX checker" not in lines[0]
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["selfie.onnx"]
+
+
+def pose_tail(seed: int = 35) -> onnx.ModelProto:
+    """BlazePose's segmentation head as tf2onnx writes it: a one-channel Conv map
+    ``[N, 1, H, W]`` made NHWC ``[N, H, W, 1]`` by a Reshape (tf2onnx's optimiser turns the
+    Transpose of a one-channel map into one)."""
+    r = _rng(seed)
+    text = """
+    <ir_version: 9, opset_import: ["" : 15]>
+    pose (float[1, 8, 8, 3] input_1) => (float[1, 8, 8, 1] Identity_2) {
+        x = Transpose <perm = [0, 3, 1, 2]> (input_1)
+        c = Conv <pads = [1, 1, 1, 1]> (x, wc, bc)
+        h = Relu (c)
+        m = Conv <pads = [1, 1, 1, 1]> (h, wm, bm)
+        Identity_2 = Reshape (m, nhwc)
+    }
+    """
+    return _with_weights(text, {
+        "wc": r.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32),
+        "bc": r.normal(0, 0.1, 8).astype(np.float32),
+        "wm": r.normal(0, 4.0, (1, 8, 3, 3)).astype(np.float32),
+        "bm": np.array([-1.0], np.float32),
+        "nhwc": np.array([1, 8, 8, 1], np.int64),
+    })
+
+
+def test_a_one_channel_map_reshaped_to_nhwc_keeps_its_channel_axis(tmp_path, capsys):
+    """The per-channel fidelity read axis 1 of [N, H, W, 1], an image row, as a channel:
+    'channel 63 of axis 1: ... SQNR 0.2 dB' for pose's segmentation logits, and the worst
+    row's SQNR was the plain-tensor headline a run plans by."""
+    from quantscope.model.axes import output_channel_axes
+    from quantscope.model.load import load_proto
+
+    model = pose_tail()
+    assert output_channel_axes(load_proto(model))["Identity_2"] == 3
+    onnx.save(model, tmp_path / "pose.onnx")
+    np.savez(tmp_path / "pose.npz", input_1=np.random.default_rng(1).uniform(
+        0, 1, (12, 8, 8, 3)).astype(np.float32))
+    assert main(["calibrate", str(tmp_path / "pose.onnx"), "--data", str(tmp_path / "pose.npz"),
+                 "--out", str(tmp_path / "stats.npz")]) == 0
+    r = _evaluate(tmp_path, capsys, "pose")
+    out = r["outputs"]["Identity_2"]
+    assert out.get("channel_axis", 3) == 3, out
+    assert out["sqnr_db_channel_min"] == pytest.approx(out["sqnr_db"]), out
+    assert not any("of axis 1" in n for n in r["notes"]), r["notes"]
