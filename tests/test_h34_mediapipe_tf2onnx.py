@@ -155,3 +155,55 @@ def test_a_one_channel_map_reshaped_to_nhwc_keeps_its_channel_axis(tmp_path, cap
     assert out.get("channel_axis", 3) == 3, out
     assert out["sqnr_db_channel_min"] == pytest.approx(out["sqnr_db"]), out
     assert not any("of axis 1" in n for n in r["notes"]), r["notes"]
+
+
+def test_pose_flags_beside_pixels_are_decided_not_left_unmeasured():
+    """BlazePose's [N, 195]: 39 points of x, y, z, visibility, presence. The visibility
+    logits share the pixels' 8-bit grid; with dims=5 they were 'not measured' and nothing
+    counted the visibility decisions that flipped (on the real model: 21 % of them)."""
+    from quantscope.tasks.points import PointsTask
+    from quantscope.types import Outputs
+
+    ref = np.array([[100.0, 50.0, 0.0, 3.0, 8.0, 120.0, 60.0, 0.0, -2.0, 8.0]] * 2)
+    test = ref.copy()
+    test[0, 3] = -0.5  # point 0's visibility flips; its x, y stay
+    out = lambda a: Outputs(names=("Identity",), batches=((a.astype(np.float32),),))  # noqa: E731
+    plain = PointsTask(name="p", output="Identity", dims=5, tolerance=1.0)
+    m = plain.metrics(out(ref), out(test))
+    assert m.values["point_agreement"] == 1.0 and "point_flag_agreement" not in m.values
+    assert "the 3rd to 5th values not measured" in plain.describe()
+    assert "--layout Identity=points:dims=5,flags=3-4" in plain.describe()
+    flagged = PointsTask(name="p", output="Identity", dims=5, tolerance=1.0, flags=(3, 5))
+    m = flagged.metrics(out(ref), out(test))
+    assert m.values["point_flag_agreement"] == pytest.approx(7 / 8)
+    assert m.values["point_flag_agreement_items"] > 0
+    assert "the 3rd value not measured" in flagged.describe()
+    assert any("NOT LIKE FP32: output 'Identity': 1 of 8 point flags decided otherwise" in n
+               for n in m.notes), m.notes
+    assert any("value 3: 75.0 %" in n for n in m.notes), m.notes
+
+
+@pytest.mark.parametrize(("layout", "needle"), [
+    ("conv2d_21=points:dims=3,flags=1-2", "flags '1-2' are no values of a point of 3 after its x, y"),
+    ("conv2d_21=points:dims=3,flags=2-3", "flags '2-3' are no values of a point of 3"),
+    ("conv2d_21=points:dims=3,threshold=0.5", "threshold decides the flags: give flags=A-B"),
+    ("conv2d_21=points:dims=3,flags=x", "flags 'x' is not a row range"),
+])
+def test_bad_flags_layout_is_one_line(mesh, capsys, layout, needle):
+    before = sorted(p.name for p in mesh.iterdir())
+    code = main(["evaluate", str(mesh / "mesh.onnx"), "--data", str(mesh / "mesh.npz"),
+                 "--stats", str(mesh / "stats.npz"), "--precision", "a8_w8",
+                 "--layout", layout, "--json", str(mesh / "bad.json")])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
+    assert "--layout" in lines[0] and needle in lines[0], lines[0]
+    assert sorted(p.name for p in mesh.iterdir()) == before
+
+
+def test_flags_on_the_cli_score_the_face_mesh_points_and_flags(mesh, capsys):
+    r = _evaluate(mesh, capsys, "mesh", "--layout", "conv2d_21=points:dims=3,flags=2")
+    m = r["metrics"]
+    assert 0.0 <= m["point_flag_agreement"] <= 1.0 and m["point_flag_agreement_items"] > 0
+    assert any("read as flags (flags=2, counted from 0), decided at 0" in n
+               for n in r["notes"]), r["notes"]

@@ -23,7 +23,8 @@ KIND        keys (defaults)                                          headline me
 ``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
             (:mod:`.classes`; default: the graph's, :func:`class_task`)
 ``points``  ``dims=2`` (values per point), ``tol=T`` (default 1 % of   ``point_agreement``
-            FP32's x, y span): landmarks  (:mod:`.points`)
+            FP32's x, y span), ``flags=A-B`` (values decided at
+            ``threshold=0``): landmarks  (:mod:`.points`)
 ``ctc``     ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
             ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
 ``image``   ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``
@@ -87,7 +88,7 @@ from quantscope.tasks.maps import (
     score_output,
 )
 from quantscope.tasks.pictures import ImageTask, dense_hint, parse_range
-from quantscope.tasks.points import POINT_DIMS, PointsTask
+from quantscope.tasks.points import FLAG_THRESHOLD, POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
 from quantscope.types import Metrics, Outputs, QuantscopeError
@@ -257,8 +258,20 @@ def _points_task(spec: LayoutSpec, shape: tuple | None, name: str) -> PointsTask
                         f"{size} values per sample are no whole number of points of {dims} "
                         "values: give dims=D (e.g. 3 for x, y, z)")
     tol = spec.option("tol")
+    flags = _rows(spec, "flags")
+    if flags is not None:
+        a, b = flags[0], dims if flags[1] is None else flags[1]
+        if a < 2 or b > dims:
+            raise _fail(spec.text, f"flags '{spec.option('flags')}' are no values of a point "
+                        f"of {dims} after its x, y (values 0, 1): give flags=A-B with 2 <= A "
+                        f"<= B <= {dims - 1}, counted from 0 (MediaPipe pose's visibility and "
+                        "presence: dims=5,flags=3-4)")
+        flags = (a, b)
+    elif spec.option("threshold") is not None:
+        raise _fail(spec.text, "threshold decides the flags: give flags=A-B with it")
     return PointsTask(name=name, output=spec.output, dims=dims,
-                      tolerance=None if tol is None else float(tol))
+                      tolerance=None if tol is None else float(tol), flags=flags,
+                      flag_threshold=_float(spec, "threshold", FLAG_THRESHOLD))
 
 
 def _map_channel(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> int | None:
