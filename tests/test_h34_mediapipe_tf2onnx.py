@@ -207,3 +207,25 @@ def test_flags_on_the_cli_score_the_face_mesh_points_and_flags(mesh, capsys):
     assert 0.0 <= m["point_flag_agreement"] <= 1.0 and m["point_flag_agreement_items"] > 0
     assert any("read as flags (flags=2, counted from 0), decided at 0" in n
                for n in r["notes"]), r["notes"]
+
+
+def test_map_channel_of_an_nhwc_map_indexes_its_channels_not_its_rows(tmp_path, capsys):
+    """channel=0 of pose's [N, H, W, 1] segmentation took index 0 of axis 1: the mask IoU
+    of the first image row, said as 'channel 0'."""
+    onnx.save(pose_tail(), tmp_path / "pose.onnx")
+    x = np.random.default_rng(2).uniform(0, 1, (12, 8, 8, 3)).astype(np.float32)
+    np.savez(tmp_path / "pose.npz", input_1=x)
+    assert main(["calibrate", str(tmp_path / "pose.onnx"), "--data", str(tmp_path / "pose.npz"),
+                 "--out", str(tmp_path / "stats.npz")]) == 0
+    whole = _evaluate(tmp_path, capsys, "pose", "--layout", "Identity_2=map:threshold=0")
+    one = _evaluate(tmp_path, capsys, "pose", "--layout", "Identity_2=map:threshold=0,channel=0")
+    for key in ("mask_iou", "pixel_flip_share", "map_abs_error_mean"):
+        assert one["metrics"][key] == pytest.approx(whole["metrics"][key]), key
+    assert one["metrics"]["pixel_flip_share_items"] == pytest.approx(
+        whole["metrics"]["pixel_flip_share_items"])
+    assert any("(channel 0 of axis 3)" in n for n in one["notes"]), one["notes"]
+    code = main(["evaluate", str(tmp_path / "pose.onnx"), "--data", str(tmp_path / "pose.npz"),
+                 "--stats", str(tmp_path / "stats.npz"), "--precision", "a8_w8",
+                 "--layout", "Identity_2=map:channel=1", "--json", str(tmp_path / "bad.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "channel 1 is no channel of its channel axis 3" in err[0]

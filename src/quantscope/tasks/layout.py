@@ -274,20 +274,31 @@ def _points_task(spec: LayoutSpec, shape: tuple | None, name: str) -> PointsTask
                       flag_threshold=_float(spec, "threshold", FLAG_THRESHOLD))
 
 
-def _map_channel(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> int | None:
-    """The ``channel=K`` of a map layout, checked against the output's axis 1."""
+def _map_channel(spec: LayoutSpec, model: Model, shape: tuple | None, samples: int | None
+                 ) -> tuple[int | None, int]:
+    """The ``channel=K`` of a map layout and the axis it indexes: the output's channel axis
+    as the graph gives it (an NHWC export's last axis: tf2onnx's ``[N, H, W, C]``), else 1;
+    checked against that axis."""
+    from quantscope.model.axes import output_channel_axes
+
     raw = spec.option("channel")
     if raw is None:
-        return None
+        return None, 1
     k = int(raw)
     if samples:
         raise _fail(spec.text, f"channel= reads axis 1 of an output batched on axis 0, and "
                     f"'{spec.output}' is batched on axis {samples}: leave channel out")
-    if shape is not None and (len(shape) < 3 or (isinstance(shape[1], int) and k >= shape[1])):
+    axis = output_channel_axes(model).get(spec.output, 1) if shape is not None else 1
+    axis = axis if shape is not None and 0 < axis < len(shape) else 1
+    if shape is not None and (len(shape) < 3 or (isinstance(shape[axis], int)
+                                                 and k >= shape[axis])):
         dims = tuple(d if isinstance(d, int) else "?" for d in shape)
+        where = ("its axis 1 (a map [N, C, H, W] has C of them)" if axis == 1 else
+                 f"its channel axis {axis}, the graph's (an NHWC map [N, H, W, C] has C "
+                 "of them)")
         raise _fail(spec.text, f"output '{spec.output}' has shape {dims}: channel {k} is no "
-                    "channel of its axis 1 (a map [N, C, H, W] has C of them)")
-    return k
+                    f"channel of {where}")
+    return k, axis
 
 
 def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
@@ -303,7 +314,8 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         return DetectionTask(name=name, output=spec.output,
                              layout=_detection_layout(spec, shape, samples, model))
     if spec.kind == "map":
-        return MapTask(name=name, output=spec.output, channel=_map_channel(spec, shape, samples),
+        channel, channel_axis = _map_channel(spec, model, shape, samples)
+        return MapTask(name=name, output=spec.output, channel=channel, channel_axis=channel_axis,
                        threshold=_float(spec, "threshold", MAP_THRESHOLD))
     if spec.kind == "score":
         if shape is not None and any(isinstance(d, int) and d != 1 for d in shape[1:]):
@@ -494,7 +506,7 @@ def _describe(task: object, model: Model) -> str:
                                     rows_of(task.output))
     if isinstance(task, MapTask):
         return f"a probability map binarised at {task.threshold:g}" + (
-            "" if task.channel is None else f" (channel {task.channel} of axis 1)")
+            "" if task.channel is None else f" (channel {task.channel} of axis {task.channel_axis})")
     if isinstance(task, ScoreTask):
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):

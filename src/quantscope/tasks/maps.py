@@ -5,8 +5,8 @@ binarised at its threshold is almost FP32's (IoU 0.97); and a per-sample probabi
 keep a cosine of 1.0 while its decisions flip. These tasks score what the user acts on:
 
 ``map`` (``[N, K, H, W]``, ``[N, H, W]``, any ``[N, ...]``), values in [0, 1]
-    each sample's map (with ``channel``: only that index of axis 1, the face channel of
-    a 2-class Softmax map) binarised at ``threshold`` (default 0.5); ``mask_iou`` (headline):
+    each sample's map (with ``channel``: only that index of the channel axis, the graph's,
+    else 1: the face channel of a 2-class Softmax map) binarised at ``threshold`` (default 0.5); ``mask_iou`` (headline):
     mean over samples of the IoU of the quantized mask with FP32's (a sample where both
     are empty counts 1.0); ``mask_iou_min``; ``pixel_flip_share``: share of values on the
     other side of the threshold, over ``pixel_flip_share_items`` values (the effective
@@ -69,7 +69,8 @@ class MapTask:
     name: str
     output: str
     threshold: float = MAP_THRESHOLD
-    channel: int | None = None  # binarise this index of axis 1 alone (None: every value)
+    channel: int | None = None  # binarise this index of channel_axis alone (None: every value)
+    channel_axis: int = 1  # the graph's channel axis (an NHWC map's last), else 1
     headline: str = "mask_iou"
     higher_is_better: bool = True
     row_local: bool = True
@@ -83,7 +84,8 @@ class MapTask:
         lo, hi = np.inf, -np.inf
         for r, t in zip(_arrays(ref, self.output), _arrays(test, self.output), strict=True):
             if self.channel is not None:
-                r, t = r[:, self.channel], t[:, self.channel]
+                r = np.take(r, self.channel, axis=self.channel_axis)
+                t = np.take(t, self.channel, axis=self.channel_axis)
             mr = (r >= self.threshold).reshape(len(r), -1)
             mt = (t >= self.threshold).reshape(len(t), -1)
             inter, union = np.sum(mr & mt, axis=1), np.sum(mr | mt, axis=1)
