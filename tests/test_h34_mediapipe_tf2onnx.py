@@ -229,3 +229,12 @@ def test_map_channel_of_an_nhwc_map_indexes_its_channels_not_its_rows(tmp_path, 
                  "--layout", "Identity_2=map:channel=1", "--json", str(tmp_path / "bad.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and "channel 1 is no channel of its channel axis 3" in err[0]
+
+
+def test_verdict_counts_a_flag_share_in_point_flags():
+    from quantscope.report.summary import sample_size
+
+    v = {"held_out": {"samples": 16}, "metric": "point_flag_agreement",
+         "quality": {"plan": {"point_flag_agreement": 0.9, "point_flag_agreement_items": 64.0,
+                              "point_flag_agreement_clusters": 16.0}}}
+    assert sample_size(v) == "n=16 held-out samples, an effective 64 point flags"
