@@ -47,6 +47,7 @@ from quantscope.units import value
 MAP_THRESHOLD = 0.5
 SCORE_THRESHOLD = 0.5
 IOU_RESEMBLES = 0.9
+NEAR_EMPTY = 0.01  # a sample whose FP32 mask covers less of its values: its IoU is a few values'
 AGREEMENT_RESEMBLES = 0.95
 
 
@@ -60,6 +61,22 @@ def _range_note(output: str, kind: str, lo: float, hi: float, threshold: float) 
         return []
     return [f"output '{output}' spans {lo:.4g}..{hi:.4g}, not [0, 1]: threshold {threshold:g} "
             f"is only right if you chose it (--layout {output}={kind}:threshold=T)"]
+
+
+def _near_empty_note(output: str, iou: np.ndarray, cover: np.ndarray) -> list[str]:
+    """Samples whose FP32 mask is (nearly) empty: a segmentation on images without what it
+    segments (a selfie model on a photo of a rocket) gives IoU 0 for a few stray values,
+    1.0 for none, and those samples move the mean by 1/N each."""
+    near = cover < NEAR_EMPTY
+    if not near.any():
+        return []
+    rest = (f"over the other {int(np.sum(~near))} samples it is {float(iou[~near].mean()):.3f}"
+            if (~near).any() else "no sample's mask is larger")
+    return [f"output '{output}': FP32's mask covers under {NEAR_EMPTY:.0%} of the values on "
+            f"{int(near.sum())} of {len(iou)} samples (an image without what the model "
+            f"segments: their IoU turns on a few values, 0 when the masks share none; mean "
+            f"{float(iou[near].mean()):.3f}), where the mask IoU {float(iou.mean()):.3f} says "
+            f"little; {rest}"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -78,6 +95,7 @@ class MapTask:
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         ious: list[np.ndarray] = []
         flipped: list[np.ndarray] = []  # each sample's flipped values
+        covers: list[np.ndarray] = []  # each sample's share of values in FP32's mask
         sizes: list[np.ndarray] = []  # each sample's values
         flips = total = fg = 0
         err_sum = err_max = 0.0
@@ -90,6 +108,7 @@ class MapTask:
             mt = (t >= self.threshold).reshape(len(t), -1)
             inter, union = np.sum(mr & mt, axis=1), np.sum(mr | mt, axis=1)
             ious.append(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
+            covers.append(np.mean(mr, axis=1))
             flipped.append(np.sum(mr != mt, axis=1))
             sizes.append(np.full(len(mr), mr.shape[1]))
             flips += int(np.sum(mr != mt))
@@ -113,6 +132,8 @@ class MapTask:
             side = "below" if fg == 0 else "at or above"
             notes.append(f"output '{self.output}': FP32's map is {side} {self.threshold:g} "
                          "everywhere: the mask IoU says little (only that the quantized map is too)")
+        elif iou.size:
+            notes.extend(_near_empty_note(self.output, iou, np.concatenate(covers)))
         if values["mask_iou"] < IOU_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}' mask IoU "
                          f"{values['mask_iou']:.3f} < {IOU_RESEMBLES:g} at threshold "
