@@ -260,3 +260,18 @@ def test_a_mask_iou_over_nearly_empty_masks_says_so():
     assert "over the other 2 samples it is 1.000" in note, note
     whole = MapTask(name="m", output="mask").metrics(out(ref[:2]), out(test[:2]))
     assert not any("covers under" in n for n in whole.notes)
+
+
+def test_the_verdict_gives_a_task_note_no_line_after_it_that_is_another_fact():
+    """BlazePose's run verdict read 'NOT LIKE FP32: output 'Identity': 577 of 1248 points
+    move ...: output 'Identity': flags ... 96.8 % ...': the points' note took the flags'
+    summary (the next note) as where its points moved."""
+    from quantscope.pipeline.verdict import _not_like
+
+    points = "NOT LIKE FP32: output 'Identity': 577 of 1248 points move more than 4 from FP32's"
+    flags = "output 'Identity': flags (values 3-4 of each point, counted from 0) decided at 0"
+    below = "NOT LIKE FP32: output(s) 'Identity_1' lose what FP32 computes (below)"
+    where = "output 'Identity_1' has one value per sample: ..."
+    results = {"plan": {"notes": [points, flags, below, where]}}
+    assert _not_like(results)["plan"] == (
+        f"{points}; NOT LIKE FP32: output(s) 'Identity_1' lose what FP32 computes: {where}")

@@ -212,8 +212,10 @@ def _not_like(results: dict[str, Any], metric: str = "") -> dict[str, str]:
         for at, note in enumerate(notes):
             if not note.startswith("NOT LIKE FP32"):
                 continue
+            # a task's note names its output and what moved itself: the line after it is
+            # another fact (the points' flags, the next output's range), not where
             where = notes[at + 1] if at + 1 < len(notes) and notes[at + 1].startswith(
-                "output '") else ""
+                "output '") and not note.startswith("NOT LIKE FP32: output '") else ""
             said.append(note.replace(" (below)", "") + (f": {where}" if where else ""))
         if said:  # the fidelity judgement ('... (below)': the line after it) after the task's
             first = [n for n, raw in zip(said, (n for n in notes if n.startswith(
