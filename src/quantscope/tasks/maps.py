@@ -66,17 +66,21 @@ def _range_note(output: str, kind: str, lo: float, hi: float, threshold: float) 
 def _near_empty_note(output: str, iou: np.ndarray, cover: np.ndarray) -> list[str]:
     """Samples whose FP32 mask is (nearly) empty: a segmentation on images without what it
     segments (a selfie model on a photo of a rocket) gives IoU 0 for a few stray values,
-    1.0 for none, and those samples move the mean by 1/N each."""
+    1.0 for none, and those samples move the mean by 1/N each. The first line is the same
+    for every model compared on the data (``run``'s verdict says it once); the second
+    gives the figures."""
     near = cover < NEAR_EMPTY
     if not near.any():
         return []
-    rest = (f"over the other {int(np.sum(~near))} samples it is {float(iou[~near].mean()):.3f}"
-            if (~near).any() else "no sample's mask is larger")
-    return [f"output '{output}': FP32's mask covers under {NEAR_EMPTY:.0%} of the values on "
+    said = (f"output '{output}': FP32's mask covers under {NEAR_EMPTY:.0%} of the values on "
             f"{int(near.sum())} of {len(iou)} samples (an image without what the model "
-            f"segments: their IoU turns on a few values, 0 when the masks share none; mean "
-            f"{float(iou[near].mean()):.3f}), where the mask IoU {float(iou.mean()):.3f} says "
-            f"little; {rest}"]
+            "segments: each one's IoU turns on a few values, 0 when the masks share none): "
+            "the mask IoU says little of them")
+    if not (~near).any():
+        return [said]
+    return [said, f"output '{output}': mask IoU {float(iou[~near].mean()):.3f} over the "
+            f"{int(np.sum(~near))} samples whose FP32 mask covers {NEAR_EMPTY:.0%} or more "
+            f"of the values ({float(iou[near].mean()):.3f} over the {int(near.sum())} others)"]
 
 
 @dataclass(frozen=True, eq=False)
