@@ -283,3 +283,33 @@ def test_the_verdict_gives_a_task_note_no_line_after_it_that_is_another_fact():
     results = {"plan": {"notes": [points, flags, below, where]}}
     assert _not_like(results)["plan"] == (
         f"{points}; NOT LIKE FP32: output(s) 'Identity_1' lose what FP32 computes: {where}")
+
+
+def test_a_second_tasks_loss_says_plans_are_searched_for_the_headline():
+    """BlazePose on hailo10h: the goal on the points 'REACHED' with every group at 16 bit
+    but the segmentation head's ten, which gain nothing for the points (the headline):
+    the mask's 'NOT LIKE FP32' (IoU 0.869) said nothing of why or of --metric."""
+    from quantscope.pipeline.verdict import _not_like
+    from quantscope.tasks.layout import OutputTasks
+    from quantscope.tasks.maps import MapTask
+    from quantscope.types import Outputs
+
+    pts = np.array([[10.0, 10.0, 50.0, 50.0], [20.0, 20.0, 90.0, 90.0]])
+    ref = np.zeros((2, 1, 20, 20))
+    ref[:, :, 2:12, 2:12] = 0.9
+    test = ref.copy()
+    test[:, :, 2:12, 2:7] = 0.1  # half of each mask lost
+    out = lambda a, b: Outputs(names=("Identity", "seg"), batches=(  # noqa: E731
+        (a.astype(np.float32), b.astype(np.float32)),))
+    from quantscope.tasks.points import PointsTask
+
+    tasks = OutputTasks(name="o", tasks=(PointsTask(name="p", output="Identity"),
+                                         MapTask(name="m", output="seg")),
+                        headline="point_agreement")
+    notes = tasks.metrics(out(pts, ref), out(pts, test)).notes
+    said = next(n for n in notes if n.startswith("NOT LIKE FP32: output 'seg'"))
+    assert said.endswith("(plans are searched for the headline, 'Identity''s point_agreement: "
+                         "--metric mask_iou plans for this output)"), said
+    results = {"plan": {"notes": list(notes)}}
+    assert "--metric mask_iou plans" in _not_like(results, "point_agreement")["plan"]
+    assert "--metric" not in _not_like(results, "mask_iou")["plan"]

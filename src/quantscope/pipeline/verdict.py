@@ -9,6 +9,7 @@ feed the inputs and read the outputs (the io rows).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -204,7 +205,6 @@ def _not_like(results: dict[str, Any], metric: str = "") -> dict[str, str]:
     task's own first (a landmark task's points lost beside a flag's fidelity loss were
     said as the flag's alone). A note's advice to plan by ``--metric M`` is dropped where
     ``metric`` (the run's) is M already."""
-    advice = f" (--metric {metric} plans for the class)"
     out = {}
     for label in COMPARED:
         notes = [str(n) for n in results.get(label, {}).get("notes", [])]
@@ -220,8 +220,9 @@ def _not_like(results: dict[str, Any], metric: str = "") -> dict[str, str]:
         if said:  # the fidelity judgement ('... (below)': the line after it) after the task's
             first = [n for n, raw in zip(said, (n for n in notes if n.startswith(
                 "NOT LIKE FP32")), strict=True) if not raw.endswith("(below)")]
-            out[label] = "; ".join([*first, *(n for n in said if n not in first)]).replace(
-                advice, "")
+            text = "; ".join([*first, *(n for n in said if n not in first)])
+            out[label] = re.sub(rf" \([^()]*--metric {re.escape(metric)} plans for [^()]*\)",
+                                "", text) if metric else text
     return out
 
 
