@@ -96,9 +96,10 @@ class PointsTask:
                         f"decided at {self.flag_threshold:g}")
         if b < self.dims:
             rest.append(f"{_values(max(b, 2), self.dims)} not measured")
-        hint = ("; flags (MediaPipe pose's visibility, presence logits) are judged by their "
-                f"decisions with --layout {self.output}=points:dims={self.dims},"
-                f"flags={max(2, self.dims - 2)}-{self.dims - 1}"
+        flags = "3-4" if self.dims == 5 else "A-B"  # MediaPipe pose's: x, y, z, vis., pres.
+        hint = ("; flags among them (MediaPipe pose's visibility and presence logits, values "
+                "3-4) are judged by their decisions with --layout "
+                f"{self.output}=points:dims={self.dims},flags={flags}"
                 if self.dims >= 4 and not self.flags else "")
         tol = (f"{self.tolerance:g}" if self.tolerance is not None else
                f"{TOLERANCE_SHARE * 100:g} % of FP32's x, y span")
