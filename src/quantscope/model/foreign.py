@@ -74,7 +74,8 @@ def refuse_unknown_ops(proto: onnx.ModelProto, source: str) -> None:
            "without it")
     raise QuantscopeError(
         f"model '{source}' has {sum(len(v) for v in found.values())} node(s) whose op ONNX "
-        f"{onnx.__version__} does not define: {ops}{what}; ONNX Runtime and the NPU compilers cannot run them: {fix}"
+        f"{onnx.__version__} does not define: {ops}{what}; ONNX Runtime and the NPU "
+        f"compilers cannot run them: {fix}"
     )
 
 

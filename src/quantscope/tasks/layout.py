@@ -520,7 +520,8 @@ def _describe(task: object, model: Model) -> str:
                                     rows_of(task.output))
     if isinstance(task, MapTask):
         return f"a probability map binarised at {task.threshold:g}" + (
-            "" if task.channel is None else f" (channel {task.channel} of axis {task.channel_axis})")
+            "" if task.channel is None else
+            f" (channel {task.channel} of axis {task.channel_axis})")
     if isinstance(task, ScoreTask):
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):

@@ -6,7 +6,8 @@ keep a cosine of 1.0 while its decisions flip. These tasks score what the user a
 
 ``map`` (``[N, K, H, W]``, ``[N, H, W]``, any ``[N, ...]``), values in [0, 1]
     each sample's map (with ``channel``: only that index of the channel axis, the graph's,
-    else 1: the face channel of a 2-class Softmax map) binarised at ``threshold`` (default 0.5); ``mask_iou`` (headline):
+    else 1: the face channel of a 2-class Softmax map) binarised at ``threshold`` (default
+    0.5); ``mask_iou`` (headline):
     mean over samples of the IoU of the quantized mask with FP32's (a sample where both
     are empty counts 1.0); ``mask_iou_min``; ``pixel_flip_share``: share of values on the
     other side of the threshold, over ``pixel_flip_share_items`` values (the effective
