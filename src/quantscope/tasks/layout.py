@@ -407,7 +407,9 @@ def _not_planned_for(note: str, task: object, first: object) -> str:
     if not note.startswith(f"NOT LIKE FP32: output '{output}'"):
         return note
     return (f"{note} (plans are searched for the headline, '{getattr(first, 'output', '')}''s "
-            f"{getattr(first, 'headline', '')}: --metric {headline} plans for this output)")
+            f"{getattr(first, 'headline', '')}, the first --layout's; its analysis finds no "
+            f"gain in a layer only this output needs: give --layout {output}=... first to "
+            f"plan for its {headline})")
 
 
 def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
