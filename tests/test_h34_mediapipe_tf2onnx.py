@@ -315,3 +315,19 @@ def test_a_second_tasks_loss_says_plans_are_searched_for_the_headline():
                          "output needs: give --layout seg=... first to plan for its mask_iou)"), said
     results = {"plan": {"notes": list(notes)}}
     assert "give --layout seg=... first" in _not_like(results, "point_agreement")["plan"]
+
+
+def test_the_headline_is_the_first_declared_layouts_not_the_models_first_output():
+    """'--layout Identity_2=map --layout Identity=points' kept the points (the model's first
+    output) as the headline: the run planned for them, not the map declared first."""
+    from quantscope.model.load import load_proto
+    from quantscope.tasks.layout import layout_tasks, parse_layout
+
+    model = load_proto(face_mesh())
+    first_map = (parse_layout("conv2d_31=score:threshold=0"),
+                 parse_layout("conv2d_21=points:dims=3"))
+    task, _ = layout_tasks(model, first_map, "d")
+    assert task.headline == "decision_agreement"
+    assert [t.output for t in task.tasks] == ["conv2d_31", "conv2d_21"]
+    task, _ = layout_tasks(model, first_map[::-1], "d")
+    assert task.headline == "point_agreement"

@@ -483,6 +483,10 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     notes += [unscored] if unscored else []
     if len(tasks) == 1:
         return tasks[0], tuple(notes)
+    # the headline is the first declared output's, in --layout order (the model's output
+    # order had made BlazePose's points the headline with its map declared first)
+    order = {s.output: i for i, s in enumerate(specs)}
+    tasks.sort(key=lambda t: order.get(t.output, len(order)))
     return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks),
                        headline=tasks[0].headline), tuple(notes)
 
