@@ -331,3 +331,19 @@ def test_the_headline_is_the_first_declared_layouts_not_the_models_first_output(
     assert [t.output for t in task.tasks] == ["conv2d_31", "conv2d_21"]
     task, _ = layout_tasks(model, first_map[::-1], "d")
     assert task.headline == "point_agreement"
+
+
+def test_a_goal_missed_names_the_groups_the_search_never_tried_beside_a_rule():
+    """BlazePose's map declared first on hailo10h: NOT reached (0.935 held out) with ten
+    segmentation-head groups at 8 bit, no gain in the analysis, and the verdict said only
+    'binds: hailo.maxpool_16bit' (two MaxPools worth 3 pts predicted)."""
+    from quantscope.pipeline.verdict import _binding
+
+    pareto = {"metric": "mask_iou", "blockers": [
+        {"rule": "hailo.maxpool_16bit", "gain": 0.032, "groups": ["mp1", "mp2"]}],
+        "notes": ["predicted quality adds per-group gains measured one group at a time: an "
+                  "estimate", "10 group(s) have no gain in the analysis and stay at start"]}
+    assert _binding(pareto, False) == ("hailo.maxpool_16bit; 10 group(s) have no gain in the "
+                                       "analysis and stay at start")
+    assert _binding(pareto, True) is None
+    assert _binding({"notes": pareto["notes"]}, False) == pareto["notes"][1]

@@ -368,7 +368,12 @@ def _binding(pareto: dict[str, Any], reached: bool | None) -> str | None:
     if pareto.get("binding"):
         return str(pareto["binding"])
     blockers = pareto.get("blockers") or []
-    return blockers[0]["rule"] if blockers else None
+    # groups the search never tried (no gain in the analysis) stay low too: a rule's block
+    # alone read as all that binds (BlazePose's segmentation head: ten groups at 8 bit
+    # beside 'binds: hailo.maxpool_16bit', whose two MaxPools the analysis valued at 3 pts)
+    idle = [str(n) for n in pareto.get("notes") or [] if "no gain in the analysis" in str(n)]
+    said = [b["rule"] for b in blockers[:1]]
+    return "; ".join(said + idle) or None
 
 
 def compiler_files(target: Target | str) -> dict[str, str]:
