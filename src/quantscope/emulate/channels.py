@@ -28,7 +28,8 @@ samples and positions together.
                           the lowest-SQNR channel
 ========================  ==================================================================
 
-**Scalar outputs** (:class:`ScalarFidelity`, one value per sample: ``[N]`` or ``[N, 1]``):
+**Scalar outputs** (:class:`ScalarFidelity`, one value per sample: ``[N]``, ``[N, 1]``,
+``[N, 1, 1, 1]``):
 no cosine. ``abs_err_max``, ``abs_err_mean`` (``|t - r|``), ``rel_err_max``
 (``abs_err_max`` over FP32's range ``max - min``: the error as a share of what the output
 spans; ``abs_err_max`` alone when FP32 is constant), ``decision_agreement`` (the share of
@@ -50,8 +51,9 @@ SCALAR_MAX_REL_ERR = 0.25  # scalar outputs: a larger error (share of FP32's ran
 
 
 def is_scalar(a: np.ndarray) -> bool:
-    """One value per sample: ``[N]`` or ``[N, 1]`` (rank 0 too)."""
-    return a.ndim <= 1 or (a.ndim == 2 and a.shape[1] == 1)
+    """One value per sample: ``[N]``, ``[N, 1]``, ``[N, 1, 1, 1]`` (a tf2onnx export's 1x1
+    Conv logit in NHWC; rank 0 too)."""
+    return a.ndim <= 1 or (a.ndim >= 2 and all(d == 1 for d in a.shape[1:]))
 
 
 def _lower_median(rows: np.ndarray) -> np.ndarray:

@@ -24,7 +24,8 @@ Transpose                          permuted with ``perm``
 Reshape, Flatten, Squeeze,         kept when the dims up to the axis are unchanged
 Unsqueeze                          (read from inferred shapes), shifted for inserted or
                                    removed leading dims, followed when only dims of
-                                   size 1 move (``[N, 96, 1, 1] -> [N, 1, 1, 96]``);
+                                   size 1 move (``[N, 96, 1, 1] -> [N, 1, 1, 96]``,
+                                   ``[N, 1, H, W] -> [N, H, W, 1]``);
                                    else unknown
 anything else (activation x        unknown (``None``): callers fall back to their own
 activation MatMul, graph inputs)   rule, e.g. 1 for rank 4, else the last axis
@@ -135,8 +136,10 @@ def _ones_moved(src: Shape, dst: Shape, axis: int) -> int | None:
     """Where ``axis`` lands when the reshape only moves dims of size 1 after the first
     (``[N, 96, 1, 1] -> [N, 1, 1, 96]``, a TF export's NCHW -> NHWC of a pooled map): the
     other dims in the same order; the first (the samples) kept, or symbolic on both sides
-    (an exporter names each unknown batch dim anew)."""
-    if axis == 0 or src[axis] == 1 or not (_same(src[0], dst[0]) or (
+    (an exporter names each unknown batch dim anew). A channel axis of size 1 lands on the
+    size-1 dim of the same rank among them (``[N, 1, H, W] -> [N, H, W, 1]``: tf2onnx's
+    Reshape for the NHWC Transpose of a one-channel map, BlazePose's segmentation)."""
+    if axis == 0 or not (_same(src[0], dst[0]) or (
             not isinstance(src[0], int) and not isinstance(dst[0], int))):
         return None
     rest_s = [(i, d) for i, d in enumerate(src) if i and d != 1]
@@ -144,6 +147,10 @@ def _ones_moved(src: Shape, dst: Shape, axis: int) -> int | None:
     if len(rest_s) != len(rest_d) or not all(
             _same(a, b) for (_, a), (_, b) in zip(rest_s, rest_d, strict=True)):
         return None
+    if src[axis] == 1:
+        ones_s = [i for i, d in enumerate(src) if i and d == 1]
+        ones_d = [i for i, d in enumerate(dst) if i and d == 1]
+        return ones_d[ones_s.index(axis)] if len(ones_s) == len(ones_d) else None
     pos = [i for i, _ in rest_s].index(axis)
     return rest_d[pos][0]
 

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper, shape_inference
 
-from quantscope.model.foreign import refuse_foreign_ops
+from quantscope.model.foreign import refuse_foreign_ops, refuse_unknown_ops
 from quantscope.model.fuse_rmsnorm import RMS_OPSET, drop_noop_casts, fuse_rms_norms
 from quantscope.model.nan_guard import drop_softmax_nan_guards
 from quantscope.model.negative_dims import name_negative_dims
@@ -403,6 +403,7 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     """Validate, name, upgrade and shape-infer an in-memory model."""
     refuse_prequantized(proto, source)  # before the contrib ops a QOperator model has
     refuse_foreign_ops(proto, source)
+    refuse_unknown_ops(proto, source)
     refuse_batch_first_recurrent(proto, source)
     proto, moved = sort_nodes(proto)  # ONNX Runtime runs an unsorted graph: so do we
     proto, negative = name_negative_dims(proto)  # a -1 dim is any size, as ORT reads it

@@ -9,6 +9,7 @@ feed the inputs and read the outputs (the io rows).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -209,7 +210,6 @@ def _not_like(results: dict[str, Any], metric: str = "") -> dict[str, str]:
     task's own first (a landmark task's points lost beside a flag's fidelity loss were
     said as the flag's alone). A note's advice to plan by ``--metric M`` is dropped where
     ``metric`` (the run's) is M already."""
-    advice = f" (--metric {metric} plans for the class)"
     out = {}
     for label in COMPARED:
         notes = [str(n) for n in results.get(label, {}).get("notes", [])]
@@ -217,14 +217,17 @@ def _not_like(results: dict[str, Any], metric: str = "") -> dict[str, str]:
         for at, note in enumerate(notes):
             if not note.startswith("NOT LIKE FP32"):
                 continue
+            # a task's note names its output and what moved itself: the line after it is
+            # another fact (the points' flags, the next output's range), not where
             where = notes[at + 1] if at + 1 < len(notes) and notes[at + 1].startswith(
-                "output '") else ""
+                "output '") and not note.startswith("NOT LIKE FP32: output '") else ""
             said.append(note.replace(" (below)", "") + (f": {where}" if where else ""))
         if said:  # the fidelity judgement ('... (below)': the line after it) after the task's
             first = [n for n, raw in zip(said, (n for n in notes if n.startswith(
                 "NOT LIKE FP32")), strict=True) if not raw.endswith("(below)")]
-            out[label] = "; ".join([*first, *(n for n in said if n not in first)]).replace(
-                advice, "")
+            text = "; ".join([*first, *(n for n in said if n not in first)])
+            out[label] = re.sub(rf" \([^()]*--metric {re.escape(metric)} plans for [^()]*\)",
+                                "", text) if metric else text
     return out
 
 
@@ -375,7 +378,12 @@ def _binding(pareto: dict[str, Any], reached: bool | None) -> str | None:
     if pareto.get("binding"):
         return str(pareto["binding"])
     blockers = pareto.get("blockers") or []
-    return blockers[0]["rule"] if blockers else None
+    # groups the search never tried (no gain in the analysis) stay low too: a rule's block
+    # alone read as all that binds (BlazePose's segmentation head: ten groups at 8 bit
+    # beside 'binds: hailo.maxpool_16bit', whose two MaxPools the analysis valued at 3 pts)
+    idle = [str(n) for n in pareto.get("notes") or [] if "no gain in the analysis" in str(n)]
+    said = [b["rule"] for b in blockers[:1]]
+    return "; ".join(said + idle) or None
 
 
 def compiler_files(target: Target | str) -> dict[str, str]:

@@ -92,6 +92,7 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "detection_f1": (True, (0.0, 1.0)),
     "mask_iou": (True, (0.0, 1.0)),
     "point_agreement": (True, (0.0, 1.0)),
+    "point_flag_agreement": (True, (0.0, 1.0)),
     "string_agreement": (True, (0.0, 1.0)),
     "char_error_rate": (False, (0.0, math.inf)),
     "class_iou_min": (True, (0.0, 1.0)),

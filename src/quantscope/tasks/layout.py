@@ -23,7 +23,8 @@ KIND        keys (defaults)                                          headline me
 ``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
             (:mod:`.classes`; default: the graph's, :func:`class_task`)
 ``points``  ``dims=2`` (values per point), ``tol=T`` (default 1 % of   ``point_agreement``
-            FP32's x, y span): landmarks  (:mod:`.points`)
+            FP32's x, y span), ``flags=A-B`` (values decided at
+            ``threshold=0``): landmarks  (:mod:`.points`)
 ``ctc``     ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
             ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
 ``image``   ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``
@@ -87,7 +88,7 @@ from quantscope.tasks.maps import (
     score_output,
 )
 from quantscope.tasks.pictures import ImageTask, dense_hint, parse_range
-from quantscope.tasks.points import POINT_DIMS, PointsTask
+from quantscope.tasks.points import FLAG_THRESHOLD, POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
 from quantscope.types import Metrics, Outputs, QuantscopeError
@@ -257,24 +258,47 @@ def _points_task(spec: LayoutSpec, shape: tuple | None, name: str) -> PointsTask
                         f"{size} values per sample are no whole number of points of {dims} "
                         "values: give dims=D (e.g. 3 for x, y, z)")
     tol = spec.option("tol")
+    flags = _rows(spec, "flags")
+    if flags is not None:
+        a, b = flags[0], dims if flags[1] is None else flags[1]
+        if a < 2 or b > dims:
+            raise _fail(spec.text, f"flags '{spec.option('flags')}' are no values of a point "
+                        f"of {dims} after its x, y (values 0, 1): give flags=A-B with 2 <= A "
+                        f"<= B <= {dims - 1}, counted from 0 (MediaPipe pose's visibility and "
+                        "presence: dims=5,flags=3-4)")
+        flags = (a, b)
+    elif spec.option("threshold") is not None:
+        raise _fail(spec.text, "threshold decides the flags: give flags=A-B with it")
     return PointsTask(name=name, output=spec.output, dims=dims,
-                      tolerance=None if tol is None else float(tol))
+                      tolerance=None if tol is None else float(tol), flags=flags,
+                      flag_threshold=_float(spec, "threshold", FLAG_THRESHOLD))
 
 
-def _map_channel(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> int | None:
-    """The ``channel=K`` of a map layout, checked against the output's axis 1."""
+def _map_channel(spec: LayoutSpec, model: Model, shape: tuple | None, samples: int | None
+                 ) -> tuple[int | None, int]:
+    """The ``channel=K`` of a map layout and the axis it indexes: the output's channel axis
+    as the graph gives it (an NHWC export's last axis: tf2onnx's ``[N, H, W, C]``), else 1;
+    checked against that axis."""
+    from quantscope.model.axes import output_channel_axes
+
     raw = spec.option("channel")
     if raw is None:
-        return None
+        return None, 1
     k = int(raw)
     if samples:
         raise _fail(spec.text, f"channel= reads axis 1 of an output batched on axis 0, and "
                     f"'{spec.output}' is batched on axis {samples}: leave channel out")
-    if shape is not None and (len(shape) < 3 or (isinstance(shape[1], int) and k >= shape[1])):
+    axis = output_channel_axes(model).get(spec.output, 1) if shape is not None else 1
+    axis = axis if shape is not None and 0 < axis < len(shape) else 1
+    if shape is not None and (len(shape) < 3 or (isinstance(shape[axis], int)
+                                                 and k >= shape[axis])):
         dims = tuple(d if isinstance(d, int) else "?" for d in shape)
+        where = ("its axis 1 (a map [N, C, H, W] has C of them)" if axis == 1 else
+                 f"its channel axis {axis}, the graph's (an NHWC map [N, H, W, C] has C "
+                 "of them)")
         raise _fail(spec.text, f"output '{spec.output}' has shape {dims}: channel {k} is no "
-                    "channel of its axis 1 (a map [N, C, H, W] has C of them)")
-    return k
+                    f"channel of {where}")
+    return k, axis
 
 
 def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
@@ -290,7 +314,8 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         return DetectionTask(name=name, output=spec.output,
                              layout=_detection_layout(spec, shape, samples, model))
     if spec.kind == "map":
-        return MapTask(name=name, output=spec.output, channel=_map_channel(spec, shape, samples),
+        channel, channel_axis = _map_channel(spec, model, shape, samples)
+        return MapTask(name=name, output=spec.output, channel=channel, channel_axis=channel_axis,
                        threshold=_float(spec, "threshold", MAP_THRESHOLD))
     if spec.kind == "score":
         if shape is not None and any(isinstance(d, int) and d != 1 for d in shape[1:]):
@@ -352,13 +377,15 @@ class OutputTasks:
         by_key: dict[str, list[float]] = {}
         notes: list[str] = []
         per_task = []
+        first = self.tasks[0]
         for t in self.tasks:
             m = t.metrics(ref, test)
             per_task.append(m.values)
             for k, v in m.values.items():
                 values[f"{k}:{t.output}"] = v
                 by_key.setdefault(k, []).append(v)
-            notes.extend(m.notes)
+            notes.extend(m.notes if t.headline == first.headline else
+                         (_not_planned_for(n, t, first) for n in m.notes))
         worst: dict[str, float] = {}
         for k, vs in by_key.items():
             if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance",
@@ -369,6 +396,20 @@ class OutputTasks:
         # a share's items: the worst output's own (the figure the unprefixed key is)
         values.update(worst, **worst_counts(per_task, worst))
         return Metrics(values=values, notes=tuple(notes))
+
+
+def _not_planned_for(note: str, task: object, first: object) -> str:
+    """A NOT LIKE FP32 note of an output whose task is not the headline's, with why a plan
+    may leave it so: plans are searched for the headline (the first --layout's), and a
+    group only this output needs gains nothing there (BlazePose's segmentation head stayed
+    at 8 bit in a plan of every other group at 16 bit)."""
+    output, headline = getattr(task, "output", ""), getattr(task, "headline", "")
+    if not note.startswith(f"NOT LIKE FP32: output '{output}'"):
+        return note
+    return (f"{note} (plans are searched for the headline, '{getattr(first, 'output', '')}''s "
+            f"{getattr(first, 'headline', '')}, the first --layout's; its analysis finds no "
+            f"gain in a layer only this output needs: give --layout {output}=... first to "
+            f"plan for its {headline})")
 
 
 def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
@@ -442,6 +483,10 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     notes += [unscored] if unscored else []
     if len(tasks) == 1:
         return tasks[0], tuple(notes)
+    # the headline is the first declared output's, in --layout order (the model's output
+    # order had made BlazePose's points the headline with its map declared first)
+    order = {s.output: i for i, s in enumerate(specs)}
+    tasks.sort(key=lambda t: order.get(t.output, len(order)))
     return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks),
                        headline=tasks[0].headline), tuple(notes)
 
@@ -481,7 +526,8 @@ def _describe(task: object, model: Model) -> str:
                                     rows_of(task.output))
     if isinstance(task, MapTask):
         return f"a probability map binarised at {task.threshold:g}" + (
-            "" if task.channel is None else f" (channel {task.channel} of axis 1)")
+            "" if task.channel is None else
+            f" (channel {task.channel} of axis {task.channel_axis})")
     if isinstance(task, ScoreTask):
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):

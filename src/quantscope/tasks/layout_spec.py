@@ -20,7 +20,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "map": ("threshold", "channel"),
     "score": ("threshold",),
     "class": ("axis",),
-    "points": ("dims", "tol"),
+    "points": ("dims", "tol", "flags", "threshold"),
     "ctc": ("blank", "axis"),
     "image": ("range",),
     "tensor": (),
@@ -147,6 +147,7 @@ def _check_values(spec: LayoutSpec) -> None:
     if dims is not None and (not dims.isdigit() or int(dims) < 1):
         raise fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "
                     "values per point (e.g. dims=3 for x, y, z)")
+    rows(spec, "flags")
     boxes = rows(spec, "boxes")
     if boxes is not None and (boxes[1] is None or boxes[1] - boxes[0] != 4):
         raise fail(spec.text, f"boxes '{spec.option('boxes')}' must be 4 rows (e.g. boxes=0-3)")

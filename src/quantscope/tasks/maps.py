@@ -5,8 +5,9 @@ binarised at its threshold is almost FP32's (IoU 0.97); and a per-sample probabi
 keep a cosine of 1.0 while its decisions flip. These tasks score what the user acts on:
 
 ``map`` (``[N, K, H, W]``, ``[N, H, W]``, any ``[N, ...]``), values in [0, 1]
-    each sample's map (with ``channel``: only that index of axis 1, the face channel of
-    a 2-class Softmax map) binarised at ``threshold`` (default 0.5); ``mask_iou`` (headline):
+    each sample's map (with ``channel``: only that index of the channel axis, the graph's,
+    else 1: the face channel of a 2-class Softmax map) binarised at ``threshold`` (default
+    0.5); ``mask_iou`` (headline):
     mean over samples of the IoU of the quantized mask with FP32's (a sample where both
     are empty counts 1.0); ``mask_iou_min``; ``pixel_flip_share``: share of values on the
     other side of the threshold, over ``pixel_flip_share_items`` values (the effective
@@ -47,6 +48,7 @@ from quantscope.units import value
 MAP_THRESHOLD = 0.5
 SCORE_THRESHOLD = 0.5
 IOU_RESEMBLES = 0.9
+NEAR_EMPTY = 0.01  # a sample whose FP32 mask covers less of its values: its IoU is a few values'
 AGREEMENT_RESEMBLES = 0.95
 
 
@@ -62,6 +64,26 @@ def _range_note(output: str, kind: str, lo: float, hi: float, threshold: float) 
             f"is only right if you chose it (--layout {output}={kind}:threshold=T)"]
 
 
+def _near_empty_note(output: str, iou: np.ndarray, cover: np.ndarray) -> list[str]:
+    """Samples whose FP32 mask is (nearly) empty: a segmentation on images without what it
+    segments (a selfie model on a photo of a rocket) gives IoU 0 for a few stray values,
+    1.0 for none, and those samples move the mean by 1/N each. The first line is the same
+    for every model compared on the data (``run``'s verdict says it once); the second
+    gives the figures."""
+    near = cover < NEAR_EMPTY
+    if not near.any():
+        return []
+    said = (f"output '{output}': FP32's mask covers under {NEAR_EMPTY:.0%} of the values on "
+            f"{int(near.sum())} of {len(iou)} samples (an image without what the model "
+            "segments: each one's IoU turns on a few values, 0 when the masks share none): "
+            "the mask IoU says little of them")
+    if not (~near).any():
+        return [said]
+    return [said, f"output '{output}': mask IoU {float(iou[~near].mean()):.3f} over the "
+            f"{int(np.sum(~near))} samples whose FP32 mask covers {NEAR_EMPTY:.0%} or more "
+            f"of the values ({float(iou[near].mean()):.3f} over the {int(near.sum())} others)"]
+
+
 @dataclass(frozen=True, eq=False)
 class MapTask:
     """A probability / segmentation map binarised at ``threshold`` (module docstring)."""
@@ -69,7 +91,8 @@ class MapTask:
     name: str
     output: str
     threshold: float = MAP_THRESHOLD
-    channel: int | None = None  # binarise this index of axis 1 alone (None: every value)
+    channel: int | None = None  # binarise this index of channel_axis alone (None: every value)
+    channel_axis: int = 1  # the graph's channel axis (an NHWC map's last), else 1
     headline: str = "mask_iou"
     higher_is_better: bool = True
     row_local: bool = True
@@ -77,17 +100,20 @@ class MapTask:
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         ious: list[np.ndarray] = []
         flipped: list[np.ndarray] = []  # each sample's flipped values
+        covers: list[np.ndarray] = []  # each sample's share of values in FP32's mask
         sizes: list[np.ndarray] = []  # each sample's values
         flips = total = fg = 0
         err_sum = err_max = 0.0
         lo, hi = np.inf, -np.inf
         for r, t in zip(_arrays(ref, self.output), _arrays(test, self.output), strict=True):
             if self.channel is not None:
-                r, t = r[:, self.channel], t[:, self.channel]
+                r = np.take(r, self.channel, axis=self.channel_axis)
+                t = np.take(t, self.channel, axis=self.channel_axis)
             mr = (r >= self.threshold).reshape(len(r), -1)
             mt = (t >= self.threshold).reshape(len(t), -1)
             inter, union = np.sum(mr & mt, axis=1), np.sum(mr | mt, axis=1)
             ious.append(np.where(union > 0, inter / np.maximum(union, 1), 1.0))
+            covers.append(np.mean(mr, axis=1))
             flipped.append(np.sum(mr != mt, axis=1))
             sizes.append(np.full(len(mr), mr.shape[1]))
             flips += int(np.sum(mr != mt))
@@ -111,6 +137,8 @@ class MapTask:
             side = "below" if fg == 0 else "at or above"
             notes.append(f"output '{self.output}': FP32's map is {side} {self.threshold:g} "
                          "everywhere: the mask IoU says little (only that the quantized map is too)")
+        elif iou.size:
+            notes.extend(_near_empty_note(self.output, iou, np.concatenate(covers)))
         if values["mask_iou"] < IOU_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}' mask IoU "
                          f"{values['mask_iou']:.3f} < {IOU_RESEMBLES:g} at threshold "

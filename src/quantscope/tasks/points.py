@@ -12,12 +12,21 @@ per-coordinate SQNR names a channel, not a distance. Declared ``--layout OUT=poi
                           :mod:`quantscope.tasks.shares`)
 ``point_error_mean``      mean / largest distance of a quantized point from FP32's, in
 ``point_error_max``       the output's units (pixels for MediaPipe's landmarks)
+``point_flag_agreement``  with ``flags=A-B``: share of the flag values (each point's values
+                          A to B, counted from 0) on the same side of ``threshold`` (default
+                          0: a logit) as FP32's, over ``point_flag_agreement_items``
 ========================  ==============================================================
 
 Each sample's values are read as points of ``dims`` values (default 2; MediaPipe's
 landmarks: 3), in order; the distance is over each point's first two values (x, y; a
 depth value is not measured). ``tol`` defaults to 1 % of FP32's x, y span on the data
-scored, said in a note with how to give one.
+scored, said in a note with how to give one. A point's other values may be flags:
+MediaPipe's pose landmarks are ``[N, 195]``, 39 points of x, y, z, visibility and presence,
+the last two logits the host puts through a sigmoid and compares with 0.5. They share the
+output's one grid with the pixel coordinates (-320..370 px on BlazePose lite: a step of
+2.7 at 8 bit, visibility logits of -18..14 on 10 levels), so a distance over x, y says
+nothing of them: ``flags=3-4`` decides each at ``threshold`` and counts the decisions that
+differ from FP32's; undeclared, the note says they are not measured and how to declare them.
 """
 
 from __future__ import annotations
@@ -33,6 +42,22 @@ from quantscope.units import value
 POINT_DIMS = 2
 TOLERANCE_SHARE = 0.01  # the default tol: this share of FP32's x, y span
 AGREEMENT_RESEMBLES = 0.95
+FLAG_THRESHOLD = 0.0  # a flag is a logit by default (MediaPipe's: sigmoid, then 0.5)
+
+
+def _ordinal(k: int) -> str:
+    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
+
+
+def _span(a: int, b: int) -> str:
+    """Values ``a`` to ``b - 1`` as a row range, as ``flags=`` takes it."""
+    return f"{a}" if b == a + 1 else f"{a}-{b - 1}"
+
+
+def _values(a: int, b: int) -> str:
+    """Values ``a`` to ``b - 1`` (from 0) of a point, in words (1st, 2nd, ...)."""
+    return f"the {_ordinal(a + 1)} value" if b == a + 1 else \
+        f"the {_ordinal(a + 1)} to {_ordinal(b)} values"
 
 
 def _points(out: Outputs, name: str, dims: int) -> list[np.ndarray]:
@@ -56,18 +81,31 @@ class PointsTask:
     output: str
     dims: int = POINT_DIMS
     tolerance: float | None = None  # None: TOLERANCE_SHARE of FP32's x, y span
+    flags: tuple[int, int] | None = None  # values [a, b) of each point decided at threshold
+    flag_threshold: float = FLAG_THRESHOLD
     headline: str = "point_agreement"
     higher_is_better: bool = True
     row_local: bool = True
 
     def describe(self) -> str:
         xy = "x, y" if self.dims >= 2 else "its value"
-        rest = ("" if self.dims <= 2 else " (the 3rd value not measured)" if self.dims == 3
-                else f" (values 3 to {self.dims} not measured)")
+        a, b = self.flags or (self.dims, self.dims)
+        rest = [f"{_values(2, a)} not measured"] if a > 2 else []
+        if self.flags:
+            rest.append(f"{_values(a, b)} read as flags (flags={_span(a, b)}, counted from 0), "
+                        f"decided at {self.flag_threshold:g}")
+        if b < self.dims:
+            rest.append(f"{_values(max(b, 2), self.dims)} not measured")
+        flags = "3-4" if self.dims == 5 else "A-B"  # MediaPipe pose's: x, y, z, vis., pres.
+        hint = ("; flags among them (MediaPipe pose's visibility and presence logits, values "
+                "3-4) are judged by their decisions with --layout "
+                f"{self.output}=points:dims={self.dims},flags={flags}"
+                if self.dims >= 4 and not self.flags else "")
         tol = (f"{self.tolerance:g}" if self.tolerance is not None else
                f"{TOLERANCE_SHARE * 100:g} % of FP32's x, y span")
-        return (f"points of {self.dims} values, judged by the distance over {xy}{rest}, "
-                f"within {tol}")
+        said = f" ({'; '.join(rest)})" if rest else ""
+        return (f"points of {self.dims} values, judged by the distance over {xy}{said}, "
+                f"within {tol}{hint}")
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         r = _points(ref, self.output, self.dims)
@@ -105,4 +143,38 @@ class PointsTask:
                          f"move more than {tol:.4g} from FP32's (point agreement "
                          f"{value('point_agreement', values['point_agreement'])} < "
                          f"{value('point_agreement', AGREEMENT_RESEMBLES)})")
+        if self.flags:
+            flag_values, flag_notes = self._flags(r, t)
+            values.update(flag_values)
+            notes.extend(flag_notes)
         return Metrics(values=values, notes=tuple(notes))
+
+    def _flags(self, ref: list[np.ndarray], test: list[np.ndarray]
+               ) -> tuple[dict[str, float], list[str]]:
+        """Each flag value decided at the threshold: the share decided as FP32's."""
+        a, b = self.flags or (0, 0)
+        th = self.flag_threshold
+        fr = np.concatenate([x[..., a:b] for x in ref]) >= th  # [samples, points, flags]
+        ft = np.concatenate([x[..., a:b] for x in test]) >= th
+        same = fr == ft
+        values = {"point_flag_agreement": float(np.mean(same)),
+                  **share_counts("point_flag_agreement", same.reshape(len(same), -1).sum(axis=1),
+                                 np.full(len(same), same[0].size))}
+        each = "; ".join(
+            f"value {k}: {value('point_flag_agreement', float(np.mean(same[..., k - a])))} "
+            f"(FP32 positive on {value('point_flag_agreement', float(np.mean(fr[..., k - a])))})"
+            for k in range(a, b))
+        notes = [f"output '{self.output}': flags (values {_span(a, b)} of each point, counted "
+                 f"from 0) decided at "
+                 f"{th:g}: {value('point_flag_agreement', values['point_flag_agreement'])} of "
+                 f"{same.size} decisions as FP32's ({each})"]
+        if fr.all() or not fr.any():
+            notes.append(f"output '{self.output}': FP32's flags are on one side of {th:g} "
+                         "everywhere: the flag agreement says little")
+        if values["point_flag_agreement"] < AGREEMENT_RESEMBLES:
+            notes.append(f"NOT LIKE FP32: output '{self.output}': {int(np.sum(~same))} of "
+                         f"{same.size} point flags decided otherwise than FP32's at {th:g} "
+                         f"(flag agreement "
+                         f"{value('point_flag_agreement', values['point_flag_agreement'])} < "
+                         f"{value('point_flag_agreement', AGREEMENT_RESEMBLES)})")
+        return values, notes

@@ -45,6 +45,7 @@ ITEM_WORDS: dict[str, str] = {
     "score_side_agreement": "anchors",
     "pixel_flip_share": "pixels",
     "point_agreement": "points",
+    "point_flag_agreement": "point flags",
     "detection_f1": "detections of either model (a matched pair once)",
     "detection_recall": "FP32 detections",
     "detection_precision": "quantized detections",
