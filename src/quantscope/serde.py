@@ -4,7 +4,8 @@ Everything is written atomically (temporary file in the same folder, then
 ``os.replace``) so that a failed run never leaves a half-written output behind; a full
 disk is one line naming the file, and a special file (FIFO, device) is never replaced.
 Unknown keys, and a key given twice in one JSON object, are rejected with a one-line
-error naming the key and the file.
+error naming the key and the file. It is over 600 lines because it is that one parser of
+every file form (the stats' damage checks and the analysis' ranked key came in together).
 """
 
 from __future__ import annotations
