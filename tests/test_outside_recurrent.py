@@ -105,8 +105,8 @@ def test_batch_first_lstm_is_refused_in_one_line_naming_the_fix(tmp_path, capsys
 def test_analyze_says_the_gru_weights_stay_float(tmp_path, capsys):
     """``analyze`` measured the GRU's layers with its W/R/B float and said nothing of it
     (``evaluate`` and ``run`` did); its console and JSON notes now say which weights stay
-    float at the low precision and why. A promotion that loses (a negative score) is
-    written ``-1.5 dB``, not ``+-1.5 dB``."""
+    float at the low precision and why. A promotion that gains is written ``+1.5 dB``, not
+    ``++1.5 dB``; one that loses is no offender (not listed since stop 59)."""
     from dataclasses import replace
 
     from quantscope.analyze.report import Offender, analysis_from_dict, summary_text
@@ -126,8 +126,10 @@ def test_analyze_says_the_gru_weights_stay_float(tmp_path, capsys):
     assert "not quantized by the emulator" in note and f"note: {note}" in out
 
     a = analysis_from_dict(doc)
+    text = summary_text(replace(a, offenders=(Offender("GRU_0", 1.5, ()),)))
+    assert "GRU_0  (+1.5 dB)" in text
     text = summary_text(replace(a, offenders=(Offender("GRU_0", -1.5, ()),)))
-    assert "GRU_0  (-1.5 dB)" in text
+    assert "GRU_0" not in text
 
 
 def test_a_small_clipped_share_is_not_written_as_zero():
