@@ -248,3 +248,35 @@ def test_bad_depth_layout_is_one_line(nhwc, capsys, layout, needle):
     assert needle in lines[0], lines[0]
     assert sorted(p.name for p in nhwc.iterdir()) == before
 
+
+
+def test_a_value_just_under_the_goal_never_reads_as_the_goal():
+    from quantscope.units import against
+
+    # run's verdict on UpscalerJS's ESRGAN: 'goal psnr db >= 50.0 dB NOT reached ...: 50.0 dB'
+    assert against("psnr_db", 49.958327, 50.0) == "49.96 dB"
+    assert against("top1_agreement", 0.96996, 0.97) == "96.996 %"
+    assert against("psnr_db", 47.8, 50.0) == "47.8 dB"  # already apart: as value() writes it
+    assert against("psnr_db", 50.0, 50.0) == "50.0 dB"
+
+
+def test_an_image_output_clipped_only_beyond_its_range_is_not_told_to_widen_it():
+    from quantscope.pipeline.verdict import _saturated_outputs
+    from quantscope.tasks.layout_spec import parse_layout
+    from quantscope.tasks.pictures import image_ranges
+
+    plan = {"saturation": {"tensors": [{"tensor": "SR", "below": 0.0001, "above": 0.0001,
+                                        "range_min": -6.566, "range_max": 265.0,
+                                        "data_min": -10.94, "data_max": 276.1}]}}
+    outputs = [{"tensor": "SR", "role": "output"}]
+    shown = image_ranges((parse_layout("SR=image:range=0-255"),))
+    assert shown == {"SR": (0.0, 255.0)}
+    line, = _saturated_outputs(plan, outputs, shown)
+    assert "clips 0.02% of its held-out values at its calibrated range -6.566 .. 265" in line
+    assert ("every value clipped lies outside the image's declared range 0 .. 255, which "
+            "the host clips anyway: no value shown changes") in line, line
+    narrow = image_ranges((parse_layout("SR=image:range=0-300"),))
+    line, = _saturated_outputs(plan, outputs, narrow)  # the range reaches past the grid
+    assert line.endswith("calibrate on data like the deployment's, or widen its range"), line
+    line, = _saturated_outputs(plan, outputs)  # no image range declared
+    assert line.endswith("or widen its range"), line

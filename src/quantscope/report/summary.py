@@ -391,7 +391,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     n = sample_size(v)
     h = v.get("headline") or headline(v)
     dep = v.get("deployment") if h["ships"] == "deployment" else None
-    got = fmt.value(m, h["value"])
+    got = fmt.against(m, h["value"], v["goal"])  # 49.96 dB, not 50.0 dB, under a 50 dB goal
     refs = "; ".join(f"{k} {fmt.value(m, r.get(m))}" for k, r in q.items() if k != "plan")
     what = "" if dep is None else (
         f" with {dep['models']} compiled model{'s' if dep['models'] > 1 else ''} "
