@@ -280,3 +280,30 @@ def test_an_image_output_clipped_only_beyond_its_range_is_not_told_to_widen_it()
     assert line.endswith("calibrate on data like the deployment's, or widen its range"), line
     line, = _saturated_outputs(plan, outputs)  # no image range declared
     assert line.endswith("or widen its range"), line
+
+
+def test_ort_model_warnings_do_not_reach_the_console(tmp_path, capfd):
+    """tf2onnx writes a Keras UpSampling2D as a nearest Resize with
+    ``tf_half_pixel_for_nn``: ONNX Runtime's process logger warned that it is deprecated,
+    in colour, once per session of every command (three lines for one ``evaluate``)."""
+    text = """
+    <ir_version: 7, opset_import: ["" : 11]>
+    up (float[N, 3, 8, 8] x) => (float[N, 3, 16, 16] y) {
+        h = Conv <pads = [1, 1, 1, 1]> (x, w)
+        y = Resize <mode = "nearest", coordinate_transformation_mode = "tf_half_pixel_for_nn",
+                    nearest_mode = "floor"> (h, roi, scales)
+    }
+    """
+    model = _with_weights(text, {"w": np.full((3, 3, 3, 3), 0.1, np.float32),
+                                 "roi": np.zeros(0, np.float32),
+                                 "scales": np.array([1, 1, 2, 2], np.float32)})
+    onnx.save(model, tmp_path / "up.onnx")
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(2).uniform(0, 1, (4, 3, 8, 8)).astype(
+        np.float32))
+    assert main(["calibrate", str(tmp_path / "up.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--out", str(tmp_path / "s.npz")]) == 0
+    assert main(["evaluate", str(tmp_path / "up.onnx"), "--data", str(tmp_path / "x.npz"),
+                 "--stats", str(tmp_path / "s.npz"), "--precision", "a8_w8",
+                 "--layout", "y=image:range=0-2"]) == 0
+    err = capfd.readouterr().err
+    assert "deprecated" not in err and "[W:onnxruntime" not in err, err
