@@ -22,8 +22,9 @@ range (255 for 8-bit pixels). Declared ``--layout OUT=image[:range=LO-HI]``:
 With a declared range both images are compared clipped to it, as the host shows them (an
 8-bit picture saturates at 0 and 255; UpscalerJS clips its ESRGAN output so): an output
 FP32 overshoots by a few levels at edges is not charged for values no display shows, and
-a note says how much of FP32's output the range clips (far more than the range's own
-span: the range is probably not the image's, said too). The planes SSIM reads are those of
+a note says how much of FP32's output the range clips. FP32 spanning more than twice the
+range, or under a twentieth of it (a 0-1 image declared 0-255, whose PSNR reads 48 dB too
+high), is asked whether the range is the image's. The planes SSIM reads are those of
 ``[N, C, H, W]`` (channels first, C of 1 to 4), ``[N, H, W, C]`` (channels last: a
 TensorFlow export's NHWC output, C of 1 to 4 and axis 1 more) or ``[N, H, W]``; an output
 of another rank, or planes under 11 values on a side, has no SSIM (NaN, said).
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
 PSNR_RESEMBLES = 30.0  # dB: below it, a picture's error is visible (a rule of thumb)
 SSIM_WINDOW, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03  # Wang et al. 2004
 WIDE_RANGE = 2.0  # FP32's span over this many times the declared range's: not the image's?
+NARROW_RANGE = 0.05  # FP32's span under this share of the declared range's: not the image's?
 
 
 def parse_range(text: str) -> tuple[float, float]:
@@ -208,6 +210,13 @@ class ImageTask:
                     "compared clipped to it, as the host shows them" + (
                         f"; FP32 spans {wide:.3g}x the range: is it the image's? declare its "
                         "range" if wide > WIDE_RANGE else ""))
+        if self.range is not None and 0.0 < hi - lo < NARROW_RANGE * peak:
+            notes.append(
+                f"output '{self.output}': FP32's values span {lo:.4g}..{hi:.4g}, "
+                f"{(hi - lo) / peak:.2%} of the declared range {a:g}..{b:g}: is it the "
+                f"image's? (a 0-1 image declared 0-255 reads its PSNR "
+                f"{20 * math.log10(255):.0f} dB too high; over FP32's own span it would read "
+                f"{_psnr(hi - lo, sum(sse) / total):.1f} dB)")
         if values["psnr_db"] < PSNR_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}' PSNR "
                          f"{values['psnr_db']:.1f} dB < {PSNR_RESEMBLES:g} dB against FP32 "
