@@ -311,8 +311,8 @@ def test_ort_model_warnings_do_not_reach_the_console(tmp_path, capfd):
 
 def test_a_0_1_image_declared_0_255_is_questioned():
     """UpscalerJS's ESRGAN-thick outputs 0..1, its ESRGAN-slim 0..255: the thick one
-    declared range=0-255 read PSNR 87.9 dB where its error over 0..1 is 39.9 dB, said by
-    nothing."""
+    declared range=0-255 read PSNR 88.2 dB and SSIM 1 at a8_w8 on the 8 photos, where over
+    0..1 it is 40.2 dB, SSIM 0.979, said by nothing."""
     r = np.random.default_rng(8)
     ref = r.uniform(0.0, 1.0, (2, 3, 16, 16))
     test = ref + r.normal(0, 0.01, ref.shape)
