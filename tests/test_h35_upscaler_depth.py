@@ -262,8 +262,7 @@ def test_a_value_just_under_the_goal_never_reads_as_the_goal():
 
 def test_an_image_output_clipped_only_beyond_its_range_is_not_told_to_widen_it():
     from quantscope.pipeline.verdict import _saturated_outputs
-    from quantscope.tasks.layout_spec import parse_layout
-    from quantscope.tasks.pictures import image_ranges
+    from quantscope.tasks.layout_spec import image_ranges, parse_layout
 
     plan = {"saturation": {"tensors": [{"tensor": "SR", "below": 0.0001, "above": 0.0001,
                                         "range_min": -6.566, "range_max": 265.0,

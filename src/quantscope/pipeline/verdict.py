@@ -20,7 +20,7 @@ from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
-from quantscope.tasks.pictures import image_ranges
+from quantscope.tasks.layout_spec import image_ranges
 from quantscope.tasks.pixels import pixels_note
 from quantscope.tasks.shares import clusters_key, items_key
 from quantscope.tasks.unscored import is_unscored_note, unscored_names

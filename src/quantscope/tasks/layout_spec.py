@@ -106,6 +106,16 @@ def parse_layout(text: str) -> LayoutSpec:
     return spec
 
 
+def image_ranges(specs: tuple[LayoutSpec, ...]) -> dict[str, tuple[float, float]]:
+    """Each output declared ``image`` with a ``range=``, and that range."""
+    out = {}
+    for spec in specs:
+        raw = spec.option("range") if spec.kind == "image" else None
+        if raw is not None:
+            out[spec.output] = parse_range(raw)
+    return out
+
+
 def number(spec: LayoutSpec, key: str, lo: float, hi: float, *, open_lo: bool = False
             ) -> float | None:
     raw = spec.option(key)
@@ -186,4 +196,4 @@ def _check_values(spec: LayoutSpec) -> None:
 
 
 __all__ = ["KINDS", "LAYOUT_NOTE", "QUOTE_HINT", "SYNTAX", "LayoutError", "LayoutSpec", "fail",
-           "number", "parse_layout", "rows"]
+           "image_ranges", "number", "parse_layout", "rows"]

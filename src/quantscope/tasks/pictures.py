@@ -42,15 +42,11 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from quantscope.model.load import Model
 from quantscope.types import Metrics, Outputs, QuantscopeError
-
-if TYPE_CHECKING:
-    from quantscope.tasks.layout_spec import LayoutSpec
 
 PSNR_RESEMBLES = 30.0  # dB: below it, a picture's error is visible (a rule of thumb)
 SSIM_WINDOW, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03  # Wang et al. 2004
@@ -109,17 +105,6 @@ def ssim(ref: np.ndarray, test: np.ndarray, peak: float) -> np.ndarray | None:
     cov = _blur(r * t, g) - mr * mt
     score = ((2 * mr * mt + c1) * (2 * cov + c2)) / ((mr * mr + mt * mt + c1) * (vr + vt + c2))
     return score.reshape(len(score), -1).mean(axis=1)
-
-
-def image_ranges(specs: Sequence[LayoutSpec]) -> dict[str, tuple[float, float]]:
-    """Each output declared ``image`` with a ``range=``, and that range (``specs``: the
-    ``--layout`` values)."""
-    out = {}
-    for spec in specs:
-        raw = spec.option("range") if spec.kind == "image" else None
-        if raw is not None:
-            out[spec.output] = parse_range(raw)
-    return out
 
 
 def _psnr(peak: float, mse: float) -> float:
