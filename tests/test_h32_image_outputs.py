@@ -111,7 +111,7 @@ def test_upscaler_declared_image_is_scored_by_psnr_on_the_cli(sr, capsys):
     m = r["metrics"]
     assert 10.0 < m["psnr_db"] < 80.0 and m["psnr_min_db"] <= m["psnr_db"]
     assert 0.0 < m["image_abs_error_mean"] <= m["image_abs_error_max"] <= 255.0
-    assert any("output 'image' read as an image, judged by PSNR against FP32 over its "
+    assert any("output 'image' read as an image, judged by PSNR and SSIM against FP32 over its "
                "range 0..255" in n for n in r["notes"]), r["notes"]
     # the figure is the pixels' own: recomputed from the per-output SQNR would differ
     assert m["psnr_db"] != pytest.approx(r["outputs"]["image"]["sqnr_db"], abs=0.5)

@@ -58,6 +58,10 @@ def make_session(
     ``threads``: intra-op threads (0: ``$QUANTSCOPE_THREADS``, else ONNX Runtime's
     default, one per core); the numbers do not depend on it.
     """
+    # ORT's process-wide logger, not the session's, warns while it reads a model (a
+    # tf2onnx Resize's `tf_half_pixel_for_nn` "is deprecated since opset 13", in colour, on
+    # every session of every stage): errors only, as the sessions themselves
+    ort.set_default_logger_severity(3)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads or default_threads()
     level = ort.GraphOptimizationLevel

@@ -21,6 +21,7 @@ from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
+from quantscope.tasks.layout_spec import image_ranges
 from quantscope.tasks.pixels import pixels_note
 from quantscope.tasks.shares import clusters_key, items_key
 from quantscope.tasks.unscored import is_unscored_note, unscored_names
@@ -109,7 +110,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "not_like_fp32": _not_like(results, metric),
         "says_little": _says_little(results),
         "saturated_outputs": _saturated_outputs(
-            results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"]),
+            results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"],
+            image_ranges(ctx.opts.layout)),
         # tensors inside the model whose calibrated range clips the plan's held-out values
         # (the outputs are saturated_outputs): in the held-out figure, said where it binds
         "saturated_inside": _saturated_inside(
@@ -285,17 +287,31 @@ def _says_little(results: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(n for n in notes if "says little" in n))
 
 
-def _saturated_outputs(plan: dict[str, Any], outputs: list[dict[str, Any]]) -> list[str]:
+def _saturated_outputs(plan: dict[str, Any], outputs: list[dict[str, Any]],
+                       shown: dict[str, tuple[float, float]] | None = None) -> list[str]:
     """Each quantized model output (its io row) whose calibrated range clips the plan's
     held-out values (``evaluate.json``'s ``saturation``, of the tensor whose encoding the
     output has: itself, or what a Reshape or no-op Cast before it reads): what the device
-    returns is capped there, whatever the figure above says on average."""
+    returns is capped there, whatever the figure above says on average. An image output
+    whose declared range (``shown``: ``--layout OUT=image:range=``) lies inside the
+    calibrated one loses only values the host clips anyway (an ESRGAN's overshoot above
+    255): said so, instead of asking for a wider range."""
     rows = {r["tensor"]: r for r in (plan.get("saturation") or {}).get("tensors", [])}
-    return [f"output '{o['tensor']}' clips {r['below'] + r['above']:.2%} of its held-out "
-            f"values at its calibrated range {r['range_min']:.4g} .. {r['range_max']:.4g} "
-            f"(FP32 gives {r['data_min']:.4g} .. {r['data_max']:.4g}): calibrate on data "
-            "like the deployment's, or widen its range" for o in outputs
-            if (r := rows.get(o.get("encoded_as", o["tensor"])))]
+    lines = []
+    for o in outputs:
+        r = rows.get(o.get("encoded_as", o["tensor"]))
+        if r is None:
+            continue
+        img = (shown or {}).get(o["tensor"])
+        inside = img is not None and r["range_min"] <= img[0] and img[1] <= r["range_max"]
+        advice = (f"every value clipped lies outside the image's declared range {img[0]:g} .. "
+                  f"{img[1]:g}, which the host clips anyway: no value shown changes" if inside
+                  else "calibrate on data like the deployment's, or widen its range")
+        lines.append(f"output '{o['tensor']}' clips {r['below'] + r['above']:.2%} of its "
+                     f"held-out values at its calibrated range {r['range_min']:.4g} .. "
+                     f"{r['range_max']:.4g} (FP32 gives {r['data_min']:.4g} .. "
+                     f"{r['data_max']:.4g}): {advice}")
+    return lines
 
 
 def _saturated_inside(plan: dict[str, Any], outputs: list[dict[str, Any]]) -> list[

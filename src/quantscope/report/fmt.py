@@ -21,6 +21,7 @@ from typing import Any
 from quantscope.units import (  # noqa: F401 - the facts, re-exported for the report
     DASH,
     SHARES,
+    against,
     counted,
     gain,
     is_count,

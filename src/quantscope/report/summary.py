@@ -321,7 +321,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     n = sample_size(v)
     h = v.get("headline") or headline(v)
     dep = v.get("deployment") if h["ships"] == "deployment" else None
-    got = fmt.value(m, h["value"])
+    got = fmt.against(m, h["value"], v["goal"])  # 49.96 dB, not 50.0 dB, under a 50 dB goal
     refs = "; ".join(f"{k} {fmt.value(m, r.get(m))}" for k, r in q.items() if k != "plan")
     what = _what_ships(v, h, dep)
     if v["goal"] is None:

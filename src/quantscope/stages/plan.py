@@ -108,7 +108,7 @@ def goal_verdict(result: dict[str, Any], metric: str | Headline, goal: float, *,
         why = (f"binding: {top['rule']} blocks {len(top['groups'])} promotion(s) worth "
                f"{fmt.gain(str(result.get('metric', '')), top['gain'])} predicted (in the "
                "analysis' metric)" if top else "binding: no promotion left")
-        verdict = f"goal {said} NOT reached: best legal plan {fmt.value(metric, best)}; {why}"
+        verdict = f"goal {said} NOT reached: best legal plan {fmt.against(metric, best, goal)}; {why}"
     out = {"metric": metric, "unit": h.unit, "value": goal, "reached": reached,
            "verdict": verdict,
            "binding": None if reached or not blockers else blockers[0]["rule"]}

@@ -109,11 +109,19 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "detection_precision": (True, (0.0, 1.0)),
     "detection_recall": (True, (0.0, 1.0)),
     "similarity_mae": (False, (0.0, 2.0)),
-    "kl": (False, (0.0, math.inf)),
-    "map_abs_error_mean": (False, (0.0, math.inf)),
-    "map_abs_error_max": (False, (0.0, math.inf)),
+    # an image's and a depth map's (tasks/pictures.py, tasks/depth.py): '--metric
+    # image_abs_error_mean' had been planned as higher-is-better, its largest error first
     "image_abs_error_mean": (False, (0.0, math.inf)),
     "image_abs_error_max": (False, (0.0, math.inf)),
+    "image_outside_share": (False, (0.0, 1.0)),
+    "ssim": (True, (-1.0, 1.0)),
+    "ssim_min": (True, (-1.0, 1.0)),
+    "depth_abs_rel": (False, (0.0, math.inf)),
+    "depth_abs_rel_max": (False, (0.0, math.inf)),
+    "depth_delta1": (True, (0.0, 1.0)),
+    "map_abs_error_mean": (False, (0.0, math.inf)),
+    "map_abs_error_max": (False, (0.0, math.inf)),
+    "kl": (False, (0.0, math.inf)),
 }
 # a key not listed whose name says it is an error or a divergence is lower-better too
 _ERROR_WORDS = ("error", "_mae", "mse", "flip", "divergence")

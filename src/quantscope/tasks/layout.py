@@ -28,7 +28,11 @@ KIND        keys (defaults)                                          headline me
 ``ctc``     ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
             ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
 ``image``   ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``
-            judged by PSNR against FP32  (:mod:`.pictures`)
+            judged by PSNR and SSIM against FP32, both clipped to
+            the range  (:mod:`.pictures`)
+``depth``   ``align=affine`` | ``scale`` | ``none``: a relative depth  ``depth_abs_rel``
+            map, AbsRel and delta < 1.25 against FP32 after each     (lower is better)
+            map's least-squares alignment  (:mod:`.depth`)
 ``tensor``  none: plain per-output fidelity                           (fidelity)
 ==========  =======================================================  ===================
 
@@ -60,6 +64,7 @@ from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
 from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
 from quantscope.tasks.ctc import DEFAULT_BLANK, CtcTask
+from quantscope.tasks.depth import DepthTask
 from quantscope.tasks.detection import (
     DEFAULT_IOU,
     DEFAULT_THRESHOLD,
@@ -332,6 +337,9 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
         return class_task(spec, model, shape, samples)
     if spec.kind == "ctc":
         return ctc_task(spec, shape, samples)
+    if spec.kind == "depth":
+        return DepthTask(name=name, output=spec.output,
+                         align=(spec.option("align") or "affine").lower())
     if spec.kind == "image":
         rng = spec.option("range")
         return ImageTask(name=name, output=spec.output,
@@ -360,6 +368,10 @@ def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> CtcT
                    sample_axis=samples or 0)
 
 
+# a figure whose worst over several outputs is its highest (errors, flips, values outside)
+LOWER_IS_BETTER = ("error", "flip", "outside", "abs_rel", "invalid")
+
+
 @dataclass(frozen=True, eq=False)
 class OutputTasks:
     """Several outputs with tasks: each one's metrics as ``KEY:OUTPUT``, and unprefixed the
@@ -369,8 +381,12 @@ class OutputTasks:
     name: str
     tasks: tuple
     headline: str
-    higher_is_better: bool = True
     row_local: bool = True
+
+    @property
+    def higher_is_better(self) -> bool:
+        """The headline's direction: the first task's (a depth map's AbsRel is lower-better)."""
+        return bool(getattr(self.tasks[0], "higher_is_better", True))
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         values: dict[str, float] = {}
@@ -391,7 +407,7 @@ class OutputTasks:
             if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance",
                              "chars_")) or k.endswith((ITEMS, CLUSTERS)):
                 continue
-            worse = max if ("error" in k or "flip" in k or "outside" in k) else min
+            worse = max if any(w in k for w in LOWER_IS_BETTER) else min
             worst[k] = worse(vs)
         # a share's items: the worst output's own (the figure the unprefixed key is)
         values.update(worst, **worst_counts(per_task, worst))
@@ -532,7 +548,7 @@ def _describe(task: object, model: Model) -> str:
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
         return describe_classes(task, model)
-    if isinstance(task, (PointsTask, ImageTask)):
+    if isinstance(task, (PointsTask, ImageTask, DepthTask)):
         return task.describe()
     if isinstance(task, CtcTask):
         return (f"CTC sequences (greedy decoding of the top class per step on axis "

@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from quantscope.tasks.depth import ALIGNS
 from quantscope.tasks.detection import BOX_FORMATS
 from quantscope.tasks.pictures import parse_range
 from quantscope.types import QuantscopeError
@@ -23,10 +24,11 @@ KINDS: dict[str, tuple[str, ...]] = {
     "points": ("dims", "tol", "flags", "threshold"),
     "ctc": ("blank", "axis"),
     "image": ("range",),
+    "depth": ("align",),
     "tensor": (),
 }
 SYNTAX = ("OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points, ctc, "
-          "image or tensor")
+          "image, depth or tensor")
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -86,7 +88,7 @@ def parse_layout(text: str) -> LayoutSpec:
     kind = kind.strip().lower()
     if kind not in KINDS:
         raise fail(text, f"unknown kind '{kind}': use detect, map, score, class, points, ctc, "
-                    "image or tensor")
+                    "image, depth or tensor")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -102,6 +104,16 @@ def parse_layout(text: str) -> LayoutSpec:
     spec = LayoutSpec(output, kind, tuple(options.items()), text)
     _check_values(spec)
     return spec
+
+
+def image_ranges(specs: tuple[LayoutSpec, ...]) -> dict[str, tuple[float, float]]:
+    """Each output declared ``image`` with a ``range=``, and that range."""
+    out = {}
+    for spec in specs:
+        raw = spec.option("range") if spec.kind == "image" else None
+        if raw is not None:
+            out[spec.output] = parse_range(raw)
+    return out
 
 
 def number(spec: LayoutSpec, key: str, lo: float, hi: float, *, open_lo: bool = False
@@ -174,6 +186,10 @@ def _check_values(spec: LayoutSpec) -> None:
         except ValueError:
             raise fail(spec.text, f"range '{image_range}' is not LO-HI with LO < HI: give the "
                        "image's value range (e.g. range=0-255, range=0-1)") from None
+    how = spec.option("align")
+    if how is not None and how.lower() not in ALIGNS:
+        raise fail(spec.text, f"align '{how}' is unknown: use {', '.join(ALIGNS)} (affine: "
+                   "each map's least-squares scale and shift to FP32's)")
     blank = spec.option("blank")
     if blank is not None and not blank.lstrip("-").isdigit():
         raise fail(spec.text, f"blank '{blank}' is not a whole number: give the CTC blank "
@@ -181,4 +197,4 @@ def _check_values(spec: LayoutSpec) -> None:
 
 
 __all__ = ["KINDS", "LAYOUT_NOTE", "QUOTE_HINT", "SYNTAX", "LayoutError", "LayoutSpec", "fail",
-           "number", "parse_layout", "rows"]
+           "image_ranges", "number", "parse_layout", "rows"]

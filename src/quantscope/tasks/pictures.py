@@ -1,5 +1,6 @@
-"""Image outputs (an image-to-image model: super-resolution, denoising, a depth or alpha
-map read as an image), scored as a picture is: PSNR against FP32 in the image's own range.
+"""Image outputs (an image-to-image model: super-resolution, denoising, an alpha map
+read as an image), scored as a picture is: PSNR and SSIM against FP32 in the image's own
+range (a relative depth map: :mod:`quantscope.tasks.depth`).
 
 A 3-channel picture's per-channel cosine or SQNR names a channel, not what the eye sees;
 the figure an image engineer compares is the peak signal-to-noise ratio over the pixel
@@ -11,9 +12,22 @@ range (255 for 8-bit pixels). Declared ``--layout OUT=image[:range=LO-HI]``:
 ``psnr_min_db``           the worst sample's PSNR
 ``image_abs_error_mean``  mean / largest absolute difference from FP32, in the output's
 ``image_abs_error_max``   units (pixel levels for a 0-255 image)
-``image_outside_share``   share of FP32's values outside the range (a range that is not
-                          the image's: the PSNR's peak is then not its peak; said)
+``image_outside_share``   share of FP32's values outside the range (said)
+``ssim``, ``ssim_min``    the structural similarity (Wang et al. 2004: an 11 x 11 Gaussian
+                          window of sigma 1.5, K1 0.01, K2 0.03, L the peak) of each
+                          channel's plane, over the window positions inside the image,
+                          averaged over the channels; the mean over samples and the worst
 ========================  ==============================================================
+
+With a declared range both images are compared clipped to it, as the host shows them (an
+8-bit picture saturates at 0 and 255; UpscalerJS clips its ESRGAN output so): an output
+FP32 overshoots by a few levels at edges is not charged for values no display shows, and
+a note says how much of FP32's output the range clips. FP32 spanning more than twice the
+range, or under a twentieth of it (a 0-1 image declared 0-255, whose PSNR reads 48 dB too
+high), is asked whether the range is the image's. The planes SSIM reads are those of
+``[N, C, H, W]`` (channels first, C of 1 to 4), ``[N, H, W, C]`` (channels last: a
+TensorFlow export's NHWC output, C of 1 to 4 and axis 1 more) or ``[N, H, W]``; an output
+of another rank, or planes under 11 values on a side, has no SSIM (NaN, said).
 
 Undeclared, an output shaped like a map or a picture (:func:`dense_hint`) is scored by its
 fidelity, and a note says so with the kinds to declare.
@@ -35,6 +49,9 @@ from quantscope.model.load import Model
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 PSNR_RESEMBLES = 30.0  # dB: below it, a picture's error is visible (a rule of thumb)
+SSIM_WINDOW, SSIM_SIGMA, SSIM_K1, SSIM_K2 = 11, 1.5, 0.01, 0.03  # Wang et al. 2004
+WIDE_RANGE = 2.0  # FP32's span over this many times the declared range's: not the image's?
+NARROW_RANGE = 0.05  # FP32's span under this share of the declared range's: not the image's?
 
 
 def parse_range(text: str) -> tuple[float, float]:
@@ -46,6 +63,48 @@ def parse_range(text: str) -> tuple[float, float]:
                 return lo, hi
             break
     raise ValueError(text)
+
+
+def planes(a: np.ndarray) -> np.ndarray | None:
+    """The ``[N, C, H, W]`` planes of an image batch (module docstring: channels first or
+    last, or one plane ``[N, H, W]``); None for another rank."""
+    if a.ndim == 3:
+        return a[:, None]
+    if a.ndim != 4:
+        return None
+    last = a.shape[3] <= 4 < a.shape[1]
+    return np.moveaxis(a, 3, 1) if last else a
+
+
+def _window() -> np.ndarray:
+    x = np.arange(SSIM_WINDOW) - (SSIM_WINDOW - 1) / 2.0
+    g = np.exp(-x * x / (2.0 * SSIM_SIGMA ** 2))
+    return g / g.sum()
+
+
+def _blur(a: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """``a [..., H, W]`` filtered by the separable window ``g`` at the positions where it
+    lies inside the plane (``[..., H - k + 1, W - k + 1]``)."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    a = sliding_window_view(a, len(g), axis=-2) @ g
+    return sliding_window_view(a, len(g), axis=-1) @ g
+
+
+def ssim(ref: np.ndarray, test: np.ndarray, peak: float) -> np.ndarray | None:
+    """Each sample's SSIM of ``test`` against ``ref`` (module docstring), the mean over
+    its channels' planes; None where the batch has no planes of :data:`SSIM_WINDOW` values
+    a side."""
+    r, t = planes(ref), planes(test)
+    if r is None or t is None or min(r.shape[2:]) < SSIM_WINDOW:
+        return None
+    g = _window()
+    c1, c2 = (SSIM_K1 * peak) ** 2, (SSIM_K2 * peak) ** 2
+    mr, mt = _blur(r, g), _blur(t, g)
+    vr, vt = _blur(r * r, g) - mr * mr, _blur(t * t, g) - mt * mt
+    cov = _blur(r * t, g) - mr * mt
+    score = ((2 * mr * mt + c1) * (2 * cov + c2)) / ((mr * mr + mt * mt + c1) * (vr + vt + c2))
+    return score.reshape(len(score), -1).mean(axis=1)
 
 
 def _psnr(peak: float, mse: float) -> float:
@@ -66,35 +125,28 @@ class ImageTask:
     row_local: bool = True
 
     def describe(self) -> str:
-        rng = (f"range {self.range[0]:g}..{self.range[1]:g}" if self.range else
-               "FP32's own range on the data")
-        return f"an image, judged by PSNR against FP32 over its {rng}"
+        rng = (f"its range {self.range[0]:g}..{self.range[1]:g} (both clipped to it)"
+               if self.range else "FP32's own range on the data")
+        return f"an image, judged by PSNR and SSIM against FP32 over {rng}"
 
-    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+    def _pairs(self, ref: Outputs, test: Outputs) -> list[tuple[np.ndarray, np.ndarray]]:
         i = ref.names.index(self.output)
-        sse: list[float] = []
-        sizes: list[int] = []
-        err_sum = err_max = 0.0
-        lo, hi = math.inf, -math.inf
-        outside = total = 0
+        pairs = []
         for rb, tb in zip(ref.batches, test.batches, strict=True):
             r = np.asarray(rb[i], dtype=np.float64)
             t = np.asarray(tb[i], dtype=np.float64)
             if r.shape != t.shape:
                 raise QuantscopeError(f"--layout: output '{self.output}' has shape {t.shape} "
                                       f"quantized and {r.shape} in FP32: not one image")
-            d = (t - r).reshape(len(r), -1)
-            sse.extend(np.sum(d * d, axis=1).tolist())
-            sizes.extend([d.shape[1]] * len(d))
-            if d.size:
-                err_sum += float(np.abs(d).sum())
-                err_max = max(err_max, float(np.abs(d).max()))
-                lo, hi = min(lo, float(r.min())), max(hi, float(r.max()))
-            if self.range is not None:
-                outside += int(np.sum((r < self.range[0]) | (r > self.range[1])))
-            total += d.size
-        if not total:
+            pairs.append((r, t))
+        return pairs
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        pairs = [(r, t) for r, t in self._pairs(ref, test) if r.size]
+        if not pairs:
             return Metrics(values={"psnr_db": float("nan")}, notes=())
+        lo = min(float(r.min()) for r, _ in pairs)
+        hi = max(float(r.max()) for r, _ in pairs)
         a, b = self.range if self.range is not None else (lo, hi)
         peak = b - a
         notes: list[str] = []
@@ -106,17 +158,50 @@ class ImageTask:
             return Metrics(values={"psnr_db": float("nan")}, notes=(
                 *notes, f"output '{self.output}': FP32 is one value everywhere: no PSNR; "
                 "declare the range"))
-        per = [_psnr(peak, s / n) for s, n in zip(sse, sizes, strict=True)]
+        total = sum(r.size for r, _ in pairs)
+        outside = sum(int(np.sum((r < a) | (r > b))) for r, _ in pairs)
+        if self.range is not None:  # the images as the host shows them
+            pairs = [(np.clip(r, a, b), np.clip(t, a, b)) for r, t in pairs]
+        sse: list[float] = []
+        sizes: list[int] = []
+        per_ssim: list[float] = []
+        err_sum = err_max = 0.0
+        for r, t in pairs:
+            d = (t - r).reshape(len(r), -1)
+            sse.extend(np.sum(d * d, axis=1).tolist())
+            sizes.extend([d.shape[1]] * len(d))
+            err_sum += float(np.abs(d).sum())
+            err_max = max(err_max, float(np.abs(d).max()))
+            s = ssim(r, t, peak)
+            per_ssim.extend([] if s is None else s.tolist())
+        per = [_psnr(peak, e / n) for e, n in zip(sse, sizes, strict=True)]
         values = {"psnr_db": _psnr(peak, sum(sse) / total),
                   "psnr_min_db": min(per),
                   "image_abs_error_mean": err_sum / total,
-                  "image_abs_error_max": err_max}
+                  "image_abs_error_max": err_max,
+                  "ssim": float(np.mean(per_ssim)) if per_ssim else float("nan"),
+                  "ssim_min": min(per_ssim) if per_ssim else float("nan")}
+        if not per_ssim:
+            notes.append(f"output '{self.output}' {pairs[0][0].shape[1:]}: no SSIM (it reads "
+                         f"planes [N, C, H, W], [N, H, W, C] or [N, H, W] of {SSIM_WINDOW} "
+                         "values a side or more)")
         if self.range is not None:
             values["image_outside_share"] = outside / total
             if outside:
-                notes.append(f"output '{self.output}': {outside / total:.1%} of FP32's values "
-                             f"lie outside the declared range {a:g}..{b:g} ({lo:.4g}..{hi:.4g}): "
-                             "the PSNR's peak is not the image's; declare its range")
+                wide = (hi - lo) / peak
+                notes.append(
+                    f"output '{self.output}': {outside / total:.1%} of FP32's values lie outside "
+                    f"the declared range {a:g}..{b:g} (FP32 {lo:.4g}..{hi:.4g}): both images are "
+                    "compared clipped to it, as the host shows them" + (
+                        f"; FP32 spans {wide:.3g}x the range: is it the image's? declare its "
+                        "range" if wide > WIDE_RANGE else ""))
+        if self.range is not None and 0.0 < hi - lo < NARROW_RANGE * peak:
+            notes.append(
+                f"output '{self.output}': FP32's values span {lo:.4g}..{hi:.4g}, "
+                f"{(hi - lo) / peak:.2%} of the declared range {a:g}..{b:g}: is it the "
+                f"image's? (a 0-1 image declared 0-255 reads its PSNR "
+                f"{20 * math.log10(255):.0f} dB too high; over FP32's own span it would read "
+                f"{_psnr(hi - lo, sum(sse) / total):.1f} dB)")
         if values["psnr_db"] < PSNR_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}' PSNR "
                          f"{values['psnr_db']:.1f} dB < {PSNR_RESEMBLES:g} dB against FP32 "
@@ -167,5 +252,6 @@ def dense_hint(model: Model, outputs: Sequence[str], samples: Mapping[str, int] 
             "map or a picture and judged by fidelity alone (cosine, SQNR over every value, "
             "which read neither a matte's lost edges nor a picture's visible error); "
             f"declare --layout {first}=map (a probability "
-            f"map or matte: mask IoU at a threshold, mean absolute error) or {first}=image:"
-            "range=LO-HI (pixels, depth: PSNR against FP32 over the range)")
+            f"map or matte: mask IoU at a threshold, mean absolute error), {first}=image:"
+            f"range=LO-HI (pixels: PSNR and SSIM against FP32 over the range) or {first}="
+            "depth (a relative depth map: AbsRel after scale and shift alignment)")

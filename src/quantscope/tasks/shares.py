@@ -44,6 +44,7 @@ ITEM_WORDS: dict[str, str] = {
     "exact_agreement": "samples (an int output's, compared exactly)",
     "score_side_agreement": "anchors",
     "pixel_flip_share": "pixels",
+    "depth_delta1": "depth pixels",
     "point_agreement": "points",
     "point_flag_agreement": "point flags",
     "detection_f1": "detections of either model (a matched pair once)",
