@@ -60,6 +60,14 @@ def test_no_verdict_unless_asked_and_the_verdict_keys_are_those_asked(setup):  #
     assert v is not None and v.met and v.goal_met and v.short_by == 0.0
     assert list(v.to_dict()) == ["legal", "metric", "value", "goal", "goal_met", "short_by",
                                  "met"]
+    # a lower-is-better metric is met at or below its goal (it was judged value >= goal)
+    import dataclasses
+
+    err = dataclasses.replace(res, metric="similarity_mae",
+                              metrics={**res.metrics, "similarity_mae": 0.05})
+    assert R.deployment_verdict(err, goal=0.1).goal_met is True
+    low = R.deployment_verdict(err, goal=0.01)
+    assert low.goal_met is False and low.short_by == pytest.approx(0.04)
 
 
 def test_the_choice_is_the_json_buckets_writes_and_its_deployment_file(setup, capsys):  # noqa: F811

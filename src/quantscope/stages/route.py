@@ -307,10 +307,15 @@ def deployment_verdict(result: RouteResult, *, max_cost: float | None = None,
     (the task's metric); None when neither is asked."""
     if max_cost is None and goal is None:
         return None
+    from quantscope.tasks.headline import describe_metric
+
     value = result.metrics.get(result.metric)
     within = None if max_cost is None else result.cost_mean <= max_cost
-    goal_met = None if goal is None else value is not None and value >= goal
-    short_by = None if goal is None or value is None else max(0.0, goal - value)
+    # the metric's own direction: a lower-is-better one (an error) is met at or below
+    head = describe_metric(result.metric)
+    goal_met = None if goal is None else head.reached(value, goal)
+    sign = 1.0 if head.higher_is_better else -1.0
+    short_by = None if goal is None or value is None else max(0.0, sign * (goal - value))
     met = bool(result.legal)  # the same and-chain (and value types) the JSON always had
     if within is not None:
         met = met and within
