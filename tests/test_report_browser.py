@@ -177,7 +177,7 @@ def test_text_run_report_fits_and_says_what_binds_and_the_host_steps(text_report
     text = unescape(page.read_text())
     v = read_json(text_report / "verdict.json", "verdict")
     assert v["held_out"] == {"samples": 30, "unit": "pairs", "rows": 60,
-                             "source": v["held_out"]["source"]}
+                             "source": v["held_out"]["source"], "held": True}
     assert "n=30 held-out pairs" in text
     # the word-embedding lookup by input_ids on the host; the mask fed as int64
     assert any("look up" in s and "by input_ids on the host" in s for s in v["host_steps"])
