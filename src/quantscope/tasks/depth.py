@@ -33,8 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.tasks.pictures import paired_batches
 from quantscope.tasks.shares import share_counts
-from quantscope.types import Metrics, Outputs, QuantscopeError
+from quantscope.types import Metrics, Outputs
 
 ALIGNS = ("affine", "scale", "none")
 DELTA = 1.25
@@ -76,16 +77,8 @@ class DepthTask:
                 f"{how}")
 
     def _samples(self, ref: Outputs, test: Outputs) -> list[tuple[np.ndarray, np.ndarray]]:
-        i = ref.names.index(self.output)
-        out = []
-        for rb, tb in zip(ref.batches, test.batches, strict=True):
-            r = np.asarray(rb[i], dtype=np.float64)
-            t = np.asarray(tb[i], dtype=np.float64)
-            if r.shape != t.shape:
-                raise QuantscopeError(f"--layout: output '{self.output}' has shape {t.shape} "
-                                      f"quantized and {r.shape} in FP32: not one depth map")
-            out.extend(zip(r.reshape(len(r), -1), t.reshape(len(t), -1), strict=True))
-        return out
+        return [pair for r, t in paired_batches(ref, test, self.output, "depth map")
+                for pair in zip(r.reshape(len(r), -1), t.reshape(len(t), -1), strict=True)]
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         rels: list[float] = []

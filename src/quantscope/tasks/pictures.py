@@ -107,6 +107,21 @@ def ssim(ref: np.ndarray, test: np.ndarray, peak: float) -> np.ndarray | None:
     return score.reshape(len(score), -1).mean(axis=1)
 
 
+def paired_batches(ref: Outputs, test: Outputs, output: str, what: str
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Output ``output`` of each batch, FP32's and the quantized one's in float64; one line
+    when their shapes differ (not one ``what``: an image, a depth map)."""
+    i = ref.names.index(output)
+    pairs = []
+    for rb, tb in zip(ref.batches, test.batches, strict=True):
+        r, t = np.asarray(rb[i], dtype=np.float64), np.asarray(tb[i], dtype=np.float64)
+        if r.shape != t.shape:
+            raise QuantscopeError(f"--layout: output '{output}' has shape {t.shape} "
+                                  f"quantized and {r.shape} in FP32: not one {what}")
+        pairs.append((r, t))
+    return pairs
+
+
 def _psnr(peak: float, mse: float) -> float:
     if mse <= 0.0:
         return math.inf
@@ -130,16 +145,7 @@ class ImageTask:
         return f"an image, judged by PSNR and SSIM against FP32 over {rng}"
 
     def _pairs(self, ref: Outputs, test: Outputs) -> list[tuple[np.ndarray, np.ndarray]]:
-        i = ref.names.index(self.output)
-        pairs = []
-        for rb, tb in zip(ref.batches, test.batches, strict=True):
-            r = np.asarray(rb[i], dtype=np.float64)
-            t = np.asarray(tb[i], dtype=np.float64)
-            if r.shape != t.shape:
-                raise QuantscopeError(f"--layout: output '{self.output}' has shape {t.shape} "
-                                      f"quantized and {r.shape} in FP32: not one image")
-            pairs.append((r, t))
-        return pairs
+        return paired_batches(ref, test, self.output, "image")
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         pairs = [(r, t) for r, t in self._pairs(ref, test) if r.size]
