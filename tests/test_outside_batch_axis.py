@@ -320,3 +320,32 @@ def test_host_step_gives_the_input_shape_the_run_checked_at():
     steps = host_steps(inputs, [], text=False, seq_len=None, shapes={"x": [1, 7, 32]})
     assert steps == ["fix the symbolic dims (B, S) for the compiler: x=1x7x32 "
                      "(x as --input-shape, the shape checked)"]
+
+
+def _static_batch_dynamic_size() -> onnx.ModelProto:
+    """``input [1, 3, H, W]`` -> Conv -> Sigmoid ``output [1, 1, H, W]``: a static batch of
+    one with a dynamic picture size (tf2onnx, IS-Net's export)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).normal(size=(1, 3, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["t"], pads=[1, 1, 1, 1]),
+         helper.make_node("Sigmoid", ["t"], ["output"])], "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, "H", "W"])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_static_batch_of_one_with_a_dynamic_size_is_batched_on_axis_0(tmp_path, capsys):
+    """The data fills the static-1 axis 0 with 4 pictures: that is the sample axis, not the
+    symbolic height (which was taken, and the data then refused: "axis 0 is 4, the model's
+    1")."""
+    from quantscope.tasks.tensors import find_layout
+
+    data = {"input": np.random.default_rng(1).normal(size=(4, 3, 8, 8)).astype(np.float32)}
+    lay = find_layout(load_proto(_static_batch_dynamic_size()), data)
+    assert lay.axes == {"input": 0} and lay.out_axes == (0,) and lay.limit == 1
+    model, npz = _save(tmp_path, "s", _static_batch_dynamic_size(), data)
+    assert main(["calibrate", model, "--data", npz, "--out", str(tmp_path / "st.npz")]) == 0
+    assert (tmp_path / "st.npz").exists()

@@ -13,6 +13,8 @@ otherwise:
 ==============================  ==========================================================
 ``--batch-axis NAME=K``         declared: input (or output) ``NAME`` holds the samples on
                                 axis ``K``
+a static axis of size 1 the     that axis, whatever else is symbolic (``input [1, 3, H,
+data fills (the one differing)  W]`` given ``[4, 3, 512, 512]``: axis 0, one at a time)
 a symbolic dim shared by the    that dim's axis in each input (an LSTM: ``x [B, 16]``,
 inputs                          ``h [1, B, 8]``: axes 0 and 1)
 of several shared symbolic     the one a recurrent node's ``X`` reads as its samples
@@ -270,8 +272,19 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
     for k in names:  # a rank-0 input (a sample rate) has no samples: given whole
         if k not in axes and shapes.get(k) == () and np.ndim(arrays[k]) == 0:
             axes[k], how[k] = SHARED, "rank 0: the same value for every sample"
+    # the one static axis where the data's size differs from the model's, a size-1 axis
+    # the data fills: the samples' axis whatever else is symbolic (a static batch of one
+    # with a dynamic picture size, `[1, 3, H, W]`: H is not the samples' dim)
+    for k in names:
+        want, arr = shapes.get(k), arrays[k]
+        if k in axes or want is None or len(want) != np.ndim(arr):
+            continue
+        differ = [i for i, d in enumerate(want) if isinstance(d, int) and d != arr.shape[i]]
+        if len(differ) == 1 and want[differ[0]] == 1:
+            i = differ[0]
+            axes[k], how[k] = i, f"static size 1, data {arr.shape[i]}"
     sampled = tuple(k for k in names if axes.get(k) != SHARED)
-    sym = _batch_symbol(sampled, shapes, model)
+    sym = _batch_symbol(tuple(k for k in sampled if k not in axes), shapes, model)
     for k, a in declared.items():
         if k in names and a != SHARED and len(shapes.get(k) or ()) > a:
             _outputs_keep(model, shapes, k, a, declared)
@@ -280,16 +293,6 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
         if k not in axes and sym is not None and sym in want:
             axes[k], how[k] = want.index(sym), f"its dimension '{sym}'"
     rest = [k for k in names if k not in axes]
-    # static inputs: the one axis where the data's size differs from the model's
-    for k in list(rest):
-        want, arr = shapes.get(k), arrays[k]
-        if want is None or len(want) != arr.ndim:
-            continue
-        differ = [i for i, d in enumerate(want) if isinstance(d, int) and d != arr.shape[i]]
-        if len(differ) == 1 and want[differ[0]] == 1:
-            i = differ[0]
-            axes[k], how[k] = i, f"static size 1, data {arr.shape[i]}"
-            rest.remove(k)
     counts = {arrays[k].shape[a] for k, a in axes.items() if a != SHARED and arrays[k].ndim > a}
     n = counts.pop() if len(counts) == 1 else None
     for k in list(rest):  # the model's own static shape while the others carry samples:
