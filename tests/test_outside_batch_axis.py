@@ -349,3 +349,26 @@ def test_static_batch_of_one_with_a_dynamic_size_is_batched_on_axis_0(tmp_path, 
     model, npz = _save(tmp_path, "s", _static_batch_dynamic_size(), data)
     assert main(["calibrate", model, "--data", npz, "--out", str(tmp_path / "st.npz")]) == 0
     assert (tmp_path / "st.npz").exists()
+
+
+def test_a_model_failing_on_the_datas_size_is_one_line_naming_the_node(tmp_path, capsys):
+    """A graph that fixes a size inside (a Reshape to 3 x 64: an 8 x 8 picture) given 16 x 16
+    pictures: ONNX Runtime's failure is the data's, one line naming the node and the shapes
+    fed (was an internal error), and no stats file."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = numpy_helper.from_array(np.array([1, 3, 64], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["input"], ["r"]),
+         helper.make_node("Reshape", ["r", "shape"], ["output"], name="fixed_reshape")], "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 3, 64])], [shape])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    data = {"input": np.ones((2, 3, 16, 16), np.float32)}
+    model, npz = _save(tmp_path, "f", proto, data)
+    assert main(["calibrate", model, "--data", npz, "--out", str(tmp_path / "st.npz")]) == 2
+    text = capsys.readouterr().err
+    err = [ln for ln in text.splitlines() if ln.startswith("quantscope:")]
+    assert len(err) == 1 and "node 'fixed_reshape'" in err[0] and "[1, 3, 16, 16]" in err[0]
+    assert "internal error" not in err[0] and not (tmp_path / "st.npz").exists()
+    assert "ONNXRuntimeError" not in text and "symbolic dims" not in text  # nor H guessed

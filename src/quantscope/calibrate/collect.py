@@ -10,7 +10,7 @@ import onnx
 
 from quantscope.calibrate.observe import Observer
 from quantscope.emulate.ranges import METHODS
-from quantscope.emulate.session import make_session
+from quantscope.emulate.session import make_session, run_on_data
 from quantscope.model.axes import channel_axes
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
@@ -135,7 +135,7 @@ def calibrate(
             k = n if whole else rows_per_run(feeds, per_value, max_rows, budget)
             part = feeds if start == 0 and k >= n else take_rows(feeds, slice(start, start + k))
             start += k
-            values = session.run(taps, part)
+            values = run_on_data(session, taps, part)
             for name, value in part.items():
                 same_in.setdefault(name, SameSamples()).add(value)
             if per_value is None:

@@ -14,6 +14,7 @@ equal the emulation form's bit for bit (tests/test_one_graph.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,7 +70,7 @@ def make_session(
         level.ORT_ENABLE_ALL if integer_kernels
         else level.ORT_ENABLE_BASIC if optimize else level.ORT_DISABLE_ALL
     )
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # a failing run is raised, and said in one line: not logged too
     opts.enable_cpu_mem_arena = arena  # off: memory goes back after each run (calibration)
     if shared_arena:
         _register_shared_arena()
@@ -204,6 +205,30 @@ def shrink_shared_arena() -> None:
     options = ort.RunOptions()
     options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
     _SHRINKER[0].run(None, {"x": np.zeros(1, np.float32)}, options)
+
+
+def run_on_data(session: ort.InferenceSession, outputs: list[str] | None,
+                feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """``session.run`` of the user's float model on the user's data, where a failure of
+    ONNX Runtime inside the graph (a Concat or Reshape whose sizes the export fixed, given
+    another picture size) is the data's, said in one line naming the shapes fed."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    try:
+        return session.run(outputs, feeds)
+    except (state.Fail, state.RuntimeException, state.InvalidArgument) as exc:
+        msg = " ".join(str(exc).split())
+        msg = msg.split("Status Message:", 1)[-1].strip()
+        # ONNX Runtime's source place, function and failed check go: the sentence stays
+        msg = re.sub(r"^\S+\.(?:h|cc|cpp):\d+ (?:[\w:~<>]+(?:\([^)]*\))?\s+)?", "", msg)
+        msg = re.sub(r"^[^.]* was false\.\s*", "", msg)[:200]
+        node = re.search(r"Name:'([^']*)'", str(exc))
+        where = f" at node '{node.group(1)}'" if node else ""
+        shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
+        raise QuantscopeError(
+            f"the model fails on the data{where} ({msg}), fed {shapes}: give data at a "
+            "size the model was exported for (its graph fixes some sizes inside; "
+            "--input-shape sets the size `quantscope images` writes)") from None
 
 
 def runner(session: ort.InferenceSession, outputs: list[str] | None = None) -> Runner:

@@ -100,7 +100,7 @@ def open_data(
                     f"{', '.join(model.input_names())}; rename an array meant for one)")
             ds = dataclasses.replace(ds, notes=(*ds.notes, note))
             say(f"note: {note}", show=show)
-        guess = sample_dim_guess(model, batch_axes)
+        guess = sample_dim_guess(model, batch_axes, None if fed is None else fed.axes)
         if guess:
             ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {guess}"))
             say(f"note: {spec}: {guess}", show=show)

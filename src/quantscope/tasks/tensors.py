@@ -238,10 +238,13 @@ def _narrowed(shared: list[str], names: tuple[str, ...],
 _BATCH_NAME = re.compile(r"(?i)[nb]|bs|.*batch.*")
 
 
-def sample_dim_guess(model: Model, declared: Mapping[str, int] | None = None) -> str | None:
+def sample_dim_guess(model: Model, declared: Mapping[str, int] | None = None,
+                     axes: Mapping[str, int] | None = None) -> str | None:
     """One line when the sample axis is a guess between symbolic dims the graph does not
     tell apart (a time-major ``x [T, N, F]`` Conv or Transformer: both kept by every
-    output), naming the one taken and how to declare another; None otherwise."""
+    output), naming the one taken and how to declare another; None otherwise, and where
+    ``axes`` (each input's sample axis as the data was read: :attr:`Feeds.axes`, 0 where
+    absent) shows the samples taken elsewhere (a static size-1 axis the data fills)."""
     names, shapes = model.input_names(), model.value_shapes()
     if declared and any(k in declared for k in names):
         return None
@@ -251,6 +254,8 @@ def sample_dim_guess(model: Model, declared: Mapping[str, int] | None = None) ->
         return None
     k = next(k for k in names if sym in (shapes.get(k) or ()))
     a = (shapes.get(k) or ()).index(sym)
+    if axes is not None and axes.get(k, 0) != a:
+        return None
     return (f"input '{k}' {_shape_text(shapes.get(k) or ())} has {len(shared)} symbolic dims "
             f"the graph does not tell apart ({', '.join(shared)}): the samples are taken on "
             f"axis {a} ('{sym}'); if another holds them, declare it: --batch-axis {k}=K")
