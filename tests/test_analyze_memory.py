@@ -79,7 +79,7 @@ def test_the_estimate_splits_and_refuses_in_one_line(monkeypatch):
     mem = plan_memory(model, [w, w, w, w], feeds, [], chains=2, budget=2 * w,
                       available=1 << 40)
     assert mem.windows == (range(0, 2), range(2, 4)) and mem.sessions == 2
-    assert mem.peak == 2 * w + 2 * w + mem.activation_bytes
+    assert mem.peak == 2 * w + 2 * w + mem.activation_bytes + mem.run_bytes
     out = model.output_names()
     rows, length, width = feeds[0]["x"].shape  # [N, S, 24] out, like its input
     assert plan_memory(model, [w], feeds, out, chains=2, available=1 << 40).activation_bytes \
@@ -193,3 +193,25 @@ def test_the_rows_held_until_scored_split_the_windows_and_are_said():
     with pytest.raises(QuantscopeError) as e:  # not even one candidate's rows fit
         plan_memory(model, [w], feeds, [], chains=2, available=row, row_bytes=row)
     assert "one candidate's output rows ~1024 MB" in str(e.value)
+
+
+def test_a_picture_models_tensors_are_sized_at_the_datas_picture_size():
+    """``x [1, 3, H, W]`` -> Relu -> Relu -> Sigmoid at 64 x 48 pictures: every tensor is
+    3 x 64 x 48 floats (read by position, H and W were the length, 3: 36 values each), and
+    one run holds two of them at once plus a Q/DQ copy of the largest."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from quantscope.analyze.memory import run_bytes, tensor_sizer
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Relu", ["a"], ["b"]),
+         helper.make_node("Sigmoid", ["b"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, "H", "W"])])
+    model = load_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    onnx.checker.check_model(model.proto)
+    one = 3 * 64 * 48 * 4
+    sizer = tensor_sizer(model, [{"x": np.zeros((1, 3, 64, 48), np.float32)}])
+    assert sizer(["a"]) == sizer(["y"]) == one
+    assert run_bytes(model, sizer) == 3 * one

@@ -48,11 +48,12 @@ class MemoryPlan:
     available: int | None
     row_bytes: int = 0  # the reduced output rows of the largest window's candidates
     held_bytes: int = 0  # rows held throughout: FP32's and the baselines', the chains'
+    run_bytes: int = 0  # what one segment's run holds in the arena at once (run_bytes)
 
     @property
     def peak(self) -> int:
         return (self.chains * self.model_bytes + self.session_bytes + self.activation_bytes
-                + self.row_bytes + self.held_bytes)
+                + self.row_bytes + self.held_bytes + self.run_bytes)
 
     def text(self) -> str:
         split = f", in {len(self.windows)} windows" if len(self.windows) > 1 else ""
@@ -61,10 +62,12 @@ class MemoryPlan:
                 if self.row_bytes >= MB else "")
         held = (f", reference and baseline rows ~{self.held_bytes / MB:.0f} MB"
                 if self.held_bytes >= MB else "")
+        work = (f", a run's working tensors ~{self.run_bytes / MB:.0f} MB"
+                if self.run_bytes >= MB else "")
         return (f"~{self.peak / GB:.2f} GB peak ({self.chains} chain(s) of "
                 f"{self.model_bytes / MB:.0f} MB, {self.sessions} candidates' sessions "
                 f"({self.session_bytes / MB:.0f} MB){rows} at once{split}, a batch's tensors "
-                f"~{self.activation_bytes / MB:.0f} MB{held}{free})")
+                f"~{self.activation_bytes / MB:.0f} MB{work}{held}{free})")
 
 
 def _proc_kib(path: str, key: str) -> int | None:
@@ -142,7 +145,7 @@ def tensor_sizer(model: Model, batches: Sequence[Batch]) -> Callable[[Sequence[s
         return rows, length
 
     rows, length = max((dims(b) for b in batches), key=lambda d: d[0] * d[1])
-    concrete = _inferred(model, rows, length)
+    concrete = _inferred(model, rows, length) or _inferred_at(model, batches)
     known_bytes: dict[str, int] = {}
 
     def size(t: str) -> int:
@@ -179,6 +182,57 @@ def _inferred(model: Model, rows: int, length: int) -> dict[str, tuple]:
         return {}
 
 
+def _inferred_at(model: Model, batches: Sequence[Batch]) -> dict[str, tuple]:
+    """Tensor shapes inferred at the largest batch's own input shapes, for a model without
+    [rows, length] token inputs (a picture model whose H, W are symbolic: read by position
+    they were the channels: PP-OCR's detector's 960 x 960 activations counted as
+    3 x 3; {}: inference failed)."""
+    from quantscope.model.shapes import resolve_shapes
+
+    names = set(model.input_names())
+    largest = max(batches, key=lambda b: sum(int(getattr(v, "nbytes", 0))
+                                             for k, v in b.items() if k in names))
+    given = {k: tuple(int(d) for d in np.shape(v)) for k, v in largest.items() if k in names}
+    try:
+        return resolve_shapes(model, given)
+    except (QuantscopeError, ValueError, RuntimeError):
+        return {}
+
+
+def run_bytes(model: Model, sizer: Callable[[Sequence[str]], int]) -> int:
+    """The most bytes of tensors one run of ``model`` holds at once (each tensor alive from
+    the node writing it to the last node reading it, in the graph's order, as ONNX
+    Runtime's planner frees them), plus the largest tensor once more: a Q/DQ pair's
+    dequantized copy beside its input. What a segment's session asks of the arena while it
+    runs, besides the tensors the envs keep across the cuts."""
+    last: dict[str, int] = {}
+    for i, node in enumerate(model.graph.node):
+        for t in node.input:
+            if t:
+                last[t] = i
+    for o in model.graph.output:
+        last[o.name] = len(model.graph.node)
+    consts = {t.name for t in model.graph.initializer}
+    live = {i.name for i in model.graph.input if i.name not in consts}
+    held = sizer(list(live))
+    peak = largest = max((sizer([t]) for t in live), default=0)
+    for i, node in enumerate(model.graph.node):
+        made = [t for t in node.output if t and t not in live]
+        for t in made:
+            live.add(t)
+            size = sizer([t])
+            held += size
+            largest = max(largest, size)
+        peak = max(peak, held)
+        for t in [t for t in node.input if t in live and last.get(t, -1) <= i]:
+            live.discard(t)
+            held -= sizer([t])
+        for t in [t for t in made if t not in last]:  # written, never read
+            live.discard(t)
+            held -= sizer([t])
+    return peak + largest
+
+
 def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch],
                 tensors: Sequence[str], *, chains: int, budget: int | None = None,
                 available: int | None = None,
@@ -197,10 +251,12 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
     ``held_bytes``: what the caller holds throughout (FP32's rows, the baselines'), in the
     peak and in what is left."""
     model_bytes = weight_bytes(model)
+    sizer = sizer or tensor_sizer(model, batches)
     # the chains' envs and a candidate's, each holding the tensors crossing the cuts
-    act = (chains + 1) * (sizer or tensor_sizer(model, batches))(tensors)
+    act = (chains + 1) * sizer(tensors)
+    work = run_bytes(model, sizer)  # and the one segment running, in the arena
     avail = available if available is not None else available_bytes()
-    fixed = chains * model_bytes + act + held_bytes
+    fixed = chains * model_bytes + act + held_bytes + work
     one = max(cand_bytes, default=0) + row_bytes
     if avail is not None and fixed + one > HEADROOM * avail:
         need = (fixed + one) / GB
@@ -208,7 +264,8 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
                 if row_bytes >= MB else "")
         raise QuantscopeError(
             f"the analysis needs ~{need:.1f} GB ({chains} chain(s) of {model_bytes / MB:.0f} MB "
-            f"of weights, a batch's tensors ~{act / MB:.0f} MB{rows}) and {avail / GB:.1f} GB "
+            f"of weights, a batch's tensors ~{(act + work) / MB:.0f} MB{rows}) and "
+            f"{avail / GB:.1f} GB "
             "is available: give a shorter --seq-len or smaller inputs (a batch's tensors grow "
             "with them), or run on a machine with more memory")
     if budget is None:
@@ -235,4 +292,4 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
     most = max(len(w) for w in windows)
     return MemoryPlan(tuple(windows), model_bytes, chains, most,
                       sum(cand_bytes[largest.start:largest.stop]), act, avail,
-                      most * row_bytes, held_bytes)
+                      most * row_bytes, held_bytes, work)
