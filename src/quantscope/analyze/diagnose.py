@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from quantscope.analyze.logfloor import find_log_floors
+from quantscope.analyze.memory import peak_bytes
 from quantscope.analyze.mixed import find_mixed_scales
 from quantscope.analyze.noise import TensorNoise, tensor_noise
 from quantscope.analyze.outliers import Outlier, find_outliers
@@ -40,6 +41,7 @@ from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.calibrate.collect import nonfinite_note
 from quantscope.emulate.coverage import Coverage
 from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.emulate.release import resident_bytes
 from quantscope.model.load import Model
 from quantscope.model.units import Unit, sweep_units
 from quantscope.parallel import Executor
@@ -280,7 +282,13 @@ def analyze(
     batches = list(batches)
     skipped = _skipped(groups, skip or {}, progress)
     say(f"analyze: FP32 reference on {len(batches)} batches", show=progress)
+    base, before = resident_bytes(), peak_bytes()
     ref = run_plan_rows(model, groups, batches, model.proto, scorer)
+    # what a run takes, for the sweep's estimate: the peak's rise over the resident set
+    # (none where an earlier peak hides it; the peak is not reset: `run` reads it per stage)
+    top = peak_bytes()
+    run_taken = (max(top - base - ref.nbytes, 0)
+                 if top and base and before is not None and top > before else 0)
     baselines, collapse, uniform_rows, float_notes = {}, {}, {}, ()
     for p in (low, high):
         say(f"analyze: uniform {p.value} baseline (Q/DQ model of {len(groups.groups)} groups, "
@@ -297,7 +305,8 @@ def analyze(
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
           "executor": executor, "only": only, "units": units,
           "score": scorer if by_task else fidelity, "row_bytes": ref.nbytes // max(len(ref), 1),
-          "held_bytes": ref.nbytes + sum(r.nbytes for r in uniform_rows.values())}
+          "held_bytes": ref.nbytes + sum(r.nbytes for r in uniform_rows.values()),
+          "run_bytes": run_taken}
     res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
     sens = _sensitivity(res, groups, scorer if by_task else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]

@@ -174,6 +174,7 @@ def sweep_segments(
     score: ScoreFn | None = None,
     row_bytes: int = 0,
     held_bytes: int = 0,
+    run_bytes: int = 0,
 ) -> SweepResult:
     """The ``sweeps`` (default both) on every row, segment by segment (module docstring);
     ``only``: the groups swept (default every group); ``units``: these units swept instead,
@@ -183,7 +184,8 @@ def sweep_segments(
     done (``metrics``); its rows are then dropped (``rows`` is empty). ``row_bytes``: the
     bytes of one reduced row (FP32's, when the caller has them), so that the windows also
     bound the rows held until scored; ``held_bytes``: what the caller holds meanwhile (in
-    the estimate said).
+    the estimate said); ``run_bytes``: what one FP32 run of a batch was measured to hold
+    (the estimate takes the larger of it and the tensors' own count).
 
     Memory stays bounded: the candidates' own sessions are built for a window of
     candidates at a time, within ``session_budget`` bytes of weights (default: from the
@@ -206,7 +208,7 @@ def sweep_segments(
     cands = tuple(c for c in candidates(groups, low, high, only, units) if c.sweep in sweeps)
     job = _SegmentJob(model, groups, stats, tuple(batches), scorer, low, high, scheme,
                       optimize_float, tuple(sweeps), session_budget, only, units, score,
-                      row_bytes, held_bytes)
+                      row_bytes, held_bytes, run_bytes)
     parts = chunks(len(cands), executor.workers if executor else 1)
     if executor is None or len(parts) <= 1:
         done = [_segment_part(job, range(len(cands)), progress=progress)]
@@ -248,6 +250,7 @@ class _SegmentJob:
     score: ScoreFn | None = None
     row_bytes: int = 0
     held_bytes: int = 0
+    run_bytes: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -280,7 +283,8 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
     mem = plan_memory(model, [sum(sizes[k] for k in own) for own in owned], job.batches,
                       held, chains=2 if need_low else 1, budget=job.session_budget,
                       sizer=sizer, row_bytes=job.row_bytes * rows,
-                      held_bytes=job.held_bytes + (1 + need_low) * job.row_bytes * rows)
+                      held_bytes=job.held_bytes + (1 + need_low) * job.row_bytes * rows,
+                      measured=job.run_bytes)
     say(f"analyze: {mem.text()}", show=progress)
     fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,
                      label=f"analyze: FP32 sessions of {len(segments)} segments" * progress,
@@ -367,10 +371,11 @@ def sweep_fast(
     score: ScoreFn | None = None,
     row_bytes: int = 0,
     held_bytes: int = 0,
+    run_bytes: int = 0,
 ) -> SweepResult:
     """Both sweeps by segments, each on its own row subset (module docstring, ``fast``);
     ``only``: the groups swept (default every group); ``units``, ``score``, ``row_bytes``,
-    ``held_bytes``: as :func:`sweep_segments`.
+    ``held_bytes``, ``run_bytes``: as :func:`sweep_segments`.
 
     ``noise``: per batch, per row output noise of uniform ``low`` (as :func:`row_noise`
     returns), when the caller has already run FP32 and ``low`` on every row.
@@ -384,7 +389,7 @@ def sweep_fast(
     batches = list(batches)
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
           "executor": executor, "only": only, "units": units, "score": score,
-          "row_bytes": row_bytes, "held_bytes": held_bytes}
+          "row_bytes": row_bytes, "held_bytes": held_bytes, "run_bytes": run_bytes}
     enable = sweep_segments(
         model, groups, stats, proxy_batches(batches, fraction / 2), sweeps=("enable_one",), **kw
     )
