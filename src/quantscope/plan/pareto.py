@@ -12,14 +12,14 @@ budget         ``min_quality``: the cheapest point whose quality meets Q;
                point meeting Q within C; none: the best quality (then cheapest)
 noise          without ``min_quality``, where the measured figure is a share over
                counted items (``items``: detection F1 over the detections, a class
-               output's top-1 picks): the cheapest measured point not worse than the
+               output's top-1 picks, text retrieval's queries): the cheapest measured point not worse than the
                best measured one beyond the one-sided 95 % binomial noise of their
                difference (:func:`noise`, the rule of
                :func:`quantscope.tasks.shares.share_noise`, which ``run --rewrites
                auto`` decides by too): cost is not bought on a difference the data
                cannot tell from sampling noise; never a plan below the user's goal
-               (``floor``) for one that meets it. Without a count (an SQNR, retrieval
-               top-1 agreement measured as one figure): the best quality, then the
+               (``floor``) for one that meets it. Without a count (an SQNR, a
+               torch-ranked figure): the best quality, then the
                cheapest, and :func:`choice_record` says there was no noise estimate
 =============  ================================================================
 

@@ -36,6 +36,7 @@ from quantscope.tasks.images import SPEC as IMAGES_SPEC
 from quantscope.tasks.images import image_dataset
 from quantscope.tasks.pooling import refuse_other_pooling
 from quantscope.tasks.positions import token_limit
+from quantscope.tasks.shares import items_key
 from quantscope.tasks.text import (
     DEFAULT_MAX_LENGTH,
     NO_PREFIXES,
@@ -147,6 +148,7 @@ class RetrievalTask:
             "recall@1": rec[1], "recall@5": rec[5], "recall@10": rec[10],
             "recall@1_fp32": rec_ref[1], "mrr": M.mrr(qt, dt),
             "top1_agreement": M.top1_agreement(qr, dr, qt, dt),
+            items_key("top1_agreement"): float(len(qr)),  # one top-1 pick per query
             "embedding_cosine_mean": fid["mean"], "embedding_cosine_min": fid["min"],
             "embedding_cosine_p01": fid["p01"],
             "embedding_sqnr_db": sqnr_db(raw_r, raw_t),
@@ -227,6 +229,7 @@ def retrieval_figures(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
     half of the rows, their documents the second), FP32's recall@1 beside."""
     n = len(ref) // 2
     return {"top1_agreement": M.top1_agreement(ref[:n], ref[n:], test[:n], test[n:]),
+            items_key("top1_agreement"): float(n),  # one top-1 pick per query
             "recall@1": float(M.recall_at_k(test[:n], test[n:], ks=(1,))[1]),
             "recall@1_fp32": float(M.recall_at_k(ref[:n], ref[n:], ks=(1,))[1])}
 

@@ -12,7 +12,8 @@ cannot drift from the figure; :func:`quantscope.tasks.headline.share_items` read
                       a segmentation, a per-token classifier) the positions of one sample
                       flip together, so the count is the effective one
                       (:func:`clustered_items`) and ``KEY_clusters`` gives the samples;
-                      image views: the views (each one's nearest other view)
+                      image views: the views (each one's nearest other view); text
+                      retrieval: the queries (each one's top-1 document)
 ``top5_agreement``    its top-1 picks, as ``top1_agreement``
 ``decision_agreement``  a score output: its decisions (one per sample)
 ``string_agreement``  a CTC output: its decoded strings (one per sample)
