@@ -229,7 +229,8 @@ def test_a_plan_scored_for_its_ranking_alone_gets_the_full_figure_float_for_floa
         full = stages.evaluate_plan(model, data, stats, plan, saturation=False)
         alone = stages.evaluate_plan(model, data, stats, plan, saturation=False, engine=engine,
                                      only=metric)
-        assert alone["metrics"] == {metric: full["metrics"][metric]}
+        assert alone["metrics"][metric] == full["metrics"][metric]
+        assert set(alone["metrics"]) == {metric, f"{metric}_items"}  # and its queries
         assert ONLY_NOTE.format(metric) in alone["notes"] and alone["outputs"] == {}
     assert len({stages.evaluate_plan(model, data, stats, p, saturation=False, only=metric)
                 ["metrics"][metric] for p in _plans()}) > 1  # the plans differ: it can fail
@@ -257,8 +258,10 @@ def test_the_planner_holds_fp32s_pooled_rows_only_and_scores_the_same(encoder, m
         full = stages.evaluate_plan(model, data, stats, plan, saturation=False)
         alone = stages.evaluate_plan(model, data, stats, plan, saturation=False,
                                      only=metric, reference_kept=kept)
-        assert alone["metrics"] == {metric: full["metrics"][metric]}
-        assert evaluate(plan) == full["metrics"][metric]
+        count = alone["metrics"][f"{metric}_items"]  # a share over the queries
+        assert alone["metrics"] == {metric: full["metrics"][metric], f"{metric}_items": count}
+        assert count == full["metrics"].get(f"{metric}_items", count) >= 16
+        assert evaluate(plan) == full["metrics"][metric] and evaluate.items == count
     assert not ran and len(widths) == 1  # no per-token FP32 run for the planner
 
 

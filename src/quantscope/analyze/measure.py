@@ -232,7 +232,7 @@ def _kept_scorer(data: Dataset, only: str | None, task_only: bool, scaled: bool,
     one = None if only is None or scaled else scored_alone(data, only)
     if one is None:
         return None, ""
-    return (lambda ref, test: {only: one(ref, test)}), ONLY_NOTE.format(only)
+    return one, ONLY_NOTE.format(only)  # the metric and the items it is a share over
 
 
 def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list[Batch],
@@ -286,15 +286,17 @@ ONLY_NOTE = ("scored: {} only (what the ranking reads); the plan's other figures
 
 
 def scored_alone(data: Dataset, metric: str) -> Any:
-    """``(ref, test) -> metric`` on kept outputs, by the per-query scores, where the task
-    scores ``metric`` that way (retrieval pairs); else None (every metric is scored)."""
+    """``(ref, test) -> {metric: value, KEY_items: queries}`` on kept outputs, by the
+    per-query scores, where the task scores ``metric`` that way (retrieval pairs); else
+    None (every metric is scored)."""
     from quantscope.tasks.registry import RetrievalTask
-    from quantscope.tasks.samples import SAMPLE_SCORES, whole_set_score
+    from quantscope.tasks.samples import SAMPLE_SCORES, whole_set_figures
 
     task = data.task
     if not isinstance(task, RetrievalTask) or metric not in SAMPLE_SCORES:
         return None
-    return lambda ref, test: whole_set_score(metric, task.embeddings(ref), task.embeddings(test))
+    return lambda ref, test: whole_set_figures(metric, task.embeddings(ref),
+                                               task.embeddings(test))
 
 
 def _emulated(model: Model, stats: Stats, plan: Plan, batches: list[Batch],

@@ -62,3 +62,12 @@ def whole_set_score(metric: str, ref: Embeddings, test: Embeddings) -> float:
     """``metric`` on every pair: the mean of its per-query scores, the figure the task's
     ``metrics`` reports for it (the same functions on the same embeddings)."""
     return float(np.mean(SAMPLE_SCORES[metric](ref, test)))
+
+
+def whole_set_figures(metric: str, ref: Embeddings, test: Embeddings) -> dict[str, float]:
+    """:func:`whole_set_score` and the queries it is a share over (``KEY_items``: every
+    per-query score is 0 or 1), as the task's ``metrics`` gives them."""
+    from quantscope.tasks.shares import items_key
+
+    scores = SAMPLE_SCORES[metric](ref, test)
+    return {metric: float(np.mean(scores)), items_key(metric): float(len(scores))}
