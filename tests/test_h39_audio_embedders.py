@@ -1,0 +1,73 @@
+"""Audio embedders and audio models outside the zoo (h39): a speaker encoder (an LSTM over
+a power mel spectrogram, a ReLU then an L2-normalised embedding), a posteriorgram model.
+
+A ReLU embedding has units the data never activates: FP32 holds them at exactly 0, and a
+quantized model whose upstream error lifts one above 0 on a sample made that channel's
+SQNR -inf (no signal to measure noise against). ``sqnr_db_channel_min``, the plain-tensor
+headline, was then -inf at every precision, 16 bit included, so the analysis found "no
+gain" in any group and plans could not be told apart (Resemblyzer's encoder on espeak-ng
+speakers: -inf at a8_w8 and at a16_w16 while the cosine went 0.72 -> 0.996).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from quantscope.analyze.scoring import outputs_scorer
+from quantscope.cli import main
+
+N = 48
+
+
+def relu_embedder() -> onnx.ModelProto:
+    """``y = Relu(x W + b)``: unit 0 live (0.01 x0), unit 1 dead in FP32 (x1 - 0.75 < 0 on
+    the data) but lifted above 0 once x1 (0.4 .. 0.7) sits on the coarse 8-bit grid that
+    x0's -100 .. 100 sets (a step of 0.78)."""
+    inits = [numpy_helper.from_array(np.array([[0.01, 0.0], [0.0, 1.0]], np.float32), "W"),
+             numpy_helper.from_array(np.array([0.0, -0.75], np.float32), "b")]
+    nodes = [helper.make_node("Gemm", ["x", "W", "b"], ["g"], name="gemm"),
+             helper.make_node("Relu", ["g"], ["y"], name="relu")]
+    graph = helper.make_graph(nodes, "relu_embedder",
+                              [helper.make_tensor_value_info("x", 1, ["N", 2])],
+                              [helper.make_tensor_value_info("y", 1, ["N", 2])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def data() -> np.ndarray:
+    r = np.random.default_rng(3)
+    return np.stack([r.uniform(-100, 100, N), r.uniform(0.4, 0.7, N)], 1).astype(np.float32)
+
+
+def test_a_unit_fp32_never_activates_leaves_the_worst_channel_finite(tmp_path):
+    onnx.save(relu_embedder(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=data())
+    m, d, st, ev = (str(tmp_path / f) for f in ("m.onnx", "d.npz", "s.npz", "ev.json"))
+    assert main(["calibrate", m, "--data", d, "--out", st]) == 0
+    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
+                 "--json", ev]) == 0
+    res = json.loads(Path(ev).read_text())
+    out = res["outputs"]["y"]
+    assert out["channel_worst"] == 0  # the live unit, not the one FP32 holds at 0
+    assert np.isfinite(out["sqnr_db_channel_min"]) and out["sqnr_db_channel_min"] > 20.0
+    assert out["cosine_channel_min"] > 0.99
+    assert np.isfinite(res["metrics"]["sqnr_db_channel_min"])
+
+
+def test_the_analysis_scores_the_live_units_too():
+    x = data()
+    ref = np.maximum(x @ np.array([[0.01, 0.0], [0.0, 1.0]], np.float32)
+                     + np.array([0.0, -0.75], np.float32), 0)
+    test = ref.copy()
+    test[:, 0] += 0.001
+    test[::7, 1] = 0.03  # the dead unit lifted on a few samples
+    scorer = outputs_scorer()
+    rows = scorer.reduce([ref], {"x": x})
+    got = scorer.score(rows, scorer.reduce([test], {"x": x}))
+    assert np.isfinite(got["sqnr_db_channel_min"]) and got["sqnr_db_channel_min"] > 30.0
