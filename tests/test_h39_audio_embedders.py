@@ -71,3 +71,32 @@ def test_the_analysis_scores_the_live_units_too():
     rows = scorer.reduce([ref], {"x": x})
     got = scorer.score(rows, scorer.reduce([test], {"x": x}))
     assert np.isfinite(got["sqnr_db_channel_min"]) and got["sqnr_db_channel_min"] > 30.0
+
+
+def l2_embedder(*, declared_p: int = 2) -> onnx.ModelProto:
+    """``e = g / ReduceL2(g)`` after a Gemm: a speaker encoder's head (torch.norm's export)."""
+    r = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(r.normal(0, 1, (8, 16)).astype(np.float32), "W")]
+    nodes = [helper.make_node("Gemm", ["x", "W"], ["g"], name="gemm"),
+             helper.make_node("ReduceL2", ["g"], ["n"], keepdims=1, axes=[1], name="norm"),
+             helper.make_node("Div", ["g", "n"], ["embedding"], name="div")]
+    graph = helper.make_graph(nodes, "l2", [helper.make_tensor_value_info("x", 1, ["N", 8])],
+                              [helper.make_tensor_value_info("embedding", 1, ["N", 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def test_an_l2_normalised_embedding_is_said_to_be_judged_by_fidelity_alone(tmp_path):
+    """A speaker embedding given as tensors is scored by cosine and SQNR; the decision a
+    deployment makes with it (same speaker at a threshold) is not, and nothing said so."""
+    onnx.save(l2_embedder(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(5).normal(0, 1, (16, 8)).astype(
+        np.float32))
+    m, d, st, ev = (str(tmp_path / f) for f in ("m.onnx", "d.npz", "s.npz", "ev.json"))
+    assert main(["calibrate", m, "--data", d, "--out", st]) == 0
+    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
+                 "--json", ev]) == 0
+    notes = json.loads(Path(ev).read_text())["notes"]
+    said = [n for n in notes if "L2-normalised embedding" in n]
+    assert len(said) == 1 and "'embedding'" in said[0] and "not scored" in said[0]

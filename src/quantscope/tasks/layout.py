@@ -74,6 +74,7 @@ from quantscope.tasks.detection import (
     read_anchors,
     ssd_heads_hint,
 )
+from quantscope.tasks.embedding_hint import embedding_hint
 from quantscope.tasks.layout_spec import (
     KINDS,
     LAYOUT_NOTE,
@@ -493,8 +494,9 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
             tasks.append(task)
     notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
     if not tasks:
-        dense = dense_hint(model, [o for o in outputs if o not in declared], sample_axes)
-        return None, tuple(notes) + ((dense,) if dense else ())
+        rest = [o for o in outputs if o not in declared]
+        hints = (dense_hint(model, rest, sample_axes), embedding_hint(model, rest, sample_axes))
+        return None, tuple(notes) + tuple(h for h in hints if h)
     unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)])
     notes += [unscored] if unscored else []
     if len(tasks) == 1:
