@@ -100,3 +100,16 @@ def test_an_l2_normalised_embedding_is_said_to_be_judged_by_fidelity_alone(tmp_p
     notes = json.loads(Path(ev).read_text())["notes"]
     said = [n for n in notes if "L2-normalised embedding" in n]
     assert len(said) == 1 and "'embedding'" in said[0] and "not scored" in said[0]
+
+
+def test_run_repeats_it_as_a_warning_of_the_verdict(tmp_path, capsys):
+    onnx.save(l2_embedder(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=np.random.default_rng(6).normal(0, 1, (16, 8)).astype(
+        np.float32))
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "d.npz"),
+                 "--target", "hailo8l", "--out", str(tmp_path / "W")]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines()
+             if ln.strip().startswith("warning:") and "L2-normalised embedding" in ln]
+    assert len(lines) == 1 and "not scored" in lines[0]
+    verdict = json.loads((tmp_path / "W" / "verdict.json").read_text())
+    assert len(verdict["embedding_fidelity_only"]) == 1

@@ -21,6 +21,7 @@ from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
+from quantscope.tasks.embedding_hint import MARK as EMBEDDING_MARK
 from quantscope.tasks.layout_spec import image_ranges
 from quantscope.tasks.pixels import pixels_note
 from quantscope.tasks.shares import clusters_key, items_key
@@ -238,6 +239,8 @@ def _model_and_data_findings(ctx: Context, data: dict[str, Any]) -> dict[str, An
     return {
         # class outputs read on axis 1 because the graph does not say where the classes are
         "class_axis_by_default": _data_notes(data, AXIS_BY_DEFAULT),
+        # an L2-normalised embedding of tensor data: its decisions (verification) unscored
+        "embedding_fidelity_only": _data_notes(data, EMBEDDING_MARK),
         "mixed_scales": _mixed_scales(ctx),
         # a Log reading a linear grid that loses the decades below one step (a spectrogram)
         "log_floors": _mixed_scales(ctx, "log_floor"),

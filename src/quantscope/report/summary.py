@@ -391,11 +391,13 @@ def format_short(v: dict[str, Any]) -> list[str]:
 
 def _warnings(v: dict[str, Any]) -> list[str]:
     """The verdict's warnings: figures that say little, outputs no task scores (with their
-    figures), a class axis taken by default, saturated outputs, NaN/inf inside, log floors
+    figures), a class axis taken by default, an embedding judged by fidelity alone,
+    saturated outputs, NaN/inf inside, log floors
     (each with its fix)."""
     floors = v.get("log_floors") or []
     return ((v.get("says_little") or []) + (v.get("unscored") or [])
             + (v.get("unscored_figures") or []) + (v.get("class_axis_by_default") or [])
+            + (v.get("embedding_fidelity_only") or [])
             + (v.get("saturated_outputs") or []) + (v.get("nan_inf_inside") or [])
             + [f"{line} ({fix.strip()})" for line, fix in
                zip(floors[::2], floors[1::2], strict=False)])

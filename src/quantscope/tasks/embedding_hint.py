@@ -18,6 +18,7 @@ import onnx
 
 from quantscope.model.load import Model
 
+MARK = "judged by fidelity alone (cosine, SQNR, per channel): tensor data carries no labels"
 _CARRY = frozenset({"Reshape", "Flatten", "Squeeze", "Identity"})
 _GUARD = frozenset({"Clip", "Max", "Add", "Expand", "Unsqueeze", "Reshape", "Identity", "Sqrt"})
 
@@ -56,8 +57,7 @@ def embedding_hint(model: Model, outputs: Sequence[str],
     names = ", ".join(f"'{o}'" for o in found)
     many = len(found) > 1
     return (f"output{'s' if many else ''} {names} {'are' if many else 'is an'} L2-normalised "
-            f"embedding{'s' if many else ''}, judged by fidelity alone (cosine, SQNR, per "
-            "channel): tensor data carries no labels, so the decisions made with it (same "
+            f"embedding{'s' if many else ''}, {MARK}, so the decisions made with it (same "
             "speaker or identity at the model's threshold, the nearest enrolled one) are not "
             "scored; verification at a threshold is scored for face images only (--data "
             "faces or a folder of identity folders)")
