@@ -113,3 +113,79 @@ def test_run_repeats_it_as_a_warning_of_the_verdict(tmp_path, capsys):
     assert len(lines) == 1 and "not scored" in lines[0]
     verdict = json.loads((tmp_path / "W" / "verdict.json").read_text())
     assert len(verdict["embedding_fidelity_only"]) == 1
+
+
+def speaker_data(n_per: int = 6, labels: int = 4, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
+    """Samples around one centre per label (a 'speaker'), shuffled; input spread wide
+    enough that an 8-bit grid moves their embeddings."""
+    r = np.random.default_rng(seed)
+    centres = r.normal(0, 1, (labels, 8))
+    lab = np.repeat(np.arange(labels), n_per)
+    x = centres[lab] + r.normal(0, 0.6, (len(lab), 8))
+    order = r.permutation(len(lab))
+    return x[order].astype(np.float32), lab[order]
+
+
+def test_verify_scores_every_pair_at_fp32s_equal_error_threshold():
+    from quantscope.tasks.verify import VerifyTask
+    from quantscope.types import Outputs
+
+    x, lab = speaker_data()
+    r = np.random.default_rng(1)
+    emb = x @ r.normal(0, 1, (8, 16))
+    noisy = emb + r.normal(0, 1.5, emb.shape)
+    task = VerifyTask(name="verify:e", output="e", labels=lab, label_name="spk")
+    m = task.metrics(Outputs(names=("e",), batches=((emb[:10],), (emb[10:],))),
+                     Outputs(names=("e",), batches=((noisy[:10],), (noisy[10:],))))
+    v = m.values
+
+    def cos(e):
+        u = e / np.linalg.norm(e, axis=1, keepdims=True)
+        return (u @ u.T)[np.triu_indices(len(e), 1)]
+
+    same = (lab[:, None] == lab[None, :])[np.triu_indices(len(lab), 1)]
+    thr = v["verify_threshold"]
+    dr, dt = cos(emb) >= thr, cos(noisy) >= thr
+    assert v["decision_agreement"] == np.mean(dr == dt) < 1.0
+    assert v["false_accept_rate"] == np.mean(dt[~same])
+    assert v["true_accept_rate_fp32"] == np.mean(dr[same])
+    # FP32's false accepts and false rejects are as near equal as its scores allow there
+    assert abs(np.mean(dr[~same]) - np.mean(~dr[same])) < 0.1
+    assert any("same-label" in n for n in m.notes)
+
+
+def test_verify_from_the_cli_with_labels_in_the_data_file(tmp_path, capsys):
+    """A speaker encoder's question (same speaker or not at the threshold) had no answer
+    from tensors: only the embedding's cosine; now pairs are decided by both models."""
+    onnx.save(l2_embedder(), tmp_path / "m.onnx")
+    x, lab = speaker_data()
+    np.savez(tmp_path / "d.npz", x=x, spk=lab)
+    m, d, st, ev = (str(tmp_path / f) for f in ("m.onnx", "d.npz", "s.npz", "ev.json"))
+    assert main(["calibrate", m, "--data", d, "--out", st]) == 0
+    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
+                 "--layout", "embedding=verify:labels=spk,threshold=0.5", "--json", ev]) == 0
+    res = json.loads(Path(ev).read_text())
+    assert res["metrics"]["verify_threshold"] == 0.5
+    assert 0.0 < res["metrics"]["decision_agreement"] <= 1.0
+    assert res["metrics"]["decision_agreement_items"] > 0
+    assert any("judged by verification" in n for n in res["notes"])
+    assert not any("L2-normalised embedding" in n for n in res["notes"])  # declared: scored
+
+
+def test_verify_refusals_are_one_line(tmp_path, capsys):
+    onnx.save(l2_embedder(), tmp_path / "m.onnx")
+    x, lab = speaker_data()
+    np.savez(tmp_path / "d.npz", x=x, spk=lab)
+    np.savez(tmp_path / "short.npz", x=x, spk=lab[:-1])
+    m, st = str(tmp_path / "m.onnx"), str(tmp_path / "s.npz")
+    assert main(["calibrate", m, "--data", str(tmp_path / "d.npz"), "--out", st]) == 0
+    capsys.readouterr()
+    for layout, data, words in (
+            ("embedding=verify", "d.npz", "needs labels=NAME"),
+            ("embedding=verify:labels=speaker", "d.npz", "has no array 'speaker'"),
+            ("embedding=verify:labels=spk,threshold=2", "d.npz", "is no cosine"),
+            ("embedding=verify:labels=spk", "short.npz", "23 labels and the data 24")):
+        rc = main(["evaluate", m, "--data", str(tmp_path / data), "--stats", st,
+                   "--precision", "a8_w8", "--layout", layout])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and words in err[0], (layout, err)

@@ -69,9 +69,9 @@ def sample_size(v: dict[str, Any]) -> str:
         return n
     # a detection share's items are detections, which the samples do not tell; a share
     # per position counts positions as an effective count (clustered by sample)
-    if clusters_key(m) in plan:  # a landmark task's items are its points
+    if clusters_key(m) in plan:  # a landmark task's items are its points, verify's decisions
         n += (f", an effective {int(items)} "
-              f"{words if words in ('points', 'point flags') else 'positions'}")
+              f"{words if words in ('points', 'point flags', 'decisions') else 'positions'}")
     elif "detections" in words or int(items) != ho.get("samples"):
         n += f", {int(items)} {words}"
     return n

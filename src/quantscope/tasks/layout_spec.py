@@ -25,10 +25,11 @@ KINDS: dict[str, tuple[str, ...]] = {
     "ctc": ("blank", "axis"),
     "image": ("range",),
     "depth": ("align",),
+    "verify": ("labels", "threshold"),
     "tensor": (),
 }
 SYNTAX = ("OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points, ctc, "
-          "image, depth or tensor")
+          "image, depth, verify or tensor")
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -88,7 +89,7 @@ def parse_layout(text: str) -> LayoutSpec:
     kind = kind.strip().lower()
     if kind not in KINDS:
         raise fail(text, f"unknown kind '{kind}': use detect, map, score, class, points, ctc, "
-                    "image, depth or tensor")
+                    "image, depth, verify or tensor")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -101,6 +102,9 @@ def parse_layout(text: str) -> LayoutSpec:
         if key in options:
             raise fail(text, f"'{key}' is given twice: give it once")
         options[key] = value
+    if kind == "verify" and "labels" not in options:
+        raise fail(text, "verify needs labels=NAME: the array of the data file holding one "
+                   "label per sample (np.savez(f, INPUT=x, speaker=ids); labels=speaker)")
     spec = LayoutSpec(output, kind, tuple(options.items()), text)
     _check_values(spec)
     return spec
