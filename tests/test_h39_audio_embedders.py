@@ -189,3 +189,49 @@ def test_verify_refusals_are_one_line(tmp_path, capsys):
                    "--precision", "a8_w8", "--layout", layout])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and words in err[0], (layout, err)
+
+
+def power_input_model() -> onnx.ModelProto:
+    """``y = x W``: x a power spectrum fed as it is (no log), 16 bins."""
+    w = np.random.default_rng(8).normal(0, 1, (16, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["y"], name="proj")], "power",
+        [helper.make_tensor_value_info("x", 1, ["N", 16])],
+        [helper.make_tensor_value_info("y", 1, ["N", 8])], [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    return model
+
+
+def _analyze(tmp_path, x: np.ndarray) -> tuple[list[dict], list[str]]:
+    onnx.save(power_input_model(), tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=x)
+    m, d, st = (str(tmp_path / f) for f in ("m.onnx", "d.npz", "s.npz"))
+    assert main(["calibrate", m, "--data", d, "--out", st]) == 0
+    assert main(["analyze", m, "--data", d, "--stats", st, "--target", "hailo8l",
+                 "--out", str(tmp_path / "an.json")]) == 0
+    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
+                 "--json", str(tmp_path / "ev.json")]) == 0
+    found = [o for o in json.loads((tmp_path / "an.json").read_text())["outliers"]
+             if o["kind"] == "input_floor"]
+    notes = [n for n in json.loads((tmp_path / "ev.json").read_text())["notes"]
+             if n.startswith("input 'x'")]
+    return found, notes
+
+
+def test_a_power_spectrum_fed_as_input_is_said_to_read_0_below_one_step(tmp_path):
+    """Resemblyzer's power mel input: 85 % of its values read 0 at 8 bit, and analyze and
+    evaluate named no cause for the embedding's cosine of 0.72 (the layers inside are not
+    where the error is)."""
+    x = 10.0 ** np.random.default_rng(9).uniform(-6, 1, (64, 16))
+    found, notes = _analyze(tmp_path, x.astype(np.float32))
+    assert len(found) == 1 and found[0]["group"] == "proj"
+    assert "read 0 at 8 bit" in found[0]["reason"] and "log-compressed" in found[0]["remedies"][1]
+    assert len(notes) == 1
+
+
+def test_exact_zeros_and_ones_are_not_such_an_input(tmp_path):
+    """A one-hot input is mostly exact zeros: on every grid, nothing lost."""
+    x = np.eye(16, dtype=np.float32)[np.random.default_rng(10).integers(0, 16, 64)]
+    found, notes = _analyze(tmp_path, x)
+    assert found == [] and notes == []

@@ -244,6 +244,8 @@ def _model_and_data_findings(ctx: Context, data: dict[str, Any]) -> dict[str, An
         "mixed_scales": _mixed_scales(ctx),
         # a Log reading a linear grid that loses the decades below one step (a spectrogram)
         "log_floors": _mixed_scales(ctx, "log_floor"),
+        # a model input (a power spectrum) whose small values the grid reads 0
+        "input_floors": _mixed_scales(ctx, "input_floor"),
         # NaN / inf FP32 met inside the graph on the fit data (left out of the ranges)
         "nan_inf_inside": _nonfinite(ctx),
         # what the loader changed to work on the model (a float16 model's float32 form, its
@@ -484,7 +486,8 @@ def format_verdict_details(v: dict[str, Any]) -> str:
         for k, r in q.items()))
     for label, note in (v.get("not_like_fp32") or {}).items():
         lines.append(f"  {label}: {note}")
-    for key, label in (("mixed_scales", "mixed scales"), ("log_floors", "log of a linear grid")):
+    for key, label in (("mixed_scales", "mixed scales"), ("log_floors", "log of a linear grid"),
+                       ("input_floors", "an input read 0 below one step")):
         for line in v.get(key) or []:
             lines.append(f"  {label}: {line}" if not line.startswith("    fix:") else
                          f"  {line.strip()}")

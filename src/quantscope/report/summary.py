@@ -394,7 +394,7 @@ def _warnings(v: dict[str, Any]) -> list[str]:
     figures), a class axis taken by default, an embedding judged by fidelity alone,
     saturated outputs, NaN/inf inside, log floors
     (each with its fix)."""
-    floors = v.get("log_floors") or []
+    floors = (v.get("log_floors") or []) + (v.get("input_floors") or [])
     return ((v.get("says_little") or []) + (v.get("unscored") or [])
             + (v.get("unscored_figures") or []) + (v.get("class_axis_by_default") or [])
             + (v.get("embedding_fidelity_only") or [])
