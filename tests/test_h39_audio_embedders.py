@@ -235,3 +235,51 @@ def test_exact_zeros_and_ones_are_not_such_an_input(tmp_path):
     x = np.eye(16, dtype=np.float32)[np.random.default_rng(10).integers(0, 16, 64)]
     found, notes = _analyze(tmp_path, x)
     assert found == [] and notes == []
+
+
+def test_pitch_decodes_the_weighted_top_bins_and_voicing():
+    """CREPE's host reads a frame's pitch from its top bin and the 4 bins each side,
+    weighted by their activations, and its voicing from the top activation: a bin the data
+    never raises moves neither (while its channel SQNR reads ~0 dB)."""
+    from quantscope.tasks.pitch import PitchTask, decode
+    from quantscope.types import Outputs
+
+    bins = np.arange(40)
+    ref = np.stack([np.exp(-0.5 * ((bins - c) / 1.5) ** 2) * a
+                    for c, a in ((10.0, 0.9), (20.3, 0.8), (30.0, 0.1))])
+    cents, top = decode(ref, 20.0)
+    assert abs(cents[1] - 20.3 * 20) < 5.0 and abs(top[0] - 0.9) < 1e-9
+    test = ref.copy()
+    test[1] = np.exp(-0.5 * ((bins - 24.0) / 1.5) ** 2) * 0.8  # 74 cents up: moved
+    test[2, 39] = 0.05  # a bin FP32 never raises: nothing the host reads
+    task = PitchTask(name="pitch:p", output="p")
+    m = task.metrics(Outputs(names=("p",), batches=((ref,),)),
+                     Outputs(names=("p",), batches=((test,),)))
+    v = m.values
+    assert v["pitch_agreement"] == 0.5 and v["pitch_agreement_items"] == 2  # 2 voiced frames
+    assert v["voicing_agreement"] == 1.0 and abs(v["voiced_share_fp32"] - 2 / 3) < 1e-9
+    assert 60 < v["pitch_cents_error_max"] < 90
+    assert any(n.startswith("NOT LIKE FP32: output 'p': 1 of 2 voiced") for n in m.notes)
+
+
+def test_pitch_layout_from_the_cli(tmp_path):
+    r = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(r.normal(0, 1, (8, 40)).astype(np.float32), "W")]
+    nodes = [helper.make_node("Gemm", ["x", "W"], ["g"], name="gemm"),
+             helper.make_node("Sigmoid", ["g"], ["probs"], name="sig")]
+    graph = helper.make_graph(nodes, "pitch", [helper.make_tensor_value_info("x", 1, ["N", 8])],
+                              [helper.make_tensor_value_info("probs", 1, ["N", 40])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 9
+    onnx.save(proto, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=r.normal(0, 1, (32, 8)).astype(np.float32))
+    m, d, st, ev = (str(tmp_path / f) for f in ("m.onnx", "d.npz", "s.npz", "ev.json"))
+    assert main(["calibrate", m, "--data", d, "--out", st]) == 0
+    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
+                 "--layout", "probs=pitch:threshold=0.5,tol=25", "--json", ev]) == 0
+    res = json.loads(Path(ev).read_text())
+    assert 0.0 <= res["metrics"]["pitch_agreement"] <= 1.0
+    assert res["metrics"]["voicing_agreement"] > 0.5
+    assert any("pitch within 25 cents" in n for n in res["notes"])
+    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
+                 "--layout", "probs=pitch:cents=0"]) == 2

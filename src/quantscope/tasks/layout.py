@@ -94,6 +94,7 @@ from quantscope.tasks.maps import (
     score_output,
 )
 from quantscope.tasks.pictures import ImageTask, dense_hint, parse_range
+from quantscope.tasks.pitch import CENTS_PER_BIN, TOLERANCE, VOICING, PitchTask
 from quantscope.tasks.points import FLAG_THRESHOLD, POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
@@ -347,6 +348,11 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> obj
         return verify_task(spec.output, read_labels(data, label, spec.text), label,
                            None if spec.option("threshold") is None else
                            _float(spec, "threshold", 0.0), spec.text)
+    if spec.kind == "pitch":
+        return PitchTask(name=name, output=spec.output,
+                         cents=_float(spec, "cents", CENTS_PER_BIN),
+                         threshold=_float(spec, "threshold", VOICING),
+                         tol=_float(spec, "tol", TOLERANCE))
     if spec.kind == "image":
         rng = spec.option("range")
         return ImageTask(name=name, output=spec.output,
@@ -556,7 +562,7 @@ def _describe(task: object, model: Model) -> str:
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
         return describe_classes(task, model)
-    if isinstance(task, (PointsTask, ImageTask, DepthTask, VerifyTask)):
+    if isinstance(task, (PointsTask, ImageTask, DepthTask, VerifyTask, PitchTask)):
         return task.describe()
     if isinstance(task, CtcTask):
         return (f"CTC sequences (greedy decoding of the top class per step on axis "

@@ -26,10 +26,11 @@ KINDS: dict[str, tuple[str, ...]] = {
     "image": ("range",),
     "depth": ("align",),
     "verify": ("labels", "threshold"),
+    "pitch": ("cents", "threshold", "tol"),
     "tensor": (),
 }
 SYNTAX = ("OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points, ctc, "
-          "image, depth, verify or tensor")
+          "image, depth, verify, pitch or tensor")
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -89,7 +90,7 @@ def parse_layout(text: str) -> LayoutSpec:
     kind = kind.strip().lower()
     if kind not in KINDS:
         raise fail(text, f"unknown kind '{kind}': use detect, map, score, class, points, ctc, "
-                    "image, depth, verify or tensor")
+                    "image, depth, verify, pitch or tensor")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -159,6 +160,7 @@ def _check_values(spec: LayoutSpec) -> None:
     number(spec, "threshold", -math.inf, math.inf)
     number(spec, "iou", 0.0, 1.0, open_lo=True)
     number(spec, "tol", 0.0, math.inf, open_lo=True)
+    number(spec, "cents", 0.0, math.inf, open_lo=True)
     dims = spec.option("dims")
     if dims is not None and (not dims.isdigit() or int(dims) < 1):
         raise fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "
