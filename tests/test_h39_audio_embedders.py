@@ -283,3 +283,22 @@ def test_pitch_layout_from_the_cli(tmp_path):
     assert any("pitch within 25 cents" in n for n in res["notes"])
     assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
                  "--layout", "probs=pitch:cents=0"]) == 2
+
+
+def test_run_splits_labelled_samples_with_their_labels(tmp_path, capsys):
+    """A verify task scores pairs across samples, so run had not split such data (NOT held
+    out); the labels now go with the samples: the first half fits, the second half's pairs
+    (with the second half's labels) are the held-out figure."""
+    onnx.save(l2_embedder(), tmp_path / "m.onnx")
+    x, lab = speaker_data()
+    np.savez(tmp_path / "d.npz", x=x, spk=lab)
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "d.npz"),
+                 "--layout", "embedding=verify:labels=spk", "--target", "qnn-htp-v73",
+                 "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    assert "n=12 held-out samples" in out and "NOT held out" not in out
+    ev = json.loads((tmp_path / "W" / "evaluate.json").read_text())
+    assert ev["data"]["is_held_out"]
+    plan = ev["results"]["plan"]["metrics"]
+    assert plan["decision_agreement_clusters"] == 11  # pairs of the 12 held-out samples
+    assert "true_accept_rate_fp32" in plan

@@ -22,8 +22,9 @@ speaker's id: int or str; arrays no input takes are not fed), every pair of samp
 The threshold is the one given (the model's, as deployed), else FP32's equal-error
 threshold on these pairs, said in a note (Resemblyzer names none). The labels name the
 ground truth only for TAR/FAR; the headline compares with FP32. The task scores pairs
-across samples (not ``row_local``): ``run`` does not split such data, and evaluates on
-``--eval-data`` (its own labels array) or on the fit data, saying so.
+across samples (not ``row_local``): ``run`` splits such data with its labels
+(:func:`split_rows`: the first half's samples and labels fit, the second half's pairs are
+the held-out figure), or evaluates on ``--eval-data`` (its own labels array).
 """
 
 from __future__ import annotations
@@ -189,3 +190,24 @@ def check_sample_count(task: object, samples: int) -> None:
                 f"--layout {t.output}=verify: '{t.label_name}' holds {len(t.labels)} labels "
                 f"and the data {samples} samples: give one label per sample, in the data's "
                 "order")
+
+
+def split_rows(task: object, start: int, stop: int) -> object:
+    """The task on samples ``start:stop`` of its data (file order): a verify task's labels
+    sliced alike (also inside several outputs' tasks); any other task as it is."""
+    import dataclasses
+
+    if isinstance(task, VerifyTask):
+        return dataclasses.replace(task, labels=task.labels[start:stop])
+    inner = getattr(task, "tasks", None)
+    if inner is not None and any(isinstance(t, VerifyTask) for t in inner):
+        return dataclasses.replace(task, tasks=tuple(split_rows(t, start, stop) for t in inner))
+    return task
+
+
+def splits_by_rows(task: object) -> bool:
+    """Whether the task, not row-local, can still be split by samples (its labels go with
+    them): a verify task, alone or beside row-local ones."""
+    return bool(_verify_tasks(task)) and all(
+        isinstance(t, VerifyTask) or getattr(t, "row_local", False)
+        for t in getattr(task, "tasks", (task,)))
