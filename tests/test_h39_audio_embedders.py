@@ -302,3 +302,29 @@ def test_run_splits_labelled_samples_with_their_labels(tmp_path, capsys):
     plan = ev["results"]["plan"]["metrics"]
     assert plan["decision_agreement_clusters"] == 11  # pairs of the 12 held-out samples
     assert "true_accept_rate_fp32" in plan
+
+
+def test_an_undeclared_posteriorgram_is_named_as_judged_by_fidelity(tmp_path):
+    """basic-pitch's three Sigmoid posteriorgrams ``[N, 172, 88]`` (a one-channel Conv
+    reshaped) were scored by cosine and per time frame with nothing said; they are maps the
+    host thresholds (frames at 0.3, onsets at 0.5)."""
+    r = np.random.default_rng(12)
+    inits = [numpy_helper.from_array(r.normal(0, 0.5, (1, 1, 3, 3)).astype(np.float32), "W"),
+             numpy_helper.from_array(np.array([-1, 20, 24], np.int64), "shape")]
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Sigmoid", ["c"], ["s"], name="sig"),
+             helper.make_node("Reshape", ["s", "shape"], ["note"], name="squeeze")]
+    graph = helper.make_graph(nodes, "pg", [helper.make_tensor_value_info("x", 1, ["N", 1, 20, 24])],
+                              [helper.make_tensor_value_info("note", 1, ["N", 20, 24])], inits)
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 9
+    onnx.save(proto, tmp_path / "m.onnx")
+    np.savez(tmp_path / "d.npz", x=r.normal(0, 1, (8, 1, 20, 24)).astype(np.float32))
+    m, d, st, ev = (str(tmp_path / f) for f in ("m.onnx", "d.npz", "s.npz", "ev.json"))
+    assert main(["calibrate", m, "--data", d, "--out", st]) == 0
+    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
+                 "--json", ev]) == 0
+    notes = json.loads(Path(ev).read_text())["notes"]
+    said = [n for n in notes if "shaped like a map" in n]
+    assert len(said) == 1 and "'note' [?x20x24] (Sigmoid)" in said[0]
+    assert "--layout note=map" in said[0]
