@@ -3,8 +3,10 @@
 A speaker encoder (Resemblyzer: an LSTM, a Linear, a ReLU, then ``x / ||x||``), a face or
 an image embedder given as tensors: what a deployment decides with it is a comparison (same
 speaker or not at the model's threshold, the nearest enrolled identity), which tensor data
-cannot score: it carries no labels. Its output gets the fidelity figures (cosine, SQNR, per
-channel) and this note, so a user does not read a cosine as a verification figure. Found
+alone cannot score: it carries no labels. Undeclared, its output gets the fidelity figures
+(cosine, SQNR, per channel) and this note, naming the ``verify`` layout that scores the
+decisions from labels saved beside the inputs (:mod:`quantscope.tasks.verify`), so a user
+does not read a cosine as a verification figure. Found
 from the graph: the output is made (through Reshape, Flatten, Squeeze, Identity) by an
 ``LpNormalization`` with ``p = 2``, or by a ``Div`` whose divisor comes from a ``ReduceL2``
 (through Clip, Max, Add, Expand, Unsqueeze, Reshape: an epsilon guard or a broadcast).
@@ -59,5 +61,6 @@ def embedding_hint(model: Model, outputs: Sequence[str],
     return (f"output{'s' if many else ''} {names} {'are' if many else 'is an'} L2-normalised "
             f"embedding{'s' if many else ''}, {MARK}, so the decisions made with it (same "
             "speaker or identity at the model's threshold, the nearest enrolled one) are not "
-            "scored; verification at a threshold is scored for face images only (--data "
-            "faces or a folder of identity folders)")
+            f"scored: save one label per sample beside the inputs and declare --layout "
+            f"{found[0]}=verify:labels=NAME[,threshold=T] (every pair decided as FP32 "
+            "decides it)")
