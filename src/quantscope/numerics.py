@@ -198,6 +198,22 @@ def channel_sqnr_db(ref: np.ndarray, test: np.ndarray, axis: int) -> np.ndarray:
     return np.array([sqnr_db_from_powers(float(s), float(n)) for s, n in zip(signal, noise, strict=True)])
 
 
+def worst_channel_sqnr_db(signal: np.ndarray, noise: np.ndarray) -> tuple[float, int]:
+    """(the lowest channel SQNR, its index) from each channel's summed FP32 power and
+    noise power. A channel FP32 holds at exactly 0 on every value (a ReLU unit the data
+    never activates) has no signal to measure noise against: its SQNR is -inf whenever the
+    quantized model moves it at all, however little, and a minimum taken over it is -inf
+    at every precision (a 16-bit plan reads like an 8-bit one, and no promotion gains). Such
+    channels are left out of the minimum; when every channel is such, the minimum is
+    taken over all of them."""
+    sqnr = np.array([sqnr_db_from_powers(float(s), float(n))
+                     for s, n in zip(signal, noise, strict=True)])
+    some = np.asarray(signal) > 0.0
+    pick = np.flatnonzero(some) if some.any() else np.arange(len(sqnr))
+    worst = int(pick[np.argmin(sqnr[pick])])
+    return float(sqnr[worst]), worst
+
+
 SAME_RTOL = 1e-5  # samples within this share of each value (and DEAD of the largest): alike
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from quantscope.analyze.inputfloor import find_input_floors
 from quantscope.analyze.logfloor import find_log_floors
 from quantscope.analyze.memory import peak_bytes
 from quantscope.analyze.mixed import find_mixed_scales
@@ -313,7 +314,8 @@ def analyze(
     noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
     outliers = tuple(sorted(find_outliers(stats, groups)
                             + find_mixed_scales(model, groups, stats, scheme)
-                            + find_log_floors(model, groups, stats, scheme),
+                            + find_log_floors(model, groups, stats, scheme)
+                            + find_input_floors(model, groups, stats, scheme),
                             key=lambda o: -o.ratio))
     weights = find_weight_issues(model, groups, scheme)
     low_fid = (scorer if scorer.row_local else fidelity)(res.ref_rows, res.low_rows)

@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 
 from quantscope.analyze.evalcache import model_digest
-from quantscope.analyze.logfloor import log_floor_notes
+from quantscope.analyze.inputfloor import floor_notes
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.channels import restated
 from quantscope.emulate.evaluate import (
@@ -180,7 +180,7 @@ def evaluate_plans(
                                                     same=own)
         coverage, saturated = cov.to_dict(), _saturation_entry(data_stats, enc, n_rows)
         q_notes = (*enc.notes, *measured_by[1:],
-                   *log_floor_notes(model, stats, plan, scheme))  # a spectrogram's Log
+                   *floor_notes(model, stats, plan, scheme))  # a spectrogram's Log, input
         del enc
         if alone is not None and ref_kept is not None:
             test = Outputs(names=emulated.names, batches=tuple(

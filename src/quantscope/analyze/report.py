@@ -176,12 +176,14 @@ def summary_text(a: Analysis, *, top: int = 8, figure: Figure = _four_digits) ->
         lines.append(f"  promote {len(r.promoted)} -> {_fmt(r.metrics, a.primary, figure)}")
     mixed = sum(o.kind == "mixed_scale" for o in a.outliers)
     floors = sum(o.kind == "log_floor" for o in a.outliers)
-    lines.append(f"outliers: {len(a.outliers) - mixed - floors}  mixed scales: {mixed}  "
-                 + (f"logs of a linear grid: {floors}  " if floors else "")
+    inputs = sum(o.kind == "input_floor" for o in a.outliers)
+    lines.append(f"outliers: {len(a.outliers) - mixed - floors - inputs}  mixed scales: "
+                 f"{mixed}  " + (f"logs of a linear grid: {floors}  " if floors else "")
+                 + (f"inputs read 0 below one step: {inputs}  " if inputs else "")
                  + f"degenerate weights: {len(a.weights)}")
     for o in a.outliers[:top]:
         lines.append(f"  {o.tensor}: {o.reason}")
-        if o.kind in ("mixed_scale", "log_floor"):  # the fix is part of the finding
+        if o.kind in ("mixed_scale", "log_floor", "input_floor"):  # the fix is the finding's
             lines.append(f"      fix: {'; or '.join(o.remedies)}")
     lines += [f"  {w.weight} ({w.kind}): {w.reason}" for w in a.weights[:top]]
     for p, c in a.collapse.items():

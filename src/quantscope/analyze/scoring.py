@@ -28,7 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.emulate.exact import is_exact
-from quantscope.numerics import channel_sqnr_db, default_channel_axis, row_cosines, sqnr_db
+from quantscope.numerics import (
+    channel_rows,
+    default_channel_axis,
+    row_cosines,
+    sqnr_db,
+    worst_channel_sqnr_db,
+)
 from quantscope.types import RowScoring, sample_first
 
 Reduce = Callable[[Sequence[np.ndarray], Mapping[str, np.ndarray]], np.ndarray]
@@ -131,7 +137,8 @@ def outputs_scorer(*, only: int | None = None,
         axis = default_channel_axis(full) if given is None else given % len(full)
         if axis is None or axis == 0:
             return None
-        return float(channel_sqnr_db(ref.reshape(full), test.reshape(full), axis).min())
+        r, t = channel_rows(ref.reshape(full), axis), channel_rows(test.reshape(full), axis)
+        return worst_channel_sqnr_db(np.sum(r * r, axis=1), np.sum((r - t) ** 2, axis=1))[0]
 
     def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
         cols = list(enumerate(spans or [(0, ref.shape[1])]))

@@ -13,7 +13,11 @@ samples and positions together.
 ========================  ==================================================================
 ``sqnr_db_channel_min``   the worst channel's SQNR (dB): ``10 log10(sum r^2 / sum (r-t)^2)``
                           over the channel's values (rules of
-                          :func:`quantscope.numerics.sqnr_db_from_powers`)
+                          :func:`quantscope.numerics.sqnr_db_from_powers`), leaving out a
+                          channel FP32 holds at exactly 0 (a ReLU unit the data never
+                          activates: -inf at any precision;
+                          :func:`quantscope.numerics.worst_channel_sqnr_db`); so does
+                          ``cosine_channel_min``
 ``cosine_channel_min``    the worst channel's cosine between its FP32 and emulated values
                           (all samples flattened; 1.0 when identical, 0.0 when one is zero)
 ``collapsed_channels``    channels that collapse: at least ``COLLAPSE_SHARE`` (99 %) of the
@@ -41,7 +45,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantscope.numerics import DEAD, RESEMBLE_MIN_COSINE, default_channel_axis, sqnr_db_from_powers
+from quantscope.numerics import (
+    DEAD,
+    RESEMBLE_MIN_COSINE,
+    default_channel_axis,
+    sqnr_db_from_powers,
+    worst_channel_sqnr_db,
+)
 from quantscope.units import value
 
 COLLAPSE_SHARE = 0.99  # share of a channel's values on one emulated value: collapsed
@@ -130,8 +140,10 @@ class ChannelFidelity:
         cos = self._cosines()
         live = ~self._dead()
         collapsed = self._erased(sqnr) & live
-        worst = int(np.argmin(sqnr))
-        entry = {"sqnr_db_channel_min": float(sqnr[worst]), "cosine_channel_min": float(cos.min()),
+        worst_sqnr, worst = worst_channel_sqnr_db(s["power"], s["noise"])
+        some = s["power"] > 0.0  # a channel FP32 holds at 0 has no cosine to judge either
+        cos_min = float(cos[some].min()) if some.any() else float(cos.min())
+        entry = {"sqnr_db_channel_min": worst_sqnr, "cosine_channel_min": cos_min,
                  "collapsed_channels": int(collapsed.sum()), "channel_axis": int(self.axis),
                  "channel_worst": worst}
         # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the live ones'
@@ -176,7 +188,8 @@ class ChannelFidelity:
                        f"axis {self.axis} quantize to one value but are dead on this data (FP32 "
                        f"|x| at most {peak:.4g}, within float32's resolution of the output's "
                        "largest): not counted as collapsed nor judged (sqnr_db_channel_min and "
-                       "cosine_channel_min still include them)")
+                       "cosine_channel_min still include them, except a channel FP32 holds at "
+                       "exactly 0: it has no signal to measure noise against)")
         if len(collapsed):
             c = int(collapsed[np.argmin(sqnr[collapsed])])
             share = s["t_hits"][c] / count[c]

@@ -27,6 +27,7 @@ import numpy as np
 from quantscope import stages
 from quantscope.model.load import Model
 from quantscope.tasks.text import TextPrefixes
+from quantscope.tasks.verify import split_rows, splits_by_rows
 from quantscope.types import Batch, Dataset, QuantscopeError, batch_rows, take_rows
 
 HELDOUT_PAIRS = "heldout.jsonl"
@@ -78,7 +79,8 @@ def _open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int
     if _is_pairs(data):
         return _split_pairs(model, data, fit, pairs=pairs, tokenizer=tokenizer, folder=folder,
                             prefixes=prefixes)
-    row_local = fit.task is None or getattr(fit.task, "row_local", False)
+    row_local = fit.task is None or getattr(fit.task, "row_local", False) or splits_by_rows(
+        fit.task)  # a verify task's labels split with the samples
     if row_local and _same_batches(fit.calibration, fit.evaluation):
         return _split_tensors(fit)
     return RunData(fit, fit, f"NOT held out: {data} is not split (its task needs every "
@@ -95,7 +97,8 @@ def open_fit_data(model: Model, data: str, *, eval_data: str | None, pairs: int 
                            batch_axes=batch_axes, show=False, prefixes=prefixes)
     if eval_data or _is_pairs(data):
         return fit
-    row_local = fit.task is None or getattr(fit.task, "row_local", False)
+    row_local = fit.task is None or getattr(fit.task, "row_local", False) or splits_by_rows(
+        fit.task)
     if row_local and _same_batches(fit.calibration, fit.evaluation):
         return _split_tensors(fit).fit
     return fit
@@ -162,9 +165,10 @@ def _split_tensors(ds: Dataset) -> RunData:
         second += [] if cut == rows else ([batch] if not cut else [_rows(batch, cut, rows)])
         seen += rows
     n1, n2 = _count(tuple(first)), _count(tuple(second))
-    fit = replace(ds, calibration=tuple(first), evaluation=tuple(first))
+    fit = replace(ds, calibration=tuple(first), evaluation=tuple(first),
+                  task=split_rows(ds.task, 0, n1))
     held = replace(ds, name=f"{ds.name} (held-out part)", calibration=tuple(second),
-                   evaluation=tuple(second))
+                   evaluation=tuple(second), task=split_rows(ds.task, n1, n1 + n2))
     return RunData(fit, held, f"split: the first {n1} samples of {ds.name} calibrate and fit "
                    f"the plan, the other {n2} (held out) evaluate it")
 

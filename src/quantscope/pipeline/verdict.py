@@ -21,6 +21,7 @@ from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
+from quantscope.tasks.embedding_hint import MARK as EMBEDDING_MARK
 from quantscope.tasks.layout_spec import image_ranges
 from quantscope.tasks.pixels import pixels_note
 from quantscope.tasks.shares import clusters_key, items_key
@@ -238,9 +239,13 @@ def _model_and_data_findings(ctx: Context, data: dict[str, Any]) -> dict[str, An
     return {
         # class outputs read on axis 1 because the graph does not say where the classes are
         "class_axis_by_default": _data_notes(data, AXIS_BY_DEFAULT),
+        # an L2-normalised embedding of tensor data: its decisions (verification) unscored
+        "embedding_fidelity_only": _data_notes(data, EMBEDDING_MARK),
         "mixed_scales": _mixed_scales(ctx),
         # a Log reading a linear grid that loses the decades below one step (a spectrogram)
         "log_floors": _mixed_scales(ctx, "log_floor"),
+        # a model input (a power spectrum) whose small values the grid reads 0
+        "input_floors": _mixed_scales(ctx, "input_floor"),
         # NaN / inf FP32 met inside the graph on the fit data (left out of the ranges)
         "nan_inf_inside": _nonfinite(ctx),
         # what the loader changed to work on the model (a float16 model's float32 form, its
@@ -481,7 +486,8 @@ def format_verdict_details(v: dict[str, Any]) -> str:
         for k, r in q.items()))
     for label, note in (v.get("not_like_fp32") or {}).items():
         lines.append(f"  {label}: {note}")
-    for key, label in (("mixed_scales", "mixed scales"), ("log_floors", "log of a linear grid")):
+    for key, label in (("mixed_scales", "mixed scales"), ("log_floors", "log of a linear grid"),
+                       ("input_floors", "an input read 0 below one step")):
         for line in v.get(key) or []:
             lines.append(f"  {label}: {line}" if not line.startswith("    fix:") else
                          f"  {line.strip()}")

@@ -264,7 +264,8 @@ def sensitivity_section(a: dict[str, Any], top: int = 10) -> str:
 
 
 # analyze's findings of a range, not of channels: their ratio is no channel's max/median
-GRID_FINDINGS = {"mixed_scale": "mixed scales", "log_floor": "log of a linear grid"}
+GRID_FINDINGS = {"mixed_scale": "mixed scales", "log_floor": "log of a linear grid",
+                 "input_floor": "an input read 0 below one step"}
 
 
 def outliers_section(a: dict[str, Any], stats: Stats | None, top: int = 3) -> str:

@@ -69,9 +69,9 @@ def sample_size(v: dict[str, Any]) -> str:
         return n
     # a detection share's items are detections, which the samples do not tell; a share
     # per position counts positions as an effective count (clustered by sample)
-    if clusters_key(m) in plan:  # a landmark task's items are its points
+    if clusters_key(m) in plan:  # a landmark task's items are its points, verify's decisions
         n += (f", an effective {int(items)} "
-              f"{words if words in ('points', 'point flags') else 'positions'}")
+              f"{words if words in ('points', 'point flags', 'decisions', 'voiced frames', 'frames') else 'positions'}")
     elif "detections" in words or int(items) != ho.get("samples"):
         n += f", {int(items)} {words}"
     return n
@@ -391,11 +391,13 @@ def format_short(v: dict[str, Any]) -> list[str]:
 
 def _warnings(v: dict[str, Any]) -> list[str]:
     """The verdict's warnings: figures that say little, outputs no task scores (with their
-    figures), a class axis taken by default, saturated outputs, NaN/inf inside, log floors
+    figures), a class axis taken by default, an embedding judged by fidelity alone,
+    saturated outputs, NaN/inf inside, log floors
     (each with its fix)."""
-    floors = v.get("log_floors") or []
+    floors = (v.get("log_floors") or []) + (v.get("input_floors") or [])
     return ((v.get("says_little") or []) + (v.get("unscored") or [])
             + (v.get("unscored_figures") or []) + (v.get("class_axis_by_default") or [])
+            + (v.get("embedding_fidelity_only") or [])
             + (v.get("saturated_outputs") or []) + (v.get("nan_inf_inside") or [])
             + [f"{line} ({fix.strip()})" for line, fix in
                zip(floors[::2], floors[1::2], strict=False)])

@@ -68,6 +68,7 @@ def open_data(
         sample_dim_guess,
         unused_arrays,
     )
+    from quantscope.tasks.verify import check_sample_count, label_arrays
 
     if batch_axes:
         check_batch_axes(model, batch_axes)
@@ -83,6 +84,7 @@ def open_data(
         samples = {} if fed is None else {
             o: a for o, a in zip(model.output_names(), fed.out_axes, strict=False) if a}
         task, notes = tensor_task(model, str(spec), tuple(layout), samples)
+        check_sample_count(task, sum(batch_rows(b) for b in batches))
         ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
                      notes=notes)
         made = pixels_note(spec)
@@ -93,7 +95,8 @@ def open_data(
         if cast:  # said, not an error: float64 data is common, float32 what the model takes
             ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {cast}"))
             say(f"note: {spec}: {cast}", show=show)
-        unused = unused_arrays(spec, model)
+        unused = [u for u in unused_arrays(spec, model)  # a verify layout's labels: read
+                  if not any(u.startswith(f"'{a}' ") for a in label_arrays(task))]
         if unused:  # said, not an error: a label array beside the inputs is common
             note = (f"{spec}: {len(unused)} array(s) no model input takes, not fed: "
                     f"{', '.join(unused[:5])}{' …' if len(unused) > 5 else ''} (inputs: "

@@ -122,6 +122,14 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "map_abs_error_mean": (False, (0.0, math.inf)),
     "map_abs_error_max": (False, (0.0, math.inf)),
     "kl": (False, (0.0, math.inf)),
+    # an embedder's pair decisions (tasks/verify.py) and a pitch tracker's (tasks/pitch.py)
+    "true_accept_rate": (True, (0.0, 1.0)),
+    "false_accept_rate": (False, (0.0, 1.0)),
+    "equal_error_rate": (False, (0.0, 1.0)),
+    "pitch_agreement": (True, (0.0, 1.0)),
+    "voicing_agreement": (True, (0.0, 1.0)),
+    "pitch_cents_error_mean": (False, (0.0, math.inf)),
+    "pitch_cents_error_max": (False, (0.0, math.inf)),
 }
 # a key not listed whose name says it is an error or a divergence is lower-better too
 _ERROR_WORDS = ("error", "_mae", "mse", "flip", "divergence")

@@ -74,6 +74,7 @@ from quantscope.tasks.detection import (
     read_anchors,
     ssd_heads_hint,
 )
+from quantscope.tasks.embedding_hint import embedding_hint
 from quantscope.tasks.layout_spec import (
     KINDS,
     LAYOUT_NOTE,
@@ -93,9 +94,11 @@ from quantscope.tasks.maps import (
     score_output,
 )
 from quantscope.tasks.pictures import ImageTask, dense_hint, parse_range
+from quantscope.tasks.pitch import CENTS_PER_BIN, TOLERANCE, VOICING, PitchTask
 from quantscope.tasks.points import FLAG_THRESHOLD, POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
+from quantscope.tasks.verify import VerifyTask, read_labels, verify_task
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 
@@ -306,7 +309,7 @@ def _map_channel(spec: LayoutSpec, model: Model, shape: tuple | None, samples: i
     return k, axis
 
 
-def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
+def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> object | None:
     shape = model.value_shapes().get(spec.output)
     name = f"{spec.kind}:{spec.output}"
     dtype = model.value_types().get(spec.output)
@@ -340,6 +343,16 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None) -> object | None:
     if spec.kind == "depth":
         return DepthTask(name=name, output=spec.output,
                          align=(spec.option("align") or "affine").lower())
+    if spec.kind == "verify":
+        label = spec.option("labels") or ""
+        return verify_task(spec.output, read_labels(data, label, spec.text), label,
+                           None if spec.option("threshold") is None else
+                           _float(spec, "threshold", 0.0), spec.text)
+    if spec.kind == "pitch":
+        return PitchTask(name=name, output=spec.output,
+                         cents=_float(spec, "cents", CENTS_PER_BIN),
+                         threshold=_float(spec, "threshold", VOICING),
+                         tol=_float(spec, "tol", TOLERANCE))
     if spec.kind == "image":
         rng = spec.option("range")
         return ImageTask(name=name, output=spec.output,
@@ -369,7 +382,7 @@ def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> CtcT
 
 
 # a figure whose worst over several outputs is its highest (errors, flips, values outside)
-LOWER_IS_BETTER = ("error", "flip", "outside", "abs_rel", "invalid")
+LOWER_IS_BETTER = ("error", "flip", "outside", "abs_rel", "invalid", "false_accept")
 
 
 @dataclass(frozen=True, eq=False)
@@ -453,7 +466,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
         spec = declared.get(out)
         samples = None if sample_axes is None else sample_axes.get(out, 0)
         if spec is not None:
-            task = _task(spec, model, samples)
+            task = _task(spec, model, samples, data)
             if task is not None:
                 notes.append(f"output '{out}' read as {_describe(task, model)} (--layout)")
                 notes.extend(_rows_hint(spec, task, model))
@@ -493,8 +506,9 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
             tasks.append(task)
     notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
     if not tasks:
-        dense = dense_hint(model, [o for o in outputs if o not in declared], sample_axes)
-        return None, tuple(notes) + ((dense,) if dense else ())
+        rest = [o for o in outputs if o not in declared]
+        hints = (dense_hint(model, rest, sample_axes), embedding_hint(model, rest, sample_axes))
+        return None, tuple(notes) + tuple(h for h in hints if h)
     unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)])
     notes += [unscored] if unscored else []
     if len(tasks) == 1:
@@ -503,8 +517,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     # order had made BlazePose's points the headline with its map declared first)
     order = {s.output: i for i, s in enumerate(specs)}
     tasks.sort(key=lambda t: order.get(t.output, len(order)))
-    return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks),
-                       headline=tasks[0].headline), tuple(notes)
+    return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks), headline=tasks[0].headline,
+                       row_local=all(getattr(t, "row_local", True) for t in tasks)), tuple(notes)
 
 
 def _rows_hint(spec: LayoutSpec, task: object, model: Model) -> list[str]:
@@ -548,7 +562,7 @@ def _describe(task: object, model: Model) -> str:
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
         return describe_classes(task, model)
-    if isinstance(task, (PointsTask, ImageTask, DepthTask)):
+    if isinstance(task, (PointsTask, ImageTask, DepthTask, VerifyTask, PitchTask)):
         return task.describe()
     if isinstance(task, CtcTask):
         return (f"CTC sequences (greedy decoding of the top class per step on axis "

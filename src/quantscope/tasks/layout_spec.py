@@ -25,10 +25,12 @@ KINDS: dict[str, tuple[str, ...]] = {
     "ctc": ("blank", "axis"),
     "image": ("range",),
     "depth": ("align",),
+    "verify": ("labels", "threshold"),
+    "pitch": ("cents", "threshold", "tol"),
     "tensor": (),
 }
 SYNTAX = ("OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points, ctc, "
-          "image, depth or tensor")
+          "image, depth, verify, pitch or tensor")
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -88,7 +90,7 @@ def parse_layout(text: str) -> LayoutSpec:
     kind = kind.strip().lower()
     if kind not in KINDS:
         raise fail(text, f"unknown kind '{kind}': use detect, map, score, class, points, ctc, "
-                    "image, depth or tensor")
+                    "image, depth, verify, pitch or tensor")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -101,6 +103,9 @@ def parse_layout(text: str) -> LayoutSpec:
         if key in options:
             raise fail(text, f"'{key}' is given twice: give it once")
         options[key] = value
+    if kind == "verify" and "labels" not in options:
+        raise fail(text, "verify needs labels=NAME: the array of the data file holding one "
+                   "label per sample (np.savez(f, INPUT=x, speaker=ids); labels=speaker)")
     spec = LayoutSpec(output, kind, tuple(options.items()), text)
     _check_values(spec)
     return spec
@@ -155,6 +160,7 @@ def _check_values(spec: LayoutSpec) -> None:
     number(spec, "threshold", -math.inf, math.inf)
     number(spec, "iou", 0.0, 1.0, open_lo=True)
     number(spec, "tol", 0.0, math.inf, open_lo=True)
+    number(spec, "cents", 0.0, math.inf, open_lo=True)
     dims = spec.option("dims")
     if dims is not None and (not dims.isdigit() or int(dims) < 1):
         raise fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "

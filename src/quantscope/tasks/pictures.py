@@ -222,24 +222,31 @@ _CARRY = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Transpose"})
 def _dense(model: Model, output: str, samples: int | None) -> str | None:
     """``output``'s shape as text when it is shaped like a map or a picture (``[N, C, H, W]``
     or ``[N, H, W, C]`` with C of 1 to 3, H and W of :data:`MIN_SIDE` or more, or symbolic),
-    with ``(Sigmoid)`` when a Sigmoid makes it; None for any other output."""
+    or is a Sigmoid map of three axes (``[N, T, F]``, both of :data:`MIN_SIDE` or more: a
+    posteriorgram, basic-pitch's ``[N, 172, 88]``), with ``(Sigmoid)`` when a Sigmoid makes
+    it; None for any other output."""
     shape = model.value_shapes().get(output)
-    if samples or shape is None or len(shape) != 4:
+    if samples or shape is None or len(shape) not in (3, 4):
         return None
 
     def side(d: object) -> bool:
         return not isinstance(d, int) or d >= MIN_SIDE
 
-    chw = isinstance(shape[1], int) and 1 <= shape[1] <= 3 and side(shape[2]) and side(shape[3])
-    hwc = isinstance(shape[3], int) and 1 <= shape[3] <= 3 and side(shape[1]) and side(shape[2])
-    if not (chw or hwc):
-        return None
     producer = {o: n for n in model.graph.node for o in n.output}
     node = producer.get(output)
     while node is not None and node.op_type in _CARRY and node.input:
         node = producer.get(node.input[0])
+    sigmoid = node is not None and node.op_type == "Sigmoid"
+    if len(shape) == 3:
+        dense = sigmoid and side(shape[1]) and side(shape[2])
+    else:
+        dense = (isinstance(shape[1], int) and 1 <= shape[1] <= 3 and side(shape[2])
+                 and side(shape[3])) or (isinstance(shape[3], int) and 1 <= shape[3] <= 3
+                                         and side(shape[1]) and side(shape[2]))
+    if not dense:
+        return None
     dims = "x".join(str(d) if isinstance(d, int) else "?" for d in shape)
-    return f"[{dims}]" + (" (Sigmoid)" if node is not None and node.op_type == "Sigmoid" else "")
+    return f"[{dims}]" + (" (Sigmoid)" if sigmoid else "")
 
 
 def dense_hint(model: Model, outputs: Sequence[str], samples: Mapping[str, int] | None

@@ -48,6 +48,8 @@ ITEM_WORDS: dict[str, str] = {
     "depth_delta1": "depth pixels",
     "point_agreement": "points",
     "point_flag_agreement": "point flags",
+    "pitch_agreement": "voiced frames",
+    "voicing_agreement": "frames",
     "detection_f1": "detections of either model (a matched pair once)",
     "detection_recall": "FP32 detections",
     "detection_precision": "quantized detections",
