@@ -283,13 +283,7 @@ def analyze(
     batches = list(batches)
     skipped = _skipped(groups, skip or {}, progress)
     say(f"analyze: FP32 reference on {len(batches)} batches", show=progress)
-    base, before = resident_bytes(), peak_bytes()
-    ref = run_plan_rows(model, groups, batches, model.proto, scorer)
-    # what a run takes, for the sweep's estimate: the peak's rise over the resident set
-    # (none where an earlier peak hides it; the peak is not reset: `run` reads it per stage)
-    top = peak_bytes()
-    run_taken = (max(top - base - ref.nbytes, 0)
-                 if top and base and before is not None and top > before else 0)
+    ref, run_taken = _reference(model, groups, batches, scorer)
     baselines, collapse, uniform_rows, float_notes = {}, {}, {}, ()
     for p in (low, high):
         say(f"analyze: uniform {p.value} baseline (Q/DQ model of {len(groups.groups)} groups, "
@@ -335,6 +329,19 @@ def analyze(
     return Analysis(model.source, low.value, high.value, getattr(target, "name", None),
                     scorer.primary, scorer.higher_is_better, method, baselines, noise, sens,
                     offenders, outliers, weights, collapse, tuple(recovery), notes, skipped)
+
+
+def _reference(model: Model, groups: Groups, batches: list[dict], scorer: Scorer
+               ) -> tuple[np.ndarray, int]:
+    """FP32's rows, and what its run took beside them (the peak's rise over the resident
+    set, for the sweep's memory estimate; 0 where an earlier peak hides it: the peak is
+    not reset, `run` reads it per stage)."""
+    base, before = resident_bytes(), peak_bytes()
+    ref = run_plan_rows(model, groups, batches, model.proto, scorer)
+    top = peak_bytes()
+    taken = (max(top - base - ref.nbytes, 0)
+             if top and base and before is not None and top > before else 0)
+    return ref, taken
 
 
 def _units(model: Model, groups: Groups, only: set[str] | None, progress: bool

@@ -30,13 +30,12 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
-from quantscope.tasks.headline import retrieval_scoring, sts_scoring
+from quantscope.tasks.headline import items_key, retrieval_scoring, sts_scoring
 from quantscope.tasks.images import SMALL_SPEC as IMAGES_SMALL
 from quantscope.tasks.images import SPEC as IMAGES_SPEC
 from quantscope.tasks.images import image_dataset
 from quantscope.tasks.pooling import refuse_other_pooling
 from quantscope.tasks.positions import token_limit
-from quantscope.tasks.shares import items_key
 from quantscope.tasks.text import (
     DEFAULT_MAX_LENGTH,
     NO_PREFIXES,
@@ -225,12 +224,12 @@ class StsTask:
 
 
 def retrieval_figures(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
-    """Top-1 agreement and recall@1 of the ``test`` embeddings of pairs (queries the first
-    half of the rows, their documents the second), FP32's recall@1 beside."""
+    """Top-1 agreement (over ``n`` queries) and recall@1 of the ``test`` embeddings of pairs
+    (queries the first ``n = len // 2`` rows, their documents the rest), FP32's beside."""
     n = len(ref) // 2
     return {"top1_agreement": M.top1_agreement(ref[:n], ref[n:], test[:n], test[n:]),
-            items_key("top1_agreement"): float(n),  # one top-1 pick per query
-            "recall@1": float(M.recall_at_k(test[:n], test[n:], ks=(1,))[1]),
+            items_key("top1_agreement"): float(n), "recall@1": float(M.recall_at_k(
+                test[:n], test[n:], ks=(1,))[1]),
             "recall@1_fp32": float(M.recall_at_k(ref[:n], ref[n:], ks=(1,))[1])}
 
 

@@ -277,9 +277,8 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
     for k in names:  # a rank-0 input (a sample rate) has no samples: given whole
         if k not in axes and shapes.get(k) == () and np.ndim(arrays[k]) == 0:
             axes[k], how[k] = SHARED, "rank 0: the same value for every sample"
-    # the one static axis where the data's size differs from the model's, a size-1 axis
-    # the data fills: the samples' axis whatever else is symbolic (a static batch of one
-    # with a dynamic picture size, `[1, 3, H, W]`: H is not the samples' dim)
+    # the one static axis the data's size differs at, a size-1 axis it fills: the samples'
+    # axis whatever else is symbolic (`[1, 3, H, W]`, a picture size free: H is not it)
     for k in names:
         want, arr = shapes.get(k), arrays[k]
         if k in axes or want is None or len(want) != np.ndim(arr):
