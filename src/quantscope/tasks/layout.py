@@ -353,9 +353,11 @@ def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> CtcT
     axis, blank = int(spec.option("axis") or -1), int(spec.option("blank") or DEFAULT_BLANK)
     if shape is not None:
         if len(shape) != 3:
-            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}, not "
-                        "[samples, time, classes]: CTC decodes 3 axes (use kind class for "
-                        "class scores of another rank)")
+            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)} as "
+                        "the model file declares it, not [samples, time, classes]: CTC decodes 3 axes "
+                        "(use kind class for class scores of another rank; if the graph "
+                        "computes 3 axes, as ONNX Runtime's 'Expected shape from model' "
+                        "warning says, declare that shape in the file)")
         if not -3 <= axis < 3 or axis % 3 == (samples or 0):
             raise _fail(spec.text, f"axis {axis} is no class axis of output '{spec.output}' "
                         f"of shape {_dims(shape)}: give one of {_others(3, samples)} "

@@ -32,7 +32,6 @@ put sample-first before they are scored (:func:`quantscope.types.sample_first`).
 
 from __future__ import annotations
 
-import re
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ import onnx
 from quantscope.model.dynamic import refuse_unscorable_outputs
 from quantscope.model.load import Model
 from quantscope.model.mixing import sample_mixers
+from quantscope.tasks.fixed_batch import BATCH_NAME, static_samples_elsewhere
 from quantscope.types import SHARED, Feeds, QuantscopeError
 
 TENSOR_BATCH = 32  # samples per batch (fewer when the model takes fewer per run)
@@ -232,8 +232,6 @@ def _narrowed(shared: list[str], names: tuple[str, ...],
     return kept or shared
 
 
-# a dim named as the samples' (torch's 'batch_size', 'batch', 'N', 'B'): taken without a note
-_BATCH_NAME = re.compile(r"(?i)[nb]|bs|.*batch.*")
 
 
 def sample_dim_guess(model: Model, declared: Mapping[str, int] | None = None) -> str | None:
@@ -245,7 +243,7 @@ def sample_dim_guess(model: Model, declared: Mapping[str, int] | None = None) ->
         return None
     shared = _candidates(names, shapes, model)
     sym = _batch_symbol(names, shapes, model)
-    if len(shared) < 2 or sym is None or _BATCH_NAME.fullmatch(sym):
+    if len(shared) < 2 or sym is None or BATCH_NAME.fullmatch(sym):
         return None
     k = next(k for k in names if sym in (shapes.get(k) or ()))
     a = (shapes.get(k) or ()).index(sym)
@@ -272,6 +270,8 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
             axes[k], how[k] = SHARED, "rank 0: the same value for every sample"
     sampled = tuple(k for k in names if axes.get(k) != SHARED)
     sym = _batch_symbol(sampled, shapes, model)
+    if sym is not None and static_samples_elsewhere(sym, sampled, shapes, arrays, axes):
+        sym = None  # ddddocr's input1 [1, 1, 64, image_width]: a width, not the samples
     for k, a in declared.items():
         if k in names and a != SHARED and len(shapes.get(k) or ()) > a:
             _outputs_keep(model, shapes, k, a, declared)
