@@ -76,3 +76,68 @@ def test_a_grey_input_is_described_as_grey() -> None:
     said = Pixels(scale=255).describe(64, 160, 1)
     assert said.startswith("grey") and "RGB," not in said
     assert Pixels(scale=255).describe(64, 160).startswith("RGB")
+
+
+def _yolox_raw(a: int = 21) -> np.ndarray:
+    """A YOLOX head's raw rows ``[1, A, 6]`` for a 32 px input, strides 8/16/32 (16 + 4 + 1
+    anchors): x, y offsets in cells, log w, log h, objectness, one class score. Two
+    characters: anchor 0 (cell 0, 0 of stride 8) and anchor 15 (cell 3, 3), both 16 px wide."""
+    out = np.zeros((1, a, 6))
+    out[0, :, 4:] = 0.01
+    out[0, [0, 15], :] = [0.5, 0.5, np.log(2), np.log(2), 0.9, 0.9]
+    return out
+
+
+def test_a_yolox_grid_head_is_decoded() -> None:
+    """ddddocr's common_det.onnx writes YOLOX's undecoded rows (offsets in grid cells, log
+    sizes). Read as boxes they all sit near (0, 0), so NMS kept one of two characters;
+    ``grid=8/16/32`` decodes them as ddddocr's host does."""
+    from quantscope.tasks.detection import DetectionLayout, DetectionTask, split_rows
+    from quantscope.types import Outputs
+
+    raw = _yolox_raw()
+    grid = DetectionLayout(axis=2, objectness=4, scores=(5, None), grid=(8, 16, 32))
+    boxes, _ = split_rows(raw, grid)
+    assert np.allclose(boxes[0, 0], [-4, -4, 12, 12])  # (0.5 + 0) * 8 -/+ 2 * 8 / 2
+    assert np.allclose(boxes[0, 15], [20, 20, 36, 36])  # (0.5 + 3) * 8
+    assert boxes[0, 16].tolist() == [-8.0, -8.0, 8.0, 8.0]  # stride 16, offsets 0: 16 px
+    outs = Outputs(names=("output",), batches=((raw.astype(np.float32),),))
+    task = DetectionTask(name="d", output="output", layout=grid)
+    assert task.metrics(outs, outs).values["detections_fp32"] == 2
+    raw_read = DetectionTask(name="d", output="output", layout=DetectionLayout(
+        axis=2, objectness=4, scores=(5, None)))
+    assert raw_read.metrics(outs, outs).values["detections_fp32"] == 1
+
+
+def test_grid_refusals_name_the_fix() -> None:
+    import pytest
+
+    from quantscope.tasks.detection import grid_cells, grid_option
+    from quantscope.types import QuantscopeError
+
+    assert grid_option("8/16/32", None, 3549) == (8, 16, 32)  # a 416 px input
+    assert grid_cells((8, 16, 32), 3549)[-1].tolist() == [12.0, 12.0, 32.0]
+    for text, fmt, anchors, said in (("8/x", None, None, "whole numbers"),
+                                     ("8/16/32", "xyxy", None, "drop format="),
+                                     ("8/16/32", None, 3550, "no square input's grid")):
+        with pytest.raises(QuantscopeError, match=said):
+            grid_option(text, fmt, anchors)
+
+
+def test_grid_in_a_layout(tmp_path, capsys) -> None:
+    from quantscope.model.load import load_proto
+    from quantscope.tasks.layout import layout_tasks, parse_layout
+
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["output"], name="id")], "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 21, 6])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 21, 6])])
+    model = load_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "m")
+    task, notes = layout_tasks(model, (parse_layout("output=detect:axis=2,obj=4,grid=8/16/32"),),
+                               "d.npz")
+    assert task.layout.grid == (8, 16, 32) and "grid of strides 8/16/32" in " ".join(notes)
+    import pytest
+
+    from quantscope.tasks.layout import LayoutError
+    with pytest.raises(LayoutError, match="21 anchors are no square input's grid"):
+        layout_tasks(model, (parse_layout("output=detect:axis=2,obj=4,grid=8/16"),), "d.npz")

@@ -77,6 +77,7 @@ class DetectionLayout:
     sample_axis: int = 0
     scores_output: str | None = None
     anchors: str | None = None
+    grid: tuple[int, ...] = ()  # strides of an anchor-free grid head (YOLOX): boxes decoded
 
     def outputs(self, output: str) -> tuple[str, ...]:
         """The outputs read: the box output, then the scores' when another."""
@@ -109,6 +110,9 @@ class DetectionLayout:
             cls += f" of output '{self.scores_output}'"
         boxes = ("" if self.anchors is None else
                  f", box centres offset by the anchor centres of '{self.anchors}'")
+        if self.grid:
+            boxes += (f", boxes decoded on the grid of strides {'/'.join(map(str, self.grid))}"
+                      " (cx = (x + col) * stride, w = exp(w) * stride)")
         unread = self.unread_rows(box_rows) if box_rows is not None else []
         left = ("" if not unread else f"; rows {_ranges(unread)} not read (key points, ids: "
                 f"{UNSCORED})")
@@ -143,6 +147,50 @@ def detect_layout(model: Model, output: str) -> DetectionLayout | None:
     if dims[0] != 4 or len(dims) < 2:
         return None
     return DetectionLayout(axis=axis)
+
+
+def grid_option(text: str | None, box_format: str | None, anchors: int | None
+                ) -> tuple[int, ...]:
+    """``grid=8/16/32`` -> (8, 16, 32): the strides of an anchor-free head's levels,
+    checked against the output's ``anchors`` (None: not known yet)."""
+    if text is None:
+        return ()
+    try:
+        strides = tuple(int(v) for v in text.split("/"))
+    except ValueError:
+        strides = ()
+    if not strides or min(strides) < 1:
+        raise QuantscopeError(f"grid={text}: give the head's strides as whole numbers with '/' "
+                              "between them (YOLOX: grid=8/16/32)")
+    if (box_format or "cxcywh").lower() != "cxcywh":
+        raise QuantscopeError("grid= decodes x, y, log w, log h rows (cxcywh): drop format=")
+    if anchors is not None:
+        grid_cells(strides, anchors)
+    return strides
+
+
+def grid_cells(strides: tuple[int, ...], anchors: int) -> np.ndarray:
+    """The ``[A, 3]`` (column, row, stride) of each anchor of a square input's grid head,
+    level by level, row by row (YOLOX's order: ``3549`` anchors are a 416 px input's
+    52², 26², 13²); refused when no square input gives ``anchors``."""
+    side = round(np.sqrt(anchors / sum(1 / s**2 for s in strides)))
+    if sum((side // s) ** 2 for s in strides) != anchors or any(side % s for s in strides):
+        raise QuantscopeError(f"grid={'/'.join(map(str, strides))}: {anchors} anchors are no "
+                              "square input's grid of those strides: give the head's strides")
+    cells = []
+    for s in strides:
+        n = side // s
+        rows, cols = np.divmod(np.arange(n * n), n)
+        cells.append(np.stack([cols, rows, np.full(n * n, s)], axis=1))
+    return np.concatenate(cells).astype(np.float64)
+
+
+def _decoded(boxes: np.ndarray, strides: tuple[int, ...]) -> np.ndarray:
+    """Raw grid offsets ``[N, A, 4]`` (x, y in cells, log w, log h) -> cx, cy, w, h px."""
+    cells = grid_cells(strides, boxes.shape[1])
+    xy = (boxes[..., :2] + cells[:, :2]) * cells[:, 2:]
+    wh = np.exp(np.minimum(boxes[..., 2:], 30.0)) * cells[:, 2:]
+    return np.concatenate([xy, wh], axis=-1)
 
 
 @functools.lru_cache(maxsize=8)
@@ -247,6 +295,8 @@ def split_rows(arr: np.ndarray, layout: DetectionLayout, scores_arr: np.ndarray 
         shift = np.tile(centres, 2) if layout.box_format == "xyxy" else \
             np.concatenate([centres, np.zeros_like(centres)], axis=1)
         boxes = boxes + shift
+    if layout.grid:
+        boxes = _decoded(boxes, layout.grid)
     if layout.box_format == "cxcywh":
         cx, cy, w, h = (boxes[..., i] for i in range(4))
         boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)

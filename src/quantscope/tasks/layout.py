@@ -71,6 +71,7 @@ from quantscope.tasks.detection import (
     DetectionLayout,
     DetectionTask,
     detect_layout,
+    grid_option,
     read_anchors,
     ssd_heads_hint,
 )
@@ -197,7 +198,18 @@ def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None
                            box_format=(spec.option("format") or "cxcywh").lower(),
                            threshold=_float(spec, "threshold", DEFAULT_THRESHOLD),
                            iou=_float(spec, "iou", DEFAULT_IOU), objectness=obj,
-                           scores_output=scores_from, anchors=_anchors(spec, shape, axis, samples or 0))
+                           scores_output=scores_from, anchors=_anchors(spec, shape, axis, samples or 0),
+                           grid=_grid(spec, shape, axis, samples or 0))
+
+
+def _grid(spec: LayoutSpec, shape: tuple | None, axis: int, samples: int) -> tuple[int, ...]:
+    dims = [d for k, d in enumerate(shape or ()) if k not in (samples, axis)]
+    known = shape is not None and all(isinstance(d, int) for d in dims)
+    try:
+        return grid_option(spec.option("grid"), spec.option("format"),
+                           int(np.prod(dims)) if known else None)
+    except QuantscopeError as e:
+        raise _fail(spec.text, str(e)) from None
 
 
 def _float(spec: LayoutSpec, key: str, default: float) -> float:
