@@ -112,7 +112,7 @@ def test_a_yolox_grid_head_is_decoded() -> None:
 def test_grid_refusals_name_the_fix() -> None:
     import pytest
 
-    from quantscope.tasks.detection import grid_cells, grid_option
+    from quantscope.tasks.grid_head import grid_cells, grid_option
     from quantscope.types import QuantscopeError
 
     assert grid_option("8/16/32", None, 3549) == (8, 16, 32)  # a 416 px input
@@ -141,3 +141,50 @@ def test_grid_in_a_layout(tmp_path, capsys) -> None:
     from quantscope.tasks.layout import LayoutError
     with pytest.raises(LayoutError, match="21 anchors are no square input's grid"):
         layout_tasks(model, (parse_layout("output=detect:axis=2,obj=4,grid=8/16"),), "d.npz")
+
+
+def _yolox_model() -> onnx.ModelProto:
+    """images [N, 3, 32, 32] -> two levels (strides 8, 16) of Concat(reg 4, Sigmoid obj,
+    Sigmoid cls) on axis 1, each flattened, concatenated, moved anchors-first: [N, 20, 6]."""
+    rng = np.random.default_rng(0)
+    inits, nodes, flat = [], [], []
+    for lv, s in enumerate((8, 16)):
+        for part, ch in (("reg", 4), ("obj", 1), ("cls", 1)):
+            w = numpy_helper.from_array(rng.normal(0, 0.3, (ch, 3, s, s)).astype(np.float32),
+                                        f"w_{part}{lv}")
+            inits.append(w)
+            nodes.append(helper.make_node("Conv", ["images", w.name], [f"{part}{lv}"],
+                                          strides=[s, s], name=f"conv_{part}{lv}"))
+            if part != "reg":
+                nodes.append(helper.make_node("Sigmoid", [f"{part}{lv}"], [f"sig_{part}{lv}"],
+                                              name=f"sig_{part}{lv}"))
+        nodes.append(helper.make_node("Concat", [f"reg{lv}", f"sig_obj{lv}", f"sig_cls{lv}"],
+                                      [f"level{lv}"], axis=1, name=f"level{lv}"))
+        inits.append(numpy_helper.from_array(np.array([0, 6, -1], np.int64), f"shape{lv}"))
+        nodes.append(helper.make_node("Reshape", [f"level{lv}", f"shape{lv}"], [f"flat{lv}"],
+                                      name=f"flat{lv}"))
+        flat.append(f"flat{lv}")
+    nodes += [helper.make_node("Concat", flat, ["rows"], axis=2, name="levels"),
+              helper.make_node("Transpose", ["rows"], ["output"], perm=[0, 2, 1], name="tr")]
+    g = helper.make_graph(
+        nodes, "yolox", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
+                                                       ["N", 3, 32, 32])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 20, 6])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_yolox_head_left_undeclared_is_named(tmp_path) -> None:
+    """Read as plain fidelity, ddddocr's detector said nothing of being one; the note names
+    the layout, strides from the input's height over each level's."""
+    from quantscope.model.load import load_proto
+    from quantscope.tasks.layout import layout_tasks, parse_layout
+
+    model = load_proto(_yolox_model(), "yolox")
+    task, notes = layout_tasks(model, (), "d.npz")
+    assert task is None
+    said = [n for n in notes if "made like a YOLOX head" in n]
+    assert len(said) == 1 and said[0].endswith(
+        "--layout output=detect:axis=2,obj=4,grid=8/16"), said
+    declared, notes = layout_tasks(
+        model, (parse_layout("output=detect:axis=2,obj=4,grid=8/16"),), "d.npz")
+    assert declared is not None and not [n for n in notes if "YOLOX head" in n]

@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 
 from quantscope.model.load import Model
+from quantscope.tasks.grid_head import decode_grid
 from quantscope.tasks.shares import items_key, share_counts
 from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import Metrics, Outputs, QuantscopeError, moved_axis
@@ -149,50 +150,6 @@ def detect_layout(model: Model, output: str) -> DetectionLayout | None:
     return DetectionLayout(axis=axis)
 
 
-def grid_option(text: str | None, box_format: str | None, anchors: int | None
-                ) -> tuple[int, ...]:
-    """``grid=8/16/32`` -> (8, 16, 32): the strides of an anchor-free head's levels,
-    checked against the output's ``anchors`` (None: not known yet)."""
-    if text is None:
-        return ()
-    try:
-        strides = tuple(int(v) for v in text.split("/"))
-    except ValueError:
-        strides = ()
-    if not strides or min(strides) < 1:
-        raise QuantscopeError(f"grid={text}: give the head's strides as whole numbers with '/' "
-                              "between them (YOLOX: grid=8/16/32)")
-    if (box_format or "cxcywh").lower() != "cxcywh":
-        raise QuantscopeError("grid= decodes x, y, log w, log h rows (cxcywh): drop format=")
-    if anchors is not None:
-        grid_cells(strides, anchors)
-    return strides
-
-
-def grid_cells(strides: tuple[int, ...], anchors: int) -> np.ndarray:
-    """The ``[A, 3]`` (column, row, stride) of each anchor of a square input's grid head,
-    level by level, row by row (YOLOX's order: ``3549`` anchors are a 416 px input's
-    52², 26², 13²); refused when no square input gives ``anchors``."""
-    side = round(np.sqrt(anchors / sum(1 / s**2 for s in strides)))
-    if sum((side // s) ** 2 for s in strides) != anchors or any(side % s for s in strides):
-        raise QuantscopeError(f"grid={'/'.join(map(str, strides))}: {anchors} anchors are no "
-                              "square input's grid of those strides: give the head's strides")
-    cells = []
-    for s in strides:
-        n = side // s
-        rows, cols = np.divmod(np.arange(n * n), n)
-        cells.append(np.stack([cols, rows, np.full(n * n, s)], axis=1))
-    return np.concatenate(cells).astype(np.float64)
-
-
-def _decoded(boxes: np.ndarray, strides: tuple[int, ...]) -> np.ndarray:
-    """Raw grid offsets ``[N, A, 4]`` (x, y in cells, log w, log h) -> cx, cy, w, h px."""
-    cells = grid_cells(strides, boxes.shape[1])
-    xy = (boxes[..., :2] + cells[:, :2]) * cells[:, 2:]
-    wh = np.exp(np.minimum(boxes[..., 2:], 30.0)) * cells[:, 2:]
-    return np.concatenate([xy, wh], axis=-1)
-
-
 @functools.lru_cache(maxsize=8)
 def read_anchors(path: str) -> np.ndarray:
     """The anchor centres ``[A, 2]`` (x, y in the boxes' units) of an ``.npy`` file;
@@ -296,7 +253,7 @@ def split_rows(arr: np.ndarray, layout: DetectionLayout, scores_arr: np.ndarray 
             np.concatenate([centres, np.zeros_like(centres)], axis=1)
         boxes = boxes + shift
     if layout.grid:
-        boxes = _decoded(boxes, layout.grid)
+        boxes = decode_grid(boxes, layout.grid)
     if layout.box_format == "cxcywh":
         cx, cy, w, h = (boxes[..., i] for i in range(4))
         boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)

@@ -71,10 +71,10 @@ from quantscope.tasks.detection import (
     DetectionLayout,
     DetectionTask,
     detect_layout,
-    grid_option,
     read_anchors,
     ssd_heads_hint,
 )
+from quantscope.tasks.grid_head import grid_head_hint, grid_option
 from quantscope.tasks.layout_spec import (
     KINDS,
     LAYOUT_NOTE,
@@ -505,7 +505,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                              f"another threshold, --layout {out}=tensor for plain fidelity")
         if task is not None:
             tasks.append(task)
-    notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
+    taken = {o for t in tasks for o in _read_by(t)}
+    notes.extend(ssd_heads_hint(model, taken) + grid_head_hint(model, taken))
     if not tasks:
         dense = dense_hint(model, [o for o in outputs if o not in declared], sample_axes)
         return None, tuple(notes) + ((dense,) if dense else ())
