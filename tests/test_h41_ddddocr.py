@@ -188,3 +188,27 @@ def test_a_yolox_head_left_undeclared_is_named(tmp_path) -> None:
     declared, notes = layout_tasks(
         model, (parse_layout("output=detect:axis=2,obj=4,grid=8/16"),), "d.npz")
     assert declared is not None and not [n for n in notes if "YOLOX head" in n]
+
+
+def test_per_step_class_scores_left_undeclared_are_named(tmp_path, capsys) -> None:
+    """ddddocr's recognizer without --layout was judged by cosine and SQNR alone, and
+    nothing said that the strings were not (ctc is never found by itself)."""
+    m, x, s = (tmp_path / n for n in ("m.onnx", "x.npy", "s.npz"))
+    model = _recognizer(["seqlen", 1, 12])
+    w = numpy_helper.from_array(np.random.default_rng(2).normal(0, 1, (5, 12)).astype(
+        np.float32), "w_cls")
+    model.graph.initializer.append(w)
+    model.graph.node[-1].output[0] = "steps"
+    model.graph.node.append(helper.make_node("MatMul", ["steps", "w_cls"], ["y"], name="cls"))
+    onnx.save(model, m)
+    _data(x)
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0, \
+        capsys.readouterr().err
+    assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s), "--precision",
+                 "a8_w8"]) == 0
+    out = capsys.readouterr().out
+    assert "output 'y' [?, 1, 12] is written by a linear layer" in out
+    assert "declare --layout y=ctc" in out
+    assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s), "--precision",
+                 "a8_w8", "--layout", "y=ctc"]) == 0
+    assert "written by a linear layer" not in capsys.readouterr().out

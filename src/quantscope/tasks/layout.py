@@ -63,7 +63,7 @@ import onnx
 from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
 from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
-from quantscope.tasks.ctc import DEFAULT_BLANK, CtcTask
+from quantscope.tasks.ctc import DEFAULT_BLANK, CtcTask, ctc_hint
 from quantscope.tasks.depth import DepthTask
 from quantscope.tasks.detection import (
     DEFAULT_IOU,
@@ -508,8 +508,10 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     taken = {o for t in tasks for o in _read_by(t)}
     notes.extend(ssd_heads_hint(model, taken) + grid_head_hint(model, taken))
     if not tasks:
-        dense = dense_hint(model, [o for o in outputs if o not in declared], sample_axes)
-        return None, tuple(notes) + ((dense,) if dense else ())
+        rest = [o for o in outputs if o not in declared]
+        hints = (dense_hint(model, rest, sample_axes),
+                 ctc_hint(model.proto, model.value_shapes(), rest, sample_axes))
+        return None, tuple(notes) + tuple(h for h in hints if h)
     unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)])
     notes += [unscored] if unscored else []
     if len(tasks) == 1:
