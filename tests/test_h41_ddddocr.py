@@ -208,7 +208,17 @@ def test_per_step_class_scores_left_undeclared_are_named(tmp_path, capsys) -> No
                  "a8_w8"]) == 0
     out = capsys.readouterr().out
     assert "output 'y' [?, 1, 12] is written by a linear layer" in out
-    assert "declare --layout y=ctc" in out
+    assert "declare --layout y=ctc" in out and "scored for fidelity only" in out
     assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s), "--precision",
                  "a8_w8", "--layout", "y=ctc"]) == 0
     assert "written by a linear layer" not in capsys.readouterr().out
+
+
+def test_run_repeats_the_hints_as_warnings(tmp_path, capsys) -> None:
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npy"
+    onnx.save(_yolox_model(), m)
+    np.save(x, np.random.default_rng(0).uniform(0, 1, (8, 3, 32, 32)).astype(np.float32))
+    assert main(["run", str(m), "--data", str(x), "--target", "hailo8l", "--out",
+                 str(tmp_path / "W"), "--budget", "30s"]) == 0, capsys.readouterr().err
+    verdict = json.loads((tmp_path / "W" / "verdict.json").read_text())
+    assert any("made like a YOLOX head" in n for n in verdict["unscored"])

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 
 from quantscope.tasks.shares import items_key
+from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import Metrics, Outputs, moved_axis
 from quantscope.units import value
 
@@ -172,7 +173,7 @@ def ctc_hint(proto: onnx.ModelProto, shapes: Mapping[str, tuple], outputs: Seque
     more = f" (and {len(found) - 1} more output(s) alike)" if len(found) > 1 else ""
     return (f"output '{out}' [{dims}]{more} is written by a linear layer or a Softmax over "
             f"{shape[-1]} values on its last axis, as a text recognizer's per-step class "
-            "scores are, and judged by fidelity alone (cosine, SQNR: not the string the "
-            f"host decodes); if it is one, declare --layout {out}=ctc (CTC greedy strings; "
+            f"scores are, and {UNSCORED} (cosine, SQNR: not the string the host "
+            f"decodes); if it is one, declare --layout {out}=ctc (CTC greedy strings; "
             f"blank=0, or -1 for the last class) or {out}=class:axis=2 (the top class per "
             "step)")
