@@ -143,13 +143,14 @@ def test_grid_in_a_layout(tmp_path, capsys) -> None:
         layout_tasks(model, (parse_layout("output=detect:axis=2,obj=4,grid=8/16"),), "d.npz")
 
 
-def _yolox_model() -> onnx.ModelProto:
+def _yolox_model(*, objectness: bool = True) -> onnx.ModelProto:
     """images [N, 3, 32, 32] -> two levels (strides 8, 16) of Concat(reg 4, Sigmoid obj,
     Sigmoid cls) on axis 1, each flattened, concatenated, moved anchors-first: [N, 20, 6]."""
     rng = np.random.default_rng(0)
     inits, nodes, flat = [], [], []
     for lv, s in enumerate((8, 16)):
-        for part, ch in (("reg", 4), ("obj", 1), ("cls", 1)):
+        parts = (("reg", 4), ("obj", 1), ("cls", 1)) if objectness else (("reg", 4), ("cls", 2))
+        for part, ch in parts:
             w = numpy_helper.from_array(rng.normal(0, 0.3, (ch, 3, s, s)).astype(np.float32),
                                         f"w_{part}{lv}")
             inits.append(w)
@@ -158,7 +159,8 @@ def _yolox_model() -> onnx.ModelProto:
             if part != "reg":
                 nodes.append(helper.make_node("Sigmoid", [f"{part}{lv}"], [f"sig_{part}{lv}"],
                                               name=f"sig_{part}{lv}"))
-        nodes.append(helper.make_node("Concat", [f"reg{lv}", f"sig_obj{lv}", f"sig_cls{lv}"],
+        nodes.append(helper.make_node("Concat", [f"reg{lv}", *(f"sig_{p}{lv}" for p, _ in
+                                                               parts[1:])],
                                       [f"level{lv}"], axis=1, name=f"level{lv}"))
         inits.append(numpy_helper.from_array(np.array([0, 6, -1], np.int64), f"shape{lv}"))
         nodes.append(helper.make_node("Reshape", [f"level{lv}", f"shape{lv}"], [f"flat{lv}"],
@@ -222,3 +224,14 @@ def test_run_repeats_the_hints_as_warnings(tmp_path, capsys) -> None:
                  str(tmp_path / "W"), "--budget", "30s"]) == 0, capsys.readouterr().err
     verdict = json.loads((tmp_path / "W" / "verdict.json").read_text())
     assert any("made like a YOLOX head" in n for n in verdict["unscored"])
+
+
+def test_a_grid_head_without_objectness_names_no_obj_row() -> None:
+    """Two Sigmoid class channels after the boxes and no objectness of its own: no obj=."""
+    from quantscope.model.load import load_proto
+    from quantscope.tasks.layout import layout_tasks
+
+    proto = _yolox_model(objectness=False)
+    _, notes = layout_tasks(load_proto(proto, "noobj"), (), "d.npz")
+    said = [n for n in notes if "YOLOX head" in n]
+    assert len(said) == 1 and said[0].endswith("--layout output=detect:axis=2,grid=8/16"), said

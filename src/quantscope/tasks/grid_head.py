@@ -72,9 +72,10 @@ def _producer(model: Model, tensor: str) -> onnx.NodeProto | None:
     return next((n for n in model.graph.node if tensor in n.output), None)
 
 
-def _level(model: Model, tensor: str) -> tuple[int, int] | None:
-    """(score rows, level height) of a level's ``Concat`` on axis 1 (reached through
-    reshapes) of 4 box channels no Sigmoid makes, then Sigmoid channels; None otherwise."""
+def _level(model: Model, tensor: str) -> tuple[int, int, bool] | None:
+    """(score rows, level height, whether an objectness channel of its own follows the
+    boxes) of a level's ``Concat`` on axis 1 (reached through reshapes) of 4 box channels
+    no Sigmoid makes, then Sigmoid channels; None otherwise."""
     node = _producer(model, tensor)
     while node is not None and node.op_type in _THROUGH:
         node = _producer(model, node.input[0])
@@ -91,7 +92,8 @@ def _level(model: Model, tensor: str) -> tuple[int, int] | None:
         return None
     rows = sum(d[1] for d in dims[1:]) if all(isinstance(d[1], int) for d in dims) else None
     h = dims[0][2]
-    return (rows, h) if isinstance(rows, int) and isinstance(h, int) else None
+    obj = len(dims) >= 3 and dims[1][1] == 1  # YOLOX: boxes, objectness, classes
+    return (rows, h, obj) if isinstance(rows, int) and isinstance(h, int) else None
 
 
 def grid_head_hint(model: Model, taken: set[str]) -> list[str]:
@@ -118,7 +120,7 @@ def grid_head_hint(model: Model, taken: set[str]) -> list[str]:
         if not levels or None in levels or len({lv[0] for lv in levels if lv}) != 1:
             continue
         strides = tuple(heights[0] // lv[1] for lv in levels if lv and lv[1])
-        obj = ",obj=4" if levels[0] and levels[0][0] >= 2 else ""
+        obj = ",obj=4" if levels[0] and levels[0][2] else ""
         notes.append(
             f"output '{out}' [{', '.join(str(d) for d in shape)}] is made like a YOLOX head "
             f"(on {len(levels)} level(s), 4 box rows no Sigmoid makes, then Sigmoid score "
