@@ -142,16 +142,16 @@ def _shown(labels: tuple[int, ...]) -> str:
 
 MIN_HINT_CLASSES = 10  # a last axis this long, written by a linear layer, may be classes
 _MOVES = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten")
-_CLASSIFIES = ("Gemm", "MatMul", "Softmax", "LogSoftmax")
+_CLASSIFIES = ("Gemm", "MatMul", "LogSoftmax")  # a Softmax over classes is read as such
 
 
 def ctc_hint(proto: onnx.ModelProto, shapes: Mapping[str, tuple], outputs: Sequence[str],
              samples: Mapping[str, int] | None) -> str | None:
     """One note naming the undeclared rank-3 float ``outputs`` that a linear layer (or a
-    Softmax) writes over a last axis of :data:`MIN_HINT_CLASSES` or more, through reshapes
-    only (ddddocr's ``387 [T, 1, 8210]`` from a Gemm, EasyOCR's logits): per-step class
-    scores whose strings nothing judges unless ``ctc`` is declared (it is never found by
-    itself); None when there are none."""
+    LogSoftmax) writes over a last axis of :data:`MIN_HINT_CLASSES` or more, through
+    reshapes only (ddddocr's ``387 [T, 1, 8210]`` from a Gemm, EasyOCR's logits): per-step
+    class scores whose strings nothing judges unless ``ctc`` is declared (it is never found
+    by itself); not a square ``[T, T]`` (attention's); None when there are none."""
     made = {o: n for n in proto.graph.node for o in n.output}
     floats = {o.name for o in proto.graph.output if o.type.tensor_type.elem_type in _FLOATS}
     found = []
@@ -164,6 +164,7 @@ def ctc_hint(proto: onnx.ModelProto, shapes: Mapping[str, tuple], outputs: Seque
                          and made[i].op_type == "MatMul"), None)
         if (out in floats and len(shape) == 3 and isinstance(shape[-1], int)
                 and shape[-1] >= MIN_HINT_CLASSES and (samples or {}).get(out, 0) != 2
+                and shape[-1] != shape[-2]
                 and node is not None and node.op_type in _CLASSIFIES):
             found.append((out, shape))
     if not found:
@@ -171,7 +172,7 @@ def ctc_hint(proto: onnx.ModelProto, shapes: Mapping[str, tuple], outputs: Seque
     out, shape = found[0]
     dims = ", ".join(str(d) if isinstance(d, int) else "?" for d in shape)
     more = f" (and {len(found) - 1} more output(s) alike)" if len(found) > 1 else ""
-    return (f"output '{out}' [{dims}]{more} is written by a linear layer or a Softmax over "
+    return (f"output '{out}' [{dims}]{more} is written by a linear layer over "
             f"{shape[-1]} values on its last axis, as a text recognizer's per-step class "
             f"scores are, and {UNSCORED} (cosine, SQNR: not the string the host "
             f"decodes); if it is one, declare --layout {out}=ctc (CTC greedy strings; "
