@@ -140,6 +140,11 @@ def calibrate(
                 same_in.setdefault(name, SameSamples()).add(value)
             if per_value is None:
                 per_value = sum(getattr(v, "nbytes", 0) for v in values) / feed_size(part)
+                got = dict(zip(taps, values, strict=True))
+                rest = [o for o in model.output_names() if o not in got]
+                if rest:  # an output no group taps (a Reshape's): run once for its shape
+                    got.update(zip(rest, session.run(rest, part), strict=True))
+                refuse_misdeclared_outputs(model, got)
             for name, value in zip(taps, values, strict=True):
                 observers[name].update(value)
                 if name in same:
@@ -157,6 +162,29 @@ def calibrate(
         num_batches=n_batches,
         num_samples=n_samples,
     )
+
+
+def refuse_misdeclared_outputs(model: Model, values: dict[str, np.ndarray]) -> None:
+    """An output the file declares of another rank, or of another static size, than ONNX
+    Runtime returns (ddddocr's ``387``: declared ``[1, seqlen]``, computed ``[T, 1, 8210]``)
+    would be read along the declared axes: its samples cut on the wrong axis (an internal
+    IndexError in the analysis), a task's axes misread. Refused at the first FP32 run,
+    naming both shapes and the fix."""
+    shapes = model.value_shapes()
+    for name in model.output_names():
+        want, got = shapes.get(name), values.get(name)
+        if not want or got is None:
+            continue
+        if len(want) == np.ndim(got) and all(
+                not isinstance(d, int) or d in (n, 1) for d, n in zip(want, got.shape, strict=True)):
+            continue  # (a static 1 may be the samples' axis, run several at a time)
+        text = "[" + ", ".join("?" if d is None else str(d) for d in want) + "]"
+        raise QuantscopeError(
+            f"output '{name}' is declared {text} in the model file, but ONNX Runtime returns "
+            f"{list(got.shape)} on the data: quantscope reads the samples and the axes from "
+            "the declaration, so it would read this output wrongly; declare the shape the "
+            f"graph computes in the file (onnx: graph.output '{name}''s shape as "
+            f"{list(got.shape)}, a dim that varies with the input as a name) and give it again")
 
 
 def _refuse_nonfinite_outputs(model: Model, observers: dict[str, Observer]) -> None:

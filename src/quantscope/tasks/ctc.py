@@ -27,14 +27,18 @@ sequences).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 from quantscope.tasks.shares import items_key
+from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import Metrics, Outputs, moved_axis
 from quantscope.units import value
 
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
 DEFAULT_BLANK = 0
 STRINGS_RESEMBLE = 0.95
 SHOWN_LABELS = 12  # labels of a changed sample written in a note
@@ -134,3 +138,43 @@ class CtcTask:
 def _shown(labels: tuple[int, ...]) -> str:
     more = f", … {len(labels)} in all" if len(labels) > SHOWN_LABELS else ""
     return "[" + ", ".join(map(str, labels[:SHOWN_LABELS])) + more + "]"
+
+
+MIN_HINT_CLASSES = 10  # a last axis this long, written by a linear layer, may be classes
+_MOVES = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Identity", "Flatten")
+_CLASSIFIES = ("Gemm", "MatMul", "LogSoftmax")  # a Softmax over classes is read as such
+
+
+def ctc_hint(proto: onnx.ModelProto, shapes: Mapping[str, tuple], outputs: Sequence[str],
+             samples: Mapping[str, int] | None) -> str | None:
+    """One note naming the undeclared rank-3 float ``outputs`` that a linear layer (or a
+    LogSoftmax) writes over a last axis of :data:`MIN_HINT_CLASSES` or more, through
+    reshapes only (ddddocr's ``387 [T, 1, 8210]`` from a Gemm, EasyOCR's logits): per-step
+    class scores whose strings nothing judges unless ``ctc`` is declared (it is never found
+    by itself); not a square ``[T, T]`` (attention's); None when there are none."""
+    made = {o: n for n in proto.graph.node for o in n.output}
+    floats = {o.name for o in proto.graph.output if o.type.tensor_type.elem_type in _FLOATS}
+    found = []
+    for out in outputs:
+        shape, node = shapes.get(out) or (), made.get(out)
+        while node is not None and node.op_type in _MOVES:
+            node = made.get(node.input[0])
+        if node is not None and node.op_type == "Add":  # MatMul + bias
+            node = next((made[i] for i in node.input if i in made
+                         and made[i].op_type == "MatMul"), None)
+        if (out in floats and len(shape) == 3 and isinstance(shape[-1], int)
+                and shape[-1] >= MIN_HINT_CLASSES and (samples or {}).get(out, 0) != 2
+                and shape[-1] != shape[-2]
+                and node is not None and node.op_type in _CLASSIFIES):
+            found.append((out, shape))
+    if not found:
+        return None
+    out, shape = found[0]
+    dims = ", ".join(str(d) if isinstance(d, int) else "?" for d in shape)
+    more = f" (and {len(found) - 1} more output(s) alike)" if len(found) > 1 else ""
+    return (f"output '{out}' [{dims}]{more} is written by a linear layer over "
+            f"{shape[-1]} values on its last axis, as a text recognizer's per-step class "
+            f"scores are, and {UNSCORED} (cosine, SQNR: not the string the host "
+            f"decodes); if it is one, declare --layout {out}=ctc (CTC greedy strings; "
+            f"blank=0, or -1 for the last class) or {out}=class:axis=2 (the top class per "
+            "step)")

@@ -42,6 +42,7 @@ import numpy as np
 import onnx
 
 from quantscope.model.load import Model
+from quantscope.tasks.grid_head import decode_grid
 from quantscope.tasks.shares import items_key, share_counts
 from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import Metrics, Outputs, QuantscopeError, moved_axis
@@ -77,6 +78,7 @@ class DetectionLayout:
     sample_axis: int = 0
     scores_output: str | None = None
     anchors: str | None = None
+    grid: tuple[int, ...] = ()  # strides of an anchor-free grid head (YOLOX): boxes decoded
 
     def outputs(self, output: str) -> tuple[str, ...]:
         """The outputs read: the box output, then the scores' when another."""
@@ -109,6 +111,9 @@ class DetectionLayout:
             cls += f" of output '{self.scores_output}'"
         boxes = ("" if self.anchors is None else
                  f", box centres offset by the anchor centres of '{self.anchors}'")
+        if self.grid:
+            boxes += (f", boxes decoded on the grid of strides {'/'.join(map(str, self.grid))}"
+                      " (cx = (x + col) * stride, w = exp(w) * stride)")
         unread = self.unread_rows(box_rows) if box_rows is not None else []
         left = ("" if not unread else f"; rows {_ranges(unread)} not read (key points, ids: "
                 f"{UNSCORED})")
@@ -247,6 +252,8 @@ def split_rows(arr: np.ndarray, layout: DetectionLayout, scores_arr: np.ndarray 
         shift = np.tile(centres, 2) if layout.box_format == "xyxy" else \
             np.concatenate([centres, np.zeros_like(centres)], axis=1)
         boxes = boxes + shift
+    if layout.grid:
+        boxes = decode_grid(boxes, layout.grid)
     if layout.box_format == "cxcywh":
         cx, cy, w, h = (boxes[..., i] for i in range(4))
         boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)

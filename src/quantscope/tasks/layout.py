@@ -63,18 +63,19 @@ import onnx
 from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
 from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
-from quantscope.tasks.ctc import DEFAULT_BLANK, CtcTask
+from quantscope.tasks.ctc import DEFAULT_BLANK, CtcTask, ctc_hint
 from quantscope.tasks.depth import DepthTask
 from quantscope.tasks.detection import (
-    DEFAULT_IOU,
-    DEFAULT_THRESHOLD,
-    DetectionLayout,
     DetectionTask,
     detect_layout,
-    read_anchors,
     ssd_heads_hint,
 )
 from quantscope.tasks.embedding_hint import embedding_hint
+from quantscope.tasks.grid_head import grid_head_hint
+from quantscope.tasks.layout_detect import detection_layout as _detection_layout
+from quantscope.tasks.layout_detect import dims as _dims
+from quantscope.tasks.layout_detect import float_option as _float
+from quantscope.tasks.layout_detect import others as _others
 from quantscope.tasks.layout_spec import (
     KINDS,
     LAYOUT_NOTE,
@@ -99,117 +100,7 @@ from quantscope.tasks.points import FLAG_THRESHOLD, POINT_DIMS, PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
 from quantscope.tasks.verify import VerifyTask, read_labels, verify_task
-from quantscope.types import Metrics, Outputs, QuantscopeError
-
-
-def _others(rank: int | None, samples: int | None) -> str:
-    """The axes of an output of ``rank`` axes but its ``samples`` one, in words."""
-    last = (rank or 2) - 1
-    if not samples:
-        return f"1..{last}"
-    return f"0..{last} but {samples}" if rank is not None else f"any but {samples}"
-
-
-def _scores_from(spec: LayoutSpec, model: Model, shape: tuple | None, axis: int
-                 ) -> tuple[str | None, tuple | None]:
-    """The score output a layout names (``scores_from=``) and its shape, checked: another
-    output of the model, of the box output's rank and anchors (its dims but the row axis)."""
-    name = spec.option("scores_from")
-    if name is None:
-        return None, None
-    outputs = model.output_names()
-    if name not in outputs or name == spec.output:
-        raise _fail(spec.text, f"scores_from '{name}' is no other output of the model "
-                    f"(outputs: {', '.join(o for o in outputs if o != spec.output)})")
-    other = model.value_shapes().get(name)
-    if shape is not None and other is not None:
-        same = len(other) == len(shape) and all(
-            k == axis or not isinstance(a, int) or not isinstance(b, int) or a == b
-            for k, (a, b) in enumerate(zip(shape, other, strict=True)))
-        if not same:
-            differ = [k for k, (a, b) in enumerate(zip(shape, other, strict=False)) if a != b]
-            hint = (f": give axis={differ[0]}, the axis they differ on" if len(other) ==
-                    len(shape) and len(differ) == 1 and spec.option("axis") is None else "")
-            raise _fail(spec.text, f"scores_from '{name}' has shape {_dims(other)}, output "
-                        f"'{spec.output}' {_dims(shape)}: the two must differ only on the row "
-                        f"axis {axis} (one score row set per anchor){hint}")
-    return name, other
-
-
-def _anchors(spec: LayoutSpec, shape: tuple | None, axis: int, samples: int) -> str | None:
-    path = spec.option("anchors")
-    if path is None:
-        return None
-    try:
-        centres = read_anchors(path)
-    except QuantscopeError as e:
-        raise _fail(spec.text, str(e)) from None
-    dims = [d for k, d in enumerate(shape or ()) if k not in (samples, axis)]
-    if shape is not None and all(isinstance(d, int) for d in dims):
-        anchors = int(np.prod(dims)) if dims else 1
-        if anchors != len(centres):
-            raise _fail(spec.text, f"anchors '{path}' holds {len(centres)} centres, output "
-                        f"'{spec.output}' {anchors} anchors: give one centre per anchor")
-    return path
-
-
-def _detection_layout(spec: LayoutSpec, shape: tuple | None, samples: int | None,
-                      model: Model | None = None) -> DetectionLayout:
-    """``samples``: the output's sample axis (None: not known yet, the data unread: 0
-    assumed, not checked)."""
-    rank = len(shape) if shape is not None else None
-    raw = spec.option("axis")
-    axis = int(raw) if raw is not None else (2 if samples == 1 else 1)
-    if rank is not None and axis < 0:
-        axis += rank
-    if axis == samples or axis < 0 or (rank is not None and axis >= rank):
-        where = f"of rank {rank}" if rank is not None else ""
-        raise _fail(spec.text, f"axis {raw or axis} is not a row axis of output "
-                    f"'{spec.output}' {where}: give one of {_others(rank, samples)} "
-                    f"({samples or 0} is the samples)")
-    boxes = _rows(spec, "boxes") or (0, 4)
-    obj_rows = _rows(spec, "obj")
-    obj = None if obj_rows is None else obj_rows[0]
-    scores_from, other = (None, None) if model is None else _scores_from(spec, model, shape, axis)
-    # default scores: the rows after the boxes (boxes first; after the objectness row when
-    # it follows the boxes) or before them (boxes last); every row of a score output
-    after = boxes[1] + (1 if obj == boxes[1] else 0)
-    scores = _rows(spec, "scores") or (
-        (0, None) if scores_from else (after, None) if boxes[0] == 0 else (0, boxes[0]))
-    assert boxes[1] is not None
-    rows = shape[axis] if shape is not None and isinstance(shape[axis], int) else None
-    if rows is not None:
-        last = max(boxes[1], -1 if obj is None else obj + 1,
-                   0 if scores_from else scores[1] or scores[0] + 1)
-        if last > rows:
-            raise _fail(spec.text, f"output '{spec.output}' has {rows} rows on axis {axis}, the "
-                        f"layout needs {last}: fix boxes=/scores=/obj= or axis=")
-    score_rows = other[axis] if other is not None and isinstance(other[axis], int) else None
-    if score_rows is not None and (scores[1] or scores[0] + 1) > score_rows:
-        raise _fail(spec.text, f"scores_from '{scores_from}' has {score_rows} rows on axis "
-                    f"{axis}, scores={spec.option('scores')} needs more: fix scores=")
-    if scores_from is None and scores[0] < boxes[1] and (
-            scores[1] is None or scores[1] > boxes[0]):
-        raise _fail(spec.text, "the box rows and the score rows overlap: give disjoint ranges")
-    if obj is not None and (boxes[0] <= obj < boxes[1] or (scores_from is None and
-            scores[0] <= obj and (scores[1] is None or obj < scores[1]))):
-        raise _fail(spec.text, f"the objectness row {obj} is a box or score row: give a row of "
-                    "its own (e.g. boxes=0-3,obj=4,scores=5-)")
-    return DetectionLayout(axis=axis, sample_axis=samples or 0,
-                           boxes=(boxes[0], boxes[1]), scores=scores,
-                           box_format=(spec.option("format") or "cxcywh").lower(),
-                           threshold=_float(spec, "threshold", DEFAULT_THRESHOLD),
-                           iou=_float(spec, "iou", DEFAULT_IOU), objectness=obj,
-                           scores_output=scores_from, anchors=_anchors(spec, shape, axis, samples or 0))
-
-
-def _float(spec: LayoutSpec, key: str, default: float) -> float:
-    raw = spec.option(key)
-    return default if raw is None else float(raw)
-
-
-def _dims(shape: tuple) -> tuple:
-    return tuple(d if isinstance(d, int) else "?" for d in shape)
+from quantscope.types import Metrics, Outputs
 
 
 def class_task(spec: LayoutSpec, model: Model, shape: tuple | None,
@@ -366,9 +257,11 @@ def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> CtcT
     axis, blank = int(spec.option("axis") or -1), int(spec.option("blank") or DEFAULT_BLANK)
     if shape is not None:
         if len(shape) != 3:
-            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}, not "
-                        "[samples, time, classes]: CTC decodes 3 axes (use kind class for "
-                        "class scores of another rank)")
+            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)} as "
+                        "the model file declares it, not [samples, time, classes]: CTC decodes 3 axes "
+                        "(use kind class for class scores of another rank; if the graph "
+                        "computes 3 axes, as ONNX Runtime's 'Expected shape from model' "
+                        "warning says, declare that shape in the file)")
         if not -3 <= axis < 3 or axis % 3 == (samples or 0):
             raise _fail(spec.text, f"axis {axis} is no class axis of output '{spec.output}' "
                         f"of shape {_dims(shape)}: give one of {_others(3, samples)} "
@@ -504,10 +397,12 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                              f"another threshold, --layout {out}=tensor for plain fidelity")
         if task is not None:
             tasks.append(task)
-    notes.extend(ssd_heads_hint(model, {o for t in tasks for o in _read_by(t)}))
+    taken = {o for t in tasks for o in _read_by(t)}
+    notes.extend(ssd_heads_hint(model, taken) + grid_head_hint(model, taken))
     if not tasks:
         rest = [o for o in outputs if o not in declared]
-        hints = (dense_hint(model, rest, sample_axes), embedding_hint(model, rest, sample_axes))
+        hints = (dense_hint(model, rest, sample_axes), embedding_hint(model, rest, sample_axes),
+                 ctc_hint(model.proto, model.value_shapes(), rest, sample_axes))
         return None, tuple(notes) + tuple(h for h in hints if h)
     unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)])
     notes += [unscored] if unscored else []

@@ -17,7 +17,7 @@ from quantscope.types import QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
     "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou", "scores_from",
-               "anchors"),
+               "anchors", "grid"),
     "map": ("threshold", "channel"),
     "score": ("threshold",),
     "class": ("axis",),

@@ -34,7 +34,6 @@ put sample-first before they are scored (:func:`quantscope.types.sample_first`).
 
 from __future__ import annotations
 
-import re
 import zipfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ import onnx
 from quantscope.model.dynamic import refuse_unscorable_outputs
 from quantscope.model.load import Model
 from quantscope.model.mixing import sample_mixers
+from quantscope.tasks.fixed_batch import BATCH_NAME
 from quantscope.types import SHARED, Feeds, QuantscopeError
 
 TENSOR_BATCH = 32  # samples per batch (fewer when the model takes fewer per run)
@@ -234,10 +234,6 @@ def _narrowed(shared: list[str], names: tuple[str, ...],
     return kept or shared
 
 
-# a dim named as the samples' (torch's 'batch_size', 'batch', 'N', 'B'): taken without a note
-_BATCH_NAME = re.compile(r"(?i)[nb]|bs|.*batch.*")
-
-
 def sample_dim_guess(model: Model, declared: Mapping[str, int] | None = None,
                      axes: Mapping[str, int] | None = None) -> str | None:
     """One line when the sample axis is a guess between symbolic dims the graph does not
@@ -250,7 +246,7 @@ def sample_dim_guess(model: Model, declared: Mapping[str, int] | None = None,
         return None
     shared = _candidates(names, shapes, model)
     sym = _batch_symbol(names, shapes, model)
-    if len(shared) < 2 or sym is None or _BATCH_NAME.fullmatch(sym):
+    if len(shared) < 2 or sym is None or BATCH_NAME.fullmatch(sym):
         return None
     k = next(k for k in names if sym in (shapes.get(k) or ()))
     a = (shapes.get(k) or ()).index(sym)

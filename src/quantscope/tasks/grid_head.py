@@ -1,0 +1,130 @@
+"""An anchor-free grid head written undecoded (YOLOX, ddddocr's ``common_det.onnx``):
+``output [N, A, 4 + 1 + C]``, per anchor x, y offsets in grid cells, log w, log h, then an
+objectness and class scores after a Sigmoid; the host adds each cell's column and row and
+multiplies by its stride. ``--layout OUT=detect:grid=8/16/32`` decodes the boxes as that
+host does (:func:`decode_grid`); :func:`grid_head_hint` names the layout when the graph
+shows such a head and no ``--layout`` reads it.
+
+==================  ============================================================
+``grid_option``     ``grid=8/16/32`` read and checked against the output's anchors
+``grid_cells``      each anchor's (column, row, stride), level by level, row by row
+``decode_grid``     raw ``[N, A, 4]`` rows -> cx, cy, w, h in input pixels
+``grid_head_hint``  one note per output made like such a head, naming the layout
+==================  ============================================================
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from quantscope.model.load import Model
+from quantscope.types import QuantscopeError
+
+_THROUGH = ("Reshape", "Transpose", "Flatten", "Identity")
+
+
+def grid_option(text: str | None, box_format: str | None, anchors: int | None
+                ) -> tuple[int, ...]:
+    """``grid=8/16/32`` -> (8, 16, 32): the strides of an anchor-free head's levels,
+    checked against the output's ``anchors`` (None: not known yet)."""
+    if text is None:
+        return ()
+    try:
+        strides = tuple(int(v) for v in text.split("/"))
+    except ValueError:
+        strides = ()
+    if not strides or min(strides) < 1:
+        raise QuantscopeError(f"grid={text}: give the head's strides as whole numbers with '/' "
+                              "between them (YOLOX: grid=8/16/32)")
+    if (box_format or "cxcywh").lower() != "cxcywh":
+        raise QuantscopeError("grid= decodes x, y, log w, log h rows (cxcywh): drop format=")
+    if anchors is not None:
+        grid_cells(strides, anchors)
+    return strides
+
+
+def grid_cells(strides: tuple[int, ...], anchors: int) -> np.ndarray:
+    """The ``[A, 3]`` (column, row, stride) of each anchor of a square input's grid head,
+    level by level, row by row (YOLOX's order: ``3549`` anchors are a 416 px input's
+    52², 26², 13²); refused when no square input gives ``anchors``."""
+    side = round(np.sqrt(anchors / sum(1 / s**2 for s in strides)))
+    if sum((side // s) ** 2 for s in strides) != anchors or any(side % s for s in strides):
+        raise QuantscopeError(f"grid={'/'.join(map(str, strides))}: {anchors} anchors are no "
+                              "square input's grid of those strides: give the head's strides")
+    cells = []
+    for s in strides:
+        n = side // s
+        rows, cols = np.divmod(np.arange(n * n), n)
+        cells.append(np.stack([cols, rows, np.full(n * n, s)], axis=1))
+    return np.concatenate(cells).astype(np.float64)
+
+
+def decode_grid(boxes: np.ndarray, strides: tuple[int, ...]) -> np.ndarray:
+    """Raw grid offsets ``[N, A, 4]`` (x, y in cells, log w, log h) -> cx, cy, w, h px."""
+    cells = grid_cells(strides, boxes.shape[1])
+    xy = (boxes[..., :2] + cells[:, :2]) * cells[:, 2:]
+    wh = np.exp(np.minimum(boxes[..., 2:], 30.0)) * cells[:, 2:]
+    return np.concatenate([xy, wh], axis=-1)
+
+
+def _producer(model: Model, tensor: str) -> onnx.NodeProto | None:
+    return next((n for n in model.graph.node if tensor in n.output), None)
+
+
+def _level(model: Model, tensor: str) -> tuple[int, int, bool] | None:
+    """(score rows, level height, whether an objectness channel of its own follows the
+    boxes) of a level's ``Concat`` on axis 1 (reached through reshapes) of 4 box channels
+    no Sigmoid makes, then Sigmoid channels; None otherwise."""
+    node = _producer(model, tensor)
+    while node is not None and node.op_type in _THROUGH:
+        node = _producer(model, node.input[0])
+    shapes = model.value_shapes()
+    if node is None or node.op_type != "Concat" or len(node.input) < 2:
+        return None
+    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+    dims = [shapes.get(i) or () for i in node.input]
+    if axis != 1 or any(len(d) != 4 for d in dims) or dims[0][1] != 4:
+        return None
+    made = [_producer(model, i) for i in node.input]
+    if (made[0] is not None and made[0].op_type == "Sigmoid") or not all(
+            m is not None and m.op_type == "Sigmoid" for m in made[1:]):
+        return None
+    rows = sum(d[1] for d in dims[1:]) if all(isinstance(d[1], int) for d in dims) else None
+    h = dims[0][2]
+    obj = len(dims) >= 3 and dims[1][1] == 1  # YOLOX: boxes, objectness, classes
+    return (rows, h, obj) if isinstance(rows, int) and isinstance(h, int) else None
+
+
+def grid_head_hint(model: Model, taken: set[str]) -> list[str]:
+    """A note per rank-3 output no task reads that a graph makes like a YOLOX head: a
+    ``Concat`` of levels (:func:`_level`), maybe moved anchors-first by a ``Transpose``;
+    the strides from the input's height over each level's."""
+    shapes, notes = model.value_shapes(), []
+    heights = [s[2] for k in model.input_names() if len(s := shapes.get(k) or ()) == 4
+               and isinstance(s[2], int)]
+    for out in model.output_names():
+        shape = shapes.get(out) or ()
+        node = _producer(model, out)
+        if out in taken or len(shape) != 3 or node is None or len(heights) != 1:
+            continue
+        row_axis = 1
+        if node.op_type == "Transpose":
+            perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [])
+            if perm != [0, 2, 1]:
+                continue
+            row_axis, node = 2, _producer(model, node.input[0])
+        if node is None or node.op_type != "Concat":
+            continue
+        levels = [_level(model, i) for i in node.input]
+        if not levels or None in levels or len({lv[0] for lv in levels if lv}) != 1:
+            continue
+        strides = tuple(heights[0] // lv[1] for lv in levels if lv and lv[1])
+        obj = ",obj=4" if levels[0] and levels[0][2] else ""
+        notes.append(
+            f"output '{out}' [{', '.join(str(d) for d in shape)}] is made like a YOLOX head "
+            f"(on {len(levels)} level(s), 4 box rows no Sigmoid makes, then Sigmoid score "
+            "rows; its boxes undecoded grid offsets): scored for fidelity only; to score its "
+            f"detections declare --layout {out}=detect:axis={row_axis}{obj},"
+            f"grid={'/'.join(map(str, strides))}")
+    return notes
