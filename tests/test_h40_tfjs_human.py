@@ -4,6 +4,9 @@ with ``tf2onnx --tfjs``: NHWC inputs, embedders, int32 pixels.
 - the built-in ``faces`` refused a channels-last face embedder (``[N, 112, 112, 3]``, every
   TF export's layout: human's ``mobileface``, ``mobilefacenet``) with "use a face model with
   one NCHW RGB input": the chips are now fed channels last;
+- ``quantscope images`` refused an int32 pixel input (TF MoveNet's ``input [1, 192, 192,
+  3]``, int32 0..255 cast in the graph: "takes int32, not pixels: give tensor data"):
+  integer inputs take ``--pixels raw`` as uint8 ones do;
 - an embedder that FP32 itself does not tell faces apart with (human's ``mobilefacenet``:
   mean pairwise cosine 0.9998 over the faces, every impostor pair a match) read
   ``decision_agreement 100.0 %`` with nothing said: a note now says FP32 accepts the
@@ -15,11 +18,14 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
+from PIL import Image
 
 from quantscope.model.load import load_proto
+from quantscope.tasks.pixels import images_to_arrays, parse_pixels
 from quantscope.tasks.registry import open_task_data
-from quantscope.types import Outputs
+from quantscope.types import Outputs, QuantscopeError
 
 
 def _nhwc_embedder(offset: float) -> onnx.ModelProto:
@@ -80,3 +86,29 @@ def test_an_embedder_that_tells_faces_apart_gets_no_such_note():
     assert m.values["pairwise_cosine_fp32"] < 0.98
     assert m.values["far@1.1_fp32"] < 0.5
     assert not any("FP32 itself" in n for n in m.notes), m.notes
+
+
+def _int32_pixels_model() -> onnx.ModelProto:
+    """MoveNet's front: ``input [1, 8, 8, 3]`` int32 pixels, Cast to float, Transpose, Conv."""
+    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
+    nodes = [helper.make_node("Cast", ["input"], ["f"], to=TensorProto.FLOAT, name="cast"),
+             helper.make_node("Transpose", ["f"], ["t"], perm=[0, 3, 1, 2], name="nchw"),
+             helper.make_node("Conv", ["t", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")]
+    g = helper.make_graph(
+        nodes, "movenet_front",
+        [helper.make_tensor_value_info("input", TensorProto.INT32, [1, 8, 8, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [onnx.numpy_helper.from_array(w, "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_images_fill_an_int32_pixel_input_raw(tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.new("RGB", (8, 8), (250, 2, 3)).save(folder / "a.png")
+    model = load_proto(_int32_pixels_model())
+    with pytest.raises(QuantscopeError, match="takes int32 pixels .*--pixels raw"):
+        images_to_arrays(folder, model, parse_pixels("scale=255"))
+    a = images_to_arrays(folder, model, parse_pixels("raw")).arrays["input"]
+    assert a.dtype == np.int32 and a.shape == (1, 8, 8, 3)
+    assert a[0, 0, 0].tolist() == [250, 2, 3]
