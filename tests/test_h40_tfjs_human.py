@@ -7,6 +7,10 @@ with ``tf2onnx --tfjs``: NHWC inputs, embedders, int32 pixels.
 - ``quantscope images`` refused an int32 pixel input (TF MoveNet's ``input [1, 192, 192,
   3]``, int32 0..255 cast in the graph: "takes int32, not pixels: give tensor data"):
   integer inputs take ``--pixels raw`` as uint8 ones do;
+- an input with no shape at all (tf2onnx ``--tfjs`` writes Robust Video Matting's
+  recurrent states ``r1i:0`` ... and ``downsample_ratio:0`` so) was "fails the ONNX
+  checker (Field 'shape' of 'type' is required but missing.)", naming no input: the line
+  now names them and how to give a shape;
 - an embedder that FP32 itself does not tell faces apart with (human's ``mobilefacenet``:
   mean pairwise cosine 0.9998 over the faces, every impostor pair a match) read
   ``decision_agreement 100.0 %`` with nothing said: a note now says FP32 accepts the
@@ -112,3 +116,16 @@ def test_images_fill_an_int32_pixel_input_raw(tmp_path):
     a = images_to_arrays(folder, model, parse_pixels("raw")).arrays["input"]
     assert a.dtype == np.int32 and a.shape == (1, 8, 8, 3)
     assert a[0, 0, 0].tolist() == [250, 2, 3]
+
+
+def test_an_input_without_a_shape_is_named():
+    x = helper.make_tensor_value_info("src", TensorProto.FLOAT, [1, 4])
+    state = onnx.ValueInfoProto(name="r1i:0")
+    state.type.tensor_type.elem_type = TensorProto.FLOAT  # no shape: an unknown rank
+    g = helper.make_graph([helper.make_node("Add", ["src", "r1i:0"], ["y"], name="add")], "g",
+                          [x, state], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                     [1, 4])])
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(QuantscopeError, match=r"gives 'r1i:0' no shape, not even a rank.*"
+                                              r"--inputs NAME\[d,d,...\]"):
+        load_proto(proto, "rvm.onnx")
