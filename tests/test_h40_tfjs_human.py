@@ -11,6 +11,9 @@ with ``tf2onnx --tfjs``: NHWC inputs, embedders, int32 pixels.
   recurrent states ``r1i:0`` ... and ``downsample_ratio:0`` so) was "fails the ONNX
   checker (Field 'shape' of 'type' is required but missing.)", naming no input: the line
   now names them and how to give a shape;
+- ``run``'s host steps on MoveNet told the user both that the input's quantization takes
+  the images' float tensor and to feed ``input:0`` as int32, not quantized: an integer
+  image input is now said to take the pixels as they are;
 - an embedder that FP32 itself does not tell faces apart with (human's ``mobilefacenet``:
   mean pairwise cosine 0.9998 over the faces, every impostor pair a match) read
   ``decision_agreement 100.0 %`` with nothing said: a note now says FP32 accepts the
@@ -129,3 +132,16 @@ def test_an_input_without_a_shape_is_named():
     with pytest.raises(QuantscopeError, match=r"gives 'r1i:0' no shape, not even a rank.*"
                                               r"--inputs NAME\[d,d,...\]"):
         load_proto(proto, "rvm.onnx")
+
+
+def test_the_host_steps_of_an_integer_image_input_say_it_takes_the_pixels():
+    from quantscope.report.host_steps import host_steps
+
+    made = "movenet.npz: made by 'quantscope images' from 65 image(s) of 'photos' (raw)"
+    ints = [{"name": "input:0", "dtype": TensorProto.INT32, "dims": [1, 192, 192, 3]}]
+    steps = host_steps(ints, [], text=False, seq_len=None, pixels=made, lookups=[])
+    assert steps[0].endswith("the device takes those int32 pixels as they are, not quantized")
+    assert not any("quantization (io_snippet.py) takes that float tensor" in s for s in steps)
+    floats = [{**ints[0], "dtype": TensorProto.FLOAT}]
+    steps = host_steps(floats, [], text=False, seq_len=None, pixels=made, lookups=[])
+    assert "takes that float tensor" in steps[0]
