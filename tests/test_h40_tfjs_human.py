@@ -14,6 +14,9 @@ with ``tf2onnx --tfjs``: NHWC inputs, embedders, int32 pixels.
 - ``run``'s host steps on MoveNet told the user both that the input's quantization takes
   the images' float tensor and to feed ``input:0`` as int32, not quantized: an integer
   image input is now said to take the pixels as they are;
+- ``quantscope images`` on a 1-channel input (human's ``emotion``, ``[N, 64, 64, 1]``)
+  described the data as ``RGB`` in its sidecar, every data note and ``run``'s host step,
+  though the images were made grey: the grey conversion is now said;
 - an embedder that FP32 itself does not tell faces apart with (human's ``mobilefacenet``:
   mean pairwise cosine 0.9998 over the faces, every impostor pair a match) read
   ``decision_agreement 100.0 %`` with nothing said: a note now says FP32 accepts the
@@ -145,3 +148,21 @@ def test_the_host_steps_of_an_integer_image_input_say_it_takes_the_pixels():
     floats = [{**ints[0], "dtype": TensorProto.FLOAT}]
     steps = host_steps(floats, [], text=False, seq_len=None, pixels=made, lookups=[])
     assert "takes that float tensor" in steps[0]
+
+
+def test_a_grey_input_is_described_grey_not_rgb(tmp_path):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.new("RGB", (8, 8), (250, 2, 3)).save(folder / "a.png")
+    w = np.ones((2, 1, 3, 3), np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2], name="nchw"),
+         helper.make_node("Conv", ["t", "w"], ["y"], pads=[1, 1, 1, 1], name="conv")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8, 8, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 8, 8])],
+        [onnx.numpy_helper.from_array(w, "w")])
+    model = load_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    made = images_to_arrays(folder, model, parse_pixels("scale=255,mean=0.5,std=0.5"))
+    assert made.arrays["x"].shape == (1, 8, 8, 1)
+    assert made.description.startswith("grey (Pillow's L"), made.description
+    assert "RGB" not in made.description.split(":")[0]

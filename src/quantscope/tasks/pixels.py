@@ -64,8 +64,12 @@ class Pixels:
     pad: int = 114
     raw: bool = False
 
-    def describe(self, height: int, width: int) -> str:
-        order = "BGR" if self.bgr else "RGB"
+    def describe(self, height: int, width: int, channels: int = 3) -> str:
+        """How a pixel became an input value; a 1-channel input's images are made grey
+        (Pillow's ``L``), which is said: a host feeding it another grey conversion, or
+        colour, does not feed what was measured."""
+        order = ("grey (Pillow's L: 0.299 R + 0.587 G + 0.114 B)" if channels == 1 else
+                 "BGR" if self.bgr else "RGB")
         size = {"stretch": f"stretched to {width}x{height}",
                 "letterbox": f"letterboxed to {width}x{height} (aspect kept, pad {self.pad})",
                 "crop": f"short side to {min(height, width)}, centre crop {width}x{height}",
@@ -367,7 +371,7 @@ def images_to_arrays(folder: str | Path, model: Model, pixels: Pixels, *,
     dtype = np.dtype(inp.dtype)  # an integer input: the pixels 0..255 exactly (raw)
     stacked = np.stack(samples).astype(dtype)
     return Images({inp.name: stacked}, inp, tuple(files),
-                  pixels.describe(inp.height, inp.width), tuple(skipped_files(folder)),
+                  pixels.describe(inp.height, inp.width, inp.channels), tuple(skipped_files(folder)),
                   tuple(alpha))
 
 
