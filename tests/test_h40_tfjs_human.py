@@ -17,6 +17,10 @@ with ``tf2onnx --tfjs``: NHWC inputs, embedders, int32 pixels.
 - ``quantscope images`` on a 1-channel input (human's ``emotion``, ``[N, 64, 64, 1]``)
   described the data as ``RGB`` in its sidecar, every data note and ``run``'s host step,
   though the images were made grey: the grey conversion is now said;
+- MoveNet's keypoints (``[1, 1, 17, 3]``: y, x, score) were judged whatever their score:
+  on photos without a person every point is noise the host drops, and the headline
+  ``point_agreement`` (4.4 % at a8_w8) was mostly theirs: with ``flags`` declared,
+  ``point_agreement_flagged`` and a note give the figure over the points FP32 keeps;
 - an embedder that FP32 itself does not tell faces apart with (human's ``mobilefacenet``:
   mean pairwise cosine 0.9998 over the faces, every impostor pair a match) read
   ``decision_agreement 100.0 %`` with nothing said: a note now says FP32 accepts the
@@ -166,3 +170,22 @@ def test_a_grey_input_is_described_grey_not_rgb(tmp_path):
     assert made.arrays["x"].shape == (1, 8, 8, 1)
     assert made.description.startswith("grey (Pillow's L"), made.description
     assert "RGB" not in made.description.split(":")[0]
+
+
+def test_points_a_host_keeps_by_their_flag_are_judged_apart():
+    from quantscope.tasks.points import PointsTask
+
+    # 2 samples x 3 points (y, x, score): sample 0 has 2 confident points, sample 1 none
+    ref = np.array([[[0.1, 0.2, 0.9], [0.5, 0.5, 0.8], [0.3, 0.3, 0.1]],
+                    [[0.6, 0.1, 0.1], [0.2, 0.9, 0.0], [0.9, 0.9, 0.2]]], np.float32)
+    test = ref.copy()
+    test[0, 2, :2] += 0.5  # the unconfident points move, the confident ones stay
+    test[1, :, :2] = 1.0 - test[1, :, :2]
+    task = PointsTask("points:y", "y", dims=3, flags=(2, 3), flag_threshold=0.3)
+    m = task.metrics(Outputs(("y",), ((ref[:, None],),)), Outputs(("y",), ((test[:, None],),)))
+    assert m.values["point_agreement"] == 2 / 6
+    assert m.values["point_agreement_flagged"] == 1.0
+    assert m.values["point_agreement_flagged_clusters"] == 1  # the one sample with kept points
+    said = [n for n in m.notes if "the points a host keeps" in n]
+    assert len(said) == 1 and "over the 2 of 6 points FP32 flags at or above 0.3" in said[0]
+    assert "on 1 of 2 samples" in said[0]

@@ -93,6 +93,7 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "mask_iou": (True, (0.0, 1.0)),
     "point_agreement": (True, (0.0, 1.0)),
     "point_flag_agreement": (True, (0.0, 1.0)),
+    "point_agreement_flagged": (True, (0.0, 1.0)),
     "string_agreement": (True, (0.0, 1.0)),
     "char_error_rate": (False, (0.0, math.inf)),
     "class_iou_min": (True, (0.0, 1.0)),

@@ -47,6 +47,7 @@ ITEM_WORDS: dict[str, str] = {
     "depth_delta1": "depth pixels",
     "point_agreement": "points",
     "point_flag_agreement": "point flags",
+    "point_agreement_flagged": "points FP32 flags (a host keeps)",
     "detection_f1": "detections of either model (a matched pair once)",
     "detection_recall": "FP32 detections",
     "detection_precision": "quantized detections",
