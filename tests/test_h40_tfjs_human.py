@@ -21,6 +21,9 @@ with ``tf2onnx --tfjs``: NHWC inputs, embedders, int32 pixels.
   on photos without a person every point is noise the host drops, and the headline
   ``point_agreement`` (4.4 % at a8_w8) was mostly theirs: with ``flags`` declared,
   ``point_agreement_flagged`` and a note give the figure over the points FP32 keeps;
+- the plan search read no item count for a face verification's decision agreement (the
+  task gave none beside its figure): its choice between measured plans had no noise
+  estimate ("its figure counts no items"); the figure now carries its pairs;
 - an embedder that FP32 itself does not tell faces apart with (human's ``mobilefacenet``:
   mean pairwise cosine 0.9998 over the faces, every impostor pair a match) read
   ``decision_agreement 100.0 %`` with nothing said: a note now says FP32 accepts the
@@ -90,6 +93,21 @@ def test_an_embedder_fp32_cannot_verify_with_is_said_not_scored_100_percent():
     said = [n for n in m.notes if n.startswith("FP32 itself does not tell these faces apart")]
     assert len(said) == 1 and "says little" in said[0], m.notes
     assert "100.0 % of the impostor pairs at 1.1" in said[0]
+
+
+def test_a_verification_figure_carries_its_pairs_for_the_plan_search():
+    from quantscope.plan.joint import repair_evaluator
+    from quantscope.types import Plan, Precision
+
+    proto = _nhwc_embedder(0.0)
+    model = load_proto(proto)
+    data = open_task_data("faces", model)
+    ref = _fp32_outputs(proto, data.evaluation)
+    values = data.task.metrics(ref, ref).values
+    assert values["decision_agreement_items"] == len(data.task.pairs.genuine)
+    evaluate = repair_evaluator(model, None, "decision_agreement", measure=lambda m, s, p: values)
+    assert evaluate(Plan.uniform(Precision.A8_W8)) == values["decision_agreement"]
+    assert evaluate.items == len(data.task.pairs.genuine)
 
 
 def test_an_embedder_that_tells_faces_apart_gets_no_such_note():

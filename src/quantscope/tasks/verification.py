@@ -81,6 +81,8 @@ class VerificationTask:
             f"tar@{self.threshold:g}": tf.tar, f"far@{self.threshold:g}": tf.far,
             f"tar@far{FACE_FAR:g}": M.tar_at_far(dt, labels, FACE_FAR).tar,
             "decision_agreement": agree,
+            # its items, the pairs decided (the plan search's noise reads them here)
+            "decision_agreement_items": float(len(labels)),
             "embedding_cosine_mean": M.cosine_fidelity(er, et)["mean"],
             "embedding_sqnr_db": sqnr_db(er, et),
             "norm_mean": norms["mean"], "norm_cv": norms["cv"],
