@@ -207,3 +207,13 @@ def test_points_a_host_keeps_by_their_flag_are_judged_apart():
     said = [n for n in m.notes if "the points a host keeps" in n]
     assert len(said) == 1 and "over the 2 of 6 points FP32 flags at or above 0.3" in said[0]
     assert "on 1 of 2 samples" in said[0]
+
+
+def test_the_verdict_counts_kept_points_as_points():
+    from quantscope.report.summary import sample_size
+
+    v = {"held_out": {"samples": 32}, "metric": "point_agreement_flagged",
+         "quality": {"plan": {"point_agreement_flagged_items": 7.0,
+                              "point_agreement_flagged_clusters": 5.0}}}
+    assert sample_size(v) == ("n=32 held-out samples, an effective 7 points FP32 flags (a "
+                              "host keeps)")

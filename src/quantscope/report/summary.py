@@ -71,7 +71,7 @@ def sample_size(v: dict[str, Any]) -> str:
     # per position counts positions as an effective count (clustered by sample)
     if clusters_key(m) in plan:  # a landmark task's items are its points
         n += (f", an effective {int(items)} "
-              f"{words if words in ('points', 'point flags') else 'positions'}")
+              f"{words if words.startswith('point') else 'positions'}")
     elif "detections" in words or int(items) != ho.get("samples"):
         n += f", {int(items)} {words}"
     return n
