@@ -24,6 +24,8 @@ with ``tf2onnx --tfjs``: NHWC inputs, embedders, int32 pixels.
 - the plan search read no item count for a face verification's decision agreement (the
   task gave none beside its figure): its choice between measured plans had no noise
   estimate ("its figure counts no items"); the figure now carries its pairs;
+- ``run``'s fidelity-only warning on faceres' descriptor read ``worst channel -inf dB``
+  (a ReLU'd channel FP32 gives 0 on every held-out image): it now says so;
 - an embedder that FP32 itself does not tell faces apart with (human's ``mobilefacenet``:
   mean pairwise cosine 0.9998 over the faces, every impostor pair a match) read
   ``decision_agreement 100.0 %`` with nothing said: a note now says FP32 accepts the
@@ -217,3 +219,18 @@ def test_the_verdict_counts_kept_points_as_points():
                               "point_agreement_flagged_clusters": 5.0}}}
     assert sample_size(v) == ("n=32 held-out samples, an effective 7 points FP32 flags (a "
                               "host keeps)")
+
+
+def test_a_worst_channel_of_minus_inf_db_is_said_why():
+    import math
+
+    from quantscope.pipeline.verdict import _unscored_figures
+
+    note = ("output 'global_pooling/Mean' [B,1024] scored for fidelity only (cosine, SQNR, per "
+            "channel, in 'outputs'): the task's figures and the headline are 'age''s")
+    out = {"sqnr_db": 10.7, "sqnr_db_channel_min": -math.inf}
+    results = {"plan": {"outputs": {"global_pooling/Mean": out}},
+               "a8_w8": {"outputs": {"global_pooling/Mean": out}}}
+    line = _unscored_figures([note], results)[0]
+    assert "worst channel -inf dB: a channel FP32 gives 0 on every held-out value, the " \
+           "quantized model not" in line, line
