@@ -27,6 +27,7 @@ SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "recall@", "decision_
           "tar_at_far", "detection_f1", "detection_recall", "detection_precision", "pixel_flip_share", "match_rate",
           "score_side_agreement", "decode_top1", "greedy_agreement", "exact_agreement",
           "values_equal_share", "mask_share_fp32", "point_agreement", "point_flag_agreement",
+          "point_agreement_flagged",
           "string_agreement", "char_error_rate", "decisions_positive_fp32", "image_outside_share",
           "depth_delta1", "depth_invalid_share", "true_accept_rate", "false_accept_rate",
           "equal_error_rate", "true_accept_rate_fp32", "false_accept_rate_fp32",

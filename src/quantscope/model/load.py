@@ -408,6 +408,7 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     proto, moved = sort_nodes(proto)  # ONNX Runtime runs an unsorted graph: so do we
     proto, negative = name_negative_dims(proto)  # a -1 dim is any size, as ORT reads it
     moved = (*moved, *negative)
+    _refuse_shapeless_io(proto, source)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as exc:
@@ -435,6 +436,23 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     model = Model(proto=proto, source=source, notes=notes)
     _refuse_empty_outputs(model)
     return model
+
+
+def _refuse_shapeless_io(proto: onnx.ModelProto, source: str) -> None:
+    """A graph input or output with no shape, not even a rank (tf2onnx ``--tfjs`` writes
+    the inputs a TFJS signature leaves unknown so: Robust Video Matting's recurrent states
+    ``r1i:0`` ... and ``downsample_ratio:0``), which the ONNX checker refuses without
+    naming it: named here, with the fix."""
+    shapeless = [v.name for v in (*proto.graph.input, *proto.graph.output)
+                 if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    if shapeless:
+        names = ", ".join(repr(n) for n in shapeless[:6]) + (
+            f" and {len(shapeless) - 6} more" if len(shapeless) > 6 else "")
+        raise QuantscopeError(
+            f"model '{source}' gives {names} no shape, not even a rank (ONNX requires one on "
+            "a graph input or output): set each one's shape in the export (tf2onnx: "
+            "--inputs NAME[d,d,...]; a scalar, which tf2onnx leaves without one: "
+            "value_info.type.tensor_type.shape.SetInParent() in the ONNX file)")
 
 
 def _refuse_empty_outputs(model: Model) -> None:

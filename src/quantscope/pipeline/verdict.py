@@ -9,6 +9,7 @@ feed the inputs and read the outputs (the io rows).
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -277,8 +278,12 @@ def _unscored_figures(notes: list[str], results: dict[str, Any]) -> list[str]:
     names = [n for note in notes for n in unscored_names(note, list(plan))]
 
     def fig(out: dict[str, Any]) -> str:
+        worst = out.get("sqnr_db_channel_min")
+        # -inf: a channel with no FP32 signal (0 on every held-out value) and some error
+        why = (": a channel FP32 gives 0 on every held-out value, the quantized model not"
+               if worst == -math.inf else "")
         return (f"{value('sqnr_db', out.get('sqnr_db'))} (worst channel "
-                f"{value('sqnr_db', out.get('sqnr_db_channel_min'))})")
+                f"{value('sqnr_db', worst)}{why})")
 
     return [f"output '{n}' (fidelity only) held out: SQNR {fig(plan[n])} at the plan, "
             f"{fig(uniform.get(n, {}))} at uniform a8_w8" for n in dict.fromkeys(names)]

@@ -12,6 +12,19 @@ INT_TYPES = {6: "int32", 7: "int64", 2: "uint8", 3: "int8", 12: "uint32", 13: "u
              9: "bool"}
 
 
+def _pixels_step(pixels: str, inputs: list[dict[str, Any]]) -> str:
+    """Images made into the input as the data was: a float input is quantized from that
+    tensor; an integer one (uint8, TF MoveNet's int32: the image input is the model's only
+    input, ``quantscope images`` fills no other) takes the pixels as they are."""
+    ints = [INT_TYPES[i["dtype"]] for i in inputs if i["dtype"] in INT_TYPES]
+    if len(inputs) == 1 and ints:
+        return (f"make each image the input as the measured data was made ({pixels}): the "
+                f"device takes those {ints[0]} pixels as they are, not quantized")
+    return (f"make each image the input as the measured data was made ({pixels}): the "
+            "input's quantization (io_snippet.py) takes that float tensor, not the image's "
+            "pixels")
+
+
 def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
                text: bool, seq_len: int | None, longest: int | None = None,
                pooled: bool | None = None, lookups: list[dict[str, Any]] | None = None,
@@ -33,9 +46,7 @@ def host_steps(inputs: list[dict[str, Any]], outputs: list[dict[str, Any]], *,
     whose --input-shape differs from them (the figures are the data's size's); ``pixels``:
     how ``quantscope images`` made the data from images (its note), which the host repeats
     on each image before the input's quantization."""
-    steps = [] if not pixels else [
-        f"make each image the input as the measured data was made ({pixels}): the input's "
-        "quantization (io_snippet.py) takes that float tensor, not the image's pixels"]
+    steps = [] if not pixels else [_pixels_step(pixels, inputs)]
     if prefixes and (prefixes.get("query") or prefixes.get("document")):
         steps.append(f"put {prefixes.get('query', '')!r} before every query and "
                      f"{prefixes.get('document', '')!r} before every document before "

@@ -70,8 +70,8 @@ def sample_size(v: dict[str, Any]) -> str:
     # a detection share's items are detections, which the samples do not tell; a share
     # per position counts positions as an effective count (clustered by sample)
     if clusters_key(m) in plan:  # a landmark task's items are its points, verify's decisions
-        n += (f", an effective {int(items)} "
-              f"{words if words in ('points', 'point flags', 'decisions', 'voiced frames', 'frames') else 'positions'}")
+        named = words.startswith("point") or words in ("decisions", "voiced frames", "frames")
+        n += f", an effective {int(items)} {words if named else 'positions'}"
     elif "detections" in words or int(items) != ho.get("samples"):
         n += f", {int(items)} {words}"
     return n

@@ -93,6 +93,7 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "mask_iou": (True, (0.0, 1.0)),
     "point_agreement": (True, (0.0, 1.0)),
     "point_flag_agreement": (True, (0.0, 1.0)),
+    "point_agreement_flagged": (True, (0.0, 1.0)),
     "string_agreement": (True, (0.0, 1.0)),
     "char_error_rate": (False, (0.0, math.inf)),
     "class_iou_min": (True, (0.0, 1.0)),
@@ -228,6 +229,9 @@ def share_items(task: Task | None, metric: str, values: Mapping[str, float]
     effective where positions cluster by sample, a score output's decisions, image views,
     a detection share's detections), a face verification's decision agreement over its
     pairs. None: not known (another metric, or a share whose items nothing counts)."""
+    pairs = getattr(task, "pairs", None)
+    if metric == "decision_agreement" and hasattr(pairs, "genuine"):
+        return len(pairs.genuine), "verification pairs"  # type: ignore[union-attr]
     n = values.get(items_key(metric))
     if n is not None and np.isfinite(n) and n >= 1:
         what = ITEM_WORDS.get(metric.split(":")[0], "items")
@@ -235,9 +239,6 @@ def share_items(task: Task | None, metric: str, values: Mapping[str, float]
         if k is not None and np.isfinite(k):
             what += f" (effective count: positions clustered by their {int(k)} samples)"
         return int(n), what
-    pairs = getattr(task, "pairs", None)
-    if metric == "decision_agreement" and hasattr(pairs, "genuine"):
-        return len(pairs.genuine), "verification pairs"  # type: ignore[union-attr]
     return None
 
 

@@ -16,8 +16,8 @@ deployment bug of its own (field report 002: std 127.5 for 128), so nothing is g
                        ``letterbox`` (aspect kept, padded with ``pad=114`` at the
                        bottom/right, YOLO style), ``crop`` (short side to the size,
                        centre crop)
-``raw``                the pixels as they are (0..255): a uint8 input, or a graph that
-                       normalises them itself
+``raw``                the pixels as they are (0..255): an integer input (uint8, or
+                       TF MoveNet's int32), or a graph that normalises them itself
 =====================  ============================================================
 
 The input (its name, channels first or last, 1 or 3 channels, H and W) is read from the
@@ -65,9 +65,11 @@ class Pixels:
     raw: bool = False
 
     def describe(self, height: int, width: int, channels: int = 3) -> str:
-        """The preprocessing in words; a 1-channel input's images are grey, not RGB."""
-        order = ("grey (Pillow's L: 0.299 R + 0.587 G + 0.114 B)" if channels == 1
-                 else "BGR" if self.bgr else "RGB")
+        """How a pixel became an input value; a 1-channel input's images are made grey
+        (Pillow's ``L``), which is said: a host feeding it another grey conversion, or
+        colour, does not feed what was measured."""
+        order = ("grey (Pillow's L: 0.299 R + 0.587 G + 0.114 B)" if channels == 1 else
+                 "BGR" if self.bgr else "RGB")
         size = {"stretch": f"stretched to {width}x{height}",
                 "letterbox": f"letterboxed to {width}x{height} (aspect kept, pad {self.pad})",
                 "crop": f"short side to {min(height, width)}, centre crop {width}x{height}",
@@ -148,6 +150,11 @@ class ImageInput:
     dtype: str  # numpy dtype name
 
 
+# Integer input types that hold a pixel's 0..255 exactly: a graph that takes the pixels
+# as they are and casts them itself (uint8; TF MoveNet's int32 ``input [1, 192, 192, 3]``).
+INTEGER_PIXELS = ("uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")
+
+
 def _dtype(model: Model, name: str) -> str:
     import onnx
 
@@ -197,7 +204,7 @@ def image_input(model: Model, shapes: Mapping[str, tuple[int, ...]] | None = Non
             f"the model has inputs besides '{found[0].name}' ({', '.join(others)}): images fill "
             "one input; make a .npz with every input yourself")
     inp = found[0]
-    if inp.dtype not in ("float32", "float16", "float64", "uint8"):
+    if inp.dtype not in ("float32", "float16", "float64", *INTEGER_PIXELS):
         raise QuantscopeError(f"input '{inp.name}' takes {inp.dtype}, not pixels: give tensor "
                               "data (.npz) instead")
     return inp
@@ -292,10 +299,10 @@ def read_image(path: Path, inp: ImageInput, pixels: Pixels,
 
 
 def check_pixels(pixels: Pixels, inp: ImageInput) -> None:
-    """A uint8 input takes raw pixels; per-channel values match the channels."""
-    if inp.dtype == "uint8" and not pixels.raw:
-        raise QuantscopeError(f"input '{inp.name}' takes uint8 pixels (the graph normalises "
-                              "them itself): give --pixels raw")
+    """An integer input takes raw pixels; per-channel values match the channels."""
+    if inp.dtype in INTEGER_PIXELS and not pixels.raw:
+        raise QuantscopeError(f"input '{inp.name}' takes {inp.dtype} pixels (the graph "
+                              "normalises them itself): give --pixels raw")
     for key, values in (("mean", pixels.mean), ("std", pixels.std)):
         if len(values) not in (1, inp.channels):
             raise QuantscopeError(f"--pixels {key}= gives {len(values)} values; input "
@@ -361,7 +368,7 @@ def images_to_arrays(folder: str | Path, model: Model, pixels: Pixels, *,
     alpha: list[str] = []
     samples = [read_image(p, inp, pixels, alpha)
                for p in track(files, "images", unit="image", show=show)]
-    dtype = np.uint8 if inp.dtype == "uint8" else np.dtype(inp.dtype)
+    dtype = np.dtype(inp.dtype)  # an integer input: the pixels 0..255 exactly (raw)
     stacked = np.stack(samples).astype(dtype)
     return Images({inp.name: stacked}, inp, tuple(files),
                   pixels.describe(inp.height, inp.width, inp.channels), tuple(skipped_files(folder)),

@@ -15,7 +15,15 @@ per-coordinate SQNR names a channel, not a distance. Declared ``--layout OUT=poi
 ``point_flag_agreement``  with ``flags=A-B``: share of the flag values (each point's values
                           A to B, counted from 0) on the same side of ``threshold`` (default
                           0: a logit) as FP32's, over ``point_flag_agreement_items``
+``point_agreement_flagged``  with ``flags``: ``point_agreement`` over the points whose first
+                          flag FP32 puts at or above ``threshold`` (the points a host keeps:
+                          MoveNet's keypoint score, a pose's visibility), over
+                          ``point_agreement_flagged_items``; NaN when FP32 flags none
 ========================  ==============================================================
+
+A point a host drops (its score under the threshold: MoveNet's keypoints on a photo with
+no person) still counts in ``point_agreement``; ``point_agreement_flagged`` and its note
+give the figure over the kept ones, and ``--metric point_agreement_flagged`` plans by it.
 
 Each sample's values are read as points of ``dims`` values (default 2; MediaPipe's
 landmarks: 3), in order; the distance is over each point's first two values (x, y; a
@@ -147,7 +155,31 @@ class PointsTask:
             flag_values, flag_notes = self._flags(r, t)
             values.update(flag_values)
             notes.extend(flag_notes)
+            kept_values, kept_note = self._flagged(r, d, tol)
+            values.update(kept_values)
+            notes.append(kept_note)
         return Metrics(values=values, notes=tuple(notes))
+
+    def _flagged(self, ref: list[np.ndarray], d: np.ndarray, tol: float
+                 ) -> tuple[dict[str, float], str]:
+        """The point agreement over the points whose first flag FP32 puts at or above the
+        threshold (the points a host keeps), and its note."""
+        a = (self.flags or (0, 0))[0]
+        kept = np.concatenate([x[..., a] for x in ref]) >= self.flag_threshold  # [N, P]
+        key = "point_agreement_flagged"
+        if not kept.any():
+            return {key: float("nan")}, (
+                f"output '{self.output}': FP32 flags no point at or above "
+                f"{self.flag_threshold:g} (value {a}): no point a host keeps to judge")
+        hits = (d <= tol) & kept
+        share = float(hits.sum() / kept.sum())
+        values = {key: share, **share_counts(key, hits.sum(axis=1), kept.sum(axis=1))}
+        return values, (
+            f"output '{self.output}': over the {int(kept.sum())} of {kept.size} points FP32 "
+            f"flags at or above {self.flag_threshold:g} (value {a}; on {int(kept.any(axis=1).sum())} "
+            f"of {len(kept)} samples), the points a host keeps: {value(key, share)} within "
+            f"{tol:.4g}, mean distance {float(np.mean(d[kept])):.4g}; the others count in "
+            f"point_agreement (--metric {key} plans for the kept ones)")
 
     def _flags(self, ref: list[np.ndarray], test: list[np.ndarray]
                ) -> tuple[dict[str, float], list[str]]:

@@ -50,6 +50,7 @@ ITEM_WORDS: dict[str, str] = {
     "point_flag_agreement": "point flags",
     "pitch_agreement": "voiced frames",
     "voicing_agreement": "frames",
+    "point_agreement_flagged": "points FP32 flags (a host keeps)",
     "detection_f1": "detections of either model (a matched pair once)",
     "detection_recall": "FP32 detections",
     "detection_precision": "quantized detections",
