@@ -43,7 +43,9 @@ from quantscope.serde import bytes_writer, plan_to_dict, read_json, write_atomic
 from quantscope.types import Dataset, Plan, QuantscopeError, Stats
 from quantscope.version import __version__
 
-FORMAT = "quantscope.eval-cache/1"
+# /2: a share's entry carries its items (text retrieval's queries, a verification's pairs):
+# a /1 entry of those lacks them, and its figure would be read back with no noise estimate
+FORMAT = "quantscope.eval-cache/2"
 # plan meta keys that describe a plan and change no figure measured of it
 DESCRIPTIVE_META = frozenset({"planner", "seed", "budget", "cost", "predicted", "measured",
                               "note", "metric"})
