@@ -222,6 +222,10 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
     from quantscope.tasks.positions import check_token_lengths
 
     check_token_lengths(model, opts.seq_len, opts.input_shapes)
+    if opts.metric:  # a --metric the data's task does not give: refused before any work
+        from quantscope.analyze.measure import check_metric
+
+        check_metric(model, fit if fit is not None else _open_fit(model, opts), opts.metric)
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress,
                    _cache={"model": model}).check_goal(fit)
