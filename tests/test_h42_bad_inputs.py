@@ -54,3 +54,38 @@ def test_a_metric_retrieval_pairs_lack_is_refused_before_any_file(tmp_path, caps
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--metric 'mask_iou' is no figure" in err and "recall@5" in err, err
     assert not out.exists()
+
+
+def test_eval_data_sharing_samples_with_data_is_refused(tmp_path, capsys):
+    """--eval-data holding some of --data's samples (not the same bytes: h37 refused only a
+    copy) was evaluated as held out."""
+    model, data = _model_and_data(tmp_path)
+    x = np.load(data)
+    fresh = np.random.default_rng(1).normal(0, 1, (3, 5, 24)).astype(np.float32)
+    np.save(tmp_path / "e.npy", np.concatenate([fresh, x[5:]]))  # 3 new, 3 of --data's
+    out = tmp_path / "w"
+    assert main(["run", model, "--data", data, "--eval-data", str(tmp_path / "e.npy"),
+                 "--target", "hailo8", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"quantscope: error: --eval-data '{tmp_path / 'e.npy'}': 3 of its 6 samples are also "
+        f"in --data '{data}'"), err
+    assert not out.exists()
+    np.save(tmp_path / "e.npy", fresh)
+    assert main(["run", model, "--data", data, "--eval-data", str(tmp_path / "e.npy"),
+                 "--target", "hailo8", "--out", str(out)]) == 0
+
+
+def test_eval_pairs_sharing_pairs_with_data_are_refused(tmp_path, capsys):
+    _bert_sized_encoder(tmp_path / "enc.onnx")
+    data = _pairs(tmp_path / "p.jsonl", 8)
+    held = _pairs(tmp_path / "h.jsonl", 6, start=6)  # pairs 6, 7 are --data's
+    out = tmp_path / "w"
+    assert main(["run", str(tmp_path / "enc.onnx"), "--data", data, "--eval-data", held,
+                 "--target", "hailo8", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "2 of its 6 pairs are also in --data" in err, err
+    assert not out.exists()
+    # --pairs 6 fits on pairs 0-5 only: no overlap
+    assert main(["run", str(tmp_path / "enc.onnx"), "--data", data, "--eval-data", held,
+                 "--pairs", "6", "--target", "hailo8", "--out", str(out)]) == 0

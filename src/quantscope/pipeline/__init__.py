@@ -274,15 +274,14 @@ def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None
     fit = fit if fit is not None else _open_fit(model, opts)
     sets = [(opts.data, fit)]
     if opts.eval_data:
-        from quantscope.pipeline.data import refuse_same_data
+        from quantscope.pipeline.data import refuse_overlap, refuse_same_data
 
         refuse_same_data(opts.data, opts.eval_data)
-        sets.append((opts.eval_data, stages.open_data(opts.eval_data, model,
-                                                      tokenizer=opts.tokenizer,
-                                                      max_pairs=opts.pairs,
-                                                      layout=opts.layout,
-                                                      batch_axes=axes, show=False,
-                                                      prefixes=opts.prefixes)))
+        held = stages.open_data(opts.eval_data, model, tokenizer=opts.tokenizer,
+                                max_pairs=opts.pairs, layout=opts.layout, batch_axes=axes,
+                                show=False, prefixes=opts.prefixes)
+        refuse_overlap(opts.data, opts.eval_data, fit, held, opts.pairs)
+        sets.append((opts.eval_data, held))
     for spec, ds in sets:
         for batch in (*ds.calibration, *ds.evaluation):
             check_token_ids(batch, model, spec)
