@@ -89,3 +89,46 @@ def test_eval_pairs_sharing_pairs_with_data_are_refused(tmp_path, capsys):
     # --pairs 6 fits on pairs 0-5 only: no overlap
     assert main(["run", str(tmp_path / "enc.onnx"), "--data", data, "--eval-data", held,
                  "--pairs", "6", "--target", "hailo8", "--out", str(out)]) == 0
+
+
+def _expanding_model(path: Path) -> None:
+    """x [1, 4] -> Expand to [1, 4, 2**22, 2**22] (256 TiB of float32, beyond any address
+    space, so the allocation fails whatever the kernel's overcommit) -> ReduceMean."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array([1, 4, 2**22, 2**22], np.int64), "shape"),
+             numpy_helper.from_array(np.eye(4, dtype=np.float32), "w"),
+             numpy_helper.from_array(np.array([1, 4, 1, 1], np.int64), "s4")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]),
+             helper.make_node("Reshape", ["h", "s4"], ["h4"]),
+             helper.make_node("Expand", ["h4", "shape"], ["big"], name="the_expand"),
+             helper.make_node("ReduceMean", ["big"], ["y"], axes=[1, 2, 3], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "big", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_out_of_memory_names_what_asked_for_it(tmp_path, capsys):
+    """ONNX Runtime's failed allocation was an internal error; numpy's MemoryError said
+    'use fewer or smaller batches', which no option sets."""
+    from quantscope.cli import memory_line
+
+    _expanding_model(tmp_path / "big.onnx")
+    np.save(tmp_path / "x.npy", np.ones((2, 4), np.float32))
+    out = tmp_path / "s.npz"
+    assert main(["calibrate", str(tmp_path / "big.onnx"), "--data", str(tmp_path / "x.npy"),
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("quantscope: error: out of memory in ONNX Runtime's Expand node "
+                          "'the_expand'"), err
+    assert "smaller --input-shape or --seq-len" in err and "batches" not in err
+    assert not out.exists()
+    try:
+        np.empty((2**24, 2**24), np.float32)  # 1 PiB
+    except MemoryError as e:
+        line = memory_line(e)
+    assert line is not None and line.startswith("out of memory (Unable to allocate 1.00 PiB "
+                                                "for an array with shape (16777216, "
+                                                "16777216)"), line
+    assert memory_line(ValueError("bad_alloc")) is None
