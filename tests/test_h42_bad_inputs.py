@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 import tiny_models as tm
 from test_h37_bad_inputs import _bert_sized_encoder
 
@@ -132,3 +133,26 @@ def test_out_of_memory_names_what_asked_for_it(tmp_path, capsys):
                                                 "for an array with shape (16777216, "
                                                 "16777216)"), line
     assert memory_line(ValueError("bad_alloc")) is None
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--new-tokens", "1000000000"], "grow each prompt's KV cache past the longest sequence "
+     "quantscope runs a model at (65536)"),
+    (["--lm-tokens", "1000000000"], "needs 15,873,016 evaluation windows of 64 tokens (63 "
+     "predicted tokens each), and the built-in text has 1,500 documents, one window each: "
+     "give --lm-tokens 94500 or less"),
+    (["--decode-steps", "1000000000"], "give --decode-steps 12000 or less"),
+    (["--prompts", "1000000000"], "give --prompts 1501 or less"),
+])
+def test_a_decoders_huge_counts_are_refused_before_any_work(tmp_path, capsys, extra, words):
+    """--prompts, --new-tokens, --decode-steps, --lm-tokens had no upper bound: the run
+    converted, calibrated and planned, and ran out of text (or ran on) after."""
+    from decoder_tiny import byte_decoder
+
+    model = byte_decoder(tmp_path)
+    out = tmp_path / "run"
+    assert main(["run", str(model), "--data", "stdlib-docs", "--target", "hailo10h",
+                 "--seq-len", "64", *extra, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not out.exists()

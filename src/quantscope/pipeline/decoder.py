@@ -107,6 +107,7 @@ class DecoderOptions:
         from quantscope.targets import load_target
 
         load_target(self.target)
+        self.phases_setup()  # amounts the built-in text cannot give: refused now
         if self.metric not in METRICS:
             raise QuantscopeError(f"--metric '{self.metric}' is not a decoder's: use one of "
                                   f"{', '.join(METRICS)}")
