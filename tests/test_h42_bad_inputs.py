@@ -156,3 +156,25 @@ def test_a_decoders_huge_counts_are_refused_before_any_work(tmp_path, capsys, ex
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
     assert not out.exists()
+
+
+def test_the_report_says_fit_data_where_nothing_is_held_out(tmp_path):
+    """Retrieval pairs too few to split (6 pairs, --pairs 300): the verdict said 'NOT held
+    out', the report's configurations and whatif sections 'on the held-out data (n=6 fit
+    pairs, NOT held out)' and its data table 'held-out evaluation'."""
+    _bert_sized_encoder(tmp_path / "enc.onnx")
+    out = tmp_path / "w"
+    assert main(["run", str(tmp_path / "enc.onnx"), "--data", _pairs(tmp_path / "p.jsonl", 6),
+                 "--target", "hailo8", "--goal", "0.5", "--whatif", "--out", str(out)]) == 0
+    page = (out / "report.html").read_text()
+    assert "held-out data" not in page and "held-out evaluation" not in page
+    assert "on the fit data (n=6 fit pairs, NOT held out)" in page
+    assert "whatif, on the fit data, NOT held out" in page
+    assert "evaluation (the fit data, NOT held out)" in page
+    # split data keeps its words
+    model, data = _model_and_data(tmp_path)
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--out",
+                 str(tmp_path / "t")]) == 0
+    page = (tmp_path / "t" / "report.html").read_text()
+    assert "on the held-out data (n=4 held-out samples)" in page
+    assert "held-out evaluation" in page
