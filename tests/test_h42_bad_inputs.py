@@ -226,3 +226,30 @@ def test_a_model_or_data_rewritten_in_place_with_its_times_kept_is_seen(tmp_path
     assert "stages run: calibrate, analyze, plan" in capsys.readouterr().out
     assert main(args) == 0  # and settled again: nothing to redo
     assert "stages run: none" in capsys.readouterr().out
+
+
+def test_a_target_profile_edited_under_its_path_redoes_the_stages_it_feeds(tmp_path, capsys):
+    """--target my.toml, then the profile's costs edited: every stage was skipped and the
+    verdict kept the old plan's cost (6.816x where the profile now gave 1.932x)."""
+    model, data = _model_and_data(tmp_path)
+    src = Path(__file__).parents[1] / "src" / "quantscope" / "targets" / "hailo8.toml"
+    profile = tmp_path / "my.toml"
+    profile.write_text(src.read_text().replace('name = "hailo8"', 'name = "mine"', 1))
+    out = tmp_path / "w"
+    args = ["run", model, "--data", data, "--target", str(profile), "--out", str(out)]
+    assert main(args) == 0
+    before = json.loads((out / "verdict.json").read_text())["cost"]
+    text = profile.read_text()
+    cheap = text.replace("weighted = { a8_w8 = 1.0, a8_w4 = 0.9, a16_w8 = 3.7, a16_w16 = 7.4 }",
+                         "weighted = { a8_w8 = 1.0, a8_w4 = 0.9, a16_w8 = 1.5, a16_w16 = 2.0 }")
+    assert cheap != text
+    profile.write_text(cheap)
+    capsys.readouterr()
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "stages run: analyze, plan, repair, check, evaluate" in printed, printed
+    assert "skipped (done): calibrate;" in printed  # calibration reads no target
+    after = json.loads((out / "verdict.json").read_text())["cost"]
+    fresh = tmp_path / "fresh"
+    assert main([*args[:-1], str(fresh)]) == 0
+    assert after == json.loads((fresh / "verdict.json").read_text())["cost"] != before

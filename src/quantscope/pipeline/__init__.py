@@ -464,11 +464,26 @@ def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
         inputs["data"] = str(ctx.data_identity())
     if "hn" in spec.options:
         inputs["hn"] = str(ctx.hn_identity())
+    profile = target_file_identity(ctx.opts.target) if "target" in spec.options else None
+    if profile is not None:  # a profile file edited under its path (absent for a built-in)
+        inputs["target"] = profile
     if spec.ranked:  # absent when ORT ranks: the keys of earlier runs stay valid
         ranked_by = _ranked_by(ctx.opts.rank_engine)
         if ranked_by is not None:
             options["rank_engine"] = ranked_by
     return stage_key(name, options, inputs)
+
+
+def target_file_identity(target: str | None) -> str | None:
+    """The content digest of a ``--target`` profile file (None for a built-in name: the
+    keys of earlier runs stay valid). A profile edited under the same path (its costs, a
+    rule) had left every stage's key unchanged: a rerun skipped them all and reported the
+    old plan's cost."""
+    from quantscope.pipeline.manifest import file_digest
+
+    if target is None or not (target.endswith(".toml") or "/" in target):
+        return None
+    return file_digest(target) if Path(target).is_file() else None
 
 
 # device files whose absence means no GPU that torch.cuda could see (NVIDIA, WSL, ROCm)
