@@ -253,3 +253,43 @@ def test_a_target_profile_edited_under_its_path_redoes_the_stages_it_feeds(tmp_p
     fresh = tmp_path / "fresh"
     assert main([*args[:-1], str(fresh)]) == 0
     assert after == json.loads((fresh / "verdict.json").read_text())["cost"] != before
+
+
+KILLED_AFTER_FIRST_RENAME = """
+import os, signal, sys
+from quantscope import serde
+real = os.replace
+def replace(a, b):
+    real(a, b)
+    os.kill(os.getpid(), signal.SIGKILL)
+serde.os.replace = replace
+serde.write_text(sys.argv[1], "new")
+"""
+
+
+def test_a_file_rewritten_is_the_old_or_the_new_one_whenever_killed(tmp_path):
+    """serde moved the earlier file aside before renaming the new one in: SIGKILL between
+    the two renames left the file missing (run.json: every stage redone) and a hidden
+    '.NAME.….tmp.old' copy in the run folder for good (a repaired model's size)."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "run.json"
+    f.write_text("old")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    p = subprocess.run([sys.executable, "-c", KILLED_AFTER_FIRST_RENAME, str(f)], env=env,
+                       check=False)
+    assert p.returncode == -9
+    assert f.read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_a_killed_file_sets_moved_aside_file_is_removed_on_resume(tmp_path, capsys):
+    model, data = _model_and_data(tmp_path)
+    out = tmp_path / "w"
+    args = ["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]
+    assert main(args) == 0
+    aside = out / ".verdict.json.x1y2z3.tmp.old"  # as a set's rename leaves it when killed
+    aside.write_text("{}")
+    assert main(args) == 0
+    assert not aside.exists()

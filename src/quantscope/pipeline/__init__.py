@@ -446,7 +446,8 @@ def _folder(out: str) -> Path:
 def _remove_stale(folder: Path) -> None:
     """Temporary files a killed run left behind (call holding the folder's lock), also in
     the plan search's evaluation cache."""
-    for stale in (*folder.glob(".*.tmp"), *folder.glob(f"{steps.EVALS}/*/.*.tmp")):
+    for stale in (*folder.glob(".*.tmp"), *folder.glob(f"{steps.EVALS}/*/.*.tmp"),
+                  *folder.glob(".*.tmp.old")):  # a file set's earlier file moved aside
         stale.unlink()  # serde.write_atomic's temporary names
 
 
