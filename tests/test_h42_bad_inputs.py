@@ -293,3 +293,26 @@ def test_a_killed_file_sets_moved_aside_file_is_removed_on_resume(tmp_path, caps
     aside.write_text("{}")
     assert main(args) == 0
     assert not aside.exists()
+
+
+def test_a_layout_anchor_file_edited_under_its_path_redoes_the_data_stages(tmp_path, capsys):
+    """--layout …,anchors=A.npy: the resume key held the layout's text, so anchor centres
+    edited under the same path left every stage skipped, its detections decoded with the
+    old centres."""
+    from test_h29_ssd_heads import _centres, ssd_two_heads
+
+    onnx.save(ssd_two_heads(), tmp_path / "ssd.onnx")
+    np.savez(tmp_path / "ssd.npz",
+             input=np.random.default_rng(0).random((12, 3, 8, 8), np.float32))
+    np.save(tmp_path / "a.npy", _centres())
+    layout = (f"regressors=detect:axis=2,scores_from=classificators,"
+              f"anchors={tmp_path / 'a.npy'},threshold=0")
+    args = ["run", str(tmp_path / "ssd.onnx"), "--data", str(tmp_path / "ssd.npz"),
+            "--target", "hailo8", "--layout", layout, "--out", str(tmp_path / "w")]
+    assert main(args) == 0
+    np.save(tmp_path / "a.npy", _centres(spacing=3.0))
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "stages run: calibrate, analyze, plan" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "stages run: none" in capsys.readouterr().out

@@ -102,11 +102,19 @@ def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
             "tokenizer": identity(opts.tokenizer), "pairs": opts.pairs,
             "seq_len": opts.seq_len, "input_shapes": [[k, list(v)] for k, v in opts.input_shapes],
             "target": identity(opts.target), "method": opts.method, "metric": opts.metric,
-            "layout": sorted(s.text for s in opts.layout),
+            "layout": layout_identity(opts.layout, identity),
             "batch_axes": [list(p) for p in opts.batch_axes],
             **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {}),
             # the rule that kept them: a folder chosen under another rule chooses again
             "keep_rule": KEEP_RULE}
+
+
+def layout_identity(layout: Any, identity: Callable[[str], Any]) -> list[str]:
+    """The ``--layout`` declarations as a resume key holds them: each by its text, and a
+    detector's ``anchors=FILE`` also by that file's contents (``identity``), so an anchor
+    file edited under its path redoes what it feeds (its path alone was keyed)."""
+    return sorted(s.text + (f"#{identity(a)}" if (a := s.option("anchors")) else "")
+                  for s in layout)
 
 
 def auto_digest(key: dict[str, Any]) -> str:

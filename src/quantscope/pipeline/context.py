@@ -240,7 +240,9 @@ class Context:
             if k in DATA_PATHS:
                 return _identity(v)
             if k == "layout":
-                return sorted(s.text for s in v)
+                from quantscope.pipeline.auto import layout_identity
+
+                return layout_identity(v, _identity)
             if k == "batch_axes":
                 return [list(p) for p in v]
             if k == "prefixes":
