@@ -316,3 +316,22 @@ def test_a_layout_anchor_file_edited_under_its_path_redoes_the_data_stages(tmp_p
     assert "stages run: calibrate, analyze, plan" in capsys.readouterr().out
     assert main(args) == 0
     assert "stages run: none" in capsys.readouterr().out
+
+
+def test_a_tokenizer_beside_the_model_edited_redoes_the_data_stages(tmp_path, capsys):
+    """Text read with the tokenizer.json beside the model (no --tokenizer): that file was in
+    no resume key, so another casing or vocabulary left every stage skipped."""
+    _bert_sized_encoder(tmp_path / "enc.onnx")
+    packaged = Path(__file__).parents[1] / "src" / "quantscope" / "data"
+    tok = json.loads((packaged / "bert-uncased-tokenizer.json").read_text())
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
+    args = ["run", str(tmp_path / "enc.onnx"), "--data", _pairs(tmp_path / "p.jsonl", 12),
+            "--target", "hailo8", "--out", str(tmp_path / "w")]
+    assert main(args) == 0
+    tok["normalizer"]["lowercase"] = False
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "stages run: calibrate, analyze, plan" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "stages run: none" in capsys.readouterr().out

@@ -249,7 +249,10 @@ class Context:
                 return v.to_dict()
             return v
 
-        return {k: ident(k, v) for k, v in self.data_options().items()}
+        from quantscope.pipeline.auto import tokenizer_beside
+
+        return {**{k: ident(k, v) for k, v in self.data_options().items()},
+                **tokenizer_beside(self.opts, _identity)}
 
     def hn_identity(self) -> str | None:
         return _identity(self.opts.hn)
