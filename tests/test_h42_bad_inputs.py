@@ -335,3 +335,54 @@ def test_a_tokenizer_beside_the_model_edited_redoes_the_data_stages(tmp_path, ca
     assert "stages run: calibrate, analyze, plan" in capsys.readouterr().out
     assert main(args) == 0
     assert "stages run: none" in capsys.readouterr().out
+
+
+KILLED_IN_STAGE = """
+import dataclasses, os, signal, sys
+from quantscope import pipeline
+from quantscope.cli import main
+stage, when = sys.argv[1], sys.argv[2]
+spec = pipeline.STAGES[stage]
+def run(ctx, _run=spec.run):
+    if when == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    done = _run(ctx)  # its files written, not yet recorded in run.json
+    os.kill(os.getpid(), signal.SIGKILL)
+pipeline.STAGES[stage] = dataclasses.replace(spec, run=run)
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+@pytest.mark.parametrize("stage, when", [("analyze", "after"), ("evaluate", "before")])
+def test_a_run_killed_in_a_stage_resumes_there_with_the_same_files(tmp_path, stage, when):
+    """SIGKILL inside a stage (before its work, or after its files are written but before
+    run.json records them): the rerun runs that stage and those after it, and ends with the
+    files of a run never killed."""
+    import subprocess
+    import sys
+
+    from quantscope.pipeline.manifest import file_digest
+
+    model, data = _model_and_data(tmp_path)
+    args = ["run", model, "--data", data, "--target", "hailo8", "--goal", "20", "--out"]
+    assert main([*args, str(tmp_path / "ref")]) == 0
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    out = tmp_path / "w"
+    p = subprocess.run([sys.executable, "-c", KILLED_IN_STAGE, stage, when, *args, str(out)],
+                       env=env, check=False, capture_output=True)
+    assert p.returncode == -9, p.stderr.decode()[-500:]
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main([*args, str(out)]) == 0
+    ran = buf.getvalue().split("stages run: ")[1].split(";")[0].split(", ")
+    assert ran[0] == stage and "calibrate" not in ran, ran
+
+    def files(folder: Path) -> dict[str, str]:
+        return {str(f.relative_to(folder)): file_digest(f) for f in sorted(folder.rglob("*"))
+                if f.is_file() and f.name not in ("run.json", ".run.lock")
+                and f.parts[len(folder.parts)] != "evals"}  # the cache keeps its seconds
+
+    assert files(out) == files(tmp_path / "ref")
