@@ -42,8 +42,7 @@ Runner = Callable[[dict[str, np.ndarray]], Sequence[np.ndarray]]
 """``run(feeds) -> outputs`` in graph output order, like ``session.run(None, feeds)``."""
 
 STDLIB_DOCS = "stdlib-docs"
-TOKENIZER_FILE = "bert-uncased-tokenizer.json"
-TOKENIZER_BESIDE = "tokenizer.json"  # a Hugging Face export's, found beside the model
+TOKENIZER_FILE, TOKENIZER_BESIDE = "bert-uncased-tokenizer.json", "tokenizer.json"  # beside a model
 DEFAULT_MAX_LENGTH = 256
 INPUT_ROLES = ("input_ids", "attention_mask", "token_type_ids")
 _INT_TYPES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32"}
