@@ -145,8 +145,8 @@ def test_a_byte_order_mark_is_read_past(tmp_path, capsys):
 
 def test_a_metric_the_task_has_not_says_which_it_has(tmp_path, capsys):
     """run --metric NAME the data's task does not compute: one line with the fix (it said
-    "metric 'bogus' not among ..."); found at the analysis, after calibrate (kept: a rerun
-    with the right --metric reuses it)."""
+    "metric 'bogus' not among ..."); since h42 refused before any stage
+    (test_h42_bad_inputs)."""
     model, data = _model_and_data(tmp_path)
     assert main(["run", model, "--data", data, "--target", "hailo8", "--metric", "bogus",
                  "--out", str(tmp_path / "w")]) == 2

@@ -114,6 +114,9 @@ def _not_written(paths: list[Path]) -> str:
 
 
 def _rename_set(paths: list[Path], temps: list[Path]) -> None:
+    if len(paths) == 1:  # one rename replaces it atomically: killed at any point, the file
+        os.replace(temps[0], paths[0])  # is the old or the new one (moving the old aside
+        return  # first left it missing, and a '.old' file behind, under SIGKILL)
     done: list[tuple[Path, Path | None]] = []  # (path, its earlier content moved aside)
     try:
         for path, tmp in zip(paths, temps, strict=True):

@@ -128,8 +128,39 @@ class LmSetup:
         ``decode_steps`` decode steps (``steps`` per window, on the emulated cache)."""
         n = seq_len or DEFAULT_SEQ_LEN
         windows = -(-decode_steps // cls.steps)
+        _check_amounts(n, cls.steps, tokens=tokens, prompts=prompts, decode_steps=decode_steps)
         return cls(seq_len=n, evaluation=max(-(-tokens // (n - 1)), windows, prompts - 1),
                    prompts=prompts, new_tokens=new_tokens, decode_windows=windows)
+
+
+@functools.lru_cache(maxsize=1)
+def lm_documents() -> int:
+    """How many documents the built-in evaluation text has (one evaluation window each)."""
+    from quantscope.tasks.text import STDLIB_DOCS, load_pairs
+
+    return len(load_pairs(STDLIB_DOCS))
+
+
+def _check_amounts(seq_len: int, steps: int, *, tokens: int, prompts: int,
+                   decode_steps: int) -> None:
+    """Amounts of text needing more evaluation windows than the built-in text has documents
+    (each window is one document's first ``seq_len`` tokens) refused in one line naming the
+    option and its most, before any work (``--lm-tokens 1000000000`` was taken: the text
+    ran out only after the run's conversion and calibration)."""
+    docs = lm_documents()
+    for flag, value, per, what in (
+            ("--lm-tokens", tokens, seq_len - 1, "predicted tokens"),
+            ("--decode-steps", decode_steps, steps, "decode steps")):
+        if -(-value // per) > docs:
+            raise QuantscopeError(
+                f"{flag} {value} needs {-(-value // per):,} evaluation windows of {seq_len} "
+                f"tokens ({per} {what} each), and the built-in text has {docs:,} documents, "
+                f"one window each: give {flag} {docs * per} or less")
+    if prompts - 1 > docs:
+        raise QuantscopeError(
+            f"--prompts {prompts}: the greedy prompts after the first are the evaluation "
+            f"windows' first tokens, and the built-in text has {docs:,} documents: give "
+            f"--prompts {docs + 1} or less")
 
 
 def lm_text(spec: str | Path, setup: LmSetup) -> tuple[TokenWindows, list[np.ndarray]]:

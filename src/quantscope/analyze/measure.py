@@ -363,6 +363,35 @@ def default_metric(data: Dataset | None) -> str:
     return headline(data).metric
 
 
+def check_metric(model: Model, data: Dataset, metric: str) -> None:
+    """Refuse ``--metric NAME`` that a plan's measurement on ``data`` does not give, in one
+    line naming those it gives, before any work: the keys of :func:`_scored` (output
+    fidelity and the task's figures) with FP32 scored against itself, on the first
+    evaluation batch where the task reads each sample alone (or there is none), else on
+    every one (a retrieval task's figures need its pairs). The data's headline needs no
+    run. ``run --metric bogus`` was found at the plan stage, after calibrate and analyze
+    had written their files."""
+    if metric == headline(data).metric:
+        return
+    task = data.task
+    batches = list(data.evaluation)
+    if task is None or getattr(task, "row_local", False):
+        batches = batches[:1]
+    keep = getattr(task, "keep", None)
+    ref = run_model(model.proto, batches)
+    runs = Runs(names=ref.names, batches=iter(zip(ref.batches, batches, strict=True)))
+    with np.errstate(all="ignore"):
+        fid, test = compare_model(runs, ref, keep=keep, only=data.output,
+                                  judge=task is None or getattr(task, "row_local", False),
+                                  channel_axes=output_channel_axes(model, batches))
+        figures = set(fid.values)
+        if task is not None:
+            figures |= set(task.metrics(kept(ref, batches, keep), test).values)
+    if metric not in figures:
+        raise QuantscopeError(f"--metric '{metric}' is no figure of this data's task: "
+                              f"use one of {', '.join(sorted(figures))}")
+
+
 def headline(data: Dataset | None, metric: str | None = None) -> Headline:
     """The headline metric (key, direction, goal range, unit) of ``data``, or of the
     ``metric`` the user named."""

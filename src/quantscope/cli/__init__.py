@@ -68,11 +68,41 @@ def _one_line(call: Callable[[], int]) -> int:
             return _internal(exc)
         print(f"quantscope: error: {line}", file=sys.stderr)
         return EXIT_USER
-    except MemoryError:
-        print("quantscope: error: out of memory: use fewer or smaller batches", file=sys.stderr)
+    except MemoryError as exc:
+        print(f"quantscope: error: {memory_line(exc)}", file=sys.stderr)
         return EXIT_USER
     except Exception as exc:  # last resort: one line, never a traceback unless asked
-        return _internal(exc)
+        line = memory_line(exc)
+        if line is None:
+            return _internal(exc)
+        print(f"quantscope: error: {line}", file=sys.stderr)
+        return EXIT_USER
+
+
+MEMORY_FIX = ("the model's tensors at the size it runs at, for the samples held at once, "
+              "take more memory than this machine has: give smaller samples (a smaller "
+              "--input-shape or --seq-len) or fewer (--pairs, a smaller data file), or use a "
+              "machine with more memory")
+
+
+def memory_line(exc: BaseException) -> str | None:
+    """One line for running out of memory, naming what asked for it: numpy's array (its
+    size and shape) or ONNX Runtime's node (its ``std::bad_alloc`` or failed buffer); None
+    for another error. It had said 'use fewer or smaller batches', which no option
+    sets, and ONNX Runtime's failure was an internal error."""
+    text = str(exc).strip()
+    if isinstance(exc, MemoryError):
+        return f"out of memory ({text.splitlines()[0] if text else 'an allocation failed'}): {MEMORY_FIX}"
+    if not type(exc).__module__.startswith("onnxruntime") or not (
+            "bad_alloc" in text or "Failed to allocate memory" in text):
+        return None
+    import re
+
+    node = re.search(r"running (\w+) node\. Name:'([^']*)'", text)
+    size = re.search(r"buffer of size (\d+)", text)
+    where = f" in ONNX Runtime's {node[1]} node '{node[2]}'" if node else " in ONNX Runtime"
+    what = f" (a buffer of {int(size[1]) / 2**30:.1f} GiB)" if size else ""
+    return f"out of memory{where}{what}: {MEMORY_FIX}"
 
 
 def _internal(exc: BaseException) -> int:
@@ -130,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout = stdout
 
 
-__all__ = ["COMMANDS", "EXIT_INTERNAL", "EXIT_USER", "main", "os_error_line", "parser"]
+__all__ = ["COMMANDS", "EXIT_INTERNAL", "EXIT_USER", "main", "memory_line", "os_error_line",
+           "parser"]
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -70,6 +70,18 @@ def at_most_max_seq_len(value: int) -> int:
     return value
 
 
+def new_tokens(text: str) -> int:
+    """``--new-tokens``: greedy tokens per prompt, each one a decode step on a KV cache one
+    token longer, so at most :data:`MAX_SEQ_LEN` like a sequence length (a huge count ran
+    until stopped)."""
+    value = positive_int(text)
+    if value > MAX_SEQ_LEN:
+        raise argparse.ArgumentTypeError(
+            f"{value} greedy tokens grow each prompt's KV cache past the longest sequence "
+            f"quantscope runs a model at ({MAX_SEQ_LEN}): give fewer (the default is 64)")
+    return value
+
+
 def finite_float(text: str) -> float:
     value = float(_number(text, float, "a finite number"))
     if not math.isfinite(value):

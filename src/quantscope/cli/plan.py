@@ -46,6 +46,7 @@ from quantscope.cli.types import (
     check_goal,
     finite_float,
     input_file,
+    new_tokens,
     non_negative_float,
     output_file,
     phases,
@@ -142,7 +143,8 @@ def _lm_options(parser: argparse.ArgumentParser, *, prefix: tuple[str, ...], def
             ("--new-tokens", stages_llm.NEW_TOKENS, "greedy tokens generated per prompt"),
             ("--decode-steps", stages_llm.DECODE_STEPS, "decode steps on the emulated KV "
              "cache (8 per evaluation window)")):
-        parser.add_argument(flag, type=positive_int, default=value,
+        parser.add_argument(flag, type=new_tokens if flag == "--new-tokens" else positive_int,
+                            default=value,
                             help=f"with --phase: {what} (default {value})")
 
 

@@ -34,6 +34,7 @@ from quantscope.cli.types import (
     input_file,
     lengths,
     merged_batch_axes,
+    new_tokens,
     output_file,
     positive_float,
     positive_int,
@@ -162,7 +163,8 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
             ("--prompts", 32, "greedy-generation prompts"),
             ("--new-tokens", 64, "greedy tokens generated per prompt"),
             ("--decode-steps", 256, "decode steps on the emulated KV cache")):
-        g.add_argument(flag, type=positive_int, default=value, help=f"{what} (default {value})")
+        g.add_argument(flag, type=new_tokens if flag == "--new-tokens" else positive_int,
+                       default=value, help=f"{what} (default {value})")
 
 
 # the decoder group's options: an encoder's run refuses them (given, not at the default)

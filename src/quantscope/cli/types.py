@@ -47,6 +47,7 @@ from quantscope.cli.numbers import (  # noqa: F401 - re-exported
     count,
     finite_float,
     fraction,
+    new_tokens,
     non_negative_float,
     pair_count,
     positive_float,

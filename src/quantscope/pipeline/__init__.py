@@ -222,6 +222,10 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
     from quantscope.tasks.positions import check_token_lengths
 
     check_token_lengths(model, opts.seq_len, opts.input_shapes)
+    if opts.metric:  # a --metric the data's task does not give: refused before any work
+        from quantscope.analyze.measure import check_metric
+
+        check_metric(model, fit if fit is not None else _open_fit(model, opts), opts.metric)
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress,
                    _cache={"model": model}).check_goal(fit)
@@ -270,15 +274,14 @@ def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None
     fit = fit if fit is not None else _open_fit(model, opts)
     sets = [(opts.data, fit)]
     if opts.eval_data:
-        from quantscope.pipeline.data import refuse_same_data
+        from quantscope.pipeline.data import refuse_overlap, refuse_same_data
 
         refuse_same_data(opts.data, opts.eval_data)
-        sets.append((opts.eval_data, stages.open_data(opts.eval_data, model,
-                                                      tokenizer=opts.tokenizer,
-                                                      max_pairs=opts.pairs,
-                                                      layout=opts.layout,
-                                                      batch_axes=axes, show=False,
-                                                      prefixes=opts.prefixes)))
+        held = stages.open_data(opts.eval_data, model, tokenizer=opts.tokenizer,
+                                max_pairs=opts.pairs, layout=opts.layout, batch_axes=axes,
+                                show=False, prefixes=opts.prefixes)
+        refuse_overlap(opts.data, opts.eval_data, fit, held, opts.pairs)
+        sets.append((opts.eval_data, held))
     for spec, ds in sets:
         for batch in (*ds.calibration, *ds.evaluation):
             check_token_ids(batch, model, spec)
@@ -443,7 +446,8 @@ def _folder(out: str) -> Path:
 def _remove_stale(folder: Path) -> None:
     """Temporary files a killed run left behind (call holding the folder's lock), also in
     the plan search's evaluation cache."""
-    for stale in (*folder.glob(".*.tmp"), *folder.glob(f"{steps.EVALS}/*/.*.tmp")):
+    for stale in (*folder.glob(".*.tmp"), *folder.glob(f"{steps.EVALS}/*/.*.tmp"),
+                  *folder.glob(".*.tmp.old")):  # a file set's earlier file moved aside
         stale.unlink()  # serde.write_atomic's temporary names
 
 
@@ -461,11 +465,26 @@ def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
         inputs["data"] = str(ctx.data_identity())
     if "hn" in spec.options:
         inputs["hn"] = str(ctx.hn_identity())
+    profile = target_file_identity(ctx.opts.target) if "target" in spec.options else None
+    if profile is not None:  # a profile file edited under its path (absent for a built-in)
+        inputs["target"] = profile
     if spec.ranked:  # absent when ORT ranks: the keys of earlier runs stay valid
         ranked_by = _ranked_by(ctx.opts.rank_engine)
         if ranked_by is not None:
             options["rank_engine"] = ranked_by
     return stage_key(name, options, inputs)
+
+
+def target_file_identity(target: str | None) -> str | None:
+    """The content digest of a ``--target`` profile file (None for a built-in name: the
+    keys of earlier runs stay valid). A profile edited under the same path (its costs, a
+    rule) had left every stage's key unchanged: a rerun skipped them all and reported the
+    old plan's cost."""
+    from quantscope.pipeline.manifest import file_digest
+
+    if target is None or not (target.endswith(".toml") or "/" in target):
+        return None
+    return file_digest(target) if Path(target).is_file() else None
 
 
 # device files whose absence means no GPU that torch.cuda could see (NVIDIA, WSL, ROCm)

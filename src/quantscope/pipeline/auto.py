@@ -65,6 +65,7 @@ class AutoOptions(Protocol):
     """The run options the auto choice reads (:class:`quantscope.pipeline.RunOptions`
     has them; named here so this module does not import the one that calls it)."""
 
+    model: str
     data: str
     eval_data: str | None
     tokenizer: str | None
@@ -102,11 +103,33 @@ def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
             "tokenizer": identity(opts.tokenizer), "pairs": opts.pairs,
             "seq_len": opts.seq_len, "input_shapes": [[k, list(v)] for k, v in opts.input_shapes],
             "target": identity(opts.target), "method": opts.method, "metric": opts.metric,
-            "layout": sorted(s.text for s in opts.layout),
+            "layout": layout_identity(opts.layout, identity),
+            **tokenizer_beside(opts, identity),
             "batch_axes": [list(p) for p in opts.batch_axes],
             **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {}),
             # the rule that kept them: a folder chosen under another rule chooses again
             "keep_rule": KEEP_RULE}
+
+
+def layout_identity(layout: Any, identity: Callable[[str], Any]) -> list[str]:
+    """The ``--layout`` declarations as a resume key holds them: each by its text, and a
+    detector's ``anchors=FILE`` also by that file's contents (``identity``), so an anchor
+    file edited under its path redoes what it feeds (its path alone was keyed)."""
+    return sorted(s.text + (f"#{identity(a)}" if (a := s.option("anchors")) else "")
+                  for s in layout)
+
+
+def tokenizer_beside(opts: AutoOptions, identity: Callable[[str], Any]) -> dict[str, Any]:
+    """``{"tokenizer_beside": its identity}`` when text is read with the ``tokenizer.json``
+    beside the given model (no ``--tokenizer``: :func:`quantscope.tasks.text.model_tokenizer`),
+    else nothing (the keys of runs without one stay valid). That file had been in no key:
+    edited (another vocabulary, casing), a rerun skipped every stage on the old tokens."""
+    from quantscope.tasks.text import TOKENIZER_BESIDE
+
+    if opts.tokenizer:
+        return {}
+    beside = stages.resolve_model_path(str(opts.model)).parent / TOKENIZER_BESIDE
+    return {"tokenizer_beside": identity(str(beside))} if beside.is_file() else {}
 
 
 def auto_digest(key: dict[str, Any]) -> str:

@@ -240,14 +240,19 @@ class Context:
             if k in DATA_PATHS:
                 return _identity(v)
             if k == "layout":
-                return sorted(s.text for s in v)
+                from quantscope.pipeline.auto import layout_identity
+
+                return layout_identity(v, _identity)
             if k == "batch_axes":
                 return [list(p) for p in v]
             if k == "prefixes":
                 return v.to_dict()
             return v
 
-        return {k: ident(k, v) for k, v in self.data_options().items()}
+        from quantscope.pipeline.auto import tokenizer_beside
+
+        return {**{k: ident(k, v) for k, v in self.data_options().items()},
+                **tokenizer_beside(self.opts, _identity)}
 
     def hn_identity(self) -> str | None:
         return _identity(self.opts.hn)

@@ -234,3 +234,58 @@ def _same_bytes(a: Path, b: Path) -> bool:
     if [(n, f.stat().st_size) for n, f in fa] != [(n, f.stat().st_size) for n, f in fb]:
         return False
     return all(filecmp.cmp(x, y, shallow=False) for (_, x), (_, y) in zip(fa, fb, strict=True))
+
+
+def refuse_overlap(data: str, eval_data: str, fit: Dataset, held: Dataset,
+                   pairs: int | None) -> None:
+    """``--eval-data`` some of whose samples are ``--data``'s (not the same bytes: a
+    subset, a reshuffle, a file that shares pairs): refused in one line saying how many,
+    not dropped (the held-out figure's n would change under the user; h42's decision).
+    Retrieval pairs compare as (query, document) pairs, the first ``--pairs`` of each;
+    other data sample by sample, a text by its tokens under its attention mask."""
+    from quantscope.tasks.text import load_pairs
+
+    if _is_pairs(data) and _is_pairs(eval_data):
+        try:
+            a, b = load_pairs(data), load_pairs(eval_data)
+        except QuantscopeError:  # sentence pairs (.jsonl of STS rows): sample by sample
+            pass
+        else:
+            n_fit = getattr(fit.task, "n_pairs", len(a))
+            mine = set(zip(a.queries[:n_fit], a.documents[:n_fit], strict=True))
+            theirs = list(zip(b.queries, b.documents, strict=True))[: pairs or None]
+            _say_overlap(data, eval_data, sum(p in mine for p in theirs), len(theirs),
+                         "pairs")
+            return
+    mine = {s for b in (*fit.calibration, *fit.evaluation) for s in _sample_keys(b)}
+    theirs = [s for b in held.evaluation for s in _sample_keys(b)]
+    _say_overlap(data, eval_data, sum(s in mine for s in theirs), len(theirs), "samples")
+
+
+def _say_overlap(data: str, eval_data: str, shared: int, total: int, what: str) -> None:
+    if shared:
+        raise QuantscopeError(
+            f"--eval-data '{eval_data}': {shared} of its {total} {what} are also in --data "
+            f"'{data}': figures on them would be called held out though the plan was fitted "
+            f"on them: give --eval-data {what} not in --data, or leave --eval-data out (run "
+            "then holds out part of --data)")
+
+
+def _sample_keys(batch: Batch) -> list[bytes]:
+    """Each sample of ``batch`` as bytes (every input's row, in name order; a text's
+    integer inputs only where its attention mask is 1, so padding to another batch's width
+    changes nothing)."""
+    import hashlib
+
+    keys = []
+    for i in range(batch_rows(batch)):
+        row = take_rows(batch, [i])
+        mask = np.asarray(row["attention_mask"]) != 0 if "attention_mask" in row else None
+        h = hashlib.sha256()
+        for name in sorted(row):
+            arr = np.asarray(row[name])
+            if mask is not None and arr.shape == mask.shape:
+                arr = arr[mask]
+            h.update(f"{name}|{arr.dtype.str}|{arr.shape}|".encode() + arr.tobytes())
+        keys.append(h.digest())
+    return keys

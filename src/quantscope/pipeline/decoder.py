@@ -107,6 +107,7 @@ class DecoderOptions:
         from quantscope.targets import load_target
 
         load_target(self.target)
+        self.phases_setup()  # amounts the built-in text cannot give: refused now
         if self.metric not in METRICS:
             raise QuantscopeError(f"--metric '{self.metric}' is not a decoder's: use one of "
                                   f"{', '.join(METRICS)}")
@@ -172,9 +173,8 @@ class DecoderOptions:
 
 
 def is_decoder(spec: str) -> bool:
-    """A built-in decoder name, or a phase graph file (``X.prefill.onnx`` / ``X.decode.onnx``:
-    the pair a decoder is, named as :func:`quantscope.model.phases.phase_path` finds it).
-    Nothing is loaded: an encoder's run pays nothing for asking."""
+    """A built-in decoder name, or a phase graph file (``X.prefill.onnx`` / ``X.decode.onnx``,
+    as :func:`quantscope.model.phases.phase_path` finds it); nothing is loaded."""
     from quantscope.zoo import resolve_model
 
     try:
@@ -551,10 +551,10 @@ def phases_digest(model: str | Path) -> str:
 
 def run_decoder(opts: DecoderOptions, *, force: str | None = None,
                 progress: bool = True) -> Any:
-    """Every stage not yet done on these inputs (``force``: rerun from that stage); a
-    :class:`quantscope.pipeline.RunResult`."""
+    """Every stage not yet done on these inputs (``force``: rerun from it): a RunResult."""
     from quantscope.analyze.memory import peak_bytes, reset_peak
     from quantscope.pipeline import RunResult, _check_out, _folder, _lock, _remove_stale
+    from quantscope.pipeline import target_file_identity as profile_of
     from quantscope.serde import read_json
     from quantscope.stages_llm import phase_file
 
@@ -566,7 +566,7 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
     _check_out(opts.out)
     folder = _folder(opts.out)
     ctx = DecoderContext(opts, folder, progress)
-    model_digest = phases_digest(opts.model)
+    model_digest, profile = phases_digest(opts.model), profile_of(opts.target)
     with _lock(folder):
         _remove_stale(folder)
         manifest = Manifest(folder)
@@ -577,7 +577,8 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
             key = stage_key(f"decoder.{name}",
                             {k: getattr(opts, k) for k in spec.options
                              if k not in UNKEYED_WHEN_NONE or getattr(opts, k) is not None},
-                            {"model": model_digest,
+                            {"model": model_digest, **({"target": profile} if profile and
+                                                       "target" in spec.options else {}),
                              **{f: manifest.digest(f) for f in spec.reads
                                 if (folder / f).exists()}})
             if manifest.done(name, key):

@@ -8,10 +8,10 @@ has no entry for it and reruns exactly that stage; the stage's own files are wri
 atomically too, so no half-written file is ever read back.
 
 Digests are of *contents*: an ``.npz`` is hashed array by array (the zip container stores
-write times), every other file byte by byte. A file's digest is kept with its inode, size
-and modification time (``digests`` in ``run.json``, for every settled file the run hashed:
-the given model, the data, the rewritten model, the stages' files), so a resumed run
-hashes only the files that changed since (:func:`remember_digests`).
+write times), every other file byte by byte. A file's digest is kept with its inode, size,
+modification and change times (``digests`` in ``run.json``, for every settled file the run
+hashed: the given model, the data, the rewritten model, the stages' files), so a resumed
+run hashes only the files that changed since (:func:`remember_digests`).
 """
 
 from __future__ import annotations
@@ -35,16 +35,20 @@ FORMAT = "quantscope.run/1"
 MANIFEST = "run.json"
 
 
-# digests computed in this process, by (path, inode, size, mtime): a resumed run asks for
-# the same file's digest several times (each stage's key, each finished stage's check)
-_SEEN: dict[tuple[str, int, int, int], str] = {}
+# digests computed in this process, by (path, inode, size, mtime, ctime): a resumed run
+# asks for the same file's digest several times (each stage's key, each finished stage's
+# check). The ctime, which no tool sets back, tells a file rewritten in place with its
+# size and mtime kept (cp -p, touch -r, an archive's fixed times on a reused inode): with
+# the mtime alone such a swapped model or data file was read as the one the stages used,
+# and every stage was skipped on it (h42)
+_SEEN: dict[tuple[str, int, int, int, int], str] = {}
 
 
 def file_digest(path: str | Path) -> str:
     """sha256 of a file's contents (array by array for ``.npz``; every file in a folder).
 
-    A file's digest is computed once per process while its inode, size and modification
-    time stay the same (the atomic writes of a run replace the inode) and it was last
+    A file's digest is computed once per process while its inode, size, modification
+    and change times stay the same (the atomic writes of a run replace the inode) and it was last
     modified over two seconds before."""
     path = Path(path)
     h = hashlib.sha256()
@@ -54,7 +58,7 @@ def file_digest(path: str | Path) -> str:
         return h.hexdigest()
     try:
         st = path.stat()
-        seen = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+        seen = (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     except OSError:
         return _contents_digest(path, h)
     if seen in _SEEN:
@@ -96,13 +100,14 @@ def _external_files(path: Path) -> tuple[str, ...]:
 
 _EXTERNAL: dict[str, tuple[str, ...]] = {}  # model file digest -> its external data files
 SETTLED_NS = 2_000_000_000
-DIGESTS = "digests"  # run.json: {path: [inode, size, mtime_ns, digest]}
+DIGESTS = "digests"  # run.json: {path: [inode, size, mtime_ns, digest, ctime_ns]}
 
 
 def remember_digests(folder: Path) -> None:
     """The digests the run folder's manifest kept (``digests``), known to this process:
-    a file whose inode, size and modification time are those recorded is not hashed
-    again (:func:`file_digest`; a copied folder's files have new inodes and are). An
+    a file whose inode, size, modification and change times are those recorded is not
+    hashed again (:func:`file_digest`; a copied folder's files have new inodes and are;
+    a record without the change time, from before h42, is hashed again once). An
     unreadable manifest gives nothing here (opening it says why)."""
     try:
         raw = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
@@ -110,22 +115,23 @@ def remember_digests(folder: Path) -> None:
         return
     kept = raw.get(DIGESTS) if isinstance(raw, dict) else None
     for path, rec in (kept.items() if isinstance(kept, dict) else ()):
-        if (isinstance(rec, list) and len(rec) == 4 and isinstance(rec[3], str)
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in rec[:3])):
-            _SEEN[(path, rec[0], rec[1], rec[2])] = rec[3]
+        if (isinstance(rec, list) and len(rec) == 5 and isinstance(rec[3], str)
+                and all(isinstance(x, int) and not isinstance(x, bool)
+                        for x in (*rec[:3], rec[4]))):
+            _SEEN[(path, rec[0], rec[1], rec[2], rec[4])] = rec[3]
 
 
 def known_digests() -> dict[str, list[Any]]:
     """This process's settled digests whose files are unchanged now (what
     :meth:`Manifest.write` keeps), by path."""
     out: dict[str, list[Any]] = {}
-    for (path, ino, size, mtime), digest in list(_SEEN.items()):
+    for (path, ino, size, mtime, ctime), digest in list(_SEEN.items()):
         try:
             st = os.stat(path)
         except OSError:
             continue
-        if (st.st_ino, st.st_size, st.st_mtime_ns) == (ino, size, mtime):
-            out[path] = [ino, size, mtime, digest]
+        if (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns) == (ino, size, mtime, ctime):
+            out[path] = [ino, size, mtime, digest, ctime]
     return dict(sorted(out.items()))
 
 

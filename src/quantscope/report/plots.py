@@ -166,7 +166,8 @@ def legend_corner(pareto: dict[str, Any]) -> str:
     return "lower right" if pareto.get("higher_is_better", True) else "upper right"
 
 
-def config_plot(results: dict[str, dict[str, Any]], metric: str) -> str:
+def config_plot(results: dict[str, dict[str, Any]], metric: str,
+                data: str = "held-out data") -> str:
     labels = [k for k in results if num(results[k]["metrics"].get(metric)) is not None]
     if not labels:
         return ""
@@ -177,13 +178,13 @@ def config_plot(results: dict[str, dict[str, Any]], metric: str) -> str:
     vals = [_finite(num(results[k]["metrics"][metric])) * scale for k in labels]
     ax.barh(labels, vals, color="#4a7ab5")
     ax.invert_yaxis()
-    ax.set_xlabel(f"{name} (held-out data)")
+    ax.set_xlabel(f"{name} ({data})")
     for i, v in enumerate(vals):
         ax.text(v, i, f" {v:.1f} %" if share else f" {v:.4g}", va="center", fontsize=8)
     return _img(fig, f"{metric} per configuration")
 
 
-def whatif_plot(whatif: dict[str, Any]) -> str:
+def whatif_plot(whatif: dict[str, Any], data: str = "held-out data") -> str:
     """Gain of the plan's metric per op kind lifted to a16_w16, and of all at once."""
     m = whatif["metric"]
     kinds = sorted(whatif["kinds"], key=lambda r: -(num(r["gain"]) or 0.0))
@@ -199,7 +200,7 @@ def whatif_plot(whatif: dict[str, Any]) -> str:
             color=["#4a7ab5"] * (len(rows) - 1) + ["#999"])
     ax.invert_yaxis()
     ax.axvline(0, color="#333", lw=0.8)
-    ax.set_xlabel(f"{m} gained over the plan{unit} (held-out data; legality and cost aside)")
+    ax.set_xlabel(f"{m} gained over the plan{unit} ({data}; legality and cost aside)")
     for i, (_, v) in enumerate(rows):
         ax.text(v, i, f" {v:+.1f}" if scale != 1.0 else f" {v:+.4g}", va="center", fontsize=8)
     return _img(fig, f"{m} gained per op kind lifted to a16_w16")

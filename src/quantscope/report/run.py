@@ -37,14 +37,15 @@ def run_report_html(title: str, *, verdict_text: str, verdict: dict[str, Any],
     every line of it (folded)."""
     metric = verdict["metric"]
     n = _n(verdict)
+    on = _on(verdict)
     sections = [
         verdict_section(verdict, verdict_text, details_text),
         io_section(verdict["io"]) + _io_bounds(verdict),
-        configs_section(evaluate["results"], metric, n),
+        configs_section(evaluate["results"], metric, n, on),
         lengths_section(lengths),
         rewrites_section(verdict.get("rewrites_auto")),
         prenorm_section(evaluate["results"]),
-        whatif_section(evaluate.get("whatif"), n),
+        whatif_section(evaluate.get("whatif"), n, on),
         pareto_section(plan.get("pareto") or {}, metric, verdict=verdict,
                        repaired_plan=repaired_plan,
                        offer_notes=(plan.get("repair_offer") or {}).get("notes") or ()),
@@ -89,6 +90,13 @@ def _h2(text: str, anchor: str) -> str:
     return f'<h2 id="{anchor}">{_e(text)}</h2>'
 
 
+def _on(v: dict[str, Any]) -> str:
+    """What the evaluation's figures are on: the held-out data, or the fit data where the
+    data could not be split (the configurations and whatif sections had said "on the
+    held-out data (n=6 fit pairs, NOT held out)")."""
+    return "held-out data" if (v.get("held_out") or {}).get("held", True) else "fit data"
+
+
 def _n(v: dict[str, Any]) -> str:
     """The held-out figures' sample size (:func:`summary.sample_size`)."""
     return summary.sample_size(v)
@@ -127,8 +135,8 @@ def verdict_section(v: dict[str, Any], text: str, details_text: str = "") -> str
                       f"<pre>{_e(details_text)}</pre>" if details_text else ""))
 
 
-def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "held out"
-                    ) -> str:
+def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "held out",
+                    on: str = "held-out data") -> str:
     keys = list(dict.fromkeys(k for r in results.values() for k, v in r["metrics"].items()
                               if plots.num(v) is not None and not fmt.is_count(k)))
     first = [k for k in (metric, *HEADLINE_KEYS) if k in keys or k == metric]
@@ -138,12 +146,12 @@ def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "h
              *[fmt.counted(k, r["metrics"]) for r in results.values()]] for k in head]
     out = [_h2(f"Configurations ({n})", "configs"),
            "<p>FP32, uniform a8_w8 and the plan (on the repaired model), each against the "
-           f"FP32 outputs of the original model, on the held-out data ({_e(n)}); shares in "
+           f"FP32 outputs of the original model, on the {on} ({_e(n)}); shares in "
            "percent, SQNR in dB.</p>", _table(["metric", *results], rows[:MAIN_ROWS]),
            details(f"The other {len(rows) - MAIN_ROWS} metrics",
                    _table(["metric", *results], rows[MAIN_ROWS:]) if len(rows) > MAIN_ROWS
                    else ""),
-           plots.config_plot(results, metric)]
+           plots.config_plot(results, metric, on)]
     per_output = [[label, name, *[fmt.value(k, t.get(k)) for k in ("sqnr_db", "cosine_mean",
                                                                     "cosine_min")]]
                   for label, r in results.items() for name, t in r.get("outputs", {}).items()
@@ -446,11 +454,14 @@ def _applied(repaired_plan: dict[str, Any]) -> str:
     return (", ".join(done) or "none") + (f"; skipped: {', '.join(skipped)}" if skipped else "")
 
 
-def whatif_section(w: dict[str, Any] | None, n: str = "held out") -> str:
+def whatif_section(w: dict[str, Any] | None, n: str = "held out",
+                   on: str = "held-out data") -> str:
     """``run --whatif``: where the final plan's error is, measured per op kind."""
     if not w:
         return ""
-    head = _h2("Where the plan's error is (whatif, held out)", "whatif")
+    head = _h2("Where the plan's error is (whatif, "
+               + ("held out)" if on == "held-out data" else f"on the {on}, NOT held out)"),
+               "whatif")
     if "skipped" in w:
         return head + f"<p class=note>not measured: {_e(w['skipped'])}</p>"
     m = w["metric"]
@@ -458,9 +469,9 @@ def whatif_section(w: dict[str, Any] | None, n: str = "held out") -> str:
             for r in sorted(w["kinds"], key=lambda r: -(plots.num(r["gain"]) or 0.0))]
     rows.append(["all of them at a16_w16", w["all"]["groups"], fmt.value(m, w["all"][m]),
                  fmt.gain(m, w["all"]["gain"])])
-    out = (head + f"<p class=note>{_e(w['note'])}; on the held-out data ({_e(n)}). The plan: "
+    out = (head + f"<p class=note>{_e(w['note'])}; on the {on} ({_e(n)}). The plan: "
            f"{_e(fmt.label(m))} {fmt.value(m, w['plan'][m])}.</p>"
-           + plots.whatif_plot(w)
+           + plots.whatif_plot(w, on)
            + _table(["lifted", "groups", fmt.label(m), "gain"],
                     [["the plan", "—", fmt.value(m, w["plan"][m]), fmt.gain(m, 0.0)], *rows]))
     h = w.get("headroom")
@@ -537,7 +548,8 @@ def coverage_section(results: dict[str, dict[str, Any]]) -> str:
 def data_section(d: dict[str, Any]) -> str:
     out = [_h2("Data provenance", "data"), f"<p><b>{_e(d['split'])}</b></p>"]
     parts = [("fit (calibration, analysis, plan, repairs)", d["fit"]),
-             ("held-out evaluation", d["held_out"])]
+             ("held-out evaluation" if d.get("is_held_out", True) else
+              "evaluation (the fit data, NOT held out)", d["held_out"])]
     out.append(_table(["part", "source", "calibration samples", "evaluation samples", "task"],
                       [[k, p["name"], p["calibration_samples"], p["evaluation_samples"],
                         p.get("task") or "fidelity only"] for k, p in parts]))

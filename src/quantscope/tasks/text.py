@@ -42,7 +42,7 @@ Runner = Callable[[dict[str, np.ndarray]], Sequence[np.ndarray]]
 """``run(feeds) -> outputs`` in graph output order, like ``session.run(None, feeds)``."""
 
 STDLIB_DOCS = "stdlib-docs"
-TOKENIZER_FILE = "bert-uncased-tokenizer.json"
+TOKENIZER_FILE, TOKENIZER_BESIDE = "bert-uncased-tokenizer.json", "tokenizer.json"  # beside a model
 DEFAULT_MAX_LENGTH = 256
 INPUT_ROLES = ("input_ids", "attention_mask", "token_type_ids")
 _INT_TYPES = {onnx.TensorProto.INT64: "int64", onnx.TensorProto.INT32: "int32"}
@@ -290,7 +290,7 @@ def model_tokenizer(model_file: str | Path, proto: onnx.ModelProto) -> Path | No
             raise QuantscopeError(f"model '{model_file}' names tokenizer {named}, which is not "
                                   f"in {folder}: rebuild the model or pass --tokenizer")
         return path
-    beside = folder / "tokenizer.json"
+    beside = folder / TOKENIZER_BESIDE
     return beside if Path(model_file).is_file() and beside.is_file() else None
 
 
