@@ -251,8 +251,8 @@ def test_a_folder_chosen_under_the_old_share_rule_chooses_again(tmp_path):
            "lower bound (jackknife over pairs) above 0.1, else the model without it; without "
            "per-sample scores a gain within the headline's margin (0.1 dB for a figure in dB; "
            "for a share over n items its one-sided 95% binomial noise) is a tie")
-    opts = SimpleNamespace(data="d.npz", eval_data=None, tokenizer=None, prefixes=None,
-                           pairs=None, seq_len=None, input_shapes=(), target="ort-cpu",
+    opts = SimpleNamespace(model=str(tmp_path / "m.onnx"), data="d.npz", eval_data=None,
+                           tokenizer=None, prefixes=None, pairs=None, seq_len=None, input_shapes=(), target="ort-cpu",
                            method="minmax", metric=None, layout=(), batch_axes=())
     rule = auto_key(opts, str)["keep_rule"]
     assert rule == KEEP_RULE != old and "each figure over its own n" in rule

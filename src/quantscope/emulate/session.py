@@ -217,6 +217,8 @@ def run_on_data(session: ort.InferenceSession, outputs: list[str] | None,
     try:
         return session.run(outputs, feeds)
     except (state.Fail, state.RuntimeException, state.InvalidArgument) as exc:
+        if "bad_alloc" in str(exc) or "Failed to allocate memory" in str(exc):
+            raise  # out of memory: the CLI's one line names the node and the fix
         msg = " ".join(str(exc).split())
         msg = msg.split("Status Message:", 1)[-1].strip()
         # ONNX Runtime's source place, function and failed check go: the sentence stays

@@ -275,6 +275,7 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
             axes[k], how[k] = SHARED, "rank 0: the same value for every sample"
     # the one static axis the data's size differs at, a size-1 axis it fills: the samples'
     # axis whatever else is symbolic (`[1, 3, H, W]`, a picture size free: H is not it)
+    filled: set[str] = set()
     for k in names:
         want, arr = shapes.get(k), arrays[k]
         if k in axes or want is None or len(want) != np.ndim(arr):
@@ -283,8 +284,9 @@ def find_layout(model: Model, arrays: Mapping[str, np.ndarray],
         if len(differ) == 1 and want[differ[0]] == 1:
             i = differ[0]
             axes[k], how[k] = i, f"static size 1, data {arr.shape[i]}"
+            filled.add(k)
     sampled = tuple(k for k in names if axes.get(k) != SHARED)
-    sym = _batch_symbol(tuple(k for k in sampled if k not in axes), shapes, model)
+    sym = _batch_symbol(tuple(k for k in sampled if k not in filled), shapes, model)
     for k, a in declared.items():
         if k in names and a != SHARED and len(shapes.get(k) or ()) > a:
             _outputs_keep(model, shapes, k, a, declared)
