@@ -87,17 +87,23 @@ def l2_embedder(*, declared_p: int = 2) -> onnx.ModelProto:
     return model
 
 
+def _a8_notes(tmp_path: Path) -> list[str]:
+    """The notes of ``evaluate --precision a8_w8`` of ``m.onnx`` on ``d.npz`` in
+    ``tmp_path`` (calibrated there first)."""
+    m, d, st, ev = (str(tmp_path / f) for f in ("m.onnx", "d.npz", "s.npz", "ev.json"))
+    assert main(["calibrate", m, "--data", d, "--out", st]) == 0
+    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
+                 "--json", ev]) == 0
+    return json.loads(Path(ev).read_text())["notes"]
+
+
 def test_an_l2_normalised_embedding_is_said_to_be_judged_by_fidelity_alone(tmp_path):
     """A speaker embedding given as tensors is scored by cosine and SQNR; the decision a
     deployment makes with it (same speaker at a threshold) is not, and nothing said so."""
     onnx.save(l2_embedder(), tmp_path / "m.onnx")
     np.savez(tmp_path / "d.npz", x=np.random.default_rng(5).normal(0, 1, (16, 8)).astype(
         np.float32))
-    m, d, st, ev = (str(tmp_path / f) for f in ("m.onnx", "d.npz", "s.npz", "ev.json"))
-    assert main(["calibrate", m, "--data", d, "--out", st]) == 0
-    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
-                 "--json", ev]) == 0
-    notes = json.loads(Path(ev).read_text())["notes"]
+    notes = _a8_notes(tmp_path)
     said = [n for n in notes if "L2-normalised embedding" in n]
     assert len(said) == 1 and "'embedding'" in said[0] and "not scored" in said[0]
 
@@ -320,11 +326,7 @@ def test_an_undeclared_posteriorgram_is_named_as_judged_by_fidelity(tmp_path):
     proto.ir_version = 9
     onnx.save(proto, tmp_path / "m.onnx")
     np.savez(tmp_path / "d.npz", x=r.normal(0, 1, (8, 1, 20, 24)).astype(np.float32))
-    m, d, st, ev = (str(tmp_path / f) for f in ("m.onnx", "d.npz", "s.npz", "ev.json"))
-    assert main(["calibrate", m, "--data", d, "--out", st]) == 0
-    assert main(["evaluate", m, "--data", d, "--stats", st, "--precision", "a8_w8",
-                 "--json", ev]) == 0
-    notes = json.loads(Path(ev).read_text())["notes"]
+    notes = _a8_notes(tmp_path)
     said = [n for n in notes if "shaped like a map" in n]
     assert len(said) == 1 and "'note' [?x20x24] (Sigmoid)" in said[0]
     assert "--layout note=map" in said[0]
