@@ -227,13 +227,30 @@ def repair(ctx: Context) -> Done:
 
 
 def repaired(ctx: Context) -> tuple[stages.Model, stages.Stats, Plan]:
-    """The repaired model (what the compiler gets), its stats and the final plan."""
-    if "repaired" not in ctx._cache:
+    """The repaired model (what the compiler gets), its stats and the final plan. When no
+    repair changed the model the run works on (``repaired.onnx`` holds the same proto as
+    :meth:`Context.model`'s, once a stage has loaded that), the proto is held once: loading
+    is idempotent, so the repaired model is the working model under the name
+    ``repaired.onnx`` (mpnet-base's rewritten graph is 438 MB, held twice by every stage
+    from check to io before). The working model is not loaded here for this: ``check``
+    and ``export`` read only the repaired one."""
+    working = ctx._cache.get("model")
+    held = ctx._cache.get("repaired")
+    if held is None:
         final = stages.read_plan(ctx.path(REPAIRED_PLAN))
         stages.check_plan_target(final, ctx.target().name, plan_name=REPAIRED_PLAN)
-        proto = stages.load_proto(_read_onnx(ctx.path(REPAIRED)), REPAIRED)
-        ctx._cache["repaired"] = (proto, stages.read_stats(ctx.path(REPAIRED_STATS)), final)
-    return ctx._cache["repaired"]
+        raw = _read_onnx(ctx.path(REPAIRED))
+        model = (stages.Model(proto=working.proto, source=REPAIRED)
+                 if working is not None and raw == working.proto
+                 else stages.load_proto(raw, REPAIRED))
+        del raw
+        held = ctx._cache["repaired"] = (model, stages.read_stats(ctx.path(REPAIRED_STATS)),
+                                         final)
+    elif (working is not None and held[0].proto is not working.proto
+          and held[0].proto == working.proto):  # loaded apart by a stage before the model
+        held = ctx._cache["repaired"] = (stages.Model(proto=working.proto, source=REPAIRED),
+                                         *held[1:])
+    return held
 
 
 def _read_onnx(path: Any) -> Any:
