@@ -59,6 +59,7 @@ from quantscope.export.kv_prefix import host_snippet, prefix_files
 from quantscope.model.groups import find_groups
 from quantscope.model.shapes import shape_note
 from quantscope.plan.check import check
+from quantscope.plan.op_support import op_problems
 from quantscope.report import fmt
 from quantscope.serde import (
     bytes_writer,
@@ -303,7 +304,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     stages.check_plan_target(inp.plan, inp.target.name if inp.target else None,
                              plan_name=f"plan '{args.plan}'")
     given = shapes(args, inp.model)
-    problems = check(inp.plan, find_groups(inp.model), inp.model, inp.target, shapes=given)
+    problems = op_problems(inp.model, inp.target, given) + check(
+        inp.plan, find_groups(inp.model), inp.model, inp.target, shapes=given)
     note = shape_note(inp.model, given)
     if note:
         print(f"note: {note}")
