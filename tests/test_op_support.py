@@ -189,3 +189,20 @@ def test_host_lookup_and_constant_folded_nodes_are_not_judged():
 def test_problem_is_a_plain_record():
     (p,) = _problems(_lstm(), "hailo10h")
     assert set(dataclasses.asdict(p)) >= {"group", "rule", "reason", "provenance", "fix"}
+
+
+def test_run_verdict_names_the_operators_with_their_fix():
+    """``run``'s verdict: the warned rule counts op types, and one warning line per
+    operator problem carries its fix (nodes and source in check.json)."""
+    from quantscope.pipeline.verdict import _operators, _warned
+
+    model = _lstm()
+    found = plan_problems(model, Plan(default=Precision.A8_W8, target="hailo10h"))
+    assert _warned(found) == ["ops.unlisted (1 op type)"]
+    (line,) = _operators(found, "hailo10h")
+    assert "LSTM" in line and "check.json" in line and "cut the graph before it" in line
+    t = _profile([{"status": "unsupported", "ops": ["LSTM"], "provenance": "Acme p. 3",
+                   "reason": "no recurrent layers", "fix": "replace LSTM by a 1-D conv"}])
+    bad = [dataclasses.asdict(p) for p in op_problems(model, t)]
+    (line,) = _operators(bad, "mine")
+    assert "does not take LSTM" in line and line.endswith("replace LSTM by a 1-D conv")
