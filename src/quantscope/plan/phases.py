@@ -17,8 +17,8 @@ from quantscope.model.groups import check_plan_names, find_groups
 from quantscope.model.load import Model
 from quantscope.model.phases import phase_shapes
 from quantscope.plan.check import check
-from quantscope.plan.op_support import op_problems
 from quantscope.plan.cost import plan_cost, weight_bytes
+from quantscope.plan.op_support import op_problems
 from quantscope.targets.profile import Target
 from quantscope.types import Plan, Problem
 
