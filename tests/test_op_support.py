@@ -206,3 +206,18 @@ def test_run_verdict_names_the_operators_with_their_fix():
     bad = [dataclasses.asdict(p) for p in op_problems(model, t)]
     (line,) = _operators(bad, "mine")
     assert "does not take LSTM" in line and line.endswith("replace LSTM by a 1-D conv")
+
+
+def test_hailo8_lists_what_a_users_compile_test_saw_and_nothing_more():
+    """hailo8's only entries come from one user's DFC 3.32.0 compile test (its provenance
+    says so); hailo8l and hailo10h hold none: the Relu before GatherND is listed on hailo8
+    only, GatherND on none."""
+    model = _gathernd()
+    (p8,) = _problems(model, "hailo8")
+    assert p8.group == "GatherND"
+    entry = load_target("hailo8").ops.entry("Relu")
+    assert entry.status == "supported" and "DFC 3.32.0" in entry.provenance
+    assert "not Hailo's list" in entry.provenance
+    for name in ("hailo8l", "hailo10h"):
+        (p,) = _problems(model, name)
+        assert p.group == "Relu, GatherND"
