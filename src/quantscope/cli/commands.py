@@ -45,7 +45,8 @@ _TABLE: dict[str, Command] = {
                          "file"),
     "analyze": Command("analyze", "steps", "which layers break the low precision, and why"),
     "plan": Command("plan", "steps", "search a legal mixed-precision plan (Pareto front)"),
-    "check": Command("plan", "steps", "legality preflight of a plan on a target"),
+    "check": Command("plan", "steps", "legality preflight of a plan on a target, and which "
+                     "of the model's operators its compiler takes"),
     "evaluate": Command("measure", "steps", "emulate a precision/plan and measure fidelity "
                         "to FP32"),
     "whatif": Command("measure", "steps", "where a plan's error is: the plan measured with "

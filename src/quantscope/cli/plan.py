@@ -57,8 +57,9 @@ from quantscope.cli.types import (
 from quantscope.export.alls_lint import lint
 from quantscope.export.kv_prefix import host_snippet, prefix_files
 from quantscope.model.groups import find_groups
-from quantscope.model.shapes import shape_note
+from quantscope.model.shapes import given_shapes, shape_note
 from quantscope.plan.check import check
+from quantscope.plan.op_support import op_problems
 from quantscope.report import fmt
 from quantscope.serde import (
     bytes_writer,
@@ -67,6 +68,7 @@ from quantscope.serde import (
     text_writer,
     write_atomic_set,
 )
+from quantscope.targets.profile import Target
 from quantscope.types import QuantscopeError
 
 
@@ -203,13 +205,22 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"  {note}")
     stages.write_plan(args.out, out.plan, out.file_extra())
     print(stages.format_search(out.pareto))
+    _say_operators(inp.model, inp.target, given_shapes(inp.model, options.seq_len,
+                                                       options.input_shapes))
     print(f"wrote {args.out}")
     return 0
 
 
+def _say_operators(model: stages.Model, target: Target, given: dict | None) -> None:
+    """The model's operators the target does not take or no list names: the search judges
+    precisions, and no precision changes these (plan/op_support.py)."""
+    for p in op_problems(model, target, given):
+        print(f"{p.severity}: [{p.rule}] {p.group}: {p.reason}")
+        print(f"    fix: {p.fix}    (source: {p.provenance})")
+
+
 def _plan_max_legal(args: argparse.Namespace) -> int:
     """plan --max-legal [--variants]: candidate plans made by rule (plan/candidates.py)."""
-    from quantscope.model.shapes import given_shapes
     from quantscope.plan.candidates import max_legal, variants
 
     if not args.max_legal:
@@ -235,6 +246,7 @@ def _plan_max_legal(args: argparse.Namespace) -> int:
         print(f"{c.name:<10} {c.note}: wrote {path}")
     for note in notes:
         print(f"  {note}")
+    _say_operators(inp.model, inp.target, shapes)
     if args.variants and args.stats:
         folder = out.parent.resolve()
 
@@ -303,7 +315,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     stages.check_plan_target(inp.plan, inp.target.name if inp.target else None,
                              plan_name=f"plan '{args.plan}'")
     given = shapes(args, inp.model)
-    problems = check(inp.plan, find_groups(inp.model), inp.model, inp.target, shapes=given)
+    problems = op_problems(inp.model, inp.target, given) + check(
+        inp.plan, find_groups(inp.model), inp.model, inp.target, shapes=given)
     note = shape_note(inp.model, given)
     if note:
         print(f"note: {note}")

@@ -261,6 +261,8 @@ def _read_onnx(path: Any) -> Any:
 
 def check(ctx: Context) -> Done:
     from quantscope.plan.check import BUILTIN_RULES
+    from quantscope.plan.op_support import UNLISTED as OPS_UNLISTED
+    from quantscope.plan.op_support import UNSUPPORTED as OPS_UNSUPPORTED
 
     model, _, final = repaired(ctx)
     problems = stages.plan_problems(model, final, seq_len=ctx.opts.seq_len,
@@ -270,6 +272,13 @@ def check(ctx: Context) -> Done:
               "provenance": "quantscope"} for r in sorted(BUILTIN_RULES)]
     rules += [{"rule": r.id, "severity": r.severity, "reason": r.reason,
                "provenance": r.provenance} for r in target.rules]
+    if target.ops is not None and not target.ops.takes_all:
+        rules += [{"rule": OPS_UNSUPPORTED, "severity": "error",
+                   "reason": "an operator the target's compiler does not take ([ops])",
+                   "provenance": target.ops.source},
+                  {"rule": OPS_UNLISTED, "severity": "warning",
+                   "reason": "an operator no list of the target names ([ops]): not guessed",
+                   "provenance": target.ops.source}]
     for r in rules:
         hits = [p for p in problems if p["rule"] == r["rule"]]
         r["passed"] = not hits

@@ -20,6 +20,8 @@ from quantscope.export.hailo_alls import script_warnings
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
+from quantscope.plan.op_support import RULES as OP_RULES
+from quantscope.plan.op_support import UNSUPPORTED as OP_UNSUPPORTED
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
 from quantscope.tasks.embedding_hint import MARK as EMBEDDING_MARK
@@ -36,14 +38,36 @@ COMPARED = ("fp32", "a8_w8", "plan")
 
 
 def _warned(problems: list[dict[str, Any]]) -> list[str]:
-    """Each warned rule once, ``rule (N groups[, may not apply here])``."""
+    """Each warned rule once, ``rule (N groups[, may not apply here])`` (an operator rule:
+    ``rule (N op types)``, its problem's group lists them)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for p in problems:
         if p["severity"] == "warning":
             out.setdefault(p["rule"], []).append(p)
-    return [f"{rule} ({len(ps)} group{'s' * (len(ps) != 1)}"
+
+    def count(rule: str, ps: list[dict[str, Any]]) -> str:
+        if rule in OP_RULES:
+            n = sum(len(p["group"].split(", ")) for p in ps)
+            return f"{n} op type{'s' * (n != 1)}"
+        return f"{len(ps)} group{'s' * (len(ps) != 1)}"
+
+    return [f"{rule} ({count(rule, ps)}"
             + (", may not apply here" if not any(p.get("applies", True) for p in ps) else "")
             + ")" for rule, ps in sorted(out.items())]
+
+
+def _operators(problems: list[dict[str, Any]], target: str) -> list[str]:
+    """The operators the target does not take or no list names, each with its fix (the
+    nodes and the source are in check.json)."""
+    out = []
+    for p in problems:
+        if p["rule"] == OP_UNSUPPORTED:
+            out.append(f"{p['reason']} ({p['rule']}; the source in check.json): {p['fix']}")
+        elif p["rule"] in OP_RULES:
+            out.append(f"operators in no list quantscope holds for {target}, not known to "
+                       f"compile or to fail: {p['group']} ({p['rule']}; their nodes and the "
+                       f"list consulted in check.json): {p['fix']}")
+    return out
 
 
 def _read(ctx: Context, name: str) -> Any:
@@ -111,6 +135,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results, metric),
         "says_little": _says_little(results),
+        "operators": _operators(chk["problems"], chk["target"]),
         "saturated_outputs": _saturated_outputs(
             results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"],
             image_ranges(ctx.opts.layout)),

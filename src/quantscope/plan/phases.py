@@ -18,6 +18,7 @@ from quantscope.model.load import Model
 from quantscope.model.phases import phase_shapes
 from quantscope.plan.check import check
 from quantscope.plan.cost import plan_cost, weight_bytes
+from quantscope.plan.op_support import op_problems
 from quantscope.targets.profile import Target
 from quantscope.types import Plan, Problem
 
@@ -49,7 +50,8 @@ def check_phases(plan: Plan, models: dict[str, Model], target: Target,
         groups = find_groups(model)
         check_plan_names(own, groups)
         shapes = phase_shapes(model, phase, seq_len)
-        problems = check(own, groups, model, target, shapes=shapes)
+        problems = op_problems(model, target, shapes) + check(own, groups, model, target,
+                                                              shapes=shapes)
         cost = plan_cost(own, groups, target, shapes, model=model,
                          weight_reads=phase in WEIGHT_BOUND_PHASES)
         out.append(PhaseCheck(phase, seq_len, tuple(problems), cost,

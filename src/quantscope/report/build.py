@@ -196,8 +196,9 @@ def plan_section(plan: dict[str, Any], problems: list[dict[str, Any]] | None = N
         out.append(_table(["group", "precision", "reason"], rows))
     if problems:
         out.append("<h3>Legality problems</h3>" + _table(
-            ["severity", "rule", "group", "reason", "fix"],
-            [[p["severity"], p["rule"], p["group"], p["reason"], p["fix"]] for p in problems]))
+            ["severity", "rule", "group", "reason", "fix", "source"],
+            [[p["severity"], p["rule"], p["group"], p["reason"], p["fix"],
+              p.get("provenance", "")] for p in problems]))
     return "".join(out)
 
 

@@ -362,8 +362,9 @@ def legality_section(chk: dict[str, Any]) -> str:
                        if passed else ""))
     if problems:
         out.append("<h3>Problems</h3>" + _table(
-            ["severity", "rule", "group", "reason", "fix"],
-            [[p["severity"], p["rule"], p["group"], p["reason"], p["fix"]] for p in problems]))
+            ["severity", "rule", "group", "reason", "fix", "source"],
+            [[p["severity"], p["rule"], p["group"], p["reason"], p["fix"],
+              p.get("provenance", "")] for p in problems]))
     return "".join(out)
 
 

@@ -188,15 +188,20 @@ def plan_problems(
     model: Model, plan: Plan, *, seq_len: int | None = None,
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
 ) -> list[dict[str, Any]]:
-    """Legality problems of a plan on its own target (empty when it names none)."""
+    """Legality problems of a plan on its own target (empty when it names none): the
+    plan's (:func:`~quantscope.plan.check.check`) and the model's operators the target does
+    not take or no list names (:func:`~quantscope.plan.op_support.op_problems`)."""
     if not plan.target:
         return []
     from quantscope.model.shapes import given_shapes
     from quantscope.plan.check import check
+    from quantscope.plan.op_support import op_problems
     from quantscope.targets import load_target
 
     shapes = given_shapes(model, seq_len, input_shapes)
-    problems = check(plan, find_groups(model), model, load_target(plan.target), shapes=shapes)
+    target = load_target(plan.target)
+    problems = op_problems(model, target, shapes) + check(plan, find_groups(model), model, target,
+                                                  shapes=shapes)
     return [dataclasses.asdict(p) for p in problems]
 
 

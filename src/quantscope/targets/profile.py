@@ -17,6 +17,8 @@ A profile states what a compiler accepts, as data (see ``docs/targets.md``):
                 table of at least this many rows by an integer model input runs on
                 the host: :mod:`quantscope.model.host_gather`), ``reason``,
                 ``provenance``; absent: every lookup is judged as a device layer
+``ops``         which ONNX operators the compiler takes, each verdict with its source
+                (:mod:`quantscope.targets.ops`)
 ``promotion``   the precision ``run`` promotes a group to (its analysis' ``high``, the
                 max-legal candidates'): ``precision``, ``reason``, ``provenance``;
                 absent: a16_w16
@@ -35,6 +37,7 @@ from typing import Any
 
 from quantscope.export.formats import FORMATS, vendor_formats
 from quantscope.targets import validate
+from quantscope.targets.ops import OpSupport, parse_ops
 from quantscope.types import Group, GroupKind, Precision, QuantScheme, QuantscopeError
 
 # op_type of an activation group -> op kind (weighted groups are always "weighted")
@@ -177,6 +180,7 @@ class Target:
     formats: tuple[str, ...] = ()  # export formats besides the QDQ model (always written)
     host_embedding: HostEmbedding | None = None  # lookups left to the host (None: none)
     promotion: Promotion | None = None  # [promotion] (None: a16_w16)
+    ops: OpSupport | None = None  # [ops]: which operators the compiler takes (targets/ops.py)
 
     @property
     def promote(self) -> Precision:
@@ -221,6 +225,7 @@ _TOP_KEYS = frozenset(
         "formats",
         "host_embedding",
         "promotion",
+        "ops",
     }
 )
 _SCHEME_KEYS = frozenset(
@@ -495,6 +500,7 @@ def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
         formats=_parse_formats(raw, text("vendor"), source),
         host_embedding=_parse_host(raw.get("host_embedding"), source),
         promotion=_parse_promotion(raw.get("promotion"), source),
+        ops=parse_ops(raw.get("ops"), source),
     )
     validate.coverage(dict(target.precisions), dict(target.cost.relative), target.allowed,
                       target.cost.factor, KINDS, source)
