@@ -1,0 +1,73 @@
+"""Speech models a user brings (h45): a TTS whose frame count is the sum of durations it
+predicts (hibari-tts' length regulator: ``Exp``, ``Round``, ``Clip``, ``ReduceSum`` of the
+durations, a ``Range`` over the frames). A duration the quantized model rounds otherwise
+gives an output of another length: that was an internal error (``row cosine: shapes
+differ, (1, 601, 154) vs (1, 601, 158)``); it is one line naming the op and the float
+tensor to split the model at, before any work."""
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from quantscope.cli import main
+from quantscope.model.dynamic import value_sized_sources
+from quantscope.model.load import load_proto
+
+
+def tts_model(limit_from: str = "durations") -> onnx.ModelProto:
+    """``ids [1, L]`` int64 -> durations (a Gather, a MatMul, ``Exp``) -> frames: an
+    output ``[1, F]`` whose F is the sum of the rounded durations (``limit_from=
+    "durations"``), the input's length (``"shape"``) or the ids' own values (``"ids"``)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (12, 4)).astype(np.float32), "table"),
+             numpy_helper.from_array(rng.normal(0, 0.5, (4, 1)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+             numpy_helper.from_array(np.array([1], np.int64), "ax1")]
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["emb"], name="embed"),
+             helper.make_node("MatMul", ["emb", "w"], ["logd"], name="dur_proj"),
+             helper.make_node("Exp", ["logd"], ["dur"], name="exp"),
+             helper.make_node("Round", ["dur"], ["dur_r"], name="round"),
+             helper.make_node("ReduceMean", ["emb"], ["level"], keepdims=0, name="level")]
+    if limit_from == "durations":
+        nodes += [helper.make_node("Cast", ["dur_r"], ["dur_i"], to=TensorProto.INT64),
+                  helper.make_node("ReduceSum", ["dur_i"], ["total"], keepdims=0)]
+    elif limit_from == "shape":
+        nodes += [helper.make_node("Shape", ["dur"], ["dshape"]),
+                  helper.make_node("ReduceProd", ["dshape"], ["total"], keepdims=0)]
+    else:
+        nodes += [helper.make_node("ReduceSum", ["ids"], ["total"], keepdims=0)]
+    nodes += [helper.make_node("Range", ["zero", "total", "one"], ["frames_i"], name="frames"),
+              helper.make_node("Cast", ["frames_i"], ["frames_f"], to=TensorProto.FLOAT),
+              helper.make_node("Unsqueeze", ["frames_f", "ax0"], ["frames"]),
+              helper.make_node("Mul", ["frames", "level"], ["audio"], name="out")]
+    g = helper.make_graph(
+        nodes, "tts", [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, "L"])],
+        [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, "F"])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_size_from_computed_durations_is_found():
+    found = value_sized_sources(load_proto(tts_model()))
+    assert found == {"audio": ("Range", "frames", "dur_r")}
+
+
+def test_a_size_from_shapes_or_int_input_values_is_not():
+    # the input's length (a Shape) and the ids' sum are the same in FP32 and quantized
+    assert value_sized_sources(load_proto(tts_model("shape"))) == {}
+    assert value_sized_sources(load_proto(tts_model("ids"))) == {}
+
+
+def test_calibrate_refuses_it_in_one_line(tmp_path, capsys):
+    m, x, s = tmp_path / "tts.onnx", tmp_path / "ids.npy", tmp_path / "s.npz"
+    onnx.save(tts_model(), m)
+    np.save(x, np.random.default_rng(1).integers(1, 12, (6, 9)).astype(np.int64))
+    rc = main(["calibrate", str(m), "--data", str(x), "--out", str(s)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert not s.exists()
+    assert "internal error" not in err and len(err.strip().splitlines()) == 1
+    assert "output 'audio' has a size set by values the model computes" in err
+    assert "Range 'frames' takes its size from 'dur_r'" in err
+    assert "split the model there" in err
