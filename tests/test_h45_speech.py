@@ -71,3 +71,34 @@ def test_calibrate_refuses_it_in_one_line(tmp_path, capsys):
     assert "output 'audio' has a size set by values the model computes" in err
     assert "Range 'frames' takes its size from 'dur_r'" in err
     assert "split the model there" in err
+
+
+def squeezed_model() -> onnx.ModelProto:
+    """``x [1, 8]`` (one sample per run) -> ``y [6]``: the batch axis squeezed out, as
+    hibari-tts' durations ``[L]`` of its ``ids [1, L]``."""
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).normal(0, 0.5, (8, 6)).astype(np.float32), "w")
+    ax = numpy_helper.from_array(np.array([0], np.int64), "ax")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="fc"),
+             helper.make_node("Squeeze", ["h", "ax"], ["y"], name="squeeze")]
+    g = helper.make_graph(
+        nodes, "squeezed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])], [w, ax])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_output_without_a_sample_axis_is_refused(tmp_path, capsys):
+    """Its 6 values per run had been read as 6 samples (60 "samples" of one value for 10
+    fed): a score per sample, "decided as FP32" on every one, and no cosine."""
+    m, x, s = tmp_path / "m.onnx", tmp_path / "x.npy", tmp_path / "s.npz"
+    onnx.save(squeezed_model(), m)
+    np.save(x, np.random.default_rng(1).normal(0, 1, (10, 8)).astype(np.float32))
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    capsys.readouterr()
+    rc = main(["evaluate", str(m), "--data", str(x), "--stats", str(s),
+               "--precision", "a8_w8"])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "internal error" not in err and len(err.strip().splitlines()) == 1
+    assert "output 'y' has shape (6,) for one sample" in err
+    assert "Unsqueeze of axis 0" in err
