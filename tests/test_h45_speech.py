@@ -102,3 +102,21 @@ def test_an_output_without_a_sample_axis_is_refused(tmp_path, capsys):
     assert "internal error" not in err and len(err.strip().splitlines()) == 1
     assert "output 'y' has shape (6,) for one sample" in err
     assert "Unsqueeze of axis 0" in err
+
+
+def test_an_argmax_per_step_names_the_ctc_layout_too(tmp_path, capsys):
+    """hibari's G2P outputs only ``ids [1, T]``, the ``ArgMax`` of CTC logits
+    ``[1, T, C]``: the refusal named ``--layout OUT=class`` alone."""
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).normal(0, 0.5, (8, 12)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="head"),
+             helper.make_node("ArgMax", ["logits"], ["ids"], axis=-1, keepdims=0)]
+    g = helper.make_graph(
+        nodes, "g2p", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 8])],
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"])], [w])
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npy"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), m)
+    np.save(x, np.random.default_rng(1).normal(0, 1, (4, 5, 8)).astype(np.float32))
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(tmp_path / "s.npz")]) == 2
+    err = capsys.readouterr().err
+    assert "--layout OUT=class (per step), or --layout OUT=ctc where the host" in err

@@ -147,4 +147,21 @@ def refuse_unscorable_outputs(model: Model) -> None:
             f"model '{model.source}' has only integer (label or index) outputs ({', '.join(repr(o) for o in outs)}"
             "): there is nothing float to compare with FP32 (a label compares equal or not); "
             "export the float tensor they are made from as an output too (the logits before "
-            "an ArgMax) and declare it --layout OUT=class")
+            f"an ArgMax) and declare it --layout OUT=class{_ctc_hint(model, outs)}")
+
+
+def _ctc_hint(model: Model, outs: tuple[str, ...]) -> str:
+    """Where an output is an ``ArgMax`` per step (``[N, T]`` from ``[N, T, C]``), the CTC
+    layout a host that collapses the steps reads the logits by (hibari's G2P)."""
+    producer = {t: n for n in model.graph.node for t in n.output}
+    shapes = model.value_shapes()
+    for o in outs:
+        node = producer.get(o)
+        if node is None or node.op_type != "ArgMax":
+            continue
+        keep = next((a.i for a in node.attribute if a.name == "keepdims"), 1)
+        rank = len(shapes.get(o) or ()) + (0 if keep else 1)
+        if rank >= 3:
+            return (f" (per step), or --layout OUT=ctc where the host decodes '{o}' as CTC "
+                    "(repeats merged, the blank dropped)")
+    return ""
