@@ -120,3 +120,32 @@ def test_an_argmax_per_step_names_the_ctc_layout_too(tmp_path, capsys):
     assert main(["calibrate", str(m), "--data", str(x), "--out", str(tmp_path / "s.npz")]) == 2
     err = capsys.readouterr().err
     assert "--layout OUT=class (per step), or --layout OUT=ctc where the host" in err
+
+
+def test_fp32_own_ties_are_not_blamed_on_the_grid(tmp_path, capsys):
+    """A CTC encoder's log-probabilities on frames past its lengths input are uniform in
+    FP32 already (the frames masked to 0): 285 of 800 such positions had been counted in
+    ``top1_ties`` as ties "the grid step merges"."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.normal(0, 1, (8, 6)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="head"),
+             helper.make_node("Softmax", ["logits"], ["probs"], axis=-1, name="softmax")]
+    g = helper.make_graph(
+        nodes, "cls", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 6])], [w])
+    m, x, s, j = (tmp_path / n for n in ("m.onnx", "x.npy", "s.npz", "r.json"))
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), m)
+    data = rng.normal(0, 1, (40, 8)).astype(np.float32)
+    data[20:] = 0  # masked positions: every class equal in FP32
+    np.save(x, data)
+    assert main(["calibrate", str(m), "--data", str(x), "--out", str(s)]) == 0
+    assert main(["evaluate", str(m), "--data", str(x), "--stats", str(s),
+                 "--precision", "a8_w8", "--json", str(j)]) == 0
+    import json
+
+    result = json.loads(j.read_text())
+    values = result["metrics"]
+    assert values["top1_ties_fp32"] == 0.5
+    assert values["top1_ties"] < 0.5
+    assert any("on 20 of 40 samples FP32's own top score is shared" in n
+               for n in result["notes"])
