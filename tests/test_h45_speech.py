@@ -149,3 +149,64 @@ def test_fp32_own_ties_are_not_blamed_on_the_grid(tmp_path, capsys):
     assert values["top1_ties"] < 0.5
     assert any("on 20 of 40 samples FP32's own top score is shared" in n
                for n in result["notes"])
+
+
+def asr_model() -> onnx.ModelProto:
+    """An icefall-style CTC encoder's signature: ``x [N, T, 4]``, ``x_lens [N]`` int64 ->
+    ``log_probs [N, T, 7]`` (a LogSoftmax) and ``log_probs_len [N]``; frames past the
+    lengths are not masked (they hold whatever the padding gives)."""
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).normal(0, 1.5, (4, 7)).astype(np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"], name="head"),
+             helper.make_node("LogSoftmax", ["logits"], ["log_probs"], axis=-1),
+             helper.make_node("Identity", ["x_lens"], ["log_probs_len"])]
+    g = helper.make_graph(
+        nodes, "asr", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "T", 4]),
+                       helper.make_tensor_value_info("x_lens", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, ["N", "T", 7]),
+         helper.make_tensor_value_info("log_probs_len", TensorProto.INT64, ["N"])], [w])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_ctc_decodes_each_sample_up_to_its_lengths(tmp_path, capsys):
+    """A host decodes ``log_probs_len`` frames of each utterance; the frames past it (the
+    padding of a batch) had been decoded too, their labels counted in every figure."""
+    import json
+
+    import onnxruntime as ort
+
+    from quantscope.tasks.ctc import greedy_decode
+
+    rng = np.random.default_rng(2)
+    x = rng.normal(0, 1, (12, 10, 4)).astype(np.float32)
+    lens = rng.integers(3, 7, 12).astype(np.int64)
+    m, d, s, j = (tmp_path / n for n in ("asr.onnx", "asr.npz", "s.npz", "r.json"))
+    onnx.save(asr_model(), m)
+    np.savez(d, x=x, x_lens=lens)
+    assert main(["calibrate", str(m), "--data", str(d), "--out", str(s)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(m), "--data", str(d), "--stats", str(s), "--precision",
+                 "a8_w8", "--layout", "log_probs=ctc:lengths=log_probs_len",
+                 "--json", str(j)]) == 0, capsys.readouterr().err
+    result = json.loads(j.read_text())
+    lp = ort.InferenceSession(str(m)).run(["log_probs"], {"x": x, "x_lens": lens})[0]
+    want = sum(len(greedy_decode(lp[k:k + 1, :n], 0)[0]) for k, n in enumerate(lens))
+    whole = sum(len(t) for t in greedy_decode(lp, 0))
+    assert want < whole  # the padding decodes to labels of its own
+    assert result["metrics"]["chars_fp32"] == want
+    assert any("each sample's first 'log_probs_len' steps" in n for n in result["notes"])
+
+
+def test_ctc_lengths_must_be_an_integer_output(tmp_path, capsys):
+    m, d = tmp_path / "asr.onnx", tmp_path / "asr.npz"
+    onnx.save(asr_model(), m)
+    np.savez(d, x=np.ones((4, 10, 4), np.float32), x_lens=np.full(4, 5, np.int64))
+    assert main(["calibrate", str(m), "--data", str(d), "--out", str(tmp_path / "s.npz")]) == 0
+    capsys.readouterr()
+    rc = main(["evaluate", str(m), "--data", str(d), "--precision", "a8_w8",
+               "--stats", str(tmp_path / "s.npz"), "--layout",
+               "log_probs=ctc:lengths=x_lens"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "lengths=x_lens is no integer output of the model" in err
+    assert "'log_probs_len'" in err
