@@ -210,3 +210,19 @@ def test_ctc_lengths_must_be_an_integer_output(tmp_path, capsys):
     assert rc == 2
     assert "lengths=x_lens is no integer output of the model" in err
     assert "'log_probs_len'" in err
+
+
+def test_log_probs_per_step_name_the_ctc_layout(tmp_path, capsys):
+    """The encoder's ``log_probs`` is found as per-step class scores (its LogSoftmax); the
+    note said nothing of CTC, whose strings a per-step top-1 (mostly the blank's) hides."""
+    rng = np.random.default_rng(3)
+    m, d, s = tmp_path / "asr.onnx", tmp_path / "asr.npz", tmp_path / "s.npz"
+    onnx.save(asr_model(), m)
+    np.savez(d, x=rng.normal(0, 1, (6, 10, 4)).astype(np.float32),
+             x_lens=np.full(6, 10, np.int64))
+    assert main(["calibrate", str(m), "--data", str(d), "--out", str(s)]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(m), "--data", str(d), "--stats", str(s),
+                 "--precision", "a8_w8"]) == 0
+    out = capsys.readouterr().out
+    assert "--layout log_probs=ctc[:blank=B,lengths=LEN] judges the decoded strings" in out

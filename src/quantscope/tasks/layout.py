@@ -251,6 +251,25 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> obj
     return None
 
 
+def _steps_hint(model: Model, out: str, axis: int, made_by: str) -> str:
+    """For class scores per step of a sequence (``[N, T, C]``, the classes last) that the
+    op ``made_by`` makes (a CTC encoder's LogSoftmax; any op for logits the graph takes an
+    ArgMax of per step): the CTC layout, which a per-step top-1 does not judge (the blank
+    wins most steps). A token classifier's Softmax gets none."""
+    shape = model.value_shapes().get(out)
+    if shape is None or len(shape) != 3 or axis % 3 != 2:
+        return ""
+    producer = {t: n for n in model.graph.node for t in n.output}
+    node = producer.get(out)
+    while node is not None and node.op_type in ("Identity", "Reshape", "Transpose"):
+        node = producer.get(node.input[0])
+    if made_by and (node is None or node.op_type != made_by):
+        return ""
+    return (f"; if a host decodes it as CTC (repeats merged, a blank dropped: a speech or "
+            f"text recognizer), --layout {out}=ctc[:blank=B,lengths=LEN] judges the decoded "
+            "strings")
+
+
 def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None,
              model: Model | None = None) -> CtcTask:
     """The task of a ``ctc`` layout: an output of 3 axes (samples, time, classes), the
@@ -361,8 +380,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                         + (f"; {QUOTE_HINT}" if any("=" in n for n in (s.output, *outputs))
                            else ""))
         if s.output in seen:
-            raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout "
-                        "per output")
+            raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout per output")
         seen.add(s.output)
     tasks, notes = [], []
     declared = {s.output: s for s in specs}
@@ -395,12 +413,13 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                 task = ClassTask(name=f"class:{out}", output=out, axis=axis,
                                  sample_axis=samples or 0)
                 notes.append(f"output '{out}' read as {_describe(task, model)} (a Softmax over "
-                             f"the classes); --layout {out}=tensor for plain fidelity")
+                             f"the classes); --layout {out}=tensor for plain fidelity"
+                             + _steps_hint(model, out, axis, "LogSoftmax"))
             elif (picked := picked_output(model, out)) is not None:
                 task = ClassTask(name=f"class:{out}", output=out, axis=picked[0])
                 notes.append(f"output '{out}' read as {_describe(task, model)} (the graph "
                              f"picks classes from it: '{picked[1]}'); --layout {out}=tensor "
-                             "for plain fidelity")
+                             f"for plain fidelity{_steps_hint(model, out, picked[0], '')}")
             elif score_output(model, out, samples):
                 task = ScoreTask(name=f"score:{out}", output=out)
                 notes.append(f"output '{out}' read as {_describe(task, model)} (a Sigmoid of "
