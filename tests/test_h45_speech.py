@@ -226,3 +226,25 @@ def test_log_probs_per_step_name_the_ctc_layout(tmp_path, capsys):
                  "--precision", "a8_w8"]) == 0
     out = capsys.readouterr().out
     assert "--layout log_probs=ctc[:blank=B,lengths=LEN] judges the decoded strings" in out
+
+
+def test_an_input_of_one_value_is_said(tmp_path, capsys):
+    """A streaming encoder calibrated on its first chunks only (caches all 0) or a TTS's
+    ``speed`` saved once (1.0): the input's grid is that value's alone, so the carried
+    states or another speed clip in deployment while every figure here looks right."""
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array(rng.normal(0, 0.5, (8, 8)).astype(np.float32), "w")
+    nodes = [helper.make_node("Add", ["x", "cache"], ["h"]),
+             helper.make_node("MatMul", ["h", "w"], ["y"], name="fc")]
+    g = helper.make_graph(
+        nodes, "stream", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8]),
+                          helper.make_tensor_value_info("cache", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], [w])
+    m, d = tmp_path / "s.onnx", tmp_path / "d.npz"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), m)
+    np.savez(d, x=rng.normal(0, 1, (16, 8)).astype(np.float32),
+             cache=np.zeros((16, 8), np.float32))
+    assert main(["calibrate", str(m), "--data", str(d), "--out", str(tmp_path / "st.npz")]) == 0
+    out = capsys.readouterr().err
+    assert "input 'cache' holds one value (0) over all the data" in out
+    assert "input 'x' holds" not in out
