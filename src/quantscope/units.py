@@ -23,7 +23,7 @@ from typing import Any
 
 DASH = "—"
 
-SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "recall@", "decision_agreement",
+SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "top1_ties_fp32", "recall@", "decision_agreement",
           "tar_at_far", "detection_f1", "detection_recall", "detection_precision", "pixel_flip_share", "match_rate",
           "score_side_agreement", "decode_top1", "greedy_agreement", "exact_agreement",
           "values_equal_share", "mask_share_fp32", "point_agreement", "point_flag_agreement",

@@ -34,7 +34,15 @@ from quantscope.numerics import (
     sqnr_db_from_powers,
 )
 from quantscope.progress import feed_size, track
-from quantscope.types import Batch, Metrics, Outputs, sample_first
+from quantscope.types import (
+    Batch,
+    Feeds,
+    Metrics,
+    Outputs,
+    QuantscopeError,
+    batch_rows,
+    sample_first,
+)
 
 Keep = Callable[[tuple[np.ndarray, ...], Batch], tuple[np.ndarray, ...]]
 """One batch's outputs (and its feeds) -> what a task reads of them (``Task.keep``)."""
@@ -76,9 +84,33 @@ def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "",
     def gen() -> Iterator[tuple[tuple[np.ndarray, ...], Batch]]:
         for batch in track(batches, label, unit="batch", show=bool(label), cost=feed_size):
             out = session.run(None, {n: v for n, v in batch.items() if n in inputs})
+            check_sample_axes(out, batch, names)
             yield tuple(sample_first(out, batch)), batch  # outputs read sample-first
 
-    return Runs(names=tuple(o.name for o in session.get_outputs()), batches=gen())
+    names = tuple(o.name for o in session.get_outputs())
+    return Runs(names=names, batches=gen())
+
+
+def check_sample_axes(outputs: Sequence[np.ndarray], batch: Batch,
+                      names: Sequence[str]) -> None:
+    """Refuse an output that gives more than one value on its sample axis for a run of one
+    sample (a model exported with its batch axis squeezed out, ``durations [L]`` of an
+    ``ids [1, L]`` input): each of its values would be scored as a sample."""
+    axes = getattr(batch, "out_axes", ())
+    if not isinstance(batch, Feeds) or batch_rows(batch) != 1 or len(axes) > len(outputs):
+        return
+    for name, o, a in zip(names, outputs, axes, strict=False):
+        shape = np.shape(o)
+        if a < len(shape) and shape[a] != 1:
+            ones = [k for k, d in enumerate(shape) if d == 1]
+            fix = (f"if axis {ones[0]} holds it, declare --batch-axis {name}={ones[0]}"
+                   if ones else "it has no sample axis: export the model with one (an "
+                   "Unsqueeze of axis 0 before the output)")
+            raise QuantscopeError(
+                f"output '{name}' has shape {tuple(int(d) for d in shape)} for one sample "
+                f"(the model takes one sample per run), so its axis {a} does not hold the "
+                f"samples: each of its {shape[a]} values there would be scored as a sample; "
+                f"{fix}")
 
 
 def kept_runs(runs: Runs, keep: Keep | None) -> Outputs:

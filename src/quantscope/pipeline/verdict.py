@@ -267,6 +267,8 @@ def _model_and_data_findings(ctx: Context, data: dict[str, Any]) -> dict[str, An
         "class_axis_by_default": _data_notes(data, AXIS_BY_DEFAULT),
         # an L2-normalised embedding of tensor data: its decisions (verification) unscored
         "embedding_fidelity_only": _data_notes(data, EMBEDDING_MARK),
+        # an input of one value on the data (a zero cache, a setting): others clip there
+        "constant_inputs": _data_notes(data, stages.open.ONE_VALUE),
         "mixed_scales": _mixed_scales(ctx),
         # a Log reading a linear grid that loses the decades below one step (a spectrogram)
         "log_floors": _mixed_scales(ctx, "log_floor"),

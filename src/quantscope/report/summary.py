@@ -397,7 +397,7 @@ def _warnings(v: dict[str, Any]) -> list[str]:
     floors = (v.get("log_floors") or []) + (v.get("input_floors") or [])
     return ((v.get("operators") or []) + (v.get("says_little") or []) + (v.get("unscored") or [])
             + (v.get("unscored_figures") or []) + (v.get("class_axis_by_default") or [])
-            + (v.get("embedding_fidelity_only") or [])
+            + (v.get("embedding_fidelity_only") or []) + (v.get("constant_inputs") or [])
             + (v.get("saturated_outputs") or []) + (v.get("nan_inf_inside") or [])
             + [f"{line} ({fix.strip()})" for line, fix in
                zip(floors[::2], floors[1::2], strict=False)])

@@ -9,9 +9,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from quantscope.calibrate.collect import calibrate
 from quantscope.model.groups import find_groups
-from quantscope.model.load import Model, load
+from quantscope.model.load import FLOAT_TYPES, Model, load
 from quantscope.progress import say
 from quantscope.tasks.tensors import TENSOR_BATCH, limit_reason, load_tensor_batches
 from quantscope.types import (
@@ -111,6 +113,9 @@ def open_data(
             note = f"{spec}: {_layout_text(fed, tuple(model.output_names()))}"
             ds = dataclasses.replace(ds, notes=(*ds.notes, note))
             say(f"note: {note}", show=show)
+        for note in constant_inputs(batches, model):
+            ds = dataclasses.replace(ds, notes=(*ds.notes, f"{spec}: {note}"))
+            say(f"note: {spec}: {note}", show=show)
     elif batch_axes:
         raise QuantscopeError(f"--batch-axis applies to tensor data (.npy/.npz); '{spec}' is "
                               "a task whose batches quantscope builds: leave it out")
@@ -120,6 +125,31 @@ def open_data(
                                   f"{', '.join(model.output_names())})")
         ds = dataclasses.replace(ds, output=output)
     return ds
+
+ONE_VALUE = "so its range is calibrated on that value alone"
+"""In every note of :func:`constant_inputs` (``run``'s verdict repeats them as warnings)."""
+
+
+def constant_inputs(batches: Sequence[Mapping[str, Any]], model: Model) -> list[str]:
+    """One line per float input that holds one value over all the data (a zero initial
+    state or cache, a setting such as a TTS's speed): its grid is calibrated on that value
+    alone, and a deployment that feeds others clips them."""
+    types, out = model.value_types(), []
+    for k in model.input_names():
+        arrays = [np.asarray(b[k]) for b in batches if k in b and np.size(b[k])]
+        if types.get(k) not in FLOAT_TYPES or not arrays:
+            continue
+        lo, hi = min(float(a.min()) for a in arrays), max(float(a.max()) for a in arrays)
+        if lo == hi:
+            out.append(
+                f"input '{k}' holds one value ({lo:g}) over all the data, {ONE_VALUE} "
+                f"(a grid of {min(lo, 0.0):g} to "
+                f"{max(hi, 0.0):g}): a deployment that feeds it others (a streaming model's "
+                "carried state or cache, a setting such as a speed) has them clipped there, "
+                "and no figure here shows it; give data with the values it takes (the "
+                "states of consecutive chunks run through the model)")
+    return out
+
 
 def _layout_text(batch: Feeds, outputs: tuple[str, ...]) -> str:
     """Which inputs hold their samples on another axis than 0, and the per-run limit."""

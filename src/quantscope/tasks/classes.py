@@ -131,8 +131,10 @@ class ClassTask:
             top5 = np.any(best == top_r[:, None], axis=1)
             values["top5_agreement"] = float(np.mean(top5))
             values.update(_items("top5_agreement", top5, positions))
-        ties = np.sum(t == t.max(axis=1, keepdims=True), axis=1) > 1
+        own = np.sum(r == r.max(axis=1, keepdims=True), axis=1) > 1  # FP32's own ties
+        ties = (np.sum(t == t.max(axis=1, keepdims=True), axis=1) > 1) & ~own
         values["top1_ties"] = float(ties.mean())
+        values["top1_ties_fp32"] = float(own.mean())
         notes = []
         worst = _worst_class(top_r, top_t)
         if worst is not None:
@@ -146,6 +148,12 @@ class ClassTask:
             notes.append(f"output '{self.output}': on {int(ties.sum())} of {n} {rows} the "
                          "quantized top score is shared by several classes (the grid step "
                          "merges them; the argmax takes the first)")
+        if own.any():
+            notes.append(f"output '{self.output}': on {int(own.sum())} of {n} {rows} FP32's "
+                         "own top score is shared by several classes (every class equal "
+                         "there, as on frames past a lengths input or a masked position): "
+                         "both models' argmax takes the first class, so their agreement there "
+                         "says nothing of the quantization")
         if values["top1_agreement"] < AGREEMENT_RESEMBLES:
             notes.append(f"NOT LIKE FP32: output '{self.output}': the top class changes on "
                          f"{int((~agree).sum())} of {n} {rows} (top-1 agreement "

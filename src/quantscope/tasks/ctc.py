@@ -84,6 +84,7 @@ class CtcTask:
     blank: int = DEFAULT_BLANK
     axis: int = -1
     sample_axis: int = 0
+    lengths: str | None = None  # an int output: each sample's valid steps (FP32's read)
     headline: str = "string_agreement"
     higher_is_better: bool = True
     row_local: bool = True
@@ -98,8 +99,12 @@ class CtcTask:
                            notes=(f"output '{self.output}' not decoded as CTC: {why}",))
         classes = shape[axis]
         blank = self.blank % classes
-        r = [s for b in _steps(ref, self.output, axis) for s in greedy_decode(b, blank)]
-        t = [s for b in _steps(test, self.output, axis) for s in greedy_decode(b, blank)]
+        cuts = self._cuts(ref)
+        if isinstance(cuts, str):
+            return Metrics(values={"string_agreement": float("nan")},
+                           notes=(f"output '{self.output}' not decoded as CTC: {cuts}",))
+        r = _decoded(_steps(ref, self.output, axis), blank, cuts)
+        t = _decoded(_steps(test, self.output, axis), blank, cuts)
         same = np.array([a == b for a, b in zip(r, t, strict=True)])
         chars = sum(len(a) for a in r)
         edits = sum(edit_distance(b, a) for a, b in zip(r, t, strict=True))
@@ -122,6 +127,21 @@ class CtcTask:
                          f"{k}: FP32 labels {_shown(r[k])}, quantized {_shown(t[k])}")
         return Metrics(values=values, notes=tuple(notes))
 
+    def _cuts(self, ref: Outputs) -> list[np.ndarray] | str | None:
+        """Each batch's valid steps per sample, FP32's ``lengths`` output (the host decodes
+        no step past it); None without one; why not, as a string."""
+        if self.lengths is None:
+            return None
+        i, k = ref.names.index(self.output), ref.names.index(self.lengths)
+        cuts = []
+        for b in ref.batches:
+            n, lens = np.shape(b[i])[0], np.asarray(b[k]).reshape(-1)
+            if len(lens) != n:
+                return (f"lengths output '{self.lengths}' gives {len(lens)} values for "
+                        f"{n} samples: it must give one per sample")
+            cuts.append(lens)
+        return cuts
+
     def _unscorable(self, shape: tuple[int, ...], axis: int) -> str | None:
         """Why arrays of ``shape`` (sample-first) are no ``[N, T, C]`` to decode, else None."""
         if len(shape) != 3:
@@ -133,6 +153,15 @@ class CtcTask:
             return (f"blank={self.blank} is no class of {shape[axis]}: give blank=0..."
                     f"{shape[axis] - 1} (-1: the last)")
         return None
+
+
+def _decoded(batches: tuple[np.ndarray, ...], blank: int,
+             cuts: list[np.ndarray] | None) -> list[tuple[int, ...]]:
+    """Every sample's decoded labels, each cut at its valid steps where ``cuts`` gives them."""
+    if cuts is None:
+        return [s for b in batches for s in greedy_decode(b, blank)]
+    return [greedy_decode(b[j:j + 1, :max(int(n), 0)], blank)[0]
+            for b, lens in zip(batches, cuts, strict=True) for j, n in enumerate(lens)]
 
 
 def _shown(labels: tuple[int, ...]) -> str:

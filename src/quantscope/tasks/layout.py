@@ -230,7 +230,7 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> obj
     if spec.kind == "class":
         return class_task(spec, model, shape, samples)
     if spec.kind == "ctc":
-        return ctc_task(spec, shape, samples)
+        return ctc_task(spec, shape, samples, model)
     if spec.kind == "depth":
         return DepthTask(name=name, output=spec.output,
                          align=(spec.option("align") or "affine").lower())
@@ -251,10 +251,40 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> obj
     return None
 
 
-def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> CtcTask:
+def _steps_hint(model: Model, out: str, axis: int, made_by: str) -> str:
+    """For class scores per step of a sequence (``[N, T, C]``, the classes last) that the
+    op ``made_by`` makes (a CTC encoder's LogSoftmax; any op for logits the graph takes an
+    ArgMax of per step): the CTC layout, which a per-step top-1 does not judge (the blank
+    wins most steps). A token classifier's Softmax gets none."""
+    shape = model.value_shapes().get(out)
+    if shape is None or len(shape) != 3 or axis % 3 != 2:
+        return ""
+    producer = {t: n for n in model.graph.node for t in n.output}
+    node = producer.get(out)
+    while node is not None and node.op_type in ("Identity", "Reshape", "Transpose"):
+        node = producer.get(node.input[0])
+    if made_by and (node is None or node.op_type != made_by):
+        return ""
+    return (f"; if a host decodes it as CTC (repeats merged, a blank dropped: a speech or "
+            f"text recognizer), --layout {out}=ctc[:blank=B,lengths=LEN] judges the decoded "
+            "strings")
+
+
+def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None,
+             model: Model | None = None) -> CtcTask:
     """The task of a ``ctc`` layout: an output of 3 axes (samples, time, classes), the
-    class axis ``axis=`` (default the last), ``blank=`` a class of it (default 0)."""
+    class axis ``axis=`` (default the last), ``blank=`` a class of it (default 0),
+    ``lengths=`` an integer output of the model giving each sample's valid steps."""
     axis, blank = int(spec.option("axis") or -1), int(spec.option("blank") or DEFAULT_BLANK)
+    lengths = spec.option("lengths")
+    if lengths is not None and model is not None:
+        ints = [o for o in model.output_names()
+                if o != spec.output and model.value_types().get(o) in INDEX_TYPES]
+        if lengths not in ints:
+            raise _fail(spec.text, f"lengths={lengths} is no integer output of the model "
+                        f"beside '{spec.output}': give one of "
+                        f"{', '.join(repr(o) for o in ints) or 'none (the model has none)'} "
+                        "(each sample's valid steps, as an encoder's 'log_probs_len')")
     if shape is not None:
         if len(shape) != 3:
             raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)} as "
@@ -271,7 +301,7 @@ def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None) -> CtcT
             raise _fail(spec.text, f"blank {blank} is no class of the {c} on axis {axis % 3}: "
                         f"give 0..{c - 1} (-1: the last)")
     return CtcTask(name=f"ctc:{spec.output}", output=spec.output, blank=blank, axis=axis,
-                   sample_axis=samples or 0)
+                   sample_axis=samples or 0, lengths=lengths)
 
 
 # a figure whose worst over several outputs is its highest (errors, flips, values outside)
@@ -350,8 +380,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                         + (f"; {QUOTE_HINT}" if any("=" in n for n in (s.output, *outputs))
                            else ""))
         if s.output in seen:
-            raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout "
-                        "per output")
+            raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout per output")
         seen.add(s.output)
     tasks, notes = [], []
     declared = {s.output: s for s in specs}
@@ -384,12 +413,13 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                 task = ClassTask(name=f"class:{out}", output=out, axis=axis,
                                  sample_axis=samples or 0)
                 notes.append(f"output '{out}' read as {_describe(task, model)} (a Softmax over "
-                             f"the classes); --layout {out}=tensor for plain fidelity")
+                             f"the classes); --layout {out}=tensor for plain fidelity"
+                             + _steps_hint(model, out, axis, "LogSoftmax"))
             elif (picked := picked_output(model, out)) is not None:
                 task = ClassTask(name=f"class:{out}", output=out, axis=picked[0])
                 notes.append(f"output '{out}' read as {_describe(task, model)} (the graph "
                              f"picks classes from it: '{picked[1]}'); --layout {out}=tensor "
-                             "for plain fidelity")
+                             f"for plain fidelity{_steps_hint(model, out, picked[0], '')}")
             elif score_output(model, out, samples):
                 task = ScoreTask(name=f"score:{out}", output=out)
                 notes.append(f"output '{out}' read as {_describe(task, model)} (a Sigmoid of "
@@ -460,8 +490,10 @@ def _describe(task: object, model: Model) -> str:
     if isinstance(task, (PointsTask, ImageTask, DepthTask, VerifyTask, PitchTask)):
         return task.describe()
     if isinstance(task, CtcTask):
+        cut = (f"; each sample's first '{task.lengths}' steps, FP32's" if task.lengths
+               else "")
         return (f"CTC sequences (greedy decoding of the top class per step on axis "
-                f"{task.axis}, blank {task.blank}; judged by the decoded string)")
+                f"{task.axis}, blank {task.blank}{cut}; judged by the decoded string)")
     return "a tensor"
 
 

@@ -22,7 +22,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "score": ("threshold",),
     "class": ("axis",),
     "points": ("dims", "tol", "flags", "threshold"),
-    "ctc": ("blank", "axis"),
+    "ctc": ("blank", "axis", "lengths"),
     "image": ("range",),
     "depth": ("align",),
     "verify": ("labels", "threshold"),
