@@ -84,3 +84,76 @@ def test_a_metric_on_text_pairs_is_checked_on_a_few_pairs(tmp_path, monkeypatch)
     assert sum(rows) == 2 * measure.CHECK_PAIRS, rows
     with pytest.raises(stages.QuantscopeError, match="'mask_iou' is no figure.*recall@5"):
         measure.check_metric(model, data, "mask_iou")
+
+
+def _dead_channel_model(path: Path) -> None:
+    """y = Relu(x W + b) + c - c: channel 0's bias keeps it at exactly 0 in FP32, while the
+    quantized model's Add grid (c on it) lifts it off 0 by its rounding."""
+    from onnx import TensorProto
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    r = np.random.default_rng(0)
+    b = np.zeros(6, np.float32)
+    b[0] = -1000.0
+    g = h.make_graph([
+        h.make_node("MatMul", ["x", "W"], ["m"]), h.make_node("Add", ["m", "b"], ["a"]),
+        h.make_node("Relu", ["a"], ["r"]), h.make_node("Add", ["r", "c"], ["s"]),
+        h.make_node("Sub", ["s", "c"], ["y"])], "dead",
+        [h.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [h.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
+        [nh.from_array(r.normal(0, 1, (8, 6)).astype(np.float32), "W"), nh.from_array(b, "b"),
+         nh.from_array(np.full(6, 0.37, np.float32), "c")])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 9
+    onnx.save(m, path)
+
+
+def _dead_outputs() -> tuple[object, object]:
+    from quantscope.types import Outputs
+
+    r = np.random.default_rng(1)
+    ref = r.normal(0, 1, (16, 4)).astype(np.float32)
+    ref[:, 0] = 0.0  # a ReLU unit the data never activates
+    test = ref + r.normal(0, 1e-3, ref.shape).astype(np.float32)  # lifted off 0 a little
+    return (Outputs(names=("y",), batches=((ref,),)), Outputs(names=("y",), batches=((test,),)))
+
+
+def test_channels_with_no_fp32_signal_are_counted_where_left_out():
+    """Both paths computing the worst channel left out channels FP32 holds at 0 but said
+    nothing: the figure read as every channel's worst, and nobody knew 1 of 4 was not in it."""
+    from quantscope.analyze.scoring import outputs_scorer
+    from quantscope.emulate.evaluate import output_fidelity
+
+    ref, test = _dead_outputs()
+    m = output_fidelity(ref, test)
+    assert np.isfinite(m.values["sqnr_db_channel_min"]) and m.values["sqnr_db_channel_min"] > 40
+    assert m.tables["y"]["channels_left_out"] == 1 and m.values["channels_left_out"] == 1
+    assert any("1 of 4 channels of axis 1 are 0 in FP32 on every value" in n
+               for n in m.notes), m.notes
+    # the analysis' scorer: the same rule, the same count
+    scorer = outputs_scorer()
+    rows = scorer.reduce(ref.batches[0], {"x": np.zeros((16, 8), np.float32)})
+    got = scorer.score(rows, scorer.reduce(test.batches[0], {"x": np.zeros((16, 8))}))
+    assert got["sqnr_db_channel_min"] == pytest.approx(m.values["sqnr_db_channel_min"])
+    assert got["channels_left_out"] == 1.0
+    # every channel alive: nothing counted, no key
+    live = output_fidelity(test, ref)
+    assert "channels_left_out" not in live.values
+
+
+def test_run_says_how_many_channels_its_headline_leaves_out(tmp_path, capsys):
+    _dead_channel_model(tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy",
+            np.random.default_rng(0).normal(0, 1, (16, 8)).astype(np.float32))
+    out = tmp_path / "w"
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npy"),
+                 "--target", "hailo8", "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert ("warning: output 'y': 1 of 6 channels of axis 1 are 0 in FP32 on every value of "
+            "this data: left out of sqnr_db_channel_min") in said, said
+    v = json.loads((out / "verdict.json").read_text())
+    assert len(v["channels_left_out"]) == 1
+    assert v["quality"]["plan"]["sqnr_db_channel_min"] > 20
+    ev = json.loads((out / "evaluate.json").read_text())
+    assert ev["results"]["plan"]["metrics"]["channels_left_out"] == 1

@@ -111,6 +111,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results, metric),
         "says_little": _says_little(results),
+        # outputs' channels FP32 gives 0 on every held-out value: out of the channel figures
+        "channels_left_out": _left_out(results),
         "saturated_outputs": _saturated_outputs(
             results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"],
             image_ranges(ctx.opts.layout)),
@@ -295,6 +297,15 @@ def _says_little(results: dict[str, Any]) -> list[str]:
     on such data is no evidence."""
     notes = [str(n) for label in COMPARED for n in results.get(label, {}).get("notes", [])]
     return list(dict.fromkeys(n for n in notes if "says little" in n))
+
+
+def _left_out(results: dict[str, Any]) -> list[str]:
+    """The evaluation's lines counting channels left out of the worst-channel figures
+    (FP32 0 on every held-out value: :func:`quantscope.numerics.worst_channel_sqnr_db`)."""
+    from quantscope.numerics import LEFT_OUT
+
+    notes = [str(n) for label in COMPARED for n in results.get(label, {}).get("notes", [])]
+    return list(dict.fromkeys(n for n in notes if LEFT_OUT in n))
 
 
 def _saturated_outputs(plan: dict[str, Any], outputs: list[dict[str, Any]],

@@ -395,7 +395,8 @@ def _warnings(v: dict[str, Any]) -> list[str]:
     saturated outputs, NaN/inf inside, log floors
     (each with its fix)."""
     floors = (v.get("log_floors") or []) + (v.get("input_floors") or [])
-    return ((v.get("says_little") or []) + (v.get("unscored") or [])
+    return ((v.get("says_little") or []) + (v.get("channels_left_out") or [])
+            + (v.get("unscored") or [])
             + (v.get("unscored_figures") or []) + (v.get("class_axis_by_default") or [])
             + (v.get("embedding_fidelity_only") or [])
             + (v.get("saturated_outputs") or []) + (v.get("nan_inf_inside") or [])
