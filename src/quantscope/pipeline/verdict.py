@@ -20,6 +20,7 @@ from quantscope.export.hailo_alls import script_warnings
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
+from quantscope.pipeline.held_out import worse_held_out
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
 from quantscope.tasks.embedding_hint import MARK as EMBEDDING_MARK
@@ -78,6 +79,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "metric": metric, "unit": ev.get("unit", ""), "higher_is_better": higher,
         "goal": goal, "reached": reached, "ships": head["ships"], "headline": head,
         "plan_reached": plan_reached,
+        "worse_held_out": _worse(ev, head, quality, plan_cost, pareto),
         "uniform_meets_goal": bool(pareto.get("uniform_meets_goal")),
         "binding": _binding(pareto, reached),
         **({"ranking": pareto["engines"]} if pareto.get("engines") else {}),
@@ -110,9 +112,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results, metric),
-        "says_little": _says_little(results),
-        # outputs' channels FP32 gives 0 on every held-out value: out of the channel figures
-        "channels_left_out": _left_out(results),
+        "says_little": _says_little(results), "channels_left_out": _left_out(results),
         "saturated_outputs": _saturated_outputs(
             results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"],
             image_ranges(ctx.opts.layout)),
@@ -129,6 +129,17 @@ def verdict(ctx: Context) -> dict[str, Any]:
         **_model_and_data_findings(ctx, ev["data"]),
         **summary,
     }
+
+
+def _worse(ev: dict[str, Any], head: dict[str, Any], quality: dict[str, Any],
+           plan_cost: float | None, pareto: dict[str, Any]) -> dict[str, Any] | None:
+    """The plan that ships worse held out than uniform a8_w8: said, with what to do
+    (:mod:`quantscope.pipeline.held_out`); None when it is not, or a deployment ships."""
+    if head["ships"] != "plan":
+        return None
+    return worse_held_out(ev["metric"], ev.get("unit", ""), quality, plan_cost,
+                          higher=bool(ev.get("higher_is_better", True)),
+                          uniform_meets_goal=bool(pareto.get("uniform_meets_goal")))
 
 
 def _as_scripted(ev: dict[str, Any], quality: dict[str, Any], goal: float | None,

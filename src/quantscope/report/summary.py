@@ -196,6 +196,9 @@ def _worse_than_uniform(v: dict[str, Any]) -> str:
             "(worst: " + ", ".join(f"{r['tensor']} {r['share']:.2%}" for r in inside[:3])
             + "; verdict.json saturated_inside): the fit data do not cover the held-out "
             "range, and promotion does not widen a range")
+        worse = v.get("worse_held_out")  # with its noise, and what to do (pipeline.held_out)
+        if worse:
+            return f"{worse['line']}{why}"
         return (f"held out, the plan is {fmt.gain(m, plan - uni)} against uniform a8_w8 "
                 f"(chosen on the fit data){why}")
     return ""
