@@ -5,6 +5,7 @@ out than uniform a8_w8 shipped."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -201,3 +202,83 @@ def test_a_plan_worse_held_out_than_uniform_beyond_noise_says_ship_uniform():
     # a plan no dearer than a8_w8, or better held out: nothing to say
     assert _verdict(38.9, 42.4, cost=1.0)["worse_held_out"] is None
     assert _verdict(42.5, 42.4)["worse_held_out"] is None
+
+
+KILLED_AFTER_ESTIMATE = """
+import os, signal, sys
+from quantscope.analyze import sweeps
+from quantscope.cli import main
+said = sweeps.note_memory_estimate
+def killed(text):
+    said(text)  # kept in run.json, then the kernel's OOM killer: SIGKILL, no word
+    os.kill(os.getpid(), signal.SIGKILL)
+sweeps.note_memory_estimate = killed
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_run_killed_by_sigkill_is_said_on_the_rerun_with_its_memory_estimate(tmp_path):
+    """A run the kernel's out-of-memory killer ends (SIGKILL) printed nothing, and the
+    rerun resumed without a word: nobody learnt which stage died, nor what it needed."""
+    import subprocess
+    import sys
+
+    onnx.save(tm.layernorm_block(), tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy",
+            np.random.default_rng(0).normal(0, 1, (8, 5, 24)).astype(np.float32))
+    out = tmp_path / "w"
+    args = ["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "x.npy"), "--target",
+            "hailo8", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    p = subprocess.run([sys.executable, "-c", KILLED_AFTER_ESTIMATE, *args], env=env,
+                       check=False, capture_output=True)
+    assert p.returncode == -9, p.stderr.decode()[-500:]
+    left = json.loads((out / "run.json").read_text())["started"]
+    assert left["stage"] == "analyze" and "GB peak" in left["memory_estimate"], left
+    assert "ended" not in left
+    p = subprocess.run([sys.executable, "-m", "quantscope", *args], env=env, check=False,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-800:]
+    said = [ln for ln in p.stderr.splitlines() if "never finished" in ln]
+    assert len(said) == 1, p.stderr[-2000:]
+    assert said[0].startswith(f"[analyze] started {left['at']} (pid {left['pid']}) and never "
+                              "finished: the process ended without finishing it and without "
+                              "a word (killed: SIGKILL"), said
+    assert f"the stage estimated {left['memory_estimate']}" in said[0]
+    assert "to lower it: give smaller samples (a smaller --input-shape or --seq-len)" in said[0]
+    assert said[0].endswith(": resuming at it")
+    assert "stages run: analyze," in p.stdout  # resumed there
+    assert "note: resumed: [analyze] started" in p.stdout
+    manifest = json.loads((out / "run.json").read_text())
+    assert "started" not in manifest and manifest["unfinished"][0]["stage"] == "analyze"
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["resumed_after"][0].endswith("resumed by a later run")
+    assert "note: resumed: [analyze] started" in (out / "report.html").read_text()
+
+
+def test_a_run_interrupted_is_said_as_interrupted_on_the_rerun(tmp_path, capsys,
+                                                               monkeypatch):
+    import dataclasses
+
+    from quantscope import pipeline
+
+    f = {"m": tmp_path / "m.onnx", "x": tmp_path / "x.npy"}
+    onnx.save(tm.layernorm_block(), f["m"])
+    np.save(f["x"], np.random.default_rng(0).normal(0, 1, (8, 5, 24)).astype(np.float32))
+    args = ["run", str(f["m"]), "--data", str(f["x"]), "--target", "hailo8",
+            "--out", str(tmp_path / "w")]
+    spec = pipeline.STAGES["plan"]
+
+    def interrupted(ctx: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(pipeline.STAGES, "plan", dataclasses.replace(spec, run=interrupted))
+    assert main(args) == 130
+    left = json.loads((tmp_path / "w" / "run.json").read_text())["started"]
+    assert left["stage"] == "plan" and left["ended"] == "interrupted (Ctrl-C)"
+    monkeypatch.setitem(pipeline.STAGES, "plan", spec)
+    capsys.readouterr()
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert f"[plan] started {left['at']} (pid {left['pid']}) and never finished: the process " \
+           "ended without finishing it: interrupted (Ctrl-C): resuming at it" in err, err[-1500:]

@@ -21,6 +21,7 @@ from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
 from quantscope.pipeline.held_out import worse_held_out
+from quantscope.pipeline.manifest import unfinished_lines
 from quantscope.rewrites.registry import REWRITES
 from quantscope.tasks.classes import AXIS_BY_DEFAULT
 from quantscope.tasks.embedding_hint import MARK as EMBEDDING_MARK
@@ -202,6 +203,8 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
             measured_shapes=None if text else _measured_shapes(ctx, chk.get("input_shapes")),
             pixels=None if text or not ctx.opts.data else pixels_note(ctx.opts.data)),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
+        # stages a process started and never finished (killed, interrupted), then resumed
+        "resumed_after": unfinished_lines(ctx.folder),
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),
     }

@@ -352,6 +352,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
     # the model worked on is the loader's form of the given one (float16 widened …)
     lines += [f"  note: {note}" for note in v.get("model_notes") or []]
+    lines += [f"  note: resumed: {line}" for line in v.get("resumed_after") or []]
     if v.get("left_float"):  # the figure above does not include their error
         lines.append("  left float: " + "; ".join(
             f"{r['count']} {r['op_type']} {r['kind']}{'s' if r['count'] > 1 else ''}: "
