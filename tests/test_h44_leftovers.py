@@ -282,3 +282,18 @@ def test_a_run_interrupted_is_said_as_interrupted_on_the_rerun(tmp_path, capsys,
     err = capsys.readouterr().err
     assert f"[plan] started {left['at']} (pid {left['pid']}) and never finished: the process " \
            "ended without finishing it: interrupted (Ctrl-C): resuming at it" in err, err[-1500:]
+
+
+def test_a_stage_that_failed_for_memory_is_said_with_its_estimate():
+    from quantscope.pipeline.manifest import _ended, unfinished_line
+
+    left = {"stage": "analyze", "at": "2026-11-30 12:00:00 UTC", "pid": 7,
+            "memory_estimate": "~5.20 GB peak (...)",
+            "ended": _ended(MemoryError("Unable to allocate 3.1 GiB for an array"))}
+    line = unfinished_line(left)
+    assert line.startswith("[analyze] started 2026-11-30 12:00:00 UTC (pid 7) and never "
+                           "finished: the process ended without finishing it: failed: "
+                           "MemoryError: Unable to allocate 3.1 GiB for an array (the stage "
+                           "estimated ~5.20 GB peak (...); to lower it: give smaller samples"), line
+    assert unfinished_line({**left, "ended": _ended(KeyboardInterrupt())}).endswith(
+        "interrupted (Ctrl-C): resuming at it")

@@ -206,9 +206,7 @@ class Manifest:
                 yield
         except BaseException as exc:
             if self.started is not None:
-                self.started["ended"] = ("interrupted (Ctrl-C)"
-                                         if isinstance(exc, KeyboardInterrupt)
-                                         else f"failed: {type(exc).__name__}")
+                self.started["ended"] = _ended(exc)
                 self.write()
             raise
 
@@ -279,16 +277,16 @@ def unfinished_line(left: dict[str, Any], *, done: bool = False) -> str:
     """The one line a rerun says of a stage an earlier process started and never finished
     (``done``: as the verdict says it, once resumed)."""
     when = f"started {left.get('at', '?')} (pid {left.get('pid', '?')})"
-    how = left.get("ended")
+    how, estimate = left.get("ended"), left.get("memory_estimate")
+    memory = ((f"the stage estimated {estimate}" if estimate else
+               "the stage said no memory estimate") + f"; to lower it: {MEMORY_FIX}")
     if how:
-        why = f"the process ended without finishing it: {how}"
+        why = f"the process ended without finishing it: {how}" + (
+            f" ({memory})" if "MemoryError" in how else "")
     else:
-        estimate = left.get("memory_estimate")
         why = ("the process ended without finishing it and without a word (killed: SIGKILL, "
-               "as the kernel's out-of-memory killer sends when the machine's memory is "
-               "short" + (f"; the stage estimated {estimate}" if estimate else
-                          "; the stage said no memory estimate")
-               + f"; to lower it: {MEMORY_FIX})")
+               f"as the kernel's out-of-memory killer sends when the machine's memory is "
+               f"short; {memory})")
     return (f"[{left.get('stage', '?')}] {when} and never finished: {why}: "
             + ("resumed by a later run" if done else "resuming at it"))
 
@@ -301,6 +299,14 @@ def unfinished_lines(folder: Path) -> list[str]:
     except QuantscopeError:
         return []
     return [unfinished_line(u, done=True) for u in unfinished]
+
+
+def _ended(exc: BaseException) -> str:
+    """How a stage ended that Python saw end (``run.json`` ``started.ended``)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    return f"failed: {type(exc).__name__}" + (f": {text}" if text else "")
 
 
 def _now() -> str:
