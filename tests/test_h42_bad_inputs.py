@@ -372,17 +372,27 @@ def test_a_run_killed_in_a_stage_resumes_there_with_the_same_files(tmp_path, sta
                        env=env, check=False, capture_output=True)
     assert p.returncode == -9, p.stderr.decode()[-500:]
     import io
-    from contextlib import redirect_stdout
+    from contextlib import redirect_stderr, redirect_stdout
 
-    buf = io.StringIO()
-    with redirect_stdout(buf):
+    buf, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(buf), redirect_stderr(err):
         assert main([*args, str(out)]) == 0
     ran = buf.getvalue().split("stages run: ")[1].split(";")[0].split(", ")
     assert ran[0] == stage and "calibrate" not in ran, ran
+    # h44: the rerun says which stage was left unfinished, and the verdict keeps it
+    said = [ln for ln in err.getvalue().splitlines() if "never finished" in ln]
+    assert len(said) == 1 and said[0].startswith(f"[{stage}] started "), err.getvalue()[-800:]
+    resumed = json.loads((out / "verdict.json").read_text())["resumed_after"]
+    assert len(resumed) == 1 and resumed[0].startswith(f"[{stage}] started ")
 
     def files(folder: Path) -> dict[str, str]:
         return {str(f.relative_to(folder)): file_digest(f) for f in sorted(folder.rglob("*"))
-                if f.is_file() and f.name not in ("run.json", ".run.lock")
+                if f.is_file() and f.name not in ("run.json", ".run.lock", "verdict.json",
+                                                  "report.html")
                 and f.parts[len(folder.parts)] != "evals"}  # the cache keeps its seconds
 
     assert files(out) == files(tmp_path / "ref")
+    # the verdict and the report are the never-killed run's but for the resume's record
+    verdicts = [json.loads((f / "verdict.json").read_text()) for f in (out, tmp_path / "ref")]
+    assert verdicts[1]["resumed_after"] == []
+    assert {**verdicts[0], "resumed_after": []} == verdicts[1]

@@ -525,3 +525,24 @@ def test_report_shows_a_choice(setup):
     page = html.read_text()
     assert "Buckets chosen: choice on" in page and 'alt="candidates"' in page
     assert "measuring it on the same pairs is not held out" in page
+
+
+def test_route_refuses_a_goal_the_metric_cannot_take_before_any_run(setup, capsys,
+                                                                     monkeypatch):
+    """h44: route --goal 97 (a percent typed for top-1 agreement) was judged 'NOT MET'
+    after every bucket had been quantized and run."""
+    from quantscope.stages import route
+
+    tmp_path, *_ = setup
+    dep = _deployment(tmp_path, [
+        {"seq_len": SHORT, "model": "tiny.onnx", "stats": "tiny.npz", "plan": "hi.json"}])
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("evaluated before --goal was checked")
+
+    monkeypatch.setattr(route, "evaluate_deployment", no_run)
+    rc = main(["route", str(tmp_path / "tiny.onnx"), "--data", "stdlib-docs", "--pairs",
+               str(PAIRS), "--deployment", str(dep), "--goal", "97"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert "--goal 97 is outside the range of top1_agreement (0 to 1)" in err[0], err

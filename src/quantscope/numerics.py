@@ -198,20 +198,40 @@ def channel_sqnr_db(ref: np.ndarray, test: np.ndarray, axis: int) -> np.ndarray:
     return np.array([sqnr_db_from_powers(float(s), float(n)) for s, n in zip(signal, noise, strict=True)])
 
 
-def worst_channel_sqnr_db(signal: np.ndarray, noise: np.ndarray) -> tuple[float, int]:
-    """(the lowest channel SQNR, its index) from each channel's summed FP32 power and
-    noise power. A channel FP32 holds at exactly 0 on every value (a ReLU unit the data
-    never activates) has no signal to measure noise against: its SQNR is -inf whenever the
-    quantized model moves it at all, however little, and a minimum taken over it is -inf
-    at every precision (a 16-bit plan reads like an 8-bit one, and no promotion gains). Such
-    channels are left out of the minimum; when every channel is such, the minimum is
-    taken over all of them."""
+def worst_channel_sqnr_db(signal: np.ndarray, noise: np.ndarray) -> tuple[float, int, int]:
+    """(the lowest channel SQNR, its index, how many channels were left out) from each
+    channel's summed FP32 power and noise power. A channel FP32 holds at exactly 0 on every
+    value (a ReLU unit the data never activates) has no signal to measure noise against:
+    its SQNR is -inf whenever the quantized model moves it at all, however little, and a
+    minimum taken over it is -inf at every precision (a 16-bit plan reads like an 8-bit
+    one, and no promotion gains). Such channels are left out of the minimum and counted
+    (the figure's ``channels_left_out``, said beside it); when every channel is such, the
+    minimum is taken over all of them and none is counted left out. The one place that
+    decides which channels the worst-channel figures read (:func:`signal_channels`)."""
     sqnr = np.array([sqnr_db_from_powers(float(s), float(n))
                      for s, n in zip(signal, noise, strict=True)])
-    some = np.asarray(signal) > 0.0
-    pick = np.flatnonzero(some) if some.any() else np.arange(len(sqnr))
+    some = signal_channels(signal)
+    pick = np.flatnonzero(some)
     worst = int(pick[np.argmin(sqnr[pick])])
-    return float(sqnr[worst]), worst
+    return float(sqnr[worst]), worst, int(np.count_nonzero(~some))
+
+
+def signal_channels(signal: np.ndarray) -> np.ndarray:
+    """Which channels a worst-channel figure reads: those with FP32 power above 0, or every
+    one when none has any (:func:`worst_channel_sqnr_db`)."""
+    some = np.asarray(signal) > 0.0
+    return some if some.any() else np.ones_like(some)
+
+
+LEFT_OUT = "left out of sqnr_db_channel_min and cosine_channel_min"
+"""What :func:`left_out_note` says (run's verdict finds its lines by it)."""
+
+
+def left_out_note(name: str, left_out: int, n: int, axis: int) -> str:
+    """The line said when ``left_out`` of an output's ``n`` channels have no FP32 signal."""
+    return (f"output '{name}': {left_out} of {n} channels of axis {axis} are 0 in FP32 on "
+            f"every value of this data: {LEFT_OUT} (no signal to measure noise against; "
+            "counted in channels_left_out)")
 
 
 SAME_RTOL = 1e-5  # samples within this share of each value (and DEAD of the largest): alike

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -27,6 +28,32 @@ def say(text: str, *, show: bool = True) -> None:
         tqdm.write(text, file=sys.stderr)
     else:
         print(text, file=sys.stderr, flush=True)
+
+
+MEMORY_FIX = ("give smaller samples (a smaller --input-shape or --seq-len) or fewer "
+              "(--pairs, a smaller data file), or use a machine with more memory")
+"""What lowers a run's memory: the CLI's out-of-memory line and a rerun's line after a
+SIGKILL (``pipeline.manifest.unfinished_line``) end with it."""
+
+_KEEPERS: list[Callable[[str], None]] = []  # who keeps the memory estimates said now
+
+
+def note_memory_estimate(text: str) -> None:
+    """A stage's memory estimate, said by the stage, handed to whoever keeps it: ``run``
+    writes it to ``run.json`` before the work it estimates, so a rerun after a SIGKILL (the
+    kernel's out-of-memory killer) can quote it."""
+    for keep in list(_KEEPERS):
+        keep(text)
+
+
+@contextmanager
+def keeping_estimates(keep: Callable[[str], None]) -> Iterator[None]:
+    """``keep`` is handed every :func:`note_memory_estimate` while the body runs."""
+    _KEEPERS.append(keep)
+    try:
+        yield
+    finally:
+        _KEEPERS.remove(keep)
 
 
 def track(items: Iterable[T], label: str, *, total: int | None = None, unit: str = "it",

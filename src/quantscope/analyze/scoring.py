@@ -108,7 +108,9 @@ def outputs_scorer(*, only: int | None = None,
     from ``channel_axes``, graph output index -> axis, else
     :func:`quantscope.numerics.default_channel_axis`; one-value outputs have none), so a
     class row that one grid shared with box coordinates rounds to 0 shows, while the
-    whole-output SQNR does not move (:mod:`quantscope.emulate.channels`).
+    whole-output SQNR does not move (:mod:`quantscope.emulate.channels`); channels FP32
+    holds at 0 on every row are left out of it and counted (``channels_left_out``, only
+    when some are: :func:`quantscope.numerics.worst_channel_sqnr_db`).
     ``only``: the index of the one output to score (``--output``).
     """
     spans: list[tuple[int, int]] = []
@@ -128,7 +130,7 @@ def outputs_scorer(*, only: int | None = None,
             kept.extend(take)
         return np.concatenate(parts, axis=1)
 
-    def channel_min(ref: np.ndarray, test: np.ndarray, k: int) -> float | None:
+    def channel_min(ref: np.ndarray, test: np.ndarray, k: int) -> tuple[float, int] | None:
         shape = shapes[k] if k < len(shapes) else (ref.shape[1],)
         if int(np.prod(shape)) != ref.shape[1] or int(np.prod(shape)) <= 1:
             return None  # a row layout this scorer did not see, or one value per sample
@@ -138,7 +140,9 @@ def outputs_scorer(*, only: int | None = None,
         if axis is None or axis == 0:
             return None
         r, t = channel_rows(ref.reshape(full), axis), channel_rows(test.reshape(full), axis)
-        return worst_channel_sqnr_db(np.sum(r * r, axis=1), np.sum((r - t) ** 2, axis=1))[0]
+        worst, _, left_out = worst_channel_sqnr_db(np.sum(r * r, axis=1),
+                                                   np.sum((r - t) ** 2, axis=1))
+        return worst, left_out
 
     def score(ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
         cols = list(enumerate(spans or [(0, ref.shape[1])]))
@@ -155,8 +159,10 @@ def outputs_scorer(*, only: int | None = None,
             out.update({f"sqnr_db:{k}": p["sqnr_db"] for k, p in enumerate(per)})
         # an output without channels (one value per sample) is its own one channel
         chan = [c if (c := channel_min(ref[:, a:b], test[:, a:b], k)) is not None
-                else p["sqnr_db"] for (k, (a, b)), p in zip(cols, per, strict=True)]
-        out["sqnr_db_channel_min"] = min(chan)
+                else (p["sqnr_db"], 0) for (k, (a, b)), p in zip(cols, per, strict=True)]
+        out["sqnr_db_channel_min"] = min(c for c, _ in chan)
+        if left_out := sum(n for _, n in chan):  # channels with no FP32 signal, said
+            out["channels_left_out"] = float(left_out)
         return out
 
     # the primary is the tensor headline (tasks.headline.TENSOR_HEADLINE): what run and

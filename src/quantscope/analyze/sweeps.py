@@ -62,7 +62,7 @@ from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.model.load import Model
 from quantscope.model.units import Unit
 from quantscope.parallel import Executor, chunks
-from quantscope.progress import Counter, feed_size, say, track
+from quantscope.progress import Counter, feed_size, note_memory_estimate, say, track
 from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats, batch_rows
 
 # a sweep's metrics of a candidate's reduced rows against FP32's (a Scorer, or fidelity)
@@ -286,6 +286,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                       held_bytes=job.held_bytes + (1 + need_low) * job.row_bytes * rows,
                       measured=job.run_bytes)
     say(f"analyze: {mem.text()}", show=progress)
+    note_memory_estimate(f"{mem.text()} (analyze's sweep)")  # run.json keeps it (a SIGKILL)
     fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,
                      label=f"analyze: FP32 sessions of {len(segments)} segments" * progress,
                      seg_models=models)

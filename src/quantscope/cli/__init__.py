@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 
 from quantscope.cli.commands import COMMANDS, chosen, handler, parser
 from quantscope.cli.types import QuietPipe, check_input_shapes, check_paths, short_path
+from quantscope.progress import MEMORY_FIX as LOWER_MEMORY
 from quantscope.threads import default_threads
 from quantscope.types import QuantscopeError
 
@@ -80,9 +81,7 @@ def _one_line(call: Callable[[], int]) -> int:
 
 
 MEMORY_FIX = ("the model's tensors at the size it runs at, for the samples held at once, "
-              "take more memory than this machine has: give smaller samples (a smaller "
-              "--input-shape or --seq-len) or fewer (--pairs, a smaller data file), or use a "
-              "machine with more memory")
+              f"take more memory than this machine has: {LOWER_MEMORY}")
 
 
 def memory_line(exc: BaseException) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from quantscope import stages
+from quantscope.analyze.measure import check_metric
 from quantscope.cli.inputs import Inputs, open_inputs
 from quantscope.cli.options import (
     METRIC_DEFAULT,
@@ -113,6 +114,8 @@ def add_whatif(sub: argparse._SubParsersAction, summary: str) -> None:
 
 def cmd_whatif(args: argparse.Namespace) -> int:
     inp, data = _measured_inputs(args)
+    if args.metric:  # a --metric the data's task does not give: refused before any work
+        check_metric(inp.model, data, args.metric)
     result = stages.whatif_families(inp.model, data, inp.stats, inp.plan, metric=args.metric,
                                     method=args.method, progress=True, goal=args.goal,
                                     figure=fmt.value)

@@ -10,6 +10,7 @@ from typing import Any
 
 from quantscope import stages, stages_llm
 from quantscope.analyze.evalcache import EvalCache
+from quantscope.analyze.measure import check_metric
 from quantscope.analyze.phases import format_diagnosis
 from quantscope.cli.inputs import (
     EXIT_PROBLEMS,
@@ -180,6 +181,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if not args.metric and measure:
         options = dataclasses.replace(options, metric=stages.default_metric(inp.data))
         check_goal(options.metric, args.goal)
+    elif measure:  # a --metric the data's task does not give: refused before any work
+        check_metric(inp.model, inp.data, args.metric)
     pool = executor(args.ray) if measure else None
     cache = EvalCache(args.cache) if args.cache and measure else None
     try:

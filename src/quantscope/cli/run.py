@@ -27,6 +27,7 @@ from quantscope.cli.options import (
     tokenizer_parent,
 )
 from quantscope.cli.types import (
+    check_goal,
     count,
     data_spec,
     finite_float,
@@ -421,6 +422,8 @@ def cmd_route(args: argparse.Namespace) -> int:
     deployment = route.read_deployment(args.deployment)
     inp = open_inputs(args, data=True)
     assert inp.data is not None
+    # a goal the data's metric cannot take (97 for a share): refused before any model runs
+    check_goal(stages.default_metric(inp.data), args.goal)
     result = route.evaluate_deployment(inp.model, inp.data, deployment, progress=True)
     result = result.with_verdict(route.deployment_verdict(result, max_cost=args.max_cost,
                                                           goal=args.goal))

@@ -17,7 +17,8 @@ samples and positions together.
                           channel FP32 holds at exactly 0 (a ReLU unit the data never
                           activates: -inf at any precision;
                           :func:`quantscope.numerics.worst_channel_sqnr_db`); so does
-                          ``cosine_channel_min``
+                          ``cosine_channel_min``; ``channels_left_out`` counts them
+                          (a note names the output)
 ``cosine_channel_min``    the worst channel's cosine between its FP32 and emulated values
                           (all samples flattened; 1.0 when identical, 0.0 when one is zero)
 ``collapsed_channels``    channels that collapse: at least ``COLLAPSE_SHARE`` (99 %) of the
@@ -49,6 +50,8 @@ from quantscope.numerics import (
     DEAD,
     RESEMBLE_MIN_COSINE,
     default_channel_axis,
+    left_out_note,
+    signal_channels,
     sqnr_db_from_powers,
     worst_channel_sqnr_db,
 )
@@ -140,12 +143,12 @@ class ChannelFidelity:
         cos = self._cosines()
         live = ~self._dead()
         collapsed = self._erased(sqnr) & live
-        worst_sqnr, worst = worst_channel_sqnr_db(s["power"], s["noise"])
-        some = s["power"] > 0.0  # a channel FP32 holds at 0 has no cosine to judge either
-        cos_min = float(cos[some].min()) if some.any() else float(cos.min())
+        worst_sqnr, worst, left_out = worst_channel_sqnr_db(s["power"], s["noise"])
+        # a channel FP32 holds at 0 has no cosine to judge either
+        cos_min = float(cos[signal_channels(s["power"])].min())
         entry = {"sqnr_db_channel_min": worst_sqnr, "cosine_channel_min": cos_min,
                  "collapsed_channels": int(collapsed.sum()), "channel_axis": int(self.axis),
-                 "channel_worst": worst}
+                 "channel_worst": worst, **({"channels_left_out": left_out} if left_out else {})}
         # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the live ones'
         return entry, bool(collapsed.any() or (live.any() and cos[live].min() < RESEMBLE_MIN_COSINE))
 
@@ -189,7 +192,7 @@ class ChannelFidelity:
                        f"|x| at most {peak:.4g}, within float32's resolution of the output's "
                        "largest): not counted as collapsed nor judged (sqnr_db_channel_min and "
                        "cosine_channel_min still include them, except a channel FP32 holds at "
-                       "exactly 0: it has no signal to measure noise against)")
+                       "exactly 0: it has no signal to measure noise against, counted below)")
         if len(collapsed):
             c = int(collapsed[np.argmin(sqnr[collapsed])])
             share = s["t_hits"][c] / count[c]
@@ -205,7 +208,8 @@ class ChannelFidelity:
                        f"{cos[c]:.3f}, SQNR {sqnr[c]:.1f} dB (FP32 "
                        f"{self.f_min[c]:.4g} to {self.f_max[c]:.4g}, emulated {self.t_min[c]:.4g} "
                        f"to {self.t_max[c]:.4g}): {grid}")
-        return out + dead_line
+        left = int(entry.get("channels_left_out", 0))
+        return out + dead_line + ([left_out_note(name, left, self.n, self.axis)] if left else [])
 
 
 class ScalarFidelity:

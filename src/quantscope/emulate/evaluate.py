@@ -280,7 +280,7 @@ def output_fidelity(
 WORST_OF = {"cosine_mean": min, "cosine_min": min, "cosine_p01": min, "sqnr_db": min,
             "sqnr_db_channel_min": min, "cosine_channel_min": min, "collapsed_channels": sum,
             "abs_err_max": max, "abs_err_mean": max, "rel_err_max": max,
-            "decision_agreement": min, "exact_agreement": min}
+            "decision_agreement": min, "exact_agreement": min, "channels_left_out": sum}
 """Unprefixed values: how each per-output entry combines over the scored outputs."""
 
 
@@ -297,7 +297,8 @@ def _summary(tables: dict[str, dict[str, float]],
     for key, worst_of in WORST_OF.items():
         have = [t[key] for t in scored.values() if key in t]
         if have:
-            values[key] = worst_of(have) if key == "collapsed_channels" else float(worst_of(have))
+            values[key] = (worst_of(have) if key in ("collapsed_channels", "channels_left_out")
+                           else float(worst_of(have)))
     bad = [n for n in scored if said.get(n, ([], False))[1]]
     # the bad outputs' lines first: the line after "NOT LIKE FP32" names where (run's verdict)
     lines = [line for n in [*bad, *(n for n in scored if n not in bad)]

@@ -310,7 +310,8 @@ def _run(ctx: Context, force: str | None) -> RunResult:
     from quantscope.serde import read_json
 
     folder, progress = ctx.folder, ctx.progress
-    manifest = Manifest(folder)
+    # a stage an earlier process started and never finished (SIGKILL: the OOM killer) said
+    manifest = Manifest(folder, say=lambda line: say(line, show=progress))
     if force is not None:
         manifest.forget(list(STAGES)[list(STAGES).index(force):])
     ran, skipped = [], []
@@ -336,7 +337,7 @@ def _run(ctx: Context, force: str | None) -> RunResult:
         release_memory()  # what the stages before left behind goes back first
         reset_peak()
         start = time.perf_counter()
-        done = spec.run(ctx)
+        done = manifest.run(name, spec.run, ctx)  # run.json: started, until recorded
         manifest.record(name, key, done.files, time.perf_counter() - start, done.timings,
                         peak=peak_bytes(), before=before)
         ran.append(name)

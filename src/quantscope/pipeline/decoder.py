@@ -569,7 +569,7 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
     model_digest, profile = phases_digest(opts.model), profile_of(opts.target)
     with _lock(folder):
         _remove_stale(folder)
-        manifest = Manifest(folder)
+        manifest = Manifest(folder, say=ctx.say)  # a stage left unfinished: said
         if force is not None:
             manifest.forget(list(DECODER_STAGES)[list(DECODER_STAGES).index(force):])
         ran, skipped = [], []
@@ -589,7 +589,7 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
             release_memory()
             reset_peak()
             start = time.perf_counter()
-            done = spec.run(ctx)
+            done = manifest.run(name, spec.run, ctx)
             manifest.record(name, key, done.files, time.perf_counter() - start,
                             peak=peak_bytes())
             ran.append(name)

@@ -7,6 +7,14 @@ atomically after each stage, so a run killed in the middle of a stage (SIGINT, S
 has no entry for it and reruns exactly that stage; the stage's own files are written
 atomically too, so no half-written file is ever read back.
 
+A stage being run is ``started`` in ``run.json`` (its name, when, the process id, and the
+memory estimate the stage said, as soon as it says it): written before its work, cleared
+when it is recorded, marked ``ended`` with the reason when Python sees it end (Ctrl-C, an
+error). A rerun that finds one left there says so in one line (:func:`unfinished_line`:
+a process killed without a word, SIGKILL as the kernel's out-of-memory killer sends, with
+the estimate and the options that lower it) and keeps it under ``unfinished`` (the
+verdict's ``resumed_after``), then resumes.
+
 Digests are of *contents*: an ``.npz`` is hashed array by array (the zip container stores
 write times), every other file byte by byte. A file's digest is kept with its inode, size,
 modification and change times (``digests`` in ``run.json``, for every settled file the run
@@ -21,16 +29,19 @@ import json
 import os
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import onnx
 
+from quantscope.progress import MEMORY_FIX, keeping_estimates
 from quantscope.serde import write_json
 from quantscope.types import QuantscopeError
 
+T = TypeVar("T")
 FORMAT = "quantscope.run/1"
 MANIFEST = "run.json"
 
@@ -162,13 +173,49 @@ def stage_key(name: str, options: dict[str, Any], inputs: dict[str, str]) -> str
 class Manifest:
     """The ``run.json`` of one run folder (read on open, written after every stage)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *, say: Callable[[str], None] | None = None) -> None:
         self.folder = folder
         self.path = folder / MANIFEST
         self.stages: dict[str, dict[str, Any]] = {}
+        self.started: dict[str, Any] | None = None  # the stage being run now
+        self.unfinished: list[dict[str, Any]] = []  # stages earlier runs left unfinished
+        # the stage the last process started and did not finish, found on opening
+        self.left: dict[str, Any] | None = None
         if self.path.is_file():
-            self.stages = _read(self.path)
+            self.stages, self.unfinished, left = _read(self.path)
             remember_digests(folder)
+            if left is not None:
+                self.left = {**left, "found": _now()}
+                self.unfinished.append(self.left)
+                if say is not None:  # before any stage runs: which one, when, why
+                    say(unfinished_line(self.left))
+
+    def run(self, name: str, stage: Callable[..., T], *args: Any) -> T:
+        """``stage(*args)`` with stage ``name`` ``started`` in ``run.json`` (:meth:`running`)."""
+        with self.running(name):
+            return stage(*args)
+
+    @contextmanager
+    def running(self, name: str) -> Iterator[None]:
+        """``started`` for stage ``name`` in ``run.json`` while its body runs (cleared by
+        :meth:`record`); an exception Python sees marks it ``ended`` with the reason."""
+        self.started = {"stage": name, "at": _now(), "pid": os.getpid()}
+        self.write()
+        try:
+            with keeping_estimates(self.note_estimate):
+                yield
+        except BaseException as exc:
+            if self.started is not None:
+                self.started["ended"] = _ended(exc)
+                self.write()
+            raise
+
+    def note_estimate(self, text: str) -> None:
+        """The stage's memory estimate, kept before the work it estimates (a SIGKILL then
+        finds it in ``run.json``)."""
+        if self.started is not None and self.started.get("memory_estimate") != text:
+            self.started["memory_estimate"] = text
+            self.write()
 
     def done(self, name: str, key: str) -> bool:
         """Finished with this key, and every file it wrote is there, unchanged."""
@@ -201,6 +248,7 @@ class Manifest:
         """A finished stage: its key, files' digests, wall seconds, timings, the process's
         peak resident set while it ran (``peak_rss_mb``, MiB, when known) and, for the
         first stage a run ran, the peak before it (``before_peak_rss_mb``)."""
+        self.started = None
         self.stages[name] = {"key": key, "files": {f: file_digest(self.folder / f) for f in files},
                              "seconds": round(seconds, 2), "timings": timings or {},
                              **({"peak_rss_mb": round(peak / 2**20)} if peak else {}),
@@ -217,10 +265,56 @@ class Manifest:
         """Written after each stage (a rerun with every stage done writes nothing: its
         files stay byte for byte, ``run.json`` too)."""
         write_json(self.path, {"format": FORMAT, "stages": self.stages,
+                               **({STARTED: self.started} if self.started else {}),
+                               **({UNFINISHED: self.unfinished} if self.unfinished else {}),
                                DIGESTS: known_digests()})
 
 
-def _read(path: Path) -> dict[str, dict[str, Any]]:
+STARTED, UNFINISHED = "started", "unfinished"  # run.json: the stage now; those left before
+
+
+def unfinished_line(left: dict[str, Any], *, done: bool = False) -> str:
+    """The one line a rerun says of a stage an earlier process started and never finished
+    (``done``: as the verdict says it, once resumed)."""
+    when = f"started {left.get('at', '?')} (pid {left.get('pid', '?')})"
+    how, estimate = left.get("ended"), left.get("memory_estimate")
+    memory = ((f"the stage estimated {estimate}" if estimate else
+               "the stage said no memory estimate") + f"; to lower it: {MEMORY_FIX}")
+    if how:
+        why = f"the process ended without finishing it: {how}" + (
+            f" ({memory})" if "MemoryError" in how else "")
+    else:
+        why = ("the process ended without finishing it and without a word (killed: SIGKILL, "
+               f"as the kernel's out-of-memory killer sends when the machine's memory is "
+               f"short; {memory})")
+    return (f"[{left.get('stage', '?')}] {when} and never finished: {why}: "
+            + ("resumed by a later run" if done else "resuming at it"))
+
+
+def unfinished_lines(folder: Path) -> list[str]:
+    """Every stage earlier processes of the run in ``folder`` left unfinished, one line
+    each (``run.json`` ``unfinished``; the verdict's ``resumed_after``)."""
+    try:
+        _, unfinished, _ = _read(folder / MANIFEST)
+    except QuantscopeError:
+        return []
+    return [unfinished_line(u, done=True) for u in unfinished]
+
+
+def _ended(exc: BaseException) -> str:
+    """How a stage ended that Python saw end (``run.json`` ``started.ended``)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+    return f"failed: {type(exc).__name__}" + (f": {text}" if text else "")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+
+
+def _read(path: Path) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]],
+                               dict[str, Any] | None]:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -233,7 +327,10 @@ def _read(path: Path) -> dict[str, dict[str, Any]]:
     if not isinstance(stages, dict) or not all(map(_is_entry, stages.values())):
         raise QuantscopeError(f"'{path}' has a malformed stage entry (edited by hand?): delete "
                               "it to start the run afresh")
-    return dict(stages)
+    started, unfinished = raw.get(STARTED), raw.get(UNFINISHED, [])
+    return (dict(stages),
+            [u for u in unfinished if isinstance(u, dict)] if isinstance(unfinished, list)
+            else [], started if isinstance(started, dict) else None)
 
 
 def _is_entry(entry: Any) -> bool:

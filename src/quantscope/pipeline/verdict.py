@@ -9,7 +9,6 @@ feed the inputs and read the outputs (the io rows).
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +19,18 @@ from quantscope.export.hailo_alls import script_warnings
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
+from quantscope.pipeline.held_out import worse_held_out
+from quantscope.pipeline.manifest import unfinished_lines
+from quantscope.pipeline.verdict_findings import (
+    COMPARED,
+    _data_notes,
+    _left_out,
+    _saturated_inside,
+    _saturated_outputs,
+    _says_little,
+    _unscored,
+    _unscored_figures,
+)
 from quantscope.plan.op_support import RULES as OP_RULES
 from quantscope.plan.op_support import UNSUPPORTED as OP_UNSUPPORTED
 from quantscope.rewrites.registry import REWRITES
@@ -28,13 +39,10 @@ from quantscope.tasks.embedding_hint import MARK as EMBEDDING_MARK
 from quantscope.tasks.layout_spec import image_ranges
 from quantscope.tasks.pixels import pixels_note
 from quantscope.tasks.shares import clusters_key, items_key
-from quantscope.tasks.unscored import is_unscored_note, unscored_names
-from quantscope.units import value
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
 
-COMPARED = ("fp32", "a8_w8", "plan")
 
 
 def _warned(problems: list[dict[str, Any]]) -> list[str]:
@@ -102,6 +110,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "metric": metric, "unit": ev.get("unit", ""), "higher_is_better": higher,
         "goal": goal, "reached": reached, "ships": head["ships"], "headline": head,
         "plan_reached": plan_reached,
+        "worse_held_out": _worse(ev, head, quality, plan_cost, pareto),
         "uniform_meets_goal": bool(pareto.get("uniform_meets_goal")),
         "binding": _binding(pareto, reached),
         **({"ranking": pareto["engines"]} if pareto.get("engines") else {}),
@@ -134,7 +143,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results, metric),
-        "says_little": _says_little(results),
+        "says_little": _says_little(results), "channels_left_out": _left_out(results),
         "operators": _operators(chk["problems"], chk["target"]),
         "saturated_outputs": _saturated_outputs(
             results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"],
@@ -152,6 +161,17 @@ def verdict(ctx: Context) -> dict[str, Any]:
         **_model_and_data_findings(ctx, ev["data"]),
         **summary,
     }
+
+
+def _worse(ev: dict[str, Any], head: dict[str, Any], quality: dict[str, Any],
+           plan_cost: float | None, pareto: dict[str, Any]) -> dict[str, Any] | None:
+    """The plan that ships worse held out than uniform a8_w8: said, with what to do
+    (:mod:`quantscope.pipeline.held_out`); None when it is not, or a deployment ships."""
+    if head["ships"] != "plan":
+        return None
+    return worse_held_out(ev["metric"], ev.get("unit", ""), quality, plan_cost,
+                          higher=bool(ev.get("higher_is_better", True)),
+                          uniform_meets_goal=bool(pareto.get("uniform_meets_goal")))
 
 
 def _as_scripted(ev: dict[str, Any], quality: dict[str, Any], goal: float | None,
@@ -214,6 +234,8 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
             measured_shapes=None if text else _measured_shapes(ctx, chk.get("input_shapes")),
             pixels=None if text or not ctx.opts.data else pixels_note(ctx.opts.data)),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
+        # stages a process started and never finished (killed, interrupted), then resumed
+        "resumed_after": unfinished_lines(ctx.folder),
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),
     }
@@ -283,83 +305,6 @@ def _model_and_data_findings(ctx: Context, data: dict[str, Any]) -> dict[str, An
         # (quantscope images) and run (a model that mixes its samples runs one per run)
         "data_notes": _data_notes(data, ""),
     }
-
-
-def _data_notes(data: dict[str, Any], words: str) -> list[str]:
-    """The data notes (fit and held out, once each) holding ``words``."""
-    notes = [str(n) for part in (data, data.get("fit") or {}, data.get("held_out") or {})
-             for n in part.get("notes") or []]
-    return list(dict.fromkeys(n for n in notes if words in n))
-
-
-def _unscored(data: dict[str, Any]) -> list[str]:
-    """The data notes naming outputs scored for fidelity only (not by the task, so their own
-    error is not in the headline)."""
-    return [n for n in _data_notes(data, "") if is_unscored_note(n)]
-
-
-def _unscored_figures(notes: list[str], results: dict[str, Any]) -> list[str]:
-    """Per output the notes name as scored for fidelity only, its held-out SQNR (and its
-    worst channel's) at the plan and at uniform a8_w8: its error, which the headline is not."""
-    plan, uniform = (results.get(k, {}).get("outputs") or {} for k in ("plan", "a8_w8"))
-    names = [n for note in notes for n in unscored_names(note, list(plan))]
-
-    def fig(out: dict[str, Any]) -> str:
-        worst = out.get("sqnr_db_channel_min")
-        # -inf: a channel with no FP32 signal (0 on every held-out value) and some error
-        why = (": a channel FP32 gives 0 on every held-out value, the quantized model not"
-               if worst == -math.inf else "")
-        return (f"{value('sqnr_db', out.get('sqnr_db'))} (worst channel "
-                f"{value('sqnr_db', worst)}{why})")
-
-    return [f"output '{n}' (fidelity only) held out: SQNR {fig(plan[n])} at the plan, "
-            f"{fig(uniform.get(n, {}))} at uniform a8_w8" for n in dict.fromkeys(names)]
-
-
-def _says_little(results: dict[str, Any]) -> list[str]:
-    """The task's notes that its headline says little on this data (FP32 picks one class,
-    decides one way, or its map is on one side of the threshold everywhere): a goal reached
-    on such data is no evidence."""
-    notes = [str(n) for label in COMPARED for n in results.get(label, {}).get("notes", [])]
-    return list(dict.fromkeys(n for n in notes if "says little" in n))
-
-
-def _saturated_outputs(plan: dict[str, Any], outputs: list[dict[str, Any]],
-                       shown: dict[str, tuple[float, float]] | None = None) -> list[str]:
-    """Each quantized model output (its io row) whose calibrated range clips the plan's
-    held-out values (``evaluate.json``'s ``saturation``, of the tensor whose encoding the
-    output has: itself, or what a Reshape or no-op Cast before it reads): what the device
-    returns is capped there, whatever the figure above says on average. An image output
-    whose declared range (``shown``: ``--layout OUT=image:range=``) lies inside the
-    calibrated one loses only values the host clips anyway (an ESRGAN's overshoot above
-    255): said so, instead of asking for a wider range."""
-    rows = {r["tensor"]: r for r in (plan.get("saturation") or {}).get("tensors", [])}
-    lines = []
-    for o in outputs:
-        r = rows.get(o.get("encoded_as", o["tensor"]))
-        if r is None:
-            continue
-        img = (shown or {}).get(o["tensor"])
-        inside = img is not None and r["range_min"] <= img[0] and img[1] <= r["range_max"]
-        advice = (f"every value clipped lies outside the image's declared range {img[0]:g} .. "
-                  f"{img[1]:g}, which the host clips anyway: no value shown changes" if inside
-                  else "calibrate on data like the deployment's, or widen its range")
-        lines.append(f"output '{o['tensor']}' clips {r['below'] + r['above']:.2%} of its "
-                     f"held-out values at its calibrated range {r['range_min']:.4g} .. "
-                     f"{r['range_max']:.4g} (FP32 gives {r['data_min']:.4g} .. "
-                     f"{r['data_max']:.4g}): {advice}")
-    return lines
-
-
-def _saturated_inside(plan: dict[str, Any], outputs: list[dict[str, Any]]) -> list[
-        dict[str, Any]]:
-    """The tensors other than the outputs' whose calibrated range clips the plan's
-    held-out values, ``{tensor, share}``, most clipped first."""
-    out = {o.get("encoded_as", o["tensor"]) for o in outputs}
-    rows = [r for r in (plan.get("saturation") or {}).get("tensors", [])
-            if r["tensor"] not in out]
-    return sorted(({"tensor": r["tensor"], "share": r["below"] + r["above"]} for r in rows),
-                  key=lambda r: -r["share"])
 
 
 def left_float(cov: dict[str, Any] | None) -> list[dict[str, Any]]:

@@ -196,6 +196,9 @@ def _worse_than_uniform(v: dict[str, Any]) -> str:
             "(worst: " + ", ".join(f"{r['tensor']} {r['share']:.2%}" for r in inside[:3])
             + "; verdict.json saturated_inside): the fit data do not cover the held-out "
             "range, and promotion does not widen a range")
+        worse = v.get("worse_held_out")  # with its noise, and what to do (pipeline.held_out)
+        if worse:
+            return f"{worse['line']}{why}"
         return (f"held out, the plan is {fmt.gain(m, plan - uni)} against uniform a8_w8 "
                 f"(chosen on the fit data){why}")
     return ""
@@ -349,6 +352,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     lines += [f"  {k}: {v[k]['note']}" for k in applied if isinstance(v.get(k), dict)]
     # the model worked on is the loader's form of the given one (float16 widened …)
     lines += [f"  note: {note}" for note in v.get("model_notes") or []]
+    lines += [f"  note: resumed: {line}" for line in v.get("resumed_after") or []]
     if v.get("left_float"):  # the figure above does not include their error
         lines.append("  left float: " + "; ".join(
             f"{r['count']} {r['op_type']} {r['kind']}{'s' if r['count'] > 1 else ''}: "
@@ -395,7 +399,8 @@ def _warnings(v: dict[str, Any]) -> list[str]:
     saturated outputs, NaN/inf inside, log floors
     (each with its fix)."""
     floors = (v.get("log_floors") or []) + (v.get("input_floors") or [])
-    return ((v.get("operators") or []) + (v.get("says_little") or []) + (v.get("unscored") or [])
+    return ((v.get("operators") or []) + (v.get("says_little") or [])
+            + (v.get("channels_left_out") or []) + (v.get("unscored") or [])
             + (v.get("unscored_figures") or []) + (v.get("class_axis_by_default") or [])
             + (v.get("embedding_fidelity_only") or []) + (v.get("constant_inputs") or [])
             + (v.get("saturated_outputs") or []) + (v.get("nan_inf_inside") or [])

@@ -297,6 +297,20 @@ def _only_texts(task: _Text, rows: np.ndarray) -> _Text:
                                                          order=np.asarray(order)))
 
 
+def first_pairs(task: TextTask, k: int) -> TextTask:
+    """The task on its first ``k`` pairs alone (texts ``0..k-1`` and ``n..n+k-1``): the
+    figures' names without every pair's run (``--metric`` is checked on it)."""
+    n = task.n_pairs
+    k = max(1, min(k, n))
+    cut = task.only_texts(np.concatenate([np.arange(k), n + np.arange(k)]))
+    if isinstance(cut, RetrievalTask):
+        return dataclasses.replace(cut, n_pairs=k)
+    assert isinstance(cut, StsTask)
+    p = cut.pairs
+    return dataclasses.replace(cut, pairs=dataclasses.replace(
+        p, first=p.first[:k], second=p.second[:k], scores=p.scores[:k]))
+
+
 def text_embeddings(task: TextTask, out: Outputs) -> np.ndarray:
     """Every text's pooled, L2-normalised embedding, in task order (queries or first
     sentences, then documents or second sentences: pair ``i`` is rows ``i`` and ``n + i``),
