@@ -142,6 +142,11 @@ def test_the_budget_is_sized_from_the_available_memory_and_said(prepared):
     tight = cache_memory(model, batches, crossing, 10 << 20, available=(10 << 20) + 40_000)
     assert tight.cache_bytes == 20_000  # half of what the sessions leave
     assert cache_memory(model, batches, crossing, 0, cache_bytes=7).cache_bytes == 7
+    # a cap bounds the sized budget, and only when it is lower
+    assert cache_memory(model, batches, crossing, 10 << 20, available=64 << 30,
+                        cache_cap=1000).cache_bytes == 1000
+    assert cache_memory(model, batches, crossing, 10 << 20, available=64 << 30,
+                        cache_cap=1 << 40).cache_bytes == 2 * mem.plan_bytes
     text = CacheMemory(3 << 30, 1 << 30, 64 << 20, 8 << 30).text()
     assert text == ("incremental evaluation: activation cache up to 3.00 GB (one plan's "
                     "cuts ~1.00 GB; 8.0 GB available), segment sessions up to 64 MB of "

@@ -196,6 +196,9 @@ def test_buckets_measures_the_candidates_of_one_model_with_one_engine(setup):  #
                                              sel.task.keep))
         np.testing.assert_allclose(err.errors[i], 1.0 - np.sum(emb * ref, axis=1), atol=1e-6)
         assert err.engines[i] == "ort (incremental, 2 of 2 segments run)"
+    # the candidates' engine caps its activation cache (their plans share few prefixes)
+    engine, = B._engines(cands, batches).values()
+    assert engine.config.cache_cap == B.CANDIDATES_CACHE_CAP
 
 
 def test_an_engine_in_use_travels_to_another_process_without_its_sessions(prepared):

@@ -116,12 +116,13 @@ class CacheMemory:
 
 def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequence[str]],
                  session_bytes: int, *, cache_bytes: int | None = None,
+                 cache_cap: int | None = None,
                  available: int | None = None) -> CacheMemory:
     """The activation cache's budget (``cache_bytes`` when given): :data:`CACHE_PLANS`
     plans' cuts, at most :data:`CACHE_FP32` of the weights and the largest batch's cut
     tensors (what ties it to one FP32 inference; never under :data:`CACHE_MIN`) and
     :data:`CACHE_SHARE` of the available memory less the sessions' (:data:`CACHE_BYTES`
-    where that is unknown). One plan's cuts: the tensors
+    where that is unknown), and ``cache_cap`` when given. One plan's cuts: the tensors
     crossing them at the largest batch (:func:`~quantscope.analyze.memory.batch_tensor_bytes`,
     one inference per number of cuts crossed: a tensor crossing two cuts is in both
     entries, counted as the cache counts it), scaled by the tokens of every batch."""
@@ -140,7 +141,8 @@ def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequ
         room = CACHE_BYTES if avail is None else int(CACHE_SHARE * max(avail - session_bytes,
                                                                         0))
         fp32 = max(int(CACHE_FP32 * (weight_bytes(model) + one)), CACHE_MIN)
-        cache_bytes = min(room, CACHE_PLANS * plan, fp32)
+        cache_bytes = min(room, CACHE_PLANS * plan, fp32,
+                          *(() if cache_cap is None else (cache_cap,)))
     return CacheMemory(cache_bytes, plan, session_bytes, avail)
 
 

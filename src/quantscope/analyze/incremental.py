@@ -99,10 +99,12 @@ class IncrementalConfig:
     """Budgets of one runner (bytes): ``cache_bytes`` for the activations crossing the
     cuts (None: sized by :func:`~quantscope.analyze.activation_cache.cache_memory`),
     ``session_bytes`` for the weights of the segment sessions kept between plans (None:
-    one plan's sessions and the largest once more)."""
+    one plan's sessions and the largest once more), ``cache_cap`` an upper bound on the
+    sized cache budget (a caller whose plans share few prefixes: the length candidates)."""
 
     cache_bytes: int | None = None
     session_bytes: int | None = None
+    cache_cap: int | None = None  # at most this for the sized budget (None: no cap)
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,8 @@ class IncrementalRunner:
         if budget is None:
             budget = sum(self._session_size) + max(self._session_size)
         self.memory: CacheMemory = cache_memory(model, self.batches, self._crossing, budget,
-                                                cache_bytes=config.cache_bytes)
+                                                cache_bytes=config.cache_bytes,
+                                                cache_cap=config.cache_cap)
         self._lineage = Lineage()
         self._tally = Tally(len(self.segments) - 1)
         self._sessions = SessionCache(budget, lambda key: key in self._lineage.line_keys)

@@ -334,7 +334,9 @@ def _run(ctx: Context, force: str | None) -> RunResult:
         # rewrites), then each stage's own: the reset also resets what getrusage and
         # `time -v` report (the last stage's peak)
         before = None if ran else peak_bytes()
-        release_memory()  # what the stages before left behind goes back first
+        # what the stages before left behind goes back first: always between stages (a
+        # collection costs well under a second; a stage runs for seconds to minutes)
+        release_memory(force=True)
         reset_peak()
         start = time.perf_counter()
         done = manifest.run(name, spec.run, ctx)  # run.json: started, until recorded

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from quantscope.analyze.incremental import IncrementalEngine
+from quantscope.analyze.incremental import IncrementalConfig, IncrementalEngine
 from quantscope.emulate.evaluate import Keep, Runs, kept_runs, open_runs, run_kept
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.release import release_memory
@@ -254,14 +254,26 @@ def measure_errors(reference: Model, candidates: tuple[Candidate, ...], sel: Sel
                   engines=tuple(measured_by))
 
 
+# The length candidates' activation cache, at most (bytes). Their plans differ from their
+# first groups on (max_legal and its variants at each length), so a cut past the first few
+# is never read again: on mpnet-base (19 candidates, 19 batches at up to 256 tokens) the
+# sized budget (1.49 GB) let 59 of 954 segment runs be skipped, this one 37, and the deploy
+# stage's peak went from 5,613 to 4,104 MiB with lengths.json unchanged (docs/benchmarks.md,
+# "The deploy stage's cache, capped").
+CANDIDATES_CACHE_CAP = 256 << 20
+
+
 def _engines(candidates: tuple[Candidate, ...], batches: tuple[Batch, ...]
              ) -> dict[int, IncrementalEngine]:
     """One incremental evaluator per model that two or more candidates share (their
-    plans then run from their first changed segment); a model alone gets none."""
+    plans then run from their first changed segment; its activation cache at most
+    :data:`CANDIDATES_CACHE_CAP`); a model alone gets none."""
     seen: dict[int, list[Candidate]] = {}
     for c in candidates:
         seen.setdefault(id(c.model), []).append(c)
-    return {k: IncrementalEngine(cs[0].model, batches) for k, cs in seen.items() if len(cs) > 1}
+    config = IncrementalConfig(cache_cap=CANDIDATES_CACHE_CAP)
+    return {k: IncrementalEngine(cs[0].model, batches, config=config)
+            for k, cs in seen.items() if len(cs) > 1}
 
 
 def _candidate_outputs(c: Candidate, batches: tuple[Batch, ...], keep: Keep | None,
