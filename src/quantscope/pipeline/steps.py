@@ -277,12 +277,13 @@ def check(ctx: Context) -> Done:
         rules += [{"rule": OPS_UNSUPPORTED, "severity": "error",
                    "reason": "an operator the target's compiler does not take ([ops])",
                    "provenance": target.ops.source},
-                  {"rule": OPS_CONDITIONAL, "severity": "warning",
-                   "reason": "an operator the target's compiler takes in some forms only "
-                   "([ops] 'conditional')", "provenance": target.ops.source},
                   {"rule": OPS_UNLISTED, "severity": "warning",
                    "reason": "an operator no list of the target names ([ops]): not guessed",
                    "provenance": target.ops.source}]
+        if any(e.status == "conditional" for e in target.ops.entries):
+            rules.append({"rule": OPS_CONDITIONAL, "severity": "warning",
+                          "reason": "an operator the target's compiler takes in some forms "
+                          "only ([ops] 'conditional')", "provenance": target.ops.source})
     for r in rules:
         hits = [p for p in problems if p["rule"] == r["rule"]]
         r["passed"] = not hits
