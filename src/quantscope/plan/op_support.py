@@ -111,7 +111,7 @@ def op_problems(model: Model, target: Target, shapes: Shapes | None = None) -> l
                 f"{op} ({_names(nodes)}): {e.reason}" for op, nodes, e in conditional),
             provenance="; ".join(dict.fromkeys(e.provenance for _, _, e in conditional))
             + f"; {where}",
-            fix=" ".join(dict.fromkeys(f"{op}: {e.fix}" for op, _, e in conditional))))
+            fix="; ".join(dict.fromkeys(f"{op}: {e.fix}" for op, _, e in conditional))))
     if unlisted:
         found.append(Problem(
             group=", ".join(u.split(" (", 1)[0] for u in unlisted), rule=UNLISTED,
