@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load_proto
 from quantscope.plan.check import check
-from quantscope.plan.op_support import UNLISTED, UNSUPPORTED, op_problems
+from quantscope.plan.op_support import CONDITIONAL, UNLISTED, UNSUPPORTED, op_problems
 from quantscope.stages.open import plan_problems
 from quantscope.targets import load_target
 from quantscope.targets.profile import parse_target
@@ -91,7 +91,7 @@ def test_each_target_says_what_it_knows_of_lstm_gathernd_loop(target, build, op,
         # the QNN EP has a builder for both: listed as taken, nothing said of them
         assert said == []
         return
-    # Hailo (no list read) and QNN's Loop (no builder in the EP): a warning, not guessed
+    # Hailo (in no list held) and QNN's Loop (no builder in the EP): a warning, not guessed
     assert len(said) == 1
     p = said[0]
     assert p.rule == UNLISTED and p.severity == "warning"
@@ -176,13 +176,15 @@ def test_host_lookup_and_constant_folded_nodes_are_not_judged():
     nodes = [helper.make_node("Gather", ["emb", "ids"], ["e"], name="embed/gather"),
              helper.make_node("ConstantOfShape", ["shape"], ["s"], name="const/fill",
                               value=helper.make_tensor("v", TensorProto.FLOAT, [1], [2.0])),
-             helper.make_node("Mul", ["e", "s"], ["y"], name="scale/mul")]
+             helper.make_node("Sub", ["e", "s"], ["y"], name="shift/sub")]
     model = _model(nodes, [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 4])],
                    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])],
                    [table, shape])
     (p,) = _problems(model, "hailo10h")
-    assert p.group == "Mul"  # not Gather (the host's), not ConstantOfShape (folded)
-    # QNN: no builder for ConstantOfShape, but it is folded; Gather and Mul have builders
+    # Sub only: not Gather (the host's; a device Gather would be ops.conditional), not
+    # ConstantOfShape (folded)
+    assert p.rule == UNLISTED and p.group == "Sub"
+    # QNN: no builder for ConstantOfShape, but it is folded; Gather and Sub have builders
     assert _problems(model, "qnn_htp_v73") == []
 
 
@@ -208,16 +210,83 @@ def test_run_verdict_names_the_operators_with_their_fix():
     assert "does not take LSTM" in line and line.endswith("replace LSTM by a 1-D conv")
 
 
-def test_hailo8_lists_what_a_users_compile_test_saw_and_nothing_more():
-    """hailo8's only entries come from one user's DFC 3.32.0 compile test (its provenance
-    says so); hailo8l and hailo10h hold none: the Relu before GatherND is listed on hailo8
-    only, GatherND on none."""
+def test_hailo8_keeps_the_users_compile_test_and_no_hailo_list_has_gathernd():
+    """hailo8 keeps the entries of one user's DFC 3.32.0 compile test (its provenance says
+    so); the zoo's compiled models name Relu on hailo8l and hailo10h too; GatherND is in no
+    Hailo list."""
     model = _gathernd()
-    (p8,) = _problems(model, "hailo8")
-    assert p8.group == "GatherND"
     entry = load_target("hailo8").ops.entry("Relu")
     assert entry.status == "supported" and "DFC 3.32.0" in entry.provenance
     assert "not Hailo's list" in entry.provenance
-    for name in ("hailo8l", "hailo10h"):
+    for name in ("hailo8", "hailo8l", "hailo10h"):
         (p,) = _problems(model, name)
-        assert p.group == "Relu, GatherND"
+        assert p.group == "GatherND"
+
+
+def _encoder_block():
+    """x [1, 4, 8] -> LayerNormalization -> MatMul -> Softmax -> the exact GELU torch
+    exports (Div by 1.414, Erf, Add 1, Mul, Mul 0.5) -> class token (Gather of index 0)."""
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(np.ones(8, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "b"),
+             numpy_helper.from_array(rng.normal(size=(8, 8)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(1.4142135, np.float32), "sqrt2"),
+             numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+             numpy_helper.from_array(np.array(0, np.int64), "cls")]
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], name="blk/norm",
+                              axis=-1),
+             helper.make_node("MatMul", ["n", "w"], ["m"], name="blk/fc"),
+             helper.make_node("Softmax", ["m"], ["s"], name="blk/softmax", axis=-1),
+             helper.make_node("Div", ["s", "sqrt2"], ["d"], name="blk/act/Div"),
+             helper.make_node("Erf", ["d"], ["e"], name="blk/act/Erf"),
+             helper.make_node("Add", ["e", "one"], ["a"], name="blk/act/Add"),
+             helper.make_node("Mul", ["s", "a"], ["u"], name="blk/act/Mul"),
+             helper.make_node("Mul", ["u", "half"], ["h"], name="blk/act/Mul_1"),
+             helper.make_node("Gather", ["h", "cls"], ["y"], name="head/Gather", axis=1)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], inits)
+
+
+@pytest.mark.parametrize("target,dfc", [("hailo8", "3.33"), ("hailo8l", "3.33"),
+                                        ("hailo10h", "5.2.0")])
+def test_hailo_lists_the_zoo_vits_operators_and_says_erf_and_gather_are_conditional(
+        target, dfc):
+    """The Hailo Model Zoo's compiled ViT-Tiny (opset 17) puts LayerNormalization, MatMul,
+    Softmax, Div, Add, Mul in every Hailo list (each with the zoo's DFC version); Erf and
+    Gather were seen taken in one form only: a warning that says which, never silence."""
+    found = _problems(_encoder_block(), target)
+    (p,) = found
+    assert p.rule == CONDITIONAL and p.severity == "warning"
+    assert p.group == "Erf, Gather"
+    assert "'blk/act/Erf'" in p.reason and "'head/Gather'" in p.reason
+    assert "exact GELU torch exports" in p.reason and "constant index" in p.reason
+    assert "fast-plate-ocr" in p.provenance and "Erf:" in p.fix and "Gather:" in p.fix
+    ops = load_target(target).ops
+    for op in ("LayerNormalization", "MatMul", "Softmax"):
+        e = ops.entry(op)
+        assert e.status == "supported" and "hailo_model_zoo" in e.provenance
+        assert dfc in e.provenance and "inferred" in e.provenance
+    erf = ops.entry("Erf")
+    if target == "hailo10h":  # the refusal was seen on Hailo-8L, DFC 3.31.0: said so
+        assert "not tried on Hailo-10H" in erf.provenance
+        assert "5.3.0" in ops.entry("Softmax").provenance  # field report 000 corroborates
+
+
+def test_a_conditional_entry_is_a_warning_with_the_form_seen_and_its_fix():
+    t = _profile([{"status": "conditional", "ops": ["LSTM"], "provenance": "Acme forum",
+                   "reason": "taken with layout 0 only", "fix": "export with layout 0"},
+                  {"status": "supported", "ops": ["Relu"], "provenance": "Acme guide p. 2"}])
+    (p,) = op_problems(_lstm(), t)
+    assert p.rule == CONDITIONAL and p.severity == "warning" and p.group == "LSTM"
+    assert "'rnn/lstm_0'" in p.reason and "taken with layout 0 only" in p.reason
+    assert p.provenance.startswith("Acme forum") and p.fix == "LSTM: export with layout 0"
+    with pytest.raises(QuantscopeError, match="fix"):
+        _profile([{"status": "conditional", "ops": ["LSTM"], "provenance": "p. 3",
+                   "reason": "layout 0 only"}])
+    from quantscope.pipeline.verdict import _operators, _warned
+
+    said = [dataclasses.asdict(p) for p in op_problems(_lstm(), t)]
+    assert _warned(said) == ["ops.conditional (1 op type)"]
+    (line,) = _operators(said, "mine")
+    assert "in some forms only: LSTM" in line and line.endswith("export with layout 0")

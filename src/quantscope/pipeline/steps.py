@@ -261,6 +261,7 @@ def _read_onnx(path: Any) -> Any:
 
 def check(ctx: Context) -> Done:
     from quantscope.plan.check import BUILTIN_RULES
+    from quantscope.plan.op_support import CONDITIONAL as OPS_CONDITIONAL
     from quantscope.plan.op_support import UNLISTED as OPS_UNLISTED
     from quantscope.plan.op_support import UNSUPPORTED as OPS_UNSUPPORTED
 
@@ -279,6 +280,10 @@ def check(ctx: Context) -> Done:
                   {"rule": OPS_UNLISTED, "severity": "warning",
                    "reason": "an operator no list of the target names ([ops]): not guessed",
                    "provenance": target.ops.source}]
+        if any(e.status == "conditional" for e in target.ops.entries):
+            rules.append({"rule": OPS_CONDITIONAL, "severity": "warning",
+                          "reason": "an operator the target's compiler takes in some forms "
+                          "only ([ops] 'conditional')", "provenance": target.ops.source})
     for r in rules:
         hits = [p for p in problems if p["rule"] == r["rule"]]
         r["passed"] = not hits

@@ -31,6 +31,7 @@ from quantscope.pipeline.verdict_findings import (
     _unscored,
     _unscored_figures,
 )
+from quantscope.plan.op_support import CONDITIONAL as OP_CONDITIONAL
 from quantscope.plan.op_support import RULES as OP_RULES
 from quantscope.plan.op_support import UNSUPPORTED as OP_UNSUPPORTED
 from quantscope.rewrites.registry import REWRITES
@@ -71,6 +72,10 @@ def _operators(problems: list[dict[str, Any]], target: str) -> list[str]:
     for p in problems:
         if p["rule"] == OP_UNSUPPORTED:
             out.append(f"{p['reason']} ({p['rule']}; the source in check.json): {p['fix']}")
+        elif p["rule"] == OP_CONDITIONAL:
+            out.append(f"operators {target} takes in some forms only: {p['group']} "
+                       f"({p['rule']}; the forms seen, their nodes and sources in "
+                       f"check.json): {p['fix']}")
         elif p["rule"] in OP_RULES:
             out.append(f"operators in no list quantscope holds for {target}, not known to "
                        f"compile or to fail: {p['group']} ({p['rule']}; their nodes and the "

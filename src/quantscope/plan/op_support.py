@@ -10,6 +10,10 @@ rule                   severity   when
 =====================  =========  ===========================================================
 ``ops.unsupported``    error      an ``unsupported`` entry of ``[ops]`` names the op type:
                                   one problem per op type, naming its nodes (ONNX names)
+``ops.conditional``    warning    a ``conditional`` entry names the op type (a source saw it
+                                  taken in one form, refused in another): one problem for all
+                                  such op types, each with its nodes, the form seen to work
+                                  and the fix
 ``ops.unlisted``       warning    no entry names the op type: not guessed either way; one
                                   problem for all such op types, naming the list consulted
 =====================  =========  ===========================================================
@@ -31,8 +35,8 @@ from quantscope.model.shapes import Shapes, resolve_shapes
 from quantscope.targets.profile import Target
 from quantscope.types import Problem
 
-UNSUPPORTED, UNLISTED = "ops.unsupported", "ops.unlisted"
-RULES = (UNSUPPORTED, UNLISTED)
+UNSUPPORTED, CONDITIONAL, UNLISTED = "ops.unsupported", "ops.conditional", "ops.unlisted"
+RULES = (UNSUPPORTED, CONDITIONAL, UNLISTED)
 _SHOWN = 2  # node names shown per op type
 
 
@@ -84,11 +88,13 @@ def op_problems(model: Model, target: Target, shapes: Shapes | None = None) -> l
     if ops is None or ops.takes_all:
         return []
     where = f"target {target.name} ({target.sdk})"
-    found, unlisted = [], []
+    found, unlisted, conditional = [], [], []
     for op, nodes in judged_nodes(model, target, shapes).items():
         entry = ops.entry(op)
         if entry is None:
             unlisted.append(f"{op} ({_names(nodes)})")
+        elif entry.status == "conditional":
+            conditional.append((op, nodes, entry))
         elif entry.status == "unsupported":
             found.append(Problem(
                 group=", ".join(nodes[:_SHOWN]) + (" …" if len(nodes) > _SHOWN else ""),
@@ -96,6 +102,16 @@ def op_problems(model: Model, target: Target, shapes: Shapes | None = None) -> l
                 reason=f"{target.name}'s compiler does not take {op} ({_names(nodes)}): "
                 f"{entry.reason}",
                 provenance=f"{entry.provenance}; {where}", fix=entry.fix))
+    if conditional:
+        found.append(Problem(
+            group=", ".join(op for op, _, _ in conditional), rule=CONDITIONAL,
+            severity="warning",
+            reason=f"taken by {target.name}'s compiler in some forms only, so not known to "
+            "compile in this model's form: " + "; ".join(
+                f"{op} ({_names(nodes)}): {e.reason}" for op, nodes, e in conditional),
+            provenance="; ".join(dict.fromkeys(e.provenance for _, _, e in conditional))
+            + f"; {where}",
+            fix="; ".join(dict.fromkeys(f"{op}: {e.fix}" for op, _, e in conditional))))
     if unlisted:
         found.append(Problem(
             group=", ".join(u.split(" (", 1)[0] for u in unlisted), rule=UNLISTED,
@@ -106,4 +122,5 @@ def op_problems(model: Model, target: Target, shapes: Shapes | None = None) -> l
     return found
 
 
-__all__ = ["RULES", "UNLISTED", "UNSUPPORTED", "judged_nodes", "op_name", "op_problems"]
+__all__ = ["CONDITIONAL", "RULES", "UNLISTED", "UNSUPPORTED", "judged_nodes", "op_name",
+           "op_problems"]

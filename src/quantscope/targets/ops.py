@@ -12,14 +12,18 @@ rule)::
     all = true            # optional: the runtime takes every operator ONNX Runtime runs
 
     [[ops.entries]]
-    status = "supported"  # or "unsupported"
+    status = "supported"  # or "unsupported", or "conditional"
     ops = ["Conv", …]
     provenance = "…"      # required: where the source says so
-    reason = "…"          # required for "unsupported"
-    fix = "…"             # required for "unsupported"
+    reason = "…"          # required for "unsupported" and "conditional"
+    fix = "…"             # required for "unsupported" and "conditional"
 
 An operator no entry names is *not guessed*: ``check`` says it is not in the source's
-list (a warning naming the source); only an ``unsupported`` entry makes an error.
+list (a warning naming the source); only an ``unsupported`` entry makes an error. A
+``conditional`` entry is for an operator the sources saw taken in one form and refused in
+another (an ``Erf`` inside torch's exported exact-GELU pattern, but not as a tf2onnx GELU):
+a warning that says which form was seen to work (``reason``) and what to do (``fix``),
+never silence.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 from quantscope.types import QuantscopeError
 
-STATUSES = ("supported", "unsupported")
+STATUSES = ("supported", "unsupported", "conditional")
 _KEYS = frozenset({"source", "unlisted", "unlisted_fix", "all", "entries"})
 _ENTRY_KEYS = frozenset({"status", "ops", "provenance", "reason", "fix"})
 
@@ -38,7 +42,7 @@ _ENTRY_KEYS = frozenset({"status", "ops", "provenance", "reason", "fix"})
 class OpEntry:
     """One verdict of a source on some operators."""
 
-    status: str  # "supported" | "unsupported"
+    status: str  # "supported" | "unsupported" | "conditional"
     ops: tuple[str, ...]
     provenance: str
     reason: str = ""
@@ -91,7 +95,7 @@ def _entry(raw: Any, i: int, source: str) -> OpEntry:
     if not isinstance(ops, list) or not ops or not all(isinstance(o, str) and o for o in ops):
         raise QuantscopeError(f"{where} of target profile '{source}' has ops {ops!r}: give a "
                               "non-empty list of ONNX op types, e.g. [\"LSTM\"]")
-    bad = status == "unsupported"
+    bad = status != "supported"  # unsupported, conditional: say why and what to do
     return OpEntry(status=status, ops=tuple(ops),
                    provenance=_text(raw, "provenance", where, source),
                    reason=_text(raw, "reason", where, source, required=bad),
