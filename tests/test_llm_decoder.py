@@ -71,8 +71,13 @@ def test_plan_checked_on_both_phases(graphs: dict[str, onnx.ModelProto], tmp_pat
     plan = Plan(default=Precision.A8_W8, target="hailo10h",
                 overrides=(("layers.0.attn_residual", Precision.A16_W16),))
     result = {r.phase: r for r in check_phases(plan, models, load_target("hailo10h"), 4096)}
-    assert [p.rule for p in result["prefill"].problems] == ["hailo.super_defuse"]
-    assert result["decode"].problems == ()
+    rules = {ph: [p.rule for p in r.problems if not p.rule.startswith("ops.")]
+             for ph, r in result.items()}
+    assert rules == {"prefill": ["hailo.super_defuse"], "decode": []}
+    # the operators hailo10h's list does not name: warnings on both phases, never errors
+    assert all(p.severity == "warning" for r in result.values() for p in r.problems
+               if p.rule.startswith("ops."))
+    assert result["decode"].errors == 0
     assert result["prefill"].cost > 1.0 and result["decode"].cost > 1.0
     short = check_phases(plan, models, load_target("hailo10h"), 64)
     assert all(r.errors == 0 for r in short)

@@ -75,7 +75,7 @@ def test_cli_whatif(tmp_path, setup, capsys):
     assert json.loads((tmp_path / "w.json").read_text())["all"]["groups"] > 0
     assert main([*base, "--metric", "top1_agreement"]) == 2
     err = capsys.readouterr().err
-    assert "is not measured on this data" in err and "Traceback" not in err
+    assert "is no figure of this data's task" in err and "Traceback" not in err
 
 
 def test_run_with_whatif_says_it_in_the_verdict_and_the_report(tmp_path, setup, capsys):
