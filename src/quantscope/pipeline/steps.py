@@ -244,12 +244,15 @@ def repaired(ctx: Context) -> tuple[stages.Model, stages.Stats, Plan]:
                  if working is not None and raw == working.proto
                  else stages.load_proto(raw, REPAIRED))
         del raw
+        ctx._cache["repaired_compared"] = None if working is None else working.proto
         held = ctx._cache["repaired"] = (model, stages.read_stats(ctx.path(REPAIRED_STATS)),
                                          final)
     elif (working is not None and held[0].proto is not working.proto
-          and held[0].proto == working.proto):  # loaded apart by a stage before the model
-        held = ctx._cache["repaired"] = (stages.Model(proto=working.proto, source=REPAIRED),
-                                         *held[1:])
+          and ctx._cache.get("repaired_compared") is not working.proto):
+        ctx._cache["repaired_compared"] = working.proto  # compared once, not every stage
+        if held[0].proto == working.proto:  # loaded apart by a stage before the model
+            held = ctx._cache["repaired"] = (
+                stages.Model(proto=working.proto, source=REPAIRED), *held[1:])
     return held
 
 
