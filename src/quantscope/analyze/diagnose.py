@@ -24,7 +24,7 @@ import numpy as np
 
 from quantscope.analyze.inputfloor import find_input_floors
 from quantscope.analyze.logfloor import find_log_floors
-from quantscope.analyze.memory import peak_bytes
+from quantscope.analyze.memory import peak_bytes, tensor_sizer
 from quantscope.analyze.mixed import find_mixed_scales
 from quantscope.analyze.noise import TensorNoise, tensor_noise
 from quantscope.analyze.outliers import Outlier, find_outliers
@@ -42,7 +42,8 @@ from quantscope.analyze.weights import WeightIssue, find_weight_issues
 from quantscope.calibrate.collect import nonfinite_note
 from quantscope.emulate.coverage import Coverage
 from quantscope.emulate.qdq import quantize_model, scheme_for
-from quantscope.emulate.release import resident_bytes
+from quantscope.emulate.release import release_memory, resident_bytes
+from quantscope.emulate.session import use_arena
 from quantscope.model.load import Model
 from quantscope.model.units import Unit, sweep_units
 from quantscope.parallel import Executor
@@ -105,10 +106,19 @@ def _plan_metrics(
     scorer: Scorer,
     ref: np.ndarray,
     scheme: QuantScheme | None,
+    arena: bool = True,
 ) -> tuple[dict[str, float], np.ndarray, Coverage]:
     q = quantize_model(model, stats, plan, scheme=scheme_for(plan, scheme), groups=groups)
-    rows = run_plan_rows(model, groups, batches, q.proto, scorer)
+    rows = run_plan_rows(model, groups, batches, q.proto, scorer, arena=arena)
     return scorer(ref, rows), rows, q.coverage
+
+
+def _arena(model: Model, batches: Sequence[dict]) -> bool:
+    """Whether a full pass's session allocates from an arena (not for large tensors:
+    :func:`quantscope.emulate.session.use_arena`)."""
+    size = tensor_sizer(model, batches)
+    return use_arena(max((size([t]) for n in model.graph.node for t in n.output if t),
+                         default=0))
 
 
 def _left_float_notes(cov: Coverage, plan: str) -> tuple[str, ...]:
@@ -201,15 +211,13 @@ def _sweep(
     stats: Stats,
     batches: list[dict],
     proxy_fraction: float,
-    ref: np.ndarray,
-    low_rows: np.ndarray,
+    err: np.ndarray,
     kw: dict,
 ) -> SweepResult:
-    """Exact sweep on every row (``proxy_fraction`` >= 1), else the fast one."""
+    """Exact sweep on every row (``proxy_fraction`` >= 1), else the fast one; ``err``:
+    per row, the uniform-low run's summed squared error (what the fast sweep selects by)."""
     if proxy_fraction >= 1:
         return sweep_segments(model, groups, stats, batches, **kw)
-    # the uniform-low run the caller made gives the per-row noise the fast sweep selects by
-    err = squared_error_rows(ref, low_rows)
     cuts = np.cumsum([batch_rows(b) for b in batches])[:-1]
     return sweep_fast(model, groups, stats, batches, fraction=proxy_fraction,
                       noise=np.split(err, cuts), **kw)
@@ -283,26 +291,38 @@ def analyze(
     batches = list(batches)
     skipped = _skipped(groups, skip or {}, progress)
     say(f"analyze: FP32 reference on {len(batches)} batches", show=progress)
-    ref, run_taken = _reference(model, groups, batches, scorer)
+    arena = _arena(model, batches)
+    ref, run_taken = _reference(model, groups, batches, scorer, arena)
     baselines, collapse, uniform_rows, float_notes = {}, {}, {}, ()
     for p in (low, high):
         say(f"analyze: uniform {p.value} baseline (Q/DQ model of {len(groups.groups)} groups, "
             f"{len(batches)} batches)", show=progress)
         baselines[p.value], uniform_rows[p], cov = _plan_metrics(
-            model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme
+            model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme, arena
         )
         float_notes = float_notes or _left_float_notes(cov, p.value)
         collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
+        if p is not low:
+            del uniform_rows[p]  # read no more: an image model's rows are every value
+        release_memory()  # the pass's session and scoring temporaries, before the next
+    # the uniform-low run's noise per row is all the sweep reads of the baselines; the
+    # rows themselves go (IS-Net at 1024 x 1024: 474 MB each), and so does FP32's unless a
+    # recovery plan is scored against it (the sweep keeps its own rows' reference)
+    err, n_rows = squared_error_rows(ref, uniform_rows.pop(low)), len(ref)
+    row_bytes = ref.nbytes // max(n_rows, 1)
+    if not recover_top:
+        del ref
+    release_memory()
     units, units_notes = _units(model, groups, only := _swept(groups, skipped), progress)
     # each candidate scored as its sweep goes (its rows dropped): the metrics of a row
     # subset are task-independent unless the scorer's are per row
     by_task = proxy_fraction >= 1 or scorer.row_local
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
           "executor": executor, "only": only, "units": units,
-          "score": scorer if by_task else fidelity, "row_bytes": ref.nbytes // max(len(ref), 1),
-          "held_bytes": ref.nbytes + sum(r.nbytes for r in uniform_rows.values()),
+          "score": scorer if by_task else fidelity, "row_bytes": row_bytes,
+          "held_bytes": row_bytes * n_rows if recover_top else 0,
           "run_bytes": run_taken}
-    res = _sweep(model, groups, stats, batches, proxy_fraction, ref, uniform_rows[low], kw)
+    res = _sweep(model, groups, stats, batches, proxy_fraction, err, kw)
     sens = _sensitivity(res, groups, scorer if by_task else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]
     noise = tensor_noise(tensors, res.noise_cumulative, res.noise_isolated)
@@ -321,7 +341,7 @@ def analyze(
         show=progress and bool(recover_top))
     recovery = [_recovery(model, groups, stats, batches, offenders[:k], (low, high), scorer,
                           ref, scheme) for k in recover_top]
-    method, notes = _method(res, proxy_fraction, len(ref))
+    method, notes = _method(res, proxy_fraction, n_rows)
     method["ranked_by"] = key  # the offenders' score_db is this key's gain (the planner's)
     # what the loader changed (a float16 model's float32 form …) leads: the figures are of it
     notes = model.notes + notes + float_notes + units_notes + _zero_notes(stats) + _skip_notes(groups, skipped) + tuple(
@@ -331,13 +351,13 @@ def analyze(
                     offenders, outliers, weights, collapse, tuple(recovery), notes, skipped)
 
 
-def _reference(model: Model, groups: Groups, batches: list[dict], scorer: Scorer
-               ) -> tuple[np.ndarray, int]:
+def _reference(model: Model, groups: Groups, batches: list[dict], scorer: Scorer,
+               arena: bool = True) -> tuple[np.ndarray, int]:
     """FP32's rows, and what its run took beside them (the peak's rise over the resident
     set, for the sweep's memory estimate; 0 where an earlier peak hides it: the peak is
     not reset, `run` reads it per stage)."""
     base, before = resident_bytes(), peak_bytes()
-    ref = run_plan_rows(model, groups, batches, model.proto, scorer)
+    ref = run_plan_rows(model, groups, batches, model.proto, scorer, arena=arena)
     top = peak_bytes()
     taken = (max(top - base - ref.nbytes, 0)
              if top and base and before is not None and top > before else 0)

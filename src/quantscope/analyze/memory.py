@@ -237,7 +237,8 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
                 tensors: Sequence[str], *, chains: int, budget: int | None = None,
                 available: int | None = None,
                 sizer: Callable[[Sequence[str]], int] | None = None,
-                row_bytes: int = 0, held_bytes: int = 0, measured: int = 0) -> MemoryPlan:
+                row_bytes: int = 0, held_bytes: int = 0, measured: int = 0,
+                tensor_bytes: int | None = None) -> MemoryPlan:
     """Windows of consecutive candidates whose own sessions' weights (``cand_bytes``, per
     candidate) stay within ``budget`` (default: :data:`WINDOW_MODELS` times the model's
     weights, less where :data:`HEADROOM` of the available memory less the chains and a
@@ -251,11 +252,13 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
     ``held_bytes``: what the caller holds throughout (FP32's rows, the baselines'), in the
     peak and in what is left. ``measured``: what one run of a batch was measured to take
     (the resident set's rise over an FP32 run: ONNX Runtime's arena keeps more than the
-    tensors' own count, IS-Net ~4x); the larger of it and :func:`run_bytes` is counted."""
+    tensors' own count, IS-Net ~4x); the larger of it and :func:`run_bytes` is counted.
+    ``tensor_bytes``: what one env holds at most, when the caller has sized it (else
+    ``tensors`` are)."""
     model_bytes = weight_bytes(model)
     sizer = sizer or tensor_sizer(model, batches)
     # the chains' envs and a candidate's, each holding the tensors crossing the cuts
-    act = (chains + 1) * sizer(tensors)
+    act = (chains + 1) * (sizer(tensors) if tensor_bytes is None else tensor_bytes)
     work = max(run_bytes(model, sizer), measured)  # the one segment running, in the arena
     avail = available if available is not None else available_bytes()
     fixed = chains * model_bytes + act + held_bytes + work

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from quantscope import numerics
 from quantscope.analyze.scoring import Scorer
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.session import make_session
@@ -44,10 +45,13 @@ def run_plan_rows(
     batches: Sequence[Batch],
     proto: object,
     scorer: Scorer,
+    *,
+    arena: bool = True,
 ) -> np.ndarray:
-    """Reduced rows of one full model (QDQ or FP32) over every batch."""
+    """Reduced rows of one full model (QDQ or FP32) over every batch (``arena``: off for
+    a model of large tensors, :func:`quantscope.emulate.session.use_arena`)."""
     del groups
-    sess = make_session(proto)
+    sess = make_session(proto, arena=arena)
     outs = [o.name for o in sess.get_outputs()]
     names = {i.name for i in sess.get_inputs()}
     rows = []
@@ -189,6 +193,6 @@ def row_noise(
 
 
 def squared_error_rows(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
-    """Per row: the summed squared difference of reduced rows (float64)."""
-    d = np.asarray(test, np.float64) - np.asarray(ref, np.float64)
-    return (d**2).reshape(len(d), -1).sum(axis=1)
+    """Per row: the summed squared difference of reduced rows (float64;
+    :func:`quantscope.numerics.squared_error_rows`)."""
+    return numerics.squared_error_rows(ref, test)

@@ -246,10 +246,12 @@ def build_chain(
     optimize: bool,
     label: str = "",
     seg_models: dict[int, Model] | None = None,
+    arena: bool = True,
 ) -> Chain:
     """One session per segment: float (``encodings`` None) or the writer's Q/DQ
     (``label``: progress over the segments, on stderr; ``seg_models``:
-    :func:`segment_models`, when the caller has them)."""
+    :func:`segment_models`, when the caller has them; ``arena``: off for a model of
+    large tensors, :func:`quantscope.emulate.session.use_arena`)."""
     sessions, outputs = [], []
     plan = Plan.uniform(Precision.FLOAT)
     for seg in track(segments, label, unit="segment", show=bool(label)):
@@ -257,7 +259,7 @@ def build_chain(
         sm = seg_models[seg.index] if seg_models is not None else \
             segment_model(model, seg, extra_outputs=taps)
         proto = sm.proto if encodings is None else segment_qdq(model, sm, groups, plan, encodings)
-        sessions.append(make_session(proto, optimize=optimize, shared_arena=True))
+        sessions.append(make_session(proto, optimize=optimize, shared_arena=True, arena=arena))
         outputs.append(tuple(dict.fromkeys([*seg.outputs, *taps])))
     return Chain(segments, tuple(sessions), tuple(outputs))
 
@@ -349,10 +351,11 @@ def build_runners(
     owned: Sequence[dict[int, Encodings]] | None = None,
     label: str = "",
     seg_models: dict[int, Model] | None = None,
+    arena: bool = True,
 ) -> tuple[Runner, ...]:
     """Each candidate's own sessions (``owned``: :func:`owned_segments` of ``cands``, when
     already found; ``label``: progress over the candidates, on stderr; ``seg_models``:
-    :func:`segment_models`, when the caller has them)."""
+    :func:`segment_models`, when the caller has them; ``arena``: as :func:`build_chain`)."""
     seg_of = {g: seg.index for seg in segments for g in seg.groups}
     seg_models = seg_models if seg_models is not None else segment_models(model, groups,
                                                                          segments)
@@ -362,7 +365,8 @@ def build_runners(
     runners = []
     for c, own in track(list(zip(cands, owned, strict=True)), label, unit="cand",
                         show=bool(label)):
-        sessions = {k: make_session(build_qdq(seg_models[k], enc), shared_arena=True)
+        sessions = {k: make_session(build_qdq(seg_models[k], enc), shared_arena=True,
+                                    arena=arena)
                     for k, enc in own.items()}
         runners.append(Runner(c, min(sessions), sessions, seg_of[c.names[0]]))
     return tuple(runners)

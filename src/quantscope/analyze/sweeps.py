@@ -59,12 +59,17 @@ from quantscope.analyze.segments import (
     segment_models,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.emulate.release import release_memory
+from quantscope.emulate.session import use_arena
 from quantscope.model.load import Model
 from quantscope.model.units import Unit
 from quantscope.parallel import Executor, chunks
 from quantscope.progress import Counter, feed_size, note_memory_estimate, say, track
 from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats, batch_rows
 
+# the group outputs a chain's segment returns at once for the cumulative noise (the rest
+# on further runs of the segment); a segment's crossing tensors are returned whole
+TAP_BYTES = 256 * 2**20
 # a sweep's metrics of a candidate's reduced rows against FP32's (a Scorer, or fidelity)
 ScoreFn = Callable[[np.ndarray, np.ndarray], dict[str, float]]
 
@@ -107,17 +112,39 @@ class _Collected:
     iso: NoiseAccumulator = field(default_factory=NoiseAccumulator)
 
 
+def _tap_parts(taps: Sequence[str], size: Callable[[Sequence[str]], int]) -> list[list[str]]:
+    """``taps`` in consecutive parts of at most :data:`TAP_BYTES` each (a tap larger than
+    that alone)."""
+    parts: list[list[str]] = []
+    held = 0
+    for t in taps:
+        b = size([t])
+        if not parts or (parts[-1] and held + b > TAP_BYTES):
+            parts.append([])
+            held = 0
+        parts[-1].append(t)
+        held += b
+    return parts
+
+
 def _sweep_batch(
     feeds: Batch, fp: Chain, lo: Chain | None, runners: Sequence[Runner], groups: Groups,
     outs: list[str], scorer: Scorer, got: _Collected, count: Counter, last: dict[str, int],
-    first: int = 0,
+    first: int = 0, size: Callable[[Sequence[str]], int] | None = None,
 ) -> None:
     """One batch, streamed segment by segment: the FP32 (and all-``low`` when ``lo``)
     chain runs segment ``k``, then every candidate whose own segments start at ``k`` runs
     from there to the end on the chain's env of that moment; each env keeps only what a
     later segment reads (and a segment's taps while its noise is summed). The candidates
     are ``first``, ``first + 1`` … (``runners``); the chains' rows and the cumulative
-    noise are kept from the window that starts at 0 only."""
+    noise are kept from the window that starts at 0 only.
+
+    A chain's segment returns the group outputs (taps) only where a noise is summed from
+    them: every tap in the first window (the cumulative noise, when ``lo``), else those
+    an enable-one candidate of the window kept (its isolated noise). The cumulative
+    noise's taps come in parts of :data:`TAP_BYTES` (``size``: bytes of tensors), the
+    segment run once more per part: IS-Net's last segment has 226 group outputs of
+    1.2 GB a sample, which both chains returned at once in every window."""
     by = groups.by_name()
     starts: dict[int, list[tuple[int, Runner]]] = {}
     for i, r in enumerate(runners, start=first):
@@ -136,18 +163,31 @@ def _sweep_batch(
             got.rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
             count.step(cost=feed_size(feeds))
         seg = fp.segments[k]
-        made_fp = run_segment(fp.sessions[k], fp.outputs[k], env_fp)
-        made_lo = run_segment(lo.sessions[k], lo.outputs[k], env_lo) if lo is not None else {}
-        if first == 0:
-            for t in (t for t in fp.outputs[k] if t in made_lo):
-                got.cum.add(t, made_fp[t], made_lo[t])
-        for kept in pending.pop(k, ()):
-            for t, v in kept.items():
-                got.iso.add(t, made_fp[t], v)
-        for env, made in ((env_fp, made_fp), (env_lo, made_lo)):
-            env.update({t: v for t, v in made.items() if t in seg.outputs})
+        isolated = pending.pop(k, ())
+        wanted = {t for kept in isolated for t in kept}
+        crossing = [t for t in fp.outputs[k] if t in seg.outputs]
+        taps = [t for t in fp.outputs[k] if t not in seg.outputs]
+        cum = taps if first == 0 and lo is not None else []
+        parts = _tap_parts(cum, size) if size is not None and cum else [cum]
+        for j, part in enumerate(parts):
+            names_fp = [*crossing, *(t for t in taps if t in wanted and t not in cum)] * (j == 0)
+            names_lo = crossing * (j == 0)
+            made_fp = run_segment(fp.sessions[k], [*names_fp, *part], env_fp)
+            made_lo = (run_segment(lo.sessions[k], [*names_lo, *part], env_lo)
+                       if lo is not None else {})
+            if first == 0:
+                for t in (t for t in fp.outputs[k] if t in made_lo and t in made_fp):
+                    got.cum.add(t, made_fp[t], made_lo[t])
+            for kept in isolated:
+                for t, v in kept.items():
+                    if t in made_fp:
+                        got.iso.add(t, made_fp[t], v)
+            if j == 0:
+                for env, made in ((env_fp, made_fp), (env_lo, made_lo)):
+                    env.update({t: v for t, v in made.items() if t in seg.outputs})
+            del made_fp, made_lo
+        for env in (env_fp, env_lo):
             drop_dead(env, last, k)
-        del made_fp, made_lo
     if first == 0:
         got.ref.append(scorer.reduce([env_fp[o] for o in outs], feeds))
         if lo is not None:
@@ -279,20 +319,27 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
     sizes = segment_bytes(model, segments)
     live = live_tensors(model, groups, segments)  # what an env holds while segment k runs
     sizer = tensor_sizer(model, job.batches)  # the shapes inferred once
-    held = max(live, key=sizer)
+    by = groups.by_name()
+    taps = [{t for g in seg.groups for t in by[g].outputs} - set(seg.outputs)
+            for seg in segments]  # returned TAP_BYTES at a time (_sweep_batch)
+    held = max(sizer([t for t in names if t not in tk]) + min(sizer(list(tk)), TAP_BYTES)
+               for names, tk in zip(live, taps, strict=True))
     mem = plan_memory(model, [sum(sizes[k] for k in own) for own in owned], job.batches,
-                      held, chains=2 if need_low else 1, budget=job.session_budget,
+                      (), tensor_bytes=held, chains=2 if need_low else 1,
+                      budget=job.session_budget,
                       sizer=sizer, row_bytes=job.row_bytes * rows,
                       held_bytes=job.held_bytes + (1 + need_low) * job.row_bytes * rows,
                       measured=job.run_bytes)
     say(f"analyze: {mem.text()}", show=progress)
     note_memory_estimate(f"{mem.text()} (analyze's sweep)")  # run.json keeps it (a SIGKILL)
+    arena = use_arena(max((sizer([t]) for n in model.graph.node for t in n.output if t),
+                          default=0))
     fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,
                      label=f"analyze: FP32 sessions of {len(segments)} segments" * progress,
-                     seg_models=models)
+                     seg_models=models, arena=arena)
     lo = build_chain(model, groups, segments, table[low], optimize=False,
                      label=f"analyze: all-{low.value} sessions" * progress,
-                     seg_models=models) if need_low else None
+                     seg_models=models, arena=arena) if need_low else None
     got = _Collected(rows=[[] for _ in cands])
     metrics: list[dict[str, float]] = []
     last = last_reads(model, segments)
@@ -302,7 +349,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                  f"{f' (window {w + 1}/{len(mem.windows)})' if len(mem.windows) > 1 else ''}")
         runners = build_runners(model, groups, segments, table, cands[window.start:window.stop],
                                 low, owned=owned[window.start:window.stop],
-                                label=label * progress, seg_models=models)
+                                label=label * progress, seg_models=models, arena=arena)
         if count is None:  # started once the first sessions are there
             count = Counter(f"analyze: {'+'.join(job.sweeps)} ({len(cands)} candidates x "
                             f"{len(job.batches)} batches)", total=len(cands) * len(job.batches),
@@ -311,8 +358,9 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                             total_cost=len(cands) * sum(feed_size(b) for b in job.batches))
         for feeds in job.batches:
             _sweep_batch(feeds, fp, lo, runners, groups, model.output_names(), job.scorer,
-                         got, count, last, first=window.start)
+                         got, count, last, first=window.start, size=sizer)
         del runners  # this window's sessions go before the next window's are built
+        release_memory()  # and their arena chunks (when the resident set grew)
         if job.score is not None:  # scored now: the window's rows are dropped
             ref = np.concatenate(got.ref)
             for i in window:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from quantscope import numerics
 from quantscope.types import QuantscopeError
 
 
@@ -12,14 +13,21 @@ class MetricInputError(QuantscopeError, ValueError):
     """Metric input that cannot be measured honestly (non-finite values, bad shapes)."""
 
 
-def _rows(x: np.ndarray, name: str, dtype: type = np.float64) -> np.ndarray:
-    """``x`` as a finite 2-D ``[n, features]`` array of ``dtype``."""
+def _rows(x: np.ndarray, name: str, dtype: type | None = np.float64) -> np.ndarray:
+    """``x`` as a finite 2-D ``[n, features]`` array of ``dtype`` (None: a float array
+    keeps its own, so that a large one is not copied whole to float64: the caller then
+    sums it a block at a time, :mod:`quantscope.numerics`)."""
     a = np.asarray(x)
     if a.ndim == 0 or a.size == 0:
         raise MetricInputError(f"{name}: expected a non-empty array, got shape {a.shape}")
     a = a.reshape(1, -1) if a.ndim == 1 else a.reshape(a.shape[0], -1)
-    a = a.astype(dtype, copy=False)
-    bad = ~np.isfinite(a).all(axis=1)
+    if dtype is None and not np.issubdtype(a.dtype, np.floating):
+        dtype = np.float64
+    if dtype is not None:
+        a = a.astype(dtype, copy=False)
+    bad = np.zeros(a.shape[0], bool)
+    for b in numerics.column_blocks(a):  # a bool copy of a block, not of the array
+        bad |= ~np.isfinite(a[:, b]).all(axis=1)
     if bad.any():
         raise MetricInputError(
             f"{name}: {int(bad.sum())} of {a.shape[0]} rows contain NaN/inf "
