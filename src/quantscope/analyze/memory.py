@@ -49,11 +49,12 @@ class MemoryPlan:
     row_bytes: int = 0  # the reduced output rows of the largest window's candidates
     held_bytes: int = 0  # rows held throughout: FP32's and the baselines', the chains'
     run_bytes: int = 0  # what one segment's run holds in the arena at once (run_bytes)
+    resident_bytes: int = 0  # what the process held before the sweep (the model, data)
 
     @property
     def peak(self) -> int:
         return (self.chains * self.model_bytes + self.session_bytes + self.activation_bytes
-                + self.row_bytes + self.held_bytes + self.run_bytes)
+                + self.row_bytes + self.held_bytes + self.run_bytes + self.resident_bytes)
 
     def text(self) -> str:
         split = f", in {len(self.windows)} windows" if len(self.windows) > 1 else ""
@@ -64,10 +65,12 @@ class MemoryPlan:
                 if self.held_bytes >= MB else "")
         work = (f", a run's working tensors ~{self.run_bytes / MB:.0f} MB"
                 if self.run_bytes >= MB else "")
+        before = (f", ~{self.resident_bytes / MB:.0f} MB held before it"
+                  if self.resident_bytes >= MB else "")
         return (f"~{self.peak / GB:.2f} GB peak ({self.chains} chain(s) of "
                 f"{self.model_bytes / MB:.0f} MB, {self.sessions} candidates' sessions "
                 f"({self.session_bytes / MB:.0f} MB){rows} at once{split}, a batch's tensors "
-                f"~{self.activation_bytes / MB:.0f} MB{work}{held}{free})")
+                f"~{self.activation_bytes / MB:.0f} MB{work}{held}{before}{free})")
 
 
 def _proc_kib(path: str, key: str) -> int | None:
@@ -238,7 +241,7 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
                 available: int | None = None,
                 sizer: Callable[[Sequence[str]], int] | None = None,
                 row_bytes: int = 0, held_bytes: int = 0, measured: int = 0,
-                tensor_bytes: int | None = None) -> MemoryPlan:
+                tensor_bytes: int | None = None, resident: int = 0) -> MemoryPlan:
     """Windows of consecutive candidates whose own sessions' weights (``cand_bytes``, per
     candidate) stay within ``budget`` (default: :data:`WINDOW_MODELS` times the model's
     weights, less where :data:`HEADROOM` of the available memory less the chains and a
@@ -254,7 +257,8 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
     (the resident set's rise over an FP32 run: ONNX Runtime's arena keeps more than the
     tensors' own count, IS-Net ~4x); the larger of it and :func:`run_bytes` is counted.
     ``tensor_bytes``: what one env holds at most, when the caller has sized it (else
-    ``tensors`` are)."""
+    ``tensors`` are). ``resident``: what the process holds already (in the peak said; the
+    memory available already leaves it out)."""
     model_bytes = weight_bytes(model)
     sizer = sizer or tensor_sizer(model, batches)
     # the chains' envs and a candidate's, each holding the tensors crossing the cuts
@@ -297,4 +301,4 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
     most = max(len(w) for w in windows)
     return MemoryPlan(tuple(windows), model_bytes, chains, most,
                       sum(cand_bytes[largest.start:largest.stop]), act, avail,
-                      most * row_bytes, held_bytes, work)
+                      most * row_bytes, held_bytes, work, resident)

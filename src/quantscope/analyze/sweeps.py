@@ -59,7 +59,7 @@ from quantscope.analyze.segments import (
     segment_models,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
-from quantscope.emulate.release import release_memory
+from quantscope.emulate.release import release_memory, resident_bytes
 from quantscope.emulate.session import use_arena
 from quantscope.model.load import Model
 from quantscope.model.units import Unit
@@ -329,7 +329,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                       budget=job.session_budget,
                       sizer=sizer, row_bytes=job.row_bytes * rows,
                       held_bytes=job.held_bytes + (1 + need_low) * job.row_bytes * rows,
-                      measured=job.run_bytes)
+                      measured=job.run_bytes, resident=resident_bytes() or 0)
     say(f"analyze: {mem.text()}", show=progress)
     note_memory_estimate(f"{mem.text()} (analyze's sweep)")  # run.json keeps it (a SIGKILL)
     arena = use_arena(max((sizer([t]) for n in model.graph.node for t in n.output if t),
