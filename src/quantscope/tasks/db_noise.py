@@ -25,7 +25,7 @@ none            fewer than 3 units, units that differ, or a power of zero left b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -129,3 +129,13 @@ def db_noise(reference: Parts, other: Parts, *, confidence: float = CONFIDENCE
     return half, (f"one-sided {confidence:.0%} jackknife noise {half:.3g} dB of the paired "
                   f"difference {iv['difference']:+.3f} dB over {iv['n']} {iv['unit']} "
                   f"(Student t, {iv['n'] - 1} degrees of freedom)")
+
+
+class WithParts(dict):  # type: ignore[type-arg]
+    """A measurement's metrics (name -> figure) with the per-sample powers of its dB
+    figures beside them (``parts``: metric -> :class:`Parts`), which the planner's
+    evaluator reads after each call (:func:`quantscope.plan.joint.sample_parts`)."""
+
+    def __init__(self, values: Mapping[str, float], parts: Mapping[str, Parts]) -> None:
+        super().__init__(values)
+        self.parts = dict(parts)
