@@ -166,11 +166,7 @@ def evaluate_plans(
     or for ``task_only`` (every task figure, no output fidelity: :func:`_kept_scorer`), so
     no per-token reference is held; else the FP32 outputs are computed here.
 
-    ``sample_parts``: each result also holds, under ``"sample_parts"``, the per-sample
-    powers of the output-fidelity figures in dB (metric ->
-    :class:`quantscope.tasks.db_noise.Parts`, ``[samples, columns]``; only those whose
-    pooled figure is the metric reported: :func:`kept_parts`), the noise of a difference
-    in the planner's choice; a figure scored otherwise (a task's, or alone) has none.
+    ``sample_parts``: also ``"sample_parts"``, its fidelity figures' per-sample powers.
     """
     batches = list(data.evaluation)
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
@@ -192,14 +188,10 @@ def evaluate_plans(
                    *floor_notes(model, stats, plan, scheme))  # a spectrogram's Log, input
         del enc
         if alone is not None and ref_kept is not None:
-            test = Outputs(names=emulated.names, batches=tuple(
-                t if keep is None else keep(t, b) for t, b in emulated.batches))
-            results[label] = {
-                "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
-                "method": method or stats.method, "metrics": alone(ref_kept, test),
-                "outputs": {}, "coverage": coverage, **saturated,
-                **({"engine": measured_by[0]} if engine is not None else {}),
-                "notes": [*model.notes, *data.notes, *q_notes, note]}
+            results[label] = _alone_result(
+                model, data, stats, plan, method, alone(ref_kept, _kept_runs(emulated, keep)),
+                {"coverage": coverage, **saturated, **(
+                    {"engine": measured_by[0]} if engine is not None else {})}, [*q_notes, note])
             continue
         results[label] = _scored(model, data, stats, plan, batches, emulated, ref, ref_kept,
                                  keep, reference=reference, method=method, error_scales=error_scales,
@@ -207,6 +199,21 @@ def evaluate_plans(
                                  measured_by=measured_by[0] if engine is not None else None,
                                  sample_parts=sample_parts)
     return results
+
+
+def _alone_result(model: Model, data: Dataset, stats: Stats, plan: Plan, method: str | None,
+                  metrics: dict[str, float], head: dict[str, Any], notes: list[str]
+                  ) -> dict[str, Any]:
+    """One plan's result scored for one metric alone (no output tables)."""
+    return {"model": model.source, "data": data.name, "plan": plan_to_dict(plan),
+            "method": method or stats.method, "metrics": metrics, "outputs": {}, **head,
+            "notes": [*model.notes, *data.notes, *notes]}
+
+
+def _kept_runs(emulated: Runs, keep: Any) -> Outputs:
+    """Emulated runs reduced batch by batch to what the task keeps (``keep``)."""
+    return Outputs(names=emulated.names, batches=tuple(
+        t if keep is None else keep(t, b) for t, b in emulated.batches))
 
 
 def _references(model: Model, batches: list[Batch], keep: Any, reference: Model | None,
