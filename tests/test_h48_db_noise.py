@@ -216,3 +216,20 @@ def test_a_tiny_tensor_model_buys_16_bit_only_for_a_gain_beyond_its_noise():
     high = chosen["sqnr_db"]
     d = high.to_dict()["choice"]
     assert high.cost > 7.0 and d["chosen"] == d["best"] and d["noise"] is not None
+
+
+def test_a_retrieval_embedding_sqnr_keeps_one_part_per_pair():
+    """``plan --metric embedding_sqnr_db`` on text pairs: the planner's evaluator keeps
+    one unit per pair (20 pairs), pooling to the figure it measured (the task's
+    ``sample_parts``, which ``run --rewrites auto``'s tiebreak reads too)."""
+    from test_tasks_text import tiny_encoder
+
+    from quantscope.pipeline.data import open_fit_data
+
+    model = load_proto(tiny_encoder(), "tiny")
+    fit = open_fit_data(model, "stdlib-docs", eval_data=None, pairs=20, tokenizer=None)
+    stats = stages.calibrate_model(model, fit, progress=False)
+    ev = stages.plan_evaluator(model, fit, stats, "embedding_sqnr_db")
+    value = ev(Plan.uniform(A8))
+    assert ev.parts is not None and ev.parts.unit == "pairs" and len(ev.parts.signal) == 20
+    assert pooled_db(ev.parts) == pytest.approx(value, abs=1e-6)

@@ -40,6 +40,7 @@ from quantscope.types import (
     Batch,
     Dataset,
     Encodings,
+    Metrics,
     Outputs,
     Plan,
     QuantScheme,
@@ -287,18 +288,30 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
         "method": method or stats.method, "metrics": metrics, "outputs": tables,
         **head, **scaled, **({"engine": measured_by} if measured_by is not None else {}),
         "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
-        **({"sample_parts": kept_parts(fid.parts, metrics)} if sample_parts else {}),
+        **({"sample_parts": kept_parts(_sample_parts(data, fid, ref_kept, test), metrics)}
+           if sample_parts else {}),
     }
 
 
-def kept_parts(parts: Mapping[str, tuple[np.ndarray, np.ndarray]], metrics: Mapping[str, float]
+def _sample_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Outputs
+                  ) -> dict[str, Any]:
+    """The per-sample powers of the fidelity figures in dB and of the task's (a task with
+    ``sample_parts``: a retrieval task's embedding SQNR, per pair)."""
+    out = dict(fid.parts)
+    task_parts = getattr(data.task, "sample_parts", None)
+    if task_parts is not None and ref_kept is not None:
+        out.update(task_parts(ref_kept, test))
+    return out
+
+
+def kept_parts(parts: Mapping[str, Any], metrics: Mapping[str, float]
                ) -> dict[str, Parts]:
     """The per-sample powers whose pooled figure is the metric reported under the same
     key (within 1e-6 dB: a task's figure of the same name, or an infinite one, is not
-    theirs), as :class:`quantscope.tasks.db_noise.Parts` over samples."""
+    theirs), as :class:`quantscope.tasks.db_noise.Parts` (a bare pair: over samples)."""
     out: dict[str, Parts] = {}
-    for key, (signal, noise) in parts.items():
-        got = Parts(signal, noise, "samples")
+    for key, given in parts.items():
+        got = given if isinstance(given, Parts) else Parts(*given, "samples")
         with np.errstate(divide="ignore", invalid="ignore"):
             pooled = pooled_db(got)
         if key in metrics and np.isfinite(pooled) and abs(pooled - metrics[key]) <= 1e-6:
