@@ -211,8 +211,10 @@ def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budg
                        f"{best.cost:.3f}x); no cheaper measured plan within its noise")
     else:
         would = _signed_gain(metric, best.quality - chosen.quality, budget)
-        doc["line"] = (f"{value(metric, chosen.quality)} at {chosen.cost:.3f}x, within noise of "
-                       f"the best measured {value(metric, best.quality)} at {best.cost:.3f}x: "
+        fine = value(metric, chosen.quality) == value(metric, best.quality)  # 9.51 vs 9.54 dB
+        doc["line"] = (f"{value(metric, chosen.quality, fine=fine)} at {chosen.cost:.3f}x, "
+                       f"within noise of the best measured "
+                       f"{value(metric, best.quality, fine=fine)} at {best.cost:.3f}x: "
                        f"the cheaper plan; {best.cost:.2f}x would gain {would}, within its "
                        f"noise (±{gain(metric, half[0])[1:]}: {half[1]})")
     return doc
