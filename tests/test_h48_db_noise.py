@@ -105,7 +105,8 @@ def test_a_db_gain_beyond_its_noise_still_buys_it():
     assert r.cost == pytest.approx(7.4) and r.measured == pytest.approx(40.4)
     c = r.to_dict()["choice"]
     assert c["chosen"] == c["best"] and c["noise"]["half_width"] < 1.0
-    assert "no cheaper measured plan within its noise" in c["line"]
+    assert "no cheaper measured plan within its noise: the closest, " in c["line"]
+    assert c["closest"]["cost"] < 7.4 and "dB below it (noise ±0.0" in c["line"], c["line"]
 
 
 def test_a_db_figure_without_per_sample_scores_says_there_was_no_estimate():

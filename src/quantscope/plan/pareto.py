@@ -205,10 +205,18 @@ def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budg
                        f"{best.cost:.3f}x): {_no_estimate(best, chosen)}, so no noise "
                        "estimate; the best quality, then the cheapest")
         return doc
+    runner = _closest_cheaper(points, best, budget) if chosen.key() == best.key() else None
+    half = half if runner is None else noise(best, runner) or half
     doc["noise"] = {"half_width": round(half[0], 6), "words": half[1]}
     if chosen.key() == best.key():
         doc["line"] = (f"the best measured plan ({metric} {value(metric, best.quality)} at "
                        f"{best.cost:.3f}x); no cheaper measured plan within its noise")
+        if runner is not None:
+            doc["closest"] = _brief(runner)
+            doc["line"] += (f": the closest, {value(metric, runner.quality)} at "
+                            f"{runner.cost:.3f}x, is "
+                            f"{_signed_gain(metric, best.quality - runner.quality, budget)[1:]} "
+                            f"below it (noise ±{gain(metric, half[0])[1:]})")
     else:
         would = _signed_gain(metric, best.quality - chosen.quality, budget)
         fine = value(metric, chosen.quality) == value(metric, best.quality)  # 9.51 vs 9.54 dB
@@ -218,6 +226,16 @@ def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budg
                        f"the cheaper plan; {best.cost:.2f}x would gain {would}, within its "
                        f"noise (±{gain(metric, half[0])[1:]}: {half[1]})")
     return doc
+
+
+def _closest_cheaper(points: Sequence[FrontPoint], best: FrontPoint, budget: Budget
+                     ) -> FrontPoint | None:
+    """The best measured point cheaper than ``best`` whose difference to it has a noise
+    estimate: the one the choice passed over by the least (None: none)."""
+    s = _sign(budget)
+    cheaper = [p for p in points if p.measured is not None and p.cost < best.cost - COST_TOL
+               and noise(best, p) is not None]
+    return min(cheaper, key=lambda p: (-s * p.quality, p.cost, p.step)) if cheaper else None
 
 
 def _signed_gain(metric: str, difference: float, budget: Budget) -> str:
