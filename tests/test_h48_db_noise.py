@@ -234,3 +234,18 @@ def test_a_retrieval_embedding_sqnr_keeps_one_part_per_pair():
     value = ev(Plan.uniform(A8))
     assert ev.parts is not None and ev.parts.unit == "pairs" and len(ev.parts.signal) == 20
     assert pooled_db(ev.parts) == pytest.approx(value, abs=1e-6)
+
+
+def test_a_wide_output_keeps_only_the_columns_near_its_lowest():
+    """Thousands of channels: the worst-channel figure's parts keep those within 20 dB of
+    the lowest (at most 256), pooling to the same figure."""
+    from quantscope.emulate.sample_powers import MAX_COLUMNS, lowest_columns
+
+    r = np.random.default_rng(3)
+    signal = r.uniform(0.5, 1.5, (12, 4000))
+    noise = signal * 10 ** -r.uniform(3.0, 9.0, 4000)  # columns at 30 to 90 dB
+    s, n = lowest_columns(signal, noise)
+    assert 1 <= s.shape[1] <= MAX_COLUMNS and s.shape == n.shape
+    assert pooled_db(Parts(s, n)) == pytest.approx(pooled_db(Parts(signal, noise)), abs=1e-12)
+    db = 10 * np.log10(s.sum(0) / n.sum(0))
+    assert db.max() <= db.min() + 20.0

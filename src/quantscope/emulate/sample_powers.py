@@ -17,7 +17,8 @@ output              channel (``[samples, channels]``, channels grown with zeros 
 ``sqnr_db``         one column per scored output (its channels summed): the lowest is the
                     worst output's figure
 ``sqnr_db_channel_min``  every scored output's channels that have FP32 signal (one column
-                    for an output without channels)
+                    for an output without channels), those within 20 dB of the lowest
+                    (at most 256: :func:`lowest_columns`)
 none                an output whose arrays differ in shape from FP32's, or outputs of
                     different sample counts: no parts (the caller says no noise estimate)
 ==================  ====================================================================
@@ -89,4 +90,24 @@ def figure_columns(powers: Mapping[str, Powers | None], scored: Sequence[str]
     live = [signal_channels(s.sum(axis=0)) for s, _ in have]
     channels = (np.concatenate([s[:, k] for (s, _), k in zip(have, live, strict=True)], axis=1),
                 np.concatenate([n[:, k] for (_, n), k in zip(have, live, strict=True)], axis=1))
-    return {"sqnr_db": whole, "sqnr_db_channel_min": channels}
+    return {"sqnr_db": whole, "sqnr_db_channel_min": lowest_columns(*channels)}
+
+
+NEAR_DB = 20.0  # a column this far above the lowest cannot be the lowest with a sample out
+MAX_COLUMNS = 256
+
+
+def lowest_columns(signal: np.ndarray, noise: np.ndarray) -> Powers:
+    """The columns a lowest-column figure can take its value from when one sample is left
+    out: those within :data:`NEAR_DB` of the lowest pooled column (at most
+    :data:`MAX_COLUMNS`, the lowest first), so a wide output (thousands of channels) keeps
+    a few floats per sample, not one per channel. For a column 20 dB above to become the
+    lowest, one sample must carry over 99 % of its signal or of the lowest column's noise
+    (then the left-out figure is read as at most 20 dB higher: a spread already that wide
+    is noise however it is counted)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        db = 10.0 * np.log10(signal.sum(axis=0) / noise.sum(axis=0))
+    order = np.argsort(np.nan_to_num(db, nan=np.inf), kind="stable")
+    keep = order[: MAX_COLUMNS]
+    keep = keep[~(db[keep] > db[order[0]] + NEAR_DB)]
+    return signal[:, np.sort(keep)], noise[:, np.sort(keep)]
