@@ -10,16 +10,19 @@ dominated      another point is no more expensive and no worse, and better in on
 budget         ``min_quality``: the cheapest point whose quality meets Q;
                ``max_cost``: the best quality at cost <= C; both: the cheapest
                point meeting Q within C; none: the best quality (then cheapest)
-noise          without ``min_quality``, where the measured figure is a share over
-               counted items (``items``: detection F1 over the detections, a class
-               output's top-1 picks, text retrieval's queries): the cheapest measured point not worse than the
-               best measured one beyond the one-sided 95 % binomial noise of their
-               difference (:func:`noise`, the rule of
-               :func:`quantscope.tasks.shares.share_noise`, which ``run --rewrites
-               auto`` decides by too): cost is not bought on a difference the data
-               cannot tell from sampling noise; never a plan below the user's goal
-               (``floor``) for one that meets it. Without a count (an SQNR, a
-               torch-ranked figure): the best quality, then the
+noise          without ``min_quality``, where the measured figure has a noise (a share
+               over counted items, ``items``: detection F1 over the detections, a class
+               output's top-1 picks, text retrieval's queries; a dB figure with its
+               per-sample powers, ``parts``: an output SQNR, a worst channel's, a text
+               retrieval's embedding SQNR): the cheapest measured point not worse than the
+               best measured one beyond the one-sided 95 % noise of their difference
+               (:func:`noise`: a share's binomial noise,
+               :func:`quantscope.tasks.shares.share_noise`; a dB figure's jackknife bound
+               of the paired difference, :func:`quantscope.tasks.db_noise.db_noise`; the
+               rules ``run --rewrites auto`` decides by too): cost is not bought on a
+               difference the data cannot tell from sampling noise; never a plan below
+               the user's goal (``floor``) for one that meets it. Without either (a PSNR,
+               a torch-ranked figure, parallel tasks): the best quality, then the
                cheapest, and :func:`choice_record` says there was no noise estimate
 =============  ================================================================
 

@@ -9,11 +9,11 @@ parts           per independent unit, the signal and the noise power whose poole
                 summed: :func:`pair_powers`,
                 :attr:`quantscope.rewrites.auto.Measured.tiebreak_parts`)
 interval        the gain ``after - before`` in dB, paired (the same units), with one-sided
-                (:func:`quantscope.tasks.db_noise.gain_interval`, the one place, which the
-                planner's choice between measured plans reads too)
                 :data:`CONFIDENCE` bounds from its jackknife standard error over the units
                 (leave one unit out, a pair's two rows together; Student t with
-                ``units - 1`` degrees of freedom)
+                ``units - 1`` degrees of freedom; computed in one place,
+                :func:`quantscope.tasks.db_noise.gain_interval`, which the planner's
+                choice between measured plans reads too)
 kept            only when the lower bound is above :data:`TIE_MARGIN`: the gain clears
                 the margin beyond noise
 dropped         otherwise; the given model stands (a rewrite adds layers). When the
