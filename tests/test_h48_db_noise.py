@@ -249,3 +249,23 @@ def test_a_wide_output_keeps_only_the_columns_near_its_lowest():
     assert pooled_db(Parts(s, n)) == pytest.approx(pooled_db(Parts(signal, noise)), abs=1e-12)
     db = 10 * np.log10(s.sum(0) / n.sum(0))
     assert db.max() <= db.min() + 20.0
+
+
+def test_a_raced_batch_keeps_each_figures_noise():
+    """``--race``: the batch's survivors were measured one by one but kept neither their
+    items nor their per-sample powers, so the choice had no noise estimate for them (a
+    share's items were lost the same way); now each keeps what its evaluator said."""
+    from types import SimpleNamespace
+
+    model = load_proto(tiny_models.residual_add())
+    groups = find_groups(model)
+    sens = Sensitivity.from_gains("sqnr_db_channel_min", 34.4,
+                                  {g: {"a16_w16": 1.0} for g in groups.names()})
+
+    def race(plans):  # every raced plan survives
+        return SimpleNamespace(survivors=range(len(plans)))
+
+    r = search(groups, sens, _target(), model, evaluate=_fake_db(0.1, 0.3), refine_steps=12,
+               measured_metric="sqnr_db_channel_min", race=race)
+    assert all(t.parts is not None for t in r.trials)
+    assert r.cost == pytest.approx(1.0) and r.to_dict()["choice"]["noise"] is not None

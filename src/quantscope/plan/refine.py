@@ -276,11 +276,18 @@ class _Meter:
         items = [item for i, item in enumerate(todo.items()) if i in kept]
         self.stopped |= {key for i, key in enumerate(todo) if i not in kept}
         chosen = [plans[i] for i in kept]
-        values = (many(chosen) if many is not None else [self.evaluate(p) for p in chosen]
-                  ) if chosen else []
+        noises: list[tuple[float | None, Parts | None]] = []  # what each figure's noise needs
+        if many is not None:
+            values = many(chosen) if chosen else []
+            noises = [(None, None)] * len(values)  # parallel tasks: no count, no parts
+        else:
+            values = []
+            for plan in chosen:
+                values.append(self.evaluate(plan))
+                noises.append((self._items(), self._parts()))
         self.left -= len(plans)
-        for (key, p), v in zip(items, values, strict=True):
-            self.seen[key] = replace(p, measured=float(v))
+        for (key, p), v, (n, parts) in zip(items, values, noises, strict=True):
+            self.seen[key] = replace(p, measured=float(v), items=n, parts=parts)
 
 
 def refine(
