@@ -288,13 +288,13 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
         "method": method or stats.method, "metrics": metrics, "outputs": tables,
         **head, **scaled, **({"engine": measured_by} if measured_by is not None else {}),
         "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
-        **({"sample_parts": kept_parts(_sample_parts(data, fid, ref_kept, test), metrics)}
+        **({"sample_parts": kept_parts(figure_parts(data, fid, ref_kept, test), metrics)}
            if sample_parts else {}),
     }
 
 
-def _sample_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Outputs
-                  ) -> dict[str, Any]:
+def figure_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Outputs
+                 ) -> dict[str, Any]:
     """The per-sample powers of the fidelity figures in dB and of the task's (a task with
     ``sample_parts``: a retrieval task's embedding SQNR, per pair)."""
     out = dict(fid.parts)

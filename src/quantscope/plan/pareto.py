@@ -22,7 +22,7 @@ noise          without ``min_quality``, where the measured figure has a noise (a
                rules ``run --rewrites auto`` decides by too): cost is not bought on a
                difference the data cannot tell from sampling noise; never a plan below
                the user's goal (``floor``) for one that meets it. Without either (a PSNR,
-               a torch-ranked figure, parallel tasks): the best quality, then the
+               an image views' embedding SQNR): the best quality, then the
                cheapest, and :func:`choice_record` says there was no noise estimate
 =============  ================================================================
 

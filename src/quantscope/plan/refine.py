@@ -66,7 +66,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from quantscope.analyze.phases import NORM_OPS, residual_groups
 from quantscope.plan.between import between_point
@@ -81,7 +81,17 @@ from quantscope.tasks.db_noise import Parts
 from quantscope.types import Group, GroupKind, Groups, Plan
 
 Evaluate = Callable[[Plan], float]
-EvaluateMany = Callable[[Sequence[Plan]], list[float]]
+class Figure(NamedTuple):
+    """A measured figure with what its noise needs (the ``items`` its share is over, the
+    per-sample ``parts`` of a dB figure; None: not said): what an ``EvaluateMany`` task
+    returns beside a bare float (``plan --ray``: each worker's evaluator says them)."""
+
+    value: float
+    items: float | None = None
+    parts: Parts | None = None
+
+
+EvaluateMany = Callable[[Sequence[Plan]], list[float | Figure]]
 
 
 @dataclass(frozen=True)
@@ -114,6 +124,11 @@ class BudgetStop:
                 f"evaluation(s), with up to {self.left} more left: the plan is the best legal "
                 "plan measured so far; a rerun with a larger --budget continues from the "
                 "evaluation cache")
+
+
+def _count(items: Any) -> float | None:
+    """A count of items as a figure's noise reads it (None: none, or under one)."""
+    return float(items) if isinstance(items, int | float) and items >= 1 else None
 
 
 @dataclass(frozen=True)
@@ -193,8 +208,7 @@ class _Meter:
     def _items(self) -> float | None:
         """The items the figure just measured is a share over, where the evaluator says
         (its ``items`` after each call: the task's ``KEY_items``); None: not said."""
-        items = getattr(self.evaluate, "items", None)
-        return float(items) if isinstance(items, int | float) and items >= 1 else None
+        return _count(getattr(self.evaluate, "items", None))
 
     def _parts(self) -> Parts | None:
         """The per-sample powers of the dB figure just measured, where the evaluator keeps
@@ -278,8 +292,10 @@ class _Meter:
         chosen = [plans[i] for i in kept]
         noises: list[tuple[float | None, Parts | None]] = []  # what each figure's noise needs
         if many is not None:
-            values = many(chosen) if chosen else []
-            noises = [(None, None)] * len(values)  # parallel tasks: no count, no parts
+            got = [v if isinstance(v, Figure) else Figure(float(v))
+                   for v in (many(chosen) if chosen else [])]
+            values = [g.value for g in got]
+            noises = [(_count(g.items), g.parts) for g in got]
         else:
             values = []
             for plan in chosen:

@@ -13,6 +13,7 @@ from quantscope.analyze.incremental import IncrementalEngine
 from quantscope.analyze.measure import evaluate_plan, reference_kept_outputs, scored_alone
 from quantscope.emulate.evaluate import kept, run_model
 from quantscope.model.load import Model, load_proto
+from quantscope.plan.refine import Figure
 from quantscope.progress import say
 from quantscope.stages.offer_holdout import check_offer
 from quantscope.tasks.db_noise import Parts, WithParts
@@ -235,13 +236,17 @@ def _cached_measure(measure: Measure, cache: EvalCache, data: Dataset, target: T
 
     return run
 
-def _call(fn: Callable[[Any], Any], item: Any) -> Any:
-    return fn(item)
+def _call(fn: Callable[[Any], Any], item: Any) -> Figure:
+    """``fn(item)`` with what its noise needs (the evaluator's ``items`` and ``parts``
+    after the call), so a figure measured as a parallel task keeps its noise."""
+    value = float(fn(item))
+    return Figure(value, getattr(fn, "items", None), getattr(fn, "parts", None))
 
 
 def _measure_all(executor: Executor, evaluate: Callable[[Plan], float], progress: bool,
-                 plans: Sequence[Plan]) -> list[float]:
-    """Each plan measured by ``evaluate`` as one task of ``executor`` (results in order)."""
+                 plans: Sequence[Plan]) -> list[float | Figure]:
+    """Each plan measured by ``evaluate`` as one task of ``executor`` (results in order,
+    each with its items and per-sample powers: :class:`quantscope.plan.refine.Figure`)."""
     say(f"plan: measuring {len(plans)} plan(s) as {executor.workers}-way parallel tasks",
         show=progress)
-    return [float(v) for v in executor.map(_call, evaluate, list(plans))]
+    return list(executor.map(_call, evaluate, list(plans)))
