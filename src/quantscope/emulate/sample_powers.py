@@ -58,8 +58,9 @@ class SamplePowers:
             c = r.shape[self.axis]
             r = np.moveaxis(r, self.axis, 1).reshape(n, c, -1)
             d = np.moveaxis(d, self.axis, 1).reshape(n, c, -1)
-        self.signal.append(np.sum(r * r, axis=2))
-        self.noise.append(np.sum(d * d, axis=2))
+        # einsum: no squared copy of the batch beside the two float64 ones
+        self.signal.append(np.einsum("ncx,ncx->nc", r, r))
+        self.noise.append(np.einsum("ncx,ncx->nc", d, d))
 
     def powers(self) -> Powers | None:
         """``[samples, columns]`` signal and noise (None: nothing, or unusable)."""
