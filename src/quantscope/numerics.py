@@ -23,6 +23,8 @@ otherwise                      ``10 log10(sum    ``<r, t> / (|r| |t|)`` in float
 
 from __future__ import annotations
 
+from statistics import NormalDist
+
 import numpy as np
 
 from quantscope.types import Encoding
@@ -346,3 +348,14 @@ class SameSamples:
     @property
     def constant(self) -> bool:
         return self.same and self.samples >= 2
+
+
+def t_quantile(p: float, dof: int) -> float:
+    """Student's t quantile at probability ``p`` with ``dof`` degrees of freedom
+    (Cornish-Fisher expansion around the normal quantile: within 0.002 of the exact
+    quantile from 15 degrees of freedom; the races, the paired intervals and the
+    jackknife bounds of a dB gain read it)."""
+    z = NormalDist().inv_cdf(p)
+    v = float(max(dof, 1))
+    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))

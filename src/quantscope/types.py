@@ -382,6 +382,10 @@ class Metrics:
     values: dict[str, float]
     tables: dict[str, dict[str, float]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # a dB figure's per-sample (signal, noise) powers, ``[samples, columns]`` (the figure
+    # is the lowest column's pooled ratio), where asked for: its noise
+    # (``quantscope.emulate.sample_powers``); empty: not kept
+    parts: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -215,6 +215,12 @@ class EvalCache:
         self.hits += 1
         return Entry(float(doc["value"]), arrays, dict(doc.get("what") or {}))
 
+    def arrays(self, key: str) -> dict[str, np.ndarray] | None:
+        """The arrays stored with ``key``'s entry (None: no entry, none stored, or
+        unreadable, with a note); not counted as a hit or miss (the entry's value was)."""
+        doc = self._read(key)
+        return None if doc is None or "arrays" not in doc else self._arrays(key, doc)
+
     def _arrays(self, key: str, doc: dict[str, Any]) -> dict[str, np.ndarray] | None:
         path = self._path(key, ".npz")
         try:

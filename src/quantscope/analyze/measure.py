@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,11 +34,13 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.progress import track
 from quantscope.serde import plan_to_dict
+from quantscope.tasks.db_noise import Parts, pooled_db
 from quantscope.tasks.headline import Headline
 from quantscope.types import (
     Batch,
     Dataset,
     Encodings,
+    Metrics,
     Outputs,
     Plan,
     QuantScheme,
@@ -103,18 +105,19 @@ def evaluate_plan(
     engine: IncrementalEngine | None = None,
     only: str | None = None,
     reference_kept: Outputs | None = None,
+    sample_parts: bool = False,
 ) -> dict[str, Any]:
     """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32.
 
     The graph measured is :func:`qdq_for_plan`'s, the one ``export-qdq`` writes (run by
     segments with an ``engine``; ``only``: just that metric where it can be scored
-    alone, from ``reference_kept`` when given: :func:`evaluate_plans`).
+    alone, from ``reference_kept`` when given; ``sample_parts``: :func:`evaluate_plans`).
     """
     return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
                           saturation=saturation, engine=engine, only=only,
                           progress=progress, reference=reference,
                           reference_outputs=reference_outputs,
-                          reference_kept=reference_kept)["emulated"]
+                          reference_kept=reference_kept, sample_parts=sample_parts)["emulated"]
 
 
 def evaluate_plans(
@@ -135,6 +138,7 @@ def evaluate_plans(
     reference_kept: Outputs | None = None,
     task_only: bool = False,
     own_outputs: bool = False,
+    sample_parts: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -162,6 +166,8 @@ def evaluate_plans(
     (:func:`reference_kept_outputs`): enough for ``only`` where the task scores it alone,
     or for ``task_only`` (every task figure, no output fidelity: :func:`_kept_scorer`), so
     no per-token reference is held; else the FP32 outputs are computed here.
+
+    ``sample_parts``: also ``"sample_parts"``, its fidelity figures' per-sample powers.
     """
     batches = list(data.evaluation)
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
@@ -183,20 +189,32 @@ def evaluate_plans(
                    *floor_notes(model, stats, plan, scheme))  # a spectrogram's Log, input
         del enc
         if alone is not None and ref_kept is not None:
-            test = Outputs(names=emulated.names, batches=tuple(
-                t if keep is None else keep(t, b) for t, b in emulated.batches))
-            results[label] = {
-                "model": model.source, "data": data.name, "plan": plan_to_dict(plan),
-                "method": method or stats.method, "metrics": alone(ref_kept, test),
-                "outputs": {}, "coverage": coverage, **saturated,
-                **({"engine": measured_by[0]} if engine is not None else {}),
-                "notes": [*model.notes, *data.notes, *q_notes, note]}
+            results[label] = _alone_result(
+                model, data, stats, plan, method, alone(ref_kept, _kept_runs(emulated, keep)),
+                {"coverage": coverage, **saturated, **(
+                    {"engine": measured_by[0]} if engine is not None else {})}, [*q_notes, note])
             continue
         results[label] = _scored(model, data, stats, plan, batches, emulated, ref, ref_kept,
                                  keep, reference=reference, method=method, error_scales=error_scales,
                                  head={"coverage": coverage, **saturated}, q_notes=q_notes,
-                                 measured_by=measured_by[0] if engine is not None else None)
+                                 measured_by=measured_by[0] if engine is not None else None,
+                                 sample_parts=sample_parts)
     return results
+
+
+def _alone_result(model: Model, data: Dataset, stats: Stats, plan: Plan, method: str | None,
+                  metrics: dict[str, float], head: dict[str, Any], notes: list[str]
+                  ) -> dict[str, Any]:
+    """One plan's result scored for one metric alone (no output tables)."""
+    return {"model": model.source, "data": data.name, "plan": plan_to_dict(plan),
+            "method": method or stats.method, "metrics": metrics, "outputs": {}, **head,
+            "notes": [*model.notes, *data.notes, *notes]}
+
+
+def _kept_runs(emulated: Runs, keep: Any) -> Outputs:
+    """Emulated runs reduced batch by batch to what the task keeps (``keep``)."""
+    return Outputs(names=emulated.names, batches=tuple(
+        t if keep is None else keep(t, b) for t, b in emulated.batches))
 
 
 def _references(model: Model, batches: list[Batch], keep: Any, reference: Model | None,
@@ -238,14 +256,16 @@ def _kept_scorer(data: Dataset, only: str | None, task_only: bool, scaled: bool,
 def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list[Batch],
             emulated: Runs, ref: Outputs | None, ref_kept: Outputs | None, keep: Any, *,
             reference: Model | None, method: str | None, error_scales: Sequence[float],
-            head: dict[str, Any], q_notes: tuple[str, ...], measured_by: str | None
-            ) -> dict[str, Any]:
-    """One plan's result with every metric: output fidelity and the task's figures."""
+            head: dict[str, Any], q_notes: tuple[str, ...], measured_by: str | None,
+            sample_parts: bool = False) -> dict[str, Any]:
+    """One plan's result with every metric: output fidelity and the task's figures
+    (``sample_parts``: :func:`evaluate_plans`)."""
     # raw outputs judged unless a task reads them its own way (text: padded tokens);
     # a row-local output task (detections, maps) reads the raw outputs themselves
     judge = data.task is None or getattr(data.task, "row_local", False)
     score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
-                             "channel_axes": output_channel_axes(model, batches)}
+                             "channel_axes": output_channel_axes(model, batches),
+                             "per_sample": sample_parts}
     if ref is None:
         fp32 = open_runs((reference or model).proto, batches)
         fid, ref_kept, test = compare_models(fp32, emulated, **score)
@@ -268,7 +288,35 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
         "method": method or stats.method, "metrics": metrics, "outputs": tables,
         **head, **scaled, **({"engine": measured_by} if measured_by is not None else {}),
         "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
+        **({"sample_parts": kept_parts(figure_parts(data, fid, ref_kept, test), metrics)}
+           if sample_parts else {}),
     }
+
+
+def figure_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Outputs
+                 ) -> dict[str, Any]:
+    """The per-sample powers of the fidelity figures in dB and of the task's (a task with
+    ``sample_parts``: a retrieval task's embedding SQNR, per pair)."""
+    out = dict(fid.parts)
+    task_parts = getattr(data.task, "sample_parts", None)
+    if task_parts is not None and ref_kept is not None:
+        out.update(task_parts(ref_kept, test))
+    return out
+
+
+def kept_parts(parts: Mapping[str, Any], metrics: Mapping[str, float]
+               ) -> dict[str, Parts]:
+    """The per-sample powers whose pooled figure is the metric reported under the same
+    key (within 1e-6 dB: a task's figure of the same name, or an infinite one, is not
+    theirs), as :class:`quantscope.tasks.db_noise.Parts` (a bare pair: over samples)."""
+    out: dict[str, Parts] = {}
+    for key, given in parts.items():
+        got = given if isinstance(given, Parts) else Parts(*given, "samples")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            pooled = pooled_db(got)
+        if key in metrics and np.isfinite(pooled) and abs(pooled - metrics[key]) <= 1e-6:
+            out[key] = got
+    return out
 
 
 def reference_kept_outputs(model: Model, data: Dataset, *, label: str = "") -> Outputs:

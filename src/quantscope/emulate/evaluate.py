@@ -17,13 +17,14 @@ full and scoring after (tests/test_evaluate_streaming.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
 
 from quantscope.emulate.channels import ChannelFidelity, ScalarFidelity, channel_axis_for, is_scalar
 from quantscope.emulate.exact import ExactFidelity, is_exact
+from quantscope.emulate.sample_powers import SamplePowers, figure_columns
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import (
@@ -150,12 +151,14 @@ def scale_error(ref: Outputs, test: Outputs, scale: float) -> Outputs:
 def compare_model(
     test: Runs, ref: Outputs, *, keep: Keep | None = None, only: str | None = None,
     judge: bool = True, channel_axes: Mapping[str, int] | None = None,
+    per_sample: bool = False,
 ) -> tuple[Metrics, Outputs]:
     """Run ``test`` (opened on the batches ``ref`` was computed on), scoring each batch
     against ``ref``'s as it comes: (:func:`output_fidelity`, the outputs reduced by
     ``keep``). The same numbers as running first and scoring after; one batch of raw
-    emulated outputs held at a time."""
-    acc = _Fidelity(ref.names, channel_axes)
+    emulated outputs held at a time. ``per_sample``: the metrics' ``parts`` also hold the
+    per-sample powers of the dB figures (:mod:`.sample_powers`)."""
+    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample)
     out = []
     for (t, batch), r in zip(test.batches, ref.batches, strict=True):
         acc.add(r, t)
@@ -166,12 +169,13 @@ def compare_model(
 def compare_models(
     ref: Runs, test: Runs, *, keep: Keep | None = None, only: str | None = None,
     judge: bool = True, channel_axes: Mapping[str, int] | None = None,
+    per_sample: bool = False,
 ) -> tuple[Metrics, Outputs, Outputs]:
     """The FP32 model's runs ``ref`` and ``test`` (opened on the same batches) in
     lock-step: (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``).
     The same numbers as :func:`run_model` then :func:`compare_model`, without holding
-    FP32's raw outputs."""
-    acc = _Fidelity(ref.names, channel_axes)
+    FP32's raw outputs (``per_sample`` as there)."""
+    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample)
     ref_out, out = [], []
     for (r, batch), (t, _) in zip(ref.batches, test.batches, strict=True):
         acc.add(r, t)
@@ -193,8 +197,11 @@ class _Fidelity:
     (the graph's: a Concat's axis, a Conv's output axis); others by
     :func:`quantscope.numerics.default_channel_axis`."""
 
-    def __init__(self, names: tuple[str, ...], channel_axes: Mapping[str, int] | None = None) -> None:
+    def __init__(self, names: tuple[str, ...], channel_axes: Mapping[str, int] | None = None,
+                 *, per_sample: bool = False) -> None:
         self.names = names
+        self.per_sample = per_sample  # also each sample's powers (:mod:`.sample_powers`)
+        self.samples: list[SamplePowers | None] = [None] * len(names)
         self.axes = dict(channel_axes or {})
         self.cos: list[list[np.ndarray]] = [[] for _ in names]
         self.noise = [0.0] * len(names)
@@ -224,6 +231,11 @@ class _Fidelity:
                 continue
             if part is not None and a.shape == b.shape:
                 part.add(a, b)
+            if self.per_sample:
+                if self.samples[i] is None:
+                    axis = part.axis if isinstance(part, ChannelFidelity) else None
+                    self.samples[i] = SamplePowers(axis)
+                self.samples[i].add(a, b)  # type: ignore[union-attr]
             if not isinstance(part, ScalarFidelity):
                 self.cos[i].extend(row_cosines(a[k:k + COSINE_ROWS], b[k:k + COSINE_ROWS])
                                    for k in range(0, len(a), COSINE_ROWS))
@@ -257,7 +269,14 @@ class _Fidelity:
                 said[name] = (part.notes(name), bad)
             tables[name].setdefault("sqnr_db_channel_min", float(sqnr))  # no channel axis
         const = [n for n, s in zip(self.names, self.same, strict=True) if s.constant]
-        return _summary(tables, said, only=only, judge=judge, constant=const)
+        out = _summary(tables, said, only=only, judge=judge, constant=const)
+        if not self.per_sample:
+            return out
+        scored = [n for n in ([only] if only else self.names)
+                  if not isinstance(self.parts[self.names.index(n)], ExactFidelity)]
+        powers = {n: (None if p is None else p.powers())
+                  for n, p in zip(self.names, self.samples, strict=True)}
+        return replace(out, parts=figure_columns(powers, scored))
 
 
 def output_fidelity(

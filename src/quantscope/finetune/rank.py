@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from quantscope.analyze.measure import output_channel_axes
+from quantscope.analyze.measure import figure_parts, kept_parts, output_channel_axes
 from quantscope.emulate.encode import encode
 from quantscope.emulate.evaluate import Runs, compare_model, kept, run_model
 from quantscope.emulate.qdq import build_qdq, scheme_for
@@ -41,6 +41,7 @@ from quantscope.finetune.graph import GraphModule, to_torch
 from quantscope.model.groups import check_plan_names, find_groups
 from quantscope.model.load import Model
 from quantscope.numerics import dequantize, quantize
+from quantscope.tasks.db_noise import WithParts
 from quantscope.types import (
     Batch,
     Dataset,
@@ -162,16 +163,19 @@ class TorchRanker:
 
 def score_runs(model: Model, data: Dataset, runs: Runs, ref: Outputs) -> dict[str, float]:
     """The metrics ``evaluate_plans`` reports for a plan (fidelity against ``ref``, the
-    FP32 outputs on ``data.evaluation``, and the task's metrics), from ``runs``."""
+    FP32 outputs on ``data.evaluation``, and the task's metrics), from ``runs``, with the
+    per-sample powers of its dB figures beside them (``parts``, as ``evaluate_plans``'
+    ``sample_parts``: the ranked figures have the noise the measured ones have)."""
     batches = list(data.evaluation)
     keep = getattr(data.task, "keep", None)
     judge = data.task is None or getattr(data.task, "row_local", False)
     fid, test = compare_model(runs, ref, keep=keep, only=data.output, judge=judge,
-                              channel_axes=output_channel_axes(model, batches))
+                              channel_axes=output_channel_axes(model, batches), per_sample=True)
     metrics = dict(fid.values)
+    ref_kept = kept(ref, batches, keep)
     if data.task is not None:
-        metrics.update(data.task.metrics(kept(ref, batches, keep), test).values)
-    return metrics
+        metrics.update(data.task.metrics(ref_kept, test).values)
+    return WithParts(metrics, kept_parts(figure_parts(data, fid, ref_kept, test), metrics))
 
 
 class TorchMeasure:

@@ -49,7 +49,7 @@ from quantscope import stages
 from quantscope.progress import say
 from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rewrites
 from quantscope.rewrites.base import shapes_seq_len
-from quantscope.rewrites.tie import TIE_MARGIN, Parts, pair_powers
+from quantscope.rewrites.tie import TIE_MARGIN, Parts
 from quantscope.tasks.headline import share_items
 from quantscope.tasks.shares import ITEM_WORDS
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
@@ -256,8 +256,7 @@ class _PerQuery:
                                                    self._task.embeddings(test))
         if self._want_parts:  # the rows embedding_sqnr_db reads (RetrievalTask.metrics),
             # per pair: a query and its document are one sample of the jackknife
-            self.parts = pair_powers(self._task.embeddings(ref, normalize=False),
-                                     self._task.embeddings(test, normalize=False))
+            self.parts = self._task.sample_parts(ref, test)["embedding_sqnr_db"]
         return got
 
 

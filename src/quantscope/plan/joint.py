@@ -47,6 +47,7 @@ from quantscope.plan.refine import Evaluate
 from quantscope.plan.start import RepairOption
 from quantscope.progress import say
 from quantscope.targets.profile import Target
+from quantscope.tasks.db_noise import Parts
 from quantscope.tasks.shares import items_key
 from quantscope.types import Plan, Precision, QuantscopeError, Sensitivity, Stats
 from quantscope.units import value
@@ -131,7 +132,8 @@ def repair_evaluator(
     ``repairs``; ``repair`` is needed only for plans that list some). After each call its
     ``items`` is the count of the items the figure is a share over, where the task counts
     them (``KEY_items``: the noise of the figure, :func:`quantscope.plan.pareto.noise`),
-    else None."""
+    else None; its ``parts`` the per-sample powers of a dB figure where the measurement
+    kept them (:func:`sample_parts`), else None."""
 
     start, done = time.perf_counter(), [0]
 
@@ -152,18 +154,30 @@ def repair_evaluator(
             raise QuantscopeError(f"--metric '{metric}' is no figure of this data's task: "
                                   f"use one of {', '.join(sorted(metrics))}")
         evaluate.items = metrics.get(items_key(metric))
+        evaluate.parts = sample_parts(metrics, metric)
         return float(metrics[metric])
 
     evaluate = Counted(run)
     return evaluate
 
 
+def sample_parts(metrics: Mapping[str, Any], metric: str) -> Parts | None:
+    """The per-sample powers of ``metric`` that a measurement kept beside its figures
+    (``metrics.parts``, a mapping metric -> :class:`quantscope.tasks.db_noise.Parts`:
+    :func:`quantscope.analyze.measure.evaluate_plans` with ``sample_parts``); None: none."""
+    parts = getattr(metrics, "parts", None)
+    got = parts.get(metric) if isinstance(parts, Mapping) else None
+    return got if isinstance(got, Parts) else None
+
+
 class Counted:
     """An evaluator that says the items its last figure is a share over (``items``: the
-    task's ``KEY_items``; None: not counted), which the refinement reads after each call."""
+    task's ``KEY_items``; None: not counted) and the per-sample powers of its last dB
+    figure (``parts``; None: not kept), which the refinement reads after each call."""
 
     def __init__(self, run: Evaluate) -> None:
         self.run, self.items = run, None
+        self.parts: Parts | None = None
 
     def __call__(self, plan: Plan) -> float:
         return self.run(plan)

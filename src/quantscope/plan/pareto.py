@@ -10,16 +10,19 @@ dominated      another point is no more expensive and no worse, and better in on
 budget         ``min_quality``: the cheapest point whose quality meets Q;
                ``max_cost``: the best quality at cost <= C; both: the cheapest
                point meeting Q within C; none: the best quality (then cheapest)
-noise          without ``min_quality``, where the measured figure is a share over
-               counted items (``items``: detection F1 over the detections, a class
-               output's top-1 picks, text retrieval's queries): the cheapest measured point not worse than the
-               best measured one beyond the one-sided 95 % binomial noise of their
-               difference (:func:`noise`, the rule of
-               :func:`quantscope.tasks.shares.share_noise`, which ``run --rewrites
-               auto`` decides by too): cost is not bought on a difference the data
-               cannot tell from sampling noise; never a plan below the user's goal
-               (``floor``) for one that meets it. Without a count (an SQNR, a
-               torch-ranked figure): the best quality, then the
+noise          without ``min_quality``, where the measured figure has a noise (a share
+               over counted items, ``items``: detection F1 over the detections, a class
+               output's top-1 picks, text retrieval's queries; a dB figure with its
+               per-sample powers, ``parts``: an output SQNR, a worst channel's, a text
+               retrieval's embedding SQNR): the cheapest measured point not worse than the
+               best measured one beyond the one-sided 95 % noise of their difference
+               (:func:`noise`: a share's binomial noise,
+               :func:`quantscope.tasks.shares.share_noise`; a dB figure's jackknife bound
+               of the paired difference, :func:`quantscope.tasks.db_noise.db_noise`; the
+               rules ``run --rewrites auto`` decides by too): cost is not bought on a
+               difference the data cannot tell from sampling noise; never a plan below
+               the user's goal (``floor``) for one that meets it. Without either (a PSNR,
+               an image views' embedding SQNR): the best quality, then the
                cheapest, and :func:`choice_record` says there was no noise estimate
 =============  ================================================================
 
@@ -29,12 +32,13 @@ Quality comparisons follow the metric's direction (``higher_is_better``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from quantscope.tasks.db_noise import Parts, db_noise
 from quantscope.tasks.shares import share_noise
 from quantscope.types import Precision
-from quantscope.units import value
+from quantscope.units import gain, value
 
 COST_TOL = 1e-9
 QUALITY_TOL = 1e-9  # sums of gains are floats: 0.7 + 0.05 + 0.05 < 0.8
@@ -52,6 +56,9 @@ class FrontPoint:
     # the measured figure is a share over this many items (its task counts them:
     # ``KEY_items``); None: not a counted share, or not measured
     items: float | None = None
+    # a dB figure's per-sample signal and noise powers (its evaluator keeps them: the
+    # jackknife noise of a difference, :func:`noise`); None: not kept, or not measured
+    parts: Parts | None = field(default=None, compare=False, repr=False)
 
     @property
     def quality(self) -> float:
@@ -131,14 +138,20 @@ def pareto_front(points: Iterable[FrontPoint], budget: Budget) -> tuple[FrontPoi
 
 
 def noise(reference: FrontPoint, other: FrontPoint) -> tuple[float, str] | None:
-    """The one-sided 95 % binomial noise of the difference of two measured shares, each
-    over its own counted items, and its words (:func:`quantscope.tasks.shares.share_noise`);
-    None when either is not a measured share with a count."""
-    if reference.measured is None or other.measured is None or not reference.items \
-            or not other.items:
+    """The one-sided 95 % noise of the difference of two measured figures, and its words:
+    two shares each over its own counted items, the binomial noise
+    (:func:`quantscope.tasks.shares.share_noise`); two dB figures with per-sample powers
+    on the same samples, the jackknife bound of the paired difference
+    (:func:`quantscope.tasks.db_noise.db_noise`, the rule ``run --rewrites auto``'s
+    tiebreak reads). None when neither applies (no estimate)."""
+    if reference.measured is None or other.measured is None:
         return None
-    return share_noise(reference.measured, other.measured, int(reference.items), "items",
-                       n_after=int(other.items))
+    if reference.items and other.items:
+        return share_noise(reference.measured, other.measured, int(reference.items), "items",
+                           n_after=int(other.items))
+    if reference.parts is not None and other.parts is not None:
+        return db_noise(reference.parts, other.parts)
+    return None
 
 
 def not_worse(point: FrontPoint, reference: FrontPoint, budget: Budget) -> bool:
@@ -184,25 +197,63 @@ def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budg
     if budget.min_quality is not None or best is None or chosen.measured is None:
         return None
     rule = ("the cheapest measured plan not worse than the best measured one beyond the "
-            "one-sided 95 % binomial noise of their difference, each figure over its own "
-            "counted items (a difference within it buys no cost)")
+            "one-sided 95 % noise of their difference (a share: binomial, each figure over "
+            "its own counted items; a dB figure: the jackknife over its per-sample powers, "
+            "paired; a difference within it buys no cost)")
     half = noise(best, chosen)
     doc: dict[str, Any] = {"rule": rule, "best": _brief(best), "chosen": _brief(chosen)}
     if half is None:
         doc["noise"] = None
         doc["line"] = (f"the best measured plan ({metric} {value(metric, best.quality)} at "
-                       f"{best.cost:.3f}x): its figure counts no items, so no noise "
+                       f"{best.cost:.3f}x): {_no_estimate(best, chosen)}, so no noise "
                        "estimate; the best quality, then the cheapest")
         return doc
+    runner = _closest_cheaper(points, best, budget) if chosen.key() == best.key() else None
+    half = half if runner is None else noise(best, runner) or half
     doc["noise"] = {"half_width": round(half[0], 6), "words": half[1]}
     if chosen.key() == best.key():
         doc["line"] = (f"the best measured plan ({metric} {value(metric, best.quality)} at "
                        f"{best.cost:.3f}x); no cheaper measured plan within its noise")
+        if runner is not None:
+            doc["closest"] = _brief(runner)
+            doc["line"] += (f": the closest, {value(metric, runner.quality)} at "
+                            f"{runner.cost:.3f}x, is "
+                            f"{_signed_gain(metric, best.quality - runner.quality, budget)[1:]} "
+                            f"below it (noise ±{gain(metric, half[0])[1:]})")
     else:
-        doc["line"] = (f"{value(metric, chosen.quality)} at {chosen.cost:.3f}x, within noise of "
-                       f"the best measured {value(metric, best.quality)} at {best.cost:.3f}x "
-                       f"({half[1]}): the cheaper plan")
+        would = _signed_gain(metric, best.quality - chosen.quality, budget)
+        fine = value(metric, chosen.quality) == value(metric, best.quality)  # 9.51 vs 9.54 dB
+        doc["line"] = (f"{value(metric, chosen.quality, fine=fine)} at {chosen.cost:.3f}x, "
+                       f"within noise of the best measured "
+                       f"{value(metric, best.quality, fine=fine)} at {best.cost:.3f}x: "
+                       f"the cheaper plan; {best.cost:.2f}x would gain {would}, within its "
+                       f"noise (±{gain(metric, half[0])[1:]}: {half[1]})")
     return doc
+
+
+def _closest_cheaper(points: Sequence[FrontPoint], best: FrontPoint, budget: Budget
+                     ) -> FrontPoint | None:
+    """The best measured point cheaper than ``best`` whose difference to it has a noise
+    estimate: the one the choice passed over by the least (None: none)."""
+    s = _sign(budget)
+    cheaper = [p for p in points if p.measured is not None and p.cost < best.cost - COST_TOL
+               and noise(best, p) is not None]
+    return min(cheaper, key=lambda p: (-s * p.quality, p.cost, p.step)) if cheaper else None
+
+
+def _signed_gain(metric: str, difference: float, budget: Budget) -> str:
+    """A difference of the metric as a gain in its direction (``+0.1 dB``)."""
+    return gain(metric, _sign(budget) * difference)
+
+
+def _no_estimate(best: FrontPoint, chosen: FrontPoint) -> str:
+    """Why two measured figures have no noise estimate, in words."""
+    if not (best.items or best.parts is not None):
+        return "its figure counts no items and keeps no per-sample scores"
+    if not (chosen.items or chosen.parts is not None):
+        return "the chosen plan's figure counts no items and keeps no per-sample scores"
+    return ("their per-sample scores give no estimate (fewer than 3 samples, unequal "
+            "samples, or a sample with no signal or no noise)")
 
 
 def _brief(p: FrontPoint) -> dict[str, Any]:

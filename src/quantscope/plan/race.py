@@ -29,11 +29,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
+from quantscope.numerics import t_quantile  # noqa: F401 - the one t quantile, re-exported
 from quantscope.types import Plan
 
 Score = Callable[[int, int], np.ndarray]
@@ -67,15 +67,6 @@ class RaceRule:
             out.append(n)
             n *= 2
         return tuple(out)
-
-
-def t_quantile(p: float, dof: int) -> float:
-    """Student's t quantile at probability ``p`` with ``dof`` degrees of freedom
-    (Cornish-Fisher expansion around the normal quantile)."""
-    z = NormalDist().inv_cdf(p)
-    v = float(max(dof, 1))
-    return (z + (z**3 + z) / (4 * v) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * v**2)
-            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * v**3))
 
 
 @dataclass(frozen=True)

@@ -24,13 +24,14 @@ between         the weightless layers (Resize, Concat, pooling) left below both 
 widest          with no cost cap: every group at its widest legal
                 precision within ``max_cost``, one more candidate (``plan/widest.py``)
 start           without ``min_quality``, when the measured figures are shares over
-                counted items (``FrontPoint.items``: their noise is known): the start
+                counted items (``FrontPoint.items``) or dB figures with per-sample
+                powers (``FrontPoint.parts``): their noise is known: the start
                 plan (uniform ``low``) is measured too, after the batch: a bought
                 cost must gain beyond noise over it
 drop            from the chosen measured point, revert promotions with the least
                 predicted gain per unit of cost saved; keep a revert when the
                 measurement still meets Q (or, without Q, loses at most ``tol``; for a
-                share over counted items, is not worse than the best measured point
+                figure with a noise estimate, is not worse than the best measured point
                 beyond the noise of their difference,
                 :func:`quantscope.plan.pareto.not_worse`: measured against that one
                 point, so reverts within noise cannot add up to more than it)
@@ -65,21 +66,32 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from quantscope.analyze.phases import NORM_OPS, residual_groups
 from quantscope.plan.between import between_point
 from quantscope.plan.greedy import Walk
-from quantscope.plan.pareto import Budget, FrontPoint, best_measured, not_worse, select
+from quantscope.plan.pareto import Budget, FrontPoint, best_measured, noise, not_worse, select
 from quantscope.plan.predict import predict
 from quantscope.plan.race import RacePlans
 from quantscope.plan.start import EPS, Space, emit, repair_meta
 from quantscope.plan.widest import widest_fill, widest_point
 from quantscope.progress import say
+from quantscope.tasks.db_noise import Parts
 from quantscope.types import Group, GroupKind, Groups, Plan
 
 Evaluate = Callable[[Plan], float]
-EvaluateMany = Callable[[Sequence[Plan]], list[float]]
+class Figure(NamedTuple):
+    """A measured figure with what its noise needs (the ``items`` its share is over, the
+    per-sample ``parts`` of a dB figure; None: not said): what an ``EvaluateMany`` task
+    returns beside a bare float (``plan --ray``: each worker's evaluator says them)."""
+
+    value: float
+    items: float | None = None
+    parts: Parts | None = None
+
+
+EvaluateMany = Callable[[Sequence[Plan]], list[float | Figure]]
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,11 @@ class BudgetStop:
                 f"evaluation(s), with up to {self.left} more left: the plan is the best legal "
                 "plan measured so far; a rerun with a larger --budget continues from the "
                 "evaluation cache")
+
+
+def _count(items: Any) -> float | None:
+    """A count of items as a figure's noise reads it (None: none, or under one)."""
+    return float(items) if isinstance(items, int | float) and items >= 1 else None
 
 
 @dataclass(frozen=True)
@@ -166,7 +183,8 @@ class _Meter:
         self.left -= 1
         plan = emit(self.space, point, reasons=(), meta=repair_meta(point))
         t0 = time.perf_counter()
-        done = replace(point, measured=float(self.evaluate(plan)), items=self._items())
+        done = replace(point, measured=float(self.evaluate(plan)), items=self._items(),
+                       parts=self._parts())
         took = self._charge(time.perf_counter() - t0)
         self.took.setdefault(point.repairs, []).append(took)
         self.seen[point.key()] = done
@@ -190,8 +208,13 @@ class _Meter:
     def _items(self) -> float | None:
         """The items the figure just measured is a share over, where the evaluator says
         (its ``items`` after each call: the task's ``KEY_items``); None: not said."""
-        items = getattr(self.evaluate, "items", None)
-        return float(items) if isinstance(items, int | float) and items >= 1 else None
+        return _count(getattr(self.evaluate, "items", None))
+
+    def _parts(self) -> Parts | None:
+        """The per-sample powers of the dB figure just measured, where the evaluator keeps
+        them (its ``parts`` after each call); None: not kept."""
+        parts = getattr(self.evaluate, "parts", None)
+        return parts if isinstance(parts, Parts) else None
 
     def _charge(self, took: float) -> float:
         """The seconds an evaluation counts for: what it took, or, for a figure the
@@ -267,11 +290,20 @@ class _Meter:
         items = [item for i, item in enumerate(todo.items()) if i in kept]
         self.stopped |= {key for i, key in enumerate(todo) if i not in kept}
         chosen = [plans[i] for i in kept]
-        values = (many(chosen) if many is not None else [self.evaluate(p) for p in chosen]
-                  ) if chosen else []
+        noises: list[tuple[float | None, Parts | None]] = []  # what each figure's noise needs
+        if many is not None:
+            got = [v if isinstance(v, Figure) else Figure(float(v))
+                   for v in (many(chosen) if chosen else [])]
+            values = [g.value for g in got]
+            noises = [(_count(g.items), g.parts) for g in got]
+        else:
+            values = []
+            for plan in chosen:
+                values.append(self.evaluate(plan))
+                noises.append((self._items(), self._parts()))
         self.left -= len(plans)
-        for (key, p), v in zip(items, values, strict=True):
-            self.seen[key] = replace(p, measured=float(v))
+        for (key, p), v, (n, parts) in zip(items, values, noises, strict=True):
+            self.seen[key] = replace(p, measured=float(v), items=n, parts=parts)
 
 
 def refine(
@@ -383,12 +415,12 @@ def _skip_branch(groups: Groups, adds: Sequence[Group]) -> set[str]:
 
 def _measure_start(meter: _Meter, start: FrontPoint) -> None:
     """The start plan measured as well when the measured figures have a noise (shares over
-    counted items): the best-quality rule then buys cost only for a gain beyond noise over
+    counted items, dB figures with per-sample powers): the best-quality rule then buys cost only for a gain beyond noise over
     it (:func:`quantscope.plan.pareto.select`). Without a noise estimate it would win only
     on a strictly better figure, so it is not measured (the batch's steps are the path's)."""
     if start.origin != "start" or start.key() in meter.seen:
         return
-    if any(p.items is not None for p in meter.seen.values()):
+    if any(p.items is not None or p.parts is not None for p in meter.seen.values()):
         meter.measure(start)
 
 
@@ -396,12 +428,13 @@ def _keeps(done: FrontPoint, current: FrontPoint, reference: FrontPoint | None,
            budget: Budget, tol: float) -> bool:
     """Whether a measured revert (``done``, from ``current``) is kept without a quality
     goal: not worse than the best measured ``reference`` beyond the noise of their
-    difference where both figures count their items (:func:`not_worse`), else losing at
+    difference where the two figures have one (:func:`quantscope.plan.pareto.noise`:
+    counted items, or per-sample powers; :func:`not_worse`), else losing at
     most ``tol`` against ``current``."""
     sign = 1.0 if budget.higher_is_better else -1.0
     if sign * (done.quality - current.quality) >= -tol:
         return True
-    return reference is not None and done.items is not None and reference.items is not None \
+    return reference is not None and noise(reference, done) is not None \
         and not_worse(done, reference, budget)
 
 

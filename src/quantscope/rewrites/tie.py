@@ -11,7 +11,9 @@ parts           per independent unit, the signal and the noise power whose poole
 interval        the gain ``after - before`` in dB, paired (the same units), with one-sided
                 :data:`CONFIDENCE` bounds from its jackknife standard error over the units
                 (leave one unit out, a pair's two rows together; Student t with
-                ``units - 1`` degrees of freedom)
+                ``units - 1`` degrees of freedom; computed in one place,
+                :func:`quantscope.tasks.db_noise.gain_interval`, which the planner's
+                choice between measured plans reads too)
 kept            only when the lower bound is above :data:`TIE_MARGIN`: the gain clears
                 the margin beyond noise
 dropped         otherwise; the given model stands (a rewrite adds layers). When the
@@ -39,12 +41,15 @@ past the margin.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
-import numpy as np
-
-from quantscope.plan.race import t_quantile
+from quantscope.tasks import db_noise
+from quantscope.tasks.db_noise import (  # noqa: F401 - the one place of the dB noise, re-exported
+    Parts,
+    pair_powers,
+    pooled_db,
+    row_powers,
+)
 from quantscope.tasks.shares import (  # noqa: F401 - share_noise: the one rule, re-exported
     SHARE_CONFIDENCE,
     share_noise,
@@ -54,70 +59,13 @@ from quantscope.units import value
 TIE_MARGIN = 0.1  # the tiebreak figure must gain more than this (dB for an SQNR)
 CONFIDENCE = SHARE_CONFIDENCE  # one-sided: a gain is beyond noise when its lower bound is above 0
 
-class Parts(NamedTuple):
-    """Per independent unit: signal power, noise power, and what a unit is (``rows``, or
-    ``pairs`` where a query row and its document row are one unit). A plain
-    ``(signal, noise)`` tuple is read as rows."""
-
-    signal: np.ndarray
-    noise: np.ndarray
-    unit: str = "rows"
-
-
-def row_powers(ref: np.ndarray, test: np.ndarray) -> Parts:
-    """Each row's signal power ``sum ref**2`` and noise power ``sum (ref - test)**2``
-    (float64): the parts whose pooled ratio is :func:`quantscope.numerics.sqnr_db` of the
-    whole arrays."""
-    r = np.asarray(ref, np.float64).reshape(len(ref), -1)
-    d = r - np.asarray(test, np.float64).reshape(len(test), -1)
-    return Parts(np.sum(r * r, axis=1), np.sum(d * d, axis=1))
-
-
-def pair_powers(ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> Parts:
-    """Each pair's powers where row ``i`` of every array in ``ref`` (the queries', the
-    documents') belongs to pair ``i``: the rows' :func:`row_powers` summed across the
-    arrays. The pooled figure is the same as over all rows; the jackknife then leaves out
-    one pair (both its rows) at a time, not one row: a query and its document are not
-    independent samples."""
-    rows = [row_powers(r, t) for r, t in zip(ref, test, strict=True)]
-    n = len(rows[0].signal)
-    if any(len(p.signal) != n for p in rows):
-        raise ValueError(f"pair_powers: arrays of {[len(p.signal) for p in rows]} rows")
-    return Parts(np.sum([p.signal for p in rows], axis=0),
-                 np.sum([p.noise for p in rows], axis=0), "pairs")
-
-
-def pooled_db(parts: Parts) -> float:
-    """``10 log10(sum signal / sum noise)``: the figure the parts pool to."""
-    return 10.0 * float(np.log10(np.sum(parts[0]) / np.sum(parts[1])))
-
 
 def gain_interval(after: Parts, before: Parts, *, margin: float = TIE_MARGIN,
                   confidence: float = CONFIDENCE) -> dict[str, Any] | None:
-    """The pooled dB gain of ``after`` over ``before`` (paired rows) with one-sided
-    ``confidence`` bounds from the jackknife, and the outcome against ``margin``:
-    ``better`` (lower bound above it), ``not better`` (upper bound at or below it) or
-    ``tie`` (the interval straddles it). None: fewer than 3 units, unequal units, or a
-    zero power (an infinite figure: the point rule decides). ``unit`` in the result: what
-    was left out one at a time (:class:`Parts`)."""
-    s_a, n_a = (np.asarray(p, np.float64) for p in after[:2])
-    s_b, n_b = (np.asarray(p, np.float64) for p in before[:2])
-    unit = after.unit if isinstance(after, Parts) else "rows"
-    rows = len(s_a)
-    if rows < 3 or not (len(n_a) == len(s_b) == len(n_b) == rows):
-        return None
-    totals = np.array([s_a.sum(), n_a.sum(), s_b.sum(), n_b.sum()])
-    left = totals[:, None] - np.stack([s_a, n_a, s_b, n_b])  # each row left out
-    if not (np.all(totals > 0) and np.all(left > 0)):
-        return None
-    gain = 10.0 * float(np.log10(totals[0] * totals[3] / (totals[1] * totals[2])))
-    loo = 10.0 * np.log10(left[0] * left[3] / (left[1] * left[2]))
-    se = float(np.sqrt((rows - 1) / rows * np.sum((loo - loo.mean()) ** 2)))
-    half = t_quantile(confidence, rows - 1) * se
-    lower, upper = gain - half, gain + half
-    outcome = "better" if lower > margin else "not better" if upper <= margin else "tie"
-    return {"n": rows, "unit": unit, "difference": gain, "lower": lower, "upper": upper,
-            "confidence": confidence, "margin": margin, "outcome": outcome}
+    """:func:`quantscope.tasks.db_noise.gain_interval` against the tiebreak's margin
+    (:data:`TIE_MARGIN`): the jackknife interval of the pooled dB gain, computed there
+    (the planner's choice between measured plans reads the same bound)."""
+    return db_noise.gain_interval(after, before, margin=margin, confidence=confidence)
 
 
 def decide_tie(after: Any, before: Any, named: str) -> tuple[str, str | None,

@@ -13,8 +13,10 @@ from quantscope.analyze.incremental import IncrementalEngine
 from quantscope.analyze.measure import evaluate_plan, reference_kept_outputs, scored_alone
 from quantscope.emulate.evaluate import kept, run_model
 from quantscope.model.load import Model, load_proto
+from quantscope.plan.refine import Figure
 from quantscope.progress import say
 from quantscope.stages.offer_holdout import check_offer
+from quantscope.tasks.db_noise import Parts, WithParts
 from quantscope.types import Batch, Dataset, Outputs, Plan, QuantscopeError, Stats
 
 if TYPE_CHECKING:
@@ -30,7 +32,9 @@ def _plan_measure(model: Model, data: Dataset, target: Target | None, method: st
                   reference_outputs: Outputs | None, only: str | None = None) -> Measure:
     """``measure(model, stats, plan) -> metrics``; ``only``: just that metric where the task
     scores it alone (what a ranking reads: ``evaluate_plan``'s ``only``), against FP32's
-    outputs as the task keeps them (pooled rows: no per-token reference held)."""
+    outputs as the task keeps them (pooled rows: no per-token reference held), and the
+    per-sample powers of a dB figure beside the figures (``parts``: the noise of the
+    planner's choice, :class:`quantscope.tasks.db_noise.WithParts`)."""
     alone = only is not None and scored_alone(data, only) is not None
     ref = reference_outputs
     if ref is None and not alone:
@@ -44,9 +48,11 @@ def _plan_measure(model: Model, data: Dataset, target: Target | None, method: st
     engine = IncrementalEngine(model, list(data.evaluation), method=method)
 
     def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
-        return evaluate_plan(m, data, s, p, method=method, scheme=scheme,
-                             reference_outputs=ref, saturation=False, engine=engine,
-                             only=only, reference_kept=ref_kept)["metrics"]
+        got = evaluate_plan(m, data, s, p, method=method, scheme=scheme,
+                            reference_outputs=ref, saturation=False, engine=engine,
+                            only=only, reference_kept=ref_kept, sample_parts=only is not None)
+        # a dB figure's per-sample powers ride beside the figures: its noise in the choice
+        return WithParts(got["metrics"], got.get("sample_parts") or {})
 
     return measure
 
@@ -123,20 +129,37 @@ def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, s
         if hit is not None:
             value, measure.seconds, what = hit  # what it cost when measured
             measure.items = what.get("items")  # the items its share is over, if counted
+            measure.parts = _cached_parts(cache, k, what)
             return value
         t0 = time.perf_counter()
         value = float(evaluate(plan))
         measure.seconds = time.perf_counter() - t0
         measure.items = getattr(evaluate, "items", None)
+        measure.parts = getattr(evaluate, "parts", None)
+        parts = measure.parts
         cache.put(k, value, seconds=measure.seconds,
                   what={"metric": metric, "model": model.source,
                         "overrides": len(plan.overrides),
                         "repairs": dict(plan.meta).get("repairs", ""),
-                        **({"items": measure.items} if measure.items is not None else {})})
+                        **({"items": measure.items} if measure.items is not None else {}),
+                        **({"parts": parts.unit} if parts is not None else {})},
+                  arrays=None if parts is None else {"signal": parts.signal,
+                                                     "noise": parts.noise})
         return value
 
     measure = _Charged(run)
     return measure
+
+
+def _cached_parts(cache: EvalCache, key: str, what: dict[str, Any]) -> Parts | None:
+    """The per-sample powers stored with a cached figure (None: none stored, or their
+    arrays unreadable: the choice then says it had no noise estimate)."""
+    if not isinstance(what.get("parts"), str):
+        return None
+    got = cache.arrays(key)
+    if got is None or {"signal", "noise"} - set(got):
+        return None
+    return Parts(got["signal"], got["noise"], what["parts"])
 
 
 class _Charged:
@@ -144,11 +167,13 @@ class _Charged:
     as recorded when it was read from the evaluation cache), so that a time budget charges
     a cached figure what measuring it took and a resumed search measures what a clean one
     would (``plan/refine.py``'s meter), and the items its figure is a share over
-    (``items``, kept in the cache entry: a figure read back has the same noise)."""
+    (``items``, kept in the cache entry: a figure read back has the same noise), and the
+    per-sample powers of its dB figure (``parts``: the entry's arrays)."""
 
     def __init__(self, run: Callable[[Plan], float]) -> None:
         self.run, self.seconds = run, 0.0
         self.items: float | None = None
+        self.parts: Parts | None = None
 
     def __call__(self, plan: Plan) -> float:
         return self.run(plan)
@@ -211,13 +236,17 @@ def _cached_measure(measure: Measure, cache: EvalCache, data: Dataset, target: T
 
     return run
 
-def _call(fn: Callable[[Any], Any], item: Any) -> Any:
-    return fn(item)
+def _call(fn: Callable[[Any], Any], item: Any) -> Figure:
+    """``fn(item)`` with what its noise needs (the evaluator's ``items`` and ``parts``
+    after the call), so a figure measured as a parallel task keeps its noise."""
+    value = float(fn(item))
+    return Figure(value, getattr(fn, "items", None), getattr(fn, "parts", None))
 
 
 def _measure_all(executor: Executor, evaluate: Callable[[Plan], float], progress: bool,
-                 plans: Sequence[Plan]) -> list[float]:
-    """Each plan measured by ``evaluate`` as one task of ``executor`` (results in order)."""
+                 plans: Sequence[Plan]) -> list[float | Figure]:
+    """Each plan measured by ``evaluate`` as one task of ``executor`` (results in order,
+    each with its items and per-sample powers: :class:`quantscope.plan.refine.Figure`)."""
     say(f"plan: measuring {len(plans)} plan(s) as {executor.workers}-way parallel tasks",
         show=progress)
-    return [float(v) for v in executor.map(_call, evaluate, list(plans))]
+    return list(executor.map(_call, evaluate, list(plans)))

@@ -30,6 +30,7 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
+from quantscope.tasks.db_noise import Parts, pair_powers
 from quantscope.tasks.headline import items_key, retrieval_scoring, sts_scoring
 from quantscope.tasks.images import SMALL_SPEC as IMAGES_SMALL
 from quantscope.tasks.images import SPEC as IMAGES_SPEC
@@ -135,6 +136,13 @@ class RetrievalTask:
     def selection_figures(self, ref: np.ndarray, test: np.ndarray) -> dict[str, float]:
         """:func:`retrieval_figures` of a selection of pairs."""
         return retrieval_figures(ref, test)
+
+    def sample_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+        """Per pair, the signal and noise powers that ``embedding_sqnr_db`` pools (the
+        rows :meth:`metrics` reads, a query's and its document's summed: one unit of the
+        figure's noise, :func:`quantscope.tasks.db_noise.pair_powers`)."""
+        return {"embedding_sqnr_db": pair_powers(self.embeddings(ref, normalize=False),
+                                                 self.embeddings(test, normalize=False))}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         qr, dr = self.embeddings(ref)

@@ -1,0 +1,141 @@
+"""The noise of a dB figure: the jackknife bound of a paired SQNR difference.
+
+A figure in dB pooled over independent units (``10 log10(sum s / sum n)``, or the lowest
+of several such columns: the worst output's SQNR, the worst channel's) has a sampling
+noise of its own, as a share has its binomial one (:func:`quantscope.tasks.shares.share_noise`).
+Two figures measured on the same units are paired: their difference is estimated with
+the jackknife over the units (leave one unit out, the figure of each recomputed from the
+sums left, Student t with ``units - 1`` degrees of freedom). The one place this is
+computed: a rewrite's tiebreak (:mod:`quantscope.rewrites.tie`) and the planner's choice
+between measured plans without a goal (:func:`quantscope.plan.pareto.noise`) read it.
+
+==============  ========================================================================
+parts           per unit the signal and noise power (:class:`Parts`): one column (the
+                figure is their pooled ratio) or ``k`` columns (``[units, k]``: the
+                figure is the lowest column's pooled ratio: ``sqnr_db`` over several
+                outputs, ``sqnr_db_channel_min`` over channels)
+interval        :func:`gain_interval`: the difference ``after - before`` in dB with
+                one-sided :data:`CONFIDENCE` bounds, and the outcome against a margin
+noise         :func:`db_noise`: the half width of that bound, in words, for a rule that
+                asks whether a difference is beyond noise (the planner's ``not_worse``)
+none            fewer than 3 units, units that differ, or a power of zero left by a unit
+                (an infinite figure): no estimate; the caller says so
+==============  ========================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from quantscope.numerics import t_quantile
+from quantscope.tasks.shares import SHARE_CONFIDENCE
+
+CONFIDENCE = SHARE_CONFIDENCE  # one-sided, as a share's noise
+
+
+class Parts(NamedTuple):
+    """Per independent unit: signal power, noise power (``[units]``, or ``[units, k]``
+    for a figure that is the lowest of ``k`` pooled columns), and what a unit is
+    (``rows``, ``pairs`` where a query row and its document row are one unit,
+    ``samples``). A plain ``(signal, noise)`` tuple is read as rows."""
+
+    signal: np.ndarray
+    noise: np.ndarray
+    unit: str = "rows"
+
+
+def row_powers(ref: np.ndarray, test: np.ndarray) -> Parts:
+    """Each row's signal power ``sum ref**2`` and noise power ``sum (ref - test)**2``
+    (float64): the parts whose pooled ratio is :func:`quantscope.numerics.sqnr_db` of the
+    whole arrays."""
+    r = np.asarray(ref, np.float64).reshape(len(ref), -1)
+    d = r - np.asarray(test, np.float64).reshape(len(test), -1)
+    return Parts(np.sum(r * r, axis=1), np.sum(d * d, axis=1))
+
+
+def pair_powers(ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> Parts:
+    """Each pair's powers where row ``i`` of every array in ``ref`` (the queries', the
+    documents') belongs to pair ``i``: the rows' :func:`row_powers` summed across the
+    arrays. The pooled figure is the same as over all rows; the jackknife then leaves out
+    one pair (both its rows) at a time, not one row: a query and its document are not
+    independent samples."""
+    rows = [row_powers(r, t) for r, t in zip(ref, test, strict=True)]
+    n = len(rows[0].signal)
+    if any(len(p.signal) != n for p in rows):
+        raise ValueError(f"pair_powers: arrays of {[len(p.signal) for p in rows]} rows")
+    return Parts(np.sum([p.signal for p in rows], axis=0),
+                 np.sum([p.noise for p in rows], axis=0), "pairs")
+
+
+def _columns(a: Any) -> np.ndarray:
+    x = np.asarray(a, np.float64)
+    return x[:, None] if x.ndim == 1 else x
+
+
+def _figure(signal: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """The figure of summed powers (last axis: the columns): the lowest column's dB."""
+    return np.min(10.0 * np.log10(signal / noise), axis=-1)
+
+
+def pooled_db(parts: Parts) -> float:
+    """The figure the parts pool to: ``10 log10(sum signal / sum noise)``, the lowest
+    column's where there are several."""
+    s, n = _columns(parts[0]), _columns(parts[1])
+    return float(_figure(s.sum(axis=0), n.sum(axis=0)))
+
+
+def gain_interval(after: Parts, before: Parts, *, margin: float = 0.0,
+                  confidence: float = CONFIDENCE) -> dict[str, Any] | None:
+    """The pooled dB gain of ``after`` over ``before`` (paired units) with one-sided
+    ``confidence`` bounds from the jackknife, and the outcome against ``margin``:
+    ``better`` (lower bound above it), ``not better`` (upper bound at or below it) or
+    ``tie`` (the interval straddles it). None: fewer than 3 units, unequal units or
+    columns, or a zero power (an infinite figure: the point rule decides). ``unit`` in
+    the result: what was left out one at a time (:class:`Parts`)."""
+    s_a, n_a, s_b, n_b = (_columns(p) for p in (*after[:2], *before[:2]))
+    unit = after.unit if isinstance(after, Parts) else "rows"
+    rows = len(s_a)
+    if rows < 3 or not (s_a.shape == n_a.shape and s_b.shape == n_b.shape
+                        and len(s_b) == rows):
+        return None
+    stacked = (s_a, n_a, s_b, n_b)
+    totals = [x.sum(axis=0) for x in stacked]
+    left = [t[None, :] - x for t, x in zip(totals, stacked, strict=True)]  # each unit out
+    if not all(np.all(t > 0) and np.all(x > 0) for t, x in zip(totals, left, strict=True)):
+        return None
+    gain = float(_figure(totals[0], totals[1]) - _figure(totals[2], totals[3]))
+    loo = _figure(left[0], left[1]) - _figure(left[2], left[3])
+    se = float(np.sqrt((rows - 1) / rows * np.sum((loo - loo.mean()) ** 2)))
+    half = t_quantile(confidence, rows - 1) * se
+    lower, upper = gain - half, gain + half
+    outcome = "better" if lower > margin else "not better" if upper <= margin else "tie"
+    return {"n": rows, "unit": unit, "difference": gain, "lower": lower, "upper": upper,
+            "half_width": half, "confidence": confidence, "margin": margin,
+            "outcome": outcome}
+
+
+def db_noise(reference: Parts, other: Parts, *, confidence: float = CONFIDENCE
+             ) -> tuple[float, str] | None:
+    """The one-sided ``confidence`` noise of the dB difference ``reference - other`` on
+    the same units (the half width of :func:`gain_interval`'s bound), and its words; None
+    where there is no estimate (see :func:`gain_interval`)."""
+    iv = gain_interval(reference, other, confidence=confidence)
+    if iv is None:
+        return None
+    half = float(iv["half_width"])
+    return half, (f"one-sided {confidence:.0%} jackknife noise {half:.3g} dB of the paired "
+                  f"difference {iv['difference']:+.3f} dB over {iv['n']} {iv['unit']} "
+                  f"(Student t, {iv['n'] - 1} degrees of freedom)")
+
+
+class WithParts(dict):  # type: ignore[type-arg]
+    """A measurement's metrics (name -> figure) with the per-sample powers of its dB
+    figures beside them (``parts``: metric -> :class:`Parts`), which the planner's
+    evaluator reads after each call (:func:`quantscope.plan.joint.sample_parts`)."""
+
+    def __init__(self, values: Mapping[str, float], parts: Mapping[str, Parts]) -> None:
+        super().__init__(values)
+        self.parts = dict(parts)
