@@ -262,6 +262,32 @@ def _zero_notes(stats: Stats) -> tuple[str, ...]:
             "data that does",) + nonfinite
 
 
+def _baselines(model: Model, groups: Groups, stats: Stats, batches: list[dict],
+               scorer: Scorer, ref: np.ndarray, low_high: tuple[Precision, Precision],
+               scheme: QuantScheme | None, arena: bool, progress: bool
+               ) -> tuple[dict, dict, np.ndarray, tuple[str, ...]]:
+    """The uniform ``low`` and ``high`` passes: their metrics, collapse reports, the
+    left-float notes, and the uniform-low run's squared error per row, which is all the
+    sweep reads of them: their rows are not kept (IS-Net at 1024 x 1024: 474 MB each)."""
+    from quantscope.tasks.metrics import collapse_report
+
+    baselines, collapse, float_notes = {}, {}, ()
+    err = np.zeros(0)
+    for p in low_high:
+        say(f"analyze: uniform {p.value} baseline (Q/DQ model of {len(groups.groups)} groups, "
+            f"{len(batches)} batches)", show=progress)
+        baselines[p.value], rows, cov = _plan_metrics(
+            model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme, arena
+        )
+        float_notes = float_notes or _left_float_notes(cov, p.value)
+        collapse[p.value] = collapse_report(rows, ref).to_dict()
+        if p is low_high[0]:
+            err = squared_error_rows(ref, rows)
+        del rows
+        release_memory()  # the pass's session and scoring temporaries, before the next
+    return baselines, collapse, err, float_notes
+
+
 def analyze(
     model: Model,
     groups: Groups,
@@ -285,33 +311,17 @@ def analyze(
     cannot use its gain (``stages.usable``): not swept, listed under ``skipped``.
     ``recover_top``: the recovery plans to measure (e.g. :data:`RECOVER_TOP`); none by
     default (the planner does not read them; a note says they were not computed)."""
-    from quantscope.tasks.metrics import collapse_report
-
     scheme = getattr(target, "scheme", None)
     batches = list(batches)
     skipped = _skipped(groups, skip or {}, progress)
     say(f"analyze: FP32 reference on {len(batches)} batches", show=progress)
     arena = _arena(model, batches)
     ref, run_taken = _reference(model, groups, batches, scorer, arena)
-    baselines, collapse, uniform_rows, float_notes = {}, {}, {}, ()
-    for p in (low, high):
-        say(f"analyze: uniform {p.value} baseline (Q/DQ model of {len(groups.groups)} groups, "
-            f"{len(batches)} batches)", show=progress)
-        baselines[p.value], uniform_rows[p], cov = _plan_metrics(
-            model, groups, stats, batches, Plan.uniform(p), scorer, ref, scheme, arena
-        )
-        float_notes = float_notes or _left_float_notes(cov, p.value)
-        collapse[p.value] = collapse_report(uniform_rows[p], ref).to_dict()
-        if p is not low:
-            del uniform_rows[p]  # read no more: an image model's rows are every value
-        release_memory()  # the pass's session and scoring temporaries, before the next
-    # the uniform-low run's noise per row is all the sweep reads of the baselines; the
-    # rows themselves go (IS-Net at 1024 x 1024: 474 MB each), and so does FP32's unless a
-    # recovery plan is scored against it (the sweep keeps its own rows' reference)
-    err, n_rows = squared_error_rows(ref, uniform_rows.pop(low)), len(ref)
-    row_bytes = ref.nbytes // max(n_rows, 1)
-    if not recover_top:
-        del ref
+    baselines, collapse, err, float_notes = _baselines(model, groups, stats, batches, scorer,
+                                                       ref, (low, high), scheme, arena, progress)
+    n_rows, row_bytes = len(ref), ref.nbytes // max(len(ref), 1)
+    if not recover_top:  # FP32's rows go too unless a recovery plan is scored against
+        del ref  # them (the sweep keeps its own rows' reference)
     release_memory()
     units, units_notes = _units(model, groups, only := _swept(groups, skipped), progress)
     # each candidate scored as its sweep goes (its rows dropped): the metrics of a row
