@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantscope.emulate.ranges import tensor_range
+from quantscope.emulate.ranges import lookup_note, tensor_range
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
 from quantscope.numerics import qparams, weight_encoding
@@ -64,6 +64,8 @@ def sentinel_floor(ts: TensorStats) -> bool:
     0/1, a ReLU's 0 under constant data). The rest's scale is its span or its magnitude,
     so a rest that is one value (constant data) does not make any gap look infinite."""
     if ts.bulk_min is None or ts.floor_count < SENTINEL_MIN_FRACTION * max(ts.count, 1):
+        return False
+    if ts.lookup is not None:  # a lookup's range is its table's, every row kept
         return False
     if ts.min >= 0:
         return False
@@ -162,6 +164,9 @@ def encode(
             f"a constant far below the rest in {len(some)} tensor(s): {listed}: their "
             "range is the rest's, so the constant saturates to the grid minimum"
         )
+    looked = lookup_note({t: ts for t in acts if (ts := stats.tensors.get(t)) is not None})
+    if looked:
+        notes.append(looked)
     zeros = _zero_tensors(stats, list(acts))
     if zeros:
         notes.append(
