@@ -76,3 +76,23 @@ def test_a_fixed_axis_still_reads_channels():
     res = stages.evaluate_plan(model, data, stats, Plan.uniform(Precision.A8_W8))
     assert any(n.startswith("NOT LIKE FP32") for n in res["notes"])
     assert not any("varies by sample" in n for n in res["notes"])
+
+
+def test_analysis_refuses_an_output_whose_length_follows_the_data():
+    """The analysis compares rows of one width: it stopped with an internal error
+    (``ValueError: all the input array dimensions … must match exactly``); now one line
+    naming the output and both shapes."""
+    import pytest
+
+    from quantscope.analyze import analyze
+    from quantscope.analyze.scoring import outputs_scorer
+    from quantscope.model.groups import find_groups
+    from quantscope.types import QuantscopeError
+
+    model = load_proto(frames_model(), "frames")
+    data = Dataset(name="frames", calibration=_samples(), evaluation=_samples())
+    stats = stages.calibrate_model(model, data)
+    with pytest.raises(QuantscopeError, match=r"output 'y' is \[6\] per sample on one batch "
+                       r"and \[10\] on another .*'quantscope evaluate' measures it"):
+        analyze(model, find_groups(model), stats, list(_samples()),
+                scorer=outputs_scorer(names=("y",)), proxy_fraction=1.0)

@@ -129,9 +129,8 @@ def calibrate(
             "data path (quantscope measures a float model's quantization): give the float "
             "ONNX model"
         )
-    inputs = {i.name for i in model.graph.input}
-    lookups = find_lookups(model, set(taps))
-    ids = index_taps(lookups, inputs)  # a lookup's indices, to count the rows picked
+    lookups = find_lookups(model, set(taps))  # its indices tapped: the rows picked
+    ids = index_taps(lookups, {i.name for i in model.graph.input})
     session = make_session(tapped_model(model, taps + ids), optimize=True, arena=False)
     inputs = {i.name for i in session.get_inputs()}
     axes = channel_axes(model)

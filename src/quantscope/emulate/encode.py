@@ -87,6 +87,21 @@ def _zero_tensors(stats: Stats, names: list[str]) -> list[str]:
     return out
 
 
+def _data_notes(stats: Stats, acts: list[str]) -> list[str]:
+    """What the statistics say of the quantized tensors: lookups whose range is their
+    table's (:func:`quantscope.emulate.ranges.lookup_note`), tensors always 0."""
+    notes = [n for n in [lookup_note({t: stats.tensors[t] for t in acts if t in stats.tensors})]
+             if n]
+    zeros = _zero_tensors(stats, acts)
+    if zeros:
+        notes.append(
+            f"every calibration value is 0 in {len(zeros)} tensor(s) "
+            f"({', '.join(zeros[:6])}{', …' if len(zeros) > 6 else ''}): the data never "
+            "exercises them, so their grid is a guess; calibrate on data that does"
+        )
+    return notes
+
+
 def _act_encoding(lo: float, hi: float, bits: int, scheme: QuantScheme) -> Encoding:
     return qparams(lo, hi, bits, signed=scheme.act_signed, symmetric=scheme.act_symmetric)
 
@@ -164,16 +179,7 @@ def encode(
             f"a constant far below the rest in {len(some)} tensor(s): {listed}: their "
             "range is the rest's, so the constant saturates to the grid minimum"
         )
-    looked = lookup_note({t: ts for t in acts if (ts := stats.tensors.get(t)) is not None})
-    if looked:
-        notes.append(looked)
-    zeros = _zero_tensors(stats, list(acts))
-    if zeros:
-        notes.append(
-            f"every calibration value is 0 in {len(zeros)} tensor(s) "
-            f"({', '.join(zeros[:6])}{', …' if len(zeros) > 6 else ''}): the data never "
-            "exercises them, so their grid is a guess; calibrate on data that does"
-        )
+    notes.extend(_data_notes(stats, list(acts)))
     if masks and any(t in acts for t in masks):
         notes.append(
             f"attention mask: {len(masks)} additive-mask Add(s) found; their output range is "
