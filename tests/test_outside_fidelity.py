@@ -80,14 +80,18 @@ def test_channel_figures_stream_and_follow_the_given_axis():
     assert per_anchor.tables["d"]["collapsed_channels"] == 0
 
 
-def test_channels_grow_when_a_later_batch_has_more():
+def test_an_axis_that_grows_between_batches_is_read_as_positions():
+    """(h47) An axis longer in a later batch holds positions (tokens, frames), not
+    channels: no channel figure along it, a note; a loss is still judged, by the
+    whole-output figures (before: channel 3 or 4, seen in the second batch only)."""
     r = np.random.default_rng(1)
     a, b = r.normal(0, 1, (4, 3, 8)).astype(np.float32), r.normal(0, 1, (4, 5, 8)).astype(np.float32)
     ref = Outputs(names=("t",), batches=((a,), (b,)))
-    test = Outputs(names=("t",), batches=((a,), (b * 0 + b[:, :1],)))  # channels 1-4 of b lost
+    test = Outputs(names=("t",), batches=((a,), (b * 0 + b[:, :1],)))  # positions 1-4 of b lost
     m = output_fidelity(ref, test)
-    assert m.tables["t"]["channel_worst"] in (3, 4)  # only in the second batch
-    assert m.values["cosine_channel_min"] < 0.9 and _not_like({"notes": m.notes})
+    assert "channel_worst" not in m.tables["t"] and m.tables["t"]["positions_axis"] == 1
+    assert any("axis 1 varies by sample (3 to 5 positions over 8 samples" in n for n in m.notes)
+    assert m.values["cosine_mean"] < 0.9 and _not_like({"notes": m.notes})
 
 
 def test_scalar_probability_is_scored_by_error_and_decisions_not_cosine():

@@ -10,6 +10,7 @@ every file form (the stats' damage checks and the analysis' ranked key came in t
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import io
 import json
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from quantscope.lookup_range import LookupRange
 from quantscope.results import RESULT_TYPES, TaggedResult
 from quantscope.types import (
     Encoding,
@@ -347,6 +349,7 @@ def _stats_arrays(stats: Stats) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             "bulk_min": ts.bulk_min, "floor_count": ts.floor_count,
             "floor_max": ts.floor_max,
             **({"nonfinite": ts.nonfinite} if ts.nonfinite else {}),
+            **({"lookup": dataclasses.asdict(ts.lookup)} if ts.lookup else {}),
         })
         arrays[f"hist_{i}"] = ts.hist
         arrays[f"chan_{i}"] = ts.channel_absmax
@@ -395,6 +398,13 @@ def read_stats(path: str | Path) -> Stats:
     return stats
 
 
+def _lookup_from(d: dict[str, Any] | None) -> LookupRange | None:
+    if d is None:
+        return None
+    return LookupRange(table=str(d["table"]), rows=int(d["rows"]), picked=int(d["picked"]),
+                       data_min=float(d["data_min"]), data_max=float(d["data_max"]))
+
+
 def _stats_from(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Stats:
     tensors = {}
     for i, t in enumerate(header["tensors"]):
@@ -406,6 +416,7 @@ def _stats_from(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Stats:
             floor_count=int(t.get("floor_count", 0)),
             floor_max=None if t.get("floor_max") is None else float(t["floor_max"]),
             nonfinite=int(t.get("nonfinite", 0)),
+            lookup=_lookup_from(t.get("lookup")),
         )
     return Stats(tensors=tensors, method=header["method"],
                  num_batches=int(header["num_batches"]), num_samples=int(header["num_samples"]))

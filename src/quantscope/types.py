@@ -36,6 +36,8 @@ from typing import Protocol
 
 import numpy as np
 
+from quantscope.lookup_range import LookupRange
+
 # the longest sequence a model is run at (--seq-len, --lengths, a token input's
 # --input-shape): every check and measurement runs the model at the length given (a token
 # input of 10**9 ids is 8 GB before the model's first layer, and a model with no position
@@ -321,16 +323,17 @@ class TensorStats:
     channel_absmax: np.ndarray
     channel_axis: int
     # the floor cluster (values within a factor 2 of a negative ``min``, or exactly at a
-    # non-negative one), its size and the smallest value above it: a constant far below
-    # the rest (an attention-mask fill, -1e4, float32.min) shows here
+    # non-negative one), its size, the smallest value above it and its largest value: a
+    # constant far below the rest (a mask fill, -1e4, float32.min) shows here, a fill
+    # nearly one value, a real outlier channel spread (None: not recorded, older files)
     bulk_min: float | None = None
     floor_count: int = 0
-    # the floor cluster's largest value: a fill (plus the scores added to it) is nearly
-    # one value; a real outlier channel spreads (None: not recorded, older stats files)
     floor_max: float | None = None
     # NaN / inf values the calibration met in this tensor: left out of ``min``/``max`` (the
     # histogram and channel maxima count them as 0); said by ``calibrate.nonfinite_note``
     nonfinite: int = 0
+    # a lookup's output whose ``min``/``max`` are its table's (None: the data's)
+    lookup: LookupRange | None = None
 
     def damage(self) -> str | None:
         """What no calibration writes (a range not finite or upside down, a negative count,

@@ -507,7 +507,8 @@ def scorer_for(data: Dataset, model: Model | None = None, metric: str | None = N
         names = model.output_names()
         axes = output_channel_axes(model, data.evaluation)
         scorer = outputs_scorer(only=None if data.output is None else names.index(data.output),
-                                channel_axes={names.index(k): a for k, a in axes.items()})
+                                channel_axes={names.index(k): a for k, a in axes.items()},
+                                names=names)
     if metric in FIDELITY_PRIMARIES:
         scorer = dataclasses.replace(scorer, primary=metric)
     return scorer

@@ -35,7 +35,7 @@ from quantscope.numerics import (
     sqnr_db,
     worst_channel_sqnr_db,
 )
-from quantscope.types import RowScoring, sample_first
+from quantscope.types import QuantscopeError, RowScoring, sample_first
 
 Reduce = Callable[[Sequence[np.ndarray], Mapping[str, np.ndarray]], np.ndarray]
 Score = Callable[[np.ndarray, np.ndarray], dict[str, float]]
@@ -95,8 +95,24 @@ def sts_scorer(n_pairs: int, order: np.ndarray, attention_mask: str) -> Scorer:
     return task_scorer(sts_scoring(n_pairs, order, attention_mask))
 
 
+def _refuse_varying(first: list[tuple[int, ...]], now: list[tuple[int, ...]], take: list[int],
+                    names: Sequence[str]) -> None:
+    """One line when an output's shape per sample is not the first batch's."""
+    for k, a, b in zip(take, first, now, strict=True):
+        if a != b:
+            name = repr(names[k]) if k < len(names) else f"{k}"
+            raise QuantscopeError(
+                f"output {name} is {list(a)} per sample on one batch and {list(b)} on another "
+                "(its length follows the data: frames, tokens): the analysis and run's plan "
+                "search compare each output value by value over a fixed shape, so they cannot "
+                "score it; 'quantscope evaluate' measures it (its length read as positions), "
+                "or cut the model before the op that sets the length and analyse the part "
+                "whose outputs keep one shape")
+
+
 def outputs_scorer(*, only: int | None = None,
-                   channel_axes: Mapping[int, int] | None = None) -> Scorer:
+                   channel_axes: Mapping[int, int] | None = None,
+                   names: Sequence[str] = ()) -> Scorer:
     """Every model output scored; the worst one is the metric (tensor models).
 
     Reduce: each output flattened per sample (outputs whose first axis is not the batch
@@ -111,7 +127,10 @@ def outputs_scorer(*, only: int | None = None,
     whole-output SQNR does not move (:mod:`quantscope.emulate.channels`); channels FP32
     holds at 0 on every row are left out of it and counted (``channels_left_out``, only
     when some are: :func:`quantscope.numerics.worst_channel_sqnr_db`).
-    ``only``: the index of the one output to score (``--output``).
+    ``only``: the index of the one output to score (``--output``). An output whose shape
+    per sample changes between batches (a TTS's frames, ``f0 [1, F]``) has no fixed
+    columns to compare: refused in one line naming it (``names``: the graph outputs'
+    names, to say which), where concatenating the rows was an internal error.
     """
     spans: list[tuple[int, int]] = []
     shapes: list[tuple[int, ...]] = []
@@ -128,6 +147,8 @@ def outputs_scorer(*, only: int | None = None,
             spans.extend(zip(edges[:-1].tolist(), edges[1:].tolist(), strict=True))
             shapes.extend(tuple(np.shape(outputs[k])[1:]) for k in take)
             kept.extend(take)
+        elif take == kept:
+            _refuse_varying(shapes, [tuple(np.shape(outputs[k])[1:]) for k in take], take, names)
         return np.concatenate(parts, axis=1)
 
     def channel_min(ref: np.ndarray, test: np.ndarray, k: int) -> tuple[float, int] | None:

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import onnx
 
+from quantscope.calibrate.lookup import (
+    Lookup,
+    find_lookups,
+    index_taps,
+    lookup_range,
+    note_rows,
+    table_bounds,
+)
 from quantscope.calibrate.observe import Observer
 from quantscope.emulate.ranges import METHODS
 from quantscope.emulate.session import make_session, run_on_data
@@ -21,6 +30,7 @@ from quantscope.types import (
     Groups,
     QuantscopeError,
     Stats,
+    TensorStats,
     batch_rows,
     keep_inputs,
     sample_axis,
@@ -119,7 +129,9 @@ def calibrate(
             "data path (quantscope measures a float model's quantization): give the float "
             "ONNX model"
         )
-    session = make_session(tapped_model(model, taps), optimize=True, arena=False)
+    lookups = find_lookups(model, set(taps))  # its indices tapped: the rows picked
+    ids = index_taps(lookups, {i.name for i in model.graph.input})
+    session = make_session(tapped_model(model, taps + ids), optimize=True, arena=False)
     inputs = {i.name for i in session.get_inputs()}
     axes = channel_axes(model)
     masks = _mask_fills(model)
@@ -135,7 +147,9 @@ def calibrate(
             k = n if whole else rows_per_run(feeds, per_value, max_rows, budget)
             part = feeds if start == 0 and k >= n else take_rows(feeds, slice(start, start + k))
             start += k
-            values = run_on_data(session, taps, part)
+            values = run_on_data(session, taps + ids, part)
+            note_rows(lookups, {**part, **dict(zip(ids, values[len(taps):], strict=True))})
+            del values[len(taps):]
             for name, value in part.items():
                 same_in.setdefault(name, SameSamples()).add(value)
             if per_value is None:
@@ -157,11 +171,22 @@ def calibrate(
     _refuse_nonfinite_outputs(model, observers)
     _refuse_constant_outputs(model, same, same_in)
     return Stats(
-        tensors={t: o.freeze() for t, o in observers.items()},
+        tensors={t: _frozen(model, o, lookups.get(t)) for t, o in observers.items()},
         method=method,
         num_batches=n_batches,
         num_samples=n_samples,
     )
+
+
+def _frozen(model: Model, observer: Observer, lookup: Lookup | None) -> TensorStats:
+    """The tensor's stats; a lookup's range its table's (:mod:`quantscope.calibrate.lookup`:
+    the one place it is set), with where it came from."""
+    if lookup is None or observer.count == 0:
+        return observer.freeze()
+    data_min, data_max = observer.lo, observer.hi
+    observer.bound(*table_bounds(model.initializer_array(lookup.table), lookup,
+                                 observer.axis))
+    return replace(observer.freeze(), lookup=lookup_range(lookup, data_min, data_max))
 
 
 def refuse_misdeclared_outputs(model: Model, values: dict[str, np.ndarray]) -> None:

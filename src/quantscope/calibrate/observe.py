@@ -123,6 +123,19 @@ class Observer:
         else:
             np.maximum(self.chan, per, out=self.chan)
 
+    def bound(self, lo: float, hi: float, per_channel: np.ndarray) -> None:
+        """Widen the range to ``lo .. hi`` and the channel maxima to ``per_channel`` (one
+        per channel, or one for all) without counting values: a bound the data need not
+        reach (a lookup's table, :mod:`quantscope.calibrate.lookup`). The histogram's
+        range grows to hold it; its counts stay the data's."""
+        if self.count == 0:
+            return
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        self._update_hist(np.zeros(0, np.float32))
+        if self.chan is not None:
+            np.maximum(self.chan, per_channel if per_channel.size == self.chan.size
+                       else np.float32(per_channel.max()), out=self.chan)
+
     def freeze(self) -> TensorStats:
         empty = self.count == 0
         return TensorStats(

@@ -48,6 +48,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     note = nonfinite_note(stats)  # NaN/inf inside the graph: left out of the ranges, said
     if note:
         print(f"warning: {note}")
+    from quantscope.emulate.ranges import lookup_note
+
+    looked = lookup_note(stats.tensors)  # a lookup's range is its table's: said
+    if looked:
+        print(f"note: {looked}")
     return 0
 
 

@@ -31,6 +31,13 @@ samples and positions together.
                           Softmax class at 1e-24 next to one at 1 carries nothing to lose)
 ``channel_axis``          the axis the channels are read on; ``channel_worst`` the index of
                           the lowest-SQNR channel
+``positions_axis``        instead of every entry above, when the axis changes length between
+                          samples or batches (frames of speech, tokens): it holds positions,
+                          not channels, the last ones reached by the longest samples only (a
+                          "channel" two samples reach, small against the output's range,
+                          read as collapsed: hibari's ``f0``); no per-channel figure is
+                          made along it, and a note says so with the lengths and how many
+                          samples reach the last position
 ========================  ==================================================================
 
 **Scalar outputs** (:class:`ScalarFidelity`, one value per sample: ``[N]``, ``[N, 1]``,
@@ -75,8 +82,9 @@ def _lower_median(rows: np.ndarray) -> np.ndarray:
 
 
 class ChannelFidelity:
-    """One output's per-channel sums, grown when a later batch has more channels (text
-    outputs padded per batch); memory: a few floats per channel."""
+    """One output's per-channel sums, grown when a later batch has a longer axis (then
+    the axis holds positions, :attr:`positions`, and no channel figure is made); memory:
+    a few floats per channel."""
 
     def __init__(self, axis: int) -> None:
         self.axis = axis
@@ -90,6 +98,15 @@ class ChannelFidelity:
         self.t_min = np.zeros(0)
         self.t_max = np.zeros(0)
         self.out_min, self.out_max = np.inf, -np.inf
+        self.sizes: set[int] = set()  # the axis' lengths seen: more than one, positions
+        self.reach = np.zeros(0, np.int64)  # samples reaching each index of the axis
+        self.samples = 0
+
+    @property
+    def positions(self) -> bool:
+        """The axis changes length between samples or batches (frames, tokens): it is read
+        as positions, not channels, and no per-channel figure is made along it."""
+        return len(self.sizes) > 1
 
     def _grow(self, c: int) -> None:
         extra = c - self.n
@@ -103,6 +120,7 @@ class ChannelFidelity:
         self.t_min = np.concatenate([self.t_min, np.full(extra, np.inf)])
         self.f_max = np.concatenate([self.f_max, np.full(extra, -np.inf)])
         self.t_max = np.concatenate([self.t_max, np.full(extra, -np.inf)])
+        self.reach = np.concatenate([self.reach, np.zeros(extra, np.int64)])
         self.n = c
 
     def add(self, ref: np.ndarray, test: np.ndarray) -> None:
@@ -112,6 +130,10 @@ class ChannelFidelity:
         t = np.moveaxis(np.asarray(test, np.float64), self.axis, 0).reshape(r.shape)
         c = len(r)
         self._grow(c)
+        rows = ref.shape[0] if self.axis != 0 and ref.ndim else 1  # samples in the batch
+        self.sizes.add(c)
+        self.reach[:c] += rows
+        self.samples += rows
         new = np.isnan(self.t_val[:c])
         if new.any():
             self.t_val[:c][new] = _lower_median(t)[new]
@@ -134,9 +156,12 @@ class ChannelFidelity:
     def table(self) -> tuple[dict[str, float], bool]:
         """(this output's channel entries, whether a channel is bad enough for NOT LIKE
         FP32: one collapses, or the worst live (not dead) channel's cosine is under
-        RESEMBLE_MIN_COSINE). Empty when no channel was seen."""
+        RESEMBLE_MIN_COSINE). Empty when no channel was seen; only ``positions_axis``
+        when the axis varies by sample (:attr:`positions`)."""
         if self.n == 0:
             return {}, False
+        if self.positions:
+            return {"positions_axis": int(self.axis)}, False
         s = self.sums
         sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
                          for p, q in zip(s["power"], s["noise"], strict=True)])
@@ -177,6 +202,8 @@ class ChannelFidelity:
         entry, _ = self.table()
         if not entry:
             return []
+        if self.positions:
+            return [self._positions_note(name)]
         s = self.sums
         count = np.maximum(s["count"], 1)
         sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
@@ -210,6 +237,16 @@ class ChannelFidelity:
                        f"to {self.t_max[c]:.4g}): {grid}")
         left = int(entry.get("channels_left_out", 0))
         return out + dead_line + ([left_out_note(name, left, self.n, self.axis)] if left else [])
+
+
+    def _positions_note(self, name: str) -> str:
+        lo, hi = min(self.sizes), max(self.sizes)
+        return (f"output '{name}': axis {self.axis} varies by sample ({lo} to {hi} positions "
+                f"over {self.samples} samples: every sample reaches the first {lo}, "
+                f"{int(self.reach[hi - 1])} the last): it is read as positions (frames, "
+                "tokens), not channels, so no per-channel figure (collapsed channels, the "
+                "worst channel's SQNR and cosine) is made along it, the last positions "
+                "holding only the longest samples; the whole-output figures judge it")
 
 
 class ScalarFidelity:

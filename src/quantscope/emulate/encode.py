@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantscope.emulate.ranges import tensor_range
+from quantscope.emulate.ranges import lookup_note, tensor_range
 from quantscope.model.groups import find_mask_adds
 from quantscope.model.load import Model
 from quantscope.numerics import qparams, weight_encoding
@@ -65,6 +65,8 @@ def sentinel_floor(ts: TensorStats) -> bool:
     so a rest that is one value (constant data) does not make any gap look infinite."""
     if ts.bulk_min is None or ts.floor_count < SENTINEL_MIN_FRACTION * max(ts.count, 1):
         return False
+    if ts.lookup is not None:  # a lookup's range is its table's, every row kept
+        return False
     if ts.min >= 0:
         return False
     span = max(ts.max - ts.bulk_min, abs(ts.max), abs(ts.bulk_min), 1e-12)
@@ -83,6 +85,21 @@ def _zero_tensors(stats: Stats, names: list[str]) -> list[str]:
         if ts is not None and ts.count and ts.min == 0.0 and ts.max == 0.0:
             out.append(t)
     return out
+
+
+def _data_notes(stats: Stats, acts: list[str]) -> list[str]:
+    """What the statistics say of the quantized tensors: lookups whose range is their
+    table's (:func:`quantscope.emulate.ranges.lookup_note`), tensors always 0."""
+    notes = [n for n in [lookup_note({t: stats.tensors[t] for t in acts if t in stats.tensors})]
+             if n]
+    zeros = _zero_tensors(stats, acts)
+    if zeros:
+        notes.append(
+            f"every calibration value is 0 in {len(zeros)} tensor(s) "
+            f"({', '.join(zeros[:6])}{', …' if len(zeros) > 6 else ''}): the data never "
+            "exercises them, so their grid is a guess; calibrate on data that does"
+        )
+    return notes
 
 
 def _act_encoding(lo: float, hi: float, bits: int, scheme: QuantScheme) -> Encoding:
@@ -162,13 +179,7 @@ def encode(
             f"a constant far below the rest in {len(some)} tensor(s): {listed}: their "
             "range is the rest's, so the constant saturates to the grid minimum"
         )
-    zeros = _zero_tensors(stats, list(acts))
-    if zeros:
-        notes.append(
-            f"every calibration value is 0 in {len(zeros)} tensor(s) "
-            f"({', '.join(zeros[:6])}{', …' if len(zeros) > 6 else ''}): the data never "
-            "exercises them, so their grid is a guess; calibrate on data that does"
-        )
+    notes.extend(_data_notes(stats, list(acts)))
     if masks and any(t in acts for t in masks):
         notes.append(
             f"attention mask: {len(masks)} additive-mask Add(s) found; their output range is "

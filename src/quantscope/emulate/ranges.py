@@ -7,9 +7,14 @@ range for 8 bit is much tighter than for 16 bit.
 ``mse`` minimises the expected squared error of the histogram under the target grid:
 clipping error for mass outside ``[lo, hi]`` plus the uniform rounding noise
 ``scale**2 / 12`` inside, by coordinate descent over candidate ends.
+
+A lookup's output (a Gather of a constant table: :mod:`quantscope.calibrate.lookup`) has
+its table's min..max under every method, and :func:`lookup_note` says so.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -71,8 +76,9 @@ def _mse_range(ts: TensorStats, bits: int, *, symmetric: bool) -> tuple[float, f
 def tensor_range(
     ts: TensorStats, method: str, bits: int, *, symmetric: bool = False
 ) -> tuple[float, float]:
-    """Real-valued ``(lo, hi)`` to quantize ``ts`` with ``bits`` under ``method``."""
-    if method == "minmax" or ts.count == 0:
+    """Real-valued ``(lo, hi)`` to quantize ``ts`` with ``bits`` under ``method``; a
+    lookup's is its table's under every method (:mod:`quantscope.calibrate.lookup`)."""
+    if method == "minmax" or ts.count == 0 or ts.lookup is not None:
         return ts.min, ts.max
     if method == "percentile":
         return _percentile_range(ts, PERCENTILE)
@@ -83,3 +89,26 @@ def tensor_range(
     raise QuantscopeError(
         f"unknown calibration method '{method}': use one of {', '.join(METHODS)}"
     )
+
+
+def lookup_note(tensors: Mapping[str, TensorStats]) -> str | None:
+    """One line naming the lookups whose range is their table's; None when none."""
+    said = [(t, ts) for t, ts in tensors.items() if ts.lookup is not None]
+    if not said:
+        return None
+    parts = []
+    for t, ts in said[:MAX_NAMED]:
+        k = ts.lookup
+        assert k is not None
+        parts.append(f"range of '{t}' taken from its table '{k.table}' ({k.rows:,} rows), "
+                     f"not from the calibration rows: the data picked {k.picked:,} of "
+                     f"{k.rows:,} rows ({k.data_min:.4g} .. {k.data_max:.4g}; the table "
+                     f"{ts.min:.4g} .. {ts.max:.4g})")
+    more = f"; and {len(said) - MAX_NAMED} more" if len(said) > MAX_NAMED else ""
+    return ("; ".join(parts) + more + ": a lookup returns rows of its table only, so the "
+            "table bounds every id the deployment can give; the layers after it are still "
+            "calibrated on the rows the data picked (give calibration data that picks the "
+            "rows the deployment will)")
+
+
+MAX_NAMED = 4  # lookups named in the note (the rest counted)
