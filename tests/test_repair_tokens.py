@@ -111,7 +111,10 @@ def test_chunked_plan_quantizes_and_beats_8_bit_on_the_residual_stream():
     a16 = quantized_error(model.proto, calibrate_and_quantize(split, feeds, Plan(
         default=Precision.A8_W8, overrides=tuple((g, Precision.A16_W16) for g in stream))),
         feeds)
-    assert np.isfinite(a8["sqnr_db"]) and a16["sqnr_db"] > a8["sqnr_db"] + 3
+    # 20.6 -> 23.6 dB before the word lookup's range was its table's (h47); since, 21.4 ->
+    # 22.6 dB: the stream at 16 bit still beats 8 bit, by less (the lookup feeding it is
+    # on its table's wider 8-bit grid)
+    assert np.isfinite(a8["sqnr_db"]) and a16["sqnr_db"] > a8["sqnr_db"] + 1
 
 
 def test_non_token_wise_layers_are_left_whole_with_the_reason():

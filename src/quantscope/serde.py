@@ -402,7 +402,8 @@ def _lookup_from(d: dict[str, Any] | None) -> LookupRange | None:
     if d is None:
         return None
     return LookupRange(table=str(d["table"]), rows=int(d["rows"]), picked=int(d["picked"]),
-                       data_min=float(d["data_min"]), data_max=float(d["data_max"]))
+                       data_min=float(d["data_min"]), data_max=float(d["data_max"]),
+                       left_out=int(d.get("left_out", 0)))
 
 
 def _stats_from(header: dict[str, Any], arrays: dict[str, np.ndarray]) -> Stats:

@@ -1,7 +1,6 @@
 """Frozen, typed values passed between stages.
 
-Every stage is a plain function from these values to these values; each value has a
-file form (see :mod:`quantscope.serde`). Nothing here is mutated after construction.
+Stages are plain functions of these values (file forms: :mod:`quantscope.serde`), never mutated.
 
 Vocabulary
 ----------

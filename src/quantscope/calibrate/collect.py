@@ -184,9 +184,10 @@ def _frozen(model: Model, observer: Observer, lookup: Lookup | None) -> TensorSt
     if lookup is None or observer.count == 0:
         return observer.freeze()
     data_min, data_max = observer.lo, observer.hi
-    observer.bound(*table_bounds(model.initializer_array(lookup.table), lookup,
-                                 observer.axis))
-    return replace(observer.freeze(), lookup=lookup_range(lookup, data_min, data_max))
+    *bounds, left_out = table_bounds(model.initializer_array(lookup.table), lookup,
+                                     observer.axis)
+    observer.bound(*bounds)
+    return replace(observer.freeze(), lookup=lookup_range(lookup, data_min, data_max, left_out))
 
 
 def refuse_misdeclared_outputs(model: Model, values: dict[str, np.ndarray]) -> None:

@@ -21,7 +21,8 @@ its channel maxima          the table's max ``|x|`` per column along the output'
                             the table's max ``|x|`` (any row may land in any channel)
 what is recorded            :class:`quantscope.lookup_range.LookupRange` in the
                             tensor's stats: the table, its rows, how many rows the
-                            calibration data picked, the picked values' range; every
+                            calibration data picked, the picked values' range, the
+                            outlier rows left out (:data:`ROW_OUTLIER`); every
                             stage reads the stats, so every stage uses this range
 said                        :func:`quantscope.emulate.ranges.lookup_note`
                             (``calibrate``'s output, the encodings' notes:
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantscope.lookup_range import LookupRange
+from quantscope.lookup_range import ROW_OUTLIER, LookupRange
 from quantscope.model.load import FLOAT_TYPES, Model
 
 
@@ -90,12 +91,20 @@ def note_rows(lookups: dict[str, Lookup], values: dict[str, np.ndarray]) -> None
         k.picked[np.unique(ids[(ids >= -rows) & (ids < rows)] % rows)] = True
 
 
+
+
 def table_bounds(table: np.ndarray, k: Lookup,
-                 channel_axis: int) -> tuple[float, float, np.ndarray]:
-    """The table's min, max and max ``|x|`` per channel of the lookup's output: the
-    output's trailing axes are the table's after ``axis``, so a channel axis among them
-    is a table axis (its columns' maxima); any other gets the table's max ``|x|``."""
-    t = np.asarray(table, np.float32)
+                 channel_axis: int) -> tuple[float, float, np.ndarray, int]:
+    """The table's min, max and max ``|x|`` per channel of the lookup's output, over its
+    rows but those past :data:`ROW_OUTLIER` times the median row's magnitude that the
+    data did not pick, and how many rows were so left out: the output's trailing axes
+    are the table's after ``axis``, so a channel axis among them is a table axis (its
+    columns' maxima); any other gets the max ``|x|``."""
+    t = np.moveaxis(np.asarray(table, np.float32), k.axis, 0)
+    mags = np.abs(t).reshape(len(t), -1).max(axis=1)
+    keep = k.picked | (mags <= ROW_OUTLIER * float(np.median(mags)))
+    left_out = int(len(t) - np.count_nonzero(keep))
+    t = np.moveaxis(t[keep], 0, k.axis)
     out_rank, axis = t.ndim - 1 + k.index_rank, k.axis
     lo, hi = float(t.min()), float(t.max())
     from_end = out_rank - 1 - channel_axis
@@ -105,10 +114,10 @@ def table_bounds(table: np.ndarray, k: Lookup,
         per = np.maximum(t.max(axis=rest), -t.min(axis=rest)) + np.float32(0.0)
     else:
         per = np.array([max(abs(lo), abs(hi))], np.float32)
-    return lo, hi, per
+    return lo, hi, per, left_out
 
 
-def lookup_range(k: Lookup, data_min: float, data_max: float) -> LookupRange:
+def lookup_range(k: Lookup, data_min: float, data_max: float, left_out: int = 0) -> LookupRange:
     return LookupRange(table=k.table, rows=int(k.picked.size),
                        picked=int(np.count_nonzero(k.picked)),
-                       data_min=float(data_min), data_max=float(data_max))
+                       data_min=float(data_min), data_max=float(data_max), left_out=left_out)

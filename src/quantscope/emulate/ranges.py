@@ -18,6 +18,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from quantscope.lookup_range import ROW_OUTLIER
 from quantscope.numerics import MSE_MAX_BITS, qrange
 from quantscope.types import QuantscopeError, TensorStats
 
@@ -103,7 +104,10 @@ def lookup_note(tensors: Mapping[str, TensorStats]) -> str | None:
         parts.append(f"range of '{t}' taken from its table '{k.table}' ({k.rows:,} rows), "
                      f"not from the calibration rows: the data picked {k.picked:,} of "
                      f"{k.rows:,} rows ({k.data_min:.4g} .. {k.data_max:.4g}; the table "
-                     f"{ts.min:.4g} .. {ts.max:.4g})")
+                     f"{ts.min:.4g} .. {ts.max:.4g})"
+                     + (f", {k.left_out:,} outlier row(s) past {ROW_OUTLIER:g}x the median "
+                        "row's magnitude left out, unpicked: ids that pick them clip"
+                        if k.left_out else ""))
     more = f"; and {len(said) - MAX_NAMED} more" if len(said) > MAX_NAMED else ""
     return ("; ".join(parts) + more + ": a lookup returns rows of its table only, so the "
             "table bounds every id the deployment can give; the layers after it are still "
