@@ -191,7 +191,8 @@ def test_text_run_report_fits_and_says_what_binds_and_the_host_steps(text_report
     assert "pts" in bm["sentence"] and bm["sentence"] in text
     # the details are folded below the short verdict
     assert text.index("details: verdict.json") < text.index("Every line of the verdict")
-    assert text.index("<summary>Every line") < text.index("binds (measured, held out)")
+    # (the short verdict may name what binds too; every line is in the folded details)
+    assert "binds (measured, held out)" in text[text.index("<summary>Every line"):]
 
 
 def test_decoder_run_report_fits_with_the_verdict_first_and_images_decode(decoder_report,

@@ -125,7 +125,16 @@ def test_killed_run_resumes_to_identical_files(tmp_path, sig):
     assert "skipped (done): calibrate" in done.stdout
     assert "stages run: " in done.stdout and "report" in done.stdout.split("skipped")[0]
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
-    assert _digests(out) == reference
+    # every file as an uninterrupted run writes it; the verdict (and the report showing it)
+    # also says which stage the kill ended (h44's `resumed_after`) when the kill landed
+    # after that stage wrote its `started` mark
+    resumed = read_json(out / "verdict.json", "verdict").get("resumed_after") or []
+    got = _digests(out)
+    if resumed:
+        assert all("never finished" in r for r in resumed)
+        for name in ("verdict.json", "report.html"):
+            got.pop(name), reference.pop(name)
+    assert got == reference
 
 
 def test_run_bad_out_and_options_are_one_line(tmp_path, capsys):
