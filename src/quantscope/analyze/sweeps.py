@@ -310,6 +310,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
     rows = sum(batch_rows(b) for b in job.batches)  # each candidate's, FP32's, all-low's
     say(f"analyze: cutting {len(model.graph.node)} nodes into segments, encodings of "
         f"{len(groups.groups)} groups", show=progress)
+    release_memory(force=True)  # what an earlier sweep freed, before its resident is read
     segments = find_segments(model, groups)
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
     cands = tuple(c for c in candidates(groups, low, job.high, job.only, job.units)
