@@ -331,7 +331,7 @@ def analyze(
           "executor": executor, "only": only, "units": units,
           "score": scorer if by_task else fidelity, "row_bytes": row_bytes,
           "held_bytes": row_bytes * n_rows if recover_top else 0,
-          "run_bytes": run_taken}
+          "run_bytes": run_taken, "arena": arena}
     res = _sweep(model, groups, stats, batches, proxy_fraction, err, kw)
     sens = _sensitivity(res, groups, scorer if by_task else None)
     tensors = [(t, g.name) for g in groups.groups for t in g.outputs]

@@ -170,8 +170,11 @@ def _sweep_batch(
         cum = taps if first == 0 and lo is not None else []
         parts = _tap_parts(cum, size) if size is not None and cum else [cum]
         for j, part in enumerate(parts):
-            names_fp = [*crossing, *(t for t in taps if t in wanted and t not in cum)] * (j == 0)
-            names_lo = crossing * (j == 0)
+            # the first run returns the crossing tensors (and the taps kept for the
+            # isolated noise alone); each run one part of the cumulative noise's taps
+            names_fp = ([*crossing, *(t for t in taps if t in wanted and t not in cum)]
+                        if j == 0 else [])
+            names_lo = crossing if j == 0 else []
             made_fp = run_segment(fp.sessions[k], [*names_fp, *part], env_fp)
             made_lo = (run_segment(lo.sessions[k], [*names_lo, *part], env_lo)
                        if lo is not None else {})
@@ -215,6 +218,7 @@ def sweep_segments(
     row_bytes: int = 0,
     held_bytes: int = 0,
     run_bytes: int = 0,
+    arena: bool | None = None,
 ) -> SweepResult:
     """The ``sweeps`` (default both) on every row, segment by segment (module docstring);
     ``only``: the groups swept (default every group); ``units``: these units swept instead,
@@ -225,7 +229,9 @@ def sweep_segments(
     bytes of one reduced row (FP32's, when the caller has them), so that the windows also
     bound the rows held until scored; ``held_bytes``: what the caller holds meanwhile (in
     the estimate said); ``run_bytes``: what one FP32 run of a batch was measured to hold
-    (the estimate takes the larger of it and the tensors' own count).
+    (the estimate takes the larger of it and the tensors' own count). ``arena``: whether the
+    sessions allocate from ONNX Runtime's arena, when the caller has decided it (default:
+    :func:`quantscope.emulate.session.use_arena` of the largest tensor).
 
     Memory stays bounded: the candidates' own sessions are built for a window of
     candidates at a time, within ``session_budget`` bytes of weights (default: from the
@@ -248,7 +254,7 @@ def sweep_segments(
     cands = tuple(c for c in candidates(groups, low, high, only, units) if c.sweep in sweeps)
     job = _SegmentJob(model, groups, stats, tuple(batches), scorer, low, high, scheme,
                       optimize_float, tuple(sweeps), session_budget, only, units, score,
-                      row_bytes, held_bytes, run_bytes)
+                      row_bytes, held_bytes, run_bytes, arena)
     parts = chunks(len(cands), executor.workers if executor else 1)
     if executor is None or len(parts) <= 1:
         done = [_segment_part(job, range(len(cands)), progress=progress)]
@@ -291,6 +297,7 @@ class _SegmentJob:
     row_bytes: int = 0
     held_bytes: int = 0
     run_bytes: int = 0
+    arena: bool | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -333,8 +340,8 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                       measured=job.run_bytes, resident=resident_bytes() or 0)
     say(f"analyze: {mem.text()}", show=progress)
     note_memory_estimate(f"{mem.text()} (analyze's sweep)")  # run.json keeps it (a SIGKILL)
-    arena = use_arena(max((sizer([t]) for n in model.graph.node for t in n.output if t),
-                          default=0))
+    arena = job.arena if job.arena is not None else use_arena(
+        max((sizer([t]) for n in model.graph.node for t in n.output if t), default=0))
     fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,
                      label=f"analyze: FP32 sessions of {len(segments)} segments" * progress,
                      seg_models=models, arena=arena)
@@ -422,10 +429,11 @@ def sweep_fast(
     row_bytes: int = 0,
     held_bytes: int = 0,
     run_bytes: int = 0,
+    arena: bool | None = None,
 ) -> SweepResult:
     """Both sweeps by segments, each on its own row subset (module docstring, ``fast``);
     ``only``: the groups swept (default every group); ``units``, ``score``, ``row_bytes``,
-    ``held_bytes``, ``run_bytes``: as :func:`sweep_segments`.
+    ``held_bytes``, ``run_bytes``, ``arena``: as :func:`sweep_segments`.
 
     ``noise``: per batch, per row output noise of uniform ``low`` (as :func:`row_noise`
     returns), when the caller has already run FP32 and ``low`` on every row.
@@ -439,7 +447,8 @@ def sweep_fast(
     batches = list(batches)
     kw = {"scorer": scorer, "low": low, "high": high, "scheme": scheme, "progress": progress,
           "executor": executor, "only": only, "units": units, "score": score,
-          "row_bytes": row_bytes, "held_bytes": held_bytes, "run_bytes": run_bytes}
+          "row_bytes": row_bytes, "held_bytes": held_bytes, "run_bytes": run_bytes,
+          "arena": arena}
     enable = sweep_segments(
         model, groups, stats, proxy_batches(batches, fraction / 2), sweeps=("enable_one",), **kw
     )
