@@ -4,7 +4,10 @@
 * the fidelity metrics and collapse indicators sum their float64 copies a block of
   columns at a time (``numerics.BLOCK_VALUES``);
 * a chain's segment returns the group outputs only where a noise is summed, and those
-  of the cumulative noise ``sweeps.TAP_BYTES`` at a time;
+  of the cumulative noise ``sweeps.TAP_BYTES`` at a time, in the chains' own pass before
+  any candidate's sessions are built;
+* disable-one's windows run the all-``low`` chain alone, and only up to the segment their
+  candidates start from;
 * a model of large tensors runs its sessions without an ONNX Runtime arena.
 """
 
@@ -158,3 +161,57 @@ def test_the_estimate_counts_what_the_process_holds_before_the_sweep():
                        resident=700 << 20)
     assert held.peak == bare.peak + (700 << 20) and held.windows == bare.windows
     assert "~700 MB held before it" in held.text() and "held before" not in bare.text()
+
+
+def test_disable_one_windows_run_the_low_chain_alone_up_to_their_candidates(monkeypatch):
+    from quantscope.analyze import sweeps
+    from quantscope.analyze.segments import find_segments
+
+    model, groups, stats, feeds = _prepared()
+    whole = sweep_segments(model, groups, stats, feeds, sweeps=("disable_one",), **KW)
+    chains: dict[int, str] = {}  # session id -> the chain it belongs to
+    real_chain, real_run = sweeps.build_chain, sweeps.run_segment
+
+    def chain(model_, groups_, segments, encodings, **kw):
+        c = real_chain(model_, groups_, segments, encodings, **kw)
+        chains.update({id(s): "fp" if encodings is None else "lo" for s in c.sessions})
+        return c
+
+    runs: list[str] = []
+
+    def run(sess, names, env):
+        runs.append(chains.get(id(sess), "candidate"))
+        return real_run(sess, names, env)
+
+    monkeypatch.setattr(sweeps, "build_chain", chain)
+    monkeypatch.setattr(sweeps, "run_segment", run)
+    monkeypatch.setattr(sweeps, "TAP_BYTES", 1)
+    windowed = sweep_segments(model, groups, stats, feeds, sweeps=("disable_one",),
+                              session_budget=1, **KW)  # one candidate a window
+    _same(whole, windowed)
+    segments = find_segments(model, groups)
+    seg_of = {g: s.index for s in segments for g in s.groups}
+    taps = sum(len({t for g in s.groups for t in groups.by_name()[g].outputs}
+                   - set(s.outputs)) or 1 for s in segments)
+    # FP32's chain ran in the chains' own pass only (every segment, once per tap part)
+    assert 0 < runs.count("fp") <= taps * len(feeds)
+    # the all-low chain: that pass, then in each window up to its candidate's segment
+    starts = sum(seg_of[c.names[0]] for c in windowed.candidates)
+    assert runs.count("lo") <= (taps + starts) * len(feeds)
+    assert runs.count("lo") < (taps + len(segments) * len(windowed.candidates)) * len(feeds)
+
+
+def test_the_estimate_takes_the_larger_of_the_chains_pass_and_a_window():
+    from quantscope.analyze.memory import plan_memory
+
+    model, _, _, feeds = _prepared()
+    window = plan_memory(model, [1 << 20] * 3, feeds, [], chains=1, available=1 << 40)
+    small = plan_memory(model, [1 << 20] * 3, feeds, [], chains=1, available=1 << 40,
+                        prepass=(2, 1 << 10))
+    large = plan_memory(model, [1 << 20] * 3, feeds, [], chains=1, available=1 << 40,
+                        prepass=(2, 900 << 20))
+    assert small.peak == window.peak and small.windows == window.windows
+    assert large.peak == window.peak - (window.model_bytes + window.session_bytes
+                                        + window.activation_bytes + window.row_bytes) \
+        + 2 * (window.model_bytes + (900 << 20))
+    assert "the chains' own pass ~1800 MB" in large.text()

@@ -50,11 +50,14 @@ class MemoryPlan:
     held_bytes: int = 0  # rows held throughout: FP32's and the baselines', the chains'
     run_bytes: int = 0  # what one segment's run holds in the arena at once (run_bytes)
     resident_bytes: int = 0  # what the process held before the sweep (the model, data)
+    prepass_bytes: int = 0  # the chains' own pass before the windows: weights and envs
 
     @property
     def peak(self) -> int:
-        return (self.chains * self.model_bytes + self.session_bytes + self.activation_bytes
-                + self.row_bytes + self.held_bytes + self.run_bytes + self.resident_bytes)
+        windows = (self.chains * self.model_bytes + self.session_bytes
+                   + self.activation_bytes + self.row_bytes)
+        return (max(windows, self.prepass_bytes) + self.held_bytes + self.run_bytes
+                + self.resident_bytes)
 
     def text(self) -> str:
         split = f", in {len(self.windows)} windows" if len(self.windows) > 1 else ""
@@ -67,10 +70,12 @@ class MemoryPlan:
                 if self.run_bytes >= MB else "")
         before = (f", ~{self.resident_bytes / MB:.0f} MB held before it"
                   if self.resident_bytes >= MB else "")
+        pre = (f", the chains' own pass ~{self.prepass_bytes / MB:.0f} MB"
+               if self.prepass_bytes >= MB else "")
         return (f"~{self.peak / GB:.2f} GB peak ({self.chains} chain(s) of "
                 f"{self.model_bytes / MB:.0f} MB, {self.sessions} candidates' sessions "
                 f"({self.session_bytes / MB:.0f} MB){rows} at once{split}, a batch's tensors "
-                f"~{self.activation_bytes / MB:.0f} MB{work}{held}{before}{free})")
+                f"~{self.activation_bytes / MB:.0f} MB{pre}{work}{held}{before}{free})")
 
 
 def _proc_kib(path: str, key: str) -> int | None:
@@ -241,7 +246,8 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
                 available: int | None = None,
                 sizer: Callable[[Sequence[str]], int] | None = None,
                 row_bytes: int = 0, held_bytes: int = 0, measured: int = 0,
-                tensor_bytes: int | None = None, resident: int = 0) -> MemoryPlan:
+                tensor_bytes: int | None = None, resident: int = 0,
+                prepass: tuple[int, int] | None = None) -> MemoryPlan:
     """Windows of consecutive candidates whose own sessions' weights (``cand_bytes``, per
     candidate) stay within ``budget`` (default: :data:`WINDOW_MODELS` times the model's
     weights, less where :data:`HEADROOM` of the available memory less the chains and a
@@ -258,7 +264,10 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
     tensors' own count, IS-Net ~4x); the larger of it and :func:`run_bytes` is counted.
     ``tensor_bytes``: what one env holds at most, when the caller has sized it (else
     ``tensors`` are). ``resident``: what the process holds already (in the peak said; the
-    memory available already leaves it out)."""
+    memory available already leaves it out). ``prepass``: (chains, one env's tensors) of
+    the chains' own pass before the windows, with no candidate's sessions or rows (the
+    all-``low`` sweep's cumulative noise: both chains, each env with its taps); the peak is
+    the larger of that pass and a window."""
     model_bytes = weight_bytes(model)
     sizer = sizer or tensor_sizer(model, batches)
     # the chains' envs and a candidate's, each holding the tensors crossing the cuts
@@ -267,8 +276,9 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
     avail = available if available is not None else available_bytes()
     fixed = chains * model_bytes + act + held_bytes + work
     one = max(cand_bytes, default=0) + row_bytes
-    if avail is not None and fixed + one > HEADROOM * avail:
-        need = (fixed + one) / GB
+    pre = 0 if prepass is None else prepass[0] * (model_bytes + prepass[1])
+    if avail is not None and max(fixed + one, pre + held_bytes + work) > HEADROOM * avail:
+        need = max(fixed + one, pre + held_bytes + work) / GB
         rows = (f", one candidate's output rows ~{row_bytes / MB:.0f} MB"
                 if row_bytes >= MB else "")
         raise QuantscopeError(
@@ -301,4 +311,4 @@ def plan_memory(model: Model, cand_bytes: Sequence[int], batches: Sequence[Batch
     most = max(len(w) for w in windows)
     return MemoryPlan(tuple(windows), model_bytes, chains, most,
                       sum(cand_bytes[largest.start:largest.stop]), act, avail,
-                      most * row_bytes, held_bytes, work, resident)
+                      most * row_bytes, held_bytes, work, resident, pre)

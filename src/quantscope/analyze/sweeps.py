@@ -6,12 +6,17 @@ disable-one g   plan: every group at ``low`` except ``g`` at ``high``
 naive           one full QDQ model per candidate (build_qdq + a fresh session), run on
                 every batch: the reference the fast sweep is measured against
 segments        the model is cut at single-activation boundaries
-                (:mod:`quantscope.analyze.segments`); per batch the FP32 and the
-                all-``low`` chains run once and cache every tensor crossing a cut; a
+                (:mod:`quantscope.analyze.segments`); per batch the FP32 chain
+                (enable-one) or the all-``low`` chain (disable-one) runs up to the
+                segment a candidate starts from, holding the tensors crossing the cut; the
                 candidate then runs its own segment (Q/DQ written by build_qdq for the
                 candidate's plan) and only the segments after it, float (enable-one) or
                 all-``low`` (disable-one). Exact: equals naive up to float rounding.
-                The engine (chains, runners) is in :mod:`quantscope.analyze.segments`.
+                Before the windows, a sweep with the all-``low`` chain runs both chains
+                alone over every batch (their output rows, the cumulative noise from
+                every group output): no candidate's sessions or rows are held beside
+                those taps. The engine (chains, runners) is in
+                :mod:`quantscope.analyze.segments`.
 fast            :func:`sweep_fast`: segments on two row subsets chosen per sweep
                 (:mod:`quantscope.analyze.rows`).
                 Enable-one: every ``k``-th row (stratified over the length-sorted
@@ -69,7 +74,7 @@ from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats,
 
 # the group outputs a chain's segment returns at once for the cumulative noise (the rest
 # on further runs of the segment); a segment's crossing tensors are returned whole
-TAP_BYTES = 256 * 2**20
+TAP_BYTES = 64 * 2**20
 # a sweep's metrics of a candidate's reduced rows against FP32's (a Scorer, or fidelity)
 ScoreFn = Callable[[np.ndarray, np.ndarray], dict[str, float]]
 
@@ -127,47 +132,81 @@ def _tap_parts(taps: Sequence[str], size: Callable[[Sequence[str]], int]) -> lis
     return parts
 
 
-def _sweep_batch(
-    feeds: Batch, fp: Chain, lo: Chain | None, runners: Sequence[Runner], groups: Groups,
-    outs: list[str], scorer: Scorer, got: _Collected, count: Counter, last: dict[str, int],
-    first: int = 0, size: Callable[[Sequence[str]], int] | None = None,
-) -> None:
-    """One batch, streamed segment by segment: the FP32 (and all-``low`` when ``lo``)
-    chain runs segment ``k``, then every candidate whose own segments start at ``k`` runs
-    from there to the end on the chain's env of that moment; each env keeps only what a
-    later segment reads (and a segment's taps while its noise is summed). The candidates
-    are ``first``, ``first + 1`` … (``runners``); the chains' rows and the cumulative
-    noise are kept from the window that starts at 0 only.
+def _chains_stop(starts: dict[int, list[tuple[int, Runner]]], made_in: dict[str, int],
+                 by: dict) -> int:
+    """How many segments the chains run when only candidates read them: up to the last
+    segment a candidate starts from (its env is the chain's at that cut) and the segments
+    making the taps an enable-one candidate keeps (its isolated noise). IS-Net's last
+    segment holds 226 of 258 groups: most candidates start there, and the chains ran it
+    in every window for nothing."""
+    need = list(starts)
+    for runs in starts.values():
+        for _, r in runs:
+            if r.candidate.sweep == "enable_one":
+                need += [made_in.get(t, r.own_isolated) + 1
+                         for g in r.candidate.names for t in by[g].outputs]
+    return max(need, default=0)
 
-    A chain's segment returns the group outputs (taps) only where a noise is summed from
-    them: every tap in the first window (the cumulative noise, when ``lo``), else those
-    an enable-one candidate of the window kept (its isolated noise). The cumulative
+
+def _sweep_batch(
+    feeds: Batch, fp: Chain | None, lo: Chain | None, runners: Sequence[Runner],
+    groups: Groups, outs: list[str], scorer: Scorer, got: _Collected, count: Counter | None,
+    last: dict[str, int], first: int = 0, size: Callable[[Sequence[str]], int] | None = None,
+    duties: bool = False, done: Callable[[int], None] | None = None,
+) -> None:
+    """One batch, streamed segment by segment: each chain given (FP32 ``fp``, all-``low``
+    ``lo``; None: not run) runs segment ``k``, then every candidate whose own segments
+    start at ``k`` runs from there to the end on its chain's env of that moment (enable-one
+    on FP32's, disable-one on all-``low``'s); each env keeps only what a later segment
+    reads (and a segment's taps while its noise is summed). The candidates are ``first``,
+    ``first + 1`` … (``runners``); ``done(i)`` is called once candidate ``i``'s rows of
+    this batch are kept. A chain stops at the last segment anything still reads.
+
+    ``duties``: this pass also keeps the chains' output rows and sums the cumulative noise
+    (when both chains run): the sweep's pass before its windows (with no candidates) or
+    its first window. A chain's segment returns the group outputs (taps) only where a
+    noise is summed from them: every tap in the duties pass (the cumulative noise), else
+    those an enable-one candidate of the window kept (its isolated noise). The cumulative
     noise's taps come in parts of :data:`TAP_BYTES` (``size``: bytes of tensors), the
     segment run once more per part: IS-Net's last segment has 226 group outputs of
     1.2 GB a sample, which both chains returned at once in every window."""
+    shape = fp if fp is not None else lo
+    if shape is None:
+        raise ValueError("a sweep batch runs at least one chain")
     by = groups.by_name()
     starts: dict[int, list[tuple[int, Runner]]] = {}
     for i, r in enumerate(runners, start=first):
         starts.setdefault(r.start, []).append((i, r))
     pending: dict[int, list[dict[str, np.ndarray]]] = {}  # isolated segment -> values
-    made_in = {t: k for k, made in enumerate(fp.outputs) for t in made}
-    env_fp, env_lo = dict(feeds), dict(feeds) if lo is not None else {}
-    for k in range(len(fp.segments)):
+    made_in = {t: k for k, made in enumerate(shape.outputs) for t in made}
+    env_fp = dict(feeds) if fp is not None else {}
+    env_lo = dict(feeds) if lo is not None else {}
+    cum_noise = duties and fp is not None and lo is not None
+    stop = len(shape.segments) if duties else _chains_stop(starts, made_in, by)
+    for k in range(len(shape.segments)):
         for i, r in starts.get(k, ()):
             enable = r.candidate.sweep == "enable_one"
             keep = [t for g in r.candidate.names for t in by[g].outputs] if enable else ()
-            env, kept = run_streaming(r, env_fp if enable else env_lo, fp if enable else lo,
-                                      last, keep)
+            base, chain = (env_fp, fp) if enable else (env_lo, lo)
+            if chain is None:
+                raise ValueError(f"candidate {i} needs the chain its sweep reads")
+            env, kept = run_streaming(r, base, chain, last, keep)
             for t, v in kept.items():  # compared where the FP32 chain makes t
                 pending.setdefault(made_in.get(t, r.own_isolated), []).append({t: v})
             got.rows[i].append(scorer.reduce([env[o] for o in outs], feeds))
-            count.step(cost=feed_size(feeds))
-        seg = fp.segments[k]
+            del env, kept
+            if done is not None:
+                done(i)
+            if count is not None:
+                count.step(cost=feed_size(feeds))
+        if k >= stop:
+            continue
+        seg = shape.segments[k]
         isolated = pending.pop(k, ())
         wanted = {t for kept in isolated for t in kept}
-        crossing = [t for t in fp.outputs[k] if t in seg.outputs]
-        taps = [t for t in fp.outputs[k] if t not in seg.outputs]
-        cum = taps if first == 0 and lo is not None else []
+        crossing = [t for t in shape.outputs[k] if t in seg.outputs]
+        taps = [t for t in shape.outputs[k] if t not in seg.outputs]
+        cum = taps if cum_noise else []
         parts = _tap_parts(cum, size) if size is not None and cum else [cum]
         for j, part in enumerate(parts):
             # the first run returns the crossing tensors (and the taps kept for the
@@ -175,11 +214,12 @@ def _sweep_batch(
             names_fp = ([*crossing, *(t for t in taps if t in wanted and t not in cum)]
                         if j == 0 else [])
             names_lo = crossing if j == 0 else []
-            made_fp = run_segment(fp.sessions[k], [*names_fp, *part], env_fp)
+            made_fp = (run_segment(fp.sessions[k], [*names_fp, *part], env_fp)
+                       if fp is not None else {})
             made_lo = (run_segment(lo.sessions[k], [*names_lo, *part], env_lo)
                        if lo is not None else {})
-            if first == 0:
-                for t in (t for t in fp.outputs[k] if t in made_lo and t in made_fp):
+            if cum_noise:
+                for t in (t for t in shape.outputs[k] if t in made_lo and t in made_fp):
                     got.cum.add(t, made_fp[t], made_lo[t])
             for kept in isolated:
                 for t, v in kept.items():
@@ -191,8 +231,9 @@ def _sweep_batch(
             del made_fp, made_lo
         for env in (env_fp, env_lo):
             drop_dead(env, last, k)
-    if first == 0:
-        got.ref.append(scorer.reduce([env_fp[o] for o in outs], feeds))
+    if duties:
+        if fp is not None:
+            got.ref.append(scorer.reduce([env_fp[o] for o in outs], feeds))
         if lo is not None:
             got.low.append(scorer.reduce([env_lo[o] for o in outs], feeds))
 
@@ -330,14 +371,20 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
     by = groups.by_name()
     taps = [{t for g in seg.groups for t in by[g].outputs} - set(seg.outputs)
             for seg in segments]  # returned TAP_BYTES at a time (_sweep_batch)
-    held = max(sizer([t for t in names if t not in tk]) + min(sizer(list(tk)), TAP_BYTES)
-               for names, tk in zip(live, taps, strict=True))
+    bare = [sizer([t for t in names if t not in tk]) for names, tk in zip(live, taps, strict=True)]
+    # an env returning its taps: one part of them at a time (a tap larger than a part alone)
+    tapped = max(b + min(sizer(list(tk)), max([TAP_BYTES, *(sizer([t]) for t in tk)]))
+                 for b, tk in zip(bare, taps, strict=True))
+    # the windows: disable-one's read the all-low chain alone, with no taps; the chains'
+    # own pass (both chains, every tap) comes first, with no candidate held
+    only_low = tuple(job.sweeps) == ("disable_one",)
     mem = plan_memory(model, [sum(sizes[k] for k in own) for own in owned], job.batches,
-                      (), tensor_bytes=held, chains=2 if need_low else 1,
-                      budget=job.session_budget,
+                      (), tensor_bytes=max(bare) if only_low else tapped,
+                      chains=len(job.sweeps), budget=job.session_budget,
                       sizer=sizer, row_bytes=job.row_bytes * rows,
                       held_bytes=job.held_bytes + (1 + need_low) * job.row_bytes * rows,
-                      measured=job.run_bytes, resident=resident_bytes() or 0)
+                      measured=job.run_bytes, resident=resident_bytes() or 0,
+                      prepass=(2, tapped) if need_low else None)
     say(f"analyze: {mem.text()}", show=progress)
     note_memory_estimate(f"{mem.text()} (analyze's sweep)")  # run.json keeps it (a SIGKILL)
     arena = job.arena if job.arena is not None else use_arena(
@@ -349,8 +396,25 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                      label=f"analyze: all-{low.value} sessions" * progress,
                      seg_models=models, arena=arena) if need_low else None
     got = _Collected(rows=[[] for _ in cands])
-    metrics: list[dict[str, float]] = []
+    metrics: list[dict[str, float] | None] = [None] * len(cands)
     last = last_reads(model, segments)
+    outs = model.output_names()
+    if lo is not None:  # the chains' own pass: their rows and the cumulative noise, with
+        # no candidate's sessions, rows or env held beside the taps
+        for feeds in track(job.batches, f"analyze: FP32 and all-{low.value} chains "
+                           "(cumulative noise)" * progress, unit="batch", show=progress):
+            _sweep_batch(feeds, fp, lo, (), groups, outs, job.scorer, got, None, last,
+                         size=sizer, duties=True)
+        if "enable_one" not in job.sweeps:  # no window reads FP32's chain: its sessions go
+            fp = None
+            release_memory()
+    ref: np.ndarray | None = np.concatenate(got.ref) if got.ref else None
+
+    def score(i: int) -> None:  # candidate i's rows are all kept: scored, then dropped
+        if job.score is not None and ref is not None:
+            metrics[i] = dict(job.score(ref, np.concatenate(got.rows[i])))
+            got.rows[i] = []
+
     count: Counter | None = None
     for w, window in enumerate(mem.windows):
         label = (f"analyze: candidate sessions {window.start + 1}-{window.stop}"
@@ -364,22 +428,28 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                             unit="cand", show=progress,
                             # length-sorted batches: the ETA follows their sizes, not count
                             total_cost=len(cands) * sum(feed_size(b) for b in job.batches))
-        for feeds in job.batches:
-            _sweep_batch(feeds, fp, lo, runners, groups, model.output_names(), job.scorer,
-                         got, count, last, first=window.start, size=sizer)
+        duties = lo is None and w == 0  # FP32's rows, when no chains' pass came first
+        sweeps_here = {r.candidate.sweep for r in runners}
+        fp_here = fp if duties or "enable_one" in sweeps_here else None
+        lo_here = lo if "disable_one" in sweeps_here else None
+        for b, feeds in enumerate(job.batches):
+            _sweep_batch(feeds, fp_here, lo_here, runners, groups, outs, job.scorer, got, count,
+                         last, first=window.start, size=sizer, duties=duties,
+                         done=score if b == len(job.batches) - 1 else None)
         del runners  # this window's sessions go before the next window's are built
         release_memory()  # and their arena chunks (when the resident set grew)
-        if job.score is not None:  # scored now: the window's rows are dropped
+        if ref is None:
             ref = np.concatenate(got.ref)
-            for i in window:
-                metrics.append(dict(job.score(ref, np.concatenate(got.rows[i]))))
-                got.rows[i] = []
+        for i in window:  # those the first window kept until FP32's rows were there
+            if job.score is not None and metrics[i] is None:
+                score(i)
     if count is not None:
         count.close()
-    ref = np.concatenate(got.ref)
+    ref = np.concatenate(got.ref) if ref is None else ref
     lows = np.concatenate(got.low) if got.low else np.empty((0, *ref.shape[1:]), ref.dtype)
     rows = () if job.score is not None else tuple(np.concatenate(r) for r in got.rows)
-    return _PartResult(rows, ref, lows, got.cum.sqnr(), got.iso.sqnr(), tuple(metrics))
+    return _PartResult(rows, ref, lows, got.cum.sqnr(), got.iso.sqnr(),
+                       tuple(m for m in metrics if m is not None))
 
 
 def sweep_naive(
