@@ -131,6 +131,27 @@ def db_noise(reference: Parts, other: Parts, *, confidence: float = CONFIDENCE
                   f"(Student t, {iv['n'] - 1} degrees of freedom)")
 
 
+def parts_record(parts: Parts) -> dict[str, Any]:
+    """``parts`` as a JSON file keeps them: ``[units, k]`` lists of the float64 powers as
+    they are (a JSON float reads back bit for bit), and what a unit is."""
+    return {"unit": parts.unit, "signal": _columns(parts.signal).tolist(),
+            "noise": _columns(parts.noise).tolist()}
+
+
+def parts_of(record: Any) -> Parts | None:
+    """:func:`parts_record` read back; None where ``record`` is none (an older file's
+    missing entry) or its two arrays are not of one ``[units, k]`` shape."""
+    if not isinstance(record, Mapping) or not {"signal", "noise"} <= set(record):
+        return None
+    try:
+        s, n = (np.asarray(record[k], np.float64) for k in ("signal", "noise"))
+    except (TypeError, ValueError):
+        return None
+    if s.ndim != 2 or s.shape != n.shape or not s.size:
+        return None
+    return Parts(s, n, str(record.get("unit", "samples")))
+
+
 class WithParts(dict):  # type: ignore[type-arg]
     """A measurement's metrics (name -> figure) with the per-sample powers of its dB
     figures beside them (``parts``: metric -> :class:`Parts`), which the planner's
