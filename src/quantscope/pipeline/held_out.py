@@ -36,7 +36,14 @@ from typing import Any
 import numpy as np
 
 from quantscope.rewrites.tie import TIE_MARGIN
-from quantscope.tasks.db_noise import Parts, db_noise, parts_of, parts_record, pooled_db
+from quantscope.tasks.db_noise import (
+    Parts,
+    db_noise,
+    jackknife_columns,
+    parts_of,
+    parts_record,
+    pooled_db,
+)
 from quantscope.tasks.shares import items_key, share_noise
 from quantscope.units import gain, is_db, is_share, value
 
@@ -83,11 +90,12 @@ def keep_powers(results: dict[str, dict[str, Any]], metric: str) -> None:
     """In place: each result's per-sample powers (``sample_parts``, as
     :func:`quantscope.analyze.measure.evaluate_plans` gives them, arrays) taken out, and
     those of ``metric`` kept for ``plan`` and ``a8_w8`` as JSON keeps them (``POWERS``:
-    ``[samples, k]`` sums, a few floats per sample, never the outputs)."""
+    ``[samples, k]`` sums of the ``k`` columns the jackknife reads, a few floats per
+    sample, never the outputs)."""
     for label, r in results.items():
         got = (r.pop("sample_parts", None) or {}).get(metric)
         if label in COMPARED and isinstance(got, Parts):
-            r[POWERS] = {"metric": metric, **parts_record(got)}
+            r[POWERS] = {"metric": metric, **parts_record(jackknife_columns(got))}
 
 
 def headline_parts(results: Mapping[str, Any], metric: str) -> dict[str, Parts]:
