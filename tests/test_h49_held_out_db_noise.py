@@ -79,6 +79,18 @@ def test_worse_by_more_than_0_1_db_within_its_jackknife_noise_gives_no_advice():
     assert "ship uniform" not in rec["line"]
 
 
+def test_the_verdict_reads_the_powers_evaluate_json_keeps():
+    """run's verdict hands the kept powers to the check (it judged by 0.1 dB before)."""
+    from quantscope.pipeline.verdict import _worse
+
+    results = _held_out(200, 0.5, 0.006, seed=0)
+    ev = {"metric": METRIC, "unit": "dB", "higher_is_better": True, "results": results}
+    quality = {k: {METRIC: r["metrics"][METRIC]} for k, r in results.items()}
+    rec = _worse(ev, {"ships": "plan"}, quality, 1.3, {})
+    assert rec["noise_from"] == "jackknife" and rec["beyond_noise"], rec
+    assert rec["worse_by"] < 0.1
+
+
 def test_without_powers_the_flat_margin_stays_and_says_why():
     """An evaluate.json written before the powers were kept (a resumed run folder), or
     powers of another figure: the 0.1 dB margin, said as no noise estimate."""

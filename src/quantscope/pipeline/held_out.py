@@ -6,7 +6,7 @@ difference, which ``run``'s verdict says with what to do.
 chosen on     the FIT data, always: choosing between the plan and a8_w8 on the held-out
               data would make the held-out figure of what ships no longer held out (the
               choice would be fitted to it), so the held-out data only *contradict*
-compared     the plan's and uniform a8_w8's held-out figure of the headline metric, in its
+compared      the plan's and uniform a8_w8's held-out figure of the headline metric, in its
               direction; only where the plan costs more than a8_w8 (1.0x) and the search
               did not find a8_w8 enough for the goal already (then the plan is a8_w8)
 noise         a share the task counts items for (``KEY_items`` in both figures): the
@@ -20,6 +20,10 @@ noise         a share the task counts items for (``KEY_items`` in both figures):
               PSNR, a per-output key): the 0.1 dB margin the auto rewrites use
               (:data:`quantscope.rewrites.tie.TIE_MARGIN`), said as no noise estimate and
               why; any other figure: none
+kept          by ``run``'s evaluate stage (:func:`keep_powers`), for a headline in dB: the
+              plan's and a8_w8's per-sample powers of it, of the columns the jackknife
+              reads (:func:`quantscope.tasks.db_noise.jackknife_columns`); an
+              ``evaluate.json`` written before has none and is read as such
 said          ``verdict.json`` ``worse_held_out`` (figures, margin, ``noise`` in words,
               ``noise_from``: binomial / jackknife / margin / none, ``beyond_noise``,
               line) and the verdict's plan line: "held out, the plan is worse than uniform
