@@ -67,8 +67,10 @@ class TaggedResult:
 @dataclass(frozen=True)
 class RunEvaluation(TaggedResult):
     """``run``'s ``evaluate.json``: FP32, uniform a8_w8 and the final plan on the held-out
-    data, by label; ``whatif`` with ``--whatif``; ``as_scripted`` where the plan's Hailo
-    script cannot carry a decision."""
+    data, by label (a headline in dB: a8_w8's and the plan's ``sample_powers``, the noise
+    of their difference, :mod:`quantscope.pipeline.held_out`; absent in older files);
+    ``whatif`` with ``--whatif``; ``as_scripted`` where the plan's Hailo script cannot
+    carry a decision."""
 
     FORMAT: ClassVar[str] = "quantscope.run-evaluation/1"
     metric: str

@@ -16,10 +16,12 @@ from quantscope import stages
 from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline.context import Context
+from quantscope.pipeline.held_out import keep_powers
 from quantscope.report.fmt import value as figure_text
 from quantscope.results import CheckResult, DeviceIOResult, RunEvaluation
 from quantscope.targets import Target, load_target
 from quantscope.types import Plan, Precision, QuantscopeError
+from quantscope.units import is_db
 
 # stable file names in the run folder (an export format's: its registry entry)
 STATS, ANALYSIS, PLAN = "stats.npz", "analysis.json", "plan.json"
@@ -309,16 +311,21 @@ def evaluate(ctx: Context) -> Done:
     ref = run_model(model.proto, list(held.evaluation), label="fp32" if ctx.progress else "")
     stats = stages.read_stats(ctx.path(STATS))
     uniform = {"fp32": Plan.uniform(Precision.FLOAT), "a8_w8": Plan.uniform(Precision.A8_W8)}
+    head = ctx.headline()
+    # a headline in dB: its per-sample powers too, the noise of the plan's held-out
+    # difference from a8_w8 (same samples: paired; pipeline.held_out)
+    powers = head.unit == "dB" or is_db(head.metric)
     results = stages.evaluate_plans(model, held, stats, uniform, scheme=scheme,
                                     progress=ctx.progress, reference_outputs=ref,
-                                    own_outputs=True)  # ref is the model's own: fp32 row
+                                    own_outputs=True,  # ref is the model's own: fp32 row
+                                    sample_parts=powers)
     rmodel, rstats, final = repaired(ctx)
     results.update(stages.evaluate_plans(
         rmodel, held, rstats, {"plan": final}, progress=ctx.progress, reference_outputs=ref,
-        error_scales=stages.ERROR_SCALES if ctx.opts.whatif else ()))
+        error_scales=stages.ERROR_SCALES if ctx.opts.whatif else (), sample_parts=powers))
+    keep_powers(results, head.metric)
     for r in results.values():
         r["model"] = ctx.opts.model if r["model"] != REPAIRED else REPAIRED
-    head = ctx.headline()
     doc = {"metric": head.metric, "unit": head.unit, "higher_is_better": head.higher_is_better,
            "results": results, "data": provenance(rd)}
     if any(fmt == "alls" for fmt, _ in formats(ctx.target())):  # what the script carries

@@ -6,8 +6,10 @@ noise of its own, as a share has its binomial one (:func:`quantscope.tasks.share
 Two figures measured on the same units are paired: their difference is estimated with
 the jackknife over the units (leave one unit out, the figure of each recomputed from the
 sums left, Student t with ``units - 1`` degrees of freedom). The one place this is
-computed: a rewrite's tiebreak (:mod:`quantscope.rewrites.tie`) and the planner's choice
-between measured plans without a goal (:func:`quantscope.plan.pareto.noise`) read it.
+computed: a rewrite's tiebreak (:mod:`quantscope.rewrites.tie`), the planner's choice
+between measured plans without a goal (:func:`quantscope.plan.pareto.noise`) and ``run``'s
+check of the plan against uniform a8_w8 held out (:mod:`quantscope.pipeline.held_out`)
+read it.
 
 ==============  ========================================================================
 parts           per unit the signal and noise power (:class:`Parts`): one column (the
@@ -20,6 +22,10 @@ noise         :func:`db_noise`: the half width of that bound, in words, for a ru
                 asks whether a difference is beyond noise (the planner's ``not_worse``)
 none            fewer than 3 units, units that differ, or a power of zero left by a unit
                 (an infinite figure): no estimate; the caller says so
+kept            :func:`parts_record` / :func:`parts_of`: the parts as a JSON file keeps
+                them (``run``'s ``evaluate.json`` ``sample_powers``), read back bit for
+                bit, of the columns the jackknife reads only (:func:`jackknife_columns`:
+                the same figure and interval from a few floats per unit)
 ==============  ========================================================================
 """
 
@@ -129,6 +135,48 @@ def db_noise(reference: Parts, other: Parts, *, confidence: float = CONFIDENCE
     return half, (f"one-sided {confidence:.0%} jackknife noise {half:.3g} dB of the paired "
                   f"difference {iv['difference']:+.3f} dB over {iv['n']} {iv['unit']} "
                   f"(Student t, {iv['n'] - 1} degrees of freedom)")
+
+
+def jackknife_columns(parts: Parts) -> Parts:
+    """``parts`` reduced to the columns the jackknife reads: the one the pooled figure is
+    the lowest of, each one a figure with one unit left out is the lowest of, and any a
+    unit's leaving empties (then :func:`gain_interval` gives no estimate, as with all).
+    The figure, every left-out figure and so every interval are those of all the columns
+    (a lowest-of-``k`` figure over many channels keeps a few floats per unit, not ``k``)."""
+    s, n = _columns(parts[0]), _columns(parts[1])
+    unit = parts.unit if isinstance(parts, Parts) else "rows"
+    if s.shape != n.shape or s.shape[1] <= 1:
+        return Parts(s, n, unit)
+    ls, ln = s.sum(axis=0)[None, :] - s, n.sum(axis=0)[None, :] - n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        whole = 10.0 * np.log10(s.sum(axis=0) / n.sum(axis=0))
+        left = 10.0 * np.log10(ls / ln)
+    keep = np.zeros(s.shape[1], bool)
+    keep[np.argmin(np.nan_to_num(whole, nan=np.inf))] = True
+    keep[np.argmin(np.nan_to_num(left, nan=np.inf), axis=1)] = True
+    keep |= np.any((ls <= 0) | (ln <= 0), axis=0) | ~np.isfinite(whole)
+    return Parts(s[:, keep], n[:, keep], unit)
+
+
+def parts_record(parts: Parts) -> dict[str, Any]:
+    """``parts`` as a JSON file keeps them: ``[units, k]`` lists of the float64 powers as
+    they are (a JSON float reads back bit for bit), and what a unit is."""
+    return {"unit": parts.unit, "signal": _columns(parts.signal).tolist(),
+            "noise": _columns(parts.noise).tolist()}
+
+
+def parts_of(record: Any) -> Parts | None:
+    """:func:`parts_record` read back; None where ``record`` is none (an older file's
+    missing entry) or its two arrays are not of one ``[units, k]`` shape."""
+    if not isinstance(record, Mapping) or not {"signal", "noise"} <= set(record):
+        return None
+    try:
+        s, n = (np.asarray(record[k], np.float64) for k in ("signal", "noise"))
+    except (TypeError, ValueError):
+        return None
+    if s.ndim != 2 or s.shape != n.shape or not s.size:
+        return None
+    return Parts(s, n, str(record.get("unit", "samples")))
 
 
 class WithParts(dict):  # type: ignore[type-arg]
