@@ -3,8 +3,9 @@
 Runs ``python -m quantscope run ARGS`` (``--out`` among them), samples the child's
 resident set (``VmRSS`` of ``/proc/PID/status``) every ``--every`` seconds while it
 prints its ``[stage] …`` lines, and prints, per stage: the estimate said before its work
-(``run.json``'s ``memory_estimate_mb``), the largest RSS sampled while the stage ran, the
-stage's own peak as ``run`` records it (``peak_rss_mb``: ``VmHWM`` reset before each
+(``run.json``'s ``memory_estimate_mb``), the largest RSS sampled while the stage ran before
+its estimate was said (the model and the data loaded) and after it (the work the estimate
+is of), the stage's own peak as ``run`` records it (``peak_rss_mb``: ``VmHWM`` reset before each
 stage) and the ratio of the estimate to that peak.
 
     python bench/stage_memory.py -- minilm-l3 --data stdlib-docs --target hailo10h \\
@@ -23,6 +24,7 @@ import time
 from pathlib import Path
 
 STAGE = re.compile(r"^\[(\w+)\] …")
+SAID = re.compile(r"^\[(\w+)\] memory: ~")
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -62,6 +64,9 @@ def main() -> None:
         m = STAGE.match(line)
         if m:
             stage[0] = m.group(1)
+        m = SAID.match(line)
+        if m:  # what the estimate is of: the work after it (the model and data are loaded)
+            stage[0] = f"{m.group(1)} after"
         if "memory" in line and line.startswith("["):
             print(line.rstrip(), file=sys.stderr)
     p.wait()
@@ -69,15 +74,16 @@ def main() -> None:
     wall = time.perf_counter() - start
     stages = json.loads((out / "run.json").read_text())["stages"]
     print(f"exit {p.returncode}, {wall:.0f} s")
-    print("| stage | estimate (MB) | sampled RSS peak (MB) | run.json peak_rss_mb | "
-          "estimate / peak |")
-    print("|---|---|---|---|---|")
+    print("| stage | estimate (MB) | sampled RSS peak: before the estimate / after it (MB) | "
+          "run.json peak_rss_mb | estimate / sampled peak after it | estimate / peak_rss_mb |")
+    print("|---|---|---|---|---|---|")
     for name, entry in stages.items():
         est, peak = entry.get("memory_estimate_mb"), entry.get("peak_rss_mb")
-        ratio = f"{est / peak:.2f}" if est and peak else "–"
-        got = sampled.get(name)
-        print(f"| {name} | {est if est else '–'} | {f'{got:.0f}' if got else '–'} | "
-              f"{peak if peak else '–'} | {ratio} |")
+        got, after = sampled.get(name), sampled.get(f"{name} after")
+        print(f"| {name} | {est or '–'} | {f'{got:.0f}' if got else '–'} / "
+              f"{f'{after:.0f}' if after else '–'} | {peak or '–'} | "
+              f"{f'{est / after:.2f}' if est and after else '–'} | "
+              f"{f'{est / peak:.2f}' if est and peak else '–'} |")
 
 
 if __name__ == "__main__":

@@ -16,10 +16,14 @@ calibrate      held before it; the tapped model's copy and its session (2 x weig
                at least one) and that run's working tensors; the observers' histograms
 plan           held before it; the FP32 reference session and the segment sessions'
                budget; the activation cache's budget; one run's working tensors at the
-               largest batch; the outputs of a batch held twice (FP32's and a plan's)
-evaluate       held before it; a quantized model's copy and its session (2 x weights);
-               one run's working tensors at the largest batch; every held-out output
-               held twice (FP32's reference and the plan's, until scored)
+               largest batch; the outputs of a batch held twice (FP32's and a plan's);
+               with repairs offered, their FP32 reference (every output), a repair's
+               tapped tensors at its largest batch, the repaired models kept
+evaluate       held before it; every held-out output held twice (FP32's reference and
+               the plan's, until scored); the larger of a plan's pass (a quantized
+               model's copy and its session, 2 x weights, and one run's working tensors
+               at the largest batch) and the saturation check's calibration of the
+               held-out rows (as calibrate's)
 =============  ========================================================================
 
 "Held before it" is the process's resident set when the stage starts (the model, the
@@ -146,12 +150,17 @@ PLAN_LOWER = ("fewer --pairs (the search scores every fit pair) or a shorter --s
 
 
 def plan_search_memory(model: Model, batches: Sequence[Batch], *,
-                       resident: int | None = None,
+                       repair_feeds: Sequence[Batch] = (), taps: Sequence[str] = (),
+                       memo: int = 0, resident: int | None = None,
                        available: int | None = None) -> StageMemory:
     """The plan search's peak: its evaluator's sessions and caches as
     :class:`~quantscope.analyze.incremental.IncrementalRunner` sizes them on ``batches``
     (the fit data's evaluation batches), the FP32 reference's session, one run at the
-    largest batch and a batch's outputs twice."""
+    largest batch and a batch's outputs twice. With repairs offered (``repair_feeds``:
+    the batches they fit on): the full passes' FP32 reference (every output of
+    ``batches``), a repair's tapped tensors (``taps``) at its largest batch, and the
+    ``memo`` repaired models the search keeps (:class:`~quantscope.repair.apply.RepairMemo`'s
+    size)."""
     from quantscope.analyze.activation_cache import cache_memory
     from quantscope.analyze.incremental import crossing, session_budget
     from quantscope.analyze.segments import find_segments, segment_bytes
@@ -167,6 +176,11 @@ def plan_search_memory(model: Model, batches: Sequence[Batch], *,
              ("the activation cache", cache.cache_bytes),
              ("a run's working tensors at the largest batch", run_bytes(model, sizer)),
              ("a batch's outputs, FP32's and a plan's", 2 * sizer(model.output_names()))]
+    if repair_feeds:
+        parts += [("the repairs' FP32 reference", _outputs_over(model, batches, sizer)),
+                  ("a repair's tapped tensors",
+                   tensor_sizer(model, repair_feeds)(taps)),
+                  (f"{memo} repaired models kept", memo * weight_bytes(model))]
     return _estimate("plan", parts, PLAN_LOWER, resident, available)
 
 
@@ -174,12 +188,21 @@ EVALUATE_LOWER = ("fewer --pairs or a smaller --eval-data (every held-out output
                   "until scored), a shorter --seq-len, or a machine with more memory")
 
 
-def evaluate_memory(model: Model, batches: Sequence[Batch], *, resident: int | None = None,
+def evaluate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str], *,
+                    checked: Sequence[Batch], max_rows: int, budget: int,
+                    resident: int | None = None,
                     available: int | None = None) -> StageMemory:
-    """The held-out evaluation's peak (FP32, uniform a8_w8, the plan, one at a time)."""
+    """The held-out evaluation's peak (FP32, uniform a8_w8, the plan, one at a time): the
+    outputs held throughout, and the larger of a plan's pass and the saturation check's
+    calibration of the ``checked`` rows (:func:`calibrate_memory`'s parts, ``taps`` at
+    ``max_rows`` and ``budget``), which run one after the other."""
     sizer = tensor_sizer(model, batches)
-    parts = [("a quantized model and its session", 2 * weight_bytes(model)),
-             ("a run's working tensors at the largest batch", run_bytes(model, sizer)),
-             ("the held-out outputs, FP32's and a plan's", 2 * _outputs_over(model, batches,
-                                                                            sizer))]
+    one = 2 * weight_bytes(model) + run_bytes(model, sizer)
+    check = calibrate_memory(model, checked, taps, max_rows=max_rows, budget=budget,
+                             resident=0, available=0)
+    parts = [("the held-out outputs, FP32's and a plan's", 2 * _outputs_over(model, batches,
+                                                                            sizer)),
+             (f"the larger of a plan's pass (a quantized model, its session, its working "
+              f"tensors ~{one / MB:.0f} MB) and the saturation check's calibration "
+              f"~{check.peak / MB:.0f} MB", max(one, check.peak))]
     return _estimate("evaluate", parts, EVALUATE_LOWER, resident, available)

@@ -33,11 +33,27 @@ def calibrate_estimate(ctx: Context) -> StageMemory:
 
 
 def plan_estimate(ctx: Context) -> StageMemory:
-    return plan_search_memory(ctx.model(), list(ctx.data().fit.evaluation))
+    from quantscope.calibrate.collect import tap_names
+    from quantscope.model.groups import find_groups
+    from quantscope.pipeline.steps import plan_scope
+    from quantscope.repair.apply import RepairMemo
+
+    model, fit = ctx.model(), ctx.data().fit
+    feeds = list(fit.calibration)[: ctx.opts.repair_batches] if plan_scope(ctx).repairs else []
+    return plan_search_memory(model, list(fit.evaluation), repair_feeds=feeds,
+                              taps=tap_names(model, find_groups(model)) if feeds else (),
+                              memo=RepairMemo().size if feeds else 0)
 
 
 def evaluate_estimate(ctx: Context) -> StageMemory:
-    return evaluate_memory(ctx.model(), list(ctx.data().held_out.evaluation))
+    from quantscope.analyze.measure import saturation_batches
+    from quantscope.calibrate.collect import MAX_ROWS, TAP_BUDGET, tap_names
+    from quantscope.model.groups import find_groups
+
+    model, batches = ctx.model(), list(ctx.data().held_out.evaluation)
+    return evaluate_memory(model, batches, tap_names(model, find_groups(model)),
+                           checked=saturation_batches(batches)[0], max_rows=MAX_ROWS,
+                           budget=TAP_BUDGET)
 
 
 def say_estimate(name: str, memory: StageMemory, *, show: bool) -> None:
