@@ -13,7 +13,8 @@ taps per run: :func:`~quantscope.calibrate.collect.rows_per_run`'s budget):
 =============  ========================================================================
 calibrate      held before it; the tapped model's copy and its session (2 x weights);
                the tapped tensors of one run (as many rows as the tap budget allows,
-               at least one) and that run's working tensors; the observers' histograms
+               at least one) twice (ONNX Runtime's outputs and their NumPy copies) and
+               that run's working tensors; the observers' histograms
 plan           held before it; the FP32 reference session and the segment sessions'
                budget; the activation cache's budget; one run's working tensors at the
                largest batch; the outputs of a batch held twice (FP32's and a plan's);
@@ -137,7 +138,9 @@ def calibrate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str]
     work = run_bytes(model, sizer)
     widest = max((sizer([t]) for t in taps), default=0)
     parts = [("the tapped model and its session", 2 * weights),
-             (f"the tapped tensors of a run of {rows} row(s)", tapped),
+             # ONNX Runtime's outputs and their NumPy copies, both alive until the run
+             # returns (minilm-l3, 3 rows: 204 MB of taps, the run 560 MB over the session)
+             (f"the tapped tensors of a run of {rows} row(s), twice", 2 * tapped),
              ("its working tensors", work),
              # an observer's pass: the bin indices (int64) and masks of the widest tap
              ("an observer's pass over the widest", 3 * widest),
@@ -190,12 +193,14 @@ EVALUATE_LOWER = ("fewer --pairs or a smaller --eval-data (every held-out output
 
 def evaluate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str], *,
                     checked: Sequence[Batch], max_rows: int, budget: int,
-                    resident: int | None = None,
+                    read_repaired: bool = False, resident: int | None = None,
                     available: int | None = None) -> StageMemory:
     """The held-out evaluation's peak (FP32, uniform a8_w8, the plan, one at a time): the
     outputs held throughout, and the larger of a plan's pass and the saturation check's
     calibration of the ``checked`` rows (:func:`calibrate_memory`'s parts, ``taps`` at
-    ``max_rows`` and ``budget``), which run one after the other."""
+    ``max_rows`` and ``budget``), which run one after the other. ``read_repaired``: the
+    repaired model is read from its file and compared with the working model (its bytes
+    and its proto beside the working model's: 2 x weights)."""
     sizer = tensor_sizer(model, batches)
     one = 2 * weight_bytes(model) + run_bytes(model, sizer)
     check = calibrate_memory(model, checked, taps, max_rows=max_rows, budget=budget,
@@ -205,4 +210,7 @@ def evaluate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str],
              (f"the larger of a plan's pass (a quantized model, its session, its working "
               f"tensors ~{one / MB:.0f} MB) and the saturation check's calibration "
               f"~{check.peak / MB:.0f} MB", max(one, check.peak))]
+    if read_repaired:
+        parts.append(("reading repaired.onnx beside the working model",
+                      2 * weight_bytes(model)))
     return _estimate("evaluate", parts, EVALUATE_LOWER, resident, available)

@@ -53,7 +53,7 @@ def evaluate_estimate(ctx: Context) -> StageMemory:
     model, batches = ctx.model(), list(ctx.data().held_out.evaluation)
     return evaluate_memory(model, batches, tap_names(model, find_groups(model)),
                            checked=saturation_batches(batches)[0], max_rows=MAX_ROWS,
-                           budget=TAP_BUDGET)
+                           budget=TAP_BUDGET, read_repaired="repaired" not in ctx._cache)
 
 
 def say_estimate(name: str, memory: StageMemory, *, show: bool) -> None:
