@@ -207,9 +207,9 @@ def evaluate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str],
                              resident=0, available=0)
     parts = [("the held-out outputs, FP32's and a plan's", 2 * _outputs_over(model, batches,
                                                                             sizer)),
-             (f"the larger of a plan's pass (a quantized model, its session, its working "
-              f"tensors ~{one / MB:.0f} MB) and the saturation check's calibration "
-              f"~{check.peak / MB:.0f} MB", max(one, check.peak))]
+             (f"the larger of the saturation check's calibration (~{check.peak / MB:.0f} MB, "
+              f"as calibrate's) and a plan's pass (~{one / MB:.0f} MB: a quantized model, "
+              "its session, its working tensors), run apart", max(one, check.peak))]
     if read_repaired:
         parts.append(("reading repaired.onnx beside the working model",
                       2 * weight_bytes(model)))
