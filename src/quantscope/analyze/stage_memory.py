@@ -19,7 +19,8 @@ plan           held before it; the FP32 reference session and the segment sessio
                budget; the activation cache's budget; one run's working tensors at the
                largest batch; the outputs of a batch held twice (FP32's and a plan's);
                with repairs offered, their FP32 reference (every output), a repair's
-               tapped tensors at its largest batch, the repaired models kept
+               tapped tensors at its largest batch (twice, as calibrate's), the repaired
+               models kept
 evaluate       held before it; every held-out output held twice (FP32's reference and
                the plan's, until scored); the larger of a plan's pass (a quantized
                model's copy and its session, 2 x weights, and one run's working tensors
@@ -50,6 +51,11 @@ from quantscope.analyze.memory import (
 from quantscope.emulate.release import resident_bytes
 from quantscope.model.load import Model
 from quantscope.types import Batch, batch_rows, take_rows
+
+# a run's tapped outputs are held twice until it returns: ONNX Runtime's and their NumPy
+# copies (minilm-l3's calibration, 3 rows: 204 MB of taps, the run 560 MB over its session;
+# mobilefacenet's bias repair on the faces: 465 MB of taps, ~850 MB over the search)
+OUTPUT_COPIES = 2
 
 
 @dataclass(frozen=True)
@@ -138,9 +144,7 @@ def calibrate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str]
     work = run_bytes(model, sizer)
     widest = max((sizer([t]) for t in taps), default=0)
     parts = [("the tapped model and its session", 2 * weights),
-             # ONNX Runtime's outputs and their NumPy copies, both alive until the run
-             # returns (minilm-l3, 3 rows: 204 MB of taps, the run 560 MB over the session)
-             (f"the tapped tensors of a run of {rows} row(s), twice", 2 * tapped),
+             (f"the tapped tensors of a run of {rows} row(s), twice", OUTPUT_COPIES * tapped),
              ("its working tensors", work),
              # an observer's pass: the bin indices (int64) and masks of the widest tap
              ("an observer's pass over the widest", 3 * widest),
@@ -181,8 +185,8 @@ def plan_search_memory(model: Model, batches: Sequence[Batch], *,
              ("a batch's outputs, FP32's and a plan's", 2 * sizer(model.output_names()))]
     if repair_feeds:
         parts += [("the repairs' FP32 reference", _outputs_over(model, batches, sizer)),
-                  ("a repair's tapped tensors",
-                   tensor_sizer(model, repair_feeds)(taps)),
+                  ("a repair's tapped tensors of a batch, twice",
+                   OUTPUT_COPIES * tensor_sizer(model, repair_feeds)(taps)),
                   (f"{memo} repaired models kept", memo * weight_bytes(model))]
     return _estimate("plan", parts, PLAN_LOWER, resident, available)
 
