@@ -209,8 +209,8 @@ import os, signal, sys
 from quantscope.analyze import sweeps
 from quantscope.cli import main
 said = sweeps.note_memory_estimate
-def killed(text):
-    said(text)  # kept in run.json, then the kernel's OOM killer: SIGKILL, no word
+def killed(text, peak=None):
+    said(text, peak)  # kept in run.json, then the kernel's OOM killer: SIGKILL, no word
     os.kill(os.getpid(), signal.SIGKILL)
 sweeps.note_memory_estimate = killed
 sys.exit(main(sys.argv[1:]))

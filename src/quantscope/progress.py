@@ -35,19 +35,20 @@ MEMORY_FIX = ("give smaller samples (a smaller --input-shape or --seq-len) or fe
 """What lowers a run's memory: the CLI's out-of-memory line and a rerun's line after a
 SIGKILL (``pipeline.manifest.unfinished_line``) end with it."""
 
-_KEEPERS: list[Callable[[str], None]] = []  # who keeps the memory estimates said now
+_KEEPERS: list[Callable[[str, int | None], None]] = []  # who keeps the estimates said now
 
 
-def note_memory_estimate(text: str) -> None:
+def note_memory_estimate(text: str, peak: int | None = None) -> None:
     """A stage's memory estimate, said by the stage, handed to whoever keeps it: ``run``
     writes it to ``run.json`` before the work it estimates, so a rerun after a SIGKILL (the
-    kernel's out-of-memory killer) can quote it."""
+    kernel's out-of-memory killer) can quote it; ``peak``: the estimated peak in bytes
+    (kept beside the stage's measured peak once it finishes)."""
     for keep in list(_KEEPERS):
-        keep(text)
+        keep(text, peak)
 
 
 @contextmanager
-def keeping_estimates(keep: Callable[[str], None]) -> Iterator[None]:
+def keeping_estimates(keep: Callable[[str, int | None], None]) -> Iterator[None]:
     """``keep`` is handed every :func:`note_memory_estimate` while the body runs."""
     _KEEPERS.append(keep)
     try:

@@ -184,12 +184,12 @@ class IncrementalRunner:
         by_name = {n.name: n for n in model.graph.node}
         self._tensors = tuple(segment_tensors(model, (by_name[n] for n in s.nodes))
                               for s in self.segments)
-        self._crossing = _crossing(model, self.segments)
+        self._crossing = crossing(model, self.segments)
         self._weights = segment_bytes(model, self.segments)
         self._session_size = [max(w, SESSION_MIN_BYTES) for w in self._weights]
         budget = config.session_bytes  # default: the line's sessions and a candidate's
         if budget is None:
-            budget = sum(self._session_size) + max(self._session_size)
+            budget = session_budget(self._weights)
         self.memory: CacheMemory = cache_memory(model, self.batches, self._crossing, budget,
                                                 cache_bytes=config.cache_bytes,
                                                 cache_cap=config.cache_cap)
@@ -293,7 +293,15 @@ def _prefixes(keys: Sequence[str]) -> list[str]:
     return out
 
 
-def _crossing(model: Model, segments: Sequence[Segment]) -> tuple[tuple[str, ...], ...]:
+def session_budget(weights: Sequence[int]) -> int:
+    """The segment sessions' default budget: one plan's sessions and the largest once more
+    (the line's and a candidate's changed one), each at least :data:`SESSION_MIN_BYTES`;
+    ``weights``: per segment, the bytes of its weights."""
+    sizes = [max(w, SESSION_MIN_BYTES) for w in weights]
+    return sum(sizes) + max(sizes, default=0)
+
+
+def crossing(model: Model, segments: Sequence[Segment]) -> tuple[tuple[str, ...], ...]:
     """Per cut ``k`` (after segment ``k``): the tensors made up to it that a later segment
     reads or the graph returns (graph inputs come from the batch)."""
     graph_outs, out = set(model.output_names()), []

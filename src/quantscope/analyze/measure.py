@@ -384,14 +384,21 @@ SAME_NOTE = ("this configuration quantizes nothing (its graph is the model's own
 SATURATION_ROWS = 256  # evaluation rows whose ranges are checked against the calibration's
 
 
-def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
-    """Streaming statistics of (up to SATURATION_ROWS of) the evaluation rows."""
+def saturation_batches(batches: list[Batch]) -> tuple[list[Batch], int]:
+    """The evaluation batches whose ranges are checked (up to SATURATION_ROWS rows, whole
+    batches), and their rows."""
     rows, part = 0, []
     for b in batches:
         if rows >= SATURATION_ROWS:
             break
         part.append(b)
         rows += batch_rows(b)
+    return part, rows
+
+
+def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
+    """Streaming statistics of (up to SATURATION_ROWS of) the evaluation rows."""
+    part, rows = saturation_batches(batches)
     return calibrate(model, find_groups(model), part), rows
 
 

@@ -386,7 +386,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                       measured=job.run_bytes, resident=resident_bytes() or 0,
                       prepass=(2, tapped) if need_low else None)
     say(f"analyze: {mem.text()}", show=progress)
-    note_memory_estimate(f"{mem.text()} (analyze's sweep)")  # run.json keeps it (a SIGKILL)
+    note_memory_estimate(f"{mem.text()} (analyze's sweep)", mem.peak)  # run.json keeps it (a SIGKILL)
     arena = job.arena if job.arena is not None else use_arena(
         max((sizer([t]) for n in model.graph.node for t in n.output if t), default=0))
     fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,

@@ -71,6 +71,7 @@ def tapped_model(model: Model, taps: list[str]) -> onnx.ModelProto:
 # what one run's tapped tensors may hold (all of them are alive at once); the rows per run
 # follow from the first run's bytes per input value
 TAP_BUDGET = 256 * 2**20
+MAX_ROWS = 8  # rows one run takes at most
 
 
 def fixed_rows(session: Any, feeds: dict[str, np.ndarray]) -> bool:
@@ -103,7 +104,7 @@ def calibrate(
     *,
     method: str = "minmax",
     progress: bool = False,
-    max_rows: int = 8,
+    max_rows: int = MAX_ROWS,
     budget: int = TAP_BUDGET,
 ) -> Stats:
     """Run every batch once; fold each tapped tensor into a constant-size observer.

@@ -59,7 +59,23 @@ def torch_available() -> bool:
         return False
 
 
+# device files whose absence means no GPU that torch.cuda could see (NVIDIA, WSL, ROCm)
+GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
+
+
+def gpu_device_present() -> bool:
+    """Whether a GPU device file is here (without importing torch)."""
+    import os
+
+    return any(map(os.path.exists, GPU_DEVICES))
+
+
 def _cuda() -> bool:
+    """Whether torch sees a CUDA GPU; False without a GPU device file, torch not imported
+    (``--rank-engine auto``, run's default, imported it to ask on every plan stage: about
+    185 MB resident and seconds, on a machine with no GPU)."""
+    if not gpu_device_present():
+        return False
     import torch
 
     return bool(torch.cuda.is_available())

@@ -35,10 +35,12 @@ from quantscope.pipeline.context import (
 )
 from quantscope.pipeline.deploy import deploy as deploy_step
 from quantscope.pipeline.manifest import Manifest, remember_digests, stage_key
+from quantscope.pipeline.memory import calibrate_estimate, evaluate_estimate, plan_estimate
 from quantscope.pipeline.verdict import report as report_step
 from quantscope.types import QuantscopeError
 
 if TYPE_CHECKING:
+    from quantscope.analyze.stage_memory import StageMemory
     from quantscope.model.load import Model
 
 LOCK = ".run.lock"
@@ -54,6 +56,8 @@ class StageSpec:
     # a finished stage runs again when this says so (the plan stage: its search was
     # stopped by a smaller --budget than this run's: steps.plan_budget_grew)
     redo: Callable[[Context], bool] | None = None
+    # the stage's memory estimate, said and kept before its work (pipeline/memory.py)
+    memory: Callable[[Context], StageMemory] | None = None
 
 
 # options added after run folders existed: in a stage's key only when set, so a folder
@@ -62,14 +66,14 @@ UNKEYED_AT_NONE = frozenset({"race", "prefixes"})
 
 _REPAIRED = (steps.REPAIRED, steps.REPAIRED_STATS, steps.REPAIRED_PLAN)
 STAGES: dict[str, StageSpec] = {
-    "calibrate": StageSpec(steps.calibrate, (), ("method",), True),
+    "calibrate": StageSpec(steps.calibrate, (), ("method",), True, memory=calibrate_estimate),
     "analyze": StageSpec(steps.analyze, (steps.STATS,),
                          ("target", "proxy", "metric", "seq_len", "input_shapes"), True),
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs", "repairs_given", "lengths",
                        "repair_batches", "race", "auto_rewrites"), True, ranked=True,
-                      redo=steps.plan_budget_grew),
+                      redo=steps.plan_budget_grew, memory=plan_estimate),
     # the repairs, then the fine-tune (--finetune; auto: when the goal is missed on the fit
     # data: pipeline/tune.py), whose outcome depends on the goal and the metric
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN),
@@ -77,7 +81,8 @@ STAGES: dict[str, StageSpec] = {
     "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
     # hn: the plan as its Hailo script carries it (as_scripted) depends on the layer names
     "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED),
-                          ("target", "metric", "whatif", "hn"), True),
+                          ("target", "metric", "whatif", "hn"), True,
+                          memory=evaluate_estimate),
     # the compiled lengths (--lengths): candidates per length chosen on the fit texts,
     # measured on the held-out texts (pipeline/deploy.py)
     "deploy": StageSpec(deploy_step, (steps.STATS, *_REPAIRED),
@@ -339,12 +344,21 @@ def _run(ctx: Context, force: str | None) -> RunResult:
         release_memory(force=True)
         reset_peak()
         start = time.perf_counter()
-        done = manifest.run(name, spec.run, ctx)  # run.json: started, until recorded
+        done = manifest.run(name, _estimated, name, spec, ctx)  # run.json: started, until recorded
         manifest.record(name, key, done.files, time.perf_counter() - start, done.timings,
                         peak=peak_bytes(), before=before)
         ran.append(name)
     verdict = read_json(folder / steps.VERDICT, "verdict")
     return RunResult(folder, tuple(ran), tuple(skipped), verdict)
+
+
+def _estimated(name: str, spec: StageSpec, ctx: Context) -> steps.Done:
+    """The stage, its memory estimate said and kept first (:mod:`.memory`)."""
+    if spec.memory is not None:
+        from quantscope.pipeline.memory import say_estimate
+
+        say_estimate(name, spec.memory(ctx), show=ctx.progress)
+    return spec.run(ctx)
 
 
 @contextmanager
@@ -490,20 +504,15 @@ def target_file_identity(target: str | None) -> str | None:
     return file_digest(target) if Path(target).is_file() else None
 
 
-# device files whose absence means no GPU that torch.cuda could see (NVIDIA, WSL, ROCm)
-GPU_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/dxg", "/dev/kfd")
-
-
 def _ranked_by(asked: str) -> str | None:
     """Who ranks the plan search when torch does (its key entry), None when ORT does.
     ``auto`` on a machine without a GPU device is ORT without importing torch (seconds on
     every rerun: :func:`quantscope.finetune.engine.resolve_engine` would import it to ask
-    torch.cuda)."""
-    import os
+    torch.cuda, unless it finds no GPU device file either)."""
+    from quantscope.finetune.engine import gpu_device_present, resolve_engine
 
-    if asked == "ort" or (asked == "auto" and not any(map(os.path.exists, GPU_DEVICES))):
+    if asked == "ort" or (asked == "auto" and not gpu_device_present()):
         return None
-    from quantscope.finetune.engine import resolve_engine
 
     engine = resolve_engine(asked)
     return None if engine.name == "ort" else engine.ranked_by

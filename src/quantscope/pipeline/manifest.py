@@ -210,12 +210,18 @@ class Manifest:
                 self.write()
             raise
 
-    def note_estimate(self, text: str) -> None:
+    def note_estimate(self, text: str, peak: int | None = None) -> None:
         """The stage's memory estimate, kept before the work it estimates (a SIGKILL then
-        finds it in ``run.json``)."""
-        if self.started is not None and self.started.get("memory_estimate") != text:
-            self.started["memory_estimate"] = text
-            self.write()
+        finds it in ``run.json``); ``peak`` (bytes) as ``memory_estimate_mb``. A stage that
+        says several (the analysis' sweeps) keeps the last said and the largest peak."""
+        if self.started is None or self.started.get("memory_estimate") == text:
+            return
+        self.started["memory_estimate"] = text
+        if peak:
+            mb = round(peak / 2**20)
+            self.started["memory_estimate_mb"] = max(mb, self.started.get(
+                "memory_estimate_mb", 0))
+        self.write()
 
     def done(self, name: str, key: str) -> bool:
         """Finished with this key, and every file it wrote is there, unchanged."""
@@ -247,13 +253,17 @@ class Manifest:
                before: int | None = None) -> None:
         """A finished stage: its key, files' digests, wall seconds, timings, the process's
         peak resident set while it ran (``peak_rss_mb``, MiB, when known) and, for the
-        first stage a run ran, the peak before it (``before_peak_rss_mb``)."""
+        first stage a run ran, the peak before it (``before_peak_rss_mb``); the memory the
+        stage estimated before its work (``memory_estimate``, ``memory_estimate_mb``: what
+        :meth:`note_estimate` kept) beside the peak it reached."""
+        said = {k: v for k, v in (self.started or {}).items()
+                if k in ("memory_estimate", "memory_estimate_mb")}  # beside the peak
         self.started = None
         self.stages[name] = {"key": key, "files": {f: file_digest(self.folder / f) for f in files},
                              "seconds": round(seconds, 2), "timings": timings or {},
                              **({"peak_rss_mb": round(peak / 2**20)} if peak else {}),
                              **({"before_peak_rss_mb": round(before / 2**20)} if before
-                                else {})}
+                                else {}), **said}
         self.write()
 
     def forget(self, names: Sequence[str]) -> None:

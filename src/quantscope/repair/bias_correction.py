@@ -36,6 +36,7 @@ from onnx import helper, numpy_helper
 
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.emulate.session import make_session, runner
 from quantscope.model.groups import find_groups
 from quantscope.model.layouts import WeightLayout, in_out_matrix, layout_of
 from quantscope.model.load import Model
@@ -50,7 +51,7 @@ from quantscope.repair import (
     use_counts,
     with_initializers,
 )
-from quantscope.repair.verify import Batch, run_all
+from quantscope.repair.verify import Batch
 from quantscope.types import Encodings, Plan, QuantScheme, QuantscopeError, Stats
 
 
@@ -64,16 +65,22 @@ def _channel_means(
 def _channel_stats(
     proto: onnx.ModelProto, taps: list[str], feeds: Sequence[Batch], axes: list[int]
 ) -> tuple[list[np.ndarray], list[int]]:
-    """(means as in :func:`_channel_means`, how many positions each mean is over)."""
-    outs = run_all(tapped_model_from(proto, taps), feeds)
+    """(means as in :func:`_channel_means`, how many positions each mean is over).
+
+    One batch at a time, folded into the sums before the next runs: every tapped tensor of
+    every feed held at once (``run_all``) took mobilefacenet's plan stage on the faces to
+    4.7 GB (8 repair batches, 65 taps each) against 1.2 GB for the rest of its search."""
+    run = runner(make_session(tapped_model_from(proto, taps)))
     n = len(proto.graph.output)
     sums = [0.0] * len(taps)
     counts = [0] * len(taps)
-    for out in outs:
+    for feed in feeds:
+        out = run(feed)
         for k, (x, ax) in enumerate(zip(out[n:], axes, strict=True)):
             x = np.moveaxis(x.astype(np.float64), ax, -1).reshape(-1, x.shape[ax])
             sums[k] = sums[k] + x.sum(axis=0)
             counts[k] += x.shape[0]
+        del out
     # a tensor no batch reached (a tokensplit chunk past every calibration text's length)
     # has no measured mean: 0, so its layer gets no shift instead of a NaN bias
     return [s / c if c else np.zeros_like(np.asarray(s, np.float64))
