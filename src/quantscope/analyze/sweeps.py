@@ -44,13 +44,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from quantscope.analyze.candidates import SWEEPS, Candidate, candidates, encodings_table
-from quantscope.analyze.memory import plan_memory, tensor_sizer
+from quantscope.analyze.memory import MemoryPlan, plan_memory, tensor_sizer
 from quantscope.analyze.noise import NoiseAccumulator
 from quantscope.analyze.rows import density_batches, proxy_batches, row_noise, run_plan_rows
 from quantscope.analyze.scoring import Scorer
 from quantscope.analyze.segments import (
     Chain,
     Runner,
+    Segment,
     build_chain,
     build_runners,
     drop_dead,
@@ -148,6 +149,47 @@ def _chains_stop(starts: dict[int, list[tuple[int, Runner]]], made_in: dict[str,
     return max(need, default=0)
 
 
+def _chains_segment(
+    k: int, fp: Chain | None, lo: Chain | None, env_fp: dict, env_lo: dict,
+    isolated: Sequence[dict[str, np.ndarray]], got: _Collected, *, cum_noise: bool,
+    size: Callable[[Sequence[str]], int] | None,
+) -> None:
+    """The chains given run segment ``k`` on their envs (updated with its crossing
+    tensors): the cumulative noise summed from its taps, ``TAP_BYTES`` at a time, when
+    ``cum_noise``; the isolated noise of the taps enable-one candidates kept
+    (``isolated``) against FP32's."""
+    shape = fp if fp is not None else lo
+    if shape is None:
+        raise ValueError("a chain segment runs at least one chain")
+    seg = shape.segments[k]
+    wanted = {t for kept in isolated for t in kept}
+    crossing = [t for t in shape.outputs[k] if t in seg.outputs]
+    taps = [t for t in shape.outputs[k] if t not in seg.outputs]
+    cum = taps if cum_noise else []
+    parts = _tap_parts(cum, size) if size is not None and cum else [cum]
+    for j, part in enumerate(parts):
+        # the first run returns the crossing tensors (and the taps kept for the
+        # isolated noise alone); each run one part of the cumulative noise's taps
+        names_fp = ([*crossing, *(t for t in taps if t in wanted and t not in cum)]
+                    if j == 0 else [])
+        names_lo = crossing if j == 0 else []
+        made_fp = (run_segment(fp.sessions[k], [*names_fp, *part], env_fp)
+                   if fp is not None else {})
+        made_lo = (run_segment(lo.sessions[k], [*names_lo, *part], env_lo)
+                   if lo is not None else {})
+        if cum_noise:
+            for t in (t for t in shape.outputs[k] if t in made_lo and t in made_fp):
+                got.cum.add(t, made_fp[t], made_lo[t])
+        for kept in isolated:
+            for t, v in kept.items():
+                if t in made_fp:
+                    got.iso.add(t, made_fp[t], v)
+        if j == 0:
+            for env, made in ((env_fp, made_fp), (env_lo, made_lo)):
+                env.update({t: v for t, v in made.items() if t in seg.outputs})
+        del made_fp, made_lo
+
+
 def _sweep_batch(
     feeds: Batch, fp: Chain | None, lo: Chain | None, runners: Sequence[Runner],
     groups: Groups, outs: list[str], scorer: Scorer, got: _Collected, count: Counter | None,
@@ -201,34 +243,8 @@ def _sweep_batch(
                 count.step(cost=feed_size(feeds))
         if k >= stop:
             continue
-        seg = shape.segments[k]
-        isolated = pending.pop(k, ())
-        wanted = {t for kept in isolated for t in kept}
-        crossing = [t for t in shape.outputs[k] if t in seg.outputs]
-        taps = [t for t in shape.outputs[k] if t not in seg.outputs]
-        cum = taps if cum_noise else []
-        parts = _tap_parts(cum, size) if size is not None and cum else [cum]
-        for j, part in enumerate(parts):
-            # the first run returns the crossing tensors (and the taps kept for the
-            # isolated noise alone); each run one part of the cumulative noise's taps
-            names_fp = ([*crossing, *(t for t in taps if t in wanted and t not in cum)]
-                        if j == 0 else [])
-            names_lo = crossing if j == 0 else []
-            made_fp = (run_segment(fp.sessions[k], [*names_fp, *part], env_fp)
-                       if fp is not None else {})
-            made_lo = (run_segment(lo.sessions[k], [*names_lo, *part], env_lo)
-                       if lo is not None else {})
-            if cum_noise:
-                for t in (t for t in shape.outputs[k] if t in made_lo and t in made_fp):
-                    got.cum.add(t, made_fp[t], made_lo[t])
-            for kept in isolated:
-                for t, v in kept.items():
-                    if t in made_fp:
-                        got.iso.add(t, made_fp[t], v)
-            if j == 0:
-                for env, made in ((env_fp, made_fp), (env_lo, made_lo)):
-                    env.update({t: v for t, v in made.items() if t in seg.outputs})
-            del made_fp, made_lo
+        _chains_segment(k, fp, lo, env_fp, env_lo, pending.pop(k, ()), got,
+                        cum_noise=cum_noise, size=size)
         for env in (env_fp, env_lo):
             drop_dead(env, last, k)
     if duties:
@@ -351,11 +367,37 @@ class _PartResult:
     metrics: tuple[dict[str, float], ...] = ()  # per candidate, when the job scores
 
 
+def _estimate(job: _SegmentJob, segments: Sequence[Segment], cand_bytes: Sequence[int],
+              sizer: Callable[[Sequence[str]], int]) -> MemoryPlan:
+    """The sweep's windows and peak (:func:`quantscope.analyze.memory.plan_memory`): the
+    windows hold one env per chain they read and a candidate's; disable-one's read the
+    all-low chain alone, with no taps; the chains' own pass (both chains, every tap one
+    part at a time) comes first, with no candidate held."""
+    model, groups = job.model, job.groups
+    need_low = "disable_one" in job.sweeps
+    rows = sum(batch_rows(b) for b in job.batches)  # each candidate's, FP32's, all-low's
+    live = live_tensors(model, groups, segments)  # what an env holds while segment k runs
+    by = groups.by_name()
+    taps = [{t for g in seg.groups for t in by[g].outputs} - set(seg.outputs)
+            for seg in segments]  # returned TAP_BYTES at a time (_sweep_batch)
+    bare = [sizer([t for t in names if t not in tk]) for names, tk in zip(live, taps, strict=True)]
+    # an env returning its taps: one part of them at a time (a tap larger than a part alone)
+    tapped = max(b + min(sizer(list(tk)), max([TAP_BYTES, *(sizer([t]) for t in tk)]))
+                 for b, tk in zip(bare, taps, strict=True))
+    only_low = tuple(job.sweeps) == ("disable_one",)
+    return plan_memory(model, cand_bytes, job.batches, (),
+                       tensor_bytes=max(bare) if only_low else tapped,
+                       chains=len(job.sweeps), budget=job.session_budget,
+                       sizer=sizer, row_bytes=job.row_bytes * rows,
+                       held_bytes=job.held_bytes + (1 + need_low) * job.row_bytes * rows,
+                       measured=job.run_bytes, resident=resident_bytes() or 0,
+                       prepass=(2, tapped) if need_low else None)
+
+
 def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _PartResult:
     """The candidates ``part`` of ``job`` on every row (one task of a distributed sweep)."""
     model, groups, low = job.model, job.groups, job.low
     need_low = "disable_one" in job.sweeps
-    rows = sum(batch_rows(b) for b in job.batches)  # each candidate's, FP32's, all-low's
     say(f"analyze: cutting {len(model.graph.node)} nodes into segments, encodings of "
         f"{len(groups.groups)} groups", show=progress)
     release_memory(force=True)  # what an earlier sweep freed, before its resident is read
@@ -365,26 +407,8 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                   if c.sweep in job.sweeps)[part.start:part.stop]
     models = segment_models(model, groups, segments)  # built once, read by every session
     owned = owned_segments(model, groups, segments, table, cands, low, seg_models=models)
-    sizes = segment_bytes(model, segments)
-    live = live_tensors(model, groups, segments)  # what an env holds while segment k runs
-    sizer = tensor_sizer(model, job.batches)  # the shapes inferred once
-    by = groups.by_name()
-    taps = [{t for g in seg.groups for t in by[g].outputs} - set(seg.outputs)
-            for seg in segments]  # returned TAP_BYTES at a time (_sweep_batch)
-    bare = [sizer([t for t in names if t not in tk]) for names, tk in zip(live, taps, strict=True)]
-    # an env returning its taps: one part of them at a time (a tap larger than a part alone)
-    tapped = max(b + min(sizer(list(tk)), max([TAP_BYTES, *(sizer([t]) for t in tk)]))
-                 for b, tk in zip(bare, taps, strict=True))
-    # the windows: disable-one's read the all-low chain alone, with no taps; the chains'
-    # own pass (both chains, every tap) comes first, with no candidate held
-    only_low = tuple(job.sweeps) == ("disable_one",)
-    mem = plan_memory(model, [sum(sizes[k] for k in own) for own in owned], job.batches,
-                      (), tensor_bytes=max(bare) if only_low else tapped,
-                      chains=len(job.sweeps), budget=job.session_budget,
-                      sizer=sizer, row_bytes=job.row_bytes * rows,
-                      held_bytes=job.held_bytes + (1 + need_low) * job.row_bytes * rows,
-                      measured=job.run_bytes, resident=resident_bytes() or 0,
-                      prepass=(2, tapped) if need_low else None)
+    sizes, sizer = segment_bytes(model, segments), tensor_sizer(model, job.batches)
+    mem = _estimate(job, segments, [sum(sizes[k] for k in own) for own in owned], sizer)
     say(f"analyze: {mem.text()}", show=progress)
     note_memory_estimate(f"{mem.text()} (analyze's sweep)", mem.peak)  # run.json keeps it (a SIGKILL)
     arena = job.arena if job.arena is not None else use_arena(
