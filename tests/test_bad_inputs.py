@@ -796,9 +796,7 @@ def test_demo_writes_json_and_report_as_a_set(tmp_path, monkeypatch, capsys):
     emb.CopyFrom(numpy_helper.from_array(  # room for the packaged BERT tokenizer's ids
         np.random.default_rng(0).normal(0, 1, (30522, 8)).astype(np.float32), "emb"))
     onnx.save(model, tmp_path / "enc.onnx")
-    (tmp_path / "pairs.jsonl").write_text("".join(
-        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
-        for i in range(6)))
+    tm.write_pairs(tmp_path / "pairs.jsonl", 6)
     argv = ["demo", "--model", str(tmp_path / "enc.onnx"), "--data",
             str(tmp_path / "pairs.jsonl"), "--json", str(tmp_path / "d.json"), "--report",
             str(tmp_path / "d.html")]

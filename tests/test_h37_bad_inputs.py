@@ -100,9 +100,7 @@ def test_retrieval_data_too_small_to_split_is_not_called_held_out(tmp_path, caps
     """Pairs that all fit the plan (6 pairs, --pairs 300 by default) are evaluated on the
     fit data: the verdict said 'n=6 held-out pairs' and 'REACHED on the held-out data'."""
     _bert_sized_encoder(tmp_path / "enc.onnx")
-    (tmp_path / "pairs.jsonl").write_text("".join(
-        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
-        for i in range(6)))
+    tm.write_pairs(tmp_path / "pairs.jsonl", 6)
     out = tmp_path / "w"
     assert main(["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "pairs.jsonl"),
                  "--target", "hailo8", "--goal", "0.5", "--out", str(out)]) == 0

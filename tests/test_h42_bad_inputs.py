@@ -24,10 +24,7 @@ def _model_and_data(tmp_path: Path, n: int = 8) -> tuple[str, str]:
 
 
 def _pairs(path: Path, n: int, start: int = 0) -> str:
-    path.write_text("".join(
-        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
-        for i in range(start, start + n)))
-    return str(path)
+    return tm.write_pairs(path, n, start)
 
 
 def test_a_metric_the_task_lacks_is_refused_before_any_file(tmp_path, capsys):

@@ -59,10 +59,7 @@ def test_plan_and_whatif_refuse_a_metric_before_measuring(tmp_path, capsys, monk
 
 
 def _pairs(path: Path, n: int) -> str:
-    path.write_text("".join(
-        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
-        for i in range(n)))
-    return str(path)
+    return tm.write_pairs(path, n)
 
 
 def test_a_metric_on_text_pairs_is_checked_on_a_few_pairs(tmp_path, monkeypatch):

@@ -184,12 +184,11 @@ def test_the_kept_columns_give_the_interval_of_all_columns():
 def test_a_retrieval_run_keeps_the_embedding_sqnr_per_held_out_pair(tmp_path):
     """--metric embedding_sqnr_db on text pairs: the powers are per held-out pair (a
     query's and its document's rows together, as the planner's and the tiebreak's)."""
+    import tiny_models as tm
     from test_h37_bad_inputs import _bert_sized_encoder
 
     _bert_sized_encoder(tmp_path / "enc.onnx")
-    (tmp_path / "pairs.jsonl").write_text("".join(
-        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
-        for i in range(12)))
+    tm.write_pairs(tmp_path / "pairs.jsonl", 12)
     out = tmp_path / "w"
     assert main(["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "pairs.jsonl"),
                  "--pairs", "6", "--metric", "embedding_sqnr_db", "--target", "hailo8",

@@ -78,9 +78,7 @@ def demo_report(tmp_path_factory):
     emb.CopyFrom(numpy_helper.from_array(  # room for the packaged BERT tokenizer's ids
         np.random.default_rng(0).normal(0, 1, (30522, 8)).astype(np.float32), "emb"))
     onnx.save(model, d / "enc.onnx")
-    (d / "pairs.jsonl").write_text("".join(
-        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
-        for i in range(6)))
+    tm.write_pairs(d / "pairs.jsonl", 6)
     assert main(["demo", "--model", str(d / "enc.onnx"), "--data", str(d / "pairs.jsonl"),
                  "--report", str(d / "d.html")]) == 0
     return d / "d.html"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper, parser
@@ -166,3 +169,12 @@ def helper_identity() -> onnx.ModelProto:
     y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])
     g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "id", [x], [y])
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def write_pairs(path: Path, n: int, start: int = 0) -> str:
+    """``n`` text pairs (``query``/``document`` JSON lines, numbered from ``start``) at
+    ``path``, for a retrieval run of a tiny text encoder; the path as a string."""
+    path.write_text("".join(
+        json.dumps({"query": f"sort a list {i}", "document": f"sorted() returns {i}"}) + "\n"
+        for i in range(start, start + n)))
+    return str(path)
