@@ -215,3 +215,13 @@ def test_the_estimate_takes_the_larger_of_the_chains_pass_and_a_window():
                                         + window.activation_bytes + window.row_bytes) \
         + 2 * (window.model_bytes + (900 << 20))
     assert "the chains' own pass ~1800 MB" in large.text()
+
+
+def test_a_disable_one_sweep_of_no_candidate_gives_the_chains_figures():
+    model, groups, stats, feeds = _prepared()
+    whole = sweep_segments(model, groups, stats, feeds, sweeps=("disable_one",), **KW)
+    none = sweep_segments(model, groups, stats, feeds, sweeps=("disable_one",), only=(), **KW)
+    assert none.candidates == () and none.rows == ()
+    np.testing.assert_array_equal(none.ref_rows, whole.ref_rows)
+    np.testing.assert_array_equal(none.low_rows, whole.low_rows)
+    assert none.noise_cumulative == whole.noise_cumulative

@@ -456,7 +456,7 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
         sweeps_here = {r.candidate.sweep for r in runners}
         fp_here = fp if duties or "enable_one" in sweeps_here else None
         lo_here = lo if "disable_one" in sweeps_here else None
-        for b, feeds in enumerate(job.batches):
+        for b, feeds in enumerate(job.batches if fp_here or lo_here else ()):  # else empty
             _sweep_batch(feeds, fp_here, lo_here, runners, groups, outs, job.scorer, got, count,
                          last, first=window.start, size=sizer, duties=duties,
                          done=score if b == len(job.batches) - 1 else None)
