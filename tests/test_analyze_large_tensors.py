@@ -15,13 +15,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
+from sweep_helpers import assert_same_sweep, prepared
 
 from quantscope import numerics
 from quantscope.analyze import Scorer, sweep_segments
-from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.session import LARGE_TENSOR_BYTES, use_arena
-from quantscope.model.groups import find_groups
-from quantscope.model.load import load_proto
 from quantscope.tasks import metrics
 from quantscope.types import Precision
 
@@ -51,24 +49,10 @@ def _skip_model() -> onnx.ModelProto:
 
 
 def _prepared():
-    model = load_proto(_skip_model(), "skip")
-    groups = find_groups(model)
-    feeds = [{"x": np.random.default_rng(i).normal(0, 1, (ROWS, WIDTH)).astype(np.float32)}
-             for i in range(2)]
-    return model, groups, calibrate(model, groups, feeds), feeds
+    return prepared(_skip_model(), "skip", ROWS, WIDTH)
 
 
 KW = {"scorer": Scorer(), "low": Precision.A8_W8, "high": Precision.A16_W16}
-
-
-def _same(a, b) -> None:
-    assert [c.group for c in a.candidates] == [c.group for c in b.candidates]
-    for x, y in zip(a.rows, b.rows, strict=True):
-        np.testing.assert_array_equal(x, y)
-    np.testing.assert_array_equal(a.ref_rows, b.ref_rows)
-    np.testing.assert_array_equal(a.low_rows, b.low_rows)
-    assert a.noise_cumulative == b.noise_cumulative
-    assert a.noise_isolated == b.noise_isolated
 
 
 def test_taps_in_parts_and_one_candidate_windows_give_the_same_sweep(monkeypatch):
@@ -87,7 +71,7 @@ def test_taps_in_parts_and_one_candidate_windows_give_the_same_sweep(monkeypatch
     monkeypatch.setattr(sweeps, "run_segment", recorded)
     monkeypatch.setattr(sweeps, "TAP_BYTES", 1)  # every tap a part of its own
     parts = sweep_segments(model, groups, stats, feeds, session_budget=1, **KW)
-    _same(whole, parts)
+    assert_same_sweep(whole, parts)
     from quantscope.analyze.segments import find_segments
 
     segments = find_segments(model, groups)
@@ -111,7 +95,7 @@ def test_sessions_without_an_arena_give_the_same_sweep(monkeypatch):
     model, groups, stats, feeds = _prepared()
     with_arena = sweep_segments(model, groups, stats, feeds, **KW)
     monkeypatch.setattr(sweeps, "use_arena", lambda largest: False)
-    _same(with_arena, sweep_segments(model, groups, stats, feeds, **KW))
+    assert_same_sweep(with_arena, sweep_segments(model, groups, stats, feeds, **KW))
 
 
 def test_the_arena_rule_follows_the_largest_tensor():
@@ -188,7 +172,7 @@ def test_disable_one_windows_run_the_low_chain_alone_up_to_their_candidates(monk
     monkeypatch.setattr(sweeps, "TAP_BYTES", 1)
     windowed = sweep_segments(model, groups, stats, feeds, sweeps=("disable_one",),
                               session_budget=1, **KW)  # one candidate a window
-    _same(whole, windowed)
+    assert_same_sweep(whole, windowed)
     segments = find_segments(model, groups)
     seg_of = {g: s.index for s in segments for g in s.groups}
     taps = sum(len({t for g in s.groups for t in groups.by_name()[g].outputs}

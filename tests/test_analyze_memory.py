@@ -8,6 +8,7 @@ import sys
 import numpy as np
 import pytest
 import tiny_models as tm
+from sweep_helpers import assert_same_sweep
 
 from quantscope.analyze import Scorer, sweep_segments
 from quantscope.analyze import segments as seg_mod
@@ -58,12 +59,7 @@ def test_windows_hold_fewer_sessions_and_give_the_same_rows(monkeypatch):
     # one candidate's sessions at a time next to the chains', not every candidate's
     assert most[0] - chains <= len(seg_mod.find_segments(model, groups))
     assert all_at_once - chains >= len(whole.candidates) > most[0] - chains
-    for a, b in zip(whole.rows, windowed.rows, strict=True):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(whole.ref_rows, windowed.ref_rows)
-    np.testing.assert_array_equal(whole.low_rows, windowed.low_rows)
-    assert whole.noise_cumulative == windowed.noise_cumulative
-    assert whole.noise_isolated == windowed.noise_isolated
+    assert_same_sweep(whole, windowed)
     said = err.getvalue()
     first = said.index("GB peak (2 chain(s) of")
     assert f"in {len(whole.candidates)} windows" in said

@@ -6,13 +6,11 @@ import weakref
 import numpy as np
 import onnx
 from onnx import helper
+from sweep_helpers import prepared
 
 from quantscope.analyze import Scorer, sweep_segments
 from quantscope.analyze.memory import batch_tensor_bytes
 from quantscope.analyze.segments import find_segments, live_tensors
-from quantscope.calibrate.collect import calibrate
-from quantscope.model.groups import find_groups
-from quantscope.model.load import load_proto
 from quantscope.types import Precision
 
 LAYERS, WIDTH, ROWS = 12, 64, 2048
@@ -40,11 +38,7 @@ def _deep(layers: int = LAYERS) -> onnx.ModelProto:
 
 
 def _prepared():
-    model = load_proto(_deep(), "deep")
-    groups = find_groups(model)
-    feeds = [{"x": np.random.default_rng(i).normal(0, 1, (ROWS, WIDTH)).astype(np.float32)}
-             for i in range(2)]
-    return model, groups, calibrate(model, groups, feeds), feeds
+    return prepared(_deep(), "deep", ROWS, WIDTH)
 
 
 def test_live_tensors_hold_one_segment_not_the_model():
