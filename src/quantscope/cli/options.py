@@ -44,7 +44,9 @@ if TYPE_CHECKING:
 
 METHODS = ("minmax", "percentile", "mse")
 DATA_HELP = (".npy/.npz file or folder, JSONL query/document pairs, a text file, a face "
-             "folder, or a built-in data name (stdlib-docs, faces, photos, photos-small)")
+             "folder, or a built-in data name (stdlib-docs, faces, photos, photos-small); "
+             "face data takes its pixels' values after a colon (faces:raw, "
+             "faces:scale=255: as --pixels of 'quantscope images')")
 
 
 # ---------------------------------------------------------------- shared options

@@ -152,6 +152,14 @@ def data_spec(text: str) -> InputPath:
     from quantscope.tasks.text import STDLIB_DOCS
 
     builtin = (STDLIB_DOCS, "faces", "photos", "photos-small")
+    if text not in builtin and not Path(text).exists() and ":" in text:
+        from quantscope.tasks.faces import face_spec
+
+        try:  # face data with its pixels declared: faces:raw, FOLDER:scale=255
+            if face_spec(text) is not None:
+                return InputPath(text)
+        except QuantscopeError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     if text not in builtin:
         _checked(text, "data")
     if text not in builtin and not Path(text).exists():

@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
 
 from quantscope.tasks.face_align import align_arcface, five_points_from_68
-from quantscope.tasks.pixels import MAKE_TENSORS
+from quantscope.tasks.pixels import MAKE_TENSORS, Pixels, normalised, parse_pixels
 from quantscope.types import QuantscopeError
 from quantscope.zoo import face as dlib_face
 from quantscope.zoo import mobilefacenet as mfn
@@ -62,6 +62,30 @@ class FaceStyle:
     normalize: bool  # L2-normalise embeddings before the distance
     threshold: float  # same person if distance < threshold
     builtin: str  # file in quantscope/data/faces
+    pixels: Pixels  # what ``preprocess`` does to a pixel, in words (:meth:`Pixels.formula`)
+    declared: bool = False  # ``preprocess`` is the user's (``faces:PIXELS``), not the style's
+
+    def with_pixels(self, pixels: Pixels) -> FaceStyle:
+        """This style with the chips' pixels made input values as ``pixels`` declares."""
+        return replace(self, preprocess=DeclaredPixels(self.chip_size, pixels), pixels=pixels,
+                       declared=True)
+
+
+@dataclass(frozen=True)
+class DeclaredPixels:
+    """RGB uint8 chip(s) ``[N, S, S, 3]`` -> float32 NCHW as :class:`Pixels` declares."""
+
+    chip_size: int
+    pixels: Pixels
+
+    def __call__(self, chips: np.ndarray) -> np.ndarray:
+        x = np.asarray(chips)
+        x = x[None] if x.ndim == 3 else x
+        size = self.chip_size
+        if x.ndim != 4 or x.shape[1:] != (size, size, 3) or x.dtype != np.uint8:
+            raise QuantscopeError(f"face chips must be uint8 [N,{size},{size},3] RGB, got "
+                                  f"{x.dtype} {x.shape}")
+        return np.ascontiguousarray(normalised(x, self.pixels).transpose(0, 3, 1, 2))
 
 
 FACE_STYLES: dict[str, FaceStyle] = {
@@ -69,13 +93,45 @@ FACE_STYLES: dict[str, FaceStyle] = {
         name="dlib", chip_size=dlib_face.CHIP_SIZE, side_per_face_px=1.5,
         distance_px=(80, 40, 20), preprocess=dlib_face.preprocess_face, normalize=False,
         threshold=dlib_face.MATCH_THRESHOLD, builtin="faces.npz",
+        pixels=Pixels(mean=dlib_face.MEAN_RGB, std=(dlib_face.INPUT_SCALE,)),
     ),
     "arcface": FaceStyle(
         name="arcface", chip_size=mfn.CHIP_SIZE, side_per_face_px=1.4,
         distance_px=(56, 40, 28, 20), preprocess=mfn.preprocess_arcface, normalize=True,
         threshold=mfn.MATCH_THRESHOLD, builtin="faces112.npz",
+        pixels=Pixels(mean=(mfn.INPUT_MEAN,), std=(mfn.INPUT_STD,)),
     ),
 }  # fmt: skip
+
+
+def face_spec(spec: str) -> tuple[str, Pixels | None] | None:
+    """Face data: ``faces`` or a folder of identity folders, either followed by
+    ``:PIXELS`` (how the chips' pixels become the input's values, as ``--pixels`` of
+    ``quantscope images`` says them; none: the chip style's own). (The data, the pixels),
+    or None when ``spec`` is no face data."""
+    if spec == "faces" or identity_folders(spec):
+        return spec, None
+    base, sep, given = spec.rpartition(":")
+    if not sep or not (base == "faces" or identity_folders(base)):
+        return None
+    return base, _declared_pixels(spec, given)
+
+
+def identity_folders(path: str) -> bool:
+    """A folder holding sub-folders (one per identity)."""
+    p = Path(path)
+    return p.is_dir() and any(c.is_dir() for c in p.iterdir())
+
+
+def _declared_pixels(spec: str, given: str) -> Pixels:
+    try:
+        pixels = parse_pixels(given)
+    except QuantscopeError as exc:
+        raise QuantscopeError(f"data '{spec}': {str(exc).removeprefix('--pixels ')}") from None
+    if pixels.resize != "stretch" or pixels.pad != Pixels.pad:
+        raise QuantscopeError(f"data '{spec}': face chips are aligned at the model's chip size "
+                              "already: leave out resize= and pad=")
+    return pixels
 
 
 def check_embedding_output(spec: str, out: str, shapes: Mapping[str, tuple]) -> None:

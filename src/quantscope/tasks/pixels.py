@@ -74,14 +74,18 @@ class Pixels:
                 "letterbox": f"letterboxed to {width}x{height} (aspect kept, pad {self.pad})",
                 "crop": f"short side to {min(height, width)}, centre crop {width}x{height}",
                 }[self.resize]
+        return f"{order}, {size}, {self.formula()}"
+
+    def formula(self) -> str:
+        """How a pixel's value becomes the input's, in words (no order, no size)."""
         if self.raw:
-            return f"{order}, {size}, pixels 0..255 as they are"
+            return "pixels 0..255 as they are"
         x = "x" if self.scale == 1 else f"x / {self.scale:g}"
         if any(self.mean):
             x = f"({x} - {'/'.join(f'{m:g}' for m in self.mean)})"
         if any(s != 1 for s in self.std):
             x = f"{x} / {'/'.join(f'{s:g}' for s in self.std)}"
-        return f"{order}, {size}, x = pixel 0..255, input = {x}"
+        return f"x = pixel 0..255, input = {x}"
 
 
 def _floats(key: str, text: str) -> tuple[float, ...]:
@@ -289,13 +293,20 @@ def read_image(path: Path, inp: ImageInput, pixels: Pixels,
         raise QuantscopeError(f"image '{path}' cannot be read ({type(exc).__name__}: "
                               f"{str(exc)[:80]}): remove it or save it again") from None
     a = np.asarray(_resized(img, inp, pixels), dtype=np.float32)
-    a = a[:, :, None] if a.ndim == 2 else a
-    if pixels.bgr and inp.channels == 3:
-        a = a[:, :, ::-1]
+    a = normalised(a[:, :, None] if a.ndim == 2 else a, pixels)
+    return np.ascontiguousarray(a.transpose(2, 0, 1) if inp.channels_first else a)
+
+
+def normalised(pixels_hwc: np.ndarray, pixels: Pixels) -> np.ndarray:
+    """Pixel values 0..255, channels last (``[..., H, W, C]``, RGB), as ``pixels`` makes
+    them an input's values: float32, channels still last (BGR when it says so)."""
+    a = np.asarray(pixels_hwc, dtype=np.float32)
+    if pixels.bgr and a.shape[-1] == 3:
+        a = a[..., ::-1]
     if not pixels.raw:
         a = (a / np.float32(pixels.scale) - np.asarray(pixels.mean, np.float32)) \
             / np.asarray(pixels.std, np.float32)
-    return np.ascontiguousarray(a.transpose(2, 0, 1) if inp.channels_first else a)
+    return a
 
 
 def check_pixels(pixels: Pixels, inp: ImageInput) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -393,10 +392,9 @@ def is_text_spec(spec: str) -> bool:
 
 
 def is_face_spec(spec: str) -> bool:
-    if spec == "faces":
-        return True
-    p = Path(spec)
-    return p.is_dir() and any(c.is_dir() for c in p.iterdir())
+    from quantscope.tasks.faces import face_spec
+
+    return face_spec(spec) is not None
 
 
 def check_text_model(model: Model, spec: str) -> None:

@@ -115,8 +115,9 @@ class VerificationTask:
             return None
         return (f"FP32 itself does not tell these faces apart ({' and '.join(said)}): the "
                 "decision agreement says little; check that the model takes the chips as "
-                "they are fed (size, alignment and values: the data note) and that its first "
-                "output is the identity embedding")
+                "they are fed (size, alignment and values: the data note; other values: "
+                "data 'faces:PIXELS', e.g. 'faces:raw' for a graph that normalises 0..255 "
+                "itself) and that its first output is the identity embedding")
 
     def _prenorm_quality(
         self, er: np.ndarray, et: np.ndarray, dt: np.ndarray
@@ -172,10 +173,13 @@ def face_dataset(
     from quantscope.tasks.faces import (
         check_embedding_output,
         face_batches,
+        face_spec,
         load_faces,
         style_for_input,
         verification_pairs,
     )
+
+    source, pixels = face_spec(spec) or (spec, None)
 
     names = model.input_names()
     shape = tuple(model.value_shapes().get(names[0], ()))
@@ -186,9 +190,10 @@ def face_dataset(
             f"{shape}: use a face model with one RGB image input, [N, 3, H, W] or "
             "[N, H, W, 3] (e.g. dlib-face, mobilefacenet)"
         )
-    style = style_for_input((shape[0], 3, shape[1], shape[2]) if last else shape)
+    own = style_for_input((shape[0], 3, shape[1], shape[2]) if last else shape)
+    style = own.with_pixels(pixels) if pixels else own
     check_embedding_output(spec, model.output_names()[0], model.value_shapes())
-    faces = load_faces(spec, style.name)
+    faces = load_faces(source, style.name)
     if isinstance(shape[0], int) and shape[0] > 0:  # a static export runs that many at a time
         batch_size = shape[0]
     batches = tuple({names[0]: np.ascontiguousarray(b.transpose(0, 2, 3, 1)) if last else b}
@@ -197,8 +202,12 @@ def face_dataset(
                             threshold=style.threshold, normalize=style.normalize)
     lo = min(float(b[names[0]].min()) for b in batches)
     hi = max(float(b[names[0]].max()) for b in batches)
+    fed = (f"{'BGR' if style.pixels.bgr else 'RGB'}, {style.pixels.formula()}, as declared "
+           f"(the {own.name} style's own: {own.pixels.formula()})" if style.declared else
+           f"the {style.name} style's {style.pixels.formula()}; for other values give the "
+           f"data as '{source}:PIXELS', e.g. '{source}:raw'")
     note = (f"faces: {len(faces.chips)} aligned {style.name} chips"
             f"{' (channels last, as the input takes them)' if last else ''} of values "
-            f"{lo:.3g} .. {hi:.3g}, {len(task.pairs)} pairs; "
+            f"{lo:.3g} .. {hi:.3g} ({fed}), {len(task.pairs)} pairs; "
             "calibration uses the same chips (the built-in set is small)")
     return batches, batches, task, note
