@@ -101,6 +101,13 @@ def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run,
     line = next(x for x in printed.splitlines() if "per document" in x)
     assert "cost per query" in line and "standard error" in line and "not modelled" in line
     assert f"{d['models']} compiled models" in printed
+    # the stage's memory estimate, said before its work and kept beside its peak: its
+    # length candidates' evaluator with the capped activation cache
+    dep = json.loads((out / "run.json").read_text())["stages"]["deploy"]
+    said = [ln for ln in cap.err.splitlines() if ln.startswith("[deploy] memory: ~")]
+    assert len(said) == 1 and "the activation cache ~" in said[0], cap.err[-2000:]
+    assert dep["memory_estimate"].startswith(said[0][len("[deploy] memory: "):])
+    assert dep["memory_estimate_mb"] > 0
     assert "Compiled lengths" in (out / "report.html").read_text()
     # the plan search, one candidate of the deploy stage's, measured for 5 min at most
     assert "plan: the search measures for at most 5 min of the 30 min --budget: the " \
@@ -181,6 +188,10 @@ def test_lengths_off_keeps_one_model_and_bad_lengths_are_one_line(tiny_run, caps
     assert not doc["buckets"] and "--lengths off" in doc["reason"]
     assert not (out / "deployment.json").exists() and not list(out.glob("len-*"))
     assert read_json(out / "verdict.json", "verdict")["deployment"] is None
+    # nothing measured: no estimate said or kept for the stage
+    assert "[deploy] memory" not in capsys.readouterr().err
+    assert "memory_estimate" not in json.loads((out / "run.json").read_text())["stages"][
+        "deploy"]
     assert "route_text" not in (out / "io_snippet.py").read_text()
     capsys.readouterr()
     assert main([*args, "--lengths", "0,64"]) == 2

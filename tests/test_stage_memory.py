@@ -105,6 +105,22 @@ def test_an_estimate_over_the_memory_available_is_said_with_what_lowers_it(
     assert "evaluate" in stages  # said, not refused
 
 
+def test_the_deploy_estimate_caps_the_cache_and_takes_the_larger_phase():
+    from quantscope.analyze.stage_memory import deploy_memory
+    from quantscope.model.load import load_proto
+
+    model = load_proto(mid_model(), "mid")
+    batches = [{"x": np.zeros((8, 256, 512), np.float32)} for _ in range(4)]
+    capped = deploy_memory(model, batches, cache_cap=1 << 20, resident=0, available=8 << 30)
+    wide = deploy_memory(model, batches, cache_cap=1 << 40, resident=0, available=8 << 30)
+    cache = dict(capped.parts)["the activation cache"]
+    assert cache == 1 << 20 < dict(wide.parts)["the activation cache"]
+    assert capped.stage == "deploy" and "--lengths off" in capped.lower
+    # measuring the kept deployment (a QDQ model, its session, a run) runs apart: the
+    # estimate is never below it
+    assert capped.peak >= 2 * 6 * 512 * 512 * 4
+
+
 def test_the_overflow_line_counts_the_stage_part_against_the_available():
     m = StageMemory("plan", (("the activation cache", 3 << 30),), 2 << 30, 4 << 30, "less")
     assert m.peak == 5 << 30 and not m.over and m.over_line() is None

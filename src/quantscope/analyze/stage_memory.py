@@ -26,6 +26,11 @@ evaluate       held before it; every held-out output held twice (FP32's referenc
                model's copy and its session, 2 x weights, and one run's working tensors
                at the largest batch) and the saturation check's calibration of the
                held-out rows (as calibrate's)
+deploy         held before it; the larger of the length candidates' evaluator (plan's
+               parts, its activation cache at most the candidates' cap) and measuring
+               the kept deployment (one bucket's quantized model, its session and one
+               run's working tensors at a time); nothing when one compiled model is
+               decided (``pipeline.memory.deploy_estimate`` returns None)
 =============  ========================================================================
 
 "Held before it" is the process's resident set when the stage starts (the model, the
@@ -156,18 +161,12 @@ PLAN_LOWER = ("fewer --pairs (the search scores every fit pair) or a shorter --s
               "(every tensor grows with it), or a machine with more memory")
 
 
-def plan_search_memory(model: Model, batches: Sequence[Batch], *,
-                       repair_feeds: Sequence[Batch] = (), taps: Sequence[str] = (),
-                       memo: int = 0, resident: int | None = None,
-                       available: int | None = None) -> StageMemory:
-    """The plan search's peak: its evaluator's sessions and caches as
-    :class:`~quantscope.analyze.incremental.IncrementalRunner` sizes them on ``batches``
-    (the fit data's evaluation batches), the FP32 reference's session, one run at the
-    largest batch and a batch's outputs twice. With repairs offered (``repair_feeds``:
-    the batches they fit on): the full passes' FP32 reference (every output of
-    ``batches``), a repair's tapped tensors (``taps``) at its largest batch, and the
-    ``memo`` repaired models the search keeps (:class:`~quantscope.repair.apply.RepairMemo`'s
-    size)."""
+def _evaluator_parts(model: Model, batches: Sequence[Batch], *, cache_cap: int | None,
+                     available: int | None) -> list[tuple[str, int]]:
+    """What measuring plan after plan holds: the incremental evaluator's sessions and
+    activation cache as :class:`~quantscope.analyze.incremental.IncrementalRunner` sizes
+    them on ``batches`` (at most ``cache_cap``), the FP32 reference's session, one run at
+    the largest batch and a batch's outputs twice."""
     from quantscope.analyze.activation_cache import cache_memory
     from quantscope.analyze.incremental import crossing, session_budget
     from quantscope.analyze.segments import find_segments, segment_bytes
@@ -176,13 +175,26 @@ def plan_search_memory(model: Model, batches: Sequence[Batch], *,
     segments = find_segments(model, find_groups(model))
     sessions = session_budget(segment_bytes(model, segments))
     cache = cache_memory(model, batches, crossing(model, segments), sessions,
-                         available=available)
+                         cache_cap=cache_cap, available=available)
     sizer = tensor_sizer(model, batches)
-    parts = [("the FP32 session", weight_bytes(model)),
-             ("the segment sessions", sessions),
-             ("the activation cache", cache.cache_bytes),
-             ("a run's working tensors at the largest batch", run_bytes(model, sizer)),
-             ("a batch's outputs, FP32's and a plan's", 2 * sizer(model.output_names()))]
+    return [("the FP32 session", weight_bytes(model)),
+            ("the segment sessions", sessions),
+            ("the activation cache", cache.cache_bytes),
+            ("a run's working tensors at the largest batch", run_bytes(model, sizer)),
+            ("a batch's outputs, FP32's and a plan's", 2 * sizer(model.output_names()))]
+
+
+def plan_search_memory(model: Model, batches: Sequence[Batch], *,
+                       repair_feeds: Sequence[Batch] = (), taps: Sequence[str] = (),
+                       memo: int = 0, resident: int | None = None,
+                       available: int | None = None) -> StageMemory:
+    """The plan search's peak: its evaluator's (:func:`_evaluator_parts`) on ``batches``
+    (the fit data's evaluation batches). With repairs offered (``repair_feeds``: the
+    batches they fit on): the full passes' FP32 reference (every output of ``batches``),
+    a repair's tapped tensors (``taps``) at its largest batch, and the ``memo`` repaired
+    models the search keeps (:class:`~quantscope.repair.apply.RepairMemo`'s size)."""
+    sizer = tensor_sizer(model, batches)
+    parts = _evaluator_parts(model, batches, cache_cap=None, available=available)
     if repair_feeds:
         parts += [("the repairs' FP32 reference", _outputs_over(model, batches, sizer)),
                   ("a repair's tapped tensors of a batch, twice",
@@ -218,3 +230,22 @@ def evaluate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str],
         parts.append(("reading repaired.onnx beside the working model",
                       2 * weight_bytes(model)))
     return _estimate("evaluate", parts, EVALUATE_LOWER, resident, available)
+
+
+DEPLOY_LOWER = ("--lengths off (one compiled model: no length candidates measured), fewer "
+                "--pairs, or a machine with more memory")
+
+
+def deploy_memory(model: Model, batches: Sequence[Batch], *, cache_cap: int,
+                  resident: int | None = None, available: int | None = None) -> StageMemory:
+    """The compiled lengths' peak (``run``'s deploy stage): the larger of choosing (the
+    length candidates measured one after another on the fit ``batches`` by one incremental
+    evaluator, :func:`_evaluator_parts`, its activation cache at most ``cache_cap``; their
+    pooled embeddings, a few MB, left out) and measuring the kept deployment on the
+    held-out texts (one bucket's QDQ model and its session at a time, 2 x weights, and one
+    run's working tensors), which run apart."""
+    choose = _evaluator_parts(model, batches, cache_cap=cache_cap, available=available)
+    measure = 2 * weight_bytes(model) + run_bytes(model, tensor_sizer(model, batches))
+    parts = choose if sum(b for _, b in choose) >= measure else [
+        ("a bucket's quantized model, its session and its working tensors", measure)]
+    return _estimate("deploy", parts, DEPLOY_LOWER, resident, available)

@@ -35,7 +35,12 @@ from quantscope.pipeline.context import (
 )
 from quantscope.pipeline.deploy import deploy as deploy_step
 from quantscope.pipeline.manifest import Manifest, remember_digests, stage_key
-from quantscope.pipeline.memory import calibrate_estimate, evaluate_estimate, plan_estimate
+from quantscope.pipeline.memory import (
+    calibrate_estimate,
+    deploy_estimate,
+    evaluate_estimate,
+    plan_estimate,
+)
 from quantscope.pipeline.verdict import report as report_step
 from quantscope.types import QuantscopeError
 
@@ -57,7 +62,7 @@ class StageSpec:
     # stopped by a smaller --budget than this run's: steps.plan_budget_grew)
     redo: Callable[[Context], bool] | None = None
     # the stage's memory estimate, said and kept before its work (pipeline/memory.py)
-    memory: Callable[[Context], StageMemory] | None = None
+    memory: Callable[[Context], StageMemory | None] | None = None
 
 
 # options added after run folders existed: in a stage's key only when set, so a folder
@@ -86,7 +91,8 @@ STAGES: dict[str, StageSpec] = {
     # the compiled lengths (--lengths): candidates per length chosen on the fit texts,
     # measured on the held-out texts (pipeline/deploy.py)
     "deploy": StageSpec(deploy_step, (steps.STATS, *_REPAIRED),
-                        ("target", "max_cost", "seq_len", "lengths", "hn"), True),
+                        ("target", "max_cost", "seq_len", "lengths", "hn"), True,
+                        memory=deploy_estimate),
     "export": StageSpec(steps.export, _REPAIRED, ("target", "hn"), False),
     "io": StageSpec(steps.io, (*_REPAIRED, steps.LENGTHS), ("prefixes",), False),
     "report": StageSpec(report_step, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
@@ -354,10 +360,11 @@ def _run(ctx: Context, force: str | None) -> RunResult:
 
 def _estimated(name: str, spec: StageSpec, ctx: Context) -> steps.Done:
     """The stage, its memory estimate said and kept first (:mod:`.memory`)."""
-    if spec.memory is not None:
+    memory = spec.memory(ctx) if spec.memory is not None else None
+    if memory is not None:  # None: the stage decided it has nothing heavy to do
         from quantscope.pipeline.memory import say_estimate
 
-        say_estimate(name, spec.memory(ctx), show=ctx.progress)
+        say_estimate(name, memory, show=ctx.progress)
     return spec.run(ctx)
 
 

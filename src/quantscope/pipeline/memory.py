@@ -15,6 +15,7 @@ from __future__ import annotations
 from quantscope.analyze.stage_memory import (
     StageMemory,
     calibrate_memory,
+    deploy_memory,
     evaluate_memory,
     plan_search_memory,
 )
@@ -54,6 +55,25 @@ def evaluate_estimate(ctx: Context) -> StageMemory:
     return evaluate_memory(model, batches, tap_names(model, find_groups(model)),
                            checked=saturation_batches(batches)[0], max_rows=MAX_ROWS,
                            budget=TAP_BUDGET, read_repaired="repaired" not in ctx._cache)
+
+
+def deploy_estimate(ctx: Context) -> StageMemory | None:
+    """The compiled lengths' estimate, or None when the stage measures nothing (lengths
+    off, or one compiled model decided: :func:`quantscope.stages.lengths.decide_lengths`)."""
+    from quantscope.pipeline.data import widest_text_batch
+    from quantscope.stages.buckets import CANDIDATES_CACHE_CAP
+    from quantscope.stages.lengths import decide_lengths
+
+    mode, fit = ctx.opts.length_choice(), ctx.data().fit
+    if mode is None:
+        return None
+    model = ctx.model()
+    decision = decide_lengths(model, ctx.target(), fit.token_lengths,
+                              longest=ctx.opts.seq_len or widest_text_batch(fit),
+                              given=mode or None)
+    if not decision.buckets:
+        return None
+    return deploy_memory(model, list(fit.evaluation), cache_cap=CANDIDATES_CACHE_CAP)
 
 
 def say_estimate(name: str, memory: StageMemory, *, show: bool) -> None:
