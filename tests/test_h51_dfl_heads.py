@@ -84,15 +84,15 @@ def test_levels_are_pooled_into_one_detection_f1() -> None:
         outs, outs).values["detections_fp32"] == 2  # NMS across the levels
 
 
-def picodet_like(seed: int = 51) -> onnx.ModelProto:
+def picodet_like(seed: int = 51, size: tuple[int, int] = SIZE) -> onnx.ModelProto:
     """image [N, 3, 16, 24] -> per level (strides 8, 16) a Conv of kernel and stride s:
     class scores (Sigmoid) and 4 x 4-bin box logits, each moved anchors-first
     (Reshape, Transpose): s8 [N, 6, 2], s16 [N, 2, 2], b8 [N, 6, 16], b16 [N, 2, 16]."""
     r = _rng(seed)
     text = """
     <ir_version: 9, opset_import: ["" : 17]>
-    pico (float[N, 3, 16, 24] image) => (float[N, 6, 2] s8, float[N, 2, 2] s16,
-                                          float[N, 6, 16] b8, float[N, 2, 16] b16) {
+    pico (float[N, 3, H, W] image) => (float[N, A8, 2] s8, float[N, A16, 2] s16,
+                                        float[N, A8, 16] b8, float[N, A16, 16] b16) {
         c8 = Conv <strides = [8, 8]> (image, wc8, bc8)
         g8 = Sigmoid (c8)
         r8 = Reshape (g8, flat_c)
@@ -109,6 +109,9 @@ def picodet_like(seed: int = 51) -> onnx.ModelProto:
         b16 = Transpose <perm = [0, 2, 1]> (q16)
     }
     """
+    a8, a16 = (int(np.prod(level_shape(st, size))) for st in (8, 16))
+    for key, v in (("H", size[0]), ("W", size[1]), ("A8", a8), ("A16", a16)):
+        text = text.replace(key, str(v))
     weights = {"flat_c": np.array([0, 2, -1], np.int64),
                "flat_b": np.array([0, 16, -1], np.int64)}
     for s in (8, 16):
@@ -119,8 +122,8 @@ def picodet_like(seed: int = 51) -> onnx.ModelProto:
     return _with_weights(text, weights)
 
 
-def _model() -> object:
-    return load_proto(picodet_like(), "pico")
+def _model(size: tuple[int, int] = SIZE) -> object:
+    return load_proto(picodet_like(size=size), "pico")
 
 
 def test_the_layout_reads_the_levels_and_the_input_size() -> None:
@@ -176,3 +179,17 @@ def test_evaluate_scores_the_pooled_detections(tmp_path, capsys) -> None:
                  "a8_w8", "--layout", bad]) == 2
     err = [e for e in capsys.readouterr().err.splitlines() if e.strip()]
     assert len(err) == 1 and "grid=8/32" in err[0]
+
+
+def test_an_undeclared_dfl_head_is_named_with_its_pooled_layout() -> None:
+    """PicoDet's level outputs had been named as four SSD pairs (with ``anchors=``, wrong
+    for a grid head); now one note names the pooled ``dfl=`` layout, which reads them."""
+    _, notes = layout_tasks(_model((32, 48)), (), "d.npz")  # 24 anchors at stride 8
+    said = [n for n in notes if "dfl=" in n]
+    assert len(said) == 1 and "SSD" not in " ".join(notes)
+    layout = said[0].split("--layout ")[1].split(" ")[0]
+    assert layout == "b8=detect:axis=2,dfl=4,grid=8/16,levels=b16,scores_from=s8+s16"
+    task, _ = layout_tasks(_model((32, 48)), (parse_layout(layout),), "d.npz")
+    assert task.layout.levels == ("b16",) and task.layout.score_levels == ("s16",)
+    _, declared = layout_tasks(_model(), (parse_layout(layout),), "d.npz")
+    assert not [n for n in declared if "dfl=" in n and "--layout b8" in n]

@@ -5,6 +5,12 @@ multiplies by its stride. ``--layout OUT=detect:grid=8/16/32`` decodes the boxes
 host does (:func:`decode_grid`); :func:`grid_head_hint` names the layout when the graph
 shows such a head and no ``--layout`` reads it.
 
+A head that writes box *distributions* (DFL: PicoDet, NanoDet-Plus, YOLOv8 undecoded:
+``4 x bins`` logits per anchor, a side's distance the softmax's expectation over the bins
+in strides) is decoded by ``dfl=BINS`` on the same grid (:func:`decode_dfl`); a grid's
+levels are the input's H and W over each stride (:func:`level_shape`, a non-square input's
+too), and :func:`dfl_head_hint` names the pooled layout of such a head's level outputs.
+
 ==================  ============================================================
 ``grid_option``     ``grid=8/16/32`` read and checked against the output's anchors
 ``level_shape``     a level's rows x columns from the input's H, W and its stride
@@ -12,6 +18,7 @@ shows such a head and no ``--layout`` reads it.
 ``decode_grid``     raw ``[N, A, 4]`` rows -> cx, cy, w, h in input pixels
 ``decode_dfl``      box distributions ``[N, A, 4 x bins]`` -> x1, y1, x2, y2 px
 ``grid_head_hint``  one note per output made like such a head, naming the layout
+``dfl_head_hint``   one note naming the ``dfl=`` layout of a DFL head's level outputs
 ==================  ============================================================
 """
 
@@ -21,6 +28,7 @@ import numpy as np
 import onnx
 
 from quantscope.model.load import Model
+from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import QuantscopeError
 
 _THROUGH = ("Reshape", "Transpose", "Flatten", "Identity")
@@ -175,3 +183,48 @@ def grid_head_hint(model: Model, taken: set[str]) -> list[str]:
             f"detections declare --layout {out}=detect:axis={row_axis}{obj},"
             f"grid={'/'.join(map(str, strides))}")
     return notes
+
+
+def _dfl_pairs(model: Model, taken: set[str], size: tuple[int, int]
+               ) -> list[tuple[int, str, str, int]]:
+    """(stride, box output, score output, bins) of each level a graph shows like a DFL
+    head's: a rank-3 float output ``[N, A, 4 x bins]`` (4 to 32 bins) beside one of the
+    same anchors and fewer, other rows, ``A`` the cells of the input's grid at a stride."""
+    shapes, types, found = model.value_shapes(), model.value_types(), []
+    outs = [o for o in model.output_names() if o not in taken
+            and types.get(o) == onnx.TensorProto.FLOAT and len(shapes.get(o) or ()) == 3
+            and all(isinstance(d, int) for d in (shapes.get(o) or ())[1:])]
+    for box in outs:
+        a, rows = shapes[box][1:]
+        stride = next((s for s in _STRIDES if np.prod(level_shape(s, size)) == a), None)
+        if stride is None or rows % 4 or not 4 <= rows // 4 <= 32:
+            continue
+        scores = [o for o in outs if o != box and shapes[o][1] == a and shapes[o][2] < rows]
+        if len(scores) == 1:
+            found.append((stride, box, scores[0], rows // 4))
+    return sorted(found)
+
+
+_STRIDES = (4, 8, 16, 32, 64, 128)
+
+
+def dfl_head_hint(model: Model, taken: set[str], size: tuple[int, int] | None
+                  ) -> tuple[list[str], set[str]]:
+    """The note naming the pooled ``dfl=`` layout of outputs made like a DFL head's levels
+    (:func:`_dfl_pairs`; PicoDet's ``[1, 7600, 32]`` box distributions beside ``[1, 7600,
+    10]`` class scores on an 800 x 608 input), and the outputs it names (no other hint
+    then calls them an SSD's). Nothing is read as detections without being declared."""
+    pairs = _dfl_pairs(model, taken, size) if size is not None else []
+    if not pairs or len({p[3] for p in pairs}) != 1 or len({p[0] for p in pairs}) != len(pairs):
+        return [], set()
+    boxes, scores = [p[1] for p in pairs], [p[2] for p in pairs]
+    levels = f",levels={'+'.join(boxes[1:])}" if len(boxes) > 1 else ""
+    strides = "/".join(str(p[0]) for p in pairs)
+    note = (f"outputs {', '.join(repr(b) for b in boxes)} hold 4 x {pairs[0][3]} rows per anchor "
+            f"beside the class scores of {', '.join(repr(s) for s in scores)}, on the cells of "
+            f"a {size[0]}x{size[1]} input at strides {strides}: if they are box distributions "
+            f"(DFL: PicoDet, NanoDet-Plus, YOLOv8 undecoded), --layout {boxes[0]}=detect:axis=2,"
+            f"dfl={pairs[0][3]},grid={strides}{levels},scores_from={'+'.join(scores)} scores "
+            "them as one detector (centre=0 for NanoDet-Plus' cell corners; threshold= the "
+            f"host's); they are {UNSCORED} now")
+    return [note], set(boxes) | set(scores)

@@ -71,10 +71,11 @@ from quantscope.tasks.detection import (
     ssd_heads_hint,
 )
 from quantscope.tasks.embedding_hint import embedding_hint
-from quantscope.tasks.grid_head import grid_head_hint
+from quantscope.tasks.grid_head import dfl_head_hint, grid_head_hint
 from quantscope.tasks.layout_detect import detection_layout as _detection_layout
 from quantscope.tasks.layout_detect import dims as _dims
 from quantscope.tasks.layout_detect import float_option as _float
+from quantscope.tasks.layout_detect import input_size
 from quantscope.tasks.layout_detect import others as _others
 from quantscope.tasks.layout_spec import (
     KINDS,
@@ -428,7 +429,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
         if task is not None:
             tasks.append(task)
     taken = {o for t in tasks for o in _read_by(t)}
-    notes.extend(ssd_heads_hint(model, taken) + grid_head_hint(model, taken))
+    dfl_notes, named = dfl_head_hint(model, taken, input_size(model))
+    notes.extend(dfl_notes + ssd_heads_hint(model, taken | named) + grid_head_hint(model, taken))
     if not tasks:
         rest = [o for o in outputs if o not in declared]
         hints = (dense_hint(model, rest, sample_axes), embedding_hint(model, rest, sample_axes),

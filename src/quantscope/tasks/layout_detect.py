@@ -198,7 +198,7 @@ def _check_rows(spec: LayoutSpec, rows: int | None, axis: int, boxes: tuple, obj
                     "its own (e.g. boxes=0-3,obj=4,scores=5-)")
 
 
-def _input_size(model: Model | None) -> tuple[int, int] | None:
+def input_size(model: Model | None) -> tuple[int, int] | None:
     """The H, W of the model's one image input (None: none found, or not fixed)."""
     if model is None:
         return None
@@ -221,7 +221,7 @@ def _grid(spec: LayoutSpec, model: Model | None, shapes: list, axis: int, sample
     level's output (``shapes``: the box output's, then the other levels')."""
     if spec.option("grid") is None:
         return (), None
-    size = _input_size(model)
+    size = input_size(model)
     counts = [_anchor_count(s, axis, samples) for s in shapes]
     try:
         strides = grid_option(spec.option("grid"), spec.option("format"), None, size, bins)
