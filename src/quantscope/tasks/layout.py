@@ -16,7 +16,12 @@ KIND        keys (defaults)                                          headline me
             ``threshold=0.25``, ``iou=0.5``, ``scores_from=OUT``
             (the scores in another output of the same anchors, an
             SSD's two heads), ``anchors=FILE.npy`` (anchor centres
-            ``[A, 2]`` added to the box centres)  (:mod:`.detection`)
+            ``[A, 2]`` added to the box centres), ``grid=8/16/32``
+            (a grid head's strides: YOLOX's offsets decoded),
+            ``dfl=BINS`` (box distributions, PicoDet's, YOLOv8's),
+            ``centre=0.5``, ``levels=OUT2+OUT3`` (the other levels'
+            box outputs, pooled)  (:mod:`.detection`,
+            :mod:`.grid_head`)
 ``map``     ``threshold=0.5``, ``channel=K`` (binarise channel K of   ``mask_iou``
             axis 1 alone; default: every value)  (:mod:`.maps`)
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
