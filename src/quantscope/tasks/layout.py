@@ -434,8 +434,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
         if task is not None:
             tasks.append(task)
     taken = {o for t in tasks for o in _read_by(t)}
-    dfl_notes, named = dfl_head_hint(model, taken, input_size(model))
-    notes.extend(dfl_notes + ssd_heads_hint(model, taken | named) + grid_head_hint(model, taken))
+    notes.extend(_head_hints(model, taken))
     if not tasks:
         rest = [o for o in outputs if o not in declared]
         hints = (dense_hint(model, rest, sample_axes), embedding_hint(model, rest, sample_axes),
@@ -451,6 +450,13 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     tasks.sort(key=lambda t: order.get(t.output, len(order)))
     return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks), headline=tasks[0].headline,
                        row_local=all(getattr(t, "row_local", True) for t in tasks)), tuple(notes)
+
+
+def _head_hints(model: Model, taken: set[str]) -> list[str]:
+    """The notes naming undeclared detection heads no task reads (``taken``): a DFL
+    head's levels (whose outputs no SSD note then names), an SSD's two heads, a YOLOX head."""
+    dfl_notes, named = dfl_head_hint(model, taken, input_size(model))
+    return dfl_notes + ssd_heads_hint(model, taken | named) + grid_head_hint(model, taken)
 
 
 def _rows_hint(spec: LayoutSpec, task: object, model: Model) -> list[str]:
