@@ -193,3 +193,24 @@ def test_an_undeclared_dfl_head_is_named_with_its_pooled_layout() -> None:
     assert task.layout.levels == ("b16",) and task.layout.score_levels == ("s16",)
     _, declared = layout_tasks(_model(), (parse_layout(layout),), "d.npz")
     assert not [n for n in declared if "dfl=" in n and "--layout b8" in n]
+
+
+def test_a_one_output_dfl_head_reads_its_scores_after_the_bins() -> None:
+    """YOLOv8 exported undecoded: ``[N, 4 x 16 + C, A]`` of all levels in one output. With
+    no image input the grid is a square input's (20 anchors: 32 px at strides 8, 16)."""
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["output"], name="id")], "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4 * BINS + 2, 20])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 4 * BINS + 2, 20])])
+    model = load_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "m")
+    task, _ = layout_tasks(model, (parse_layout("output=detect:dfl=4,grid=8/16"),), "d.npz")
+    layout = task.layout
+    assert (layout.axis, layout.boxes, layout.scores, layout.input_size) == (
+        1, (0, 16), (16, None), None)
+    raw = np.zeros((1, 4 * BINS + 2, 20))
+    raw[0, :16, 17] = _one_hot([1, 1, 1, 1])  # stride 16, row 0, column 1: point (24, 8)
+    raw[0, 17, 17] = 0.9
+    boxes, scores = split_rows(raw, layout)
+    assert np.allclose(boxes[0, 17], [8, -8, 40, 24]) and scores[0, 17].tolist() == [0, 0.9]
