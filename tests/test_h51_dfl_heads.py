@@ -214,3 +214,14 @@ def test_a_one_output_dfl_head_reads_its_scores_after_the_bins() -> None:
     raw[0, 17, 17] = 0.9
     boxes, scores = split_rows(raw, layout)
     assert np.allclose(boxes[0, 17], [8, -8, 40, 24]) and scores[0, 17].tolist() == [0, 0.9]
+
+
+def test_levels_declared_one_by_one_get_no_pooled_hint_for_the_rest() -> None:
+    """Level 8 declared alone: level 16 is fidelity-only, said by the unscored note; no
+    pooled layout of level 16 alone is offered, nor an SSD pair."""
+    one = parse_layout("b8=detect:axis=2,dfl=4,grid=8,scores_from=s8")
+    task, notes = layout_tasks(_model((32, 48)), (one,), "d.npz")
+    assert task.layout.grid == (8,) and not task.layout.levels
+    said = " ".join(notes)
+    assert "dfl=4,grid=16" not in said and "SSD" not in said
+    assert "'b16'" in said and "scored for fidelity only" in said

@@ -185,14 +185,12 @@ def grid_head_hint(model: Model, taken: set[str]) -> list[str]:
     return notes
 
 
-def _dfl_pairs(model: Model, taken: set[str], size: tuple[int, int]
-               ) -> list[tuple[int, str, str, int]]:
+def _dfl_pairs(model: Model, size: tuple[int, int]) -> list[tuple[int, str, str, int]]:
     """(stride, box output, score output, bins) of each level a graph shows like a DFL
     head's: a rank-3 float output ``[N, A, 4 x bins]`` (4 to 32 bins) beside one of the
     same anchors and fewer, other rows, ``A`` the cells of the input's grid at a stride."""
     shapes, types, found = model.value_shapes(), model.value_types(), []
-    outs = [o for o in model.output_names() if o not in taken
-            and types.get(o) == onnx.TensorProto.FLOAT and len(shapes.get(o) or ()) == 3
+    outs = [o for o in model.output_names() if types.get(o) == onnx.TensorProto.FLOAT and len(shapes.get(o) or ()) == 3
             and all(isinstance(d, int) for d in (shapes.get(o) or ())[1:])]
     for box in outs:
         a, rows = shapes[box][1:]
@@ -213,11 +211,15 @@ def dfl_head_hint(model: Model, taken: set[str], size: tuple[int, int] | None
     """The note naming the pooled ``dfl=`` layout of outputs made like a DFL head's levels
     (:func:`_dfl_pairs`; PicoDet's ``[1, 7600, 32]`` box distributions beside ``[1, 7600,
     10]`` class scores on an 800 x 608 input), and the outputs it names (no other hint
-    then calls them an SSD's). Nothing is read as detections without being declared."""
-    pairs = _dfl_pairs(model, taken, size) if size is not None else []
+    then calls them an SSD's). Nothing is read as detections without being declared; with
+    some of the levels read by a task (``taken``, declared level by level) no pooled layout
+    is named: the others are said to be fidelity-only by the unscored note."""
+    pairs = _dfl_pairs(model, size) if size is not None else []
     if not pairs or len({p[3] for p in pairs}) != 1 or len({p[0] for p in pairs}) != len(pairs):
         return [], set()
     boxes, scores = [p[1] for p in pairs], [p[2] for p in pairs]
+    if taken & {*boxes, *scores}:
+        return [], {*boxes, *scores} - taken
     levels = f",levels={'+'.join(boxes[1:])}" if len(boxes) > 1 else ""
     strides = "/".join(str(p[0]) for p in pairs)
     note = (f"outputs {', '.join(repr(b) for b in boxes)} hold 4 x {pairs[0][3]} rows per anchor "
