@@ -225,3 +225,11 @@ def test_levels_declared_one_by_one_get_no_pooled_hint_for_the_rest() -> None:
     said = " ".join(notes)
     assert "dfl=4,grid=16" not in said and "SSD" not in said
     assert "'b16'" in said and "scored for fidelity only" in said
+
+
+def test_a_level_declared_twice_is_one_line() -> None:
+    from quantscope.tasks.layout import LayoutError
+
+    for other in ("b16=tensor", "s16=detect:axis=2,dfl=4,grid=16,levels=b16"):
+        with pytest.raises(LayoutError, match="levels 'b16' is declared by another --layout"):
+            layout_tasks(_model(), (parse_layout(LAYOUT), parse_layout(other)), "d.npz")

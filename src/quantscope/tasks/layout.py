@@ -378,16 +378,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     when not 0 (None: not known yet, the data unread: an axis is then not checked against
     it)."""
     outputs = model.output_names()
-    seen: set[str] = set()
-    for s in specs:
-        if s.output not in outputs:
-            raise _fail(s.text, f"'{s.output}' is no output of the model (outputs: "
-                        f"{', '.join(outputs)})"
-                        + (f"; {QUOTE_HINT}" if any("=" in n for n in (s.output, *outputs))
-                           else ""))
-        if s.output in seen:
-            raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout per output")
-        seen.add(s.output)
+    _check_outputs(specs, outputs)
     tasks, notes = [], []
     declared = {s.output: s for s in specs}
     for out in outputs:
@@ -450,6 +441,30 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     tasks.sort(key=lambda t: order.get(t.output, len(order)))
     return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks), headline=tasks[0].headline,
                        row_local=all(getattr(t, "row_local", True) for t in tasks)), tuple(notes)
+
+
+def _check_outputs(specs: tuple[LayoutSpec, ...], outputs: list[str]) -> None:
+    """Each declared output is one of the model's, declared once, and read by no other
+    declaration's ``levels=`` (a level pooled into another detector)."""
+    seen: set[str] = set()
+    for s in specs:
+        if s.output not in outputs:
+            raise _fail(s.text, f"'{s.output}' is no output of the model (outputs: "
+                        f"{', '.join(outputs)})"
+                        + (f"; {QUOTE_HINT}" if any("=" in n for n in (s.output, *outputs))
+                           else ""))
+        if s.output in seen:
+            raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout per output")
+        seen.add(s.output)
+    for s in specs:
+        raw = s.option("levels") if s.kind == "detect" else None
+        names = () if raw is None else (raw,) if raw in outputs else raw.split("+")
+        for name in (n.strip() for n in names):
+            if name in seen or any(name in (t.option("levels") or "").split("+")
+                                   for t in specs if t is not s):
+                raise _fail(s.text, f"levels '{name}' is declared by another --layout too: "
+                            "give each level once, in one detector's levels= or its own "
+                            "--layout")
 
 
 def _head_hints(model: Model, taken: set[str]) -> list[str]:
