@@ -42,7 +42,7 @@ import numpy as np
 import onnx
 
 from quantscope.model.load import Model
-from quantscope.tasks.grid_head import decode_grid
+from quantscope.tasks.grid_head import decode_dfl, decode_grid
 from quantscope.tasks.shares import items_key, share_counts
 from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import Metrics, Outputs, QuantscopeError, moved_axis
@@ -79,10 +79,17 @@ class DetectionLayout:
     scores_output: str | None = None
     anchors: str | None = None
     grid: tuple[int, ...] = ()  # strides of an anchor-free grid head (YOLOX): boxes decoded
+    dfl: int | None = None  # bins per side of box distributions (PicoDet, YOLOv8) on the grid
+    centre: float = 0.5  # a cell's point in cells from its corner, of dfl boxes
+    input_size: tuple[int, int] | None = None  # the image input's H, W (None: square grids)
+    levels: tuple[str, ...] = ()  # the box outputs of the head's other levels, in order
+    score_levels: tuple[str, ...] = ()  # the score outputs of the other levels
 
     def outputs(self, output: str) -> tuple[str, ...]:
-        """The outputs read: the box output, then the scores' when another."""
-        return (output,) if self.scores_output is None else (output, self.scores_output)
+        """The outputs read: the box output and its other levels', then the scores'
+        outputs when others (level by level)."""
+        scores = () if self.scores_output is None else (self.scores_output, *self.score_levels)
+        return (output, *self.levels, *scores)
 
     def score_rows(self, rows: int) -> tuple[int, int]:
         stop = rows if self.scores[1] is None else self.scores[1]
@@ -100,6 +107,9 @@ class DetectionLayout:
         """``rows``: the score rows' output's count on the row axis, ``box_rows`` the box
         output's (None: not known)."""
         n_box = self.boxes[1] - self.boxes[0]
+        read = f"{n_box} box rows ({self.box_format})"
+        if self.dfl:
+            read = f"4 box sides x {self.dfl} bins (rows {self.boxes[0]}-{self.boxes[1] - 1})"
         if rows is None and self.scores[1] is None:
             cls = f"class rows {self.scores[0]}-"
         else:
@@ -109,15 +119,25 @@ class DetectionLayout:
                f" x objectness row {self.objectness}")
         if self.scores_output is not None:
             cls += f" of output '{self.scores_output}'"
+            cls += "".join(f" + '{o}'" for o in self.score_levels)
         boxes = ("" if self.anchors is None else
                  f", box centres offset by the anchor centres of '{self.anchors}'")
-        if self.grid:
-            boxes += (f", boxes decoded on the grid of strides {'/'.join(map(str, self.grid))}"
+        grid = "/".join(map(str, self.grid))
+        on = "" if self.input_size is None else \
+            f" of the {self.input_size[0]}x{self.input_size[1]} input"
+        if self.levels:
+            boxes += f", pooled with levels {', '.join(repr(o) for o in self.levels)}"
+        if self.grid and self.dfl:
+            boxes += (f", boxes decoded from distributions on the grid of strides {grid}{on} "
+                      f"(x1 = (col + {self.centre:g}) * stride - sum(softmax(bins) * "
+                      f"0..{self.dfl - 1}) * stride)")
+        elif self.grid:
+            boxes += (f", boxes decoded on the grid of strides {grid}{on}"
                       " (cx = (x + col) * stride, w = exp(w) * stride)")
         unread = self.unread_rows(box_rows) if box_rows is not None else []
         left = ("" if not unread else f"; rows {_ranges(unread)} not read (key points, ids: "
                 f"{UNSCORED})")
-        return (f"{n_box} box rows ({self.box_format}) + {cls}{obj} on axis {self.axis}"
+        return (f"{read} + {cls}{obj} on axis {self.axis}"
                 f"{boxes}, threshold {self.threshold:g}, NMS/match IoU {self.iou:g}{left}")
 
 
@@ -220,14 +240,27 @@ def _shape(dims: tuple) -> str:
     return "[" + ", ".join(str(d) if isinstance(d, int) else "?" for d in dims) + "]"
 
 
-def split_rows(arr: np.ndarray, layout: DetectionLayout, scores_arr: np.ndarray | None = None
-               ) -> tuple[np.ndarray, np.ndarray]:
+def _levels(arrs: tuple, layout: DetectionLayout, what: str) -> np.ndarray:
+    """Each level's ``[N, ...]`` with its row axis last, the anchors of the levels one
+    after the other: ``[N, A, R]``."""
+    parts = [_rows_last(x, layout, what) for x in arrs]
+    if len({p.shape[-1] for p in parts}) > 1 or len({len(p) for p in parts}) > 1:
+        raise QuantscopeError(f"--layout: the levels' {what}s have {[p.shape for p in parts]}: "
+                              "give levels= outputs of the same rows and samples")
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+
+def split_rows(arr: np.ndarray | tuple, layout: DetectionLayout,
+               scores_arr: np.ndarray | tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One batch ``[N, ...]`` -> (boxes ``[N, A, 4]`` as x1 y1 x2 y2, scores ``[N, A, C]``,
-    each multiplied by the anchor's objectness when the layout has one). ``scores_arr``:
-    the batch of the scores' own output (``layout.scores_output``), same anchors; box
-    centres are offset by the layout's anchor centres when it names a file."""
-    a = _rows_last(arr, layout, "output")
-    s = a if scores_arr is None else _rows_last(scores_arr, layout, "score output")
+    each multiplied by the anchor's objectness when the layout has one). ``arr``: the box
+    output's batch, or a tuple of it and its other levels' (``layout.levels``);
+    ``scores_arr``: the batch (or the levels' batches) of the scores' own output
+    (``layout.scores_output``), same anchors; box centres are offset by the layout's anchor
+    centres when it names a file, decoded on its grid when it gives strides."""
+    a = _levels(arr if isinstance(arr, tuple) else (arr,), layout, "output")
+    s = a if scores_arr is None else _levels(
+        scores_arr if isinstance(scores_arr, tuple) else (scores_arr,), layout, "score output")
     if s.shape[:2] != a.shape[:2]:
         raise QuantscopeError(f"--layout: the score output has {s.shape[1]} anchors, the box "
                               f"output {a.shape[1]}: give a score output of the same anchors")
@@ -244,20 +277,29 @@ def split_rows(arr: np.ndarray, layout: DetectionLayout, scores_arr: np.ndarray 
     if obj is not None:
         scores = scores * a[..., obj:obj + 1]
     if layout.anchors is not None:
-        centres = read_anchors(layout.anchors)
-        if len(centres) != boxes.shape[1]:
-            raise QuantscopeError(f"--layout: anchors '{layout.anchors}' has {len(centres)} "
-                                  f"anchors, the output {boxes.shape[1]}: give one centre per "
-                                  "anchor")
-        shift = np.tile(centres, 2) if layout.box_format == "xyxy" else \
-            np.concatenate([centres, np.zeros_like(centres)], axis=1)
-        boxes = boxes + shift
+        boxes = _shift(boxes, layout)
+    if layout.dfl:
+        return decode_dfl(boxes, layout.grid, layout.dfl, layout.centre, layout.input_size), \
+            scores
     if layout.grid:
-        boxes = decode_grid(boxes, layout.grid)
+        boxes = decode_grid(boxes, layout.grid, layout.input_size)
     if layout.box_format == "cxcywh":
         cx, cy, w, h = (boxes[..., i] for i in range(4))
         boxes = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=-1)
     return boxes, scores
+
+
+def _shift(boxes: np.ndarray, layout: DetectionLayout) -> np.ndarray:
+    """Boxes offset by the anchor centres of ``layout.anchors``."""
+    assert layout.anchors is not None
+    centres = read_anchors(layout.anchors)
+    if len(centres) != boxes.shape[1]:
+        raise QuantscopeError(f"--layout: anchors '{layout.anchors}' has {len(centres)} "
+                              f"anchors, the output {boxes.shape[1]}: give one centre per "
+                              "anchor")
+    shift = np.tile(centres, 2) if layout.box_format == "xyxy" else \
+        np.concatenate([centres, np.zeros_like(centres)], axis=1)
+    return boxes + shift
 
 
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -350,7 +392,8 @@ def item_counts(n_ref: int, n_test: int, n_match: int) -> dict[str, float]:
 def _split_batch(batch: np.ndarray | tuple, layout: DetectionLayout
                  ) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(batch, tuple):
-        return split_rows(batch[0], layout, batch[1])
+        n = 1 + len(layout.levels)
+        return split_rows(tuple(batch[:n]), layout, tuple(batch[n:]) or None)
     return split_rows(batch, layout)
 
 

@@ -16,7 +16,12 @@ KIND        keys (defaults)                                          headline me
             ``threshold=0.25``, ``iou=0.5``, ``scores_from=OUT``
             (the scores in another output of the same anchors, an
             SSD's two heads), ``anchors=FILE.npy`` (anchor centres
-            ``[A, 2]`` added to the box centres)  (:mod:`.detection`)
+            ``[A, 2]`` added to the box centres), ``grid=8/16/32``
+            (a grid head's strides: YOLOX's offsets decoded),
+            ``dfl=BINS`` (box distributions, PicoDet's, YOLOv8's),
+            ``centre=0.5``, ``levels=OUT2+OUT3`` (the other levels'
+            box outputs, pooled)  (:mod:`.detection`,
+            :mod:`.grid_head`)
 ``map``     ``threshold=0.5``, ``channel=K`` (binarise channel K of   ``mask_iou``
             axis 1 alone; default: every value)  (:mod:`.maps`)
 ``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
@@ -71,10 +76,11 @@ from quantscope.tasks.detection import (
     ssd_heads_hint,
 )
 from quantscope.tasks.embedding_hint import embedding_hint
-from quantscope.tasks.grid_head import grid_head_hint
+from quantscope.tasks.grid_head import dfl_head_hint, grid_head_hint
 from quantscope.tasks.layout_detect import detection_layout as _detection_layout
 from quantscope.tasks.layout_detect import dims as _dims
 from quantscope.tasks.layout_detect import float_option as _float
+from quantscope.tasks.layout_detect import input_size
 from quantscope.tasks.layout_detect import others as _others
 from quantscope.tasks.layout_spec import (
     KINDS,
@@ -372,16 +378,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     when not 0 (None: not known yet, the data unread: an axis is then not checked against
     it)."""
     outputs = model.output_names()
-    seen: set[str] = set()
-    for s in specs:
-        if s.output not in outputs:
-            raise _fail(s.text, f"'{s.output}' is no output of the model (outputs: "
-                        f"{', '.join(outputs)})"
-                        + (f"; {QUOTE_HINT}" if any("=" in n for n in (s.output, *outputs))
-                           else ""))
-        if s.output in seen:
-            raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout per output")
-        seen.add(s.output)
+    _check_outputs(specs, outputs)
     tasks, notes = [], []
     declared = {s.output: s for s in specs}
     for out in outputs:
@@ -428,7 +425,7 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
         if task is not None:
             tasks.append(task)
     taken = {o for t in tasks for o in _read_by(t)}
-    notes.extend(ssd_heads_hint(model, taken) + grid_head_hint(model, taken))
+    notes.extend(_head_hints(model, taken))
     if not tasks:
         rest = [o for o in outputs if o not in declared]
         hints = (dense_hint(model, rest, sample_axes), embedding_hint(model, rest, sample_axes),
@@ -444,6 +441,37 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     tasks.sort(key=lambda t: order.get(t.output, len(order)))
     return OutputTasks(name=f"outputs:{data}", tasks=tuple(tasks), headline=tasks[0].headline,
                        row_local=all(getattr(t, "row_local", True) for t in tasks)), tuple(notes)
+
+
+def _check_outputs(specs: tuple[LayoutSpec, ...], outputs: list[str]) -> None:
+    """Each declared output is one of the model's, declared once, and read by no other
+    declaration's ``levels=`` (a level pooled into another detector)."""
+    seen: set[str] = set()
+    for s in specs:
+        if s.output not in outputs:
+            raise _fail(s.text, f"'{s.output}' is no output of the model (outputs: "
+                        f"{', '.join(outputs)})"
+                        + (f"; {QUOTE_HINT}" if any("=" in n for n in (s.output, *outputs))
+                           else ""))
+        if s.output in seen:
+            raise _fail(s.text, f"output '{s.output}' is declared twice: give one --layout per output")
+        seen.add(s.output)
+    for s in specs:
+        raw = s.option("levels") if s.kind == "detect" else None
+        names = () if raw is None else (raw,) if raw in outputs else raw.split("+")
+        for name in (n.strip() for n in names):
+            if name in seen or any(name in (t.option("levels") or "").split("+")
+                                   for t in specs if t is not s):
+                raise _fail(s.text, f"levels '{name}' is declared by another --layout too: "
+                            "give each level once, in one detector's levels= or its own "
+                            "--layout")
+
+
+def _head_hints(model: Model, taken: set[str]) -> list[str]:
+    """The notes naming undeclared detection heads no task reads (``taken``): a DFL
+    head's levels (whose outputs no SSD note then names), an SSD's two heads, a YOLOX head."""
+    dfl_notes, named = dfl_head_hint(model, taken, input_size(model))
+    return dfl_notes + ssd_heads_hint(model, taken | named) + grid_head_hint(model, taken)
 
 
 def _rows_hint(spec: LayoutSpec, task: object, model: Model) -> list[str]:

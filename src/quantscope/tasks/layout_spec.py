@@ -17,7 +17,7 @@ from quantscope.types import QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
     "detect": ("boxes", "scores", "obj", "axis", "format", "threshold", "iou", "scores_from",
-               "anchors", "grid"),
+               "anchors", "grid", "dfl", "centre", "levels"),
     "map": ("threshold", "channel"),
     "score": ("threshold",),
     "class": ("axis",),
@@ -156,6 +156,21 @@ def rows(spec: LayoutSpec, key: str) -> tuple[int, int | None] | None:
     return start, stop
 
 
+def dfl_bins(spec: LayoutSpec) -> int | None:
+    """``dfl=8`` -> 8: the bins per box side of distribution boxes (checked: a whole number
+    of 2 or more, with ``grid=``); None when not given."""
+    raw = spec.option("dfl")
+    if raw is None:
+        return None
+    if not raw.isdigit() or int(raw) < 2:
+        raise fail(spec.text, f"dfl '{raw}' is not a whole number of 2 or more: give the bins "
+                   "per box side (PicoDet: dfl=8; YOLOv8: dfl=16)")
+    if spec.option("grid") is None:
+        raise fail(spec.text, f"dfl={raw} decodes distances from each cell of the head's grid: "
+                   "give its strides with it (e.g. grid=8/16/32/64)")
+    return int(raw)
+
+
 def _check_values(spec: LayoutSpec) -> None:
     number(spec, "threshold", -math.inf, math.inf)
     number(spec, "iou", 0.0, 1.0, open_lo=True)
@@ -166,9 +181,17 @@ def _check_values(spec: LayoutSpec) -> None:
         raise fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "
                     "values per point (e.g. dims=3 for x, y, z)")
     rows(spec, "flags")
+    bins = dfl_bins(spec)
     boxes = rows(spec, "boxes")
-    if boxes is not None and (boxes[1] is None or boxes[1] - boxes[0] != 4):
-        raise fail(spec.text, f"boxes '{spec.option('boxes')}' must be 4 rows (e.g. boxes=0-3)")
+    want = 4 * (bins or 1)
+    if boxes is not None and (boxes[1] is None or boxes[1] - boxes[0] != want):
+        example = f"boxes=0-{want - 1}"
+        what = f"4 sides x {bins} bins = {want} rows" if bins else "4 rows"
+        raise fail(spec.text, f"boxes '{spec.option('boxes')}' must be {what} (e.g. {example})")
+    number(spec, "centre", 0.0, 1.0)
+    if spec.option("centre") is not None and bins is None:
+        raise fail(spec.text, "centre= is the cell point of distribution boxes: give dfl=BINS "
+                   "with it, or drop it")
     rows(spec, "scores")
     obj = rows(spec, "obj")
     if obj is not None and obj[1] != obj[0] + 1:
@@ -203,4 +226,4 @@ def _check_values(spec: LayoutSpec) -> None:
 
 
 __all__ = ["KINDS", "LAYOUT_NOTE", "QUOTE_HINT", "SYNTAX", "LayoutError", "LayoutSpec", "fail",
-           "image_ranges", "number", "parse_layout", "rows"]
+           "dfl_bins", "image_ranges", "number", "parse_layout", "rows"]
