@@ -139,7 +139,7 @@ def evaluate_plans(
     task_only: bool = False,
     own_outputs: bool = False,
     sample_parts: bool = False,
-    held_out_parts: bool = False,
+    held_out_parts: bool = False,  # also the powers only run's held-out check reads
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -167,13 +167,9 @@ def evaluate_plans(
     (:func:`reference_kept_outputs`): enough for ``only`` where the task scores it alone,
     or for ``task_only`` (every task figure, no output fidelity: :func:`_kept_scorer`), so
     no per-token reference is held; else the FP32 outputs are computed here.
-
-    ``sample_parts``: also ``"sample_parts"``, its fidelity figures' per-sample powers
-    (and a task's, :func:`figure_parts`); ``held_out_parts``: those and the ones of the
-    task's figures only ``run``'s held-out check reads.
+    ``sample_parts``: also ``"sample_parts"``, the per-sample powers (:func:`figure_parts`).
     """
     batches = list(data.evaluation)
-    sample_parts = sample_parts or held_out_parts  # the held-out ones are more of them
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
     keep = getattr(data.task, "keep", None)  # what the task reads of each batch's outputs
     alone, note = _kept_scorer(data, only, task_only, bool(error_scales),
@@ -269,7 +265,7 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
     judge = data.task is None or getattr(data.task, "row_local", False)
     score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
                              "channel_axes": output_channel_axes(model, batches),
-                             "per_sample": sample_parts}
+                             "per_sample": sample_parts or held_out_parts}
     if ref is None:
         fp32 = open_runs((reference or model).proto, batches)
         fid, ref_kept, test = compare_models(fp32, emulated, **score)
@@ -294,7 +290,7 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
         "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
         **({"sample_parts": kept_parts(figure_parts(data, fid, ref_kept, test,
                                                     held_out=held_out_parts), metrics)}
-           if sample_parts else {}),
+           if sample_parts or held_out_parts else {}),
     }
 
 
