@@ -19,7 +19,7 @@ from quantscope.analyze.measure import figure_parts
 from quantscope.cli import main
 from quantscope.emulate.evaluate import compare_model
 from quantscope.pipeline.held_out import headline_parts
-from quantscope.tasks.db_noise import db_noise, pooled_db
+from quantscope.tasks.db_noise import db_noise, pooled_db, row_powers
 from quantscope.tasks.pictures import ImageTask
 from quantscope.types import Dataset, Outputs
 
@@ -178,6 +178,9 @@ def test_image_views_embedding_sqnr_is_judged_by_its_noise_per_photo():
     rec = check_held_out(results, metric)
     assert rec is not None and rec["noise_from"] == "jackknife", rec
     assert "over 12 photos" in rec["noise"], rec["noise"]
+    # one view out at a time reads the noise of a photo's shared error as 4 samples'
+    per_view = db_noise(row_powers(ref, plan), row_powers(ref, uni))
+    assert per_view is not None and per_view[0] < rec["margin"], (per_view, rec["margin"])
 
 
 def test_run_keeps_a_pictures_psnr_powers_held_out(tmp_path):
