@@ -139,12 +139,14 @@ def _faces_task(faces: int, chips: int):
 
 def _embeddings(units: int, rows: int, worse: float, seed: int, dim: int = 32):
     """FP32's embeddings of ``units`` sources of ``rows`` rows each, a8_w8's (an error
-    whose size each source shares) and the plan's (``worse`` larger)."""
+    whose size each source shares) and the plan's (larger by about ``worse``, by as much
+    on each row of a source)."""
     rng = np.random.default_rng(seed)
     ref = rng.normal(0, 1, (units * rows, dim)).astype(np.float32)
     scale = np.repeat(np.exp(rng.normal(0, 0.5, units)), rows)[:, None].astype(np.float32)
     err = rng.normal(0, 0.02, ref.shape).astype(np.float32) * scale
-    return ref, ref + err, ref + err * np.float32(1 + worse)
+    grow = np.repeat(rng.normal(worse, worse * 0.5, units), rows)[:, None].astype(np.float32)
+    return ref, ref + err, ref + err * (1 + grow)
 
 
 def test_a_face_verification_embedding_sqnr_is_judged_by_its_noise_per_face():
