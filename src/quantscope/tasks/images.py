@@ -225,7 +225,8 @@ class ViewRetrievalTask:
     def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
         """The powers ``embedding_sqnr_db`` pools, summed per photo (a photo's views are
         no independent samples: :func:`quantscope.tasks.db_noise.unit_powers`), for
-        ``run``'s held-out check only (the planner ranks by the top-1 share)."""
+        ``run``'s held-out check only (the planner, asked for this figure, ranks it
+        without its noise)."""
         er, et = _embeddings(ref), _embeddings(test)
         if len(er) != len(self.photo):
             return {}

@@ -350,7 +350,6 @@ class OutputTasks:
         values.update(worst, **worst_counts(per_task, worst))
         return Metrics(values=values, notes=tuple(notes))
 
-
     def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
         """The outputs' tasks' per-sample powers for ``run``'s held-out check (an image's
         PSNR: :meth:`quantscope.tasks.pictures.ImageTask.held_out_parts`), as

@@ -64,7 +64,7 @@ class VerificationTask:
     def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
         """The powers ``embedding_sqnr_db`` pools, summed per face (:attr:`faces`, else per
         chip: :func:`quantscope.tasks.db_noise.unit_powers`), for ``run``'s held-out check
-        only (the planner ranks by the decisions' share)."""
+        only (the planner, asked for this figure, ranks it without its noise)."""
         er, et = self._embeddings(ref), self._embeddings(test)
         faces = np.arange(len(er)) if self.faces is None else self.faces
         if len(faces) != len(er):
