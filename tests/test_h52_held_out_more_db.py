@@ -206,3 +206,23 @@ def test_run_keeps_a_pictures_psnr_powers_held_out(tmp_path):
         assert p.signal.shape == (12, 1)  # the held-out half, one column
         assert pooled_db(p) == pytest.approx(ev["results"][label]["metrics"][PSNR], abs=1e-6)
     assert db_noise(parts["a8_w8"], parts["plan"]) is not None
+
+
+def test_unit_powers_pool_to_the_whole_sqnr_and_leave_a_source_out_together():
+    from quantscope.numerics import sqnr_db
+    from quantscope.tasks.db_noise import Parts, side_by_side, unit_powers
+
+    rng = np.random.default_rng(7)
+    ref = rng.normal(0, 1, (10, 6))
+    test = ref + rng.normal(0, 0.1, ref.shape)
+    units = np.array([3, 1, 3, 2, 1, 2, 3, 1, 2, 2])
+    got = unit_powers(ref, test, units, "faces")
+    assert got.unit == "faces" and got.signal.shape == (3,)
+    assert pooled_db(got) == pytest.approx(sqnr_db(ref, test), abs=1e-9)
+    rows = row_powers(ref, test)
+    assert got.noise[0] == pytest.approx(rows.noise[units == 1].sum())
+    with pytest.raises(ValueError, match="unit labels"):
+        unit_powers(ref, test, units[:-1], "faces")
+    a, b = Parts(np.ones(4), np.ones(4), "samples"), Parts(np.ones(5), np.ones(5), "samples")
+    assert side_by_side([a, b]) is None and side_by_side([]) is None
+    assert side_by_side([a, a]).signal.shape == (4, 2)
