@@ -12,22 +12,14 @@ import json
 import numpy as np
 import onnx
 import pytest
+from held_out_helpers import check_held_out, measured
 from onnx import TensorProto, helper, numpy_helper
 
-from quantscope.analyze.measure import kept_parts
 from quantscope.cli import main
-from quantscope.emulate.evaluate import compare_model
-from quantscope.pipeline.held_out import headline_parts, keep_powers, worse_held_out
+from quantscope.pipeline.held_out import headline_parts
 from quantscope.tasks.db_noise import Parts, db_noise, parts_of, parts_record, pooled_db
-from quantscope.types import Outputs
 
 METRIC = "sqnr_db"
-
-
-class _Runs:  # an emulated model's runs, as compare_model reads them
-    def __init__(self, outputs: np.ndarray) -> None:
-        self.names = ("y",)
-        self.batches = iter([((outputs,), {})])
 
 
 def _held_out(samples: int, spread: float, worse: float, seed: int) -> dict:
@@ -40,19 +32,12 @@ def _held_out(samples: int, spread: float, worse: float, seed: int) -> dict:
     scale = np.exp(rng.normal(0, spread, (samples, 1))).astype(np.float32)
     err = rng.normal(0, 0.01, (samples, 64)).astype(np.float32) * scale
     grow = rng.normal(worse, worse * spread, (samples, 1)).astype(np.float32)
-    results = {}
-    for label, test in (("a8_w8", ref + err), ("plan", ref + err * (1 + grow))):
-        fid, _ = compare_model(_Runs(test), Outputs(("y",), ((ref,),)), per_sample=True)
-        results[label] = {"metrics": dict(fid.values),
-                          "sample_parts": kept_parts(fid.parts, fid.values)}
-    keep_powers(results, METRIC)
-    return json.loads(json.dumps(results))  # as the verdict reads evaluate.json
+    return measured({"y": ref}, {"a8_w8": {"y": ref + err},
+                                 "plan": {"y": ref + err * (1 + grow)}}, METRIC)
 
 
 def _worse(results: dict) -> dict | None:
-    quality = {k: {METRIC: r["metrics"][METRIC]} for k, r in results.items()}
-    return worse_held_out(METRIC, "dB", quality, 1.3, higher=True, uniform_meets_goal=False,
-                          parts=headline_parts(results, METRIC))
+    return check_held_out(results, METRIC)
 
 
 def test_worse_by_less_than_0_1_db_beyond_its_jackknife_noise_says_ship_uniform():

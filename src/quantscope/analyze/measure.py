@@ -139,6 +139,7 @@ def evaluate_plans(
     task_only: bool = False,
     own_outputs: bool = False,
     sample_parts: bool = False,
+    held_out_parts: bool = False,  # also the powers only run's held-out check reads
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -166,8 +167,7 @@ def evaluate_plans(
     (:func:`reference_kept_outputs`): enough for ``only`` where the task scores it alone,
     or for ``task_only`` (every task figure, no output fidelity: :func:`_kept_scorer`), so
     no per-token reference is held; else the FP32 outputs are computed here.
-
-    ``sample_parts``: also ``"sample_parts"``, its fidelity figures' per-sample powers.
+    ``sample_parts``: also ``"sample_parts"``, the per-sample powers (:func:`figure_parts`).
     """
     batches = list(data.evaluation)
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
@@ -198,7 +198,7 @@ def evaluate_plans(
                                  keep, reference=reference, method=method, error_scales=error_scales,
                                  head={"coverage": coverage, **saturated}, q_notes=q_notes,
                                  measured_by=measured_by[0] if engine is not None else None,
-                                 sample_parts=sample_parts)
+                                 sample_parts=sample_parts, held_out_parts=held_out_parts)
     return results
 
 
@@ -257,15 +257,15 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
             emulated: Runs, ref: Outputs | None, ref_kept: Outputs | None, keep: Any, *,
             reference: Model | None, method: str | None, error_scales: Sequence[float],
             head: dict[str, Any], q_notes: tuple[str, ...], measured_by: str | None,
-            sample_parts: bool = False) -> dict[str, Any]:
+            sample_parts: bool = False, held_out_parts: bool = False) -> dict[str, Any]:
     """One plan's result with every metric: output fidelity and the task's figures
-    (``sample_parts``: :func:`evaluate_plans`)."""
+    (``sample_parts``, ``held_out_parts``: :func:`evaluate_plans`)."""
     # raw outputs judged unless a task reads them its own way (text: padded tokens);
     # a row-local output task (detections, maps) reads the raw outputs themselves
     judge = data.task is None or getattr(data.task, "row_local", False)
     score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
                              "channel_axes": output_channel_axes(model, batches),
-                             "per_sample": sample_parts}
+                             "per_sample": sample_parts or held_out_parts}
     if ref is None:
         fp32 = open_runs((reference or model).proto, batches)
         fid, ref_kept, test = compare_models(fp32, emulated, **score)
@@ -288,19 +288,26 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
         "method": method or stats.method, "metrics": metrics, "outputs": tables,
         **head, **scaled, **({"engine": measured_by} if measured_by is not None else {}),
         "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
-        **({"sample_parts": kept_parts(figure_parts(data, fid, ref_kept, test), metrics)}
-           if sample_parts else {}),
+        **({"sample_parts": kept_parts(figure_parts(data, fid, ref_kept, test,
+                                                    held_out=held_out_parts), metrics)}
+           if sample_parts or held_out_parts else {}),
     }
 
 
-def figure_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Outputs
-                 ) -> dict[str, Any]:
+def figure_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Outputs,
+                 *, held_out: bool = False) -> dict[str, Any]:
     """The per-sample powers of the fidelity figures in dB and of the task's (a task with
-    ``sample_parts``: a retrieval task's embedding SQNR, per pair)."""
+    ``sample_parts``: a retrieval task's embedding SQNR, per pair); ``held_out``: also
+    those of a task with ``held_out_parts`` (an image's PSNR, a face verification's and
+    image views' embedding SQNR, an image output's ``psnr_db:OUTPUT``), which ``run``'s
+    held-out check reads and the planner does not: with them its choice among image
+    models' plans would change (the noise rule, :mod:`quantscope.plan.pareto`)."""
     out = dict(fid.parts)
-    task_parts = getattr(data.task, "sample_parts", None)
-    if task_parts is not None and ref_kept is not None:
-        out.update(task_parts(ref_kept, test))
+    names = ("sample_parts", "held_out_parts") if held_out else ("sample_parts",)
+    for name in names:
+        task_parts = getattr(data.task, name, None)
+        if task_parts is not None and ref_kept is not None:
+            out.update(task_parts(ref_kept, test))
     return out
 
 

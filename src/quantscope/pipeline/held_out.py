@@ -16,14 +16,22 @@ noise         a share the task counts items for (``KEY_items`` in both figures):
               :func:`headline_parts`; the two passes are on the same held-out samples, so
               the difference is paired): the one-sided 95 % jackknife half width of the
               paired difference (:func:`quantscope.tasks.db_noise.db_noise`); a figure in
-              dB without them (an older run folder, a figure nothing keeps them for:
-              PSNR, a per-output key): the 0.1 dB margin the auto rewrites use
-              (:data:`quantscope.rewrites.tie.TIE_MARGIN`), said as no noise estimate and
-              why; any other figure: none
+              dB without them (an older run folder; a figure no one keeps them for:
+              ``psnr_min_db``, a ``*_db`` key of a task that gives none) or whose
+              powers give none (fewer than 3 units): the 0.1 dB margin the auto
+              rewrites use (:data:`quantscope.rewrites.tie.TIE_MARGIN`), said as no
+              noise estimate and why; any other figure: none
 kept          by ``run``'s evaluate stage (:func:`keep_powers`), for a headline in dB: the
               plan's and a8_w8's per-sample powers of it, of the columns the jackknife
-              reads (:func:`quantscope.tasks.db_noise.jackknife_columns`); an
-              ``evaluate.json`` written before has none and is read as such
+              reads (:func:`quantscope.tasks.db_noise.jackknife_columns`): an output's
+              SQNR and worst channel's per sample, a text retrieval's embedding SQNR per
+              pair (the planner reads these too), and, for this check only
+              (:func:`quantscope.analyze.measure.figure_parts` ``held_out``), a picture's
+              PSNR per sample (``psnr_db``; ``psnr_db:OUTPUT`` of several image outputs,
+              the unprefixed worst one's as their columns side by side), a face
+              verification's embedding SQNR per face and image views' per photo (the
+              rows of one source are no independent samples); an ``evaluate.json``
+              written before has none and is read as such
 said          ``verdict.json`` ``worse_held_out`` (figures, margin, ``noise`` in words,
               ``noise_from``: binomial / jackknife / margin / none, ``beyond_noise``,
               line) and the verdict's plan line: "held out, the plan is worse than uniform

@@ -15,7 +15,13 @@ read it.
 parts           per unit the signal and noise power (:class:`Parts`): one column (the
                 figure is their pooled ratio) or ``k`` columns (``[units, k]``: the
                 figure is the lowest column's pooled ratio: ``sqnr_db`` over several
-                outputs, ``sqnr_db_channel_min`` over channels)
+                outputs, ``sqnr_db_channel_min`` over channels, ``psnr_db`` over
+                several image outputs); a PSNR's are ``peak² x values`` and the summed
+                squared error per sample (its peak held at the whole data's when a unit
+                is left out: the peak cancels in a paired difference of one output)
+unit            what is left out at a time: a row (``rows``), a sample (``samples``), a
+                query and its document (``pairs``, :func:`pair_powers`), the rows of one
+                source (``faces``, ``photos``: :func:`unit_powers`)
 interval        :func:`gain_interval`: the difference ``after - before`` in dB with
                 one-sided :data:`CONFIDENCE` bounds, and the outcome against a margin
 noise         :func:`db_noise`: the half width of that bound, in words, for a rule that
@@ -76,6 +82,24 @@ def pair_powers(ref: Sequence[np.ndarray], test: Sequence[np.ndarray]) -> Parts:
                  np.sum([p.noise for p in rows], axis=0), "pairs")
 
 
+def unit_powers(ref: np.ndarray, test: np.ndarray, units: Sequence[Any], unit: str) -> Parts:
+    """Each unit's powers where row ``i`` of ``ref`` and ``test`` belongs to unit
+    ``units[i]`` (rows of one source that are no independent samples: a face's chips, a
+    photo's views): the rows' :func:`row_powers` summed per unit, the units in sorted
+    order. The pooled figure is the same as over all rows; the jackknife then leaves out
+    one unit (all its rows) at a time, as :func:`pair_powers` does a pair."""
+    rows = row_powers(ref, test)
+    labels = np.asarray(units)
+    if labels.shape != (len(rows.signal),):
+        raise ValueError(f"unit_powers: {labels.shape} unit labels for "
+                         f"{len(rows.signal)} rows")
+    names, index = np.unique(labels, return_inverse=True)
+    signal, noise = np.zeros(len(names)), np.zeros(len(names))
+    np.add.at(signal, index, rows.signal)
+    np.add.at(noise, index, rows.noise)
+    return Parts(signal, noise, unit)
+
+
 def _columns(a: Any) -> np.ndarray:
     x = np.asarray(a, np.float64)
     return x[:, None] if x.ndim == 1 else x
@@ -84,6 +108,16 @@ def _columns(a: Any) -> np.ndarray:
 def _figure(signal: np.ndarray, noise: np.ndarray) -> np.ndarray:
     """The figure of summed powers (last axis: the columns): the lowest column's dB."""
     return np.min(10.0 * np.log10(signal / noise), axis=-1)
+
+
+def side_by_side(parts: Sequence[Parts]) -> Parts | None:
+    """Several figures' parts on the same units as the columns of one (``[units, k]``):
+    the parts of the lowest of the figures (the worst output's); None where their units
+    differ in count or kind."""
+    if not parts or len({len(p.signal) for p in parts}) != 1 or len({p.unit for p in parts}) != 1:
+        return None
+    return Parts(np.concatenate([_columns(p.signal) for p in parts], axis=1),
+                 np.concatenate([_columns(p.noise) for p in parts], axis=1), parts[0].unit)
 
 
 def pooled_db(parts: Parts) -> float:

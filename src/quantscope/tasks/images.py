@@ -42,6 +42,7 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
+from quantscope.tasks.db_noise import Parts, unit_powers
 from quantscope.tasks.pixels import MAKE_TENSORS
 from quantscope.tasks.shares import items_key
 from quantscope.tasks.unscored import embedding_note
@@ -220,6 +221,16 @@ class ViewRetrievalTask:
     def _recall(self, emb: np.ndarray) -> tuple[float, np.ndarray]:
         nn = nearest_other(emb)
         return float(np.mean(self.photo[nn] == self.photo)), nn
+
+    def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+        """The powers ``embedding_sqnr_db`` pools, summed per photo (a photo's views are
+        no independent samples: :func:`quantscope.tasks.db_noise.unit_powers`), for
+        ``run``'s held-out check only (the planner, asked for this figure, ranks it
+        without its noise)."""
+        er, et = _embeddings(ref), _embeddings(test)
+        if len(er) != len(self.photo):
+            return {}
+        return {"embedding_sqnr_db": unit_powers(er, et, self.photo, "photos")}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         er, et = _embeddings(ref), _embeddings(test)

@@ -69,6 +69,7 @@ from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
 from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
 from quantscope.tasks.ctc import DEFAULT_BLANK, CtcTask, ctc_hint
+from quantscope.tasks.db_noise import Parts, side_by_side
 from quantscope.tasks.depth import DepthTask
 from quantscope.tasks.detection import (
     DetectionTask,
@@ -354,6 +355,25 @@ class OutputTasks:
         # a share's items: the worst output's own (the figure the unprefixed key is)
         values.update(worst, **worst_counts(per_task, worst))
         return Metrics(values=values, notes=tuple(notes))
+
+    def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+        """The outputs' tasks' per-sample powers for ``run``'s held-out check (an image's
+        PSNR: :meth:`quantscope.tasks.pictures.ImageTask.held_out_parts`), as
+        :meth:`metrics` keys their figures: ``KEY:OUTPUT`` each, and the unprefixed
+        ``KEY`` (the worst output's) as the outputs' columns side by side, whose lowest
+        pooled ratio is that worst figure (kept only where it pools to the figure
+        reported: :func:`quantscope.analyze.measure.kept_parts`)."""
+        out: dict[str, Parts] = {}
+        by_key: dict[str, list[Parts]] = {}
+        for t in self.tasks:
+            fn = getattr(t, "held_out_parts", None)
+            for k, p in (fn(ref, test) if fn is not None else {}).items():
+                out[f"{k}:{t.output}"] = p
+                by_key.setdefault(k, []).append(p)
+        for k, ps in by_key.items():
+            if (both := side_by_side(ps)) is not None:
+                out[k] = both
+        return out
 
 
 def _not_planned_for(note: str, task: object, first: object) -> str:

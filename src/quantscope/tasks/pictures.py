@@ -42,10 +42,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from quantscope.model.load import Model
+from quantscope.tasks.db_noise import Parts
 from quantscope.types import Metrics, Outputs, QuantscopeError
 
 PSNR_RESEMBLES = 30.0  # dB: below it, a picture's error is visible (a rule of thumb)
@@ -122,6 +124,29 @@ def paired_batches(ref: Outputs, test: Outputs, output: str, what: str
     return pairs
 
 
+class _Scored(NamedTuple):
+    """What :class:`ImageTask` compares: FP32's and the quantized batches (clipped to a
+    declared range), FP32's own min and max, the range, the values and those outside it."""
+
+    pairs: list[tuple[np.ndarray, np.ndarray]]
+    lo: float
+    hi: float
+    a: float
+    b: float
+    total: int
+    outside: int
+
+    @property
+    def peak(self) -> float:
+        return self.b - self.a
+
+
+def _sample_sse(ref: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """Each sample's summed squared error (float64)."""
+    d = (test - ref).reshape(len(ref), -1)
+    return np.sum(d * d, axis=1)
+
+
 def _psnr(peak: float, mse: float) -> float:
     if mse <= 0.0:
         return math.inf
@@ -147,14 +172,39 @@ class ImageTask:
     def _pairs(self, ref: Outputs, test: Outputs) -> list[tuple[np.ndarray, np.ndarray]]:
         return paired_batches(ref, test, self.output, "image")
 
-    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+    def _scored(self, ref: Outputs, test: Outputs) -> _Scored | None:
+        """The batches as PSNR compares them (clipped to a declared range) with the peak
+        and what the notes read; None: no sample."""
         pairs = [(r, t) for r, t in self._pairs(ref, test) if r.size]
         if not pairs:
-            return Metrics(values={"psnr_db": float("nan")}, notes=())
+            return None
         lo = min(float(r.min()) for r, _ in pairs)
         hi = max(float(r.max()) for r, _ in pairs)
         a, b = self.range if self.range is not None else (lo, hi)
-        peak = b - a
+        total = sum(r.size for r, _ in pairs)
+        outside = sum(int(np.sum((r < a) | (r > b))) for r, _ in pairs)
+        if self.range is not None:  # the images as the host shows them
+            pairs = [(np.clip(r, a, b), np.clip(t, a, b)) for r, t in pairs]
+        return _Scored(pairs, lo, hi, a, b, total, outside)
+
+    def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+        """Per sample, the powers ``psnr_db`` pools: ``peak² x values`` and the summed
+        squared error (:mod:`quantscope.tasks.db_noise`; the peak the whole data's), for
+        ``run``'s held-out check only (the planner ranks PSNR without its noise); none
+        where there is no PSNR."""
+        got = self._scored(ref, test)
+        if got is None or got.peak <= 0.0:
+            return {}
+        sse = np.concatenate([_sample_sse(r, t) for r, t in got.pairs])
+        values = np.concatenate([np.full(len(r), r[0].size, np.float64) for r, _ in got.pairs])
+        return {"psnr_db": Parts(got.peak * got.peak * values, sse, "samples")}
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        got = self._scored(ref, test)
+        if got is None:
+            return Metrics(values={"psnr_db": float("nan")}, notes=())
+        pairs, lo, hi, a, b, total, outside = got
+        peak = got.peak
         notes: list[str] = []
         if self.range is None:
             notes.append(f"output '{self.output}': PSNR over FP32's own range {lo:.4g}..{hi:.4g} "
@@ -164,20 +214,16 @@ class ImageTask:
             return Metrics(values={"psnr_db": float("nan")}, notes=(
                 *notes, f"output '{self.output}': FP32 is one value everywhere: no PSNR; "
                 "declare the range"))
-        total = sum(r.size for r, _ in pairs)
-        outside = sum(int(np.sum((r < a) | (r > b))) for r, _ in pairs)
-        if self.range is not None:  # the images as the host shows them
-            pairs = [(np.clip(r, a, b), np.clip(t, a, b)) for r, t in pairs]
         sse: list[float] = []
         sizes: list[int] = []
         per_ssim: list[float] = []
         err_sum = err_max = 0.0
         for r, t in pairs:
-            d = (t - r).reshape(len(r), -1)
-            sse.extend(np.sum(d * d, axis=1).tolist())
-            sizes.extend([d.shape[1]] * len(d))
-            err_sum += float(np.abs(d).sum())
-            err_max = max(err_max, float(np.abs(d).max()))
+            d = np.abs(t - r)
+            sse.extend(_sample_sse(r, t).tolist())
+            sizes.extend([d[0].size] * len(d))
+            err_sum += float(d.sum())
+            err_max = max(err_max, float(d.max()))
             s = ssim(r, t, peak)
             per_ssim.extend([] if s is None else s.tolist())
         per = [_psnr(peak, e / n) for e, n in zip(sse, sizes, strict=True)]

@@ -19,6 +19,7 @@ import numpy as np
 from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
+from quantscope.tasks.db_noise import Parts, unit_powers
 from quantscope.types import Metrics, Outputs, PooledEmbedding, QuantscopeError, RowScoring
 
 # FP32 accepting more than this share of the impostor pairs at the threshold does not
@@ -42,6 +43,9 @@ class VerificationTask:
     pairs: object  # tasks.faces.VerificationPairs
     threshold: float
     normalize: bool = False
+    # per chip, the face it is of (a face's variants are no independent samples: the
+    # noise of its embedding SQNR leaves out one face at a time); None: each chip its own
+    faces: np.ndarray | None = None
 
     headline = "decision_agreement"  # same-person decisions as FP32's, at the threshold
     higher_is_better = True
@@ -56,6 +60,17 @@ class VerificationTask:
     def _embeddings(self, out: Outputs) -> np.ndarray:
         return np.concatenate([np.asarray(b[0], np.float32).reshape(len(b[0]), -1)
                                for b in out.batches])
+
+    def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+        """The powers ``embedding_sqnr_db`` pools, summed per face (:attr:`faces`, else per
+        chip: :func:`quantscope.tasks.db_noise.unit_powers`), for ``run``'s held-out check
+        only (the planner, asked for this figure, ranks it without its noise)."""
+        er, et = self._embeddings(ref), self._embeddings(test)
+        faces = np.arange(len(er)) if self.faces is None else self.faces
+        if len(faces) != len(er):
+            return {}
+        return {"embedding_sqnr_db": unit_powers(
+            er, et, faces, "chips" if self.faces is None else "faces")}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         from quantscope.tasks.faces import SLICES, pair_distances, same_person
@@ -199,7 +214,8 @@ def face_dataset(
     batches = tuple({names[0]: np.ascontiguousarray(b.transpose(0, 2, 3, 1)) if last else b}
                     for b in face_batches(faces, batch_size, style))
     task = VerificationTask(name=f"verification:{spec}", pairs=verification_pairs(faces),
-                            threshold=style.threshold, normalize=style.normalize)
+                            threshold=style.threshold, normalize=style.normalize,
+                            faces=faces.photo)
     lo = min(float(b[names[0]].min()) for b in batches)
     hi = max(float(b[names[0]].max()) for b in batches)
     fed = (f"{'BGR' if style.pixels.bgr else 'RGB'}, {style.pixels.formula()}, as declared "
