@@ -79,3 +79,14 @@ def test_other_data_with_a_colon_is_not_face_data(tmp_path):
     (people / "ann").mkdir(parents=True)
     assert face_spec(f"{people}:scale=255") == (str(people), face_spec("faces:scale=255")[1])
     assert is_face_spec(f"{people}:raw") and data_spec(f"{people}:raw") == f"{people}:raw"
+
+
+def test_the_host_steps_say_how_the_chips_were_made_the_input():
+    from quantscope.pipeline.verdict import _pixels
+
+    model = load_proto(_nhwc_embedder(0.0))
+    raw = _pixels("faces:raw", model)
+    assert raw == ("aligned arcface chips of 112 x 112 px, RGB, channels last, pixels 0..255 "
+                   "as they are")
+    assert _pixels("faces", model).endswith("x = pixel 0..255, input = (x - 127.5) / 128")
+    assert _pixels("stdlib-docs", model) is None

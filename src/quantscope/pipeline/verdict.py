@@ -238,13 +238,24 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
             shapes=chk.get("input_shapes") or None,
             shapes_from_data=ctx.opts.input_shapes_from_data,
             measured_shapes=None if text else _measured_shapes(ctx, chk.get("input_shapes")),
-            pixels=None if text or not ctx.opts.data else pixels_note(ctx.opts.data)),
+            pixels=None if text or not ctx.opts.data else _pixels(ctx.opts.data, model)),
         "rewrites_applied": [rw.name for rw, _ in ctx.rewrite_configs()],
         # stages a process started and never finished (killed, interrupted), then resumed
         "resumed_after": unfinished_lines(ctx.folder),
         **({"rewrites_auto": summary.auto_rewrites(_read(ctx, steps.PLAN).get("rewrites"))}
            if ctx.opts.auto_rewrites else {}),
     }
+
+
+def _pixels(data: str, model: Any) -> str | None:
+    """How the data made images the input, for the host to repeat: ``quantscope images``'
+    note of a ``.npz``, or the chips face data fed (:func:`~quantscope.tasks.verification.face_feed`)."""
+    from quantscope.tasks.registry import is_face_spec
+    from quantscope.tasks.verification import face_feed
+
+    if is_face_spec(data):
+        return face_feed(data, model).pixels()
+    return pixels_note(data)
 
 
 def _measured_shapes(ctx: Context, given: dict[str, list[int]] | None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -182,20 +183,30 @@ def _slice_row(dr: np.ndarray, dt: np.ndarray, labels: np.ndarray, thr: float) -
     }
 
 
-def face_dataset(
-    spec: str, model: Model, *, batch_size: int = 32
-) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...], VerificationTask, str]:
-    from quantscope.tasks.faces import (
-        check_embedding_output,
-        face_batches,
-        face_spec,
-        load_faces,
-        style_for_input,
-        verification_pairs,
-    )
+@dataclass(frozen=True)
+class FaceFeed:
+    """How face data feeds a model: the data's source, the chip style (``own``: the one the
+    input size picks; ``style``: it with the declared pixels), channels last or first."""
+
+    source: str
+    own: Any  # tasks.faces.FaceStyle
+    style: Any
+    last: bool
+
+    def pixels(self) -> str:
+        """The chips' pixels made input values, in words (the host repeats it)."""
+        s = self.style
+        order = "BGR" if s.pixels.bgr else "RGB"
+        size = f"{s.chip_size} x {s.chip_size}"
+        return (f"aligned {s.name} chips of {size} px, {order}"
+                f"{', channels last' if self.last else ''}, {s.pixels.formula()}")
+
+
+def face_feed(spec: str, model: Model) -> FaceFeed:
+    """What face data ``spec`` feeds ``model`` (one clear line when it cannot)."""
+    from quantscope.tasks.faces import face_spec, style_for_input
 
     source, pixels = face_spec(spec) or (spec, None)
-
     names = model.input_names()
     shape = tuple(model.value_shapes().get(names[0], ()))
     last = len(shape) == 4 and shape[3] == 3 and shape[1] != 3  # NHWC: a TF export's
@@ -206,18 +217,33 @@ def face_dataset(
             "[N, H, W, 3] (e.g. dlib-face, mobilefacenet)"
         )
     own = style_for_input((shape[0], 3, shape[1], shape[2]) if last else shape)
-    style = own.with_pixels(pixels) if pixels else own
+    return FaceFeed(source, own, own.with_pixels(pixels) if pixels else own, last)
+
+
+def face_dataset(
+    spec: str, model: Model, *, batch_size: int = 32
+) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...], VerificationTask, str]:
+    from quantscope.tasks.faces import (
+        check_embedding_output,
+        face_batches,
+        load_faces,
+        verification_pairs,
+    )
+
+    feed = face_feed(spec, model)
+    source, own, style, last = feed.source, feed.own, feed.style, feed.last
+    name, shape = model.input_names()[0], tuple(model.value_shapes()[model.input_names()[0]])
     check_embedding_output(spec, model.output_names()[0], model.value_shapes())
     faces = load_faces(source, style.name)
     if isinstance(shape[0], int) and shape[0] > 0:  # a static export runs that many at a time
         batch_size = shape[0]
-    batches = tuple({names[0]: np.ascontiguousarray(b.transpose(0, 2, 3, 1)) if last else b}
+    batches = tuple({name: np.ascontiguousarray(b.transpose(0, 2, 3, 1)) if last else b}
                     for b in face_batches(faces, batch_size, style))
     task = VerificationTask(name=f"verification:{spec}", pairs=verification_pairs(faces),
                             threshold=style.threshold, normalize=style.normalize,
                             faces=faces.photo)
-    lo = min(float(b[names[0]].min()) for b in batches)
-    hi = max(float(b[names[0]].max()) for b in batches)
+    lo = min(float(b[name].min()) for b in batches)
+    hi = max(float(b[name].max()) for b in batches)
     fed = (f"{'BGR' if style.pixels.bgr else 'RGB'}, {style.pixels.formula()}, as declared "
            f"(the {own.name} style's own: {own.pixels.formula()})" if style.declared else
            f"the {style.name} style's {style.pixels.formula()}; for other values give the "
