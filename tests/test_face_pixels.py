@@ -90,3 +90,4 @@ def test_the_host_steps_say_how_the_chips_were_made_the_input():
                    "as they are")
     assert _pixels("faces", model).endswith("x = pixel 0..255, input = (x - 127.5) / 128")
     assert _pixels("stdlib-docs", model) is None
+    assert "(x / 255 - [0.485, 0.456, 0.406]) / [0.229, 0.224, 0.225]" in _pixels("photos", model)

@@ -250,11 +250,15 @@ def _summary_keys(ctx: Context, ev: dict[str, Any], pareto: dict[str, Any],
 def _pixels(data: str, model: Any) -> str | None:
     """How the data made images the input, for the host to repeat: ``quantscope images``'
     note of a ``.npz``, or the chips face data fed (:func:`~quantscope.tasks.verification.face_feed`)."""
+    from quantscope.tasks.images import SMALL_SPEC, SPEC
     from quantscope.tasks.registry import is_face_spec
     from quantscope.tasks.verification import face_feed
+    from quantscope.zoo.vit import PREPROCESS_NOTE
 
     if is_face_spec(data):
         return face_feed(data, model).pixels()
+    if data in (SPEC, SMALL_SPEC):
+        return f"the photos' views, {PREPROCESS_NOTE}"
     return pixels_note(data)
 
 
