@@ -53,12 +53,14 @@ def tensor_unscored_note(proto: onnx.ModelProto, tasked: list[str]) -> str | Non
               if o.name not in tasked and o.type.tensor_type.elem_type in _FLOATS]
     if not tasked or not others:
         return None
+    from quantscope.tasks.layout_spec import KINDS  # it imports detection, which this
+
     names = ", ".join(f"'{o.name}' {_shape(o)}" for o in others)
     read = ", ".join(f"'{t}'" for t in tasked)
+    kinds = ", ".join(k for k in KINDS if k != "tensor")
     return (f"output {names} {MARK} (cosine, SQNR, per channel, in 'outputs'): the task's "
             f"figures and the headline are {read}'s; declare --layout "
-            f"{others[0].name}=KIND (detect, map, score, class, points, ctc, image) where a kind fits what it is "
-            "for")
+            f"{others[0].name}=KIND ({kinds}) where a kind fits what it is for")
 
 
 def unscored_names(note: str, names: list[str]) -> list[str]:

@@ -1,0 +1,178 @@
+"""An embedding in tensor data, judged by its neighbours: ``--layout OUT=embedding``.
+
+An embedding (a face descriptor, a speaker or an image embedding) is used by what it is
+nearest to: the enrolled face a host matches, the closest item it retrieves. Tensor data
+carries no labels, so no identity can be checked; what can be is whether each sample's
+nearest other sample is the same under the plan as under FP32 (the built-in ``photos``
+set's ``top1_agreement`` over views, :mod:`quantscope.tasks.images`, without the photos).
+Every sample of the data is compared with every other (``[N, ...]`` read as ``N`` rows):
+
+===========================  ===========================================================
+``neighbour_agreement``      (headline) the share of samples whose nearest other sample
+                             is the one FP32's is, over ``neighbour_agreement_items``
+                             samples (one pick each: :mod:`quantscope.tasks.shares`)
+``neighbour_top5_overlap``   the mean share of each sample's 5 nearest others under FP32
+                             that are among its 5 nearest under the plan (fewer when the
+                             data has 6 samples or fewer: all the others)
+``embedding_cosine_mean``,   each sample's embedding against FP32's: cosine (mean, least)
+``embedding_cosine_min``,    and SQNR over every value
+``embedding_sqnr_db``
+``collapsed``,               the collapse test of :func:`quantscope.tasks.metrics.collapse_report`
+``pairwise_cosine_fp32``     (1: collapsed against FP32's) and FP32's own mean pairwise cosine
+===========================  ===========================================================
+
+``norm=l2`` (the default): nearest by cosine, the embeddings' directions, as a host that
+L2-normalises them (ArcFace, a speaker encoder, CLIP) or compares cosines matches them; a
+change of an embedding's length alone, common at 8 bit, then moves no neighbour.
+``norm=none``: nearest by Euclidean distance of the raw embeddings, for a host that
+matches them unnormalised (dlib's descriptors at distance 0.6).
+
+Notes: below :data:`AGREEMENT_RESEMBLES` a ``NOT LIKE FP32`` line counting the samples
+whose neighbour changed; FP32's own embeddings in nearly one direction (mean pairwise
+cosine above :data:`quantscope.tasks.metrics.COLLAPSE_MEAN_COSINE_NO_REF`, the threshold
+face verification's note uses) make every neighbour fragile and the agreement say little,
+said (``run``'s verdict repeats it as a ``warning:``). Data of fewer than
+:data:`MIN_SAMPLES` samples is refused before any work (:func:`check_neighbour_samples`).
+The figure is computed over whichever samples are scored (``row_local``): ``run``'s
+held-out half is judged by its samples' neighbours among themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from quantscope.numerics import sqnr_db
+from quantscope.tasks import metrics as M
+from quantscope.tasks.shares import items_key
+from quantscope.types import Metrics, Outputs, QuantscopeError
+from quantscope.units import value
+
+NORMS = ("l2", "none")
+TOP_K = 5
+MIN_SAMPLES = 3  # each sample's nearest other among 2 or more: else nothing to change
+AGREEMENT_RESEMBLES = 0.95  # fewer samples keeping their neighbour: NOT LIKE FP32
+
+
+def similarities(emb: np.ndarray, *, l2: bool = True) -> np.ndarray:
+    """Every row of ``emb`` against every other, larger is nearer: the cosine (``l2``), or
+    minus the squared Euclidean distance; each row's own entry ``-inf``."""
+    x = np.asarray(emb, np.float64)
+    if l2:
+        u = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+        sim = u @ u.T
+    else:
+        sq = np.sum(x * x, axis=1)
+        sim = -(sq[:, None] + sq[None, :] - 2.0 * (x @ x.T))
+    np.fill_diagonal(sim, -np.inf)
+    return sim
+
+
+def nearest_others(sim: np.ndarray) -> np.ndarray:
+    """Each row's nearest other row of :func:`similarities` (ties: the lowest index)."""
+    return np.argmax(sim, axis=1)
+
+
+def top_overlap(sim_ref: np.ndarray, sim_test: np.ndarray, k: int) -> float:
+    """The mean share of each row's ``k`` nearest others under ``sim_ref`` that are among
+    its ``k`` nearest under ``sim_test`` (``k`` at most the others)."""
+    k = min(k, len(sim_ref) - 1)
+    a = np.argsort(-sim_ref, axis=1, kind="stable")[:, :k]
+    b = np.argsort(-sim_test, axis=1, kind="stable")[:, :k]
+    hits = [len(np.intersect1d(x, y)) for x, y in zip(a, b, strict=True)]
+    return float(np.mean(hits)) / k
+
+
+@dataclass(frozen=True, eq=False)
+class EmbeddingTask:
+    """An embedding output judged by each sample's nearest other (module docstring)."""
+
+    name: str
+    output: str
+    norm: str = "l2"
+    headline: str = "neighbour_agreement"
+    higher_is_better: bool = True
+    goal_range: tuple[float, float] = (0.0, 1.0)
+    row_local: bool = True
+
+    def describe(self) -> str:
+        how = ("cosine (the directions: norm=l2)" if self.norm == "l2" else
+               "Euclidean distance of the raw embeddings (norm=none)")
+        return (f"an embedding, judged by its neighbours: each sample's nearest other sample "
+                f"by {how}, the plan's against FP32's")
+
+    def _rows(self, out: Outputs) -> np.ndarray:
+        i = out.names.index(self.output)
+        parts = [np.asarray(b[i], np.float64).reshape(len(b[i]), -1) for b in out.batches]
+        return np.concatenate(parts) if parts else np.zeros((0, 0))
+
+    def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
+        r, t = self._rows(ref), self._rows(test)
+        n = len(r)
+        if n < MIN_SAMPLES:
+            return Metrics(values={self.headline: float("nan"),
+                                   "neighbour_top5_overlap": float("nan")},
+                           notes=(f"output '{self.output}': {n} sample(s) scored, and each "
+                                  f"one's nearest other needs {MIN_SAMPLES} or more: the "
+                                  "neighbour agreement is not measured",))
+        l2 = self.norm == "l2"
+        sr, st = similarities(r, l2=l2), similarities(t, l2=l2)
+        same = nearest_others(sr) == nearest_others(st)
+        fid = M.cosine_fidelity(r, t)
+        collapse = M.collapse_report(t, reference=r)
+        values = {
+            self.headline: float(np.mean(same)),
+            items_key(self.headline): float(n),  # one pick per sample
+            "neighbour_top5_overlap": top_overlap(sr, st, TOP_K),
+            "embedding_cosine_mean": float(fid["mean"]),
+            "embedding_cosine_min": float(fid["min"]),
+            "embedding_sqnr_db": sqnr_db(r, t),
+            "collapsed": float(collapse.collapsed),
+            "pairwise_cosine_fp32": M.mean_pairwise_cosine(r),
+        }
+        notes = [f"collapse: output '{self.output}': {why}" for why in collapse.reasons]
+        if values[self.headline] < AGREEMENT_RESEMBLES:
+            notes.append(f"NOT LIKE FP32: output '{self.output}': {int((~same).sum())} of {n} "
+                         "samples' nearest other sample is not FP32's (neighbour agreement "
+                         f"{value(self.headline, values[self.headline])} < "
+                         f"{value(self.headline, AGREEMENT_RESEMBLES)})")
+        degenerate = self._fp32_degenerate(values["pairwise_cosine_fp32"], n)
+        return Metrics(values=values, notes=(*notes, *([degenerate] if degenerate else [])))
+
+    def _fp32_degenerate(self, mcos: float, n: int) -> str | None:
+        """A note when FP32's own embeddings point nearly one way (the threshold face
+        verification's note uses): every neighbour is then a near tie, which any noise
+        flips, and one the host could not rely on either."""
+        if not mcos > M.COLLAPSE_MEAN_COSINE_NO_REF:
+            return None
+        return (f"output '{self.output}': FP32 itself does not tell these samples apart (its "
+                f"{n} embeddings' mean pairwise cosine is {mcos:.4f} > "
+                f"{M.COLLAPSE_MEAN_COSINE_NO_REF:g}): the neighbour agreement says little; "
+                "check that the data is fed as the model takes it (values, size, channel "
+                "order: the data note) and that the output is the embedding")
+
+
+def neighbour_tasks(task: object) -> list[EmbeddingTask]:
+    """The embedding tasks of a task (alone or among several outputs')."""
+    return [t for t in getattr(task, "tasks", (task,)) if isinstance(t, EmbeddingTask)]
+
+
+def check_neighbour_samples(task: object, samples: int) -> None:
+    """Refuse, before any work, data too small for an embedding's neighbours."""
+    for t in neighbour_tasks(task):
+        if samples < MIN_SAMPLES:
+            raise QuantscopeError(
+                f"--layout {t.output}=embedding: the data has {samples} sample(s), and each "
+                f"sample's nearest other needs {MIN_SAMPLES} or more: give at least "
+                f"{MIN_SAMPLES} samples (more make the agreement's noise smaller)")
+
+
+def embedding_task(output: str, norm: str | None) -> EmbeddingTask:
+    """The task of an ``embedding`` layout (``norm`` checked by the layout's syntax)."""
+    return EmbeddingTask(name=f"embedding:{output}", output=output,
+                         norm=(norm or NORMS[0]).lower())
+
+
+__all__ = ["EmbeddingTask", "check_neighbour_samples", "embedding_task",
+                          "nearest_others", "similarities", "top_overlap"]
