@@ -155,3 +155,21 @@ def test_refusals_are_one_line(tmp_path, capsys):
                    "--precision", "a8_w8", "--layout", layout])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and words in err[0], (layout, err)
+
+
+def test_an_undeclared_normalised_embedding_names_the_kind_that_needs_no_labels():
+    """The note on an L2-normalised output named only the verify layout, which needs labels
+    tensor data seldom has; it names the embedding layout too."""
+    from quantscope.model.load import load_proto
+    from quantscope.tasks.layout import layout_tasks
+
+    graph = helper.make_graph(
+        [helper.make_node("LpNormalization", ["x"], ["e"], name="norm", axis=1, p=2)], "l2",
+        [helper.make_tensor_value_info("x", 1, ["N", 4])],
+        [helper.make_tensor_value_info("e", 1, ["N", 4])])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 9
+    task, notes = layout_tasks(load_proto(proto, "l2"), (), "x.npz")
+    assert task is None
+    assert any("L2-normalised" in n and "without labels --layout e=embedding" in n
+               for n in notes), notes
