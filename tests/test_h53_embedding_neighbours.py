@@ -173,3 +173,50 @@ def test_an_undeclared_normalised_embedding_names_the_kind_that_needs_no_labels(
     assert task is None
     assert any("L2-normalised" in n and "without labels --layout e=embedding" in n
                for n in notes), notes
+
+
+def test_with_labels_a_swap_within_one_label_is_no_change():
+    """faceres' 8-bit descriptor turned 8 face chips' nearest from one variant of the same
+    face (its lighter copy) to another (its mirror): 8 neighbour changes, no identity
+    changed. With labels, the headline is whether the nearest other's label is FP32's."""
+    from quantscope.tasks.neighbours import embedding_task
+
+    labels = np.array([0, 0, 1, 1, 2, 2, 3, 0])  # sample 0's new nearest (7) is of its label
+    task = embedding_task("e", None, labels, "face")
+    assert task.headline == "neighbour_label_agreement" and not task.row_local
+    m = task.metrics(_outputs(_circle(FP32)), _outputs(_circle(PLAN, PLAN_LENGTHS)))
+    assert m.values["neighbour_agreement"] == pytest.approx(5 / 8)
+    assert m.values["neighbour_label_agreement"] == pytest.approx(6 / 8)
+    assert m.values["neighbour_label_agreement_items"] == 8
+    assert any(n.startswith("NOT LIKE FP32: output 'e': 2 of 8 samples' nearest other sample "
+                            "is of another label than FP32's")
+               for n in m.notes), m.notes
+
+
+def test_labels_from_the_data_file_split_with_the_samples_in_run(tmp_path, capsys):
+    m, _, _ = _files(tmp_path)
+    x = np.load(tmp_path / "d.npz")["x"]
+    np.savez(tmp_path / "l.npz", x=x, face=np.arange(40) // 2)
+    assert main(["run", m, "--data", str(tmp_path / "l.npz"), "--layout",
+                 "e=embedding:labels=face", "--target", "qnn-htp-v73",
+                 "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    assert "n=20 held-out samples" in out and "NOT held out" not in out
+    assert "array(s) no model input takes" not in out
+    ev = json.loads((tmp_path / "W" / "evaluate.json").read_text())
+    plan = ev["results"]["plan"]["metrics"]
+    assert plan["neighbour_label_agreement_items:e"] == 20  # the held-out half's labels
+
+
+def test_label_refusals_are_one_line(tmp_path, capsys):
+    m, _, st = _files(tmp_path)
+    x = np.load(tmp_path / "d.npz")["x"]
+    np.savez(tmp_path / "short.npz", x=x, face=np.arange(39))
+    capsys.readouterr()
+    for layout, data, words in (
+            ("e=embedding:labels=speaker", "d.npz", "has no array 'speaker'"),
+            ("e=embedding:labels=face", "short.npz", "39 labels and the data 40 samples")):
+        rc = main(["evaluate", m, "--data", str(tmp_path / data), "--stats", st,
+                   "--precision", "a8_w8", "--layout", layout])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and words in err[0], (layout, err)

@@ -256,7 +256,9 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> obj
                          threshold=_float(spec, "threshold", VOICING),
                          tol=_float(spec, "tol", TOLERANCE))
     if spec.kind == "embedding":
-        return embedding_task(spec.output, spec.option("norm"))
+        label = spec.option("labels")
+        return embedding_task(spec.output, spec.option("norm"), None if label is None else
+                              read_labels(data, label, spec.text), label or "")
     if spec.kind == "image":
         rng = spec.option("range")
         return ImageTask(name=name, output=spec.output,

@@ -28,7 +28,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "depth": ("align",),
     "verify": ("labels", "threshold"),
     "pitch": ("cents", "threshold", "tol"),
-    "embedding": ("norm",),
+    "embedding": ("norm", "labels"),
     "tensor": (),
 }
 KIND_NAMES = "detect, map, score, class, points, ctc, image, depth, verify, pitch, embedding or tensor"

@@ -21,6 +21,15 @@ Every sample of the data is compared with every other (``[N, ...]`` read as ``N`
 ``pairwise_cosine_fp32``     (1: collapsed against FP32's) and FP32's own mean pairwise cosine
 ===========================  ===========================================================
 
+``labels=NAME`` (an array of the data file, one label per sample, as ``verify`` reads it:
+:func:`quantscope.tasks.verify.read_labels`) adds ``neighbour_label_agreement``, the
+headline then: the share of samples whose nearest other's label is the label of FP32's
+nearest (over ``neighbour_label_agreement_items``). Without labels a swap between two
+samples of one identity counts as a change (faceres' 8-bit descriptor: 8 face chips' nearest
+turned from one variant of the same face to another); with them it does not. Labels bind
+the task to the samples' order: it is then not ``row_local`` (the analysis ranks by the
+outputs' fidelity, as for ``verify``) and ``run`` splits the labels with the samples.
+
 ``norm=l2`` (the default): nearest by cosine, the embeddings' directions, as a host that
 L2-normalises them (ArcFace, a speaker encoder, CLIP) or compares cosines matches them; a
 change of an embedding's length alone, common at 8 bit, then moves no neighbour.
@@ -33,13 +42,13 @@ cosine above :data:`quantscope.tasks.metrics.COLLAPSE_MEAN_COSINE_NO_REF`, the t
 face verification's note uses) make every neighbour fragile and the agreement say little,
 said (``run``'s verdict repeats it as a ``warning:``). Data of fewer than
 :data:`MIN_SAMPLES` samples is refused before any work (:func:`check_neighbour_samples`).
-The figure is computed over whichever samples are scored (``row_local``): ``run``'s
-held-out half is judged by its samples' neighbours among themselves.
+The figure is computed over whichever samples are scored (``row_local`` without labels):
+``run``'s held-out half is judged by its samples' neighbours among themselves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -91,16 +100,23 @@ class EmbeddingTask:
     name: str
     output: str
     norm: str = "l2"
+    labels: np.ndarray | None = field(default=None, repr=False)
+    label_name: str = ""
     headline: str = "neighbour_agreement"
     higher_is_better: bool = True
     goal_range: tuple[float, float] = (0.0, 1.0)
-    row_local: bool = True
+    row_local: bool = True  # False with labels: they are bound to the samples' order
 
     def describe(self) -> str:
         how = ("cosine (the directions: norm=l2)" if self.norm == "l2" else
                "Euclidean distance of the raw embeddings (norm=none)")
-        return (f"an embedding, judged by its neighbours: each sample's nearest other sample "
+        text = (f"an embedding, judged by its neighbours: each sample's nearest other sample "
                 f"by {how}, the plan's against FP32's")
+        if self.labels is None:
+            return text
+        return (f"{text}; headline: whether its label (from '{self.label_name}', "
+                f"{len(np.unique(self.labels))} labels, {len(self.labels)} samples) is the "
+                "label of FP32's nearest (a swap between two samples of one label is no change)")
 
     def _rows(self, out: Outputs) -> np.ndarray:
         i = out.names.index(self.output)
@@ -111,34 +127,53 @@ class EmbeddingTask:
         r, t = self._rows(ref), self._rows(test)
         n = len(r)
         if n < MIN_SAMPLES:
-            return Metrics(values={self.headline: float("nan"),
-                                   "neighbour_top5_overlap": float("nan")},
+            nan = float("nan")
+            return Metrics(values={"neighbour_agreement": nan, self.headline: nan,
+                                   "neighbour_top5_overlap": nan},
                            notes=(f"output '{self.output}': {n} sample(s) scored, and each "
                                   f"one's nearest other needs {MIN_SAMPLES} or more: the "
                                   "neighbour agreement is not measured",))
         l2 = self.norm == "l2"
         sr, st = similarities(r, l2=l2), similarities(t, l2=l2)
-        same = nearest_others(sr) == nearest_others(st)
+        nr, nt = nearest_others(sr), nearest_others(st)
+        same = nr == nt
         fid = M.cosine_fidelity(r, t)
         collapse = M.collapse_report(t, reference=r)
         values = {
-            self.headline: float(np.mean(same)),
-            items_key(self.headline): float(n),  # one pick per sample
+            "neighbour_agreement": float(np.mean(same)),
+            items_key("neighbour_agreement"): float(n),  # one pick per sample
             "neighbour_top5_overlap": top_overlap(sr, st, TOP_K),
             "embedding_cosine_mean": float(fid["mean"]),
             "embedding_cosine_min": float(fid["min"]),
             "embedding_sqnr_db": sqnr_db(r, t),
             "collapsed": float(collapse.collapsed),
             "pairwise_cosine_fp32": M.mean_pairwise_cosine(r),
+            **self._label_values(nr, nt, n),
         }
         notes = [f"collapse: output '{self.output}': {why}" for why in collapse.reasons]
         if values[self.headline] < AGREEMENT_RESEMBLES:
-            notes.append(f"NOT LIKE FP32: output '{self.output}': {int((~same).sum())} of {n} "
-                         "samples' nearest other sample is not FP32's (neighbour agreement "
-                         f"{value(self.headline, values[self.headline])} < "
-                         f"{value(self.headline, AGREEMENT_RESEMBLES)})")
+            key, what = (("neighbour_label_agreement", "is of another label than FP32's")
+                         if self.labels is not None else
+                         ("neighbour_agreement", "is not FP32's"))
+            changed = int(round(n * (1.0 - values[key])))
+            notes.append(f"NOT LIKE FP32: output '{self.output}': {changed} of {n} samples' "
+                         f"nearest other sample {what} ({key.replace('_', ' ')} "
+                         f"{value(key, values[key])} < {value(key, AGREEMENT_RESEMBLES)})")
         degenerate = self._fp32_degenerate(values["pairwise_cosine_fp32"], n)
         return Metrics(values=values, notes=(*notes, *([degenerate] if degenerate else [])))
+
+    def _label_values(self, nr: np.ndarray, nt: np.ndarray, n: int) -> dict[str, float]:
+        """With labels: the share of samples whose nearest other's label is the label of
+        FP32's nearest (the identity a host matching its nearest enrolled sample reads)."""
+        if self.labels is None:
+            return {}
+        if len(self.labels) != n:
+            raise QuantscopeError(
+                f"--layout {self.output}=embedding: '{self.label_name}' holds "
+                f"{len(self.labels)} labels and the data {n} samples: give one label per "
+                "sample, in the data's order")
+        key = "neighbour_label_agreement"
+        return {key: float(np.mean(self.labels[nr] == self.labels[nt])), items_key(key): float(n)}
 
     def _fp32_degenerate(self, mcos: float, n: int) -> str | None:
         """A note when FP32's own embeddings point nearly one way (the threshold face
@@ -168,10 +203,16 @@ def check_neighbour_samples(task: object, samples: int) -> None:
                 f"{MIN_SAMPLES} samples (more make the agreement's noise smaller)")
 
 
-def embedding_task(output: str, norm: str | None) -> EmbeddingTask:
-    """The task of an ``embedding`` layout (``norm`` checked by the layout's syntax)."""
+def embedding_task(output: str, norm: str | None, labels: np.ndarray | None = None,
+                   label_name: str = "") -> EmbeddingTask:
+    """The task of an ``embedding`` layout (``norm`` checked by the layout's syntax;
+    ``labels``: the data file's array ``label_name``, :func:`quantscope.tasks.verify.read_labels`)."""
+    if labels is None:
+        return EmbeddingTask(name=f"embedding:{output}", output=output,
+                             norm=(norm or NORMS[0]).lower())
     return EmbeddingTask(name=f"embedding:{output}", output=output,
-                         norm=(norm or NORMS[0]).lower())
+                         norm=(norm or NORMS[0]).lower(), labels=labels, label_name=label_name,
+                         headline="neighbour_label_agreement", row_local=False)
 
 
 __all__ = ["EmbeddingTask", "check_neighbour_samples", "embedding_task",

@@ -51,6 +51,7 @@ ITEM_WORDS: dict[str, str] = {
     "point_flag_agreement": "point flags",
     "pitch_agreement": "voiced frames",
     "neighbour_agreement": "samples (each one's nearest other sample)",
+    "neighbour_label_agreement": "samples (each one's nearest other sample's label)",
     "voicing_agreement": "frames",
     "point_agreement_flagged": "points FP32 flags (a host keeps)",
     "detection_f1": "detections of either model (a matched pair once)",
