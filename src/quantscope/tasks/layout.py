@@ -460,7 +460,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
         hints = (dense_hint(model, rest, sample_axes), embedding_hint(model, rest, sample_axes),
                  ctc_hint(model.proto, model.value_shapes(), rest, sample_axes))
         return None, tuple(notes) + tuple(h for h in hints if h)
-    unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)])
+    unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)],
+                                    tuple(k for k in KINDS if k != "tensor"))
     notes += [unscored] if unscored else []
     if len(tasks) == 1:
         return tasks[0], tuple(notes)
