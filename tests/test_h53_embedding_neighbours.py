@@ -220,3 +220,22 @@ def test_label_refusals_are_one_line(tmp_path, capsys):
                    "--precision", "a8_w8", "--layout", layout])
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and len(err) == 1 and words in err[0], (layout, err)
+
+
+def test_run_warns_when_fp32_embeddings_point_one_way(tmp_path, capsys):
+    """An embedding with a large shared offset (every sample's within a few degrees of the
+    others'): FP32's neighbours are near ties, said in the verdict as a warning."""
+    model = two_outputs()
+    shift = numpy_helper.from_array(np.array([50.0, 50.0, 50.0], np.float32), "shift")
+    model.graph.initializer.append(shift)
+    model.graph.node[0].output[0] = "e0"
+    model.graph.node.append(helper.make_node("Add", ["e0", "shift"], ["e"], name="offset"))
+    onnx.save(model, tmp_path / "m.onnx")
+    x = np.random.default_rng(1).normal(size=(40, 4)).astype(np.float32)
+    np.savez(tmp_path / "d.npz", x=x)
+    assert main(["run", str(tmp_path / "m.onnx"), "--data", str(tmp_path / "d.npz"),
+                 "--layout", "e=embedding", "--target", "qnn-htp-v73",
+                 "--out", str(tmp_path / "W")]) == 0
+    out = capsys.readouterr().out
+    assert any(ln.strip().startswith("warning:") and "FP32 itself does not tell these "
+               "samples apart" in ln for ln in out.splitlines()), out
