@@ -239,3 +239,19 @@ def test_run_warns_when_fp32_embeddings_point_one_way(tmp_path, capsys):
     out = capsys.readouterr().out
     assert any(ln.strip().startswith("warning:") and "FP32 itself does not tell these "
                "samples apart" in ln for ln in out.splitlines()), out
+
+
+def test_neighbours_a_chunk_of_rows_at_a_time_are_all_rows_at_once():
+    from quantscope.tasks.neighbours import neighbours
+
+    x = np.random.default_rng(5).normal(size=(50, 6))
+    for l2 in (True, False):
+        whole, top = neighbours(x, l2=l2, k=5, chunk=1000)
+        parts, top_parts = neighbours(x, l2=l2, k=5, chunk=7)
+        assert np.array_equal(whole, parts)
+        assert np.array_equal(np.sort(top, axis=1), np.sort(top_parts, axis=1))
+        d = ((x[:, None] - x[None]) ** 2).sum(-1) if not l2 else -(
+            (x / np.linalg.norm(x, axis=1, keepdims=True)) @
+            (x / np.linalg.norm(x, axis=1, keepdims=True)).T)
+        np.fill_diagonal(d, np.inf)
+        assert np.array_equal(whole, d.argmin(axis=1))

@@ -43,7 +43,7 @@ from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
 from quantscope.tasks.db_noise import Parts, unit_powers
-from quantscope.tasks.neighbours import nearest_others, similarities
+from quantscope.tasks.neighbours import neighbours
 from quantscope.tasks.pixels import MAKE_TENSORS
 from quantscope.tasks.shares import items_key
 from quantscope.tasks.unscored import embedding_note
@@ -185,7 +185,7 @@ def _embeddings(out: Outputs, *, variant: str = "cls") -> np.ndarray:
 
 def nearest_other(emb: np.ndarray) -> np.ndarray:
     """Index of each row's nearest other row by cosine (ties: lowest index)."""
-    return nearest_others(similarities(emb))
+    return neighbours(emb)[0]
 
 
 @dataclass(frozen=True, eq=False)

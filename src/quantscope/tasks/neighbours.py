@@ -60,36 +60,40 @@ from quantscope.units import value
 
 NORMS = ("l2", "none")
 TOP_K = 5
+CHUNK = 1024  # rows compared with all rows at a time
 MIN_SAMPLES = 3  # each sample's nearest other among 2 or more: else nothing to change
 AGREEMENT_RESEMBLES = 0.95  # fewer samples keeping their neighbour: NOT LIKE FP32
 
 
-def similarities(emb: np.ndarray, *, l2: bool = True) -> np.ndarray:
-    """Every row of ``emb`` against every other, larger is nearer: the cosine (``l2``), or
-    minus the squared Euclidean distance; each row's own entry ``-inf``."""
+def neighbours(emb: np.ndarray, *, l2: bool = True, k: int = 1, chunk: int = CHUNK
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's nearest other row of ``emb`` (ties: the lowest index) and its ``k``
+    nearest others (in no order; ``k`` at most the others): by cosine (``l2``), or by
+    Euclidean distance. Rows are compared ``chunk`` at a time with all rows, so the
+    memory is ``chunk x N``, not ``N x N``."""
     x = np.asarray(emb, np.float64)
+    n = len(x)
+    k = max(1, min(k, n - 1))
     if l2:
-        u = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-        sim = u @ u.T
-    else:
-        sq = np.sum(x * x, axis=1)
-        sim = -(sq[:, None] + sq[None, :] - 2.0 * (x @ x.T))
-    np.fill_diagonal(sim, -np.inf)
-    return sim
+        x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    sq = np.sum(x * x, axis=1)
+    nearest, top = np.zeros(n, np.int64), np.zeros((n, k), np.int64)
+    for a in range(0, n, chunk):
+        b = min(a + chunk, n)
+        sim = x[a:b] @ x.T  # larger is nearer: the cosine, or minus the squared distance
+        if not l2:
+            sim = 2.0 * sim - sq[a:b, None] - sq[None, :]
+        sim[np.arange(b - a), np.arange(a, b)] = -np.inf
+        nearest[a:b] = np.argmax(sim, axis=1)
+        top[a:b] = np.argpartition(-sim, k - 1, axis=1)[:, :k]
+    return nearest, top
 
 
-def nearest_others(sim: np.ndarray) -> np.ndarray:
-    """Each row's nearest other row of :func:`similarities` (ties: the lowest index)."""
-    return np.argmax(sim, axis=1)
-
-
-def top_overlap(sim_ref: np.ndarray, sim_test: np.ndarray, k: int) -> float:
-    """The mean share of each row's ``k`` nearest others under ``sim_ref`` that are among
-    its ``k`` nearest under ``sim_test`` (``k`` at most the others)."""
-    k = min(k, len(sim_ref) - 1)
-    a = np.argsort(-sim_ref, axis=1, kind="stable")[:, :k]
-    b = np.argsort(-sim_test, axis=1, kind="stable")[:, :k]
-    hits = [len(np.intersect1d(x, y)) for x, y in zip(a, b, strict=True)]
+def top_overlap(top_ref: np.ndarray, top_test: np.ndarray) -> float:
+    """The mean share of each row's nearest others under FP32 (``top_ref``, ``[N, k]``)
+    that are among its nearest under the plan (``top_test``)."""
+    k = top_ref.shape[1]
+    hits = [len(np.intersect1d(x, y)) for x, y in zip(top_ref, top_test, strict=True)]
     return float(np.mean(hits)) / k
 
 
@@ -134,15 +138,14 @@ class EmbeddingTask:
                                   f"one's nearest other needs {MIN_SAMPLES} or more: the "
                                   "neighbour agreement is not measured",))
         l2 = self.norm == "l2"
-        sr, st = similarities(r, l2=l2), similarities(t, l2=l2)
-        nr, nt = nearest_others(sr), nearest_others(st)
+        (nr, kr), (nt, kt) = neighbours(r, l2=l2, k=TOP_K), neighbours(t, l2=l2, k=TOP_K)
         same = nr == nt
         fid = M.cosine_fidelity(r, t)
         collapse = M.collapse_report(t, reference=r)
         values = {
             "neighbour_agreement": float(np.mean(same)),
             items_key("neighbour_agreement"): float(n),  # one pick per sample
-            "neighbour_top5_overlap": top_overlap(sr, st, TOP_K),
+            "neighbour_top5_overlap": top_overlap(kr, kt),
             "embedding_cosine_mean": float(fid["mean"]),
             "embedding_cosine_min": float(fid["min"]),
             "embedding_sqnr_db": sqnr_db(r, t),
@@ -216,4 +219,4 @@ def embedding_task(output: str, norm: str | None, labels: np.ndarray | None = No
 
 
 __all__ = ["EmbeddingTask", "check_neighbour_samples", "embedding_task",
-                          "nearest_others", "similarities", "top_overlap"]
+                          "neighbours", "top_overlap"]
