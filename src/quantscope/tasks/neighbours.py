@@ -2,13 +2,13 @@
 
 An embedding (a face descriptor, a speaker or an image embedding) is used by what it is
 nearest to: the enrolled face a host matches, the closest item it retrieves. Tensor data
-carries no labels, so no identity can be checked; what can be is whether each sample's
-nearest other sample is the same under the plan as under FP32 (the built-in ``photos``
+seldom carries labels, and without them no identity can be checked; what can be is whether
+each sample's nearest other sample is the same under the plan as under FP32 (the built-in ``photos``
 set's ``top1_agreement`` over views, :mod:`quantscope.tasks.images`, without the photos).
 Every sample of the data is compared with every other (``[N, ...]`` read as ``N`` rows):
 
 ===========================  ===========================================================
-``neighbour_agreement``      (headline) the share of samples whose nearest other sample
+``neighbour_agreement``      (headline without labels) the share of samples whose nearest other sample
                              is the one FP32's is, over ``neighbour_agreement_items``
                              samples (one pick each: :mod:`quantscope.tasks.shares`)
 ``neighbour_top5_overlap``   the mean share of each sample's 5 nearest others under FP32
