@@ -88,8 +88,8 @@ def test_the_box_map_no_task_reads_is_said_with_its_figures(tmp_path, capsys):
     assert notes[1] == (
         "output 'boxes' [B,4,H,W] scored for fidelity only (cosine, SQNR, per channel, in "
         "'outputs'): the task's figures and the headline are 'prob''s; declare --layout "
-        "boxes=KIND (detect, map, score, class, points, ctc, image) where a kind fits what it "
-        "is for")
+        "boxes=KIND (detect, map, score, class, points, ctc, image, depth, verify, pitch, "
+        "embedding) where a kind fits what it is for")
     onnx.save(face_map(), tmp_path / "pnet.onnx")
     np.savez(tmp_path / "x.npz", **face_map_data(36, seed=1))
     assert main(["run", str(tmp_path / "pnet.onnx"), "--data", str(tmp_path / "x.npz"),

@@ -238,7 +238,7 @@ def test_undeclared_picture_names_the_depth_kind_too(nhwc, capsys):
     ("hr=depth:align=log", "align 'log' is unknown: use affine, scale, none"),
     ("hr=depth:range=0-1", "'range' is no key of kind depth (keys: align)"),
     ("hr=dept", "unknown kind 'dept': use detect, map, score, class, points, ctc, image, "
-                "depth, verify, pitch or tensor"),
+                "depth, verify, pitch, embedding or tensor"),
 ])
 def test_bad_depth_layout_is_one_line(nhwc, capsys, layout, needle):
     before = sorted(p.name for p in nhwc.iterdir())

@@ -31,7 +31,8 @@ SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "top1_ties_fp32", "re
           "string_agreement", "char_error_rate", "decisions_positive_fp32", "image_outside_share",
           "depth_delta1", "depth_invalid_share", "true_accept_rate", "false_accept_rate",
           "equal_error_rate", "true_accept_rate_fp32", "false_accept_rate_fp32",
-          "equal_error_rate_fp32", "pitch_agreement", "voicing_agreement", "voiced_share_fp32")
+          "equal_error_rate_fp32", "pitch_agreement", "voicing_agreement", "voiced_share_fp32",
+          "neighbour_agreement", "neighbour_top5_overlap", "neighbour_label_agreement")
 """Metric keys (or prefixes) that are a share of the samples: shown in percent (a decoder's
 ``decode_top1``: top-1 agreement on the decode steps; ``greedy_agreement``: the share of
 greedy tokens in the prefix matching FP32's; ``mask_share_fp32``: the share of the

@@ -62,6 +62,7 @@ def open_data(
     ``batch_axes``: each named input's (or output's) sample axis (``--batch-axis``); for
     tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
     ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none)."""
+    from quantscope.tasks.neighbours import check_neighbour_samples
     from quantscope.tasks.pixels import pixels_note
     from quantscope.tasks.registry import open_task_data, tensor_task
     from quantscope.tasks.tensors import (
@@ -87,6 +88,7 @@ def open_data(
             o: a for o, a in zip(model.output_names(), fed.out_axes, strict=False) if a}
         task, notes = tensor_task(model, str(spec), tuple(layout), samples)
         check_sample_count(task, sum(batch_rows(b) for b in batches))
+        check_neighbour_samples(task, sum(batch_rows(b) for b in batches))
         ds = Dataset(name=str(spec), calibration=batches, evaluation=batches, task=task,
                      notes=notes)
         made = pixels_note(spec)

@@ -5,8 +5,10 @@ an image embedder given as tensors: what a deployment decides with it is a compa
 speaker or not at the model's threshold, the nearest enrolled identity), which tensor data
 alone cannot score: it carries no labels. Undeclared, its output gets the fidelity figures
 (cosine, SQNR, per channel) and this note, naming the ``verify`` layout that scores the
-decisions from labels saved beside the inputs (:mod:`quantscope.tasks.verify`), so a user
-does not read a cosine as a verification figure. Found
+decisions from labels saved beside the inputs (:mod:`quantscope.tasks.verify`) and the
+``embedding`` layout that needs none (each sample's nearest other sample,
+:mod:`quantscope.tasks.neighbours`), so a user does not read a cosine as a verification
+figure. Found
 from the graph: the output is made (through Reshape, Flatten, Squeeze, Identity) by an
 ``LpNormalization`` with ``p = 2``, or by a ``Div`` whose divisor comes from a ``ReduceL2``
 (through Clip, Max, Add, Expand, Unsqueeze, Reshape: an epsilon guard or a broadcast).
@@ -63,4 +65,5 @@ def embedding_hint(model: Model, outputs: Sequence[str],
             "speaker or identity at the model's threshold, the nearest enrolled one) are not "
             f"scored: save one label per sample beside the inputs and declare --layout "
             f"{found[0]}=verify:labels=NAME[,threshold=T] (every pair decided as FP32 "
-            "decides it)")
+            f"decides it), or without labels --layout {found[0]}=embedding (each sample's "
+            "nearest other sample as FP32's)")

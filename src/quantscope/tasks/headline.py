@@ -128,6 +128,10 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     "false_accept_rate": (False, (0.0, 1.0)),
     "equal_error_rate": (False, (0.0, 1.0)),
     "pitch_agreement": (True, (0.0, 1.0)),
+    # an embedding judged by its neighbours (tasks/neighbours.py)
+    "neighbour_agreement": (True, (0.0, 1.0)),
+    "neighbour_label_agreement": (True, (0.0, 1.0)),
+    "neighbour_top5_overlap": (True, (0.0, 1.0)),
     "voicing_agreement": (True, (0.0, 1.0)),
     "pitch_cents_error_mean": (False, (0.0, math.inf)),
     "pitch_cents_error_max": (False, (0.0, math.inf)),

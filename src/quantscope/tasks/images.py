@@ -43,6 +43,7 @@ from quantscope.model.load import Model
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
 from quantscope.tasks.db_noise import Parts, unit_powers
+from quantscope.tasks.neighbours import neighbours
 from quantscope.tasks.pixels import MAKE_TENSORS
 from quantscope.tasks.shares import items_key
 from quantscope.tasks.unscored import embedding_note
@@ -184,10 +185,7 @@ def _embeddings(out: Outputs, *, variant: str = "cls") -> np.ndarray:
 
 def nearest_other(emb: np.ndarray) -> np.ndarray:
     """Index of each row's nearest other row by cosine (ties: lowest index)."""
-    u = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    sim = u @ u.T
-    np.fill_diagonal(sim, -np.inf)
-    return np.argmax(sim, axis=1)
+    return neighbours(emb)[0]
 
 
 @dataclass(frozen=True, eq=False)

@@ -6,40 +6,43 @@ that scores what the user acts on::
 
     --layout OUTPUT=KIND[:KEY=VALUE[,KEY=VALUE...]]      (repeat for several outputs)
 
-==========  =======================================================  ===================
-KIND        keys (defaults)                                          headline metric
-==========  =======================================================  ===================
-``detect``  ``boxes=0-3`` (4 rows), ``scores=4-`` (to the last row),  ``detection_f1``
-            ``obj=R`` (a YOLOv5 objectness row: scores x objectness;
-            scores then default to the rows after it),
-            ``axis=1`` (the row axis), ``format=cxcywh`` | ``xyxy``,
-            ``threshold=0.25``, ``iou=0.5``, ``scores_from=OUT``
-            (the scores in another output of the same anchors, an
-            SSD's two heads), ``anchors=FILE.npy`` (anchor centres
-            ``[A, 2]`` added to the box centres), ``grid=8/16/32``
-            (a grid head's strides: YOLOX's offsets decoded),
-            ``dfl=BINS`` (box distributions, PicoDet's, YOLOv8's),
-            ``centre=0.5``, ``levels=OUT2+OUT3`` (the other levels'
-            box outputs, pooled)  (:mod:`.detection`,
-            :mod:`.grid_head`)
-``map``     ``threshold=0.5``, ``channel=K`` (binarise channel K of   ``mask_iou``
-            axis 1 alone; default: every value)  (:mod:`.maps`)
-``score``   ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
-``class``   ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
-            (:mod:`.classes`; default: the graph's, :func:`class_task`)
-``points``  ``dims=2`` (values per point), ``tol=T`` (default 1 % of   ``point_agreement``
-            FP32's x, y span), ``flags=A-B`` (values decided at
-            ``threshold=0``): landmarks  (:mod:`.points`)
-``ctc``     ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
-            ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
-``image``   ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``
-            judged by PSNR and SSIM against FP32, both clipped to
-            the range  (:mod:`.pictures`)
-``depth``   ``align=affine`` | ``scale`` | ``none``: a relative depth  ``depth_abs_rel``
-            map, AbsRel and delta < 1.25 against FP32 after each     (lower is better)
-            map's least-squares alignment  (:mod:`.depth`)
-``tensor``  none: plain per-output fidelity                           (fidelity)
-==========  =======================================================  ===================
+=============  =======================================================  ===================
+KIND           keys (defaults)                                          headline metric
+=============  =======================================================  ===================
+``detect``     ``boxes=0-3`` (4 rows), ``scores=4-`` (to the last row),  ``detection_f1``
+               ``obj=R`` (a YOLOv5 objectness row: scores x objectness;
+               scores then default to the rows after it),
+               ``axis=1`` (the row axis), ``format=cxcywh`` | ``xyxy``,
+               ``threshold=0.25``, ``iou=0.5``, ``scores_from=OUT``
+               (the scores in another output of the same anchors, an
+               SSD's two heads), ``anchors=FILE.npy`` (anchor centres
+               ``[A, 2]`` added to the box centres), ``grid=8/16/32``
+               (a grid head's strides: YOLOX's offsets decoded),
+               ``dfl=BINS`` (box distributions, PicoDet's, YOLOv8's),
+               ``centre=0.5``, ``levels=OUT2+OUT3`` (the other levels'
+               box outputs, pooled)  (:mod:`.detection`,
+               :mod:`.grid_head`)
+``map``        ``threshold=0.5``, ``channel=K`` (binarise channel K of   ``mask_iou``
+               axis 1 alone; default: every value)  (:mod:`.maps`)
+``score``      ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
+``class``      ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
+               (:mod:`.classes`; default: the graph's, :func:`class_task`)
+``points``     ``dims=2`` (values per point), ``tol=T`` (default 1 % of   ``point_agreement``
+               FP32's x, y span), ``flags=A-B`` (values decided at
+               ``threshold=0``): landmarks  (:mod:`.points`)
+``ctc``        ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
+               ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
+``image``      ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``
+               judged by PSNR and SSIM against FP32, both clipped to
+               the range  (:mod:`.pictures`)
+``depth``      ``align=affine`` | ``scale`` | ``none``: a relative depth  ``depth_abs_rel``
+               map, AbsRel and delta < 1.25 against FP32 after each     (lower is better)
+               map's least-squares alignment  (:mod:`.depth`)
+``embedding``  ``norm=l2`` | ``none``: each sample's nearest other     ``neighbour_agreement``
+               sample, by cosine (l2) or raw Euclidean distance, the
+               plan's against FP32's  (:mod:`.neighbours`)
+``tensor``     none: plain per-output fidelity                           (fidelity)
+=============  =======================================================  ===================
 
 An ``axis=`` counts the axes of the output as the model declares it, whichever axis holds
 its samples (``--batch-axis``; that one is no row or class axis);
@@ -101,6 +104,7 @@ from quantscope.tasks.maps import (
     ScoreTask,
     score_output,
 )
+from quantscope.tasks.neighbours import EmbeddingTask, embedding_task
 from quantscope.tasks.pictures import ImageTask, dense_hint, parse_range
 from quantscope.tasks.pitch import CENTS_PER_BIN, TOLERANCE, VOICING, PitchTask
 from quantscope.tasks.points import FLAG_THRESHOLD, POINT_DIMS, PointsTask
@@ -251,6 +255,10 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> obj
                          cents=_float(spec, "cents", CENTS_PER_BIN),
                          threshold=_float(spec, "threshold", VOICING),
                          tol=_float(spec, "tol", TOLERANCE))
+    if spec.kind == "embedding":
+        label = spec.option("labels")
+        return embedding_task(spec.output, spec.option("norm"), None if label is None else
+                              read_labels(data, label, spec.text), label or "")
     if spec.kind == "image":
         rng = spec.option("range")
         return ImageTask(name=name, output=spec.output,
@@ -312,7 +320,8 @@ def ctc_task(spec: LayoutSpec, shape: tuple | None, samples: int | None,
 
 
 # a figure whose worst over several outputs is its highest (errors, flips, values outside)
-LOWER_IS_BETTER = ("error", "flip", "outside", "abs_rel", "invalid", "false_accept")
+LOWER_IS_BETTER = ("error", "flip", "outside", "abs_rel", "invalid", "false_accept",
+                   "collapsed", "pairwise_cosine")
 
 
 @dataclass(frozen=True, eq=False)
@@ -451,7 +460,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
         hints = (dense_hint(model, rest, sample_axes), embedding_hint(model, rest, sample_axes),
                  ctc_hint(model.proto, model.value_shapes(), rest, sample_axes))
         return None, tuple(notes) + tuple(h for h in hints if h)
-    unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)])
+    unscored = tensor_unscored_note(model.proto, [o for t in tasks for o in _read_by(t)],
+                                    tuple(k for k in KINDS if k != "tensor"))
     notes += [unscored] if unscored else []
     if len(tasks) == 1:
         return tasks[0], tuple(notes)
@@ -535,7 +545,7 @@ def _describe(task: object, model: Model) -> str:
         return f"one score per sample, decided at {task.threshold:g}"
     if isinstance(task, ClassTask):
         return describe_classes(task, model)
-    if isinstance(task, (PointsTask, ImageTask, DepthTask, VerifyTask, PitchTask)):
+    if isinstance(task, (PointsTask, ImageTask, DepthTask, VerifyTask, PitchTask, EmbeddingTask)):
         return task.describe()
     if isinstance(task, CtcTask):
         cut = (f"; each sample's first '{task.lengths}' steps, FP32's" if task.lengths

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from quantscope.tasks.depth import ALIGNS
 from quantscope.tasks.detection import BOX_FORMATS
+from quantscope.tasks.neighbours import NORMS
 from quantscope.tasks.pictures import parse_range
 from quantscope.types import QuantscopeError
 
@@ -27,10 +28,11 @@ KINDS: dict[str, tuple[str, ...]] = {
     "depth": ("align",),
     "verify": ("labels", "threshold"),
     "pitch": ("cents", "threshold", "tol"),
+    "embedding": ("norm", "labels"),
     "tensor": (),
 }
-SYNTAX = ("OUTPUT=KIND[:KEY=VALUE,...] with KIND detect, map, score, class, points, ctc, "
-          "image, depth, verify, pitch or tensor")
+KIND_NAMES = "detect, map, score, class, points, ctc, image, depth, verify, pitch, embedding or tensor"
+SYNTAX = f"OUTPUT=KIND[:KEY=VALUE,...] with KIND {KIND_NAMES}"
 LAYOUT_NOTE = "' read as "  # in every note saying what an output was read as
 
 
@@ -89,8 +91,7 @@ def parse_layout(text: str) -> LayoutSpec:
     kind, _, opts = rest.partition(":")
     kind = kind.strip().lower()
     if kind not in KINDS:
-        raise fail(text, f"unknown kind '{kind}': use detect, map, score, class, points, ctc, "
-                    "image, depth, verify, pitch or tensor")
+        raise fail(text, f"unknown kind '{kind}': use {KIND_NAMES}")
     options: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in opts.split(","))):
         key, eq, value = item.partition("=")
@@ -219,6 +220,10 @@ def _check_values(spec: LayoutSpec) -> None:
     if how is not None and how.lower() not in ALIGNS:
         raise fail(spec.text, f"align '{how}' is unknown: use {', '.join(ALIGNS)} (affine: "
                    "each map's least-squares scale and shift to FP32's)")
+    norm = spec.option("norm")
+    if norm is not None and norm.lower() not in NORMS:
+        raise fail(spec.text, f"norm '{norm}' is unknown: use {' or '.join(NORMS)} (l2: "
+                   "nearest by cosine; none: by Euclidean distance of the raw embeddings)")
     blank = spec.option("blank")
     if blank is not None and not blank.lstrip("-").isdigit():
         raise fail(spec.text, f"blank '{blank}' is not a whole number: give the CTC blank "

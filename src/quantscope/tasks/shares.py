@@ -17,6 +17,7 @@ cannot drift from the figure; :func:`quantscope.tasks.headline.share_items` read
 ``top5_agreement``    its top-1 picks, as ``top1_agreement``
 ``decision_agreement``  a score output: its decisions (one per sample)
 ``string_agreement``  a CTC output: its decoded strings (one per sample)
+``neighbour_agreement``  an embedding output: its samples (each one's nearest other)
 ``score_side_agreement``  a detection output's anchors, clustered by sample
 ``pixel_flip_share``  a map output's values (pixels), clustered by sample
 ``detection_f1``      the detections of either model, a matched pair once
@@ -49,6 +50,8 @@ ITEM_WORDS: dict[str, str] = {
     "point_agreement": "points",
     "point_flag_agreement": "point flags",
     "pitch_agreement": "voiced frames",
+    "neighbour_agreement": "samples (each one's nearest other sample)",
+    "neighbour_label_agreement": "samples (each one's nearest other sample's label)",
     "voicing_agreement": "frames",
     "point_agreement_flagged": "points FP32 flags (a host keeps)",
     "detection_f1": "detections of either model (a matched pair once)",

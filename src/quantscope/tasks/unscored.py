@@ -46,9 +46,11 @@ def embedding_note(proto: onnx.ModelProto, task: str) -> str | None:
             f"embedding; output {names} {MARK} (cosine, SQNR)")
 
 
-def tensor_unscored_note(proto: onnx.ModelProto, tasked: list[str]) -> str | None:
+def tensor_unscored_note(proto: onnx.ModelProto, tasked: list[str],
+                         kinds: tuple[str, ...] = ()) -> str | None:
     """The note naming the float outputs of tensor data that no task reads, when some
-    task reads the others (``tasked``; None: every float output has a task, or none has)."""
+    task reads the others (``tasked``; None: every float output has a task, or none has);
+    ``kinds``: the ``--layout`` kinds that score an output (the layout's registry's)."""
     others = [o for o in proto.graph.output
               if o.name not in tasked and o.type.tensor_type.elem_type in _FLOATS]
     if not tasked or not others:
@@ -57,8 +59,7 @@ def tensor_unscored_note(proto: onnx.ModelProto, tasked: list[str]) -> str | Non
     read = ", ".join(f"'{t}'" for t in tasked)
     return (f"output {names} {MARK} (cosine, SQNR, per channel, in 'outputs'): the task's "
             f"figures and the headline are {read}'s; declare --layout "
-            f"{others[0].name}=KIND (detect, map, score, class, points, ctc, image) where a kind fits what it is "
-            "for")
+            f"{others[0].name}=KIND ({', '.join(kinds)}) where a kind fits what it is for")
 
 
 def unscored_names(note: str, names: list[str]) -> list[str]:

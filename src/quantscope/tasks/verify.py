@@ -173,41 +173,45 @@ def verify_task(output: str, labels: np.ndarray, label_name: str,
                       label_name=label_name, threshold=threshold)
 
 
-def _verify_tasks(task: object) -> list[VerifyTask]:
-    return [t for t in getattr(task, "tasks", (task,)) if isinstance(t, VerifyTask)]
+def _labelled(task: object) -> list:
+    """The tasks that read labels from the data file (a verify task's, an embedding's
+    with ``labels=``), alone or among several outputs'."""
+    return [t for t in getattr(task, "tasks", (task,))
+            if isinstance(getattr(t, "labels", None), np.ndarray)]
 
 
 def label_arrays(task: object) -> tuple[str, ...]:
     """The data arrays the task reads as labels (not fed, and not to be renamed)."""
-    return tuple(t.label_name for t in _verify_tasks(task))
+    return tuple(t.label_name for t in _labelled(task))
 
 
 def check_sample_count(task: object, samples: int) -> None:
     """Refuse, before any work, labels that are not one per sample of the data."""
-    for t in _verify_tasks(task):
+    for t in _labelled(task):
         if len(t.labels) != samples:
             raise QuantscopeError(
-                f"--layout {t.output}=verify: '{t.label_name}' holds {len(t.labels)} labels "
-                f"and the data {samples} samples: give one label per sample, in the data's "
-                "order")
+                f"--layout {t.output}={t.name.split(':')[0]}: '{t.label_name}' holds "
+                f"{len(t.labels)} labels and the data {samples} samples: give one label per "
+                "sample, in the data's order")
 
 
 def split_rows(task: object, start: int, stop: int) -> object:
-    """The task on samples ``start:stop`` of its data (file order): a verify task's labels
-    sliced alike (also inside several outputs' tasks); any other task as it is."""
+    """The task on samples ``start:stop`` of its data (file order): a labelled task's
+    labels sliced alike (also inside several outputs' tasks); any other task as it is."""
     import dataclasses
 
-    if isinstance(task, VerifyTask):
-        return dataclasses.replace(task, labels=task.labels[start:stop])
+    if isinstance(getattr(task, "labels", None), np.ndarray):
+        return dataclasses.replace(task, labels=task.labels[start:stop])  # type: ignore[attr-defined]
     inner = getattr(task, "tasks", None)
-    if inner is not None and any(isinstance(t, VerifyTask) for t in inner):
+    if inner is not None and _labelled(task):
         return dataclasses.replace(task, tasks=tuple(split_rows(t, start, stop) for t in inner))
     return task
 
 
 def splits_by_rows(task: object) -> bool:
     """Whether the task, not row-local, can still be split by samples (its labels go with
-    them): a verify task, alone or beside row-local ones."""
-    return bool(_verify_tasks(task)) and all(
-        isinstance(t, VerifyTask) or getattr(t, "row_local", False)
+    them): a labelled task, alone or beside row-local ones."""
+    labelled = _labelled(task)
+    return bool(labelled) and all(
+        t in labelled or getattr(t, "row_local", False)
         for t in getattr(task, "tasks", (task,)))
