@@ -29,6 +29,19 @@ samples and positions together.
                           and the channel is not dead (FP32's largest ``|x|`` in it above
                           float32's resolution, ``DEAD``, of the output's largest: a
                           Softmax class at 1e-24 next to one at 1 carries nothing to lose)
+``collapsed_never_top``   for an output whose host decides by its largest class
+                          (:class:`TopClasses`, given by the output's task: class scores,
+                          CTC steps, pitch bins) when the channels are those classes: the
+                          channels that would count as collapsed but that neither FP32 nor
+                          the quantized model ranks first on any sample or position of this
+                          data (nor, for pitch, within the bins the host averages around the
+                          top one), while FP32 ranks several classes first (data of one
+                          class says nothing of the others): they change no decision, so
+                          they are counted here, not in ``collapsed_channels``, and judge
+                          nothing (neither their collapse nor their cosine); a collapsed
+                          class that is FP32's top somewhere, or the quantized model's (a
+                          class that wins only when quantized), still counts. A detector's
+                          class rows are thresholded, not ranked: no :class:`TopClasses`
 ``channel_axis``          the axis the channels are read on; ``channel_worst`` the index of
                           the lowest-SQNR channel
 ``positions_axis``        instead of every entry above, when the axis changes length between
@@ -51,6 +64,8 @@ samples on the same side of ``decision_threshold`` as FP32: 0.5 when every FP32 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from quantscope.numerics import (
@@ -62,12 +77,26 @@ from quantscope.numerics import (
     sqnr_db_from_powers,
     worst_channel_sqnr_db,
 )
+from quantscope.types import moved_axis
 from quantscope.units import value
 
 COLLAPSE_SHARE = 0.99  # share of a channel's values on one emulated value: collapsed
 COLLAPSE_MAX_SQNR_DB = 20.0  # a "collapse" that keeps 20 dB erased nothing that mattered
 DECISION_MIN_AGREEMENT = 0.95  # scalar outputs: fewer samples decided as FP32: NOT LIKE FP32
 SCALAR_MAX_REL_ERR = 0.25  # scalar outputs: a larger error (share of FP32's range): NOT LIKE
+
+
+@dataclass(frozen=True)
+class TopClasses:
+    """An output whose host decides by its largest class on ``axis`` (of the output as the
+    model declares it; -1 the last), each sample or position alone: a classifier's top-1,
+    a CTC step's greedy pick, a pitch tracker's top bin. ``sample_axis``: the output's axis
+    of the samples (``--batch-axis``); ``reach``: the bins each side of the top one the host
+    reads too (a pitch's weighted mean); 0 for an argmax alone."""
+
+    axis: int
+    sample_axis: int = 0
+    reach: int = 0
 
 
 def is_scalar(a: np.ndarray) -> bool:
@@ -86,8 +115,10 @@ class ChannelFidelity:
     the axis holds positions, :attr:`positions`, and no channel figure is made); memory:
     a few floats per channel."""
 
-    def __init__(self, axis: int) -> None:
+    def __init__(self, axis: int, top: TopClasses | None = None) -> None:
         self.axis = axis
+        self.top = top  # the output's classes, when its host decides by the largest
+        self.top_on: bool | None = None  # they are this axis' channels (on the first batch)
         self.n = 0
         names = ("power", "noise", "dot", "tpow", "count", "t_hits", "f_hits")
         self.sums = {k: np.zeros(0) for k in names}
@@ -101,6 +132,8 @@ class ChannelFidelity:
         self.sizes: set[int] = set()  # the axis' lengths seen: more than one, positions
         self.reach = np.zeros(0, np.int64)  # samples reaching each index of the axis
         self.samples = 0
+        self.won_fp32 = np.zeros(0, bool)  # channels FP32 ranks first somewhere
+        self.won_test = np.zeros(0, bool)  # channels the quantized model ranks first
 
     @property
     def positions(self) -> bool:
@@ -121,6 +154,8 @@ class ChannelFidelity:
         self.f_max = np.concatenate([self.f_max, np.full(extra, -np.inf)])
         self.t_max = np.concatenate([self.t_max, np.full(extra, -np.inf)])
         self.reach = np.concatenate([self.reach, np.zeros(extra, np.int64)])
+        self.won_fp32 = np.concatenate([self.won_fp32, np.zeros(extra, bool)])
+        self.won_test = np.concatenate([self.won_test, np.zeros(extra, bool)])
         self.n = c
 
     def add(self, ref: np.ndarray, test: np.ndarray) -> None:
@@ -152,30 +187,63 @@ class ChannelFidelity:
         self.t_max[:c] = np.maximum(self.t_max[:c], t.max(axis=1))
         self.out_min = min(self.out_min, float(r.min()))
         self.out_max = max(self.out_max, float(r.max()))
+        if self.top_on is None:
+            self.top_on = self.top is not None and (
+                moved_axis(self.top.axis, self.top.sample_axis, ref.ndim) % ref.ndim == self.axis)
+        if self.top_on and r.shape[1]:
+            self.won_fp32[:c] |= np.bincount(r.argmax(axis=0), minlength=c) > 0
+            self.won_test[:c] |= np.bincount(t.argmax(axis=0), minlength=c) > 0
 
     def table(self) -> tuple[dict[str, float], bool]:
         """(this output's channel entries, whether a channel is bad enough for NOT LIKE
-        FP32: one collapses, or the worst live (not dead) channel's cosine is under
-        RESEMBLE_MIN_COSINE). Empty when no channel was seen; only ``positions_axis``
-        when the axis varies by sample (:attr:`positions`)."""
+        FP32: one collapses, or the worst judged channel's cosine is under
+        RESEMBLE_MIN_COSINE; a judged channel is live (not dead) and, for an output decided
+        by its top class, decides something (:meth:`_idle`)). Empty when no channel was
+        seen; only ``positions_axis`` when the axis varies by sample (:attr:`positions`)."""
         if self.n == 0:
             return {}, False
         if self.positions:
             return {"positions_axis": int(self.axis)}, False
         s = self.sums
-        sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
-                         for p, q in zip(s["power"], s["noise"], strict=True)])
         cos = self._cosines()
-        live = ~self._dead()
-        collapsed = self._erased(sqnr) & live
+        erased, judged, idle = self._kinds()
+        collapsed = erased & judged
         worst_sqnr, worst, left_out = worst_channel_sqnr_db(s["power"], s["noise"])
         # a channel FP32 holds at 0 has no cosine to judge either
         cos_min = float(cos[signal_channels(s["power"])].min())
         entry = {"sqnr_db_channel_min": worst_sqnr, "cosine_channel_min": cos_min,
-                 "collapsed_channels": int(collapsed.sum()), "channel_axis": int(self.axis),
+                 "collapsed_channels": int(collapsed.sum()),
+                 **({"collapsed_never_top": int((erased & idle).sum())} if idle.any() else {}),
+                 "channel_axis": int(self.axis),
                  "channel_worst": worst, **({"channels_left_out": left_out} if left_out else {})}
-        # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the live ones'
-        return entry, bool(collapsed.any() or (live.any() and cos[live].min() < RESEMBLE_MIN_COSINE))
+        # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the judged ones'
+        return entry, bool(collapsed.any() or (judged.any() and cos[judged].min() < RESEMBLE_MIN_COSINE))
+
+    def _sqnr(self) -> np.ndarray:
+        s = self.sums
+        return np.array([sqnr_db_from_powers(float(p), float(q))
+                         for p, q in zip(s["power"], s["noise"], strict=True)])
+
+    def _kinds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the channels erased (:meth:`_erased`), those judged: live and not idle, those
+        idle: live but deciding nothing (:meth:`_idle`))."""
+        live = ~self._dead()
+        idle = live & self._idle()
+        return self._erased(self._sqnr()), live & ~idle, idle
+
+    def _idle(self) -> np.ndarray:
+        """Channels of an output decided by its top class (:class:`TopClasses`, on this
+        axis) that neither FP32 nor the quantized model ranks first on any sample or
+        position (nor within ``reach`` of one that is), where FP32 ranks at least two
+        classes first: none of them can change a decision on this data. None elsewhere
+        (data of one FP32 class says nothing of the others)."""
+        if not self._ranked() or self.top is None:
+            return np.zeros(self.n, bool)
+        won = self.won_fp32 | self.won_test
+        k = self.top.reach
+        if k > 0:  # every bin within reach of a top one
+            won = np.convolve(won.astype(np.int64), np.ones(2 * k + 1, np.int64), "same") > 0
+        return ~won
 
     def _cosines(self) -> np.ndarray:
         """Each channel's cosine between its FP32 and emulated values."""
@@ -198,7 +266,8 @@ class ChannelFidelity:
         return peak <= DEAD * max(abs(self.out_min), abs(self.out_max))
 
     def notes(self, name: str) -> list[str]:
-        """One line per kind of bad channel (the worst collapsed one, the worst cosine)."""
+        """One line per kind of bad channel (the worst collapsed one, the worst cosine),
+        then the channels not judged (idle, dead, left out)."""
         entry, _ = self.table()
         if not entry:
             return []
@@ -206,12 +275,16 @@ class ChannelFidelity:
             return [self._positions_note(name)]
         s = self.sums
         count = np.maximum(s["count"], 1)
-        sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
-                         for p, q in zip(s["power"], s["noise"], strict=True)])
+        sqnr = self._sqnr()
         grid = f"one grid spans {self.out_min:.4g} to {self.out_max:.4g} (FP32 range of the output)"
         out, dead_line = [], []  # the judging lines first: run's verdict quotes the first
-        erased, dead = self._erased(sqnr), self._dead()
-        collapsed = np.flatnonzero(erased & ~dead)
+        erased, judged, idle = self._kinds()
+        dead = self._dead()
+        collapsed = np.flatnonzero(erased & judged)
+        cos = self._cosines()
+        if (idle & (erased | (cos < RESEMBLE_MIN_COSINE))).any():
+            dead_line.append(self._idle_note(name, erased & idle,
+                                             idle & ~erased & (cos < RESEMBLE_MIN_COSINE)))
         if (erased & dead).any():
             peak = np.maximum(np.abs(self.f_min), np.abs(self.f_max))[erased & dead].max()
             dead_line.append(f"output '{name}': {int((erased & dead).sum())} of {self.n} channels of "
@@ -224,11 +297,11 @@ class ChannelFidelity:
             c = int(collapsed[np.argmin(sqnr[collapsed])])
             share = s["t_hits"][c] / count[c]
             what = "every value quantizes" if share == 1 else f"{share:.1%} of its values quantize"
+            top = self._why_judged(c)
             out.append(f"output '{name}' channel {c} of axis {self.axis}: {what} to "
-                       f"{self.t_val[c]:.4g} (FP32 {self.f_min[c]:.4g} to {self.f_max[c]:.4g}): "
+                       f"{self.t_val[c]:.4g} (FP32 {self.f_min[c]:.4g} to {self.f_max[c]:.4g}){top}: "
                        f"{grid}; {len(collapsed)} of {self.n} channels collapse")
-        cos = self._cosines()
-        live = np.flatnonzero(~dead)
+        live = np.flatnonzero(judged)
         if len(live) and cos[live].min() < RESEMBLE_MIN_COSINE and not len(collapsed):
             c = int(live[np.argmin(cos[live])])
             out.append(f"output '{name}' channel {c} of axis {self.axis}: cosine to FP32 "
@@ -238,6 +311,38 @@ class ChannelFidelity:
         left = int(entry.get("channels_left_out", 0))
         return out + dead_line + ([left_out_note(name, left, self.n, self.axis)] if left else [])
 
+    def _ranked(self) -> bool:
+        """The output is decided by its top class on this axis and FP32 ranks at least two
+        classes first on the data (:meth:`_idle` applies)."""
+        return bool(self.top_on) and np.count_nonzero(self.won_fp32) >= 2
+
+    def _why_judged(self, c: int) -> str:
+        """Why collapsed channel ``c`` of an output decided by its top class is judged."""
+        if not self._ranked():
+            return ""
+        if self.won_fp32[c]:
+            return "; FP32 ranks it first on this data"
+        if self.won_test[c]:
+            return "; the quantized model ranks it first on this data, FP32 never"
+        return f"; it lies within {self.top.reach if self.top else 0} bins of a top one"
+
+    def _idle_note(self, name: str, which: np.ndarray, far: np.ndarray) -> str:
+        """The line saying the collapsed channels (``which``) and those of a cosine under
+        RESEMBLE_MIN_COSINE (``far``) that decide nothing (:meth:`_idle`)."""
+        peak = np.maximum(np.abs(self.f_min), np.abs(self.f_max))[which | far].max()
+        more = (f"; {int(far.sum())} more such classes read a cosine to FP32 under "
+                f"{RESEMBLE_MIN_COSINE:g} without collapsing, not judged either"
+                if far.any() else "")
+        near = (f" nor within {self.top.reach} bins of one that is (the bins the host "
+                "averages)" if self.top is not None and self.top.reach else "")
+        return (f"output '{name}': {int(which.sum())} collapsed classes that FP32 never ranks "
+                f"first on this data: they change no decision (of {self.n} channels of axis "
+                f"{self.axis}, FP32 |x| at most {peak:.4g}; neither FP32 nor the quantized "
+                f"model ranks any of them first on a sample or position{near}, and FP32 ranks "
+                f"{int(np.count_nonzero(self.won_fp32))} classes first): counted apart "
+                f"(collapsed_never_top), not judged{more}; a class that wins on other data "
+                "can lose there (sqnr_db_channel_min and cosine_channel_min still include "
+                "them)")
 
     def _positions_note(self, name: str) -> str:
         lo, hi = min(self.sizes), max(self.sizes)
