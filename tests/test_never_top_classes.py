@@ -87,7 +87,7 @@ def test_a_collapsed_class_that_wins_somewhere_still_reads_not_like(tmp_path, ca
     assert "NOT LIKE FP32" in out
     (line,) = [n for n in doc["notes"] if "channels collapse" in n]
     assert line.startswith(f"output 'probs' channel {W} of axis 1:")
-    assert "FP32 ranks it first on this data" in line
+    assert "FP32 ranks it first on 1 of its 200 values (samples, positions), the quantized model on 1 of them and 0 others" in line
     assert probs["collapsed_never_top"] >= 1  # the fillers and the small ones
 
 
@@ -116,7 +116,7 @@ def test_a_class_that_wins_only_when_quantized_still_reads_not_like():
     test[7, 5] = 0.95  # the quantized model picks class 5 on row 7
     (entry, bad), notes = _fidelity(ref, test, TopClasses(1))
     assert bad and entry["collapsed_channels"] == 1 and entry["collapsed_never_top"] == 9
-    assert "the quantized model ranks it first on this data, FP32 never" in notes[0]
+    assert "the quantized model ranks it first on 1 of its 200 values (samples, positions), FP32 never" in notes[0]
 
 
 def test_without_a_top_class_task_every_collapse_is_judged():

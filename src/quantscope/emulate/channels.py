@@ -132,8 +132,11 @@ class ChannelFidelity:
         self.sizes: set[int] = set()  # the axis' lengths seen: more than one, positions
         self.reach = np.zeros(0, np.int64)  # samples reaching each index of the axis
         self.samples = 0
-        self.won_fp32 = np.zeros(0, bool)  # channels FP32 ranks first somewhere
-        self.won_test = np.zeros(0, bool)  # channels the quantized model ranks first
+        # per channel: the rows (samples, positions) FP32 ranks it first on, the quantized
+        # model, and both
+        self.won_fp32 = np.zeros(0, np.int64)
+        self.won_test = np.zeros(0, np.int64)
+        self.won_both = np.zeros(0, np.int64)
 
     @property
     def positions(self) -> bool:
@@ -154,8 +157,9 @@ class ChannelFidelity:
         self.f_max = np.concatenate([self.f_max, np.full(extra, -np.inf)])
         self.t_max = np.concatenate([self.t_max, np.full(extra, -np.inf)])
         self.reach = np.concatenate([self.reach, np.zeros(extra, np.int64)])
-        self.won_fp32 = np.concatenate([self.won_fp32, np.zeros(extra, bool)])
-        self.won_test = np.concatenate([self.won_test, np.zeros(extra, bool)])
+        self.won_fp32 = np.concatenate([self.won_fp32, np.zeros(extra, np.int64)])
+        self.won_test = np.concatenate([self.won_test, np.zeros(extra, np.int64)])
+        self.won_both = np.concatenate([self.won_both, np.zeros(extra, np.int64)])
         self.n = c
 
     def add(self, ref: np.ndarray, test: np.ndarray) -> None:
@@ -191,8 +195,10 @@ class ChannelFidelity:
             self.top_on = self.top is not None and (
                 moved_axis(self.top.axis, self.top.sample_axis, ref.ndim) % ref.ndim == self.axis)
         if self.top_on and r.shape[1]:
-            self.won_fp32[:c] |= np.bincount(r.argmax(axis=0), minlength=c) > 0
-            self.won_test[:c] |= np.bincount(t.argmax(axis=0), minlength=c) > 0
+            top_r, top_t = r.argmax(axis=0), t.argmax(axis=0)
+            self.won_fp32[:c] += np.bincount(top_r, minlength=c)
+            self.won_test[:c] += np.bincount(top_t, minlength=c)
+            self.won_both[:c] += np.bincount(top_r[top_r == top_t], minlength=c)
 
     def table(self) -> tuple[dict[str, float], bool]:
         """(this output's channel entries, whether a channel is bad enough for NOT LIKE
@@ -239,7 +245,7 @@ class ChannelFidelity:
         (data of one FP32 class says nothing of the others)."""
         if not self._ranked() or self.top is None:
             return np.zeros(self.n, bool)
-        won = self.won_fp32 | self.won_test
+        won = (self.won_fp32 > 0) | (self.won_test > 0)
         k = self.top.reach
         if k > 0:  # every bin within reach of a top one
             won = np.convolve(won.astype(np.int64), np.ones(2 * k + 1, np.int64), "same") > 0
@@ -294,7 +300,7 @@ class ChannelFidelity:
                        "cosine_channel_min still include them, except a channel FP32 holds at "
                        "exactly 0: it has no signal to measure noise against, counted below)")
         if len(collapsed):
-            c = int(collapsed[np.argmin(sqnr[collapsed])])
+            c = self._shown(collapsed, sqnr)
             share = s["t_hits"][c] / count[c]
             what = "every value quantizes" if share == 1 else f"{share:.1%} of its values quantize"
             top = self._why_judged(c)
@@ -311,6 +317,15 @@ class ChannelFidelity:
         left = int(entry.get("channels_left_out", 0))
         return out + dead_line + ([left_out_note(name, left, self.n, self.axis)] if left else [])
 
+    def _shown(self, collapsed: np.ndarray, sqnr: np.ndarray) -> int:
+        """The collapsed channel a note names: the lowest SQNR; of an output decided by its
+        top class, first the one whose rows change their top class most (FP32's picks of
+        it lost, and the quantized model's picks of it where FP32 picks another)."""
+        if not self._ranked():
+            return int(collapsed[np.argmin(sqnr[collapsed])])
+        changed = self.won_fp32 + self.won_test - 2 * self.won_both
+        return int(collapsed[np.lexsort((sqnr[collapsed], -changed[collapsed]))[0]])
+
     def _ranked(self) -> bool:
         """The output is decided by its top class on this axis and FP32 ranks at least two
         classes first on the data (:meth:`_idle` applies)."""
@@ -320,10 +335,14 @@ class ChannelFidelity:
         """Why collapsed channel ``c`` of an output decided by its top class is judged."""
         if not self._ranked():
             return ""
+        rows = int(self.sums["count"][c])
         if self.won_fp32[c]:
-            return "; FP32 ranks it first on this data"
+            return (f"; FP32 ranks it first on {int(self.won_fp32[c])} of its {rows} values "
+                    f"(samples, positions), the quantized model on {int(self.won_both[c])} "
+                    f"of them and {int(self.won_test[c] - self.won_both[c])} others")
         if self.won_test[c]:
-            return "; the quantized model ranks it first on this data, FP32 never"
+            return (f"; the quantized model ranks it first on {int(self.won_test[c])} of its "
+                    f"{rows} values (samples, positions), FP32 never")
         return f"; it lies within {self.top.reach if self.top else 0} bins of a top one"
 
     def _idle_note(self, name: str, which: np.ndarray, far: np.ndarray) -> str:
