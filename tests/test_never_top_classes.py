@@ -139,3 +139,23 @@ def test_a_pitch_bin_within_reach_of_the_top_one_is_judged():
     (entry, bad), notes = _fidelity(ref, test, TopClasses(-1, 0, 4))
     assert bad and entry["collapsed_channels"] == 4 and entry["collapsed_never_top"] == 6
     assert "it lies within 4 bins of a top one" in notes[0]
+
+
+def test_a_never_top_class_of_low_cosine_judges_nothing():
+    """CREPE tiny at a8_w8: a bin FP32 never raises above 0.002 reads a cosine of 0.54 on
+    the grid (two steps, not one value: no collapse) and made the output NOT LIKE FP32
+    while every pitch agreed; a bin far from every top one decides nothing, said so."""
+    ref = _ranked_rows()
+    test = ref.copy()
+    test[:, 9] = np.where(np.arange(200) % 3 == 0, 2e-3, 0.0)  # neither 1 value nor close
+    (entry, bad), _ = _fidelity(ref, test, None)
+    assert bad and entry["collapsed_channels"] == 0
+    (entry, bad), notes = _fidelity(ref, test, TopClasses(-1, 0, 4))
+    assert not bad and entry["collapsed_channels"] == 0 and entry["collapsed_never_top"] == 0
+    assert notes == ["output 'probs': 1 classes of a cosine to FP32 under 0.9 that FP32 never "
+                     "ranks first on this data: they change no decision (of 12 channels of "
+                     "axis 1, FP32 |x| at most 0.0009957; neither FP32 nor the quantized model "
+                     "ranks any of them first on a sample or position nor within 4 bins of one "
+                     "that is (the bins the host averages), and FP32 ranks 2 classes first): "
+                     "not judged; a class that wins on other data can lose there "
+                     "(sqnr_db_channel_min and cosine_channel_min still include them)"]

@@ -349,19 +349,21 @@ class ChannelFidelity:
         """The line saying the collapsed channels (``which``) and those of a cosine under
         RESEMBLE_MIN_COSINE (``far``) that decide nothing (:meth:`_idle`)."""
         peak = np.maximum(np.abs(self.f_min), np.abs(self.f_max))[which | far].max()
-        more = (f"; {int(far.sum())} more such classes read a cosine to FP32 under "
-                f"{RESEMBLE_MIN_COSINE:g} without collapsing, not judged either"
-                if far.any() else "")
+        low = f"of a cosine to FP32 under {RESEMBLE_MIN_COSINE:g}"
+        what = " and ".join(
+            ([f"{int(which.sum())} collapsed classes"] if which.any() else [])
+            + ([f"{int(far.sum())} {'more ' if which.any() else ''}classes {low}"]
+               if far.any() else []))
         near = (f" nor within {self.top.reach} bins of one that is (the bins the host "
                 "averages)" if self.top is not None and self.top.reach else "")
-        return (f"output '{name}': {int(which.sum())} collapsed classes that FP32 never ranks "
-                f"first on this data: they change no decision (of {self.n} channels of axis "
-                f"{self.axis}, FP32 |x| at most {peak:.4g}; neither FP32 nor the quantized "
-                f"model ranks any of them first on a sample or position{near}, and FP32 ranks "
-                f"{int(np.count_nonzero(self.won_fp32))} classes first): counted apart "
-                f"(collapsed_never_top), not judged{more}; a class that wins on other data "
-                "can lose there (sqnr_db_channel_min and cosine_channel_min still include "
-                "them)")
+        apart = "counted apart (collapsed_never_top), " if which.any() else ""
+        return (f"output '{name}': {what} that FP32 never ranks first on this data: they "
+                f"change no decision (of {self.n} channels of axis {self.axis}, FP32 |x| at "
+                f"most {peak:.4g}; neither FP32 nor the quantized model ranks any of them "
+                f"first on a sample or position{near}, and FP32 ranks "
+                f"{int(np.count_nonzero(self.won_fp32))} classes first): {apart}not judged; "
+                "a class that wins on other data can lose there (sqnr_db_channel_min and "
+                "cosine_channel_min still include them)")
 
     def _positions_note(self, name: str) -> str:
         lo, hi = min(self.sizes), max(self.sizes)
