@@ -149,13 +149,21 @@ def test_without_a_top_class_task_every_collapse_is_judged():
 
 
 def test_a_pitch_bin_within_reach_of_the_top_one_is_judged():
-    """The host averages the bins within ``reach`` of the top one: a collapsed bin next to
-    a top bin decides the pitch, one far from every top bin does not."""
+    """The host averages the bins within ``reach`` of the top one on a voiced frame: a
+    collapsed bin next to a voiced frame's top bin decides the pitch, one far from every
+    top bin, or near only unvoiced frames' top bins, does not."""
     ref = _ranked_rows()
     test = np.where(ref > 0.5, ref, 0.0)
     (entry, bad), notes = _fidelity(ref, test, TopClasses(-1, 0, 4))
     assert bad and entry["collapsed_channels"] == 4 and entry["collapsed_never_top"] == 6
     assert "it lies within 4 bins of a top one" in notes[0]
+    (entry, bad), notes = _fidelity(ref, test, TopClasses(-1, 0, 4, 0.21))
+    assert bad and "it lies within 4 bins of a top one whose value reaches 0.21" in notes[0]
+    # frames whose top bin is under the voicing threshold have no pitch: only the top bin
+    # (the voicing) is read there, so the bins near it decide nothing
+    (entry, bad), notes = _fidelity(ref, test, TopClasses(-1, 0, 4, 0.95))
+    assert not bad and entry["collapsed_channels"] == 0 and entry["collapsed_never_top"] == 10
+    assert "(the bins the host averages where the top value reaches 0.95)" in notes[0]
 
 
 def test_a_never_top_class_of_low_cosine_judges_nothing():

@@ -92,11 +92,14 @@ class TopClasses:
     model declares it; -1 the last), each sample or position alone: a classifier's top-1,
     a CTC step's greedy pick, a pitch tracker's top bin. ``sample_axis``: the output's axis
     of the samples (``--batch-axis``); ``reach``: the bins each side of the top one the host
-    reads too (a pitch's weighted mean); 0 for an argmax alone."""
+    reads too (a pitch's weighted mean); 0 for an argmax alone; ``floor``: the top value
+    below which the host reads the top value alone (a pitch's voicing threshold: an
+    unvoiced frame has no pitch), so ``reach`` counts only around tops at or above it."""
 
     axis: int
     sample_axis: int = 0
     reach: int = 0
+    floor: float | None = None
 
 
 def is_scalar(a: np.ndarray) -> bool:
@@ -137,6 +140,7 @@ class ChannelFidelity:
         self.won_fp32 = np.zeros(0, np.int64)
         self.won_test = np.zeros(0, np.int64)
         self.won_both = np.zeros(0, np.int64)
+        self.near = np.zeros(0, bool)  # a top within ``reach`` is read (at or above floor)
 
     @property
     def positions(self) -> bool:
@@ -160,6 +164,7 @@ class ChannelFidelity:
         self.won_fp32 = np.concatenate([self.won_fp32, np.zeros(extra, np.int64)])
         self.won_test = np.concatenate([self.won_test, np.zeros(extra, np.int64)])
         self.won_both = np.concatenate([self.won_both, np.zeros(extra, np.int64)])
+        self.near = np.concatenate([self.near, np.zeros(extra, bool)])
         self.n = c
 
     def add(self, ref: np.ndarray, test: np.ndarray) -> None:
@@ -199,6 +204,15 @@ class ChannelFidelity:
             self.won_fp32[:c] += np.bincount(top_r, minlength=c)
             self.won_test[:c] += np.bincount(top_t, minlength=c)
             self.won_both[:c] += np.bincount(top_r[top_r == top_t], minlength=c)
+            if self.top is not None and self.top.reach:
+                self.near[:c] |= self._read_tops(r, top_r) | self._read_tops(t, top_t)
+
+    def _read_tops(self, rows: np.ndarray, tops: np.ndarray) -> np.ndarray:
+        """The channels whose neighbours within ``reach`` the host reads: the top ones of
+        the columns of ``rows`` ``[C, M]`` whose top value reaches ``floor``."""
+        floor = None if self.top is None else self.top.floor
+        read = tops if floor is None else tops[rows.max(axis=0) >= floor]
+        return np.bincount(read, minlength=len(rows)) > 0
 
     def table(self) -> tuple[dict[str, float], bool]:
         """(this output's channel entries, whether a channel is bad enough for NOT LIKE
@@ -247,8 +261,9 @@ class ChannelFidelity:
             return np.zeros(self.n, bool)
         won = (self.won_fp32 > 0) | (self.won_test > 0)
         k = self.top.reach
-        if k > 0:  # every bin within reach of a top one
-            won = np.convolve(won.astype(np.int64), np.ones(2 * k + 1, np.int64), "same") > 0
+        if k > 0:  # every bin within reach of a top one the host reads around
+            won |= np.convolve(self.near.astype(np.int64), np.ones(2 * k + 1, np.int64),
+                               "same") > 0
         return ~won
 
     def _cosines(self) -> np.ndarray:
@@ -343,7 +358,9 @@ class ChannelFidelity:
         if self.won_test[c]:
             return (f"; the quantized model ranks it first on {int(self.won_test[c])} of its "
                     f"{rows} values (samples, positions), FP32 never")
-        return f"; it lies within {self.top.reach if self.top else 0} bins of a top one"
+        top = self.top or TopClasses(0)
+        at = f" whose value reaches {top.floor:g}" if top.floor is not None else ""
+        return f"; it lies within {top.reach} bins of a top one{at}"
 
     def _idle_note(self, name: str, which: np.ndarray, far: np.ndarray) -> str:
         """The line saying the collapsed channels (``which``) and those of a cosine under
@@ -355,7 +372,9 @@ class ChannelFidelity:
             + ([f"{int(far.sum())} {'more ' if which.any() else ''}classes {low}"]
                if far.any() else []))
         near = (f" nor within {self.top.reach} bins of one that is (the bins the host "
-                "averages)" if self.top is not None and self.top.reach else "")
+                "averages" + (f" where the top value reaches {self.top.floor:g}"
+                              if self.top.floor is not None else "") + ")"
+                if self.top is not None and self.top.reach else "")
         apart = "counted apart (collapsed_never_top), " if which.any() else ""
         return (f"output '{name}': {what} that FP32 never ranks first on this data: they "
                 f"change no decision (of {self.n} channels of axis {self.axis}, FP32 |x| at "

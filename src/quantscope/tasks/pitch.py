@@ -75,9 +75,9 @@ class PitchTask:
                 f"activation >= {self.threshold:g}): pitch within {self.tol:g} cents of FP32's")
 
     def top_classes(self) -> dict[str, TopClasses]:
-        """Each frame is decided by its top bin on the last axis and the :data:`WINDOW`
-        bins each side of it (the weighted mean)."""
-        return {self.output: TopClasses(-1, 0, WINDOW)}
+        """Each frame is decided by its top bin on the last axis (the voicing), and, when
+        voiced, the :data:`WINDOW` bins each side of it (the weighted mean)."""
+        return {self.output: TopClasses(-1, 0, WINDOW, self.threshold)}
 
     def _frames(self, out: Outputs) -> tuple[np.ndarray, np.ndarray]:
         """(each frame's bins ``[F, B]``, each frame's sample index)."""
