@@ -18,7 +18,7 @@ import onnx
 from quantscope.analyze.evalcache import model_digest
 from quantscope.analyze.inputfloor import floor_notes
 from quantscope.calibrate.collect import calibrate
-from quantscope.emulate.channels import restated
+from quantscope.emulate.channels import TopClasses, restated
 from quantscope.emulate.evaluate import (
     Runs,
     compare_model,
@@ -73,6 +73,14 @@ def output_channel_axes(model: Model, batches: Sequence[Batch] = ()) -> dict[str
             continue
         out[name] = c + 1 if c < a else c
     return out
+
+def top_classes(data: Dataset) -> dict[str, TopClasses]:
+    """The outputs the data's task decides by their top class (class scores, CTC steps,
+    pitch bins): the per-channel check judges only the classes that decide something
+    (:class:`quantscope.emulate.channels.TopClasses`)."""
+    tops = getattr(data.task, "top_classes", None)
+    return dict(tops()) if tops is not None else {}
+
 
 def qdq_for_plan(
     model: Model,
@@ -265,6 +273,7 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
     judge = data.task is None or getattr(data.task, "row_local", False)
     score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
                              "channel_axes": output_channel_axes(model, batches),
+                             "top_classes": top_classes(data),
                              "per_sample": sample_parts or held_out_parts}
     if ref is None:
         fp32 = open_runs((reference or model).proto, batches)
@@ -457,7 +466,8 @@ def check_metric(model: Model, data: Dataset, metric: str) -> None:
     with np.errstate(all="ignore"):
         fid, test = compare_model(runs, ref, keep=keep, only=data.output,
                                   judge=task is None or getattr(task, "row_local", False),
-                                  channel_axes=output_channel_axes(model, batches))
+                                  channel_axes=output_channel_axes(model, batches),
+                                  top_classes=top_classes(data))
         figures = set(fid.values)
         if task is not None:
             figures |= set(task.metrics(kept(ref, batches, keep), test).values)

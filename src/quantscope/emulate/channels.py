@@ -29,6 +29,19 @@ samples and positions together.
                           and the channel is not dead (FP32's largest ``|x|`` in it above
                           float32's resolution, ``DEAD``, of the output's largest: a
                           Softmax class at 1e-24 next to one at 1 carries nothing to lose)
+``collapsed_never_top``   for an output whose host decides by its largest class
+                          (:class:`TopClasses`, given by the output's task: class scores,
+                          CTC steps, pitch bins) when the channels are those classes: the
+                          channels that would count as collapsed but that neither FP32 nor
+                          the quantized model ranks first on any sample or position of this
+                          data (nor, for pitch, within the bins the host averages around the
+                          top one), while FP32 ranks several classes first (data of one
+                          class says nothing of the others): they change no decision, so
+                          they are counted here, not in ``collapsed_channels``, and judge
+                          nothing (neither their collapse nor their cosine); a collapsed
+                          class that is FP32's top somewhere, or the quantized model's (a
+                          class that wins only when quantized), still counts. A detector's
+                          class rows are thresholded, not ranked: no :class:`TopClasses`
 ``channel_axis``          the axis the channels are read on; ``channel_worst`` the index of
                           the lowest-SQNR channel
 ``positions_axis``        instead of every entry above, when the axis changes length between
@@ -51,6 +64,8 @@ samples on the same side of ``decision_threshold`` as FP32: 0.5 when every FP32 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from quantscope.numerics import (
@@ -62,12 +77,29 @@ from quantscope.numerics import (
     sqnr_db_from_powers,
     worst_channel_sqnr_db,
 )
+from quantscope.types import moved_axis
 from quantscope.units import value
 
 COLLAPSE_SHARE = 0.99  # share of a channel's values on one emulated value: collapsed
 COLLAPSE_MAX_SQNR_DB = 20.0  # a "collapse" that keeps 20 dB erased nothing that mattered
 DECISION_MIN_AGREEMENT = 0.95  # scalar outputs: fewer samples decided as FP32: NOT LIKE FP32
 SCALAR_MAX_REL_ERR = 0.25  # scalar outputs: a larger error (share of FP32's range): NOT LIKE
+
+
+@dataclass(frozen=True)
+class TopClasses:
+    """An output whose host decides by its largest class on ``axis`` (of the output as the
+    model declares it; -1 the last), each sample or position alone: a classifier's top-1,
+    a CTC step's greedy pick, a pitch tracker's top bin. ``sample_axis``: the output's axis
+    of the samples (``--batch-axis``); ``reach``: the bins each side of the top one the host
+    reads too (a pitch's weighted mean); 0 for an argmax alone; ``floor``: the top value
+    below which the host reads the top value alone (a pitch's voicing threshold: an
+    unvoiced frame has no pitch), so ``reach`` counts only around tops at or above it."""
+
+    axis: int
+    sample_axis: int = 0
+    reach: int = 0
+    floor: float | None = None
 
 
 def is_scalar(a: np.ndarray) -> bool:
@@ -86,8 +118,10 @@ class ChannelFidelity:
     the axis holds positions, :attr:`positions`, and no channel figure is made); memory:
     a few floats per channel."""
 
-    def __init__(self, axis: int) -> None:
+    def __init__(self, axis: int, top: TopClasses | None = None) -> None:
         self.axis = axis
+        self.top = top  # the output's classes, when its host decides by the largest
+        self.top_on: bool | None = None  # they are this axis' channels (on the first batch)
         self.n = 0
         names = ("power", "noise", "dot", "tpow", "count", "t_hits", "f_hits")
         self.sums = {k: np.zeros(0) for k in names}
@@ -101,6 +135,12 @@ class ChannelFidelity:
         self.sizes: set[int] = set()  # the axis' lengths seen: more than one, positions
         self.reach = np.zeros(0, np.int64)  # samples reaching each index of the axis
         self.samples = 0
+        # per channel: the rows (samples, positions) FP32 ranks it first on, the quantized
+        # model, and both
+        self.won_fp32 = np.zeros(0, np.int64)
+        self.won_test = np.zeros(0, np.int64)
+        self.won_both = np.zeros(0, np.int64)
+        self.near = np.zeros(0, bool)  # a top within ``reach`` is read (at or above floor)
 
     @property
     def positions(self) -> bool:
@@ -121,6 +161,10 @@ class ChannelFidelity:
         self.f_max = np.concatenate([self.f_max, np.full(extra, -np.inf)])
         self.t_max = np.concatenate([self.t_max, np.full(extra, -np.inf)])
         self.reach = np.concatenate([self.reach, np.zeros(extra, np.int64)])
+        self.won_fp32 = np.concatenate([self.won_fp32, np.zeros(extra, np.int64)])
+        self.won_test = np.concatenate([self.won_test, np.zeros(extra, np.int64)])
+        self.won_both = np.concatenate([self.won_both, np.zeros(extra, np.int64)])
+        self.near = np.concatenate([self.near, np.zeros(extra, bool)])
         self.n = c
 
     def add(self, ref: np.ndarray, test: np.ndarray) -> None:
@@ -152,30 +196,75 @@ class ChannelFidelity:
         self.t_max[:c] = np.maximum(self.t_max[:c], t.max(axis=1))
         self.out_min = min(self.out_min, float(r.min()))
         self.out_max = max(self.out_max, float(r.max()))
+        if self.top_on is None:
+            self.top_on = self.top is not None and (
+                moved_axis(self.top.axis, self.top.sample_axis, ref.ndim) % ref.ndim == self.axis)
+        if self.top_on and r.shape[1]:
+            top_r, top_t = r.argmax(axis=0), t.argmax(axis=0)
+            self.won_fp32[:c] += np.bincount(top_r, minlength=c)
+            self.won_test[:c] += np.bincount(top_t, minlength=c)
+            self.won_both[:c] += np.bincount(top_r[top_r == top_t], minlength=c)
+            if self.top is not None and self.top.reach:
+                self.near[:c] |= self._read_tops(r, top_r) | self._read_tops(t, top_t)
+
+    def _read_tops(self, rows: np.ndarray, tops: np.ndarray) -> np.ndarray:
+        """The channels whose neighbours within ``reach`` the host reads: the top ones of
+        the columns of ``rows`` ``[C, M]`` whose top value reaches ``floor``."""
+        floor = None if self.top is None else self.top.floor
+        read = tops if floor is None else tops[rows.max(axis=0) >= floor]
+        return np.bincount(read, minlength=len(rows)) > 0
 
     def table(self) -> tuple[dict[str, float], bool]:
         """(this output's channel entries, whether a channel is bad enough for NOT LIKE
-        FP32: one collapses, or the worst live (not dead) channel's cosine is under
-        RESEMBLE_MIN_COSINE). Empty when no channel was seen; only ``positions_axis``
-        when the axis varies by sample (:attr:`positions`)."""
+        FP32: one collapses, or the worst judged channel's cosine is under
+        RESEMBLE_MIN_COSINE; a judged channel is live (not dead) and, for an output decided
+        by its top class, decides something (:meth:`_idle`)). Empty when no channel was
+        seen; only ``positions_axis`` when the axis varies by sample (:attr:`positions`)."""
         if self.n == 0:
             return {}, False
         if self.positions:
             return {"positions_axis": int(self.axis)}, False
         s = self.sums
-        sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
-                         for p, q in zip(s["power"], s["noise"], strict=True)])
         cos = self._cosines()
-        live = ~self._dead()
-        collapsed = self._erased(sqnr) & live
+        erased, judged, idle = self._kinds()
+        collapsed = erased & judged
         worst_sqnr, worst, left_out = worst_channel_sqnr_db(s["power"], s["noise"])
         # a channel FP32 holds at 0 has no cosine to judge either
         cos_min = float(cos[signal_channels(s["power"])].min())
         entry = {"sqnr_db_channel_min": worst_sqnr, "cosine_channel_min": cos_min,
-                 "collapsed_channels": int(collapsed.sum()), "channel_axis": int(self.axis),
+                 "collapsed_channels": int(collapsed.sum()),
+                 **({"collapsed_never_top": int((erased & idle).sum())} if idle.any() else {}),
+                 "channel_axis": int(self.axis),
                  "channel_worst": worst, **({"channels_left_out": left_out} if left_out else {})}
-        # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the live ones'
-        return entry, bool(collapsed.any() or (live.any() and cos[live].min() < RESEMBLE_MIN_COSINE))
+        # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the judged ones'
+        return entry, bool(collapsed.any() or (judged.any() and cos[judged].min() < RESEMBLE_MIN_COSINE))
+
+    def _sqnr(self) -> np.ndarray:
+        s = self.sums
+        return np.array([sqnr_db_from_powers(float(p), float(q))
+                         for p, q in zip(s["power"], s["noise"], strict=True)])
+
+    def _kinds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(the channels erased (:meth:`_erased`), those judged: live and not idle, those
+        idle: live but deciding nothing (:meth:`_idle`))."""
+        live = ~self._dead()
+        idle = live & self._idle()
+        return self._erased(self._sqnr()), live & ~idle, idle
+
+    def _idle(self) -> np.ndarray:
+        """Channels of an output decided by its top class (:class:`TopClasses`, on this
+        axis) that neither FP32 nor the quantized model ranks first on any sample or
+        position (nor within ``reach`` of one that is), where FP32 ranks at least two
+        classes first: none of them can change a decision on this data. None elsewhere
+        (data of one FP32 class says nothing of the others)."""
+        if not self._ranked() or self.top is None:
+            return np.zeros(self.n, bool)
+        won = (self.won_fp32 > 0) | (self.won_test > 0)
+        k = self.top.reach
+        if k > 0:  # every bin within reach of a top one the host reads around
+            won |= np.convolve(self.near.astype(np.int64), np.ones(2 * k + 1, np.int64),
+                               "same") > 0
+        return ~won
 
     def _cosines(self) -> np.ndarray:
         """Each channel's cosine between its FP32 and emulated values."""
@@ -198,7 +287,8 @@ class ChannelFidelity:
         return peak <= DEAD * max(abs(self.out_min), abs(self.out_max))
 
     def notes(self, name: str) -> list[str]:
-        """One line per kind of bad channel (the worst collapsed one, the worst cosine)."""
+        """One line per kind of bad channel (the worst collapsed one, the worst cosine),
+        then the channels not judged (idle, dead, left out)."""
         entry, _ = self.table()
         if not entry:
             return []
@@ -206,12 +296,16 @@ class ChannelFidelity:
             return [self._positions_note(name)]
         s = self.sums
         count = np.maximum(s["count"], 1)
-        sqnr = np.array([sqnr_db_from_powers(float(p), float(q))
-                         for p, q in zip(s["power"], s["noise"], strict=True)])
+        sqnr = self._sqnr()
         grid = f"one grid spans {self.out_min:.4g} to {self.out_max:.4g} (FP32 range of the output)"
         out, dead_line = [], []  # the judging lines first: run's verdict quotes the first
-        erased, dead = self._erased(sqnr), self._dead()
-        collapsed = np.flatnonzero(erased & ~dead)
+        erased, judged, idle = self._kinds()
+        dead = self._dead()
+        collapsed = np.flatnonzero(erased & judged)
+        cos = self._cosines()
+        if (idle & (erased | (cos < RESEMBLE_MIN_COSINE))).any():
+            dead_line.append(self._idle_note(name, erased & idle,
+                                             idle & ~erased & (cos < RESEMBLE_MIN_COSINE)))
         if (erased & dead).any():
             peak = np.maximum(np.abs(self.f_min), np.abs(self.f_max))[erased & dead].max()
             dead_line.append(f"output '{name}': {int((erased & dead).sum())} of {self.n} channels of "
@@ -221,14 +315,14 @@ class ChannelFidelity:
                        "cosine_channel_min still include them, except a channel FP32 holds at "
                        "exactly 0: it has no signal to measure noise against, counted below)")
         if len(collapsed):
-            c = int(collapsed[np.argmin(sqnr[collapsed])])
+            c = self._shown(collapsed, sqnr)
             share = s["t_hits"][c] / count[c]
             what = "every value quantizes" if share == 1 else f"{share:.1%} of its values quantize"
+            top = self._why_judged(c)
             out.append(f"output '{name}' channel {c} of axis {self.axis}: {what} to "
-                       f"{self.t_val[c]:.4g} (FP32 {self.f_min[c]:.4g} to {self.f_max[c]:.4g}): "
+                       f"{self.t_val[c]:.4g} (FP32 {self.f_min[c]:.4g} to {self.f_max[c]:.4g}){top}: "
                        f"{grid}; {len(collapsed)} of {self.n} channels collapse")
-        cos = self._cosines()
-        live = np.flatnonzero(~dead)
+        live = np.flatnonzero(judged)
         if len(live) and cos[live].min() < RESEMBLE_MIN_COSINE and not len(collapsed):
             c = int(live[np.argmin(cos[live])])
             out.append(f"output '{name}' channel {c} of axis {self.axis}: cosine to FP32 "
@@ -238,6 +332,57 @@ class ChannelFidelity:
         left = int(entry.get("channels_left_out", 0))
         return out + dead_line + ([left_out_note(name, left, self.n, self.axis)] if left else [])
 
+    def _shown(self, collapsed: np.ndarray, sqnr: np.ndarray) -> int:
+        """The collapsed channel a note names: the lowest SQNR; of an output decided by its
+        top class, first the one whose rows change their top class most (FP32's picks of
+        it lost, and the quantized model's picks of it where FP32 picks another)."""
+        if not self._ranked():
+            return int(collapsed[np.argmin(sqnr[collapsed])])
+        changed = self.won_fp32 + self.won_test - 2 * self.won_both
+        return int(collapsed[np.lexsort((sqnr[collapsed], -changed[collapsed]))[0]])
+
+    def _ranked(self) -> bool:
+        """The output is decided by its top class on this axis and FP32 ranks at least two
+        classes first on the data (:meth:`_idle` applies)."""
+        return bool(self.top_on) and np.count_nonzero(self.won_fp32) >= 2
+
+    def _why_judged(self, c: int) -> str:
+        """Why collapsed channel ``c`` of an output decided by its top class is judged."""
+        if not self._ranked():
+            return ""
+        rows = int(self.sums["count"][c])
+        if self.won_fp32[c]:
+            return (f"; FP32 ranks it first on {int(self.won_fp32[c])} of its {rows} values "
+                    f"(samples, positions), the quantized model on {int(self.won_both[c])} "
+                    f"of them and {int(self.won_test[c] - self.won_both[c])} others")
+        if self.won_test[c]:
+            return (f"; the quantized model ranks it first on {int(self.won_test[c])} of its "
+                    f"{rows} values (samples, positions), FP32 never")
+        top = self.top or TopClasses(0)
+        at = f" whose value reaches {top.floor:g}" if top.floor is not None else ""
+        return f"; it lies within {top.reach} bins of a top one{at}"
+
+    def _idle_note(self, name: str, which: np.ndarray, far: np.ndarray) -> str:
+        """The line saying the collapsed channels (``which``) and those of a cosine under
+        RESEMBLE_MIN_COSINE (``far``) that decide nothing (:meth:`_idle`)."""
+        peak = np.maximum(np.abs(self.f_min), np.abs(self.f_max))[which | far].max()
+        low = f"of a cosine to FP32 under {RESEMBLE_MIN_COSINE:g}"
+        what = " and ".join(
+            ([f"{int(which.sum())} collapsed classes"] if which.any() else [])
+            + ([f"{int(far.sum())} {'more ' if which.any() else ''}classes {low}"]
+               if far.any() else []))
+        near = (f" nor within {self.top.reach} bins of one that is (the bins the host "
+                "averages" + (f" where the top value reaches {self.top.floor:g}"
+                              if self.top.floor is not None else "") + ")"
+                if self.top is not None and self.top.reach else "")
+        apart = "counted apart (collapsed_never_top), " if which.any() else ""
+        return (f"output '{name}': {what} that FP32 never ranks first on this data: they "
+                f"change no decision (of {self.n} channels of axis {self.axis}, FP32 |x| at "
+                f"most {peak:.4g}; neither FP32 nor the quantized model ranks any of them "
+                f"first on a sample or position{near}, and FP32 ranks "
+                f"{int(np.count_nonzero(self.won_fp32))} classes first): {apart}not judged; "
+                "a class that wins on other data can lose there (sqnr_db_channel_min and "
+                "cosine_channel_min still include them)")
 
     def _positions_note(self, name: str) -> str:
         lo, hi = min(self.sizes), max(self.sizes)

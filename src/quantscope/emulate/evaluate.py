@@ -22,7 +22,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import onnx
 
-from quantscope.emulate.channels import ChannelFidelity, ScalarFidelity, channel_axis_for, is_scalar
+from quantscope.emulate.channels import (
+    ChannelFidelity,
+    ScalarFidelity,
+    TopClasses,
+    channel_axis_for,
+    is_scalar,
+)
 from quantscope.emulate.exact import ExactFidelity, is_exact
 from quantscope.emulate.sample_powers import SamplePowers, figure_columns
 from quantscope.emulate.session import make_session
@@ -151,14 +157,15 @@ def scale_error(ref: Outputs, test: Outputs, scale: float) -> Outputs:
 def compare_model(
     test: Runs, ref: Outputs, *, keep: Keep | None = None, only: str | None = None,
     judge: bool = True, channel_axes: Mapping[str, int] | None = None,
-    per_sample: bool = False,
+    per_sample: bool = False, top_classes: Mapping[str, TopClasses] | None = None,
 ) -> tuple[Metrics, Outputs]:
     """Run ``test`` (opened on the batches ``ref`` was computed on), scoring each batch
     against ``ref``'s as it comes: (:func:`output_fidelity`, the outputs reduced by
     ``keep``). The same numbers as running first and scoring after; one batch of raw
     emulated outputs held at a time. ``per_sample``: the metrics' ``parts`` also hold the
-    per-sample powers of the dB figures (:mod:`.sample_powers`)."""
-    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample)
+    per-sample powers of the dB figures (:mod:`.sample_powers`); ``top_classes``: the
+    outputs whose task decides by their top class (:class:`TopClasses`)."""
+    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes)
     out = []
     for (t, batch), r in zip(test.batches, ref.batches, strict=True):
         acc.add(r, t)
@@ -169,13 +176,13 @@ def compare_model(
 def compare_models(
     ref: Runs, test: Runs, *, keep: Keep | None = None, only: str | None = None,
     judge: bool = True, channel_axes: Mapping[str, int] | None = None,
-    per_sample: bool = False,
+    per_sample: bool = False, top_classes: Mapping[str, TopClasses] | None = None,
 ) -> tuple[Metrics, Outputs, Outputs]:
     """The FP32 model's runs ``ref`` and ``test`` (opened on the same batches) in
     lock-step: (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``).
     The same numbers as :func:`run_model` then :func:`compare_model`, without holding
-    FP32's raw outputs (``per_sample`` as there)."""
-    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample)
+    FP32's raw outputs (``per_sample``, ``top_classes`` as there)."""
+    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes)
     ref_out, out = [], []
     for (r, batch), (t, _) in zip(ref.batches, test.batches, strict=True):
         acc.add(r, t)
@@ -195,11 +202,14 @@ class _Fidelity:
     (:class:`ChannelFidelity`) or, for one value per sample, :class:`ScalarFidelity`
     (decided on the first batch). ``channel_axes``: output name -> its channel axis
     (the graph's: a Concat's axis, a Conv's output axis); others by
-    :func:`quantscope.numerics.default_channel_axis`."""
+    :func:`quantscope.numerics.default_channel_axis`; ``top_classes``: output name -> the
+    classes its task decides by (:class:`TopClasses`)."""
 
     def __init__(self, names: tuple[str, ...], channel_axes: Mapping[str, int] | None = None,
-                 *, per_sample: bool = False) -> None:
+                 *, per_sample: bool = False,
+                 top_classes: Mapping[str, TopClasses] | None = None) -> None:
         self.names = names
+        self.tops = dict(top_classes or {})
         self.per_sample = per_sample  # also each sample's powers (:mod:`.sample_powers`)
         self.samples: list[SamplePowers | None] = [None] * len(names)
         self.axes = dict(channel_axes or {})
@@ -219,7 +229,8 @@ class _Fidelity:
                 self.parts[i] = ScalarFidelity()
             else:
                 axis = channel_axis_for(a.shape, self.axes.get(self.names[i]))
-                self.parts[i] = None if axis is None else ChannelFidelity(axis)
+                self.parts[i] = None if axis is None else ChannelFidelity(
+                    axis, self.tops.get(self.names[i]))
         return self.parts[i]
 
     def add(self, ref: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...]) -> None:
@@ -282,6 +293,7 @@ class _Fidelity:
 def output_fidelity(
     ref: Outputs, test: Outputs, *, only: str | None = None, judge: bool = True,
     channel_axes: Mapping[str, int] | None = None,
+    top_classes: Mapping[str, TopClasses] | None = None,
 ) -> Metrics:
     """Cosine (mean, min, p01) and SQNR per output (``tables``), the per-channel figures
     and, for one value per sample, errors and decisions instead of cosine
@@ -289,8 +301,8 @@ def output_fidelity(
     metric, so no output is left unscored (a note names which
     output is worst when there are several). ``judge``: say "NOT LIKE FP32" from the raw
     outputs (off when a task judges its own embeddings: raw token outputs include
-    padding positions)."""
-    acc = _Fidelity(ref.names, channel_axes)
+    padding positions). ``top_classes``: :func:`compare_model`'s."""
+    acc = _Fidelity(ref.names, channel_axes, top_classes=top_classes)
     for a, b in zip(ref.batches, test.batches, strict=True):
         acc.add(a, b)
     return acc.metrics(only=only, judge=judge)
@@ -298,9 +310,11 @@ def output_fidelity(
 
 WORST_OF = {"cosine_mean": min, "cosine_min": min, "cosine_p01": min, "sqnr_db": min,
             "sqnr_db_channel_min": min, "cosine_channel_min": min, "collapsed_channels": sum,
+            "collapsed_never_top": sum,
             "abs_err_max": max, "abs_err_mean": max, "rel_err_max": max,
             "decision_agreement": min, "exact_agreement": min, "channels_left_out": sum}
 """Unprefixed values: how each per-output entry combines over the scored outputs."""
+COUNTS = ("collapsed_channels", "collapsed_never_top", "channels_left_out")  # ints
 
 
 def _summary(tables: dict[str, dict[str, float]],
@@ -316,7 +330,7 @@ def _summary(tables: dict[str, dict[str, float]],
     for key, worst_of in WORST_OF.items():
         have = [t[key] for t in scored.values() if key in t]
         if have:
-            values[key] = (worst_of(have) if key in ("collapsed_channels", "channels_left_out")
+            values[key] = (worst_of(have) if key in COUNTS
                            else float(worst_of(have)))
     bad = [n for n in scored if said.get(n, ([], False))[1]]
     # the bad outputs' lines first: the line after "NOT LIKE FP32" names where (run's verdict)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.emulate.channels import TopClasses
 from quantscope.model.load import Model
 from quantscope.tasks.maps import IOU_RESEMBLES
 from quantscope.tasks.shares import items_key, share_counts
@@ -103,6 +104,11 @@ class ClassTask:
     axis: int = 1
     axis_read: str = ""  # where the axis came from, said in the layout's note
     sample_axis: int = 0
+
+    def top_classes(self) -> dict[str, TopClasses]:
+        """The output is decided by its top class on ``axis`` (the per-channel check's
+        :class:`quantscope.emulate.channels.TopClasses`)."""
+        return {self.output: TopClasses(self.axis, self.sample_axis)}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         i = ref.names.index(self.output)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from quantscope.emulate.channels import TopClasses
 from quantscope.tasks.shares import items_key
 from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import Metrics, Outputs, moved_axis
@@ -88,6 +89,10 @@ class CtcTask:
     headline: str = "string_agreement"
     higher_is_better: bool = True
     row_local: bool = True
+
+    def top_classes(self) -> dict[str, TopClasses]:
+        """Each step is decided by its top class on ``axis`` (greedy decoding)."""
+        return {self.output: TopClasses(self.axis, self.sample_axis)}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         i = ref.names.index(self.output)

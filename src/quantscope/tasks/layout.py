@@ -68,6 +68,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from quantscope.emulate.channels import TopClasses
 from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
 from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
@@ -364,6 +365,11 @@ class OutputTasks:
         # a share's items: the worst output's own (the figure the unprefixed key is)
         values.update(worst, **worst_counts(per_task, worst))
         return Metrics(values=values, notes=tuple(notes))
+
+    def top_classes(self) -> dict[str, TopClasses]:
+        """The outputs decided by their top class, of the tasks that have one."""
+        return {k: v for t in self.tasks if hasattr(t, "top_classes")
+                for k, v in t.top_classes().items()}
 
     def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
         """The outputs' tasks' per-sample powers for ``run``'s held-out check (an image's

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.emulate.channels import TopClasses
 from quantscope.tasks.shares import share_counts
 from quantscope.types import Metrics, Outputs
 
@@ -72,6 +73,11 @@ class PitchTask:
         return (f"pitch bins of {self.cents:g} cents on the last axis, decoded as the host "
                 f"does (top bin, weighted mean of {WINDOW} bins each side; voiced at a top "
                 f"activation >= {self.threshold:g}): pitch within {self.tol:g} cents of FP32's")
+
+    def top_classes(self) -> dict[str, TopClasses]:
+        """Each frame is decided by its top bin on the last axis (the voicing), and, when
+        voiced, the :data:`WINDOW` bins each side of it (the weighted mean)."""
+        return {self.output: TopClasses(-1, 0, WINDOW, self.threshold)}
 
     def _frames(self, out: Outputs) -> tuple[np.ndarray, np.ndarray]:
         """(each frame's bins ``[F, B]``, each frame's sample index)."""
