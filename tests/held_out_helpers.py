@@ -48,3 +48,13 @@ def check_held_out(results: dict, metric: str) -> dict | None:
     quality = {k: {metric: r["metrics"][metric]} for k, r in results.items()}
     return worse_held_out(metric, "dB", quality, 1.3, higher=True, uniform_meets_goal=False,
                           parts=headline_parts(results, metric))
+
+
+def assert_beyond_noise(rec: dict | None, samples: int) -> None:
+    """The check's record of a plan worse by under 0.1 dB over ``samples`` steady samples:
+    beyond its jackknife noise (under the worse-by), said, with the advice to ship a8_w8."""
+    assert rec is not None and 0.02 < rec["worse_by"] < 0.1, rec
+    assert rec["noise_from"] == "jackknife" and rec["margin"] < rec["worse_by"], rec
+    assert rec["beyond_noise"], rec
+    assert "jackknife noise" in rec["line"] and f"over {samples} samples" in rec["line"], rec
+    assert "ship uniform a8_w8 or add data" in rec["line"]

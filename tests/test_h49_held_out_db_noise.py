@@ -12,7 +12,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from held_out_helpers import check_held_out, measured
+from held_out_helpers import assert_beyond_noise, check_held_out, measured
 from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.cli import main
@@ -44,12 +44,7 @@ def test_worse_by_less_than_0_1_db_beyond_its_jackknife_noise_says_ship_uniform(
     """Many steady samples: 0.05 dB worse is measurably worse; the flat margin called it
     within noise and gave no advice."""
     results = _held_out(200, 0.5, 0.006, seed=0)
-    rec = _worse(results)
-    assert rec is not None and 0.02 < rec["worse_by"] < 0.1, rec
-    assert rec["noise_from"] == "jackknife" and rec["margin"] < rec["worse_by"], rec
-    assert rec["beyond_noise"], rec
-    assert "jackknife noise" in rec["line"] and "over 200 samples" in rec["line"], rec["line"]
-    assert "ship uniform a8_w8 or add data" in rec["line"]
+    assert_beyond_noise(_worse(results), 200)
 
 
 def test_worse_by_more_than_0_1_db_within_its_jackknife_noise_gives_no_advice():

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from held_out_helpers import check_held_out, measured
+from held_out_helpers import assert_beyond_noise, check_held_out, measured
 
 from quantscope.analyze.measure import figure_parts
 from quantscope.cli import main
@@ -48,12 +48,7 @@ def test_a_plan_worse_by_under_0_1_db_psnr_beyond_its_jackknife_noise_says_ship_
     """200 steady pictures: 0.05 dB PSNR worse is measurably worse; the flat margin called
     it within noise and gave no advice."""
     results = _image_results(200, 0.5, 0.006, seed=0)
-    rec = check_held_out(results, PSNR)
-    assert rec is not None and 0.02 < rec["worse_by"] < 0.1, rec
-    assert rec["noise_from"] == "jackknife" and rec["margin"] < rec["worse_by"], rec
-    assert rec["beyond_noise"], rec
-    assert "jackknife noise" in rec["line"] and "over 200 samples" in rec["line"], rec["line"]
-    assert "ship uniform a8_w8 or add data" in rec["line"]
+    assert_beyond_noise(check_held_out(results, PSNR), 200)
 
 
 def test_a_plan_worse_by_over_0_1_db_psnr_within_its_noise_gives_no_advice():

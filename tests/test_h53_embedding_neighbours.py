@@ -144,6 +144,14 @@ def test_the_headline_is_the_declared_embedding_and_run_plans_by_it(tmp_path, ca
     assert plan["neighbour_agreement_items:e"] == 20  # the held-out half's neighbours
 
 
+def _refused(capsys, model: str, stats: str, data, layout: str, words: str) -> None:
+    """``evaluate`` with ``--layout layout`` is refused in one line holding ``words``."""
+    rc = main(["evaluate", model, "--data", str(data), "--stats", stats,
+               "--precision", "a8_w8", "--layout", layout])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and words in err[0], (layout, err)
+
+
 def test_refusals_are_one_line(tmp_path, capsys):
     m, _, st = _files(tmp_path)
     capsys.readouterr()
@@ -151,10 +159,7 @@ def test_refusals_are_one_line(tmp_path, capsys):
             ("e=embedding:norm=l1", "d.npz", "norm 'l1' is unknown: use l2 or none"),
             ("e=embedding:threshold=0.5", "d.npz", "'threshold' is no key of kind embedding"),
             ("e=embedding", "two.npz", "give at least 3 samples")):
-        rc = main(["evaluate", m, "--data", str(tmp_path / data), "--stats", st,
-                   "--precision", "a8_w8", "--layout", layout])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert rc == 2 and len(err) == 1 and words in err[0], (layout, err)
+        _refused(capsys, m, st, tmp_path / data, layout, words)
 
 
 def test_an_undeclared_normalised_embedding_names_the_kind_that_needs_no_labels():
@@ -216,10 +221,7 @@ def test_label_refusals_are_one_line(tmp_path, capsys):
     for layout, data, words in (
             ("e=embedding:labels=speaker", "d.npz", "has no array 'speaker'"),
             ("e=embedding:labels=face", "short.npz", "39 labels and the data 40 samples")):
-        rc = main(["evaluate", m, "--data", str(tmp_path / data), "--stats", st,
-                   "--precision", "a8_w8", "--layout", layout])
-        err = capsys.readouterr().err.strip().splitlines()
-        assert rc == 2 and len(err) == 1 and words in err[0], (layout, err)
+        _refused(capsys, m, st, tmp_path / data, layout, words)
 
 
 def test_run_warns_when_fp32_embeddings_point_one_way(tmp_path, capsys):
