@@ -192,6 +192,8 @@ class FaceFeed:
     own: Any  # tasks.faces.FaceStyle
     style: Any
     last: bool
+    input: str  # the model's one image input
+    rows: int | None  # its static sample count (a static export runs that many at a time)
 
     def pixels(self) -> str:
         """The chips' pixels made input values, in words (the host repeats it)."""
@@ -217,7 +219,9 @@ def face_feed(spec: str, model: Model) -> FaceFeed:
             "[N, H, W, 3] (e.g. dlib-face, mobilefacenet)"
         )
     own = style_for_input((shape[0], 3, shape[1], shape[2]) if last else shape)
-    return FaceFeed(source, own, own.with_pixels(pixels) if pixels else own, last)
+    rows = shape[0] if isinstance(shape[0], int) and shape[0] > 0 else None
+    return FaceFeed(source, own, own.with_pixels(pixels) if pixels else own, last, names[0],
+                    rows)
 
 
 def face_dataset(
@@ -231,12 +235,10 @@ def face_dataset(
     )
 
     feed = face_feed(spec, model)
-    source, own, style, last = feed.source, feed.own, feed.style, feed.last
-    name, shape = model.input_names()[0], tuple(model.value_shapes()[model.input_names()[0]])
+    source, own, style, last, name = feed.source, feed.own, feed.style, feed.last, feed.input
     check_embedding_output(spec, model.output_names()[0], model.value_shapes())
     faces = load_faces(source, style.name)
-    if isinstance(shape[0], int) and shape[0] > 0:  # a static export runs that many at a time
-        batch_size = shape[0]
+    batch_size = feed.rows or batch_size
     batches = tuple({name: np.ascontiguousarray(b.transpose(0, 2, 3, 1)) if last else b}
                     for b in face_batches(faces, batch_size, style))
     task = VerificationTask(name=f"verification:{spec}", pairs=verification_pairs(faces),
