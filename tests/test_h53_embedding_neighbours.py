@@ -257,3 +257,21 @@ def test_neighbours_a_chunk_of_rows_at_a_time_are_all_rows_at_once():
             (x / np.linalg.norm(x, axis=1, keepdims=True)).T)
         np.fill_diagonal(d, np.inf)
         assert np.array_equal(whole, d.argmin(axis=1))
+
+
+def test_the_analysis_ranks_by_neighbours_only_where_every_row_is_scored(tmp_path):
+    """A sample's nearest other depends on which samples there are: the agreement on a
+    sweep's 4 proxy rows is no estimate of it on all 40 (faceres: every disable-one figure
+    0.75 or 0.5 on 4 rows against the all-row base 0.939, so every gain read 0). On row
+    subsets the analysis ranks by the outputs' fidelity; with --proxy 1.0 by the figure."""
+    m, d, st = _files(tmp_path)
+    for proxy, by_task in (("0.125", False), ("1.0", True)):
+        out = tmp_path / f"a{proxy}.json"
+        assert main(["analyze", m, "--data", d, "--stats", st, "--target", "hailo8",
+                     "--layout", "e=embedding", "--proxy", proxy, "--out", str(out)]) == 0
+        a = json.loads(out.read_text())
+        assert a["primary"] == "neighbour_agreement"
+        rows = a["sensitivity"]
+        assert all(("neighbour_agreement" in r["disable_one"]) == by_task for r in rows), proxy
+        if by_task:
+            assert all(r["disable_one"]["neighbour_agreement_items"] == 40 for r in rows)

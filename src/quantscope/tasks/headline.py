@@ -187,8 +187,12 @@ def sample_row_scoring(task: Task, output_names: Sequence[str]) -> RowScoring:
     ``--batch-axis``, as :func:`quantscope.types.sample_first` does for ``evaluate``) and
     keeps each one with the samples' count, flattened side by side (remembering each one's
     per-sample shape); ``score`` rebuilds those outputs and asks ``task.metrics``, so the
-    analysis ranks groups by the very headline ``evaluate`` reports (any subset of rows is
-    scored alike: ``row_local``)."""
+    analysis ranks groups by the very headline ``evaluate`` reports. Its figures on a
+    subset of rows are comparable with the whole data's (``row_local``: the sweeps rank by
+    them on their row subsets) unless the task says its figures read every sample against
+    the others (``rows_alone`` False: an embedding's nearest neighbours, whose agreement on
+    4 rows is no estimate of it on 33); such a task is ranked on subsets by the outputs'
+    fidelity, and by its own figure only where every row is scored (``--proxy 1.0``)."""
     from quantscope.types import Outputs, sample_first
 
     layout: list[tuple[str, int, int, tuple[int, ...]]] = []  # name, start, stop, shape
@@ -221,7 +225,7 @@ def sample_row_scoring(task: Task, output_names: Sequence[str]) -> RowScoring:
 
     return RowScoring(reduce=reduce, score=score, primary=task.headline,
                       higher_is_better=bool(getattr(task, "higher_is_better", True)),
-                      row_local=True)
+                      row_local=bool(getattr(task, "rows_alone", True)))
 
 
 def share_items(task: Task | None, metric: str, values: Mapping[str, float]

@@ -337,6 +337,11 @@ class OutputTasks:
     row_local: bool = True
 
     @property
+    def rows_alone(self) -> bool:
+        """Every task's figures read each sample alone (``sample_row_scoring``)."""
+        return all(getattr(t, "rows_alone", True) for t in self.tasks)
+
+    @property
     def higher_is_better(self) -> bool:
         """The headline's direction: the first task's (a depth map's AbsRel is lower-better)."""
         return bool(getattr(self.tasks[0], "higher_is_better", True))

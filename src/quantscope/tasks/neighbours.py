@@ -43,7 +43,9 @@ face verification's note uses) make every neighbour fragile and the agreement sa
 said (``run``'s verdict repeats it as a ``warning:``). Data of fewer than
 :data:`MIN_SAMPLES` samples is refused before any work (:func:`check_neighbour_samples`).
 The figure is computed over whichever samples are scored (``row_local`` without labels):
-``run``'s held-out half is judged by its samples' neighbours among themselves.
+``run``'s held-out half is judged by its samples' neighbours among themselves. It is no
+estimate of the figure over more samples (``rows_alone`` False): the analysis ranks by it
+only where every row is scored, by the outputs' fidelity on its row subsets.
 """
 
 from __future__ import annotations
@@ -110,6 +112,10 @@ class EmbeddingTask:
     higher_is_better: bool = True
     goal_range: tuple[float, float] = (0.0, 1.0)
     row_local: bool = True  # False with labels: they are bound to the samples' order
+    # each sample's figure reads every other sample (its nearest among them): a subset's
+    # figure is no estimate of the whole data's, so the analysis' row subsets rank by the
+    # outputs' fidelity (tasks.headline.sample_row_scoring)
+    rows_alone: bool = False
 
     def describe(self) -> str:
         how = ("cosine (the directions: norm=l2)" if self.norm == "l2" else
