@@ -1,0 +1,68 @@
+"""A ``points`` layout read into its task (:class:`quantscope.tasks.points.PointsTask`):
+``dims``, ``tol``, ``flags`` and ``threshold`` checked against the output, ``scale`` (a
+number, or ``input``: the image input's width and height, :func:`input_scale`) and
+``order``. Its syntax is checked in :mod:`quantscope.tasks.layout_spec`."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantscope.model.load import Model
+from quantscope.tasks.layout_detect import dims as _dims
+from quantscope.tasks.layout_detect import float_option as _float
+from quantscope.tasks.layout_spec import LayoutSpec
+from quantscope.tasks.layout_spec import fail as _fail
+from quantscope.tasks.layout_spec import rows as _rows
+from quantscope.tasks.pixels import image_input
+from quantscope.tasks.points import FLAG_THRESHOLD, POINT_DIMS, SCALE_INPUT, PointsTask
+from quantscope.types import QuantscopeError
+
+
+def input_scale(spec: LayoutSpec, model: Model) -> tuple[tuple[float, float], str]:
+    """``scale=input``: the x, y factors to pixels, the image input's width and height
+    (a non-square input's each), and where they came from in words; one line naming
+    ``scale=S`` when the model has no one image input of a fixed size."""
+    try:
+        found = image_input(model)
+    except QuantscopeError as e:
+        raise _fail(spec.text, f"scale={SCALE_INPUT} takes the image input's side, and {e}; "
+                    "give the side in pixels instead (scale=48: shares of a 48-px crop)"
+                    ) from None
+    return ((float(found.width), float(found.height)),
+            f"scale={SCALE_INPUT}, the width and height of input '{found.name}', "
+            f"{found.width} x {found.height}")
+
+
+def points_task(spec: LayoutSpec, model: Model, shape: tuple | None, name: str) -> PointsTask:
+    """The task of ``OUT=points:...``, its keys checked against the output's shape."""
+    dims = int(spec.option("dims") or POINT_DIMS)
+    rest = [d for d in (shape or ())[1:]]
+    if shape is not None and all(isinstance(d, int) for d in rest):
+        size = int(np.prod(rest)) if rest else 1
+        if size % dims:
+            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}: "
+                        f"{size} values per sample are no whole number of points of {dims} "
+                        "values: give dims=D (e.g. 3 for x, y, z)")
+    tol = spec.option("tol")
+    flags = _rows(spec, "flags")
+    if flags is not None:
+        a, b = flags[0], dims if flags[1] is None else flags[1]
+        if a < 2 or b > dims:
+            raise _fail(spec.text, f"flags '{spec.option('flags')}' are no values of a point "
+                        f"of {dims} after its x, y (values 0, 1): give flags=A-B with 2 <= A "
+                        f"<= B <= {dims - 1}, counted from 0 (MediaPipe pose's visibility and "
+                        "presence: dims=5,flags=3-4)")
+        flags = (a, b)
+    elif spec.option("threshold") is not None:
+        raise _fail(spec.text, "threshold decides the flags: give flags=A-B with it")
+    raw = spec.option("scale")
+    scale, read = None, ""
+    if raw is not None and raw.lower() == SCALE_INPUT:
+        scale, read = input_scale(spec, model)
+    elif raw is not None:
+        scale, read = (float(raw), float(raw)), f"scale={float(raw):g}"
+    return PointsTask(name=name, output=spec.output, dims=dims,
+                      tolerance=None if tol is None else float(tol), flags=flags,
+                      flag_threshold=_float(spec, "threshold", FLAG_THRESHOLD),
+                      scale=scale, scale_read=read,
+                      planar=(spec.option("order") or "").lower() == "planar")
