@@ -45,11 +45,13 @@ def test_planar_landmarks_in_pixels_of_the_crop():
     assert v["point_error_mean"] == pytest.approx((2.4 + 0.48) / 10, rel=1e-5)
     assert v["point_tolerance"] == 1.0  # one pixel of the crop, by default
     assert v["point_agreement"] == pytest.approx(0.9)  # 9 of 10 points within 1 px
-    assert any("mean 0.288 px, max 2.4 px (in pixels (the values x 48: scale=48)); within "
+    assert any("mean 0.288 px, max 2.4 px (pixels: the values x 48, scale=48); within "
                "1 px (one pixel, by default" in n for n in m.notes), m.notes
     assert any("NOT LIKE FP32: output 'lm': 1 of 10 points move more than 1 px" in n
                for n in m.notes), m.notes
-    assert "planar" in task.describe() and "in pixels (the values x 48" in task.describe()
+    assert task.describe() == (
+        "points of 2 values, planar (every point's x, then every point's y), judged by "
+        "the distance over x, y in pixels (the values x 48, scale=48), within 1 px")
 
 
 def test_planar_and_interleaved_read_different_points():
@@ -151,11 +153,11 @@ def test_evaluate_gives_the_crop_pixels_of_the_same_quantized_error(onet, capsys
             assert a > 0 and b == pytest.approx(48 * a, rel=1e-4), (out, key, a, b)
         assert px["metrics"][f"point_tolerance:{out}"] == 1.0
     notes = px["notes"]
-    assert any("output 'landmarks' read as points of 2 values; planar" in n and
-               "in pixels (the values x 48: scale=input, the width and height of input "
-               "'input', 48 x 48)" in n and "within 1 px" in n for n in notes), notes
+    assert any("output 'landmarks' read as points of 2 values, planar" in n and
+               "in pixels (the values x 48, scale=input, the width and height of input "
+               "'input', 48 x 48), within 1 px" in n for n in notes), notes
     assert any("output 'boxes': 2 points per sample; distance to FP32's mean" in n and
-               " px (in pixels (the values x 48: scale=48)); within 1 px" in n
+               " px (pixels: the values x 48, scale=48); within 1 px" in n
                for n in notes), notes
 
 

@@ -132,18 +132,19 @@ class PointsTask:
                f"{TOLERANCE_PIXELS:g}" if self.scale else
                f"{TOLERANCE_SHARE * 100:g} % of FP32's x, y span")
         said = f" ({'; '.join(rest)})" if rest else ""
-        order = ("; planar: each point's first values, then its second, ..." if self.planar
-                 else "")
+        order = ("" if not self.planar else ", planar (every point's x, then every "
+                 "point's y)" if self.dims == 2 else ", planar (every point's 1st value, "
+                 "then every point's 2nd, ...)")
+        unit = f" in pixels ({self._scaling()})" if self.scale else ""
         return (f"points of {self.dims} values{order}, judged by the distance over {xy}"
-                f"{said}{self._unit()}, within {tol}{' px' if self.scale else ''}{hint}")
+                f"{said}{unit}, within {tol}{' px' if self.scale else ''}{hint}")
 
-    def _unit(self) -> str:
-        """The distances' unit, in words: pixels of the scaled image, or the output's own."""
-        if not self.scale:
-            return ""
-        sx, sy = self.scale
+    def _scaling(self) -> str:
+        """How the values are made pixels, in words (``scale`` given)."""
+        sx, sy = self.scale or (1.0, 1.0)
         times = f"{sx:g}" if sx == sy or self.dims < 2 else f"{sx:g} (x), {sy:g} (y)"
-        return f" in pixels (the values x {times}: {self.scale_read})"
+        return f"the values x {times}, {self.scale_read}" if self.scale_read else \
+            f"the values x {times}"
 
     def _scaled(self, a: np.ndarray) -> np.ndarray:
         """A point array's x, y (its first ``min(dims, 2)`` values) in pixels."""
@@ -179,7 +180,7 @@ class PointsTask:
                "tol=T (pixels)" if self.scale else
                f"{TOLERANCE_SHARE * 100:g} % of FP32's x, y span {span:.4g}, by default: give "
                f"another with --layout {self.output}=points:tol=T")
-        units = self._unit().strip() if self.scale else "the output's units"
+        units = f"pixels: {self._scaling()}" if self.scale else "the output's units"
         notes = [f"output '{self.output}': {d.shape[1]} points per sample; distance to FP32's "
                  f"mean {values['point_error_mean']:.4g}{unit}, max "
                  f"{values['point_error_max']:.4g}{unit} ({units}); within {tol:.4g}{unit} "
