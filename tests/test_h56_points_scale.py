@@ -38,7 +38,7 @@ def _landmarks() -> tuple[np.ndarray, np.ndarray]:
 def test_planar_landmarks_in_pixels_of_the_crop():
     ref, test = _landmarks()
     task = PointsTask(name="p", output="lm", scale=(48.0, 48.0), scale_read="scale=48",
-                      planar=True)
+                      order="planar")
     m = task.metrics(_out("lm", ref), _out("lm", test))
     v = m.values
     assert v["point_error_max"] == pytest.approx(0.05 * 48, rel=1e-5)  # 2.4 px
@@ -166,7 +166,7 @@ def test_evaluate_gives_the_crop_pixels_of_the_same_quantized_error(onet, capsys
     ("landmarks=points:scale=-48", "scale -48 is outside (0, inf]"),
     ("landmarks=points:scale=crop", "scale 'crop' is neither a number nor 'input'"),
     ("landmarks=points:scale=inf", "scale 'inf' is not a finite number"),
-    ("landmarks=points:order=rows", "order 'rows' is unknown: use interleaved or planar"),
+    ("landmarks=points:order=rows", "order 'rows' is unknown: use interleaved, planar or channels"),
     ("landmarks=points:dims=3,order=planar", "10 values per sample are no whole number of "
                                              "points of 3"),
 ])
@@ -195,3 +195,61 @@ def test_scale_input_without_an_image_input_is_one_line(tmp_path, capsys):
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
     assert "scale=input takes the image input's side" in lines[0] and "scale=48" in lines[0]
+
+
+def test_a_box_map_read_by_position():
+    """P-Net's ``boxes [N, 4, h, w]``: each position's 4 offsets are its two corners. Read
+    as one run of values, x1 at position 0 was paired with x1 at position 1."""
+    ref = np.zeros((1, 4, 1, 2))
+    test = ref.copy()
+    test[0, 2, 0, 1] = 0.25  # x2 of position 1: 3 px at 12
+    test[0, 3, 0, 1] = 1 / 3  # y2 of position 1: 4 px
+    m = PointsTask(name="b", output="boxes", scale=(12.0, 12.0), order="channels").metrics(
+        _out("boxes", ref), _out("boxes", test))
+    assert m.values["point_error_max"] == pytest.approx(5.0, rel=1e-5)
+    assert m.values["point_agreement"] == pytest.approx(0.75)  # 3 of 4 corners hold
+    flat = PointsTask(name="b", output="boxes", scale=(12.0, 12.0)).metrics(
+        _out("boxes", ref), _out("boxes", test)).values
+    assert flat["point_error_max"] == pytest.approx(4.0, rel=1e-5)  # x2 and y2 apart
+
+
+def _pnet_like() -> onnx.ModelProto:
+    r = np.random.default_rng(12)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w", "b"], ["boxes"], strides=[4, 4])],
+        "pnet_like", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                   ["N", 3, 16, 16])],
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["N", 4, 4, 4])],
+        [numpy_helper.from_array(r.normal(0, 0.05, (4, 3, 4, 4)).astype(np.float32), "w"),
+         numpy_helper.from_array(np.zeros(4, np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_a_box_map_on_the_cli_is_read_by_position_or_said(tmp_path, capsys):
+    onnx.save(_pnet_like(), tmp_path / "p.onnx")
+    np.savez(tmp_path / "p.npz", input=np.random.default_rng(2).uniform(
+        -1, 1, (8, 3, 16, 16)).astype(np.float32))
+    data, stats = str(tmp_path / "p.npz"), str(tmp_path / "s.npz")
+    assert main(["calibrate", str(tmp_path / "p.onnx"), "--data", data, "--out", stats]) == 0
+
+    def notes(layout: str) -> list[str]:
+        assert main(["evaluate", str(tmp_path / "p.onnx"), "--data", data, "--stats", stats,
+                     "--precision", "a8_w8", "--layout", layout,
+                     "--json", str(tmp_path / "r.json")]) == 0
+        capsys.readouterr()
+        return json.loads((tmp_path / "r.json").read_text())["notes"]
+
+    flat = notes("boxes=points:scale=12")
+    assert any("output 'boxes' of shape ('?', 4, 4, 4) is a map of 4 channels (the graph's "
+               "axis 1) read as one run of values per sample" in n and "boxes=points:order=channels" in n
+               for n in flat), flat
+    by_position = notes("boxes=points:scale=12,order=channels")
+    assert any("output 'boxes': 32 points per sample" in n for n in by_position), by_position
+    assert not any("is a map of 4 channels" in n for n in by_position), by_position
+    capsys.readouterr()
+    code = main(["evaluate", str(tmp_path / "p.onnx"), "--data", data, "--stats", stats,
+                 "--precision", "a8_w8", "--layout", "boxes=points:dims=3,order=channels"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and "axis 1 holds 4 values per position" in err[0], err

@@ -14,7 +14,7 @@ from quantscope.tasks.layout_spec import LayoutSpec
 from quantscope.tasks.layout_spec import fail as _fail
 from quantscope.tasks.layout_spec import rows as _rows
 from quantscope.tasks.pixels import image_input
-from quantscope.tasks.points import FLAG_THRESHOLD, POINT_DIMS, SCALE_INPUT, PointsTask
+from quantscope.tasks.points import FLAG_THRESHOLD, ORDERS, POINT_DIMS, SCALE_INPUT, PointsTask
 from quantscope.types import QuantscopeError
 
 
@@ -36,6 +36,12 @@ def input_scale(spec: LayoutSpec, model: Model) -> tuple[tuple[float, float], st
 def points_task(spec: LayoutSpec, model: Model, shape: tuple | None, name: str) -> PointsTask:
     """The task of ``OUT=points:...``, its keys checked against the output's shape."""
     dims = int(spec.option("dims") or POINT_DIMS)
+    order = (spec.option("order") or ORDERS[0]).lower()
+    if order == "channels" and shape is not None and len(shape) > 2 and isinstance(
+            shape[1], int) and shape[1] % dims:
+        raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}: axis 1 "
+                    f"holds {shape[1]} values per position, no whole number of points of "
+                    f"{dims} values: give dims=D")
     rest = [d for d in (shape or ())[1:]]
     if shape is not None and all(isinstance(d, int) for d in rest):
         size = int(np.prod(rest)) if rest else 1
@@ -65,4 +71,27 @@ def points_task(spec: LayoutSpec, model: Model, shape: tuple | None, name: str) 
                       tolerance=None if tol is None else float(tol), flags=flags,
                       flag_threshold=_float(spec, "threshold", FLAG_THRESHOLD),
                       scale=scale, scale_read=read,
-                      planar=(spec.option("order") or "").lower() == "planar")
+                      order=order, map_hint=map_hint(spec, model, shape, dims, order))
+
+
+def map_hint(spec: LayoutSpec, model: Model, shape: tuple | None, dims: int, order: str
+             ) -> str:
+    """The note for a map ``[N, C, h, w]`` (the graph's channel axis 1: a Conv's) of more
+    than one position read as one run of values per sample: its points pair values of
+    neighbouring positions (MTCNN's P-Net boxes on a whole photo); ``order=channels``
+    reads each position's C values."""
+    from quantscope.model.axes import output_channel_axes
+
+    if order == "channels" or shape is None or len(shape) < 4:
+        return ""
+    positions = shape[2:]
+    one = all(isinstance(d, int) for d in positions) and int(np.prod(positions)) == 1
+    c = shape[1]
+    if one or not isinstance(c, int) or c < 2 or c % dims or \
+            output_channel_axes(model).get(spec.output) != 1:
+        return ""
+    return (f"output '{spec.output}' of shape {_dims(shape)} is a map of {c} channels (the "
+            f"graph's axis 1) read as one run of values per sample, {order}: its points pair values "
+            f"of neighbouring positions; if each position's {c} values are its points (a box "
+            f"map's corner offsets: MTCNN's P-Net), --layout {spec.output}=points:"
+            f"order=channels reads them")

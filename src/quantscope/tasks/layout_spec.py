@@ -194,9 +194,10 @@ def _check_values(spec: LayoutSpec) -> None:
         number(spec, "scale", 0.0, math.inf, open_lo=True)
     order = spec.option("order")
     if order is not None and order.lower() not in ORDERS:
-        raise fail(spec.text, f"order '{order}' is unknown: use {' or '.join(ORDERS)} "
+        raise fail(spec.text, f"order '{order}' is unknown: use {', '.join(ORDERS[:-1])} or "
+                   f"{ORDERS[-1]} "
                    "(planar: x1..xP then y1..yP, MTCNN's landmarks; interleaved: x1, y1, x2, "
-                   "y2, ...)")
+                   "y2, ...; channels: a map's values on axis 1 at each position)")
     bins = dfl_bins(spec)
     boxes = rows(spec, "boxes")
     want = 4 * (bins or 1)

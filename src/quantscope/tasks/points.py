@@ -43,7 +43,11 @@ is the factor from the output's units to pixels (x times its first value, y its 
 the span and ``tol`` are in pixels, and ``tol`` defaults to one pixel (``TOLERANCE_PIXELS``)
 of the image the scale names, not a share of the span. ``planar`` reads a sample's values
 as each point's first values, then each point's second, ... (x1..x5 then y1..y5: MTCNN's
-landmarks) instead of one point after another (x1, y1, x2, y2, ...: a box's two corners).
+landmarks) instead of one point after another (x1, y1, x2, y2, ...: a box's two corners);
+``channels`` reads a map ``[N, C, h, w]`` (MTCNN's P-Net ``boxes [N, 4, h, w]`` on a whole
+photo) as each position's C values, one point after another (its two corners), where the
+other orders would pair values of neighbouring positions; a map read otherwise is said,
+with the layout that reads it by position (``PointsTask.map_hint``).
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ TOLERANCE_SHARE = 0.01  # the default tol: this share of FP32's x, y span
 TOLERANCE_PIXELS = 1.0  # the default tol of scaled points: one pixel of the scaled image
 NORMALISED_SPAN = 2.0  # points spanning no more are likely shares of a side: scale= said
 SCALE_INPUT = "input"  # scale=input: the image input's width and height
-ORDERS = ("interleaved", "planar")  # x1, y1, x2, y2, ... | x1, x2, ..., y1, y2, ...
+# x1, y1, x2, y2, ... | x1, x2, ..., y1, y2, ... | axis 1's values at each position
+ORDERS = ("interleaved", "planar", "channels")
 AGREEMENT_RESEMBLES = 0.95
 FLAG_THRESHOLD = 0.0  # a flag is a logit by default (MediaPipe's: sigmoid, then 0.5)
 
@@ -81,18 +86,26 @@ def _values(a: int, b: int) -> str:
         f"the {_ordinal(a + 1)} to {_ordinal(b)} values"
 
 
-def _points(out: Outputs, name: str, dims: int, planar: bool = False) -> list[np.ndarray]:
-    """Each batch of the output as ``[samples, points, dims]``; ``planar``: a sample's values
-    are every point's first value, then every point's second, ..."""
+def _points(out: Outputs, name: str, dims: int, order: str = "interleaved"
+            ) -> list[np.ndarray]:
+    """Each batch of the output as ``[samples, points, dims]`` (``ORDERS``): ``planar``, a
+    sample's values are every point's first value, then every point's second, ...;
+    ``channels``, axis 1 holds each position's values (moved last)."""
     i = out.names.index(name)
     arrays = []
     for b in out.batches:
         a = np.asarray(b[i], dtype=np.float64)
+        if order == "channels" and a.ndim > 2:
+            if a.shape[1] % dims:
+                raise QuantscopeError(f"--layout: output '{name}' holds {a.shape[1]} values "
+                                      f"per position on axis 1, not a whole number of points "
+                                      f"of {dims}: fix dims=")
+            a = np.moveaxis(a, 1, -1)
         flat = a.reshape(len(a), -1)
         if flat.shape[1] % dims:
             raise QuantscopeError(f"--layout: output '{name}' holds {flat.shape[1]} values per "
                                   f"sample, not a whole number of points of {dims}: fix dims=")
-        arrays.append(flat.reshape(len(a), dims, -1).transpose(0, 2, 1) if planar
+        arrays.append(flat.reshape(len(a), dims, -1).transpose(0, 2, 1) if order == "planar"
                       else flat.reshape(len(a), -1, dims))
     return arrays
 
@@ -109,7 +122,8 @@ class PointsTask:
     flag_threshold: float = FLAG_THRESHOLD
     scale: tuple[float, float] | None = None  # x, y times these are pixels (None: as they are)
     scale_read: str = ""  # where the scale came from, in words ("scale=48", the input's)
-    planar: bool = False  # x1..xP, then y1..yP (MTCNN's landmarks), not x1, y1, x2, ...
+    order: str = "interleaved"  # ORDERS: planar, x1..xP then y1..yP (MTCNN's landmarks)
+    map_hint: str = ""  # said with the figures: a map read as one run of values per sample
     headline: str = "point_agreement"
     higher_is_better: bool = True
     row_local: bool = True
@@ -132,9 +146,10 @@ class PointsTask:
                f"{TOLERANCE_PIXELS:g}" if self.scale else
                f"{TOLERANCE_SHARE * 100:g} % of FP32's x, y span")
         said = f" ({'; '.join(rest)})" if rest else ""
-        order = ("" if not self.planar else ", planar (every point's x, then every "
-                 "point's y)" if self.dims == 2 else ", planar (every point's 1st value, "
-                 "then every point's 2nd, ...)")
+        order = {"planar": ", planar (every point's x, then every point's y)" if self.dims == 2
+                 else ", planar (every point's 1st value, then every point's 2nd, ...)",
+                 "channels": f", each position's values on axis 1 read as points of "
+                 f"{self.dims} (order=channels)"}.get(self.order, "")
         unit = f" in pixels ({self._scaling()})" if self.scale else ""
         return (f"points of {self.dims} values{order}, judged by the distance over {xy}"
                 f"{said}{unit}, within {tol}{' px' if self.scale else ''}{hint}")
@@ -153,8 +168,8 @@ class PointsTask:
         return xy * np.asarray(self.scale[:k]) if self.scale else xy
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
-        r = _points(ref, self.output, self.dims, self.planar)
-        t = _points(test, self.output, self.dims, self.planar)
+        r = _points(ref, self.output, self.dims, self.order)
+        t = _points(test, self.output, self.dims, self.order)
         k = min(self.dims, 2)
         dist = [np.linalg.norm(self._scaled(b) - self._scaled(a), axis=-1)
                 for a, b in zip(r, t, strict=True)]
@@ -185,6 +200,8 @@ class PointsTask:
                  f"mean {values['point_error_mean']:.4g}{unit}, max "
                  f"{values['point_error_max']:.4g}{unit} ({units}); within {tol:.4g}{unit} "
                  f"({how}): {value('point_agreement', values['point_agreement'])}"]
+        if self.map_hint:
+            notes.append(self.map_hint)
         if not self.scale and 0.0 < span <= NORMALISED_SPAN:
             notes.append(f"output '{self.output}': FP32's points span {span:.4g} of the "
                          "output's units: if they are shares of an image side (a crop's, as "
