@@ -194,7 +194,9 @@ def test_scale_input_without_an_image_input_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
-    assert "scale=input takes the image input's side" in lines[0] and "scale=48" in lines[0]
+    assert "scale=input takes the image input's side, and no model input takes images" in \
+        lines[0] and "give the side in pixels instead (scale=48" in lines[0], lines[0]
+    assert ".npz" not in lines[0]  # image_input's advice is for data, not for a layout
 
 
 def test_a_box_map_read_by_position():

@@ -5,6 +5,8 @@ number, or ``input``: the image input's width and height, :func:`input_scale`) a
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from quantscope.model.load import Model
@@ -25,9 +27,10 @@ def input_scale(spec: LayoutSpec, model: Model) -> tuple[tuple[float, float], st
     try:
         found = image_input(model)
     except QuantscopeError as e:
-        raise _fail(spec.text, f"scale={SCALE_INPUT} takes the image input's side, and {e}; "
-                    "give the side in pixels instead (scale=48: shares of a 48-px crop)"
-                    ) from None
+        why = re.split(r": (?:give|images fill|make)\b", str(e))[0]  # its advice is for data
+        raise _fail(spec.text, f"scale={SCALE_INPUT} takes the image input's side, and {why}: "
+                    "give the side in pixels instead (scale=48: shares of a 48-px crop; "
+                    "scale=12: P-Net's 12-px window)") from None
     return ((float(found.width), float(found.height)),
             f"scale={SCALE_INPUT}, the width and height of input '{found.name}', "
             f"{found.width} x {found.height}")

@@ -11,7 +11,8 @@ per-coordinate SQNR names a channel, not a distance. Declared ``--layout OUT=poi
                           effective count clustered by sample, ``_clusters`` the samples:
                           :mod:`quantscope.tasks.shares`)
 ``point_error_mean``      mean / largest distance of a quantized point from FP32's, in
-``point_error_max``       the output's units (pixels for MediaPipe's landmarks)
+``point_error_max``       the output's units (pixels for MediaPipe's landmarks; with ``scale``,
+                          pixels of the image it names)
 ``point_flag_agreement``  with ``flags=A-B``: share of the flag values (each point's values
                           A to B, counted from 0) on the same side of ``threshold`` (default
                           0: a logit) as FP32's, over ``point_flag_agreement_items``
@@ -220,12 +221,12 @@ class PointsTask:
             flag_values, flag_notes = self._flags(r, t)
             values.update(flag_values)
             notes.extend(flag_notes)
-            kept_values, kept_note = self._flagged(r, d, tol)
+            kept_values, kept_note = self._flagged(r, d, tol, unit)
             values.update(kept_values)
             notes.append(kept_note)
         return Metrics(values=values, notes=tuple(notes))
 
-    def _flagged(self, ref: list[np.ndarray], d: np.ndarray, tol: float
+    def _flagged(self, ref: list[np.ndarray], d: np.ndarray, tol: float, unit: str = ""
                  ) -> tuple[dict[str, float], str]:
         """The point agreement over the points whose first flag FP32 puts at or above the
         threshold (the points a host keeps), and its note."""
@@ -243,8 +244,8 @@ class PointsTask:
             f"output '{self.output}': over the {int(kept.sum())} of {kept.size} points FP32 "
             f"flags at or above {self.flag_threshold:g} (value {a}; on {int(kept.any(axis=1).sum())} "
             f"of {len(kept)} samples), the points a host keeps: {value(key, share)} within "
-            f"{tol:.4g}, mean distance {float(np.mean(d[kept])):.4g}; the others count in "
-            f"point_agreement (--metric {key} plans for the kept ones)")
+            f"{tol:.4g}{unit}, mean distance {float(np.mean(d[kept])):.4g}{unit}; the others "
+            f"count in point_agreement (--metric {key} plans for the kept ones)")
 
     def _flags(self, ref: list[np.ndarray], test: list[np.ndarray]
                ) -> tuple[dict[str, float], list[str]]:
