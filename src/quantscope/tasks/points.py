@@ -30,11 +30,11 @@ Each sample's values are read as points of ``dims`` values (default 2; MediaPipe
 landmarks: 3), in order; the distance is over each point's first two values (x, y; a
 depth value is not measured). ``tol`` defaults to 1 % of FP32's x, y span on the data
 scored (one pixel with ``scale``, below), said in a note with how to give one. A point's
-other values may be flags: MediaPipe's pose landmarks are ``[N, 195]``, 39 points of x, y, z, visibility and presence,
-the last two logits the host puts through a sigmoid and compares with 0.5. They share the
-output's one grid with the pixel coordinates (-320..370 px on BlazePose lite: a step of
-2.7 at 8 bit, visibility logits of -18..14 on 10 levels), so a distance over x, y says
-nothing of them: ``flags=3-4`` decides each at ``threshold`` and counts the decisions that
+other values may be flags: MediaPipe's pose landmarks are ``[N, 195]``, 39 points of x, y,
+z, visibility and presence, the last two logits the host puts through a sigmoid and
+compares with 0.5. They share the output's one grid with the pixel coordinates (-320..370
+px on BlazePose lite: a step of 2.7 at 8 bit, visibility logits of -18..14 on 10 levels),
+so a distance over x, y says nothing of them: ``flags=3-4`` decides each at ``threshold`` and counts the decisions that
 differ from FP32's; undeclared, the note says they are not measured and how to declare them.
 
 **Normalised points** (MTCNN's O-Net: ``landmarks [N, 10]`` in units of its 48-px crop,
