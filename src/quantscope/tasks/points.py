@@ -34,8 +34,9 @@ other values may be flags: MediaPipe's pose landmarks are ``[N, 195]``, 39 point
 z, visibility and presence, the last two logits the host puts through a sigmoid and
 compares with 0.5. They share the output's one grid with the pixel coordinates (-320..370
 px on BlazePose lite: a step of 2.7 at 8 bit, visibility logits of -18..14 on 10 levels),
-so a distance over x, y says nothing of them: ``flags=3-4`` decides each at ``threshold`` and counts the decisions that
-differ from FP32's; undeclared, the note says they are not measured and how to declare them.
+so a distance over x, y says nothing of them: ``flags=3-4`` decides each at ``threshold``
+and counts the decisions that differ from FP32's; undeclared, the note says they are not
+measured and how to declare them.
 
 **Normalised points** (MTCNN's O-Net: ``landmarks [N, 10]`` in units of its 48-px crop,
 ``boxes [N, 4]`` offsets of the corners x1, y1, x2, y2 in units of the crop side): ``scale``
