@@ -94,7 +94,7 @@ def map_hint(spec: LayoutSpec, model: Model, shape: tuple | None, dims: int, ord
             output_channel_axes(model).get(spec.output) != 1:
         return ""
     return (f"output '{spec.output}' of shape {_dims(shape)} is a map of {c} channels (the "
-            f"graph's axis 1) read as one run of values per sample, {order}: its points pair values "
-            f"of neighbouring positions; if each position's {c} values are its points (a box "
-            f"map's corner offsets: MTCNN's P-Net), --layout {spec.output}=points:"
-            f"order=channels reads them")
+            f"graph's axis 1) read as one run of values per sample, {order}: its points pair "
+            f"values of neighbouring positions; if each position's {c} values are its points "
+            f"(a box map's corner offsets: MTCNN's P-Net), --layout {spec.output}=points:"
+            "order=channels reads them")
