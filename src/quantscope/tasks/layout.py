@@ -28,8 +28,11 @@ KIND           keys (defaults)                                          headline
 ``class``      ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
                (:mod:`.classes`; default: the graph's, :func:`class_task`)
 ``points``     ``dims=2`` (values per point), ``tol=T`` (default 1 % of   ``point_agreement``
-               FP32's x, y span), ``flags=A-B`` (values decided at
-               ``threshold=0``): landmarks  (:mod:`.points`)
+               FP32's x, y span; 1 px when scaled), ``flags=A-B`` (values
+               decided at ``threshold=0``), ``scale=S`` | ``input`` (the
+               values x S are pixels), ``order=interleaved`` |
+               ``planar`` (x1..xP then y1..yP): landmarks
+               (:mod:`.points`, :mod:`.layout_points`)
 ``ctc``        ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
                ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
 ``image``      ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``
@@ -87,6 +90,7 @@ from quantscope.tasks.layout_detect import dims as _dims
 from quantscope.tasks.layout_detect import float_option as _float
 from quantscope.tasks.layout_detect import input_size
 from quantscope.tasks.layout_detect import others as _others
+from quantscope.tasks.layout_points import points_task
 from quantscope.tasks.layout_spec import (
     KINDS,
     LAYOUT_NOTE,
@@ -97,7 +101,6 @@ from quantscope.tasks.layout_spec import (
     parse_layout,
 )
 from quantscope.tasks.layout_spec import fail as _fail
-from quantscope.tasks.layout_spec import rows as _rows
 from quantscope.tasks.maps import (
     MAP_THRESHOLD,
     SCORE_THRESHOLD,
@@ -108,7 +111,7 @@ from quantscope.tasks.maps import (
 from quantscope.tasks.neighbours import EmbeddingTask, embedding_task
 from quantscope.tasks.pictures import ImageTask, dense_hint, parse_range
 from quantscope.tasks.pitch import CENTS_PER_BIN, TOLERANCE, VOICING, PitchTask
-from quantscope.tasks.points import FLAG_THRESHOLD, POINT_DIMS, PointsTask
+from quantscope.tasks.points import PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
 from quantscope.tasks.verify import VerifyTask, read_labels, verify_task
@@ -157,32 +160,6 @@ def class_task(spec: LayoutSpec, model: Model, shape: tuple | None,
                     f"{spec.output}=class:axis=K, or use kind score for one value per sample")
     return ClassTask(name=f"class:{spec.output}", output=spec.output, axis=axis,
                      axis_read=read, sample_axis=samples or 0)
-
-
-def _points_task(spec: LayoutSpec, shape: tuple | None, name: str) -> PointsTask:
-    dims = int(spec.option("dims") or POINT_DIMS)
-    rest = [d for d in (shape or ())[1:]]
-    if shape is not None and all(isinstance(d, int) for d in rest):
-        size = int(np.prod(rest)) if rest else 1
-        if size % dims:
-            raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}: "
-                        f"{size} values per sample are no whole number of points of {dims} "
-                        "values: give dims=D (e.g. 3 for x, y, z)")
-    tol = spec.option("tol")
-    flags = _rows(spec, "flags")
-    if flags is not None:
-        a, b = flags[0], dims if flags[1] is None else flags[1]
-        if a < 2 or b > dims:
-            raise _fail(spec.text, f"flags '{spec.option('flags')}' are no values of a point "
-                        f"of {dims} after its x, y (values 0, 1): give flags=A-B with 2 <= A "
-                        f"<= B <= {dims - 1}, counted from 0 (MediaPipe pose's visibility and "
-                        "presence: dims=5,flags=3-4)")
-        flags = (a, b)
-    elif spec.option("threshold") is not None:
-        raise _fail(spec.text, "threshold decides the flags: give flags=A-B with it")
-    return PointsTask(name=name, output=spec.output, dims=dims,
-                      tolerance=None if tol is None else float(tol), flags=flags,
-                      flag_threshold=_float(spec, "threshold", FLAG_THRESHOLD))
 
 
 def _map_channel(spec: LayoutSpec, model: Model, shape: tuple | None, samples: int | None
@@ -238,7 +215,7 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> obj
         return ScoreTask(name=name, output=spec.output,
                          threshold=_float(spec, "threshold", SCORE_THRESHOLD))
     if spec.kind == "points":
-        return _points_task(spec, shape, name)
+        return points_task(spec, model, shape, name)
     if spec.kind == "class":
         return class_task(spec, model, shape, samples)
     if spec.kind == "ctc":

@@ -14,6 +14,7 @@ from quantscope.tasks.depth import ALIGNS
 from quantscope.tasks.detection import BOX_FORMATS
 from quantscope.tasks.neighbours import NORMS
 from quantscope.tasks.pictures import parse_range
+from quantscope.tasks.points import ORDERS, SCALE_INPUT
 from quantscope.types import QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
@@ -22,7 +23,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "map": ("threshold", "channel"),
     "score": ("threshold",),
     "class": ("axis",),
-    "points": ("dims", "tol", "flags", "threshold"),
+    "points": ("dims", "tol", "flags", "threshold", "scale", "order"),
     "ctc": ("blank", "axis", "lengths"),
     "image": ("range",),
     "depth": ("align",),
@@ -182,6 +183,21 @@ def _check_values(spec: LayoutSpec) -> None:
         raise fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "
                     "values per point (e.g. dims=3 for x, y, z)")
     rows(spec, "flags")
+    scale = spec.option("scale")
+    if scale is not None and scale.lower() != SCALE_INPUT:
+        try:
+            float(scale)
+        except ValueError:
+            raise fail(spec.text, f"scale '{scale}' is neither a number nor '{SCALE_INPUT}': "
+                       "give the pixels one unit of the values is (scale=48: shares of a "
+                       f"48-px crop), or scale={SCALE_INPUT} (the image input's side)") from None
+        number(spec, "scale", 0.0, math.inf, open_lo=True)
+    order = spec.option("order")
+    if order is not None and order.lower() not in ORDERS:
+        raise fail(spec.text, f"order '{order}' is unknown: use {', '.join(ORDERS[:-1])} or "
+                   f"{ORDERS[-1]} "
+                   "(planar: x1..xP then y1..yP, MTCNN's landmarks; interleaved: x1, y1, x2, "
+                   "y2, ...; channels: a map's values on axis 1 at each position)")
     bins = dfl_bins(spec)
     boxes = rows(spec, "boxes")
     want = 4 * (bins or 1)

@@ -11,7 +11,8 @@ per-coordinate SQNR names a channel, not a distance. Declared ``--layout OUT=poi
                           effective count clustered by sample, ``_clusters`` the samples:
                           :mod:`quantscope.tasks.shares`)
 ``point_error_mean``      mean / largest distance of a quantized point from FP32's, in
-``point_error_max``       the output's units (pixels for MediaPipe's landmarks)
+``point_error_max``       the output's units (pixels for MediaPipe's landmarks; with ``scale``,
+                          pixels of the image it names)
 ``point_flag_agreement``  with ``flags=A-B``: share of the flag values (each point's values
                           A to B, counted from 0) on the same side of ``threshold`` (default
                           0: a logit) as FP32's, over ``point_flag_agreement_items``
@@ -28,13 +29,27 @@ give the figure over the kept ones, and ``--metric point_agreement_flagged`` pla
 Each sample's values are read as points of ``dims`` values (default 2; MediaPipe's
 landmarks: 3), in order; the distance is over each point's first two values (x, y; a
 depth value is not measured). ``tol`` defaults to 1 % of FP32's x, y span on the data
-scored, said in a note with how to give one. A point's other values may be flags:
-MediaPipe's pose landmarks are ``[N, 195]``, 39 points of x, y, z, visibility and presence,
-the last two logits the host puts through a sigmoid and compares with 0.5. They share the
-output's one grid with the pixel coordinates (-320..370 px on BlazePose lite: a step of
-2.7 at 8 bit, visibility logits of -18..14 on 10 levels), so a distance over x, y says
-nothing of them: ``flags=3-4`` decides each at ``threshold`` and counts the decisions that
-differ from FP32's; undeclared, the note says they are not measured and how to declare them.
+scored (one pixel with ``scale``, below), said in a note with how to give one. A point's
+other values may be flags: MediaPipe's pose landmarks are ``[N, 195]``, 39 points of x, y,
+z, visibility and presence, the last two logits the host puts through a sigmoid and
+compares with 0.5. They share the output's one grid with the pixel coordinates (-320..370
+px on BlazePose lite: a step of 2.7 at 8 bit, visibility logits of -18..14 on 10 levels),
+so a distance over x, y says nothing of them: ``flags=3-4`` decides each at ``threshold``
+and counts the decisions that differ from FP32's; undeclared, the note says they are not
+measured and how to declare them.
+
+**Normalised points** (MTCNN's O-Net: ``landmarks [N, 10]`` in units of its 48-px crop,
+``boxes [N, 4]`` offsets of the corners x1, y1, x2, y2 in units of the crop side): ``scale``
+is the factor from the output's units to pixels (x times its first value, y its second:
+``scale=48``, or ``scale=input``, the image input's width and height), so every distance,
+the span and ``tol`` are in pixels, and ``tol`` defaults to one pixel (``TOLERANCE_PIXELS``)
+of the image the scale names, not a share of the span. ``planar`` reads a sample's values
+as each point's first values, then each point's second, ... (x1..x5 then y1..y5: MTCNN's
+landmarks) instead of one point after another (x1, y1, x2, y2, ...: a box's two corners);
+``channels`` reads a map ``[N, C, h, w]`` (MTCNN's P-Net ``boxes [N, 4, h, w]`` on a whole
+photo) as each position's C values, one point after another (its two corners), where the
+other orders would pair values of neighbouring positions; a map read otherwise is said,
+with the layout that reads it by position (``PointsTask.map_hint``).
 """
 
 from __future__ import annotations
@@ -49,6 +64,11 @@ from quantscope.units import value
 
 POINT_DIMS = 2
 TOLERANCE_SHARE = 0.01  # the default tol: this share of FP32's x, y span
+TOLERANCE_PIXELS = 1.0  # the default tol of scaled points: one pixel of the scaled image
+NORMALISED_SPAN = 2.0  # points spanning no more are likely shares of a side: scale= said
+SCALE_INPUT = "input"  # scale=input: the image input's width and height
+# x1, y1, x2, y2, ... | x1, x2, ..., y1, y2, ... | axis 1's values at each position
+ORDERS = ("interleaved", "planar", "channels")
 AGREEMENT_RESEMBLES = 0.95
 FLAG_THRESHOLD = 0.0  # a flag is a logit by default (MediaPipe's: sigmoid, then 0.5)
 
@@ -68,16 +88,27 @@ def _values(a: int, b: int) -> str:
         f"the {_ordinal(a + 1)} to {_ordinal(b)} values"
 
 
-def _points(out: Outputs, name: str, dims: int) -> list[np.ndarray]:
+def _points(out: Outputs, name: str, dims: int, order: str = "interleaved"
+            ) -> list[np.ndarray]:
+    """Each batch of the output as ``[samples, points, dims]`` (``ORDERS``): ``planar``, a
+    sample's values are every point's first value, then every point's second, ...;
+    ``channels``, axis 1 holds each position's values (moved last)."""
     i = out.names.index(name)
     arrays = []
     for b in out.batches:
         a = np.asarray(b[i], dtype=np.float64)
+        if order == "channels" and a.ndim > 2:
+            if a.shape[1] % dims:
+                raise QuantscopeError(f"--layout: output '{name}' holds {a.shape[1]} values "
+                                      f"per position on axis 1, not a whole number of points "
+                                      f"of {dims}: fix dims=")
+            a = np.moveaxis(a, 1, -1)
         flat = a.reshape(len(a), -1)
         if flat.shape[1] % dims:
             raise QuantscopeError(f"--layout: output '{name}' holds {flat.shape[1]} values per "
                                   f"sample, not a whole number of points of {dims}: fix dims=")
-        arrays.append(flat.reshape(len(a), -1, dims))
+        arrays.append(flat.reshape(len(a), dims, -1).transpose(0, 2, 1) if order == "planar"
+                      else flat.reshape(len(a), -1, dims))
     return arrays
 
 
@@ -91,6 +122,10 @@ class PointsTask:
     tolerance: float | None = None  # None: TOLERANCE_SHARE of FP32's x, y span
     flags: tuple[int, int] | None = None  # values [a, b) of each point decided at threshold
     flag_threshold: float = FLAG_THRESHOLD
+    scale: tuple[float, float] | None = None  # x, y times these are pixels (None: as they are)
+    scale_read: str = ""  # where the scale came from, in words ("scale=48", the input's)
+    order: str = "interleaved"  # ORDERS: planar, x1..xP then y1..yP (MTCNN's landmarks)
+    map_hint: str = ""  # said with the figures: a map read as one run of values per sample
     headline: str = "point_agreement"
     higher_is_better: bool = True
     row_local: bool = True
@@ -110,21 +145,42 @@ class PointsTask:
                 f"{self.output}=points:dims={self.dims},flags={flags}"
                 if self.dims >= 4 and not self.flags else "")
         tol = (f"{self.tolerance:g}" if self.tolerance is not None else
+               f"{TOLERANCE_PIXELS:g}" if self.scale else
                f"{TOLERANCE_SHARE * 100:g} % of FP32's x, y span")
         said = f" ({'; '.join(rest)})" if rest else ""
-        return (f"points of {self.dims} values, judged by the distance over {xy}{said}, "
-                f"within {tol}{hint}")
+        order = {"planar": ", planar (every point's x, then every point's y)" if self.dims == 2
+                 else ", planar (every point's 1st value, then every point's 2nd, ...)",
+                 "channels": f", each position's values on axis 1 read as points of "
+                 f"{self.dims} (order=channels)"}.get(self.order, "")
+        unit = f" in pixels ({self._scaling()})" if self.scale else ""
+        return (f"points of {self.dims} values{order}, judged by the distance over {xy}"
+                f"{said}{unit}, within {tol}{' px' if self.scale else ''}{hint}")
+
+    def _scaling(self) -> str:
+        """How the values are made pixels, in words (``scale`` given)."""
+        sx, sy = self.scale or (1.0, 1.0)
+        times = f"{sx:g}" if sx == sy or self.dims < 2 else f"{sx:g} (x), {sy:g} (y)"
+        return f"the values x {times}, {self.scale_read}" if self.scale_read else \
+            f"the values x {times}"
+
+    def _scaled(self, a: np.ndarray) -> np.ndarray:
+        """A point array's x, y (its first ``min(dims, 2)`` values) in pixels."""
+        k = min(self.dims, 2)
+        xy = a[..., :k]
+        return xy * np.asarray(self.scale[:k]) if self.scale else xy
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
-        r = _points(ref, self.output, self.dims)
-        t = _points(test, self.output, self.dims)
+        r = _points(ref, self.output, self.dims, self.order)
+        t = _points(test, self.output, self.dims, self.order)
         k = min(self.dims, 2)
-        dist = [np.linalg.norm(b[..., :k] - a[..., :k], axis=-1)
+        dist = [np.linalg.norm(self._scaled(b) - self._scaled(a), axis=-1)
                 for a, b in zip(r, t, strict=True)]
         d = np.concatenate(dist) if dist else np.zeros((0, 0))
-        coords = np.concatenate([a[..., :k].reshape(-1, k) for a in r]) if r else np.zeros((0, k))
+        coords = (np.concatenate([self._scaled(a).reshape(-1, k) for a in r]) if r
+                  else np.zeros((0, k)))
         span = float(np.max(np.ptp(coords, axis=0))) if coords.size else 0.0
-        tol = self.tolerance if self.tolerance is not None else TOLERANCE_SHARE * span
+        tol = (self.tolerance if self.tolerance is not None else
+               TOLERANCE_PIXELS if self.scale else TOLERANCE_SHARE * span)
         nan = float("nan")
         if not d.size:
             return Metrics(values={"point_agreement": nan, "point_error_mean": nan,
@@ -135,32 +191,43 @@ class PointsTask:
                                  np.full(len(d), d.shape[1])),
                   "point_error_mean": float(np.mean(d)), "point_error_max": float(np.max(d)),
                   "point_tolerance": float(tol)}
+        unit = " px" if self.scale else ""
         how = ("as given" if self.tolerance is not None else
+               f"one pixel, by default: give another with --layout {self.output}=points:"
+               "tol=T (pixels)" if self.scale else
                f"{TOLERANCE_SHARE * 100:g} % of FP32's x, y span {span:.4g}, by default: give "
                f"another with --layout {self.output}=points:tol=T")
+        units = f"pixels: {self._scaling()}" if self.scale else "the output's units"
         notes = [f"output '{self.output}': {d.shape[1]} points per sample; distance to FP32's "
-                 f"mean {values['point_error_mean']:.4g}, max {values['point_error_max']:.4g} "
-                 f"(the output's units); within {tol:.4g} ({how}): "
-                 f"{value('point_agreement', values['point_agreement'])}"]
+                 f"mean {values['point_error_mean']:.4g}{unit}, max "
+                 f"{values['point_error_max']:.4g}{unit} ({units}); within {tol:.4g}{unit} "
+                 f"({how}): {value('point_agreement', values['point_agreement'])}"]
+        if self.map_hint:
+            notes.append(self.map_hint)
+        if not self.scale and 0.0 < span <= NORMALISED_SPAN:
+            notes.append(f"output '{self.output}': FP32's points span {span:.4g} of the "
+                         "output's units: if they are shares of an image side (a crop's, as "
+                         f"MTCNN's), --layout {self.output}=points:scale=S (S the side in "
+                         "pixels, or scale=input) measures them in pixels")
         if span == 0.0:
             notes.append(f"output '{self.output}': FP32's points are the same on every sample "
                          "and point: the agreement says little")
         if values["point_agreement"] < AGREEMENT_RESEMBLES:
             moved = int(np.sum(~hits))
             notes.append(f"NOT LIKE FP32: output '{self.output}': {moved} of {hits.size} points "
-                         f"move more than {tol:.4g} from FP32's (point agreement "
+                         f"move more than {tol:.4g}{unit} from FP32's (point agreement "
                          f"{value('point_agreement', values['point_agreement'])} < "
                          f"{value('point_agreement', AGREEMENT_RESEMBLES)})")
         if self.flags:
             flag_values, flag_notes = self._flags(r, t)
             values.update(flag_values)
             notes.extend(flag_notes)
-            kept_values, kept_note = self._flagged(r, d, tol)
+            kept_values, kept_note = self._flagged(r, d, tol, unit)
             values.update(kept_values)
             notes.append(kept_note)
         return Metrics(values=values, notes=tuple(notes))
 
-    def _flagged(self, ref: list[np.ndarray], d: np.ndarray, tol: float
+    def _flagged(self, ref: list[np.ndarray], d: np.ndarray, tol: float, unit: str = ""
                  ) -> tuple[dict[str, float], str]:
         """The point agreement over the points whose first flag FP32 puts at or above the
         threshold (the points a host keeps), and its note."""
@@ -178,8 +245,8 @@ class PointsTask:
             f"output '{self.output}': over the {int(kept.sum())} of {kept.size} points FP32 "
             f"flags at or above {self.flag_threshold:g} (value {a}; on {int(kept.any(axis=1).sum())} "
             f"of {len(kept)} samples), the points a host keeps: {value(key, share)} within "
-            f"{tol:.4g}, mean distance {float(np.mean(d[kept])):.4g}; the others count in "
-            f"point_agreement (--metric {key} plans for the kept ones)")
+            f"{tol:.4g}{unit}, mean distance {float(np.mean(d[kept])):.4g}{unit}; the others "
+            f"count in point_agreement (--metric {key} plans for the kept ones)")
 
     def _flags(self, ref: list[np.ndarray], test: list[np.ndarray]
                ) -> tuple[dict[str, float], list[str]]:
