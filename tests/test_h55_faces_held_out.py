@@ -44,10 +44,9 @@ def _people(folder: Path, who: tuple[int, ...]) -> Path:
     return folder
 
 
-def _run(model: Path, data: str, out: Path, *extra: str) -> list[str]:
+def _run(model: Path, data: str, out: Path, *extra: str) -> None:
     assert main(["run", str(model), "--data", data, "--target", "hailo8l", "--out", str(out),
                  *extra]) == 0
-    return []
 
 
 def test_run_on_faces_evaluates_on_people_the_fit_half_does_not_contain(tmp_path, capsys):
@@ -68,6 +67,11 @@ def test_run_on_faces_evaluates_on_people_the_fit_half_does_not_contain(tmp_path
     verdict = json.loads((out / "verdict.json").read_text())
     assert verdict["headline"]["held_out"] is True and verdict["headline"]["n"] == n
     assert verdict["evaluation"] == ev["split"]
+    page = (out / "report.html").read_text()
+    people = len(held["faces"]["people"])
+    assert (f"held-out evaluation: {people} people, {n} chips, {held['faces']['pairs']} "
+            "pairs") in page
+    assert held["faces"]["photos"][0] in page
 
 
 def test_the_halves_are_by_person_each_with_its_own_pairs(tmp_path):
