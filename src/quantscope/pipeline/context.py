@@ -225,13 +225,20 @@ class Context:
         (:meth:`data_identity`), so an option that changes the data cannot be missed by
         the key. A new data option goes here (and into :data:`DATA_PATHS` if it names a
         file)."""
+        from quantscope.tasks.face_split import SPLIT_KEY
+        from quantscope.tasks.registry import is_face_spec
+
         o = self.opts
         return {"data": o.data, "eval_data": o.eval_data, "pairs": o.pairs,
                 "tokenizer": o.tokenizer, "seq_len": o.seq_len,
                 **({"layout": o.layout} if o.layout else {}),
                 **({"prefixes": o.prefixes} if o.prefixes else {}),
                 # absent when not given: the keys of earlier runs stay valid
-                **({"batch_axes": o.batch_axes} if o.batch_axes else {})}
+                **({"batch_axes": o.batch_axes} if o.batch_axes else {}),
+                # face data held out by person (pipeline.data): a run folder fitted on
+                # every chip (before h55) must not be reused; other data's keys unchanged
+                **({"held_out": SPLIT_KEY} if o.eval_data is None
+                   and is_face_spec(o.data) else {})}
 
     def data_identity(self) -> dict[str, Any]:
         """:meth:`data_options` with every file named by its content digest (each

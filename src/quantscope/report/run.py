@@ -556,6 +556,11 @@ def data_section(d: dict[str, Any]) -> str:
                         p.get("task") or "fidelity only"] for k, p in parts]))
     for k, p in parts:
         out += [f"<p class=note>{_e(k)}: {_e(n)}</p>" for n in p.get("notes", [])]
+        if p.get("faces"):  # face data: whose photos the part holds (split by person)
+            f = p["faces"]
+            out.append(f"<p class=note>{_e(k)}: {len(f['people'])} people, "
+                       f"{f['chips']} chips, {f['pairs']} pairs ({f['genuine_pairs']} "
+                       f"genuine); photos: {_e(', '.join(f['photos']))}</p>")
         if p.get("token_lengths"):
             out.append(plots.length_plot(p["token_lengths"], k))
     return "".join(out)

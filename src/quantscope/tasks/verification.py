@@ -47,6 +47,10 @@ class VerificationTask:
     # per chip, the face it is of (a face's variants are no independent samples: the
     # noise of its embedding SQNR leaves out one face at a time); None: each chip its own
     faces: np.ndarray | None = None
+    # per chip, the person it is of (face data: ``run`` holds out people, never a person's
+    # chips on both sides: :mod:`quantscope.tasks.face_split`); None: not known
+    identity: np.ndarray | None = None
+    photo_names: tuple[str, ...] = ()  # the names :attr:`faces` indexes (a face's photo)
 
     headline = "decision_agreement"  # same-person decisions as FP32's, at the threshold
     higher_is_better = True
@@ -243,7 +247,8 @@ def face_dataset(
                     for b in face_batches(faces, batch_size, style))
     task = VerificationTask(name=f"verification:{spec}", pairs=verification_pairs(faces),
                             threshold=style.threshold, normalize=style.normalize,
-                            faces=faces.photo)
+                            faces=faces.photo, identity=faces.identity,
+                            photo_names=faces.photo_names)
     lo = min(float(b[name].min()) for b in batches)
     hi = max(float(b[name].max()) for b in batches)
     fed = (f"{'BGR' if style.pixels.bgr else 'RGB'}, {style.pixels.formula()}, as declared "
