@@ -12,6 +12,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from layout_refusals import assert_layout_refused
 from tiny_models import _rng, _with_weights
 
 from quantscope.cli import main
@@ -102,15 +103,7 @@ def test_landmarks_declared_as_points_on_the_cli(hand, capsys):
     ("landmarks=points:axis=1", "'axis' is no key of kind points (keys: dims, tol, flags, threshold, scale, order)"),
 ])
 def test_bad_points_layout_is_one_line(hand, capsys, layout, needle):
-    before = sorted(p.name for p in hand.iterdir())
-    code = main(["evaluate", str(hand / "hand.onnx"), "--data", str(hand / "hand.npz"),
-                 "--stats", str(hand / "stats.npz"), "--precision", "a8_w8",
-                 "--layout", layout, "--json", str(hand / "bad.json")])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
-    assert "--layout" in lines[0] and needle in lines[0], lines[0]
-    assert sorted(p.name for p in hand.iterdir()) == before
+    assert_layout_refused(capsys, hand, "hand.onnx", "hand.npz", layout, needle)
 
 
 def test_two_point_outputs_keep_each_tolerance_and_no_unprefixed_one():

@@ -13,6 +13,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from layout_refusals import assert_layout_refused
 from tiny_models import _rng, _with_weights
 
 from quantscope.cli import main
@@ -137,15 +138,7 @@ def test_bad_ssd_layout_is_one_line(ssd, capsys, layout, needle):
     needle = needle.replace("{missing}", str(ssd / "missing.npy"))
     if "BAD8" not in needle and "bad8" in layout:
         needle = "holds 8 centres, output 'regressors' 16 anchors: give one centre per anchor"
-    before = sorted(p.name for p in ssd.iterdir())
-    code = main(["evaluate", str(ssd / "ssd.onnx"), "--data", str(ssd / "ssd.npz"),
-                 "--stats", str(ssd / "stats.npz"), "--precision", "a8_w8",
-                 "--layout", layout, "--json", str(ssd / "bad.json")])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
-    assert "--layout" in lines[0] and needle in lines[0], lines[0]
-    assert sorted(p.name for p in ssd.iterdir()) == before
+    assert_layout_refused(capsys, ssd, "ssd.onnx", "ssd.npz", layout, needle)
 
 
 def test_undeclared_ssd_heads_are_said_to_be_fidelity_only(ssd, capsys):

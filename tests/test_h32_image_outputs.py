@@ -15,6 +15,7 @@ import math
 import numpy as np
 import onnx
 import pytest
+from layout_refusals import assert_layout_refused
 from tiny_models import _rng, _with_weights
 
 from quantscope.cli import main
@@ -129,15 +130,7 @@ def test_upscaler_default_range_is_said(sr, capsys):
     ("image=image:threshold=1", "'threshold' is no key of kind image (keys: range)"),
 ])
 def test_bad_image_layout_is_one_line(sr, capsys, layout, needle):
-    before = sorted(p.name for p in sr.iterdir())
-    code = main(["evaluate", str(sr / "sr.onnx"), "--data", str(sr / "x.npz"),
-                 "--stats", str(sr / "stats.npz"), "--precision", "a8_w8",
-                 "--layout", layout, "--json", str(sr / "bad.json")])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
-    assert "--layout" in lines[0] and needle in lines[0], lines[0]
-    assert sorted(p.name for p in sr.iterdir()) == before
+    assert_layout_refused(capsys, sr, "sr.onnx", "x.npz", layout, needle)
 
 
 def test_parse_range_reads_negative_bounds():

@@ -13,6 +13,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from layout_refusals import assert_layout_refused
 from tiny_models import _rng, _with_weights
 
 from quantscope.cli import main
@@ -190,15 +191,7 @@ def test_pose_flags_beside_pixels_are_decided_not_left_unmeasured():
     ("conv2d_21=points:dims=3,flags=x", "flags 'x' is not a row range"),
 ])
 def test_bad_flags_layout_is_one_line(mesh, capsys, layout, needle):
-    before = sorted(p.name for p in mesh.iterdir())
-    code = main(["evaluate", str(mesh / "mesh.onnx"), "--data", str(mesh / "mesh.npz"),
-                 "--stats", str(mesh / "stats.npz"), "--precision", "a8_w8",
-                 "--layout", layout, "--json", str(mesh / "bad.json")])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
-    assert "--layout" in lines[0] and needle in lines[0], lines[0]
-    assert sorted(p.name for p in mesh.iterdir()) == before
+    assert_layout_refused(capsys, mesh, "mesh.onnx", "mesh.npz", layout, needle)
 
 
 def test_flags_on_the_cli_score_the_face_mesh_points_and_flags(mesh, capsys):

@@ -11,6 +11,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from layout_refusals import assert_layout_refused
 from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.cli import main
@@ -171,15 +172,7 @@ def test_evaluate_gives_the_crop_pixels_of_the_same_quantized_error(onet, capsys
                                              "points of 3"),
 ])
 def test_bad_scale_or_order_is_one_line(onet, capsys, layout, needle):
-    before = sorted(p.name for p in onet.iterdir())
-    code = main(["evaluate", str(onet / "onet.onnx"), "--data", str(onet / "onet.npz"),
-                 "--stats", str(onet / "stats.npz"), "--precision", "a8_w8",
-                 "--layout", layout, "--json", str(onet / "bad.json")])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
-    assert "--layout" in lines[0] and needle in lines[0], lines[0]
-    assert sorted(p.name for p in onet.iterdir()) == before
+    assert_layout_refused(capsys, onet, "onet.onnx", "onet.npz", layout, needle)
 
 
 def test_scale_input_without_an_image_input_is_one_line(tmp_path, capsys):

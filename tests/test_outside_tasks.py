@@ -10,6 +10,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from layout_refusals import assert_layout_refused
 from outside_models import conv_transpose_head, feeds, mixed_scale_detector, scalar_probability
 
 from quantscope import stages
@@ -280,15 +281,7 @@ def test_scalar_output_declared_as_a_score(tmp_path, capsys):
     ("detections=score", "not one value per sample"),
 ])
 def test_bad_layout_on_the_command_line(det, capsys, layout, needle):
-    before = sorted(p.name for p in det.iterdir())
-    code = main(["evaluate", str(det / "det.onnx"), "--data", str(det / "det.npz"),
-                 "--stats", str(det / "stats.npz"), "--precision", "a8_w8",
-                 "--layout", layout, "--json", str(det / "bad.json")])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("quantscope: ") and "--layout" in lines[0] and needle in lines[0]
-    assert sorted(p.name for p in det.iterdir()) == before  # nothing written
+    assert_layout_refused(capsys, det, "det.onnx", "det.npz", layout, needle)
 
 
 

@@ -1,0 +1,25 @@
+"""One check many test files made alike: ``evaluate`` with a bad ``--layout`` is refused in
+one line naming the flag and the reason, with no traceback and nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from quantscope.cli import main
+
+
+def assert_layout_refused(capsys, folder: Path, model: str, data: str, layout: str,
+                          needle: str) -> None:
+    """``evaluate FOLDER/MODEL --data FOLDER/DATA --stats FOLDER/stats.npz --layout LAYOUT``
+    exits non-zero with one stderr line (``quantscope: …``) holding ``--layout`` and
+    ``needle``, and leaves ``folder`` as it was (its ``--json`` not written)."""
+    before = sorted(p.name for p in folder.iterdir())
+    code = main(["evaluate", str(folder / model), "--data", str(folder / data),
+                 "--stats", str(folder / "stats.npz"), "--precision", "a8_w8",
+                 "--layout", layout, "--json", str(folder / "bad.json")])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code != 0 and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("quantscope: ") and "--layout" in lines[0], lines[0]
+    assert needle in lines[0], lines[0]
+    assert sorted(p.name for p in folder.iterdir()) == before  # nothing written
