@@ -12,7 +12,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from layout_refusals import assert_layout_refused
+from evaluate_cli import assert_layout_refused, evaluated
 from tiny_models import _rng, _with_weights
 
 from quantscope.cli import main
@@ -54,12 +54,7 @@ def hand(tmp_path_factory):
 
 
 def _evaluate(d, capsys, *extra: str) -> dict:
-    code = main(["evaluate", str(d / "hand.onnx"), "--data", str(d / "hand.npz"),
-                 "--stats", str(d / "stats.npz"), "--precision", "a8_w8",
-                 "--json", str(d / "r.json"), *extra])
-    capsys.readouterr()
-    assert code == 0
-    return json.loads((d / "r.json").read_text())
+    return evaluated(capsys, d, "hand.onnx", "hand.npz", *extra)
 
 
 def test_a_flag_fp32_never_raises_is_said_to_say_little(hand, capsys):

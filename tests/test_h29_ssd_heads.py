@@ -13,7 +13,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from layout_refusals import assert_layout_refused
+from evaluate_cli import assert_layout_refused
 from tiny_models import _rng, _with_weights
 
 from quantscope.cli import main

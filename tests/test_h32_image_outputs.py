@@ -15,7 +15,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from layout_refusals import assert_layout_refused
+from evaluate_cli import assert_layout_refused, evaluated
 from tiny_models import _rng, _with_weights
 
 from quantscope.cli import main
@@ -58,12 +58,7 @@ def sr(tmp_path_factory):
 
 
 def _evaluate(d, capsys, *extra: str) -> dict:
-    code = main(["evaluate", str(d / "sr.onnx"), "--data", str(d / "x.npz"),
-                 "--stats", str(d / "stats.npz"), "--precision", "a8_w8",
-                 "--json", str(d / "r.json"), *extra])
-    capsys.readouterr()
-    assert code == 0
-    return json.loads((d / "r.json").read_text())
+    return evaluated(capsys, d, "sr.onnx", "x.npz", *extra)
 
 
 def _out(a: np.ndarray, name: str = "y") -> Outputs:

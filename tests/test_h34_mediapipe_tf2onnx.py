@@ -8,12 +8,10 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import onnx
 import pytest
-from layout_refusals import assert_layout_refused
+from evaluate_cli import assert_layout_refused, evaluated
 from tiny_models import _rng, _with_weights
 
 from quantscope.cli import main
@@ -59,12 +57,7 @@ def mesh(tmp_path_factory):
 
 
 def _evaluate(d, capsys, model: str, *extra: str) -> dict:
-    code = main(["evaluate", str(d / f"{model}.onnx"), "--data", str(d / f"{model}.npz"),
-                 "--stats", str(d / "stats.npz"), "--precision", "a8_w8",
-                 "--json", str(d / "r.json"), *extra])
-    capsys.readouterr()
-    assert code == 0
-    return json.loads((d / "r.json").read_text())
+    return evaluated(capsys, d, f"{model}.onnx", f"{model}.npz", *extra)
 
 
 def test_a_one_value_output_on_four_axes_is_decided_not_cosined(mesh, capsys):

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from layout_refusals import assert_layout_refused
+from evaluate_cli import assert_layout_refused, evaluated
 from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.cli import main
@@ -134,12 +134,7 @@ def onet(tmp_path_factory):
 
 def _evaluate(d, capsys, *layouts: str) -> dict:
     args = [a for lay in layouts for a in ("--layout", lay)]
-    code = main(["evaluate", str(d / "onet.onnx"), "--data", str(d / "onet.npz"),
-                 "--stats", str(d / "stats.npz"), "--precision", "a8_w8",
-                 "--json", str(d / "r.json"), *args])
-    capsys.readouterr()
-    assert code == 0
-    return json.loads((d / "r.json").read_text())
+    return evaluated(capsys, d, "onet.onnx", "onet.npz", *args)
 
 
 def test_evaluate_gives_the_crop_pixels_of_the_same_quantized_error(onet, capsys):

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from layout_refusals import assert_layout_refused
+from evaluate_cli import assert_layout_refused
 from outside_models import conv_transpose_head, feeds, mixed_scale_detector, scalar_probability
 
 from quantscope import stages

@@ -1,8 +1,10 @@
-"""One check many test files made alike: ``evaluate`` with a bad ``--layout`` is refused in
-one line naming the flag and the reason, with no traceback and nothing written."""
+"""``quantscope evaluate`` on a test's folder (``MODEL``, ``DATA``, ``stats.npz``) as many
+test files run it: its JSON result, or its one-line refusal of a bad ``--layout`` (no
+traceback, nothing written)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from quantscope.cli import main
@@ -23,3 +25,13 @@ def assert_layout_refused(capsys, folder: Path, model: str, data: str, layout: s
     assert lines[0].startswith("quantscope: ") and "--layout" in lines[0], lines[0]
     assert needle in lines[0], lines[0]
     assert sorted(p.name for p in folder.iterdir()) == before  # nothing written
+
+
+def evaluated(capsys, folder: Path, model: str, data: str, *extra: str) -> dict:
+    """``evaluate FOLDER/MODEL`` at a8_w8 with ``extra`` options: its ``--json`` result."""
+    code = main(["evaluate", str(folder / model), "--data", str(folder / data),
+                 "--stats", str(folder / "stats.npz"), "--precision", "a8_w8",
+                 "--json", str(folder / "r.json"), *extra])
+    capsys.readouterr()
+    assert code == 0
+    return json.loads((folder / "r.json").read_text())
