@@ -173,3 +173,38 @@ def test_plan_max_legal_refuses_what_it_does_not_use(tmp_path, capsys, argv, say
     assert main(["plan", str(m), "--target", "hailo10h", *argv, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err and not out.exists()
+
+
+def _pooled() -> onnx.ModelProto:
+    """Conv, MaxPool, Conv: hailo8l's ``hailo.maxpool_16bit`` is a warning on the pool."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2")
+    nodes = [onnx.helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             onnx.helper.make_node("MaxPool", ["c1"], ["p"], kernel_shape=[2, 2],
+                                   strides=[2, 2]),
+             onnx.helper.make_node("Conv", ["p", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = onnx.helper.make_graph(
+        nodes, "pooled",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 4, 4])],
+        [w1, w2])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def test_max_legal_demotes_what_the_planner_refuses_with_a_warning():
+    """Before, only errors were demoted: the pool stayed at a16_w16 under hailo8l's
+    ``hailo.maxpool_16bit`` warning, a plan the planner (which blocks such warnings) never
+    emits, and ``run``'s rewrite baseline and ``buckets`` measured it as legal."""
+    model = load_proto(_pooled())
+    target = load_target("hailo8l")
+    groups = find_groups(model)
+    ops = {g.name: g.op_type for g in groups.groups}
+    base = max_legal(model, target, None)
+    assert base.plan.default == Precision.A16_W16
+    assert {ops[g]: p for g, p in base.plan.overrides} == {"MaxPool": Precision.A8_W8}
+    assert "hailo.maxpool_16bit (warning)" in base.note
+    rules = {(p.rule, p.severity) for p in check(base.plan, groups, model, target)}
+    assert ("hailo.maxpool_16bit", "warning") not in rules
+    # where the rule is an error nothing changes: ort-cpu refuses nothing
+    assert max_legal(model, load_target("ort-cpu"), None).plan.overrides == ()

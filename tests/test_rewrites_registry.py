@@ -69,6 +69,22 @@ def test_attention_rewrites_apply_where_there_are_softmax_chains():
         no = REWRITES[name].applies(ffn, None, HEAD_SEQ, None)
         assert yes == Precondition(True, yes.reason) and "1 attention Softmax" in yes.reason
         assert not no.holds and "no Softmax" in no.reason
+    # a classifier's Softmax over its logits is no attention chain (a face model's age
+    # head read as "1 attention Softmax chain(s)" before)
+    head = load_proto(_classifier())
+    for name in ("headsplit", "rowscale"):
+        got = REWRITES[name].applies(head, None, HEAD_SEQ, None)
+        assert not got.holds and "1 Softmax(es) read no activation x activation" in got.reason
+
+
+def _classifier() -> onnx.ModelProto:
+    w = numpy_helper.from_array(np.eye(4, 3, dtype=np.float32), "w")
+    nodes = [onnx.helper.make_node("MatMul", ["x", "w"], ["z"]),
+             onnx.helper.make_node("Softmax", ["z"], ["y"], axis=-1)]
+    graph = onnx.helper.make_graph(
+        nodes, "head", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 4])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 3])], [w])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
 
 
 @pytest.mark.parametrize(("name", "block"), [("outscale", outscale_block),

@@ -3,8 +3,17 @@ the same with whole Linear families back at 8 bit.
 
 ===============  =======================================================================
 ``max_legal``    every group at ``high`` (the target's ``[promotion]``, else a16_w16), then
-                 every group ``check`` refuses with an error demoted to ``low`` (a8_w8),
-                 until none is: the most 16 bit the target allows at this length. Only what a rule refuses is demoted.
+                 every group a rule blocks demoted to its precision in the planner's
+                 start plan (``low``, a8_w8, or what :func:`~quantscope.plan.start.legal_start`
+                 raised it to), until none is: the most 16 bit the target allows at this
+                 length. "Blocks" is the planner's own screen
+                 (:meth:`~quantscope.plan.start.Legality.blocking`): an error, or a warning
+                 that applies here and that the start plan does not already carry (a
+                 16-bit tensor over super-defuse's estimated size, a conv whose 16-bit
+                 weights leave a channel's low byte empty). Before, only errors were
+                 demoted, so this plan could hold what the planner never emits (human's
+                 ``faceres`` on hailo8l: every group at a16_w16 "all legal", 40 of its
+                 86 groups under such warnings). Only what a rule blocks is demoted.
 ``variants``     ``max_legal`` with Linear families (:mod:`quantscope.model.families`, read
                  from the graph) back at ``low``: ``noqk`` (query/key), ``noqkv`` (+ value),
                  ``noqkvao`` (+ attention output), ``onlyup`` (every Linear but the FFN
@@ -24,9 +33,9 @@ from quantscope.model.families import linear_families
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes
-from quantscope.plan.check import check
+from quantscope.plan.start import Legality, legal_start, legality
 from quantscope.targets.profile import Target
-from quantscope.types import Plan, Precision, QuantscopeError
+from quantscope.types import Plan, Precision, Problem, QuantscopeError
 
 # variant name -> the Linear families it puts back at the low precision
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -48,18 +57,30 @@ class Candidate:
     note: str
 
 
+def _screen(model: Model, target: Target, shapes: Shapes | None,
+            low: Precision) -> Legality:
+    """The planner's legality screen from its start plan (uniform ``low``, raised where a
+    rule refuses it): what blocks a plan here blocks it in the search."""
+    groups = find_groups(model)
+    start, _ = legal_start(groups, model, target, shapes, low)
+    return legality(start, groups, model, target, shapes, allow_warnings=False)
+
+
+def _rules(problems: list[Problem] | tuple[Problem, ...]) -> set[str]:
+    return {p.rule if p.severity == "error" else f"{p.rule} (warning)" for p in problems}
+
+
 def max_legal(model: Model, target: Target, shapes: Shapes | None, *,
               high: Precision | None = None, low: Precision = Precision.A8_W8) -> Candidate:
     """Every group at ``high`` (default: the target's :attr:`~Target.promote`) except those
-    ``check`` refuses (demoted to ``low``)."""
+    a rule blocks (see the module table), each demoted to its start-plan precision."""
     high = target.promote if high is None else high
-    groups = find_groups(model)
+    legal = _screen(model, target, shapes, low)
     over: dict[str, Precision] = {}
     rules: set[str] = set()
     for _ in range(ROUNDS):
         plan = Plan(default=high, overrides=tuple(sorted(over.items())), target=target.name)
-        bad = [p for p in check(plan, groups, model, target, shapes=shapes)
-               if p.severity == "error"]
+        bad = legal.blocking(plan)
         if not bad:
             note = (f"every group at {high} but {len(over)} that {', '.join(sorted(rules))} "
                     f"refuse(s) at {low}" if over else f"every group at {high}: all legal")
@@ -69,8 +90,8 @@ def max_legal(model: Model, target: Target, shapes: Shapes | None, *,
             raise QuantscopeError(
                 f"no legal plan near {high} on {target.name}: {bad[0].rule} on {bad[0].group} "
                 f"stays after demoting it to {low}: {bad[0].fix}")
-        over.update({g: low for g in fresh})
-        rules.update(p.rule for p in bad)
+        over.update({g: legal.start.precision_of(g) for g in fresh})
+        rules.update(_rules(bad))
     raise QuantscopeError(f"no legal plan near {high} on {target.name} after {ROUNDS} rounds "
                           "of demotion")
 
@@ -81,17 +102,17 @@ def variants(model: Model, target: Target, shapes: Shapes | None, base: Candidat
     (no Linear of its families, or a rule refuses it)."""
     families = linear_families(model)
     groups = find_groups(model)
+    legal = _screen(model, target, shapes, low)
     out, notes = [], []
     for name, fams in VARIANTS.items():
-        lowered = {g: low for g, f in families.items() if f in fams}
+        lowered = {g: legal.start.precision_of(g) for g, f in families.items() if f in fams}
         if not lowered:
             notes.append(f"{name}: the model has no Linear of families {', '.join(fams)}")
             continue
         over = {**dict(base.plan.overrides), **lowered}
         plan = Plan(default=base.plan.default, overrides=tuple(sorted(over.items())),
                     target=target.name)
-        bad = [p for p in check(plan, groups, model, target, shapes=shapes)
-               if p.severity == "error"]
+        bad = legal.blocking(plan)
         if bad:
             notes.append(f"{name}: not legal ({bad[0].rule} on {bad[0].group})")
             continue

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx
 
+from quantscope.model.axes import softmax_facts
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes, seq_len_shapes
@@ -323,12 +324,19 @@ def outlier_channels(model: Model, stats: Stats | None, ratio: float, what: str
 
 
 def softmax_chains(model: Model) -> Precondition:
-    """Whether the model has attention Softmax chains (the head count is found when the
-    rewrite matches them)."""
-    n = sum(1 for node in model.graph.node if node.op_type == "Softmax")
+    """Whether the model has attention Softmax chains: a Softmax fed by an activation x
+    activation MatMul (:func:`quantscope.model.axes.softmax_facts`, the fact legality reads
+    too); a classifier's Softmax over its logits is none (human's ``faceres``: its age
+    Softmax read as "1 attention Softmax chain(s)" before). The head count is found when
+    the rewrite matches them."""
+    soft = [node for node in model.graph.node if node.op_type == "Softmax"]
+    n = sum(1 for node in soft if softmax_facts(model, node)[2])
     if n:
         return Precondition(True, f"{n} attention Softmax chain(s) to rewrite (each one's "
                                   "heads are matched when rewriting)")
+    if soft:
+        return Precondition(False, f"no attention to rewrite: the graph's {len(soft)} "
+                                   "Softmax(es) read no activation x activation MatMul")
     return Precondition(False, "no Softmax in the graph: no attention to rewrite")
 
 
