@@ -33,17 +33,19 @@ from quantscope.types import Dataset, Plan, Precision, Sensitivity
 SAMPLES, COPIES = 6, 3  # samples (faces, photos); a face's chips, a photo's views
 
 
-def _near_identity(shape: tuple[int, ...], off: float):
+def _near_identity(shape: tuple[int, ...], off: float, outputs: tuple[str, ...] = ("y",)):
     """``y = x + x @ W``, ``W`` the identity plus small off-diagonal weights: the weights'
     8-bit error grows with a sample's size, the activations' does not, so how much 16 bit
-    gains differs from sample to sample."""
+    gains differs from sample to sample. ``outputs=("a", "b")``: two outputs, ``a = x @ W``
+    and ``b = x + a``."""
     d = shape[-1]
     r = np.random.default_rng(0)
     w = (np.eye(d) + r.normal(0, off, (d, d))).astype(np.float32)
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="MatMul_0"),
-             helper.make_node("Add", ["x", "m"], ["y"], name="Add_1")]
+    m, y = outputs if len(outputs) == 2 else ("m", outputs[0])
+    nodes = [helper.make_node("MatMul", ["x", "w"], [m], name="MatMul_0"),
+             helper.make_node("Add", ["x", m], [y], name="Add_1")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, ["N", *shape])],
-                          [helper.make_tensor_value_info("y", 1, ["N", *shape])],
+                          [helper.make_tensor_value_info(o, 1, ["N", *shape]) for o in outputs],
                           [numpy_helper.from_array(w, "w")])
     return load_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]),
                       "near-identity")
@@ -131,14 +133,14 @@ def test_the_planners_evaluator_keeps_the_powers_of_every_db_figure(metric, layo
     """An image output's per-output ``psnr_db:OUTPUT`` and the worst output's ``psnr_db``
     (two image outputs), an embedding's ``embedding_sqnr_db`` (``--layout y=embedding``):
     the evaluator keeps per-sample powers pooling to the figure, read back from the
-    evaluation cache too (its entries' format is /3: a /2 entry of these has none)."""
+    evaluation cache too."""
     x = _sized(SAMPLES, 1, (16,), 1.0)
     if layout == "embedding":
         task, model = EmbeddingTask(name="embedding:y", output="y"), _near_identity((16,), 0.01)
     else:
         task = OutputTasks(name="outputs", headline="psnr_db", tasks=tuple(
             ImageTask(name=f"image:{o}", output=o) for o in ("a", "b")))
-        model = _two_pictures()
+        model = _near_identity((16,), 0.01, ("a", "b"))
     data = _data(task, x)
     stats = stages.calibrate_model(model, data)
     ev = stages.plan_evaluator(model, data, stats, metric, cache=EvalCache(tmp_path / "e"))
@@ -149,19 +151,6 @@ def test_the_planners_evaluator_keeps_the_powers_of_every_db_figure(metric, layo
     again = stages.plan_evaluator(model, data, stats, metric, cache=EvalCache(tmp_path / "e"))
     assert again(Plan.uniform(Precision.A8_W8)) == value
     assert np.array_equal(again.parts.noise, ev.parts.noise)
-
-
-def _two_pictures():
-    """Two image outputs of one input: ``a = x @ W``, ``b = x + x @ W``."""
-    base = _near_identity((16,), 0.01).proto
-    g = base.graph
-    g.output.insert(0, helper.make_tensor_value_info("m", 1, ["N", 16]))
-    g.output[0].name = "a"
-    g.node[0].output[0] = "a"
-    g.node[1].input[1] = "a"
-    g.output[1].name = "b"
-    g.node[1].output[0] = "b"
-    return load_proto(base, "two-pictures")
 
 
 def test_plan_json_names_the_psnr_noise(tmp_path, capsys):
