@@ -25,7 +25,7 @@ def measured(ref: dict[str, np.ndarray], tests: dict[str, dict[str, np.ndarray]]
              metric: str, task: object | None = None) -> dict:
     """evaluate.json's results of each label in ``tests`` (output name -> array, one
     batch) against FP32's ``ref``: scored with per-sample powers and ``task``'s figures and
-    held-out powers, as ``run``'s evaluate stage scores them, the headline ``metric``'s
+    their powers, as ``run``'s evaluate stage scores them, the headline ``metric``'s
     powers kept, read back from JSON."""
     names = tuple(ref)
     fp32 = Outputs(names, (tuple(ref[n] for n in names),))
@@ -37,7 +37,7 @@ def measured(ref: dict[str, np.ndarray], tests: dict[str, dict[str, np.ndarray]]
         metrics = dict(fid.values)
         if task is not None:
             metrics.update(task.metrics(fp32, test).values)  # type: ignore[attr-defined]
-        parts = figure_parts(data, fid, fp32, test, held_out=True)
+        parts = figure_parts(data, fid, fp32, test)
         results[label] = {"metrics": metrics, "sample_parts": kept_parts(parts, metrics)}
     keep_powers(results, metric)
     return json.loads(json.dumps(results))  # as the verdict reads evaluate.json

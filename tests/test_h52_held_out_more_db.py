@@ -5,7 +5,7 @@ worse by 0.05 dB PSNR on many steady samples was "within" it, one worse by 0.5 d
 noisy ones "beyond" it (ship uniform a8_w8, on noise). The evaluate stage now keeps their
 per-sample powers too (a PSNR's ``peak² x values`` and squared error per sample; an
 embedding's powers per face, per photo: the rows of one source are no independent
-samples), for the check only: the planner still ranks these figures without their noise."""
+samples), for the check only (since h58 the planner ranks by them too)."""
 
 from __future__ import annotations
 
@@ -78,16 +78,17 @@ def test_the_psnr_powers_pool_to_the_figure_with_the_peak_of_fp32s_own_range():
     assert got is not None and f"{10 * np.log10(sse['a8_w8'] / sse['plan']):+.3f} dB" in got[1]
 
 
-def test_the_planner_reads_no_psnr_powers():
-    """Only run's held-out check reads them: with them the planner's no-goal choice among
-    an image model's plans would change (plan.pareto: no noise estimate of a PSNR)."""
+def test_the_planner_reads_the_psnr_powers_the_check_reads():
+    """One source of the powers (the task's ``sample_parts``): since h58 the planner's
+    measurement keeps those the held-out check reads (h52 kept them for the check only;
+    the planner's choice: ``tests/test_h58_planner_picture_noise.py``)."""
     ref, uni, _ = _pictures(6, 0.3, 0.0, seed=1)
     task = ImageTask(name="image:y", output="y", range=(0.0, 1.0))
     fp32 = Outputs(("y",), ((ref,),))
     fid, test = compare_model(_runs(uni), fp32, per_sample=True)
     data = Dataset("d", (), (), task=task)
-    assert PSNR not in figure_parts(data, fid, fp32, test)
-    assert PSNR in figure_parts(data, fid, fp32, test, held_out=True)
+    got = figure_parts(data, fid, fp32, test)[PSNR]
+    assert np.array_equal(got.noise, task.sample_parts(fp32, test)[PSNR].noise)
 
 
 def _runs(y: np.ndarray):

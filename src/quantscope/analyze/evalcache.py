@@ -44,8 +44,10 @@ from quantscope.types import Dataset, Plan, QuantscopeError, Stats
 from quantscope.version import __version__
 
 # /2: a share's entry carries its items (text retrieval's queries, a verification's pairs):
-# a /1 entry of those lacks them, and its figure would be read back with no noise estimate
-FORMAT = "quantscope.eval-cache/2"
+# a /1 entry of those lacks them, and its figure would be read back with no noise estimate;
+# /3: a picture's PSNR, a face verification's, image views' and an embedding's SQNR carry
+# their per-sample powers (h58): a /2 entry of those lacks them, the same way
+FORMAT = "quantscope.eval-cache/3"
 # plan meta keys that describe a plan and change no figure measured of it
 DESCRIPTIVE_META = frozenset({"planner", "seed", "budget", "cost", "predicted", "measured",
                               "note", "metric"})

@@ -147,7 +147,6 @@ def evaluate_plans(
     task_only: bool = False,
     own_outputs: bool = False,
     sample_parts: bool = False,
-    held_out_parts: bool = False,  # also the powers only run's held-out check reads
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -206,7 +205,7 @@ def evaluate_plans(
                                  keep, reference=reference, method=method, error_scales=error_scales,
                                  head={"coverage": coverage, **saturated}, q_notes=q_notes,
                                  measured_by=measured_by[0] if engine is not None else None,
-                                 sample_parts=sample_parts, held_out_parts=held_out_parts)
+                                 sample_parts=sample_parts)
     return results
 
 
@@ -265,16 +264,16 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
             emulated: Runs, ref: Outputs | None, ref_kept: Outputs | None, keep: Any, *,
             reference: Model | None, method: str | None, error_scales: Sequence[float],
             head: dict[str, Any], q_notes: tuple[str, ...], measured_by: str | None,
-            sample_parts: bool = False, held_out_parts: bool = False) -> dict[str, Any]:
+            sample_parts: bool = False) -> dict[str, Any]:
     """One plan's result with every metric: output fidelity and the task's figures
-    (``sample_parts``, ``held_out_parts``: :func:`evaluate_plans`)."""
+    (``sample_parts``: :func:`evaluate_plans`)."""
     # raw outputs judged unless a task reads them its own way (text: padded tokens);
     # a row-local output task (detections, maps) reads the raw outputs themselves
     judge = data.task is None or getattr(data.task, "row_local", False)
     score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
                              "channel_axes": output_channel_axes(model, batches),
                              "top_classes": top_classes(data),
-                             "per_sample": sample_parts or held_out_parts}
+                             "per_sample": sample_parts}
     if ref is None:
         fp32 = open_runs((reference or model).proto, batches)
         fid, ref_kept, test = compare_models(fp32, emulated, **score)
@@ -297,26 +296,23 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
         "method": method or stats.method, "metrics": metrics, "outputs": tables,
         **head, **scaled, **({"engine": measured_by} if measured_by is not None else {}),
         "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
-        **({"sample_parts": kept_parts(figure_parts(data, fid, ref_kept, test,
-                                                    held_out=held_out_parts), metrics)}
-           if sample_parts or held_out_parts else {}),
+        **({"sample_parts": kept_parts(figure_parts(data, fid, ref_kept, test), metrics)}
+           if sample_parts else {}),
     }
 
 
-def figure_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Outputs,
-                 *, held_out: bool = False) -> dict[str, Any]:
-    """The per-sample powers of the fidelity figures in dB and of the task's (a task with
-    ``sample_parts``: a retrieval task's embedding SQNR, per pair); ``held_out``: also
-    those of a task with ``held_out_parts`` (an image's PSNR, a face verification's and
-    image views' embedding SQNR, an image output's ``psnr_db:OUTPUT``), which ``run``'s
-    held-out check reads and the planner does not: with them its choice among image
-    models' plans would change (the noise rule, :mod:`quantscope.plan.pareto`)."""
+def figure_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Outputs
+                 ) -> dict[str, Any]:
+    """The per-sample powers of the fidelity figures in dB and of the task's (its
+    ``sample_parts``: a text retrieval's embedding SQNR per pair, an image's PSNR per
+    sample, a face verification's and image views' embedding SQNR per face and per photo,
+    an embedding's per sample, an image output's ``psnr_db:OUTPUT``): the one source of
+    the noise the planner's choice (:mod:`quantscope.plan.pareto`), a torch ranking
+    (:func:`quantscope.finetune.rank.score_runs`) and ``run``'s held-out check read."""
     out = dict(fid.parts)
-    names = ("sample_parts", "held_out_parts") if held_out else ("sample_parts",)
-    for name in names:
-        task_parts = getattr(data.task, name, None)
-        if task_parts is not None and ref_kept is not None:
-            out.update(task_parts(ref_kept, test))
+    task_parts = getattr(data.task, "sample_parts", None)
+    if task_parts is not None and ref_kept is not None:
+        out.update(task_parts(ref_kept, test))
     return out
 
 

@@ -25,13 +25,13 @@ kept          by ``run``'s evaluate stage (:func:`keep_powers`), for a headline 
               plan's and a8_w8's per-sample powers of it, of the columns the jackknife
               reads (:func:`quantscope.tasks.db_noise.jackknife_columns`): an output's
               SQNR and worst channel's per sample, a text retrieval's embedding SQNR per
-              pair (the planner reads these too), and, for this check only
-              (:func:`quantscope.analyze.measure.figure_parts` ``held_out``), a picture's
-              PSNR per sample (``psnr_db``; ``psnr_db:OUTPUT`` of several image outputs,
-              the unprefixed worst one's as their columns side by side), a face
-              verification's embedding SQNR per face and image views' per photo (the
-              rows of one source are no independent samples); an ``evaluate.json``
-              written before has none and is read as such
+              pair, a picture's PSNR per sample (``psnr_db``; ``psnr_db:OUTPUT`` of
+              several image outputs, the unprefixed worst one's as their columns side by
+              side), a face verification's embedding SQNR per face and image views' per
+              photo (the rows of one source are no independent samples), an embedding's
+              (``--layout OUT=embedding``) per sample: the powers the planner's choice
+              reads too (:func:`quantscope.analyze.measure.figure_parts`, one place); an
+              ``evaluate.json`` written before has none and is read as such
 said          ``verdict.json`` ``worse_held_out`` (figures, margin, ``noise`` in words,
               ``noise_from``: binomial / jackknife / margin / none, ``beyond_noise``,
               line) and the verdict's plan line: "held out, the plan is worse than uniform

@@ -318,11 +318,11 @@ def evaluate(ctx: Context) -> Done:
     results = stages.evaluate_plans(model, held, stats, uniform, scheme=scheme,
                                     progress=ctx.progress, reference_outputs=ref,
                                     own_outputs=True,  # ref is the model's own: fp32 row
-                                    held_out_parts=powers)
+                                    sample_parts=powers)
     rmodel, rstats, final = repaired(ctx)
     results.update(stages.evaluate_plans(
         rmodel, held, rstats, {"plan": final}, progress=ctx.progress, reference_outputs=ref,
-        error_scales=stages.ERROR_SCALES if ctx.opts.whatif else (), held_out_parts=powers))
+        error_scales=stages.ERROR_SCALES if ctx.opts.whatif else (), sample_parts=powers))
     keep_powers(results, head.metric)
     for r in results.values():
         r["model"] = ctx.opts.model if r["model"] != REPAIRED else REPAIRED

@@ -14,16 +14,23 @@ noise          without ``min_quality``, where the measured figure has a noise (a
                over counted items, ``items``: detection F1 over the detections, a class
                output's top-1 picks, text retrieval's queries; a dB figure with its
                per-sample powers, ``parts``: an output SQNR, a worst channel's, a text
-               retrieval's embedding SQNR): the cheapest measured point not worse than the
+               retrieval's embedding SQNR per pair, a picture's PSNR and an image
+               output's ``psnr_db:OUTPUT`` per sample, a face verification's and image
+               views' embedding SQNR per face and per photo, an embedding's per sample:
+               the task's ``sample_parts``, the powers ``run``'s held-out check reads,
+               :func:`quantscope.analyze.measure.figure_parts`, one place since h58):
+               the cheapest measured point not worse than the
                best measured one beyond the one-sided 95 % noise of their difference
                (:func:`noise`: a share's binomial noise,
                :func:`quantscope.tasks.shares.share_noise`; a dB figure's jackknife bound
                of the paired difference, :func:`quantscope.tasks.db_noise.db_noise`; the
                rules ``run --rewrites auto`` decides by too): cost is not bought on a
                difference the data cannot tell from sampling noise; never a plan below
-               the user's goal (``floor``) for one that meets it. Without either (a PSNR,
-               an image views' embedding SQNR): the best quality, then the
-               cheapest, and :func:`choice_record` says there was no noise estimate
+               the user's goal (``floor``) for one that meets it. Without either (a
+               worst sample's ``psnr_min_db``: no pooled ratio of per-sample powers,
+               and a minimum's jackknife is no estimate of its noise; a figure read from an evaluation cache entry that lost its
+               powers): the best quality, then the cheapest, and :func:`choice_record`
+               says there was no noise estimate
 =============  ================================================================
 
 Quality comparisons follow the metric's direction (``higher_is_better``).

@@ -220,11 +220,10 @@ class ViewRetrievalTask:
         nn = nearest_other(emb)
         return float(np.mean(self.photo[nn] == self.photo)), nn
 
-    def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+    def sample_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
         """The powers ``embedding_sqnr_db`` pools, summed per photo (a photo's views are
-        no independent samples: :func:`quantscope.tasks.db_noise.unit_powers`), for
-        ``run``'s held-out check only (the planner, asked for this figure, ranks it
-        without its noise)."""
+        no independent samples: :func:`quantscope.tasks.db_noise.unit_powers`): the
+        noise the planner's choice and ``run``'s held-out check read."""
         er, et = _embeddings(ref), _embeddings(test)
         if len(er) != len(self.photo):
             return {}

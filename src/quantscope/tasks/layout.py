@@ -353,9 +353,9 @@ class OutputTasks:
         return {k: v for t in self.tasks if hasattr(t, "top_classes")
                 for k, v in t.top_classes().items()}
 
-    def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
-        """The outputs' tasks' per-sample powers for ``run``'s held-out check (an image's
-        PSNR: :meth:`quantscope.tasks.pictures.ImageTask.held_out_parts`), as
+    def sample_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+        """The outputs' tasks' per-sample powers (an image's PSNR:
+        :meth:`quantscope.tasks.pictures.ImageTask.sample_parts`), as
         :meth:`metrics` keys their figures: ``KEY:OUTPUT`` each, and the unprefixed
         ``KEY`` (the worst output's) as the outputs' columns side by side, whose lowest
         pooled ratio is that worst figure (kept only where it pools to the figure
@@ -363,7 +363,7 @@ class OutputTasks:
         out: dict[str, Parts] = {}
         by_key: dict[str, list[Parts]] = {}
         for t in self.tasks:
-            fn = getattr(t, "held_out_parts", None)
+            fn = getattr(t, "sample_parts", None)
             for k, p in (fn(ref, test) if fn is not None else {}).items():
                 out[f"{k}:{t.output}"] = p
                 by_key.setdefault(k, []).append(p)

@@ -15,8 +15,9 @@ Every sample of the data is compared with every other (``[N, ...]`` read as ``N`
                              that are among its 5 nearest under the plan (fewer when the
                              data has 6 samples or fewer: all the others)
 ``embedding_cosine_mean``,   each sample's embedding against FP32's: cosine (mean, least)
-``embedding_cosine_min``,    and SQNR over every value
-``embedding_sqnr_db``
+``embedding_cosine_min``,    and SQNR over every value (its per-sample powers beside it:
+``embedding_sqnr_db``        the jackknife noise the planner and ``run``'s held-out check
+                             read, ``sample_parts``)
 ``collapsed``,               the collapse test of :func:`quantscope.tasks.metrics.collapse_report`
 ``pairwise_cosine_fp32``     (1: collapsed against FP32's) and FP32's own mean pairwise cosine
 ===========================  ===========================================================
@@ -56,6 +57,7 @@ import numpy as np
 
 from quantscope.numerics import sqnr_db
 from quantscope.tasks import metrics as M
+from quantscope.tasks.db_noise import Parts, row_powers
 from quantscope.tasks.shares import items_key
 from quantscope.types import Metrics, Outputs, QuantscopeError
 from quantscope.units import value
@@ -132,6 +134,13 @@ class EmbeddingTask:
         i = out.names.index(self.output)
         parts = [np.asarray(b[i], np.float64).reshape(len(b[i]), -1) for b in out.batches]
         return np.concatenate(parts) if parts else np.zeros((0, 0))
+
+    def sample_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+        """Per sample, the powers ``embedding_sqnr_db`` pools (one row each: each sample
+        its own input; :func:`quantscope.tasks.db_noise.row_powers`): the noise the
+        planner's choice and ``run``'s held-out check read."""
+        got = row_powers(self._rows(ref), self._rows(test))
+        return {"embedding_sqnr_db": Parts(got.signal, got.noise, "samples")}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         r, t = self._rows(ref), self._rows(test)

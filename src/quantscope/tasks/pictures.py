@@ -187,11 +187,11 @@ class ImageTask:
             pairs = [(np.clip(r, a, b), np.clip(t, a, b)) for r, t in pairs]
         return _Scored(pairs, lo, hi, a, b, total, outside)
 
-    def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+    def sample_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
         """Per sample, the powers ``psnr_db`` pools: ``peak² x values`` and the summed
-        squared error (:mod:`quantscope.tasks.db_noise`; the peak the whole data's), for
-        ``run``'s held-out check only (the planner ranks PSNR without its noise); none
-        where there is no PSNR."""
+        squared error (:mod:`quantscope.tasks.db_noise`; the peak the whole data's): the
+        noise the planner's choice and ``run``'s held-out check read; none where there is
+        no PSNR."""
         got = self._scored(ref, test)
         if got is None or got.peak <= 0.0:
             return {}

@@ -66,10 +66,10 @@ class VerificationTask:
         return np.concatenate([np.asarray(b[0], np.float32).reshape(len(b[0]), -1)
                                for b in out.batches])
 
-    def held_out_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
+    def sample_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
         """The powers ``embedding_sqnr_db`` pools, summed per face (:attr:`faces`, else per
-        chip: :func:`quantscope.tasks.db_noise.unit_powers`), for ``run``'s held-out check
-        only (the planner, asked for this figure, ranks it without its noise)."""
+        chip: :func:`quantscope.tasks.db_noise.unit_powers`): the noise the planner's
+        choice and ``run``'s held-out check read."""
         er, et = self._embeddings(ref), self._embeddings(test)
         faces = np.arange(len(er)) if self.faces is None else self.faces
         if len(faces) != len(er):
