@@ -25,6 +25,7 @@ from quantscope.pipeline.verdict_findings import (
     COMPARED,
     _data_notes,
     _left_out,
+    _outputs_headline,
     _saturated_inside,
     _saturated_outputs,
     _says_little,
@@ -147,7 +148,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
                     if not r.get("skipped")],
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
-        "not_like_fp32": _not_like(results, metric),
+        "not_like_fp32": _not_like(results, metric), "outputs_headline": _outputs_headline(results),
         "says_little": _says_little(results), "channels_left_out": _left_out(results),
         "operators": _operators(chk["problems"], chk["target"]),
         "saturated_outputs": _saturated_outputs(

@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from quantscope.tasks.unscored import is_unscored_note, unscored_names
+from quantscope.tasks.worst_output import MARK as WORST_OUTPUT
 from quantscope.units import value
 
 COMPARED = ("fp32", "a8_w8", "plan")
@@ -44,6 +45,14 @@ def _unscored_figures(notes: list[str], results: dict[str, Any]) -> list[str]:
 
     return [f"output '{n}' (fidelity only) held out: SQNR {fig(plan[n])} at the plan, "
             f"{fig(uniform.get(n, {}))} at uniform a8_w8" for n in dict.fromkeys(names)]
+
+
+def _outputs_headline(results: dict[str, Any]) -> str | None:
+    """The plan's note naming which of several outputs the headline figure is (the worst
+    one's) and each output's own figure held out (O-Net's boxes and landmarks), without
+    its mark; None with one output."""
+    notes = [str(n) for n in results.get("plan", {}).get("notes", [])]
+    return next((n[len(WORST_OUTPUT):] for n in notes if n.startswith(WORST_OUTPUT)), None)
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:

@@ -357,6 +357,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append("  left float: " + "; ".join(
             f"{r['count']} {r['op_type']} {r['kind']}{'s' if r['count'] > 1 else ''}: "
             f"{r['why']}" for r in v["left_float"]))
+    if v.get("outputs_headline"):  # the headline is one output's of several: which, each
+        lines.append(f"  outputs (plan, held out): {v['outputs_headline']}")
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in _warnings(v)]

@@ -115,6 +115,7 @@ from quantscope.tasks.points import PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
 from quantscope.tasks.verify import VerifyTask, read_labels, verify_task
+from quantscope.tasks.worst_output import worst_output_note
 from quantscope.types import Metrics, Outputs
 
 
@@ -340,12 +341,14 @@ class OutputTasks:
         worst: dict[str, float] = {}
         for k, vs in by_key.items():
             if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance",
-                             "chars_")) or k.endswith((ITEMS, CLUSTERS)):
+                             "point_judged", "chars_")) or k.endswith((ITEMS, CLUSTERS)):
                 continue
             worse = max if any(w in k for w in LOWER_IS_BETTER) else min
             worst[k] = worse(vs)
         # a share's items: the worst output's own (the figure the unprefixed key is)
         values.update(worst, **worst_counts(per_task, worst))
+        which = worst_output_note(first.headline, self.tasks, per_task, worst.get(first.headline))
+        notes += [which] if which else []
         return Metrics(values=values, notes=tuple(notes))
 
     def top_classes(self) -> dict[str, TopClasses]:
