@@ -234,3 +234,17 @@ def test_run_verdict_names_the_worst_of_two_points_outputs_and_gives_each(onet, 
     assert v["headline"]["value"] == pytest.approx(ev["point_agreement:landmarks"])
     assert ev["point_agreement:landmarks"] < ev["point_agreement:boxes"]
     assert f"  outputs (plan, held out): {said}" in text.splitlines(), text
+
+
+def test_run_verdict_counts_the_points_judged_where_the_face_map_passes(pnet, capsys):
+    out = pnet / "run"
+    assert main(["run", str(pnet / "pnet.onnx"), "--data", str(pnet / "pnet.npz"),
+                 "--target", "hailo8", "--out", str(out),
+                 "--layout", "boxes=points:scale=12,order=channels,where=prob:1>0.6"]) == 0
+    text = capsys.readouterr().out
+    v = json.loads((out / "verdict.json").read_text())
+    ev = json.loads((out / "evaluate.json").read_text())["results"]["plan"]["metrics"]
+    judged = int(ev["point_judged:boxes"])
+    assert len(v["gated"]) == 1 and f"({judged} of " in v["gated"][0], v["gated"]
+    assert "where FP32's 'prob' channel 1 > 0.6" in v["gated"][0], v["gated"]
+    assert f"  judged (plan, held out): {v['gated'][0]}" in text.splitlines(), text

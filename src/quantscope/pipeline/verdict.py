@@ -24,6 +24,7 @@ from quantscope.pipeline.manifest import unfinished_lines
 from quantscope.pipeline.verdict_findings import (
     COMPARED,
     _data_notes,
+    _gated,
     _left_out,
     _outputs_headline,
     _saturated_inside,
@@ -149,6 +150,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results, metric), "outputs_headline": _outputs_headline(results),
+        "gated": _gated(results),
         "says_little": _says_little(results), "channels_left_out": _left_out(results),
         "operators": _operators(chk["problems"], chk["target"]),
         "saturated_outputs": _saturated_outputs(

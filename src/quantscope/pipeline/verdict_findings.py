@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantscope.tasks.points_gate import KEPT as GATED
 from quantscope.tasks.unscored import is_unscored_note, unscored_names
 from quantscope.tasks.worst_output import MARK as WORST_OUTPUT
 from quantscope.units import value
@@ -53,6 +54,12 @@ def _outputs_headline(results: dict[str, Any]) -> str | None:
     its mark; None with one output."""
     notes = [str(n) for n in results.get("plan", {}).get("notes", [])]
     return next((n[len(WORST_OUTPUT):] for n in notes if n.startswith(WORST_OUTPUT)), None)
+
+
+def _gated(results: dict[str, Any]) -> list[str]:
+    """The plan's notes counting the points judged where another output's score passes
+    (``where=``): the held-out figure is over them alone."""
+    return [str(n) for n in results.get("plan", {}).get("notes", []) if GATED in str(n)]
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:

@@ -357,8 +357,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append("  left float: " + "; ".join(
             f"{r['count']} {r['op_type']} {r['kind']}{'s' if r['count'] > 1 else ''}: "
             f"{r['why']}" for r in v["left_float"]))
-    if v.get("outputs_headline"):  # the headline is one output's of several: which, each
-        lines.append(f"  outputs (plan, held out): {v['outputs_headline']}")
+    lines += _outputs_lines(v)
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in _warnings(v)]
@@ -393,6 +392,14 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return [one_line(ln) for ln in lines]  # a name's newline never breaks a verdict line
+
+
+def _outputs_lines(v: dict[str, Any]) -> list[str]:
+    """Whose figure the headline is when several outputs have it (each one's given), and
+    the points judged only where another output's score passes (``where=``): how many."""
+    return ([f"  outputs (plan, held out): {v['outputs_headline']}"]
+            if v.get("outputs_headline") else []) + [
+        f"  judged (plan, held out): {n}" for n in v.get("gated") or []]
 
 
 def _warnings(v: dict[str, Any]) -> list[str]:

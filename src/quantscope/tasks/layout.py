@@ -31,8 +31,11 @@ KIND           keys (defaults)                                          headline
                FP32's x, y span; 1 px when scaled), ``flags=A-B`` (values
                decided at ``threshold=0``), ``scale=S`` | ``input`` (the
                values x S are pixels), ``order=interleaved`` |
-               ``planar`` (x1..xP then y1..yP): landmarks
-               (:mod:`.points`, :mod:`.layout_points`)
+               ``planar`` (x1..xP then y1..yP) | ``channels``,
+               ``photo=PX`` (the box side on the photo),
+               ``where=OUT:K>T`` (only where another output's
+               score passes): landmarks (:mod:`.points`,
+               :mod:`.layout_points`, :mod:`.points_gate`)
 ``ctc``        ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
                ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
 ``image``      ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``

@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantscope.tasks.points_gate import PointsGate
+from quantscope.tasks.points_gate import KEPT, PointsGate
 from quantscope.tasks.shares import share_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError
 from quantscope.units import value
@@ -300,8 +300,8 @@ class PointsTask:
         at = (f"at {n // each} of {positions * len(d)} positions ({n} of {d.size} points), "
               f"{where}, {samples}" if positions > 1 else
               f"{samples} ({n} of {d.size} points), {where}")
-        return kept, (f"output '{self.output}': judged {at}: the points a host "
-                      f"keeps; the other {d.size - n} are not judged (the score's own "
+        return kept, (f"output '{self.output}': judged {at}{KEPT}"
+                      f"{d.size - n} are not judged (the score's own "
                       f"decisions: --layout {self.gate.output}=map:threshold="
                       f"{self.gate.threshold:g},channel={self.gate.channel})")
 
