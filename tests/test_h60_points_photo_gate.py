@@ -113,6 +113,17 @@ def test_a_gate_that_keeps_nothing_judges_nothing_and_says_so():
                    gate=gate).metrics(_outs(boxes=ref, prob=prob), _outs(boxes=test, prob=prob))
     assert math.isnan(m.values["point_agreement"]) and m.values["point_judged"] == 0
     assert any("no point judged: where FP32's 'prob' channel 1 > 0.95" in n for n in m.notes)
+    both = OutputTasks(name="o", tasks=(PointsTask(name="b", output="boxes", scale=(12.0, 12.0),
+                                                   order="channels", gate=gate),
+                                        PointsTask(name="c", output="corners")),
+                       headline="point_agreement").metrics(
+        _outs(boxes=ref, prob=prob, corners=ref), _outs(boxes=test, prob=prob, corners=ref))
+    note = next(n for n in both.notes if n.startswith(MARK))
+    assert "'boxes' no point judged (no FP32 score passes where=prob:1>0.95)" in note, note
+    # the worst over the outputs with a figure, whichever is declared first (min over a NaN
+    # had given NaN with the gated output first, the other's with it second)
+    assert both.values["point_agreement"] == 1.0
+    assert "is the worst output's, 'corners''s" in note, note
 
 
 def test_two_points_outputs_name_the_worst_and_give_each():

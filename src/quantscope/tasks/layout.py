@@ -68,6 +68,7 @@ naming ``--layout`` and the fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -347,7 +348,10 @@ class OutputTasks:
                              "point_judged", "chars_")) or k.endswith((ITEMS, CLUSTERS)):
                 continue
             worse = max if any(w in k for w in LOWER_IS_BETTER) else min
-            worst[k] = worse(vs)
+            # an output with no figure (NaN: a gate that keeps no point) is left out, said
+            # in the note naming each output's; min/max over a NaN depended on the order
+            figures = [v for v in vs if not math.isnan(v)]
+            worst[k] = worse(figures) if figures else math.nan
         # a share's items: the worst output's own (the figure the unprefixed key is)
         values.update(worst, **worst_counts(per_task, worst))
         which = worst_output_note(first.headline, self.tasks, per_task, worst.get(first.headline))

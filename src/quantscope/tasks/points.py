@@ -179,7 +179,10 @@ class PointsTask:
         """This output's headline figure in its own words (``run``'s verdict names each
         output's: :mod:`quantscope.tasks.worst_output`)."""
         unit = " px" if self.scale else ""
-        tol, share = values.get("point_tolerance", float("nan")), values[self.headline]
+        if "point_tolerance" not in values:  # no point (a gate that keeps none): no figure
+            return (f"no point judged (no FP32 score passes where={self.gate.text()})"
+                    if self.gate else "no point to judge")
+        tol, share = values["point_tolerance"], values[self.headline]
         photo = (f"; on the photo (a box of {self.photo:g} px) mean "
                  f"{values['point_error_mean_photo']:.3g} px, max "
                  f"{values['point_error_max_photo']:.3g} px"
