@@ -251,7 +251,8 @@ def test_run_verdict_counts_the_points_judged_where_the_face_map_passes(pnet, ca
     out = pnet / "run"
     assert main(["run", str(pnet / "pnet.onnx"), "--data", str(pnet / "pnet.npz"),
                  "--target", "hailo8", "--out", str(out),
-                 "--layout", "boxes=points:scale=12,order=channels,where=prob:1>0.6"]) == 0
+                 "--layout", "boxes=points:scale=12,order=channels,where=prob:1>0.6,photo=48"]
+                ) == 0
     text = capsys.readouterr().out
     v = json.loads((out / "verdict.json").read_text())
     ev = json.loads((out / "evaluate.json").read_text())["results"]["plan"]["metrics"]
@@ -259,3 +260,9 @@ def test_run_verdict_counts_the_points_judged_where_the_face_map_passes(pnet, ca
     assert len(v["gated"]) == 1 and f"({judged} of " in v["gated"][0], v["gated"]
     assert "where FP32's 'prob' channel 1 > 0.6" in v["gated"][0], v["gated"]
     assert f"  judged (plan, held out): {v['gated'][0]}" in text.splitlines(), text
+    # one points output: the photo's pixels on the verdict too (a window of 48 px, 4 x 12)
+    assert len(v["on_photo"]) == 1 and "output 'boxes': on the photo, for a box of 48 px" in \
+        v["on_photo"][0] and "a pixel of the crop is 4 px of the photo" in v["on_photo"][0]
+    assert f"{ev['point_error_max_photo:boxes']:.4g} px of the photo" in v["on_photo"][0]
+    assert ev["point_error_max_photo:boxes"] == pytest.approx(4 * ev["point_error_max:boxes"])
+    assert f"  photo (plan, held out): {v['on_photo'][0]}" in text.splitlines(), text

@@ -56,10 +56,11 @@ def _outputs_headline(results: dict[str, Any]) -> str | None:
     return next((n[len(WORST_OUTPUT):] for n in notes if n.startswith(WORST_OUTPUT)), None)
 
 
-def _gated(results: dict[str, Any]) -> list[str]:
+def _gated(results: dict[str, Any], mark: str = GATED) -> list[str]:
     """The plan's notes counting the points judged where another output's score passes
-    (``where=``): the held-out figure is over them alone."""
-    return [str(n) for n in results.get("plan", {}).get("notes", []) if GATED in str(n)]
+    (``where=``): the held-out figure is over them alone; with ``mark`` ON_PHOTO, the
+    notes giving the distances in pixels of the photo (``photo=PX``)."""
+    return [str(n) for n in results.get("plan", {}).get("notes", []) if mark in str(n)]
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:

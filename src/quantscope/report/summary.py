@@ -395,11 +395,14 @@ def format_short(v: dict[str, Any]) -> list[str]:
 
 
 def _outputs_lines(v: dict[str, Any]) -> list[str]:
-    """Whose figure the headline is when several outputs have it (each one's given), and
-    the points judged only where another output's score passes (``where=``): how many."""
+    """Whose figure the headline is when several outputs have it (each one's given), the
+    points judged only where another output's score passes (``where=``): how many, and
+    the distances in pixels of the photo (``photo=PX``)."""
     return ([f"  outputs (plan, held out): {v['outputs_headline']}"]
             if v.get("outputs_headline") else []) + [
-        f"  judged (plan, held out): {n}" for n in v.get("gated") or []]
+        f"  judged (plan, held out): {n}" for n in v.get("gated") or []] + [
+        f"  photo (plan, held out): {n}" for n in v.get("on_photo") or []
+        if not v.get("outputs_headline")]  # which gives each output's photo figures
 
 
 def _warnings(v: dict[str, Any]) -> list[str]:

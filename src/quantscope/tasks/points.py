@@ -84,6 +84,7 @@ SCALE_INPUT = "input"  # scale=input: the image input's width and height
 ORDERS = ("interleaved", "planar", "channels")
 AGREEMENT_RESEMBLES = 0.95
 FLAG_THRESHOLD = 0.0  # a flag is a logit by default (MediaPipe's: sigmoid, then 0.5)
+ON_PHOTO = ": on the photo, for a box of "  # in the note of photo=PX's distances
 
 
 def _ordinal(k: int) -> str:
@@ -321,7 +322,7 @@ class PointsTask:
         sx, sy = self.scale or (1.0, 1.0)
         ratio = (f"{px / sx:.4g}" if sx == sy or k < 2 else f"{px / sx:.4g} (x), {px / sy:.4g} (y)")
         return values, (
-            f"output '{self.output}': on the photo, for a box of {px:g} px (photo={px:g}, as "
+            f"output '{self.output}'{ON_PHOTO}{px:g} px (photo={px:g}, as "
             f"declared: the model does not know the box; a pixel of the crop is {ratio} px "
             f"of the photo): distance to FP32's mean {values['point_error_mean_photo']:.4g} px, "
             f"max {values['point_error_max_photo']:.4g} px of the photo "
