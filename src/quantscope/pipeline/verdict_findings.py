@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from quantscope.tasks.points_gate import KEPT as GATED
+from quantscope.tasks.points_gate import NONE_KEPT
 from quantscope.tasks.unscored import is_unscored_note, unscored_names
 from quantscope.tasks.worst_output import MARK as WORST_OUTPUT
 from quantscope.units import value
@@ -56,11 +57,14 @@ def _outputs_headline(results: dict[str, Any]) -> str | None:
     return next((n[len(WORST_OUTPUT):] for n in notes if n.startswith(WORST_OUTPUT)), None)
 
 
-def _gated(results: dict[str, Any], mark: str = GATED) -> list[str]:
+def _gated(results: dict[str, Any], *marks: str) -> list[str]:
     """The plan's notes counting the points judged where another output's score passes
-    (``where=``): the held-out figure is over them alone; with ``mark`` ON_PHOTO, the
-    notes giving the distances in pixels of the photo (``photo=PX``)."""
-    return [str(n) for n in results.get("plan", {}).get("notes", []) if mark in str(n)]
+    (``where=``; the held-out figure is over them alone), or saying none is (no figure);
+    with ``marks`` (ON_PHOTO), the notes giving the distances in pixels of the photo
+    (``photo=PX``)."""
+    marks = marks or (GATED, NONE_KEPT)
+    return [str(n) for n in results.get("plan", {}).get("notes", [])
+            if any(m in str(n) for m in marks)]
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:

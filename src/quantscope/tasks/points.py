@@ -70,7 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from quantscope.tasks.points_gate import KEPT, PointsGate
+from quantscope.tasks.points_gate import KEPT, NONE_KEPT, PointsGate
 from quantscope.tasks.shares import share_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError
 from quantscope.units import value
@@ -297,7 +297,7 @@ class PointsTask:
         n, positions = int(kept.sum()), d.shape[1] // each
         where = (f"where {self.gate.words()} (where={self.gate.text()})")
         if not n:
-            return kept, (f"output '{self.output}': no point judged: {where} holds nowhere on "
+            return kept, (f"output '{self.output}'{NONE_KEPT}{where} holds nowhere on "
                           f"the {len(d)} samples ({positions} position(s) each): no point a host "
                           "keeps to judge")
         samples = f"on {int(kept.any(axis=1).sum())} of {len(d)} samples"

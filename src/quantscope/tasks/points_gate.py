@@ -27,6 +27,7 @@ from quantscope.types import Outputs, QuantscopeError
 WHERE = re.compile(r"^(?P<output>.+):\s*(?P<channel>\d+)\s*(?P<op>>=|>)\s*(?P<threshold>\S+)$")
 WHERE_SYNTAX = "where=OUT:K>T (the points where FP32's output OUT, channel K, passes T)"
 KEPT = ": the points a host keeps; the other "  # in the note counting the points judged
+NONE_KEPT = ": no point judged: "  # ... and in its note when the gate keeps none
 
 
 @dataclass(frozen=True)
