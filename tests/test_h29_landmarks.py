@@ -95,7 +95,7 @@ def test_landmarks_declared_as_points_on_the_cli(hand, capsys):
     ("landmarks=points:dims=5", "12 values per sample are no whole number of points of 5"),
     ("landmarks=points:dims=0", "dims '0' is not a whole number of 1 or more"),
     ("landmarks=points:tol=-1", "tol -1 is outside (0, inf]"),
-    ("landmarks=points:axis=1", "'axis' is no key of kind points (keys: dims, tol, flags, threshold, scale, order)"),
+    ("landmarks=points:axis=1", "'axis' is no key of kind points (keys: dims, tol, flags, threshold, scale, order, photo, where)"),
 ])
 def test_bad_points_layout_is_one_line(hand, capsys, layout, needle):
     assert_layout_refused(capsys, hand, "hand.onnx", "hand.npz", layout, needle)

@@ -24,7 +24,9 @@ from quantscope.pipeline.manifest import unfinished_lines
 from quantscope.pipeline.verdict_findings import (
     COMPARED,
     _data_notes,
+    _gated,
     _left_out,
+    _outputs_headline,
     _saturated_inside,
     _saturated_outputs,
     _says_little,
@@ -39,6 +41,7 @@ from quantscope.tasks.classes import AXIS_BY_DEFAULT
 from quantscope.tasks.embedding_hint import MARK as EMBEDDING_MARK
 from quantscope.tasks.layout_spec import image_ranges
 from quantscope.tasks.pixels import pixels_note
+from quantscope.tasks.points import ON_PHOTO
 from quantscope.tasks.shares import clusters_key, items_key
 
 if TYPE_CHECKING:
@@ -147,7 +150,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
                     if not r.get("skipped")],
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
-        "not_like_fp32": _not_like(results, metric),
+        "not_like_fp32": _not_like(results, metric), "outputs_headline": _outputs_headline(results),
+        "gated": _gated(results), "on_photo": _gated(results, ON_PHOTO),
         "says_little": _says_little(results), "channels_left_out": _left_out(results),
         "operators": _operators(chk["problems"], chk["target"]),
         "saturated_outputs": _saturated_outputs(

@@ -9,7 +9,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantscope.tasks.points_gate import KEPT as GATED
+from quantscope.tasks.points_gate import NONE_KEPT
 from quantscope.tasks.unscored import is_unscored_note, unscored_names
+from quantscope.tasks.worst_output import MARK as WORST_OUTPUT
 from quantscope.units import value
 
 COMPARED = ("fp32", "a8_w8", "plan")
@@ -44,6 +47,24 @@ def _unscored_figures(notes: list[str], results: dict[str, Any]) -> list[str]:
 
     return [f"output '{n}' (fidelity only) held out: SQNR {fig(plan[n])} at the plan, "
             f"{fig(uniform.get(n, {}))} at uniform a8_w8" for n in dict.fromkeys(names)]
+
+
+def _outputs_headline(results: dict[str, Any]) -> str | None:
+    """The plan's note naming which of several outputs the headline figure is (the worst
+    one's) and each output's own figure held out (O-Net's boxes and landmarks), without
+    its mark; None with one output."""
+    notes = [str(n) for n in results.get("plan", {}).get("notes", [])]
+    return next((n[len(WORST_OUTPUT):] for n in notes if n.startswith(WORST_OUTPUT)), None)
+
+
+def _gated(results: dict[str, Any], *marks: str) -> list[str]:
+    """The plan's notes counting the points judged where another output's score passes
+    (``where=``; the held-out figure is over them alone), or saying none is (no figure);
+    with ``marks`` (ON_PHOTO), the notes giving the distances in pixels of the photo
+    (``photo=PX``)."""
+    marks = marks or (GATED, NONE_KEPT)
+    return [str(n) for n in results.get("plan", {}).get("notes", [])
+            if any(m in str(n) for m in marks)]
 
 
 def _says_little(results: dict[str, Any]) -> list[str]:

@@ -357,6 +357,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append("  left float: " + "; ".join(
             f"{r['count']} {r['op_type']} {r['kind']}{'s' if r['count'] > 1 else ''}: "
             f"{r['why']}" for r in v["left_float"]))
+    lines += _outputs_lines(v)
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in _warnings(v)]
@@ -391,6 +392,17 @@ def format_short(v: dict[str, Any]) -> list[str]:
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return [one_line(ln) for ln in lines]  # a name's newline never breaks a verdict line
+
+
+def _outputs_lines(v: dict[str, Any]) -> list[str]:
+    """Whose figure the headline is when several outputs have it (each one's given), the
+    points judged only where another output's score passes (``where=``): how many, and
+    the distances in pixels of the photo (``photo=PX``)."""
+    return ([f"  outputs (plan, held out): {v['outputs_headline']}"]
+            if v.get("outputs_headline") else []) + [
+        f"  judged (plan, held out): {n}" for n in v.get("gated") or []] + [
+        f"  photo (plan, held out): {n}" for n in v.get("on_photo") or []
+        if not v.get("outputs_headline")]  # which gives each output's photo figures
 
 
 def _warnings(v: dict[str, Any]) -> list[str]:

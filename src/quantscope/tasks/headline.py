@@ -101,6 +101,8 @@ KNOWN_METRICS: dict[str, tuple[bool, tuple[float, float]]] = {
     # point_error_max >= 2 REACHED: 30.5' read a 30.5 px error as the goal met)
     "point_error_mean": (False, (0.0, math.inf)),
     "point_error_max": (False, (0.0, math.inf)),
+    "point_error_mean_photo": (False, (0.0, math.inf)),  # photo=PX: pixels of the photo
+    "point_error_max_photo": (False, (0.0, math.inf)),
     "score_abs_error_max": (False, (0.0, math.inf)),
     "score_abs_error_mean": (False, (0.0, math.inf)),
     "class_score_max_abs_error": (False, (0.0, math.inf)),

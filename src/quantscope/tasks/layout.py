@@ -31,8 +31,11 @@ KIND           keys (defaults)                                          headline
                FP32's x, y span; 1 px when scaled), ``flags=A-B`` (values
                decided at ``threshold=0``), ``scale=S`` | ``input`` (the
                values x S are pixels), ``order=interleaved`` |
-               ``planar`` (x1..xP then y1..yP): landmarks
-               (:mod:`.points`, :mod:`.layout_points`)
+               ``planar`` (x1..xP then y1..yP) | ``channels``,
+               ``photo=PX`` (the box side on the photo),
+               ``where=OUT:K>T`` (only where another output's
+               score passes): landmarks (:mod:`.points`,
+               :mod:`.layout_points`, :mod:`.points_gate`)
 ``ctc``        ``blank=0`` (-1: the last class), ``axis=-1``: a          ``string_agreement``
                ``[N, T, C]`` decoded by CTC greedy decoding (:mod:`.ctc`)
 ``image``      ``range=LO-HI`` (default FP32's min..max): an image,       ``psnr_db``
@@ -65,6 +68,7 @@ naming ``--layout`` and the fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -115,6 +119,7 @@ from quantscope.tasks.points import PointsTask
 from quantscope.tasks.shares import CLUSTERS, ITEMS, worst_counts
 from quantscope.tasks.unscored import tensor_unscored_note
 from quantscope.tasks.verify import VerifyTask, read_labels, verify_task
+from quantscope.tasks.worst_output import worst_output_note
 from quantscope.types import Metrics, Outputs
 
 
@@ -340,12 +345,17 @@ class OutputTasks:
         worst: dict[str, float] = {}
         for k, vs in by_key.items():
             if k.startswith(("detections_", "decisions_", "mask_share", "point_tolerance",
-                             "chars_")) or k.endswith((ITEMS, CLUSTERS)):
+                             "point_judged", "chars_")) or k.endswith((ITEMS, CLUSTERS)):
                 continue
             worse = max if any(w in k for w in LOWER_IS_BETTER) else min
-            worst[k] = worse(vs)
+            # an output with no figure (NaN: a gate that keeps no point) is left out, said
+            # in the note naming each output's; min/max over a NaN depended on the order
+            figures = [v for v in vs if not math.isnan(v)]
+            worst[k] = worse(figures) if figures else math.nan
         # a share's items: the worst output's own (the figure the unprefixed key is)
         values.update(worst, **worst_counts(per_task, worst))
+        which = worst_output_note(first.headline, self.tasks, per_task, worst.get(first.headline))
+        notes += [which] if which else []
         return Metrics(values=values, notes=tuple(notes))
 
     def top_classes(self) -> dict[str, TopClasses]:

@@ -17,6 +17,7 @@ from quantscope.tasks.layout_spec import fail as _fail
 from quantscope.tasks.layout_spec import rows as _rows
 from quantscope.tasks.pixels import image_input
 from quantscope.tasks.points import FLAG_THRESHOLD, ORDERS, POINT_DIMS, SCALE_INPUT, PointsTask
+from quantscope.tasks.points_gate import PointsGate, parse_where
 from quantscope.types import QuantscopeError
 
 
@@ -70,11 +71,51 @@ def points_task(spec: LayoutSpec, model: Model, shape: tuple | None, name: str) 
         scale, read = input_scale(spec, model)
     elif raw is not None:
         scale, read = (float(raw), float(raw)), f"scale={float(raw):g}"
+    photo = spec.option("photo")
     return PointsTask(name=name, output=spec.output, dims=dims,
                       tolerance=None if tol is None else float(tol), flags=flags,
                       flag_threshold=_float(spec, "threshold", FLAG_THRESHOLD),
                       scale=scale, scale_read=read,
-                      order=order, map_hint=map_hint(spec, model, shape, dims, order))
+                      order=order, map_hint=map_hint(spec, model, shape, dims, order),
+                      photo=None if photo is None else float(photo),
+                      gate=gate(spec, model, shape, order))
+
+
+def gate(spec: LayoutSpec, model: Model, shape: tuple | None, order: str
+         ) -> PointsGate | None:
+    """The ``where=OUT:K>T`` of a points layout, checked against the model: OUT another
+    output, K a channel of its axis 1, and its values per sample either one or one per
+    position of the points' map read ``order=channels`` (the same positions)."""
+    raw = spec.option("where")
+    found = None if raw is None else parse_where(raw)
+    if found is None:
+        return None
+    outputs = model.output_names()
+    if found.output == spec.output or found.output not in outputs:
+        others = ", ".join(repr(o) for o in outputs if o != spec.output) or "none"
+        raise _fail(spec.text, f"where={raw}: '{found.output}' is no other output of the "
+                    f"model: give one of {others} (the score that decides where a host "
+                    "draws these points)")
+    gshape = model.value_shapes().get(found.output)
+    if gshape is None:
+        return found
+    c = gshape[1] if len(gshape) > 1 else None
+    if len(gshape) < 2 or (isinstance(c, int) and found.channel >= c):
+        raise _fail(spec.text, f"where={raw}: output '{found.output}' has shape "
+                    f"{_dims(gshape)}: channel {found.channel} is no channel of its axis 1 "
+                    f"(give 0..{c - 1 if isinstance(c, int) else 'C-1'})")
+    rest, mine = gshape[2:], (shape or ())[2:]
+    if all(isinstance(d, int) for d in rest) and int(np.prod(rest)) == 1:
+        return found  # one value per sample: every point of a sample, or none
+    same = order == "channels" and (shape is None or len(rest) == len(mine) and all(
+        a == b for a, b in zip(rest, mine, strict=True) if isinstance(a, int) and isinstance(b, int)))
+    if not same:
+        raise _fail(spec.text, f"where={raw}: output '{found.output}' of shape "
+                    f"{_dims(gshape)} gives a value per position, and '{spec.output}'"
+                    f"{f' of shape {_dims(shape)}' if shape is not None else ''} is not read "
+                    "at the same positions: read it by position (order=channels, a map of the "
+                    "same positions) or gate it by a score of one value per sample")
+    return found
 
 
 def map_hint(spec: LayoutSpec, model: Model, shape: tuple | None, dims: int, order: str

@@ -15,6 +15,7 @@ from quantscope.tasks.detection import BOX_FORMATS
 from quantscope.tasks.neighbours import NORMS
 from quantscope.tasks.pictures import parse_range
 from quantscope.tasks.points import ORDERS, SCALE_INPUT
+from quantscope.tasks.points_gate import WHERE_SYNTAX, parse_where
 from quantscope.types import QuantscopeError
 
 KINDS: dict[str, tuple[str, ...]] = {
@@ -23,7 +24,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "map": ("threshold", "channel"),
     "score": ("threshold",),
     "class": ("axis",),
-    "points": ("dims", "tol", "flags", "threshold", "scale", "order"),
+    "points": ("dims", "tol", "flags", "threshold", "scale", "order", "photo", "where"),
     "ctc": ("blank", "axis", "lengths"),
     "image": ("range",),
     "depth": ("align",),
@@ -173,6 +174,31 @@ def dfl_bins(spec: LayoutSpec) -> int | None:
     return int(raw)
 
 
+def _check_points(spec: LayoutSpec) -> None:
+    """A points layout's ``scale``, ``photo`` (with a scale) and ``where`` checked."""
+    scale = spec.option("scale")
+    if scale is not None and scale.lower() != SCALE_INPUT:
+        try:
+            float(scale)
+        except ValueError:
+            raise fail(spec.text, f"scale '{scale}' is neither a number nor '{SCALE_INPUT}': "
+                       "give the pixels one unit of the values is (scale=48: shares of a "
+                       f"48-px crop), or scale={SCALE_INPUT} (the image input's side)") from None
+        number(spec, "scale", 0.0, math.inf, open_lo=True)
+    number(spec, "photo", 0.0, math.inf, open_lo=True)
+    if spec.option("photo") is not None and scale is None:
+        raise fail(spec.text, f"photo={spec.option('photo')} is the box side in photo pixels "
+                   "of the crop the values are shares of: give the crop's side with it "
+                   "(scale=48 or scale=input: photo=192,scale=48)")
+    where = spec.option("where")
+    if where is not None and parse_where(where) is None:
+        raise fail(spec.text, f"where '{where}' is not OUT:K>T: give {WHERE_SYNTAX}, e.g. "
+                   "where=prob:1>0.6 (MTCNN's P-Net: its face channel at 0.6); quote it in a "
+                   "shell, where '>' redirects: --layout 'boxes=points:where=prob:1>0.6'")
+    if where is not None and spec.option("flags") is not None:
+        raise fail(spec.text, "where= and flags= both choose the points judged: give one")
+
+
 def _check_values(spec: LayoutSpec) -> None:
     number(spec, "threshold", -math.inf, math.inf)
     number(spec, "iou", 0.0, 1.0, open_lo=True)
@@ -183,15 +209,7 @@ def _check_values(spec: LayoutSpec) -> None:
         raise fail(spec.text, f"dims '{dims}' is not a whole number of 1 or more: give the "
                     "values per point (e.g. dims=3 for x, y, z)")
     rows(spec, "flags")
-    scale = spec.option("scale")
-    if scale is not None and scale.lower() != SCALE_INPUT:
-        try:
-            float(scale)
-        except ValueError:
-            raise fail(spec.text, f"scale '{scale}' is neither a number nor '{SCALE_INPUT}': "
-                       "give the pixels one unit of the values is (scale=48: shares of a "
-                       f"48-px crop), or scale={SCALE_INPUT} (the image input's side)") from None
-        number(spec, "scale", 0.0, math.inf, open_lo=True)
+    _check_points(spec)
     order = spec.option("order")
     if order is not None and order.lower() not in ORDERS:
         raise fail(spec.text, f"order '{order}' is unknown: use {', '.join(ORDERS[:-1])} or "

@@ -50,6 +50,18 @@ landmarks) instead of one point after another (x1, y1, x2, y2, ...: a box's two 
 photo) as each position's C values, one point after another (its two corners), where the
 other orders would pair values of neighbouring positions; a map read otherwise is said,
 with the layout that reads it by position (``PointsTask.map_hint``).
+
+**On the photo** (``photo=PX``, with ``scale``): the crop is a box of the photo resized, so
+one unit of the values is the box side; ``PX`` is that side in photo pixels (a face of
+192 px: 1 px of O-Net's 48-px crop is 4 px of the photo). The model does not know it (the
+cascade's boxes do): the user declares it, and ``point_error_mean_photo`` /
+``point_error_max_photo`` are the distances in pixels of the photo; the agreement and
+``tol`` stay in pixels of the crop (a share of the face, whatever its size).
+
+**Judged where a host draws** (``where=OUT:K>T``: :mod:`quantscope.tasks.points_gate`):
+only the points where FP32's output ``OUT``, channel ``K``, passes ``T`` are judged
+(P-Net's box map where its face map passes 0.6); ``point_judged`` counts them, a note
+says how many of how many, and every figure above is over them.
 """
 
 from __future__ import annotations
@@ -58,6 +70,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.tasks.points_gate import KEPT, NONE_KEPT, PointsGate
 from quantscope.tasks.shares import share_counts
 from quantscope.types import Metrics, Outputs, QuantscopeError
 from quantscope.units import value
@@ -71,6 +84,7 @@ SCALE_INPUT = "input"  # scale=input: the image input's width and height
 ORDERS = ("interleaved", "planar", "channels")
 AGREEMENT_RESEMBLES = 0.95
 FLAG_THRESHOLD = 0.0  # a flag is a logit by default (MediaPipe's: sigmoid, then 0.5)
+ON_PHOTO = ": on the photo, for a box of "  # in the note of photo=PX's distances
 
 
 def _ordinal(k: int) -> str:
@@ -126,6 +140,8 @@ class PointsTask:
     scale_read: str = ""  # where the scale came from, in words ("scale=48", the input's)
     order: str = "interleaved"  # ORDERS: planar, x1..xP then y1..yP (MTCNN's landmarks)
     map_hint: str = ""  # said with the figures: a map read as one run of values per sample
+    photo: float | None = None  # photo=PX: the crop's box side in photo pixels (one unit)
+    gate: PointsGate | None = None  # where=OUT:K>T: only the points FP32's score keeps
     headline: str = "point_agreement"
     higher_is_better: bool = True
     row_local: bool = True
@@ -153,8 +169,30 @@ class PointsTask:
                  "channels": f", each position's values on axis 1 read as points of "
                  f"{self.dims} (order=channels)"}.get(self.order, "")
         unit = f" in pixels ({self._scaling()})" if self.scale else ""
+        photo = (f"; on the photo too, for a box of {self.photo:g} px (photo={self.photo:g})"
+                 if self.photo else "")
+        where = (f", only where {self.gate.words()} (where={self.gate.text()})"
+                 if self.gate else "")
         return (f"points of {self.dims} values{order}, judged by the distance over {xy}"
-                f"{said}{unit}, within {tol}{' px' if self.scale else ''}{hint}")
+                f"{said}{unit}{where}, within {tol}{' px' if self.scale else ''}{photo}{hint}")
+
+    def figure(self, values: dict[str, float]) -> str:
+        """This output's headline figure in its own words (``run``'s verdict names each
+        output's: :mod:`quantscope.tasks.worst_output`)."""
+        unit = " px" if self.scale else ""
+        if "point_tolerance" not in values:  # no point (a gate that keeps none): no figure
+            return (f"no point judged (no FP32 score passes where={self.gate.text()})"
+                    if self.gate else "no point to judge")
+        tol, share = values["point_tolerance"], values[self.headline]
+        photo = (f"; on the photo (a box of {self.photo:g} px) mean "
+                 f"{values['point_error_mean_photo']:.3g} px, max "
+                 f"{values['point_error_max_photo']:.3g} px"
+                 if "point_error_mean_photo" in values else "")
+        judged = (f", {int(values['point_judged'])} points judged where "
+                  f"{self.gate.text()}" if self.gate and "point_judged" in values else "")
+        return (f"{value(self.headline, share)} within {tol:.3g}{unit} (mean "
+                f"{values.get('point_error_mean', float('nan')):.3g}{unit}, max "
+                f"{values.get('point_error_max', float('nan')):.3g}{unit}{photo}{judged})")
 
     def _scaling(self) -> str:
         """How the values are made pixels, in words (``scale`` given)."""
@@ -185,12 +223,20 @@ class PointsTask:
         if not d.size:
             return Metrics(values={"point_agreement": nan, "point_error_mean": nan,
                                    "point_error_max": nan})
+        kept, gate_note = self._kept(ref, d)
+        if not kept.any():
+            return Metrics(values={"point_agreement": nan, "point_error_mean": nan,
+                                   "point_error_max": nan, "point_judged": 0.0},
+                           notes=(gate_note,))
         hits = d <= tol
-        values = {"point_agreement": float(np.mean(hits)),
-                  **share_counts("point_agreement", hits.sum(axis=1),
-                                 np.full(len(d), d.shape[1])),
-                  "point_error_mean": float(np.mean(d)), "point_error_max": float(np.max(d)),
+        values = {"point_agreement": float(np.mean(hits[kept])),
+                  **share_counts("point_agreement", (hits & kept).sum(axis=1),
+                                 kept.sum(axis=1)),
+                  "point_error_mean": float(np.mean(d[kept])),
+                  "point_error_max": float(np.max(d[kept])),
                   "point_tolerance": float(tol)}
+        if self.gate:
+            values["point_judged"] = float(kept.sum())
         unit = " px" if self.scale else ""
         how = ("as given" if self.tolerance is not None else
                f"one pixel, by default: give another with --layout {self.output}=points:"
@@ -198,23 +244,23 @@ class PointsTask:
                f"{TOLERANCE_SHARE * 100:g} % of FP32's x, y span {span:.4g}, by default: give "
                f"another with --layout {self.output}=points:tol=T")
         units = f"pixels: {self._scaling()}" if self.scale else "the output's units"
-        notes = [f"output '{self.output}': {d.shape[1]} points per sample; distance to FP32's "
-                 f"mean {values['point_error_mean']:.4g}{unit}, max "
+        judged = f" ({int(kept.sum())} judged: below)" if self.gate else ""
+        notes = [f"output '{self.output}': {d.shape[1]} points per sample{judged}; distance to "
+                 f"FP32's mean {values['point_error_mean']:.4g}{unit}, max "
                  f"{values['point_error_max']:.4g}{unit} ({units}); within {tol:.4g}{unit} "
                  f"({how}): {value('point_agreement', values['point_agreement'])}"]
+        notes += [gate_note] if gate_note else []
+        if self.photo:
+            photo_values, photo_note = self._on_photo(r, t, kept, tol)
+            values.update(photo_values)
+            notes.append(photo_note)
         if self.map_hint:
             notes.append(self.map_hint)
-        if not self.scale and 0.0 < span <= NORMALISED_SPAN:
-            notes.append(f"output '{self.output}': FP32's points span {span:.4g} of the "
-                         "output's units: if they are shares of an image side (a crop's, as "
-                         f"MTCNN's), --layout {self.output}=points:scale=S (S the side in "
-                         "pixels, or scale=input) measures them in pixels")
-        if span == 0.0:
-            notes.append(f"output '{self.output}': FP32's points are the same on every sample "
-                         "and point: the agreement says little")
+        notes += self._span_notes(span)
         if values["point_agreement"] < AGREEMENT_RESEMBLES:
-            moved = int(np.sum(~hits))
-            notes.append(f"NOT LIKE FP32: output '{self.output}': {moved} of {hits.size} points "
+            moved = int(np.sum(~hits & kept))
+            notes.append(f"NOT LIKE FP32: output '{self.output}': {moved} of {int(kept.sum())} "
+                         f"points{' judged' if self.gate else ''} "
                          f"move more than {tol:.4g}{unit} from FP32's (point agreement "
                          f"{value('point_agreement', values['point_agreement'])} < "
                          f"{value('point_agreement', AGREEMENT_RESEMBLES)})")
@@ -226,6 +272,62 @@ class PointsTask:
             values.update(kept_values)
             notes.append(kept_note)
         return Metrics(values=values, notes=tuple(notes))
+
+    def _span_notes(self, span: float) -> list[str]:
+        """What FP32's x, y span says: shares of a side (``scale=`` named), or nothing."""
+        notes = []
+        if not self.scale and 0.0 < span <= NORMALISED_SPAN:
+            notes.append(f"output '{self.output}': FP32's points span {span:.4g} of the "
+                         "output's units: if they are shares of an image side (a crop's, as "
+                         f"MTCNN's), --layout {self.output}=points:scale=S (S the side in "
+                         "pixels, or scale=input) measures them in pixels")
+        if span == 0.0:
+            notes.append(f"output '{self.output}': FP32's points are the same on every sample "
+                         "and point: the agreement says little")
+        return notes
+
+    def _kept(self, ref: Outputs, d: np.ndarray) -> tuple[np.ndarray, str]:
+        """The points judged, ``[samples, points]`` (all without ``where=``), and the note
+        counting them (empty without ``where=``)."""
+        if self.gate is None:
+            return np.ones(d.shape, dtype=bool), ""
+        a = ref.batches[0][ref.names.index(self.output)]
+        positions = int(np.prod(a.shape[2:])) if self.order == "channels" and a.ndim > 2 else 1
+        kept, each = self.gate.kept(ref, d.shape[1], positions)
+        n, positions = int(kept.sum()), d.shape[1] // each
+        where = (f"where {self.gate.words()} (where={self.gate.text()})")
+        if not n:
+            return kept, (f"output '{self.output}'{NONE_KEPT}{where} holds nowhere on "
+                          f"the {len(d)} samples ({positions} position(s) each): no point a host "
+                          "keeps to judge")
+        samples = f"on {int(kept.any(axis=1).sum())} of {len(d)} samples"
+        at = (f"at {n // each} of {positions * len(d)} positions ({n} of {d.size} points), "
+              f"{where}, {samples}" if positions > 1 else
+              f"{samples} ({n} of {d.size} points), {where}")
+        return kept, (f"output '{self.output}': judged {at}{KEPT}"
+                      f"{d.size - n} are not judged (the score's own "
+                      f"decisions: --layout {self.gate.output}=map:threshold="
+                      f"{self.gate.threshold:g},channel={self.gate.channel})")
+
+    def _on_photo(self, r: list[np.ndarray], t: list[np.ndarray], kept: np.ndarray,
+                  tol: float) -> tuple[dict[str, float], str]:
+        """The distances in pixels of the photo (``photo=PX``: one unit of the values is the
+        crop's box side, PX photo pixels) over the points judged, and their note."""
+        k = min(self.dims, 2)
+        px = float(self.photo or 1.0)
+        d = np.concatenate([np.linalg.norm((b[..., :k] - a[..., :k]) * px, axis=-1)
+                            for a, b in zip(r, t, strict=True)])[kept]
+        values = {"point_error_mean_photo": float(np.mean(d)),
+                  "point_error_max_photo": float(np.max(d))}
+        sx, sy = self.scale or (1.0, 1.0)
+        ratio = (f"{px / sx:.4g}" if sx == sy or k < 2 else f"{px / sx:.4g} (x), {px / sy:.4g} (y)")
+        return values, (
+            f"output '{self.output}'{ON_PHOTO}{px:g} px (photo={px:g}, as "
+            f"declared: the model does not know the box; a pixel of the crop is {ratio} px "
+            f"of the photo): distance to FP32's mean {values['point_error_mean_photo']:.4g} px, "
+            f"max {values['point_error_max_photo']:.4g} px of the photo "
+            f"(point_error_mean_photo, point_error_max_photo); the agreement is judged within "
+            f"{tol:.4g} px of the crop")
 
     def _flagged(self, ref: list[np.ndarray], d: np.ndarray, tol: float, unit: str = ""
                  ) -> tuple[dict[str, float], str]:
