@@ -156,3 +156,14 @@ def test_plans_console_says_the_folds_were_by_person() -> None:
                              "mean": -0.0005, "samples": [63, 63], "offered": False,
                              "folded": {"by": "person", "halves": []}, "clips": {}}}
     assert "out of sample" in _offer_row(row) and "(folds by person " in _offer_row(row)
+
+
+def test_repair_with_fewer_batches_fits_on_some_of_one_half_of_the_people():
+    data = open_task_data("faces", _model())
+    feeds, scored, note = held_out(data, 2)
+    ids = data.task.identity
+    fed = _x(feeds)
+    assert len(fed) == 64
+    rows = [int(np.flatnonzero((_x(data.evaluation) == f).all(axis=(1, 2, 3)))[0]) for f in fed]
+    assert not set(ids[rows].tolist()) & set(scored.task.identity.tolist())
+    assert "fitted on 64 chips of" in note, note

@@ -226,7 +226,7 @@ def _held_out_people(data: Dataset, feeds: list[Batch], batches: int
         f"data '{data.name}' split by person: the repairs are fitted on {len(fed)} chips of "
         f"{len(np.unique(fed))} people and scored on the other {halves.people[1]} people "
         f"({chips} chips, {len(held.pairs)} pairs among them; held out, no person in "
-        "both)")  # type: ignore[arg-type]
+        "both)")
 
 
 def calibrate_model(
