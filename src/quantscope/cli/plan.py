@@ -386,7 +386,8 @@ def _offer_row(row: dict[str, Any]) -> str:
     for k, v in row.items():
         if k == "out_of_sample":
             m = v.get("metric", "")
-            parts.append(f"out of sample {fmt.gain(m, v['mean'], fine=True)} (folds "
+            by = " by person" if (v.get("folded") or {}).get("by") == "person" else ""
+            parts.append(f"out of sample {fmt.gain(m, v['mean'], fine=True)} (folds{by} "
                          + ", ".join(fmt.gain(m, g, fine=True) for g in v["folds"])
                          + f"{'' if v['offered'] else '; not offered'})")
         elif isinstance(v, list | tuple) and len(v) == 2:

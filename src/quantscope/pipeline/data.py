@@ -36,13 +36,7 @@ import numpy as np
 
 from quantscope import stages
 from quantscope.model.load import Model
-from quantscope.tasks.face_split import (
-    half_record,
-    split_people,
-    splits_by_people,
-    take_chips,
-    too_few,
-)
+from quantscope.tasks.face_split import half_record, halves_by_person, splits_by_people
 from quantscope.tasks.text import TextPrefixes
 from quantscope.tasks.verify import split_rows, splits_by_rows
 from quantscope.types import Batch, Dataset, QuantscopeError, batch_rows, take_rows
@@ -198,19 +192,14 @@ def _split_faces(ds: Dataset, data: str) -> RunData:
     """Face data split by person (:mod:`quantscope.tasks.face_split`): the first half
     calibrates and fits, the other (held out) evaluates; not split when a half would be
     too small to judge, said."""
-    task = ds.task
-    halves = split_people(task)  # type: ignore[arg-type]
-    parts = [take_chips(task, chips) for chips in (halves.fit, halves.held)]  # type: ignore[arg-type]
-    why = next(filter(None, map(too_few, parts)), None)
-    if why is not None:
+    halves = halves_by_person(ds.task, ds.evaluation)  # type: ignore[arg-type]
+    if isinstance(halves, str):
         return RunData(ds, ds, f"NOT held out: {data} is not split by person: a half would "
-                       f"hold {why}: evaluation reuses the fit data; give --eval-data "
+                       f"hold {halves}: evaluation reuses the fit data; give --eval-data "
                        "(photos of other people) for a held-out evaluation")
-    size = batch_rows(ds.evaluation[0])
-    (a, b), (n1, n2) = parts, (len(halves.fit), len(halves.held))
-    fit_b = _take_samples(ds.evaluation, halves.fit, size)
-    held_b = _take_samples(ds.evaluation, halves.held, size)
-    p1, p2 = len(np.unique(a.identity)), len(np.unique(b.identity))
+    (a, b), (fit_b, held_b) = halves.tasks, halves.batches
+    n1, n2 = len(halves.split.fit), len(halves.split.held)
+    p1, p2 = halves.people
     fit = replace(ds, calibration=fit_b, evaluation=fit_b, task=a, notes=(*ds.notes, (
         f"split by person (run): the fit part, {p1} people, {n1} chips and the {len(a.pairs)} "
         "pairs among them, calibrates and fits the plan")))
@@ -224,16 +213,6 @@ def _split_faces(ds: Dataset, data: str) -> RunData:
         "held out) evaluate it; no person in both (people by chip count, most first, each "
         "to the half with fewer chips: a stable order, no seed; the pairs across the halves "
         "are in neither)"))
-
-
-def _take_samples(batches: tuple[Batch, ...], index: np.ndarray, size: int
-                  ) -> tuple[Batch, ...]:
-    """The samples ``index`` (in data order) of ``batches``, in batches of ``size``."""
-    starts = np.cumsum([0] + [batch_rows(b) for b in batches])
-    rows = [take_rows(b, index[(index >= lo) & (index < hi)] - lo)
-            for b, lo, hi in zip(batches, starts[:-1], starts[1:], strict=True)]
-    whole = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
-    return tuple(take_rows(whole, slice(i, i + size)) for i in range(0, len(index), size))
 
 
 def _rows(batch: Batch, a: int, b: int) -> Batch:

@@ -21,6 +21,16 @@ often shows in one fold only, and is large there (equalize on the token classifi
 +0.2 dB and -4.5 dB); requiring both folds would keep exactly those repairs.
 Text data (its separate calibration texts) is not checked; a task that scores all samples
 together, or fewer samples, is said not checked.
+
+Face data (``faces``, identity folders) is folded BY PERSON, not by batch: a person's chips
+(a photo's variants and distance slices, near-copies of each other) on both sides would
+make the "out of sample" half hold near-copies of the fit half's chips. The repair feeds
+(the data's first chips) are split with ``run``'s rule (``tasks.face_split``: people by
+chip count, most first, each to the half with fewer chips), each fold measured on its own
+genuine and impostor pairs (those of the data whose two chips are both in it); the note
+says "2 folds by person: 5 and 7 people" (``run``'s fit half of the built-in ``faces``,
+63 chips each; ``plan --data faces``: 12 and 12), the row's ``out_of_sample.folded`` each half's people,
+photos, chips and pairs. A half of under 2 people or 8 genuine pairs: said, not checked.
 """
 
 from __future__ import annotations
@@ -29,12 +39,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from quantscope.analyze.measure import evaluate_plan
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.evaluate import run_model
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
 from quantscope.progress import say
+from quantscope.tasks.face_split import half_record, halves_by_person, splits_by_people, take_chips
 from quantscope.types import Batch, Dataset, Plan, Stats, batch_rows, take_rows
 from quantscope.units import gain as fmt_gain
 
@@ -67,6 +80,49 @@ def _count(batches: Sequence[Batch]) -> int:
 
 
 @dataclass(frozen=True)
+class Folding:
+    """The repair feeds in halves ``a`` and ``b``, each half's task (face data: its people's
+    own pairs; other data: the data's task), how they were folded (``how``: the note's
+    words) and its record (the row's ``out_of_sample.folded``)."""
+
+    a: tuple[Batch, ...]
+    b: tuple[Batch, ...]
+    tasks: tuple[Any, Any]
+    how: str
+    record: dict[str, Any]
+
+
+def fold_feeds(data: Dataset, feeds: Sequence[Batch]) -> Folding | str:
+    """The two folds of ``feeds`` (module docstring), or why they are not checked."""
+    n = _count(feeds)
+    if data.task is not None and not splits_by_people(data.task) and not getattr(
+            data.task, "row_local", False):
+        return f"its task ({getattr(data.task, 'name', 'task')}) scores all samples together"
+    if n < MIN_SAMPLES:
+        return f"the {n} repair sample(s) are too few to split: needs {MIN_SAMPLES}"
+    if splits_by_people(data.task):
+        return _by_person(data, feeds)
+    a, b = halves(list(feeds))
+    return Folding(a, b, (data.task, data.task), "2 folds",
+                   {"by": "batch" if len(feeds) >= 2 else "row"})
+
+
+def _by_person(data: Dataset, feeds: Sequence[Batch]) -> Folding | str:
+    """Face data's feeds (its first chips) folded by person (``tasks.face_split``)."""
+    task = data.task
+    lead = tuple(data.calibration)[: len(feeds)]
+    if len(lead) < len(feeds) or any(f is not c for f, c in zip(feeds, lead, strict=True)):
+        return "the repair feeds are not the face data's first batches: their people are unknown"
+    split = halves_by_person(take_chips(task, np.arange(_count(feeds))),  # type: ignore[arg-type]
+                             tuple(feeds))
+    if isinstance(split, str):
+        return f"folded by person, a half would hold {split}"
+    p = split.people
+    return Folding(*split.batches, split.tasks, f"2 folds by person: {p[0]} and {p[1]} people",
+                   {"by": "person", "halves": [half_record(t) for t in split.tasks]})
+
+
+@dataclass(frozen=True)
 class _Fold:
     """One fold: calibrated (and repaired) on ``fit``, measured on ``data`` (the other
     half), the original model's figures there in ``base``."""
@@ -79,9 +135,9 @@ class _Fold:
 
 
 def _fold(model: Model, data: Dataset, stats: Stats, plan: Plan, fit: tuple[Batch, ...],
-          held: tuple[Batch, ...], *, scheme: Any, method: str | None) -> _Fold:
+          held: tuple[Batch, ...], task: Any, *, scheme: Any, method: str | None) -> _Fold:
     on = replace(data, name=f"{data.name} (out-of-sample half)", calibration=held,
-                 evaluation=held)
+                 evaluation=held, task=task)
     s = calibrate(model, find_groups(model), iter(fit), method=stats.method)
     ref = run_model(model.proto, list(held))
     base = evaluate_plan(model, on, s, plan, method=method, scheme=scheme,
@@ -110,17 +166,20 @@ def _one_fold(name: str, model: Model, fold: _Fold, plan: Plan, key: str, sign: 
 
 
 def _judge(name: str, in_gain: float, gains: list[float], clips: dict[str, float],
-           key: str, sizes: tuple[int, int]) -> tuple[dict[str, Any], str, bool]:
+           key: str, folding: Folding) -> tuple[dict[str, Any], str, bool]:
     """The row entry, the note and whether the offer stands (mean gain not below zero)."""
     mean = sum(gains) / len(gains)
     keep = mean >= 0.0
+    sizes = (_count(folding.a), _count(folding.b))
     folds = ", ".join(fmt_gain(key, g) for g in gains)
-    how = (f"{fmt_gain(key, mean)} ({key}, mean of 2 folds: {folds}; each "
+    by_person = folding.record["by"] == "person"
+    how = (f"{fmt_gain(key, mean)} ({key}, mean of {folding.how}: {folds}; each "
            f"calibrated and repaired on one half of the {sizes[0] + sizes[1]} repair samples, "
-           "measured on the other)")
+           "measured on the other" + ("; no person in both, each half its own genuine and "
+                                      "impostor pairs)" if by_person else ")"))
     clipped = ", ".join(f"{t} {f:.2%}" for t, f in sorted(clips.items(), key=lambda x: -x[1])[:4])
     entry = {"metric": key, "folds": [round(g, 6) for g in gains], "mean": round(mean, 6),
-             "samples": list(sizes), "offered": keep,
+             "samples": list(sizes), "offered": keep, "folded": folding.record,
              "clips": {t: round(f, 6) for t, f in clips.items()}}
     if keep:
         return entry, f"repair {name}: offered, not worse out of sample: {how}", True
@@ -136,22 +195,18 @@ def check_offer(offer: Offer, model: Model, data: Dataset, stats: Stats, sens: S
     ``data`` evaluates on its calibration batches; unchanged otherwise."""
     if not offer.options or not same_batches(data) or not feeds:
         return offer
-    n = _count(feeds)
-    why = (f"the {n} repair sample(s) are too few to split: needs {MIN_SAMPLES}"
-           if n < MIN_SAMPLES else None)
-    if data.task is not None and not getattr(data.task, "row_local", False):
-        why = f"its task ({getattr(data.task, 'name', 'task')}) scores all samples together"
-    if why is not None:
+    folding = fold_feeds(data, feeds)
+    if isinstance(folding, str):
         notes = tuple(f"repair {o.name}: not checked out of sample (the plan search measures "
-                      f"on its calibration data; {why})" for o in offer.options)
+                      f"on its calibration data; {folding})" for o in offer.options)
         return replace(offer, notes=(*offer.notes, *notes))
     from quantscope.plan.joint import SAME_METRIC
 
     plan = Plan(default=sens.low, target=target.name)
-    a, b = halves(list(feeds))
     scheme = target.scheme
-    folds = [_fold(model, data, stats, plan, x, y, scheme=scheme, method=method)
-             for x, y in ((a, b), (b, a))]
+    folds = [_fold(model, data, stats, plan, x, y, task, scheme=scheme, method=method)
+             for x, y, task in ((folding.a, folding.b, folding.tasks[1]),
+                                (folding.b, folding.a, folding.tasks[0]))]
     metrics = folds[0].base["metrics"]
     key = next((k for k in SAME_METRIC.get(sens.metric, (sens.metric,)) if k in metrics), "")
     if not key:  # the offer's metric is not among the fold's figures: nothing to judge by
@@ -162,14 +217,15 @@ def check_offer(offer: Offer, model: Model, data: Dataset, stats: Stats, sens: S
     rows = {r["name"]: r for r in offer.measured}
     options, notes = [], list(offer.notes)
     for option in offer.options:
-        say(f"plan: checking repair {option.name} out of sample (2 folds)", show=progress)
+        say(f"plan: checking repair {option.name} out of sample ({folding.how})",
+            show=progress)
         measured = [_one_fold(option.name, model, f, plan, key, sign, scheme=scheme,
                               method=method) for f in folds]
         clips: dict[str, float] = {}
         for _, more in measured:
             clips.update({t: max(f, clips.get(t, 0.0)) for t, f in more.items()})
         entry, note, keep = _judge(option.name, option.gain, [g for g, _ in measured], clips,
-                                   key, (_count(a), _count(b)))
+                                   key, folding)
         rows[option.name] = {**rows[option.name], "out_of_sample": entry}
         notes.append(note)
         options += [option] if keep else []

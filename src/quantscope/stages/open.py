@@ -15,6 +15,7 @@ from quantscope.calibrate.collect import calibrate
 from quantscope.model.groups import find_groups
 from quantscope.model.load import FLOAT_TYPES, Model, load
 from quantscope.progress import say
+from quantscope.tasks.face_split import halves_by_person, splits_by_people
 from quantscope.tasks.tensors import TENSOR_BATCH, limit_reason, load_tensor_batches
 from quantscope.types import (
     SHARED,
@@ -170,8 +171,9 @@ def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, 
     ``L`` samples per run, ``32 / L`` times as many) and data to score on that
     never includes them. Tensor data whose evaluation rows are its calibration rows is
     split: fitting on the first half of the batches (of the rows, for one batch),
-    scoring on the rest. A task bound to its rows (faces) cannot be split: the note
-    says it is scored on rows it was fitted on."""
+    scoring on the rest. Face data is split by person (:func:`_held_out_people`). Another
+    task bound to its rows cannot be split: the note says it is scored on rows it was
+    fitted on."""
     first = next(iter(data.calibration), None)
     if batches is not None and isinstance(first, Feeds) and first.limit:
         # a static model runs a few samples per batch: count batches of the usual 32 samples
@@ -181,6 +183,9 @@ def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, 
     rest = tuple(b for b in data.evaluation if id(b) not in fitted)
     if len(rest) == len(data.evaluation):
         return feeds, data, None
+    if splits_by_people(data.task) and len(data.calibration) == len(data.evaluation) and all(
+            a is b for a, b in zip(data.calibration, data.evaluation, strict=True)):
+        return _held_out_people(data, feeds, len(feeds))
     if data.task is not None and not getattr(data.task, "row_local", False):
         return feeds, data, (f"{data.name}: the evaluation rows include the "
                              f"{len(feeds)} batch(es) the repairs were fitted on")
@@ -200,6 +205,28 @@ def held_out(data: Dataset, batches: int | None) -> tuple[list[Batch], Dataset, 
     return fit, dataclasses.replace(data, evaluation=score), (
         f"data '{data.name}' has no separate evaluation set: the repairs are fitted on the "
         f"first half and scored on the other half (held out)")
+
+
+def _held_out_people(data: Dataset, feeds: list[Batch], batches: int
+                     ) -> tuple[list[Batch], Dataset, str | None]:
+    """Face data split by person as ``run`` splits it (``tasks.face_split``): the repairs
+    fitted on the first ``batches`` batches of one half of the people, scored on the
+    other half (its own pairs); a half too small: not split, said."""
+    halves = halves_by_person(data.task, tuple(data.evaluation))  # type: ignore[arg-type]
+    if isinstance(halves, str):
+        return feeds, data, (f"{data.name}: the evaluation rows include the {len(feeds)} "
+                             f"batch(es) the repairs were fitted on (not split by person: "
+                             f"a half would hold {halves})")
+    fit = list(halves.batches[0])[:batches]
+    fed = halves.tasks[0].identity[: sum(batch_rows(b) for b in fit)]  # type: ignore[index]
+    held = halves.tasks[1]
+    chips = len(held.identity)  # type: ignore[arg-type]
+    return fit, dataclasses.replace(data, name=f"{data.name} (held-out people)",
+                                    evaluation=halves.batches[1], task=held), (
+        f"data '{data.name}' split by person: the repairs are fitted on {len(fed)} chips of "
+        f"{len(np.unique(fed))} people and scored on the other {halves.people[1]} people "
+        f"({chips} chips, {len(held.pairs)} pairs among them; held out, no person in "
+        "both)")
 
 
 def calibrate_model(

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from quantscope.tasks.verification import VerificationTask
+from quantscope.types import Batch, batch_rows, concat_rows, take_rows
 
 # in the resume key of ``run`` on face data without --eval-data (pipeline.context): a new
 # split rule gets a new key, so no run folder fitted under another split is reused
@@ -46,6 +47,22 @@ class PeopleSplit:
 
     fit: np.ndarray
     held: np.ndarray
+
+
+@dataclass(frozen=True)
+class FaceHalves:
+    """Face data split by person: the split, each half's task (its chips, their own
+    pairs) and its batches (its chips, in data order)."""
+
+    split: PeopleSplit
+    tasks: tuple[VerificationTask, VerificationTask]
+    batches: tuple[tuple[Batch, ...], tuple[Batch, ...]]
+
+    @property
+    def people(self) -> tuple[int, int]:
+        """People in each half."""
+        a, b = (len(np.unique(t.identity)) for t in self.tasks)  # type: ignore[arg-type]
+        return a, b
 
 
 def splits_by_people(task: object) -> bool:
@@ -66,6 +83,31 @@ def split_people(task: VerificationTask) -> PeopleSplit:
         chips[half] += int(counts[i])
     where = np.array([side[p] for p in ids], np.int8)
     return PeopleSplit(np.flatnonzero(where == 0), np.flatnonzero(where == 1))
+
+
+def halves_by_person(task: VerificationTask, batches: tuple[Batch, ...]) -> FaceHalves | str:
+    """``task`` and ``batches`` (its chips, in its order) split by person (module table),
+    or why not: a half too small to judge (:func:`too_few`)."""
+    if sum(batch_rows(b) for b in batches) != _chip_count(task):
+        raise ValueError("the batches do not hold the task's chips")  # a caller's error
+    split = split_people(task)
+    tasks = (take_chips(task, split.fit), take_chips(task, split.held))
+    why = next(filter(None, map(too_few, tasks)), None)
+    if why is not None:
+        return why
+    size = batch_rows(batches[0])
+    return FaceHalves(split, tasks, (take_samples(batches, split.fit, size),
+                                     take_samples(batches, split.held, size)))
+
+
+def take_samples(batches: tuple[Batch, ...], index: np.ndarray, size: int
+                 ) -> tuple[Batch, ...]:
+    """The samples ``index`` (in data order) of ``batches``, in batches of ``size``."""
+    starts = np.cumsum([0] + [batch_rows(b) for b in batches])
+    rows = [take_rows(b, index[(index >= lo) & (index < hi)] - lo)
+            for b, lo, hi in zip(batches, starts[:-1], starts[1:], strict=True)]
+    whole = concat_rows(rows)
+    return tuple(take_rows(whole, slice(i, i + size)) for i in range(0, len(index), size))
 
 
 def take_chips(task: VerificationTask, chips: np.ndarray) -> VerificationTask:
