@@ -151,3 +151,16 @@ def test_strings_are_measured_both_ways():
     entry, bad, notes = _judge(ref, test, _ctc())
     assert bad and entry["collapsed_channels"] == 1 and entry.get("collapsed_strings_kept", 0) == 0
     assert "its step changes change the decoded string of 1 of 40 samples" in notes[0]
+
+
+def test_with_a_lengths_output_each_step_is_judged_alone():
+    """A ``lengths`` output cuts each string where FP32 says (another output, which the
+    per-class figures do not see): a string read past the cut can agree where the cut one
+    does not, so the per-step rule stays (the repeat case above is judged)."""
+    ref = _steps()
+    ref[0, 6, K] = ref[0, 7, K] = 0.95
+    test = _collapsed_k(ref)
+    test[0, 6, K], test[0, 6, A], test[0, 7, K] = 0.3, 0.2, 0.0
+    cut = CtcTask(name="ctc", output="probs", lengths="n").top_classes()["probs"]
+    entry, bad, _ = _judge(ref, test, cut)
+    assert bad and entry["collapsed_channels"] == 1 and "collapsed_strings_kept" not in entry
