@@ -42,6 +42,15 @@ samples and positions together.
                           class that is FP32's top somewhere, or the quantized model's (a
                           class that wins only when quantized), still counts. A detector's
                           class rows are thresholded, not ranked: no :class:`TopClasses`
+``collapsed_strings_kept`` for an output whose samples are read as one sequence of their
+                          steps' top classes (a CTC string: :attr:`TopClasses.moves`): the
+                          channels that would count as collapsed, that some step ranks
+                          first, but whose step changes (the steps where FP32 or the
+                          quantized model ranks the class first and the two differ) change
+                          no sample's string, measured both ways (applied alone to FP32's
+                          steps, undone alone from the quantized model's): counted here and
+                          not judged, as ``collapsed_never_top``; one whose changes change a
+                          string still counts, and its line says on how many samples
 ``channel_axis``          the axis the channels are read on; ``channel_worst`` the index of
                           the lowest-SQNR channel
 ``positions_axis``        instead of every entry above, when the axis changes length between
@@ -64,6 +73,7 @@ samples on the same side of ``decision_threshold`` as FP32: 0.5 when every FP32 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,12 +104,18 @@ class TopClasses:
     of the samples (``--batch-axis``); ``reach``: the bins each side of the top one the host
     reads too (a pitch's weighted mean); 0 for an argmax alone; ``floor``: the top value
     below which the host reads the top value alone (a pitch's voicing threshold: an
-    unvoiced frame has no pitch), so ``reach`` counts only around tops at or above it."""
+    unvoiced frame has no pitch), so ``reach`` counts only around tops at or above it;
+    ``moves``: for a sample read as one sequence of its steps' tops (a CTC string), which
+    classes' step changes change that reading."""
 
     axis: int
     sample_axis: int = 0
     reach: int = 0
     floor: float | None = None
+    # a sequence read from its steps' tops (a CTC string): FP32's and the quantized model's
+    # tops ``[N, steps]`` of ``classes`` -> per class, the samples whose reading its step
+    # changes change (:func:`quantscope.tasks.ctc.string_moves`); None: each step alone
+    moves: Callable[[np.ndarray, np.ndarray, int], np.ndarray] | None = None
 
 
 def is_scalar(a: np.ndarray) -> bool:
@@ -141,6 +157,7 @@ class ChannelFidelity:
         self.won_test = np.zeros(0, np.int64)
         self.won_both = np.zeros(0, np.int64)
         self.near = np.zeros(0, bool)  # a top within ``reach`` is read (at or above floor)
+        self.moved = np.zeros(0, np.int64)  # samples whose string its step changes change
 
     @property
     def positions(self) -> bool:
@@ -165,6 +182,7 @@ class ChannelFidelity:
         self.won_test = np.concatenate([self.won_test, np.zeros(extra, np.int64)])
         self.won_both = np.concatenate([self.won_both, np.zeros(extra, np.int64)])
         self.near = np.concatenate([self.near, np.zeros(extra, bool)])
+        self.moved = np.concatenate([self.moved, np.zeros(extra, np.int64)])
         self.n = c
 
     def add(self, ref: np.ndarray, test: np.ndarray) -> None:
@@ -206,6 +224,9 @@ class ChannelFidelity:
             self.won_both[:c] += np.bincount(top_r[top_r == top_t], minlength=c)
             if self.top is not None and self.top.reach:
                 self.near[:c] |= self._read_tops(r, top_r) | self._read_tops(t, top_t)
+            if self.top is not None and self.top.moves is not None:  # samples first
+                n = ref.shape[0]
+                self.moved[:c] += self.top.moves(top_r.reshape(n, -1), top_t.reshape(n, -1), c)
 
     def _read_tops(self, rows: np.ndarray, tops: np.ndarray) -> np.ndarray:
         """The channels whose neighbours within ``reach`` the host reads: the top ones of
@@ -226,7 +247,7 @@ class ChannelFidelity:
             return {"positions_axis": int(self.axis)}, False
         s = self.sums
         cos = self._cosines()
-        erased, judged, idle = self._kinds()
+        erased, judged, idle, kept = self._kinds()
         collapsed = erased & judged
         worst_sqnr, worst, left_out = worst_channel_sqnr_db(s["power"], s["noise"])
         # a channel FP32 holds at 0 has no cosine to judge either
@@ -234,6 +255,7 @@ class ChannelFidelity:
         entry = {"sqnr_db_channel_min": worst_sqnr, "cosine_channel_min": cos_min,
                  "collapsed_channels": int(collapsed.sum()),
                  **({"collapsed_never_top": int((erased & idle).sum())} if idle.any() else {}),
+                 **({"collapsed_strings_kept": int((erased & kept).sum())} if kept.any() else {}),
                  "channel_axis": int(self.axis),
                  "channel_worst": worst, **({"channels_left_out": left_out} if left_out else {})}
         # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the judged ones'
@@ -244,12 +266,23 @@ class ChannelFidelity:
         return np.array([sqnr_db_from_powers(float(p), float(q))
                          for p, q in zip(s["power"], s["noise"], strict=True)])
 
-    def _kinds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(the channels erased (:meth:`_erased`), those judged: live and not idle, those
-        idle: live but deciding nothing (:meth:`_idle`))."""
+    def _kinds(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(the channels erased (:meth:`_erased`), those judged: live, not idle and not
+        kept, those idle: live but deciding nothing (:meth:`_idle`), those kept: live,
+        winning steps, but changing no sample's reading (:meth:`_kept`))."""
         live = ~self._dead()
         idle = live & self._idle()
-        return self._erased(self._sqnr()), live & ~idle, idle
+        kept = live & ~idle & self._kept()
+        return self._erased(self._sqnr()), live & ~idle & ~kept, idle, kept
+
+    def _kept(self) -> np.ndarray:
+        """Of an output whose samples are read as sequences of their steps' tops
+        (:attr:`TopClasses.moves`, a CTC string; :meth:`_ranked`), the classes whose step
+        changes change no sample's reading on this data (a class no step changes
+        included); none elsewhere."""
+        if not self._ranked() or self.top is None or self.top.moves is None:
+            return np.zeros(self.n, bool)
+        return self.moved == 0
 
     def _idle(self) -> np.ndarray:
         """Channels of an output decided by its top class (:class:`TopClasses`, on this
@@ -299,13 +332,15 @@ class ChannelFidelity:
         sqnr = self._sqnr()
         grid = f"one grid spans {self.out_min:.4g} to {self.out_max:.4g} (FP32 range of the output)"
         out, dead_line = [], []  # the judging lines first: run's verdict quotes the first
-        erased, judged, idle = self._kinds()
+        erased, judged, idle, kept = self._kinds()
         dead = self._dead()
         collapsed = np.flatnonzero(erased & judged)
         cos = self._cosines()
-        if (idle & (erased | (cos < RESEMBLE_MIN_COSINE))).any():
-            dead_line.append(self._idle_note(name, erased & idle,
-                                             idle & ~erased & (cos < RESEMBLE_MIN_COSINE)))
+        low = cos < RESEMBLE_MIN_COSINE
+        if (kept & (erased | low)).any():
+            dead_line.append(self._kept_note(name, erased & kept, kept & ~erased & low))
+        if (idle & (erased | low)).any():
+            dead_line.append(self._idle_note(name, erased & idle, idle & ~erased & low))
         if (erased & dead).any():
             peak = np.maximum(np.abs(self.f_min), np.abs(self.f_max))[erased & dead].max()
             dead_line.append(f"output '{name}': {int((erased & dead).sum())} of {self.n} channels of "
@@ -351,13 +386,15 @@ class ChannelFidelity:
         if not self._ranked():
             return ""
         rows = int(self.sums["count"][c])
+        moved = (f"; its step changes change the decoded string of {int(self.moved[c])} of "
+                 f"{self.samples} samples" if self.top is not None and self.top.moves else "")
         if self.won_fp32[c]:
             return (f"; FP32 ranks it first on {int(self.won_fp32[c])} of its {rows} values "
                     f"(samples, positions), the quantized model on {int(self.won_both[c])} "
-                    f"of them and {int(self.won_test[c] - self.won_both[c])} others")
+                    f"of them and {int(self.won_test[c] - self.won_both[c])} others{moved}")
         if self.won_test[c]:
             return (f"; the quantized model ranks it first on {int(self.won_test[c])} of its "
-                    f"{rows} values (samples, positions), FP32 never")
+                    f"{rows} values (samples, positions), FP32 never{moved}")
         top = self.top or TopClasses(0)
         at = f" whose value reaches {top.floor:g}" if top.floor is not None else ""
         return f"; it lies within {top.reach} bins of a top one{at}"
@@ -382,6 +419,29 @@ class ChannelFidelity:
                 f"first on a sample or position{near}, and FP32 ranks "
                 f"{int(np.count_nonzero(self.won_fp32))} classes first): {apart}not judged; "
                 "a class that wins on other data can lose there (sqnr_db_channel_min and "
+                "cosine_channel_min still include them)")
+
+    def _kept_note(self, name: str, which: np.ndarray, far: np.ndarray) -> str:
+        """The line saying the collapsed classes (``which``) and those of a cosine under
+        RESEMBLE_MIN_COSINE (``far``) that win steps but change no string (:meth:`_kept`)."""
+        both = which | far
+        low = f"of a cosine to FP32 under {RESEMBLE_MIN_COSINE:g}"
+        what = " and ".join(
+            ([f"{int(which.sum())} collapsed classes"] if which.any() else [])
+            + ([f"{int(far.sum())} {'more ' if which.any() else ''}classes {low}"]
+               if far.any() else []))
+        lost = int((self.won_fp32 - self.won_both)[both].sum())
+        new = int((self.won_test - self.won_both)[both].sum())
+        how = ("the quantized model ranks them first on the same steps" if not lost + new else
+               f"the quantized model keeps {int(self.won_both[both].sum())} of them and wins "
+               f"{new} others; those {lost + new} step changes, each class's applied alone to "
+               "FP32's steps or undone alone from the quantized model's, leave every string "
+               "as it was")
+        apart = "counted apart (collapsed_strings_kept), " if which.any() else ""
+        return (f"output '{name}': {what} win steps but change no decoded string on this "
+                f"data (of {self.n} channels of axis {self.axis}: FP32 ranks them first on "
+                f"{int(self.won_fp32[both].sum())} steps, {how}): {apart}not judged; a class "
+                "that wins on other data can change a string there (sqnr_db_channel_min and "
                 "cosine_channel_min still include them)")
 
     def _positions_note(self, name: str) -> str:

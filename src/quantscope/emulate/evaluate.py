@@ -310,11 +310,12 @@ def output_fidelity(
 
 WORST_OF = {"cosine_mean": min, "cosine_min": min, "cosine_p01": min, "sqnr_db": min,
             "sqnr_db_channel_min": min, "cosine_channel_min": min, "collapsed_channels": sum,
-            "collapsed_never_top": sum,
+            "collapsed_never_top": sum, "collapsed_strings_kept": sum,
             "abs_err_max": max, "abs_err_mean": max, "rel_err_max": max,
             "decision_agreement": min, "exact_agreement": min, "channels_left_out": sum}
 """Unprefixed values: how each per-output entry combines over the scored outputs."""
-COUNTS = ("collapsed_channels", "collapsed_never_top", "channels_left_out")  # ints
+COUNTS = ("collapsed_channels", "collapsed_never_top", "collapsed_strings_kept",
+          "channels_left_out")  # ints
 
 
 def _summary(tables: dict[str, dict[str, float]],

@@ -22,13 +22,17 @@ class, a Keras/TF export's) is the class dropped; ``axis`` (default -1, the last
 class axis; the other non-sample axis is time. Notes say when FP32 decodes an empty
 string on every sample (a wrong ``blank=``, or data the model does not read) and when the
 agreement is below :data:`STRINGS_RESEMBLE` (``NOT LIKE FP32``, with a sample's two
-sequences).
+sequences). The per-class figures (:mod:`quantscope.emulate.channels`) are told that the
+string decides, not each step: a class whose step changes change no string on the data
+(:func:`string_moves`) is counted apart (``collapsed_strings_kept``), not judged; with a
+``lengths`` output they judge each step alone (the cut is another output's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import onnx
@@ -48,13 +52,37 @@ SHOWN_LABELS = 12  # labels of a changed sample written in a note
 def greedy_decode(steps: np.ndarray, blank: int) -> list[tuple[int, ...]]:
     """CTC greedy decoding of ``[N, T, C]`` scores: per sample, each step's top class,
     repeats merged, ``blank`` (a class number in 0..C-1) dropped."""
-    top = np.asarray(steps).argmax(axis=-1)
-    out = []
-    for seq in top:
-        keep = np.ones(len(seq), dtype=bool)
-        keep[1:] = seq[1:] != seq[:-1]
-        out.append(tuple(int(k) for k in seq[keep] if k != blank))
-    return out
+    return [_labels(seq, blank) for seq in np.asarray(steps).argmax(axis=-1)]
+
+
+def _labels(seq: np.ndarray, blank: int) -> tuple[int, ...]:
+    """One sample's steps' top classes ``[T]`` read as CTC greedy decoding does."""
+    keep = np.ones(len(seq), dtype=bool)
+    keep[1:] = seq[1:] != seq[:-1]
+    return tuple(int(k) for k in seq[keep] if k != blank)
+
+
+def string_moves(ref: np.ndarray, test: np.ndarray, blank: int, classes: int) -> np.ndarray:
+    """Per class (``[classes]`` counts), the samples whose decoded string its step changes
+    change: of the steps' top classes ``[N, T]`` of FP32 (``ref``) and the quantized model
+    (``test``), a class's step changes are the steps where it is either one's top and the
+    two differ; they change a string when, applied alone to FP32's steps, the string is
+    no longer FP32's, or, undone alone from the quantized model's, no longer its own
+    (measured both ways: a class moved to another step can read the same alone and yet
+    change the order with another class's change). A class without step changes changes
+    no string; ``blank`` is a class number in 0..classes-1."""
+    moved = np.zeros(classes, np.int64)
+    for a, b in zip(ref, test, strict=True):
+        diff = a != b
+        if not diff.any():
+            continue
+        read_a, read_b = _labels(a, blank), _labels(b, blank)
+        for k in np.union1d(a[diff], b[diff]):
+            steps = diff & ((a == k) | (b == k))
+            on, off = a.copy(), b.copy()
+            on[steps], off[steps] = b[steps], a[steps]
+            moved[k] += _labels(on, blank) != read_a or _labels(off, blank) != read_b
+    return moved
 
 
 def edit_distance(a: tuple[int, ...], b: tuple[int, ...]) -> int:
@@ -91,8 +119,11 @@ class CtcTask:
     row_local: bool = True
 
     def top_classes(self) -> dict[str, TopClasses]:
-        """Each step is decided by its top class on ``axis`` (greedy decoding)."""
-        return {self.output: TopClasses(self.axis, self.sample_axis)}
+        """Each step's top class on ``axis`` is read, and a sample's string from them
+        (greedy decoding, :func:`string_moves`); with ``lengths``, each step alone (the
+        string is cut where another output says, which the per-class figures cannot see)."""
+        moves = None if self.lengths is not None else partial(_moves, self.blank)
+        return {self.output: TopClasses(self.axis, self.sample_axis, moves=moves)}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         i = ref.names.index(self.output)
@@ -167,6 +198,11 @@ def _decoded(batches: tuple[np.ndarray, ...], blank: int,
         return [s for b in batches for s in greedy_decode(b, blank)]
     return [greedy_decode(b[j:j + 1, :max(int(n), 0)], blank)[0]
             for b, lens in zip(batches, cuts, strict=True) for j, n in enumerate(lens)]
+
+
+def _moves(blank: int, ref: np.ndarray, test: np.ndarray, classes: int) -> np.ndarray:
+    """:func:`string_moves` with ``blank`` as given (-1: the last class)."""
+    return string_moves(ref, test, blank % classes, classes)
 
 
 def _shown(labels: tuple[int, ...]) -> str:
