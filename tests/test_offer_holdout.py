@@ -75,6 +75,12 @@ def test_equalize_better_in_sample_but_clipping_out_of_sample_is_not_offered():
     note = next(n for n in offer.notes if n.startswith("repair equalize"))
     assert "not offered, better in-sample (+" in note and "worse out of sample" in note
     assert "mean of 2 folds" in note and "clips on samples it was not calibrated on (hr" in note
+    # the noise of that mean is said (h61): one clipping sample in 8 makes it about as large
+    # as the mean, and the point rule on a pooled figure still drops it
+    assert oos["judged_by"] == "sqnr_db" and "pooled" not in oos
+    assert oos["noise"]["n"] == [8, 8] and oos["noise"]["unit"] == "samples"
+    assert oos["noise"]["lower"] < oos["mean"] < oos["noise"]["upper"]
+    assert "noise 2.4 dB: one-sided 95% jackknife over 8 + 8 samples" in note
 
 
 def test_a_repair_that_helps_out_of_sample_is_still_offered():

@@ -379,6 +379,25 @@ def cmd_lint(args: argparse.Namespace) -> int:
     return print_problems(problems, f"lint {args.script} on {inp.target.name}")
 
 
+def _folds(metric: str, v: dict[str, Any]) -> str:
+    """An out-of-sample figure's folds and the noise of their mean, in its unit."""
+    noise = (v.get("noise") or {}).get("half_width")
+    folds = ", ".join(fmt.gain(metric, g, fine=True) for g in v["folds"])
+    if noise is None:  # no estimate, or a file from before h61
+        return folds
+    return f"{folds}; noise {fmt.gain(metric, noise, fine=True).lstrip('+')}"
+
+
+def _judged(v: dict[str, Any]) -> str:
+    """The pooled figure that judged a worst-column offer (``judged_by``), in words."""
+    p = v.get("pooled")
+    if not p:
+        return ""
+    m = p["metric"]
+    return (f"; judged by {m} {fmt.gain(m, p['mean'], fine=True)}, folds "
+            + _folds(m, p).replace("; noise", ", noise"))
+
+
 def _offer_row(row: dict[str, Any]) -> str:
     """A measured repair offer in words: what it changed, each figure before -> after in
     its unit, and its out-of-sample gain where it was judged there."""
@@ -388,7 +407,7 @@ def _offer_row(row: dict[str, Any]) -> str:
             m = v.get("metric", "")
             by = " by person" if (v.get("folded") or {}).get("by") == "person" else ""
             parts.append(f"out of sample {fmt.gain(m, v['mean'], fine=True)} (folds{by} "
-                         + ", ".join(fmt.gain(m, g, fine=True) for g in v["folds"])
+                         + _folds(m, v) + _judged(v)
                          + f"{'' if v['offered'] else '; not offered'})")
         elif isinstance(v, list | tuple) and len(v) == 2:
             parts.append(f"{k} {fmt.value(k, v[0])} -> {fmt.value(k, v[1])}")

@@ -21,9 +21,12 @@ parts           per unit the signal and noise power (:class:`Parts`): one column
                 is left out: the peak cancels in a paired difference of one output)
 unit            what is left out at a time: a row (``rows``), a sample (``samples``), a
                 query and its document (``pairs``, :func:`pair_powers`), the rows of one
-                source (``faces``, ``photos``: :func:`unit_powers`)
+                source (``faces``, ``photos``: :func:`unit_powers`; per-sample parts
+                summed per unit: :func:`group_parts`)
 interval        :func:`gain_interval`: the difference ``after - before`` in dB with
-                one-sided :data:`CONFIDENCE` bounds, and the outcome against a margin
+                one-sided :data:`CONFIDENCE` bounds, and the outcome against a margin;
+                :func:`mean_interval`: the mean of such differences on disjoint units
+                (a repair's 2-fold out-of-sample gain: :mod:`quantscope.stages.offer_holdout`)
 noise         :func:`db_noise`: the half width of that bound, in words, for a rule that
                 asks whether a difference is beyond noise (the planner's ``not_worse``)
 none            fewer than 3 units, units that differ, or a power of zero left by a unit
@@ -169,6 +172,45 @@ def db_noise(reference: Parts, other: Parts, *, confidence: float = CONFIDENCE
     return half, (f"one-sided {confidence:.0%} jackknife noise {half:.3g} dB of the paired "
                   f"difference {iv['difference']:+.3f} dB over {iv['n']} {iv['unit']} "
                   f"(Student t, {iv['n'] - 1} degrees of freedom)")
+
+
+def group_parts(parts: Parts, units: Sequence[Any], unit: str) -> Parts:
+    """``parts`` with one row per sample summed per unit, where sample ``i`` belongs to
+    unit ``units[i]`` (a face's chips: no independent samples), the units in sorted
+    order: the pooled figure is the same; the jackknife then leaves out one unit at a time
+    (as :func:`unit_powers` does from outputs)."""
+    s, n = _columns(parts[0]), _columns(parts[1])
+    labels = np.asarray(units)
+    if labels.shape != (len(s),) or s.shape != n.shape:
+        raise ValueError(f"group_parts: {labels.shape} unit labels for {s.shape} powers")
+    names, index = np.unique(labels, return_inverse=True)
+    signal, noise = np.zeros((len(names), s.shape[1])), np.zeros((len(names), s.shape[1]))
+    np.add.at(signal, index, s)
+    np.add.at(noise, index, n)
+    return Parts(signal, noise, unit)
+
+
+def mean_interval(intervals: Sequence[Mapping[str, Any]], *,
+                  confidence: float = CONFIDENCE) -> dict[str, Any]:
+    """The mean of several paired dB differences measured on disjoint units (each a
+    :func:`gain_interval` at ``confidence``: a fold's gain on its own held-out half) with
+    one-sided ``confidence`` bounds: each difference's jackknife standard error (its half
+    width over its Student t quantile), the mean's ``sqrt(sum se_i^2) / k`` (independent
+    units), Student t with the Welch-Satterthwaite degrees of freedom."""
+    k = len(intervals)
+    if not k:
+        raise ValueError("mean_interval: no intervals")
+    ses = [float(iv["half_width"]) / t_quantile(float(iv["confidence"]), int(iv["n"]) - 1)
+           for iv in intervals]
+    dofs = [int(iv["n"]) - 1 for iv in intervals]
+    var = sum(se * se for se in ses)
+    quartic = sum(se**4 / d for se, d in zip(ses, dofs, strict=True))
+    dof = max(1, int(var * var / quartic)) if quartic > 0 else sum(dofs)
+    mean = sum(float(iv["difference"]) for iv in intervals) / k
+    half = t_quantile(confidence, dof) * float(np.sqrt(var)) / k
+    return {"mean": mean, "lower": mean - half, "upper": mean + half, "half_width": half,
+            "dof": dof, "confidence": confidence, "n": [int(iv["n"]) for iv in intervals],
+            "unit": str(intervals[0]["unit"])}
 
 
 def jackknife_columns(parts: Parts) -> Parts:
