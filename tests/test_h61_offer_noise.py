@@ -73,7 +73,7 @@ def test_a_worst_channel_below_zero_within_its_noise_no_longer_drops_the_offer(t
     note = next(n for n in out.notes if n.startswith("repair bias"))
     assert note.startswith("repair bias: offered, not worse out of sample: +"), note
     assert "(sqnr_db, mean of 2 folds by person: 5 and 7 people:" in note
-    assert "the worst column's -0.0" in note and "judged against its noise" in note
+    assert "the worst channel's -0.0" in note and "judged against its noise" in note
     assert "one-sided 95% jackknife over 7 + 7 faces" in note
 
 

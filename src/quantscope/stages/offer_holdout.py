@@ -294,7 +294,7 @@ def _judge(name: str, in_gain: float, own: Figure, pooled: Figure | None,
     sizes = (_count(folding.a), _count(folding.b))
     by_person = folding.record["by"] == "person"
     figures = own.words(folding.how) if pooled is None else (
-        f"{pooled.words(folding.how)}; the worst column's {own.words('the same')}, "
+        f"{pooled.words(folding.how)}; the worst channel's {own.words('the same folds')}, "
         f"judged against its noise")
     how = (f"{figures}; each calibrated and repaired on one half of the "
            f"{sizes[0] + sizes[1]} repair samples, measured on the other"
