@@ -21,7 +21,9 @@ from quantscope.emulate.channels import ChannelFidelity
 from quantscope.emulate.class_axes import ClassAxis, channel_axis_read
 from quantscope.model.axes import channel_axes
 from quantscope.model.load import load_proto
+from quantscope.tasks.classes import ClassTask
 from quantscope.tasks.ctc import CtcTask
+from quantscope.tasks.pitch import PitchTask
 
 T, C, N = 12, 20, 40  # steps, classes, samples
 BLANK, K, F = 0, 3, 9  # K: a small class that ties F at 0 on the grid and wins there
@@ -131,3 +133,47 @@ def test_the_claimed_axis_is_moved_to_the_sample_first_arrays():
     f = ChannelFidelity(2)
     f.add(_logits(), np.where(np.abs(_logits()) < 0.16, 0.0, _logits()))
     assert f.n == C
+
+
+def test_a_detection_layout_reads_its_rows_not_its_anchors(tmp_path, capsys):
+    """``[N, 50, 6]`` (anchors, then 4 box rows in pixels and 2 class scores) that the graph
+    tells no axis of, declared ``detect:axis=2``: before, axis 1 was read, 50 "channels"
+    that are anchors, each holding boxes of 0..640 px beside its scores, none collapsed;
+    now the 6 rows, and the class rows, under one grid step of the box's range, collapse."""
+    dims = ["N", 50, 6]
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "s"], ["out"])], "boxes",
+        [helper.make_tensor_value_info("x", 1, dims)],
+        [helper.make_tensor_value_info("out", 1, dims)],
+        [numpy_helper.from_array(np.ones(1, np.float32), "s")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, tmp_path / "m.onnx")
+    r = np.random.default_rng(4)
+    x = np.empty((16, 50, 6), np.float32)
+    x[..., :2] = r.uniform(20, 620, (16, 50, 2))
+    x[..., 2:4] = r.uniform(10, 60, (16, 50, 2))
+    x[..., 4:] = r.uniform(0.0, 0.9, (16, 50, 2))
+    np.savez(tmp_path / "d.npz", x=x)
+    args = [str(tmp_path / "m.onnx"), "--data", str(tmp_path / "d.npz")]
+    assert main(["calibrate", *args, "--out", str(tmp_path / "stats.npz")]) == 0
+    assert main(["evaluate", *args, "--stats", str(tmp_path / "stats.npz"), "--precision",
+                 "a8_w8", "--json", str(tmp_path / "ev.json"),
+                 "--layout", "out=detect:axis=2"]) == 0
+    entry = json.loads((tmp_path / "ev.json").read_text())["outputs"]["out"]
+    assert entry["channel_axis"] == 2
+    assert entry["channel_axis_read"] == ("axis 2, 6 channels: the rows (box values, scores) "
+                                          "of its detection layout")
+    assert entry["collapsed_channels"] >= 1 and entry["channel_worst"] in (4, 5)
+    assert "NOT LIKE FP32" in capsys.readouterr().out
+
+
+def test_class_and_pitch_tasks_tell_their_axis():
+    """A class map ``[N, H, W, C]`` declared ``class:axis=-1`` reads its C classes, not
+    its H rows; a pitch output ``[N, F, 360]`` its bins, not its frames."""
+    seg = ClassTask(name="c", output="o", axis=3, axis_read="as given").class_axes()["o"]
+    assert channel_axis_read((2, 8, 8, 5), None, seg) == (
+        3, "axis 3, 5 channels: the classes of its class task (as given)")
+    pitch = PitchTask(name="p", output="o").class_axes()["o"]
+    assert channel_axis_read((2, 7, 360), 1, pitch) == (
+        2, "axis 2, 360 channels: the bins of the declared pitch layout")
