@@ -1,11 +1,12 @@
 """The per-channel fidelity of an output reads the axis its task decides on. EasyOCR's
-recognizer gives CTC logits ``[N, T, 97]`` from a MatMul + bias Add: the graph tells no
-channel axis, and the per-channel figures read axis 1, the time steps, as channels (a
-"worst channel" that was a step, "collapsed classes" that were steps) though the output
-was declared ``ctc``, whose classes lie on the last axis. The task tells the axis now
-(``class_axes``), the per-channel figures are over its classes, and the entry says which
-axis was read and why (``channel_axis_read``). ``x [N, T, C]`` -> MatMul (identity) ->
-Add (zeros) ``logits``; real ORT sessions, the CLI through ``main``.
+recognizer gives CTC logits ``[N, T, 97]`` from a MatMul + bias ``Add(bias, mm)``: the
+graph's axis was lost at the bias, and the per-channel figures read axis 1, the time
+steps, as channels (a "worst channel" that was a step, "collapsed classes" that were
+steps) though the output was declared ``ctc``, whose classes lie on the last axis (a
+detection layout's rows alike). The task tells the axis now (``class_axes``), the
+per-channel figures are over its classes, the entry says which axis was read and why
+(``channel_axis_read``), and the bias keeps the MatMul's axis. Real ORT sessions, the
+CLI through ``main``.
 """
 
 from __future__ import annotations
