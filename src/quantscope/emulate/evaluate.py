@@ -167,7 +167,7 @@ def compare_model(
     per-sample powers of the dB figures (:mod:`.sample_powers`); ``top_classes``: the
     outputs whose task decides by their top class (:class:`TopClasses`); ``class_axes``:
     the outputs whose task tells the axis of their classes (:class:`ClassAxis`), read by
-    the per-channel figures instead of ``channel_axes``'."""
+    the per-channel figures instead of ``channel_axes``."""
     acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes,
                     class_axes=class_axes)
     out = []
