@@ -19,6 +19,7 @@ from quantscope.analyze.evalcache import model_digest
 from quantscope.analyze.inputfloor import floor_notes
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.channels import TopClasses, restated
+from quantscope.emulate.class_axes import ClassAxis
 from quantscope.emulate.evaluate import (
     Runs,
     compare_model,
@@ -80,6 +81,14 @@ def top_classes(data: Dataset) -> dict[str, TopClasses]:
     (:class:`quantscope.emulate.channels.TopClasses`)."""
     tops = getattr(data.task, "top_classes", None)
     return dict(tops()) if tops is not None else {}
+
+
+def class_axes(data: Dataset) -> dict[str, ClassAxis]:
+    """The outputs whose task tells the axis it reads their classes on (CTC steps' classes,
+    class scores, pitch bins, a detector's rows): the per-channel figures read that axis,
+    not the graph's (:mod:`quantscope.emulate.class_axes`)."""
+    claims = getattr(data.task, "class_axes", None)
+    return dict(claims()) if claims is not None else {}
 
 
 def qdq_for_plan(
@@ -273,6 +282,7 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
     score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
                              "channel_axes": output_channel_axes(model, batches),
                              "top_classes": top_classes(data),
+                             "class_axes": class_axes(data),
                              "per_sample": sample_parts}
     if ref is None:
         fp32 = open_runs((reference or model).proto, batches)
@@ -463,7 +473,8 @@ def check_metric(model: Model, data: Dataset, metric: str) -> None:
         fid, test = compare_model(runs, ref, keep=keep, only=data.output,
                                   judge=task is None or getattr(task, "row_local", False),
                                   channel_axes=output_channel_axes(model, batches),
-                                  top_classes=top_classes(data))
+                                  top_classes=top_classes(data),
+                                  class_axes=class_axes(data))
         figures = set(fid.values)
         if task is not None:
             figures |= set(task.metrics(kept(ref, batches, keep), test).values)

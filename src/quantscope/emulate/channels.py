@@ -7,8 +7,9 @@ one-value row is 1 whenever both values have the same sign. So, besides the whol
 figures (:mod:`quantscope.emulate.evaluate`):
 
 **Per channel** (:class:`ChannelFidelity`): a channel is one index of the output's channel
-axis (given by the caller, e.g. a Concat's axis, else :func:`default_channel_axis`), all
-samples and positions together.
+axis (the axis its task decides on, else the graph's, e.g. a Concat's axis, else the
+default: :func:`quantscope.emulate.class_axes.channel_axis_read`), all samples and
+positions together.
 
 ========================  ==================================================================
 ``sqnr_db_channel_min``   the worst channel's SQNR (dB): ``10 log10(sum r^2 / sum (r-t)^2)``
@@ -52,7 +53,9 @@ samples and positions together.
                           not judged, as ``collapsed_never_top``; one whose changes change a
                           string still counts, and its line says on how many samples
 ``channel_axis``          the axis the channels are read on; ``channel_worst`` the index of
-                          the lowest-SQNR channel
+                          the lowest-SQNR channel; ``channel_axis_read`` says which axis,
+                          how many channels it holds and why (``axis 2, 97 channels: the
+                          classes of the declared ctc layout``)
 ``positions_axis``        instead of every entry above, when the axis changes length between
                           samples or batches (frames of speech, tokens): it holds positions,
                           not channels, the last ones reached by the longest samples only (a
@@ -81,7 +84,6 @@ import numpy as np
 from quantscope.numerics import (
     DEAD,
     RESEMBLE_MIN_COSINE,
-    default_channel_axis,
     left_out_note,
     signal_channels,
     sqnr_db_from_powers,
@@ -134,8 +136,9 @@ class ChannelFidelity:
     the axis holds positions, :attr:`positions`, and no channel figure is made); memory:
     a few floats per channel."""
 
-    def __init__(self, axis: int, top: TopClasses | None = None) -> None:
+    def __init__(self, axis: int, top: TopClasses | None = None, read: str = "") -> None:
         self.axis = axis
+        self.read = read  # which axis and why (:func:`.class_axes.channel_axis_read`)
         self.top = top  # the output's classes, when its host decides by the largest
         self.top_on: bool | None = None  # they are this axis' channels (on the first batch)
         self.n = 0
@@ -257,6 +260,7 @@ class ChannelFidelity:
                  **({"collapsed_never_top": int((erased & idle).sum())} if idle.any() else {}),
                  **({"collapsed_strings_kept": int((erased & kept).sum())} if kept.any() else {}),
                  "channel_axis": int(self.axis),
+                 **({"channel_axis_read": self.read} if self.read else {}),
                  "channel_worst": worst, **({"channels_left_out": left_out} if left_out else {})}
         # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the judged ones'
         return entry, bool(collapsed.any() or (judged.any() and cos[judged].min() < RESEMBLE_MIN_COSINE))
@@ -550,10 +554,3 @@ def sides_text(n: int, pos: int, kept: int, own: int) -> str:
         text += (f" (the agreement is mostly the {'negatives' if pos < n - pos else 'positives'}"
                  f"': judge the {min(pos, n - pos)} others by these counts)")
     return text
-
-
-def channel_axis_for(shape: tuple[int, ...], given: int | None) -> int | None:
-    """The caller's axis (negative counts from the end), else the default rule."""
-    if given is None:
-        return default_channel_axis(shape)
-    return given % len(shape) if shape else None

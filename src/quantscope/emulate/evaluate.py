@@ -26,9 +26,9 @@ from quantscope.emulate.channels import (
     ChannelFidelity,
     ScalarFidelity,
     TopClasses,
-    channel_axis_for,
     is_scalar,
 )
+from quantscope.emulate.class_axes import ClassAxis, channel_axis_read
 from quantscope.emulate.exact import ExactFidelity, is_exact
 from quantscope.emulate.sample_powers import SamplePowers, figure_columns
 from quantscope.emulate.session import make_session
@@ -158,14 +158,18 @@ def compare_model(
     test: Runs, ref: Outputs, *, keep: Keep | None = None, only: str | None = None,
     judge: bool = True, channel_axes: Mapping[str, int] | None = None,
     per_sample: bool = False, top_classes: Mapping[str, TopClasses] | None = None,
+    class_axes: Mapping[str, ClassAxis] | None = None,
 ) -> tuple[Metrics, Outputs]:
     """Run ``test`` (opened on the batches ``ref`` was computed on), scoring each batch
     against ``ref``'s as it comes: (:func:`output_fidelity`, the outputs reduced by
     ``keep``). The same numbers as running first and scoring after; one batch of raw
     emulated outputs held at a time. ``per_sample``: the metrics' ``parts`` also hold the
     per-sample powers of the dB figures (:mod:`.sample_powers`); ``top_classes``: the
-    outputs whose task decides by their top class (:class:`TopClasses`)."""
-    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes)
+    outputs whose task decides by their top class (:class:`TopClasses`); ``class_axes``:
+    the outputs whose task tells the axis of their classes (:class:`ClassAxis`), read by
+    the per-channel figures instead of ``channel_axes``."""
+    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes,
+                    class_axes=class_axes)
     out = []
     for (t, batch), r in zip(test.batches, ref.batches, strict=True):
         acc.add(r, t)
@@ -177,12 +181,14 @@ def compare_models(
     ref: Runs, test: Runs, *, keep: Keep | None = None, only: str | None = None,
     judge: bool = True, channel_axes: Mapping[str, int] | None = None,
     per_sample: bool = False, top_classes: Mapping[str, TopClasses] | None = None,
+    class_axes: Mapping[str, ClassAxis] | None = None,
 ) -> tuple[Metrics, Outputs, Outputs]:
     """The FP32 model's runs ``ref`` and ``test`` (opened on the same batches) in
     lock-step: (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``).
     The same numbers as :func:`run_model` then :func:`compare_model`, without holding
-    FP32's raw outputs (``per_sample``, ``top_classes`` as there)."""
-    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes)
+    FP32's raw outputs (``per_sample``, ``top_classes``, ``class_axes`` as there)."""
+    acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes,
+                    class_axes=class_axes)
     ref_out, out = [], []
     for (r, batch), (t, _) in zip(ref.batches, test.batches, strict=True):
         acc.add(r, t)
@@ -203,13 +209,17 @@ class _Fidelity:
     (decided on the first batch). ``channel_axes``: output name -> its channel axis
     (the graph's: a Concat's axis, a Conv's output axis); others by
     :func:`quantscope.numerics.default_channel_axis`; ``top_classes``: output name -> the
-    classes its task decides by (:class:`TopClasses`)."""
+    classes its task decides by (:class:`TopClasses`); ``class_axes``: output name -> the
+    axis its task reads its classes on (:class:`ClassAxis`), which the per-channel figures
+    read before the graph's (:func:`quantscope.emulate.class_axes.channel_axis_read`)."""
 
     def __init__(self, names: tuple[str, ...], channel_axes: Mapping[str, int] | None = None,
                  *, per_sample: bool = False,
-                 top_classes: Mapping[str, TopClasses] | None = None) -> None:
+                 top_classes: Mapping[str, TopClasses] | None = None,
+                 class_axes: Mapping[str, ClassAxis] | None = None) -> None:
         self.names = names
         self.tops = dict(top_classes or {})
+        self.claims = dict(class_axes or {})
         self.per_sample = per_sample  # also each sample's powers (:mod:`.sample_powers`)
         self.samples: list[SamplePowers | None] = [None] * len(names)
         self.axes = dict(channel_axes or {})
@@ -228,9 +238,10 @@ class _Fidelity:
             elif is_scalar(a):
                 self.parts[i] = ScalarFidelity()
             else:
-                axis = channel_axis_for(a.shape, self.axes.get(self.names[i]))
+                name = self.names[i]
+                axis, read = channel_axis_read(a.shape, self.axes.get(name), self.claims.get(name))
                 self.parts[i] = None if axis is None else ChannelFidelity(
-                    axis, self.tops.get(self.names[i]))
+                    axis, self.tops.get(name), read)
         return self.parts[i]
 
     def add(self, ref: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...]) -> None:
@@ -294,6 +305,7 @@ def output_fidelity(
     ref: Outputs, test: Outputs, *, only: str | None = None, judge: bool = True,
     channel_axes: Mapping[str, int] | None = None,
     top_classes: Mapping[str, TopClasses] | None = None,
+    class_axes: Mapping[str, ClassAxis] | None = None,
 ) -> Metrics:
     """Cosine (mean, min, p01) and SQNR per output (``tables``), the per-channel figures
     and, for one value per sample, errors and decisions instead of cosine
@@ -301,8 +313,8 @@ def output_fidelity(
     metric, so no output is left unscored (a note names which
     output is worst when there are several). ``judge``: say "NOT LIKE FP32" from the raw
     outputs (off when a task judges its own embeddings: raw token outputs include
-    padding positions). ``top_classes``: :func:`compare_model`'s."""
-    acc = _Fidelity(ref.names, channel_axes, top_classes=top_classes)
+    padding positions). ``top_classes``, ``class_axes``: :func:`compare_model`'s."""
+    acc = _Fidelity(ref.names, channel_axes, top_classes=top_classes, class_axes=class_axes)
     for a, b in zip(ref.batches, test.batches, strict=True):
         acc.add(a, b)
     return acc.metrics(only=only, judge=judge)

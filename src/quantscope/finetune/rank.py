@@ -32,7 +32,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from quantscope.analyze.measure import figure_parts, kept_parts, output_channel_axes, top_classes
+from quantscope.analyze.measure import (
+    class_axes,
+    figure_parts,
+    kept_parts,
+    output_channel_axes,
+    top_classes,
+)
 from quantscope.emulate.encode import encode
 from quantscope.emulate.evaluate import Runs, compare_model, kept, run_model
 from quantscope.emulate.qdq import build_qdq, scheme_for
@@ -171,7 +177,7 @@ def score_runs(model: Model, data: Dataset, runs: Runs, ref: Outputs) -> dict[st
     judge = data.task is None or getattr(data.task, "row_local", False)
     fid, test = compare_model(runs, ref, keep=keep, only=data.output, judge=judge,
                               channel_axes=output_channel_axes(model, batches), per_sample=True,
-                              top_classes=top_classes(data))
+                              top_classes=top_classes(data), class_axes=class_axes(data))
     metrics = dict(fid.values)
     ref_kept = kept(ref, batches, keep)
     if data.task is not None:

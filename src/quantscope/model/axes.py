@@ -220,10 +220,10 @@ def _node_axis(node: onnx.NodeProto, model: Model, axes: dict[str, int],
         cat = _int_attr(node, "axis", 0) % rank
         known = {axes[i] for i in node.input if i and i not in inits and i in axes}
         return known.pop() if len(known) == 1 else cat
+    if op in ELEMENTWISE:  # any input's: a bias first (``Add(bias, MatMul)``, torch's Linear)
+        return _from_input(node, axes, shapes, rank, inits)
     if a_in is None:
         return None
-    if op in ELEMENTWISE:
-        return _from_input(node, axes, shapes, rank, inits)
     if op == "Transpose":
         perm = _int_list(node, "perm")
         if perm is None:

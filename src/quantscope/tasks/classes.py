@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.emulate.channels import TopClasses
+from quantscope.emulate.class_axes import ClassAxis
 from quantscope.model.load import Model
 from quantscope.tasks.maps import IOU_RESEMBLES
 from quantscope.tasks.shares import items_key, share_counts
@@ -109,6 +110,12 @@ class ClassTask:
         """The output is decided by its top class on ``axis`` (the per-channel check's
         :class:`quantscope.emulate.channels.TopClasses`)."""
         return {self.output: TopClasses(self.axis, self.sample_axis)}
+
+    def class_axes(self) -> dict[str, ClassAxis]:
+        """The per-channel figures read the classes on ``axis``."""
+        read = f" ({self.axis_read})" if self.axis_read else ""
+        return {self.output: ClassAxis(self.axis, self.sample_axis,
+                                       f"the classes of its class task{read}")}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         i = ref.names.index(self.output)

@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 
 from quantscope.emulate.channels import TopClasses
+from quantscope.emulate.class_axes import ClassAxis
 from quantscope.tasks.shares import items_key
 from quantscope.tasks.unscored import MARK as UNSCORED
 from quantscope.types import Metrics, Outputs, moved_axis
@@ -124,6 +125,11 @@ class CtcTask:
         string is cut where another output says, which the per-class figures cannot see)."""
         moves = None if self.lengths is not None else partial(_moves, self.blank)
         return {self.output: TopClasses(self.axis, self.sample_axis, moves=moves)}
+
+    def class_axes(self) -> dict[str, ClassAxis]:
+        """The per-channel figures read the classes on ``axis``, not the time steps."""
+        return {self.output: ClassAxis(self.axis, self.sample_axis,
+                                       "the classes of the declared ctc layout")}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         i = ref.names.index(self.output)

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from quantscope.emulate.class_axes import ClassAxis
 from quantscope.model.load import Model
 from quantscope.tasks.grid_head import decode_dfl, decode_grid
 from quantscope.tasks.shares import items_key, share_counts
@@ -497,6 +498,13 @@ class DetectionTask:
     headline: str = "detection_f1"
     higher_is_better: bool = True
     row_local: bool = True
+
+    def class_axes(self) -> dict[str, ClassAxis]:
+        """The per-channel figures read the rows (box values, class scores) on the
+        layout's row axis, not the anchors."""
+        return {self.output: ClassAxis(self.layout.axis, self.layout.sample_axis,
+                                       "the rows (box values, scores) of its detection "
+                                       "layout")}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         names = self.layout.outputs(self.output)

@@ -76,6 +76,7 @@ import numpy as np
 import onnx
 
 from quantscope.emulate.channels import TopClasses
+from quantscope.emulate.class_axes import ClassAxis
 from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
 from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
@@ -362,6 +363,11 @@ class OutputTasks:
         """The outputs decided by their top class, of the tasks that have one."""
         return {k: v for t in self.tasks if hasattr(t, "top_classes")
                 for k, v in t.top_classes().items()}
+
+    def class_axes(self) -> dict[str, ClassAxis]:
+        """The outputs whose task tells the axis of their classes (or rows)."""
+        return {k: v for t in self.tasks if hasattr(t, "class_axes")
+                for k, v in t.class_axes().items()}
 
     def sample_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
         """The outputs' tasks' per-sample powers (an image's PSNR:

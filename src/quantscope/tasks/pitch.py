@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.emulate.channels import TopClasses
+from quantscope.emulate.class_axes import ClassAxis
 from quantscope.tasks.shares import share_counts
 from quantscope.types import Metrics, Outputs
 
@@ -78,6 +79,10 @@ class PitchTask:
         """Each frame is decided by its top bin on the last axis (the voicing), and, when
         voiced, the :data:`WINDOW` bins each side of it (the weighted mean)."""
         return {self.output: TopClasses(-1, 0, WINDOW, self.threshold)}
+
+    def class_axes(self) -> dict[str, ClassAxis]:
+        """The per-channel figures read the bins (the last axis), not the frames."""
+        return {self.output: ClassAxis(-1, 0, "the bins of the declared pitch layout")}
 
     def _frames(self, out: Outputs) -> tuple[np.ndarray, np.ndarray]:
         """(each frame's bins ``[F, B]``, each frame's sample index)."""

@@ -1,0 +1,63 @@
+"""Which axis of an output the per-channel fidelity reads (:mod:`quantscope.emulate.channels`).
+
+One place decides it, in this order:
+
+1. the axis the output's task decides on (:class:`ClassAxis`, from the task's
+   ``class_axes()``: a declared ``ctc`` layout's classes, a ``class`` layout's classes,
+   a pitch tracker's bins, a ``detect`` layout's rows): a CTC recognizer's logits
+   ``[N, T, 97]`` made by a MatMul + bias Add, whose graph axis is unknown or another,
+   are read over their 97 classes, not over their T time steps;
+2. the graph's channel axis (:func:`quantscope.model.axes.output_channel_axes`: a Conv's
+   1, a weighted MatMul's last, a Concat's axis), moved to the sample-first arrays;
+3. :func:`quantscope.numerics.default_channel_axis` (1 for ``N, C, ...``).
+
+A claim that lands on the samples' axis or off the array (a ``ctc`` declared on a rank-2
+output, which its task says it cannot decode) is not taken. The output's entry says which
+axis was read, how many channels it holds and why (``channel_axis_read``: ``axis 2, 97
+channels: the classes of the declared ctc layout``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quantscope.numerics import default_channel_axis
+from quantscope.types import moved_axis
+
+GRAPH = "the graph's channel axis of this output"
+DEFAULT = "by default (the graph tells no channel axis of this output)"
+
+
+@dataclass(frozen=True)
+class ClassAxis:
+    """The axis an output's task reads its classes (or rows) on, of the output as the
+    model declares it (-1 the last); ``sample_axis``: its samples' axis (``--batch-axis``);
+    ``why``: what the axis is, said in the output's entry ("the classes of the declared
+    ctc layout")."""
+
+    axis: int
+    sample_axis: int = 0
+    why: str = ""
+
+
+def channel_axis_read(shape: tuple[int, ...], given: int | None,
+                      claim: ClassAxis | None = None) -> tuple[int | None, str]:
+    """(the axis of the sample-first arrays of ``shape`` the per-channel figures read,
+    the entry's line saying it and why): the task's ``claim`` when it lands on a
+    non-sample axis of the arrays, else ``given`` (the graph's; negative counts from the
+    end), else the default rule; None (and "") when there is no channel axis."""
+    rank = len(shape)
+    if claim is not None and rank:
+        a = moved_axis(claim.axis, claim.sample_axis, rank)
+        if -rank <= a < rank and a % rank != 0:
+            return a % rank, _said(shape, a % rank, claim.why or "the axis the output's task "
+                                   "decides on")
+    if given is not None:
+        axis = given % rank if rank else None
+        return axis, _said(shape, axis, GRAPH)
+    axis = default_channel_axis(shape)
+    return axis, _said(shape, axis, DEFAULT)
+
+
+def _said(shape: tuple[int, ...], axis: int | None, why: str) -> str:
+    return "" if axis is None else f"axis {axis}, {shape[axis]} channels: {why}"
