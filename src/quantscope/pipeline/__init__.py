@@ -237,6 +237,7 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
         from quantscope.analyze.measure import check_metric
 
         check_metric(model, fit if fit is not None else _open_fit(model, opts), opts.metric)
+    _check_figure(model, opts, fit if fit is not None else _open_fit(model, opts))
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress,
                    _cache={"model": model}).check_goal(fit)
@@ -265,6 +266,19 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
                                   f"--target {opts.target} ({target.vendor}) writes no .alls: "
                                   "leave --hn out")
         hn_layers(stages.read_json_file(opts.hn, "HN"))
+
+
+def _check_figure(model: Model, opts: RunOptions, opened: Any) -> None:
+    """A headline with no value on the fit part (FP32 against itself: a ``where=`` gate no
+    score passes there) is refused before the run folder exists: the search ranks by it
+    (:func:`quantscope.analyze.figure_check.check_figure`)."""
+    from quantscope.analyze.figure_check import check_figure
+    from quantscope.analyze.measure import headline
+    from quantscope.pipeline.data import fit_part
+
+    fit = fit_part(opened, opts.data, eval_data=opts.eval_data)
+    what = "the fit data" if opts.eval_data else f"the fit part of {opts.data}"
+    check_figure(model, fit, opts.metric or headline(fit).metric, what=what)
 
 
 MIN_FIT_SAMPLES = 2  # the analysis compares samples (a collapse needs two rows to show)
