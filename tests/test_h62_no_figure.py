@@ -107,6 +107,8 @@ def test_a_search_whose_every_figure_is_nan_buys_no_cost():
     assert line.startswith("no measured plan has a value of top1 (NaN: the data holds nothing "
                            "it counts"), line
     assert "the cheapest measured plan, 1.000x, no cost bought for a figure" in line
+    assert any(n.startswith("the analysis' top1 of uniform a8_w8 has no value (NaN") and
+               "the predictions rank nothing" in n for n in r.notes), r.notes
 
 
 def test_one_plan_measuring_nan_among_figures_is_never_chosen():

@@ -278,7 +278,7 @@ def _check_figure(model: Model, opts: RunOptions, opened: Any) -> None:
 
     fit = fit_part(opened, opts.data, eval_data=opts.eval_data)
     what = "the fit data" if opts.eval_data else f"the fit part of {opts.data}"
-    check_figure(model, fit, opts.metric or headline(fit).metric, what=what)
+    check_figure(model, fit, headline(fit, opts.metric).metric, what=what)
 
 
 MIN_FIT_SAMPLES = 2  # the analysis compares samples (a collapse needs two rows to show)
