@@ -217,8 +217,9 @@ def test_the_verdict_counts_kept_points_as_points():
     v = {"held_out": {"samples": 32}, "metric": "point_agreement_flagged",
          "quality": {"plan": {"point_agreement_flagged_items": 7.0,
                               "point_agreement_flagged_clusters": 5.0}}}
-    assert sample_size(v) == ("n=32 held-out samples, an effective 7 points FP32 flags (a "
-                              "host keeps)")
+    # the 7 points lie in 5 of the 32 samples: the share judged those 5 (h62)
+    assert sample_size(v) == ("n=5 of 32 held-out samples judged, an effective 7 points FP32 "
+                              "flags (a host keeps)")
 
 
 def test_a_worst_channel_of_minus_inf_db_is_said_why():

@@ -10,6 +10,7 @@ from typing import Any
 
 from quantscope import stages, stages_llm
 from quantscope.analyze.evalcache import EvalCache
+from quantscope.analyze.figure_check import check_figure
 from quantscope.analyze.measure import check_metric
 from quantscope.analyze.phases import format_diagnosis
 from quantscope.cli.inputs import (
@@ -183,6 +184,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         check_goal(options.metric, args.goal)
     elif measure:  # a --metric the data's task does not give: refused before any work
         check_metric(inp.model, inp.data, args.metric)
+    if measure:  # a figure with no value on the data cannot rank plans: refused now
+        check_figure(inp.model, inp.data, str(options.metric), what=f"--data {args.data}")
     pool = executor(args.ray) if measure else None
     cache = EvalCache(args.cache) if args.cache and measure else None
     try:

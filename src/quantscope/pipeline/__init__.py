@@ -240,12 +240,6 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
     # a goal the metric cannot take fails before the run folder exists
     head = Context(opts, Path(opts.out), progress=progress,
                    _cache={"model": model}).check_goal(fit)
-    if head is not None and opts.goal is not None:
-        from quantscope.progress import say
-        from quantscope.report import fmt
-
-        say(f"goal: {fmt.goal(head.metric, opts.goal, head.higher_is_better)} on the held-out "
-            "data", show=progress)
     if opts.batch_axes:  # a --batch-axis the model refutes fails before the folder exists
         from quantscope.tasks.tensors import check_batch_axes
 
@@ -265,6 +259,27 @@ def _check_inputs(model: Model, opts: RunOptions, progress: bool, *, fit: Any = 
                                   f"--target {opts.target} ({target.vendor}) writes no .alls: "
                                   "leave --hn out")
         hn_layers(stages.read_json_file(opts.hn, "HN"))
+    # last (one FP32 pass): a headline with no value on the fit part cannot rank plans
+    _check_figure(model, opts, fit if fit is not None else _open_fit(model, opts))
+    if head is not None and opts.goal is not None:  # said once every input passed
+        from quantscope.progress import say
+        from quantscope.report import fmt
+
+        say(f"goal: {fmt.goal(head.metric, opts.goal, head.higher_is_better)} on the held-out "
+            "data", show=progress)
+
+
+def _check_figure(model: Model, opts: RunOptions, opened: Any) -> None:
+    """A headline with no value on the fit part (FP32 against itself: a ``where=`` gate no
+    score passes there) is refused before the run folder exists: the search ranks by it
+    (:func:`quantscope.analyze.figure_check.check_figure`)."""
+    from quantscope.analyze.figure_check import check_figure
+    from quantscope.analyze.measure import headline
+    from quantscope.pipeline.data import fit_part
+
+    fit = fit_part(opened, opts.data, eval_data=opts.eval_data)
+    what = "the fit data" if opts.eval_data else f"the fit part of {opts.data}"
+    check_figure(model, fit, headline(fit, opts.metric).metric, what=what)
 
 
 MIN_FIT_SAMPLES = 2  # the analysis compares samples (a collapse needs two rows to show)

@@ -114,9 +114,15 @@ def open_fit_data(model: Model, data: str, *, eval_data: str | None, pairs: int 
     read): what ``run --rewrites auto`` measures the rewrites on."""
     fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs, layout=layout,
                            batch_axes=batch_axes, show=False, prefixes=prefixes)
+    return fit_part(fit, data, eval_data=eval_data)
+
+
+def fit_part(opened: Dataset, data: str, *, eval_data: str | None) -> Dataset:
+    """The part of ``data`` (opened whole as ``opened``) that fits the plan: all of it with
+    ``--eval-data`` or for text pairs, else its own split's fit part."""
     if eval_data or _is_pairs(data):
-        return fit
-    return _split_own(fit, data).fit
+        return opened
+    return _split_own(opened, data).fit
 
 
 def widest_text_batch(fit: Dataset) -> int | None:

@@ -38,6 +38,7 @@ Quality comparisons follow the metric's direction (``higher_is_better``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,6 +126,15 @@ def _sign(budget: Budget) -> float:
     return 1.0 if budget.higher_is_better else -1.0
 
 
+def _rank(p: FrontPoint, budget: Budget) -> float:
+    """``p``'s quality as the choice ranks it, higher better: a figure with no value (NaN:
+    the data held nothing it counts, or the plan's outputs went non-finite) as the worst,
+    so it never wins over one with a value nor buys cost (a NaN compares as neither
+    better nor worse: ``min`` kept whichever came first)."""
+    q = p.quality
+    return -math.inf if math.isnan(q) else _sign(budget) * q
+
+
 def dominates(a: FrontPoint, b: FrontPoint, budget: Budget, *, measured: bool = False) -> bool:
     """``a`` dominates ``b`` on (cost, quality); ``measured=False`` compares predictions."""
     qa = a.quality if measured else a.predicted
@@ -172,9 +182,8 @@ def not_worse(point: FrontPoint, reference: FrontPoint, budget: Budget) -> bool:
 
 def best_measured(points: Sequence[FrontPoint], budget: Budget) -> FrontPoint | None:
     """The measured point of the best quality within the cost cap (then the cheapest)."""
-    s = _sign(budget)
     done = [p for p in points if p.measured is not None and budget.within_cost(p.cost)]
-    return min(done, key=lambda p: (-s * p.quality, p.cost, p.step)) if done else None
+    return min(done, key=lambda p: (-_rank(p, budget), p.cost, p.step)) if done else None
 
 
 def select(points: Sequence[FrontPoint], budget: Budget) -> tuple[FrontPoint, bool]:
@@ -186,7 +195,7 @@ def select(points: Sequence[FrontPoint], budget: Budget) -> tuple[FrontPoint, bo
     ok = [p for p in capped if budget.meets_quality(p.quality)]
     if budget.min_quality is not None and ok:
         return min(ok, key=lambda p: (p.cost, -s * p.quality, p.step)), True
-    best = min(capped, key=lambda p: (-s * p.quality, p.cost, p.step))
+    best = min(capped, key=lambda p: (-_rank(p, budget), p.cost, p.step))
     if budget.min_quality is None and best.measured is not None:
         ties = [p for p in capped if p.measured is not None and noise(best, p) is not None
                 and not_worse(p, best, budget)]
@@ -209,6 +218,13 @@ def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budg
             "paired; a difference within it buys no cost)")
     half = noise(best, chosen)
     doc: dict[str, Any] = {"rule": rule, "best": _brief(best), "chosen": _brief(chosen)}
+    if math.isnan(best.quality):  # no measured plan has a value: none could be ranked
+        doc["noise"] = None
+        doc["line"] = (f"no measured plan has a value of {metric} (NaN: the data holds "
+                       "nothing it counts, or every plan's outputs went non-finite), so none "
+                       f"could be ranked: the cheapest measured plan, {chosen.cost:.3f}x, no "
+                       "cost bought for a figure")
+        return doc
     if half is None:
         doc["noise"] = None
         doc["line"] = (f"the best measured plan ({metric} {value(metric, best.quality)} at "

@@ -22,6 +22,7 @@ Every plan in the result (chosen, front, trials) is emitted through
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,6 +229,11 @@ def _notes(space: Space) -> tuple[str, ...]:
         )
     if missing:
         out.append(f"{len(missing)} group(s) have no gain in the analysis and stay at start")
+    if math.isnan(space.sens.base):  # every prediction is NaN: none ranks a promotion
+        out.append(f"the analysis' {space.sens.metric} of uniform {space.sens.low.value} has "
+                   "no value (NaN: its data holds nothing the figure counts, or that plan's "
+                   "outputs went non-finite): the predictions rank nothing, a plan is chosen "
+                   "by its measured figure, else the cheapest")
     return tuple(out)
 
 

@@ -57,12 +57,15 @@ def sample_size(v: dict[str, Any]) -> str:
     positions``; any other share over more or fewer items than samples, its items."""
     ho = v.get("held_out") or {}
     held = ho.get("held", True)  # False: data that cannot be split, evaluated on the fit
-    n = (f"n={of(ho['samples'], ('held-out ' if held else 'fit ') + ho.get('unit', 'samples'))}"
-         if ho.get("samples") else "held out" if held else "the fit data")
-    if not held:
-        n += ", NOT held out"
     m = v.get("metric", "")
     plan = (v.get("quality") or {}).get("plan") or {}
+    unit = ('held-out ' if held else 'fit ') + ho.get('unit', 'samples')
+    judged = judged_samples(v)
+    n = (f"n={judged} of {of(ho['samples'], unit)} judged" if judged is not None else
+         f"n={of(ho['samples'], unit)}" if ho.get("samples") else
+         "held out" if held else "the fit data")
+    if not held:
+        n += ", NOT held out"
     items = plan.get(items_key(m))
     words = ITEM_WORDS.get(m.split(":")[0])
     if not isinstance(items, int | float) or not words or items != items:
@@ -75,6 +78,20 @@ def sample_size(v: dict[str, Any]) -> str:
     elif "detections" in words or int(items) != ho.get("samples"):
         n += f", {int(items)} {words}"
     return n
+
+
+def judged_samples(v: dict[str, Any]) -> int | None:
+    """How many of the held-out samples the headline share judged, where fewer than all
+    (None: all, or not counted): a share's items cluster in the samples that hold any
+    (``KEY_clusters``, :func:`quantscope.tasks.shares.share_counts`), and a sample with none
+    (a ``where=`` gate no FP32 score passes there, no point FP32 flags) is not judged.
+    The binomial noise counts the same items (``KEY_items``, the judged points)."""
+    samples = (v.get("held_out") or {}).get("samples")
+    plan = (v.get("quality") or {}).get("plan") or {}
+    k = plan.get(clusters_key(v.get("metric", "")))
+    if not isinstance(k, int | float) or not isinstance(samples, int) or k != k:
+        return None
+    return int(k) if int(k) < samples else None
 
 
 def held_out(ev: dict[str, Any]) -> dict[str, Any]:
@@ -288,7 +305,9 @@ def headline(v: dict[str, Any]) -> dict[str, Any]:
     ho = v.get("held_out") or {}
     dep = v.get("deployment") or {}
     base = {"metric": m, "held_out": ho.get("held", True), "n": ho.get("samples"),
-            "unit": ho.get("unit", "samples")}
+            "unit": ho.get("unit", "samples"),
+            # the samples the headline judged, where fewer than n (a where= gate's)
+            **({"judged": k} if (k := judged_samples(v)) is not None else {})}
     if dep.get("measured") and dep.get("value") is not None:
         return {**base, "ships": "deployment", "value": dep["value"],
                 "cost": dep["cost_mean"], "cost_se": dep["cost_mean_se"],

@@ -299,7 +299,8 @@ class PointsTask:
         if not n:
             return kept, (f"output '{self.output}'{NONE_KEPT}{where} holds nowhere on "
                           f"the {len(d)} samples ({positions} position(s) each): no point a host "
-                          "keeps to judge")
+                          f"keeps to judge (a threshold below {self.gate.threshold:g}, or "
+                          "data where the score passes it, gives some)")
         samples = f"on {int(kept.any(axis=1).sum())} of {len(d)} samples"
         at = (f"at {n // each} of {positions * len(d)} positions ({n} of {d.size} points), "
               f"{where}, {samples}" if positions > 1 else
