@@ -44,3 +44,16 @@ def minilm_l3_model():
         return load(find_minilm_l3_onnx())
     except QuantscopeError as exc:
         pytest.skip(str(exc))
+
+
+def test_best_length_reads_the_metric_direction_and_ranks_no_figure_last():
+    """Before, the highest figure won whatever the direction, and a NaN compared as
+    neither better nor worse (the first length met could win with it)."""
+    from quantscope.stages.plan import best_length
+
+    assert best_length({128: 0.9, 256: 0.8}, higher_is_better=True) == 128
+    assert best_length({128: 0.9, 256: 0.8}, higher_is_better=False) == 256
+    assert best_length({128: float("nan"), 256: 0.1}, higher_is_better=True) == 256
+    assert best_length({128: 0.1, 256: float("nan")}, higher_is_better=False) == 128
+    assert best_length({128: None, 256: 0.1}, higher_is_better=True) == 256
+    assert best_length({128: 0.5, 256: 0.5}, higher_is_better=False) == 256  # tie: longer

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Collection, Sequence
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -436,7 +437,7 @@ def plan_lengths(
     it: super-defuse binds at 256, not at 128); the result is the best length's plan, and
     ``pareto["seq_lens"]`` has every length's chosen point, what binds there and, for
     text data, the fraction of texts that fit. Best = highest measured quality (predicted
-    without data), ties to the longer length."""
+    without data; lowest for a figure where lower is better), ties to the longer length."""
     rows, results = [], {}
     for n in lengths:
         r = plan_model(model, analysis, target, dataclasses.replace(options, seq_len=n),
@@ -448,11 +449,24 @@ def plan_lengths(
                      "measured": c.get("measured"), "binding": r.pareto.get("binding"),
                      "promoted": len(r.plan.overrides), **_fit(data, n)})
         results[n] = (q, r)
-    best = max(lengths, key=lambda n: (results[n][0] if results[n][0] is not None
-                                       else float("-inf"), n))
+    best = best_length({n: q for n, (q, _) in results.items()},
+                       higher_is_better=analysis.higher_is_better)
     chosen = results[best][1]
     pareto = {**chosen.pareto, "seq_len": best, "seq_lens": rows}
     return dataclasses.replace(chosen, pareto=pareto)
+
+
+def best_length(quality: Mapping[int, float | None], *, higher_is_better: bool) -> int:
+    """The length whose chosen plan has the best figure (``higher_is_better`` or not); a
+    length with no figure (None, or NaN: nothing it could rank) is the worst; ties go to
+    the longer length. Before, the highest figure won whatever the metric's direction (a
+    loss or a KL ranked backwards) and a NaN compared as neither better nor worse."""
+    def rank(n: int) -> tuple[float, int]:
+        q = quality[n]
+        if q is None or math.isnan(q):
+            return (-math.inf, n)
+        return (q if higher_is_better else -q, n)
+    return max(quality, key=rank)
 
 
 def _fit(data: Dataset | None, n: int) -> dict[str, float]:
