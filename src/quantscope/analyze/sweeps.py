@@ -5,8 +5,10 @@ enable-one g    plan: ``g`` at ``low``, every other group float
 disable-one g   plan: every group at ``low`` except ``g`` at ``high``
 naive           one full QDQ model per candidate (build_qdq + a fresh session), run on
                 every batch: the reference the fast sweep is measured against
-segments        the model is cut at single-activation boundaries
-                (:mod:`quantscope.analyze.segments`); per batch the FP32 chain
+segments        the model is cut where one activation crosses, and inside a segment
+                those leave holding many groups (a U-Net's skips) where the
+                activations crossing fit a budget (:mod:`quantscope.analyze.cuts`,
+                :mod:`quantscope.analyze.segments`); per batch the FP32 chain
                 (enable-one) or the all-``low`` chain (disable-one) runs up to the
                 segment a candidate starts from, holding the tensors crossing the cut; the
                 candidate then runs its own segment (Q/DQ written by build_qdq for the
