@@ -112,6 +112,10 @@ def _refine(model: Model, cuts: list[int], n: int, starts: list[int],
             lives: dict[int, frozenset[str]], inside: set[int], min_nodes: int) -> list[int]:
     """``cuts`` with the refined cuts added (module docstring); ``starts``: each group's
     first node position; ``lives``: per position, the act tensors crossing it."""
+    bounds = [0, *cuts, n]
+    if all(bisect_left(starts, hi) - bisect_left(starts, lo) <= REFINE_GROUPS
+           for lo, hi in zip(bounds, bounds[1:], strict=False)):
+        return cuts  # nothing to refine (no shapes read)
     size = sample_bytes(model)
     acts = {t for live in lives.values() for t in live}
     largest = max((size[t] for t in acts if t in size), default=0)
@@ -121,7 +125,6 @@ def _refine(model: Model, cuts: list[int], n: int, starts: list[int],
         return sum(size.get(t, largest) for t in lives[p]) <= budget
 
     out: list[int] = []
-    bounds = [0, *cuts, n]
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         mine = [s for s in starts if lo <= s < hi]
         if len(mine) > REFINE_GROUPS:
