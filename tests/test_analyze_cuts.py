@@ -199,3 +199,20 @@ def test_incremental_plans_equal_the_single_stream_cuts(unet, single_stream):
             for u, v in zip(x, y, strict=True):
                 np.testing.assert_array_equal(u, v)
     assert runner.counts.segments_skipped > 0
+
+
+def test_the_share_of_nodes_the_candidates_run_drops(unet, single_stream):
+    from quantscope.analyze.candidates import candidates, encodings_table
+    from quantscope.analyze.segments import owned_segments, run_share
+
+    model, groups, stats, _ = unet
+    table = encodings_table(model, groups, stats, (LOW, HIGH))
+    cands = candidates(groups, LOW, HIGH)
+
+    def share() -> float:
+        segments = find_segments(model, groups)
+        return run_share(segments, owned_segments(model, groups, segments, table, cands, LOW))
+
+    refined = share()
+    single_stream()
+    assert refined < 0.8 * share() <= 0.8

@@ -303,6 +303,14 @@ def segment_bytes(model: Model, segments: tuple[Segment, ...]) -> tuple[int, ...
                  for seg in segments)
 
 
+def run_share(segments: Sequence[Segment], owned: Sequence[dict[int, Encodings]]) -> float:
+    """The share of the nodes the candidates (``owned``: :func:`owned_segments`) run from
+    their first own segment on, of what a full pass each would run."""
+    total = sum(len(s.nodes) for s in segments)
+    ran = sum(sum(len(s.nodes) for s in segments[min(own, default=0):]) for own in owned)
+    return ran / (total * len(owned)) if total and owned else 1.0
+
+
 def build_runners(
     model: Model,
     groups: Groups,

@@ -62,6 +62,7 @@ from quantscope.analyze.segments import (
     live_tensors,
     owned_segments,
     run_segment,
+    run_share,
     run_streaming,
     segment_bytes,
     segment_models,
@@ -409,6 +410,8 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
                   if c.sweep in job.sweeps)[part.start:part.stop]
     models = segment_models(model, groups, segments)  # built once, read by every session
     owned = owned_segments(model, groups, segments, table, cands, low, seg_models=models)
+    say(f"analyze: {len(segments)} segments; the {len(cands)} candidates run "
+        f"{100 * run_share(segments, owned):.0f} % of the nodes full passes would", show=progress)
     sizes, sizer = segment_bytes(model, segments), tensor_sizer(model, job.batches)
     mem = _estimate(job, segments, [sum(sizes[k] for k in own) for own in owned], sizer)
     say(f"analyze: {mem.text()}", show=progress)
