@@ -119,6 +119,8 @@ def _refine(model: Model, cuts: list[int], n: int, starts: list[int],
     size = sample_bytes(model)
     acts = {t for live in lives.values() for t in live}
     largest = max((size[t] for t in acts if t in size), default=0)
+    if not largest:
+        return cuts  # no activation's shape known: no cut can be sized
     budget = CUT_BUDGET * largest
 
     def fits(p: int) -> bool:  # a tensor of unknown shape counts as the largest
