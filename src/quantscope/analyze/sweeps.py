@@ -397,14 +397,18 @@ def _estimate(job: _SegmentJob, segments: Sequence[Segment], cand_bytes: Sequenc
                        prepass=(2, tapped) if need_low else None)
 
 
+def _cut(model: Model, groups: Groups, *, progress: bool) -> tuple[Segment, ...]:
+    say(f"analyze: cutting {len(model.graph.node)} nodes into segments, encodings of "
+        f"{len(groups.groups)} groups", show=progress)
+    return find_segments(model, groups)
+
+
 def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _PartResult:
     """The candidates ``part`` of ``job`` on every row (one task of a distributed sweep)."""
     model, groups, low = job.model, job.groups, job.low
     need_low = "disable_one" in job.sweeps
-    say(f"analyze: cutting {len(model.graph.node)} nodes into segments, encodings of "
-        f"{len(groups.groups)} groups", show=progress)
     release_memory(force=True)  # what an earlier sweep freed, before its resident is read
-    segments = find_segments(model, groups)
+    segments = _cut(model, groups, progress=progress)
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
     cands = tuple(c for c in candidates(groups, low, job.high, job.only, job.units)
                   if c.sweep in job.sweeps)[part.start:part.stop]
