@@ -91,7 +91,8 @@ from quantscope.types import (
 
 SESSION_MIN_BYTES = 1 << 20  # what a session without weights counts (its graph, buffers)
 NO_CUT_NOTE = ("incremental evaluation: the model has no cut (no point where one activation "
-               "crosses): every plan was measured by a full pass")
+               "crosses, nor few enough for a segment of many groups, analyze/cuts.py): "
+               "every plan was measured by a full pass")
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,18 @@
-"""Cut a model into segments at single-activation boundaries, and write Q/DQ per segment.
+"""Cut a model into segments, and write Q/DQ per segment.
 
 Why: ONNX Runtime cannot be fed an intermediate tensor, so a sweep that perturbs one
-group would re-run the whole prefix. Cut the graph where exactly one float activation
-crosses (the residual stream after each LayerNorm of a transformer), cache the tensors
-that cross each cut, and run only the segments from the perturbed one onwards.
+group would re-run the whole prefix. Cut the graph where few float activations cross
+(the residual stream after each LayerNorm of a transformer; a U-Net's stream and its
+skips), cache the tensors that cross each cut, and run only the segments from the
+perturbed one onwards.
 
 =========================  ==========================================================
-cut                        a position in topological node order where exactly one
-                           ``act`` float tensor is live (made before, read after), or
-                           one and its token chunks (a ``tokensplit`` model's stream);
-                           never inside a group; side/const tensors (attention mask,
-                           shapes) may cross too: they are extra segment inputs
+cut                        :mod:`quantscope.analyze.cuts`: where exactly one ``act``
+                           float tensor crosses, and inside a segment those leave
+                           holding many groups, where the act tensors crossing fit a
+                           budget; never inside a group; side/const tensors
+                           (attention mask, shapes) may cross too: they are extra
+                           segment inputs
 segment inputs             every tensor its nodes read that earlier segments or the
                            graph inputs make (cached per batch, both FP32 and low)
 segment outputs            every tensor it makes that later segments or the graph
@@ -40,7 +42,6 @@ Sessions use :func:`~quantscope.emulate.session.make_session` with ``shared_aren
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -50,10 +51,10 @@ import onnxruntime as ort
 from onnx import helper
 
 from quantscope.analyze.candidates import Candidate, mixed_encodings
+from quantscope.analyze.cuts import cut_positions
 from quantscope.emulate.qdq import build_qdq
 from quantscope.emulate.session import make_session
-from quantscope.model.groups import tensor_kinds
-from quantscope.model.load import FLOAT_TYPES, Model
+from quantscope.model.load import Model
 from quantscope.progress import track
 from quantscope.types import Encodings, Groups, Plan, Precision
 
@@ -67,48 +68,10 @@ class Segment:
     groups: tuple[str, ...]  # groups whose nodes lie in this segment
 
 
-def _one_stream(live: set[str]) -> bool:
-    """One activation, or one and its token chunks (``X``, ``X/tok0``, ``X/tok1`` … of
-    :mod:`quantscope.repair.tokens`: the residual stream of a token-split model)."""
-    return len({_CHUNK.sub("", t) for t in live}) == 1
-
-
-_CHUNK = re.compile(r"/tok\d+$")
-
-
-def _cut_positions(model: Model, groups: Groups, min_nodes: int) -> list[int]:
-    nodes = list(model.graph.node)
-    kinds, types = tensor_kinds(model), model.value_types()
-    last_use = {t: len(nodes) for t in model.output_names()}
-    for i, node in enumerate(nodes):
-        for t in node.input:
-            last_use[t] = max(last_use.get(t, -1), i)
-    group_of = {n: g.name for g in groups.groups for n in g.nodes}
-    span: dict[str, list[int]] = {}
-    for i, node in enumerate(nodes):
-        if node.name in group_of:
-            span.setdefault(group_of[node.name], [i, i])[1] = i
-    inside = {k for lo, hi in span.values() for k in range(lo + 1, hi + 1)}
-    live: set[str] = set()
-    cuts, last, grouped = [], 0, False
-    for i, node in enumerate(nodes[:-1]):
-        grouped = grouped or node.name in group_of
-        live = {t for t in live if last_use.get(t, -1) > i}
-        live |= {
-            t
-            for t in node.output
-            if last_use.get(t, -1) > i and kinds.get(t) == "act" and types.get(t) in FLOAT_TYPES
-        }
-        if _one_stream(live) and grouped and i + 1 not in inside and i + 1 - last >= min_nodes:
-            cuts.append(i + 1)
-            last, grouped = i + 1, False
-    return cuts
-
-
 def find_segments(model: Model, groups: Groups, *, min_nodes: int = 1) -> tuple[Segment, ...]:
     """Segments of ``model`` in execution order (see the module docstring)."""
     nodes = list(model.graph.node)
-    bounds = [0, *_cut_positions(model, groups, min_nodes), len(nodes)]
+    bounds = [0, *cut_positions(model, groups, min_nodes), len(nodes)]
     group_of = {n: g.name for g in groups.groups for n in g.nodes}
     graph_outs = set(model.output_names())
     made_at: dict[str, int] = {t: -1 for t in model.input_names()}
@@ -338,6 +301,14 @@ def segment_bytes(model: Model, segments: tuple[Segment, ...]) -> tuple[int, ...
     return tuple(sum(size.get(t, 0) for t in {t for name in seg.nodes
                                              for t in by_node[name].input})
                  for seg in segments)
+
+
+def run_share(segments: Sequence[Segment], owned: Sequence[dict[int, Encodings]]) -> float:
+    """The share of the nodes the candidates (``owned``: :func:`owned_segments`) run from
+    their first own segment on, of what a full pass each would run."""
+    total = sum(len(s.nodes) for s in segments)
+    ran = sum(sum(len(s.nodes) for s in segments[min(own, default=0):]) for own in owned)
+    return ran / (total * len(owned)) if total and owned else 1.0
 
 
 def build_runners(

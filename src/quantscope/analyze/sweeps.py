@@ -5,8 +5,10 @@ enable-one g    plan: ``g`` at ``low``, every other group float
 disable-one g   plan: every group at ``low`` except ``g`` at ``high``
 naive           one full QDQ model per candidate (build_qdq + a fresh session), run on
                 every batch: the reference the fast sweep is measured against
-segments        the model is cut at single-activation boundaries
-                (:mod:`quantscope.analyze.segments`); per batch the FP32 chain
+segments        the model is cut where one activation crosses, and inside a segment
+                those leave holding many groups (a U-Net's skips) where the
+                activations crossing fit a budget (:mod:`quantscope.analyze.cuts`,
+                :mod:`quantscope.analyze.segments`); per batch the FP32 chain
                 (enable-one) or the all-``low`` chain (disable-one) runs up to the
                 segment a candidate starts from, holding the tensors crossing the cut; the
                 candidate then runs its own segment (Q/DQ written by build_qdq for the
@@ -60,6 +62,7 @@ from quantscope.analyze.segments import (
     live_tensors,
     owned_segments,
     run_segment,
+    run_share,
     run_streaming,
     segment_bytes,
     segment_models,
@@ -394,19 +397,25 @@ def _estimate(job: _SegmentJob, segments: Sequence[Segment], cand_bytes: Sequenc
                        prepass=(2, tapped) if need_low else None)
 
 
+def _cut(model: Model, groups: Groups, *, progress: bool) -> tuple[Segment, ...]:
+    say(f"analyze: cutting {len(model.graph.node)} nodes into segments, encodings of "
+        f"{len(groups.groups)} groups", show=progress)
+    return find_segments(model, groups)
+
+
 def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _PartResult:
     """The candidates ``part`` of ``job`` on every row (one task of a distributed sweep)."""
     model, groups, low = job.model, job.groups, job.low
     need_low = "disable_one" in job.sweeps
-    say(f"analyze: cutting {len(model.graph.node)} nodes into segments, encodings of "
-        f"{len(groups.groups)} groups", show=progress)
     release_memory(force=True)  # what an earlier sweep freed, before its resident is read
-    segments = find_segments(model, groups)
+    segments = _cut(model, groups, progress=progress)
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
     cands = tuple(c for c in candidates(groups, low, job.high, job.only, job.units)
                   if c.sweep in job.sweeps)[part.start:part.stop]
     models = segment_models(model, groups, segments)  # built once, read by every session
     owned = owned_segments(model, groups, segments, table, cands, low, seg_models=models)
+    say(f"analyze: {len(segments)} segments; the {len(cands)} candidates run "
+        f"{100 * run_share(segments, owned):.0f} % of the nodes full passes would", show=progress)
     sizes, sizer = segment_bytes(model, segments), tensor_sizer(model, job.batches)
     mem = _estimate(job, segments, [sum(sizes[k] for k in own) for own in owned], sizer)
     say(f"analyze: {mem.text()}", show=progress)
