@@ -162,6 +162,14 @@ def test_sample_size_says_how_many_held_out_samples_were_judged():
                                        "point_agreement_clusters": 24.0}}}
     assert sample_size(every) == "n=24 held-out samples, an effective 48 points"
     assert "judged" not in headline(every)
+    # a verification's decisions are pairs clustered by their first sample: 11 anchors of
+    # 12 samples are every sample judged, not "11 of 12" (read so before the fix)
+    pairs = {"metric": "decision_agreement", "held_out": {"samples": 12, "unit": "samples"},
+             "quality": {"plan": {"decision_agreement": 0.985,
+                                  "decision_agreement_items": 66.0,
+                                  "decision_agreement_clusters": 11.0}}, "legal": True}
+    assert sample_size(pairs).startswith("n=12 held-out samples")
+    assert "judged" not in headline(pairs)
 
 
 def _ordered(pnet, name: str) -> tuple[np.ndarray, np.ndarray]:

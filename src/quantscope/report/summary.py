@@ -31,7 +31,7 @@ from typing import Any
 from quantscope.export.hailo_alls import UNSET_DECISION, one_line
 from quantscope.report import fmt
 from quantscope.report.host_steps import host_steps as host_steps  # re-exported
-from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
+from quantscope.tasks.shares import ITEM_WORDS, PAIR_SHARES, clusters_key, items_key
 from quantscope.units import of
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
@@ -88,6 +88,8 @@ def judged_samples(v: dict[str, Any]) -> int | None:
     The binomial noise counts the same items (``KEY_items``, the judged points)."""
     samples = (v.get("held_out") or {}).get("samples")
     plan = (v.get("quality") or {}).get("plan") or {}
+    if v.get("metric", "").partition(":")[0] in PAIR_SHARES:  # clusters are pair anchors
+        return None
     k = plan.get(clusters_key(v.get("metric", "")))
     if not isinstance(k, int | float) or not isinstance(samples, int) or k != k:
         return None

@@ -38,6 +38,11 @@ from quantscope.units import CLUSTERS, ITEMS, count_key  # the count keys' one s
 SHARE_CONFIDENCE = 0.95  # one-sided: a difference beyond it is beyond noise
 
 # what a share's items are, in words (the reason of a rewrite's keep or drop says them)
+# shares whose items are pairs of samples (a verification's same/different decisions,
+# clustered by each pair's first sample for the effective count): their ``KEY_clusters``
+# counts anchors, not the samples judged, so no "n of N samples judged" is read from it
+PAIR_SHARES: frozenset[str] = frozenset({"decision_agreement"})
+
 ITEM_WORDS: dict[str, str] = {
     "top1_agreement": "top-1 picks",
     "top5_agreement": "top-5 picks",
