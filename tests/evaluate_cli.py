@@ -35,3 +35,16 @@ def evaluated(capsys, folder: Path, model: str, data: str, *extra: str) -> dict:
     capsys.readouterr()
     assert code == 0
     return json.loads((folder / "r.json").read_text())
+
+
+def calibrated_folder(folder: Path, name: str, proto, x) -> Path:
+    """``folder`` holding ``NAME.onnx`` (``proto``), ``NAME.npz`` (``input=x``) and
+    ``stats.npz`` calibrated on it: the layout the helpers above read."""
+    import numpy as np
+    import onnx
+
+    onnx.save(proto, folder / f"{name}.onnx")
+    np.savez(folder / f"{name}.npz", input=x)
+    assert main(["calibrate", str(folder / f"{name}.onnx"), "--data",
+                 str(folder / f"{name}.npz"), "--out", str(folder / "stats.npz")]) == 0
+    return folder

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from evaluate_cli import assert_layout_refused, evaluated
+from evaluate_cli import assert_layout_refused, calibrated_folder, evaluated
 from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.cli import main
@@ -123,13 +123,8 @@ def _onet_like(side: int = 48, flat_input: bool = False) -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def onet(tmp_path_factory):
-    d = tmp_path_factory.mktemp("onet")
-    onnx.save(_onet_like(), d / "onet.onnx")
     x = np.random.default_rng(0).uniform(-1, 1, (16, 3, 48, 48)).astype(np.float32)
-    np.savez(d / "onet.npz", input=x)
-    assert main(["calibrate", str(d / "onet.onnx"), "--data", str(d / "onet.npz"),
-                 "--out", str(d / "stats.npz")]) == 0
-    return d
+    return calibrated_folder(tmp_path_factory.mktemp("onet"), "onet", _onet_like(), x)
 
 
 def _evaluate(d, capsys, *layouts: str) -> dict:

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from evaluate_cli import assert_layout_refused, evaluated
+from evaluate_cli import assert_layout_refused, calibrated_folder, evaluated
 from onnx import TensorProto, helper, numpy_helper
 from test_h56_points_scale import _landmarks, _onet_like
 
@@ -166,13 +166,8 @@ def _pnet_like() -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def pnet(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pnet")
-    onnx.save(_pnet_like(), d / "pnet.onnx")
     x = np.random.default_rng(3).uniform(-1, 1, (12, 3, 16, 16)).astype(np.float32)
-    np.savez(d / "pnet.npz", input=x)
-    assert main(["calibrate", str(d / "pnet.onnx"), "--data", str(d / "pnet.npz"),
-                 "--out", str(d / "stats.npz")]) == 0
-    return d
+    return calibrated_folder(tmp_path_factory.mktemp("pnet"), "pnet", _pnet_like(), x)
 
 
 def test_evaluate_judges_the_box_map_where_the_face_map_passes(pnet, capsys):
