@@ -12,7 +12,7 @@ the same with whole Linear families back at 8 bit.
                  16-bit tensor over super-defuse's estimated size, a conv whose 16-bit
                  weights leave a channel's low byte empty). Before, only errors were
                  demoted, so this plan could hold what the planner never emits (human's
-                 ``faceres`` on hailo8l: every group at a16_w16 "all legal", 40 of its
+                 ``faceres`` on hailo8l: every group at a16_w16 "all legal", 52 of its
                  86 groups under such warnings). Only what a rule blocks is demoted.
 ``variants``     ``max_legal`` with Linear families (:mod:`quantscope.model.families`, read
                  from the graph) back at ``low``: ``noqk`` (query/key), ``noqkv`` (+ value),
