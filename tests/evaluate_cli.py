@@ -37,14 +37,20 @@ def evaluated(capsys, folder: Path, model: str, data: str, *extra: str) -> dict:
     return json.loads((folder / "r.json").read_text())
 
 
-def calibrated_folder(folder: Path, name: str, proto, x) -> Path:
-    """``folder`` holding ``NAME.onnx`` (``proto``), ``NAME.npz`` (``input=x``) and
-    ``stats.npz`` calibrated on it: the layout the helpers above read."""
+def saved_folder(folder: Path, name: str, proto, x) -> Path:
+    """``folder`` holding ``NAME.onnx`` (``proto``) and ``NAME.npz`` (``input=x``)."""
     import numpy as np
     import onnx
 
     onnx.save(proto, folder / f"{name}.onnx")
     np.savez(folder / f"{name}.npz", input=x)
+    return folder
+
+
+def calibrated_folder(folder: Path, name: str, proto, x) -> Path:
+    """:func:`saved_folder`, and ``stats.npz`` calibrated on it: the layout the helpers
+    above read."""
+    saved_folder(folder, name, proto, x)
     assert main(["calibrate", str(folder / f"{name}.onnx"), "--data",
                  str(folder / f"{name}.npz"), "--out", str(folder / "stats.npz")]) == 0
     return folder

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import onnx
 import pytest
-from evaluate_cli import assert_layout_refused, calibrated_folder, evaluated
+from evaluate_cli import assert_layout_refused, calibrated_folder, evaluated, saved_folder
 from onnx import TensorProto, helper, numpy_helper
 from test_h56_points_scale import _landmarks, _onet_like
 
@@ -215,11 +215,8 @@ def test_bad_photo_or_where_is_one_line(pnet, capsys, layout, needle):
 
 @pytest.fixture(scope="module")
 def onet(tmp_path_factory):
-    d = tmp_path_factory.mktemp("onet60")
-    onnx.save(_onet_like(), d / "onet.onnx")
     x = np.random.default_rng(0).uniform(-1, 1, (32, 3, 48, 48)).astype(np.float32)
-    np.savez(d / "onet.npz", input=x)
-    return d
+    return saved_folder(tmp_path_factory.mktemp("onet60"), "onet", _onet_like(), x)
 
 
 def test_run_verdict_names_the_worst_of_two_points_outputs_and_gives_each(onet, capsys):

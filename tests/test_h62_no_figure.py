@@ -17,10 +17,10 @@ import json
 import math
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import tiny_models
+from evaluate_cli import saved_folder
 from test_h60_points_photo_gate import _pnet_like
 from test_search import _chain, _sens, _toy_target
 
@@ -42,11 +42,8 @@ def _face_scores(model_path, x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def pnet(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pnet62")
-    onnx.save(_pnet_like(), d / "pnet.onnx")
     x = np.random.default_rng(3).uniform(-1, 1, (12, 3, 16, 16)).astype(np.float32)
-    np.savez(d / "pnet.npz", input=x)
-    return d
+    return saved_folder(tmp_path_factory.mktemp("pnet62"), "pnet", _pnet_like(), x)
 
 
 def _run(d, name, out, layout, *extra):
