@@ -92,3 +92,20 @@ def test_check_mapping_names_an_output_holding_comma_and_equals(tmp_path, capsys
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "is not TENSOR=CODE:VALUE" in err
     assert "quote it" in err
+
+
+def test_an_option_value_may_name_an_output_called_like_a_kind():
+    """``where=map:1>0.6`` (an output named ``map``) and ``scores_from=class`` were read as
+    the layout's kind: the name ran to the last ``=KIND``, so 'boxes=points:where' was the
+    output and '1>0.6' an unknown key. The name now runs to the first ``=KIND`` whose keys
+    are all that kind's; a name holding '=KIND' followed by foreign keys still reads whole."""
+    from quantscope.tasks.layout_spec import parse_layout
+
+    spec = parse_layout("boxes=points:where=map:1>0.6,dims=2")
+    assert (spec.output, spec.kind, spec.option("where")) == ("boxes", "points", "map:1>0.6")
+    spec = parse_layout("det=detect:scores_from=class")
+    assert (spec.output, spec.kind, spec.option("scores_from")) == ("det", "detect", "class")
+    spec = parse_layout("out=map:1=detect")
+    assert (spec.output, spec.kind) == ("out=map:1", "detect")
+    spec = parse_layout(f"{DET}=detect:threshold=0.3")
+    assert (spec.output, spec.kind) == (DET, "detect")

@@ -64,10 +64,21 @@ QUOTE_HINT = ("an output name holding '=' is read up to the last '=KIND', or quo
               "--layout '\"a=b\"=detect'")
 
 
+def _keys_fit(rest: str) -> bool:
+    """Whether ``KIND[:KEY=VALUE,...]`` names only keys of its kind (values unread)."""
+    kind, _, opts = rest.partition(":")
+    keys = KINDS.get(kind.strip().lower(), ())
+    return all(item.partition("=")[0].strip().lower() in keys
+               for item in filter(None, (s.strip() for s in opts.split(","))))
+
+
 def _split_output(text: str) -> tuple[str, str, str]:
     """(output, '=', the rest): a quoted output name as written; else the name runs to
-    the last ``=KIND`` (a known kind, then ``:`` or the end), so it may hold '=' (and ',',
-    ':'); else to the first '=' (the kind is then named as unknown)."""
+    the first ``=KIND`` (a known kind, then ``:`` or the end) whose keys are all that
+    kind's, so a name may hold '=' (and ',', ':') and an option's value may name an output
+    called like a kind (``boxes=points:where=map:1>0.6``); failing that, to the last
+    ``=KIND`` (its error then names the key); else to the first '=' (the kind is then named
+    as unknown)."""
     quote = text.lstrip()[:1]
     if quote in ("'", '"'):
         body = text.lstrip()[1:]
@@ -79,7 +90,8 @@ def _split_output(text: str) -> tuple[str, str, str]:
         return body[:close], "=", after[1:]
     found = list(_KIND_AFTER.finditer(text))
     if found:
-        return text[:found[-1].start()].strip(), "=", text[found[-1].start() + 1:]
+        at = next((m for m in found if _keys_fit(text[m.start() + 1:])), found[-1])
+        return text[:at.start()].strip(), "=", text[at.start() + 1:]
     output, eq, rest = text.partition("=")
     return output.strip(), eq, rest
 
