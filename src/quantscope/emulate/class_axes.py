@@ -65,7 +65,9 @@ def channel_axis_read(shape: tuple[int, ...], given: int | None,
 
 
 def _said(shape: tuple[int, ...], axis: int | None, why: str) -> str:
-    return "" if axis is None else f"axis {axis}, {shape[axis]} channels: {why}"
+    if axis is None:
+        return ""
+    return f"axis {axis}, {shape[axis]} channel{'' if shape[axis] == 1 else 's'}: {why}"
 
 
 def read_words(entry: Mapping[str, Any]) -> str:
