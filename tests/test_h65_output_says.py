@@ -153,7 +153,7 @@ def test_a_share_of_nothing_counts_none():
     assert headline(v)["judged"] == 0
 
 
-def test_the_auto_line_counts_the_samples_the_figure_judged(tmp_path):
+def test_the_auto_line_counts_the_samples_the_figure_judged(tmp_path, capsys):
     """tokensplit binds on the small encoder and is measured; the measure judged 3 of the
     16 fit samples (a gate's): the record and its line say so, not ``n=16 fit samples``."""
     model = load_proto(token_encoder(), "enc")
@@ -165,8 +165,11 @@ def test_the_auto_line_counts_the_samples_the_figure_judged(tmp_path):
                                 calibrate=lambda m: stages.calibrate_model(m, fit),
                                 measure=lambda m, s: Measured(0.9, judged=3),
                                 reload=lambda p: load_proto(p, "enc"),
-                                metric="point_agreement", n=16, unit="fit samples")
+                                metric="point_agreement", n=16, unit="fit samples",
+                                progress=True)
     assert any(t.tried for t in choice.trials) and choice.judged == 3
+    said = [ln for ln in capsys.readouterr().err.splitlines() if "tokensplit: dropped (" in ln]
+    assert said and "90.0 %, n=3 of 16 judged)" in said[0], said  # it had said n=16
     record = json.loads(json.dumps(choice.to_dict()))
     assert AutoChoice.from_dict(record) == choice
     short = auto_rewrites(record)["short"]

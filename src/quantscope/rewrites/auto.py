@@ -412,7 +412,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                            reload=reload, higher=higher_is_better, min_gain=min_gain,
                            margin=margin, reason=why.reason, tiebreak=tiebreak, metric=metric)
         trials.append(trial)
-        _say_trial(trial, metric, n, progress)
+        _say_trial(trial, metric, _judged(n, baseline), progress)
         if kept is not None:
             current, stats, proto = kept[0], kept[1], kept[2]
             score = kept[3]
@@ -422,7 +422,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                               calibrate=calibrate, measure=measure, reload=reload,
                               higher=higher_is_better, min_gain=min_gain,
                               margin=margin, input_shapes=input_shapes, configs=configs, tiebreak=tiebreak,
-                              metric=metric, n=n, progress=progress)
+                              metric=metric, n=_judged(n, baseline), progress=progress)
         if again is not None:
             current, stats, proto, score, built = again
     first = next((t.before for t in trials if t.before is not None), None)
@@ -441,7 +441,13 @@ def auto_config(rw: Rewrite, before: frozenset[str], model: Model, target: Targe
             else rw.config())
 
 
-def _say_trial(trial: Trial, metric: str, n: int | None, progress: bool) -> None:
+def _judged(n: int | None, baseline: Score | None) -> int | str | None:
+    """The count a trial's figure is over, said: ``n``, or ``3 of 16 judged`` where the
+    figure judged fewer samples (:attr:`Measured.judged`, a where= gate's)."""
+    return n if baseline is None or baseline.judged is None else f"{baseline.judged} of {n} judged"
+
+
+def _say_trial(trial: Trial, metric: str, n: int | str | None, progress: bool) -> None:
     figures = (f" ({metric} {value(metric, trial.before)} -> {value(metric, trial.after)}, n={n})"
                if trial.after is not None and trial.before is not None else "")
     again = " (round 2)" if trial.round > 1 else ""
@@ -454,7 +460,7 @@ def _second_round(model: Model, trials: list[Trial], built: dict[str, Mapping[st
                   calibrate: Calibrate, measure: Measure, reload: Reload, higher: bool,
                   min_gain: float, margin: float, input_shapes: InputShapes,
                   configs: Mapping[str, Any], tiebreak: str | None, metric: str,
-                  n: int | None, progress: bool,
+                  n: int | str | None, progress: bool,
                   ) -> tuple[Model, Stats, onnx.ModelProto, Score,
                              dict[str, Mapping[str, Any]]] | None:
     """Round 2: each rewrite that was tried and dropped before a rewrite kept after it
