@@ -65,6 +65,8 @@ def counted(metric: str, values: Mapping[str, Any]) -> str:
     n, k = (num(values.get(count_key(metric, s))) for s in (ITEMS, CLUSTERS))
     if n is None:
         return shown
+    if n == 0:  # no item to count (a where= gate nothing passes): no share of nothing
+        return shown + " (none judged)"
     return shown + (f" (n={int(n)})" if k is None else
                     f" (n={int(n)} effective, {of(int(k), 'samples')})")
 

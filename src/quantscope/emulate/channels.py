@@ -81,6 +81,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.emulate.class_axes import KEY
 from quantscope.numerics import (
     DEAD,
     RESEMBLE_MIN_COSINE,
@@ -260,7 +261,7 @@ class ChannelFidelity:
                  **({"collapsed_never_top": int((erased & idle).sum())} if idle.any() else {}),
                  **({"collapsed_strings_kept": int((erased & kept).sum())} if kept.any() else {}),
                  "channel_axis": int(self.axis),
-                 **({"channel_axis_read": self.read} if self.read else {}),
+                 **({KEY: self.read} if self.read else {}),
                  "channel_worst": worst, **({"channels_left_out": left_out} if left_out else {})}
         # a dead channel's cosine (0 when it quantizes to 0) judges nothing: the judged ones'
         return entry, bool(collapsed.any() or (judged.any() and cos[judged].min() < RESEMBLE_MIN_COSINE))

@@ -14,16 +14,21 @@ One place decides it, in this order:
 A claim that lands on the samples' axis or off the array (a ``ctc`` declared on a rank-2
 output, which its task says it cannot decode) is not taken. The output's entry says which
 axis was read, how many channels it holds and why (``channel_axis_read``: ``axis 2, 97
-channels: the classes of the declared ctc layout``).
+channels: the classes of the declared ctc layout``), and every place that prints the
+output's per-channel figures (``evaluate``'s output line, ``run``'s verdict, the report)
+says that one line beside them (:func:`read_words`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from quantscope.numerics import default_channel_axis
 from quantscope.types import moved_axis
 
+KEY = "channel_axis_read"  # the output entry's key holding the line
 GRAPH = "the graph's channel axis of this output"
 DEFAULT = "by default (the graph tells no channel axis of this output)"
 
@@ -60,4 +65,14 @@ def channel_axis_read(shape: tuple[int, ...], given: int | None,
 
 
 def _said(shape: tuple[int, ...], axis: int | None, why: str) -> str:
-    return "" if axis is None else f"axis {axis}, {shape[axis]} channels: {why}"
+    if axis is None:
+        return ""
+    return f"axis {axis}, {shape[axis]} channel{'' if shape[axis] == 1 else 's'}: {why}"
+
+
+def read_words(entry: Mapping[str, Any]) -> str:
+    """What an output's per-channel figures are over, said beside them, from its entry's
+    line (:data:`KEY`): ``per channel on axis 2, 97 channels: the classes of the declared
+    ctc layout``; "" for an entry without one (no channel axis, or positions)."""
+    read = entry.get(KEY)
+    return f"per channel on {read}" if read else ""

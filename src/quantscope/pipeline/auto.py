@@ -51,7 +51,7 @@ from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rew
 from quantscope.rewrites.base import shapes_seq_len
 from quantscope.rewrites.tie import TIE_MARGIN, Parts
 from quantscope.tasks.headline import share_items
-from quantscope.tasks.shares import ITEM_WORDS
+from quantscope.tasks.shares import ITEM_WORDS, judged_samples
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
 if TYPE_CHECKING:
@@ -190,7 +190,8 @@ def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int
         return Measured(float(got), None if second is None else float(second),
                         None if task is None else task.samples,
                         None if task is None or second is None else task.parts,
-                        share_of=share_items(fit.task, metric, metrics))
+                        share_of=share_items(fit.task, metric, metrics),
+                        judged=judged_samples(metric, metrics, _samples(fit)[0]))
 
     return measure
 

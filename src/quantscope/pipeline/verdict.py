@@ -23,6 +23,7 @@ from quantscope.pipeline.held_out import headline_parts, worse_held_out
 from quantscope.pipeline.manifest import unfinished_lines
 from quantscope.pipeline.verdict_findings import (
     COMPARED,
+    _channels_read,
     _data_notes,
     _gated,
     _left_out,
@@ -161,11 +162,11 @@ def verdict(ctx: Context) -> dict[str, Any]:
         # (the outputs are saturated_outputs): in the held-out figure, said where it binds
         "saturated_inside": _saturated_inside(
             results.get("plan", {}), [r for r in io["io"] if r["role"] == "output"]),
-        # outputs scored for fidelity only (a text encoder's second output): not in the task's
-        # figures nor the headline
+        # outputs scored for fidelity only (not in the task's figures nor the headline)
         "unscored": _unscored(ev["data"]),
-        # ... and their own held-out figures (plan and uniform a8_w8), one line per output
+        # ... their held-out figures (plan, a8_w8); a worst-channel headline's, with the axis
         "unscored_figures": _unscored_figures(_unscored(ev["data"]), results),
+        "channels_read": _channels_read(_unscored(ev["data"]), results, metric),
         "left_float": left_float(results.get("plan", {}).get("coverage")),
         **_model_and_data_findings(ctx, ev["data"]),
         **summary,

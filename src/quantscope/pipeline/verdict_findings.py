@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from quantscope.emulate.class_axes import read_words
 from quantscope.tasks.points_gate import KEPT as GATED
 from quantscope.tasks.points_gate import NONE_KEPT
 from quantscope.tasks.unscored import is_unscored_note, unscored_names
@@ -45,8 +46,28 @@ def _unscored_figures(notes: list[str], results: dict[str, Any]) -> list[str]:
         return (f"{value('sqnr_db', out.get('sqnr_db'))} (worst channel "
                 f"{value('sqnr_db', worst)}{why})")
 
+    def read(n: str) -> str:  # the axis the worst channel is of (the plan's entry's line)
+        words = read_words(plan[n]) or read_words(uniform.get(n, {}))
+        return f"; {words}" if words else ""
+
     return [f"output '{n}' (fidelity only) held out: SQNR {fig(plan[n])} at the plan, "
-            f"{fig(uniform.get(n, {}))} at uniform a8_w8" for n in dict.fromkeys(names)]
+            f"{fig(uniform.get(n, {}))} at uniform a8_w8{read(n)}" for n in dict.fromkeys(names)]
+
+
+def _channels_read(notes: list[str], results: dict[str, Any], metric: str) -> list[str]:
+    """Where the headline is a worst channel's SQNR (tensor data's ``sqnr_db_channel_min``,
+    or one output's), each output's worst channel at the plan held out and the axis its
+    channels are on (the entry's line, :func:`read_words`: axis 1 of ``[N, T, C]`` read by
+    default is its time steps), once per output; an output scored for fidelity only is
+    said with its figures (:func:`_unscored_figures`), not here."""
+    key, _, only = metric.partition(":")
+    if key != "sqnr_db_channel_min":
+        return []
+    plan = results.get("plan", {}).get("outputs") or {}
+    said = {n for note in notes for n in unscored_names(note, list(plan))}
+    return [f"output '{n}' worst channel {value('sqnr_db', e.get('sqnr_db_channel_min'))}: "
+            f"{read_words(e)}" for n, e in plan.items()
+            if read_words(e) and n not in said and only in ("", n)]
 
 
 def _outputs_headline(results: dict[str, Any]) -> str | None:

@@ -23,6 +23,7 @@ import html
 import re
 from typing import Any
 
+from quantscope.emulate.class_axes import read_words
 from quantscope.report import fmt
 from quantscope.report.figures import png_uri as _png
 from quantscope.report.figures import pyplot as _plt
@@ -155,6 +156,31 @@ def _sample_size(results: dict[str, dict[str, Any]]) -> str:
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 return f"{v} {unit}"
     return ""
+
+
+OUTPUT_COLUMNS = {"sqnr_db": "output SQNR", "cosine_mean": "cosine (mean)",
+                  "cosine_min": "cosine (min)", "sqnr_db_channel_min": "worst-channel SQNR",
+                  "collapsed_channels": "collapsed channels"}
+
+
+def outputs_details(results: dict[str, dict[str, Any]]) -> str:
+    """The configurations' "Every output" fold: per configuration and output its figures
+    (:data:`OUTPUT_COLUMNS`), then, once per output, the axis its per-channel figures are
+    over (the entry's one line, :func:`quantscope.emulate.class_axes.read_words`)."""
+    rows = [[label, name, *[fmt.value(k, t.get(k)) for k in OUTPUT_COLUMNS]]
+            for label, r in results.items() for name, t in r.get("outputs", {}).items()
+            if "sqnr_db" in t]
+    if not rows:
+        return ""
+    reads: dict[str, str] = {}
+    for r in results.values():
+        for name, t in r.get("outputs", {}).items():
+            if read_words(t):
+                reads.setdefault(name, read_words(t))
+    return details(f"Every output ({len(rows)} rows)", _table(
+        ["config", "output", *OUTPUT_COLUMNS.values()], rows) + "".join(
+        f"<p class=note>output {html.escape(repr(name))}: {html.escape(words)}</p>"
+        for name, words in reads.items()))
 
 
 def prenorm_section(results: dict[str, dict[str, Any]]) -> str:

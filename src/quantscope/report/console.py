@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from quantscope.analyze.whatif import WHATIF_KEYS
+from quantscope.emulate.class_axes import read_words
 from quantscope.report import fmt
 
 OUTPUT_LINE = ("sqnr_db", "sqnr_db_channel_min", "collapsed_channels", "cosine_mean",
@@ -25,14 +26,25 @@ def format_result(result: dict[str, Any]) -> str:
     outs = {k: v for k, v in result.get("outputs", {}).items()
             if "sqnr_db" in v or "exact_agreement" in v}
     if len(outs) > 1 or any("sqnr_db_channel_min" in v for v in outs.values()):
-        lines += [f"  output {k}: " + ", ".join(
-            f"{key} {fmt.value(key, v[key])}" for key in OUTPUT_LINE if key in v) for k, v in outs.items()]
+        lines += [f"  output {k}: {output_line(v)}" for k, v in outs.items()]
     if "coverage" in result:
         lines += ["  " + line for line in _coverage_lines(result["coverage"])]
     if result.get("saturation_note"):
         lines.append(f"  {result['saturation_note']}")
     lines += [f"  note: {n}" for n in result.get("notes", [])]
     return "\n".join(lines)
+
+
+def output_line(entry: dict[str, Any]) -> str:
+    """An output's figures (:data:`OUTPUT_LINE`), the per-channel ones followed by the
+    axis they are over (the entry's one line, :func:`read_words`): ``sqnr_db_channel_min
+    0.0 dB, collapsed_channels 1 (per channel on axis 2, 20 channels: the classes of the
+    declared ctc layout)``."""
+    read = read_words(entry)
+    last = next((k for k in ("collapsed_channels", "sqnr_db_channel_min") if k in entry), "")
+    return ", ".join(f"{key} {fmt.value(key, entry[key])}"
+                     + (f" ({read})" if read and key == last else "")
+                     for key in OUTPUT_LINE if key in entry)
 
 
 def _coverage_lines(cov: dict[str, Any]) -> list[str]:

@@ -17,7 +17,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from quantscope.report import fmt, plots, summary
-from quantscope.report.build import _table, details, io_section, prenorm_section, render
+from quantscope.report.build import (
+    _table,
+    details,
+    io_section,
+    outputs_details,
+    prenorm_section,
+    render,
+)
 from quantscope.report.console import race_lines
 from quantscope.types import Stats
 
@@ -152,13 +159,7 @@ def configs_section(results: dict[str, dict[str, Any]], metric: str, n: str = "h
                    _table(["metric", *results], rows[MAIN_ROWS:]) if len(rows) > MAIN_ROWS
                    else ""),
            plots.config_plot(results, metric, on)]
-    per_output = [[label, name, *[fmt.value(k, t.get(k)) for k in ("sqnr_db", "cosine_mean",
-                                                                    "cosine_min")]]
-                  for label, r in results.items() for name, t in r.get("outputs", {}).items()
-                  if "sqnr_db" in t]
-    if per_output:
-        out.append(details(f"Every output ({len(per_output)} rows)", _table(
-            ["config", "output", "output SQNR", "cosine (mean)", "cosine (min)"], per_output)))
+    out.append(outputs_details(results))
     out += [f"<p class=note>{_e(n)}</p>" for n in config_notes(results)]
     return "".join(out)
 

@@ -31,7 +31,8 @@ from typing import Any
 from quantscope.export.hailo_alls import UNSET_DECISION, one_line
 from quantscope.report import fmt
 from quantscope.report.host_steps import host_steps as host_steps  # re-exported
-from quantscope.tasks.shares import ITEM_WORDS, PAIR_SHARES, clusters_key, items_key
+from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
+from quantscope.tasks.shares import judged_samples as share_judged
 from quantscope.units import of
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
@@ -68,7 +69,7 @@ def sample_size(v: dict[str, Any]) -> str:
         n += ", NOT held out"
     items = plan.get(items_key(m))
     words = ITEM_WORDS.get(m.split(":")[0])
-    if not isinstance(items, int | float) or not words or items != items:
+    if not isinstance(items, int | float) or not words or items != items or judged == 0:
         return n
     # a detection share's items are detections, which the samples do not tell; a share
     # per position counts positions as an effective count (clustered by sample)
@@ -82,18 +83,11 @@ def sample_size(v: dict[str, Any]) -> str:
 
 def judged_samples(v: dict[str, Any]) -> int | None:
     """How many of the held-out samples the headline share judged, where fewer than all
-    (None: all, or not counted): a share's items cluster in the samples that hold any
-    (``KEY_clusters``, :func:`quantscope.tasks.shares.share_counts`), and a sample with none
-    (a ``where=`` gate no FP32 score passes there, no point FP32 flags) is not judged.
-    The binomial noise counts the same items (``KEY_items``, the judged points)."""
-    samples = (v.get("held_out") or {}).get("samples")
-    plan = (v.get("quality") or {}).get("plan") or {}
-    if v.get("metric", "").partition(":")[0] in PAIR_SHARES:  # clusters are pair anchors
-        return None
-    k = plan.get(clusters_key(v.get("metric", "")))
-    if not isinstance(k, int | float) or not isinstance(samples, int) or k != k:
-        return None
-    return int(k) if int(k) < samples else None
+    (None: all, or not counted; 0: none, the figure has no value): the plan's
+    :func:`quantscope.tasks.shares.judged_samples`. The binomial noise counts the same
+    items (``KEY_items``, the judged points)."""
+    return share_judged(v.get("metric", ""), (v.get("quality") or {}).get("plan") or {},
+                        (v.get("held_out") or {}).get("samples"))
 
 
 def held_out(ev: dict[str, Any]) -> dict[str, Any]:
@@ -121,7 +115,9 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
     report's table rows; every figure is the fit data's, with its sample size."""
     if not record:
         return {"short": "auto: no record", "lines": [], "rows": []}
-    m, n = record["metric"], f"n={of(record.get('n'), record.get('unit', 'fit samples'))}"
+    m, total = record["metric"], of(record.get("n"), record.get("unit", "fit samples"))
+    # the samples the figure was computed on: of a gated share, those it judged
+    n = f"n={total}" if record.get("judged") is None else f"n={record['judged']} of {total} judged"
     tried = list(dict.fromkeys(t["name"] for t in record["trials"] if t["tried"]))
     kept = list(dict.fromkeys(t["name"] for t in record["trials"] if t["kept"]))
     fixed = [r["name"] for r in record.get("repairs", []) if r.get("applied")]
@@ -138,7 +134,8 @@ def auto_rewrites(record: dict[str, Any] | None) -> dict[str, Any]:
                               and (t.get("interval") or {}).get("outcome") == "better"
                               and _fell(t.get("tiebreak_interval"))))
     named = record.get("tiebreak") or "the tiebreak"
-    short = (f"auto: kept {len(kept)} of {len(tried)} tried, {m} on {n}"
+    short = ((f"auto: kept {len(kept)} of {len(tried)} tried, {m} on {n}" if tried else
+              "auto: none tried, nothing measured")
              + (f"; a tie on both figures, left out: {', '.join(ties)}" if ties else "")
              + (f"; dropped on {m} while {named} rose "
                 f"beyond noise (the figures disagree): {', '.join(split)}" if split else "")
@@ -346,6 +343,8 @@ def format_short(v: dict[str, Any]) -> list[str]:
     h = v.get("headline") or headline(v)
     dep = v.get("deployment") if h["ships"] == "deployment" else None
     got = fmt.against(m, h["value"], v["goal"])  # 49.96 dB, not 50.0 dB, under a 50 dB goal
+    if h.get("judged") == 0:  # no held-out sample judged: no figure, not a share of nothing
+        got = "no figure"
     refs = "; ".join(f"{k} {fmt.value(m, r.get(m))}" for k, r in q.items() if k != "plan")
     what = _what_ships(v, h, dep)
     if v["goal"] is None:
@@ -417,11 +416,13 @@ def format_short(v: dict[str, Any]) -> list[str]:
 
 def _outputs_lines(v: dict[str, Any]) -> list[str]:
     """Whose figure the headline is when several outputs have it (each one's given), the
-    points judged only where another output's score passes (``where=``): how many, and
-    the distances in pixels of the photo (``photo=PX``)."""
+    points judged only where another output's score passes (``where=``): how many, each
+    output's worst channel and the axis it is of where that is the headline, and the
+    distances in pixels of the photo (``photo=PX``)."""
     return ([f"  outputs (plan, held out): {v['outputs_headline']}"]
             if v.get("outputs_headline") else []) + [
         f"  judged (plan, held out): {n}" for n in v.get("gated") or []] + [
+        f"  channels (plan, held out): {n}" for n in v.get("channels_read") or []] + [
         f"  photo (plan, held out): {n}" for n in v.get("on_photo") or []
         if not v.get("outputs_headline")]  # which gives each output's photo figures
 

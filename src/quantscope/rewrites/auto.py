@@ -96,6 +96,9 @@ class Measured:
     # the figure is a share over this many items, and what they are (its binomial noise
     # decides when there are no per-sample scores: quantscope.rewrites.tie.share_noise)
     share_of: tuple[int, str] | None = None
+    # the samples the figure was computed on, where fewer than all (a where= gate's: the
+    # samples holding a point it keeps; quantscope.tasks.shares.judged_samples)
+    judged: int | None = None
 
 
 Measure = Callable[[Model, Stats], "float | tuple[float, float] | Measured"]
@@ -159,6 +162,9 @@ class AutoChoice:
     # the kept rewrites' configs as the kept model was built (a second round rebuilds the
     # set: a rewrite's auto config may follow the ones before it); empty: the trials'
     final_configs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    # of the n, the samples the figure was computed on where fewer (the model without
+    # rewrites' Measured.judged: a where= gate's); None: all n
+    judged: int | None = None
 
     @property
     def kept(self) -> tuple[str, ...]:
@@ -179,6 +185,7 @@ class AutoChoice:
     def to_dict(self) -> dict[str, Any]:
         return {"mode": "auto", "metric": self.metric,
                 "higher_is_better": self.higher_is_better, "n": self.n, "unit": self.unit,
+                **({"judged": self.judged} if self.judged is not None else {}),
                 "measured_on": self.measured_on, "baseline": self.baseline,
                 "final": self.final, "kept": list(self.kept),
                 "tiebreak": self.tiebreak, "keep_rule": KEEP_RULE,
@@ -194,7 +201,8 @@ class AutoChoice:
                    measured_on=d.get("measured_on", ""), baseline=d.get("baseline"),
                    final=d.get("final"), trials=trials, tiebreak=d.get("tiebreak"),
                    repairs=tuple(dict(r) for r in d.get("repairs", [])),
-                   final_configs={k: dict(v) for k, v in d.get("final_configs", {}).items()})
+                   final_configs={k: dict(v) for k, v in d.get("final_configs", {}).items()},
+                   judged=d.get("judged"))
 
 
 def should_try(rw: Rewrite, model: Model, target: Target | None, seq_len: int | None,
@@ -376,6 +384,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
     configs = configs or {}
     current, stats = model, calibrate(model)
     score: Score | None = None
+    baseline: Score | None = None  # the given model's (its judged samples are the trials')
     proto: onnx.ModelProto | None = None
     trials: list[Trial] = []
     built: dict[str, Mapping[str, Any]] = {}  # the kept set, name -> config as built
@@ -387,7 +396,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
         if score is None:
             say("rewrites auto: measuring the model without rewrites", show=progress)
             try:
-                score = _score(measure(current, stats))
+                score = baseline = _score(measure(current, stats))
             except QuantscopeError as e:  # nothing can be compared: none is kept
                 trials += [Trial(n_, tried=False, kept=False,
                                  reason=f"the model without rewrites is not measurable: {e}")
@@ -403,7 +412,7 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                            reload=reload, higher=higher_is_better, min_gain=min_gain,
                            margin=margin, reason=why.reason, tiebreak=tiebreak, metric=metric)
         trials.append(trial)
-        _say_trial(trial, metric, n, progress)
+        _say_trial(trial, metric, _judged(n, baseline), progress)
         if kept is not None:
             current, stats, proto = kept[0], kept[1], kept[2]
             score = kept[3]
@@ -413,14 +422,15 @@ def choose_rewrites(model: Model, target: Target | None, seq_len: int | None, *,
                               calibrate=calibrate, measure=measure, reload=reload,
                               higher=higher_is_better, min_gain=min_gain,
                               margin=margin, input_shapes=input_shapes, configs=configs, tiebreak=tiebreak,
-                              metric=metric, n=n, progress=progress)
+                              metric=metric, n=_judged(n, baseline), progress=progress)
         if again is not None:
             current, stats, proto, score, built = again
     first = next((t.before for t in trials if t.before is not None), None)
     return AutoChoice(metric=metric, higher_is_better=higher_is_better, n=n, unit=unit,
                       measured_on=measured_on, baseline=first,
                       final=None if score is None else score.value, trials=tuple(trials),
-                      tiebreak=tiebreak, final_configs=dict(built)), proto
+                      tiebreak=tiebreak, final_configs=dict(built),
+                      judged=None if baseline is None else baseline.judged), proto
 
 
 def auto_config(rw: Rewrite, before: frozenset[str], model: Model, target: Target | None,
@@ -431,7 +441,13 @@ def auto_config(rw: Rewrite, before: frozenset[str], model: Model, target: Targe
             else rw.config())
 
 
-def _say_trial(trial: Trial, metric: str, n: int | None, progress: bool) -> None:
+def _judged(n: int | None, baseline: Score | None) -> int | str | None:
+    """The count a trial's figure is over, said: ``n``, or ``3 of 16 judged`` where the
+    figure judged fewer samples (:attr:`Measured.judged`, a where= gate's)."""
+    return n if baseline is None or baseline.judged is None else f"{baseline.judged} of {n} judged"
+
+
+def _say_trial(trial: Trial, metric: str, n: int | str | None, progress: bool) -> None:
     figures = (f" ({metric} {value(metric, trial.before)} -> {value(metric, trial.after)}, n={n})"
                if trial.after is not None and trial.before is not None else "")
     again = " (round 2)" if trial.round > 1 else ""
@@ -444,7 +460,7 @@ def _second_round(model: Model, trials: list[Trial], built: dict[str, Mapping[st
                   calibrate: Calibrate, measure: Measure, reload: Reload, higher: bool,
                   min_gain: float, margin: float, input_shapes: InputShapes,
                   configs: Mapping[str, Any], tiebreak: str | None, metric: str,
-                  n: int | None, progress: bool,
+                  n: int | str | None, progress: bool,
                   ) -> tuple[Model, Stats, onnx.ModelProto, Score,
                              dict[str, Mapping[str, Any]]] | None:
     """Round 2: each rewrite that was tried and dropped before a rewrite kept after it

@@ -500,11 +500,16 @@ class DetectionTask:
     row_local: bool = True
 
     def class_axes(self) -> dict[str, ClassAxis]:
-        """The per-channel figures read the rows (box values, class scores) on the
-        layout's row axis, not the anchors."""
-        return {self.output: ClassAxis(self.layout.axis, self.layout.sample_axis,
-                                       "the rows (box values, scores) of its detection "
-                                       "layout")}
+        """The per-channel figures read the rows on the layout's row axis, not the anchors:
+        the box output's and its other levels' (box values, scores), and the score
+        outputs' (``scores_from=``: the classes, on the same axis, which the layout
+        checks), whose own graph axis is often the anchors (a Concat of the levels)."""
+        lay, boxes = self.layout, (self.output, *self.layout.levels)
+        scores = () if lay.scores_output is None else (lay.scores_output, *lay.score_levels)
+        return {**{o: ClassAxis(lay.axis, lay.sample_axis, "the rows (box values, scores) "
+                                "of its detection layout") for o in boxes},
+                **{o: ClassAxis(lay.axis, lay.sample_axis, "the class scores of its "
+                                "detection layout (scores_from=)") for o in scores}}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         names = self.layout.outputs(self.output)

@@ -414,11 +414,17 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
     _check_outputs(specs, outputs)
     tasks, notes = [], []
     declared = {s.output: s for s in specs}
+    built = {o: _task(s, model, None if sample_axes is None else sample_axes.get(o, 0), data)
+             for o, s in declared.items()}
+    # the outputs a declared task reads besides its own (a detection's scores_from=, its
+    # levels=): no task of their own is guessed (a Concat of score levels whose first has
+    # 4 anchors had been read as a second detection head as well)
+    read = {o for t in built.values() if t is not None for o in _read_by(t)}
     for out in outputs:
         spec = declared.get(out)
         samples = None if sample_axes is None else sample_axes.get(out, 0)
         if spec is not None:
-            task = _task(spec, model, samples, data)
+            task = built[out]
             if task is not None:
                 notes.append(f"output '{out}' read as {_describe(task, model)} (--layout)")
                 notes.extend(_rows_hint(spec, task, model))
@@ -428,6 +434,8 @@ def layout_tasks(model: Model, specs: tuple[LayoutSpec, ...], data: str,
                              "every channel, the background's too, so the mask IoU mostly "
                              f"says the background agrees; --layout {out}=map:channel=K "
                              "binarises channel K alone")
+        elif out in read:
+            task = None
         else:
             found = detect_layout(model, out)
             if found is not None and found.axis == samples:

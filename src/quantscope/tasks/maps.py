@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope.emulate.channels import sides_text
+from quantscope.emulate.class_axes import ClassAxis
 from quantscope.model.load import Model
 from quantscope.tasks.shares import items_key, share_counts
 from quantscope.types import Metrics, Outputs
@@ -96,6 +97,15 @@ class MapTask:
     headline: str = "mask_iou"
     higher_is_better: bool = True
     row_local: bool = True
+
+    def class_axes(self) -> dict[str, ClassAxis]:
+        """With ``channel=K``: the per-channel figures read the axis K indexes (the one this
+        task reads, the graph's or 1, not a guess of their own); without, the task decides
+        each value alone and tells no axis (the graph's or the default is read, and said)."""
+        if self.channel is None:
+            return {}
+        return {self.output: ClassAxis(self.channel_axis, 0, "the channels of its map layout "
+                                       f"(channel={self.channel} is one)")}
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         ious: list[np.ndarray] = []

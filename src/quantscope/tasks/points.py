@@ -226,7 +226,10 @@ class PointsTask:
         kept, gate_note = self._kept(ref, d)
         if not kept.any():
             return Metrics(values={"point_agreement": nan, "point_error_mean": nan,
-                                   "point_error_max": nan, "point_judged": 0.0},
+                                   "point_error_max": nan, "point_judged": 0.0,
+                                   # 0 points in 0 samples: the verdict says none judged
+                                   **share_counts("point_agreement", kept.sum(axis=1),
+                                                  kept.sum(axis=1))},
                            notes=(gate_note,))
         hits = d <= tol
         values = {"point_agreement": float(np.mean(hits[kept])),

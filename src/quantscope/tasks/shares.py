@@ -102,14 +102,34 @@ def share_counts(metric: str, hits: np.ndarray, sizes: np.ndarray) -> dict[str, 
     """``KEY_items`` (and ``KEY_clusters``) of the share ``metric``, ``sum(hits) /
     sum(sizes)`` over samples of ``sizes`` items each (``hits``: each sample's counted
     items): one item per sample, the samples; several, the effective count
-    (:func:`clustered_items`, rounded down) and the samples it clusters in."""
+    (:func:`clustered_items`, rounded down) and the samples it clusters in; no sample
+    holding any (a ``where=`` gate nothing passes): 0 items in 0 samples, so that what
+    reads the count says none was judged (the verdict had read the samples', "n=18")."""
     hits, sizes = np.asarray(hits, np.float64), np.asarray(sizes, np.int64)
     keep = sizes > 0
     hits, sizes = hits[keep], sizes[keep]
+    if not len(sizes):
+        return {items_key(metric): 0.0, clusters_key(metric): 0.0}
     if np.all(sizes == 1):
         return {items_key(metric): float(len(sizes))}
     return {items_key(metric): float(np.floor(clustered_items(hits, sizes))),
             clusters_key(metric): float(len(sizes))}
+
+
+def judged_samples(metric: str, values: Mapping[str, float], samples: int | None
+                   ) -> int | None:
+    """How many of ``samples`` the share ``metric`` judged (``values``: its figures), where
+    fewer than all (None: all, or not counted): its items cluster in the samples that hold
+    any (``KEY_clusters``, :func:`share_counts`), and a sample with none (a ``where=`` gate
+    no FP32 score passes there, no point FP32 flags) is not judged; 0: none was, the figure
+    has no value. A pair share's clusters are its pairs' anchors, not the samples judged
+    (:data:`PAIR_SHARES`): None."""
+    if metric.partition(":")[0] in PAIR_SHARES:
+        return None
+    k = values.get(clusters_key(metric))
+    if not isinstance(k, int | float) or not isinstance(samples, int) or k != k:
+        return None
+    return int(k) if int(k) < samples else None
 
 
 def worst_counts(per_task: list[Mapping[str, float]], worst: Mapping[str, float]
