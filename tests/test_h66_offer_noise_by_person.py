@@ -198,3 +198,14 @@ def test_the_check_is_in_the_plan_key_only_where_repairs_are_offered():
     assert plan_rules(SimpleNamespace(opts=SimpleNamespace(repairs=("bias",)))) == {
         "offer_check": CHECK_KEY}
     assert plan_rules(SimpleNamespace(opts=SimpleNamespace(repairs=()))) == {}
+
+
+def test_plans_console_says_a_shares_noise_and_its_units() -> None:
+    from quantscope.cli.plan import _offer_row
+
+    row = {"name": "ranges", "gain": 0.01, "out_of_sample": {
+        "metric": "decision_agreement", "folds": [0.0, -0.007264], "mean": -0.003632,
+        "noise": {"half_width": 0.008435, "upper": 0.004803, "n": [7, 5], "unit": "people"},
+        "offered": True, "judged_by": "decision_agreement", "folded": {"by": "person"}}}
+    assert _offer_row(row) == ("out of sample -0.36 pts (folds by person +0.00 pts, -0.73 pts; "
+                               "noise 0.84 pts over 7 + 5 people)")

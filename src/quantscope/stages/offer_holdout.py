@@ -13,8 +13,12 @@ least :data:`MIN_SAMPLES` samples, each offered repair is also measured by 2-fol
 validation on uniform ``low``: the feeds are split in halves A and B; the original model is
 calibrated on A, repaired on A (the repair recalibrates on A), and both are measured on B
 against the FP32 outputs on B; then the same with A and B swapped. Each fold's gain has
-its noise: the paired jackknife over the held half's units (samples; on face data a
-face's chips together), and the mean of the two folds the two combined
+its noise: the paired jackknife over the held half's units (:func:`quantscope.tasks.left_out.units_of`:
+samples; on face data a PERSON's chips together, a person's photos being near-copies of
+each other: h61 counted photos, and its noise was too small), from a pooled dB figure's
+per-unit powers, or for any other figure (a share: a match rate, a top-1 agreement) from
+the task's own figure recomputed with each unit left out (:mod:`quantscope.tasks.left_out`),
+and the mean of the two folds the two combined
 (:func:`quantscope.tasks.db_noise.mean_interval`, one-sided 95 %). An offer is not
 offered (:func:`stands`) when
 
@@ -33,14 +37,22 @@ offered (:func:`stands`) when
   and without the repair, has several times the pooled figure's noise over a few faces
   a half (mobileface, 7 + 7 faces: ``ranges`` -0.25 dB, noise 3.4 dB, where the pooled
   figure gained +0.34 dB, noise 1.1 dB, and ``ranges`` fitted on all the chips gained
-  +1.55 dB on the held-out people; h57 dropped it on the worst channel's mean).
+  +1.55 dB on the held-out people; h57 dropped it on the worst channel's mean);
+- or, where the offer's metric is a share (or any figure that is no pooled dB), its mean
+  gain is below zero beyond its noise (h66; before, the sign of its mean decided: on
+  the tiny embedder's fit half ``ranges`` lost 0.7 pts of decision agreement in one
+  fold, 0 in the other, noise 0.8 pts over 7 + 5 people). Without a noise estimate (under
+  3 units a half) its mean decides, and the reason says so.
 
-The notes say each figure's folds, mean and noise, what decided, and what the repaired
+The reason names the noise and its units ("beyond its noise (-1.3 dB ± 0.6 dB over 5 + 7
+people)"). The notes say each figure's folds, mean and noise, what decided, and what the repaired
 model clips on the half it was not calibrated on; the row's ``out_of_sample`` the offer's
 metric (``folds``, ``mean``, ``noise``: the mean's bounds, half width, degrees of
 freedom, each fold's held units), ``judged_by`` and, for a worst channel, ``pooled``
 (the same for the pooled figure). Without a noise estimate (a figure with no per-sample
-powers, under 3 units a half) the noise says why, and the pooled rule reads the mean.
+powers and none the task recomputes per unit, under 3 units a half) the noise says why,
+and the rule reads the mean. :data:`CHECK_KEY` is the check's version in ``run``'s plan
+stage key: a folder whose offers an older check judged plans again.
 Halves are pessimistic for a repair that fits ranges or chooses them: each fold fits on
 half the samples, so it clips more on new data than the repair ``run`` fits on all of
 them (mobileface's ``ranges``: +0.34 dB out of sample on halves, +1.55 dB fitted on all);

@@ -21,12 +21,15 @@ parts           per unit the signal and noise power (:class:`Parts`): one column
                 is left out: the peak cancels in a paired difference of one output)
 unit            what is left out at a time: a row (``rows``), a sample (``samples``), a
                 query and its document (``pairs``, :func:`pair_powers`), the rows of one
-                source (``faces``, ``photos``: :func:`unit_powers`; per-sample parts
-                summed per unit: :func:`group_parts`)
+                source (``faces``, ``photos``, a person's: ``people``: :func:`unit_powers`;
+                per-sample parts summed per unit: :func:`group_parts`)
 interval        :func:`gain_interval`: the difference ``after - before`` in dB with
                 one-sided :data:`CONFIDENCE` bounds, and the outcome against a margin;
                 :func:`mean_interval`: the mean of such differences on disjoint units
-                (a repair's 2-fold out-of-sample gain: :mod:`quantscope.stages.offer_holdout`)
+                (a repair's 2-fold out-of-sample gain: :mod:`quantscope.stages.offer_holdout`);
+                :func:`left_out_interval`: the same jackknife (one formula) for a figure
+                that is no pooled dB (a share), from its value with each unit left out
+                (:class:`LeftOut`, computed by the task: :mod:`quantscope.tasks.left_out`)
 noise         :func:`db_noise`: the half width of that bound, in words, for a rule that
                 asks whether a difference is beyond noise (the planner's ``not_worse``)
 none            fewer than 3 units, units that differ, or a power of zero left by a unit
