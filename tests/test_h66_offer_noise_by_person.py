@@ -209,3 +209,22 @@ def test_plans_console_says_a_shares_noise_and_its_units() -> None:
         "offered": True, "judged_by": "decision_agreement", "folded": {"by": "person"}}}
     assert _offer_row(row) == ("out of sample -0.36 pts (folds by person +0.00 pts, -0.73 pts; "
                                "noise 0.84 pts over 7 + 5 people)")
+
+
+def test_a_share_of_other_data_is_left_out_by_sample():
+    """A class output's top-1 agreement (a row-local task): each sample left out in turn,
+    the task's own figure over the others."""
+    from quantscope.tasks.classes import ClassTask
+
+    rng = np.random.default_rng(1)
+    ref = rng.normal(size=(10, 4)).astype(np.float32)
+    test = ref.copy()
+    test[[2, 7]] = test[[2, 7]][:, ::-1]  # two samples' scores reversed: their top-1 moves
+    task = ClassTask("classes", "scores")
+
+    def outs(a: np.ndarray) -> Outputs:
+        return Outputs(("scores",), ((a[:6],), (a[6:],)))
+
+    got = left_out_figures(task, outs(ref), outs(test), ["top1_agreement"])["top1_agreement"]
+    assert got.unit == "samples" and len(got.left) == 10 and got.whole == 0.8
+    assert got.left[2] == got.left[7] == 8 / 9 and got.left[0] == 7 / 9

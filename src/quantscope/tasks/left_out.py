@@ -64,10 +64,17 @@ def take_output_rows(out: Outputs, keep: np.ndarray) -> Outputs | None:
     return Outputs(names=out.names, batches=tuple(batches))
 
 
-def _task_on(task: Any, keep: np.ndarray) -> Any | None:
+def _scores_each_unit(task: Any, rows: int) -> bool:
+    """Whether ``task`` can score its data less one unit (module table): face verification
+    over ``rows`` chips, or a task whose metrics read each sample alone."""
     if splits_by_people(task):
-        return take_chips(task, keep)
-    return task if getattr(task, "row_local", False) else None
+        return len(task.identity) == rows
+    return bool(getattr(task, "row_local", False))
+
+
+def _task_on(task: Any, keep: np.ndarray) -> Any:
+    """``task`` on the samples ``keep`` (:func:`_scores_each_unit` holds)."""
+    return take_chips(task, keep) if splits_by_people(task) else task
 
 
 def left_out_figures(task: Any, ref: Outputs, test: Outputs, keys: Sequence[str]
@@ -77,7 +84,7 @@ def left_out_figures(task: Any, ref: Outputs, test: Outputs, keys: Sequence[str]
     unit left out (module table); a key the task does not compute, or data it cannot
     score without a unit, is absent."""
     rows = sum(_rows(ref))
-    if not keys or rows != sum(_rows(test)) or _task_on(task, np.arange(rows)) is None:
+    if not keys or rows != sum(_rows(test)) or not _scores_each_unit(task, rows):
         return {}
     whole = task.metrics(ref, test).values
     wanted = [k for k in keys if k in whole]
