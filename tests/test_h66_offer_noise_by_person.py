@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import onnx
+import pytest
 from test_h40_tfjs_human import _nhwc_embedder
 from test_h61_offer_noise import _fit_half
 
@@ -228,3 +229,20 @@ def test_a_share_of_other_data_is_left_out_by_sample():
     got = left_out_figures(task, outs(ref), outs(test), ["top1_agreement"])["top1_agreement"]
     assert got.unit == "samples" and len(got.left) == 10 and got.whole == 0.8
     assert got.left[2] == got.left[7] == 8 / 9 and got.left[0] == 7 / 9
+
+
+def test_a_verifications_per_face_powers_are_summed_per_person():
+    """``embedding_sqnr_db``'s parts come per face (photo) from the task; the check sums
+    them per person (the faces in the task's sorted order), the pooled figure the same."""
+    from quantscope.stages.offer_holdout import _units
+
+    faces = np.array([4, 4, 1, 1, 2, 2, 0, 0, 3, 3])  # 5 photos, 2 chips each
+    people = np.array([7, 7, 5, 5, 7, 7, 5, 5, 9, 9])  # photo 0, 1 -> 5; 2, 4 -> 7; 3 -> 9
+    task = VerificationTask("v", None, 1.1, faces=faces, identity=people)
+    rng = np.random.default_rng(2)
+    per_face = Parts(rng.uniform(1, 2, 5), rng.uniform(0.01, 0.1, 5), "faces")
+    got = _units(per_face, task)
+    assert got.unit == "people" and got.signal.shape == (3, 1)
+    assert np.allclose(got.signal[:, 0], [per_face.signal[[0, 1]].sum(),
+                                          per_face.signal[[2, 4]].sum(), per_face.signal[3]])
+    assert pooled_db(got) == pytest.approx(pooled_db(per_face))
