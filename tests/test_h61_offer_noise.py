@@ -9,8 +9,8 @@ fitted on all the chips gained +1.55 dB on the held-out people. An offer is now 
 the pooled figure's mean (the point rule, as before, where the offer's metric is itself
 pooled: the token classifier's equalize, +0.2 and -4.5 dB, stays dropped), and a worst
 channel counts against it only when below zero beyond its noise; the noise (a paired
-jackknife per fold over the held half's units, a face's chips together) is said in the
-note and the JSON.
+jackknife per fold over the held half's units: a person's chips together since h66) is
+said in the note and the JSON.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def test_a_worst_channel_below_zero_within_its_noise_no_longer_drops_the_offer(t
     about 0.5 dB), pooled SQNR -0.08, +0.23 dB (mean +0.07 dB): h57 dropped it."""
     out, oos = _check(tmp_path, "bias")
     assert oos["metric"] == "sqnr_db_channel_min" and oos["mean"] < 0  # what h57 read
-    assert oos["noise"]["upper"] > 0 and oos["noise"]["unit"] == "faces"
-    assert oos["noise"]["n"] == [7, 7] and oos["noise"]["half_width"] > -oos["mean"]
+    # the units: the held half's people (h66; h61 counted its 7 + 7 photos)
+    assert oos["noise"]["upper"] > 0 and oos["noise"]["unit"] == "people"
+    assert oos["noise"]["n"] == [7, 5] and oos["noise"]["half_width"] > -oos["mean"]
     pooled = oos["pooled"]
     assert pooled["metric"] == oos["judged_by"] == "sqnr_db" and pooled["mean"] >= 0
     assert oos["offered"] is True and [o.name for o in out.options] == ["bias"]
@@ -74,7 +75,7 @@ def test_a_worst_channel_below_zero_within_its_noise_no_longer_drops_the_offer(t
     assert note.startswith("repair bias: offered, not worse out of sample: +"), note
     assert "(sqnr_db, mean of 2 folds by person: 5 and 7 people:" in note
     assert "the worst channel's -0.0" in note and "judged against its noise" in note
-    assert "one-sided 95% jackknife over 7 + 7 faces" in note
+    assert "one-sided 95% jackknife over 7 + 5 people" in note
 
 
 def test_a_pooled_figure_worse_out_of_sample_drops_the_offer(tmp_path):
@@ -91,7 +92,8 @@ def test_a_pooled_figure_worse_out_of_sample_drops_the_offer(tmp_path):
 
 
 def _figure(key: str, folds: tuple[float, ...], upper: float | None) -> Figure:
-    noise = "no powers" if upper is None else {"upper": upper, "half_width": 1.0}
+    noise = "no powers" if upper is None else {"upper": upper, "half_width": 1.0,
+                                                "n": [5, 7], "unit": "people"}
     return Figure(key, folds, noise)  # type: ignore[arg-type]
 
 
@@ -99,7 +101,8 @@ def test_the_rule_weighs_each_figure_by_its_noise():
     pooled_up = _figure("sqnr_db", (0.5, 0.1), 0.9)
     # a worst channel below zero beyond its noise drops an offer the pooled figure keeps
     assert stands(_figure("sqnr_db_channel_min", (-3.0, -2.0), -0.5), pooled_up) == (
-        False, "its sqnr_db_channel_min is worse out of sample beyond noise")
+        False, "its sqnr_db_channel_min is worse out of sample beyond its noise "
+               "(-2.5 dB ± 1.0 dB over 5 + 7 people)")
     # within its noise it does not
     assert stands(_figure("sqnr_db_channel_min", (-3.0, 2.0), 1.5), pooled_up) == (True, "")
     assert stands(_figure("sqnr_db_channel_min", (-3.0, 2.0), None), pooled_up)[0]

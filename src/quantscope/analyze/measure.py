@@ -37,6 +37,7 @@ from quantscope.progress import track
 from quantscope.serde import plan_to_dict
 from quantscope.tasks.db_noise import Parts, pooled_db
 from quantscope.tasks.headline import Headline
+from quantscope.tasks.left_out import left_out_figures
 from quantscope.types import (
     Batch,
     Dataset,
@@ -123,18 +124,21 @@ def evaluate_plan(
     only: str | None = None,
     reference_kept: Outputs | None = None,
     sample_parts: bool = False,
+    left_out: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Fidelity (and task metrics when the data has a task) of ``plan`` against FP32.
 
     The graph measured is :func:`qdq_for_plan`'s, the one ``export-qdq`` writes (run by
     segments with an ``engine``; ``only``: just that metric where it can be scored
-    alone, from ``reference_kept`` when given; ``sample_parts``: :func:`evaluate_plans`).
+    alone, from ``reference_kept`` when given; ``sample_parts``, ``left_out``:
+    :func:`evaluate_plans`).
     """
     return evaluate_plans(model, data, stats, {"emulated": plan}, method=method, scheme=scheme,
                           saturation=saturation, engine=engine, only=only,
                           progress=progress, reference=reference,
                           reference_outputs=reference_outputs,
-                          reference_kept=reference_kept, sample_parts=sample_parts)["emulated"]
+                          reference_kept=reference_kept, sample_parts=sample_parts,
+                          left_out=left_out)["emulated"]
 
 
 def evaluate_plans(
@@ -155,7 +159,7 @@ def evaluate_plans(
     reference_kept: Outputs | None = None,
     task_only: bool = False,
     own_outputs: bool = False,
-    sample_parts: bool = False,
+    sample_parts: bool = False, left_out: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
     """Like :func:`evaluate_plan` for several plans, running the FP32 model only once.
 
@@ -183,7 +187,8 @@ def evaluate_plans(
     (:func:`reference_kept_outputs`): enough for ``only`` where the task scores it alone,
     or for ``task_only`` (every task figure, no output fidelity: :func:`_kept_scorer`), so
     no per-token reference is held; else the FP32 outputs are computed here.
-    ``sample_parts``: also ``"sample_parts"``, the per-sample powers (:func:`figure_parts`).
+    ``sample_parts``: also ``"sample_parts"``, the per-sample powers (:func:`figure_parts`);
+    ``left_out``: those task figures per unit left out (``tasks.left_out``: a share's noise).
     """
     batches = list(data.evaluation)
     data_stats, n_rows = _saturation_stats(model, batches) if saturation else (None, 0)
@@ -214,7 +219,7 @@ def evaluate_plans(
                                  keep, reference=reference, method=method, error_scales=error_scales,
                                  head={"coverage": coverage, **saturated}, q_notes=q_notes,
                                  measured_by=measured_by[0] if engine is not None else None,
-                                 sample_parts=sample_parts)
+                                 sample_parts=sample_parts, left_out=left_out)
     return results
 
 
@@ -273,7 +278,7 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
             emulated: Runs, ref: Outputs | None, ref_kept: Outputs | None, keep: Any, *,
             reference: Model | None, method: str | None, error_scales: Sequence[float],
             head: dict[str, Any], q_notes: tuple[str, ...], measured_by: str | None,
-            sample_parts: bool = False) -> dict[str, Any]:
+            sample_parts: bool = False, left_out: Sequence[str] = ()) -> dict[str, Any]:
     """One plan's result with every metric: output fidelity and the task's figures
     (``sample_parts``: :func:`evaluate_plans`)."""
     # raw outputs judged unless a task reads them its own way (text: padded tokens);
@@ -308,6 +313,8 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
         "notes": [*model.notes, *data.notes, *q_notes, *task_notes],
         **({"sample_parts": kept_parts(figure_parts(data, fid, ref_kept, test), metrics)}
            if sample_parts else {}),
+        **({"left_out": left_out_figures(data.task, ref_kept, test, left_out)}
+           if left_out and data.task is not None and ref_kept is not None else {}),
     }
 
 

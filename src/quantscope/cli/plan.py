@@ -388,7 +388,9 @@ def _folds(metric: str, v: dict[str, Any]) -> str:
     folds = ", ".join(fmt.gain(metric, g, fine=True) for g in v["folds"])
     if noise is None:  # no estimate, or a file from before h61
         return folds
-    return f"{folds}; noise {fmt.gain(metric, noise, fine=True).lstrip('+')}"
+    n, unit = v["noise"].get("n"), v["noise"].get("unit")  # absent before h66
+    over = f" over {' + '.join(str(k) for k in n)} {unit}" if n and unit else ""
+    return f"{folds}; noise {fmt.gain(metric, noise, fine=True).lstrip('+')}{over}"
 
 
 def _judged(v: dict[str, Any]) -> str:

@@ -63,6 +63,10 @@ class StageSpec:
     redo: Callable[[Context], bool] | None = None
     # the stage's memory estimate, said and kept before its work (pipeline/memory.py)
     memory: Callable[[Context], StageMemory | None] | None = None
+    # the versions of rules its result follows beyond its options (the plan stage: the
+    # repair offers' out-of-sample check), in its key: a folder made under an older rule
+    # runs the stage again
+    rules: Callable[[Context], dict[str, str]] | None = None
 
 
 # options added after run folders existed: in a stage's key only when set, so a folder
@@ -78,7 +82,8 @@ STAGES: dict[str, StageSpec] = {
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs", "repairs_given", "lengths",
                        "repair_batches", "race", "auto_rewrites"), True, ranked=True,
-                      redo=steps.plan_budget_grew, memory=plan_estimate),
+                      redo=steps.plan_budget_grew, memory=plan_estimate,
+                      rules=steps.plan_rules),
     # the repairs, then the fine-tune (--finetune; auto: when the goal is missed on the fit
     # data: pipeline/tune.py), whose outcome depends on the goal and the metric
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN),
@@ -507,6 +512,8 @@ def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:
     profile = target_file_identity(ctx.opts.target) if "target" in spec.options else None
     if profile is not None:  # a profile file edited under its path (absent for a built-in)
         inputs["target"] = profile
+    if spec.rules is not None:  # absent where no rule applies: earlier keys stay valid
+        inputs.update(spec.rules(ctx))
     if spec.ranked:  # absent when ORT ranks: the keys of earlier runs stay valid
         ranked_by = _ranked_by(ctx.opts.rank_engine)
         if ranked_by is not None:

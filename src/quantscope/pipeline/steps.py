@@ -159,6 +159,16 @@ def plan(ctx: Context) -> Done:
     return Done((PLAN,), {**timings, "evaluation_cache": cache.counts(), **work})
 
 
+def plan_rules(ctx: Context) -> dict[str, str]:
+    """The rules the plan stage's result follows beyond its options, for its key: where
+    repairs are offered, the version of their out-of-sample check
+    (:data:`quantscope.stages.offer_holdout.CHECK_KEY`), so a run folder whose offers were
+    kept or withdrawn under an older check (or none) plans again."""
+    from quantscope.stages.offer_holdout import CHECK_KEY
+
+    return {"offer_check": CHECK_KEY} if ctx.opts.repairs else {}
+
+
 def plan_budget_grew(ctx: Context) -> bool:
     """Whether a finished plan stage must run again for this run's ``--budget``: its
     search was stopped by a smaller budget (the plan file's ``time_budget``) and this run

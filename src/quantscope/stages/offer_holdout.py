@@ -13,8 +13,12 @@ least :data:`MIN_SAMPLES` samples, each offered repair is also measured by 2-fol
 validation on uniform ``low``: the feeds are split in halves A and B; the original model is
 calibrated on A, repaired on A (the repair recalibrates on A), and both are measured on B
 against the FP32 outputs on B; then the same with A and B swapped. Each fold's gain has
-its noise: the paired jackknife over the held half's units (samples; on face data a
-face's chips together), and the mean of the two folds the two combined
+its noise: the paired jackknife over the held half's units (:func:`quantscope.tasks.left_out.units_of`:
+samples; on face data a PERSON's chips together, a person's photos being near-copies of
+each other: h61 counted photos, and its noise was too small), from a pooled dB figure's
+per-unit powers, or for any other figure (a share: a match rate, a top-1 agreement) from
+the task's own figure recomputed with each unit left out (:mod:`quantscope.tasks.left_out`),
+and the mean of the two folds the two combined
 (:func:`quantscope.tasks.db_noise.mean_interval`, one-sided 95 %). An offer is not
 offered (:func:`stands`) when
 
@@ -33,14 +37,22 @@ offered (:func:`stands`) when
   and without the repair, has several times the pooled figure's noise over a few faces
   a half (mobileface, 7 + 7 faces: ``ranges`` -0.25 dB, noise 3.4 dB, where the pooled
   figure gained +0.34 dB, noise 1.1 dB, and ``ranges`` fitted on all the chips gained
-  +1.55 dB on the held-out people; h57 dropped it on the worst channel's mean).
+  +1.55 dB on the held-out people; h57 dropped it on the worst channel's mean);
+- or, where the offer's metric is a share (or any figure that is no pooled dB), its mean
+  gain is below zero beyond its noise (h66; before, the sign of its mean decided: on
+  the tiny embedder's fit half ``ranges`` lost 0.7 pts of decision agreement in one
+  fold, 0 in the other, noise 0.8 pts over 7 + 5 people). Without a noise estimate (under
+  3 units a half) its mean decides, and the reason says so.
 
-The notes say each figure's folds, mean and noise, what decided, and what the repaired
+The reason names the noise and its units ("beyond its noise (-1.3 dB ± 0.6 dB over 5 + 7
+people)"). The notes say each figure's folds, mean and noise, what decided, and what the repaired
 model clips on the half it was not calibrated on; the row's ``out_of_sample`` the offer's
 metric (``folds``, ``mean``, ``noise``: the mean's bounds, half width, degrees of
 freedom, each fold's held units), ``judged_by`` and, for a worst channel, ``pooled``
 (the same for the pooled figure). Without a noise estimate (a figure with no per-sample
-powers, under 3 units a half) the noise says why, and the pooled rule reads the mean.
+powers and none the task recomputes per unit, under 3 units a half) the noise says why,
+and the rule reads the mean. :data:`CHECK_KEY` is the check's version in ``run``'s plan
+stage key: a folder whose offers an older check judged plans again.
 Halves are pessimistic for a repair that fits ranges or chooses them: each fold fits on
 half the samples, so it clips more on new data than the repair ``run`` fits on all of
 them (mobileface's ``ranges``: +0.34 dB out of sample on halves, +1.55 dB fitted on all);
@@ -73,10 +85,18 @@ from quantscope.emulate.evaluate import run_model
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
 from quantscope.progress import say
-from quantscope.tasks.db_noise import Parts, gain_interval, group_parts, mean_interval
+from quantscope.tasks.db_noise import (
+    Parts,
+    gain_interval,
+    group_parts,
+    left_out_interval,
+    mean_interval,
+)
 from quantscope.tasks.face_split import half_record, halves_by_person, splits_by_people, take_chips
+from quantscope.tasks.left_out import units_of
 from quantscope.types import Batch, Dataset, Plan, Stats, batch_rows, take_rows
 from quantscope.units import gain as fmt_gain
+from quantscope.units import is_db
 
 if TYPE_CHECKING:
     from quantscope.plan.joint import Offer
@@ -87,6 +107,10 @@ if TYPE_CHECKING:
 # outputs, which judges an offer in its stead (module docstring)
 POOLED = {"sqnr_db_channel_min": "sqnr_db"}
 MIN_SAMPLES = 4  # fewer repair-feed samples: two halves too small to judge; said, not checked
+# the check's version, in the key of ``run``'s plan stage (pipeline.steps.plan_rules): a
+# new rule gets a new key, so a run folder whose offers an older check kept or withdrew
+# (none before h57; faces by photo, shares by their mean alone before h66) plans again
+CHECK_KEY = "offers held out: noise by person, shares by unit/2"
 
 
 def same_batches(data: Dataset) -> bool:
@@ -162,17 +186,19 @@ class _Fold:
     stats: Stats
     ref: Outputs
     base: dict[str, Any]
+    left_out: tuple[str, ...]  # the figures recomputed with each unit left out (shares)
 
 
 def _fold(model: Model, data: Dataset, stats: Stats, plan: Plan, fit: tuple[Batch, ...],
-          held: tuple[Batch, ...], task: Any, *, scheme: Any, method: str | None) -> _Fold:
+          held: tuple[Batch, ...], task: Any, *, scheme: Any, method: str | None,
+          left_out: tuple[str, ...]) -> _Fold:
     on = replace(data, name=f"{data.name} (out-of-sample half)", calibration=held,
                  evaluation=held, task=task)
     s = calibrate(model, find_groups(model), iter(fit), method=stats.method)
     ref = run_model(model.proto, list(held))
     base = evaluate_plan(model, on, s, plan, method=method, scheme=scheme,
-                         reference_outputs=ref, sample_parts=True)
-    return _Fold(fit, on, s, ref, base)
+                         reference_outputs=ref, sample_parts=True, left_out=left_out)
+    return _Fold(fit, on, s, ref, base, left_out)
 
 
 def _clips(measured: dict[str, Any]) -> dict[str, float]:
@@ -181,24 +207,40 @@ def _clips(measured: dict[str, Any]) -> dict[str, float]:
 
 
 def _units(parts: Parts, task: Any) -> Parts:
-    """A fold's per-sample parts summed per face where its task says each chip's face
-    (a face's chips are no independent samples: ``tasks.verification``); else as given."""
-    faces = getattr(task, "faces", None)
-    if faces is None or parts.unit not in ("rows", "samples") or len(faces) != len(parts[0]):
-        return parts
-    return group_parts(parts, faces, "faces")
+    """A fold's parts summed per unit (:func:`quantscope.tasks.left_out.units_of`): on face
+    data a person's chips together (a person's photos are no independent samples), the
+    per-face parts of a verification's embedding too; else a face's chips, else as given."""
+    n = len(parts[0])
+    if parts.unit in ("rows", "samples"):
+        labels, unit = units_of(task, n)
+        return parts if unit == "samples" else group_parts(parts, labels, unit)
+    people, faces = getattr(task, "identity", None), getattr(task, "faces", None)
+    if parts.unit == "faces" and people is not None and faces is not None:
+        names, first = np.unique(np.asarray(faces), return_index=True)  # the parts' order
+        if len(names) == n and len(people) == len(faces):
+            return group_parts(parts, np.asarray(people)[first], "people")
+    return parts
 
 
 def _interval(fold: _Fold, after: dict[str, Any], key: str, sign: float
               ) -> dict[str, Any] | str:
     """The paired jackknife interval of the repair's gain in ``key`` on the fold's held
-    half (``tasks.db_noise``, units: samples, a face's chips together), or why none."""
+    half, or why none: a pooled dB figure's from its per-unit powers
+    (``tasks.db_noise``), any other figure's from its value with each unit left out
+    (``tasks.left_out``: a share's); units: people on face data, else samples."""
     got = [(m.get("sample_parts") or {}).get(key) for m in (after, fold.base)]
-    if any(p is None for p in got):
-        return f"{key} keeps no per-sample powers"
-    a, b = (_units(p, fold.data.task) for p in got)
-    iv = gain_interval(a, b) if sign > 0 else gain_interval(b, a)
-    return iv if iv is not None else (f"under 3 {a.unit} in a half, or a power of zero")
+    if all(p is not None for p in got):
+        a, b = (_units(p, fold.data.task) for p in got)
+        iv = gain_interval(a, b) if sign > 0 else gain_interval(b, a)
+        return iv if iv is not None else (f"under 3 {a.unit} in a half, or a power of zero")
+    left = [(m.get("left_out") or {}).get(key) for m in (after, fold.base)]
+    if any(p is None for p in left):
+        return (f"{key} keeps no per-sample powers" if is_db(key) else
+                f"the task does not recompute {key} with a unit left out")
+    x, y = left
+    iv = left_out_interval(x, y) if sign > 0 else left_out_interval(y, x)
+    return iv if iv is not None else (f"under 3 {x.unit} in a half, or {key} not finite "
+                                      "with one left out")
 
 
 def _one_fold(name: str, model: Model, fold: _Fold, plan: Plan, *, scheme: Any,
@@ -210,7 +252,8 @@ def _one_fold(name: str, model: Model, fold: _Fold, plan: Plan, *, scheme: Any,
     out = run_repairs(model, fold.stats, plan, list(fold.fit), repairs=[name], scheme=scheme)
     repaired = load_proto(out.proto, f"{model.source} (repaired: {name})")
     after = evaluate_plan(repaired, fold.data, out.stats, out.plan, method=method,
-                          scheme=scheme, reference_outputs=fold.ref, sample_parts=True)
+                          scheme=scheme, reference_outputs=fold.ref, sample_parts=True,
+                          left_out=fold.left_out)
     before_clips = _clips(fold.base)
     more = {t: f for t, f in _clips(after).items() if f > before_clips.get(t, 0.0)}
     return after, more
@@ -242,6 +285,15 @@ class Figure:
     def upper(self) -> float | None:
         """The one-sided upper bound of the mean; None without a noise estimate."""
         return None if isinstance(self.noise, str) else float(self.noise["upper"])
+
+    def spread(self) -> str:
+        """The mean with its noise and units: ``-1.2 pts ± 0.8 pts over 5 + 7 people``."""
+        if isinstance(self.noise, str):
+            return f"{fmt_gain(self.key, self.mean)}, no noise estimate"
+        n = self.noise
+        return (f"{fmt_gain(self.key, self.mean)} ± "
+                f"{fmt_gain(self.key, n['half_width']).lstrip('+')} over "
+                f"{' + '.join(str(k) for k in n['n'])} {n['unit']}")
 
     def record(self) -> dict[str, Any]:
         noise = ({"missing": self.noise} if isinstance(self.noise, str) else
@@ -275,16 +327,25 @@ def figure(key: str, folds: Sequence[_Fold], afters: Sequence[dict[str, Any]],
 
 
 def stands(own: Figure, pooled: Figure | None) -> tuple[bool, str]:
-    """Whether an offer stands out of sample, and what decided (module docstring): the
-    pooled figure's mean gain not below zero (the offer's own figure where it is pooled),
-    and a worst-column figure's not below zero beyond its noise."""
-    if pooled is None:
-        return own.mean >= 0.0, f"its {own.key} is worse out of sample"
-    if pooled.mean < 0.0:
-        return False, f"its pooled {pooled.key} is worse out of sample"
-    if own.upper is not None and own.upper < 0.0:
-        return False, f"its {own.key} is worse out of sample beyond noise"
-    return True, ""
+    """Whether an offer stands out of sample, and what decided (module docstring): a
+    pooled dB figure's mean gain not below zero (the offer's own figure where it is
+    pooled), and any other figure (a worst column, a share) not below zero beyond its
+    noise; without a noise estimate a figure of its own is judged by its mean."""
+    if pooled is not None:
+        if pooled.mean < 0.0:
+            return False, f"its pooled {pooled.key} is worse out of sample"
+        if own.upper is not None and own.upper < 0.0:
+            return False, f"its {own.key} is worse out of sample beyond its noise ({own.spread()})"
+        return True, ""
+    if is_db(own.key):
+        keep, why = own.mean >= 0.0, f"its {own.key} is worse out of sample"
+    elif own.upper is None:
+        keep, why = own.mean >= 0.0, (f"its {own.key} is worse out of sample (no noise "
+                                      f"estimate: {own.noise}; its mean decides)")
+    else:
+        keep, why = own.upper >= 0.0, (f"its {own.key} is worse out of sample beyond its "
+                                       f"noise ({own.spread()})")
+    return keep, "" if keep else why
 
 
 def _judge(name: str, in_gain: float, own: Figure, pooled: Figure | None,
@@ -293,7 +354,9 @@ def _judge(name: str, in_gain: float, own: Figure, pooled: Figure | None,
     keep, why = stands(own, pooled)
     sizes = (_count(folding.a), _count(folding.b))
     by_person = folding.record["by"] == "person"
-    figures = own.words(folding.how) if pooled is None else (
+    alone = own.words(folding.how) + (", judged against its noise" if not is_db(own.key)
+                                       and own.upper is not None else "")
+    figures = alone if pooled is None else (
         f"{pooled.words(folding.how)}; the worst channel's {own.words('the same folds')}, "
         f"judged against its noise")
     how = (f"{figures}; each calibrated and repaired on one half of the "
@@ -328,7 +391,11 @@ def check_offer(offer: Offer, model: Model, data: Dataset, stats: Stats, sens: S
 
     plan = Plan(default=sens.low, target=target.name)
     scheme = target.scheme
-    folds = [_fold(model, data, stats, plan, x, y, task, scheme=scheme, method=method)
+    # a figure that is no pooled dB gets its noise from the task's figure with each unit
+    # left out (tasks.left_out): asked for of the offer's candidate metrics
+    left_out = tuple(k for k in SAME_METRIC.get(sens.metric, (sens.metric,)) if not is_db(k))
+    folds = [_fold(model, data, stats, plan, x, y, task, scheme=scheme, method=method,
+                   left_out=left_out)
              for x, y, task in ((folding.a, folding.b, folding.tasks[1]),
                                 (folding.b, folding.a, folding.tasks[0]))]
     metrics = folds[0].base["metrics"]

@@ -21,12 +21,15 @@ parts           per unit the signal and noise power (:class:`Parts`): one column
                 is left out: the peak cancels in a paired difference of one output)
 unit            what is left out at a time: a row (``rows``), a sample (``samples``), a
                 query and its document (``pairs``, :func:`pair_powers`), the rows of one
-                source (``faces``, ``photos``: :func:`unit_powers`; per-sample parts
-                summed per unit: :func:`group_parts`)
+                source (``faces``, ``photos``, a person's: ``people``: :func:`unit_powers`;
+                per-sample parts summed per unit: :func:`group_parts`)
 interval        :func:`gain_interval`: the difference ``after - before`` in dB with
                 one-sided :data:`CONFIDENCE` bounds, and the outcome against a margin;
                 :func:`mean_interval`: the mean of such differences on disjoint units
-                (a repair's 2-fold out-of-sample gain: :mod:`quantscope.stages.offer_holdout`)
+                (a repair's 2-fold out-of-sample gain: :mod:`quantscope.stages.offer_holdout`);
+                :func:`left_out_interval`: the same jackknife (one formula) for a figure
+                that is no pooled dB (a share), from its value with each unit left out
+                (:class:`LeftOut`, computed by the task: :mod:`quantscope.tasks.left_out`)
 noise         :func:`db_noise`: the half width of that bound, in words, for a rule that
                 asks whether a difference is beyond noise (the planner's ``not_worse``)
 none            fewer than 3 units, units that differ, or a power of zero left by a unit
@@ -151,6 +154,15 @@ def gain_interval(after: Parts, before: Parts, *, margin: float = 0.0,
         return None
     gain = float(_figure(totals[0], totals[1]) - _figure(totals[2], totals[3]))
     loo = _figure(left[0], left[1]) - _figure(left[2], left[3])
+    return _jackknife(gain, loo, unit, margin=margin, confidence=confidence)
+
+
+def _jackknife(gain: float, loo: np.ndarray, unit: str, *, margin: float,
+               confidence: float) -> dict[str, Any]:
+    """The one jackknife interval: ``gain`` (a paired difference of a figure) and ``loo``
+    (the same difference with each unit left out), one-sided ``confidence`` bounds from
+    the jackknife standard error, Student t with ``units - 1`` degrees of freedom."""
+    rows = len(loo)
     se = float(np.sqrt((rows - 1) / rows * np.sum((loo - loo.mean()) ** 2)))
     half = t_quantile(confidence, rows - 1) * se
     lower, upper = gain - half, gain + half
@@ -158,6 +170,32 @@ def gain_interval(after: Parts, before: Parts, *, margin: float = 0.0,
     return {"n": rows, "unit": unit, "difference": gain, "lower": lower, "upper": upper,
             "half_width": half, "confidence": confidence, "margin": margin,
             "outcome": outcome}
+
+
+class LeftOut(NamedTuple):
+    """A figure that is no pooled dB (a share: a match rate, a top-1 agreement) with its
+    value recomputed with each unit left out (``left``: ``[units]``, the units in one
+    order for the figures that are paired; ``unit``: what a unit is, as :class:`Parts`'),
+    by the task that computes the figure (:mod:`quantscope.tasks.left_out`)."""
+
+    whole: float
+    left: np.ndarray
+    unit: str
+
+
+def left_out_interval(after: LeftOut, before: LeftOut, *, margin: float = 0.0,
+                      confidence: float = CONFIDENCE) -> dict[str, Any] | None:
+    """The difference ``after - before`` of a figure on the same units with one-sided
+    ``confidence`` jackknife bounds (as :func:`gain_interval` for a pooled dB figure: the
+    one formula); None: fewer than 3 units, units that differ, or a figure that is not
+    finite with a unit left out (a share of no items)."""
+    a, b = np.asarray(after.left, np.float64), np.asarray(before.left, np.float64)
+    if len(a) < 3 or a.shape != b.shape or after.unit != before.unit:
+        return None
+    if not all(np.isfinite(x).all() for x in (a, b, after.whole, before.whole)):
+        return None
+    return _jackknife(float(after.whole) - float(before.whole), a - b, after.unit,
+                      margin=margin, confidence=confidence)
 
 
 def db_noise(reference: Parts, other: Parts, *, confidence: float = CONFIDENCE

@@ -6,6 +6,9 @@ A share (a fraction of items that agree with FP32) has a noise of its own,
 (:mod:`quantscope.plan.pareto`) are decided by it). The task that computes the share counts its items in the
 same pass, as the value ``KEY_items`` beside ``KEY`` (:func:`items_key`), so the count
 cannot drift from the figure; :func:`quantscope.tasks.headline.share_items` reads it.
+Where items cluster in units no count here describes (a face's pairs touch two people),
+the repair offers' out-of-sample check reads the jackknife of the task's own share with
+each unit left out instead (:mod:`quantscope.tasks.left_out`: by person on face data).
 
 ====================  ==================================================================
 ``top1_agreement``    a class output: its samples ([N, C]); per position ([N, C, H, W]:

@@ -1,0 +1,102 @@
+"""The independent units of a task's samples, and a figure recomputed with each left out.
+
+A pooled dB figure has its noise from its per-unit powers (:mod:`quantscope.tasks.db_noise`);
+a share (a match rate, a top-1 agreement) or any other figure a task computes from all its
+samples together has none there. Its noise by unit is the jackknife of the task's OWN
+figure: the task's metrics recomputed on the samples of every unit but one, for each unit
+(:func:`left_out_figures`; the interval: :func:`quantscope.tasks.db_noise.left_out_interval`,
+the one jackknife formula), so the figure is computed in one place, the task.
+
+==============  ======================================================================
+unit            :func:`units_of`: face data's person (``people``: a person's photos
+                and their chips are no independent samples, :mod:`quantscope.tasks.face_split`),
+                else a face's chips (``faces``), else each sample (``samples``)
+left out        face verification: the task on the other people's chips
+                (:func:`quantscope.tasks.face_split.take_chips`: every pair with a chip
+                of the person left out is dropped); a task whose metrics read each
+                sample alone (``row_local``): the same task on the other samples' rows
+none            a task that scores all samples together, outputs whose first axis is not
+                the samples, a figure the task does not compute: no entry (the caller
+                says there is no noise estimate)
+cost            one scoring of the task's metrics per unit (no model is run): asked for
+                by the repair offers' out-of-sample check only (a few people a half)
+==============  ======================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from quantscope.tasks.db_noise import LeftOut
+from quantscope.tasks.face_split import splits_by_people, take_chips
+from quantscope.types import Outputs
+
+
+def units_of(task: Any, rows: int) -> tuple[np.ndarray, str]:
+    """Per sample (row) of ``task``'s data the unit it belongs to, and what a unit is
+    (module table): the person where the task knows each chip's (``identity``), else the
+    face (``faces``), else the sample itself."""
+    for attr, unit in (("identity", "people"), ("faces", "faces")):
+        labels = getattr(task, attr, None)
+        if labels is not None and len(labels) == rows:
+            return np.asarray(labels), unit
+    return np.arange(rows), "samples"
+
+
+def _rows(out: Outputs) -> list[int]:
+    return [len(b[0]) if b else 0 for b in out.batches]
+
+
+def take_output_rows(out: Outputs, keep: np.ndarray) -> Outputs | None:
+    """The samples ``keep`` (indices in data order) of ``out``, batch by batch; None where
+    an output's first axis is not its batch's samples."""
+    batches, start = [], 0
+    for b, n in zip(out.batches, _rows(out), strict=True):
+        if any(len(a) != n for a in b):
+            return None
+        local = keep[(keep >= start) & (keep < start + n)] - start
+        start += n
+        if local.size:
+            batches.append(tuple(np.asarray(a)[local] for a in b))
+    return Outputs(names=out.names, batches=tuple(batches))
+
+
+def _scores_each_unit(task: Any, rows: int) -> bool:
+    """Whether ``task`` can score its data less one unit (module table): face verification
+    over ``rows`` chips, or a task whose metrics read each sample alone."""
+    if splits_by_people(task):
+        return len(task.identity) == rows
+    return bool(getattr(task, "row_local", False))
+
+
+def _task_on(task: Any, keep: np.ndarray) -> Any:
+    """``task`` on the samples ``keep`` (:func:`_scores_each_unit` holds)."""
+    return take_chips(task, keep) if splits_by_people(task) else task
+
+
+def left_out_figures(task: Any, ref: Outputs, test: Outputs, keys: Sequence[str]
+                     ) -> dict[str, LeftOut]:
+    """Each of ``keys`` that ``task`` computes on ``ref`` and ``test`` (FP32's and the
+    measured model's outputs as the task keeps them), with its value recomputed with each
+    unit left out (module table); a key the task does not compute, or data it cannot
+    score without a unit, is absent."""
+    rows = sum(_rows(ref))
+    if not keys or rows != sum(_rows(test)) or not _scores_each_unit(task, rows):
+        return {}
+    whole = task.metrics(ref, test).values
+    wanted = [k for k in keys if k in whole]
+    labels, unit = units_of(task, rows)
+    left: dict[str, list[float]] = {k: [] for k in wanted}
+    for u in np.unique(labels) if wanted else ():
+        keep = np.flatnonzero(labels != u)
+        r, t = take_output_rows(ref, keep), take_output_rows(test, keep)
+        if r is None or t is None:
+            return {}
+        values = _task_on(task, keep).metrics(r, t).values
+        for k in wanted:
+            left[k].append(float(values.get(k, np.nan)))
+    return {k: LeftOut(float(whole[k]), np.asarray(left[k], np.float64), unit)
+            for k in wanted}
