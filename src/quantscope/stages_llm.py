@@ -21,11 +21,13 @@ import onnx
 
 from quantscope.analyze.phases import PhaseDiagnosis, diagnose_phase, residual_groups
 from quantscope.analyze.prefix import (
+    HEAD,
     THRESHOLD,
     PrefixChoice,
     choose_prefix,
     compute_prefix,
     format_prefix,
+    head_choice,
     prefixed_model,
     prefixed_opener,
     scan_after,
@@ -199,20 +201,25 @@ def document_token(tok: Any) -> int | None:
 def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindows
               ) -> LmPrefix | None:
     """``none`` (None), ``auto`` (the sink tokens of the calibration windows,
-    :mod:`quantscope.analyze.prefix`) or given token ids; their FP32 K/V computed."""
+    :mod:`quantscope.analyze.prefix`), ``head:TEXT`` (:func:`quantscope.analyze.prefix.with_head`) or given token
+    ids; their FP32 K/V computed, and for ``auto`` and a head what is left after them."""
     if mode == "none" or mode == ():
         return None
     tok = load_lm_tokenizer(phase_file(spec, "prefill"))
     pre = open_phase(spec, "prefill")
+    scanned = isinstance(mode, str) and (mode == "auto" or mode.startswith(HEAD))
     if mode == "auto":
         choice = choose_prefix(scan_sinks(pre, windows.calibration), document_token(tok))
+    elif isinstance(mode, str) and mode.startswith(HEAD):
+        choice = head_choice(document_token(tok),
+                             tok.encode(mode[len(HEAD):], add_special_tokens=False).ids)
     elif isinstance(mode, tuple):
         choice = PrefixChoice(mode, ("recorded in the plan",) * len(mode), math.nan, math.nan)
     else:
         raise QuantscopeError(f"--prefix must be auto or none, not '{mode}'")
     kv = compute_prefix(pre, choice.tokens)
     after = None
-    if mode == "auto":  # what is left after it (the graph is edited in place)
+    if scanned:  # what is left after it (the graph is edited in place)
         a = scan_after(prefixed_model(pre, kv, in_place=True), windows.calibration)
         def name(t: int) -> str:  # the text, not the BPE spelling ('\n', not 'Ċ')
             return tok.decode([t], skip_special_tokens=False) or "?"

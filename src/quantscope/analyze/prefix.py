@@ -52,6 +52,10 @@ THRESHOLD = 64.0
 MAX_TOKENS = 4
 PROBE_TOKENS = 200
 PREFIX_CHOICES = ("auto", "none")
+HEAD = "head:"  # a prefix mode: the document token, then a prompt head's tokens
+HEAD_MAX_TOKENS = 256
+HEAD_WHY = ("the prompt head (--prompt-head): every prompt of the deployment begins with it, "
+            "so it is in the cache and the prompt starts after it")
 
 
 @dataclass(frozen=True)
@@ -126,6 +130,40 @@ def choose_prefix(scan: SinkScan, first: int | None, *, max_tokens: int = MAX_TO
     return PrefixChoice(tuple(tokens), tuple(why), scan.first_ratio(), scan.worst_later())
 
 
+def with_head(prefix: str, head: str | None) -> str:
+    """``--prefix`` with ``--prompt-head`` folded in (``head:TEXT``): the text every prompt
+    of the deployment begins with (a chat template's system part) goes into the constant
+    KV prefix after the document token, in FP32, and the figures judge what follows it
+    (FP32 reads it too: unlike tokens added to every prompt by quantscope, a head the
+    application sends anyway changes nothing the user gets; docs/benchmarks.md, "A longer
+    KV prefix that leaves no sink"). Refused in one line with ``--prefix none`` or an empty
+    text."""
+    if head is None:
+        return prefix
+    if prefix == "none":
+        raise QuantscopeError("--prompt-head puts the head into the KV prefix: drop "
+                              "--prefix none (or the head)")
+    if not head.strip():
+        raise QuantscopeError("--prompt-head is empty: give the text every prompt begins "
+                              "with (e.g. the chat template's system part), or leave it out")
+    return HEAD + head
+
+
+def head_choice(first: int | None, ids: Sequence[int]) -> PrefixChoice:
+    """The prefix of a prompt head: the document token ``first`` (where the tokenizer has
+    one), then the head's token ids; refused over ``HEAD_MAX_TOKENS``."""
+    if not ids:
+        raise QuantscopeError("--prompt-head gives no token: give the text every prompt "
+                              "begins with")
+    if len(ids) > HEAD_MAX_TOKENS:
+        raise QuantscopeError(f"--prompt-head is {len(ids)} tokens long: give at most "
+                              f"{HEAD_MAX_TOKENS} (the cache holds it before every prompt)")
+    lead = [] if first is None else [int(first)]
+    why = ["first position (the tokenizer's document token)"] * len(lead)
+    return PrefixChoice(tuple(lead + [int(t) for t in ids]),
+                        tuple(why + [HEAD_WHY] * len(ids)), math.nan, math.nan)
+
+
 def compute_prefix(prefill: Model, tokens: Sequence[int]) -> KVPrefix:
     """The FP32 prefill's keys and values of ``tokens`` (its ``present.*``)."""
     out = runner(prefill)({"input_ids": np.array([list(tokens)], np.int64)})
@@ -192,8 +230,11 @@ def format_prefix(prefix: dict[str, Any] | None) -> str:
     left after it when that was scanned (a plan's record, ``meta['kv_prefix']``)."""
     if not prefix:
         return "KV prefix: none (the prompt's first token runs through the quantized graphs)"
-    toks = ", ".join(f"{t} {x!r} ({why})" for t, x, why in
-                     zip(prefix["tokens"], prefix["text"], prefix["why"], strict=True))
+    rows = list(zip(prefix["tokens"], prefix["text"], prefix["why"], strict=True))
+    # a run of tokens with one reason (a prompt head) says it once, after its last token
+    toks = ", ".join(f"{t} {x!r}" + ("" if i + 1 < len(rows) and rows[i + 1][2] == why
+                                     else f" ({why})")
+                     for i, (t, x, why) in enumerate(rows))
     ratio = prefix["first_position_ratio"]
     seen = "" if math.isnan(ratio) else (
         f"; before it, position 0 peaked at {ratio:.3g}x the median position, the largest "
@@ -234,6 +275,7 @@ def prefixed_opener(open_phase: OpenPhase, prefix: KVPrefix | None) -> OpenPhase
     return opened
 
 
-__all__ = ["MAX_TOKENS", "PREFIX_CHOICES", "PROBE_TOKENS", "THRESHOLD", "AfterPrefix",
+__all__ = ["HEAD", "HEAD_MAX_TOKENS", "HEAD_WHY", "MAX_TOKENS", "PREFIX_CHOICES", "head_choice",
+           "with_head", "PROBE_TOKENS", "THRESHOLD", "AfterPrefix",
            "PrefixChoice", "SinkScan", "after_text", "choose_prefix", "compute_prefix",
            "format_prefix", "prefixed_model", "prefixed_opener", "scan_after", "scan_sinks"]

@@ -13,6 +13,7 @@ from quantscope.analyze.evalcache import EvalCache
 from quantscope.analyze.figure_check import check_figure
 from quantscope.analyze.measure import check_metric
 from quantscope.analyze.phases import format_diagnosis
+from quantscope.analyze.prefix import with_head
 from quantscope.cli.inputs import (
     EXIT_PROBLEMS,
     executor,
@@ -140,6 +141,11 @@ def _lm_options(parser: argparse.ArgumentParser, *, prefix: tuple[str, ...], def
                 help: str) -> None:
     """--prefix and the amounts of text of a decoder's per-phase measurement."""
     parser.add_argument("--prefix", choices=prefix, default=default, help=help)
+    parser.add_argument("--prompt-head", metavar="TEXT",
+                        help="with --phase: the text every prompt of the deployment begins "
+                        "with (a chat template's system part): it goes into the KV prefix "
+                        "after the document token, in FP32, and the figures judge what "
+                        "follows it (FP32 reads it too)")
     for flag, value, what in (
             ("--lm-tokens", stages_llm.EVAL_TOKENS, "predicted tokens of evaluation text "
              "for the prefill figures (as many windows of --seq-len as that takes)"),
@@ -160,6 +166,8 @@ def _lm_setup(args: argparse.Namespace, seq_len: int | None) -> stages_llm.LmSet
 def cmd_plan(args: argparse.Namespace) -> int:
     if getattr(args, "phase", None):
         return _plan_phases(args)
+    if getattr(args, "prompt_head", None) is not None:
+        raise QuantscopeError("--prompt-head is a decoder's KV prefix: give --phase too")
     if args.max_legal or args.variants:
         return _plan_max_legal(args)
     if not args.analysis:
@@ -278,7 +286,7 @@ def _plan_phases(args: argparse.Namespace) -> int:
     setup = _lm_setup(args, args.seq_len[0] if args.seq_len else None)
     out = stages_llm.plan_phases(args.model, args.target,
                                  max_cost=args.max_cost or 1.5, setup=setup, phases=args.phase,
-                                 prefix=args.prefix)
+                                 prefix=with_head(args.prefix, args.prompt_head))
     print("\n".join(format_diagnosis(out.diagnosis)))
     print("\n".join(stages_llm.format_phase_plan(out)))
     if out.prefix is None:
@@ -315,8 +323,9 @@ def add_check(sub: argparse._SubParsersAction, summary: str) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     if getattr(args, "phase", None):
         return _check_phases(args)
-    if getattr(args, "quality", False):
-        raise QuantscopeError("--quality measures each phase of a decoder: give --phase too")
+    if getattr(args, "quality", False) or getattr(args, "prompt_head", None) is not None:
+        raise QuantscopeError("--quality and --prompt-head measure each phase of a decoder: "
+                              "give --phase too")
     inp = open_inputs(args, target=True, plan=True)
     stages.check_plan_target(inp.plan, inp.target.name if inp.target else None,
                              plan_name=f"plan '{args.plan}'")
@@ -341,7 +350,9 @@ def _check_phases(args: argparse.Namespace) -> int:
     checks = stages_llm.check_plan_phases(args.model, plan, args.phase, args.seq_len)
     print("\n".join(stages_llm.format_phase_checks(checks)))
     if args.quality:
-        prefix = stages_llm.recorded_prefix(plan) if args.prefix == "plan" else args.prefix
+        prefix = (stages_llm.recorded_prefix(plan)
+                  if args.prefix == "plan" and args.prompt_head is None
+                  else with_head(args.prefix, args.prompt_head))
         result = stages_llm.lm_quality(args.model, {Path(args.plan).stem: plan},
                                        _lm_setup(args, args.seq_len), prefix)
         print("\n".join(stages_llm.format_lm_quality(result)))

@@ -8,6 +8,7 @@ from typing import Any
 
 from quantscope import stages
 from quantscope.analyze.evalcache import EvalCache
+from quantscope.analyze.prefix import with_head
 from quantscope.cli.inputs import input_shapes, open_inputs, text_prefixes
 from quantscope.cli.options import (
     METRIC_DEFAULT,
@@ -148,6 +149,10 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
     g.add_argument("--prefix", choices=("auto", "none"), default="auto",
                    help="the constant KV prefix: 'auto' (default) the sink/outlier tokens "
                    "found from calibration, their FP32 keys/values in the cache; 'none'")
+    g.add_argument("--prompt-head", metavar="TEXT",
+                   help="the text every prompt of the deployment begins with (a chat "
+                   "template's system part): it goes into the KV prefix after the document "
+                   "token, in FP32, and the figures judge what follows it (FP32 reads it too)")
     g.add_argument("--w4", choices=("on", "off"), default="on",
                    help="also measure the chosen plan with its a8_w8 weights at a8_w4 "
                    "(GPTQ-rounded; decode reads every weight per token): 'on' (default), "
@@ -169,11 +174,11 @@ def _add_decoder_options(ru: argparse.ArgumentParser) -> None:
 
 
 # the decoder group's options: an encoder's run refuses them (given, not at the default)
-DECODER_ONLY = frozenset({"prefix", "w4", "lm_tokens", "prompts", "new_tokens",
+DECODER_ONLY = frozenset({"prefix", "prompt_head", "w4", "lm_tokens", "prompts", "new_tokens",
                           "decode_steps", "phase_hn"})
 # the run options a decoder's run reads; any other given (not at its default) is refused
 DECODER_OPTIONS = frozenset({"model", "data", "target", "goal", "max_cost", "metric", "seq_len",
-                             "rewrites", "prefix", "lm_tokens", "prompts", "new_tokens",
+                             "rewrites", "prefix", "prompt_head", "lm_tokens", "prompts", "new_tokens",
                              "decode_steps", "w4", "phase_hn", "whatif", "force", "folder",
                              "help", "run_parser"})
 
@@ -216,7 +221,8 @@ def _cmd_run_decoder(args: argparse.Namespace, export: Path | None = None) -> in
     opts = DecoderOptions(model=args.model, target=args.target, out=args.folder,
                           goal=args.goal, metric=args.metric or DEFAULT_METRIC,
                           max_cost=args.max_cost or 1.5, seq_len=args.seq_len,
-                          rewrites=rewrites, search=search, prefix=args.prefix, tokens=args.lm_tokens,
+                          rewrites=rewrites, search=search,
+                          prefix=with_head(args.prefix, args.prompt_head), tokens=args.lm_tokens,
                           prompts=args.prompts, new_tokens=args.new_tokens,
                           decode_steps=args.decode_steps, w4=args.w4 == "on",
                           hn=tuple(args.phase_hn) if args.phase_hn else None,

@@ -344,7 +344,7 @@ def host_text(doc: dict[str, Any]) -> str:
     if p:
         lines.append(f"2. Load the constant KV prefix: `{p['loader']}` reads `{p['file']}` "
                      f"(tokens {p['tokens']}: {', '.join(map(repr, p['text']))}; "
-                     f"{'; '.join(p['why'])}) into cache slots 0..{kv['prefix_slots'] - 1}. "
+                     f"{'; '.join(dict.fromkeys(p['why']))}) into cache slots 0..{kv['prefix_slots'] - 1}. "
                      "These tokens are never run on the device: their FP32 keys and values "
                      "are the cache's first positions, quantized on the way in as every "
                      "past.* input is (the decode graph's input transform below).")
