@@ -33,6 +33,7 @@ from quantscope.pipeline.verdict_findings import (
     _unscored,
     _unscored_figures,
 )
+from quantscope.plan.accepted import accepted_of
 from quantscope.plan.op_support import CONDITIONAL as OP_CONDITIONAL
 from quantscope.plan.op_support import RULES as OP_RULES
 from quantscope.plan.op_support import UNSUPPORTED as OP_UNSUPPORTED
@@ -148,6 +149,8 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "io_as_is": io.get("as_is_io") or [],
         "repairs": [r["name"] for r in _read(ctx, steps.REPAIRED_PLAN).get("repairs", [])
                     if not r.get("skipped")],
+        # the warning rules --allow-warning accepted, each with the groups it lets through
+        "accepted_warnings": accepted_of(stages.read_plan(ctx.path(steps.REPAIRED_PLAN))),
         **rewrite_notes(ctx),
         "whatif": _whatif(ev.get("whatif")),
         "not_like_fp32": _not_like(results, metric), "outputs_headline": _outputs_headline(results),

@@ -29,6 +29,7 @@ from collections import Counter
 from typing import Any
 
 from quantscope.export.hailo_alls import UNSET_DECISION, one_line
+from quantscope.plan.accepted import accepted_lines
 from quantscope.report import fmt
 from quantscope.report.host_steps import host_steps as host_steps  # re-exported
 from quantscope.tasks.shares import ITEM_WORDS, PAIR_SHARES, clusters_key, items_key
@@ -382,6 +383,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in _warnings(v)]
+    lines += [f"  {line}" for line in accepted_lines(v.get("accepted_warnings") or [])]
     bm = v.get("binds_measured") if not v.get("reached") else None
     if bm:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")

@@ -1,0 +1,152 @@
+"""``--allow-warning RULE`` (h68): a warning rule of the target the user accepts blocks no
+promotion; the plan records each accepted rule with its reason and the groups it lets
+through; an error rule or an unknown id is refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from quantscope.cli import main
+from quantscope.model.groups import find_groups
+from quantscope.model.load import load_proto
+from quantscope.plan.accepted import accepted_of
+from quantscope.plan.candidates import max_legal
+from quantscope.plan.search import search
+from quantscope.plan.start import blocks
+from quantscope.serde import read_plan
+from quantscope.targets import load_target
+from quantscope.targets.accept import allowed_warnings
+from quantscope.types import Precision, Problem, QuantscopeError, Sensitivity
+
+RULE = "hailo.maxpool_16bit"  # a warning on hailo8l, on a 16-bit MaxPool
+HAILO8L = load_target("hailo8l")
+
+
+def _pooled() -> onnx.ModelProto:
+    """Conv, MaxPool, Conv: hailo8l's ``hailo.maxpool_16bit`` warning applies to the pool."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array(rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2")
+    nodes = [onnx.helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             onnx.helper.make_node("MaxPool", ["c1"], ["p"], kernel_shape=[2, 2],
+                                   strides=[2, 2]),
+             onnx.helper.make_node("Conv", ["p", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = onnx.helper.make_graph(
+        nodes, "pooled",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 4, 4])],
+        [w1, w2])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+
+
+def _pool_group(groups) -> str:
+    return next(g.name for g in groups.groups if g.op_type == "MaxPool")
+
+
+def test_search_blocks_the_warned_pool_without_the_flag_and_promotes_it_with():
+    model = load_proto(_pooled())
+    groups = find_groups(model)
+    pool = _pool_group(groups)
+    sens = Sensitivity.from_gains("top1", 0.7, {pool: {"a16_w16": 0.1}})
+    strict = search(groups, sens, HAILO8L, model)
+    assert strict.plan.precision_of(pool) == Precision.A8_W8
+    assert any(RULE in s.rules for s in strict.skipped)
+    assert accepted_of(strict.plan) == []
+    loose = search(groups, sens, HAILO8L, model, allowed_warnings=frozenset({RULE}))
+    assert loose.plan.precision_of(pool) == Precision.A16_W16
+    record = accepted_of(loose.plan)
+    reason = next(r.reason for r in HAILO8L.rules if r.id == RULE)
+    assert record == [{"rule": RULE, "reason": reason, "groups": 1, "group_names": [pool]}]
+
+
+def test_max_legal_keeps_the_warned_pool_at_16_bit_when_accepted():
+    model = load_proto(_pooled())
+    pool = _pool_group(find_groups(model))
+    strict = max_legal(model, HAILO8L, None)
+    assert dict(strict.plan.overrides) == {pool: Precision.A8_W8}
+    loose = max_legal(model, HAILO8L, None, allowed=frozenset({RULE}))
+    assert loose.plan.overrides == () and loose.plan.default == Precision.A16_W16
+    assert [(r["rule"], r["groups"]) for r in accepted_of(loose.plan)] == [(RULE, 1)]
+
+
+def test_only_warning_rules_of_the_target_are_accepted():
+    assert allowed_warnings(HAILO8L, ["all"]) == {
+        r.id for r in HAILO8L.rules if r.severity == "warning"}
+    assert allowed_warnings(HAILO8L, []) == frozenset()
+    hailo10h = load_target("hailo10h")
+    with pytest.raises(QuantscopeError, match="hailo.super_defuse is an error rule of "
+                       "hailo10h.*warning rules: hailo.maxpool_16bit"):
+        allowed_warnings(hailo10h, ["hailo.super_defuse"])
+    with pytest.raises(QuantscopeError, match="hailo8l has no rule 'hailo.super_defuze'"
+                       ".*hailo.super_defuse"):
+        allowed_warnings(HAILO8L, ["hailo.super_defuze"])
+
+
+def test_blocks_is_the_one_rule():
+    warn = Problem(group="g", rule=RULE, reason="", provenance="", fix="", severity="warning")
+    assert blocks(warn) and not blocks(warn, frozenset({RULE}))
+    err = Problem(group="g", rule=RULE, reason="", provenance="", fix="")
+    assert blocks(err, frozenset({RULE}))  # an error is never accepted
+
+
+def test_cli_max_legal_check_and_alls_say_the_accepted_warning(tmp_path, capsys):
+    path = tmp_path / "pooled.onnx"
+    onnx.save(_pooled(), path)
+    out = tmp_path / "p.json"
+    assert main(["plan", str(path), "--target", "hailo8l", "--max-legal",
+                 "--allow-warning", RULE, "--out", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert f"accepted by --allow-warning: {RULE} lets 1 group(s) through" in said
+    doc = json.loads(out.read_text())
+    assert json.loads(doc["meta"]["accepted_warnings"])[0]["groups"] == 1
+    # check: the warning is listed as accepted, not as passing and not as a bare warning
+    assert main(["check", "--model", str(path), "--target", "hailo8l", str(out),
+                 "--allow-warning", RULE]) == 0
+    said = capsys.readouterr().out
+    assert f"accepted by --allow-warning: [{RULE}]" in said
+    assert "0 error(s), 1 warning(s), 1 accepted by --allow-warning" in said  # ops.unlisted
+    assert main(["check", "--model", str(path), "--target", "hailo8l", str(out)]) == 0
+    assert f"warning: [{RULE}]" in capsys.readouterr().out
+    # the compiler script notes it as a comment
+    stats = tmp_path / "s.npz"
+    data = tmp_path / "d.npz"
+    np.savez(data, x=np.random.default_rng(1).normal(size=(4, 3, 8, 8)).astype(np.float32))
+    assert main(["calibrate", str(path), "--data", str(data), "--out", str(stats)]) == 0
+    alls = tmp_path / "m.alls"
+    assert main(["export", "--model", str(path), "--stats", str(stats), str(out),
+                 "--target", "hailo8l", "--format", "alls", "--out", str(alls)]) == 0
+    lines = alls.read_text().splitlines()
+    assert lines[0].startswith("# quantscope plan for hailo8l")
+    assert lines[1].startswith(f"# accepted by --allow-warning: {RULE} lets 1 group(s)")
+    assert read_plan(out).default == Precision.A16_W16
+
+
+@pytest.mark.parametrize("rule, says", [
+    ("hailo.super_defuze", "hailo8l has no rule 'hailo.super_defuze'"),
+    ("ops.unlisted", "hailo8l has no rule 'ops.unlisted'"),
+])
+def test_cli_refuses_a_rule_the_target_cannot_accept(tmp_path, capsys, rule, says):
+    path = tmp_path / "pooled.onnx"
+    onnx.save(_pooled(), path)
+    out = tmp_path / "p.json"
+    assert main(["plan", str(path), "--target", "hailo8l", "--max-legal",
+                 "--allow-warning", rule, "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert says in err and "hailo.maxpool_16bit" in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_cli_refuses_an_error_rule(tmp_path, capsys):
+    path = tmp_path / "pooled.onnx"
+    onnx.save(_pooled(), path)
+    out = tmp_path / "p.json"
+    assert main(["plan", str(path), "--target", "hailo10h", "--max-legal",
+                 "--allow-warning", "hailo.attention_16bit", "--out", str(out)]) != 0
+    err = capsys.readouterr().err
+    assert "hailo.attention_16bit is an error rule of hailo10h" in err
+    assert "Traceback" not in err and not out.exists()
