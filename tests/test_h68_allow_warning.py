@@ -150,3 +150,41 @@ def test_cli_refuses_an_error_rule(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "hailo.attention_16bit is an error rule of hailo10h" in err
     assert "Traceback" not in err and not out.exists()
+
+
+def test_run_reruns_the_plan_for_another_allowed_set_and_records_it(tmp_path, capsys):
+    """``run``: the plan, check and deploy stage keys hold the allowed set; the verdict,
+    check.json, the report and model.alls say what was accepted (accepted, not passing)."""
+    m = _pooled()
+    for v in (*m.graph.input, *m.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_param = "N"
+    path, data, out = tmp_path / "pooled.onnx", tmp_path / "d.npz", tmp_path / "W"
+    onnx.save(m, path)
+    np.savez(data, x=np.random.default_rng(1).normal(size=(16, 3, 8, 8)).astype(np.float32))
+    argv = ["run", str(path), "--data", str(data), "--target", "hailo8l", "--out", str(out),
+            "--finetune", "off", "--repairs", "none"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    strict = json.loads((out / "verdict.json").read_text())
+    assert strict["accepted_warnings"] == [] and strict["rules_accepted"] == []
+    assert main([*argv, "--allow-warning", RULE]) == 0
+    said = capsys.readouterr().out
+    assert "stages run: plan, repair, check" in said and "skipped (done): calibrate, analyze" in said
+    assert "8 of 9 rules pass, hailo.maxpool_16bit accepted by --allow-warning" in said
+    assert f"accepted by --allow-warning: {RULE} lets 1 group(s) through" in said
+    v = json.loads((out / "verdict.json").read_text())
+    assert [(r["rule"], r["groups"]) for r in v["accepted_warnings"]] == [(RULE, 1)]
+    rules = json.loads((out / "check.json").read_text())["rules"]
+    mine = next(r for r in rules if r["rule"] == RULE)
+    assert mine["accepted"] == "accepted by --allow-warning" and not mine["passed"]
+    assert "accepted by --allow-warning (1 groups)" in (out / "report.html").read_text()
+    assert f"# accepted by --allow-warning: {RULE}" in (out / "model.alls").read_text()
+    # the same set again: nothing to redo
+    assert main([*argv, "--allow-warning", RULE]) == 0
+    assert "stages run: none" in capsys.readouterr().out
+    # a typo: refused before any stage, the folder's files untouched
+    before = (out / "verdict.json").read_text()
+    assert main([*argv, "--allow-warning", "hailo.maxpool16"]) != 0
+    err = capsys.readouterr().err
+    assert "hailo8l has no rule 'hailo.maxpool16'" in err and "Traceback" not in err
+    assert (out / "verdict.json").read_text() == before

@@ -454,6 +454,21 @@ def _unencoded_lines(v: dict[str, Any]) -> list[str]:
 HN_FIX = "give the parsed HN (--hn) or set them by hand"
 
 
+def legality_text(v: dict[str, Any], failed: str = "") -> str:
+    """``all 9 rules pass``, or ``8 of 9 rules pass, R accepted by --allow-warning`` where
+    a warning the user accepted warns on the plan (accepted, not passing); an illegal plan
+    ``failed`` and its failed rules; then :func:`warned_text`."""
+    accepted = v.get("rules_accepted") or []
+    n = v["rules_checked"]
+    if not v["legal"]:
+        text = failed + ", ".join(v["rules_failed"])
+    elif accepted:
+        text = f"{n - len(accepted)} of {n} rules pass, {', '.join(accepted)} {fmt.ACCEPTED}"
+    else:
+        text = f"all {n} rules pass"
+    return text + warned_text(v)
+
+
 def warned_text(v: dict[str, Any]) -> str:
     """The rules that warn on the plan (a warning rule does not make it illegal, and is
     said): ``" (warns: rule (N groups), …; check.json)"``; empty when none."""
@@ -510,8 +525,7 @@ def _plan_line(v: dict[str, Any], n: str, *, shipped: bool) -> str:
     """The single plan (``repaired.onnx``): its cost, legality, repairs and rewrites; when
     a deployment ships, also its own held-out figure (a detail, not the headline)."""
     m = v["metric"]
-    legal = ("legal: all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
-             "NOT legal: " + ", ".join(v["rules_failed"])) + warned_text(v)
+    legal = "legal: " + legality_text(v) if v["legal"] else legality_text(v, "NOT legal: ")
     applied = [k for k in v.get("rewrites_applied", []) if k]
     cost = fmt.cost(v.get("plan_cost", v.get("cost")))
     lead = (f"  cost {cost} uniform a8_w8" if shipped else

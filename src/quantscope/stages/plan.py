@@ -274,8 +274,7 @@ def plan_model(
         shapes=shapes, evaluate=ranking, evaluate_many=many, seed=options.seed,
         repairs=offer.options if offer else (), time_budget=_time_budget(options, clock),
         progress=progress, race=racer, measured_metric=options.metric,
-        goal=options.goal if evaluate is not None else None,
-        allowed_warnings=options.allowed_warnings)
+        goal=options.goal if evaluate is not None else None, allowed_warnings=options.allowed_warnings)
     pareto = extra["pareto"]
     if raced is not None:
         pareto["race"] = racer.record() if racer is not None else raced
