@@ -188,3 +188,42 @@ def test_run_reruns_the_plan_for_another_allowed_set_and_records_it(tmp_path, ca
     err = capsys.readouterr().err
     assert "hailo8l has no rule 'hailo.maxpool16'" in err and "Traceback" not in err
     assert (out / "verdict.json").read_text() == before
+
+
+def test_buckets_screens_a_pick_as_the_planner_does(monkeypatch):
+    """``buckets``: a pick that carries a warning of the target's rules was legal (only
+    errors blocked), a plan the planner never emits; now it blocks unless accepted, and
+    the choice's notes say what the accepted rule lets through. The model's operator
+    notes (``ops.unlisted``) depend on no plan and block nothing."""
+    import dataclasses
+
+    import quantscope.stages.buckets as B
+    from quantscope.plan.check import check
+    from quantscope.plan.deployment import Candidate
+    from quantscope.plan.op_support import op_problems
+    from quantscope.types import Plan
+
+    def problems(model, plan, *, seq_len):  # the image model at any "length"
+        found = op_problems(model, HAILO8L, None) + check(plan, find_groups(model), model,
+                                                          HAILO8L)
+        return [dataclasses.asdict(p) for p in found]
+
+    monkeypatch.setattr(B, "plan_problems", problems)
+    model = load_proto(_pooled())
+    a8 = Plan(default=Precision.A8_W8, target="hailo8l")
+    a16 = Plan(default=Precision.A16_W16, target="hailo8l")  # the pool warned
+    cands = (Candidate("a8", model, None, a8), Candidate("a16", model, None, a16))
+    sel = B.Selection(data=None, task=None, seq_lens=(8,), lengths=np.array([4, 4]),
+                      n_pairs=2, skip_pairs=0)
+    err = B.Errors(reference=None, errors=np.array([[0.2, 0.2], [0.01, 0.01]]),
+                   embeddings=(), notes=((), ()))
+    costs = np.array([[1.0], [7.0]])
+    kw = {"max_cost": 10.0, "max_buckets": 1, "target_name": "hailo8l"}
+    strict = B.allocate(cands, sel, err, costs, **kw)
+    assert strict.picks == ((0, 0),)  # the cheaper, worse a8 plan: a16 is not legal
+    assert [p["rule"] for p in strict.legal[(1, 0)]] == [RULE]
+    loose = B.allocate(cands, sel, err, costs, **kw, allowed=frozenset({RULE}))
+    assert loose.picks == ((0, 1),) and not loose.legal[(1, 0)]
+    notes = B.accepted_notes(cands, sel, loose, frozenset({RULE}))
+    assert notes == (f"accepted by --allow-warning: {RULE} lets group(s) through: 1 in a16 "
+                     "at 8",)
