@@ -347,6 +347,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     note = shape_note(inp.model, given)
     if note:
         print(f"note: {note}")
+    unsaid = [r["rule"] for r in accepted_of(inp.plan) if r["rule"] not in allowed]
+    if unsaid:  # the plan's record: its author accepted these, this check does not
+        print(f"note: plan '{args.plan}' was made accepting {', '.join(unsaid)} "
+              f"(--allow-warning): give {' '.join('--allow-warning ' + r for r in unsaid)} "
+              "to list their warnings as accepted")
     return print_problems(problems, f"check {args.plan} on {inp.target.name}",
                           allowed=allowed)
 

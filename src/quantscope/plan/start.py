@@ -111,9 +111,11 @@ class Legality:
     def blocking(self, plan: Plan) -> tuple[Problem, ...]:
         """Errors, and warnings not in the start plan unless their rule is allowed (but
         not a warning whose rule may not apply here: ``Problem.applies``)."""
-        return tuple(p for p in self.problems(plan) if self._blocks(p))
+        return tuple(p for p in self.problems(plan) if self.refuses(p))
 
-    def _blocks(self, p: Problem) -> bool:
+    def refuses(self, p: Problem) -> bool:
+        """Whether ``p`` blocks here: :func:`blocks` with the accepted rules, and not a
+        problem the start plan already has."""
         return blocks(p, self.allowed) and _sig(p) not in self.baseline
 
     def accepted(self, problems: Sequence[Problem]) -> dict[str, tuple[str, ...]]:

@@ -30,6 +30,7 @@ summarise       per bucket and per candidate figures, the mean cost's standard e
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,7 @@ from quantscope.plan.deployment import (
 )
 from quantscope.plan.deployment_results import CandidateFigures, ChosenBucket, DeploymentChoice
 from quantscope.plan.race import RaceResult, RaceRule
-from quantscope.plan.start import blocks
+from quantscope.plan.start import blocks, legal_start, legality
 from quantscope.progress import say, track
 from quantscope.serde import read_json
 from quantscope.stages.open import plan_problems
@@ -74,7 +75,7 @@ from quantscope.stages.route import check_compatible, cost_unit, open_entry, rou
 from quantscope.targets import load_target
 from quantscope.targets.profile import Target
 from quantscope.tasks.registry import TextTask, at_length, text_embeddings
-from quantscope.types import Batch, Dataset, Outputs, Problem, QuantscopeError
+from quantscope.types import Batch, Dataset, Outputs, Precision, Problem, QuantscopeError
 
 if TYPE_CHECKING:
     from quantscope.analyze.evalcache import EvalCache
@@ -376,15 +377,20 @@ def allocate(candidates: tuple[Candidate, ...], sel: Selection, err: Errors, cos
     operator notes (``ops.*`` warnings) do not depend on the plan and block nothing."""
     legal: dict[tuple[int, int], Problems] = {}  # (candidate, length) -> blocking problems
     accepted: dict[tuple[int, int], Problems] = {}
-    rules = {r.id for r in load_target(target_name).rules} | BUILTIN_RULES
+    target = load_target(target_name)
+    rules = {r.id for r in target.rules} | BUILTIN_RULES
+    screens: dict[tuple[int, int], Callable[[Problem], bool]] = {}  # (model, length)
 
     def is_legal(ci: int, j: int) -> bool:
         if (ci, j) not in legal:
             say(f"legality: {candidates[ci].name} at {sel.seq_lens[j]} tokens", show=progress)
-            found = plan_problems(candidates[ci].model, candidates[ci].plan,
-                                  seq_len=sel.seq_lens[j])
+            model = candidates[ci].model
+            found = plan_problems(model, candidates[ci].plan, seq_len=sel.seq_lens[j])
+            key = (id(model), j)
+            if key not in screens:
+                screens[key] = _screen(model, target, sel.seq_lens[j], allowed)
             legal[(ci, j)] = tuple(p for p in found if p["severity"] == "error" or (
-                p["rule"] in rules and blocks(Problem(**p), allowed)))
+                p["rule"] in rules and screens[key](Problem(**p))))
             accepted[(ci, j)] = tuple(p for p in found if p["rule"] in allowed
                                       and p["severity"] == "warning" and p["applies"])
         return not legal[(ci, j)]
@@ -405,6 +411,20 @@ def allocate(candidates: tuple[Candidate, ...], sel: Selection, err: Errors, cos
             f"cheapest costs {least:.3f}x; add a cheaper candidate (fewer 16-bit "
             "layers) or raise --max-cost")
     return Allocation(picks=choice.picks, legal=legal, accepted=accepted)
+
+
+def _screen(model: Model, target: Target, seq_len: int,
+            allowed: frozenset[str]) -> Callable[[Problem], bool]:
+    """The planner's screen of a problem of ``model`` at ``seq_len`` (its start plan's own
+    problems block nothing: :meth:`~quantscope.plan.start.Legality.refuses`); where no
+    start plan is legal (the planner would refuse the model), :func:`blocks` alone."""
+    groups = find_groups(model)
+    shapes = given_shapes(model, seq_len)
+    try:
+        start, _ = legal_start(groups, model, target, shapes, Precision.A8_W8)
+    except QuantscopeError:
+        return functools.partial(blocks, allowed=allowed)
+    return legality(start, groups, model, target, shapes, allowed=allowed).refuses
 
 
 def accepted_notes(candidates: tuple[Candidate, ...], sel: Selection, alloc: Allocation,
