@@ -230,3 +230,31 @@ def test_buckets_screens_a_pick_as_the_planner_does(monkeypatch):
     notes = B.accepted_notes(cands, sel, loose, frozenset({RULE}))
     assert notes == (f"accepted by --allow-warning: {RULE} lets group(s) through: 1 in a16 "
                      "at 8",)
+
+
+def test_cli_plan_search_promotes_the_pool_only_when_accepted(tmp_path, capsys):
+    m = _pooled()
+    for v in (*m.graph.input, *m.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_param = "N"
+    path, data = tmp_path / "pooled.onnx", tmp_path / "d.npz"
+    onnx.save(m, path)
+    np.savez(data, x=np.random.default_rng(1).normal(size=(16, 3, 8, 8)).astype(np.float32))
+    stats, analysis = tmp_path / "s.npz", tmp_path / "a.json"
+    assert main(["calibrate", str(path), "--data", str(data), "--out", str(stats)]) == 0
+    assert main(["analyze", str(path), "--data", str(data), "--stats", str(stats),
+                 "--target", "hailo8l", "--out", str(analysis)]) == 0
+    pool = _pool_group(find_groups(load_proto(m)))
+    base = ["plan", str(path), "--analysis", str(analysis), "--target", "hailo8l"]
+    capsys.readouterr()
+    assert main([*base, "--out", str(tmp_path / "strict.json")]) == 0
+    strict = read_plan(tmp_path / "strict.json")
+    assert strict.precision_of(pool) == Precision.A8_W8 and accepted_of(strict) == []
+    assert "accepted by" not in capsys.readouterr().out
+    assert main([*base, "--allow-warning", "all", "--out", str(tmp_path / "loose.json")]) == 0
+    said = capsys.readouterr().out
+    loose = read_plan(tmp_path / "loose.json")
+    assert loose.precision_of(pool) == Precision.A16_W16
+    assert {r["rule"]: r["groups"] for r in accepted_of(loose)} == {
+        "hailo.a16_low_sublayer_empty": 0, "hailo.attention_16bit": 0, RULE: 1,
+        "hailo.super_defuse": 0}
+    assert f"accepted by --allow-warning: {RULE} lets 1 group(s) through" in said

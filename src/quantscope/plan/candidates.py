@@ -8,7 +8,8 @@ the same with whole Linear families back at 8 bit.
                  raised it to), until none is: the most 16 bit the target allows at this
                  length. "Blocks" is the planner's own screen
                  (:meth:`~quantscope.plan.start.Legality.blocking`): an error, or a warning
-                 that applies here and that the start plan does not already carry (a
+                 that applies here, that the start plan does not already carry and whose
+                 rule ``allowed`` (``--allow-warning``) does not accept (a
                  16-bit tensor over super-defuse's estimated size, a conv whose 16-bit
                  weights leave a channel's low byte empty). Before, only errors were
                  demoted, so this plan could hold what the planner never emits (human's
