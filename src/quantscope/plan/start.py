@@ -90,6 +90,12 @@ def blocks(p: Problem, allowed: frozenset[str] = frozenset()) -> bool:
     return p.severity == "warning" and p.applies and p.rule not in allowed
 
 
+def lets_through(p: Problem, allowed: frozenset[str]) -> bool:
+    """Whether ``p`` is what ``--allow-warning`` lets through: a warning that applies here
+    and whose rule is in ``allowed`` (it would block without it: :func:`blocks`)."""
+    return p.severity == "warning" and p.applies and p.rule in allowed
+
+
 @dataclass(frozen=True, eq=False)
 class Legality:
     """Screens moves with ``check`` (memoised for local rules) and verifies whole plans."""
@@ -123,8 +129,8 @@ class Legality:
         applies and the start plan does not carry: what ``--allow-warning`` lets through."""
         out: dict[str, list[str]] = {r: [] for r in sorted(self.allowed)}
         for p in problems:
-            if (p.severity == "warning" and p.applies and p.rule in self.allowed
-                    and _sig(p) not in self.baseline and p.group not in out[p.rule]):
+            if (lets_through(p, self.allowed) and _sig(p) not in self.baseline
+                    and p.group not in out[p.rule]):
                 out[p.rule].append(p.group)
         return {r: tuple(gs) for r, gs in out.items()}
 

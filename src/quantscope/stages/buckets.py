@@ -66,7 +66,7 @@ from quantscope.plan.deployment import (
 )
 from quantscope.plan.deployment_results import CandidateFigures, ChosenBucket, DeploymentChoice
 from quantscope.plan.race import RaceResult, RaceRule
-from quantscope.plan.start import blocks, legal_start, legality
+from quantscope.plan.start import blocks, legal_start, legality, lets_through
 from quantscope.progress import say, track
 from quantscope.serde import read_json
 from quantscope.stages.open import plan_problems
@@ -391,8 +391,7 @@ def allocate(candidates: tuple[Candidate, ...], sel: Selection, err: Errors, cos
                 screens[key] = _screen(model, target, sel.seq_lens[j], allowed)
             legal[(ci, j)] = tuple(p for p in found if p["severity"] == "error" or (
                 p["rule"] in rules and screens[key](Problem(**p))))
-            accepted[(ci, j)] = tuple(p for p in found if p["rule"] in allowed
-                                      and p["severity"] == "warning" and p["applies"])
+            accepted[(ci, j)] = tuple(p for p in found if lets_through(Problem(**p), allowed))
         return not legal[(ci, j)]
 
     n = len(sel.lengths)
