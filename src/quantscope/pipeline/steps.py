@@ -17,6 +17,7 @@ from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline.context import Context
 from quantscope.pipeline.held_out import keep_powers
+from quantscope.plan.accepted import accepted_lines, accepted_of
 from quantscope.report.fmt import value as figure_text
 from quantscope.results import CheckResult, DeviceIOResult, RunEvaluation
 from quantscope.targets import Target, load_target
@@ -142,13 +143,16 @@ def plan(ctx: Context) -> Done:
                                  input_shapes=o.input_shapes, metric=ctx.metric(),
                                  goal=o.goal, repairs=scope.repairs,
                                  repair_batches=o.repair_batches, rank_engine=o.rank_engine,
-                                 budget=scope.budget, race=o.race)
+                                 budget=scope.budget, race=o.race,
+                                 allowed_warnings=ctx.allowed_warnings())
     cache = EvalCache(ctx.path(EVALS))
     out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
                             options, data=ctx.data().fit,
                             stats=stages.read_stats(ctx.path(STATS)), progress=ctx.progress,
                             cache=cache)
     for line in (*cache.notes, cache.summary()):
+        _say(ctx, f"plan: {line}")
+    for line in accepted_lines(accepted_of(out.plan)):
         _say(ctx, f"plan: {line}")
     for note in out.offer.notes if out.offer is not None else ():  # why a repair is not used
         _say(ctx, f"plan: {note}")
@@ -284,6 +288,7 @@ def check(ctx: Context) -> Done:
     problems = stages.plan_problems(model, final, seq_len=ctx.opts.seq_len,
                                     input_shapes=ctx.opts.input_shapes)
     target = ctx.target()
+    allowed = ctx.allowed_warnings()
     rules = [{"rule": r, "severity": "error", "reason": "built-in plan check",
               "provenance": "quantscope"} for r in sorted(BUILTIN_RULES)]
     rules += [{"rule": r.id, "severity": r.severity, "reason": r.reason,
@@ -303,6 +308,8 @@ def check(ctx: Context) -> Done:
         hits = [p for p in problems if p["rule"] == r["rule"]]
         r["passed"] = not hits
         r["groups"] = [p["group"] for p in hits]
+        if hits and r["rule"] in allowed:  # listed as accepted, not as passing
+            r["accepted"] = "accepted by --allow-warning"
     stages.write_json(ctx.path(CHECK), CheckResult(
         target=target.name, sdk=target.sdk, seq_len=ctx.opts.seq_len,
         input_shapes={k: list(v) for k, v in ctx.opts.input_shapes},

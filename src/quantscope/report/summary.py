@@ -29,6 +29,7 @@ from collections import Counter
 from typing import Any
 
 from quantscope.export.hailo_alls import UNSET_DECISION, one_line
+from quantscope.plan.accepted import accepted_lines
 from quantscope.report import fmt
 from quantscope.report.host_steps import host_steps as host_steps  # re-exported
 from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
@@ -381,6 +382,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in _warnings(v)]
+    lines += [f"  {line}" for line in accepted_lines(v.get("accepted_warnings") or [])]
     bm = v.get("binds_measured") if not v.get("reached") else None
     if bm:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")
@@ -453,6 +455,21 @@ def _unencoded_lines(v: dict[str, Any]) -> list[str]:
 HN_FIX = "give the parsed HN (--hn) or set them by hand"
 
 
+def legality_text(v: dict[str, Any], failed: str = "") -> str:
+    """``all 9 rules pass``, or ``8 of 9 rules pass, R accepted by --allow-warning`` where
+    a warning the user accepted warns on the plan (accepted, not passing); an illegal plan
+    ``failed`` and its failed rules; then :func:`warned_text`."""
+    accepted = v.get("rules_accepted") or []
+    n = v["rules_checked"]
+    if not v["legal"]:
+        text = failed + ", ".join(v["rules_failed"])
+    elif accepted:
+        text = f"{n - len(accepted)} of {n} rules pass, {', '.join(accepted)} {fmt.ACCEPTED}"
+    else:
+        text = f"all {n} rules pass"
+    return text + warned_text(v)
+
+
 def warned_text(v: dict[str, Any]) -> str:
     """The rules that warn on the plan (a warning rule does not make it illegal, and is
     said): ``" (warns: rule (N groups), …; check.json)"``; empty when none."""
@@ -509,8 +526,7 @@ def _plan_line(v: dict[str, Any], n: str, *, shipped: bool) -> str:
     """The single plan (``repaired.onnx``): its cost, legality, repairs and rewrites; when
     a deployment ships, also its own held-out figure (a detail, not the headline)."""
     m = v["metric"]
-    legal = ("legal: all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
-             "NOT legal: " + ", ".join(v["rules_failed"])) + warned_text(v)
+    legal = "legal: " + legality_text(v) if v["legal"] else legality_text(v, "NOT legal: ")
     applied = [k for k in v.get("rewrites_applied", []) if k]
     cost = fmt.cost(v.get("plan_cost", v.get("cost")))
     lead = (f"  cost {cost} uniform a8_w8" if shipped else
