@@ -37,7 +37,7 @@ from quantscope.progress import track
 from quantscope.serde import plan_to_dict
 from quantscope.tasks.db_noise import Parts, pooled_db
 from quantscope.tasks.headline import Headline
-from quantscope.tasks.left_out import left_out_figures
+from quantscope.tasks.left_out import left_out_figures, unit_parts
 from quantscope.types import (
     Batch,
     Dataset,
@@ -325,12 +325,16 @@ def figure_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Ou
     sample, a face verification's and image views' embedding SQNR per face and per photo,
     an embedding's per sample, an image output's ``psnr_db:OUTPUT``): the one source of
     the noise the planner's choice (:mod:`quantscope.plan.pareto`), a torch ranking
-    (:func:`quantscope.finetune.rank.score_runs`) and ``run``'s held-out check read."""
+    (:func:`quantscope.finetune.rank.score_runs`) and ``run``'s held-out check read. Each
+    summed per unit of the data (:func:`quantscope.tasks.left_out.unit_parts`: on face
+    data per person, a person's photos being no independent samples; elsewhere as
+    measured), so every noise read from them leaves out one unit at a time."""
     out = dict(fid.parts)
     task_parts = getattr(data.task, "sample_parts", None)
     if task_parts is not None and ref_kept is not None:
         out.update(task_parts(ref_kept, test))
-    return out
+    return {k: unit_parts(p if isinstance(p, Parts) else Parts(*p, "samples"), data.task)
+            for k, p in out.items()}
 
 
 def kept_parts(parts: Mapping[str, Any], metrics: Mapping[str, float]

@@ -64,7 +64,8 @@ class StageSpec:
     # the stage's memory estimate, said and kept before its work (pipeline/memory.py)
     memory: Callable[[Context], StageMemory | None] | None = None
     # the versions of rules its result follows beyond its options (the plan stage: the
-    # repair offers' out-of-sample check), in its key: a folder made under an older rule
+    # repair offers' out-of-sample check; plan and evaluate on face data: the units of a
+    # dB figure's noise), in its key: a folder made under an older rule
     # runs the stage again
     rules: Callable[[Context], dict[str, str]] | None = None
 
@@ -93,7 +94,7 @@ STAGES: dict[str, StageSpec] = {
     # hn: the plan as its Hailo script carries it (as_scripted) depends on the layer names
     "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED),
                           ("target", "metric", "whatif", "hn"), True,
-                          memory=evaluate_estimate),
+                          memory=evaluate_estimate, rules=steps.noise_rules),
     # the compiled lengths (--lengths): candidates per length chosen on the fit texts,
     # measured on the held-out texts (pipeline/deploy.py)
     "deploy": StageSpec(deploy_step, (steps.STATS, *_REPAIRED),

@@ -170,7 +170,20 @@ def plan_rules(ctx: Context) -> dict[str, str]:
     kept or withdrawn under an older check (or none) plans again."""
     from quantscope.stages.offer_holdout import CHECK_KEY
 
-    return {"offer_check": CHECK_KEY} if ctx.opts.repairs else {}
+    return {**({"offer_check": CHECK_KEY} if ctx.opts.repairs else {}), **noise_rules(ctx)}
+
+
+def noise_rules(ctx: Context) -> dict[str, str]:
+    """On face data, the units a dB figure's noise counts
+    (:data:`quantscope.tasks.left_out.UNITS_KEY`: people since h69), in the keys of the
+    plan stage (its no-goal choice) and the evaluate stage (the held-out check's powers):
+    a folder whose noise counted photos runs them again; other data's keys unchanged."""
+    from quantscope.tasks.left_out import UNITS_KEY
+    from quantscope.tasks.registry import is_face_spec
+
+    o = ctx.opts
+    faces = any(is_face_spec(d) for d in (o.data, o.eval_data) if d)
+    return {"noise_units": UNITS_KEY} if faces else {}
 
 
 def plan_budget_grew(ctx: Context) -> bool:
