@@ -397,23 +397,32 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if unset:  # the vendor file does not carry these decisions: the compile would not either
         lines.append(f"  {unset}")
     lines += _unencoded_lines(v)
-    sc = v.get("as_scripted")
-    if sc:  # ... and what the single plan measures without them (the goal: where it ships)
-        lines.append(_scripted_line(m, f"the single plan as {sc['script']} is written",
-                                    sc["decisions"], "", sc["value"], sc["plan"],
-                                    None if dep is not None else sc.get("reached")))
-    dsc = (dep or {}).get("as_scripted")
-    if dsc:  # what ships, as its compiled lengths' scripts are written
-        lines.append(_scripted_line(
-            m, "the deployment as its scripts are written", dsc["decisions"],
-            f" in {', '.join(dsc['files'])}", dsc["value"], h["value"],
-            None if v["goal"] is None or dsc["value"] is None else _reaches(v, dsc["value"])))
+    lines += _as_scripted_lines(v, h, dep)
     # every host step: each is one thing the deployment must do (the first three only
     # left the pooling out where text prefixes came first: h31, e5 with its prefixes)
     for step in v.get("host_steps", []):
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return [one_line(ln) for ln in lines]  # a name's newline never breaks a verdict line
+
+
+def _as_scripted_lines(v: dict[str, Any], h: dict[str, Any], dep: dict[str, Any] | None
+                       ) -> list[str]:
+    """What the single plan measures as its vendor script is written (the goal: where it
+    ships), and what ships, as its compiled lengths' scripts are written."""
+    m, lines = v["metric"], []
+    sc = v.get("as_scripted")
+    if sc:
+        lines.append(_scripted_line(m, f"the single plan as {sc['script']} is written",
+                                    sc["decisions"], "", sc["value"], sc["plan"],
+                                    None if dep is not None else sc.get("reached")))
+    dsc = (dep or {}).get("as_scripted")
+    if dsc:
+        lines.append(_scripted_line(
+            m, "the deployment as its scripts are written", dsc["decisions"],
+            f" in {', '.join(dsc['files'])}", dsc["value"], h["value"],
+            None if v["goal"] is None or dsc["value"] is None else _reaches(v, dsc["value"])))
+    return lines
 
 
 def _outputs_lines(v: dict[str, Any]) -> list[str]:
