@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.emulate.class_axes import read_axis
 from quantscope.emulate.exact import is_exact
 from quantscope.numerics import (
     channel_rows,
-    default_channel_axis,
     row_cosines,
     sqnr_db,
     worst_channel_sqnr_db,
@@ -112,7 +112,8 @@ def _refuse_varying(first: list[tuple[int, ...]], now: list[tuple[int, ...]], ta
 
 def outputs_scorer(*, only: int | None = None,
                    channel_axes: Mapping[int, int] | None = None,
-                   names: Sequence[str] = ()) -> Scorer:
+                   names: Sequence[str] = (),
+                   symbolic_axes: Mapping[int, Mapping[int, str]] | None = None) -> Scorer:
     """Every model output scored; the worst one is the metric (tensor models).
 
     Reduce: each output flattened per sample (outputs whose first axis is not the batch
@@ -122,7 +123,10 @@ def outputs_scorer(*, only: int | None = None,
     ``sqnr_db_channel_min``: the worst channel's SQNR over every output with channels (a
     channel: one index of the output's channel axis, every sample and position; the axis
     from ``channel_axes``, graph output index -> axis, else
-    :func:`quantscope.numerics.default_channel_axis`; one-value outputs have none), so a
+    :func:`quantscope.numerics.default_channel_axis` unless ``symbolic_axes`` (graph output
+    index -> its sample-first axes the model declares symbolic) makes that one positions:
+    :func:`quantscope.emulate.class_axes.read_axis`, evaluate's rule; one-value outputs
+    and outputs read as positions have none), so a
     class row that one grid shared with box coordinates rounds to 0 shows, while the
     whole-output SQNR does not move (:mod:`quantscope.emulate.channels`); channels FP32
     holds at 0 on every row are left out of it and counted (``channels_left_out``, only
@@ -157,8 +161,10 @@ def outputs_scorer(*, only: int | None = None,
             return None  # a row layout this scorer did not see, or one value per sample
         full = (len(ref), *shape)
         given = (channel_axes or {}).get(kept[k]) if k < len(kept) else None
-        axis = default_channel_axis(full) if given is None else given % len(full)
-        if axis is None or axis == 0:
+        open_dims = (symbolic_axes or {}).get(kept[k]) if k < len(kept) else None
+        got = read_axis(full, given, None, open_dims)
+        axis = got.axis
+        if axis is None or axis == 0 or got.positions:
             return None
         r, t = channel_rows(ref.reshape(full), axis), channel_rows(test.reshape(full), axis)
         worst, _, left_out = worst_channel_sqnr_db(np.sum(r * r, axis=1),
