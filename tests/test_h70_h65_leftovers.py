@@ -93,3 +93,28 @@ def test_an_output_read_as_positions_that_is_the_worst_is_named():
                    "graph's channel axis",
                    "output 'f0' worst channel 12.0 dB: no channel axis (axis 1 holds "
                    "positions: frames, tokens), so its worst channel is its whole SQNR"]
+
+
+def test_a_dfl_heads_rows_are_said_to_be_distribution_bins():
+    """PicoDet-like (``[1, A, 16]`` bins per level, scores in other outputs) and YOLOv8-like
+    (``[N, 4 x 4 + 2, A]``, the scores after the bins): the rows had been said ``box values,
+    scores`` whatever they were."""
+    from test_h51_dfl_heads import BINS, LAYOUT, _model
+
+    from quantscope.model.load import load_proto
+    from quantscope.tasks.layout import layout_tasks, parse_layout
+
+    task, _ = layout_tasks(_model(), (parse_layout(LAYOUT),), "d.npz")
+    axes = task.class_axes()
+    assert axes["b8"].why == axes["b16"].why == (
+        "the rows (box distribution bins (4 sides x 4); its scores in another output, "
+        "scores_from=) of its detection layout")
+    assert axes["s8"].why == "the class scores of its detection layout (scores_from=)"
+    g = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["output"], name="id")], "det",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4 * BINS + 2, 20])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["N", 4 * BINS + 2, 20])])
+    model = load_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "m")
+    one, _ = layout_tasks(model, (parse_layout("output=detect:dfl=4,grid=8/16"),), "d.npz")
+    assert one.class_axes()["output"].why == ("the rows (box distribution bins (4 sides x 4), "
+                                              "scores) of its detection layout")
