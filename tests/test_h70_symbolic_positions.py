@@ -98,6 +98,7 @@ def test_the_rule_reads_claims_and_the_graph_first_and_moves_with_the_sample_axi
     assert read_axis((4, 12), None, None, open_t) == AxisRead(1, "", "T")
     assert read_axis((4, 12, 3), None, None, {1: "T", 2: "?"}) == AxisRead(1, "", "T")
     assert read_axis((4, 3, 12), None, None, {2: "T"}).axis == 1  # not the default's axis
+    assert read_axis((4, 12), None, None, {1: "T", 2: "C"}).axis == 1  # another rank's
     # --batch-axis: y [T, N, C] with its samples on axis 1 is [N, T, C] sample-first
     model = load_proto(_model(["T", "N", C]), "frames")
     batch = Feeds({"x": np.zeros((T, 2, C), np.float32)}, {"x": 1}, (1,))

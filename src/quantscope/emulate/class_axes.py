@@ -85,6 +85,8 @@ def read_axis(shape: tuple[int, ...], given: int | None, claim: ClassAxis | None
         return AxisRead(axis, _said(shape, axis, GRAPH))
     axis = default_channel_axis(shape)
     open_dims = dict(symbolic or {})
+    if any(not 0 < k < rank for k in open_dims):  # not the arrays' axes: the declared shape
+        open_dims = {}                             # is another rank's, it tells nothing here
     if axis is None or axis not in open_dims:
         return AxisRead(axis, _said(shape, axis, DEFAULT))
     fixed = [k for k in range(1, rank) if k not in open_dims]
