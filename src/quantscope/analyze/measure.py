@@ -76,6 +76,30 @@ def output_channel_axes(model: Model, batches: Sequence[Batch] = ()) -> dict[str
         out[name] = c + 1 if c < a else c
     return out
 
+def output_symbolic_axes(model: Model, batches: Sequence[Batch] = ()
+                         ) -> dict[str, dict[int, str]]:
+    """Each output's axes whose length the model leaves open (a ``dim_param``: frames
+    ``'F'``, tokens ``'T'``; ``'?'`` an unknown dim) as the scorers see the output,
+    sample-first (moved as :func:`output_channel_axes` moves the graph's axis), its
+    samples' axis left out: positions the per-channel figures do not read as channels
+    (:func:`quantscope.emulate.class_axes.read_axis`). An output declared without a
+    shape tells none."""
+    shapes = model.value_shapes()
+    moved = getattr(next(iter(batches), None), "out_axes", ()) or ()
+    out = {}
+    for i, name in enumerate(model.output_names()):
+        dims = list(shapes.get(name) or ())
+        a = moved[i] if i < len(moved) else 0
+        if not 0 <= a < len(dims):
+            continue
+        first = [dims.pop(a), *dims]
+        open_dims = {k: d if isinstance(d, str) else "?" for k, d in enumerate(first)
+                     if k and not isinstance(d, int)}
+        if open_dims:
+            out[name] = open_dims
+    return out
+
+
 def top_classes(data: Dataset) -> dict[str, TopClasses]:
     """The outputs the data's task decides by their top class (class scores, CTC steps,
     pitch bins): the per-channel check judges only the classes that decide something
@@ -286,6 +310,7 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
     judge = data.task is None or getattr(data.task, "row_local", False)
     score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
                              "channel_axes": output_channel_axes(model, batches),
+                             "symbolic_axes": output_symbolic_axes(model, batches),
                              "top_classes": top_classes(data),
                              "class_axes": class_axes(data),
                              "per_sample": sample_parts}
@@ -484,6 +509,7 @@ def check_metric(model: Model, data: Dataset, metric: str) -> None:
         fid, test = compare_model(runs, ref, keep=keep, only=data.output,
                                   judge=task is None or getattr(task, "row_local", False),
                                   channel_axes=output_channel_axes(model, batches),
+                                  symbolic_axes=output_symbolic_axes(model, batches),
                                   top_classes=top_classes(data),
                                   class_axes=class_axes(data))
         figures = set(fid.values)
@@ -548,9 +574,11 @@ def scorer_for(data: Dataset, model: Model | None = None, metric: str | None = N
     else:
         names = model.output_names()
         axes = output_channel_axes(model, data.evaluation)
+        open_dims = output_symbolic_axes(model, data.evaluation)
         scorer = outputs_scorer(only=None if data.output is None else names.index(data.output),
                                 channel_axes={names.index(k): a for k, a in axes.items()},
-                                names=names)
+                                names=names,
+                                symbolic_axes={names.index(k): d for k, d in open_dims.items()})
     if metric in FIDELITY_PRIMARIES:
         scorer = dataclasses.replace(scorer, primary=metric)
     return scorer

@@ -34,7 +34,7 @@ from quantscope.report import fmt
 from quantscope.report.host_steps import host_steps as host_steps  # re-exported
 from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
 from quantscope.tasks.shares import judged_samples as share_judged
-from quantscope.units import of
+from quantscope.units import of, one_per_sample
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
               "matmul": "activation MatMuls (attention scores and context)",
@@ -74,7 +74,8 @@ def sample_size(v: dict[str, Any]) -> str:
         return n
     # a detection share's items are detections, which the samples do not tell; a share
     # per position counts positions as an effective count (clustered by sample)
-    if clusters_key(m) in plan:  # a landmark task's items are its points, verify's decisions
+    if clusters_key(m) in plan and not one_per_sample(m, plan):
+        # a landmark task's items are its points, verify's decisions
         named = words.startswith("point") or words in ("decisions", "voiced frames", "frames")
         n += f", an effective {int(items)} {words if named else 'positions'}"
     elif "detections" in words or int(items) != ho.get("samples"):
