@@ -207,3 +207,54 @@ def test_bias_correction_holds_one_batch_of_taps_at_a_time(monkeypatch):
                    axis=0)
     np.testing.assert_allclose(means[0], want, rtol=1e-6)
     assert counts == [4 * 2 * 16 * 16, 4 * 2 * 8 * 8]
+
+
+def test_an_emulation_session_keeps_its_weights_twice():
+    """What :data:`~quantscope.analyze.stage_memory.SESSION_COPIES` stands on: a session
+    as the emulator makes it keeps about twice its weights once built, its proto gone
+    (the deploy estimate counted them once and read 0.70x its peak on minilm-l3)."""
+    from quantscope.analyze.stage_memory import SESSION_COPIES
+    from quantscope.emulate.release import release_memory, resident_bytes
+    from quantscope.emulate.session import make_session
+
+    if resident_bytes() is None:
+        pytest.skip("no /proc resident set here")
+    proto = mid_model(width=2048, layers=4)  # 64 MB of weights
+    weights = sum(numpy_helper.to_array(t).nbytes for t in proto.graph.initializer)
+    data = proto.SerializeToString()
+    del proto
+    release_memory(force=True)
+    before = resident_bytes()
+    session = make_session(onnx.load_from_string(data), shared_arena=True)
+    release_memory(force=True)
+    kept = resident_bytes() - before
+    assert session is not None
+    assert 0.75 * SESSION_COPIES * weights <= kept <= 1.5 * SESSION_COPIES * weights, (
+        kept / weights)
+
+
+def test_the_deploy_estimate_counts_each_session_twice_and_a_build():
+    """h67: the candidates' evaluator's sessions hold their weights twice and a session's
+    build five times the largest segment's; the FP32 reference pass ends before the
+    candidates run, so its session is not in the deploy's parts (it is in the plan's)."""
+    from quantscope.analyze.incremental import session_budget
+    from quantscope.analyze.segments import find_segments, segment_bytes
+    from quantscope.analyze.stage_memory import (
+        BUILD_COPIES,
+        SESSION_COPIES,
+        deploy_memory,
+        plan_search_memory,
+    )
+    from quantscope.model.groups import find_groups
+    from quantscope.model.load import load_proto
+
+    model = load_proto(mid_model(), "mid")
+    batches = [{"x": np.zeros((8, 256, 512), np.float32)} for _ in range(4)]
+    weights = segment_bytes(model, find_segments(model, find_groups(model)))
+    parts = dict(deploy_memory(model, batches, cache_cap=1 << 40, resident=0,
+                               available=8 << 30).parts)
+    assert parts["the segment sessions"] == SESSION_COPIES * session_budget(weights)
+    assert parts["a segment session's build"] == (BUILD_COPIES - SESSION_COPIES) * max(weights)
+    assert "the FP32 session" not in parts
+    planned = dict(plan_search_memory(model, batches, resident=0, available=8 << 30).parts)
+    assert planned["the FP32 session"] == SESSION_COPIES * sum(weights)
