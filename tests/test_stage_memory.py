@@ -258,3 +258,39 @@ def test_the_deploy_estimate_counts_each_session_twice_and_a_build():
     assert "the FP32 session" not in parts
     planned = dict(plan_search_memory(model, batches, resident=0, available=8 << 30).parts)
     assert planned["the FP32 session"] == SESSION_COPIES * sum(weights)
+
+
+def test_the_evaluation_gives_each_pass_back_before_the_next(tmp_path, monkeypatch):
+    """h67: evaluate's passes (FP32, the uniform plans, the plan; each with the saturation
+    check's calibration) stacked on what the ones before had freed but the process kept:
+    minilm-l3 (100 pairs) ran its saturation checks from 416, 937 and 1,019 MiB resident,
+    peak 1,359 MiB against an estimate of held + the larger of a check and a pass. Each is
+    now given back before the next (the stage's peak 1,220 MiB)."""
+    from quantscope import stages
+    from quantscope.analyze import measure
+    from quantscope.emulate import evaluate as emulate_evaluate
+    from quantscope.pipeline import steps
+
+    events: list[str] = []
+
+    def recorded(name, real):
+        def call(*a, **k):
+            events.append(name)
+            return real(*a, **k)
+        return call
+
+    monkeypatch.setattr(measure, "calibrate", recorded("check", measure.calibrate))
+    monkeypatch.setattr(emulate_evaluate, "run_model", recorded("fp32", emulate_evaluate.run_model))
+    monkeypatch.setattr(stages, "evaluate_plans", recorded("passes", stages.evaluate_plans))
+    for mod in (measure, steps):
+        monkeypatch.setattr(mod, "release_memory",
+                            lambda force=False: events.append(f"release {force}"))
+    events.clear()
+    _run(tmp_path, tm.layernorm_block(),
+         np.random.default_rng(0).normal(0, 1, (8, 5, 24)).astype(np.float32))
+    got = events[events.index("fp32"):]
+    # FP32's pass, the uniform plans (one saturation check), the plan (its own): each
+    # given back before the next, each check's taps before its passes
+    assert got[:10] == ["fp32", "release True", "passes", "check", "release True",
+                        "release True", "passes", "check", "release True",
+                        "release True"], got
