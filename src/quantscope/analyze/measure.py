@@ -31,6 +31,7 @@ from quantscope.emulate.evaluate import (
     scale_error,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.progress import track
@@ -457,7 +458,11 @@ def saturation_batches(batches: list[Batch]) -> tuple[list[Batch], int]:
 def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
     """Streaming statistics of (up to SATURATION_ROWS of) the evaluation rows."""
     part, rows = saturation_batches(batches)
-    return calibrate(model, find_groups(model), part), rows
+    stats = calibrate(model, find_groups(model), part)
+    # its tapped tensors given back before the passes run (h67: minilm-l3's evaluate kept
+    # 586 MB of them resident under every pass after it)
+    release_memory(force=True)
+    return stats, rows
 
 
 def _saturation_entry(data_stats: Stats | None, enc: Encodings, n_rows: int) -> dict[str, Any]:

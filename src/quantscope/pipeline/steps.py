@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantscope import stages
+from quantscope.emulate.release import release_memory
 from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline.context import Context
@@ -339,6 +340,7 @@ def evaluate(ctx: Context) -> Done:
     model, rd, scheme = ctx.model(), ctx.data(), ctx.target().scheme
     held = rd.held_out
     ref = run_model(model.proto, list(held.evaluation), label="fp32" if ctx.progress else "")
+    release_memory(force=True)  # each pass's session and arena given back before the next
     stats = stages.read_stats(ctx.path(STATS))
     uniform = {"fp32": Plan.uniform(Precision.FLOAT), "a8_w8": Plan.uniform(Precision.A8_W8)}
     head = ctx.headline()
@@ -349,10 +351,12 @@ def evaluate(ctx: Context) -> Done:
                                     progress=ctx.progress, reference_outputs=ref,
                                     own_outputs=True,  # ref is the model's own: fp32 row
                                     sample_parts=powers)
+    release_memory(force=True)
     rmodel, rstats, final = repaired(ctx)
     results.update(stages.evaluate_plans(
         rmodel, held, rstats, {"plan": final}, progress=ctx.progress, reference_outputs=ref,
         error_scales=stages.ERROR_SCALES if ctx.opts.whatif else (), sample_parts=powers))
+    release_memory(force=True)
     keep_powers(results, head.metric)
     for r in results.values():
         r["model"] = ctx.opts.model if r["model"] != REPAIRED else REPAIRED

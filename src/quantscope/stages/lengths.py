@@ -266,7 +266,12 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
     errors when nothing is legal or within the cost."""
     sel = B.select_texts(reference, fit, candidates, seq_lens, max_buckets, 0)
     err = B.measure_errors(reference, candidates, sel, progress=progress)
-    release_memory()  # the candidates' evaluators (sessions, activation cache) are gone
+    # the candidates' evaluators (sessions, activation cache, the shared arena's chunks)
+    # are gone: given back whatever the resident set grew by since measure_errors' last
+    # release (its releases per candidate leave the growth rule under its threshold, and
+    # the held-out measurement then ran on top: minilm-l3, 100 pairs, 1,005 MiB resident
+    # after the candidates against 241 once given back)
+    release_memory(force=True)
     costs = B.length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
     cap = float(costs[:, -1].max()) if max_cost is None else max_cost
     figures, margins = {}, {}
@@ -290,7 +295,7 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
         Bucket(seq_len=sel.seq_lens[j], model=candidates[ci].model, stats=candidates[ci].stats,
                plan=candidates[ci].plan) for j, ci in alloc.picks),
         target=target_spec, source="deployment.json")
-    release_memory()
+    release_memory(force=True)
     routed = routed_outputs(reference, held_out, deployment, progress=progress)
     measured = evaluate_deployment(reference, held_out, deployment, routed=routed)
     per_q, per_d, se = _held_out_costs(held_out, deployment, measured)
