@@ -766,7 +766,7 @@ def test_target_check_names_are_the_planner_checks():
 
 # options that name no file (free text or a choice); every other value is typed, so a path
 # argument added later cannot escape check_paths without a test failing here
-FREE_TEXT = {"repairs", "metric", "title"}
+FREE_TEXT = {"repairs", "metric", "title", "allow_warning", "prompt_head"}
 
 
 def test_every_argument_is_typed():

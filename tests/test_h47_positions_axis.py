@@ -65,8 +65,11 @@ def test_positions_reached_by_few_samples_are_not_a_collapsed_channel():
     assert "6 samples" in said
 
 
-def test_a_fixed_axis_still_reads_channels():
-    """The same loss on a fixed-length output (every sample 10 frames) is a channel's."""
+def test_a_symbolic_axis_of_one_length_is_positions_too():
+    """The same data at one length (every sample 10 frames): h47 read its frames as
+    channels (``NOT LIKE FP32`` from the small last frames); the model declares ``F``
+    symbolic, so they are positions (h70: tests/test_h70_symbolic_positions.py; a static
+    axis is still read as channels there)."""
     model = load_proto(frames_model(), "frames")
     fixed = tuple({"x": s["x"], "k": np.array([10], np.int64)} for s in _samples())
     for s in fixed[:4]:
@@ -74,8 +77,9 @@ def test_a_fixed_axis_still_reads_channels():
     data = Dataset(name="frames", calibration=fixed, evaluation=fixed)
     stats = stages.calibrate_model(model, data)
     res = stages.evaluate_plan(model, data, stats, Plan.uniform(Precision.A8_W8))
-    assert any(n.startswith("NOT LIKE FP32") for n in res["notes"])
+    assert not any(n.startswith("NOT LIKE FP32") for n in res["notes"]), res["notes"]
     assert not any("varies by sample" in n for n in res["notes"])
+    assert any("axis 1 is symbolic in the model ('F')" in n for n in res["notes"])
 
 
 def test_analysis_refuses_an_output_whose_length_follows_the_data():

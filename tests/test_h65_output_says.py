@@ -242,8 +242,9 @@ def test_a_detections_score_output_is_read_on_its_classes_not_its_anchors(tmp_pa
                                           "detection layout (scores_from=)")
     assert entry["collapsed_channels"] == 1 and entry["channel_worst"] == 2, entry
     boxes = json.loads((tmp_path / "e.json").read_text())["outputs"]["boxes"]
-    assert boxes["channel_axis_read"].endswith("the rows (box values, scores) of its "
-                                               "detection layout")
+    assert boxes["channel_axis_read"].endswith(  # its scores are not its rows (h70)
+        "the rows (box values; its scores in another output, scores_from=) of its "
+        "detection layout")
     assert "per channel on axis 2, 3 channels: the class scores" in out
 
 

@@ -196,9 +196,12 @@ def test_the_check_is_in_the_plan_key_only_where_repairs_are_offered():
     from quantscope.pipeline.steps import plan_rules
     from quantscope.stages.offer_holdout import CHECK_KEY
 
-    assert plan_rules(SimpleNamespace(opts=SimpleNamespace(repairs=("bias",)))) == {
-        "offer_check": CHECK_KEY}
-    assert plan_rules(SimpleNamespace(opts=SimpleNamespace(repairs=()))) == {}
+    def opts(repairs: tuple[str, ...]) -> SimpleNamespace:
+        return SimpleNamespace(opts=SimpleNamespace(repairs=repairs, data="x.npz",
+                                                    eval_data=None))
+
+    assert plan_rules(opts(("bias",))) == {"offer_check": CHECK_KEY}
+    assert plan_rules(opts(())) == {}
 
 
 def test_plans_console_says_a_shares_noise_and_its_units() -> None:
@@ -234,7 +237,7 @@ def test_a_share_of_other_data_is_left_out_by_sample():
 def test_a_verifications_per_face_powers_are_summed_per_person():
     """``embedding_sqnr_db``'s parts come per face (photo) from the task; the check sums
     them per person (the faces in the task's sorted order), the pooled figure the same."""
-    from quantscope.stages.offer_holdout import _units
+    from quantscope.tasks.left_out import unit_parts as _units  # since h69: one place
 
     faces = np.array([4, 4, 1, 1, 2, 2, 0, 0, 3, 3])  # 5 photos, 2 chips each
     people = np.array([7, 7, 5, 5, 7, 7, 5, 5, 9, 9])  # photo 0, 1 -> 5; 2, 4 -> 7; 3 -> 9

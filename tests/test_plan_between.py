@@ -72,7 +72,7 @@ def _space(model):
     sens = Sensitivity.from_gains("output_sqnr_db", 30.0, gains)
     return start_search(groups, sens, load_target("hailo8"), model, low=None, candidates=None,
                         budget=Budget(), shapes=None, start=None, repairs=(),
-                        allow_warnings=False)
+                        )
 
 
 def test_between_point_promotes_the_resizes_and_nothing_else():

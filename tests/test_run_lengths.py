@@ -366,3 +366,37 @@ def test_the_deployment_is_measured_as_its_scripts_carry_it(tmp_path):
 
     got, want = (evaluate_deployment(model, rd.held_out, d).metrics for d in (scripted, by_hand))
     assert got == want
+
+
+def test_the_candidates_memory_is_given_back_before_the_held_out_measurement(
+        tmp_path, monkeypatch):
+    """h67: measure_errors releases after each candidate, which leaves the growth rule of
+    ``release_memory`` under its threshold when it returns: the release meant to give the
+    candidates' evaluators back did nothing, and the held-out measurement ran on top of
+    them (minilm-l3, 100 pairs: 1,005 MiB resident after the candidates, 241 MiB once
+    given back; the measurement's peak 1,131 -> 686 MiB). Both releases are forced."""
+    from quantscope.stages import buckets as B
+
+    model = load_proto(tiny_encoder(), "tiny")
+    rd = open_run_data(model, "stdlib-docs", eval_data=None, pairs=PAIRS, tokenizer=None,
+                       folder=tmp_path)
+    stats = stages.calibrate_model(model, rd.fit, progress=False)
+    cands = tuple(Candidate(name=p.value, model=model, stats=stats,
+                            plan=Plan(default=p, target="ort-cpu"))
+                  for p in (Precision.A8_W8, Precision.A16_W16))
+    events: list[str] = []
+
+    def recorded(name, real):
+        def call(*a, **k):
+            events.append(name)
+            return real(*a, **k)
+        return call
+
+    monkeypatch.setattr(B, "measure_errors", recorded("measure", B.measure_errors))
+    monkeypatch.setattr(L, "routed_outputs", recorded("held out", L.routed_outputs))
+    monkeypatch.setattr(L, "release_memory",
+                        lambda force=False: events.append(f"release force={force}"))
+    L.deploy_lengths(model, rd.fit, rd.held_out, cands, load_target("ort-cpu"), "ort-cpu",
+                     max_cost=1.5, seq_lens=(64, 128, 256))
+    after = events[events.index("measure") + 1:events.index("held out")]
+    assert after and all(e == "release force=True" for e in after), events

@@ -128,7 +128,7 @@ def test_a_classifier_softmax_is_not_held_by_attention_16bit_and_planner_agrees_
     (p,) = [p for p in check(one, groups, model, hailo8) if p.rule == "hailo.attention_16bit"]
     assert (p.group, p.severity, p.applies) == (soft, "warning", False)
     assert "not attention" in p.reason and "may not apply here" in p.reason
-    legal = legality(Plan.uniform(A8), groups, model, hailo8, None, allow_warnings=False)
+    legal = legality(Plan.uniform(A8), groups, model, hailo8, None, )
     assert legal.screen(Plan.uniform(A8), soft, A16W16) == ()
     assert legal.blocking(one) == ()
     gains = {g: {"a16_w16": 0.01} for g in groups.names()}
@@ -170,7 +170,7 @@ def test_symbolic_shapes_block_wide_rule_moves_even_when_warnings_allowed():
     assert strict.skipped[0].severity == "error"
     assert strict.skipped[0].rules == (
         "hailo.super_defuse (size unknown: give --input-shape NAME=… or --seq-len)",)
-    loose = search(groups, _sens(gains), HAILO, model, allow_warnings=True)
+    loose = search(groups, _sens(gains), HAILO, model, allowed_warnings=frozenset({"hailo.maxpool_16bit"}))
     assert loose.plan.overrides == ()
     wide = search(groups, _sens(gains), HAILO, model, shapes={"x": (1, 8192, 24)})
     assert wide.plan.overrides == ()

@@ -61,7 +61,7 @@ def test_the_planner_screen_judges_a_shared_weight_as_check_does_without_a_whole
     model, target = _shared_model(), load_target("qnn-htp-v73")
     groups = find_groups(model)
     uniform = Plan(default=Precision.A8_W8, target=target.name)
-    legal = start_mod.legality(uniform, groups, model, target, None, allow_warnings=False)
+    legal = start_mod.legality(uniform, groups, model, target, None, )
     sibling16 = Plan(default=Precision.A8_W8, overrides=(("mm2", Precision.A16_W16),))
     want = {name: legal.blocking(start_mod._with_precisions(plan, {"mm1": Precision.A16_W16}))
             for name, plan in (("uniform", uniform), ("sibling16", sibling16))}

@@ -207,3 +207,90 @@ def test_bias_correction_holds_one_batch_of_taps_at_a_time(monkeypatch):
                    axis=0)
     np.testing.assert_allclose(means[0], want, rtol=1e-6)
     assert counts == [4 * 2 * 16 * 16, 4 * 2 * 8 * 8]
+
+
+def test_an_emulation_session_keeps_its_weights_twice():
+    """What :data:`~quantscope.analyze.stage_memory.SESSION_COPIES` stands on: a session
+    as the emulator makes it keeps about twice its weights once built, its proto gone
+    (the deploy estimate counted them once and read 0.70x its peak on minilm-l3)."""
+    from quantscope.analyze.stage_memory import SESSION_COPIES
+    from quantscope.emulate.release import release_memory, resident_bytes
+    from quantscope.emulate.session import make_session
+
+    if resident_bytes() is None:
+        pytest.skip("no /proc resident set here")
+    proto = mid_model(width=2048, layers=4)  # 64 MB of weights
+    weights = sum(numpy_helper.to_array(t).nbytes for t in proto.graph.initializer)
+    data = proto.SerializeToString()
+    del proto
+    release_memory(force=True)
+    before = resident_bytes()
+    session = make_session(onnx.load_from_string(data), shared_arena=True)
+    release_memory(force=True)
+    kept = resident_bytes() - before
+    assert session is not None
+    assert 0.75 * SESSION_COPIES * weights <= kept <= 1.5 * SESSION_COPIES * weights, (
+        kept / weights)
+
+
+def test_the_deploy_estimate_counts_each_session_twice_and_a_build():
+    """h67: the candidates' evaluator's sessions hold their weights twice and a session's
+    build five times the largest segment's; the FP32 reference pass ends before the
+    candidates run, so its session is not in the deploy's parts (it is in the plan's)."""
+    from quantscope.analyze.incremental import session_budget
+    from quantscope.analyze.segments import find_segments, segment_bytes
+    from quantscope.analyze.stage_memory import (
+        BUILD_COPIES,
+        SESSION_COPIES,
+        deploy_memory,
+        plan_search_memory,
+    )
+    from quantscope.model.groups import find_groups
+    from quantscope.model.load import load_proto
+
+    model = load_proto(mid_model(), "mid")
+    batches = [{"x": np.zeros((8, 256, 512), np.float32)} for _ in range(4)]
+    weights = segment_bytes(model, find_segments(model, find_groups(model)))
+    parts = dict(deploy_memory(model, batches, cache_cap=1 << 40, resident=0,
+                               available=8 << 30).parts)
+    assert parts["the segment sessions"] == SESSION_COPIES * session_budget(weights)
+    assert parts["a segment session's build"] == (BUILD_COPIES - SESSION_COPIES) * max(weights)
+    assert "the FP32 session" not in parts
+    planned = dict(plan_search_memory(model, batches, resident=0, available=8 << 30).parts)
+    assert planned["the FP32 session"] == SESSION_COPIES * sum(weights)
+
+
+def test_the_evaluation_gives_each_pass_back_before_the_next(tmp_path, monkeypatch):
+    """h67: evaluate's passes (FP32, the uniform plans, the plan; each with the saturation
+    check's calibration) stacked on what the ones before had freed but the process kept:
+    minilm-l3 (100 pairs) ran its saturation checks from 416, 937 and 1,019 MiB resident,
+    peak 1,359 MiB against an estimate of held + the larger of a check and a pass. Each is
+    now given back before the next (the stage's peak 1,220 MiB)."""
+    from quantscope import stages
+    from quantscope.analyze import measure
+    from quantscope.emulate import evaluate as emulate_evaluate
+    from quantscope.pipeline import steps
+
+    events: list[str] = []
+
+    def recorded(name, real):
+        def call(*a, **k):
+            events.append(name)
+            return real(*a, **k)
+        return call
+
+    monkeypatch.setattr(measure, "calibrate", recorded("check", measure.calibrate))
+    monkeypatch.setattr(emulate_evaluate, "run_model", recorded("fp32", emulate_evaluate.run_model))
+    monkeypatch.setattr(stages, "evaluate_plans", recorded("passes", stages.evaluate_plans))
+    for mod in (measure, steps):
+        monkeypatch.setattr(mod, "release_memory",
+                            lambda force=False: events.append(f"release {force}"))
+    events.clear()
+    _run(tmp_path, tm.layernorm_block(),
+         np.random.default_rng(0).normal(0, 1, (8, 5, 24)).astype(np.float32))
+    got = events[events.index("fp32"):]
+    # FP32's pass, the uniform plans (one saturation check), the plan (its own): each
+    # given back before the next, each check's taps before its passes
+    assert got[:10] == ["fp32", "release True", "passes", "check", "release True",
+                        "release True", "passes", "check", "release True",
+                        "release True"], got

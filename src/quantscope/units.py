@@ -68,7 +68,18 @@ def counted(metric: str, values: Mapping[str, Any]) -> str:
     if n == 0:  # no item to count (a where= gate nothing passes): no share of nothing
         return shown + " (none judged)"
     return shown + (f" (n={int(n)})" if k is None else
+                    f" (n={int(n)}, {of(int(k), 'samples')} judged)"
+                    if one_per_sample(metric, values) else
                     f" (n={int(n)} effective, {of(int(k), 'samples')})")
+
+
+def one_per_sample(metric: str, values: Mapping[str, Any]) -> bool:
+    """The share ``metric``'s items are one per sample it judged (``KEY_clusters`` equal
+    to ``KEY_items``, :func:`quantscope.tasks.shares.share_counts`: a gated share of one
+    point per sample): a plain count, no effective count of positions clustered by sample
+    to say."""
+    n, k = (num(values.get(count_key(metric, s))) for s in (ITEMS, CLUSTERS))
+    return n is not None and k is not None and n == k > 0
 
 
 def of(n: Any, noun: str) -> str:
@@ -167,4 +178,5 @@ def plain(v: Any) -> str:
 
 
 __all__ = ["CLUSTERS", "DASH", "ITEMS", "SHARES", "against", "count_key", "counted", "gain",
+           "one_per_sample",
            "is_count", "is_db", "is_share", "num", "plain", "value"]

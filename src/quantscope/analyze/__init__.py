@@ -32,7 +32,8 @@ _LAZY = {
                     "quantscope.analyze.rows"),
     **dict.fromkeys(("Scorer", "fidelity", "text_retrieval_scorer"),
                     "quantscope.analyze.scoring"),
-    **dict.fromkeys(("SweepResult", "sweep_fast", "sweep_naive", "sweep_segments"),
+    "sweep_naive": "quantscope.analyze.naive",
+    **dict.fromkeys(("SweepResult", "sweep_fast", "sweep_segments"),
                     "quantscope.analyze.sweeps"),
     **dict.fromkeys(("WeightIssue", "find_weight_issues"), "quantscope.analyze.weights"),
 }

@@ -31,13 +31,14 @@ from quantscope.emulate.evaluate import (
     scale_error,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.progress import track
 from quantscope.serde import plan_to_dict
 from quantscope.tasks.db_noise import Parts, pooled_db
 from quantscope.tasks.headline import Headline
-from quantscope.tasks.left_out import left_out_figures
+from quantscope.tasks.left_out import left_out_figures, unit_parts
 from quantscope.types import (
     Batch,
     Dataset,
@@ -75,6 +76,30 @@ def output_channel_axes(model: Model, batches: Sequence[Batch] = ()) -> dict[str
             continue
         out[name] = c + 1 if c < a else c
     return out
+
+def output_symbolic_axes(model: Model, batches: Sequence[Batch] = ()
+                         ) -> dict[str, dict[int, str]]:
+    """Each output's axes whose length the model leaves open (a ``dim_param``: frames
+    ``'F'``, tokens ``'T'``; ``'?'`` an unknown dim) as the scorers see the output,
+    sample-first (moved as :func:`output_channel_axes` moves the graph's axis), its
+    samples' axis left out: positions the per-channel figures do not read as channels
+    (:func:`quantscope.emulate.class_axes.read_axis`). An output declared without a
+    shape tells none."""
+    shapes = model.value_shapes()
+    moved = getattr(next(iter(batches), None), "out_axes", ()) or ()
+    out = {}
+    for i, name in enumerate(model.output_names()):
+        dims = list(shapes.get(name) or ())
+        a = moved[i] if i < len(moved) else 0
+        if not 0 <= a < len(dims):
+            continue
+        first = [dims.pop(a), *dims]
+        open_dims = {k: d if isinstance(d, str) else "?" for k, d in enumerate(first)
+                     if k and not isinstance(d, int)}
+        if open_dims:
+            out[name] = open_dims
+    return out
+
 
 def top_classes(data: Dataset) -> dict[str, TopClasses]:
     """The outputs the data's task decides by their top class (class scores, CTC steps,
@@ -286,6 +311,7 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
     judge = data.task is None or getattr(data.task, "row_local", False)
     score: dict[str, Any] = {"keep": keep, "only": data.output, "judge": judge,
                              "channel_axes": output_channel_axes(model, batches),
+                             "symbolic_axes": output_symbolic_axes(model, batches),
                              "top_classes": top_classes(data),
                              "class_axes": class_axes(data),
                              "per_sample": sample_parts}
@@ -325,12 +351,16 @@ def figure_parts(data: Dataset, fid: Metrics, ref_kept: Outputs | None, test: Ou
     sample, a face verification's and image views' embedding SQNR per face and per photo,
     an embedding's per sample, an image output's ``psnr_db:OUTPUT``): the one source of
     the noise the planner's choice (:mod:`quantscope.plan.pareto`), a torch ranking
-    (:func:`quantscope.finetune.rank.score_runs`) and ``run``'s held-out check read."""
+    (:func:`quantscope.finetune.rank.score_runs`) and ``run``'s held-out check read. Each
+    summed per unit of the data (:func:`quantscope.tasks.left_out.unit_parts`: on face
+    data per person, a person's photos being no independent samples; elsewhere as
+    measured), so every noise read from them leaves out one unit at a time."""
     out = dict(fid.parts)
     task_parts = getattr(data.task, "sample_parts", None)
     if task_parts is not None and ref_kept is not None:
         out.update(task_parts(ref_kept, test))
-    return out
+    return {k: unit_parts(p if isinstance(p, Parts) else Parts(*p, "samples"), data.task)
+            for k, p in out.items()}
 
 
 def kept_parts(parts: Mapping[str, Any], metrics: Mapping[str, float]
@@ -428,7 +458,11 @@ def saturation_batches(batches: list[Batch]) -> tuple[list[Batch], int]:
 def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
     """Streaming statistics of (up to SATURATION_ROWS of) the evaluation rows."""
     part, rows = saturation_batches(batches)
-    return calibrate(model, find_groups(model), part), rows
+    stats = calibrate(model, find_groups(model), part)
+    # its tapped tensors given back before the passes run (h67: minilm-l3's evaluate kept
+    # 586 MB of them resident under every pass after it)
+    release_memory(force=True)
+    return stats, rows
 
 
 def _saturation_entry(data_stats: Stats | None, enc: Encodings, n_rows: int) -> dict[str, Any]:
@@ -480,6 +514,7 @@ def check_metric(model: Model, data: Dataset, metric: str) -> None:
         fid, test = compare_model(runs, ref, keep=keep, only=data.output,
                                   judge=task is None or getattr(task, "row_local", False),
                                   channel_axes=output_channel_axes(model, batches),
+                                  symbolic_axes=output_symbolic_axes(model, batches),
                                   top_classes=top_classes(data),
                                   class_axes=class_axes(data))
         figures = set(fid.values)
@@ -544,9 +579,11 @@ def scorer_for(data: Dataset, model: Model | None = None, metric: str | None = N
     else:
         names = model.output_names()
         axes = output_channel_axes(model, data.evaluation)
+        open_dims = output_symbolic_axes(model, data.evaluation)
         scorer = outputs_scorer(only=None if data.output is None else names.index(data.output),
                                 channel_axes={names.index(k): a for k, a in axes.items()},
-                                names=names)
+                                names=names,
+                                symbolic_axes={names.index(k): d for k, d in open_dims.items()})
     if metric in FIDELITY_PRIMARIES:
         scorer = dataclasses.replace(scorer, primary=metric)
     return scorer

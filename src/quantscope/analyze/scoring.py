@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from quantscope.emulate.class_axes import read_axis
 from quantscope.emulate.exact import is_exact
 from quantscope.numerics import (
     channel_rows,
-    default_channel_axis,
     row_cosines,
     sqnr_db,
     worst_channel_sqnr_db,
@@ -110,9 +110,9 @@ def _refuse_varying(first: list[tuple[int, ...]], now: list[tuple[int, ...]], ta
                 "whose outputs keep one shape")
 
 
-def outputs_scorer(*, only: int | None = None,
-                   channel_axes: Mapping[int, int] | None = None,
-                   names: Sequence[str] = ()) -> Scorer:
+def outputs_scorer(*, only: int | None = None, channel_axes: Mapping[int, int] | None = None,
+                   names: Sequence[str] = (),
+                   symbolic_axes: Mapping[int, Mapping[int, str]] | None = None) -> Scorer:
     """Every model output scored; the worst one is the metric (tensor models).
 
     Reduce: each output flattened per sample (outputs whose first axis is not the batch
@@ -121,17 +121,18 @@ def outputs_scorer(*, only: int | None = None,
     cannot hide behind a clean first one), and each output's own as ``sqnr_db:<k>``.
     ``sqnr_db_channel_min``: the worst channel's SQNR over every output with channels (a
     channel: one index of the output's channel axis, every sample and position; the axis
-    from ``channel_axes``, graph output index -> axis, else
-    :func:`quantscope.numerics.default_channel_axis`; one-value outputs have none), so a
-    class row that one grid shared with box coordinates rounds to 0 shows, while the
-    whole-output SQNR does not move (:mod:`quantscope.emulate.channels`); channels FP32
-    holds at 0 on every row are left out of it and counted (``channels_left_out``, only
-    when some are: :func:`quantscope.numerics.worst_channel_sqnr_db`).
+    from ``channel_axes``, graph output index -> axis, else the default, off the axes
+    ``symbolic_axes`` gives (index -> sample-first axis -> dim name): evaluate's rule,
+    :func:`quantscope.emulate.class_axes.read_axis`; one-value outputs and outputs read
+    as positions have none), so a class row that one grid shared with box coordinates
+    rounds to 0 shows, while the whole-output SQNR does not move
+    (:mod:`quantscope.emulate.channels`); channels FP32 holds at 0 on every row are left
+    out of it and counted (``channels_left_out``, only when some are:
+    :func:`quantscope.numerics.worst_channel_sqnr_db`).
     ``only``: the index of the one output to score (``--output``). An output whose shape
     per sample changes between batches (a TTS's frames, ``f0 [1, F]``) has no fixed
     columns to compare: refused in one line naming it (``names``: the graph outputs'
-    names, to say which), where concatenating the rows was an internal error.
-    """
+    names, to say which), where concatenating the rows was an internal error."""
     spans: list[tuple[int, int]] = []
     shapes: list[tuple[int, ...]] = []
     kept: list[int] = []
@@ -156,9 +157,9 @@ def outputs_scorer(*, only: int | None = None,
         if int(np.prod(shape)) != ref.shape[1] or int(np.prod(shape)) <= 1:
             return None  # a row layout this scorer did not see, or one value per sample
         full = (len(ref), *shape)
-        given = (channel_axes or {}).get(kept[k]) if k < len(kept) else None
-        axis = default_channel_axis(full) if given is None else given % len(full)
-        if axis is None or axis == 0:
+        key = kept[k] if k < len(kept) else -1  # the graph output's index
+        got = read_axis(full, (channel_axes or {}).get(key), None, (symbolic_axes or {}).get(key))
+        if (axis := got.axis) is None or axis == 0 or got.positions:
             return None
         r, t = channel_rows(ref.reshape(full), axis), channel_rows(test.reshape(full), axis)
         worst, _, left_out = worst_channel_sqnr_db(np.sum(r * r, axis=1),

@@ -11,26 +11,29 @@ budget: :func:`~quantscope.analyze.incremental.session_budget`; the calibration'
 taps per run: :func:`~quantscope.calibrate.collect.rows_per_run`'s budget):
 
 =============  ========================================================================
-calibrate      held before it; the tapped model's copy and its session (2 x weights);
+calibrate      held before it; the tapped model's copy and its session (3 x weights);
                the tapped tensors of one run (as many rows as the tap budget allows,
                at least one) twice (ONNX Runtime's outputs and their NumPy copies) and
                that run's working tensors; the observers' histograms
 plan           held before it; the FP32 reference session and the segment sessions'
-               budget; the activation cache's budget; one run's working tensors at the
-               largest batch; the outputs of a batch held twice (FP32's and a plan's);
+               budget, each session its weights twice (:data:`SESSION_COPIES`); a
+               session's build, the largest segment's (:data:`BUILD_COPIES`); the
+               activation cache's budget; one run's working tensors at the largest
+               batch; the outputs of a batch held twice (FP32's and a plan's);
                with repairs offered, their FP32 reference (every output), a repair's
                tapped tensors at its largest batch (twice, as calibrate's), the repaired
                models kept
 evaluate       held before it; every held-out output held twice (FP32's reference and
                the plan's, until scored); the larger of a plan's pass (a quantized
-               model's copy and its session, 2 x weights, and one run's working tensors
+               model's copy and its session, 3 x weights, and one run's working tensors
                at the largest batch) and the saturation check's calibration of the
                held-out rows (as calibrate's)
 deploy         held before it; the larger of the length candidates' evaluator (plan's
-               parts, its activation cache at most the candidates' cap) and measuring
-               the kept deployment (one bucket's quantized model, its session and one
-               run's working tensors at a time); nothing when one compiled model is
-               decided (``pipeline.memory.deploy_estimate`` returns None)
+               parts but the FP32 session, whose pass ends before the candidates run;
+               its activation cache at most the candidates' cap) and measuring the kept
+               deployment (one bucket's quantized model, its session and one run's
+               working tensors at a time); nothing when one compiled model is decided
+               (``pipeline.memory.deploy_estimate`` returns None)
 =============  ========================================================================
 
 "Held before it" is the process's resident set when the stage starts (the model, the
@@ -61,6 +64,15 @@ from quantscope.types import Batch, batch_rows, take_rows
 # copies (minilm-l3's calibration, 3 rows: 204 MB of taps, the run 560 MB over its session;
 # mobilefacenet's bias repair on the faces: 465 MB of taps, ~850 MB over the search)
 OUTPUT_COPIES = 2
+# an emulation session (ONNX Runtime, optimizations off) keeps its weights twice, its
+# graph's initializers and the tensors it runs with, after a collection and a heap trim:
+# 128-137 MB for a 64 MB float model (tests/test_stage_memory.py), minilm-l3's 52 segment
+# sessions 166 MB for 66 MB, its embedding segment's 99 MB for 45 MB
+SESSION_COPIES = 2
+# building one holds them five times at once: the QDQ proto, its emulation form
+# (``session.emulation_form``: the weights dequantized), the form's serialized bytes and
+# the session's two; minilm-l3's embedding segment peaked 232 MB over its start for 45 MB
+BUILD_COPIES = 5
 
 
 @dataclass(frozen=True)
@@ -138,7 +150,8 @@ def calibrate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str]
     weights = weight_bytes(model)
     largest = _largest(batches)
     if largest is None:
-        return _estimate("calibrate", [("the tapped model and its session", 2 * weights)],
+        return _estimate("calibrate", [("the tapped model and its session",
+                                        (1 + SESSION_COPIES) * weights)],
                          CALIBRATE_LOWER, resident, available)
     one = take_rows(largest, slice(0, 1)) if batch_rows(largest) > 1 else largest
     per_row = tensor_sizer(model, [one])(taps)
@@ -148,7 +161,7 @@ def calibrate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str]
     tapped = sizer(taps)
     work = run_bytes(model, sizer)
     widest = max((sizer([t]) for t in taps), default=0)
-    parts = [("the tapped model and its session", 2 * weights),
+    parts = [("the tapped model and its session", (1 + SESSION_COPIES) * weights),
              (f"the tapped tensors of a run of {rows} row(s), twice", OUTPUT_COPIES * tapped),
              ("its working tensors", work),
              # an observer's pass: the bin indices (int64) and masks of the widest tap
@@ -162,23 +175,30 @@ PLAN_LOWER = ("fewer --pairs (the search scores every fit pair) or a shorter --s
 
 
 def _evaluator_parts(model: Model, batches: Sequence[Batch], *, cache_cap: int | None,
-                     available: int | None) -> list[tuple[str, int]]:
+                     available: int | None, fp32_session: bool = True
+                     ) -> list[tuple[str, int]]:
     """What measuring plan after plan holds: the incremental evaluator's sessions and
     activation cache as :class:`~quantscope.analyze.incremental.IncrementalRunner` sizes
-    them on ``batches`` (at most ``cache_cap``), the FP32 reference's session, one run at
-    the largest batch and a batch's outputs twice."""
+    them on ``batches`` (at most ``cache_cap``), each session its weights
+    :data:`SESSION_COPIES` times, a session's build (the largest segment's weights
+    :data:`BUILD_COPIES` times, less what it keeps), the FP32 reference's session (with
+    ``fp32_session``), one run at the largest batch and a batch's outputs twice."""
     from quantscope.analyze.activation_cache import cache_memory
     from quantscope.analyze.incremental import crossing, session_budget
     from quantscope.analyze.segments import find_segments, segment_bytes
     from quantscope.model.groups import find_groups
 
     segments = find_segments(model, find_groups(model))
-    sessions = session_budget(segment_bytes(model, segments))
+    weights = segment_bytes(model, segments)
+    sessions = session_budget(weights)
     cache = cache_memory(model, batches, crossing(model, segments), sessions,
                          cache_cap=cache_cap, available=available)
     sizer = tensor_sizer(model, batches)
-    return [("the FP32 session", weight_bytes(model)),
-            ("the segment sessions", sessions),
+    fp32 = [("the FP32 session", SESSION_COPIES * weight_bytes(model))] if fp32_session else []
+    return [*fp32,
+            ("the segment sessions", SESSION_COPIES * sessions),
+            ("a segment session's build", (BUILD_COPIES - SESSION_COPIES) * max(weights,
+                                                                                default=0)),
             ("the activation cache", cache.cache_bytes),
             ("a run's working tensors at the largest batch", run_bytes(model, sizer)),
             ("a batch's outputs, FP32's and a plan's", 2 * sizer(model.output_names()))]
@@ -218,7 +238,7 @@ def evaluate_memory(model: Model, batches: Sequence[Batch], taps: Sequence[str],
     repaired model is read from its file and compared with the working model (its bytes
     and its proto beside the working model's: 2 x weights)."""
     sizer = tensor_sizer(model, batches)
-    one = 2 * weight_bytes(model) + run_bytes(model, sizer)
+    one = (1 + SESSION_COPIES) * weight_bytes(model) + run_bytes(model, sizer)
     check = calibrate_memory(model, checked, taps, max_rows=max_rows, budget=budget,
                              resident=0, available=0)
     parts = [("the held-out outputs, FP32's and a plan's", 2 * _outputs_over(model, batches,
@@ -242,10 +262,14 @@ def deploy_memory(model: Model, batches: Sequence[Batch], *, cache_cap: int,
     length candidates measured one after another on the fit ``batches`` by one incremental
     evaluator, :func:`_evaluator_parts`, its activation cache at most ``cache_cap``; their
     pooled embeddings, a few MB, left out) and measuring the kept deployment on the
-    held-out texts (one bucket's QDQ model and its session at a time, 2 x weights, and one
-    run's working tensors), which run apart."""
-    choose = _evaluator_parts(model, batches, cache_cap=cache_cap, available=available)
-    measure = 2 * weight_bytes(model) + run_bytes(model, tensor_sizer(model, batches))
+    held-out texts (one bucket's QDQ model and its session at a time, 3 x weights, and one
+    run's working tensors), which run apart (the evaluator's memory given back between:
+    :func:`quantscope.stages.lengths.deploy_lengths`). The FP32 pass on the fit texts ends
+    before the candidates run: its session is not beside them."""
+    choose = _evaluator_parts(model, batches, cache_cap=cache_cap, available=available,
+                              fp32_session=False)
+    measure = ((1 + SESSION_COPIES) * weight_bytes(model)
+               + run_bytes(model, tensor_sizer(model, batches)))
     parts = choose if sum(b for _, b in choose) >= measure else [
         ("a bucket's quantized model, its session and its working tensors", measure)]
     return _estimate("deploy", parts, DEPLOY_LOWER, resident, available)

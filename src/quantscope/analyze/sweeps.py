@@ -5,6 +5,7 @@ enable-one g    plan: ``g`` at ``low``, every other group float
 disable-one g   plan: every group at ``low`` except ``g`` at ``high``
 naive           one full QDQ model per candidate (build_qdq + a fresh session), run on
                 every batch: the reference the fast sweep is measured against
+                (:mod:`quantscope.analyze.naive`)
 segments        the model is cut where one activation crosses, and inside a segment
                 those leave holding many groups (a U-Net's skips) where the
                 activations crossing fit a budget (:mod:`quantscope.analyze.cuts`,
@@ -48,7 +49,7 @@ import numpy as np
 from quantscope.analyze.candidates import SWEEPS, Candidate, candidates, encodings_table
 from quantscope.analyze.memory import MemoryPlan, plan_memory, tensor_sizer
 from quantscope.analyze.noise import NoiseAccumulator
-from quantscope.analyze.rows import density_batches, proxy_batches, row_noise, run_plan_rows
+from quantscope.analyze.rows import density_batches, proxy_batches, row_noise
 from quantscope.analyze.scoring import Scorer
 from quantscope.analyze.segments import (
     Chain,
@@ -67,14 +68,13 @@ from quantscope.analyze.segments import (
     segment_bytes,
     segment_models,
 )
-from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.release import release_memory, resident_bytes
 from quantscope.emulate.session import use_arena
 from quantscope.model.load import Model
 from quantscope.model.units import Unit
 from quantscope.parallel import Executor, chunks
 from quantscope.progress import Counter, feed_size, note_memory_estimate, say, track
-from quantscope.types import Batch, Groups, Plan, Precision, QuantScheme, Stats, batch_rows
+from quantscope.types import Batch, Encodings, Groups, Precision, QuantScheme, Stats, batch_rows
 
 # the group outputs a chain's segment returns at once for the cumulative noise (the rest
 # on further runs of the segment); a segment's crossing tensors are returned whole
@@ -403,16 +403,30 @@ def _cut(model: Model, groups: Groups, *, progress: bool) -> tuple[Segment, ...]
     return find_segments(model, groups)
 
 
-def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _PartResult:
-    """The candidates ``part`` of ``job`` on every row (one task of a distributed sweep)."""
+@dataclass(frozen=True, eq=False)
+class _PartSetup:
+    """One part of a segment sweep before any session: its cuts, encodings, candidates
+    and the segments each owns, the tensor sizer, the memory plan (said) and the arena."""
+
+    segments: tuple[Segment, ...]
+    table: dict[Precision, Encodings]
+    cands: tuple[Candidate, ...]
+    models: dict[int, Model]  # built once, read by every session
+    owned: tuple[dict[int, Encodings], ...]  # per candidate, its own segments' encodings
+    sizer: Callable[[Sequence[str]], int]
+    mem: MemoryPlan
+    arena: bool
+
+
+def _part_setup(job: _SegmentJob, part: range, *, progress: bool) -> _PartSetup:
+    """Cut, encode and size ``part`` of ``job``; say the share run and the estimate."""
     model, groups, low = job.model, job.groups, job.low
-    need_low = "disable_one" in job.sweeps
     release_memory(force=True)  # what an earlier sweep freed, before its resident is read
     segments = _cut(model, groups, progress=progress)
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
     cands = tuple(c for c in candidates(groups, low, job.high, job.only, job.units)
                   if c.sweep in job.sweeps)[part.start:part.stop]
-    models = segment_models(model, groups, segments)  # built once, read by every session
+    models = segment_models(model, groups, segments)
     owned = owned_segments(model, groups, segments, table, cands, low, seg_models=models)
     say(f"analyze: {len(segments)} segments; the {len(cands)} candidates run "
         f"{100 * run_share(segments, owned):.0f} % of the nodes full passes would", show=progress)
@@ -422,94 +436,101 @@ def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _
     note_memory_estimate(f"{mem.text()} (analyze's sweep)", mem.peak)  # run.json keeps it (a SIGKILL)
     arena = job.arena if job.arena is not None else use_arena(
         max((sizer([t]) for n in model.graph.node for t in n.output if t), default=0))
-    fp = build_chain(model, groups, segments, None, optimize=job.optimize_float,
-                     label=f"analyze: FP32 sessions of {len(segments)} segments" * progress,
-                     seg_models=models, arena=arena)
-    lo = build_chain(model, groups, segments, table[low], optimize=False,
-                     label=f"analyze: all-{low.value} sessions" * progress,
-                     seg_models=models, arena=arena) if need_low else None
-    got = _Collected(rows=[[] for _ in cands])
-    metrics: list[dict[str, float] | None] = [None] * len(cands)
-    last = last_reads(model, segments)
-    outs = model.output_names()
-    if lo is not None:  # the chains' own pass: their rows and the cumulative noise, with
-        # no candidate's sessions, rows or env held beside the taps
-        for feeds in track(job.batches, f"analyze: FP32 and all-{low.value} chains "
-                           "(cumulative noise)" * progress, unit="batch", show=progress):
-            _sweep_batch(feeds, fp, lo, (), groups, outs, job.scorer, got, None, last,
-                         size=sizer, duties=True)
-        if "enable_one" not in job.sweeps:  # no window reads FP32's chain: its sessions go
-            fp = None
-            release_memory()
-    ref: np.ndarray | None = np.concatenate(got.ref) if got.ref else None
+    return _PartSetup(segments, table, cands, models, owned, sizer, mem, arena)
 
-    def score(i: int) -> None:  # candidate i's rows are all kept: scored, then dropped
-        if job.score is not None and ref is not None:
-            metrics[i] = dict(job.score(ref, np.concatenate(got.rows[i])))
-            got.rows[i] = []
 
+@dataclass(eq=False)
+class _PartScores:
+    """Each candidate's metrics, scored once its rows and FP32's are all kept (then its
+    rows dropped); ``ref`` is FP32's rows once they are all there (mutable, private)."""
+
+    job: _SegmentJob
+    got: _Collected
+    metrics: list[dict[str, float] | None]
+    ref: np.ndarray | None = None
+
+    def score(self, i: int) -> None:
+        if self.job.score is not None and self.ref is not None:
+            self.metrics[i] = dict(self.job.score(self.ref, np.concatenate(self.got.rows[i])))
+            self.got.rows[i] = []
+
+
+def _part_chains(job: _SegmentJob, s: _PartSetup, *, progress: bool
+                 ) -> tuple[Chain | None, Chain | None]:
+    """The FP32 chain and, for disable-one, the all-low chain."""
+    model, groups, n = job.model, job.groups, len(s.segments)
+    fp = build_chain(model, groups, s.segments, None, optimize=job.optimize_float,
+                     label=f"analyze: FP32 sessions of {n} segments" * progress,
+                     seg_models=s.models, arena=s.arena)
+    lo = build_chain(model, groups, s.segments, s.table[job.low], optimize=False,
+                     label=f"analyze: all-{job.low.value} sessions" * progress,
+                     seg_models=s.models, arena=s.arena) if "disable_one" in job.sweeps else None
+    return fp, lo
+
+
+def _part_windows(job: _SegmentJob, s: _PartSetup, fp: Chain | None, lo: Chain | None,
+                  scores: _PartScores, last: dict[str, int], *, progress: bool) -> None:
+    """The candidates window by window (each window's sessions built, run over every
+    batch beside the chains it reads, then given back), scored as they complete."""
+    model, groups, got, outs = job.model, job.groups, scores.got, job.model.output_names()
     count: Counter | None = None
-    for w, window in enumerate(mem.windows):
+    for w, window in enumerate(s.mem.windows):
         label = (f"analyze: candidate sessions {window.start + 1}-{window.stop}"
-                 f"{f' (window {w + 1}/{len(mem.windows)})' if len(mem.windows) > 1 else ''}")
-        runners = build_runners(model, groups, segments, table, cands[window.start:window.stop],
-                                low, owned=owned[window.start:window.stop],
-                                label=label * progress, seg_models=models, arena=arena)
+                 f"{f' (window {w + 1}/{len(s.mem.windows)})' if len(s.mem.windows) > 1 else ''}")
+        runners = build_runners(model, groups, s.segments, s.table,
+                                s.cands[window.start:window.stop], job.low,
+                                owned=s.owned[window.start:window.stop], label=label * progress,
+                                seg_models=s.models, arena=s.arena)
         if count is None:  # started once the first sessions are there
-            count = Counter(f"analyze: {'+'.join(job.sweeps)} ({len(cands)} candidates x "
-                            f"{len(job.batches)} batches)", total=len(cands) * len(job.batches),
+            count = Counter(f"analyze: {'+'.join(job.sweeps)} ({len(s.cands)} candidates x "
+                            f"{len(job.batches)} batches)", total=len(s.cands) * len(job.batches),
                             unit="cand", show=progress,
                             # length-sorted batches: the ETA follows their sizes, not count
-                            total_cost=len(cands) * sum(feed_size(b) for b in job.batches))
+                            total_cost=len(s.cands) * sum(feed_size(b) for b in job.batches))
         duties = lo is None and w == 0  # FP32's rows, when no chains' pass came first
         sweeps_here = {r.candidate.sweep for r in runners}
         fp_here = fp if duties or "enable_one" in sweeps_here else None
         lo_here = lo if "disable_one" in sweeps_here else None
         for b, feeds in enumerate(job.batches if fp_here or lo_here else ()):  # else empty
             _sweep_batch(feeds, fp_here, lo_here, runners, groups, outs, job.scorer, got, count,
-                         last, first=window.start, size=sizer, duties=duties,
-                         done=score if b == len(job.batches) - 1 else None)
+                         last, first=window.start, size=s.sizer, duties=duties,
+                         done=scores.score if b == len(job.batches) - 1 else None)
         del runners  # this window's sessions go before the next window's are built
         release_memory()  # and their arena chunks (when the resident set grew)
-        if ref is None:
-            ref = np.concatenate(got.ref)
+        if scores.ref is None:
+            scores.ref = np.concatenate(got.ref)
         for i in window:  # those the first window kept until FP32's rows were there
-            if job.score is not None and metrics[i] is None:
-                score(i)
+            if job.score is not None and scores.metrics[i] is None:
+                scores.score(i)
     if count is not None:
         count.close()
-    ref = np.concatenate(got.ref) if ref is None else ref
+
+
+def _segment_part(job: _SegmentJob, part: range, *, progress: bool = False) -> _PartResult:
+    """The candidates ``part`` of ``job`` on every row (one task of a distributed sweep):
+    set up (:func:`_part_setup`), the chains' own pass when disable-one runs, the windows
+    (:func:`_part_windows`)."""
+    s = _part_setup(job, part, progress=progress)
+    fp, lo = _part_chains(job, s, progress=progress)
+    got = _Collected(rows=[[] for _ in s.cands])
+    scores = _PartScores(job, got, [None] * len(s.cands))
+    last = last_reads(job.model, s.segments)
+    if lo is not None:  # the chains' own pass: their rows and the cumulative noise, with
+        # no candidate's sessions, rows or env held beside the taps
+        for feeds in track(job.batches, f"analyze: FP32 and all-{job.low.value} chains "
+                           "(cumulative noise)" * progress, unit="batch", show=progress):
+            _sweep_batch(feeds, fp, lo, (), job.groups, job.model.output_names(), job.scorer,
+                         got, None, last, size=s.sizer, duties=True)
+        if "enable_one" not in job.sweeps:  # no window reads FP32's chain: its sessions go
+            fp = None
+            release_memory()
+    scores.ref = np.concatenate(got.ref) if got.ref else None
+    _part_windows(job, s, fp, lo, scores, last, progress=progress)
+    ref = np.concatenate(got.ref) if scores.ref is None else scores.ref
     lows = np.concatenate(got.low) if got.low else np.empty((0, *ref.shape[1:]), ref.dtype)
     rows = () if job.score is not None else tuple(np.concatenate(r) for r in got.rows)
     return _PartResult(rows, ref, lows, got.cum.sqnr(), got.iso.sqnr(),
-                       tuple(m for m in metrics if m is not None))
-
-
-def sweep_naive(
-    model: Model,
-    groups: Groups,
-    stats: Stats,
-    batches: Sequence[Batch],
-    *,
-    scorer: Scorer,
-    low: Precision,
-    high: Precision,
-    scheme: QuantScheme | None = None,
-    progress: bool = False,
-) -> SweepResult:
-    """Both sweeps with one full QDQ model per candidate: the slow reference."""
-    t0 = time.perf_counter()
-    cands = candidates(groups, low, high)
-    ref = run_plan_rows(model, groups, batches, model.proto, scorer)
-    rows = []
-    for c in track(cands, "analyze: naive sweep", unit="cand", show=progress):
-        q = quantize_model(model, stats, c.plan, scheme=scheme_for(c.plan, scheme), groups=groups)
-        rows.append(run_plan_rows(model, groups, batches, q.proto, scorer))
-    low_plan = Plan.uniform(low)
-    q = quantize_model(model, stats, low_plan, scheme=scheme_for(low_plan, scheme), groups=groups)
-    low_rows = run_plan_rows(model, groups, batches, q.proto, scorer)
-    return SweepResult(cands, tuple(rows), ref, low_rows, {}, {}, time.perf_counter() - t0, "naive",
-                       row_counts=(("enable_one", len(ref)), ("disable_one", len(ref))))
+                       tuple(m for m in scores.metrics if m is not None))
 
 
 def sweep_fast(

@@ -16,6 +16,7 @@ from quantscope.cli.types import merged_batch_axes
 from quantscope.model.shapes import given_shapes
 from quantscope.report import fmt
 from quantscope.targets import Target, load_target
+from quantscope.targets.accept import allowed_warnings
 from quantscope.tasks.layout import LAYOUT_NOTE
 from quantscope.tasks.tensors import check_token_ids
 from quantscope.tasks.text import TextPrefixes
@@ -46,6 +47,17 @@ def open_inputs(args: argparse.Namespace, *, data: bool = False, stats: bool = F
     ds = open_dataset(args, model, show=show) if data else None
     st = stages.read_stats(args.stats) if stats else None
     return Inputs(model, ds, st, tgt, plan_of(args) if plan else None)
+
+
+def allowed_of(args: argparse.Namespace, target: Target | None) -> frozenset[str]:
+    """The warning rules ``--allow-warning`` accepts on ``target`` (refused in one line:
+    an error rule, an id the target does not name), before any work."""
+    asked = getattr(args, "allow_warning", None) or ()
+    if not asked:
+        return frozenset()
+    if target is None:
+        raise QuantscopeError("--allow-warning names rules of a target: give --target")
+    return allowed_warnings(target, asked)
 
 
 def open_dataset(args: argparse.Namespace, model: stages.Model, *, show: bool = True
@@ -98,13 +110,17 @@ def shapes(args: argparse.Namespace, model: stages.Model) -> dict | None:
     return given_shapes(model, args.seq_len, input_shapes(args))
 
 
-def print_problems(problems: list, what: str) -> int:
-    """check / lint: each problem, its fix and its source, then the count; the exit code."""
+def print_problems(problems: list, what: str, *, allowed: frozenset[str] = frozenset()) -> int:
+    """check / lint: each problem, its fix and its source, then the count; the exit code.
+    A warning of a rule in ``allowed`` (``--allow-warning``) is listed as accepted, not
+    as passing, and counted apart."""
     errors = [p for p in problems if p.severity == "error"]
-    for p in problems:
-        print(f"{p.severity}: [{p.rule}] {p.group}: {p.reason}")
+    labels = [fmt.ACCEPTED if p.severity == "warning" and p.rule in allowed else p.severity
+              for p in problems]
+    for p, label in zip(problems, labels, strict=True):
+        print(f"{label}: [{p.rule}] {p.group}: {p.reason}")
         print(f"    fix: {p.fix}    (source: {p.provenance})")
-    print(f"{what}: {fmt.problem_counts([p.severity for p in problems])}")
+    print(f"{what}: {fmt.problem_counts(labels)}")
     return EXIT_PROBLEMS if errors else 0
 
 

@@ -295,6 +295,19 @@ def cache_parent(what: str) -> argparse.ArgumentParser:
     return p
 
 
+def allow_warning_parent(what: str) -> argparse.ArgumentParser:
+    """--allow-warning RULE (repeatable): a warning rule of the target the user accepts
+    (``quantscope.targets.accept``), checked against the target before any work."""
+    p = _parent()
+    p.add_argument("--allow-warning", dest="allow_warning", action="append", metavar="RULE",
+                   help=f"a warning rule of the target (its id as the profile names it, e.g. "
+                   f"hailo.super_defuse; or 'all': every warning rule) that {what}; "
+                   "repeatable; an error rule or an id the target does not name is refused; "
+                   "the outputs list each one accepted with the groups it lets through "
+                   "(default: none: a warning that applies blocks)")
+    return p
+
+
 def budget_parent(default: float | None) -> argparse.ArgumentParser:
     """--budget 30m: the seconds the plan search may spend measuring candidates."""
     shown = "none" if default is None else (

@@ -16,6 +16,7 @@ from quantscope.analyze.phases import format_diagnosis
 from quantscope.analyze.prefix import with_head
 from quantscope.cli.inputs import (
     EXIT_PROBLEMS,
+    allowed_of,
     executor,
     input_shapes,
     load_target,
@@ -29,6 +30,7 @@ from quantscope.cli.options import (
     METRIC_DEFAULT,
     PLAN_FIX,
     PROMOTION,
+    allow_warning_parent,
     budget_parent,
     cache_parent,
     command,
@@ -61,6 +63,7 @@ from quantscope.export.alls_lint import lint
 from quantscope.export.kv_prefix import host_snippet, prefix_files
 from quantscope.model.groups import find_groups
 from quantscope.model.shapes import given_shapes, shape_note
+from quantscope.plan.accepted import accepted_lines, accepted_of
 from quantscope.plan.check import check
 from quantscope.plan.op_support import op_problems
 from quantscope.report import fmt
@@ -91,7 +94,9 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
                           cache_parent("the plans' measurements (with --data and --stats)"),
                           budget_parent(None),
                           race_parent("the best-predicted plans (with --data and --stats; retrieval "
-                                      "data, by top1_agreement or recall@1)")))
+                                      "data, by top1_agreement or recall@1)"),
+                          allow_warning_parent("blocks no promotion (and no group of "
+                                               "--max-legal)")))
     pl.add_argument("--analysis",
                     type=input_file("analysis", "run 'quantscope analyze' to make one"),
                     help="analysis JSON of 'quantscope analyze' (required, except with "
@@ -187,6 +192,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     analysis = read_sensitivity(args.analysis)
     measure = bool(args.data and args.stats)
     inp = open_inputs(args, target=True, data=measure, stats=measure)
+    options = dataclasses.replace(options, allowed_warnings=allowed_of(args, inp.target))
     if not args.metric and measure:
         options = dataclasses.replace(options, metric=stages.default_metric(inp.data))
         check_goal(options.metric, args.goal)
@@ -219,6 +225,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             print(f"  {note}")
     stages.write_plan(args.out, out.plan, out.file_extra())
     print(stages.format_search(out.pareto))
+    for line in accepted_lines(accepted_of(out.plan)):
+        print(line)
     _say_operators(inp.model, inp.target, given_shapes(inp.model, options.seq_len,
                                                        options.input_shapes))
     print(f"wrote {args.out}")
@@ -246,18 +254,21 @@ def _plan_max_legal(args: argparse.Namespace) -> int:
     if len(lengths) > 1:
         raise QuantscopeError("plan --max-legal takes one --seq-len (legality depends on it)")
     inp = open_inputs(args, target=True)
+    allowed = allowed_of(args, inp.target)
     shapes = given_shapes(inp.model, lengths[0] if lengths else None, input_shapes(args))
-    base = max_legal(inp.model, inp.target, shapes)
+    base = max_legal(inp.model, inp.target, shapes, allowed=allowed)
     made = [base]
     notes: tuple[str, ...] = ()
     if args.variants:
-        more, notes = variants(inp.model, inp.target, shapes, base)
+        more, notes = variants(inp.model, inp.target, shapes, base, allowed=allowed)
         made.extend(more)
     out = Path(args.out)
     files = [(out if c is base else out.with_name(f"{out.stem}.{c.name}.json"), c) for c in made]
     for path, c in files:
         stages.write_plan(path, c.plan)
         print(f"{c.name:<10} {c.note}: wrote {path}")
+        for line in accepted_lines(accepted_of(c.plan)):
+            print(f"  {line}")
     for note in notes:
         print(f"  {note}")
     _say_operators(inp.model, inp.target, shapes)
@@ -283,6 +294,9 @@ def _plan_phases(args: argparse.Namespace) -> int:
                               "not --min-quality, --data, --stats or --analysis")
     if args.seq_len and len(args.seq_len) > 1:
         raise QuantscopeError("plan --phase takes one --seq-len")
+    if args.allow_warning:
+        raise QuantscopeError("plan --phase does not take --allow-warning yet (its phase "
+                              "search screens warnings as before): leave it out")
     setup = _lm_setup(args, args.seq_len[0] if args.seq_len else None)
     out = stages_llm.plan_phases(args.model, args.target,
                                  max_cost=args.max_cost or 1.5, setup=setup, phases=args.phase,
@@ -306,7 +320,10 @@ def add_check(sub: argparse._SubParsersAction, summary: str) -> None:
     k = command(sub, "check", summary,
                 example="quantscope check --model minilm-l6 --target hailo10h --seq-len 128 "
                 "plan.json",
-                parents=(model_parent(option=True), target_parent(), seq_len_parent()))
+                parents=(model_parent(option=True), target_parent(), seq_len_parent(),
+                          allow_warning_parent("the plan's author accepted: its warnings are "
+                                               "listed as 'accepted by --allow-warning', not "
+                                               "as passing")))
     k.add_argument("plan", type=input_file("plan", PLAN_FIX), help="plan JSON to check")
     k.add_argument("--phase", type=phases, metavar="prefill,decode",
                    help="a decoder LLM (e.g. smollm2-135m): check the plan on each phase's "
@@ -322,11 +339,15 @@ def add_check(sub: argparse._SubParsersAction, summary: str) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     if getattr(args, "phase", None):
+        if args.allow_warning:
+            raise QuantscopeError("check --phase does not take --allow-warning yet: leave "
+                                  "it out")
         return _check_phases(args)
     if getattr(args, "quality", False) or getattr(args, "prompt_head", None) is not None:
         raise QuantscopeError("--quality and --prompt-head measure each phase of a decoder: "
                               "give --phase too")
     inp = open_inputs(args, target=True, plan=True)
+    allowed = allowed_of(args, inp.target)
     stages.check_plan_target(inp.plan, inp.target.name if inp.target else None,
                              plan_name=f"plan '{args.plan}'")
     given = shapes(args, inp.model)
@@ -335,7 +356,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     note = shape_note(inp.model, given)
     if note:
         print(f"note: {note}")
-    return print_problems(problems, f"check {args.plan} on {inp.target.name}")
+    unsaid = [r["rule"] for r in accepted_of(inp.plan) if r["rule"] not in allowed]
+    if unsaid:  # the plan's record: its author accepted these, this check does not
+        print(f"note: plan '{args.plan}' was made accepting {', '.join(unsaid)} "
+              f"(--allow-warning): give {' '.join('--allow-warning ' + r for r in unsaid)} "
+              "to list their warnings as accepted")
+    return print_problems(problems, f"check {args.plan} on {inp.target.name}",
+                          allowed=allowed)
 
 
 def _check_phases(args: argparse.Namespace) -> int:

@@ -9,10 +9,11 @@ from typing import Any
 from quantscope import stages
 from quantscope.analyze.evalcache import EvalCache
 from quantscope.analyze.prefix import with_head
-from quantscope.cli.inputs import input_shapes, open_inputs, text_prefixes
+from quantscope.cli.inputs import allowed_of, input_shapes, open_inputs, text_prefixes
 from quantscope.cli.options import (
     METRIC_DEFAULT,
     add_layout,
+    allow_warning_parent,
     budget_parent,
     cache_parent,
     command,
@@ -53,6 +54,7 @@ from quantscope.report.deployment import format_choice, format_deployment
 from quantscope.rewrites.base import CliOption, Rewrite
 from quantscope.rewrites.registry import REWRITES, parse_rewrites
 from quantscope.stages import buckets, route
+from quantscope.targets import load_target
 from quantscope.tasks.layout import layout_tasks
 from quantscope.types import QuantscopeError
 
@@ -74,7 +76,9 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                           pairs_parent(300, "fitting the plan (and as many held out)"),
                           rank_engine_parent(), budget_parent(DEFAULT_BUDGET_S),
                           race_parent("the plan search's best-predicted plans (retrieval data, by "
-                                      "top1_agreement or recall@1)")),
+                                      "top1_agreement or recall@1)"),
+                          allow_warning_parent("blocks no promotion of the plan search (nor "
+                                               "of the compiled lengths' candidates)")),
                  details="Every stage writes its file into the run folder; run it again and "
                  "the stages already done on the same inputs are skipped (--force STAGE "
                  "reruns from STAGE). The options, the model, the data and the target are "
@@ -387,6 +391,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       layout=tuple(args.layout), lengths=args.lengths,
                       batch_axes=tuple(merged_batch_axes(args.batch_axis).items()),
                       budget=args.budget, finetune=args.finetune, **repairs,
+                      allow_warnings=tuple(sorted(set(args.allow_warning or ()))),
                       **run_rewrites(args))
     opts.check()  # the rewrites' options together, before the model is opened
     if args.layout:  # checked against the model's outputs before the run folder is made
@@ -451,7 +456,9 @@ def add_buckets(sub: argparse._SubParsersAction, summary: str) -> None:
                                        "texts"),
                           race_parent("the candidates (by each selection pair's 1 - cosine; "
                                       "only a rival no more expensive at any length may stop "
-                                      "one)")),
+                                      "one)"),
+                          allow_warning_parent("does not make a candidate illegal at a "
+                                               "length")),
                  details="MODEL is the FP32 reference. Every candidate (a model "
                  "file: the reference or a rewrite of it, its stats and a plan) runs "
                  "once on the texts of the pairs after the first --skip-pairs; the "
@@ -490,13 +497,15 @@ def cmd_buckets(args: argparse.Namespace) -> int:
                 raise QuantscopeError(f"--out '{args.out}' is the {key} of candidate "
                                       f"'{c.name}': write the deployment to another path "
                                       "(inputs are never overwritten)")
+    allowed = allowed_of(args, load_target(target))
     inp = open_inputs(args, data=True)
     assert inp.data is not None
     cache = EvalCache(args.cache) if args.cache else None
     choice = buckets.choose_deployment(
         inp.model, inp.data, candidates, target, max_cost=args.max_cost,
         seq_lens=args.lengths or CHOICE_LENGTHS, max_buckets=args.max_buckets,
-        skip_pairs=args.skip_pairs, progress=True, cache=cache, race=args.race)
+        skip_pairs=args.skip_pairs, progress=True, cache=cache, race=args.race,
+        allowed=allowed)
     print(format_choice(choice))
     for line in (*cache.notes, cache.summary()) if cache is not None else ():
         print(line)

@@ -62,7 +62,10 @@ positions together.
                           "channel" two samples reach, small against the output's range,
                           read as collapsed: hibari's ``f0``); no per-channel figure is
                           made along it, and a note says so with the lengths and how many
-                          samples reach the last position
+                          samples reach the last position. The same when the model declares
+                          the axis symbolic and no axis of fixed length is left to read
+                          (:func:`quantscope.emulate.class_axes.read_axis`), on data of one
+                          length too (padding frames FP32 holds near 0 read "collapsed")
 ========================  ==================================================================
 
 **Scalar outputs** (:class:`ScalarFidelity`, one value per sample: ``[N]``, ``[N, 1]``,
@@ -137,9 +140,13 @@ class ChannelFidelity:
     the axis holds positions, :attr:`positions`, and no channel figure is made); memory:
     a few floats per channel."""
 
-    def __init__(self, axis: int, top: TopClasses | None = None, read: str = "") -> None:
+    def __init__(self, axis: int, top: TopClasses | None = None, read: str = "",
+                 symbolic: str = "") -> None:
         self.axis = axis
-        self.read = read  # which axis and why (:func:`.class_axes.channel_axis_read`)
+        self.read = read  # which axis and why (:func:`.class_axes.read_axis`)
+        # the model's name of the axis when it declares it symbolic and no axis of fixed
+        # length is left to read (:attr:`.class_axes.AxisRead.positions`): positions
+        self.symbolic = symbolic
         self.top = top  # the output's classes, when its host decides by the largest
         self.top_on: bool | None = None  # they are this axis' channels (on the first batch)
         self.n = 0
@@ -165,9 +172,10 @@ class ChannelFidelity:
 
     @property
     def positions(self) -> bool:
-        """The axis changes length between samples or batches (frames, tokens): it is read
-        as positions, not channels, and no per-channel figure is made along it."""
-        return len(self.sizes) > 1
+        """The axis changes length between samples or batches (frames, tokens), or the
+        model declares it symbolic (:attr:`symbolic`): it is read as positions, not
+        channels, and no per-channel figure is made along it."""
+        return len(self.sizes) > 1 or bool(self.symbolic)
 
     def _grow(self, c: int) -> None:
         extra = c - self.n
@@ -451,6 +459,14 @@ class ChannelFidelity:
 
     def _positions_note(self, name: str) -> str:
         lo, hi = min(self.sizes), max(self.sizes)
+        if lo == hi:  # one length on this data: the model's declared dim says positions
+            dim = "an unknown dim" if self.symbolic == "?" else repr(self.symbolic)
+            return (f"output '{name}': axis {self.axis} is symbolic in the model ({dim}) and "
+                    "the graph tells no channel axis: read as positions (frames, tokens), "
+                    f"not channels, though every one of the {self.samples} samples holds "
+                    f"{hi} here, so no per-channel figure (collapsed channels, the worst "
+                    "channel's SQNR and cosine) is made along it, padding positions "
+                    "included; the whole-output figures judge it")
         return (f"output '{name}': axis {self.axis} varies by sample ({lo} to {hi} positions "
                 f"over {self.samples} samples: every sample reaches the first {lo}, "
                 f"{int(self.reach[hi - 1])} the last): it is read as positions (frames, "

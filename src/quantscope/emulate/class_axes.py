@@ -9,7 +9,14 @@ One place decides it, in this order:
    are read over their 97 classes, not over their T time steps;
 2. the graph's channel axis (:func:`quantscope.model.axes.output_channel_axes`: a Conv's
    1, a weighted MatMul's last, a Concat's axis), moved to the sample-first arrays;
-3. :func:`quantscope.numerics.default_channel_axis` (1 for ``N, C, ...``).
+3. :func:`quantscope.numerics.default_channel_axis` (1 for ``N, C, ...``), unless the
+   model declares that axis symbolic (a ``dim_param`` or an unknown dim: frames, tokens;
+   :func:`quantscope.analyze.measure.output_symbolic_axes`, moved to the sample-first
+   arrays): its indexes are positions, not channels, even on data of one length (padding
+   frames FP32 holds near 0 read "collapsed"). The last static non-sample axis is read
+   instead (``y [N, T, C]``: C); with none (``f0 [1, F]``) no per-channel figure is made
+   along it and a note says so (:attr:`AxisRead.positions`, as for an axis whose length
+   varies by sample: :class:`quantscope.emulate.channels.ChannelFidelity`).
 
 A claim that lands on the samples' axis or off the array (a ``ctc`` declared on a rank-2
 output, which its task says it cannot decode) is not taken. The output's entry says which
@@ -31,6 +38,8 @@ from quantscope.types import moved_axis
 KEY = "channel_axis_read"  # the output entry's key holding the line
 GRAPH = "the graph's channel axis of this output"
 DEFAULT = "by default (the graph tells no channel axis of this output)"
+STATIC = ("by default, the last axis of fixed length (the graph tells no channel axis of "
+          "this output; axis {axis} is symbolic in the model ({dim!r}): positions)")
 
 
 @dataclass(frozen=True)
@@ -45,23 +54,55 @@ class ClassAxis:
     why: str = ""
 
 
-def channel_axis_read(shape: tuple[int, ...], given: int | None,
-                      claim: ClassAxis | None = None) -> tuple[int | None, str]:
-    """(the axis of the sample-first arrays of ``shape`` the per-channel figures read,
-    the entry's line saying it and why): the task's ``claim`` when it lands on a
-    non-sample axis of the arrays, else ``given`` (the graph's; negative counts from the
-    end), else the default rule; None (and "") when there is no channel axis."""
+@dataclass(frozen=True)
+class AxisRead:
+    """Which axis of an output's sample-first arrays the per-channel figures read
+    (``axis``, None: none), the entry's line saying it and why (``read``), and, when that
+    axis is one the model declares symbolic and no axis of fixed length is left to read,
+    its declared name (``positions``: ``'F'``; the axis is then read as positions and
+    no per-channel figure is made)."""
+
+    axis: int | None
+    read: str
+    positions: str = ""
+
+
+def read_axis(shape: tuple[int, ...], given: int | None, claim: ClassAxis | None = None,
+              symbolic: Mapping[int, str] | None = None) -> AxisRead:
+    """The axis the per-channel figures of an output of sample-first ``shape`` read: the
+    task's ``claim`` when it lands on a non-sample axis of the arrays, else ``given`` (the
+    graph's; negative counts from the end), else the default rule, where ``symbolic``
+    (sample-first axis -> the model's name of its dim: ``'T'``, ``'?'`` unknown) moves it
+    off an axis of positions (module doc)."""
     rank = len(shape)
     if claim is not None and rank:
         a = moved_axis(claim.axis, claim.sample_axis, rank)
         if -rank <= a < rank and a % rank != 0:
-            return a % rank, _said(shape, a % rank, claim.why or "the axis the output's task "
-                                   "decides on")
+            return AxisRead(a % rank, _said(shape, a % rank, claim.why or "the axis the "
+                                            "output's task decides on"))
     if given is not None:
         axis = given % rank if rank else None
-        return axis, _said(shape, axis, GRAPH)
+        return AxisRead(axis, _said(shape, axis, GRAPH))
     axis = default_channel_axis(shape)
-    return axis, _said(shape, axis, DEFAULT)
+    open_dims = dict(symbolic or {})
+    if any(not 0 < k < rank for k in open_dims):  # not the arrays' axes: the declared shape
+        open_dims = {}                             # is another rank's, it tells nothing here
+    if axis is None or axis not in open_dims:
+        return AxisRead(axis, _said(shape, axis, DEFAULT))
+    fixed = [k for k in range(1, rank) if k not in open_dims]
+    if fixed:
+        return AxisRead(fixed[-1], _said(shape, fixed[-1],
+                                         STATIC.format(axis=axis, dim=open_dims[axis])))
+    return AxisRead(axis, "", open_dims[axis])
+
+
+def channel_axis_read(shape: tuple[int, ...], given: int | None,
+                      claim: ClassAxis | None = None) -> tuple[int | None, str]:
+    """(the axis of the sample-first arrays of ``shape`` the per-channel figures read,
+    the entry's line saying it and why): :func:`read_axis` of an output whose model
+    declares no symbolic axis; None (and "") when there is no channel axis."""
+    got = read_axis(shape, given, claim)
+    return got.axis, got.read
 
 
 def _said(shape: tuple[int, ...], axis: int | None, why: str) -> str:

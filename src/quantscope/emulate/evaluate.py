@@ -28,9 +28,9 @@ from quantscope.emulate.channels import (
     TopClasses,
     is_scalar,
 )
-from quantscope.emulate.class_axes import ClassAxis, channel_axis_read
+from quantscope.emulate.class_axes import ClassAxis, read_axis
 from quantscope.emulate.exact import ExactFidelity, is_exact
-from quantscope.emulate.sample_powers import SamplePowers, figure_columns
+from quantscope.emulate.sample_powers import Powers, SamplePowers, figure_columns
 from quantscope.emulate.session import make_session
 from quantscope.model.load import Model
 from quantscope.numerics import (
@@ -159,6 +159,7 @@ def compare_model(
     judge: bool = True, channel_axes: Mapping[str, int] | None = None,
     per_sample: bool = False, top_classes: Mapping[str, TopClasses] | None = None,
     class_axes: Mapping[str, ClassAxis] | None = None,
+    symbolic_axes: Mapping[str, Mapping[int, str]] | None = None,
 ) -> tuple[Metrics, Outputs]:
     """Run ``test`` (opened on the batches ``ref`` was computed on), scoring each batch
     against ``ref``'s as it comes: (:func:`output_fidelity`, the outputs reduced by
@@ -167,9 +168,11 @@ def compare_model(
     per-sample powers of the dB figures (:mod:`.sample_powers`); ``top_classes``: the
     outputs whose task decides by their top class (:class:`TopClasses`); ``class_axes``:
     the outputs whose task tells the axis of their classes (:class:`ClassAxis`), read by
-    the per-channel figures instead of ``channel_axes``."""
+    the per-channel figures instead of ``channel_axes``; ``symbolic_axes``: each output's
+    axes the model declares symbolic, sample-first (axis -> the dim's name), which the
+    default rule does not read as channels (:func:`.class_axes.read_axis`)."""
     acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes,
-                    class_axes=class_axes)
+                    class_axes=class_axes, symbolic_axes=symbolic_axes)
     out = []
     for (t, batch), r in zip(test.batches, ref.batches, strict=True):
         acc.add(r, t)
@@ -182,13 +185,15 @@ def compare_models(
     judge: bool = True, channel_axes: Mapping[str, int] | None = None,
     per_sample: bool = False, top_classes: Mapping[str, TopClasses] | None = None,
     class_axes: Mapping[str, ClassAxis] | None = None,
+    symbolic_axes: Mapping[str, Mapping[int, str]] | None = None,
 ) -> tuple[Metrics, Outputs, Outputs]:
     """The FP32 model's runs ``ref`` and ``test`` (opened on the same batches) in
     lock-step: (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``).
     The same numbers as :func:`run_model` then :func:`compare_model`, without holding
-    FP32's raw outputs (``per_sample``, ``top_classes``, ``class_axes`` as there)."""
+    FP32's raw outputs (``per_sample``, ``top_classes``, ``class_axes``,
+    ``symbolic_axes`` as there)."""
     acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes,
-                    class_axes=class_axes)
+                    class_axes=class_axes, symbolic_axes=symbolic_axes)
     ref_out, out = [], []
     for (r, batch), (t, _) in zip(ref.batches, test.batches, strict=True):
         acc.add(r, t)
@@ -211,15 +216,19 @@ class _Fidelity:
     :func:`quantscope.numerics.default_channel_axis`; ``top_classes``: output name -> the
     classes its task decides by (:class:`TopClasses`); ``class_axes``: output name -> the
     axis its task reads its classes on (:class:`ClassAxis`), which the per-channel figures
-    read before the graph's (:func:`quantscope.emulate.class_axes.channel_axis_read`)."""
+    read before the graph's (:func:`quantscope.emulate.class_axes.read_axis`);
+    ``symbolic_axes``: output name -> its axes the model declares symbolic (sample-first
+    axis -> the dim's name), positions the default rule does not read as channels."""
 
     def __init__(self, names: tuple[str, ...], channel_axes: Mapping[str, int] | None = None,
                  *, per_sample: bool = False,
                  top_classes: Mapping[str, TopClasses] | None = None,
-                 class_axes: Mapping[str, ClassAxis] | None = None) -> None:
+                 class_axes: Mapping[str, ClassAxis] | None = None,
+                 symbolic_axes: Mapping[str, Mapping[int, str]] | None = None) -> None:
         self.names = names
         self.tops = dict(top_classes or {})
         self.claims = dict(class_axes or {})
+        self.open_dims = dict(symbolic_axes or {})
         self.per_sample = per_sample  # also each sample's powers (:mod:`.sample_powers`)
         self.samples: list[SamplePowers | None] = [None] * len(names)
         self.axes = dict(channel_axes or {})
@@ -239,9 +248,10 @@ class _Fidelity:
                 self.parts[i] = ScalarFidelity()
             else:
                 name = self.names[i]
-                axis, read = channel_axis_read(a.shape, self.axes.get(name), self.claims.get(name))
-                self.parts[i] = None if axis is None else ChannelFidelity(
-                    axis, self.tops.get(name), read)
+                got = read_axis(a.shape, self.axes.get(name), self.claims.get(name),
+                                self.open_dims.get(name))
+                self.parts[i] = None if got.axis is None else ChannelFidelity(
+                    got.axis, self.tops.get(name), got.read, got.positions)
         return self.parts[i]
 
     def add(self, ref: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...]) -> None:
@@ -296,9 +306,17 @@ class _Fidelity:
             return out
         scored = [n for n in ([only] if only else self.names)
                   if not isinstance(self.parts[self.names.index(n)], ExactFidelity)]
-        powers = {n: (None if p is None else p.powers())
-                  for n, p in zip(self.names, self.samples, strict=True)}
+        powers = {n: _read_whole(p.powers() if p is not None else None, part)
+                  for n, p, part in zip(self.names, self.samples, self.parts, strict=True)}
         return replace(out, parts=figure_columns(powers, scored))
+
+
+def _read_whole(powers: Powers | None, part: object) -> Powers | None:
+    """An output read as positions (:attr:`ChannelFidelity.positions`) has no channel: its
+    per-sample powers are one column (its whole figure), as its ``sqnr_db_channel_min``."""
+    if powers is None or not (isinstance(part, ChannelFidelity) and part.positions):
+        return powers
+    return powers[0].sum(axis=1, keepdims=True), powers[1].sum(axis=1, keepdims=True)
 
 
 def output_fidelity(
@@ -306,6 +324,7 @@ def output_fidelity(
     channel_axes: Mapping[str, int] | None = None,
     top_classes: Mapping[str, TopClasses] | None = None,
     class_axes: Mapping[str, ClassAxis] | None = None,
+    symbolic_axes: Mapping[str, Mapping[int, str]] | None = None,
 ) -> Metrics:
     """Cosine (mean, min, p01) and SQNR per output (``tables``), the per-channel figures
     and, for one value per sample, errors and decisions instead of cosine
@@ -313,8 +332,10 @@ def output_fidelity(
     metric, so no output is left unscored (a note names which
     output is worst when there are several). ``judge``: say "NOT LIKE FP32" from the raw
     outputs (off when a task judges its own embeddings: raw token outputs include
-    padding positions). ``top_classes``, ``class_axes``: :func:`compare_model`'s."""
-    acc = _Fidelity(ref.names, channel_axes, top_classes=top_classes, class_axes=class_axes)
+    padding positions). ``top_classes``, ``class_axes``, ``symbolic_axes``:
+    :func:`compare_model`'s."""
+    acc = _Fidelity(ref.names, channel_axes, top_classes=top_classes, class_axes=class_axes,
+                    symbolic_axes=symbolic_axes)
     for a, b in zip(ref.batches, test.batches, strict=True):
         acc.add(a, b)
     return acc.metrics(only=only, judge=judge)

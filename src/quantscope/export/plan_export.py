@@ -18,6 +18,7 @@ from quantscope.export.hailo_alls import (
     calibrated_alike,
     forced_ranges,
     hn_layer_names,
+    one_line,
     unnamed_groups,
 )
 from quantscope.export.kv_prefix import plan_alls_note
@@ -25,6 +26,7 @@ from quantscope.export.qnn_encodings import unencoded_tensors
 from quantscope.model.groups import find_groups
 from quantscope.model.host_gather import host_gathers, host_groups
 from quantscope.model.load import Model
+from quantscope.plan.accepted import accepted_lines, accepted_of
 from quantscope.plan.deployment import Deployment
 from quantscope.serde import bytes_writer, write_atomic
 from quantscope.targets import load_target
@@ -98,6 +100,11 @@ def export_plan(
     host = host_groups(groups, host_gathers(model, _host_rows(plan)))
     data = entry.translate(ExportInput(plan, groups, q.encodings, q.proto, hn=hn,
                                        qnn_version=qnn_version, host=host))
+    accepted = accepted_lines(accepted_of(plan)) if fmt == "alls" else []
+    if accepted:  # the warnings the plan accepted (--allow-warning), after the first line
+        head, _, rest = data.partition(b"\n")
+        said = "".join(f"# {one_line(line)}\n" for line in accepted)
+        data = head + b"\n" + said.encode() + rest
     note = plan_alls_note(plan) if fmt == "alls" else None
     if note:  # a decoder plan with a constant KV prefix: how it reaches the device
         data = note.encode() + b"\n" + data

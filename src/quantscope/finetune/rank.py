@@ -37,6 +37,7 @@ from quantscope.analyze.measure import (
     figure_parts,
     kept_parts,
     output_channel_axes,
+    output_symbolic_axes,
     top_classes,
 )
 from quantscope.emulate.encode import encode
@@ -177,7 +178,8 @@ def score_runs(model: Model, data: Dataset, runs: Runs, ref: Outputs) -> dict[st
     judge = data.task is None or getattr(data.task, "row_local", False)
     fid, test = compare_model(runs, ref, keep=keep, only=data.output, judge=judge,
                               channel_axes=output_channel_axes(model, batches), per_sample=True,
-                              top_classes=top_classes(data), class_axes=class_axes(data))
+                              top_classes=top_classes(data), class_axes=class_axes(data),
+                              symbolic_axes=output_symbolic_axes(model, batches))
     metrics = dict(fid.values)
     ref_kept = kept(ref, batches, keep)
     if data.task is not None:

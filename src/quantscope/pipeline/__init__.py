@@ -64,7 +64,8 @@ class StageSpec:
     # the stage's memory estimate, said and kept before its work (pipeline/memory.py)
     memory: Callable[[Context], StageMemory | None] | None = None
     # the versions of rules its result follows beyond its options (the plan stage: the
-    # repair offers' out-of-sample check), in its key: a folder made under an older rule
+    # repair offers' out-of-sample check; plan and evaluate on face data: the units of a
+    # dB figure's noise), in its key: a folder made under an older rule
     # runs the stage again
     rules: Callable[[Context], dict[str, str]] | None = None
 
@@ -81,23 +82,24 @@ STAGES: dict[str, StageSpec] = {
     "plan": StageSpec(steps.plan, (steps.STATS, steps.ANALYSIS),
                       ("target", "max_cost", "seq_len", "input_shapes", "metric", "goal",
                        "repairs", "repairs_given", "lengths",
-                       "repair_batches", "race", "auto_rewrites"), True, ranked=True,
-                      redo=steps.plan_budget_grew, memory=plan_estimate,
+                       "repair_batches", "race", "auto_rewrites", "allow_warnings"), True,
+                      ranked=True, redo=steps.plan_budget_grew, memory=plan_estimate,
                       rules=steps.plan_rules),
     # the repairs, then the fine-tune (--finetune; auto: when the goal is missed on the fit
     # data: pipeline/tune.py), whose outcome depends on the goal and the metric
     "repair": StageSpec(steps.repair, (steps.STATS, steps.PLAN),
                         ("target", "repair_batches", "finetune", "goal", "metric"), True),
-    "check": StageSpec(steps.check, _REPAIRED, ("target", "seq_len", "input_shapes"), False),
+    "check": StageSpec(steps.check, _REPAIRED,
+                       ("target", "seq_len", "input_shapes", "allow_warnings"), False),
     # hn: the plan as its Hailo script carries it (as_scripted) depends on the layer names
     "evaluate": StageSpec(steps.evaluate, (steps.STATS, *_REPAIRED),
                           ("target", "metric", "whatif", "hn"), True,
-                          memory=evaluate_estimate),
+                          memory=evaluate_estimate, rules=steps.noise_rules),
     # the compiled lengths (--lengths): candidates per length chosen on the fit texts,
     # measured on the held-out texts (pipeline/deploy.py)
     "deploy": StageSpec(deploy_step, (steps.STATS, *_REPAIRED),
-                        ("target", "max_cost", "seq_len", "lengths", "hn"), True,
-                        memory=deploy_estimate),
+                        ("target", "max_cost", "seq_len", "lengths", "hn", "allow_warnings"),
+                        True, memory=deploy_estimate),
     "export": StageSpec(steps.export, _REPAIRED, ("target", "hn"), False),
     "io": StageSpec(steps.io, (*_REPAIRED, steps.LENGTHS), ("prefixes",), False),
     "report": StageSpec(report_step, (steps.ANALYSIS, steps.PLAN, steps.CHECK, steps.EVALUATE,
@@ -297,10 +299,11 @@ def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None
     :data:`MIN_FIT_SAMPLES` remain. ``fit``: the data as :func:`_open_fit` opened it."""
     from quantscope import stages
     from quantscope.targets import load_target
+    from quantscope.targets.accept import allowed_warnings
     from quantscope.tasks.tensors import check_token_ids
     from quantscope.types import batch_rows
 
-    load_target(opts.target)
+    allowed_warnings(load_target(opts.target), opts.allow_warnings)  # refused in one line
     axes = dict(opts.batch_axes) or None
     fit = fit if fit is not None else _open_fit(model, opts)
     sets = [(opts.data, fit)]
@@ -496,7 +499,7 @@ def _remove_stale(folder: Path) -> None:
 
 
 # options absent from a stage's key while off: the keys of earlier runs stay valid
-UNKEYED_WHEN_OFF = ("auto_rewrites", "repairs_given")
+UNKEYED_WHEN_OFF = ("auto_rewrites", "repairs_given", "allow_warnings")
 
 
 def _key(ctx: Context, manifest: Manifest, name: str, spec: StageSpec) -> str:

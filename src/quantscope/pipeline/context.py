@@ -66,6 +66,9 @@ class RunOptions:
     whatif: bool = False  # evaluate also lifts each op kind of the plan to 16 bit (whatif)
     rank_engine: str = "auto"  # who ranks the plan search's candidates (ORT measures)
     race: float | None = None  # --race: the plan search races its batch at this confidence
+    # --allow-warning: warning rule ids (or "all") the plan accepts, as given, sorted
+    # (targets/accept.py resolves them on the target); in the plan, check and deploy keys
+    allow_warnings: tuple[str, ...] = ()
     layout: tuple[Any, ...] = ()  # --layout: tasks.layout.LayoutSpec per declared output
     batch_axes: tuple[tuple[str, int], ...] = ()  # --batch-axis: (input or output, sample axis)
     # rewrites by registry name (quantscope.rewrites.registry), besides the legacy switches
@@ -208,6 +211,12 @@ class Context:
         (:meth:`RunOptions.rewrite_configs`), or those ``auto`` kept."""
         choice = self.auto_choice()
         return self.opts.rewrite_configs() if choice is None else choice.configs()
+
+    def allowed_warnings(self) -> frozenset[str]:
+        """``--allow-warning`` resolved on the run's target (:mod:`quantscope.targets.accept`)."""
+        from quantscope.targets.accept import allowed_warnings
+
+        return allowed_warnings(self.target(), self.opts.allow_warnings)
 
     def model_digest(self) -> str:
         """The model file's digest (and each rewrite's suffix: a rewrite changes every

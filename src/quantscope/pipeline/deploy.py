@@ -70,12 +70,14 @@ def deploy(ctx: Context) -> steps.Done:
     say(f"compiled lengths: {decision.reason}", show=ctx.progress)
     rmodel, rstats, final = steps.repaired(ctx)
     own = Candidate(name="plan", model=rmodel, stats=rstats, plan=final)
+    allowed = ctx.allowed_warnings()
     cands, notes = L.length_candidates(model, stages.read_stats(ctx.path(steps.STATS)), target,
-                                       decision.made_at, plan_target=final.target, own=own)
+                                       decision.made_at, plan_target=final.target, own=own,
+                                       allowed=allowed)
     try:
         result = L.deploy_lengths(model, rd.fit, rd.held_out, cands, target, o.target,
                                   max_cost=o.max_cost, seq_lens=decision.seq_lens,
-                                  progress=ctx.progress)
+                                  progress=ctx.progress, allowed=allowed)
     except QuantscopeError as e:  # nothing legal or within the cost: said, not fatal
         return _write(ctx, {**doc, "buckets": False,
                             "reason": f"no deployment of compiled lengths chosen: {e}"})

@@ -27,8 +27,9 @@ kept          by ``run``'s evaluate stage (:func:`keep_powers`), for a headline 
               SQNR and worst channel's per sample, a text retrieval's embedding SQNR per
               pair, a picture's PSNR per sample (``psnr_db``; ``psnr_db:OUTPUT`` of
               several image outputs, the unprefixed worst one's as their columns side by
-              side), a face verification's embedding SQNR per face and image views' per
-              photo (the rows of one source are no independent samples), an embedding's
+              side), a face verification's embedding SQNR per person and image views' per
+              photo (the rows of one source are no independent samples; on face data
+              the outputs' figures per person too: ``tasks.left_out.unit_parts``), an embedding's
               (``--layout OUT=embedding``) per sample: the powers the planner's choice
               reads too (:func:`quantscope.analyze.measure.figure_parts`, one place); an
               ``evaluate.json`` written before has none and is read as such

@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantscope import stages
+from quantscope.emulate.release import release_memory
 from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline.context import Context
 from quantscope.pipeline.held_out import keep_powers
+from quantscope.plan.accepted import accepted_lines, accepted_of
 from quantscope.report.fmt import value as figure_text
 from quantscope.results import CheckResult, DeviceIOResult, RunEvaluation
 from quantscope.targets import Target, load_target
@@ -142,13 +144,16 @@ def plan(ctx: Context) -> Done:
                                  input_shapes=o.input_shapes, metric=ctx.metric(),
                                  goal=o.goal, repairs=scope.repairs,
                                  repair_batches=o.repair_batches, rank_engine=o.rank_engine,
-                                 budget=scope.budget, race=o.race)
+                                 budget=scope.budget, race=o.race,
+                                 allowed_warnings=ctx.allowed_warnings())
     cache = EvalCache(ctx.path(EVALS))
     out = stages.plan_model(ctx.model(), read_sensitivity(ctx.path(ANALYSIS)), ctx.target(),
                             options, data=ctx.data().fit,
                             stats=stages.read_stats(ctx.path(STATS)), progress=ctx.progress,
                             cache=cache)
     for line in (*cache.notes, cache.summary()):
+        _say(ctx, f"plan: {line}")
+    for line in accepted_lines(accepted_of(out.plan)):
         _say(ctx, f"plan: {line}")
     for note in out.offer.notes if out.offer is not None else ():  # why a repair is not used
         _say(ctx, f"plan: {note}")
@@ -166,7 +171,20 @@ def plan_rules(ctx: Context) -> dict[str, str]:
     kept or withdrawn under an older check (or none) plans again."""
     from quantscope.stages.offer_holdout import CHECK_KEY
 
-    return {"offer_check": CHECK_KEY} if ctx.opts.repairs else {}
+    return {**({"offer_check": CHECK_KEY} if ctx.opts.repairs else {}), **noise_rules(ctx)}
+
+
+def noise_rules(ctx: Context) -> dict[str, str]:
+    """On face data, the units a dB figure's noise counts
+    (:data:`quantscope.tasks.left_out.UNITS_KEY`: people since h69), in the keys of the
+    plan stage (its no-goal choice) and the evaluate stage (the held-out check's powers):
+    a folder whose noise counted photos runs them again; other data's keys unchanged."""
+    from quantscope.tasks.left_out import UNITS_KEY
+    from quantscope.tasks.registry import is_face_spec
+
+    o = ctx.opts
+    faces = any(is_face_spec(d) for d in (o.data, o.eval_data) if d)
+    return {"noise_units": UNITS_KEY} if faces else {}
 
 
 def plan_budget_grew(ctx: Context) -> bool:
@@ -284,6 +302,7 @@ def check(ctx: Context) -> Done:
     problems = stages.plan_problems(model, final, seq_len=ctx.opts.seq_len,
                                     input_shapes=ctx.opts.input_shapes)
     target = ctx.target()
+    allowed = ctx.allowed_warnings()
     rules = [{"rule": r, "severity": "error", "reason": "built-in plan check",
               "provenance": "quantscope"} for r in sorted(BUILTIN_RULES)]
     rules += [{"rule": r.id, "severity": r.severity, "reason": r.reason,
@@ -303,6 +322,8 @@ def check(ctx: Context) -> Done:
         hits = [p for p in problems if p["rule"] == r["rule"]]
         r["passed"] = not hits
         r["groups"] = [p["group"] for p in hits]
+        if hits and r["rule"] in allowed:  # listed as accepted, not as passing
+            r["accepted"] = "accepted by --allow-warning"
     stages.write_json(ctx.path(CHECK), CheckResult(
         target=target.name, sdk=target.sdk, seq_len=ctx.opts.seq_len,
         input_shapes={k: list(v) for k, v in ctx.opts.input_shapes},
@@ -319,6 +340,7 @@ def evaluate(ctx: Context) -> Done:
     model, rd, scheme = ctx.model(), ctx.data(), ctx.target().scheme
     held = rd.held_out
     ref = run_model(model.proto, list(held.evaluation), label="fp32" if ctx.progress else "")
+    release_memory(force=True)  # each pass's session and arena given back before the next
     stats = stages.read_stats(ctx.path(STATS))
     uniform = {"fp32": Plan.uniform(Precision.FLOAT), "a8_w8": Plan.uniform(Precision.A8_W8)}
     head = ctx.headline()
@@ -329,10 +351,12 @@ def evaluate(ctx: Context) -> Done:
                                     progress=ctx.progress, reference_outputs=ref,
                                     own_outputs=True,  # ref is the model's own: fp32 row
                                     sample_parts=powers)
+    release_memory(force=True)
     rmodel, rstats, final = repaired(ctx)
     results.update(stages.evaluate_plans(
         rmodel, held, rstats, {"plan": final}, progress=ctx.progress, reference_outputs=ref,
         error_scales=stages.ERROR_SCALES if ctx.opts.whatif else (), sample_parts=powers))
+    release_memory(force=True)
     keep_powers(results, head.metric)
     for r in results.values():
         r["model"] = ctx.opts.model if r["model"] != REPAIRED else REPAIRED

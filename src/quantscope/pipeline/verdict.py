@@ -34,6 +34,7 @@ from quantscope.pipeline.verdict_findings import (
     _unscored,
     _unscored_figures,
 )
+from quantscope.plan.accepted import accepted_of
 from quantscope.plan.op_support import CONDITIONAL as OP_CONDITIONAL
 from quantscope.plan.op_support import RULES as OP_RULES
 from quantscope.plan.op_support import UNSUPPORTED as OP_UNSUPPORTED
@@ -67,6 +68,14 @@ def _warned(problems: list[dict[str, Any]]) -> list[str]:
     return [f"{rule} ({count(rule, ps)}"
             + (", may not apply here" if not any(p.get("applies", True) for p in ps) else "")
             + ")" for rule, ps in sorted(out.items())]
+
+
+def _accepted(ctx: Context, chk: dict[str, Any]) -> dict[str, Any]:
+    """``accepted_warnings``: the warning rules ``--allow-warning`` accepted, each with its
+    reason and the groups it lets through (the final plan's record); ``rules_accepted``:
+    those that warn on it (check.json: listed as accepted, not as passing)."""
+    return {"accepted_warnings": accepted_of(stages.read_plan(ctx.path(steps.REPAIRED_PLAN))),
+            "rules_accepted": sorted(r["rule"] for r in chk["rules"] if r.get("accepted"))}
 
 
 def _operators(problems: list[dict[str, Any]], target: str) -> list[str]:
@@ -138,7 +147,7 @@ def verdict(ctx: Context) -> dict[str, Any]:
         "legal": not errors, "rules_checked": len(chk["rules"]),
         "rules_failed": sorted({p["rule"] for p in errors}),
         # rules that warn on the plan (a target whose rules are warnings: legal, and said)
-        "rules_warned": _warned(chk["problems"]),
+        "rules_warned": _warned(chk["problems"]), **_accepted(ctx, chk),
         "compiler_files": compiler_files(ctx.target()),
         "export_warnings": export_warnings(ctx),
         # every tensor the QNN file has no encoding for (export_warnings names the first)
@@ -464,7 +473,7 @@ def format_verdict_details(v: dict[str, Any]) -> str:
     """Every line of the verdict: quality of each configuration, findings, rewrite notes,
     the whatif, the files and the device I/O formulas (the report folds them)."""
     from quantscope.report import fmt
-    from quantscope.report.summary import choice_line, format_short, ranking_line, warned_text
+    from quantscope.report.summary import choice_line, format_short, legality_text, ranking_line
 
     m = v["metric"]
     q = v["quality"]
@@ -500,9 +509,7 @@ def format_verdict_details(v: dict[str, Any]) -> str:
                      + ("not given" if v["plan_reached"] is None else
                         "reached" if v["plan_reached"] else "not reached"))
     lines.append(f"  plan cost {fmt.cost(v.get('plan_cost', v['cost']))} uniform a8_w8; repairs: "
-                 f"{', '.join(v['repairs']) or 'none'}; legality: "
-                 + ("all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
-                    "FAILS " + ", ".join(v["rules_failed"])) + warned_text(v))
+                 f"{', '.join(v['repairs']) or 'none'}; legality: " + legality_text(v, "FAILS "))
     for name in REWRITES:  # in the order the run applied them
         if v.get(name):
             lines.append(f"  {name}: {v[name]['note']}")

@@ -58,16 +58,35 @@ def _channels_read(notes: list[str], results: dict[str, Any], metric: str) -> li
     """Where the headline is a worst channel's SQNR (tensor data's ``sqnr_db_channel_min``,
     or one output's), each output's worst channel at the plan held out and the axis its
     channels are on (the entry's line, :func:`read_words`: axis 1 of ``[N, T, C]`` read by
-    default is its time steps), once per output; an output scored for fidelity only is
-    said with its figures (:func:`_unscored_figures`), not here."""
+    default is its time steps), once per output; an output with no channel axis (one value
+    per sample, or an axis of positions) whose figure is the headline's (the worst) is
+    named too, its "worst channel" its whole SQNR (h70: nothing named it). An output scored
+    for fidelity only is said with its figures (:func:`_unscored_figures`), not here."""
     key, _, only = metric.partition(":")
     if key != "sqnr_db_channel_min":
         return []
     plan = results.get("plan", {}).get("outputs") or {}
     said = {n for note in notes for n in unscored_names(note, list(plan))}
-    return [f"output '{n}' worst channel {value('sqnr_db', e.get('sqnr_db_channel_min'))}: "
-            f"{read_words(e)}" for n, e in plan.items()
-            if read_words(e) and n not in said and only in ("", n)]
+    figures = [e.get("sqnr_db_channel_min") for n, e in plan.items() if only in ("", n)]
+    worst = min((f for f in figures if isinstance(f, int | float) and f == f), default=None)
+    out = []
+    for n, e in plan.items():
+        figure = e.get("sqnr_db_channel_min")
+        words = read_words(e) or (_no_channel(e) if figure == worst is not None else "")
+        if words and n not in said and only in ("", n):
+            out.append(f"output '{n}' worst channel {value('sqnr_db', figure)}: {words}")
+    return out
+
+
+def _no_channel(entry: dict[str, Any]) -> str:
+    """What an output's worst-channel figure is where it has no channel axis: its whole
+    SQNR, of one value per sample or of an axis read as positions."""
+    if "positions_axis" in entry:
+        return (f"no channel axis (axis {entry['positions_axis']} holds positions: frames, "
+                "tokens), so its worst channel is its whole SQNR")
+    if "sqnr_db_channel_min" in entry and "channel_axis" not in entry:
+        return "one value per sample, so its worst channel is its whole SQNR (no channel axis)"
+    return ""
 
 
 def _outputs_headline(results: dict[str, Any]) -> str | None:

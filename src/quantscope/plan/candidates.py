@@ -8,7 +8,8 @@ the same with whole Linear families back at 8 bit.
                  raised it to), until none is: the most 16 bit the target allows at this
                  length. "Blocks" is the planner's own screen
                  (:meth:`~quantscope.plan.start.Legality.blocking`): an error, or a warning
-                 that applies here and that the start plan does not already carry (a
+                 that applies here, that the start plan does not already carry and whose
+                 rule ``allowed`` (``--allow-warning``) does not accept (a
                  16-bit tensor over super-defuse's estimated size, a conv whose 16-bit
                  weights leave a channel's low byte empty). Before, only errors were
                  demoted, so this plan could hold what the planner never emits (human's
@@ -33,6 +34,7 @@ from quantscope.model.families import linear_families
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes
+from quantscope.plan.accepted import accepted_record, with_accepted
 from quantscope.plan.start import Legality, legal_start, legality
 from quantscope.targets.profile import Target
 from quantscope.types import Plan, Precision, Problem, QuantscopeError
@@ -58,12 +60,21 @@ class Candidate:
 
 
 def _screen(model: Model, target: Target, shapes: Shapes | None,
-            low: Precision) -> Legality:
+            low: Precision, allowed: frozenset[str]) -> Legality:
     """The planner's legality screen from its start plan (uniform ``low``, raised where a
-    rule refuses it): what blocks a plan here blocks it in the search."""
+    rule refuses it), with the warning rules ``allowed``: what blocks a plan here blocks
+    it in the search."""
     groups = find_groups(model)
     start, _ = legal_start(groups, model, target, shapes, low)
-    return legality(start, groups, model, target, shapes, allow_warnings=False)
+    return legality(start, groups, model, target, shapes, allowed=allowed)
+
+
+def _recorded(legal: Legality, plan: Plan) -> Plan:
+    """``plan`` with what the allowed warnings let through in it (none allowed: as is)."""
+    if not legal.allowed:
+        return plan
+    found = legal.accepted(legal.problems(plan))
+    return with_accepted(plan, accepted_record(legal.target, found))
 
 
 def _rules(problems: list[Problem] | tuple[Problem, ...]) -> set[str]:
@@ -71,11 +82,14 @@ def _rules(problems: list[Problem] | tuple[Problem, ...]) -> set[str]:
 
 
 def max_legal(model: Model, target: Target, shapes: Shapes | None, *,
-              high: Precision | None = None, low: Precision = Precision.A8_W8) -> Candidate:
+              high: Precision | None = None, low: Precision = Precision.A8_W8,
+              allowed: frozenset[str] = frozenset()) -> Candidate:
     """Every group at ``high`` (default: the target's :attr:`~Target.promote`) except those
-    a rule blocks (see the module table), each demoted to its start-plan precision."""
+    a rule blocks (see the module table), each demoted to its start-plan precision;
+    ``allowed``: warning rules that block nothing (``--allow-warning``), recorded in the
+    plan with the groups they let through (:mod:`quantscope.plan.accepted`)."""
     high = target.promote if high is None else high
-    legal = _screen(model, target, shapes, low)
+    legal = _screen(model, target, shapes, low, allowed)
     over: dict[str, Precision] = {}
     rules: set[str] = set()
     for _ in range(ROUNDS):
@@ -84,7 +98,7 @@ def max_legal(model: Model, target: Target, shapes: Shapes | None, *,
         if not bad:
             note = (f"every group at {high} but {len(over)} that {', '.join(sorted(rules))} "
                     f"refuse(s) at {low}" if over else f"every group at {high}: all legal")
-            return Candidate("max_legal", plan, note)
+            return Candidate("max_legal", _recorded(legal, plan), note)
         fresh = {p.group for p in bad} - set(over)
         if not fresh:  # a rule that demoting the named groups does not settle
             raise QuantscopeError(
@@ -97,12 +111,13 @@ def max_legal(model: Model, target: Target, shapes: Shapes | None, *,
 
 
 def variants(model: Model, target: Target, shapes: Shapes | None, base: Candidate, *,
-             low: Precision = Precision.A8_W8) -> tuple[tuple[Candidate, ...], tuple[str, ...]]:
+             low: Precision = Precision.A8_W8, allowed: frozenset[str] = frozenset(),
+             ) -> tuple[tuple[Candidate, ...], tuple[str, ...]]:
     """The family variants of ``base`` that are legal, and a note for each one left out
     (no Linear of its families, or a rule refuses it)."""
     families = linear_families(model)
     groups = find_groups(model)
-    legal = _screen(model, target, shapes, low)
+    legal = _screen(model, target, shapes, low, allowed)
     out, notes = [], []
     for name, fams in VARIANTS.items():
         lowered = {g: legal.start.precision_of(g) for g, f in families.items() if f in fams}
@@ -116,7 +131,7 @@ def variants(model: Model, target: Target, shapes: Shapes | None, base: Candidat
         if bad:
             notes.append(f"{name}: not legal ({bad[0].rule} on {bad[0].group})")
             continue
-        out.append(Candidate(name, plan, f"{base.name} with {len(lowered)} Linear(s) "
+        out.append(Candidate(name, _recorded(legal, plan), f"{base.name} with {len(lowered)} Linear(s) "
                              f"({', '.join(fams)}) at {low}"))
     unknown = sum(1 for g in groups.groups
                   if g.op_type in ("MatMul", "Gemm") and g.kind.value == "weighted"

@@ -16,7 +16,7 @@ noise          without ``min_quality``, where the measured figure has a noise (a
                per-sample powers, ``parts``: an output SQNR, a worst channel's, a text
                retrieval's embedding SQNR per pair, a picture's PSNR and an image
                output's ``psnr_db:OUTPUT`` per sample, a face verification's and image
-               views' embedding SQNR per face and per photo, an embedding's per sample:
+               views' embedding SQNR per person and per photo, an embedding's per sample:
                the task's ``sample_parts``, the powers ``run``'s held-out check reads,
                :func:`quantscope.analyze.measure.figure_parts`, one place since h58):
                the cheapest measured point not worse than the

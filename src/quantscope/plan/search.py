@@ -12,8 +12,9 @@ start           uniform ``low`` (or a given legal ``start`` plan), candidates, t
 greedy          the legal move (one promotion, or one offered repair) with the best
                 predicted gain per unit of added cost, until no move helps (or every
                 move would break ``max_cost``); a move whose plan gets a ``check``
-                error (or a new warning, unless allowed; not one whose rule may
-                not apply: ``Problem.applies``) is skipped, its rule ids recorded
+                error (or a new warning, unless its rule is allowed: ``--allow-warning``;
+                not one whose rule may not apply: ``Problem.applies``) is skipped,
+                its rule ids recorded
 prune           for ``min_quality``: promotions dropped from the first point that
                 meets Q, cheapest result first, while the prediction still meets Q
 refine          with ``evaluate(plan) -> float``: measure path points near the budget,
@@ -79,7 +80,7 @@ def search(
     seed: int = 0,
     start: Plan | None = None,
     repairs: Sequence[RepairOption] = (),
-    allow_warnings: bool = False,
+    allowed_warnings: frozenset[str] = frozenset(),
     drop_tolerance: float = 0.0,
     time_budget: TimeBudget | None = None,
     progress: bool = False,
@@ -90,12 +91,15 @@ def search(
     """Search a legal mixed-precision plan under a budget (see the module docstring);
     ``time_budget`` bounds the refinement's measuring (:class:`TimeBudget`);
     ``measured_metric``: what ``evaluate`` measures, for the choice's record; ``goal``: the
-    user's goal in it, which the noise rule keeps (:attr:`Budget.floor`)."""
+    user's goal in it, which the noise rule keeps (:attr:`Budget.floor`);
+    ``allowed_warnings``: the warning rule ids the user accepts (``--allow-warning``:
+    :func:`quantscope.targets.accept.allowed_warnings`), which then block no move; every
+    emitted plan records what they let through (:mod:`quantscope.plan.accepted`)."""
     budget = Budget(min_quality, max_cost, higher_is_better=sensitivity.higher_is_better,
                     floor=goal)
     space = start_search(groups, sensitivity, target, model, low=low, candidates=candidates,
                          budget=budget, shapes=shapes, start=start, repairs=repairs,
-                         allow_warnings=allow_warnings)
+                         allowed=allowed_warnings)
     walk = greedy(space)
     pruned = prune(space, walk)
     refined = refine_run(space, walk, pruned, evaluate, steps=refine_steps, tol=drop_tolerance,
@@ -122,6 +126,7 @@ def plan_from_analysis(
     race: RacePlans | None = None,
     measured_metric: str | None = None,
     goal: float | None = None,
+    allowed_warnings: frozenset[str] = frozenset(),
 ) -> tuple[Plan, dict[str, Any]]:
     """For the CLI: the plan and the plan JSON's extra keys (``pareto``, ``repairs``).
 
@@ -137,7 +142,7 @@ def plan_from_analysis(
     r = search(groups, sensitivity, tgt, model, min_quality=min_quality, max_cost=max_cost,
                shapes=shapes, evaluate=evaluate, evaluate_many=evaluate_many, seed=seed,
                repairs=repairs, time_budget=time_budget, progress=progress, race=race,
-               measured_metric=measured_metric, goal=goal)
+               measured_metric=measured_metric, goal=goal, allowed_warnings=allowed_warnings)
     extra: dict[str, Any] = {"pareto": r.to_dict()}
     if r.repairs:
         extra["repairs"] = [{"name": x.name, "reason": x.reason} for x in r.repairs]

@@ -26,6 +26,7 @@ from types import MappingProxyType
 
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes
+from quantscope.plan.accepted import accepted_record, with_accepted
 from quantscope.plan.check import BUILTIN_RULES, LOCAL_CHECKS, blocker_label, check
 from quantscope.plan.cost import CostTable, cost_table
 from quantscope.plan.pareto import Budget, FrontPoint
@@ -80,6 +81,21 @@ def _with_precisions(plan: Plan, changes: Precisions) -> Plan:
     return replace(plan, overrides=tuple(over.items()))
 
 
+def blocks(p: Problem, allowed: frozenset[str] = frozenset()) -> bool:
+    """Whether ``p`` makes a plan illegal: an error, or a warning whose rule applies here
+    (``Problem.applies``) and is not in ``allowed`` (``--allow-warning``). The one rule
+    of legality; :class:`Legality` adds that the start plan's own problems block nothing."""
+    if p.severity == "error":
+        return True
+    return p.severity == "warning" and p.applies and p.rule not in allowed
+
+
+def lets_through(p: Problem, allowed: frozenset[str]) -> bool:
+    """Whether ``p`` is what ``--allow-warning`` lets through: a warning that applies here
+    and whose rule is in ``allowed`` (it would block without it: :func:`blocks`)."""
+    return p.severity == "warning" and p.applies and p.rule in allowed
+
+
 @dataclass(frozen=True, eq=False)
 class Legality:
     """Screens moves with ``check`` (memoised for local rules) and verifies whole plans."""
@@ -89,7 +105,8 @@ class Legality:
     model: Model
     target: Target
     shapes: Shapes | None
-    allow_warnings: bool
+    # warning rule ids the user accepts (``--allow-warning``: targets/accept.py)
+    allowed: frozenset[str]
     baseline: frozenset[tuple[str, str, str]]  # problems of the start plan (allowed)
     local: frozenset[str]  # rule ids whose verdict depends only on the group
     memo: dict[tuple[str, Precision], tuple[Problem, ...]] = field(default_factory=dict)
@@ -98,16 +115,24 @@ class Legality:
         return check(plan, self.groups, self.model, self.target, shapes=self.shapes)
 
     def blocking(self, plan: Plan) -> tuple[Problem, ...]:
-        """Errors, and warnings not in the start plan unless warnings are allowed (but
+        """Errors, and warnings not in the start plan unless their rule is allowed (but
         not a warning whose rule may not apply here: ``Problem.applies``)."""
-        return tuple(p for p in self.problems(plan) if self._blocks(p))
+        return tuple(p for p in self.problems(plan) if self.refuses(p))
 
-    def _blocks(self, p: Problem) -> bool:
-        if p.severity == "error":
-            return True
-        # a warning whose rule check says may not apply here (Problem.applies) blocks nothing
-        return (p.severity == "warning" and p.applies and not self.allow_warnings
-                and _sig(p) not in self.baseline)
+    def refuses(self, p: Problem) -> bool:
+        """Whether ``p`` blocks here: :func:`blocks` with the accepted rules, and not a
+        problem the start plan already has."""
+        return blocks(p, self.allowed) and _sig(p) not in self.baseline
+
+    def accepted(self, problems: Sequence[Problem]) -> dict[str, tuple[str, ...]]:
+        """Allowed rule -> the groups of ``problems`` (a plan's) whose warning of that rule
+        applies and the start plan does not carry: what ``--allow-warning`` lets through."""
+        out: dict[str, list[str]] = {r: [] for r in sorted(self.allowed)}
+        for p in problems:
+            if (lets_through(p, self.allowed) and _sig(p) not in self.baseline
+                    and p.group not in out[p.rule]):
+                out[p.rule].append(p.group)
+        return {r: tuple(gs) for r, gs in out.items()}
 
     def screen(self, plan: Plan, group: str, precision: Precision) -> tuple[Problem, ...]:
         """Problems blocking ``group`` at ``precision`` on top of ``plan``."""
@@ -134,7 +159,7 @@ class Legality:
 
 def legality(
     start: Plan, groups: Groups, model: Model, target: Target, shapes: Shapes | None,
-    *, allow_warnings: bool,
+    *, allowed: frozenset[str] = frozenset(),
 ) -> Legality:
     """The legality screen of a search from ``start``; raises if ``start`` is not legal."""
     problems = check(start, groups, model, target, shapes=shapes)
@@ -148,7 +173,7 @@ def legality(
         )
     local = {r.id for r in target.rules if r.check in LOCAL_CHECKS} | BUILTIN_RULES
     return Legality(start=start, groups=groups, model=model, target=target, shapes=shapes,
-                    allow_warnings=allow_warnings, baseline=frozenset(map(_sig, problems)),
+                    allowed=frozenset(allowed), baseline=frozenset(map(_sig, problems)),
                     local=frozenset(local))
 
 
@@ -301,7 +326,7 @@ def start_search(
     shapes: Shapes | None,
     start: Plan | None,
     repairs: Sequence[RepairOption],
-    allow_warnings: bool,
+    allowed: frozenset[str] = frozenset(),
 ) -> Space:
     """The :class:`Space` of a search (see the module table)."""
     low = low or sens.low
@@ -314,7 +339,7 @@ def start_search(
     if start is None:
         start, notes = legal_start(groups, model, target, shapes, low)
     cands = tuple(candidates) if candidates is not None else default_candidates(target, low)
-    legal = legality(start, groups, model, target, shapes, allow_warnings=allow_warnings)
+    legal = legality(start, groups, model, target, shapes, allowed=allowed)
     names = groups.names()
     used = {low, *cands, *(start.precision_of(g) for g in names)}
     table = cost_table(groups, target, model, sorted(used, key=PRECISION_ORDER.index), shapes)
@@ -333,10 +358,12 @@ def emit(space: Space, point: FrontPoint, *, reasons: tuple, meta: tuple) -> Pla
     plan = space.plan(space.precisions(point))
     plan = Plan(default=plan.default, overrides=plan.overrides, target=space.legal.target.name,
                 reasons=reasons, meta=meta)
-    errors = [p for p in space.legal.problems(plan) if p.severity == "error"]
+    problems = space.legal.problems(plan)
+    errors = [p for p in problems if p.severity == "error"]
     if errors:
         raise PlannerError(
             f"internal error: the planner built a plan that fails check "
             f"({errors[0].group}: {errors[0].rule}); please report it"
         )
-    return plan
+    legal = space.legal
+    return with_accepted(plan, accepted_record(legal.target, legal.accepted(problems)))

@@ -150,9 +150,16 @@ def short_names(names: list[str], width: int = 24) -> list[str]:
     return out
 
 
+ACCEPTED = "accepted by --allow-warning"  # a warning of a rule the user accepts
+
+
 def problem_counts(severities: list[str]) -> str:
     """``2 error(s), 1 warning(s)``, and ``, 1 note(s) (info: not a failure)`` where there
-    are info problems (the host's lookup): how check, lint and check --phase count them."""
+    are info problems (the host's lookup), ``, 3 accepted by --allow-warning`` where
+    warnings of accepted rules are among them (:data:`ACCEPTED` in place of their
+    severity): how check, lint and check --phase count them."""
     errors, infos = severities.count("error"), severities.count("info")
-    return (f"{errors} error(s), {len(severities) - errors - infos} warning(s)"
+    accepted = severities.count(ACCEPTED)
+    return (f"{errors} error(s), {len(severities) - errors - infos - accepted} warning(s)"
+            + (f", {accepted} {ACCEPTED}" if accepted else "")
             + (f", {infos} note(s) (info: not a failure)" if infos else ""))

@@ -344,21 +344,29 @@ def _widest(stats: Stats, skip: set[str], n: int) -> list[tuple[str, list[int]]]
 
 
 def legality_section(chk: dict[str, Any]) -> str:
-    failed = [r for r in chk["rules"] if not r["passed"]]
+    accepted = [r for r in chk["rules"] if r.get("accepted")]  # --allow-warning: not passing
+    failed = [r for r in chk["rules"] if not r["passed"] and not r.get("accepted")]
     passed = [r for r in chk["rules"] if r["passed"]]
     head = ["result", "rule", "severity", "what it checks", "provenance"]
 
+    def result(r: dict[str, Any]) -> str:
+        if r.get("accepted"):
+            return f"{r['accepted']} ({len(r['groups'])} groups)"
+        return "passed" if r["passed"] else f"FAILED ({len(r['groups'])} groups)"
+
     def rows(part: list[dict[str, Any]]) -> list[list[Any]]:
-        return [["passed" if r["passed"] else f"FAILED ({len(r['groups'])} groups)", r["rule"],
-                 r["severity"], r["reason"], r["provenance"]] for r in part]
+        return [[result(r), r["rule"], r["severity"], r["reason"], r["provenance"]]
+                for r in part]
 
     problems = chk.get("problems") or []
     at = "" if not chk.get("seq_len") else f" at sequence length {chk['seq_len']}"
     out = [_h2("Legality", "legality"),
            f"<p>Every rule of {_e(chk['target'])} ({_e(str(chk.get('sdk')))}) checked on the "
-           f"final plan{at}: {len(passed)} passed, {len(failed)} failed.</p>"]
-    if failed:
-        out.append(_table(head, rows(failed)))
+           f"final plan{at}: {len(passed)} passed, {len(failed)} failed"
+           + (f", {len(accepted)} warned and accepted by --allow-warning" if accepted else "")
+           + ".</p>"]
+    if failed or accepted:
+        out.append(_table(head, rows(failed + accepted)))
     out.append(details(f"The {len(passed)} rules that pass", _table(head, rows(passed))
                        if passed else ""))
     if problems:

@@ -29,11 +29,12 @@ from collections import Counter
 from typing import Any
 
 from quantscope.export.hailo_alls import UNSET_DECISION, one_line
+from quantscope.plan.accepted import accepted_lines
 from quantscope.report import fmt
 from quantscope.report.host_steps import host_steps as host_steps  # re-exported
 from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
 from quantscope.tasks.shares import judged_samples as share_judged
-from quantscope.units import of
+from quantscope.units import of, one_per_sample
 
 KIND_NAMES = {"weighted": "weighted layers (Linear/Conv)",
               "matmul": "activation MatMuls (attention scores and context)",
@@ -73,7 +74,8 @@ def sample_size(v: dict[str, Any]) -> str:
         return n
     # a detection share's items are detections, which the samples do not tell; a share
     # per position counts positions as an effective count (clustered by sample)
-    if clusters_key(m) in plan:  # a landmark task's items are its points, verify's decisions
+    if clusters_key(m) in plan and not one_per_sample(m, plan):
+        # a landmark task's items are its points, verify's decisions
         named = words.startswith("point") or words in ("decisions", "voiced frames", "frames")
         n += f", an effective {int(items)} {words if named else 'positions'}"
     elif "detections" in words or int(items) != ho.get("samples"):
@@ -381,6 +383,7 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if (v.get("not_like_fp32") or {}).get("plan"):
         lines.append(f"  plan: {v['not_like_fp32']['plan']}")
     lines += [f"  warning: {note}" for note in _warnings(v)]
+    lines += [f"  {line}" for line in accepted_lines(v.get("accepted_warnings") or [])]
     bm = v.get("binds_measured") if not v.get("reached") else None
     if bm:
         lines.append(f"  binds (measured, held out): {bm['sentence']}")
@@ -395,23 +398,32 @@ def format_short(v: dict[str, Any]) -> list[str]:
     if unset:  # the vendor file does not carry these decisions: the compile would not either
         lines.append(f"  {unset}")
     lines += _unencoded_lines(v)
-    sc = v.get("as_scripted")
-    if sc:  # ... and what the single plan measures without them (the goal: where it ships)
-        lines.append(_scripted_line(m, f"the single plan as {sc['script']} is written",
-                                    sc["decisions"], "", sc["value"], sc["plan"],
-                                    None if dep is not None else sc.get("reached")))
-    dsc = (dep or {}).get("as_scripted")
-    if dsc:  # what ships, as its compiled lengths' scripts are written
-        lines.append(_scripted_line(
-            m, "the deployment as its scripts are written", dsc["decisions"],
-            f" in {', '.join(dsc['files'])}", dsc["value"], h["value"],
-            None if v["goal"] is None or dsc["value"] is None else _reaches(v, dsc["value"])))
+    lines += _as_scripted_lines(v, h, dep)
     # every host step: each is one thing the deployment must do (the first three only
     # left the pooling out where text prefixes came first: h31, e5 with its prefixes)
     for step in v.get("host_steps", []):
         lines.append(f"  host: {step}")
     lines.append("  details: verdict.json, report.html")
     return [one_line(ln) for ln in lines]  # a name's newline never breaks a verdict line
+
+
+def _as_scripted_lines(v: dict[str, Any], h: dict[str, Any], dep: dict[str, Any] | None
+                       ) -> list[str]:
+    """What the single plan measures as its vendor script is written (the goal: where it
+    ships), and what ships, as its compiled lengths' scripts are written."""
+    m, lines = v["metric"], []
+    sc = v.get("as_scripted")
+    if sc:
+        lines.append(_scripted_line(m, f"the single plan as {sc['script']} is written",
+                                    sc["decisions"], "", sc["value"], sc["plan"],
+                                    None if dep is not None else sc.get("reached")))
+    dsc = (dep or {}).get("as_scripted")
+    if dsc:
+        lines.append(_scripted_line(
+            m, "the deployment as its scripts are written", dsc["decisions"],
+            f" in {', '.join(dsc['files'])}", dsc["value"], h["value"],
+            None if v["goal"] is None or dsc["value"] is None else _reaches(v, dsc["value"])))
+    return lines
 
 
 def _outputs_lines(v: dict[str, Any]) -> list[str]:
@@ -451,6 +463,21 @@ def _unencoded_lines(v: dict[str, Any]) -> list[str]:
 
 
 HN_FIX = "give the parsed HN (--hn) or set them by hand"
+
+
+def legality_text(v: dict[str, Any], failed: str = "") -> str:
+    """``all 9 rules pass``, or ``8 of 9 rules pass, R accepted by --allow-warning`` where
+    a warning the user accepted warns on the plan (accepted, not passing); an illegal plan
+    ``failed`` and its failed rules; then :func:`warned_text`."""
+    accepted = v.get("rules_accepted") or []
+    n = v["rules_checked"]
+    if not v["legal"]:
+        text = failed + ", ".join(v["rules_failed"])
+    elif accepted:
+        text = f"{n - len(accepted)} of {n} rules pass, {', '.join(accepted)} {fmt.ACCEPTED}"
+    else:
+        text = f"all {n} rules pass"
+    return text + warned_text(v)
 
 
 def warned_text(v: dict[str, Any]) -> str:
@@ -509,8 +536,7 @@ def _plan_line(v: dict[str, Any], n: str, *, shipped: bool) -> str:
     """The single plan (``repaired.onnx``): its cost, legality, repairs and rewrites; when
     a deployment ships, also its own held-out figure (a detail, not the headline)."""
     m = v["metric"]
-    legal = ("legal: all " + str(v["rules_checked"]) + " rules pass" if v["legal"] else
-             "NOT legal: " + ", ".join(v["rules_failed"])) + warned_text(v)
+    legal = "legal: " + legality_text(v) if v["legal"] else legality_text(v, "NOT legal: ")
     applied = [k for k in v.get("rewrites_applied", []) if k]
     cost = fmt.cost(v.get("plan_cost", v.get("cost")))
     lead = (f"  cost {cost} uniform a8_w8" if shipped else

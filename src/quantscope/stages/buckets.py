@@ -30,6 +30,7 @@ summarise       per bucket and per candidate figures, the mean cost's standard e
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ from quantscope.plan.buckets import (
     route,
     solve_legal,
 )
+from quantscope.plan.check import BUILTIN_RULES
 from quantscope.plan.cost import plan_cost, uniform_a8_cost
 from quantscope.plan.deployment import (
     Bucket,
@@ -64,6 +66,7 @@ from quantscope.plan.deployment import (
 )
 from quantscope.plan.deployment_results import CandidateFigures, ChosenBucket, DeploymentChoice
 from quantscope.plan.race import RaceResult, RaceRule
+from quantscope.plan.start import blocks, legal_start, legality, lets_through
 from quantscope.progress import say, track
 from quantscope.serde import read_json
 from quantscope.stages.open import plan_problems
@@ -72,7 +75,7 @@ from quantscope.stages.route import check_compatible, cost_unit, open_entry, rou
 from quantscope.targets import load_target
 from quantscope.targets.profile import Target
 from quantscope.tasks.registry import TextTask, at_length, text_embeddings
-from quantscope.types import Batch, Dataset, Outputs, QuantscopeError
+from quantscope.types import Batch, Dataset, Outputs, Precision, Problem, QuantscopeError
 
 if TYPE_CHECKING:
     from quantscope.analyze.evalcache import EvalCache
@@ -128,7 +131,9 @@ class Allocation:
     """The chosen buckets and what legality was asked on the way."""
 
     picks: tuple[tuple[int, int], ...]  # (length index, candidate index), shortest first
-    legal: dict[tuple[int, int], Problems]  # (candidate, length index) -> errors, as asked
+    legal: dict[tuple[int, int], Problems]  # (candidate, length index) -> blocking, as asked
+    # (candidate, length index) -> warnings of --allow-warning rules it carries, as asked
+    accepted: dict[tuple[int, int], Problems] = dataclasses.field(default_factory=dict)
 
 
 def choose_deployment(
@@ -137,12 +142,15 @@ def choose_deployment(
     max_buckets: int = MAX_BUCKETS, skip_pairs: int = 0, progress: bool = False,
     cache: EvalCache | None = None,
     race: float | None = None,
+    allowed: frozenset[str] = frozenset(),
 ) -> DeploymentChoice:
     """Bucket lengths and a candidate per bucket for a deployment within ``max_cost``: the
     selection texts' mean error is the least subject to their mean cost ≤ ``max_cost``
     with at most ``max_buckets`` compiled lengths (the steps: module doc). ``race``: the
     candidates are raced first at that confidence (:func:`race_candidates`); the stopped
-    ones are not measured in full and are out of the allocation."""
+    ones are not measured in full and are out of the allocation. ``allowed``: warning
+    rules that make no pick illegal (``--allow-warning``; the notes say what they let
+    through)."""
     sel = select_texts(reference, data, candidates, seq_lens, max_buckets, skip_pairs)
     target = load_target(target_name)
     raced = None
@@ -156,9 +164,12 @@ def choose_deployment(
         candidates, costs = tuple(candidates[i] for i in keep), costs[keep]
         err = measure_errors(reference, candidates, sel, progress=progress, cache=cache)
     alloc = allocate(candidates, sel, err, costs, max_cost=max_cost, max_buckets=max_buckets,
-                     target_name=target_name, progress=progress)
+                     target_name=target_name, progress=progress, allowed=allowed)
     choice = summarise(reference, candidates, sel, err, costs, alloc, target_name=target_name,
                        max_cost=max_cost, max_buckets=max_buckets)
+    if allowed:
+        choice = dataclasses.replace(choice, notes=(*choice.notes, *accepted_notes(
+            candidates, sel, alloc, allowed)))
     if raced is None:
         return choice
     return dataclasses.replace(choice, race=raced.to_dict(),
@@ -358,17 +369,29 @@ def length_costs(reference: Model, candidates: tuple[Candidate, ...], target: Ta
 
 def allocate(candidates: tuple[Candidate, ...], sel: Selection, err: Errors, costs: np.ndarray,
              *, max_cost: float, max_buckets: int, target_name: str,
-             progress: bool = False) -> Allocation:
+             progress: bool = False, allowed: frozenset[str] = frozenset()) -> Allocation:
     """The least mean error within ``max_cost`` (:func:`~quantscope.plan.buckets.solve_legal`),
-    legality asked of the picks only; one-line errors when nothing fits."""
-    legal: dict[tuple[int, int], Problems] = {}  # (candidate, length) -> errors
+    legality asked of the picks only; one-line errors when nothing fits. A pick is legal as
+    the planner screens a plan (:func:`~quantscope.plan.start.blocks`): no error, and no
+    warning of a target rule that applies unless its rule is ``allowed``; the model's
+    operator notes (``ops.*`` warnings) do not depend on the plan and block nothing."""
+    legal: dict[tuple[int, int], Problems] = {}  # (candidate, length) -> blocking problems
+    accepted: dict[tuple[int, int], Problems] = {}
+    target = load_target(target_name)
+    rules = {r.id for r in target.rules} | BUILTIN_RULES
+    screens: dict[tuple[int, int], Callable[[Problem], bool]] = {}  # (model, length)
 
     def is_legal(ci: int, j: int) -> bool:
         if (ci, j) not in legal:
             say(f"legality: {candidates[ci].name} at {sel.seq_lens[j]} tokens", show=progress)
-            found = plan_problems(candidates[ci].model, candidates[ci].plan,
-                                  seq_len=sel.seq_lens[j])
-            legal[(ci, j)] = tuple(p for p in found if p["severity"] == "error")
+            model = candidates[ci].model
+            found = plan_problems(model, candidates[ci].plan, seq_len=sel.seq_lens[j])
+            key = (id(model), j)
+            if key not in screens:
+                screens[key] = _screen(model, target, sel.seq_lens[j], allowed)
+            legal[(ci, j)] = tuple(p for p in found if p["severity"] == "error" or (
+                p["rule"] in rules and screens[key](Problem(**p))))
+            accepted[(ci, j)] = tuple(p for p in found if lets_through(Problem(**p), allowed))
         return not legal[(ci, j)]
 
     n = len(sel.lengths)
@@ -386,7 +409,33 @@ def allocate(candidates: tuple[Candidate, ...], sel: Selection, err: Errors, cos
             f"no deployment of these candidates is within --max-cost {max_cost:g}: the "
             f"cheapest costs {least:.3f}x; add a cheaper candidate (fewer 16-bit "
             "layers) or raise --max-cost")
-    return Allocation(picks=choice.picks, legal=legal)
+    return Allocation(picks=choice.picks, legal=legal, accepted=accepted)
+
+
+def _screen(model: Model, target: Target, seq_len: int,
+            allowed: frozenset[str]) -> Callable[[Problem], bool]:
+    """The planner's screen of a problem of ``model`` at ``seq_len`` (its start plan's own
+    problems block nothing: :meth:`~quantscope.plan.start.Legality.refuses`); where no
+    start plan is legal (the planner would refuse the model), :func:`blocks` alone."""
+    groups = find_groups(model)
+    shapes = given_shapes(model, seq_len)
+    try:
+        start, _ = legal_start(groups, model, target, shapes, Precision.A8_W8)
+    except QuantscopeError:
+        return functools.partial(blocks, allowed=allowed)
+    return legality(start, groups, model, target, shapes, allowed=allowed).refuses
+
+
+def accepted_notes(candidates: tuple[Candidate, ...], sel: Selection, alloc: Allocation,
+                   allowed: frozenset[str]) -> tuple[str, ...]:
+    """Per allowed rule, the groups it lets through in each chosen bucket (none: said)."""
+    out = []
+    for rule in sorted(allowed):
+        where = [f"{len({p['group'] for p in alloc.accepted.get((ci, j), ()) if p['rule'] == rule})}"
+                 f" in {candidates[ci].name} at {sel.seq_lens[j]}" for j, ci in alloc.picks]
+        out.append(f"accepted by --allow-warning: {rule} lets group(s) through: "
+                   + ", ".join(where))
+    return tuple(out)
 
 
 def summarise(reference: Model, candidates: tuple[Candidate, ...], sel: Selection,

@@ -129,7 +129,8 @@ def decide_lengths(model: Model, target: Target, token_lengths: np.ndarray | Non
 
 
 def length_candidates(model: Model, stats: Stats, target: Target, seq_lens: tuple[int, ...],
-                      *, plan_target: str | None, own: Candidate | None = None
+                      *, plan_target: str | None, own: Candidate | None = None,
+                      allowed: frozenset[str] = frozenset(),
                       ) -> tuple[tuple[Candidate, ...], tuple[str, ...]]:
     """``own`` (the run's plan) first, then ``max_legal`` and its family variants made at
     each length (named ``NAME@LENGTH``; a plan made at an earlier length kept once), every
@@ -140,11 +141,11 @@ def length_candidates(model: Model, stats: Stats, target: Target, seq_lens: tupl
     for n in seq_lens:
         shapes = given_shapes(model, n)
         try:
-            base = max_legal(model, target, shapes)
+            base = max_legal(model, target, shapes, allowed=allowed)
         except QuantscopeError as e:
             notes.append(f"at {n} tokens: {e}")
             continue
-        more, left = variants(model, target, shapes, base)
+        more, left = variants(model, target, shapes, base, allowed=allowed)
         notes.extend(f"at {n} tokens: {x}" for x in left)
         for c in (base, *more):
             plan = replace(c.plan, target=plan_target)
@@ -256,7 +257,8 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
                    candidates: tuple[Candidate, ...], target: Target, target_spec: str, *,
                    max_cost: float | None, seq_lens: tuple[int, ...],
                    max_buckets: int = MAX_BUCKETS, progress: bool = False,
-                   cost_z: float = COST_Z) -> LengthsResult:
+                   cost_z: float = COST_Z, allowed: frozenset[str] = frozenset(),
+                   ) -> LengthsResult:
     """Choose on ``fit`` (the module table), measure the kept deployment on ``held_out``.
     With ``max_cost`` each choice keeps its fit mean cost + ``cost_z`` standard errors
     within it (:func:`allocate_with_margin`). Without ``max_cost`` every candidate is
@@ -264,14 +266,19 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
     errors when nothing is legal or within the cost."""
     sel = B.select_texts(reference, fit, candidates, seq_lens, max_buckets, 0)
     err = B.measure_errors(reference, candidates, sel, progress=progress)
-    release_memory()  # the candidates' evaluators (sessions, activation cache) are gone
+    # the candidates' evaluators (sessions, activation cache, the shared arena's chunks)
+    # are gone: given back whatever the resident set grew by since measure_errors' last
+    # release (its releases per candidate leave the growth rule under its threshold, and
+    # the held-out measurement then ran on top: minilm-l3, 100 pairs, 1,005 MiB resident
+    # after the candidates against 241 once given back)
+    release_memory(force=True)
     costs = B.length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
     cap = float(costs[:, -1].max()) if max_cost is None else max_cost
     figures, margins = {}, {}
     for k in (max_buckets, 1):
         def alloc_at(budget: float, k: int = k) -> B.Allocation:
             return B.allocate(candidates, sel, err, costs, max_cost=budget, max_buckets=k,
-                              target_name=target_spec, progress=progress)
+                              target_name=target_spec, progress=progress, allowed=allowed)
 
         if max_cost is None:
             alloc, margins[k] = alloc_at(cap), None
@@ -288,7 +295,7 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
         Bucket(seq_len=sel.seq_lens[j], model=candidates[ci].model, stats=candidates[ci].stats,
                plan=candidates[ci].plan) for j, ci in alloc.picks),
         target=target_spec, source="deployment.json")
-    release_memory()
+    release_memory(force=True)
     routed = routed_outputs(reference, held_out, deployment, progress=progress)
     measured = evaluate_deployment(reference, held_out, deployment, routed=routed)
     per_q, per_d, se = _held_out_costs(held_out, deployment, measured)

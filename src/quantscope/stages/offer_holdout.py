@@ -86,14 +86,12 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
 from quantscope.progress import say
 from quantscope.tasks.db_noise import (
-    Parts,
     gain_interval,
-    group_parts,
     left_out_interval,
     mean_interval,
 )
 from quantscope.tasks.face_split import half_record, halves_by_person, splits_by_people, take_chips
-from quantscope.tasks.left_out import units_of
+from quantscope.tasks.left_out import unit_parts
 from quantscope.types import Batch, Dataset, Plan, Stats, batch_rows, take_rows
 from quantscope.units import gain as fmt_gain
 from quantscope.units import is_db
@@ -206,22 +204,6 @@ def _clips(measured: dict[str, Any]) -> dict[str, float]:
     return {t["tensor"]: float(t["below"]) + float(t["above"]) for t in sat.get("tensors", [])}
 
 
-def _units(parts: Parts, task: Any) -> Parts:
-    """A fold's parts summed per unit (:func:`quantscope.tasks.left_out.units_of`): on face
-    data a person's chips together (a person's photos are no independent samples), the
-    per-face parts of a verification's embedding too; else a face's chips, else as given."""
-    n = len(parts[0])
-    if parts.unit in ("rows", "samples"):
-        labels, unit = units_of(task, n)
-        return parts if unit == "samples" else group_parts(parts, labels, unit)
-    people, faces = getattr(task, "identity", None), getattr(task, "faces", None)
-    if parts.unit == "faces" and people is not None and faces is not None:
-        names, first = np.unique(np.asarray(faces), return_index=True)  # the parts' order
-        if len(names) == n and len(people) == len(faces):
-            return group_parts(parts, np.asarray(people)[first], "people")
-    return parts
-
-
 def _interval(fold: _Fold, after: dict[str, Any], key: str, sign: float
               ) -> dict[str, Any] | str:
     """The paired jackknife interval of the repair's gain in ``key`` on the fold's held
@@ -230,7 +212,7 @@ def _interval(fold: _Fold, after: dict[str, Any], key: str, sign: float
     (``tasks.left_out``: a share's); units: people on face data, else samples."""
     got = [(m.get("sample_parts") or {}).get(key) for m in (after, fold.base)]
     if all(p is not None for p in got):
-        a, b = (_units(p, fold.data.task) for p in got)
+        a, b = (unit_parts(p, fold.data.task) for p in got)
         iv = gain_interval(a, b) if sign > 0 else gain_interval(b, a)
         return iv if iv is not None else (f"under 3 {a.unit} in a half, or a power of zero")
     left = [(m.get("left_out") or {}).get(key) for m in (after, fold.base)]

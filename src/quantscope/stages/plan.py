@@ -20,6 +20,7 @@ from quantscope.emulate.evaluate import run_model
 from quantscope.finetune.engine import RankEngine, resolve_engine
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
+from quantscope.plan.accepted import accepted_record, with_accepted
 from quantscope.progress import say
 from quantscope.report import fmt
 from quantscope.rewrites.registry import REWRITES, applied_rewrites, hint_for
@@ -144,6 +145,8 @@ class PlanOptions:
     rank_engine: str = "auto"  # who ranks the candidates (stages/rank.py); ORT measures
     budget: float | None = None  # seconds the search may spend measuring (None: no bound)
     race: float | None = None  # confidence of a race over the measured batch (None: off)
+    # warning rule ids that block no move (--allow-warning: targets/accept.py)
+    allowed_warnings: frozenset[str] = frozenset()
 
     def check_inputs(self, *, data: bool, stats: bool) -> None:
         """One-line errors for options the given data contradicts (call before opening it)."""
@@ -271,7 +274,7 @@ def plan_model(
         shapes=shapes, evaluate=ranking, evaluate_many=many, seed=options.seed,
         repairs=offer.options if offer else (), time_budget=_time_budget(options, clock),
         progress=progress, race=racer, measured_metric=options.metric,
-        goal=options.goal if evaluate is not None else None)
+        goal=options.goal if evaluate is not None else None, allowed_warnings=options.allowed_warnings)
     pareto = extra["pareto"]
     if raced is not None:
         pareto["race"] = racer.record() if racer is not None else raced
@@ -378,6 +381,9 @@ def _uniform_if_enough(model: Model, analysis: Sensitivity, target: Target,
             ("seed", str(options.seed)), ("cost", "1"), ("measured", f"{value:.6g}"),
             ("note", note))
     plan = Plan(default=Precision.A8_W8, target=target.name, meta=meta)
+    # no promotion: an accepted warning lets no group through (said, not left out)
+    plan = with_accepted(plan, accepted_record(
+        target, {r: () for r in options.allowed_warnings}))
     return PlanResult(plan=plan, pareto=pareto)
 
 

@@ -17,6 +17,7 @@ from quantscope.plan.refine import Figure
 from quantscope.progress import say
 from quantscope.stages.offer_holdout import check_offer
 from quantscope.tasks.db_noise import Parts, WithParts
+from quantscope.tasks.left_out import unit_parts
 from quantscope.types import Batch, Dataset, Outputs, Plan, QuantscopeError, Stats
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, s
         if hit is not None:
             value, measure.seconds, what = hit  # what it cost when measured
             measure.items = what.get("items")  # the items its share is over, if counted
-            measure.parts = _cached_parts(cache, k, what)
+            measure.parts = _cached_parts(cache, k, what, data.task)
             return value
         t0 = time.perf_counter()
         value = float(evaluate(plan))
@@ -151,15 +152,18 @@ def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, s
     return measure
 
 
-def _cached_parts(cache: EvalCache, key: str, what: dict[str, Any]) -> Parts | None:
+def _cached_parts(cache: EvalCache, key: str, what: dict[str, Any], task: Any
+                  ) -> Parts | None:
     """The per-sample powers stored with a cached figure (None: none stored, or their
-    arrays unreadable: the choice then says it had no noise estimate)."""
+    arrays unreadable: the choice then says it had no noise estimate), summed per unit of
+    ``task``'s data as a measurement now sums them (an entry stored before h69 holds a
+    face verification's per face: :func:`quantscope.tasks.left_out.unit_parts`)."""
     if not isinstance(what.get("parts"), str):
         return None
     got = cache.arrays(key)
     if got is None or {"signal", "noise"} - set(got):
         return None
-    return Parts(got["signal"], got["noise"], what["parts"])
+    return unit_parts(Parts(got["signal"], got["noise"], what["parts"]), task)
 
 
 class _Charged:

@@ -104,6 +104,17 @@ class DetectionLayout:
             used |= set(range(*self.score_rows(box_rows)))
         return sorted(set(range(box_rows)) - used)
 
+    def row_words(self) -> str:
+        """What the box output's rows are, in words (its per-channel figures' channels):
+        ``box values, scores``; a DFL head's ``box distribution bins (4 sides x 8)``; the
+        scores said to be elsewhere where another output holds them (``scores_from=``). h70: a DFL head's
+        bin logits had been said ``box values, scores``."""
+        boxes = f"box distribution bins (4 sides x {self.dfl})" if self.dfl else "box values"
+        obj = "" if self.objectness is None else ", objectness"
+        if self.scores_output is not None:
+            return f"{boxes}{obj}; its scores in another output, scores_from="
+        return f"{boxes}, scores{obj}"
+
     def describe(self, rows: int | None = None, box_rows: int | None = None) -> str:
         """``rows``: the score rows' output's count on the row axis, ``box_rows`` the box
         output's (None: not known)."""
@@ -501,12 +512,14 @@ class DetectionTask:
 
     def class_axes(self) -> dict[str, ClassAxis]:
         """The per-channel figures read the rows on the layout's row axis, not the anchors:
-        the box output's and its other levels' (box values, scores), and the score
-        outputs' (``scores_from=``: the classes, on the same axis, which the layout
-        checks), whose own graph axis is often the anchors (a Concat of the levels)."""
+        the box output's and its other levels' (:meth:`DetectionLayout.row_words`: box
+        values or a DFL head's distribution bins, and the scores where they are rows of
+        it), and the score outputs' (``scores_from=``: the classes, on the same axis,
+        which the layout checks), whose own graph axis is often the anchors (a Concat of
+        the levels)."""
         lay, boxes = self.layout, (self.output, *self.layout.levels)
         scores = () if lay.scores_output is None else (lay.scores_output, *lay.score_levels)
-        return {**{o: ClassAxis(lay.axis, lay.sample_axis, "the rows (box values, scores) "
+        return {**{o: ClassAxis(lay.axis, lay.sample_axis, f"the rows ({lay.row_words()}) "
                                 "of its detection layout") for o in boxes},
                 **{o: ClassAxis(lay.axis, lay.sample_axis, "the class scores of its "
                                 "detection layout (scores_from=)") for o in scores}}

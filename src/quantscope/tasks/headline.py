@@ -31,7 +31,7 @@ import numpy as np
 
 from quantscope.tasks.shares import ITEM_WORDS, clusters_key, items_key
 from quantscope.types import PooledEmbedding, QuantscopeError, RowScoring, Task
-from quantscope.units import is_db
+from quantscope.units import is_db, one_per_sample
 
 # The headline of tensor data with no task: the worst channel's SQNR in dB over every
 # output (a mixed-scale output hides a lost channel in the whole-output ``sqnr_db``).
@@ -246,7 +246,7 @@ def share_items(task: Task | None, metric: str, values: Mapping[str, float]
     if n is not None and np.isfinite(n) and n >= 1:
         what = ITEM_WORDS.get(metric.split(":")[0], "items")
         k = values.get(clusters_key(metric))
-        if k is not None and np.isfinite(k):
+        if k is not None and np.isfinite(k) and not one_per_sample(metric, values):
             what += f" (effective count: positions clustered by their {int(k)} samples)"
         return int(n), what
     return None

@@ -20,6 +20,10 @@ none            a task that scores all samples together, outputs whose first axi
                 says there is no noise estimate)
 cost            one scoring of the task's metrics per unit (no model is run): asked for
                 by the repair offers' out-of-sample check only (a few people a half)
+powers          a dB figure's per-sample powers summed per unit (:func:`unit_parts`),
+                wherever they are measured (:func:`quantscope.analyze.measure.figure_parts`):
+                the planner's no-goal choice, ``run``'s held-out check, a torch ranking
+                and the offers' check all leave out one unit (a person) at a time
 ==============  ======================================================================
 """
 
@@ -30,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from quantscope.tasks.db_noise import LeftOut
+from quantscope.tasks.db_noise import LeftOut, Parts, group_parts
 from quantscope.tasks.face_split import splits_by_people, take_chips
 from quantscope.types import Outputs
 
@@ -44,6 +48,31 @@ def units_of(task: Any, rows: int) -> tuple[np.ndarray, str]:
         if labels is not None and len(labels) == rows:
             return np.asarray(labels), unit
     return np.arange(rows), "samples"
+
+
+# the units a dB figure's noise counts, in the keys of ``run``'s plan and evaluate stages on
+# face data (pipeline.steps.noise_rules): a folder whose choice or held-out powers counted
+# photos (before h69) runs those stages again
+UNITS_KEY = "noise by person/1"
+
+
+def unit_parts(parts: Parts, task: Any) -> Parts:
+    """``parts`` (a dB figure's powers per sample, or per face: a verification's
+    ``sample_parts``) summed per unit of ``task``'s data (:func:`units_of`): on face data
+    a person's chips together (a person's photos are no independent samples), a face's
+    chips where only the faces are known; parts of any other unit (``pairs``,
+    ``photos``), already per person, or whose rows are not the samples: as given. The
+    pooled figure is the same; the jackknife then leaves out one unit at a time."""
+    n = len(parts[0])
+    if parts.unit in ("rows", "samples"):
+        labels, unit = units_of(task, n)
+        return parts if unit == "samples" else group_parts(parts, labels, unit)
+    people, faces = getattr(task, "identity", None), getattr(task, "faces", None)
+    if parts.unit == "faces" and people is not None and faces is not None:
+        names, first = np.unique(np.asarray(faces), return_index=True)  # the parts' order
+        if len(names) == n and len(people) == len(faces):
+            return group_parts(parts, np.asarray(people)[first], "people")
+    return parts
 
 
 def _rows(out: Outputs) -> list[int]:

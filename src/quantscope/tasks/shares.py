@@ -36,7 +36,11 @@ from statistics import NormalDist
 
 import numpy as np
 
-from quantscope.units import CLUSTERS, ITEMS, count_key  # the count keys' one spelling
+from quantscope.units import (  # the count keys' one spelling
+    CLUSTERS,
+    ITEMS,
+    count_key,
+)
 
 SHARE_CONFIDENCE = 0.95  # one-sided: a difference beyond it is beyond noise
 
@@ -107,14 +111,18 @@ def share_counts(metric: str, hits: np.ndarray, sizes: np.ndarray) -> dict[str, 
     items): one item per sample, the samples; several, the effective count
     (:func:`clustered_items`, rounded down) and the samples it clusters in; no sample
     holding any (a ``where=`` gate nothing passes): 0 items in 0 samples, so that what
-    reads the count says none was judged (the verdict had read the samples', "n=18")."""
+    reads the count says none was judged (the verdict had read the samples', "n=18").
+    One item in each sample that holds any, where some hold none (a gate on a ``[N, 2]``
+    point output): the items and, equal to them, the samples judged (the headline had said
+    ``n=N`` of every sample, h70; :func:`quantscope.units.one_per_sample`)."""
     hits, sizes = np.asarray(hits, np.float64), np.asarray(sizes, np.int64)
     keep = sizes > 0
     hits, sizes = hits[keep], sizes[keep]
     if not len(sizes):
         return {items_key(metric): 0.0, clusters_key(metric): 0.0}
     if np.all(sizes == 1):
-        return {items_key(metric): float(len(sizes))}
+        n = {items_key(metric): float(len(sizes))}
+        return n if keep.all() else {**n, clusters_key(metric): float(len(sizes))}
     return {items_key(metric): float(np.floor(clustered_items(hits, sizes))),
             clusters_key(metric): float(len(sizes))}
 

@@ -69,7 +69,8 @@ class VerificationTask:
     def sample_parts(self, ref: Outputs, test: Outputs) -> dict[str, Parts]:
         """The powers ``embedding_sqnr_db`` pools, summed per face (:attr:`faces`, else per
         chip: :func:`quantscope.tasks.db_noise.unit_powers`): the noise the planner's
-        choice and ``run``'s held-out check read."""
+        choice and ``run``'s held-out check read, once summed per person where the
+        :attr:`identity` is known (:func:`quantscope.tasks.left_out.unit_parts`)."""
         er, et = self._embeddings(ref), self._embeddings(test)
         faces = np.arange(len(er)) if self.faces is None else self.faces
         if len(faces) != len(er):
