@@ -9,7 +9,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from test_plan_candidates import _pooled
 
 from quantscope.cli import main
 from quantscope.model.groups import find_groups
@@ -25,23 +25,6 @@ from quantscope.types import Precision, Problem, QuantscopeError, Sensitivity
 
 RULE = "hailo.maxpool_16bit"  # a warning on hailo8l, on a 16-bit MaxPool
 HAILO8L = load_target("hailo8l")
-
-
-def _pooled() -> onnx.ModelProto:
-    """Conv, MaxPool, Conv: hailo8l's ``hailo.maxpool_16bit`` warning applies to the pool."""
-    rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.normal(0, 0.5, (4, 3, 3, 3)).astype(np.float32), "w1")
-    w2 = numpy_helper.from_array(rng.normal(0, 0.5, (4, 4, 3, 3)).astype(np.float32), "w2")
-    nodes = [onnx.helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
-             onnx.helper.make_node("MaxPool", ["c1"], ["p"], kernel_shape=[2, 2],
-                                   strides=[2, 2]),
-             onnx.helper.make_node("Conv", ["p", "w2"], ["y"], pads=[1, 1, 1, 1])]
-    graph = onnx.helper.make_graph(
-        nodes, "pooled",
-        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
-        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 4, 4])],
-        [w1, w2])
-    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
 
 
 def _pool_group(groups) -> str:

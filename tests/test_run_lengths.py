@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from call_log import recorded
 from test_tasks_text import tiny_encoder
 
 from quantscope import stages
@@ -386,14 +387,8 @@ def test_the_candidates_memory_is_given_back_before_the_held_out_measurement(
                   for p in (Precision.A8_W8, Precision.A16_W16))
     events: list[str] = []
 
-    def recorded(name, real):
-        def call(*a, **k):
-            events.append(name)
-            return real(*a, **k)
-        return call
-
-    monkeypatch.setattr(B, "measure_errors", recorded("measure", B.measure_errors))
-    monkeypatch.setattr(L, "routed_outputs", recorded("held out", L.routed_outputs))
+    monkeypatch.setattr(B, "measure_errors", recorded(events, "measure", B.measure_errors))
+    monkeypatch.setattr(L, "routed_outputs", recorded(events, "held out", L.routed_outputs))
     monkeypatch.setattr(L, "release_memory",
                         lambda force=False: events.append(f"release force={force}"))
     L.deploy_lengths(model, rd.fit, rd.held_out, cands, load_target("ort-cpu"), "ort-cpu",

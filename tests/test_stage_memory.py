@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import tiny_models as tm
+from call_log import recorded
 from onnx import TensorProto, helper, numpy_helper
 
 from quantscope.analyze.memory import reset_peak
@@ -273,15 +274,9 @@ def test_the_evaluation_gives_each_pass_back_before_the_next(tmp_path, monkeypat
 
     events: list[str] = []
 
-    def recorded(name, real):
-        def call(*a, **k):
-            events.append(name)
-            return real(*a, **k)
-        return call
-
-    monkeypatch.setattr(measure, "calibrate", recorded("check", measure.calibrate))
-    monkeypatch.setattr(emulate_evaluate, "run_model", recorded("fp32", emulate_evaluate.run_model))
-    monkeypatch.setattr(stages, "evaluate_plans", recorded("passes", stages.evaluate_plans))
+    monkeypatch.setattr(measure, "calibrate", recorded(events, "check", measure.calibrate))
+    monkeypatch.setattr(emulate_evaluate, "run_model", recorded(events, "fp32", emulate_evaluate.run_model))
+    monkeypatch.setattr(stages, "evaluate_plans", recorded(events, "passes", stages.evaluate_plans))
     for mod in (measure, steps):
         monkeypatch.setattr(mod, "release_memory",
                             lambda force=False: events.append(f"release {force}"))
