@@ -189,6 +189,8 @@ class LmPrefix:
                 "why": list(self.choice.why), "threshold": THRESHOLD,
                 "first_position_ratio": self.choice.first_ratio,
                 "largest_later_ratio": self.choice.later_ratio,
+                **({"profile_before": [round(x, 4) for x in self.choice.profile]}
+                   if self.choice.profile else {}),
                 **({"after": self.after} if self.after else {})}
 
 
@@ -212,7 +214,8 @@ def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindo
         choice = choose_prefix(scan_sinks(pre, windows.calibration), document_token(tok))
     elif isinstance(mode, str) and mode.startswith(HEAD):
         choice = head_choice(document_token(tok),
-                             tok.encode(mode[len(HEAD):], add_special_tokens=False).ids)
+                             tok.encode(mode[len(HEAD):], add_special_tokens=False).ids,
+                             scan_sinks(pre, windows.calibration))
     elif isinstance(mode, tuple):
         choice = PrefixChoice(mode, ("recorded in the plan",) * len(mode), math.nan, math.nan)
     else:
@@ -225,6 +228,7 @@ def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindo
             return tok.decode([t], skip_special_tokens=False) or "?"
 
         after = {**dataclasses.asdict(a), "worst_text": name(a.worst_token),
+                 "profile": [round(x, 4) for x in a.profile],
                  "first_sinks": [[t, name(t), r] for t, r in a.first_sinks]}
     del pre
     release_memory()
