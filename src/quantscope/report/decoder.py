@@ -13,7 +13,7 @@ from typing import Any
 
 from quantscope.report import fmt
 from quantscope.report.build import _table, details, io_section, render
-from quantscope.report.figures import png_uri, pyplot
+from quantscope.report.figures import log_scale, png_uri, pyplot
 
 METRIC_LABELS = {"ppl_ratio": "prefill perplexity ratio", "top1_agreement": "prefill top-1",
                  "decode_top1": "decode top-1 (emulated KV)",
@@ -52,7 +52,7 @@ def candidates_plot(cands: dict[str, Any], verdict: dict[str, Any]) -> str:
     if verdict.get("metric") == "ppl_ratio" and verdict.get("goal"):
         ax.axhline(verdict["goal"], color="#888", ls="--", lw=1, label="goal")
     ax.axvline(verdict["max_cost"], color="#bbb", ls=":", lw=1, label="cost cap")
-    ax.set_yscale("log")
+    log_scale(ax)
     ax.set_xlabel("prefill cost (x uniform a8_w8)")
     ax.set_ylabel("prefill perplexity / FP32's")
     ax.legend(fontsize=8)
@@ -103,7 +103,7 @@ def prefix_section(prefix: dict[str, Any] | None) -> str:
                 label=f"after the {n}-token prefix (position 0: the first token after it)")
     ax.axhline(prefix["threshold"], color="#888", ls="--", lw=1,
                label=f"outlier: > {prefix['threshold']:g}x the median position")
-    ax.set_yscale("log")
+    log_scale(ax)
     ax.set_xlabel("position in the calibration window")
     ax.set_ylabel("residual peak / median position")
     ax.legend(fontsize=8)
