@@ -12,6 +12,7 @@ from quantscope.analyze.prefix import (
     choose_prefix,
     compute_prefix,
     format_prefix,
+    prefix_words,
     prefixed_model,
     scan_after,
     scan_sinks,
@@ -141,6 +142,12 @@ def test_what_is_left_after_the_prefix_is_found_and_said() -> None:
     said = after_text(record)
     assert said.startswith("after it, 4 of 4 calibration window(s) still have an outlier")
     assert "'<s>' at position" in said and "of its window" in said and "1 of the" in said and said in format_prefix(record)
+    # each run of tokens with one reason is one string, said with its reason once; the
+    # tokenizer's decoding where recorded, else the vocabulary's spelling
+    head = {"tokens": [0, 1, 2], "text": ["<d>", "Ġa", "Ċ"], "decoded": ["<d>", " a", "\n"],
+            "why": ["first", "the head", "the head"]}
+    assert prefix_words(head) == "'<d>' (first), ' a\\n' (the head)"
+    assert prefix_words({**head, "decoded": None}) == "'<d>' (first), 'ĠaĊ' (the head)"
     quiet = scan_after(prefixed_model(pre, compute_prefix(pre, (0,))),
                        [win[win != SINK] for win in windows])
     assert quiet.over == 0 and not quiet.first_sinks

@@ -103,6 +103,10 @@ def test_a_decoder_run_takes_the_head_and_the_host_steps_say_it_once(tmp_path) -
     assert code == 0, printed
     host = (out / "host.md").read_text()
     assert host.count("prompt head (--prompt-head)") == 1, host
+    # the head is said as its text, once, with its reason (not token by token, nor in the
+    # vocabulary's spelling)
+    said = f"{HEAD_TEXT!r} (the prompt head (--prompt-head)"
+    assert said in host and said in (out / "verdict.txt").read_text()
     tokens = json.loads((out / "verdict.json").read_text())["prefix"]["tokens"]
     ids = json.loads((out / "host.json").read_text())["prefix"]["tokens"]
     assert tokens == ids and len(ids) >= len(HEAD_TEXT.encode())

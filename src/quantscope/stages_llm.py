@@ -182,10 +182,12 @@ class LmPrefix:
     kv: KVPrefix
     text: tuple[str, ...]  # each token as the tokenizer spells it
     after: dict[str, Any] | None = None  # :class:`AfterPrefix` as recorded, token texts added
+    decoded: tuple[str, ...] = ()  # each token as text ('\n', not 'Ċ')
 
     def to_dict(self) -> dict[str, Any]:
         """What the plan records (``meta['kv_prefix']``)."""
         return {"tokens": list(self.kv.tokens), "text": list(self.text),
+                **({"decoded": list(self.decoded)} if self.decoded else {}),
                 "why": list(self.choice.why), "threshold": THRESHOLD,
                 "first_position_ratio": self.choice.first_ratio,
                 "largest_later_ratio": self.choice.later_ratio,
@@ -222,17 +224,19 @@ def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindo
         raise QuantscopeError(f"--prefix must be auto or none, not '{mode}'")
     kv = compute_prefix(pre, choice.tokens)
     after = None
+
+    def name(t: int) -> str:  # the text, not the BPE spelling ('\n', not 'Ċ')
+        return tok.decode([t], skip_special_tokens=False) or "?"
+
     if scanned:  # what is left after it (the graph is edited in place)
         a = scan_after(prefixed_model(pre, kv, in_place=True), windows.calibration)
-        def name(t: int) -> str:  # the text, not the BPE spelling ('\n', not 'Ċ')
-            return tok.decode([t], skip_special_tokens=False) or "?"
-
         after = {**dataclasses.asdict(a), "worst_text": name(a.worst_token),
                  "profile": [round(x, 4) for x in a.profile],
                  "first_sinks": [[t, name(t), r] for t, r in a.first_sinks]}
     del pre
     release_memory()
-    return LmPrefix(choice, kv, tuple(tok.id_to_token(t) or "?" for t in choice.tokens), after)
+    return LmPrefix(choice, kv, tuple(tok.id_to_token(t) or "?" for t in choice.tokens), after,
+                    tuple(name(t) for t in choice.tokens))
 
 
 def recorded_prefix(plan: Plan) -> tuple[int, ...]:

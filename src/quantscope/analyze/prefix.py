@@ -253,11 +253,7 @@ def format_prefix(prefix: dict[str, Any] | None) -> str:
     left after it when that was scanned (a plan's record, ``meta['kv_prefix']``)."""
     if not prefix:
         return "KV prefix: none (the prompt's first token runs through the quantized graphs)"
-    rows = list(zip(prefix["tokens"], prefix["text"], prefix["why"], strict=True))
-    # a run of tokens with one reason (a prompt head) says it once, after its last token
-    toks = ", ".join(f"{t} {x!r}" + ("" if i + 1 < len(rows) and rows[i + 1][2] == why
-                                     else f" ({why})")
-                     for i, (t, x, why) in enumerate(rows))
+    toks = prefix_words(prefix)
     ratio = prefix["first_position_ratio"]
     seen = "" if math.isnan(ratio) else (
         f"; before it, position 0 peaked at {ratio:.3g}x the median position, the largest "
@@ -266,6 +262,22 @@ def format_prefix(prefix: dict[str, Any] | None) -> str:
     after = after_text(prefix)
     return (f"KV prefix: {len(prefix['tokens'])} token(s) in FP32 in the cache: {toks}{seen}"
             + (f"; {after}" if after else ""))
+
+
+def prefix_words(prefix: dict[str, Any]) -> str:
+    """The prefix's tokens as text, each run of tokens with one reason (a prompt head) as
+    one string with its reason once: ``'<|endoftext|>' (first position …), 'You are a
+    helpful assistant.\\n' (the prompt head …)``. The text is the tokenizer's decoding
+    (``decoded``; a record from before it has the vocabulary's spelling, ``text``:
+    ``'Ġthe'``, ``'Ċ'``)."""
+    words = prefix.get("decoded") or prefix["text"]
+    runs: list[tuple[str, str]] = []
+    for x, why in zip(words, prefix["why"], strict=True):
+        if runs and runs[-1][1] == why:
+            runs[-1] = (runs[-1][0] + x, why)
+        else:
+            runs.append((x, why))
+    return ", ".join(f"{x!r} ({why})" for x, why in runs)
 
 
 def after_text(prefix: dict[str, Any]) -> str:
@@ -301,5 +313,5 @@ def prefixed_opener(open_phase: OpenPhase, prefix: KVPrefix | None) -> OpenPhase
 __all__ = ["HEAD", "HEAD_MAX_TOKENS", "HEAD_WHY", "MAX_TOKENS", "PREFIX_CHOICES", "head_choice",
            "with_head", "PROBE_TOKENS", "THRESHOLD", "AfterPrefix",
            "PrefixChoice", "SinkScan", "after_text", "choose_prefix", "compute_prefix",
-           "format_prefix", "position_profile", "prefixed_model", "prefixed_opener",
+           "format_prefix", "position_profile", "prefix_words", "prefixed_model", "prefixed_opener",
            "scan_after", "scan_sinks"]

@@ -465,7 +465,7 @@ def host(ctx: DecoderContext) -> Done:
         files.append(f"{phase}/io_snippet.py")
     doc = {
         "tokenizer": TOKENIZER,
-        "prefix": ({"tokens": prefix["tokens"], "text": prefix["text"], "why": prefix["why"],
+        "prefix": ({**{k: prefix[k] for k in ("tokens", "text", "decoded", "why") if k in prefix},
                     "file": PREFIX_NPZ, "loader": PREFIX_PY,
                     **({"after": after} if (after := prefix.get("after")) else {})}
                    if prefix else None),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantscope.analyze.prefix import after_text
+from quantscope.analyze.prefix import after_text, prefix_words
 from quantscope.report import fmt
 from quantscope.report.summary import unset_line
 
@@ -223,8 +223,8 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
     if v.get("rewrite_search"):
         lines += search_lines(v["rewrite_search"])
     p = v["prefix"]
-    lines.append("  KV prefix: " + (f"tokens {p['tokens']} ({', '.join(map(repr, p['text']))})"
-                                    " in FP32 in the cache" if p else "none"))
+    lines.append("  KV prefix: " + (f"tokens {p['tokens']} ({prefix_words(p)}) in FP32 in "
+                                    "the cache" if p else "none"))
     if p and after_text(p):
         lines.append(f"    {after_text(p)}")
     lines.append(f"  measured held out on {v['data']}: {_amounts(s)}:")
@@ -343,8 +343,8 @@ def host_text(doc: dict[str, Any]) -> str:
     p = doc["prefix"]
     if p:
         lines.append(f"2. Load the constant KV prefix: `{p['loader']}` reads `{p['file']}` "
-                     f"(tokens {p['tokens']}: {', '.join(map(repr, p['text']))}; "
-                     f"{'; '.join(dict.fromkeys(p['why']))}) into cache slots 0..{kv['prefix_slots'] - 1}. "
+                     f"(tokens {p['tokens']}: {prefix_words(p)}) into cache slots "
+                     f"0..{kv['prefix_slots'] - 1}. "
                      "These tokens are never run on the device: their FP32 keys and values "
                      "are the cache's first positions, quantized on the way in as every "
                      "past.* input is (the decode graph's input transform below).")
