@@ -38,6 +38,7 @@ from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
 from quantscope.model.phases import PHASES, check_phase_interface, phase_path
+from quantscope.plan.accepted import accepted_record, with_accepted
 from quantscope.plan.phase_search import (
     SELECTION,
     PhaseCandidate,
@@ -52,7 +53,7 @@ from quantscope.plan.phase_search import (
     unit_of,
     with_units,
 )
-from quantscope.plan.phases import PhaseCheck, check_phases
+from quantscope.plan.phases import PhaseCheck, accepted_groups, check_phases, phase_screen
 from quantscope.report.phase_plan import (  # noqa: F401 - re-exported (plan --phase, run)
     format_lm_quality,
     format_phase_checks,
@@ -98,12 +99,16 @@ def open_phase_models(spec: str | Path, phases: tuple[str, ...] = PHASES) -> dic
 
 
 def check_plan_phases(spec: str | Path, plan: Plan, phases: tuple[str, ...],
-                      seq_len: int | None) -> tuple[PhaseCheck, ...]:
+                      seq_len: int | None, allowed: frozenset[str] = frozenset()
+                      ) -> tuple[PhaseCheck, ...]:
+    """``plan`` on each phase graph, the warning rules ``allowed`` (``--allow-warning``)
+    accepted (:class:`quantscope.plan.phases.PhaseScreen`)."""
     if not plan.target:
         raise QuantscopeError("the plan names no target: check --phase needs one "
                               "(give --target or a plan made for a target)")
-    return check_phases(plan, open_phase_models(spec, phases), load_target(plan.target),
-                        seq_len or DEFAULT_SEQ_LEN)
+    models, target = open_phase_models(spec, phases), load_target(plan.target)
+    seq = seq_len or DEFAULT_SEQ_LEN
+    return check_phases(plan, models, target, seq, phase_screen(models, target, seq, allowed))
 
 
 EVAL_TOKENS, PROMPTS, NEW_TOKENS, DECODE_STEPS = 20_000, 32, 64, 256  # the CLI's amounts
@@ -305,6 +310,8 @@ class PhasePlan:
     # the calibration of the phase graphs the figures ran on (with the prefix): what an
     # export of the plan per phase takes (``run`` on a decoder)
     stats: dict[str, Stats] | None = None
+    # what --allow-warning let through in the chosen plan (plan/accepted.py's record)
+    accepted: tuple[dict[str, Any], ...] = ()
 
     def plan(self) -> Plan:
         """The chosen plan with its per-phase results in ``meta`` (JSON strings)."""
@@ -318,17 +325,19 @@ class PhasePlan:
                 "phase_results": json.dumps(results)}
         if self.prefix is not None:
             meta["kv_prefix"] = json.dumps(self.prefix.to_dict())
-        return dataclasses.replace(self.chosen.plan,
-                                   meta=tuple({**dict(self.chosen.plan.meta), **meta}.items()))
+        return with_accepted(dataclasses.replace(
+            self.chosen.plan, meta=tuple({**dict(self.chosen.plan.meta), **meta}.items())),
+            self.accepted)
 
 
 def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
                 setup: LmSetup = LmSetup(), phases: tuple[str, ...] = PHASES,
-                prefix: str = "none") -> PhasePlan:
+                prefix: str = "none", allowed: frozenset[str] = frozenset()) -> PhasePlan:
     """Candidates ranked by the calibrated ranges, screened on the ``phases`` graphs (legal,
     within ``max_cost`` in each), the kept ones measured (on both graphs: decode's metrics
     need the prefill cache), the best chosen (:mod:`quantscope.plan.phase_search`); with
-    ``prefix`` (:func:`lm_prefix`) every step on the graphs that read that KV prefix."""
+    ``prefix`` (:func:`lm_prefix`) every step on the graphs that read that KV prefix;
+    ``allowed``: the warning rules ``--allow-warning`` accepts (recorded in the plan)."""
     tgt = load_target(target)
     windows, prompts = lm_text(spec, setup)
     kv = lm_prefix(spec, prefix, windows)
@@ -337,11 +346,12 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
     diagnosis = diagnose_phases(spec, stats, windows, phases, kv)
     models = {p: opener(p) for p in phases}
     ranked = rank_by_range(find_groups(next(iter(models.values()))), list(stats.values()))
-    plans = candidate_plans(models, tgt, ranked, setup.seq_len, max_cost)
+    legal = phase_screen(models, tgt, setup.seq_len, allowed)
+    plans = candidate_plans(models, tgt, ranked, setup.seq_len, max_cost, legal)
     if str(target).endswith(".toml") or "/" in str(target):  # a profile file: the plans
         # name the file, which loads again (a built-in by its name)
         plans = {k: dataclasses.replace(p, target=str(target)) for k, p in plans.items()}
-    candidates = screen(plans, models, tgt, setup.seq_len)
+    candidates = screen(plans, models, tgt, setup.seq_len, legal)
     ranged = {p: output_range_tensors(m) for p, m in models.items()}
     del models
     release_memory()
@@ -356,8 +366,9 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
     results.update(measure({again.label: again.plan}))
     quality = {"data": windows.source, "setup": setup.__dict__, "plans": results,
                **({"prefix": kv.to_dict()} if kv else {})}
-    return PhasePlan(choose(candidates, results, max_cost), candidates, quality, diagnosis,
-                     max_cost, kv, stats)
+    best = choose(candidates, results, max_cost)
+    return PhasePlan(best, candidates, quality, diagnosis, max_cost, kv, stats,
+                     tuple(accepted_record(tgt, accepted_groups(best.checks, legal.allowed))))
 
 
 def phase_job(spec: str | Path, name: str, out: str | Path, setup: LmSetup, *,
