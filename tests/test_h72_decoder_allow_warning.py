@@ -64,6 +64,22 @@ def test_the_phase_screen_blocks_a_warning_unless_its_rule_is_accepted(tiny) -> 
     assert any(attention & {n for n, _ in plan.overrides} for plan in plans.values())
 
 
+def test_no_kept_candidate_names_the_warning_rules_that_block_them() -> None:
+    from quantscope.plan.phase_search import PhaseCandidate, kept_plans
+    from quantscope.plan.phases import PhaseCheck
+    from quantscope.types import Problem, QuantscopeError
+
+    warned = (Problem(group="g", rule=RULE, reason="", provenance="", fix="",
+                      severity="warning"),)
+    only = PhaseCandidate("a16", Plan(default=Precision.A16_W16), (
+        PhaseCheck("prefill", SEQ, warned, 1.2, warned=warned),))
+    over = PhaseCandidate("a8", Plan(default=Precision.A8_W8), (
+        PhaseCheck("prefill", SEQ, (), 1.3),))  # over the cap
+    assert only.errors == 0 and not only.kept(1.5)
+    with pytest.raises(QuantscopeError, match=f"--allow-warning {RULE}\\)$"):
+        kept_plans((only, over), 1.25)
+
+
 def test_plan_phase_blocks_the_warned_attention_and_accepts_it_when_asked(tiny, tmp_path
                                                                          ) -> None:
     code, text = _plan(tiny, tmp_path)

@@ -508,8 +508,9 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
         *((k, v) for k, v in plan4.meta if k in (PHASE_OVERRIDES, PHASE_RANGES))))
     tgt = load_target(plan.target)
     checks: dict[str, dict[str, Any]] = {}
+    legal = phase_screen(models, tgt, setup.seq_len)  # once for both plans
     for key, p_ in (("w4", plan4), ("w8", plan)):
-        for c in check_phases(p_, models, tgt, setup.seq_len):
+        for c in check_phases(p_, models, tgt, setup.seq_len, legal):
             checks[f"{key}.{c.phase}"] = {
                 "cost": c.cost, "errors": c.errors, "weight_mb": c.weight_bytes / 1e6,
                 "rules": sorted({x.rule for x in c.problems if x.severity == "error"})}

@@ -319,8 +319,9 @@ def kept_plans(candidates: Sequence[PhaseCandidate], max_cost: float) -> dict[st
                          for k in c.checks for p in k.warned})
         raise QuantscopeError(f"no candidate plan is legal on every phase within {max_cost}x "
                               "a8_w8: raise --max-cost or shorten --seq-len"
-                              + (f" (or accept the warning rule(s) that block them: "
-                                 f"--allow-warning {', '.join(warned)})" if warned else ""))
+                              + (" (or accept the warning rule(s) that block them: "
+                                 + " ".join(f"--allow-warning {r}" for r in warned) + ")"
+                                 if warned else ""))
     return kept
 
 
