@@ -241,3 +241,49 @@ def test_cli_plan_search_promotes_the_pool_only_when_accepted(tmp_path, capsys):
         "hailo.a16_low_sublayer_empty": 0, "hailo.attention_16bit": 0, RULE: 1,
         "hailo.super_defuse": 0}
     assert f"accepted by --allow-warning: {RULE} lets 1 group(s) through" in said
+
+
+def test_rewrites_auto_measures_the_plan_the_accepted_warnings_let_through(tmp_path,
+                                                                           monkeypatch):
+    """``--rewrites auto`` judges each rewrite on the model's max-legal plan: with
+    ``--allow-warning`` that plan is the one the accepted set lets through (the pool at 16
+    bit), as the plan search's screen is, and the choice's key holds the set. Before, it
+    measured the strict plan (the pool demoted) whatever the run accepted."""
+    from quantscope import stages
+    from quantscope.analyze import measure as measure_mod
+    from quantscope.pipeline.auto import auto_key, max_legal_measure
+
+    m = _pooled()
+    for v in (*m.graph.input, *m.graph.output):
+        v.type.tensor_type.shape.dim[0].dim_param = "N"
+    model = load_proto(m)
+    np.savez(tmp_path / "d.npz",
+             x=np.random.default_rng(1).normal(size=(8, 3, 8, 8)).astype(np.float32))
+    fit = stages.open_data(tmp_path / "d.npz", model, show=False)
+    stats = stages.calibrate_model(model, fit)
+    pool = _pool_group(find_groups(model))
+    measured: list[Precision] = []
+    real = measure_mod.evaluate_plans
+
+    def recording(model, data, stats, plans, **kw):
+        measured.extend(p.precision_of(pool) for p in plans.values())
+        return real(model, data, stats, plans, **kw)
+
+    monkeypatch.setattr(measure_mod, "evaluate_plans", recording)
+    for allowed, want in ((frozenset(), Precision.A8_W8),
+                          (frozenset({RULE}), Precision.A16_W16)):
+        got = max_legal_measure(fit, HAILO8L, "sqnr_db", seq_len=None, allowed=allowed)(
+            model, stats)
+        assert np.isfinite(got.value)
+        assert measured[-1] == want
+
+    class Opts:
+        model, data, eval_data, tokenizer, prefixes, pairs = str(tmp_path / "m.onnx"), \
+            "d.npz", None, "tok.json", None, None
+        seq_len, input_shapes, target, method, metric = None, (), "hailo8l", "minmax", None
+        layout, batch_axes, repair_batches, allow_warnings = (), (), 4, ()
+
+    plain = auto_key(Opts, str)
+    Opts.allow_warnings = (RULE,)
+    assert "allow_warnings" not in plain  # the keys of runs without the flag stay valid
+    assert auto_key(Opts, str) == {**plain, "allow_warnings": [RULE]}

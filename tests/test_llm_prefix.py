@@ -111,6 +111,10 @@ def test_sink_tokens_found_from_calibration() -> None:
     assert "document token" in choice.why[0] and "4 times" in choice.why[1]
     assert choice.later_ratio > 64
     assert choose_prefix(scan, first=None).tokens == (SINK,)  # the outlier comes first
+    # per position, the largest ratio over the windows (what the report plots)
+    assert len(choice.profile) == 16
+    assert max(choice.profile[1:]) == pytest.approx(choice.later_ratio)
+    assert choice.profile == tuple(float(x) for x in np.max(np.stack(scan.ratios), axis=0))
     # after the prefix the sink token's later occurrences are what is left to measure
     prefixed = prefixed_model(pre, compute_prefix(pre, choice.tokens))
     assert scan_sinks(prefixed, windows).ratios[0].shape == (16,)
@@ -128,6 +132,7 @@ def test_what_is_left_after_the_prefix_is_found_and_said() -> None:
     assert after.worst_position in {3, 4, 5, 6}  # where token 7 sits in the worst window
     assert after.worst_ratio > 64
     assert [t for t, _ in after.first_sinks] == [SINK]
+    assert max(after.profile) == pytest.approx(after.worst_ratio)
     assert after.probed == len({int(t) for win in windows for t in win})
     record = {"tokens": [0], "text": ["<d>"], "why": ["first position"], "threshold": 64.0,
               "first_position_ratio": float("nan"), "largest_later_ratio": float("nan"),

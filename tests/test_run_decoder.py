@@ -81,6 +81,15 @@ def test_decoder_run_writes_each_phase_and_the_host_steps(ran) -> None:
     assert set(rows) == {"plan", "as-scripted"} and verdict["whatif"]["asked"] is False
     assert "  as the phase scripts are written (" in printed
     assert "the goal as scripted: " in printed and "  whatif (--whatif" not in printed
+    # the residual peaks by position, without the prefix and after it: recorded, plotted
+    rec = verdict["prefix"]
+    assert len(rec["profile_before"]) == SEQ and rec["after"]["profile"]
+    # position 0's largest ratio over the windows is at least their median, the line's
+    assert rec["profile_before"][0] >= rec["first_position_ratio"] * (1 - 1e-3)
+    assert "profile" not in after  # host.json keeps what the host needs
+    page = (out / "report.html").read_text()
+    assert "<h2>KV prefix</h2>" in page
+    assert 'alt="residual peaks by position, without and after the KV prefix"' in page
 
 
 @pytest.mark.slow

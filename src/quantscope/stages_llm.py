@@ -101,8 +101,7 @@ def open_phase_models(spec: str | Path, phases: tuple[str, ...] = PHASES) -> dic
 def check_plan_phases(spec: str | Path, plan: Plan, phases: tuple[str, ...],
                       seq_len: int | None, allowed: frozenset[str] = frozenset()
                       ) -> tuple[PhaseCheck, ...]:
-    """``plan`` on each phase graph, the warning rules ``allowed`` (``--allow-warning``)
-    accepted (:class:`quantscope.plan.phases.PhaseScreen`)."""
+    """``plan`` on each phase graph, the warning rules ``allowed`` accepted."""
     if not plan.target:
         raise QuantscopeError("the plan names no target: check --phase needs one "
                               "(give --target or a plan made for a target)")
@@ -194,6 +193,8 @@ class LmPrefix:
                 "why": list(self.choice.why), "threshold": THRESHOLD,
                 "first_position_ratio": self.choice.first_ratio,
                 "largest_later_ratio": self.choice.later_ratio,
+                **({"profile_before": [round(x, 4) for x in self.choice.profile]}
+                   if self.choice.profile else {}),
                 **({"after": self.after} if self.after else {})}
 
 
@@ -217,7 +218,8 @@ def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindo
         choice = choose_prefix(scan_sinks(pre, windows.calibration), document_token(tok))
     elif isinstance(mode, str) and mode.startswith(HEAD):
         choice = head_choice(document_token(tok),
-                             tok.encode(mode[len(HEAD):], add_special_tokens=False).ids)
+                             tok.encode(mode[len(HEAD):], add_special_tokens=False).ids,
+                             scan_sinks(pre, windows.calibration))
     elif isinstance(mode, tuple):
         choice = PrefixChoice(mode, ("recorded in the plan",) * len(mode), math.nan, math.nan)
     else:
@@ -230,6 +232,7 @@ def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindo
             return tok.decode([t], skip_special_tokens=False) or "?"
 
         after = {**dataclasses.asdict(a), "worst_text": name(a.worst_token),
+                 "profile": [round(x, 4) for x in a.profile],
                  "first_sinks": [[t, name(t), r] for t, r in a.first_sinks]}
     del pre
     release_memory()
@@ -310,8 +313,7 @@ class PhasePlan:
     # the calibration of the phase graphs the figures ran on (with the prefix): what an
     # export of the plan per phase takes (``run`` on a decoder)
     stats: dict[str, Stats] | None = None
-    # what --allow-warning let through in the chosen plan (plan/accepted.py's record)
-    accepted: tuple[dict[str, Any], ...] = ()
+    accepted: tuple[dict[str, Any], ...] = ()  # --allow-warning's (plan/accepted.py)
 
     def plan(self) -> Plan:
         """The chosen plan with its per-phase results in ``meta`` (JSON strings)."""

@@ -80,6 +80,21 @@ class SinkScan:
         """The largest peak over the median position at positions > 0."""
         return max((float(r[1:].max()) for r in self.ratios if len(r) > 1), default=0.0)
 
+    def profile(self) -> tuple[float, ...]:
+        """Per position of a window: its largest peak over the median position, over the
+        windows (what the report plots)."""
+        return position_profile(self.ratios)
+
+
+def position_profile(ratios: Sequence[np.ndarray]) -> tuple[float, ...]:
+    """Per position, the largest of the windows' ratios there (windows of any lengths)."""
+    if not ratios:
+        return ()
+    table = np.full((len(ratios), max(len(r) for r in ratios)), np.nan)
+    for i, r in enumerate(ratios):
+        table[i, :len(r)] = r
+    return tuple(float(x) for x in np.nanmax(table, axis=0))
+
 
 def scan_sinks(prefill: Model, windows: Sequence[np.ndarray]) -> SinkScan:
     """FP32 residual peaks per position of each window (one tapped session)."""
@@ -106,6 +121,7 @@ class PrefixChoice:
     why: tuple[str, ...]  # per token
     first_ratio: float  # the first position's peak / median, before
     later_ratio: float  # the largest later position's, before
+    profile: tuple[float, ...] = ()  # per position, the largest ratio over the windows, before
 
 
 def choose_prefix(scan: SinkScan, first: int | None, *, max_tokens: int = MAX_TOKENS,
@@ -127,7 +143,8 @@ def choose_prefix(scan: SinkScan, first: int | None, *, max_tokens: int = MAX_TO
         if tok not in tokens:
             tokens.append(tok)
             why.append(f"outlier (> {threshold:g}x the median position) {n} times")
-    return PrefixChoice(tuple(tokens), tuple(why), scan.first_ratio(), scan.worst_later())
+    return PrefixChoice(tuple(tokens), tuple(why), scan.first_ratio(), scan.worst_later(),
+                        scan.profile())
 
 
 def with_head(prefix: str, head: str | None) -> str:
@@ -149,9 +166,11 @@ def with_head(prefix: str, head: str | None) -> str:
     return HEAD + head
 
 
-def head_choice(first: int | None, ids: Sequence[int]) -> PrefixChoice:
+def head_choice(first: int | None, ids: Sequence[int], scan: SinkScan | None = None
+                ) -> PrefixChoice:
     """The prefix of a prompt head: the document token ``first`` (where the tokenizer has
-    one), then the head's token ids; refused over ``HEAD_MAX_TOKENS``."""
+    one), then the head's token ids; refused over ``HEAD_MAX_TOKENS``. ``scan``: the
+    calibration windows' peaks without a prefix, recorded as the "before" figures."""
     if not ids:
         raise QuantscopeError("--prompt-head gives no token: give the text every prompt "
                               "begins with")
@@ -160,8 +179,10 @@ def head_choice(first: int | None, ids: Sequence[int]) -> PrefixChoice:
                               f"{HEAD_MAX_TOKENS} (the cache holds it before every prompt)")
     lead = [] if first is None else [int(first)]
     why = ["first position (the tokenizer's document token)"] * len(lead)
+    before = (math.nan, math.nan, ()) if scan is None else (
+        scan.first_ratio(), scan.worst_later(), scan.profile())
     return PrefixChoice(tuple(lead + [int(t) for t in ids]),
-                        tuple(why + [HEAD_WHY] * len(ids)), math.nan, math.nan)
+                        tuple(why + [HEAD_WHY] * len(ids)), *before)
 
 
 def compute_prefix(prefill: Model, tokens: Sequence[int]) -> KVPrefix:
@@ -194,6 +215,7 @@ class AfterPrefix:
     worst_position: int  # in its window (0: the first token after the prefix)
     probed: int  # most frequent calibration tokens tried as the first token after it
     first_sinks: tuple[tuple[int, float], ...]  # (token, ratio) over the threshold, worst first
+    profile: tuple[float, ...] = ()  # per position after the prefix, the largest ratio
 
 
 def _peaks(session: Any, names: list[str], ids: np.ndarray) -> np.ndarray:
@@ -222,7 +244,8 @@ def scan_after(prefixed: Model, windows: Sequence[np.ndarray], *,
     release_memory()
     return AfterPrefix(len(per), sum(int(r.max() > threshold) for r in ratios),
                        float(ratios[w][pos]), int(windows[w][pos]), pos,
-                       min(probe, len(counts)), tuple(sorted(sinks, key=lambda s: -s[1])))
+                       min(probe, len(counts)), tuple(sorted(sinks, key=lambda s: -s[1])),
+                       position_profile(ratios))
 
 
 def format_prefix(prefix: dict[str, Any] | None) -> str:
@@ -278,4 +301,5 @@ def prefixed_opener(open_phase: OpenPhase, prefix: KVPrefix | None) -> OpenPhase
 __all__ = ["HEAD", "HEAD_MAX_TOKENS", "HEAD_WHY", "MAX_TOKENS", "PREFIX_CHOICES", "head_choice",
            "with_head", "PROBE_TOKENS", "THRESHOLD", "AfterPrefix",
            "PrefixChoice", "SinkScan", "after_text", "choose_prefix", "compute_prefix",
-           "format_prefix", "prefixed_model", "prefixed_opener", "scan_after", "scan_sinks"]
+           "format_prefix", "position_profile", "prefixed_model", "prefixed_opener",
+           "scan_after", "scan_sinks"]

@@ -79,6 +79,7 @@ class AutoOptions(Protocol):
     layout: tuple[Any, ...]
     batch_axes: tuple[tuple[str, int], ...]
     repair_batches: int
+    allow_warnings: tuple[str, ...]
 
 
 # what decides a tie of the headline (a coarse one: top-1 agreement on few pairs), in dB
@@ -107,6 +108,9 @@ def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
             **tokenizer_beside(opts, identity),
             "batch_axes": [list(p) for p in opts.batch_axes],
             **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {}),
+            # the warnings the measured max-legal plan may cross (absent when none: the
+            # keys of runs without --allow-warning stay valid)
+            **({"allow_warnings": sorted(opts.allow_warnings)} if opts.allow_warnings else {}),
             # the rule that kept them: a folder chosen under another rule chooses again
             "keep_rule": KEEP_RULE}
 
@@ -147,13 +151,16 @@ def _samples(fit: Dataset) -> tuple[int | None, str]:
 
 def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int | None,
                       input_shapes: tuple[tuple[str, tuple[int, ...]], ...] = (),
-                      tiebreak: str | None = None,
+                      tiebreak: str | None = None, allowed: frozenset[str] = frozenset(),
                       ) -> Callable[[Model, Stats], Measured]:
     """``measure(model, stats)`` for :func:`quantscope.rewrites.auto.choose_rewrites`:
     ``metric`` of the model's ``plan --max-legal`` candidate at ``seq_len`` (no repairs),
     emulated in ONNX Runtime on ``fit`` against the model's own FP32 outputs, with
     ``tiebreak`` (a metric, higher is better) and, for retrieval pairs and a metric with a
-    per-query form, each query's score (the same run: :class:`_PerQuery`).
+    per-query form, each query's score (the same run: :class:`_PerQuery`). ``allowed``:
+    the warning rules ``--allow-warning`` accepted, which block no group of the measured
+    plan (the plan search screens with the same set: a rewrite is judged on the plan the
+    run can ship, not on a stricter one).
 
     The reference is the FP32 outputs of the first model measured (the given one, run
     once and held): every rewrite keeps FP32 within 1e-5 (checked when it is applied), so
@@ -172,7 +179,7 @@ def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int
 
     def measure(model: Model, stats: Stats) -> Measured:
         shapes = given_shapes(model, seq_len, input_shapes)
-        plan = max_legal(model, target, shapes).plan
+        plan = max_legal(model, target, shapes, allowed=allowed).plan
         task = _PerQuery.of(fit.task, metric, parts=tiebreak == "embedding_sqnr_db")
         data = fit if task is None else dataclasses.replace(fit, task=task)
         pooled = getattr(data.task, "keep", None) is not None
@@ -266,6 +273,7 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
     """The auto choice for this run, measured now on its fit data."""
     from quantscope.pipeline.data import open_fit_data
     from quantscope.targets import load_target
+    from quantscope.targets.accept import allowed_warnings
 
     fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
                         tokenizer=opts.tokenizer, layout=opts.layout,
@@ -276,6 +284,7 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
     target = load_target(opts.target)
     n, unit = _samples(fit)
     tiebreak = TIEBREAK[unit]
+    allowed = allowed_warnings(target, opts.allow_warnings)
     items = share_items(fit.task, head.metric, {})  # known before measuring: a verification's
     # pairs; another share's items once measured (choose_rewrites says them then)
     over = (f" ({items[0]} {items[1]})" if items and items[0] != n else
@@ -293,13 +302,16 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
         calibrate=calib,
         measure=_released(repaired_measure(
             max_legal_measure(fit, target, head.metric, seq_len=opts.seq_len,
-                              input_shapes=opts.input_shapes, tiebreak=tiebreak),
+                              input_shapes=opts.input_shapes, tiebreak=tiebreak,
+                              allowed=allowed),
             calib, target, list(fit.calibration)[: opts.repair_batches],
             seq_len=opts.seq_len, input_shapes=opts.input_shapes)),
         tiebreak=tiebreak, margin=headline_margin(head.unit),
         reload=lambda p: stages.load_proto(p, model.source),
         metric=head.metric, higher_is_better=head.higher_is_better, n=n, unit=unit,
-        measured_on=MEASURED_ON + _repaired_for(model, target, opts),
+        measured_on=MEASURED_ON + _repaired_for(model, target, opts) + (
+            f"; warning rule(s) accepted (--allow-warning): {', '.join(sorted(allowed))}"
+            if allowed else ""),
         input_shapes=opts.input_shapes, progress=progress)
     current = model if proto is None else stages.load_proto(proto, model.source)
     fixed, records = apply_binding_repairs(

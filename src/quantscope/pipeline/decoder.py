@@ -461,7 +461,8 @@ def host(ctx: DecoderContext) -> Done:
         "tokenizer": TOKENIZER,
         "prefix": ({"tokens": prefix["tokens"], "text": prefix["text"], "why": prefix["why"],
                     "file": PREFIX_NPZ, "loader": PREFIX_PY,
-                    **({"after": prefix["after"]} if prefix.get("after") else {})}
+                    **({"after": {k: v for k, v in prefix["after"].items() if k != "profile"}}
+                       if prefix.get("after") else {})}
                    if prefix else None),
         "kv_cache": {"inputs": cache, "prefix_slots": n, "first_prompt_position": n,
                      "compiled_prompt_tokens": seq,

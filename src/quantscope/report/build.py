@@ -25,6 +25,7 @@ from typing import Any
 
 from quantscope.emulate.class_axes import read_words
 from quantscope.report import fmt
+from quantscope.report.figures import log_scale
 from quantscope.report.figures import png_uri as _png
 from quantscope.report.figures import pyplot as _plt
 from quantscope.report.plots import prenorm_plot
@@ -292,7 +293,7 @@ def choice_section(label: str, choice: dict[str, Any]) -> str:
     ax.scatter(choice["cost_mean"], 1.0 - choice["cosine_mean"], color="#c0392b", marker="*",
                s=120, label="the chosen deployment (mean)")
     ax.axvline(choice["max_cost"], color="#c0392b", ls="--", lw=1)
-    ax.set_yscale("log")
+    log_scale(ax)
     ax.set_xlabel(f"cost (x the reference's uniform a8_w8 at {choice['lengths'][-1]})")
     ax.set_ylabel("1 - cosine to FP32")
     ax.legend(fontsize=8)

@@ -1,7 +1,9 @@
 """The HTML report of a decoder LLM's ``run`` (``report.html``): the verdict first, then the
 candidates the plan stage weighed (cost per phase against the prefill perplexity ratio,
 plotted), the chosen plan's figures held out beside its a8_w4 variant (plotted with their
-standard errors), the diagnosis and the host's steps with each phase's device I/O."""
+standard errors), the KV prefix's effect on the residual peaks by position (plotted, where
+the plan recorded the scans), the diagnosis and the host's steps with each phase's device
+I/O."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 
 from quantscope.report import fmt
 from quantscope.report.build import _table, details, io_section, render
-from quantscope.report.figures import png_uri, pyplot
+from quantscope.report.figures import log_scale, png_uri, pyplot
 
 METRIC_LABELS = {"ppl_ratio": "prefill perplexity ratio", "top1_agreement": "prefill top-1",
                  "decode_top1": "decode top-1 (emulated KV)",
@@ -50,7 +52,7 @@ def candidates_plot(cands: dict[str, Any], verdict: dict[str, Any]) -> str:
     if verdict.get("metric") == "ppl_ratio" and verdict.get("goal"):
         ax.axhline(verdict["goal"], color="#888", ls="--", lw=1, label="goal")
     ax.axvline(verdict["max_cost"], color="#bbb", ls=":", lw=1, label="cost cap")
-    ax.set_yscale("log")
+    log_scale(ax)
     ax.set_xlabel("prefill cost (x uniform a8_w8)")
     ax.set_ylabel("prefill perplexity / FP32's")
     ax.legend(fontsize=8)
@@ -77,6 +79,45 @@ def figures_plot(verdict: dict[str, Any]) -> str:
         ax.tick_params(labelsize=8)
     fig.tight_layout()
     return _img(fig, "held-out figures of the plan and its a8_w4 variant")
+
+
+def prefix_section(prefix: dict[str, Any] | None) -> str:
+    """The residual peaks by position (FP32, the calibration windows; per position the
+    largest over the windows of its peak over its window's median position) without the
+    prefix and after it, against the outlier threshold; '' where the plan recorded no scan
+    (``--prefix none``, given tokens, a folder from before the profiles)."""
+    if not prefix:
+        return ""
+    before = prefix.get("profile_before") or []
+    after = (prefix.get("after") or {}).get("profile") or []
+    if not before and not after:
+        return ""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    n = len(prefix["tokens"])
+    if before:
+        ax.plot(range(len(before)), before, "o-", ms=3, color="#d62728",
+                label="without the prefix (position 0: the window's first token)")
+    if after:
+        ax.plot(range(len(after)), after, "o-", ms=3, color="#1f77b4",
+                label=f"after the {n}-token prefix (position 0: the first token after it)")
+    ax.axhline(prefix["threshold"], color="#888", ls="--", lw=1,
+               label=f"outlier: > {prefix['threshold']:g}x the median position")
+    log_scale(ax)
+    ax.set_xlabel("position in the calibration window")
+    ax.set_ylabel("residual peak / median position")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    windows = (prefix.get("after") or {}).get("windows")
+    over = (prefix.get("after") or {}).get("over")
+    left = (f" After it, {over} of {windows} window(s) still have an outlier position."
+            if after and windows else "")
+    return ("<h2>KV prefix</h2><p>The largest residual activation at each position over the "
+            "median position of its window (FP32 prefill on the calibration windows, the "
+            "largest over the windows): the prefix's tokens run in FP32 on the host, so "
+            "what stays over the threshold after it still sizes the 8-bit residual grids."
+            f"{html.escape(left)}</p>"
+            + _img(fig, "residual peaks by position, without and after the KV prefix"))
 
 
 def search_section(search: dict[str, Any]) -> str:
@@ -138,6 +179,8 @@ def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
     wrote no candidates file (said on the page)."""
     sections = [f'<div id=verdict class=verdict><pre>{html.escape(verdict_text)}</pre></div>']
     sections.append("<h2>Held out</h2>" + figures_plot(verdict))
+    if (prefix := prefix_section(verdict.get("prefix"))):
+        sections.append(prefix)
     if (verdict.get("whatif") or {}).get("asked"):
         sections.append(whatif_section(verdict["whatif"], verdict))
     if verdict.get("rewrite_search"):
@@ -174,5 +217,5 @@ def decoder_report_html(verdict_text: str, verdict: dict[str, Any],
     return render(f"quantscope run: {verdict['model']} on {verdict['target']}", sections)
 
 
-__all__ = ["candidates_plot", "decoder_report_html", "figures_plot", "search_section",
-           "whatif_section"]
+__all__ = ["candidates_plot", "decoder_report_html", "figures_plot", "prefix_section",
+           "search_section", "whatif_section"]

@@ -22,6 +22,18 @@ def pyplot() -> Any:
     return plt
 
 
+def log_scale(ax: Any, axis: str = "y") -> None:
+    """``ax``'s ``axis`` ('x' or 'y') on a log scale, its ticks labelled in plain text
+    ('10', '2'). Matplotlib's default log labels are mathtext (``$\\mathdefault{10^{2}}$``),
+    which :func:`pyplot` turns off: they were drawn as that raw text."""
+    from matplotlib.ticker import LogFormatter
+
+    getattr(ax, f"set_{axis}scale")("log")
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(LogFormatter(labelOnlyBase=False))
+    target.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
+
+
 def png_uri(fig: Any) -> str:
     """``fig`` as a PNG ``data:`` URI (110 dpi, tight box); the figure is closed."""
     buf = io.BytesIO()

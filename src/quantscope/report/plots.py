@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from quantscope.report.figures import log_scale
 from quantscope.report.figures import png_uri as _png
 from quantscope.report.figures import pyplot as _plt
 from quantscope.report.fmt import axis, is_share, short_names
@@ -217,7 +218,7 @@ def headroom_plot(metric: str, plan_value: float, headroom: dict[str, Any]) -> s
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 3))
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", color="#4a7ab5")
-    ax.set_xscale("log")
+    log_scale(ax, "x")
     ax.invert_xaxis()
     if headroom.get("goal") is not None:
         ax.axhline(k * headroom["goal"], color="#c33", lw=0.9, ls="--", label="goal")
