@@ -8,6 +8,7 @@ unknown id is refused in one line."""
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -173,6 +174,7 @@ def test_a_decoder_run_accepts_a_warning_and_every_output_says_it(tiny, tmp_path
     assert verdict["accepted_warnings"] == record
     assert said in (out / "verdict.txt").read_text() and said in printed
     assert said in (out / "plan.txt").read_text()
+    assert said in html.unescape((out / "report.html").read_text())
     for phase in PHASES:
         assert f"# {said}" in (out / phase / "model.alls").read_text()
     cands = json.loads((out / "candidates.json").read_text())
