@@ -203,7 +203,7 @@ def test_decoder_run_report_fits_with_the_verdict_first_and_images_decode(decode
     dom = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri()).stdout
     sizes = json.loads(unescape(re.search(r'<pre id="qs-images">(.*?)</pre>', dom, re.S)
                                 .group(1)))
-    assert len(sizes) == 3 and all(w > 0 and h > 0 for _, w, h in sizes), sizes  # + whatif
+    assert len(sizes) == 4 and all(w > 0 and h > 0 for _, w, h in sizes), sizes  # + whatif, prefix
     text = unescape(decoder_report.read_text())
     # the chosen candidate (on the tiny random decoder act16 and act16+w16 are within
     # noise of each other: which one wins is not what this checks)

@@ -18,6 +18,11 @@ One place decides it, in this order:
    along it and a note says so (:attr:`AxisRead.positions`, as for an axis whose length
    varies by sample: :class:`quantscope.emulate.channels.ChannelFidelity`).
 
+A task may claim that the output has no channel axis (:attr:`ClassAxis.axis` None: a
+single map ``[N, H, W]`` of a ``map`` layout, each value decided alone): no per-channel
+figure is made, the output's worst-channel figure is its whole SQNR, and its entry says
+so (``channel_axis_none``, :data:`NONE_KEY`; :func:`read_words`).
+
 A claim that lands on the samples' axis or off the array (a ``ctc`` declared on a rank-2
 output, which its task says it cannot decode) is not taken. The output's entry says which
 axis was read, how many channels it holds and why (``channel_axis_read``: ``axis 2, 97
@@ -28,7 +33,7 @@ says that one line beside them (:func:`read_words`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +41,7 @@ from quantscope.numerics import default_channel_axis
 from quantscope.types import moved_axis
 
 KEY = "channel_axis_read"  # the output entry's key holding the line
+NONE_KEY = "channel_axis_none"  # the entry's key saying why an output has no channel axis
 GRAPH = "the graph's channel axis of this output"
 DEFAULT = "by default (the graph tells no channel axis of this output)"
 STATIC = ("by default, the last axis of fixed length (the graph tells no channel axis of "
@@ -47,11 +53,15 @@ class ClassAxis:
     """The axis an output's task reads its classes (or rows) on, of the output as the
     model declares it (-1 the last); ``sample_axis``: its samples' axis (``--batch-axis``);
     ``why``: what the axis is, said in the output's entry ("the classes of the declared
-    ctc layout")."""
+    ctc layout"); ``axis`` None: the task says the output has no channel axis (``why``
+    says what it is instead: a single map); ``why_of``: the why given the count of
+    channels on the axis, where the words count them (a detection's rows, some of which
+    no box or score is read from), else ``why``."""
 
-    axis: int
+    axis: int | None
     sample_axis: int = 0
     why: str = ""
+    why_of: Callable[[int], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -60,11 +70,13 @@ class AxisRead:
     (``axis``, None: none), the entry's line saying it and why (``read``), and, when that
     axis is one the model declares symbolic and no axis of fixed length is left to read,
     its declared name (``positions``: ``'F'``; the axis is then read as positions and
-    no per-channel figure is made)."""
+    no per-channel figure is made); ``none``: why the output's task says it has no
+    channel axis (``axis`` None; a single map)."""
 
     axis: int | None
     read: str
     positions: str = ""
+    none: str = ""
 
 
 def read_axis(shape: tuple[int, ...], given: int | None, claim: ClassAxis | None = None,
@@ -75,11 +87,14 @@ def read_axis(shape: tuple[int, ...], given: int | None, claim: ClassAxis | None
     (sample-first axis -> the model's name of its dim: ``'T'``, ``'?'`` unknown) moves it
     off an axis of positions (module doc)."""
     rank = len(shape)
-    if claim is not None and rank:
+    if claim is not None and claim.axis is None and rank > 1:
+        return AxisRead(None, "", none=claim.why or "the output's task reads none")
+    if claim is not None and claim.axis is not None and rank:
         a = moved_axis(claim.axis, claim.sample_axis, rank)
         if -rank <= a < rank and a % rank != 0:
-            return AxisRead(a % rank, _said(shape, a % rank, claim.why or "the axis the "
-                                            "output's task decides on"))
+            why = claim.why_of(shape[a]) if claim.why_of is not None else claim.why
+            return AxisRead(a % rank, _said(shape, a % rank, why or "the axis the output's "
+                                            "task decides on"))
     if given is not None:
         axis = given % rank if rank else None
         return AxisRead(axis, _said(shape, axis, GRAPH))
@@ -114,6 +129,10 @@ def _said(shape: tuple[int, ...], axis: int | None, why: str) -> str:
 def read_words(entry: Mapping[str, Any]) -> str:
     """What an output's per-channel figures are over, said beside them, from its entry's
     line (:data:`KEY`): ``per channel on axis 2, 97 channels: the classes of the declared
-    ctc layout``; "" for an entry without one (no channel axis, or positions)."""
-    read = entry.get(KEY)
-    return f"per channel on {read}" if read else ""
+    ctc layout``; where its task says it has none (:data:`NONE_KEY`), ``no channel axis:
+    a single map ..., so its worst channel is its whole SQNR``; "" for an entry without
+    either (one value per sample, or positions)."""
+    read, none = entry.get(KEY), entry.get(NONE_KEY)
+    if read:
+        return f"per channel on {read}"
+    return f"no channel axis: {none}, so its worst channel is its whole SQNR" if none else ""

@@ -28,7 +28,7 @@ from quantscope.emulate.channels import (
     TopClasses,
     is_scalar,
 )
-from quantscope.emulate.class_axes import ClassAxis, read_axis
+from quantscope.emulate.class_axes import NONE_KEY, ClassAxis, read_axis
 from quantscope.emulate.exact import ExactFidelity, is_exact
 from quantscope.emulate.sample_powers import Powers, SamplePowers, figure_columns
 from quantscope.emulate.session import make_session
@@ -237,6 +237,7 @@ class _Fidelity:
         self.power = [0.0] * len(names)
         self.parts: list[ChannelFidelity | ScalarFidelity | ExactFidelity | None] = [None] * len(names)
         self.seen = [False] * len(names)
+        self.no_axis = [""] * len(names)  # why a task says the output has no channel axis
         self.same = [SameSamples() for _ in names]  # FP32's output the same on every sample
 
     def _part(self, i: int, a: np.ndarray) -> ChannelFidelity | ScalarFidelity | ExactFidelity | None:
@@ -252,6 +253,7 @@ class _Fidelity:
                                 self.open_dims.get(name))
                 self.parts[i] = None if got.axis is None else ChannelFidelity(
                     got.axis, self.tops.get(name), got.read, got.positions)
+                self.no_axis[i] = got.none  # the task says it has none: said in its entry
         return self.parts[i]
 
     def add(self, ref: tuple[np.ndarray, ...], test: tuple[np.ndarray, ...]) -> None:
@@ -300,6 +302,8 @@ class _Fidelity:
                 tables[name].update(entry)
                 said[name] = (part.notes(name), bad)
             tables[name].setdefault("sqnr_db_channel_min", float(sqnr))  # no channel axis
+            if self.no_axis[i]:
+                tables[name][NONE_KEY] = self.no_axis[i]  # type: ignore[assignment]
         const = [n for n, s in zip(self.names, self.same, strict=True) if s.constant]
         out = _summary(tables, said, only=only, judge=judge, constant=const)
         if not self.per_sample:

@@ -438,6 +438,7 @@ def host(ctx: DecoderContext) -> Done:
     plan_ = ctx.plan()
     shutil.copyfile(tokenizer_path(phase_file(ctx.spec(), "prefill")), ctx.path(TOKENIZER))
     prefix = json.loads(dict(plan_.meta).get("kv_prefix") or "null")
+    (prefix or {}).get("after", {}).pop("profile", None)  # the report's, not the host's
     decode = onnx.load(str(ctx.path("decode") / "model.onnx"), load_external_data=False)
     cache = [{"name": i.name, "shape": [d.dim_param or d.dim_value
                                         for d in i.type.tensor_type.shape.dim],
@@ -447,8 +448,7 @@ def host(ctx: DecoderContext) -> Done:
     del decode
     n = len(prefix["tokens"]) if prefix else 0
     seq = ctx.opts.seq_len or ctx.opts.rank_setup().seq_len
-    io = {}
-    files = [TOKENIZER, HOST, HOST_TEXT]
+    io, files = {}, [TOKENIZER, HOST, HOST_TEXT]
     for phase in ("prefill", "decode"):
         model = _open_exported(ctx, phase)
         rows = device_io_rows(model, read_stats(ctx.path(STATS[phase])), plan_.for_phase(phase))
@@ -461,8 +461,7 @@ def host(ctx: DecoderContext) -> Done:
         "tokenizer": TOKENIZER,
         "prefix": ({"tokens": prefix["tokens"], "text": prefix["text"], "why": prefix["why"],
                     "file": PREFIX_NPZ, "loader": PREFIX_PY,
-                    **({"after": {k: v for k, v in prefix["after"].items() if k != "profile"}}
-                       if prefix.get("after") else {})}
+                    **({"after": after} if (after := prefix.get("after")) else {})}
                    if prefix else None),
         "kv_cache": {"inputs": cache, "prefix_slots": n, "first_prompt_position": n,
                      "compiled_prompt_tokens": seq,

@@ -104,13 +104,22 @@ class DetectionLayout:
             used |= set(range(*self.score_rows(box_rows)))
         return sorted(set(range(box_rows)) - used)
 
-    def row_words(self) -> str:
+    def row_words(self, box_rows: int | None = None) -> str:
         """What the box output's rows are, in words (its per-channel figures' channels):
         ``box values, scores``; a DFL head's ``box distribution bins (4 sides x 8)``; the
         scores said to be elsewhere where another output holds them (``scores_from=``). h70: a DFL head's
-        bin logits had been said ``box values, scores``."""
+        bin logits had been said ``box values, scores``. With ``box_rows`` (the box
+        output's count on the row axis) the rows no box, score or objectness is read from
+        are counted (:meth:`unread_rows`: BlazeFace's 12 key-point values of its 16 rows,
+        h73: they had been said box values)."""
         boxes = f"box distribution bins (4 sides x {self.dfl})" if self.dfl else "box values"
         obj = "" if self.objectness is None else ", objectness"
+        unread = self.unread_rows(box_rows) if box_rows is not None else []
+        if unread:
+            n = self.boxes[1] - self.boxes[0]
+            boxes = f"{n} {boxes}" if not self.dfl else boxes
+            obj += (f"; {len(unread)} row{'' if len(unread) == 1 else 's'} not read by the "
+                    f"detection layout (rows {_ranges(unread)})")
         if self.scores_output is not None:
             return f"{boxes}{obj}; its scores in another output, scores_from="
         return f"{boxes}, scores{obj}"
@@ -520,9 +529,13 @@ class DetectionTask:
         lay, boxes = self.layout, (self.output, *self.layout.levels)
         scores = () if lay.scores_output is None else (lay.scores_output, *lay.score_levels)
         return {**{o: ClassAxis(lay.axis, lay.sample_axis, f"the rows ({lay.row_words()}) "
-                                "of its detection layout") for o in boxes},
+                                "of its detection layout", why_of=self._rows_read) for o in boxes},
                 **{o: ClassAxis(lay.axis, lay.sample_axis, "the class scores of its "
                                 "detection layout (scores_from=)") for o in scores}}
+
+    def _rows_read(self, rows: int) -> str:
+        """The box output's rows in words, ``rows`` of them (:meth:`DetectionLayout.row_words`)."""
+        return f"the rows ({self.layout.row_words(rows)}) of its detection layout"
 
     def metrics(self, ref: Outputs, test: Outputs) -> Metrics:
         names = self.layout.outputs(self.output)

@@ -23,10 +23,11 @@ KIND           keys (defaults)                                          headline
                box outputs, pooled)  (:mod:`.detection`,
                :mod:`.grid_head`)
 ``map``        ``threshold=0.5``, ``channel=K`` (binarise channel K of   ``mask_iou``
-               axis 1 alone; default: every value)  (:mod:`.maps`)
+               axis 1 alone; default: every value)  (:mod:`.maps`,
+               :mod:`.layout_axes`)
 ``score``      ``threshold=0.5``: one value per sample  (:mod:`.maps`)   ``decision_agreement``
 ``class``      ``axis=K`` (the class axis; -1 the last): class scores    ``top1_agreement``
-               (:mod:`.classes`; default: the graph's, :func:`class_task`)
+               (:mod:`.classes`; default: the graph's, :mod:`.layout_axes`)
 ``points``     ``dims=2`` (values per point), ``tol=T`` (default 1 % of   ``point_agreement``
                FP32's x, y span; 1 px when scaled), ``flags=A-B`` (values
                decided at ``threshold=0``), ``scale=S`` | ``input`` (the
@@ -79,7 +80,7 @@ from quantscope.emulate.channels import TopClasses
 from quantscope.emulate.class_axes import ClassAxis
 from quantscope.model.dynamic import INDEX_TYPES
 from quantscope.model.load import Model
-from quantscope.tasks.classes import AXIS_BY_DEFAULT, ClassTask, class_output, picked_output
+from quantscope.tasks.classes import ClassTask, class_output, picked_output
 from quantscope.tasks.ctc import DEFAULT_BLANK, CtcTask, ctc_hint
 from quantscope.tasks.db_noise import Parts, side_by_side
 from quantscope.tasks.depth import DepthTask
@@ -90,6 +91,7 @@ from quantscope.tasks.detection import (
 )
 from quantscope.tasks.embedding_hint import embedding_hint
 from quantscope.tasks.grid_head import dfl_head_hint, grid_head_hint
+from quantscope.tasks.layout_axes import class_task, map_task
 from quantscope.tasks.layout_detect import detection_layout as _detection_layout
 from quantscope.tasks.layout_detect import dims as _dims
 from quantscope.tasks.layout_detect import float_option as _float
@@ -124,77 +126,6 @@ from quantscope.tasks.worst_output import worst_output_note
 from quantscope.types import Metrics, Outputs
 
 
-def class_task(spec: LayoutSpec, model: Model, shape: tuple | None,
-               samples: int | None = None) -> ClassTask:
-    """The class task of a ``class`` layout: the class axis as given (``axis=K``; -1 the
-    last), else the one non-sample axis of ``[N, C]``, else the channel axis the graph
-    gives the output (:func:`quantscope.model.axes.output_channel_axes`: the features of
-    the weighted MatMul/Gemm that makes ``[N, T, C]``, the channels of a Conv's
-    ``[N, C, H, W]``), else axis 1, said to be a default (``ClassTask.axis_read``). Every
-    axis is the declared output's; ``samples`` its sample axis (None: not known yet, the
-    data unread: 0 assumed, not checked)."""
-    from quantscope.model.axes import output_channel_axes
-
-    rank = len(shape) if shape is not None else None
-    raw = spec.option("axis")
-    if rank is not None and rank < 2:
-        raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}, no class "
-                    "axis of 2 or more classes: use kind score for one value per sample")
-    if raw is not None:
-        axis, read = int(raw), "as given"
-        if rank is not None and not -rank <= axis < rank:
-            raise _fail(spec.text, f"axis {axis} is outside output '{spec.output}' of shape "
-                        f"{_dims(shape)}: give one of {_others(rank, samples)} (-1: the last)")
-        axis = axis % rank if rank is not None else axis
-        if axis == samples:
-            raise _fail(spec.text, f"axis {raw} is the samples' axis of output "
-                        f"'{spec.output}': give the class axis, {_others(rank, samples)} "
-                        "(-1: the last)")
-    elif rank == 2:
-        axis, read = 1 - (samples or 0), ""
-    else:
-        graph = output_channel_axes(model).get(spec.output)
-        producer = next((n.op_type for n in model.graph.node if spec.output in n.output), None)
-        if graph:
-            axis, read = graph, f"the graph's channel axis of its {producer}"
-        else:
-            axis, read = 2 if samples == 1 else 1, f"by default: {AXIS_BY_DEFAULT}"
-    size = shape[axis] if shape is not None and axis < len(shape) else None
-    if isinstance(size, int) and size < 2:
-        raise _fail(spec.text, f"output '{spec.output}' has shape {_dims(shape)}: axis {axis} "
-                    f"holds {size} value, no classes to pick: give the class axis with "
-                    f"{spec.output}=class:axis=K, or use kind score for one value per sample")
-    return ClassTask(name=f"class:{spec.output}", output=spec.output, axis=axis,
-                     axis_read=read, sample_axis=samples or 0)
-
-
-def _map_channel(spec: LayoutSpec, model: Model, shape: tuple | None, samples: int | None
-                 ) -> tuple[int | None, int]:
-    """The ``channel=K`` of a map layout and the axis it indexes: the output's channel axis
-    as the graph gives it (an NHWC export's last axis: tf2onnx's ``[N, H, W, C]``), else 1;
-    checked against that axis."""
-    from quantscope.model.axes import output_channel_axes
-
-    raw = spec.option("channel")
-    if raw is None:
-        return None, 1
-    k = int(raw)
-    if samples:
-        raise _fail(spec.text, f"channel= reads axis 1 of an output batched on axis 0, and "
-                    f"'{spec.output}' is batched on axis {samples}: leave channel out")
-    axis = output_channel_axes(model).get(spec.output, 1) if shape is not None else 1
-    axis = axis if shape is not None and 0 < axis < len(shape) else 1
-    if shape is not None and (len(shape) < 3 or (isinstance(shape[axis], int)
-                                                 and k >= shape[axis])):
-        dims = tuple(d if isinstance(d, int) else "?" for d in shape)
-        where = ("its axis 1 (a map [N, C, H, W] has C of them)" if axis == 1 else
-                 f"its channel axis {axis}, the graph's (an NHWC map [N, H, W, C] has C "
-                 "of them)")
-        raise _fail(spec.text, f"output '{spec.output}' has shape {dims}: channel {k} is no "
-                    f"channel of {where}")
-    return k, axis
-
-
 def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> object | None:
     shape = model.value_shapes().get(spec.output)
     name = f"{spec.kind}:{spec.output}"
@@ -208,9 +139,7 @@ def _task(spec: LayoutSpec, model: Model, samples: int | None, data: str) -> obj
         return DetectionTask(name=name, output=spec.output,
                              layout=_detection_layout(spec, shape, samples, model))
     if spec.kind == "map":
-        channel, channel_axis = _map_channel(spec, model, shape, samples)
-        return MapTask(name=name, output=spec.output, channel=channel, channel_axis=channel_axis,
-                       threshold=_float(spec, "threshold", MAP_THRESHOLD))
+        return map_task(spec, model, shape, samples, _float(spec, "threshold", MAP_THRESHOLD))
     if spec.kind == "score":
         if shape is not None and any(isinstance(d, int) and d != 1 for d in shape[1:]):
             raise _fail(spec.text, f"output '{spec.output}' has shape "

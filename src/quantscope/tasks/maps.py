@@ -97,11 +97,16 @@ class MapTask:
     headline: str = "mask_iou"
     higher_is_better: bool = True
     row_local: bool = True
+    # the axis the per-channel figures read, the layout's claim (axis None: a single map,
+    # no channel axis; :func:`quantscope.tasks.layout_axes.map_task`); None: no claim
+    read: ClassAxis | None = None
 
     def class_axes(self) -> dict[str, ClassAxis]:
-        """With ``channel=K``: the per-channel figures read the axis K indexes (the one this
-        task reads, the graph's or 1, not a guess of their own); without, the task decides
-        each value alone and tells no axis (the graph's or the default is read, and said)."""
+        """The layout's claim (:attr:`read`: the maps' channel axis, with or without
+        ``channel=K``, or none for a single map), else with ``channel=K`` the axis K
+        indexes; else none is told (the graph's or the default is read, and said)."""
+        if self.read is not None:
+            return {self.output: self.read}
         if self.channel is None:
             return {}
         return {self.output: ClassAxis(self.channel_axis, 0, "the channels of its map layout "
