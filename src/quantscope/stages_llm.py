@@ -30,6 +30,7 @@ from quantscope.analyze.prefix import (
     head_choice,
     prefixed_model,
     prefixed_opener,
+    recorded_prefix,
     scan_after,
     scan_sinks,
 )
@@ -38,6 +39,7 @@ from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
 from quantscope.model.phases import PHASES, check_phase_interface, phase_path
+from quantscope.plan.accepted import accepted_record, with_accepted
 from quantscope.plan.phase_search import (
     SELECTION,
     PhaseCandidate,
@@ -52,14 +54,20 @@ from quantscope.plan.phase_search import (
     unit_of,
     with_units,
 )
-from quantscope.plan.phases import PhaseCheck, check_phases
+from quantscope.plan.phases import PhaseCheck, accepted_groups, check_phases, phase_screen
 from quantscope.report.phase_plan import (  # noqa: F401 - re-exported (plan --phase, run)
     format_lm_quality,
     format_phase_checks,
     format_phase_plan,
 )
 from quantscope.targets import load_target
-from quantscope.tasks.lm import DEFAULT_SEQ_LEN, TokenWindows, load_lm_tokenizer, token_windows
+from quantscope.tasks.lm import (
+    DEFAULT_SEQ_LEN,
+    TokenWindows,
+    document_token,
+    load_lm_tokenizer,
+    token_windows,
+)
 from quantscope.tasks.lm_phases import (
     OpenPhase,
     calibrate_phases,
@@ -98,12 +106,15 @@ def open_phase_models(spec: str | Path, phases: tuple[str, ...] = PHASES) -> dic
 
 
 def check_plan_phases(spec: str | Path, plan: Plan, phases: tuple[str, ...],
-                      seq_len: int | None) -> tuple[PhaseCheck, ...]:
+                      seq_len: int | None, allowed: frozenset[str] = frozenset()
+                      ) -> tuple[PhaseCheck, ...]:
+    """``plan`` on each phase graph, the warning rules ``allowed`` accepted."""
     if not plan.target:
         raise QuantscopeError("the plan names no target: check --phase needs one "
                               "(give --target or a plan made for a target)")
-    return check_phases(plan, open_phase_models(spec, phases), load_target(plan.target),
-                        seq_len or DEFAULT_SEQ_LEN)
+    models, target = open_phase_models(spec, phases), load_target(plan.target)
+    seq = seq_len or DEFAULT_SEQ_LEN
+    return check_phases(plan, models, target, seq, phase_screen(models, target, seq, allowed))
 
 
 EVAL_TOKENS, PROMPTS, NEW_TOKENS, DECODE_STEPS = 20_000, 32, 64, 256  # the CLI's amounts
@@ -196,12 +207,6 @@ class LmPrefix:
                 **({"after": self.after} if self.after else {})}
 
 
-def document_token(tok: Any) -> int | None:
-    """The tokenizer's lowest-id special token (``<|endoftext|>``), None without one."""
-    ids = [i for i, t in tok.get_added_tokens_decoder().items() if t.special]
-    return min(ids) if ids else None
-
-
 def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindows
               ) -> LmPrefix | None:
     """``none`` (None), ``auto`` (the sink tokens of the calibration windows,
@@ -237,12 +242,6 @@ def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindo
     release_memory()
     return LmPrefix(choice, kv, tuple(tok.id_to_token(t) or "?" for t in choice.tokens), after,
                     tuple(name(t) for t in choice.tokens))
-
-
-def recorded_prefix(plan: Plan) -> tuple[int, ...]:
-    """The prefix tokens a plan records (``meta['kv_prefix']``), () if none."""
-    text = dict(plan.meta).get("kv_prefix")
-    return tuple(int(t) for t in json.loads(text)["tokens"]) if text else ()
 
 
 def _opener(spec: str | Path, prefix: LmPrefix | None = None) -> OpenPhase:
@@ -313,6 +312,7 @@ class PhasePlan:
     # the calibration of the phase graphs the figures ran on (with the prefix): what an
     # export of the plan per phase takes (``run`` on a decoder)
     stats: dict[str, Stats] | None = None
+    accepted: tuple[dict[str, Any], ...] = ()  # --allow-warning's (plan/accepted.py)
 
     def plan(self) -> Plan:
         """The chosen plan with its per-phase results in ``meta`` (JSON strings)."""
@@ -326,17 +326,19 @@ class PhasePlan:
                 "phase_results": json.dumps(results)}
         if self.prefix is not None:
             meta["kv_prefix"] = json.dumps(self.prefix.to_dict())
-        return dataclasses.replace(self.chosen.plan,
-                                   meta=tuple({**dict(self.chosen.plan.meta), **meta}.items()))
+        return with_accepted(dataclasses.replace(
+            self.chosen.plan, meta=tuple({**dict(self.chosen.plan.meta), **meta}.items())),
+            self.accepted)
 
 
 def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
                 setup: LmSetup = LmSetup(), phases: tuple[str, ...] = PHASES,
-                prefix: str = "none") -> PhasePlan:
+                prefix: str = "none", allowed: frozenset[str] = frozenset()) -> PhasePlan:
     """Candidates ranked by the calibrated ranges, screened on the ``phases`` graphs (legal,
     within ``max_cost`` in each), the kept ones measured (on both graphs: decode's metrics
     need the prefill cache), the best chosen (:mod:`quantscope.plan.phase_search`); with
-    ``prefix`` (:func:`lm_prefix`) every step on the graphs that read that KV prefix."""
+    ``prefix`` (:func:`lm_prefix`) every step on the graphs that read that KV prefix;
+    ``allowed``: the warning rules ``--allow-warning`` accepts (recorded in the plan)."""
     tgt = load_target(target)
     windows, prompts = lm_text(spec, setup)
     kv = lm_prefix(spec, prefix, windows)
@@ -345,11 +347,12 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
     diagnosis = diagnose_phases(spec, stats, windows, phases, kv)
     models = {p: opener(p) for p in phases}
     ranked = rank_by_range(find_groups(next(iter(models.values()))), list(stats.values()))
-    plans = candidate_plans(models, tgt, ranked, setup.seq_len, max_cost)
+    legal = phase_screen(models, tgt, setup.seq_len, allowed)
+    plans = candidate_plans(models, tgt, ranked, setup.seq_len, max_cost, legal)
     if str(target).endswith(".toml") or "/" in str(target):  # a profile file: the plans
         # name the file, which loads again (a built-in by its name)
         plans = {k: dataclasses.replace(p, target=str(target)) for k, p in plans.items()}
-    candidates = screen(plans, models, tgt, setup.seq_len)
+    candidates = screen(plans, models, tgt, setup.seq_len, legal)
     ranged = {p: output_range_tensors(m) for p, m in models.items()}
     del models
     release_memory()
@@ -364,8 +367,9 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
     results.update(measure({again.label: again.plan}))
     quality = {"data": windows.source, "setup": setup.__dict__, "plans": results,
                **({"prefix": kv.to_dict()} if kv else {})}
-    return PhasePlan(choose(candidates, results, max_cost), candidates, quality, diagnosis,
-                     max_cost, kv, stats)
+    best = choose(candidates, results, max_cost)
+    return PhasePlan(best, candidates, quality, diagnosis, max_cost, kv, stats,
+                     tuple(accepted_record(tgt, accepted_groups(best.checks, legal.allowed))))
 
 
 def phase_job(spec: str | Path, name: str, out: str | Path, setup: LmSetup, *,
@@ -505,8 +509,9 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
         *((k, v) for k, v in plan4.meta if k in (PHASE_OVERRIDES, PHASE_RANGES))))
     tgt = load_target(plan.target)
     checks: dict[str, dict[str, Any]] = {}
+    legal = phase_screen(models, tgt, setup.seq_len)  # once for both plans
     for key, p_ in (("w4", plan4), ("w8", plan)):
-        for c in check_phases(p_, models, tgt, setup.seq_len):
+        for c in check_phases(p_, models, tgt, setup.seq_len, legal):
             checks[f"{key}.{c.phase}"] = {
                 "cost": c.cost, "errors": c.errors, "weight_mb": c.weight_bytes / 1e6,
                 "rules": sorted({x.rule for x in c.problems if x.severity == "error"})}
@@ -585,10 +590,9 @@ def write_phase_files(spec: str | Path, what: str,
 
 
 __all__ = ["DECODE_STEPS", "EVAL_TOKENS", "NEW_TOKENS", "PROMPTS", "LmPrefix", "LmSetup",
-           "PhasePlan", "check_plan_phases", "diagnose_model",
-           "diagnose_phases", "document_token", "format_lm_quality", "format_prefix",
-           "lm_prefix", "recorded_prefix",
+           "PhasePlan", "check_plan_phases", "diagnose_model", "diagnose_phases",
+           "document_token", "format_lm_quality", "format_prefix", "lm_prefix", "recorded_prefix",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
            "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files",
-           "DEFAULT_STEPS", "RECIPE", "phase_job", "recipe_phase_files",
-           "smooth_phase_files", "w4_variant", "write_phase_files"]
+           "DEFAULT_STEPS", "RECIPE", "phase_job", "recipe_phase_files", "smooth_phase_files",
+           "w4_variant", "write_phase_files"]

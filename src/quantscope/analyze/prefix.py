@@ -30,6 +30,7 @@ after                (:func:`scan_after`) the same peaks on the prefixed graph: 
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -45,7 +46,7 @@ from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.tasks.lm_phases import OpenPhase, runner
-from quantscope.types import QuantscopeError
+from quantscope.types import Plan, QuantscopeError
 from quantscope.zoo.prefix import KVPrefix, infer_light, prefixed_prefill
 
 THRESHOLD = 64.0
@@ -297,6 +298,12 @@ def after_text(prefix: dict[str, Any]) -> str:
                    f"{a['probed']} most frequent tokens are outliers: {sinks}" if sinks else "")
 
 
+def recorded_prefix(plan: Plan) -> tuple[int, ...]:
+    """The prefix tokens a plan records (``meta['kv_prefix']``), () if none."""
+    text = dict(plan.meta).get("kv_prefix")
+    return tuple(int(t) for t in json.loads(text)["tokens"]) if text else ()
+
+
 def prefixed_opener(open_phase: OpenPhase, prefix: KVPrefix | None) -> OpenPhase:
     """``open_phase`` with its prefill graph reading ``prefix`` (None: unchanged);
     ``open_phase`` must return a fresh graph on each call (it is edited in place)."""
@@ -313,5 +320,5 @@ def prefixed_opener(open_phase: OpenPhase, prefix: KVPrefix | None) -> OpenPhase
 __all__ = ["HEAD", "HEAD_MAX_TOKENS", "HEAD_WHY", "MAX_TOKENS", "PREFIX_CHOICES", "head_choice",
            "with_head", "PROBE_TOKENS", "THRESHOLD", "AfterPrefix",
            "PrefixChoice", "SinkScan", "after_text", "choose_prefix", "compute_prefix",
-           "format_prefix", "position_profile", "prefix_words", "prefixed_model", "prefixed_opener",
+           "format_prefix", "position_profile", "prefix_words", "recorded_prefix", "prefixed_model", "prefixed_opener",
            "scan_after", "scan_sinks"]

@@ -96,7 +96,7 @@ def add_plan(sub: argparse._SubParsersAction, summary: str) -> None:
                           race_parent("the best-predicted plans (with --data and --stats; retrieval "
                                       "data, by top1_agreement or recall@1)"),
                           allow_warning_parent("blocks no promotion (and no group of "
-                                               "--max-legal)")))
+                                               "--max-legal, no candidate of --phase)")))
     pl.add_argument("--analysis",
                     type=input_file("analysis", "run 'quantscope analyze' to make one"),
                     help="analysis JSON of 'quantscope analyze' (required, except with "
@@ -294,13 +294,12 @@ def _plan_phases(args: argparse.Namespace) -> int:
                               "not --min-quality, --data, --stats or --analysis")
     if args.seq_len and len(args.seq_len) > 1:
         raise QuantscopeError("plan --phase takes one --seq-len")
-    if args.allow_warning:
-        raise QuantscopeError("plan --phase does not take --allow-warning yet (its phase "
-                              "search screens warnings as before): leave it out")
+    allowed = allowed_of(args, load_target(args.target))  # refused in one line, before work
     setup = _lm_setup(args, args.seq_len[0] if args.seq_len else None)
     out = stages_llm.plan_phases(args.model, args.target,
                                  max_cost=args.max_cost or 1.5, setup=setup, phases=args.phase,
-                                 prefix=with_head(args.prefix, args.prompt_head))
+                                 prefix=with_head(args.prefix, args.prompt_head),
+                                 allowed=allowed)
     print("\n".join(format_diagnosis(out.diagnosis)))
     print("\n".join(stages_llm.format_phase_plan(out)))
     if out.prefix is None:
@@ -339,9 +338,6 @@ def add_check(sub: argparse._SubParsersAction, summary: str) -> None:
 
 def cmd_check(args: argparse.Namespace) -> int:
     if getattr(args, "phase", None):
-        if args.allow_warning:
-            raise QuantscopeError("check --phase does not take --allow-warning yet: leave "
-                                  "it out")
         return _check_phases(args)
     if getattr(args, "quality", False) or getattr(args, "prompt_head", None) is not None:
         raise QuantscopeError("--quality and --prompt-head measure each phase of a decoder: "
@@ -356,13 +352,18 @@ def cmd_check(args: argparse.Namespace) -> int:
     note = shape_note(inp.model, given)
     if note:
         print(f"note: {note}")
-    unsaid = [r["rule"] for r in accepted_of(inp.plan) if r["rule"] not in allowed]
-    if unsaid:  # the plan's record: its author accepted these, this check does not
-        print(f"note: plan '{args.plan}' was made accepting {', '.join(unsaid)} "
-              f"(--allow-warning): give {' '.join('--allow-warning ' + r for r in unsaid)} "
-              "to list their warnings as accepted")
+    _say_unaccepted(args.plan, inp.plan, allowed)
     return print_problems(problems, f"check {args.plan} on {inp.target.name}",
                           allowed=allowed)
+
+
+def _say_unaccepted(name: str, plan: stages.Plan, allowed: frozenset[str]) -> None:
+    """The rules the plan's record says its author accepted and this check does not."""
+    unsaid = [r["rule"] for r in accepted_of(plan) if r["rule"] not in allowed]
+    if unsaid:
+        print(f"note: plan '{name}' was made accepting {', '.join(unsaid)} "
+              f"(--allow-warning): give {' '.join('--allow-warning ' + r for r in unsaid)} "
+              "to list their warnings as accepted")
 
 
 def _check_phases(args: argparse.Namespace) -> int:
@@ -372,9 +373,12 @@ def _check_phases(args: argparse.Namespace) -> int:
         stages.check_plan_target(plan, load_target(args.target).name,
                                  plan_name=f"plan '{args.plan}'")
     target = args.target or plan.target
-    if target:
-        plan = dataclasses.replace(plan, target=load_target(target).name)
-    checks = stages_llm.check_plan_phases(args.model, plan, args.phase, args.seq_len)
+    tgt = load_target(target) if target else None
+    allowed = allowed_of(args, tgt)  # refused in one line, before the graphs open
+    if tgt is not None:
+        plan = dataclasses.replace(plan, target=tgt.name)
+    checks = stages_llm.check_plan_phases(args.model, plan, args.phase, args.seq_len, allowed)
+    _say_unaccepted(args.plan, plan, allowed)
     print("\n".join(stages_llm.format_phase_checks(checks)))
     if args.quality:
         prefix = (stages_llm.recorded_prefix(plan)

@@ -78,7 +78,8 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                           race_parent("the plan search's best-predicted plans (retrieval data, by "
                                       "top1_agreement or recall@1)"),
                           allow_warning_parent("blocks no promotion of the plan search (nor "
-                                               "of the compiled lengths' candidates)")),
+                                               "of the compiled lengths' candidates; on a "
+                                               "decoder, no candidate of either phase)")),
                  details="Every stage writes its file into the run folder; run it again and "
                  "the stages already done on the same inputs are skipped (--force STAGE "
                  "reruns from STAGE). The options, the model, the data and the target are "
@@ -184,7 +185,7 @@ DECODER_ONLY = frozenset({"prefix", "prompt_head", "w4", "lm_tokens", "prompts",
 DECODER_OPTIONS = frozenset({"model", "data", "target", "goal", "max_cost", "metric", "seq_len",
                              "rewrites", "prefix", "prompt_head", "lm_tokens", "prompts", "new_tokens",
                              "decode_steps", "w4", "phase_hn", "whatif", "force", "folder",
-                             "help", "run_parser"})
+                             "allow_warning", "help", "run_parser"})
 
 
 def _cmd_run_decoder(args: argparse.Namespace, export: Path | None = None) -> int:
@@ -230,7 +231,9 @@ def _cmd_run_decoder(args: argparse.Namespace, export: Path | None = None) -> in
                           prompts=args.prompts, new_tokens=args.new_tokens,
                           decode_steps=args.decode_steps, w4=args.w4 == "on",
                           hn=tuple(args.phase_hn) if args.phase_hn else None,
-                          whatif=args.whatif)
+                          whatif=args.whatif,
+                          allow_warnings=tuple(sorted(set(args.allow_warning)))
+                          if args.allow_warning else None)
     out = run_decoder(opts, force=args.force, progress=True)
     print(format_decoder_verdict(out.verdict))
     print(f"stages run: {', '.join(out.ran) or 'none'}; skipped (done): "

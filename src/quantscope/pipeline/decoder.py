@@ -93,6 +93,9 @@ class DecoderOptions:
     # its .alls (None: guessed by op order; absent from the export stage's key)
     hn: tuple[tuple[str, str], ...] | None = None
     whatif: bool = False  # --whatif: the plan's classes lifted, measured and checked
+    # --allow-warning: warning rule ids (or "all") the plan accepts, as given, sorted (None:
+    # none given, absent from the plan stage's key)
+    allow_warnings: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.rewrites is None:
@@ -104,9 +107,8 @@ class DecoderOptions:
         """The options together, before any file is opened: one line per mistake."""
         from quantscope.serde import read_json
         from quantscope.stages_llm import RECIPE
-        from quantscope.targets import load_target
 
-        load_target(self.target)
+        self.allowed()  # loads the target; an error rule or unknown id: refused in one line
         self.phases_setup()  # amounts the built-in text cannot give: refused now
         if self.metric not in METRICS:
             raise QuantscopeError(f"--metric '{self.metric}' is not a decoder's: use one of "
@@ -155,7 +157,15 @@ class DecoderOptions:
         from quantscope.pipeline.decoder_search import KEEP_RULE
 
         return {"metric": self.metric, "max_cost": self.max_cost, "keep_rule": KEEP_RULE,
-                "setup": self.rank_setup().__dict__}
+                "setup": self.rank_setup().__dict__,
+                **({"allow_warnings": self.allow_warnings} if self.allow_warnings else {})}
+
+    def allowed(self) -> frozenset[str]:
+        """``--allow-warning`` resolved on the target (:mod:`quantscope.targets.accept`)."""
+        from quantscope.targets import load_target
+        from quantscope.targets.accept import allowed_warnings
+
+        return allowed_warnings(load_target(self.target), self.allow_warnings or ())
 
     def phases_setup(self) -> Any:
         from quantscope.stages_llm import LmSetup
@@ -251,7 +261,7 @@ def rewrite(ctx: DecoderContext) -> Done:
         record, kept, notes = search_recipe(
             opts.model, ctx.folder, target=opts.target, metric=opts.metric,
             max_cost=opts.max_cost, seq_len=opts.seq_len, prefix=opts.prefix,
-            setup=opts.rank_setup(), say=ctx.say)
+            setup=opts.rank_setup(), say=ctx.say, allowed=opts.allowed())
         if kept is not None:
             shutil.move(str(kept.parent), str(folder))
         shutil.rmtree(ctx.path(TRIALS), ignore_errors=True)
@@ -281,6 +291,7 @@ def rewrite(ctx: DecoderContext) -> Done:
 def plan(ctx: DecoderContext) -> Done:
     from quantscope.analyze.phases import format_diagnosis
     from quantscope.export.kv_prefix import host_snippet
+    from quantscope.pipeline.decoder_report import candidates_doc
     from quantscope.serde import (
         bytes_writer,
         json_writer,
@@ -293,12 +304,13 @@ def plan(ctx: DecoderContext) -> Done:
 
     opts = ctx.opts
     out = plan_phases(ctx.spec(), opts.target, max_cost=opts.max_cost,
-                      setup=opts.rank_setup(), prefix=opts.prefix)
+                      setup=opts.rank_setup(), prefix=opts.prefix, allowed=opts.allowed())
     text = "\n".join([*format_diagnosis(out.diagnosis), *format_phase_plan(out)]) + "\n"
-    ctx.say("\n".join(format_phase_plan(out)[-1:]))
+    ctx.say("\n".join(ln for ln in format_phase_plan(out) if ln.startswith(("chosen:",
+                                                                            "accepted by"))))
     assert out.stats is not None
     items = [(ctx.path(PLAN), plan_writer(out.plan())), (ctx.path(PLAN_TEXT), text_writer(text)),
-             (ctx.path(CANDIDATES), json_writer(_candidates(out))),
+             (ctx.path(CANDIDATES), json_writer(candidates_doc(out))),
              *((ctx.path(STATS[p]), stats_writer(s)) for p, s in out.stats.items())]
     files = [PLAN, PLAN_TEXT, CANDIDATES, *(STATS[p] for p in out.stats)]
     if out.prefix is not None:
@@ -312,24 +324,6 @@ def plan(ctx: DecoderContext) -> Done:
             ctx.path(stale).unlink(missing_ok=True)
     write_atomic_set(items)
     return Done(tuple(files))
-
-
-def _candidates(out: Any) -> dict[str, Any]:
-    """Every candidate of the plan stage: its 16-bit groups, cost and errors per phase,
-    whether it was kept, and the kept ones' figures on the ranking amounts."""
-    rows = []
-    for c in out.candidates:
-        q = out.quality["plans"].get(c.label)
-        rows.append({"label": c.label, "default": c.plan.default.value,
-                     "overrides": len(c.plan.overrides),
-                     "costs": {k.phase: k.cost for k in c.checks},
-                     "errors": {k.phase: k.errors for k in c.checks},
-                     "rules": sorted({p.rule for k in c.checks for p in k.problems
-                                      if p.severity == "error"}),
-                     "kept": c.kept(out.max_cost),
-                     "figures": {k: v for k, v in q.items() if k != "time"} if q else None})
-    return {"chosen": out.chosen.label, "max_cost": out.max_cost,
-            "setup": out.quality["setup"], "candidates": rows}
 
 
 def evaluate(ctx: DecoderContext) -> Done:
@@ -382,7 +376,7 @@ def whatif(ctx: DecoderContext) -> Done:
     hn = {p: read_json(f, "HN") for p, f in ctx.opts.hn or ()}
     doc = measure_whatif(ctx.spec(), ctx.plan(), ctx.stats(), ctx.opts.phases_setup(),
                          target=ctx.opts.target, max_cost=ctx.opts.max_cost, hn=hn,
-                         asked=ctx.opts.whatif, say=ctx.say)
+                         asked=ctx.opts.whatif, say=ctx.say, allowed=ctx.opts.allowed())
     write_atomic_set([(ctx.path(WHATIF), json_writer(doc))])
     return Done((WHATIF,))
 
@@ -512,7 +506,7 @@ def report(ctx: DecoderContext) -> Done:
 
 
 # options absent from a stage's key while None: the keys of earlier runs stay valid
-UNKEYED_WHEN_NONE = ("rewrite_search", "hn")
+UNKEYED_WHEN_NONE = ("rewrite_search", "hn", "allow_warnings")
 
 
 @dataclass(frozen=True)
@@ -525,14 +519,15 @@ class DecoderStage:
 DECODER_STAGES: dict[str, DecoderStage] = {
     "rewrite": DecoderStage(rewrite, (), ("rewrites", "seq_len", "prefix", "target",
                                           "rewrite_search")),
-    "plan": DecoderStage(plan, (REWRITE,), ("target", "max_cost", "seq_len", "prefix")),
+    "plan": DecoderStage(plan, (REWRITE,), ("target", "max_cost", "seq_len", "prefix",
+                                            "allow_warnings")),
     "evaluate": DecoderStage(evaluate, (REWRITE, PLAN, *STATS.values()),
                              ("seq_len", "tokens", "prompts", "new_tokens", "decode_steps")),
     "w4": DecoderStage(w4, (REWRITE, PLAN, *STATS.values()), ("w4", "seq_len", "tokens", "prompts",
                                               "new_tokens", "decode_steps")),
     "whatif": DecoderStage(whatif, (REWRITE, PLAN, *STATS.values()),
                            ("whatif", "seq_len", "decode_steps", "target", "max_cost",
-                            "hn")),
+                            "hn", "allow_warnings")),
     "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target", "hn")),
     "host": DecoderStage(host, (PLAN, *STATS.values()), ("seq_len",)),
     "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE, W4, CANDIDATES, PLAN_TEXT, HOST,

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from quantscope.analyze.prefix import after_text, prefix_words
+from quantscope.plan.accepted import META as ACCEPTED
+from quantscope.plan.accepted import accepted_lines
 from quantscope.report import fmt
 from quantscope.report.summary import unset_line
 
@@ -53,6 +55,28 @@ def _goal_value(metric: str, goal: float) -> str:
     return fmt.value(metric, goal) if fmt.is_share(metric) else f"{goal:g}"
 
 
+def candidates_doc(out: Any) -> dict[str, Any]:
+    """Every candidate of the plan stage (``out``: a :class:`quantscope.stages_llm.
+    PhasePlan`): its 16-bit groups, cost and errors per phase, the rules that block it
+    (a warning's marked, :func:`quantscope.report.phase_plan.blocking_rules`), whether it
+    was kept, and the kept ones' figures on the ranking amounts."""
+    from quantscope.report.phase_plan import blocking_rules
+
+    rows = []
+    for c in out.candidates:
+        q = out.quality["plans"].get(c.label)
+        rows.append({"label": c.label, "default": c.plan.default.value,
+                     "overrides": len(c.plan.overrides),
+                     "costs": {k.phase: k.cost for k in c.checks},
+                     "errors": {k.phase: k.errors for k in c.checks},
+                     "rules": blocking_rules(c.checks),
+                     "kept": c.kept(out.max_cost),
+                     "figures": {k: v for k, v in q.items() if k != "time"} if q else None})
+    return {"chosen": out.chosen.label, "max_cost": out.max_cost,
+            "setup": out.quality["setup"], "candidates": rows,
+            **({"accepted_warnings": list(out.accepted)} if out.accepted else {})}
+
+
 def _goal_fig(metric: str, f: dict[str, Any]) -> str:
     return fmt.with_se(metric, f["value"], f["se"], bracket=True)
 
@@ -79,6 +103,8 @@ def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, A
         # --rewrites search: its trials (decoder_search.Search.to_dict); None: not searched
         "rewrite_search": rewrites.get("search"),
         "candidate": meta.get("candidate"), "costs": costs, "errors": errors,
+        # --allow-warning: each accepted rule, its reason and the groups it lets through
+        **({"accepted_warnings": json.loads(meta[ACCEPTED])} if meta.get(ACCEPTED) else {}),
         **_counts(plan_doc, json.loads(meta.get("phase_overrides") or "{}")),
         "prefix": json.loads(meta["kv_prefix"]) if meta.get("kv_prefix") else None,
         "figures": figures, "data": evaluation["data"], "setup": evaluation["setup"],
@@ -218,6 +244,7 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
              + "".join(f", {n} more in {p} only" for p, n in (v.get("phase_only") or {}).items())
              + "), cost "
              f"{v['cost_text']}, {v['errors']} legality error(s) on the two phases",
+             *(f"    {line}" for line in accepted_lines(v.get("accepted_warnings") or [])),
              "  rewrites: " + (", ".join(v["rewrites"]) or "none")
              + (" (chosen by --rewrites search)" if v.get("rewrite_search") else "")]
     if v.get("rewrite_search"):

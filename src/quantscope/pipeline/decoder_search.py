@@ -174,11 +174,12 @@ def eliminate(recipe: tuple[str, ...], measure: Callable[[tuple[str, ...]], Figu
 
 def search_recipe(model: str, folder: Path, *, target: str, metric: str, max_cost: float,
                   seq_len: int | None, prefix: str, setup: Any,
-                  say: Callable[[str], None]) -> tuple[Search, Path | None,
-                                                       dict[str, dict[str, str]]]:
+                  say: Callable[[str], None], allowed: frozenset[str] = frozenset()
+                  ) -> tuple[Search, Path | None, dict[str, dict[str, str]]]:
     """The search on decoder ``model`` (its trials in ``folder / TRIALS``); returns the
     record, the kept trial's prefill graph (None: the given graphs) and its rewrites'
-    notes (step -> phase -> what it did)."""
+    notes (step -> phase -> what it did). ``allowed``: the warning rules each trial's plan
+    search accepts (``--allow-warning``)."""
     from quantscope.emulate.release import release_memory
     from quantscope.pipeline.decoder_report import METRICS, _amounts
     from quantscope.stages_llm import RECIPE, plan_phases, recipe_phase_files
@@ -205,7 +206,8 @@ def search_recipe(model: str, folder: Path, *, target: str, metric: str, max_cos
             spec = sub / "model.prefill.onnx"
         else:
             say("[rewrite] search: trial without any step (the given graphs) …")
-        out = plan_phases(spec, target, max_cost=max_cost, setup=setup, prefix=prefix)
+        out = plan_phases(spec, target, max_cost=max_cost, setup=setup, prefix=prefix,
+                          allowed=allowed)
         row = out.quality["plans"][out.chosen.label][m.phase]
         fig = Figure(float(row[m.key]), float(row.get(f"{m.key}_se", 0.0)),
                      {c.phase: float(c.cost) for c in out.chosen.checks}, out.chosen.label,

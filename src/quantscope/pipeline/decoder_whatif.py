@@ -22,10 +22,12 @@ amounts                the evaluate stage's decode windows (``--decode-steps`` /
                        about two of them are not decided by this amount of text)
 changed                per variant and phase: the groups at another precision or output
                        range method than in the plan
-checks                 per variant and phase: the target's rules (errors and the rules
-                       broken) and the cost against uniform a8_w8 (float groups are errors
-                       on an integer target); a variant "ships" when it is legal on both
-                       phases within ``--max-cost``
+checks                 per variant and phase: the target's rules (errors, and the rules
+                       that block it: an error, or a warning ``--allow-warning`` does not
+                       accept, :class:`~quantscope.plan.phases.PhaseScreen`) and the cost
+                       against uniform a8_w8 (float groups are errors on an integer
+                       target); a variant "ships" when nothing blocks it on both phases
+                       and it is within ``--max-cost``
 figures                ONNX Runtime, the same emulation, calibration and KV prefix as the
                        plan's (:func:`quantscope.stages_llm.lm_quality`)
 =====================  ==================================================================
@@ -99,18 +101,21 @@ def variants(plan: Plan, names: dict[str, list[str]],
 
 def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any, *,
                    target: str, max_cost: float, hn: dict[str, Any] | None = None,
-                   asked: bool = True, say: Any = print) -> dict[str, Any]:
+                   asked: bool = True, say: Any = print,
+                   allowed: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Every variant checked and measured (the run folder's ``whatif.json``): on the graphs
     that read the plan's KV prefix, as the plan stage checked and measured the plan. For a
     target whose compiler reads a Hailo script, ``as-scripted`` too (``hn``: per phase the
     parsed HN the export stage names the layers from). Not ``asked``: the plan and
     ``as-scripted`` only, when the scripts leave a decision that matters NOT SET (what
-    every run says), else nothing measured."""
+    every run says), else nothing measured. ``allowed``: the warning rules the run
+    accepts (``--allow-warning``)."""
     from quantscope.analyze.prefix import prefixed_opener
     from quantscope.emulate.release import release_memory
     from quantscope.export.plan_export import scripted_plan
     from quantscope.pipeline.steps import formats
-    from quantscope.plan.phases import check_phases
+    from quantscope.plan.phases import check_phases, phase_screen
+    from quantscope.report.phase_plan import blocking_rules
     from quantscope.stages_llm import LmSetup, lm_prefix, lm_text, open_phase, recorded_prefix
     from quantscope.targets import load_target
     from quantscope.tasks.lm_phases import evaluate_lm_plans
@@ -134,8 +139,9 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
         if len(todo) == 1:
             return {"asked": False}
     tgt = load_target(target)
+    legal = phase_screen(models, tgt, setup.seq_len, allowed)
     checks = {label: [c for p in PHASES for c in check_phases(
-        dataclasses.replace(per[p], target=target), {p: models[p]}, tgt, setup.seq_len)]
+        dataclasses.replace(per[p], target=target), {p: models[p]}, tgt, setup.seq_len, legal)]
         for label, _, per in todo}
     del models
     release_memory()
@@ -157,9 +163,8 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
         changed = {p: _changed(per_phase[p], base[p], groups[p].groups) for p in PHASES}
         rows.append({"label": label, "what": what, "changed": changed, "figures": figures,
                      "costs": costs, "errors": errors,
-                     "rules": sorted({p.rule for c in checks[label] for p in c.problems
-                                      if p.severity == "error"}),
-                     "ships": not any(errors.values())
+                     "rules": blocking_rules(tuple(checks[label])),
+                     "ships": not any(c.blocking for c in checks[label])
                      and all(c <= max_cost + 1e-9 for c in costs.values())})
     return {"asked": asked, "setup": setup.__dict__, "max_cost": max_cost, "variants": rows,
             "seconds": round(time.perf_counter() - start, 1)}

@@ -12,9 +12,13 @@ candidates          ``a8_w8``, ``a16_w8`` and ``a16_w16`` uniform; ``residual16`
                     in decode); ``act16+w16``: ``act16`` plus weighted layers at
                     a16_w16, widest output first, within the cap the same way. A
                     candidate equal to an earlier one is left out
-legal at 16 bit     the groups with no error when the whole graph is at a16_w16, in every
-                    phase; a candidate still erroring loses its erroring groups (twice)
-kept                no error in any phase and every phase's cost <= the cap
+legal at 16 bit     the groups nothing blocks when the whole graph is at a16_w16, in every
+                    phase; a candidate still blocked loses its blocked groups (twice).
+                    Blocks: :class:`~quantscope.plan.phases.PhaseScreen`, the planner's
+                    one rule (an error; a warning that applies, whose rule
+                    ``--allow-warning`` does not accept and that uniform a8_w8 does not
+                    carry there)
+kept                nothing blocking in any phase and every phase's cost <= the cap
 chosen              of the kept candidates, measured: the lowest prefill KL, ties by the
                     lowest KL of decode fed the emulated KV cache
 output ranges       then the chosen plan with its Linears' outputs and its KV cache
@@ -48,7 +52,13 @@ from quantscope.model.load import Model
 from quantscope.model.phases import phase_shapes
 from quantscope.plan.check import check
 from quantscope.plan.cost import CostTable, cost_table
-from quantscope.plan.phases import WEIGHT_BOUND_PHASES, PhaseCheck, check_phases
+from quantscope.plan.phases import (
+    WEIGHT_BOUND_PHASES,
+    PhaseCheck,
+    PhaseScreen,
+    check_phases,
+    phase_screen,
+)
 from quantscope.targets.profile import Target
 from quantscope.types import (
     PHASE_OVERRIDES,
@@ -77,12 +87,17 @@ class PhaseCandidate:
         return sum(c.errors for c in self.checks)
 
     @property
+    def blocking(self) -> int:
+        """Errors and blocking warnings over the phases (:attr:`PhaseCheck.blocked`)."""
+        return sum(c.blocking for c in self.checks)
+
+    @property
     def cost(self) -> float:
         """The highest phase cost."""
         return max(c.cost for c in self.checks)
 
     def kept(self, max_cost: float) -> bool:
-        return self.errors == 0 and self.cost <= max_cost
+        return self.blocking == 0 and self.cost <= max_cost
 
 
 @dataclass(frozen=True)
@@ -168,12 +183,14 @@ def _promote(target: str, names: Sequence[str], why: str, units: Units | None = 
                 reasons=tuple((n, why) for n in names))
 
 
-def _erroring(plan: Plan, phases: Mapping[str, _Phase], target: Target) -> set[str]:
-    """The units with an error in some phase (each phase checked with its own overrides)."""
+def _erroring(plan: Plan, phases: Mapping[str, _Phase], target: Target,
+              legal: PhaseScreen) -> set[str]:
+    """The units ``legal`` refuses in some phase (each phase checked with its own
+    overrides): an error, or a warning not accepted."""
     return {unit_of(p.group) for phase, ph in phases.items()
             for p in check(plan.for_phase(phase), ph.groups, ph.model, target,
                            shapes=ph.shapes)
-            if p.severity == "error"}
+            if legal.refuses(phase, p)}
 
 
 def _layouts(models: Mapping[str, Model], target: Target, seq_len: int) -> dict[str, _Phase]:
@@ -200,9 +217,12 @@ def _fill(start: list[str], weighted: Sequence[str], phases: Mapping[str, _Phase
 
 
 def candidate_plans(models: Mapping[str, Model], target: Target, ranked: Sequence[str],
-                    seq_len: int, max_cost: float) -> dict[str, Plan]:
-    """Named candidate plans (see the module docstring), before they are screened."""
+                    seq_len: int, max_cost: float, legal: PhaseScreen | None = None
+                    ) -> dict[str, Plan]:
+    """Named candidate plans (see the module docstring), before they are screened;
+    ``legal``: what blocks a group (None: :func:`phase_screen`, no warning accepted)."""
     phases = _layouts(models, target, seq_len)
+    legal = legal or phase_screen(models, target, seq_len)
     first = next(iter(phases.values())).groups
     units = phase_units({p: ph.groups for p, ph in phases.items()})
     kinds = {}
@@ -211,29 +231,29 @@ def candidate_plans(models: Mapping[str, Model], target: Target, ranked: Sequenc
                       if not g.name.endswith("/concat")})
     ranked = list(dict.fromkeys(unit_of(n) for n in ranked if unit_of(n) in kinds))
     ranked += [n for n in kinds if n not in set(ranked)]
-    bad = _erroring(Plan(default=A16, target=target.name), phases, target)
+    bad = _erroring(Plan(default=A16, target=target.name), phases, target, legal)
     act = [n for n in ranked if kinds[n].kind is not GroupKind.WEIGHTED]
     adds = {g.name for g in residual_groups(first)}
     residual = [n for n in act if n in adds]
-    legal = _fill([], [n for n in act if n not in bad], phases, max_cost)
+    act16 = _fill([], [n for n in act if n not in bad], phases, max_cost)
     for _ in range(2):  # rules that judge a group with its neighbours
-        wrong = _erroring(_promote(target.name, legal, "", units), phases, target)
-        legal = [n for n in legal if n not in wrong]
+        wrong = _erroring(_promote(target.name, act16, "", units), phases, target, legal)
+        act16 = [n for n in act16 if n not in wrong]
     weighted = [n for n in ranked if kinds[n].kind is GroupKind.WEIGHTED and n not in bad]
-    filled = _fill(legal, weighted, phases, max_cost)
+    filled = _fill(act16, weighted, phases, max_cost)
     plans = {p.value: Plan(default=p, target=target.name)
              for p in (Precision.A8_W8, Precision.A16_W8, Precision.A16_W16)}
     seen: set[frozenset[str]] = {frozenset()}
     for label, names, why in (
             ("residual16", residual, "residual stream (Add) at 16 bit"),
-            ("act16", legal, "activation group legal at 16 bit in every phase"),
+            ("act16", act16, "activation group legal at 16 bit in every phase"),
             ("act16+w16", filled, "legal at 16 bit; weighted layers widest output first "
              "within the cost cap")):
         if names and frozenset(names) not in seen:
             seen.add(frozenset(names))
             plans[label] = _promote(target.name, names, why, units)
             own = _phase_only(names, [n for n in act if n in bad], phases, target, max_cost,
-                              units)
+                              legal, units)
             if own:
                 plans[f"{label}+{'+'.join(PHASE_TAGS.get(p, p) for p in own)}"] = \
                     _with_phase_overrides(plans[label], own, units)
@@ -244,8 +264,8 @@ PHASE_TAGS = {"prefill": "pre16", "decode": "dec16"}  # candidate label suffixes
 
 
 def _phase_only(shared: Sequence[str], act: Sequence[str], phases: Mapping[str, _Phase],
-                target: Target, max_cost: float, units: Units | None = None
-                ) -> dict[str, list[str]]:
+                target: Target, max_cost: float, legal: PhaseScreen,
+                units: Units | None = None) -> dict[str, list[str]]:
     """Per phase: those of ``act`` (activation groups refused at 16 bit in some phase;
     never weighted ones: the phases share one set of weights) that are legal at 16 bit
     in that phase graph, added to ``shared`` within the cap there. A decoder's prefill
@@ -256,12 +276,12 @@ def _phase_only(shared: Sequence[str], act: Sequence[str], phases: Mapping[str, 
     out = {}
     for phase, ph in phases.items():
         one = {phase: ph}
-        bad = _erroring(Plan(default=A16, target=target.name), one, target)
+        bad = _erroring(Plan(default=A16, target=target.name), one, target, legal)
         extra = [n for n in act if n not in bad and n not in set(shared)]
         chosen = _fill(list(shared), extra, one, max_cost)[len(shared):]
         for _ in range(2):  # rules that judge a group with its neighbours
             wrong = _erroring(_promote(target.name, [*shared, *chosen], "", units), one,
-                              target)
+                              target, legal)
             chosen = [n for n in chosen if n not in wrong]
         if chosen:
             out[phase] = chosen
@@ -283,9 +303,11 @@ def _with_phase_overrides(plan: Plan, own: Mapping[str, Sequence[str]],
 
 
 def screen(plans: Mapping[str, Plan], models: Mapping[str, Model], target: Target,
-           seq_len: int) -> tuple[PhaseCandidate, ...]:
-    """Every plan checked on every phase graph (legality and cost per phase)."""
-    return tuple(PhaseCandidate(label, plan, check_phases(plan, dict(models), target, seq_len))
+           seq_len: int, legal: PhaseScreen | None = None) -> tuple[PhaseCandidate, ...]:
+    """Every plan checked on every phase graph (legality by ``legal``, cost per phase)."""
+    legal = legal or phase_screen(models, target, seq_len)
+    return tuple(PhaseCandidate(label, plan, check_phases(plan, dict(models), target, seq_len,
+                                                          legal))
                  for label, plan in plans.items())
 
 
@@ -293,8 +315,13 @@ def kept_plans(candidates: Sequence[PhaseCandidate], max_cost: float) -> dict[st
     """The candidates to measure: no error in any phase, every phase within the cap."""
     kept = {c.label: c.plan for c in candidates if c.kept(max_cost)}
     if not kept:
+        warned = sorted({p.rule for c in candidates if c.cost <= max_cost and not c.errors
+                         for k in c.checks for p in k.warned})
         raise QuantscopeError(f"no candidate plan is legal on every phase within {max_cost}x "
-                              "a8_w8: raise --max-cost or shorten --seq-len")
+                              "a8_w8: raise --max-cost or shorten --seq-len"
+                              + (" (or accept the warning rule(s) that block them: "
+                                 + " ".join(f"--allow-warning {r}" for r in warned) + ")"
+                                 if warned else ""))
     return kept
 
 

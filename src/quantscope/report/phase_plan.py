@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from quantscope.analyze.prefix import format_prefix
+from quantscope.plan.accepted import accepted_lines
 from quantscope.plan.phase_search import SELECTION, unit_of
 from quantscope.plan.phases import PhaseCheck
 from quantscope.report import fmt
@@ -26,12 +27,13 @@ def format_phase_plan(out: Any) -> list[str]:
     phases = [c.phase for c in out.candidates[0].checks]
     head = "".join(f" {p + ' cost':>13} {'errors':>6}" for p in phases)
     width = max(12, *(len(c.label) for c in out.candidates))
-    lines = [f"{'candidate':<{width}} {'16-bit':>6}{head}  kept (cap {out.max_cost}x, no error)"]
+    lines = [f"{'candidate':<{width}} {'16-bit':>6}{head}  kept (cap {out.max_cost}x, no error or "
+             "blocking warning)"]
     for c in out.candidates:
         n16 = len({unit_of(n) for k in c.checks for n, _ in c.plan.for_phase(k.phase).overrides}
                   ) if c.plan.default is Precision.A8_W8 else "all"
         cells = "".join(f" {k.cost:>12.2f}x {k.errors:>6}" for k in c.checks)
-        rules = sorted({p.rule for k in c.checks for p in k.problems if p.severity == "error"})
+        rules = blocking_rules(c.checks)
         why = "yes" if c.kept(out.max_cost) else "no" + (f" ({', '.join(rules)})" if rules
                                                         else " (cost)")
         lines.append(f"{c.label:<{width}} {n16!s:>6}{cells}  {why}")
@@ -39,16 +41,26 @@ def format_phase_plan(out: Any) -> list[str]:
                  "perplexity ratio):")
     lines += format_lm_quality(out.quality)
     lines.append(f"chosen: {out.chosen.label} ({SELECTION})")
-    return lines
+    return lines + accepted_lines(out.accepted)
+
+
+def blocking_rules(checks: tuple[PhaseCheck, ...]) -> list[str]:
+    """The rules that make a candidate illegal on some phase, a warning's marked
+    ``(warning)`` (one that ``--allow-warning RULE`` would let through)."""
+    return sorted({p.rule + ("" if p.severity == "error" else " (warning)")
+                   for k in checks for p in k.blocked})
 
 
 def format_phase_checks(checks: tuple[PhaseCheck, ...]) -> list[str]:
+    """Per phase its cost and problems; a warning ``--allow-warning`` accepted is listed
+    and counted as accepted (:data:`fmt.ACCEPTED`), not as passing."""
     lines = []
     for c in checks:
-        counts = fmt.problem_counts([p.severity for p in c.problems])
+        labels = [fmt.ACCEPTED if p in c.accepted else p.severity for p in c.problems]
         lines.append(f"{c.phase} (seq-len {c.seq_len}): cost {c.cost:.2f}x a8_w8, "
-                     f"{counts}, weights {c.weight_bytes / 1e6:.1f} MB")
-        lines += [f"  {p.severity}: [{p.rule}] {p.group}: {p.reason}" for p in c.problems]
+                     f"{fmt.problem_counts(labels)}, weights {c.weight_bytes / 1e6:.1f} MB")
+        lines += [f"  {label}: [{p.rule}] {p.group}: {p.reason}"
+                  for p, label in zip(c.problems, labels, strict=True)]
     return lines
 
 
@@ -77,4 +89,4 @@ def format_lm_quality(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-__all__ = ["format_lm_quality", "format_phase_checks", "format_phase_plan"]
+__all__ = ["blocking_rules", "format_lm_quality", "format_phase_checks", "format_phase_plan"]

@@ -159,6 +159,12 @@ class Greedy:
                 "greedy_agreement_se": cluster_se(m, np.ones_like(m))}
 
 
-__all__ = ["DEFAULT_SEQ_LEN", "Greedy", "NextToken", "TokenWindows", "cluster_se",
+def document_token(tok: tokenizers.Tokenizer) -> int | None:
+    """The tokenizer's lowest-id special token (``<|endoftext|>``), None without one."""
+    ids = [i for i, t in tok.get_added_tokens_decoder().items() if t.special]
+    return min(ids) if ids else None
+
+
+__all__ = ["DEFAULT_SEQ_LEN", "Greedy", "document_token", "NextToken", "TokenWindows", "cluster_se",
            "load_lm_tokenizer",
            "log_softmax", "token_windows", "tokenizer_path"]
