@@ -185,3 +185,26 @@ def test_a_decoder_run_accepts_a_warning_and_every_output_says_it(tiny, tmp_path
     assert code == 0 and "plan" in ran.split(";")[0], ran
     assert accepted_of(read_plan(out / "plan.json")) == []
     assert "accepted_warnings" not in json.loads((out / "verdict.json").read_text())
+
+
+def test_the_a8_w4_variant_is_screened_as_the_plan_search_screens(tiny) -> None:
+    """``run``'s a8_w4 variant: a warning that blocks the phase search makes it "not legal"
+    too, named, and not measured; accepted, it is measured. Before, it judged errors only,
+    so a variant over hailo8's 16-bit attention warning was measured as legal."""
+    from quantscope.stages_llm import LmSetup, w4_variant
+
+    models = open_phase_models(tiny)
+    a16 = {c.label: c for c in screen(
+        {"a16_w16": Plan(default=Precision.A16_W16, target="hailo8")}, models, HAILO8, SEQ)}
+    attention = sorted({p.group for k in a16["a16_w16"].checks for p in k.warned})
+    # the weighted layers at a8_w8 (the variant's 4-bit ones), attention at 16 bit
+    plan = Plan(default=Precision.A8_W8, target="hailo8",
+                overrides=tuple((g, Precision.A16_W16) for g in attention))
+    setup = LmSetup.at(SEQ, tokens=62, prompts=2, new_tokens=4, decode_steps=8)
+    strict = w4_variant(tiny, plan, setup)
+    assert strict["measured"] is False
+    assert RULE in strict["checks"]["w4.prefill"]["rules"]
+    assert strict["checks"]["w4.prefill"]["errors"] == 0  # a warning, not an error
+    loose = w4_variant(tiny, plan, setup, allowed=frozenset({RULE}))
+    assert loose["checks"]["w4.prefill"]["blocking"] == 0
+    assert loose["layers"] > 0 and loose["measured"] is True and loose["quality"]

@@ -476,17 +476,19 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
     return notes
 
 
-def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
-               prefix: tuple[int, ...] = (),
-               stats: dict[str, Stats] | None = None) -> dict[str, Any]:
+def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup, prefix: tuple[int, ...] = (),
+               stats: dict[str, Stats] | None = None, allowed: frozenset[str] = frozenset(),
+               ) -> dict[str, Any]:
     """``plan`` with every weighted layer it leaves at a8_w8 at a8_w4 (its 16-bit layers
     kept), checked on both phases (cost, weight bytes: decode reads every weight per
     token), its 4-bit weights rounded by GPTQ (:func:`quantscope.repair.gptq.gptq`, on the
     prefill graph's calibration windows with the prefix in the cache; the same
     initializers written into both graphs), both graphs calibrated again and measured
     at ``setup`` against the unrepaired graphs as FP32. Not legal on a phase: the checks
-    only (``measured`` False). ``stats``: the unrepaired graphs' calibration, when made
-    (as :func:`lm_quality`'s). Returns the plan, checks, GPTQ's effect and the figures."""
+    only (``measured`` False): an error, or a warning that blocks the phase search
+    (``allowed``: those ``--allow-warning`` accepts, :class:`~quantscope.plan.phases.
+    PhaseScreen`). ``stats``: the unrepaired graphs' calibration, when made (as
+    :func:`lm_quality`'s). Returns the plan, checks, GPTQ's effect and the figures."""
     from onnx import numpy_helper
 
     from quantscope.repair.gptq import gptq
@@ -509,16 +511,16 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup,
         *((k, v) for k, v in plan4.meta if k in (PHASE_OVERRIDES, PHASE_RANGES))))
     tgt = load_target(plan.target)
     checks: dict[str, dict[str, Any]] = {}
-    legal = phase_screen(models, tgt, setup.seq_len)  # once for both plans
+    legal = phase_screen(models, tgt, setup.seq_len, allowed)  # once for both plans
     for key, p_ in (("w4", plan4), ("w8", plan)):
         for c in check_phases(p_, models, tgt, setup.seq_len, legal):
             checks[f"{key}.{c.phase}"] = {
                 "cost": c.cost, "errors": c.errors, "weight_mb": c.weight_bytes / 1e6,
-                "rules": sorted({x.rule for x in c.problems if x.severity == "error"})}
+                "blocking": c.blocking, "rules": sorted({x.rule for x in c.blocked})}
     del models
     release_memory()
     out: dict[str, Any] = {"plan": plan4, "layers": len(w4), "checks": checks,
-                           "measured": not any(checks[f"w4.{p}"]["errors"] for p in PHASES)}
+                           "measured": not any(checks[f"w4.{p}"]["blocking"] for p in PHASES)}
     if not out["measured"] or not w4:
         out["measured"] = False
         return out

@@ -358,7 +358,7 @@ def w4(ctx: DecoderContext) -> Done:
     ctx.say("[w4] the plan's a8_w8 weights at a8_w4: checked on both phases, GPTQ, measured …")
     start = time.perf_counter()
     res = w4_variant(ctx.spec(), plan_, ctx.opts.phases_setup(), recorded_prefix(plan_),
-                     stats=ctx.stats())
+                     stats=ctx.stats(), allowed=ctx.opts.allowed())
     res["seconds"] = round(time.perf_counter() - start, 1)
     plan4 = res.pop("plan")
     write_atomic_set([(ctx.path(W4_PLAN), plan_writer(plan4)),
@@ -524,7 +524,7 @@ DECODER_STAGES: dict[str, DecoderStage] = {
     "evaluate": DecoderStage(evaluate, (REWRITE, PLAN, *STATS.values()),
                              ("seq_len", "tokens", "prompts", "new_tokens", "decode_steps")),
     "w4": DecoderStage(w4, (REWRITE, PLAN, *STATS.values()), ("w4", "seq_len", "tokens", "prompts",
-                                              "new_tokens", "decode_steps")),
+                                              "new_tokens", "decode_steps", "allow_warnings")),
     "whatif": DecoderStage(whatif, (REWRITE, PLAN, *STATS.values()),
                            ("whatif", "seq_len", "decode_steps", "target", "max_cost",
                             "hn", "allow_warnings")),
