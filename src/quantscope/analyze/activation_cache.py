@@ -106,21 +106,26 @@ class CacheMemory:
     plan_bytes: int  # the tensors crossing every cut of one plan, on every batch
     session_bytes: int  # the segment sessions' budget (their weights)
     available: int | None
+    held_bytes: int = 0  # what the caller holds that grows with the data (given room)
 
     def text(self) -> str:
         free = f"; {self.available / GB:.1f} GB available" if self.available else ""
+        held = (f"; the FP32 reference's ~{self.held_bytes / MB:.0f} MB counted in it"
+                if self.held_bytes >= MB else "")
         return (f"incremental evaluation: activation cache up to {self.cache_bytes / GB:.2f} "
-                f"GB (one plan's cuts ~{self.plan_bytes / GB:.2f} GB{free}), segment "
+                f"GB (one plan's cuts ~{self.plan_bytes / GB:.2f} GB{held}{free}), segment "
                 f"sessions up to {self.session_bytes / MB:.0f} MB of weights")
 
 
 def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequence[str]],
                  session_bytes: int, *, cache_bytes: int | None = None,
-                 cache_cap: int | None = None,
-                 available: int | None = None) -> CacheMemory:
+                 cache_cap: int | None = None, available: int | None = None,
+                 held_bytes: int = 0) -> CacheMemory:
     """The activation cache's budget (``cache_bytes`` when given): :data:`CACHE_PLANS`
     plans' cuts, at most :data:`CACHE_FP32` of the weights and the largest batch's cut
-    tensors (what ties it to one FP32 inference; never under :data:`CACHE_MIN`) and
+    tensors (what ties it to one FP32 inference) less ``held_bytes`` (what the caller holds
+    beside it that grows with the data: the search's FP32 reference outputs, 118.5 MB a
+    photo on IS-Net; h74), never under :data:`CACHE_MIN`, and
     :data:`CACHE_SHARE` of the available memory less the sessions' (:data:`CACHE_BYTES`
     where that is unknown), and ``cache_cap`` when given. One plan's cuts: the tensors
     crossing them at the largest batch (:func:`~quantscope.analyze.memory.batch_tensor_bytes`,
@@ -140,10 +145,10 @@ def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequ
     if cache_bytes is None:
         room = CACHE_BYTES if avail is None else int(CACHE_SHARE * max(avail - session_bytes,
                                                                         0))
-        fp32 = max(int(CACHE_FP32 * (weight_bytes(model) + one)), CACHE_MIN)
+        fp32 = max(int(CACHE_FP32 * (weight_bytes(model) + one)) - held_bytes, CACHE_MIN)
         cache_bytes = min(room, CACHE_PLANS * plan, fp32,
                           *(() if cache_cap is None else (cache_cap,)))
-    return CacheMemory(cache_bytes, plan, session_bytes, avail)
+    return CacheMemory(cache_bytes, plan, session_bytes, avail, held_bytes)
 
 
 def _tokens(b: Batch) -> int:

@@ -101,11 +101,15 @@ class IncrementalConfig:
     cuts (None: sized by :func:`~quantscope.analyze.activation_cache.cache_memory`),
     ``session_bytes`` for the weights of the segment sessions kept between plans (None:
     one plan's sessions and the largest once more), ``cache_cap`` an upper bound on the
-    sized cache budget (a caller whose plans share few prefixes: the length candidates)."""
+    sized cache budget (a caller whose plans share few prefixes: the length candidates),
+    ``held_bytes`` what the caller holds beside the runner that grows with the batches
+    (the plan search's FP32 reference outputs), taken from the sized budget's FP32 share
+    (:func:`~quantscope.analyze.activation_cache.cache_memory`)."""
 
     cache_bytes: int | None = None
     session_bytes: int | None = None
     cache_cap: int | None = None  # at most this for the sized budget (None: no cap)
+    held_bytes: int = 0  # the caller's FP32 reference outputs, given room in the cache
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,8 @@ class IncrementalRunner:
             budget = session_budget(self._weights)
         self.memory: CacheMemory = cache_memory(model, self.batches, self._crossing, budget,
                                                 cache_bytes=config.cache_bytes,
-                                                cache_cap=config.cache_cap)
+                                                cache_cap=config.cache_cap,
+                                                held_bytes=config.held_bytes)
         self._lineage = Lineage()
         self._tally = Tally(len(self.segments) - 1)
         self._sessions = SessionCache(budget, lambda key: key in self._lineage.line_keys)
