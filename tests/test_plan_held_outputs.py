@@ -134,3 +134,29 @@ def test_the_reference_held_is_counted_in_the_activation_cache(monkeypatch, phot
     # the cache and the reference together: no more than the cache alone was allowed, or
     # the reference and the cache's floor
     assert memory.cache_bytes + held <= max(whole.cache_bytes, held + 1024)
+
+
+def _ort_base(a: np.ndarray) -> bool:
+    base = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base is not None and not isinstance(base, np.ndarray)
+
+
+def test_the_fp32_reference_does_not_pin_its_sessions_arena():
+    """ONNX Runtime's outputs were views of the session's own arena: the FP32 reference a
+    search or an evaluation holds (mobilefacenet's 88 kB of embeddings) kept that session's
+    whole arena resident (243 MB) after the session was gone. Its arrays are now the
+    process's own, the values the same."""
+    from quantscope.emulate.evaluate import open_runs, owned, run_model
+
+    model = matte()
+    batches = list(_data(3, None).evaluation)
+    ref = run_model(model.proto, batches)
+    assert not any(_ort_base(a) for b in ref.batches for a in b)
+    raw = [o for o, _ in open_runs(model.proto, batches).batches]  # the shared arena's
+    for got, want in zip(ref.batches, raw, strict=True):
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(a, b)
+    view = np.arange(6.0).reshape(2, 3).T  # a NumPy view: its own memory, not copied
+    assert owned(view) is view

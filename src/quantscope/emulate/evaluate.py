@@ -64,7 +64,8 @@ def run_model(
     integer_kernels: bool = False,
 ) -> Outputs:
     """Run ``proto`` over every batch (progress on stderr when ``label`` is given), in a
-    session with its own arena (freed with it: the outputs are what stays)."""
+    session with its own arena (freed with it: the outputs, copied out of it where they
+    were views of it (:func:`owned`), are what stays)."""
     runs = open_runs(proto, batches, label, shared_arena=False, optimize=optimize,
                      integer_kernels=integer_kernels)
     return Outputs(names=runs.names, batches=tuple(out for out, _ in runs.batches))
@@ -92,10 +93,25 @@ def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "",
         for batch in track(batches, label, unit="batch", show=bool(label), cost=feed_size):
             out = session.run(None, {n: v for n, v in batch.items() if n in inputs})
             check_sample_axes(out, batch, names)
+            if not shared_arena:  # the session's own arena goes with it, not with them
+                out = [owned(o) for o in out]
             yield tuple(sample_first(out, batch)), batch  # outputs read sample-first
 
     names = tuple(o.name for o in session.get_outputs())
     return Runs(names=names, batches=gen())
+
+
+def owned(a: np.ndarray) -> np.ndarray:
+    """``a``, or its copy where ONNX Runtime's memory holds it. A session's outputs may be
+    views of its own arena (a capsule as their base), and one of them held keeps the whole
+    arena resident: mobilefacenet's FP32 pass on the held-out faces, 88 kB of embeddings
+    kept as the evaluation's reference, held its 243 MB arena through every pass after it
+    (a release gave back nothing); IS-Net's plan search held its FP32 reference pass's
+    arena as long as the reference (h74)."""
+    base = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return a if isinstance(base, np.ndarray) else np.array(a)
 
 
 def check_sample_axes(outputs: Sequence[np.ndarray], batch: Batch,
