@@ -160,3 +160,24 @@ def test_the_fp32_reference_does_not_pin_its_sessions_arena():
             np.testing.assert_array_equal(a, b)
     view = np.arange(6.0).reshape(2, 3).T  # a NumPy view: its own memory, not copied
     assert owned(view) is view
+
+
+@pytest.mark.parametrize("photos", [2, 6])
+def test_the_plan_estimate_holds_the_reference_beside_the_cache(monkeypatch, photos):
+    """The plan stage's estimate counts the FP32 reference the search holds (every output
+    of the fit data: it grows with the photos) and the activation cache as the search
+    sizes it, less that reference (a unit test of the term; before, the reference was
+    counted only with repairs, and the cache at its whole budget)."""
+    import quantscope.analyze.activation_cache as ac
+    from quantscope.analyze.stage_memory import plan_search_memory
+
+    monkeypatch.setattr(ac, "CACHE_MIN", 1024)
+    monkeypatch.setattr(ac, "CACHE_FP32", 2.0)
+    model = matte()
+    batches = list(_data(photos, None).evaluation)
+    parts = dict(plan_search_memory(model, batches, resident=0, available=1 << 34).parts)
+    ref = photos * (FEAT + MAP)
+    assert parts["the FP32 reference (every output of the fit data)"] == ref
+    whole = ac.cache_memory(model, batches, [("feat",), ("feat", "alpha")], 1 << 20,
+                            available=1 << 34)
+    assert parts["the activation cache"] == max(whole.cache_bytes - ref, 1024)

@@ -18,9 +18,10 @@ calibrate      held before it; the tapped model's copy and its session (3 x weig
 plan           held before it; the FP32 reference session and the segment sessions'
                budget, each session its weights twice (:data:`SESSION_COPIES`); a
                session's build, the largest segment's (:data:`BUILD_COPIES`); the
-               activation cache's budget; one run's working tensors at the largest
-               batch; the outputs of a batch held twice (FP32's and a plan's);
-               with repairs offered, their FP32 reference (every output), a repair's
+               FP32 reference (every output of the fit data, held through the search)
+               and the activation cache's budget, which gives it room; one run's
+               working tensors at the largest batch; the outputs of a batch held twice
+               (FP32's and a plan's); with repairs offered, a repair's
                tapped tensors at its largest batch (twice, as calibrate's), the repaired
                models kept
 evaluate       held before it; every held-out output held twice (FP32's reference and
@@ -175,14 +176,16 @@ PLAN_LOWER = ("fewer --pairs (the search scores every fit pair) or a shorter --s
 
 
 def _evaluator_parts(model: Model, batches: Sequence[Batch], *, cache_cap: int | None,
-                     available: int | None, fp32_session: bool = True
+                     available: int | None, fp32_session: bool = True, held: int = 0
                      ) -> list[tuple[str, int]]:
     """What measuring plan after plan holds: the incremental evaluator's sessions and
     activation cache as :class:`~quantscope.analyze.incremental.IncrementalRunner` sizes
     them on ``batches`` (at most ``cache_cap``), each session its weights
     :data:`SESSION_COPIES` times, a session's build (the largest segment's weights
     :data:`BUILD_COPIES` times, less what it keeps), the FP32 reference's session (with
-    ``fp32_session``), one run at the largest batch and a batch's outputs twice."""
+    ``fp32_session``), one run at the largest batch and a batch's outputs twice;
+    ``held``: the FP32 reference the caller holds beside it, which the cache's budget
+    gives room to (:func:`~quantscope.analyze.activation_cache.cache_memory`)."""
     from quantscope.analyze.activation_cache import cache_memory
     from quantscope.analyze.incremental import crossing, session_budget
     from quantscope.analyze.segments import find_segments, segment_bytes
@@ -192,7 +195,7 @@ def _evaluator_parts(model: Model, batches: Sequence[Batch], *, cache_cap: int |
     weights = segment_bytes(model, segments)
     sessions = session_budget(weights)
     cache = cache_memory(model, batches, crossing(model, segments), sessions,
-                         cache_cap=cache_cap, available=available)
+                         cache_cap=cache_cap, available=available, held_bytes=held)
     sizer = tensor_sizer(model, batches)
     fp32 = [("the FP32 session", SESSION_COPIES * weight_bytes(model))] if fp32_session else []
     return [*fp32,
@@ -209,15 +212,20 @@ def plan_search_memory(model: Model, batches: Sequence[Batch], *,
                        memo: int = 0, resident: int | None = None,
                        available: int | None = None) -> StageMemory:
     """The plan search's peak: its evaluator's (:func:`_evaluator_parts`) on ``batches``
-    (the fit data's evaluation batches). With repairs offered (``repair_feeds``: the
-    batches they fit on): the full passes' FP32 reference (every output of ``batches``),
-    a repair's tapped tensors (``taps``) at its largest batch, and the ``memo`` repaired
-    models the search keeps (:class:`~quantscope.repair.apply.RepairMemo`'s size)."""
+    (the fit data's evaluation batches) and the FP32 reference (every output of
+    ``batches``), which its activation cache gives room to. With repairs offered
+    (``repair_feeds``: the batches they fit on; their full passes read the same
+    reference): a repair's tapped tensors (``taps``) at its largest batch, and the
+    ``memo`` repaired models the search keeps
+    (:class:`~quantscope.repair.apply.RepairMemo`'s size)."""
     sizer = tensor_sizer(model, batches)
-    parts = _evaluator_parts(model, batches, cache_cap=None, available=available)
+    # the FP32 reference every plan is scored against (with repairs, theirs too: one),
+    # held through the search; the activation cache gives it room (h74)
+    ref = _outputs_over(model, batches, sizer)
+    parts = [*_evaluator_parts(model, batches, cache_cap=None, available=available, held=ref),
+             ("the FP32 reference (every output of the fit data)", ref)]
     if repair_feeds:
-        parts += [("the repairs' FP32 reference", _outputs_over(model, batches, sizer)),
-                  ("a repair's tapped tensors of a batch, twice",
+        parts += [("a repair's tapped tensors of a batch, twice",
                    OUTPUT_COPIES * tensor_sizer(model, repair_feeds)(taps)),
                   (f"{memo} repaired models kept", memo * weight_bytes(model))]
     return _estimate("plan", parts, PLAN_LOWER, resident, available)
