@@ -160,6 +160,8 @@ def test_the_fp32_reference_does_not_pin_its_sessions_arena():
             np.testing.assert_array_equal(a, b)
     view = np.arange(6.0).reshape(2, 3).T  # a NumPy view: its own memory, not copied
     assert owned(view) is view
+    seq = [np.zeros(2, np.float32)]  # a sequence output comes as a list: left as it is
+    assert owned(seq) is seq
 
 
 @pytest.mark.parametrize("photos", [2, 6])

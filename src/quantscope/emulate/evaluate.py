@@ -108,6 +108,8 @@ def owned(a: np.ndarray) -> np.ndarray:
     kept as the evaluation's reference, held its 243 MB arena through every pass after it
     (a release gave back nothing); IS-Net's plan search held its FP32 reference pass's
     arena as long as the reference (h74)."""
+    if not isinstance(a, np.ndarray):  # a sequence or map output: ONNX Runtime's Python
+        return a
     base = a
     while isinstance(base, np.ndarray) and base.base is not None:
         base = base.base
