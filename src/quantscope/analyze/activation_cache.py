@@ -120,7 +120,10 @@ def cache_memory(model: Model, batches: Sequence[Batch], crossing: Sequence[Sequ
                  available: int | None = None) -> CacheMemory:
     """The activation cache's budget (``cache_bytes`` when given): :data:`CACHE_PLANS`
     plans' cuts, at most :data:`CACHE_FP32` of the weights and the largest batch's cut
-    tensors (what ties it to one FP32 inference; never under :data:`CACHE_MIN`) and
+    tensors (what ties it to one FP32 inference; never under :data:`CACHE_MIN`; the search's
+    FP32 reference outputs beside it are not taken from it: FP32 inference holds them too,
+    and on IS-Net a cache less them held no entry from 4 photos on, every plan run from
+    its first segment at twice the wall time, h74) and
     :data:`CACHE_SHARE` of the available memory less the sessions' (:data:`CACHE_BYTES`
     where that is unknown), and ``cache_cap`` when given. One plan's cuts: the tensors
     crossing them at the largest batch (:func:`~quantscope.analyze.memory.batch_tensor_bytes`,

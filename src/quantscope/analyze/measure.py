@@ -25,6 +25,7 @@ from quantscope.emulate.evaluate import (
     compare_model,
     compare_models,
     kept,
+    kept_only,
     open_runs,
     run_kept,
     run_model,
@@ -39,6 +40,7 @@ from quantscope.serde import plan_to_dict
 from quantscope.tasks.db_noise import Parts, pooled_db
 from quantscope.tasks.headline import Headline
 from quantscope.tasks.left_out import left_out_figures, unit_parts
+from quantscope.tasks.reads import outputs_read
 from quantscope.types import (
     Batch,
     Dataset,
@@ -314,12 +316,17 @@ def _scored(model: Model, data: Dataset, stats: Stats, plan: Plan, batches: list
                              "symbolic_axes": output_symbolic_axes(model, batches),
                              "top_classes": top_classes(data),
                              "class_axes": class_axes(data),
-                             "per_sample": sample_parts}
+                             "per_sample": sample_parts,
+                             # only what the task's figures read is kept (h74)
+                             "kept_names": outputs_read(data.task)}
     if ref is None:
         fp32 = open_runs((reference or model).proto, batches)
         fid, ref_kept, test = compare_models(fp32, emulated, **score)
     else:
         fid, test = compare_model(emulated, ref, **score)
+        if ref_kept is not None:  # the same outputs as the plan's, in the same order
+            pick = kept_only(ref_kept.names, score["kept_names"])
+            ref_kept = Outputs(pick(ref_kept.names), tuple(map(pick, ref_kept.batches)))
     metrics, tables, task_notes = dict(fid.values), dict(fid.tables), fid.notes
     scaled: dict[str, Any] = {}
     if data.task is not None:

@@ -18,9 +18,10 @@ calibrate      held before it; the tapped model's copy and its session (3 x weig
 plan           held before it; the FP32 reference session and the segment sessions'
                budget, each session its weights twice (:data:`SESSION_COPIES`); a
                session's build, the largest segment's (:data:`BUILD_COPIES`); the
-               activation cache's budget; one run's working tensors at the largest
-               batch; the outputs of a batch held twice (FP32's and a plan's);
-               with repairs offered, their FP32 reference (every output), a repair's
+               FP32 reference (every output of the fit data, held through the search)
+               and the activation cache's budget beside it; one run's
+               working tensors at the largest batch; the outputs of a batch held twice
+               (FP32's and a plan's); with repairs offered, a repair's
                tapped tensors at its largest batch (twice, as calibrate's), the repaired
                models kept
 evaluate       held before it; every held-out output held twice (FP32's reference and
@@ -209,15 +210,20 @@ def plan_search_memory(model: Model, batches: Sequence[Batch], *,
                        memo: int = 0, resident: int | None = None,
                        available: int | None = None) -> StageMemory:
     """The plan search's peak: its evaluator's (:func:`_evaluator_parts`) on ``batches``
-    (the fit data's evaluation batches). With repairs offered (``repair_feeds``: the
-    batches they fit on): the full passes' FP32 reference (every output of ``batches``),
-    a repair's tapped tensors (``taps``) at its largest batch, and the ``memo`` repaired
-    models the search keeps (:class:`~quantscope.repair.apply.RepairMemo`'s size)."""
+    (the fit data's evaluation batches) and the FP32 reference beside it (every output of
+    ``batches``). With repairs offered
+    (``repair_feeds``: the batches they fit on; their full passes read the same
+    reference): a repair's tapped tensors (``taps``) at its largest batch, and the
+    ``memo`` repaired models the search keeps
+    (:class:`~quantscope.repair.apply.RepairMemo`'s size)."""
     sizer = tensor_sizer(model, batches)
-    parts = _evaluator_parts(model, batches, cache_cap=None, available=available)
+    # the FP32 reference every plan is scored against (with repairs, theirs too: one),
+    # held through the search beside the activation cache (h74)
+    ref = _outputs_over(model, batches, sizer)
+    parts = [*_evaluator_parts(model, batches, cache_cap=None, available=available),
+             ("the FP32 reference (every output of the fit data)", ref)]
     if repair_feeds:
-        parts += [("the repairs' FP32 reference", _outputs_over(model, batches, sizer)),
-                  ("a repair's tapped tensors of a batch, twice",
+        parts += [("a repair's tapped tensors of a batch, twice",
                    OUTPUT_COPIES * tensor_sizer(model, repair_feeds)(taps)),
                   (f"{memo} repaired models kept", memo * weight_bytes(model))]
     return _estimate("plan", parts, PLAN_LOWER, resident, available)

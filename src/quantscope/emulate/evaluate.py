@@ -64,7 +64,8 @@ def run_model(
     integer_kernels: bool = False,
 ) -> Outputs:
     """Run ``proto`` over every batch (progress on stderr when ``label`` is given), in a
-    session with its own arena (freed with it: the outputs are what stays)."""
+    session with its own arena (freed with it: the outputs, copied out of it where they
+    were views of it (:func:`owned`), are what stays)."""
     runs = open_runs(proto, batches, label, shared_arena=False, optimize=optimize,
                      integer_kernels=integer_kernels)
     return Outputs(names=runs.names, batches=tuple(out for out, _ in runs.batches))
@@ -92,10 +93,27 @@ def open_runs(proto: onnx.ModelProto, batches: Iterable[Batch], label: str = "",
         for batch in track(batches, label, unit="batch", show=bool(label), cost=feed_size):
             out = session.run(None, {n: v for n, v in batch.items() if n in inputs})
             check_sample_axes(out, batch, names)
+            if not shared_arena:  # the session's own arena goes with it, not with them
+                out = [owned(o) for o in out]
             yield tuple(sample_first(out, batch)), batch  # outputs read sample-first
 
     names = tuple(o.name for o in session.get_outputs())
     return Runs(names=names, batches=gen())
+
+
+def owned(a: np.ndarray) -> np.ndarray:
+    """``a``, or its copy where ONNX Runtime's memory holds it. A session's outputs may be
+    views of its own arena (a capsule as their base), and one of them held keeps the whole
+    arena resident: mobilefacenet's FP32 pass on the held-out faces, 88 kB of embeddings
+    kept as the evaluation's reference, held its 243 MB arena through every pass after it
+    (a release gave back nothing); IS-Net's plan search held its FP32 reference pass's
+    arena as long as the reference (h74)."""
+    if not isinstance(a, np.ndarray):  # a sequence or map output: ONNX Runtime's Python
+        return a
+    base = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return a if isinstance(base, np.ndarray) else np.array(a)
 
 
 def check_sample_axes(outputs: Sequence[np.ndarray], batch: Batch,
@@ -160,11 +178,14 @@ def compare_model(
     per_sample: bool = False, top_classes: Mapping[str, TopClasses] | None = None,
     class_axes: Mapping[str, ClassAxis] | None = None,
     symbolic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    kept_names: Sequence[str] | None = None,
 ) -> tuple[Metrics, Outputs]:
     """Run ``test`` (opened on the batches ``ref`` was computed on), scoring each batch
     against ``ref``'s as it comes: (:func:`output_fidelity`, the outputs reduced by
     ``keep``). The same numbers as running first and scoring after; one batch of raw
-    emulated outputs held at a time. ``per_sample``: the metrics' ``parts`` also hold the
+    emulated outputs held at a time. ``kept_names``: only these outputs are kept after
+    ``keep`` (None: every one; the task's figures read no other: :func:`kept_only`).
+    ``per_sample``: the metrics' ``parts`` also hold the
     per-sample powers of the dB figures (:mod:`.sample_powers`); ``top_classes``: the
     outputs whose task decides by their top class (:class:`TopClasses`); ``class_axes``:
     the outputs whose task tells the axis of their classes (:class:`ClassAxis`), read by
@@ -173,11 +194,12 @@ def compare_model(
     default rule does not read as channels (:func:`.class_axes.read_axis`)."""
     acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes,
                     class_axes=class_axes, symbolic_axes=symbolic_axes)
-    out = []
+    out, pick = [], kept_only(test.names, kept_names)
     for (t, batch), r in zip(test.batches, ref.batches, strict=True):
         acc.add(r, t)
-        out.append(t if keep is None else keep(t, batch))
-    return acc.metrics(only=only, judge=judge), Outputs(names=test.names, batches=tuple(out))
+        out.append(pick(t if keep is None else keep(t, batch)))
+    return (acc.metrics(only=only, judge=judge),
+            Outputs(names=pick(test.names), batches=tuple(out)))
 
 
 def compare_models(
@@ -186,21 +208,35 @@ def compare_models(
     per_sample: bool = False, top_classes: Mapping[str, TopClasses] | None = None,
     class_axes: Mapping[str, ClassAxis] | None = None,
     symbolic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    kept_names: Sequence[str] | None = None,
 ) -> tuple[Metrics, Outputs, Outputs]:
     """The FP32 model's runs ``ref`` and ``test`` (opened on the same batches) in
     lock-step: (:func:`output_fidelity`, FP32 and emulated outputs reduced by ``keep``).
     The same numbers as :func:`run_model` then :func:`compare_model`, without holding
     FP32's raw outputs (``per_sample``, ``top_classes``, ``class_axes``,
-    ``symbolic_axes`` as there)."""
+    ``symbolic_axes``, ``kept_names`` as there)."""
     acc = _Fidelity(ref.names, channel_axes, per_sample=per_sample, top_classes=top_classes,
                     class_axes=class_axes, symbolic_axes=symbolic_axes)
-    ref_out, out = [], []
+    ref_out, out, pick = [], [], kept_only(ref.names, kept_names)
     for (r, batch), (t, _) in zip(ref.batches, test.batches, strict=True):
         acc.add(r, t)
-        ref_out.append(r if keep is None else keep(r, batch))
-        out.append(t if keep is None else keep(t, batch))
-    return (acc.metrics(only=only, judge=judge), Outputs(names=ref.names, batches=tuple(ref_out)),
-            Outputs(names=test.names, batches=tuple(out)))
+        ref_out.append(pick(r if keep is None else keep(r, batch)))
+        out.append(pick(t if keep is None else keep(t, batch)))
+    return (acc.metrics(only=only, judge=judge),
+            Outputs(names=pick(ref.names), batches=tuple(ref_out)),
+            Outputs(names=pick(test.names), batches=tuple(out)))
+
+
+def kept_only(names: Sequence[str], kept: Sequence[str] | None) -> Callable[[Sequence], tuple]:
+    """What keeps, of a tuple in the order of ``names`` (a batch's outputs, or the names
+    themselves), the entries of ``kept`` in that order (None: every entry). A plan's
+    scoring kept every output of every batch whole for its task, whose figures read one
+    of them: IS-Net's 12 outputs at 1024 x 1024, 118.5 MB a photo, for its matte's mask
+    IoU (4 MB), on top of the FP32 reference (h74)."""
+    if kept is None:
+        return tuple
+    index = [list(names).index(n) for n in kept]
+    return lambda row: tuple(row[i] for i in index)
 
 
 COSINE_ROWS = 4  # rows whose cosines are computed at once (each row's alone: same values)
