@@ -192,3 +192,23 @@ def test_two_people_give_no_values_per_person_and_no_error():
     r = np.random.default_rng(0)
     ref = np.repeat(r.normal(0, 1, (2, 8)), 3, axis=0).astype(np.float32)
     assert left_out_figures(task, _out(ref), _out(ref + 0.001), [METRIC]) == {}
+
+
+def test_a_rewrite_is_kept_on_a_shares_gain_only_beyond_its_noise_over_people():
+    """``run --rewrites auto`` on face data: a rewrite whose model flips no decision where
+    the model without it flips two people's (+0.222 over 72 pairs) was kept "beyond" the
+    binomial ±0.081; over 8 people (±0.280) it is a tie within noise, and the model
+    without it stands (no tiebreak given)."""
+    from quantscope.rewrites.auto import Measured, _better
+
+    task = _people_task(PEOPLE, PHOTOS, CHIPS)
+    ref, good, bad = _embeddings([1, 5])
+    (vb, lb), (va, la) = _figures(task, ref, bad), _figures(task, ref, good)
+    share = (int(va[f"{METRIC}_items"]), "verification pairs")
+    before, after = (Measured(v[METRIC], share_of=share, left=lo) for v, lo in ((vb, lb), (va, la)))
+    why, iv = _better(after, before, True, 0.0, None, metric=METRIC)
+    assert why is None and iv is not None, (why, iv)
+    assert "a tie within noise" in iv["because"] and "over n=8 people" in iv["because"], iv
+    old = [replace(m, left=None) for m in (after, before)]
+    why, _ = _better(*old, True, 0.0, None, metric=METRIC)
+    assert why is not None and "beyond noise" in why and "binomial" in why, why
