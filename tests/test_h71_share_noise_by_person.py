@@ -212,3 +212,16 @@ def test_a_rewrite_is_kept_on_a_shares_gain_only_beyond_its_noise_over_people():
     old = [replace(m, left=None) for m in (after, before)]
     why, _ = _better(*old, True, 0.0, None, metric=METRIC)
     assert why is not None and "beyond noise" in why and "binomial" in why, why
+
+
+@pytest.mark.parametrize("data, keyed", [("faces", True), ("x.npz", False)])
+def test_the_units_are_in_the_rewrite_choices_key_on_face_data_only(data, keyed):
+    """A face folder whose rewrites a share's binomial over pairs decided chooses again;
+    other data's auto key is unchanged (text and tensor folders resume)."""
+    from types import SimpleNamespace
+
+    from quantscope.pipeline.auto import _noise_units
+    from quantscope.tasks.left_out import UNITS_KEY
+
+    got = _noise_units(SimpleNamespace(data=data))  # type: ignore[arg-type]
+    assert got == ({"noise_units": UNITS_KEY} if keyed else {})
