@@ -89,8 +89,8 @@ def test_the_planners_choice_counts_people_and_buys_no_gain_within_their_noise()
 
 
 def test_without_the_values_per_person_the_binomial_decides_and_the_record_says_so():
-    """A figure read from an evaluation cache entry made before h71 has no values per
-    person: the binomial over the pairs decides (the dearer plan, as before h71), and the
+    """A figure without its values per person (under 3 people, or one plan's not at
+    hand): the binomial over the pairs decides (the dearer plan, as before h71), and the
     record says that noise and why."""
     cheap, dear = _points()
     chosen, _ = select([replace(cheap, left=None), replace(dear, left=None)], Budget())
@@ -225,3 +225,27 @@ def test_the_units_are_in_the_rewrite_choices_key_on_face_data_only(data, keyed)
 
     got = _noise_units(SimpleNamespace(data=data))  # type: ignore[arg-type]
     assert got == ({"noise_units": UNITS_KEY} if keyed else {})
+
+
+def test_a_cache_entry_stored_without_the_values_per_person_is_measured_again(tmp_path):
+    """A run folder resumed after h71: its evaluation cache holds each plan's decision
+    agreement without values per person (a key without the units); read, the resumed
+    choice kept the binomial's (mobileface: 1.096x, where a fresh run chooses 1.000x).
+    The key names the units on face data, so such an entry is not read; other data's
+    keys are unchanged (their entries are read)."""
+    from quantscope.analyze import evalcache as ec
+
+    task = _people_task(PEOPLE, PHOTOS, CHIPS)
+    x = _embeddings([])[0]
+    model = _near_identity((8,), 0.005)
+    plan = Plan(default=Precision.A8_W8)
+    for data, read in ((_data(task, x), False),
+                       (_data(replace(task, identity=None, faces=None), x), True)):
+        stats = stages.calibrate_model(model, data)
+        cache = EvalCache(tmp_path / str(read))
+        old = ec.evaluation_key(plan=ec.plan_digest(plan), model=ec.model_digest(model.proto),
+                                stats=ec.stats_digest(stats), data=ec.data_digest(data),
+                                metric=METRIC, method=None, scheme=None)
+        cache.put(old, 0.5, seconds=1.0, what={"items": 72.0})  # as stored before h71
+        got = _evaluator(model, data, stats, cache)(plan)
+        assert (got == 0.5) is read, got

@@ -25,8 +25,9 @@ noise          without ``min_quality``, where the measured figure has a noise (a
                :func:`quantscope.tasks.shares.share_noise`, on face data the jackknife
                of the paired difference over people, each left out in turn
                (:func:`quantscope.tasks.db_noise.left_out_noise`: a person's pairs err
-               together), the binomial only where those values are not at hand (an
-               evaluation cache entry made before h71: said); a dB figure's jackknife bound
+               together), the binomial only where those values are not at hand (said;
+               an evaluation cache entry stored without them is not read: its key
+               names the units); a dB figure's jackknife bound
                of the paired difference, :func:`quantscope.tasks.db_noise.db_noise`; the
                rules ``run --rewrites auto`` decides by too): cost is not bought on a
                difference the data cannot tell from sampling noise; never a plan below
@@ -206,8 +207,8 @@ def _binomial_why(reference: FrontPoint, other: FrontPoint) -> str:
         return ""
     unit = next(lo.unit for lo in lefts if lo is not None)
     if any(lo is None for lo in lefts):
-        return (f" (not over {unit}: a figure's values with each of its {unit} left out "
-                "are not at hand, e.g. read from an evaluation cache entry made before)")
+        return (f" (not over {unit}: one figure's values with each of its {unit} left "
+                "out are not at hand)")
     return (f" (not over {unit}: under 3 {unit}, {unit} that differ, or a figure not "
             "finite with one left out)")
 

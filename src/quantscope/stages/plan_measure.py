@@ -17,7 +17,13 @@ from quantscope.plan.refine import Figure
 from quantscope.progress import say
 from quantscope.stages.offer_holdout import check_offer
 from quantscope.tasks.db_noise import LeftOut, Parts, WithParts
-from quantscope.tasks.left_out import left_out_of, left_out_record, share_left_out, unit_parts
+from quantscope.tasks.left_out import (
+    UNITS_KEY,
+    left_out_of,
+    left_out_record,
+    share_left_out,
+    unit_parts,
+)
 from quantscope.types import Batch, Dataset, Outputs, Plan, QuantscopeError, Stats
 
 if TYPE_CHECKING:
@@ -120,7 +126,11 @@ def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, s
         if not fixed:
             fixed.update(model=ec.model_digest(model.proto), stats=ec.stats_digest(stats),
                          data=ec.data_digest(data), metric=metric, method=method,
-                         scheme=None if target is None else target.scheme)
+                         scheme=None if target is None else target.scheme,
+                         # a share on face data: an entry stored before h71 holds no values
+                         # per person, so it is measured again (a resumed run chooses as a
+                         # fresh one); other data's keys unchanged
+                         **({"units": UNITS_KEY} if share_left_out(data.task, metric) else {}))
         repairs = dict(plan.meta).get("repairs")
         if repairs and "feeds" not in fixed:
             fixed["feeds"] = ec.content_digest(list(feeds))
@@ -134,8 +144,8 @@ def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, s
             value, measure.seconds, what = hit  # what it cost when measured
             measure.items = what.get("items")  # the items its share is over, if counted
             measure.parts = _cached_parts(cache, k, what, data.task)
-            # a share's values with each person left out; an entry made before h71: none
-            # (its noise then the binomial over its items, and the plan's record says so)
+            # a share's values with each person left out (an entry without them: the
+            # binomial over its items, which the plan's record says)
             measure.left = left_out_of(what.get("left_out"), metric)
             return value
         t0 = time.perf_counter()

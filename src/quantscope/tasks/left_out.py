@@ -29,8 +29,9 @@ share noise     on such data a share's noise is this jackknife of the paired dif
                 held-out check (:mod:`quantscope.pipeline.held_out`); a pair spans two
                 people and a person's pairs err together, so the binomial noise over
                 pairs (:func:`quantscope.tasks.shares.share_noise`) is too small there.
-                Where the left-out values are not at hand (an evaluation cache entry or
-                an ``evaluate.json`` written before h71) the binomial, said as such
+                Where the left-out values are not at hand (an ``evaluate.json`` written
+                before h71, under 3 people) the binomial, said as such; an evaluation
+                cache entry stored without them is not read (its key names the units)
 powers          a dB figure's per-sample powers summed per unit (:func:`unit_parts`),
                 wherever they are measured (:func:`quantscope.analyze.measure.figure_parts`):
                 the planner's no-goal choice, ``run``'s held-out check, a torch ranking
