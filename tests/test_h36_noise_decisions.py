@@ -93,7 +93,8 @@ def test_one_detection_of_37_buys_no_cost():
     c = r.to_dict()["choice"]
     assert c["best"]["measured"] == pytest.approx(1.0) and c["chosen"]["cost"] == 1.0
     half, words = share_noise(1.0, 36 / 37, 37, "items")
-    assert c["noise"] == {"half_width": pytest.approx(half, abs=1e-6), "words": words}
+    assert c["noise"] == {"half_width": pytest.approx(half, abs=1e-6), "words": words,
+                          "from": "binomial"}
     assert c["line"].startswith("97.3 % at 1.000x, within noise of the best measured 100.0 % at")
     from quantscope.report.console import format_search
 

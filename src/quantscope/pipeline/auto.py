@@ -51,6 +51,7 @@ from quantscope.rewrites.auto import KEEP_RULE, AutoChoice, Measured, choose_rew
 from quantscope.rewrites.base import shapes_seq_len
 from quantscope.rewrites.tie import TIE_MARGIN, Parts
 from quantscope.tasks.headline import share_items
+from quantscope.tasks.left_out import share_left_out
 from quantscope.tasks.shares import ITEM_WORDS, judged_samples
 from quantscope.types import Plan, Precision, QuantscopeError, batch_rows
 
@@ -112,7 +113,17 @@ def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
             # keys of runs without --allow-warning stay valid)
             **({"allow_warnings": sorted(opts.allow_warnings)} if opts.allow_warnings else {}),
             # the rule that kept them: a folder chosen under another rule chooses again
-            "keep_rule": KEEP_RULE}
+            "keep_rule": KEEP_RULE, **_noise_units(opts)}
+
+
+def _noise_units(opts: AutoOptions) -> dict[str, str]:
+    """On face fit data, the units a share's noise counts (people since h71:
+    :data:`quantscope.tasks.left_out.UNITS_KEY`), so a folder whose rewrites a share's
+    binomial over pairs decided chooses again; other data's keys unchanged."""
+    from quantscope.tasks.left_out import UNITS_KEY
+    from quantscope.tasks.registry import is_face_spec
+
+    return {"noise_units": UNITS_KEY} if opts.data and is_face_spec(opts.data) else {}
 
 
 def layout_identity(layout: Any, identity: Callable[[str], Any]) -> list[str]:
@@ -186,10 +197,13 @@ def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int
         if not held:
             held.append(reference_kept_outputs(model, data) if pooled else
                         run_model(model.proto, list(fit.evaluation)))
+        # a share on face data (not pooled): its value with each person left out too, the
+        # paired jackknife over people its gain is decided by (rewrites.tie.paired_gain)
         given = {"reference_kept": held[0], "task_only": True} if pooled else \
-            {"reference_outputs": held[0]}
-        metrics = evaluate_plans(model, data, stats, {"max_legal": plan}, scheme=target.scheme,
-                                 saturation=False, **given)["max_legal"]["metrics"]
+            {"reference_outputs": held[0], "left_out": share_left_out(fit.task, metric)}
+        got_all = evaluate_plans(model, data, stats, {"max_legal": plan}, scheme=target.scheme,
+                                 saturation=False, **given)["max_legal"]
+        metrics = got_all["metrics"]
         got = metrics.get(metric)
         if got is None:
             raise QuantscopeError(f"the metric '{metric}' was not measured on the fit data")
@@ -198,7 +212,8 @@ def max_legal_measure(fit: Dataset, target: Target, metric: str, *, seq_len: int
                         None if task is None else task.samples,
                         None if task is None or second is None else task.parts,
                         share_of=share_items(fit.task, metric, metrics),
-                        judged=judged_samples(metric, metrics, _samples(fit)[0]))
+                        judged=judged_samples(metric, metrics, _samples(fit)[0]),
+                        left=(got_all.get("left_out") or {}).get(metric))
 
     return measure
 

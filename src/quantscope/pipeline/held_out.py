@@ -9,7 +9,13 @@ chosen on     the FIT data, always: choosing between the plan and a8_w8 on the h
 compared      the plan's and uniform a8_w8's held-out figure of the headline metric, in its
               direction; only where the plan costs more than a8_w8 (1.0x) and the search
               did not find a8_w8 enough for the goal already (then the plan is a8_w8)
-noise         a share the task counts items for (``KEY_items`` in both figures): the
+noise         a share on face data with its values per person left out kept for both
+              (``evaluate.json`` ``share_left_out``, :func:`headline_left_out`; the same
+              held-out people, so paired): the one-sided 95 % jackknife half width of the
+              paired difference over people (:func:`quantscope.tasks.db_noise.left_out_noise`:
+              a pair spans two people and a person's pairs err together, h71); a share the
+              task counts items for (``KEY_items`` in both figures; on face data only
+              where those values are not at hand, which the noise says): the
               one-sided 95 % binomial noise of the difference
               (:func:`quantscope.tasks.shares.share_noise`); a figure in dB with its
               per-sample powers kept for both (``evaluate.json`` ``sample_powers``,
@@ -32,7 +38,10 @@ kept          by ``run``'s evaluate stage (:func:`keep_powers`), for a headline 
               the outputs' figures per person too: ``tasks.left_out.unit_parts``), an embedding's
               (``--layout OUT=embedding``) per sample: the powers the planner's choice
               reads too (:func:`quantscope.analyze.measure.figure_parts`, one place); an
-              ``evaluate.json`` written before has none and is read as such
+              ``evaluate.json`` written before has none and is read as such; for a
+              share headline on face data (:func:`quantscope.tasks.left_out.share_left_out`)
+              the plan's and a8_w8's values with each held-out person left out
+              (``share_left_out``: one float per person)
 said          ``verdict.json`` ``worse_held_out`` (figures, margin, ``noise`` in words,
               ``noise_from``: binomial / jackknife / margin / none, ``beyond_noise``,
               line) and the verdict's plan line: "held out, the plan is worse than uniform
@@ -50,35 +59,40 @@ import numpy as np
 
 from quantscope.rewrites.tie import TIE_MARGIN
 from quantscope.tasks.db_noise import (
+    LeftOut,
     Parts,
     db_noise,
     jackknife_columns,
+    left_out_noise,
     parts_of,
     parts_record,
     pooled_db,
 )
+from quantscope.tasks.left_out import left_out_of, left_out_record
 from quantscope.tasks.shares import items_key, share_noise
 from quantscope.units import gain, is_db, is_share, value
 
 UNIFORM_COST = 1.0  # uniform a8_w8: the cost unit
 COMPARED = ("plan", "a8_w8")
 POWERS = "sample_powers"  # evaluate.json, beside a result's metrics: its headline's powers
+LEFT = "share_left_out"  # evaluate.json: a share headline's values per person left out
 
 
 def worse_held_out(metric: str, unit: str, quality: dict[str, dict[str, Any]],
                    plan_cost: float | None, *, higher: bool,
-                   uniform_meets_goal: bool, parts: Mapping[str, Parts] | None = None
-                   ) -> dict[str, Any] | None:
+                   uniform_meets_goal: bool, parts: Mapping[str, Parts] | None = None,
+                   left: Mapping[str, LeftOut] | None = None) -> dict[str, Any] | None:
     """The record when the plan, dearer than uniform a8_w8, is worse held out
     (``beyond_noise``: by more than the margin, module table), else None. ``parts``:
     label (``plan``, ``a8_w8``) -> the per-sample powers of a figure in dB
-    (:func:`headline_parts`)."""
+    (:func:`headline_parts`); ``left``: label -> a share's values with each unit
+    (person) left out (:func:`headline_left_out`)."""
     plan, uni = (quality.get(k, {}) for k in COMPARED)
     p, u = plan.get(metric), uni.get(metric)
     if p is None or u is None or plan_cost is None or uniform_meets_goal \
             or plan_cost <= UNIFORM_COST + 1e-9:
         return None
-    margin, noise, source = _margin(metric, unit, plan, uni, parts or {})
+    margin, noise, source = _margin(metric, unit, plan, uni, parts or {}, left or {})
     worse_by = (u - p) if higher else (p - u)
     if not worse_by > 0:
         return None
@@ -109,6 +123,25 @@ def keep_powers(results: dict[str, dict[str, Any]], metric: str) -> None:
         got = (r.pop("sample_parts", None) or {}).get(metric)
         if label in COMPARED and isinstance(got, Parts):
             r[POWERS] = {"metric": metric, **parts_record(jackknife_columns(got))}
+        # a share's values per person left out (asked for on face data): kept the same way
+        share = (r.pop("left_out", None) or {}).get(metric)
+        if label in COMPARED and isinstance(share, LeftOut):
+            r[LEFT] = left_out_record(share, metric)
+
+
+def headline_left_out(results: Mapping[str, Any], metric: str) -> dict[str, LeftOut]:
+    """The values with each unit left out that ``run``'s evaluate kept for the share
+    ``metric`` (label -> :class:`LeftOut`, of ``plan`` and ``a8_w8``): those whose whole
+    figure is the result's ``metric``; an older ``evaluate.json`` keeps none (then {})."""
+    out: dict[str, LeftOut] = {}
+    for label in COMPARED:
+        r = results.get(label) or {}
+        got = left_out_of(r.get(LEFT), metric)
+        figure = (r.get("metrics") or {}).get(metric)
+        if got is not None and isinstance(figure, int | float) \
+                and abs(got.whole - figure) <= 1e-9:
+            out[label] = got
+    return out
 
 
 def headline_parts(results: Mapping[str, Any], metric: str) -> dict[str, Parts]:
@@ -131,15 +164,23 @@ def headline_parts(results: Mapping[str, Any], metric: str) -> dict[str, Parts]:
 
 
 def _margin(metric: str, unit: str, plan: dict[str, Any], uni: dict[str, Any],
-            parts: Mapping[str, Parts]) -> tuple[float, str, str]:
+            parts: Mapping[str, Parts], left: Mapping[str, LeftOut]
+            ) -> tuple[float, str, str]:
     """(how much worse is still noise, its words, where it comes from) for this metric's
     two held-out figures."""
+    if all(k in left for k in COMPARED):
+        got = left_out_noise(left["a8_w8"], left["plan"])  # a8_w8 - plan
+        if got is not None:
+            return (*got, "jackknife")
     key = items_key(metric)
     if plan.get(key) and uni.get(key):
         half = share_noise(float(uni[metric]), float(plan[metric]), int(uni[key]), "items",
                            n_after=int(plan[key]))
         if half is not None:
-            return (*half, "binomial")
+            why = "" if not left else (
+                f" (not over {next(iter(left.values())).unit}: kept for one figure only, "
+                "under 3 of them, or a figure not finite with one left out)")
+            return half[0], half[1] + why, "binomial"
     if unit == "dB" or is_db(metric):
         if all(k in parts for k in COMPARED):
             got = db_noise(parts["plan"], parts["a8_w8"])  # plan - a8_w8

@@ -22,6 +22,7 @@ from quantscope.plan.accepted import accepted_lines, accepted_of
 from quantscope.report.fmt import value as figure_text
 from quantscope.results import CheckResult, DeviceIOResult, RunEvaluation
 from quantscope.targets import Target, load_target
+from quantscope.tasks.left_out import share_left_out
 from quantscope.types import Plan, Precision, QuantscopeError
 from quantscope.units import is_db
 
@@ -175,10 +176,11 @@ def plan_rules(ctx: Context) -> dict[str, str]:
 
 
 def noise_rules(ctx: Context) -> dict[str, str]:
-    """On face data, the units a dB figure's noise counts
-    (:data:`quantscope.tasks.left_out.UNITS_KEY`: people since h69), in the keys of the
-    plan stage (its no-goal choice) and the evaluate stage (the held-out check's powers):
-    a folder whose noise counted photos runs them again; other data's keys unchanged."""
+    """On face data, the units a figure's noise counts
+    (:data:`quantscope.tasks.left_out.UNITS_KEY`: people, a dB figure's since h69, a
+    share's since h71), in the keys of the plan stage (its no-goal choice) and the
+    evaluate stage (the held-out check's powers and left-out shares): a folder whose noise
+    counted photos or pairs runs them again; other data's keys unchanged."""
     from quantscope.tasks.left_out import UNITS_KEY
     from quantscope.tasks.registry import is_face_spec
 
@@ -347,15 +349,19 @@ def evaluate(ctx: Context) -> Done:
     # a headline in dB: its per-sample powers too, the noise of the plan's held-out
     # difference from a8_w8 (same samples: paired; pipeline.held_out)
     powers = head.unit == "dB" or is_db(head.metric)
+    # a share on face data: its value with each held-out person left out (the noise of the
+    # plan's difference from a8_w8 over people, not pairs: pipeline.held_out)
+    shares = share_left_out(held.task, head.metric)
     results = stages.evaluate_plans(model, held, stats, uniform, scheme=scheme,
                                     progress=ctx.progress, reference_outputs=ref,
                                     own_outputs=True,  # ref is the model's own: fp32 row
-                                    sample_parts=powers)
+                                    sample_parts=powers, left_out=shares)
     release_memory(force=True)
     rmodel, rstats, final = repaired(ctx)
     results.update(stages.evaluate_plans(
         rmodel, held, rstats, {"plan": final}, progress=ctx.progress, reference_outputs=ref,
-        error_scales=stages.ERROR_SCALES if ctx.opts.whatif else (), sample_parts=powers))
+        error_scales=stages.ERROR_SCALES if ctx.opts.whatif else (), sample_parts=powers,
+        left_out=shares))
     release_memory(force=True)
     keep_powers(results, head.metric)
     for r in results.values():

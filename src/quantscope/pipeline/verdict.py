@@ -19,7 +19,7 @@ from quantscope.export.hailo_alls import script_warnings
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline import steps
 from quantscope.pipeline.context import Context
-from quantscope.pipeline.held_out import headline_parts, worse_held_out
+from quantscope.pipeline.held_out import headline_left_out, headline_parts, worse_held_out
 from quantscope.pipeline.manifest import unfinished_lines
 from quantscope.pipeline.verdict_findings import (
     COMPARED,
@@ -191,7 +191,8 @@ def _worse(ev: dict[str, Any], head: dict[str, Any], quality: dict[str, Any],
     return worse_held_out(ev["metric"], ev.get("unit", ""), quality, plan_cost,
                           higher=bool(ev.get("higher_is_better", True)),
                           uniform_meets_goal=bool(pareto.get("uniform_meets_goal")),
-                          parts=headline_parts(ev["results"], ev["metric"]))
+                          parts=headline_parts(ev["results"], ev["metric"]),
+                          left=headline_left_out(ev["results"], ev["metric"]))
 
 
 def _as_scripted(ev: dict[str, Any], quality: dict[str, Any], goal: float | None,

@@ -47,7 +47,7 @@ from quantscope.plan.refine import Evaluate
 from quantscope.plan.start import RepairOption
 from quantscope.progress import say
 from quantscope.targets.profile import Target
-from quantscope.tasks.db_noise import Parts
+from quantscope.tasks.db_noise import LeftOut, Parts
 from quantscope.tasks.shares import items_key
 from quantscope.types import Plan, Precision, QuantscopeError, Sensitivity, Stats
 from quantscope.units import value
@@ -155,6 +155,8 @@ def repair_evaluator(
                                   f"use one of {', '.join(sorted(metrics))}")
         evaluate.items = metrics.get(items_key(metric))
         evaluate.parts = sample_parts(metrics, metric)
+        left = getattr(metrics, "left", None)
+        evaluate.left = left.get(metric) if isinstance(left, Mapping) else None
         return float(metrics[metric])
 
     evaluate = Counted(run)
@@ -173,11 +175,14 @@ def sample_parts(metrics: Mapping[str, Any], metric: str) -> Parts | None:
 class Counted:
     """An evaluator that says the items its last figure is a share over (``items``: the
     task's ``KEY_items``; None: not counted) and the per-sample powers of its last dB
-    figure (``parts``; None: not kept), which the refinement reads after each call."""
+    figure (``parts``; None: not kept) and a share's values with each unit left out
+    (``left``: face data's people; None: not computed), which the refinement reads after
+    each call."""
 
     def __init__(self, run: Evaluate) -> None:
         self.run, self.items = run, None
         self.parts: Parts | None = None
+        self.left: LeftOut | None = None
 
     def __call__(self, plan: Plan) -> float:
         return self.run(plan)

@@ -22,7 +22,12 @@ noise          without ``min_quality``, where the measured figure has a noise (a
                the cheapest measured point not worse than the
                best measured one beyond the one-sided 95 % noise of their difference
                (:func:`noise`: a share's binomial noise,
-               :func:`quantscope.tasks.shares.share_noise`; a dB figure's jackknife bound
+               :func:`quantscope.tasks.shares.share_noise`, on face data the jackknife
+               of the paired difference over people, each left out in turn
+               (:func:`quantscope.tasks.db_noise.left_out_noise`: a person's pairs err
+               together), the binomial only where those values are not at hand (said;
+               an evaluation cache entry stored without them is not read: its key
+               names the units); a dB figure's jackknife bound
                of the paired difference, :func:`quantscope.tasks.db_noise.db_noise`; the
                rules ``run --rewrites auto`` decides by too): cost is not bought on a
                difference the data cannot tell from sampling noise; never a plan below
@@ -43,7 +48,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from quantscope.tasks.db_noise import Parts, db_noise
+from quantscope.tasks.db_noise import LeftOut, Parts, db_noise, left_out_noise
 from quantscope.tasks.shares import share_noise
 from quantscope.types import Precision
 from quantscope.units import gain, value
@@ -67,6 +72,10 @@ class FrontPoint:
     # a dB figure's per-sample signal and noise powers (its evaluator keeps them: the
     # jackknife noise of a difference, :func:`noise`); None: not kept, or not measured
     parts: Parts | None = field(default=None, compare=False, repr=False)
+    # a share's value with each unit of its data left out, where they are not its items
+    # (face data: a person's pairs err together; the jackknife noise of a difference,
+    # :func:`noise`); None: not computed (other data), or not measured
+    left: LeftOut | None = field(default=None, compare=False, repr=False)
 
     @property
     def quality(self) -> float:
@@ -155,20 +164,53 @@ def pareto_front(points: Iterable[FrontPoint], budget: Budget) -> tuple[FrontPoi
 
 
 def noise(reference: FrontPoint, other: FrontPoint) -> tuple[float, str] | None:
-    """The one-sided 95 % noise of the difference of two measured figures, and its words:
-    two shares each over its own counted items, the binomial noise
-    (:func:`quantscope.tasks.shares.share_noise`); two dB figures with per-sample powers
-    on the same samples, the jackknife bound of the paired difference
-    (:func:`quantscope.tasks.db_noise.db_noise`, the rule ``run --rewrites auto``'s
-    tiebreak reads). None when neither applies (no estimate)."""
+    """The one-sided 95 % noise of the difference of two measured figures, and its words
+    (:func:`noise_from` says which)."""
+    got = noise_from(reference, other)
+    return None if got is None else (got[0], got[1])
+
+
+def noise_from(reference: FrontPoint, other: FrontPoint) -> tuple[float, str, str] | None:
+    """The one-sided 95 % noise of the difference of two measured figures, its words and
+    where it comes from: two shares with their values per unit left out (face data's
+    people: :attr:`FrontPoint.left`), the jackknife of the paired difference
+    (``jackknife``, :func:`quantscope.tasks.db_noise.left_out_noise`); else two shares
+    each over its own counted items, the binomial noise (``binomial``,
+    :func:`quantscope.tasks.shares.share_noise`; on face data only where a figure's
+    values per person are not at hand, which the words say); two dB figures with
+    per-sample powers on the same units, the jackknife bound of the paired difference
+    (``jackknife``, :func:`quantscope.tasks.db_noise.db_noise`, the rule ``run
+    --rewrites auto``'s tiebreak reads). None when none applies (no estimate)."""
     if reference.measured is None or other.measured is None:
         return None
+    if reference.left is not None and other.left is not None:
+        got = left_out_noise(reference.left, other.left)
+        if got is not None:
+            return (*got, "jackknife")
     if reference.items and other.items:
-        return share_noise(reference.measured, other.measured, int(reference.items), "items",
-                           n_after=int(other.items))
+        got = share_noise(reference.measured, other.measured, int(reference.items), "items",
+                          n_after=int(other.items))
+        if got is None:
+            return None
+        return got[0], got[1] + _binomial_why(reference, other), "binomial"
     if reference.parts is not None and other.parts is not None:
-        return db_noise(reference.parts, other.parts)
+        got = db_noise(reference.parts, other.parts)
+        return None if got is None else (*got, "jackknife")
     return None
+
+
+def _binomial_why(reference: FrontPoint, other: FrontPoint) -> str:
+    """Why a share on data with units other than its items has the binomial noise, in
+    words ("" where no figure has its values per unit: other data)."""
+    lefts = [p.left for p in (reference, other)]
+    if all(lo is None for lo in lefts):
+        return ""
+    unit = next(lo.unit for lo in lefts if lo is not None)
+    if any(lo is None for lo in lefts):
+        return (f" (not over {unit}: one figure's values with each of its {unit} left "
+                "out are not at hand)")
+    return (f" (not over {unit}: under 3 {unit}, {unit} that differ, or a figure not "
+            "finite with one left out)")
 
 
 def not_worse(point: FrontPoint, reference: FrontPoint, budget: Budget) -> bool:
@@ -214,9 +256,10 @@ def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budg
         return None
     rule = ("the cheapest measured plan not worse than the best measured one beyond the "
             "one-sided 95 % noise of their difference (a share: binomial, each figure over "
-            "its own counted items; a dB figure: the jackknife over its per-sample powers, "
-            "paired; a difference within it buys no cost)")
-    half = noise(best, chosen)
+            "its own counted items, or on face data the jackknife of the paired difference "
+            "over people, each left out in turn; a dB figure: the jackknife over its "
+            "per-unit powers, paired; a difference within it buys no cost)")
+    half = noise_from(best, chosen)
     doc: dict[str, Any] = {"rule": rule, "best": _brief(best), "chosen": _brief(chosen)}
     if math.isnan(best.quality):  # no measured plan has a value: none could be ranked
         doc["noise"] = None
@@ -232,8 +275,8 @@ def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budg
                        "estimate; the best quality, then the cheapest")
         return doc
     runner = _closest_cheaper(points, best, budget) if chosen.key() == best.key() else None
-    half = half if runner is None else noise(best, runner) or half
-    doc["noise"] = {"half_width": round(half[0], 6), "words": half[1]}
+    half = half if runner is None else noise_from(best, runner) or half
+    doc["noise"] = {"half_width": round(half[0], 6), "words": half[1], "from": half[2]}
     if chosen.key() == best.key():
         doc["line"] = (f"the best measured plan ({metric} {value(metric, best.quality)} at "
                        f"{best.cost:.3f}x); no cheaper measured plan within its noise")

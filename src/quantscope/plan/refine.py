@@ -77,7 +77,7 @@ from quantscope.plan.race import RacePlans
 from quantscope.plan.start import EPS, Space, emit, repair_meta
 from quantscope.plan.widest import widest_fill, widest_point
 from quantscope.progress import say
-from quantscope.tasks.db_noise import Parts
+from quantscope.tasks.db_noise import LeftOut, Parts
 from quantscope.types import Group, GroupKind, Groups, Plan
 
 Evaluate = Callable[[Plan], float]
@@ -89,6 +89,7 @@ class Figure(NamedTuple):
     value: float
     items: float | None = None
     parts: Parts | None = None
+    left: LeftOut | None = None  # a share's values with each unit (person) left out
 
 
 EvaluateMany = Callable[[Sequence[Plan]], list[float | Figure]]
@@ -184,7 +185,7 @@ class _Meter:
         plan = emit(self.space, point, reasons=(), meta=repair_meta(point))
         t0 = time.perf_counter()
         done = replace(point, measured=float(self.evaluate(plan)), items=self._items(),
-                       parts=self._parts())
+                       parts=self._parts(), left=self._left())
         took = self._charge(time.perf_counter() - t0)
         self.took.setdefault(point.repairs, []).append(took)
         self.seen[point.key()] = done
@@ -215,6 +216,12 @@ class _Meter:
         them (its ``parts`` after each call); None: not kept."""
         parts = getattr(self.evaluate, "parts", None)
         return parts if isinstance(parts, Parts) else None
+
+    def _left(self) -> LeftOut | None:
+        """The share just measured with each unit (face data's person) left out, where the
+        evaluator computed it (its ``left`` after each call); None: not computed."""
+        left = getattr(self.evaluate, "left", None)
+        return left if isinstance(left, LeftOut) else None
 
     def _charge(self, took: float) -> float:
         """The seconds an evaluation counts for: what it took, or, for a figure the
@@ -290,20 +297,21 @@ class _Meter:
         items = [item for i, item in enumerate(todo.items()) if i in kept]
         self.stopped |= {key for i, key in enumerate(todo) if i not in kept}
         chosen = [plans[i] for i in kept]
-        noises: list[tuple[float | None, Parts | None]] = []  # what each figure's noise needs
+        # what each figure's noise needs: items, per-sample powers, values per unit left out
+        noises: list[tuple[float | None, Parts | None, LeftOut | None]] = []
         if many is not None:
             got = [v if isinstance(v, Figure) else Figure(float(v))
                    for v in (many(chosen) if chosen else [])]
             values = [g.value for g in got]
-            noises = [(_count(g.items), g.parts) for g in got]
+            noises = [(_count(g.items), g.parts, g.left) for g in got]
         else:
             values = []
             for plan in chosen:
                 values.append(self.evaluate(plan))
-                noises.append((self._items(), self._parts()))
+                noises.append((self._items(), self._parts(), self._left()))
         self.left -= len(plans)
-        for (key, p), v, (n, parts) in zip(items, values, noises, strict=True):
-            self.seen[key] = replace(p, measured=float(v), items=n, parts=parts)
+        for (key, p), v, (n, parts, left) in zip(items, values, noises, strict=True):
+            self.seen[key] = replace(p, measured=float(v), items=n, parts=parts, left=left)
 
 
 def refine(

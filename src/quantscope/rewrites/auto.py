@@ -60,14 +60,23 @@ import numpy as np
 import onnx
 
 from quantscope.model.load import Model
-from quantscope.plan.race import t_quantile
 from quantscope.progress import say
 from quantscope.rewrites.base import InputShapes, Precondition, Rewrite, run_rewrite
 from quantscope.rewrites.registry import REWRITES
-from quantscope.rewrites.tie import CONFIDENCE, TIE_MARGIN, Parts, decide_tie, share_noise
+from quantscope.rewrites.tie import (  # noqa: F401 - paired_interval, _interval_text: re-exported
+    CONFIDENCE,
+    TIE_MARGIN,
+    LeftOut,
+    Parts,
+    _interval_text,
+    decide_tie,
+    paired_gain,
+    paired_interval,
+    share_noise,
+)
 from quantscope.types import QuantscopeError, Stats
 from quantscope.units import gain as gain_text
-from quantscope.units import of, value
+from quantscope.units import value
 
 if TYPE_CHECKING:
     from quantscope.targets.profile import Target
@@ -99,6 +108,9 @@ class Measured:
     # the samples the figure was computed on, where fewer than all (a where= gate's: the
     # samples holding a point it keeps; quantscope.tasks.shares.judged_samples)
     judged: int | None = None
+    # a share's value with each unit left out where its items are not its units (face
+    # data's people: the paired jackknife decides, not the binomial; tie.paired_gain)
+    left: LeftOut | None = None
 
 
 Measure = Callable[[Model, Stats], "float | tuple[float, float] | Measured"]
@@ -229,32 +241,6 @@ def _score(value: float | tuple[float, float] | Measured) -> Score:
     return Measured(float(value))
 
 
-def paired_interval(after: np.ndarray, before: np.ndarray, *, higher: bool = True,
-                    confidence: float = CONFIDENCE) -> dict[str, Any]:
-    """The mean per-sample gain of ``after`` over ``before`` (paired, in the metric's
-    direction) with its one-sided ``confidence`` bounds (Student t, as
-    :mod:`quantscope.plan.race` bounds a race) and the outcome: ``better`` (lower bound
-    above 0), ``worse`` (upper bound below 0) or ``tie`` (within noise)."""
-    d = np.asarray(after, np.float64) - np.asarray(before, np.float64)
-    d = d if higher else -d
-    n = len(d)
-    mean = float(np.mean(d))
-    half = t_quantile(confidence, n - 1) * float(np.std(d, ddof=1)) / float(np.sqrt(n))
-    lower, upper = mean - half, mean + half
-    outcome = "better" if lower > 0 else "worse" if upper < 0 else "tie"
-    return {"n": n, "difference": mean, "lower": lower, "upper": upper,
-            "confidence": confidence, "outcome": outcome}
-
-
-def _interval_text(iv: dict[str, Any], metric: str = "") -> str:
-    """The paired interval in words, in ``metric``'s unit (a share in points)."""
-    def g(x: float) -> str:
-        return gain_text(metric, x, fine=True) if metric else f"{x:+.4g}"
-
-    return (f"gain {g(iv['difference'])}, one-sided {iv['confidence']:.0%} bounds "
-            f"[{g(iv['lower'])}, {g(iv['upper'])}] over n={of(iv['n'], 'paired samples')}")
-
-
 def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak: str | None,
             *, margin: float = 0.0, metric: str = "") -> tuple[str | None, dict[str, Any] | None]:
     """Why ``after`` is better (None: it is not) and the paired interval, when both have
@@ -276,9 +262,8 @@ def _better(after: Score, before: Score, higher: bool, min_gain: float, tiebreak
         iv["because"] = words + (f", {lost} {how}" if how else "")
         return None, iv
 
-    if (after.samples is not None and before.samples is not None
-            and len(after.samples) == len(before.samples) >= 2):
-        iv = paired_interval(after.samples, before.samples, higher=higher)
+    iv = paired_gain(after.samples, before.samples, after.left, before.left, higher=higher)
+    if iv is not None:
         text = _interval_text(iv, metric)
         if iv["lower"] > min_gain:
             other, against = _other(after, before, iv, tiebreak, True)

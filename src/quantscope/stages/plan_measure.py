@@ -16,8 +16,14 @@ from quantscope.model.load import Model, load_proto
 from quantscope.plan.refine import Figure
 from quantscope.progress import say
 from quantscope.stages.offer_holdout import check_offer
-from quantscope.tasks.db_noise import Parts, WithParts
-from quantscope.tasks.left_out import unit_parts
+from quantscope.tasks.db_noise import LeftOut, Parts, WithParts
+from quantscope.tasks.left_out import (
+    UNITS_KEY,
+    left_out_of,
+    left_out_record,
+    share_left_out,
+    unit_parts,
+)
 from quantscope.types import Batch, Dataset, Outputs, Plan, QuantscopeError, Stats
 
 if TYPE_CHECKING:
@@ -47,13 +53,16 @@ def _plan_measure(model: Model, data: Dataset, target: Target | None, method: st
     scheme = None if target is None else target.scheme
     # one incremental evaluator for every plan of the search (its runner made on first use)
     engine = IncrementalEngine(model, list(data.evaluation), method=method)
+    # a share on face data: its value with each person left out (its noise over people)
+    left_out = share_left_out(data.task, only) if only is not None else ()
 
     def measure(m: Model, s: Stats, p: Plan) -> dict[str, float]:
         got = evaluate_plan(m, data, s, p, method=method, scheme=scheme,
                             reference_outputs=ref, saturation=False, engine=engine,
-                            only=only, reference_kept=ref_kept, sample_parts=only is not None)
+                            only=only, reference_kept=ref_kept, sample_parts=only is not None,
+                            left_out=left_out)
         # a dB figure's per-sample powers ride beside the figures: its noise in the choice
-        return WithParts(got["metrics"], got.get("sample_parts") or {})
+        return WithParts(got["metrics"], got.get("sample_parts") or {}, got.get("left_out"))
 
     return measure
 
@@ -117,7 +126,11 @@ def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, s
         if not fixed:
             fixed.update(model=ec.model_digest(model.proto), stats=ec.stats_digest(stats),
                          data=ec.data_digest(data), metric=metric, method=method,
-                         scheme=None if target is None else target.scheme)
+                         scheme=None if target is None else target.scheme,
+                         # a share on face data: an entry stored before h71 holds no values
+                         # per person, so it is measured again (a resumed run chooses as a
+                         # fresh one); other data's keys unchanged
+                         **({"units": UNITS_KEY} if share_left_out(data.task, metric) else {}))
         repairs = dict(plan.meta).get("repairs")
         if repairs and "feeds" not in fixed:
             fixed["feeds"] = ec.content_digest(list(feeds))
@@ -131,19 +144,25 @@ def _cached(evaluate: Evaluate, cache: EvalCache, model: Model, data: Dataset, s
             value, measure.seconds, what = hit  # what it cost when measured
             measure.items = what.get("items")  # the items its share is over, if counted
             measure.parts = _cached_parts(cache, k, what, data.task)
+            # a share's values with each person left out (an entry without them: the
+            # binomial over its items, which the plan's record says)
+            measure.left = left_out_of(what.get("left_out"), metric)
             return value
         t0 = time.perf_counter()
         value = float(evaluate(plan))
         measure.seconds = time.perf_counter() - t0
         measure.items = getattr(evaluate, "items", None)
         measure.parts = getattr(evaluate, "parts", None)
-        parts = measure.parts
+        measure.left = getattr(evaluate, "left", None)
+        parts, left = measure.parts, measure.left
         cache.put(k, value, seconds=measure.seconds,
                   what={"metric": metric, "model": model.source,
                         "overrides": len(plan.overrides),
                         "repairs": dict(plan.meta).get("repairs", ""),
                         **({"items": measure.items} if measure.items is not None else {}),
-                        **({"parts": parts.unit} if parts is not None else {})},
+                        **({"parts": parts.unit} if parts is not None else {}),
+                        **({"left_out": left_out_record(left, metric)}
+                           if isinstance(left, LeftOut) else {})},
                   arrays=None if parts is None else {"signal": parts.signal,
                                                      "noise": parts.noise})
         return value
@@ -172,12 +191,14 @@ class _Charged:
     a cached figure what measuring it took and a resumed search measures what a clean one
     would (``plan/refine.py``'s meter), and the items its figure is a share over
     (``items``, kept in the cache entry: a figure read back has the same noise), and the
-    per-sample powers of its dB figure (``parts``: the entry's arrays)."""
+    per-sample powers of its dB figure (``parts``: the entry's arrays) and a share's
+    values with each person left out (``left``: the entry's ``left_out``)."""
 
     def __init__(self, run: Callable[[Plan], float]) -> None:
         self.run, self.seconds = run, 0.0
         self.items: float | None = None
         self.parts: Parts | None = None
+        self.left: LeftOut | None = None
 
     def __call__(self, plan: Plan) -> float:
         return self.run(plan)
@@ -241,10 +262,11 @@ def _cached_measure(measure: Measure, cache: EvalCache, data: Dataset, target: T
     return run
 
 def _call(fn: Callable[[Any], Any], item: Any) -> Figure:
-    """``fn(item)`` with what its noise needs (the evaluator's ``items`` and ``parts``
-    after the call), so a figure measured as a parallel task keeps its noise."""
+    """``fn(item)`` with what its noise needs (the evaluator's ``items``, ``parts`` and
+    ``left`` after the call), so a figure measured as a parallel task keeps its noise."""
     value = float(fn(item))
-    return Figure(value, getattr(fn, "items", None), getattr(fn, "parts", None))
+    return Figure(value, getattr(fn, "items", None), getattr(fn, "parts", None),
+                  getattr(fn, "left", None))
 
 
 def _measure_all(executor: Executor, evaluate: Callable[[Plan], float], progress: bool,

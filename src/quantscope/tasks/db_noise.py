@@ -31,7 +31,8 @@ interval        :func:`gain_interval`: the difference ``after - before`` in dB w
                 that is no pooled dB (a share), from its value with each unit left out
                 (:class:`LeftOut`, computed by the task: :mod:`quantscope.tasks.left_out`)
 noise         :func:`db_noise`: the half width of that bound, in words, for a rule that
-                asks whether a difference is beyond noise (the planner's ``not_worse``)
+                asks whether a difference is beyond noise (the planner's ``not_worse``);
+                :func:`left_out_noise`: the same for a share from its left-out values
 none            fewer than 3 units, units that differ, or a power of zero left by a unit
                 (an infinite figure): no estimate; the caller says so
 kept            :func:`parts_record` / :func:`parts_of`: the parts as a JSON file keeps
@@ -212,6 +213,22 @@ def db_noise(reference: Parts, other: Parts, *, confidence: float = CONFIDENCE
                   f"(Student t, {iv['n'] - 1} degrees of freedom)")
 
 
+def left_out_noise(reference: LeftOut, other: LeftOut, *, confidence: float = CONFIDENCE
+                   ) -> tuple[float, str] | None:
+    """The one-sided ``confidence`` noise of the difference ``reference - other`` of a
+    figure that is no pooled dB (a share: a face verification's decision agreement) on the
+    same units, from its value with each unit left out (the half width of
+    :func:`left_out_interval`'s bound, as :func:`db_noise` for a dB figure), and its words;
+    None where there is no estimate (see :func:`left_out_interval`)."""
+    iv = left_out_interval(reference, other, confidence=confidence)
+    if iv is None:
+        return None
+    half = float(iv["half_width"])
+    return half, (f"one-sided {confidence:.0%} jackknife noise {half:.4g} of the paired "
+                  f"difference {iv['difference']:+.4g} over {iv['n']} {iv['unit']}, each "
+                  f"left out in turn (Student t, {iv['n'] - 1} degrees of freedom)")
+
+
 def group_parts(parts: Parts, units: Sequence[Any], unit: str) -> Parts:
     """``parts`` with one row per sample summed per unit, where sample ``i`` belongs to
     unit ``units[i]`` (a face's chips: no independent samples), the units in sorted
@@ -295,9 +312,12 @@ def parts_of(record: Any) -> Parts | None:
 
 class WithParts(dict):  # type: ignore[type-arg]
     """A measurement's metrics (name -> figure) with the per-sample powers of its dB
-    figures beside them (``parts``: metric -> :class:`Parts`), which the planner's
-    evaluator reads after each call (:func:`quantscope.plan.joint.sample_parts`)."""
+    figures beside them (``parts``: metric -> :class:`Parts`) and the shares' values with
+    each unit left out (``left``: metric -> :class:`LeftOut`, face data's people), which the
+    planner's evaluator reads after each call (:func:`quantscope.plan.joint.sample_parts`)."""
 
-    def __init__(self, values: Mapping[str, float], parts: Mapping[str, Parts]) -> None:
+    def __init__(self, values: Mapping[str, float], parts: Mapping[str, Parts],
+                 left: Mapping[str, LeftOut] | None = None) -> None:
         super().__init__(values)
         self.parts = dict(parts)
+        self.left = dict(left or {})

@@ -19,7 +19,19 @@ none            a task that scores all samples together, outputs whose first axi
                 the samples, a figure the task does not compute: no entry (the caller
                 says there is no noise estimate)
 cost            one scoring of the task's metrics per unit (no model is run): asked for
-                by the repair offers' out-of-sample check only (a few people a half)
+                by the repair offers' out-of-sample check (a few people a half) and, for
+                a share on data whose units are not its samples (:func:`share_left_out`:
+                face data's people), by the planner's measurements (each plan) and
+                ``run``'s evaluate stage (the plan and uniform a8_w8 held out)
+share noise     on such data a share's noise is this jackknife of the paired difference
+                (:func:`quantscope.tasks.db_noise.left_out_noise`): the planner's
+                no-goal choice (:func:`quantscope.plan.pareto.noise`) and ``run``'s
+                held-out check (:mod:`quantscope.pipeline.held_out`); a pair spans two
+                people and a person's pairs err together, so the binomial noise over
+                pairs (:func:`quantscope.tasks.shares.share_noise`) is too small there.
+                Where the left-out values are not at hand (an ``evaluate.json`` written
+                before h71, under 3 people) the binomial, said as such; an evaluation
+                cache entry stored without them is not read (its key names the units)
 powers          a dB figure's per-sample powers summed per unit (:func:`unit_parts`),
                 wherever they are measured (:func:`quantscope.analyze.measure.figure_parts`):
                 the planner's no-goal choice, ``run``'s held-out check, a torch ranking
@@ -36,7 +48,9 @@ import numpy as np
 
 from quantscope.tasks.db_noise import LeftOut, Parts, group_parts
 from quantscope.tasks.face_split import splits_by_people, take_chips
+from quantscope.tasks.metric_inputs import MetricInputError
 from quantscope.types import Outputs
+from quantscope.units import is_db
 
 
 def units_of(task: Any, rows: int) -> tuple[np.ndarray, str]:
@@ -50,10 +64,10 @@ def units_of(task: Any, rows: int) -> tuple[np.ndarray, str]:
     return np.arange(rows), "samples"
 
 
-# the units a dB figure's noise counts, in the keys of ``run``'s plan and evaluate stages on
+# the units a figure's noise counts, in the keys of ``run``'s plan and evaluate stages on
 # face data (pipeline.steps.noise_rules): a folder whose choice or held-out powers counted
-# photos (before h69) runs those stages again
-UNITS_KEY = "noise by person/1"
+# photos (before h69), or whose shares' noise counted pairs (before h71), runs them again
+UNITS_KEY = "noise by person/2"
 
 
 def unit_parts(parts: Parts, task: Any) -> Parts:
@@ -111,7 +125,7 @@ def left_out_figures(task: Any, ref: Outputs, test: Outputs, keys: Sequence[str]
     """Each of ``keys`` that ``task`` computes on ``ref`` and ``test`` (FP32's and the
     measured model's outputs as the task keeps them), with its value recomputed with each
     unit left out (module table); a key the task does not compute, or data it cannot
-    score without a unit, is absent."""
+    score without a unit (a unit left out leaves pairs of one kind only), is absent."""
     rows = sum(_rows(ref))
     if not keys or rows != sum(_rows(test)) or not _scores_each_unit(task, rows):
         return {}
@@ -124,8 +138,40 @@ def left_out_figures(task: Any, ref: Outputs, test: Outputs, keys: Sequence[str]
         r, t = take_output_rows(ref, keep), take_output_rows(test, keep)
         if r is None or t is None:
             return {}
-        values = _task_on(task, keep).metrics(r, t).values
+        try:  # the other units may not hold what the figure needs (one person: no impostor)
+            values = _task_on(task, keep).metrics(r, t).values
+        except MetricInputError:
+            return {}
         for k in wanted:
             left[k].append(float(values.get(k, np.nan)))
     return {k: LeftOut(float(whole[k]), np.asarray(left[k], np.float64), unit)
             for k in wanted}
+
+
+def share_left_out(task: Any, metric: str) -> tuple[str, ...]:
+    """``(metric,)`` where the share ``metric``'s noise goes over units other than its
+    items (module table, ``share noise``): ``task``'s data knows each chip's person or
+    face and the task scores it with one left out; else ``()`` (text, retrieval and any
+    data whose units are its samples: the binomial over the items, as before)."""
+    known = any(getattr(task, a, None) is not None for a in ("identity", "faces"))
+    able = splits_by_people(task) or bool(getattr(task, "row_local", False))
+    return (metric,) if metric and not is_db(metric) and known and able else ()
+
+
+def left_out_record(figure: LeftOut, metric: str) -> dict[str, Any]:
+    """``figure`` as a JSON file keeps it (``evaluate.json``, an evaluation cache entry):
+    a few floats, one per unit."""
+    return {"metric": metric, "unit": figure.unit, "whole": float(figure.whole),
+            "left": [float(v) for v in figure.left]}
+
+
+def left_out_of(record: Any, metric: str) -> LeftOut | None:
+    """The :class:`LeftOut` of ``metric`` kept by :func:`left_out_record`; None: none
+    kept, another metric's, or not readable (an older file)."""
+    if not isinstance(record, dict) or record.get("metric") != metric:
+        return None
+    whole, left, unit = record.get("whole"), record.get("left"), record.get("unit")
+    if not isinstance(whole, int | float) or not isinstance(left, list) \
+            or not isinstance(unit, str) or not all(isinstance(v, int | float) for v in left):
+        return None
+    return LeftOut(float(whole), np.asarray(left, np.float64), unit)

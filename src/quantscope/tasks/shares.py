@@ -7,8 +7,10 @@ A share (a fraction of items that agree with FP32) has a noise of its own,
 same pass, as the value ``KEY_items`` beside ``KEY`` (:func:`items_key`), so the count
 cannot drift from the figure; :func:`quantscope.tasks.headline.share_items` reads it.
 Where items cluster in units no count here describes (a face's pairs touch two people),
-the repair offers' out-of-sample check reads the jackknife of the task's own share with
-each unit left out instead (:mod:`quantscope.tasks.left_out`: by person on face data).
+the repair offers' out-of-sample check, the planner's choice, ``run``'s held-out check and
+``run --rewrites auto`` read the jackknife of the task's own share with each unit left
+out instead (:mod:`quantscope.tasks.left_out`: by person on face data; all but the offers'
+since h71), this binomial only where those values are not at hand (said).
 
 ====================  ==================================================================
 ``top1_agreement``    a class output: its samples ([N, C]); per position ([N, C, H, W]:
