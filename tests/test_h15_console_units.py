@@ -132,7 +132,7 @@ def test_run_auto_line_says_a_verification_shares_pairs(tmp_path, capsys, monkey
     opts = SimpleNamespace(data="faces", eval_data=None, tokenizer=None, prefixes=None,
                            pairs=None, seq_len=None, input_shapes=(), target="ort-cpu",
                            method="minmax", metric=None, layout=(), batch_axes=(),
-                           repair_batches=1)
+                           repair_batches=1, allow_warnings=())
     with pytest.raises(_Stop):
         auto.choose(opts, stages.open_model(tmp_path / "det.onnx"), progress=True)
     err = capsys.readouterr().err

@@ -230,7 +230,7 @@ def test_the_choosing_line_says_a_detection_shares_items_come_when_measured(
     opts = SimpleNamespace(data=str(tmp_path / "data.npz"), eval_data=None, tokenizer=None,
                            prefixes=None, pairs=None, seq_len=None, input_shapes=(),
                            target="ort-cpu", method="minmax", metric=None, layout=(),
-                           batch_axes=(), repair_batches=1)
+                           batch_axes=(), repair_batches=1, allow_warnings=())
     with pytest.raises(_Stop):
         auto.choose(opts, stages.open_model(tmp_path / "det.onnx"), progress=True)
     err = capsys.readouterr().err
@@ -253,6 +253,6 @@ def test_a_folder_chosen_under_the_old_share_rule_chooses_again(tmp_path):
            "for a share over n items its one-sided 95% binomial noise) is a tie")
     opts = SimpleNamespace(model=str(tmp_path / "m.onnx"), data="d.npz", eval_data=None,
                            tokenizer=None, prefixes=None, pairs=None, seq_len=None, input_shapes=(), target="ort-cpu",
-                           method="minmax", metric=None, layout=(), batch_axes=())
+                           method="minmax", metric=None, layout=(), batch_axes=(), allow_warnings=())
     rule = auto_key(opts, str)["keep_rule"]
     assert rule == KEEP_RULE != old and "each figure over its own n" in rule
