@@ -204,13 +204,8 @@ def db_noise(reference: Parts, other: Parts, *, confidence: float = CONFIDENCE
     """The one-sided ``confidence`` noise of the dB difference ``reference - other`` on
     the same units (the half width of :func:`gain_interval`'s bound), and its words; None
     where there is no estimate (see :func:`gain_interval`)."""
-    iv = gain_interval(reference, other, confidence=confidence)
-    if iv is None:
-        return None
-    half = float(iv["half_width"])
-    return half, (f"one-sided {confidence:.0%} jackknife noise {half:.3g} dB of the paired "
-                  f"difference {iv['difference']:+.3f} dB over {iv['n']} {iv['unit']} "
-                  f"(Student t, {iv['n'] - 1} degrees of freedom)")
+    return _noise(gain_interval(reference, other, confidence=confidence), confidence,
+                  "{:.3g} dB", "{:+.3f} dB", "")
 
 
 def left_out_noise(reference: LeftOut, other: LeftOut, *, confidence: float = CONFIDENCE
@@ -220,13 +215,19 @@ def left_out_noise(reference: LeftOut, other: LeftOut, *, confidence: float = CO
     same units, from its value with each unit left out (the half width of
     :func:`left_out_interval`'s bound, as :func:`db_noise` for a dB figure), and its words;
     None where there is no estimate (see :func:`left_out_interval`)."""
-    iv = left_out_interval(reference, other, confidence=confidence)
+    return _noise(left_out_interval(reference, other, confidence=confidence), confidence,
+                  "{:.4g}", "{:+.4g}", ", each left out in turn")
+
+
+def _noise(iv: dict[str, Any] | None, confidence: float, half_fmt: str, diff_fmt: str,
+           how: str) -> tuple[float, str] | None:
+    """An interval's half width and its words (:func:`db_noise`, :func:`left_out_noise`)."""
     if iv is None:
         return None
     half = float(iv["half_width"])
-    return half, (f"one-sided {confidence:.0%} jackknife noise {half:.4g} of the paired "
-                  f"difference {iv['difference']:+.4g} over {iv['n']} {iv['unit']}, each "
-                  f"left out in turn (Student t, {iv['n'] - 1} degrees of freedom)")
+    return half, (f"one-sided {confidence:.0%} jackknife noise {half_fmt.format(half)} of the "
+                  f"paired difference {diff_fmt.format(iv['difference'])} over {iv['n']} "
+                  f"{iv['unit']}{how} (Student t, {iv['n'] - 1} degrees of freedom)")
 
 
 def group_parts(parts: Parts, units: Sequence[Any], unit: str) -> Parts:
