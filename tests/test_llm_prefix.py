@@ -229,3 +229,26 @@ def test_host_snippet_generates_fp32_tokens_from_the_prefix(planned) -> None:
     pre = runner(open_phase(model, "prefill"))
     want = generate(pre, decode, np.array([*tokens, *prompt], np.int64), 6)
     assert got == want
+
+
+def test_prefix_text_keeps_a_character_whose_bytes_span_tokens() -> None:
+    """A byte-level tokenizer splits 'é' into two tokens; each decoded alone is '\ufffd'. The
+    recorded texts give the character to the token that completes it, so the prefix's
+    words spell 'café', not 'caf\ufffd\ufffd' (stop 67's leftover)."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from quantscope.tasks.lm import token_texts
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = tokenizers.Tokenizer(models.BPE({c: i for i, c in enumerate(alphabet)}, []))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<|endoftext|>"])
+    ids = [len(alphabet), *tok.encode("café\n", add_special_tokens=False).ids]
+    assert "\ufffd" in "".join(tok.decode([t]) for t in ids)  # the defect's cause
+    texts = token_texts(tok, ids)
+    assert len(texts) == len(ids) and "".join(texts) == "<|endoftext|>café\n"
+    record = {"tokens": ids, "text": ["?"] * len(ids), "decoded": list(texts),
+              "why": ["first"] + ["the head"] * (len(ids) - 1)}
+    assert prefix_words(record) == "'<|endoftext|>' (first), 'café\\n' (the head)"

@@ -1,8 +1,7 @@
 """Stage composition for decoder LLMs: both phase graphs, one plan, per-phase results.
 
-Kept apart from ``stages.py`` (same layer): open a prefill/decode pair, check a plan on
-both, and measure its next-token quality per phase on frozen text.
-"""
+Kept apart from ``stages.py`` (same layer): open a prefill/decode pair, check a plan on both,
+measure its next-token quality per phase on frozen text."""
 
 from __future__ import annotations
 
@@ -66,6 +65,7 @@ from quantscope.tasks.lm import (
     TokenWindows,
     document_token,
     load_lm_tokenizer,
+    token_texts,
     token_windows,
 )
 from quantscope.tasks.lm_phases import (
@@ -241,7 +241,7 @@ def lm_prefix(spec: str | Path, mode: str | tuple[int, ...], windows: TokenWindo
     del pre
     release_memory()
     return LmPrefix(choice, kv, tuple(tok.id_to_token(t) or "?" for t in choice.tokens), after,
-                    tuple(name(t) for t in choice.tokens))
+                    token_texts(tok, choice.tokens))
 
 
 def _opener(spec: str | Path, prefix: LmPrefix | None = None) -> OpenPhase:

@@ -26,6 +26,7 @@ memory              :class:`NextToken` folds a [positions, vocab] block into fiv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -165,6 +166,23 @@ def document_token(tok: tokenizers.Tokenizer) -> int | None:
     return min(ids) if ids else None
 
 
-__all__ = ["DEFAULT_SEQ_LEN", "Greedy", "document_token", "NextToken", "TokenWindows", "cluster_se",
+def token_texts(tok: tokenizers.Tokenizer, tokens: Sequence[int]) -> tuple[str, ...]:
+    """Each token's text ('\\n', not 'Ċ'), such that joined they spell the tokens' text: a
+    character whose bytes span several tokens goes to the token that completes it (decoded
+    one by one, each part would print as '\ufffd'). A token that decodes to nothing is '?'."""
+    out: list[str] = []
+    done = ""
+    for i in range(len(tokens)):
+        text = tok.decode(list(tokens[: i + 1]), skip_special_tokens=False)
+        if text.endswith("\ufffd") and i + 1 < len(tokens):  # a character not finished yet
+            out.append("")
+            continue
+        new = text[len(done):] if text.startswith(done) else text
+        out.append(new or "?")
+        done = text
+    return tuple(out)
+
+
+__all__ = ["DEFAULT_SEQ_LEN", "Greedy", "document_token", "token_texts", "NextToken", "TokenWindows", "cluster_se",
            "load_lm_tokenizer",
            "log_softmax", "token_windows", "tokenizer_path"]
