@@ -282,3 +282,17 @@ def test_the_verdict_says_the_interval_the_choice_used(tmp_path, capsys):
     assert v["choice"] == plan["pareto"]["choice"] and v["choice"]["noise"] is not None
     assert v["choice"]["best"]["items"] >= 18  # the positions' effective count
     assert f"  chosen (fit data): {v['choice']['line']}" in out.splitlines()
+
+
+def test_a_wide_noise_that_decided_the_choice_is_a_warning():
+    """h71's leftover: on 12 people (or 37 detections) the noise of a no-goal choice is
+    several points wide, and the cheaper plan it takes may measure far lower held out;
+    the record and its line now say that the noise decided when the choice gave up a
+    point or more. Giving up less (1 of 200 items: 0.5 pts) takes the cheaper plan as
+    before, with no warning."""
+    wide = _search(_detections(1, 37)).to_dict()["choice"]
+    assert wide["warning"].startswith("the choice gave up a measured +2.7 pts to a noise of ±")
+    assert wide["line"].endswith(f". WARNING: {wide['warning']}") and "--goal" in wide["warning"]
+    small = _search(_detections(1, 200)).to_dict()["choice"]
+    assert small["chosen"]["cost"] == 1.0 and small["chosen"] != small["best"]
+    assert "warning" not in small and "WARNING" not in small["line"]

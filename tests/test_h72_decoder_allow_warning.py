@@ -99,8 +99,9 @@ def test_plan_phase_blocks_the_warned_attention_and_accepts_it_when_asked(tiny, 
     checks = check_plan_phases(tiny, loose, PHASES, SEQ, frozenset({RULE}))
     groups = list(dict.fromkeys(p.group for c in checks for p in c.accepted))
     assert groups and all(c.blocking == 0 for c in checks)
+    phases = {c.phase: list(dict.fromkeys(p.group for p in c.accepted)) for c in checks}
     assert record == [{"rule": RULE, "reason": reason, "groups": len(groups),
-                       "group_names": groups}]
+                       "group_names": groups, "phases": phases}]
     assert f"accepted by --allow-warning: {RULE} lets {len(groups)} group(s) through" in text
     # 'all': every warning rule of hailo8 recorded, 0 groups included
     code, text = _plan(tiny, tmp_path, "--allow-warning", "all")
@@ -175,8 +176,10 @@ def test_a_decoder_run_accepts_a_warning_and_every_output_says_it(tiny, tmp_path
     assert said in (out / "verdict.txt").read_text() and said in printed
     assert said in (out / "plan.txt").read_text()
     assert said in html.unescape((out / "report.html").read_text())
-    for phase in PHASES:
-        assert f"# {said}" in (out / phase / "model.alls").read_text()
+    for phase in PHASES:  # each phase's script says what it lets through in its own graph
+        own = record[0]["phases"][phase]
+        assert f"# accepted by --allow-warning: {RULE} lets {len(own)} group(s) through" in (
+            out / phase / "model.alls").read_text()
     cands = json.loads((out / "candidates.json").read_text())
     assert cands["accepted_warnings"] == record
     # without it: the plan stage runs again, and nothing is accepted
@@ -208,3 +211,30 @@ def test_the_a8_w4_variant_is_screened_as_the_plan_search_screens(tiny) -> None:
     loose = w4_variant(tiny, plan, setup, allowed=frozenset({RULE}))
     assert loose["checks"]["w4.prefill"]["blocking"] == 0
     assert loose["layers"] > 0 and loose["measured"] is True and loose["quality"]
+
+
+def test_each_phase_script_says_what_the_warning_lets_through_in_its_own_graph() -> None:
+    """h72's leftover: a decoder plan's accepted record is the union over both phases, and
+    each phase's ``.alls`` repeated it. The record now keeps each rule's groups per phase,
+    and ``accepted.for_phase`` narrows it for that phase's script; an encoder's record
+    (no phases) is left as it is."""
+    from quantscope.plan.accepted import accepted_lines, for_phase, with_accepted
+    from quantscope.plan.phases import PhaseCheck, phase_accepted
+    from quantscope.types import Problem
+
+    def warned(group: str) -> Problem:
+        return Problem(group=group, rule=RULE, reason="16-bit attention", provenance="test",
+                       fix="", severity="warning")
+
+    checks = (PhaseCheck("prefill", SEQ, (), 1.0, accepted=(warned("a"), warned("b"))),
+              PhaseCheck("decode", SEQ, (), 1.0, accepted=(warned("b"),)))
+    record = phase_accepted(HAILO8, checks, frozenset({RULE}))
+    assert record[0]["groups"] == 2 and record[0]["group_names"] == ["a", "b"]
+    assert record[0]["phases"] == {"prefill": ["a", "b"], "decode": ["b"]}
+    plan = with_accepted(Plan(default=Precision.A8_W8, target="hailo8"), record)
+    said = {ph: accepted_lines(accepted_of(for_phase(plan, ph))) for ph in PHASES}
+    assert " lets 2 group(s) through" in said["prefill"][0]
+    assert " lets 1 group(s) through" in said["decode"][0]
+    encoder = with_accepted(Plan(default=Precision.A8_W8, target="hailo8"),
+                            [{k: v for k, v in record[0].items() if k != "phases"}])
+    assert for_phase(encoder, "decode") is encoder

@@ -38,7 +38,7 @@ from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load
 from quantscope.model.phases import PHASES, check_phase_interface, phase_path
-from quantscope.plan.accepted import accepted_record, with_accepted
+from quantscope.plan.accepted import with_accepted
 from quantscope.plan.phase_search import (
     SELECTION,
     PhaseCandidate,
@@ -53,7 +53,7 @@ from quantscope.plan.phase_search import (
     unit_of,
     with_units,
 )
-from quantscope.plan.phases import PhaseCheck, accepted_groups, check_phases, phase_screen
+from quantscope.plan.phases import PhaseCheck, check_phases, phase_accepted, phase_screen
 from quantscope.report.phase_plan import (  # noqa: F401 - re-exported (plan --phase, run)
     format_lm_quality,
     format_phase_checks,
@@ -369,7 +369,7 @@ def plan_phases(spec: str | Path, target: str, *, max_cost: float = 1.5,
                **({"prefix": kv.to_dict()} if kv else {})}
     best = choose(candidates, results, max_cost)
     return PhasePlan(best, candidates, quality, diagnosis, max_cost, kv, stats,
-                     tuple(accepted_record(tgt, accepted_groups(best.checks, legal.allowed))))
+                     tuple(phase_accepted(tgt, best.checks, legal.allowed)))
 
 
 def phase_job(spec: str | Path, name: str, out: str | Path, setup: LmSetup, *,

@@ -388,6 +388,7 @@ def export(ctx: DecoderContext) -> Done:
     import onnx
 
     from quantscope.pipeline.steps import ALWAYS, QDQ, export_file, formats
+    from quantscope.plan.accepted import for_phase as accepted_in
     from quantscope.serde import read_json, read_stats
     from quantscope.stages_llm import open_phase, recorded_prefix
     from quantscope.zoo.cache import write_atomic
@@ -410,7 +411,8 @@ def export(ctx: DecoderContext) -> Done:
                 + ", the float graph …")
         hn = dict(ctx.opts.hn or ()).get(phase)
         for fmt, name in [(ALWAYS, QDQ), *formats(ctx.opts.target)]:
-            export_file(model, stats, plan_.for_phase(phase), fmt, sub / name,  # + its warning
+            export_file(model, stats, accepted_in(plan_.for_phase(phase), phase), fmt,
+                        sub / name,  # + its warning
                         hn=read_json(hn, "HN") if hn else None, label=f"{phase}/{name}",
                         say=lambda text, p=phase: ctx.say(f"[export] {p}: {text}"))
             files.append(f"{phase}/{name}")

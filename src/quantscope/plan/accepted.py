@@ -22,12 +22,31 @@ from quantscope.types import Plan
 META = "accepted_warnings"
 
 
-def accepted_record(target: Target, accepted: Mapping[str, Sequence[str]]) -> list[dict[str, Any]]:
+def accepted_record(target: Target, accepted: Mapping[str, Sequence[str]],
+                    phases: Mapping[str, Mapping[str, Sequence[str]]] | None = None
+                    ) -> list[dict[str, Any]]:
     """One entry per accepted rule: its id, its reason (the target's TOML), how many groups
-    of the plan it lets through and which."""
+    of the plan it lets through and which; ``phases`` (a decoder's: phase -> rule ->
+    groups): each entry's groups per phase too, which :func:`for_phase` reads."""
     reasons = {r.id: r.reason for r in target.rules}
     return [{"rule": rule, "reason": reasons.get(rule, ""), "groups": len(groups),
-             "group_names": list(groups)} for rule, groups in sorted(accepted.items())]
+             "group_names": list(groups),
+             **({"phases": {ph: list(by.get(rule, ())) for ph, by in phases.items()}}
+                if phases is not None else {})}
+            for rule, groups in sorted(accepted.items())]
+
+
+def for_phase(plan: Plan, phase: str) -> Plan:
+    """``plan`` with its record narrowed to what the warnings let through in ``phase``
+    (a decoder's phase compiler script says its own graph's groups, not both phases');
+    unchanged when the record has no groups per phase (an encoder's, or older)."""
+    record = accepted_of(plan)
+    if not record or not all("phases" in r and phase in r["phases"] for r in record):
+        return plan
+    narrowed = [{**{k: v for k, v in r.items() if k != "phases"},
+                 "groups": len(r["phases"][phase]), "group_names": list(r["phases"][phase])}
+                for r in record]
+    return with_accepted(plan, narrowed)
 
 
 def with_accepted(plan: Plan, record: Sequence[dict[str, Any]]) -> Plan:
@@ -50,4 +69,5 @@ def accepted_lines(record: Sequence[dict[str, Any]]) -> list[str]:
             f"({r['reason']})" for r in record]
 
 
-__all__ = ["META", "accepted_lines", "accepted_of", "accepted_record", "with_accepted"]
+__all__ = ["META", "accepted_lines", "accepted_of", "accepted_record", "for_phase",
+           "with_accepted"]

@@ -51,10 +51,13 @@ from typing import Any
 from quantscope.tasks.db_noise import LeftOut, Parts, db_noise, left_out_noise
 from quantscope.tasks.shares import share_noise
 from quantscope.types import Precision
-from quantscope.units import gain, value
+from quantscope.units import gain, is_db, is_share, value
 
 COST_TOL = 1e-9
 QUALITY_TOL = 1e-9  # sums of gains are floats: 0.7 + 0.05 + 0.05 < 0.8
+# a no-goal choice that gives up this much measured quality to the noise is said as a
+# warning (h71: 1.6 pts given up within ±3.0 over 12 people; 4.4 pts lower held out)
+GIVEN_UP = {"share": 0.01, "dB": 0.5}  # 1 point of a share; 0.5 dB
 
 
 @dataclass(frozen=True)
@@ -294,7 +297,26 @@ def choice_record(points: Sequence[FrontPoint], chosen: FrontPoint, budget: Budg
                        f"{value(metric, best.quality, fine=fine)} at {best.cost:.3f}x: "
                        f"the cheaper plan; {best.cost:.2f}x would gain {would}, within its "
                        f"noise (±{gain(metric, half[0])[1:]}: {half[1]})")
+        wide = given_up(metric, _sign(budget) * (best.quality - chosen.quality), half[0])
+        if wide:
+            doc["warning"] = wide
+            doc["line"] += f". WARNING: {wide}"
     return doc
+
+
+def given_up(metric: str, forgone: float, half_width: float) -> str | None:
+    """Words when a no-goal choice took a cheaper plan measured at least
+    :data:`GIVEN_UP` below the best (``forgone``, in the metric's better direction)
+    because its noise (``half_width``) is wider still: the data's units are too few to
+    tell them apart (on face data, its people), so the noise decided, not the quality.
+    None for a smaller difference, or a metric that is neither a share nor in dB."""
+    unit = "share" if is_share(metric) else "dB" if is_db(metric) else None
+    if unit is None or forgone < GIVEN_UP[unit]:
+        return None
+    return (f"the choice gave up a measured {gain(metric, forgone)} to a noise of "
+            f"±{gain(metric, half_width)[1:]}: this data cannot tell the two plans apart, "
+            "so the noise decided, not the quality; give --goal to choose by quality, or "
+            "more data (more units: on face data, more people) to narrow the noise")
 
 
 def _closest_cheaper(points: Sequence[FrontPoint], best: FrontPoint, budget: Budget

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from quantscope.model.groups import check_plan_names, find_groups
 from quantscope.model.load import Model
 from quantscope.model.phases import phase_shapes
+from quantscope.plan.accepted import accepted_record
 from quantscope.plan.check import check
 from quantscope.plan.cost import plan_cost, weight_bytes
 from quantscope.plan.op_support import op_problems
@@ -148,5 +150,13 @@ def accepted_groups(checks: tuple[PhaseCheck, ...], allowed: frozenset[str]
     return {r: tuple(gs) for r, gs in out.items()}
 
 
+def phase_accepted(target: Target, checks: tuple[PhaseCheck, ...], allowed: frozenset[str]
+                   ) -> list[dict[str, Any]]:
+    """The plan's accepted record (:func:`~quantscope.plan.accepted.accepted_record`) with
+    each rule's groups per phase, so each phase's compiler script says its own."""
+    return accepted_record(target, accepted_groups(checks, allowed),
+                           {c.phase: accepted_groups((c,), allowed) for c in checks})
+
+
 __all__ = ["WEIGHT_BOUND_PHASES", "PhaseCheck", "PhaseScreen", "accepted_groups",
-           "check_phases", "phase_screen"]
+           "check_phases", "phase_accepted", "phase_screen"]
