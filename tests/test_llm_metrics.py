@@ -89,6 +89,31 @@ def test_float_plan_reproduces_fp32_in_every_phase(evaluated) -> None:
     assert res["prefill"]["positions"] == 3 * 15
     assert res["decode_emu_kv"]["positions"] == 3 * 5
     assert res["greedy"]["greedy_agreement"] == 1.0
+    # FP32 reads its own greedy tokens: each its own next pick, at its own perplexity
+    assert res["greedy"]["greedy_stepwise"] == 1.0
+    assert res["greedy"]["greedy_ppl_ratio"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_fp32_reads_the_emulated_greedy_tokens(evaluated) -> None:
+    """The matched prefix ends at the first divergence; FP32's reading counts every step
+    after it too, so it is at least the matched share, and an 8-bit plan's tokens are
+    less likely under FP32 than FP32's own (ratio above 1)."""
+    g = evaluated["a8_w8"]["greedy"]
+    assert g["greedy_agreement"] <= g["greedy_stepwise"] <= 1.0
+    assert g["greedy_ppl_ratio"] > 1.0 and g["greedy_ppl_ratio_se"] >= 0.0
+
+
+def test_the_greedy_reading_sums() -> None:
+    g = Greedy()
+    g.add([1, 2, 3, 4], [1, 2, 9, 4])
+    g.along(np.array([True, True, False, True]), np.array([0.1, 0.1, 2.0, 0.1]),
+            np.array([0.1, 0.1, 0.1, 0.1]))
+    g.add([5, 6], [5, 6])
+    g.along(np.array([True, True]), np.array([0.2, 0.2]), np.array([0.2, 0.2]))
+    v = g.values()
+    assert v["greedy_stepwise"] == pytest.approx(5 / 6)  # one of six steps FP32 would not pick
+    assert v["greedy_ppl_ratio"] == pytest.approx(np.exp(1.9 / 6))
+    assert v["greedy_stepwise_se"] > 0
 
 
 def test_precision_orders_the_phases(evaluated) -> None:

@@ -25,7 +25,7 @@ DASH = "—"
 
 SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "top1_ties_fp32", "recall@", "decision_agreement",
           "tar_at_far", "detection_f1", "detection_recall", "detection_precision", "pixel_flip_share", "match_rate",
-          "score_side_agreement", "decode_top1", "greedy_agreement", "exact_agreement",
+          "score_side_agreement", "decode_top1", "greedy_agreement", "greedy_stepwise", "exact_agreement",
           "values_equal_share", "mask_share_fp32", "point_agreement", "point_flag_agreement",
           "point_agreement_flagged",
           "string_agreement", "char_error_rate", "decisions_positive_fp32", "image_outside_share",
@@ -35,7 +35,8 @@ SHARES = ("top1_agreement", "top5_agreement", "top1_ties", "top1_ties_fp32", "re
           "neighbour_agreement", "neighbour_top5_overlap", "neighbour_label_agreement")
 """Metric keys (or prefixes) that are a share of the samples: shown in percent (a decoder's
 ``decode_top1``: top-1 agreement on the decode steps; ``greedy_agreement``: the share of
-greedy tokens in the prefix matching FP32's; ``mask_share_fp32``: the share of the
+greedy tokens in the prefix matching FP32's; ``greedy_stepwise``: the share of the emulated
+greedy tokens FP32 picks itself after the same tokens; ``mask_share_fp32``: the share of the
 pixels FP32's map puts at or above the threshold; ``char_error_rate``: a CTC recognizer's
 edits per FP32 label, a rate written in percent as the shares are)."""
 

@@ -108,6 +108,8 @@ def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, A
         **_counts(plan_doc, json.loads(meta.get("phase_overrides") or "{}")),
         "prefix": json.loads(meta["kv_prefix"]) if meta.get("kv_prefix") else None,
         "figures": figures, "data": evaluation["data"], "setup": evaluation["setup"],
+        **({"greedy_reading": _reading(res["greedy"])} if "greedy_stepwise" in res["greedy"]
+           else {}),
         "ranked_by": "onnxruntime (the plan stage, on " + _amounts(json.loads(
             meta.get("lm_setup") or "{}")) + ")",
         "measured_by": "onnxruntime", "seconds": evaluation.get("seconds")}
@@ -199,6 +201,22 @@ def _whatif_lines(w: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _reading(g: dict[str, float]) -> dict[str, Any]:
+    """FP32's reading of the plan's greedy tokens (:class:`quantscope.tasks.lm.Greedy`):
+    the share it picks itself after the same tokens, their perplexity ratio, each ± SE."""
+    return {k: {"value": g[k], "se": g.get(f"{k}_se", 0.0)}
+            for k in ("greedy_stepwise", "greedy_ppl_ratio")}
+
+
+def reading_line(r: dict[str, Any]) -> str:
+    """The verdict's line on FP32's reading of the greedy tokens."""
+    step, ratio = r["greedy_stepwise"], r["greedy_ppl_ratio"]
+    return (f"read by FP32, the plan's greedy tokens are its own next pick at "
+            f"{fmt.with_se('greedy_stepwise', step['value'], step['se'])} of steps, at "
+            f"{ratio['value']:.3f}x (± {ratio['se']:.3f}) the perplexity of FP32's own greedy "
+            "tokens (the matched prefix ends at the first step that differs)")
+
+
 def _w4_summary(doc: dict[str, Any]) -> dict[str, Any]:
     """The a8_w4 variant's checks and figures (``w4.json``) for the verdict."""
     if not doc.get("asked"):
@@ -258,6 +276,8 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
     for name, f in v["figures"].items():
         lines.append(f"    {name:<17} {fmt.fixed(name, f['value']):>8} "
                      f"(± {fmt.spread(name, f['se'])})  {f['words']}")
+    if v.get("greedy_reading"):
+        lines.append(f"    {reading_line(v['greedy_reading'])}")
     if v.get("goal_text"):
         lines.append(f"  goal: {v['goal_text']}")
         if v.get("goal_met") is False and not (v.get("whatif") or {}).get("asked"):

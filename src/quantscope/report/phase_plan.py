@@ -80,7 +80,10 @@ def format_lm_quality(result: dict[str, Any]) -> list[str]:
         g, m = res["greedy"], "greedy_agreement"
         greedy = f"greedy ({result['setup']['new_tokens']} tok)"
         lines.append(f"{label:<14} {greedy:<16} {fmt.value(m, g[m]):>7}   "
-                     f"(± {fmt.spread(m, g.get(f'{m}_se'))}; {g['prompts']:.0f} prompts)")
+                     f"(± {fmt.spread(m, g.get(f'{m}_se'))}; {g['prompts']:.0f} prompts)"
+                     + (f"; FP32's own next pick at {fmt.value('greedy_stepwise', g['greedy_stepwise'])}"
+                        f" of its steps, ppl {g['greedy_ppl_ratio']:.3f}x FP32's own"
+                        if "greedy_stepwise" in g else ""))
         t = res.get("time")
         if t:
             lines.append(f"{label:<14} {'time':<16} prefill {t['prefill_s']:.1f} s, decode "

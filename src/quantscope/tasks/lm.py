@@ -141,9 +141,21 @@ def cluster_se(sums: np.ndarray, counts: np.ndarray) -> float:
 
 @dataclass
 class Greedy:
-    """Greedy-generation agreement: matched prefix length over generated length."""
+    """Greedy-generation agreement: matched prefix length over generated length; and, where
+    :meth:`along` is given FP32's reading of each emulated continuation, how FP32 finds
+    those tokens: the share of them it picks itself after the same tokens
+    (``greedy_stepwise``: one divergence ends the matched prefix, not this), and their
+    perplexity under FP32 over that of FP32's own greedy tokens (``greedy_ppl_ratio``)."""
 
     matched: list[float] = field(default_factory=list)
+    # per prompt: (tokens, FP32 picks the same, FP32 NLL of the emulated tokens, of its own)
+    steps: list[tuple[int, int, float, float]] = field(default_factory=list)
+
+    def along(self, hits: np.ndarray, nll_test: np.ndarray, nll_ref: np.ndarray) -> None:
+        """One prompt: per emulated token, whether FP32 picks it after the same tokens, and
+        its NLL under FP32; ``nll_ref``: FP32's NLL of its own greedy tokens."""
+        self.steps.append((len(hits), int(np.sum(hits)), float(np.sum(nll_test)),
+                           float(np.sum(nll_ref))))
 
     def add(self, ref: list[int], test: list[int]) -> None:
         same = 0
@@ -155,9 +167,16 @@ class Greedy:
 
     def values(self) -> dict[str, float]:
         m = np.array(self.matched or [0.0])
-        return {"greedy_agreement": float(m.mean()), "greedy_identical": float((m == 1).mean()),
-                "prompts": float(len(self.matched)),
-                "greedy_agreement_se": cluster_se(m, np.ones_like(m))}
+        out = {"greedy_agreement": float(m.mean()), "greedy_identical": float((m == 1).mean()),
+               "prompts": float(len(self.matched)),
+               "greedy_agreement_se": cluster_se(m, np.ones_like(m))}
+        if self.steps:
+            n, hits, test, ref = (np.array(c, np.float64) for c in zip(*self.steps, strict=True))
+            ratio = float(np.exp((test.sum() - ref.sum()) / n.sum()))
+            out.update(greedy_stepwise=float(hits.sum() / n.sum()),
+                       greedy_stepwise_se=cluster_se(hits, n), greedy_ppl_ratio=ratio,
+                       greedy_ppl_ratio_se=ratio * cluster_se(test - ref, n))
+        return out
 
 
 def document_token(tok: tokenizers.Tokenizer) -> int | None:

@@ -15,7 +15,11 @@ calibration          prefill: the calibration windows; decode: the last ``steps`
 reference            FP32 prefill logits at those positions (equal to FP32 decode's;
                      tested), so FP32 decode runs only for greedy generation
 greedy               ``new_tokens`` greedy tokens per prompt, FP32 and emulated, each
-                     with its own prefill then decode loop
+                     with its own prefill then decode loop; then FP32 reads each
+                     emulated continuation (one prefill run over the prompt and it):
+                     the share of its tokens FP32 picks itself after the same tokens,
+                     and their perplexity under FP32 over that of FP32's own
+                     (:class:`~quantscope.tasks.lm.Greedy`)
 time                 seconds in the emulated prefill and decode runs, per plan; FP32
                      too: the reference prefill runs of that plan's scoring, and the
                      FP32 decode steps of greedy generation (measured once, same process)
@@ -46,7 +50,7 @@ from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.phases import PAST_PREFIX
-from quantscope.tasks.lm import Greedy, NextToken, TokenWindows
+from quantscope.tasks.lm import Greedy, NextToken, TokenWindows, log_softmax
 from quantscope.types import Plan, Stats
 from quantscope.zoo.decoder import PRODUCER
 
@@ -162,6 +166,18 @@ def generate(prefill: Run, decode: Run, prompt: np.ndarray, new_tokens: int,
     return greedy_from(prefill({"input_ids": prompt[None]}), decode, new_tokens, clock)
 
 
+def fp32_reading(fp32: Run, prompt: np.ndarray, tokens: Sequence[int]
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """FP32's reading of greedy ``tokens`` after ``prompt`` (one prefill run over the prompt
+    and every token but the last): per token, whether FP32 picks it itself after the same
+    tokens, and its negative log-likelihood under FP32."""
+    ids = np.concatenate([prompt, np.asarray(tokens[:-1], np.int64)])
+    logits = fp32({"input_ids": ids[None]})["logits"][0, len(prompt) - 1:]
+    want = np.asarray(tokens, np.int64)
+    nll = -log_softmax(logits)[np.arange(len(want)), want]
+    return logits.argmax(-1) == want, nll
+
+
 def _last(out: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A prefill run's outputs as decoding needs them: the last logits row and the cache."""
     return {k: v[:, -1:] if k == "logits" else v for k, v in out.items()}
@@ -229,6 +245,7 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats],
     fp32_decode = runner(open_phase("decode"))
     fp32_clock = {"decode_s": 0.0, "decode_steps": 0.0}
     fp32_greedy = [generate(fp32, fp32_decode, p, new_tokens, fp32_clock) for p in prompts]
+    own_nll = [fp32_reading(fp32, p, t)[1] for p, t in zip(prompts, fp32_greedy, strict=True)]
     del fp32, fp32_decode
     release_memory()
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -252,15 +269,22 @@ def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats],
         emu = _emulated(emulated, "decode", stats["decode"], per_phase["decode"], method)
         for w in pending:
             _decode_window(w, emu, acc, clock)
-        greedy = Greedy()
+        greedy, made = Greedy(), []
         for out, ref_tokens in zip(starts, fp32_greedy, strict=True):
-            greedy.add(ref_tokens, greedy_from(out, emu, new_tokens))
+            made.append(greedy_from(out, emu, new_tokens))
+            greedy.add(ref_tokens, made[-1])
+        del emu, pending, starts
+        release_memory()
+        if made:  # FP32 reads each emulated continuation (one session, after emu's)
+            fp32 = runner(open_phase("prefill"))
+            for p, tokens, own in zip(prompts, made, own_nll, strict=True):
+                greedy.along(*fp32_reading(fp32, p, tokens), own)
+            del fp32
         results[label] = {**{p: a.values() for p, a in acc.items()},
                           "greedy": greedy.values(), "time": clock}
-        del emu, pending, starts
         release_memory()
     return results
 
 
 __all__ = ["LM_PHASES", "cache_of", "calibrate_phases", "decode_feeds", "evaluate_lm_plans",
-           "generate", "greedy_from", "position_absmax", "runner"]
+           "fp32_reading", "generate", "greedy_from", "position_absmax", "runner"]
