@@ -29,8 +29,9 @@ kept             retrieval pairs: the per-query scores of the metric (each fit q
 repairs          a repair that keeps FP32 and answers a target rule
                  (:attr:`quantscope.repair.registry.RepairSpec.answers`: rank4 answers
                  ``qnn.linearclip_5d``) is applied to the run's model after the rewrites,
-                 before calibration and planning, when that rule refuses the uniform a8_w8
-                 plan: the search then plans the legal graph (rank4 leaves the emulation
+                 before calibration and planning, when that rule blocks the uniform a8_w8
+                 plan (an error, or a warning the run does not accept: the planner's
+                 ``blocks``): the search then plans the legal graph (rank4 leaves the emulation
                  as it was, so offered as a search move it would never measure a gain)
 ===============  ==========================================================================
 """
