@@ -29,8 +29,9 @@ kept             retrieval pairs: the per-query scores of the metric (each fit q
 repairs          a repair that keeps FP32 and answers a target rule
                  (:attr:`quantscope.repair.registry.RepairSpec.answers`: rank4 answers
                  ``qnn.linearclip_5d``) is applied to the run's model after the rewrites,
-                 before calibration and planning, when that rule refuses the uniform a8_w8
-                 plan: the search then plans the legal graph (rank4 leaves the emulation
+                 before calibration and planning, when that rule blocks the uniform a8_w8
+                 plan (an error, or a warning the run does not accept: the planner's
+                 ``blocks``): the search then plans the legal graph (rank4 leaves the emulation
                  as it was, so offered as a search move it would never measure a gain)
 ===============  ==========================================================================
 """
@@ -113,7 +114,25 @@ def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
             # keys of runs without --allow-warning stay valid)
             **({"allow_warnings": sorted(opts.allow_warnings)} if opts.allow_warnings else {}),
             # the rule that kept them: a folder chosen under another rule chooses again
-            "keep_rule": KEEP_RULE, **_noise_units(opts)}
+            "keep_rule": KEEP_RULE, **_noise_units(opts), **_warnings_bind(opts)}
+
+
+def _warnings_bind(opts: AutoOptions) -> dict[str, list[str]]:
+    """The target's warning rules that a rewrite or a repair answers: since h75 their
+    preconditions read them as the planner does (binding unless ``--allow-warning``
+    accepts them), before only error rules bound, so a folder chosen before on such a
+    target chose without them and chooses again. Absent where there are none (hailo10h:
+    the rules its rewrites answer are errors), so those keys stay valid."""
+    from quantscope.repair.registry import REGISTRY
+    from quantscope.rewrites.registry import REWRITES
+    from quantscope.targets import load_target
+    from quantscope.targets.accept import warning_rules
+
+    answers = {a for rw in REWRITES.values() for a in rw.answers} | {
+        a for spec in REGISTRY.values() for a in spec.answers}
+    ids = sorted(r.id for r in warning_rules(load_target(opts.target))
+                 if any(r.id == a or r.id.endswith(f".{a}") for a in answers))
+    return {"warnings_bind": ids} if ids else {}
 
 
 def _noise_units(opts: AutoOptions) -> dict[str, str]:
@@ -288,7 +307,7 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
     """The auto choice for this run, measured now on its fit data."""
     from quantscope.pipeline.data import open_fit_data
     from quantscope.targets import load_target
-    from quantscope.targets.accept import allowed_warnings
+    from quantscope.targets.accept import allowed_warnings, for_run
 
     fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
                         tokenizer=opts.tokenizer, layout=opts.layout,
@@ -296,10 +315,14 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
     if opts.seq_len is not None:
         fit = stages.at_length(fit, opts.seq_len)
     head = stages.headline(fit, opts.metric)
-    target = load_target(opts.target)
     n, unit = _samples(fit)
     tiebreak = TIEBREAK[unit]
-    allowed = allowed_warnings(target, opts.allow_warnings)
+    # the run's view of its target: the preconditions of the rewrites and repairs read
+    # which warning rules it accepts (a warning it does not accept binds, as the planner
+    # blocks it: targets/accept.py)
+    loaded = load_target(opts.target)
+    allowed = allowed_warnings(loaded, opts.allow_warnings)
+    target = for_run(loaded, allowed)
     items = share_items(fit.task, head.metric, {})  # known before measuring: a verification's
     # pairs; another share's items once measured (choose_rewrites says them then)
     over = (f" ({items[0]} {items[1]})" if items and items[0] != n else
@@ -384,11 +407,15 @@ def binding_repairs(model: Model, target: Target, *, seq_len: int | None,
                     ) -> list[dict[str, Any]]:
     """Each repair of the registry that keeps FP32 and answers a rule of ``target``
     (:attr:`quantscope.repair.registry.RepairSpec.answers`), with whether that rule
-    refuses (error severity) the uniform a8_w8 plan of ``model`` at ``seq_len``:
+    blocks the uniform a8_w8 plan of ``model`` at ``seq_len`` as the planner judges it
+    (:func:`quantscope.plan.start.blocks`: an error, or a warning the run does not accept,
+    :attr:`~quantscope.targets.profile.Target.accepted`):
     ``{"name", "rules", "binds", "reason"}``."""
     from quantscope.model.shapes import given_shapes
     from quantscope.plan.check import check
+    from quantscope.plan.start import blocks
     from quantscope.repair.registry import REGISTRY
+    from quantscope.targets.accept import accepted_words, binding_words
 
     wanted = {n: s.answers for n, s in REGISTRY.items() if s.answers and s.keeps_fp32}
     rules = {r.id for r in target.rules}
@@ -404,11 +431,14 @@ def binding_repairs(model: Model, target: Target, *, seq_len: int | None,
                      shapes=given_shapes(model, seq_len, input_shapes))
     out = []
     for name, ids in found:
-        hits = [p for p in problems if p.rule in ids and p.severity == "error"]
+        hits = [p for p in problems if p.rule in ids and blocks(p, target.accepted)]
         out.append({"name": name, "rules": sorted(ids), "binds": bool(hits),
-                    "reason": (f"{hits[0].rule} refuses {len(hits)} group(s) of the uniform "
+                    "reason": (f"{binding_words(hits[0].rule, hits[0].severity)} refuses "
+                               f"{len(hits)} group(s) of the uniform "
                                f"a8_w8 plan, e.g. '{hits[0].group}'") if hits else
-                    f"{', '.join(sorted(ids))} refuses no group of the uniform a8_w8 plan"})
+                    f"{accepted_words(ids)}: it blocks no group" if ids <= target.accepted
+                    else f"{', '.join(sorted(ids - target.accepted))} refuses no group of the "
+                    "uniform a8_w8 plan"})
     return out
 
 

@@ -25,10 +25,12 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes, seq_len_shapes
 from quantscope.plan.check import check
+from quantscope.plan.start import blocks
 from quantscope.repair import Change, RepairError
 from quantscope.repair import Repair as GraphRepair
 from quantscope.repair.tokens import sample_feeds
 from quantscope.repair.verify import FP32_RTOL, check_function
+from quantscope.targets.accept import accepted_words, binding_words
 from quantscope.types import GroupKind, Plan, Precision, QuantscopeError, Stats
 
 if TYPE_CHECKING:
@@ -342,9 +344,11 @@ def softmax_chains(model: Model) -> Precondition:
 
 def rule_binds(model: Model, target: Target | None, seq_len: int | None,
                answers: tuple[str, ...], what: str) -> Precondition:
-    """Whether a target rule among ``answers`` refuses (severity error) a plan with every
-    group at a16_w16 on this model at ``seq_len`` tokens: the rule binds, so the groups
-    it names must stay below 16 bit (``what``: those groups, for the words)."""
+    """Whether a target rule among ``answers`` blocks a plan with every group at a16_w16
+    on this model at ``seq_len`` tokens, as the planner judges it
+    (:func:`quantscope.plan.start.blocks`: an error, or a warning that applies and that
+    the run does not accept, :attr:`Target.accepted`): the rule binds, so the groups it
+    names must stay below 16 bit (``what``: those groups, for the words)."""
     if target is None:
         return Precondition(False, "no target: no rule keeps any layer at 8 bit")
 
@@ -355,15 +359,18 @@ def rule_binds(model: Model, target: Target | None, seq_len: int | None,
     if not ids:
         return Precondition(False, f"target {target.name} has no rule {', '.join(answers)}: "
                                    f"{what} may be 16 bit")
+    live = ids - target.accepted
+    if not live:
+        return Precondition(False, f"{accepted_words(ids)}: {what} may be 16 bit")
     plan = Plan(default=Precision.A16_W16, target=target.name)
     hits = [p for p in check(plan, find_groups(model), model, target,
                              shapes=given_shapes(model, seq_len))
-            if p.rule in ids and p.severity == "error"]
+            if p.rule in live and blocks(p, target.accepted)]
     if not hits:
-        return Precondition(False, f"{', '.join(sorted(ids))} refuses no layer of this model: "
+        return Precondition(False, f"{', '.join(sorted(live))} refuses no layer of this model: "
                                    f"{what} may be 16 bit")
-    return Precondition(True, f"{hits[0].rule} keeps {what} at 8 bit ({len(hits)} layer(s), "
-                              f"e.g. '{hits[0].group}')")
+    return Precondition(True, f"{binding_words(hits[0].rule, hits[0].severity)} keeps {what} "
+                              f"at 8 bit ({len(hits)} layer(s), e.g. '{hits[0].group}')")
 
 
 def shapes_seq_len(model: Model, input_shapes: InputShapes) -> int | None:

@@ -9,9 +9,11 @@ from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes
 from quantscope.plan.check import NOT_EVALUATED, check
+from quantscope.plan.start import blocks
 from quantscope.repair import Repair as GraphRepair
 from quantscope.repair.tokens import KINDS, METADATA_KEY, UNVERIFIED, split_tokens
 from quantscope.rewrites.base import CliOption, InputShapes, Precondition, Rewrite, RewriteInput
+from quantscope.targets.accept import accepted_words, binding_words
 from quantscope.targets.profile import op_kind
 from quantscope.types import Plan, Precision, Problem, Stats
 
@@ -79,15 +81,19 @@ def needed_chunk(model: Model, target: Target | None, seq_len: int) -> int:
 
 
 def _refused(model: Model, target: Target, seq_len: int | None) -> list[Problem] | None:
-    """The size rule's problems with every token-wise layer at 16 bit at ``seq_len``
-    tokens ([] none); None when the sizes are not known (only not-evaluated problems)."""
-    rules = [r for r in target.rules if r.check == SIZE_CHECK]
+    """The size rule's problems that block (:func:`quantscope.plan.start.blocks`: an error,
+    or a warning the run does not accept, :attr:`Target.accepted`) with every token-wise
+    layer at 16 bit at ``seq_len`` tokens ([] none); None when the sizes are not known
+    (only not-evaluated problems)."""
+    rules = [r for r in target.rules if r.check == SIZE_CHECK and r.id not in target.accepted]
+    if not rules:
+        return []
     groups = find_groups(model)
     wide = tuple((g.name, Precision.A16_W16) for g in groups.groups if op_kind(g) in KINDS)
     plan = Plan(default=Precision.A8_W8, overrides=wide, target=target.name)
     ids = {r.id for r in rules}
     found = [p for p in check(plan, groups, model, target, shapes=given_shapes(model, seq_len))
-             if p.rule in ids]
+             if p.rule in ids and blocks(p, target.accepted)]
     real = [p for p in found if not p.reason.startswith(NOT_EVALUATED)]
     return None if found and not real else real
 
@@ -100,8 +106,9 @@ def _transform(model: Model, config: TokensplitConfig, inp: RewriteInput) -> Gra
 
 def _applies(model: Model, target: Target | None, seq_len: int | None,
              stats: Stats | None) -> Precondition:
-    """Holds when the target's size rule (``super_defuse``) refuses 16 bit on the
-    token-wise layers (LayerNorms, residual Adds) at ``seq_len`` tokens."""
+    """Holds when the target's size rule (``super_defuse``) blocks 16 bit on the
+    token-wise layers (LayerNorms, residual Adds) at ``seq_len`` tokens: an error rule,
+    or a warning rule the run does not accept (:func:`_refused`)."""
     if target is None:
         return Precondition(False, "no target: no rule limits 16-bit token-wise layers")
     rules = [r for r in target.rules if r.check == SIZE_CHECK]
@@ -110,15 +117,20 @@ def _applies(model: Model, target: Target | None, seq_len: int | None,
                                    "non-conv layers: the token-wise layers fit whole")
     if not any(op_kind(g) in KINDS for g in find_groups(model).groups):
         return Precondition(False, "no LayerNorm or elementwise layer to split")
+    taken = {r.id for r in rules} & target.accepted
+    if len(taken) == len(rules):
+        return Precondition(False, f"{accepted_words(taken)}: 16 bit on the token-wise "
+                                   "layers passes the planner: nothing to split")
     real = _refused(model, target, seq_len)
     at = f" at {seq_len} tokens" if seq_len else ""
     if real:
-        return Precondition(True, f"{real[0].rule} refuses 16 bit on {len(real)} token-wise "
-                                  f"layer(s){at}, e.g. '{real[0].group}'")
+        return Precondition(True, f"{binding_words(real[0].rule, real[0].severity)} refuses "
+                                  f"16 bit on {len(real)} token-wise layer(s){at}, e.g. "
+                                  f"'{real[0].group}'")
     if real is None:
         return Precondition(False, "the token-wise layers' size is unknown: give --seq-len N "
                                    "or --input-shape")
-    ids = {r.id for r in rules}
+    ids = {r.id for r in rules} - taken
     return Precondition(False, f"{', '.join(sorted(ids))} allows 16 bit on every token-wise "
                                f"layer{at}: nothing to split")
 

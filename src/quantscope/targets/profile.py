@@ -181,6 +181,10 @@ class Target:
     host_embedding: HostEmbedding | None = None  # lookups left to the host (None: none)
     promotion: Promotion | None = None  # [promotion] (None: a16_w16)
     ops: OpSupport | None = None  # [ops]: which operators the compiler takes (targets/ops.py)
+    # the warning rules a run accepts (``--allow-warning``), as the rewrites' and repairs'
+    # preconditions read them: set only by :func:`quantscope.targets.accept.for_run` (a
+    # profile states none; the planner takes its own set, plan.start.Legality.allowed)
+    accepted: frozenset[str] = frozenset()
 
     @property
     def promote(self) -> Precision:
