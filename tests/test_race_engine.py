@@ -142,16 +142,25 @@ def test_the_race_shares_the_planners_sessions(layered):
     assert engine.counts.sessions_built == built
 
 
-def test_plan_race_on_the_engine_chooses_as_without_and_never_measures_a_stopped_plan(
-        layered, monkeypatch):
+def _search(layered, max_cost: float, race: float | None):
+    """``plan_model`` on the layered encoder with the embedding's range widened to +-3000
+    in the statistics (at 8 bit it is lost, at 16 bit kept): reverting the embedding's
+    promotion is clearly worse, so a drop's race can stop. Returns the result and the
+    plans measured in full (``evaluate_plans`` spied)."""
+    import dataclasses
+
     from quantscope import stages
     from quantscope.analyze import measure
     from quantscope.targets import load_target
     from quantscope.types import Sensitivity
 
     model, data, stats, names = layered
-    sens = Sensitivity.from_gains("output_sqnr_db", 20.0,
-                                  {n: {"a16_w8": 3.0, "a16_w16": 5.0} for n in names})
+    tensors = dict(stats.tensors)
+    tensors["x"] = dataclasses.replace(tensors["x"], min=-3000.0, max=3000.0)
+    wide = dataclasses.replace(stats, tensors=tensors)
+    gains = {n: {"a16_w8": 0.5, "a16_w16": 1.0} for n in names}
+    gains["embed"] = {"a16_w8": 8.0, "a16_w16": 10.0}
+    sens = Sensitivity.from_gains("output_sqnr_db", 20.0, gains)
     measured: list[Plan] = []
     real = measure.evaluate_plans
 
@@ -159,21 +168,50 @@ def test_plan_race_on_the_engine_chooses_as_without_and_never_measures_a_stopped
         measured.extend(plans.values())
         return real(m, d, s, plans, **kw)
 
-    monkeypatch.setattr(measure, "evaluate_plans", spy)
-    runs = {}
-    for race in (None, 0.95):
-        measured.clear()
-        runs[race] = (stages.plan_model(model, sens, load_target("ort_cpu"),
-                                        stages.PlanOptions(race=race, max_cost=1.3),
-                                        data=data, stats=stats), list(measured))
-    (plain, _), (raced, seen) = runs[None], runs[0.95]
+    measure.evaluate_plans = spy
+    try:
+        out = stages.plan_model(model, sens, load_target("ort_cpu"),
+                                stages.PlanOptions(race=race, max_cost=max_cost),
+                                data=data, stats=wide)
+    finally:
+        measure.evaluate_plans = real
+    return out, measured
+
+
+def _groups(plan: Plan) -> dict[str, str]:
+    return {g: v.value for g, v in plan.overrides}
+
+
+def test_plan_race_on_the_engine_decides_as_the_full_graph_race_and_never_measures_a_stop(
+        layered, monkeypatch):
+    from quantscope.stages import race as race_stage
+
+    fast, seen = _search(layered, 1.1, 0.95)
+    made = race_stage.PlanRacer.__init__
+
+    def full_graph(self, *a, **k):
+        made(self, *a, **{**k, "incremental": False})
+
+    monkeypatch.setattr(race_stage.PlanRacer, "__init__", full_graph)
+    slow, _ = _search(layered, 1.1, 0.95)
+    a, b = fast.pareto["race"], slow.pareto["race"]
+    assert "incremental engine" in a["runs"] and "not incremental" in b["runs"]
+    assert [[(c["n"], c["stopped"]) for c in r["candidates"]] for r in a["races"]] == \
+        [[(c["n"], c["stopped"]) for c in r["candidates"]] for r in b["races"]]
+    assert fast.plan.overrides == slow.plan.overrides
+    assert fast.pareto["chosen"] == slow.pareto["chosen"]
+    drops = [r["candidates"][1] for r in a["races"][1:]]  # (incumbent, drop) races
+    stopped = [c["groups"] for c in drops if c["stopped"]]
+    assert stopped, "no drop was stopped: the test would mean nothing"
+    assert seen and not any(_groups(p) == g for p in seen for g in stopped)
+
+
+def test_plan_race_on_the_engine_chooses_what_the_search_without_it_chooses(layered):
+    raced, _ = _search(layered, 1.3, 0.95)
+    plain, _ = _search(layered, 1.3, None)
     assert raced.plan.overrides == plain.plan.overrides
     assert raced.pareto["chosen"] == plain.pareto["chosen"]
-    record = raced.pareto["race"]
-    assert "incremental engine" in record["runs"] and "full QDQ" not in record["runs"]
-    stopped = [c["groups"] for r in record["races"] for c in r["candidates"] if c["stopped"]]
-    keys = {tuple(sorted((g, v.value) for g, v in p.overrides)) for p in seen}
-    assert not any(tuple(sorted(g.items())) in keys for g in stopped)
+    assert "incremental engine" in raced.pareto["race"]["runs"]
 
 
 def test_buckets_race_runs_the_candidates_of_one_model_on_the_engine(layered):

@@ -267,9 +267,8 @@ def plan_model(
                 uniform.pareto["measured_on"] = truncated
             uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
             return uniform
-    engine, ranking, many, racer, raced = _search_tools(
-        model, data, stats, target, options, evaluate, executor, progress,
-        measuring=next((e for e in engines if e.model is model), None))
+    engine, ranking, many, racer, raced = _search_tools(model, data, stats, target, options,
+                                                        evaluate, executor, progress, engines)
     plan, extra = plan_from_analysis(
         model, analysis, target, min_quality=options.min_quality, max_cost=options.max_cost,
         shapes=shapes, evaluate=ranking, evaluate_many=many, seed=options.seed,
@@ -299,17 +298,17 @@ def plan_model(
 
 def _search_tools(model: Model, data: Dataset | None, stats: Stats | None, target: Target,
                   options: PlanOptions, evaluate: Evaluate | None, executor: Executor | None,
-                  progress: bool, measuring: IncrementalEngine | None = None
+                  progress: bool, engines: Sequence[IncrementalEngine] = ()
                   ) -> tuple[Any, Evaluate | None, Any, Any, Any]:
     """What the search measures with: the ranking engine and its evaluator
     (:func:`_ranking`), the batch measurer on ``executor`` (only when ORT ranks), and the
     race with its record (:func:`_plan_racer`; both None without ``--race``; it shares
-    the segment sessions of ``measuring``, the evaluator's incremental engine)."""
+    the segment sessions of the evaluator's incremental engine, of ``engines``)."""
     engine, ranking = _ranking(model, data, stats, target, options, evaluate, progress)
     many = (functools.partial(_measure_all, executor, evaluate, progress)
             if evaluate is not None and executor is not None and ranking is evaluate else None)
     racer, raced = (_plan_racer(model, target, options, data, stats, progress=progress,
-                                engine=measuring)
+                                engine=next((e for e in engines if e.model is model), None))
                     if evaluate is not None and options.race is not None else (None, None))
     return engine, ranking, many, racer, raced
 

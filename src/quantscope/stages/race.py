@@ -379,6 +379,8 @@ def race_errors(reference: onnx.ModelProto, protos: Sequence[Callable[[], onnx.M
         key = (id(model), id(stats), scheme_for(plan, None))
         if key not in runs:
             runs[key] = RaceRuns(model, stats, task, order, scheme=key[2])
+            runs[key].width = sum(  # its plans racing: their sessions held between looks
+                1 for s in shared if s is not None and (id(s[0]), id(s[1])) == key[:2])
         return runs[key].pairs(plan)
 
     def score(i: int, n: int) -> np.ndarray:
@@ -387,7 +389,11 @@ def race_errors(reference: onnx.ModelProto, protos: Sequence[Callable[[], onnx.M
         (rq, rd), (tq, td) = ref.upto(n), runners[i].upto(n)
         return (np.sum(rq * tq, axis=1) + np.sum(rd * td, axis=1)) / 2.0 - 1.0
 
-    result = race(names, score, pairs, rule, may_stop=may_stop)
+    try:
+        result = race(names, score, pairs, rule, may_stop=may_stop)
+    finally:
+        for r in runs.values():
+            r.narrow()
     if ran is not None:
         ran.extend(runs.values())
     return result
