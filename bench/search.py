@@ -349,7 +349,7 @@ def main() -> None:
                 max(i for i, k in enumerate(base[1]) if k)]
         racer = getattr(evaluate, "racer", None)
         if racer is not None:
-            row["race_runs"] = racer.record()["runs"]
+            row["race_runs"] = racer.runs_text()
             row["races"] = [{"looks": list(r.looks), "stopped": [e.n for e in r.entries
                                                                  if e.stopped]}
                             for r, _ in racer.records]

@@ -72,6 +72,10 @@ from quantscope.types import (
 
 RACE_SEED = 0  # the order of the pairs a race reads (fixed: same inputs, same race)
 
+ENGINE_RUNS = ("incremental engine: per chunk of pairs between two looks, each plan from its "
+               "first changed segment (sessions shared with the planner's engine); a plan "
+               "whose repairs rewrite the model by a full QDQ session")
+FULL_GRAPH_RUNS = "a full QDQ session per racing plan (not incremental)"
 FULL_SET_NOTE = ("a race only decides which candidates get a full measurement: every "
                  "figure reported is measured in ORT on the whole set")
 
@@ -338,10 +342,12 @@ class PlanRacer:
                 "interval": ("one-sided, on the mean per-query difference of a candidate's "
                              f"{self.metric} and its rival's, over the queries of the "
                              "prefix, each ranked against the prefix's own documents"),
-                "note": FULL_SET_NOTE, "races": races, "runs": self.runs_text()}
+                "note": FULL_SET_NOTE, "races": races,
+                "runs": ENGINE_RUNS if self.incremental else FULL_GRAPH_RUNS}
 
     def runs_text(self) -> str:
-        """How the racing plans were run, in words (the record's ``runs``)."""
+        """What the racing plans' runs did, in words (counts: not in the plan file, whose
+        rerun from the evaluation cache writes the same file; the bench prints them)."""
         c = self.counts
         text = (f"incremental engine, per chunk of pairs between two looks: {c.plans} "
                 f"plan-chunk pass(es), {c.segments_run} of {c.segments} segments run, "
