@@ -207,7 +207,8 @@ class RaceRuns:
             pairs, total = np.sort(self.order[lo:hi]), len(self.order)
             cut = self.task.only_texts(np.concatenate([pairs, total + pairs]))
             first = next(iter(self._chunks.values()), None)
-            sessions = self._sessions or (first[1].sessions if first is not None else None)
+            sessions = self._sessions if self._sessions is not None else (
+                first[1].sessions if first is not None else None)
             self._chunks[(lo, hi)] = cut, IncrementalRunner(
                 self.model, self.stats, cut.batches.batches, scheme=self.scheme,
                 method=self.method, groups=self.groups, sessions=sessions)
