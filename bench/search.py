@@ -28,8 +28,14 @@ The variants are the registry :data:`VARIANTS` (name -> a factory of ``plan -> v
   figure of a plan measured again in full by ``evaluate``);
 * ``incremental+cheap+race``: that, with each candidate first raced against the
   incumbent on prefixes of the pairs (``plan --race``'s racer,
-  :class:`quantscope.stages.race.PlanRacer`, as ``plan/refine.py`` races its drops); a
-  candidate stopped there is not measured and not kept (its value is NaN in the row);
+  :class:`quantscope.stages.race.PlanRacer`, as ``plan/refine.py`` races its drops), every
+  racing plan by a full QDQ session (the racer before it ran on the engine:
+  ``incremental=False``); a candidate stopped there is not measured and not kept (its
+  value is NaN in the row);
+* ``incremental+cheap+race-on-engine``: the same race on the incremental engine, as
+  ``plan --race`` runs it now (:class:`quantscope.stages.race.RaceRuns`: per chunk of
+  pairs between two looks, each plan from its first changed segment after the
+  incumbent's cached cut tensors, the sessions shared with the evaluator's engine);
 * ``screen`` (asked for by name; an approximation measured and not adopted): the
   planner's evaluator on a random ``--screen-fraction`` of the pairs (fewer pairs per
   candidate, the issue's other way to more evaluations a minute), the walk's chosen plan
@@ -146,9 +152,11 @@ def cheap(s: Setup) -> Evaluate:
     return run
 
 
-def raced(s: Setup) -> Evaluate:
+def raced(s: Setup, *, on_engine: bool = False) -> Evaluate:
     measure = cheap(s)
-    racer = PlanRacer(s.model, s.data, s.stats, s.metric, RaceRule())
+    racer = PlanRacer(s.model, s.data, s.stats, s.metric, RaceRule(), scheme=QuantScheme(),
+                      engine=measure.engine if on_engine else None,  # type: ignore[attr-defined]
+                      incremental=on_engine)
     state: dict[str, Plan] = {}
 
     def run(plan: Plan) -> float:
@@ -164,6 +172,10 @@ def raced(s: Setup) -> Evaluate:
     run.keep = keep  # type: ignore[attr-defined]  # the walk tells it the incumbent
     run.racer = racer  # type: ignore[attr-defined]
     return run
+
+
+def raced_on_engine(s: Setup) -> Evaluate:
+    return raced(s, on_engine=True)
 
 
 def torch_ranked(s: Setup) -> Evaluate:
@@ -219,11 +231,12 @@ VARIANTS: dict[str, Callable[[Setup], Evaluate]] = {
     "incremental": incremental,
     "incremental+cheap": cheap,
     "incremental+cheap+race": raced,
+    "incremental+cheap+race-on-engine": raced_on_engine,
     "torch": torch_ranked,  # not in the default list: ranks on --torch-device
     "screen": screened,  # not in the default list: ranks on --screen-fraction of the pairs
 }
 DEFAULT_VARIANTS = ("today", "naive", "incremental", "incremental+cheap",
-                    "incremental+cheap+race")
+                    "incremental+cheap+race", "incremental+cheap+race-on-engine")
 
 
 def greedy_sequence(evaluate: Evaluate, names: tuple[str, ...], n: int, seed: int
@@ -336,6 +349,7 @@ def main() -> None:
                 max(i for i, k in enumerate(base[1]) if k)]
         racer = getattr(evaluate, "racer", None)
         if racer is not None:
+            row["race_runs"] = racer.runs_text()
             row["races"] = [{"looks": list(r.looks), "stopped": [e.n for e in r.entries
                                                                  if e.stopped]}
                             for r, _ in racer.records]

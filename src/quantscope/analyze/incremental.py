@@ -177,7 +177,11 @@ class IncrementalRunner:
 
     def __init__(self, model: Model, stats: Stats, batches: Sequence[Batch], *,
                  scheme: QuantScheme, method: str | None = None, groups: Groups | None = None,
-                 config: IncrementalConfig = IncrementalConfig()) -> None:
+                 config: IncrementalConfig = IncrementalConfig(),
+                 sessions: SessionCache | None = None) -> None:
+        """``sessions``: another runner's session cache to share (the same model,
+        statistics and scheme: a segment key names the same session), e.g. a race's
+        runners on the pairs of each look and the planner's own runner."""
         self.model, self.stats, self.batches = model, stats, tuple(batches)
         self.scheme, self.method, self.config = scheme, method, config
         self.groups = groups or find_groups(model)
@@ -196,7 +200,8 @@ class IncrementalRunner:
                                                 cache_cap=config.cache_cap)
         self._lineage = Lineage()
         self._tally = Tally(len(self.segments) - 1)
-        self._sessions = SessionCache(budget, lambda key: key in self._lineage.line_keys)
+        self._sessions = sessions if sessions is not None else SessionCache(
+            budget, lambda key: key in self._lineage.line_keys)
         self._cache = ActivationCache(self.memory.cache_bytes, len(self.segments) - 1,
                                       len(self.batches), self._lineage, self._tally)
         self._counts = IncrementalCounts()
@@ -214,6 +219,16 @@ class IncrementalRunner:
     def cuts(self) -> CutCounts:
         """Per cut, what the activation cache did (and the sessions built again)."""
         return self._tally.counts()
+
+    @property
+    def largest_session(self) -> int:
+        """The bytes the largest segment session counts in the session budget."""
+        return max(self._session_size)
+
+    @property
+    def sessions(self) -> SessionCache:
+        """The segment sessions (by segment key), to share with another runner."""
+        return self._sessions
 
     @property
     def cached_bytes(self) -> int:
@@ -284,6 +299,11 @@ class IncrementalRunner:
     def _count(self, start: int, n: int, *, hit: bool) -> None:
         self._counts = self._counts.plus(IncrementalCounts(
             plans=1, segments_run=n - start, segments_skipped=start, cache_hits=int(hit)))
+
+
+def plan_digest(enc: Encodings) -> str:
+    """A content key of a plan's whole encodings (the same key: the same emulated model)."""
+    return _digest_encodings(-1, enc)
 
 
 def _prefixes(keys: Sequence[str]) -> list[str]:
@@ -377,6 +397,15 @@ class IncrementalEngine:
         if r.memory.text() not in self.notes:  # said once, before its first plan runs
             self.notes.append(r.memory.text())
         return r, None
+
+    def current(self, model: Model, stats: Stats, scheme: QuantScheme
+                ) -> IncrementalRunner | None:
+        """The runner made already for these (model, statistics, scheme), if any (none
+        made nor replaced: a race shares its sessions without changing the engine)."""
+        r = self._runner
+        if r is None or model is not self.model or r.stats is not stats or r.scheme != scheme:
+            return None
+        return r if r.usable else None
 
     def _fallback(self, note: str) -> tuple[None, str]:
         self._full += 1

@@ -180,7 +180,9 @@ def race_candidates(reference: Model, candidates: tuple[Candidate, ...], sel: Se
                     costs: np.ndarray, confidence: float, *, progress: bool = False
                     ) -> RaceResult:
     """``buckets --race``: every candidate raced on prefixes of the selection pairs by
-    each pair's ``1 − cosine`` (:func:`quantscope.stages.race.race_errors`); a candidate
+    each pair's ``1 − cosine`` (:func:`quantscope.stages.race.race_errors`; candidates
+    sharing a model and statistics on the incremental engine, from their first changed
+    segment, as :func:`_engines` measures them in full); a candidate
     may be stopped only by a rival that costs no more at any length, so a stopped one is
     worse on the mean error and never cheaper. (It could still have been the better pick
     for one bucket's texts, or legal where its rival is not: the notes say so.)"""
@@ -194,9 +196,14 @@ def race_candidates(reference: Model, candidates: tuple[Candidate, ...], sel: Se
     pairs = len(sel.lengths) // 2
     say(f"buckets: racing {len(candidates)} candidate(s) on prefixes of {pairs} pairs",
         show=progress)
+    models: dict[tuple[int, int], int] = {}  # candidates per (model, statistics)
+    for c in candidates:
+        models[(id(c.model), id(c.stats))] = models.get((id(c.model), id(c.stats)), 0) + 1
+    shared = [(c.model, c.stats, c.plan) if models[(id(c.model), id(c.stats))] > 1 else None
+              for c in candidates]  # these run on the incremental engine, each model's own
     return race_errors(reference.proto, [proto(c) for c in candidates],
                        [c.name for c in candidates], sel.task, pairs, may_stop,
-                       RaceRule(confidence=confidence))
+                       RaceRule(confidence=confidence), shared=shared)
 
 
 def race_notes(raced: RaceResult) -> tuple[str, ...]:

@@ -268,7 +268,7 @@ def plan_model(
             uniform.pareto["goal"] = goal_verdict(uniform.pareto, head, options.goal)
             return uniform
     engine, ranking, many, racer, raced = _search_tools(model, data, stats, target, options,
-                                                        evaluate, executor, progress)
+                                                        evaluate, executor, progress, engines)
     plan, extra = plan_from_analysis(
         model, analysis, target, min_quality=options.min_quality, max_cost=options.max_cost,
         shapes=shapes, evaluate=ranking, evaluate_many=many, seed=options.seed,
@@ -298,14 +298,17 @@ def plan_model(
 
 def _search_tools(model: Model, data: Dataset | None, stats: Stats | None, target: Target,
                   options: PlanOptions, evaluate: Evaluate | None, executor: Executor | None,
-                  progress: bool) -> tuple[Any, Evaluate | None, Any, Any, Any]:
+                  progress: bool, engines: Sequence[IncrementalEngine] = ()
+                  ) -> tuple[Any, Evaluate | None, Any, Any, Any]:
     """What the search measures with: the ranking engine and its evaluator
     (:func:`_ranking`), the batch measurer on ``executor`` (only when ORT ranks), and the
-    race with its record (:func:`_plan_racer`; both None without ``--race``)."""
+    race with its record (:func:`_plan_racer`; both None without ``--race``; it shares
+    the segment sessions of the evaluator's incremental engine, of ``engines``)."""
     engine, ranking = _ranking(model, data, stats, target, options, evaluate, progress)
     many = (functools.partial(_measure_all, executor, evaluate, progress)
             if evaluate is not None and executor is not None and ranking is evaluate else None)
-    racer, raced = (_plan_racer(model, target, options, data, stats, progress=progress)
+    racer, raced = (_plan_racer(model, target, options, data, stats, progress=progress,
+                                engine=next((e for e in engines if e.model is model), None))
                     if evaluate is not None and options.race is not None else (None, None))
     return engine, ranking, many, racer, raced
 
@@ -501,7 +504,8 @@ def _ranking(model: Model, data: Dataset | None, stats: Stats | None, target: Ta
 
 
 def _plan_racer(model: Model, target: Target, options: PlanOptions, data: Dataset | None,
-                stats: Stats | None, *, progress: bool) -> tuple[Any, dict[str, Any] | None]:
+                stats: Stats | None, *, progress: bool,
+                engine: IncrementalEngine | None = None) -> tuple[Any, dict[str, Any] | None]:
     """The race of ``plan --race`` (:mod:`quantscope.stages.race`) and the plan file's
     ``race`` entry when it cannot run (why, said on stderr too)."""
     from quantscope.plan.race import RaceRule
@@ -516,7 +520,7 @@ def _plan_racer(model: Model, target: Target, options: PlanOptions, data: Datase
     feeds = list(data.calibration)[: options.repair_batches] if options.repairs else []
     racer = PlanRacer(model, data, stats, options.metric, RaceRule(confidence=options.race),
                       scheme=target.scheme, repair=_plan_repair(feeds, target) if feeds else None,
-                      progress=progress)
+                      progress=progress, engine=engine)
     return racer, {}
 
 
