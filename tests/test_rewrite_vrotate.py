@@ -114,3 +114,23 @@ def test_the_precondition_says_no_on_an_encoder_in_words() -> None:
     heads = find_value_heads(decoder)
     assert not isinstance(heads, str) and [h.caches for h in heads] == [
         ("present.0.value",), ("present.1.value",)]
+
+
+def test_a_decoder_run_with_r2_says_the_v_cache_is_rotated(tmp_path) -> None:
+    """``run --rewrites vrotate`` on the tiny decoder: both phase graphs rewritten, and the
+    host's KV cache layout says the values are stored rotated (a cache made by the
+    un-rotated graph would be read wrong)."""
+    import json
+
+    from decoder_tiny import AMOUNTS, SEQ, byte_decoder, run_cli
+
+    out = tmp_path / "run"
+    code, _ = run_cli(["run", str(byte_decoder(tmp_path)), "--data", "stdlib-docs",
+                       "--target", "hailo10h", "--seq-len", str(SEQ), "--rewrites", "vrotate",
+                       "--w4", "off", *AMOUNTS, "--out", str(out)])
+    assert code == 0
+    notes = json.loads((out / "rewrite.json").read_text())["notes"]["vrotate"]
+    assert all("R2 (hadamard, 8 wide)" in notes[p] for p in ("prefill", "decode"))
+    layout = json.loads((out / "host.json").read_text())["kv_cache"]["layout"]
+    assert "the values are stored rotated per head (vrotate, QuaRot R2)" in layout
+    assert "stored rotated" in (out / "host.md").read_text()

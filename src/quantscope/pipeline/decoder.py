@@ -431,6 +431,8 @@ def host(ctx: DecoderContext) -> Done:
 
     from quantscope.export import device_io as dio
     from quantscope.export.plan_export import device_io_rows
+    from quantscope.repair.rotate_heads import METADATA_KEY as VALUES_KEY
+    from quantscope.repair.rotate_heads import ROTATED_VALUES
     from quantscope.serde import read_stats, write_json, write_text
     from quantscope.stages_llm import phase_file
     from quantscope.tasks.lm import tokenizer_path
@@ -445,6 +447,7 @@ def host(ctx: DecoderContext) -> Done:
               "dtype": onnx.helper.tensor_dtype_to_np_dtype(
                   i.type.tensor_type.elem_type).name}
              for i in decode.graph.input if i.name.startswith("past.")]
+    rotated = any(p.key == VALUES_KEY for p in decode.metadata_props)  # vrotate (R2)
     del decode
     n = len(prefix["tokens"]) if prefix else 0
     seq = ctx.opts.seq_len or ctx.opts.rank_setup().seq_len
@@ -467,7 +470,8 @@ def host(ctx: DecoderContext) -> Done:
                      "compiled_prompt_tokens": seq,
                      "layout": "past.{i}.key / past.{i}.value [batch, kv_heads, positions, "
                                "head_dim] per layer; the decode graph returns present.{i}.* "
-                               "with one position more: feed them back as past.{i}.*"},
+                               "with one position more: feed them back as past.{i}.*"
+                               + (ROTATED_VALUES if rotated else "")},
         "io": io, "io_note": dio.PROVENANCE}
     write_json(ctx.path(HOST), doc)
     write_text(ctx.path(HOST_TEXT), host_text(doc))

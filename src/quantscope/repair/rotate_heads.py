@@ -48,6 +48,10 @@ METADATA_KEY = "quantscope.rotate_values"
 UNVERIFIED = ("unverified on a device: the rotated weights are ordinary dense weights (no "
               "extra op); the V cache holds the rotated values, which a host that copies "
               "present to past never reads")
+ROTATED_VALUES = ("; the values are stored rotated per head (vrotate, QuaRot R2): the prefix "
+                  "file and both graphs use that basis, so feeding present back as past "
+                  "needs nothing; a cache made by another graph (the un-rotated model) must "
+                  "first be multiplied by the head_dim Hadamard matrix on its last axis")
 _SHAPE_OPS = {"Reshape", "Transpose", "Concat", "Unsqueeze", "Expand", "Identity"}
 
 
@@ -255,5 +259,5 @@ def rotate_values(model: Model, *, seed: int = 0) -> Repair:
                   seconds=time.perf_counter() - start)
 
 
-__all__ = ["METADATA_KEY", "UNVERIFIED", "ValueHeads", "find_value_heads", "rotate_values",
+__all__ = ["METADATA_KEY", "ROTATED_VALUES", "UNVERIFIED", "ValueHeads", "find_value_heads", "rotate_values",
            "value_basis"]
