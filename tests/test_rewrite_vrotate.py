@@ -134,3 +134,19 @@ def test_a_decoder_run_with_r2_says_the_v_cache_is_rotated(tmp_path) -> None:
     layout = json.loads((out / "host.json").read_text())["kv_cache"]["layout"]
     assert "the values are stored rotated per head (vrotate, QuaRot R2)" in layout
     assert "stored rotated" in (out / "host.md").read_text()
+
+
+def test_a_second_reader_of_the_values_stops_it_in_words() -> None:
+    """A node outside the attention reading the value projection's output would see the
+    rotated values: the precondition names it and nothing is rewritten."""
+    prefill = _graphs()["prefill"]
+    proto = onnx.ModelProto()
+    proto.CopyFrom(prefill.proto)
+    proto.graph.node.append(onnx.helper.make_node("Relu", ["layers.1.v_proj"], ["v_peek"],
+                                                  name="v_peek"))
+    proto.graph.output.append(onnx.helper.make_tensor_value_info(
+        "v_peek", onnx.TensorProto.FLOAT, [1, "sequence", 16]))
+    model = load_proto(proto)
+    pre = VROTATE.applies(model, None, 8, None)
+    assert not pre.holds and pre.reason == "'v_peek' (Relu) also reads the values"
+    assert not run_rewrite(VROTATE, model, seq_len=8).applied

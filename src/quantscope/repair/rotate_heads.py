@@ -184,7 +184,8 @@ def find_value_heads(model: Model) -> tuple[ValueHeads, ...] | str:
             why = _last_axis_moves(chain[::-1], inits, d)
             if why is not None:
                 return f"'{why[0].name}' ({why[0].op_type}) on the values {why[1]}"
-            inside = {n.output[0] for n in chain} | {ctx.input[1]}
+            inside = ({n.output[0] for n in chain} | {ctx.input[1]}
+                      | {i for n in chain for i in n.input[:1] if i not in inits})
             stray = [r for t in inside for r in readers.get(t, [])
                      if r is not ctx and r.output[0] not in inside]
             if stray:
