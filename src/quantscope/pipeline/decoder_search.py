@@ -5,8 +5,8 @@ smollm2-135m, docs/benchmarks.md; ``search`` is opt-in: each trial costs a plan 
 Backward elimination from the full recipe (sequential leave-one-out):
 
 ==========  ==========================================================================
-trial 1     the whole recipe (:data:`quantscope.stages_llm.RECIPE`: rotate, smooth,
-            gatedsplit), written by :func:`~quantscope.stages_llm.recipe_phase_files`
+trial 1     the whole recipe (:data:`quantscope.stages_llm.RECIPE`: rotate, vrotate,
+            smooth, gatedsplit), written by :func:`~quantscope.stages_llm.recipe_phase_files`
             and planned by :func:`~quantscope.stages_llm.plan_phases` at the plan
             stage's quick amounts (``DecoderOptions.rank_setup``), legal on both phases
             within ``--max-cost``: the incumbent
@@ -31,7 +31,7 @@ encoder's): the steps interact (SmoothQuant's scales are taken in the rotated ba
 split chunks the smoothed MLPs), so each step is judged with the others present; forward
 selection would judge ``rotate`` alone, where its gain on smollm2-135m (1.711 -> 1.660 at
 20,000 tokens, docs/benchmarks.md) is within the quick amounts' noise, and drop it before
-``smooth`` is tried. Both need at most four plan searches; the plan search is most of a
+``smooth`` is tried. Both need at most five plan searches (one per step and one more); the plan search is most of a
 trial's time, so neither is cheaper by much (backward rewrites more: each trial rewrites
 from the given graphs).
 
