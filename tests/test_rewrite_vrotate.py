@@ -150,3 +150,17 @@ def test_a_second_reader_of_the_values_stops_it_in_words() -> None:
     pre = VROTATE.applies(model, None, 8, None)
     assert not pre.holds and pre.reason == "'v_peek' (Relu) also reads the values"
     assert not run_rewrite(VROTATE, model, seq_len=8).applied
+
+
+def test_a_computed_head_split_is_said_not_guessed() -> None:
+    """A head split whose shape is computed (as a torch export's ``Concat`` of shape
+    pieces) gives no constant head_dim: the precondition says which Reshape."""
+    proto = onnx.ModelProto()
+    proto.CopyFrom(_graphs()["prefill"].proto)
+    split = next(n for n in proto.graph.node if n.name == "layers.0.attn.v.split")
+    proto.graph.node.insert(0, onnx.helper.make_node("Identity", [split.input[1]],
+                                                     ["v_shape"], name="v_shape"))
+    split.input[1] = "v_shape"
+    pre = VROTATE.applies(load_proto(proto), None, 8, None)
+    assert not pre.holds and pre.reason.startswith(
+        "the head split of the values 'layers.0.attn.v.split' has a computed shape")

@@ -179,6 +179,9 @@ def find_value_heads(model: Model) -> tuple[ValueHeads, ...] | str:
             split = chain[-1] if chain and chain[-1].op_type == "Reshape" else None
             shape = _const(inits, split.input[1]) if split is not None else None
             d = int(shape[-1]) if shape is not None and shape.ndim == 1 else 0
+            if split is not None and shape is None:
+                return (f"the head split of the values '{split.name}' has a computed shape "
+                        "(not an initializer): head_dim is read from a constant [..., d]")
             if d < 2 or int(inits[w_v].dims[1]) % d:
                 return f"no head split of the values before '{ctx.name}'"
             why = _last_axis_moves(chain[::-1], inits, d)
