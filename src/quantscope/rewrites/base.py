@@ -182,7 +182,11 @@ class Rewrite:
     run's recipe steps, ``stages_llm.RECIPE``, are entries: ``rotate``, ``smooth``,
     ``gatedsplit``); None: its transform on each graph (:mod:`quantscope.rewrites.phases`).
     A decoder step's precondition says no, in words, on a graph it cannot rewrite (an
-    encoder), so ``run --rewrites auto`` never tries it there."""
+    encoder), so ``run --rewrites auto`` never tries it there.
+
+    ``basis``: the graph inputs / outputs the rewrite stores in another basis (``vrotate``'s
+    V cache, rotated per head): the FP32 check feeds the rewritten graph those inputs
+    rotated and compares those outputs rotated back (None: none)."""
 
     name: str
     config: type[Any]
