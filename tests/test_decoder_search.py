@@ -12,12 +12,14 @@ from decoder_tiny import AMOUNTS, SEQ, byte_decoder
 from decoder_tiny import run_cli as _run
 from tiny_models import residual_add
 
+from quantscope import stages_llm
 from quantscope.cli import main
 from quantscope.pipeline import decoder_search
 from quantscope.pipeline.decoder_search import Figure, eliminate
 from quantscope.types import QuantscopeError
 
-RECIPE = ("rotate", "smooth", "gatedsplit")
+RECIPE = ("rotate", "smooth", "gatedsplit")  # the made-up figures' steps
+FULL = decoder_search.searched(stages_llm.RECIPE)  # what a searched run starts from
 
 
 def _fake(values: dict[tuple[str, ...], tuple[float, float] | None]):
@@ -95,13 +97,13 @@ def test_search_records_its_trials_and_the_later_stages_read_its_choice(searched
     doc = json.loads((out / "rewrite.json").read_text())
     search = doc["search"]
     trials = search["trials"]
-    assert len(trials) >= 2 and trials[0]["steps"] == list(RECIPE)
+    assert len(trials) >= 2 and trials[0]["steps"] == list(FULL)
     assert all(t["figure"]["value"] > 0 and t["figure"]["se"] > 0 for t in trials)
     assert all(set(t["figure"]["costs"]) == {"prefill", "decode"} and
                max(t["figure"]["costs"].values()) <= 1.5 for t in trials)
     kept = [t for t in trials if t["kept"]]
     assert len(kept) == 1 and kept[0]["steps"] == doc["rewrites"] == search["chosen"]
-    assert set(search["decisions"]) == set(RECIPE) and search["measured_by"] == "onnxruntime"
+    assert set(search["decisions"]) == set(FULL) and search["measured_by"] == "onnxruntime"
     # the plan stage planned the chosen graphs: its figure is the kept trial's (same
     # graphs, same amounts, same calibration windows)
     assert _plan_figure(out) == pytest.approx(kept[0]["figure"]["value"], rel=1e-9)
@@ -140,12 +142,12 @@ def test_search_keeping_steps_hands_their_graphs_to_the_plan(tmp_path, monkeypat
                     "--out", str(out)])
     assert code == 0
     doc = json.loads((out / "rewrite.json").read_text())
-    assert doc["rewrites"] == list(RECIPE) and doc["search"]["trials"][0]["kept"]
-    assert len(doc["search"]["trials"]) == 4 and set(doc["notes"]) == set(RECIPE)
+    assert doc["rewrites"] == list(FULL) and doc["search"]["trials"][0]["kept"]
+    assert len(doc["search"]["trials"]) == len(FULL) + 1 and set(doc["notes"]) == set(FULL)
     # the graphs the later stages read are the whole recipe's, as the default run makes them
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    recipe_phase_files(model, RECIPE, fresh / "m.prefill.onnx", seq_len=SEQ, prefix="auto",
+    recipe_phase_files(model, FULL, fresh / "m.prefill.onnx", seq_len=SEQ, prefix="auto",
                        target="hailo10h")
     for phase in ("prefill", "decode"):
         got = onnx.load(str(out / "model" / f"model.{phase}.onnx"))
@@ -174,7 +176,7 @@ def test_search_is_a_decoders_option(tmp_path, capsys) -> None:
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "W").exists()
     searched = DecoderOptions("m", "hailo10h", "o", search=True)
     searched.check()
-    assert searched.rewrites == RECIPE and searched.rewrite_search is not None
+    assert searched.rewrites == FULL and searched.rewrite_search is not None
     assert DecoderOptions("m", "hailo10h", "o").rewrites == ("gatedsplit",)  # the default
     assert DecoderOptions("m", "hailo10h", "o").rewrite_search is None
     with pytest.raises(QuantscopeError, match="--rewrites searching is an encoder rewrite"):

@@ -18,6 +18,7 @@ from test_repair_heads import _encoder as attention_encoder
 from quantscope import stages_llm
 from quantscope.model.load import load_proto
 from quantscope.model.phases import phase_shapes
+from quantscope.repair.rotate_heads import value_basis
 from quantscope.repair.tokens import sample_feeds
 from quantscope.rewrites.auto import choose_rewrites, should_try
 from quantscope.rewrites.registry import REWRITES
@@ -93,9 +94,10 @@ def _outputs(proto, feeds):
 
 @pytest.mark.parametrize("target", ["hailo10h", "small"])
 def test_the_recipe_keeps_both_phase_graphs_fp32(tmp_path, target) -> None:
-    """rotate, smooth, gatedsplit on the tiny decoder through the registry: every step's
-    note, the intermediate files removed, and each phase graph's outputs within the
-    recipe's FP32 bound (``rewrites.smooth.RTOL``) of the given graphs'. gatedsplit splits
+    """rotate, vrotate, smooth, gatedsplit on the tiny decoder through the registry: every
+    step's note, the intermediate files removed, and each phase graph's outputs within the
+    recipe's FP32 bound (``rewrites.smooth.RTOL``) of the given graphs' (the decode graph
+    fed its V cache in vrotate's basis, as its own prefill graph writes it). gatedsplit splits
     prefill only where the target's size rule refuses the 16-token layers at 16 bit (a
     500-value limit), not on hailo10h."""
     import quantscope.targets as targets
@@ -114,7 +116,7 @@ def test_the_recipe_keeps_both_phase_graphs_fp32(tmp_path, target) -> None:
     said: list[str] = []
     notes = stages_llm.recipe_phase_files(model, stages_llm.RECIPE, out, seq_len=SEQ,
                                           prefix="none", say=said.append, target=given)
-    assert list(notes) == list(stages_llm.RECIPE) and len(said) == 3
+    assert list(notes) == list(stages_llm.RECIPE) and len(said) == len(stages_llm.RECIPE)
     for name in stages_llm.RECIPE:
         assert set(notes[name]) == {"prefill", "decode"}
     assert "FP32 max relative diff" in notes["rotate"]["prefill"]
@@ -129,7 +131,11 @@ def test_the_recipe_keeps_both_phase_graphs_fp32(tmp_path, target) -> None:
             split and phase == "prefill")
         feeds = sample_feeds(before, (SEQ,), what="test",
                              shapes=phase_shapes(before, phase, SEQ))
-        for ref, new in zip(_outputs(before.proto, feeds), _outputs(after.proto, feeds),
+        basis = value_basis(before)
+        assert len(basis) == (2 if phase == "prefill" else 4)  # present (+ past) values
+        rotated = [{k: (v @ basis[k]).astype(v.dtype) if k in basis else v
+                    for k, v in f.items()} for f in feeds]
+        for ref, new in zip(_outputs(before.proto, feeds), _outputs(after.proto, rotated),
                             strict=True):
             scale = float(np.abs(ref[0]).max())
             assert float(np.abs(new[0] - ref[0]).max()) <= RTOL * scale, phase

@@ -33,7 +33,7 @@ from quantscope.targets import load_target
 
 def test_the_registry_lists_the_rewrites_in_run_order_with_their_defaults():
     assert list(REWRITES) == ["outscale", "peel", "headsplit", "rowscale", "tokensplit",
-                              "rotate", "smooth", "gatedsplit"]
+                              "rotate", "vrotate", "smooth", "gatedsplit"]
     assert REWRITES["tokensplit"].config() == REWRITES["tokensplit"].config(chunk=None,
                                                                            linears=False)
     assert dataclasses.asdict(REWRITES["rowscale"].config()) == {"growth": 2.0}

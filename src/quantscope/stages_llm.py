@@ -428,7 +428,7 @@ def smooth_phase_files(spec: str | Path, out: str | Path, *, alpha: float = 0.5,
     return on_phases(rw, phase_job(spec, rw.name, out, setup, prefix=prefix), config)
 
 
-RECIPE = ("rotate", "smooth", "gatedsplit")  # the decoder's rewrite steps, in run order
+RECIPE = ("rotate", "vrotate", "smooth", "gatedsplit")  # the decoder's steps, run order
 # run's default steps: measured best on smollm2-135m at the issue's amounts (docs/benchmarks.md,
 # "--rewrites search"): once the gated products are 16 bit in prefill, rotate and smooth
 # no longer pay (ppl ratio 1.0603 +- 0.0030 alone, 1.069 +- 0.0035 with both)
@@ -443,7 +443,7 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
     """The decoder recipe's steps ``names`` (of :data:`RECIPE`; each a registry entry,
     :data:`quantscope.rewrites.registry.REWRITES`, at its default config, run by
     :func:`quantscope.rewrites.phases.on_phases`: ``rotate`` the residual stream,
-    ``smooth`` each MLP's gated product at alpha 0.5, calibrated with
+    ``vrotate`` each attention head's values (R2), ``smooth`` each MLP's gated product at alpha 0.5, calibrated with
     ``prefix``, ``gatedsplit`` the prefill MLPs in chunks of tokens, the largest
     ``target``'s size rule allows at 16 bit, none if it allows all) on both phase graphs
     of ``spec``, one after another, the last written as ``out`` (``X.prefill.onnx``, its

@@ -8,12 +8,11 @@ same manifest (``run.json``, :mod:`.manifest`):
 rewrite     the steps measured best on smollm2-135m (docs/benchmarks.md, "``--rewrites
             search``"; ``stages_llm.DEFAULT_STEPS``): the prefill MLPs in token chunks
             (``gatedsplit``), so each gated product is legal at 16 bit; each step a
-            rewrite registry entry, FP32-checked per phase:
-            ``model/model.{prefill,decode}.onnx`` and the tokenizer (``--rewrites
-            none``: the given graphs; a comma list of the recipe's steps, ``rotate``
-            (Hadamard R1), ``smooth`` (SmoothQuant on the gated products) and
-            ``gatedsplit``; ``--rewrites search``: those steps chosen by measurement,
-            :mod:`.decoder_search`, each trial a plan search)
+            rewrite registry entry, FP32-checked per phase: ``model/model.{prefill,
+            decode}.onnx`` and the tokenizer (``--rewrites none``: the given graphs; a
+            comma list of the recipe's steps, ``rotate`` (Hadamard R1), ``vrotate`` (R2),
+            ``smooth`` (SmoothQuant on the gated products), ``gatedsplit``; ``search``:
+            the steps but vrotate chosen by measurement, :mod:`.decoder_search`)
 plan        ``plan --phase`` on those graphs (:func:`quantscope.stages_llm.plan_phases`):
             candidates legal on both phases within ``--max-cost``, measured on a
             quick amount of text, the best kept; ``plan.json`` with the KV prefix
@@ -58,8 +57,8 @@ from quantscope.types import QuantscopeError
 
 MODEL_DIR, REWRITE, PLAN, EVALUATE = "model", "rewrite.json", "plan.json", "evaluate.json"
 PLAN_TEXT, HOST, HOST_TEXT, TOKENIZER = "plan.txt", "host.json", "host.md", "tokenizer.json"
-CANDIDATES, REPORT = "candidates.json", "report.html"
-VERDICT, VERDICT_TEXT = "verdict.json", "verdict.txt"
+CANDIDATES, REPORT, VERDICT, VERDICT_TEXT = ("candidates.json", "report.html", "verdict.json",
+                                             "verdict.txt")
 W4, W4_PLAN = "w4.json", "plan.w4.json"
 MAX_RATIO = 3.0  # a perplexity ratio goal above it is taken for dB or a percentage
 STATS = {"prefill": "stats.prefill.npz", "decode": "stats.decode.npz"}
@@ -99,9 +98,11 @@ class DecoderOptions:
 
     def __post_init__(self) -> None:
         if self.rewrites is None:
+            from quantscope.pipeline.decoder_search import searched
             from quantscope.stages_llm import DEFAULT_STEPS, RECIPE
 
-            object.__setattr__(self, "rewrites", RECIPE if self.search else DEFAULT_STEPS)
+            object.__setattr__(self, "rewrites",
+                               searched(RECIPE) if self.search else DEFAULT_STEPS)
 
     def check(self) -> None:
         """The options together, before any file is opened: one line per mistake."""
@@ -388,14 +389,13 @@ def export(ctx: DecoderContext) -> Done:
     import onnx
 
     from quantscope.pipeline.steps import ALWAYS, QDQ, export_file, formats
-    from quantscope.plan.accepted import for_phase as accepted_in
+    from quantscope.plan.accepted import phase_plan
     from quantscope.serde import read_json, read_stats
     from quantscope.stages_llm import open_phase, recorded_prefix
     from quantscope.zoo.cache import write_atomic
 
-    plan_ = ctx.plan()
+    plan_, files = ctx.plan(), []
     tokens = recorded_prefix(plan_)
-    files = []
     for phase in ("prefill", "decode"):
         sub = ctx.path(phase)
         sub.mkdir(exist_ok=True)
@@ -411,8 +411,7 @@ def export(ctx: DecoderContext) -> Done:
                 + ", the float graph …")
         hn = dict(ctx.opts.hn or ()).get(phase)
         for fmt, name in [(ALWAYS, QDQ), *formats(ctx.opts.target)]:
-            export_file(model, stats, accepted_in(plan_.for_phase(phase), phase), fmt,
-                        sub / name,  # + its warning
+            export_file(model, stats, phase_plan(plan_, phase), fmt, sub / name,  # + its warning
                         hn=read_json(hn, "HN") if hn else None, label=f"{phase}/{name}",
                         say=lambda text, p=phase: ctx.say(f"[export] {p}: {text}"))
             files.append(f"{phase}/{name}")
@@ -433,6 +432,8 @@ def host(ctx: DecoderContext) -> Done:
 
     from quantscope.export import device_io as dio
     from quantscope.export.plan_export import device_io_rows
+    from quantscope.repair.rotate_heads import METADATA_KEY as VALUES_KEY
+    from quantscope.repair.rotate_heads import ROTATED_VALUES
     from quantscope.serde import read_stats, write_json, write_text
     from quantscope.stages_llm import phase_file
     from quantscope.tasks.lm import tokenizer_path
@@ -447,6 +448,7 @@ def host(ctx: DecoderContext) -> Done:
               "dtype": onnx.helper.tensor_dtype_to_np_dtype(
                   i.type.tensor_type.elem_type).name}
              for i in decode.graph.input if i.name.startswith("past.")]
+    rotated = any(p.key == VALUES_KEY for p in decode.metadata_props)  # vrotate (R2)
     del decode
     n = len(prefix["tokens"]) if prefix else 0
     seq = ctx.opts.seq_len or ctx.opts.rank_setup().seq_len
@@ -469,7 +471,8 @@ def host(ctx: DecoderContext) -> Done:
                      "compiled_prompt_tokens": seq,
                      "layout": "past.{i}.key / past.{i}.value [batch, kv_heads, positions, "
                                "head_dim] per layer; the decode graph returns present.{i}.* "
-                               "with one position more: feed them back as past.{i}.*"},
+                               "with one position more: feed them back as past.{i}.*"
+                               + (ROTATED_VALUES if rotated else "")},
         "io": io, "io_note": dio.PROVENANCE}
     write_json(ctx.path(HOST), doc)
     write_text(ctx.path(HOST_TEXT), host_text(doc))

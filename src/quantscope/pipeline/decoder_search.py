@@ -5,8 +5,8 @@ smollm2-135m, docs/benchmarks.md; ``search`` is opt-in: each trial costs a plan 
 Backward elimination from the full recipe (sequential leave-one-out):
 
 ==========  ==========================================================================
-trial 1     the whole recipe (:data:`quantscope.stages_llm.RECIPE`: rotate, smooth,
-            gatedsplit), written by :func:`~quantscope.stages_llm.recipe_phase_files`
+trial 1     the whole recipe (:data:`quantscope.stages_llm.RECIPE` but
+            :data:`SKIPPED_BY_SEARCH`: rotate, smooth, gatedsplit), written by :func:`~quantscope.stages_llm.recipe_phase_files`
             and planned by :func:`~quantscope.stages_llm.plan_phases` at the plan
             stage's quick amounts (``DecoderOptions.rank_setup``), legal on both phases
             within ``--max-cost``: the incumbent
@@ -31,7 +31,7 @@ encoder's): the steps interact (SmoothQuant's scales are taken in the rotated ba
 split chunks the smoothed MLPs), so each step is judged with the others present; forward
 selection would judge ``rotate`` alone, where its gain on smollm2-135m (1.711 -> 1.660 at
 20,000 tokens, docs/benchmarks.md) is within the quick amounts' noise, and drop it before
-``smooth`` is tried. Both need at most four plan searches; the plan search is most of a
+``smooth`` is tried. Both need at most five plan searches (one per step and one more); the plan search is most of a
 trial's time, so neither is cheaper by much (backward rewrites more: each trial rewrites
 from the given graphs).
 
@@ -60,6 +60,11 @@ KEEP_RULE = ("a step is kept when the recipe with it measures better than withou
              "than one standard error of the difference, sqrt(se_with^2 + se_without^2); "
              "else dropped (fewer steps on a tie)")
 ENGINE = "onnxruntime"
+# the steps a search starts from: the recipe but vrotate (QuaRot R2), which measured no gain
+# on smollm2-135m (decode top-1 0.887 against 0.895, ppl ratio 1.0431 against 1.0337:
+# docs/benchmarks.md, "R2 on the decode path") and would cost each search a plan search;
+# it stays a step to give by name (--rewrites vrotate,gatedsplit)
+SKIPPED_BY_SEARCH = ("vrotate",)
 MARGIN_SE = 1.0  # the margin in standard errors of the difference (KEEP_RULE's one)
 
 
@@ -222,12 +227,17 @@ def search_recipe(model: str, folder: Path, *, target: str, metric: str, max_cos
         if steps in made:
             shutil.rmtree(made.pop(steps)[0], ignore_errors=True)
 
-    record = eliminate(RECIPE, measure, metric=metric, higher=m.higher, free=free,
+    record = eliminate(searched(RECIPE), measure, metric=metric, higher=m.higher, free=free,
                        measured_on=f"plan --phase at the plan stage's amounts "
                                    f"({_amounts(setup.__dict__)}), {m.words}")
     kept = made.get(record.chosen)
     return record, (kept[0] / "model.prefill.onnx" if kept else None), (kept[1] if kept else {})
 
 
-__all__ = ["KEEP_RULE", "SEARCH", "TRIALS", "Figure", "RecipeTrial", "Search", "eliminate",
-           "search_recipe"]
+def searched(recipe: tuple[str, ...]) -> tuple[str, ...]:
+    """The recipe's steps a search starts from (:data:`SKIPPED_BY_SEARCH` left out)."""
+    return tuple(s for s in recipe if s not in SKIPPED_BY_SEARCH)
+
+
+__all__ = ["KEEP_RULE", "SEARCH", "SKIPPED_BY_SEARCH", "TRIALS", "Figure", "RecipeTrial",
+           "Search", "eliminate", "search_recipe", "searched"]

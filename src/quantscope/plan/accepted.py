@@ -69,5 +69,11 @@ def accepted_lines(record: Sequence[dict[str, Any]]) -> list[str]:
             f"({r['reason']})" for r in record]
 
 
+def phase_plan(plan: Plan, phase: str) -> Plan:
+    """The plan a decoder's ``phase`` graph runs (:meth:`Plan.for_phase`) with its accepted
+    record narrowed to that phase (:func:`for_phase`): what that phase's files carry."""
+    return for_phase(plan.for_phase(phase), phase)
+
+
 __all__ = ["META", "accepted_lines", "accepted_of", "accepted_record", "for_phase",
-           "with_accepted"]
+           "phase_plan", "with_accepted"]

@@ -13,7 +13,7 @@ Both run ONNX Runtime with graph optimizations off, as the emulator does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -50,6 +50,11 @@ def max_relative_diff(ref: list[list[np.ndarray]], test: list[list[np.ndarray]])
     return worst
 
 
+def _in_basis(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """``x`` times ``m`` on its last axis (float64)."""
+    return x.astype(np.float64) @ m
+
+
 def check_function(
     before: onnx.ModelProto,
     after: onnx.ModelProto,
@@ -57,11 +62,26 @@ def check_function(
     *,
     what: str = "repair",
     rtol: float = FP32_RTOL,
+    basis: Mapping[str, np.ndarray] | None = None,
 ) -> float:
-    """Raise :class:`RepairError` unless FP32 outputs agree within ``rtol``; return the diff."""
+    """Raise :class:`RepairError` unless FP32 outputs agree within ``rtol``; return the diff.
+
+    ``basis``: graph inputs / outputs the repair stores in another basis (a rotated V
+    cache): name -> the orthogonal matrix ``M`` with new = old ``M`` on the last axis; the
+    repaired graph is fed ``x M`` and its outputs compared as ``y Mᵀ``."""
     if not feeds:
         raise RepairError(f"{what}: no sample inputs to check the FP32 function on")
-    diff = max_relative_diff(run_all(before, feeds), run_all(after, feeds))
+    test_feeds: Sequence[Batch] = feeds
+    if basis:
+        test_feeds = [{k: (_in_basis(v, basis[k]).astype(v.dtype) if k in basis else v)
+                       for k, v in f.items()} for f in feeds]
+    test = run_all(after, test_feeds)
+    if basis:
+        names = [o.name for o in after.graph.output]
+        test = [[_in_basis(y, basis[n].T) if n in basis else y for n, y in zip(names, ys,
+                                                                           strict=True)]
+                for ys in test]
+    diff = max_relative_diff(run_all(before, feeds), test)
     if not diff <= rtol:
         raise RepairError(
             f"{what} changed the FP32 outputs by {diff:.3g} (relative, limit {rtol:g}): "

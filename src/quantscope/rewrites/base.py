@@ -184,7 +184,11 @@ class Rewrite:
     run's recipe steps, ``stages_llm.RECIPE``, are entries: ``rotate``, ``smooth``,
     ``gatedsplit``); None: its transform on each graph (:mod:`quantscope.rewrites.phases`).
     A decoder step's precondition says no, in words, on a graph it cannot rewrite (an
-    encoder), so ``run --rewrites auto`` never tries it there."""
+    encoder), so ``run --rewrites auto`` never tries it there.
+
+    ``basis``: the graph inputs / outputs the rewrite stores in another basis (``vrotate``'s
+    V cache, rotated per head): the FP32 check feeds the rewritten graph those inputs
+    rotated and compares those outputs rotated back (None: none)."""
 
     name: str
     config: type[Any]
@@ -222,6 +226,10 @@ class Rewrite:
     # config): e.g. tokensplit splits the Linears too, per head, on a head-split model,
     # in chunks that fit the target's size limit
     auto_config: Callable[[frozenset[str], Model, Target | None, int | None], Any] | None = None
+    # the graph inputs / outputs the rewrite stores in another basis (R2's rotated V
+    # cache): (model, config) -> name -> M (new = old M on the last axis); the FP32 check
+    # feeds the rewritten graph x M and compares its outputs as y Mᵀ. None: none
+    basis: Callable[[Model, Any], Mapping[str, np.ndarray]] | None = None
 
     def answers_rule(self, rule: str | None) -> bool:
         """Does this rewrite answer target rule ``rule`` (``vendor.id`` or ``id``)?"""
@@ -415,7 +423,8 @@ def run_rewrite(rw: Rewrite, model: Model, config: Any = None, *, stats: Stats |
                              skipped=r.skipped, effect=r.effect, notes=(r.reason,))
     feeds = sample_feeds(model, rw.lengths(config, seq_len, r), shapes=given, what=rw.name)
     try:
-        diff = check_function(model.proto, r.proto, feeds, what=rw.name, rtol=rtol)
+        diff = check_function(model.proto, r.proto, feeds, what=rw.name, rtol=rtol,
+                              basis=rw.basis(model, config) if rw.basis else None)
     except RepairError as e:
         return _failed(rw, model, r, str(e))
     record = {"name": rw.name, "config": dataclasses.asdict(config), "seq_len": seq_len,

@@ -9,14 +9,14 @@ Order: the stats rewrites first (they read the given model's channel ranges; out
 keeps the hidden tensors peel reads), then headsplit (it matches Softmax chains),
 rowscale after it, tokensplit (it chunks what the others produced), then rotate (a
 decoder's residual stream; after the stats rewrites, whose ranges are the given model's),
-smooth (a decoder's gated MLP products, in the rotated basis) and gatedsplit (a decoder's
+vrotate (each attention head's values; it commutes with rotate), smooth (a decoder's gated MLP products, in the rotated basis) and gatedsplit (a decoder's
 prefill MLPs in token chunks, last: it splits what the others rewrote).
 
-The decoder run's recipe (``stages_llm.RECIPE``: rotate, smooth, gatedsplit) is entries
+The decoder run's recipe (``stages_llm.RECIPE``: rotate, vrotate, smooth, gatedsplit) is entries
 here too: each runs on a decoder's pair of phase graphs through
 :func:`quantscope.rewrites.phases.on_phases` (its own ``phases`` step, or its transform
-per phase). Their preconditions say no on an encoder (no RMSNorm residual stream, no gated
-MLP), so ``run --rewrites auto`` never tries them there.
+per phase). Their preconditions say no on an encoder (no RMSNorm residual stream, no V read
+through a cache-shaped head split into one output projection, no gated MLP), so ``run --rewrites auto`` never tries them there.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from quantscope.rewrites import (
     rowscale,
     smooth,
     tokensplit,
+    vrotate,
 )
 from quantscope.rewrites.base import Rewrite, recorded
 from quantscope.types import QuantscopeError
@@ -45,6 +46,7 @@ REWRITES: dict[str, Rewrite] = {
     "rowscale": rowscale.REWRITE,
     "tokensplit": tokensplit.REWRITE,
     "rotate": rotate.REWRITE,
+    "vrotate": vrotate.REWRITE,
     "smooth": smooth.REWRITE,
     "gatedsplit": gatedsplit.REWRITE,
 }
