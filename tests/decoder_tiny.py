@@ -91,3 +91,20 @@ def searched_run(folder: Path) -> tuple[Path, str, list[str]]:
     code, printed = run_cli(args)
     assert code == 0, printed
     return out, printed, args
+
+
+def phase_graphs(cfg: DecoderConfig = TINY, seed: int = 0) -> dict:
+    """The tiny decoder's prefill and decode graphs, loaded (``quantscope.model.load``)."""
+    from quantscope.model.load import load_proto
+    from quantscope.zoo.decoder import build_decoder
+
+    w = tiny_weights(cfg, seed)
+    return {p: load_proto(build_decoder(cfg, w, p), source=p) for p in ("prefill", "decode")}
+
+
+def run_graph(proto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One ORT session over ``proto``: output name -> array."""
+    from quantscope.emulate.session import make_session
+
+    s = make_session(proto)
+    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds), strict=True))

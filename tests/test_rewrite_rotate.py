@@ -9,32 +9,23 @@ import dataclasses
 import numpy as np
 import onnx
 import pytest
-from decoder_tiny import TINY, tiny_weights
+from decoder_tiny import TINY, phase_graphs, run_graph
 from test_repair_heads import _encoder as attention_encoder
 
-from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
-from quantscope.model.load import Model, load_proto
+from quantscope.model.load import load_proto
 from quantscope.plan.cost import uniform_a8_cost
 from quantscope.repair.rotate import rotation_matrix
 from quantscope.rewrites.phases import rewrite_phases
 from quantscope.rewrites.registry import REWRITES
 from quantscope.targets import load_target
 from quantscope.types import QuantscopeError
-from quantscope.zoo.decoder import build_decoder
 
 IDS = np.array([3, 7, 11, 5, 2, 9, 40, 17], np.int64)
 ROTATE = REWRITES["rotate"]
 
 
-def _graphs(cfg=TINY, seed: int = 0) -> dict[str, Model]:
-    w = tiny_weights(cfg, seed)
-    return {p: load_proto(build_decoder(cfg, w, p), source=p) for p in ("prefill", "decode")}
-
-
-def _run(proto: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    s = make_session(proto)
-    return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds), strict=True))
+_graphs, _run = phase_graphs, run_graph  # the shared tiny-decoder helpers
 
 
 def _prefill_then_decode(graphs: dict[str, onnx.ModelProto]) -> list[np.ndarray]:
