@@ -295,6 +295,8 @@ CASES: list[tuple[str, list[str], str]] = [
      "below 1"),
     ("rotate-not-a-decoder", ["rotate", T, "--out", "{out}/r.onnx"],
      "no RMSNormalization in the graph: not an RMSNorm decoder"),
+    ("vrotate-no-value-heads", ["vrotate", T, "--out", "{out}/v.onnx"],
+     "no value heads to rotate"),
     ("smooth-not-a-decoder", ["smooth", T, "--stats", S, "--out", "{out}/s.onnx"],
      "no gated MLP"),
     ("gatedsplit-not-a-decoder", ["gatedsplit", T, "--seq-len", "8", "--out", "{out}/g.onnx"],

@@ -158,7 +158,7 @@ def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_pat
     assert {r["rewrite"]: r["decision"] for r in verdict["rewrites_auto"]["rows"]} == {
         "outscale": "not tried", "peel": "not tried", "headsplit": "not tried",
         "rowscale": "not tried", "tokensplit": "kept", "rotate": "not tried",
-        "smooth": "not tried", "gatedsplit": "not tried"}
+        "vrotate": "not tried", "smooth": "not tried", "gatedsplit": "not tried"}
     assert "Rewrites chosen by the run (auto, fit data)" in (out / "report.html").read_text()
     compiled = onnx.load(out / "repaired.onnx")
     assert any(n.name.endswith("/tok1") for n in compiled.graph.node)
