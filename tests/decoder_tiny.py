@@ -108,3 +108,16 @@ def run_graph(proto, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
     s = make_session(proto)
     return dict(zip([o.name for o in s.get_outputs()], s.run(None, feeds), strict=True))
+
+
+def prefill_then_decode(graphs: dict, ids: np.ndarray, prompt: int = 5
+                        ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """Logits of a ``prompt``-token prefill of ``ids``, then of one decode step per token
+    after it on its own cache; and the last step's outputs (its cache)."""
+    out = run_graph(graphs["prefill"], {"input_ids": ids[None, :prompt]})
+    logits = [out["logits"][0]]
+    for t in range(prompt, len(ids)):
+        past = {k.replace("present.", "past."): v for k, v in out.items() if k != "logits"}
+        out = run_graph(graphs["decode"], {"input_ids": ids[None, t:t + 1], **past})
+        logits.append(out["logits"][0])
+    return logits, out

@@ -9,7 +9,7 @@ import dataclasses
 import numpy as np
 import onnx
 import pytest
-from decoder_tiny import TINY, phase_graphs, run_graph
+from decoder_tiny import TINY, phase_graphs, prefill_then_decode, run_graph
 from test_repair_heads import _encoder as attention_encoder
 
 from quantscope.model.groups import find_groups
@@ -30,13 +30,7 @@ _graphs, _run = phase_graphs, run_graph  # the shared tiny-decoder helpers
 
 def _prefill_then_decode(graphs: dict[str, onnx.ModelProto]) -> list[np.ndarray]:
     """Logits of a 5-token prefill, then of 3 decode steps on its cache."""
-    out = _run(graphs["prefill"], {"input_ids": IDS[None, :5]})
-    logits = [out["logits"][0]]
-    for t in range(5, len(IDS)):
-        past = {k.replace("present.", "past."): v for k, v in out.items() if k != "logits"}
-        out = _run(graphs["decode"], {"input_ids": IDS[None, t:t + 1], **past})
-        logits.append(out["logits"][0])
-    return logits
+    return prefill_then_decode(graphs, IDS)[0]
 
 
 @pytest.mark.parametrize("online", [False, True])

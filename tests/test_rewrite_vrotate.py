@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 import onnx
-from decoder_tiny import TINY, phase_graphs, run_graph
+from decoder_tiny import TINY, phase_graphs, prefill_then_decode, run_graph
 from numpy import testing
 from test_repair_heads import _encoder as attention_encoder
 
@@ -31,13 +31,7 @@ _graphs, _run = phase_graphs, run_graph  # the shared tiny-decoder helpers
 def _prefill_then_decode(graphs: dict[str, onnx.ModelProto]
                          ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     """Logits of a 5-token prefill, then of 3 decode steps on its own cache; the last cache."""
-    out = _run(graphs["prefill"], {"input_ids": IDS[None, :5]})
-    logits = [out["logits"][0]]
-    for t in range(5, len(IDS)):
-        past = {k.replace("present.", "past."): v for k, v in out.items() if k != "logits"}
-        out = _run(graphs["decode"], {"input_ids": IDS[None, t:t + 1], **past})
-        logits.append(out["logits"][0])
-    return logits, out
+    return prefill_then_decode(graphs, IDS)
 
 
 def _close(a: list[np.ndarray], b: list[np.ndarray]) -> None:
