@@ -262,7 +262,7 @@ def test_a_raced_batch_keeps_each_figures_noise():
     sens = Sensitivity.from_gains("sqnr_db_channel_min", 34.4,
                                   {g: {"a16_w16": 1.0} for g in groups.names()})
 
-    def race(plans):  # every raced plan survives
+    def race(plans, margin=None):  # every raced plan survives
         return SimpleNamespace(survivors=range(len(plans)))
 
     r = search(groups, sens, _target(), model, evaluate=_fake_db(0.1, 0.3), refine_steps=12,

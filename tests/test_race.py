@@ -87,12 +87,12 @@ def test_the_planner_measures_only_the_survivors_and_chooses_the_same_plan():
 
     races = []
 
-    def racer(plans):
+    def racer(plans, margin=None):
         rng = np.random.default_rng(1)
         u = rng.random(TOTAL)
         table = [(u < min(quality(p), 0.99)).astype(float) for p in plans]
         races.append(race([f"c{i}" for i in range(len(plans))], lambda i, n: table[i][:n],
-                          TOTAL))
+                          TOTAL, margin=margin))
         return races[-1]
 
     kw = {"max_cost": 1.6}
@@ -121,11 +121,11 @@ def _drop_race_setup():
         measured.append(p)
         return quality(p)
 
-    def racer(plans):
+    def racer(plans, margin=None):
         u = np.random.default_rng(1).random(TOTAL)
         table = [(u < min(quality(p), 0.99)).astype(float) for p in plans]
         races.append((tuple(plans), race([f"c{i}" for i in range(len(plans))],
-                                         lambda i, n: table[i][:n], TOTAL)))
+                                         lambda i, n: table[i][:n], TOTAL, margin=margin)))
         return races[-1][1]
 
     return model, groups, gains, evaluate, racer, measured, races
@@ -153,6 +153,70 @@ def test_with_a_quality_goal_the_drops_are_not_raced():
     search(groups, _sens(gains), _toy_target(), model, evaluate=evaluate, race=racer,
            min_quality=0.5, max_cost=1.6)
     assert measured and not races
+
+
+def test_a_margin_keeps_a_candidate_the_callers_rule_could_still_choose():
+    """Clearly worse than its rival (stopped without a margin), but within the caller's
+    allowance: it runs on; the entry records the margin it was given."""
+    score = _scores([0.9, 0.75])
+    assert race(["a", "b"], score, TOTAL).entries[1].stopped
+    r = race(["a", "b"], score, TOTAL, margin=lambda mean, rival, total: 0.3)
+    assert not r.entries[1].stopped and r.entries[1].margin == 0.3
+    assert r.entries[1].to_dict()["margin"] == 0.3 and "allowance" in r.rule
+    assert "margin" not in race(["a", "b"], score, TOTAL).entries[1].to_dict()
+    # beyond the allowance it still stops
+    assert race(["a", "b"], _scores([0.9, 0.3]), TOTAL,
+                margin=lambda mean, rival, total: 0.1).entries[1].stopped
+
+
+def test_lowest_kept_is_where_the_noise_rule_stops_keeping():
+    from dataclasses import replace
+
+    from quantscope.plan.pareto import Budget, FrontPoint, lowest_kept, not_worse
+
+    budget = Budget(max_cost=1.5)
+    ref = FrontPoint(cost=1.2, predicted=0.8, measured=0.8, overrides=(), items=50.0)
+    like = replace(ref, cost=1.0, measured=0.7)
+    low = lowest_kept(ref, like, budget)
+    assert low is not None and 0.5 < low < 0.8
+    assert not_worse(replace(like, measured=low), ref, budget)
+    assert not not_worse(replace(like, measured=low - 1e-6), ref, budget)
+    # no noise estimate (no items): none
+    assert lowest_kept(replace(ref, items=None), replace(like, items=None), budget) is None
+    # a goal the reference meets is never traded away: the floor binds first
+    floored = Budget(max_cost=1.5, floor=0.75)
+    assert lowest_kept(ref, like, floored) == pytest.approx(0.75, abs=1e-9)
+
+
+def test_a_drop_within_the_keep_rules_noise_is_not_raced_out_and_the_choice_holds():
+    """The defect h77 left: a drop worse than the incumbent on a prefix beyond the race's
+    interval, but within the noise the keep rule allows on the whole set (a share over few
+    items), was stopped by the race, so the race changed the no-goal choice. Now the race
+    stops a drop only beyond the keep rule's allowance: the same plan as without it."""
+    model, groups, gains, evaluate, racer, measured, races = _drop_race_setup()
+
+    class Counted:  # a share over 40 items: a wide noise (about +-0.17 at 0.7)
+        items = 40.0
+
+        def __call__(self, p: Plan) -> float:
+            return evaluate(p)
+
+    def unguarded(plans, margin=None):  # the race as it was: no allowance
+        return racer(plans)
+
+    kw = {"max_cost": 1.6}
+    plain = search(groups, _sens(gains), _toy_target(), model, evaluate=Counted(), **kw)
+    measured.clear()
+    before = search(groups, _sens(gains), _toy_target(), model, evaluate=Counted(),
+                    race=unguarded, **kw)
+    assert any(r.entries[1].stopped for plans, r in races if len(plans) == 2)
+    assert before.plan != plain.plan  # the defect: the race changed the choice
+    races.clear()
+    raced = search(groups, _sens(gains), _toy_target(), model, evaluate=Counted(),
+                   race=racer, **kw)
+    assert races and all(e.margin > 0 for _, r in races for e in r.entries[1:])
+    assert not any(r.entries[1].stopped for plans, r in races if len(plans) == 2)
+    assert raced.plan == plain.plan and raced.measured == plain.measured
 
 
 # ---------------------------------------------------------------- real plans in ORT

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from quantscope.tasks.db_noise import LeftOut, Parts, db_noise, left_out_noise
@@ -223,6 +223,33 @@ def not_worse(point: FrontPoint, reference: FrontPoint, budget: Budget) -> bool:
     margin = 0.0 if half is None else half[0]
     return _sign(budget) * (point.quality - reference.quality) >= -margin - QUALITY_TOL \
         and budget.keeps_floor(point, reference)
+
+
+def lowest_kept(reference: FrontPoint, like: FrontPoint, budget: Budget) -> float | None:
+    """The worst figure a point like ``like`` (its ``items``; only ``measured`` varies)
+    may measure and still be :func:`not_worse` than ``reference``: the noise rule's own
+    allowance, found by bisection on that rule. None where the rule has no noise estimate
+    for the two (then only a figure as good as ``reference`` is kept). A race must not
+    stop a candidate that could still land above it (``plan/refine.py``)."""
+    if reference.measured is None or noise(reference, replace(like, measured=reference.quality)
+                                           ) is None:
+        return None
+    s = _sign(budget)
+
+    def kept(q: float) -> bool:
+        return not_worse(replace(like, measured=q), reference, budget)
+
+    good, span = reference.quality, 1.0
+    bad = good - s * span
+    while kept(bad):  # widen until the rule refuses (a share's noise is below 1)
+        if span > 1e6:
+            return bad
+        span *= 2.0
+        bad = good - s * span
+    for _ in range(60):  # to well below the figures' printed precision
+        mid = (good + bad) / 2
+        good, bad = (mid, bad) if kept(mid) else (good, mid)
+    return good
 
 
 def best_measured(points: Sequence[FrontPoint], budget: Budget) -> FrontPoint | None:

@@ -12,7 +12,10 @@ rival              the leader (the best mean of the candidates still running on 
                    prefix), or a fixed ``incumbent`` that never stops
 stop               candidate ``i`` stops at look ``n`` when the one-sided upper bound
                    of its mean paired difference to the rival is below zero:
-                   ``mean(d) + t(1 - a, n - 1) * sd(d) / sqrt(n) < 0``, ``d = s_i - s_rival``
+                   ``mean(d) + t(1 - a, n - 1) * sd(d) / sqrt(n) < 0``, ``d = s_i - s_rival``;
+                   with a ``margin`` (the caller's decision rule lets a candidate that
+                   much below its rival still win: the planner's noise allowance), below
+                   minus that margin instead
 confidence         ``a = (1 - confidence) / (looks x rivals)`` (Bonferroni over every
                    look and every other candidate), so a candidate as good as the
                    best on these samples is stopped with probability at most
@@ -29,12 +32,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from quantscope.numerics import t_quantile  # noqa: F401 - the one t quantile, re-exported
 from quantscope.types import Plan
+
+Margin = Callable[[float, float, int], float]
+"""``margin(mean, rival's mean, total samples) -> m >= 0``: how far below its rival a
+candidate may be and still be chosen by the caller's rule (it stops only when its upper
+bound is below ``-m``)."""
 
 Score = Callable[[int, int], np.ndarray]
 """``score(candidate index, n) -> per-sample scores on the first n samples`` (higher is
@@ -43,7 +51,7 @@ better; the same samples for every candidate)."""
 RULE = ("sequential elimination on growing prefixes: a candidate stops when the "
         "one-sided {confidence:.0%} upper bound of its mean per-sample difference to "
         "{rival} (Student t, Bonferroni over {looks} look(s) x {rivals} rival(s)) is "
-        "below zero")
+        "below zero{margin}")
 
 
 @dataclass(frozen=True)
@@ -81,12 +89,14 @@ class RaceEntry:
     half_width: float  # the one-sided interval's half width on that difference
     rival: str  # whom it was compared with at that look
     stopped: bool
+    margin: float = 0.0  # it stops only below minus this (the caller's noise allowance)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "n": self.n, "mean": round(self.mean, 6),
-                "difference": round(self.difference, 6),
-                "half_width": round(self.half_width, 6), "rival": self.rival,
-                "stopped": self.stopped}
+        doc = {"name": self.name, "n": self.n, "mean": round(self.mean, 6),
+               "difference": round(self.difference, 6),
+               "half_width": round(self.half_width, 6), "rival": self.rival,
+               "stopped": self.stopped}
+        return doc | ({"margin": round(self.margin, 6)} if self.margin else {})
 
 
 @dataclass(frozen=True)
@@ -112,18 +122,23 @@ class RaceResult:
 
 
 def race(names: Sequence[str], score: Score, total: int, rule: RaceRule = RaceRule(), *,
-         incumbent: int | None = None, may_stop: np.ndarray | None = None) -> RaceResult:
+         incumbent: int | None = None, may_stop: np.ndarray | None = None,
+         margin: Margin | None = None) -> RaceResult:
     """Race the candidates ``names`` on prefixes of ``total`` samples (module docstring);
     ``incumbent``: compare with that candidate only (it never stops), else with the
     leader of each look; ``may_stop[i, j]``: only a running ``j`` with it true may stop
-    ``i`` (e.g. a rival no more expensive anywhere), each one compared."""
+    ``i`` (e.g. a rival no more expensive anywhere), each one compared; ``margin``: a
+    candidate stops only when its bound is below minus ``margin(its mean, the rival's,
+    total)``."""
     k = len(names)
     looks = rule.looks(total) if k > 1 else ()
     rivals = 1 if incumbent is not None else max(k - 1, 1)
     alpha = (1.0 - rule.confidence) / max(len(looks) * rivals, 1)
     whom = ("the incumbent" if incumbent is not None else "the leader" if may_stop is None
             else "each running rival allowed to stop it")
-    text = RULE.format(confidence=rule.confidence, looks=len(looks), rivals=rivals, rival=whom)
+    text = RULE.format(confidence=rule.confidence, looks=len(looks), rivals=rivals, rival=whom,
+                       margin="" if margin is None else
+                       " by more than the caller's noise allowance (its margin)")
     alive = list(range(k))
     last: dict[int, RaceEntry] = {i: RaceEntry(i, names[i], 0, math.nan, 0.0, 0.0, "", False)
                                   for i in range(k)}
@@ -140,12 +155,19 @@ def race(names: Sequence[str], score: Score, total: int, rule: RaceRule = RaceRu
             if not against:
                 last[i] = RaceEntry(i, names[i], n, means[i], 0.0, 0.0, names[i], False)
                 continue
-            diff, hw, j = min((_bound(scores[i] - scores[j], t) + (j,) for j in against),
-                              key=lambda x: x[0] + x[1])
-            last[i] = RaceEntry(i, names[i], n, means[i], diff, hw, names[j], diff + hw < 0.0)
+            diff, hw, j, m = min((_bound(scores[i] - scores[j], t)
+                                  + (j, _room(margin, means[i], means[j], total))
+                                  for j in against), key=lambda x: x[0] + x[1] + x[3])
+            last[i] = RaceEntry(i, names[i], n, means[i], diff, hw, names[j],
+                                diff + hw < -m, m)
         alive = [i for i in running if not last[i].stopped]
     return RaceResult(rule=text, confidence=rule.confidence, total=total, looks=looks,
                       entries=tuple(last[i] for i in range(k)), leader=leader)
+
+
+def _room(margin: Margin | None, mean: float, rival: float, total: int) -> float:
+    """The caller's allowance below the rival (0 without a margin; never negative)."""
+    return 0.0 if margin is None else max(float(margin(mean, rival, total)), 0.0)
 
 
 def _bound(d: np.ndarray, t: float) -> tuple[float, float]:
@@ -161,6 +183,10 @@ def _checked(scores: np.ndarray, n: int, name: str) -> np.ndarray:
     return s
 
 
-RacePlans = Callable[[Sequence[Plan]], RaceResult]
-"""Race plans on prefixes of the planner's data (the stages bind it to real emulation):
-the planner measures in full only the survivors."""
+class RacePlans(Protocol):
+    """``racer(plans, margin=None)``: race plans on prefixes of the planner's data (the
+    stages bind it to real emulation; ``margin`` as :func:`race`'s): the planner measures
+    in full only the survivors."""
+
+    def __call__(self, plans: Sequence[Plan], margin: Margin | None = None) -> RaceResult:
+        ...

@@ -71,7 +71,15 @@ from typing import Any, NamedTuple
 from quantscope.analyze.phases import NORM_OPS, residual_groups
 from quantscope.plan.between import between_point
 from quantscope.plan.greedy import Walk
-from quantscope.plan.pareto import Budget, FrontPoint, best_measured, noise, not_worse, select
+from quantscope.plan.pareto import (
+    Budget,
+    FrontPoint,
+    best_measured,
+    lowest_kept,
+    noise,
+    not_worse,
+    select,
+)
 from quantscope.plan.predict import predict
 from quantscope.plan.race import RacePlans
 from quantscope.plan.start import EPS, Space, emit, repair_meta
@@ -192,19 +200,37 @@ class _Meter:
         self._tell(took)
         return done
 
-    def raced_out(self, incumbent: FrontPoint, point: FrontPoint) -> bool:
+    def raced_out(self, incumbent: FrontPoint, point: FrontPoint,
+                  reference: FrontPoint | None) -> bool:
         """Race ``point`` against ``incumbent`` on prefixes (when a race is set): True when
-        it stopped (it counts as a step, is never measured and counts as worse)."""
+        it stopped (it counts as a step, is never measured and counts as worse). It stops
+        only where the drop's keep rule (:func:`_keeps` against the best measured
+        ``reference``) could not keep it: worse than the incumbent by more than the
+        rule's noise allowance (:func:`drop_margin`)."""
         key = point.key()
         if self.race is None or key in self.seen or key in self.stopped or self.left <= 0 \
                 or self.spent():
             return key in self.stopped
         plans = [emit(self.space, p, reasons=(), meta=repair_meta(p)) for p in (incumbent, point)]
-        if not self.race(plans).entries[1].stopped:
+        room = drop_margin(incumbent, reference, self.space.budget)
+        if not self.race(plans, margin=lambda _a, _b, _n: room).entries[1].stopped:
             return False
         self.left -= 1
         self.stopped.add(key)
         return True
+
+    def batch_margin(self, mean: float, rival: float, total: int) -> float:
+        """How far below the batch's leader a candidate may be and still be chosen (the
+        noise rule's ties, :func:`quantscope.plan.pareto.select`): the noise of the two
+        figures as shares over the ``total`` queries, at the prefix's means (0 with a
+        quality goal; for a figure the evaluator gives no items, as recall@1, the
+        allowance is still given: the race stops less, never a plan the rule would take)."""
+        if self.space.budget.min_quality is not None:
+            return 0.0
+        like = FrontPoint(cost=0.0, predicted=rival, measured=rival, overrides=(),
+                          items=float(total))
+        half = noise(like, replace(like, measured=mean))
+        return 0.0 if half is None else half[0]
 
     def _items(self) -> float | None:
         """The items the figure just measured is a share over, where the evaluator says
@@ -293,7 +319,7 @@ class _Meter:
         plans = [emit(self.space, p, reasons=(), meta=repair_meta(p)) for p in todo.values()]
         kept = range(len(plans))
         if race is not None and len(plans) > 1:
-            kept = race(plans).survivors
+            kept = race(plans, margin=self.batch_margin).survivors
         items = [item for i, item in enumerate(todo.items()) if i in kept]
         self.stopped |= {key for i, key in enumerate(todo) if i not in kept}
         chosen = [plans[i] for i in kept]
@@ -446,6 +472,21 @@ def _keeps(done: FrontPoint, current: FrontPoint, reference: FrontPoint | None,
         and not_worse(done, reference, budget)
 
 
+def drop_margin(incumbent: FrontPoint, reference: FrontPoint | None, budget: Budget) -> float:
+    """How far below the (measured) ``incumbent`` a drop may measure and still be kept by
+    :func:`_keeps` at no tolerance: the distance to the lowest figure the noise rule keeps
+    against the best measured ``reference`` (:func:`quantscope.plan.pareto.lowest_kept`,
+    for a drop over the incumbent's items), 0 where that is above the incumbent or there
+    is no noise estimate (then only a drop at least as good as the incumbent is kept)."""
+    if reference is None:
+        return 0.0
+    low = lowest_kept(reference, incumbent, budget)
+    if low is None:
+        return 0.0
+    sign = 1.0 if budget.higher_is_better else -1.0
+    return max(sign * (incumbent.quality - low), 0.0)
+
+
 def _first_meeting(space: Space, meter: _Meter, seq: list[FrontPoint]) -> None:
     """Find the first path point whose measurement meets Q (measurements assumed rising)."""
     budget = space.budget
@@ -478,7 +519,7 @@ def _drop(space: Space, meter: _Meter, current: FrontPoint, tol: float) -> None:
         pt = predict(space, trial, current.repairs, "dropped", current.step)
         if not budget.within_cost(pt.cost) or space.legal.blocking(space.plan(trial)):
             continue
-        if meter.raced_out(current, pt):  # worse than the incumbent on a prefix: not taken
+        if meter.raced_out(current, pt, reference):  # clearly worse on a prefix: not taken
             continue
         done = meter.measure(pt)
         if done is None:

@@ -56,7 +56,7 @@ from quantscope.emulate.qdq import plan_encodings, quantize_model, scheme_for
 from quantscope.emulate.session import make_session
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
-from quantscope.plan.race import RaceResult, RaceRule, race
+from quantscope.plan.race import Margin, RaceResult, RaceRule, race
 from quantscope.progress import say
 from quantscope.tasks.registry import RetrievalTask, TextTask, text_embeddings
 from quantscope.tasks.samples import SAMPLE_SCORES, prefix_samples
@@ -301,7 +301,7 @@ class PlanRacer:
         return quantize_model(m, s, p, scheme=scheme_for(p, self.scheme),
                               method=self.method).proto
 
-    def __call__(self, plans: Sequence[Plan]) -> RaceResult:
+    def __call__(self, plans: Sequence[Plan], margin: Margin | None = None) -> RaceResult:
         names = [f"candidate {i + 1}" for i in range(len(plans))]
         self.width = len(plans)
         runners: dict[int, PairRunner | EnginePairs] = {}
@@ -316,7 +316,7 @@ class PlanRacer:
         for r in self.runs.values():
             r.width = len(plans)
         try:
-            result = race(names, score, self.task.n_pairs, self.rule)
+            result = race(names, score, self.task.n_pairs, self.rule, margin=margin)
         finally:
             for r in self.runs.values():
                 r.narrow()
