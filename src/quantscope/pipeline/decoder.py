@@ -34,7 +34,6 @@ ONNX Runtime ranks and measures every figure (no torch ranking for decoders yet)
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -346,10 +345,11 @@ def evaluate(ctx: DecoderContext) -> Done:
 
 def w4(ctx: DecoderContext) -> Done:
     """The chosen plan with its a8_w8 weights at a8_w4, GPTQ-rounded, checked and measured
-    at the evaluate stage's amounts (:func:`quantscope.stages_llm.w4_variant`): decode
+    at the evaluate stage's amounts (:func:`quantscope.stages_llm_w4.w4_variant`): decode
     reads every weight per token, so 4-bit weights are what its cost turns on."""
     from quantscope.serde import json_writer, plan_writer, write_atomic_set
-    from quantscope.stages_llm import recorded_prefix, w4_variant
+    from quantscope.stages_llm import recorded_prefix
+    from quantscope.stages_llm_w4 import w4_variant
 
     if not ctx.opts.w4:
         ctx.path(W4_PLAN).unlink(missing_ok=True)
@@ -428,30 +428,15 @@ def export(ctx: DecoderContext) -> Done:
 def host(ctx: DecoderContext) -> Done:
     """The host's steps: the tokenizer, the prefix, the KV cache layout, each phase's
     quantized I/O (:func:`quantscope.export.plan_export.device_io_rows`)."""
-    import onnx
-
     from quantscope.export import device_io as dio
     from quantscope.export.plan_export import device_io_rows
-    from quantscope.repair.rotate_heads import METADATA_KEY as VALUES_KEY
-    from quantscope.repair.rotate_heads import ROTATED_VALUES
+    from quantscope.pipeline.decoder_report import host_doc
     from quantscope.serde import read_stats, write_json, write_text
     from quantscope.stages_llm import phase_file
     from quantscope.tasks.lm import tokenizer_path
 
     plan_ = ctx.plan()
     shutil.copyfile(tokenizer_path(phase_file(ctx.spec(), "prefill")), ctx.path(TOKENIZER))
-    prefix = json.loads(dict(plan_.meta).get("kv_prefix") or "null")
-    (prefix or {}).get("after", {}).pop("profile", None)  # the report's, not the host's
-    decode = onnx.load(str(ctx.path("decode") / "model.onnx"), load_external_data=False)
-    cache = [{"name": i.name, "shape": [d.dim_param or d.dim_value
-                                        for d in i.type.tensor_type.shape.dim],
-              "dtype": onnx.helper.tensor_dtype_to_np_dtype(
-                  i.type.tensor_type.elem_type).name}
-             for i in decode.graph.input if i.name.startswith("past.")]
-    rotated = any(p.key == VALUES_KEY for p in decode.metadata_props)  # vrotate (R2)
-    del decode
-    n = len(prefix["tokens"]) if prefix else 0
-    seq = ctx.opts.seq_len or ctx.opts.rank_setup().seq_len
     io, files = {}, [TOKENIZER, HOST, HOST_TEXT]
     for phase in ("prefill", "decode"):
         model = _open_exported(ctx, phase)
@@ -461,19 +446,9 @@ def host(ctx: DecoderContext) -> Done:
         io[phase] = rows
         write_text(ctx.path(phase) / "io_snippet.py", dio.python_snippet(rows))
         files.append(f"{phase}/io_snippet.py")
-    doc = {
-        "tokenizer": TOKENIZER,
-        "prefix": ({**{k: prefix[k] for k in ("tokens", "text", "decoded", "why") if k in prefix},
-                    "file": PREFIX_NPZ, "loader": PREFIX_PY,
-                    **({"after": after} if (after := prefix.get("after")) else {})}
-                   if prefix else None),
-        "kv_cache": {"inputs": cache, "prefix_slots": n, "first_prompt_position": n,
-                     "compiled_prompt_tokens": seq,
-                     "layout": "past.{i}.key / past.{i}.value [batch, kv_heads, positions, "
-                               "head_dim] per layer; the decode graph returns present.{i}.* "
-                               "with one position more: feed them back as past.{i}.*"
-                               + (ROTATED_VALUES if rotated else "")},
-        "io": io, "io_note": dio.PROVENANCE}
+    doc = host_doc(plan_, ctx.path("decode") / "model.onnx", io, tokenizer=TOKENIZER,
+                   files=(PREFIX_NPZ, PREFIX_PY),
+                   seq=ctx.opts.seq_len or ctx.opts.rank_setup().seq_len)
     write_json(ctx.path(HOST), doc)
     write_text(ctx.path(HOST_TEXT), host_text(doc))
     return Done(tuple(files))
