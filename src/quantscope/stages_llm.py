@@ -56,6 +56,7 @@ from quantscope.report.phase_plan import (  # noqa: F401 - re-exported (plan --p
     format_phase_plan,
 )
 from quantscope.targets import load_target
+from quantscope.targets.accept import for_run
 from quantscope.tasks.lm import (
     DEFAULT_SEQ_LEN,
     TokenWindows,
@@ -432,17 +433,30 @@ DEFAULT_STEPS = ("gatedsplit",)
 RECIPE_CALIBRATION = 16  # windows the recipe's steps calibrate on (smooth's scales)
 
 
+def recipe_accepts(names: tuple[str, ...], allowed: frozenset[str]) -> list[str]:
+    """The warning rules of ``allowed`` that a step of ``names`` answers (gatedsplit: the
+    size rule, ``hailo.super_defuse``): those whose acceptance changes what the recipe
+    does (``run``'s rewrite stage key holds them)."""
+    from quantscope.rewrites.registry import REWRITES
+
+    return sorted(a for a in allowed if any(REWRITES[n].answers_rule(a) for n in names
+                                            if n in REWRITES))
+
+
 def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path, *,
                        seq_len: int | None = None, prefix: str = "auto",
                        say: Callable[[str], None] | None = None,
-                       target: str | None = None) -> dict[str, dict[str, str]]:
+                       target: str | None = None, allowed: frozenset[str] = frozenset()
+                       ) -> dict[str, dict[str, str]]:
     """The decoder recipe's steps ``names`` (of :data:`RECIPE`; each a registry entry,
     :data:`quantscope.rewrites.registry.REWRITES`, at its default config, run by
     :func:`quantscope.rewrites.phases.on_phases`: ``rotate`` the residual stream,
-    ``vrotate`` each attention head's values (R2), ``smooth`` each MLP's gated product at alpha 0.5, calibrated with
-    ``prefix``, ``gatedsplit`` the prefill MLPs in chunks of tokens, the largest
-    ``target``'s size rule allows at 16 bit, none if it allows all) on both phase graphs
-    of ``spec``, one after another, the last written as ``out`` (``X.prefill.onnx``, its
+    ``vrotate`` each attention head's values (R2), ``smooth`` each MLP's gated product at
+    alpha 0.5, calibrated with ``prefix``, ``gatedsplit`` the prefill MLPs in chunks of
+    tokens, the largest ``target``'s size rule allows at 16 bit, none if it allows all or
+    ``allowed`` (the warning rules ``--allow-warning`` accepts) holds it: the target as the
+    run reads it, :func:`quantscope.targets.accept.for_run`) on both phase graphs of
+    ``spec``, one after another, the last written as ``out`` (``X.prefill.onnx``, its
     decode sibling, the tokenizer); intermediate graphs are removed once the next is
     written. Returns step -> phase -> what it did."""
     from quantscope.rewrites.phases import on_phases
@@ -455,7 +469,7 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
     out = Path(out)
     seq = seq_len or DEFAULT_SEQ_LEN
     setup = LmSetup(seq_len=seq, calibration=RECIPE_CALIBRATION, evaluation=1, steps=4)
-    tgt = load_target(target) if target else None
+    tgt = for_run(load_target(target), allowed) if target else None
     notes: dict[str, dict[str, str]] = {}
     current, made = str(spec), []
     for i, name in enumerate(names):
@@ -516,5 +530,5 @@ __all__ = ["DECODE_STEPS", "EVAL_TOKENS", "NEW_TOKENS", "PROMPTS", "LmPrefix", "
            "document_token", "format_lm_quality", "format_prefix", "lm_prefix", "recorded_prefix",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
            "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files",
-           "DEFAULT_STEPS", "RECIPE", "phase_job", "recipe_phase_files", "smooth_phase_files",
-           "write_phase_files"]
+           "DEFAULT_STEPS", "RECIPE", "phase_job", "recipe_accepts", "recipe_phase_files",
+           "smooth_phase_files", "write_phase_files"]

@@ -160,6 +160,16 @@ class DecoderOptions:
                 "setup": self.rank_setup().__dict__,
                 **({"allow_warnings": self.allow_warnings} if self.allow_warnings else {})}
 
+    @property
+    def rewrite_accepts(self) -> list[str] | None:
+        """The accepted warning rules a step of the recipe answers (gatedsplit: the size
+        rule), which change what it does (:func:`quantscope.stages_llm.recipe_accepts`);
+        None, absent from the rewrite stage's key, when none: a folder made without
+        ``--allow-warning``, or accepting only other rules, resumes."""
+        from quantscope.stages_llm import recipe_accepts
+
+        return recipe_accepts(tuple(self.rewrites or ()), self.allowed()) or None
+
     def allowed(self) -> frozenset[str]:
         """``--allow-warning`` resolved on the target (:mod:`quantscope.targets.accept`)."""
         from quantscope.targets import load_target
@@ -272,7 +282,7 @@ def rewrite(ctx: DecoderContext) -> Done:
         folder.mkdir()
         notes = recipe_phase_files(opts.model, steps, folder / "model.prefill.onnx",
                                    seq_len=opts.seq_len, prefix=opts.prefix, say=ctx.say,
-                                   target=opts.target)
+                                   target=opts.target, allowed=opts.allowed())
     else:
         steps, notes = (), {}
     doc: dict[str, Any] = {"rewrites": list(steps), "notes": notes}
@@ -486,7 +496,7 @@ def report(ctx: DecoderContext) -> Done:
 
 
 # options absent from a stage's key while None: the keys of earlier runs stay valid
-UNKEYED_WHEN_NONE = ("rewrite_search", "hn", "allow_warnings")
+UNKEYED_WHEN_NONE = ("rewrite_search", "hn", "allow_warnings", "rewrite_accepts")
 
 
 @dataclass(frozen=True)
@@ -498,7 +508,7 @@ class DecoderStage:
 
 DECODER_STAGES: dict[str, DecoderStage] = {
     "rewrite": DecoderStage(rewrite, (), ("rewrites", "seq_len", "prefix", "target",
-                                          "rewrite_search")),
+                                          "rewrite_search", "rewrite_accepts")),
     "plan": DecoderStage(plan, (REWRITE,), ("target", "max_cost", "seq_len", "prefix",
                                             "allow_warnings")),
     "evaluate": DecoderStage(evaluate, (REWRITE, PLAN, *STATS.values()),
@@ -514,6 +524,12 @@ DECODER_STAGES: dict[str, DecoderStage] = {
                                     HOST_TEXT, WHATIF, *PHASE_ALLS),
                            ("goal", "metric", "max_cost", "target", "model")),
 }
+
+
+def stage_options(spec: DecoderStage, opts: DecoderOptions) -> dict[str, Any]:
+    """The options a stage's key holds (one of :data:`UNKEYED_WHEN_NONE` only when set)."""
+    return {k: getattr(opts, k) for k in spec.options
+            if k not in UNKEYED_WHEN_NONE or getattr(opts, k) is not None}
 
 
 def phases_digest(model: str | Path) -> str:
@@ -549,9 +565,7 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
             manifest.forget(list(DECODER_STAGES)[list(DECODER_STAGES).index(force):])
         ran, skipped = [], []
         for name, spec in DECODER_STAGES.items():
-            key = stage_key(f"decoder.{name}",
-                            {k: getattr(opts, k) for k in spec.options
-                             if k not in UNKEYED_WHEN_NONE or getattr(opts, k) is not None},
+            key = stage_key(f"decoder.{name}", stage_options(spec, opts),
                             {"model": model_digest, **({"target": profile} if profile and
                                                        "target" in spec.options else {}),
                              **{f: manifest.digest(f) for f in spec.reads
