@@ -194,7 +194,8 @@ def test_the_a8_w4_variant_is_screened_as_the_plan_search_screens(tiny) -> None:
     """``run``'s a8_w4 variant: a warning that blocks the phase search makes it "not legal"
     too, named, and not measured; accepted, it is measured. Before, it judged errors only,
     so a variant over hailo8's 16-bit attention warning was measured as legal."""
-    from quantscope.stages_llm import LmSetup, w4_variant
+    from quantscope.stages_llm import LmSetup
+    from quantscope.stages_llm_w4 import w4_variant
 
     models = open_phase_models(tiny)
     a16 = {c.label: c for c in screen(

@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,12 +45,9 @@ from quantscope.plan.phase_search import (
     choose,
     kept_plans,
     output_range_tensors,
-    phase_units,
     ranged_candidate,
     rank_by_range,
     screen,
-    unit_of,
-    with_units,
 )
 from quantscope.plan.phases import PhaseCheck, check_phases, phase_accepted, phase_screen
 from quantscope.report.phase_plan import (  # noqa: F401 - re-exported (plan --phase, run)
@@ -60,6 +56,7 @@ from quantscope.report.phase_plan import (  # noqa: F401 - re-exported (plan --p
     format_phase_plan,
 )
 from quantscope.targets import load_target
+from quantscope.targets.accept import for_run
 from quantscope.tasks.lm import (
     DEFAULT_SEQ_LEN,
     TokenWindows,
@@ -74,7 +71,7 @@ from quantscope.tasks.lm_phases import (
     evaluate_lm_plans,
     position_absmax,
 )
-from quantscope.types import PHASE_OVERRIDES, PHASE_RANGES, Plan, Precision, QuantscopeError, Stats
+from quantscope.types import Plan, QuantscopeError, Stats
 from quantscope.zoo.decoder import PRODUCER as DECODER_PRODUCER
 from quantscope.zoo.prefix import KVPrefix
 
@@ -436,17 +433,30 @@ DEFAULT_STEPS = ("gatedsplit",)
 RECIPE_CALIBRATION = 16  # windows the recipe's steps calibrate on (smooth's scales)
 
 
+def recipe_accepts(names: tuple[str, ...], allowed: frozenset[str]) -> list[str]:
+    """The warning rules of ``allowed`` that a step of ``names`` answers (gatedsplit: the
+    size rule, ``hailo.super_defuse``): those whose acceptance changes what the recipe
+    does (``run``'s rewrite stage key holds them)."""
+    from quantscope.rewrites.registry import REWRITES
+
+    return sorted(a for a in allowed if any(REWRITES[n].answers_rule(a) for n in names
+                                            if n in REWRITES))
+
+
 def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path, *,
                        seq_len: int | None = None, prefix: str = "auto",
                        say: Callable[[str], None] | None = None,
-                       target: str | None = None) -> dict[str, dict[str, str]]:
+                       target: str | None = None, allowed: frozenset[str] = frozenset()
+                       ) -> dict[str, dict[str, str]]:
     """The decoder recipe's steps ``names`` (of :data:`RECIPE`; each a registry entry,
     :data:`quantscope.rewrites.registry.REWRITES`, at its default config, run by
     :func:`quantscope.rewrites.phases.on_phases`: ``rotate`` the residual stream,
-    ``vrotate`` each attention head's values (R2), ``smooth`` each MLP's gated product at alpha 0.5, calibrated with
-    ``prefix``, ``gatedsplit`` the prefill MLPs in chunks of tokens, the largest
-    ``target``'s size rule allows at 16 bit, none if it allows all) on both phase graphs
-    of ``spec``, one after another, the last written as ``out`` (``X.prefill.onnx``, its
+    ``vrotate`` each attention head's values (R2), ``smooth`` each MLP's gated product at
+    alpha 0.5, calibrated with ``prefix``, ``gatedsplit`` the prefill MLPs in chunks of
+    tokens, the largest ``target``'s size rule allows at 16 bit, none if it allows all or
+    ``allowed`` (the warning rules ``--allow-warning`` accepts) holds it: the target as the
+    run reads it, :func:`quantscope.targets.accept.for_run`) on both phase graphs of
+    ``spec``, one after another, the last written as ``out`` (``X.prefill.onnx``, its
     decode sibling, the tokenizer); intermediate graphs are removed once the next is
     written. Returns step -> phase -> what it did."""
     from quantscope.rewrites.phases import on_phases
@@ -459,7 +469,7 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
     out = Path(out)
     seq = seq_len or DEFAULT_SEQ_LEN
     setup = LmSetup(seq_len=seq, calibration=RECIPE_CALIBRATION, evaluation=1, steps=4)
-    tgt = load_target(target) if target else None
+    tgt = for_run(load_target(target), allowed) if target else None
     notes: dict[str, dict[str, str]] = {}
     current, made = str(spec), []
     for i, name in enumerate(names):
@@ -474,82 +484,6 @@ def recipe_phase_files(spec: str | Path, names: tuple[str, ...], out: str | Path
         made = [p for p in out.parent.iterdir() if p.name.startswith(f"step{i}-")]
         current = str(step)
     return notes
-
-
-def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup, prefix: tuple[int, ...] = (),
-               stats: dict[str, Stats] | None = None, allowed: frozenset[str] = frozenset(),
-               ) -> dict[str, Any]:
-    """``plan`` with every weighted layer it leaves at a8_w8 at a8_w4 (its 16-bit layers
-    kept), checked on both phases (cost, weight bytes: decode reads every weight per
-    token), its 4-bit weights rounded by GPTQ (:func:`quantscope.repair.gptq.gptq`, on the
-    prefill graph's calibration windows with the prefix in the cache; the same
-    initializers written into both graphs), both graphs calibrated again and measured
-    at ``setup`` against the unrepaired graphs as FP32. Not legal on a phase: the checks
-    only (``measured`` False): an error, or a warning that blocks the phase search
-    (``allowed``: those ``--allow-warning`` accepts, :class:`~quantscope.plan.phases.
-    PhaseScreen`). ``stats``: the unrepaired graphs' calibration, when made (as
-    :func:`lm_quality`'s). Returns the plan, checks, GPTQ's effect and the figures."""
-    from onnx import numpy_helper
-
-    from quantscope.repair.gptq import gptq
-    from quantscope.types import GroupKind
-
-    windows, prompts = lm_text(spec, setup)
-    kv = lm_prefix(spec, prefix, windows)
-    base = _opener(spec, kv)
-    if stats is None:
-        stats = calibrate_phases(base, windows, steps=setup.steps)
-    models = {p: base(p) for p in PHASES}
-    units = phase_units({p: find_groups(m) for p, m in models.items()})  # a split: one unit
-    over = dict(plan.for_phase("prefill").overrides)
-    w4 = list(dict.fromkeys(unit_of(g.name) for g in find_groups(models["prefill"]).groups
-                            if g.kind is GroupKind.WEIGHTED
-                            and over.get(g.name, plan.default) is Precision.A8_W8))
-    plan4 = with_units(plan, w4, Precision.A8_W4, units)
-    plan4 = dataclasses.replace(plan4, meta=(
-        ("planner", "quantscope run: the plan's a8_w8 weights at a8_w4 (GPTQ)"),
-        *((k, v) for k, v in plan4.meta if k in (PHASE_OVERRIDES, PHASE_RANGES))))
-    tgt = load_target(plan.target)
-    checks: dict[str, dict[str, Any]] = {}
-    legal = phase_screen(models, tgt, setup.seq_len, allowed)  # once for both plans
-    for key, p_ in (("w4", plan4), ("w8", plan)):
-        for c in check_phases(p_, models, tgt, setup.seq_len, legal):
-            checks[f"{key}.{c.phase}"] = {
-                "cost": c.cost, "errors": c.errors, "weight_mb": c.weight_bytes / 1e6,
-                "blocking": c.blocking, "rules": sorted({x.rule for x in c.blocked})}
-    del models
-    release_memory()
-    out: dict[str, Any] = {"plan": plan4, "layers": len(w4), "checks": checks,
-                           "measured": not any(checks[f"w4.{p}"]["blocking"] for p in PHASES)}
-    if not out["measured"] or not w4:
-        out["measured"] = False
-        return out
-    start = time.perf_counter()
-    rep = gptq(base("prefill"), [{"input_ids": w[None]} for w in windows.calibration], plan4.for_phase("prefill"),
-               stats=stats["prefill"])
-    names = {c.tensor for c in rep.changes}
-    arrays = {t.name: numpy_helper.to_array(t) for t in rep.proto.graph.initializer
-              if t.name in names}
-    out["gptq"] = {"effect": rep.effect_dict(), "reason": rep.reason,
-                   "left_alone": [list(x) for x in rep.skipped],
-                   "seconds": round(time.perf_counter() - start, 1)}
-    del rep
-    release_memory()
-
-    def repaired(phase: str) -> Model:
-        m = open_phase(spec, phase)
-        for t in m.graph.initializer:
-            if t.name in arrays:
-                t.CopyFrom(numpy_helper.from_array(arrays[t.name], t.name))
-        return Model(proto=m.proto, source=f"{m.source} + GPTQ a8_w4")
-
-    emulated = prefixed_opener(repaired, kv.kv if kv else None)
-    stats4 = calibrate_phases(emulated, windows, steps=setup.steps)
-    out["quality"] = evaluate_lm_plans(base, stats4, {"w4": plan4}, windows, prompts=prompts,
-                                       steps=setup.steps, new_tokens=setup.new_tokens,
-                                       decode_windows=setup.decode_windows,
-                                       emulated=emulated)["w4"]
-    return out
 
 
 def write_phase_files(spec: str | Path, what: str,
@@ -596,5 +530,5 @@ __all__ = ["DECODE_STEPS", "EVAL_TOKENS", "NEW_TOKENS", "PROMPTS", "LmPrefix", "
            "document_token", "format_lm_quality", "format_prefix", "lm_prefix", "recorded_prefix",
            "format_phase_checks", "format_phase_plan", "lm_quality", "lm_text",
            "open_phase_models", "phase_file", "plan_phases", "rewrite_phase_files",
-           "DEFAULT_STEPS", "RECIPE", "phase_job", "recipe_phase_files", "smooth_phase_files",
-           "w4_variant", "write_phase_files"]
+           "DEFAULT_STEPS", "RECIPE", "phase_job", "recipe_accepts", "recipe_phase_files",
+           "smooth_phase_files", "write_phase_files"]

@@ -34,7 +34,6 @@ ONNX Runtime ranks and measures every figure (no torch ranking for decoders yet)
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -161,6 +160,16 @@ class DecoderOptions:
                 "setup": self.rank_setup().__dict__,
                 **({"allow_warnings": self.allow_warnings} if self.allow_warnings else {})}
 
+    @property
+    def rewrite_accepts(self) -> list[str] | None:
+        """The accepted warning rules a step of the recipe answers (gatedsplit: the size
+        rule), which change what it does (:func:`quantscope.stages_llm.recipe_accepts`);
+        None, absent from the rewrite stage's key, when none: a folder made without
+        ``--allow-warning``, or accepting only other rules, resumes."""
+        from quantscope.stages_llm import recipe_accepts
+
+        return recipe_accepts(tuple(self.rewrites or ()), self.allowed()) or None
+
     def allowed(self) -> frozenset[str]:
         """``--allow-warning`` resolved on the target (:mod:`quantscope.targets.accept`)."""
         from quantscope.targets import load_target
@@ -273,7 +282,7 @@ def rewrite(ctx: DecoderContext) -> Done:
         folder.mkdir()
         notes = recipe_phase_files(opts.model, steps, folder / "model.prefill.onnx",
                                    seq_len=opts.seq_len, prefix=opts.prefix, say=ctx.say,
-                                   target=opts.target)
+                                   target=opts.target, allowed=opts.allowed())
     else:
         steps, notes = (), {}
     doc: dict[str, Any] = {"rewrites": list(steps), "notes": notes}
@@ -346,10 +355,11 @@ def evaluate(ctx: DecoderContext) -> Done:
 
 def w4(ctx: DecoderContext) -> Done:
     """The chosen plan with its a8_w8 weights at a8_w4, GPTQ-rounded, checked and measured
-    at the evaluate stage's amounts (:func:`quantscope.stages_llm.w4_variant`): decode
+    at the evaluate stage's amounts (:func:`quantscope.stages_llm_w4.w4_variant`): decode
     reads every weight per token, so 4-bit weights are what its cost turns on."""
     from quantscope.serde import json_writer, plan_writer, write_atomic_set
-    from quantscope.stages_llm import recorded_prefix, w4_variant
+    from quantscope.stages_llm import recorded_prefix
+    from quantscope.stages_llm_w4 import w4_variant
 
     if not ctx.opts.w4:
         ctx.path(W4_PLAN).unlink(missing_ok=True)
@@ -428,30 +438,15 @@ def export(ctx: DecoderContext) -> Done:
 def host(ctx: DecoderContext) -> Done:
     """The host's steps: the tokenizer, the prefix, the KV cache layout, each phase's
     quantized I/O (:func:`quantscope.export.plan_export.device_io_rows`)."""
-    import onnx
-
     from quantscope.export import device_io as dio
     from quantscope.export.plan_export import device_io_rows
-    from quantscope.repair.rotate_heads import METADATA_KEY as VALUES_KEY
-    from quantscope.repair.rotate_heads import ROTATED_VALUES
+    from quantscope.pipeline.decoder_report import host_doc
     from quantscope.serde import read_stats, write_json, write_text
     from quantscope.stages_llm import phase_file
     from quantscope.tasks.lm import tokenizer_path
 
     plan_ = ctx.plan()
     shutil.copyfile(tokenizer_path(phase_file(ctx.spec(), "prefill")), ctx.path(TOKENIZER))
-    prefix = json.loads(dict(plan_.meta).get("kv_prefix") or "null")
-    (prefix or {}).get("after", {}).pop("profile", None)  # the report's, not the host's
-    decode = onnx.load(str(ctx.path("decode") / "model.onnx"), load_external_data=False)
-    cache = [{"name": i.name, "shape": [d.dim_param or d.dim_value
-                                        for d in i.type.tensor_type.shape.dim],
-              "dtype": onnx.helper.tensor_dtype_to_np_dtype(
-                  i.type.tensor_type.elem_type).name}
-             for i in decode.graph.input if i.name.startswith("past.")]
-    rotated = any(p.key == VALUES_KEY for p in decode.metadata_props)  # vrotate (R2)
-    del decode
-    n = len(prefix["tokens"]) if prefix else 0
-    seq = ctx.opts.seq_len or ctx.opts.rank_setup().seq_len
     io, files = {}, [TOKENIZER, HOST, HOST_TEXT]
     for phase in ("prefill", "decode"):
         model = _open_exported(ctx, phase)
@@ -461,19 +456,9 @@ def host(ctx: DecoderContext) -> Done:
         io[phase] = rows
         write_text(ctx.path(phase) / "io_snippet.py", dio.python_snippet(rows))
         files.append(f"{phase}/io_snippet.py")
-    doc = {
-        "tokenizer": TOKENIZER,
-        "prefix": ({**{k: prefix[k] for k in ("tokens", "text", "decoded", "why") if k in prefix},
-                    "file": PREFIX_NPZ, "loader": PREFIX_PY,
-                    **({"after": after} if (after := prefix.get("after")) else {})}
-                   if prefix else None),
-        "kv_cache": {"inputs": cache, "prefix_slots": n, "first_prompt_position": n,
-                     "compiled_prompt_tokens": seq,
-                     "layout": "past.{i}.key / past.{i}.value [batch, kv_heads, positions, "
-                               "head_dim] per layer; the decode graph returns present.{i}.* "
-                               "with one position more: feed them back as past.{i}.*"
-                               + (ROTATED_VALUES if rotated else "")},
-        "io": io, "io_note": dio.PROVENANCE}
+    doc = host_doc(plan_, ctx.path("decode") / "model.onnx", io, tokenizer=TOKENIZER,
+                   files=(PREFIX_NPZ, PREFIX_PY),
+                   seq=ctx.opts.seq_len or ctx.opts.rank_setup().seq_len)
     write_json(ctx.path(HOST), doc)
     write_text(ctx.path(HOST_TEXT), host_text(doc))
     return Done(tuple(files))
@@ -511,7 +496,7 @@ def report(ctx: DecoderContext) -> Done:
 
 
 # options absent from a stage's key while None: the keys of earlier runs stay valid
-UNKEYED_WHEN_NONE = ("rewrite_search", "hn", "allow_warnings")
+UNKEYED_WHEN_NONE = ("rewrite_search", "hn", "allow_warnings", "rewrite_accepts")
 
 
 @dataclass(frozen=True)
@@ -523,7 +508,7 @@ class DecoderStage:
 
 DECODER_STAGES: dict[str, DecoderStage] = {
     "rewrite": DecoderStage(rewrite, (), ("rewrites", "seq_len", "prefix", "target",
-                                          "rewrite_search")),
+                                          "rewrite_search", "rewrite_accepts")),
     "plan": DecoderStage(plan, (REWRITE,), ("target", "max_cost", "seq_len", "prefix",
                                             "allow_warnings")),
     "evaluate": DecoderStage(evaluate, (REWRITE, PLAN, *STATS.values()),
@@ -539,6 +524,12 @@ DECODER_STAGES: dict[str, DecoderStage] = {
                                     HOST_TEXT, WHATIF, *PHASE_ALLS),
                            ("goal", "metric", "max_cost", "target", "model")),
 }
+
+
+def stage_options(spec: DecoderStage, opts: DecoderOptions) -> dict[str, Any]:
+    """The options a stage's key holds (one of :data:`UNKEYED_WHEN_NONE` only when set)."""
+    return {k: getattr(opts, k) for k in spec.options
+            if k not in UNKEYED_WHEN_NONE or getattr(opts, k) is not None}
 
 
 def phases_digest(model: str | Path) -> str:
@@ -574,9 +565,7 @@ def run_decoder(opts: DecoderOptions, *, force: str | None = None,
             manifest.forget(list(DECODER_STAGES)[list(DECODER_STAGES).index(force):])
         ran, skipped = [], []
         for name, spec in DECODER_STAGES.items():
-            key = stage_key(f"decoder.{name}",
-                            {k: getattr(opts, k) for k in spec.options
-                             if k not in UNKEYED_WHEN_NONE or getattr(opts, k) is not None},
+            key = stage_key(f"decoder.{name}", stage_options(spec, opts),
                             {"model": model_digest, **({"target": profile} if profile and
                                                        "target" in spec.options else {}),
                              **{f: manifest.digest(f) for f in spec.reads

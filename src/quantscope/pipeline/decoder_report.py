@@ -15,6 +15,7 @@ from quantscope.plan.accepted import META as ACCEPTED
 from quantscope.plan.accepted import accepted_lines
 from quantscope.report import fmt
 from quantscope.report.summary import unset_line
+from quantscope.types import Plan
 
 
 @dataclass(frozen=True)
@@ -382,6 +383,44 @@ def _first_sink_lines(after: dict[str, Any] | None) -> list[str]:
             "(e.g. strip leading newlines and punctuation)."]
 
 
+def host_doc(plan: Plan, decode: Path, io: dict[str, Any], *, tokenizer: str,
+             files: tuple[str, str], seq: int) -> dict[str, Any]:
+    """``host.json``: the tokenizer file, the KV prefix ``plan`` records (its ``files``: the
+    prefix's ``.npz`` and loader), the KV cache's layout as the exported ``decode`` graph
+    reads it (its weights not loaded; a V cache rotated by vrotate said), the prefill graph's
+    ``seq`` prompt tokens, and each phase's quantized I/O ``io``."""
+    import onnx
+
+    from quantscope.export import device_io as dio
+    from quantscope.repair.rotate_heads import METADATA_KEY as VALUES_KEY
+    from quantscope.repair.rotate_heads import ROTATED_VALUES
+
+    prefix = json.loads(dict(plan.meta).get("kv_prefix") or "null")
+    (prefix or {}).get("after", {}).pop("profile", None)  # the report's, not the host's
+    proto = onnx.load(str(decode), load_external_data=False)
+    cache = [{"name": i.name, "shape": [d.dim_param or d.dim_value
+                                        for d in i.type.tensor_type.shape.dim],
+              "dtype": onnx.helper.tensor_dtype_to_np_dtype(
+                  i.type.tensor_type.elem_type).name}
+             for i in proto.graph.input if i.name.startswith("past.")]
+    rotated = any(p.key == VALUES_KEY for p in proto.metadata_props)  # vrotate (R2)
+    del proto
+    n = len(prefix["tokens"]) if prefix else 0
+    return {
+        "tokenizer": tokenizer,
+        "prefix": ({**{k: prefix[k] for k in ("tokens", "text", "decoded", "why") if k in prefix},
+                    "file": files[0], "loader": files[1],
+                    **({"after": after} if (after := prefix.get("after")) else {})}
+                   if prefix else None),
+        "kv_cache": {"inputs": cache, "prefix_slots": n, "first_prompt_position": n,
+                     "compiled_prompt_tokens": seq,
+                     "layout": "past.{i}.key / past.{i}.value [batch, kv_heads, positions, "
+                               "head_dim] per layer; the decode graph returns present.{i}.* "
+                               "with one position more: feed them back as past.{i}.*"
+                               + (ROTATED_VALUES if rotated else "")},
+        "io": io, "io_note": dio.PROVENANCE}
+
+
 def host_text(doc: dict[str, Any]) -> str:
     kv = doc["kv_cache"]
     lines = ["# Host steps for the deployed decoder (quantscope run)", "",
@@ -415,4 +454,4 @@ def host_text(doc: dict[str, Any]) -> str:
 
 
 __all__ = ["DEFAULT_METRIC", "METRICS", "Metric", "decoder_verdict", "format_decoder_verdict",
-           "host_text", "phase_export_warnings", "search_lines"]
+           "host_doc", "host_text", "phase_export_warnings", "search_lines"]

@@ -184,7 +184,7 @@ def search_recipe(model: str, folder: Path, *, target: str, metric: str, max_cos
     """The search on decoder ``model`` (its trials in ``folder / TRIALS``); returns the
     record, the kept trial's prefill graph (None: the given graphs) and its rewrites'
     notes (step -> phase -> what it did). ``allowed``: the warning rules each trial's plan
-    search accepts (``--allow-warning``)."""
+    search and its gatedsplit step accept (``--allow-warning``)."""
     from quantscope.emulate.release import release_memory
     from quantscope.pipeline.decoder_report import METRICS, _amounts
     from quantscope.stages_llm import RECIPE, plan_phases, recipe_phase_files
@@ -206,7 +206,8 @@ def search_recipe(model: str, folder: Path, *, target: str, metric: str, max_cos
             made[steps] = (sub, {})
             say(f"[rewrite] search: trial {', '.join(steps)} …")
             notes = recipe_phase_files(model, steps, sub / "model.prefill.onnx",
-                                       seq_len=seq_len, prefix=prefix, target=target)
+                                       seq_len=seq_len, prefix=prefix, target=target,
+                                       allowed=allowed)
             made[steps] = (sub, notes)
             spec = sub / "model.prefill.onnx"
         else:

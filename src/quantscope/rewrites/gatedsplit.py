@@ -5,7 +5,9 @@ On one graph (``quantscope gatedsplit X.prefill.onnx --seq-len T``) it splits ea
 MLP into chunks of tokens. On a decoder's pair of phase graphs (:attr:`Rewrite.phases`,
 the recipe) only the prefill graph is split, in chunks of the largest token count the
 target's size rule allows at 16 bit (:func:`~quantscope.rewrites.tokensplit.needed_chunk`;
-none when it allows all), its FP32 logits checked against the unsplit graph; the decode
+none when it allows all, or when the run accepts it as a warning with ``--allow-warning``:
+the target as the run reads it, :func:`quantscope.targets.accept.for_run`; the prefill
+note says which), its FP32 logits checked against the unsplit graph; the decode
 graph (one token per step) is left as it is (:func:`quantscope.repair.gated.phase_maker`).
 """
 
@@ -14,13 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import onnx
+
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes
 from quantscope.repair import Repair as GraphRepair
 from quantscope.repair.gated import gated_mlps, phase_maker, split_gated
 from quantscope.repair.tokens import UNVERIFIED
 from quantscope.rewrites.base import CliOption, PhaseJob, Precondition, Rewrite, RewriteInput
-from quantscope.rewrites.tokensplit import needed_chunk
+from quantscope.rewrites.tokensplit import needed_chunk, sized_chunk
 from quantscope.types import Stats
 
 if TYPE_CHECKING:
@@ -60,10 +64,26 @@ def _applies(model: Model, target: Target | None, seq_len: int | None,
 
 
 def _phases(job: PhaseJob, config: GatedsplitConfig) -> dict[str, str]:
-    """The prefill graph split (chunks: ``config.chunk``, else the target's), the decode
-    graph as it is."""
-    chunk = config.chunk or (lambda m, n, t=job.target: needed_chunk(m, t, n))
-    return job.write(phase_maker(job.open, job.seq_len, chunk=chunk))
+    """The prefill graph split (chunks: ``config.chunk``, else the target's as the run
+    reads it, its accepted warning rules passing: :func:`sized_chunk`, whose why ends the
+    prefill graph's note), the decode graph as it is."""
+    if config.chunk:
+        return job.write(phase_maker(job.open, job.seq_len, chunk=config.chunk))
+    why: list[str] = []
+
+    def chunk(model: Model, seq_len: int) -> int:
+        size, reason = sized_chunk(model, job.target, seq_len)
+        why.append(reason)
+        return size
+
+    make = phase_maker(job.open, job.seq_len, chunk=chunk)
+
+    def noted(phase: str) -> tuple[onnx.ModelProto, str]:
+        proto, note = make(phase)
+        return proto, (f"{note}; {why[-1]}" if phase == "prefill" and why and why[-1]
+                       else note)
+
+    return job.write(noted)
 
 
 REWRITE = Rewrite(

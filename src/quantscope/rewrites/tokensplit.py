@@ -73,11 +73,36 @@ def fitting_chunk(model: Model, target: Target | None, seq_len: int | None) -> i
 def needed_chunk(model: Model, target: Target | None, seq_len: int) -> int:
     """Tokens per chunk for a split made only for the size rule (the decoder recipe's
     ``gatedsplit``): ``seq_len`` (no split) when the rule refuses 16 bit on none of the
-    token-wise layers at ``seq_len``; else :func:`fitting_chunk`, or half the tokens
+    token-wise layers at ``seq_len`` (an error rule, or a warning rule the run does not
+    accept, :attr:`Target.accepted`); else :func:`fitting_chunk`, or half the tokens
     where it finds none (or there is no target to judge by)."""
-    if target is not None and _refused(model, target, seq_len) == []:
-        return seq_len
-    return fitting_chunk(model, target, seq_len) or -(-seq_len // 2)
+    return sized_chunk(model, target, seq_len)[0]
+
+
+def sized_chunk(model: Model, target: Target | None, seq_len: int) -> tuple[int, str]:
+    """:func:`needed_chunk` and why, in the size rule's words ('' without a target): the
+    rule that refuses the whole length (a warning one with the flag that accepts it), the
+    rule accepted by ``--allow-warning``, or the rule that allows it."""
+    if target is None:
+        return -(-seq_len // 2), ""
+    rules = [r for r in target.rules if r.check == SIZE_CHECK]
+    taken = sorted({r.id for r in rules} & target.accepted)
+    left = [r.id for r in rules if r.id not in target.accepted]
+    real = _refused(model, target, seq_len)
+    chunk = seq_len if real == [] else fitting_chunk(model, target, seq_len) or -(-seq_len // 2)
+    if real:
+        return chunk, (f"{binding_words(real[0].rule, real[0].severity)} refuses 16 bit on "
+                       f"{len(real)} token-wise layer(s) at {seq_len} tokens, e.g. "
+                       f"'{real[0].group}'")
+    if real is None:
+        return chunk, "the token-wise layers' size is unknown: half the tokens"
+    if left:
+        return chunk, (f"{', '.join(left)} allows 16 bit on every token-wise layer at "
+                       f"{seq_len} tokens")
+    if taken:
+        return chunk, (f"{', '.join(taken)} accepted by --allow-warning: 16 bit on every "
+                       f"token-wise layer passes the planner at {seq_len} tokens")
+    return chunk, f"target {target.name} has no size rule on 16-bit non-conv layers"
 
 
 def _refused(model: Model, target: Target, seq_len: int | None) -> list[Problem] | None:
