@@ -69,6 +69,18 @@ def test_the_check_command_exits_1_on_drift_and_names_the_table(
     assert doc_tables.main(["--check"]) == 0
 
 
+# How far a fresh run's table figures may sit from the kept ones: ONNX Runtime's CPU kernels
+# differ by the processor's instruction set (MLAS picks them at run time), so float sums
+# round differently and a borderline config's ranks flip. Measured (stop 69): on an
+# AVX2-only EPYC the kept run's a8_w8 row (made where the suite had matched it to the
+# printed digit) came out recall@1 0.319 against 0.324 and top-1 agreement 50.1 % against
+# 50.6 % (5 of 1,000 queries), cosine min 5e-4 apart at most, norm CV 3e-4, and every
+# config's figures moved in their fourth or fifth digit (FP32's not at all). A change in
+# the code that moves a figure further than this still fails.
+DEMO_TOLERANCE = {"recall@1": 0.01, "top1_agreement": 0.01, "embedding_cosine_mean": 0.001,
+                  "embedding_cosine_min": 0.002, "norm_cv": 0.002, "collapsed": 0.0}
+
+
 @pytest.mark.slow
 def test_a_fresh_demo_run_reproduces_the_kept_figures() -> None:
     from quantscope.demo import run_demo
@@ -77,7 +89,36 @@ def test_a_fresh_demo_run_reproduces_the_kept_figures() -> None:
     kept = doc_tables.load("demo.json")
     assert (fresh["model"], fresh["data"], fresh["calibration_samples"]) == (
         kept["model"], kept["data"], kept["calibration_samples"])
-    assert doc_tables.demo_table(fresh["results"]) == doc_tables.demo_table()
+    assert_demo_figures_match(fresh["results"], kept["results"])
+
+
+def assert_demo_figures_match(fresh: dict, kept: dict) -> None:
+    """Every figure of the README's demo table within :data:`DEMO_TOLERANCE` of the kept."""
+    off = []
+    for key, label in doc_tables.DEMO_ROWS:
+        for metric, tol in DEMO_TOLERANCE.items():
+            a, b = float(fresh[key]["metrics"][metric]), float(kept[key]["metrics"][metric])
+            if abs(a - b) > tol + 1e-12:
+                off.append(f"{label} {metric}: fresh {a:.5g}, kept {b:.5g} (tolerance {tol})")
+    assert not off, "; ".join(off)
+
+
+def test_the_demo_tolerance_passes_kernel_noise_and_fails_a_real_change() -> None:
+    import copy
+
+    kept = doc_tables.load("demo.json")["results"]
+    near = copy.deepcopy(kept)
+    near["a8_w8"]["metrics"]["top1_agreement"] -= 0.005  # the AVX2 machine's difference
+    near["a8_w8"]["metrics"]["recall@1"] -= 0.005
+    assert_demo_figures_match(near, kept)
+    far = copy.deepcopy(kept)
+    far["a16_w8"]["metrics"]["top1_agreement"] -= 0.02
+    with pytest.raises(AssertionError, match="a16_w8 .all ops. top1_agreement"):
+        assert_demo_figures_match(far, kept)
+    flipped = copy.deepcopy(kept)
+    flipped["a8_w8"]["metrics"]["collapsed"] = 1.0 - float(kept["a8_w8"]["metrics"]["collapsed"])
+    with pytest.raises(AssertionError, match="collapsed"):
+        assert_demo_figures_match(flipped, kept)
 
 
 def test_every_rule_cites_a_public_source_by_title_not_a_bare_id() -> None:
