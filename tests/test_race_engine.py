@@ -142,6 +142,30 @@ def test_the_race_shares_the_planners_sessions(layered):
     assert engine.counts.sessions_built == built
 
 
+def test_a_race_before_any_measurement_shares_its_sessions_with_the_measurements_after(
+        layered):
+    """The planner's batch race runs before its first measurement: the engine had no
+    runner yet, so the race built its own session cache and the survivors' measurement
+    built every session again. Now the race makes the engine's runner and shares it."""
+    from quantscope.analyze.incremental import IncrementalEngine
+    from quantscope.stages import evaluate_plan
+    from quantscope.stages.race import PlanRacer
+    from quantscope.types import QuantScheme
+
+    model, data, stats, names = layered
+    engine = IncrementalEngine(model, list(data.evaluation))
+    racer = PlanRacer(model, data, stats, "top1_agreement", RaceRule(),
+                      scheme=QuantScheme(), engine=engine)
+    incumbent = _late(names, 3)
+    challenger = _late(names, 1, incumbent.overrides)
+    racer([incumbent, challenger])
+    assert engine.counts.plans == 0 and racer.counts.sessions_built > 0
+    for plan in (incumbent, challenger):
+        evaluate_plan(model, data, stats, plan, saturation=False, engine=engine,
+                      only="top1_agreement")
+    assert engine.counts.plans == 2 and engine.counts.sessions_built == 0
+
+
 def _search(layered, max_cost: float, race: float | None):
     """``plan_model`` on the layered encoder with the embedding's range widened to +-3000
     in the statistics (at 8 bit it is lost, at 16 bit kept): reverting the embedding's

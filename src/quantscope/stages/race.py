@@ -275,7 +275,7 @@ class PlanRacer:
         scheme = scheme_for(plan, self.scheme)
         if scheme not in self.runs:
             shared = None if self.engine is None else self.engine.current(
-                self.model, self.stats, scheme)
+                self.model, self.stats, scheme, make=True)
             self.runs[scheme] = RaceRuns(self.model, self.stats, self.task, self.order,
                                          scheme=scheme, method=self.method,
                                          sessions=None if shared is None else shared.sessions)
