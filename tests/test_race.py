@@ -395,3 +395,24 @@ def test_buckets_race_stops_the_broken_candidate_and_chooses_the_same_deployment
     assert any(n.startswith("race: 1 of 3 candidate(s) stopped") for n in raced.notes)
     assert "race" not in plain.to_dict()
     assert DeploymentChoice.from_dict(raced.to_dict()) == raced
+
+
+def test_buckets_measures_the_race_survivors_on_the_sessions_the_race_built(encoder):
+    """``buckets --race``: the candidates of one model race on its engine's sessions, so
+    the survivors' full measurement builds none again (before: engines of its own)."""
+    from quantscope.plan.deployment import Candidate
+    from quantscope.stages.buckets import _engines, measure_errors, race_candidates, select_texts
+
+    model, data, stats = encoder
+    cands = tuple(Candidate(name, model, stats, Plan(default=p.default, target="ort_cpu",
+                                                     pinned=p.pinned))
+                  for name, p in zip(("hi", "lo", "broken"), _plans(), strict=True))
+    sel = select_texts(model, data, cands, (16, 32), 2, 0)
+    engines = _engines(cands, tuple(sel.task.batches.batches))
+    (engine,) = engines.values()
+    costs = np.array([[2.0, 2.0], [1.0, 1.0], [1.0, 1.0]])  # hi dearer: only lo stops broken
+    raced = race_candidates(model, cands, sel, costs, 0.95, engines=engines)
+    built = engine.counts.sessions_built
+    assert engine.counts.plans == 0 and raced.survivors == (0, 1)
+    measure_errors(model, tuple(cands[i] for i in raced.survivors), sel, engines=engines)
+    assert engine.counts.plans == 2 and engine.counts.sessions_built == built == 0

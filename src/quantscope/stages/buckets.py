@@ -159,10 +159,16 @@ def choose_deployment(
         costs = length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
     else:
         costs = length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
-        raced = race_candidates(reference, candidates, sel, costs, race, progress=progress)
+        # one engine per shared model for the race and the measurement after it: the
+        # survivors' segment sessions are the race's (before, the measurement built them
+        # all again in engines of its own)
+        engines = _engines(candidates, tuple(sel.task.batches.batches))
+        raced = race_candidates(reference, candidates, sel, costs, race, progress=progress,
+                                engines=engines)
         keep = list(raced.survivors)
         candidates, costs = tuple(candidates[i] for i in keep), costs[keep]
-        err = measure_errors(reference, candidates, sel, progress=progress, cache=cache)
+        err = measure_errors(reference, candidates, sel, progress=progress, cache=cache,
+                             engines=engines)
     alloc = allocate(candidates, sel, err, costs, max_cost=max_cost, max_buckets=max_buckets,
                      target_name=target_name, progress=progress, allowed=allowed)
     choice = summarise(reference, candidates, sel, err, costs, alloc, target_name=target_name,
@@ -177,15 +183,17 @@ def choose_deployment(
 
 
 def race_candidates(reference: Model, candidates: tuple[Candidate, ...], sel: Selection,
-                    costs: np.ndarray, confidence: float, *, progress: bool = False
-                    ) -> RaceResult:
+                    costs: np.ndarray, confidence: float, *, progress: bool = False,
+                    engines: dict[int, IncrementalEngine] | None = None) -> RaceResult:
     """``buckets --race``: every candidate raced on prefixes of the selection pairs by
     each pair's ``1 − cosine`` (:func:`quantscope.stages.race.race_errors`; candidates
     sharing a model and statistics on the incremental engine, from their first changed
     segment, as :func:`_engines` measures them in full); a candidate
     may be stopped only by a rival that costs no more at any length, so a stopped one is
     worse on the mean error and never cheaper. (It could still have been the better pick
-    for one bucket's texts, or legal where its rival is not: the notes say so.)"""
+    for one bucket's texts, or legal where its rival is not: the notes say so.)
+    ``engines``: :func:`_engines` of these candidates, whose segment sessions the race
+    shares (the measurement after it then builds none of them again)."""
     may_stop = np.all(costs[None, :, :] <= costs[:, None, :] + 1e-12, axis=2)
     np.fill_diagonal(may_stop, False)
 
@@ -203,7 +211,7 @@ def race_candidates(reference: Model, candidates: tuple[Candidate, ...], sel: Se
               for c in candidates]  # these run on the incremental engine, each model's own
     return race_errors(reference.proto, [proto(c) for c in candidates],
                        [c.name for c in candidates], sel.task, pairs, may_stop,
-                       RaceRule(confidence=confidence), shared=shared)
+                       RaceRule(confidence=confidence), shared=shared, engines=engines)
 
 
 def race_notes(raced: RaceResult) -> tuple[str, ...]:
@@ -245,16 +253,18 @@ def select_texts(reference: Model, data: Dataset, candidates: tuple[Candidate, .
 
 
 def measure_errors(reference: Model, candidates: tuple[Candidate, ...], sel: Selection, *,
-                   progress: bool = False, cache: EvalCache | None = None) -> Errors:
+                   progress: bool = False, cache: EvalCache | None = None,
+                   engines: dict[int, IncrementalEngine] | None = None) -> Errors:
     """FP32 and every candidate's QDQ graph on the selection texts: each text's ``1 −
     cosine`` of its pooled embedding to FP32's (with ``cache``, a candidate measured
-    before on the same content is read back: :func:`_cached_embed`)."""
+    before on the same content is read back: :func:`_cached_embed`); ``engines``: made
+    already (:func:`_engines`, shared with a race), else made here."""
     task = sel.task
     batches = tuple(task.batches.batches)
     ref = text_embeddings(task, run_kept(reference.proto, batches, task.keep,
                                          label="fp32" if progress else ""))
     errors, notes, embs, measured_by = [], [], [], []
-    engines = _engines(candidates, batches)
+    engines = _engines(candidates, batches) if engines is None else engines
     for c in candidates:
         eng = engines.get(id(c.model))
         if cache is None:

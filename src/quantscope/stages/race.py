@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -363,7 +363,8 @@ class PlanRacer:
 def race_errors(reference: onnx.ModelProto, protos: Sequence[Callable[[], onnx.ModelProto]],
                 names: Sequence[str], task: TextTask, pairs: int, may_stop: np.ndarray,
                 rule: RaceRule, *, shared: Sequence[tuple[Model, Stats, Plan] | None] = (),
-                ran: list[RaceRuns] | None = None) -> RaceResult:
+                ran: list[RaceRuns] | None = None,
+                engines: Mapping[int, IncrementalEngine] | None = None) -> RaceResult:
     """``buckets --race``: the candidates raced on prefixes of the selection pairs by each
     pair's error ``1 − cosine`` to FP32 (the mean of its two texts'; lower is better),
     ``may_stop[i, j]``: ``j`` may stop ``i`` (the caller: ``j`` costs no more at any
@@ -372,7 +373,8 @@ def race_errors(reference: onnx.ModelProto, protos: Sequence[Callable[[], onnx.M
     (model, statistics, plan) when other candidates share its model and statistics: those
     run on one :class:`RaceRuns` (from their first changed segment), the rest by their
     full QDQ session (``protos[i]``); ``ran``: gets those :class:`RaceRuns` (their
-    counts)."""
+    counts); ``engines``: by ``id(model)``, the evaluators that measure the survivors
+    afterwards, whose segment sessions the race's runs share (their runner made here)."""
     order = np.random.default_rng(RACE_SEED).permutation(pairs)
     ref = PairRunner(reference, task, order)
     runners: dict[int, PairRunner | EnginePairs] = {}
@@ -385,7 +387,11 @@ def race_errors(reference: onnx.ModelProto, protos: Sequence[Callable[[], onnx.M
         model, stats, plan = got
         key = (id(model), id(stats), scheme_for(plan, None))
         if key not in runs:
-            runs[key] = RaceRuns(model, stats, task, order, scheme=key[2])
+            engine = None if engines is None else engines.get(id(model))
+            current = None if engine is None else engine.current(model, stats, key[2],
+                                                                  make=True)
+            runs[key] = RaceRuns(model, stats, task, order, scheme=key[2],
+                                 sessions=None if current is None else current.sessions)
             runs[key].width = sum(  # its plans racing: their sessions held between looks
                 1 for s in shared if s is not None and (id(s[0]), id(s[1])) == key[:2])
         return runs[key].pairs(plan)
