@@ -277,9 +277,12 @@ def test_the_evaluation_gives_each_pass_back_before_the_next(tmp_path, monkeypat
     monkeypatch.setattr(measure, "calibrate", recorded(events, "check", measure.calibrate))
     monkeypatch.setattr(emulate_evaluate, "run_model", recorded(events, "fp32", emulate_evaluate.run_model))
     monkeypatch.setattr(stages, "evaluate_plans", recorded(events, "passes", stages.evaluate_plans))
+    from quantscope.emulate.release import RELEASE_GROWTH, STAGE_RELEASE_GROWTH
+
+    # "release True": one asked for at a step's growth (what a step left behind, from 32 MiB)
     for mod in (measure, steps):
-        monkeypatch.setattr(mod, "release_memory",
-                            lambda force=False: events.append(f"release {force}"))
+        monkeypatch.setattr(mod, "release_memory", lambda force=False, growth=RELEASE_GROWTH:
+                            events.append(f"release {force or growth == STAGE_RELEASE_GROWTH}"))
     events.clear()
     _run(tmp_path, tm.layernorm_block(),
          np.random.default_rng(0).normal(0, 1, (8, 5, 24)).astype(np.float32))

@@ -32,7 +32,7 @@ from quantscope.emulate.evaluate import (
     scale_error,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
-from quantscope.emulate.release import release_memory
+from quantscope.emulate.release import STAGE_RELEASE_GROWTH, release_memory
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.progress import track
@@ -468,7 +468,7 @@ def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
     stats = calibrate(model, find_groups(model), part)
     # its tapped tensors given back before the passes run (h67: minilm-l3's evaluate kept
     # 586 MB of them resident under every pass after it)
-    release_memory(force=True)
+    release_memory(growth=STAGE_RELEASE_GROWTH)
     return stats, rows
 
 

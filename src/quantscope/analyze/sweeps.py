@@ -68,7 +68,7 @@ from quantscope.analyze.segments import (
     segment_bytes,
     segment_models,
 )
-from quantscope.emulate.release import release_memory, resident_bytes
+from quantscope.emulate.release import STAGE_RELEASE_GROWTH, release_memory, resident_bytes
 from quantscope.emulate.session import use_arena
 from quantscope.model.load import Model
 from quantscope.model.units import Unit
@@ -421,7 +421,8 @@ class _PartSetup:
 def _part_setup(job: _SegmentJob, part: range, *, progress: bool) -> _PartSetup:
     """Cut, encode and size ``part`` of ``job``; say the share run and the estimate."""
     model, groups, low = job.model, job.groups, job.low
-    release_memory(force=True)  # what an earlier sweep freed, before its resident is read
+    # what an earlier sweep freed, before its resident is read
+    release_memory(growth=STAGE_RELEASE_GROWTH)
     segments = _cut(model, groups, progress=progress)
     table = encodings_table(model, groups, job.stats, (low, job.high), job.scheme)
     cands = tuple(c for c in candidates(groups, low, job.high, job.only, job.units)

@@ -339,7 +339,7 @@ def check_run_inputs(model: Model, opts: RunOptions, *, fit: Any = None) -> None
 
 def _run(ctx: Context, force: str | None) -> RunResult:
     from quantscope.analyze.memory import peak_bytes, reset_peak
-    from quantscope.emulate.release import release_memory
+    from quantscope.emulate.release import STAGE_RELEASE_GROWTH, release_memory
     from quantscope.progress import say
     from quantscope.serde import read_json
 
@@ -368,9 +368,10 @@ def _run(ctx: Context, force: str | None) -> RunResult:
         # rewrites), then each stage's own: the reset also resets what getrusage and
         # `time -v` report (the last stage's peak)
         before = None if ran else peak_bytes()
-        # what the stages before left behind goes back first: always between stages (a
-        # collection costs well under a second; a stage runs for seconds to minutes)
-        release_memory(force=True)
+        # what the stages before left behind goes back first, when it is worth a collection
+        # (one walks every object the process holds: 50-200 ms, where a tiny model's stage
+        # runs for a tenth of a second)
+        release_memory(growth=STAGE_RELEASE_GROWTH)
         reset_peak()
         start = time.perf_counter()
         done = manifest.run(name, _estimated, name, spec, ctx)  # run.json: started, until recorded

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantscope import stages
-from quantscope.emulate.release import release_memory
+from quantscope.emulate.release import STAGE_RELEASE_GROWTH, release_memory
 from quantscope.export.formats import ALWAYS, FORMATS
 from quantscope.export.qnn_encodings import unencoded_line
 from quantscope.pipeline.context import Context
@@ -342,7 +342,8 @@ def evaluate(ctx: Context) -> Done:
     model, rd, scheme = ctx.model(), ctx.data(), ctx.target().scheme
     held = rd.held_out
     ref = run_model(model.proto, list(held.evaluation), label="fp32" if ctx.progress else "")
-    release_memory(force=True)  # each pass's session and arena given back before the next
+    # each pass's session and arena given back before the next
+    release_memory(growth=STAGE_RELEASE_GROWTH)
     stats = stages.read_stats(ctx.path(STATS))
     uniform = {"fp32": Plan.uniform(Precision.FLOAT), "a8_w8": Plan.uniform(Precision.A8_W8)}
     head = ctx.headline()
@@ -356,13 +357,13 @@ def evaluate(ctx: Context) -> Done:
                                     progress=ctx.progress, reference_outputs=ref,
                                     own_outputs=True,  # ref is the model's own: fp32 row
                                     sample_parts=powers, left_out=shares)
-    release_memory(force=True)
+    release_memory(growth=STAGE_RELEASE_GROWTH)
     rmodel, rstats, final = repaired(ctx)
     results.update(stages.evaluate_plans(
         rmodel, held, rstats, {"plan": final}, progress=ctx.progress, reference_outputs=ref,
         error_scales=stages.ERROR_SCALES if ctx.opts.whatif else (), sample_parts=powers,
         left_out=shares))
-    release_memory(force=True)
+    release_memory(growth=STAGE_RELEASE_GROWTH)
     keep_powers(results, head.metric)
     for r in results.values():
         r["model"] = ctx.opts.model if r["model"] != REPAIRED else REPAIRED

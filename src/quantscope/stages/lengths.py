@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from quantscope.emulate.release import release_memory
+from quantscope.emulate.release import STAGE_RELEASE_GROWTH, release_memory
 from quantscope.model.load import Model
 from quantscope.model.shapes import given_shapes
 from quantscope.plan.buckets import CHOICE_LENGTHS, MAX_BUCKETS, route
@@ -271,7 +271,7 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
     # release (its releases per candidate leave the growth rule under its threshold, and
     # the held-out measurement then ran on top: minilm-l3, 100 pairs, 1,005 MiB resident
     # after the candidates against 241 once given back)
-    release_memory(force=True)
+    release_memory(growth=STAGE_RELEASE_GROWTH)
     costs = B.length_costs(reference, candidates, target, sel.seq_lens, progress=progress)
     cap = float(costs[:, -1].max()) if max_cost is None else max_cost
     figures, margins = {}, {}
@@ -295,7 +295,7 @@ def deploy_lengths(reference: Model, fit: Dataset, held_out: Dataset,
         Bucket(seq_len=sel.seq_lens[j], model=candidates[ci].model, stats=candidates[ci].stats,
                plan=candidates[ci].plan) for j, ci in alloc.picks),
         target=target_spec, source="deployment.json")
-    release_memory(force=True)
+    release_memory(growth=STAGE_RELEASE_GROWTH)
     routed = routed_outputs(reference, held_out, deployment, progress=progress)
     measured = evaluate_deployment(reference, held_out, deployment, routed=routed)
     per_q, per_d, se = _held_out_costs(held_out, deployment, measured)
