@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,27 @@ def _model_and_data(tmp_path: Path, n: int = 8) -> tuple[str, str]:
 
 def _pairs(path: Path, n: int, start: int = 0) -> str:
     return tm.write_pairs(path, n, start)
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory) -> Path:
+    """One folder holding _model_and_data's m.onnx and x.npy and w/, the plain run
+    ``run m.onnx --data x.npy --target hailo8 --out w`` on them, made once for the module:
+    tests that only read it read it here, those that change it copy it (_copy_run)."""
+    folder = tmp_path_factory.mktemp("plain")
+    model, data = _model_and_data(folder)
+    assert main(["run", model, "--data", data, "--target", "hailo8", "--out",
+                 str(folder / "w")]) == 0
+    return folder
+
+
+def _copy_run(folder: Path, tmp_path: Path) -> tuple[str, str, Path]:
+    """The shared run's model, data and run folder copied into tmp_path (the same files:
+    every stage's key but the report's, which names the folder, is the same there)."""
+    for name in ("m.onnx", "x.npy"):
+        shutil.copy2(folder / name, tmp_path / name)
+    shutil.copytree(folder / "w", tmp_path / "w")
+    return str(tmp_path / "m.onnx"), str(tmp_path / "x.npy"), tmp_path / "w"
 
 
 def test_a_metric_the_task_lacks_is_refused_before_any_file(tmp_path, capsys):
@@ -156,7 +178,7 @@ def test_a_decoders_huge_counts_are_refused_before_any_work(tmp_path, capsys, ex
     assert not out.exists()
 
 
-def test_the_report_says_fit_data_where_nothing_is_held_out(tmp_path):
+def test_the_report_says_fit_data_where_nothing_is_held_out(tmp_path, plain_run):
     """Retrieval pairs too few to split (6 pairs, --pairs 300): the verdict said 'NOT held
     out', the report's configurations and whatif sections 'on the held-out data (n=6 fit
     pairs, NOT held out)' and its data table 'held-out evaluation'."""
@@ -169,11 +191,8 @@ def test_the_report_says_fit_data_where_nothing_is_held_out(tmp_path):
     assert "on the fit data (n=6 fit pairs, NOT held out)" in page
     assert "whatif, on the fit data, NOT held out" in page
     assert "evaluation (the fit data, NOT held out)" in page
-    # split data keeps its words
-    model, data = _model_and_data(tmp_path)
-    assert main(["run", model, "--data", data, "--target", "hailo8", "--out",
-                 str(tmp_path / "t")]) == 0
-    page = (tmp_path / "t" / "report.html").read_text()
+    # split data keeps its words (the plain run of _model_and_data, shared)
+    page = (plain_run / "w" / "report.html").read_text()
     assert "on the held-out data (n=4 held-out samples)" in page
     assert "held-out evaluation" in page
 
@@ -189,7 +208,8 @@ def _rewrite_in_place(path: Path, data: bytes) -> None:
     assert (path.stat().st_ino, path.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
 
 
-def test_a_model_or_data_rewritten_in_place_with_its_times_kept_is_seen(tmp_path, capsys):
+def test_a_model_or_data_rewritten_in_place_with_its_times_kept_is_seen(tmp_path, capsys,
+                                                                       plain_run):
     """A settled model (or data) file given new contents of the same size, its mtime set
     back: its digest was taken from the inode, size and mtime recorded, and a rerun skipped
     every stage on the other model."""
@@ -199,13 +219,13 @@ def test_a_model_or_data_rewritten_in_place_with_its_times_kept_is_seen(tmp_path
 
     from quantscope.pipeline import manifest
 
-    model, data = _model_and_data(tmp_path)
+    model, data, out = _copy_run(plain_run, tmp_path)  # the plain run, copied
     old = time.time_ns() - 10 * manifest.SETTLED_NS  # settled: its digest is remembered
     for p in (model, data):
         os.utime(p, ns=(old, old))
-    out = tmp_path / "w"
     args = ["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]
-    assert main(args) == 0
+    assert main(args) == 0  # the copy's report redone (it names the folder), no other stage
+    assert "stages run: report;" in capsys.readouterr().out
     proto = onnx.load(model)
     t = proto.graph.initializer[0]
     a = numpy_helper.to_array(t).copy()
@@ -281,11 +301,11 @@ def test_a_file_rewritten_is_the_old_or_the_new_one_whenever_killed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
 
 
-def test_a_killed_file_sets_moved_aside_file_is_removed_on_resume(tmp_path, capsys):
-    model, data = _model_and_data(tmp_path)
-    out = tmp_path / "w"
+def test_a_killed_file_sets_moved_aside_file_is_removed_on_resume(tmp_path, capsys,
+                                                                 plain_run):
+    model, data, out = _copy_run(plain_run, tmp_path)  # the plain run, copied
     args = ["run", model, "--data", data, "--target", "hailo8", "--out", str(out)]
-    assert main(args) == 0
+    assert main(args) == 0  # the copy's report redone (it names the folder): a finished run
     aside = out / ".verdict.json.x1y2z3.tmp.old"  # as a set's rename leaves it when killed
     aside.write_text("{}")
     assert main(args) == 0
@@ -350,8 +370,20 @@ sys.exit(main(sys.argv[3:]))
 """
 
 
+@pytest.fixture(scope="module")
+def goal_run(tmp_path_factory) -> tuple[list[str], Path]:
+    """The never-killed run of the test below (``--goal 20``), made once for both of its
+    cases, which only read it: its arguments but the folder, and its folder."""
+    folder = tmp_path_factory.mktemp("goal")
+    model, data = _model_and_data(folder)
+    args = ["run", model, "--data", data, "--target", "hailo8", "--goal", "20", "--out"]
+    assert main([*args, str(folder / "ref")]) == 0
+    return args, folder / "ref"
+
+
 @pytest.mark.parametrize("stage, when", [("analyze", "after"), ("evaluate", "before")])
-def test_a_run_killed_in_a_stage_resumes_there_with_the_same_files(tmp_path, stage, when):
+def test_a_run_killed_in_a_stage_resumes_there_with_the_same_files(tmp_path, stage, when,
+                                                                   goal_run):
     """SIGKILL inside a stage (before its work, or after its files are written but before
     run.json records them): the rerun runs that stage and those after it, and ends with the
     files of a run never killed."""
@@ -360,9 +392,7 @@ def test_a_run_killed_in_a_stage_resumes_there_with_the_same_files(tmp_path, sta
 
     from quantscope.pipeline.manifest import file_digest
 
-    model, data = _model_and_data(tmp_path)
-    args = ["run", model, "--data", data, "--target", "hailo8", "--goal", "20", "--out"]
-    assert main([*args, str(tmp_path / "ref")]) == 0
+    args, ref = goal_run  # the same model and data files, read only
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
     out = tmp_path / "w"
     p = subprocess.run([sys.executable, "-c", KILLED_IN_STAGE, stage, when, *args, str(out)],
@@ -388,8 +418,8 @@ def test_a_run_killed_in_a_stage_resumes_there_with_the_same_files(tmp_path, sta
                                                   "report.html")
                 and f.parts[len(folder.parts)] != "evals"}  # the cache keeps its seconds
 
-    assert files(out) == files(tmp_path / "ref")
+    assert files(out) == files(ref)
     # the verdict and the report are the never-killed run's but for the resume's record
-    verdicts = [json.loads((f / "verdict.json").read_text()) for f in (out, tmp_path / "ref")]
+    verdicts = [json.loads((f / "verdict.json").read_text()) for f in (out, ref)]
     assert verdicts[1]["resumed_after"] == []
     assert {**verdicts[0], "resumed_after": []} == verdicts[1]

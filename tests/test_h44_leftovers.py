@@ -214,7 +214,8 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_run_killed_by_sigkill_is_said_on_the_rerun_with_its_memory_estimate(tmp_path):
+def test_a_run_killed_by_sigkill_is_said_on_the_rerun_with_its_memory_estimate(tmp_path,
+                                                                               capsys):
     """A run the kernel's out-of-memory killer ends (SIGKILL) printed nothing, and the
     rerun resumed without a word: nobody learnt which stage died, nor what it needed."""
     import subprocess
@@ -233,19 +234,19 @@ def test_a_run_killed_by_sigkill_is_said_on_the_rerun_with_its_memory_estimate(t
     left = json.loads((out / "run.json").read_text())["started"]
     assert left["stage"] == "analyze" and "GB peak" in left["memory_estimate"], left
     assert "ended" not in left
-    p = subprocess.run([sys.executable, "-m", "quantscope", *args], env=env, check=False,
-                       capture_output=True, text=True)
-    assert p.returncode == 0, p.stderr[-800:]
-    said = [ln for ln in p.stderr.splitlines() if "never finished" in ln]
-    assert len(said) == 1, p.stderr[-2000:]
+    capsys.readouterr()
+    assert main(args) == 0  # the rerun, in this process (the killed run was another one)
+    p = capsys.readouterr()
+    said = [ln for ln in p.err.splitlines() if "never finished" in ln]
+    assert len(said) == 1, p.err[-2000:]
     assert said[0].startswith(f"[analyze] started {left['at']} (pid {left['pid']}) and never "
                               "finished: the process ended without finishing it and without "
                               "a word (killed: SIGKILL"), said
     assert f"the stage estimated {left['memory_estimate']}" in said[0]
     assert "to lower it: give smaller samples (a smaller --input-shape or --seq-len)" in said[0]
     assert said[0].endswith(": resuming at it")
-    assert "stages run: analyze," in p.stdout  # resumed there
-    assert "note: resumed: [analyze] started" in p.stdout
+    assert "stages run: analyze," in p.out  # resumed there
+    assert "note: resumed: [analyze] started" in p.out
     manifest = json.loads((out / "run.json").read_text())
     assert "started" not in manifest and manifest["unfinished"][0]["stage"] == "analyze"
     v = json.loads((out / "verdict.json").read_text())

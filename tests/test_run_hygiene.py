@@ -2,6 +2,7 @@
 over or read back, and a manifest edited by hand is one line, not an internal error."""
 
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -25,10 +26,28 @@ def _args(m, x, out, target):
             "--out", str(out)]
 
 
-def test_another_target_leaves_no_compiler_file_of_the_first(tmp_path, capsys):
-    m, x = _inputs(tmp_path)
-    out = tmp_path / "W"
-    assert main(_args(m, x, out, "hailo10h")) == 0
+@pytest.fixture(scope="module")
+def hailo_run(tmp_path_factory):
+    """_inputs' m.onnx and x.npy with W/, their hailo10h run (_args), made once for the
+    module: a test that only reads it reads it here, one that changes it copies it."""
+    folder = tmp_path_factory.mktemp("hailo")
+    m, x = _inputs(folder)
+    assert main(_args(m, x, folder / "W", "hailo10h")) == 0
+    return folder
+
+
+def _copied(folder, tmp_path):
+    """hailo_run's model, data and run folder copied into tmp_path: the same files, so
+    every stage's key but the report's (it names the folder) is the same there."""
+    m, x = tmp_path / "m.onnx", tmp_path / "x.npy"
+    shutil.copy2(folder / "m.onnx", m)
+    shutil.copy2(folder / "x.npy", x)
+    shutil.copytree(folder / "W", tmp_path / "W")
+    return m, x, tmp_path / "W"
+
+
+def test_another_target_leaves_no_compiler_file_of_the_first(tmp_path, capsys, hailo_run):
+    m, x, out = _copied(hailo_run, tmp_path)  # the hailo10h run, copied
     assert (out / "model.alls").is_file()
     assert main(_args(m, x, out, "qnn-htp-v73")) == 0
     assert (out / "qnn.encodings.json").is_file()
@@ -75,11 +94,9 @@ def test_out_inside_the_data_folder_is_refused_before_any_work(tmp_path, capsys)
     assert [p.name for p in data.iterdir()] == ["x.npy"]
 
 
-def test_an_input_the_run_writes_in_its_folder_is_refused(tmp_path, capsys):
+def test_an_input_the_run_writes_in_its_folder_is_refused(tmp_path, capsys, hailo_run):
     """``run W/repaired.onnx --out W`` would overwrite its own model in the repair stage."""
-    m, x = _inputs(tmp_path)
-    out = tmp_path / "W"
-    assert main(_args(m, x, out, "hailo10h")) == 0
+    m, x, out = _copied(hailo_run, tmp_path)  # the hailo10h run, copied
     before = (out / "repaired.onnx").read_bytes()
     assert main(_args(out / "repaired.onnx", x, out, "hailo10h")) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
@@ -107,12 +124,10 @@ def test_a_folder_in_use_is_said_before_any_work(tmp_path, capsys, monkeypatch):
     assert "another quantscope run is using" in capsys.readouterr().err
 
 
-def test_report_given_another_file_of_a_run_says_what_it_is(tmp_path, capsys):
+def test_report_given_another_file_of_a_run_says_what_it_is(tmp_path, capsys, hailo_run):
     """``quantscope report --results W/verdict.json`` (or check.json) named the file 'no
     quantscope results file: give the JSON that quantscope wrote', which it is."""
-    m, x = _inputs(tmp_path)
-    out = tmp_path / "W"
-    assert main(_args(m, x, out, "hailo10h")) == 0
+    out = hailo_run / "W"  # read only
     capsys.readouterr()
     for name, what in (("verdict.json", "a run's verdict"), ("check.json", "a check result"),
                        ("io.json", "a device I/O file")):
@@ -124,10 +139,10 @@ def test_report_given_another_file_of_a_run_says_what_it_is(tmp_path, capsys):
                  str(tmp_path / "r.html")]) == 0
 
 
-def test_a_stage_redone_for_an_edited_or_deleted_file_says_so(tmp_path, capsys):
-    m, x = _inputs(tmp_path)
-    out = tmp_path / "W"
-    assert main(_args(m, x, out, "hailo10h")) == 0
+def test_a_stage_redone_for_an_edited_or_deleted_file_says_so(tmp_path, capsys, hailo_run):
+    m, x, out = _copied(hailo_run, tmp_path)  # the hailo10h run, copied
+    assert main(_args(m, x, out, "hailo10h")) == 0  # its report redone: it names the folder
+    assert "stages run: report;" in capsys.readouterr().out
     (out / "plan.json").write_text("{}")  # edited by hand
     (out / "check.json").unlink()
     capsys.readouterr()
