@@ -174,8 +174,10 @@ def test_run_with_tokensplit_works_on_the_split_model(tmp_path, capsys):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (32, SEQ)).astype(np.int64),
              attention_mask=np.ones((32, SEQ), np.int64))
+    # --repairs none: what is checked is the split, not the repairs (run --tokensplit with
+    # the default repairs: test_repair_outscale's test_run_with_outscale_and_tokensplit)
     argv = ["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"),
-            "--target", "hailo10h", "--out", str(tmp_path / "W")]
+            "--target", "hailo10h", "--repairs", "none", "--out", str(tmp_path / "W")]
     # no --seq-len: the token count is every sample's in the data, said (it was refused
     # with 'give --seq-len' before run took the size from the data)
     assert main([*argv[:-1], str(tmp_path / "W0"), "--tokensplit", "4"]) == 0
@@ -217,8 +219,11 @@ def test_auto_tokensplit_judges_at_the_size_the_data_gives(tmp_path, capsys):
     rng = np.random.default_rng(0)
     np.savez(tmp_path / "x.npz", input_ids=rng.integers(100, 1000, (32, SEQ)).astype(np.int64),
              attention_mask=np.ones((32, SEQ), np.int64))
+    # --repairs none: the auto rewrites' trial is what is checked, not the repairs (the
+    # default repairs beside the auto rewrites: test_plan_between's runs)
     assert main(["run", str(tmp_path / "enc.onnx"), "--data", str(tmp_path / "x.npz"),
-                 "--target", str(small), "--out", str(tmp_path / "W")]) == 0
+                 "--target", str(small), "--repairs", "none", "--out",
+                 str(tmp_path / "W")]) == 0
     assert f"input-shape: input_ids=1x{SEQ}" in capsys.readouterr().err
     rows = read_json(tmp_path / "W" / "verdict.json", "verdict")["rewrites_auto"]["rows"]
     row = next(r for r in rows if r["rewrite"] == "tokensplit")

@@ -84,6 +84,13 @@ def demo_report(tmp_path_factory):
     return d / "d.html"
 
 
+@pytest.fixture(scope="module")
+def report_seen(report, tmp_path_factory):
+    """``report`` in Chromium once (:func:`layout_and_images`): its layout and its images'
+    natural sizes, read by the image test and the layout test."""
+    return layout_and_images(report, tmp_path_factory.mktemp("seen"))
+
+
 @pytest.fixture
 def decoder_report(searched_decoder):
     """``run`` on the tiny decoder (small amounts of text, ``--rewrites search``: its
@@ -107,13 +114,34 @@ def layout(page_path, tmp_path) -> dict:
     return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
 
 
-def assert_fits(page_path, tmp_path, *, verdict: bool = True) -> dict:
-    got = layout(page_path, tmp_path)
+def layout_and_images(page_path, tmp_path) -> tuple[dict, list]:
+    """The page's layout at 1400 x 900 px (:func:`layout`) and every image's natural size
+    (``MEASURE``), from one Chromium load: the layout is measured first, before the sizes'
+    ``<pre>`` is added (an image's natural size does not depend on the window)."""
+    from html import unescape
+
+    probe = tmp_path / "layout_images.html"
+    probe.write_text(page_path.read_text().replace("</body>", LAYOUT).replace("</body>", MEASURE))
+    flags = [*FLAGS[:-1], f"--window-size={WIDTH},900"]
+    dom = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri(),
+                    flags=flags).stdout
+    found = [re.search(f'<pre id="qs-{k}">(.*?)</pre>', dom, re.S) for k in ("layout", "images")]
+    assert all(found), "the page did not finish loading"
+    got, sizes = (json.loads(unescape(f.group(1))) for f in found)
+    return got, sizes
+
+
+def check_fits(got: dict, *, verdict: bool = True) -> dict:
+    """``got`` (:func:`layout`): no overflow, no None/nan cell, the verdict on the first screen."""
     assert got["scroll"] <= WIDTH and got["scroll"] <= got["client"], got  # no overflow
     assert got["bad"] == [], got["bad"]
     if verdict:
         assert got["verdict"] is not None and got["verdict"] < 900, got  # the first screen
     return got
+
+
+def assert_fits(page_path, tmp_path, *, verdict: bool = True) -> dict:
+    return check_fits(layout(page_path, tmp_path), verdict=verdict)
 
 
 def console_messages(stderr: str) -> list[str]:
@@ -141,16 +169,11 @@ def test_console_errors_are_detected(report, tmp_path):
     assert any("qs-broken" in m for m in console_messages(done.stderr))
 
 
-def test_every_image_has_a_size(report, tmp_path):
+def test_every_image_has_a_size(report, report_seen):
     page = report.read_text()
     n_img = page.count("<img ")
     assert n_img >= 6  # configurations, noise, sensitivity, outliers, Pareto …
-    probe = tmp_path / "probe.html"
-    probe.write_text(page.replace("</body>", MEASURE))
-    dom = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri()).stdout
-    found = re.search(r'<pre id="qs-images">(.*?)</pre>', dom, re.S)
-    assert found, "the page did not finish loading"
-    sizes = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    sizes = report_seen[1]  # the page in Chromium, with MEASURE
     assert len(sizes) == n_img
     assert all(w > 0 and h > 0 for _, w, h in sizes), sizes
     titles = re.findall(r'<h2 id="(\w+)">', page)
@@ -161,8 +184,8 @@ def test_every_image_has_a_size(report, tmp_path):
     assert page.index("Feeding and reading the device") < page.index('<h2 id="configs">')
 
 
-def test_run_report_fits_1400px_with_the_verdict_first(report, tmp_path):
-    assert_fits(report, tmp_path)
+def test_run_report_fits_1400px_with_the_verdict_first(report_seen):
+    check_fits(report_seen[0])
 
 
 def test_text_run_report_fits_and_says_what_binds_and_the_host_steps(text_report, tmp_path):
@@ -197,12 +220,8 @@ def test_decoder_run_report_fits_with_the_verdict_first_and_images_decode(decode
                                                                          tmp_path):
     from html import unescape
 
-    assert_fits(decoder_report, tmp_path)
-    probe = tmp_path / "probe.html"
-    probe.write_text(decoder_report.read_text().replace("</body>", MEASURE))
-    dom = _chromium("--dump-dom", "--virtual-time-budget=5000", probe.as_uri()).stdout
-    sizes = json.loads(unescape(re.search(r'<pre id="qs-images">(.*?)</pre>', dom, re.S)
-                                .group(1)))
+    got, sizes = layout_and_images(decoder_report, tmp_path)
+    check_fits(got)
     assert len(sizes) == 4 and all(w > 0 and h > 0 for _, w, h in sizes), sizes  # + whatif, prefix
     text = unescape(decoder_report.read_text())
     # the chosen candidate (on the tiny random decoder act16 and act16+w16 are within

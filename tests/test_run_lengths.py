@@ -6,8 +6,11 @@ that runs."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,8 +67,7 @@ def test_buckets_only_with_short_texts_and_a_cost_that_depends_on_the_length():
     assert given.buckets and given.seq_lens == given.made_at == (32, 64, 128)
 
 
-@pytest.fixture()
-def tiny_run(tmp_path: Path):
+def _tiny_run(tmp_path: Path):
     m = tmp_path / "tiny.onnx"
     onnx.save(tiny_encoder(inputs=("input_ids", "attention_mask")), m)
     out = tmp_path / "W"
@@ -74,11 +76,43 @@ def tiny_run(tmp_path: Path):
     return tmp_path, m, out, args
 
 
-def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run, capsys):
-    tmp_path, m, out, args = tiny_run
-    assert main(args) == 0
-    cap = capsys.readouterr()
-    printed = cap.out
+@pytest.fixture()
+def tiny_run(tmp_path: Path):
+    return _tiny_run(tmp_path)
+
+
+def _main_said(args: list[str]) -> tuple[int, str, str]:
+    """``main(args)``: its exit code and what it printed to stdout and stderr (a
+    module-scoped fixture has no capsys)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(args)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def chosen_run(tmp_path_factory):
+    """``tiny_run``'s ``run`` once for the module (the deploy stage chooses lengths): read
+    by the tests of its lengths and its router, which do not change the folder."""
+    tmp_path, m, out, args = _tiny_run(tmp_path_factory.mktemp("chosen"))
+    code, printed, err = _main_said(args)
+    assert code == 0, err[-2000:]
+    return tmp_path, m, out, args, printed, err
+
+
+@pytest.fixture(scope="module")
+def lengths_off_run(tmp_path_factory):
+    """``tiny_run``'s ``run`` with ``--lengths off`` once for the module: read by the tests
+    of ``--lengths off`` and of the length taken from the longest fit text."""
+    tmp_path, m, out, args = _tiny_run(tmp_path_factory.mktemp("off"))
+    code, printed, err = _main_said([*args, "--lengths", "off"])
+    assert code == 0, err[-2000:]
+    return tmp_path, m, out, args, printed, err
+
+
+def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(chosen_run, tmp_path,
+                                                                      capsys):
+    _, m, out, args, printed, err = chosen_run
     doc = read_json(out / "lengths.json", "lengths")
     d = doc["deployment"]
     assert doc["buckets"] and not d["kept_one"] and d["models"] >= 2
@@ -105,17 +139,17 @@ def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run,
     # the stage's memory estimate, said before its work and kept beside its peak: its
     # length candidates' evaluator with the capped activation cache
     dep = json.loads((out / "run.json").read_text())["stages"]["deploy"]
-    said = [ln for ln in cap.err.splitlines() if ln.startswith("[deploy] memory: ~")]
-    assert len(said) == 1 and "the activation cache ~" in said[0], cap.err[-2000:]
+    said = [ln for ln in err.splitlines() if ln.startswith("[deploy] memory: ~")]
+    assert len(said) == 1 and "the activation cache ~" in said[0], err[-2000:]
     assert dep["memory_estimate"].startswith(said[0][len("[deploy] memory: "):])
     assert dep["memory_estimate_mb"] > 0
     assert "Compiled lengths" in (out / "report.html").read_text()
     # the plan search, one candidate of the deploy stage's, measured for 5 min at most
     assert "plan: the search measures for at most 5 min of the 30 min --budget: the " \
-        "deploy stage chooses compiled lengths" in cap.err
+        "deploy stage chooses compiled lengths" in err
     # ... offering no default repair (the deploy stage's candidates carry none), said in
     # the output, plan.json, verdict.json and the report
-    assert "plan: no repair offered" in cap.err
+    assert "plan: no repair offered" in err
     scope = read_json(out / "verdict.json", "verdict")["plan_scope"]
     assert scope == json.loads((out / "plan.json").read_text())["scope"]
     assert any("no repair offered" in line for line in scope)
@@ -128,15 +162,17 @@ def test_run_chooses_lengths_route_measures_the_same_and_a_rerun_skips(tiny_run,
                                                     "metrics": {"top1_agreement": 0.5}}},
                             "top1_agreement")["as_scripted"]
     assert sc == {"files": {first: 2}, "decisions": 2, "value": 0.5}
+    # the rerun on a copy (the folder is the module's: the router's test reads it too)
+    again_out = tmp_path / "W"
+    shutil.copytree(out, again_out)
     capsys.readouterr()
-    assert main(args) == 0
+    assert main([*args[:-1], str(again_out)]) == 0
     assert "skipped (done): calibrate, analyze, plan, repair, check, evaluate, deploy, " \
            "export, io, report" in capsys.readouterr().out
 
 
-def test_the_written_router_runs_and_routes_by_token_count(tiny_run, capsys):
-    _, _, out, args = tiny_run
-    assert main(args) == 0
+def test_the_written_router_runs_and_routes_by_token_count(chosen_run):
+    out = chosen_run[2]
     lens = tuple(read_json(out / "lengths.json", "lengths")["deployment"]["seq_lens"])
     counts = [1, lens[0], lens[0] + 1, lens[-1], lens[-1] + 40]
     script = (
@@ -182,15 +218,14 @@ def test_one_model_is_kept_when_several_lengths_do_not_pay(tmp_path):
     assert not both.kept_one and len(both.deployment.buckets) >= 2
 
 
-def test_lengths_off_keeps_one_model_and_bad_lengths_are_one_line(tiny_run, capsys):
-    _, _, out, args = tiny_run
-    assert main([*args, "--lengths", "off"]) == 0
+def test_lengths_off_keeps_one_model_and_bad_lengths_are_one_line(lengths_off_run, capsys):
+    _, _, out, args, _, said = lengths_off_run
     doc = read_json(out / "lengths.json", "lengths")
     assert not doc["buckets"] and "--lengths off" in doc["reason"]
     assert not (out / "deployment.json").exists() and not list(out.glob("len-*"))
     assert read_json(out / "verdict.json", "verdict")["deployment"] is None
     # nothing measured: no estimate said or kept for the stage
-    assert "[deploy] memory" not in capsys.readouterr().err
+    assert "[deploy] memory" not in said
     assert "memory_estimate" not in json.loads((out / "run.json").read_text())["stages"][
         "deploy"]
     assert "route_text" not in (out / "io_snippet.py").read_text()
@@ -217,16 +252,14 @@ def test_several_lengths_must_beat_one_model_by_more_than_two_standard_errors():
         assert keep is kept and ("as good" in why) is kept
 
 
-def test_without_seq_len_the_run_plans_checks_and_compiles_at_the_longest_fit_text(tiny_run,
-                                                                                   capsys):
+def test_without_seq_len_the_run_plans_checks_and_compiles_at_the_longest_fit_text(
+        lengths_off_run, tmp_path, capsys):
     """Text data and no --seq-len: the run's length is the widest fit batch, said in one
     line and used by every stage as if given (before, the plan and the check saw symbolic
     dims: a size rule such as hailo.super_defuse could not be judged)."""
     from quantscope.pipeline.data import open_fit_data, widest_text_batch
 
-    tmp_path, m, out, args = tiny_run
-    assert main([*args, "--lengths", "off"]) == 0
-    said = capsys.readouterr().err
+    _, m, out, args, _, said = lengths_off_run
     fit = open_fit_data(stages.open_model(str(m)), "stdlib-docs", eval_data=None, pairs=PAIRS,
                         tokenizer=None)
     widest = widest_text_batch(fit)
@@ -279,8 +312,11 @@ def test_auto_does_not_fine_tune_a_plan_the_compiled_lengths_would_not_ship(tiny
     the length), whose other candidates are not fine-tuned: ``--finetune auto`` skips the
     single plan's fine-tune even with the goal missed, says why in the record, and
     measures nothing for it (no fit figure: decided before any model is run)."""
-    pytest.importorskip("torch")
+    from quantscope.finetune.engine import torch_available
     from quantscope.pipeline import tune
+
+    if not torch_available():  # found as the run finds it, not imported (a 7 s import)
+        pytest.skip("torch is not installed: --finetune auto has no fine-tune to skip")
 
     tmp_path, m, out, args = tiny_run
     measured = []
