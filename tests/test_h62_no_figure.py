@@ -21,6 +21,7 @@ import onnxruntime as ort
 import pytest
 import tiny_models
 from evaluate_cli import saved_folder
+from gate_fit_only_run import fit_only_run
 from test_h60_points_photo_gate import _pnet_like
 from test_search import _chain, _sens, _toy_target
 
@@ -192,17 +193,13 @@ def test_the_verdict_says_how_many_held_out_samples_the_gate_judged(pnet, capsys
     assert "(n=3 of 6 held-out samples judged, an effective " in head, head
 
 
-def test_a_gate_that_keeps_no_held_out_point_is_said_on_the_verdict(pnet, capsys):
+def test_a_gate_that_keeps_no_held_out_point_is_said_on_the_verdict(tmp_path_factory):
     """The fit half has faces, the held-out half none: the search ranks by the fit half's
     figure, and the verdict says no held-out point was judged (h60's test, now with data
-    whose fit half has a figure)."""
-    fit, held = _ordered(pnet, "fit_only.npz")
-    t = float((held.max() + fit.max()) / 2)
-    out = pnet / "out_fit_only"
-    assert main(["run", str(pnet / "pnet.onnx"), "--data", str(pnet / "fit_only.npz"),
-                 "--target", "hailo8", "--out", str(out), "--goal", "0.97",
-                 "--layout", GATE.format(f"{t:.6f}")]) == 0
-    text = capsys.readouterr().out
+    whose fit half has a figure). The run (``pnet``'s samples ordered as ``_ordered``
+    orders them, gated between the two halves' highest scores, ``--goal 0.97``) is the one
+    test_h65_output_says.py reads too: made once (gate_fit_only_run)."""
+    out, text = fit_only_run(tmp_path_factory)
     v = json.loads((out / "verdict.json").read_text())
     assert len(v["gated"]) == 1 and "output 'boxes': no point judged: where FP32's 'prob' " \
         "channel 1 > " in v["gated"][0] and "holds nowhere" in v["gated"][0], v["gated"]

@@ -5,9 +5,10 @@ stays an error."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -15,6 +16,7 @@ import pytest
 from outside_models import computed_pad, feeds
 from tiny_models import _with_weights
 
+from quantscope.cli import main
 from quantscope.model.load import load_proto
 from quantscope.model.shapes import resolve_shapes, sampled_tensors, shape_note
 
@@ -55,8 +57,14 @@ def ceil_pad(seed: int = 3) -> onnx.ModelProto:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "quantscope", *args],
-                          capture_output=True, text=True, timeout=300)
+    """``quantscope ARGS`` in this process (the CLI's ``main``, as the other tests call it:
+    a ``python -m quantscope`` per call had spent most of this file's time importing), its
+    exit code and its two streams as a finished process's."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(["quantscope", *args], code, out.getvalue(),
+                                       err.getvalue())
 
 
 def test_sample_run_gives_the_shapes_inference_cannot():
