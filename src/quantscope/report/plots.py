@@ -106,8 +106,11 @@ def outlier_plot(tensor: str, absmax: np.ndarray, channels: list[int]) -> str:
         return ""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8, 2.6))
-    colors = np.where(np.isin(np.arange(a.size), channels), "#c0392b", "#8aa5c8")
-    ax.bar(np.arange(a.size), a, color=colors, width=1.0)
+    # the channels as one filled outline (touching bars of width 1, the look of a bar per
+    # channel: hundreds of patches drew in 0.28 s a figure), the outliers as bars over it
+    ax.stairs(a, np.arange(a.size + 1) - 0.5, fill=True, color="#8aa5c8")
+    marked = [c for c in channels if 0 <= c < a.size]
+    ax.bar(marked, a[marked], color="#c0392b", width=1.0)
     for c in channels[:6]:
         if 0 <= c < a.size:
             ax.annotate(f"ch {c}", (c, a[c]), textcoords="offset points", xytext=(0, 3),
