@@ -411,7 +411,8 @@ def test_the_candidates_memory_is_given_back_before_the_held_out_measurement(
     ``release_memory`` under its threshold when it returns: the release meant to give the
     candidates' evaluators back did nothing, and the held-out measurement ran on top of
     them (minilm-l3, 100 pairs: 1,005 MiB resident after the candidates, 241 MiB once
-    given back; the measurement's peak 1,131 -> 686 MiB). Both releases are forced."""
+    given back; the measurement's peak 1,131 -> 686 MiB). Both releases are made at a
+    step's growth (32 MiB), not the rule's 256 MiB."""
     from quantscope.stages import buckets as B
 
     model = load_proto(tiny_encoder(), "tiny")
@@ -425,8 +426,11 @@ def test_the_candidates_memory_is_given_back_before_the_held_out_measurement(
 
     monkeypatch.setattr(B, "measure_errors", recorded(events, "measure", B.measure_errors))
     monkeypatch.setattr(L, "routed_outputs", recorded(events, "held out", L.routed_outputs))
-    monkeypatch.setattr(L, "release_memory",
-                        lambda force=False: events.append(f"release force={force}"))
+    from quantscope.emulate.release import RELEASE_GROWTH, STAGE_RELEASE_GROWTH
+
+    # "force=True": a release at a step's growth (32 MiB), not the 256 MiB of the rule
+    monkeypatch.setattr(L, "release_memory", lambda force=False, growth=RELEASE_GROWTH:
+                        events.append(f"release force={force or growth == STAGE_RELEASE_GROWTH}"))
     L.deploy_lengths(model, rd.fit, rd.held_out, cands, load_target("ort-cpu"), "ort-cpu",
                      max_cost=1.5, seq_lens=(64, 128, 256))
     after = events[events.index("measure") + 1:events.index("held out")]

@@ -100,7 +100,7 @@ def make_session(
     elif not (optimize or integer_kernels):
         # the form's large weights handed over in place, the rest serialized (the form is
         # dropped then: one copy of the weights less while ORT loads)
-        data, names, weights = external_weights(emulation_form(proto))
+        data, names, weights = external_weights(*emulation_parts(proto))
         if names:
             opts.add_external_initializers(names, weights)
         opts.add_session_config_entry("session.disable_prepacking", "1")
@@ -130,11 +130,13 @@ _PLAIN_TYPES = frozenset({_T.FLOAT, _T.FLOAT16, _T.DOUBLE, _T.INT8, _T.UINT8, _T
                           _T.UINT16, _T.INT32, _T.UINT32, _T.INT64, _T.UINT64, _T.BOOL})
 
 
-def external_weights(proto: onnx.ModelProto) -> tuple[bytes, list[str], list[ort.OrtValue]]:
+def external_weights(proto: onnx.ModelProto, arrays: dict[str, np.ndarray] | None = None,
+                     ) -> tuple[bytes, list[str], list[ort.OrtValue]]:
     """``proto`` serialized without the data of its large main-graph initializers (at least
     :data:`EXTERNAL_BYTES`; those marked external), and those initializers as ONNX Runtime
     values over NumPy arrays, for ``SessionOptions.add_external_initializers``: ORT runs
-    with the arrays themselves. Serializing every weight into the model's bytes and ORT
+    with the arrays themselves. ``arrays``: initializers ``proto`` lacks, given as arrays
+    (:func:`emulation_parts`' folded weights), added the same way. Serializing every weight into the model's bytes and ORT
     parsing them back copied them twice per session, into freshly faulted pages: a
     minilm-l3 session took 0.65 s to build that way and 0.12 s this way (the outputs
     bit-identical, tests/test_one_graph.py). Initializers that are also graph inputs (a
@@ -143,7 +145,8 @@ def external_weights(proto: onnx.ModelProto) -> tuple[bytes, list[str], list[ort
     inputs = {i.name for i in graph.input}
     big = [t for t in graph.initializer if t.name not in inputs and not t.external_data
            and t.data_type in _PLAIN_TYPES and t.ByteSize() >= EXTERNAL_BYTES]
-    if not big:
+    arrays = arrays or {}
+    if not big and not arrays:
         return proto.SerializeToString(), [], []
     moved = {t.name for t in big}
     skeleton = onnx.ModelProto()
@@ -153,15 +156,28 @@ def external_weights(proto: onnx.ModelProto) -> tuple[bytes, list[str], list[ort
         if t.name not in moved:
             skeleton.graph.initializer.append(t)
             continue
-        stub = skeleton.graph.initializer.add()
-        stub.name, stub.data_type = t.name, t.data_type
-        stub.dims.extend(t.dims)
-        stub.data_location = onnx.TensorProto.EXTERNAL
-        entry = stub.external_data.add()
-        entry.key, entry.value = "location", "quantscope-memory"
-    values = [ort.OrtValue.ortvalue_from_numpy(
-        np.ascontiguousarray(numpy_helper.to_array(t))) for t in big]
-    return skeleton.SerializeToString(), [t.name for t in big], values
+        _stub(skeleton.graph, t.name, t.data_type, t.dims)
+    handed = {t.name: numpy_helper.to_array(t) for t in big}
+    for name, value in arrays.items():
+        elem = helper.np_dtype_to_tensor_dtype(value.dtype)
+        if value.nbytes >= EXTERNAL_BYTES and elem in _PLAIN_TYPES:
+            _stub(skeleton.graph, name, elem, value.shape)
+            handed[name] = value
+        else:
+            skeleton.graph.initializer.append(numpy_helper.from_array(value, name))
+    values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
+              for v in handed.values()]
+    return skeleton.SerializeToString(), list(handed), values
+
+
+def _stub(graph: onnx.GraphProto, name: str, elem: int, dims: object) -> None:
+    """An initializer ``name`` declared with its type and shape, its data external."""
+    stub = graph.initializer.add()
+    stub.name, stub.data_type = name, elem
+    stub.dims.extend(dims)  # type: ignore[call-overload]
+    stub.data_location = onnx.TensorProto.EXTERNAL
+    entry = stub.external_data.add()
+    entry.key, entry.value = "location", "quantscope-memory"
 
 
 def _constant_dq(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
@@ -206,14 +222,27 @@ def emulation_form(proto: onnx.ModelProto) -> onnx.ModelProto:
     float initializers ONNX Runtime computes for them: the same outputs, bit for bit,
     without dequantizing every weight on every run. A graph without any is returned as is
     (so is one whose weights ORT cannot dequantize alone: the graph then runs as written)."""
+    form, folded = emulation_parts(proto)
+    if not folded:
+        return form
+    form.graph.initializer.extend(numpy_helper.from_array(v, name)
+                                  for name, v in folded.items())
+    return form
+
+
+def emulation_parts(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """:func:`emulation_form` in two parts: the form without the folded weights'
+    initializers, and those weights as ORT computed them (by name; empty, and ``proto``
+    itself, when nothing is folded). A session takes the arrays as they are
+    (:func:`external_weights`), never copied into a proto and out again."""
     graph = proto.graph
     nodes = _constant_dq(graph)
     if not nodes:
-        return proto
+        return proto, {}
     try:
         values = _dequantized(proto, nodes)
     except Exception:  # ORT raises its own exception types
-        return proto
+        return proto, {}
     folded = {n.output[0] for n in nodes}
     kept = [n for n in graph.node if not (n.op_type == "DequantizeLinear"
                                           and n.output[0] in folded)]
@@ -224,9 +253,7 @@ def emulation_form(proto: onnx.ModelProto) -> onnx.ModelProto:
     _copy_fields(graph, out.graph, skip=("node", "initializer"))
     out.graph.node.extend(kept)
     out.graph.initializer.extend(t for t in graph.initializer if t.name in used)
-    out.graph.initializer.extend(numpy_helper.from_array(v, n.output[0])
-                                 for n, v in zip(nodes, values, strict=True))
-    return out
+    return out, {n.output[0]: v for n, v in zip(nodes, values, strict=True)}
 
 
 def _copy_fields(src: object, dst: object, *, skip: tuple[str, ...]) -> None:
