@@ -144,7 +144,7 @@ def external_weights(proto: onnx.ModelProto, arrays: dict[str, np.ndarray] | Non
     graph = proto.graph
     inputs = {i.name for i in graph.input}
     big = [t for t in graph.initializer if t.name not in inputs and not t.external_data
-           and t.data_type in _PLAIN_TYPES and t.ByteSize() >= EXTERNAL_BYTES]
+           and t.data_type in _PLAIN_TYPES and _nbytes(t) >= EXTERNAL_BYTES]
     arrays = arrays or {}
     if not big and not arrays:
         return proto.SerializeToString(), [], []
@@ -168,6 +168,13 @@ def external_weights(proto: onnx.ModelProto, arrays: dict[str, np.ndarray] | Non
     values = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v))
               for v in handed.values()]
     return skeleton.SerializeToString(), list(handed), values
+
+
+def _nbytes(t: onnx.TensorProto) -> int:
+    """The bytes of a plain-typed initializer's values, from its shape (``ByteSize`` costs a
+    walk of the message: 4.7 s over minilm-l3's run)."""
+    return int(np.prod(t.dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(
+        t.data_type).itemsize
 
 
 def _stub(graph: onnx.GraphProto, name: str, elem: int, dims: object) -> None:
