@@ -133,14 +133,16 @@ _PLAIN_TYPES = frozenset({_T.FLOAT, _T.FLOAT16, _T.DOUBLE, _T.INT8, _T.UINT8, _T
 def external_weights(proto: onnx.ModelProto, arrays: dict[str, np.ndarray] | None = None,
                      ) -> tuple[bytes, list[str], list[ort.OrtValue]]:
     """``proto`` serialized without the data of its large main-graph initializers (at least
-    :data:`EXTERNAL_BYTES`; those marked external), and those initializers as ONNX Runtime
+    :data:`EXTERNAL_BYTES`, there marked external), and those initializers as ONNX Runtime
     values over NumPy arrays, for ``SessionOptions.add_external_initializers``: ORT runs
     with the arrays themselves. ``arrays``: initializers ``proto`` lacks, given as arrays
-    (:func:`emulation_parts`' folded weights), added the same way. Serializing every weight into the model's bytes and ORT
-    parsing them back copied them twice per session, into freshly faulted pages: a
-    minilm-l3 session took 0.65 s to build that way and 0.12 s this way (the outputs
-    bit-identical, tests/test_one_graph.py). Initializers that are also graph inputs (a
-    feed may replace them) and a subgraph's stay in the bytes."""
+    (:func:`emulation_parts`' folded weights), added the same way.
+
+    Serializing every weight into the model's bytes and ORT parsing them back copied them
+    twice per session, into freshly faulted pages: a minilm-l3 session took 0.65 s to build
+    that way and 0.12 s this way (the outputs bit-identical, tests/test_one_graph.py).
+    Initializers that are also graph inputs (a feed may replace them), those already
+    external, a subgraph's and those of packed or unusual types stay as they are."""
     graph = proto.graph
     inputs = {i.name for i in graph.input}
     big = [t for t in graph.initializer if t.name not in inputs and not t.external_data
