@@ -29,16 +29,22 @@ from quantscope.cli import main
 GATE = "boxes=points:scale=12,order=channels,where=prob:1>{}"
 
 
-def _make(folder: Path) -> tuple[Path, str]:
-    """The model, the ordered data and the run in ``folder``: (the run folder, what the
-    run printed on stdout)."""
+def ordered_pnet(folder: Path, data: str) -> tuple[np.ndarray, np.ndarray]:
+    """``folder/pnet.onnx`` and ``folder/DATA`` (its 12 samples ordered by their highest FP32
+    face score, the fit half first): (the fit half's scores, the held-out half's)."""
     onnx.save(_pnet_like(), folder / "pnet.onnx")
     x = np.random.default_rng(3).uniform(-1, 1, (12, 3, 16, 16)).astype(np.float32)
     prob = ort.InferenceSession(str(folder / "pnet.onnx")).run(["prob"], {"input": x})[0]
     top = prob[:, 1].reshape(len(x), -1).max(axis=1)
     order = np.argsort(-top, kind="stable")
-    np.savez(folder / "fit_only.npz", input=x[order])
-    fit, held = top[order][:6], top[order][6:]
+    np.savez(folder / data, input=x[order])
+    return top[order][:6], top[order][6:]
+
+
+def _make(folder: Path) -> tuple[Path, str]:
+    """The model, the ordered data and the run in ``folder``: (the run folder, what the
+    run printed on stdout)."""
+    fit, held = ordered_pnet(folder, "fit_only.npz")
     t = float((held.max() + fit.max()) / 2)
     out, printed = folder / "out_fit_only", io.StringIO()
     with contextlib.redirect_stdout(printed):

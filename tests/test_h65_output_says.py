@@ -22,9 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
-from gate_fit_only_run import fit_only_run
+from gate_fit_only_run import fit_only_run, ordered_pnet
 from onnx import TensorProto, helper, numpy_helper
 from test_class_axis_read import C, T, _logits, _model
 from test_h60_points_photo_gate import _pnet_like
@@ -117,13 +116,7 @@ def pnet(tmp_path_factory):
     """P-Net-like, its samples ordered by their highest face score (the fit half first):
     ``(folder, the fit half's scores, the held-out half's)``."""
     folder = tmp_path_factory.mktemp("pnet65")
-    onnx.save(_pnet_like(), folder / "pnet.onnx")
-    x = np.random.default_rng(3).uniform(-1, 1, (12, 3, 16, 16)).astype(np.float32)
-    prob = ort.InferenceSession(str(folder / "pnet.onnx")).run(["prob"], {"input": x})[0]
-    top = prob[:, 1].reshape(len(x), -1).max(axis=1)
-    order = np.argsort(-top, kind="stable")
-    np.savez(folder / "pnet.npz", input=x[order])
-    return folder, top[order][:6], top[order][6:]
+    return folder, *ordered_pnet(folder, "pnet.npz")
 
 
 def test_no_held_out_sample_judged_is_said_so_not_n_of_all(tmp_path_factory):
