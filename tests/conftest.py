@@ -14,6 +14,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def pytest_configure(config) -> None:
+    """glibc's thresholds as every command sets them (quantscope.emulate.release), also for
+    the tests that call the stages without the command line."""
+    from quantscope.emulate.release import tune_malloc
+
+    tune_malloc()
+
+
 def pytest_report_header(config) -> str:
     """Free disk at the start: the real-model tests write about 2 GB (mpnet-base alone 840 MB)."""
     import shutil

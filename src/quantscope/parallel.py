@@ -63,8 +63,10 @@ class RayExecutor:
 
 def _on_worker(fn: Task, bundle: tuple[Any, dict[str, Any]], item: Any) -> Any:
     """``fn(shared, item)`` on a Ray worker that first knows the caller's profile files."""
+    from quantscope.emulate.release import tune_malloc
     from quantscope.targets import know_profiles
 
+    tune_malloc()  # as the command does (a worker is a process of its own)
     shared, profiles = bundle
     know_profiles(profiles)
     return fn(shared, item)

@@ -150,6 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not parsed:
         return code
     args = parsed[0]
+    from quantscope.emulate.release import tune_malloc
+
+    tune_malloc()  # before the first large array (emulate/release.py: why)
     stdout = sys.stdout
     sys.stdout = QuietPipe(stdout)  # type: ignore[assignment]
     try:

@@ -29,6 +29,43 @@ RELEASE_GROWTH = 256 * 2**20  # bytes of resident-set growth that make a release
 STAGE_RELEASE_GROWTH = 32 * 2**20
 _LOW: list[int] = []  # the resident set after the last release (lowered when it falls)
 
+# glibc's malloc serves a block from 128 KiB up (its starting threshold, raised only as such
+# blocks are freed) by mmap and gives it back on free, so each batch's temporaries (the
+# tapped tensors, a histogram's chunks, ONNX Runtime's outputs where a session has no arena)
+# were page-faulted in afresh: 54 s of system time of the minilm-l3 acceptance run's 227 s
+# (tests/test_run.py, one thread). Served from the heap up to MMAP_THRESHOLD, kept for the
+# next batch and given back at each release's malloc_trim: 22 s, 3.8 min -> 3.3 min, the
+# same files, the peak 1.22 -> 1.26 GB (bench/malloc.py measures both in one bench run).
+MMAP_THRESHOLD = 256 * 2**20
+TRIM_THRESHOLD = 512 * 2**20  # free heap kept at its top between releases
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+MALLOC_ENV = "QUANTSCOPE_MALLOC"  # "default": glibc's own thresholds (bench/malloc.py's base)
+_TUNED: list[bool] = []
+
+
+def tune_malloc() -> bool:
+    """Set glibc's thresholds once per process (:data:`MMAP_THRESHOLD`,
+    :data:`TRIM_THRESHOLD`); ``quantscope``'s commands call it first. Left as they are
+    where glibc's own ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` are set, with
+    ``QUANTSCOPE_MALLOC=default``, and off glibc. True when it set them."""
+    if _TUNED:
+        return _TUNED[0]
+    _TUNED.append(False)
+    if os.environ.get(MALLOC_ENV) == "default" or any(
+            k in os.environ for k in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name is not None else None
+        mallopt = libc.mallopt if libc is not None else None
+    except (OSError, AttributeError):  # not glibc
+        return False
+    if mallopt is None:
+        return False
+    _TUNED[0] = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
+        mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return _TUNED[0]
+
 
 def resident_bytes() -> int | None:
     """This process's resident set now (``/proc/self/statm``; None where there is none)."""
@@ -64,4 +101,5 @@ def release_memory(*, force: bool = False, growth: int = RELEASE_GROWTH) -> bool
     return True
 
 
-__all__ = ["RELEASE_GROWTH", "STAGE_RELEASE_GROWTH", "release_memory", "resident_bytes"]
+__all__ = ["MMAP_THRESHOLD", "RELEASE_GROWTH", "STAGE_RELEASE_GROWTH", "TRIM_THRESHOLD",
+           "release_memory", "resident_bytes", "tune_malloc"]
