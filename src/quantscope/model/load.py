@@ -12,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, shape_inference
+from onnx import numpy_helper
 
+from quantscope.model import weightless
 from quantscope.model.foreign import refuse_foreign_ops, refuse_unknown_ops
 from quantscope.model.fuse_rmsnorm import RMS_OPSET, drop_noop_casts, fuse_rms_norms
 from quantscope.model.nan_guard import drop_softmax_nan_guards
@@ -410,7 +411,7 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     moved = (*moved, *negative)
     _refuse_shapeless_io(proto, source)
     try:
-        onnx.checker.check_model(proto)
+        weightless.check_model(proto)  # as onnx.checker.check_model, no weight copied
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0][:160]
         raise QuantscopeError(
@@ -427,7 +428,7 @@ def load_proto(proto: onnx.ModelProto, source: str = "<memory>") -> Model:
     notes = (*notes, *listed, *norms)
     proto = name_nodes(proto)
     try:
-        proto = shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+        proto = weightless.infer_shapes(proto)
     except Exception as exc:
         raise QuantscopeError(
             f"shape inference failed on '{source}' ({type(exc).__name__}): "

@@ -1,0 +1,77 @@
+"""The checker and shape inference on a model without its weights' data
+(quantscope.model.weightless): the same proto and the same refusals as on the whole."""
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper, shape_inference
+
+from quantscope.model import weightless
+from quantscope.model.load import load_proto
+from quantscope.types import QuantscopeError
+
+
+def _model(w: onnx.TensorProto | None = None) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    big = w if w is not None else numpy_helper.from_array(
+        rng.normal(size=(64, 96)).astype(np.float32), "w")  # 6,144 values: left out
+    inits = [big, numpy_helper.from_array(rng.normal(size=96).astype(np.float32), "b"),
+             numpy_helper.from_array(np.array([0, 10, 48], np.int64), "shape")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["a"]),
+             helper.make_node("Reshape", ["a", "shape"], ["y"])]  # a shape constant kept
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                     ["n", 5, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 3)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
+    m.metadata_props.add(key="k", value="v")
+    return m
+
+
+def test_the_light_copy_leaves_out_only_the_large_weights():
+    light, held = weightless.light_proto(_model())
+    assert [t.name for t in held] == ["w"]
+    assert [t.name for t in light.graph.initializer] == ["b", "shape"]
+    assert [i.name for i in light.graph.input] == ["x", "w"]
+    assert light.metadata_props[0].value == "v" and light.opset_import[0].version == 21
+
+
+def test_inference_gives_the_proto_inference_on_the_whole_gives():
+    m = _model()
+    before = m.SerializeToString()
+    got = weightless.infer_shapes(m)
+    want = shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
+    assert got.SerializeToString() == want.SerializeToString()
+    assert m.SerializeToString() == before  # the given proto as it was
+    shapes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in got.graph.value_info}
+    assert shapes["m"] == ["n", 5, 96]
+    out = got.graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in out] == ["n", 10, 48]
+
+
+def _refusal(w: onnx.TensorProto) -> tuple[str, str]:
+    with pytest.raises(onnx.checker.ValidationError) as whole:
+        onnx.checker.check_model(_model(w))
+    with pytest.raises(onnx.checker.ValidationError) as light:
+        weightless.check_model(_model(w))
+    return str(whole.value), str(light.value)
+
+
+def test_a_bad_large_weight_is_refused_in_the_checkers_words():
+    w = numpy_helper.from_array(np.ones((64, 96), np.float32), "w")
+    w.raw_data = w.raw_data[:-4]
+    whole, light = _refusal(w)
+    assert whole == light and "raw_data size" in light
+    two = numpy_helper.from_array(np.ones((64, 96), np.float32), "w")
+    two.float_data.extend([1.0] * (64 * 96))
+    whole, light = _refusal(two)
+    assert whole == light and "one and only one value field" in light
+    weightless.check_model(_model())  # a good one passes
+
+
+def test_load_refuses_a_short_weight_with_one_line():
+    w = numpy_helper.from_array(np.ones((64, 96), np.float32), "w")
+    w.raw_data = w.raw_data[:-4]
+    with pytest.raises(QuantscopeError, match="fails the ONNX checker .*raw_data size"):
+        load_proto(_model(w), "m.onnx")
