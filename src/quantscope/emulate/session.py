@@ -23,6 +23,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
+from quantscope.model.weightless import copy_fields
 from quantscope.threads import default_threads
 from quantscope.types import QuantscopeError
 
@@ -152,8 +153,8 @@ def external_weights(proto: onnx.ModelProto, arrays: dict[str, np.ndarray] | Non
         return proto.SerializeToString(), [], []
     moved = {t.name for t in big}
     skeleton = onnx.ModelProto()
-    _copy_fields(proto, skeleton, skip=("graph",))
-    _copy_fields(graph, skeleton.graph, skip=("initializer",))
+    copy_fields(proto, skeleton, skip=("graph",))
+    copy_fields(graph, skeleton.graph, skip=("initializer",))
     for t in graph.initializer:
         if t.name not in moved:
             skeleton.graph.initializer.append(t)
@@ -258,25 +259,11 @@ def emulation_parts(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, 
     used = {i for n in kept for i in n.input} | _subgraph_reads(graph)
     used |= {o.name for o in graph.output} | {i.name for i in graph.input}
     out = onnx.ModelProto()
-    _copy_fields(proto, out, skip=("graph",))
-    _copy_fields(graph, out.graph, skip=("node", "initializer"))
+    copy_fields(proto, out, skip=("graph",))
+    copy_fields(graph, out.graph, skip=("node", "initializer"))
     out.graph.node.extend(kept)
     out.graph.initializer.extend(t for t in graph.initializer if t.name in used)
     return out, {n.output[0]: v for n, v in zip(nodes, values, strict=True)}
-
-
-def _copy_fields(src: object, dst: object, *, skip: tuple[str, ...]) -> None:
-    """Copy every set field of protobuf message ``src`` into ``dst`` except ``skip``
-    (so the weights are copied once, not copied and then dropped)."""
-    for fd, value in src.ListFields():  # type: ignore[attr-defined]
-        if fd.name in skip:
-            continue
-        if hasattr(value, "extend"):  # a repeated field
-            getattr(dst, fd.name).extend(value)
-        elif hasattr(value, "ListFields"):  # a message
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
 
 
 def _register_shared_arena() -> None:

@@ -29,9 +29,11 @@ _VALUE_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "doubl
 _SUB_BYTE = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4}  # two values a byte
 
 
-def _copy_fields(dst: Any, src: Any, skip: str) -> None:
+def copy_fields(src: Any, dst: Any, *, skip: tuple[str, ...]) -> None:
+    """Copy every set field of protobuf message ``src`` into ``dst`` except ``skip``
+    (so the weights are copied once, not copied and then dropped)."""
     for fd, value in src.ListFields():
-        if fd.name == skip:
+        if fd.name in skip:
             continue
         if fd.is_repeated:
             getattr(dst, fd.name).extend(value)
@@ -46,8 +48,8 @@ def light_proto(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.Tens
     in the file): each one not already a graph input becomes a typed one, appended after
     the model's inputs; and those left out. Every other field is copied."""
     light = onnx.ModelProto()
-    _copy_fields(light, proto, "graph")
-    _copy_fields(light.graph, proto.graph, "initializer")
+    copy_fields(proto, light, skip=("graph",))
+    copy_fields(proto.graph, light.graph, skip=("initializer",))
     declared = {i.name for i in proto.graph.input}
     held: list[onnx.TensorProto] = []
     for t in proto.graph.initializer:
@@ -104,4 +106,4 @@ def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
     return inferred
 
 
-__all__ = ["KEEP_VALUES", "check_model", "infer_shapes", "light_proto"]
+__all__ = ["KEEP_VALUES", "check_model", "copy_fields", "infer_shapes", "light_proto"]
