@@ -147,6 +147,9 @@ def test_run_chooses_by_default_records_the_choice_and_a_rerun_reuses_it(tmp_pat
     assert main(argv) == 0
     said = capsys.readouterr()
     assert "rewrites auto: tokensplit: kept" in said.err
+    # the calibrate stage reads the statistics the choice made of the graph it kept
+    assert "calibrate: this graph's statistics on these batches, as calibrated before" in \
+        said.err
     assert "rewrites: tokensplit (auto: kept 1 of 1 tried, sqnr_db_channel_min on n=16 fit " \
            "samples)" in said.out
     kept = read_json(out / "rewritten.json", "rewritten")
@@ -410,27 +413,41 @@ def test_auto_tokensplit_chunks_fit_the_target_size_limit():
 
 def test_the_trials_calibrate_each_graph_once(monkeypatch):
     """Round 2 rebuilt each retried set from the given model and calibrated that same graph
-    again for each retry (the l3 acceptance run: the given model three times, 5 s each).
-    The run's calibration is now remembered by the model's content: the same graph (even
-    a fresh copy) is calibrated once, another graph again, and only the last few are
-    kept."""
-    from quantscope.pipeline import auto as pauto
+    again for each retry (the l3 acceptance run: the given model three times, 5 s each),
+    and the calibrate stage calibrated the graph the choice kept again. Calibrations are
+    now remembered by content (stages.open.calibrate_model): the same graph (even a fresh
+    copy) on the same batches is calibrated once, another graph, other batches or another
+    method again, and only the last few are kept."""
+    from collections import OrderedDict
+
+    from quantscope.stages import open as sopen
+    from quantscope.types import Dataset
 
     calls = []
 
-    def calibrate(m):
+    def calibrate(m, groups, batches, *, method, progress):
         calls.append(m)
         return object()
 
-    calib = pauto._by_content(calibrate)
+    monkeypatch.setattr(sopen, "calibrate", calibrate)
+    monkeypatch.setattr(sopen, "_KEPT", OrderedDict())
+    batch = {"ids": np.arange(6, dtype=np.int64).reshape(1, 6)}
+    data = Dataset(name="d", calibration=(batch,), evaluation=(batch,))
+
+    def calib(m, data=data, method="minmax"):
+        return sopen.calibrate_model(m, data, method=method)
+
     a, b = (load_proto(token_encoder(), "a"), load_proto(attention_encoder(), "b"))
     first = calib(a)
     assert calib(load_proto(token_encoder(), "a copy")) is first and len(calls) == 1
     assert calib(b) is not first and len(calls) == 2
-    others = [load_proto(token_encoder(), "x") for _ in range(pauto.KEPT_STATS)]
+    other = {"ids": batch["ids"] + 1}
+    assert calib(a, Dataset(name="d", calibration=(other,), evaluation=(batch,))) is not first
+    assert calib(a, method="percentile") is not first and len(calls) == 4
+    others = [load_proto(token_encoder(), "x") for _ in range(sopen.KEPT_STATS)]
     for i, m in enumerate(others):  # other content (the graph's name is in it)
         m.proto.graph.name = f"other{i}"
         calib(m)
-    assert len(calls) == 2 + pauto.KEPT_STATS
+    assert len(calls) == 4 + sopen.KEPT_STATS
     calib(a)  # pushed out by the last ones: calibrated again
-    assert len(calls) == 3 + pauto.KEPT_STATS
+    assert len(calls) == 5 + sopen.KEPT_STATS

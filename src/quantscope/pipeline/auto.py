@@ -330,7 +330,7 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
             if items is None and head.metric.split(":")[0] in ITEM_WORDS else "")
     say(f"rewrites auto: choosing by {head.metric} on {n} {unit}{over} (a tie: by {tiebreak})",
         show=progress)
-    calib = _by_content(_released(lambda m: stages.calibrate_model(m, fit, method=opts.method)))
+    calib = _released(lambda m: stages.calibrate_model(m, fit, method=opts.method))
     # the trials' preconditions read a length: without --seq-len, the one the input shapes
     # (given, or the data's sizes) give, else the size rules could not be judged
     seq_len = opts.seq_len if opts.seq_len is not None else \
@@ -357,32 +357,6 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
         list(fit.calibration)[: opts.repair_batches], seq_len=opts.seq_len,
         input_shapes=opts.input_shapes, progress=progress)
     return dataclasses.replace(choice, repairs=records), proto if fixed is None else fixed
-
-
-KEPT_STATS = 3  # calibrations the trials keep by model content (the given model's among them)
-
-
-def _by_content(calibrate: Callable[[Model], Stats]) -> Callable[[Model], Stats]:
-    """``calibrate`` remembered by the model's content (the last :data:`KEPT_STATS`): round
-    2 rebuilds each retried set from the given model and calibrated it again for each
-    retry (minilm-l3: the same graph three times, 5 s each), though the same graph on the
-    same fit data gives the same statistics."""
-    from collections import OrderedDict
-
-    from quantscope.analyze.evalcache import model_digest
-
-    kept: OrderedDict[str, Stats] = OrderedDict()
-
-    def calibrated(model: Model) -> Stats:
-        key = model_digest(model.proto)
-        if key not in kept:
-            kept[key] = calibrate(model)
-            while len(kept) > KEPT_STATS:
-                kept.popitem(last=False)
-        kept.move_to_end(key)
-        return kept[key]
-
-    return calibrated
 
 
 def _released(step: Callable[..., Any]) -> Callable[..., Any]:
