@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from quantscope.report.figures import log_scale
+from quantscope.report.figures import log_scale, remembered
 from quantscope.report.figures import png_uri as _png
 from quantscope.report.figures import pyplot as _plt
 from quantscope.report.fmt import axis, is_share, short_names
@@ -33,6 +33,7 @@ def _img(fig: Any, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="{_png(fig)}">'
 
 
+@remembered
 def noise_plot(noise: list[dict[str, Any]], labels: list[str] | None = None,
                masked: set[str] | None = None) -> str:
     """Isolated vs accumulated SQNR per tensor, in graph order (a line each); ``labels``:
@@ -70,6 +71,7 @@ def rank_value(v: Any) -> float:
     return -math.inf if x is None or math.isnan(x) else x
 
 
+@remembered
 def sensitivity_plot(sens: list[dict[str, Any]], metric: str, top: int = 20) -> str:
     """Enable-one and disable-one ``metric`` per group (the ``top`` most sensitive)."""
     rows = [r for r in sens if num(r["disable_one"].get(metric)) is not None]
@@ -99,6 +101,7 @@ def _finite(v: float | None, cap: float = 120.0) -> float:
     return min(v, cap) if v > 0 else max(v, -cap)
 
 
+@remembered
 def outlier_plot(tensor: str, absmax: np.ndarray, channels: list[int]) -> str:
     """Per-channel max|x| of one tensor, the outlier channels marked and named."""
     a = np.asarray(absmax, dtype=np.float64).ravel()
@@ -123,6 +126,7 @@ def outlier_plot(tensor: str, absmax: np.ndarray, channels: list[int]) -> str:
     return _img(fig, f"per-channel max|x| of {tensor}")
 
 
+@remembered
 def pareto_plot(pareto: dict[str, Any], measured_metric: str) -> str:
     """Cost vs predicted and measured quality; one axis when both are in one unit."""
     points = pareto.get("points") or []
@@ -170,6 +174,7 @@ def legend_corner(pareto: dict[str, Any]) -> str:
     return "lower right" if pareto.get("higher_is_better", True) else "upper right"
 
 
+@remembered
 def config_plot(results: dict[str, dict[str, Any]], metric: str,
                 data: str = "held-out data") -> str:
     labels = [k for k in results if num(results[k]["metrics"].get(metric)) is not None]
@@ -188,6 +193,7 @@ def config_plot(results: dict[str, dict[str, Any]], metric: str,
     return _img(fig, f"{metric} per configuration")
 
 
+@remembered
 def whatif_plot(whatif: dict[str, Any], data: str = "held-out data") -> str:
     """Gain of the plan's metric per op kind lifted to a16_w16, and of all at once."""
     m = whatif["metric"]
@@ -210,6 +216,7 @@ def whatif_plot(whatif: dict[str, Any], data: str = "held-out data") -> str:
     return _img(fig, f"{m} gained per op kind lifted to a16_w16")
 
 
+@remembered
 def headroom_plot(metric: str, plan_value: float, headroom: dict[str, Any]) -> str:
     """The metric against the scale of the plan's own error (log axis), with the goal."""
     pts = [(1.0, num(plan_value))] + [(float(r["scale"]), num(r[metric]))
@@ -233,6 +240,7 @@ def headroom_plot(metric: str, plan_value: float, headroom: dict[str, Any]) -> s
     return _img(fig, f"{metric} against the scale of the plan's own error")
 
 
+@remembered
 def length_plot(lengths: list[int], title: str) -> str:
     if not lengths:
         return ""
@@ -245,6 +253,7 @@ def length_plot(lengths: list[int], title: str) -> str:
     return _img(fig, f"token lengths: {title}")
 
 
+@remembered
 def prenorm_plot(results: dict[str, dict[str, Any]]) -> str:
     """Match rate of genuine pairs per pre_norm bin, one line per configuration: the INT8
     "cliff" of field report 002 shows as a line that falls to 0 below some pre_norm."""
