@@ -3,7 +3,8 @@ the same ``quantscope run`` in two child processes, one with glibc's own thresho
 (``QUANTSCOPE_MALLOC=default``) and one as every command sets them, alternating, each
 twice; user and system CPU seconds, wall seconds, the peak resident set and the minor page
 faults of each, the ratios of the best. The files they write must be the same (compared
-but for the folder's name and the seconds each step took).
+but for the folder's name, the seconds each step took and run.json, the record of each
+stage's measured memory and time).
 
     PYTHONPATH=src python bench/malloc.py [--pairs 16] [--threads 1]
 
@@ -37,7 +38,7 @@ def _run(mode: str, out: Path, pairs: int, threads: int) -> dict[str, float]:
             "--goal", "0.9", "--finetune", "off", "--out", str(out)]
     t = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-c", CALL, *args], env=env,
-                             stdout=subprocess.DEVNULL)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _, status, use = os.wait4(child.pid, 0)  # this child's own resource use
     wall = time.perf_counter() - t
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -51,7 +52,7 @@ def _files(folder: Path) -> dict[str, object]:
     """Each file's content, the folder's own path and the timings taken out."""
     got: dict[str, object] = {}
     for p in sorted(folder.rglob("*")):
-        if not p.is_file():
+        if not p.is_file() or p.name == "run.json":  # the stages' measured memory and times
             continue
         data = p.read_bytes().replace(str(folder).encode(), b"<out>")
         if p.suffix == ".json":
@@ -81,7 +82,11 @@ def main() -> None:
             kept.setdefault(mode, _files(out))
             for k, v in got.items():
                 best.setdefault(mode, {})[k] = min(best.get(mode, {}).get(k, v), v)
-        same = kept["default"] == kept["tuned"]
+        a, b = kept["default"], kept["tuned"]
+        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        same = not differ
+        if differ:
+            print("files that differ:", ", ".join(differ[:8]))
     d0, t0 = best["default"], best["tuned"]
     print(f"tuned / default (best of 2): wall {t0['wall'] / d0['wall']:.2f}x, system "
           f"{t0['sys'] / d0['sys']:.2f}x, user {t0['user'] / d0['user']:.2f}x, faults "

@@ -421,16 +421,17 @@ def test_the_trials_calibrate_each_graph_once(monkeypatch):
     from collections import OrderedDict
 
     from quantscope.stages import open as sopen
-    from quantscope.types import Dataset
+    from quantscope.types import Dataset, Stats
 
     calls = []
 
     def calibrate(m, groups, batches, *, method, progress):
         calls.append(m)
-        return object()
+        return Stats(tensors={}, method=method, num_batches=1, num_samples=1)
 
     monkeypatch.setattr(sopen, "calibrate", calibrate)
     monkeypatch.setattr(sopen, "_KEPT", OrderedDict())
+    monkeypatch.setattr(sopen, "KEPT_STATS_BYTES", -1)  # by count alone (below: by bytes)
     batch = {"ids": np.arange(6, dtype=np.int64).reshape(1, 6)}
     data = Dataset(name="d", calibration=(batch,), evaluation=(batch,))
 
@@ -451,3 +452,10 @@ def test_the_trials_calibrate_each_graph_once(monkeypatch):
     assert len(calls) == 4 + sopen.KEPT_STATS
     calib(a)  # pushed out by the last ones: calibrated again
     assert len(calls) == 5 + sopen.KEPT_STATS
+    # more are kept while their statistics fit in KEPT_STATS_BYTES
+    monkeypatch.setattr(sopen, "KEPT_STATS_BYTES", 1 << 30)
+    for m in others:
+        m.proto.graph.name += "again"
+        calib(m)
+    n = len(calls)
+    assert [calib(m) for m in (a, *others)] and len(calls) == n  # all still kept

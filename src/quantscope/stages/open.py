@@ -230,8 +230,13 @@ def _held_out_people(data: Dataset, feeds: list[Batch], batches: int
         "both)")
 
 
-KEPT_STATS = 3  # calibrations this process keeps by content (the last ones)
+KEPT_STATS = 3  # calibrations this process keeps by content at least (the last ones) ...
+KEPT_STATS_BYTES = 128 * 2**20  # ... and more while their histograms fit in this
 _KEPT: OrderedDict[tuple[str, str, str], Stats] = OrderedDict()
+
+
+def _stats_bytes(stats: Stats) -> int:
+    return sum(t.hist.nbytes + t.channel_absmax.nbytes for t in stats.tensors.values())
 
 
 def calibrate_model(
@@ -240,11 +245,13 @@ def calibrate_model(
     """Every calibration batch of ``data`` through ``model``
     (:func:`quantscope.calibrate.collect.calibrate`).
 
-    The last :data:`KEPT_STATS` are kept by content (the model's graph, the batches, the
-    method): the same graph on the same batches gives the same statistics, and a run asks
-    for them more than once. The auto choice's round 2 rebuilds each retried set from the
-    given model (minilm-l3: the same graph three times, 5 s each), and the calibrate stage
-    calibrates the graph the choice kept, on the same fit data (6-8 s)."""
+    The last ones are kept by content (the model's graph, the batches, the method): at
+    least :data:`KEPT_STATS`, more while they hold at most :data:`KEPT_STATS_BYTES`
+    (minilm-l3's take ~3 MB each). The same graph on the same batches gives
+    the same statistics, and a run asks for them more than once: the auto choice's round
+    2 rebuilds each retried set from the given model (minilm-l3: the same graph three
+    times, 5 s each), and the calibrate stage calibrates the graph the choice kept, on the
+    same fit data (6-8 s), after the choice's 4 later trials."""
     from quantscope.analyze.evalcache import content_digest, model_digest
 
     key = (model_digest(model.proto), content_digest(list(data.calibration)), method)
@@ -256,7 +263,7 @@ def calibrate_model(
     stats = calibrate(model, find_groups(model), data.calibration, method=method,
                       progress=progress)
     _KEPT[key] = stats
-    while len(_KEPT) > KEPT_STATS:
+    while len(_KEPT) > KEPT_STATS and sum(map(_stats_bytes, _KEPT.values())) > KEPT_STATS_BYTES:
         _KEPT.popitem(last=False)
     return stats
 
