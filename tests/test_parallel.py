@@ -27,6 +27,25 @@ def ws(tmp_path_factory):
     return d
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """One local 2-CPU Ray cluster for the module's Ray tests (each started and stopped its
+    own: ~5 s each), stopped after the last."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quantscope[ray]')")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def analysis(ws, tmp_path_factory):
+    """The serial analysis the plan tests read (made once)."""
+    a = tmp_path_factory.mktemp("analysis") / "a.json"
+    assert main(["analyze", str(ws / "m.onnx"), "--data", str(ws / "x.npy"), "--stats",
+                 str(ws / "s.npz"), "--out", str(a)]) == 0
+    return a
+
+
 def test_chunks_cover_in_order():
     assert chunks(7, 3) == [range(0, 2), range(2, 5), range(5, 7)]
     assert chunks(2, 5) == [range(0, 1), range(1, 2)]
@@ -62,37 +81,26 @@ def _ranking(path):
     return a
 
 
-def test_analyze_on_a_local_ray_cluster_ranks_as_without(ws, tmp_path):
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quantscope[ray]')")
+def test_analyze_on_a_local_ray_cluster_ranks_as_without(ws, analysis, cluster, tmp_path):
     base = ["analyze", str(ws / "m.onnx"), "--data", str(ws / "x.npy"),
             "--stats", str(ws / "s.npz")]
-    assert main([*base, "--out", str(tmp_path / "serial.json")]) == 0
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        assert main([*base, "--ray", "--out", str(tmp_path / "ray.json")]) == 0
-        assert ray.is_initialized()  # --ray joined the cluster the test started, left it up
-    finally:
-        ray.shutdown()
-    serial, on_ray = _ranking(tmp_path / "serial.json"), _ranking(tmp_path / "ray.json")
+    assert main([*base, "--ray", "--out", str(tmp_path / "ray.json")]) == 0
+    assert cluster.is_initialized()  # --ray joined the cluster the test started, left it up
+    serial, on_ray = _ranking(analysis), _ranking(tmp_path / "ray.json")
     assert [o["group"] for o in on_ray["offenders"]] == [o["group"] for o in serial["offenders"]]
     assert on_ray == serial  # every figure, not only the order
 
 
-def test_plan_measures_on_a_local_ray_cluster_as_without(ws, tmp_path, capsys):
+def test_plan_measures_on_a_local_ray_cluster_as_without(ws, analysis, cluster, tmp_path,
+                                                         capsys):
     """plan --ray: the best-predicted plans are measured as parallel tasks; the front, the
     measured values and the chosen plan are the serial run's."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quantscope[ray]')")
-    m, x, s, a = ws / "m.onnx", ws / "x.npy", ws / "s.npz", tmp_path / "a.json"
-    assert main(["analyze", str(m), "--data", str(x), "--stats", str(s), "--out", str(a)]) == 0
-    base = ["plan", str(m), "--analysis", str(a), "--target", "ort-cpu", "--max-cost", "1.3",
-            "--data", str(x), "--stats", str(s)]
+    m, x, s = ws / "m.onnx", ws / "x.npy", ws / "s.npz"
+    base = ["plan", str(m), "--analysis", str(analysis), "--target", "ort-cpu", "--max-cost",
+            "1.3", "--data", str(x), "--stats", str(s)]
     assert main([*base, "--out", str(tmp_path / "serial.json")]) == 0
     assert "parallel tasks" not in capsys.readouterr().err
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        assert main([*base, "--ray", "--out", str(tmp_path / "ray.json")]) == 0
-    finally:
-        ray.shutdown()
+    assert main([*base, "--ray", "--out", str(tmp_path / "ray.json")]) == 0
     said = capsys.readouterr()
     assert "as 2-way parallel tasks" in said.err + said.out
     serial = json.loads((tmp_path / "serial.json").read_text())
@@ -102,27 +110,22 @@ def test_plan_measures_on_a_local_ray_cluster_as_without(ws, tmp_path, capsys):
     assert on_ray == serial
 
 
-def test_plan_on_ray_with_a_profile_file_measures_as_without(ws, tmp_path, capsys):
+def test_plan_on_ray_with_a_profile_file_measures_as_without(ws, analysis, cluster, tmp_path,
+                                                             capsys):
     """plan --ray --target ./my.toml: a task on a worker looked the plan's target up by name
     among the built-ins (the worker never loaded the file) and the plan stopped at its
     first measurement with "unknown target 'my_cpu'"; the workers now get the profiles the
     command loaded, and measure what the serial run measures."""
-    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'quantscope[ray]')")
     from pathlib import Path
 
     builtin = Path(__file__).parents[1] / "src/quantscope/targets/ort_cpu.toml"
     mine = tmp_path / "my.toml"
     mine.write_text(builtin.read_text().replace('name = "ort_cpu"', 'name = "my_cpu"', 1))
-    m, x, s, a = ws / "m.onnx", ws / "x.npy", ws / "s.npz", tmp_path / "a.json"
-    assert main(["analyze", str(m), "--data", str(x), "--stats", str(s), "--out", str(a)]) == 0
-    base = ["plan", str(m), "--analysis", str(a), "--target", str(mine), "--max-cost", "1.3",
-            "--data", str(x), "--stats", str(s)]
+    m, x, s = ws / "m.onnx", ws / "x.npy", ws / "s.npz"
+    base = ["plan", str(m), "--analysis", str(analysis), "--target", str(mine), "--max-cost",
+            "1.3", "--data", str(x), "--stats", str(s)]
     assert main([*base, "--out", str(tmp_path / "serial.json")]) == 0
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        code = main([*base, "--ray", "--out", str(tmp_path / "ray.json")])
-    finally:
-        ray.shutdown()
+    code = main([*base, "--ray", "--out", str(tmp_path / "ray.json")])
     said = capsys.readouterr()
     assert code == 0, said.err
     assert "as 2-way parallel tasks" in said.err + said.out
