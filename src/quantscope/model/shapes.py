@@ -38,6 +38,7 @@ from onnx import shape_inference
 
 from quantscope.model.load import Model
 from quantscope.model.symbolic import symbolic_proto
+from quantscope.model.weightless import KEEP_VALUES  # noqa: F401 - also read as shapes.KEEP_VALUES
 from quantscope.threads import default_threads
 from quantscope.types import MAX_SEQ_LEN, Groups, QuantscopeError
 
@@ -122,7 +123,6 @@ def _agrees(name: str, shape: tuple[int, ...], declared: Shape | None) -> None:
                 f"({name} is {list(declared)}): give {d} there")
 
 
-KEEP_VALUES = 4096  # initializers up to this many values keep their data (shape constants)
 _CACHE: weakref.WeakKeyDictionary[Model, dict[tuple, dict[str, Shape]]] = (
     weakref.WeakKeyDictionary())
 # per model and given input shapes: the tensors whose shapes came from a sample run
