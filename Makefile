@@ -35,7 +35,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check src tests bench tools
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20
 
 bench: $(STAMP)
 	$(PY) bench/emulation.py

@@ -210,28 +210,47 @@ def test_bias_correction_holds_one_batch_of_taps_at_a_time(monkeypatch):
     assert counts == [4 * 2 * 16 * 16, 4 * 2 * 8 * 8]
 
 
+_SESSION_COPIES_SCRIPT = """
+import sys
+import onnx
+from onnx import numpy_helper
+from test_stage_memory import mid_model
+from quantscope.emulate.release import release_memory, resident_bytes, tune_malloc
+from quantscope.emulate.session import make_session
+tune_malloc()  # as every quantscope command runs
+if resident_bytes() is None:
+    print("none")
+    raise SystemExit
+proto = mid_model(width=2048, layers=4)  # 64 MB of weights
+weights = sum(numpy_helper.to_array(t).nbytes for t in proto.graph.initializer)
+data = proto.SerializeToString()
+del proto
+release_memory(force=True)
+before = resident_bytes()
+session = make_session(onnx.load_from_string(data), shared_arena=True)
+release_memory(force=True)
+assert session is not None
+print((resident_bytes() - before) / weights)
+"""
+
+
 def test_an_emulation_session_keeps_its_weights_twice():
     """What :data:`~quantscope.analyze.stage_memory.SESSION_COPIES` stands on: a session
     as the emulator makes it keeps about twice its weights once built, its proto gone
-    (the deploy estimate counted them once and read 0.70x its peak on minilm-l3)."""
-    from quantscope.analyze.stage_memory import SESSION_COPIES
-    from quantscope.emulate.release import release_memory, resident_bytes
-    from quantscope.emulate.session import make_session
+    (the deploy estimate counted them once and read 0.70x its peak on minilm-l3).
 
-    if resident_bytes() is None:
+    Measured in a fresh process: in a test worker the heap pages earlier tests freed are
+    still resident and the session's copies land in them (CI read 1.25x for a fresh
+    process's 2.16x)."""
+    from quantscope.analyze.stage_memory import SESSION_COPIES
+
+    out = subprocess.run([sys.executable, "-c", _SESSION_COPIES_SCRIPT], check=True,
+                         capture_output=True, text=True,
+                         cwd=Path(__file__).parent).stdout.strip()
+    if out == "none":
         pytest.skip("no /proc resident set here")
-    proto = mid_model(width=2048, layers=4)  # 64 MB of weights
-    weights = sum(numpy_helper.to_array(t).nbytes for t in proto.graph.initializer)
-    data = proto.SerializeToString()
-    del proto
-    release_memory(force=True)
-    before = resident_bytes()
-    session = make_session(onnx.load_from_string(data), shared_arena=True)
-    release_memory(force=True)
-    kept = resident_bytes() - before
-    assert session is not None
-    assert 0.75 * SESSION_COPIES * weights <= kept <= 1.5 * SESSION_COPIES * weights, (
-        kept / weights)
+    kept = float(out)
+    assert 0.75 * SESSION_COPIES <= kept <= 1.5 * SESSION_COPIES, kept
 
 
 def test_the_deploy_estimate_counts_each_session_twice_and_a_build():
