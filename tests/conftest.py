@@ -20,6 +20,33 @@ def pytest_configure(config) -> None:
     from quantscope.emulate.release import tune_malloc
 
     tune_malloc()
+    _freeze_imports()
+
+
+# the libraries a test worker ends up importing (PyTorch alone ~140k objects, with sympy and
+# transformers ~270k of a worker's ~330k): a full garbage collection walks them all, 250-340
+# ms each, and the stages collect between steps (emulate/release.py), 100 s of the suite's
+# CPU time. Imported first and frozen (gc.freeze: out of every later collection; they live
+# as long as the worker does), a collection walks what the tests made.
+HEAVY_IMPORTS = ("torch", "transformers", "matplotlib.pyplot")
+
+
+def _freeze_imports() -> None:
+    import gc
+    import importlib
+    import pkgutil
+
+    import quantscope
+
+    names = [m.name for m in pkgutil.walk_packages(quantscope.__path__, "quantscope.")
+             if not m.name.endswith("__main__")]
+    for name in [*names, *HEAVY_IMPORTS]:
+        try:
+            importlib.import_module(name)
+        except Exception:  # an optional extra not installed: its tests skip
+            pass
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_report_header(config) -> str:

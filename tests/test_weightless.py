@@ -75,3 +75,48 @@ def test_load_refuses_a_short_weight_with_one_line():
     w.raw_data = w.raw_data[:-4]
     with pytest.raises(QuantscopeError, match="fails the ONNX checker .*raw_data size"):
         load_proto(_model(w), "m.onnx")
+
+
+def _old_opset_model(opset: int) -> onnx.ModelProto:
+    """Ops whose adapters rewrite attributes into inputs (Split, Squeeze, ReduceMean) or
+    read constant inputs (Reshape), around a large MatMul weight and a large Gather table."""
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.normal(size=(64, 96)).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.normal(size=(100, 64)).astype(np.float32), "table"),
+             numpy_helper.from_array(np.array([0, 5, 2, 48], np.int64), "shape")]
+    split = ({"split": [48, 48]} if opset < 13 else {})
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"]),
+             helper.make_node("MatMul", ["e", "w"], ["m"]),
+             helper.make_node("Reshape", ["m", "shape"], ["r"]),
+             helper.make_node("ReduceMean", ["r"], ["s"], axes=[3], keepdims=1)
+             if opset < 18 else helper.make_node("ReduceMean", ["r", "ax"], ["s"]),
+             helper.make_node("Squeeze", ["s"], ["q"], axes=[3]) if opset < 13
+             else helper.make_node("Squeeze", ["s", "ax"], ["q"]),
+             helper.make_node("Softmax", ["q"], ["p"], axis=-1),
+             helper.make_node("Split", ["m"], ["a", "b"], axis=2, **split),
+             helper.make_node("Add", ["a", "b"], ["y"])]
+    if opset >= 13:
+        inits.append(numpy_helper.from_array(np.array([3], np.int64), "ax"))
+    g = helper.make_graph(nodes, "old", [helper.make_tensor_value_info("ids", TensorProto.INT64,
+                                                                       ["n", 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                           helper.make_tensor_value_info("p", TensorProto.FLOAT, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 7
+    return m
+
+
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_the_version_converter_on_the_light_copy_gives_the_whole_models_proto(
+        opset, monkeypatch):
+    from onnx import version_converter
+
+    monkeypatch.setattr(weightless, "LIGHT_CONVERT_BYTES", 0)  # these weights are small
+    m = _old_opset_model(opset)
+    before = m.SerializeToString()
+    got = weightless.convert_version(m, 21)
+    want = version_converter.convert_version(m, 21)
+    assert got.SerializeToString() == want.SerializeToString()
+    assert m.SerializeToString() == before
+    assert [t.name for t in got.graph.initializer][:3] == ["w", "table", "shape"]
+    assert got.opset_import[0].version == 21

@@ -345,7 +345,7 @@ def upgrade_opset(proto: onnx.ModelProto, target: int = MIN_QDQ16_OPSET) -> onnx
     # knows the input's rank
     ranked = rank_softmax_inputs(proto, _default_opset(proto), target)
     try:
-        converted = onnx.version_converter.convert_version(ranked, target)
+        converted = weightless.convert_version(ranked, target)
     except Exception as exc:
         raise QuantscopeError(
             f"cannot raise the model's opset from {_default_opset(proto)} to {target} "

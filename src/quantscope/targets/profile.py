@@ -514,8 +514,14 @@ def parse_target(raw: dict[str, Any], source: str = "<memory>") -> Target:
     return target
 
 
+# the profiles parsed by (path, text): a run read its target 50-100 times (each check of a
+# plan's scheme), parsing and validating the TOML each time (24 s of the test suite's)
+_PARSED: dict[tuple[str, str], Target] = {}
+
+
 def load_target_file(path: str | Path) -> Target:
-    """Load a target profile from a TOML file."""
+    """Load a target profile from a TOML file (a text this process parsed before from
+    the same path: the same frozen :class:`Target`)."""
     path = Path(path)
     if path.is_dir():
         raise QuantscopeError(f"target profile '{path}' is a folder, not a file: give the "
@@ -523,11 +529,18 @@ def load_target_file(path: str | Path) -> Target:
     if not path.is_file():
         raise QuantscopeError(f"target profile '{path}' does not exist: check the path")
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        if (str(path), text) in _PARSED:
+            return _PARSED[(str(path), text)]
+        raw = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise QuantscopeError(f"target profile '{path}' is not valid TOML ({exc})") from None
     try:
-        return parse_target(raw, source=str(path))
+        target = parse_target(raw, source=str(path))
+        while len(_PARSED) >= 32:
+            del _PARSED[next(iter(_PARSED))]
+        _PARSED[(str(path), text)] = target
+        return target
     except (TypeError, ValueError, AttributeError) as exc:
         raise QuantscopeError(
             f"target profile '{path}' has a value of the wrong type ({exc}): compare it with "
