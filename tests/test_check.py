@@ -16,7 +16,7 @@ from onnx import numpy_helper
 from quantscope.model.groups import find_groups
 from quantscope.model.load import load, load_proto
 from quantscope.model.shapes import resolve_shapes, seq_len_shapes
-from quantscope.plan.check import check, low_byte_empty
+from quantscope.plan.check import check, low_byte_empty, prepare
 from quantscope.plan.cost import cost_breakdown, plan_cost
 from quantscope.targets import load_target, with_params
 from quantscope.types import Plan, Precision, QuantscopeError
@@ -181,6 +181,32 @@ def test_shapes_for_unknown_tensors_and_wrong_rank_are_errors():
     assert resolve_shapes(model, {"x": (1, 7, 16)})["p"] == (1, 7, 7)
     with pytest.raises(QuantscopeError, match="rank-2 token input"):
         seq_len_shapes(model, 128)
+
+
+@pytest.mark.parametrize("build", [tiny_models.residual_add, tiny_models.attention,
+                                   tiny_models.conv_net])
+@pytest.mark.parametrize("target", [HAILO, QNN])
+def test_a_prepared_check_gives_each_plan_what_a_fresh_one_does(build, target):
+    """plan.check.prepare: the plan-free part made once and the local rules' verdicts kept
+    by (rule, group, precision), over plans that revisit a group's precision (a search)."""
+    model, groups = _setup(build)
+    shapes = {"x": (1, 7, 16)} if build is tiny_models.attention else None
+    prepared = prepare(groups, model, target, shapes)
+    rng = np.random.default_rng(0)
+    names = groups.names()
+    choices = [Precision.A8_W8, Precision.A16_W8, Precision.A16_W16, Precision.FLOAT]
+    seen = set()
+    for _ in range(30):
+        plan = _plan(**{n: choices[rng.integers(4)] for n in names if rng.random() < 0.5})
+        got = check(plan, groups, model, target, shapes=shapes, prepared=prepared)
+        assert got == check(plan, groups, model, target, shapes=shapes)
+        seen.update(p.rule for p in got)
+    assert prepared.local  # kept verdicts
+    assert seen  # the plans broke rules: the comparison saw problems, not only empty lists
+    other = load_proto(build())  # another model: the prepared part is not read for it
+    assert check(Plan.uniform(Precision.A16_W16), find_groups(other), other, target,
+                 shapes=shapes, prepared=prepared) == check(
+        Plan.uniform(Precision.A16_W16), find_groups(other), other, target, shapes=shapes)
 
 
 # ---- cost -------------------------------------------------------------------------

@@ -27,7 +27,14 @@ from types import MappingProxyType
 from quantscope.model.load import Model
 from quantscope.model.shapes import Shapes
 from quantscope.plan.accepted import accepted_record, with_accepted
-from quantscope.plan.check import BUILTIN_RULES, LOCAL_CHECKS, blocker_label, check
+from quantscope.plan.check import (
+    BUILTIN_RULES,
+    LOCAL_CHECKS,
+    Prepared,
+    blocker_label,
+    check,
+    prepare,
+)
 from quantscope.plan.cost import CostTable, cost_table
 from quantscope.plan.pareto import Budget, FrontPoint
 from quantscope.plan.shared_weight import RULE as SHARED_WEIGHT
@@ -110,9 +117,11 @@ class Legality:
     baseline: frozenset[tuple[str, str, str]]  # problems of the start plan (allowed)
     local: frozenset[str]  # rule ids whose verdict depends only on the group
     memo: dict[tuple[str, Precision], tuple[Problem, ...]] = field(default_factory=dict)
+    prepared: Prepared | None = None  # check's plan-free part (plan.check.prepare)
 
     def problems(self, plan: Plan) -> list[Problem]:
-        return check(plan, self.groups, self.model, self.target, shapes=self.shapes)
+        return check(plan, self.groups, self.model, self.target, shapes=self.shapes,
+                     prepared=self.prepared)
 
     def blocking(self, plan: Plan) -> tuple[Problem, ...]:
         """Errors, and warnings not in the start plan unless their rule is allowed (but
@@ -162,7 +171,8 @@ def legality(
     *, allowed: frozenset[str] = frozenset(),
 ) -> Legality:
     """The legality screen of a search from ``start``; raises if ``start`` is not legal."""
-    problems = check(start, groups, model, target, shapes=shapes)
+    prepared = prepare(groups, model, target, shapes)
+    problems = check(start, groups, model, target, prepared=prepared)
     errors = [p for p in problems if p.severity == "error"]
     if errors:
         listed = "; ".join(f"{p.group}: {p.rule}" for p in errors[:5])
@@ -174,7 +184,7 @@ def legality(
     local = {r.id for r in target.rules if r.check in LOCAL_CHECKS} | BUILTIN_RULES
     return Legality(start=start, groups=groups, model=model, target=target, shapes=shapes,
                     allowed=frozenset(allowed), baseline=frozenset(map(_sig, problems)),
-                    local=frozenset(local))
+                    local=frozenset(local), prepared=prepared)
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,8 +258,9 @@ def legal_start(
     precision (in ``PRECISION_ORDER``, ``float`` last) that clears its errors."""
     plan = Plan(default=low, target=target.name)
     raised: dict[str, tuple[Precision, str]] = {}
+    prepared = prepare(groups, model, target, shapes)
     for _ in range(len(groups.groups) + 1):
-        errors = [p for p in check(plan, groups, model, target, shapes=shapes)
+        errors = [p for p in check(plan, groups, model, target, prepared=prepared)
                   if p.severity == "error"]
         if not errors:
             break
@@ -258,7 +269,7 @@ def legal_start(
             p = unknown[0]
             raise PlannerError(f"uniform {low} on {target.name}: rule {p.rule} cannot be "
                                f"evaluated on {p.group}: {p.reason.split(' (')[0]}; {p.fix}")
-        plan = _raise_groups(plan, errors, groups, model, target, shapes, raised)
+        plan = _raise_groups(plan, errors, groups, model, target, prepared, raised)
     else:
         raise PlannerError(f"no legal start plan on {target.name} was found")
     if not raised:
@@ -272,7 +283,7 @@ def legal_start(
 
 
 def _raise_groups(plan: Plan, errors: list[Problem], groups: Groups, model: Model,
-                  target: Target, shapes: Shapes | None,
+                  target: Target, prepared: Prepared,
                   raised: dict[str, tuple[Precision, str]]) -> Plan:
     names = set(groups.names())
     todo = list(dict.fromkeys(p.group for p in errors if p.group in names))
@@ -285,7 +296,7 @@ def _raise_groups(plan: Plan, errors: list[Problem], groups: Groups, model: Mode
         for prec in [p for p in PRECISION_ORDER if rank(p) > rank(plan.precision_of(g))]:
             trial = _with_precisions(plan, {g: prec})
             if not any(p.group == g and p.severity == "error"
-                       for p in check(trial, groups, model, target, shapes=shapes)):
+                       for p in check(trial, groups, model, target, prepared=prepared)):
                 plan, raised[g] = trial, (prec, rule)
                 break
         else:
