@@ -62,16 +62,21 @@ from quantscope.types import Group, GroupKind, Groups, Plan, Precision, Problem,
 
 
 @dataclass(frozen=True, eq=False)
-class RuleContext:
-    """Everything a check function may read; built once per :func:`check` call."""
+class Prepared:
+    """What :func:`check` reads of a model on a target whatever the plan (its shapes, group
+    edges, nodes by name, the host's lookups, who reads each group) and the verdicts of the
+    local rules by (rule, group, precision): made once by :func:`prepare` for a search that
+    checks hundreds of plans (minilm-l3's acceptance run checked 797, 19 s of its 205 s of
+    CPU, most of it this, made again per plan, and every group's local rules judged again)."""
 
-    plan: Plan
     groups: Groups
     model: Model
     target: Target
     shapes: dict[str, Shape]
     edges: tuple[tuple[str, str, str], ...]
     nodes: dict[str, onnx.NodeProto]
+    host: dict[str, Problem]
+    local: dict[tuple[str, str, Precision], Problem | None]
 
     def readers(self) -> dict[str, tuple[Group, ...]]:
         """Group name -> the groups that read its output (from :attr:`edges`)."""
@@ -82,6 +87,43 @@ class RuleContext:
                 out.setdefault(src, []).append(by_name[dst])
             object.__setattr__(self, "_readers", {k: tuple(v) for k, v in out.items()})
         return self._readers  # type: ignore[attr-defined,no-any-return]
+
+
+@dataclass(frozen=True, eq=False)
+class RuleContext:
+    """Everything a check function may read: the plan, and what :func:`prepare` made of the
+    model on the target (the same for every plan of a search)."""
+
+    plan: Plan
+    prepared: Prepared
+
+    @property
+    def groups(self) -> Groups:
+        return self.prepared.groups
+
+    @property
+    def model(self) -> Model:
+        return self.prepared.model
+
+    @property
+    def target(self) -> Target:
+        return self.prepared.target
+
+    @property
+    def shapes(self) -> dict[str, Shape]:
+        return self.prepared.shapes
+
+    @property
+    def edges(self) -> tuple[tuple[str, str, str], ...]:
+        return self.prepared.edges
+
+    @property
+    def nodes(self) -> dict[str, onnx.NodeProto]:
+        return self.prepared.nodes
+
+    def readers(self) -> dict[str, tuple[Group, ...]]:
+        """Group name -> the groups that read its output (:meth:`Prepared.readers`)."""
+        return self.prepared.readers()
 
     def output_shape(self, group: Group) -> Shape | None:
         return self.shapes.get(group.outputs[0]) if group.outputs else None
@@ -454,24 +496,6 @@ def _host_notes(groups: Groups, model: Model, target: Target) -> dict[str, Probl
     return out
 
 
-@dataclass(frozen=True, eq=False)
-class Prepared:
-    """What :func:`check` reads of a model on a target whatever the plan (its shapes, group
-    edges, nodes by name, the host's lookups) and the verdicts of the local rules by (rule,
-    group, precision): made once by :func:`prepare` for a search that checks hundreds of
-    plans (minilm-l3's acceptance run checked 797, 19 s of its 205 s of CPU, most of it
-    this, made again per plan, and every group's local rules judged again)."""
-
-    groups: Groups
-    model: Model
-    target: Target
-    shapes: dict[str, Shape]
-    edges: tuple[tuple[str, str, str], ...]
-    nodes: dict[str, onnx.NodeProto]
-    host: dict[str, Problem]
-    local: dict[tuple[str, str, Precision], Problem | None]
-
-
 def prepare(groups: Groups, model: Model, target: Target,
             shapes: Shapes | None = None) -> Prepared:
     """The plan-free part of :func:`check` for ``groups`` of ``model`` on ``target``."""
@@ -502,8 +526,7 @@ def check(
     if prepared is None or prepared.groups is not groups or prepared.model is not model or (
             prepared.target is not target):
         prepared = prepare(groups, model, target, shapes)
-    ctx = RuleContext(plan=plan, groups=groups, model=model, target=target,
-                      shapes=prepared.shapes, edges=prepared.edges, nodes=prepared.nodes)
+    ctx = RuleContext(plan=plan, prepared=prepared)
     problems = _plan_problems(plan, groups, target, prepared.local)
     problems += prepared.host.values()
     local = prepared.local
