@@ -43,9 +43,10 @@ FIGURE_DPI = 110
 def png_uri(fig: Any) -> str:
     """``fig`` as a PNG ``data:`` URI (:data:`FIGURE_DPI`, tight box); the figure is closed.
 
-    Drawn once: ``savefig(bbox_inches="tight")`` draws a figure twice (once to measure its
-    text, once to render it shifted into the box), half of a figure's ~150 ms and most of a
-    tiny model's report. Here the canvas is first widened by :data:`MARGIN_INCHES` on each
+    Drawn once: ``savefig(bbox_inches="tight")`` draws a figure twice (a layout pass to
+    measure its text, then the render shifted into the box); the render's glyphs and ticks
+    are most of a figure's cost, so one draw is 0.37 -> 0.29 s a figure, not half
+    (docs/benchmarks.md, stop 72). Here the canvas is first widened by :data:`MARGIN_INCHES` on each
     side, the axes kept where they were in inches (the labels that overflow the figure, as
     a long name left of its bar or an axis label under a short figure, land in the margin),
     rendered once, and the tight box (padded as savefig pads it) cut out of the pixels. A
