@@ -122,20 +122,19 @@ def convert_version(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
     if proto.ir_version < 4 or sum(len(t.raw_data) for t in held) < LIGHT_CONVERT_BYTES:
         return version_converter.convert_version(proto, target)
     converted = version_converter.convert_version(light, target)
+    held_by_name = {t.name: t for t in held}
     inputs = {i.name for i in proto.graph.input}
-    kept = [i for i in converted.graph.input if i.name in inputs or
-            i.name not in {t.name for t in held}]
+    kept = [i for i in converted.graph.input
+            if i.name in inputs or i.name not in held_by_name]
     del converted.graph.input[:]
     converted.graph.input.extend(kept)
-    by_name = {t.name: t for t in converted.graph.initializer}
-    held_by_name = {t.name: t for t in held}
-    out = [held_by_name[t.name] if t.name in held_by_name else by_name.pop(t.name)
-           for t in proto.graph.initializer if t.name in held_by_name or t.name in by_name]
-    for t in out:
-        by_name.pop(t.name, None)
-    added = [t for t in converted.graph.initializer if t.name in by_name]
+    new = {t.name: t for t in converted.graph.initializer}  # what the converter kept or added
+    names = [t.name for t in proto.graph.initializer]
+    out = [held_by_name[n] if n in held_by_name else new.pop(n)
+           for n in names if n in held_by_name or n in new]
+    out += new.values()  # the ones it added, in its order
     del converted.graph.initializer[:]
-    converted.graph.initializer.extend(out + added)
+    converted.graph.initializer.extend(out)
     return converted
 
 
