@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from onnx import helper
 
+from quantscope.finetune import ops_decoder as D
 from quantscope.finetune import ops_vision as V
 from quantscope.types import QuantscopeError
 
@@ -298,4 +299,5 @@ OPS: dict[str, OpFn] = {
     "HardSigmoid": V.hard_sigmoid, "HardSwish": V.hard_swish,
     "BatchNormalization": V.batch_norm, "ArgMax": V.arg_extreme(True),
     "ArgMin": V.arg_extreme(False), "TopK": V.top_k,
+    "RMSNormalization": D.rms_norm, "Split": D.split, "Cos": D.cos, "Sin": D.sin,
 }
