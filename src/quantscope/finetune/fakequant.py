@@ -216,8 +216,15 @@ class WeightQuant(nn.Module):
         self.name, self.bits, self.signed, self.axis = name, bits, signed, axis
         self.symmetric = symmetric
         self.qmin, self.qmax = qlimits(bits, signed)
+        self.hold = False  # GraphModule.weights_held: one fake-quantised copy per step
+        self._held: Tensor | None = None
 
     def forward(self, w: Tensor) -> Tensor:
+        if self._held is not None:
+            return self._held
         axis = None if self.axis is None else self.axis % w.dim()
         scale, zp = weight_qparams(w, axis, self.bits, self.signed, self.symmetric)
-        return fake_quant(w, scale, zp, self.qmin, self.qmax)
+        out = fake_quant(w, scale, zp, self.qmin, self.qmax)
+        if self.hold:
+            self._held = out
+        return out

@@ -28,7 +28,8 @@ mixes the two (a Range of positions indexing a table) gets its CPU operands move
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -198,6 +199,20 @@ class GraphModule(nn.Module):
     def trained_weights(self) -> dict[str, nn.Parameter]:
         """ONNX initializer name -> its Parameter."""
         return {name: getattr(self, attr) for name, attr in self.param_names.items()}
+
+    @contextmanager
+    def weights_held(self) -> Iterator[None]:
+        """Inside, each weight is fake-quantised once and reused by every forward pass
+        (one optimiser step's several passes, one backward over their summed loss): a
+        decode step reads every weight for one token, so re-quantising them per pass
+        would cost more than the pass."""
+        for q in self.weight_quants:
+            q.hold, q._held = True, None
+        try:
+            yield
+        finally:
+            for q in self.weight_quants:
+                q.hold, q._held = False, None
 
     def quant_parameters(self) -> Iterable[nn.Parameter]:
         return self.act_quants.parameters()

@@ -1,0 +1,188 @@
+"""Quantization-aware distillation of a decoder's two phase graphs under one plan.
+
+A decoder LLM is deployed as two subnets that read one set of weights (prefill over the
+prompt, decode one token at a time on the KV cache), each with its own activation grids
+(``plan.for_phase``). The fine-tune trains that one set of weights for both:
+
+=====================  ==============================================================
+students               each phase's QDQ graph (``quantize_model``, the one composition
+                       the emulation measures) converted by :func:`~.graph.to_torch`;
+                       the decode student's float weights are the prefill student's
+                       Parameters (tied by initializer name), so one optimiser step
+                       moves both graphs' weights; the activation grids stay the
+                       calibrated ones (recalibrate after: :func:`~quantscope.tasks.
+                       lm_phases.calibrate_phases`)
+teacher                the FP32 prefill graph
+loss                   per training window, the KL of the student prefill's next-token
+                       distributions from the teacher's at every position, plus
+                       ``decode_weight`` x the mean KL of ``decode_positions`` decode
+                       steps, each fed the student prefill's own cache of the tokens
+                       before it (detached: what the device's decode reads)
+not trained            constants only one graph has (a KV prefix's keys and values:
+                       recompute them from the trained weights), embedding tables
+                       read by Gather, scalars
+=====================  ==============================================================
+Each step fake-quantises every weight once per student (:meth:`~.graph.GraphModule.
+weights_held`) and sums the windows' losses for one backward pass. Adam, a linear warm-up
+over the first tenth of the steps, then cosine; a time budget ends it early (the
+schedule does not stretch: the steps left are not taken).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.finetune.apply import fp32_weights
+from quantscope.finetune.graph import GraphModule, to_torch
+from quantscope.model.load import Model
+from quantscope.model.phases import PAST_PREFIX
+from quantscope.progress import track
+from quantscope.types import Plan, QuantscopeError, Stats
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class PhaseTuneConfig:
+    steps: int = 60
+    lr: float = 2e-5
+    batch: int = 4  # windows per step (the phase graphs take one window per pass)
+    decode_positions: int = 4  # decode steps per window, in its second half
+    decode_weight: float = 1.0
+    max_seconds: float | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class PhaseTuneResult:
+    weights: dict[str, np.ndarray]  # initializer name -> trained FP32 array (both graphs)
+    log: tuple[dict[str, float], ...]  # per step: the mean prefill and decode KL, lr, time
+    steps: int
+    seconds: float
+    windows: int
+
+    def summary(self) -> str:
+        first, last = self.log[0], self.log[-1]
+        return (f"quantization-aware distillation of both phases: {self.steps} steps on "
+                f"{self.windows} windows, {self.seconds:.0f} s; training KL prefill "
+                f"{first['prefill_kl']:.4f} -> {last['prefill_kl']:.4f}, decode "
+                f"{first['decode_kl']:.4f} -> {last['decode_kl']:.4f} (one step's windows "
+                "each: noisy; the evaluation measures)")
+
+
+def kl_logits(student: Tensor, teacher: Tensor) -> Tensor:
+    """Mean over rows of KL(teacher || student) of the softmax over the last axis."""
+    lt = F.log_softmax(teacher.float(), -1)
+    return (lt.exp() * (lt - F.log_softmax(student.float(), -1))).sum(-1).mean()
+
+
+def _students(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
+              ) -> tuple[GraphModule, GraphModule, list[str]]:
+    """The phases' students, decode's float weights tied to prefill's; the tied names."""
+    made = {}
+    for phase, model in models.items():
+        p = plan.for_phase(phase)
+        q = quantize_model(model, stats[phase], p, scheme=scheme_for(p, None))
+        made[phase] = to_torch(q.proto, float_weights=fp32_weights(model),
+                               scheme=q.encodings.scheme)
+    pre, dec = made["prefill"], made["decode"]
+    tied = [n for n in dec.param_names if n in pre.param_names]
+    for name in tied:
+        setattr(dec, dec.param_names[name], getattr(pre, pre.param_names[name]))
+    alone = [n for n in dec.param_names if n not in pre.param_names]
+    if alone:
+        raise QuantscopeError(f"finetune: the decode graph has weights the prefill graph has "
+                              f"not (e.g. '{alone[0]}'): not one model's two phases")
+    for name, p in pre.trained_weights().items():
+        p.requires_grad_(name in tied)
+    for q in (*pre.quant_parameters(), *dec.quant_parameters()):
+        q.requires_grad_(False)
+    return pre, dec, tied
+
+
+def _window_loss(ids: np.ndarray, pre: GraphModule, dec: GraphModule, teacher: GraphModule,
+                 prefix: int, positions: Sequence[int], decode_weight: float
+                 ) -> tuple[Tensor, float, float]:
+    feeds = {"input_ids": torch.from_numpy(ids[None])}
+    with torch.no_grad():
+        ref = dict(zip(teacher.output_names, teacher(feeds)[0], strict=True))["logits"][0]
+    out = dict(zip(pre.output_names, pre(feeds)[0], strict=True))
+    loss = kl_logits(out["logits"][0, :-1], ref[:-1])
+    dl_sum, pl = 0.0, float(loss.detach())
+    past = [n for n in dec.input_names if n.startswith(PAST_PREFIX)]
+    for t in positions:
+        step = {"input_ids": feeds["input_ids"][:, t:t + 1]}
+        for n in past:  # the student prefill's own cache of the tokens before t
+            step[n] = out["present." + n[len(PAST_PREFIX):]][:, :, :prefix + t].detach()
+        logits = dict(zip(dec.output_names, dec(step)[0], strict=True))["logits"][0, 0]
+        dl = kl_logits(logits[None], ref[t][None])
+        dl_sum += float(dl.detach())
+        loss = loss + decode_weight * dl / len(positions)
+    return loss, pl, dl_sum / max(len(positions), 1)
+
+
+def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan,
+                   windows: Sequence[np.ndarray], config: PhaseTuneConfig = PhaseTuneConfig(),
+                   *, prefix: int = 0, progress: bool = False) -> PhaseTuneResult:
+    """Train the weights both of ``models`` (``prefill``, ``decode``; the prefill graph with
+    its constant KV prefix of ``prefix`` positions, if any) share under ``plan``, on token
+    ``windows`` (disjoint from what will measure the result). See the module docstring."""
+    seq = min(len(w) for w in windows)
+    if seq < 4 or len(windows) < config.batch:
+        raise QuantscopeError(f"finetune: {len(windows)} window(s) of {seq} tokens: needs at "
+                              f"least {config.batch} of 4 tokens or more")
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    pre, dec, tied = _students(models, stats, plan)
+    teacher = to_torch(models["prefill"].proto)
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    weights = pre.trained_weights()
+    opt = torch.optim.Adam([weights[n] for n in tied], lr=config.lr)
+    warm = max(1, config.steps // 10)
+    k = min(config.decode_positions, seq - 1 - seq // 2)
+    log: list[dict[str, float]] = []
+    start = time.perf_counter()
+    order: list[int] = []
+    for step in track(range(config.steps), "finetune (both phases)", unit="step",
+                      show=progress):
+        if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
+            break
+        lr = config.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * step
+                                                                            / config.steps))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        if len(order) < config.batch:
+            order = rng.sample(range(len(windows)), len(windows))
+        picked, order = order[:config.batch], order[config.batch:]
+        opt.zero_grad()
+        total, pls, dls = None, 0.0, 0.0
+        with pre.weights_held(), dec.weights_held():
+            for i in picked:
+                positions = rng.sample(range(seq // 2, seq - 1), k)
+                loss, pl, dl = _window_loss(windows[i][:seq], pre, dec, teacher, prefix,
+                                            positions, config.decode_weight)
+                total = loss if total is None else total + loss
+                pls, dls = pls + pl, dls + dl
+            assert total is not None
+            (total / len(picked)).backward()
+        opt.step()
+        log.append({"step": step + 1, "prefill_kl": pls / len(picked),
+                    "decode_kl": dls / len(picked), "lr": lr,
+                    "seconds": round(time.perf_counter() - start, 1)})
+    if not log:
+        raise QuantscopeError("finetune: the time budget ended before the first step")
+    return PhaseTuneResult({n: weights[n].detach().numpy().copy() for n in tied}, tuple(log),
+                           len(log), time.perf_counter() - start, len(windows))
+
+
+__all__ = ["PhaseTuneConfig", "PhaseTuneResult", "distill_phases", "kl_logits"]
