@@ -3,7 +3,7 @@
     python bench/llm_finetune.py RUN_FOLDER [--steps 60] [--lr 2e-5] [--batch 4]
         [--decode-positions 4] [--decode-weight 1] [--minutes 25] [--train-windows 265]
         [--tokens 20000] [--prompts 32] [--new-tokens 64] [--decode-steps 256]
-        [--weights OUT.npz] [--from-weights IN.npz] [--json OUT]
+        [--device cpu|cuda] [--weights OUT.npz] [--from-weights IN.npz] [--json OUT]
 
 RUN_FOLDER is a finished ``quantscope run`` of a decoder (its ``model/`` graphs, the chosen
 ``plan.json``, ``stats.{prefill,decode}.npz`` and the KV prefix it records). Steps:
@@ -91,6 +91,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--decode-steps", type=int, default=256)
+    ap.add_argument("--device", help="cpu or cuda (default: CUDA when PyTorch sees a GPU)")
     ap.add_argument("--weights", type=Path)
     ap.add_argument("--from-weights", type=Path)
     ap.add_argument("--json", type=Path)
@@ -116,7 +117,8 @@ def main() -> None:
                               evaluation=1).calibration
         config = PhaseTuneConfig(steps=a.steps, lr=a.lr, batch=a.batch,
                                  decode_positions=a.decode_positions,
-                                 decode_weight=a.decode_weight, max_seconds=a.minutes * 60)
+                                 decode_weight=a.decode_weight, max_seconds=a.minutes * 60,
+                                 device=a.device)
         models = {p: base(p) for p in ("prefill", "decode")}
         res = distill_phases(models, stats, plan, train, config,
                              prefix=len(kv.kv.tokens) if kv else 0, progress=True)

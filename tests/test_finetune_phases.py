@@ -107,3 +107,17 @@ def test_a_decode_graph_with_weights_prefill_lacks_is_refused():
         distill_phases({"prefill": graphs["prefill"], "decode": other["decode"]},
                        _stats(graphs, _windows(4, 0)), PLAN, _windows(4, 0),
                        PhaseTuneConfig(steps=1))
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_first_step_sees_the_cpu_losses_and_the_weights_come_back():
+    graphs = phase_graphs()
+    train = _windows(4, 0)
+    stats = _stats(graphs, train)
+    runs = {d: distill_phases(graphs, stats, PLAN, train, PhaseTuneConfig(
+        steps=2, lr=6e-4, batch=2, decode_positions=2, device=d)) for d in ("cpu", "cuda")}
+    assert runs["cuda"].device.startswith("cuda") and runs["cpu"].device == "cpu"
+    for key in ("prefill_kl", "decode_kl"):  # before any update: the same graphs, same feeds
+        assert runs["cuda"].log[0][key] == pytest.approx(runs["cpu"].log[0][key], rel=1e-3)
+    assert set(runs["cuda"].weights) == set(runs["cpu"].weights)
+    assert all(isinstance(w, np.ndarray) for w in runs["cuda"].weights.values())

@@ -23,7 +23,9 @@ not trained            constants only one graph has (a KV prefix's keys and valu
                        read by Gather, scalars
 =====================  ==============================================================
 Each step fake-quantises every weight once per student (:meth:`~.graph.GraphModule.
-weights_held`) and sums the windows' losses for one backward pass. Adam, a linear warm-up
+weights_held`) and sums the windows' losses for one backward pass. On CUDA when PyTorch
+sees a GPU (``device``), the students and the teacher placed as the encoder fine-tune's
+(:meth:`~.graph.GraphModule.place`); not yet run on one. Adam, a linear warm-up
 over the first tenth of the steps, then cosine; a time budget ends it early (the
 schedule does not stretch: the steps left are not taken).
 """
@@ -42,6 +44,7 @@ import torch.nn.functional as F
 
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.finetune.apply import fp32_weights
+from quantscope.finetune.distill import resolve_device
 from quantscope.finetune.graph import GraphModule, to_torch
 from quantscope.model.load import Model
 from quantscope.model.phases import PAST_PREFIX
@@ -60,6 +63,7 @@ class PhaseTuneConfig:
     decode_weight: float = 1.0
     max_seconds: float | None = None
     seed: int = 0
+    device: str | None = None  # None: CUDA when PyTorch sees a GPU, else the CPU
 
 
 @dataclass(frozen=True)
@@ -69,11 +73,12 @@ class PhaseTuneResult:
     steps: int
     seconds: float
     windows: int
+    device: str = "cpu"
 
     def summary(self) -> str:
         first, last = self.log[0], self.log[-1]
         return (f"quantization-aware distillation of both phases: {self.steps} steps on "
-                f"{self.windows} windows, {self.seconds:.0f} s; training KL prefill "
+                f"{self.windows} windows, {self.seconds:.0f} s on {self.device}; training KL prefill "
                 f"{first['prefill_kl']:.4f} -> {last['prefill_kl']:.4f}, decode "
                 f"{first['decode_kl']:.4f} -> {last['decode_kl']:.4f} (one step's windows "
                 "each: noisy; the evaluation measures)")
@@ -142,8 +147,12 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
                               f"least {config.batch} of 4 tokens or more")
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
+    device = resolve_device(config.device)
     pre, dec, tied = _students(models, stats, plan)
     teacher = to_torch(models["prefill"].proto)
+    if device.type != "cpu":  # tied Parameters stay tied: their data moves in place
+        for module in (pre, dec, teacher):
+            module.place(device)
     for p in teacher.parameters():
         p.requires_grad_(False)
     weights = pre.trained_weights()
@@ -181,8 +190,9 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
                     "seconds": round(time.perf_counter() - start, 1)})
     if not log:
         raise QuantscopeError("finetune: the time budget ended before the first step")
-    return PhaseTuneResult({n: weights[n].detach().numpy().copy() for n in tied}, tuple(log),
-                           len(log), time.perf_counter() - start, len(windows))
+    return PhaseTuneResult({n: weights[n].detach().cpu().numpy().copy() for n in tied},
+                           tuple(log), len(log), time.perf_counter() - start, len(windows),
+                           str(device))
 
 
 __all__ = ["PhaseTuneConfig", "PhaseTuneResult", "distill_phases", "kl_logits"]
