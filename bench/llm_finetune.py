@@ -3,7 +3,8 @@
     python bench/llm_finetune.py RUN_FOLDER [--steps 60] [--lr 2e-5] [--batch 4]
         [--decode-positions 4] [--decode-weight 1] [--minutes 25] [--train-windows 265]
         [--tokens 20000] [--prompts 32] [--new-tokens 64] [--decode-steps 256]
-        [--device cpu|cuda] [--weights OUT.npz] [--from-weights IN.npz] [--json OUT]
+        [--device cpu|cuda] [--weights OUT.npz] [--from-weights IN.npz] [--no-drift]
+        [--json OUT]
 
 RUN_FOLDER is a finished ``quantscope run`` of a decoder (its ``model/`` graphs, the chosen
 ``plan.json``, ``stats.{prefill,decode}.npz`` and the KV prefix it records). Steps:
@@ -94,6 +95,8 @@ def main() -> None:
     ap.add_argument("--device", help="cpu or cuda (default: CUDA when PyTorch sees a GPU)")
     ap.add_argument("--weights", type=Path)
     ap.add_argument("--from-weights", type=Path)
+    ap.add_argument("--no-drift", action="store_true",
+                    help="skip step 4 (the trained FP32 model against the original)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     spec = a.run / "model" / "model.prefill.onnx"
@@ -147,8 +150,9 @@ def main() -> None:
     said = {"data": windows.source, "setup": setup.__dict__, **({"prefix": kv.to_dict()} if kv else {})}
     print("\n".join(format_lm_quality({**said, "plans": {"plan (the run's)": run_eval["plan"],
                                                          **got}})), flush=True)
-    drift = evaluate_lm_plans(base, stats2, {"QAT FP32 (nothing quantized)": Plan.uniform(
-        Precision.FLOAT)}, windows, **amounts, emulated=emulated)
+    drift = {} if a.no_drift else evaluate_lm_plans(
+        base, stats2, {"QAT FP32 (nothing quantized)": Plan.uniform(Precision.FLOAT)}, windows,
+        **amounts, emulated=emulated)
     out["plans"] = {"plan (the run's evaluate.json)": run_eval["plan"], **got, **drift}
     out["evaluation_s"] = round(time.perf_counter() - t0, 1)
     print("\n".join(format_lm_quality({**said, "plans": out["plans"]})))
