@@ -162,7 +162,8 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
     log: list[dict[str, float]] = []
     start = time.perf_counter()
     order: list[int] = []
-    for step in track(range(config.steps), "finetune (both phases)", unit="step",
+    limit = f", stopped at {config.max_seconds:.0f} s" if config.max_seconds else ""
+    for step in track(range(config.steps), f"finetune (both phases{limit})", unit="step",
                       show=progress):
         if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
             break
