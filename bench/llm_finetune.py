@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from onnx import numpy_helper
+from gptq_llm import _with_weights
 
 from quantscope.analyze.prefix import compute_prefix, prefixed_opener
 from quantscope.emulate.release import release_memory
@@ -59,13 +59,6 @@ from quantscope.types import Plan, Precision
 
 def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def _with_weights(model: Model, arrays: dict[str, np.ndarray]) -> Model:
-    for t in model.graph.initializer:
-        if t.name in arrays:
-            t.CopyFrom(numpy_helper.from_array(arrays[t.name].astype(np.float32), t.name))
-    return Model(proto=model.proto, source=f"{model.source} + QAT")
 
 
 def _save(path: Path, weights: dict[str, np.ndarray]) -> None:
@@ -136,7 +129,7 @@ def main() -> None:
             _save(a.weights, weights)
 
     def tuned(phase: str) -> Model:
-        return _with_weights(open_phase(spec, phase), weights)
+        return _with_weights(open_phase(spec, phase), weights, "QAT")
 
     prefix = compute_prefix(tuned("prefill"), kv.kv.tokens) if kv else None
     emulated = prefixed_opener(tuned, prefix)
