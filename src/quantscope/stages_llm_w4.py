@@ -26,7 +26,7 @@ from quantscope.types import PHASE_OVERRIDES, PHASE_RANGES, Plan, Precision, Sta
 
 def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup, prefix: tuple[int, ...] = (),
                stats: dict[str, Stats] | None = None, allowed: frozenset[str] = frozenset(),
-               ) -> dict[str, Any]:
+               emulated_spec: str | Path | None = None) -> dict[str, Any]:
     """``plan`` with every weighted layer it leaves at a8_w8 at a8_w4 (its 16-bit layers
     kept), checked on both phases (cost, weight bytes: decode reads every weight per
     token), its 4-bit weights rounded by GPTQ (:func:`quantscope.repair.gptq.gptq`, on the
@@ -36,7 +36,10 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup, prefix: tuple[int, 
     only (``measured`` False): an error, or a warning that blocks the phase search
     (``allowed``: those ``--allow-warning`` accepts, :class:`~quantscope.plan.phases.
     PhaseScreen`). ``stats``: the unrepaired graphs' calibration, when made (as
-    :func:`quantscope.stages_llm.lm_quality`'s). Returns the plan, checks, GPTQ's effect and the figures."""
+    :func:`quantscope.stages_llm.lm_quality`'s). ``emulated_spec``: the graphs the plan
+    quantizes when they are not ``spec``'s (a fine-tune's: GPTQ rounds their weights, with
+    their own prefix; ``spec`` stays the FP32 reference, ``stats`` theirs). Returns the
+    plan, checks, GPTQ's effect and the figures."""
     from onnx import numpy_helper
 
     from quantscope.repair.gptq import gptq
@@ -45,9 +48,12 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup, prefix: tuple[int, 
     windows, prompts = lm_text(spec, setup)
     kv = lm_prefix(spec, prefix, windows)
     base = _opener(spec, kv)
+    own_spec = emulated_spec or spec
+    own_kv = lm_prefix(own_spec, prefix, windows) if emulated_spec else kv
+    own = _opener(own_spec, own_kv) if emulated_spec else base
     if stats is None:
-        stats = calibrate_phases(base, windows, steps=setup.steps)
-    models = {p: base(p) for p in PHASES}
+        stats = calibrate_phases(own, windows, steps=setup.steps)
+    models = {p: own(p) for p in PHASES}
     units = phase_units({p: find_groups(m) for p, m in models.items()})  # a split: one unit
     over = dict(plan.for_phase("prefill").overrides)
     w4 = list(dict.fromkeys(unit_of(g.name) for g in find_groups(models["prefill"]).groups
@@ -73,7 +79,7 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup, prefix: tuple[int, 
         out["measured"] = False
         return out
     start = time.perf_counter()
-    rep = gptq(base("prefill"), [{"input_ids": w[None]} for w in windows.calibration], plan4.for_phase("prefill"),
+    rep = gptq(own("prefill"), [{"input_ids": w[None]} for w in windows.calibration], plan4.for_phase("prefill"),
                stats=stats["prefill"])
     names = {c.tensor for c in rep.changes}
     arrays = {t.name: numpy_helper.to_array(t) for t in rep.proto.graph.initializer
@@ -85,13 +91,13 @@ def w4_variant(spec: str | Path, plan: Plan, setup: LmSetup, prefix: tuple[int, 
     release_memory()
 
     def repaired(phase: str) -> Model:
-        m = open_phase(spec, phase)
+        m = open_phase(own_spec, phase)
         for t in m.graph.initializer:
             if t.name in arrays:
                 t.CopyFrom(numpy_helper.from_array(arrays[t.name], t.name))
         return Model(proto=m.proto, source=f"{m.source} + GPTQ a8_w4")
 
-    emulated = prefixed_opener(repaired, kv.kv if kv else None)
+    emulated = prefixed_opener(repaired, own_kv.kv if own_kv else None)
     stats4 = calibrate_phases(emulated, windows, steps=setup.steps)
     out["quality"] = evaluate_lm_plans(base, stats4, {"w4": plan4}, windows, prompts=prompts,
                                        steps=setup.steps, new_tokens=setup.new_tokens,

@@ -125,7 +125,9 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     "kept only when it measures better on the fit data by more than the "
                     "noise: 'auto' (default) when the plan misses --goal there and the run "
                     "ships one model (not where it chooses compiled lengths), 'on' always, "
-                    "'off' never")
+                    "'off' never; a decoder LLM's: 'on' trains the weights both phase graphs "
+                    "share for --budget (default 30m), kept when --metric measures better "
+                    "by more than the noise; 'auto' and 'off' do not train")
     ru.add_argument("--force", metavar="STAGE", choices=tuple(dict.fromkeys((*RUN_STAGES, *DECODER_STAGES))),
                     help=f"rerun from STAGE ({', '.join(RUN_STAGES)}; a decoder's: "
                     f"{', '.join(DECODER_STAGES)})")
@@ -185,7 +187,7 @@ DECODER_ONLY = frozenset({"prefix", "prompt_head", "w4", "lm_tokens", "prompts",
 DECODER_OPTIONS = frozenset({"model", "data", "target", "goal", "max_cost", "metric", "seq_len",
                              "rewrites", "prefix", "prompt_head", "lm_tokens", "prompts", "new_tokens",
                              "decode_steps", "w4", "phase_hn", "whatif", "force", "folder",
-                             "allow_warning", "help", "run_parser"})
+                             "allow_warning", "finetune", "budget", "help", "run_parser"})
 
 
 def _cmd_run_decoder(args: argparse.Namespace, export: Path | None = None) -> int:
@@ -232,6 +234,7 @@ def _cmd_run_decoder(args: argparse.Namespace, export: Path | None = None) -> in
                           decode_steps=args.decode_steps, w4=args.w4 == "on",
                           hn=tuple(args.phase_hn) if args.phase_hn else None,
                           whatif=args.whatif,
+                          finetune=_decoder_finetune(args),
                           allow_warnings=tuple(sorted(set(args.allow_warning)))
                           if args.allow_warning else None)
     out = run_decoder(opts, force=args.force, progress=True)
@@ -240,6 +243,19 @@ def _cmd_run_decoder(args: argparse.Namespace, export: Path | None = None) -> in
           f"{', '.join(out.skipped) or 'none'}; files in {out.folder}/ (report.html, "
           "verdict.txt, host.md, prefill/, decode/)")
     return 0
+
+
+def _decoder_finetune(args: argparse.Namespace) -> float | None:
+    """A decoder run's fine-tune budget in seconds (``--finetune on``), else None."""
+    if args.finetune != "on":
+        if args.budget != args.run_parser.get_default("budget"):
+            raise QuantscopeError("--budget: a decoder LLM's run spends it on the fine-tune "
+                                  "only: give --finetune on too, or drop --budget")
+        return None
+    if args.budget is None:
+        raise QuantscopeError("--finetune on --budget none: a decoder's fine-tune needs a "
+                              "time budget, e.g. --budget 30m")
+    return float(args.budget)
 
 
 def no_phase(text: str) -> str:

@@ -26,8 +26,10 @@ Each step fake-quantises every weight once per student (:meth:`~.graph.GraphModu
 weights_held`) and sums the windows' losses for one backward pass. On CUDA when PyTorch
 sees a GPU (``device``), the students and the teacher placed as the encoder fine-tune's
 (:meth:`~.graph.GraphModule.place`); not yet run on one. Adam, a linear warm-up
-over the first tenth of the steps, then cosine; a time budget ends it early (the
-schedule does not stretch: the steps left are not taken).
+over the first tenth of the schedule, then cosine. The schedule's progress is the share
+of the steps taken or, under a time budget (``max_seconds``), of the budget spent,
+whichever is larger: the rate anneals to zero within the budget on any machine, and
+``steps`` is then a cap (the clock ends a CPU's run first; a GPU may reach the cap).
 """
 
 from __future__ import annotations
@@ -82,6 +84,18 @@ class PhaseTuneResult:
                 f"{first['prefill_kl']:.4f} -> {last['prefill_kl']:.4f}, decode "
                 f"{first['decode_kl']:.4f} -> {last['decode_kl']:.4f} (one step's windows "
                 "each: noisy; the evaluation measures)")
+
+
+def schedule(step: int, steps: int, spent: float = 0.0, budget: float | None = None) -> float:
+    """The learning rate's factor at ``step`` (0-based) of ``steps``, ``spent`` seconds of
+    a ``budget`` in: a linear warm-up over the first tenth of the progress, then cosine to
+    zero, the progress being the larger share of steps or of the budget."""
+    progress = step / steps
+    if budget:
+        progress = max(progress, spent / budget)
+    progress = min(progress, 1.0)
+    warm = max(0.1, 1 / steps)
+    return min(1.0, (progress + 1 / steps) / warm) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def kl_logits(student: Tensor, teacher: Tensor) -> Tensor:
@@ -157,18 +171,19 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
         p.requires_grad_(False)
     weights = pre.trained_weights()
     opt = torch.optim.Adam([weights[n] for n in tied], lr=config.lr)
-    warm = max(1, config.steps // 10)
+    budget = config.max_seconds
     k = min(config.decode_positions, seq - 1 - seq // 2)
     log: list[dict[str, float]] = []
     start = time.perf_counter()
     order: list[int] = []
     limit = f", stopped at {config.max_seconds:.0f} s" if config.max_seconds else ""
-    for step in track(range(config.steps), f"finetune (both phases{limit})", unit="step",
-                      show=progress):
-        if config.max_seconds is not None and time.perf_counter() - start > config.max_seconds:
+    # under a time budget the steps are a cap: counted, no ETA from them
+    steps = iter(range(config.steps)) if budget else range(config.steps)
+    for step in track(steps, f"finetune (both phases{limit})", unit="step", show=progress):
+        spent = time.perf_counter() - start
+        if budget is not None and spent > budget:
             break
-        lr = config.lr * min(1.0, (step + 1) / warm) * 0.5 * (1 + math.cos(math.pi * step
-                                                                            / config.steps))
+        lr = config.lr * schedule(step, config.steps, spent, budget)
         for g in opt.param_groups:
             g["lr"] = lr
         if len(order) < config.batch:
@@ -196,4 +211,4 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
                            str(device))
 
 
-__all__ = ["PhaseTuneConfig", "PhaseTuneResult", "distill_phases", "kl_logits"]
+__all__ = ["PhaseTuneConfig", "PhaseTuneResult", "distill_phases", "kl_logits", "schedule"]

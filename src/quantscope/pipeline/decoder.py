@@ -21,6 +21,11 @@ evaluate    the chosen plan measured at the amounts of ``check --phase --quality
             (20,000 predicted tokens, 32 prompts x 64 greedy tokens, 256 decode steps on
             the emulated cache by default), each figure with its standard error: what
             the verdict judges
+finetune    ``--finetune on``: the weights both graphs share trained under the plan
+            (PyTorch), measured again, kept when better (:mod:`.decoder_finetune`);
+            kept, the stages after it ship the tuned graphs (``model.tuned/``)
+w4, whatif  the plan with its a8_w8 weights at a8_w4 (GPTQ); ``--whatif``: the plan's
+            classes lifted, each measured and checked
 export      per phase: the float graph the compiler parses (the prefill graph with the
             constant prefix in its cache), the QDQ model (the measured composition) and
             the target's formats (``.alls``, QNN encodings)
@@ -29,7 +34,8 @@ host        what the host does: the tokenizer, the prefix, the KV cache layout a
 report      ``verdict.json`` / ``verdict.txt``: the figures, the goal, the costs
 ==========  =========================================================================
 
-ONNX Runtime ranks and measures every figure (no torch ranking for decoders yet).
+ONNX Runtime ranks and measures every figure (no torch ranking for decoders yet); PyTorch
+only trains (``--finetune``).
 """
 
 from __future__ import annotations
@@ -42,28 +48,42 @@ from pathlib import Path
 from typing import Any
 
 from quantscope.emulate.release import release_memory
+from quantscope.pipeline.decoder_files import (
+    CANDIDATES,
+    EVALUATE,
+    FINETUNE,
+    HOST,
+    HOST_TEXT,
+    MODEL_DIR,
+    PHASE_ALLS,
+    PLAN,
+    PLAN_TEXT,
+    PREFIX_NPZ,
+    PREFIX_PY,
+    REPORT,
+    REWRITE,
+    STATS,
+    VERDICT,
+    VERDICT_TEXT,
+    W4,
+    W4_PLAN,
+    WHATIF,
+    Done,
+)
+from quantscope.pipeline.decoder_finetune import finetune, shipped
 from quantscope.pipeline.decoder_report import (
     DEFAULT_METRIC,
     METRICS,
     decoder_verdict,
     format_decoder_verdict,
-    host_text,
     phase_export_warnings,
     whatif_summary,
 )
+from quantscope.pipeline.decoder_ship import export, host
 from quantscope.pipeline.manifest import Manifest, model_file_digest, stage_key
 from quantscope.types import QuantscopeError
 
-MODEL_DIR, REWRITE, PLAN, EVALUATE = "model", "rewrite.json", "plan.json", "evaluate.json"
-PLAN_TEXT, HOST, HOST_TEXT, TOKENIZER = "plan.txt", "host.json", "host.md", "tokenizer.json"
-CANDIDATES, REPORT, VERDICT, VERDICT_TEXT = ("candidates.json", "report.html", "verdict.json",
-                                             "verdict.txt")
-W4, W4_PLAN = "w4.json", "plan.w4.json"
 MAX_RATIO = 3.0  # a perplexity ratio goal above it is taken for dB or a percentage
-STATS = {"prefill": "stats.prefill.npz", "decode": "stats.decode.npz"}
-PREFIX_NPZ, PREFIX_PY = "plan.prefix.npz", "plan.prefix.py"
-PHASE_ALLS = ("prefill/model.alls", "decode/model.alls")  # the export stage's, for Hailo
-WHATIF = "whatif.json"  # the whatif stage's (pipeline/decoder_whatif.py)
 
 
 @dataclass(frozen=True)
@@ -91,6 +111,9 @@ class DecoderOptions:
     # its .alls (None: guessed by op order; absent from the export stage's key)
     hn: tuple[tuple[str, str], ...] | None = None
     whatif: bool = False  # --whatif: the plan's classes lifted, measured and checked
+    # --finetune on: the fine-tune's time budget in seconds (--budget); None: not asked
+    # (absent from the finetune stage's key)
+    finetune: float | None = None
     # --allow-warning: warning rule ids (or "all") the plan accepts, as given, sorted (None:
     # none given, absent from the plan stage's key)
     allow_warnings: tuple[str, ...] | None = None
@@ -109,6 +132,9 @@ class DecoderOptions:
         from quantscope.stages_llm import RECIPE
 
         self.allowed()  # loads the target; an error rule or unknown id: refused in one line
+        if self.finetune is not None and not self.finetune > 0:
+            raise QuantscopeError("--finetune on needs a time budget: give --budget, e.g. "
+                                  "--budget 30m")
         self.phases_setup()  # amounts the built-in text cannot give: refused now
         if self.metric not in METRICS:
             raise QuantscopeError(f"--metric '{self.metric}' is not a decoder's: use one of "
@@ -238,17 +264,13 @@ class DecoderContext:
 
         return read_plan(self.path(PLAN))
 
-    def stats(self) -> dict[str, Any]:
-        """The plan stage's calibration per phase (with the plan's KV prefix): the
-        calibration windows of every later stage's amounts are the same 16."""
+    def stats(self, files: dict[str, str] | None = None) -> dict[str, Any]:
+        """The plan stage's calibration per phase (with the plan's KV prefix), or that of
+        ``files`` (the fine-tune's): the calibration windows of every later stage's
+        amounts are the same 16."""
         from quantscope.serde import read_stats
 
-        return {p: read_stats(self.path(f)) for p, f in STATS.items()}
-
-
-@dataclass(frozen=True)
-class Done:
-    files: tuple[str, ...]
+        return {p: read_stats(self.path(f)) for p, f in (files or STATS).items()}
 
 
 def rewrite(ctx: DecoderContext) -> Done:
@@ -365,11 +387,12 @@ def w4(ctx: DecoderContext) -> Done:
         ctx.path(W4_PLAN).unlink(missing_ok=True)
         write_atomic_set([(ctx.path(W4), json_writer({"asked": False}))])
         return Done((W4,))
-    plan_ = ctx.plan()
+    plan_, ship = ctx.plan(), shipped(ctx)
     ctx.say("[w4] the plan's a8_w8 weights at a8_w4: checked on both phases, GPTQ, measured …")
     start = time.perf_counter()
     res = w4_variant(ctx.spec(), plan_, ctx.opts.phases_setup(), recorded_prefix(plan_),
-                     stats=ctx.stats(), allowed=ctx.opts.allowed())
+                     stats=ctx.stats(ship.stats), allowed=ctx.opts.allowed(),
+                     emulated_spec=ship.spec if ship.tuned else None)
     res["seconds"] = round(time.perf_counter() - start, 1)
     plan4 = res.pop("plan")
     write_atomic_set([(ctx.path(W4_PLAN), plan_writer(plan4)),
@@ -385,92 +408,13 @@ def whatif(ctx: DecoderContext) -> Done:
     from quantscope.serde import json_writer, read_json, write_atomic_set
 
     hn = {p: read_json(f, "HN") for p, f in ctx.opts.hn or ()}
-    doc = measure_whatif(ctx.spec(), ctx.plan(), ctx.stats(), ctx.opts.phases_setup(),
+    ship = shipped(ctx)
+    doc = measure_whatif(ctx.spec(), ctx.plan(), ctx.stats(ship.stats), ctx.opts.phases_setup(),
                          target=ctx.opts.target, max_cost=ctx.opts.max_cost, hn=hn,
-                         asked=ctx.opts.whatif, say=ctx.say, allowed=ctx.opts.allowed())
+                         asked=ctx.opts.whatif, say=ctx.say, allowed=ctx.opts.allowed(),
+                         emulated_spec=ship.spec if ship.tuned else None)
     write_atomic_set([(ctx.path(WHATIF), json_writer(doc))])
     return Done((WHATIF,))
-
-
-def export(ctx: DecoderContext) -> Done:
-    """Per phase ``{phase}/``: ``model.onnx`` (float, weights in ``model.onnx.data``: what
-    the compiler parses; prefill with the prefix in its cache), ``model.qdq.onnx`` and the
-    target's formats, all from the same calibration the figures ran with."""
-    import onnx
-
-    from quantscope.pipeline.steps import ALWAYS, QDQ, export_file, formats
-    from quantscope.plan.accepted import phase_plan
-    from quantscope.serde import read_json, read_stats
-    from quantscope.stages_llm import open_phase, recorded_prefix
-    from quantscope.zoo.cache import write_atomic
-
-    plan_, files = ctx.plan(), []
-    tokens = recorded_prefix(plan_)
-    for phase in ("prefill", "decode"):
-        sub = ctx.path(phase)
-        sub.mkdir(exist_ok=True)
-        model = open_phase(ctx.spec(), phase)
-        if phase == "prefill" and tokens:
-            from quantscope.analyze.prefix import prefixed_model
-            from quantscope.zoo.prefix import read_prefix
-
-            model = prefixed_model(model, read_prefix(ctx.path(PREFIX_NPZ)), in_place=True)
-        stats = read_stats(ctx.path(STATS[phase]))
-        ctx.say(f"[export] {phase}: the QDQ model"
-                + "".join(f", {name}" for _, name in formats(ctx.opts.target))
-                + ", the float graph …")
-        hn = dict(ctx.opts.hn or ()).get(phase)
-        for fmt, name in [(ALWAYS, QDQ), *formats(ctx.opts.target)]:
-            export_file(model, stats, phase_plan(plan_, phase), fmt, sub / name,  # + its warning
-                        hn=read_json(hn, "HN") if hn else None, label=f"{phase}/{name}",
-                        say=lambda text, p=phase: ctx.say(f"[export] {p}: {text}"))
-            files.append(f"{phase}/{name}")
-            release_memory()
-        # last: saving with external data moves the weights out of the graph in memory
-        write_atomic(sub / "model.onnx", lambda tmp, p=model.proto: onnx.save(
-            p, str(tmp), save_as_external_data=True, location="model.onnx.data"))
-        files += [f"{phase}/model.onnx", f"{phase}/model.onnx.data"]
-        del model
-        release_memory()
-    return Done(tuple(files))
-
-
-def host(ctx: DecoderContext) -> Done:
-    """The host's steps: the tokenizer, the prefix, the KV cache layout, each phase's
-    quantized I/O (:func:`quantscope.export.plan_export.device_io_rows`)."""
-    from quantscope.export import device_io as dio
-    from quantscope.export.plan_export import device_io_rows
-    from quantscope.pipeline.decoder_report import host_doc
-    from quantscope.serde import read_stats, write_json, write_text
-    from quantscope.stages_llm import phase_file
-    from quantscope.tasks.lm import tokenizer_path
-
-    plan_ = ctx.plan()
-    shutil.copyfile(tokenizer_path(phase_file(ctx.spec(), "prefill")), ctx.path(TOKENIZER))
-    io, files = {}, [TOKENIZER, HOST, HOST_TEXT]
-    for phase in ("prefill", "decode"):
-        model = _open_exported(ctx, phase)
-        rows = device_io_rows(model, read_stats(ctx.path(STATS[phase])), plan_.for_phase(phase))
-        del model
-        release_memory()
-        io[phase] = rows
-        write_text(ctx.path(phase) / "io_snippet.py", dio.python_snippet(rows))
-        files.append(f"{phase}/io_snippet.py")
-    doc = host_doc(plan_, ctx.path("decode") / "model.onnx", io, tokenizer=TOKENIZER,
-                   files=(PREFIX_NPZ, PREFIX_PY),
-                   seq=ctx.opts.seq_len or ctx.opts.rank_setup().seq_len)
-    write_json(ctx.path(HOST), doc)
-    write_text(ctx.path(HOST_TEXT), host_text(doc))
-    return Done(tuple(files))
-
-
-def _open_exported(ctx: DecoderContext, phase: str) -> Any:
-    import onnx
-
-    from quantscope.model.load import Model
-
-    path = ctx.path(phase) / "model.onnx"
-    return Model(proto=onnx.load(str(path)), source=str(path))
 
 
 def report(ctx: DecoderContext) -> Done:
@@ -480,7 +424,8 @@ def report(ctx: DecoderContext) -> Done:
     verdict = decoder_verdict(ctx.opts, read_json(ctx.path(PLAN), "plan"),
                               read_json(ctx.path(EVALUATE), "evaluation"),
                               read_json(ctx.path(REWRITE), "rewrites"),
-                              read_json(ctx.path(W4), "a8_w4 variant"))
+                              read_json(ctx.path(W4), "a8_w4 variant"),
+                              read_json(ctx.path(FINETUNE), "fine-tune"))
     verdict.update(phase_export_warnings(ctx.folder, PHASE_ALLS))
     if ctx.path(WHATIF).is_file():
         verdict["whatif"] = whatif_summary(read_json(ctx.path(WHATIF), "whatif"), ctx.opts)
@@ -496,7 +441,7 @@ def report(ctx: DecoderContext) -> Done:
 
 
 # options absent from a stage's key while None: the keys of earlier runs stay valid
-UNKEYED_WHEN_NONE = ("rewrite_search", "hn", "allow_warnings", "rewrite_accepts")
+UNKEYED_WHEN_NONE = ("rewrite_search", "hn", "allow_warnings", "rewrite_accepts", "finetune")
 
 
 @dataclass(frozen=True)
@@ -513,15 +458,19 @@ DECODER_STAGES: dict[str, DecoderStage] = {
                                             "allow_warnings")),
     "evaluate": DecoderStage(evaluate, (REWRITE, PLAN, *STATS.values()),
                              ("seq_len", "tokens", "prompts", "new_tokens", "decode_steps")),
-    "w4": DecoderStage(w4, (REWRITE, PLAN, *STATS.values()), ("w4", "seq_len", "tokens", "prompts",
-                                              "new_tokens", "decode_steps", "allow_warnings")),
-    "whatif": DecoderStage(whatif, (REWRITE, PLAN, *STATS.values()),
+    "finetune": DecoderStage(finetune, (REWRITE, PLAN, *STATS.values(), EVALUATE),
+                             ("finetune", "seq_len", "tokens", "prompts", "new_tokens",
+                              "decode_steps", "metric")),
+    "w4": DecoderStage(w4, (REWRITE, PLAN, *STATS.values(), FINETUNE),
+                       ("w4", "seq_len", "tokens", "prompts", "new_tokens", "decode_steps",
+                        "allow_warnings")),
+    "whatif": DecoderStage(whatif, (REWRITE, PLAN, *STATS.values(), FINETUNE),
                            ("whatif", "seq_len", "decode_steps", "target", "max_cost",
                             "hn", "allow_warnings")),
-    "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values()), ("target", "hn")),
-    "host": DecoderStage(host, (PLAN, *STATS.values()), ("seq_len",)),
+    "export": DecoderStage(export, (REWRITE, PLAN, *STATS.values(), FINETUNE), ("target", "hn")),
+    "host": DecoderStage(host, (PLAN, *STATS.values(), FINETUNE), ("seq_len",)),
     "report": DecoderStage(report, (PLAN, EVALUATE, REWRITE, W4, CANDIDATES, PLAN_TEXT, HOST,
-                                    HOST_TEXT, WHATIF, *PHASE_ALLS),
+                                    HOST_TEXT, WHATIF, FINETUNE, *PHASE_ALLS),
                            ("goal", "metric", "max_cost", "target", "model")),
 }
 

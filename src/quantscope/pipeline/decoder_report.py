@@ -83,14 +83,16 @@ def _goal_fig(metric: str, f: dict[str, Any]) -> str:
 
 
 def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, Any],
-                    rewrites: dict[str, Any], w4_doc: dict[str, Any] | None = None
-                    ) -> dict[str, Any]:
+                    rewrites: dict[str, Any], w4_doc: dict[str, Any] | None = None,
+                    finetune_doc: dict[str, Any] | None = None) -> dict[str, Any]:
     """The figures the evaluate stage measured (``opts``: the run's :class:`.decoder.
-    DecoderOptions`), the goal judged on ``opts.metric`` (with its
-    standard error: reached, missed, or within the noise), each phase's cost."""
+    DecoderOptions`), or the fine-tune's when it was kept (``finetune_doc``: what ships),
+    the goal judged on ``opts.metric`` (with its standard error: reached, missed, or
+    within the noise), each phase's cost."""
     meta = dict(plan_doc.get("meta") or {})
     results = json.loads(meta.get("phase_results", "{}"))
-    res = evaluation["plans"]["plan"]
+    tuned = bool(finetune_doc and finetune_doc.get("kept"))
+    res = finetune_doc["figures"] if finetune_doc and tuned else evaluation["plans"]["plan"]
     figures = {}
     for name, m in METRICS.items():
         row = res[m.phase]
@@ -126,11 +128,35 @@ def decoder_verdict(opts: Any, plan_doc: dict[str, Any], evaluation: dict[str, A
             + (" (within 2 standard errors: not decided by this amount of text)" if within
                else ""))
     out["w4"] = _w4_summary(w4_doc or {"asked": False})
+    out["finetune"] = _finetune_summary(finetune_doc or {"asked": False})
+    if tuned:
+        out["measured_by"] = "onnxruntime (the fine-tuned graphs against the original FP32)"
     over = {p: c for p, c in costs.items() if c > opts.max_cost + 1e-9}
     out["cost_text"] = ", ".join(f"{p} {c:.2f}x" for p, c in costs.items()) + (
         f" (over the cap {opts.max_cost:g}x: {', '.join(over)})" if over
         else f" (within {opts.max_cost:g}x)")
     return out
+
+
+def _finetune_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """``finetune.json`` for the verdict: asked, kept, why, and the training in brief."""
+    if not doc.get("asked"):
+        return {"asked": False}
+    t = doc["training"]
+    return {"asked": True, "kept": doc["kept"], "why": doc["why"], "steps": t["steps"],
+            "seconds": t["seconds"], "windows": t["windows"], "trained_by": doc["trained_by"],
+            "chosen_on": doc["chosen_on"]}
+
+
+def finetune_lines(f: dict[str, Any]) -> list[str]:
+    """The verdict's lines on the fine-tune (none when it was not asked)."""
+    if not f.get("asked"):
+        return []
+    return [f"  fine-tune: {f['steps']} steps on {f['windows']} training windows in "
+            f"{f['seconds']:.0f} s by {f['trained_by']}; "
+            + ("kept: the figures above are the fine-tuned graphs'" if f["kept"]
+               else "not kept: the figures above are the untuned plan's"),
+            f"    {f['why']} (chosen on {f['chosen_on']})"]
 
 
 def whatif_summary(doc: dict[str, Any], opts: Any) -> dict[str, Any]:
@@ -286,6 +312,7 @@ def format_decoder_verdict(v: dict[str, Any]) -> str:
                          "class lifted, each checked against the target; the other stages "
                          "are kept)")
     lines += _scripted_lines(v.get("whatif") or {}, v.get("goal"), v["metric"])
+    lines += finetune_lines(v.get("finetune") or {"asked": False})
     lines += _w4_lines(v.get("w4") or {"asked": False})
     lines += _whatif_lines(v.get("whatif") or {"asked": False})
     unset = unset_line(v.get("export_warnings") or [], fix=(

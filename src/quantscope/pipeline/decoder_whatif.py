@@ -102,14 +102,17 @@ def variants(plan: Plan, names: dict[str, list[str]],
 def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any, *,
                    target: str, max_cost: float, hn: dict[str, Any] | None = None,
                    asked: bool = True, say: Any = print,
-                   allowed: frozenset[str] = frozenset()) -> dict[str, Any]:
+                   allowed: frozenset[str] = frozenset(),
+                   emulated_spec: str | None = None) -> dict[str, Any]:
     """Every variant checked and measured (the run folder's ``whatif.json``): on the graphs
     that read the plan's KV prefix, as the plan stage checked and measured the plan. For a
     target whose compiler reads a Hailo script, ``as-scripted`` too (``hn``: per phase the
     parsed HN the export stage names the layers from). Not ``asked``: the plan and
     ``as-scripted`` only, when the scripts leave a decision that matters NOT SET (what
     every run says), else nothing measured. ``allowed``: the warning rules the run
-    accepts (``--allow-warning``)."""
+    accepts (``--allow-warning``). ``emulated_spec``: the graphs the variants quantize when
+    they are not ``spec``'s (a fine-tune's, with their own prefix; ``stats`` theirs):
+    ``spec`` stays the FP32 reference."""
     from quantscope.analyze.prefix import prefixed_opener
     from quantscope.emulate.release import release_memory
     from quantscope.export.plan_export import scripted_plan
@@ -129,7 +132,12 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
     windows, _ = lm_text(spec, setup)
     kv = lm_prefix(spec, recorded_prefix(plan), windows)
     opener = prefixed_opener(lambda phase: open_phase(spec, phase), kv.kv if kv else None)
-    models = {p: opener(p) for p in PHASES}
+    emulated = opener
+    if emulated_spec is not None:
+        own = lm_prefix(emulated_spec, recorded_prefix(plan), windows)
+        emulated = prefixed_opener(lambda phase: open_phase(emulated_spec, phase),
+                                   own.kv if own else None)
+    models = {p: emulated(p) for p in PHASES}
     groups = {p: find_groups(m) for p, m in models.items()}
     scripted = {p: scripted_plan(models[p], _flat(plan, p), hn=(hn or {}).get(p))[0]
                 for p in PHASES} if alls else None
@@ -151,7 +159,8 @@ def measure_whatif(spec: str, plan: Plan, stats: dict[str, Any], run_setup: Any,
         say(f"[whatif] {i + 1}/{len(todo)} {label}: {what}"
             + (f", about {left:.0f} s left" if left is not None else "") + " …")
         result = evaluate_lm_plans(opener, stats, {label: per_phase}, windows,
-                                   steps=setup.steps, decode_windows=n)[label]
+                                   steps=setup.steps, decode_windows=n,
+                                   emulated=emulated)[label]
         figures = {}
         for name in WHATIF_FIGURES:
             m = METRICS[name]
