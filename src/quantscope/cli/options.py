@@ -318,7 +318,8 @@ def budget_parent(default: float | None) -> argparse.ArgumentParser:
                    "expected gain per second); when spent, the plan is the best legal one "
                    "measured so far and the output says so; a rerun with a larger budget "
                    "continues from the evaluation cache; in run, what the search leaves is "
-                   f"the fine-tune's (--finetune) (default: {shown})")
+                   "the fine-tune's (--finetune); a decoder LLM's run spends all of it on "
+                   f"the fine-tune (--finetune on) (default: {shown})")
     return p
 
 
