@@ -121,3 +121,17 @@ def test_on_cuda_the_first_step_sees_the_cpu_losses_and_the_weights_come_back():
         assert runs["cuda"].log[0][key] == pytest.approx(runs["cpu"].log[0][key], rel=1e-3)
     assert set(runs["cuda"].weights) == set(runs["cpu"].weights)
     assert all(isinstance(w, np.ndarray) for w in runs["cuda"].weights.values())
+
+
+def test_the_schedule_anneals_within_the_steps_or_the_budget_whichever_ends_first():
+    from quantscope.finetune.phases import schedule
+
+    # by steps: a linear warm-up over the first tenth, then cosine to zero
+    assert schedule(0, 20) == pytest.approx(0.5 * (1 + np.cos(0)) * 0.5)
+    assert schedule(1, 20) == pytest.approx(0.5 * (1 + np.cos(np.pi / 20)))
+    assert schedule(19, 20) < 0.01 and schedule(10, 20) == pytest.approx(0.5)
+    # a time budget spent faster than the steps: the budget's share drives the cosine
+    assert schedule(1, 3000, spent=50.0, budget=100.0) == pytest.approx(0.5)
+    assert schedule(2, 3000, spent=99.0, budget=100.0) < 0.001
+    # steps running out first: their share drives it, the budget is a bound
+    assert schedule(10, 20, spent=1.0, budget=1e6) == pytest.approx(0.5)
