@@ -6,8 +6,9 @@ train           :func:`quantscope.finetune.phases.distill_phases`: the weights b
                 graphs share, trained by PyTorch under the chosen plan (its grids held)
                 on the built-in text's calibration stream (:data:`TRAIN_WINDOWS` windows
                 of the run's length: the text calibration reads, disjoint from the
-                evaluation documents), within ``--budget`` (the learning rate anneals to
-                zero within it); on CUDA when PyTorch sees a GPU
+                evaluation documents), :data:`MAX_STEPS` steps or fewer within
+                ``--budget`` (the learning rate anneals to zero within both); on CUDA
+                when PyTorch sees a GPU
 tuned graphs    the trained weights written into both graphs (``model.tuned/``), the KV
                 prefix computed again from them in FP32 (``finetune.prefix.npz`` / ``.py``:
                 what the host loads), both phases calibrated again on the run's
@@ -51,7 +52,12 @@ from quantscope.pipeline.decoder_files import (
 from quantscope.types import QuantscopeError
 
 TRAIN_WINDOWS = 265  # the built-in text's calibration stream at 64 tokens (smollm2's tokenizer)
-MAX_STEPS = 3000  # the schedule's cap under the time budget (a CPU's clock ends it first)
+# The schedule's length, the time budget ending it sooner (and annealing within it). On
+# smollm2-135m 41 steps of a 48-step schedule measured best; 124 of a 140-step one were no
+# better on decode and worse on prefill KL, their training KL rising over the second pass
+# through the windows (docs/benchmarks.md, "Longer distillation"): more steps are not
+# taken where a GPU would allow them.
+MAX_STEPS = 48
 # run 2 of docs/benchmarks.md, "Quantization-aware distillation of both phases": the better
 # of the two configurations measured on smollm2-135m
 LR, BATCH, DECODE_POSITIONS, DECODE_WEIGHT = 2e-5, 4, 8, 2.0
