@@ -40,7 +40,7 @@ from onnx import numpy_helper
 from quantscope.analyze.prefix import prefixed_opener
 from quantscope.emulate.release import release_memory
 from quantscope.model.groups import find_groups
-from quantscope.model.load import Model
+from quantscope.model.load import Model, with_initializers
 from quantscope.plan.phase_search import candidate_plans, rank_by_range
 from quantscope.plan.phases import check_phases
 from quantscope.repair.gptq import gptq
@@ -85,16 +85,9 @@ def _plan(kind: str, opener, stats, seq_len: int, max_cost: float) -> tuple[Plan
 
 
 def _with_weights(model: Model, arrays: dict[str, np.ndarray], what: str) -> Model:
-    """``model`` with the named initializers replaced in place (its source no file: the
-    runners build from the graph, not from the original file)."""
-    missing = set(arrays)
-    for t in model.graph.initializer:
-        if t.name in arrays:
-            t.CopyFrom(numpy_helper.from_array(arrays[t.name], t.name))
-            missing.discard(t.name)
-    if missing:
-        raise SystemExit(f"{what}: no initializer {sorted(missing)[0]} in {model.source}")
-    return Model(proto=model.proto, source=f"{model.source} + {what}")
+    """``model`` with the named initializers replaced in place
+    (:func:`quantscope.model.load.with_initializers`)."""
+    return with_initializers(model, arrays, what)
 
 
 def main() -> None:

@@ -129,3 +129,18 @@ def test_a_decoder_finetune_refuses_a_budget_it_cannot_use(tmp_path, capsys, ext
     err = capsys.readouterr().err
     assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "run").exists()
+
+
+def test_with_initializers_replaces_by_name_in_place_and_names_a_stranger(tmp_path) -> None:
+    from quantscope.model.load import with_initializers
+    from quantscope.types import QuantscopeError
+
+    model = open_phase(byte_decoder(tmp_path), "decode")
+    name = "layers.0.q_proj.weight.T"
+    new = np.full_like(_weights(tmp_path / "byte.decode.onnx")[name], 0.5)
+    out = with_initializers(model, {name: new}, "test")
+    assert out.proto is model.proto and out.source.endswith("+ test")
+    got = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+    assert np.array_equal(got[name], new)
+    with pytest.raises(QuantscopeError, match="no initializer 'nowhere'"):
+        with_initializers(model, {"nowhere": new}, "test")

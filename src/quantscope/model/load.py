@@ -469,6 +469,21 @@ def _refuse_empty_outputs(model: Model) -> None:
                 "remove it from the graph's outputs and re-export")
 
 
+def with_initializers(model: Model, arrays: dict[str, np.ndarray], what: str) -> Model:
+    """``model`` with the initializers named in ``arrays`` replaced, in place (no second
+    copy of the weights); its source says ``what`` changed them, so runners build from the
+    graph, not from the file. A name the graph lacks is one clear error."""
+    missing = set(arrays)
+    for t in model.graph.initializer:
+        if t.name in arrays:
+            t.CopyFrom(numpy_helper.from_array(arrays[t.name], t.name))
+            missing.discard(t.name)
+    if missing:
+        raise QuantscopeError(f"{what}: no initializer '{sorted(missing)[0]}' in "
+                              f"{model.source}: the weights are another model's")
+    return Model(proto=model.proto, source=f"{model.source} + {what}")
+
+
 def load(path: str | Path) -> Model:
     """Load an ONNX model from a path (built-in names are resolved by the CLI/API)."""
     path = Path(path)

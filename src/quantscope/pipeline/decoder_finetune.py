@@ -98,28 +98,12 @@ def _clear(ctx: Any) -> None:
         ctx.path(name).unlink(missing_ok=True)
 
 
-def _with_weights(model: Any, arrays: dict[str, Any]) -> Any:
-    """``model`` with the named initializers replaced in place (every name must be there)."""
-    from onnx import numpy_helper
-
-    from quantscope.model.load import Model
-
-    missing = set(arrays)
-    for t in model.graph.initializer:
-        if t.name in arrays:
-            t.CopyFrom(numpy_helper.from_array(arrays[t.name], t.name))
-            missing.discard(t.name)
-    if missing:
-        raise QuantscopeError(f"finetune: the trained weight '{sorted(missing)[0]}' is not "
-                              f"in {model.source}: the phase graphs changed under the run")
-    return Model(proto=model.proto, source=f"{model.source} + fine-tune")
-
-
 def _write_graphs(ctx: Any, spec: str, weights: dict[str, Any]) -> str:
     """Both phase graphs with ``weights``, and the tokenizer, into ``model.tuned/``."""
     import onnx
 
     from quantscope.emulate.release import release_memory
+    from quantscope.model.load import with_initializers
     from quantscope.stages_llm import open_phase, phase_file
     from quantscope.tasks.lm import tokenizer_path
     from quantscope.zoo.cache import write_atomic
@@ -128,7 +112,7 @@ def _write_graphs(ctx: Any, spec: str, weights: dict[str, Any]) -> str:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
     for phase in ("prefill", "decode"):
-        model = _with_weights(open_phase(spec, phase), weights)
+        model = with_initializers(open_phase(spec, phase), weights, "fine-tune")
         name = f"model.{phase}.onnx"
         write_atomic(folder / name, lambda tmp, p=model.proto, n=name: onnx.save(
             p, str(tmp), save_as_external_data=True, location=f"{n}.data"))
