@@ -4,7 +4,7 @@
         [--decode-positions 4] [--decode-weight 1] [--minutes 25] [--train-windows 265]
         [--tokens 20000] [--prompts 32] [--new-tokens 64] [--decode-steps 256]
         [--device cpu|cuda] [--weights OUT.npz] [--from-weights IN.npz] [--no-drift]
-        [--json OUT]
+        [--held-stats] [--learn-ranges [--range-lr 1e-3]] [--json OUT]
 
 RUN_FOLDER is a finished ``quantscope run`` of a decoder (its ``model/`` graphs, the chosen
 ``plan.json``, ``stats.{prefill,decode}.npz`` and the KV prefix it records). Steps:
@@ -17,7 +17,7 @@ RUN_FOLDER is a finished ``quantscope run`` of a decoder (its ``model/`` graphs,
    weights; ``--from-weights`` skips it and reads trained weights saved by ``--weights``;
 3. the trained weights written into both graphs, the prefix's keys and values computed
    again from them (what the host would load), both phases calibrated again on the run's
-   16 calibration windows, and the plan measured by ONNX Runtime at the evaluate stage's
+   16 calibration windows (``--held-stats``: not; the grids the training held), and the plan measured by ONNX Runtime at the evaluate stage's
    amounts against the **original** FP32 graphs (``evaluate_lm_plans(..., emulated=)``),
    next to the run's own ``evaluate.json``;
 4. the trained FP32 model against the original (its drift: what a float fallback runs).
@@ -28,6 +28,7 @@ PyTorch trains; ONNX Runtime measures every figure printed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import resource
 import sys
@@ -90,6 +91,13 @@ def main() -> None:
     ap.add_argument("--from-weights", type=Path)
     ap.add_argument("--no-drift", action="store_true",
                     help="skip step 4 (the trained FP32 model against the original)")
+    ap.add_argument("--learn-ranges", action="store_true",
+                    help="LSQ: each phase's per-tensor activation grids learn too (the KV "
+                         "cache's held); measured with them pinned per phase on the held grids")
+    ap.add_argument("--range-lr", type=float, default=1e-3)
+    ap.add_argument("--held-stats", action="store_true",
+                    help="measure the tuned weights on the grids they were trained with (the "
+                         "run's calibration) instead of calibrating them again")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     spec = a.run / "model" / "model.prefill.onnx"
@@ -103,9 +111,16 @@ def main() -> None:
     kv = lm_prefix(spec, recorded_prefix(plan), windows)
     base = _opener(spec, kv)
     t_all = time.perf_counter()
-    out: dict = {"run": str(a.run), "setup": setup.__dict__}
+    out: dict = {"run": str(a.run), "setup": setup.__dict__,
+                 "grids": "learned (LSQ)" if a.learn_ranges else
+                 "held (the run's)" if a.held_stats else "calibrated again"}
+    learned: dict = {}
     if a.from_weights:
         weights = _load(a.from_weights)
+        saved = a.from_weights.with_suffix(".ranges.json")
+        if saved.is_file():
+            learned = {p: {k: tuple(v) for k, v in r.items()}
+                       for p, r in json.loads(saved.read_text()).items()}
         out["trained"] = {"from": str(a.from_weights)}
     else:
         tok = load_lm_tokenizer(phase_file(spec, "prefill"))
@@ -114,19 +129,22 @@ def main() -> None:
         config = PhaseTuneConfig(steps=a.steps, lr=a.lr, batch=a.batch,
                                  decode_positions=a.decode_positions,
                                  decode_weight=a.decode_weight, max_seconds=a.minutes * 60,
-                                 device=a.device)
+                                 device=a.device, learn_ranges=a.learn_ranges,
+                                 range_lr=a.range_lr)
         models = {p: base(p) for p in ("prefill", "decode")}
         res = distill_phases(models, stats, plan, train, config,
                              prefix=len(kv.kv.tokens) if kv else 0, progress=True)
         del models
         release_memory()
-        weights = res.weights
+        weights, learned = res.weights, res.ranges
         out["trained"] = {"config": config.__dict__, "steps": res.steps,
                           "seconds": round(res.seconds, 1), "windows": res.windows,
                           "log": list(res.log), "peak_rss_gb": round(_rss_gb(), 2)}
         print(res.summary(), f"peak RSS {_rss_gb():.2f} GB", flush=True)
         if a.weights:
             _save(a.weights, weights)
+            if learned:
+                a.weights.with_suffix(".ranges.json").write_text(json.dumps(learned))
 
     def tuned(phase: str) -> Model:
         return _with_weights(open_phase(spec, phase), weights, "QAT")
@@ -134,10 +152,16 @@ def main() -> None:
     prefix = compute_prefix(tuned("prefill"), kv.kv.tokens) if kv else None
     emulated = prefixed_opener(tuned, prefix)
     t0 = time.perf_counter()
-    stats2 = calibrate_phases(emulated, windows, steps=setup.steps)
+    held = a.held_stats or bool(learned)
+    stats2 = stats if held else calibrate_phases(emulated, windows, steps=setup.steps)
+    measured: Plan | dict[str, Plan] = plan
+    if learned:  # each phase's learned grids pinned (the KV cache's stay the run's)
+        measured = {p: dataclasses.replace(plan.for_phase(p), pinned=tuple(sorted(
+            {**dict(plan.pinned), **r}.items()))) for p, r in learned.items()}
+        out["learned_ranges"] = {p: len(r) for p, r in learned.items()}
     amounts = {"prompts": prompts, "steps": setup.steps, "new_tokens": setup.new_tokens,
                "decode_windows": setup.decode_windows}
-    got = evaluate_lm_plans(base, stats2, {"plan + QAT": plan}, windows, **amounts,
+    got = evaluate_lm_plans(base, stats2, {"plan + QAT": measured}, windows, **amounts,
                             emulated=emulated)
     run_eval = read_json(a.run / "evaluate.json", "evaluation")["plans"]
     said = {"data": windows.source, "setup": setup.__dict__, **({"prefix": kv.to_dict()} if kv else {})}

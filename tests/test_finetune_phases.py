@@ -92,6 +92,38 @@ def test_both_phases_distilled_lower_their_held_out_kl_in_ort():
     assert res.steps == 20 and "20 steps" in res.summary()
 
 
+def test_learned_grids_come_back_per_phase_without_the_kv_cache_and_pin_in_ort():
+    import dataclasses
+
+    from quantscope.emulate.encode import encode
+
+    graphs = phase_graphs()
+    train = _windows(8, 0)
+    stats = _stats(graphs, train)
+    res = distill_phases(graphs, stats, PLAN, train, PhaseTuneConfig(
+        steps=3, lr=6e-4, batch=2, decode_positions=2, learn_ranges=True, range_lr=0.05))
+    assert set(res.ranges) == {"prefill", "decode"}
+    for phase, ranges in res.ranges.items():
+        assert ranges and not any(k.startswith(("present.", "past.")) for k in ranges)
+        pinned = dataclasses.replace(PLAN, pinned=tuple(sorted(ranges.items())))
+        scheme = QuantScheme(weight_signed=False)
+        groups = find_groups(graphs[phase])
+        calibrated = encode(graphs[phase], groups, stats[phase], PLAN, scheme=scheme).activations
+        learned = encode(graphs[phase], groups, stats[phase], pinned, scheme=scheme).activations
+
+        def grid(e):
+            qmin = -(2 ** (e.bits - 1)) if e.signed else 0
+            z, sc = float(e.zero_point), float(e.scale)
+            return (qmin - z) * sc, (qmin + 2 ** e.bits - 1 - z) * sc
+
+        moved = [k for k in ranges if grid(calibrated[k]) != grid(learned[k])]
+        assert len(moved) >= len(ranges) // 2, (phase, len(moved), len(ranges))
+        for k in moved:  # the grid ORT runs is the one learned: its (lo, hi) comes back
+            assert grid(learned[k]) == pytest.approx(ranges[k], rel=1e-5, abs=1e-7), k
+    assert not distill_phases(graphs, stats, PLAN, train, PhaseTuneConfig(
+        steps=1, batch=2, decode_positions=1)).ranges
+
+
 def test_a_decode_graph_with_weights_prefill_lacks_is_refused():
     graphs = phase_graphs()
     other = phase_graphs(seed=1)

@@ -116,6 +116,21 @@ def test_the_keep_rule_wants_a_gain_beyond_the_noise(metric, before, after, keep
     assert ("worse" in why) is (after[0] < before[0] if m.higher else after[0] > before[0])
 
 
+@pytest.mark.parametrize(("decode", "keep"), [
+    ((0.88, 0.02), True),  # 1 point worse, 0.35 SE of the difference: within the noise
+    ((0.78, 0.02), False),  # 11 points worse, 3.9 SE: the better perplexity is not kept
+])
+def test_another_figure_worse_beyond_the_noise_vetoes_a_keep(decode, keep) -> None:
+    before = {"prefill": {"ppl_ratio": 1.10, "ppl_ratio_se": 0.01},
+              "decode_emu_kv": {"top1_agreement": 0.89, "top1_agreement_se": 0.02}}
+    after = {"prefill": {"ppl_ratio": 1.05, "ppl_ratio_se": 0.01},
+             "decode_emu_kv": {"top1_agreement": decode[0], "top1_agreement_se": decode[1]}}
+    kept, why = _decision("ppl_ratio", before, after)
+    assert kept is keep
+    assert ("decode_top1 0.8900 -> 0.7800" in why) is (not keep)
+    assert why.endswith("kept" if keep else "the untuned model ships")
+
+
 @pytest.mark.parametrize(("extra", "words"), [
     (["--budget", "5m"], "spends it on the fine-tune only"),
     (["--finetune", "on", "--budget", "none"], "needs a time budget"),

@@ -127,7 +127,8 @@ def add_run(sub: argparse._SubParsersAction, summary: str) -> None:
                     "ships one model (not where it chooses compiled lengths), 'on' always, "
                     "'off' never; a decoder LLM's: 'on' trains the weights both phase graphs "
                     "share for --budget (default 30m), kept when --metric measures better "
-                    "by more than the noise; 'auto' and 'off' do not train")
+                    "by more than the noise and no other figure worse beyond it; 'auto' and "
+                    "'off' do not train")
     ru.add_argument("--force", metavar="STAGE", choices=tuple(dict.fromkeys((*RUN_STAGES, *DECODER_STAGES))),
                     help=f"rerun from STAGE ({', '.join(RUN_STAGES)}; a decoder's: "
                     f"{', '.join(DECODER_STAGES)})")

@@ -34,6 +34,7 @@ whichever is larger: the rate anneals to zero within the budget on any machine, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -66,6 +67,8 @@ class PhaseTuneConfig:
     max_seconds: float | None = None
     seed: int = 0
     device: str | None = None  # None: CUDA when PyTorch sees a GPU, else the CPU
+    learn_ranges: bool = False  # LSQ: each phase's per-tensor activation grids learn too
+    range_lr: float = 1e-3  # their log-scale and zero-point shift (as the encoder's)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class PhaseTuneResult:
     seconds: float
     windows: int
     device: str = "cpu"
+    # phase -> tensor -> learned (lo, hi), with ``learn_ranges`` (empty otherwise)
+    ranges: dict[str, dict[str, tuple[float, float]]] = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         first, last = self.log[0], self.log[-1]
@@ -128,6 +133,27 @@ def _students(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
     return pre, dec, tied
 
 
+def _learned_grids(*students: GraphModule) -> list[torch.nn.Parameter]:
+    """The activation grids a phase learns alone: per-tensor, not the KV cache (prefill
+    writes it, decode reads it: one format both must share)."""
+    out = []
+    for s in students:
+        for q in s.act_quants:
+            if q.s0.dim() == 0 and not _cache_tensor(q.key):
+                for p in q.parameters():
+                    p.requires_grad_(True)
+                    out.append(p)
+    return out
+
+
+def _cache_tensor(name: str) -> bool:
+    return name.startswith(("present.", PAST_PREFIX))
+
+
+def _ranges(student: GraphModule) -> dict[str, tuple[float, float]]:
+    return {k: v for k, v in student.ranges().items() if not _cache_tensor(k)}
+
+
 def _window_loss(ids: np.ndarray, pre: GraphModule, dec: GraphModule, teacher: GraphModule,
                  prefix: int, positions: Sequence[int], decode_weight: float
                  ) -> tuple[Tensor, float, float]:
@@ -170,7 +196,10 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
     for p in teacher.parameters():
         p.requires_grad_(False)
     weights = pre.trained_weights()
-    opt = torch.optim.Adam([weights[n] for n in tied], lr=config.lr)
+    grids = _learned_grids(pre, dec) if config.learn_ranges else []
+    opt = torch.optim.Adam([g for g in ({"params": [weights[n] for n in tied], "lr": config.lr},
+                                        {"params": grids, "lr": config.range_lr})
+                            if g["params"]])
     budget = config.max_seconds
     k = min(config.decode_positions, seq - 1 - seq // 2)
     log: list[dict[str, float]] = []
@@ -183,9 +212,10 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
         spent = time.perf_counter() - start
         if budget is not None and spent > budget:
             break
-        lr = config.lr * schedule(step, config.steps, spent, budget)
-        for g in opt.param_groups:
-            g["lr"] = lr
+        factor = schedule(step, config.steps, spent, budget)
+        lr = config.lr * factor
+        for g, base_lr in zip(opt.param_groups, (config.lr, config.range_lr), strict=False):
+            g["lr"] = base_lr * factor
         if len(order) < config.batch:
             order = rng.sample(range(len(windows)), len(windows))
         picked, order = order[:config.batch], order[config.batch:]
@@ -206,9 +236,10 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
                     "seconds": round(time.perf_counter() - start, 1)})
     if not log:
         raise QuantscopeError("finetune: the time budget ended before the first step")
+    ranges = {"prefill": _ranges(pre), "decode": _ranges(dec)} if config.learn_ranges else {}
     return PhaseTuneResult({n: weights[n].detach().cpu().numpy().copy() for n in tied},
                            tuple(log), len(log), time.perf_counter() - start, len(windows),
-                           str(device))
+                           str(device), ranges)
 
 
 __all__ = ["PhaseTuneConfig", "PhaseTuneResult", "distill_phases", "kl_logits", "schedule"]

@@ -17,8 +17,9 @@ measured        ONNX Runtime measures the plan on the tuned graphs against the
                 **original** FP32 graphs at the evaluate stage's amounts (the same windows,
                 prompts and decode steps as ``evaluate.json``)
 kept            when ``--metric`` is better than the evaluate stage's by more than the
-                standard error of the difference (taken unpaired: conservative); else
-                the tuned files are removed and the untuned model ships. The choice reads
+                standard error of the difference (taken unpaired: conservative) and no
+                other figure of the verdict is worse by more than :data:`GUARD_SE` of
+                its own; else the tuned files are removed and the untuned model ships. The choice reads
                 the evaluation text (one decision between two models): said in
                 ``finetune.json`` and the verdict
 ==============  =========================================================================
@@ -122,21 +123,49 @@ def _write_graphs(ctx: Any, spec: str, weights: dict[str, Any]) -> str:
     return str(folder / "model.prefill.onnx")
 
 
-def _decision(metric: str, before: dict[str, Any], after: dict[str, Any]) -> tuple[bool, str]:
-    """Kept or not by ``metric`` (:data:`~quantscope.pipeline.decoder_report.METRICS`), and
-    why in words."""
+GUARD_SE = 2.0  # another figure worse by more than this many standard errors vetoes a keep
+
+
+def _change(name: str, before: dict[str, Any], after: dict[str, Any]
+            ) -> tuple[float, float, float, float]:
+    """A figure's value before and after, its gain (positive = better) and the standard
+    error of the difference (taken unpaired: conservative)."""
     from quantscope.pipeline.decoder_report import METRICS
 
-    m = METRICS[metric]
-    b, a = before[m.phase], after[m.phase]
-    vb, va = b[m.key], a[m.key]
+    m = METRICS[name]
+    b, a = before.get(m.phase) or {}, after.get(m.phase) or {}
+    vb, va = b.get(m.key), a.get(m.key)
+    if vb is None or va is None:
+        return math.nan, math.nan, math.nan, math.nan
     se = math.hypot(b.get(f"{m.key}_se", 0.0), a.get(f"{m.key}_se", 0.0))
-    gain = (va - vb) if m.higher else (vb - va)
+    return vb, va, (va - vb) if m.higher else (vb - va), se
+
+
+def _decision(metric: str, before: dict[str, Any], after: dict[str, Any]) -> tuple[bool, str]:
+    """Kept or not, and why in words: ``metric``
+    (:data:`~quantscope.pipeline.decoder_report.METRICS`) better by more than the standard
+    error of the difference, and no other figure worse by more than :data:`GUARD_SE` of
+    its own (a tune that buys perplexity with decode's agreement is not what a user asked
+    for)."""
+    from quantscope.pipeline.decoder_report import METRICS
+
+    vb, va, gain, se = _change(metric, before, after)
     keep = gain > se
-    return keep, (f"{metric} {vb:.4f} -> {va:.4f} ({'better' if gain >= 0 else 'worse'} by "
-                  f"{abs(gain):.4f}; standard error of the difference {se:.4f}): "
-                  + ("kept" if keep else "not better by more than the noise: the untuned "
-                     "model ships"))
+    why = (f"{metric} {vb:.4f} -> {va:.4f} ({'better' if gain >= 0 else 'worse'} by "
+           f"{abs(gain):.4f}; standard error of the difference {se:.4f})")
+    if not keep:
+        return False, why + ": not better by more than the noise: the untuned model ships"
+    worse = []
+    for name in METRICS:
+        ob, oa, og, ose = _change(name, before, after)
+        if name != metric and og < -GUARD_SE * ose:
+            worse.append(f"{name} {ob:.4f} -> {oa:.4f} (worse by {-og:.4f}, "
+                         f"{-og / ose if ose else math.inf:.1f} standard errors)")
+    if worse:
+        return False, (why + f", but {'; '.join(worse)}: worse beyond {GUARD_SE:g} standard "
+                       "errors of the difference: the untuned model ships")
+    return True, why + (f"; the other figures better or within {GUARD_SE:g} standard errors: "
+                        "kept")
 
 
 def _opener(spec: str, prefix: Any) -> Any:
