@@ -11,7 +11,10 @@ students               each phase's QDQ graph (``quantize_model``, the one compo
                        Parameters (tied by initializer name), so one optimiser step
                        moves both graphs' weights; the activation grids stay the
                        calibrated ones (recalibrate after: :func:`~quantscope.tasks.
-                       lm_phases.calibrate_phases`)
+                       lm_phases.calibrate_phases`), or with ``learn_ranges`` each
+                       phase's per-tensor grids learn too (LSQ's scale and zero-point,
+                       ``range_lr``; the KV cache's held: prefill writes it, decode reads
+                       it) and come back per phase (``PhaseTuneResult.ranges``: pin them)
 teacher                the FP32 prefill graph
 loss                   per training window, the KL of the student prefill's next-token
                        distributions from the teacher's at every position, plus
