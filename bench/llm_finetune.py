@@ -4,7 +4,7 @@
         [--decode-positions 4] [--decode-weight 1] [--minutes 25] [--train-windows 265]
         [--tokens 20000] [--prompts 32] [--new-tokens 64] [--decode-steps 256]
         [--device cpu|cuda] [--weights OUT.npz] [--from-weights IN.npz] [--no-drift]
-        [--held-stats] [--learn-ranges [--range-lr 1e-3]] [--json OUT]
+        [--held-stats] [--learn-ranges [--range-lr 1e-3]] [--regrid-every N] [--json OUT]
 
 RUN_FOLDER is a finished ``quantscope run`` of a decoder (its ``model/`` graphs, the chosen
 ``plan.json``, ``stats.{prefill,decode}.npz`` and the KV prefix it records). Steps:
@@ -95,6 +95,9 @@ def main() -> None:
                     help="LSQ: each phase's per-tensor activation grids learn too (the KV "
                          "cache's held); measured with them pinned per phase on the held grids")
     ap.add_argument("--range-lr", type=float, default=1e-3)
+    ap.add_argument("--regrid-every", type=int, default=0,
+                    help="calibrate both phases again on the current weights every N steps "
+                         "and train on those grids")
     ap.add_argument("--held-stats", action="store_true",
                     help="measure the tuned weights on the grids they were trained with (the "
                          "run's calibration) instead of calibrating them again")
@@ -130,16 +133,25 @@ def main() -> None:
                                  decode_positions=a.decode_positions,
                                  decode_weight=a.decode_weight, max_seconds=a.minutes * 60,
                                  device=a.device, learn_ranges=a.learn_ranges,
-                                 range_lr=a.range_lr)
+                                 range_lr=a.range_lr, regrid_every=a.regrid_every)
+
+        def regrid(w: dict[str, np.ndarray]) -> dict:
+            def now(phase: str) -> Model:
+                return _with_weights(open_phase(spec, phase), w, "QAT")
+            pk = compute_prefix(now("prefill"), kv.kv.tokens) if kv else None
+            return calibrate_phases(prefixed_opener(now, pk), windows, steps=setup.steps)
+
         models = {p: base(p) for p in ("prefill", "decode")}
         res = distill_phases(models, stats, plan, train, config,
-                             prefix=len(kv.kv.tokens) if kv else 0, progress=True)
+                             prefix=len(kv.kv.tokens) if kv else 0, progress=True,
+                             regrid=regrid if a.regrid_every else None)
         del models
         release_memory()
         weights, learned = res.weights, res.ranges
         out["trained"] = {"config": config.__dict__, "steps": res.steps,
                           "seconds": round(res.seconds, 1), "windows": res.windows,
-                          "log": list(res.log), "peak_rss_gb": round(_rss_gb(), 2)}
+                          "log": list(res.log), "regrids": list(res.regrids),
+                          "peak_rss_gb": round(_rss_gb(), 2)}
         print(res.summary(), f"peak RSS {_rss_gb():.2f} GB", flush=True)
         if a.weights:
             _save(a.weights, weights)

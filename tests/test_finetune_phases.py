@@ -124,6 +124,29 @@ def test_learned_grids_come_back_per_phase_without_the_kv_cache_and_pin_in_ort()
         steps=1, batch=2, decode_positions=1)).ranges
 
 
+def test_regridding_sets_the_grids_a_fresh_calibration_of_the_current_weights_gives():
+    from quantscope.finetune.phases import _students, set_grids
+
+    graphs = phase_graphs()
+    train = _windows(8, 0)
+    stats = _stats(graphs, train)
+    pre, dec, _ = _students(graphs, stats, PLAN)
+    # the same calibration changes nothing: set_grids writes what the student was built with
+    assert set_grids(pre, graphs["prefill"], stats["prefill"], PLAN) == 0
+    assert set_grids(dec, graphs["decode"], stats["decode"], PLAN) == 0
+    seen = []
+
+    def regrid(weights):
+        seen.append(weights)
+        return _stats(_with(graphs, weights), train)
+
+    res = distill_phases(graphs, stats, PLAN, train, PhaseTuneConfig(
+        steps=5, lr=3e-3, batch=2, decode_positions=2, regrid_every=2), regrid=regrid)
+    assert [r["step"] for r in res.regrids] == [2, 4] and len(seen) == 2
+    assert all(r["grids_changed"] > 0 for r in res.regrids), res.regrids
+    assert set(seen[0]) == set(res.weights)  # the tied weights, by initializer name
+
+
 def test_a_decode_graph_with_weights_prefill_lacks_is_refused():
     graphs = phase_graphs()
     other = phase_graphs(seed=1)

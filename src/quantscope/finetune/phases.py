@@ -41,14 +41,14 @@ import dataclasses
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from quantscope.emulate.qdq import quantize_model, scheme_for
+from quantscope.emulate.qdq import plan_encodings, quantize_model, scheme_for
 from quantscope.finetune.apply import fp32_weights
 from quantscope.finetune.distill import resolve_device
 from quantscope.finetune.graph import GraphModule, to_torch
@@ -72,6 +72,7 @@ class PhaseTuneConfig:
     device: str | None = None  # None: CUDA when PyTorch sees a GPU, else the CPU
     learn_ranges: bool = False  # LSQ: each phase's per-tensor activation grids learn too
     range_lr: float = 1e-3  # their log-scale and zero-point shift (as the encoder's)
+    regrid_every: int = 0  # > 0: the grids calibrated again every that many steps (``regrid``)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class PhaseTuneResult:
     device: str = "cpu"
     # phase -> tensor -> learned (lo, hi), with ``learn_ranges`` (empty otherwise)
     ranges: dict[str, dict[str, tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    regrids: tuple[dict[str, int], ...] = ()  # per regrid: its step and the grids it changed
 
     def summary(self) -> str:
         first, last = self.log[0], self.log[-1]
@@ -157,6 +159,28 @@ def _ranges(student: GraphModule) -> dict[str, tuple[float, float]]:
     return {k: v for k, v in student.ranges().items() if not _cache_tensor(k)}
 
 
+Regrid = Callable[[dict[str, np.ndarray]], dict[str, Stats]]
+
+
+def set_grids(student: GraphModule, model: Model, stats: Stats, plan: Plan) -> int:
+    """Every activation grid of ``student`` set to the one ``stats`` gives under ``plan``
+    (the encoding :func:`~quantscope.emulate.qdq.quantize_model` writes: what ONNX Runtime
+    would run with that calibration); how many changed."""
+    enc, _ = plan_encodings(model, stats, plan, scheme=scheme_for(plan, None))
+    changed = 0
+    with torch.no_grad():
+        for q in student.act_quants:
+            e = enc.activations.get(q.key)
+            if e is None:
+                continue
+            scale = torch.as_tensor(np.asarray(e.scale, np.float32)).reshape(q.s0.shape)
+            zp = torch.as_tensor(np.asarray(e.zero_point, np.float32)).reshape(q.z0.shape)
+            changed += int(not (torch.equal(q.s0.cpu(), scale) and torch.equal(q.z0.cpu(), zp)))
+            q.s0.copy_(scale)
+            q.z0.copy_(zp)
+    return changed
+
+
 def _window_loss(ids: np.ndarray, pre: GraphModule, dec: GraphModule, teacher: GraphModule,
                  prefix: int, positions: Sequence[int], decode_weight: float
                  ) -> tuple[Tensor, float, float]:
@@ -180,10 +204,15 @@ def _window_loss(ids: np.ndarray, pre: GraphModule, dec: GraphModule, teacher: G
 
 def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan,
                    windows: Sequence[np.ndarray], config: PhaseTuneConfig = PhaseTuneConfig(),
-                   *, prefix: int = 0, progress: bool = False) -> PhaseTuneResult:
+                   *, prefix: int = 0, progress: bool = False, regrid: Regrid | None = None
+                   ) -> PhaseTuneResult:
     """Train the weights both of ``models`` (``prefill``, ``decode``; the prefill graph with
     its constant KV prefix of ``prefix`` positions, if any) share under ``plan``, on token
-    ``windows`` (disjoint from what will measure the result). See the module docstring."""
+    ``windows`` (disjoint from what will measure the result). See the module docstring.
+    ``regrid``: given the current weights (by initializer name), both phases' calibration
+    of the graphs with them; every ``config.regrid_every`` steps the students' grids are
+    set from it (:func:`set_grids`), so the steps see the grids the result will be
+    measured with."""
     seq = min(len(w) for w in windows)
     if seq < 4 or len(windows) < config.batch:
         raise QuantscopeError(f"finetune: {len(windows)} window(s) of {seq} tokens: needs at "
@@ -206,6 +235,7 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
     budget = config.max_seconds
     k = min(config.decode_positions, seq - 1 - seq // 2)
     log: list[dict[str, float]] = []
+    regrids: list[dict[str, int]] = []
     start = time.perf_counter()
     order: list[int] = []
     limit = f", stopped at {config.max_seconds:.0f} s" if config.max_seconds else ""
@@ -215,6 +245,11 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
         spent = time.perf_counter() - start
         if budget is not None and spent > budget:
             break
+        if regrid is not None and config.regrid_every and step and step % config.regrid_every == 0:
+            fresh = regrid({n: weights[n].detach().cpu().numpy() for n in tied})
+            moved = sum(set_grids(st, models[ph], fresh[ph], plan.for_phase(ph))
+                        for ph, st in (("prefill", pre), ("decode", dec)))
+            regrids.append({"step": step, "grids_changed": moved})
         factor = schedule(step, config.steps, spent, budget)
         lr = config.lr * factor
         for g, base_lr in zip(opt.param_groups, (config.lr, config.range_lr), strict=False):
@@ -242,7 +277,8 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
     ranges = {"prefill": _ranges(pre), "decode": _ranges(dec)} if config.learn_ranges else {}
     return PhaseTuneResult({n: weights[n].detach().cpu().numpy().copy() for n in tied},
                            tuple(log), len(log), time.perf_counter() - start, len(windows),
-                           str(device), ranges)
+                           str(device), ranges, tuple(regrids))
 
 
-__all__ = ["PhaseTuneConfig", "PhaseTuneResult", "distill_phases", "kl_logits", "schedule"]
+__all__ = ["PhaseTuneConfig", "PhaseTuneResult", "Regrid", "distill_phases", "kl_logits",
+           "schedule", "set_grids"]
