@@ -14,7 +14,10 @@ students               each phase's QDQ graph (``quantize_model``, the one compo
                        lm_phases.calibrate_phases`), or with ``learn_ranges`` each
                        phase's per-tensor grids learn too (LSQ's scale and zero-point,
                        ``range_lr``; the KV cache's held: prefill writes it, decode reads
-                       it) and come back per phase (``PhaseTuneResult.ranges``: pin them)
+                       it) and come back per phase (``PhaseTuneResult.ranges``: pin them),
+                       or with ``regrid_every`` and a ``regrid`` callback (the phases'
+                       calibration of the graphs with the current weights) they are set
+                       to that fresh calibration's every that many steps
 teacher                the FP32 prefill graph
 loss                   per training window, the KL of the student prefill's next-token
                        distributions from the teacher's at every position, plus
