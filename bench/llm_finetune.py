@@ -40,7 +40,7 @@ from gptq_llm import _with_weights
 
 from quantscope.analyze.prefix import compute_prefix, prefixed_opener
 from quantscope.emulate.release import release_memory
-from quantscope.finetune.phases import PhaseTuneConfig, distill_phases
+from quantscope.finetune.phases import PhaseTuneConfig, distill_phases, phase_regrid
 from quantscope.model.load import Model
 from quantscope.serde import read_json, read_plan, read_stats
 from quantscope.stages_llm import (
@@ -134,12 +134,8 @@ def main() -> None:
                                  decode_weight=a.decode_weight, max_seconds=a.minutes * 60,
                                  device=a.device, learn_ranges=a.learn_ranges,
                                  range_lr=a.range_lr, regrid_every=a.regrid_every)
-
-        def regrid(w: dict[str, np.ndarray]) -> dict:
-            def now(phase: str) -> Model:
-                return _with_weights(open_phase(spec, phase), w, "QAT")
-            pk = compute_prefix(now("prefill"), kv.kv.tokens) if kv else None
-            return calibrate_phases(prefixed_opener(now, pk), windows, steps=setup.steps)
+        regrid = phase_regrid(lambda phase: open_phase(spec, phase),
+                              kv.kv.tokens if kv else (), windows, setup.steps)
 
         models = {p: base(p) for p in ("prefill", "decode")}
         res = distill_phases(models, stats, plan, train, config,

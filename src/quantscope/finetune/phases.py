@@ -58,6 +58,7 @@ from quantscope.finetune.graph import GraphModule, to_torch
 from quantscope.model.load import Model
 from quantscope.model.phases import PAST_PREFIX
 from quantscope.progress import track
+from quantscope.tasks.lm import TokenWindows
 from quantscope.types import Plan, QuantscopeError, Stats
 
 Tensor = torch.Tensor
@@ -163,6 +164,26 @@ def _ranges(student: GraphModule) -> dict[str, tuple[float, float]]:
 
 
 Regrid = Callable[[dict[str, np.ndarray]], dict[str, Stats]]
+
+
+def phase_regrid(open_phase: Callable[[str], Model], tokens: Sequence[int],
+                 windows: TokenWindows, steps: int) -> Regrid:
+    """The ``regrid`` a run passes: the unprefixed phase graphs (``open_phase``, a fresh
+    graph per call) with the current weights written in, the KV prefix of ``tokens``
+    computed again from them in FP32, both phases calibrated on ``windows`` as the run
+    calibrates them (``steps`` decode positions per window)."""
+    from quantscope.analyze.prefix import compute_prefix, prefixed_opener
+    from quantscope.model.load import with_initializers
+    from quantscope.tasks.lm_phases import calibrate_phases
+
+    def regrid(weights: dict[str, np.ndarray]) -> dict[str, Stats]:
+        def now(phase: str) -> Model:
+            return with_initializers(open_phase(phase), weights, "fine-tune (regrid)")
+
+        kv = compute_prefix(now("prefill"), tokens) if tokens else None
+        return calibrate_phases(prefixed_opener(now, kv), windows, steps=steps)
+
+    return regrid
 
 
 def set_grids(student: GraphModule, model: Model, stats: Stats, plan: Plan) -> int:
@@ -284,4 +305,4 @@ def distill_phases(models: dict[str, Model], stats: dict[str, Stats], plan: Plan
 
 
 __all__ = ["PhaseTuneConfig", "PhaseTuneResult", "Regrid", "distill_phases", "kl_logits",
-           "schedule", "set_grids"]
+           "phase_regrid", "schedule", "set_grids"]
