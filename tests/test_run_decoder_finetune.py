@@ -32,7 +32,7 @@ def tuned(tmp_path_factory):
     """A run whose fine-tune is kept: the keep rule forced (the flow under test is what a
     kept fine-tune changes; the rule itself is tested on figures below), two steps at a
     rate that moves the weights visibly (the budget then never ends it: the same steps
-    on any machine)."""
+    on any machine), the grids calibrated again between them."""
     folder = tmp_path_factory.mktemp("decft")
     model = byte_decoder(folder)
     before = {p.name: file_digest(p) for p in folder.iterdir()}
@@ -44,6 +44,7 @@ def tuned(tmp_path_factory):
     mp.setattr(decoder_finetune, "_decision", lambda *a: (True, "kept by the test"))
     mp.setattr(decoder_finetune, "MAX_STEPS", 2)
     mp.setattr(decoder_finetune, "LR", 1e-3)
+    mp.setattr(decoder_finetune, "REGRID_EVERY", 1)  # the grids calibrated again after step 1
     try:
         code, printed = _run(args)
     finally:
@@ -56,6 +57,8 @@ def test_a_kept_finetune_is_what_every_later_stage_ships(tuned) -> None:
     folder, out, printed, _, before = tuned
     doc = json.loads((out / "finetune.json").read_text())
     assert doc["asked"] and doc["kept"] and doc["training"]["steps"] == 2
+    assert [r["step"] for r in doc["training"]["regrids"]] == [1]
+    assert doc["training"]["regrids"][0]["grids_changed"] > 0
     assert doc["trained_by"] == "torch (cpu)" and doc["measured_by"] == "onnxruntime"
     # the tuned graphs differ from the rewritten ones; the exported float graphs are them
     ref = _weights(out / "model" / "model.decode.onnx")

@@ -62,6 +62,9 @@ MAX_STEPS = 48
 # run 2 of docs/benchmarks.md, "Quantization-aware distillation of both phases": the better
 # of the two configurations measured on smollm2-135m
 LR, BATCH, DECODE_POSITIONS, DECODE_WEIGHT = 2e-5, 4, 8, 2.0
+# both phases calibrated again on the current weights every that many steps (0: never; the
+# grids then stay the plan stage's until the calibration after the training)
+REGRID_EVERY = 0
 INSTALL = "pip install 'quantscope[finetune]'"
 
 
@@ -176,14 +179,15 @@ def _opener(spec: str, prefix: Any) -> Any:
     return prefixed_opener(lambda phase: open_phase(spec, phase), prefix.kv if prefix else None)
 
 
-def _train(ctx: Any, base: Any, stats: dict[str, Any], plan: Any, prefix: int
-           ) -> tuple[Any, dict[str, Any]]:
+def _train(ctx: Any, base: Any, stats: dict[str, Any], plan: Any, tokens: tuple[int, ...],
+           windows: Any) -> tuple[Any, dict[str, Any]]:
     """:func:`~quantscope.finetune.phases.distill_phases` on the run's graphs (``base``: the
-    phase opener with the KV prefix of ``prefix`` tokens) under ``plan``, for the run's
-    budget: its result, and its record for ``finetune.json``."""
+    phase opener with the KV prefix of ``tokens``) under ``plan``, for the run's budget
+    (``windows``: the run's calibration, which a regrid reads): its result, and its record
+    for ``finetune.json``."""
     from quantscope.emulate.release import release_memory
-    from quantscope.finetune.phases import PhaseTuneConfig, distill_phases
-    from quantscope.stages_llm import phase_file
+    from quantscope.finetune.phases import PhaseTuneConfig, distill_phases, phase_regrid
+    from quantscope.stages_llm import open_phase, phase_file
     from quantscope.tasks.lm import load_lm_tokenizer, token_windows
 
     budget, seq = ctx.opts.finetune, ctx.opts.phases_setup().seq_len
@@ -191,12 +195,14 @@ def _train(ctx: Any, base: Any, stats: dict[str, Any], plan: Any, prefix: int
     train = token_windows(tok, seq_len=seq, calibration=TRAIN_WINDOWS, evaluation=1).calibration
     config = PhaseTuneConfig(steps=MAX_STEPS, lr=LR, batch=min(BATCH, len(train)),
                              decode_positions=DECODE_POSITIONS, decode_weight=DECODE_WEIGHT,
-                             max_seconds=budget)
+                             max_seconds=budget, regrid_every=REGRID_EVERY)
+    regrid = phase_regrid(lambda phase: open_phase(ctx.spec(), phase), tokens, windows,
+                          ctx.opts.phases_setup().steps) if REGRID_EVERY else None
     ctx.say(f"[finetune] both phases' shared weights under the plan, by PyTorch, for at most "
             f"{budget:.0f} s on {len(train)} training windows of {seq} tokens …")
     models = {p: base(p) for p in ("prefill", "decode")}
-    res = distill_phases(models, stats, plan, train, config, prefix=prefix,
-                         progress=ctx.progress)
+    res = distill_phases(models, stats, plan, train, config, prefix=len(tokens),
+                         progress=ctx.progress, regrid=regrid)
     del models
     release_memory()
     ctx.say(f"[finetune] {res.summary()}")
@@ -207,7 +213,7 @@ def _train(ctx: Any, base: Any, stats: dict[str, Any], plan: Any, prefix: int
                  "decode_weight": config.decode_weight,
                  "first_kl": {"prefill": first["prefill_kl"], "decode": first["decode_kl"]},
                  "last_kl": {"prefill": last["prefill_kl"], "decode": last["decode_kl"]},
-                 "log": list(res.log)}
+                 "regrids": list(res.regrids), "log": list(res.log)}
 
 
 def finetune(ctx: Any) -> Any:
@@ -239,7 +245,7 @@ def finetune(ctx: Any) -> Any:
     tokens = recorded_prefix(plan)
     kv = lm_prefix(spec, tokens, windows)
     base = _opener(spec, kv)
-    res, training = _train(ctx, base, stats, plan, len(kv.kv.tokens) if kv else 0)
+    res, training = _train(ctx, base, stats, plan, kv.kv.tokens if kv else (), windows)
     tuned_spec = _write_graphs(ctx, spec, res.weights)
     tkv = lm_prefix(tuned_spec, tokens, windows)
     emulated = _opener(tuned_spec, tkv)
