@@ -101,7 +101,7 @@ def test_learned_grids_come_back_per_phase_without_the_kv_cache_and_pin_in_ort()
     train = _windows(8, 0)
     stats = _stats(graphs, train)
     res = distill_phases(graphs, stats, PLAN, train, PhaseTuneConfig(
-        steps=3, lr=6e-4, batch=2, decode_positions=2, learn_ranges=True, range_lr=0.05))
+        steps=2, lr=6e-4, batch=2, decode_positions=2, learn_ranges=True, range_lr=0.05))
     assert set(res.ranges) == {"prefill", "decode"}
     for phase, ranges in res.ranges.items():
         assert ranges and not any(k.startswith(("present.", "past.")) for k in ranges)
@@ -141,8 +141,8 @@ def test_regridding_sets_the_grids_a_fresh_calibration_of_the_current_weights_gi
         return _stats(_with(graphs, weights), train)
 
     res = distill_phases(graphs, stats, PLAN, train, PhaseTuneConfig(
-        steps=5, lr=3e-3, batch=2, decode_positions=2, regrid_every=2), regrid=regrid)
-    assert [r["step"] for r in res.regrids] == [2, 4] and len(seen) == 2
+        steps=3, lr=3e-3, batch=2, decode_positions=2, regrid_every=2), regrid=regrid)
+    assert [r["step"] for r in res.regrids] == [2] and len(seen) == 1
     assert all(r["grids_changed"] > 0 for r in res.regrids), res.regrids
     assert set(seen[0]) == set(res.weights)  # the tied weights, by initializer name
 
