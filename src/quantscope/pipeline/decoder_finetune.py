@@ -63,7 +63,9 @@ MAX_STEPS = 48
 # of the two configurations measured on smollm2-135m
 LR, BATCH, DECODE_POSITIONS, DECODE_WEIGHT = 2e-5, 4, 8, 2.0
 # both phases calibrated again on the current weights every that many steps (0: never; the
-# grids then stay the plan stage's until the calibration after the training)
+# grids then stay the plan stage's until the calibration after the training). Every 10
+# steps measured no better on smollm2-135m (lower training KL, not lower held-out KL:
+# docs/benchmarks.md, "Which grids the distilled weights are measured on")
 REGRID_EVERY = 0
 INSTALL = "pip install 'quantscope[finetune]'"
 
