@@ -134,6 +134,12 @@ def test_another_figure_worse_beyond_the_noise_vetoes_a_keep(decode, keep) -> No
     assert why.endswith("kept" if keep else "the untuned model ships")
 
 
+def test_a_metric_not_measured_keeps_nothing_and_says_so() -> None:
+    kept, why = _decision("greedy_agreement", {"prefill": {}}, {"prefill": {}})
+    assert not kept and why == ("greedy_agreement was not measured on both models: the "
+                                "untuned model ships")
+
+
 @pytest.mark.parametrize(("extra", "words"), [
     (["--budget", "5m"], "spends it on the fine-tune only"),
     (["--finetune", "on", "--budget", "none"], "needs a time budget"),

@@ -19,9 +19,9 @@ measured        ONNX Runtime measures the plan on the tuned graphs against the
 kept            when ``--metric`` is better than the evaluate stage's by more than the
                 standard error of the difference (taken unpaired: conservative) and no
                 other figure of the verdict is worse by more than :data:`GUARD_SE` of
-                its own; else the tuned files are removed and the untuned model ships. The choice reads
-                the evaluation text (one decision between two models): said in
-                ``finetune.json`` and the verdict
+                its own; else the tuned files are removed and the untuned model ships.
+                The choice reads the evaluation text (one decision between two models):
+                said in ``finetune.json`` and the verdict
 ==============  =========================================================================
 
 Kept, the stages after it (``w4``, ``whatif``, ``export``, ``host``, ``report``) work on the
@@ -155,6 +155,8 @@ def _decision(metric: str, before: dict[str, Any], after: dict[str, Any]) -> tup
     from quantscope.pipeline.decoder_report import METRICS
 
     vb, va, gain, se = _change(metric, before, after)
+    if math.isnan(gain):
+        return False, f"{metric} was not measured on both models: the untuned model ships"
     keep = gain > se
     why = (f"{metric} {vb:.4f} -> {va:.4f} ({'better' if gain >= 0 else 'worse'} by "
            f"{abs(gain):.4f}; standard error of the difference {se:.4f})")
