@@ -64,8 +64,9 @@ MAX_STEPS = 48
 LR, BATCH, DECODE_POSITIONS, DECODE_WEIGHT = 2e-5, 4, 8, 2.0
 # both phases calibrated again on the current weights every that many steps (0: never; the
 # grids then stay the plan stage's until the calibration after the training). Every 10
-# steps measured no better on smollm2-135m (lower training KL, not lower held-out KL:
-# docs/benchmarks.md, "Which grids the distilled weights are measured on")
+# steps measured no better on smollm2-135m: the training KL then reads what the evaluation
+# measures, the held-out figures stay run 2's (docs/benchmarks.md, "Which grids the
+# distilled weights are measured on")
 REGRID_EVERY = 0
 INSTALL = "pip install 'quantscope[finetune]'"
 
