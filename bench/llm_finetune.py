@@ -17,7 +17,8 @@ RUN_FOLDER is a finished ``quantscope run`` of a decoder (its ``model/`` graphs,
    weights; ``--from-weights`` skips it and reads trained weights saved by ``--weights``;
 3. the trained weights written into both graphs, the prefix's keys and values computed
    again from them (what the host would load), both phases calibrated again on the run's
-   16 calibration windows (``--held-stats``: not; the grids the training held), and the plan measured by ONNX Runtime at the evaluate stage's
+   16 calibration windows (not with ``--held-stats`` or learned grids: the grids the
+   training held or learned), and the plan measured by ONNX Runtime at the evaluate stage's
    amounts against the **original** FP32 graphs (``evaluate_lm_plans(..., emulated=)``),
    next to the run's own ``evaluate.json``;
 4. the trained FP32 model against the original (its drift: what a float fallback runs).
@@ -114,9 +115,7 @@ def main() -> None:
     kv = lm_prefix(spec, recorded_prefix(plan), windows)
     base = _opener(spec, kv)
     t_all = time.perf_counter()
-    out: dict = {"run": str(a.run), "setup": setup.__dict__,
-                 "grids": "learned (LSQ)" if a.learn_ranges else
-                 "held (the run's)" if a.held_stats else "calibrated again"}
+    out: dict = {"run": str(a.run), "setup": setup.__dict__}
     learned: dict = {}
     if a.from_weights:
         weights = _load(a.from_weights)
@@ -161,6 +160,8 @@ def main() -> None:
     emulated = prefixed_opener(tuned, prefix)
     t0 = time.perf_counter()
     held = a.held_stats or bool(learned)
+    out["grids"] = ("learned (LSQ), pinned per phase" if learned else
+                    "held (the run's)" if held else "calibrated again")
     stats2 = stats if held else calibrate_phases(emulated, windows, steps=setup.steps)
     measured: Plan | dict[str, Plan] = plan
     if learned:  # each phase's learned grids pinned (the KV cache's stay the run's)
