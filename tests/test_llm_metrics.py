@@ -127,6 +127,36 @@ def test_precision_orders_the_phases(evaluated) -> None:
     assert a8["time"]["decode_steps"] == 2 * 3 * 5
 
 
+def test_fp32_greedy_is_made_once_for_the_same_graphs_and_again_for_others(monkeypatch
+                                                                          ) -> None:
+    """Every stage of a decoder run measures against FP32's greedy continuations: made once
+    per process for the same graphs, prompts and length (counted by its decode runs), made
+    again when a weight differs, and the same tokens as a fresh generation."""
+    from quantscope.tasks import lm_phases
+
+    w = tiny_weights(seed=3)
+    protos = {p: build_decoder(TINY, w, p) for p in ("prefill", "decode")}
+    opened = lambda p: load_proto(protos[p], source=f"tiny.{p}")  # noqa: E731
+    prompts = [np.arange(1, 6) % TINY.vocab, np.arange(7, 10) % TINY.vocab]
+    made = []
+    real = lm_phases.generate
+    monkeypatch.setattr(lm_phases, "generate", lambda *a, **k: made.append(1) or real(*a, **k))
+    first = lm_phases.fp32_greedy(opened, prompts, 6)
+    assert len(made) == 2 and [len(t) for t in first.tokens] == [6, 6]
+    assert lm_phases.fp32_greedy(opened, prompts, 6) is first and len(made) == 2
+    fresh = [real(lm_phases.runner(opened("prefill")), lm_phases.runner(opened("decode")), p, 6)
+             for p in prompts]
+    assert [list(t) for t in first.tokens] == fresh
+    lm_phases.fp32_greedy(opened, prompts, 5)  # another length: made again
+    assert len(made) == 4
+    w2 = tiny_weights(seed=3)
+    name = next(k for k in w2 if k.endswith("weight") and w2[k].ndim == 2)
+    w2[name] = w2[name] * 1.01  # one weight changed: other graphs
+    protos = {p: build_decoder(TINY, w2, p) for p in ("prefill", "decode")}
+    lm_phases.fp32_greedy(opened, prompts, 6)
+    assert len(made) == 6
+
+
 def test_cli_check_phases_with_quality(tmp_path, capsys) -> None:
     """check --phase --quality on a tiny byte-level decoder: legality, cost and quality."""
     from decoder_tiny import byte_decoder

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from quantscope.model.load import model_digest as model_digest  # its one place: model
 from quantscope.serde import bytes_writer, plan_to_dict, read_json, write_atomic, write_json
 from quantscope.types import Dataset, Plan, QuantscopeError, Stats
 from quantscope.version import __version__
@@ -98,11 +99,6 @@ def content_digest(obj: Any) -> str:
     h = hashlib.sha256()
     _feed(h, obj, set())
     return h.hexdigest()
-
-
-def model_digest(proto: Any) -> str:
-    """sha256 of an ONNX model's serialised graph (its content, not where it came from)."""
-    return hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
 
 
 def stats_digest(stats: Stats) -> str:

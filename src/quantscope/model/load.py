@@ -7,6 +7,7 @@ The returned :class:`Model` is never mutated after load; stages that change the 
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +101,11 @@ class Model:
 
     def opset(self) -> int:
         return _default_opset(self.proto)
+
+
+def model_digest(proto: onnx.ModelProto) -> str:
+    """sha256 of an ONNX model's serialised graph (its content, not where it came from)."""
+    return hashlib.sha256(proto.SerializeToString(deterministic=True)).hexdigest()
 
 
 def _default_opset(proto: onnx.ModelProto) -> int:

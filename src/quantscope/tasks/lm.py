@@ -157,7 +157,7 @@ class Greedy:
         self.steps.append((len(hits), int(np.sum(hits)), float(np.sum(nll_test)),
                            float(np.sum(nll_ref))))
 
-    def add(self, ref: list[int], test: list[int]) -> None:
+    def add(self, ref: Sequence[int], test: Sequence[int]) -> None:
         same = 0
         for a, b in zip(ref, test, strict=True):
             if a != b:
