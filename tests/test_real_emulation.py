@@ -1,5 +1,7 @@
 """Real model, real data, real ORT sessions: the demo's claims on a small scale."""
 
+import dataclasses
+
 import pytest
 
 from quantscope import stages
@@ -8,11 +10,14 @@ from quantscope.demo import demo_plans
 
 @pytest.mark.slow
 def test_minilm_l3_precisions_on_stdlib_docs():
-    """40 pairs (80 texts, 16 of them cut at 256 tokens): a8_w8 agrees on about 78 % of
-    the queries, a16_w8 on 98 %, a16_w16 on all; the gaps hold with room at this size."""
+    """40 pairs (80 texts, 16 of them cut at 256 tokens), calibrated on every 4th of the 16
+    calibration batches (the whole set: 13 s more, the same verdicts): a8_w8 agrees on
+    about 73 % of the queries (78 % on the whole set), a16_w8 on 98 %, a16_w16 on all; the
+    gaps hold with room at this size."""
     model = stages.open_model("minilm-l3")
     data = stages.open_data("stdlib-docs", model, max_pairs=40)
-    stats = stages.calibrate_model(model, data)
+    stats = stages.calibrate_model(model, dataclasses.replace(
+        data, calibration=data.calibration[::4]))
     plans = demo_plans(model)
     res = stages.evaluate_plans(model, data, stats, plans)
     top1 = {k: r["metrics"]["top1_agreement"] for k, r in res.items()}
