@@ -4,7 +4,7 @@ A rerun of ``plan``, ``buckets`` or ``run`` (with a larger ``--budget``, or afte
 reads back what an earlier one measured instead of measuring it again.
 
 =============  ===================================================================
-key            sha256 of: the model's content (its serialised graph, not its path),
+key            sha256 of: the model's content (its graph and weights, not its path),
                the statistics (every array), the plan (default, overrides, ranges,
                pinned tensors, target, and its meta except the descriptive keys of
                :data:`DESCRIPTIVE_META`; never its reasons), the scheme and the range
