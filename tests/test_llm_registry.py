@@ -9,6 +9,7 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from decoder_tiny import byte_decoder
@@ -154,3 +155,52 @@ def test_the_decoder_steps_run_on_one_graph_through_the_runner(tmp_path) -> None
     assert smooth.applied and smooth.record["name"] == "smooth" and smooth.fp32_diff < RTOL
     assert split.applied and "2 chunks of 8 tokens" in split.reason
     assert "give --seq-len" in REWRITES["gatedsplit"].apply(prefill).reason
+
+
+def test_the_decode_graph_reads_the_weights_both_graphs_have_from_the_prefill_file(
+        tmp_path) -> None:
+    """write_phase_files writes each weight once: the decode graph's equal weights are
+    references into the prefill graph's data file, its own file holds only what prefill
+    lacks (here nothing: no such file), both graphs load and run as the originals do, and
+    a weight that differs between the graphs is still refused."""
+    from onnx.external_data_helper import ExternalDataInfo, uses_external_data
+
+    from quantscope.types import QuantscopeError
+
+    model = byte_decoder(tmp_path)
+    out = tmp_path / "w" / "m.prefill.onnx"
+    out.parent.mkdir()
+    stages_llm.write_phase_files(model, "copy", lambda p: (
+        stages_llm.open_phase(model, p).proto, ""), out)
+    decode = out.with_name("m.decode.onnx")
+    light = onnx.load(str(decode), load_external_data=False)
+    where = {ExternalDataInfo(t).location for t in light.graph.initializer
+             if uses_external_data(t)}
+    assert where == {"m.prefill.onnx.data"} and not decode.with_name("m.decode.onnx.data").exists()
+    prefill_bytes = out.with_name("m.prefill.onnx.data").stat().st_size
+    weights = sum(len(t.raw_data) for t in stages_llm.open_phase(model, "decode").proto
+                  .graph.initializer if len(t.raw_data) >= 1024)
+    assert prefill_bytes >= weights > 0
+    for phase in ("prefill", "decode"):
+        before, after = stages_llm.open_phase(model, phase), stages_llm.open_phase(out, phase)
+        feeds = sample_feeds(before, (SEQ,), what="test",
+                             shapes=phase_shapes(before, phase, SEQ))
+        # ONNX Runtime opens the written file itself: the decode graph's weights are read
+        # from the prefill graph's data file
+        sess = ort.InferenceSession(after.source, providers=["CPUExecutionProvider"])
+        for ref, new in zip(_outputs(before.proto, feeds), [sess.run(None, f) for f in feeds],
+                            strict=True):
+            assert np.array_equal(ref[0], new[0]), phase
+    changed = stages_llm.open_phase(model, "decode").proto
+    name = next(t.name for t in changed.graph.initializer if len(t.raw_data) >= 1024)
+
+    def make(phase: str):
+        proto = stages_llm.open_phase(model, phase).proto
+        if phase == "decode":
+            t = next(t for t in proto.graph.initializer if t.name == name)
+            t.raw_data = bytes(len(t.raw_data))
+        return proto, ""
+
+    with pytest.raises(QuantscopeError, match=f"weight '{name}' differs"):
+        stages_llm.write_phase_files(model, "copy", make, tmp_path / "x.prefill.onnx")
+    assert not list(tmp_path.glob("x.*.onnx*"))

@@ -106,27 +106,19 @@ def _clear(ctx: Any) -> None:
 
 
 def _write_graphs(ctx: Any, spec: str, weights: dict[str, Any]) -> str:
-    """Both phase graphs with ``weights``, and the tokenizer, into ``model.tuned/``."""
-    import onnx
-
-    from quantscope.emulate.release import release_memory
+    """Both phase graphs with ``weights``, and the tokenizer, into ``model.tuned/``
+    (:func:`quantscope.stages_llm.write_phase_files`: the decode graph reads the weights
+    both graphs have from the prefill graph's data file)."""
     from quantscope.model.load import with_initializers
-    from quantscope.stages_llm import open_phase, phase_file
-    from quantscope.tasks.lm import tokenizer_path
-    from quantscope.zoo.cache import write_atomic
+    from quantscope.stages_llm import open_phase, write_phase_files
 
     folder = ctx.path(TUNED_DIR)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
-    for phase in ("prefill", "decode"):
-        model = with_initializers(open_phase(spec, phase), weights, "fine-tune")
-        name = f"model.{phase}.onnx"
-        write_atomic(folder / name, lambda tmp, p=model.proto, n=name: onnx.save(
-            p, str(tmp), save_as_external_data=True, location=f"{n}.data"))
-        del model
-        release_memory()
-    shutil.copyfile(tokenizer_path(phase_file(spec, "prefill")), folder / "model.tokenizer.json")
-    return str(folder / "model.prefill.onnx")
+    out = folder / "model.prefill.onnx"
+    write_phase_files(spec, "fine-tune", lambda phase: (
+        with_initializers(open_phase(spec, phase), weights, "fine-tune").proto, ""), out)
+    return str(out)
 
 
 GUARD_SE = 2.0  # another figure worse by more than this many standard errors vetoes a keep
