@@ -255,8 +255,11 @@ def fp32_greedy(open_phase: OpenPhase, prompts: Sequence[np.ndarray], new_tokens
     process for the same graphs: they are keyed by both phase graphs' content (weights and
     a KV prefix included), the prompts and ``new_tokens``. A decoder run measures against
     them in its plan stage (twice), evaluate, w4, finetune and whatif; each made them
-    again before (about a minute each on smollm2-135m at 32 prompts x 64 tokens). The
-    graphs are opened one at a time to key them; on a miss they are opened again to run."""
+    again before (90-110 s each on smollm2-135m at 32 prompts x 64 tokens, 3 s to find
+    again: ``bench/fp32_greedy.py``). The graphs are opened one at a time to key them; on
+    a miss they are opened again to run. No prompts: nothing to make, no graph opened."""
+    if not prompts:
+        return Fp32Greedy((), (), 0.0, 0.0)
     h = hashlib.sha256(f"{new_tokens}".encode())
     for phase in ("prefill", "decode"):
         h.update(model_digest(open_phase(phase).proto).encode())
