@@ -120,3 +120,39 @@ def test_the_version_converter_on_the_light_copy_gives_the_whole_models_proto(
     assert m.SerializeToString() == before
     assert [t.name for t in got.graph.initializer][:3] == ["w", "table", "shape"]
     assert got.opset_import[0].version == 21
+
+
+@pytest.mark.parametrize("light", [True, False])
+def test_a_graph_is_converted_once_and_each_load_gets_its_own_proto(light, monkeypatch):
+    from onnx import version_converter
+
+    if light:
+        monkeypatch.setattr(weightless, "LIGHT_CONVERT_BYTES", 0)
+    runs = []
+    real = version_converter.convert_version
+    monkeypatch.setattr(version_converter, "convert_version",
+                        lambda p, t: runs.append(t) or real(p, t))
+    monkeypatch.setattr(weightless, "_CONVERTED", type(weightless._CONVERTED)())
+    m = _old_opset_model(13)
+    first = weightless.convert_version(m, 21)
+    again = weightless.convert_version(m, 21)
+    assert runs == [21]  # the second load found the first's conversion
+    assert first is not again and first.SerializeToString() == again.SerializeToString()
+    assert again.SerializeToString() == real(m, 21).SerializeToString()
+    first.graph.node[0].name = "changed by its caller"  # a caller's change stays its own
+    assert weightless.convert_version(m, 21).graph.node[0].name != "changed by its caller"
+    other = _old_opset_model(11)
+    weightless.convert_version(other, 21)
+    weightless.convert_version(m, 20)
+    assert runs == [21, 21, 20]  # another graph, another opset: converted
+    monkeypatch.setattr(weightless, "KEPT_CONVERSIONS_BYTES", 1)  # kept: the newest only
+    weightless.convert_version(m, 19)
+    assert [k[1] for k in weightless._CONVERTED] == [19]
+
+
+def test_what_the_converter_raises_is_raised_at_each_load():
+    m = _old_opset_model(13)
+    m.graph.node[0].op_type = "NoSuchOp"
+    for _ in range(2):
+        with pytest.raises(Exception):  # noqa: B017 - the converter's own error type
+            weightless.convert_version(m, 21)

@@ -33,6 +33,7 @@ from quantscope.emulate.coverage import Coverage, coverage
 from quantscope.emulate.encode import encode
 from quantscope.model.groups import check_plan_names, find_groups
 from quantscope.model.load import Model
+from quantscope.model.weightless import append_copies, copy_fields
 from quantscope.numerics import quantize
 from quantscope.types import Encoding, Encodings, Groups, Plan, QuantScheme, QuantscopeError, Stats
 
@@ -96,11 +97,12 @@ def build_qdq(model: Model, encodings: Encodings) -> onnx.ModelProto:
     Callers use :func:`quantize_model`; only the segment engine of the sweeps calls this
     directly, with a plan's encodings restricted to a cut-out segment.
     """
-    proto = onnx.ModelProto()
-    proto.CopyFrom(model.proto)
+    proto = onnx.ModelProto()  # the model's proto but its nodes and weights, copied once
+    copy_fields(model.proto, proto, skip=("graph",))
+    copy_fields(model.proto.graph, proto.graph, skip=("node", "initializer"))
     graph = proto.graph
     w_nodes, new_inits, replaced = _weight_nodes(model, encodings)
-    kept = [t for t in graph.initializer if t.name not in replaced]
+    kept = [t for t in model.proto.graph.initializer if t.name not in replaced]
     still_inputs = [i for i in graph.input if i.name not in replaced]
     if len(still_inputs) != len(graph.input):  # old exports list initializers as inputs
         del graph.input[:]
@@ -115,7 +117,7 @@ def build_qdq(model: Model, encodings: Encodings) -> onnx.ModelProto:
             new_inits += params
             renamed_inputs[name] = f"{name}_dq"
     body: list[onnx.NodeProto] = []
-    for node in graph.node:
+    for node in model.proto.graph.node:
         new = onnx.NodeProto()
         new.CopyFrom(node)
         for i, t in enumerate(new.input):
@@ -131,10 +133,8 @@ def build_qdq(model: Model, encodings: Encodings) -> onnx.ModelProto:
             tail += nodes
             new_inits += params
         body += [new, *tail]
-    del graph.node[:]
     graph.node.extend(w_nodes + in_nodes + body)
-    del graph.initializer[:]
-    graph.initializer.extend(kept + new_inits)
+    append_copies(graph.initializer, kept + new_inits)
     _refuse_taken_names(graph)
     return proto
 

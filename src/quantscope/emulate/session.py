@@ -23,7 +23,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from quantscope.model.weightless import copy_fields
+from quantscope.model.weightless import append_copies, copy_fields
 from quantscope.threads import default_threads
 from quantscope.types import QuantscopeError
 
@@ -262,7 +262,7 @@ def emulation_parts(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, 
     copy_fields(proto, out, skip=("graph",))
     copy_fields(graph, out.graph, skip=("node", "initializer"))
     out.graph.node.extend(kept)
-    out.graph.initializer.extend(t for t in graph.initializer if t.name in used)
+    append_copies(out.graph.initializer, (t for t in graph.initializer if t.name in used))
     return out, {n.output[0]: v for n, v in zip(nodes, values, strict=True)}
 
 
