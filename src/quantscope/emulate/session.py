@@ -235,8 +235,8 @@ def emulation_form(proto: onnx.ModelProto) -> onnx.ModelProto:
     form, folded = emulation_parts(proto)
     if not folded:
         return form
-    form.graph.initializer.extend(numpy_helper.from_array(v, name)
-                                  for name, v in folded.items())
+    append_copies(form.graph.initializer, (numpy_helper.from_array(v, name)
+                                           for name, v in folded.items()))
     return form
 
 

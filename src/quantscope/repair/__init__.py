@@ -43,6 +43,7 @@ import onnx
 from onnx import numpy_helper
 
 from quantscope.model.load import Model, load_proto
+from quantscope.model.weightless import append_copies
 from quantscope.types import Plan, QuantScheme, QuantscopeError, Stats
 
 
@@ -166,7 +167,7 @@ def rewritten(proto: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
     out.CopyFrom(proto)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
-    out.graph.initializer.extend(initializers)
+    append_copies(out.graph.initializer, initializers)
     del out.graph.value_info[:]
     props = {p.key: p.value for p in out.metadata_props}
     props[note[0]] = note[1]
