@@ -91,6 +91,26 @@ def test_percentile_and_mse_clip_outliers_at_8_bit_only():
     assert tensor_range(ts, "mse", 16) == (ts.min, ts.max)
 
 
+def test_an_mse_range_is_searched_once_per_statistics_and_width():
+    import dataclasses
+
+    from quantscope.emulate import ranges
+
+    obs = Observer("t")
+    obs.update(np.random.default_rng(2).standard_t(3, 50_000).astype(np.float32))
+    ts = obs.freeze()
+    first = tensor_range(ts, "mse", 8)
+    assert first == ranges._mse_search(ts, 8, symmetric=False)  # kept: what it searched
+    assert tensor_range(ts, "mse", 8) == first
+    assert tensor_range(ts, "mse", 8, symmetric=True) == ranges._mse_search(
+        ts, 8, symmetric=True) != first  # another key, searched on its own
+    assert tensor_range(ts, "mse", 4) == ranges._mse_search(ts, 4, symmetric=False)
+    wider = dataclasses.replace(ts, hist=ts.hist * 0 + np.where(  # other statistics:
+        np.arange(ts.hist.size) % 7 == 0, 1, 0))  # searched again, not the first's
+    assert tensor_range(wider, "mse", 8) == ranges._mse_search(wider, 8, symmetric=False)
+    assert tensor_range(wider, "mse", 8) != first
+
+
 def test_stats_roundtrip(tmp_path):
     model, groups = _attention()
     stats = calibrate(model, groups, _batches(3))
