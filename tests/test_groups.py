@@ -39,3 +39,19 @@ def test_residual_add_is_its_own_group():
     g = groups_of("residual_add")
     assert [x.op_type for x in g.groups] == ["MatMul", "MatMul", "Add"]
     assert g.groups[2].inputs == ("x", "ob")
+
+
+def test_a_models_groups_and_kinds_are_found_once_and_kept_on_it():
+    from quantscope.model import groups as g
+
+    model = load_proto(tm.attention(), "attention")
+    first = find_groups(model)
+    assert find_groups(model) is first  # kept on the model, not found again
+    fresh = g._find_groups(load_proto(tm.attention(), "attention"))
+    assert fresh == first  # what a fresh search finds
+    kinds = g.tensor_kinds(model)
+    kinds["changed by its caller"] = "act"
+    assert "changed by its caller" not in g.tensor_kinds(model)  # each caller its own copy
+    assert g.tensor_kinds(model) == g._tensor_kinds(model)
+    other = load_proto(tm.conv_net(), "conv")  # another model: its own groups
+    assert find_groups(other).names() != first.names()

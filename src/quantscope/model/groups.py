@@ -104,7 +104,18 @@ def _is_embedding_lookup(node: onnx.NodeProto, kinds: dict[str, str], types: dic
 
 
 def tensor_kinds(model: Model) -> dict[str, str]:
-    """Classify every tensor as 'const', 'side' or 'act' (see module docstring)."""
+    """Classify every tensor as 'const', 'side' or 'act' (see module docstring): a copy of
+    what is found once per model and kept on it (as :func:`find_groups`)."""
+    kinds = model.__dict__.get(_KINDS)
+    if kinds is None:
+        kinds = model.__dict__[_KINDS] = _tensor_kinds(model)
+    return dict(kinds)
+
+
+_KINDS = "_tensor_kinds"
+
+
+def _tensor_kinds(model: Model) -> dict[str, str]:
     types = model.value_types()
     kinds = _kinds(model, types, frozenset())
     casts = _data_casts(model, kinds, types)
