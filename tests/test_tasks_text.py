@@ -108,6 +108,35 @@ def test_tokenizer_packaged_folder_and_missing(tmp_path):
         text.load_tokenizer(tmp_path / "missing")
 
 
+def test_a_tokenizer_is_read_once_per_content_and_length(tmp_path):
+    import os
+
+    from quantscope.tasks import tokenizer_files as tf
+
+    packaged = text._data_file(text.TOKENIZER_FILE).read_bytes()
+    path = tmp_path / "tokenizer.json"
+    path.write_bytes(packaged)
+    first = text.load_tokenizer(path, max_length=8)
+    assert text.load_tokenizer(path, max_length=8) is first  # the same bytes: kept
+    assert text.load_tokenizer(max_length=8) is first  # the packaged file: the same bytes
+    assert text.load_tokenizer(path, max_length=9) is not first  # another length
+    texts = ["word " * 40, "Hello world"]
+    assert list(text.token_lengths(texts, first)) == [42, 4]  # untruncated, its twin kept
+    assert tf.untruncated(first) is tf.untruncated(first)
+    assert len(first.encode(texts[0]).ids) == 8  # the twin left the kept one truncating
+    # edited in place with its times kept: read again, by its bytes
+    stat = path.stat()
+    doc = json.loads(packaged)
+    doc["model"]["vocab"]["hello"], doc["model"]["vocab"]["world"] = 2088, 7592
+    path.write_text(json.dumps(doc))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    edited = text.load_tokenizer(path, max_length=8)
+    assert edited is not first and edited.encode("Hello world").ids == [101, 2088, 7592, 102]
+    path.write_text('{"not": "a tokenizer"}')
+    with pytest.raises(QuantscopeError, match="valid JSON but no tokenizer"):
+        text.load_tokenizer(path)
+
+
 # --------------------------------------------------------------------------- detection
 
 

@@ -35,6 +35,7 @@ import onnx
 import tokenizers
 
 from quantscope.model.phases import refuse_language_model
+from quantscope.tasks.tokenizer_files import read_tokenizer, untruncated
 from quantscope.threads import default_threads
 from quantscope.types import QuantscopeError
 
@@ -240,6 +241,8 @@ def load_tokenizer(
 
     The packaged one is the uncased BERT tokenizer of all-MiniLM-L6-v2 (fits both built-in
     models). Padding is turned off (batches pad themselves); truncation at ``max_length``.
+    Read once per content and length (:mod:`quantscope.tasks.tokenizer_files`): the
+    tokenizer returned may be shared, so never change it.
     """
     file = _data_file(TOKENIZER_FILE) if path is None else Path(path)
     if file.is_dir():
@@ -248,28 +251,7 @@ def load_tokenizer(
         raise QuantscopeError(
             f"tokenizer not found: {file} (pass --tokenizer a tokenizer.json or a model folder)"
         )
-    try:
-        tokenizer = tokenizers.Tokenizer.from_file(str(file))
-    except Exception as err:  # noqa: BLE001 - the library raises plain Exception
-        raise QuantscopeError(_tokenizer_error(file, err)) from None
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length=max_length)
-    return tokenizer
-
-
-def _tokenizer_error(file: Path, err: Exception) -> str:
-    """Why a file is no tokenizer: not JSON at all, or JSON of another kind (the library
-    reports a valid JSON without the tokenizer's fields as a syntax error)."""
-    try:
-        doc = json.loads(file.read_text(encoding="utf-8"))
-    except (ValueError, OSError):
-        return f"cannot read tokenizer {file}: {err}"
-    if not isinstance(doc, dict) or "model" not in doc:
-        found = (f"keys {', '.join(sorted(doc)[:5])}" if isinstance(doc, dict) else
-                 f"a JSON {type(doc).__name__}")
-        return (f"tokenizer '{file}' is valid JSON but no tokenizer (it has {found}, not a "
-                "'model' table): pass the tokenizer.json of a Hugging Face tokenizer")
-    return f"cannot read tokenizer {file}: {err}"
+    return read_tokenizer(file, max_length)
 
 
 TOKENIZER_PROP = "quantscope.tokenizer"
@@ -329,9 +311,7 @@ FIT_LENGTHS = (64, 128, 256)
 
 def token_lengths(texts: Sequence[str], tokenizer: tokenizers.Tokenizer) -> np.ndarray:
     """Untruncated token count of every text (special tokens included)."""
-    full = tokenizers.Tokenizer.from_str(tokenizer.to_str())
-    full.no_truncation()
-    full.no_padding()
+    full = untruncated(tokenizer)
     return np.array([len(e.ids) for e in full.encode_batch(list(texts))], dtype=np.int64)
 
 
