@@ -17,7 +17,12 @@ import onnx
 
 from quantscope.analyze.evalcache import model_digest
 from quantscope.analyze.inputfloor import floor_notes
-from quantscope.calibrate.collect import calibrate
+from quantscope.analyze.saturation_rows import (  # noqa: F401 - stages re-exports them
+    SATURATION_ROWS,
+    _saturation_entry,
+    _saturation_stats,
+    saturation_batches,
+)
 from quantscope.emulate.channels import TopClasses, restated
 from quantscope.emulate.class_axes import ClassAxis
 from quantscope.emulate.evaluate import (
@@ -32,8 +37,6 @@ from quantscope.emulate.evaluate import (
     scale_error,
 )
 from quantscope.emulate.qdq import quantize_model, scheme_for
-from quantscope.emulate.release import STAGE_RELEASE_GROWTH, release_memory
-from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.progress import track
 from quantscope.serde import plan_to_dict
@@ -52,7 +55,6 @@ from quantscope.types import (
     QuantscopeError,
     RowScoring,
     Stats,
-    batch_rows,
 )
 
 if TYPE_CHECKING:
@@ -447,40 +449,6 @@ def _emulated(model: Model, stats: Stats, plan: Plan, batches: list[Batch],
 
 SAME_NOTE = ("this configuration quantizes nothing (its graph is the model's own): its outputs "
              "are the FP32 pass's, not a second run of the same graph")
-SATURATION_ROWS = 256  # evaluation rows whose ranges are checked against the calibration's
-
-
-def saturation_batches(batches: list[Batch]) -> tuple[list[Batch], int]:
-    """The evaluation batches whose ranges are checked (up to SATURATION_ROWS rows, whole
-    batches), and their rows."""
-    rows, part = 0, []
-    for b in batches:
-        if rows >= SATURATION_ROWS:
-            break
-        part.append(b)
-        rows += batch_rows(b)
-    return part, rows
-
-
-def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
-    """Streaming statistics of (up to SATURATION_ROWS of) the evaluation rows."""
-    part, rows = saturation_batches(batches)
-    stats = calibrate(model, find_groups(model), part)
-    # its tapped tensors given back before the passes run (h67: minilm-l3's evaluate kept
-    # 586 MB of them resident under every pass after it)
-    release_memory(growth=STAGE_RELEASE_GROWTH)
-    return stats, rows
-
-
-def _saturation_entry(data_stats: Stats | None, enc: Encodings, n_rows: int) -> dict[str, Any]:
-    from quantscope.calibrate.saturation import saturation, saturation_note
-
-    if data_stats is None:
-        return {}
-    rows = saturation(data_stats, enc)
-    note = saturation_note(rows, n_rows)
-    return {"saturation": {"rows": n_rows, "tensors": [c.to_dict() for c in rows]},
-            **({"saturation_note": note} if note else {})}
 
 def default_metric(data: Dataset | None) -> str:
     """The measured metric a plan is judged by when the user names none: the data's
