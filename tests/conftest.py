@@ -27,8 +27,12 @@ def pytest_configure(config) -> None:
 # transformers ~270k of a worker's ~330k): a full garbage collection walks them all, 250-340
 # ms each, and the stages collect between steps (emulate/release.py), 100 s of the suite's
 # CPU time. Imported first and frozen (gc.freeze: out of every later collection; they live
-# as long as the worker does), a collection walks what the tests made.
-HEAVY_IMPORTS = ("torch", "transformers", "matplotlib.pyplot")
+# as long as the worker does), a collection walks what the tests made. Also ONNX Runtime's
+# symbolic shape inference (loaded on first use by quantscope.model.symbolic: sympy and
+# mpmath, ~15k functions) and hypothesis (imported by test modules): left unfrozen they
+# were 33k of the 52k objects a worker's collections walked after twelve test files.
+HEAVY_IMPORTS = ("torch", "transformers", "matplotlib.pyplot", "hypothesis",
+                 "hypothesis.strategies")
 
 
 def _freeze_imports() -> None:
@@ -45,6 +49,9 @@ def _freeze_imports() -> None:
             importlib.import_module(name)
         except Exception:  # an optional extra not installed: its tests skip
             pass
+    from quantscope.model.symbolic import _symbolic_shape_infer
+
+    _symbolic_shape_infer()
     gc.collect()
     gc.freeze()
 
