@@ -13,6 +13,9 @@ import sys
 def entry() -> int:
     try:
         from quantscope.cli import main
+        from quantscope.emulate.release import own_process
+
+        own_process()  # the command's own process: its imports may be frozen (release.py)
     except KeyboardInterrupt:
         print("quantscope: interrupted", file=sys.stderr)
         return 130

@@ -381,9 +381,22 @@ def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
     return fields
 
 
+def _run_imports() -> None:
+    """What every ``run`` imports anyway: the report's matplotlib and the shape
+    inference's sympy (frozen before the work: emulate/release.freeze_imports)."""
+    from quantscope.model.symbolic import preload
+    from quantscope.report.figures import pyplot
+
+    preload()
+    pyplot()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from quantscope.emulate.release import freeze_imports
     from quantscope.model.hf_phases import is_hf_export
     from quantscope.pipeline.decoder import is_decoder
+
+    freeze_imports(_run_imports)
 
     if is_hf_export(args.model):
         return _cmd_run_decoder(args, export=Path(args.model))

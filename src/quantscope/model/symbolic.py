@@ -36,6 +36,11 @@ def _symbolic_shape_infer() -> tuple[Any, Any]:
     return module.SymbolicShapeInference, module.get_opset
 
 
+def preload() -> None:
+    """Load onnxruntime's symbolic shape inference (and sympy) now, not at its first use."""
+    _symbolic_shape_infer()
+
+
 def symbolic_proto(proto: onnx.ModelProto) -> onnx.ModelProto | None:
     """``proto`` with the value_info onnxruntime's symbolic shape inference gives (None
     when it cannot run on this graph or leaves it incomplete)."""
