@@ -382,8 +382,10 @@ def run_rewrites(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_imports() -> None:
-    """What every ``run`` imports anyway: the report's matplotlib and the shape
-    inference's sympy (frozen before the work: emulate/release.freeze_imports)."""
+    """What a ``run`` imports during its work, loaded before it to be frozen
+    (emulate/release.freeze_imports): the report's matplotlib (every run), and the symbolic
+    shape inference's sympy (where ONNX's own inference leaves a shape open: the acceptance
+    run; a run that never needs it pays its import, about half a second, for nothing)."""
     from quantscope.model.symbolic import preload
     from quantscope.report.figures import pyplot
 

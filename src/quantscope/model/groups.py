@@ -34,8 +34,9 @@ group outputs                         float tensors made in the group and read o
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 
@@ -106,13 +107,16 @@ def _is_embedding_lookup(node: onnx.NodeProto, kinds: dict[str, str], types: dic
 def tensor_kinds(model: Model) -> dict[str, str]:
     """Classify every tensor as 'const', 'side' or 'act' (see module docstring): a copy of
     what is found once per model and kept on it (as :func:`find_groups`)."""
-    kinds = model.__dict__.get(_KINDS)
-    if kinds is None:
-        kinds = model.__dict__[_KINDS] = _tensor_kinds(model)
-    return dict(kinds)
+    return dict(_kept_on(model, "_tensor_kinds", _tensor_kinds))
 
 
-_KINDS = "_tensor_kinds"
+def _kept_on(model: Model, name: str, find: Callable[[Model], Any]) -> Any:
+    """``find(model)``, found once and kept on ``model`` under ``name`` (beside its cached
+    shapes: a loaded model is never mutated)."""
+    found = model.__dict__.get(name)
+    if found is None:
+        found = model.__dict__[name] = find(model)
+    return found
 
 
 def _tensor_kinds(model: Model) -> dict[str, str]:
@@ -367,13 +371,7 @@ def find_groups(model: Model) -> Groups:
     per :class:`~quantscope.model.load.Model` and kept on it, as its shapes are: a loaded
     model is never mutated, and a run asks for its groups at every quantization, check
     and plan (the suite: ~38 s of CPU finding the same groups again)."""
-    found = model.__dict__.get(_FOUND)
-    if found is None:
-        found = model.__dict__[_FOUND] = _find_groups(model)
-    return found
-
-
-_FOUND = "_found_groups"  # where a Model keeps its groups (beside its cached shapes)
+    return _kept_on(model, "_found_groups", _find_groups)
 
 
 def _find_groups(model: Model) -> Groups:
