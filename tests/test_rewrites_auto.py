@@ -16,6 +16,7 @@ from test_repair_tokens import _encoder as token_encoder
 
 from quantscope import stages
 from quantscope.cli import main
+from quantscope.kept import Kept
 from quantscope.model.load import load_proto
 from quantscope.pipeline.auto import binding_repairs, max_legal_measure
 from quantscope.rewrites.auto import TIE_MARGIN, AutoChoice, choose_rewrites, should_try
@@ -418,7 +419,6 @@ def test_the_trials_calibrate_each_graph_once(monkeypatch):
     now remembered by content (stages.open.calibrate_model): the same graph (even a fresh
     copy) on the same batches is calibrated once, another graph, other batches or another
     method again, and only the last few are kept."""
-    from collections import OrderedDict
 
     from quantscope.stages import open as sopen
     from quantscope.types import Dataset, Stats
@@ -430,8 +430,8 @@ def test_the_trials_calibrate_each_graph_once(monkeypatch):
         return Stats(tensors={}, method=method, num_batches=1, num_samples=1)
 
     monkeypatch.setattr(sopen, "calibrate", calibrate)
-    monkeypatch.setattr(sopen, "_KEPT", OrderedDict())
-    monkeypatch.setattr(sopen, "KEPT_STATS_BYTES", -1)  # by count alone (below: by bytes)
+    kept = Kept(budget=-1, weigh=sopen._stats_bytes, least=sopen.KEPT_STATS)
+    monkeypatch.setattr(sopen, "_KEPT", kept)  # by count alone (below: by bytes)
     batch = {"ids": np.arange(6, dtype=np.int64).reshape(1, 6)}
     data = Dataset(name="d", calibration=(batch,), evaluation=(batch,))
 
@@ -452,8 +452,8 @@ def test_the_trials_calibrate_each_graph_once(monkeypatch):
     assert len(calls) == 4 + sopen.KEPT_STATS
     calib(a)  # pushed out by the last ones: calibrated again
     assert len(calls) == 5 + sopen.KEPT_STATS
-    # more are kept while their statistics fit in KEPT_STATS_BYTES
-    monkeypatch.setattr(sopen, "KEPT_STATS_BYTES", 1 << 30)
+    # more are kept while their statistics fit in the budget (KEPT_STATS_BYTES)
+    kept.budget = 1 << 30
     for m in others:
         m.proto.graph.name += "again"
         calib(m)

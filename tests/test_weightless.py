@@ -6,6 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
+from quantscope.kept import Kept
 from quantscope.model import weightless
 from quantscope.model.load import load_proto
 from quantscope.types import QuantscopeError
@@ -130,22 +131,25 @@ def test_a_graph_is_converted_once_and_each_load_gets_its_own_proto(light, monke
         monkeypatch.setattr(weightless, "LIGHT_CONVERT_BYTES", 0)
     runs = []
     real = version_converter.convert_version
-    monkeypatch.setattr(version_converter, "convert_version",
-                        lambda p, t: runs.append(t) or real(p, t))
-    monkeypatch.setattr(weightless, "_CONVERTED", type(weightless._CONVERTED)())
     m = _old_opset_model(13)
+    expected = real(m, 21).SerializeToString()
+    cpp = version_converter.C.convert_version  # what the kept conversions call
+    monkeypatch.setattr(version_converter.C, "convert_version",
+                        lambda d, t: runs.append(t) or cpp(d, t))
+    monkeypatch.setattr(weightless, "_CONVERTED",
+                        Kept(budget=weightless.KEPT_CONVERSIONS_BYTES, weigh=len))
     first = weightless.convert_version(m, 21)
     again = weightless.convert_version(m, 21)
     assert runs == [21]  # the second load found the first's conversion
     assert first is not again and first.SerializeToString() == again.SerializeToString()
-    assert again.SerializeToString() == real(m, 21).SerializeToString()
+    assert again.SerializeToString() == expected
     first.graph.node[0].name = "changed by its caller"  # a caller's change stays its own
     assert weightless.convert_version(m, 21).graph.node[0].name != "changed by its caller"
     other = _old_opset_model(11)
     weightless.convert_version(other, 21)
     weightless.convert_version(m, 20)
     assert runs == [21, 21, 20]  # another graph, another opset: converted
-    monkeypatch.setattr(weightless, "KEPT_CONVERSIONS_BYTES", 1)  # kept: the newest only
+    monkeypatch.setattr(weightless._CONVERTED, "budget", 1)  # kept: the newest only
     weightless.convert_version(m, 19)
     assert [k[1] for k in weightless._CONVERTED] == [19]
 

@@ -4,12 +4,12 @@ whose values leave their calibrated range (:func:`saturation_batches`), their st
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any
 
 from quantscope.analyze.evalcache import content_digest, model_digest
 from quantscope.calibrate.collect import calibrate
 from quantscope.emulate.release import STAGE_RELEASE_GROWTH, release_memory
+from quantscope.kept import Kept
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.types import Batch, Encodings, Stats, batch_rows
@@ -30,7 +30,7 @@ def saturation_batches(batches: list[Batch]) -> tuple[list[Batch], int]:
 
 
 KEPT_SATURATION = 4  # the last saturation statistics kept, by model and rows (~6 MB each)
-_SATURATION: OrderedDict[tuple[str, str], tuple[Stats, int]] = OrderedDict()
+_SATURATION: Kept[tuple[str, str], tuple[Stats, int]] = Kept(KEPT_SATURATION)
 
 
 def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
@@ -40,17 +40,14 @@ def _saturation_stats(model: Model, batches: list[Batch]) -> tuple[Stats, int]:
     the same model twice: each calibrated them again)."""
     part, rows = saturation_batches(batches)
     key = (model_digest(model.proto), content_digest(part))
-    if key in _SATURATION:
-        _SATURATION.move_to_end(key)
-        return _SATURATION[key]
+    got = _SATURATION.get(key)
+    if got is not None:
+        return got
     stats = calibrate(model, find_groups(model), part)
     # its tapped tensors given back before the passes run (h67: minilm-l3's evaluate kept
     # 586 MB of them resident under every pass after it)
     release_memory(growth=STAGE_RELEASE_GROWTH)
-    _SATURATION[key] = (stats, rows)
-    while len(_SATURATION) > KEPT_SATURATION:
-        _SATURATION.popitem(last=False)
-    return stats, rows
+    return _SATURATION.put(key, (stats, rows))
 
 
 def _saturation_entry(data_stats: Stats | None, enc: Encodings, n_rows: int) -> dict[str, Any]:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import shape_inference
+
+from quantscope.kept import Kept
 
 KEEP_VALUES = 4096  # initializers up to this many values stay in the light copy
 LIGHT_CONVERT_BYTES = 8 * 2**20  # below this, the copies cost less than the light copy
@@ -135,7 +136,7 @@ def infer_shapes(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 KEPT_CONVERSIONS_BYTES = 64 * 2**20  # converted graphs kept by content, at most this much
-_CONVERTED: OrderedDict[tuple[str, int], bytes] = OrderedDict()
+_CONVERTED: Kept[tuple[str, int], bytes] = Kept(budget=KEPT_CONVERSIONS_BYTES, weigh=len)
 
 
 def _converted(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
@@ -149,15 +150,14 @@ def _converted(proto: onnx.ModelProto, target: int) -> onnx.ModelProto:
 
     data = proto.SerializeToString()
     key = (hashlib.sha256(data).hexdigest(), target)
-    if key not in _CONVERTED:
-        out = version_converter.convert_version(proto, target).SerializeToString()
-        _CONVERTED[key] = out
-        while len(_CONVERTED) > 1 and sum(map(len, _CONVERTED.values())) > \
-                KEPT_CONVERSIONS_BYTES:
-            _CONVERTED.popitem(last=False)
-    _CONVERTED.move_to_end(key)
+    out = _CONVERTED.get(key)
+    if out is None:  # the converter's own C entry takes these bytes (its Python face
+        cpp = getattr(version_converter, "C", None)  # serialises the proto again)
+        out = _CONVERTED.put(key, cpp.convert_version(data, target) if cpp is not None else
+                             version_converter.convert_version(proto, target)
+                             .SerializeToString())
     converted = onnx.ModelProto()
-    converted.ParseFromString(_CONVERTED[key])
+    converted.ParseFromString(out)
     return converted
 
 

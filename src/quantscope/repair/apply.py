@@ -26,7 +26,6 @@ The records go into the plan file's ``repairs`` entry (:meth:`RepairRecord.to_js
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +34,7 @@ import numpy as np
 import onnx
 
 from quantscope.calibrate.collect import calibrate
+from quantscope.kept import Kept
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, load_proto
 from quantscope.progress import say, track
@@ -129,24 +129,21 @@ class RepairMemo:
 
     def __init__(self, size: int = 4) -> None:
         self.size = size
-        self.hits = 0
-        self.misses = 0
-        self._entries: OrderedDict[Hashable, tuple[Any, ...]] = OrderedDict()
+        self._entries: Kept[Hashable, tuple[Any, ...]] = Kept(size)
+
+    @property
+    def hits(self) -> int:
+        return self._entries.hits
+
+    @property
+    def misses(self) -> int:
+        return self._entries.misses
 
     def get(self, key: Hashable) -> tuple[Any, ...] | None:
-        entry = self._entries.get(key)
-        if entry is None:
-            self.misses += 1
-            return None
-        self._entries.move_to_end(key)
-        self.hits += 1
-        return entry
+        return self._entries.get(key)
 
     def put(self, key: Hashable, entry: tuple[Any, ...]) -> None:
-        self._entries[key] = entry
-        self._entries.move_to_end(key)
-        while len(self._entries) > self.size:
-            self._entries.popitem(last=False)
+        self._entries.put(key, entry)
 
 
 def _memo_key(name: str, inp: RepairInput) -> tuple[Any, ...]:

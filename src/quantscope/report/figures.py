@@ -7,9 +7,10 @@ import base64
 import functools
 import io
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from quantscope.kept import Kept
 
 
 def pyplot() -> Any:
@@ -102,7 +103,7 @@ def _tight_pixels(fig: Any) -> Any:
 
 
 KEPT_FIGURES = 64  # figures a process keeps by their data (~20-40 kB each)
-_DRAWN: OrderedDict[str, str] = OrderedDict()
+_DRAWN: Kept[str, str] = Kept(KEPT_FIGURES)
 
 
 def remembered(plot: Callable[..., str]) -> Callable[..., str]:
@@ -119,13 +120,7 @@ def remembered(plot: Callable[..., str]) -> Callable[..., str]:
     @functools.wraps(plot)
     def drawn(*args: Any, **kwargs: Any) -> str:
         key = content_digest([plot.__module__, plot.__qualname__, list(args), kwargs])
-        if key in _DRAWN:
-            _DRAWN.move_to_end(key)
-            return _DRAWN[key]
-        uri = plot(*args, **kwargs)
-        _DRAWN[key] = uri
-        while len(_DRAWN) > KEPT_FIGURES:
-            _DRAWN.popitem(last=False)
-        return uri
+        got = _DRAWN.get(key)
+        return got if got is not None else _DRAWN.put(key, plot(*args, **kwargs))
 
     return drawn

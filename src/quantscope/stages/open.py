@@ -5,7 +5,6 @@ calibration, its groups, a plan's legality problems and the shapes note.
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from quantscope.calibrate.collect import calibrate
+from quantscope.kept import Kept
 from quantscope.model.groups import find_groups
 from quantscope.model.load import FLOAT_TYPES, Model, load
 from quantscope.progress import say
@@ -232,11 +232,14 @@ def _held_out_people(data: Dataset, feeds: list[Batch], batches: int
 
 KEPT_STATS = 3  # calibrations this process keeps by content at least (the last ones) ...
 KEPT_STATS_BYTES = 128 * 2**20  # ... and more while their histograms fit in this
-_KEPT: OrderedDict[tuple[str, str, str], Stats] = OrderedDict()
 
 
 def _stats_bytes(stats: Stats) -> int:
     return sum(t.hist.nbytes + t.channel_absmax.nbytes for t in stats.tensors.values())
+
+
+_KEPT: Kept[tuple[str, str, str], Stats] = Kept(budget=KEPT_STATS_BYTES, weigh=_stats_bytes,
+                                               least=KEPT_STATS)
 
 
 def calibrate_model(
@@ -255,17 +258,13 @@ def calibrate_model(
     from quantscope.analyze.evalcache import content_digest, model_digest
 
     key = (model_digest(model.proto), content_digest(list(data.calibration)), method)
-    if key in _KEPT:
-        _KEPT.move_to_end(key)
+    got = _KEPT.get(key)
+    if got is not None:
         say("calibrate: this graph's statistics on these batches, as calibrated before in "
             "this process", show=progress)
-        return _KEPT[key]
-    stats = calibrate(model, find_groups(model), data.calibration, method=method,
-                      progress=progress)
-    _KEPT[key] = stats
-    while len(_KEPT) > KEPT_STATS and sum(map(_stats_bytes, _KEPT.values())) > KEPT_STATS_BYTES:
-        _KEPT.popitem(last=False)
-    return stats
+        return got
+    return _KEPT.put(key, calibrate(model, find_groups(model), data.calibration,
+                                    method=method, progress=progress))
 
 def describe_groups(model: Model) -> list[dict[str, Any]]:
     return [

@@ -38,7 +38,6 @@ figures             a race only decides which plans are measured in full: the pl
 from __future__ import annotations
 
 import dataclasses
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -54,6 +53,7 @@ from quantscope.analyze.incremental import (
 )
 from quantscope.emulate.qdq import plan_encodings, quantize_model, scheme_for
 from quantscope.emulate.session import make_session
+from quantscope.kept import Kept
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model
 from quantscope.plan.race import Margin, RaceResult, RaceRule, race
@@ -142,14 +142,18 @@ class RaceRuns:
         self.model, self.stats, self.task, self.order = model, stats, task, order
         self.scheme, self.method, self._sessions = scheme, method, sessions
         self._chunks: dict[tuple[int, int], tuple[TextTask, IncrementalRunner]] = {}
-        self._memo: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
-        self.memo_hits = 0  # chunks of a plan read back, not run
+        self._memo: Kept[tuple[str, int, int], np.ndarray] = Kept(self.MEMO)
         self.width = 1  # plans in the race running now (their sessions held between looks)
         self._base: int | None = None  # the shared session cache's own budget
         self.groups = find_groups(model)
 
     def pairs(self, plan: Plan) -> EnginePairs:
         return EnginePairs(self, plan)
+
+    @property
+    def memo_hits(self) -> int:
+        """Chunks of a plan read back, not run."""
+        return self._memo.hits
 
     @property
     def counts(self) -> IncrementalCounts:
@@ -173,16 +177,12 @@ class RaceRuns:
         key = (enc[0], lo, hi)
         got = self._memo.get(key)
         if got is not None:
-            self._memo.move_to_end(key)
-            self.memo_hits += 1
             return got
         cut, runner = self._chunk(lo, hi)
         self._widen(runner)
         outs = tuple(cut.keep(out, b) for out, b in runner.iterate(plan, enc[1]))
         emb = text_embeddings(cut, Outputs(names=self.model.output_names(), batches=outs))
-        self._memo[key] = emb
-        while len(self._memo) > self.MEMO:
-            self._memo.popitem(last=False)
+        self._memo.put(key, emb)
         return emb
 
     def _widen(self, runner: IncrementalRunner) -> None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +51,7 @@ from quantscope.calibrate.collect import calibrate, tapped_model
 from quantscope.emulate.qdq import quantize_model, scheme_for
 from quantscope.emulate.release import release_memory
 from quantscope.emulate.session import make_session
+from quantscope.kept import Kept
 from quantscope.model.groups import find_groups
 from quantscope.model.load import Model, model_digest
 from quantscope.model.phases import PAST_PREFIX
@@ -246,7 +246,7 @@ class Fp32Greedy:
 
 
 KEPT_GREEDY = 4  # the last continuations made in this process, kept by content
-_GREEDY: OrderedDict[str, Fp32Greedy] = OrderedDict()
+_GREEDY: Kept[str, Fp32Greedy] = Kept(KEPT_GREEDY)
 
 
 def fp32_greedy(open_phase: OpenPhase, prompts: Sequence[np.ndarray], new_tokens: int
@@ -266,9 +266,9 @@ def fp32_greedy(open_phase: OpenPhase, prompts: Sequence[np.ndarray], new_tokens
     for p in prompts:
         h.update(np.ascontiguousarray(p, np.int64).tobytes() + b"|")
     key = h.hexdigest()
-    if key in _GREEDY:
-        _GREEDY.move_to_end(key)
-        return _GREEDY[key]
+    got = _GREEDY.get(key)
+    if got is not None:
+        return got
     fp32 = runner(open_phase("prefill"))
     fp32_decode = runner(open_phase("decode"))
     clock = {"decode_s": 0.0, "decode_steps": 0.0}
@@ -276,10 +276,8 @@ def fp32_greedy(open_phase: OpenPhase, prompts: Sequence[np.ndarray], new_tokens
     own = tuple(fp32_reading(fp32, p, t)[1] for p, t in zip(prompts, tokens, strict=True))
     del fp32, fp32_decode
     release_memory()
-    _GREEDY[key] = Fp32Greedy(tuple(tokens), own, clock["decode_s"], clock["decode_steps"])
-    while len(_GREEDY) > KEPT_GREEDY:
-        _GREEDY.popitem(last=False)
-    return _GREEDY[key]
+    return _GREEDY.put(key, Fp32Greedy(tuple(tokens), own, clock["decode_s"],
+                                       clock["decode_steps"]))
 
 
 def evaluate_lm_plans(open_phase: OpenPhase, stats: dict[str, Stats],

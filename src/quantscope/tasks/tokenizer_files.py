@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from pathlib import Path
 
 import tokenizers
 
+from quantscope.kept import Kept
 from quantscope.types import QuantscopeError
 
 KEPT_TOKENIZERS = 8
-_KEPT: OrderedDict[tuple[str, int], tokenizers.Tokenizer] = OrderedDict()
 _UNTRUNCATED: dict[int, tokenizers.Tokenizer] = {}  # id of a kept one -> its twin
+_KEPT: Kept[tuple[str, int], tokenizers.Tokenizer] = Kept(
+    KEPT_TOKENIZERS, dropped=lambda t: _UNTRUNCATED.pop(id(t), None))
 
 
 def read_tokenizer(file: Path, max_length: int) -> tokenizers.Tokenizer:
@@ -33,20 +34,16 @@ def read_tokenizer(file: Path, max_length: int) -> tokenizers.Tokenizer:
     except OSError as err:
         raise QuantscopeError(f"cannot read tokenizer {file}: {err}") from None
     key = (hashlib.sha256(data).hexdigest(), max_length)
-    if key in _KEPT:
-        _KEPT.move_to_end(key)
-        return _KEPT[key]
+    got = _KEPT.get(key)
+    if got is not None:
+        return got
     try:
         tokenizer = tokenizers.Tokenizer.from_str(data.decode("utf-8"))
     except Exception as err:  # noqa: BLE001 - the library raises plain Exception
         raise QuantscopeError(_tokenizer_error(file, err)) from None
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)
-    _KEPT[key] = tokenizer
-    while len(_KEPT) > KEPT_TOKENIZERS:
-        _, dropped = _KEPT.popitem(last=False)
-        _UNTRUNCATED.pop(id(dropped), None)
-    return tokenizer
+    return _KEPT.put(key, tokenizer)
 
 
 def untruncated(tokenizer: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
