@@ -26,6 +26,9 @@ The variants are the registry :data:`VARIANTS` (name -> a factory of ``plan -> v
   and scored as the planner reads it (only the metric it ranks by:
   ``evaluate_plan(..., only=metric)``, against FP32's pooled rows, the collapse indicators skipped, every other
   figure of a plan measured again in full by ``evaluate``);
+* ``incremental+cheap-floats``: the same with the activation cache holding every tensor
+  crossing a cut as float32, as before the codes (:mod:`quantscope.analyze.cut_codes`:
+  a quantized tensor kept as its integer codes where they give it back bit for bit);
 * ``incremental+cheap+race``: that, with each candidate first raced against the
   incumbent on prefixes of the pairs (``plan --race``'s racer,
   :class:`quantscope.stages.race.PlanRacer`, as ``plan/refine.py`` races its drops), every
@@ -64,7 +67,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from quantscope import stages
-from quantscope.analyze.incremental import IncrementalEngine, IncrementalRunner
+from quantscope.analyze.incremental import IncrementalConfig, IncrementalEngine, IncrementalRunner
 from quantscope.analyze.measure import (
     evaluate_plan,
     headline,
@@ -139,8 +142,9 @@ def incremental(s: Setup) -> Evaluate:
     return run
 
 
-def cheap(s: Setup) -> Evaluate:
-    engine = IncrementalEngine(s.model, s.data.evaluation)
+def cheap(s: Setup, *, codes: bool = True) -> Evaluate:
+    engine = IncrementalEngine(s.model, s.data.evaluation,
+                               config=IncrementalConfig(cut_codes=codes))
 
     def run(plan: Plan) -> float:
         _gram_scoring()
@@ -150,6 +154,11 @@ def cheap(s: Setup) -> Evaluate:
 
     run.engine = engine  # type: ignore[attr-defined]
     return run
+
+
+def cheap_floats(s: Setup) -> Evaluate:
+    """The planner's evaluator with the cut tensors cached as floats (before the codes)."""
+    return cheap(s, codes=False)
 
 
 def raced(s: Setup, *, on_engine: bool = False) -> Evaluate:
@@ -230,6 +239,7 @@ VARIANTS: dict[str, Callable[[Setup], Evaluate]] = {
     "naive": naive,
     "incremental": incremental,
     "incremental+cheap": cheap,
+    "incremental+cheap-floats": cheap_floats,  # the cache without the codes (cut_codes)
     "incremental+cheap+race": raced,
     "incremental+cheap+race-on-engine": raced_on_engine,
     "torch": torch_ranked,  # not in the default list: ranks on --torch-device

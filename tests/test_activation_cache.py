@@ -117,11 +117,15 @@ def test_the_line_moves_to_a_kept_candidate_and_stays_on_a_tie():
 
 def test_the_budget_is_sized_from_the_available_memory_and_said(prepared):
     model, stats, batches = prepared
-    runner = IncrementalRunner(model, stats, batches, scheme=SCHEME)
+    runner = IncrementalRunner(model, stats, batches, scheme=SCHEME,
+                               config=IncrementalConfig(cut_codes=False))
     runner.outputs(Plan.uniform(LOW))
     plan = sum(runner.cuts.entry_bytes)
     mem = runner.memory
     assert abs(mem.plan_bytes - plan) <= 0.05 * plan  # the estimate, before any plan ran
+    coded = IncrementalRunner(model, stats, batches, scheme=SCHEME)  # the cut codes on
+    coded.outputs(Plan.uniform(LOW))  # ... the estimate (float32) bounds what is held
+    assert coded.memory == mem and sum(coded.cuts.entry_bytes) < 0.5 * plan
     assert mem.cache_bytes == 2 * mem.plan_bytes  # the line's cuts and the newest plan's
     # ... at most CACHE_FP32 of the weights and the largest batch's cut tensors (batches of
     # 3 x 5, 6, 7 tokens), never under CACHE_MIN: with a floor of 0 that cap binds here
@@ -149,8 +153,8 @@ def test_the_budget_is_sized_from_the_available_memory_and_said(prepared):
                         cache_cap=1 << 40).cache_bytes == 2 * mem.plan_bytes
     text = CacheMemory(3 << 30, 1 << 30, 64 << 20, 8 << 30).text()
     assert text == ("incremental evaluation: activation cache up to 3.00 GB (one plan's "
-                    "cuts ~1.00 GB; 8.0 GB available), segment sessions up to 64 MB of "
-                    "weights")
+                    "cuts at most ~1.00 GB; 8.0 GB available), segment sessions up to 64 MB "
+                    "of weights")
     engine = IncrementalEngine(model, batches)
     engine.runner(model, stats, SCHEME)
     assert any(n.startswith("incremental evaluation: activation cache up to")

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from quantscope.analyze.cut_codes import Coded
 from quantscope.analyze.memory import (
     GB,
     MB,
@@ -110,7 +111,7 @@ class CacheMemory:
     def text(self) -> str:
         free = f"; {self.available / GB:.1f} GB available" if self.available else ""
         return (f"incremental evaluation: activation cache up to {self.cache_bytes / GB:.2f} "
-                f"GB (one plan's cuts ~{self.plan_bytes / GB:.2f} GB{free}), segment "
+                f"GB (one plan's cuts at most ~{self.plan_bytes / GB:.2f} GB{free}), segment "
                 f"sessions up to {self.session_bytes / MB:.0f} MB of weights")
 
 
@@ -206,7 +207,7 @@ class Entry:
     key: str
     cut: int
     stamp: int  # the plan that opened it or last started from it
-    parts: list[dict[str, np.ndarray]] = field(default_factory=list)
+    parts: list[dict[str, np.ndarray | Coded]] = field(default_factory=list)  # cut_codes
     nbytes: int = 0
     complete: bool = False
     dropped: bool = False
@@ -239,7 +240,7 @@ class ActivationCache:
         e = self.entries[key] = Entry(key, cut, self.plan)
         return e
 
-    def grow(self, e: Entry, tensors: dict[str, np.ndarray]) -> None:
+    def grow(self, e: Entry, tensors: dict[str, np.ndarray | Coded]) -> None:
         if e.dropped:
             return
         size = sum(int(v.nbytes) for v in tensors.values())

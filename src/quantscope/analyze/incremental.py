@@ -18,6 +18,10 @@ activation cache           per prefix key, per evaluation batch, the tensors cro
                            incumbent, inferred from the plans' keys) last, then the
                            newest plan's own cuts, stale entries first; a budget smaller
                            than a plan's cuts keeps the line's spread over the depth.
+                           A quantized tensor is kept as its integer codes where they
+                           give it back bit for bit
+                           (:mod:`~quantscope.analyze.cut_codes`; one or two bytes a
+                           value instead of four: two to four times the cuts).
                            Budget: two plans' cuts, at most half the available memory
                            less the sessions' (1 GiB where unknown), said in the
                            engine's notes before its first plan runs
@@ -63,6 +67,7 @@ from quantscope.analyze.activation_cache import (
     Tally,
     cache_memory,
 )
+from quantscope.analyze.cut_codes import Coded, coded, decode, expose_codes
 from quantscope.analyze.segments import (
     Segment,
     encodings_within,
@@ -106,6 +111,7 @@ class IncrementalConfig:
     cache_bytes: int | None = None
     session_bytes: int | None = None
     cache_cap: int | None = None  # at most this for the sized budget (None: no cap)
+    cut_codes: bool = True  # quantized tensors cached as their codes where exact (cut_codes)
 
 
 @dataclass(frozen=True)
@@ -205,6 +211,7 @@ class IncrementalRunner:
         self._cache = ActivationCache(self.memory.cache_bytes, len(self.segments) - 1,
                                       len(self.batches), self._lineage, self._tally)
         self._counts = IncrementalCounts()
+        self._exact: dict[tuple[str, str], bool] = {}  # (segment key, tensor): codes exact
 
     @property
     def usable(self) -> bool:
@@ -262,13 +269,20 @@ class IncrementalRunner:
         outs = self.model.output_names()
         for b, batch in enumerate(self.batches):
             env: dict[str, np.ndarray] = dict(batch)
+            # this batch's tensors as their codes (cut_codes): stored so at every cut
+            held: dict[str, np.ndarray | Coded] = {}
             if parts is not None:
-                env.update(parts[b])
-            for k, sess in enumerate(sessions, start=start):
-                env.update(run_segment(sess, self.segments[k].outputs, env))
+                held = dict(parts[b])
+                env.update({t: decode(v) for t, v in held.items()})
+            for k, (sess, codes_of) in enumerate(sessions, start=start):
+                extra = codes_of if k in entries else {}
+                got = run_segment(sess, (*self.segments[k].outputs, *extra.values()), env)
+                env.update(got)
                 live = {t: env[t] for t in self._crossing[k]}
-                if k in entries:
-                    self._cache.grow(entries[k], live)
+                for t, q in extra.items():
+                    held[t] = self._coded(keys[k], t, got[q], got[t], enc)
+                if k in entries:  # the cache holds a quantized tensor as its codes
+                    self._cache.grow(entries[k], {t: held.get(t, v) for t, v in live.items()})
                 # only what a later segment reads (or the graph returns) is held on: a
                 # deep model's segment outputs of one batch would otherwise pile up
                 env = {**batch, **live}
@@ -283,18 +297,34 @@ class IncrementalRunner:
                 return k + 1, got
         return 0, None
 
-    def _session(self, k: int, key: str, enc: Encodings) -> ort.InferenceSession:
-        sess = self._sessions.get(key)
-        if isinstance(sess, ort.InferenceSession):
+    def _coded(self, key: str, t: str, codes: np.ndarray, value: np.ndarray,
+                enc: Encodings) -> np.ndarray | Coded:
+        """``t`` as its codes where they give ``value`` back (checked on the first batch
+        of each tensor of each segment session), else ``value``."""
+        c = coded(codes, enc.activations.get(t), value.ndim)
+        if c is None:
+            return value
+        ok = self._exact.get((key, t))
+        if ok is None:
+            ok = self._exact[(key, t)] = bool(np.array_equal(c.decode(), value))
+        return c if ok else value
+
+    def _session(self, k: int, key: str, enc: Encodings
+                 ) -> tuple[ort.InferenceSession, dict[str, str]]:
+        """Segment ``k``'s session for ``enc`` and the names of the codes it also returns
+        (per crossing tensor it dequantizes, :func:`expose_codes`)."""
+        got = self._sessions.get(key)
+        if got is not None:
             self._counts = self._counts.plus(IncrementalCounts(sessions_reused=1))
-            return sess
+            return got  # type: ignore[return-value]
         self._tally.rebuilt += key in self._tally.built
         self._tally.built.add(key)
         proto = build_qdq(segment_model(self.model, self.segments[k]), enc)
+        codes_of = expose_codes(proto, self._crossing[k]) if self.config.cut_codes else {}
         sess = make_session(proto, shared_arena=True)
         self._counts = self._counts.plus(IncrementalCounts(sessions_built=1))
-        self._sessions.put(key, sess, self._session_size[k])
-        return sess
+        self._sessions.put(key, (sess, codes_of), self._session_size[k])
+        return sess, codes_of
 
     def _count(self, start: int, n: int, *, hit: bool) -> None:
         self._counts = self._counts.plus(IncrementalCounts(
