@@ -11,9 +11,11 @@ from incremental_models import encoder, feeds
 
 from quantscope.analyze.activation_cache import (
     CACHE_FP32,
+    ActivationCache,
     CacheMemory,
     Lineage,
     Seen,
+    Tally,
     cache_memory,
 )
 from quantscope.analyze.incremental import IncrementalConfig, IncrementalEngine, IncrementalRunner
@@ -125,7 +127,7 @@ def test_the_budget_is_sized_from_the_available_memory_and_said(prepared):
     assert abs(mem.plan_bytes - plan) <= 0.05 * plan  # the estimate, before any plan ran
     coded = IncrementalRunner(model, stats, batches, scheme=SCHEME)  # the cut codes on
     coded.outputs(Plan.uniform(LOW))  # ... the estimate (float32) bounds what is held
-    assert coded.memory == mem and sum(coded.cuts.entry_bytes) < 0.5 * plan
+    assert coded.memory.plan_bytes == mem.plan_bytes and sum(coded.cuts.entry_bytes) < 0.5 * plan
     assert mem.cache_bytes == 2 * mem.plan_bytes  # the line's cuts and the newest plan's
     # ... at most CACHE_FP32 of the weights and the largest batch's cut tensors (batches of
     # 3 x 5, 6, 7 tokens), never under CACHE_MIN: with a floor of 0 that cap binds here
@@ -159,3 +161,24 @@ def test_the_budget_is_sized_from_the_available_memory_and_said(prepared):
     engine.runner(model, stats, SCHEME)
     assert any(n.startswith("incremental evaluation: activation cache up to")
                for n in engine.notes)
+
+
+def test_an_array_held_by_several_entries_counts_once():
+    """A tensor crossing several cuts (a mask, a position bias) is one array in each
+    entry: held once, counted once, let go with the last entry that holds it."""
+    cache = ActivationCache(10_000, 3, 1, Lineage(), Tally(3))
+    shared, a, b = (np.zeros(500, np.float32) for _ in range(3))  # 2,000 bytes each
+    first, second = cache.open("p0", 0), cache.open("p1", 1)
+    cache.grow(first, {"mask": shared, "x": a})
+    cache.grow(second, {"mask": shared, "y": b})
+    assert cache.held == 6_000 and first.nbytes == second.nbytes == 4_000
+    cache.close(first)
+    cache.close(second)
+    cache._drop(first)
+    assert cache.held == 4_000  # the mask is still held by the second entry
+    cache._drop(second)
+    assert cache.held == 0
+    tight = ActivationCache(6_000, 3, 1, Lineage(), Tally(3))  # over budget: evicts
+    for k in range(3):
+        tight.grow(tight.open(f"q{k}", k), {"mask": shared, f"t{k}": np.zeros(500, np.float32)})
+    assert tight.held == 6_000 and len(tight.entries) == 2  # the mask counted once

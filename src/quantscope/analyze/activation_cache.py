@@ -21,7 +21,11 @@ saves least per byte: (its cut - the previous kept cut) x (the next kept cut - i
 the segments it saves a plan times the changed segments it serves, so a budget smaller
 than a plan's cuts keeps them spread over the depth. Before, one LRU evicted the
 incumbent's entries for those of every rejected candidate (a sequential scan of the
-cuts). :class:`SessionCache` evicts sessions off the line first (least recently used),
+cuts). A tensor held by several entries (one array crossing several cuts, as the mask or
+mpnet-base's relative position bias crosses every cut: 12 MB a batch there, against 1 MB
+for an 8-bit activation) counts once against the budget, as it is held once; before, each
+entry counted it again, and on mpnet-base it filled 252 of the cache's 321 MB (8 pairs).
+:class:`SessionCache` evicts sessions off the line first (least recently used),
 so a candidate's own sessions never push out the incumbent's. :func:`cache_memory`
 sizes both budgets, said before any plan runs.
 """
@@ -221,7 +225,8 @@ class ActivationCache:
         self.budget, self.cuts, self.batches = budget, cuts, batches
         self.lineage, self.tally = lineage, tally
         self.entries: dict[str, Entry] = {}
-        self.held = 0
+        self.held = 0  # bytes, each array once however many entries hold it
+        self._arrays: dict[int, list] = {}  # id -> [the array, entries holding it]
         self.plan = 0  # the plan now running (its stamp)
 
     def get(self, key: str) -> Entry | None:
@@ -243,10 +248,15 @@ class ActivationCache:
     def grow(self, e: Entry, tensors: dict[str, np.ndarray | Coded]) -> None:
         if e.dropped:
             return
-        size = sum(int(v.nbytes) for v in tensors.values())
         e.parts.append(tensors)
-        e.nbytes += size
-        self.held += size
+        e.nbytes += sum(int(v.nbytes) for v in tensors.values())
+        for v in tensors.values():
+            got = self._arrays.get(id(v))
+            if got is not None and got[0] is v:
+                got[1] += 1
+            else:
+                self._arrays[id(v)] = [v, 1]
+                self.held += int(v.nbytes)
         while self.held > self.budget and self.entries:
             self._drop(self._victim())
 
@@ -259,7 +269,13 @@ class ActivationCache:
 
     def _drop(self, e: Entry) -> None:
         del self.entries[e.key]
-        self.held -= e.nbytes
+        for part in e.parts:
+            for v in part.values():
+                got = self._arrays[id(v)]
+                got[1] -= 1
+                if got[1] == 0:
+                    del self._arrays[id(v)]
+                    self.held -= int(v.nbytes)
         (self.tally.evicted if e.complete else self.tally.dropped)[e.cut] += 1
         e.dropped, e.parts = True, []  # a run reading it keeps its own reference
 
