@@ -122,28 +122,14 @@ def _run_one(name: str, spec: RepairSpec, inp: RepairInput, ref: Outputs | None
     return record, (None if why else step), after
 
 
-class RepairMemo:
+class RepairMemo(Kept[Hashable, tuple[Any, ...]]):
     """The plan-free leading steps of :func:`run_repairs`, for one search: up to ``size``
     entries, least recently used dropped first (each holds a repaired model's weights).
     ``hits`` / ``misses`` count the steps taken from it and run."""
 
     def __init__(self, size: int = 4) -> None:
+        super().__init__(size)
         self.size = size
-        self._entries: Kept[Hashable, tuple[Any, ...]] = Kept(size)
-
-    @property
-    def hits(self) -> int:
-        return self._entries.hits
-
-    @property
-    def misses(self) -> int:
-        return self._entries.misses
-
-    def get(self, key: Hashable) -> tuple[Any, ...] | None:
-        return self._entries.get(key)
-
-    def put(self, key: Hashable, entry: tuple[Any, ...]) -> None:
-        self._entries.put(key, entry)
 
 
 def _memo_key(name: str, inp: RepairInput) -> tuple[Any, ...]:
