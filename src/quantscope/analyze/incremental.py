@@ -106,7 +106,9 @@ class IncrementalConfig:
     cuts (None: sized by :func:`~quantscope.analyze.activation_cache.cache_memory`),
     ``session_bytes`` for the weights of the segment sessions kept between plans (None:
     one plan's sessions and the largest once more), ``cache_cap`` an upper bound on the
-    sized cache budget (a caller whose plans share few prefixes: the length candidates)."""
+    sized cache budget (a caller whose plans share few prefixes: the length candidates),
+    ``cut_codes`` whether a quantized tensor crossing a cut is cached as its codes where
+    exact (:mod:`~quantscope.analyze.cut_codes`; off: float32, as before, for the bench)."""
 
     cache_bytes: int | None = None
     session_bytes: int | None = None
