@@ -45,7 +45,7 @@ class Kept(Generic[K, V]):
 
     def put(self, key: K, value: V) -> V:
         """Keep ``value`` for ``key`` as the most recently used; drop what is over the
-        bounds (never the value just put, unless ``most`` is 0). Returns ``value``."""
+        bounds (the value just put too, where ``most`` or ``least`` is 0). Returns ``value``."""
         old = self._items.pop(key, None)
         if old is not None:
             self.weight -= old[1]
