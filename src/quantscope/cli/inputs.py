@@ -70,7 +70,8 @@ def open_dataset(args: argparse.Namespace, model: stages.Model, *, show: bool = 
                               output=getattr(args, "output", None),
                               layout=tuple(getattr(args, "layout", None) or ()),
                               batch_axes=merged_batch_axes(getattr(args, "batch_axis", None)),
-                              prefixes=text_prefixes(args), show=show)
+                              prefixes=text_prefixes(args), show=show,
+                              calib_texts=getattr(args, "calib_texts", None))
     except UnicodeDecodeError:
         raise QuantscopeError(f"data '{args.data}' is not UTF-8 text: save it as UTF-8") from None
     for batch in (*ds.calibration, *ds.evaluation):

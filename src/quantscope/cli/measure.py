@@ -13,6 +13,7 @@ from quantscope.analyze.measure import check_metric
 from quantscope.cli.inputs import Inputs, open_inputs
 from quantscope.cli.options import (
     METRIC_DEFAULT,
+    calib_texts_parent,
     command,
     data_parent,
     method_parent,
@@ -32,7 +33,7 @@ def add_calibrate(sub: argparse._SubParsersAction, summary: str) -> None:
     c = command(sub, "calibrate", summary,
                 example="quantscope calibrate minilm-l6 --data stdlib-docs --out stats.npz",
                 parents=(model_parent(), data_parent(), method_parent("minmax"),
-                         tokenizer_parent()))
+                         tokenizer_parent(), calib_texts_parent()))
     c.add_argument("--out", type=output_file, required=True,
                    help="stats file to write (.npz)")
 

@@ -245,6 +245,17 @@ def pairs_parent(default: int | None, what: str) -> argparse.ArgumentParser:
     return p
 
 
+def calib_texts_parent() -> argparse.ArgumentParser:
+    """--calib-texts N: text data calibrates on its first N calibration texts."""
+    p = _parent()
+    p.add_argument("--calib-texts", type=positive_int, default=None, metavar="N",
+                   help="calibrate on the first N calibration texts of text data (stdlib-docs: "
+                   "its 512 calibration texts; a pairs file: the documents of its pairs; "
+                   "default: all, up to 512): fewer calibrate faster and may set other "
+                   "ranges, which every figure then measures")
+    return p
+
+
 RACE_CONFIDENCE = 0.95
 
 

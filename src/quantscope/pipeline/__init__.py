@@ -167,7 +167,7 @@ def _open_fit(model: Model, opts: RunOptions) -> Any:
 
     return stages.open_data(opts.data, model, tokenizer=opts.tokenizer, max_pairs=opts.pairs,
                             layout=opts.layout, batch_axes=dict(opts.batch_axes) or None,
-                            show=False, prefixes=opts.prefixes)
+                            show=False, prefixes=opts.prefixes, calib_texts=opts.calib_texts)
 
 
 def at_data_length(opts: RunOptions, progress: bool, *, model: Model | None = None,
@@ -189,7 +189,8 @@ def at_data_length(opts: RunOptions, progress: bool, *, model: Model | None = No
     if fit is None:  # pairs: the fit data is the data's first --pairs pairs as opened
         model = model if model is not None else stages.open_model(opts.model)
         fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
-                            tokenizer=opts.tokenizer, prefixes=opts.prefixes)
+                            tokenizer=opts.tokenizer, prefixes=opts.prefixes,
+                            calib_texts=opts.calib_texts)
     widest = widest_text_batch(fit)
     if widest is None:
         return opts

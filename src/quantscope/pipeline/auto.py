@@ -72,6 +72,7 @@ class AutoOptions(Protocol):
     eval_data: str | None
     tokenizer: str | None
     prefixes: Any  # tasks.text.TextPrefixes | None
+    calib_texts: int | None
     pairs: int | None
     seq_len: int | None
     input_shapes: tuple[tuple[str, tuple[int, ...]], ...]
@@ -110,6 +111,7 @@ def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
             **tokenizer_beside(opts, identity),
             "batch_axes": [list(p) for p in opts.batch_axes],
             **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {}),
+            **({"calib_texts": opts.calib_texts} if opts.calib_texts else {}),
             # the warnings the measured max-legal plan may cross (absent when none: the
             # keys of runs without --allow-warning stay valid)
             **({"allow_warnings": sorted(opts.allow_warnings)} if opts.allow_warnings else {}),
@@ -311,7 +313,8 @@ def choose(opts: AutoOptions, model: Model, *, progress: bool = True
 
     fit = open_fit_data(model, opts.data, eval_data=opts.eval_data, pairs=opts.pairs,
                         tokenizer=opts.tokenizer, layout=opts.layout,
-                        batch_axes=dict(opts.batch_axes) or None, prefixes=opts.prefixes)
+                        batch_axes=dict(opts.batch_axes) or None, prefixes=opts.prefixes,
+                        calib_texts=opts.calib_texts)
     if opts.seq_len is not None:
         fit = stages.at_length(fit, opts.seq_len)
     head = stages.headline(fit, opts.metric)

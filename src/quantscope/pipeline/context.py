@@ -53,6 +53,7 @@ class RunOptions:
     # plan does not offer where the deploy stage chooses compiled lengths: steps.plan_scope)
     tokenizer: str | None = None
     prefixes: TextPrefixes | None = None  # --query-prefix/--doc-prefix of text data
+    calib_texts: int | None = None  # --calib-texts: text data calibrates on its first N texts
     hn: str | None = None  # parsed Hailo HN JSON: exact layer names in the .alls
     method: str = "minmax"
     proxy: float = 0.125
@@ -242,6 +243,7 @@ class Context:
                 "tokenizer": o.tokenizer, "seq_len": o.seq_len,
                 **({"layout": o.layout} if o.layout else {}),
                 **({"prefixes": o.prefixes} if o.prefixes else {}),
+                **({"calib_texts": o.calib_texts} if o.calib_texts else {}),
                 # absent when not given: the keys of earlier runs stay valid
                 **({"batch_axes": o.batch_axes} if o.batch_axes else {}),
                 # face data held out by person (pipeline.data): a run folder fitted on
@@ -283,7 +285,8 @@ class Context:
                                 pairs=d["pairs"], tokenizer=d["tokenizer"], folder=self.folder,
                                 layout=d.get("layout", ()),
                                 batch_axes=dict(d.get("batch_axes", ())),
-                                prefixes=d.get("prefixes"), fit=self._opened_fit(model))
+                                prefixes=d.get("prefixes"), calib_texts=d.get("calib_texts"),
+                                fit=self._opened_fit(model))
             for note in run.fit.notes:
                 if LAYOUT_NOTE in note:  # what each output was read as (--layout or found)
                     say(f"note: {note}", show=self.progress)
@@ -339,7 +342,8 @@ class Context:
             fit = fit or stages.open_data(d["data"], self.model(), tokenizer=d["tokenizer"],
                                           max_pairs=d["pairs"], layout=d.get("layout", ()),
                                           batch_axes=dict(d.get("batch_axes", ())) or None,
-                                          show=False, prefixes=d.get("prefixes"))
+                                          show=False, prefixes=d.get("prefixes"),
+                                          calib_texts=d.get("calib_texts"))
             head = stages.headline(fit, None)
         head.check_goal(o.goal)
         return head
@@ -384,7 +388,8 @@ def rewritten_key(opts: RunOptions) -> dict[str, Any]:
         key["stats"] = {"data": _identity(opts.data), "tokenizer": _identity(opts.tokenizer),
                         "pairs": opts.pairs, "seq_len": opts.seq_len, "method": opts.method,
                         "batch_axes": [list(p) for p in opts.batch_axes],
-                        **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {})}
+                        **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {}),
+                        **({"calib_texts": opts.calib_texts} if opts.calib_texts else {})}
     return key
 
 
@@ -521,7 +526,7 @@ def rewrite_run_model(opts: RunOptions, *, progress: bool = True,
     if any(rw.needs_stats for rw, _ in chosen):
         fit = stages.open_data(opts.data, model, tokenizer=opts.tokenizer,
                                max_pairs=opts.pairs, batch_axes=dict(opts.batch_axes),
-                               prefixes=opts.prefixes)
+                               prefixes=opts.prefixes, calib_texts=opts.calib_texts)
         if opts.seq_len is not None:
             fit = stages.at_length(fit, opts.seq_len)
         say("calibrating the given model for its channel ranges", show=progress)

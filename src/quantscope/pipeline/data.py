@@ -62,25 +62,28 @@ class RunData:
 def open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
                   tokenizer: str | None, folder: Path, layout: tuple[Any, ...] = (),
                   batch_axes: dict[str, int] | None = None,
-                  prefixes: TextPrefixes | None = None, fit: Dataset | None = None) -> RunData:
+                  prefixes: TextPrefixes | None = None, fit: Dataset | None = None,
+                  calib_texts: int | None = None) -> RunData:
     """Open the fit and the evaluation data (see the module table); ``layout``: the
     ``--layout`` declarations of tensor data's outputs; ``batch_axes``: the inputs' sample
     axes declared with ``--batch-axis``; ``prefixes``: the text prefixes of text data, on
     both parts; ``fit``: the fit data as opened already with these options (by a model
-    with the same inputs, outputs and tokenizer), not opened again."""
+    with the same inputs, outputs and tokenizer), not opened again; ``calib_texts``: text
+    data calibrates on its first this many calibration texts (``--calib-texts``)."""
     rd = _open_run_data(model, data, eval_data=eval_data, pairs=pairs, tokenizer=tokenizer,
                         folder=folder, layout=layout, batch_axes=batch_axes, prefixes=prefixes,
-                        fit=fit)
+                        fit=fit, calib_texts=calib_texts)
     return replace(rd, prefixes=prefixes or None)
 
 
 def _open_run_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
                    tokenizer: str | None, folder: Path, layout: tuple[Any, ...],
                    batch_axes: dict[str, int] | None, prefixes: TextPrefixes | None,
-                   fit: Dataset | None = None) -> RunData:
+                   fit: Dataset | None = None, calib_texts: int | None = None) -> RunData:
     if fit is None:
         fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs,
-                               layout=layout, batch_axes=batch_axes, prefixes=prefixes)
+                               layout=layout, batch_axes=batch_axes, prefixes=prefixes,
+                               calib_texts=calib_texts)
     if eval_data:
         held = stages.open_data(eval_data, model, tokenizer=tokenizer, max_pairs=pairs,
                                 layout=layout, batch_axes=batch_axes, show=False,
@@ -109,11 +112,13 @@ def _split_own(fit: Dataset, data: str) -> RunData:
 def open_fit_data(model: Model, data: str, *, eval_data: str | None, pairs: int | None,
                   tokenizer: str | None, layout: tuple[Any, ...] = (),
                   batch_axes: dict[str, int] | None = None,
-                  prefixes: TextPrefixes | None = None) -> Dataset:
+                  prefixes: TextPrefixes | None = None, calib_texts: int | None = None
+                  ) -> Dataset:
     """The fit part of :func:`open_run_data` alone (nothing written, nothing held out
     read): what ``run --rewrites auto`` measures the rewrites on."""
     fit = stages.open_data(data, model, tokenizer=tokenizer, max_pairs=pairs, layout=layout,
-                           batch_axes=batch_axes, show=False, prefixes=prefixes)
+                           batch_axes=batch_axes, show=False, prefixes=prefixes,
+                           calib_texts=calib_texts)
     return fit_part(fit, data, eval_data=eval_data)
 
 

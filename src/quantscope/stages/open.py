@@ -55,7 +55,7 @@ def open_data(
     spec: str | Path, model: Model, *, tokenizer: str | None = None,
     max_pairs: int | None = None, output: str | None = None, layout: Sequence[Any] = (),
     batch_axes: Mapping[str, int] | None = None, show: bool = True,
-    prefixes: Any = None,
+    prefixes: Any = None, calib_texts: int | None = None,
 ) -> Dataset:
     """Tensor files/folders, or a built-in or user task (text pairs, face images).
 
@@ -63,7 +63,9 @@ def open_data(
     each output of tensor data is; outputs not declared may be detected (a detection head).
     ``batch_axes``: each named input's (or output's) sample axis (``--batch-axis``); for
     tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
-    ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none)."""
+    ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none).
+    ``calib_texts``: text data calibrates on its first this many calibration texts
+    (``--calib-texts``; None: all, up to 512)."""
     from quantscope.tasks.neighbours import check_neighbour_samples
     from quantscope.tasks.pixels import pixels_note
     from quantscope.tasks.registry import open_task_data, tensor_task
@@ -78,7 +80,8 @@ def open_data(
     if batch_axes:
         check_batch_axes(model, batch_axes)
     ds = open_task_data(str(spec), model, tokenizer=tokenizer, max_pairs=max_pairs,
-                        output=output, **({"prefixes": prefixes} if prefixes else {}))
+                        output=output, calib_texts=calib_texts,
+                        **({"prefixes": prefixes} if prefixes else {}))
     if ds is not None and layout:
         raise QuantscopeError(f"--layout applies to tensor data (.npy/.npz); data '{spec}' "
                               "has its own task: leave --layout out")

@@ -333,12 +333,17 @@ def _collapse_table(c: M.CollapseReport) -> dict[str, float]:
 def text_dataset(
     spec: str, model: Model, *, tokenizer: str | None = None, batch_size: int = 32,
     max_pairs: int | None = None, prefixes: TextPrefixes = NO_PREFIXES,
-    output: str | None = None,
+    output: str | None = None, calib_texts: int | None = None,
 ) -> tuple[tuple[dict[str, np.ndarray], ...], tuple[dict[str, np.ndarray], ...],
            RetrievalTask | StsTask | None, str, np.ndarray]:
     """(calibration batches, evaluation batches, task, encoder description, untruncated
     token length of every evaluation text); ``prefixes`` put before the texts as
-    :class:`TextPrefixes` says; ``output``: the output scored (``--output``)."""
+    :class:`TextPrefixes` says; ``output``: the output scored (``--output``);
+    ``calib_texts``: calibrate on the first this many calibration texts (``--calib-texts``;
+    None: up to :data:`CALIB_TEXTS`).
+
+    A pairs file's calibration texts are the documents of the pairs opened (its first
+    ``max_pairs``): the pairs after them are what ``run`` holds out."""
     enc = detect_encoder(model.proto, output=output)
     sts = load_sts(spec) if is_sts_file(spec) else None  # the data first: its errors first
     pairs = load_pairs(spec) if sts is None and (
@@ -354,25 +359,26 @@ def text_dataset(
         sts = StsPairs(sts.first[:n], sts.second[:n], sts.scores[:n], sts.source)
         texts = list(prefixes.queries(sts.first)) + list(prefixes.queries(sts.second))
         eval_b = make_batches(texts, tok, enc, batch_size=batch_size)
-        calib_texts = tuple(texts[:CALIB_TEXTS])
+        pool = tuple(texts[:CALIB_TEXTS])
         task: RetrievalTask | StsTask | None = StsTask(
             name=f"sts:{sts.source}", pairs=sts, batches=eval_b, encoder=enc)
     elif pairs is not None:
         n = min(len(pairs), max_pairs or len(pairs))
-        calib_texts = prefixes.documents(load_calibration_texts(STDLIB_DOCS)
-                                         if spec == STDLIB_DOCS
-                                         else pairs.documents[:CALIB_TEXTS])
+        pool = prefixes.documents(load_calibration_texts(STDLIB_DOCS)
+                                  if spec == STDLIB_DOCS
+                                  else pairs.documents[:n][:CALIB_TEXTS])
         texts = list(prefixes.queries(pairs.queries[:n])) + list(
             prefixes.documents(pairs.documents[:n]))
         eval_b = make_batches(texts, tok, enc, batch_size=batch_size)
         task = RetrievalTask(name=f"retrieval:{pairs.source}", n_pairs=n, batches=eval_b,
                              encoder=enc)
     else:
-        calib_texts = prefixes.documents(plain)
-        eval_b = make_batches(calib_texts, tok, enc, batch_size=batch_size)
+        pool = prefixes.documents(plain)
+        eval_b = make_batches(pool, tok, enc, batch_size=batch_size)
         task = None
-    calib = make_batches(calib_texts[:CALIB_TEXTS], tok, enc, batch_size=batch_size)
-    eval_texts = texts if task is not None else calib_texts
+    n_calib = min(CALIB_TEXTS, calib_texts or CALIB_TEXTS)
+    calib = make_batches(pool[:n_calib], tok, enc, batch_size=batch_size)
+    eval_texts = texts if task is not None else pool
     lengths = token_lengths(eval_texts, tok)
     profile = length_profile(lengths)
     note = f"{enc.describe()}; {describe_tokenizer(tok_file)}; {describe_lengths(profile)}"
@@ -380,6 +386,9 @@ def text_dataset(
         note += f"; {limit.describe()}: texts truncated there"
     if prefixes:
         note += f"; {prefixes.describe()}"
+    if calib_texts is not None:
+        note += (f"; calibration on the first {min(n_calib, len(pool))} of "
+                 f"{min(CALIB_TEXTS, len(pool))} calibration texts (--calib-texts)")
     if isinstance(task, StsTask):
         note += ("; calibrating on this data uses the pairs' own sentences (it has no "
                  "calibration texts of its own: 'quantscope calibrate --data TEXTS.txt' "
@@ -446,12 +455,14 @@ def tensor_task(model: Model, spec: str, layouts: tuple = (),
 def open_task_data(
     spec: str, model: Model, *, tokenizer: str | None = None, max_pairs: int | None = None,
     prefixes: TextPrefixes = NO_PREFIXES, output: str | None = None,
+    calib_texts: int | None = None,
 ) -> Dataset | None:
     """A :class:`Dataset` for a task spec, or None when ``spec`` is plain tensor data;
-    ``prefixes`` (text data only) as :class:`TextPrefixes` says."""
+    ``prefixes`` and ``calib_texts`` (text data only) as :func:`text_dataset` says."""
     if not is_text_spec(spec):  # a text option on tensor data is said, not left unused
         for given, flags in ((prefixes, "--query-prefix/--doc-prefix apply"),
-                             (tokenizer, "--tokenizer applies")):
+                             (tokenizer, "--tokenizer applies"),
+                             (calib_texts, "--calib-texts applies")):
             if given:
                 raise QuantscopeError(f"{flags} to text data; '{spec}' is not text (pairs "
                                       ".jsonl, .tsv, .txt, stdlib-docs): leave it out")
@@ -459,7 +470,7 @@ def open_task_data(
         check_text_model(model, spec)
         calib, evaluation, task, note, lengths = text_dataset(
             spec, model, tokenizer=tokenizer, max_pairs=max_pairs, prefixes=prefixes,
-            output=output)
+            output=output, calib_texts=calib_texts)
         unscored = unscored_note(model.proto, task.encoder.output) if task else None
         return Dataset(name=spec, calibration=calib, evaluation=evaluation, task=task,
                        notes=(note, *filter(None, [unscored])), token_lengths=lengths)
