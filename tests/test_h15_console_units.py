@@ -129,7 +129,7 @@ def test_run_auto_line_says_a_verification_shares_pairs(tmp_path, capsys, monkey
 
     monkeypatch.setattr(auto, "choose_rewrites", stop)
     onnx.save(mixed_scale_detector(), tmp_path / "det.onnx")
-    opts = SimpleNamespace(data="faces", eval_data=None, tokenizer=None, prefixes=None,
+    opts = SimpleNamespace(data="faces", eval_data=None, tokenizer=None, prefixes=None, calib_texts=None,
                            pairs=None, seq_len=None, input_shapes=(), target="ort-cpu",
                            method="minmax", metric=None, layout=(), batch_axes=(),
                            repair_batches=1, allow_warnings=())

@@ -228,7 +228,7 @@ def test_the_choosing_line_says_a_detection_shares_items_come_when_measured(
     onnx.save(mixed_scale_detector(), tmp_path / "det.onnx")
     np.savez(tmp_path / "data.npz", **feeds("mixed_scale_detector"))
     opts = SimpleNamespace(data=str(tmp_path / "data.npz"), eval_data=None, tokenizer=None,
-                           prefixes=None, pairs=None, seq_len=None, input_shapes=(),
+                           prefixes=None, calib_texts=None, pairs=None, seq_len=None, input_shapes=(),
                            target="ort-cpu", method="minmax", metric=None, layout=(),
                            batch_axes=(), repair_batches=1, allow_warnings=())
     with pytest.raises(_Stop):
@@ -252,7 +252,7 @@ def test_a_folder_chosen_under_the_old_share_rule_chooses_again(tmp_path):
            "per-sample scores a gain within the headline's margin (0.1 dB for a figure in dB; "
            "for a share over n items its one-sided 95% binomial noise) is a tie")
     opts = SimpleNamespace(model=str(tmp_path / "m.onnx"), data="d.npz", eval_data=None,
-                           tokenizer=None, prefixes=None, pairs=None, seq_len=None, input_shapes=(), target="ort-cpu",
+                           tokenizer=None, prefixes=None, calib_texts=None, pairs=None, seq_len=None, input_shapes=(), target="ort-cpu",
                            method="minmax", metric=None, layout=(), batch_axes=(), allow_warnings=())
     rule = auto_key(opts, str)["keep_rule"]
     assert rule == KEEP_RULE != old and "each figure over its own n" in rule

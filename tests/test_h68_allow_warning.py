@@ -282,6 +282,7 @@ def test_rewrites_auto_measures_the_plan_the_accepted_warnings_let_through(tmp_p
             "d.npz", None, "tok.json", None, None
         seq_len, input_shapes, target, method, metric = None, (), "hailo8l", "minmax", None
         layout, batch_axes, repair_batches, allow_warnings = (), (), 4, ()
+        calib_texts = None
 
     plain = auto_key(Opts, str)
     Opts.allow_warnings = (RULE,)

@@ -102,6 +102,7 @@ class _Opts:
         "tok.json", None, None
     seq_len, input_shapes, target, method, metric = None, (), "hailo8", "minmax", None
     layout, batch_axes, repair_batches, allow_warnings = (), (), 4, ()
+    calib_texts = None
 
 
 def test_the_choice_key_changes_only_where_a_warning_rule_is_answered():

@@ -63,9 +63,8 @@ def open_data(
     each output of tensor data is; outputs not declared may be detected (a detection head).
     ``batch_axes``: each named input's (or output's) sample axis (``--batch-axis``); for
     tensor data an input whose samples are not on axis 0 is said on stderr (``show``).
-    ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none).
-    ``calib_texts``: text data calibrates on its first this many calibration texts
-    (``--calib-texts``; None: all, up to 512)."""
+    ``prefixes``: :class:`quantscope.tasks.text.TextPrefixes` of text data (None: none);
+    ``calib_texts``: text data calibrates on its first N texts (None: up to 512)."""
     from quantscope.tasks.neighbours import check_neighbour_samples
     from quantscope.tasks.pixels import pixels_note
     from quantscope.tasks.registry import open_task_data, tensor_task
