@@ -9,8 +9,8 @@ One process, one model and one evaluation set; each size calibrates from scratch
 in-process calibration cache is cleared), then the demo's quantized configurations
 (:func:`quantscope.demo.demo_plans`, FP32 aside) are measured in ONNX Runtime on the first
 ``--pairs`` pairs. The FP32 reference is computed once. Calibration seconds are wall and
-CPU (user+sys) of the calibration alone; the memory figure is the process's peak RSS
-growth over the calibration (``ru_maxrss``: it only grows, so sizes run smallest first).
+CPU (user+sys) of the calibration alone. A calibration's cost follows its padded tokens,
+not its texts: 32 texts make one batch padded to the longest of them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -60,22 +59,21 @@ def main(argv: list[str] | None = None) -> int:
         _clear_calibration_cache()
         cal = stages.open_data("stdlib-docs", model, max_pairs=args.pairs, show=False,
                                calib_texts=n)
-        rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         t0, c0 = time.perf_counter(), _cpu()
         stats = stages.calibrate_model(model, cal, progress=False)
         wall, cpu = time.perf_counter() - t0, _cpu() - c0
-        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
         res = stages.evaluate_plans(model, data, stats, plans, reference_outputs=ref,
                                     own_outputs=True)
         row = {"calib_texts": stats.num_samples, "calibrate_wall_s": round(wall, 2),
-               "calibrate_cpu_s": round(cpu, 2), "peak_rss_growth_mb": round(grew / 1024, 1),
+               "calibrate_cpu_s": round(cpu, 2),
+               "padded_tokens": int(sum(b["attention_mask"].size for b in cal.calibration)),
                "figures": {k: {m: r["metrics"].get(m) for m in METRICS}
                            for k, r in res.items()}}
         rows.append(row)
         figs = "; ".join(f"{k} top-1 {v['top1_agreement']:.3f}"
                          for k, v in row["figures"].items())
-        print(f"{n:4d} texts: calibrate {wall:6.1f} s wall, {cpu:6.1f} s CPU, "
-              f"+{grew / 1024:.0f} MB peak; {figs}", flush=True)
+        print(f"{n:4d} texts ({row['padded_tokens']} padded tokens): calibrate {wall:6.1f} s "
+              f"wall, {cpu:6.1f} s CPU; {figs}", flush=True)
     out = {"model": args.model, "pairs": args.pairs, "rows": rows}
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
