@@ -60,6 +60,13 @@ def test_a_pairs_file_calibrates_on_the_documents_of_the_pairs_opened(tmp_path, 
     assert lengths == [4, 5, 6, 7]  # [CLS] document i word x i [SEP], i = 0..3
     assert _rows(stages.open_data(str(path), tiny).calibration) == 10
     assert _rows(stages.open_data(str(path), tiny, max_pairs=4, calib_texts=2).calibration) == 2
+    from quantscope.pipeline.data import open_run_data
+
+    rd = open_run_data(tiny, str(path), eval_data=None, pairs=4, tokenizer=None,
+                       folder=tmp_path)
+    assert "pairs 5-8 (held out" in rd.split
+    assert rd.split.endswith("calibration uses the documents of pairs 1-4 (none held out)")
+    assert _rows(rd.fit.calibration) == 4
 
 
 def test_calib_texts_on_tensor_data_is_refused_in_one_line(tmp_path, capsys):

@@ -154,7 +154,7 @@ def _is_pairs(spec: str) -> bool:
 def _split_pairs(model: Model, data: str, fit: Dataset, *, pairs: int | None,
                  tokenizer: str | None, folder: Path,
                  prefixes: TextPrefixes | None = None) -> RunData:
-    from quantscope.tasks.text import load_pairs
+    from quantscope.tasks.text import STDLIB_DOCS, load_pairs
 
     every = load_pairs(data)
     n = fit.task.n_pairs if fit.task is not None else len(every)  # type: ignore[attr-defined]
@@ -168,9 +168,11 @@ def _split_pairs(model: Model, data: str, fit: Dataset, *, pairs: int | None,
         stages.write_text(path, text)
     held = stages.open_data(str(path), model, tokenizer=tokenizer, prefixes=prefixes)
     held = replace(held, name=f"{data} pairs {n + 1}-{n + len(rest)}")
+    calibrates = ("the separate calibration texts" if data == STDLIB_DOCS else
+                  f"the documents of pairs 1-{n} (none held out)")
     return RunData(fit, held, f"split: pairs 1-{n} of {data} fit the plan, pairs "
                    f"{n + 1}-{n + len(rest)} (held out, {HELDOUT_PAIRS}) evaluate it; "
-                   "calibration uses the separate calibration texts")
+                   f"calibration uses {calibrates}")
 
 
 def _split_tensors(ds: Dataset) -> RunData:
