@@ -112,3 +112,9 @@ def test_the_run_keys_its_data_on_it_only_when_given(tmp_path):
     assert "calib_texts" not in d0 and "calib_texts" not in a0
     d1, a1 = ident(RunOptions(**{**base.__dict__, "calib_texts": 64}))
     assert d1 == {**d0, "calib_texts": 64} and a1 == {**a0, "calib_texts": 64}
+    # a pairs file's folder made before its calibration left the held-out documents out
+    # is keyed apart (it calibrates again); stdlib-docs' keys are unchanged
+    (tmp_path / "p.jsonl").write_text('{"query": "q", "document": "d"}\n')
+    d2, a2 = ident(RunOptions(**{**base.__dict__, "data": str(tmp_path / "p.jsonl")}))
+    assert d2["calibration"] == a2["calibration"] == "the pairs' documents"
+    assert "calibration" not in d0 and "calibration" not in a0

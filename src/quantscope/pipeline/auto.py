@@ -103,6 +103,8 @@ def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
     """What the auto choice is a function of besides the given model and the tool's
     version: the fit data, the length and shapes, the target, the calibration method, the
     metric and the keep rule (``identity``: a path -> content-digest function for the files)."""
+    from quantscope.pipeline.data import calibration_rule
+
     return {"mode": "auto", "data": identity(opts.data), "eval_data": identity(opts.eval_data),
             "tokenizer": identity(opts.tokenizer), "pairs": opts.pairs,
             "seq_len": opts.seq_len, "input_shapes": [[k, list(v)] for k, v in opts.input_shapes],
@@ -112,6 +114,7 @@ def auto_key(opts: AutoOptions, identity: Any) -> dict[str, Any]:
             "batch_axes": [list(p) for p in opts.batch_axes],
             **({"prefixes": opts.prefixes.to_dict()} if opts.prefixes else {}),
             **({"calib_texts": opts.calib_texts} if opts.calib_texts else {}),
+            **calibration_rule(opts.data),
             # the warnings the measured max-legal plan may cross (absent when none: the
             # keys of runs without --allow-warning stay valid)
             **({"allow_warnings": sorted(opts.allow_warnings)} if opts.allow_warnings else {}),

@@ -235,6 +235,7 @@ class Context:
         (:meth:`data_identity`), so an option that changes the data cannot be missed by
         the key. A new data option goes here (and into :data:`DATA_PATHS` if it names a
         file)."""
+        from quantscope.pipeline.data import calibration_rule
         from quantscope.tasks.face_split import SPLIT_KEY
         from quantscope.tasks.registry import is_face_spec
 
@@ -244,6 +245,7 @@ class Context:
                 **({"layout": o.layout} if o.layout else {}),
                 **({"prefixes": o.prefixes} if o.prefixes else {}),
                 **({"calib_texts": o.calib_texts} if o.calib_texts else {}),
+                **calibration_rule(o.data),
                 # absent when not given: the keys of earlier runs stay valid
                 **({"batch_axes": o.batch_axes} if o.batch_axes else {}),
                 # face data held out by person (pipeline.data): a run folder fitted on

@@ -145,6 +145,17 @@ def _same_batches(a: tuple[Batch, ...], b: tuple[Batch, ...]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
+def calibration_rule(data: str) -> dict[str, str]:
+    """The calibration rule of ``data`` in the run folder's keys: a pairs file calibrates
+    on the documents of the pairs used (stop 79; before, on the file's first 512 documents,
+    the held-out ones among them), so a folder made under the old rule calibrates again.
+    Empty for other data (their keys unchanged)."""
+    from quantscope.tasks.text import STDLIB_DOCS
+
+    return {"calibration": "the pairs' documents"} if _is_pairs(data) and \
+        data != STDLIB_DOCS else {}
+
+
 def _is_pairs(spec: str) -> bool:
     from quantscope.tasks.text import STDLIB_DOCS
 
