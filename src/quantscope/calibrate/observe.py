@@ -63,19 +63,22 @@ class Observer:
         if x.size == 0 or not np.issubdtype(x.dtype, np.floating):
             return
         x = x.astype(np.float32, copy=False)
-        lo, hi = float(x.min()), float(x.max())
+        axis = channel_axis(x.ndim, self.graph_axis)
+        top, bottom = _channel_extremes(x, axis)  # the tensor's min and max from these:
+        lo, hi = float(bottom.min()), float(top.max())  # two passes fewer
         if not (math.isfinite(lo) and math.isfinite(hi)):  # a NaN or inf makes one so
             finite = np.isfinite(x)
             fill = (x == -np.inf) if self.mask else np.zeros(x.shape, bool)
             self.nonfinite += int(np.count_nonzero(~finite & ~fill))
             x = np.where(finite, x, np.where(fill, MASK_FILL, 0.0)).astype(np.float32)
-            lo, hi = float(x.min()), float(x.max())
+            top, bottom = _channel_extremes(x, axis)
+            lo, hi = float(bottom.min()), float(top.max())
         self.count += x.size
         self._update_floor(x, lo)
         self.lo = min(self.lo, lo)
         self.hi = max(self.hi, hi)
         self._update_hist(x)
-        self._update_channels(x)
+        self._update_channels(top, bottom, axis)
 
     def _update_floor(self, x: np.ndarray, m: float) -> None:
         """Floor cluster: values within a factor 2 of a negative minimum ``m`` (a mask fill
@@ -108,13 +111,9 @@ class Observer:
             x = np.clip(x, -HIST_LIMIT, HIST_LIMIT)
         self.hist += bin_counts(x, self.r)
 
-    def _update_channels(self, x: np.ndarray) -> None:
-        axis = channel_axis(x.ndim, self.graph_axis)
-        if x.ndim == 0:
-            per = np.abs(x).reshape(1)
-        else:  # max |x| per channel without an |x| copy: max(max x, -min x), -0 made 0
-            rest = tuple(a for a in range(x.ndim) if a != axis)
-            per = np.maximum(x.max(axis=rest), -x.min(axis=rest)) + np.float32(0.0)
+    def _update_channels(self, top: np.ndarray, bottom: np.ndarray, axis: int) -> None:
+        # max |x| per channel without an |x| copy: max(max x, -min x), -0 made 0
+        per = np.maximum(top, -bottom) + np.float32(0.0)
         if self.chan is None or self.chan.shape != per.shape:
             if self.chan is not None:  # channel count changed: keep only a global max
                 per = np.array([max(float(self.chan.max()), float(per.max()))])
@@ -152,6 +151,14 @@ class Observer:
             floor_max=None if empty or not math.isfinite(self.floor_hi) else self.floor_hi,
             nonfinite=self.nonfinite,
         )
+
+
+def _channel_extremes(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """The max and the min of ``x`` per channel along ``axis`` (one value for a scalar)."""
+    if x.ndim == 0:
+        return x.reshape(1), x.reshape(1)
+    rest = tuple(a for a in range(x.ndim) if a != axis)
+    return x.max(axis=rest), x.min(axis=rest)
 
 
 _SIGN = np.int32(-(2**31))
