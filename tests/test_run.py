@@ -186,7 +186,9 @@ def test_minilm_l3_on_stdlib_docs_for_hailo10h(tmp_path, capsys):
             "16", "--seq-len", "64", "--repairs", "bias", "--repair-batches", "1",
             "--goal", "0.9", "--finetune", "off", "--calib-texts", "64", "--out", str(out)]
     assert main(args) == 0
-    text = capsys.readouterr().out
+    said = capsys.readouterr()
+    text = said.out
+    assert "calibrate: 64 calibration texts (--calib-texts 64)" in said.err
     assert EXPECTED <= {p.name for p in out.iterdir()} and (out / "heldout.jsonl").is_file()
     v = read_json(out / "verdict.json", "verdict")
     assert v["metric"] == "top1_agreement"

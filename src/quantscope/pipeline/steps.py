@@ -52,6 +52,9 @@ def calibrate(ctx: Context) -> Done:
     stats = stages.calibrate_model(ctx.model(), ctx.data().fit, method=ctx.opts.method,
                                    progress=ctx.progress)
     stages.write_stats(ctx.path(STATS), stats)
+    if ctx.opts.calib_texts:  # a choice that moves every figure: said where it is made
+        _say(ctx, f"calibrate: {stats.num_samples} calibration texts (--calib-texts "
+             f"{ctx.opts.calib_texts})")
     return Done((STATS,))
 
 
